@@ -1,0 +1,51 @@
+"""The `fa-variants` command line: one sub-command per job.
+
+Each sub-command lives in its own module, which exposes
+``configure_parser(parser: argparse.ArgumentParser) -> None`` and ``run_cli(args) -> int``.
+Modules are imported lazily, so `fa-variants info` works even where a heavy dependency
+(the CuTe DSL, matplotlib) is missing, and a missing piece gives a clear message.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# sub-command -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "info": ("fa_variants.info", "versions, GPUs, and the backend `auto` picks, with reasons"),
+    "demo": ("fa_variants.demo", "run attention through the dispatcher, check it against float64"),
+    "io": ("fa_variants.emulate", "HBM reads/writes of standard attention, FA1 and FA2 (FA paper's IO table)"),
+    "compile": ("fa_variants.common.compile", "compile a kernel variant with fake tensors (no GPU needed)"),
+    "bench": ("fa_variants.bench", "TFLOP/s of our kernels beside PyTorch SDPA and flash-attn-4"),
+    "fp8-study": ("fa_variants.fp8.study", "FP8 (e4m3) accuracy against FP16"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fa-variants", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module_name, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(_module=module_name)
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:  # a missing optional piece: say so when it is used
+            p.set_defaults(_import_error=exc)
+            continue
+        module.configure_parser(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    err = getattr(args, "_import_error", None)
+    if err is not None:
+        print(f"fa-variants {args.command}: unavailable here ({err})", file=sys.stderr)
+        return 2
+    module = importlib.import_module(args._module)
+    return int(module.run_cli(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
