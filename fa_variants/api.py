@@ -1,0 +1,219 @@
+"""The public API: validate, choose a backend, run it.
+
+``attention`` takes the flash-attn layout (batch, seqlen, heads, head_dim); ``scaled_dot_product_attention``
+takes PyTorch's (batch, heads, seqlen, head_dim) and reaches the same kernels through transposed views (no
+copy: the kernels take any strides with a unit last dimension). Every bad input raises before any kernel
+launches, with a ValueError or TypeError naming the argument and the values (EDGE_CASES.md, EC-16/17/20).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import numbers
+
+import torch
+
+from fa_variants import dispatch
+from fa_variants.dispatch import Selection
+from fa_variants.reference import default_softmax_scale
+
+_LAYOUT = "(batch, seqlen, num_heads, head_dim)"
+_SDPA_LAYOUT = "(batch, num_heads, seqlen, head_dim)"
+
+
+def _check_rank(tensors, names, layout) -> None:
+    for name, t in zip(names, tensors):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    for name, t in zip(names, tensors):
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D {layout}, got {t.dim()}-D shape {tuple(t.shape)}")
+
+
+def _check_inputs(q, k, v, names=("q", "k", "v")) -> None:
+    """Shape, dtype and device rules shared by every entry point, on the (B, N, H, D) layout."""
+    _check_rank((q, k, v), names, _LAYOUT)
+    nq, nk, nv = names
+    for name, t in zip(names, (q, k, v)):
+        if not t.is_floating_point():
+            raise TypeError(f"{name} has dtype {t.dtype}; attention needs a floating-point dtype")
+    for name, t in ((nk, k), (nv, v)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{nq} has dtype {q.dtype} but {name} has dtype {t.dtype}; they must match")
+        if t.device != q.device:
+            raise ValueError(f"{nq} is on {q.device} but {name} is on {t.device}; they must be on one device")
+    (batch, seqlen_q, heads, head_dim), (bk, seqlen_k, heads_kv, dk), (bv, seqlen_v, heads_v, dv) = (
+        q.shape, k.shape, v.shape)
+    for name, b in ((nk, bk), (nv, bv)):
+        if b != batch:
+            raise ValueError(f"{nq} has batch {batch} but {name} has batch {b}")
+    if seqlen_v != seqlen_k:
+        raise ValueError(f"{nk} has seqlen {seqlen_k} but {nv} has seqlen {seqlen_v}")
+    if heads_v != heads_kv:
+        raise ValueError(f"{nk} has num_heads_kv {heads_kv} but {nv} has num_heads_kv {heads_v}")
+    if dk != head_dim:
+        raise ValueError(f"{nq} has head_dim {head_dim} but {nk} has head_dim {dk}")
+    if dv != head_dim:
+        raise ValueError(f"{nv} has head_dim {dv} but {nq} has head_dim {head_dim} "
+                         "(a different V head_dim is not supported)")
+    if head_dim == 0:
+        raise ValueError(f"head_dim is 0 ({nq} has shape {tuple(q.shape)}); it must be at least 1")
+    if heads_kv == 0 and heads > 0:
+        raise ValueError(f"num_heads_kv is 0 ({nk} has shape {tuple(k.shape)}) but num_heads is {heads}; "
+                         "need at least one KV head")
+    if heads_kv and heads % heads_kv != 0:
+        raise ValueError(f"num_heads {heads} not divisible by num_heads_kv {heads_kv}")
+
+
+def _check_options(causal, softmax_scale, backend, return_lse, head_dim: int) -> float:
+    """Checks the keyword arguments; returns the softmax scale as a float."""
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {causal!r}")
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse must be a bool, got {return_lse!r}")
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a str, got {backend!r}")
+    if softmax_scale is None:
+        return default_softmax_scale(head_dim)
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
+        raise TypeError(f"softmax_scale must be a real number or None, got {softmax_scale!r}")
+    scale = float(softmax_scale)
+    if not math.isfinite(scale):
+        raise ValueError(f"softmax_scale must be finite, got {scale}")
+    return scale
+
+
+def _unit_last_dim(t: torch.Tensor) -> torch.Tensor:
+    """Kernels need a unit stride on head_dim: anything else is copied (documented in ``attention``)."""
+    return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
+
+
+def _run(selection: Selection, q, k, v, causal: bool, scale: float):
+    """Empty shortcuts, stride normalisation, then the backend's ``run``."""
+    batch, seqlen_q, heads, head_dim = q.shape
+    if q.numel() == 0 or k.shape[1] == 0:  # B, Nq or H is 0, or no key at all: launch nothing
+        out = torch.zeros(batch, seqlen_q, heads, head_dim, dtype=q.dtype, device=q.device)
+        lse = torch.full((batch, heads, seqlen_q), -math.inf, dtype=torch.float32, device=q.device)
+        return out, lse
+    q, k, v = (_unit_last_dim(t) for t in (q, k, v))
+    if k.shape[2] > 1 and k.stride(2) == 0 and v.stride(2) == 0:
+        # K/V broadcast across heads (expand): every KV head is the same one, i.e. MQA, no copy needed
+        k, v = k[:, :, :1], v[:, :, :1]
+    if selection.backend != "reference" and torch.is_grad_enabled() and any(
+            t.requires_grad for t in (q, k, v)):
+        raise NotImplementedError(
+            f"backend {selection.backend} is forward-only and an input requires grad: call it under "
+            "torch.no_grad() / torch.inference_mode(), or use backend='reference' for autograd")
+    module = dispatch.get_module(selection.backend)
+    guard = torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext()
+    with guard:
+        out, lse = module.run(q, k, v, causal=causal, softmax_scale=scale)
+    if out.shape != q.shape or lse.shape != (batch, heads, seqlen_q):
+        raise RuntimeError(f"backend {selection.backend} returned out {tuple(out.shape)} and lse "
+                           f"{tuple(lse.shape)}; expected {tuple(q.shape)} and {(batch, heads, seqlen_q)}")
+    return out, lse
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+              softmax_scale: float | None = None, backend: str = "auto", return_lse: bool = False):
+    """Attention forward, O = softmax(softmax_scale * Q K^T) V, on the backend that suits the GPU.
+
+    Args:
+        q: (batch, seqlen_q, num_heads, head_dim), float16 or bfloat16 for the kernels (float32/float64 on
+            the ``reference`` backend; 8-bit floats on ``fa3-fp8``); CUDA for the kernels, any device for
+            ``reference``. Any strides; a tensor whose last dimension is not unit-stride is copied first.
+        k, v: (batch, seqlen_k, num_heads_kv, head_dim), same dtype and device as q. num_heads must be a
+            multiple of num_heads_kv (GQA/MQA: query head h reads KV head h // (num_heads // num_heads_kv)).
+            K/V broadcast across heads with stride 0 (``expand``) run as MQA, without a copy.
+        causal: bottom-right aligned causal mask: query i sees key j iff j <= i + seqlen_k - seqlen_q
+            (flash-attn >= 2.1). A query row that sees no key gives 0 and LSE -inf.
+        softmax_scale: any finite real (0, negative and ints are fine); None means 1 / sqrt(head_dim).
+        backend: "auto" (see ``fa_variants.dispatch``; env FA_VARIANTS_BACKEND overrides auto), or one of
+            "fa3", "fa3-fp8", "fa2", "fa1", "reference".
+        return_lse: also return the log-sum-exp of each query row.
+
+    Returns:
+        out (batch, seqlen_q, num_heads, head_dim) in q's dtype, a new tensor; with ``return_lse`` the pair
+        (out, lse), lse float32 (batch, num_heads, seqlen_q), natural log. batch, seqlen_q or num_heads of 0
+        give empty outputs and seqlen_k = 0 gives zeros (LSE -inf), without launching a kernel.
+
+    Raises:
+        TypeError: a non-tensor input, a non-floating or mismatched dtype, a non-bool flag, a non-real scale.
+        ValueError: wrong rank; batch, seqlen_k, num_heads_kv or head_dim mismatch; num_heads not a multiple
+            of num_heads_kv; head_dim 0; num_heads_kv 0; inputs on different devices; non-finite
+            softmax_scale; an unknown backend; a backend that cannot serve the call
+            (``dispatch.BackendUnavailableError``, naming the backends that can).
+        NotImplementedError: a kernel backend with inputs that require grad (forward only).
+
+    Sources: Dao et al., FlashAttention (2022), Algorithm 1; Dao, FlashAttention-2 (2023), Algorithm 1;
+    Shah et al., FlashAttention-3 (2024).
+    """
+    _check_inputs(q, k, v)
+    scale = _check_options(causal, softmax_scale, backend, return_lse, q.shape[-1])
+    selection = dispatch.select_backend(q, k, v, causal=causal, backend=backend)
+    out, lse = _run(selection, q, k, v, causal, scale)
+    return (out, lse) if return_lse else out
+
+
+def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                                 attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
+                                 is_causal: bool = False, scale: float | None = None,
+                                 enable_gqa: bool = False, *, backend: str = "auto",
+                                 return_lse: bool = False):
+    """``torch.nn.functional.scaled_dot_product_attention`` for 4-D inputs, on our kernels.
+
+    Args:
+        query: (batch, num_heads, seqlen_q, head_dim); key, value: (batch, num_heads_kv, seqlen_k,
+            head_dim). They are passed to ``attention`` as transposed views (no copy).
+        attn_mask, dropout_p: accepted for signature compatibility; only None and 0.0 are supported.
+        is_causal: causal mask. PyTorch aligns it top-left and we align bottom-right; the two agree when
+            seqlen_q == seqlen_k, so is_causal with seqlen_q != seqlen_k raises (use ``attention``).
+        scale: softmax scale; None means 1 / sqrt(head_dim).
+        enable_gqa: as in PyTorch, num_heads != num_heads_kv needs enable_gqa=True.
+        backend, return_lse: as in ``attention``.
+
+    Returns:
+        out (batch, num_heads, seqlen_q, head_dim), a transposed view of a new (B, Nq, H, D) tensor; with
+        ``return_lse`` also lse float32 (batch, num_heads, seqlen_q).
+
+    Raises:
+        ValueError / TypeError: as ``attention``; also attn_mask given, dropout_p != 0, is_causal with
+            seqlen_q != seqlen_k, num_heads != num_heads_kv without enable_gqa.
+    """
+    names = ("query", "key", "value")
+    _check_rank((query, key, value), names, _SDPA_LAYOUT)
+    q, k, v = (t.transpose(1, 2) for t in (query, key, value))
+    _check_inputs(q, k, v, names)
+    if attn_mask is not None:
+        raise ValueError("attn_mask is not supported (only is_causal masking); use torch's SDPA for masks")
+    if dropout_p != 0.0:
+        raise ValueError(f"dropout_p must be 0.0 (forward inference only), got {dropout_p}")
+    if is_causal and q.shape[1] != k.shape[1]:
+        raise ValueError(f"is_causal with seqlen_q {q.shape[1]} != seqlen_k {k.shape[1]}: PyTorch aligns "
+                         "the causal mask top-left, fa_variants bottom-right; call fa_variants.attention "
+                         "(bottom-right) to choose explicitly")
+    if not enable_gqa and q.shape[2] != k.shape[2]:
+        raise ValueError(f"query has {q.shape[2]} heads but key has {k.shape[2]}: pass enable_gqa=True "
+                         "for grouped-query attention")
+    result = attention(q, k, v, causal=is_causal, softmax_scale=scale, backend=backend, return_lse=return_lse)
+    if return_lse:
+        return result[0].transpose(1, 2), result[1]
+    return result.transpose(1, 2)
+
+
+def select_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                   backend: str = "auto") -> Selection:
+    """The backend ``attention(q, k, v, causal=causal, backend=backend)`` would use, and why.
+
+    Args: as ``attention`` (layout (batch, seqlen, heads, head_dim)).
+
+    Returns:
+        Selection(backend, reason, candidates): the chosen name, a sentence saying why (including any
+        fallback to a slower backend), and every backend that can serve the call, fastest first.
+
+    Raises:
+        As ``attention`` for bad inputs, unknown or unavailable backends.
+    """
+    _check_inputs(q, k, v)
+    _check_options(causal, None, backend, False, q.shape[-1])
+    return dispatch.select_backend(q, k, v, causal=causal, backend=backend)

@@ -1,0 +1,232 @@
+"""Reference attention in plain PyTorch, and the tolerance rule every kernel test uses.
+
+Two references (DESIGN.md, "Testing rule", after the flash-attn test suite):
+
+* the **exact** one: the maths in float64 (``attention_reference(..., dtype=torch.float64)``);
+* the **same-dtype** one: what PyTorch gets doing the same maths in the input dtype
+  (``dtype=q.dtype``): Q is scaled and multiplied by K in that dtype, the softmax is taken in float32 and
+  P is rounded back to the input dtype before P V, as ``attention_ref(upcast=False)`` does in
+  Dao-AILab/flash-attention (``flash_attn/cute/testing.py``).
+
+A kernel passes when ``err(kernel) <= 2 * err(torch same dtype) + 1e-5``, where ``err(x) = max |x - exact|``
+(``check_against_reference``); a NaN anywhere fails.
+
+This module is also the ``reference`` backend of the dispatcher: it follows the kernel module contract
+(``HEAD_DIMS``, ``DTYPES``, ``run``), computing in float32 (float64 for float64 inputs) on any device.
+
+Conventions (HELPERS.md): q (batch, seqlen_q, num_heads, head_dim), k and v (batch, seqlen_k,
+num_heads_kv, head_dim); out like q; LSE (batch, num_heads, seqlen_q), natural log. Causal masking is
+bottom-right aligned: query i sees key j iff ``j <= i + seqlen_k - seqlen_q``. A query row that sees no key
+gives O = 0 and LSE = -inf (so does seqlen_k = 0). GQA: query head h reads KV head
+``h // (num_heads // num_heads_kv)``. Default softmax_scale = 1 / sqrt(head_dim).
+Source: Vaswani et al. 2017, eq. (1); Dao et al., FlashAttention (2022) sec. 2.2 for the LSE.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+#: the reference backend serves any head_dim (``None`` = no restriction; kernels list a tuple)
+HEAD_DIMS: tuple[int, ...] | None = None
+#: dtypes the reference backend accepts
+DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+#: absolute slack of the tolerance rule
+ATOL = 1e-5
+#: the score matrix is built in query-row chunks of at most this many elements (bounds memory)
+_MAX_SCORE_ELEMENTS = 1 << 26
+
+_FULL_PRECISION = (torch.float32, torch.float64)
+
+
+def default_softmax_scale(head_dim: int) -> float:
+    """1 / sqrt(head_dim), the scale of Vaswani et al. (2017), eq. (1)."""
+    return 1.0 / math.sqrt(head_dim)
+
+
+def causal_visible(seqlen_q: int, seqlen_k: int, *, row_start: int = 0, rows: int | None = None,
+                   device: torch.device | str | None = None) -> torch.Tensor:
+    """Boolean (rows, seqlen_k) mask, True where query i may see key j (bottom-right causal).
+
+    Query row i (counted from 0 over all seqlen_q rows; this returns rows ``row_start .. row_start+rows``)
+    sees key j iff ``j <= i + seqlen_k - seqlen_q``, as in flash-attn >= 2.1.
+    """
+    rows = seqlen_q - row_start if rows is None else rows
+    i = torch.arange(row_start, row_start + rows, device=device).unsqueeze(1)
+    j = torch.arange(seqlen_k, device=device).unsqueeze(0)
+    return j <= i + (seqlen_k - seqlen_q)
+
+
+def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+                        softmax_scale: float | None = None,
+                        dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention forward, softmax(scale * Q K^T) V, with its log-sum-exp, in plain PyTorch.
+
+    Args:
+        q: (batch, seqlen_q, num_heads, head_dim), any floating dtype, any device and strides.
+        k, v: (batch, seqlen_k, num_heads_kv, head_dim); num_heads % num_heads_kv == 0. v may have its
+            own head_dim (the output then has it).
+        causal: bottom-right aligned causal mask (query i sees key j iff j <= i + seqlen_k - seqlen_q).
+        softmax_scale: any finite real (0 and negative allowed); None means 1 / sqrt(head_dim).
+        dtype: the precision of the maths.
+            ``torch.float64`` / ``torch.float32``: everything in that dtype (the exact reference).
+            ``torch.float16`` / ``torch.bfloat16``: the same maths as PyTorch does it in that dtype:
+            (scale * Q) K^T in ``dtype``, softmax in float32, P rounded to ``dtype``, P V in ``dtype``.
+
+    Returns:
+        (out, lse): out (batch, seqlen_q, num_heads, head_dim_v) in ``dtype``; lse (batch, num_heads,
+        seqlen_q), natural log, in ``dtype`` when that is float32/float64, else float32. Rows that see no
+        key (causal with seqlen_q > seqlen_k, or seqlen_k = 0) give out = 0 and lse = -inf.
+
+    Raises:
+        ValueError: not 4-D, or num_heads not a multiple of num_heads_kv (full checks live in api.py).
+    """
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"q, k, v must be 4-D (batch, seqlen, heads, head_dim); got shapes "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    batch, seqlen_q, num_heads, head_dim = q.shape
+    seqlen_k, num_heads_kv, head_dim_v = k.shape[1], k.shape[2], v.shape[3]
+    scale = default_softmax_scale(head_dim) if softmax_scale is None else float(softmax_scale)
+    low = dtype not in _FULL_PRECISION
+    lse_dtype = torch.float32 if low else dtype
+    out = torch.zeros(batch, seqlen_q, num_heads, head_dim_v, dtype=dtype, device=q.device)
+    lse = torch.full((batch, num_heads, seqlen_q), -math.inf, dtype=lse_dtype, device=q.device)
+    if out.numel() == 0 or seqlen_k == 0:
+        return out, lse
+    if num_heads % num_heads_kv != 0:
+        raise ValueError(f"num_heads {num_heads} not divisible by num_heads_kv {num_heads_kv}")
+    group = num_heads // num_heads_kv
+    # GQA without copying K/V: query head h = kv_head * group + g reads KV head kv_head.
+    qg = q.to(dtype).reshape(batch, seqlen_q, num_heads_kv, group, head_dim)
+    if low:
+        qg = qg * scale  # rounded to `dtype`, as PyTorch would
+    kd, vd = k.to(dtype), v.to(dtype)
+    rows = max(1, _MAX_SCORE_ELEMENTS // max(1, batch * num_heads * seqlen_k))
+    for r0 in range(0, seqlen_q, rows):
+        r1 = min(seqlen_q, r0 + rows)
+        s = torch.einsum("bqhgd,bkhd->bhgqk", qg[:, r0:r1], kd)  # (B, Hkv, G, rows, Nk)
+        s = s.float() if low else s * scale
+        if causal:
+            s = s.masked_fill(~causal_visible(seqlen_q, seqlen_k, row_start=r0, rows=r1 - r0,
+                                              device=q.device), -math.inf)
+        m = torch.logsumexp(s, dim=-1, keepdim=True)
+        # exp(s - lse); a row that sees no key has lse = -inf and gets P = 0 instead of NaN
+        p = torch.where(m == -math.inf, torch.zeros_like(s), torch.exp(s - m))
+        o = torch.einsum("bhgqk,bkhd->bqhgd", p.to(dtype), vd)
+        out[:, r0:r1] = o.reshape(batch, r1 - r0, num_heads, head_dim_v)
+        lse[:, :, r0:r1] = m.reshape(batch, num_heads, r1 - r0).to(lse_dtype)
+    return out, lse
+
+
+def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
+        softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``reference`` backend (kernel module contract): float32 maths (float64 for float64 inputs).
+
+    Returns (out, lse): out (batch, seqlen_q, num_heads, head_dim) in q.dtype, lse float32 (batch, num_heads,
+    seqlen_q). Works on any device and supports autograd (it is plain PyTorch).
+    """
+    dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    out, lse = attention_reference(q, k, v, causal=causal, softmax_scale=softmax_scale, dtype=dtype)
+    return out.to(q.dtype), lse.float()
+
+
+# ----------------------------------------------------------------------------------------- tolerance rule
+
+@dataclass(frozen=True)
+class References:
+    """The two references of one input: exact (float64) and PyTorch in the input dtype."""
+
+    out: torch.Tensor        # float64 (B, Nq, H, D)
+    lse: torch.Tensor        # float64 (B, H, Nq)
+    out_torch: torch.Tensor  # input dtype (B, Nq, H, D)
+    lse_torch: torch.Tensor  # float32 (B, H, Nq)
+
+
+def references(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+               softmax_scale: float | None = None) -> References:
+    """Both references for one input, computed on q's device (compute once, check many backends).
+
+    Raises:
+        ValueError: q is an 8-bit float (FP8 has its own emulation reference, fa_variants.fp8).
+    """
+    if q.dtype.itemsize == 1:
+        raise ValueError(f"no same-dtype PyTorch reference for {q.dtype}; FP8 uses its own emulation "
+                         "reference with a stated bound")
+    out, lse = attention_reference(q, k, v, causal=causal, softmax_scale=softmax_scale, dtype=torch.float64)
+    out_t, lse_t = attention_reference(q, k, v, causal=causal, softmax_scale=softmax_scale, dtype=q.dtype)
+    return References(out, lse, out_t, lse_t)
+
+
+def max_abs_error(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |x - ref| in float64; 0 where both hold the same value (equal infinities included);
+    NaN if x has a NaN; 0.0 for empty tensors."""
+    if x.shape != ref.shape:
+        raise ValueError(f"shape {tuple(x.shape)} differs from the reference's {tuple(ref.shape)}")
+    if x.numel() == 0:
+        return 0.0
+    x64, r64 = x.double(), ref.double()
+    diff = torch.where(x64 == r64, torch.zeros_like(x64), (x64 - r64).abs())
+    if torch.isnan(diff).any():
+        return math.nan
+    return diff.max().item()
+
+
+def rel_l2(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """||x - ref||_2 / ||ref||_2 in float64 (0 when both are zero)."""
+    x64, r64 = x.double(), ref.double()
+    denom = r64.norm().item()
+    num = (x64 - r64).norm().item()
+    return num / denom if denom > 0 else num
+
+
+class Check(NamedTuple):
+    """Outcome of the tolerance rule: ok iff err_kernel <= bound = 2 * err_torch + ATOL (NaN fails)."""
+
+    ok: bool
+    err_kernel: float
+    err_torch: float
+    bound: float
+
+    def __str__(self) -> str:
+        verdict = "ok" if self.ok else "FAIL"
+        return (f"{verdict}: err {self.err_kernel:.3e} vs bound {self.bound:.3e} "
+                f"(= 2 * torch same-dtype err {self.err_torch:.3e} + {ATOL:g})")
+
+
+def _rule(err_kernel: float, err_torch: float) -> Check:
+    bound = 2.0 * err_torch + ATOL
+    ok = math.isfinite(err_kernel) and math.isfinite(bound) and err_kernel <= bound
+    return Check(bool(ok), err_kernel, err_torch, bound)
+
+
+def check_against_reference(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            causal: bool = False, softmax_scale: float | None = None, *,
+                            refs: References | None = None) -> Check:
+    """The testing rule for a kernel's output: err(out) <= 2 * err(torch same dtype) + 1e-5.
+
+    err(x) = max |x - exact float64 reference|. NaN in ``out`` always fails, and so does a non-finite
+    same-dtype reference (the rule does not apply there; use a dedicated criterion such as ``rel_l2``).
+
+    Args:
+        out: (batch, seqlen_q, num_heads, head_dim), the kernel's output for (q, k, v).
+        refs: precomputed ``references(q, k, v, ...)`` (saves recomputing for several backends).
+
+    Returns:
+        Check(ok, err_kernel, err_torch, bound), a NamedTuple (unpacks as a 4-tuple).
+    """
+    refs = refs or references(q, k, v, causal=causal, softmax_scale=softmax_scale)
+    return _rule(max_abs_error(out, refs.out), max_abs_error(refs.out_torch, refs.out))
+
+
+def check_lse(lse: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              causal: bool = False, softmax_scale: float | None = None, *,
+              refs: References | None = None) -> Check:
+    """The same rule for the LSE (batch, num_heads, seqlen_q): err(lse) <= 2 * err(torch lse) + 1e-5.
+
+    Rows that see no key must hold exactly -inf (a finite value there is an infinite error).
+    """
+    refs = refs or references(q, k, v, causal=causal, softmax_scale=softmax_scale)
+    return _rule(max_abs_error(lse, refs.lse), max_abs_error(refs.lse_torch, refs.lse))
