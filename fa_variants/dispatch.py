@@ -122,7 +122,7 @@ def _import(backend: Backend) -> types.ModuleType | str:
         module = importlib.import_module(backend.module)
     except ModuleNotFoundError as exc:
         if exc.name and backend.module.startswith(exc.name):
-            return f"{backend.name} is not built yet (no module {backend.module})"
+            return f"{backend.name} is not built yet"
         return f"{backend.name} cannot be imported ({exc})"
     except Exception as exc:  # a broken kernel module must be reported, not crash the dispatcher
         return f"{backend.name} failed to import ({type(exc).__name__}: {exc})"

@@ -1,0 +1,154 @@
+"""`fa-variants demo`: one realistic attention call through the dispatcher, checked against float64.
+
+On a GPU: batch 2, seqlen 2048, 16 heads, head_dim 128, bf16, causal (an LLM prefill), on the backend that
+``auto`` picks; it prints the backend, the reason, the error against the float64 reference under the
+project's tolerance rule, the first-call time (which includes any kernel compile) and the steady time per
+call with the TFLOP/s it implies. Without a GPU it runs a smaller input on the reference path (plain
+PyTorch on the CPU) and says so. Exit status 0 when the output passes the rule, 1 otherwise.
+
+``load_real_input`` is the hook for an input captured from a real model (fa_variants.integrations).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from fa_variants import api, dispatch
+from fa_variants.reference import check_against_reference, check_lse, references
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+GPU_SHAPE = dict(batch=2, seqlen=2048, heads=16, head_dim=128)
+CPU_SHAPE = dict(batch=1, seqlen=1024, heads=8, head_dim=128)
+
+
+@dataclass
+class DemoInput:
+    """One attention call: q (B, Nq, H, D), k and v (B, Nk, Hkv, D), the mask, and where it came from."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    causal: bool
+    description: str
+
+
+def load_real_input(device: torch.device) -> DemoInput | None:
+    """Q, K, V captured from a real model, on ``device``; None while no capture is available.
+
+    The real-input helper fills this from ``fa_variants.integrations`` (e.g. one SmolLM2 layer's Q, K, V
+    after rotary). Returning None makes the demo use random input.
+    """
+    return None
+
+
+def synthetic_input(device: torch.device, *, batch: int, seqlen: int, heads: int, head_dim: int,
+                    dtype: torch.dtype, causal: bool, seed: int | None) -> DemoInput:
+    """q, k, v ~ N(0, 1) of shape (batch, seqlen, heads, head_dim)."""
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed if seed is not None else torch.seed())
+    q, k, v = (torch.randn(batch, seqlen, heads, head_dim, device=device, dtype=dtype, generator=gen)
+               for _ in range(3))
+    what = f"random N(0,1): batch {batch}, seqlen {seqlen}, {heads} heads, head_dim {head_dim}"
+    return DemoInput(q, k, v, causal, what)
+
+
+def attention_flops(inp: DemoInput) -> float:
+    """4 * D * (number of visible (query, key) pairs) per head and batch: two matmuls, 2 FLOPs a MAC."""
+    batch, seqlen_q, heads, head_dim = inp.q.shape
+    seqlen_k = inp.k.shape[1]
+    rows = torch.arange(seqlen_q)
+    visible = ((rows + seqlen_k - seqlen_q + 1).clamp(0, seqlen_k).sum().item() if inp.causal
+               else seqlen_q * seqlen_k)
+    return 4.0 * batch * heads * head_dim * visible
+
+
+def _timed(fn, device: torch.device, repeats: int) -> list[float]:
+    """Seconds per call of fn(), measured `repeats` times (synchronising the GPU)."""
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--batch", type=int, help="default 2 on a GPU, 1 on the CPU")
+    parser.add_argument("--seqlen", type=int, help="default 2048 on a GPU, 1024 on the CPU")
+    parser.add_argument("--heads", type=int, help="default 16 on a GPU, 8 on the CPU")
+    parser.add_argument("--head-dim", type=int, help="default 128")
+    parser.add_argument("--dtype", choices=DTYPES, default="bf16")
+    parser.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True,
+                        help="causal mask (default: on, as in an LLM prefill)")
+    parser.add_argument("--backend", default="auto", help="auto (default), fa3, fa2, fa1, reference")
+    parser.add_argument("--repeats", type=int, default=10, help="timed calls after the first (GPU)")
+    parser.add_argument("--seed", type=int, help="random seed (default: fresh)")
+    parser.add_argument("--random", action="store_true", help="use random input even if a real one exists")
+
+
+def _input(args: argparse.Namespace, device: torch.device) -> DemoInput:
+    real = None if args.random else load_real_input(device)
+    if real is not None:
+        return real
+    shape = dict(GPU_SHAPE if device.type == "cuda" else CPU_SHAPE)
+    for key in shape:
+        if getattr(args, key) is not None:
+            shape[key] = getattr(args, key)
+    return synthetic_input(device, dtype=DTYPES[args.dtype], causal=args.causal, seed=args.seed, **shape)
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    inp = _input(args, device)
+    q, k, v, causal = inp.q, inp.k, inp.v, inp.causal
+    with warnings.catch_warnings():  # the fallback reason is printed below
+        warnings.simplefilter("ignore", dispatch.BackendFallbackWarning)
+        selection = api.select_backend(q, k, v, causal=causal, backend=args.backend)
+
+    def call():
+        return api.attention(q, k, v, causal=causal, backend=selection.backend, return_lse=True)
+
+    with torch.no_grad():
+        first = _timed(call, device, 1)[0]
+        out, lse = call()
+        steady = _timed(call, device, args.repeats if device.type == "cuda" else 1)
+        refs = references(q, k, v, causal=causal)
+    check = check_against_reference(out, q, k, v, causal, refs=refs)
+    lse_check = check_lse(lse, q, k, v, causal, refs=refs)
+    per_call = statistics.median(steady)
+    arch = dispatch.arch_name(dispatch.device_capability(device))
+    where = torch.cuda.get_device_name(device) + f" ({arch})" if device.type == "cuda" else "CPU"
+
+    table = Table(title="fa-variants demo", show_header=False)
+    table.add_row("input", f"{inp.description}, {str(q.dtype).removeprefix('torch.')}, "
+                           f"{'causal' if causal else 'non-causal'}")
+    table.add_row("device", where)
+    table.add_row("backend", selection.backend)
+    table.add_row("reason", selection.reason)
+    table.add_row("could also run on", ", ".join(c for c in selection.candidates if c != selection.backend)
+                  or "-")
+    table.add_row("first call (incl. any compile)", f"{first * 1e3:.1f} ms")
+    label = f"time per call (median of {len(steady)})"
+    table.add_row(label, f"{per_call * 1e3:.3f} ms = {attention_flops(inp) / per_call / 1e12:.2f} TFLOP/s")
+    table.add_row("output vs float64 reference", str(check))
+    table.add_row("LSE vs float64 reference", str(lse_check))
+    console.print(table)
+    if device.type != "cuda":
+        console.print("No CUDA GPU here: this ran the reference path (plain PyTorch, float32 maths) on the "
+                      "CPU. On an sm80/sm90 GPU the same command runs the FlashAttention kernels.")
+    ok = check.ok and lse_check.ok
+    console.print("PASS: output within the tolerance rule" if ok else "FAIL: output outside the tolerance rule")
+    return 0 if ok else 1
