@@ -405,16 +405,20 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--causal", action="store_true", help="bottom-right causal with tile skipping")
     parser.add_argument("--emulate-max", type=int, default=2048,
                         help="run the emulators for N up to this (else use the closed form hbm_counts)")
+    parser.add_argument("--fa2-tiles", type=int, nargs=2, metavar=("BR", "BC"), default=None,
+                        help="FA2's own Br, Bc (e.g. 128 64 as a sm80 kernel); default: FA1's choice")
 
 
-def _io_rows(N: int, d: int, M: int, causal: bool, emulate_max: int) -> dict:
+def _io_rows(N: int, d: int, M: int, causal: bool, emulate_max: int, fa2_tiles=None) -> dict:
     Br, Bc = fa1_tile_sizes(M, d)
-    totals = {a: sum(r + w for r, w in hbm_counts(a, 1, 1, N, N, d, Br, Bc, causal).values()) for a in ALGORITHMS}
+    tiles = {"standard": (Br, Bc), "fa1": (Br, Bc), "fa2": tuple(fa2_tiles or (Br, Bc))}
+    totals = {a: sum(r + w for r, w in hbm_counts(a, 1, 1, N, N, d, *tiles[a], causal).values()) for a in ALGORITHMS}
     source = "closed form"
     if N <= emulate_max:  # measure, and check the closed form on the way
         g = torch.Generator().manual_seed(0)
         q, k, v = (torch.randn(1, N, 1, d, generator=g) for _ in range(3))
-        measured = {a: emulate(a, q, k, v, causal=causal, Br=Br, Bc=Bc).hbm.total for a in ALGORITHMS}
+        measured = {a: emulate(a, q, k, v, causal=causal, Br=tiles[a][0], Bc=tiles[a][1]).hbm.total
+                    for a in ALGORITHMS}
         if measured != totals:
             raise AssertionError(f"emulator counts {measured} differ from hbm_counts {totals} at N={N}, d={d}")
         source = "emulated"
@@ -429,7 +433,8 @@ def run_cli(args: argparse.Namespace) -> int:
     M = int(args.sram_kb * 1024) // args.elem_bytes
     title = (f"HBM accesses per (batch, head), elements read + written; M = {M} elements "
              f"({args.sram_kb:g} KiB of {args.elem_bytes}-byte elements); Br, Bc as FA1 Algorithm 1 line 1"
-             f"{'; causal' if args.causal else ''}")
+             f"{'; causal' if args.causal else ''}"
+             f"{'; FA2 with Br, Bc = %d, %d' % tuple(args.fa2_tiles) if args.fa2_tiles else ''}")
     table = Table(title=title, caption="source: 'emulated' = counted by running the tile loops (and equal to "
                   "hbm_counts); 'closed form' = hbm_counts, proven equal to the emulators by tests/test_emulate.py")
     for col in ("N", "d", "Br", "Bc", "standard", "FA1", "FA2", "Nd+N^2", "N^2d^2/M", "std/(Nd+N^2)",
@@ -437,7 +442,7 @@ def run_cli(args: argparse.Namespace) -> int:
         table.add_column(col, justify="left" if col == "source" else "right")
     for d in args.d:
         for N in args.N:
-            row = _io_rows(N, d, M, args.causal, args.emulate_max)
+            row = _io_rows(N, d, M, args.causal, args.emulate_max, args.fa2_tiles)
             theta_std, theta_fa = N * d + N * N, N * N * d * d / M
             table.add_row(str(N), str(d), str(row["Br"]), str(row["Bc"]), f"{row['standard']:.3e}",
                           f"{row['fa1']:.3e}", f"{row['fa2']:.3e}", f"{theta_std:.3e}", f"{theta_fa:.3e}",

@@ -212,3 +212,5 @@ def test_io_cli(capsys):
     assert main(["io", "--N", "128", "256", "--d", "32", "--sram-kb", "8", "--emulate-max", "128"]) == 0
     out = capsys.readouterr().out
     assert "emulated" in out and "closed form" in out and "N^2d^2/M" in out
+    assert main(["io", "--N", "64", "--d", "16", "--sram-kb", "4", "--causal", "--fa2-tiles", "32", "16"]) == 0
+    assert "FA2 with Br, Bc = 32, 16" in capsys.readouterr().out
