@@ -1,0 +1,268 @@
+"""Arguments, plan and progress bar of `fa-variants bench`, and `run_cli` tying the parts together."""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import re
+import shlex
+import sys
+from pathlib import Path
+from typing import Callable
+
+from fa_variants.bench import report as bench_report
+from fa_variants.bench.core import HIDDEN, TOKENS, Case, Plan, memory_sweep, sweep
+from fa_variants.bench.runtime import GpuRuntime, build_impls, versions
+
+OURS = ("fa1", "fa2", "fa3", "fa3-fp8")
+PEERS = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math", "flash-attn-4")
+DTYPES = ("bf16", "fp16", "e4m3")
+HEAD_DIMS = (64, 128, 256)
+SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
+MEMORY_SEQLENS = tuple(1024 * 2**i for i in range(8))  # 1k .. 128k, batch 1
+QUICK = dict(head_dims=(64, 128), seqlens=(1024, 4096, 16384), dtypes=("bf16",), warmup_ms=10, rep_ms=40,
+             memory_seqlens=(1024, 2048, 4096, 8192, 16384))
+FULL = dict(head_dims=HEAD_DIMS, seqlens=SEQLENS, dtypes=("bf16", "fp16"), warmup_ms=25, rep_ms=100,
+            memory_seqlens=MEMORY_SEQLENS)
+
+
+def make_runtime(plan: Plan) -> GpuRuntime:
+    """The GPU runtime for a plan (a seam: tests put a synthetic one here)."""
+    return GpuRuntime(plan)
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+# ---------------------------------------------------------------------------------------------- progress
+class Progress:
+    """A progress bar (rich, else tqdm, else none) whose log lines print above it."""
+
+    def __init__(self, total: int, enabled: bool = True):
+        self.total, self.enabled, self._bar, self._task, self._kind = total, enabled, None, None, None
+
+    def __enter__(self):
+        if not self.enabled:
+            return self
+        try:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, \
+                TimeElapsedColumn
+
+            self._bar = RichProgress(TextColumn("{task.description:40s}"), BarColumn(), MofNCompleteColumn(),
+                                     TimeElapsedColumn())
+            self._bar.__enter__()
+            self._task, self._kind = self._bar.add_task("bench", total=self.total), "rich"
+        except ImportError:
+            try:
+                from tqdm import tqdm
+
+                self._bar, self._kind = tqdm(total=self.total), "tqdm"
+            except ImportError:
+                self._bar = None
+        return self
+
+    def __exit__(self, *exc):
+        if self._kind == "rich":
+            self._bar.__exit__(*exc)
+        elif self._kind == "tqdm":
+            self._bar.close()
+
+    def step(self, desc: str) -> None:
+        if self._kind == "rich":
+            self._bar.update(self._task, advance=1, description=desc[:40])
+        elif self._kind == "tqdm":
+            self._bar.set_description(desc[:40], refresh=False)
+            self._bar.update(1)
+
+    def log(self, msg: str) -> None:
+        if self._kind == "rich":
+            self._bar.console.print(msg, markup=False, highlight=False)
+        elif self._kind == "tqdm":
+            self._bar.write(msg)
+        else:
+            print(msg, flush=True)
+
+
+# --------------------------------------------------------------------------------------------------- CLI
+def _list_type(kind: type, allowed: tuple | None = None, check: Callable | None = None) -> Callable:
+    """argparse type for a comma-separated list; every element converted, checked, duplicates dropped."""
+
+    def parse(text: str) -> tuple:
+        items = [x.strip() for x in text.split(",") if x.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError("empty list")
+        out = []
+        for item in items:
+            try:
+                value = kind(item)
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"{item!r} is not a{'n' if kind is int else ''} {kind.__name__}")
+            if allowed is not None and value not in allowed:
+                raise argparse.ArgumentTypeError(f"invalid choice {item!r} (choose from {', '.join(map(str, allowed))})")
+            problem = check(value) if check else None
+            if problem:
+                raise argparse.ArgumentTypeError(f"{item!r}: {problem}")
+            out.append(value)
+        return tuple(dict.fromkeys(out))
+
+    return parse
+
+
+def _check_head_dim(d: int) -> str | None:
+    if d <= 0 or d > 256 or d % 8 or HIDDEN % d:
+        return f"head_dim must be a multiple of 8 in 8..256 that divides {HIDDEN} (num_heads * head_dim)"
+    return None
+
+
+def _check_seqlen(n: int) -> str | None:
+    return None if 1 <= n <= 1 << 20 else "seqlen must be in 1..1048576"
+
+
+def configure_parser(p: argparse.ArgumentParser) -> None:
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.epilog = ("examples:\n  fa-variants bench --quick\n  fa-variants bench --backends fa2 --peers sdpa-flash "
+                "--head-dims 128 --causal false\n  fa-variants bench --report-from results/X/bench.json")
+    p.add_argument("--quick", action="store_true",
+                   help="short run: head dims 64,128; seqlens 1k,4k,16k; bf16; shorter timing; memory to 16k")
+    g = p.add_argument_group("what to run")
+    g.add_argument("--backends", type=_list_type(str, OURS), metavar="LIST",
+                   help=f"our backends, comma-separated (default: all that this GPU can run; {', '.join(OURS)})")
+    g.add_argument("--peers", type=_list_type(str, PEERS), metavar="LIST",
+                   help=f"peers, comma-separated (default: all importable; {', '.join(PEERS)})")
+    only = g.add_mutually_exclusive_group()
+    only.add_argument("--ours-only", action="store_true", help="no peers (no ratio columns)")
+    only.add_argument("--peers-only", action="store_true", help="no backends of ours")
+    g.add_argument("--head-dims", type=_list_type(int, check=_check_head_dim), metavar="LIST",
+                   help="head dims (default 64,128,256)")
+    g.add_argument("--seqlens", type=_list_type(int, check=_check_seqlen), metavar="LIST",
+                   help="sequence lengths; batch = max(1, 16384 // seqlen) (default 512,...,16384)")
+    g.add_argument("--causal", choices=("true", "false", "both"), default="both", help="default both")
+    g.add_argument("--dtypes", type=_list_type(str, DTYPES), metavar="LIST",
+                   help="input dtypes: bf16, fp16, e4m3 (fp8, for fa3-fp8) (default bf16,fp16)")
+    m = p.add_argument_group("memory table")
+    m.add_argument("--memory-seqlens", type=_list_type(int, check=_check_seqlen), metavar="LIST",
+                   help="seqlens of the memory table, batch 1 (default 1k..128k doubling)")
+    m.add_argument("--no-memory", action="store_true", help="skip the memory table")
+    t = p.add_argument_group("timing and output")
+    t.add_argument("--warmup", type=float, metavar="MS", help="do_bench warm-up in ms (default 25, quick 10)")
+    t.add_argument("--rep", type=float, metavar="MS", help="do_bench repeat time in ms (default 100, quick 40)")
+    t.add_argument("--input-sets", type=int, default=0, metavar="N",
+                   help="input sets rotated between calls (default: enough to exceed 2x the L2 cache)")
+    t.add_argument("--out", metavar="DIR", help="results folder (default results/bench-<gpu>-<date>)")
+    t.add_argument("--no-charts", action="store_true", help="markdown and JSON only")
+    t.add_argument("--no-progress", action="store_true", help="no progress bar (log lines only)")
+    t.add_argument("--dry-run", action="store_true", help="print the plan and exit (no GPU needed)")
+    t.add_argument("--report-from", metavar="JSON",
+                   help="rebuild markdown and charts from a saved bench.json (no GPU needed)")
+
+
+def make_plan(args: argparse.Namespace) -> Plan:
+    """Cases in table order (dtype, head_dim, causal, seqlen) and settings from the arguments; explicit
+    filters win over --quick's defaults."""
+    base = QUICK if args.quick else FULL
+    head_dims = list(args.head_dims or base["head_dims"])
+    seqlens = sorted(args.seqlens or base["seqlens"])
+    dtypes = list(args.dtypes or base["dtypes"])
+    causals = {"true": (True,), "false": (False,), "both": (False, True)}[args.causal]
+    cases = [Case(dt, d, n, c) for dt in dtypes for d in head_dims for c in causals for n in seqlens]
+    ours = [] if args.peers_only else list(args.backends or OURS)
+    peers = [] if args.ours_only else list(args.peers or PEERS)
+    memory = [] if args.no_memory else sorted(args.memory_seqlens or base["memory_seqlens"])
+    mem_dtype = next((d for d in dtypes if d != "e4m3"), dtypes[0])
+    plan = Plan(cases=cases, ours=ours, peers=peers, memory_seqlens=memory, memory_dtype=mem_dtype,
+                memory_head_dim=128 if 128 in head_dims else head_dims[0],
+                warmup_ms=args.warmup if args.warmup is not None else base["warmup_ms"],
+                rep_ms=args.rep if args.rep is not None else base["rep_ms"], input_sets=args.input_sets)
+    plan.settings = dict(tokens=TOKENS, hidden=HIDDEN, warmup_ms=plan.warmup_ms, rep_ms=plan.rep_ms,
+                         quick=bool(args.quick), dtypes=dtypes, head_dims=head_dims, seqlens=seqlens,
+                         causal=args.causal, ours=ours, peers=peers, memory_seqlens=memory)
+    return plan
+
+
+def describe_plan(plan: Plan) -> str:
+    lines = [f"{len(plan.cases)} cases x {len(plan.ours) + len(plan.peers)} implementations "
+             f"(ours: {', '.join(plan.ours) or 'none'}; peers: {', '.join(plan.peers) or 'none'})",
+             f"timing: warm-up {plan.warmup_ms} ms, repeats {plan.rep_ms} ms; "
+             f"memory table: {plan.memory_dtype} D={plan.memory_head_dim} seqlens "
+             f"{', '.join(map(str, plan.memory_seqlens)) or 'none'}"]
+    lines += [f"  {c.label:28s} batch {c.batch:3d} x heads {c.heads:3d}  {c.flops / 1e12:8.3f} TFLOP"
+              for c in plan.cases]
+    return "\n".join(lines)
+
+
+def _command_line() -> str:
+    argv = sys.argv[1:]
+    return "fa-variants " + shlex.join(argv[argv.index("bench"):] if "bench" in argv else ["bench", *argv])
+
+
+def default_outdir(gpu_name: str) -> Path:
+    slug = re.sub(r"[^a-z0-9]+", "-", gpu_name.lower()).strip("-") or "gpu"
+    return Path("results") / f"bench-{slug}-{_dt.date.today().isoformat()}"
+
+
+def _rebuild(args) -> int:
+    import json
+
+    src = Path(args.report_from)
+    try:
+        report = json.loads(src.read_text())
+    except (OSError, ValueError) as exc:
+        print(f"fa-variants bench: cannot read {src}: {exc}", file=sys.stderr)
+        return 2
+    return _write_and_summarise(report, Path(args.out) if args.out else src.parent, charts=not args.no_charts)
+
+
+def _write_and_summarise(report: dict, outdir: Path, charts: bool) -> int:
+    written = bench_report.write_reports(report, outdir, charts=charts)
+    if written["charts_error"]:
+        print(written["charts_error"])
+    print(f"wrote {written['markdown']}, {written['json'].name} and {len(written['charts'])} charts in {outdir}")
+    for name, s in bench_report.ratio_summary(report["results"]).items():
+        print(f"{name}: ours / best peer min {s['min']:.2f}, median {s['median']:.2f}, max {s['max']:.2f} "
+              f"over {s['cases']} cases")
+    failed = [r for r in report["results"] + report.get("memory", []) if r["kind"] == "ours" and r.get("error")
+              and not r["error"].startswith("cannot serve") and "out of memory" not in r["error"]]
+    if failed:
+        print(f"{len(failed)} measurements of ours FAILED (see 'Not measured' in {written['markdown']})")
+    return 1 if failed else 0
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    if args.report_from:
+        return _rebuild(args)
+    plan = make_plan(args)
+    if args.dry_run:
+        print(describe_plan(plan))
+        return 0
+    if not _cuda_available():
+        print("fa-variants bench: no CUDA GPU found here; the benchmark needs one. "
+              "(`--dry-run` shows the plan; `--report-from FILE` rebuilds a saved report.)", file=sys.stderr)
+        return 2
+    runtime = make_runtime(plan)
+    gpu = runtime.meta()
+    impls, notes = build_impls(plan.ours, plan.peers, gpu["cc"])
+    for note in notes:
+        print(note)
+    if not impls:
+        print("fa-variants bench: nothing to run", file=sys.stderr)
+        return 2
+    outdir = Path(args.out) if args.out else default_outdir(gpu["name"])
+    outdir.mkdir(parents=True, exist_ok=True)
+    settings = dict(plan.settings, timer=runtime.timer_name, input_sets=plan.input_sets or "auto (2x L2)")
+    report = dict(meta=dict(command=_command_line(), date=_dt.datetime.now().isoformat(timespec="seconds"),
+                            gpu=gpu, versions=versions(), settings=settings),
+                  results=[], memory=[], notes=notes)
+    print(f"{gpu['name']} (sm{gpu['capability']}): {describe_plan(plan).splitlines()[0]}")
+    total = len(plan.cases) * len(impls) + len(plan.memory_seqlens) * len(impls)
+    with Progress(total, enabled=not args.no_progress) as bar:
+        def save(results):
+            report["results"] = results
+            bench_report.write_json(report, outdir / "bench.json")
+
+        report["results"] = sweep(plan.cases, impls, runtime.time, log=bar.log, step=bar.step, on_case=save)
+        if plan.memory_seqlens:
+            report["memory"] = memory_sweep(plan.memory_seqlens, impls, runtime.memory, dtype=plan.memory_dtype,
+                                            head_dim=plan.memory_head_dim, log=bar.log, step=bar.step)
+    return _write_and_summarise(report, outdir, charts=not args.no_charts)

@@ -1,0 +1,280 @@
+"""The implementations timed (ours through the dispatcher, PyTorch SDPA backends, flash-attn-4) and
+`GpuRuntime`, the only part of the benchmark that touches the GPU."""
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import importlib.util
+import itertools
+import math
+import time
+import warnings
+from typing import Callable
+
+from fa_variants.bench.core import HIDDEN, Case, Impl, Plan, Timing, is_oom, short_error
+
+
+# --------------------------------------------------------------------------------------- implementations
+def _sdpa(backend_name: str) -> Callable:
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = getattr(SDPBackend, backend_name)
+
+    def run(q, k, v, causal):  # (B, N, H, D) -> SDPA's (B, H, N, D) through strides, no copy
+        with sdpa_kernel(backend):
+            out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                 is_causal=causal)
+        return out.transpose(1, 2)
+
+    return run
+
+
+_SDPA = {"sdpa-flash": "FLASH_ATTENTION", "sdpa-cudnn": "CUDNN_ATTENTION",
+         "sdpa-efficient": "EFFICIENT_ATTENTION", "sdpa-math": "MATH"}
+
+
+def our_backends(requested: list[str], capability: tuple[int, int] | None) -> tuple[list[str], list[str]]:
+    """Those of the requested backends of ours that this GPU can run (asking fa_variants.dispatch), and a
+    one-line note for each one it cannot (wrong arch, not built yet, failed import)."""
+    try:
+        from fa_variants import dispatch
+    except ImportError as exc:
+        return [], [f"our backends not run: fa_variants.dispatch unavailable ({exc})"]
+    runnable, notes = [], []
+    for name in requested:
+        if name not in dispatch.backends_for(capability):
+            archs = dispatch.supported_archs(name) or ("any",)
+            notes.append(f"{name} not run: it targets {', '.join(archs)}; this GPU is "
+                         f"{dispatch.arch_name(capability)}")
+            continue
+        loaded = dispatch.load(name)
+        if isinstance(loaded, str):
+            notes.append(f"{name} not run: {loaded}")
+            continue
+        runnable.append(name)
+    return runnable, notes
+
+
+def build_impls(ours: list[str], peers: list[str],
+                capability: tuple[int, int] | None = None) -> tuple[list[Impl], list[str]]:
+    """The implementations that can run here (ours filtered by the dispatcher for this GPU's capability,
+    peers by whether they import), and a one-line note for each one that cannot."""
+    impls, notes = [], []
+    if ours:
+        ours, notes = our_backends(ours, capability)
+    if ours:
+        from fa_variants import attention
+
+        for name in ours:
+            impls.append(Impl(name, "ours", lambda q, k, v, causal, _n=name: attention(
+                q, k, v, causal=causal, backend=_n)))
+    for name in peers:
+        if name in _SDPA:
+            impls.append(Impl(name, "peer", _sdpa(_SDPA[name])))
+            continue
+        try:  # flash-attn-4: the CuTe DSL FlashAttention (Dao-AILab/flash-attention, flash_attn/cute)
+            from flash_attn.cute.interface import flash_attn_func
+        except Exception as exc:  # noqa: BLE001 - any import failure means "not installed here"
+            notes.append(f"{name} not run: not importable ({type(exc).__name__}: {short_error(exc)[:100]})")
+        else:
+            impls.append(Impl(name, "peer", lambda q, k, v, causal: flash_attn_func(q, k, v, causal=causal)))
+    return impls, notes
+
+
+def _first(x):
+    return x[0] if isinstance(x, (tuple, list)) else x
+
+
+# ----------------------------------------------------------------------------------------------- the GPU
+class GpuRuntime:
+    """Times implementations on the current CUDA device (the only part of the benchmark that touches one).
+
+    device="cpu" runs the same code path with wall-clock timing and no memory statistics: for tests only.
+    """
+
+    def __init__(self, plan: Plan, device: str = "cuda"):
+        import torch
+
+        self.torch, self.plan = torch, plan
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self._case: Case | None = None
+        self._sets: list = []
+        self._ref = None
+        self._flush = None
+        self.timer_name = "wall clock (CPU)"
+        if self.cuda:
+            self.timer_name = "triton.testing.do_bench" if importlib.util.find_spec("triton") else "CUDA events"
+
+    def _sync(self) -> None:
+        if self.cuda:
+            self.torch.cuda.synchronize()
+
+    def _dtype(self, name: str):
+        t = self.torch
+        return {"bf16": t.bfloat16, "fp16": t.float16, "e4m3": getattr(t, "float8_e4m3fn", None)}[name]
+
+    def make_inputs(self, dtype: str, batch: int, seqlen: int, heads: int, head_dim: int):
+        """q, k, v ~ N(0, 1) of shape (batch, seqlen, heads, head_dim); fp8 is drawn in bf16 then cast."""
+        t, target = self.torch, self._dtype(dtype)
+        draw = t.bfloat16 if dtype == "e4m3" else target
+        return tuple(t.randn(batch, seqlen, heads, head_dim, device=self.device, dtype=draw).to(target)
+                     for _ in range(3))
+
+    def input_sets(self, case: Case) -> int:
+        """Enough input sets that the others' bytes exceed twice the L2 cache (2 to 16)."""
+        if self.plan.input_sets:
+            return self.plan.input_sets
+        if not self.cuda:
+            return 2
+        l2 = getattr(self.torch.cuda.get_device_properties(self.device), "L2_cache_size", 64 << 20)
+        set_bytes = 3 * case.batch * case.seqlen * case.heads * case.head_dim * (1 if case.dtype == "e4m3" else 2)
+        return min(16, max(2, 1 + math.ceil(2 * l2 / set_bytes)))
+
+    def _inputs(self, case: Case) -> list:
+        if case != self._case:
+            self._sets, self._ref, self._case = [], None, None
+            if self.cuda:
+                self.torch.cuda.empty_cache()
+            self._sets = [self.make_inputs(case.dtype, case.batch, case.seqlen, case.heads, case.head_dim)
+                          for _ in range(self.input_sets(case))]
+            self._case = case
+        return self._sets
+
+    def _reference(self, case: Case):
+        """Torch SDPA (its own backend choice) on input set 0, in the case dtype (bf16 for fp8 inputs)."""
+        if self._ref is None:
+            q, k, v = (x.bfloat16() if case.dtype == "e4m3" else x for x in self._sets[0])
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                self._ref = self.torch.nn.functional.scaled_dot_product_attention(
+                    q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=case.causal).transpose(1, 2)
+        return self._ref
+
+    def median_ms(self, fn: Callable[[], object]) -> float:
+        """Median time of fn in ms: triton.testing.do_bench, else CUDA events with an L2 flush per call."""
+        if not self.cuda:
+            return self._wall_median_ms(fn)
+        try:
+            from triton.testing import do_bench
+        except ImportError:
+            return self._events_median_ms(fn)
+        return float(do_bench(fn, warmup=self.plan.warmup_ms, rep=self.plan.rep_ms, return_mode="median"))
+
+    def _wall_median_ms(self, fn, calls: int = 5) -> float:
+        times = []
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return sorted(times)[calls // 2]
+
+    def _events_median_ms(self, fn) -> float:
+        t = self.torch
+        if self._flush is None:
+            self._flush = t.empty(256 << 20, dtype=t.int8, device=self.device)
+        fn()
+        t.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(3):
+            fn()
+        t.cuda.synchronize()
+        estimate_ms = max(1e-3, (time.perf_counter() - t0) * 1e3 / 3)
+        for _ in range(max(1, int(self.plan.warmup_ms / estimate_ms))):
+            fn()
+        times = []
+        for _ in range(max(5, int(self.plan.rep_ms / estimate_ms))):
+            self._flush.zero_()
+            start, end = t.cuda.Event(enable_timing=True), t.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            times.append((start, end))
+        t.cuda.synchronize()
+        return float(sorted(s.elapsed_time(e) for s, e in times)[len(times) // 2])
+
+    def time(self, impl: Impl, case: Case) -> Timing:
+        """First call (timed apart, its warnings kept for the error message), then the median of many."""
+        sets = self._inputs(case)
+        q, k, v = sets[0]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                self._sync()
+                t0 = time.perf_counter()
+                out = _first(impl.fn(q, k, v, case.causal))
+                self._sync()
+                first_s = time.perf_counter() - t0
+            except Exception as exc:
+                if isinstance(exc, ValueError) or is_oom(exc) or not caught:
+                    raise
+                raise RuntimeError(f"{type(exc).__name__}: {short_error(exc)} (warning: {short_error(caught[-1].message)})") \
+                    from exc
+        max_diff = None
+        if impl.kind == "ours":
+            max_diff = (out.float() - self._reference(case).float()).abs().max().item()
+        del out
+        rotation = itertools.cycle(sets)
+
+        def call():
+            a, b, c = next(rotation)
+            impl.fn(a, b, c, case.causal)
+
+        return Timing(ms=self.median_ms(call), first_call_s=first_s, max_diff=max_diff)
+
+    def memory(self, impl: Impl, seqlen: int) -> tuple[float, float]:
+        """(inputs MiB, peak allocated MiB over one forward call, inputs and output included), counted from
+        what was allocated before the inputs were made."""
+        t = self.torch
+        if not self.cuda:
+            raise RuntimeError("memory statistics need a CUDA device")
+        self._sets, self._ref, self._case = [], None, None
+        t.cuda.empty_cache()
+        base = t.cuda.memory_allocated()
+        d = self.plan.memory_head_dim
+        q, k, v = self.make_inputs(self.plan.memory_dtype, 1, seqlen, HIDDEN // d, d)
+        t.cuda.synchronize()
+        t.cuda.reset_peak_memory_stats()
+        inputs = t.cuda.memory_allocated() - base
+        try:
+            out = impl.fn(q, k, v, False)
+            t.cuda.synchronize()
+            peak = t.cuda.max_memory_allocated() - base
+            del out
+        finally:
+            del q, k, v
+            t.cuda.empty_cache()
+        return inputs / 2**20, peak / 2**20
+
+    def meta(self) -> dict:
+        t = self.torch
+        if not self.cuda:
+            return dict(name="cpu", capability="-", cc=None, sms="-", memory_gib="-", l2_mib="-")
+        p = t.cuda.get_device_properties(self.device)
+        return dict(name=p.name, capability=f"{p.major}{p.minor}", cc=(p.major, p.minor), sms=p.multi_processor_count,
+                    memory_gib=round(p.total_memory / 2**30, 1),
+                    l2_mib=round(getattr(p, "L2_cache_size", 0) / 2**20, 1))
+
+
+def versions() -> dict[str, str]:
+    import torch
+
+    out = {"torch": torch.__version__, "cuda": str(torch.version.cuda)}
+    for label, dist in (("triton", "triton"), ("cutlass-dsl", "nvidia-cutlass-dsl"), ("flash-attn-4", "flash-attn-4"),
+                        ("flash-attn", "flash-attn"), ("fa-variants", "fa-variants")):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            out[label] = importlib.metadata.version(dist)
+    if "triton" not in out:
+        with contextlib.suppress(ImportError):
+            import triton
+
+            out["triton"] = triton.__version__
+    if "cutlass-dsl" not in out:
+        with contextlib.suppress(ImportError):
+            import cutlass
+
+            out["cutlass-dsl"] = getattr(cutlass, "__version__", "?")
+    return out
+
+

@@ -1,0 +1,360 @@
+"""`fa-variants bench` without a GPU: arguments, the FLOP formula, ratios, the sweep's error handling and the
+report writers, all on synthetic timings; plus one short real run marked `gpu` for the GPU host."""
+import json
+
+import pytest
+import torch
+
+from fa_variants import cli as top_cli
+from fa_variants.bench import cli as bench_cli
+from fa_variants.bench import core, report
+from fa_variants.bench.core import Case, Impl, Timing, attention_flops, memory_sweep, sweep, tflops
+from fa_variants.bench.runtime import GpuRuntime
+
+OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+# synthetic speeds, TFLOP/s: a timing of flops / rate makes the report show exactly these
+RATES = {"fa2": 300.0, "fa3": 600.0, "sdpa-flash": 340.0, "sdpa-cudnn": 650.0, "sdpa-math": 40.0}
+
+
+def parse(*argv):
+    return top_cli.build_parser().parse_args(["bench", *argv])
+
+
+def synthetic_timer(impl, case):
+    if impl.name == "fa2" and case.head_dim == 256:
+        raise ValueError("fa2 does not support head_dim 256 (supports 64, 128)")
+    return Timing(ms=case.flops / (RATES[impl.name] * 1e12) * 1e3, first_call_s=2.5 if impl.kind == "ours" else 0.01,
+                  max_diff=1e-3 if impl.kind == "ours" else None)
+
+
+def synthetic_memory(impl, seqlen):
+    if impl.name == "sdpa-math" and seqlen >= 4096:
+        raise OOM("CUDA out of memory. Tried to allocate 32.00 GiB")
+    inputs = 3 * seqlen * 2048 * 2 / 2**20
+    extra = 16 * seqlen * seqlen * 6 / 2**20 if impl.name == "sdpa-math" else 0.5
+    return inputs, inputs * 4 / 3 + extra
+
+
+def impls(*names):
+    return [Impl(n, "ours" if n.startswith("fa") else "peer", None) for n in names]
+
+
+def synthetic_report():
+    cases = [Case("bf16", d, n, c) for d in (128, 256) for c in (False, True) for n in (512, 2048)]
+    logs = []
+    results = sweep(cases, impls("fa2", "fa3", "sdpa-flash", "sdpa-cudnn"), synthetic_timer, log=logs.append)
+    memory = memory_sweep([1024, 2048, 4096, 8192], impls("fa2", "fa3", "sdpa-math"), synthetic_memory,
+                          dtype="bf16", head_dim=128, log=logs.append)
+    meta = dict(command="fa-variants bench --synthetic", date="2026-12-01", versions={"torch": "x"},
+                gpu=dict(name="Fake H200", capability="90", sms=132, memory_gib=139.8, l2_mib=60),
+                settings=dict(tokens=16384, hidden=2048, timer="synthetic", warmup_ms=1, rep_ms=1, input_sets=2))
+    return dict(meta=meta, results=results, memory=memory, notes=["flash-attn-4 not run: not importable"]), logs
+
+
+# ------------------------------------------------------------------------------------------------ maths
+def test_flops_follow_the_flashattention_convention():
+    assert attention_flops(2, 16, 1024, 1024, 128, causal=False) == 4 * 2 * 16 * 1024 * 1024 * 128
+    assert attention_flops(2, 16, 1024, 1024, 128, causal=True) == 2 * 2 * 16 * 1024 * 1024 * 128
+    assert attention_flops(1, 1, 3, 7, 64, causal=False) == 4 * 3 * 7 * 64
+    assert tflops(2e12, 1000.0) == pytest.approx(2.0)
+    assert tflops(4 * 4 * 16 * 4096**2 * 128, 1.0) == pytest.approx(549.755813888)
+
+
+@pytest.mark.parametrize("seqlen, batch", [(512, 32), (4096, 4), (16384, 1), (32768, 1)])
+def test_cases_keep_16k_tokens_and_hidden_2048(seqlen, batch):
+    case = Case("bf16", 128, seqlen, causal=False)
+    assert (case.batch, case.heads) == (batch, 16)
+    assert case.flops == 4 * batch * 16 * seqlen * seqlen * 128
+    assert Case("bf16", 64, seqlen, causal=True).heads == 32
+
+
+# -------------------------------------------------------------------------------------------- arguments
+def test_default_plan_is_the_papers_sweep():
+    plan = bench_cli.make_plan(parse())
+    assert len(plan.cases) == 2 * 3 * 2 * 6  # dtypes x head dims x causal x seqlens
+    assert {c.seqlen for c in plan.cases} == {512, 1024, 2048, 4096, 8192, 16384}
+    assert plan.ours == list(bench_cli.OURS) and plan.peers == list(bench_cli.PEERS)
+    assert (plan.warmup_ms, plan.rep_ms, plan.memory_head_dim) == (25, 100, 128)
+    assert plan.memory_seqlens[0] == 1024 and plan.memory_seqlens[-1] == 131072
+
+
+def test_filters_and_quick():
+    plan = bench_cli.make_plan(parse("--head-dims", "128", "--seqlens", "2048,512,512", "--causal", "true",
+                                     "--dtypes", "fp16", "--backends", "fa2,fa2", "--peers", "sdpa-flash"))
+    assert plan.cases == [Case("fp16", 128, 512, True), Case("fp16", 128, 2048, True)]
+    assert (plan.ours, plan.peers) == (["fa2"], ["sdpa-flash"])
+    quick = bench_cli.make_plan(parse("--quick"))
+    assert {c.head_dim for c in quick.cases} == {64, 128} and {c.dtype for c in quick.cases} == {"bf16"}
+    assert quick.rep_ms < plan.rep_ms and len(quick.cases) == 12
+    mixed = bench_cli.make_plan(parse("--quick", "--head-dims", "256", "--causal", "false", "--rep", "7"))
+    assert {c.head_dim for c in mixed.cases} == {256} and not any(c.causal for c in mixed.cases)
+    assert (mixed.rep_ms, mixed.memory_head_dim) == (7, 256)
+    assert bench_cli.make_plan(parse("--ours-only")).peers == []
+    assert bench_cli.make_plan(parse("--peers-only")).ours == []
+    assert bench_cli.make_plan(parse("--no-memory")).memory_seqlens == []
+
+
+@pytest.mark.parametrize("argv", [
+    ["--head-dims", "100"], ["--head-dims", "abc"], ["--head-dims", "0"], ["--head-dims", ""],
+    ["--seqlens", "0"], ["--seqlens", "1k"], ["--causal", "maybe"], ["--dtypes", "fp32"],
+    ["--backends", "fa9"], ["--peers", "xformers"], ["--ours-only", "--peers-only"], ["--memory-seqlens", "-4"],
+])
+def test_bad_arguments_are_argparse_errors(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        parse(*argv)
+    assert exc.value.code == 2
+    assert argv[0] in capsys.readouterr().err
+
+
+def test_our_backend_names_are_the_dispatchers():
+    dispatch = pytest.importorskip("fa_variants.dispatch")
+    assert set(bench_cli.OURS) <= set(dispatch.BACKENDS)
+
+
+def test_backends_this_gpu_cannot_run_get_a_note():
+    from fa_variants.bench.runtime import our_backends
+
+    runnable, notes = our_backends(["fa3", "fa2"], capability=(8, 0))
+    assert "fa3" not in runnable
+    assert any(n.startswith("fa3 not run") and "sm_80" in n for n in notes)
+    assert set(runnable) | {n.split()[0] for n in notes} == {"fa3", "fa2"}  # fa2 runs, or says why not
+
+
+# ------------------------------------------------------------------------------------- sweep and ratios
+def test_sweep_records_a_backend_that_cannot_serve_and_goes_on():
+    rep, logs = synthetic_report()
+    fa2_256 = [r for r in rep["results"] if r["impl"] == "fa2" and r["head_dim"] == 256]
+    assert len(fa2_256) == 4 and all(r["tflops"] is None for r in fa2_256)
+    assert all(r["error"].startswith("cannot serve: fa2 does not support head_dim 256") for r in fa2_256)
+    said = [line for line in logs if "fa2 does not support" in line]
+    assert len(said) == 1 and "\n" not in said[0] and "Traceback" not in said[0]
+    fa3 = [r for r in rep["results"] if r["impl"] == "fa3"]
+    assert all(r["tflops"] == pytest.approx(600.0) for r in fa3)  # timings -> TFLOP/s round trip
+
+
+def test_sweep_reports_other_failures_and_oom():
+    def timer(impl, case):
+        if impl.name == "fa3":
+            raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore text")
+        raise OOM("CUDA out of memory. Tried to allocate 8 GiB")
+
+    out = sweep([Case("bf16", 128, 512, False)], impls("fa3", "sdpa-math"), timer, log=lambda m: None)
+    assert out[0]["error"] == "RuntimeError: CUDA error: an illegal memory access was encountered"
+    assert out[1]["error"].startswith("out of memory") and report.cell_text(None, out[1]["error"]) == "OOM"
+
+
+def test_ratio_is_ours_over_the_best_peer_of_the_same_run():
+    def rec(impl, kind, value, dtype="bf16", err=None):
+        return dict(impl=impl, kind=kind, dtype=dtype, head_dim=128, seqlen=4096, causal=False, batch=4, heads=16,
+                    tflops=value, error=err)
+
+    rows = report.case_rows([
+        rec("fa2", "ours", 200.0), rec("fa3", "ours", 300.0), rec("sdpa-flash", "peer", 150.0),
+        rec("sdpa-cudnn", "peer", 250.0), rec("flash-attn-4", "peer", None, err="RuntimeError: x"),
+        rec("fa3-fp8", "ours", 500.0, "e4m3"), rec("sdpa-flash", "peer", None, "e4m3", "RuntimeError: no fp8"),
+    ])
+    bf16, fp8 = rows
+    assert bf16["best_peer"] == "sdpa-cudnn" and bf16["ratio_vs"] is None
+    assert bf16["ratio"] == pytest.approx({"fa2": 0.8, "fa3": 1.2})
+    assert fp8["best_peer"] is None and fp8["ratio"] == pytest.approx({"fa3-fp8": 2.0})
+    assert fp8["ratio_vs"] == "sdpa-cudnn (bf16)"
+    summary = report.ratio_summary([r for r in [rec("fa2", "ours", 100.0), rec("sdpa-flash", "peer", 50.0)]])
+    assert summary == {"fa2": dict(cases=1, min=2.0, median=2.0, max=2.0)}
+
+
+def test_no_peer_means_no_ratio():
+    rows = report.case_rows([dict(impl="fa2", kind="ours", dtype="bf16", head_dim=64, seqlen=512, causal=True,
+                                  batch=32, heads=32, tflops=100.0, error=None)])
+    assert rows[0]["ratio"] == {} and rows[0]["best_peer"] is None
+
+
+# --------------------------------------------------------------------------------------------- writers
+def test_markdown_has_a_table_per_config_with_ratios_and_problems():
+    rep, _ = synthetic_report()
+    md = report.to_markdown(rep)
+    assert "### bf16, head_dim 128, non-causal" in md and "### bf16, head_dim 256, causal" in md
+    head = "| seqlen | batch x heads | fa2 | fa3 | sdpa-flash | sdpa-cudnn | best peer | fa2 / best | fa3 / best |"
+    assert head in md
+    assert "| 512 | 32 x 16 | 300 | 600 | 340 | 650 | sdpa-cudnn | 0.46 | 0.92 |" in md
+    assert "| 512 | 32 x 8 | n/a | 600 |" in md  # fa2 cannot serve head_dim 256
+    assert "- fa2: cannot serve: fa2 does not support head_dim 256" in md
+    assert "- flash-attn-4 not run: not importable" in md
+    assert "## First call (compile) seconds" in md and "| bf16 | 128 | false | 2.50 | 2.50 |" in md
+    assert "Fake H200" in md and "fa-variants bench --synthetic" in md
+
+
+def test_memory_table_shows_oom_and_savings():
+    rep, logs = synthetic_report()
+    md = report.memory_markdown(rep["memory"])
+    lines = md.splitlines()
+    assert lines[0] == "| seqlen | q,k,v MiB | fa2 | fa3 | sdpa-math | sdpa-math / fa2 | sdpa-math / fa3 |"
+    row_2k = next(line for line in lines if line.startswith("| 2048 |"))
+    std = 16 * 2048 * 2048 * 6 / 2**20 + 32
+    assert f"| {std:.0f} |" in row_2k and row_2k.endswith(f"| {std / 32.5:.1f}x | {std / 32.5:.1f}x |")
+    row_8k = next(line for line in lines if line.startswith("| 8192 |"))
+    assert "| OOM | std OOM | std OOM |" in row_8k
+    assert sum("memory: sdpa-math" in line for line in logs) == 1  # not retried after running out
+
+
+def test_write_reports_json_markdown_and_charts(tmp_path):
+    pytest.importorskip("matplotlib")
+    rep, _ = synthetic_report()
+    out = report.write_reports(rep, tmp_path / "res")
+    saved = json.loads((tmp_path / "res" / "bench.json").read_text())
+    assert saved["results"] == rep["results"] and saved["memory"] == rep["memory"]
+    assert out["charts_error"] is None and len(out["charts"]) == 4 + 1  # (head_dim, causal) x2 x2 + memory
+    names = sorted(p.name for p in out["charts"])
+    assert "tflops-bf16-d128-causal.png" in names and "memory.png" in names
+    for path in out["charts"]:
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+    md = (tmp_path / "res" / "bench.md").read_text()
+    assert "![tflops-bf16-d256-noncausal](tflops-bf16-d256-noncausal.png)" in md
+
+
+def test_report_from_json_rebuilds_without_gpu(tmp_path, capsys):
+    rep, _ = synthetic_report()
+    report.write_reports(rep, tmp_path, charts=False)
+    (tmp_path / "bench.md").unlink()
+    code = top_cli.main(["bench", "--report-from", str(tmp_path / "bench.json"), "--no-charts"])
+    assert code == 0 and "fa3: ours / best peer" in capsys.readouterr().out
+    assert "| 2048 |" in (tmp_path / "bench.md").read_text()
+    assert top_cli.main(["bench", "--report-from", str(tmp_path / "missing.json")]) == 2
+
+
+# ------------------------------------------------------------------------------------- run_cli, no GPU
+class FakeRuntime:
+    timer_name = "synthetic"
+
+    def __init__(self, plan):
+        self.plan = plan
+
+    def meta(self):
+        return dict(name="Fake GPU", capability="90", cc=(9, 0), sms=132, memory_gib=139.8, l2_mib=60.0)
+
+    time = staticmethod(synthetic_timer)
+    memory = staticmethod(synthetic_memory)
+
+
+def fake_build(failing=None):
+    def build(ours, peers, capability):
+        made = impls(*ours, *[p for p in peers if p in RATES])
+        if failing:
+            made.append(Impl(failing, "ours", None))
+        return made, ["flash-attn-4 not run: not importable (ModuleNotFoundError: No module named 'flash_attn')"]
+    return build
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    monkeypatch.setattr(bench_cli, "_cuda_available", lambda: True)
+    monkeypatch.setattr(bench_cli, "make_runtime", FakeRuntime)
+    monkeypatch.setattr(bench_cli, "build_impls", fake_build())
+    return monkeypatch
+
+
+def test_run_cli_end_to_end_on_synthetic_timings(fake_gpu, tmp_path, capsys):
+    out = tmp_path / "r"
+    code = top_cli.main(["bench", "--backends", "fa2,fa3", "--peers", "sdpa-flash,sdpa-cudnn,sdpa-math",
+                         "--head-dims", "128,256", "--seqlens", "512,1024", "--memory-seqlens", "1024,4096",
+                         "--out", str(out), "--no-charts", "--no-progress"])
+    printed = capsys.readouterr().out
+    assert code == 0
+    assert printed.count("fa2 on bf16 D=256") == 1 and "cannot serve" in printed and "Traceback" not in printed
+    saved = json.loads((out / "bench.json").read_text())
+    assert len(saved["results"]) == 2 * 2 * 2 * 2 * 5  # dtypes x head dims x causal x seqlens x impls
+    assert saved["meta"]["settings"]["seqlens"] == [512, 1024] and saved["meta"]["gpu"]["name"] == "Fake GPU"
+    assert {m["seqlen"] for m in saved["memory"]} == {1024, 4096}
+    md = (out / "bench.md").read_text()
+    assert "sdpa-cudnn" in md and "OOM" in md and "fa3: ours / best peer" in printed
+
+
+def test_run_cli_fails_when_one_of_ours_crashes(fake_gpu, tmp_path, capsys):
+    def timer(impl, case):
+        if impl.name == "fa1":
+            raise RuntimeError("kernel launch failed")
+        return synthetic_timer(impl, case)
+
+    fake_gpu.setattr(FakeRuntime, "time", staticmethod(timer))
+    fake_gpu.setattr(bench_cli, "build_impls", fake_build(failing="fa1"))
+    code = top_cli.main(["bench", "--quick", "--backends", "fa2", "--no-memory", "--out", str(tmp_path),
+                         "--no-charts", "--no-progress"])
+    assert code == 1 and "measurements of ours FAILED" in capsys.readouterr().out
+
+
+def test_without_gpu_a_clear_message(monkeypatch, capsys):
+    monkeypatch.setattr(bench_cli, "_cuda_available", lambda: False)
+    assert top_cli.main(["bench", "--quick"]) == 2
+    err = capsys.readouterr().err
+    assert "no CUDA GPU" in err and "Traceback" not in err
+
+
+def test_dry_run_prints_the_plan(capsys):
+    assert top_cli.main(["bench", "--quick", "--dry-run", "--head-dims", "128"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("6 cases x 9 implementations") and "bf16 D=128 N=16384 causal" in out
+
+
+def test_progress_bar_logs_and_steps(capsys):
+    with bench_cli.Progress(total=2) as bar:
+        bar.step("one")
+        bar.log("a log line")
+        bar.step("two")
+    assert "a log line" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- the runtime, on the CPU
+@pytest.fixture
+def tiny_cases(monkeypatch):
+    monkeypatch.setattr(core, "TOKENS", 64)
+    monkeypatch.setattr(core, "HIDDEN", 128)
+    return [Case("bf16", 64, 32, False), Case("bf16", 64, 32, True)]
+
+
+def test_runtime_times_rotates_inputs_and_checks_ours(tiny_cases):
+    plan = bench_cli.make_plan(parse("--input-sets", "3"))
+    rt = GpuRuntime(plan, device="cpu")
+    seen = []  # data pointers of q, per case
+
+    def ours(q, k, v, causal):
+        seen[-1].add(q.data_ptr())
+        return torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal).transpose(1, 2), None
+
+    for case in tiny_cases:
+        seen.append(set())
+        t = rt.time(Impl("fa2", "ours", ours), case)
+        assert t.ms > 0 and t.first_call_s > 0 and t.max_diff == 0.0
+        assert len(seen[-1]) == 3  # every input set used
+    assert rt.meta()["name"] == "cpu"
+
+
+def test_runtime_keeps_the_warning_of_a_failing_peer(tiny_cases):
+    import warnings
+
+    def peer(q, k, v, causal):
+        warnings.warn("Flash attention requires head_dim <= 256")
+        raise RuntimeError("No available kernel. Aborting execution.")
+
+    rt = GpuRuntime(bench_cli.make_plan(parse()), device="cpu")
+    with pytest.raises(RuntimeError, match="No available kernel.*head_dim <= 256"):
+        rt.time(Impl("sdpa-flash", "peer", peer), tiny_cases[0])
+    with pytest.raises(ValueError):  # the "cannot serve" contract passes through untouched
+        rt.time(Impl("fa2", "ours", lambda *a: (_ for _ in ()).throw(ValueError("no"))), tiny_cases[0])
+
+
+# ------------------------------------------------------------------------------------------ on the GPU
+@pytest.mark.gpu
+def test_short_real_benchmark(tmp_path, capsys):
+    """A few seconds on the GPU host: the real runtime, SDPA peers, ours through the dispatcher."""
+    code = top_cli.main(["bench", "--head-dims", "128", "--seqlens", "1024", "--causal", "true",
+                         "--dtypes", "bf16", "--peers", "sdpa-flash,sdpa-math", "--memory-seqlens", "1024,2048",
+                         "--warmup", "5", "--rep", "10", "--out", str(tmp_path), "--no-progress"])
+    printed = capsys.readouterr().out
+    saved = json.loads((tmp_path / "bench.json").read_text())
+    flash = [r for r in saved["results"] if r["impl"] == "sdpa-flash"]
+    assert flash and flash[0]["tflops"] > 1, printed
+    assert all(m["peak_mib"] for m in saved["memory"] if m["impl"] == "sdpa-flash")
+    for r in saved["results"]:
+        if r["kind"] == "ours" and r["tflops"]:
+            assert r["max_diff"] < 0.05, r
+    assert code in (0, 1) and (tmp_path / "bench.md").exists()
