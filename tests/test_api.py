@@ -1,0 +1,264 @@
+"""The public API: every validation rule, empty inputs, layouts and strides, and what reaches a backend.
+
+A recording fake kernel backend (monkeypatched capability sm_90) shows what ``attention`` hands a kernel:
+which calls launch, with which strides and scale. The reference backend gives the values.
+"""
+import math
+import sys
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fa_variants
+from fa_variants import dispatch, reference
+from fa_variants.dispatch import Backend, BackendUnavailableError
+
+F16, BF16 = torch.float16, torch.bfloat16
+
+
+def qkv(batch=1, nq=8, nk=8, heads=2, heads_kv=2, d=16, dtype=F16, device="cpu"):
+    return (torch.randn(batch, nq, heads, d, dtype=dtype, device=device),
+            torch.randn(batch, nk, heads_kv, d, dtype=dtype, device=device),
+            torch.randn(batch, nk, heads_kv, d, dtype=dtype, device=device))
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """Pretend the CPU is an sm_90 whose fa3 is a fake kernel recording its calls (it runs the reference)."""
+    calls = []
+
+    def run(q, k, v, *, causal, softmax_scale):
+        calls.append(dict(q=q, k=k, v=v, causal=causal, softmax_scale=softmax_scale))
+        return reference.run(q, k, v, causal=causal, softmax_scale=softmax_scale)
+
+    module = types.ModuleType("_fake_kernels.recording")
+    module.HEAD_DIMS, module.DTYPES, module.run = (16, 64, 128), (F16, BF16), run
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setitem(dispatch.BACKENDS, "fa3", Backend("fa3", module.__name__, "fake"))
+    for name in ("fa3-fp8", "fa2", "fa1"):
+        monkeypatch.setitem(dispatch.BACKENDS, name, Backend(name, f"fa_variants._absent.{name}", "x"))
+    monkeypatch.setattr(dispatch, "device_capability", lambda device: (9, 0))
+    monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
+    dispatch.clear_cache()
+    yield calls
+    dispatch.clear_cache()
+
+
+# ------------------------------------------------------------------------------------------ validation
+
+def _bad_inputs():
+    """(id, (q, k, v), kwargs, exception, message regex): one per validation rule."""
+    q, k, v = qkv()
+    meta = torch.empty(k.shape, dtype=k.dtype, device="meta")
+    cases = [
+        ("q-not-tensor", (q.tolist(), k, v), {}, TypeError, "q must be a torch.Tensor, got list"),
+        ("v-not-tensor", (q, k, None), {}, TypeError, "v must be a torch.Tensor, got NoneType"),
+        ("q-3d", (q[0], k, v), {}, ValueError, r"q must be 4-D \(batch, seqlen, num_heads, head_dim\), got 3-D"),
+        ("q-5d", (q[None], k, v), {}, ValueError, "q must be 4-D .* got 5-D shape"),
+        ("k-3d", (q, k[0], v), {}, ValueError, "k must be 4-D"),
+        ("int-dtype", (q.long(), k, v), {}, TypeError, "q has dtype torch.int64; attention needs a floating"),
+        ("dtype-mismatch", (q, k.bfloat16(), v), {}, TypeError,
+         "q has dtype torch.float16 but k has dtype torch.bfloat16"),
+        ("v-dtype-mismatch", (q, k, v.float()), {}, TypeError, "but v has dtype torch.float32"),
+        ("device-mismatch", (q, meta, v), {}, ValueError, "q is on cpu but k is on meta"),
+        ("batch-k", (q, torch.cat([k, k]), v), {}, ValueError, "q has batch 1 but k has batch 2"),
+        ("batch-v", (q, k, torch.cat([v, v])), {}, ValueError, "q has batch 1 but v has batch 2"),
+        ("seqlen-k-v", qkv(nq=3, nk=5)[:2] + (qkv(nk=6)[2],), {}, ValueError, "k has seqlen 5 but v has seqlen 6"),
+        ("heads-k-v", (q, k, v[:, :, :1]), {}, ValueError, "k has num_heads_kv 2 but v has num_heads_kv 1"),
+        ("head-dim-k", (q, k[..., :8], v), {}, ValueError, "q has head_dim 16 but k has head_dim 8"),
+        ("head-dim-v", (q, k, v[..., :8]), {}, ValueError,
+         "v has head_dim 8 but q has head_dim 16 \\(a different V head_dim is not supported\\)"),
+        ("D0", qkv(d=0), {}, ValueError, "head_dim is 0"),
+        ("Hkv0", qkv(heads=4, heads_kv=0), {}, ValueError, "num_heads_kv is 0 .* num_heads is 4"),
+        ("heads-9-2", qkv(heads=9, heads_kv=2), {}, ValueError, "num_heads 9 not divisible by num_heads_kv 2"),
+        ("heads-33-2", qkv(heads=33, heads_kv=2), {}, ValueError, "num_heads 33 not divisible by num_heads_kv 2"),
+        ("heads-3-2", qkv(heads=3, heads_kv=2), {}, ValueError, "num_heads 3 not divisible by num_heads_kv 2"),
+        ("scale-inf", (q, k, v), {"softmax_scale": math.inf}, ValueError, "softmax_scale must be finite, got inf"),
+        ("scale-neg-inf", (q, k, v), {"softmax_scale": -math.inf}, ValueError, "finite, got -inf"),
+        ("scale-nan", (q, k, v), {"softmax_scale": math.nan}, ValueError, "finite, got nan"),
+        ("scale-str", (q, k, v), {"softmax_scale": "0.1"}, TypeError, "softmax_scale must be a real number"),
+        ("scale-bool", (q, k, v), {"softmax_scale": True}, TypeError, "softmax_scale must be a real number"),
+        ("causal-str", (q, k, v), {"causal": "yes"}, TypeError, "causal must be a bool, got 'yes'"),
+        ("return-lse-int", (q, k, v), {"return_lse": 1}, TypeError, "return_lse must be a bool"),
+        ("backend-int", (q, k, v), {"backend": 2}, TypeError, "backend must be a str"),
+        ("backend-unknown", (q, k, v), {"backend": "fa9"}, ValueError, "unknown backend 'fa9'"),
+        ("backend-kernel-on-cpu", (q, k, v), {"backend": "fa2"}, BackendUnavailableError,
+         "fa2 runs on .* only; the inputs are on the CPU; backends that can: reference"),
+    ]
+    return [pytest.param(*case[1:], id=case[0]) for case in cases]
+
+
+@pytest.mark.parametrize("args, kwargs, exc, message", _bad_inputs())
+def test_bad_input_raises(args, kwargs, exc, message):
+    with pytest.raises(exc, match=message):
+        fa_variants.attention(*args, **kwargs)
+
+
+@pytest.mark.parametrize("args, kwargs, exc, message", _bad_inputs())
+def test_bad_input_raises_before_any_launch(fake_gpu, args, kwargs, exc, message):
+    with pytest.raises((TypeError, ValueError)):
+        fa_variants.attention(*args, **kwargs)
+    assert fake_gpu == []
+
+
+def test_unsupported_dtype_names_the_backend_that_can(fake_gpu):
+    q, k, v = qkv(dtype=torch.float32)
+    with pytest.raises(BackendUnavailableError,
+                       match="fa3 does not support dtype float32 .*backends that can: reference"):
+        fa_variants.attention(q, k, v, backend="fa3")
+
+
+def test_unsupported_head_dim_names_the_supported_set(fake_gpu):
+    q, k, v = qkv(d=96)
+    with pytest.raises(BackendUnavailableError,
+                       match=r"fa3 does not support head_dim 96 \(supports 16, 64, 128\); backends that can: "
+                             r"reference"):
+        fa_variants.attention(q, k, v, backend="fa3")
+
+
+def test_select_backend_validates_and_explains(fake_gpu):
+    q, k, v = qkv()
+    sel = fa_variants.select_backend(q, k, v, causal=True)
+    assert sel.backend == "fa3" and "fastest" in sel.reason and sel.candidates == ("fa3", "reference")
+    with pytest.raises(ValueError, match="num_heads 3 not divisible"):
+        fa_variants.select_backend(*qkv(heads=3))
+    assert fake_gpu == []
+
+
+# ---------------------------------------------------------------------------------------- empty inputs
+
+EMPTY = [  # EC-16 (a), (b), (d) and (c)
+    pytest.param(dict(batch=0, nq=3952, nk=16, heads=10, heads_kv=10, d=64), id="B0"),
+    pytest.param(dict(batch=2, nq=0, nk=16, heads=4, heads_kv=4, d=64), id="Nq0"),
+    pytest.param(dict(batch=2, nq=16, nk=16, heads=0, heads_kv=0, d=64), id="H0"),
+    pytest.param(dict(batch=2, nq=16, nk=16, heads=0, heads_kv=2, d=64), id="H0-Hkv2"),
+    pytest.param(dict(batch=2, nq=16, nk=0, heads=4, heads_kv=4, d=64), id="Nk0"),
+]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dims", EMPTY)
+def test_empty_inputs_launch_nothing(fake_gpu, dims, causal):
+    q, k, v = qkv(**dims)
+    out, lse = fa_variants.attention(q, k, v, causal=causal, return_lse=True)
+    assert fake_gpu == []
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert lse.shape == (dims["batch"], dims["heads"], dims["nq"]) and lse.dtype == torch.float32
+    assert not out.any() and torch.isneginf(lse).all()
+
+
+# -------------------------------------------------------------------------------- what a kernel receives
+
+def test_scale_defaults_and_conversions(fake_gpu):
+    q, k, v = qkv()
+    fa_variants.attention(q, k, v)
+    fa_variants.attention(q, k, v, softmax_scale=1)
+    fa_variants.attention(q, k, v, softmax_scale=-0.125)
+    fa_variants.attention(q, k, v, softmax_scale=0)
+    scales = [c["softmax_scale"] for c in fake_gpu]
+    assert scales == [0.25, 1.0, -0.125, 0.0] and all(type(s) is float for s in scales)
+
+
+def test_non_unit_last_stride_is_copied(fake_gpu):
+    q, k, v = qkv(d=32)
+    q_strided = q[..., ::2]
+    assert q_strided.stride(-1) == 2
+    out = fa_variants.attention(q_strided, k[..., :16], v[..., 16:])
+    got = fake_gpu[0]
+    assert all(got[n].stride(-1) == 1 for n in "qkv")
+    assert got["k"].data_ptr() == k.data_ptr()  # unit-stride inputs are not copied
+    torch.testing.assert_close(out, fa_variants.attention(q_strided.contiguous(), k[..., :16].contiguous(),
+                                                          v[..., 16:].contiguous()), rtol=0, atol=0)
+
+
+def test_sdpa_layout_reaches_the_kernel_as_views(fake_gpu):
+    q, k, v = (t.transpose(1, 2).contiguous() for t in qkv(nq=12, nk=12, heads=4, heads_kv=2))  # (B, H, N, D)
+    out = fa_variants.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    got = fake_gpu[0]
+    assert got["q"].data_ptr() == q.data_ptr() and got["q"].shape == (1, 12, 4, 16)
+    assert got["q"].stride() == q.transpose(1, 2).stride()
+    assert out.shape == q.shape
+    want = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True, enable_gqa=True)
+    torch.testing.assert_close(out.float(), want, rtol=0, atol=2e-3)
+
+
+def test_heads_broadcast_with_stride_zero_run_as_mqa(fake_gpu):
+    q = torch.randn(2, 16, 8, 64, dtype=BF16)
+    k1, v1 = torch.randn(2, 33, 1, 64, dtype=BF16), torch.randn(2, 33, 1, 64, dtype=BF16)
+    k, v = k1.expand(2, 33, 8, 64), v1.expand(2, 33, 8, 64)
+    out = fa_variants.attention(q, k, v, causal=True)
+    assert fake_gpu[0]["k"].shape[2] == 1 and fake_gpu[0]["k"].data_ptr() == k1.data_ptr()
+    torch.testing.assert_close(out, fa_variants.attention(q, k.contiguous(), v.contiguous(), causal=True),
+                               rtol=0, atol=0)
+
+
+def test_kernels_are_forward_only(fake_gpu):
+    q, k, v = qkv()
+    q.requires_grad_(True)
+    with pytest.raises(NotImplementedError, match="forward-only .* torch.no_grad"):
+        fa_variants.attention(q, k, v)
+    with torch.no_grad():
+        fa_variants.attention(q, k, v)
+    assert len(fake_gpu) == 1
+
+
+def test_reference_backend_supports_autograd():
+    q, k, v = (t.double().requires_grad_(True) for t in qkv(nq=5, nk=7))
+    out = fa_variants.attention(q, k, v, causal=True, backend="reference")
+    out.sum().backward()
+    assert q.grad is not None and torch.isfinite(k.grad).all()
+
+
+def test_backend_returning_a_wrong_shape_is_caught(fake_gpu, monkeypatch):
+    module = sys.modules["_fake_kernels.recording"]
+    monkeypatch.setattr(module, "run", lambda q, k, v, **kw: (q[:, :1], torch.zeros(1)))
+    with pytest.raises(RuntimeError, match="backend fa3 returned out"):
+        fa_variants.attention(*qkv())
+
+
+# ------------------------------------------------------------------------------------- values and SDPA
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_matches_reference_and_returns_lse(causal):
+    q, k, v = qkv(batch=2, nq=13, nk=29, heads=6, heads_kv=2, d=64, dtype=BF16)
+    out, lse = fa_variants.attention(q, k, v, causal=causal, return_lse=True)
+    assert out.dtype == BF16 and lse.dtype == torch.float32 and lse.shape == (2, 6, 13)
+    assert reference.check_against_reference(out, q, k, v, causal).ok
+    assert reference.check_lse(lse, q, k, v, causal).ok
+    assert torch.equal(fa_variants.attention(q, k, v, causal=causal), out)
+
+
+@pytest.mark.parametrize("heads_kv", [4, 2, 1])
+@pytest.mark.parametrize("causal", [False, True])
+def test_sdpa_matches_torch(causal, heads_kv):
+    q, k, v = (t.transpose(1, 2) for t in qkv(batch=2, nq=20, nk=20, heads=4, heads_kv=heads_kv, d=32,
+                                               dtype=torch.float32))
+    got, lse = fa_variants.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=0.3, enable_gqa=True,
+                                                        return_lse=True)
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=0.3, enable_gqa=True)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert lse.shape == (2, 4, 20)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(attn_mask=torch.ones(8, 8, dtype=torch.bool)), "attn_mask is not supported"),
+    (dict(dropout_p=0.1), "dropout_p must be 0.0"),
+    (dict(is_causal=True, nk=9), "is_causal with seqlen_q 8 != seqlen_k 9: PyTorch aligns"),
+    (dict(heads_kv=1), "query has 2 heads but key has 1: pass enable_gqa=True"),
+    (dict(rank=3), r"query must be 4-D \(batch, num_heads, seqlen, head_dim\)"),
+    (dict(nk=9, nv=10), "key has seqlen 9 but value has seqlen 10"),
+])
+def test_sdpa_rejects(kwargs, message):
+    nk, heads_kv, rank = kwargs.pop("nk", 8), kwargs.pop("heads_kv", 2), kwargs.pop("rank", 4)
+    nv = kwargs.pop("nv", nk)
+    q, k, _ = qkv(nq=8, nk=nk, heads_kv=heads_kv)
+    v = qkv(nk=nv, heads_kv=heads_kv)[2]
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    with pytest.raises(ValueError, match=message):
+        fa_variants.scaled_dot_product_attention(q[0] if rank == 3 else q, k, v, **kwargs)
+
+
+def test_public_names():
+    assert set(fa_variants.__all__) >= {"attention", "scaled_dot_product_attention", "select_backend", "Selection"}

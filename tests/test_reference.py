@@ -1,0 +1,218 @@
+"""The references and the tolerance rule, against a naive row-by-row formula written independently."""
+import math
+
+import pytest
+import torch
+
+from fa_variants import reference as ref
+from fa_variants.reference import (attention_reference, check_against_reference, check_lse, max_abs_error,
+                                   references)
+
+
+def naive_attention(q, k, v, causal=False, scale=None):
+    """Row by row in float64, heads repeated: softmax over the keys each query row may see."""
+    batch, seqlen_q, heads, head_dim = q.shape
+    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
+    k = k.double().repeat_interleave(heads // heads_kv, dim=2)
+    v = v.double().repeat_interleave(heads // heads_kv, dim=2)
+    q = q.double()
+    out = torch.zeros(batch, seqlen_q, heads, v.shape[-1], dtype=torch.float64)
+    lse = torch.full((batch, heads, seqlen_q), -math.inf, dtype=torch.float64)
+    for b in range(batch):
+        for h in range(heads):
+            for i in range(seqlen_q):
+                n = min(seqlen_k, i + seqlen_k - seqlen_q + 1) if causal else seqlen_k
+                if n <= 0:
+                    continue
+                s = (k[b, :n, h] @ q[b, i, h]) * scale
+                mx = s.max()
+                w = torch.exp(s - mx)
+                lse[b, h, i] = mx + torch.log(w.sum())
+                out[b, i, h] = (w / w.sum()) @ v[b, :n, h]
+    return out, lse
+
+
+def rand(*shape, dtype=torch.float64, std=1.0):
+    return torch.randn(*shape, dtype=torch.float64).mul(std).to(dtype)
+
+
+SHAPES = [  # (batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim)
+    (1, 1, 1, 1, 1, 8),
+    (2, 13, 29, 6, 2, 24),   # GQA 3:1, Nq < Nk
+    (2, 29, 13, 6, 1, 16),   # MQA, Nq > Nk: causal leaves rows empty
+    (1, 7, 7, 4, 4, 33),     # odd head_dim
+    (3, 33, 1, 2, 2, 8),     # Nk = 1
+]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}_Nq{}_Nk{}_H{}_Hkv{}_D{}".format(*s))
+def test_float64_matches_naive(shape, causal):
+    batch, nq, nk, heads, heads_kv, d = shape
+    q, k, v = rand(batch, nq, heads, d), rand(batch, nk, heads_kv, d), rand(batch, nk, heads_kv, d)
+    out, lse = attention_reference(q, k, v, causal=causal)
+    want_out, want_lse = naive_attention(q, k, v, causal)
+    assert out.dtype == lse.dtype == torch.float64
+    assert out.shape == q.shape and lse.shape == (batch, heads, nq)
+    torch.testing.assert_close(out, want_out, rtol=0, atol=1e-12)
+    torch.testing.assert_close(lse, want_lse, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("scale", [0.0, -0.125, 1e-8, 1, 10.0])
+@pytest.mark.parametrize("causal", [False, True])
+def test_scales_match_naive(scale, causal):
+    """EC-20 on the reference itself: zero, negative, tiny, int and large scales, q and k ~ N(0, 4^2)."""
+    q, k, v = rand(1, 64, 2, 64, std=4), rand(1, 64, 2, 64, std=4), rand(1, 64, 2, 64)
+    out, lse = attention_reference(q, k, v, causal=causal, softmax_scale=scale)
+    want_out, want_lse = naive_attention(q, k, v, causal, float(scale))
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    torch.testing.assert_close(out, want_out, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(lse, want_lse, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_scale_zero_averages_visible_values(causal):
+    q, k, v = rand(1, 8, 2, 16), rand(1, 8, 2, 16), rand(1, 8, 2, 16)
+    out, _ = attention_reference(q, k, v, causal=causal, softmax_scale=0.0)
+    counts = torch.arange(1, 9, dtype=torch.float64).view(1, 8, 1, 1)
+    want = v.cumsum(1) / counts if causal else v.mean(1, keepdim=True).expand_as(v)
+    torch.testing.assert_close(out, want, rtol=0, atol=1e-12)
+
+
+def test_ec01_bottom_right_rows_see_the_right_keys():
+    """EC-01(a): Nq=3, Nk=7: row 0 sees keys 0-4, row 1 keys 0-5, row 2 keys 0-6."""
+    q, k, v = rand(1, 3, 2, 64), rand(1, 7, 2, 64), rand(1, 7, 2, 64)
+    out, _ = attention_reference(q, k, v, causal=True)
+    for row, n in enumerate((5, 6, 7)):
+        alone, _ = attention_reference(q[:, row:row + 1], k[:, :n], v[:, :n])
+        torch.testing.assert_close(out[:, row:row + 1], alone, rtol=0, atol=1e-12)
+
+
+def test_ec01_suffix_of_queries_is_unchanged():
+    """EC-01(c): only bottom-right alignment makes the last rows independent of the earlier queries."""
+    q, k, v = rand(2, 40, 2, 16), rand(2, 40, 2, 16), rand(2, 40, 2, 16)
+    full, _ = attention_reference(q, k, v, causal=True)
+    tail, _ = attention_reference(q[:, -9:], k, v, causal=True)
+    torch.testing.assert_close(full[:, -9:], tail, rtol=0, atol=1e-12)
+
+
+def test_ec07c_single_key_gives_its_value():
+    q, k, v = rand(2, 7, 4, 32), rand(2, 1, 4, 32), rand(2, 1, 4, 32)
+    out, _ = attention_reference(q, k, v)
+    assert torch.equal(out, v.expand_as(out))
+
+
+def test_empty_rows_are_zero_with_lse_minus_inf():
+    q, k, v = rand(1, 10, 2, 8), rand(1, 4, 2, 8), rand(1, 4, 2, 8)
+    out, lse = attention_reference(q, k, v, causal=True)
+    assert torch.equal(out[:, :6], torch.zeros_like(out[:, :6]))
+    assert torch.isneginf(lse[:, :, :6]).all() and torch.isfinite(lse[:, :, 6:]).all()
+    assert not torch.isnan(out).any()
+
+
+@pytest.mark.parametrize("dims", [(0, 5, 3, 2), (2, 0, 3, 2), (2, 5, 0, 2), (2, 5, 3, 0)],
+                         ids=["B0", "Nq0", "Nk0", "H0"])
+def test_empty_inputs(dims):
+    batch, nq, nk, heads = dims
+    q, k, v = rand(batch, nq, heads, 8), rand(batch, nk, max(heads, 1), 8), rand(batch, nk, max(heads, 1), 8)
+    out, lse = attention_reference(q, k, v, causal=True)
+    assert out.shape == (batch, nq, heads, 8) and lse.shape == (batch, heads, nq)
+    assert not out.any() and torch.isneginf(lse).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_same_dtype_reference_is_low_precision_but_close(dtype):
+    q, k, v = (rand(2, 50, 4, 64, dtype=dtype) for _ in range(3))
+    exact, exact_lse = attention_reference(q, k, v, causal=True)
+    low, low_lse = attention_reference(q, k, v, causal=True, dtype=dtype)
+    assert low.dtype == dtype and low_lse.dtype == torch.float32
+    err = max_abs_error(low, exact)
+    eps = torch.finfo(dtype).eps
+    assert 0 < err < 20 * eps  # really rounded, and only by a few ulps
+    assert max_abs_error(low_lse, exact_lse) < 20 * eps
+
+
+def test_chunked_rows_equal_one_chunk(monkeypatch):
+    q, k, v = rand(2, 37, 4, 16), rand(2, 23, 2, 16), rand(2, 23, 2, 16)
+    whole = attention_reference(q, k, v, causal=True)
+    monkeypatch.setattr(ref, "_MAX_SCORE_ELEMENTS", 2 * 4 * 23 * 5)  # 5 query rows per chunk
+    chunked = attention_reference(q, k, v, causal=True)
+    for a, b in zip(whole, chunked):
+        assert torch.equal(a, b)
+
+
+def test_reference_backend_run_contract():
+    q, k, v = (rand(1, 9, 2, 16, dtype=torch.bfloat16) for _ in range(3))
+    out, lse = ref.run(q, k, v, causal=True, softmax_scale=0.25)
+    assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
+    assert check_against_reference(out, q, k, v, True, 0.25).ok
+
+
+# ----------------------------------------------------------------------------------- the tolerance rule
+
+@pytest.fixture
+def case():
+    q, k, v = (rand(2, 33, 4, 64, dtype=torch.float16) for _ in range(3))
+    return q, k, v, references(q, k, v, causal=True)
+
+
+def test_rule_accepts_a_correct_output(case):
+    q, k, v, refs = case
+    out, lse = ref.run(q, k, v, causal=True, softmax_scale=1 / 8)
+    ok, err_kernel, err_torch, bound = check_against_reference(out, q, k, v, True, refs=refs)
+    assert ok and err_kernel <= bound == 2 * err_torch + ref.ATOL
+    assert check_lse(lse, q, k, v, True, refs=refs).ok
+
+
+def test_rule_rejects_nan(case):
+    q, k, v, refs = case
+    out = refs.out.half()
+    out[1, 5, 2, 7] = math.nan
+    assert not check_against_reference(out, q, k, v, True, refs=refs).ok
+
+
+def test_rule_rejects_a_top_left_causal_mask(case):
+    """The rule has teeth: top-left alignment (query i sees keys <= i) differs for Nq < Nk."""
+    q, k, v, _ = case
+    k2, v2 = torch.cat([k, k[:, :7]], 1), torch.cat([v, v[:, :7]], 1)  # Nk = 40 > Nq = 33
+    refs = references(q, k2, v2, causal=True)
+    top_left = torch.cat([attention_reference(q[:, i:i + 1], k2[:, :i + 1], v2[:, :i + 1])[0]
+                          for i in range(q.shape[1])], 1)
+    check = check_against_reference(top_left.half(), q, k2, v2, True, refs=refs)
+    assert not check.ok and check.err_kernel > 10 * check.bound
+
+
+def test_rule_rejects_a_small_but_real_error(case):
+    q, k, v, refs = case
+    check = check_against_reference(refs.out.half(), q, k, v, True, refs=refs)
+    assert check.ok
+    nudged = refs.out.clone()
+    nudged[0, 0, 0, 0] += 3 * check.bound
+    assert not check_against_reference(nudged.half(), q, k, v, True, refs=refs).ok
+
+
+def test_lse_rule_needs_minus_inf_on_empty_rows():
+    q, k, v = (rand(1, 12, 2, 16, dtype=torch.bfloat16) for _ in range(3))
+    k, v = k[:, :5], v[:, :5]
+    refs = references(q, k, v, causal=True)
+    lse = refs.lse.float()
+    assert check_lse(lse, q, k, v, True, refs=refs).ok
+    lse[0, 0, 0] = -1e30  # a finite "-inf" sentinel is wrong
+    assert not check_lse(lse, q, k, v, True, refs=refs).ok
+
+
+def test_max_abs_error_edge_values():
+    inf = math.inf
+    assert max_abs_error(torch.tensor([-inf, 1.0]), torch.tensor([-inf, 1.5])) == 0.5
+    assert max_abs_error(torch.tensor([0.0]), torch.tensor([-inf])) == inf
+    assert math.isnan(max_abs_error(torch.tensor([math.nan]), torch.tensor([0.0])))
+    assert max_abs_error(torch.zeros(0, 3), torch.zeros(0, 3)) == 0.0
+    with pytest.raises(ValueError, match="shape"):
+        max_abs_error(torch.zeros(2), torch.zeros(3))
+
+
+def test_fp8_has_no_same_dtype_reference():
+    q = torch.zeros(1, 2, 1, 16).to(torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="FP8"):
+        references(q, q, q)
