@@ -1,0 +1,543 @@
+"""FlashAttention-3 forward pass for Hopper (sm90) in the CuTe DSL: ``FlashAttention3Sm90``.
+
+After Shah, Bikshandi, Zhang, Thakkar, Ramani, Dao, "FlashAttention-3: Fast and Accurate Attention
+with Asynchrony and Low-precision" (2024), sections 3.1 and 3.2:
+
+* Producer-consumer warp specialisation (3.1): warpgroup 0 is the producer; one of its warps
+  issues every TMA load (Q once per CTA, then K and V tiles through a ``stages``-deep ring of
+  shared-memory buffers guarded by mbarriers, ``cutlass.pipeline.PipelineTmaAsync``) and the
+  warpgroup gives registers back (``setmaxnreg.dec``). The consumer warpgroups (64 query rows
+  each) take those registers (``setmaxnreg.inc``) and compute.
+* S = Q K^T is a WGMMA with both operands in shared memory; P stays in registers and
+  O += P V is a WGMMA with A from registers (no shared-memory round trip for P).
+* Ping-pong scheduling (3.1, Figure 1): named barriers hand the tensor cores from one consumer
+  warpgroup to the next, so that one warpgroup's softmax runs under the other's GEMMs.
+* Intra-warpgroup overlap (3.2, Figure 2, Algorithm 2): the GEMMs of iteration j (S_{j+1} =
+  Q K_{j+1}^T and O += P_j V_j) are issued together, and the softmax of S_{j+1} runs while
+  P_j V_j is still on the tensor cores.
+* Online softmax with exp2, deferred normalisation and LSE (``scores.OnlineSoftmax``).
+* Bottom-right causal masking (query i sees key j iff j <= i + seqlen_k - seqlen_q) with tile
+  skipping: K/V tiles entirely to the right of a Q tile's diagonal are never loaded; only the
+  tiles crossing the diagonal (and the last, partial one) are masked.
+* Any sequence lengths: TMA clips loads and stores at the tensor bounds (out-of-bounds rows read
+  as zero and are never written back; keys past seqlen_k are masked to -inf).
+* GQA/MQA: query head h reads K/V head h // (num_heads // num_heads_kv).
+
+The output goes registers -> shared memory (reusing Q's buffer) -> global memory by a TMA store.
+Ping-pong and intra-warpgroup overlap are switches of ``Fa3Config`` (the FA3 paper's Table 2
+ablation). Learned from (never copied): flash_attn/cute/flash_fwd_sm90.py (Dao-AILab) and
+examples/python/CuTeDSL/cute/hopper/kernel/attention/fmha.py (NVIDIA/cutlass).
+
+Module contract (HELPERS.md): ``HEAD_DIMS``, ``DTYPES``, ``run(q, k, v, *, causal, softmax_scale)``.
+"""
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+from cutlass import Float32, Int32, const_expr
+from cutlass.cute.nvgpu import cpasync, warpgroup
+
+from fa_variants.common.sm90 import (
+    WARPGROUP_THREADS,
+    WGMMA_M,
+    NamedBarrier,
+    acc_as_operand_a,
+    acc_rows_cols,
+    make_row_major_smem_layout,
+    make_tiled_mma,
+    transpose_view,
+    wgmma,
+)
+from fa_variants.hopper.scores import OnlineSoftmax, mask_scores, rescale_rows
+
+HEAD_DIMS: tuple[int, ...] = (64, 96, 128, 256)
+DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16)
+
+LOG2_E = math.log2(math.e)
+SMEM_BYTES_MAX = 227 * 1024  # H100/H200 opt-in shared memory per block
+
+
+@dataclass(frozen=True)
+class Fa3Config:
+    """Static shape of the kernel (one compiled kernel per config, dtype, head_dim and causal).
+
+    tile_m: Br, query rows per CTA = 64 x consumer warpgroups (128 -> 2, 192 -> 3).
+    tile_n: Bc, keys per K/V tile (multiple of 16).
+    stages: depth of the K and V shared-memory pipelines.
+    pingpong: named-barrier scheduling between consumer warpgroups (FA3 section 3.1).
+    intra_wg_overlap: issue S_{j+1} = Q K^T with O += P_j V_j, softmax under the PV GEMM (3.2).
+    """
+
+    tile_m: int = 128
+    tile_n: int = 128
+    stages: int = 2
+    pingpong: bool = True
+    intra_wg_overlap: bool = True
+
+    @property
+    def consumer_warpgroups(self) -> int:
+        return self.tile_m // WGMMA_M
+
+    def smem_bytes(self, head_dim: int, elem_bytes: int = 2) -> int:
+        q = self.tile_m * head_dim * elem_bytes  # Q, reused for O
+        kv = 2 * self.stages * self.tile_n * head_dim * elem_bytes
+        return q + kv + 1024  # + mbarriers and 1 KiB alignment
+
+    def check(self, head_dim: int) -> None:
+        if self.tile_m % WGMMA_M or self.consumer_warpgroups not in (2, 3):
+            raise ValueError(f"tile_m={self.tile_m} must be 128 or 192 (2 or 3 consumer warpgroups of 64 rows)")
+        if self.tile_n % 16 or not 16 <= self.tile_n <= 256:
+            raise ValueError(f"tile_n={self.tile_n} must be a multiple of 16 in [16, 256]")
+        if head_dim % 16 or head_dim > 256:
+            raise ValueError(f"head_dim={head_dim} must be a multiple of 16 and at most 256")
+        if self.smem_bytes(head_dim) > SMEM_BYTES_MAX:
+            raise ValueError(f"{self} needs {self.smem_bytes(head_dim)} B of shared memory at head_dim={head_dim} (max {SMEM_BYTES_MAX})")
+
+
+# Tiles per head dim (fit the 227 KiB of shared memory and the 240 registers/thread of 2 consumer
+# warpgroups: O is 64 x head_dim fp32 per warpgroup, S is 64 x tile_n).
+DEFAULT_CONFIGS: dict[int, Fa3Config] = {
+    64: Fa3Config(tile_m=128, tile_n=128, stages=2),
+    96: Fa3Config(tile_m=128, tile_n=128, stages=2),
+    128: Fa3Config(tile_m=128, tile_n=128, stages=2),
+    256: Fa3Config(tile_m=128, tile_n=80, stages=2, pingpong=False),
+}
+
+# Register split per consumer-warpgroup count: (producer warpgroup, each consumer warpgroup);
+# 128 * (producer + n * consumer) <= 64K registers per SM.
+REGISTERS = {2: (24, 240), 3: (32, 160)}
+
+
+class FlashAttention3Sm90:
+    """FA3 forward for one (dtype, head_dim, causal, Fa3Config); see the module docstring.
+
+    ``__call__`` (host, traced once per config) takes q (B, Nq, H, D), k and v (B, Nk, Hkv, D),
+    out (B, Nq, H, D) of the same 16-bit dtype, lse float32 (B, H, Nq), the scalar
+    softmax_scale * log2(e) > 0, and the stream. Every non-unit stride must be a multiple of 16
+    bytes (TMA); ``run`` below prepares inputs that are not.
+    """
+
+    def __init__(self, dtype, head_dim: int, causal: bool, config: Fa3Config):
+        config.check(head_dim)
+        self.dtype = dtype
+        self.head_dim = head_dim
+        self.causal = causal
+        self.cfg = config
+        self.tile_m, self.tile_n, self.stages = config.tile_m, config.tile_n, config.stages
+        self.num_wg = config.consumer_warpgroups
+        self.producer_regs, self.consumer_regs = REGISTERS[self.num_wg]
+        self.num_threads = WARPGROUP_THREADS * (1 + self.num_wg)
+        self.pingpong = config.pingpong
+        self.overlap = config.intra_wg_overlap
+
+    # ---------------------------------------------------------------------------------------
+    # Host side
+    # ---------------------------------------------------------------------------------------
+
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        mO: cute.Tensor,
+        mLSE: cute.Tensor,
+        softmax_scale_log2: Float32,
+        stream: cuda.CUstream,
+    ):
+        # (batch, seqlen, heads, head_dim) -> (seqlen, head_dim, heads, batch): TMA boxes and
+        # MMA tiles cover the first two modes; LSE (batch, heads, seqlen) -> (seqlen, heads, batch).
+        mQ, mK, mV, mO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0])) for t in (mQ, mK, mV, mO)]
+        mLSE = cute.make_tensor(mLSE.iterator, cute.select(mLSE.layout, mode=[2, 1, 0]))
+        D = self.head_dim
+
+        tiled_mma_qk = make_tiled_mma(self.dtype, self.num_wg, self.tile_n, b_mn_major=False, a_in_registers=False)
+        tiled_mma_pv = make_tiled_mma(self.dtype, self.num_wg, D, b_mn_major=True, a_in_registers=True)
+
+        sQ_layout = make_row_major_smem_layout(self.dtype, self.tile_m, D)
+        sKV_layout = make_row_major_smem_layout(self.dtype, self.tile_n, D, self.stages)
+        self.shared_storage = self._shared_storage(sQ_layout, sKV_layout)
+
+        load, store = cpasync.CopyBulkTensorTileG2SOp(), cpasync.CopyBulkTensorTileS2GOp()
+        kv_tile = cute.select(sKV_layout, mode=[0, 1])
+        tma_q, tQ = cpasync.make_tiled_tma_atom(load, mQ, sQ_layout, (self.tile_m, D))
+        tma_k, tK = cpasync.make_tiled_tma_atom(load, mK, kv_tile, (self.tile_n, D))
+        tma_v, tV = cpasync.make_tiled_tma_atom(load, mV, kv_tile, (self.tile_n, D))
+        tma_o, tO = cpasync.make_tiled_tma_atom(store, mO, sQ_layout, (self.tile_m, D))
+        self.bytes_q = cute.size_in_bytes(self.dtype, sQ_layout)
+        self.bytes_kv = cute.size_in_bytes(self.dtype, kv_tile)
+
+        num_m_blocks = cute.ceil_div(mQ.shape[0], self.tile_m)
+        qhead_per_kvhead = mQ.shape[2] // mK.shape[2]
+        # One CTA per (query tile, head, batch), flattened into grid.x (no 65535 limit on heads/batch).
+        grid = (num_m_blocks * mQ.shape[2] * mQ.shape[3], 1, 1)
+        self.kernel(
+            tQ, tK, tV, tO, mLSE, tma_q, tma_k, tma_v, tma_o,
+            tiled_mma_qk, tiled_mma_pv, sQ_layout, sKV_layout,
+            softmax_scale_log2, num_m_blocks, qhead_per_kvhead,
+        ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
+
+    def _shared_storage(self, sQ_layout, sKV_layout):
+        q_words, kv_words = cute.cosize(sQ_layout), cute.cosize(sKV_layout)
+
+        @cute.struct
+        class SharedStorage:
+            mbar_q: cute.struct.MemRange[cutlass.Int64, 2]
+            mbar_k: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
+            mbar_v: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, q_words], 1024]  # also O
+            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, kv_words], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, kv_words], 1024]
+
+        return SharedStorage
+
+    # ---------------------------------------------------------------------------------------
+    # Device side
+    # ---------------------------------------------------------------------------------------
+
+    @cute.kernel
+    def kernel(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        mO: cute.Tensor,
+        mLSE: cute.Tensor,
+        tma_q: cute.CopyAtom,
+        tma_k: cute.CopyAtom,
+        tma_v: cute.CopyAtom,
+        tma_o: cute.CopyAtom,
+        tiled_mma_qk: cute.TiledMma,
+        tiled_mma_pv: cute.TiledMma,
+        sQ_layout: cute.ComposedLayout,
+        sKV_layout: cute.ComposedLayout,
+        scale_log2: Float32,
+        num_m_blocks: Int32,
+        qhead_per_kvhead: Int32,
+    ):
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp_idx == 0:
+            for atom in (tma_q, tma_k, tma_v, tma_o):
+                cpasync.prefetch_descriptor(atom)
+
+        # Shared memory and the mbarrier pipelines, created by every thread before the roles split.
+        storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
+        pipe_q, pipe_k, pipe_v = self._make_pipelines(storage)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = storage.sK.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)
+        sV = storage.sV.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)
+        sO = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)  # Q's buffer, after the last S GEMM
+
+        # Which (query tile, head, batch) this CTA computes. Causal tiles differ in cost: start
+        # with the longest rows (largest m_block) so that short tiles fill the tail.
+        bid, _, _ = cute.arch.block_idx()
+        num_heads = mQ.shape[2]
+        m_block = bid % num_m_blocks
+        head = (bid // num_m_blocks) % num_heads
+        batch = bid // num_m_blocks // num_heads
+        if const_expr(self.causal):
+            m_block = num_m_blocks - 1 - m_block
+        seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
+        n_blocks = self._num_kv_blocks(m_block, seqlen_q, seqlen_k)
+
+        if warp_idx < WARPGROUP_THREADS // 32:
+            cute.arch.setmaxregister_decrease(self.producer_regs)
+            if warp_idx == 0:
+                self.producer(
+                    mQ[None, None, head, batch],
+                    mK[None, None, head // qhead_per_kvhead, batch],
+                    mV[None, None, head // qhead_per_kvhead, batch],
+                    sQ, sK, sV, tma_q, tma_k, tma_v, pipe_q, pipe_k, pipe_v, m_block, n_blocks,
+                )
+        else:
+            cute.arch.setmaxregister_increase(self.consumer_regs)
+            self.consumer(
+                mO[None, None, head, batch], mLSE[None, head, batch], sQ, sK, sV, sO, tma_o,
+                tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2,
+                m_block, n_blocks, seqlen_q, seqlen_k,
+            )
+
+    @cute.jit
+    def _num_kv_blocks(self, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32) -> Int32:
+        """K/V tiles [0, n_blocks) that the Q tile m_block sees. Causal skips the tiles past the
+        diagonal of its last row; a tile whose rows see no key still runs tile 0 (all masked),
+        which gives O = 0 and LSE = -inf without a special path."""
+        n_blocks = cute.ceil_div(seqlen_k, self.tile_n)
+        if const_expr(self.causal):
+            last_key = (m_block + 1) * self.tile_m + seqlen_k - seqlen_q  # one past the last visible key
+            n_blocks = cutlass.max(cutlass.min(n_blocks, cute.ceil_div(cutlass.max(last_key, 1), self.tile_n)), 1)
+        return n_blocks
+
+    def _make_pipelines(self, storage):
+        cta = cute.make_layout((1, 1, 1, 1))
+        tma_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
+        consumer_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_wg * 4)  # one arrive per warp
+
+        def make(mbar, stages, tx):
+            return pipeline.PipelineTmaAsync.create(
+                barrier_storage=mbar.data_ptr(), num_stages=stages, producer_group=tma_thread,
+                consumer_group=consumer_warps, tx_count=tx, cta_layout_vmnk=cta, defer_sync=True,
+            )
+
+        return make(storage.mbar_q, 1, self.bytes_q), make(storage.mbar_k, self.stages, self.bytes_kv), make(storage.mbar_v, self.stages, self.bytes_kv)
+
+    # ----- producer warp: TMA only ----------------------------------------------------------
+
+    @cute.jit
+    def producer(self, mQ, mK, mV, sQ, sK, sV, tma_q, tma_k, tma_v, pipe_q, pipe_k, pipe_v, m_block: Int32, n_blocks: Int32):
+        """Load Q once, then K_j and V_j for j = n_blocks-1 .. 0 in the order the consumers use them."""
+        D = self.head_dim
+        gQ = cute.local_tile(mQ, (self.tile_m, D), (m_block, 0))
+        gK = cute.local_tile(mK, (self.tile_n, D), (None, 0))  # (tile_n, D, n_kv_tiles)
+        gV = cute.local_tile(mV, (self.tile_n, D), (None, 0))
+        one = cute.make_layout(1)
+        tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, one, cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
+        tKsK, tKgK = cpasync.tma_partition(tma_k, 0, one, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
+        tVsV, tVgV = cpasync.tma_partition(tma_v, 0, one, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
+
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        pipe_q.producer_acquire(q_state)
+        cute.copy(tma_q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
+
+        k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        k_state = self._load(tma_k, tKgK, tKsK, pipe_k, k_state, n_blocks - 1)
+        for i in cutlass.range(n_blocks - 1, unroll=1):
+            n = n_blocks - 2 - i
+            if const_expr(self.overlap):  # consumers want K_n before V_{n+1}
+                k_state = self._load(tma_k, tKgK, tKsK, pipe_k, k_state, n)
+                v_state = self._load(tma_v, tVgV, tVsV, pipe_v, v_state, n + 1)
+            else:
+                v_state = self._load(tma_v, tVgV, tVsV, pipe_v, v_state, n + 1)
+                k_state = self._load(tma_k, tKgK, tKsK, pipe_k, k_state, n)
+        v_state = self._load(tma_v, tVgV, tVsV, pipe_v, v_state, 0)
+
+    @staticmethod
+    def _load(tma_atom, g_tiles, s_buffers, pipe, state, block):
+        """Wait for a free buffer, arm its mbarrier with the byte count, issue the TMA load."""
+        pipe.producer_acquire(state)
+        cute.copy(tma_atom, g_tiles[None, block], s_buffers[None, state.index], tma_bar_ptr=pipe.producer_get_barrier(state))
+        state.advance()
+        return state
+
+    # ----- consumer warpgroups: GEMMs, softmax, epilogue ---------------------------------------
+
+    @cute.jit
+    def consumer(
+        self, mO, mLSE, sQ, sK, sV, sO, tma_o, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v,
+        scale_log2: Float32, m_block: Int32, n_blocks: Int32, seqlen_q: Int32, seqlen_k: Int32,
+    ):
+        """FA3 Algorithm 1 (consumer side) for this warpgroup's 64 rows of the Q tile."""
+        tidx = cute.arch.thread_idx()[0] - WARPGROUP_THREADS  # 0 .. 128 * num_wg - 1
+        wg = cute.arch.make_warp_uniform(tidx // WARPGROUP_THREADS)
+
+        # WGMMA operands: shared-memory descriptors per warpgroup, P and accumulators in registers.
+        wg_qk = tiled_mma_qk.get_slice(wg * WARPGROUP_THREADS)
+        wg_pv = tiled_mma_pv.get_slice(wg * WARPGROUP_THREADS)
+        tSrQ = wg_qk.make_fragment_A(wg_qk.partition_A(sQ))
+        tSrK = wg_qk.make_fragment_B(wg_qk.partition_B(sK))  # (MMA, N, K, stage)
+        tOrV = wg_pv.make_fragment_B(wg_pv.partition_B(transpose_view(sV)))  # V^T: (MMA, D, tile_n, stage)
+        tOrP = wg_pv.make_fragment_A(wg_pv.partition_shape_A((self.tile_m, self.tile_n)))
+        acc_O = cute.make_rmem_tensor(wg_pv.partition_shape_C((self.tile_m, self.head_dim)), Float32)
+        acc_O.fill(0.0)
+
+        # (row, col) of each score this thread holds, for masking.
+        cS = cute.make_identity_tensor((self.tile_m, self.tile_n))
+        tScS = tiled_mma_qk.get_slice(tidx).partition_C(cS)
+        t0ScS = tiled_mma_qk.get_slice(0).partition_C(cS)
+        num_rows = cute.size(acc_rows_cols(acc_O), mode=[0])
+        softmax = OnlineSoftmax(scale_log2, num_rows)
+        row_scale = cute.make_rmem_tensor(num_rows, Float32)
+
+        ctx = _StepContext(
+            self, wg, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrV, tOrP, acc_O, tScS, t0ScS,
+            softmax, row_scale, pipe_k, pipe_v, m_block * self.tile_m, seqlen_q, seqlen_k,
+        )
+        k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        pipe_q.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
+        if const_expr(self.pingpong):
+            if wg == 0:  # warpgroup 0 takes the first turn
+                cute.arch.barrier_arrive(barrier_id=int(NamedBarrier.SCHEDULE_WG0), number_of_threads=2 * WARPGROUP_THREADS)
+
+        # K/V tiles from the last (masked at seqlen_k and the diagonal) to the first. Tiles that
+        # cross the causal diagonal are masked; the ones left of it are not.
+        n_masked = 0
+        if const_expr(self.causal):
+            first_masked = cutlass.max(m_block * self.tile_m + seqlen_k - seqlen_q, 0) // self.tile_n
+            n_masked = cutlass.max(n_blocks - 1 - first_masked, 0)
+        n_free = n_blocks - 1 - n_masked
+
+        if const_expr(self.overlap):
+            k_state = ctx.first_scores(k_state, n_blocks - 1)
+            for i in cutlass.range(n_masked, unroll=1):
+                k_state, v_state = ctx.overlapped_step(k_state, v_state, n_blocks - 2 - i, causal=True)
+            for i in cutlass.range(n_free, unroll=1):
+                k_state, v_state = ctx.overlapped_step(k_state, v_state, n_free - 1 - i, causal=False)
+            v_state = ctx.last_pv(v_state)
+        else:
+            ctx.schedule_sync()
+            k_state, v_state = ctx.serial_step(k_state, v_state, n_blocks - 1, causal=self.causal, seqlen_end=True, is_first=True)
+            for i in cutlass.range(n_masked, unroll=1):
+                k_state, v_state = ctx.serial_step(k_state, v_state, n_blocks - 2 - i, causal=True)
+            for i in cutlass.range(n_free, unroll=1):
+                k_state, v_state = ctx.serial_step(k_state, v_state, n_free - 1 - i, causal=False)
+            ctx.schedule_arrive()
+
+        # Deferred normalisation: O /= l once; LSE = m * scale + ln(l).
+        lse = cute.make_rmem_tensor(num_rows, Float32)
+        softmax.finalize(row_scale, lse)
+        rescale_rows(acc_O, row_scale)
+        self.epilogue(acc_O, lse, mO, mLSE, sO, tma_o, tiled_mma_pv, tidx, m_block, seqlen_q)
+
+    @cute.jit
+    def epilogue(self, acc_O, lse, mO, mLSE, sO, tma_o, tiled_mma_pv, tidx: Int32, m_block: Int32, seqlen_q: Int32):
+        """O: registers -> shared memory (stmatrix) -> global memory (one TMA store, clipped at
+        seqlen_q). LSE: straight from registers, by the thread holding column 0 of each row."""
+        rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
+        rO.store(acc_O.load().to(self.dtype))
+        consumers = self.num_wg * WARPGROUP_THREADS
+        cute.arch.barrier(barrier_id=int(NamedBarrier.EPILOGUE), number_of_threads=consumers)  # Q reads done
+        stmatrix = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
+        thr_copy = cute.make_tiled_copy_C(stmatrix, tiled_mma_pv).get_slice(tidx)
+        cute.copy(stmatrix, thr_copy.retile(rO), thr_copy.partition_D(sO))
+
+        thr_mma = tiled_mma_pv.get_slice(tidx)
+        tOcO = acc_rows_cols(thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim))))
+        if tOcO[0, 0][1] == 0:
+            for r in cutlass.range_constexpr(cute.size(lse)):
+                row = m_block * self.tile_m + tOcO[r, 0][0]
+                if row < seqlen_q:
+                    mLSE[row] = lse[r]
+
+        cute.arch.fence_view_async_shared()  # make the stmatrix writes visible to the TMA unit
+        cute.arch.barrier(barrier_id=int(NamedBarrier.EPILOGUE), number_of_threads=consumers)
+        if tidx < 32:
+            gO = cute.local_tile(mO, (self.tile_m, self.head_dim), (m_block, 0))
+            tOsO, tOgO = cpasync.tma_partition(tma_o, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2), cute.group_modes(gO, 0, 2))
+            cute.copy(tma_o, tOsO, tOgO)
+            cute.arch.cp_async_bulk_commit_group()
+            cute.arch.cp_async_bulk_wait_group(0, read=True)  # smem must outlive the store
+
+
+@dataclass(frozen=True)
+class _StepContext:
+    """One consumer warpgroup's mainloop steps (trace-time helper holding its fragments; frozen so
+    that the DSL passes it into run-time loops as read-only)."""
+
+    k: "FlashAttention3Sm90"
+    wg: Int32
+    mma_qk: cute.TiledMma
+    mma_pv: cute.TiledMma
+    tSrQ: cute.Tensor
+    tSrK: cute.Tensor
+    tOrV: cute.Tensor
+    tOrP: cute.Tensor
+    acc_O: cute.Tensor
+    tScS: cute.Tensor
+    t0ScS: cute.Tensor
+    softmax: OnlineSoftmax
+    row_scale: cute.Tensor
+    pipe_k: pipeline.PipelineTmaAsync
+    pipe_v: pipeline.PipelineTmaAsync
+    row0: Int32
+    seqlen_q: Int32
+    seqlen_k: Int32
+
+    # ping-pong: warpgroup w waits on its own barrier, then hands the turn to w + 1
+    def schedule_sync(self):
+        if const_expr(self.k.pingpong):
+            cute.arch.barrier(barrier_id=int(NamedBarrier.SCHEDULE_WG0) + self.wg, number_of_threads=2 * WARPGROUP_THREADS)
+
+    def schedule_arrive(self):
+        if const_expr(self.k.pingpong):
+            nxt = self.wg + 1
+            if const_expr(self.k.num_wg == 2):
+                nxt = 1 - self.wg
+            else:
+                nxt = nxt % self.k.num_wg
+            cute.arch.barrier_arrive(barrier_id=int(NamedBarrier.SCHEDULE_WG0) + nxt, number_of_threads=2 * WARPGROUP_THREADS)
+
+    def new_scores(self):
+        return cute.make_rmem_tensor(self.mma_qk.get_slice(0).partition_shape_C((self.k.tile_m, self.k.tile_n)), Float32)
+
+    def mask(self, acc_S, n_block, causal: bool, seqlen_end: bool):
+        if const_expr(causal or seqlen_end):
+            mask_scores(acc_S, self.tScS, self.t0ScS, self.row0, n_block * self.k.tile_n,
+                        self.seqlen_q, self.seqlen_k, causal=causal, seqlen_end=seqlen_end)
+
+    def to_p(self, acc_S):
+        """P (fp32 accumulator) -> 16-bit A operand of the PV GEMM, in registers."""
+        self.tOrP.store(acc_as_operand_a(acc_S).load().to(self.k.dtype))
+
+    def first_scores(self, k_state, n_block):
+        """Overlap prologue: S for the last K/V tile, masked, softmax (no PV yet)."""
+        acc_S = self.new_scores()
+        self.pipe_k.consumer_wait(k_state)
+        wgmma(self.mma_qk, acc_S, self.tSrQ, self.tSrK[None, None, None, k_state.index], zero_init=True, wait=0)
+        self.pipe_k.consumer_release(k_state)
+        k_state.advance()
+        self.mask(acc_S, n_block, causal=self.k.causal, seqlen_end=True)
+        self.softmax.step(acc_S, self.row_scale, is_first=True)
+        self.to_p(acc_S)
+        return k_state
+
+    def overlapped_step(self, k_state, v_state, n_block, causal: bool):
+        """Algorithm 2 body: issue S_next = Q K_n^T and O += P V_prev together; softmax(S_next)
+        runs while the PV GEMM is still in flight."""
+        acc_S = self.new_scores()
+        self.pipe_k.consumer_wait(k_state)
+        self.schedule_sync()
+        wgmma(self.mma_qk, acc_S, self.tSrQ, self.tSrK[None, None, None, k_state.index], zero_init=True, wait=-1)
+        self.pipe_v.consumer_wait(v_state)
+        wgmma(self.mma_pv, self.acc_O, self.tOrP, self.tOrV[None, None, None, v_state.index], wait=-1)
+        self.schedule_arrive()
+        warpgroup.wait_group(1)  # S_next is ready; PV may still run
+        self.pipe_k.consumer_release(k_state)
+        k_state.advance()
+        self.mask(acc_S, n_block, causal=causal, seqlen_end=False)
+        self.softmax.step(acc_S, self.row_scale)
+        warpgroup.wait_group(0)  # PV done: O and P registers are free
+        self.pipe_v.consumer_release(v_state)
+        v_state.advance()
+        rescale_rows(self.acc_O, self.row_scale)
+        self.to_p(acc_S)
+        return k_state, v_state
+
+    def last_pv(self, v_state):
+        """Overlap epilogue: O += P V for the first K/V tile."""
+        self.pipe_v.consumer_wait(v_state)
+        wgmma(self.mma_pv, self.acc_O, self.tOrP, self.tOrV[None, None, None, v_state.index], wait=0)
+        self.pipe_v.consumer_release(v_state)
+        v_state.advance()
+        return v_state
+
+    def serial_step(self, k_state, v_state, n_block, causal: bool, seqlen_end: bool = False, is_first: bool = False):
+        """Algorithm 1 body without intra-warpgroup overlap; the turn (ping-pong) covers
+        [O += P V_n, S_{n-1} = Q K_{n-1}^T], the softmax runs outside it."""
+        acc_S = self.new_scores()
+        self.pipe_k.consumer_wait(k_state)
+        wgmma(self.mma_qk, acc_S, self.tSrQ, self.tSrK[None, None, None, k_state.index], zero_init=True, wait=-1)
+        self.schedule_arrive()
+        warpgroup.wait_group(0)
+        self.pipe_k.consumer_release(k_state)
+        k_state.advance()
+        self.mask(acc_S, n_block, causal=causal, seqlen_end=seqlen_end)
+        self.softmax.step(acc_S, self.row_scale, is_first=is_first)
+        if const_expr(not is_first):
+            rescale_rows(self.acc_O, self.row_scale)
+        self.to_p(acc_S)
+        self.pipe_v.consumer_wait(v_state)
+        self.schedule_sync()
+        wgmma(self.mma_pv, self.acc_O, self.tOrP, self.tOrV[None, None, None, v_state.index], wait=0)
+        self.pipe_v.consumer_release(v_state)
+        v_state.advance()
+        return k_state, v_state
