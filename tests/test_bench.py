@@ -221,6 +221,25 @@ def test_report_from_json_rebuilds_without_gpu(tmp_path, capsys):
     assert top_cli.main(["bench", "--report-from", str(tmp_path / "missing.json")]) == 2
 
 
+def test_report_from_several_runs_merges_them(tmp_path, capsys):
+    rep, _ = synthetic_report()
+    fp16 = json.loads(json.dumps(rep))
+    fp16["meta"]["command"] = "fa-variants bench --dtypes fp16 --no-memory"
+    fp16["memory"] = []
+    for r in fp16["results"]:
+        r["dtype"] = "fp16"
+    report.write_reports(rep, tmp_path / "a", charts=False)
+    report.write_reports(fp16, tmp_path / "b", charts=False)
+    code = top_cli.main(["bench", "--report-from", str(tmp_path / "a" / "bench.json"),
+                         str(tmp_path / "b" / "bench.json"), "--out", str(tmp_path / "all"), "--no-charts"])
+    assert code == 0
+    merged = json.loads((tmp_path / "all" / "bench.json").read_text())
+    assert len(merged["results"]) == 2 * len(rep["results"]) and merged["memory"] == rep["memory"]
+    assert [r["command"] for r in merged["meta"]["runs"]] == ["fa-variants bench --synthetic", fp16["meta"]["command"]]
+    md = (tmp_path / "all" / "bench.md").read_text()
+    assert "### bf16, head_dim 128, causal" in md and "### fp16, head_dim 128, causal" in md
+
+
 # ------------------------------------------------------------------------------------- run_cli, no GPU
 class FakeRuntime:
     timer_name = "synthetic"

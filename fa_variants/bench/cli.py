@@ -154,8 +154,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     t.add_argument("--no-charts", action="store_true", help="markdown and JSON only")
     t.add_argument("--no-progress", action="store_true", help="no progress bar (log lines only)")
     t.add_argument("--dry-run", action="store_true", help="print the plan and exit (no GPU needed)")
-    t.add_argument("--report-from", metavar="JSON",
-                   help="rebuild markdown and charts from a saved bench.json (no GPU needed)")
+    t.add_argument("--report-from", metavar="JSON", nargs="+",
+                   help="rebuild markdown and charts from saved bench.json files, merged into one report "
+                        "(no GPU needed; --out defaults to the first file's folder)")
 
 
 def make_plan(args: argparse.Namespace) -> Plan:
@@ -205,13 +206,15 @@ def default_outdir(gpu_name: str) -> Path:
 def _rebuild(args) -> int:
     import json
 
-    src = Path(args.report_from)
-    try:
-        report = json.loads(src.read_text())
-    except (OSError, ValueError) as exc:
-        print(f"fa-variants bench: cannot read {src}: {exc}", file=sys.stderr)
-        return 2
-    return _write_and_summarise(report, Path(args.out) if args.out else src.parent, charts=not args.no_charts)
+    reports = []
+    for src in map(Path, args.report_from):
+        try:
+            reports.append(json.loads(src.read_text()))
+        except (OSError, ValueError) as exc:
+            print(f"fa-variants bench: cannot read {src}: {exc}", file=sys.stderr)
+            return 2
+    outdir = Path(args.out) if args.out else Path(args.report_from[0]).parent
+    return _write_and_summarise(bench_report.merge(reports), outdir, charts=not args.no_charts)
 
 
 def _write_and_summarise(report: dict, outdir: Path, charts: bool) -> int:

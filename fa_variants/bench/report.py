@@ -244,6 +244,20 @@ def to_markdown(report: dict) -> str:
     return "\n".join(out)
 
 
+def merge(reports: list[dict]) -> dict:
+    """One report from several runs (e.g. a long sweep split into short GPU commands): results, memory
+    rows and notes concatenated (a later record of the same implementation and case wins in the tables),
+    the first run's meta, with every run's command and date kept in meta["runs"]."""
+    if len(reports) == 1:
+        return reports[0]
+    meta = dict(reports[0]["meta"])
+    meta["runs"] = [dict(command=r["meta"].get("command"), date=r["meta"].get("date")) for r in reports]
+    meta["command"] = " ; ".join(str(r["meta"].get("command")) for r in reports)
+    notes = list(dict.fromkeys(n for r in reports for n in r.get("notes", [])))
+    return dict(meta=meta, results=[x for r in reports for x in r["results"]],
+                memory=[x for r in reports for x in r.get("memory", [])], notes=notes)
+
+
 # ---------------------------------------------------------------------------------------- files, charts
 def write_json(report: dict, path: Path) -> Path:
     """Write the report as JSON (atomically: a partial run never leaves a truncated file)."""
