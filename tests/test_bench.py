@@ -361,6 +361,17 @@ def test_runtime_keeps_the_warning_of_a_failing_peer(tiny_cases):
         rt.time(Impl("fa2", "ours", lambda *a: (_ for _ in ()).throw(ValueError("no"))), tiny_cases[0])
 
 
+def test_sdpa_peers_on_the_cpu_and_fp8_is_cannot_serve(tiny_cases):
+    impls, notes = bench_cli.build_impls([], ["sdpa-math", "flash-attn-4"])
+    assert [i.name for i in impls][0] == "sdpa-math"
+    assert any(n.startswith("flash-attn-4 not run: not importable") for n in notes) or len(impls) == 2
+    rt = GpuRuntime(bench_cli.make_plan(parse()), device="cpu")
+    assert rt.time(impls[0], tiny_cases[1]).ms > 0
+    logs = []
+    out = sweep([Case("e4m3", 64, 32, False)], impls[:1], rt.time, log=logs.append)
+    assert out[0]["error"] == "cannot serve: PyTorch SDPA has no fp8 path (float8_e4m3fn)"
+
+
 # ------------------------------------------------------------------------------------------ on the GPU
 @pytest.mark.gpu
 def test_short_real_benchmark(tmp_path, capsys):

@@ -22,6 +22,8 @@ def _sdpa(backend_name: str) -> Callable:
     backend = getattr(SDPBackend, backend_name)
 
     def run(q, k, v, causal):  # (B, N, H, D) -> SDPA's (B, H, N, D) through strides, no copy
+        if q.element_size() == 1:
+            raise ValueError(f"PyTorch SDPA has no fp8 path ({str(q.dtype).removeprefix('torch.')})")
         with sdpa_kernel(backend):
             out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                  is_causal=causal)
