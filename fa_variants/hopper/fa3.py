@@ -31,8 +31,9 @@ examples/python/CuTeDSL/cute/hopper/kernel/attention/fmha.py (NVIDIA/cutlass).
 Module contract (HELPERS.md): ``HEAD_DIMS``, ``DTYPES``, ``run(q, k, v, *, causal, softmax_scale)``.
 """
 
+import dataclasses
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -43,6 +44,8 @@ import cutlass.pipeline as pipeline
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
+from fa_variants.common import compile as cc
+from fa_variants.common import interop
 from fa_variants.common.sm90 import (
     WARPGROUP_THREADS,
     WGMMA_M,
@@ -163,6 +166,7 @@ class FlashAttention3Sm90:
         sQ_layout = make_row_major_smem_layout(self.dtype, self.tile_m, D)
         sKV_layout = make_row_major_smem_layout(self.dtype, self.tile_n, D, self.stages)
         self.shared_storage = self._shared_storage(sQ_layout, sKV_layout)
+        self.smem_bytes = self.shared_storage.size_in_bytes()  # reported by `fa-variants compile`
 
         load, store = cpasync.CopyBulkTensorTileG2SOp(), cpasync.CopyBulkTensorTileS2GOp()
         kv_tile = cute.select(sKV_layout, mode=[0, 1])
@@ -541,3 +545,87 @@ class _StepContext:
         self.pipe_v.consumer_release(v_state)
         v_state.advance()
         return k_state, v_state
+
+
+# ---------------------------------------------------------------------------------------------
+# Registration with the compile cache, and the backend entry point
+# ---------------------------------------------------------------------------------------------
+
+
+def _tiles(arch: str, head_dim: int, dtype: str, causal: bool) -> tuple:
+    return tuple(dataclasses.asdict(DEFAULT_CONFIGS[head_dim]).items())
+
+
+def _build(cfg: cc.StaticConfig):
+    kernel = FlashAttention3Sm90(interop.cute_dtype(cfg.dtype), cfg.head_dim, cfg.causal, Fa3Config(**dict(cfg.tiles)))
+    return kernel, interop.fake_attention_args(cfg.dtype, cfg.head_dim, cfg.align)
+
+
+cc.register_variant(
+    "fa3", build=_build, tiles=_tiles, archs=("sm_90a",), dtypes=("fp16", "bf16"), head_dims=HEAD_DIMS,
+    module=__name__, description="FA3: TMA + WGMMA, warp-specialised producer/consumers, ping-pong, intra-warpgroup overlap",
+)
+
+
+def _tma_operand(t: torch.Tensor) -> torch.Tensor:
+    """t as TMA can read it: unit last stride, 16-byte aligned base and strides, no zero stride on a
+    dimension longer than 1 (a broadcast is materialised). A stride on a length-1 dimension is never
+    used to address memory, so it is set to a valid value instead of copying."""
+    if any(n > 1 and s == 0 for n, s in zip(t.shape, t.stride())):
+        t = t.contiguous()
+    t = interop.aligned(t)
+    if any(n == 1 for n in t.shape[:-1]):
+        span = max([s * n for s, n in zip(t.stride(), t.shape)] + [t.shape[-1]])
+        span = -(-span // 8) * 8
+        t = t.as_strided(t.shape, [s if n > 1 else span for s, n in zip(t.stride(), t.shape)])
+    return t
+
+
+def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, softmax_scale: float,
+        config: Fa3Config | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """FA3 forward on an sm90 GPU (kernel module contract, HELPERS.md).
+
+    Args:
+        q: (batch, seqlen_q, num_heads, head_dim), float16 or bfloat16, CUDA, unit last stride.
+        k, v: (batch, seqlen_k, num_heads_kv, head_dim), same dtype/device; num_heads % num_heads_kv == 0.
+        causal: bottom-right aligned (query i sees key j iff j <= i + seqlen_k - seqlen_q).
+        softmax_scale: any finite real. Negative scales run as softmax(|scale| (-Q) K^T); a zero scale
+            as all-zero scores (the plain mean of the visible V rows).
+        config: tile/schedule override (tests and the ablation); default ``DEFAULT_CONFIGS[head_dim]``.
+    Returns:
+        (out, lse): out (batch, seqlen_q, num_heads, head_dim) like q, contiguous; lse float32
+        (batch, num_heads, seqlen_q), natural log; a row that sees no key gets O = 0, LSE = -inf.
+    Raises:
+        ValueError: head_dim not in HEAD_DIMS, dtype not in DTYPES, num_heads % num_heads_kv != 0,
+            more than 2^31 - 1 CTAs, a non-finite softmax_scale, or an operand TMA cannot address.
+    Strides: any 16-byte-aligned strides are read in place (TMA); others are copied first.
+    """
+    batch, seqlen_q, heads, head_dim = q.shape
+    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"fa3: head_dim {head_dim} is not supported; supported head dims: {HEAD_DIMS}")
+    if q.dtype not in DTYPES:
+        raise ValueError(f"fa3: dtype {q.dtype} is not supported; supported: {DTYPES}")
+    if heads_kv == 0 or heads % heads_kv:
+        raise ValueError(f"fa3: num_heads {heads} is not divisible by num_heads_kv {heads_kv}")
+    if not math.isfinite(softmax_scale):
+        raise ValueError(f"fa3: softmax_scale must be finite, got {softmax_scale}")
+    cfg = cc.config_for("fa3", interop.device_arch(q.device), interop.dtype_name(q.dtype), head_dim, causal)
+    if config is not None:
+        cfg = dataclasses.replace(cfg, tiles=tuple(dataclasses.asdict(config).items()))
+    tile_m = dict(cfg.tiles)["tile_m"]
+    out, lse = interop.new_outputs(q)
+    if q.numel() == 0:
+        return out, lse
+    if seqlen_k == 0:
+        return out.zero_(), lse.fill_(-math.inf)
+    if -(-seqlen_q // tile_m) * heads * batch >= 2**31:
+        raise ValueError(f"fa3: {batch} x {heads} x ceil({seqlen_q}/{tile_m}) CTAs exceed the grid limit 2^31 - 1")
+    scale = float(softmax_scale)
+    if scale < 0:  # the kernel's max-subtraction needs scale > 0: softmax(s * QK^T) = softmax(|s| * (-Q) K^T)
+        q, scale = -q, -scale
+    elif scale == 0:  # all scores 0; masked keys stay -inf
+        q, scale = torch.zeros_like(q), 1.0
+    q, k, v = (_tma_operand(t) for t in (q, k, v))
+    cc.get_compiled(cfg).fn(q, k, v, out, lse, scale * LOG2_E)
+    return out, lse
