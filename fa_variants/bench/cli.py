@@ -78,7 +78,7 @@ class Progress:
 
     def log(self, msg: str) -> None:
         if self._kind == "rich":
-            self._bar.console.print(msg, markup=False, highlight=False)
+            self._bar.console.print(msg, markup=False, highlight=False, soft_wrap=True)
         elif self._kind == "tqdm":
             self._bar.write(msg)
         else:
@@ -253,11 +253,12 @@ def run_cli(args: argparse.Namespace) -> int:
         return 2
     outdir = Path(args.out) if args.out else default_outdir(gpu["name"])
     outdir.mkdir(parents=True, exist_ok=True)
-    settings = dict(plan.settings, timer=runtime.timer_name, input_sets=plan.input_sets or "auto (2x L2)")
+    settings = dict(plan.settings, timer=runtime.timer_name, input_sets=plan.input_sets or "auto")
     report = dict(meta=dict(command=_command_line(), date=_dt.datetime.now().isoformat(timespec="seconds"),
                             gpu=gpu, versions=versions(), settings=settings),
                   results=[], memory=[], notes=notes)
-    print(f"{gpu['name']} (sm{gpu['capability']}): {describe_plan(plan).splitlines()[0]}")
+    print(f"{gpu['name']} (sm{gpu['capability']}): {len(plan.cases)} cases x {len(impls)} implementations "
+          f"({', '.join(i.name for i in impls)})")
     total = len(plan.cases) * len(impls) + len(plan.memory_seqlens) * len(impls)
     with Progress(total, enabled=not args.no_progress) as bar:
         def save(results):

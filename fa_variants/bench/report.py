@@ -195,6 +195,12 @@ def problems_markdown(report: dict) -> str:
     return "\n".join(lines) + ("\n" if lines else "")
 
 
+def _sets_text(sets) -> str:
+    if isinstance(sets, int):
+        return f"{sets} sets"
+    return "enough sets to exceed twice the L2 cache (at least 2)"
+
+
 def to_markdown(report: dict) -> str:
     """The whole report as markdown: setup, speed tables, ratios, compile times, memory, problems."""
     meta = report["meta"]
@@ -207,7 +213,7 @@ def to_markdown(report: dict) -> str:
             f"- Setup (FlashAttention papers): batch x seqlen = {s.get('tokens', '?')} tokens, "
             f"heads x head_dim = {s.get('hidden', '?')}, forward only. TFLOP/s = 4 * B * H * N^2 * D / time, "
             f"halved for causal. Time = median of {s.get('timer', '?')} (warm-up {s.get('warmup_ms', '?')} ms, "
-            f"{s.get('rep_ms', '?')} ms of repeats), inputs rotated among {s.get('input_sets', '?')} sets.",
+            f"{s.get('rep_ms', '?')} ms of repeats), inputs rotated among {_sets_text(s.get('input_sets'))}.",
             "- n/a: the backend cannot serve that shape on this GPU (it raised ValueError); "
             "OOM: out of memory; *: no peer ran this dtype, ratio against the best peer of the same shape.", ""]
     out += ["## Forward TFLOP/s", "", speed_markdown(report["results"])]

@@ -211,8 +211,8 @@ class GpuRuntime:
             except Exception as exc:
                 if isinstance(exc, ValueError) or is_oom(exc) or not caught:
                     raise
-                raise RuntimeError(f"{type(exc).__name__}: {short_error(exc)} (warning: {short_error(caught[-1].message)})") \
-                    from exc
+                what = short_error(exc) if type(exc) is RuntimeError else f"{type(exc).__name__}: {short_error(exc)}"
+                raise RuntimeError(f"{what} (warning: {short_error(caught[-1].message)})") from exc
         max_diff = None
         if impl.kind == "ours":
             max_diff = (out.float() - self._reference(case).float()).abs().max().item()
