@@ -121,8 +121,8 @@ def make_tiled_mma(dtype, num_warpgroups: int, n: int, b_mn_major: bool, a_in_re
     return sm90_utils.make_trivial_tiled_mma(
         dtype,
         dtype,
-        warpgroup.OperandMajorMode.K,
-        warpgroup.OperandMajorMode.MN if b_mn_major else warpgroup.OperandMajorMode.K,
+        cute.nvgpu.OperandMajorMode.K,
+        cute.nvgpu.OperandMajorMode.MN if b_mn_major else cute.nvgpu.OperandMajorMode.K,
         cutlass.Float32,
         atom_layout_mnk=(num_warpgroups, 1, 1),
         tiler_mn=(WGMMA_M, n),

@@ -231,7 +231,7 @@ class FlashAttention3Sm90:
                 cpasync.prefetch_descriptor(atom)
 
         # Shared memory and the mbarrier pipelines, created by every thread before the roles split.
-        storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
+        storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
         pipe_q, pipe_k, pipe_v = self._make_pipelines(storage)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
