@@ -1,0 +1,126 @@
+"""One-shot FA3 check for the GPU host: the FA3 GPU tests, then TFLOP/s beside the peers, then the ablation.
+
+    source .gpu/env.sh && python3 -m fa_variants.hopper.bench_fa3 [--tests] [--ablation]
+        [--head-dims 128] [--seqlens 4096,16384] [--dtypes bf16] [--causal both] [--json OUT]
+
+Setup of the FlashAttention papers: batch * seqlen = 16384 tokens, num_heads * head_dim = 2048, forward
+only; TFLOP/s = 4 * B * H * N^2 * D / time, halved for causal; time = median of
+``triton.testing.do_bench``. Peers: PyTorch SDPA's cuDNN backend and flash-attn-4
+(``flash_attn.cute.interface.flash_attn_func``) when importable. ``--ablation`` adds FA3 without
+ping-pong, without intra-warpgroup overlap and without either (the FA3 paper's Table 2). The tests run
+in this process first (``--tests``) so that compiled kernels are shared with the timing.
+"""
+import argparse
+import dataclasses
+import json
+import sys
+
+import torch
+
+from fa_variants.hopper import fa3
+
+ABLATIONS = {
+    "fa3": {},
+    "fa3 no-pingpong": dict(pingpong=False),
+    "fa3 no-overlap": dict(intra_wg_overlap=False),
+    "fa3 neither": dict(pingpong=False, intra_wg_overlap=False),
+}
+
+
+def _impls(head_dim: int, ablation: bool) -> dict:
+    impls = {}
+    for name, change in ABLATIONS.items():
+        if name != "fa3" and not ablation:
+            continue
+        config = dataclasses.replace(fa3.DEFAULT_CONFIGS[head_dim], **change)
+        impls[name] = lambda q, k, v, causal, _c=config: fa3.run(q, k, v, causal=causal, softmax_scale=q.shape[-1] ** -0.5, config=_c)[0]
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def cudnn(q, k, v, causal):
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return torch.nn.functional.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal).transpose(1, 2)
+
+    impls["sdpa-cudnn"] = cudnn
+    try:
+        from flash_attn.cute.interface import flash_attn_func
+
+        impls["flash-attn-4"] = lambda q, k, v, causal: flash_attn_func(q, k, v, causal=causal)[0]
+    except Exception as exc:  # noqa: BLE001 - not installed on this host
+        print(f"(flash-attn-4 not importable: {type(exc).__name__}: {str(exc)[:100]})")
+    return impls
+
+
+def bench(head_dims, seqlens, dtypes, causals, ablation: bool) -> list[dict]:
+    from triton.testing import do_bench
+
+    rows = []
+    print(f"{torch.cuda.get_device_name()}: TFLOP/s, forward, B*N = 16k, H*D = 2048 (median of do_bench)")
+    for dtype_name in dtypes:
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
+        for d in head_dims:
+            impls = _impls(d, ablation)
+            for n in seqlens:
+                b, h = max(1, 16384 // n), 2048 // d
+                q, k, v = (torch.randn(b, n, h, d, device="cuda", dtype=dtype) for _ in range(3))
+                for causal in causals:
+                    flops = 4 * b * h * n * n * d / (2 if causal else 1)
+                    row = dict(dtype=dtype_name, head_dim=d, seqlen=n, batch=b, heads=h, causal=causal)
+                    ref = None
+                    for name, fn in impls.items():
+                        try:
+                            out = fn(q, k, v, causal)
+                            if ref is None and name == "sdpa-cudnn":
+                                ref = out
+                            ms = do_bench(lambda: fn(q, k, v, causal), warmup=25, rep=150, return_mode="median")
+                            row[name] = round(flops / ms / 1e9, 1)
+                            if name.startswith("fa3"):
+                                row[name + " out"] = out
+                        except Exception as exc:  # noqa: BLE001 - report and keep going
+                            row[name] = None
+                            row[name + " error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
+                    for name in list(row):
+                        if name.endswith(" out"):
+                            out = row.pop(name)
+                            if ref is not None:
+                                row[name.replace(" out", " maxdiff_vs_cudnn")] = float((out.float() - ref.float()).abs().max())
+                    ours = row.get("fa3")
+                    for peer in ("flash-attn-4", "sdpa-cudnn"):
+                        if ours and row.get(peer):
+                            row[f"fa3/{peer}"] = round(ours / row[peer], 3)
+                    cells = "  ".join(f"{k}={v}" for k, v in row.items() if k not in ("dtype", "batch", "heads"))
+                    print(f"{dtype_name} {cells}", flush=True)
+                    rows.append(row)
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tests", action="store_true", help="run tests/test_fa3_gpu.py first (same process)")
+    ap.add_argument("--pytest-args", default="", help="extra pytest arguments, e.g. '-x -k matrix'")
+    ap.add_argument("--ablation", action="store_true")
+    ap.add_argument("--head-dims", default="128")
+    ap.add_argument("--seqlens", default="4096,16384")
+    ap.add_argument("--dtypes", default="bf16")
+    ap.add_argument("--causal", default="both", choices=["both", "yes", "no"])
+    ap.add_argument("--json")
+    a = ap.parse_args(argv)
+    rc = 0
+    if a.tests:
+        import pytest
+
+        rc = int(pytest.main(["-m", "gpu", "-q", "-p", "no:cacheprovider", "--tb=short", "-rf",
+                              "tests/test_fa3_gpu.py", *a.pytest_args.split()]))
+        print(f"== tests rc {rc}", flush=True)
+    causals = {"both": (False, True), "yes": (True,), "no": (False,)}[a.causal]
+    rows = bench([int(x) for x in a.head_dims.split(",")], [int(x) for x in a.seqlens.split(",")],
+                 a.dtypes.split(","), causals, a.ablation)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""FA3 (sm90) on the GPU: the correctness matrix of issue 5 against the float64 reference.
+
+Rule (DESIGN.md): err(fa3) <= 2 * err(torch same dtype) + 1e-5 for the output and the LSE, where
+err = max |x - float64 reference|. Outputs are poisoned with NaN before the kernel runs (any element it
+does not write fails), inputs are fresh N(0, 1) draws. Runs on an sm90 GPU only:
+
+    source .gpu/env.sh && python3 -m pytest -m gpu tests/test_fa3_gpu.py
+"""
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from fa_variants.reference import check_against_reference, check_lse, references
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                       reason="FA3 needs an sm90 (Hopper) GPU"),
+]
+fa3 = pytest.importorskip("fa_variants.hopper.fa3")
+from fa_variants.common import interop  # noqa: E402  (after the skip: needs the DSL-free module only)
+
+BF16, F16 = torch.bfloat16, torch.float16
+
+# (batch, seqlen_q, seqlen_k, heads, heads_kv): odd lengths (1, 3, 113, 127, 1023, 4224), Nq != Nk both
+# ways, decode-like and tile-boundary shapes, GQA and MQA.
+SHAPES = [
+    (1, 1, 1, 2, 2), (2, 3, 3, 2, 2), (1, 113, 113, 3, 3), (2, 127, 127, 2, 2), (1, 1023, 1023, 2, 2),
+    (1, 4224, 4224, 2, 2), (1, 128, 128, 2, 2), (1, 129, 257, 2, 2), (1, 113, 1023, 2, 2),
+    (1, 1023, 113, 2, 2), (2, 1, 4224, 4, 2), (1, 300, 77, 2, 2), (1, 200, 200, 8, 2), (2, 255, 511, 6, 1),
+]
+SHAPE_IDS = ["x".join(map(str, s)) for s in SHAPES]
+
+
+@pytest.fixture(autouse=True)
+def nan_poisoned_outputs(monkeypatch):
+    """fa3.run allocates (out, lse) through interop.new_outputs: fill them with NaN first."""
+    original = interop.new_outputs
+
+    def poisoned(q, *args, **kwargs):
+        out, lse = original(q, *args, **kwargs)
+        return out.fill_(math.nan), lse.fill_(math.nan)
+
+    monkeypatch.setattr(interop, "new_outputs", poisoned)
+
+
+def _qkv(b, nq, nk, h, hkv, d, dtype, std=1.0):
+    def randn(*shape):
+        return (torch.randn(*shape, device="cuda") * std).to(dtype)
+    return randn(b, nq, h, d), randn(b, nk, hkv, d), randn(b, nk, hkv, d)
+
+
+def _check(q, k, v, causal, softmax_scale=None, config=None, what=""):
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    out, lse = fa3.run(q, k, v, causal=causal, softmax_scale=scale, config=config)
+    refs = references(q, k, v, causal=causal, softmax_scale=scale)
+    assert not out.isnan().any(), f"{what}: NaN in the output (an element was not written?)"
+    assert not lse.isnan().any(), f"{what}: NaN in the LSE"
+    ok = check_against_reference(out, q, k, v, refs=refs)
+    assert ok.ok, f"{what} out: {ok}"
+    ok_lse = check_lse(lse, q, k, v, refs=refs)
+    assert ok_lse.ok, f"{what} lse: {ok_lse}"
+    return out, lse
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_matrix_bf16(head_dim, causal, shape):
+    q, k, v = _qkv(*shape, head_dim, BF16)
+    _check(q, k, v, causal, what=f"bf16 D={head_dim} causal={causal} {shape}")
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_matrix_fp16_d128(causal, shape):
+    q, k, v = _qkv(*shape, 128, F16)
+    _check(q, k, v, causal, what=f"fp16 D=128 causal={causal} {shape}")
+
+
+@pytest.mark.parametrize("shape", [(2, 127, 127, 2, 2), (1, 1023, 300, 4, 1)], ids=["127", "1023x300"])
+def test_head_dim_96(shape):
+    q, k, v = _qkv(*shape, 96, BF16)
+    _check(q, k, v, False, what=f"bf16 D=96 {shape}")
+
+
+ABLATIONS = {
+    "no-pingpong": dict(pingpong=False),
+    "no-overlap": dict(intra_wg_overlap=False),
+    "neither": dict(pingpong=False, intra_wg_overlap=False),
+}
+
+
+@pytest.mark.parametrize("shape", [(2, 1023, 1023, 4, 2), (1, 257, 4224, 2, 2), (1, 1, 129, 2, 1)],
+                         ids=["1023", "257x4224", "1x129"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("ablation", list(ABLATIONS), ids=list(ABLATIONS))
+def test_ablation_configs(ablation, causal, shape):
+    config = dataclasses.replace(fa3.DEFAULT_CONFIGS[128], **ABLATIONS[ablation])
+    q, k, v = _qkv(*shape, 128, BF16)
+    _check(q, k, v, causal, config=config, what=f"{ablation} causal={causal} {shape}")
+
+
+def test_three_consumer_warpgroups_d64():
+    """tile_m = 192: three consumer warpgroups, the ping-pong ring of three named barriers."""
+    config = fa3.Fa3Config(tile_m=192, tile_n=128, stages=2)
+    for causal in (False, True):
+        q, k, v = _qkv(2, 1000, 1000, 4, 2, 64, BF16)
+        _check(q, k, v, causal, config=config, what=f"tile_m=192 causal={causal}")
+
+
+def test_strided_inputs():
+    """EC-10: K a slice of a wider buffer, V a transposed view, packed QKV, read in place by TMA."""
+    b, n, h, d = 2, 250, 4, 128
+    wide = torch.randn(b, n, h, 2 * d, device="cuda", dtype=BF16)
+    q = torch.randn(b, n, h, d, device="cuda", dtype=BF16)
+    k = wide[..., :d]
+    v = torch.randn(b, h, n, d, device="cuda", dtype=BF16).transpose(1, 2)
+    for causal in (False, True):
+        _check(q, k, v, causal, what=f"strided causal={causal}")
+    qkv = torch.randn(b, n, 3, h, d, device="cuda", dtype=BF16)
+    _check(*qkv.unbind(dim=2), False, what="packed qkv")
+
+
+def test_broadcast_and_misaligned_inputs():
+    """EC-09: batch-broadcast K/V (stride 0) and views that TMA cannot address are copied, not misread."""
+    k1, v1 = (torch.randn(1, 65, 1, 128, device="cuda", dtype=BF16) for _ in range(2))
+    q = torch.randn(4, 16, 8, 128, device="cuda", dtype=BF16)
+    k, v = k1.expand(4, 65, 8, 128), v1.expand(4, 65, 8, 128)
+    out, _ = _check(q, k, v, True, what="broadcast")
+    ref, _ = fa3.run(q, k.contiguous(), v.contiguous(), causal=True, softmax_scale=128 ** -0.5)
+    torch.testing.assert_close(out, ref, atol=0, rtol=0)
+    buf = torch.randn(2, 100, 2, 129, device="cuda", dtype=BF16)
+    odd = buf[..., 1:]  # 2-byte offset, odd strides
+    _check(odd, odd, odd, False, what="misaligned")
+
+
+def test_no_out_of_bounds_reads():
+    """EC-06(d): q, k, v at the front of larger buffers whose tails are NaN: any read past seqlen
+    would turn the output into NaN."""
+    nq, nk, extra = 77, 300, 256
+    bufs = [torch.full((1, n + extra, 2, 128), math.nan, device="cuda", dtype=BF16) for n in (nq, nk, nk)]
+    for buf, n in zip(bufs, (nq, nk, nk)):
+        buf[:, :n] = torch.randn(1, n, 2, 128, device="cuda", dtype=BF16)
+    q, k, v = bufs[0][:, :nq], bufs[1][:, :nk], bufs[2][:, :nk]
+    for causal in (False, True):
+        _check(q, k, v, causal, what=f"nan tails causal={causal}")
+
+
+def test_padded_keys_get_no_weight():
+    """EC-06(c): keys past seqlen_k must be -inf, not score 0 (real scores are about -11 here)."""
+    for nk in (129, 193, 257):
+        ar = torch.arange(64, device="cuda", dtype=torch.float32)
+        q = (1 + 0.1 * ar).view(1, 64, 1, 1).expand(1, 64, 2, 128).to(BF16).contiguous()
+        kk = -(1 + 0.1 * torch.arange(nk, device="cuda", dtype=torch.float32))
+        k = kk.view(1, nk, 1, 1).expand(1, nk, 2, 128).to(BF16).contiguous()
+        v = (-kk).view(1, nk, 1, 1).expand(1, nk, 2, 128).to(BF16).contiguous()
+        _check(q, k, v, False, softmax_scale=1.0 / 128, what=f"sharp nk={nk}")
+
+
+@pytest.mark.parametrize("scale", [0.0, -0.125, 1e-8, 10.0])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_softmax_scales(scale, causal):
+    """EC-20: zero (plain mean of the visible V rows), negative, tiny and large scales."""
+    q, k, v = _qkv(1, 64, 64, 2, 2, 64, BF16, std=4.0)
+    _check(q, k, v, causal, softmax_scale=scale, what=f"scale={scale}")
+
+
+def test_rows_that_see_no_key():
+    """Causal with seqlen_q > seqlen_k: the first seqlen_q - seqlen_k rows see nothing: O = 0, LSE = -inf,
+    including whole 128-row tiles that skip straight to the all-masked tile 0."""
+    q, k, v = _qkv(1, 700, 40, 2, 2, 128, BF16)
+    out, lse = _check(q, k, v, True, what="empty rows")
+    assert (out[:, :660] == 0).all() and (lse[:, :, :660] == -math.inf).all()
+    assert torch.isfinite(lse[:, :, 660:]).all()
+
+
+def test_deterministic():
+    q, k, v = _qkv(2, 1000, 1000, 4, 4, 128, BF16)
+    first = fa3.run(q, k, v, causal=True, softmax_scale=0.1)[0]
+    for _ in range(3):
+        assert torch.equal(fa3.run(q, k, v, causal=True, softmax_scale=0.1)[0], first)
