@@ -95,8 +95,26 @@ def bench(head_dims, seqlens, dtypes, causals, ablation: bool) -> list[dict]:
     return rows
 
 
+def smoke() -> int:
+    """One small call per head dim against the float64 reference: is the kernel alive and right?"""
+    from fa_variants.reference import check_against_reference, check_lse, references
+
+    rc = 0
+    for d in (128, 64, 256):
+        for causal in (False, True):
+            q, k, v = (torch.randn(2, 300, 4, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            out, lse = fa3.run(q, k, v, causal=causal, softmax_scale=d ** -0.5)
+            torch.cuda.synchronize()
+            refs = references(q, k, v, causal=causal, softmax_scale=d ** -0.5)
+            ok, ok_lse = check_against_reference(out, q, k, v, refs=refs), check_lse(lse, q, k, v, refs=refs)
+            print(f"smoke D={d} causal={causal}: out {ok}; lse {ok_lse}", flush=True)
+            rc |= not (ok.ok and ok_lse.ok)
+    return rc
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--smoke", action="store_true", help="only a few small calls against the reference")
     ap.add_argument("--tests", action="store_true", help="run tests/test_fa3_gpu.py first (same process)")
     ap.add_argument("--pytest-args", default="", help="extra pytest arguments, e.g. '-x -k matrix'")
     ap.add_argument("--ablation", action="store_true")
@@ -106,6 +124,8 @@ def main(argv=None) -> int:
     ap.add_argument("--causal", default="both", choices=["both", "yes", "no"])
     ap.add_argument("--json")
     a = ap.parse_args(argv)
+    if a.smoke:
+        return smoke()
     rc = 0
     if a.tests:
         import pytest
