@@ -27,13 +27,26 @@ ABLATIONS = {
 }
 
 
-def _impls(head_dim: int, ablation: bool) -> dict:
-    impls = {}
-    for name, change in ABLATIONS.items():
-        if name != "fa3" and not ablation:
-            continue
-        config = dataclasses.replace(fa3.DEFAULT_CONFIGS[head_dim], **change)
-        impls[name] = lambda q, k, v, causal, _c=config: fa3.run(q, k, v, causal=causal, softmax_scale=q.shape[-1] ** -0.5, config=_c)[0]
+# Tile candidates per head dim for --sweep (each compiles without spills; see tests/test_fa3_compile.py).
+SWEEP = {
+    64: {"m128 n128 s4": dict(stages=4), "m192 n128 s2": dict(tile_m=192), "m192 n128 s3": dict(tile_m=192, stages=3)},
+    128: {"n128 s3": dict(stages=3), "n112 s3": dict(tile_n=112, stages=3), "n96 s4": dict(tile_n=96, stages=4),
+          "n144 s2": dict(tile_n=144), "n160 s2 (non-causal)": dict(tile_n=160)},
+    256: {"n80 pingpong": dict(pingpong=True), "n64": dict(tile_n=64), "n64 pingpong": dict(tile_n=64, pingpong=True)},
+}
+
+
+def _ours(config):
+    return lambda q, k, v, causal: fa3.run(q, k, v, causal=causal, softmax_scale=q.shape[-1] ** -0.5, config=config)[0]
+
+
+def _impls(head_dim: int, ablation: bool, sweep: bool = False) -> dict:
+    base = fa3.DEFAULT_CONFIGS[head_dim]
+    impls = {"fa3": _ours(base)}
+    if ablation:
+        impls.update({name: _ours(dataclasses.replace(base, **change)) for name, change in ABLATIONS.items() if change})
+    if sweep:
+        impls.update({f"fa3 {name}": _ours(dataclasses.replace(base, **change)) for name, change in SWEEP.get(head_dim, {}).items()})
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -49,10 +62,12 @@ def _impls(head_dim: int, ablation: bool) -> dict:
         impls["flash-attn-4"] = lambda q, k, v, causal: flash_attn_func(q, k, v, causal=causal)[0]
     except Exception as exc:  # noqa: BLE001 - not installed on this host
         print(f"(flash-attn-4 not importable: {type(exc).__name__}: {str(exc)[:100]})")
+    if sweep:
+        impls["fa3 again"] = impls["fa3"]  # the default once more, last: run-to-run spread
     return impls
 
 
-def bench(head_dims, seqlens, dtypes, causals, ablation: bool) -> list[dict]:
+def bench(head_dims, seqlens, dtypes, causals, ablation: bool, sweep: bool = False, rep: int = 150) -> list[dict]:
     from triton.testing import do_bench
 
     rows = []
@@ -60,7 +75,7 @@ def bench(head_dims, seqlens, dtypes, causals, ablation: bool) -> list[dict]:
     for dtype_name in dtypes:
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
         for d in head_dims:
-            impls = _impls(d, ablation)
+            impls = _impls(d, ablation, sweep)
             for n in seqlens:
                 b, h = max(1, 16384 // n), 2048 // d
                 q, k, v = (torch.randn(b, n, h, d, device="cuda", dtype=dtype) for _ in range(3))
@@ -69,11 +84,13 @@ def bench(head_dims, seqlens, dtypes, causals, ablation: bool) -> list[dict]:
                     row = dict(dtype=dtype_name, head_dim=d, seqlen=n, batch=b, heads=h, causal=causal)
                     ref = None
                     for name, fn in impls.items():
+                        if causal and "non-causal" in name:
+                            continue
                         try:
                             out = fn(q, k, v, causal)
                             if ref is None and name == "sdpa-cudnn":
                                 ref = out
-                            ms = do_bench(lambda: fn(q, k, v, causal), warmup=25, rep=150, return_mode="median")
+                            ms = do_bench(lambda: fn(q, k, v, causal), warmup=25, rep=rep, return_mode="median")
                             row[name] = round(flops / ms / 1e9, 1)
                             if name.startswith("fa3"):
                                 row[name + " out"] = out
@@ -89,8 +106,10 @@ def bench(head_dims, seqlens, dtypes, causals, ablation: bool) -> list[dict]:
                     for peer in ("flash-attn-4", "sdpa-cudnn"):
                         if ours and row.get(peer):
                             row[f"fa3/{peer}"] = round(ours / row[peer], 3)
-                    cells = "  ".join(f"{k}={v}" for k, v in row.items() if k not in ("dtype", "batch", "heads"))
-                    print(f"{dtype_name} {cells}", flush=True)
+                    diffs = [v for k, v in row.items() if k.endswith("maxdiff_vs_cudnn")]
+                    cells = "  ".join(f"{k}={v}" for k, v in row.items()
+                                      if k not in ("dtype", "batch", "heads") and not k.endswith("maxdiff_vs_cudnn"))
+                    print(f"{dtype_name} {cells}  max|fa3*-cudnn|={max(diffs, default=float('nan')):.2g}", flush=True)
                     rows.append(row)
     return rows
 
@@ -118,6 +137,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tests", action="store_true", help="run tests/test_fa3_gpu.py first (same process)")
     ap.add_argument("--pytest-args", default="", help="extra pytest arguments, e.g. '-x -k matrix'")
     ap.add_argument("--ablation", action="store_true")
+    ap.add_argument("--sweep", action="store_true", help="time the tile candidates of SWEEP too")
+    ap.add_argument("--rep", type=int, default=150, help="do_bench milliseconds per measurement")
     ap.add_argument("--head-dims", default="128")
     ap.add_argument("--seqlens", default="4096,16384")
     ap.add_argument("--dtypes", default="bf16")
@@ -135,7 +156,7 @@ def main(argv=None) -> int:
         print(f"== tests rc {rc}", flush=True)
     causals = {"both": (False, True), "yes": (True,), "no": (False,)}[a.causal]
     rows = bench([int(x) for x in a.head_dims.split(",")], [int(x) for x in a.seqlens.split(",")],
-                 a.dtypes.split(","), causals, a.ablation)
+                 a.dtypes.split(","), causals, a.ablation, a.sweep, a.rep)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)
