@@ -78,3 +78,63 @@ def test_fake_shapes_are_dynamic():
         assert all(isinstance(s, SymInt) for s in t.shape[:3]) and t.shape[3] == 128
         assert all(isinstance(s, SymInt) for s in t.stride[:3]) and t.stride[3] == 1
     assert q.shape[0] is k.shape[0] and k.shape[1] is v.shape[1] and q.shape[1] is lse.shape[2]
+
+
+# ------------------------------------------------------------------------------------------------ FA2
+@pytest.fixture(scope="session")
+def fa2_report():
+    """`fa-variants compile --arch sm_80 --variant fa2 --head-dim 128 --dtype bf16 --sass`, once."""
+    return cc.compile_only("fa2", "sm_80", 128, "bf16", causal=False, sass=True)
+
+
+def test_fa2_cli_reports_tensor_cores_and_no_spills(capsys, fa2_report):
+    r = _cli_json(capsys, "--arch", "sm_80", "--variant", "fa2", "--head-dim", "128", "--dtype", "bf16",
+                  "--sass")  # served by the cache: same config as the fixture
+    assert r == fa2_report
+    assert r["HMMA"] > 0 and r["LDGSTS"] > 0 and r["LDSM"] > 0 and r["MUFU.EX2"] > 0
+    assert r["LDL"] == 0 and r["STL"] == 0 and r["spill_bytes"] == 0
+    assert r["HGMMA"] == 0 and r["UTMALDG"] == 0  # an sm80 kernel: no Hopper instructions
+    tiles = r["tiles"]
+    q_kv = (tiles["Br"] + 2 * tiles["stages"] * tiles["Bc"]) * 128 * 2
+    assert tiles["stages"] >= 2 and r["smem_dynamic_bytes"] >= q_kv  # K/V double-buffered
+
+
+@pytest.mark.parametrize("head_dim", [64])
+def test_fa2_causal_compiles_without_spills(head_dim):
+    r = cc.compile_only("fa2", "sm_80", head_dim, "fp16", causal=True, sass=True)
+    assert r["HMMA"] > 0 and r["LDL"] == 0 and r["STL"] == 0 and r["spill_bytes"] == 0
+
+
+def test_fa2_sm90a_compiles(fa2_report):
+    """The H200 runs the sm80 kernel compiled for sm_90a: still mma.sync (HMMA), no spills."""
+    r = cc.compile_only("fa2", "sm_90a", 128, "bf16", causal=False, sass=True)
+    assert r["HMMA"] == fa2_report["HMMA"] and r["HGMMA"] == 0 and r["spill_bytes"] == 0
+
+
+def test_fa2_cache_does_not_recompile_for_runtime_shapes(fa2_report):
+    cfg = cc.config_for("fa2", "sm_80", "bf16", 128, False)
+    n = cc.cache_info()["compiles"]
+    assert cc.get_compiled(cfg) is cc.get_compiled(cc.config_for("fa2", "sm_80", "bf16", 128, False))
+    assert cc.cache_info()["compiles"] == n
+    with pytest.raises(cc.UnsupportedConfigError, match="head_dim 80"):
+        cc.config_for("fa2", "sm_80", "bf16", 80, False)
+
+
+def test_fa2_tile_ranges():
+    """Causal tile skipping and masking bounds (common/mask.py) on plain ints, against brute force."""
+    from fa_variants.common import mask
+
+    for Br, Bc in ((128, 32), (128, 64), (64, 64)):
+        for nq, nk in ((1, 1), (3, 7), (300, 128), (113, 203), (128, 1023), (1000, 999)):
+            for m in range(-(-nq // Br)):
+                rows = range(m * Br, min(nq, m * Br + Br))
+                visible = {(i, j) for i in rows for j in range(nk) if j <= i + nk - nq}
+                n_end = mask.kv_tile_end(m, Br, Bc, nq, nk, causal=True)
+                needed = {j // Bc for _, j in visible}
+                assert set(range(n_end)) >= needed and (n_end == 0 or n_end - 1 in needed)
+                start = mask.kv_tile_causal_start(m, Br, Bc, nq, nk)
+                for n in range(n_end):
+                    full = all((i, j) in visible for i in rows for j in range(n * Bc, min(nk, n * Bc + Bc)))
+                    if n < start:
+                        assert full, (Br, Bc, nq, nk, m, n)
+                assert mask.kv_tile_end(m, Br, Bc, nq, nk, causal=False) == -(-nk // Bc)

@@ -1,0 +1,104 @@
+"""Online softmax in registers (FlashAttention-2, Dao 2023, Algorithm 1 lines 8-12).
+
+State per query row, kept by the threads that own the row: m, the running row max of the raw
+scores, and l, the running row sum of exp(scale * (s - m)). The scale is folded into log2(e) once
+(c = softmax_scale * log2 e), so each exponential is one FFMA and one exp2 (MUFU.EX2):
+exp(scale * (s - m)) = exp2(s * c - m * c). This needs c > 0 (the row max of raw scores is the max of
+the scaled ones only then): callers pass a positive scale (FA2's `run` maps a negative scale to
+softmax(|scale| Q (-K)^T) and a zero one to the smallest normal float).
+
+Per K/V tile j (after S_j = Q K_j^T has been computed and masked with -inf):
+
+    m_new = max(m, rowmax(S_j));  m_safe = 0 if m_new == -inf else m_new   # a fully masked row
+    P_j = exp2(S_j c - m_safe c);  alpha = exp2(m c - m_safe c)            # alpha rescales O and l
+    l = alpha * l + rowsum(P_j);  O = alpha * O  (then O += P_j V_j by the caller);  m = m_new
+
+and once at the end (deferred normalisation, FA2 section 3.1.1): O /= l, LSE = (m c + log2 l) ln 2;
+a row that saw no key has l = 0 and gets O = 0, LSE = -inf.
+
+The row sums are kept per thread (each thread sums its own columns) and reduced across the quad only
+in `finalize`, as FA2 does; the row max is quad-reduced every step because P depends on it.
+
+Works on (rows, cols) register views (`sm80.rows_view` for mma.sync accumulators; any view whose
+rows are shared by `threads_per_row` consecutive lanes works, e.g. Hopper wgmma accumulators).
+Learnt from flash-attention ``flash_attn/cute/softmax.py`` (Tri Dao); written anew.
+"""
+from __future__ import annotations
+
+import math
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, const_expr
+
+from fa_variants.common.sm80 import quad_allreduce
+
+LOG2_E = math.log2(math.e)
+LN_2 = math.log(2.0)
+
+
+class OnlineSoftmax:
+    """Running (m, l) for the `num_rows` query rows this thread holds. Build inside a kernel."""
+
+    def __init__(self, num_rows: int, scale_log2: Float32):
+        self.num_rows = num_rows
+        self.scale_log2 = scale_log2
+        self.row_max = cute.make_rmem_tensor(num_rows, Float32)
+        self.row_sum = cute.make_rmem_tensor(num_rows, Float32)
+
+    def reset(self):
+        """m = -inf, l = 0 (Algorithm 1 line 4)."""
+        self.row_max.fill(-Float32.inf)
+        self.row_sum.fill(0.0)
+
+    @cute.jit
+    def update(self, s: cute.Tensor, is_first: cutlass.Constexpr[bool]) -> cute.Tensor:
+        """Fold one masked raw score tile (rows view) into (m, l); S becomes P in place. Returns
+        alpha per row, the factor the caller rescales O with (1 on the first tile)."""
+        alpha = cute.make_rmem_tensor(self.num_rows, Float32)
+        n_cols = cute.size(s, mode=[1])
+        for r in cutlass.range_constexpr(self.num_rows):
+            m_old = self.row_max[r]
+            m_new = s[r, 0]
+            for c in cutlass.range_constexpr(1, n_cols):
+                m_new = cute.arch.fmax(m_new, s[r, c])
+            m_new = quad_allreduce(m_new, cute.arch.fmax)
+            if const_expr(not is_first):
+                m_new = cute.arch.fmax(m_new, m_old)
+            m_safe = 0.0 if m_new == -Float32.inf else m_new
+            m_scaled = m_safe * self.scale_log2
+            row_sum = Float32(0.0)
+            for c in cutlass.range_constexpr(n_cols):
+                p = cute.math.exp2(s[r, c] * self.scale_log2 - m_scaled, fastmath=True)
+                s[r, c] = p
+                row_sum += p
+            if const_expr(is_first):
+                alpha[r] = 1.0
+                self.row_sum[r] = row_sum
+            else:
+                a = cute.math.exp2(m_old * self.scale_log2 - m_scaled, fastmath=True)
+                alpha[r] = a
+                self.row_sum[r] = self.row_sum[r] * a + row_sum
+            self.row_max[r] = m_new
+        return alpha
+
+    @cute.jit
+    def rescale(self, o: cute.Tensor, alpha: cute.Tensor):
+        """O[r, :] *= alpha[r] (rows view of the O accumulator)."""
+        for r in cutlass.range_constexpr(self.num_rows):
+            for c in cutlass.range_constexpr(cute.size(o, mode=[1])):
+                o[r, c] = o[r, c] * alpha[r]
+
+    @cute.jit
+    def finalize(self) -> tuple:
+        """(inv_l, lse): 1/l per row (0 for a row that saw no key, so O stays 0) and the natural-log
+        LSE per row (-inf for such a row). Reduces l across the quad first."""
+        inv_l = cute.make_rmem_tensor(self.num_rows, Float32)
+        lse = cute.make_rmem_tensor(self.num_rows, Float32)
+        for r in cutlass.range_constexpr(self.num_rows):
+            l = quad_allreduce(self.row_sum[r], lambda a, b: a + b)
+            empty = l == 0.0 or l != l
+            inv_l[r] = 0.0 if empty else cute.arch.rcp_approx(l)
+            lse[r] = -Float32.inf if empty else (
+                self.row_max[r] * self.scale_log2 + cute.math.log2(l, fastmath=True)) * LN_2
+        return inv_l, lse
