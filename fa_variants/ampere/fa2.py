@@ -144,10 +144,10 @@ class FlashAttention2Sm80:
 
         # K/V tiles this Q tile needs: n in [0, n_end), visited n_end-1 down to 0 (causal skipping)
         n_end = mask.kv_tile_end(m_block, Br, Bc, seqlen_q, seqlen_k, self.causal)
-        n_causal = n_end  # tiles n >= n_causal cross the diagonal and need the causal mask
+        n_causal = n_end  # tiles n >= n_causal cross the diagonal and need the causal mask;
+        # only the last tile, ceil(seqlen_k / Bc) - 1, can pass seqlen_k, and if needed it comes first
         if const_expr(self.causal):
             n_causal = mask.kv_tile_causal_start(m_block, Br, Bc, seqlen_q, seqlen_k)
-        last_tile = cute.ceil_div(seqlen_k, Bc) - 1  # the only tile that can pass seqlen_k
 
         kv = SimpleNamespace(copy=copy_g2s, tKgK=tKgK, tKsK=tKsK, tVgV=tVgV, tVsV=tVsV, tKVc=tKVc,
                              seqlen_k=seqlen_k)
@@ -243,6 +243,7 @@ class FlashAttention2Sm80:
         """O (fp32 registers) -> dtype -> shared memory (reusing Q's buffer) -> 16-byte global stores
         of the rows < seqlen_q; LSE by the thread holding column 0 of each row."""
         D, Br = self.head_dim, self.Br
+        cute.arch.cp_async_wait_group(0)  # nothing may land in sQ any more (n_end == 0: Q never waited)
         rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
         rO.store(acc_O.load().to(self.dtype))
         sO = cute.make_tensor(sQ.iterator, sQ.layout)

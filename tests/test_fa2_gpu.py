@@ -1,0 +1,129 @@
+"""FA2-specific GPU tests, beyond the shared matrix of tests/test_kernels_gpu.py.
+
+The compile cache across runtime shapes, strides (SDPA layout, packed QKV, stride-0 broadcast, K/V
+with different layouts), unaligned inputs, negative / zero scales, the current stream, determinism,
+empty causal rows, the grid limit. Every check uses the float64 tolerance rule or bitwise equality.
+Run on the GPU host: ``python -m pytest -q tests/test_fa2_gpu.py``.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fa_variants.common import compile as cc
+from fa_variants.reference import check_against_reference, check_lse
+
+pytestmark = pytest.mark.gpu
+
+fa2 = pytest.importorskip("fa_variants.ampere.fa2")
+
+
+def rand(*shape, dtype=torch.bfloat16):
+    return torch.randn(*shape, device="cuda", dtype=dtype)
+
+
+def run(q, k, v, causal=False, scale=None):
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    out, lse = fa2.run(q, k, v, causal=causal, softmax_scale=scale)
+    torch.cuda.synchronize()
+    return out, lse
+
+
+def assert_matches_reference(q, k, v, causal=False, scale=None):
+    out, lse = run(q, k, v, causal, scale)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    check = check_against_reference(out, q, k, v, causal, scale)
+    assert check.ok, f"out: {check}"
+    check = check_lse(lse, q, k, v, causal, scale)
+    assert check.ok, f"lse: {check}"
+    return out, lse
+
+
+def test_runtime_shapes_do_not_recompile():
+    q, k, v = rand(1, 100, 4, 128), rand(1, 77, 4, 128), rand(1, 77, 4, 128)
+    assert_matches_reference(q, k, v, causal=True)
+    n = cc.cache_info()["compiles"]
+    q, k, v = rand(3, 333, 8, 128), rand(3, 1000, 2, 128), rand(3, 1000, 2, 128)  # batch, seqlens, GQA
+    assert_matches_reference(q, k, v, causal=True)
+    assert cc.cache_info()["compiles"] == n, "a different batch / seqlen / head count recompiled"
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+def test_strided_layouts_equal_contiguous(causal):
+    b, n, h, d = 2, 190, 8, 128
+    ref = [rand(b, n, h, d) for _ in range(3)]
+    base, _ = run(*ref, causal)
+    # SDPA layout (B, H, N, D) viewed as (B, N, H, D); packed QKV; K as the first D channels of 2D
+    sdpa = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in ref]
+    packed = torch.stack(ref, dim=2).unbind(2)
+    wide = torch.cat([ref[1], rand(b, n, h, d)], dim=-1)[..., :d]
+    for q, k, v in (sdpa, packed, (ref[0], wide, ref[2])):
+        out, _ = run(q, k, v, causal)
+        assert torch.equal(out, base)
+
+
+def test_broadcast_kv_heads_stride_zero():
+    """EC-09: K/V expanded across heads (head stride 0) equal the contiguous copies, Nk = 1 mod 32."""
+    q, k1, v1 = rand(1, 16, 8, 128), rand(1, 129, 1, 128), rand(1, 129, 1, 128)
+    k, v = k1.expand(1, 129, 8, 128), v1.expand(1, 129, 8, 128)
+    out, _ = run(q, k, v, causal=True)
+    ref, _ = run(q, k.contiguous(), v.contiguous(), causal=True)
+    assert torch.equal(out, ref)
+
+
+def test_unaligned_inputs_are_served():
+    """A view whose pointer is not 16-byte aligned is copied (interop.aligned), not misread."""
+    buf = rand(1 * 64 * 4 * 64 + 1)
+    q = buf[1:].view(1, 64, 4, 64)
+    k, v = rand(1, 64, 4, 64), rand(1, 64, 4, 64)
+    assert_matches_reference(q, k, v)
+
+
+@pytest.mark.parametrize("scale", [-0.125, 0.0, 1e-8, 10.0])
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+def test_extreme_scales(scale, causal):
+    """EC-20: a negative scale is the true softmax(-c QK^T), 0 averages the visible V rows."""
+    q, k, v = rand(1, 64, 2, 64, dtype=torch.float16) * 4, rand(1, 64, 2, 64, dtype=torch.float16) * 4, \
+        rand(1, 64, 2, 64, dtype=torch.float16)
+    out, _ = assert_matches_reference(q, k, v, causal, scale)
+    if scale == 0.0 and causal:
+        mean = v.double().cumsum(1) / torch.arange(1, 65, device="cuda").view(1, 64, 1, 1)
+        torch.testing.assert_close(out.double(), mean, atol=2e-3, rtol=0)
+
+
+def test_rows_without_keys_are_zero_with_lse_minus_inf():
+    q, k, v = rand(2, 300, 4, 64), rand(2, 128, 4, 64), rand(2, 128, 4, 64)
+    out, lse = assert_matches_reference(q, k, v, causal=True)
+    assert torch.all(out[:, :172] == 0) and torch.all(lse[:, :, :172] == -math.inf)
+    assert torch.isfinite(lse[:, :, 172:]).all()
+
+
+def test_uses_the_current_stream():
+    """EC-18b: the kernel runs on torch's current stream, after work queued there."""
+    q, k, v = rand(4, 256, 8, 64), rand(4, 256, 8, 64), rand(4, 256, 8, 64)
+    run(q, k, v)  # compile outside the timed region
+    fresh = rand(4, 256, 8, 64)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(50_000_000)
+        q.copy_(fresh)
+        out, _ = fa2.run(q, k, v, causal=False, softmax_scale=0.125)
+    s.synchronize()
+    check = check_against_reference(out, fresh, k, v, False, 0.125)
+    assert check.ok, check
+
+
+def test_deterministic():
+    q, k, v = rand(2, 1000, 8, 128), rand(2, 1000, 2, 128), rand(2, 1000, 2, 128)
+    a, la = run(q, k, v, causal=True)
+    b, lb = run(q, k, v, causal=True)
+    assert torch.equal(a, b) and torch.equal(la, lb)
+
+
+def test_grid_limit_raises_before_launch():
+    q = rand(1, 1, 65536, 64)
+    k = v = rand(1, 1, 1, 64)
+    with pytest.raises(ValueError, match="65535"):
+        fa2.run(q, k, v, causal=False, softmax_scale=0.125)
