@@ -142,7 +142,7 @@ def run_cli(args: argparse.Namespace) -> int:
                   or "-")
     table.add_row("first call (incl. any compile)", f"{first * 1e3:.1f} ms")
     label = f"time per call (median of {len(steady)})"
-    table.add_row(label, f"{per_call * 1e3:.3f} ms = {attention_flops(inp) / per_call / 1e12:.2f} TFLOP/s")
+    table.add_row(label, f"{per_call * 1e3:.3f} ms = {attention_flops(inp) / per_call / 1e12:.3g} TFLOP/s")
     table.add_row("output vs float64 reference", str(check))
     table.add_row("LSE vs float64 reference", str(lse_check))
     console.print(table)

@@ -17,6 +17,7 @@ Choosing (``select``):
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import types
@@ -82,7 +83,12 @@ def device_capability(device: torch.device) -> tuple[int, int] | None:
     """Compute capability of a CUDA device as (major, minor); None for any other device."""
     if device.type != "cuda":
         return None
-    return torch.cuda.get_device_capability(device)
+    return _cuda_capability(torch.cuda.current_device() if device.index is None else device.index)
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
 
 
 def backends_for(capability: tuple[int, int] | None) -> tuple[str, ...]:
@@ -105,8 +111,9 @@ _LOADED: dict[str, types.ModuleType | str] = {}
 
 
 def clear_cache() -> None:
-    """Forget imported backend modules and the warnings already given (for tests)."""
+    """Forget imported backend modules, past selections and the warnings already given (for tests)."""
     _LOADED.clear()
+    _SELECTED.clear()
     _WARNED.clear()
 
 
@@ -184,6 +191,7 @@ def why_not(name: str, capability: tuple[int, int] | None, dtype: torch.dtype, h
 # ------------------------------------------------------------------------------------------- choosing
 
 _WARNED: set[tuple] = set()
+_SELECTED: dict[tuple, Selection] = {}
 
 
 def select(capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: int, *,
@@ -202,6 +210,14 @@ def select(capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: int
         BackendUnavailableError (a ValueError): the requested backend cannot serve the call, or, for
             auto, none can; the message names why and the backends that can.
     """
+    key = (capability, dtype, head_dim, backend, os.environ.get(ENV_VAR))
+    if key not in _SELECTED:  # a choice is a pure function of its key: cache it (per-call overhead)
+        _SELECTED[key] = _select(capability, dtype, head_dim, backend)
+    return _SELECTED[key]
+
+
+def _select(capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: int,
+            backend: str) -> Selection:
     names = backends_for(capability)
     problems = {name: why_not(name, capability, dtype, head_dim) for name in names}
     able = tuple(name for name in names if problems[name] is None)
