@@ -36,7 +36,8 @@ class Backend:
         return self.device.type == "cuda"
 
     def randn(self, *shape, dtype=BF16, std=1.0) -> torch.Tensor:
-        return (torch.randn(*shape, device=self.device, dtype=torch.float32) * std).to(dtype)
+        t = torch.randn(*shape, device=self.device, dtype=dtype)  # in dtype: no float32 temporary (EC-15)
+        return t.mul_(std) if std != 1.0 else t
 
     def qkv(self, batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, dtype=BF16, std=1.0):
         return (self.randn(batch, seqlen_q, heads, head_dim, dtype=dtype, std=std),
