@@ -103,12 +103,24 @@ def test_ablation_configs(ablation, causal, shape):
     _check(q, k, v, causal, config=config, what=f"{ablation} causal={causal} {shape}")
 
 
-def test_three_consumer_warpgroups_d64():
-    """tile_m = 192: three consumer warpgroups, the ping-pong ring of three named barriers."""
-    config = fa3.Fa3Config(tile_m=192, tile_n=128, stages=2)
+def test_two_consumer_warpgroups_d64():
+    """D=64 defaults to three consumer warpgroups (tile_m = 192, a ping-pong ring of three named
+    barriers, covered by the matrix); the two-warpgroup tile must stay right too."""
+    config = fa3.Fa3Config(tile_m=128, tile_n=128, stages=2)
     for causal in (False, True):
         q, k, v = _qkv(2, 1000, 1000, 4, 2, 64, BF16)
-        _check(q, k, v, causal, config=config, what=f"tile_m=192 causal={causal}")
+        _check(q, k, v, causal, config=config, what=f"tile_m=128 causal={causal}")
+
+
+def test_l2_sections(monkeypatch):
+    """The causal longest-first tile order walks (batch, head) pairs in L2-sized sections; with sections
+    of 2 pairs, 5 or 7 pairs leave a short last section: every tile must still run exactly once."""
+    assert fa3.l2_section_heads(4096, 128) == 16 and fa3.l2_section_heads(16384, 128) == 4
+    assert fa3.l2_section_heads(10**7, 256) == 1
+    monkeypatch.setattr(fa3, "l2_section_heads", lambda *args: 2)
+    for batch, heads in ((1, 5), (3, 2), (1, 7)):
+        q, k, v = _qkv(batch, 300, 300, heads, 1, 128, BF16)
+        _check(q, k, v, True, what=f"sections of 2, B={batch} H={heads}")
 
 
 def test_strided_inputs():

@@ -103,10 +103,13 @@ class Fa3Config:
             raise ValueError(f"{self} needs {self.smem_bytes(head_dim)} B of shared memory at head_dim={head_dim} (max {SMEM_BYTES_MAX})")
 
 
-# Tiles per head dim (fit the 227 KiB of shared memory and the 240 registers/thread of 2 consumer
-# warpgroups: O is 64 x head_dim fp32 per warpgroup, S is 64 x tile_n).
+# Tiles per head dim, measured on an H200 (bf16, B*N = 16k, H*D = 2048, N = 4k/16k; bench_fa3 --sweep):
+# shared memory <= 227 KiB, no register spills with 240 (2 consumer warpgroups) or 160 (3) registers per
+# consumer thread. D=64 gains ~15% from 3 consumer warpgroups (192 query rows per CTA: more FLOPs per K/V
+# byte); D=128: 128 x 128 with 2 stages was not beaten by 112/144/160-wide tiles or 3-4 stages; D=256:
+# 80-wide K/V tiles with ping-pong off (measured 1-3% faster than with it, and than 64-wide tiles).
 DEFAULT_CONFIGS: dict[int, Fa3Config] = {
-    64: Fa3Config(tile_m=128, tile_n=128, stages=2),
+    64: Fa3Config(tile_m=192, tile_n=128, stages=2),
     96: Fa3Config(tile_m=128, tile_n=128, stages=2),
     128: Fa3Config(tile_m=128, tile_n=128, stages=2),
     256: Fa3Config(tile_m=128, tile_n=80, stages=2, pingpong=False),
@@ -152,6 +155,7 @@ class FlashAttention3Sm90:
         mO: cute.Tensor,
         mLSE: cute.Tensor,
         softmax_scale_log2: Float32,
+        l2_heads: Int32,
         stream: cuda.CUstream,
     ):
         # (batch, seqlen, heads, head_dim) -> (seqlen, head_dim, heads, batch): TMA boxes and
@@ -184,7 +188,7 @@ class FlashAttention3Sm90:
         self.kernel(
             tQ, tK, tV, tO, mLSE, tma_q, tma_k, tma_v, tma_o,
             tiled_mma_qk, tiled_mma_pv, sQ_layout, sKV_layout,
-            softmax_scale_log2, num_m_blocks, qhead_per_kvhead,
+            softmax_scale_log2, num_m_blocks, qhead_per_kvhead, l2_heads,
         ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
 
     def _shared_storage(self, sQ_layout, sKV_layout):
@@ -224,6 +228,7 @@ class FlashAttention3Sm90:
         scale_log2: Float32,
         num_m_blocks: Int32,
         qhead_per_kvhead: Int32,
+        l2_heads: Int32,
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
@@ -240,15 +245,7 @@ class FlashAttention3Sm90:
         sV = storage.sV.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)
         sO = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)  # Q's buffer, after the last S GEMM
 
-        # Which (query tile, head, batch) this CTA computes. Causal tiles differ in cost: start
-        # with the longest rows (largest m_block) so that short tiles fill the tail.
-        bid, _, _ = cute.arch.block_idx()
-        num_heads = mQ.shape[2]
-        m_block = bid % num_m_blocks
-        head = (bid // num_m_blocks) % num_heads
-        batch = bid // num_m_blocks // num_heads
-        if const_expr(self.causal):
-            m_block = num_m_blocks - 1 - m_block
+        m_block, head, batch = self._tile_coords(num_m_blocks, mQ.shape[2], mQ.shape[3], l2_heads)
         seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
         n_blocks = self._num_kv_blocks(m_block, seqlen_q, seqlen_k)
 
@@ -268,6 +265,24 @@ class FlashAttention3Sm90:
                 tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2,
                 m_block, n_blocks, seqlen_q, seqlen_k,
             )
+
+    @cute.jit
+    def _tile_coords(self, num_m_blocks: Int32, num_heads: Int32, batches: Int32, l2_heads: Int32):
+        """(query tile, head, batch) of this CTA. Non-causal tiles cost the same: query tiles of one head
+        run side by side (they share K/V in L2). Causal tiles differ in cost, so the order is longest
+        first (LPT) within sections of ``l2_heads`` (batch, head) pairs whose K and V fit in L2
+        together; the short tiles then fill the tail of the grid."""
+        bid, _, _ = cute.arch.block_idx()
+        hb = bid // num_m_blocks
+        m_block = bid % num_m_blocks
+        if const_expr(self.causal):
+            per_section = l2_heads * num_m_blocks
+            section = bid // per_section
+            rest = bid - section * per_section
+            here = cutlass.min(l2_heads, num_heads * batches - section * l2_heads)  # last section may be short
+            hb = section * l2_heads + rest % here
+            m_block = num_m_blocks - 1 - rest // here
+        return m_block, hb % num_heads, hb // num_heads
 
     @cute.jit
     def _num_kv_blocks(self, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32) -> Int32:
@@ -558,7 +573,18 @@ def _tiles(arch: str, head_dim: int, dtype: str, causal: bool) -> tuple:
 
 def _build(cfg: cc.StaticConfig):
     kernel = FlashAttention3Sm90(interop.cute_dtype(cfg.dtype), cfg.head_dim, cfg.causal, Fa3Config(**dict(cfg.tiles)))
-    return kernel, interop.fake_attention_args(cfg.dtype, cfg.head_dim, cfg.align)
+    q, k, v, o, lse, scale, stream = interop.fake_attention_args(cfg.dtype, cfg.head_dim, cfg.align)
+    return kernel, (q, k, v, o, lse, scale, Int32(1), stream)  # + l2_heads (see l2_section_heads)
+
+
+L2_BYTES = 50 * 1024 * 1024  # H100/H200 L2
+
+
+def l2_section_heads(seqlen_k: int, head_dim: int, elem_bytes: int = 2) -> int:
+    """How many (batch, head) pairs' K and V fit in L2 together, rounded down to a power of two (>= 1):
+    the section size of the causal longest-first tile order (after flash_attn/cute/tile_scheduler.py)."""
+    per_head = 2 * seqlen_k * head_dim * elem_bytes
+    return 1 << max(0, (L2_BYTES // max(per_head, 1)).bit_length() - 1)
 
 
 cc.register_variant(
@@ -627,5 +653,5 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, soft
     elif scale == 0:  # all scores 0; masked keys stay -inf
         q, scale = torch.zeros_like(q), 1.0
     q, k, v = (_tma_operand(t) for t in (q, k, v))
-    cc.get_compiled(cfg).fn(q, k, v, out, lse, scale * LOG2_E)
+    cc.get_compiled(cfg).fn(q, k, v, out, lse, scale * LOG2_E, l2_section_heads(seqlen_k, head_dim))
     return out, lse
