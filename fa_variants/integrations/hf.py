@@ -1,0 +1,166 @@
+"""fa_variants as an attention implementation of Hugging Face transformers (its attention-function registry).
+
+    from fa_variants.integrations import hf
+    name = hf.register()                                   # "fa_variants", backend "auto"
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=name)
+    # or, on a model already built:  model.set_attn_implementation(name)
+
+How transformers calls it (read from transformers 5.17: ``modeling_utils.AttentionInterface``,
+``models/llama/modeling_llama.py`` ``LlamaAttention.forward``, ``integrations/sdpa_attention.py``): every
+attention layer looks up ``ALL_ATTENTION_FUNCTIONS[config._attn_implementation]`` and calls it as
+``fn(module, query, key, value, attention_mask, dropout=..., scaling=..., **kwargs)`` with query
+(batch, num_heads, seqlen_q, head_dim) and key/value (batch, num_heads_kv, seqlen_k, head_dim), after rotary
+and after the KV-cache update, and expects ``(out (batch, seqlen_q, num_heads, head_dim), weights or None)``.
+We hand ``fa_variants.attention`` transposed views (no copy, no ``repeat_kv``: GQA is native).
+
+Masks. transformers builds the mask with ``ALL_MASK_ATTENTION_FUNCTIONS[config._attn_implementation]``; a
+name missing from that registry gets *no mask at all* (even with padding), so we register a mask function
+too. It returns None when the mask is the plain causal (or full) one that our ``causal`` flag expresses:
+no padding, no extra mask function, keys starting at position 0 and queries being the last ``seqlen_q``
+positions, which is exactly our bottom-right causal alignment (prefill, chunked prefill and decoding with a
+dynamic cache). Otherwise it materialises the boolean mask, and the attention function accepts it only if
+it is all-visible or exactly bottom-right causal; anything else (padding, sliding windows that bite,
+packed sequences, static-cache slots, additive biases) raises :class:`UnsupportedAttentionError`, whose
+message says to use ``attn_implementation="sdpa"`` or ``"eager"`` for that call.
+
+Forward only: dropout > 0, logit soft-capping, attention sinks and position biases are refused the same way.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+import fa_variants
+from fa_variants.integrations import custom_op
+from fa_variants.reference import causal_visible
+
+DEFAULT_NAME = "fa_variants"
+_FALLBACK = ("use attn_implementation='sdpa' (or 'eager') for this model or batch, e.g. "
+             "model.set_attn_implementation('sdpa'), or unpad the batch")
+
+
+class UnsupportedAttentionError(NotImplementedError):
+    """transformers asked for an attention that fa_variants cannot express (a mask that is neither
+    causal nor full, dropout, soft-capping, ...). The message names it and the fallback to use."""
+
+
+def _refuse(what: str) -> UnsupportedAttentionError:
+    return UnsupportedAttentionError(f"fa_variants attention cannot express {what}; {_FALLBACK}")
+
+
+def _visible(mask: torch.Tensor) -> torch.Tensor:
+    """The boolean 'may attend' tensor of a boolean mask or of an additive float mask (0 / very negative)."""
+    if mask.dtype == torch.bool:
+        return mask
+    blocked = mask <= torch.finfo(mask.dtype).min / 2  # -inf or dtype-min: transformers' masked value
+    if not bool(((mask == 0) | blocked).all()):
+        raise _refuse("an additive attention bias (a float mask with values other than 0 and -inf)")
+    return ~blocked
+
+
+def mask_is_causal(mask: torch.Tensor, seqlen_q: int, seqlen_k: int) -> bool:
+    """Whether a 4-D mask (batch or 1, heads or 1, seqlen_q, seqlen_k) is one our API expresses.
+
+    Returns True for the bottom-right causal mask, False for the all-visible one (the two coincide for
+    seqlen_q == 1; True is returned then). Raises UnsupportedAttentionError for any other mask.
+    Data-dependent (it reads the mask): fine eagerly, a graph break under torch.compile.
+    """
+    if mask.dim() != 4 or tuple(mask.shape[-2:]) != (seqlen_q, seqlen_k):
+        raise _refuse(f"a mask of shape {tuple(mask.shape)} for seqlen_q {seqlen_q}, seqlen_k {seqlen_k}")
+    visible = _visible(mask)
+    if bool((visible == causal_visible(seqlen_q, seqlen_k, device=mask.device)).all()):
+        return True
+    if bool(visible.all()):
+        return False
+    raise _refuse("this attention mask (padding, a sliding window, packed sequences or static-cache "
+                  "slots): only bottom-right causal or full attention")
+
+
+def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                      is_causal: bool | None = None, *, backend: str = "auto", **kwargs):
+    """The attention function transformers calls (the signature of its ``sdpa_attention_forward``).
+
+    Args:
+        module: the attention layer (its ``is_causal`` attribute says causal or not, default True).
+        query: (batch, num_heads, seqlen_q, head_dim); key, value: (batch, num_heads_kv, seqlen_k,
+            head_dim), any dtype ``fa_variants.attention`` serves on that device (float16/bfloat16 for the
+            kernels on a GPU; float32 too on the reference backend).
+        attention_mask: None (plain causal/full, as our mask function returns) or a 4-D boolean/additive
+            mask, accepted only when it is causal or full (``mask_is_causal``).
+        dropout: must be 0 (forward only). scaling: softmax scale (None: 1/sqrt(head_dim)).
+        is_causal: overrides ``module.is_causal`` (as in transformers' sdpa integration).
+        backend: the fa_variants backend ("auto", "fa3", "fa2", "fa1", "reference").
+        kwargs: other transformers keywords; ``softcap``, ``s_aux``, ``position_bias`` and a
+            ``sliding_window`` shorter than seqlen_k are refused, the rest ignored.
+
+    Returns:
+        (out (batch, seqlen_q, num_heads, head_dim) in query's dtype, None): no attention weights.
+
+    Raises:
+        UnsupportedAttentionError: what we cannot express, with the fallback to use.
+        ValueError / TypeError: from ``fa_variants.attention`` (e.g. a backend that cannot serve the call).
+    """
+    seqlen_q, seqlen_k = query.shape[2], key.shape[2]
+    if dropout:
+        raise _refuse(f"dropout {dropout} (forward-only kernels): call model.eval()")
+    for name in ("softcap", "s_aux", "position_bias"):
+        if kwargs.get(name) is not None:
+            raise _refuse(f"{name} (logit soft-capping / attention sinks / position bias)")
+    window = kwargs.get("sliding_window")
+    if window is not None and seqlen_k > window:
+        raise _refuse(f"a sliding window of {window} keys over {seqlen_k} keys")
+    causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
+    if attention_mask is not None:
+        causal = mask_is_causal(attention_mask, seqlen_q, seqlen_k)
+    # under torch.compile, the custom op (one opaque graph node); eagerly, the plain call (keeps autograd
+    # on the reference backend)
+    run = custom_op.attention if torch.compiler.is_compiling() else fa_variants.attention
+    out = run(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), causal=causal,
+              softmax_scale=scaling, backend=backend)
+    return out, None
+
+
+def build_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset=0,
+                  mask_function=None, attention_mask: torch.Tensor | None = None, **kwargs):
+    """transformers' mask-interface function for our name (the signature of its ``sdpa_mask``).
+
+    Returns None when ``attention_forward``'s causal/full flag expresses the mask exactly (plain causal or
+    bidirectional mask function, no padding, kv_offset 0, queries at the end of the keys); otherwise the
+    materialised boolean mask (batch, 1, q_length, kv_length) from transformers' ``sdpa_mask``, which
+    ``attention_forward`` then accepts or refuses.
+    """
+    from transformers import masking_utils as mu
+
+    plain = mask_function in (None, mu.causal_mask_function, mu.bidirectional_mask_function)
+    causal_aligned = mask_function is mu.bidirectional_mask_function or (
+        not isinstance(q_offset, torch.Tensor) and q_offset + q_length == kv_length)
+    no_padding = attention_mask is None or bool(attention_mask.all())
+    if plain and causal_aligned and no_padding and not isinstance(kv_offset, torch.Tensor) and kv_offset == 0:
+        return None
+    kwargs.update(allow_is_causal_skip=False, allow_is_bidirectional_skip=False)
+    return mu.sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
+                        kv_offset=kv_offset, mask_function=mask_function or mu.causal_mask_function,
+                        attention_mask=attention_mask, **kwargs)
+
+
+def register(name: str = DEFAULT_NAME, *, backend: str = "auto") -> str:
+    """Register fa_variants (with this backend) in transformers' attention and mask registries.
+
+    Args:
+        name: the ``attn_implementation`` string to register (default "fa_variants").
+        backend: the fa_variants backend every call uses ("auto" lets the dispatcher choose).
+
+    Returns:
+        name, for ``attn_implementation=`` / ``model.set_attn_implementation``.
+
+    Raises:
+        ImportError: transformers is not installed (``pip install fa-variants[real]``).
+    """
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(name, functools.partial(attention_forward, backend=backend))
+    AttentionMaskInterface.register(name, build_mask)
+    return name
