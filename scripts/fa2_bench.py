@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 
@@ -55,6 +56,9 @@ def main(argv=None) -> int:
     p.add_argument("--seqlens", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
     p.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
     p.add_argument("--compile-report", action="store_true", help="print compile JSON for every head dim")
+    p.add_argument("--tiles", nargs="+", default=[None],
+                   help="tile configs BrxBc to sweep (sets FA2_TILES); default: the table's")
+    p.add_argument("--causal", choices=["both", "no", "yes"], default="both")
     p.add_argument("--json", help="write the rows here")
     args = p.parse_args(argv)
     arch = interop.device_arch()
@@ -63,17 +67,29 @@ def main(argv=None) -> int:
         for d in (64, 96, 128, 256):
             print(json.dumps(cc.compile_only("fa2", arch, d, "bf16", False, sass=False)), flush=True)
     rows = []
-    print(f"{'D':>4} {'causal':>6} {'N':>6} {'B':>3} {'H':>3} {'fa2 TF/s':>9} {'sdpa TF/s':>9} "
+    causals = {"both": (False, True), "no": (False,), "yes": (True,)}[args.causal]
+    print(f"{'tiles':>8} {'D':>4} {'causal':>6} {'N':>6} {'B':>3} {'H':>3} {'fa2 TF/s':>9} {'sdpa TF/s':>9} "
           f"{'ratio':>6} {'maxdiff':>8}", flush=True)
-    for d in args.head_dims:
-        for causal in (False, True):
-            for n in args.seqlens:
-                t0 = time.perf_counter()
-                r = bench_cell(n, d, causal)
-                rows.append(r)
-                print(f"{d:>4} {str(causal):>6} {n:>6} {r['B']:>3} {r['H']:>3} {r['tflops_fa2']:>9.1f} "
-                      f"{r['tflops_sdpa_flash']:>9.1f} {r['ratio']:>6.3f} {r['max_abs_diff_vs_sdpa']:>8.1e}"
-                      f"  ({time.perf_counter() - t0:.1f}s)", flush=True)
+    for tiles in args.tiles:
+        if tiles:
+            os.environ["FA2_TILES"] = tiles
+        for d in args.head_dims:
+            for causal in causals:
+                try:
+                    info = cc.compile_only("fa2", arch, d, "bf16", causal)
+                except ValueError as exc:
+                    print(f"{tiles} D={d}: {exc}", flush=True)
+                    continue
+                name = f"{info['tiles']['Br']}x{info['tiles']['Bc']}"
+                print(f"  {name} D={d} causal={causal}: {info['registers']} registers, "
+                      f"{info['spill_bytes']} spill bytes, {info['smem_bytes']} smem bytes", flush=True)
+                for n in args.seqlens:
+                    t0 = time.perf_counter()
+                    r = dict(bench_cell(n, d, causal), tiles=name)
+                    rows.append(r)
+                    print(f"{name:>8} {d:>4} {str(causal):>6} {n:>6} {r['B']:>3} {r['H']:>3} "
+                          f"{r['tflops_fa2']:>9.1f} {r['tflops_sdpa_flash']:>9.1f} {r['ratio']:>6.3f} "
+                          f"{r['max_abs_diff_vs_sdpa']:>8.1e}  ({time.perf_counter() - t0:.1f}s)", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "arch": arch, "rows": rows}, f, indent=1)

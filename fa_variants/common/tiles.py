@@ -16,6 +16,7 @@ narrower Bc at D = 256.
 from __future__ import annotations
 
 import dataclasses
+import os
 
 # Shared memory one CTA may use (opt-in maximum), bytes (CUDA programming guide, compute capabilities).
 SMEM_CAPACITY = {"sm_80": 163 * 1024, "sm_86": 99 * 1024, "sm_89": 99 * 1024, "sm_90a": 227 * 1024}
@@ -59,10 +60,17 @@ _FA2_SMALL_SMEM = {256: AttentionTiles(64, 32)}
 
 
 def fa2_tiles(arch: str, head_dim: int, dtype: str = "bf16", causal: bool = False) -> AttentionTiles:
-    """The FA2 tile configuration for an arch and head_dim (ValueError if head_dim unsupported)."""
+    """The FA2 tile configuration for an arch and head_dim (ValueError if head_dim unsupported).
+
+    The environment variable FA2_TILES="BrxBc" (e.g. "128x64") overrides the table, for tile sweeps
+    (scripts/fa2_bench.py --tiles); the tiles are part of the compile-cache key."""
     if head_dim not in _FA2_SM80:
         raise ValueError(f"head_dim {head_dim} has no FA2 tile configuration; supported: {sorted(_FA2_SM80)}")
     tiles = _FA2_SM80[head_dim]
+    override = os.environ.get("FA2_TILES")
+    if override:
+        br, bc = (int(x) for x in override.lower().split("x"))
+        return AttentionTiles(br, bc).check(arch, head_dim)
     if SMEM_CAPACITY.get(arch, 0) < tiles.smem_bytes(head_dim):
         tiles = _FA2_SMALL_SMEM.get(head_dim, tiles)
     return tiles.check(arch, head_dim)
