@@ -149,7 +149,7 @@ def build_layers(fixture: Fixture, *, dtype: torch.dtype, device: torch.device |
     model.load_state_dict(state, strict=True)
     model = model.to(device=device, dtype=dtype).eval()
     # rotary frequencies in float32 whatever the model dtype, as transformers computes them
-    model.rotary_emb = type(model.rotary_emb)(config=model.config, device=device)
+    model.rotary_emb = type(model.rotary_emb)(config=model.config).to(device)
     return model
 
 

@@ -1,0 +1,307 @@
+"""Integrations on the CPU (reference backend, no network): the capture hook, the fixture and its rebuilt layers,
+attn_implementation="fa_variants" in transformers, the torch.library custom op under torch.compile, and
+scripts/real_input_gpu.py end to end on a tiny fixture.
+
+Every model here is a tiny randomly initialised Llama (GQA 6:2, head_dim 16, rotary), built in the test.
+"""
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+import fa_variants
+from fa_variants.integrations import custom_op
+from fa_variants.reference import attention_reference, max_abs_error, rel_l2
+
+transformers = pytest.importorskip("transformers", reason="needs transformers (pip install -e '.[real]')")
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+from fa_variants.integrations import capture, fixture as fx, hf  # noqa: E402
+
+HEADS, HEADS_KV, HEAD_DIM, HIDDEN = 6, 2, 16, 96
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
+    """2 layers, 6 query heads over 2 KV heads, head_dim 16; weights large enough for peaked attention."""
+    cfg = LlamaConfig(vocab_size=97, hidden_size=HIDDEN, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=HEADS, num_key_value_heads=HEADS_KV, head_dim=HEAD_DIM,
+                      max_position_embeddings=256, pad_token_id=None, bos_token_id=None, eos_token_id=None)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:  # N(0, (2 / sqrt(fan_in))^2): scores of order 1-10, a non-uniform softmax
+                p.normal_(0.0, 2.0 / math.sqrt(p.shape[1]))
+    model.set_attn_implementation("eager")
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_llama()
+
+
+@pytest.fixture(scope="module")
+def ids():
+    return torch.randint(0, 97, (2, 37), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.fixture(scope="module")
+def tiny_fixture(model, ids, tmp_path_factory):
+    fixture = capture.capture_fixture(model, ids[:1], text="tiny", model_name="tiny llama", e2e_layers=2)
+    return fixture.save(tmp_path_factory.mktemp("fixture") / fx.FILENAME)
+
+
+def _rotary(x: torch.Tensor, theta: float) -> torch.Tensor:
+    """RoPE (Su et al. 2021) written out: x (B, N, H, D), rotate-half pairing (i, i + D/2), positions 0..N-1."""
+    N, D = x.shape[1], x.shape[-1]
+    inv_freq = 1.0 / theta ** (torch.arange(0, D, 2, dtype=torch.float64) / D)
+    angle = torch.arange(N, dtype=torch.float64)[:, None] * inv_freq[None]  # (N, D/2)
+    cos, sin = (torch.cat((f(angle), f(angle)), -1)[None, :, None] for f in (torch.cos, torch.sin))
+    x1, x2 = x.double()[..., :D // 2], x.double()[..., D // 2:]
+    return x.double() * cos + torch.cat((-x2, x1), -1) * sin
+
+
+# ----------------------------------------------------------------------------------------------- capture
+
+def test_capture_records_qkv_after_rotary(model, ids):
+    """The hook sees Q, K after rotary (checked against RoPE written out from the layer's own projections),
+    V, and the eager output; the model's logits are unchanged by capturing."""
+    inputs = {}
+    hooks = [layer.self_attn.register_forward_pre_hook(
+        lambda mod, args, kwargs: inputs.__setitem__(mod.layer_idx, kwargs["hidden_states"]), with_kwargs=True)
+        for layer in model.model.layers]
+    try:
+        with torch.no_grad(), capture.capture_attention(model) as records:
+            logits = model(ids).logits
+    finally:
+        for h in hooks:
+            h.remove()
+    assert model.config._attn_implementation == "eager"  # restored
+    with torch.no_grad():
+        torch.testing.assert_close(logits, model(ids).logits, rtol=0, atol=1e-6)
+    assert [r.layer for r in records] == [0, 1]
+    theta = model.config.rope_parameters["rope_theta"]
+    for r in records:
+        attn, h = model.model.layers[r.layer].self_attn, inputs[r.layer]
+        B, N = ids.shape
+        q_pre = attn.q_proj(h).view(B, N, HEADS, HEAD_DIM)
+        k_pre = attn.k_proj(h).view(B, N, HEADS_KV, HEAD_DIM)
+        assert r.q.shape == (B, N, HEADS, HEAD_DIM) and r.k.shape == r.v.shape == (B, N, HEADS_KV, HEAD_DIM)
+        torch.testing.assert_close(r.q.double(), _rotary(q_pre, theta), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(r.k.double(), _rotary(k_pre, theta), rtol=1e-5, atol=1e-5)
+        assert (r.q - q_pre).abs().max() > 0.1  # rotary really moved them
+        torch.testing.assert_close(r.v, attn.v_proj(h).view(B, N, HEADS_KV, HEAD_DIM))
+
+
+def test_captured_tensors_reproduce_the_eager_attention(model, ids):
+    """Recomputing attention from the captured Q, K, V (causal, the model's scale, GQA) gives the eager
+    output; the non-causal recompute does not (the capture is specific enough to fail)."""
+    with torch.no_grad(), capture.capture_attention(model) as records:
+        model(ids)
+    for r in records:
+        assert r.scaling == pytest.approx(HEAD_DIM ** -0.5)
+        ref, _ = attention_reference(r.q, r.k, r.v, causal=True, softmax_scale=r.scaling)
+        assert max_abs_error(r.out, ref) < 1e-5
+        wrong, _ = attention_reference(r.q, r.k, r.v, causal=False, softmax_scale=r.scaling)
+        assert max_abs_error(r.out, wrong) > 1e-2
+
+
+def test_fixture_roundtrip_and_rebuilt_layers(model, ids, tiny_fixture, monkeypatch):
+    """Save/load keeps every field; the layers rebuilt from the fixture's float16 weights reproduce the
+    captured hidden states, with eager attention and with ours."""
+    f = fx.Fixture.load(tiny_fixture)
+    L, B, N = 2, 1, ids.shape[1]
+    assert f.q.shape == (L, B, N, HEADS, HEAD_DIM) and f.k.shape == (L, B, N, HEADS_KV, HEAD_DIM)
+    assert f.q.dtype == f.out_eager.dtype == torch.float16 and f.causal
+    assert f.hidden_states.shape == (2, B, N, HIDDEN) and f.e2e_layers == 2
+    assert max(f.capture_error) < 1e-5 and torch.equal(f.input_ids, ids[:1])
+    q, k, v = f.attention_inputs(dtype=torch.float32)
+    assert q.shape == (L * B, N, HEADS, HEAD_DIM) and k.shape == (L * B, N, HEADS_KV, HEAD_DIM)
+    out64, _ = attention_reference(q, k, v, causal=True, softmax_scale=f.softmax_scale)
+    assert max_abs_error(f.out_eager.flatten(0, 1), out64) < 1e-2  # float16 storage of both
+
+    h64 = fx.run_layers(fx.build_layers(f, dtype=torch.float64, device="cpu"), f)
+    assert rel_l2(h64, f.hidden_states[-1]) < 1e-2  # the weights are float16-rounded copies
+    name = hf.register(backend="reference")
+    h_eager = fx.run_layers(fx.build_layers(f, dtype=torch.float32, device="cpu"), f)
+    h_ours = fx.run_layers(fx.build_layers(f, dtype=torch.float32, device="cpu", attn_implementation=name), f)
+    assert rel_l2(h_ours, h64) < 1e-5 and rel_l2(h_eager, h64) < 1e-5
+
+    monkeypatch.setenv(fx.ENV_VAR, str(tiny_fixture))
+    assert fx.load_real_input().describe() == f.describe()
+    monkeypatch.setenv(fx.ENV_VAR, str(tiny_fixture.parent / "absent.pt.xz"))
+    assert fx.load_real_input() is None
+
+
+# ------------------------------------------------------------------------------------ transformers registry
+
+def test_hf_registry_matches_eager(model, ids):
+    """attn_implementation="fa_variants" (reference backend) gives eager's logits, prefill and decoding."""
+    name = hf.register(backend="reference")
+    with torch.no_grad():
+        expected = model(ids).logits
+        greedy = model.generate(ids[:1, :9], max_new_tokens=6, do_sample=False)
+        model.set_attn_implementation(name)
+        try:
+            got = model(ids).logits
+            ones = model(ids, attention_mask=torch.ones_like(ids)).logits  # no padding: still one causal flag
+            greedy_ours = model.generate(ids[:1, :9], max_new_tokens=6, do_sample=False)  # KV cache, seqlen_q 1
+        finally:
+            model.set_attn_implementation("eager")
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ones, expected, rtol=1e-5, atol=1e-5)
+    assert torch.equal(greedy_ours, greedy)
+
+
+def test_hf_passes_gqa_natively(model, ids, monkeypatch):
+    """Our function gets K/V with num_heads_kv heads (no repeat_kv), as (batch, seqlen, heads, head_dim)."""
+    seen = []
+    real = fa_variants.attention
+
+    def spy(q, k, v, **kw):
+        seen.append((tuple(q.shape), tuple(k.shape), kw["causal"]))
+        return real(q, k, v, **kw)
+
+    monkeypatch.setattr(fa_variants, "attention", spy)
+    name = hf.register(backend="reference")
+    model.set_attn_implementation(name)
+    try:
+        with torch.no_grad():
+            model(ids)
+    finally:
+        model.set_attn_implementation("eager")
+    B, N = ids.shape
+    assert seen == [((B, N, HEADS, HEAD_DIM), (B, N, HEADS_KV, HEAD_DIM), True)] * 2
+
+
+def test_hf_refuses_padding_with_the_fallback(model, ids):
+    name = hf.register(backend="reference")
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0  # left padding in the second sequence
+    model.set_attn_implementation(name)
+    try:
+        with pytest.raises(hf.UnsupportedAttentionError, match="attn_implementation='sdpa'"), torch.no_grad():
+            model(ids, attention_mask=mask)
+    finally:
+        model.set_attn_implementation("eager")
+
+
+def test_mask_is_causal_classifies_masks():
+    causal = torch.ones(5, 7, dtype=torch.bool).tril(diagonal=2)[None, None]  # bottom-right, 5 x 7
+    assert hf.mask_is_causal(causal, 5, 7) is True
+    assert hf.mask_is_causal(torch.ones(2, 1, 5, 7, dtype=torch.bool), 5, 7) is False
+    additive = torch.zeros(1, 1, 5, 7).masked_fill(~causal, torch.finfo(torch.float32).min)
+    assert hf.mask_is_causal(additive, 5, 7) is True
+    top_left = torch.ones(5, 7, dtype=torch.bool).tril()[None, None]
+    with pytest.raises(hf.UnsupportedAttentionError, match="mask"):
+        hf.mask_is_causal(top_left, 5, 7)
+    with pytest.raises(hf.UnsupportedAttentionError, match="bias"):
+        hf.mask_is_causal(torch.full((1, 1, 5, 7), 0.5), 5, 7)
+    with pytest.raises(hf.UnsupportedAttentionError, match="shape"):
+        hf.mask_is_causal(causal, 5, 8)
+
+
+def test_hf_refuses_what_it_cannot_express():
+    q, k = torch.randn(1, 6, 4, 16), torch.randn(1, 2, 4, 16)
+    module = torch.nn.Module()
+    with pytest.raises(hf.UnsupportedAttentionError, match="dropout"):
+        hf.attention_forward(module, q, k, k, None, dropout=0.1)
+    with pytest.raises(hf.UnsupportedAttentionError, match="softcap"):
+        hf.attention_forward(module, q, k, k, None, softcap=30.0)
+    with pytest.raises(hf.UnsupportedAttentionError, match="sliding window"):
+        hf.attention_forward(module, q, k, k, None, sliding_window=2)
+    out, weights = hf.attention_forward(module, q, k, k, None, sliding_window=8, backend="reference")
+    assert weights is None and out.shape == (1, 4, 6, 16)
+
+
+def test_hf_model_compiles_fullgraph(model, ids):
+    """The whole tiny model with our attention under torch.compile(fullgraph=True): the custom op is a node."""
+    name = hf.register(backend="reference")
+    graphs = []
+
+    def recording_backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    model.set_attn_implementation(name)
+    try:
+        with torch.no_grad():
+            got = torch.compile(model.model, fullgraph=True, backend=recording_backend)(ids).last_hidden_state
+            expected = model.model(ids).last_hidden_state
+    finally:
+        model.set_attn_implementation("eager")
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    nodes = [n for n in graphs[0].graph.nodes if "fa_variants.attention" in str(n.target)]
+    assert len(graphs) == 1 and len(nodes) == 2  # one graph, one attention node per layer
+
+
+# ------------------------------------------------------------------------------------------- custom op
+
+def _qkv(B=2, N=37, H=6, Hkv=2, D=32, dtype=torch.float32):
+    g = torch.Generator().manual_seed(3)
+    return (torch.randn(B, N, H, D, generator=g, dtype=dtype),
+            torch.randn(B, N, Hkv, D, generator=g, dtype=dtype), torch.randn(B, N, Hkv, D, generator=g, dtype=dtype))
+
+
+def test_custom_op_matches_the_api_and_passes_opcheck():
+    q, k, v = _qkv()
+    out, lse = custom_op.attention(q, k, v, causal=True, backend="reference", return_lse=True)
+    ref_out, ref_lse = fa_variants.attention(q, k, v, causal=True, backend="reference", return_lse=True)
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse) and out.is_contiguous()
+    # schema, fake (meta) implementation vs the real one, dispatch under fake tensors
+    torch.library.opcheck(torch.ops.fa_variants.attention.default, (q, k, v, True, None, "reference"),
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
+
+
+def _fn(q, k, v):
+    out = custom_op.attention(q * 1.0, k, v, causal=True, softmax_scale=0.2, backend="reference")
+    return out.float().square().sum(-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_custom_op_under_torch_compile_fullgraph(dtype):
+    """fullgraph=True traces through the op (aot_eager: Dynamo + AOTAutograd on fake tensors, no C++ build;
+    inductor is in the slow test below). A transposed-view input works too."""
+    q, k, v = _qkv(dtype=dtype)
+    ref, _ = attention_reference(q, k, v, causal=True, softmax_scale=0.2)
+    expected = ref.square().sum(-1)
+    torch._dynamo.reset()
+    compiled = torch.compile(_fn, fullgraph=True, backend="aot_eager")
+    tol = 1e-5 if dtype == torch.float32 else 5e-2
+    torch.testing.assert_close(compiled(q, k, v).double(), expected, rtol=tol, atol=tol)
+    qt = q.transpose(1, 2).contiguous().transpose(1, 2)  # same values, (B, H, N, D) memory
+    torch.testing.assert_close(compiled(qt, k, v).double(), expected, rtol=tol, atol=tol)
+
+
+@pytest.mark.slow
+def test_custom_op_under_inductor():
+    """The same with the default inductor backend (a C++ build on the CPU: about a minute cold)."""
+    q, k, v = _qkv()
+    ref, _ = attention_reference(q, k, v, causal=True, softmax_scale=0.2)
+    torch._dynamo.reset()
+    got = torch.compile(_fn, fullgraph=True)(q, k, v)
+    torch.testing.assert_close(got.double(), ref.square().sum(-1), rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------- the GPU-host script
+
+def test_real_input_script_on_the_cpu(tiny_fixture, tmp_path):
+    """scripts/real_input_gpu.py on a tiny fixture: per-layer table (reference, FP8 emulation) and the
+    end-to-end rows, all within their bounds, written as markdown and JSON."""
+    spec = importlib.util.spec_from_file_location("real_input_gpu", ROOT / "scripts" / "real_input_gpu.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main(["--fixture", str(tiny_fixture), "--out", str(tmp_path), "--dtypes", "fp16,bf16"]) == 0
+    report = json.loads((tmp_path / "real_input.json").read_text())
+    backends = {r["backend"] for r in report["per_layer"]}
+    assert {"torch fp16", "reference"} <= backends
+    assert len([r for r in report["per_layer"] if r["backend"] == "reference"]) == 2 * 2  # layers x dtypes
+    ours = [r for r in report["end_to_end"] if r["attention"] == "fa_variants (reference)"]
+    assert len(ours) == 2 and all(r["ok"] for r in ours)
+    assert "| layer |" in (tmp_path / "real_input.md").read_text()
