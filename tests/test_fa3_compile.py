@@ -34,10 +34,12 @@ def _assert_hopper_kernel(r):
     assert r["smem_bytes"] <= 227 * 1024, r
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
-def test_cli_sass_bf16(capsys, head_dim):
-    r = _cli_json(capsys, "--arch", "sm_90a", "--variant", "fa3", "--head-dim", str(head_dim), "--dtype", "bf16", "--sass")
-    assert r["variant"] == "fa3" and r["head_dim"] == head_dim
+def test_cli_sass_bf16(capsys, head_dim, causal):
+    r = _cli_json(capsys, "--arch", "sm_90a", "--variant", "fa3", "--head-dim", str(head_dim), "--dtype", "bf16", "--sass",
+                  *(["--causal"] if causal else []))
+    assert r["variant"] == "fa3" and r["head_dim"] == head_dim and r["causal"] == causal
     assert r["tiles"] == dataclasses.asdict(fa3.DEFAULT_CONFIGS[head_dim])
     _assert_hopper_kernel(r)
 

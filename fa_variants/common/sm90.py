@@ -19,7 +19,7 @@ import enum
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import const_expr
+from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import warpgroup
 from cutlass.utils import LayoutEnum
 
@@ -80,6 +80,27 @@ def acc_as_operand_a(acc: cute.Tensor) -> cute.Tensor:
         stride=((c.stride[0][0], c.stride[0][1], c.stride[0][2]), c.stride[1], 2 * c.stride[0][2]),
     )
     return cute.make_tensor(acc.iterator, cute.composition(acc.layout, frg))
+
+
+@cute.jit
+def apply_mask_select(s: cute.Tensor, coord: cute.Tensor, coord0: cute.Tensor, row_start: Int32,
+                      col_start: Int32, seqlen_q: Int32, seqlen_k: Int32,
+                      mask_seqlen: cutlass.Constexpr[bool], mask_causal: cutlass.Constexpr[bool]):
+    """``common.mask.apply_mask`` (same arguments, same bottom-right rule: query i sees key j iff
+    j < seqlen_k and, when causal, j <= i + seqlen_k - seqlen_q), written as one select per score.
+
+    The branch-per-score form of common.mask spills registers in the 3-consumer-warpgroup Hopper
+    kernel (160 registers per thread, D=64 causal); a select keeps the score in its register.
+    """
+    thr_row, thr_col = coord[0][0], coord[0][1]
+    end_limit = seqlen_k - col_start - thr_col  # local columns >= this are past seqlen_k
+    for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
+        limit = end_limit
+        if const_expr(mask_causal):
+            causal_limit = seqlen_k - seqlen_q + row_start + thr_row + coord0[r, 0][0] + 1 - col_start - thr_col
+            limit = cutlass.min(causal_limit, end_limit) if const_expr(mask_seqlen) else causal_limit
+        for c in cutlass.range_constexpr(cute.size(s, mode=[1])):
+            s[r, c] = -Float32.inf if coord0[0, c][1] >= limit else s[r, c]
 
 
 # --------------------------------------------------------------------------------------------

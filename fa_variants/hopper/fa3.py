@@ -15,10 +15,12 @@ with Asynchrony and Low-precision" (2024), sections 3.1 and 3.2:
 * Intra-warpgroup overlap (3.2, Figure 2, Algorithm 2): the GEMMs of iteration j (S_{j+1} =
   Q K_{j+1}^T and O += P_j V_j) are issued together, and the softmax of S_{j+1} runs while
   P_j V_j is still on the tensor cores.
-* Online softmax with exp2, deferred normalisation and LSE (``scores.OnlineSoftmax``).
+* Online softmax with exp2, deferred normalisation and LSE (``common.softmax.OnlineSoftmax``, on
+  (rows, cols) views of the WGMMA accumulators from ``common.sm90.acc_rows_cols``).
 * Bottom-right causal masking (query i sees key j iff j <= i + seqlen_k - seqlen_q) with tile
-  skipping: K/V tiles entirely to the right of a Q tile's diagonal are never loaded; only the
-  tiles crossing the diagonal (and the last, partial one) are masked.
+  skipping: K/V tiles entirely to the right of a Q tile's diagonal are never loaded; only the tiles
+  crossing the diagonal (and the last, partial one) are masked. Tile ranges from ``common.mask``,
+  the mask as one select per score (``common.sm90.apply_mask_select``).
 * Any sequence lengths: TMA clips loads and stores at the tensor bounds (out-of-bounds rows read
   as zero and are never written back; keys past seqlen_k are masked to -inf).
 * GQA/MQA: query head h reads K/V head h // (num_heads // num_heads_kv).
@@ -52,12 +54,14 @@ from fa_variants.common.sm90 import (
     NamedBarrier,
     acc_as_operand_a,
     acc_rows_cols,
+    apply_mask_select,
     make_row_major_smem_layout,
     make_tiled_mma,
     transpose_view,
     wgmma,
 )
-from fa_variants.hopper.scores import OnlineSoftmax, mask_scores, rescale_rows
+from fa_variants.common.mask import kv_tile_causal_start, kv_tile_end
+from fa_variants.common.softmax import OnlineSoftmax
 
 HEAD_DIMS: tuple[int, ...] = (64, 96, 128, 256)
 DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16)
@@ -286,14 +290,10 @@ class FlashAttention3Sm90:
 
     @cute.jit
     def _num_kv_blocks(self, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32) -> Int32:
-        """K/V tiles [0, n_blocks) that the Q tile m_block sees. Causal skips the tiles past the
-        diagonal of its last row; a tile whose rows see no key still runs tile 0 (all masked),
-        which gives O = 0 and LSE = -inf without a special path."""
-        n_blocks = cute.ceil_div(seqlen_k, self.tile_n)
-        if const_expr(self.causal):
-            last_key = (m_block + 1) * self.tile_m + seqlen_k - seqlen_q  # one past the last visible key
-            n_blocks = cutlass.max(cutlass.min(n_blocks, cute.ceil_div(cutlass.max(last_key, 1), self.tile_n)), 1)
-        return n_blocks
+        """K/V tiles [0, n_blocks) that the Q tile m_block sees (``common.mask.kv_tile_end``: causal
+        skips the tiles past the diagonal of its last row). A tile whose rows see no key still runs
+        tile 0, all masked, which gives O = 0 and LSE = -inf without a special path."""
+        return cutlass.max(kv_tile_end(m_block, self.tile_m, self.tile_n, seqlen_q, seqlen_k, self.causal), 1)
 
     def _make_pipelines(self, storage):
         cta = cute.make_layout((1, 1, 1, 1))
@@ -372,13 +372,12 @@ class FlashAttention3Sm90:
         cS = cute.make_identity_tensor((self.tile_m, self.tile_n))
         tScS = tiled_mma_qk.get_slice(tidx).partition_C(cS)
         t0ScS = tiled_mma_qk.get_slice(0).partition_C(cS)
-        num_rows = cute.size(acc_rows_cols(acc_O), mode=[0])
-        softmax = OnlineSoftmax(scale_log2, num_rows)
-        row_scale = cute.make_rmem_tensor(num_rows, Float32)
+        softmax = OnlineSoftmax(cute.size(acc_rows_cols(acc_O), mode=[0]), scale_log2)
+        softmax.reset()
 
         ctx = _StepContext(
             self, wg, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrV, tOrP, acc_O, tScS, t0ScS,
-            softmax, row_scale, pipe_k, pipe_v, m_block * self.tile_m, seqlen_q, seqlen_k,
+            softmax, pipe_k, pipe_v, m_block * self.tile_m, seqlen_q, seqlen_k,
         )
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
@@ -391,7 +390,7 @@ class FlashAttention3Sm90:
         # cross the causal diagonal are masked; the ones left of it are not.
         n_masked = 0
         if const_expr(self.causal):
-            first_masked = cutlass.max(m_block * self.tile_m + seqlen_k - seqlen_q, 0) // self.tile_n
+            first_masked = kv_tile_causal_start(m_block, self.tile_m, self.tile_n, seqlen_q, seqlen_k)
             n_masked = cutlass.max(n_blocks - 1 - first_masked, 0)
         n_free = n_blocks - 1 - n_masked
 
@@ -412,9 +411,8 @@ class FlashAttention3Sm90:
             ctx.schedule_arrive()
 
         # Deferred normalisation: O /= l once; LSE = m * scale + ln(l).
-        lse = cute.make_rmem_tensor(num_rows, Float32)
-        softmax.finalize(row_scale, lse)
-        rescale_rows(acc_O, row_scale)
+        inv_l, lse = softmax.finalize()
+        softmax.rescale(acc_rows_cols(acc_O), inv_l)
         self.epilogue(acc_O, lse, mO, mLSE, sO, tma_o, tiled_mma_pv, tidx, m_block, seqlen_q)
 
     @cute.jit
@@ -464,7 +462,6 @@ class _StepContext:
     tScS: cute.Tensor
     t0ScS: cute.Tensor
     softmax: OnlineSoftmax
-    row_scale: cute.Tensor
     pipe_k: pipeline.PipelineTmaAsync
     pipe_v: pipeline.PipelineTmaAsync
     row0: Int32
@@ -490,8 +487,15 @@ class _StepContext:
 
     def mask(self, acc_S, n_block, causal: bool, seqlen_end: bool):
         if const_expr(causal or seqlen_end):
-            mask_scores(acc_S, self.tScS, self.t0ScS, self.row0, n_block * self.k.tile_n,
-                        self.seqlen_q, self.seqlen_k, causal=causal, seqlen_end=seqlen_end)
+            apply_mask_select(acc_rows_cols(acc_S), acc_rows_cols(self.tScS), acc_rows_cols(self.t0ScS), self.row0,
+                              n_block * self.k.tile_n, self.seqlen_q, self.seqlen_k, seqlen_end, causal)
+
+    def softmax_step(self, acc_S, is_first: bool = False):
+        """S -> P in place; returns the per-row factor O must be rescaled by."""
+        return self.softmax.update(acc_rows_cols(acc_S), is_first)
+
+    def rescale_o(self, alpha):
+        self.softmax.rescale(acc_rows_cols(self.acc_O), alpha)
 
     def to_p(self, acc_S):
         """P (fp32 accumulator) -> 16-bit A operand of the PV GEMM, in registers."""
@@ -505,7 +509,7 @@ class _StepContext:
         self.pipe_k.consumer_release(k_state)
         k_state.advance()
         self.mask(acc_S, n_block, causal=self.k.causal, seqlen_end=True)
-        self.softmax.step(acc_S, self.row_scale, is_first=True)
+        self.softmax_step(acc_S, is_first=True)
         self.to_p(acc_S)
         return k_state
 
@@ -523,11 +527,11 @@ class _StepContext:
         self.pipe_k.consumer_release(k_state)
         k_state.advance()
         self.mask(acc_S, n_block, causal=causal, seqlen_end=False)
-        self.softmax.step(acc_S, self.row_scale)
+        alpha = self.softmax_step(acc_S)
         warpgroup.wait_group(0)  # PV done: O and P registers are free
         self.pipe_v.consumer_release(v_state)
         v_state.advance()
-        rescale_rows(self.acc_O, self.row_scale)
+        self.rescale_o(alpha)
         self.to_p(acc_S)
         return k_state, v_state
 
@@ -550,9 +554,9 @@ class _StepContext:
         self.pipe_k.consumer_release(k_state)
         k_state.advance()
         self.mask(acc_S, n_block, causal=causal, seqlen_end=seqlen_end)
-        self.softmax.step(acc_S, self.row_scale, is_first=is_first)
+        alpha = self.softmax_step(acc_S, is_first=is_first)
         if const_expr(not is_first):
-            rescale_rows(self.acc_O, self.row_scale)
+            self.rescale_o(alpha)
         self.to_p(acc_S)
         self.pipe_v.consumer_wait(v_state)
         self.schedule_sync()
