@@ -218,7 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     layer_rows, e2e_rows = [], []
     for dtype in dtypes:
         layer_rows += per_layer(fixture, device, dtype, notes)
-        if not args.no_e2e:
+        if fixture.e2e_layers == 0:
+            notes.append("end to end skipped: the fixture has no layers (captured with --e2e-layers 0)")
+        elif not args.no_e2e:
             e2e_rows += end_to_end(fixture, device, dtype, notes)
 
     md = [f"# Real input: {fixture.model_name}", "",

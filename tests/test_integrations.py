@@ -305,3 +305,20 @@ def test_real_input_script_on_the_cpu(tiny_fixture, tmp_path):
     ours = [r for r in report["end_to_end"] if r["attention"] == "fa_variants (reference)"]
     assert len(ours) == 2 and all(r["ok"] for r in ours)
     assert "| layer |" in (tmp_path / "real_input.md").read_text()
+
+
+def test_compact_fixture_without_layers_or_eager_out(model, ids, tmp_path):
+    """--e2e-layers 0 --no-eager-out: the per-layer part alone; the script says the end to end is skipped."""
+    f = capture.capture_fixture(model, ids[:1], text="tiny", model_name="tiny llama", e2e_layers=0,
+                                eager_out=False)
+    path = f.save(tmp_path / "compact.pt.xz")
+    g = fx.Fixture.load(path)
+    assert g.out_eager is None and g.e2e_layers == 0 and g.layer_state == {}
+    with pytest.raises(ValueError, match="no end-to-end part"):
+        fx.build_layers(g, dtype=torch.float32, device="cpu")
+    spec = importlib.util.spec_from_file_location("real_input_gpu", ROOT / "scripts" / "real_input_gpu.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main(["--fixture", str(path), "--out", str(tmp_path), "--dtypes", "fp16"]) == 0
+    report = json.loads((tmp_path / "real_input.json").read_text())
+    assert report["end_to_end"] == [] and any("end to end skipped" in n for n in report["notes"])

@@ -99,9 +99,10 @@ def _decoder_layers(model):
 
 
 def capture_fixture(model, input_ids: torch.Tensor, *, text: str, model_name: str, e2e_layers: int,
-                    store_dtype: torch.dtype = torch.float16) -> Fixture:
+                    eager_out: bool = True, store_dtype: torch.dtype = torch.float16) -> Fixture:
     """Run ``model`` (a transformers Llama-family model, eval mode) on ``input_ids`` (batch, seqlen) once,
-    recording every layer's attention and the hidden states after the first ``e2e_layers`` layers.
+    recording every layer's attention and the hidden states after the first ``e2e_layers`` layers (0: no
+    end-to-end part). ``eager_out=False`` leaves the eager outputs out (``capture_error`` is kept).
 
     Returns a :class:`Fixture`. Attention tensors and layer weights are stored in ``store_dtype``;
     embeddings and hidden states in float32. Raises ValueError if an activation overflows ``store_dtype``.
@@ -152,10 +153,11 @@ def capture_fixture(model, input_ids: torch.Tensor, *, text: str, model_name: st
         config.pop(key, None)
     return Fixture(model_name=model_name, text=text, input_ids=input_ids.cpu(), config=config,
                    softmax_scale=records[0].scaling, causal=True, q=stack("q"), k=stack("k"), v=stack("v"),
-                   out_eager=stack("out"), capture_error=capture_error,
+                   out_eager=stack("out") if eager_out else None, capture_error=capture_error,
                    inputs_embeds=model.get_input_embeddings()(input_ids).detach().float().clone(),
                    layer_state=layer_state,
-                   hidden_states=torch.stack([hidden[i] for i in range(e2e_layers)]), info=info)
+                   hidden_states=torch.stack([hidden[i] for i in range(e2e_layers)]) if e2e_layers
+                   else torch.empty(0, *input_ids.shape, model.config.hidden_size), info=info)
 
 
 def load_smollm2():
@@ -183,15 +185,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=str, default=None,
                         help=f"fixture path (default: $FA_VARIANTS_FIXTURE, else {default_path()})")
     parser.add_argument("--e2e-layers", type=int, default=2,
-                        help="decoder layers whose weights are stored for the end-to-end run (default 2)")
+                        help="decoder layers whose weights are stored for the end-to-end run (default 2; "
+                             "0: none, for a fixture of about 5 MiB with --no-eager-out)")
+    parser.add_argument("--no-eager-out", action="store_true",
+                        help="leave out the eager attention outputs (saves about 3 MiB)")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     model, tokenizer = load_smollm2()
     input_ids = tokenizer(TEXT, return_tensors="pt").input_ids
-    fixture = capture_fixture(model, input_ids, text=TEXT, model_name=MODEL_NAME, e2e_layers=args.e2e_layers)
+    fixture = capture_fixture(model, input_ids, text=TEXT, model_name=MODEL_NAME, e2e_layers=args.e2e_layers,
+                              eager_out=not args.no_eager_out)
     path = fixture.save(args.out or default_path())
-    L, B, N, H, D = fixture.q.shape
-    print(f"{fixture.describe()}")
+    print(fixture.describe())
     print(f"perplexity of the model on the text: {fixture.info['perplexity']:.2f}")
     print(f"capture check, max |eager out - float64 recompute| over layers: {max(fixture.capture_error):.2e}")
     print(f"end-to-end part: {fixture.e2e_layers} layers' weights (float16), embeddings, hidden states")

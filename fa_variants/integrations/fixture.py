@@ -4,13 +4,15 @@ What it holds (written by ``python -m fa_variants.integrations.capture``, see th
 
 * ``q``, ``k``, ``v``: every layer's attention inputs after rotary, float16, q (layers, batch, seqlen,
   num_heads, head_dim) and k, v (layers, batch, seqlen, num_heads_kv, head_dim), in our layout;
-  ``out_eager``: the eager attention's outputs (float32 maths on the CPU, stored float16), like q;
+  ``out_eager``: the eager attention's outputs (float32 maths on the CPU, stored float16), like q, or None
+  when captured with ``--no-eager-out``;
   ``softmax_scale`` and ``causal`` as the model used them.
 * for an end-to-end run where the model package is absent (the GPU host): the first ``e2e_layers`` decoder
   layers' weights (``layer_state``, float16, ``LlamaModel`` state-dict keys), the embedding rows of the
   prompt's tokens (``inputs_embeds`` float32 (batch, seqlen, hidden)) and the eager model's hidden states
   after each of those layers (``hidden_states`` float32 (e2e_layers, batch, seqlen, hidden)), with the
-  model's ``config`` dict, so :func:`build_layers` rebuilds them with transformers alone.
+  model's ``config`` dict, so :func:`build_layers` rebuilds them with transformers alone (``e2e_layers``
+  may be 0: no end-to-end part).
 
 The file is ``torch.save`` of a plain dict, compressed with lzma (stdlib), loaded with
 ``torch.load(weights_only=True)``. It lives outside git: ``$FA_VARIANTS_FIXTURE``, else the first that exists
@@ -44,7 +46,7 @@ class Fixture:
     q: torch.Tensor                  # (layers, batch, seqlen, num_heads, head_dim) float16
     k: torch.Tensor                  # (layers, batch, seqlen, num_heads_kv, head_dim) float16
     v: torch.Tensor
-    out_eager: torch.Tensor          # like q: the eager attention's output (float32 maths), float16
+    out_eager: torch.Tensor | None   # like q: the eager attention's output (float32 maths), float16
     capture_error: list[float]       # per layer: max |eager out - float64 recompute from captured q, k, v|
     inputs_embeds: torch.Tensor      # (batch, seqlen, hidden) float32
     layer_state: dict[str, torch.Tensor]  # float16 weights of layers 0 .. e2e_layers-1 (LlamaModel keys)
@@ -136,8 +138,10 @@ def build_layers(fixture: Fixture, *, dtype: torch.dtype, device: torch.device |
     feeds ``inputs_embeds``) and the final norm replaced by identity (so the output is the hidden state
     after the last layer, as captured). Weights are ``layer_state`` cast to ``dtype``; the rotary
     frequencies stay float32. Needs transformers (and ``attn_implementation`` registered, if not built in).
-    Raises RuntimeError if the state dict does not fit the model.
+    Raises ValueError when the fixture has no end-to-end part, RuntimeError if the state dict does not fit.
     """
+    if fixture.e2e_layers == 0:
+        raise ValueError("this fixture has no end-to-end part (captured with --e2e-layers 0)")
     from transformers import LlamaConfig, LlamaModel
 
     cfg = dict(fixture.config)
