@@ -26,7 +26,8 @@ A rebuild check compares the float64 layers with the hidden states the full floa
 CPU at capture time (they differ by the float16 rounding of the weights: rel L2 must be < 1e-2).
 
 Writes real_input.md (the tables) and real_input.json under --out (default: $OUT, else results/real_input).
-Exit status 0 when every measured cell is within its bound, 1 otherwise, 2 without a fixture.
+Exit status 0 when every measured cell is within its bound and no backend raised, 1 otherwise, 2 without a
+fixture. A backend that raises is reported (stderr, the Errors section, JSON) and the others still run.
 """
 from __future__ import annotations
 
@@ -67,8 +68,16 @@ def _fp8_pieces():
     return FP8Config, fp8_attention_reference, fp8_error_bound, kernel
 
 
-def per_layer(fixture: fx.Fixture, device: torch.device, dtype: torch.dtype, notes: list[str]) -> list[dict]:
-    """Part 1 for one dtype: one dict per (backend, layer) with max_abs, rmse, bound, ok, seconds."""
+def _failed(errors: list[dict], what: str, exc: Exception) -> None:
+    """Record a backend that raised (a failure of the run, not a skip) and go on with the others."""
+    errors.append(dict(what=what, error=f"{type(exc).__name__}: {exc}"))
+    print(f"FAILED {what}: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+
+def per_layer(fixture: fx.Fixture, device: torch.device, dtype: torch.dtype, notes: list[str],
+              errors: list[dict]) -> list[dict]:
+    """Part 1 for one dtype: one dict per (backend, layer) with max_abs, rmse, bound, ok, seconds.
+    A backend that cannot serve the call is a note; one that raises is an entry of ``errors``."""
     q, k, v = fixture.attention_inputs(device=device, dtype=dtype)
     L, B = fixture.q.shape[:2]
     kw = dict(causal=fixture.causal, softmax_scale=fixture.softmax_scale)
@@ -86,9 +95,13 @@ def per_layer(fixture: fx.Fixture, device: torch.device, dtype: torch.dtype, not
         if reason:
             notes.append(f"{dtype_name(dtype)}: {name} skipped: {reason}")
             continue
-        start = time.perf_counter()
-        out = fa_variants.attention(q, k, v, backend=name, **kw)
-        _sync(device)
+        try:
+            start = time.perf_counter()
+            out = fa_variants.attention(q, k, v, backend=name, **kw)
+            _sync(device)
+        except Exception as exc:  # noqa: BLE001  (a kernel failure is reported; the other backends still run)
+            _failed(errors, f"{name} {dtype_name(dtype)} per layer", exc)
+            continue
         outputs[name] = (out, time.perf_counter() - start, [2 * e + ATOL for e in err_torch])
     fp8 = _fp8_pieces()
     if fp8 is None:
@@ -107,8 +120,8 @@ def per_layer(fixture: fx.Fixture, device: torch.device, dtype: torch.dtype, not
                 out, _ = kernel(q, k, v, config=FP8Config(), **kw)
                 _sync(device)
                 outputs["fa3-fp8"] = (out, time.perf_counter() - start, bounds)
-            except (ValueError, NotImplementedError, RuntimeError) as exc:
-                notes.append(f"{dtype_name(dtype)}: fa3-fp8 kernel failed: {type(exc).__name__}: {exc}")
+            except Exception as exc:  # noqa: BLE001
+                _failed(errors, f"fa3-fp8 {dtype_name(dtype)} per layer", exc)
     rows = []
     for name, (out, seconds, bounds) in outputs.items():
         for i in range(L):
@@ -119,7 +132,8 @@ def per_layer(fixture: fx.Fixture, device: torch.device, dtype: torch.dtype, not
     return rows
 
 
-def end_to_end(fixture: fx.Fixture, device: torch.device, dtype: torch.dtype, notes: list[str]) -> list[dict]:
+def end_to_end(fixture: fx.Fixture, device: torch.device, dtype: torch.dtype, notes: list[str],
+               errors: list[dict]) -> list[dict]:
     """Part 2 for one dtype: one dict per attention implementation with rel_l2, max_abs, bounds, ok."""
     from fa_variants.integrations import hf
 
@@ -140,11 +154,16 @@ def end_to_end(fixture: fx.Fixture, device: torch.device, dtype: torch.dtype, no
             notes.append(f"end to end {dtype_name(dtype)}: {name} skipped: {reason}")
             continue
         impls[f"fa_variants ({name})"] = hf.register(f"fa_variants_{name}", backend=name)
-    eager = None
+    eager = dict(rel_l2=math.nan, max_abs=math.nan)  # the bound's base; NaN (every check fails) if eager raised
     for label, impl in impls.items():
-        h = fx.run_layers(fx.build_layers(fixture, dtype=dtype, device=device, attn_implementation=impl), fixture)
+        try:
+            model = fx.build_layers(fixture, dtype=dtype, device=device, attn_implementation=impl)
+            h = fx.run_layers(model, fixture)
+        except Exception as exc:  # noqa: BLE001
+            _failed(errors, f"{label} {dtype_name(dtype)} end to end", exc)
+            continue
         row = dict(dtype=dtype_name(dtype), attention=label, rel_l2=rel_l2(h, h64), max_abs=max_abs_error(h, h64))
-        if eager is None:
+        if label == "eager":
             eager = row
         informative = not label.startswith("fa_variants")
         row["rel_l2_bound"] = math.inf if informative else 2 * eager["rel_l2"] + 1e-6
@@ -213,15 +232,16 @@ def main(argv: list[str] | None = None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     dtypes = [DTYPES[d] for d in args.dtypes.split(",")]
     notes: list[str] = []
+    errors: list[dict] = []
     warnings.simplefilter("ignore", dispatch.BackendFallbackWarning)
 
     layer_rows, e2e_rows = [], []
     for dtype in dtypes:
-        layer_rows += per_layer(fixture, device, dtype, notes)
+        layer_rows += per_layer(fixture, device, dtype, notes, errors)
         if fixture.e2e_layers == 0:
             notes.append("end to end skipped: the fixture has no layers (captured with --e2e-layers 0)")
         elif not args.no_e2e:
-            e2e_rows += end_to_end(fixture, device, dtype, notes)
+            e2e_rows += end_to_end(fixture, device, dtype, notes, errors)
 
     md = [f"# Real input: {fixture.model_name}", "",
           f"{fixture.describe()}. Device: {where}; torch {torch.__version__}.",
@@ -237,18 +257,20 @@ def main(argv: list[str] | None = None) -> int:
                "Bounds: rel L2 <= 2 * eager's + 1e-6; max abs <= 2 * eager's + ulp(max |h64|).", "",
                e2e_markdown(e2e_rows), ""]
     notes = list(dict.fromkeys(notes))
+    if errors:
+        md += ["## Errors", ""] + [f"- {e['what']}: {e['error']}" for e in errors] + [""]
     if notes:
         md += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
     text = "\n".join(md)
     (out_dir / "real_input.md").write_text(text)
     (out_dir / "real_input.json").write_text(json.dumps(
         dict(fixture=fixture.describe(), device=where, torch=torch.__version__, info=fixture.info,
-             per_layer=layer_rows, end_to_end=e2e_rows, notes=notes), indent=1, default=str))
+             per_layer=layer_rows, end_to_end=e2e_rows, notes=notes, errors=errors), indent=1, default=str))
     print(text)
     failed = [r for r in layer_rows + e2e_rows if not r["ok"]]
-    print(f"wrote {out_dir / 'real_input.md'} and real_input.json; "
-          f"{'all within bounds' if not failed else f'{len(failed)} cells FAIL'}")
-    return 1 if failed else 0
+    verdict = "all within bounds" if not failed else f"{len(failed)} cells FAIL"
+    print(f"wrote {out_dir / 'real_input.md'} and real_input.json; {verdict}; {len(errors)} errors")
+    return 1 if failed or errors else 0
 
 
 if __name__ == "__main__":

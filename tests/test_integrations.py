@@ -291,12 +291,17 @@ def test_custom_op_under_inductor():
 
 # ------------------------------------------------------------------------------------- the GPU-host script
 
-def test_real_input_script_on_the_cpu(tiny_fixture, tmp_path):
-    """scripts/real_input_gpu.py on a tiny fixture: per-layer table (reference, FP8 emulation) and the
-    end-to-end rows, all within their bounds, written as markdown and JSON."""
+def _script():
     spec = importlib.util.spec_from_file_location("real_input_gpu", ROOT / "scripts" / "real_input_gpu.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
+    return script
+
+
+def test_real_input_script_on_the_cpu(tiny_fixture, tmp_path):
+    """scripts/real_input_gpu.py on a tiny fixture: per-layer table (reference, FP8 emulation) and the
+    end-to-end rows, all within their bounds, written as markdown and JSON."""
+    script = _script()
     assert script.main(["--fixture", str(tiny_fixture), "--out", str(tmp_path), "--dtypes", "fp16,bf16"]) == 0
     report = json.loads((tmp_path / "real_input.json").read_text())
     backends = {r["backend"] for r in report["per_layer"]}
@@ -316,9 +321,21 @@ def test_compact_fixture_without_layers_or_eager_out(model, ids, tmp_path):
     assert g.out_eager is None and g.e2e_layers == 0 and g.layer_state == {}
     with pytest.raises(ValueError, match="no end-to-end part"):
         fx.build_layers(g, dtype=torch.float32, device="cpu")
-    spec = importlib.util.spec_from_file_location("real_input_gpu", ROOT / "scripts" / "real_input_gpu.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = _script()
     assert script.main(["--fixture", str(path), "--out", str(tmp_path), "--dtypes", "fp16"]) == 0
     report = json.loads((tmp_path / "real_input.json").read_text())
     assert report["end_to_end"] == [] and any("end to end skipped" in n for n in report["notes"])
+
+
+def test_real_input_script_reports_a_backend_that_raises(tiny_fixture, tmp_path, monkeypatch):
+    """A backend that raises is an error of the run (exit 1, listed), not a silent skip."""
+    script = _script()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("kernel exploded")
+
+    monkeypatch.setattr(script.fa_variants, "attention", broken)
+    assert script.main(["--fixture", str(tiny_fixture), "--out", str(tmp_path), "--dtypes", "fp16",
+                        "--no-e2e"]) == 1
+    report = json.loads((tmp_path / "real_input.json").read_text())
+    assert report["errors"] == [{"what": "reference fp16 per layer", "error": "RuntimeError: kernel exploded"}]
