@@ -68,7 +68,7 @@ def _impls(head_dim: int, ablation: bool, sweep: bool = False) -> dict:
     return impls
 
 
-def bench(head_dims, seqlens, dtypes, causals, ablation: bool, sweep: bool = False, rep: int = 150,
+def bench(head_dims, seqlens, dtypes, causals, ablation_dims=frozenset(), sweep: bool = False, rep: int = 150,
           rounds: int = 1) -> list[dict]:
     from triton.testing import do_bench
 
@@ -78,7 +78,7 @@ def bench(head_dims, seqlens, dtypes, causals, ablation: bool, sweep: bool = Fal
     for dtype_name in dtypes:
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
         for d in head_dims:
-            impls = _impls(d, ablation, sweep)
+            impls = _impls(d, d in ablation_dims, sweep)
             for n in seqlens:
                 b, h = max(1, 16384 // n), 2048 // d
                 q, k, v = (torch.randn(b, n, h, d, device="cuda", dtype=dtype) for _ in range(3))
@@ -146,7 +146,8 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true", help="only a few small calls against the reference")
     ap.add_argument("--tests", action="store_true", help="run tests/test_fa3_gpu.py first (same process)")
     ap.add_argument("--pytest-args", default="", help="extra pytest arguments, e.g. '-x -k matrix'")
-    ap.add_argument("--ablation", action="store_true")
+    ap.add_argument("--ablation", action="store_true", help="FA3 Table 2 variants, at the --ablation-dims")
+    ap.add_argument("--ablation-dims", default="128")
     ap.add_argument("--sweep", action="store_true", help="time the tile candidates of SWEEP too")
     ap.add_argument("--rep", type=int, default=150, help="do_bench milliseconds per measurement")
     ap.add_argument("--rounds", type=int, default=1, help="round-robin repetitions; TFLOP/s from their median")
@@ -166,8 +167,9 @@ def main(argv=None) -> int:
                               "tests/test_fa3_gpu.py", *a.pytest_args.split()]))
         print(f"== tests rc {rc}", flush=True)
     causals = {"both": (False, True), "yes": (True,), "no": (False,)}[a.causal]
+    ablation_dims = {int(x) for x in a.ablation_dims.split(",")} if a.ablation else set()
     rows = bench([int(x) for x in a.head_dims.split(",")], [int(x) for x in a.seqlens.split(",")],
-                 a.dtypes.split(","), causals, a.ablation, a.sweep, a.rep, a.rounds)
+                 a.dtypes.split(","), causals, ablation_dims, a.sweep, a.rep, a.rounds)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)
