@@ -1,0 +1,139 @@
+"""FA1-specific GPU checks (beyond the shared matrix of tests/test_kernels_gpu.py and the edge cases).
+
+What is particular to FlashAttention1Sm80 (fa_variants/ampere/fa1.py) is the HBM round trip of O, l, m
+between (i, j) steps, so the shapes here stress it:
+
+* one Q tile against many K/V tiles (step (i, j+1) reads what step (i, j) has just written), many Q
+  tiles against one K/V tile (every step is both the first and the last of its Q tile), ragged tails
+  on both sides, causal with seqlen_q > seqlen_k (whole Q tiles that see no key, written by the
+  initialisation pass) and seqlen_q < seqlen_k; GQA;
+* other tile configurations through `run(..., tiles=...)`: single-buffered K/V, two MMA row blocks
+  per warp (Br = 128), 8 warps, Bc = Br;
+* a long sequence (thousands of steps per CTA), determinism, and softmax scales FA1 maps itself
+  (negative, zero, large).
+
+Every run goes through `fa1.run` with each fresh allocation (outputs *and* the fp32 workspace) filled
+with NaN, so an output row or workspace entry the kernel forgets to write fails the test. The rule is
+DESIGN.md's: err(kernel) <= 2 * err(torch same dtype) + 1e-5 against the float64 reference, output and
+LSE. Run on the GPU host: ``python3 -m pytest -q tests/test_fa1_gpu.py``.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import pytest
+import torch
+
+from fa_variants.common.tiles import AttentionTiles
+from fa_variants.reference import check_against_reference, check_lse, references
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@functools.lru_cache(maxsize=1)
+def fa1():
+    """The FA1 module, or a skip saying why it cannot run on this GPU."""
+    major, minor = torch.cuda.get_device_capability()
+    if major < 8:
+        pytest.skip(f"fa1 needs sm80 or newer; this GPU is sm{major}{minor}")
+    from fa_variants.ampere import fa1 as module
+
+    return module
+
+
+def _nan_filled(allocate):
+    @functools.wraps(allocate)
+    def wrapper(*args, **kwargs):
+        t = allocate(*args, **kwargs)
+        if t.is_floating_point():
+            t.fill_(math.nan)
+        return t
+    return wrapper
+
+
+def run_poisoned(monkeypatch, q, k, v, *, causal, softmax_scale=None, tiles=None):
+    """fa1.run with every torch.empty (out, lse, workspace O, l, m) NaN-filled."""
+    scale = 1 / math.sqrt(q.shape[-1]) if softmax_scale is None else softmax_scale
+    with monkeypatch.context() as patch:
+        patch.setattr(torch, "empty", _nan_filled(torch.empty))
+        out, lse = fa1().run(q, k, v, causal=causal, softmax_scale=scale, tiles=tiles)
+        torch.cuda.synchronize()
+    return out, lse
+
+
+def inputs(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, dtype=torch.bfloat16):
+    make = functools.partial(torch.randn, device="cuda", dtype=dtype)
+    return (make(batch, seqlen_q, heads, head_dim), make(batch, seqlen_k, heads_kv, head_dim),
+            make(batch, seqlen_k, heads_kv, head_dim))
+
+
+def assert_passes(out, lse, q, k, v, causal, softmax_scale=None):
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert lse.shape == (q.shape[0], q.shape[2], q.shape[1]) and lse.dtype == torch.float32
+    assert not torch.isnan(out).any(), "NaN in the output: a row the kernel did not write"
+    assert not torch.isnan(lse).any(), "NaN in the LSE: a row the kernel did not write"
+    refs = references(q, k, v, causal=causal, softmax_scale=softmax_scale)
+    check = check_against_reference(out, q, k, v, causal, softmax_scale, refs=refs)
+    assert check.ok, f"output: {check}"
+    check = check_lse(lse, q, k, v, causal, softmax_scale, refs=refs)
+    assert check.ok, f"LSE: {check}"
+
+
+# (seqlen_q, seqlen_k): one Q tile x many K/V tiles, many x one, ragged, causal rows without keys
+STATE_SHAPES = [(1, 4097), (64, 1000), (1000, 64), (333, 517), (300, 40), (129, 1), (100, 700), (2048, 2048)]
+
+
+@pytest.mark.parametrize("seqlens", STATE_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_hbm_state_round_trips(monkeypatch, dtype, head_dim, causal, seqlens):
+    q, k, v = inputs(2, *seqlens, 4, 2, head_dim, DTYPES[dtype])  # GQA 4:2
+    out, lse = run_poisoned(monkeypatch, q, k, v, causal=causal)
+    assert_passes(out, lse, q, k, v, causal)
+
+
+TILES = [AttentionTiles(64, 128, 4, 1), AttentionTiles(128, 64, 4, 2), AttentionTiles(128, 128, 8, 1),
+         AttentionTiles(64, 64, 4, 2)]
+
+
+@pytest.mark.parametrize("seqlens", [(333, 517), (1, 300), (700, 200)], ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("tiles", TILES, ids=lambda t: f"{t.Br}x{t.Bc}w{t.warps}s{t.stages}")
+def test_other_tile_configurations(monkeypatch, tiles, seqlens):
+    q, k, v = inputs(2, *seqlens, 3, 1, 128)  # MQA
+    out, lse = run_poisoned(monkeypatch, q, k, v, causal=True, tiles=tiles)
+    assert_passes(out, lse, q, k, v, True)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+def test_long_sequence(monkeypatch, causal):
+    q, k, v = inputs(1, 8192, 8192, 2, 2, 128)  # 128 x 64 = 8192 (i, j) steps per CTA
+    out, lse = run_poisoned(monkeypatch, q, k, v, causal=causal)
+    assert_passes(out, lse, q, k, v, causal)
+
+
+def test_deterministic():
+    q, k, v = inputs(2, 777, 1500, 4, 4, 64)
+    first = fa1().run(q, k, v, causal=True, softmax_scale=0.125)
+    for _ in range(3):
+        again = fa1().run(q, k, v, causal=True, softmax_scale=0.125)
+        assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+
+
+@pytest.mark.parametrize("scale", [-0.125, 0.0, 10.0])
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+def test_softmax_scales(monkeypatch, scale, causal):
+    q, k, v = inputs(1, 200, 300, 2, 2, 64)
+    out, lse = run_poisoned(monkeypatch, q, k, v, causal=causal, softmax_scale=scale)
+    assert_passes(out, lse, q, k, v, causal, scale)
+
+
+def test_strided_inputs(monkeypatch):
+    """q, k, v from one packed projection (B, N, 3, H, D): non-contiguous heads and sequence strides."""
+    qkv = torch.randn(2, 390, 3, 4, 128, device="cuda", dtype=torch.bfloat16)
+    q, k, v = qkv.unbind(dim=2)
+    out, lse = run_poisoned(monkeypatch, q, k, v, causal=True)
+    assert_passes(out, lse, q, k, v, True)
