@@ -154,7 +154,8 @@ def capture_fixture(model, input_ids: torch.Tensor, *, text: str, model_name: st
     return Fixture(model_name=model_name, text=text, input_ids=input_ids.cpu(), config=config,
                    softmax_scale=records[0].scaling, causal=True, q=stack("q"), k=stack("k"), v=stack("v"),
                    out_eager=stack("out") if eager_out else None, capture_error=capture_error,
-                   inputs_embeds=model.get_input_embeddings()(input_ids).detach().float().clone(),
+                   inputs_embeds=model.get_input_embeddings()(input_ids).detach().float().clone() if e2e_layers
+                   else torch.empty(0),
                    layer_state=layer_state,
                    hidden_states=torch.stack([hidden[i] for i in range(e2e_layers)]) if e2e_layers
                    else torch.empty(0, *input_ids.shape, model.config.hidden_size), info=info)

@@ -48,7 +48,7 @@ class Fixture:
     v: torch.Tensor
     out_eager: torch.Tensor | None   # like q: the eager attention's output (float32 maths), float16
     capture_error: list[float]       # per layer: max |eager out - float64 recompute from captured q, k, v|
-    inputs_embeds: torch.Tensor      # (batch, seqlen, hidden) float32
+    inputs_embeds: torch.Tensor      # (batch, seqlen, hidden) float32 (empty without an end-to-end part)
     layer_state: dict[str, torch.Tensor]  # float16 weights of layers 0 .. e2e_layers-1 (LlamaModel keys)
     hidden_states: torch.Tensor      # (e2e_layers, batch, seqlen, hidden) float32, eager, CPU
     info: dict = field(default_factory=dict)  # versions, perplexity, ... (str/float values)
