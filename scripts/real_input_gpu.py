@@ -240,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         layer_rows += per_layer(fixture, device, dtype, notes, errors)
         if fixture.e2e_layers == 0:
             notes.append("end to end skipped: the fixture has no layers (captured with --e2e-layers 0)")
+        elif importlib.util.find_spec("transformers") is None:
+            notes.append("end to end skipped: transformers is not installed")
         elif not args.no_e2e:
             e2e_rows += end_to_end(fixture, device, dtype, notes, errors)
 
