@@ -226,3 +226,67 @@ def test_fake_args_are_dynamic():
     for t in (q, k, v, o, o_acc):
         assert all(isinstance(s, SymInt) for s in t.shape[:3]) and t.shape[3] == 128
     assert q.shape[0] is o_acc.shape[0] and q.shape[2] is o_acc.shape[1] and o_acc.shape[2] is l.shape[2]
+
+
+# ----------------------------------------------------------------------------------------------
+# scripts/fa1_vs_fa2_study.py: the ncu plumbing and the report, with a stand-in ncu (no GPU)
+# ----------------------------------------------------------------------------------------------
+def _study():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "fa1_vs_fa2_study.py"
+    spec = importlib.util.spec_from_file_location("fa1_vs_fa2_study", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_FAKE_NCU = r'''#!/usr/bin/env python3
+import sys
+argv = sys.argv[1:]
+log = argv[argv.index("--log-file") + 1]
+assert argv[argv.index("--metrics") + 1] == "dram__bytes_read.sum,dram__bytes_write.sum"
+assert "--csv" in argv and argv[argv.index("--clock-control") + 1] == "none"
+cols = ["ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Context", "Stream", "Block Size",
+        "Grid Size", "Device", "CC", "Section Name", "Metric Name", "Metric Unit", "Metric Value"]
+with open(log, "w") as f:
+    f.write("==PROF== Connected to process 1\n" + ",".join(f'"{c}"' for c in cols) + "\n")
+    for i, name in enumerate(["FlashAttention1Sm80", "FlashAttention1Sm80", "FlashAttention2Sm80",
+                              "FlashAttention2Sm80"]):
+        for metric, value in (("dram__bytes_read.sum", f"{(i + 1) * 1000:,}"), ("dram__bytes_write.sum", "500")):
+            row = [str(i), "1", "python3", "h", f"kernel_x_{name}_y", "1", "7", "(128, 1, 1)", "(16, 16, 1)",
+                   "0", "9.0", "Command line profiler metrics", metric, "byte", value]
+            f.write(",".join(f'"{c}"' for c in row) + "\n")
+'''
+
+
+def test_study_reads_ncu_csv_beside_the_model(tmp_path):
+    from fa_variants.emulate import hbm_bytes
+
+    study = _study()
+    ncu = tmp_path / "ncu"
+    ncu.write_text(_FAKE_NCU)
+    ncu.chmod(0o755)
+    args = study.parse_args(["--out", str(tmp_path), "--ncu", str(ncu), "--ncu-shapes", "128:1024", "64:2048"])
+    timing = [dict(variant="fa1", causal=False, seqlen=1024, head_dim=128, ms=2.0)]
+    dram = study.dram_study(args, "sm_90a", timing, tmp_path)
+    assert dram["error"] is None and dram["returncode"] == 0, dram
+    rows = dram["rows"]
+    assert [(r["variant"], r["head_dim"], r["seqlen"]) for r in rows] == [
+        ("fa1", 128, 1024), ("fa1", 64, 2048), ("fa2", 128, 1024), ("fa2", 64, 2048)]
+    assert [r["dram_read"] for r in rows] == [1000, 2000, 3000, 4000] and all(r["kernel_matches"] for r in rows)
+    t = fa1.fa1_tiles("sm_90a", 128)
+    assert rows[0]["predicted_read"] == hbm_bytes("fa1", 16, 16, 1024, 1024, 128, t.Br, t.Bc, 2, False,
+                                                  o_bytes=4).read
+    assert rows[0]["achieved_GBps"] == pytest.approx(1500 / 2e-3 / 1e9)
+    md = study.markdown(dict(device="X", sms=1, tokens=16384, hidden=2048, command="c", elapsed_s=1.0),
+                        [dict(timing[0], batch=16, heads=16, tflops=1.0, error=None, ctas=256)], dram)
+    assert "| fa1 | 128 | 1024 | 16 | 16 | 64 x 128 |" in md and "FA2 / FA1" in md
+
+
+def test_study_without_ncu(tmp_path):
+    study = _study()
+    args = study.parse_args(["--out", str(tmp_path), "--ncu", str(tmp_path / "no-such-ncu")])
+    dram = study.dram_study(args, "sm_90a", [], tmp_path)
+    assert dram["rows"] == [] and "not found" in dram["error"]
