@@ -123,7 +123,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
 
 
 def build_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset=0,
-                  mask_function=None, attention_mask: torch.Tensor | None = None, **kwargs):
+               mask_function=None, attention_mask: torch.Tensor | None = None, **kwargs):
     """transformers' mask-interface function for our name (the signature of its ``sdpa_mask``).
 
     Returns None when ``attention_forward``'s causal/full flag expresses the mask exactly (plain causal or
