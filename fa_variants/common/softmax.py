@@ -2,15 +2,18 @@
 
 State per query row, kept by the threads that own the row: m, the running row max of the raw
 scores, and l, the running row sum of exp(scale * (s - m)). The scale is folded into log2(e) once
-(c = softmax_scale * log2 e), so each exponential is one FFMA and one exp2 (MUFU.EX2):
-exp(scale * (s - m)) = exp2(s * c - m * c). This needs c > 0 (the row max of raw scores is the max of
+(c = softmax_scale * log2 e), so each exponential is one exp2 (MUFU.EX2):
+exp(scale * (s - m)) = exp2((s - m) * c). Subtracting before scaling keeps the row's max element at
+exactly exp2(0) = 1 and alpha at exactly 1 while the max does not change, however large |m c| is (the
+single-FFMA form s * c - m * c rounds m * c and leaves P(max) = 2^(+-|m c| 2^-24), 0.5% off at
+logits near -1e6, EDGE_CASES.md EC-04). This needs c > 0 (the row max of raw scores is the max of
 the scaled ones only then): callers pass a positive scale (FA2's `run` maps a negative scale to
 softmax(|scale| Q (-K)^T) and a zero one to the smallest normal float).
 
 Per K/V tile j (after S_j = Q K_j^T has been computed and masked with -inf):
 
     m_new = max(m, rowmax(S_j));  m_safe = 0 if m_new == -inf else m_new   # a fully masked row
-    P_j = exp2(S_j c - m_safe c);  alpha = exp2(m c - m_safe c)            # alpha rescales O and l
+    P_j = exp2((S_j - m_safe) c);  alpha = exp2((m - m_safe) c)            # alpha rescales O and l
     l = alpha * l + rowsum(P_j);  O = alpha * O  (then O += P_j V_j by the caller);  m = m_new
 
 and once at the end (deferred normalisation, FA2 section 3.1.1): O /= l, LSE = (m c + log2 l) ln 2;
@@ -66,17 +69,16 @@ class OnlineSoftmax:
             if const_expr(not is_first):
                 m_new = cute.arch.fmax(m_new, m_old)
             m_safe = 0.0 if m_new == -Float32.inf else m_new
-            m_scaled = m_safe * self.scale_log2
             row_sum = Float32(0.0)
             for c in cutlass.range_constexpr(n_cols):
-                p = cute.math.exp2(s[r, c] * self.scale_log2 - m_scaled, fastmath=True)
+                p = cute.math.exp2((s[r, c] - m_safe) * self.scale_log2, fastmath=True)
                 s[r, c] = p
                 row_sum += p
             if const_expr(is_first):
                 alpha[r] = 1.0
                 self.row_sum[r] = row_sum
             else:
-                a = cute.math.exp2(m_old * self.scale_log2 - m_scaled, fastmath=True)
+                a = cute.math.exp2((m_old - m_safe) * self.scale_log2, fastmath=True)
                 alpha[r] = a
                 self.row_sum[r] = self.row_sum[r] * a + row_sum
             self.row_max[r] = m_new
