@@ -7,8 +7,8 @@ mma.sync m16n8k16 with fp32 accumulation, P kept in registers; common/softmax.py
 exp2 with the scale folded into log2 e; common/mask.py: the bottom-right causal and sequence-end
 masks), so that an FA1 vs FA2 comparison isolates the algorithm:
 
-* One CTA per (batch, head) (grid = (num_heads, batch)). The **outer** loop runs over the K/V tiles j
-  (Algorithm 1 line 5), the **inner** loop over the Q tiles i (line 7).
+* One CTA per (batch, head) (a 1-D grid of batch x num_heads CTAs). The **outer** loop runs over the
+  K/V tiles j (Algorithm 1 line 5), the **inner** loop over the Q tiles i (line 7).
 * O, l and m live in HBM between steps: fp32 workspace tensors allocated by `run` (O: (B, H, Tr*Br, D);
   l, m: (B, H, Tr*Br), padded to whole Q tiles so workspace accesses need no predicates), initialised
   by the kernel itself to 0, 0, -inf (line 2). At every (i, j) step the Q tile, the O tile and its l
@@ -39,7 +39,7 @@ Pipelining (the same building blocks, not an FA2 trick): Q is double-buffered in
 next step's Q tile is loaded with cp.async while the current step computes); K/V double-buffered where
 shared memory allows (K_{j+1}, V_{j+1} load during the first step of tile j); the next step's O, l, m
 loads (its line 8) are issued at the end of the current step, before the __syncthreads, so the
-compiler cannot sink them under the next step's S = Q K^T: they fly while it runs.
+compiler cannot sink them past the next step's S = Q K^T: they are in flight while it runs.
 
 Kernel module contract (HELPERS.md): HEAD_DIMS, DTYPES, run(q, k, v, *, causal, softmax_scale).
 Learnt from (never copied): the FlashAttention paper (Algorithm 1, section 3.1; the FlashAttention-2
@@ -67,7 +67,7 @@ from fa_variants.common.tiles import SMEM_CAPACITY, AttentionTiles
 
 HEAD_DIMS: tuple[int, ...] = (64, 96, 128, 256)
 DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16)
-MAX_BATCH = 65535  # batch rides on gridDim.y (heads on gridDim.x)
+MAX_CTAS = 2**31 - 1  # one CTA per (batch, head), all on gridDim.x
 Q_STAGES = 2  # Q tiles in shared memory: the current step's and the next step's (prefetched)
 
 # ----------------------------------------------------------------------------------------------
@@ -197,7 +197,7 @@ class FlashAttention1Sm80:
         mma = sm80.tiled_mma(self.dtype, self.num_warps)
         thr0 = mma.get_slice(0)  # per-thread register shapes (static, the same for every thread)
         self.shape_O, self.shape_S = thr0.partition_shape_C((Br, D)), thr0.partition_shape_C((Br, Bc))
-        grid = (mQ.shape[2], mQ.shape[0], 1)  # one CTA per (head, batch)
+        grid = (mQ.shape[2] * mQ.shape[0], 1, 1)  # one CTA per (batch, head), heads fastest
         self.kernel(mQ, mK, mV, mO, mLSE, mOacc, mL, mM, softmax_scale * LOG2_E, sQ_layout,
                     sKV_layout, copy_g2s, mma, SharedStorage).launch(
             grid=grid, block=[self.num_threads, 1, 1], smem=self.smem_bytes, stream=stream)
@@ -212,7 +212,8 @@ class FlashAttention1Sm80:
                copy_g2s: cute.TiledCopy, mma: cute.TiledMma, SharedStorage: cutlass.Constexpr):
         D, Br, Bc = self.head_dim, self.Br, self.Bc
         tidx, _, _ = cute.arch.thread_idx()
-        head, batch, _ = cute.arch.block_idx()
+        bid, _, _ = cute.arch.block_idx()
+        head, batch = bid % mQ.shape[2], bid // mQ.shape[2]
         seqlen_q, seqlen_k = mQ.shape[1], mK.shape[1]
         head_kv = head // (mQ.shape[2] // mK.shape[2])  # GQA / MQA
         Tr, Tc = cute.ceil_div(seqlen_q, Br), cute.ceil_div(seqlen_k, Bc)
@@ -522,16 +523,15 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
     scores 0). `tiles` overrides the tile configuration (ablations; checked against the arch).
     Allocates the fp32 HBM state of Algorithm 1 (O: B*H*ceil(Nq/Br)*Br*D*4 bytes, l and m) per call.
     Returns (out (B, Nq, H, D) like q, lse float32 (B, H, Nq), natural log).
-    Raises ValueError for a shape it cannot serve (head_dim, dtype, batch above 65535, scale).
+    Raises ValueError for a shape it cannot serve (head_dim, dtype, batch x heads >= 2^31, scale).
     """
     b, nq, h, d = q.shape
     if d not in HEAD_DIMS:
         raise ValueError(f"fa1: head_dim {d} not supported; supported: {HEAD_DIMS}")
     if q.dtype not in DTYPES:
         raise ValueError(f"fa1: dtype {q.dtype} not supported; supported: {DTYPES}")
-    if b > MAX_BATCH or h > 2**31 - 1:
-        raise ValueError(f"fa1: batch ({b}) must be <= {MAX_BATCH} and num_heads ({h}) <= 2^31 - 1 "
-                         "(they index gridDim.y / gridDim.x)")
+    if b * h > MAX_CTAS:
+        raise ValueError(f"fa1: batch x num_heads ({b} x {h}) must be <= 2^31 - 1 (one CTA each)")
     scale = float(softmax_scale)
     if not math.isfinite(scale):
         raise ValueError(f"fa1: softmax_scale must be finite, got {softmax_scale}")
