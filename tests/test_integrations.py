@@ -3,6 +3,7 @@ attn_implementation="fa_variants" in transformers, the torch.library custom op u
 scripts/real_input_gpu.py end to end on a tiny fixture.
 
 Every model here is a tiny randomly initialised Llama (GQA 6:2, head_dim 16, rotary), built in the test.
+Tests that need transformers skip without it; the custom-op and mask-classification tests do not need it.
 """
 import importlib.util
 import json
@@ -16,16 +17,18 @@ import fa_variants
 from fa_variants.integrations import custom_op
 from fa_variants.reference import attention_reference, max_abs_error, rel_l2
 
-transformers = pytest.importorskip("transformers", reason="needs transformers (pip install -e '.[real]')")
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+from fa_variants.integrations import capture, fixture as fx, hf  # transformers is imported lazily in them
 
-from fa_variants.integrations import capture, fixture as fx, hf  # noqa: E402
+HAS_HF = importlib.util.find_spec("transformers") is not None
+needs_hf = pytest.mark.skipif(not HAS_HF, reason="needs transformers (pip install -e '.[real]')")
+if HAS_HF:
+    from transformers import LlamaConfig, LlamaForCausalLM
 
 HEADS, HEADS_KV, HEAD_DIM, HIDDEN = 6, 2, 16, 96
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
+def tiny_llama(seed: int = 0) -> "LlamaForCausalLM":
     """2 layers, 6 query heads over 2 KV heads, head_dim 16; weights large enough for peaked attention."""
     cfg = LlamaConfig(vocab_size=97, hidden_size=HIDDEN, intermediate_size=96, num_hidden_layers=2,
                       num_attention_heads=HEADS, num_key_value_heads=HEADS_KV, head_dim=HEAD_DIM,
@@ -68,6 +71,7 @@ def _rotary(x: torch.Tensor, theta: float) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------------------------- capture
 
+@needs_hf
 def test_capture_records_qkv_after_rotary(model, ids):
     """The hook sees Q, K after rotary (checked against RoPE written out from the layer's own projections),
     V, and the eager output; the model's logits are unchanged by capturing."""
@@ -98,6 +102,7 @@ def test_capture_records_qkv_after_rotary(model, ids):
         torch.testing.assert_close(r.v, attn.v_proj(h).view(B, N, HEADS_KV, HEAD_DIM))
 
 
+@needs_hf
 def test_captured_tensors_reproduce_the_eager_attention(model, ids):
     """Recomputing attention from the captured Q, K, V (causal, the model's scale, GQA) gives the eager
     output; the non-causal recompute does not (the capture is specific enough to fail)."""
@@ -111,6 +116,7 @@ def test_captured_tensors_reproduce_the_eager_attention(model, ids):
         assert max_abs_error(r.out, wrong) > 1e-2
 
 
+@needs_hf
 def test_fixture_roundtrip_and_rebuilt_layers(model, ids, tiny_fixture, monkeypatch):
     """Save/load keeps every field; the layers rebuilt from the fixture's float16 weights reproduce the
     captured hidden states, with eager attention and with ours."""
@@ -140,6 +146,7 @@ def test_fixture_roundtrip_and_rebuilt_layers(model, ids, tiny_fixture, monkeypa
 
 # ------------------------------------------------------------------------------------ transformers registry
 
+@needs_hf
 def test_hf_registry_matches_eager(model, ids):
     """attn_implementation="fa_variants" (reference backend) gives eager's logits, prefill and decoding."""
     name = hf.register(backend="reference")
@@ -158,6 +165,7 @@ def test_hf_registry_matches_eager(model, ids):
     assert torch.equal(greedy_ours, greedy)
 
 
+@needs_hf
 def test_hf_passes_gqa_natively(model, ids, monkeypatch):
     """Our function gets K/V with num_heads_kv heads (no repeat_kv), as (batch, seqlen, heads, head_dim)."""
     seen = []
@@ -179,6 +187,7 @@ def test_hf_passes_gqa_natively(model, ids, monkeypatch):
     assert seen == [((B, N, HEADS, HEAD_DIM), (B, N, HEADS_KV, HEAD_DIM), True)] * 2
 
 
+@needs_hf
 def test_hf_refuses_padding_with_the_fallback(model, ids):
     name = hf.register(backend="reference")
     mask = torch.ones_like(ids)
@@ -219,6 +228,7 @@ def test_hf_refuses_what_it_cannot_express():
     assert weights is None and out.shape == (1, 4, 6, 16)
 
 
+@needs_hf
 def test_hf_model_compiles_fullgraph(model, ids):
     """The whole tiny model with our attention under torch.compile(fullgraph=True): the custom op is a node."""
     name = hf.register(backend="reference")
@@ -298,6 +308,7 @@ def _script():
     return script
 
 
+@needs_hf
 def test_real_input_script_on_the_cpu(tiny_fixture, tmp_path):
     """scripts/real_input_gpu.py on a tiny fixture: per-layer table (reference, FP8 emulation) and the
     end-to-end rows, all within their bounds, written as markdown and JSON."""
@@ -312,6 +323,7 @@ def test_real_input_script_on_the_cpu(tiny_fixture, tmp_path):
     assert "| layer |" in (tmp_path / "real_input.md").read_text()
 
 
+@needs_hf
 def test_compact_fixture_without_layers_or_eager_out(model, ids, tmp_path):
     """--e2e-layers 0 --no-eager-out: the per-layer part alone; the script says the end to end is skipped."""
     f = capture.capture_fixture(model, ids[:1], text="tiny", model_name="tiny llama", e2e_layers=0,
@@ -327,6 +339,7 @@ def test_compact_fixture_without_layers_or_eager_out(model, ids, tmp_path):
     assert report["end_to_end"] == [] and any("end to end skipped" in n for n in report["notes"])
 
 
+@needs_hf
 def test_real_input_script_reports_a_backend_that_raises(tiny_fixture, tmp_path, monkeypatch):
     """A backend that raises is an error of the run (exit 1, listed), not a silent skip."""
     script = _script()
