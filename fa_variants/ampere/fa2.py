@@ -37,7 +37,7 @@ from cutlass import Float32, Int32, const_expr
 
 from fa_variants.common import compile as cc
 from fa_variants.common import interop, mask, sm80
-from fa_variants.common.softmax import LOG2_E, OnlineSoftmax
+from fa_variants.common.softmax import LOG2_E, OnlineSoftmax, positive_scale
 from fa_variants.common.tiles import AttentionTiles, fa2_tiles
 
 HEAD_DIMS: tuple[int, ...] = (64, 96, 128, 256)
@@ -319,14 +319,3 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
         fn(q, k, v, out, lse, scale)
     return out, lse
 
-
-def positive_scale(k: torch.Tensor, softmax_scale: float) -> tuple[torch.Tensor, float]:
-    """(k, scale) with scale > 0 and the same attention, for kernels whose softmax takes the row max
-    of the raw scores (common/softmax.py): softmax(c Q K^T) = softmax(|c| Q (-K)^T) for c < 0 (the
-    negation is exact in fp16/bf16; it costs one copy of K, only on that rare path), and c = 0 becomes
-    the smallest normal float, for which exp2(s c - m c) rounds to exactly 1 on every visible key
-    (a uniform average, as c = 0 means) while masked keys (-inf) still get 0."""
-    c = float(softmax_scale)
-    if c < 0:
-        return -k, -c
-    return k, c if c > 0 else 1.1754943508222875e-38

@@ -104,3 +104,15 @@ class OnlineSoftmax:
             lse[r] = -Float32.inf if empty else (
                 self.row_max[r] * self.scale_log2 + cute.math.log2(l, fastmath=True)) * LN_2
         return inv_l, lse
+
+
+def positive_scale(k, softmax_scale: float):
+    """(k, scale) with scale > 0 and the same attention, for kernels built on `OnlineSoftmax` (which
+    takes the row max of raw scores): softmax(c Q K^T) = softmax(|c| Q (-K)^T) for c < 0 (the negation
+    is exact in fp16 / bf16; it costs one copy of K, only on that rare path), and c = 0 becomes the
+    smallest normal float, for which exp2((s - m) c) rounds to exactly 1 on every visible key (the
+    uniform average c = 0 means) while masked keys (-inf) still get 0. `k` is a torch tensor."""
+    c = float(softmax_scale)
+    if c < 0:
+        return -k, -c
+    return k, c if c > 0 else 1.1754943508222875e-38
