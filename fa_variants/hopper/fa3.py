@@ -34,6 +34,7 @@ Module contract (HELPERS.md): ``HEAD_DIMS``, ``DTYPES``, ``run(q, k, v, *, causa
 """
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 
@@ -601,14 +602,28 @@ def _tma_operand(t: torch.Tensor) -> torch.Tensor:
     """t as TMA can read it: unit last stride, 16-byte aligned base and strides, no zero stride on a
     dimension longer than 1 (a broadcast is materialised). A stride on a length-1 dimension is never
     used to address memory, so it is set to a valid value instead of copying."""
+    elems = 16 // t.element_size()
+    if t.data_ptr() % 16 == 0 and t.stride(-1) == 1 and all(
+            n > 1 and s > 0 and s % elems == 0 for n, s in zip(t.shape[:-1], t.stride()[:-1])):
+        return t  # the common case, checked first: this runs on every call
     if any(n > 1 and s == 0 for n, s in zip(t.shape, t.stride())):
         t = t.contiguous()
     t = interop.aligned(t)
     if any(n == 1 for n in t.shape[:-1]):
         span = max([s * n for s, n in zip(t.stride(), t.shape)] + [t.shape[-1]])
-        span = -(-span // 8) * 8
+        span = -(-span // elems) * elems
         t = t.as_strided(t.shape, [s if n > 1 else span for s, n in zip(t.stride(), t.shape)])
     return t
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(device: torch.device, dtype: torch.dtype, head_dim: int, causal: bool, config: Fa3Config | None):
+    """(compiled kernel, tile_m) for one static configuration, looked up once per process (the
+    compile cache key is built from the device's arch; later calls skip that work)."""
+    cfg = cc.config_for("fa3", interop.device_arch(device), interop.dtype_name(dtype), head_dim, causal)
+    if config is not None:
+        cfg = dataclasses.replace(cfg, tiles=tuple(dataclasses.asdict(config).items()))
+    return cc.get_compiled(cfg).fn, dict(cfg.tiles)["tile_m"]
 
 
 def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, softmax_scale: float,
@@ -640,10 +655,7 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, soft
         raise ValueError(f"fa3: num_heads {heads} is not divisible by num_heads_kv {heads_kv}")
     if not math.isfinite(softmax_scale):
         raise ValueError(f"fa3: softmax_scale must be finite, got {softmax_scale}")
-    cfg = cc.config_for("fa3", interop.device_arch(q.device), interop.dtype_name(q.dtype), head_dim, causal)
-    if config is not None:
-        cfg = dataclasses.replace(cfg, tiles=tuple(dataclasses.asdict(config).items()))
-    tile_m = dict(cfg.tiles)["tile_m"]
+    kernel, tile_m = _kernel(q.device, q.dtype, head_dim, bool(causal), config)
     out, lse = interop.new_outputs(q)
     if q.numel() == 0:
         return out, lse
@@ -657,5 +669,5 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, soft
     elif scale == 0:  # all scores 0; masked keys stay -inf
         q, scale = torch.zeros_like(q), 1.0
     q, k, v = (_tma_operand(t) for t in (q, k, v))
-    cc.get_compiled(cfg).fn(q, k, v, out, lse, scale * LOG2_E, l2_section_heads(seqlen_k, head_dim))
+    kernel(q, k, v, out, lse, scale * LOG2_E, l2_section_heads(seqlen_k, head_dim))
     return out, lse
