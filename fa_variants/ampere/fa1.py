@@ -226,7 +226,7 @@ class FlashAttention1Sm80:
         gO = cute.local_tile(mO[batch, None, head, None], (Br, D), (None, 0))
         gOacc = cute.local_tile(mOacc[batch, head, None, None], (Br, D), (None, 0))
 
-        storage = cutlass.utils.SmemAllocator().allocate(SharedStorage)
+        storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         sQ = storage.sQ.get_tensor(sQ_layout)    # (Br, D, 2): this step's Q tile and the next one's
         sK = storage.sK.get_tensor(sKV_layout)   # (Bc, D, kv_stages)
         sV = storage.sV.get_tensor(sKV_layout)
