@@ -62,7 +62,7 @@ from fa_variants.common.sm90 import (
     wgmma,
 )
 from fa_variants.common.mask import kv_tile_causal_start, kv_tile_end
-from fa_variants.common.softmax import OnlineSoftmax
+from fa_variants.common.softmax import OnlineSoftmax, positive_scale
 
 HEAD_DIMS: tuple[int, ...] = (64, 96, 128, 256)
 DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16)
@@ -634,8 +634,8 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, soft
         q: (batch, seqlen_q, num_heads, head_dim), float16 or bfloat16, CUDA, unit last stride.
         k, v: (batch, seqlen_k, num_heads_kv, head_dim), same dtype/device; num_heads % num_heads_kv == 0.
         causal: bottom-right aligned (query i sees key j iff j <= i + seqlen_k - seqlen_q).
-        softmax_scale: any finite real. Negative scales run as softmax(|scale| (-Q) K^T); a zero scale
-            as all-zero scores (the plain mean of the visible V rows).
+        softmax_scale: any finite real. Negative scales run as softmax(|scale| Q (-K)^T), zero as the
+            smallest normal float (the plain mean of the visible V rows): ``common.softmax.positive_scale``.
         config: tile/schedule override (tests and the ablation); default ``DEFAULT_CONFIGS[head_dim]``.
     Returns:
         (out, lse): out (batch, seqlen_q, num_heads, head_dim) like q, contiguous; lse float32
@@ -663,11 +663,7 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, soft
         return out.zero_(), lse.fill_(-math.inf)
     if -(-seqlen_q // tile_m) * heads * batch >= 2**31:
         raise ValueError(f"fa3: {batch} x {heads} x ceil({seqlen_q}/{tile_m}) CTAs exceed the grid limit 2^31 - 1")
-    scale = float(softmax_scale)
-    if scale < 0:  # the kernel's max-subtraction needs scale > 0: softmax(s * QK^T) = softmax(|s| * (-Q) K^T)
-        q, scale = -q, -scale
-    elif scale == 0:  # all scores 0; masked keys stay -inf
-        q, scale = torch.zeros_like(q), 1.0
+    k, scale = positive_scale(k, softmax_scale)  # the row max of raw scores needs scale > 0
     q, k, v = (_tma_operand(t) for t in (q, k, v))
     kernel(q, k, v, out, lse, scale * LOG2_E, l2_section_heads(seqlen_k, head_dim))
     return out, lse
