@@ -210,6 +210,12 @@ def test_run_rejects_what_it_cannot_serve():
             fa1.run(q, q, q, causal=False, softmax_scale=bad)
 
 
+def test_run_empty_inputs_launch_nothing():
+    q, k = torch.randn(2, 5, 4, 64).bfloat16(), torch.randn(2, 0, 2, 64).bfloat16()
+    out, lse = fa1.run(q, k, k, causal=True, softmax_scale=0.125)  # CPU tensors: no launch
+    assert out.shape == q.shape and not out.any() and lse.shape == (2, 4, 5) and (lse == -math.inf).all()
+
+
 def test_registered_with_the_compile_registry():
     v = cc.get_variant("fa1")
     assert v.head_dims == fa1.HEAD_DIMS and set(v.dtypes) == {"fp16", "bf16"}

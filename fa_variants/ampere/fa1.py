@@ -258,9 +258,9 @@ class FlashAttention1Sm80:
             tOgOacc=thr_mma.partition_C(gOacc), tOgO=thr_mma.partition_C(gO),
             tOcO=sm80.rows_view(thr_mma.partition_C(cute.make_identity_tensor((Br, D)))),
             tScS=tScS, t0ScS=sm80.rows_view(thr0.partition_C(cS)),
-            quad_leader=tScS[0][1] == 0, leader_lane=cute.arch.lane_idx() // 4 * 4, scale_log2=scale_log2, mL=mL[batch, head, None],
-            mM=mM[batch, head, None], mLSE=mLSE[batch, head, None], seqlen_q=seqlen_q,
-            seqlen_k=seqlen_k)
+            quad_leader=tScS[0][1] == 0, leader_lane=cute.arch.lane_idx() // 4 * 4,
+            scale_log2=scale_log2, mL=mL[batch, head, None], mM=mM[batch, head, None],
+            mLSE=mLSE[batch, head, None], seqlen_q=seqlen_q, seqlen_k=seqlen_k)
 
         # Line 2: O = 0, l = 0, m = -inf in HBM. A Q tile that sees no key at all (causal with
         # seqlen_q > seqlen_k) is never visited: its output is written now (O = 0, LSE = -inf).
@@ -539,6 +539,9 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
         q, scale = -q, -scale
     elif scale == 0:  # every score 0: a uniform average of the visible keys
         q, scale = torch.zeros_like(q), 1.0
+    if q.numel() == 0 or k.shape[1] == 0:  # nothing to launch: O = 0, LSE = -inf (as api.py does)
+        return (torch.zeros_like(q, memory_format=torch.contiguous_format),
+                torch.full((b, h, nq), -math.inf, dtype=torch.float32, device=q.device))
     arch = interop.device_arch(q.device)
     if tiles is None:
         cfg = cc.config_for("fa1", arch, interop.dtype_name(q.dtype), d, causal)
