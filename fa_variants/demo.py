@@ -37,13 +37,21 @@ class DemoInput:
     description: str
 
 
-def load_real_input(device: torch.device) -> DemoInput | None:
-    """Q, K, V captured from a real model, on ``device``; None while no capture is available.
+def load_real_input(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> DemoInput | None:
+    """Q, K, V captured from a real model (SmolLM2-135M-Instruct, every layer after rotary), on ``device``.
 
-    The real-input helper fills this from ``fa_variants.integrations`` (e.g. one SmolLM2 layer's Q, K, V
-    after rotary). Returning None makes the demo use random input.
+    Returns None when no fixture has been captured (``python -m fa_variants.integrations.capture``,
+    see fa_variants.integrations.fixture for where it is looked for); the demo then uses random input.
     """
-    return None
+    try:
+        from fa_variants.integrations.fixture import load_real_input as load_fixture
+    except ImportError:
+        return None
+    fixture = load_fixture()
+    if fixture is None:
+        return None
+    q, k, v = fixture.attention_inputs(device=device, dtype=dtype)  # layers stacked as the batch
+    return DemoInput(q, k, v, fixture.causal, fixture.describe())
 
 
 def synthetic_input(device: torch.device, *, batch: int, seqlen: int, heads: int, head_dim: int,
@@ -96,7 +104,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def _input(args: argparse.Namespace, device: torch.device) -> DemoInput:
-    real = None if args.random else load_real_input(device)
+    real = None if args.random else load_real_input(device, DTYPES[args.dtype])
     if real is not None:
         return real
     shape = dict(GPU_SHAPE if device.type == "cuda" else CPU_SHAPE)
