@@ -78,7 +78,7 @@ Q_STAGES = 2  # Q tiles in shared memory: the current step's and the next step's
 # be small (the paper takes Bc = M / 4d >= Br = min(Bc, d), Algorithm 1 line 1). With 4 warps and
 # mma.sync the registers hold Br x Bc (S) + Br x D (O) fp32 values over 128 threads, so Br = 64,
 # Bc = 128 at D = 64 / 96 / 128 (Br = Bc = 128 at D = 64 spills a few bytes), and Br = Bc = 64 (FA2's
-# tile) at D = 256, where K/V are single-buffered to fit shared memory (8 bytes per thread spill
+# tile) at D = 256, where K/V are single-buffered to fit shared memory (tens of bytes per thread spill
 # there, as compiled for sm80). `stages` counts K/V buffers.
 _FA1_SM80 = {64: AttentionTiles(64, 128, 4, 2), 96: AttentionTiles(64, 128, 4, 2),
              128: AttentionTiles(64, 128, 4, 2), 256: AttentionTiles(64, 64, 4, 1)}
