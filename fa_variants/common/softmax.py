@@ -43,9 +43,12 @@ LN_2 = math.log(2.0)
 class OnlineSoftmax:
     """Running (m, l) for the `num_rows` query rows this thread holds. Build inside a kernel."""
 
-    def __init__(self, num_rows: int, scale_log2: Float32):
+    def __init__(self, num_rows: int, scale_log2: Float32, exp2_ffma: bool = False):
         self.num_rows = num_rows
         self.scale_log2 = scale_log2
+        # True: one FFMA per score, exp2(s c - m c) (flash-attn's form; P(max) off by 2^(|m c| 2^-24) at
+        # huge logits); False (default): exp2((s - m) c), exact at the row max (module docstring).
+        self.exp2_ffma = exp2_ffma
         self.row_max = cute.make_rmem_tensor(num_rows, Float32)
         self.row_sum = cute.make_rmem_tensor(num_rows, Float32)
 
@@ -70,8 +73,12 @@ class OnlineSoftmax:
                 m_new = cute.arch.fmax(m_new, m_old)
             m_safe = 0.0 if m_new == -Float32.inf else m_new
             row_sum = Float32(0.0)
+            m_scaled = m_safe * self.scale_log2
             for c in cutlass.range_constexpr(n_cols):
-                p = cute.math.exp2((s[r, c] - m_safe) * self.scale_log2, fastmath=True)
+                if const_expr(self.exp2_ffma):
+                    p = cute.math.exp2(s[r, c] * self.scale_log2 - m_scaled, fastmath=True)
+                else:
+                    p = cute.math.exp2((s[r, c] - m_safe) * self.scale_log2, fastmath=True)
                 s[r, c] = p
                 row_sum += p
             if const_expr(is_first):

@@ -80,6 +80,8 @@ class Fa3Config:
     stages: depth of the K and V shared-memory pipelines.
     pingpong: named-barrier scheduling between consumer warpgroups (FA3 section 3.1).
     intra_wg_overlap: issue S_{j+1} = Q K^T with O += P_j V_j, softmax under the PV GEMM (3.2).
+    exp2_ffma: one FFMA per score in the softmax exponent (``OnlineSoftmax(exp2_ffma=True)``) instead of
+        the exact subtract-then-scale form; an A/B switch for the cost of exactness at huge logits.
     """
 
     tile_m: int = 128
@@ -87,6 +89,7 @@ class Fa3Config:
     stages: int = 2
     pingpong: bool = True
     intra_wg_overlap: bool = True
+    exp2_ffma: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:
@@ -373,7 +376,7 @@ class FlashAttention3Sm90:
         cS = cute.make_identity_tensor((self.tile_m, self.tile_n))
         tScS = tiled_mma_qk.get_slice(tidx).partition_C(cS)
         t0ScS = tiled_mma_qk.get_slice(0).partition_C(cS)
-        softmax = OnlineSoftmax(cute.size(acc_rows_cols(acc_O), mode=[0]), scale_log2)
+        softmax = OnlineSoftmax(cute.size(acc_rows_cols(acc_O), mode=[0]), scale_log2, self.cfg.exp2_ffma)
         softmax.reset()
 
         ctx = _StepContext(
