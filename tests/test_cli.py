@@ -60,7 +60,7 @@ def test_demo_uses_a_real_input_when_one_is_available(capsys, monkeypatch):
     q = torch.randn(1, 40, 9, 64, dtype=torch.bfloat16)
     k, v = torch.randn(1, 40, 3, 64, dtype=torch.bfloat16), torch.randn(1, 40, 3, 64, dtype=torch.bfloat16)
     monkeypatch.setattr(demo, "load_real_input",
-                        lambda device: demo.DemoInput(q, k, v, True, "captured: a test layer"))
+                        lambda device, dtype: demo.DemoInput(q, k, v, True, "captured: a test layer"))
     assert cli.main(["demo"]) == 0
     assert "captured: a test layer" in capsys.readouterr().out
     assert cli.main(["demo", "--random", "--seqlen", "32", "--heads", "2"]) == 0
