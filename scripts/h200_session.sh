@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# h200_session.sh: the GPU-host runs behind the closing notes and bench/ (one warm machine, two calls).
+#
+#   part 1 (carry .gpu):       source .gpu/env.sh && scripts/h200_session.sh tests-bench
+#   part 2 (carry .fixtures):  source .gpu/env.sh && scripts/h200_session.sh real-input
+#
+# tests-bench: every `gpu and not slow` test (kernel matrix for fa1/fa2/fa3, edge cases, FA-specific tests,
+#   dispatcher on the real capability, compile cache) in parallel pytest workers; then `fa-variants bench`
+#   (bf16, B*N = 16k, H*D = 2048, N = 512..16k, D = 64/128/256, causal and not, ours beside SDPA flash,
+#   cuDNN and flash-attn-4) with the memory table; then the FA1 vs FA2 DRAM-bytes study (ncu).
+# real-input: SmolLM2's captured Q/K/V through every backend + first layers end to end; the FA3 ablation.
+# Each step has its own time limit so that a slow step cannot eat the others; logs under $OUT.
+set -uo pipefail
+out="${OUT:-results/h200-session}"; mkdir -p "$out"
+step() { local name=$1 limit=$2; shift 2; echo "== $name (limit ${limit}s)"; local t0=$SECONDS
+  timeout -s INT "$limit" "$@" > "$out/$name.log" 2>&1; local rc=$?
+  echo "== $name: rc=$rc in $((SECONDS - t0))s"; tail -n 25 "$out/$name.log"; }
+
+case "${1:-}" in
+  tests-bench)
+    nvidia-smi --query-gpu=name,compute_cap,driver_version,clocks.max.sm --format=csv > "$out/gpu.txt" 2>&1
+    step pytest 230 python3 -m pytest -q -n 8 -m "gpu and not slow" -p no:cacheprovider --tb=line -rf \
+      --junitxml="$out/pytest.xml" tests
+    step bench 170 python3 -m fa_variants.cli bench --dtypes bf16 --backends fa1,fa2,fa3 \
+      --peers sdpa-flash,sdpa-cudnn,flash-attn-4,sdpa-math --no-progress --rep 60 --warmup 15 \
+      --memory-seqlens 1024,2048,4096,8192,16384,32768,65536,131072 --out "$out/bench"
+    step study 75 python3 scripts/fa1_vs_fa2_study.py --out "$out/study" --seqlens 1024 8192 \
+      --head-dims 128 --causal no --ncu-shapes 128:1024 128:8192 --ncu-timeout 60
+    ;;
+  real-input)
+    [ -f .gpu/env.sh ] || { echo "no .gpu on this machine"; exit 3; }
+    step real_input 120 python3 scripts/real_input_gpu.py --fixture .fixtures/smollm2_135m_instruct.pt.xz \
+      --out "$out/real_input"
+    step ablation 85 python3 -m fa_variants.hopper.bench_fa3 --ablation --head-dims 128 --seqlens 4096,16384 \
+      --dtypes bf16 --rounds 2 --rep 60 --json "$out/ablation.json"
+    ;;
+  *) echo "usage: $0 tests-bench|real-input" >&2; exit 2 ;;
+esac
