@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # h200_session.sh: the GPU-host runs behind the closing notes and bench/ (one warm machine, two calls).
 #
-#   part 1 (carry .gpu):       source .gpu/env.sh && scripts/h200_session.sh tests-bench
-#   part 2 (carry .fixtures):  source .gpu/env.sh && scripts/h200_session.sh real-input
+#   source .gpu/env.sh && scripts/h200_session.sh fa1           (carry .gpu: FA1's first GPU check)
+#   source .gpu/env.sh && scripts/h200_session.sh real-input    (carry .fixtures, on the still-warm machine)
+#   source .gpu/env.sh && scripts/h200_session.sh tests-bench   (carry .gpu)
 #
+# fa1: the FA1 tests and the shared correctness matrix for fa1 (never run on a GPU before).
 # tests-bench: every `gpu and not slow` test (kernel matrix for fa1/fa2/fa3, edge cases, FA-specific tests,
 #   dispatcher on the real capability, compile cache) in parallel pytest workers; then `fa-variants bench`
 #   (bf16, B*N = 16k, H*D = 2048, N = 512..16k, D = 64/128/256, causal and not, ours beside SDPA flash,
@@ -17,6 +19,10 @@ step() { local name=$1 limit=$2; shift 2; echo "== $name (limit ${limit}s)"; loc
   echo "== $name: rc=$rc in $((SECONDS - t0))s"; tail -n 25 "$out/$name.log"; }
 
 case "${1:-}" in
+  fa1)
+    step pytest_fa1 100 python3 -m pytest -q -n 8 -m "gpu and not slow" -p no:cacheprovider --tb=line -rf \
+      tests/test_fa1_gpu.py tests/test_kernels_gpu.py -k fa1
+    ;;
   tests-bench)
     nvidia-smi --query-gpu=name,compute_cap,driver_version,clocks.max.sm --format=csv > "$out/gpu.txt" 2>&1
     step pytest 230 python3 -m pytest -q -n 8 -m "gpu and not slow" -p no:cacheprovider --tb=line -rf \
@@ -34,5 +40,5 @@ case "${1:-}" in
     step ablation 85 python3 -m fa_variants.hopper.bench_fa3 --ablation --head-dims 128 --seqlens 4096,16384 \
       --dtypes bf16 --rounds 2 --rep 60 --json "$out/ablation.json"
     ;;
-  *) echo "usage: $0 tests-bench|real-input" >&2; exit 2 ;;
+  *) echo "usage: $0 fa1|real-input|tests-bench" >&2; exit 2 ;;
 esac
