@@ -388,3 +388,11 @@ def test_short_real_benchmark(tmp_path, capsys):
         if r["kind"] == "ours" and r["tflops"]:
             assert r["max_diff"] < 0.05, r
     assert code in (0, 1) and (tmp_path / "bench.md").exists()
+
+
+def test_memory_sweep_hands_each_record_over_as_it_is_measured():
+    """A run cut off by the GPU host's time limit must keep the memory rows it measured (seen on the H200)."""
+    seen = []
+    rows = memory_sweep([1024, 2048], impls("fa2", "sdpa-math"), synthetic_memory, dtype="bf16", head_dim=128,
+                        log=lambda _: None, on_row=lambda so_far: seen.append(len(so_far)))
+    assert seen == [1, 2, 3, 4] and len(rows) == 4

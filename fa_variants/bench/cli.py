@@ -261,12 +261,14 @@ def run_cli(args: argparse.Namespace) -> int:
           f"({', '.join(i.name for i in impls)})")
     total = len(plan.cases) * len(impls) + len(plan.memory_seqlens) * len(impls)
     with Progress(total, enabled=not args.no_progress) as bar:
-        def save(results):
-            report["results"] = results
+        def save(results=None, memory=None):
+            report["results"] = report["results"] if results is None else results
+            report["memory"] = report["memory"] if memory is None else memory
             bench_report.write_json(report, outdir / "bench.json")
 
         report["results"] = sweep(plan.cases, impls, runtime.time, log=bar.log, step=bar.step, on_case=save)
         if plan.memory_seqlens:
             report["memory"] = memory_sweep(plan.memory_seqlens, impls, runtime.memory, dtype=plan.memory_dtype,
-                                            head_dim=plan.memory_head_dim, log=bar.log, step=bar.step)
+                                            head_dim=plan.memory_head_dim, log=bar.log, step=bar.step,
+                                            on_row=lambda rows: save(memory=rows))
     return _write_and_summarise(report, outdir, charts=not args.no_charts)

@@ -153,11 +153,13 @@ def summary_line(case: Case, records: list[dict]) -> str:
 
 def memory_sweep(seqlens: list[int], impls: list[Impl], measure: Callable[[Impl, int], tuple[float, float]], *,
                  dtype: str, head_dim: int, log: Callable[[str], None] = print,
-                 step: Callable[[str], None] | None = None) -> list[dict]:
+                 step: Callable[[str], None] | None = None,
+                 on_row: Callable[[list[dict]], None] | None = None) -> list[dict]:
     """Peak memory of one forward per implementation as seqlen grows (batch 1, heads = HIDDEN // head_dim).
 
     measure(impl, seqlen) -> (inputs_mib, peak_mib). An implementation that fails (runs out of memory,
     cannot serve the shape) is not tried at larger seqlens (its later records say so); the others go on.
+    on_row(rows so far) runs after each record, so a run cut off by a time limit keeps what it measured.
     """
     rows, stopped = [], {}
     for n in sorted(seqlens):
@@ -176,6 +178,8 @@ def memory_sweep(seqlens: list[int], impls: list[Impl], measure: Callable[[Impl,
                     stopped[impl.name] = f"{rec['error'].split(':')[0]} (not tried after seqlen {n})"
                     log(f"memory: {impl.name} at seqlen {n}: {rec['error']}; not tried at larger seqlens")
             rows.append(rec)
+            if on_row:
+                on_row(rows)
     return rows
 
 
