@@ -138,3 +138,26 @@ def test_fa2_tile_ranges():
                     if n < start:
                         assert full, (Br, Bc, nq, nk, m, n)
                 assert mask.kv_tile_end(m, Br, Bc, nq, nk, causal=False) == -(-nk // Bc)
+
+
+@pytest.mark.gpu
+def test_testkernel_compiles_once_and_launches_on_the_gpu():
+    """Issue 2's GPU check of the infrastructure alone: the test kernel goes through the compile cache once,
+    launches on the current stream, and writes every element (outputs come back poisoned-free)."""
+    import torch
+
+    from fa_variants.common import testkernel
+
+    def check(b, nq, nk, h, hkv):
+        q = torch.randn(b, nq, h, 64, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(b, nk, hkv, 64, device="cuda", dtype=torch.bfloat16)
+        out, lse = testkernel.run(q, v, v, softmax_scale=0.5)
+        rows = torch.arange(nq, device="cuda").clamp(max=nk - 1)
+        want = q.float() * 0.5 + v.float()[:, rows].repeat_interleave(h // hkv, dim=2)
+        torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2)
+        assert torch.all(lse == 0.5)
+
+    check(1, 5, 3, 4, 4)
+    n = cc.cache_info()["compiles"]
+    check(3, 130, 77, 6, 2)  # other batch, seqlens and heads (GQA): served from the cache
+    assert cc.cache_info()["compiles"] == n
