@@ -17,6 +17,11 @@ from fa_variants import dispatch
 from fa_variants.dispatch import Selection
 from fa_variants.reference import default_softmax_scale
 
+_FLOAT32 = torch.finfo(torch.float32)
+_LOG2_E = math.log2(math.e)
+#: the largest |softmax_scale|: kernels fold it into log2(e) in float32, which must stay finite
+MAX_SOFTMAX_SCALE = _FLOAT32.max / _LOG2_E
+
 _LAYOUT = "(batch, seqlen, num_heads, head_dim)"
 _SDPA_LAYOUT = "(batch, num_heads, seqlen, head_dim)"
 
@@ -77,10 +82,25 @@ def _check_options(causal, softmax_scale, backend, return_lse, head_dim: int) ->
         return default_softmax_scale(head_dim)
     if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
         raise TypeError(f"softmax_scale must be a real number or None, got {softmax_scale!r}")
-    scale = float(softmax_scale)
+    try:
+        scale = float(softmax_scale)
+    except OverflowError:  # an int beyond float range
+        raise ValueError(f"softmax_scale must be finite, got an int of {len(str(abs(softmax_scale)))} "
+                         "digits") from None
     if not math.isfinite(scale):
         raise ValueError(f"softmax_scale must be finite, got {scale}")
+    if abs(scale) > MAX_SOFTMAX_SCALE:
+        raise ValueError(f"softmax_scale {scale:g} is out of range: |softmax_scale| must be <= "
+                         f"{MAX_SOFTMAX_SCALE:.4g} (the kernels compute softmax_scale * log2(e) in float32)")
     return scale
+
+
+def _kernel_scale(scale: float) -> float:
+    """The scale handed to a kernel: one that float32 flushes (|scale * log2 e| below the smallest normal
+    float32) becomes 0.0, which every kernel maps to the uniform average. Both give exp(scale * s) == 1 in
+    float32 for every finite score; a flushed scale passed as is becomes 0 inside the kernel, where a
+    masked score gives -inf * 0 = NaN."""
+    return 0.0 if abs(scale) * _LOG2_E < _FLOAT32.tiny else scale
 
 
 def _unit_last_dim(t: torch.Tensor) -> torch.Tensor:
@@ -106,6 +126,8 @@ def _run(selection: Selection, q, k, v, causal: bool, scale: float):
             "torch.no_grad() / torch.inference_mode(), or use backend='reference' for autograd")
     module = dispatch.get_module(selection.backend)
     guard = torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext()
+    if selection.backend != "reference":
+        scale = _kernel_scale(scale)
     with guard:
         out, lse = module.run(q, k, v, causal=causal, softmax_scale=scale)
     if out.shape != q.shape or lse.shape != (batch, heads, seqlen_q):
@@ -127,7 +149,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
             K/V broadcast across heads with stride 0 (``expand``) run as MQA, without a copy.
         causal: bottom-right aligned causal mask: query i sees key j iff j <= i + seqlen_k - seqlen_q
             (flash-attn >= 2.1). A query row that sees no key gives 0 and LSE -inf.
-        softmax_scale: any finite real (0, negative and ints are fine); None means 1 / sqrt(head_dim).
+        softmax_scale: any finite real (0, negative and ints are fine) with |softmax_scale| <=
+            ``MAX_SOFTMAX_SCALE`` (about 2.36e38: float32 max / log2 e); None means 1 / sqrt(head_dim).
+            On the kernels, a scale too small for float32 (|scale| log2 e < 1.2e-38) runs as 0.
         backend: "auto" (see ``fa_variants.dispatch``; env FA_VARIANTS_BACKEND overrides auto), or one of
             "fa3", "fa3-fp8", "fa2", "fa1", "reference".
         return_lse: also return the log-sum-exp of each query row.
@@ -141,7 +165,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         TypeError: a non-tensor input, a non-floating or mismatched dtype, a non-bool flag, a non-real scale.
         ValueError: wrong rank; batch, seqlen_k, num_heads_kv or head_dim mismatch; num_heads not a multiple
             of num_heads_kv; head_dim 0; num_heads_kv 0; inputs on different devices; non-finite
-            softmax_scale; an unknown backend; a backend that cannot serve the call
+            or out-of-range softmax_scale; an unknown backend; a backend that cannot serve the call
             (``dispatch.BackendUnavailableError``, naming the backends that can).
         NotImplementedError: a kernel backend with inputs that require grad (forward only).
 

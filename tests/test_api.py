@@ -80,6 +80,11 @@ def _bad_inputs():
         ("scale-nan", (q, k, v), {"softmax_scale": math.nan}, ValueError, "finite, got nan"),
         ("scale-str", (q, k, v), {"softmax_scale": "0.1"}, TypeError, "softmax_scale must be a real number"),
         ("scale-bool", (q, k, v), {"softmax_scale": True}, TypeError, "softmax_scale must be a real number"),
+        ("scale-int-beyond-float", (q, k, v), {"softmax_scale": 10**400}, ValueError,
+         "softmax_scale must be finite, got an int of 401 digits"),
+        ("scale-beyond-float32", (q, k, v), {"softmax_scale": 1e300}, ValueError,
+         r"softmax_scale 1e\+300 is out of range: \|softmax_scale\| must be <= 2.359e\+38"),
+        ("scale-neg-beyond-float32", (q, k, v), {"softmax_scale": -3e38}, ValueError, "out of range"),
         ("causal-str", (q, k, v), {"causal": "yes"}, TypeError, "causal must be a bool, got 'yes'"),
         ("return-lse-int", (q, k, v), {"return_lse": 1}, TypeError, "return_lse must be a bool"),
         ("backend-int", (q, k, v), {"backend": 2}, TypeError, "backend must be a str"),
@@ -159,6 +164,18 @@ def test_scale_defaults_and_conversions(fake_gpu):
     fa_variants.attention(q, k, v, softmax_scale=0)
     scales = [c["softmax_scale"] for c in fake_gpu]
     assert scales == [0.25, 1.0, -0.125, 0.0] and all(type(s) is float for s in scales)
+
+
+def test_scale_too_small_for_float32_reaches_a_kernel_as_zero(fake_gpu):
+    """A scale float32 flushes would become 0 inside the kernel without the kernels' zero mapping, and a
+    masked score would then give -inf * 0 = NaN: such scales reach a kernel as 0.0 (the same softmax in
+    float32). Scales float32 can hold pass unchanged; the reference backend gets every scale as is."""
+    q, k, v = qkv()
+    for scale in (1e-300, -1e-300, 1e-39, 1e-30, fa_variants.api.MAX_SOFTMAX_SCALE):
+        fa_variants.attention(q, k, v, softmax_scale=scale, causal=True)
+    assert [c["softmax_scale"] for c in fake_gpu] == [0.0, 0.0, 0.0, 1e-30, fa_variants.api.MAX_SOFTMAX_SCALE]
+    out = fa_variants.attention(q, k, v, softmax_scale=1e-300, causal=True, backend="reference")
+    assert len(fake_gpu) == 5 and torch.isfinite(out).all()
 
 
 def test_non_unit_last_stride_is_copied(fake_gpu):
