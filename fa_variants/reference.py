@@ -108,17 +108,42 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
     for r0 in range(0, seqlen_q, rows):
         r1 = min(seqlen_q, r0 + rows)
         s = torch.einsum("bqhgd,bkhd->bhgqk", qg[:, r0:r1], kd)  # (B, Hkv, G, rows, Nk)
-        s = s.float() if low else s * scale
-        if causal:
-            s = s.masked_fill(~causal_visible(seqlen_q, seqlen_k, row_start=r0, rows=r1 - r0,
-                                              device=q.device), -math.inf)
-        m = torch.logsumexp(s, dim=-1, keepdim=True)
-        # exp(s - lse); a row that sees no key has lse = -inf and gets P = 0 instead of NaN
-        p = torch.where(m == -math.inf, torch.zeros_like(s), torch.exp(s - m))
+        visible = (causal_visible(seqlen_q, seqlen_k, row_start=r0, rows=r1 - r0, device=q.device)
+                   if causal else None)
+        if low:
+            m, p = _softmax_scaled(s.float(), visible)
+        else:
+            m, p = _softmax_raw(s, scale, visible)
         o = torch.einsum("bhgqk,bkhd->bqhgd", p.to(dtype), vd)
         out[:, r0:r1] = o.reshape(batch, r1 - r0, num_heads, head_dim_v)
         lse[:, :, r0:r1] = m.reshape(batch, num_heads, r1 - r0).to(lse_dtype)
     return out, lse
+
+
+def _softmax_scaled(s: torch.Tensor, visible: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lse, P) of already-scaled scores, as PyTorch does it; a row that sees no key gets lse -inf, P 0."""
+    if visible is not None:
+        s = s.masked_fill(~visible, -math.inf)
+    m = torch.logsumexp(s, dim=-1, keepdim=True)
+    return m, torch.where(m == -math.inf, torch.zeros_like(s), torch.exp(s - m))
+
+
+def _softmax_raw(s: torch.Tensor, scale: float, visible: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lse, P) of softmax(scale * s) from raw scores, subtracting the row max before scaling, so that a
+    scale whose products overflow (|scale s| beyond the dtype's range) still gives finite P, not inf - inf.
+    softmax(c s) = softmax(|c| (sign(c) s)); the row max of sign(c) s is the max of the scaled scores."""
+    s = -s if scale < 0 else s
+    if visible is not None:
+        s = s.masked_fill(~visible, -math.inf)
+    m = s.amax(dim=-1, keepdim=True)
+    empty = m == -math.inf  # a row that sees no key: P = 0, lse = -inf
+    z = (s - torch.where(empty, torch.zeros_like(m), m)) * abs(scale)
+    if visible is not None:  # masked keys get weight 0 even when scale is 0 (-inf * 0 would be NaN)
+        z = z.masked_fill(~visible, -math.inf)
+    p = torch.exp(z)
+    total = p.sum(dim=-1, keepdim=True)
+    lse = torch.where(empty, torch.full_like(m, -math.inf), m * abs(scale) + torch.log(total))
+    return lse, torch.where(empty, torch.zeros_like(p), p / total)
 
 
 def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,

@@ -71,6 +71,32 @@ def test_scales_match_naive(scale, causal):
     torch.testing.assert_close(lse, want_lse, rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("scale", [1e38, -2e38, 1e307])
+@pytest.mark.parametrize("causal", [False, True])
+def test_scale_whose_products_overflow_gives_the_argmax(dtype, scale, causal):
+    """|scale * s| beyond the dtype's range: softmax is then one-hot at the row's arg max of sign(scale) s
+    (finite, never inf - inf = NaN), and LSE = max(scale * s), inf where that overflows the dtype."""
+    if abs(scale) > torch.finfo(dtype).max:
+        pytest.skip("scale beyond the dtype's range")
+    q, k, v = rand(1, 9, 2, 16).to(dtype), rand(1, 6, 2, 16).to(dtype), rand(1, 6, 2, 16).to(dtype)
+    out, lse = attention_reference(q, k, v, causal=causal, softmax_scale=scale, dtype=dtype)
+    s = torch.einsum("bqhd,bkhd->bhqk", q.double(), k.double()) * math.copysign(1.0, scale)
+    if causal:
+        s = s.masked_fill(~ref.causal_visible(9, 6), -math.inf)
+    best = s.argmax(-1)  # (B, H, Nq)
+    want = torch.gather(v.double().permute(0, 2, 1, 3), 2, best.unsqueeze(-1).expand(-1, -1, -1, 16))
+    want = want.permute(0, 2, 1, 3)  # (B, Nq, H, D)
+    empty = torch.isneginf(s.amax(-1))  # rows that see no key (causal with Nq > Nk)
+    want = torch.where(empty.permute(0, 2, 1).unsqueeze(-1), torch.zeros_like(want), want)
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    torch.testing.assert_close(out.double(), want, rtol=0, atol=1e-6)
+    assert torch.isneginf(lse[empty]).all()
+    want_lse = (s.amax(-1) * abs(scale)).to(dtype)
+    # the row max of raw scores, times |scale|: scores rounded in dtype (about 1e-5 absolute for these)
+    torch.testing.assert_close(lse[~empty], want_lse[~empty], rtol=1e-5, atol=1e-4 * abs(scale))
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_scale_zero_averages_visible_values(causal):
     q, k, v = rand(1, 8, 2, 16), rand(1, 8, 2, 16), rand(1, 8, 2, 16)
