@@ -30,6 +30,9 @@ def _check_rank(tensors, names, layout) -> None:
     for name, t in zip(names, tensors):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.layout != torch.strided or t.is_nested:
+            raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}"
+                            + (" (nested)" if t.is_nested else ""))
     for name, t in zip(names, tensors):
         if t.dim() != 4:
             raise ValueError(f"{name} must be 4-D {layout}, got {t.dim()}-D shape {tuple(t.shape)}")
@@ -211,7 +214,9 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     if attn_mask is not None:
         raise ValueError("attn_mask is not supported (only is_causal masking); use torch's SDPA for masks")
     if dropout_p != 0.0:
-        raise ValueError(f"dropout_p must be 0.0 (forward inference only), got {dropout_p}")
+        raise ValueError(f"dropout_p must be 0.0 (forward inference only), got {dropout_p!r}")
+    if not isinstance(enable_gqa, bool):
+        raise TypeError(f"enable_gqa must be a bool, got {enable_gqa!r}")
     if is_causal and q.shape[1] != k.shape[1]:
         raise ValueError(f"is_causal with seqlen_q {q.shape[1]} != seqlen_k {k.shape[1]}: PyTorch aligns "
                          "the causal mask top-left, fa_variants bottom-right; call fa_variants.attention "

@@ -58,6 +58,10 @@ def _bad_inputs():
         ("q-3d", (q[0], k, v), {}, ValueError, r"q must be 4-D \(batch, seqlen, num_heads, head_dim\), got 3-D"),
         ("q-5d", (q[None], k, v), {}, ValueError, "q must be 4-D .* got 5-D shape"),
         ("k-3d", (q, k[0], v), {}, ValueError, "k must be 4-D"),
+        ("q-sparse", (q.to_sparse(), k, v), {}, TypeError,
+         "q must be a dense \\(strided\\) tensor, got layout torch.sparse_coo"),
+        ("k-nested", (q, torch.nested.nested_tensor(list(k), layout=torch.jagged), v), {}, TypeError,
+         "k must be a dense \\(strided\\) tensor, got layout torch.jagged \\(nested\\)"),
         ("int-dtype", (q.long(), k, v), {}, TypeError, "q has dtype torch.int64; attention needs a floating"),
         ("dtype-mismatch", (q, k.bfloat16(), v), {}, TypeError,
          "q has dtype torch.float16 but k has dtype torch.bfloat16"),
@@ -275,6 +279,16 @@ def test_sdpa_rejects(kwargs, message):
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     with pytest.raises(ValueError, match=message):
         fa_variants.scaled_dot_product_attention(q[0] if rank == 3 else q, k, v, **kwargs)
+
+
+def test_sdpa_rejects_a_non_bool_enable_gqa_and_non_dense_inputs():
+    q, k, v = (t.transpose(1, 2) for t in qkv())
+    with pytest.raises(TypeError, match="enable_gqa must be a bool, got 'no'"):
+        fa_variants.scaled_dot_product_attention(q, k, v, enable_gqa="no")
+    with pytest.raises(ValueError, match="dropout_p must be 0.0 .*, got '0'"):
+        fa_variants.scaled_dot_product_attention(q, k, v, dropout_p="0")
+    with pytest.raises(TypeError, match="value must be a dense"):
+        fa_variants.scaled_dot_product_attention(q, k, v.to_sparse())
 
 
 def test_public_names():
