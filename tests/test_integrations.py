@@ -269,6 +269,30 @@ def test_custom_op_matches_the_api_and_passes_opcheck():
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
 
 
+@pytest.mark.parametrize("bad, message", [
+    (dict(q_rank=3), r"q must be 4-D \(batch, seqlen, num_heads, head_dim\), got 3-D"),
+    (dict(Hkv=4), "num_heads 6 not divisible by num_heads_kv 4"),
+    (dict(scale=float("nan")), "softmax_scale must be finite"),
+    (dict(backend=" reference"), None),  # the backend name is checked when the op runs, not traced
+])
+def test_custom_op_fake_validates_like_the_api(bad, message):
+    """Under fake tensors (what torch.compile / torch.export trace with) a bad call raises the API's
+    ValueError, not an unpacking error, and an invalid call does not get output shapes."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    q, k, v = _qkv(Hkv=bad.get("Hkv", 2))
+    q = q[0] if bad.get("q_rank") == 3 else q
+    with FakeTensorMode() as mode:
+        fq, fk, fv = (mode.from_tensor(t) for t in (q, k, v))
+        call = lambda: torch.ops.fa_variants.attention(fq, fk, fv, True, bad.get("scale"),  # noqa: E731
+                                                       bad.get("backend", "reference"))
+        if message is None:
+            out, lse = call()
+            assert out.shape == q.shape and lse.shape == (2, 6, 37)
+        else:
+            with pytest.raises(ValueError, match=message):
+                call()
+
+
 def _fn(q, k, v):
     out = custom_op.attention(q * 1.0, k, v, causal=True, softmax_scale=0.2, backend="reference")
     return out.float().square().sum(-1)

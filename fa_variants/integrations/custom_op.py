@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 import fa_variants
+from fa_variants import api
 
 
 @torch.library.custom_op("fa_variants::attention", mutates_args=())
@@ -32,7 +33,12 @@ def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
 
 @attention_op.register_fake
 def _attention_fake(q, k, v, causal, softmax_scale, backend):
-    """Shapes and dtypes only: out like q (contiguous), lse float32 (batch, num_heads, seqlen_q)."""
+    """Shapes and dtypes only: out like q (contiguous), lse float32 (batch, num_heads, seqlen_q).
+
+    Validates first, with ``fa_variants.attention``'s rules and messages, so that a bad call fails while
+    tracing (torch.compile, torch.export) with that message instead of an unpacking error."""
+    api._check_inputs(q, k, v)
+    api._check_options(causal, softmax_scale, backend, False, head_dim=1)  # head_dim: only the default scale
     batch, seqlen_q, heads, head_dim = q.shape
     out = q.new_empty((batch, seqlen_q, heads, head_dim))
     lse = q.new_empty((batch, heads, seqlen_q), dtype=torch.float32)
