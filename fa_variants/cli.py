@@ -3,7 +3,9 @@
 Each sub-command lives in its own module, which exposes
 ``configure_parser(parser: argparse.ArgumentParser) -> None`` and ``run_cli(args) -> int``.
 Modules are imported lazily, so `fa-variants info` works even where a heavy dependency
-(the CuTe DSL, matplotlib) is missing, and a missing piece gives a clear message.
+(the CuTe DSL, matplotlib) is missing, and a missing piece gives a clear message. A ValueError or
+OSError from a sub-command (an input no backend serves, an unusable path) is printed as one line,
+exit status 2.
 """
 from __future__ import annotations
 
@@ -20,6 +22,28 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("fa_variants.bench", "TFLOP/s of our kernels beside PyTorch SDPA and flash-attn-4"),
     "fp8-study": ("fa_variants.fp8.study", "FP8 (e4m3) accuracy against FP16"),
 }
+
+
+def positive_int(text: str) -> int:
+    """argparse type for a size (batch, seqlen, heads, head_dim, ...): an int >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an int") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type for a positive finite real (a size in KiB, ...)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive finite number")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,7 +68,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fa-variants {args.command}: unavailable here ({err})", file=sys.stderr)
         return 2
     module = importlib.import_module(args._module)
-    return int(module.run_cli(args) or 0)
+    try:
+        return int(module.run_cli(args) or 0)
+    except (ValueError, OSError) as exc:  # bad input (an unservable shape, a backend, a path): one line
+        print(f"fa-variants {args.command}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

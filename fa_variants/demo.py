@@ -90,15 +90,17 @@ def _timed(fn, device: torch.device, repeats: int) -> list[float]:
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--batch", type=int, help="default 2 on a GPU, 1 on the CPU")
-    parser.add_argument("--seqlen", type=int, help="default 2048 on a GPU, 1024 on the CPU")
-    parser.add_argument("--heads", type=int, help="default 16 on a GPU, 8 on the CPU")
-    parser.add_argument("--head-dim", type=int, help="default 128")
+    from fa_variants.cli import positive_int
+
+    parser.add_argument("--batch", type=positive_int, help="default 2 on a GPU, 1 on the CPU")
+    parser.add_argument("--seqlen", type=positive_int, help="default 2048 on a GPU, 1024 on the CPU")
+    parser.add_argument("--heads", type=positive_int, help="default 16 on a GPU, 8 on the CPU")
+    parser.add_argument("--head-dim", type=positive_int, help="default 128")
     parser.add_argument("--dtype", choices=DTYPES, default="bf16")
     parser.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True,
                         help="causal mask (default: on, as in an LLM prefill)")
     parser.add_argument("--backend", default="auto", help="auto (default), fa3, fa2, fa1, reference")
-    parser.add_argument("--repeats", type=int, default=10, help="timed calls after the first (GPU)")
+    parser.add_argument("--repeats", type=positive_int, default=10, help="timed calls after the first (GPU)")
     parser.add_argument("--seed", type=int, help="random seed (default: fresh)")
     parser.add_argument("--random", action="store_true", help="use random input even if a real one exists")
 

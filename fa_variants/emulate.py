@@ -396,16 +396,18 @@ def hbm_bytes(algorithm: str, B: int, H: int, Nq: int, Nk: int, D: int, Br: int,
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Arguments of `fa-variants io`."""
-    parser.add_argument("--N", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384],
+    from fa_variants.cli import positive_float, positive_int
+
+    parser.add_argument("--N", type=positive_int, nargs="+", default=[1024, 2048, 4096, 8192, 16384],
                         help="sequence lengths (seqlen_q = seqlen_k = N)")
-    parser.add_argument("--d", type=int, nargs="+", default=[64, 128], help="head dims")
-    parser.add_argument("--sram-kb", type=float, default=100.0,
+    parser.add_argument("--d", type=positive_int, nargs="+", default=[64, 128], help="head dims")
+    parser.add_argument("--sram-kb", type=positive_float, default=100.0,
                         help="on-chip SRAM size M in KiB (FA paper: 100 KB of an A100 SM's 192 KB)")
-    parser.add_argument("--elem-bytes", type=int, default=2, help="bytes per element to turn KiB into M (fp16: 2)")
+    parser.add_argument("--elem-bytes", type=positive_int, default=2, help="bytes per element to turn KiB into M (fp16: 2)")
     parser.add_argument("--causal", action="store_true", help="bottom-right causal with tile skipping")
     parser.add_argument("--emulate-max", type=int, default=2048,
                         help="run the emulators for N up to this (else use the closed form hbm_counts)")
-    parser.add_argument("--fa2-tiles", type=int, nargs=2, metavar=("BR", "BC"), default=None,
+    parser.add_argument("--fa2-tiles", type=positive_int, nargs=2, metavar=("BR", "BC"), default=None,
                         help="FA2's own Br, Bc (e.g. 128 64 as a sm80 kernel); default: FA1's choice")
 
 

@@ -79,3 +79,37 @@ def test_attention_flops():
     causal = demo.DemoInput(q, k, k, True, "")
     assert demo.attention_flops(full) == 4 * 2 * 3 * 8 * 4 * 6
     assert demo.attention_flops(causal) == 4 * 2 * 3 * 8 * (3 + 4 + 5 + 6)
+
+
+# ------------------------------------------------------------------------------- bad arguments: one line
+
+@pytest.mark.parametrize("argv, message", [
+    (["demo", "--backend", "bogus", "--seqlen", "16"], "fa-variants demo: error: unknown backend 'bogus'"),
+    (["demo", "--backend", "fa2", "--seqlen", "16"] if not torch.cuda.is_available() else
+     ["demo", "--backend", "fa9", "--seqlen", "16"], "fa-variants demo: error: "),
+    (["io", "--N", "64", "--sram-kb", "0.001"], "fa-variants io: error: M and d must be >= 1"),
+    (["fp8-study", "--quick", "--dists", "normal", "--seqlens", "16", "--out", "/proc/no/such/dir"],
+     "fa-variants fp8-study: error: .*No such file or directory"),
+])
+def test_a_sub_command_value_error_is_one_line(capsys, argv, message):
+    """A ValueError / OSError inside a sub-command: one stderr line, exit status 2, no traceback."""
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err
+    assert __import__("re").match(message, err)
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["demo", "--seqlen", "0"], "--seqlen"), (["demo", "--heads", "-1"], "--heads"),
+    (["io", "--N", "0"], "--N"), (["io", "--d", "-64"], "--d"), (["io", "--elem-bytes", "0"], "--elem-bytes"),
+    (["io", "--sram-kb", "0"], "--sram-kb"), (["io", "--fa2-tiles", "0", "64"], "--fa2-tiles"),
+    (["fp8-study", "--quick", "--head-dim", "0"], "--head-dim"), (["fp8-study", "--heads", "0"], "--heads"),
+    (["fp8-study", "--seqlens", "0"], "--seqlens"), (["fp8-study", "--batch", "0"], "--batch"),
+])
+def test_sizes_must_be_positive(capsys, argv, flag):
+    """Sizes of 0 or below are argparse errors (were ZeroDivisionError / RuntimeError tracebacks, or, for
+    fp8-study --heads 0, silently the default)."""
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    assert exc.value.code == 2
+    assert f"argument {flag}: " in capsys.readouterr().err

@@ -140,12 +140,14 @@ def _grouped(rows: list[dict]) -> dict:
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Arguments of `fa-variants fp8-study`."""
+    from fa_variants.cli import positive_int
+
     parser.add_argument("--quick", action="store_true", help="small sizes (CPU, a few seconds): N 256 1024, 2 heads")
-    parser.add_argument("--seqlens", type=int, nargs="+", default=None, help="default 512 2048 4096 (quick: 256 1024)")
+    parser.add_argument("--seqlens", type=positive_int, nargs="+", default=None, help="default 512 2048 4096 (quick: 256 1024)")
     parser.add_argument("--dists", nargs="+", choices=sorted(DISTRIBUTIONS), default=list(DISTRIBUTIONS))
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--heads", type=int, default=None, help="default 8 (quick: 2)")
-    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--batch", type=positive_int, default=1)
+    parser.add_argument("--heads", type=positive_int, default=None, help="default 8 (quick: 2)")
+    parser.add_argument("--head-dim", type=positive_int, default=128)
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--backend", choices=("auto", "emulation", "kernel"), default="auto",
