@@ -1,5 +1,9 @@
-"""Shared pytest set-up: markers that skip with a visible reason where the hardware or DSL is missing."""
+"""Shared pytest set-up: markers that skip with a visible reason where the hardware or DSL is missing, and
+NaN-poisoned allocations for the kernel tests."""
+import contextlib
+import functools
 import importlib.util
+import math
 
 import pytest
 import torch
@@ -17,3 +21,26 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(no_gpu)
         if ("compile" in item.keywords or "gpu" in item.keywords) and not _has_dsl():
             item.add_marker(no_dsl)
+
+
+def _nan_filled(allocate):
+    @functools.wraps(allocate)
+    def wrapper(*args, **kwargs):
+        t = allocate(*args, **kwargs)
+        if t.is_floating_point():
+            t.fill_(math.nan)
+        return t
+    return wrapper
+
+
+@pytest.fixture
+def nan_allocations(monkeypatch):
+    """A context manager: inside it every torch.empty / empty_like / Tensor.new_empty of a floating dtype
+    comes back filled with NaN, so an output element a kernel never writes fails the test."""
+    @contextlib.contextmanager
+    def poisoned():
+        with monkeypatch.context() as patch:
+            for owner, name in ((torch, "empty"), (torch, "empty_like"), (torch.Tensor, "new_empty")):
+                patch.setattr(owner, name, _nan_filled(getattr(owner, name)))
+            yield
+    return poisoned

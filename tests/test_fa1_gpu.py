@@ -44,21 +44,10 @@ def fa1():
     return module
 
 
-def _nan_filled(allocate):
-    @functools.wraps(allocate)
-    def wrapper(*args, **kwargs):
-        t = allocate(*args, **kwargs)
-        if t.is_floating_point():
-            t.fill_(math.nan)
-        return t
-    return wrapper
-
-
-def run_poisoned(monkeypatch, q, k, v, *, causal, softmax_scale=None, tiles=None):
-    """fa1.run with every torch.empty (out, lse, workspace O, l, m) NaN-filled."""
+def run_poisoned(poisoned, q, k, v, *, causal, softmax_scale=None, tiles=None):
+    """fa1.run with every fresh allocation (out, lse, workspace O, l, m) NaN-filled (conftest's nan_allocations)."""
     scale = 1 / math.sqrt(q.shape[-1]) if softmax_scale is None else softmax_scale
-    with monkeypatch.context() as patch:
-        patch.setattr(torch, "empty", _nan_filled(torch.empty))
+    with poisoned():
         out, lse = fa1().run(q, k, v, causal=causal, softmax_scale=scale, tiles=tiles)
         torch.cuda.synchronize()
     return out, lse
@@ -90,9 +79,9 @@ STATE_SHAPES = [(1, 4097), (64, 1000), (1000, 64), (333, 517), (300, 40), (129, 
 @pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("dtype", list(DTYPES))
-def test_hbm_state_round_trips(monkeypatch, dtype, head_dim, causal, seqlens):
+def test_hbm_state_round_trips(nan_allocations, dtype, head_dim, causal, seqlens):
     q, k, v = inputs(2, *seqlens, 4, 2, head_dim, DTYPES[dtype])  # GQA 4:2
-    out, lse = run_poisoned(monkeypatch, q, k, v, causal=causal)
+    out, lse = run_poisoned(nan_allocations, q, k, v, causal=causal)
     assert_passes(out, lse, q, k, v, causal)
 
 
@@ -102,16 +91,16 @@ TILES = [AttentionTiles(64, 128, 4, 1), AttentionTiles(128, 64, 4, 2), Attention
 
 @pytest.mark.parametrize("seqlens", [(333, 517), (1, 300), (700, 200)], ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("tiles", TILES, ids=lambda t: f"{t.Br}x{t.Bc}w{t.warps}s{t.stages}")
-def test_other_tile_configurations(monkeypatch, tiles, seqlens):
+def test_other_tile_configurations(nan_allocations, tiles, seqlens):
     q, k, v = inputs(2, *seqlens, 3, 1, 128)  # MQA
-    out, lse = run_poisoned(monkeypatch, q, k, v, causal=True, tiles=tiles)
+    out, lse = run_poisoned(nan_allocations, q, k, v, causal=True, tiles=tiles)
     assert_passes(out, lse, q, k, v, True)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
-def test_long_sequence(monkeypatch, causal):
+def test_long_sequence(nan_allocations, causal):
     q, k, v = inputs(1, 8192, 8192, 2, 2, 128)  # 128 x 64 = 8192 (i, j) steps per CTA
-    out, lse = run_poisoned(monkeypatch, q, k, v, causal=causal)
+    out, lse = run_poisoned(nan_allocations, q, k, v, causal=causal)
     assert_passes(out, lse, q, k, v, causal)
 
 
@@ -125,15 +114,15 @@ def test_deterministic():
 
 @pytest.mark.parametrize("scale", [-0.125, 0.0, 10.0])
 @pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
-def test_softmax_scales(monkeypatch, scale, causal):
+def test_softmax_scales(nan_allocations, scale, causal):
     q, k, v = inputs(1, 200, 300, 2, 2, 64)
-    out, lse = run_poisoned(monkeypatch, q, k, v, causal=causal, softmax_scale=scale)
+    out, lse = run_poisoned(nan_allocations, q, k, v, causal=causal, softmax_scale=scale)
     assert_passes(out, lse, q, k, v, causal, scale)
 
 
-def test_strided_inputs(monkeypatch):
+def test_strided_inputs(nan_allocations):
     """q, k, v from one packed projection (B, N, 3, H, D): non-contiguous heads and sequence strides."""
     qkv = torch.randn(2, 390, 3, 4, 128, device="cuda", dtype=torch.bfloat16)
     q, k, v = qkv.unbind(dim=2)
-    out, lse = run_poisoned(monkeypatch, q, k, v, causal=True)
+    out, lse = run_poisoned(nan_allocations, q, k, v, causal=True)
     assert_passes(out, lse, q, k, v, True)

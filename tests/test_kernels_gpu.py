@@ -57,25 +57,13 @@ def matrix_case(dtype: str, head_dim: int, seqlens: tuple[int, int], causal: boo
     return q, k, v, references(q, k, v, causal=causal)
 
 
-def _nan_filled(allocate):
-    @functools.wraps(allocate)
-    def wrapper(*args, **kwargs):
-        t = allocate(*args, **kwargs)
-        if t.is_floating_point():
-            t.fill_(math.nan)
-        return t
-    return wrapper
 
-
-def run_poisoned(monkeypatch, q, k, v, **kwargs):
+def run_poisoned(poisoned, q, k, v, **kwargs):
     """attention(q, k, v, **kwargs) with every fresh allocation NaN-filled while it runs."""
     batch, seqlen_q, heads, _ = q.shape
     for numel, dtype in ((q.numel(), q.dtype), (batch * heads * seqlen_q, torch.float32)):
         torch.full((numel,), math.nan, dtype=dtype, device=q.device)  # freed at once: a NaN cached block
-    with monkeypatch.context() as patch:
-        patch.setattr(torch, "empty", _nan_filled(torch.empty))
-        patch.setattr(torch, "empty_like", _nan_filled(torch.empty_like))
-        patch.setattr(torch.Tensor, "new_empty", _nan_filled(torch.Tensor.new_empty))
+    with poisoned():
         out, lse = fa_variants.attention(q, k, v, return_lse=True, **kwargs)
         torch.cuda.synchronize()
     return out, lse
@@ -88,14 +76,14 @@ def run_poisoned(monkeypatch, q, k, v, **kwargs):
 @pytest.mark.parametrize("seqlens", SEQLENS, ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("dtype", list(DTYPES))
-def test_matrix(monkeypatch, dtype, head_dim, seqlens, causal, heads, backend):
+def test_matrix(nan_allocations, dtype, head_dim, seqlens, causal, heads, backend):
     module = kernel_module(backend)
     if DTYPES[dtype] not in module.DTYPES:
         pytest.skip(f"{backend} does not list {dtype} in DTYPES")
     if head_dim not in module.HEAD_DIMS:
         pytest.skip(f"{backend} does not list head_dim {head_dim} in HEAD_DIMS {module.HEAD_DIMS}")
     q, k, v, refs = matrix_case(dtype, head_dim, seqlens, causal, heads)
-    out, lse = run_poisoned(monkeypatch, q, k, v, causal=causal, backend=backend)
+    out, lse = run_poisoned(nan_allocations, q, k, v, causal=causal, backend=backend)
     assert out.shape == q.shape and out.dtype == q.dtype
     assert lse.shape == (q.shape[0], q.shape[2], q.shape[1]) and lse.dtype == torch.float32
     assert not torch.isnan(out).any(), f"{backend}: NaN in the output (an unwritten row?)"
