@@ -162,7 +162,14 @@ def test_hf_registry_matches_eager(model, ids):
             model.set_attn_implementation("eager")
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(ones, expected, rtol=1e-5, atol=1e-5)
-    assert torch.equal(greedy_ours, greedy)
+    # Greedy decoding through our attention must pick, at every step, a token that eager attention also
+    # ranks first up to rounding: comparing the two token sequences bitwise would fail on a near-tie of the
+    # top two logits, whose order the reduction order of the CPU's BLAS decides.
+    assert greedy_ours.shape == greedy.shape
+    with torch.no_grad():
+        logits = model(greedy_ours[:, :-1]).logits[0, 8:]  # eager, on our sequence: one row per new token
+    chosen = logits.gather(-1, greedy_ours[0, 9:, None]).squeeze(-1)
+    assert (chosen >= logits.amax(-1) - 1e-4).all()
 
 
 @needs_hf

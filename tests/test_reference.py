@@ -159,13 +159,15 @@ def test_same_dtype_reference_is_low_precision_but_close(dtype):
     assert max_abs_error(low_lse, exact_lse) < 20 * eps
 
 
-def test_chunked_rows_equal_one_chunk(monkeypatch):
+def test_chunked_rows_match_one_chunk(monkeypatch):
+    """Chunking the query rows changes the matmul shapes, so BLAS may block (and round) differently:
+    the two agree to float64 rounding (seen: 1 ulp, 4.4e-16, on some CPUs), not bitwise."""
     q, k, v = rand(2, 37, 4, 16), rand(2, 23, 2, 16), rand(2, 23, 2, 16)
     whole = attention_reference(q, k, v, causal=True)
     monkeypatch.setattr(ref, "_MAX_SCORE_ELEMENTS", 2 * 4 * 23 * 5)  # 5 query rows per chunk
     chunked = attention_reference(q, k, v, causal=True)
     for a, b in zip(whole, chunked):
-        assert torch.equal(a, b)
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
 def test_reference_backend_run_contract():
