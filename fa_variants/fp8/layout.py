@@ -1,0 +1,64 @@
+"""Layout facts of the fa3-fp8 kernel that the quantisation pass must honour (plain Python + torch).
+
+The FP8 quantisation (``fa_variants.fp8.quantize``) and the fa3-fp8 kernel (``fa_variants.hopper.fa3_fp8``)
+agree here on the scale-block sizes and on how V is stored. Nothing here imports the CuTe DSL.
+
+* ``TILE_M``: query rows per CTA tile (Br), and so per Q block scale.
+* ``tile_n(head_dim)``: keys per K/V tile (Bc) of the kernel at that head_dim, and so per K and V block scale.
+* V is stored transposed, ``v_t`` (batch, num_heads_kv, head_dim, seqlen_k_padded), tokens contiguous:
+  the FP8 WGMMA (PTX ``wgmma.mma_async ... .e4m3``) has no transpose bit, so the B operand of O = P V must
+  be K-major, K being the token dimension. ``seqlen_k_padded`` is a multiple of ``K_ALIGN_TOKENS`` (16
+  e4m3 = 16 bytes, TMA's stride rule); the padding tokens are zero.
+* Tokens are permuted inside each group of ``V_TOKEN_GROUP`` = 16 by ``v_token_order`` so that P, converted
+  in place from the fp32 S accumulator of Q K^T, is directly the register A operand of the k32 FP8 WGMMA.
+  Why (PTX ISA, "Register fragments and shared memory matrix layouts" of wgmma, m64nNk16 accumulator and
+  m64nNk32 8-bit A): the thread with lane % 4 = t holds, of each 16 columns of a row of S, the columns
+  2t, 2t+1, 2t+8, 2t+9; the k32 A fragment wants, at its positions 4t .. 4t+3 of each 16-wide half, four
+  values of that thread. Feeding the thread's own four S values at those positions multiplies position
+  p = 4t + j by V's row of token 2t + (j % 2) + 8 (j // 2), which ``v_token_order`` puts there. The
+  alternative (quad shuffles of P before every P V GEMM, FA3's C++ ``permute_Cregs_fp8`` style) costs
+  shuffles per tile; this costs nothing in the kernel (SageAttention's trick).
+"""
+from __future__ import annotations
+
+import torch
+
+__all__ = ["TILE_M", "tile_n", "V_TOKEN_GROUP", "V_GROUP_ORDER", "v_token_order", "K_ALIGN_TOKENS",
+           "padded_seqlen_k"]
+
+TILE_M = 128
+
+# Keys per K/V tile by head_dim. A multiple of 32 (the k of the FP8 P V WGMMA).
+_TILE_N = {64: 128, 96: 128, 128: 128, 256: 128}
+
+V_TOKEN_GROUP = 16
+# Position p of a group holds token V_GROUP_ORDER[p]: p = 4t + j -> 2t + (j % 2) + 8 (j // 2).
+V_GROUP_ORDER = tuple(2 * (p // 4) + (p % 2) + 8 * ((p % 4) // 2) for p in range(V_TOKEN_GROUP))
+
+K_ALIGN_TOKENS = 16
+
+
+def tile_n(head_dim: int) -> int:
+    """Keys per K/V tile (and per K/V block scale) of the fa3-fp8 kernel at ``head_dim``.
+
+    Raises ValueError for a head_dim the kernel does not serve (64, 96, 128, 256)."""
+    if head_dim not in _TILE_N:
+        raise ValueError(f"fa3-fp8: head_dim {head_dim} is not supported; supported: {tuple(_TILE_N)}")
+    return _TILE_N[head_dim]
+
+
+def v_token_order(n: int) -> torch.LongTensor:
+    """Permutation of range(n) for V's token dimension: ``v_t[..., p] = v[token order[p]]`` (gather).
+
+    n must be a multiple of V_TOKEN_GROUP (pad first: ``padded_seqlen_k``); ValueError otherwise.
+    The permutation stays inside each group of V_TOKEN_GROUP tokens and is its own kind of shuffle,
+    not an involution: invert it with ``torch.argsort``."""
+    if n < 0 or n % V_TOKEN_GROUP:
+        raise ValueError(f"v_token_order: n={n} must be a non-negative multiple of {V_TOKEN_GROUP}")
+    base = torch.arange(0, n, V_TOKEN_GROUP, dtype=torch.long).unsqueeze(1)
+    return (base + torch.tensor(V_GROUP_ORDER, dtype=torch.long)).reshape(-1)
+
+
+def padded_seqlen_k(seqlen_k: int) -> int:
+    """round_up(seqlen_k, K_ALIGN_TOKENS): the token count of ``v_t``."""
+    return -(-seqlen_k // K_ALIGN_TOKENS) * K_ALIGN_TOKENS
