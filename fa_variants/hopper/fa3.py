@@ -139,7 +139,8 @@ class FlashAttention3Sm90:
 
     def __init__(self, dtype, head_dim: int, causal: bool, config: Fa3Config):
         config.check(head_dim)
-        self.dtype = dtype
+        self.dtype = dtype  # Q, K, V (the MMA operands)
+        self.out_dtype = dtype  # O
         self.head_dim = head_dim
         self.causal = causal
         self.cfg = config
@@ -166,28 +167,61 @@ class FlashAttention3Sm90:
         l2_heads: Int32,
         stream: cuda.CUstream,
     ):
+        self.launch(mQ, mK, mV, mO, mLSE, softmax_scale_log2, l2_heads, (), stream)
+
+    # Hooks a subclass with other operand types overrides (fa3_fp8.FlashAttention3Fp8Sm90): the
+    # bf16/fp16 kernel's V is (seqlen_k, head_dim) tiles read MN-major by the P V GEMM.
+
+    def _make_mma_pv(self) -> cute.TiledMma:
+        return make_tiled_mma(self.dtype, self.num_wg, self.head_dim, b_mn_major=True, a_in_registers=True)
+
+    def _v_view(self, mV: cute.Tensor) -> cute.Tensor:
+        """V as (tokens, head_dim, heads_kv, batch) or (head_dim, tokens, heads_kv, batch) (the TMA box order)."""
+        return cute.make_tensor(mV.iterator, cute.select(mV.layout, mode=[1, 3, 2, 0]))
+
+    def _v_tile(self) -> tuple:
+        return (self.tile_n, self.head_dim)
+
+    def _v_tiles(self, mV: cute.Tensor) -> cute.Tensor:
+        """(V tile, n) for the producer's TMA."""
+        return cute.local_tile(mV, self._v_tile(), (None, 0))
+
+    def _v_operand(self, sV: cute.Tensor) -> cute.Tensor:
+        """The shared V tile as the B operand (N = head_dim, K = tokens, stage) of O = P V."""
+        return transpose_view(sV)
+
+    def _step_context(self, args: tuple, extras: tuple, m_block: Int32, head: Int32, batch: Int32):
+        return _StepContext(*args)
+
+    @cute.jit
+    def launch(self, mQ, mK, mV, mO, mLSE, softmax_scale_log2: Float32, l2_heads: Int32, extras: tuple,
+               stream: cuda.CUstream):
+        """Host side shared by the kernel family; ``extras`` (tensors) go unchanged to the device side."""
         # (batch, seqlen, heads, head_dim) -> (seqlen, head_dim, heads, batch): TMA boxes and
         # MMA tiles cover the first two modes; LSE (batch, heads, seqlen) -> (seqlen, heads, batch).
-        mQ, mK, mV, mO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0])) for t in (mQ, mK, mV, mO)]
+        mQ, mK, mO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0])) for t in (mQ, mK, mO)]
+        mV = self._v_view(mV)
         mLSE = cute.make_tensor(mLSE.iterator, cute.select(mLSE.layout, mode=[2, 1, 0]))
         D = self.head_dim
 
         tiled_mma_qk = make_tiled_mma(self.dtype, self.num_wg, self.tile_n, b_mn_major=False, a_in_registers=False)
-        tiled_mma_pv = make_tiled_mma(self.dtype, self.num_wg, D, b_mn_major=True, a_in_registers=True)
+        tiled_mma_pv = self._make_mma_pv()
 
         sQ_layout = make_row_major_smem_layout(self.dtype, self.tile_m, D)
+        sO_layout = make_row_major_smem_layout(self.out_dtype, self.tile_m, D)
         sKV_layout = make_row_major_smem_layout(self.dtype, self.tile_n, D, self.stages)
-        self.shared_storage = self._shared_storage(sQ_layout, sKV_layout)
+        sV_layout = make_row_major_smem_layout(self.dtype, *self._v_tile(), self.stages)
+        self.shared_storage = self._shared_storage(sQ_layout, sO_layout, sKV_layout, sV_layout)
         self.smem_bytes = self.shared_storage.size_in_bytes()  # reported by `fa-variants compile`
 
         load, store = cpasync.CopyBulkTensorTileG2SOp(), cpasync.CopyBulkTensorTileS2GOp()
         kv_tile = cute.select(sKV_layout, mode=[0, 1])
         tma_q, tQ = cpasync.make_tiled_tma_atom(load, mQ, sQ_layout, (self.tile_m, D))
         tma_k, tK = cpasync.make_tiled_tma_atom(load, mK, kv_tile, (self.tile_n, D))
-        tma_v, tV = cpasync.make_tiled_tma_atom(load, mV, kv_tile, (self.tile_n, D))
-        tma_o, tO = cpasync.make_tiled_tma_atom(store, mO, sQ_layout, (self.tile_m, D))
+        tma_v, tV = cpasync.make_tiled_tma_atom(load, mV, cute.select(sV_layout, mode=[0, 1]), self._v_tile())
+        tma_o, tO = cpasync.make_tiled_tma_atom(store, mO, sO_layout, (self.tile_m, D))
         self.bytes_q = cute.size_in_bytes(self.dtype, sQ_layout)
-        self.bytes_kv = cute.size_in_bytes(self.dtype, kv_tile)
+        self.bytes_kv = cute.size_in_bytes(self.dtype, kv_tile)  # a K tile, and a V tile
 
         num_m_blocks = cute.ceil_div(mQ.shape[0], self.tile_m)
         qhead_per_kvhead = mQ.shape[2] // mK.shape[2]
@@ -195,21 +229,25 @@ class FlashAttention3Sm90:
         grid = (num_m_blocks * mQ.shape[2] * mQ.shape[3], 1, 1)
         self.kernel(
             tQ, tK, tV, tO, mLSE, tma_q, tma_k, tma_v, tma_o,
-            tiled_mma_qk, tiled_mma_pv, sQ_layout, sKV_layout,
-            softmax_scale_log2, num_m_blocks, qhead_per_kvhead, l2_heads,
+            tiled_mma_qk, tiled_mma_pv, sQ_layout, sO_layout, sKV_layout, sV_layout,
+            softmax_scale_log2, num_m_blocks, qhead_per_kvhead, l2_heads, extras,
         ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
 
-    def _shared_storage(self, sQ_layout, sKV_layout):
-        q_words, kv_words = cute.cosize(sQ_layout), cute.cosize(sKV_layout)
+    def _shared_storage(self, sQ_layout, sO_layout, sKV_layout, sV_layout):
+        # Q's buffer holds O after the last S GEMM: sized in O's elements for the larger of the two.
+        out_bytes = self.out_dtype.width // 8
+        q_bytes = cute.cosize(sQ_layout) * self.dtype.width // 8
+        q_words = max(q_bytes, cute.cosize(sO_layout) * out_bytes) // out_bytes
+        kv_words, v_words = cute.cosize(sKV_layout), cute.cosize(sV_layout)
 
         @cute.struct
         class SharedStorage:
             mbar_q: cute.struct.MemRange[cutlass.Int64, 2]
             mbar_k: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
             mbar_v: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
-            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, q_words], 1024]  # also O
+            sQ: cute.struct.Align[cute.struct.MemRange[self.out_dtype, q_words], 1024]  # also O
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, kv_words], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, kv_words], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, v_words], 1024]
 
         return SharedStorage
 
@@ -232,11 +270,14 @@ class FlashAttention3Sm90:
         tiled_mma_qk: cute.TiledMma,
         tiled_mma_pv: cute.TiledMma,
         sQ_layout: cute.ComposedLayout,
+        sO_layout: cute.ComposedLayout,
         sKV_layout: cute.ComposedLayout,
+        sV_layout: cute.ComposedLayout,
         scale_log2: Float32,
         num_m_blocks: Int32,
         qhead_per_kvhead: Int32,
         l2_heads: Int32,
+        extras: tuple,
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
@@ -248,10 +289,13 @@ class FlashAttention3Sm90:
         pipe_q, pipe_k, pipe_v = self._make_pipelines(storage)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
-        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sO = storage.sQ.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)  # Q's buffer, after the last S GEMM
+        if const_expr(self.dtype == self.out_dtype):
+            sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        else:
+            sQ = cute.make_tensor(cute.recast_ptr(storage.sQ.data_ptr(), sQ_layout.inner, dtype=self.dtype), sQ_layout.outer)
         sK = storage.sK.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)
-        sV = storage.sV.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)
-        sO = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)  # Q's buffer, after the last S GEMM
+        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
 
         m_block, head, batch = self._tile_coords(num_m_blocks, mQ.shape[2], mQ.shape[3], l2_heads)
         seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
@@ -271,7 +315,7 @@ class FlashAttention3Sm90:
             self.consumer(
                 mO[None, None, head, batch], mLSE[None, head, batch], sQ, sK, sV, sO, tma_o,
                 tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2,
-                m_block, n_blocks, seqlen_q, seqlen_k,
+                m_block, n_blocks, seqlen_q, seqlen_k, extras, head, batch,
             )
 
     @cute.jit
@@ -320,7 +364,7 @@ class FlashAttention3Sm90:
         D = self.head_dim
         gQ = cute.local_tile(mQ, (self.tile_m, D), (m_block, 0))
         gK = cute.local_tile(mK, (self.tile_n, D), (None, 0))  # (tile_n, D, n_kv_tiles)
-        gV = cute.local_tile(mV, (self.tile_n, D), (None, 0))
+        gV = self._v_tiles(mV)  # (V tile, n_kv_tiles)
         one = cute.make_layout(1)
         tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, one, cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
         tKsK, tKgK = cpasync.tma_partition(tma_k, 0, one, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
@@ -357,6 +401,7 @@ class FlashAttention3Sm90:
     def consumer(
         self, mO, mLSE, sQ, sK, sV, sO, tma_o, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v,
         scale_log2: Float32, m_block: Int32, n_blocks: Int32, seqlen_q: Int32, seqlen_k: Int32,
+        extras: tuple, head: Int32, batch: Int32,
     ):
         """FA3 Algorithm 1 (consumer side) for this warpgroup's 64 rows of the Q tile."""
         tidx = cute.arch.thread_idx()[0] - WARPGROUP_THREADS  # 0 .. 128 * num_wg - 1
@@ -367,7 +412,7 @@ class FlashAttention3Sm90:
         wg_pv = tiled_mma_pv.get_slice(wg * WARPGROUP_THREADS)
         tSrQ = wg_qk.make_fragment_A(wg_qk.partition_A(sQ))
         tSrK = wg_qk.make_fragment_B(wg_qk.partition_B(sK))  # (MMA, N, K, stage)
-        tOrV = wg_pv.make_fragment_B(wg_pv.partition_B(transpose_view(sV)))  # V^T: (MMA, D, tile_n, stage)
+        tOrV = wg_pv.make_fragment_B(wg_pv.partition_B(self._v_operand(sV)))  # V^T: (MMA, D, tile_n, stage)
         tOrP = wg_pv.make_fragment_A(wg_pv.partition_shape_A((self.tile_m, self.tile_n)))
         acc_O = cute.make_rmem_tensor(wg_pv.partition_shape_C((self.tile_m, self.head_dim)), Float32)
         acc_O.fill(0.0)
@@ -379,10 +424,10 @@ class FlashAttention3Sm90:
         softmax = OnlineSoftmax(cute.size(acc_rows_cols(acc_O), mode=[0]), scale_log2, self.cfg.exp2_ffma)
         softmax.reset()
 
-        ctx = _StepContext(
+        ctx = self._step_context((
             self, wg, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrV, tOrP, acc_O, tScS, t0ScS,
             softmax, pipe_k, pipe_v, m_block * self.tile_m, seqlen_q, seqlen_k,
-        )
+        ), extras, m_block, head, batch)
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         pipe_q.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
@@ -414,20 +459,18 @@ class FlashAttention3Sm90:
                 k_state, v_state = ctx.serial_step(k_state, v_state, n_free - 1 - i, causal=False)
             ctx.schedule_arrive()
 
-        # Deferred normalisation: O /= l once; LSE = m * scale + ln(l).
-        inv_l, lse = softmax.finalize()
-        softmax.rescale(acc_rows_cols(acc_O), inv_l)
+        lse = ctx.finalize()
         self.epilogue(acc_O, lse, mO, mLSE, sO, tma_o, tiled_mma_pv, tidx, m_block, seqlen_q)
 
     @cute.jit
     def epilogue(self, acc_O, lse, mO, mLSE, sO, tma_o, tiled_mma_pv, tidx: Int32, m_block: Int32, seqlen_q: Int32):
         """O: registers -> shared memory (stmatrix) -> global memory (one TMA store, clipped at
         seqlen_q). LSE: straight from registers, by the thread holding column 0 of each row."""
-        rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
-        rO.store(acc_O.load().to(self.dtype))
+        rO = cute.make_rmem_tensor_like(acc_O, self.out_dtype)
+        rO.store(acc_O.load().to(self.out_dtype))
         consumers = self.num_wg * WARPGROUP_THREADS
         cute.arch.barrier(barrier_id=int(NamedBarrier.EPILOGUE), number_of_threads=consumers)  # Q reads done
-        stmatrix = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
+        stmatrix = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.out_dtype)
         thr_copy = cute.make_tiled_copy_C(stmatrix, tiled_mma_pv).get_slice(tidx)
         cute.copy(stmatrix, thr_copy.retile(rO), thr_copy.partition_D(sO))
 
@@ -494,16 +537,32 @@ class _StepContext:
             apply_mask_select(acc_rows_cols(acc_S), acc_rows_cols(self.tScS), acc_rows_cols(self.t0ScS), self.row0,
                               n_block * self.k.tile_n, self.seqlen_q, self.seqlen_k, seqlen_end, causal)
 
-    def softmax_step(self, acc_S, is_first: bool = False):
-        """S -> P in place; returns the per-row factor O must be rescaled by."""
+    # Hooks of the kernel family (fa3_fp8 overrides them): how S becomes P, how a tile's P V reaches O.
+
+    def softmax_step(self, acc_S, n_block, is_first: bool = False):
+        """S (tile n_block) -> P in place; returns the per-row factor O must be rescaled by."""
         return self.softmax.update(acc_rows_cols(acc_S), is_first)
 
-    def rescale_o(self, alpha):
+    def rescale_o(self, alpha, n_block):
+        """O *= alpha, before the P V GEMM of tile n_block is issued."""
         self.softmax.rescale(acc_rows_cols(self.acc_O), alpha)
 
     def to_p(self, acc_S):
         """P (fp32 accumulator) -> 16-bit A operand of the PV GEMM, in registers."""
         self.tOrP.store(acc_as_operand_a(acc_S).load().to(self.k.dtype))
+
+    def pv(self, v_state, n_block, wait: int):
+        """Issue O += P V_n (one WGMMA group; ``wait`` as in ``common.sm90.wgmma``)."""
+        wgmma(self.mma_pv, self.acc_O, self.tOrP, self.tOrV[None, None, None, v_state.index], wait=wait)
+
+    def fold_pv(self, n_block):
+        """After the P V GEMM of tile n_block completed: nothing here (it accumulated into O)."""
+
+    def finalize(self):
+        """Deferred normalisation: O /= l once; returns LSE = m * scale + ln(l) per row."""
+        inv_l, lse = self.softmax.finalize()
+        self.softmax.rescale(acc_rows_cols(self.acc_O), inv_l)
+        return lse
 
     def first_scores(self, k_state, n_block):
         """Overlap prologue: S for the last K/V tile, masked, softmax (no PV yet)."""
@@ -513,7 +572,7 @@ class _StepContext:
         self.pipe_k.consumer_release(k_state)
         k_state.advance()
         self.mask(acc_S, n_block, causal=self.k.causal, seqlen_end=True)
-        self.softmax_step(acc_S, is_first=True)
+        self.softmax_step(acc_S, n_block, is_first=True)
         self.to_p(acc_S)
         return k_state
 
@@ -525,26 +584,28 @@ class _StepContext:
         self.schedule_sync()
         wgmma(self.mma_qk, acc_S, self.tSrQ, self.tSrK[None, None, None, k_state.index], zero_init=True, wait=-1)
         self.pipe_v.consumer_wait(v_state)
-        wgmma(self.mma_pv, self.acc_O, self.tOrP, self.tOrV[None, None, None, v_state.index], wait=-1)
+        self.pv(v_state, n_block + 1, wait=-1)
         self.schedule_arrive()
         warpgroup.wait_group(1)  # S_next is ready; PV may still run
         self.pipe_k.consumer_release(k_state)
         k_state.advance()
         self.mask(acc_S, n_block, causal=causal, seqlen_end=False)
-        alpha = self.softmax_step(acc_S)
+        alpha = self.softmax_step(acc_S, n_block)
         warpgroup.wait_group(0)  # PV done: O and P registers are free
         self.pipe_v.consumer_release(v_state)
         v_state.advance()
-        self.rescale_o(alpha)
+        self.fold_pv(n_block + 1)
+        self.rescale_o(alpha, n_block)
         self.to_p(acc_S)
         return k_state, v_state
 
     def last_pv(self, v_state):
         """Overlap epilogue: O += P V for the first K/V tile."""
         self.pipe_v.consumer_wait(v_state)
-        wgmma(self.mma_pv, self.acc_O, self.tOrP, self.tOrV[None, None, None, v_state.index], wait=0)
+        self.pv(v_state, 0, wait=0)
         self.pipe_v.consumer_release(v_state)
         v_state.advance()
+        self.fold_pv(0)
         return v_state
 
     def serial_step(self, k_state, v_state, n_block, causal: bool, seqlen_end: bool = False, is_first: bool = False):
@@ -558,15 +619,16 @@ class _StepContext:
         self.pipe_k.consumer_release(k_state)
         k_state.advance()
         self.mask(acc_S, n_block, causal=causal, seqlen_end=seqlen_end)
-        alpha = self.softmax_step(acc_S, is_first=is_first)
+        alpha = self.softmax_step(acc_S, n_block, is_first=is_first)
         if const_expr(not is_first):
-            self.rescale_o(alpha)
+            self.rescale_o(alpha, n_block)
         self.to_p(acc_S)
         self.pipe_v.consumer_wait(v_state)
         self.schedule_sync()
-        wgmma(self.mma_pv, self.acc_O, self.tOrP, self.tOrV[None, None, None, v_state.index], wait=0)
+        self.pv(v_state, n_block, wait=0)
         self.pipe_v.consumer_release(v_state)
         v_state.advance()
+        self.fold_pv(n_block)
         return k_state, v_state
 
 
