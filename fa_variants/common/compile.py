@@ -73,7 +73,7 @@ VARIANT_MODULES: dict[str, str] = {
     "fa2": "fa_variants.ampere.fa2",
     "fa1": "fa_variants.ampere.fa1",
     "fa3": "fa_variants.hopper.fa3",
-    "fa3-fp8": "fa_variants.hopper.fa3",
+    "fa3-fp8": "fa_variants.hopper.fa3_fp8",
 }
 
 

@@ -190,6 +190,9 @@ class FlashAttention3Sm90:
         """The shared V tile as the B operand (N = head_dim, K = tokens, stage) of O = P V."""
         return transpose_view(sV)
 
+    def _make_softmax(self, num_rows: int, scale_log2: Float32):
+        return OnlineSoftmax(num_rows, scale_log2, self.cfg.exp2_ffma)
+
     def _step_context(self, args: tuple, extras: tuple, m_block: Int32, head: Int32, batch: Int32):
         return _StepContext(*args)
 
@@ -421,7 +424,7 @@ class FlashAttention3Sm90:
         cS = cute.make_identity_tensor((self.tile_m, self.tile_n))
         tScS = tiled_mma_qk.get_slice(tidx).partition_C(cS)
         t0ScS = tiled_mma_qk.get_slice(0).partition_C(cS)
-        softmax = OnlineSoftmax(cute.size(acc_rows_cols(acc_O), mode=[0]), scale_log2, self.cfg.exp2_ffma)
+        softmax = self._make_softmax(cute.size(acc_rows_cols(acc_O), mode=[0]), scale_log2)
         softmax.reset()
 
         ctx = self._step_context((

@@ -1,0 +1,424 @@
+"""FlashAttention-3 forward with FP8 (e4m3) operands on Hopper (sm90): ``FlashAttention3Fp8Sm90``.
+
+The bf16/fp16 kernel of ``hopper/fa3.py`` (TMA, warp specialisation with ``setmaxnreg``, ping-pong,
+intra-warpgroup overlap, bottom-right causal tile skipping, GQA) with its hooks overridden; nothing of
+the schedule is copied. After Shah et al. 2024, "FlashAttention-3", section 3.3 (FP8), with block
+scales (one descale per 128 query rows and per ``tile_n`` keys, ``fa_variants.fp8.layout``):
+
+* S = Q8 K8^T is an FP8 WGMMA (SASS QGMMA), both operands K-major in shared memory.
+* Per-tile descales fold into the exponent: with c_n = q_descale[m_block] * k_descale[n] *
+  softmax_scale * log2(e), the running row max m is kept in log2 units (m = max_n c_n * rowmax(S_n)),
+  and P = exp2(S c_n - m + P_SHIFT) is one FFMA + one MUFU.EX2 per score. P_SHIFT = 8 puts P in
+  [0, 256] (e4m3's largest finite value is 448: more of its range than [0, 1], as FA3's released FP8
+  kernel does). The row sum l is taken from the fp32 P before rounding; LSE = (m + log2 l - 8) ln 2.
+* P is rounded to e4m3 (cvt.rn.satfinite) in registers and is the A operand of the P V FP8 WGMMA (RS).
+  Register layout choice: the V token permutation, not a register shuffle. The fp32 accumulator gives
+  the thread with lane % 4 = t the columns 2t, 2t+1, 2t+8, 2t+9 of every 16 of its rows; the k32 e4m3 A
+  fragment wants k positions 4t .. 4t+3. The quantisation pass stores V's tokens permuted inside
+  groups of 16 (``fa_variants.fp8.layout.v_token_order``), so the converted P of each thread is its A
+  fragment after in-thread byte packing only: no quad shuffles, no extra shared memory
+  (SageAttention's trick; FA3's C++ kernel instead shuffles registers and transposes V in shared memory).
+* V is read K-major: the caller's pre-transposed ``v_t`` (batch, num_heads_kv, head_dim,
+  seqlen_k_padded) through TMA as (head_dim, tile_n) boxes, the B operand (N = head_dim, K = tokens).
+  The FP8 WGMMA has no transpose bit and the DSL does not reject an MN-major FP8 MMA:
+  ``_make_mma_pv`` checks both operands are K-major.
+* Two-level accumulation (``Fp8Config.two_level``, default on): each tile's P V goes into a zeroed
+  temporary (the WGMMA's own zero-init), then O = alpha O + v_descale[n] tmp in fp32 on the CUDA
+  cores, so the FP8 WGMMA's reduced-precision accumulator never carries O across tiles (the long-context
+  drift of a single FP8 accumulator). The promotion interval is 1 (every tile). Off: one running
+  accumulator kept in units of the current tile's v_descale (O *= alpha v_descale[n+1] / v_descale[n]
+  before tile n's P V, O *= v_descale[0] at the end): the ablation baseline, at no extra cost.
+  At head_dim 256 the temporary for the whole of d does not fit beside O in registers: the P V GEMM is
+  split over halves of d (``pv_split = 2``), each half promoted as soon as it is done.
+* K/V tiles are walked from the last to the first (as fa3). Output in the caller's 16-bit dtype,
+  LSE float32 natural log; rows that see no key give O = 0 and LSE = -inf.
+
+Learned from (never copied): Dao-AILab/flash-attention hopper/ (the FP8 P shift and descale placement
+of the released kernel), NVIDIA/cutlass examples/python/CuTeDSL hopper FMHA (pre-transposed FP8 V).
+"""
+
+import dataclasses
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, const_expr
+from cutlass.cute.nvgpu import OperandMajorMode
+
+from fa_variants.common import compile as cc
+from fa_variants.common import interop
+from fa_variants.common.sm80 import quad_allreduce
+from fa_variants.common.sm90 import WGMMA_M, _compact, acc_rows_cols, make_tiled_mma, wgmma
+from fa_variants.common.softmax import LN_2, OnlineSoftmax
+from fa_variants.fp8 import layout
+from fa_variants.hopper.fa3 import LOG2_E, Fa3Config, FlashAttention3Sm90, _StepContext, _tma_operand, l2_section_heads
+
+HEAD_DIMS: tuple[int, ...] = (64, 96, 128, 256)
+OUT_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16)
+P_SHIFT = 8.0  # P = exp2(. + 8) in [0, 256]; e4m3 max 448
+E4M3 = torch.float8_e4m3fn
+
+
+@dataclass(frozen=True)
+class Fp8Config(Fa3Config):
+    """Fa3Config plus the FP8 switches.
+
+    two_level: each tile's P V into a zeroed temporary promoted into the fp32 O (module docstring).
+    pv_split: the P V GEMM (and its temporary) split over this many slices of head_dim (1 or 2).
+    out_dtype: "bf16" | "fp16", the output dtype (part of the compile key).
+    """
+
+    two_level: bool = True
+    pv_split: int = 1
+    out_dtype: str = "bf16"
+
+    def smem_bytes(self, head_dim: int, elem_bytes: int = 1) -> int:
+        qo = self.tile_m * head_dim * 2  # Q (e4m3) shares its buffer with the 16-bit O
+        return qo + 2 * self.stages * self.tile_n * head_dim * elem_bytes + 1024
+
+    def check(self, head_dim: int) -> None:
+        super().check(head_dim)
+        if self.tile_m != layout.TILE_M:
+            raise ValueError(f"fa3-fp8: tile_m={self.tile_m} must be layout.TILE_M={layout.TILE_M} (the Q scale block)")
+        if self.tile_n % 32:
+            raise ValueError(f"fa3-fp8: tile_n={self.tile_n} must be a multiple of 32 (k of the FP8 P V WGMMA)")
+        if self.pv_split not in (1, 2) or head_dim % (16 * self.pv_split):
+            raise ValueError(f"fa3-fp8: pv_split={self.pv_split} must be 1 or 2 and divide head_dim={head_dim} into multiples of 16")
+        if self.pv_split > 1 and (self.intra_wg_overlap or not self.two_level):
+            raise ValueError("fa3-fp8: pv_split > 1 needs two_level on and intra_wg_overlap off (the halves are promoted in turn)")
+        if self.out_dtype not in ("bf16", "fp16"):
+            raise ValueError(f"fa3-fp8: out_dtype {self.out_dtype!r} must be 'bf16' or 'fp16'")
+
+
+def _default(head_dim: int) -> Fp8Config:
+    # Registers per consumer thread (240): O is D/2 fp32, the two-level temporary D/2 / pv_split, S tile_n/2,
+    # P tile_n/8. D=256: serial steps (S is dead while P V runs) and the temporary over halves of d.
+    if head_dim == 256:
+        return Fp8Config(tile_m=layout.TILE_M, tile_n=layout.tile_n(256), stages=2, pingpong=True,
+                         intra_wg_overlap=False, pv_split=2)
+    return Fp8Config(tile_m=layout.TILE_M, tile_n=layout.tile_n(head_dim), stages=2)
+
+
+DEFAULT_CONFIGS: dict[int, Fp8Config] = {d: _default(d) for d in HEAD_DIMS}
+
+
+# ---------------------------------------------------------------------------------------------
+# Device-side pieces
+# ---------------------------------------------------------------------------------------------
+
+
+def acc_as_fp8_operand_a(acc: cute.Tensor) -> cute.Tensor:
+    """View an fp32 accumulator ((2, 2, V), M, 1) (columns 8v + 2t + c) as the k32 8-bit A operand
+    ((4, 2, 2), M, V / 4) of a WGMMA whose K is the accumulator's N, value by value: A position
+    (j, r, h) of k-block kb is the thread's accumulator value c = j % 2, v = 4 kb + 2 h + j // 2.
+    The thread's values are not at the k positions the A fragment names (module docstring): this is
+    exact only for a B operand whose K order is ``fa_variants.fp8.layout.v_token_order``."""
+    c = _compact(acc.layout)
+    v = c.shape[0][2]
+    if const_expr(v % 4 != 0 or c.shape[2] != 1):
+        raise ValueError(f"accumulator {acc.layout} cannot feed a k32 WGMMA (needs N % 32 == 0, one N tile)")
+    sc, sr, sv = c.stride[0]
+    frg = cute.make_layout((((2, 2), 2, 2), c.shape[1], v // 4),
+                           stride=(((sc, sv), sr, 2 * sv), c.stride[1], 4 * sv))
+    return cute.make_tensor(acc.iterator, cute.composition(acc.layout, frg))
+
+
+class ScaledOnlineSoftmax(OnlineSoftmax):
+    """Online softmax whose scale changes per K/V tile (block descales), with the FP8 P shift.
+
+    m is kept in log2 units: m = max over tiles of c_n * rowmax(S_n) (c_n > 0), P = exp2(S c_n - m +
+    P_SHIFT), alpha = exp2(m_old - m_new), l = sum of the fp32 P; LSE = (m + log2 l - P_SHIFT) ln 2."""
+
+    @cute.jit
+    def update(self, s: cute.Tensor, is_first: cutlass.Constexpr[bool], scale_log2: Float32) -> cute.Tensor:
+        alpha = cute.make_rmem_tensor(self.num_rows, Float32)
+        n_cols = cute.size(s, mode=[1])
+        for r in cutlass.range_constexpr(self.num_rows):
+            m_old = self.row_max[r]
+            raw = s[r, 0]
+            for c in cutlass.range_constexpr(1, n_cols):
+                raw = cute.arch.fmax(raw, s[r, c])
+            m_new = quad_allreduce(raw, cute.arch.fmax) * scale_log2
+            if const_expr(not is_first):
+                m_new = cute.arch.fmax(m_new, m_old)
+            m_safe = 0.0 if m_new == -Float32.inf else m_new
+            bias = P_SHIFT - m_safe
+            row_sum = Float32(0.0)
+            for c in cutlass.range_constexpr(n_cols):
+                p = cute.math.exp2(s[r, c] * scale_log2 + bias, fastmath=True)
+                s[r, c] = p
+                row_sum += p
+            if const_expr(is_first):
+                alpha[r] = 1.0
+                self.row_sum[r] = row_sum
+            else:
+                a = cute.math.exp2(m_old - m_safe, fastmath=True)
+                alpha[r] = a
+                self.row_sum[r] = self.row_sum[r] * a + row_sum
+            self.row_max[r] = m_new
+        return alpha
+
+    @cute.jit
+    def finalize(self) -> tuple:
+        inv_l = cute.make_rmem_tensor(self.num_rows, Float32)
+        lse = cute.make_rmem_tensor(self.num_rows, Float32)
+        for r in cutlass.range_constexpr(self.num_rows):
+            l = quad_allreduce(self.row_sum[r], lambda a, b: a + b)
+            empty = l == 0.0 or l != l
+            inv_l[r] = 0.0 if empty else cute.arch.rcp_approx(l)
+            lse[r] = -Float32.inf if empty else (self.row_max[r] + cute.math.log2(l, fastmath=True) - P_SHIFT) * LN_2
+        return inv_l, lse
+
+
+@dataclass(frozen=True)
+class _Fp8StepContext(_StepContext):
+    """The fa3 mainloop steps with FP8 hooks: per-tile scales, e4m3 P, two-level accumulation."""
+
+    acc_tmp: cute.Tensor = None  # one tile's P V (one slice of d when pv_split > 1)
+    qk_scale: Float32 = None  # q_descale[m_block] * softmax_scale * log2 e
+    k_descale: cute.Tensor = None  # (n_kv_blocks,) of this (batch, kv head)
+    v_descale: cute.Tensor = None
+
+    def softmax_step(self, acc_S, n_block, is_first: bool = False):
+        # floor at the smallest normal: a zero softmax_scale must give the mean of V, not -inf * 0 = NaN
+        c = cute.arch.fmax(self.qk_scale * self.k_descale[n_block], Float32(1.1754943508222875e-38))
+        return self.softmax.update(acc_rows_cols(acc_S), is_first, c)
+
+    def to_p(self, acc_S):
+        """fp32 P -> e4m3 A operand in registers (RNE, satfinite; pairs packed in-thread)."""
+        self.tOrP.store(acc_as_fp8_operand_a(acc_S).load().to(cutlass.Float8E4M3FN))
+
+    def rescale_o(self, alpha, n_block):
+        if const_expr(not self.k.cfg.two_level):  # O is kept in units of the current tile's v_descale
+            ratio = self.v_descale[n_block + 1] / self.v_descale[n_block]
+            for r in range(cute.size(alpha)):
+                alpha[r] = alpha[r] * ratio
+        self.softmax.rescale(acc_rows_cols(self.acc_O), alpha)
+
+    def _v_slice(self, stage, h: int):
+        """The B operand (MMA, 1, K) of slice h of head_dim."""
+        b = self.tOrV[None, h, None, stage]
+        return cute.make_tensor(b.iterator, cute.make_layout((b.shape[0], 1, b.shape[1]), stride=(b.stride[0], 0, b.stride[1])))
+
+    def _promote(self, h: int, n_block):
+        """O[:, slice h] += v_descale[n_block] * tmp."""
+        vd = self.v_descale[n_block]
+        o = self.acc_O[None, None, h]
+        for i in range(cute.size(self.acc_tmp)):
+            o[i] = o[i] + vd * self.acc_tmp[i]
+
+    def pv(self, v_state, n_block, wait: int):
+        split = self.k.cfg.pv_split
+        if const_expr(not self.k.cfg.two_level):
+            wgmma(self.mma_pv, self.acc_O, self.tOrP, self._v_slice(v_state.index, 0), wait=wait)
+        elif const_expr(split == 1):
+            wgmma(self.mma_pv, self.acc_tmp, self.tOrP, self._v_slice(v_state.index, 0), zero_init=True, wait=wait)
+        else:
+            for h in range(split):
+                wgmma(self.mma_pv, self.acc_tmp, self.tOrP, self._v_slice(v_state.index, h), zero_init=True, wait=0)
+                self._promote(h, n_block)
+
+    def fold_pv(self, n_block):
+        if const_expr(self.k.cfg.two_level and self.k.cfg.pv_split == 1):
+            self._promote(0, n_block)
+
+    def finalize(self):
+        inv_l, lse = self.softmax.finalize()
+        if const_expr(not self.k.cfg.two_level):
+            vd = self.v_descale[0]  # the last tile's units
+            for r in range(cute.size(inv_l)):
+                inv_l[r] = inv_l[r] * vd
+        self.softmax.rescale(acc_rows_cols(self.acc_O), inv_l)
+        return lse
+
+
+class FlashAttention3Fp8Sm90(FlashAttention3Sm90):
+    """FA3 forward with e4m3 Q, K, V and block descales; see the module docstring.
+
+    ``__call__`` (host, traced once per config) takes q8 (B, Nq, H, D) and k8 (B, Nk, Hkv, D) e4m3,
+    v_t8 e4m3 (B, Hkv, D, Nk_padded) (tokens permuted by ``layout.v_token_order``, padding zero),
+    out (B, Nq, H, D) 16-bit, lse float32 (B, H, Nq), q_descale float32 (B, H, cdiv(Nq, TILE_M)),
+    k_descale and v_descale float32 (B, Hkv, cdiv(Nk, tile_n)), the scalar softmax_scale * log2(e) >= 0,
+    l2_heads, and the stream. TMA needs 16-byte strides (head_dim % 16 == 0 for e4m3).
+    """
+
+    def __init__(self, out_dtype, head_dim: int, causal: bool, config: Fp8Config):
+        super().__init__(cutlass.Float8E4M3FN, head_dim, causal, config)
+        self.out_dtype = out_dtype
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mVt: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+                 mQd: cute.Tensor, mKd: cute.Tensor, mVd: cute.Tensor, softmax_scale_log2: Float32,
+                 l2_heads: Int32, stream: cuda.CUstream):
+        self.launch(mQ, mK, mVt, mO, mLSE, softmax_scale_log2, l2_heads, (mQd, mKd, mVd), stream)
+
+    # ----- hooks ----------------------------------------------------------------------------------
+
+    def _make_mma_pv(self) -> cute.TiledMma:
+        mma = make_tiled_mma(self.dtype, self.num_wg, self.head_dim // self.cfg.pv_split, b_mn_major=False, a_in_registers=True)
+        op = mma.op
+        for name in ("a_major_mode", "b_major_mode"):  # FP8 WGMMA has no transpose: both K-major
+            mode = getattr(op, name, None)
+            if mode is not None and str(mode).split(".")[-1].upper() != "K":
+                raise ValueError(f"fa3-fp8: the FP8 P V WGMMA needs K-major operands, got {name}={mode}")
+        return mma
+
+    def _v_view(self, mVt: cute.Tensor) -> cute.Tensor:
+        # (batch, heads_kv, head_dim, tokens) -> (head_dim, tokens, heads_kv, batch)
+        return cute.make_tensor(mVt.iterator, cute.select(mVt.layout, mode=[2, 3, 1, 0]))
+
+    def _v_tile(self) -> tuple:
+        return (self.head_dim, self.tile_n)
+
+    def _v_tiles(self, mV: cute.Tensor) -> cute.Tensor:
+        return cute.local_tile(mV, self._v_tile(), (0, None))
+
+    def _v_operand(self, sV: cute.Tensor) -> cute.Tensor:
+        return sV  # (head_dim, tokens, stage) = (N, K, stage), K-major
+
+    def _make_softmax(self, num_rows: int, scale_log2: Float32):
+        return ScaledOnlineSoftmax(num_rows, scale_log2)
+
+    def _step_context(self, args: tuple, extras: tuple, m_block: Int32, head: Int32, batch: Int32):
+        mQd, mKd, mVd = extras
+        kv_head = head // (mQd.shape[1] // mKd.shape[1])
+        mma_pv = args[3]
+        wg_pv = mma_pv.get_slice(0)
+        tmp = cute.make_rmem_tensor(wg_pv.partition_shape_C((self.tile_m, self.head_dim // self.cfg.pv_split)), Float32)
+        softmax = args[11]
+        qk_scale = mQd[batch, head, m_block] * softmax.scale_log2
+        return _Fp8StepContext(*args, acc_tmp=tmp, qk_scale=qk_scale,
+                               k_descale=mKd[batch, kv_head, None], v_descale=mVd[batch, kv_head, None])
+
+
+# ---------------------------------------------------------------------------------------------
+# Registration with the compile cache, and the backend entry point
+# ---------------------------------------------------------------------------------------------
+
+
+def _tiles(arch: str, head_dim: int, dtype: str, causal: bool) -> tuple:
+    return tuple(dataclasses.asdict(DEFAULT_CONFIGS[head_dim]).items())
+
+
+def fake_fp8_args(head_dim: int, out_dtype: str, align: int = 16):
+    """Fake arguments of ``FlashAttention3Fp8Sm90.__call__`` (compile without a GPU)."""
+    from cutlass.cute.runtime import make_fake_stream
+
+    b, nq, nk, nkp, h, hkv, mb, nb = (cute.sym_int() for _ in range(8))
+    q = interop.fake_tensor("e4m3", (b, nq, h, head_dim), align)
+    k = interop.fake_tensor("e4m3", (b, nk, hkv, head_dim), align)
+    vt = interop.fake_tensor("e4m3", (b, hkv, head_dim, nkp), align)
+    o = interop.fake_tensor(out_dtype, (b, nq, h, head_dim), align)
+    lse = interop.fake_tensor("fp32", (b, h, nq), 4)
+    qd = interop.fake_tensor("fp32", (b, h, mb), 4)
+    kd = interop.fake_tensor("fp32", (b, hkv, nb), 4)
+    vd = interop.fake_tensor("fp32", (b, hkv, nb), 4)
+    return q, k, vt, o, lse, qd, kd, vd, Float32(1.0), Int32(1), make_fake_stream(use_tvm_ffi_env_stream=True)
+
+
+def _build(cfg: cc.StaticConfig):
+    config = Fp8Config(**dict(cfg.tiles))
+    kernel = FlashAttention3Fp8Sm90(interop.cute_dtype(config.out_dtype), cfg.head_dim, cfg.causal, config)
+    return kernel, fake_fp8_args(cfg.head_dim, config.out_dtype, cfg.align)
+
+
+cc.register_variant(
+    "fa3-fp8", build=_build, tiles=_tiles, archs=("sm_90a",), dtypes=("e4m3",), head_dims=HEAD_DIMS,
+    module=__name__, description="FA3 with e4m3 QGMMA, block descales, P shift, two-level accumulation",
+)
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(device: torch.device, head_dim: int, causal: bool, out_dtype: torch.dtype, config: Fp8Config | None):
+    cfg = cc.config_for("fa3-fp8", interop.device_arch(device), "e4m3", head_dim, causal)
+    tiles = dataclasses.replace(config or DEFAULT_CONFIGS[head_dim], out_dtype=interop.dtype_name(out_dtype))
+    cfg = dataclasses.replace(cfg, tiles=tuple(dataclasses.asdict(tiles).items()))
+    return cc.get_compiled(cfg).fn, tiles
+
+
+def _flip_sign(x8: torch.Tensor) -> torch.Tensor:
+    """-x for e4m3 (the sign bit; exact, NaN stays NaN)."""
+    return (x8.view(torch.uint8) ^ 0x80).view(E4M3)
+
+
+def run_quantized(q8: torch.Tensor, k8: torch.Tensor, v_t8: torch.Tensor, q_descale: torch.Tensor,
+                  k_descale: torch.Tensor, v_descale: torch.Tensor, *, softmax_scale: float, causal: bool,
+                  out_dtype: torch.dtype = torch.bfloat16, config: Fp8Config | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """fa3-fp8 forward on already-quantised inputs (sm90 GPU).
+
+    Args:
+        q8: e4m3 (batch, seqlen_q, num_heads, head_dim); k8: e4m3 (batch, seqlen_k, num_heads_kv, head_dim).
+        v_t8: e4m3 (batch, num_heads_kv, head_dim, seqlen_k_padded), tokens contiguous and permuted by
+            ``fa_variants.fp8.layout.v_token_order``; seqlen_k_padded = ``layout.padded_seqlen_k(seqlen_k)``
+            (or more, a multiple of 16), padding tokens zero.
+        q_descale: float32 (batch, num_heads, cdiv(seqlen_q, TILE_M)); k_descale, v_descale: float32
+            (batch, num_heads_kv, cdiv(seqlen_k, tile_n(head_dim))); finite and > 0 (expanded views fine).
+            Dequantised x = x8 * descale of its block.
+        softmax_scale: finite; causal: bottom-right; out_dtype: torch.float16 or torch.bfloat16.
+        config: tile/switch override (tests, ablation: two_level); default ``DEFAULT_CONFIGS[head_dim]``.
+    Returns:
+        (out, lse): out (batch, seqlen_q, num_heads, head_dim) out_dtype; lse float32 (batch, num_heads,
+        seqlen_q), natural log of sum_j exp(softmax_scale * q_i . k_j) (dequantised); a row that sees
+        no key: O = 0, LSE = -inf.
+    Raises:
+        ValueError: a dtype, shape, head_dim or scale the kernel cannot take (the argument is named).
+    """
+    for name, t in (("q8", q8), ("k8", k8), ("v_t8", v_t8)):
+        if t.dtype != E4M3:
+            raise ValueError(f"fa3-fp8: {name} must be torch.float8_e4m3fn, got {t.dtype}")
+        if t.dim() != 4:
+            raise ValueError(f"fa3-fp8: {name} must be 4-D, got shape {tuple(t.shape)}")
+    batch, seqlen_q, heads, head_dim = q8.shape
+    seqlen_k, heads_kv = k8.shape[1], k8.shape[2]
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"fa3-fp8: head_dim {head_dim} is not supported; supported head dims: {HEAD_DIMS}")
+    if k8.shape[0] != batch or k8.shape[3] != head_dim:
+        raise ValueError(f"fa3-fp8: k8 shape {tuple(k8.shape)} does not match q8 {tuple(q8.shape)}")
+    if heads_kv == 0 or heads % heads_kv:
+        raise ValueError(f"fa3-fp8: num_heads {heads} is not divisible by num_heads_kv {heads_kv}")
+    n_pad = v_t8.shape[3]
+    if v_t8.shape[:3] != (batch, heads_kv, head_dim) or n_pad < seqlen_k or n_pad % layout.K_ALIGN_TOKENS:
+        raise ValueError(f"fa3-fp8: v_t8 must be (batch, num_heads_kv, head_dim, seqlen_k padded to a multiple of "
+                         f"{layout.K_ALIGN_TOKENS}) = ({batch}, {heads_kv}, {head_dim}, {layout.padded_seqlen_k(seqlen_k)}), "
+                         f"got {tuple(v_t8.shape)}")
+    if out_dtype not in OUT_DTYPES:
+        raise ValueError(f"fa3-fp8: out_dtype {out_dtype} is not supported; supported: {OUT_DTYPES}")
+    if not math.isfinite(softmax_scale):
+        raise ValueError(f"fa3-fp8: softmax_scale must be finite, got {softmax_scale}")
+    cfg = config or DEFAULT_CONFIGS[head_dim]
+    bn = cfg.tile_n
+    for name, t, shape in (("q_descale", q_descale, (batch, heads, -(-seqlen_q // layout.TILE_M))),
+                           ("k_descale", k_descale, (batch, heads_kv, -(-seqlen_k // bn))),
+                           ("v_descale", v_descale, (batch, heads_kv, -(-seqlen_k // bn)))):
+        if t.dtype != torch.float32 or tuple(t.shape) != shape:
+            raise ValueError(f"fa3-fp8: {name} must be float32 of shape {shape}, got {t.dtype} {tuple(t.shape)}")
+    kernel, _ = _kernel(q8.device, head_dim, bool(causal), out_dtype, config)
+    out = torch.empty((batch, seqlen_q, heads, head_dim), dtype=out_dtype, device=q8.device)
+    lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q8.device)
+    if out.numel() == 0:
+        return out, lse
+    if seqlen_k == 0:
+        return out.zero_(), lse.fill_(-math.inf)
+    if -(-seqlen_q // layout.TILE_M) * heads * batch >= 2**31:
+        raise ValueError(f"fa3-fp8: {batch} x {heads} x ceil({seqlen_q}/{layout.TILE_M}) CTAs exceed the grid limit 2^31 - 1")
+    if softmax_scale < 0:  # the kernel's row max of raw scores needs a scale >= 0: softmax(c Q K^T) = softmax(|c| Q (-K)^T)
+        k8, softmax_scale = _flip_sign(k8), -softmax_scale
+    q8, k8, v_t8 = (_tma_operand(t) for t in (q8, k8, v_t8))
+    kernel(q8, k8, v_t8, out, lse, q_descale, k_descale, v_descale, softmax_scale * LOG2_E,
+           l2_section_heads(seqlen_k, head_dim, elem_bytes=1))
+    return out, lse
+
+
+def run_fp8(inputs, *, causal: bool, out_dtype: torch.dtype = torch.bfloat16,
+            config: Fp8Config | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """fa3-fp8 forward on an ``FP8Inputs`` (the FP8 contract: fields q, k, v_t, q_descale, k_descale,
+    v_descale, softmax_scale). Returns (out, lse) as :func:`run_quantized`; the LSE is that of the
+    logits the kernel sees (a caller that smoothed K adds its shift)."""
+    return run_quantized(inputs.q, inputs.k, inputs.v_t, inputs.q_descale, inputs.k_descale, inputs.v_descale,
+                         softmax_scale=inputs.softmax_scale, causal=causal, out_dtype=out_dtype, config=config)

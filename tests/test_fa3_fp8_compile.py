@@ -1,0 +1,85 @@
+"""fa3-fp8 (sm90, e4m3) compile-only checks, no GPU (issue 10 item 2).
+
+`fa-variants compile --arch sm_90a --variant fa3-fp8 --head-dim D --dtype e4m3 --sass` must report
+QGMMA > 0 (FP8 warpgroup MMAs for both GEMMs), UTMALDG > 0, USETMAXREG > 0 and LDL = STL = 0.
+"""
+import dataclasses
+import json
+import re
+
+import pytest
+
+from fa_variants import cli
+from fa_variants.common import compile as cc
+
+pytestmark = pytest.mark.compile
+
+fa3_fp8 = pytest.importorskip("fa_variants.hopper.fa3_fp8")
+
+
+def _cli_json(capsys, *argv):
+    rc = cli.main(["compile", *argv])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert rc == 0, out
+    return json.loads(out[-1])
+
+
+def _assert_fp8_kernel(r):
+    assert r["QGMMA"] > 0 and r["HGMMA"] == 0, r  # both GEMMs on e4m3 warpgroup MMAs
+    assert r["UTMALDG"] > 0 and r["UTMASTG"] > 0, r
+    assert r["USETMAXREG"] >= 2, r
+    assert r["LDL"] == 0 and r["STL"] == 0 and r["spill_bytes"] == 0, r
+    assert r["MUFU.EX2"] > 0, r
+    assert r["smem_bytes"] <= 227 * 1024, r
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_cli_sass_e4m3(capsys, head_dim, causal):
+    r = _cli_json(capsys, "--arch", "sm_90a", "--variant", "fa3-fp8", "--head-dim", str(head_dim), "--dtype", "e4m3",
+                  "--sass", *(["--causal"] if causal else []))
+    assert r["variant"] == "fa3-fp8" and r["head_dim"] == head_dim and r["dtype"] == "e4m3"
+    assert r["tiles"] == dataclasses.asdict(fa3_fp8.DEFAULT_CONFIGS[head_dim])
+    _assert_fp8_kernel(r)
+
+
+def _sass(config, head_dim=128, causal=False):
+    base = cc.config_for("fa3-fp8", "sm_90a", "e4m3", head_dim, causal)
+    c = cc.get_compiled(dataclasses.replace(base, tiles=tuple(dataclasses.asdict(config).items())))
+    return cc.sass_of(c.cubin)
+
+
+def test_p_is_converted_in_thread():
+    """P becomes e4m3 by paired converts (F2FP ... E4M3) and feeds the P V QGMMA from registers, with no
+    shuffle beyond the row-max / row-sum quad reductions (the V token order makes that possible)."""
+    s = _sass(fa3_fp8.DEFAULT_CONFIGS[128])
+    assert len(re.findall(r"F2FP\.SATFINITE\.E4M3\.F32", s)) > 0
+    assert re.search(r"QGMMA\.64x128x32\.F32\.E4M3\.E4M3 R\d+, R\d+, gdesc", s)  # A from registers (RS)
+    shuffles = len(re.findall(r"\bSHFL\.", s))
+    assert shuffles <= 16, shuffles  # 2 row-max reductions x 2 lanes x (first + loop) + row sums + lane broadcast
+
+
+@pytest.mark.parametrize("change", [dict(two_level=False), dict(intra_wg_overlap=False), dict(out_dtype="fp16"),
+                                    dict(pingpong=False)], ids=["single-acc", "no-overlap", "fp16-out", "no-pingpong"])
+def test_switches_compile(change):
+    s = _sass(dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], **change), causal=True)
+    counts = cc.count_sass(s)
+    assert counts["QGMMA"] > 0 and counts["USETMAXREG"] >= 2 and counts["LDL"] == counts["STL"] == 0, counts
+
+
+def test_two_level_promotes_on_cuda_cores():
+    """Two-level accumulation: each tile's P V starts from zero (the QGMMA's own zero init, '!UPT' / RZ
+    accumulator) and is added into O with FFMAs; the single accumulator never restarts P V."""
+    two = _sass(fa3_fp8.DEFAULT_CONFIGS[128])
+    one = _sass(dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], two_level=False))
+    zero_init = r"QGMMA\.64x128x32\.F32\.E4M3\.E4M3 R\d+, R\d+, gdesc\[UR\d+\], RZ"
+    assert len(re.findall(zero_init, two)) > 0
+    assert len(re.findall(zero_init, one)) == 0
+    assert len(re.findall(r"\bFFMA\b", two)) > len(re.findall(r"\bFFMA\b", one)) + 64
+
+
+@pytest.mark.parametrize("bad, match", [(dict(tile_n=80), "multiple of 32"), (dict(tile_m=192), "TILE_M"),
+                                        (dict(pv_split=2), "pv_split"), (dict(out_dtype="e4m3"), "out_dtype")])
+def test_config_errors(bad, match):
+    with pytest.raises(ValueError, match=match):
+        dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], **bad).check(128)

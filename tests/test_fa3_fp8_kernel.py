@@ -1,0 +1,249 @@
+"""fa3-fp8 kernel (issue 10 item 2): argument checks on the CPU; on an sm90 GPU, the kernel against a
+float64 model of its own numerics (same quantised inputs, same tile order, same P shift and e4m3 rounding
+of P, same two-level accumulation) and against the float64 attention of the unquantised inputs.
+
+The quantisation here is a plain per-block absmax / 448 in torch (the FP8 contract's layout: v_t
+transposed, token-permuted, padded), so the kernel is tested independently of fa_variants.fp8.quantize.
+
+Bounds, kernel vs model (same inputs): rel-L2 <= 2e-2 and max |diff| <= 6e-2 * max|V|. They are set by
+P's e4m3 rounding: MUFU.EX2 (about 2 ulp) and the FP8 WGMMA accumulation move fp32 P by ~1e-6 relative,
+enough to send an element across an e4m3 rounding midpoint now and then, which changes that P by one e4m3
+step (2^-4 relative) in the kernel and not in the model. Kernel vs float64 of the unquantised inputs:
+rel-L2 <= 8e-2 (the e4m3 floor on N(0, 1) inputs is ~5%, mostly P's rounding); LSE |diff| <= 5e-2.
+
+    source .gpu/env.sh && python3 -m pytest -m gpu tests/test_fa3_fp8_kernel.py
+"""
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from fa_variants.fp8 import layout
+from fa_variants.reference import attention_reference, rel_l2
+
+E4M3 = torch.float8_e4m3fn
+LOG2_E = math.log2(math.e)
+
+
+# --------------------------------------------------------------------------------------------- helpers
+
+
+def quantize(x, block):
+    """x (B, N, H, D) float -> (x8 (B, N, H, D) e4m3, descale (B, H, cdiv(N, block)) float32): one
+    absmax / 448 scale per block of `block` tokens per (batch, head); an all-zero block gets scale 1."""
+    B, N, H, D = x.shape
+    nb = -(-N // block)
+    if N == 0:
+        return x.to(E4M3), torch.ones(B, H, 0, dtype=torch.float32, device=x.device)
+    pad = torch.zeros(B, nb * block, H, D, dtype=torch.float32, device=x.device)
+    pad[:, :N] = x.float()
+    amax = pad.view(B, nb, block, H, D).abs().amax(dim=(2, 4))  # (B, nb, H)
+    scale = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+    x8 = (pad.view(B, nb, block, H, D) / scale[:, :, None, :, None]).to(E4M3).view(B, nb * block, H, D)[:, :N]
+    return x8.contiguous(), scale.permute(0, 2, 1).contiguous()
+
+
+def to_v_t(v8):
+    """(B, N, Hkv, D) e4m3 -> v_t (B, Hkv, D, padded N), tokens permuted by layout.v_token_order."""
+    B, N, H, D = v8.shape
+    n_pad = layout.padded_seqlen_k(N)
+    vt = torch.zeros(B, H, D, n_pad, dtype=torch.uint8, device=v8.device)
+    vt[..., :N] = v8.view(torch.uint8).permute(0, 2, 3, 1)
+    return vt[..., layout.v_token_order(n_pad).to(v8.device)].view(E4M3).contiguous()
+
+
+def quantized_inputs(B, Nq, Nk, H, Hkv, D, device, gen, tile_n=None):
+    q = torch.randn(B, Nq, H, D, device=device, generator=gen)
+    k = torch.randn(B, Nk, Hkv, D, device=device, generator=gen)
+    v = torch.randn(B, Nk, Hkv, D, device=device, generator=gen)
+    bn = tile_n or layout.tile_n(D)
+    q8, qd = quantize(q, layout.TILE_M)
+    k8, kd = quantize(k, bn)
+    v8, vd = quantize(v, bn)
+    return (q, k, v), (q8, k8, to_v_t(v8), qd, kd, vd), v8
+
+
+def model(q8, k8, v8, qd, kd, vd, scale, causal, tile_n, two_level=True):
+    """The kernel's numerics in float64 (P rounded to e4m3 as the kernel does). Returns (out, lse)."""
+    B, Nq, H, D = q8.shape
+    Nk, Hkv = k8.shape[1], k8.shape[2]
+    g = H // Hkv
+    Q = q8.double() * qd.repeat_interleave(layout.TILE_M, dim=2)[:, :, :Nq].permute(0, 2, 1)[..., None]
+    out = torch.zeros(B, Nq, H, D, dtype=torch.float64, device=q8.device)
+    lse = torch.full((B, H, Nq), -math.inf, dtype=torch.float64, device=q8.device)
+    nb = -(-Nk // tile_n)
+    rows = torch.arange(Nq, device=q8.device)[:, None]
+    for b in range(B):
+        for h in range(H):
+            kh = h // g
+            qdv = qd[b, h].double().repeat_interleave(layout.TILE_M)[:Nq, None]  # per row
+            m = torch.full((Nq, 1), -math.inf, dtype=torch.float64, device=q8.device)
+            l = torch.zeros(Nq, 1, dtype=torch.float64, device=q8.device)
+            o = torch.zeros(Nq, D, dtype=torch.float64, device=q8.device)
+            for n in reversed(range(nb)):  # the kernel walks K/V tiles last to first
+                cols = torch.arange(n * tile_n, min(Nk, (n + 1) * tile_n), device=q8.device)
+                s = q8[b, :, h].double() @ k8[b, cols, kh].double().T  # raw e4m3 products
+                visible = cols[None, :] <= rows + Nk - Nq if causal else torch.ones_like(s, dtype=torch.bool)
+                s = torch.where(visible, s, -math.inf)
+                c = qdv * kd[b, kh, n].double() * max(scale, 1.1754943508222875e-38) * LOG2_E
+                m_new = torch.maximum(m, (s.amax(dim=1, keepdim=True) * c))
+                m_safe = torch.where(m_new == -math.inf, 0.0, m_new)
+                p = torch.exp2(s * c - m_safe + 8.0)
+                alpha = torch.exp2(m - m_safe)
+                l = alpha * l + p.sum(dim=1, keepdim=True)
+                tmp = p.float().to(E4M3).double() @ v8[b, cols, kh].double()
+                o = alpha * o + vd[b, kh, n].double() * tmp
+                m = m_new
+            ok = l[:, 0] > 0
+            out[b, :, h] = torch.where(ok[:, None], o / l, 0.0)
+            lse[b, h] = torch.where(ok, (m[:, 0] + torch.log2(l[:, 0]) - 8.0) * math.log(2), -math.inf)
+    return out, lse
+
+
+# ------------------------------------------------------------------------------------------- CPU checks
+
+fa3_fp8 = pytest.importorskip("fa_variants.hopper.fa3_fp8")
+
+
+def _cpu_args(**change):
+    g = torch.Generator().manual_seed(0)
+    _, (q8, k8, vt, qd, kd, vd), _ = quantized_inputs(1, 5, 7, 2, 1, 64, "cpu", g)
+    args = dict(q8=q8, k8=k8, v_t8=vt, q_descale=qd, k_descale=kd, v_descale=vd)
+    args.update(change)
+    return args
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(q8=torch.zeros(1, 5, 2, 64)), "q8 must be torch.float8_e4m3fn"),
+    (dict(v_t8=torch.zeros(1, 1, 64, 7, dtype=E4M3)), "v_t8 must be"),
+    (dict(q8=torch.zeros(1, 5, 2, 80, dtype=E4M3)), "head_dim 80"),
+    (dict(k_descale=torch.ones(1, 1, 2)), "k_descale must be float32 of shape"),
+    (dict(q_descale=torch.ones(1, 2, 1, dtype=torch.float64)), "q_descale must be float32"),
+    (dict(k8=torch.zeros(1, 7, 3, 64, dtype=E4M3)), "num_heads 2 is not divisible"),
+])
+def test_bad_arguments(change, match):
+    with pytest.raises(ValueError, match=match):
+        fa3_fp8.run_quantized(**_cpu_args(**change), softmax_scale=0.1, causal=False)
+
+
+def test_bad_scale_and_out_dtype():
+    with pytest.raises(ValueError, match="softmax_scale must be finite"):
+        fa3_fp8.run_quantized(**_cpu_args(), softmax_scale=math.inf, causal=False)
+    with pytest.raises(ValueError, match="out_dtype"):
+        fa3_fp8.run_quantized(**_cpu_args(), softmax_scale=0.1, causal=False, out_dtype=torch.float32)
+
+
+def test_model_matches_float64_attention_before_rounding():
+    """The test's own model: with P not rounded (exactly representable inputs), it is plain attention."""
+    g = torch.Generator().manual_seed(1)
+    _, (q8, k8, vt, qd, kd, vd), v8 = quantized_inputs(1, 70, 150, 2, 1, 64, "cpu", g)
+    out, lse = model(q8, k8, v8, qd, kd, vd, 0.125, True, 128)
+    Q = q8.double() * qd[:, :, :1].permute(0, 2, 1)[..., None].double()
+    K = k8.double() * kd.repeat_interleave(128, dim=2)[:, :, :150].permute(0, 2, 1)[..., None].double()
+    V = v8.double() * vd.repeat_interleave(128, dim=2)[:, :, :150].permute(0, 2, 1)[..., None].double()
+    ref, ref_lse = attention_reference(Q, K, V, causal=True, softmax_scale=0.125)
+    assert rel_l2(out, ref) < 4e-2  # only P's e4m3 rounding differs
+    torch.testing.assert_close(lse, ref_lse, rtol=0, atol=1e-9)
+
+
+def test_empty_keys_quantize():
+    g = torch.Generator().manual_seed(4)
+    _, (q8, k8, vt, qd, kd, vd), _ = quantized_inputs(1, 5, 0, 2, 2, 64, "cpu", g)
+    assert vt.shape == (1, 2, 64, 0) and kd.shape == (1, 2, 0)
+
+
+def test_v_t_layout():
+    g = torch.Generator().manual_seed(2)
+    v8 = torch.randn(1, 37, 2, 16, generator=g).to(E4M3)
+    vt = to_v_t(v8)
+    assert vt.shape == (1, 2, 16, 48)
+    back = vt.view(torch.uint8)[..., torch.argsort(layout.v_token_order(48))]
+    assert torch.equal(back[..., :37], v8.view(torch.uint8).permute(0, 2, 3, 1))
+    assert torch.all(back[..., 37:] == 0)
+
+
+# ------------------------------------------------------------------------------------------- GPU checks
+
+def _not_sm90() -> bool:
+    return not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9
+
+
+needs_sm90 = pytest.mark.skipif(_not_sm90(), reason="fa3-fp8 needs an sm90 (Hopper) GPU")
+
+# (batch, seqlen_q, seqlen_k, heads, heads_kv)
+SHAPES = [(1, 1, 1, 2, 2), (2, 3, 3, 2, 2), (1, 113, 333, 4, 2), (1, 300, 127, 2, 2), (1, 1023, 1023, 2, 1),
+          (1, 128, 256, 2, 2), (2, 1, 4224, 4, 2)]
+
+
+def _check(out, lse, ref_out, ref_lse, v8, vd, label):
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any(), f"{label}: NaN (unwritten output?)"
+    vmax = (v8.double().abs().amax() * vd.double().max()).item()
+    err = (out.double() - ref_out).abs().max().item()
+    assert rel_l2(out, ref_out) <= 2e-2 and err <= 6e-2 * vmax, f"{label}: rel-L2 {rel_l2(out, ref_out):.3g}, max {err:.3g}"
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), finite), f"{label}: LSE -inf pattern"
+    assert (lse.double()[finite] - ref_lse[finite]).abs().max().item() <= 1e-3 if finite.any() else True, label
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("shape", SHAPES, ids=["x".join(map(str, s)) for s in SHAPES])
+@pytest.mark.gpu
+@needs_sm90
+def test_kernel_vs_model(shape, head_dim, causal, nan_allocations):
+    B, Nq, Nk, H, Hkv = shape
+    g = torch.Generator(device="cuda").manual_seed(hash((shape, head_dim, causal)) % 2**31)
+    (q, k, v), (q8, k8, vt, qd, kd, vd), v8 = quantized_inputs(B, Nq, Nk, H, Hkv, head_dim, "cuda", g)
+    scale = head_dim ** -0.5
+    with nan_allocations():
+        out, lse = fa3_fp8.run_quantized(q8, k8, vt, qd, kd, vd, softmax_scale=scale, causal=causal)
+    assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
+    ref_out, ref_lse = model(q8, k8, v8, qd, kd, vd, scale, causal, layout.tile_n(head_dim))
+    _check(out, lse, ref_out, ref_lse, v8, vd, f"{shape} d{head_dim} causal={causal}")
+    exact, exact_lse = attention_reference(q, k, v, causal=causal, softmax_scale=scale)
+    assert rel_l2(out, exact) <= 8e-2, rel_l2(out, exact)
+    f = torch.isfinite(exact_lse)
+    assert (lse[f].double() - exact_lse[f]).abs().max().item() <= 5e-2
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("variant", ["single-acc", "fp16-out", "no-overlap", "neg-scale", "zero-scale"])
+def test_variants(variant, nan_allocations):
+    B, Nq, Nk, H, Hkv, D = 2, 200, 700, 4, 2, 128
+    g = torch.Generator(device="cuda").manual_seed(7)
+    _, (q8, k8, vt, qd, kd, vd), v8 = quantized_inputs(B, Nq, Nk, H, Hkv, D, "cuda", g)
+    cfg, out_dtype, scale = None, torch.bfloat16, D ** -0.5
+    if variant == "single-acc":
+        cfg = dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[D], two_level=False)
+    elif variant == "no-overlap":
+        cfg = dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[D], intra_wg_overlap=False)
+    elif variant == "fp16-out":
+        out_dtype = torch.float16
+    elif variant == "neg-scale":
+        scale = -scale
+    else:
+        scale = 0.0
+    with nan_allocations():
+        out, lse = fa3_fp8.run_quantized(q8, k8, vt, qd, kd, vd, softmax_scale=scale, causal=True, out_dtype=out_dtype, config=cfg)
+    assert out.dtype == out_dtype
+    k_model = k8 if scale >= 0 else (k8.view(torch.uint8) ^ 0x80).view(E4M3)
+    ref_out, ref_lse = model(q8, k_model, v8, qd, kd, vd, abs(scale), True, layout.tile_n(D))
+    _check(out, lse, ref_out, ref_lse, v8, vd, variant)
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_empty_rows_and_seqlen_k_zero(nan_allocations):
+    g = torch.Generator(device="cuda").manual_seed(3)
+    # causal with seqlen_q > seqlen_k: the first rows see no key
+    _, (q8, k8, vt, qd, kd, vd), v8 = quantized_inputs(1, 300, 100, 2, 2, 64, "cuda", g)
+    with nan_allocations():
+        out, lse = fa3_fp8.run_quantized(q8, k8, vt, qd, kd, vd, softmax_scale=0.125, causal=True)
+    assert torch.all(out[:, :200] == 0) and torch.all(lse[:, :, :200] == -math.inf)
+    assert torch.isfinite(lse[:, :, 200:]).all()
+    _, (q8, k8, vt, qd, kd, vd), _ = quantized_inputs(1, 5, 0, 2, 2, 64, "cuda", g)
+    with nan_allocations():
+        out, lse = fa3_fp8.run_quantized(q8, k8, vt, qd, kd, vd, softmax_scale=0.125, causal=False)
+    assert torch.all(out == 0) and torch.all(lse == -math.inf)
