@@ -73,8 +73,8 @@ def _check_inputs(q, k, v, names=("q", "k", "v")) -> None:
         raise ValueError(f"num_heads {heads} not divisible by num_heads_kv {heads_kv}")
 
 
-def _check_options(causal, softmax_scale, backend, return_lse, head_dim: int) -> float:
-    """Checks the keyword arguments; returns the softmax scale as a float."""
+def _check_options(causal, softmax_scale, backend, return_lse) -> float | None:
+    """Checks the keyword arguments; returns the softmax scale as a float (None: the default, 1/sqrt(D))."""
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {causal!r}")
     if not isinstance(return_lse, bool):
@@ -82,7 +82,7 @@ def _check_options(causal, softmax_scale, backend, return_lse, head_dim: int) ->
     if not isinstance(backend, str):
         raise TypeError(f"backend must be a str, got {backend!r}")
     if softmax_scale is None:
-        return default_softmax_scale(head_dim)
+        return None
     if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
         raise TypeError(f"softmax_scale must be a real number or None, got {softmax_scale!r}")
     try:
@@ -111,32 +111,44 @@ def _unit_last_dim(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
 
 
+def dispatch_and_run(q, k, v, causal: bool, softmax_scale: float | None, backend: str):
+    """The eager implementation behind ``attention`` (and the custom op ``torch.ops.fa_variants.attention``):
+    choose the backend, then run it. Inputs already validated. Returns (out, lse)."""
+    selection = dispatch.select_backend(q, k, v, causal=causal, backend=backend)
+    scale = default_softmax_scale(q.shape[-1]) if softmax_scale is None else softmax_scale
+    return _run(selection, q, k, v, causal, scale)
+
+
 def _run(selection: Selection, q, k, v, causal: bool, scale: float):
     """Empty shortcuts, stride normalisation, then the backend's ``run``."""
     batch, seqlen_q, heads, head_dim = q.shape
+    if selection.backend == "reference":  # plain PyTorch: handles empty inputs itself, keeps autograd
+        return dispatch.get_module("reference").run(q, k, v, causal=causal, softmax_scale=scale)
     if q.numel() == 0 or k.shape[1] == 0:  # B, Nq or H is 0, or no key at all: launch nothing
         out = torch.zeros(batch, seqlen_q, heads, head_dim, dtype=q.dtype, device=q.device)
         lse = torch.full((batch, heads, seqlen_q), -math.inf, dtype=torch.float32, device=q.device)
         return out, lse
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        raise NotImplementedError(
+            f"backend {selection.backend} is forward-only and an input requires grad: call it under "
+            "torch.no_grad() / torch.inference_mode(), or use backend='reference' for autograd")
     q, k, v = (_unit_last_dim(t) for t in (q, k, v))
     if k.shape[2] > 1 and k.stride(2) == 0 and v.stride(2) == 0:
         # K/V broadcast across heads (expand): every KV head is the same one, i.e. MQA, no copy needed
         k, v = k[:, :, :1], v[:, :, :1]
-    if selection.backend != "reference" and torch.is_grad_enabled() and any(
-            t.requires_grad for t in (q, k, v)):
-        raise NotImplementedError(
-            f"backend {selection.backend} is forward-only and an input requires grad: call it under "
-            "torch.no_grad() / torch.inference_mode(), or use backend='reference' for autograd")
     module = dispatch.get_module(selection.backend)
-    guard = torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext()
-    if selection.backend != "reference":
-        scale = _kernel_scale(scale)
-    with guard:
-        out, lse = module.run(q, k, v, causal=causal, softmax_scale=scale)
+    with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
+        out, lse = module.run(q, k, v, causal=causal, softmax_scale=_kernel_scale(scale))
     if out.shape != q.shape or lse.shape != (batch, heads, seqlen_q):
         raise RuntimeError(f"backend {selection.backend} returned out {tuple(out.shape)} and lse "
                            f"{tuple(lse.shape)}; expected {tuple(q.shape)} and {(batch, heads, seqlen_q)}")
     return out, lse
+
+
+def _traced(q) -> bool:
+    """True while torch.compile / torch.export trace the call, or for a tensor subclass (fake, functional,
+    a Parameter): the call then goes through the custom op, which tracing sees as one opaque node."""
+    return torch.compiler.is_compiling() or type(q) is not torch.Tensor
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
@@ -162,7 +174,19 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     Returns:
         out (batch, seqlen_q, num_heads, head_dim) in q's dtype, a new tensor; with ``return_lse`` the pair
         (out, lse), lse float32 (batch, num_heads, seqlen_q), natural log. batch, seqlen_q or num_heads of 0
-        give empty outputs and seqlen_k = 0 gives zeros (LSE -inf), without launching a kernel.
+        give empty outputs and seqlen_k = 0 gives zeros (LSE -inf), without launching a kernel (on the
+        reference backend they stay connected to the inputs for autograd, with zero gradients).
+
+    Non-finite values: an inf or NaN in Q, K or V at a position a row sees makes that row non-finite, as the
+    maths does. At a key a causal row cannot see, V = inf/NaN contributes exactly 0 on the ``reference``
+    backend, but on the kernels (fa1, fa2, fa3) it makes the rows of the same query tile that do not see
+    it NaN too: inside a tile a masked score gives P = 0 and 0 * inf = NaN in P V. Keep V finite (or mask
+    by zeroing V) when using the kernels. A K = inf at a hidden key is harmless everywhere.
+
+    torch.compile / torch.export: traceable with ``fullgraph=True`` and dynamic shapes (CUDA graphs with
+    ``mode="reduce-overhead"`` too): validation is plain Python that Dynamo traces, and the backend choice
+    and launch happen inside the custom op ``torch.ops.fa_variants.attention`` (``integrations.custom_op``),
+    one opaque node of the graph. Autograd under torch.compile: reference backend only, as eagerly.
 
     Raises:
         TypeError: a non-tensor input, a non-floating or mismatched dtype, a non-bool flag, a non-real scale.
@@ -176,9 +200,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     Shah et al., FlashAttention-3 (2024).
     """
     _check_inputs(q, k, v)
-    scale = _check_options(causal, softmax_scale, backend, return_lse, q.shape[-1])
-    selection = dispatch.select_backend(q, k, v, causal=causal, backend=backend)
-    out, lse = _run(selection, q, k, v, causal, scale)
+    scale = _check_options(causal, softmax_scale, backend, return_lse)
+    if _traced(q):
+        out, lse = torch.ops.fa_variants.attention(q, k, v, causal, scale, backend)
+    else:  # eagerly: the op's implementation itself, without the dispatcher's per-call cost
+        out, lse = dispatch_and_run(q, k, v, causal, scale, backend)
     return (out, lse) if return_lse else out
 
 
@@ -244,5 +270,10 @@ def select_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
         As ``attention`` for bad inputs, unknown or unavailable backends.
     """
     _check_inputs(q, k, v)
-    _check_options(causal, None, backend, False, q.shape[-1])
+    _check_options(causal, None, backend, False)
     return dispatch.select_backend(q, k, v, causal=causal, backend=backend)
+
+
+# registers torch.ops.fa_variants.attention, whose implementation is dispatch_and_run (imported last: it
+# uses this module's functions)
+from fa_variants.integrations import custom_op as _custom_op  # noqa: E402,F401

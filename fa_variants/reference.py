@@ -79,7 +79,10 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
     Returns:
         (out, lse): out (batch, seqlen_q, num_heads, head_dim_v) in ``dtype``; lse (batch, num_heads,
         seqlen_q), natural log, in ``dtype`` when that is float32/float64, else float32. Rows that see no
-        key (causal with seqlen_q > seqlen_k, or seqlen_k = 0) give out = 0 and lse = -inf.
+        key (causal with seqlen_q > seqlen_k, or seqlen_k = 0) give out = 0 and lse = -inf; with
+        seqlen_k = 0 the output is still connected to q, k, v for autograd (zero gradients). A key a row
+        cannot see contributes exactly 0 to it, even when V is inf or NaN there (the kernels differ: see
+        ``fa_variants.attention``).
 
     Raises:
         ValueError: not 4-D, or num_heads not a multiple of num_heads_kv (full checks live in api.py).
@@ -92,18 +95,27 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
     scale = default_softmax_scale(head_dim) if softmax_scale is None else float(softmax_scale)
     low = dtype not in _FULL_PRECISION
     lse_dtype = torch.float32 if low else dtype
-    out = torch.zeros(batch, seqlen_q, num_heads, head_dim_v, dtype=dtype, device=q.device)
-    lse = torch.full((batch, num_heads, seqlen_q), -math.inf, dtype=lse_dtype, device=q.device)
-    if out.numel() == 0 or seqlen_k == 0:
-        return out, lse
-    if num_heads % num_heads_kv != 0:
+    if num_heads_kv == 0 and num_heads == 0:
+        group = 1
+    elif num_heads_kv == 0 or num_heads % num_heads_kv != 0:
         raise ValueError(f"num_heads {num_heads} not divisible by num_heads_kv {num_heads_kv}")
-    group = num_heads // num_heads_kv
+    else:
+        group = num_heads // num_heads_kv
     # GQA without copying K/V: query head h = kv_head * group + g reads KV head kv_head.
     qg = q.to(dtype).reshape(batch, seqlen_q, num_heads_kv, group, head_dim)
     if low:
         qg = qg * scale  # rounded to `dtype`, as PyTorch would
     kd, vd = k.to(dtype), v.to(dtype)
+    if seqlen_k == 0 or qg.numel() == 0 or vd.shape[-1] == 0:
+        # nothing to normalise: out = 0 and lse = -inf, computed through the empty products so that the
+        # result stays connected to q, k and v for autograd (their gradients are then exactly 0)
+        s = torch.einsum("bqhgd,bkhd->bhgqk", qg, kd)
+        out = torch.einsum("bhgqk,bkhd->bqhgd", s, vd).reshape(batch, seqlen_q, num_heads, head_dim_v)
+        lse = torch.full((batch, num_heads, seqlen_q), -math.inf, dtype=lse_dtype, device=q.device)
+        return out, lse
+    out = torch.empty(batch, seqlen_q, num_heads, head_dim_v, dtype=dtype, device=q.device)
+    lse = torch.empty((batch, num_heads, seqlen_q), dtype=lse_dtype, device=q.device)
+    vd_finite, bad_keys = _nonfinite_keys(vd)
     rows = max(1, _MAX_SCORE_ELEMENTS // max(1, batch * num_heads * seqlen_k))
     for r0 in range(0, seqlen_q, rows):
         r1 = min(seqlen_q, r0 + rows)
@@ -114,10 +126,38 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
             m, p = _softmax_scaled(s.float(), visible)
         else:
             m, p = _softmax_raw(s, scale, visible)
-        o = torch.einsum("bhgqk,bkhd->bqhgd", p.to(dtype), vd)
+        p = p.to(dtype)
+        o = torch.einsum("bhgqk,bkhd->bqhgd", p, vd_finite)
+        if bad_keys is not None:
+            o = o + _masked_product(p, vd, bad_keys, visible)
         out[:, r0:r1] = o.reshape(batch, r1 - r0, num_heads, head_dim_v)
         lse[:, :, r0:r1] = m.reshape(batch, num_heads, r1 - r0).to(lse_dtype)
     return out, lse
+
+
+def _nonfinite_keys(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(V with the rows of keys holding an inf/NaN zeroed, the indices of those keys); (v, None) if none.
+
+    A key the mask hides from a row must contribute exactly 0 to it, even when V is inf or NaN there
+    (P = 0 times V = inf would be NaN in P V); such keys are added back by ``_masked_product``."""
+    bad = (~torch.isfinite(v)).flatten(2).any(dim=2).any(dim=0)  # (Nk,): a key with a non-finite V anywhere
+    if not bad.any():
+        return v, None
+    keys = bad.nonzero().squeeze(1)
+    return v.index_fill(1, keys, 0), keys
+
+
+def _masked_product(p: torch.Tensor, v: torch.Tensor, keys: torch.Tensor,
+                    visible: torch.Tensor | None) -> torch.Tensor:
+    """sum over the given keys of P[.., key] * V[key], where only keys a row sees contribute (a masked key
+    adds exactly 0, not 0 * inf = NaN). p (B, Hkv, G, rows, Nk), v (B, Nk, Hkv, D); returns (B, rows, Hkv,
+    G, D)."""
+    pk = p.index_select(-1, keys)                                    # (B, Hkv, G, rows, K)
+    vk = v.index_select(1, keys).permute(0, 2, 1, 3)[:, :, None, None]  # (B, Hkv, 1, 1, K, D)
+    term = pk.unsqueeze(-1) * vk                                     # (B, Hkv, G, rows, K, D)
+    if visible is not None:
+        term = torch.where(visible.index_select(1, keys)[..., None], term, torch.zeros_like(term))
+    return term.sum(-2).permute(0, 3, 1, 2, 4)
 
 
 def _softmax_scaled(s: torch.Tensor, visible: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -156,6 +196,41 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
     dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     out, lse = attention_reference(q, k, v, causal=causal, softmax_scale=softmax_scale, dtype=dtype)
     return out.to(q.dtype), lse.float()
+
+
+def run_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                 v: torch.Tensor, *, causal: bool,
+                 softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients (dq, dk, dv) of ``run``'s (out, lse) for upstream gradients (grad_out, grad_lse), written out
+    (no autograd: the custom op's backward calls it where autograd is off), in ``run``'s precision.
+
+    With S = scale Q K^T (masked), P = softmax(S), O = P V: dV = P^T dO; dP = dO V^T;
+    dS = P * (dP - rowsum(dO * O) + dLSE); dQ = scale dS K; dK = scale dS^T Q (GQA: dK, dV summed over
+    the query heads of a KV head). Source: Dao et al., FlashAttention (2022), Appendix B.2, eq. (backward),
+    plus the LSE term (d LSE / d S = P). Shapes as ``run``'s inputs; q.dtype out; one chunk (no row
+    chunking: for tests and small autograd uses).
+    """
+    dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    batch, seqlen_q, num_heads, head_dim = q.shape
+    seqlen_k, num_heads_kv = k.shape[1], k.shape[2]
+    if seqlen_k == 0 or q.numel() == 0:
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    group = num_heads // num_heads_kv
+    qg = q.to(dtype).reshape(batch, seqlen_q, num_heads_kv, group, head_dim)
+    kd, vd = k.to(dtype), v.to(dtype)
+    dog = grad_out.to(dtype).reshape(batch, seqlen_q, num_heads_kv, group, -1)
+    dlse = grad_lse.to(dtype).reshape(batch, num_heads_kv, group, seqlen_q, 1)
+    s = torch.einsum("bqhgd,bkhd->bhgqk", qg, kd)
+    visible = causal_visible(seqlen_q, seqlen_k, device=q.device) if causal else None
+    _, p = _softmax_raw(s, softmax_scale, visible)
+    og = torch.einsum("bhgqk,bkhd->bqhgd", p, vd)
+    dv = torch.einsum("bhgqk,bqhgd->bkhd", p, dog)
+    dp = torch.einsum("bqhgd,bkhd->bhgqk", dog, vd)
+    row = (dog * og).sum(-1).permute(0, 2, 3, 1).unsqueeze(-1)  # rowsum(dO * O): (B, Hkv, G, Nq, 1)
+    ds = p * (dp - row + dlse)
+    dq = softmax_scale * torch.einsum("bhgqk,bkhd->bqhgd", ds, kd)
+    dk = softmax_scale * torch.einsum("bhgqk,bqhgd->bkhd", ds, qg)
+    return dq.reshape(q.shape).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
 # ----------------------------------------------------------------------------------------- tolerance rule

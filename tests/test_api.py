@@ -294,3 +294,17 @@ def test_sdpa_rejects_a_non_bool_enable_gqa_and_non_dense_inputs():
 
 def test_public_names():
     assert set(fa_variants.__all__) >= {"attention", "scaled_dot_product_attention", "select_backend", "Selection"}
+
+
+@pytest.mark.parametrize("dims", [(2, 5, 0), (0, 5, 7), (2, 0, 7)], ids=["Nk0", "B0", "Nq0"])
+def test_reference_autograd_with_empty_inputs(dims):
+    """EC: seqlen_k = 0 (and other empty sizes) with inputs that require grad: the output (zeros) still has
+    a grad_fn, and backward gives zero gradients (it returned a detached tensor)."""
+    batch, nq, nk = dims
+    q = torch.randn(batch, nq, 4, 8, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(batch, nk, 2, 8, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    out, lse = fa_variants.attention(q, k, v, causal=True, return_lse=True)
+    assert out.grad_fn is not None and not out.any() and torch.isneginf(lse).all()
+    out.sum().backward()
+    for t in (q, k, v):
+        assert t.grad is not None and t.grad.shape == t.shape and not t.grad.any()

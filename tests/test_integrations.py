@@ -222,6 +222,22 @@ def test_mask_is_causal_classifies_masks():
         hf.mask_is_causal(causal, 5, 8)
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8])
+def test_integer_masks_are_read_as_0_1(dtype):
+    """An integer 4-D mask (1 = attend) is classified like a boolean one; a padding mask gets the clear
+    refusal (it was a torch.finfo TypeError), and so does an integer mask with values other than 0 and 1."""
+    causal = torch.ones(5, 7, dtype=torch.bool).tril(diagonal=2)[None, None]
+    assert hf.mask_is_causal(causal.to(dtype), 5, 7) is True
+    assert hf.mask_is_causal(torch.ones(1, 1, 5, 7, dtype=dtype), 5, 7) is False
+    padded = torch.ones(2, 1, 5, 7, dtype=dtype)
+    padded[1, ..., :2] = 0  # the second sequence is left-padded by two keys
+    q, k = torch.randn(2, 6, 5, 16), torch.randn(2, 2, 7, 16)
+    with pytest.raises(hf.UnsupportedAttentionError, match="padding"):
+        hf.attention_forward(torch.nn.Module(), q, k, k, padded)
+    with pytest.raises(hf.UnsupportedAttentionError, match="values other than 0 and 1"):
+        hf.mask_is_causal(torch.full((1, 1, 5, 7), 2, dtype=dtype), 5, 7)
+
+
 def test_hf_refuses_what_it_cannot_express():
     q, k = torch.randn(1, 6, 4, 16), torch.randn(1, 2, 4, 16)
     module = torch.nn.Module()

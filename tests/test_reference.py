@@ -244,3 +244,43 @@ def test_fp8_has_no_same_dtype_reference():
     q = torch.zeros(1, 2, 1, 16).to(torch.float8_e4m3fn)
     with pytest.raises(ValueError, match="FP8"):
         references(q, q, q)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan])
+def test_masked_keys_contribute_exactly_zero_even_when_v_is_not_finite(dtype, bad):
+    """EC: V = inf/NaN at a key that a causal row cannot see must not reach that row (0 * inf = NaN in a
+    plain P V). Rows that see the key get a non-finite value, as the maths says; the other rows equal the
+    output for a V whose hidden rows are replaced by finite values (checked against the naive loop)."""
+    q, k, v = rand(2, 64, 4, 32), rand(2, 64, 2, 32), rand(2, 64, 2, 32)
+    v[1, 40, 0] = bad           # one KV head of one batch: a whole V row
+    v[0, 50, 1, 3] = bad        # a single element
+    out, lse = attention_reference(q.to(dtype), k.to(dtype), v.to(dtype), causal=True, dtype=dtype)
+    finite_v = torch.nan_to_num(v, nan=0.0, posinf=0.0, neginf=0.0)
+    expected, expected_lse = naive_attention(q.to(dtype), k.to(dtype), finite_v.to(dtype), causal=True)
+    tol = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 5e-2}[dtype]
+    finite = torch.isfinite(out)
+    # q heads 0, 1 read KV head 0; heads 2, 3 read KV head 1
+    assert finite[1, :40, :2].all() and not finite[1, 40:, :2].all(-1).any()  # rows that see key 40
+    assert finite[0, :50, 2:].all() and not finite[0, 50:, 2:, 3].any()  # rows that see the bad element
+    assert finite[0, :, :2].all() and finite[1, :, 2:].all() and finite[0, 50:, 2:, :3].all()
+    torch.testing.assert_close(out.double()[finite], expected[finite], rtol=tol, atol=tol)
+    torch.testing.assert_close(lse.double(), expected_lse, rtol=tol, atol=tol)  # V plays no part in LSE
+
+
+def test_run_backward_matches_autograd():
+    """The written-out backward (used by the custom op under torch.compile) against autograd through
+    ``run``: GQA, causal with seqlen_q > seqlen_k (empty rows), a negative scale, gradients of both outputs.
+    Different formula order: agreement to float64 rounding, not bitwise."""
+    q, k, v = rand(2, 13, 6, 16), rand(2, 9, 2, 16), rand(2, 9, 2, 16)
+    grad_out, grad_lse = rand(2, 13, 6, 16), rand(2, 6, 13, dtype=torch.float32)  # lse is float32
+    for causal, scale in ((True, 0.3), (False, -0.7)):
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        out, lse = ref.run(*leaves, causal=causal, softmax_scale=scale)
+        # rows that see no key have lse -inf: their upstream LSE gradient cannot flow (0 by convention)
+        finite = torch.isfinite(lse)
+        expected = torch.autograd.grad((out, lse), leaves, (grad_out, torch.where(finite, grad_lse, 0)))
+        got = ref.run_backward(grad_out, torch.where(finite, grad_lse, 0), q, k, v, causal=causal,
+                               softmax_scale=scale)
+        for g, e in zip(got, expected):
+            torch.testing.assert_close(g, e, rtol=1e-10, atol=1e-10)

@@ -7,6 +7,6 @@
   its first layers, captured on the CPU into a fixture (``python -m fa_variants.integrations.capture``).
 * :mod:`~fa_variants.integrations.fixture`: that fixture: where it lives, loading, rebuilding the layers.
 
-Nothing here is imported by ``import fa_variants``; transformers is needed only by hf, capture and
+``import fa_variants`` imports custom_op only (it registers the op); transformers is needed only by hf, capture and
 ``fixture.build_layers``.
 """

@@ -1,33 +1,38 @@
-"""``torch.ops.fa_variants.attention``: fa_variants as a PyTorch custom op, so torch.compile traces through it.
+"""``torch.ops.fa_variants.attention``: how ``fa_variants.attention`` appears to torch.compile and torch.export.
 
-    from fa_variants.integrations import custom_op
-    out = custom_op.attention(q, k, v, causal=True)        # same arguments as fa_variants.attention
-    torch.compile(model, fullgraph=True)                    # the op stays one node in the graph
+    out = fa_variants.attention(q, k, v, causal=True)    # eager, or inside torch.compile(fullgraph=True)
+    torch.export.export(model, (x,))                      # the op is one node of the exported graph
 
-The kernels are launched from Python (CuTe DSL objects), which Dynamo cannot trace; a ``torch.library``
-custom op is opaque to it instead, and its fake (meta) implementation gives the output shapes and dtypes
-without running anything, so ``torch.compile(fullgraph=True)`` and ``torch.export`` see a single node.
-Source: PyTorch docs, "Python Custom Operators" (``torch.library.custom_op``, ``register_fake``).
+The kernels are launched from Python (CuTe DSL objects) after a backend choice that imports modules and
+reads the environment, none of which Dynamo can trace. ``fa_variants.attention`` therefore validates its
+arguments in plain Python (traceable) and, while being traced, calls this ``torch.library`` custom op, which
+tracing sees as one opaque node: its fake implementation gives the output shapes and dtypes without running
+anything, and its real implementation is ``api.dispatch_and_run``, the very function ``fa_variants.attention``
+calls eagerly (eagerly the op is skipped only to save the dispatcher's per-call cost; the result is the same).
+Source: PyTorch docs, "Python Custom Operators" (``torch.library.custom_op``, ``register_fake``,
+``register_autograd``).
 
 Schema: ``fa_variants::attention(Tensor q, Tensor k, Tensor v, bool causal, float? softmax_scale,
 str backend) -> (Tensor out, Tensor lse)``, out contiguous (batch, seqlen_q, num_heads, head_dim) in q's
-dtype, lse float32 contiguous (batch, num_heads, seqlen_q). Forward only (no autograd formula is
-registered: a backward through it raises).
+dtype, lse float32 contiguous (batch, num_heads, seqlen_q).
+
+Autograd: the backward is the reference backend's (``reference.run_backward``, plain PyTorch) in a second
+opaque op, ``fa_variants::attention_reference_backward``; it is allowed only when the call runs on the
+reference backend (the kernels are forward-only: a backward through them raises NotImplementedError).
 """
 from __future__ import annotations
 
 import torch
 
 import fa_variants
-from fa_variants import api
+from fa_variants import api, dispatch, reference
 
 
 @torch.library.custom_op("fa_variants::attention", mutates_args=())
 def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float | None,
                  backend: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Runs ``fa_variants.attention(..., return_lse=True)``; outputs made contiguous to match the fake."""
-    out, lse = fa_variants.attention(q, k, v, causal=causal, softmax_scale=softmax_scale, backend=backend,
-                                     return_lse=True)
+    """``api.dispatch_and_run`` (choose the backend, run it); outputs made contiguous to match the fake."""
+    out, lse = api.dispatch_and_run(q, k, v, causal, softmax_scale, backend)
     return out.contiguous(), lse.contiguous()
 
 
@@ -35,22 +40,57 @@ def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
 def _attention_fake(q, k, v, causal, softmax_scale, backend):
     """Shapes and dtypes only: out like q (contiguous), lse float32 (batch, num_heads, seqlen_q).
 
-    Validates first, with ``fa_variants.attention``'s rules and messages, so that a bad call fails while
-    tracing (torch.compile, torch.export) with that message instead of an unpacking error."""
+    Validates first, with ``fa_variants.attention``'s rules and messages (a direct ``torch.ops`` call has
+    not been validated), so that a bad call fails while tracing with that message."""
     api._check_inputs(q, k, v)
-    api._check_options(causal, softmax_scale, backend, False, head_dim=1)  # head_dim: only the default scale
+    api._check_options(causal, softmax_scale, backend, False)
     batch, seqlen_q, heads, head_dim = q.shape
     out = q.new_empty((batch, seqlen_q, heads, head_dim))
     lse = q.new_empty((batch, heads, seqlen_q), dtype=torch.float32)
     return out, lse
 
 
+@torch.library.custom_op("fa_variants::attention_reference_backward", mutates_args=())
+def reference_backward_op(grad_out: torch.Tensor, grad_lse: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                          v: torch.Tensor, causal: bool, softmax_scale: float | None,
+                          backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of the op's (out, lse): ``reference.run_backward``, when the call ran on the reference
+    backend; NotImplementedError for a kernel backend (forward only)."""
+    chosen = dispatch.select_backend(q, k, v, causal=causal, backend=backend).backend
+    if chosen != "reference":
+        raise NotImplementedError(
+            f"backend {chosen} is forward-only: no gradient through it; use backend='reference' for autograd")
+    scale = reference.default_softmax_scale(q.shape[-1]) if softmax_scale is None else softmax_scale
+    grads = reference.run_backward(grad_out, grad_lse, q, k, v, causal=causal, softmax_scale=scale)
+    return tuple(g.contiguous() for g in grads)
+
+
+@reference_backward_op.register_fake
+def _reference_backward_fake(grad_out, grad_lse, q, k, v, causal, softmax_scale, backend):
+    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, causal, softmax_scale, backend = inputs
+    ctx.save_for_backward(q, k, v)
+    ctx.causal, ctx.softmax_scale, ctx.backend = causal, softmax_scale, backend
+
+
+def _backward(ctx, grad_out, grad_lse):
+    q, k, v = ctx.saved_tensors
+    if grad_out is None:
+        grad_out = torch.zeros_like(q)
+    if grad_lse is None:
+        grad_lse = q.new_zeros((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+    dq, dk, dv = reference_backward_op(grad_out, grad_lse, q, k, v, ctx.causal, ctx.softmax_scale, ctx.backend)
+    return dq, dk, dv, None, None, None
+
+
+attention_op.register_autograd(_backward, setup_context=_setup_context)
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
               softmax_scale: float | None = None, backend: str = "auto", return_lse: bool = False):
-    """``fa_variants.attention`` through the custom op (same arguments, returns and errors).
-
-    q (batch, seqlen_q, num_heads, head_dim), k/v (batch, seqlen_k, num_heads_kv, head_dim). Returns out
-    (contiguous, q's dtype), or (out, lse float32 (batch, num_heads, seqlen_q)) with ``return_lse``.
-    """
-    out, lse = torch.ops.fa_variants.attention(q, k, v, causal, softmax_scale, backend)
-    return (out, lse) if return_lse else out
+    """Kept for older callers: ``fa_variants.attention`` itself (which uses the op while being traced)."""
+    return fa_variants.attention(q, k, v, causal=causal, softmax_scale=softmax_scale, backend=backend,
+                                 return_lse=return_lse)

@@ -32,7 +32,6 @@ import functools
 import torch
 
 import fa_variants
-from fa_variants.integrations import custom_op
 from fa_variants.reference import causal_visible
 
 DEFAULT_NAME = "fa_variants"
@@ -50,9 +49,14 @@ def _refuse(what: str) -> UnsupportedAttentionError:
 
 
 def _visible(mask: torch.Tensor) -> torch.Tensor:
-    """The boolean 'may attend' tensor of a boolean mask or of an additive float mask (0 / very negative)."""
+    """The boolean 'may attend' tensor of a boolean mask, an integer 0/1 mask (1 = attend, as transformers'
+    2-D attention_mask) or an additive float mask (0 / very negative)."""
     if mask.dtype == torch.bool:
         return mask
+    if not mask.is_floating_point():
+        if mask.is_complex() or not bool(((mask == 0) | (mask == 1)).all()):
+            raise _refuse(f"a {str(mask.dtype).removeprefix('torch.')} mask with values other than 0 and 1")
+        return mask != 0
     blocked = mask <= torch.finfo(mask.dtype).min / 2  # -inf or dtype-min: transformers' masked value
     if not bool(((mask == 0) | blocked).all()):
         raise _refuse("an additive attention bias (a float mask with values other than 0 and -inf)")
@@ -114,10 +118,8 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
     if attention_mask is not None:
         causal = mask_is_causal(attention_mask, seqlen_q, seqlen_k)
-    # under torch.compile, the custom op (one opaque graph node); eagerly, the plain call (keeps autograd
-    # on the reference backend)
-    run = custom_op.attention if torch.compiler.is_compiling() else fa_variants.attention
-    out = run(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), causal=causal,
+    # fa_variants.attention is itself one opaque node under torch.compile (the custom op)
+    out = fa_variants.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), causal=causal,
               softmax_scale=scaling, backend=backend)
     return out, None
 

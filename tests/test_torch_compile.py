@@ -1,0 +1,204 @@
+"""torch.compile and torch.export over the public API (``fa_variants.attention`` and
+``fa_variants.scaled_dot_product_attention``): fullgraph=True, dynamic shapes, a cold process, autograd
+through the reference backend; on a GPU also the kernels (fa3 / fa2) with CUDA graphs (reduce-overhead).
+
+CPU tests use the ``aot_eager`` compiler backend (Dynamo + AOTAutograd, no C++ build: seconds); the default
+inductor backend is in the slow test of tests/test_integrations.py. Run the GPU part on the GPU host with
+``python -m pytest -q -m gpu tests/test_torch_compile.py``.
+"""
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import fa_variants
+from fa_variants.reference import attention_reference
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _qkv(B=2, Nq=37, Nk=41, H=6, Hkv=2, D=32, dtype=torch.float32, device="cpu", seed=None):
+    g = torch.Generator(device=device).manual_seed(seed if seed is not None else torch.seed())
+    return (torch.randn(B, Nq, H, D, generator=g, dtype=dtype, device=device),
+            torch.randn(B, Nk, Hkv, D, generator=g, dtype=dtype, device=device),
+            torch.randn(B, Nk, Hkv, D, generator=g, dtype=dtype, device=device))
+
+
+def _bshd(t):
+    return t.transpose(1, 2)
+
+
+def _fn(q, k, v):
+    out, lse = fa_variants.attention(q, k, v, causal=True, return_lse=True)
+    return out * 2.0, lse
+
+
+def _sdpa_fn(q, k, v):  # PyTorch layout in and out
+    return fa_variants.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True, scale=0.3)
+
+
+def _close(got, expected, tol=1e-5):
+    # the compiled graph runs the same reference maths as eager, but the compiler may fuse or reorder the
+    # surrounding ops: compare with a tolerance, not bitwise
+    torch.testing.assert_close(got, expected, rtol=tol, atol=tol)
+
+
+def _graph_ops(fn, *, dynamic):
+    """fn compiled with fullgraph=True, and the list the graphs Dynamo makes are recorded into."""
+    graphs = []
+
+    def recording(gm, example_inputs):
+        graphs.append(gm)
+        from torch._dynamo.backends.common import aot_autograd
+        return aot_autograd(fw_compiler=lambda g, _: g, bw_compiler=lambda g, _: g)(gm, example_inputs)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True, dynamic=dynamic, backend=recording)
+    return compiled, graphs
+
+
+def _with_op(graphs):
+    """The recorded graphs that call the op (Dynamo may also hand over an empty graph)."""
+    return [g for g in graphs if "fa_variants.attention" in g.code]
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_attention_compiles_fullgraph(dynamic):
+    """fullgraph=True (any graph break raises) over the public function; with dynamic=True a second size
+    reuses the one graph (no recompile); the op is one node of the graph."""
+    compiled, graphs = _graph_ops(_fn, dynamic=dynamic)
+    # sizes distinct from each other and from 0/1 (Dynamo specialises 0/1 and equal sizes: duck sizing)
+    for shape in (dict(B=3, Nq=37, Nk=41), dict(B=5, Nq=20, Nk=21)):
+        q, k, v = _qkv(**shape)
+        got, expected = compiled(q, k, v), _fn(q, k, v)
+        _close(got[0], expected[0])
+        _close(got[1], expected[1])
+    graphs = _with_op(graphs)
+    assert len(graphs) == (1 if dynamic else 2)
+    nodes = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
+    assert sum("fa_variants.attention" in n for n in nodes) == 1, nodes
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_sdpa_compiles_fullgraph(dynamic):
+    compiled, graphs = _graph_ops(_sdpa_fn, dynamic=dynamic)
+    for b, n in ((3, 37), (5, 20)):
+        q, k, v = (_bshd(t) for t in _qkv(B=b, Nq=n, Nk=n))
+        _close(compiled(q, k, v), _sdpa_fn(q, k, v))
+    assert len(_with_op(graphs)) == (1 if dynamic else 2)
+
+
+def test_compiled_bad_call_raises_the_api_message():
+    """Validation is traced, so a bad call fails while compiling, with the API's message."""
+    q, k, v = _qkv(Hkv=4)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="num_heads 6 not divisible by num_heads_kv 4"):
+        torch.compile(_fn, fullgraph=True, backend="aot_eager")(q, k, v)
+
+
+def test_autograd_through_the_compiled_reference_matches_eager():
+    """Gradients through the compiled call (the op's registered backward, reference.run_backward) match
+    eager autograd through the reference (a different formula order: tolerance)."""
+    q, k, v = _qkv(dtype=torch.float64)
+    torch._dynamo.reset()
+    compiled = torch.compile(_fn, fullgraph=True, dynamic=True, backend="aot_eager")
+    grads = []
+    for run in (compiled, _fn):
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        out, lse = run(*leaves)
+        (out.square().sum() + lse.sum()).backward()
+        grads.append([t.grad for t in leaves])
+    for got, expected in zip(*grads):
+        _close(got, expected, tol=1e-9)
+
+
+def test_export_runs_the_op():
+    """torch.export gives a graph holding the op, which runs and matches the eager call."""
+    class Model(torch.nn.Module):
+        def forward(self, q, k, v):
+            return _fn(q, k, v)
+
+    q, k, v = _qkv()
+    batch = torch.export.Dim("batch", max=64)
+    seqlen = torch.export.Dim("seqlen", max=4096)
+    shapes = {"q": {0: batch, 1: seqlen}, "k": {0: batch, 1: seqlen}, "v": {0: batch, 1: seqlen}}
+    q, k, v = _qkv(Nq=41, Nk=41)
+    exported = torch.export.export(Model(), (q, k, v), dynamic_shapes=shapes)
+    assert "torch.ops.fa_variants.attention.default" in exported.graph_module.code
+    q, k, v = _qkv(B=3, Nq=29, Nk=29)  # another size through the same exported program
+    got, expected = exported.module()(q, k, v), _fn(q, k, v)
+    _close(got[0], expected[0])
+    _close(got[1], expected[1])
+
+
+def test_eager_op_and_plain_call_agree():
+    """Eagerly, attention skips the dispatcher (per-call cost) but the op runs the same implementation."""
+    q, k, v = _qkv()
+    direct = fa_variants.attention(q, k, v, causal=True, return_lse=True)
+    via_op = torch.ops.fa_variants.attention(q, k, v, True, None, "auto")
+    assert torch.equal(direct[0], via_op[0]) and torch.equal(direct[1], via_op[1])  # one computation, twice
+
+
+def test_compile_in_a_cold_process():
+    """A fresh interpreter (no backend module imported yet, no dispatch cache) compiles both public functions
+    with fullgraph=True: nothing that loads a backend is traced."""
+    code = textwrap.dedent("""
+        import torch, fa_variants
+        q, k, v = (torch.randn(1, 17, 4, 16) for _ in range(3))
+        f = torch.compile(lambda q, k, v: fa_variants.attention(q, k, v, causal=True), fullgraph=True,
+                          dynamic=True, backend="aot_eager")
+        g = torch.compile(lambda q, k, v: fa_variants.scaled_dot_product_attention(q, k, v, is_causal=True),
+                          fullgraph=True, backend="aot_eager")
+        a, b = f(q, k, v), g(q, k, v)
+        assert torch.isfinite(a).all() and torch.isfinite(b).all()
+        print("ok")
+    """)
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("FA_VARIANTS_BACKEND", None)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT,
+                          timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+# ----------------------------------------------------------------------------------------------- GPU
+
+def _kernel_backend():
+    from fa_variants import dispatch
+    return "fa3" if dispatch.device_capability(torch.device("cuda")) == (9, 0) else "fa2"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode, dynamic", [("default", False), ("default", True), ("reduce-overhead", False)])
+@pytest.mark.parametrize("backend", ["auto", "kernel"])
+def test_kernels_compile_fullgraph_on_the_gpu(mode, dynamic, backend):
+    """fa3 (sm90) or fa2 (other GPUs), and backend="auto", inside torch.compile(fullgraph=True) with
+    inductor: default mode (static and dynamic shapes) and reduce-overhead (CUDA graphs: replays after the
+    warm-up calls must give the same output as eager for fresh inputs copied into the same tensors)."""
+    backend = _kernel_backend() if backend == "kernel" else backend
+
+    def fn(q, k, v):
+        a = fa_variants.attention(q, k, v, causal=True, backend=backend)
+        b = fa_variants.scaled_dot_product_attention(_bshd(q), _bshd(k), _bshd(v), is_causal=True,
+                                                     enable_gqa=True, backend=backend)
+        return a.float() + _bshd(b).float()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True, dynamic=dynamic, mode=mode)
+    q, k, v = _qkv(B=2, Nq=300, Nk=300, H=8, Hkv=2, D=128, dtype=torch.bfloat16, device="cuda")
+    with torch.no_grad():
+        for step in range(4):  # warm-up, recording, replays (reduce-overhead)
+            for t in (q, k, v):
+                t.copy_(torch.randn_like(t))
+            got = compiled(q, k, v).clone()
+            expected = fn(q, k, v)
+            # same kernels, same inputs: the same numbers up to the elementwise add being fused
+            torch.testing.assert_close(got, expected, rtol=1e-2, atol=1e-2)
+        if dynamic:
+            q2, k2, v2 = _qkv(B=1, Nq=77, Nk=77, H=8, Hkv=2, D=128, dtype=torch.bfloat16, device="cuda")
+            torch.testing.assert_close(compiled(q2, k2, v2), fn(q2, k2, v2), rtol=1e-2, atol=1e-2)
+    ref, _ = attention_reference(q, k, v, causal=True)
+    assert (expected / 2 - ref.float()).abs().max() < 0.05  # and the kernels are right, not just repeatable
