@@ -9,7 +9,8 @@ Bounds, kernel vs model (same inputs): rel-L2 <= 2e-2 and max |diff| <= 6e-2 * m
 P's e4m3 rounding: MUFU.EX2 (about 2 ulp) and the FP8 WGMMA accumulation move fp32 P by ~1e-6 relative,
 enough to send an element across an e4m3 rounding midpoint now and then, which changes that P by one e4m3
 step (2^-4 relative) in the kernel and not in the model. Kernel vs float64 of the unquantised inputs:
-rel-L2 <= 8e-2 (the e4m3 floor on N(0, 1) inputs is ~5%, mostly P's rounding); LSE |diff| <= 5e-2.
+rel-L2 <= 8e-2 (the e4m3 floor on N(0, 1) inputs is ~5%, mostly P's rounding); LSE within the largest
+logit change quantisation made on its row (+ 1e-3).
 
     source .gpu/env.sh && python3 -m pytest -m gpu tests/test_fa3_fp8_kernel.py
 """
@@ -203,8 +204,19 @@ def test_kernel_vs_model(shape, head_dim, causal, nan_allocations):
     _check(out, lse, ref_out, ref_lse, v8, vd, f"{shape} d{head_dim} causal={causal}")
     exact, exact_lse = attention_reference(q, k, v, causal=causal, softmax_scale=scale)
     assert rel_l2(out, exact) <= 8e-2, rel_l2(out, exact)
+    # LSE is 1-Lipschitz in the max-norm of its row's logits: vs the exact LSE it may move by at most the
+    # largest logit change quantisation made on that row (the model check above pins the kernel itself).
+    bn = layout.tile_n(head_dim)
+    deq = lambda x8, d, blk: x8.double() * d.double().repeat_interleave(blk, dim=2)[:, :, :x8.shape[1]].permute(0, 2, 1)[..., None]
+    g_ = H // Hkv
+    s_q = torch.einsum("bqhd,bkhd->bhqk", deq(q8, qd, layout.TILE_M), deq(k8, kd, bn).repeat_interleave(g_, dim=2))
+    s_x = torch.einsum("bqhd,bkhd->bhqk", q.double(), k.double().repeat_interleave(g_, dim=2))
+    ds = scale * (s_q - s_x).abs()
+    if causal:
+        vis = torch.arange(Nk, device=ds.device)[None, :] <= torch.arange(Nq, device=ds.device)[:, None] + Nk - Nq
+        ds = torch.where(vis, ds, 0.0)
     f = torch.isfinite(exact_lse)
-    assert (lse[f].double() - exact_lse[f]).abs().max().item() <= 5e-2
+    assert torch.all((lse.double() - exact_lse).abs()[f] <= ds.amax(dim=-1)[f] + 1e-3)
 
 
 @pytest.mark.gpu
