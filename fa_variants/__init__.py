@@ -8,10 +8,27 @@
 See ``fa_variants.api`` for the arguments, ``fa_variants.dispatch`` for the backend table and
 ``fa_variants.reference`` for the float64 reference and the tolerance rule.
 """
-from fa_variants.api import attention, scaled_dot_product_attention, select_backend
-from fa_variants.dispatch import BackendFallbackWarning, BackendUnavailableError, Selection
-
 __version__ = "0.1.0"
+
+# Imported on first use (PEP 562), so that `import fa_variants` (and `fa-variants --help`) does not
+# import torch; the first access to any name below imports the API and registers the custom op.
+_LAZY = {"attention": "fa_variants.api", "scaled_dot_product_attention": "fa_variants.api",
+         "select_backend": "fa_variants.api", "Selection": "fa_variants.dispatch",
+         "BackendUnavailableError": "fa_variants.dispatch", "BackendFallbackWarning": "fa_variants.dispatch"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'fa_variants' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
 
 __all__ = [
     "attention",

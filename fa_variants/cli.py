@@ -2,10 +2,11 @@
 
 Each sub-command lives in its own module, which exposes
 ``configure_parser(parser: argparse.ArgumentParser) -> None`` and ``run_cli(args) -> int``.
-Modules are imported lazily, so `fa-variants info` works even where a heavy dependency
-(the CuTe DSL, matplotlib) is missing, and a missing piece gives a clear message. A ValueError or
-OSError from a sub-command (an input no backend serves, an unusable path) is printed as one line,
-exit status 2.
+Only the module of the command being run is imported (`fa-variants --help` imports none, so it is
+fast), so `fa-variants info` works even where a heavy dependency (the CuTe DSL, matplotlib) is missing,
+and a missing piece gives a clear message. A ValueError or OSError from a sub-command (an input no backend
+serves, an unusable path) and an ImportError (a missing optional extra) are printed as one line, exit
+status 2.
 """
 from __future__ import annotations
 
@@ -46,12 +47,27 @@ def positive_float(text: str) -> float:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fa-variants")
+    except PackageNotFoundError:  # run from a checkout that is not installed
+        from fa_variants import __version__
+        return __version__
+
+
+def build_parser(commands: tuple[str, ...] | None = None) -> argparse.ArgumentParser:
+    """The parser, with the sub-parsers of ``commands`` configured (their modules imported; None: all).
+    ``main`` configures only the command being run: the others need nothing but their name and help."""
     parser = argparse.ArgumentParser(prog="fa-variants", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module_name, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(_module=module_name)
+        if commands is not None and name not in commands:
+            continue
         try:
             module = importlib.import_module(module_name)
         except ImportError as exc:  # a missing optional piece: say so when it is used
@@ -61,8 +77,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _command(argv: list[str]) -> tuple[str, ...]:
+    """The sub-command named in argv (the first word that is one), as a 0- or 1-tuple."""
+    return tuple(a for a in argv if a in COMMANDS)[:1]
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(_command(argv)).parse_args(argv)
     err = getattr(args, "_import_error", None)
     if err is not None:
         print(f"fa-variants {args.command}: unavailable here ({err})", file=sys.stderr)
@@ -72,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(module.run_cli(args) or 0)
     except (ValueError, OSError) as exc:  # bad input (an unservable shape, a backend, a path): one line
         print(f"fa-variants {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except ImportError as exc:  # an optional extra that is not installed (e.g. [sass] for compile --sass)
+        print(f"fa-variants {args.command}: unavailable here: {exc}", file=sys.stderr)
         return 2
 
 

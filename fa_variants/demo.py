@@ -51,7 +51,9 @@ def load_real_input(device: torch.device, dtype: torch.dtype = torch.bfloat16) -
     if fixture is None:
         return None
     q, k, v = fixture.attention_inputs(device=device, dtype=dtype)  # layers stacked as the batch
-    return DemoInput(q, k, v, fixture.causal, fixture.describe())
+    # the mask is shown on its own row (the demo may override it): drop it from the description
+    what = fixture.describe().replace(", causal,", ",").replace(", full,", ",")
+    return DemoInput(q, k, v, fixture.causal, what)
 
 
 def synthetic_input(device: torch.device, *, batch: int, seqlen: int, heads: int, head_dim: int,
@@ -97,36 +99,61 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--heads", type=positive_int, help="default 16 on a GPU, 8 on the CPU")
     parser.add_argument("--head-dim", type=positive_int, help="default 128")
     parser.add_argument("--dtype", choices=DTYPES, default="bf16")
-    parser.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True,
-                        help="causal mask (default: on, as in an LLM prefill)")
+    parser.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None,
+                        help="causal mask (default: on, as in an LLM prefill; a captured input keeps its own)")
     parser.add_argument("--backend", default="auto", help="auto (default), fa3, fa2, fa1, reference")
     parser.add_argument("--repeats", type=positive_int, default=10, help="timed calls after the first (GPU)")
     parser.add_argument("--seed", type=int, help="random seed (default: fresh)")
-    parser.add_argument("--random", action="store_true", help="use random input even if a real one exists")
+    parser.add_argument("--random", action="store_true",
+                        help="use random input even if a captured one exists (implied by --batch, --seqlen, "
+                             "--heads, --head-dim)")
 
 
-def _input(args: argparse.Namespace, device: torch.device) -> DemoInput:
-    real = None if args.random else load_real_input(device, DTYPES[args.dtype])
+SHAPE_FLAGS = ("batch", "seqlen", "heads", "head_dim")
+
+
+def _input(args: argparse.Namespace, device: torch.device) -> tuple[DemoInput, str | None]:
+    """The demo's input and a note for the user (None if nothing to say): the captured real input when
+    one exists, unless --random or a size flag asks for a random one of that size."""
+    sized = [f"--{key.replace('_', '-')}" for key in SHAPE_FLAGS if getattr(args, key) is not None]
+    real = None if args.random or sized else load_real_input(device, DTYPES[args.dtype])
     if real is not None:
-        return real
+        if args.causal is not None:
+            real.causal = args.causal
+        return real, "using the captured real input (--random, --seqlen, --head-dim, ... for a random one)"
     shape = dict(GPU_SHAPE if device.type == "cuda" else CPU_SHAPE)
     for key in shape:
         if getattr(args, key) is not None:
             shape[key] = getattr(args, key)
-    return synthetic_input(device, dtype=DTYPES[args.dtype], causal=args.causal, seed=args.seed, **shape)
+    causal = True if args.causal is None else args.causal
+    inp = synthetic_input(device, dtype=DTYPES[args.dtype], causal=causal, seed=args.seed, **shape)
+    note = (f"{', '.join(sized)} given: random input of that size, not a captured one"
+            if sized and not args.random and load_real_input(device, DTYPES[args.dtype]) is not None else None)
+    return inp, note
+
+
+def _say(console, text: str) -> None:
+    """A progress line on stderr (shows when stdout is piped too)."""
+    console.print(text, style="dim", highlight=False)
 
 
 def run_cli(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console, progress = Console(), Console(stderr=True)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    inp = _input(args, device)
+    inp, note = _input(args, device)
     q, k, v, causal = inp.q, inp.k, inp.v, inp.causal
     with warnings.catch_warnings():  # the fallback reason is printed below
         warnings.simplefilter("ignore", dispatch.BackendFallbackWarning)
         selection = api.select_backend(q, k, v, causal=causal, backend=args.backend)
+    if note:  # after the checks: a bad argument stays a one-line error
+        _say(progress, note)
+    if device.type != "cuda":
+        gflop = attention_flops(inp) / 1e9
+        _say(progress, f"no CUDA GPU: running the reference path on the CPU ({gflop:.3g} GFLOP per call, twice, "
+                       "then the float64 and same-dtype references; large --seqlen takes minutes)")
 
     def call():
         return api.attention(q, k, v, causal=causal, backend=selection.backend, return_lse=True)
@@ -135,6 +162,8 @@ def run_cli(args: argparse.Namespace) -> int:
         first = _timed(call, device, 1)[0]
         out, lse = call()
         steady = _timed(call, device, args.repeats if device.type == "cuda" else 1)
+        if device.type != "cuda":
+            _say(progress, f"attention done ({steady[0] * 1e3:.0f} ms per call); computing the references")
         refs = references(q, k, v, causal=causal)
     check = check_against_reference(out, q, k, v, causal, refs=refs)
     lse_check = check_lse(lse, q, k, v, causal, refs=refs)
@@ -143,8 +172,8 @@ def run_cli(args: argparse.Namespace) -> int:
     where = torch.cuda.get_device_name(device) + f" ({arch})" if device.type == "cuda" else "CPU"
 
     table = Table(title="fa-variants demo", show_header=False)
-    table.add_row("input", f"{inp.description}, {str(q.dtype).removeprefix('torch.')}, "
-                           f"{'causal' if causal else 'non-causal'}")
+    table.add_row("input", f"{inp.description}, {str(q.dtype).removeprefix('torch.')}")
+    table.add_row("mask", "causal (bottom-right)" if causal else "none (full attention)")
     table.add_row("device", where)
     table.add_row("backend", selection.backend)
     table.add_row("reason", selection.reason)

@@ -451,5 +451,5 @@ def run_cli(args: argparse.Namespace) -> int:
                           f"{row['standard'] / theta_std:.2f}", f"{row['fa1'] / theta_fa:.2f}",
                           f"{row['standard'] / row['fa1']:.2f}", f"{row['standard'] / row['fa2']:.2f}",
                           row["source"])
-    Console(width=200).print(table)
+    Console().print(table)  # the terminal's width (80 when piped): rich wraps the cells
     return 0

@@ -141,10 +141,26 @@ def _print_tables(facts: dict) -> None:
         table = Table(title=f"backend='auto' on {device}")
         for col in ("dtype", "head_dim", "backend", "reason"):
             table.add_column(col)
-        for p in picks:
-            table.add_row(p["dtype"], str(p["head_dim"]), p["backend"] or "error", p["reason"],
-                          end_section=p["head_dim"] == PICK_HEAD_DIMS[-1])
+        for p in merge_head_dims(picks):
+            table.add_row(p["dtype"], p["head_dims"], p["backend"] or "error", p["reason"], end_section=True)
         console.print(table)
+
+
+def merge_head_dims(picks: list[dict]) -> list[dict]:
+    """One row per dtype when every head_dim gets the same backend for the same reason (the reason with
+    its head_dim written as D), else one row per head_dim; each row has head_dims as text."""
+    rows = []
+    for dtype in dict.fromkeys(p["dtype"] for p in picks):
+        group = [p for p in picks if p["dtype"] == dtype]
+        general = {(p["backend"], p["reason"].replace(f"head_dim {p['head_dim']}", "head_dim D")) for p in group}
+        if len(group) > 1 and len(general) == 1:
+            backend, reason = general.pop()
+            dims = ", ".join(str(p["head_dim"]) for p in group)
+            rows.append(dict(dtype=dtype, head_dims=dims, backend=backend,
+                             reason=reason.replace("head_dim D", f"head_dim D = {dims}")))
+        else:
+            rows += [dict(p, head_dims=str(p["head_dim"])) for p in group]
+    return rows
 
 
 def run_cli(args: argparse.Namespace) -> int:

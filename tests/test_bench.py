@@ -307,10 +307,46 @@ def test_without_gpu_a_clear_message(monkeypatch, capsys):
     assert "no CUDA GPU" in err and "Traceback" not in err
 
 
-def test_dry_run_prints_the_plan(capsys):
+def test_dry_run_prints_the_plan(capsys, monkeypatch):
+    """Without a GPU nothing can run: no implementation is listed, and one line says why."""
+    monkeypatch.setattr(bench_cli, "_cuda_available", lambda: False)
     assert top_cli.main(["bench", "--quick", "--dry-run", "--head-dims", "128"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("6 cases x 9 implementations") and "bf16 D=128 N=16384 causal" in out
+    assert out.startswith("6 cases x 0 implementations (ours: none; peers: none)")
+    assert out.count("not run:") == 1 and "no CUDA GPU here" in out and "bf16 D=128 N=16384 causal" in out
+
+
+def test_dry_run_lists_only_what_runs_here(capsys, monkeypatch):
+    """On a GPU (here an sm_80 one, pretended): our backends for other archs, and peers that do not import,
+    are not listed as planned but each named once with the reason."""
+    import torch
+
+    monkeypatch.setattr(bench_cli, "_cuda_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
+    assert top_cli.main(["bench", "--quick", "--dry-run", "--backends", "fa2,fa3", "--peers",
+                         "sdpa-flash,flash-attn-4"]) == 0
+    first, *rest = capsys.readouterr().out.splitlines()
+    fa2_built = not isinstance(__import__("fa_variants.dispatch").dispatch.load("fa2"), str)
+    assert "fa3" not in first and ("ours: fa2;" in first) == fa2_built and "sdpa-flash" in first
+    notes = [line for line in rest if "not run:" in line]
+    assert sum("fa3" in n and "sm_90" in n for n in notes) == 1
+    assert len(notes) == len(set(notes))
+
+
+@pytest.mark.parametrize("name", ["fa2_bench.json", "ablation.json", "real_input.json", "empty.json"])
+def test_report_from_another_json_is_one_line(tmp_path, capsys, name):
+    """bench/ holds other JSON files (scripts' outputs): a clear one-line error, exit 2, and no output
+    folder created (was a KeyError / TypeError traceback and an empty folder)."""
+    src = tmp_path / name
+    src.write_text({"fa2_bench.json": '{"device": "H200", "arch": "sm_90", "rows": []}',
+                    "ablation.json": '[{"variant": "fa3"}]',
+                    "real_input.json": '{"fixture": "x", "per_layer": []}',
+                    "empty.json": '{"meta": {}, "results": [{"impl": "fa2"}]}'}[name])
+    out = tmp_path / "out"
+    assert top_cli.main(["bench", "--report-from", str(src), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "is not a report of `fa-variants bench`" in err
+    assert not out.exists()
 
 
 def test_progress_bar_logs_and_steps(capsys):

@@ -113,3 +113,135 @@ def test_sizes_must_be_positive(capsys, argv, flag):
         cli.main(argv)
     assert exc.value.code == 2
     assert f"argument {flag}: " in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------- CLI polish
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--version"])
+    assert exc.value.code == 0 and capsys.readouterr().out.startswith("fa-variants 0.")
+
+
+def test_help_imports_no_heavy_module():
+    """`fa-variants --help` imports neither torch nor the CuTe DSL (it took 3.3 s: every command module was
+    imported to build the parser); a command's own --help imports only that command's module."""
+    code = ("import sys\nfrom fa_variants import cli\n"
+            "for argv in (['--help'], ['io', '--help']):\n"
+            "    try:\n        cli.main(argv)\n    except SystemExit:\n        pass\n"
+            "    print(argv[0], 'torch' in sys.modules, 'cutlass' in sys.modules, 'fa_variants.bench' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    lines = [line for line in done.stdout.splitlines() if line.startswith(("--help ", "io "))]
+    assert lines == ["--help False False False", "io True False False"], done.stdout[-2000:]
+
+
+def test_compile_sass_without_the_extra_is_one_line(capsys, monkeypatch):
+    """`compile --sass` where nvdisasm (the [sass] extra) is missing: one line naming the extra."""
+    pytest.importorskip("cutlass")
+    from cutlass.base_dsl import env_manager
+
+    from fa_variants.common import compile as cc
+
+    def missing():
+        raise FileNotFoundError("nvdisasm not found")
+
+    monkeypatch.setattr(env_manager, "_find_nvdisasm_binary", missing)
+    monkeypatch.setattr(cc, "get_compiled", lambda cfg: cc.Compiled(cfg, None, 0.0, b"", 0))  # no real build
+    argv = ["compile", "--arch", "sm_80", "--variant", "testkernel", "--head-dim", "64", "--dtype", "fp16", "--sass"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err and "fa-variants[sass]" in err
+
+
+def test_compile_offers_only_registered_dtypes(capsys, monkeypatch):
+    """--dtype choices come from the variant registry (e4m3 only once an FP8 variant is registered)."""
+    pytest.importorskip("cutlass")
+    from fa_variants.common import compile as cc
+
+    variants = {n: v for n, v in cc.known_variants().items() if "e4m3" not in v.dtypes}
+    monkeypatch.setattr(cc, "known_variants", lambda: variants)
+    with pytest.raises(SystemExit):
+        cli.main(["compile", "--help"])
+    text = capsys.readouterr().out
+    assert "{fp16,bf16}" in text and "e4m3" not in text
+    monkeypatch.undo()
+    with pytest.raises(SystemExit):
+        cli.main(["compile", "--help"])
+    registered = {d for v in cc.known_variants().values() for d in v.dtypes}
+    assert ("e4m3" in capsys.readouterr().out) == ("e4m3" in registered)
+
+
+def _captured(monkeypatch, causal=True):
+    q = torch.randn(1, 40, 9, 64, dtype=torch.bfloat16)
+    k, v = torch.randn(1, 40, 3, 64, dtype=torch.bfloat16), torch.randn(1, 40, 3, 64, dtype=torch.bfloat16)
+    monkeypatch.setattr(demo, "load_real_input",
+                        lambda device, dtype: demo.DemoInput(q, k, v, causal, "captured: a test layer"))
+
+
+def test_demo_size_flags_win_over_the_captured_input(capsys, monkeypatch):
+    _captured(monkeypatch)
+    assert cli.main(["demo", "--seqlen", "24", "--heads", "2", "--head-dim", "32"]) == 0
+    out, err = capsys.readouterr()
+    words = " ".join(out.replace("│", " ").split())  # the table wraps cells at 80 columns
+    assert all(w in words for w in ("random N(0,1)", "seqlen 24,", "2 heads", "head_dim 32")), out
+    assert "captured" not in out
+    assert "--seqlen, --heads, --head-dim given: random input of that size" in err
+
+
+def test_demo_mask_flag_applies_to_the_captured_input(capsys, monkeypatch):
+    _captured(monkeypatch)
+    assert cli.main(["demo", "--no-causal"]) == 0
+    out, err = capsys.readouterr()
+    assert "captured: a test layer" in out and "none (full attention)" in out
+    assert "using the captured real input" in err
+    assert cli.main(["demo"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("causal") == 1  # once, on the mask row (it was printed twice)
+
+
+def test_demo_on_the_cpu_says_what_it_does_on_stderr(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("the note is for the CPU")
+    assert cli.main(["demo", "--seqlen", "32", "--heads", "2"]) == 0
+    err = capsys.readouterr().err
+    assert "no CUDA GPU: running the reference path on the CPU" in err and "computing the references" in err
+
+
+def test_fp8_study_without_flags_is_cpu_sized_and_shows_progress(capsys, monkeypatch):
+    """Without a GPU the default is the quick size, said on stderr; the progress bar writes to stderr even
+    when it is not a terminal (pytest captures it: not a TTY)."""
+    from fa_variants.fp8 import study
+
+    seen = {}
+
+    def fake_study(dists, seqlens, *, progress, **setup):
+        seen.update(seqlens=seqlens, **setup)
+        progress()
+        return [dict(dist=d, N=n, method=m, backend="emulation", rmse=0.1, rel_l2=0.1, max_abs=0.1, cos=1.0,
+                     seconds=0.0) for d in dists for n in seqlens for m in study.METHODS]
+
+    monkeypatch.setattr(study, "run_study", fake_study)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli.main(["fp8-study"]) == 0
+    err = capsys.readouterr().err
+    assert seen["seqlens"] == [256, 1024] and seen["heads"] == 2
+    assert "CPU-sized default" in err and "fp8-study:" in err and "%" in err
+    assert cli.main(["fp8-study", "--seqlens", "512"]) == 0  # an explicit size: no note
+    assert seen["seqlens"] == [512] and "CPU-sized" not in capsys.readouterr().err
+
+
+def test_info_says_each_reason_once_per_device(capsys):
+    """One row per dtype when every head_dim gets the same answer (the fp8 message was printed nine times)."""
+    assert cli.main(["info"]) == 0
+    text = capsys.readouterr().out
+    targets = text.count("backend='auto' on")
+    assert text.count("no backend can serve float8_e4m3fn") <= targets
+
+
+@pytest.mark.parametrize("argv", [["info"], ["io", "--N", "1024", "--d", "64"],
+                                  ["demo", "--seqlen", "32", "--heads", "2"]])
+def test_tables_fit_80_columns(capsys, argv):
+    """Output not on a terminal (as here) is laid out for 80 columns (tables were fixed at 160-200)."""
+    cli.main(argv)
+    out = capsys.readouterr().out
+    assert max(map(len, out.splitlines())) <= 80

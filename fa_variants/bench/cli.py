@@ -182,9 +182,27 @@ def make_plan(args: argparse.Namespace) -> Plan:
     return plan
 
 
-def describe_plan(plan: Plan) -> str:
-    lines = [f"{len(plan.cases)} cases x {len(plan.ours) + len(plan.peers)} implementations "
-             f"(ours: {', '.join(plan.ours) or 'none'}; peers: {', '.join(plan.peers) or 'none'})",
+def runnable_here(plan: Plan) -> tuple[list[str], list[str], list[str]]:
+    """(ours, peers, notes): the plan's implementations that can run on this machine, and one line for each
+    that cannot, saying why (once: no GPU at all is one line)."""
+    if not _cuda_available():
+        return [], [], ["no CUDA GPU here: none of " + ", ".join(plan.ours + plan.peers) + " can run (the "
+                        "benchmark needs a GPU; there `--dry-run` lists those it can run)"]
+    import torch
+
+    impls, notes = build_impls(plan.ours, plan.peers, torch.cuda.get_device_capability())
+    return ([i.name for i in impls if i.kind == "ours"], [i.name for i in impls if i.kind == "peer"], notes)
+
+
+def describe_plan(plan: Plan, ours: list[str] | None = None, peers: list[str] | None = None,
+                  notes: list[str] = ()) -> str:
+    """The plan as text: the implementations (those given, by default the plan's), the reasons others do
+    not run, then one line per case."""
+    ours = plan.ours if ours is None else ours
+    peers = plan.peers if peers is None else peers
+    lines = [f"{len(plan.cases)} cases x {len(ours) + len(peers)} implementations "
+             f"(ours: {', '.join(ours) or 'none'}; peers: {', '.join(peers) or 'none'})",
+             *(f"  not run: {n.replace(' not run: ', ': ', 1)}" for n in notes),
              f"timing: warm-up {plan.warmup_ms} ms, repeats {plan.rep_ms} ms; "
              f"memory table: {plan.memory_dtype} D={plan.memory_head_dim} seqlens "
              f"{', '.join(map(str, plan.memory_seqlens)) or 'none'}"]
@@ -209,10 +227,15 @@ def _rebuild(args) -> int:
     reports = []
     for src in map(Path, args.report_from):
         try:
-            reports.append(json.loads(src.read_text()))
+            report = json.loads(src.read_text())
         except (OSError, ValueError) as exc:
             print(f"fa-variants bench: cannot read {src}: {exc}", file=sys.stderr)
             return 2
+        problem = bench_report.not_a_report(report)
+        if problem:  # checked before anything is written (no empty output folder is left)
+            print(f"fa-variants bench: {src} is not a report of `fa-variants bench` ({problem})", file=sys.stderr)
+            return 2
+        reports.append(report)
     outdir = Path(args.out) if args.out else Path(args.report_from[0]).parent
     return _write_and_summarise(bench_report.merge(reports), outdir, charts=not args.no_charts)
 
@@ -237,7 +260,7 @@ def run_cli(args: argparse.Namespace) -> int:
         return _rebuild(args)
     plan = make_plan(args)
     if args.dry_run:
-        print(describe_plan(plan))
+        print(describe_plan(plan, *runnable_here(plan)))
         return 0
     if not _cuda_available():
         print("fa-variants bench: no CUDA GPU found here; the benchmark needs one. "

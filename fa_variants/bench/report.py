@@ -250,6 +250,27 @@ def to_markdown(report: dict) -> str:
     return "\n".join(out)
 
 
+_RESULT_KEYS = ("impl", "kind", "dtype", "head_dim", "seqlen")
+
+
+def not_a_report(report) -> str | None:
+    """Why a loaded JSON document is not a report of ``fa-variants bench`` (None if it is one): the keys
+    and types the markdown and charts read."""
+    if not isinstance(report, dict):
+        return f"a JSON {type(report).__name__}, not an object"
+    missing = [k for k in ("meta", "results") if k not in report]
+    if missing:
+        keys = ", ".join(map(repr, list(report)[:4])) + (", ..." if len(report) > 4 else "")
+        return f"no {' or '.join(repr(k) for k in missing)} key; it has {keys or 'none'}"
+    if not isinstance(report["meta"], dict) or not isinstance(report["results"], list) or not isinstance(
+            report.get("memory", []), list):
+        return "'meta' must be an object, 'results' and 'memory' lists"
+    for row in report["results"] + report.get("memory", []):
+        if not isinstance(row, dict) or any(k not in row for k in _RESULT_KEYS):
+            return f"a result row without {', '.join(_RESULT_KEYS)}: {str(row)[:80]}"
+    return None
+
+
 def merge(reports: list[dict]) -> dict:
     """One report from several runs (e.g. a long sweep split into short GPU commands): results, memory
     rows and notes concatenated (a later record of the same implementation and case wins in the tables),

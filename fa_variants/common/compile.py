@@ -286,8 +286,8 @@ def _nvdisasm() -> str:
 
         return _find_nvdisasm_binary()
     except Exception as exc:  # noqa: BLE001 - report what is missing
-        raise RuntimeError("--sass needs nvdisasm: pip install 'nvidia-cutlass-dsl-libs-base[sass]'"
-                           f" ({exc})") from exc
+        raise ImportError("--sass needs nvdisasm, from the [sass] extra: pip install 'fa-variants[sass]'"
+                          f" ({type(exc).__name__}: {exc})") from exc
 
 
 def sass_of(cubin: bytes) -> str:
@@ -353,7 +353,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arch", required=True, choices=ARCHS, help="target (no GPU needed)")
     parser.add_argument("--variant", required=True, help="kernel variant, e.g. fa2, fa1, fa3, testkernel")
     parser.add_argument("--head-dim", type=int, required=True)
-    parser.add_argument("--dtype", required=True, choices=DTYPES)
+    # only the dtypes some registered variant takes (e4m3 appears once an FP8 variant is registered)
+    offered = {d for v in known_variants().values() for d in v.dtypes}
+    parser.add_argument("--dtype", required=True, choices=[d for d in DTYPES if d in offered] or DTYPES)
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--sass", action="store_true", help=f"count {', '.join(SASS_OPCODES)}")
 

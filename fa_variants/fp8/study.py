@@ -21,6 +21,7 @@ import argparse
 import importlib
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -142,7 +143,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Arguments of `fa-variants fp8-study`."""
     from fa_variants.cli import positive_int
 
-    parser.add_argument("--quick", action="store_true", help="small sizes (CPU, a few seconds): N 256 1024, 2 heads")
+    parser.add_argument("--quick", action="store_true", help="small sizes (about a minute on 2 CPU cores): N 256 1024, 2 heads; the default without a GPU")
     parser.add_argument("--seqlens", type=positive_int, nargs="+", default=None, help="default 512 2048 4096 (quick: 256 1024)")
     parser.add_argument("--dists", nargs="+", choices=sorted(DISTRIBUTIONS), default=list(DISTRIBUTIONS))
     parser.add_argument("--batch", type=positive_int, default=1)
@@ -161,11 +162,20 @@ def run_cli(args: argparse.Namespace) -> int:
     from rich.table import Table
     from tqdm import tqdm
 
-    seqlens = args.seqlens or ([256, 1024] if args.quick else [512, 2048, 4096])
-    heads = args.heads or (2 if args.quick else 8)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)  # an unusable folder fails now, not after the study
+    quick = args.quick
+    if not quick and not torch.cuda.is_available() and args.seqlens is None and args.heads is None:
+        quick = True  # the full default takes minutes on a CPU (7m40s seen on 2 cores)
+        print("fp8-study: no CUDA GPU, so the CPU-sized default (--quick: N 256 1024, 2 heads, about a minute "
+              "seconds); pass --seqlens / --heads for the full sizes (512 2048 4096, 8 heads: minutes)",
+              file=sys.stderr, flush=True)
+    seqlens = args.seqlens or ([256, 1024] if quick else [512, 2048, 4096])
+    heads = args.heads or (2 if quick else 8)
     setup = dict(batch=args.batch, heads=heads, head_dim=args.head_dim, causal=args.causal, seed=args.seed)
+    # the bar goes to stderr and shows also when the output is piped (disable=False, not None)
     with tqdm(total=len(args.dists) * len(seqlens) * len(METHODS), desc="fp8-study", leave=False,
-              disable=None) as bar:
+              disable=False, file=sys.stderr, mininterval=1.0) as bar:
         rows = run_study(args.dists, seqlens, backend=args.backend, progress=bar.update, **setup)
     backends = sorted({r["backend"] for r in rows if r["method"] != "fp16"})
     header = (f"Attention output error vs float64: RMSE (rel-L2); B={args.batch} H={heads} D={args.head_dim}"
@@ -177,9 +187,8 @@ def run_cli(args: argparse.Namespace) -> int:
         table.add_column(label, justify="right")
     for (dist, N), cells in _grouped(rows).items():
         table.add_row(dist, str(N), *(_cell(cells[m]) for m in METHODS))
-    Console(width=160).print(table)
+    Console().print(table)  # the terminal's width (80 when piped): rich wraps the cells
     if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
         meta = {**setup, "seqlens": seqlens, "dists": DISTRIBUTIONS,
                 "methods": {m: lbl for m, (lbl, _) in METHODS.items()}, "torch": torch.__version__}
         (args.out / "fp8_study.json").write_text(json.dumps({"setup": meta, "rows": rows}, indent=1))
