@@ -165,9 +165,11 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def _serves_other_dtypes(name: str, dtype: torch.dtype) -> bool:
-    """True when a built backend is for other dtypes (e.g. fa3-fp8 for a bf16 call): not a fallback."""
-    served = dtypes(name)
-    return served is not None and dtype not in served
+    """True when a built backend is for other dtypes (e.g. fa3-fp8 for a bf16 call): not a fallback.
+    A module's optional ``AUTO_DTYPES`` (default DTYPES) lists the dtypes ``auto`` may pick it for; the
+    others it serves only on request (fa3-fp8 quantises 16-bit inputs: it changes the numerics)."""
+    loaded = load(name)
+    return not isinstance(loaded, str) and dtype not in getattr(loaded, "AUTO_DTYPES", loaded.DTYPES)
 
 
 def why_not(name: str, capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: int) -> str | None:
@@ -231,14 +233,19 @@ def _select(capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: in
         problem = problems.get(requested) or why_not(requested, capability, dtype, head_dim)
         if problem:
             raise BackendUnavailableError(f"{problem}; backends that can: {', '.join(able) or 'none'}")
-        return Selection(requested, f"requested by {source}", able)
+        note = getattr(load(requested), "request_note", lambda _dtype: None)(dtype)  # e.g. fa3-fp8 quantises
+        return Selection(requested, f"requested by {source}" + (f"; {note}" if note else ""), able)
 
     where = arch_name(capability)
     call = f"{_dtype_name(dtype)} head_dim {head_dim}"
     if not able:
         raise BackendUnavailableError(f"no backend can serve {call} on {where}: "
                                       + "; ".join(p for p in problems.values() if p))
-    chosen = able[0]
+    auto_able = [name for name in able if not _serves_other_dtypes(name, dtype)]
+    if not auto_able:
+        raise BackendUnavailableError(f"no backend can serve {call} on {where} unless asked for: "
+                                      + ", ".join(f"backend={n!r}" for n in able))
+    chosen = auto_able[0]
     if capability is None:
         return Selection(chosen, "auto: no CUDA device (inputs on the CPU); the reference path "
                                  "(plain PyTorch) is the only backend", able)

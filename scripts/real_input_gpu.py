@@ -10,7 +10,7 @@ values rounded once more) are stacked on the batch dimension and sent through ``
 once per backend the dispatcher lists for this GPU (fa3, fa2, fa1, reference; a backend that cannot serve
 the call is listed with the dispatcher's reason). Per layer: max |O - O_fp64| and RMSE against the float64
 reference on the same inputs, and the project's rule, pass iff max error <= 2 * (PyTorch in the same
-dtype's max error) + 1e-5. FP8: the emulation reference of ``fa_variants.fp8.quantize`` (FP8Config()
+dtype's max error) + 1e-5. FP8: the emulation reference of ``fa_variants.fp8`` (FP8Config()
 defaults: block scales, Hadamard, smooth K) and, where ``fa_variants.fp8.fa3_fp8.attention_fp8`` exists,
 the kernel with that config, bounded by ``fp8_error_bound`` (2 * emulation error + 1e-4).
 
@@ -32,7 +32,7 @@ fixture. A backend that raises is reported (stderr, the Errors section, JSON) an
 from __future__ import annotations
 
 import argparse
-import importlib
+import functools
 import importlib.util
 import json
 import math
@@ -60,13 +60,14 @@ def rmse(x: torch.Tensor, ref: torch.Tensor) -> float:
 def _fp8_pieces():
     """(FP8Config, fp8_attention_reference, fp8_error_bound, kernel attention_fp8 or None), or None."""
     try:
-        from fa_variants.fp8.quantize import FP8Config, fp8_attention_reference, fp8_error_bound
+        from fa_variants import fp8
+        from fa_variants.fp8 import attention as fp8_attention
     except ImportError:
         return None
     kernel = None
-    if torch.cuda.is_available() and importlib.util.find_spec("fa_variants.fp8.fa3_fp8") is not None:
-        kernel = getattr(importlib.import_module("fa_variants.fp8.fa3_fp8"), "attention_fp8", None)
-    return FP8Config, fp8_attention_reference, fp8_error_bound, kernel
+    if torch.cuda.is_available() and fp8_attention.why_not(torch.device("cuda")) is None:
+        kernel = functools.partial(fp8.attention_fp8, return_lse=True)
+    return fp8.FP8Config, fp8.fp8_attention_reference, fp8.fp8_error_bound, kernel
 
 
 def _failed(errors: list[dict], what: str, exc: Exception) -> None:
@@ -106,7 +107,7 @@ def per_layer(fixture: fx.Fixture, device: torch.device, dtype: torch.dtype, not
         outputs[name] = (out, time.perf_counter() - start, [2 * e + ATOL for e in err_torch])
     fp8 = _fp8_pieces()
     if fp8 is None:
-        notes.append("fp8: fa_variants.fp8.quantize not importable; FP8 skipped")
+        notes.append("fp8: fa_variants.fp8 not importable; FP8 skipped")
     else:
         FP8Config, emulate, bound, kernel = fp8
         start = time.perf_counter()
@@ -114,7 +115,7 @@ def per_layer(fixture: fx.Fixture, device: torch.device, dtype: torch.dtype, not
         bounds = [bound(layer(emu, i), layer(exact, i)) for i in range(L)]
         outputs["fp8 emulation"] = (emu, time.perf_counter() - start, [math.inf] * L)
         if kernel is None:
-            notes.append("fa3-fp8: no fa_variants.fp8.fa3_fp8.attention_fp8 (or no GPU): emulation only")
+            notes.append("fa3-fp8: the kernel does not run here (fa_variants.fp8.attention.why_not): emulation only")
         else:
             try:
                 start = time.perf_counter()

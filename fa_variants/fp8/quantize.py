@@ -1,63 +1,89 @@
-"""FP8 (e4m3) pieces of FlashAttention-3: incoherent processing, block quantisation, and an emulation reference.
+"""FP8 (e4m3) quantisation of Q, K, V for the fa3-fp8 kernel: the recipe, its torch implementation, and the API.
 
-Source: Shah et al. 2024, "FlashAttention-3", section 3.3 (low-precision with block quantisation and
-incoherent processing) and Table 3 (RMSE of FP8 attention on inputs with outliers).
+Source: Shah et al. 2024, "FlashAttention-3", section 3.3 (block quantisation, incoherent processing) and
+Table 3; Zhang et al. 2024, "SageAttention", section 4.2 (smoothing K) and its V layout (tokens permuted so
+that the converted P is the FP8 MMA's A operand without shuffles).
 
-* Incoherent processing: Q and K are multiplied by the same random orthogonal R = diag(s) H, with s random
-  signs (seeded) and H a normalised Hadamard matrix applied by the fast Walsh-Hadamard transform in
-  O(d log d). Since R R^T = I, (Q R)(K R)^T = Q K^T, but an outlier channel is spread over all channels, so
-  the quantisation step (set by the block's largest magnitude) shrinks. For a head_dim that is not a power
-  of two, H is block diagonal over the power-of-two pieces of head_dim's binary expansion (e.g.
-  96 = 64 + 32), each normalised by 1/sqrt(block): still orthonormal.
-* Block quantisation: one float32 scale per (batch, head, Br-row tile of Q) and per (batch, head, Bc-row tile
-  of K and V), scale = amax / 448 (e4m3's largest finite value); the kernel multiplies by the *descale*
-  factors. Per-tensor quantisation (one scale for a whole tensor) is the baseline.
-* The emulation reference (:func:`fp8_attention_reference`) does in float32 what an FP8 kernel does: the
-  quantised inputs, dequantised; a loop over Bc-key tiles with online softmax; P = exp(S - m) in [0, 1]
-  rounded to e4m3 after scaling by ``p_scale`` (448 maps P's maximum 1 to e4m3's maximum; since the
-  running row max gives P <= 1 with equality for the max element, a per-row scale 448 / rowmax(P) is the
-  same number) before P V; l summed from the unrounded fp32 P; fp32 accumulation.
-  An FP8 kernel with the same configuration is tested against it with :func:`fp8_error_bound`.
+The recipe (``FP8Config``), in this order, per tensor:
 
-Conventions (HELPERS.md): q (batch, seqlen_q, num_heads, head_dim), k, v (batch, seqlen_k, num_heads_kv,
-head_dim); LSE (batch, num_heads, seqlen_q), natural log; bottom-right causal; GQA h -> h // group.
+1. K smoothing (``smooth_k``): K -= mean over tokens of K, per (batch, kv-head, channel), in float32. Every
+   score of a query row moves by the same softmax_scale * q . mean, so O is unchanged and the LSE moves by
+   that constant (``FP8Inputs.lse_shift``). It removes a channel bias of K that no rotation can.
+2. Incoherent processing (``rotate``): Q and K times the same R = diag(s) H / sqrt(d), s seeded random signs,
+   H a Hadamard matrix of order d applied by the fast Walsh-Hadamard transform: (Q R)(K R)^T = Q K^T, but an
+   outlier channel is spread over every channel, so the block's largest magnitude (which sets the step)
+   shrinks. Orders: a power of two (Sylvester); 96 = H12 (x) H8 with the Paley H12 (so every channel is
+   mixed with every other); any other d (the emulation's extra head dims) block-diagonal over the powers of
+   two of d's binary expansion. V is neither smoothed nor rotated.
+3. Scales (``granularity``): one float32 descale per (batch, head, TILE_M rows of Q) and per (batch, kv-head,
+   tile_n(d) rows of K and of V) ("block", the kernel's tiles, ``fa_variants.fp8.layout``), or one per
+   (batch, head) ("head", what FlashAttention-3's released code does) or per tensor ("tensor"); the last two
+   are baselines and are stored expanded to the block shape, so the kernel has one path.
+   A descale is the smallest power of two d with amax / d <= 448 (e4m3's largest finite value), and at least
+   2^-110. Powers of two because e4m3 is a floating-point format (the relative rounding error of a value
+   does not depend on the scale beyond < 1 bit of range at the bottom), and they make every scaling exact:
+   x / d is exact, descale products in the kernel are exact, and the torch and GPU passes agree bit for bit.
+   The floor 2^-110 is the fix for all-zero, subnormal and tiny blocks (amax / 448 underflowed to 0 and
+   gave NaN before): every descale is finite, normal and > 0; an fp32-subnormal value (and anything a
+   Hadamard of such values produces) then maps below e4m3's smallest subnormal, so it quantises to 0
+   whether or not a GPU flushes subnormals.
+4. e4m3 with saturation (round to nearest even, clamped to +-448 like PTX ``cvt.rn.satfinite``).
+5. V is stored transposed and padded for the kernel: ``v_t`` (batch, num_heads_kv, head_dim, seqlen_k_padded),
+   tokens contiguous, padded with zeros to a multiple of ``layout.K_ALIGN_TOKENS``, tokens permuted inside
+   each group of ``layout.V_TOKEN_GROUP`` by ``layout.v_token_order``.
+
+A negative softmax_scale is folded into K (softmax(c Q K^T) = softmax(|c| Q (-K)^T); negation is exact), so
+``FP8Inputs.softmax_scale`` is always >= 0. Non-finite inputs are not supported (their e4m3 values are
+undefined, their descales finite). Conventions: q (batch, seqlen_q, num_heads, head_dim), k, v (batch,
+seqlen_k, num_heads_kv, head_dim); GQA: query head h reads kv-head h // (num_heads // num_heads_kv).
 """
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import math
+import numbers
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
+
+from fa_variants.fp8 import layout
 
 __all__ = [
     "E4M3",
     "E4M3_MAX",
+    "MIN_DESCALE",
+    "GRANULARITIES",
     "fwht",
+    "paley_hadamard_12",
     "hadamard_blocks",
     "HadamardRotation",
-    "Quantized",
-    "quantize_blocks",
-    "quantize_per_tensor",
+    "descale_from_amax",
+    "tiles_for",
     "FP8Config",
     "FP8Inputs",
-    "prepare_fp8_inputs",
-    "fp8_attention_reference",
-    "fp8_error_bound",
+    "quantize_fp8",
+    "quantize_fp8_torch",
 ]
 
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = float(torch.finfo(E4M3).max)  # 448.0
+#: the smallest descale (2^-110): see the module docstring, item 3
+MIN_DESCALE_EXPONENT = -110
+MIN_DESCALE = 2.0 ** MIN_DESCALE_EXPONENT
+GRANULARITIES = ("block", "head", "tensor")
 
 
-# ------------------------------------------------------------------------------- Hadamard rotation
+# ------------------------------------------------------------------------------------ Hadamard rotation
 
 
-def fwht(x: torch.Tensor) -> torch.Tensor:
-    """Orthonormal fast Walsh-Hadamard transform along the last dim: x @ H_n / sqrt(n), n = x.shape[-1].
+def fwht(x: torch.Tensor, normalise: bool = True) -> torch.Tensor:
+    """Fast Walsh-Hadamard transform along the last dim: x @ H_n (/ sqrt(n) if normalise), n = x.shape[-1].
 
-    n must be a power of two (ValueError otherwise). O(n log n) butterflies (Sylvester ordering); H_n is
-    symmetric and H_n H_n = n I, so fwht is its own inverse. Returns a new tensor of x's dtype and shape.
+    n must be a power of two (ValueError otherwise). Butterflies in Sylvester order, stage h = 1, 2, 4, ...
+    pairs (i, i + h) -> (a + b, a - b): the GPU pass does the same operations in the same order (the first
+    stages inside a thread's registers, the later ones across lanes), so their float32 results agree bit
+    for bit. The normalisation multiplies by float32(1 / sqrt(n)). Returns a new tensor of x's dtype.
     """
     n = x.shape[-1]
     if n < 1 or n & (n - 1):
@@ -69,26 +95,52 @@ def fwht(x: torch.Tensor) -> torch.Tensor:
         a, b = y[..., 0, :], y[..., 1, :]
         x = torch.stack((a + b, a - b), dim=-2).reshape(*lead, n)
         h *= 2
-    return x / math.sqrt(n)
+    return x * _inv_sqrt(n, x) if normalise else x
+
+
+def _inv_sqrt(n: int, like: torch.Tensor) -> torch.Tensor:
+    """1 / sqrt(n) rounded once to like's dtype (a 0-dim tensor, so the multiply happens in that dtype)."""
+    return torch.tensor(1.0 / math.sqrt(n), dtype=like.dtype, device=like.device)
+
+
+def paley_hadamard_12() -> torch.Tensor:
+    """The Hadamard matrix of order 12 by Paley's first construction (q = 11), float32 entries +-1.
+
+    Q[i, j] = chi(j - i) with chi the quadratic character mod 11 (chi(0) = 0); S = [[0, 1^T], [-1, Q]]
+    (skew, S S^T = 11 I); H = I + S, so H H^T = 12 I. Paley, "On orthogonal matrices", J. Math. Phys. 12 (1933).
+    """
+    q = 11
+    residues = {(i * i) % q for i in range(1, q)}
+    chi = [0] + [1 if r in residues else -1 for r in range(1, q)]
+    s = torch.zeros(12, 12)
+    s[0, 1:] = 1
+    s[1:, 0] = -1
+    for i in range(q):
+        for j in range(q):
+            s[1 + i, 1 + j] = chi[(j - i) % q]
+    return torch.eye(12) + s
 
 
 def hadamard_blocks(head_dim: int) -> tuple[int, ...]:
-    """Power-of-two block sizes whose sum is head_dim, largest first (its binary expansion): 96 -> (64, 32).
-
-    A power of two gives one block (a full Hadamard). Raises ValueError for head_dim < 1.
-    """
+    """How ``HadamardRotation`` mixes the channels of head_dim: (head_dim,) for a power of two or 96 (one
+    Hadamard of that order), else the powers of two of its binary expansion, largest first (80 -> (64, 16)),
+    each a block of a block-diagonal rotation. Raises ValueError for head_dim < 1."""
     if head_dim < 1:
         raise ValueError(f"head_dim must be >= 1, got {head_dim}")
+    if head_dim & (head_dim - 1) == 0 or head_dim == 96:
+        return (head_dim,)
     return tuple(1 << b for b in reversed(range(head_dim.bit_length())) if head_dim >> b & 1)
 
 
 class HadamardRotation:
-    """The random orthogonal R = diag(s) H_blockdiag of FA3 section 3.3, for one head_dim.
+    """R = diag(s) H / sqrt(d) of FA3 section 3.3 for one head_dim d (see the module docstring, item 2).
 
-    ``rot(x)`` returns x @ R along the last dim (x (..., head_dim), float32 or float64; other dtypes are
-    computed in float32 and returned as float32). s: random +-1 signs from ``torch.Generator`` seeded with
-    ``seed``; H_blockdiag: :func:`fwht` on each block of :func:`hadamard_blocks`. Apply the same rotation
-    to Q and K (not to V): (Q R)(K R)^T = Q K^T.
+    ``rot(x)`` returns x @ R along the last dim, in float32 (float64 stays float64): x * s, then the
+    unnormalised transform, then times float32(1 / sqrt(block)). s: +-1 from ``torch.Generator`` seeded
+    with ``seed`` (the same on every device). For d = 96 the channel c = 8 a + b is element (a, b) of a
+    12 x 8 matrix X and the transform is H12 X H8: FWHT over b, then over a the sum
+    sum_j H12[a, j] Z[j, b] in the order j = 0..11 (the GPU pass adds in the same order).
+    Apply the same rotation to Q and K (not V): (Q R)(K R)^T = Q K^T.
     """
 
     def __init__(self, head_dim: int, seed: int = 0) -> None:
@@ -97,12 +149,16 @@ class HadamardRotation:
         g = torch.Generator().manual_seed(seed)
         self.signs = torch.randint(0, 2, (head_dim,), generator=g).float() * 2 - 1
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, signs: torch.Tensor | None = None) -> torch.Tensor:
+        """x @ R; ``signs`` (optional) replaces s (the quantiser passes -s to fold a negative scale into K)."""
         if x.shape[-1] != self.head_dim:
             raise ValueError(f"last dim {x.shape[-1]} != head_dim {self.head_dim} of this rotation")
         if x.dtype not in (torch.float32, torch.float64):
             x = x.float()
-        x = x * self.signs.to(x.device, x.dtype)
+        s = self.signs if signs is None else signs
+        x = x * s.to(x.device, x.dtype)
+        if self.head_dim == 96:
+            return _h12_h8(x)
         pieces, start = [], 0
         for b in self.blocks:
             pieces.append(fwht(x[..., start:start + b]))
@@ -110,195 +166,302 @@ class HadamardRotation:
         return torch.cat(pieces, dim=-1)
 
     def matrix(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """R as a dense (head_dim, head_dim) matrix (rows of the identity, rotated)."""
+        """R as a dense (head_dim, head_dim) matrix: rows of the identity, rotated."""
         return self(torch.eye(self.head_dim, dtype=dtype))
 
 
-# ----------------------------------------------------------------------------------- quantisation
+def _h12_h8(x: torch.Tensor) -> torch.Tensor:
+    """(..., 96) -> H12 X H8 / sqrt(96), X the (12, 8) view of the last dim (HadamardRotation's order)."""
+    lead = x.shape[:-1]
+    z = fwht(x.reshape(*lead, 12, 8), normalise=False)
+    h12 = paley_hadamard_12().tolist()
+    rows = []
+    for a in range(12):
+        acc = z[..., 0, :] * h12[a][0]  # +-1: exact
+        for j in range(1, 12):
+            acc = acc + z[..., j, :] if h12[a][j] > 0 else acc - z[..., j, :]
+        rows.append(acc)
+    return torch.stack(rows, dim=-2).reshape(*lead, 96) * _inv_sqrt(96, x)
 
 
-class Quantized(NamedTuple):
-    """data: float8_e4m3fn like the input, (B, N, heads, D); descale: float32 (B, heads, ceil(N / block))
-    for block quantisation or a 0-dim tensor for per-tensor; block: rows per scale (N for per-tensor)."""
-
-    data: torch.Tensor
-    descale: torch.Tensor
-    block: int
-
-    def dequantize(self) -> torch.Tensor:
-        """data * descale in float32, (B, N, heads, D)."""
-        x = self.data.float()
-        if self.descale.dim() == 0:
-            return x * self.descale
-        B, N, H, D = x.shape
-        per_row = self.descale.repeat_interleave(self.block, dim=2)[:, :, :N]  # (B, H, N)
-        return x * per_row.transpose(1, 2).unsqueeze(-1)
+# ---------------------------------------------------------------------------------------------- scales
 
 
-def _to_e4m3(x: torch.Tensor) -> torch.Tensor:
-    return x.clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
+def descale_from_amax(amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(descale, inverse) for float32 block maxima amax >= 0: the smallest power of two d >= 2^-110 with
+    amax / d <= 448, and 1 / d (exact). Computed on the float32 bits (exponent field E, mantissa M):
+    d = 2^(E - 135) if M <= 0x600000 (amax <= 448 * 2^(E-135)) else 2^(E - 134); the GPU pass uses the same
+    integer arithmetic. 0, subnormal and tiny maxima give 2^-110; inf / NaN give a finite descale (their
+    e4m3 values are undefined). Shapes as amax; float32."""
+    bits = amax.float().contiguous().view(torch.int32)
+    exp_field = (bits >> 23) & 0xFF
+    field = exp_field - 8 + ((bits & 0x7FFFFF) > 0x600000).to(torch.int32)
+    field = field.clamp(127 + MIN_DESCALE_EXPONENT, 253)
+    return (field << 23).view(torch.float32), ((254 - field) << 23).view(torch.float32)
 
 
-def _scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
-    """amax / 448, with 1 where amax is 0 (an all-zero block)."""
-    return torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+def tiles_for(head_dim: int) -> tuple[int, int]:
+    """(rows per Q scale block, rows per K/V scale block) = (layout.TILE_M, layout.tile_n(head_dim)); for a
+    head_dim the kernel does not serve (the emulation's extras, e.g. 40 or 192) the tile_n of 128."""
+    try:
+        return layout.TILE_M, layout.tile_n(head_dim)
+    except ValueError:
+        return layout.TILE_M, 128
 
 
-def quantize_blocks(x: torch.Tensor, block: int) -> Quantized:
-    """e4m3 with one scale per (batch, head, ``block``-row tile): x (B, N, heads, D), any float dtype.
-
-    The scale of a tile is its amax / 448 (float32); the tail tile has N % block rows. Raises ValueError for
-    a non-4-D x or block < 1.
-    """
-    if x.dim() != 4 or block < 1:
-        raise ValueError(f"quantize_blocks needs x (B, N, heads, D) and block >= 1; got {tuple(x.shape)}, {block}")
-    B, N, H, D = x.shape
-    T = -(-N // block)
-    xf = x.float()
-    pad = torch.zeros(B, T * block, H, D, device=x.device)
-    pad[:, :N] = xf.abs()
-    amax = pad.view(B, T, block, H, D).amax(dim=(2, 4)).transpose(1, 2)  # (B, H, T)
-    scale = _scale_from_amax(amax)
-    per_row = scale.repeat_interleave(block, dim=2)[:, :, :N].transpose(1, 2).unsqueeze(-1)
-    return Quantized(_to_e4m3(xf / per_row), scale, block)
-
-
-def quantize_per_tensor(x: torch.Tensor) -> Quantized:
-    """e4m3 with one scale for the whole tensor (amax / 448, float32, 0-dim)."""
-    xf = x.float()
-    scale = _scale_from_amax(xf.abs().amax() if xf.numel() else torch.zeros(()))
-    return Quantized(_to_e4m3(xf / scale), scale, x.shape[1] if x.dim() == 4 else 0)
-
-
-# --------------------------------------------------------------------------------- emulation reference
+# ---------------------------------------------------------------------------------------------- config
 
 
 @dataclass(frozen=True)
 class FP8Config:
-    """How an FP8 attention quantises (the defaults are the shipped path).
+    """The FP8 recipe (defaults: the shipped path, block + Hadamard + smoothed K + two-level accumulation).
 
-    granularity: "block" (one scale per (batch, head, Br rows of Q) / (batch, head, Bc rows of K, V)) or
-    "tensor" (one scale per tensor). rotate: random-sign Hadamard on Q and K (FA3 section 3.3).
-    smooth_k: subtract from K its mean over keys (per batch, K/V head and channel) before quantising; every
-    score of a query row then moves by the same softmax_scale * q . mean(K), so O is unchanged and LSE is
-    corrected by that shift (exact; the "smooth K" of SageAttention, Zhang et al. 2024, section 4.2). It
-    removes a channel bias of K (EDGE_CASES.md EC-23a) that no rotation can. Br, Bc: the tiles (Bc is also
-    the key tile of the online softmax, as in a kernel). p_scale: P is multiplied by it before rounding to
-    e4m3 (448: P's maximum 1 -> e4m3's maximum). seed: of the rotation's signs.
+    granularity: "block" | "head" | "tensor" (module docstring, item 3).
+    rotate: random-sign Hadamard on Q and K (FA3 section 3.3). smooth_k: subtract K's mean over tokens.
+    two_level: the kernel accumulates each K/V tile's P V in a fresh accumulator and adds it into the fp32 O
+        every ``promote_every`` tiles (True), or keeps one running accumulator for O (False; the FP8 tensor
+        core's accumulator keeps fewer mantissa bits than fp32, so O drifts with seqlen_k).
+    promote_every: tiles per promotion (>= 1; used only with two_level).
+    seed: of the rotation's random signs (0 <= seed < 2^63).
+    Raises ValueError / TypeError naming the field for a bad value.
     """
 
     granularity: str = "block"
     rotate: bool = True
     smooth_k: bool = True
-    Br: int = 128
-    Bc: int = 128
-    p_scale: float = E4M3_MAX
+    two_level: bool = True
+    promote_every: int = 1
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.granularity not in ("block", "tensor"):
-            raise ValueError(f"granularity must be 'block' or 'tensor', got {self.granularity!r}")
-        if self.Br < 1 or self.Bc < 1 or not self.p_scale > 0:
-            raise ValueError(f"need Br, Bc >= 1 and p_scale > 0; got {self.Br}, {self.Bc}, {self.p_scale}")
+        if not isinstance(self.granularity, str) or self.granularity not in GRANULARITIES:
+            raise ValueError(f"FP8Config.granularity must be one of {', '.join(GRANULARITIES)}; "
+                             f"got {self.granularity!r}")
+        for name in ("rotate", "smooth_k", "two_level"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"FP8Config.{name} must be a bool, got {getattr(self, name)!r}")
+        for name, low, high in (("promote_every", 1, 2**31 - 1), ("seed", 0, 2**63 - 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise TypeError(f"FP8Config.{name} must be an int, got {value!r}")
+            if not low <= value <= high:
+                raise ValueError(f"FP8Config.{name} must be in [{low}, {high}], got {value}")
+
+    def replace(self, **changes) -> FP8Config:
+        """A copy with some fields changed (validated)."""
+        return dataclasses.replace(self, **changes)
 
 
-class FP8Inputs(NamedTuple):
-    """What an FP8 kernel consumes: quantised q (block Br), k and v (block Bc) with their descales, and
-    lse_shift (B, H, Nq) float32 to add to the kernel's LSE (None unless smooth_k)."""
-
-    q: Quantized
-    k: Quantized
-    v: Quantized
-    lse_shift: torch.Tensor | None
+# ---------------------------------------------------------------------------------------------- inputs
 
 
-def _check_qkv(q, k, v) -> None:
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"q, k, v must be 4-D (B, N, heads, D); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    if k.shape[2] < 1 or q.shape[2] % k.shape[2]:
-        raise ValueError(f"num_heads ({q.shape[2]}) must be a multiple of num_heads_kv ({k.shape[2]})")
+@dataclass(frozen=True)
+class FP8Inputs:
+    """What the fa3-fp8 kernel consumes (FP8_CONTRACT.md): quantised tensors, descales and the recipe.
 
-
-def prepare_fp8_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_scale: float | None = None,
-                       config: FP8Config = FP8Config()) -> FP8Inputs:
-    """The pre-processing of an FP8 attention: smooth K, rotate Q and K, quantise to e4m3 (in that order).
-
-    q (B, Nq, H, D), k and v (B, Nk, Hkv, D), any float dtype and device (computed in float32).
-    softmax_scale (default 1/sqrt(D)) is only needed for lse_shift. Returns :class:`FP8Inputs`.
-    Raises ValueError for bad ranks or num_heads % num_heads_kv != 0.
+    q: e4m3 (batch, seqlen_q, num_heads, head_dim), rotated if config.rotate.
+    k: e4m3 (batch, seqlen_k, num_heads_kv, head_dim), smoothed and rotated as the recipe says.
+    v_t: e4m3 (batch, num_heads_kv, head_dim, seqlen_k_padded): V transposed, zero-padded to a multiple of
+        layout.K_ALIGN_TOKENS, tokens permuted by layout.v_token_order.
+    q_descale: float32 (batch, num_heads, cdiv(seqlen_q, TILE_M)); k_descale, v_descale: float32
+        (batch, num_heads_kv, cdiv(seqlen_k, tile_n(head_dim))); value = e4m3 * descale; all finite powers
+        of two >= 2^-110 (expanded views for "head" / "tensor").
+    softmax_scale: >= 0 (a negative one was folded into k). seqlen_k: unpadded.
+    k_mean: float32 (batch, num_heads_kv, head_dim), the mean subtracted from K (already negated when the
+        scale was negative), unrotated; None without smoothing.
+    lse_shift: float32 (batch, num_heads, seqlen_q), softmax_scale * q . k_mean per query row (q before
+        quantisation, float32), what smoothing took from every logit of the row: the entry points add it
+        to the kernel's LSE, giving the LSE of the unsmoothed logits; None without smoothing.
+    config: the recipe.
     """
-    _check_qkv(q, k, v)
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v_t: torch.Tensor
+    q_descale: torch.Tensor
+    k_descale: torch.Tensor
+    v_descale: torch.Tensor
+    softmax_scale: float
+    seqlen_k: int
+    k_mean: torch.Tensor | None
+    lse_shift: torch.Tensor | None
+    config: FP8Config
+
+    @property
+    def head_dim(self) -> int:
+        return self.q.shape[-1]
+
+    def rotation(self) -> HadamardRotation | None:
+        """The rotation applied to q and k (None without one)."""
+        return HadamardRotation(self.head_dim, self.config.seed) if self.config.rotate else None
+
+    def dequantize(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(q, k, v) in float32, (batch, seqlen, heads, head_dim), tokens of v in their natural order: the
+        values the kernel computes with (rotated / smoothed as the recipe says)."""
+        tile_m, tile_n = tiles_for(self.head_dim)
+        q = self.q.float() * _per_row(self.q_descale, tile_m, self.q.shape[1])
+        k = self.k.float() * _per_row(self.k_descale, tile_n, self.seqlen_k)
+        order = layout.v_token_order(self.v_t.shape[-1])
+        v_nat = torch.empty_like(self.v_t, dtype=torch.float32)
+        v_nat[..., order] = self.v_t.float()
+        v = v_nat[..., :self.seqlen_k].permute(0, 3, 1, 2)  # (B, Nk, Hkv, D)
+        return q, k, v * _per_row(self.v_descale, tile_n, self.seqlen_k)
+
+
+def _per_row(descale: torch.Tensor, block: int, n: int) -> torch.Tensor:
+    """(B, heads, tiles) -> (B, n, heads, 1): each row's descale."""
+    return descale.repeat_interleave(block, dim=2)[:, :, :n].transpose(1, 2).unsqueeze(-1)
+
+
+# ------------------------------------------------------------------------------------- torch quantiser
+
+
+def _check(q, k, v, config, softmax_scale) -> float:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D (batch, seqlen, heads, head_dim), got shape {tuple(t.shape)}")
+        if t.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+            raise TypeError(f"{name} has dtype {t.dtype}; quantize_fp8 takes float16, bfloat16, float32 or float64")
+    if not isinstance(config, FP8Config):
+        raise TypeError(f"config must be an FP8Config, got {type(config).__name__}")
+    (B, _, H, D), (Bk, Nk, Hkv, Dk) = q.shape, k.shape
+    if v.shape != k.shape:
+        raise ValueError(f"k has shape {tuple(k.shape)} but v has shape {tuple(v.shape)}; they must match")
+    if Bk != B or Dk != D:
+        raise ValueError(f"q has shape {tuple(q.shape)} but k has {tuple(k.shape)}: batch and head_dim must match")
+    if D < 1 or Hkv < 1 or H % Hkv:
+        raise ValueError(f"need head_dim >= 1 and num_heads ({H}) a multiple of num_heads_kv ({Hkv})")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device; got {q.device}, {k.device}, {v.device}")
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(D)
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real) or not math.isfinite(
+            float(softmax_scale)):
+        raise ValueError(f"softmax_scale must be a finite real number or None, got {softmax_scale!r}")
+    return float(softmax_scale)
+
+
+def k_mean(k: torch.Tensor) -> torch.Tensor:
+    """K's mean over tokens, float32 (batch, num_heads_kv, head_dim) (zeros for seqlen_k = 0): one torch
+    reduction, shared by the torch and the GPU quantiser so both subtract the same numbers."""
+    if k.shape[1] == 0:
+        return torch.zeros(k.shape[0], k.shape[2], k.shape[3], device=k.device)
+    return k.mean(dim=1, dtype=torch.float32)
+
+
+def smoothing_lse_shift(q: torch.Tensor, mean: torch.Tensor, softmax_scale: float) -> torch.Tensor:
+    """softmax_scale * q . mean per query row: q (B, Nq, H, D) (any float dtype; float32 maths), mean
+    (B, Hkv, D) float32 -> float32 (B, H, Nq) (GQA: head h uses kv-head h // (H // Hkv))."""
     B, Nq, H, D = q.shape
-    Hkv = k.shape[2]
-    scale = 1.0 / math.sqrt(D) if softmax_scale is None else float(softmax_scale)
-    q, k = q.float(), k.float()
-    shift = None
-    if config.smooth_k and k.shape[1] > 0:
-        k_mean = k.mean(dim=1)  # (B, Hkv, D)
-        k = k - k_mean.unsqueeze(1)
-        shift = scale * torch.einsum("bqhgd,bhd->bhgq", q.reshape(B, Nq, Hkv, H // Hkv, D), k_mean)
-        shift = shift.reshape(B, H, Nq)
+    Hkv = mean.shape[1]
+    shift = torch.einsum("bqkgd,bkd->bkgq", q.float().reshape(B, Nq, Hkv, H // Hkv, D), mean)
+    return (shift * softmax_scale).reshape(B, H, Nq)
+
+
+def _amax_blocks(x: torch.Tensor, block: int) -> torch.Tensor:
+    """max |x| over each (batch, head, block of rows): x (B, N, H, D) float32 -> (B, H, cdiv(N, block))."""
+    B, N, H, D = x.shape
+    T = -(-N // block)
+    pad = x.new_zeros(B, T * block, H, D)
+    pad[:, :N] = x.abs()
+    return pad.view(B, T, block, H, D).amax(dim=(2, 4)).transpose(1, 2).contiguous()
+
+
+def _reduce_amax(amax: torch.Tensor, granularity: str) -> torch.Tensor:
+    """Block maxima (B, H, T) -> maxima of the granularity, expanded back to (B, H, T)."""
+    if granularity == "head" and amax.shape[-1]:
+        return amax.amax(dim=-1, keepdim=True).expand_as(amax)
+    if granularity == "tensor" and amax.numel():
+        return amax.amax().expand_as(amax)
+    return amax
+
+
+def _to_e4m3(x: torch.Tensor, inv: torch.Tensor, block: int) -> torch.Tensor:
+    """e4m3(x / descale): x (B, N, H, D) float32, inv (B, H, T) = 1 / descale; RNE, saturating."""
+    scaled = x * _per_row(inv, block, x.shape[1])
+    return scaled.clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
+
+
+def _quantize_rows(x: torch.Tensor, block: int, granularity: str):
+    """(e4m3 data, descale (B, H, T)) for float32 x (B, N, H, D)."""
+    descale, inv = descale_from_amax(_reduce_amax(_amax_blocks(x, block), granularity))
+    return _to_e4m3(x, inv, block), descale
+
+
+def transpose_v(v8: torch.Tensor) -> torch.Tensor:
+    """The kernel's V layout: e4m3 v (B, Nk, Hkv, D) -> v_t (B, Hkv, D, Nk_padded), zero padding, tokens
+    permuted by layout.v_token_order (gather: v_t[..., p] = v[order[p]])."""
+    B, Nk, Hkv, D = v8.shape
+    n_pad = layout.padded_seqlen_k(Nk)
+    v_t = torch.zeros(B, Hkv, D, n_pad, dtype=torch.uint8, device=v8.device)
+    v_t[..., :Nk] = v8.view(torch.uint8).permute(0, 2, 3, 1)
+    return v_t[..., layout.v_token_order(n_pad).to(v8.device)].view(E4M3)
+
+
+def quantize_fp8_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Config = FP8Config(),
+                       softmax_scale: float | None = None) -> FP8Inputs:
+    """The recipe in PyTorch (any device; the CPU path, and the front half of the emulation).
+
+    Arguments, result and errors as :func:`quantize_fp8`. Float32 throughout (float64 inputs are rounded
+    to float32 first). The GPU pass computes the same operations in the same order.
+    """
+    scale = _check(q, k, v, config, softmax_scale)
+    D = q.shape[-1]
+    tile_m, tile_n = tiles_for(D)
+    qf, kf, vf = q.float(), k.float(), v.float()
+    if scale < 0:  # softmax(c Q K^T) = softmax(|c| Q (-K)^T)
+        kf, scale = -kf, -scale
+    mean = shift = None
+    if config.smooth_k:
+        mean = k_mean(kf)
+        kf = kf - mean.unsqueeze(1)
+        shift = smoothing_lse_shift(qf, mean, scale)
     if config.rotate:
         rot = HadamardRotation(D, config.seed)
-        q, k = rot(q), rot(k)
-    quant = quantize_blocks if config.granularity == "block" else (lambda x, _: quantize_per_tensor(x))
-    return FP8Inputs(quant(q, config.Br), quant(k, config.Bc), quant(v, config.Bc), shift)
+        qf, kf = rot(qf), rot(kf)
+    q8, q_descale = _quantize_rows(qf, tile_m, config.granularity)
+    k8, k_descale = _quantize_rows(kf, tile_n, config.granularity)
+    v8, v_descale = _quantize_rows(vf, tile_n, config.granularity)
+    return FP8Inputs(q8, k8, transpose_v(v8), q_descale, k_descale, v_descale, scale, k.shape[1], mean, shift,
+                     config)
 
 
-def fp8_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-                            softmax_scale: float | None = None,
-                            config: FP8Config = FP8Config()) -> tuple[torch.Tensor, torch.Tensor]:
-    """What an e4m3 attention kernel computes, emulated in float32 on any device.
+def quantize_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Config = FP8Config(),
+                 softmax_scale: float | None = None, impl: str = "auto") -> FP8Inputs:
+    """Quantise q, k, v for the fa3-fp8 kernel with the recipe ``config`` (module docstring).
 
-    q (B, Nq, H, D), k and v (B, Nk, Hkv, D), any float dtype (the high-precision inputs that the kernel's
-    pre-processing turns into e4m3). Steps: (1) :func:`prepare_fp8_inputs` (smooth K, rotate, quantise),
-    then dequantise (descales applied exactly, float32); (2) for each Bc-key tile: S = softmax_scale Q K^T
-    (fp32, bottom-right causal mask), running max m, P = exp(S - m), l += rowsum(P) in fp32,
-    O += round_e4m3(P * p_scale) / p_scale @ V (fp32 accumulation); (3) O / l, LSE = m + log l (+ the
-    smooth-K shift).
-    Returns (out float32 (B, Nq, H, D), lse float32 (B, H, Nq)); rows that see no key give 0 and -inf.
-    Raises ValueError for bad ranks or num_heads % num_heads_kv != 0.
+    Args:
+        q: (batch, seqlen_q, num_heads, head_dim); k, v: (batch, seqlen_k, num_heads_kv, head_dim); float16,
+            bfloat16, float32 or float64, one device, any strides. Not modified.
+        config: the recipe (FP8Config). softmax_scale: finite real or None (1 / sqrt(head_dim)); a negative
+            one is folded into K (FP8Inputs.softmax_scale = |softmax_scale|).
+        impl: "auto" (the CuTe DSL pass, ``fa_variants.fp8.quant_kernel``, for 16-bit CUDA inputs it serves;
+            the torch implementation otherwise), "torch", or "kernel" (ValueError where it cannot run).
+
+    Returns:
+        FP8Inputs (quantised q, k, transposed v, descales, scale, recipe).
+
+    Raises:
+        TypeError: a non-tensor, a dtype other than those above, a bad config type.
+        ValueError: ranks, mismatched shapes or devices, num_heads not a multiple of num_heads_kv, a
+            non-finite softmax_scale, impl unknown or "kernel" where the GPU pass cannot serve the call.
     """
-    _check_qkv(q, k, v)
-    B, Nq, H, D = q.shape
-    Nk, Hkv = k.shape[1], k.shape[2]
-    scale = 1.0 / math.sqrt(D) if softmax_scale is None else float(softmax_scale)
-    fp8 = prepare_fp8_inputs(q, k, v, softmax_scale=scale, config=config)
-    qd = fp8.q.dequantize().transpose(1, 2)  # (B, H, Nq, D)
-    kd = fp8.k.dequantize().transpose(1, 2).repeat_interleave(H // Hkv, dim=1)
-    vd = fp8.v.dequantize().transpose(1, 2).repeat_interleave(H // Hkv, dim=1)
-
-    O = torch.zeros(B, H, Nq, v.shape[3], device=q.device)
-    m = torch.full((B, H, Nq), -math.inf, device=q.device)
-    l = torch.zeros(B, H, Nq, device=q.device)
-    rows = torch.arange(Nq, device=q.device).unsqueeze(1)
-    for c0 in range(0, Nk, config.Bc):
-        c1 = min(c0 + config.Bc, Nk)
-        S = scale * qd @ kd[:, :, c0:c1].transpose(-1, -2)
-        if causal:
-            cols = torch.arange(c0, c1, device=q.device)
-            S = S.masked_fill(cols > rows + (Nk - Nq), -math.inf)
-        m_new = torch.maximum(m, S.amax(dim=-1))
-        m_safe = torch.where(m_new == -math.inf, torch.zeros_like(m_new), m_new)
-        P = torch.exp(S - m_safe.unsqueeze(-1))
-        alpha = torch.exp(m - m_safe)  # 0 while the row has seen no key (m = -inf)
-        l = alpha * l + P.sum(dim=-1)
-        P8 = _to_e4m3(P * config.p_scale).float() / config.p_scale
-        O = alpha.unsqueeze(-1) * O + P8 @ vd[:, :, c0:c1]
-        m = m_new
-    inv = torch.where(l > 0, 1.0 / l, torch.zeros_like(l))
-    lse = m + torch.log(l)
-    if fp8.lse_shift is not None:
-        lse = lse + fp8.lse_shift
-    return (O * inv.unsqueeze(-1)).transpose(1, 2), lse
-
-
-def fp8_error_bound(out_emulated: torch.Tensor, out_exact: torch.Tensor, atol: float = 1e-4) -> float:
-    """The largest max|O_kernel - O_exact| an FP8 kernel may show: 2 * max|O_emulated - O_exact| + atol.
-
-    The project's testing rule (DESIGN.md) with this emulation, run with the kernel's own configuration
-    (granularity, rotation seed, Br, Bc, p_scale), in the place of "torch in the same dtype"; out_exact is the
-    float64 reference on the high-precision inputs. Returns a float (NaN in either input gives NaN).
-    """
-    diff = (out_emulated.double() - out_exact.double()).abs()
-    return 2.0 * (diff.max().item() if diff.numel() else 0.0) + atol
+    if impl not in ("auto", "torch", "kernel"):
+        raise ValueError(f"impl must be 'auto', 'torch' or 'kernel', got {impl!r}")
+    if impl != "torch":
+        _check(q, k, v, config, softmax_scale)
+        try:
+            quant_kernel = importlib.import_module("fa_variants.fp8.quant_kernel")
+        except ModuleNotFoundError as exc:
+            if exc.name != "fa_variants.fp8.quant_kernel":
+                raise
+            quant_kernel, problem = None, "the GPU quantisation pass is not built yet"
+        else:
+            problem = quant_kernel.why_not(q, config)
+        if problem is None:
+            return quant_kernel.quantize(q, k, v, config=config, softmax_scale=softmax_scale)
+        if impl == "kernel":
+            raise ValueError(f"impl='kernel': {problem}")
+    return quantize_fp8_torch(q, k, v, config=config, softmax_scale=softmax_scale)

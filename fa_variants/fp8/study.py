@@ -10,15 +10,14 @@ same (fp16-rounded) inputs, the output error of:
   (iv)  block+H      (iii) + random-sign Hadamard on Q and K
   (v)   shipped      (iv) + smooth K (FP8Config() defaults)
 
-FP8 columns come from the emulation reference (fa_variants.fp8.quantize.fp8_attention_reference, CPU by
-default) or, with a GPU and a module ``fa_variants.fp8.fa3_fp8`` exposing
-``attention_fp8(q, k, v, *, causal, softmax_scale, config) -> (out, lse)``, from that kernel (a config the
-kernel refuses with ValueError falls back to the emulation, and the table says so).
+FP8 columns come from the emulation of the fa3-fp8 kernel (fa_variants.fp8.emulation.fp8_attention_reference,
+CPU by default) or, on a GPU where the kernel runs (fa_variants.fp8.attention.why_not), from the kernel through
+``fa_variants.fp8.attention_fp8`` (a config the kernel refuses with ValueError falls back to the emulation,
+and the table says so).
 """
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import math
 import sys
@@ -27,7 +26,9 @@ from pathlib import Path
 
 import torch
 
-from fa_variants.fp8.quantize import FP8Config, fp8_attention_reference
+from fa_variants.fp8 import attention as fp8_attention
+from fa_variants.fp8.emulation import fp8_attention_reference
+from fa_variants.fp8.quantize import FP8Config
 
 DISTRIBUTIONS = {
     "normal": "q, k, v ~ N(0, 1)",
@@ -65,11 +66,10 @@ def make_inputs(dist: str, B: int, N: int, H: int, D: int, seed: int) -> tuple[t
 
 
 def _kernel_module():
-    """fa_variants.fp8.fa3_fp8 if it exists, has attention_fp8 and a GPU is present; else None."""
-    if not torch.cuda.is_available() or importlib.util.find_spec("fa_variants.fp8.fa3_fp8") is None:
+    """fa_variants.fp8.attention if the fa3-fp8 kernel runs on the current GPU; else None."""
+    if not torch.cuda.is_available() or fp8_attention.why_not(torch.device("cuda")) is not None:
         return None
-    mod = importlib.import_module("fa_variants.fp8.fa3_fp8")
-    return mod if hasattr(mod, "attention_fp8") else None
+    return fp8_attention
 
 
 def _errors(out: torch.Tensor, ref: torch.Tensor) -> dict:
@@ -89,7 +89,8 @@ def run_study(dists, seqlens, *, batch=1, heads=4, head_dim=128, causal=False, s
     (ValueError if "kernel" is asked for and not available)."""
     kernel = _kernel_module() if backend in ("auto", "kernel") else None
     if backend == "kernel" and kernel is None:
-        raise ValueError("backend 'kernel' needs a GPU and fa_variants.fp8.fa3_fp8.attention_fp8")
+        why = fp8_attention.why_not(torch.device("cuda")) if torch.cuda.is_available() else "there is no GPU"
+        raise ValueError(f"backend 'kernel' needs the fa3-fp8 kernel on an sm_90 GPU: {why}")
     device = "cuda" if kernel is not None else "cpu"
     from fa_variants.reference import attention_reference
 
@@ -105,7 +106,7 @@ def run_study(dists, seqlens, *, batch=1, heads=4, head_dim=128, causal=False, s
                     out, _ = attention_reference(q, k, v, causal=causal, dtype=torch.float16)
                 elif kernel is not None:
                     try:
-                        out, _ = kernel.attention_fp8(q, k, v, causal=causal, softmax_scale=None, config=cfg)
+                        out = kernel.attention_fp8(q, k, v, causal=causal, softmax_scale=None, config=cfg)
                         used = "kernel"
                     except ValueError:
                         out, _ = fp8_attention_reference(q, k, v, causal=causal, config=cfg)

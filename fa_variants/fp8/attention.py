@@ -1,0 +1,138 @@
+"""FP8 attention entry points: quantise then run the fa3-fp8 kernel, or run it on already-quantised inputs.
+
+``attention_fp8`` is what ``fa_variants.attention(q, k, v, backend="fa3-fp8")`` runs for 16-bit inputs (the
+default recipe: block scales + Hadamard + smoothed K + two-level accumulation); ``attention_from_fp8`` takes
+``FP8Inputs`` (from ``quantize_fp8``, or built by the caller, e.g. an FP8 KV cache). Both call the kernel
+module's ``run_fp8(inputs, *, causal, out_dtype) -> (out, lse)`` (``KERNEL_MODULE``, the fp8kernel helper's,
+FP8_CONTRACT.md) and never fall back to anything else: where it cannot run they raise
+``BackendUnavailableError`` saying why (not built yet; not a CUDA tensor; a GPU without FP8 WGMMA).
+"""
+from __future__ import annotations
+
+import importlib
+import math
+import types
+
+import torch
+
+from fa_variants.dispatch import BackendUnavailableError, arch_name, device_capability
+from fa_variants.fp8.quantize import E4M3, FP8Config, FP8Inputs, quantize_fp8, tiles_for, transpose_v
+
+__all__ = ["KERNEL_MODULE", "kernel_module", "why_not", "attention_fp8", "attention_from_fp8", "from_e4m3"]
+
+KERNEL_MODULE = "fa_variants.hopper.fa3_fp8"
+#: compute capabilities with FP8 WGMMA (the kernel's instructions)
+FP8_CAPABILITIES = ((9, 0),)
+OUT_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def kernel_module() -> types.ModuleType:
+    """The fa3-fp8 kernel module (imported once by Python). Raises BackendUnavailableError("fa3-fp8 is not
+    built yet") when it does not exist or has no ``run_fp8``."""
+    try:
+        module = importlib.import_module(KERNEL_MODULE)
+    except ModuleNotFoundError as exc:
+        if exc.name and KERNEL_MODULE.startswith(exc.name):
+            raise BackendUnavailableError("fa3-fp8 is not built yet") from None
+        raise
+    if not hasattr(module, "run_fp8"):
+        raise BackendUnavailableError(f"fa3-fp8 is not built yet ({KERNEL_MODULE} has no run_fp8)")
+    return module
+
+
+def why_not(device: torch.device) -> str | None:
+    """Why the fa3-fp8 kernel cannot run on ``device`` (None if it can): not built, not CUDA, no FP8 WGMMA."""
+    try:
+        kernel_module()
+    except BackendUnavailableError as exc:
+        return str(exc)
+    capability = device_capability(device)
+    if capability is None:
+        return f"fa3-fp8 runs on CUDA tensors (sm_90); the inputs are on {device.type}"
+    if capability not in FP8_CAPABILITIES:
+        return f"fa3-fp8 needs FP8 WGMMA (sm_90); this GPU is {arch_name(capability)}"
+    return None
+
+
+def _require_kernel(device: torch.device) -> types.ModuleType:
+    problem = why_not(device)
+    if problem:
+        raise BackendUnavailableError(problem)
+    return kernel_module()
+
+
+def attention_from_fp8(inputs: FP8Inputs, *, causal: bool = False, return_lse: bool = False,
+                       out_dtype: torch.dtype = torch.bfloat16):
+    """The fa3-fp8 kernel on already-quantised inputs.
+
+    Args:
+        inputs: FP8Inputs (shapes and meaning in its docstring and FP8_CONTRACT.md), CUDA tensors.
+        causal: bottom-right causal mask (query i sees key j iff j <= i + seqlen_k - seqlen_q).
+        return_lse: also return the LSE, of the unsmoothed logits (``inputs.lse_shift`` added when not None).
+        out_dtype: torch.float16 or torch.bfloat16.
+
+    Returns:
+        out (batch, seqlen_q, num_heads, head_dim) in out_dtype; with return_lse also lse float32
+        (batch, num_heads, seqlen_q), natural log. Rows that see no key (and seqlen_k = 0) give 0 and -inf.
+
+    Raises:
+        TypeError: inputs not FP8Inputs, causal / return_lse not bools, out_dtype not 16-bit.
+        BackendUnavailableError: the kernel is not built, the inputs are not on an sm_90 GPU.
+    """
+    if not isinstance(inputs, FP8Inputs):
+        raise TypeError(f"inputs must be FP8Inputs (fa_variants.fp8.quantize_fp8), got {type(inputs).__name__}")
+    for name, flag in (("causal", causal), ("return_lse", return_lse)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {flag!r}")
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"out_dtype must be torch.float16 or torch.bfloat16, got {out_dtype}")
+    module = _require_kernel(inputs.q.device)
+    B, Nq, H, D = inputs.q.shape
+    if inputs.q.numel() == 0 or inputs.seqlen_k == 0:
+        out = torch.zeros(B, Nq, H, D, dtype=out_dtype, device=inputs.q.device)
+        lse = torch.full((B, H, Nq), -math.inf, device=inputs.q.device)
+    else:
+        out, lse = module.run_fp8(inputs, causal=causal, out_dtype=out_dtype)
+    if not return_lse:
+        return out
+    return out, (lse if inputs.lse_shift is None else lse + inputs.lse_shift)
+
+
+def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+                  softmax_scale: float | None = None, config: FP8Config = FP8Config(), return_lse: bool = False):
+    """FP8 attention on 16-bit inputs: ``quantize_fp8`` with ``config`` then :func:`attention_from_fp8`.
+
+    Args:
+        q: (batch, seqlen_q, num_heads, head_dim); k, v: (batch, seqlen_k, num_heads_kv, head_dim); float16
+            or bfloat16 on an sm_90 GPU; not modified. causal, return_lse: as ``fa_variants.attention``.
+        softmax_scale: finite real or None (1 / sqrt(head_dim)). config: the recipe (FP8Config).
+
+    Returns:
+        out in q's dtype (batch, seqlen_q, num_heads, head_dim) [, lse float32 (batch, num_heads, seqlen_q)].
+
+    Raises:
+        TypeError / ValueError: as ``fa_variants.attention`` and ``quantize_fp8`` (naming the argument).
+        BackendUnavailableError: the kernel is not built or the GPU has no FP8 WGMMA (checked first).
+    """
+    from fa_variants.api import _check_inputs
+
+    _check_inputs(q, k, v)
+    if q.dtype not in OUT_DTYPES:
+        raise TypeError(f"attention_fp8 takes float16 or bfloat16 q, k, v, got {q.dtype}")
+    _require_kernel(q.device)
+    inputs = quantize_fp8(q, k, v, config=config, softmax_scale=softmax_scale)
+    return attention_from_fp8(inputs, causal=causal, return_lse=return_lse, out_dtype=q.dtype)
+
+
+def from_e4m3(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_scale: float) -> FP8Inputs:
+    """FP8Inputs for e4m3 q, k, v taken as they are (descale 1, no rotation, no smoothing): V transposed and
+    padded for the kernel. Shapes as ``quantize_fp8``; a negative softmax_scale is folded into K."""
+    tile_m, tile_n = tiles_for(q.shape[-1])
+    B, Nq, H, _ = q.shape
+    Nk, Hkv = k.shape[1], k.shape[2]
+    if softmax_scale < 0:
+        k, softmax_scale = (-k.float()).to(E4M3), -softmax_scale  # exact: e4m3 is sign-magnitude
+    ones = lambda heads, n, block: torch.ones(B, heads, -(-n // block), device=q.device)  # noqa: E731
+    return FP8Inputs(q, k, transpose_v(v), ones(H, Nq, tile_m), ones(Hkv, Nk, tile_n), ones(Hkv, Nk, tile_n),
+                     float(softmax_scale), Nk, None, None, FP8Config(granularity="tensor", rotate=False, smooth_k=False))
+

@@ -1,0 +1,182 @@
+"""The fa3-fp8 kernel's arithmetic in PyTorch, on quantised inputs: what "kernel vs emulation" compares against.
+
+Source: Shah et al. 2024, "FlashAttention-3", sections 3.3 and 4.3; FP8_CONTRACT.md (the kernel numerics the
+fa3-fp8 kernel and this emulation share). Vectorised over batch, heads and query rows; a Python loop over the
+K/V tiles only, so the CPU study can run it.
+
+Per query tile of TILE_M rows the kernel visits the K/V tiles [0, n_blocks) it can see (bottom-right causal
+tile skipping, ``kv_tile_end``), from the last to the first (``KV_ORDER``), and per tile n:
+
+    S     = Q8 K8_n^T                        FP8 MMA, accumulator modelled below
+    x     = S * c_n,  c_n = (softmax_scale * log2 e) * q_descale[m] * k_descale[n]   (exact: powers of two)
+            x = -inf where the key is past seqlen_k or above the causal diagonal
+    m'    = max(m, rowmax x);  alpha = exp2(m - m')   (1 while the row has seen no key)
+    P     = exp2(x - (m' - P_SHIFT))         in [0, 2^P_SHIFT] = [0, 256] (e4m3's max is 448)
+    l     = alpha l + rowsum(P)              from the unrounded fp32 P
+    P8    = e4m3(P)                          round to nearest even
+    accumulation of P8 V8_n:
+      two-level (config.two_level): acc = (alpha * v_descale[n_prev] / v_descale[n]) acc;  acc += P8 V8_n
+          (FP8 MMA);  every ``promote_every`` visited tiles and after the last: O = alpha O + v_descale[n] acc
+          in fp32 (O rescaled by every alpha), acc = 0. promote_every = 1 is "a fresh accumulator per tile".
+      single accumulator (two_level False): the same with no promotion until the end, i.e. O lives in the
+          FP8 MMA accumulator, in units of the current tile's v descale.
+    end:  O = O / l (0 for l = 0);  LSE = (m + log2 l - P_SHIFT) ln 2 (-inf for l = 0), natural log, of the
+          logits the kernel saw (smoothed K: the entry points add ``FP8Inputs.lse_shift``).
+
+The FP8 MMA accumulator (a model, not a measurement): the products of two e4m3 numbers are exact; each
+k = 32 chunk of the reduction is summed (here by a float32 matmul) and added to the accumulator, and the
+sum (rounded to float32) is truncated toward zero to ``accumulator_bits`` mantissa bits (default ``ACCUMULATOR_BITS`` = 22, the
+figure reported for Hopper's FP8 tensor cores). ``accumulator_bits=None`` models a plain fp32 accumulator.
+The rounding of the kernel's exp2 (MUFU.EX2) and of its row sums differ from torch's by a few ulp: kernel vs
+emulation is a tolerance test, tight because every rounding point (Q, K, V, P to e4m3; the accumulator) is
+in the same place.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from fa_variants.fp8 import layout
+from fa_variants.fp8.quantize import E4M3, FP8Config, FP8Inputs, quantize_fp8_torch, tiles_for
+
+__all__ = ["P_SHIFT", "ACCUMULATOR_BITS", "KV_ORDER", "MMA_K", "kv_tile_end", "emulate_fp8_attention",
+           "fp8_attention_reference", "fp8_error_bound"]
+
+P_SHIFT = 8
+ACCUMULATOR_BITS = 22
+KV_ORDER = "last_to_first"
+MMA_K = 32  # k of one FP8 MMA instruction (PTX wgmma .e4m3: k = 32)
+LOG2_E = math.log2(math.e)
+
+
+def kv_tile_end(m_block: int, tile_m: int, tile_n: int, seqlen_q: int, seqlen_k: int, causal: bool) -> int:
+    """One past the last K/V tile query tile m_block sees (fa_variants.common.mask.kv_tile_end, in Python)."""
+    n_end = -(-seqlen_k // tile_n)
+    if causal:
+        keys = min(m_block * tile_m + tile_m, seqlen_q) + seqlen_k - seqlen_q
+        n_end = min(n_end, -(-max(keys, 0) // tile_n))
+    return n_end
+
+
+def _accumulate(acc: torch.Tensor, partial: torch.Tensor, bits: int | None) -> torch.Tensor:
+    """acc + partial (float32, rounded to nearest), then truncated toward zero to ``bits`` mantissa bits."""
+    total = acc + partial
+    if bits is None or bits >= 23:
+        return total
+    return (total.view(torch.int32) & ~((1 << (23 - bits)) - 1)).view(torch.float32)
+
+
+def _mma(a: torch.Tensor, b: torch.Tensor, acc: torch.Tensor | None, bits: int | None) -> torch.Tensor:
+    """acc + a @ b over the last dim of a, one k = MMA_K chunk at a time through the accumulator model."""
+    if bits is None:
+        out = a @ b
+        return out if acc is None else acc + out
+    if acc is None:
+        acc = a.new_zeros(*a.shape[:-1], b.shape[-1])
+    for k0 in range(0, a.shape[-1], MMA_K):
+        acc = _accumulate(acc, a[..., k0:k0 + MMA_K] @ b[..., k0:k0 + MMA_K, :], bits)
+    return acc
+
+
+def emulate_fp8_attention(inputs: FP8Inputs, *, causal: bool = False, accumulator_bits: int | None = ACCUMULATOR_BITS,
+                          out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fa3-fp8 kernel on already-quantised inputs, emulated (module docstring).
+
+    Args:
+        inputs: FP8Inputs (``quantize_fp8``); its config gives two_level and promote_every.
+        causal: bottom-right causal mask (query i sees key j iff j <= i + seqlen_k - seqlen_q).
+        accumulator_bits: mantissa bits the FP8 MMA accumulator keeps (the model); None = fp32.
+        out_dtype: round O to this dtype at the end (the kernel's output dtype); None keeps float32.
+
+    Returns:
+        (out (batch, seqlen_q, num_heads, head_dim) out_dtype or float32, lse float32 (batch, num_heads,
+        seqlen_q)), lse of the logits the kernel saw (without ``inputs.lse_shift``). Rows that see no key
+        give 0 and -inf.
+    """
+    cfg: FP8Config = inputs.config
+    B, Nq, H, D = inputs.q.shape
+    Nk, Hkv = inputs.seqlen_k, inputs.k.shape[2]
+    tile_m, tile_n = tiles_for(D)
+    dev = inputs.q.device
+    group = H // Hkv
+    q8 = inputs.q.float().transpose(1, 2)  # (B, H, Nq, D): e4m3 values, exact in float32
+    k8 = inputs.k.float().transpose(1, 2).repeat_interleave(group, dim=1)  # (B, H, Nk, D)
+    v_nat = torch.empty(B, Hkv, D, inputs.v_t.shape[-1], device=dev)
+    v_nat[..., layout.v_token_order(inputs.v_t.shape[-1]).to(dev)] = inputs.v_t.float()
+    v8 = v_nat[..., :Nk].transpose(2, 3).repeat_interleave(group, dim=1)  # (B, H, Nk, D)
+    kd = inputs.k_descale.repeat_interleave(group, dim=1)  # (B, H, T)
+    vd = inputs.v_descale.repeat_interleave(group, dim=1)
+    scale_log2 = torch.tensor(inputs.softmax_scale, dtype=torch.float32) * torch.tensor(LOG2_E, dtype=torch.float32)
+    c_row = (scale_log2.to(dev) * inputs.q_descale).repeat_interleave(tile_m, dim=2)[:, :, :Nq]  # (B, H, Nq)
+
+    rows = torch.arange(Nq, device=dev)
+    n_blocks = torch.tensor([kv_tile_end(i // tile_m, tile_m, tile_n, Nq, Nk, causal) for i in range(0, Nq, tile_m)],
+                            device=dev, dtype=torch.long).repeat_interleave(tile_m)[:Nq]  # per row
+    m = torch.full((B, H, Nq), -math.inf, device=dev)
+    l = torch.zeros(B, H, Nq, device=dev)
+    O = torch.zeros(B, H, Nq, D, device=dev)
+    acc = torch.zeros(B, H, Nq, D, device=dev)
+    n_tiles = -(-Nk // tile_n)
+    order = range(n_tiles - 1, -1, -1) if KV_ORDER == "last_to_first" else range(n_tiles)
+    prev_vd = None
+    for n in order:
+        active = (n < n_blocks).view(1, 1, Nq)  # the row's query tile visits this K/V tile
+        if KV_ORDER == "last_to_first":
+            visited, is_last = n_blocks - 1 - n, torch.full_like(active, n == 0)
+        else:
+            visited, is_last = torch.full_like(n_blocks, n), (n == n_blocks - 1).view(1, 1, Nq)
+        c0, c1 = n * tile_n, min((n + 1) * tile_n, Nk)
+        S = _mma(q8, k8[:, :, c0:c1].transpose(-1, -2), None, accumulator_bits)
+        x = S * (c_row * kd[:, :, n:n + 1]).unsqueeze(-1)
+        if causal:
+            cols = torch.arange(c0, c1, device=dev)
+            x = x.masked_fill(cols > rows.unsqueeze(1) + (Nk - Nq), -math.inf)
+        m_new = torch.maximum(m, x.amax(dim=-1))
+        m_safe = torch.where(m_new == -math.inf, torch.zeros_like(m_new), m_new)
+        alpha = torch.where(m_new == -math.inf, torch.ones_like(m), torch.exp2(m - m_safe))
+        P = torch.exp2(x - (m_safe - P_SHIFT).unsqueeze(-1))
+        l = torch.where(active, alpha * l + P.sum(dim=-1), l)
+        P8 = P.clamp(max=448.0).to(E4M3).float()
+        factor = alpha if prev_vd is None else alpha * (prev_vd / vd[:, :, n]).unsqueeze(-1)  # exact ratio
+        new_acc = _mma(P8, v8[:, :, c0:c1], acc * factor.unsqueeze(-1), accumulator_bits)
+        O = torch.where(active.unsqueeze(-1), O * alpha.unsqueeze(-1), O)
+        acc = torch.where(active.unsqueeze(-1), new_acc, acc)
+        promote = active & is_last
+        if cfg.two_level:
+            promote = promote | (active & ((visited + 1) % cfg.promote_every == 0).view(1, 1, Nq))
+        promote = promote.unsqueeze(-1)
+        O = torch.where(promote, O + vd[:, :, n].view(B, H, 1, 1) * acc, O)
+        acc = torch.where(promote, torch.zeros_like(acc), acc)
+        m = torch.where(active, m_new, m)
+        prev_vd = vd[:, :, n]
+    empty = l == 0
+    out = torch.where(empty.unsqueeze(-1), torch.zeros_like(O), O / torch.where(empty, 1.0, l).unsqueeze(-1))
+    lse = torch.where(empty, -math.inf, (m + torch.log2(torch.where(empty, 1.0, l)) - P_SHIFT) * math.log(2.0))
+    out = out.transpose(1, 2)
+    return (out.to(out_dtype) if out_dtype is not None else out), lse
+
+
+def fp8_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+                            softmax_scale: float | None = None, config: FP8Config = FP8Config(),
+                            accumulator_bits: int | None = ACCUMULATOR_BITS,
+                            out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP8 attention emulated end to end: ``quantize_fp8_torch`` then :func:`emulate_fp8_attention`, and the
+    LSE shifted back to the unsmoothed logits (as ``fa_variants.fp8.attention_fp8`` returns it).
+
+    q (B, Nq, H, D), k, v (B, Nk, Hkv, D), any float dtype and device. Returns (out float32 or out_dtype
+    (B, Nq, H, D), lse float32 (B, H, Nq)); rows that see no key give 0 and -inf. Raises as quantize_fp8.
+    """
+    inputs = quantize_fp8_torch(q, k, v, config=config, softmax_scale=softmax_scale)
+    out, lse = emulate_fp8_attention(inputs, causal=causal, accumulator_bits=accumulator_bits, out_dtype=out_dtype)
+    return out, (lse if inputs.lse_shift is None else lse + inputs.lse_shift)
+
+
+def fp8_error_bound(out_emulated: torch.Tensor, out_exact: torch.Tensor, atol: float = 1e-4) -> float:
+    """The largest max|O_kernel - O_exact| an FP8 kernel may show: 2 * max|O_emulated - O_exact| + atol.
+
+    The project's testing rule with this emulation (run with the kernel's own recipe) in the place of "torch
+    in the same dtype"; out_exact is float64 attention on the high-precision inputs. NaN in either gives NaN.
+    """
+    diff = (out_emulated.double() - out_exact.double()).abs()
+    return 2.0 * (diff.max().item() if diff.numel() else 0.0) + atol

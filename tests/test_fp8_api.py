@@ -1,0 +1,146 @@
+"""The FP8 entry points and the fa3-fp8 backend's glue (fa_variants.fp8.attention, fa_variants.fp8.fa3_fp8).
+
+On the CPU the kernel cannot run, so the glue is tested against a fake kernel module whose ``run_fp8`` is the
+emulation, with the device capability faked to sm_90: what reaches the kernel (the quantised inputs), what
+comes back (LSE shifted back for smoothed K), the dispatcher's choices (auto never picks FP8 for 16-bit
+inputs) and every error (not built, not CUDA, no FP8 WGMMA, bad arguments).
+"""
+import sys
+import types
+
+import pytest
+import torch
+
+import fa_variants
+from fa_variants import dispatch
+from fa_variants.dispatch import BackendUnavailableError
+from fa_variants.fp8 import (FP8Config, attention_fp8, attention_from_fp8, emulate_fp8_attention,
+                             fp8_attention_reference, quantize_fp8)
+from fa_variants.fp8 import attention as fp8_attention
+
+BF16 = torch.bfloat16
+
+
+@pytest.fixture
+def absent_kernel(monkeypatch):
+    """The kernel module does not exist (whatever this checkout has)."""
+    monkeypatch.setattr(fp8_attention, "KERNEL_MODULE", "fa_variants._absent_fp8_kernel")
+    monkeypatch.delitem(sys.modules, "fa_variants.fp8.fa3_fp8", raising=False)
+    dispatch.clear_cache()
+    yield
+    dispatch.clear_cache()
+
+
+@pytest.fixture
+def fake_kernel(monkeypatch):
+    """A kernel module whose run_fp8 is the emulation, on a faked sm_90; returns the list of its calls."""
+    calls = []
+
+    def run_fp8(inputs, *, causal, out_dtype):
+        calls.append(dict(inputs=inputs, causal=causal, out_dtype=out_dtype))
+        return emulate_fp8_attention(inputs, causal=causal, out_dtype=out_dtype)
+
+    module = types.ModuleType("_fake_fp8_kernel")
+    module.run_fp8 = run_fp8
+    monkeypatch.setitem(sys.modules, "_fake_fp8_kernel", module)
+    monkeypatch.setattr(fp8_attention, "KERNEL_MODULE", "_fake_fp8_kernel")
+    monkeypatch.delitem(sys.modules, "fa_variants.fp8.fa3_fp8", raising=False)
+    sm90 = lambda device: (9, 0)  # noqa: E731
+    monkeypatch.setattr(dispatch, "device_capability", sm90)
+    monkeypatch.setattr(fp8_attention, "device_capability", sm90)
+    for name in ("fa3", "fa2", "fa1"):  # the real kernels cannot run on CPU tensors
+        monkeypatch.setitem(dispatch.BACKENDS, name, dispatch.Backend(name, f"fa_variants._absent.{name}", "x"))
+    monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
+    dispatch.clear_cache()
+    yield calls
+    dispatch.clear_cache()
+
+
+def qkv(nq=70, nk=150, h=4, hkv=2, d=64, dtype=BF16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(1, n, heads, d, generator=g).to(dtype) for n, heads in ((nq, h), (nk, hkv), (nk, hkv)))
+
+
+def test_not_built(absent_kernel):
+    q, k, v = qkv()
+    with pytest.raises(BackendUnavailableError, match="^fa3-fp8 is not built yet$"):
+        attention_fp8(q, k, v)
+    with pytest.raises(BackendUnavailableError, match="^fa3-fp8 is not built yet$"):
+        attention_from_fp8(quantize_fp8(q, k, v))
+    with pytest.raises(BackendUnavailableError, match="fa3-fp8 is not built yet"):
+        dispatch.select((9, 0), BF16, 64, backend="fa3-fp8")
+    assert dispatch.load("fa3-fp8") == "fa3-fp8 is not built yet"
+
+
+def test_cpu_tensors_and_other_gpus(fake_kernel, monkeypatch):
+    q, k, v = qkv()
+    monkeypatch.setattr(fp8_attention, "device_capability", lambda device: None)
+    with pytest.raises(BackendUnavailableError, match="runs on CUDA tensors"):
+        attention_fp8(q, k, v)
+    monkeypatch.setattr(fp8_attention, "device_capability", lambda device: (8, 0))
+    with pytest.raises(BackendUnavailableError, match="needs FP8 WGMMA \\(sm_90\\); this GPU is sm_80"):
+        attention_fp8(q, k, v)
+    assert not fake_kernel
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_fp8_through_the_dispatcher(fake_kernel, causal):
+    """attention(backend='fa3-fp8') on bf16: default recipe, the kernel gets FP8Inputs, the LSE comes back
+    shifted to the unsmoothed logits; equal to the end-to-end emulation."""
+    q, k, v = qkv()
+    sel = fa_variants.select_backend(q, k, v, backend="fa3-fp8")
+    assert sel.backend == "fa3-fp8" and "quantised to e4m3" in sel.reason and "bfloat16" in sel.reason
+    out, lse = fa_variants.attention(q, k, v, causal=causal, backend="fa3-fp8", return_lse=True)
+    (call,) = fake_kernel
+    assert call["inputs"].config == FP8Config() and call["causal"] is causal and call["out_dtype"] == BF16
+    assert call["inputs"].q.dtype == torch.float8_e4m3fn
+    expect, expect_lse = fp8_attention_reference(q, k, v, causal=causal, out_dtype=BF16)
+    assert out.dtype == BF16 and torch.equal(out, expect)
+    torch.testing.assert_close(lse, expect_lse, rtol=0, atol=0)
+    ref_out, ref_lse = fa_variants.attention(q, k, v, causal=causal, backend="reference", return_lse=True)
+    assert (lse - ref_lse).abs().max().item() < 0.1  # the unsmoothed LSE
+
+
+def test_auto_never_picks_fp8_for_16_bit(fake_kernel):
+    """Even with no other kernel available, auto gives bf16 to the reference (with a warning), not FP8; it
+    does pick fa3-fp8 for e4m3 inputs."""
+    q, k, v = qkv()
+    with pytest.warns(dispatch.BackendFallbackWarning):
+        sel = fa_variants.select_backend(q, k, v)
+    assert sel.backend == "reference" and "fa3-fp8" in sel.candidates and "fa3-fp8" not in sel.reason
+    q8, k8, v8 = (t.float().to(torch.float8_e4m3fn) for t in (q, k, v))
+    with pytest.warns(dispatch.BackendFallbackWarning, match="fa3 is not built yet"):  # the fixture's doing
+        assert dispatch.select((9, 0), torch.float8_e4m3fn, 64).backend == "fa3-fp8"
+    out = fa_variants.attention(q8, k8, v8, backend="fa3-fp8")
+    inputs = fp8_attention.from_e4m3(q8, k8, v8, softmax_scale=64 ** -0.5)
+    assert torch.equal(out, emulate_fp8_attention(inputs, out_dtype=BF16)[0])
+    assert (inputs.q_descale == 1).all() and inputs.v_t.shape == (1, 2, 64, 160)
+
+
+def test_attention_from_fp8_config_and_empty(fake_kernel):
+    q, k, v = qkv()
+    cfg = FP8Config(granularity="head", rotate=False, smooth_k=False, two_level=False)
+    inputs = quantize_fp8(q, k, v, config=cfg, softmax_scale=0.2)
+    out = attention_from_fp8(inputs, causal=True, out_dtype=torch.float16)
+    assert out.dtype == torch.float16 and torch.equal(out, emulate_fp8_attention(inputs, causal=True,
+                                                                                out_dtype=torch.float16)[0])
+    out, lse = attention_from_fp8(quantize_fp8(q, k[:, :0], v[:, :0]), return_lse=True)  # seqlen_k = 0
+    assert (out == 0).all() and torch.isneginf(lse).all() and len(fake_kernel) == 1
+
+
+def test_validation(fake_kernel):
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match="FP8Inputs"):
+        attention_from_fp8((q, k, v))
+    inputs = quantize_fp8(q, k, v)
+    with pytest.raises(TypeError, match="out_dtype"):
+        attention_from_fp8(inputs, out_dtype=torch.float32)
+    with pytest.raises(TypeError, match="causal"):
+        attention_from_fp8(inputs, causal=1)
+    with pytest.raises(TypeError, match="float16 or bfloat16"):
+        attention_fp8(q.float(), k.float(), v.float())
+    with pytest.raises(ValueError, match="num_heads 4 not divisible by num_heads_kv 3"):
+        attention_fp8(q, torch.cat([k, k[:, :, :1]], 2), torch.cat([v, v[:, :, :1]], 2))
+    with pytest.raises(ValueError, match="FP8Config.granularity"):
+        attention_fp8(q, k, v, config=FP8Config(granularity="rows"))
+    assert not fake_kernel

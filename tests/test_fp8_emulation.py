@@ -1,0 +1,237 @@
+"""The fa3-fp8 kernel's emulation (fa_variants.fp8.emulation): the kernel's maths on one tile, constant V,
+empty rows, smoothing invariance, the accumulator model (two-level vs one accumulator), and accuracy against
+float64 on the FA3 paper's outlier inputs and EDGE_CASES.md EC-23 (a, b).
+"""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fa_variants.fp8 import FP8Config, emulate_fp8_attention, fp8_attention_reference, fp8_error_bound
+from fa_variants.fp8.emulation import P_SHIFT
+from fa_variants.fp8.quantize import quantize_fp8_torch
+from fa_variants.reference import attention_reference, rel_l2
+
+PLAIN = FP8Config(granularity="tensor", rotate=False, smooth_k=False)
+
+
+def cos(x, ref):
+    return F.cosine_similarity(x.double().flatten(), ref.double().flatten(), dim=0).item()
+
+
+def rmse(x, ref):
+    return (x.double() - ref.double()).pow(2).mean().sqrt().item()
+
+
+def test_one_tile_is_the_kernel_maths():
+    """Inputs exactly representable in e4m3 with descale 1 (448 in every tensor), one K/V tile, fp32
+    accumulator: O and LSE must be the kernel's formulas written out in float64 (module docstring)."""
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randint(-8, 9, (1, n, 2, 64), generator=g).float() / 4 for n in (40, 70, 70))
+    for t in (q, k, v):
+        t[0, -1, 0, 0] = 448.0
+    inp = quantize_fp8_torch(q, k, v, config=PLAIN, softmax_scale=0.05)
+    assert (inp.q_descale == 1).all() and (inp.k_descale == 1).all() and (inp.v_descale == 1).all()
+    out, lse = emulate_fp8_attention(inp, causal=True, accumulator_bits=None)
+    c = torch.tensor(0.05, dtype=torch.float32) * torch.tensor(math.log2(math.e), dtype=torch.float32)
+    x = c.double() * torch.einsum("bqhd,bkhd->bhqk", q.double(), k.double())
+    x = x.masked_fill(torch.arange(70) > torch.arange(40)[:, None] + 30, -math.inf)
+    m = x.amax(dim=-1, keepdim=True)
+    p = torch.exp2(x - m + P_SHIFT)
+    assert p.max().item() == 2.0**P_SHIFT
+    p8 = p.float().to(torch.float8_e4m3fn).double()
+    assert not torch.equal(p8, p)  # the rounding of P is really there
+    expect = torch.einsum("bhqk,bkhd->bqhd", p8 / p.sum(dim=-1, keepdim=True), v.double())
+    torch.testing.assert_close(out.double(), expect, atol=2e-5, rtol=1e-5)
+    expect_lse = (m.squeeze(-1) + torch.log2(p.sum(dim=-1)) - P_SHIFT) * math.log(2)
+    torch.testing.assert_close(lse.double(), expect_lse, atol=1e-5, rtol=1e-6)
+    ref, _ = attention_reference(q, k, v, causal=True, softmax_scale=0.05, dtype=torch.float64)
+    assert (out.double() - ref).abs().max().item() > 1e-3  # and the rounding of P matters
+
+
+def test_constant_v():
+    """V constant: O = v exactly where every visible logit of a row is equal (P = 256 on each key), and within
+    e4m3's relative rounding of P (2^-4 for one value; measured 0.7% max, 0.17% mean) otherwise."""
+    torch.manual_seed(0)
+    q, k = torch.randn(1, 200, 2, 64), torch.randn(1, 300, 2, 64)
+    v = torch.full((1, 300, 2, 64), 1.5)
+    for causal in (False, True):
+        out, _ = fp8_attention_reference(torch.zeros_like(q), k, v, causal=causal)
+        assert torch.equal(out, torch.full_like(out, 1.5))
+        out, _ = fp8_attention_reference(q, k, v, causal=causal)
+        err = (out - 1.5).abs() / 1.5
+        assert err.max().item() <= 2**-4 and err.mean().item() < 2**-8
+
+
+def test_empty_rows_causal_gqa_and_no_keys():
+    """Bottom-right causal with Nq > Nk: rows seeing no key give 0 and -inf; GQA 2:1; tails; seqlen_k = 0."""
+    torch.manual_seed(1)
+    q, k, v = torch.randn(1, 150, 4, 64), torch.randn(1, 100, 2, 64), torch.randn(1, 100, 2, 64)
+    out, lse = fp8_attention_reference(q, k, v, causal=True)
+    ref, ref_lse = attention_reference(q, k, v, causal=True)
+    assert out.dtype == lse.dtype == torch.float32 and out.shape == q.shape and lse.shape == (1, 4, 150)
+    assert (out[:, :50] == 0).all() and torch.isneginf(lse[:, :, :50]).all()
+    assert torch.isfinite(lse[:, :, 50:]).all()
+    assert rel_l2(out, ref) < 0.08 and (lse - ref_lse)[..., 50:].abs().max().item() < 0.1
+    out, lse = fp8_attention_reference(q, k[:, :0], v[:, :0])
+    assert (out == 0).all() and torch.isneginf(lse).all()
+    out, _ = fp8_attention_reference(q, k, v, causal=True, out_dtype=torch.bfloat16)
+    assert out.dtype == torch.bfloat16
+
+
+def test_smoothing_invariance():
+    """softmax is invariant to a per-channel bias b of K: with smoothing the quantised K is (nearly) the same
+    for K and K + b, so O is (measured max 3e-3, from a few flipped e4m3 roundings of K - mean), and the LSE
+    moves by softmax_scale * q . b; without smoothing the bias wrecks O."""
+    torch.manual_seed(5)
+    q, k, v = torch.randn(1, 128, 2, 64), torch.randn(1, 256, 2, 64), torch.randn(1, 256, 2, 64)
+    b = torch.zeros(64)
+    b[[3, 40]] = 30.0
+    out, lse = fp8_attention_reference(q, k, v)
+    out_b, lse_b = fp8_attention_reference(q, k + b, v)
+    assert (out_b - out).abs().max().item() < 1e-2
+    shift = torch.einsum("bqhd,d->bhq", q, b) / 8
+    assert (lse_b - lse - shift).abs().max().item() < 0.05
+    ref, ref_lse = attention_reference(q, k + b, v)
+    assert (lse_b - ref_lse).abs().max().item() < 0.05
+    plain, _ = fp8_attention_reference(q, k + b, v, config=FP8Config(smooth_k=False))
+    assert rel_l2(plain, ref) > 2 * rel_l2(out_b, ref)
+
+
+def test_negative_and_zero_scale():
+    torch.manual_seed(6)
+    q, k, v = torch.randn(1, 64, 2, 64), torch.randn(1, 80, 2, 64), torch.randn(1, 80, 2, 64)
+    for scale in (-0.2, 0.0):
+        out, lse = fp8_attention_reference(q, k, v, softmax_scale=scale, causal=True)
+        ref, ref_lse = attention_reference(q, k, v, softmax_scale=scale, causal=True)
+        assert torch.isfinite(out).all() and rel_l2(out, ref) < 0.08
+        assert (lse - ref_lse).abs().max().item() < 0.1
+
+
+# ------------------------------------------------------------------------------------- accumulation
+
+
+def test_two_level_equals_one_accumulator_in_fp32():
+    """With an fp32 accumulator the three schemes are the same maths (the single accumulator carried in units
+    of each tile's v descale: powers of two, exact ratios): equal to float32 rounding."""
+    torch.manual_seed(7)
+    q, k, v = torch.randn(1, 130, 2, 64), torch.randn(1, 700, 2, 64), torch.randn(1, 700, 2, 64)
+    v = v * torch.logspace(-1, 1, 700).view(1, 700, 1, 1)  # different v descales per tile
+    outs = [emulate_fp8_attention(quantize_fp8_torch(q, k, v, config=FP8Config(two_level=tl, promote_every=pe)),
+                                  causal=True, accumulator_bits=None)[0]
+            for tl, pe in ((True, 1), (True, 3), (False, 1))]
+    for o in outs[1:]:
+        assert (o - outs[0]).abs().max().item() < 1e-5
+
+
+def test_one_accumulator_drifts_two_level_does_not():
+    """The accumulator model with few bits (12, to see it at a small N): one running accumulator's error
+    grows with seqlen_k, a fresh one per tile stays at the fp32 accumulator's level. Measured (D = 64, rel-L2
+    vs float64): 512 keys: fp32 accumulator 4.73e-3, two-level 4.74e-3, one accumulator 4.82e-3; 4096 keys:
+    2.13e-3, 2.25e-3, 7.18e-3 (3.4x the fp32 level)."""
+    errs = {}
+    for n in (512, 4096):
+        g = torch.Generator().manual_seed(0)
+        q = torch.randn(1, 16, 1, 64, generator=g)
+        k, v = torch.randn(1, n, 1, 64, generator=g), torch.randn(1, n, 1, 64, generator=g) + 1
+        ref, _ = attention_reference(q, k, v, dtype=torch.float64)
+        for tl in (True, False):
+            inp = quantize_fp8_torch(q, k, v, config=FP8Config(two_level=tl))
+            errs[tl, n] = rel_l2(emulate_fp8_attention(inp, accumulator_bits=12)[0], ref)
+        errs["fp32", n] = rel_l2(emulate_fp8_attention(inp, accumulator_bits=None)[0], ref)
+    growth = {tl: [errs[tl, n] / errs["fp32", n] for n in (512, 4096)] for tl in (True, False)}
+    assert max(growth[True]) < 1.2 and growth[False][1] > 2 * growth[False][0]
+
+
+def test_accumulator_truncates():
+    from fa_variants.fp8.emulation import _accumulate
+
+    x = torch.tensor([1 + 2**-20, -(1 + 2**-20), 3.0])
+    assert _accumulate(x, torch.zeros(3), 12).tolist() == [1.0, -1.0, 3.0]  # toward zero, both signs
+    assert torch.equal(_accumulate(x, torch.zeros(3), None), x)
+
+
+# ------------------------------------------------------------------------- accuracy vs float64
+
+
+def fa3_outlier_inputs(N, H=4, D=128, p=1e-3, seed=0):
+    """FA3 paper section 4.3 (Table 3): q, k, v ~ N(0,1) + N(0, 100) on a fraction p of entries; bf16."""
+    g = torch.Generator().manual_seed(seed)
+
+    def x():
+        return torch.randn(1, N, H, D, generator=g) + 10 * torch.randn(1, N, H, D, generator=g) * (
+            torch.rand(1, N, H, D, generator=g) < p)
+    return x().bfloat16(), x().bfloat16(), x().bfloat16()
+
+
+def test_outliers_block_hadamard_beats_per_tensor():
+    """FA3 Table 3's inputs (0.1% outliers), N = 512: block + Hadamard RMSE below per-tensor's. Measured:
+    per-tensor 1.42e-2 (per-head and block alone the same: every block holds outliers), block + Hadamard
+    8.6e-3, + smoothed K 8.4e-3; fp16 1.3e-4. The paper: 2.4e-2 vs 9.1e-3."""
+    q, k, v = fa3_outlier_inputs(512)
+    ref, _ = attention_reference(q, k, v, dtype=torch.float64)
+    err = {name: rmse(fp8_attention_reference(q, k, v, config=cfg)[0], ref) for name, cfg in (
+        ("tensor", PLAIN), ("block+H", FP8Config(smooth_k=False)), ("shipped", FP8Config()))}
+    assert err["block+H"] < 0.75 * err["tensor"] and err["shipped"] < 0.75 * err["tensor"]
+    assert err["shipped"] < 1.2e-2
+
+
+@pytest.mark.parametrize("D", [40, 80, 96, 192])
+def test_non_power_of_two_head_dim(D):
+    """EC-23b: the FP8 path with rotation on a non-power-of-two D (96: H12 x H8; others block-diagonal)."""
+    torch.manual_seed(D)
+    q, k, v = (torch.randn(1, 256, 2, D) for _ in range(3))
+    out, lse = fp8_attention_reference(q, k, v, config=FP8Config(rotate=True))
+    ref, ref_lse = attention_reference(q, k, v)
+    assert torch.isfinite(out).all() and rel_l2(out, ref) < 0.07 and cos(out, ref) > 0.997
+    assert (lse - ref_lse).abs().max().item() < 0.1
+
+
+def ec23a_inputs(N, H=4, D=128, seed=0):
+    """EC-23a at a smaller N: q, k, v ~ N(0,1); k[..., {5, 77}] += 40; q[..., 9] *= 20 on 1% of tokens;
+    v[..., 3] *= 30; bf16."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, N, H, D, generator=g) for _ in range(3))
+    k[..., [5, 77]] += 40
+    hot = torch.rand(1, N, generator=g) < 0.01
+    q[..., 9] = torch.where(hot[..., None], q[..., 9] * 20, q[..., 9])
+    v[..., 3] *= 30
+    return q.bfloat16(), k.bfloat16(), v.bfloat16()
+
+
+def test_ec23a_outliers():
+    """The shipped path on EC-23a data, N = 512. e4m3 keeps 3 mantissa bits and Q, K, V and P are all
+    rounded, which puts even N(0,1) attention at rel-L2 ~5%: EC-23's example 0.999 / 3e-2 is out of reach
+    of any e4m3 path here; we assert cos >= 0.998 and rel-L2 <= 6e-2. Without smoothing the +40 channel
+    bias of K costs 3x (no rotation removes a bias)."""
+    q, k, v = ec23a_inputs(512)
+    ref, ref_lse = attention_reference(q, k, v)
+    out, lse = fp8_attention_reference(q, k, v)
+    assert cos(out, ref) >= 0.998 and rel_l2(out, ref) <= 6e-2
+    assert (lse - ref_lse).abs().max().item() < 0.1
+    unsmoothed, lse_u = fp8_attention_reference(q, k, v, config=FP8Config(smooth_k=False))
+    assert rel_l2(unsmoothed, ref) > 2 * rel_l2(out, ref) and cos(unsmoothed, ref) < 0.995
+
+
+def test_fp8_error_bound():
+    ref = torch.zeros(2, 3)
+    emu = torch.tensor([[0.0, 0.01, -0.02], [0.0, 0.0, 0.0]])
+    assert fp8_error_bound(emu, ref) == pytest.approx(2 * 0.02 + 1e-4)
+
+
+def test_fp8_study_cli(tmp_path):
+    """`fa-variants fp8-study` on tiny sizes: table, JSON and markdown; fp16 beats e4m3; smooth K helps."""
+    import json
+
+    from fa_variants.cli import main
+
+    assert main(["fp8-study", "--seqlens", "128", "--heads", "2", "--head-dim", "64", "--dists", "normal",
+                 "channel", "--backend", "emulation", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "fp8_study.json").read_text())["rows"]
+    assert len(rows) == 2 * 5 and {r["backend"] for r in rows} == {"torch", "emulation"}
+    err = {(r["dist"], r["method"]): r["rel_l2"] for r in rows}
+    for dist in ("normal", "channel"):
+        assert err[(dist, "fp16")] * 10 < min(err[(dist, m)] for m in ("tensor", "block", "block+H", "shipped"))
+    assert err[("channel", "shipped")] * 1.5 < err[("channel", "block+H")]
+    assert "| channel | 128 |" in (tmp_path / "fp8_study.md").read_text()
