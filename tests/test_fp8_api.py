@@ -5,6 +5,7 @@ emulation, with the device capability faked to sm_90: what reaches the kernel (t
 comes back (LSE shifted back for smoothed K), the dispatcher's choices (auto never picks FP8 for 16-bit
 inputs) and every error (not built, not CUDA, no FP8 WGMMA, bad arguments).
 """
+import dataclasses
 import sys
 import types
 
@@ -19,6 +20,12 @@ from fa_variants.fp8 import (FP8Config, attention_fp8, attention_from_fp8, emula
 from fa_variants.fp8 import attention as fp8_attention
 
 BF16 = torch.bfloat16
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelConfig:  # the two fields of the kernel's Fp8Config the glue sets
+    two_level: bool = True
+    pv_split: int = 2
 
 
 @pytest.fixture
@@ -36,12 +43,14 @@ def fake_kernel(monkeypatch):
     """A kernel module whose run_fp8 is the emulation, on a faked sm_90; returns the list of its calls."""
     calls = []
 
-    def run_fp8(inputs, *, causal, out_dtype):
-        calls.append(dict(inputs=inputs, causal=causal, out_dtype=out_dtype))
+    def run_fp8(inputs, *, causal, out_dtype, config=None):
+        calls.append(dict(inputs=inputs, causal=causal, out_dtype=out_dtype, config=config))
+        assert (config is None) == inputs.config.two_level
         return emulate_fp8_attention(inputs, causal=causal, out_dtype=out_dtype)
 
     module = types.ModuleType("_fake_fp8_kernel")
     module.run_fp8 = run_fp8
+    module.DEFAULT_CONFIGS = {d: KernelConfig() for d in (64, 96, 128, 256)}
     monkeypatch.setitem(sys.modules, "_fake_fp8_kernel", module)
     monkeypatch.setattr(fp8_attention, "KERNEL_MODULE", "_fake_fp8_kernel")
     monkeypatch.delitem(sys.modules, "fa_variants.fp8.fa3_fp8", raising=False)
@@ -122,6 +131,7 @@ def test_attention_from_fp8_config_and_empty(fake_kernel):
     cfg = FP8Config(granularity="head", rotate=False, smooth_k=False, two_level=False)
     inputs = quantize_fp8(q, k, v, config=cfg, softmax_scale=0.2)
     out = attention_from_fp8(inputs, causal=True, out_dtype=torch.float16)
+    assert fake_kernel[0]["config"] == KernelConfig(two_level=False, pv_split=1)
     assert out.dtype == torch.float16 and torch.equal(out, emulate_fp8_attention(inputs, causal=True,
                                                                                 out_dtype=torch.float16)[0])
     out, lse = attention_from_fp8(quantize_fp8(q, k[:, :0], v[:, :0]), return_lse=True)  # seqlen_k = 0
@@ -143,4 +153,8 @@ def test_validation(fake_kernel):
         attention_fp8(q, torch.cat([k, k[:, :, :1]], 2), torch.cat([v, v[:, :, :1]], 2))
     with pytest.raises(ValueError, match="FP8Config.granularity"):
         attention_fp8(q, k, v, config=FP8Config(granularity="rows"))
+    with pytest.raises(ValueError, match="FP8Config.promote_every: the fa3-fp8 kernel promotes after every"):
+        attention_fp8(q, k, v, config=FP8Config(promote_every=2))
+    with pytest.raises(TypeError, match="config must be an FP8Config"):
+        attention_fp8(q, k, v, config=None)
     assert not fake_kernel

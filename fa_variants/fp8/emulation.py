@@ -1,17 +1,17 @@
 """The fa3-fp8 kernel's arithmetic in PyTorch, on quantised inputs: what "kernel vs emulation" compares against.
 
-Source: Shah et al. 2024, "FlashAttention-3", sections 3.3 and 4.3; FP8_CONTRACT.md (the kernel numerics the
-fa3-fp8 kernel and this emulation share). Vectorised over batch, heads and query rows; a Python loop over the
+Source: Shah et al. 2024, "FlashAttention-3", sections 3.3 and 4.3; the fa3-fp8 kernel as built
+(``fa_variants.hopper.fa3_fp8``, whose numerics this mirrors step by step). Vectorised over batch, heads and query rows; a Python loop over the
 K/V tiles only, so the CPU study can run it.
 
 Per query tile of TILE_M rows the kernel visits the K/V tiles [0, n_blocks) it can see (bottom-right causal
 tile skipping, ``kv_tile_end``), from the last to the first (``KV_ORDER``), and per tile n:
 
-    S     = Q8 K8_n^T                        FP8 MMA, accumulator modelled below
-    x     = S * c_n,  c_n = (softmax_scale * log2 e) * q_descale[m] * k_descale[n]   (exact: powers of two)
-            x = -inf where the key is past seqlen_k or above the causal diagonal
-    m'    = max(m, rowmax x);  alpha = exp2(m - m')   (1 while the row has seen no key)
-    P     = exp2(x - (m' - P_SHIFT))         in [0, 2^P_SHIFT] = [0, 256] (e4m3's max is 448)
+    S     = Q8 K8_n^T                        FP8 MMA, accumulator modelled below; -inf where the key is
+                                             past seqlen_k or above the causal diagonal
+    c_n   = max(float32(softmax_scale * log2 e) * q_descale[m] * k_descale[n], 2^-126)  (exact: powers of two)
+    m'    = max(m, c_n rowmax S);  alpha = exp2(m - m')   (1 while the row has seen no key)
+    P     = exp2(S c_n + (P_SHIFT - m'))     one FFMA; P in [0, 2^P_SHIFT] = [0, 256] (e4m3's max is 448)
     l     = alpha l + rowsum(P)              from the unrounded fp32 P
     P8    = e4m3(P)                          round to nearest even
     accumulation of P8 V8_n:
@@ -47,6 +47,7 @@ P_SHIFT = 8
 ACCUMULATOR_BITS = 22
 KV_ORDER = "last_to_first"
 MMA_K = 32  # k of one FP8 MMA instruction (PTX wgmma .e4m3: k = 32)
+C_MIN = 1.1754943508222875e-38  # the kernel floors c_n at the smallest normal float (softmax_scale = 0)
 LOG2_E = math.log2(math.e)
 
 
@@ -107,8 +108,8 @@ def emulate_fp8_attention(inputs: FP8Inputs, *, causal: bool = False, accumulato
     v8 = v_nat[..., :Nk].transpose(2, 3).repeat_interleave(group, dim=1)  # (B, H, Nk, D)
     kd = inputs.k_descale.repeat_interleave(group, dim=1)  # (B, H, T)
     vd = inputs.v_descale.repeat_interleave(group, dim=1)
-    scale_log2 = torch.tensor(inputs.softmax_scale, dtype=torch.float32) * torch.tensor(LOG2_E, dtype=torch.float32)
-    c_row = (scale_log2.to(dev) * inputs.q_descale).repeat_interleave(tile_m, dim=2)[:, :, :Nq]  # (B, H, Nq)
+    scale_log2 = torch.tensor(inputs.softmax_scale * LOG2_E, dtype=torch.float32, device=dev)  # one rounding
+    c_row = (inputs.q_descale * scale_log2).repeat_interleave(tile_m, dim=2)[:, :, :Nq]  # (B, H, Nq)
 
     rows = torch.arange(Nq, device=dev)
     n_blocks = torch.tensor([kv_tile_end(i // tile_m, tile_m, tile_n, Nq, Nk, causal) for i in range(0, Nq, tile_m)],
@@ -128,14 +129,15 @@ def emulate_fp8_attention(inputs: FP8Inputs, *, causal: bool = False, accumulato
             visited, is_last = torch.full_like(n_blocks, n), (n == n_blocks - 1).view(1, 1, Nq)
         c0, c1 = n * tile_n, min((n + 1) * tile_n, Nk)
         S = _mma(q8, k8[:, :, c0:c1].transpose(-1, -2), None, accumulator_bits)
-        x = S * (c_row * kd[:, :, n:n + 1]).unsqueeze(-1)
+        c = (c_row * kd[:, :, n:n + 1]).clamp(min=C_MIN).unsqueeze(-1)  # (B, H, Nq, 1), > 0
         if causal:
             cols = torch.arange(c0, c1, device=dev)
-            x = x.masked_fill(cols > rows.unsqueeze(1) + (Nk - Nq), -math.inf)
-        m_new = torch.maximum(m, x.amax(dim=-1))
+            S = S.masked_fill(cols > rows.unsqueeze(1) + (Nk - Nq), -math.inf)
+        m_new = torch.maximum(m, S.amax(dim=-1) * c.squeeze(-1))
         m_safe = torch.where(m_new == -math.inf, torch.zeros_like(m_new), m_new)
         alpha = torch.where(m_new == -math.inf, torch.ones_like(m), torch.exp2(m - m_safe))
-        P = torch.exp2(x - (m_safe - P_SHIFT).unsqueeze(-1))
+        # one FFMA, S * c + (P_SHIFT - m), rounded once (float64 holds the fp32 product exactly)
+        P = torch.exp2((S.double() * c.double() + (P_SHIFT - m_safe).unsqueeze(-1).double()).float())
         l = torch.where(active, alpha * l + P.sum(dim=-1), l)
         P8 = P.clamp(max=448.0).to(E4M3).float()
         factor = alpha if prev_vd is None else alpha * (prev_vd / vd[:, :, n]).unsqueeze(-1)  # exact ratio
