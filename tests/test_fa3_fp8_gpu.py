@@ -1,0 +1,160 @@
+"""fa3-fp8 end to end on an sm90 GPU: the kernel against its emulation on the same quantised inputs, and
+against float64 attention on the unquantised inputs (issue 10, "H200 correctness"). Owned by fp8quant (the
+recipe, the API and the emulation); the kernel's own tests are tests/test_fa3_fp8_kernel.py.
+
+The matrix: head_dim 64, 128, 256 x causal x shapes (seqlen 1, 113, 1023, 4224; Nq != Nk; GQA and MQA) with
+the default recipe, and every recipe (granularity block / head / tensor x rotate x two-level) at one shape
+per head_dim. Inputs fresh each run (seeded by the test id, printed on failure), outputs NaN-poisoned.
+
+Bounds (stated before any GPU run; the lead records what the H200 shows):
+* kernel vs emulation (``fa_variants.fp8.emulate_fp8_attention``, same FP8Inputs, accumulator model 22 bits,
+  O rounded to the output dtype): rel-L2 <= 5e-3, max |diff| <= 3e-2 * max|V| + 2^-7 * max|O|; LSE
+  max |diff| <= 1e-3 on rows that see a key, -inf on the same rows. Why not bitwise: MUFU.EX2 differs from
+  torch.exp2 by ~2 ulp, which now and then moves a P across an e4m3 rounding midpoint (one e4m3 step,
+  2^-4 of that P; at most ~2^-4 * 200 / 456 of |V| for the second-largest P of a row), and the
+  tensor cores' accumulation order differs from torch's.
+* kernel vs float64 of the unquantised inputs: max |diff| <= ``fp8_error_bound`` (2 x the emulation's own
+  max error + 1e-4), the project's rule with the emulation in the place of "torch in the same dtype".
+
+    source .gpu/env.sh && python3 -m pytest -m gpu tests/test_fa3_fp8_gpu.py -q
+"""
+import math
+import zlib
+
+import pytest
+import torch
+
+from fa_variants import fp8
+from fa_variants.fp8 import FP8Config, attention as fp8_attention
+from fa_variants.reference import attention_reference, rel_l2
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = [  # (batch, seqlen_q, seqlen_k, num_heads, num_heads_kv)
+    (2, 1, 1, 4, 4),
+    (1, 113, 113, 4, 2),
+    (1, 1023, 1023, 6, 2),
+    (1, 4224, 4224, 2, 1),
+    (2, 113, 1023, 4, 1),
+    (1, 1023, 113, 3, 3),  # Nq > Nk: causal rows that see no key
+]
+RECIPES = [FP8Config(granularity=g, rotate=r, smooth_k=r, two_level=t)
+           for g in ("block", "head", "tensor") for r in (True, False) for t in (True, False)]
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    """Skip (visibly) unless the fa3-fp8 kernel runs on this GPU."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    problem = fp8_attention.why_not(torch.device("cuda"))
+    if problem:
+        pytest.skip(problem)
+
+
+def inputs(shape, head_dim, seed, dtype=torch.bfloat16, outliers=0.0):
+    B, Nq, Nk, H, Hkv = shape
+    g = torch.Generator(device="cuda").manual_seed(seed)
+
+    def draw(n, heads):
+        x = torch.randn(B, n, heads, head_dim, device="cuda", generator=g)
+        if outliers:
+            x = x + 10 * torch.randn(x.shape, device="cuda", generator=g) * (
+                torch.rand(x.shape, device="cuda", generator=g) < outliers)
+        return x.to(dtype)
+    return draw(Nq, H), draw(Nk, Hkv), draw(Nk, Hkv)
+
+
+def seed_of(request) -> int:
+    return zlib.crc32(request.node.nodeid.encode()) ^ torch.randint(0, 2**30, ()).item()
+
+
+def check(q, k, v, causal, config, seed, nan_allocations):
+    """The two comparisons of the module docstring; returns the numbers for the failure message."""
+    with nan_allocations():
+        inp = fp8.quantize_fp8(q, k, v, config=config)
+        out, lse = fp8.attention_from_fp8(inp, causal=causal, return_lse=True, out_dtype=q.dtype)
+    emu, emu_lse = fp8.emulate_fp8_attention(inp, causal=causal, out_dtype=q.dtype)
+    if inp.lse_shift is not None:
+        emu_lse = emu_lse + inp.lse_shift
+    exact, _ = attention_reference(q, k, v, causal=causal, dtype=torch.float64)
+    emu32, _ = fp8.emulate_fp8_attention(inp, causal=causal)
+    diff = (out.double() - emu.double()).abs()
+    vmax = v.double().abs().max().item()
+    facts = dict(seed=seed, rel_l2=rel_l2(out, emu), max_diff=diff.max().item(), vmax=vmax)
+    assert torch.isfinite(out).all(), facts
+    assert facts["rel_l2"] <= 5e-3, facts
+    assert facts["max_diff"] <= 3e-2 * vmax + 2**-7 * emu.double().abs().max().item(), facts
+    seen = torch.isfinite(emu_lse)
+    assert torch.equal(torch.isfinite(lse), seen) and (out.transpose(1, 2)[~seen] == 0).all(), facts
+    if seen.any():
+        assert (lse[seen] - emu_lse[seen]).abs().max().item() <= 1e-3, facts
+    bound = fp8.fp8_error_bound(emu32, exact)
+    assert (out.double() - exact).abs().max().item() <= bound, dict(facts, bound=bound)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("shape", SHAPES, ids=["x".join(map(str, s)) for s in SHAPES])
+def test_default_recipe(kernel, shape, head_dim, causal, request, nan_allocations):
+    seed = seed_of(request)
+    check(*inputs(shape, head_dim, seed), causal, FP8Config(), seed, nan_allocations)
+
+
+@pytest.mark.parametrize("config", RECIPES, ids=lambda c: f"{c.granularity}-rot{int(c.rotate)}-2lvl{int(c.two_level)}")
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_every_recipe(kernel, config, head_dim, request, nan_allocations):
+    seed = seed_of(request)
+    check(*inputs((1, 1023, 1500, 4, 2), head_dim, seed, dtype=torch.float16), True, config, seed, nan_allocations)
+
+
+def test_empty_rows_and_no_keys(kernel, nan_allocations):
+    q, k, v = inputs((1, 300, 100, 4, 2), 128, 7)
+    with nan_allocations():
+        out, lse = fp8.attention_fp8(q, k, v, causal=True, return_lse=True)
+    assert (out[:, :200] == 0).all() and torch.isneginf(lse[:, :, :200]).all() and torch.isfinite(lse[:, :, 200:]).all()
+    with nan_allocations():
+        out, lse = fp8.attention_fp8(q, k[:, :0], v[:, :0], return_lse=True)
+    assert (out == 0).all() and torch.isneginf(lse).all()
+
+
+def test_through_the_dispatcher(kernel):
+    import fa_variants
+
+    q, k, v = inputs((1, 257, 257, 4, 2), 128, 11)
+    sel = fa_variants.select_backend(q, k, v, backend="fa3-fp8")
+    assert "quantised to e4m3" in sel.reason
+    assert fa_variants.select_backend(q, k, v).backend != "fa3-fp8"  # auto never picks FP8 for bf16
+    out = fa_variants.attention(q, k, v, causal=True, backend="fa3-fp8")
+    ref, _ = attention_reference(q, k, v, causal=True, dtype=torch.float64)
+    assert out.dtype == q.dtype and rel_l2(out, ref) < 0.08
+
+
+def test_outliers_block_hadamard_vs_per_tensor(kernel):
+    """FA3 Table 3's inputs (N(0,1) + N(0,100) on 0.1% of entries), N = 4096, D = 128: the issue asks for
+    block + Hadamard RMSE at most half of per-tensor's. The CPU emulation at N = 512 measured 8.6e-3 vs
+    1.42e-2 (0.6x): this test prints the kernel's figures and asserts the issue's target."""
+    q, k, v = inputs((1, 4096, 4096, 8, 8), 128, 3, outliers=1e-3)
+    exact, _ = attention_reference(q, k, v, dtype=torch.float64)
+    rmse = {}
+    for name, cfg in (("tensor", FP8Config("tensor", rotate=False, smooth_k=False)),
+                      ("block+H", FP8Config(smooth_k=False)), ("shipped", FP8Config())):
+        out = fp8.attention_fp8(q, k, v, config=cfg)
+        rmse[name] = (out.double() - exact).pow(2).mean().sqrt().item()
+    print("fa3-fp8 RMSE on FA3 Table 3 inputs:", rmse)
+    assert rmse["block+H"] <= 0.5 * rmse["tensor"], rmse
+
+
+def test_no_drift_with_length(kernel):
+    """rel-L2 at seqlen_k 128k at most 1.5x that at 1k with two-level accumulation on (issue 10); the single
+    accumulator's figures are printed beside it (the drift the two-level scheme removes)."""
+    errs = {}
+    for nk in (1024, 131072):
+        q, k, v = inputs((1, 128, nk, 2, 2), 128, 5)
+        v = v + 1  # a non-zero mean, so O does not average to ~0 at long length
+        exact, _ = attention_reference(q, k, v, dtype=torch.float64)
+        for two_level in (True, False):
+            out = fp8.attention_fp8(q, k, v, config=FP8Config(two_level=two_level))
+            errs[two_level, nk] = rel_l2(out, exact)
+    print("fa3-fp8 rel-L2 by (two_level, seqlen_k):", errs)
+    assert errs[True, 131072] <= 1.5 * errs[True, 1024], errs
