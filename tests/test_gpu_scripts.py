@@ -1,0 +1,32 @@
+"""The GPU-host scripts' CPU-side logic: scripts/sanitize.py's summary lines, and the shell scripts parse."""
+import importlib.util
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _sanitize():
+    spec = importlib.util.spec_from_file_location("sanitize", ROOT / "scripts" / "sanitize.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("rc, log, verdict, ok", [
+    (0, "x: ok\nCALLS 20 FAILED 0\n========= ERROR SUMMARY: 0 errors\n", "clean (20 calls", True),
+    (9, "CALLS 20 FAILED 0\n========= ERROR SUMMARY: 3 errors\n", "3 ERRORS (20 calls", False),
+    (1, "CALLS 20 FAILED 2\n========= ERROR SUMMARY: 0 errors\n", "2 WRONG OUTPUTS", False),
+    (None, "a: ok\n", "TIMED OUT (no calls finished", False),
+    (1, "Traceback ...\n========= ERROR SUMMARY: 0 errors\n", "FAILED (exit 1", False),
+])
+def test_sanitize_summary_line(rc, log, verdict, ok):
+    line, got_ok = _sanitize()._summary("racecheck", "fa3", rc, log, 12.3)
+    assert line.startswith("racecheck fa3") and verdict in line and got_ok is ok and "\n" not in line
+
+
+@pytest.mark.parametrize("script", ["gpu_memory_fp16.sh", "h200_session.sh", "gpu_check.sh"])
+def test_shell_scripts_parse(script):
+    subprocess.run(["bash", "-n", str(ROOT / "scripts" / script)], check=True)
