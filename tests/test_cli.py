@@ -50,7 +50,8 @@ def test_demo_small_on_the_cpu(capsys, causal):
 def test_demo_fails_when_the_output_is_wrong(capsys, monkeypatch):
     from fa_variants import reference
     right = reference.run
-    monkeypatch.setattr(reference, "run", lambda q, k, v, **kw: (right(q, k, v, **kw)[0] * 1.01,
+    # 10% off: far beyond bf16 rounding (1% was within 2x the bf16 error for some random inputs: flaky)
+    monkeypatch.setattr(reference, "run", lambda q, k, v, **kw: (right(q, k, v, **kw)[0] * 1.1,
                                                                    right(q, k, v, **kw)[1]))
     assert cli.main(["demo", "--seqlen", "64", "--heads", "2", "--backend", "reference"]) == 1
     assert "FAIL" in capsys.readouterr().out
