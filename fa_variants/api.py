@@ -9,18 +9,15 @@ from __future__ import annotations
 
 import contextlib
 import math
-import numbers
 
 import torch
 
 from fa_variants import dispatch
 from fa_variants.dispatch import Selection
+from fa_variants.common.scale import LOG2_E, MAX_SOFTMAX_SCALE, check_softmax_scale  # noqa: F401 (re-exported)
 from fa_variants.reference import default_softmax_scale
 
 _FLOAT32 = torch.finfo(torch.float32)
-_LOG2_E = math.log2(math.e)
-#: the largest |softmax_scale|: kernels fold it into log2(e) in float32, which must stay finite
-MAX_SOFTMAX_SCALE = _FLOAT32.max / _LOG2_E
 
 _LAYOUT = "(batch, seqlen, num_heads, head_dim)"
 _SDPA_LAYOUT = "(batch, num_heads, seqlen, head_dim)"
@@ -83,19 +80,7 @@ def _check_options(causal, softmax_scale, backend, return_lse) -> float | None:
         raise TypeError(f"backend must be a str, got {backend!r}")
     if softmax_scale is None:
         return None
-    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
-        raise TypeError(f"softmax_scale must be a real number or None, got {softmax_scale!r}")
-    try:
-        scale = float(softmax_scale)
-    except OverflowError:  # an int beyond float range
-        raise ValueError(f"softmax_scale must be finite, got an int of {len(str(abs(softmax_scale)))} "
-                         "digits") from None
-    if not math.isfinite(scale):
-        raise ValueError(f"softmax_scale must be finite, got {scale}")
-    if abs(scale) > MAX_SOFTMAX_SCALE:
-        raise ValueError(f"softmax_scale {scale:g} is out of range: |softmax_scale| must be <= "
-                         f"{MAX_SOFTMAX_SCALE:.4g} (the kernels compute softmax_scale * log2(e) in float32)")
-    return scale
+    return check_softmax_scale(softmax_scale)
 
 
 def _kernel_scale(scale: float) -> float:
@@ -103,7 +88,7 @@ def _kernel_scale(scale: float) -> float:
     float32) becomes 0.0, which every kernel maps to the uniform average. Both give exp(scale * s) == 1 in
     float32 for every finite score; a flushed scale passed as is becomes 0 inside the kernel, where a
     masked score gives -inf * 0 = NaN."""
-    return 0.0 if abs(scale) * _LOG2_E < _FLOAT32.tiny else scale
+    return 0.0 if abs(scale) * LOG2_E < _FLOAT32.tiny else scale
 
 
 def _unit_last_dim(t: torch.Tensor) -> torch.Tensor:
@@ -123,7 +108,7 @@ def _run(selection: Selection, q, k, v, causal: bool, scale: float):
     """Empty shortcuts, stride normalisation, then the backend's ``run``."""
     batch, seqlen_q, heads, head_dim = q.shape
     if selection.backend == "reference":  # plain PyTorch: handles empty inputs itself, keeps autograd
-        return dispatch.get_module("reference").run(q, k, v, causal=causal, softmax_scale=scale)
+        return dispatch.get_backend("reference").run(q, k, v, causal=causal, softmax_scale=scale)
     if q.numel() == 0 or k.shape[1] == 0:  # B, Nq or H is 0, or no key at all: launch nothing
         out = torch.zeros(batch, seqlen_q, heads, head_dim, dtype=q.dtype, device=q.device)
         lse = torch.full((batch, heads, seqlen_q), -math.inf, dtype=torch.float32, device=q.device)
@@ -136,7 +121,7 @@ def _run(selection: Selection, q, k, v, causal: bool, scale: float):
     if k.shape[2] > 1 and k.stride(2) == 0 and v.stride(2) == 0:
         # K/V broadcast across heads (expand): every KV head is the same one, i.e. MQA, no copy needed
         k, v = k[:, :, :1], v[:, :, :1]
-    module = dispatch.get_module(selection.backend)
+    module = dispatch.get_backend(selection.backend)
     with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
         out, lse = module.run(q, k, v, causal=causal, softmax_scale=_kernel_scale(scale))
     if out.shape != q.shape or lse.shape != (batch, heads, seqlen_q):

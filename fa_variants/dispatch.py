@@ -1,9 +1,11 @@
 """Which backend runs a call: a table from compute capability to backends, overrides, and the reason.
 
-The table (``ARCH_BACKENDS``) lists, fastest first, the backends that target each compute capability;
-every other device (the CPU, an unknown GPU) has only ``reference``. A backend is a module that follows the
-kernel module contract of HELPERS.md (``HEAD_DIMS``, ``DTYPES``, ``run``); it is imported lazily, on first
-use, and a module that does not exist yet is reported as "not built yet".
+The table (``ARCH_BACKENDS``) lists, fastest first, the backends preferred on each compute capability; a
+newer GPU (compute capability >= 8.0, not in the table: sm_100, sm_120, ...) gets ``NEWER_GPU_BACKENDS``
+(the sm80 kernels: mma.sync, cp.async and ldmatrix run on every GPU since sm_80), and the CPU only
+``reference``. What each backend serves (dtypes, head dims) comes from its ``Variant`` record in the one
+registry (``fa_variants.registry``), imported on first use; a module that does not exist yet is reported
+as "not built yet".
 
 Choosing (``select``):
 
@@ -18,33 +20,19 @@ Choosing (``select``):
 from __future__ import annotations
 
 import functools
-import importlib
 import os
-import types
 import warnings
 from dataclasses import dataclass
 
 import torch
 
+from fa_variants import registry
+from fa_variants.common.launch import Variant
+
 ENV_VAR = "FA_VARIANTS_BACKEND"
 
 
-@dataclass(frozen=True)
-class Backend:
-    """A backend: its name, the module implementing the kernel module contract, and a one-line summary."""
-
-    name: str
-    module: str
-    summary: str
-
-
-BACKENDS: dict[str, Backend] = {b.name: b for b in (
-    Backend("fa3", "fa_variants.hopper.fa3", "FlashAttention-3 style: TMA, WGMMA, warp specialisation"),
-    Backend("fa3-fp8", "fa_variants.fp8.fa3_fp8", "FlashAttention-3 with e4m3 (FP8) inputs"),
-    Backend("fa2", "fa_variants.ampere.fa2", "FlashAttention-2: Q outer loop, mma.sync, cp.async"),
-    Backend("fa1", "fa_variants.ampere.fa1", "FlashAttention-1: K/V outer loop"),
-    Backend("reference", "fa_variants.reference", "plain PyTorch, float32 maths, any device (slow)"),
-)}
+BACKENDS = registry.BACKENDS  # the names a caller may ask for, fastest first
 
 #: compute capability (major * 10 + minor) -> backends targeting it, fastest first
 ARCH_BACKENDS: dict[int, tuple[str, ...]] = {
@@ -53,7 +41,9 @@ ARCH_BACKENDS: dict[int, tuple[str, ...]] = {
     86: ("fa2", "fa1", "reference"),
     80: ("fa2", "fa1", "reference"),
 }
-#: the list for the CPU and for any GPU not in the table
+#: the list for a GPU of compute capability >= 8.0 that is not in the table (sm_100, sm_120, ...)
+NEWER_GPU_BACKENDS: tuple[str, ...] = ("fa2", "fa1", "reference")
+#: the list for the CPU and for a GPU older than sm_80
 FALLBACK_BACKENDS: tuple[str, ...] = ("reference",)
 
 
@@ -92,56 +82,46 @@ def _cuda_capability(index: int) -> tuple[int, int]:
 
 
 def backends_for(capability: tuple[int, int] | None) -> tuple[str, ...]:
-    """The backends targeting a compute capability, fastest first (``reference`` alone for the CPU)."""
+    """The backends for a compute capability, fastest first (``reference`` alone for the CPU)."""
     if capability is None:
         return FALLBACK_BACKENDS
-    return ARCH_BACKENDS.get(capability[0] * 10 + capability[1], FALLBACK_BACKENDS)
+    if capability[0] * 10 + capability[1] in ARCH_BACKENDS:
+        return ARCH_BACKENDS[capability[0] * 10 + capability[1]]
+    return NEWER_GPU_BACKENDS if tuple(capability) >= (8, 0) else FALLBACK_BACKENDS
+
+
+def is_newer_gpu(capability: tuple[int, int] | None) -> bool:
+    """A GPU of compute capability >= 8.0 that the table does not list (served by the sm80 kernels)."""
+    return capability is not None and tuple(capability) >= (8, 0) and \
+        capability[0] * 10 + capability[1] not in ARCH_BACKENDS
 
 
 def supported_archs(name: str) -> tuple[str, ...] | None:
-    """The archs a backend targets ('sm_80', ...), or None for any device (the reference)."""
+    """The archs a backend is preferred on ('sm_80', ..., and 'newer GPUs' for the sm80 kernels), or None
+    for any device (the reference)."""
     if name in FALLBACK_BACKENDS:
         return None
-    return tuple(f"sm_{cc}" for cc, names in sorted(ARCH_BACKENDS.items()) if name in names)
+    archs = tuple(f"sm_{cc}" for cc, names in sorted(ARCH_BACKENDS.items()) if name in names)
+    return archs + ("newer GPUs",) if name in NEWER_GPU_BACKENDS else archs
 
 
 # ------------------------------------------------------------------------------------------- loading
 
-_LOADED: dict[str, types.ModuleType | str] = {}
-
-
 def clear_cache() -> None:
-    """Forget imported backend modules, past selections and the warnings already given (for tests)."""
-    _LOADED.clear()
+    """Forget loaded variants, past selections and the warnings already given (for tests)."""
+    registry.clear_cache()
     _SELECTED.clear()
     _WARNED.clear()
 
 
-def load(name: str) -> types.ModuleType | str:
-    """Import a backend's module (once). Returns the module, or a string saying why it is unusable."""
-    if name not in _LOADED:
-        _LOADED[name] = _import(BACKENDS[name])
-    return _LOADED[name]
+def load(name: str) -> Variant | str:
+    """A backend's Variant record (imported once), or a string saying why it is unusable."""
+    return registry.load(name)
 
 
-def _import(backend: Backend) -> types.ModuleType | str:
-    try:
-        module = importlib.import_module(backend.module)
-    except ModuleNotFoundError as exc:
-        if exc.name and backend.module.startswith(exc.name):
-            return f"{backend.name} is not built yet"
-        return f"{backend.name} cannot be imported ({exc})"
-    except Exception as exc:  # a broken kernel module must be reported, not crash the dispatcher
-        return f"{backend.name} failed to import ({type(exc).__name__}: {exc})"
-    missing = [attr for attr in ("HEAD_DIMS", "DTYPES", "run") if not hasattr(module, attr)]
-    if missing:
-        return (f"{backend.name} ({backend.module}) does not follow the kernel module contract: "
-                f"missing {', '.join(missing)}")
-    return module
-
-
-def get_module(name: str) -> types.ModuleType:
-    """The loaded module of a backend. Raises BackendUnavailableError if it cannot be imported."""
+def get_backend(name: str) -> Variant:
+    """The loaded Variant of a backend (``.run(q, k, v, causal=, softmax_scale=)``). Raises
+    BackendUnavailableError if it cannot be imported."""
     loaded = load(name)
     if isinstance(loaded, str):
         raise BackendUnavailableError(loaded)
@@ -149,15 +129,15 @@ def get_module(name: str) -> types.ModuleType:
 
 
 def head_dims(name: str) -> tuple[int, ...] | None:
-    """HEAD_DIMS of a built backend (None: any head_dim, or not built)."""
+    """Head dims of a built backend (None: any head_dim, or not built)."""
     loaded = load(name)
-    return None if isinstance(loaded, str) else loaded.HEAD_DIMS
+    return None if isinstance(loaded, str) else loaded.head_dims
 
 
 def dtypes(name: str) -> tuple[torch.dtype, ...] | None:
-    """DTYPES of a built backend (None if not built)."""
+    """Dtypes of a built backend (None if not built)."""
     loaded = load(name)
-    return None if isinstance(loaded, str) else tuple(loaded.DTYPES)
+    return None if isinstance(loaded, str) else tuple(loaded.dtypes)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -181,13 +161,7 @@ def why_not(name: str, capability: tuple[int, int] | None, dtype: torch.dtype, h
     loaded = load(name)
     if isinstance(loaded, str):
         return loaded
-    if dtype not in loaded.DTYPES:
-        return (f"{name} does not support dtype {_dtype_name(dtype)} "
-                f"(supports {', '.join(_dtype_name(d) for d in loaded.DTYPES)})")
-    if loaded.HEAD_DIMS is not None and head_dim not in loaded.HEAD_DIMS:
-        return (f"{name} does not support head_dim {head_dim} "
-                f"(supports {', '.join(str(d) for d in loaded.HEAD_DIMS)})")
-    return None
+    return loaded.can_implement(dtype, head_dim)
 
 
 # ------------------------------------------------------------------------------------------- choosing
@@ -252,6 +226,9 @@ def _select(capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: in
     # faster backends skipped for a reason other than serving another dtype family
     skipped = [problems[n] for n in names[:names.index(chosen)] if not _serves_other_dtypes(n, dtype)]
     if not skipped and chosen != "reference":
+        if is_newer_gpu(capability):
+            return Selection(chosen, f"auto: {where} is newer than the GPUs the dispatch table lists; {chosen} "
+                                     "(sm80 code: mma.sync, cp.async, ldmatrix) runs there, not tuned for it", able)
         return Selection(chosen, f"auto: {chosen} is the fastest backend on {where} for {call}", able)
     if chosen == "reference" and not skipped:
         skipped = [f"no kernel backend on {where} serves {call}"]

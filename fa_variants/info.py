@@ -14,7 +14,7 @@ import warnings
 
 import torch
 
-from fa_variants import dispatch
+from fa_variants import dispatch, registry
 
 PICK_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
 PICK_HEAD_DIMS = (64, 128, 256)
@@ -54,15 +54,15 @@ def gpus() -> list[dict]:
 def backends() -> list[dict]:
     """Each backend: archs, whether it is built (or why not), dtypes and head dims from its module."""
     rows = []
-    for name, backend in dispatch.BACKENDS.items():
-        loaded = dispatch.load(name)
+    for name in dispatch.BACKENDS:
+        entry, loaded = registry.ENTRIES[name], dispatch.load(name)
         built = not isinstance(loaded, str)
         rows.append({
-            "name": name, "module": backend.module, "summary": backend.summary,
+            "name": name, "module": entry.module, "summary": entry.summary,
             "archs": list(dispatch.supported_archs(name) or ["any (CPU included)"]),
             "status": "built" if built else ("not built yet" if "not built yet" in loaded else loaded),
-            "dtypes": [str(d).removeprefix("torch.") for d in loaded.DTYPES] if built else None,
-            "head_dims": (list(loaded.HEAD_DIMS) if loaded.HEAD_DIMS is not None else "any") if built else None,
+            "dtypes": [str(d).removeprefix("torch.") for d in loaded.dtypes] if built else None,
+            "head_dims": (list(loaded.head_dims) if loaded.head_dims is not None else "any") if built else None,
         })
     return rows
 

@@ -81,18 +81,20 @@ def make_inputs(s: dict, seed: int = 0):
 def backend(name: str):
     from fa_variants import dispatch
 
-    return dispatch.get_module(name)
+    return dispatch.get_backend(name)
 
 
 def tiles_of(name: str, arch: str, d: int, causal: bool) -> dict:
-    from fa_variants.common import compile as cc
+    import dataclasses
 
-    return dict(cc.config_for(name, arch, "bf16", d, causal).tiles)
+    from fa_variants import registry
+
+    return dataclasses.asdict(registry.static_config(name, arch, "bf16", d, causal).config)
 
 
 def ctas(name: str, s: dict, tiles: dict) -> int:
     """Thread blocks a launch has: FA1 one per (batch, head); FA2 one per (Q tile, head, batch)."""
-    per_head = 1 if name == "fa1" else -(-s["seqlen"] // tiles["Br"])
+    per_head = 1 if name == "fa1" else -(-s["seqlen"] // tiles["tile_m"])
     return per_head * s["batch"] * s["heads"]
 
 
@@ -239,8 +241,8 @@ def dram_study(args, arch: str, timing: list[dict], out: Path) -> dict:
     order = [(name, s) for name in VARIANTS for s in shapes]  # the child's measured launches
     for (name, s), k in zip(order, kernels):
         tiles = tiles_of(name, arch, s["head_dim"], False)
-        pred = hbm_bytes(name, s["batch"], s["heads"], s["seqlen"], s["seqlen"], s["head_dim"], tiles["Br"],
-                         tiles["Bc"], 2, False, o_bytes=4 if name == "fa1" else None)
+        pred = hbm_bytes(name, s["batch"], s["heads"], s["seqlen"], s["seqlen"], s["head_dim"], tiles["tile_m"],
+                         tiles["tile_n"], 2, False, o_bytes=4 if name == "fa1" else None)
         read, write = (k["metrics"].get(m, math.nan) for m in METRICS)
         ms = next((r["ms"] for r in timing if r["variant"] == name and not r["causal"]
                    and r["seqlen"] == s["seqlen"] and r["head_dim"] == s["head_dim"]), None)
@@ -291,7 +293,7 @@ def markdown(meta: dict, timing: list[dict], dram: dict) -> str:
         for r in dram["rows"]:
             lines.append(
                 f"| {r['variant']} | {r['head_dim']} | {r['seqlen']} | {r['batch']} | {r['heads']} | "
-                f"{r['tiles']['Br']} x {r['tiles']['Bc']} | {_f(r['dram_read'] / 1e9, '{:.3f}')} | "
+                f"{r['tiles']['tile_m']} x {r['tiles']['tile_n']} | {_f(r['dram_read'] / 1e9, '{:.3f}')} | "
                 f"{_f(r['predicted_read'] / 1e9, '{:.3f}')} | {_f(r['dram_write'] / 1e9, '{:.3f}')} | "
                 f"{_f(r['predicted_write'] / 1e9, '{:.3f}')} | {_f(r['measured_over_predicted'], '{:.2f}')} | "
                 f"{_f(r['ms'], '{:.3f}')} | {_f(r['achieved_GBps'], '{:.0f}')} |")

@@ -37,7 +37,7 @@ case "${1:-}" in
     [ -f .gpu/env.sh ] || { echo "no .gpu on this machine"; exit 3; }
     step real_input 120 python3 scripts/real_input_gpu.py --fixture .fixtures/smollm2_135m_instruct.pt.xz \
       --out "$out/real_input"
-    step ablation 85 python3 -m fa_variants.hopper.bench_fa3 --ablation --head-dims 128 --seqlens 4096,16384 \
+    step ablation 85 python3 -m fa_variants.commands.bench_fa3 --ablation --head-dims 128 --seqlens 4096,16384 \
       --dtypes bf16 --rounds 2 --rep 60 --json "$out/ablation.json"
     ;;
   *) echo "usage: $0 fa1|real-input|tests-bench" >&2; exit 2 ;;

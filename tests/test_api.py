@@ -3,6 +3,7 @@
 A recording fake kernel backend (monkeypatched capability sm_90) shows what ``attention`` hands a kernel:
 which calls launch, with which strides and scale. The reference backend gives the values.
 """
+import dataclasses
 import math
 import sys
 import types
@@ -12,8 +13,9 @@ import torch
 import torch.nn.functional as F
 
 import fa_variants
-from fa_variants import dispatch, reference
-from fa_variants.dispatch import Backend, BackendUnavailableError
+from fa_variants import dispatch, reference, registry
+from fa_variants.common.launch import Variant
+from fa_variants.dispatch import BackendUnavailableError
 
 F16, BF16 = torch.float16, torch.bfloat16
 
@@ -34,11 +36,11 @@ def fake_gpu(monkeypatch):
         return reference.run(q, k, v, causal=causal, softmax_scale=softmax_scale)
 
     module = types.ModuleType("_fake_kernels.recording")
-    module.HEAD_DIMS, module.DTYPES, module.run = (16, 64, 128), (F16, BF16), run
+    module.VARIANT = Variant("fa3", archs=("sm_90a",), dtypes=(F16, BF16), head_dims=(16, 64, 128), runner=run)
     monkeypatch.setitem(sys.modules, module.__name__, module)
-    monkeypatch.setitem(dispatch.BACKENDS, "fa3", Backend("fa3", module.__name__, "fake"))
+    monkeypatch.setitem(registry.ENTRIES, "fa3", registry.Entry(module.__name__, "fake"))
     for name in ("fa3-fp8", "fa2", "fa1"):
-        monkeypatch.setitem(dispatch.BACKENDS, name, Backend(name, f"fa_variants._absent.{name}", "x"))
+        monkeypatch.setitem(registry.ENTRIES, name, registry.Entry(f"fa_variants._absent.{name}", "x"))
     monkeypatch.setattr(dispatch, "device_capability", lambda device: (9, 0))
     monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
     dispatch.clear_cache()
@@ -235,7 +237,9 @@ def test_reference_backend_supports_autograd():
 
 def test_backend_returning_a_wrong_shape_is_caught(fake_gpu, monkeypatch):
     module = sys.modules["_fake_kernels.recording"]
-    monkeypatch.setattr(module, "run", lambda q, k, v, **kw: (q[:, :1], torch.zeros(1)))
+    wrong = dataclasses.replace(module.VARIANT, runner=lambda q, k, v, **kw: (q[:, :1], torch.zeros(1)))
+    monkeypatch.setattr(module, "VARIANT", wrong)
+    dispatch.clear_cache()
     with pytest.raises(RuntimeError, match="backend fa3 returned out"):
         fa_variants.attention(*qkv())
 

@@ -141,13 +141,14 @@ def test_compile_sass_without_the_extra_is_one_line(capsys, monkeypatch):
     pytest.importorskip("cutlass")
     from cutlass.base_dsl import env_manager
 
-    from fa_variants.common import compile as cc
+    from fa_variants import registry
+    from fa_variants.common import cache
 
     def missing():
         raise FileNotFoundError("nvdisasm not found")
 
     monkeypatch.setattr(env_manager, "_find_nvdisasm_binary", missing)
-    monkeypatch.setattr(cc, "get_compiled", lambda cfg: cc.Compiled(cfg, None, 0.0, b"", 0))  # no real build
+    monkeypatch.setattr(registry, "compiled", lambda cfg: cache.Compiled(cfg, None, 0.0, b"", 0))  # no real build
     argv = ["compile", "--arch", "sm_80", "--variant", "testkernel", "--head-dim", "64", "--dtype", "fp16", "--sass"]
     assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip()
@@ -157,10 +158,13 @@ def test_compile_sass_without_the_extra_is_one_line(capsys, monkeypatch):
 def test_compile_offers_only_registered_dtypes(capsys, monkeypatch):
     """--dtype choices come from the variant registry (e4m3 only once an FP8 variant is registered)."""
     pytest.importorskip("cutlass")
-    from fa_variants.common import compile as cc
+    from fa_variants import registry
 
-    variants = {n: v for n, v in cc.known_variants().items() if "e4m3" not in v.dtypes}
-    monkeypatch.setattr(cc, "known_variants", lambda: variants)
+    def fp8_hidden(name, load=registry.load):
+        loaded = load(name)
+        return "hidden" if not isinstance(loaded, str) and torch.float8_e4m3fn in loaded.dtypes else loaded
+
+    monkeypatch.setattr(registry, "load", fp8_hidden)
     with pytest.raises(SystemExit):
         cli.main(["compile", "--help"])
     text = capsys.readouterr().out
@@ -168,8 +172,8 @@ def test_compile_offers_only_registered_dtypes(capsys, monkeypatch):
     monkeypatch.undo()
     with pytest.raises(SystemExit):
         cli.main(["compile", "--help"])
-    registered = {d for v in cc.known_variants().values() for d in v.dtypes}
-    assert ("e4m3" in capsys.readouterr().out) == ("e4m3" in registered)
+    registered = {d for n in registry.ENTRIES if not isinstance(v := registry.load(n), str) for d in v.dtypes}
+    assert ("e4m3" in capsys.readouterr().out) == (torch.float8_e4m3fn in registered)
 
 
 def _captured(monkeypatch, causal=True):

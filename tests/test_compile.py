@@ -1,6 +1,6 @@
 """Compile-only path (no GPU): `fa-variants compile`, the variant registry and the compile cache.
 
-Every compile is cached per process (fa_variants.common.compile), so each configuration below is
+Every compile is cached per process (fa_variants.common.cache), so each configuration below is
 built once per pytest session however many tests read it.
 """
 import dataclasses
@@ -8,8 +8,9 @@ import json
 
 import pytest
 
-from fa_variants import cli
-from fa_variants.common import compile as cc
+from fa_variants import cli, registry
+from fa_variants.commands.compile import compile_only
+from fa_variants.common import cache, cubin
 
 pytestmark = pytest.mark.compile
 
@@ -29,14 +30,14 @@ def test_cli_testkernel(capsys, arch):
     assert r["compile_s"] > 0
     assert 0 < r["registers"] <= 255
     assert r["smem_bytes"] == 0 and r["spill_bytes"] == 0
-    for op in cc.SASS_OPCODES:
+    for op in cubin.SASS_OPCODES:
         assert isinstance(r[op], int)
     assert r["HMMA"] == 0 and r["LDL"] == 0 and r["STL"] == 0
 
 
 def test_sass_counter_sees_instructions():
-    c = cc.get_compiled(cc.config_for("testkernel", "sm_80", "bf16", 64, False))
-    counts = cc.count_sass(cc.sass_of(c.cubin), ("LDG", "STG", "EXIT"))
+    c = registry.compiled(registry.static_config("testkernel", "sm_80", "bf16", 64, False))
+    counts = cubin.count_sass(cubin.sass_of(c.cubin), ("LDG", "STG", "EXIT"))
     assert counts["LDG"] >= 2 and counts["STG"] >= 2 and counts["EXIT"] >= 1
 
 
@@ -46,25 +47,25 @@ def test_unknown_variant_is_rejected(capsys):
     err = capsys.readouterr().err
     assert rc == 2
     assert "no-such-kernel" in err and "testkernel" in err  # names the known variants
-    with pytest.raises(cc.UnknownVariantError, match="known variants"):
-        cc.config_for("no-such-kernel", "sm_80", "bf16", 64, False)
+    with pytest.raises(registry.UnknownVariantError, match="known variants"):
+        registry.static_config("no-such-kernel", "sm_80", "bf16", 64, False)
 
 
 def test_unsupported_head_dim_is_rejected():
-    with pytest.raises(cc.UnsupportedConfigError, match="head_dim 65"):
-        cc.config_for("testkernel", "sm_80", "bf16", 65, False)
+    with pytest.raises(registry.UnsupportedConfigError, match="head_dim 65"):
+        registry.static_config("testkernel", "sm_80", "bf16", 65, False)
 
 
 def test_cache_key_is_static_only():
-    fields = {f.name for f in dataclasses.fields(cc.StaticConfig)}
-    assert fields == {"variant", "arch", "dtype", "head_dim", "causal", "tiles", "align"}
-    cfg = cc.config_for("testkernel", "sm_80", "bf16", 64, False)
-    first = cc.get_compiled(cfg)
-    n = cc.cache_info()["compiles"]
-    again = cc.get_compiled(cc.config_for("testkernel", "sm_80", "bf16", 64, False))
-    assert again is first and cc.cache_info()["compiles"] == n  # no recompile
-    other = cc.get_compiled(cc.config_for("testkernel", "sm_80", "bf16", 64, True))
-    assert other is not first and cc.cache_info()["compiles"] == n + 1
+    fields = {f.name for f in dataclasses.fields(cache.StaticConfig)}
+    assert fields == {"variant", "arch", "dtype", "head_dim", "causal", "config", "align"}
+    cfg = registry.static_config("testkernel", "sm_80", "bf16", 64, False)
+    first = registry.compiled(cfg)
+    n = cache.cache_info()["compiles"]
+    again = registry.compiled(registry.static_config("testkernel", "sm_80", "bf16", 64, False))
+    assert again is first and cache.cache_info()["compiles"] == n  # no recompile
+    other = registry.compiled(registry.static_config("testkernel", "sm_80", "bf16", 64, True))
+    assert other is not first and cache.cache_info()["compiles"] == n + 1
 
 
 def test_fake_shapes_are_dynamic():
@@ -84,7 +85,7 @@ def test_fake_shapes_are_dynamic():
 @pytest.fixture(scope="session")
 def fa2_report():
     """`fa-variants compile --arch sm_80 --variant fa2 --head-dim 128 --dtype bf16 --sass`, once."""
-    return cc.compile_only("fa2", "sm_80", 128, "bf16", causal=False, sass=True)
+    return compile_only("fa2", "sm_80", 128, "bf16", causal=False, sass=True)
 
 
 def test_fa2_cli_reports_tensor_cores_and_no_spills(capsys, fa2_report):
@@ -95,49 +96,59 @@ def test_fa2_cli_reports_tensor_cores_and_no_spills(capsys, fa2_report):
     assert r["LDL"] == 0 and r["STL"] == 0 and r["spill_bytes"] == 0
     assert r["HGMMA"] == 0 and r["UTMALDG"] == 0  # an sm80 kernel: no Hopper instructions
     tiles = r["tiles"]
-    q_kv = (tiles["Br"] + 2 * tiles["stages"] * tiles["Bc"]) * 128 * 2
+    q_kv = (tiles["tile_m"] + 2 * tiles["stages"] * tiles["tile_n"]) * 128 * 2
     assert tiles["stages"] >= 2 and r["smem_dynamic_bytes"] >= q_kv  # K/V double-buffered
 
 
 @pytest.mark.parametrize("head_dim", [64])
 def test_fa2_causal_compiles_without_spills(head_dim):
-    r = cc.compile_only("fa2", "sm_80", head_dim, "fp16", causal=True, sass=True)
+    r = compile_only("fa2", "sm_80", head_dim, "fp16", causal=True, sass=True)
     assert r["HMMA"] > 0 and r["LDL"] == 0 and r["STL"] == 0 and r["spill_bytes"] == 0
 
 
 def test_fa2_sm90a_compiles(fa2_report):
     """The H200 runs the sm80 kernel compiled for sm_90a: still mma.sync (HMMA), no spills."""
-    r = cc.compile_only("fa2", "sm_90a", 128, "bf16", causal=False, sass=True)
+    r = compile_only("fa2", "sm_90a", 128, "bf16", causal=False, sass=True)
     assert r["HMMA"] == fa2_report["HMMA"] and r["HGMMA"] == 0 and r["spill_bytes"] == 0
 
 
+@pytest.mark.parametrize("arch", ["sm_100a", "sm_120a"])
+def test_fa2_compiles_for_newer_gpus(arch):
+    """A GPU newer than the dispatch table (sm_100, sm_120) is served by fa2 (dispatch.NEWER_GPU_BACKENDS):
+    its sm80 code (mma.sync, cp.async, ldmatrix) compiles for those targets with the DSL, without spills."""
+    r = compile_only("fa2", arch, 128, "bf16", causal=True, sass=True)
+    assert r["arch"] == arch and r["HMMA"] > 0 and r["LDGSTS"] > 0 and r["HGMMA"] == 0
+    assert r["LDL"] == 0 and r["STL"] == 0 and r["spill_bytes"] == 0
+
+
 def test_fa2_cache_does_not_recompile_for_runtime_shapes(fa2_report):
-    cfg = cc.config_for("fa2", "sm_80", "bf16", 128, False)
-    n = cc.cache_info()["compiles"]
-    assert cc.get_compiled(cfg) is cc.get_compiled(cc.config_for("fa2", "sm_80", "bf16", 128, False))
-    assert cc.cache_info()["compiles"] == n
-    with pytest.raises(cc.UnsupportedConfigError, match="head_dim 80"):
-        cc.config_for("fa2", "sm_80", "bf16", 80, False)
+    cfg = registry.static_config("fa2", "sm_80", "bf16", 128, False)
+    n = cache.cache_info()["compiles"]
+    assert registry.compiled(cfg) is registry.compiled(registry.static_config("fa2", "sm_80", "bf16", 128, False))
+    assert cache.cache_info()["compiles"] == n
+    with pytest.raises(registry.UnsupportedConfigError, match="head_dim 80"):
+        registry.static_config("fa2", "sm_80", "bf16", 80, False)
 
 
 def test_fa2_tile_ranges():
     """Causal tile skipping and masking bounds (common/mask.py) on plain ints, against brute force."""
-    from fa_variants.common import mask
+    from fa_variants.common.mask import BlockInfo
 
     for Br, Bc in ((128, 32), (128, 64), (64, 64)):
+        causal, full_range = BlockInfo(Br, Bc, True), BlockInfo(Br, Bc, False)
         for nq, nk in ((1, 1), (3, 7), (300, 128), (113, 203), (128, 1023), (1000, 999)):
             for m in range(-(-nq // Br)):
                 rows = range(m * Br, min(nq, m * Br + Br))
                 visible = {(i, j) for i in rows for j in range(nk) if j <= i + nk - nq}
-                n_end = mask.kv_tile_end(m, Br, Bc, nq, nk, causal=True)
+                n_end = causal.kv_tile_end(m, nq, nk)
                 needed = {j // Bc for _, j in visible}
                 assert set(range(n_end)) >= needed and (n_end == 0 or n_end - 1 in needed)
-                start = mask.kv_tile_causal_start(m, Br, Bc, nq, nk)
+                start = causal.kv_tile_causal_start(m, nq, nk)
                 for n in range(n_end):
                     full = all((i, j) in visible for i in rows for j in range(n * Bc, min(nk, n * Bc + Bc)))
                     if n < start:
                         assert full, (Br, Bc, nq, nk, m, n)
-                assert mask.kv_tile_end(m, Br, Bc, nq, nk, causal=False) == -(-nk // Bc)
+                assert full_range.kv_tile_end(m, nq, nk) == -(-nk // Bc)
 
 
 @pytest.mark.gpu
@@ -146,7 +157,7 @@ def test_testkernel_compiles_once_and_launches_on_the_gpu():
     launches on the current stream, and writes every element (outputs come back poisoned-free)."""
     import torch
 
-    from fa_variants.common import testkernel
+    from fa_variants import testkernel
 
     def check(b, nq, nk, h, hkv):
         q = torch.randn(b, nq, h, 64, device="cuda", dtype=torch.bfloat16)
@@ -158,6 +169,6 @@ def test_testkernel_compiles_once_and_launches_on_the_gpu():
         assert torch.all(lse == 0.5)
 
     check(1, 5, 3, 4, 4)
-    n = cc.cache_info()["compiles"]
+    n = cache.cache_info()["compiles"]
     check(3, 130, 77, 6, 2)  # other batch, seqlens and heads (GQA): served from the cache
-    assert cc.cache_info()["compiles"] == n
+    assert cache.cache_info()["compiles"] == n

@@ -1,8 +1,8 @@
 """The backend table, auto's choices and their reasons, overrides, and errors naming who can serve a call.
 
-Kernel modules are replaced by fakes (the GPU and the real kernels are not needed here): each fake follows
-the kernel module contract and lives under a private module name, so these tests do not depend on which
-real kernels exist yet.
+Kernel modules are replaced by fakes (the GPU and the real kernels are not needed here): each fake defines a
+VARIANT record (common.launch.Variant) and lives under a private module name, registered in the one registry,
+so these tests do not depend on which real kernels exist yet.
 """
 import sys
 import types
@@ -11,12 +11,12 @@ import warnings
 import pytest
 import torch
 
-from fa_variants import dispatch
-from fa_variants.dispatch import (Backend, BackendFallbackWarning, BackendUnavailableError, select,
-                                  why_not)
+from fa_variants import dispatch, registry
+from fa_variants.common.launch import Variant
+from fa_variants.dispatch import BackendFallbackWarning, BackendUnavailableError, select, why_not
 
 FP16, BF16, FP32, FP8 = torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn
-SM80, SM86, SM89, SM90, SM100 = (8, 0), (8, 6), (8, 9), (9, 0), (10, 0)
+SM80, SM86, SM89, SM90, SM100, SM120 = (8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)
 
 FAKES = {  # backend -> (HEAD_DIMS, DTYPES) of its fake module
     "fa3": ((64, 128, 256), (FP16, BF16)),
@@ -28,9 +28,13 @@ FAKES = {  # backend -> (HEAD_DIMS, DTYPES) of its fake module
 
 def fake_module(name, head_dims, dtypes):
     module = types.ModuleType(name)
-    module.HEAD_DIMS, module.DTYPES = head_dims, dtypes
-    module.run = lambda q, k, v, *, causal, softmax_scale: None
+    module.VARIANT = Variant(name, archs=("sm_80",), dtypes=dtypes, head_dims=head_dims,
+                             runner=lambda q, k, v, *, causal, softmax_scale: None)
     return module
+
+
+def register(monkeypatch, name, module_name):
+    monkeypatch.setitem(registry.ENTRIES, name, registry.Entry(module_name, "fake"))
 
 
 @pytest.fixture
@@ -39,13 +43,13 @@ def kernels(monkeypatch):
     dispatch.clear_cache()
     for name, (head_dims, dtypes) in FAKES.items():
         path = f"_fake_kernels.{name.replace('-', '_')}"
-        monkeypatch.setitem(sys.modules, path, fake_module(path, head_dims, dtypes))
-        monkeypatch.setitem(dispatch.BACKENDS, name, Backend(name, path, "fake"))
+        monkeypatch.setitem(sys.modules, path, fake_module(name, head_dims, dtypes))
+        register(monkeypatch, name, path)
     monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
 
     def not_built(*names):
         for name in names:
-            monkeypatch.setitem(dispatch.BACKENDS, name, Backend(name, f"fa_variants._absent.{name}", "x"))
+            register(monkeypatch, name, f"fa_variants._absent.{name}")
         dispatch.clear_cache()
 
     yield not_built
@@ -62,13 +66,18 @@ def test_table():
     assert dispatch.backends_for(SM90) == ("fa3", "fa3-fp8", "fa2", "fa1", "reference")
     for cap in (SM80, SM86, SM89):
         assert dispatch.backends_for(cap) == ("fa2", "fa1", "reference")
-    assert dispatch.backends_for(SM100) == ("reference",)
+    for newer in (SM100, SM120, (10, 3), (11, 0)):  # a GPU the table does not list runs the sm80 kernels
+        assert dispatch.backends_for(newer) == ("fa2", "fa1", "reference")
+    assert dispatch.backends_for((7, 5)) == ("reference",)  # older than sm_80: no kernel
     assert dispatch.backends_for(None) == ("reference",)
-    assert dispatch.supported_archs("fa2") == ("sm_80", "sm_86", "sm_89", "sm_90")
+    assert dispatch.supported_archs("fa2") == ("sm_80", "sm_86", "sm_89", "sm_90", "newer GPUs")
     assert dispatch.supported_archs("fa3") == ("sm_90",)
     assert dispatch.supported_archs("reference") is None
-    assert {b.module for b in dispatch.BACKENDS.values()} >= {
-        "fa_variants.ampere.fa2", "fa_variants.ampere.fa1", "fa_variants.hopper.fa3", "fa_variants.fp8.fa3_fp8"}
+    # one registry: every backend name has one module, the one dispatch, compile and info load
+    assert dispatch.BACKENDS == registry.BACKENDS and set(registry.BACKENDS) <= set(registry.ENTRIES)
+    assert registry.ENTRIES["fa3-fp8"].module == "fa_variants.hopper.fa3_fp8"
+    assert {registry.ENTRIES[n].module for n in ("fa2", "fa1", "fa3")} == {
+        "fa_variants.ampere.fa2", "fa_variants.ampere.fa1", "fa_variants.hopper.fa3"}
 
 
 def test_head_dims_and_dtypes_come_from_the_module(kernels):
@@ -110,10 +119,23 @@ def test_auto_falls_back_when_not_built(kernels):
 def test_auto_on_gpu_warns_for_the_reference_path(kernels):
     with pytest.warns(BackendFallbackWarning, match="no kernel backend on sm_90 serves float32"):
         assert select(SM90, FP32, 128).backend == "reference"
-    with pytest.warns(BackendFallbackWarning, match="sm_100"):
-        assert select(SM100, BF16, 128).backend == "reference"
+    with pytest.warns(BackendFallbackWarning, match="no kernel backend on sm_100 serves float32"):
+        assert select(SM100, FP32, 128).backend == "reference"
     with pytest.warns(BackendFallbackWarning, match="fa2 does not support head_dim 100"):
         assert select(SM80, BF16, 100).backend == "reference"
+
+
+@pytest.mark.parametrize("cap", [SM100, SM120], ids=["sm_100", "sm_120"])
+def test_newer_gpu_gets_fa2_with_a_reason(kernels, cap):
+    """Issue 14 item 6: a GPU of compute capability >= 8.0 that the table does not list runs fa2 (its sm80
+    code runs there), without a fallback warning, and the reason says why."""
+    sel = no_warning_select(cap, BF16, 128)
+    name = f"sm_{cap[0]}{cap[1]}"
+    assert sel.backend == "fa2" and sel.candidates == ("fa2", "fa1", "reference")
+    assert name in sel.reason and "newer than the GPUs the dispatch table lists" in sel.reason
+    assert "sm80 code" in sel.reason
+    with pytest.raises(BackendUnavailableError, match=f"fa3 runs on sm_90 only; this GPU is {name}"):
+        select(cap, BF16, 128, backend="fa3")
 
 
 def test_fp8_is_not_a_fallback_for_bf16(kernels):
@@ -134,7 +156,8 @@ def test_explicit_backend(kernels):
      "fa3 does not support head_dim 96 (supports 64, 128, 256); backends that can: fa2, reference"),
     (SM80, "fa3", BF16, 128, "fa3 runs on sm_90 only; this GPU is sm_80; backends that can: fa2, fa1, reference"),
     (None, "fa2", BF16, 128,
-     "fa2 runs on sm_80, sm_86, sm_89, sm_90 only; the inputs are on the CPU; backends that can: reference"),
+     "fa2 runs on sm_80, sm_86, sm_89, sm_90, newer GPUs only; the inputs are on the CPU; backends that can: "
+     "reference"),
     (SM90, "fa2", FP32, 64,
      "fa2 does not support dtype float32 (supports float16, bfloat16); backends that can: reference"),
     (SM90, "fa1", BF16, 256, "fa1 does not support head_dim 256 (supports 64, 128); backends that can: fa3, fa2"),
@@ -185,15 +208,15 @@ def test_module_breaking_the_contract(kernels, monkeypatch):
     broken = types.ModuleType("_fake_kernels.broken")
     broken.HEAD_DIMS = (64,)
     monkeypatch.setitem(sys.modules, "_fake_kernels.broken", broken)
-    monkeypatch.setitem(dispatch.BACKENDS, "fa2", Backend("fa2", "_fake_kernels.broken", "x"))
+    register(monkeypatch, "fa2", "_fake_kernels.broken")
     dispatch.clear_cache()
-    assert "does not follow the kernel module contract: missing DTYPES, run" in why_not("fa2", SM80, BF16, 64)
+    assert "defines no VARIANT record" in why_not("fa2", SM80, BF16, 64)
 
 
 def test_module_failing_at_import(kernels, monkeypatch, tmp_path):
     (tmp_path / "_fa_broken_kernel.py").write_text("raise RuntimeError('no cutlass here')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setitem(dispatch.BACKENDS, "fa2", Backend("fa2", "_fa_broken_kernel", "x"))
+    register(monkeypatch, "fa2", "_fa_broken_kernel")
     dispatch.clear_cache()
     assert why_not("fa2", SM80, BF16, 64) == "fa2 failed to import (RuntimeError: no cutlass here)"
     with pytest.warns(BackendFallbackWarning, match="fa2 failed to import"):
@@ -203,7 +226,7 @@ def test_module_failing_at_import(kernels, monkeypatch, tmp_path):
 def test_a_missing_dependency_is_not_called_not_built(kernels, monkeypatch, tmp_path):
     (tmp_path / "_fa_needs_dep.py").write_text("import _fa_no_such_dependency\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setitem(dispatch.BACKENDS, "fa2", Backend("fa2", "_fa_needs_dep", "x"))
+    register(monkeypatch, "fa2", "_fa_needs_dep")
     dispatch.clear_cache()
     assert "cannot be imported" in why_not("fa2", SM80, BF16, 64)
 
@@ -223,5 +246,5 @@ def test_the_real_modules_load_or_say_why():
         if isinstance(loaded, str):
             assert name in loaded
         else:
-            assert isinstance(loaded.DTYPES, tuple) and callable(loaded.run)
-            assert loaded.HEAD_DIMS is None or all(isinstance(d, int) for d in loaded.HEAD_DIMS)
+            assert isinstance(loaded, Variant) and loaded.name == name and isinstance(loaded.dtypes, tuple)
+            assert loaded.head_dims is None or all(isinstance(d, int) for d in loaded.head_dims)

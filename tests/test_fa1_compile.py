@@ -12,6 +12,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -22,9 +23,10 @@ pytest.importorskip("cutlass")
 
 from fa_variants import cli  # noqa: E402
 from fa_variants.ampere import fa1  # noqa: E402
-from fa_variants.common import compile as cc  # noqa: E402
-from fa_variants.common import mask  # noqa: E402
-from fa_variants.common.tiles import AttentionTiles  # noqa: E402
+from fa_variants import registry  # noqa: E402
+from fa_variants.commands.compile import compile_only  # noqa: E402
+from fa_variants.common.config import Sm80Config, smem_capacity  # noqa: E402
+from fa_variants.common.mask import BlockInfo  # noqa: E402
 from fa_variants.reference import attention_reference  # noqa: E402
 
 
@@ -35,12 +37,12 @@ from fa_variants.reference import attention_reference  # noqa: E402
 @pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_compiles_without_spills(head_dim, causal):
-    r = cc.compile_only("fa1", "sm_80", head_dim, "bf16", causal, sass=True)
-    assert r["tiles"] == dict(fa1.fa1_tiles("sm_80", head_dim).key())
+    r = compile_only("fa1", "sm_80", head_dim, "bf16", causal, sass=True)
+    assert r["tiles"] == dataclasses.asdict(fa1.default_config("sm_80", head_dim))
     assert r["HMMA"] > 0 and r["LDGSTS"] > 0 and r["LDSM"] > 0, r
     assert r["LDL"] == 0 and r["STL"] == 0 and r["spill_bytes"] == 0, r
     assert 0 < r["registers"] <= 255
-    assert r["smem_dynamic_bytes"] >= fa1.smem_bytes(fa1.fa1_tiles("sm_80", head_dim), head_dim)
+    assert r["smem_dynamic_bytes"] >= fa1.default_config("sm_80", head_dim).smem_bytes(head_dim)
     assert r["smem_bytes"] <= 163 * 1024
 
 
@@ -60,7 +62,7 @@ def test_cli_reports_fa1(capsys):
 @pytest.mark.parametrize("head_dim", [96, 256])
 def test_other_head_dims_compile(head_dim):
     """96 and 256 build and use the tensor cores (at 256 a few bytes may spill: not required)."""
-    r = cc.compile_only("fa1", "sm_80", head_dim, "fp16", False, sass=True)
+    r = compile_only("fa1", "sm_80", head_dim, "fp16", False, sass=True)
     assert r["HMMA"] > 0 and 0 < r["registers"] <= 255, r
     assert r["smem_bytes"] <= 163 * 1024
 
@@ -86,10 +88,10 @@ def test_tile_ranges_match_brute_force(nq, nk, causal, tiles):
     Br, Bc = tiles
     vis = _visible(nq, nk, causal)
     Tr, Tc = -(-nq // Br), -(-nk // Bc)
-    assert mask.kv_tile_end(Tr - 1, Br, Bc, nq, nk, causal) == Tc  # the outer loop's length, n_j
+    assert BlockInfo(Br, Bc, causal).kv_tile_end(Tr - 1, nq, nk) == Tc  # the outer loop's length, n_j
     for j in range(Tc):
-        start = fa1.q_tile_start(j, Br, Bc, nq, nk, causal)
-        unmasked = fa1.q_tile_unmasked_start(j, Br, Bc, nq, nk, causal)
+        start = BlockInfo(Br, Bc, causal).q_tile_start(j, nq, nk)
+        unmasked = BlockInfo(Br, Bc, causal).q_tile_unmasked_start(j, nq, nk)
         assert start <= unmasked <= Tr
         for i in range(Tr):
             block = vis[i * Br:(i + 1) * Br, j * Bc:(j + 1) * Bc]
@@ -100,8 +102,8 @@ def test_tile_ranges_match_brute_force(nq, nk, causal, tiles):
             if full and block.all():  # a full, fully visible block is never masked needlessly
                 assert i >= unmasked, (i, j)
     for i in range(Tr):  # is_last: the last visited j of each Q tile
-        n_i = mask.kv_tile_end(i, Br, Bc, nq, nk, causal)
-        seen = [j for j in range(Tc) if i >= fa1.q_tile_start(j, Br, Bc, nq, nk, causal)]
+        n_i = BlockInfo(Br, Bc, causal).kv_tile_end(i, nq, nk)
+        seen = [j for j in range(Tc) if i >= BlockInfo(Br, Bc, causal).q_tile_start(j, nq, nk)]
         assert seen == list(range(n_i))
 
 
@@ -121,18 +123,18 @@ def replay_fa1(q, k, v, causal, scale, Br, Bc):
     out, lse = torch.full((nq, d), math.nan, dtype=q.dtype), torch.full((nq,), math.nan, dtype=q.dtype)
     rows = lambda i: slice(i * Br, (i + 1) * Br)  # noqa: E731
     for i in range(Tr):  # line 2
-        if mask.kv_tile_end(i, Br, Bc, nq, nk, causal) > 0:
+        if BlockInfo(Br, Bc, causal).kv_tile_end(i, nq, nk) > 0:
             O[rows(i)], l[rows(i)], m[rows(i)] = 0.0, 0.0, -math.inf
         else:
             out[i * Br:min(nq, (i + 1) * Br)], lse[i * Br:min(nq, (i + 1) * Br)] = 0.0, -math.inf
-    for j in range(mask.kv_tile_end(Tr - 1, Br, Bc, nq, nk, causal)):  # line 5
-        for i in range(fa1.q_tile_start(j, Br, Bc, nq, nk, causal), Tr):  # line 7
+    for j in range(BlockInfo(Br, Bc, causal).kv_tile_end(Tr - 1, nq, nk)):  # line 5
+        for i in range(BlockInfo(Br, Bc, causal).q_tile_start(j, nq, nk), Tr):  # line 7
             s = qp[rows(i)] @ kp[j * Bc:(j + 1) * Bc].T  # line 9
             r = torch.arange(i * Br, (i + 1) * Br).unsqueeze(1)
             col = torch.arange(j * Bc, (j + 1) * Bc).unsqueeze(0)
             if j == Tc - 1:  # mask_seqlen
                 s = s.masked_fill(col >= nk, -math.inf)
-            if i < fa1.q_tile_unmasked_start(j, Br, Bc, nq, nk, causal):  # mask_causal
+            if i < BlockInfo(Br, Bc, causal).q_tile_unmasked_start(j, nq, nk):  # mask_causal
                 s = s.masked_fill(col > r + nk - nq, -math.inf)
             m_old, l_old = m[rows(i)], l[rows(i)]
             m_new = torch.maximum(m_old, s.amax(dim=1))  # lines 10-11 (common/softmax.py)
@@ -142,7 +144,7 @@ def replay_fa1(q, k, v, causal, scale, Br, Bc):
             l_new = alpha * l_old + p.sum(dim=1)
             inv = torch.where(l_new == 0, 0.0, 1.0 / l_new)
             o = O[rows(i)] * (l_old * alpha * inv).unsqueeze(1) + (p * inv.unsqueeze(1)) @ vp[j * Bc:(j + 1) * Bc]
-            if j == mask.kv_tile_end(i, Br, Bc, nq, nk, causal) - 1:  # the last step of tile i
+            if j == BlockInfo(Br, Bc, causal).kv_tile_end(i, nq, nk) - 1:  # the last step of tile i
                 n = min(nq, (i + 1) * Br) - i * Br
                 out[i * Br:i * Br + n] = o[:n]
                 lse[i * Br:i * Br + n] = torch.where(l_new == 0, -math.inf,
@@ -172,22 +174,24 @@ def test_replayed_schedule_matches_reference(nq, nk, causal, tiles):
 # tiles and run() argument checks
 # ----------------------------------------------------------------------------------------------
 def test_tiles_fit_every_arch():
-    for arch in ("sm_80", "sm_86", "sm_89", "sm_90a"):
+    for arch in ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_120a"):
         for d in fa1.HEAD_DIMS:
-            t = fa1.fa1_tiles(arch, d)
-            assert fa1.smem_bytes(t, d) <= fa1.SMEM_CAPACITY[arch]
-            assert t.Bc >= t.Br or d == 256  # FA1 takes Bc >= Br (Algorithm 1, line 1)
+            t = fa1.default_config(arch, d)
+            assert t.smem_bytes(d) <= smem_capacity(arch) and t.q_stages == 2
+            assert t.tile_n >= t.tile_m or d == 256  # FA1 takes Bc >= Br (Algorithm 1, line 1)
     with pytest.raises(ValueError, match="head_dim 80"):
-        fa1.fa1_tiles("sm_80", 80)
+        fa1.default_config("sm_80", 80)
     with pytest.raises(ValueError, match="shared memory"):
-        fa1.check_tiles(AttentionTiles(128, 256, 4, 2), "sm_80", 128)
+        fa1.VARIANT.config_for("sm_80", 128, False, Sm80Config(128, 256, 4, 2, 2))
     with pytest.raises(ValueError, match="multiple"):
-        fa1.check_tiles(AttentionTiles(48, 64, 4, 1), "sm_80", 64)
+        fa1.VARIANT.config_for("sm_80", 64, False, Sm80Config(48, 64, 4, 1, 2))
+    with pytest.raises(ValueError, match="q_stages"):
+        fa1.VARIANT.config_for("sm_80", 64, False, Sm80Config(64, 64, 4, 1, 1))
 
 
-def test_tiles_env_override(monkeypatch):
-    monkeypatch.setenv("FA1_TILES", "128x64x4x1")
-    assert fa1.fa1_tiles("sm_80", 128) == AttentionTiles(128, 64, 4, 1)
+def test_config_override():
+    config = Sm80Config(128, 64, 4, 1, 2)
+    assert registry.static_config("fa1", "sm_80", "bf16", 128, False, config).config == config
 
 
 def _meta(*shape, dtype=torch.bfloat16):
@@ -216,13 +220,13 @@ def test_run_empty_inputs_launch_nothing():
     assert out.shape == q.shape and not out.any() and lse.shape == (2, 4, 5) and (lse == -math.inf).all()
 
 
-def test_registered_with_the_compile_registry():
-    v = cc.get_variant("fa1")
-    assert v.head_dims == fa1.HEAD_DIMS and set(v.dtypes) == {"fp16", "bf16"}
-    cfg = cc.config_for("fa1", "sm_80", "bf16", 128, True)
-    assert AttentionTiles.from_key(cfg.tiles) == fa1.fa1_tiles("sm_80", 128)
-    with pytest.raises(cc.UnsupportedConfigError, match="head_dim 80"):
-        cc.config_for("fa1", "sm_80", "bf16", 80, False)
+def test_registered_with_the_registry():
+    v = registry.variant("fa1")
+    assert v is fa1.VARIANT and v.head_dims == fa1.HEAD_DIMS and set(v.dtypes) == {torch.float16, torch.bfloat16}
+    cfg = registry.static_config("fa1", "sm_80", "bf16", 128, True)
+    assert cfg.config == fa1.default_config("sm_80", 128)
+    with pytest.raises(registry.UnsupportedConfigError, match="head_dim 80"):
+        registry.static_config("fa1", "sm_80", "bf16", 80, False)
 
 
 def test_fake_args_are_dynamic():
@@ -282,8 +286,8 @@ def test_study_reads_ncu_csv_beside_the_model(tmp_path):
     assert [(r["variant"], r["head_dim"], r["seqlen"]) for r in rows] == [
         ("fa1", 128, 1024), ("fa1", 64, 2048), ("fa2", 128, 1024), ("fa2", 64, 2048)]
     assert [r["dram_read"] for r in rows] == [1000, 2000, 3000, 4000] and all(r["kernel_matches"] for r in rows)
-    t = fa1.fa1_tiles("sm_90a", 128)
-    assert rows[0]["predicted_read"] == hbm_bytes("fa1", 16, 16, 1024, 1024, 128, t.Br, t.Bc, 2, False,
+    t = fa1.default_config("sm_90a", 128)
+    assert rows[0]["predicted_read"] == hbm_bytes("fa1", 16, 16, 1024, 1024, 128, t.tile_m, t.tile_n, 2, False,
                                                   o_bytes=4).read
     assert rows[0]["achieved_GBps"] == pytest.approx(1500 / 2e-3 / 1e9)
     md = study.markdown(dict(device="X", sms=1, tokens=16384, hidden=2048, command="c", elapsed_s=1.0),

@@ -7,7 +7,7 @@ between (i, j) steps, so the shapes here stress it:
   tiles against one K/V tile (every step is both the first and the last of its Q tile), ragged tails
   on both sides, causal with seqlen_q > seqlen_k (whole Q tiles that see no key, written by the
   initialisation pass) and seqlen_q < seqlen_k; GQA;
-* other tile configurations through `run(..., tiles=...)`: single-buffered K/V, two MMA row blocks
+* other tile configurations through `run(..., config=...)`: single-buffered K/V, two MMA row blocks
   per warp (Br = 128), 8 warps, Bc = Br;
 * a long sequence (thousands of steps per CTA), determinism, and softmax scales FA1 maps itself
   (negative, zero, large).
@@ -25,7 +25,7 @@ import math
 import pytest
 import torch
 
-from fa_variants.common.tiles import AttentionTiles
+from fa_variants.common.config import Sm80Config
 from fa_variants.reference import check_against_reference, check_lse, references
 
 pytestmark = pytest.mark.gpu
@@ -44,11 +44,11 @@ def fa1():
     return module
 
 
-def run_poisoned(poisoned, q, k, v, *, causal, softmax_scale=None, tiles=None):
+def run_poisoned(poisoned, q, k, v, *, causal, softmax_scale=None, config=None):
     """fa1.run with every fresh allocation (out, lse, workspace O, l, m) NaN-filled (conftest's nan_allocations)."""
     scale = 1 / math.sqrt(q.shape[-1]) if softmax_scale is None else softmax_scale
     with poisoned():
-        out, lse = fa1().run(q, k, v, causal=causal, softmax_scale=scale, tiles=tiles)
+        out, lse = fa1().run(q, k, v, causal=causal, softmax_scale=scale, config=config)
         torch.cuda.synchronize()
     return out, lse
 
@@ -85,15 +85,15 @@ def test_hbm_state_round_trips(nan_allocations, dtype, head_dim, causal, seqlens
     assert_passes(out, lse, q, k, v, causal)
 
 
-TILES = [AttentionTiles(64, 128, 4, 1), AttentionTiles(128, 64, 4, 2), AttentionTiles(128, 128, 8, 1),
-         AttentionTiles(64, 64, 4, 2)]
+TILES = [Sm80Config(64, 128, 4, 1, 2), Sm80Config(128, 64, 4, 2, 2), Sm80Config(128, 128, 8, 1, 2),
+         Sm80Config(64, 64, 4, 2, 2)]
 
 
 @pytest.mark.parametrize("seqlens", [(333, 517), (1, 300), (700, 200)], ids=lambda s: f"{s[0]}x{s[1]}")
-@pytest.mark.parametrize("tiles", TILES, ids=lambda t: f"{t.Br}x{t.Bc}w{t.warps}s{t.stages}")
+@pytest.mark.parametrize("tiles", TILES, ids=lambda t: f"{t.tile_m}x{t.tile_n}w{t.warps}s{t.stages}")
 def test_other_tile_configurations(nan_allocations, tiles, seqlens):
     q, k, v = inputs(2, *seqlens, 3, 1, 128)  # MQA
-    out, lse = run_poisoned(nan_allocations, q, k, v, causal=True, tiles=tiles)
+    out, lse = run_poisoned(nan_allocations, q, k, v, causal=True, config=tiles)
     assert_passes(out, lse, q, k, v, True)
 
 

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from fa_variants import cli
-from fa_variants.common import compile as cc
+from fa_variants import cli, registry
+from fa_variants.common import cubin
 
 pytestmark = pytest.mark.compile
 
@@ -53,10 +53,9 @@ def test_cli_sass_fp16_causal(capsys):
                                     dict(pingpong=False, intra_wg_overlap=False)], ids=["no-pingpong", "no-overlap", "neither"])
 def test_ablation_configs_compile(change):
     """The FA3 Table 2 ablation variants build and keep the Hopper features."""
-    base = cc.config_for("fa3", "sm_90a", "bf16", 128, True)
     config = dataclasses.replace(fa3.DEFAULT_CONFIGS[128], **change)
-    c = cc.get_compiled(dataclasses.replace(base, tiles=tuple(dataclasses.asdict(config).items())))
-    counts = cc.count_sass(cc.sass_of(c.cubin))
+    c = registry.compiled(registry.static_config("fa3", "sm_90a", "bf16", 128, True, config))
+    counts = cubin.count_sass(cubin.sass_of(c.cubin))
     assert counts["HGMMA"] > 0 and counts["USETMAXREG"] >= 2 and counts["LDL"] == counts["STL"] == 0, counts
 
 
@@ -67,10 +66,10 @@ def test_config_limits():
         fa3.Fa3Config(tile_m=64).check(128)
     for d, cfg in fa3.DEFAULT_CONFIGS.items():
         cfg.check(d)
-    with pytest.raises(cc.UnsupportedConfigError, match="head_dim 80"):
-        cc.config_for("fa3", "sm_90a", "bf16", 80, False)
-    with pytest.raises(cc.UnsupportedConfigError, match="arch sm_80"):
-        cc.config_for("fa3", "sm_80", "bf16", 128, False)
+    with pytest.raises(registry.UnsupportedConfigError, match="head_dim 80"):
+        registry.static_config("fa3", "sm_90a", "bf16", 80, False)
+    with pytest.raises(registry.UnsupportedConfigError, match="arch sm_80"):
+        registry.static_config("fa3", "sm_80", "bf16", 128, False)
 
 
 def test_tma_operand_preparation():

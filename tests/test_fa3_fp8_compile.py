@@ -10,7 +10,8 @@ import re
 import pytest
 
 from fa_variants import cli
-from fa_variants.common import compile as cc
+from fa_variants import registry
+from fa_variants.common import cubin
 
 pytestmark = pytest.mark.compile
 
@@ -44,9 +45,8 @@ def test_cli_sass_e4m3(capsys, head_dim, causal):
 
 
 def _sass(config, head_dim=128, causal=False):
-    base = cc.config_for("fa3-fp8", "sm_90a", "e4m3", head_dim, causal)
-    c = cc.get_compiled(dataclasses.replace(base, tiles=tuple(dataclasses.asdict(config).items())))
-    return cc.sass_of(c.cubin)
+    c = registry.compiled(registry.static_config("fa3-fp8", "sm_90a", "e4m3", head_dim, causal, config))
+    return cubin.sass_of(c.cubin)
 
 
 def test_p_is_converted_in_thread():
@@ -63,7 +63,7 @@ def test_p_is_converted_in_thread():
                                     dict(pingpong=False)], ids=["single-acc", "no-overlap", "fp16-out", "no-pingpong"])
 def test_switches_compile(change):
     s = _sass(dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], **change), causal=True)
-    counts = cc.count_sass(s)
+    counts = cubin.count_sass(s)
     assert counts["QGMMA"] > 0 and counts["USETMAXREG"] >= 2 and counts["LDL"] == counts["STL"] == 0, counts
 
 

@@ -35,7 +35,7 @@ HEADS = {"MHA": (6, 6), "GQA6:2": (6, 2), "MQA6:1": (6, 1)}
 
 
 def kernel_module(name: str):
-    """The backend's module on this GPU, or a skip saying why it cannot run here."""
+    """The backend's Variant record on this GPU, or a skip saying why it cannot run here."""
     capability = dispatch.device_capability(torch.device("cuda"))
     if name not in dispatch.backends_for(capability):
         pytest.skip(f"{name} does not target {dispatch.arch_name(capability)}")
@@ -78,10 +78,10 @@ def run_poisoned(poisoned, q, k, v, **kwargs):
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_matrix(nan_allocations, dtype, head_dim, seqlens, causal, heads, backend):
     module = kernel_module(backend)
-    if DTYPES[dtype] not in module.DTYPES:
-        pytest.skip(f"{backend} does not list {dtype} in DTYPES")
-    if head_dim not in module.HEAD_DIMS:
-        pytest.skip(f"{backend} does not list head_dim {head_dim} in HEAD_DIMS {module.HEAD_DIMS}")
+    if DTYPES[dtype] not in module.dtypes:
+        pytest.skip(f"{backend} does not list {dtype} in its dtypes")
+    if head_dim not in module.head_dims:
+        pytest.skip(f"{backend} does not list head_dim {head_dim} in its head_dims {module.head_dims}")
     q, k, v, refs = matrix_case(dtype, head_dim, seqlens, causal, heads)
     out, lse = run_poisoned(nan_allocations, q, k, v, causal=causal, backend=backend)
     assert out.shape == q.shape and out.dtype == q.dtype

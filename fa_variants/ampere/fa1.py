@@ -4,8 +4,8 @@ The algorithm is Dao, Fu, Ermon, Rudra, Re 2022, "FlashAttention: Fast and Memor
 Attention with IO-Awareness", Algorithm 1, written with the CuTe DSL on the *same* tensor-core building
 blocks as our FA2 kernel (fa_variants/common/sm80.py: swizzled shared memory, cp.async, ldmatrix,
 mma.sync m16n8k16 with fp32 accumulation, P kept in registers; common/softmax.py: the online max and
-exp2 with the scale folded into log2 e; common/mask.py: the bottom-right causal and sequence-end
-masks), so that an FA1 vs FA2 comparison isolates the algorithm:
+exp2 with the scale folded into log2 e, resumed from the saved m and l at every step; common/mask.py:
+the tile ranges and the bottom-right causal and sequence-end masks), so that an FA1 vs FA2 comparison isolates the algorithm:
 
 * One CTA per (batch, head) (a 1-D grid of batch x num_heads CTAs). The **outer** loop runs over the
   K/V tiles j (Algorithm 1 line 5), the **inner** loop over the Q tiles i (line 7).
@@ -41,16 +41,14 @@ shared memory allows (K_{j+1}, V_{j+1} load during the first step of tile j); th
 loads (its line 8) are issued at the end of the current step, before the __syncthreads, so the
 compiler cannot sink them past the next step's S = Q K^T: they are in flight while it runs.
 
-Kernel module contract (HELPERS.md): HEAD_DIMS, DTYPES, run(q, k, v, *, causal, softmax_scale).
-Learnt from (never copied): the FlashAttention paper (Algorithm 1, section 3.1; the FlashAttention-2
-paper, section 3.2, recalls that FA1 ran one thread block per (batch, head)), and the same references
-as our FA2 kernel (NVIDIA CUTLASS ``examples/python/CuTeDSL/ampere/flash_attention_v2.py``,
-flash-attention ``flash_attn/cute/flash_fwd.py``).
+The module's ``VARIANT`` record (`common.launch.Variant`) registers it; ``run`` launches it.
+Written from the FlashAttention paper (Algorithm 1, section 3.1; the FlashAttention-2 paper, section 3.2,
+recalls that FA1 ran one thread block per (batch, head)) on the building blocks of our FA2 kernel (see
+fa2.py for what those are adapted from).
 """
 from __future__ import annotations
 
-import math
-import os
+import dataclasses
 from collections import namedtuple
 
 import cuda.bindings.driver as cuda
@@ -59,96 +57,18 @@ import cutlass.cute as cute
 import torch
 from cutlass import Float32, Int32, const_expr
 
-from fa_variants.common import compile as cc
-from fa_variants.common import interop, mask, sm80
-from fa_variants.common.sm80 import quad_allreduce
-from fa_variants.common.softmax import LN_2, LOG2_E, OnlineSoftmax
-from fa_variants.common.tiles import SMEM_CAPACITY, AttentionTiles
+from fa_variants.common import interop, sm80
+from fa_variants.common.cache import StaticConfig
+from fa_variants.common.config import Sm80Config, smem_capacity
+from fa_variants.common.launch import Variant
+from fa_variants.common.layout import acc_as_operand_a, rows_cols, transpose_view
+from fa_variants.common.mask import AttentionMask, BlockInfo
+from fa_variants.common.scale import LOG2_E
+from fa_variants.common.softmax import OnlineSoftmax, log_sum_exp
 
 HEAD_DIMS: tuple[int, ...] = (64, 96, 128, 256)
 DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16)
 MAX_CTAS = 2**31 - 1  # one CTA per (batch, head), all on gridDim.x
-Q_STAGES = 2  # Q tiles in shared memory: the current step's and the next step's (prefetched)
-
-# ----------------------------------------------------------------------------------------------
-# tile configurations
-# ----------------------------------------------------------------------------------------------
-# Per (i, j) step FA1 moves Br x D of Q (dtype) and 2 x Br x D of O (fp32) through HBM for 4 Br Bc D
-# flops, an arithmetic intensity of ~0.4 Bc flop/byte whatever Br is, so FA1 wants Bc large and Br may
-# be small (the paper takes Bc = M / 4d >= Br = min(Bc, d), Algorithm 1 line 1). With 4 warps and
-# mma.sync the registers hold Br x Bc (S) + Br x D (O) fp32 values over 128 threads, so Br = 64,
-# Bc = 128 at D = 64 / 96 / 128 (Br = Bc = 128 at D = 64 spills a few bytes), and Br = Bc = 64 (FA2's
-# tile) at D = 256, where K/V are single-buffered to fit shared memory (tens of bytes per thread spill
-# there, as compiled for sm80). `stages` counts K/V buffers.
-_FA1_SM80 = {64: AttentionTiles(64, 128, 4, 2), 96: AttentionTiles(64, 128, 4, 2),
-             128: AttentionTiles(64, 128, 4, 2), 256: AttentionTiles(64, 64, 4, 1)}
-
-
-def smem_bytes(tiles: AttentionTiles, head_dim: int, elem_bytes: int = 2) -> int:
-    """Shared memory of one CTA, bytes: Q_STAGES Q tiles + stages x (K tile + V tile)."""
-    return (Q_STAGES * tiles.Br + 2 * tiles.stages * tiles.Bc) * head_dim * elem_bytes
-
-
-def check_tiles(tiles: AttentionTiles, arch: str, head_dim: int) -> AttentionTiles:
-    """Raise ValueError unless the tiles fit the arch's shared memory and the MMA/warp shape."""
-    need, have = smem_bytes(tiles, head_dim), SMEM_CAPACITY.get(arch, SMEM_CAPACITY["sm_86"])
-    if need > have:
-        raise ValueError(f"fa1 tiles {tiles} need {need} bytes of shared memory at head_dim {head_dim}; "
-                         f"{arch} has {have}")
-    if tiles.Br % (16 * tiles.warps) or tiles.Bc % 16 or head_dim % 16 or tiles.stages not in (1, 2):
-        raise ValueError(f"fa1 tiles {tiles}: Br must be a multiple of 16 * warps, Bc and head_dim of 16, "
-                         "stages 1 or 2")
-    return tiles
-
-
-def fa1_tiles(arch: str, head_dim: int) -> AttentionTiles:
-    """The FA1 tile configuration for an arch and head_dim (ValueError if head_dim is unsupported).
-
-    `FA1_TILES=BrxBc[xwarps[xstages]]` in the environment overrides it (for ablations); on parts with
-    less shared memory (sm86/89: 99 KiB) K/V drop to one buffer, then Bc halves, until it fits."""
-    if head_dim not in _FA1_SM80:
-        raise ValueError(f"fa1: head_dim {head_dim} has no tile configuration; supported: {HEAD_DIMS}")
-    tiles = _FA1_SM80[head_dim]
-    if os.environ.get("FA1_TILES"):
-        tiles = AttentionTiles(*map(int, os.environ["FA1_TILES"].lower().split("x")))
-    have = SMEM_CAPACITY.get(arch, SMEM_CAPACITY["sm_86"])
-    while smem_bytes(tiles, head_dim) > have and (tiles.stages > 1 or tiles.Bc > 32):
-        tiles = (AttentionTiles(tiles.Br, tiles.Bc, tiles.warps, 1) if tiles.stages > 1
-                 else AttentionTiles(tiles.Br, tiles.Bc // 2, tiles.warps, 1))
-    return check_tiles(tiles, arch, head_dim)
-
-
-# ----------------------------------------------------------------------------------------------
-# which (i, j) pairs run (Python ints in the CPU tests, DSL Int32 in the kernel)
-# ----------------------------------------------------------------------------------------------
-def _max0(a):
-    return max(a, 0) if isinstance(a, int) else cutlass.max(a, 0)
-
-
-def _clamp(a, lo, hi):
-    if isinstance(a, int) and isinstance(lo, int) and isinstance(hi, int):
-        return min(max(a, lo), hi)
-    return cutlass.min(cutlass.max(a, lo), hi)
-
-
-def q_tile_start(j, Br: int, Bc: int, seqlen_q, seqlen_k, causal: bool):
-    """First Q tile that sees a key of K/V tile j (0 when not causal): tile i does iff its last row,
-    min((i + 1) Br, seqlen_q) - 1, sees key j Bc, i.e. (i + 1) Br > j Bc - (seqlen_k - seqlen_q).
-    The transpose of `mask.kv_tile_end`: i >= q_tile_start(j) <=> j < kv_tile_end(i)."""
-    if not causal:
-        return 0
-    return _max0(j * Bc - (seqlen_k - seqlen_q)) // Br
-
-
-def q_tile_unmasked_start(j, Br: int, Bc: int, seqlen_q, seqlen_k, causal: bool):
-    """First Q tile whose every row sees all of K/V tile j (no causal mask needed from there on):
-    tile i does iff its first row i Br sees key (j + 1) Bc - 1. Clamped to [q_tile_start(j), Tr].
-    The transpose of `mask.kv_tile_causal_start`: i >= this <=> j < kv_tile_causal_start(i)."""
-    start = q_tile_start(j, Br, Bc, seqlen_q, seqlen_k, causal)
-    if not causal:
-        return start
-    first_row = (j + 1) * Bc - 1 - (seqlen_k - seqlen_q)  # the first query row that sees all of tile j
-    return _clamp((_max0(first_row) + Br - 1) // Br, start, (seqlen_q + Br - 1) // Br)
 
 
 def _bundle(**fields):
@@ -167,11 +87,12 @@ class FlashAttention1Sm80:
     Algorithm 1: mOacc (B, H, Nq_pad, D), mL and mM (B, H, Nq_pad), fp32, Nq_pad = ceil(Nq / Br) Br.
     """
 
-    def __init__(self, dtype, head_dim: int, causal: bool, tiles: AttentionTiles):
+    def __init__(self, dtype, head_dim: int, causal: bool, tiles: Sm80Config):
         self.dtype = dtype
         self.head_dim = head_dim
         self.causal = causal
-        self.Br, self.Bc, self.kv_stages = tiles.Br, tiles.Bc, tiles.stages
+        self.Br, self.Bc, self.kv_stages, self.q_stages = tiles.tile_m, tiles.tile_n, tiles.stages, tiles.q_stages
+        self.blocks = BlockInfo(tiles.tile_m, tiles.tile_n, causal)
         self.num_warps = tiles.warps
         self.num_threads = 32 * tiles.warps
         self.smem_bytes = 0  # set when traced
@@ -184,7 +105,7 @@ class FlashAttention1Sm80:
                  mLSE: cute.Tensor, mOacc: cute.Tensor, mL: cute.Tensor, mM: cute.Tensor,
                  softmax_scale: Float32, stream: cuda.CUstream):
         D, Br, Bc = self.head_dim, self.Br, self.Bc
-        sQ_layout = sm80.smem_layout(self.dtype, Br, D, Q_STAGES)
+        sQ_layout = sm80.smem_layout(self.dtype, Br, D, self.q_stages)
         sKV_layout = sm80.smem_layout(self.dtype, Bc, D, self.kv_stages)
 
         @cute.struct
@@ -231,7 +152,7 @@ class FlashAttention1Sm80:
         sQ = storage.sQ.get_tensor(sQ_layout)    # (Br, D, 2): this step's Q tile and the next one's
         sK = storage.sK.get_tensor(sKV_layout)   # (Bc, D, kv_stages)
         sV = storage.sV.get_tensor(sKV_layout)
-        sVt = sm80.transpose_view(sV)            # (D, Bc, kv_stages): V^T for O += P V
+        sVt = transpose_view(sV)            # (D, Bc, kv_stages): V^T for O += P V
 
         # global -> shared (cp.async) partitions, with coordinates for the row predicates
         g2s = copy_g2s.get_slice(tidx)
@@ -249,7 +170,7 @@ class FlashAttention1Sm80:
         s2r_K = sm80.ldmatrix_copy_B(self.dtype, mma).get_slice(tidx)
         s2r_V = sm80.ldmatrix_copy_B(self.dtype, mma, transpose=True).get_slice(tidx)
         cS = cute.make_identity_tensor((Br, Bc))
-        tScS = sm80.rows_view(thr_mma.partition_C(cS))
+        tScS = rows_cols(thr_mma.partition_C(cS))
         mm = _bundle(
             mma=mma, tSrQ=thr_mma.make_fragment_A(thr_mma.partition_A(sQ[None, None, 0])),
             tSrK=thr_mma.make_fragment_B(thr_mma.partition_B(sK[None, None, 0])),
@@ -257,16 +178,17 @@ class FlashAttention1Sm80:
             s2r_Q=s2r_Q, s2r_K=s2r_K, s2r_V=s2r_V, tSsQ=s2r_Q.partition_S(sQ),
             tSsK=s2r_K.partition_S(sK), tOsVt=s2r_V.partition_S(sVt),
             tOgOacc=thr_mma.partition_C(gOacc), tOgO=thr_mma.partition_C(gO),
-            tOcO=sm80.rows_view(thr_mma.partition_C(cute.make_identity_tensor((Br, D)))),
-            tScS=tScS, t0ScS=sm80.rows_view(thr0.partition_C(cS)),
+            tOcO=rows_cols(thr_mma.partition_C(cute.make_identity_tensor((Br, D)))),
+            tScS=tScS, t0ScS=rows_cols(thr0.partition_C(cS)),
             quad_leader=tScS[0][1] == 0, leader_lane=cute.arch.lane_idx() // 4 * 4,
             scale_log2=scale_log2, mL=mL[batch, head, None], mM=mM[batch, head, None],
-            mLSE=mLSE[batch, head, None], seqlen_q=seqlen_q, seqlen_k=seqlen_k)
+            mLSE=mLSE[batch, head, None], seqlen_q=seqlen_q, seqlen_k=seqlen_k,
+            mask=AttentionMask(seqlen_q, seqlen_k, select=False))
 
         # Line 2: O = 0, l = 0, m = -inf in HBM. A Q tile that sees no key at all (causal with
         # seqlen_q > seqlen_k) is never visited: its output is written now (O = 0, LSE = -inf).
         for i in cutlass.range(Tr, unroll=1):
-            if mask.kv_tile_end(i, Br, Bc, seqlen_q, seqlen_k, self.causal) > 0:
+            if self.blocks.kv_tile_end(i, seqlen_q, seqlen_k) > 0:
                 self.init_state(mm, i)
             else:
                 self.write_empty_output(mm, i)
@@ -278,8 +200,8 @@ class FlashAttention1Sm80:
         m_old = cute.make_rmem_tensor(num_rows, Float32)
 
         # Prologue: K_0, V_0 (line 6 of the first outer iteration); Q, O, l, m of the first step
-        n_j = mask.kv_tile_end(Tr - 1, Br, Bc, seqlen_q, seqlen_k, self.causal)
-        i_first = q_tile_start(0, Br, Bc, seqlen_q, seqlen_k, self.causal)
+        n_j = self.blocks.kv_tile_end(Tr - 1, seqlen_q, seqlen_k)
+        i_first = self.blocks.q_tile_start(0, seqlen_q, seqlen_k)
         self.load_kv(ld, 0, 0)
         self.load_q(ld, i_first, 0)
         cute.arch.cp_async_commit_group()
@@ -293,8 +215,8 @@ class FlashAttention1Sm80:
             if const_expr(self.kv_stages == 2):  # K_{j+1}, V_{j+1} into the other buffer
                 if j + 1 < n_j:
                     self.load_kv(ld, j + 1, 1 - kv_stage)
-            i_start = q_tile_start(j, Br, Bc, seqlen_q, seqlen_k, self.causal)
-            i_unmasked = q_tile_unmasked_start(j, Br, Bc, seqlen_q, seqlen_k, self.causal)
+            i_start = self.blocks.q_tile_start(j, seqlen_q, seqlen_k)
+            i_unmasked = self.blocks.q_tile_unmasked_start(j, seqlen_q, seqlen_k)
             is_tail = j == Tc - 1  # the only K/V tile that can pass seqlen_k
             for i in cutlass.range(i_start, Tr, unroll=1):  # line 7: the inner loop over Q tiles
                 q_stage = step_count % 2
@@ -302,13 +224,13 @@ class FlashAttention1Sm80:
                 i_next = i + 1
                 has_next = i_next < Tr
                 if not has_next:
-                    i_next = q_tile_start(j + 1, Br, Bc, seqlen_q, seqlen_k, self.causal)
+                    i_next = self.blocks.q_tile_start(j + 1, seqlen_q, seqlen_k)
                     has_next = j + 1 < n_j
                 if has_next:  # its Q tile into the other buffer, while this step computes
                     self.load_q(ld, i_next, 1 - q_stage)
                 cute.arch.cp_async_commit_group()
 
-                is_last = j == mask.kv_tile_end(i, Br, Bc, seqlen_q, seqlen_k, self.causal) - 1
+                is_last = j == self.blocks.kv_tile_end(i, seqlen_q, seqlen_k) - 1
                 masked = i < i_unmasked  # always False when not causal
                 if is_tail:
                     if masked:
@@ -354,28 +276,26 @@ class FlashAttention1Sm80:
         acc_S.fill(0.0)
         sm80.gemm_ss(mm.mma, acc_S, mm.tSrQ, mm.tSrK, mm.tSsQ[None, None, None, q_stage],
                      mm.tSsK[None, None, None, kv_stage], mm.s2r_Q, mm.s2r_K)
-        S = sm80.rows_view(acc_S)
+        S = rows_cols(acc_S)
         if const_expr(mask_seqlen or mask_causal):
-            mask.apply_mask(S, mm.tScS, mm.t0ScS, i * Br, j * Bc, mm.seqlen_q, mm.seqlen_k,
-                            mask_seqlen=mask_seqlen, mask_causal=mask_causal)
+            mm.mask.apply(S, mm.tScS, mm.t0ScS, i * Br, j * Bc, mask_seqlen, mask_causal)
 
-        # the row state m_i, l_i, broadcast from the quad's leader lane (which read it); this step's
-        # partial row sums start at 0
-        O = sm80.rows_view(acc_O)
+        # the row state m_i, l_i, broadcast from the quad's leader lane (which read it)
+        O = rows_cols(acc_O)
         num_rows = cute.size(O, mode=[0])
-        softmax = OnlineSoftmax(num_rows, mm.scale_log2)
+        m_i = cute.make_rmem_tensor(num_rows, Float32)
         l_i = cute.make_rmem_tensor(num_rows, Float32)
         for r in cutlass.range_constexpr(num_rows):
             l_i[r] = cute.arch.shuffle_sync(l_old[r], mm.leader_lane)
-            softmax.row_max[r] = cute.arch.shuffle_sync(m_old[r], mm.leader_lane)
-            softmax.row_sum[r] = 0.0
+            m_i[r] = cute.arch.shuffle_sync(m_old[r], mm.leader_lane)
+        softmax = OnlineSoftmax(num_rows, mm.scale_log2)
+        softmax.resume(m_i, l_i)
 
         # lines 10-11: m_new = max(m_i, rowmax S); P = exp(S - m_new) (= e^(m~ - m_new) P~);
         # l_new = e^(m_i - m_new) l_i + rowsum P
         alpha = softmax.update(S, is_first=False)
-        l_new = cute.make_rmem_tensor(num_rows, Float32)
+        l_new = softmax.resumed_sum(alpha)
         for r in cutlass.range_constexpr(num_rows):
-            l_new[r] = alpha[r] * l_i[r] + quad_allreduce(softmax.row_sum[r], lambda a, b: a + b)
             inv_l = 0.0 if l_new[r] == 0.0 else cute.arch.rcp_approx(l_new[r])
             # line 12: O_i = diag(l_new)^-1 (diag(l_i) e^(m_i - m_new) O_i + P V_j)
             o_scale = l_i[r] * alpha[r] * inv_l
@@ -385,26 +305,25 @@ class FlashAttention1Sm80:
                 S[r, c] = S[r, c] * inv_l
         rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
         rP.store(acc_S.load().to(self.dtype))
-        sm80.gemm_rs(mm.mma, acc_O, sm80.acc_as_A(rP), mm.tOrVt,
+        sm80.gemm_rs(mm.mma, acc_O, acc_as_operand_a(rP), mm.tOrVt,
                      mm.tOsVt[None, None, None, kv_stage], mm.s2r_V)
 
         # lines 12-13: write O_i, l_i, m_i back to HBM; after the last K/V tile this Q tile sees,
         # write the output and LSE = m + log l instead (what Algorithm 1 leaves in HBM, finished)
+        m_new = softmax.row_max
         if is_last:
             self.write_output(mm, acc_O, i)
             for r in cutlass.range_constexpr(num_rows):
                 row = i * Br + mm.tScS[r, 0][0]
                 if mm.quad_leader and row < mm.seqlen_q:
-                    mm.mLSE[row] = -Float32.inf if l_new[r] == 0.0 else (
-                        softmax.row_max[r] * mm.scale_log2 + cute.math.log2(l_new[r], fastmath=True)
-                    ) * LN_2
+                    mm.mLSE[row] = log_sum_exp(m_new[r], mm.scale_log2, l_new[r], l_new[r] == 0.0)
         else:
             cute.autovec_copy(acc_O, mm.tOgOacc[None, None, None, i])
             if mm.quad_leader:
                 for r in cutlass.range_constexpr(num_rows):
                     row = i * Br + mm.tScS[r, 0][0]
                     mm.mL[row] = l_new[r]
-                    mm.mM[row] = softmax.row_max[r]
+                    mm.mM[row] = m_new[r]
 
     # ------------------------------------------------------------------------------------------
     # loads and stores
@@ -455,8 +374,8 @@ class FlashAttention1Sm80:
         """O tile i (fp32 registers) -> dtype -> the output, rows < seqlen_q only."""
         rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
         rO.store(acc_O.load().to(self.dtype))
-        rO_rows = sm80.rows_view(rO)
-        gO_rows = sm80.rows_view(mm.tOgO[None, None, None, i])
+        rO_rows = rows_cols(rO)
+        gO_rows = rows_cols(mm.tOgO[None, None, None, i])
         for r in cutlass.range_constexpr(cute.size(rO_rows, mode=[0])):
             if i * self.Br + mm.tOcO[r, 0][0] < mm.seqlen_q:
                 cute.autovec_copy(rO_rows[r, None], gO_rows[r, None])
@@ -497,66 +416,71 @@ def fake_args(dtype: str, head_dim: int, align: int = interop.DEFAULT_ALIGN):
             make_fake_stream(use_tvm_ffi_env_stream=True))
 
 
-def _tiles(arch: str, head_dim: int, dtype: str, causal: bool) -> tuple:
-    return fa1_tiles(arch, head_dim).key()
+# Tile table. Per (i, j) step FA1 moves tile_m x D of Q (dtype) and 2 x tile_m x D of O (fp32) through HBM
+# for 4 tile_m tile_n D flops, an arithmetic intensity of ~0.4 tile_n flop/byte whatever tile_m is, so FA1
+# wants tile_n large and tile_m may be small (the paper takes Bc = M / 4d >= Br = min(Bc, d), Algorithm 1
+# line 1). With 4 warps and mma.sync the registers hold tile_m x tile_n (S) + tile_m x D (O) fp32 values over
+# 128 threads, so 64 x 128 at D = 64 / 96 / 128 (128 x 128 at D = 64 spills a few bytes), and 64 x 64 (FA2's
+# tile) at D = 256, where K/V are single-buffered to fit shared memory (tens of bytes per thread spill there,
+# as compiled for sm80). Q is double-buffered (q_stages = 2: the next step's Q tile is prefetched).
+CONFIGS = {64: Sm80Config(64, 128, 4, 2, 2), 96: Sm80Config(64, 128, 4, 2, 2),
+           128: Sm80Config(64, 128, 4, 2, 2), 256: Sm80Config(64, 64, 4, 1, 2)}
 
 
-def _build(cfg: cc.StaticConfig):
-    kernel = FlashAttention1Sm80(interop.cute_dtype(cfg.dtype), cfg.head_dim, cfg.causal,
-                                 AttentionTiles.from_key(cfg.tiles))
+def default_config(arch: str, head_dim: int, causal: bool = False) -> Sm80Config:
+    """The FA1 tile configuration for an arch and head_dim (ValueError if head_dim is unsupported). On parts
+    with less shared memory (sm86/89/120: 99 KiB) K/V drop to one buffer, then tile_n halves, until it fits."""
+    if head_dim not in CONFIGS:
+        raise ValueError(f"fa1: head_dim {head_dim} has no tile configuration; supported: {HEAD_DIMS}")
+    config = CONFIGS[head_dim]
+    while config.smem_bytes(head_dim) > smem_capacity(arch) and (config.stages > 1 or config.tile_n > 32):
+        config = dataclasses.replace(config, stages=1) if config.stages > 1 else dataclasses.replace(
+            config, tile_n=config.tile_n // 2)
+    return config.check(arch, head_dim)
+
+
+def _check_config(config: Sm80Config, arch: str, head_dim: int) -> Sm80Config:
+    if config.q_stages != 2:
+        raise ValueError(f"fa1: {config}: the Q prefetch is written for q_stages=2")
+    return config.check(arch, head_dim)
+
+
+def _build(cfg: StaticConfig):
+    kernel = FlashAttention1Sm80(interop.cute_dtype(cfg.dtype), cfg.head_dim, cfg.causal, cfg.config)
     return kernel, fake_args(cfg.dtype, cfg.head_dim, cfg.align)
 
 
-cc.register_variant(
-    "fa1", build=_build, tiles=_tiles, archs=("sm_80", "sm_86", "sm_89", "sm_90a"),
-    dtypes=("fp16", "bf16"), head_dims=HEAD_DIMS, module=__name__,
-    description="FlashAttention-1 (K/V outer loop, one CTA per (batch, head), O/l/m in HBM; "
-                "cp.async + ldmatrix + mma.sync)")
+def _check_problem(config: Sm80Config, q: torch.Tensor, k: torch.Tensor) -> None:
+    if q.shape[0] * q.shape[2] > MAX_CTAS:
+        raise ValueError(f"fa1: batch x num_heads ({q.shape[0]} x {q.shape[2]}) must be <= 2^31 - 1 (one CTA each)")
 
 
-def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
-        softmax_scale: float, tiles: AttentionTiles | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """FA1 forward on CUDA tensors, the kernel module contract of HELPERS.md.
-
-    Args: q (B, Nq, H, D), k and v (B, Nk, Hkv, D), fp16 or bf16, H % Hkv == 0, D in HEAD_DIMS,
-    last-dimension stride 1 (other strides anything; inputs not 16-byte aligned are copied);
-    softmax_scale any finite real (a negative one runs as softmax(|scale| (-Q) K^T), zero as all
-    scores 0). `tiles` overrides the tile configuration (ablations; checked against the arch).
-    Allocates the fp32 HBM state of Algorithm 1 (O: B*H*ceil(Nq/Br)*Br*D*4 bytes, l and m) per call.
-    Returns (out (B, Nq, H, D) like q, lse float32 (B, H, Nq), natural log).
-    Raises ValueError for a shape it cannot serve (head_dim, dtype, batch x heads >= 2^31, scale).
-    """
+def _prepare(config: Sm80Config, q, k, v, out, lse, scale: float) -> tuple:
+    """Runtime arguments: the standard ones plus the fp32 HBM state of Algorithm 1, O (B, H, Nq_pad, D),
+    l and m (B, H, Nq_pad), Nq_pad = ceil(Nq / tile_m) tile_m (allocated per call)."""
     b, nq, h, d = q.shape
-    if d not in HEAD_DIMS:
-        raise ValueError(f"fa1: head_dim {d} not supported; supported: {HEAD_DIMS}")
-    if q.dtype not in DTYPES:
-        raise ValueError(f"fa1: dtype {q.dtype} not supported; supported: {DTYPES}")
-    if b * h > MAX_CTAS:
-        raise ValueError(f"fa1: batch x num_heads ({b} x {h}) must be <= 2^31 - 1 (one CTA each)")
-    scale = float(softmax_scale)
-    if not math.isfinite(scale):
-        raise ValueError(f"fa1: softmax_scale must be finite, got {softmax_scale}")
-    if scale < 0:  # the online max needs scale > 0: softmax(s Q K^T) = softmax(|s| (-Q) K^T)
-        q, scale = -q, -scale
-    elif scale == 0:  # every score 0: a uniform average of the visible keys
-        q, scale = torch.zeros_like(q), 1.0
-    if q.numel() == 0 or k.shape[1] == 0:  # nothing to launch: O = 0, LSE = -inf (as api.py does)
-        return (torch.zeros_like(q, memory_format=torch.contiguous_format),
-                torch.full((b, h, nq), -math.inf, dtype=torch.float32, device=q.device))
-    arch = interop.device_arch(q.device)
-    if tiles is None:
-        cfg = cc.config_for("fa1", arch, interop.dtype_name(q.dtype), d, causal)
-    else:
-        cfg = cc.StaticConfig("fa1", arch, interop.dtype_name(q.dtype), d, bool(causal),
-                              check_tiles(tiles, arch, d).key())
-    Br = AttentionTiles.from_key(cfg.tiles).Br
-    fn = cc.get_compiled(cfg).fn
-    q, k, v = (interop.aligned(t) for t in (q, k, v))
-    out, lse = interop.new_outputs(q)
-    nq_pad = -(-nq // Br) * Br
+    nq_pad = -(-nq // config.tile_m) * config.tile_m
     o_acc = torch.empty((b, h, nq_pad, d), dtype=torch.float32, device=q.device)
     l = torch.empty((b, h, nq_pad), dtype=torch.float32, device=q.device)
     m = torch.empty((b, h, nq_pad), dtype=torch.float32, device=q.device)
-    with torch.cuda.device(q.device):
-        fn(q, k, v, out, lse, o_acc, l, m, scale)
-    return out, lse
+    return q, k, v, out, lse, o_acc, l, m, scale
+
+
+VARIANT = Variant(
+    "fa1", archs=("sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_120a"), dtypes=DTYPES, head_dims=HEAD_DIMS,
+    default_config=default_config, check_config=_check_config, build=_build, prepare=_prepare,
+    check_problem=_check_problem)
+
+
+def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, softmax_scale: float,
+        config: Sm80Config | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """FA1 forward on CUDA tensors (`common.launch.launch`).
+
+    Args: q (B, Nq, H, D), k and v (B, Nk, Hkv, D), fp16 or bf16, H % Hkv == 0, D in HEAD_DIMS,
+    last-dimension stride 1 (other strides anything; inputs not 16-byte aligned are copied);
+    softmax_scale any finite real; `config` overrides the tile table (ablations; checked against the arch).
+    Allocates the fp32 HBM state of Algorithm 1 (O: B*H*ceil(Nq/tile_m)*tile_m*D*4 bytes, l and m) per call.
+    Returns (out (B, Nq, H, D) like q, lse float32 (B, H, Nq), natural log).
+    Raises ValueError for a shape it cannot serve (head_dim, dtype, batch x heads >= 2^31, scale).
+    """
+    return VARIANT.run(q, k, v, causal=causal, softmax_scale=softmax_scale, config=config)

@@ -20,10 +20,10 @@ section 3.2, written with the CuTe DSL:
   shared memory, masked in S, and never written. GQA / MQA: query head h reads KV head
   h // (num_heads // num_heads_kv). Any strides with a unit last dimension (16-byte aligned).
 
-Kernel module contract (HELPERS.md): HEAD_DIMS, DTYPES, run(q, k, v, *, causal, softmax_scale).
-Learnt from (never copied): NVIDIA CUTLASS ``examples/python/CuTeDSL/ampere/flash_attention_v2.py``
-(single K/V stage, no LSE, top-left causal; this kernel double-buffers, writes the LSE, and aligns
-causal bottom-right) and flash-attention ``flash_attn/cute/flash_fwd.py`` (Tri Dao et al.).
+The module's ``VARIANT`` record (`common.launch.Variant`) registers it; ``run`` launches it.
+Adapted from NVIDIA/cutlass:examples/python/CuTeDSL/ampere/flash_attention_v2.py::FlashAttentionForwardAmpere
+(single K/V stage, no LSE, top-left causal; this kernel double-buffers, writes the LSE, and aligns causal
+bottom-right) and Dao-AILab/flash-attention:flash_attn/cute/flash_fwd.py::FlashAttentionForwardSm80.
 """
 from __future__ import annotations
 
@@ -35,10 +35,14 @@ import cutlass.cute as cute
 import torch
 from cutlass import Float32, Int32, const_expr
 
-from fa_variants.common import compile as cc
-from fa_variants.common import interop, mask, sm80
-from fa_variants.common.softmax import LOG2_E, OnlineSoftmax, positive_scale
-from fa_variants.common.tiles import AttentionTiles, fa2_tiles
+from fa_variants.common import interop, sm80
+from fa_variants.common.cache import StaticConfig
+from fa_variants.common.config import Sm80Config, smem_capacity
+from fa_variants.common.launch import Variant
+from fa_variants.common.layout import acc_as_operand_a, rows_cols, transpose_view
+from fa_variants.common.mask import AttentionMask, BlockInfo
+from fa_variants.common.scale import LOG2_E
+from fa_variants.common.softmax import OnlineSoftmax
 
 HEAD_DIMS: tuple[int, ...] = (64, 96, 128, 256)
 DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16)
@@ -52,11 +56,12 @@ class FlashAttention2Sm80:
     `kernel` is the device side, which reads top-down like Algorithm 1.
     """
 
-    def __init__(self, dtype, head_dim: int, causal: bool, tiles: AttentionTiles):
+    def __init__(self, dtype, head_dim: int, causal: bool, tiles: Sm80Config):
         self.dtype = dtype
         self.head_dim = head_dim
         self.causal = causal
-        self.Br, self.Bc, self.stages = tiles.Br, tiles.Bc, tiles.stages
+        self.Br, self.Bc, self.stages = tiles.tile_m, tiles.tile_n, tiles.stages
+        self.blocks = BlockInfo(tiles.tile_m, tiles.tile_n, causal)
         self.num_warps = tiles.warps
         self.num_threads = 32 * tiles.warps
         assert self.stages == 2, "the K/V pipeline below is written for two stages"
@@ -112,7 +117,7 @@ class FlashAttention2Sm80:
         sQ = storage.sQ.get_tensor(sQ_layout)
         sK = storage.sK.get_tensor(sKV_layout)   # (Bc, D, stage)
         sV = storage.sV.get_tensor(sKV_layout)
-        sVt = sm80.transpose_view(sV)            # (D, Bc, stage): V^T for O += P V
+        sVt = transpose_view(sV)            # (D, Bc, stage): V^T for O += P V
 
         # global -> shared (cp.async) partitions, with coordinates for the row predicates
         g2s = copy_g2s.get_slice(tidx)
@@ -135,26 +140,26 @@ class FlashAttention2Sm80:
         # Algorithm 1 line 4: O = 0, l = 0, m = -inf (O and S in registers, fp32)
         acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C((Br, D)), Float32)
         acc_O.fill(0.0)
-        O = sm80.rows_view(acc_O)
+        O = rows_cols(acc_O)
         softmax = OnlineSoftmax(cute.size(O, mode=[0]), scale_log2)
         softmax.reset()
         cS = cute.make_identity_tensor((Br, Bc))
-        tScS = sm80.rows_view(thr_mma.partition_C(cS))
-        t0ScS = sm80.rows_view(mma.get_slice(0).partition_C(cS))
+        tScS = rows_cols(thr_mma.partition_C(cS))
+        t0ScS = rows_cols(mma.get_slice(0).partition_C(cS))
 
         # K/V tiles this Q tile needs: n in [0, n_end), visited n_end-1 down to 0 (causal skipping)
-        n_end = mask.kv_tile_end(m_block, Br, Bc, seqlen_q, seqlen_k, self.causal)
+        n_end = self.blocks.kv_tile_end(m_block, seqlen_q, seqlen_k)
         n_causal = n_end  # tiles n >= n_causal cross the diagonal and need the causal mask;
         # only the last tile, ceil(seqlen_k / Bc) - 1, can pass seqlen_k, and if needed it comes first
         if const_expr(self.causal):
-            n_causal = mask.kv_tile_causal_start(m_block, Br, Bc, seqlen_q, seqlen_k)
+            n_causal = self.blocks.kv_tile_causal_start(m_block, seqlen_q, seqlen_k)
 
         kv = SimpleNamespace(copy=copy_g2s, tKgK=tKgK, tKsK=tKsK, tVgV=tVgV, tVsV=tVsV, tKVc=tKVc,
                              seqlen_k=seqlen_k)
         mm = SimpleNamespace(mma=mma, tSrQ=tSrQ, tSrK=tSrK, tOrVt=tOrVt, s2r_Q=s2r_Q, s2r_K=s2r_K,
                              s2r_V=s2r_V, tSsQ=tSsQ, tSsK=tSsK, tOsVt=tOsVt, acc_O=acc_O, O=O,
                              tScS=tScS, t0ScS=t0ScS, softmax=softmax, m_block=m_block,
-                             seqlen_q=seqlen_q, seqlen_k=seqlen_k)
+                             mask=AttentionMask(seqlen_q, seqlen_k, select=False))
 
         # Prologue (line 6: load Q_i): cp.async groups [Q, K(n_end-1)], [V(n_end-1)], [K(n_end-2)]
         sm80.copy_rows(copy_g2s, tQgQ, tQsQ, tQcQ, seqlen_q - m_block * Br, check_rows=True,
@@ -217,10 +222,9 @@ class FlashAttention2Sm80:
         sm80.gemm_ss(mm.mma, acc_S, mm.tSrQ, mm.tSrK, mm.tSsQ, mm.tSsK[None, None, None, stage],
                      mm.s2r_Q, mm.s2r_K)
         # line 9: m, P = exp2(S - m), l;  line 10 (first half): O *= exp2(m_old - m_new)
-        S = sm80.rows_view(acc_S)
+        S = rows_cols(acc_S)
         if const_expr(mask_seqlen or mask_causal):
-            mask.apply_mask(S, mm.tScS, mm.t0ScS, mm.m_block * Br, n * Bc, mm.seqlen_q, mm.seqlen_k,
-                            mask_seqlen=mask_seqlen, mask_causal=mask_causal)
+            mm.mask.apply(S, mm.tScS, mm.t0ScS, mm.m_block * Br, n * Bc, mask_seqlen, mask_causal)
         alpha = mm.softmax.update(S, is_first=is_first)
         if const_expr(not is_first):
             mm.softmax.rescale(mm.O, alpha)
@@ -233,7 +237,7 @@ class FlashAttention2Sm80:
             self.load_kv(kv, kv.tKgK, kv.tKsK, n - 2, stage, tail=False)
         cute.arch.cp_async_commit_group()
         # line 10, second half: O += P V_n, P straight from registers
-        sm80.gemm_rs(mm.mma, mm.acc_O, sm80.acc_as_A(rP), mm.tOrVt,
+        sm80.gemm_rs(mm.mma, mm.acc_O, acc_as_operand_a(rP), mm.tOrVt,
                      mm.tOsVt[None, None, None, stage], mm.s2r_V)
 
     @cute.jit
@@ -255,7 +259,7 @@ class FlashAttention2Sm80:
 
         thr_mma = mma.get_slice(tidx)
         cO = cute.make_identity_tensor((Br, D))
-        tOcO = sm80.rows_view(thr_mma.partition_C(cO))
+        tOcO = rows_cols(thr_mma.partition_C(cO))
         if tOcO[0][1] == 0:
             for r in cutlass.range_constexpr(cute.size(lse)):
                 row = m_block * Br + tOcO[r, 0][0]
@@ -275,47 +279,61 @@ class FlashAttention2Sm80:
 
 
 # ----------------------------------------------------------------------------------------------
-# registration and the backend contract
+# the variant record
 # ----------------------------------------------------------------------------------------------
-def _tiles(arch: str, head_dim: int, dtype: str, causal: bool) -> tuple:
-    return fa2_tiles(arch, head_dim, dtype, causal).key()
+# Tile table. Following FlashAttention-2's own sm80 table (flash-attention csrc flash_fwd_launch_template.h)
+# as a start: 4 warps, tile_m = 128 (two 16-row MMA blocks per warp, so each K/V fragment read from shared
+# memory feeds two MMAs), and tile_m = 64 for D = 256 (a 128-row O accumulator would not fit in registers).
+# tile_n is then the widest that compiles without local-memory spills (`fa-variants compile`, sm_80, ptxas of
+# nvidia-cutlass-dsl 4.8.1): FA2's 128 x 128 at D = 64 and 128 x 64 at D = 96 / 128 spill 8-32 bytes once
+# K/V are double-buffered, so D = 64 uses tile_n = 64 and D = 96 / 128 use 32 (FA2's own choice for sm86 /
+# sm89 at D = 128). K and V are double-buffered (stages = 2). Parts with 99 KiB of shared memory per CTA
+# (sm86 / sm89 / sm120) get a narrower tile_n at D = 256.
+CONFIGS = {64: Sm80Config(128, 64), 96: Sm80Config(128, 32), 128: Sm80Config(128, 32), 256: Sm80Config(64, 64)}
+SMALL_SMEM_CONFIGS = {256: Sm80Config(64, 32)}
 
 
-def _build(cfg: cc.StaticConfig):
-    kernel = FlashAttention2Sm80(interop.cute_dtype(cfg.dtype), cfg.head_dim, cfg.causal,
-                                 AttentionTiles.from_key(cfg.tiles))
+def default_config(arch: str, head_dim: int, causal: bool) -> Sm80Config:
+    """The FA2 tile configuration for an arch and head_dim (ValueError if head_dim is unsupported)."""
+    if head_dim not in CONFIGS:
+        raise ValueError(f"fa2: head_dim {head_dim} has no tile configuration; supported: {sorted(CONFIGS)}")
+    config = CONFIGS[head_dim]
+    if smem_capacity(arch) < config.smem_bytes(head_dim):
+        config = SMALL_SMEM_CONFIGS.get(head_dim, config)
+    return config.check(arch, head_dim)
+
+
+def _check_config(config: Sm80Config, arch: str, head_dim: int) -> Sm80Config:
+    if config.stages != 2 or config.q_stages != 1:
+        raise ValueError(f"fa2: {config}: the K/V pipeline is written for stages=2, q_stages=1")
+    return config.check(arch, head_dim)
+
+
+def _build(cfg: StaticConfig):
+    kernel = FlashAttention2Sm80(interop.cute_dtype(cfg.dtype), cfg.head_dim, cfg.causal, cfg.config)
     return kernel, interop.fake_attention_args(cfg.dtype, cfg.head_dim, cfg.align)
 
 
-cc.register_variant(
-    "fa2", build=_build, tiles=_tiles, archs=("sm_80", "sm_86", "sm_89", "sm_90a"),
-    dtypes=("fp16", "bf16"), head_dims=HEAD_DIMS, module=__name__,
-    description="FlashAttention-2 (Q outer loop, 4 warps split Q, cp.async + ldmatrix + mma.sync)")
-
-
-def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
-        softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """FA2 forward on CUDA tensors, the kernel module contract of HELPERS.md.
-
-    Args: q (B, Nq, H, D), k and v (B, Nk, Hkv, D), fp16 or bf16, H % Hkv == 0, D in HEAD_DIMS,
-    last-dimension stride 1 (other strides anything; inputs not 16-byte aligned are copied).
-    Returns (out (B, Nq, H, D) like q, lse float32 (B, H, Nq), natural log).
-    Raises ValueError for a shape it cannot serve (head_dim, dtype, H or B above 65535).
-    """
-    b, nq, h, d = q.shape
-    if d not in HEAD_DIMS:
-        raise ValueError(f"fa2: head_dim {d} not supported; supported: {HEAD_DIMS}")
-    if q.dtype not in DTYPES:
-        raise ValueError(f"fa2: dtype {q.dtype} not supported; supported: {DTYPES}")
+def _check_problem(config: Sm80Config, q: torch.Tensor, k: torch.Tensor) -> None:
+    b, _, h, _ = q.shape
     if h > MAX_GRID_YZ or b > MAX_GRID_YZ:
         raise ValueError(f"fa2: num_heads ({h}) and batch ({b}) must each be <= {MAX_GRID_YZ} "
                          "(they index gridDim.y / gridDim.z)")
-    cfg = cc.config_for("fa2", interop.device_arch(q.device), interop.dtype_name(q.dtype), d, causal)
-    fn = cc.get_compiled(cfg).fn
-    q, k, v = (interop.aligned(t) for t in (q, k, v))
-    k, scale = positive_scale(k, softmax_scale)
-    out, lse = interop.new_outputs(q)
-    with torch.cuda.device(q.device):
-        fn(q, k, v, out, lse, scale)
-    return out, lse
 
+
+VARIANT = Variant(
+    "fa2", archs=("sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_120a"), dtypes=DTYPES, head_dims=HEAD_DIMS,
+    default_config=default_config, check_config=_check_config, build=_build, check_problem=_check_problem)
+
+
+def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, softmax_scale: float,
+        config: Sm80Config | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """FA2 forward on CUDA tensors (`common.launch.launch`).
+
+    Args: q (B, Nq, H, D), k and v (B, Nk, Hkv, D), fp16 or bf16, H % Hkv == 0, D in HEAD_DIMS,
+    last-dimension stride 1 (other strides anything; inputs not 16-byte aligned are copied);
+    softmax_scale any finite real; `config` overrides the tile table (tile sweeps).
+    Returns (out (B, Nq, H, D) like q, lse float32 (B, H, Nq), natural log).
+    Raises ValueError for a shape it cannot serve (head_dim, dtype, H or B above 65535).
+    """
+    return VARIANT.run(q, k, v, causal=causal, softmax_scale=softmax_scale, config=config)

@@ -1,19 +1,25 @@
-"""Causal (bottom-right) and sequence-end masks, and the K/V tile ranges they imply.
+"""Which K/V tiles a query tile needs (`BlockInfo`) and the element mask inside a tile (`AttentionMask`).
 
-Convention (flash-attn >= 2.1, DESIGN.md): query i sees key j iff j <= i + (seqlen_k - seqlen_q)
-when causal, and always j < seqlen_k. With query tiles of Br rows and key tiles of Bc columns:
+Convention (flash-attn >= 2.1; docs/design.md, "Causal alignment"): query i sees key j iff j < seqlen_k
+and, when causal, j <= i + (seqlen_k - seqlen_q) (bottom-right aligned). With query tiles of tile_m rows
+and key tiles of tile_n columns:
 
 * `kv_tile_end(m_block)`: K/V tiles n >= this are wholly invisible to query tile m_block (above the
-  diagonal, or past seqlen_k) and are skipped, never loaded (FA2 section 3.1, causal tile skipping).
-  0 means no row of the tile sees any key: its output is 0 and its LSE -inf.
-* `kv_tile_causal_start(m_block)`: tiles n >= this cross the diagonal for some row of the tile and
-  need the causal mask; tiles below it are fully visible and run unmasked. Only the last K/V tile
-  (n = ceil(seqlen_k / Bc) - 1) can need the sequence-end mask.
-* `apply_mask`: sets S to -inf where masked, on a (rows, cols) register view of the S accumulator.
+  diagonal, or past seqlen_k) and are skipped, never loaded (FA2 section 3.1). 0: no row of the tile
+  sees any key (its output is 0, its LSE -inf).
+* `kv_tile_causal_start(m_block)`: tiles n >= this cross the diagonal for some row of the tile and need
+  the causal mask; the tiles before it run unmasked. Only the last K/V tile can need the seqlen_k mask.
+* `q_tile_start(n_block)` and `q_tile_unmasked_start(n_block)`: the same facts seen from a K/V tile (the
+  K/V-outer loop of FA1): i >= q_tile_start(n) <=> n < kv_tile_end(i), and i >= q_tile_unmasked_start(n)
+  <=> n < kv_tile_causal_start(i).
 
-The same arithmetic works on Python ints (used by the CPU tests) and on DSL Int32 values.
+The tile arithmetic works on Python ints (the CPU tests) and on DSL Int32 values alike.
+Adapted in shape (small frozen objects) from Dao-AILab/flash-attention:flash_attn/cute/block_info.py::BlockInfo
+and flash_attn/cute/mask.py::AttentionMask.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
@@ -32,49 +38,89 @@ def _max(a, b):
     return max(a, b) if isinstance(a, int) and isinstance(b, int) else cutlass.max(a, b)
 
 
-def kv_tile_end(m_block, Br: int, Bc: int, seqlen_q, seqlen_k, causal: bool):
-    """One past the last K/V tile that query tile `m_block` needs (0: none)."""
-    n_end = _ceil_div(seqlen_k, Bc)
-    if causal:
-        last_row = _min(m_block * Br + Br, seqlen_q)  # rows < last_row exist in this tile
-        keys = last_row + seqlen_k - seqlen_q  # keys 0 .. keys-1 are visible to its last row
-        n_end = _min(n_end, _ceil_div(_max(keys, 0), Bc))
-    return n_end
+@dataclass(frozen=True)
+class BlockInfo:
+    """Tile ranges of a (tile_m x tile_n)-tiled attention with bottom-right causal alignment."""
+
+    tile_m: int
+    tile_n: int
+    causal: bool
+
+    def kv_tile_end(self, m_block, seqlen_q, seqlen_k):
+        """One past the last K/V tile that query tile `m_block` needs (0: none)."""
+        n_end = _ceil_div(seqlen_k, self.tile_n)
+        if self.causal:
+            last_row = _min(m_block * self.tile_m + self.tile_m, seqlen_q)  # rows < last_row exist
+            keys = last_row + seqlen_k - seqlen_q  # keys 0 .. keys-1 are visible to its last row
+            n_end = _min(n_end, _ceil_div(_max(keys, 0), self.tile_n))
+        return n_end
+
+    def kv_tile_causal_start(self, m_block, seqlen_q, seqlen_k):
+        """First K/V tile crossing the causal diagonal for some row of query tile `m_block`: tile n is
+        fully visible to the tile's first row iff (n + 1) tile_n - 1 <= m_block tile_m + shift."""
+        first = m_block * self.tile_m + seqlen_k - seqlen_q + 1  # keys 0 .. first-1 visible to the first row
+        return _max(first, 0) // self.tile_n
+
+    def q_tile_start(self, n_block, seqlen_q, seqlen_k):
+        """First query tile that sees a key of K/V tile n_block (0 when not causal): tile i does iff its
+        last row sees key n_block tile_n, i.e. (i + 1) tile_m > n_block tile_n - (seqlen_k - seqlen_q)."""
+        if not self.causal:
+            return 0
+        return _max(n_block * self.tile_n - (seqlen_k - seqlen_q), 0) // self.tile_m
+
+    def q_tile_unmasked_start(self, n_block, seqlen_q, seqlen_k):
+        """First query tile whose every row sees all of K/V tile n_block (no causal mask from there on),
+        clamped to [q_tile_start(n_block), number of query tiles]."""
+        start = self.q_tile_start(n_block, seqlen_q, seqlen_k)
+        if not self.causal:
+            return start
+        first_row = (n_block + 1) * self.tile_n - 1 - (seqlen_k - seqlen_q)  # first row seeing all of it
+        return _min(_max(_ceil_div(_max(first_row, 0), self.tile_m), start), _ceil_div(seqlen_q, self.tile_m))
 
 
-def kv_tile_causal_start(m_block, Br: int, Bc: int, seqlen_q, seqlen_k):
-    """First K/V tile that crosses the causal diagonal for some row of query tile `m_block`:
-    tile n is fully visible to the tile's first row iff (n + 1) * Bc - 1 <= m_block * Br + shift."""
-    first = m_block * Br + seqlen_k - seqlen_q + 1  # keys 0 .. first-1 visible to the first row
-    return _max(first, 0) // Bc
+@dataclass(frozen=True)
+class AttentionMask:
+    """The element mask of one (seqlen_q, seqlen_k) problem, applied to (rows, cols) views of S.
 
+    `select` picks how a masked score is written, a choice of register allocation only (the masked set is
+    the same): True, one select per score, keeps every score in its register (the Hopper kernel: a branch
+    per score spilled with 3 consumer warpgroups at 160 registers, D = 64 causal); False, a branch per
+    column (sequence end) or per score (causal), which the sm80 kernels need (per-score selects spill 32-40
+    bytes in FA2 at D = 128 causal, sm_80, nvidia-cutlass-dsl 4.8.1)."""
 
-@cute.jit
-def apply_mask(s: cute.Tensor, coord: cute.Tensor, coord0: cute.Tensor, row_start: Int32,
-               col_start: Int32, seqlen_q: Int32, seqlen_k: Int32,
-               mask_seqlen: cutlass.Constexpr[bool], mask_causal: cutlass.Constexpr[bool]):
-    """S[r, c] = -inf where key col_start + col is past seqlen_k (mask_seqlen) or above the
-    bottom-right diagonal for query row_start + row (mask_causal).
+    seqlen_q: Int32
+    seqlen_k: Int32
+    select: bool = True
 
-    `coord` is this thread's (row, col) coordinates of the S tile in the same (rows, cols) view as
-    `s`; `coord0` those of thread 0, which are compile-time constants: comparing them against a
-    limit shifted by this thread's offset turns each test into a compare with an immediate."""
-    thr_row, thr_col = coord[0][0], coord[0][1]
-    col_limit = seqlen_k - col_start - thr_col  # local columns >= this are past seqlen_k
-    n_cols = cute.size(s, mode=[1])
-    if const_expr(not mask_causal):
-        if const_expr(mask_seqlen):
-            for c in cutlass.range_constexpr(n_cols):
-                if coord0[0, c][1] >= col_limit:
-                    for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
-                        s[r, c] = -Float32.inf
-    else:
-        shift = seqlen_k - seqlen_q + row_start + thr_row - col_start - thr_col + 1
-        for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
-            # key j visible to query i iff j <= i + seqlen_k - seqlen_q
-            limit = shift + coord0[r, 0][0]
+    @cute.jit
+    def apply(self, s: cute.Tensor, coord: cute.Tensor, coord0: cute.Tensor, row_start: Int32, col_start: Int32,
+              mask_seqlen: cutlass.Constexpr[bool], mask_causal: cutlass.Constexpr[bool]):
+        """S[r, c] = -inf where key col_start + col is past seqlen_k (mask_seqlen) or above the
+        bottom-right diagonal for query row_start + row (mask_causal).
+
+        `coord` is this thread's (row, col) coordinates of the tile in the same (rows, cols) view as `s`;
+        `coord0` thread 0's, which are compile-time constants: comparing them against a limit shifted by
+        this thread's offset turns each test into a compare with an immediate."""
+        thr_row, thr_col = coord[0][0], coord[0][1]
+        end_limit = self.seqlen_k - col_start - thr_col  # local columns >= this are past seqlen_k
+        n_rows, n_cols = cute.size(s, mode=[0]), cute.size(s, mode=[1])
+        if const_expr(not mask_causal and not self.select):
             if const_expr(mask_seqlen):
-                limit = cutlass.min(limit, col_limit)
-            for c in cutlass.range_constexpr(n_cols):
-                if coord0[0, c][1] >= limit:
-                    s[r, c] = -Float32.inf
+                for c in cutlass.range_constexpr(n_cols):
+                    if coord0[0, c][1] >= end_limit:
+                        for r in cutlass.range_constexpr(n_rows):
+                            s[r, c] = -Float32.inf
+        else:
+            # key j visible to query i iff j <= i + seqlen_k - seqlen_q
+            shift = self.seqlen_k - self.seqlen_q + row_start + thr_row + 1 - col_start - thr_col
+            for r in cutlass.range_constexpr(n_rows):
+                limit = end_limit
+                if const_expr(mask_causal):
+                    limit = shift + coord0[r, 0][0]
+                    if const_expr(mask_seqlen):
+                        limit = cutlass.min(limit, end_limit)
+                for c in cutlass.range_constexpr(n_cols):
+                    if const_expr(self.select):
+                        s[r, c] = -Float32.inf if coord0[0, c][1] >= limit else s[r, c]
+                    elif coord0[0, c][1] >= limit:
+                        s[r, c] = -Float32.inf

@@ -7,12 +7,12 @@
   (so each warp owns whole rows of S and O: no cross-warp reduction, FA2 paper section 3.2);
 * shared -> register copies with ldmatrix (x4; .trans for V, read as V^T);
 * `gemm_ss` (both operands from shared memory, the k-loop double-buffered in registers) and
-  `gemm_rs` (A already in registers: P for O += P V);
-* views of an MMA accumulator as (rows, cols) and as the A operand of the next MMA.
+  `gemm_rs` (A already in registers: P for O += P V).
 
-Learnt from (never copied): NVIDIA CUTLASS ``examples/python/CuTeDSL/ampere/flash_attention_v2.py``
-and flash-attention ``flash_attn/cute/ampere_helpers.py`` / ``flash_fwd.py`` (Tri Dao); the swizzle
-rule is CUTLASS's ``Swizzle<B, 3, 3>`` for 16-bit types.
+Views of the accumulators (rows/cols, P as the A operand) are in `common.layout`, shared with sm90.
+Adapted from NVIDIA/cutlass:examples/python/CuTeDSL/ampere/flash_attention_v2.py (smem layouts, tiled
+copies and MMA set-up) and Dao-AILab/flash-attention:flash_attn/cute/ampere_helpers.py::gemm / ::gemm_rs;
+the swizzle rule is CUTLASS's ``Swizzle<B, 3, 3>`` for 16-bit types.
 """
 from __future__ import annotations
 
@@ -98,13 +98,6 @@ def ldmatrix_copy_B(dtype, mma, transpose: bool = False):
     return cute.make_tiled_copy_B(atom, mma)
 
 
-def transpose_view(s: cute.Tensor) -> cute.Tensor:
-    """(rows, cols, ...) smem tensor viewed as (cols, rows, ...): V (Bc, D) as V^T (D, Bc)."""
-    shape = (s.shape[1], s.shape[0], *s.shape[2:])
-    order = (1, 0, *range(2, cute.rank(s)))
-    return cute.composition(s, cute.make_ordered_layout(shape, order=order))
-
-
 @cute.jit
 def gemm_ss(mma: cute.TiledMma, acc: cute.Tensor, rA: cute.Tensor, rB: cute.Tensor,
             sA: cute.Tensor, sB: cute.Tensor, copy_A: cute.TiledCopy, copy_B: cute.TiledCopy):
@@ -133,36 +126,3 @@ def gemm_rs(mma: cute.TiledMma, acc: cute.Tensor, rA: cute.Tensor, rB: cute.Tens
         if const_expr(k + 1 < n_k):
             cute.copy(copy_B, sB[None, None, k + 1], rB_v[None, None, k + 1])
         cute.gemm(mma, acc, rA[None, None, k], rB[None, None, k], acc)
-
-
-# ----------------------------------------------------------------------------------------------
-# accumulator views
-# ----------------------------------------------------------------------------------------------
-def rows_view(acc: cute.Tensor) -> cute.Tensor:
-    """An m16n8 accumulator ((2, 2), MMA_M, MMA_N) viewed as (rows, cols) = ((2, MMA_M), (2, MMA_N)):
-    each thread holds 2 rows (r and r+8) per 16-row MMA block and 2 adjacent columns per 8-column
-    block; the 4 threads of a quad share a row."""
-    col_major = cute.make_layout(acc.layout.shape)
-    s, d = col_major.shape, col_major.stride
-    view = cute.make_layout(((s[0][1], s[1]), (s[0][0], s[2])),
-                            stride=((d[0][1], d[1]), (d[0][0], d[2])))
-    return cute.make_tensor(acc.iterator, cute.composition(acc.layout, view))
-
-
-def acc_as_A(acc: cute.Tensor) -> cute.Tensor:
-    """Registers of an m16n8k16 accumulator (4, MMA_M, MMA_N) (P, already converted to 16 bits)
-    viewed as the A operand ((4, 2), MMA_M, MMA_N / 2) of the next MMA: two n8 blocks make one k16
-    block, so P never goes through shared memory (FA2 section 3.1)."""
-    l = cute.logical_divide(acc.layout, (None, None, 2))
-    view = cute.make_layout(
-        ((l.shape[0], l.shape[2][0]), l.shape[1], l.shape[2][1]),
-        stride=((l.stride[0], l.stride[2][0]), l.stride[1], l.stride[2][1]))
-    return cute.make_tensor(acc.iterator, view)
-
-
-@cute.jit
-def quad_allreduce(x: Float32, op: cutlass.Constexpr) -> Float32:
-    """Reduce over the 4 threads of a quad (the threads sharing a row of an m16n8 accumulator)."""
-    x = op(x, cute.arch.shuffle_sync_bfly(x, offset=2))
-    x = op(x, cute.arch.shuffle_sync_bfly(x, offset=1))
-    return x

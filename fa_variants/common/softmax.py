@@ -6,9 +6,8 @@ scores, and l, the running row sum of exp(scale * (s - m)). The scale is folded 
 exp(scale * (s - m)) = exp2((s - m) * c). Subtracting before scaling keeps the row's max element at
 exactly exp2(0) = 1 and alpha at exactly 1 while the max does not change, however large |m c| is (the
 single-FFMA form s * c - m * c rounds m * c and leaves P(max) = 2^(+-|m c| 2^-24), 0.5% off at
-logits near -1e6, EDGE_CASES.md EC-04). This needs c > 0 (the row max of raw scores is the max of
-the scaled ones only then): callers pass a positive scale (FA2's `run` maps a negative scale to
-softmax(|scale| Q (-K)^T) and a zero one to the smallest normal float).
+logits near -1e6; docs/edge_cases.md, "Huge logits"). This needs c > 0 (the row max of raw scores is the
+max of the scaled ones only then): kernels are launched with `common.scale.positive_scale`.
 
 Per K/V tile j (after S_j = Q K_j^T has been computed and masked with -inf):
 
@@ -19,25 +18,31 @@ Per K/V tile j (after S_j = Q K_j^T has been computed and masked with -inf):
 and once at the end (deferred normalisation, FA2 section 3.1.1): O /= l, LSE = (m c + log2 l) ln 2;
 a row that saw no key has l = 0 and gets O = 0, LSE = -inf.
 
+FA1 keeps O, l and m in HBM between steps: `resume(m, l)` starts a step from the saved state (l the whole
+row sum), `update` runs as above, and `resumed_sum(alpha)` gives the new whole row sum alpha l + rowsum(P_j).
+
 The row sums are kept per thread (each thread sums its own columns) and reduced across the quad only
 in `finalize`, as FA2 does; the row max is quad-reduced every step because P depends on it.
 
-Works on (rows, cols) register views (`sm80.rows_view` for mma.sync accumulators; any view whose
-rows are shared by `threads_per_row` consecutive lanes works, e.g. Hopper wgmma accumulators).
-Learnt from flash-attention ``flash_attn/cute/softmax.py`` (Tri Dao); written anew.
+Works on (rows, cols) register views of mma.sync and WGMMA accumulators (`common.layout.rows_cols`),
+whose rows are shared by the 4 lanes of a quad.
+Adapted from Dao-AILab/flash-attention:flash_attn/cute/softmax.py::Softmax (online_softmax, finalize).
 """
 from __future__ import annotations
-
-import math
 
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, const_expr
 
-from fa_variants.common.sm80 import quad_allreduce
+from fa_variants.common.layout import quad_allreduce
+from fa_variants.common.scale import LN_2
 
-LOG2_E = math.log2(math.e)
-LN_2 = math.log(2.0)
+
+@cute.jit
+def log_sum_exp(m: Float32, scale_log2: Float32, l: Float32, empty) -> Float32:
+    """Natural-log LSE of a row from its max m of raw scores and whole row sum l: (m c + log2 l) ln 2;
+    -inf when `empty` (the row saw no key)."""
+    return -Float32.inf if empty else (m * scale_log2 + cute.math.log2(l, fastmath=True)) * LN_2
 
 
 class OnlineSoftmax:
@@ -108,18 +113,23 @@ class OnlineSoftmax:
             l = quad_allreduce(self.row_sum[r], lambda a, b: a + b)
             empty = l == 0.0 or l != l
             inv_l[r] = 0.0 if empty else cute.arch.rcp_approx(l)
-            lse[r] = -Float32.inf if empty else (
-                self.row_max[r] * self.scale_log2 + cute.math.log2(l, fastmath=True)) * LN_2
+            lse[r] = log_sum_exp(self.row_max[r], self.scale_log2, l, empty)
         return inv_l, lse
 
+    @cute.jit
+    def resume(self, row_max: cute.Tensor, row_sum: cute.Tensor):
+        """Continue from a saved state: m = row_max, and `row_sum` the saved whole row sums l (already
+        reduced over the quad); this step's partial sums start at 0 (see `resumed_sum`)."""
+        self.saved_sum = row_sum
+        for r in cutlass.range_constexpr(self.num_rows):
+            self.row_max[r] = row_max[r]
+            self.row_sum[r] = 0.0
 
-def positive_scale(k, softmax_scale: float):
-    """(k, scale) with scale > 0 and the same attention, for kernels built on `OnlineSoftmax` (which
-    takes the row max of raw scores): softmax(c Q K^T) = softmax(|c| Q (-K)^T) for c < 0 (the negation
-    is exact in fp16 / bf16; it costs one copy of K, only on that rare path), and c = 0 becomes the
-    smallest normal float, for which exp2((s - m) c) rounds to exactly 1 on every visible key (the
-    uniform average c = 0 means) while masked keys (-inf) still get 0. `k` is a torch tensor."""
-    c = float(softmax_scale)
-    if c < 0:
-        return -k, -c
-    return k, c if c > 0 else 1.1754943508222875e-38
+    @cute.jit
+    def resumed_sum(self, alpha: cute.Tensor) -> cute.Tensor:
+        """After `resume` and one `update`: the whole row sums alpha * l_saved + rowsum(P) per row."""
+        l = cute.make_rmem_tensor(self.num_rows, Float32)
+        for r in cutlass.range_constexpr(self.num_rows):
+            l[r] = alpha[r] * self.saved_sum[r] + quad_allreduce(self.row_sum[r], lambda a, b: a + b)
+        return l
+

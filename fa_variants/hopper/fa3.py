@@ -16,26 +16,23 @@ with Asynchrony and Low-precision" (2024), sections 3.1 and 3.2:
   Q K_{j+1}^T and O += P_j V_j) are issued together, and the softmax of S_{j+1} runs while
   P_j V_j is still on the tensor cores.
 * Online softmax with exp2, deferred normalisation and LSE (``common.softmax.OnlineSoftmax``, on
-  (rows, cols) views of the WGMMA accumulators from ``common.sm90.acc_rows_cols``).
+  (rows, cols) views of the WGMMA accumulators from ``common.layout.rows_cols``).
 * Bottom-right causal masking (query i sees key j iff j <= i + seqlen_k - seqlen_q) with tile
   skipping: K/V tiles entirely to the right of a Q tile's diagonal are never loaded; only the tiles
-  crossing the diagonal (and the last, partial one) are masked. Tile ranges from ``common.mask``,
-  the mask as one select per score (``common.sm90.apply_mask_select``).
+  crossing the diagonal (and the last, partial one) are masked. Tile ranges and the mask (one select
+  per score) from ``common.mask``.
 * Any sequence lengths: TMA clips loads and stores at the tensor bounds (out-of-bounds rows read
   as zero and are never written back; keys past seqlen_k are masked to -inf).
 * GQA/MQA: query head h reads K/V head h // (num_heads // num_heads_kv).
 
 The output goes registers -> shared memory (reusing Q's buffer) -> global memory by a TMA store.
-Ping-pong and intra-warpgroup overlap are switches of ``Fa3Config`` (the FA3 paper's Table 2
-ablation). Learned from (never copied): flash_attn/cute/flash_fwd_sm90.py (Dao-AILab) and
-examples/python/CuTeDSL/cute/hopper/kernel/attention/fmha.py (NVIDIA/cutlass).
+Ping-pong and intra-warpgroup overlap are switches of the config (``common.config.Sm90Config``, the FA3
+paper's Table 2 ablation). Adapted from Dao-AILab/flash-attention:flash_attn/cute/flash_fwd_sm90.py::
+FlashAttentionForwardSm90 and NVIDIA/cutlass:examples/python/CuTeDSL/cute/hopper/kernel/attention/fmha.py.
 
-Module contract (HELPERS.md): ``HEAD_DIMS``, ``DTYPES``, ``run(q, k, v, *, causal, softmax_scale)``.
+The module's ``VARIANT`` record (``common.launch.Variant``) registers it; ``run`` launches it.
 """
 
-import dataclasses
-import functools
-import math
 from dataclasses import dataclass
 
 import torch
@@ -47,68 +44,21 @@ import cutlass.pipeline as pipeline
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from fa_variants.common import compile as cc
 from fa_variants.common import interop
-from fa_variants.common.sm90 import (
-    WARPGROUP_THREADS,
-    WGMMA_M,
-    NamedBarrier,
-    acc_as_operand_a,
-    acc_rows_cols,
-    apply_mask_select,
-    make_row_major_smem_layout,
-    make_tiled_mma,
-    transpose_view,
-    wgmma,
-)
-from fa_variants.common.mask import kv_tile_causal_start, kv_tile_end
-from fa_variants.common.softmax import OnlineSoftmax, positive_scale
+from fa_variants.common.cache import StaticConfig
+from fa_variants.common.config import Sm90Config
+from fa_variants.common.launch import Variant
+from fa_variants.common.layout import acc_as_operand_a, transpose_view
+from fa_variants.common.layout import rows_cols as acc_rows_cols
+from fa_variants.common.mask import AttentionMask, BlockInfo
+from fa_variants.common.scale import LOG2_E
+from fa_variants.common.sm90 import WARPGROUP_THREADS, NamedBarrier, make_row_major_smem_layout, make_tiled_mma, wgmma
+from fa_variants.common.softmax import OnlineSoftmax
 
 HEAD_DIMS: tuple[int, ...] = (64, 96, 128, 256)
 DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16)
 
-LOG2_E = math.log2(math.e)
-SMEM_BYTES_MAX = 227 * 1024  # H100/H200 opt-in shared memory per block
-
-
-@dataclass(frozen=True)
-class Fa3Config:
-    """Static shape of the kernel (one compiled kernel per config, dtype, head_dim and causal).
-
-    tile_m: Br, query rows per CTA = 64 x consumer warpgroups (128 -> 2, 192 -> 3).
-    tile_n: Bc, keys per K/V tile (multiple of 16).
-    stages: depth of the K and V shared-memory pipelines.
-    pingpong: named-barrier scheduling between consumer warpgroups (FA3 section 3.1).
-    intra_wg_overlap: issue S_{j+1} = Q K^T with O += P_j V_j, softmax under the PV GEMM (3.2).
-    exp2_ffma: one FFMA per score in the softmax exponent (``OnlineSoftmax(exp2_ffma=True)``) instead of
-        the exact subtract-then-scale form; an A/B switch for the cost of exactness at huge logits.
-    """
-
-    tile_m: int = 128
-    tile_n: int = 128
-    stages: int = 2
-    pingpong: bool = True
-    intra_wg_overlap: bool = True
-    exp2_ffma: bool = False
-
-    @property
-    def consumer_warpgroups(self) -> int:
-        return self.tile_m // WGMMA_M
-
-    def smem_bytes(self, head_dim: int, elem_bytes: int = 2) -> int:
-        q = self.tile_m * head_dim * elem_bytes  # Q, reused for O
-        kv = 2 * self.stages * self.tile_n * head_dim * elem_bytes
-        return q + kv + 1024  # + mbarriers and 1 KiB alignment
-
-    def check(self, head_dim: int) -> None:
-        if self.tile_m % WGMMA_M or self.consumer_warpgroups not in (2, 3):
-            raise ValueError(f"tile_m={self.tile_m} must be 128 or 192 (2 or 3 consumer warpgroups of 64 rows)")
-        if self.tile_n % 16 or not 16 <= self.tile_n <= 256:
-            raise ValueError(f"tile_n={self.tile_n} must be a multiple of 16 in [16, 256]")
-        if head_dim % 16 or head_dim > 256:
-            raise ValueError(f"head_dim={head_dim} must be a multiple of 16 and at most 256")
-        if self.smem_bytes(head_dim) > SMEM_BYTES_MAX:
-            raise ValueError(f"{self} needs {self.smem_bytes(head_dim)} B of shared memory at head_dim={head_dim} (max {SMEM_BYTES_MAX})")
+Fa3Config = Sm90Config  # the FA3 family's config type (common/config.py)
 
 
 # Tiles per head dim, measured on an H200 (bf16, B*N = 16k, H*D = 2048, N = 4k/16k; bench_fa3 --sweep):
@@ -116,11 +66,11 @@ class Fa3Config:
 # consumer thread. D=64 gains ~15% from 3 consumer warpgroups (192 query rows per CTA: more FLOPs per K/V
 # byte); D=128: 128 x 128 with 2 stages was not beaten by 112/144/160-wide tiles or 3-4 stages; D=256:
 # 80-wide K/V tiles with ping-pong off (measured 1-3% faster than with it, and than 64-wide tiles).
-DEFAULT_CONFIGS: dict[int, Fa3Config] = {
-    64: Fa3Config(tile_m=192, tile_n=128, stages=2),
-    96: Fa3Config(tile_m=128, tile_n=128, stages=2),
-    128: Fa3Config(tile_m=128, tile_n=128, stages=2),
-    256: Fa3Config(tile_m=128, tile_n=80, stages=2, pingpong=False),
+DEFAULT_CONFIGS: dict[int, Sm90Config] = {
+    64: Sm90Config(tile_m=192, tile_n=128, stages=2),
+    96: Sm90Config(tile_m=128, tile_n=128, stages=2),
+    128: Sm90Config(tile_m=128, tile_n=128, stages=2),
+    256: Sm90Config(tile_m=128, tile_n=80, stages=2, pingpong=False),
 }
 
 # Register split per consumer-warpgroup count: (producer warpgroup, each consumer warpgroup);
@@ -129,7 +79,7 @@ REGISTERS = {2: (24, 240), 3: (32, 160)}
 
 
 class FlashAttention3Sm90:
-    """FA3 forward for one (dtype, head_dim, causal, Fa3Config); see the module docstring.
+    """FA3 forward for one (dtype, head_dim, causal, Sm90Config); see the module docstring.
 
     ``__call__`` (host, traced once per config) takes q (B, Nq, H, D), k and v (B, Nk, Hkv, D),
     out (B, Nq, H, D) of the same 16-bit dtype, lse float32 (B, H, Nq), the scalar
@@ -137,7 +87,7 @@ class FlashAttention3Sm90:
     bytes (TMA); ``run`` below prepares inputs that are not.
     """
 
-    def __init__(self, dtype, head_dim: int, causal: bool, config: Fa3Config):
+    def __init__(self, dtype, head_dim: int, causal: bool, config: Sm90Config):
         config.check(head_dim)
         self.dtype = dtype  # Q, K, V (the MMA operands)
         self.out_dtype = dtype  # O
@@ -150,6 +100,7 @@ class FlashAttention3Sm90:
         self.num_threads = WARPGROUP_THREADS * (1 + self.num_wg)
         self.pingpong = config.pingpong
         self.overlap = config.intra_wg_overlap
+        self.blocks = BlockInfo(config.tile_m, config.tile_n, causal)
 
     # ---------------------------------------------------------------------------------------
     # Host side
@@ -344,7 +295,7 @@ class FlashAttention3Sm90:
         """K/V tiles [0, n_blocks) that the Q tile m_block sees (``common.mask.kv_tile_end``: causal
         skips the tiles past the diagonal of its last row). A tile whose rows see no key still runs
         tile 0, all masked, which gives O = 0 and LSE = -inf without a special path."""
-        return cutlass.max(kv_tile_end(m_block, self.tile_m, self.tile_n, seqlen_q, seqlen_k, self.causal), 1)
+        return cutlass.max(self.blocks.kv_tile_end(m_block, seqlen_q, seqlen_k), 1)
 
     def _make_pipelines(self, storage):
         cta = cute.make_layout((1, 1, 1, 1))
@@ -429,7 +380,7 @@ class FlashAttention3Sm90:
 
         ctx = self._step_context((
             self, wg, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrV, tOrP, acc_O, tScS, t0ScS,
-            softmax, pipe_k, pipe_v, m_block * self.tile_m, seqlen_q, seqlen_k,
+            softmax, pipe_k, pipe_v, m_block * self.tile_m, AttentionMask(seqlen_q, seqlen_k),
         ), extras, m_block, head, batch)
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
@@ -442,7 +393,7 @@ class FlashAttention3Sm90:
         # cross the causal diagonal are masked; the ones left of it are not.
         n_masked = 0
         if const_expr(self.causal):
-            first_masked = kv_tile_causal_start(m_block, self.tile_m, self.tile_n, seqlen_q, seqlen_k)
+            first_masked = self.blocks.kv_tile_causal_start(m_block, seqlen_q, seqlen_k)
             n_masked = cutlass.max(n_blocks - 1 - first_masked, 0)
         n_free = n_blocks - 1 - n_masked
 
@@ -515,8 +466,7 @@ class _StepContext:
     pipe_k: pipeline.PipelineTmaAsync
     pipe_v: pipeline.PipelineTmaAsync
     row0: Int32
-    seqlen_q: Int32
-    seqlen_k: Int32
+    mask_s: AttentionMask
 
     # ping-pong: warpgroup w waits on its own barrier, then hands the turn to w + 1
     def schedule_sync(self):
@@ -537,8 +487,8 @@ class _StepContext:
 
     def mask(self, acc_S, n_block, causal: bool, seqlen_end: bool):
         if const_expr(causal or seqlen_end):
-            apply_mask_select(acc_rows_cols(acc_S), acc_rows_cols(self.tScS), acc_rows_cols(self.t0ScS), self.row0,
-                              n_block * self.k.tile_n, self.seqlen_q, self.seqlen_k, seqlen_end, causal)
+            self.mask_s.apply(acc_rows_cols(acc_S), acc_rows_cols(self.tScS), acc_rows_cols(self.t0ScS), self.row0,
+                              n_block * self.k.tile_n, seqlen_end, causal)
 
     # Hooks of the kernel family (fa3_fp8 overrides them): how S becomes P, how a tile's P V reaches O.
 
@@ -640,16 +590,6 @@ class _StepContext:
 # ---------------------------------------------------------------------------------------------
 
 
-def _tiles(arch: str, head_dim: int, dtype: str, causal: bool) -> tuple:
-    return tuple(dataclasses.asdict(DEFAULT_CONFIGS[head_dim]).items())
-
-
-def _build(cfg: cc.StaticConfig):
-    kernel = FlashAttention3Sm90(interop.cute_dtype(cfg.dtype), cfg.head_dim, cfg.causal, Fa3Config(**dict(cfg.tiles)))
-    q, k, v, o, lse, scale, stream = interop.fake_attention_args(cfg.dtype, cfg.head_dim, cfg.align)
-    return kernel, (q, k, v, o, lse, scale, Int32(1), stream)  # + l2_heads (see l2_section_heads)
-
-
 L2_BYTES = 50 * 1024 * 1024  # H100/H200 L2
 
 
@@ -658,12 +598,6 @@ def l2_section_heads(seqlen_k: int, head_dim: int, elem_bytes: int = 2) -> int:
     the section size of the causal longest-first tile order (after flash_attn/cute/tile_scheduler.py)."""
     per_head = 2 * seqlen_k * head_dim * elem_bytes
     return 1 << max(0, (L2_BYTES // max(per_head, 1)).bit_length() - 1)
-
-
-cc.register_variant(
-    "fa3", build=_build, tiles=_tiles, archs=("sm_90a",), dtypes=("fp16", "bf16"), head_dims=HEAD_DIMS,
-    module=__name__, description="FA3: TMA + WGMMA, warp-specialised producer/consumers, ping-pong, intra-warpgroup overlap",
-)
 
 
 def _tma_operand(t: torch.Tensor) -> torch.Tensor:
@@ -684,26 +618,44 @@ def _tma_operand(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-@functools.lru_cache(maxsize=None)
-def _kernel(device: torch.device, dtype: torch.dtype, head_dim: int, causal: bool, config: Fa3Config | None):
-    """(compiled kernel, tile_m) for one static configuration, looked up once per process (the
-    compile cache key is built from the device's arch; later calls skip that work)."""
-    cfg = cc.config_for("fa3", interop.device_arch(device), interop.dtype_name(dtype), head_dim, causal)
-    if config is not None:
-        cfg = dataclasses.replace(cfg, tiles=tuple(dataclasses.asdict(config).items()))
-    return cc.get_compiled(cfg).fn, dict(cfg.tiles)["tile_m"]
+def default_config(arch: str, head_dim: int, causal: bool) -> Sm90Config:
+    """The tuned config of a head dim (DEFAULT_CONFIGS)."""
+    return DEFAULT_CONFIGS[head_dim]
+
+
+def _build(cfg: StaticConfig):
+    kernel = FlashAttention3Sm90(interop.cute_dtype(cfg.dtype), cfg.head_dim, cfg.causal, cfg.config)
+    q, k, v, o, lse, scale, stream = interop.fake_attention_args(cfg.dtype, cfg.head_dim, cfg.align)
+    return kernel, (q, k, v, o, lse, scale, Int32(1), stream)  # + l2_heads (see l2_section_heads)
+
+
+def _check_problem(config: Sm90Config | None, q: torch.Tensor, k: torch.Tensor) -> None:
+    batch, seqlen_q, heads, head_dim = q.shape
+    config = config or DEFAULT_CONFIGS[head_dim]
+    if -(-seqlen_q // config.tile_m) * heads * batch >= 2**31:
+        raise ValueError(f"fa3: {batch} x {heads} x ceil({seqlen_q}/{config.tile_m}) CTAs exceed the grid limit 2^31 - 1")
+
+
+def _prepare(config: Sm90Config, q, k, v, out, lse, scale: float) -> tuple:
+    return q, k, v, out, lse, scale * LOG2_E, l2_section_heads(k.shape[1], q.shape[-1])
+
+
+VARIANT = Variant(
+    "fa3", archs=("sm_90a",), dtypes=DTYPES, head_dims=HEAD_DIMS, default_config=default_config,
+    check_config=lambda config, arch, head_dim: config.check(head_dim, arch), build=_build, prepare=_prepare,
+    operand=_tma_operand, check_problem=_check_problem)
 
 
 def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, softmax_scale: float,
-        config: Fa3Config | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """FA3 forward on an sm90 GPU (kernel module contract, HELPERS.md).
+        config: Sm90Config | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """FA3 forward on an sm90 GPU (``common.launch.launch``).
 
     Args:
         q: (batch, seqlen_q, num_heads, head_dim), float16 or bfloat16, CUDA, unit last stride.
         k, v: (batch, seqlen_k, num_heads_kv, head_dim), same dtype/device; num_heads % num_heads_kv == 0.
         causal: bottom-right aligned (query i sees key j iff j <= i + seqlen_k - seqlen_q).
-        softmax_scale: any finite real. Negative scales run as softmax(|scale| Q (-K)^T), zero as the
-            smallest normal float (the plain mean of the visible V rows): ``common.softmax.positive_scale``.
+        softmax_scale: any finite real (``common.scale.kernel_scale``: negative scales run as
+            softmax(|scale| Q (-K)^T), zero as the plain mean of the visible V rows).
         config: tile/schedule override (tests and the ablation); default ``DEFAULT_CONFIGS[head_dim]``.
     Returns:
         (out, lse): out (batch, seqlen_q, num_heads, head_dim) like q, contiguous; lse float32
@@ -713,25 +665,4 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, soft
             more than 2^31 - 1 CTAs, a non-finite softmax_scale, or an operand TMA cannot address.
     Strides: any 16-byte-aligned strides are read in place (TMA); others are copied first.
     """
-    batch, seqlen_q, heads, head_dim = q.shape
-    seqlen_k, heads_kv = k.shape[1], k.shape[2]
-    if head_dim not in HEAD_DIMS:
-        raise ValueError(f"fa3: head_dim {head_dim} is not supported; supported head dims: {HEAD_DIMS}")
-    if q.dtype not in DTYPES:
-        raise ValueError(f"fa3: dtype {q.dtype} is not supported; supported: {DTYPES}")
-    if heads_kv == 0 or heads % heads_kv:
-        raise ValueError(f"fa3: num_heads {heads} is not divisible by num_heads_kv {heads_kv}")
-    if not math.isfinite(softmax_scale):
-        raise ValueError(f"fa3: softmax_scale must be finite, got {softmax_scale}")
-    kernel, tile_m = _kernel(q.device, q.dtype, head_dim, bool(causal), config)
-    out, lse = interop.new_outputs(q)
-    if q.numel() == 0:
-        return out, lse
-    if seqlen_k == 0:
-        return out.zero_(), lse.fill_(-math.inf)
-    if -(-seqlen_q // tile_m) * heads * batch >= 2**31:
-        raise ValueError(f"fa3: {batch} x {heads} x ceil({seqlen_q}/{tile_m}) CTAs exceed the grid limit 2^31 - 1")
-    k, scale = positive_scale(k, softmax_scale)  # the row max of raw scores needs scale > 0
-    q, k, v = (_tma_operand(t) for t in (q, k, v))
-    kernel(q, k, v, out, lse, scale * LOG2_E, l2_section_heads(seqlen_k, head_dim))
-    return out, lse
+    return VARIANT.run(q, k, v, causal=causal, softmax_scale=softmax_scale, config=config)

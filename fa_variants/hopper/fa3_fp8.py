@@ -50,11 +50,15 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import OperandMajorMode
 
-from fa_variants.common import compile as cc
 from fa_variants.common import interop
-from fa_variants.common.sm80 import quad_allreduce
-from fa_variants.common.sm90 import WGMMA_M, _compact, acc_rows_cols, make_tiled_mma, wgmma
-from fa_variants.common.softmax import LN_2, OnlineSoftmax
+from fa_variants.common.cache import StaticConfig
+from fa_variants.common.config import WGMMA_M
+from fa_variants.common.launch import Variant
+from fa_variants.common.layout import quad_allreduce
+from fa_variants.common.layout import rows_cols as acc_rows_cols
+from fa_variants.common.scale import LN_2
+from fa_variants.common.sm90 import make_tiled_mma, wgmma
+from fa_variants.common.softmax import OnlineSoftmax
 from fa_variants.fp8 import layout
 from fa_variants.hopper.fa3 import LOG2_E, Fa3Config, FlashAttention3Sm90, _StepContext, _tma_operand, l2_section_heads
 
@@ -118,7 +122,7 @@ def acc_as_fp8_operand_a(acc: cute.Tensor) -> cute.Tensor:
     (j, r, h) of k-block kb is the thread's accumulator value c = j % 2, v = 4 kb + 2 h + j // 2.
     The thread's values are not at the k positions the A fragment names (module docstring): this is
     exact only for a B operand whose K order is ``fa_variants.fp8.layout.v_token_order``."""
-    c = _compact(acc.layout)
+    c = cute.make_layout(acc.layout.shape)  # column-major, same shape
     v = c.shape[0][2]
     if const_expr(v % 4 != 0 or c.shape[2] != 1):
         raise ValueError(f"accumulator {acc.layout} cannot feed a k32 WGMMA (needs N % 32 == 0, one N tile)")
@@ -301,10 +305,6 @@ class FlashAttention3Fp8Sm90(FlashAttention3Sm90):
 # ---------------------------------------------------------------------------------------------
 
 
-def _tiles(arch: str, head_dim: int, dtype: str, causal: bool) -> tuple:
-    return tuple(dataclasses.asdict(DEFAULT_CONFIGS[head_dim]).items())
-
-
 def fake_fp8_args(head_dim: int, out_dtype: str, align: int = 16):
     """Fake arguments of ``FlashAttention3Fp8Sm90.__call__`` (compile without a GPU)."""
     from cutlass.cute.runtime import make_fake_stream
@@ -321,24 +321,31 @@ def fake_fp8_args(head_dim: int, out_dtype: str, align: int = 16):
     return q, k, vt, o, lse, qd, kd, vd, Float32(1.0), Int32(1), make_fake_stream(use_tvm_ffi_env_stream=True)
 
 
-def _build(cfg: cc.StaticConfig):
-    config = Fp8Config(**dict(cfg.tiles))
+def _build(cfg: StaticConfig):
+    config = cfg.config
     kernel = FlashAttention3Fp8Sm90(interop.cute_dtype(config.out_dtype), cfg.head_dim, cfg.causal, config)
     return kernel, fake_fp8_args(cfg.head_dim, config.out_dtype, cfg.align)
 
 
-cc.register_variant(
-    "fa3-fp8", build=_build, tiles=_tiles, archs=("sm_90a",), dtypes=("e4m3",), head_dims=HEAD_DIMS,
-    module=__name__, description="FA3 with e4m3 QGMMA, block descales, P shift, two-level accumulation",
-)
+def _not_from_attention(q, k, v, *, causal, softmax_scale):
+    raise ValueError("fa3-fp8 runs on quantised inputs with block descales (fa_variants.hopper.fa3_fp8.run_fp8 / "
+                     "run_quantized); attention() on e4m3 tensors is not wired to it yet")
+
+
+# The FA3 family's record: compiled through the registry (`fa-variants compile --variant fa3-fp8`); its launch
+# takes quantised inputs with descales (run_quantized), not the standard (q, k, v) signature.
+VARIANT = Variant(
+    "fa3-fp8", archs=("sm_90a",), dtypes=(E4M3,), head_dims=HEAD_DIMS,
+    default_config=lambda arch, head_dim, causal: DEFAULT_CONFIGS[head_dim],
+    check_config=lambda config, arch, head_dim: config.check(head_dim) or config, build=_build,
+    runner=_not_from_attention)
 
 
 @functools.lru_cache(maxsize=None)
 def _kernel(device: torch.device, head_dim: int, causal: bool, out_dtype: torch.dtype, config: Fp8Config | None):
-    cfg = cc.config_for("fa3-fp8", interop.device_arch(device), "e4m3", head_dim, causal)
     tiles = dataclasses.replace(config or DEFAULT_CONFIGS[head_dim], out_dtype=interop.dtype_name(out_dtype))
-    cfg = dataclasses.replace(cfg, tiles=tuple(dataclasses.asdict(tiles).items()))
-    return cc.get_compiled(cfg).fn, tiles
+    cfg = VARIANT.static_config(interop.device_arch(device), "e4m3", head_dim, causal, tiles)
+    return VARIANT.compiled(cfg).fn, tiles
 
 
 def _flip_sign(x8: torch.Tensor) -> torch.Tensor:

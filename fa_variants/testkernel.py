@@ -11,14 +11,17 @@ One CTA of 32 threads per (row i, head h, batch b); threads stride over head_dim
 """
 from __future__ import annotations
 
+import dataclasses
+
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import torch
 from cutlass import Float32
 
-from fa_variants.common import compile as cc
 from fa_variants.common import interop
+from fa_variants.common.cache import StaticConfig
+from fa_variants.common.launch import Variant
 
 HEAD_DIMS = (32, 64, 128, 256)
 DTYPES = (torch.float16, torch.bfloat16)
@@ -27,9 +30,9 @@ DTYPES = (torch.float16, torch.bfloat16)
 class TestKernel:
     """The test kernel: `__call__` is the @cute.jit host side, `kernel` the device side."""
 
-    def __init__(self, cfg: cc.StaticConfig):
+    def __init__(self, cfg: StaticConfig):
         self.head_dim = cfg.head_dim
-        self.threads = cfg.tile("threads", 32)
+        self.threads = cfg.config.threads
         self.smem_bytes = 0  # no shared memory
 
     @cute.jit
@@ -52,27 +55,20 @@ class TestKernel:
             mLSE[b, h, i] = scale
 
 
-def _tiles(arch: str, head_dim: int, dtype: str, causal: bool) -> tuple:
-    return (("threads", 32),)
+@dataclasses.dataclass(frozen=True)
+class TestKernelConfig:
+    threads: int = 32
 
 
-def _build(cfg: cc.StaticConfig):
+def _build(cfg: StaticConfig):
     return TestKernel(cfg), interop.fake_attention_args(cfg.dtype, cfg.head_dim, cfg.align)
 
 
-cc.register_variant(
-    "testkernel", build=_build, tiles=_tiles, archs=cc.ARCHS, dtypes=("fp16", "bf16"),
-    head_dims=HEAD_DIMS, module=__name__,
-    description="internal test kernel: out = q * scale + v[row], lse = scale")
+VARIANT = Variant("testkernel", archs=("sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_120a"),
+                  dtypes=DTYPES, head_dims=HEAD_DIMS, default_config=lambda arch, d, causal: TestKernelConfig(),
+                  build=_build)
 
 
 def run(q, k, v, *, causal: bool = False, softmax_scale: float = 1.0):
     """Launch the test kernel on torch CUDA tensors (q (B,Nq,H,D), k/v (B,Nk,Hkv,D)) -> (out, lse)."""
-    cfg = cc.config_for("testkernel", interop.device_arch(q.device), interop.dtype_name(q.dtype),
-                        q.shape[-1], causal)
-    fn = cc.get_compiled(cfg).fn
-    q, k, v = (interop.aligned(t) for t in (q, k, v))
-    out, lse = interop.new_outputs(q)
-    with torch.cuda.device(q.device):
-        fn(q, k, v, out, lse, float(softmax_scale))
-    return out, lse
+    return VARIANT.run(q, k, v, causal=causal, softmax_scale=softmax_scale)

@@ -1,10 +1,10 @@
 """One-shot FA3 check for the GPU host: the FA3 GPU tests, then TFLOP/s beside the peers, then the ablation.
 
-    source .gpu/env.sh && python3 -m fa_variants.hopper.bench_fa3 [--tests] [--ablation]
+    source .gpu/env.sh && python3 -m fa_variants.commands.bench_fa3 [--tests] [--ablation]
         [--head-dims 128] [--seqlens 4096,16384] [--dtypes bf16] [--causal both] [--json OUT]
 
 Setup of the FlashAttention papers: batch * seqlen = 16384 tokens, num_heads * head_dim = 2048, forward
-only; TFLOP/s = 4 * B * H * N^2 * D / time, halved for causal; time = median of
+only; TFLOP/s = `bench.core.attention_flops` / time; time = median of
 ``triton.testing.do_bench``. Peers: PyTorch SDPA's cuDNN backend and flash-attn-4
 (``flash_attn.cute.interface.flash_attn_func``) when importable. ``--ablation`` adds FA3 without
 ping-pong, without intra-warpgroup overlap and without either (the FA3 paper's Table 2). The tests run
@@ -18,6 +18,7 @@ import sys
 
 import torch
 
+from fa_variants.bench.core import attention_flops
 from fa_variants.hopper import fa3
 
 ABLATIONS = {
@@ -84,7 +85,7 @@ def bench(head_dims, seqlens, dtypes, causals, ablation_dims=frozenset(), sweep:
                 b, h = max(1, 16384 // n), 2048 // d
                 q, k, v = (torch.randn(b, n, h, d, device="cuda", dtype=dtype) for _ in range(3))
                 for causal in causals:
-                    flops = 4 * b * h * n * n * d / (2 if causal else 1)
+                    flops = attention_flops(b, h, n, n, d, causal)
                     row = dict(dtype=dtype_name, head_dim=d, seqlen=n, batch=b, heads=h, causal=causal)
                     ref, times, active = None, {}, {}
                     for name, fn in impls.items():  # first calls: compile, check, warm up

@@ -1,0 +1,73 @@
+"""`fa-variants compile`: compile one kernel variant with fake tensors (no GPU needed) and report its
+resources (registers, shared memory, spills) and, with --sass, counts of key SASS instructions.
+
+The variant comes from the registry (`fa_variants.registry`) and compiles through the same cache as a
+launch (`common.cache`); the report reads the cubin (`common.cubin`). The last line printed is one
+JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+
+from fa_variants import registry
+from fa_variants.common import cubin, interop
+
+ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_120a")
+DTYPES = ("fp16", "bf16", "e4m3")
+
+
+def compile_only(variant: str, arch: str, head_dim: int, dtype: str, causal: bool = False,
+                 sass: bool = False, config=None) -> dict:
+    """Compile one configuration with fake tensors (no GPU needed) and report its resources.
+
+    Returns a dict: variant, arch, dtype, head_dim, causal, tiles (the variant's config as a dict),
+    compile_s (seconds of the cute.compile call that built it, also when served from the cache),
+    registers (per thread), smem_static_bytes, smem_dynamic_bytes (as launched), smem_bytes (their sum),
+    spill_bytes (local memory per thread: stack frame, 0 = no spills), and with sass=True the counts of
+    `common.cubin.SASS_OPCODES`. Raises registry.UnknownVariantError / UnsupportedConfigError.
+    """
+    if arch not in ARCHS:
+        raise registry.UnsupportedConfigError(f"arch {arch!r} unknown; choose from {', '.join(ARCHS)}")
+    cfg = registry.static_config(variant, arch, dtype, head_dim, causal, config)
+    c = registry.compiled(cfg)
+    res = cubin.cubin_resources(c.cubin) if c.cubin else {}
+    report = {
+        "variant": variant, "arch": arch, "dtype": dtype, "head_dim": head_dim, "causal": causal,
+        "tiles": dataclasses.asdict(cfg.config),
+        "compile_s": round(c.compile_s, 3),
+        "registers": res.get("registers"),
+        "smem_static_bytes": res.get("smem_static_bytes"),
+        "smem_dynamic_bytes": c.smem_dynamic_bytes,
+        "smem_bytes": (res.get("smem_static_bytes") or 0) + c.smem_dynamic_bytes,
+        "spill_bytes": res.get("spill_bytes"),
+    }
+    if sass:
+        report.update(cubin.count_sass(cubin.sass_of(c.cubin)))
+    return report
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--arch", required=True, choices=ARCHS, help="target (no GPU needed)")
+    parser.add_argument("--variant", required=True, help="kernel variant, e.g. fa2, fa1, fa3, testkernel")
+    parser.add_argument("--head-dim", type=int, required=True)
+    # only the dtypes some registered variant takes (e4m3 appears once an FP8 variant is registered)
+    offered = {interop.DTYPE_NAMES.get(d) for v in registry.ENTRIES
+               if not isinstance(loaded := registry.load(v), str) for d in loaded.dtypes}
+    parser.add_argument("--dtype", required=True, choices=[d for d in DTYPES if d in offered] or DTYPES)
+    parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--sass", action="store_true", help=f"count {', '.join(cubin.SASS_OPCODES)}")
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    os.environ["CUTE_DSL_ARCH"] = args.arch  # read when the DSL loads (below, on first compile)
+    try:
+        report = compile_only(args.variant, args.arch, args.head_dim, args.dtype, args.causal, args.sass)
+    except (registry.UnknownVariantError, registry.UnsupportedConfigError) as exc:
+        print(f"fa-variants compile: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(report))
+    return 0

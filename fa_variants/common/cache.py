@@ -1,0 +1,83 @@
+"""The compile cache: one `cute.compile` per static configuration, per process.
+
+A kernel is specialised on a `StaticConfig` (variant, arch, dtype, head_dim, causal, its frozen config,
+alignment) and compiled against fake tensors whose batch, sequence lengths, head counts and strides are
+symbolic (`interop.fake_attention_args`), with ``--enable-tvm-ffi``: the compiled object is then called
+with torch tensors, and takes the caller's CUDA stream from the environment. Batch, sequence lengths,
+heads and strides are runtime values and never recompile.
+
+Sources: CuTe DSL fake-tensor / TVM-FFI tutorial (NVIDIA/cutlass examples/python/CuTeDSL/dsl_tutorials/
+tvm_ffi/); Dao-AILab/flash-attention flash_attn/cute/interface.py (a compile cache keyed on the static
+configuration, the environment stream).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+import threading
+import time
+from typing import Any, Callable
+
+
+@dataclasses.dataclass(frozen=True)
+class StaticConfig:
+    """Everything a compiled kernel is specialised on (the compile-cache key)."""
+
+    variant: str
+    arch: str          # "sm_80", "sm_90a", ...
+    dtype: str         # "fp16" | "bf16" | "e4m3"
+    head_dim: int
+    causal: bool
+    config: Any        # the variant's frozen config (common.config.Sm80Config / Sm90Config)
+    align: int = 16    # bytes: base pointers and non-unit strides
+
+
+@dataclasses.dataclass
+class Compiled:
+    """One compiled kernel: `fn(*runtime_args)` plus what the compile reported."""
+
+    config: StaticConfig
+    fn: Any
+    compile_s: float
+    cubin: bytes | None
+    smem_dynamic_bytes: int
+
+
+_CACHE: dict[StaticConfig, Compiled] = {}
+_LOCK = threading.RLock()
+compile_count = 0  # number of real cute.compile calls in this process (tests read it)
+
+
+def get_compiled(cfg: StaticConfig, build: Callable[[StaticConfig], tuple]) -> Compiled:
+    """The compiled kernel for cfg, compiling it on first use (thread-safe, per process).
+
+    `build(cfg)` returns ``(jit_callable, fake_args)``; if the built object (or the instance of a bound
+    ``__call__``) has an int ``smem_bytes`` after tracing, it is reported as the dynamic shared memory."""
+    with _LOCK:
+        hit = _CACHE.get(cfg)
+        if hit is None:
+            hit = _CACHE[cfg] = _compile(cfg, build)
+        return hit
+
+
+def cache_info() -> dict:
+    """{'entries': n, 'compiles': n} for tests and diagnostics."""
+    return {"entries": len(_CACHE), "compiles": compile_count}
+
+
+def _compile(cfg: StaticConfig, build: Callable[[StaticConfig], tuple]) -> Compiled:
+    global compile_count
+    os.environ.setdefault("CUTE_DSL_ARCH", cfg.arch)  # only matters before the DSL first loads
+    import cutlass.cute as cute
+
+    fn, args = build(cfg)
+    with tempfile.TemporaryDirectory(prefix="fa_variants_cubin_") as dump:
+        options = f"--enable-tvm-ffi --gpu-arch {cfg.arch} --keep-cubin --dump-dir {dump}"
+        t0 = time.perf_counter()
+        compiled = cute.compile(fn, *args, options=options)
+        compile_s = time.perf_counter() - t0
+    compile_count += 1
+    cubin = getattr(getattr(compiled, "artifacts", None), "CUBIN", None)
+    smem = getattr(getattr(fn, "__self__", fn), "smem_bytes", 0)
+    return Compiled(cfg, compiled, compile_s, cubin, int(smem) if isinstance(smem, int) else 0)

@@ -1,0 +1,97 @@
+"""Static kernel configurations: one type per instruction family, and the shared memory they must fit.
+
+* `Sm80Config` (fa1, fa2: mma.sync, cp.async, ldmatrix): a CTA of `warps` warps stacked along the query
+  rows holds `q_stages` Q tiles (tile_m x D) and `stages` buffers of each of K and V (tile_n x D) in
+  shared memory.
+* `Sm90Config` (fa3 and the FP8 kernel built on it: TMA, WGMMA, warp specialisation): tile_m query rows
+  in 64-row consumer warpgroups, a `stages`-deep K/V ring, and the FA3 schedule switches.
+
+A configuration is frozen and hashable: it is part of the compile-cache key. Pure Python.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+# Shared memory one CTA may use (the opt-in maximum), bytes (CUDA programming guide, "Features and
+# Technical Specifications" per compute capability). An arch not listed gets the smallest.
+SMEM_CAPACITY = {"sm_80": 163 * 1024, "sm_86": 99 * 1024, "sm_89": 99 * 1024, "sm_90a": 227 * 1024,
+                 "sm_100a": 227 * 1024, "sm_120a": 99 * 1024}
+
+
+def smem_capacity(arch: str) -> int:
+    """Bytes of shared memory one CTA may use on `arch` (the smallest known when unknown)."""
+    return SMEM_CAPACITY.get(arch, min(SMEM_CAPACITY.values()))
+
+
+@dataclasses.dataclass(frozen=True)
+class Sm80Config:
+    """tile_m query rows (Br) x tile_n keys (Bc) per step, `warps` warps along tile_m, `stages` K/V
+    buffers, `q_stages` Q buffers (FA1 prefetches the next step's Q tile: 2)."""
+
+    tile_m: int
+    tile_n: int
+    warps: int = 4
+    stages: int = 2
+    q_stages: int = 1
+
+    def smem_bytes(self, head_dim: int, elem_bytes: int = 2) -> int:
+        """q_stages Q tiles + stages x (K tile + V tile), bytes."""
+        return (self.q_stages * self.tile_m + 2 * self.stages * self.tile_n) * head_dim * elem_bytes
+
+    def check(self, arch: str, head_dim: int, elem_bytes: int = 2) -> "Sm80Config":
+        """self, or ValueError when it does not fit the arch's shared memory or the MMA shape."""
+        need, have = self.smem_bytes(head_dim, elem_bytes), smem_capacity(arch)
+        if need > have:
+            raise ValueError(f"{self} needs {need} bytes of shared memory at head_dim {head_dim}; "
+                             f"{arch} has {have}")
+        if self.tile_m % (16 * self.warps) or self.tile_n % 16 or head_dim % 16:
+            raise ValueError(f"{self}: tile_m must be a multiple of 16 * warps, tile_n and head_dim of 16")
+        if self.stages not in (1, 2) or self.q_stages not in (1, 2):
+            raise ValueError(f"{self}: stages and q_stages must be 1 or 2")
+        return self
+
+
+WGMMA_M = 64  # rows of one warpgroup MMA instruction (one consumer warpgroup)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sm90Config:
+    """Static shape and schedule of an FA3-style kernel.
+
+    tile_m: Br, query rows per CTA = 64 x consumer warpgroups (128 -> 2, 192 -> 3).
+    tile_n: Bc, keys per K/V tile (multiple of 16).
+    stages: depth of the K and V shared-memory pipelines.
+    pingpong: named-barrier scheduling between consumer warpgroups (FA3 section 3.1).
+    intra_wg_overlap: issue S_{j+1} = Q K^T with O += P_j V_j, softmax under the PV GEMM (3.2).
+    exp2_ffma: one FFMA per score in the softmax exponent (``OnlineSoftmax(exp2_ffma=True)``) instead of
+        the exact subtract-then-scale form; an A/B switch for the cost of exactness at huge logits.
+    """
+
+    tile_m: int = 128
+    tile_n: int = 128
+    stages: int = 2
+    pingpong: bool = True
+    intra_wg_overlap: bool = True
+    exp2_ffma: bool = False
+
+    @property
+    def consumer_warpgroups(self) -> int:
+        return self.tile_m // WGMMA_M
+
+    def smem_bytes(self, head_dim: int, elem_bytes: int = 2) -> int:
+        q = self.tile_m * head_dim * elem_bytes  # Q, reused for O
+        kv = 2 * self.stages * self.tile_n * head_dim * elem_bytes
+        return q + kv + 1024  # + mbarriers and 1 KiB alignment
+
+    def check(self, head_dim: int, arch: str = "sm_90a") -> "Sm90Config":
+        """self, or ValueError when the warpgroups, tiles or shared memory do not work out."""
+        if self.tile_m % WGMMA_M or self.consumer_warpgroups not in (2, 3):
+            raise ValueError(f"tile_m={self.tile_m} must be 128 or 192 (2 or 3 consumer warpgroups of 64 rows)")
+        if self.tile_n % 16 or not 16 <= self.tile_n <= 256:
+            raise ValueError(f"tile_n={self.tile_n} must be a multiple of 16 in [16, 256]")
+        if head_dim % 16 or head_dim > 256:
+            raise ValueError(f"head_dim={head_dim} must be a multiple of 16 and at most 256")
+        if self.smem_bytes(head_dim) > smem_capacity(arch):
+            raise ValueError(f"{self} needs {self.smem_bytes(head_dim)} B of shared memory at head_dim={head_dim} "
+                             f"(max {smem_capacity(arch)})")
+        return self

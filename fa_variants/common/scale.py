@@ -1,0 +1,62 @@
+"""The softmax scale: which values are legal, and the form every kernel receives.
+
+Pure Python (no CuTe DSL), so the public API validates with the same rule the kernels rely on.
+
+* Kernels compute ``c = softmax_scale * log2(e)`` in float32 and take exp2, so ``|softmax_scale|`` must be
+  at most float32 max / log2(e) (``MAX_SOFTMAX_SCALE``) and finite (`check_softmax_scale`).
+* The online softmax keeps the row max of the *raw* scores, which is the max of the scaled scores only when
+  c > 0 (docs/design.md, "Online softmax"). `positive_scale` maps any legal scale to that form:
+  softmax(c Q K^T) = softmax(|c| Q (-K)^T) for c < 0 (negating fp16/bf16 is exact), and a scale that is 0,
+  or that float32 flushes to 0 once multiplied by log2(e), becomes the smallest normal float32, for which
+  exp2((s - m) c) rounds to exactly 1 on every visible key (the uniform average c = 0 means) while masked
+  keys (-inf) still get 0 (passing c = 0 itself would give -inf * 0 = NaN on masked scores).
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+LOG2_E = math.log2(math.e)
+LN_2 = math.log(2.0)
+FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_TINY = 1.1754943508222875e-38  # smallest normal float32
+#: the largest |softmax_scale|: kernels fold it into log2(e) in float32, which must stay finite
+MAX_SOFTMAX_SCALE = FLOAT32_MAX / LOG2_E
+
+
+def check_softmax_scale(softmax_scale) -> float:
+    """``softmax_scale`` as a float, if legal.
+
+    Raises:
+        TypeError: not a real number (a bool counts as not).
+        ValueError: not finite, an int beyond float range, or |softmax_scale| > MAX_SOFTMAX_SCALE.
+    """
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
+        raise TypeError(f"softmax_scale must be a real number or None, got {softmax_scale!r}")
+    try:
+        scale = float(softmax_scale)
+    except OverflowError:  # an int beyond float range
+        raise ValueError(f"softmax_scale must be finite, got an int of {len(str(abs(softmax_scale)))} "
+                         "digits") from None
+    if not math.isfinite(scale):
+        raise ValueError(f"softmax_scale must be finite, got {scale}")
+    if abs(scale) > MAX_SOFTMAX_SCALE:
+        raise ValueError(f"softmax_scale {scale:g} is out of range: |softmax_scale| must be <= "
+                         f"{MAX_SOFTMAX_SCALE:.4g} (the kernels compute softmax_scale * log2(e) in float32)")
+    return scale
+
+
+def kernel_scale(softmax_scale: float) -> tuple[bool, float]:
+    """(negate_k, c): the scale a kernel runs with, c > 0, and whether K must be negated (c < 0).
+    Raises as `check_softmax_scale`."""
+    scale = check_softmax_scale(softmax_scale)
+    if abs(scale) * LOG2_E < FLOAT32_TINY:  # 0, or flushed to 0 in float32
+        return False, FLOAT32_TINY
+    return scale < 0, abs(scale)
+
+
+def positive_scale(k, softmax_scale: float):
+    """(k, c) with c > 0 and the same attention (`kernel_scale`); k is a torch tensor, negated (one copy)
+    only for a negative scale."""
+    negate, scale = kernel_scale(softmax_scale)
+    return (-k if negate else k), scale

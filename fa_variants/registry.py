@@ -1,0 +1,110 @@
+"""The one registry of kernel variants: name -> the module holding its `common.launch.Variant` record.
+
+The dispatcher (`fa_variants.dispatch`), `fa-variants compile` and `fa-variants info` all read it. A
+module is imported on first use of its name (and remembered); a module that does not exist yet is
+reported as "not built yet", one that fails to import says why.
+
+Names and modules (static): ``BACKENDS`` are the names callers may ask for, fastest first; "testkernel"
+is an internal kernel for the compile infrastructure, compiled but never dispatched to.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+from fa_variants.common.launch import Variant
+
+
+@dataclass(frozen=True)
+class Entry:
+    """Where a variant lives, and a one-line summary (known without importing it)."""
+
+    module: str
+    summary: str
+
+
+ENTRIES: dict[str, Entry] = {
+    "fa3": Entry("fa_variants.hopper.fa3", "FlashAttention-3 style: TMA, WGMMA, warp specialisation"),
+    "fa3-fp8": Entry("fa_variants.hopper.fa3_fp8", "FlashAttention-3 with e4m3 (FP8) inputs"),
+    "fa2": Entry("fa_variants.ampere.fa2", "FlashAttention-2: Q outer loop, mma.sync, cp.async"),
+    "fa1": Entry("fa_variants.ampere.fa1", "FlashAttention-1: K/V outer loop"),
+    "reference": Entry("fa_variants.reference", "plain PyTorch, float32 maths, any device (slow)"),
+    "testkernel": Entry("fa_variants.testkernel", "internal test kernel: out = q * scale + v[row], lse = scale"),
+}
+#: the names a caller may ask for (backend=...), fastest first
+BACKENDS: tuple[str, ...] = ("fa3", "fa3-fp8", "fa2", "fa1", "reference")
+
+
+class UnknownVariantError(ValueError):
+    """A variant name the registry does not know."""
+
+
+class UnsupportedConfigError(ValueError):
+    """A variant asked for an arch / dtype / head_dim it does not serve, or a variant that is unusable."""
+
+
+_LOADED: dict[str, Variant | str] = {}
+
+
+def clear_cache() -> None:
+    """Forget the loaded variants (tests replace modules)."""
+    _LOADED.clear()
+
+
+def load(name: str) -> Variant | str:
+    """The Variant record of `name`, or a sentence saying why it is unusable ("... is not built yet")."""
+    if name not in _LOADED:
+        _LOADED[name] = _import(name, ENTRIES[name].module)
+    return _LOADED[name]
+
+
+def _import(name: str, module_name: str) -> Variant | str:
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            return f"{name} is not built yet"
+        return f"{name} cannot be imported ({exc})"
+    except Exception as exc:  # a broken kernel module must be reported, not crash its callers
+        return f"{name} failed to import ({type(exc).__name__}: {exc})"
+    if name == "reference" and not hasattr(module, "VARIANT"):
+        return Variant("reference", archs=(), dtypes=tuple(module.DTYPES), head_dims=module.HEAD_DIMS,
+                       runner=lambda q, k, v, **kw: module.run(q, k, v, **kw))  # looked up per call
+    variant = getattr(module, "VARIANT", None)
+    if not isinstance(variant, Variant):
+        return f"{name} ({module_name}) defines no VARIANT record (common.launch.Variant)"
+    return variant
+
+
+def variant(name: str) -> Variant:
+    """The usable variant `name`. Raises UnknownVariantError (listing the known names) or
+    UnsupportedConfigError (not built, failed to import)."""
+    if name not in ENTRIES:
+        raise UnknownVariantError(f"unknown variant {name!r}; known variants: {', '.join(ENTRIES)}")
+    loaded = load(name)
+    if isinstance(loaded, str):
+        raise UnsupportedConfigError(loaded)
+    return loaded
+
+
+def static_config(name: str, arch: str, dtype: str, head_dim: int, causal: bool, config=None):
+    """The compile-cache key (`common.cache.StaticConfig`) of variant `name` for a compile target;
+    UnsupportedConfigError unless the variant serves arch, dtype and head_dim."""
+    from fa_variants.common import interop
+
+    v = variant(name)
+    problems = []
+    if arch not in v.archs:
+        problems.append(f"arch {arch} (serves {', '.join(v.archs)})")
+    if dtype not in interop.TORCH_DTYPES or interop.TORCH_DTYPES[dtype] not in v.dtypes:
+        problems.append(f"dtype {dtype} (serves {', '.join(interop.DTYPE_NAMES[d] for d in v.dtypes)})")
+    if v.head_dims is not None and head_dim not in v.head_dims:
+        problems.append(f"head_dim {head_dim} (serves {', '.join(map(str, v.head_dims))})")
+    if problems:
+        raise UnsupportedConfigError(f"variant {name!r} does not serve " + "; ".join(problems))
+    return v.static_config(arch, dtype, head_dim, causal, config)
+
+
+def compiled(cfg):
+    """The compiled kernel of a static configuration (`common.cache`), compiled on first use."""
+    return variant(cfg.variant).compiled(cfg)
