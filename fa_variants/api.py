@@ -3,7 +3,7 @@
 ``attention`` takes the flash-attn layout (batch, seqlen, heads, head_dim); ``scaled_dot_product_attention``
 takes PyTorch's (batch, heads, seqlen, head_dim) and reaches the same kernels through transposed views (no
 copy: the kernels take any strides with a unit last dimension). Every bad input raises before any kernel
-launches, with a ValueError or TypeError naming the argument and the values (EDGE_CASES.md, EC-16/17/20).
+launches, with a ValueError or TypeError naming the argument and the values (docs/edge_cases.md, EC-16/17/20).
 """
 from __future__ import annotations
 

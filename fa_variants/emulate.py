@@ -14,7 +14,7 @@ Sources:
     deferred to the end; LSE written once) and section 3.1.1 (causal: K/V tiles wholly above the diagonal
     are skipped).
 
-Conventions (the project's, see HELPERS.md): q (batch, seqlen_q, num_heads, head_dim); k, v (batch, seqlen_k,
+Conventions (the project's, see docs/design.md): q (batch, seqlen_q, num_heads, head_dim); k, v (batch, seqlen_k,
 num_heads_kv, head_dim); out like q; lse (batch, num_heads, seqlen_q), natural log. Causal masking is
 bottom-right aligned: query row r sees key c iff c <= r + seqlen_k - seqlen_q; a row that sees no key gives
 O = 0 and LSE = -inf. GQA: query head h reads K/V head h // (num_heads // num_heads_kv).

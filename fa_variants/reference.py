@@ -1,6 +1,6 @@
 """Reference attention in plain PyTorch, and the tolerance rule every kernel test uses.
 
-Two references (DESIGN.md, "Testing rule", after the flash-attn test suite):
+Two references (docs/design.md, "Testing rule", after the flash-attn test suite):
 
 * the **exact** one: the maths in float64 (``attention_reference(..., dtype=torch.float64)``);
 * the **same-dtype** one: what PyTorch gets doing the same maths in the input dtype
@@ -14,7 +14,7 @@ A kernel passes when ``err(kernel) <= 2 * err(torch same dtype) + 1e-5``, where 
 This module is also the ``reference`` backend of the dispatcher: it follows the kernel module contract
 (``HEAD_DIMS``, ``DTYPES``, ``run``), computing in float32 (float64 for float64 inputs) on any device.
 
-Conventions (HELPERS.md): q (batch, seqlen_q, num_heads, head_dim), k and v (batch, seqlen_k,
+Conventions (docs/design.md, "Conventions"): q (batch, seqlen_q, num_heads, head_dim), k and v (batch, seqlen_k,
 num_heads_kv, head_dim); out like q; LSE (batch, num_heads, seqlen_q), natural log. Causal masking is
 bottom-right aligned: query i sees key j iff ``j <= i + seqlen_k - seqlen_q``. A query row that sees no key
 gives O = 0 and LSE = -inf (so does seqlen_k = 0). GQA: query head h reads KV head

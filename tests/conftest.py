@@ -1,8 +1,9 @@
 """Shared pytest set-up: markers that skip with a visible reason where the hardware or DSL is missing, and
-NaN-poisoned allocations for the kernel tests."""
+NaN-poisoned allocations for the kernel tests, and the compile command as a fixture."""
 import contextlib
 import functools
 import importlib.util
+import json
 import math
 
 import pytest
@@ -44,3 +45,17 @@ def nan_allocations(monkeypatch):
                 patch.setattr(owner, name, _nan_filled(getattr(owner, name)))
             yield
     return poisoned
+
+
+@pytest.fixture
+def compile_cli(capsys):
+    """Run `fa-variants compile ARGV...` in this process; returns its report (the LAST line printed is one
+    JSON object, the command's contract) after checking the exit status."""
+    from fa_variants import cli
+
+    def run(*argv) -> dict:
+        rc = cli.main(["compile", *argv])
+        out = capsys.readouterr().out.strip().splitlines()
+        assert rc == 0, out
+        return json.loads(out[-1])
+    return run

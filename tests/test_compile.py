@@ -4,7 +4,6 @@ Every compile is cached per process (fa_variants.common.cache), so each configur
 built once per pytest session however many tests read it.
 """
 import dataclasses
-import json
 
 import pytest
 
@@ -15,16 +14,9 @@ from fa_variants.common import cache, cubin
 pytestmark = pytest.mark.compile
 
 
-def _cli_json(capsys, *argv):
-    rc = cli.main(["compile", *argv])
-    out = capsys.readouterr().out.strip().splitlines()
-    assert rc == 0, out
-    return json.loads(out[-1])  # the contract: the LAST line is one JSON object
-
-
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
-def test_cli_testkernel(capsys, arch):
-    r = _cli_json(capsys, "--arch", arch, "--variant", "testkernel", "--head-dim", "64",
+def test_cli_testkernel(compile_cli, arch):
+    r = compile_cli("--arch", arch, "--variant", "testkernel", "--head-dim", "64",
                   "--dtype", "bf16", "--sass")
     assert r["variant"] == "testkernel" and r["arch"] == arch
     assert r["compile_s"] > 0
@@ -88,8 +80,8 @@ def fa2_report():
     return compile_only("fa2", "sm_80", 128, "bf16", causal=False, sass=True)
 
 
-def test_fa2_cli_reports_tensor_cores_and_no_spills(capsys, fa2_report):
-    r = _cli_json(capsys, "--arch", "sm_80", "--variant", "fa2", "--head-dim", "128", "--dtype", "bf16",
+def test_fa2_cli_reports_tensor_cores_and_no_spills(compile_cli, fa2_report):
+    r = compile_cli("--arch", "sm_80", "--variant", "fa2", "--head-dim", "128", "--dtype", "bf16",
                   "--sass")  # served by the cache: same config as the fixture
     assert r == fa2_report
     assert r["HMMA"] > 0 and r["LDGSTS"] > 0 and r["LDSM"] > 0 and r["MUFU.EX2"] > 0

@@ -1,4 +1,4 @@
-"""EDGE_CASES.md, class by class, through ``attention(..., backend=B)`` for every backend.
+"""docs/edge_cases.md, class by class, through ``attention(..., backend=B)`` for every backend.
 
 B = reference runs on the CPU (CI); fa2, fa1 and fa3 are marked ``gpu`` and run on the GPU host, skipping
 with the reason when the backend is not built yet or does not target the GPU present. A backend that does

@@ -14,7 +14,7 @@ between (i, j) steps, so the shapes here stress it:
 
 Every run goes through `fa1.run` with each fresh allocation (outputs *and* the fp32 workspace) filled
 with NaN, so an output row or workspace entry the kernel forgets to write fails the test. The rule is
-DESIGN.md's: err(kernel) <= 2 * err(torch same dtype) + 1e-5 against the float64 reference, output and
+docs/design.md's: err(kernel) <= 2 * err(torch same dtype) + 1e-5 against the float64 reference, output and
 LSE. Run on the GPU host: ``python3 -m pytest -q tests/test_fa1_gpu.py``.
 """
 from __future__ import annotations

@@ -5,23 +5,15 @@ Hopper features issue 5 asks for (WGMMA, TMA loads and stores, register realloca
 HGMMA > 0, UTMALDG > 0, USETMAXREG > 0 and LDL = STL = 0 (each compile is cached per process).
 """
 import dataclasses
-import json
 
 import pytest
 
-from fa_variants import cli, registry
+from fa_variants import registry
 from fa_variants.common import cubin
 
 pytestmark = pytest.mark.compile
 
 fa3 = pytest.importorskip("fa_variants.hopper.fa3")
-
-
-def _cli_json(capsys, *argv):
-    rc = cli.main(["compile", *argv])
-    out = capsys.readouterr().out.strip().splitlines()
-    assert rc == 0, out
-    return json.loads(out[-1])
 
 
 def _assert_hopper_kernel(r):
@@ -36,16 +28,16 @@ def _assert_hopper_kernel(r):
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
-def test_cli_sass_bf16(capsys, head_dim, causal):
-    r = _cli_json(capsys, "--arch", "sm_90a", "--variant", "fa3", "--head-dim", str(head_dim), "--dtype", "bf16", "--sass",
+def test_cli_sass_bf16(compile_cli, head_dim, causal):
+    r = compile_cli("--arch", "sm_90a", "--variant", "fa3", "--head-dim", str(head_dim), "--dtype", "bf16", "--sass",
                   *(["--causal"] if causal else []))
     assert r["variant"] == "fa3" and r["head_dim"] == head_dim and r["causal"] == causal
     assert r["tiles"] == dataclasses.asdict(fa3.DEFAULT_CONFIGS[head_dim])
     _assert_hopper_kernel(r)
 
 
-def test_cli_sass_fp16_causal(capsys):
-    r = _cli_json(capsys, "--arch", "sm_90a", "--variant", "fa3", "--head-dim", "128", "--dtype", "fp16", "--causal", "--sass")
+def test_cli_sass_fp16_causal(compile_cli):
+    r = compile_cli("--arch", "sm_90a", "--variant", "fa3", "--head-dim", "128", "--dtype", "fp16", "--causal", "--sass")
     _assert_hopper_kernel(r)
 
 

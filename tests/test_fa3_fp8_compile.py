@@ -4,25 +4,16 @@
 QGMMA > 0 (FP8 warpgroup MMAs for both GEMMs), UTMALDG > 0, USETMAXREG > 0 and LDL = STL = 0.
 """
 import dataclasses
-import json
 import re
 
 import pytest
 
-from fa_variants import cli
 from fa_variants import registry
 from fa_variants.common import cubin
 
 pytestmark = pytest.mark.compile
 
 fa3_fp8 = pytest.importorskip("fa_variants.hopper.fa3_fp8")
-
-
-def _cli_json(capsys, *argv):
-    rc = cli.main(["compile", *argv])
-    out = capsys.readouterr().out.strip().splitlines()
-    assert rc == 0, out
-    return json.loads(out[-1])
 
 
 def _assert_fp8_kernel(r):
@@ -36,8 +27,8 @@ def _assert_fp8_kernel(r):
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
-def test_cli_sass_e4m3(capsys, head_dim, causal):
-    r = _cli_json(capsys, "--arch", "sm_90a", "--variant", "fa3-fp8", "--head-dim", str(head_dim), "--dtype", "e4m3",
+def test_cli_sass_e4m3(compile_cli, head_dim, causal):
+    r = compile_cli("--arch", "sm_90a", "--variant", "fa3-fp8", "--head-dim", str(head_dim), "--dtype", "e4m3",
                   "--sass", *(["--causal"] if causal else []))
     assert r["variant"] == "fa3-fp8" and r["head_dim"] == head_dim and r["dtype"] == "e4m3"
     assert r["tiles"] == dataclasses.asdict(fa3_fp8.DEFAULT_CONFIGS[head_dim])

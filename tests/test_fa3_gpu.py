@@ -1,6 +1,6 @@
 """FA3 (sm90) on the GPU: the correctness matrix of issue 5 against the float64 reference.
 
-Rule (DESIGN.md): err(fa3) <= 2 * err(torch same dtype) + 1e-5 for the output and the LSE, where
+Rule (docs/design.md): err(fa3) <= 2 * err(torch same dtype) + 1e-5 for the output and the LSE, where
 err = max |x - float64 reference|. Outputs are poisoned with NaN before the kernel runs (any element it
 does not write fails), inputs are fresh N(0, 1) draws. Runs on an sm90 GPU only:
 

@@ -1,5 +1,5 @@
 """The FP8 recipe in torch (fa_variants.fp8.quantize): rotation, scales, e4m3, the kernel's V layout, the API's
-validation. EDGE_CASES.md EC-23 (c): the rotation is orthonormal and keeps Q K^T for every head_dim we serve.
+validation. docs/edge_cases.md EC-23 (c): the rotation is orthonormal and keeps Q K^T for every head_dim we serve.
 """
 import math
 

@@ -33,7 +33,7 @@ scales (one descale per 128 query rows and per ``tile_n`` keys, ``fa_variants.fp
 * K/V tiles are walked from the last to the first (as fa3). Output in the caller's 16-bit dtype,
   LSE float32 natural log; rows that see no key give O = 0 and LSE = -inf.
 
-Learned from (never copied): Dao-AILab/flash-attention hopper/ (the FP8 P shift and descale placement
+Follows (ideas, not code) Dao-AILab/flash-attention hopper/ (the FP8 P shift and descale placement
 of the released kernel), NVIDIA/cutlass examples/python/CuTeDSL hopper FMHA (pre-transposed FP8 V).
 """
 
