@@ -59,3 +59,20 @@ def compile_cli(capsys):
         assert rc == 0, out
         return json.loads(out[-1])
     return run
+
+
+@pytest.fixture
+def gpu_variant():
+    """A function: backend name -> its Variant record on this GPU, or a skip saying why it cannot run here
+    (another arch, not built, failed import)."""
+    def get(name: str):
+        from fa_variants import dispatch
+
+        capability = dispatch.device_capability(torch.device("cuda"))
+        if name not in dispatch.backends_for(capability):
+            pytest.skip(f"{name} does not target {dispatch.arch_name(capability)}")
+        loaded = dispatch.load(name)
+        if isinstance(loaded, str):
+            pytest.skip(loaded)
+        return loaded
+    return get

@@ -34,17 +34,6 @@ SEQLENS = ((1, 1), (3, 3), (64, 128), (113, 203), (127, 1023), (1023, 1024), (30
 HEADS = {"MHA": (6, 6), "GQA6:2": (6, 2), "MQA6:1": (6, 1)}
 
 
-def kernel_module(name: str):
-    """The backend's Variant record on this GPU, or a skip saying why it cannot run here."""
-    capability = dispatch.device_capability(torch.device("cuda"))
-    if name not in dispatch.backends_for(capability):
-        pytest.skip(f"{name} does not target {dispatch.arch_name(capability)}")
-    loaded = dispatch.load(name)
-    if isinstance(loaded, str):
-        pytest.skip(loaded)
-    return loaded
-
-
 @functools.lru_cache(maxsize=4)
 def matrix_case(dtype: str, head_dim: int, seqlens: tuple[int, int], causal: bool, heads: str):
     """(q, k, v, references) of one cell of the matrix, on the GPU (cached: every backend checks it)."""
@@ -76,8 +65,8 @@ def run_poisoned(poisoned, q, k, v, **kwargs):
 @pytest.mark.parametrize("seqlens", SEQLENS, ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("dtype", list(DTYPES))
-def test_matrix(nan_allocations, dtype, head_dim, seqlens, causal, heads, backend):
-    module = kernel_module(backend)
+def test_matrix(nan_allocations, gpu_variant, dtype, head_dim, seqlens, causal, heads, backend):
+    module = gpu_variant(backend)
     if DTYPES[dtype] not in module.dtypes:
         pytest.skip(f"{backend} does not list {dtype} in its dtypes")
     if head_dim not in module.head_dims:

@@ -13,27 +13,16 @@ import pytest
 import torch
 
 import fa_variants
-from fa_variants import dispatch
 from fa_variants.reference import ATOL, max_abs_error, references
 
 pytestmark = pytest.mark.gpu
 
 
-def _backend_or_skip(name: str) -> str:
-    capability = dispatch.device_capability(torch.device("cuda"))
-    if name not in dispatch.backends_for(capability):
-        pytest.skip(f"{name} does not target {dispatch.arch_name(capability)}")
-    loaded = dispatch.load(name)
-    if isinstance(loaded, str):
-        pytest.skip(loaded)
-    return name
-
-
 @pytest.mark.parametrize("bad", [math.inf, math.nan])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("backend", ["fa1", "fa2", "fa3", "reference"])
-def test_hidden_non_finite_v(backend, head_dim, bad):
-    backend = _backend_or_skip(backend)
+def test_hidden_non_finite_v(gpu_variant, backend, head_dim, bad):
+    gpu_variant(backend)
     q, k, v = (torch.randn(1, 256, 2, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     key = 200
     v[0, key] = bad
