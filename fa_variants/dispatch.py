@@ -146,10 +146,10 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 def _serves_other_dtypes(name: str, dtype: torch.dtype) -> bool:
     """True when a built backend is for other dtypes (e.g. fa3-fp8 for a bf16 call): not a fallback.
-    A module's optional ``AUTO_DTYPES`` (default DTYPES) lists the dtypes ``auto`` may pick it for; the
+    A variant's ``auto_dtypes`` (default: its dtypes) lists the dtypes ``auto`` may pick it for; the
     others it serves only on request (fa3-fp8 quantises 16-bit inputs: it changes the numerics)."""
     loaded = load(name)
-    return not isinstance(loaded, str) and dtype not in getattr(loaded, "AUTO_DTYPES", loaded.DTYPES)
+    return not isinstance(loaded, str) and dtype not in (loaded.auto_dtypes or loaded.dtypes)
 
 
 def why_not(name: str, capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: int) -> str | None:
@@ -207,7 +207,8 @@ def _select(capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: in
         problem = problems.get(requested) or why_not(requested, capability, dtype, head_dim)
         if problem:
             raise BackendUnavailableError(f"{problem}; backends that can: {', '.join(able) or 'none'}")
-        note = getattr(load(requested), "request_note", lambda _dtype: None)(dtype)  # e.g. fa3-fp8 quantises
+        note_of = getattr(load(requested), "request_note", None)  # e.g. fa3-fp8 quantises 16-bit inputs
+        note = note_of(dtype) if note_of else None
         return Selection(requested, f"requested by {source}" + (f"; {note}" if note else ""), able)
 
     where = arch_name(capability)

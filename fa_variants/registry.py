@@ -25,7 +25,7 @@ class Entry:
 
 ENTRIES: dict[str, Entry] = {
     "fa3": Entry("fa_variants.hopper.fa3", "FlashAttention-3 style: TMA, WGMMA, warp specialisation"),
-    "fa3-fp8": Entry("fa_variants.hopper.fa3_fp8", "FlashAttention-3 with e4m3 (FP8) inputs"),
+    "fa3-fp8": Entry("fa_variants.fp8.fa3_fp8", "FlashAttention-3 with e4m3 (FP8) inputs"),
     "fa2": Entry("fa_variants.ampere.fa2", "FlashAttention-2: Q outer loop, mma.sync, cp.async"),
     "fa1": Entry("fa_variants.ampere.fa1", "FlashAttention-1: K/V outer loop"),
     "reference": Entry("fa_variants.reference", "plain PyTorch, float32 maths, any device (slow)"),

@@ -75,7 +75,7 @@ def test_table():
     assert dispatch.supported_archs("reference") is None
     # one registry: every backend name has one module, the one dispatch, compile and info load
     assert dispatch.BACKENDS == registry.BACKENDS and set(registry.BACKENDS) <= set(registry.ENTRIES)
-    assert registry.ENTRIES["fa3-fp8"].module == "fa_variants.hopper.fa3_fp8"
+    assert registry.ENTRIES["fa3-fp8"].module == "fa_variants.fp8.fa3_fp8"
     assert {registry.ENTRIES[n].module for n in ("fa2", "fa1", "fa3")} == {
         "fa_variants.ampere.fa2", "fa_variants.ampere.fa1", "fa_variants.hopper.fa3"}
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import fa_variants
-from fa_variants import dispatch
+from fa_variants import dispatch, registry
 from fa_variants.dispatch import BackendUnavailableError
 from fa_variants.fp8 import (FP8Config, attention_fp8, attention_from_fp8, emulate_fp8_attention,
                              fp8_attention_reference, quantize_fp8)
@@ -58,7 +58,7 @@ def fake_kernel(monkeypatch):
     monkeypatch.setattr(dispatch, "device_capability", sm90)
     monkeypatch.setattr(fp8_attention, "device_capability", sm90)
     for name in ("fa3", "fa2", "fa1"):  # the real kernels cannot run on CPU tensors
-        monkeypatch.setitem(dispatch.BACKENDS, name, dispatch.Backend(name, f"fa_variants._absent.{name}", "x"))
+        monkeypatch.setitem(registry.ENTRIES, name, registry.Entry(f"fa_variants._absent.{name}", "x"))
     monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
     dispatch.clear_cache()
     yield calls

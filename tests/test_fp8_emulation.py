@@ -1,6 +1,6 @@
 """The fa3-fp8 kernel's emulation (fa_variants.fp8.emulation): the kernel's maths on one tile, constant V,
 empty rows, smoothing invariance, the accumulator model (two-level vs one accumulator), and accuracy against
-float64 on the FA3 paper's outlier inputs and EDGE_CASES.md EC-23 (a, b).
+float64 on the FA3 paper's outlier inputs and docs/edge_cases.md EC-23 (a, b).
 """
 import math
 

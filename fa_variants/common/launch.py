@@ -46,7 +46,11 @@ class Variant:
     prepare: (config, q, k, v, out, lse, scale) -> the compiled kernel's runtime arguments.
     operand: a q / k / v tensor -> one the kernel can address (alignment; a copy when needed).
     check_problem: (config or None for the default, q, k) -> None, or ValueError (grid limits).
-    runner: a plain-PyTorch variant (the reference) runs this instead of `launch`.
+    runner: a variant whose call is not the standard launch (the reference; fa3-fp8, which quantises) runs
+        this instead of `launch`.
+    auto_dtypes: the dtypes the dispatcher's ``auto`` may pick it for (None: all of `dtypes`); the others
+        only on request (fa3-fp8 quantises 16-bit inputs: it changes the numerics).
+    request_note: dtype -> a sentence the dispatcher adds to the reason when the variant is requested.
     """
 
     name: str
@@ -60,6 +64,8 @@ class Variant:
     operand: Callable[[torch.Tensor], torch.Tensor] = interop.aligned
     check_problem: Callable[[Any, torch.Tensor, torch.Tensor], None] | None = None
     runner: Callable[..., tuple] | None = None
+    auto_dtypes: tuple[torch.dtype, ...] | None = None
+    request_note: Callable[[torch.dtype], str | None] | None = None
 
     def can_implement(self, dtype: torch.dtype, head_dim: int) -> str | None:
         """Why this variant cannot serve (dtype, head_dim); None if it can."""

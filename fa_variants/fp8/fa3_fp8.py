@@ -1,4 +1,4 @@
-"""The dispatcher's face of the ``fa3-fp8`` backend (the kernel module contract: HEAD_DIMS, DTYPES, run).
+"""The registry's face of the ``fa3-fp8`` backend: its ``VARIANT`` record (``common.launch.Variant``).
 
 ``fa_variants.attention(q, k, v, backend="fa3-fp8")``: 16-bit inputs are quantised with the default recipe
 (``FP8Config()``: block scales + Hadamard + smoothed K, two-level accumulation) and run on the kernel
@@ -11,13 +11,16 @@ Importing this module raises ModuleNotFoundError (named after this module, which
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
+from fa_variants.common.launch import Variant
 from fa_variants.dispatch import BackendUnavailableError
 from fa_variants.fp8 import attention as _attention
 
 try:
-    _attention.kernel_module()
+    _kernel = _attention.kernel_module()
 except BackendUnavailableError as _exc:
     raise ModuleNotFoundError(str(_exc), name=__name__) from None
 
@@ -41,3 +44,10 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, soft
         inputs = _attention.from_e4m3(q, k, v, softmax_scale=softmax_scale)
         return _attention.attention_from_fp8(inputs, causal=causal, return_lse=True)
     return _attention.attention_fp8(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True)
+
+
+# The record: the kernel's own (how to compile it: `fa-variants compile --variant fa3-fp8`), with this call.
+_face = dict(name="fa3-fp8", dtypes=DTYPES, head_dims=HEAD_DIMS, auto_dtypes=AUTO_DTYPES, request_note=request_note,
+             runner=run)
+VARIANT = (dataclasses.replace(_kernel.VARIANT, **_face) if isinstance(getattr(_kernel, "VARIANT", None), Variant)
+           else Variant(archs=("sm_90a",), **_face))

@@ -327,18 +327,12 @@ def _build(cfg: StaticConfig):
     return kernel, fake_fp8_args(cfg.head_dim, config.out_dtype, cfg.align)
 
 
-def _not_from_attention(q, k, v, *, causal, softmax_scale):
-    raise ValueError("fa3-fp8 runs on quantised inputs with block descales (fa_variants.hopper.fa3_fp8.run_fp8 / "
-                     "run_quantized); attention() on e4m3 tensors is not wired to it yet")
-
-
-# The FA3 family's record: compiled through the registry (`fa-variants compile --variant fa3-fp8`); its launch
-# takes quantised inputs with descales (run_quantized), not the standard (q, k, v) signature.
+# How to compile the kernel (`fa-variants compile --variant fa3-fp8`); the registry's fa3-fp8 record
+# (fa_variants.fp8.fa3_fp8) adds the call, which quantises (its launch takes descales: run_quantized).
 VARIANT = Variant(
     "fa3-fp8", archs=("sm_90a",), dtypes=(E4M3,), head_dims=HEAD_DIMS,
     default_config=lambda arch, head_dim, causal: DEFAULT_CONFIGS[head_dim],
-    check_config=lambda config, arch, head_dim: config.check(head_dim) or config, build=_build,
-    runner=_not_from_attention)
+    check_config=lambda config, arch, head_dim: config.check(head_dim) or config, build=_build)
 
 
 @functools.lru_cache(maxsize=None)
