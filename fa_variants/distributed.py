@@ -1,0 +1,453 @@
+"""Context parallelism (ring attention) over ``torch.distributed``: one sequence split over several processes.
+
+    import torch.distributed as dist
+    from fa_variants.distributed import context_parallel_attention, zigzag_shard, zigzag_unshard
+    rank, world = dist.get_rank(), dist.get_world_size()
+    q, k, v = (zigzag_shard(t, 1, rank, world) for t in (q_full, k_full, v_full))  # (B, ~N/world, H, D)
+    out = context_parallel_attention(q, k, v, causal=True)                         # this rank's rows of O
+
+**Ring** (Liu, Zaharia and Abbeel, "Ring Attention with Blockwise Transformers", 2023). Every rank keeps its
+query shard and passes its K/V shard around the ring: at step s (0 <= s < world) rank r holds the K/V shard of
+rank ``(r - s) mod world``, sends it to rank r + 1 and receives the next one from rank r - 1 with
+``torch.distributed.batch_isend_irecv`` while the attention of step s runs on the shard it already holds. On
+CUDA the transfers are issued on a side stream; the compute stream waits on an event recorded after them, and
+received buffers are ``record_stream``-ed onto the compute stream, so nothing is freed or reused early. On the
+CPU (gloo) the transfers are posted before the step's attention and waited after it. Only K/V travel: with
+GQA that is num_heads_kv heads, not num_heads.
+
+**Merge**. Each step calls ``fa_variants.attention(..., return_lse=True)`` on any backend of the dispatcher and
+gives a partial output O_s normalised over its keys, with its log-sum-exp L_s. Partials combine exactly:
+L = log(e^L_a + e^L_b), O = e^(L_a - L) O_a + e^(L_b - L) O_b (the rescaling of FlashAttention's online
+softmax, Dao et al. 2022, Algorithm 1, applied to whole blocks). The merge runs in float32 (float64 for
+float64 inputs). A partial with L = -inf weighs 0 (the neutral element), and a row whose partials are all -inf
+comes out as O = 0, L = -inf, as ``fa_variants.attention`` defines a row that sees no key.
+
+**Causal, zig-zag sharding** (the load balance of Llama 3, Dubey et al. 2024, sec. 3.3.2, also called zig-zag
+ring attention). The sequence is cut into 2·world chunks c_0 .. c_{2w-1}; rank r holds ``[c_r, c_{2w-1-r}]``
+(``zigzag_shard``). With contiguous shards, rank r would need r + 1 of the world K/V blocks, so the last rank
+would do world times the first one's work. With zig-zag shards, when rank r holds rank j's K/V:
+
+==========  ==========================================  ===========================================
+step        what is computed                            why
+==========  ==========================================  ===========================================
+j == r      causal attention of the local shard         the two chunks in order are a causal block:
+            (local query i sees local key <= i)         c_r sees c_r's diagonal; c_{2w-1-r} sees all
+                                                        of c_r (earlier) and its own diagonal
+j < r       all local queries vs the first chunk c_j    c_j precedes both c_r and c_{2w-1-r};
+            only, no mask                               c_{2w-1-j} follows both (2w-1-j > 2w-1-r)
+j > r       the second chunk c_{2w-1-r} of the queries  c_j and c_{2w-1-j} both follow c_r and both
+            vs all keys, no mask                        precede c_{2w-1-r} (j < w <= 2w-1-r)
+==========  ==========================================  ===========================================
+
+Every step is then half of a (2C x 2C) block (C = chunk length): the same work on every rank and every step,
+and the unneeded half is never computed (no masked-out launch). ``layout="contiguous"`` with causal is also
+supported, for shards cut in order (``contiguous_shard``): step j == r is causal, j < r is full and j > r is
+skipped (its K/V still pass through, for the next rank); it is correct but unbalanced.
+
+The causal mask is that of the whole sequence: with q and k shards of the same tokens (self-attention),
+bottom-right and top-left alignment coincide, and the unsharded result equals ``fa_variants.attention`` on the
+full sequence (tested with 2 and 4 gloo processes).
+
+**Supported.** Non-causal: any shards (the result does not depend on how keys are spread), seqlen_q and
+seqlen_k may differ and may differ between ranks (cross-attention). Causal: self-attention only (each rank's
+q and k shards hold the same tokens, seqlen_q == seqlen_k per rank), in zig-zag (default) or contiguous
+layout. Uneven lengths follow ``torch.tensor_split``: a sequence of N tokens cut into c chunks gives the first
+N mod c chunks one token more; ``zigzag_shard``/``contiguous_shard`` cut that way, ``zigzag_unshard`` undoes it,
+and causal zig-zag shards of any other lengths raise ValueError. GQA/MQA as in ``fa_variants.attention``.
+A group of one (world of 1) is plain ``fa_variants.attention``. Forward only.
+
+**Checks.** Each call first validates its local inputs as ``fa_variants.attention`` does, then all-gathers one
+small int64 row per rank (whether the rank's inputs were valid, shapes, dtype, device type, causal, layout,
+softmax_scale) and every rank checks every row, so all ranks raise the same one-line error (naming the rank
+and the field) instead of some hanging in a transfer. That all-gather is a host synchronisation per call.
+
+**PyTorch's own API** (torch 2.14): ``torch.distributed.tensor.experimental.context_parallel`` is a context
+manager that shards whole buffers as DTensors (with a head-tail load balancer that lays tokens out exactly as
+``zigzag_shard`` does) and patches ``torch.nn.functional.scaled_dot_product_attention`` so that PyTorch's own
+flash / memory-efficient / cuDNN SDPA kernels run as ring attention. Its engine,
+``_templated_ring_attention(group, seq_dim, op, q, k, v, is_causal)``, is private (underscored, its signature
+has changed between releases), rotates K/V with functional collectives (all-gather of every shard by default,
+world times the K/V memory, or all-to-all), needs shards of equal length (``tensor.chunk``), and its merge
+(sigmoid form) gives NaN when both LSEs are -inf. We therefore did not route our kernels through it: this
+module uses the public point-to-point API directly, with our backends per step, explicit overlap and uneven
+shards. Its layout is the same, so buffers sharded by ``context_parallel`` (round-robin load balancing on)
+can be passed here as they are; the test suite checks that the token order is identical.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import struct
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from fa_variants import api
+
+#: how the sequence was cut over the ranks; it matters only when causal
+LAYOUTS = ("zigzag", "contiguous")
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64,
+           getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None))
+_DEVICE_TYPES = ("cpu", "cuda")
+_FIELDS = ("valid", "batch", "seqlen_q", "num_heads", "head_dim", "seqlen_k", "num_heads_kv", "dtype",
+           "device type", "causal", "layout", "softmax_scale")
+#: fields that every rank must share (the seqlens may differ)
+_SHARED = ("batch", "num_heads", "head_dim", "num_heads_kv", "dtype", "device type", "causal", "layout",
+           "softmax_scale")
+
+
+# ------------------------------------------------------------------------------------------- sharding
+
+def _chunk_sizes(seqlen: int, chunks: int) -> list[int]:
+    """Chunk lengths of ``torch.tensor_split(x, chunks)`` on a dimension of ``seqlen``: the first
+    ``seqlen % chunks`` are one longer."""
+    base, extra = divmod(seqlen, chunks)
+    return [base + (i < extra) for i in range(chunks)]
+
+
+def _check_shard_args(x: torch.Tensor, dim: int, rank: int, world: int) -> int:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    for name, value in (("dim", dim), ("rank", rank), ("world", world)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {value!r}")
+    if world < 1:
+        raise ValueError(f"world must be >= 1, got {world}")
+    if not 0 <= rank < world:
+        raise ValueError(f"rank must be in [0, {world}), got {rank}")
+    if not -x.dim() <= dim < x.dim():
+        raise ValueError(f"dim {dim} is out of range for a {x.dim()}-D tensor")
+    return dim % x.dim()
+
+
+def contiguous_shard(x: torch.Tensor, dim: int, rank: int, world: int) -> torch.Tensor:
+    """Rank ``rank``'s contiguous piece of ``x`` cut into ``world`` pieces along ``dim`` (a view).
+
+    Lengths follow ``torch.tensor_split``: with N = x.shape[dim], the first N mod world pieces are one longer.
+    Raises TypeError / ValueError for a non-tensor, non-int arguments, rank outside [0, world), a bad dim.
+    """
+    dim = _check_shard_args(x, dim, rank, world)
+    return x.tensor_split(world, dim)[rank]
+
+
+def contiguous_unshard(shards: Sequence[torch.Tensor], dim: int) -> torch.Tensor:
+    """The inverse of ``contiguous_shard``: the shards of ranks 0 .. world-1 joined along ``dim`` (a copy)."""
+    return torch.cat(list(shards), dim)
+
+
+def zigzag_shard(x: torch.Tensor, dim: int, rank: int, world: int) -> torch.Tensor:
+    """Rank ``rank``'s zig-zag shard of ``x`` along ``dim``: chunks ``rank`` and ``2*world-1-rank`` of the
+    2*world chunks, joined (a copy). This balances causal attention: every rank gets one early and one late
+    chunk. Lengths follow ``torch.tensor_split`` into 2*world chunks (first N mod 2*world one longer).
+
+    Raises TypeError / ValueError as ``contiguous_shard``.
+    """
+    dim = _check_shard_args(x, dim, rank, world)
+    chunks = x.tensor_split(2 * world, dim)
+    return torch.cat((chunks[rank], chunks[2 * world - 1 - rank]), dim)
+
+
+def zigzag_unshard(shards: Sequence[torch.Tensor], dim: int) -> torch.Tensor:
+    """The inverse of ``zigzag_shard``: the shards of ranks 0 .. world-1 back in sequence order (a copy).
+
+    Raises ValueError when a shard's length is not what ``zigzag_shard`` gives for the total length.
+    """
+    shards = list(shards)
+    if not shards:
+        raise ValueError("shards is empty; pass the shards of ranks 0 .. world-1")
+    world = len(shards)
+    sizes = _chunk_sizes(sum(s.shape[dim] for s in shards), 2 * world)
+    chunks: list[torch.Tensor | None] = [None] * (2 * world)
+    for rank, shard in enumerate(shards):
+        first, second = sizes[rank], sizes[2 * world - 1 - rank]
+        if shard.shape[dim] != first + second:
+            raise ValueError(f"shard {rank} has length {shard.shape[dim]} along dim {dim}, but zig-zag "
+                             f"sharding of {sum(sizes)} tokens over {world} ranks gives it {first + second}")
+        chunks[rank] = shard.narrow(dim, 0, first)
+        chunks[2 * world - 1 - rank] = shard.narrow(dim, first, second)
+    return torch.cat(chunks, dim)
+
+
+# ----------------------------------------------------------------------------------------------- merge
+
+def merge_partial_(out: torch.Tensor, lse: torch.Tensor, out_part: torch.Tensor,
+                   lse_part: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Adds one partial attention result to an accumulator, in place: attention over keys A and B from
+    attention over A (out, lse) and over B (out_part, lse_part).
+
+    Args:
+        out: (batch, seqlen_q, num_heads, head_dim) accumulator, float32 or float64 (may be a view).
+        lse: (batch, num_heads, seqlen_q) accumulator, natural log, same dtype as out.
+        out_part, lse_part: the same shapes, any floating dtype.
+
+    L = logaddexp(lse, lse_part); out = e^(lse - L) out + e^(lse_part - L) out_part; lse = L. A partial with
+    LSE -inf has weight 0; where both are -inf the row becomes 0 with LSE -inf. Returns (out, lse).
+    Source: FlashAttention (Dao et al. 2022), Algorithm 1, lines 10-12, for whole blocks of keys.
+    """
+    new = torch.logaddexp(lse, lse_part.to(lse.dtype))
+    base = torch.where(new == -math.inf, torch.zeros_like(new), new)  # all -inf: both weights exp(-inf) = 0
+    w_acc = torch.exp(lse - base).transpose(1, 2).unsqueeze(-1)      # (B, N, H, 1)
+    w_part = torch.exp(lse_part.to(lse.dtype) - base).transpose(1, 2).unsqueeze(-1)
+    out.mul_(w_acc).addcmul_(out_part, w_part)
+    lse.copy_(new)
+    return out, lse
+
+
+class _Merger:
+    """Accumulates the partials of one rank's query rows (see ``merge_partial_``)."""
+
+    def __init__(self, q: torch.Tensor):
+        self.shape, self.dtype, self.device = q.shape, q.dtype, q.device
+        self.acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+        self.out: torch.Tensor | None = None
+        self.lse: torch.Tensor | None = None
+
+    def add(self, rows: slice, out: torch.Tensor, lse: torch.Tensor) -> None:
+        batch, seqlen, heads, head_dim = self.shape
+        if self.out is None:
+            if out.shape[1] == seqlen:  # the first partial covers every row: it is the accumulator
+                self.out, self.lse = out.to(self.acc_dtype), lse.to(self.acc_dtype)
+                return
+            self.out = torch.zeros(self.shape, dtype=self.acc_dtype, device=self.device)
+            self.lse = torch.full((batch, heads, seqlen), -math.inf, dtype=self.acc_dtype, device=self.device)
+        merge_partial_(self.out[:, rows], self.lse[:, :, rows], out, lse)
+
+    def result(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.out is None:  # no step ran (no query row, or no key anywhere)
+            batch, seqlen, heads, _ = self.shape
+            return (torch.zeros(self.shape, dtype=self.dtype, device=self.device),
+                    torch.full((batch, heads, seqlen), -math.inf, dtype=torch.float32, device=self.device))
+        return self.out.to(self.dtype), self.lse.float()
+
+
+# ------------------------------------------------------------------------------------------- transport
+
+_COMM_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+class _Ring:
+    """K/V transfers to the next rank and from the previous one, overlapped with the caller's compute."""
+
+    def __init__(self, group, rank: int, world: int, device: torch.device):
+        self.group = group
+        self.send_to = dist.get_global_rank(group, (rank + 1) % world)
+        self.recv_from = dist.get_global_rank(group, (rank - 1) % world)
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self.compute = torch.cuda.current_stream(device)
+            if device not in _COMM_STREAMS:
+                _COMM_STREAMS[device] = torch.cuda.Stream(device)
+            self.comm = _COMM_STREAMS[device]
+            self.comm.wait_stream(self.compute)  # the first shards (the caller's K/V) are ready before sending
+
+    def post(self, k: torch.Tensor, v: torch.Tensor, seqlen_in: int):
+        """Starts sending (k, v) and receiving the previous rank's shard of seqlen_in tokens."""
+        shape = (k.shape[0], seqlen_in, *k.shape[2:])
+        with torch.cuda.stream(self.comm) if self.cuda else contextlib.nullcontext():
+            k_in = torch.empty(shape, dtype=k.dtype, device=k.device)  # on CUDA: allocated on the comm stream
+            v_in = torch.empty(shape, dtype=v.dtype, device=v.device)
+            ops = [dist.P2POp(dist.isend, t, self.send_to, self.group) for t in (k, v) if t.numel()]
+            ops += [dist.P2POp(dist.irecv, t, self.recv_from, self.group) for t in (k_in, v_in) if t.numel()]
+            works = dist.batch_isend_irecv(ops) if ops else []  # empty shards: both sides know, none sent
+            arrived = None
+            if self.cuda:
+                for work in works:  # NCCL: the comm stream waits for the transfers; the host does not
+                    work.wait()
+                arrived = torch.cuda.Event()
+                arrived.record(self.comm)
+        return works, arrived, k_in, v_in
+
+    def wait(self, pending) -> tuple[torch.Tensor, torch.Tensor]:
+        """The received (k, v), usable on the current (compute) stream."""
+        works, arrived, k_in, v_in = pending
+        if self.cuda:
+            self.compute.wait_event(arrived)
+            for t in (k_in, v_in):  # used on the compute stream: not reused before that work is done
+                t.record_stream(self.compute)
+        else:
+            for work in works:
+                work.wait()
+        return k_in, v_in
+
+
+# ------------------------------------------------------------------------------------------ the steps
+
+@dataclass(frozen=True)
+class _Step:
+    rows: slice     # local query rows
+    keys: slice     # keys of the shard held at this step
+    causal: bool
+
+
+def _plan(rank: int, src: int, causal: bool, layout: str, first_q: int, first_k: int) -> _Step | None:
+    """What rank ``rank`` computes with the K/V shard of rank ``src`` (module docstring, table); None: skip.
+    first_q / first_k: length of the first zig-zag chunk of this rank's and of src's shard."""
+    everything = slice(None)
+    if not causal:
+        return _Step(everything, everything, False)
+    if src == rank:
+        return _Step(everything, everything, True)
+    if layout == "contiguous":
+        return _Step(everything, everything, False) if src < rank else None
+    if src < rank:
+        return _Step(everything, slice(0, first_k), False)
+    return _Step(slice(first_q, None), everything, False)
+
+
+def _scale_bits(scale: float) -> int:
+    return struct.unpack("<q", struct.pack("<d", scale))[0]
+
+
+def _local_error(q, k, v, causal, softmax_scale, backend, return_lse, layout):
+    """(error or None, softmax scale): this rank's inputs checked as ``fa_variants.attention`` does."""
+    try:
+        api._check_inputs(q, k, v)
+        scale = api._check_options(causal, softmax_scale, backend, return_lse, q.shape[-1])
+        if not isinstance(layout, str) or layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        if causal and q.shape[1] != k.shape[1]:
+            raise ValueError(f"causal context parallelism needs self-attention shards (the same tokens in q "
+                             f"and k), but q has seqlen {q.shape[1]} and k has {k.shape[1]} on this rank")
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+            raise NotImplementedError("context_parallel_attention is forward-only and an input requires grad: "
+                                      "call it under torch.no_grad() / torch.inference_mode()")
+        if q.device.type not in _DEVICE_TYPES:
+            raise ValueError(f"q is on {q.device}; context parallelism supports {_DEVICE_TYPES}")
+        return None, scale
+    except (TypeError, ValueError, NotImplementedError) as error:
+        return error, 0.0
+
+
+def _gather_rows(group, row: list[int], world: int) -> list[list[int]]:
+    device = (torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl"
+              else torch.device("cpu"))
+    mine = torch.tensor(row, dtype=torch.int64, device=device)
+    every = torch.empty(world * len(row), dtype=torch.int64, device=device)
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.14
+    gather(every, mine, group=group)
+    return every.view(world, len(row)).tolist()
+
+
+def _check_rows(rows: list[list[int]], causal: bool, layout: str) -> None:
+    """Raises the same ValueError on every rank when the ranks' shards do not fit together."""
+    where = "context_parallel_attention"
+    for j, row in enumerate(rows):
+        if not row[0]:
+            raise ValueError(f"{where}: rank {j} rejected its inputs (its own error says why); no rank computed")
+    first = dict(zip(_FIELDS, rows[0]))
+    for j, row in enumerate(rows[1:], 1):
+        mine = dict(zip(_FIELDS, row))
+        for field in _SHARED:
+            if mine[field] != first[field]:
+                raise ValueError(f"{where}: rank {j} has {field} {_show(field, mine[field])} but rank 0 has "
+                                 f"{_show(field, first[field])}; every rank's shards must share {', '.join(_SHARED)}")
+    if causal and layout == "zigzag":
+        world = len(rows)
+        sizes = _chunk_sizes(sum(row[_FIELDS.index("seqlen_k")] for row in rows), 2 * world)
+        for j, row in enumerate(rows):
+            want = sizes[j] + sizes[2 * world - 1 - j]
+            if row[_FIELDS.index("seqlen_k")] != want:
+                raise ValueError(f"{where}: rank {j} holds {row[_FIELDS.index('seqlen_k')]} tokens, but zig-zag "
+                                 f"sharding of {sum(sizes)} tokens over {world} ranks gives it {want}; cut the "
+                                 "sequence with zigzag_shard, or pass layout='contiguous' for shards in order")
+
+
+def _show(field: str, value: int):
+    if field == "dtype":
+        return _DTYPES[value] if 0 <= value < len(_DTYPES) else "another dtype"
+    if field == "device type":
+        return _DEVICE_TYPES[value] if 0 <= value < len(_DEVICE_TYPES) else "another device"
+    if field == "layout":
+        return LAYOUTS[value]
+    if field == "causal":
+        return bool(value)
+    if field == "softmax_scale":
+        return struct.unpack("<d", struct.pack("<q", value))[0]
+    return value
+
+
+def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+                               softmax_scale: float | None = None, group=None, return_lse: bool = False,
+                               backend: str = "auto", layout: str = "zigzag"):
+    """Attention over a sequence sharded along seqlen across the ranks of ``group`` (ring attention).
+
+    Every rank of the group calls it with its own shards; the result is this rank's rows of the attention of
+    the whole sequence, as ``fa_variants.attention`` on the unsharded tensors would give them.
+
+    Args:
+        q: (batch, seqlen_q_shard, num_heads, head_dim), this rank's query rows; dtypes and devices as
+            ``fa_variants.attention`` (CPU with gloo, CUDA with NCCL).
+        k, v: (batch, seqlen_k_shard, num_heads_kv, head_dim), this rank's keys/values. num_heads,
+            num_heads_kv, head_dim, batch, dtype and the options must be the same on every rank; the shard
+            lengths may differ (see the module docstring for the rules).
+        causal: causal mask of the whole sequence (query i sees key j <= i). Needs seqlen_q == seqlen_k on
+            each rank (q and k shards of the same tokens) and shards cut as ``layout`` says.
+        softmax_scale: as ``fa_variants.attention``; None means 1 / sqrt(head_dim).
+        group: the process group (default: the world group). A group of one runs plain attention.
+        return_lse: also return the LSE, float32 (batch, num_heads, seqlen_q_shard), natural log.
+        backend: the dispatcher's backend for every step ("auto", "fa3", "fa2", "reference", ...).
+        layout: "zigzag" (``zigzag_shard``, default) or "contiguous" (``contiguous_shard``); only causal uses it.
+
+    Returns:
+        out (batch, seqlen_q_shard, num_heads, head_dim) in q's dtype, or (out, lse) with ``return_lse``.
+
+    Raises:
+        RuntimeError: torch.distributed is not initialized.
+        ValueError: this process is not in ``group``; any error of ``fa_variants.attention`` on this rank's
+            inputs; causal with seqlen_q != seqlen_k; an unknown layout; shards that do not fit together
+            across ranks (raised on every rank, naming the rank and the field).
+        TypeError: as ``fa_variants.attention``.
+        NotImplementedError: an input requires grad (forward only).
+
+    Source: Liu et al., Ring Attention with Blockwise Transformers (2023), sec. 3; load-balanced causal
+    sharding as in Dubey et al., The Llama 3 Herd of Models (2024), sec. 3.3.2.
+    """
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("torch.distributed is not initialized: call torch.distributed.init_process_group "
+                           "first (fa_variants.attention runs one process)")
+    group = dist.group.WORLD if group is None else group
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    if rank < 0:
+        raise ValueError("this process is not a member of group")
+    error, scale = _local_error(q, k, v, causal, softmax_scale, backend, return_lse, layout)
+    if world == 1:
+        if error is not None:
+            raise error
+        return api.attention(q, k, v, causal=causal, softmax_scale=softmax_scale, backend=backend,
+                             return_lse=return_lse)
+    if error is None:
+        row = [1, *q.shape, k.shape[1], k.shape[2],
+               _DTYPES.index(q.dtype) if q.dtype in _DTYPES else len(_DTYPES),
+               _DEVICE_TYPES.index(q.device.type), int(causal), LAYOUTS.index(layout), _scale_bits(scale)]
+    else:
+        row = [0] * len(_FIELDS)
+    rows = _gather_rows(group, row, world)
+    if error is not None:
+        raise error
+    _check_rows(rows, causal, layout)
+    out, lse = _ring_attention(q, k, v, rows, group, rank, world, causal, layout, scale, backend)
+    return (out, lse) if return_lse else out
+
+
+def _ring_attention(q, k, v, rows, group, rank, world, causal, layout, scale, backend):
+    seqlens_k = [row[_FIELDS.index("seqlen_k")] for row in rows]
+    sizes = _chunk_sizes(sum(seqlens_k), 2 * world)  # zig-zag chunk lengths (used when causal and zigzag)
+    ring = _Ring(group, rank, world, q.device)
+    merger = _Merger(q)
+    k_cur, v_cur = k.contiguous(), v.contiguous()  # transfers need contiguous buffers
+    for step in range(world):
+        src = (rank - step) % world  # the rank whose K/V shard this rank holds now
+        pending = ring.post(k_cur, v_cur, seqlens_k[(src - 1) % world]) if step + 1 < world else None
+        plan = _plan(rank, src, causal, layout, sizes[rank], sizes[src])
+        if plan is not None:
+            q_s, k_s, v_s = q[:, plan.rows], k_cur[:, plan.keys], v_cur[:, plan.keys]
+            if q_s.shape[1] and k_s.shape[1]:  # an empty side contributes nothing (the merge's neutral)
+                out, lse = api.attention(q_s, k_s, v_s, causal=plan.causal, softmax_scale=scale,
+                                         backend=backend, return_lse=True)
+                merger.add(plan.rows, out, lse)
+        if pending is not None:
+            k_cur, v_cur = ring.wait(pending)
+    return merger.result()

@@ -1,0 +1,316 @@
+"""fa_variants.distributed: context-parallel (ring) attention, checked against single-process attention.
+
+The multi-process tests start `world` = 2 and 4 CPU processes (tests/cp_worker.py forks them from one fresh
+interpreter; gloo over the loopback interface, a file store in a temporary folder, so no port to pick), run
+every case in one launch per world, and judge the saved results here: the unsharded output and LSE against the float64 reference (the
+project's tolerance rule) and against ``fa_variants.attention`` on the whole sequence, on the reference backend.
+"""
+from __future__ import annotations
+
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import fa_variants
+from fa_variants import distributed as cp
+from fa_variants.reference import causal_visible, check_against_reference, check_lse, max_abs_error
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKER = Path(__file__).with_name("cp_worker.py")
+TIMEOUT_S = 150  # per launch (the worker stops its ranks after 90 s); a hang fails instead of blocking CI
+
+F32, F64 = torch.float32, torch.float64
+#: name -> sizes and options; every case runs with world 2 and 4
+GOOD = {
+    "noncausal_f64": dict(seqlen=24, dtype=F64, causal=False, layout="contiguous"),
+    "noncausal_zigzag_f32": dict(seqlen=40, dtype=F32, causal=False, layout="zigzag", head_dim=24),
+    "causal_zigzag_f32": dict(seqlen=48, dtype=F32, causal=True, layout="zigzag"),
+    "causal_zigzag_uneven_f64": dict(seqlen=37, dtype=F64, causal=True, layout="zigzag"),
+    "causal_contiguous_uneven_f64": dict(seqlen=29, dtype=F64, causal=True, layout="contiguous"),
+    "gqa_causal_zigzag_f64": dict(seqlen=32, dtype=F64, causal=True, layout="zigzag", heads=6, heads_kv=2),
+    "mqa_noncausal_uneven_f32": dict(seqlen=23, dtype=F32, causal=False, layout="contiguous", heads=4, heads_kv=1),
+    "cross_noncausal_uneven_f64": dict(seqlen=13, seqlen_k=30, dtype=F64, causal=False, layout="contiguous"),
+    "scale_causal_zigzag_f64": dict(seqlen=20, dtype=F64, causal=True, layout="zigzag", softmax_scale=-0.7),
+    "tiny_causal_zigzag_f64": dict(seqlen=3, dtype=F64, causal=True, layout="zigzag"),  # world 4: a rank has 0
+    "after_errors_f64": dict(seqlen=17, dtype=F64, causal=True, layout="zigzag"),  # runs after the bad cases
+}
+_SHARD = {"zigzag": cp.zigzag_shard, "contiguous": cp.contiguous_shard}
+_UNSHARD = {"zigzag": cp.zigzag_unshard, "contiguous": cp.contiguous_unshard}
+
+
+def _inputs(gen, seqlen, dtype, seqlen_k=None, heads=2, heads_kv=None, head_dim=16, batch=2, **_):
+    seqlen_k = seqlen if seqlen_k is None else seqlen_k
+    heads_kv = heads if heads_kv is None else heads_kv
+    q = torch.randn(batch, seqlen, heads, head_dim, generator=gen, dtype=dtype)
+    k = torch.randn(batch, seqlen_k, heads_kv, head_dim, generator=gen, dtype=dtype)
+    v = torch.randn(batch, seqlen_k, heads_kv, head_dim, generator=gen, dtype=dtype)
+    return q, k, v
+
+
+def _options(spec):
+    return dict(causal=spec["causal"], layout=spec["layout"], softmax_scale=spec.get("softmax_scale"),
+                backend="reference")
+
+
+def _sharded(tensors, layout, world):
+    return [tuple(_SHARD[layout](t, 1, r, world) for t in tensors) for r in range(world)]
+
+
+def _cases(world: int, gen) -> tuple[dict, list]:
+    """(inputs of the good cases by name, the list of cases for the workers, in order)."""
+    inputs, cases = {}, []
+    for name, spec in GOOD.items():
+        if name == "after_errors_f64":
+            cases += _bad_cases(world, gen)
+        inputs[name] = _inputs(gen, **spec)
+        cases.append(dict(name=name, args=_sharded(inputs[name], spec["layout"], world),
+                          kwargs=[_options(spec)] * world, group="world"))
+    # a group of one per rank: plain attention of the rank's own shard
+    inputs["self_group"] = _inputs(gen, 12, F64)
+    cases.append(dict(name="self_group", args=_sharded(inputs["self_group"], "contiguous", world),
+                      kwargs=[dict(causal=True, backend="reference")] * world, group="self"))
+    return inputs, cases
+
+
+def _bad_cases(world: int, gen) -> list:
+    base = dict(causal=True, layout="zigzag", backend="reference")
+    good = _sharded(_inputs(gen, 16, F64), "zigzag", world)
+
+    def with_rank1(args, kwargs=base):
+        return dict(args=[args if r == 1 else good[r] for r in range(world)],
+                    kwargs=[kwargs if r == 1 else base for r in range(world)], group="world")
+
+    q1, k1, v1 = good[1]
+    narrow = _inputs(gen, q1.shape[1], F64, head_dim=8)
+    # lengths that zig-zag sharding never gives: rank 0 two tokens more, rank 1 two fewer
+    full = _inputs(gen, 8 * world, F64)
+    lengths = [10, 6] + [8] * (world - 2)
+    skewed = [tuple(t.split(lengths, 1)[r] for t in full) for r in range(world)]
+    cross = _inputs(gen, 5, F64, seqlen_k=7)
+    return [
+        dict(name="bad_head_dim", **with_rank1(narrow)),
+        dict(name="bad_dtype", **with_rank1((q1.float(), k1.float(), v1.float()))),
+        dict(name="bad_causal", **with_rank1(good[1], dict(base, causal=False))),
+        dict(name="bad_local", **with_rank1((q1, k1[0], v1))),
+        dict(name="bad_zigzag_lengths", args=skewed, kwargs=[base] * world, group="world"),
+        dict(name="bad_causal_cross", args=[cross] * world, kwargs=[base] * world, group="world"),
+    ]
+
+
+def _launch(world: int, cases: list, folder: Path) -> list[dict]:
+    folder.mkdir(parents=True)
+    torch.save(cases, folder / "cases.pt")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+               GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    with open(folder / "log", "w") as log:
+        # its own session, so that a hang is ended with every rank it forked (the worker has its own limit)
+        proc = subprocess.Popen([sys.executable, str(WORKER), str(world), str(folder / "cases.pt"), str(folder)],
+                                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            proc.wait(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    if proc.returncode != 0:
+        pytest.fail(f"world {world}: the ranks failed or hung (exit {proc.returncode}, limit {TIMEOUT_S} s):\n"
+                    + (folder / "log").read_text()[-4000:])
+    return [torch.load(folder / f"rank{r}.pt") for r in range(world)]
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=lambda w: f"world{w}")
+def ring(request, tmp_path_factory):
+    """(world, seed, inputs by case name, per-rank results by case name) of one launch."""
+    world, seed = request.param, random.randrange(2**31)
+    inputs, cases = _cases(world, torch.Generator().manual_seed(seed))
+    results = _launch(world, cases, tmp_path_factory.mktemp("cp") / f"world{world}")
+    return world, seed, inputs, results
+
+
+def _gathered(results, name, layout):
+    outs = [r[name] for r in results]
+    for rank, o in enumerate(outs):
+        assert o[0] != "error", f"rank {rank} raised {o[1]}: {o[2]}"
+    return _UNSHARD[layout]([o[0] for o in outs], 1), _UNSHARD[layout]([o[1] for o in outs], 2)
+
+
+@pytest.mark.parametrize("name", list(GOOD))
+def test_matches_single_process(ring, name):
+    world, seed, inputs, results = ring
+    spec = GOOD[name]
+    q, k, v = inputs[name]
+    out, lse = _gathered(results, name, spec["layout"])
+    scale = spec.get("softmax_scale")
+    where = f"{name}, world {world}, seed {seed}"
+    assert out.dtype == q.dtype and out.shape == q.shape and lse.dtype == torch.float32
+    check = check_against_reference(out, q, k, v, causal=spec["causal"], softmax_scale=scale)
+    assert check.ok, f"{where}: out {check}"
+    check = check_lse(lse, q, k, v, causal=spec["causal"], softmax_scale=scale)
+    assert check.ok, f"{where}: lse {check}"
+    single, single_lse = fa_variants.attention(q, k, v, causal=spec["causal"], softmax_scale=scale,
+                                               backend="reference", return_lse=True)
+    # not bitwise: the ring adds the keys in another order (tolerance: float32 rounding of the merge weights)
+    assert max_abs_error(out, single) <= 1e-5, where
+    assert max_abs_error(lse, single_lse) <= 1e-5, where
+
+
+def test_group_of_one_is_plain_attention(ring):
+    world, seed, inputs, results = ring
+    for rank, (q, k, v) in enumerate(_sharded(inputs["self_group"], "contiguous", world)):
+        out, lse = results[rank]["self_group"]
+        want, want_lse = fa_variants.attention(q, k, v, causal=True, backend="reference", return_lse=True)
+        assert max_abs_error(out, want) <= 1e-12 and max_abs_error(lse, want_lse) <= 1e-6, (rank, seed)
+
+
+@pytest.mark.parametrize("name, every_rank, rank1", [
+    ("bad_head_dim", "rank 1 has head_dim 8 but rank 0 has 16", None),
+    ("bad_dtype", "rank 1 has dtype torch.float32 but rank 0 has torch.float64", None),
+    ("bad_causal", "rank 1 has causal False but rank 0 has True", None),
+    ("bad_local", "rank 1 rejected its inputs", "k must be 4-D"),
+    ("bad_zigzag_lengths", "rank 0 holds 10 tokens, but zig-zag sharding of", None),
+    ("bad_causal_cross", None, None),
+])
+def test_bad_input_raises_on_every_rank(ring, name, every_rank, rank1):
+    """Every rank raises a one-line ValueError (none hangs), and the group stays usable afterwards."""
+    world, _, _, results = ring
+    for rank, result in enumerate(results):
+        assert result[name][0] == "error", f"rank {rank} did not raise"
+        _, kind, message = result[name]
+        assert kind == "ValueError" and "\n" not in message, (rank, kind, message)
+        if rank == 1 and rank1 is not None:
+            assert rank1 in message, message
+        elif every_rank is not None:
+            assert every_rank in message, message
+        else:
+            assert "self-attention shards" in message, message
+
+
+# ------------------------------------------------------------------------------------- single process
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("seqlen", [0, 1, 5, 16, 23])
+def test_shard_unshard_round_trip(world, seqlen):
+    x = torch.randn(2, seqlen, 3)
+    for shard, unshard, chunks in ((cp.zigzag_shard, cp.zigzag_unshard, 2 * world),
+                                   (cp.contiguous_shard, cp.contiguous_unshard, world)):
+        shards = [shard(x, 1, r, world) for r in range(world)]
+        assert torch.equal(unshard(shards, 1), x)
+        lengths = [s.shape[1] for s in shards]
+        assert sum(lengths) == seqlen and max(lengths) - min(lengths) <= (2 if chunks > world else 1)
+
+
+def test_zigzag_order_and_uneven_rule():
+    x = torch.arange(10)
+    # 10 tokens in 4 chunks: lengths 3, 3, 2, 2 (tensor_split: the first ones one longer)
+    assert cp.zigzag_shard(x, 0, 0, 2).tolist() == [0, 1, 2, 8, 9]
+    assert cp.zigzag_shard(x, 0, 1, 2).tolist() == [3, 4, 5, 6, 7]
+    assert cp.contiguous_shard(x, 0, 1, 3).tolist() == [4, 5, 6]
+    with pytest.raises(ValueError, match="shard 0 has length 4 along dim 0, but zig-zag sharding of 10"):
+        cp.zigzag_unshard([x[:4], x[4:]], 0)
+    with pytest.raises(ValueError, match=r"rank must be in \[0, 2\)"):
+        cp.zigzag_shard(x, 0, 2, 2)
+    with pytest.raises(ValueError, match="dim 1 is out of range"):
+        cp.contiguous_shard(x, 1, 0, 2)
+    with pytest.raises(TypeError, match="world must be an int"):
+        cp.zigzag_shard(x, 0, 0, 2.0)
+
+
+def test_zigzag_layout_is_torchs_head_tail_load_balancer():
+    """Buffers sharded by torch's context_parallel (load balance on) are in our zig-zag order."""
+    balancer = pytest.importorskip("torch.distributed.tensor.experimental._context_parallel._load_balancer")
+    world, seqlen = 3, 24
+    index = balancer._HeadTailLoadBalancer(seqlen, world, "cpu")._generate_indices().flatten()
+    ours = torch.cat([cp.zigzag_shard(torch.arange(seqlen), 0, r, world) for r in range(world)])
+    assert index.tolist() == ours.tolist()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_merge_of_key_blocks_is_attention_over_all_keys(causal):
+    """Partials over disjoint key blocks (one empty, one fully masked under causal) merge to full attention."""
+    gen = torch.Generator().manual_seed(random.randrange(2**31))
+    q, k, v = _inputs(gen, 9, F64, seqlen_k=20, heads=4, heads_kv=2)
+    want, want_lse = fa_variants.attention(q, k, v, causal=causal, backend="reference", return_lse=True)
+    # bottom-right causal over 20 keys for 9 queries: query i sees keys <= i + 11
+    out = torch.zeros_like(q)
+    lse = torch.full((2, 4, 9), -math.inf, dtype=F64)
+    for keys in (slice(0, 7), slice(7, 7), slice(7, 20)):
+        kb, vb = k[:, keys], v[:, keys]
+        if causal:  # the mask of the whole sequence, restricted to the block, through the reference directly
+            part, part_lse = _masked_attention(q, kb, vb, causal_visible(9, 20)[:, keys])
+        else:
+            part, part_lse = fa_variants.attention(q, kb, vb, backend="reference", return_lse=True)
+        cp.merge_partial_(out, lse, part, part_lse)
+    assert max_abs_error(out, want) <= 1e-6 and max_abs_error(lse.float(), want_lse) <= 1e-5
+
+
+def _masked_attention(q, k, v, visible):
+    """Plain float64 attention with an explicit (seqlen_q, seqlen_k) mask; rows that see nothing: 0, -inf."""
+    group = q.shape[2] // k.shape[2]
+    k, v = k.repeat_interleave(group, 2), v.repeat_interleave(group, 2)
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(q.shape[-1])
+    s = s.masked_fill(~visible, -math.inf)
+    lse = torch.logsumexp(s, -1)
+    p = torch.where(lse[..., None] == -math.inf, torch.zeros_like(s), torch.exp(s - lse[..., None]))
+    return torch.einsum("bhqk,bkhd->bqhd", p, v), lse
+
+
+def test_merge_neutral_element_and_all_masked_rows():
+    out = torch.randn(1, 3, 2, 4, dtype=F32)
+    lse = torch.tensor([[[0.5, -math.inf, -math.inf], [1.0, 2.0, -math.inf]]])
+    part = torch.randn(1, 3, 2, 4, dtype=torch.bfloat16)
+    part_lse = torch.tensor([[[-math.inf, 0.3, -math.inf], [-math.inf, -math.inf, -math.inf]]])
+    before, before_part = out.clone(), part.float()
+    cp.merge_partial_(out, lse, part, part_lse)
+    assert torch.equal(out[:, 0, 0], before[:, 0, 0])          # -inf partial: the accumulator unchanged
+    assert torch.allclose(out[:, 1, 0], before_part[:, 1, 0])   # -inf accumulator: the partial
+    assert torch.equal(out[:, 2], torch.zeros_like(out[:, 2]))  # both -inf: 0 and LSE -inf, no NaN
+    assert lse[0, 0, :2].tolist() == pytest.approx([0.5, 0.3])
+    assert lse[0, 0, 2] == -math.inf and lse[0, 1, 2] == -math.inf and not torch.isnan(out).any()
+
+
+def test_needs_an_initialized_process_group():
+    q = torch.randn(1, 4, 1, 8)
+    with pytest.raises(RuntimeError, match="torch.distributed is not initialized"):
+        cp.context_parallel_attention(q, q, q)
+
+
+@pytest.mark.parametrize("layout", cp.LAYOUTS)
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("seqlen", [40, 37])
+def test_causal_plan_computes_each_visible_pair_once_and_nothing_masked(layout, world, seqlen):
+    """The causal step plan, on token positions: every (query, key) pair with key <= query is computed exactly
+    once over all ranks and steps, an unmasked step holds no pair with key > query, a causal step's local mask
+    is the global one; with zig-zag, every rank computes the same number of pairs (to within uneven chunks)."""
+    positions = torch.arange(seqlen)
+    shards = [_SHARD[layout](positions, 0, r, world) for r in range(world)]
+    sizes = cp._chunk_sizes(seqlen, 2 * world)
+    seen = torch.zeros(seqlen, seqlen, dtype=torch.int64)
+    work = []
+    for rank in range(world):
+        work.append(0)
+        for src in range(world):
+            step = cp._plan(rank, src, True, layout, sizes[rank], sizes[src])
+            if step is None:
+                assert layout == "contiguous" and src > rank
+                continue
+            rows, keys = shards[rank][step.rows], shards[src][step.keys]
+            visible = keys[None, :] <= rows[:, None]
+            if step.causal:
+                local = torch.ones(len(rows), len(keys), dtype=torch.bool).tril()
+                assert torch.equal(visible, local), (rank, src)
+            else:
+                assert visible.all(), f"rank {rank} computes masked pairs with the K/V of rank {src}"
+            seen[rows[:, None].expand_as(visible)[visible], keys[None, :].expand_as(visible)[visible]] += 1
+            work[-1] += len(rows) * len(keys)
+    assert torch.equal(seen, torch.ones(seqlen, seqlen, dtype=torch.int64).tril())
+    if layout == "zigzag":
+        chunk = -(-seqlen // (2 * world))
+        assert max(work) - min(work) <= 4 * world * chunk, work  # equal when 2*world divides seqlen
+        if seqlen % (2 * world) == 0:
+            assert len(set(work)) == 1, work
