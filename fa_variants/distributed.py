@@ -85,6 +85,7 @@ import torch
 import torch.distributed as dist
 
 from fa_variants import api
+from fa_variants.reference import default_softmax_scale
 
 #: how the sequence was cut over the ranks; it matters only when causal
 LAYOUTS = ("zigzag", "contiguous")
@@ -305,7 +306,8 @@ def _local_error(q, k, v, causal, softmax_scale, backend, return_lse, layout):
     """(error or None, softmax scale): this rank's inputs checked as ``fa_variants.attention`` does."""
     try:
         api._check_inputs(q, k, v)
-        scale = api._check_options(causal, softmax_scale, backend, return_lse, q.shape[-1])
+        scale = api._check_options(causal, softmax_scale, backend, return_lse)
+        scale = default_softmax_scale(q.shape[-1]) if scale is None else scale
         if not isinstance(layout, str) or layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
         if causal and q.shape[1] != k.shape[1]:
