@@ -420,9 +420,9 @@ def test_short_real_benchmark(tmp_path, capsys):
     flash = [r for r in saved["results"] if r["impl"] == "sdpa-flash"]
     assert flash and flash[0]["tflops"] > 1, printed
     assert all(m["peak_mib"] for m in saved["memory"] if m["impl"] == "sdpa-flash")
-    for r in saved["results"]:
+    for r in saved["results"]:  # fa3-fp8 quantises the bf16 inputs to e4m3 (3 mantissa bits): |V| ~ 4 rounds by 0.25
         if r["kind"] == "ours" and r["tflops"]:
-            assert r["max_diff"] < 0.05, r
+            assert r["max_diff"] < (0.5 if r["impl"] == "fa3-fp8" else 0.05), r
     assert code in (0, 1) and (tmp_path / "bench.md").exists()
 
 

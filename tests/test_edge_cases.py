@@ -165,7 +165,10 @@ CPU_SEQLENS = (1, 17, 64, 65, 129)  # the reference's odd sizes are covered in t
 def test_ec06b_seqlen_sweep(backend, seqlen_q, seqlen_k, head_dim, causal):
     if not backend.on_gpu and not {seqlen_q, seqlen_k} <= set(CPU_SEQLENS):
         pytest.skip(f"the CPU runs the sweep on seqlens {CPU_SEQLENS} only (CI time)")
-    backend.checked(*backend.qkv(1, seqlen_q, seqlen_k, 2, 2, head_dim), causal=causal)
+    # 2 x 4 heads: at seqlen_q = 1 the rule compares two maxima over batch*heads*head_dim outputs; over
+    # 2 x 64 of them the same-dtype torch error was seen lucky enough (fa1, 1 x 17, bf16 on the H200: kernel
+    # 5.24e-3 vs torch 2.57e-3) to fail a kernel as accurate as the others
+    backend.checked(*backend.qkv(2, seqlen_q, seqlen_k, 4, 4, head_dim), causal=causal)
 
 
 @pytest.mark.parametrize("seqlen_k", [129, 193, 257])
