@@ -1,4 +1,5 @@
 """`fa-variants info` and `fa-variants demo`, in-process and as a user would run them."""
+import dataclasses
 import json
 import subprocess
 import sys
@@ -89,7 +90,7 @@ def test_attention_flops():
     (["demo", "--backend", "fa2", "--seqlen", "16"] if not torch.cuda.is_available() else
      ["demo", "--backend", "fa9", "--seqlen", "16"], "fa-variants demo: error: "),
     (["io", "--N", "64", "--sram-kb", "0.001"], "fa-variants io: error: M and d must be >= 1"),
-    (["fp8-study", "--quick", "--dists", "normal", "--seqlens", "16", "--out", "/proc/no/such/dir"],
+    (["fp8-study", "--quick", "--sweeps", "inputs", "--seqlens", "16", "--out", "/proc/no/such/dir"],
      "fa-variants fp8-study: error: .*No such file or directory"),
 ])
 def test_a_sub_command_value_error_is_one_line(capsys, argv, message):
@@ -105,7 +106,7 @@ def test_a_sub_command_value_error_is_one_line(capsys, argv, message):
     (["io", "--N", "0"], "--N"), (["io", "--d", "-64"], "--d"), (["io", "--elem-bytes", "0"], "--elem-bytes"),
     (["io", "--sram-kb", "0"], "--sram-kb"), (["io", "--fa2-tiles", "0", "64"], "--fa2-tiles"),
     (["fp8-study", "--quick", "--head-dim", "0"], "--head-dim"), (["fp8-study", "--heads", "0"], "--heads"),
-    (["fp8-study", "--seqlens", "0"], "--seqlens"), (["fp8-study", "--batch", "0"], "--batch"),
+    (["fp8-study", "--seqlens", "0"], "--seqlens"),
 ])
 def test_sizes_must_be_positive(capsys, argv, flag):
     """Sizes of 0 or below are argparse errors (were ZeroDivisionError / RuntimeError tracebacks, or, for
@@ -212,27 +213,30 @@ def test_demo_on_the_cpu_says_what_it_does_on_stderr(capsys):
     assert "no CUDA GPU: running the reference path on the CPU" in err and "computing the references" in err
 
 
-def test_fp8_study_without_flags_is_cpu_sized_and_shows_progress(capsys, monkeypatch):
+def test_fp8_study_without_flags_is_cpu_sized_and_shows_progress(capsys, monkeypatch, tmp_path):
     """Without a GPU the default is the quick size, said on stderr; the progress bar writes to stderr even
     when it is not a terminal (pytest captures it: not a TTY)."""
     from fa_variants.fp8 import study
 
     seen = {}
 
-    def fake_study(dists, seqlens, *, progress, **setup):
-        seen.update(seqlens=seqlens, **setup)
+    def fake_study(cases, *, progress, **kw):
+        seen.update(cases=cases)
         progress()
-        return [dict(dist=d, N=n, method=m, backend="emulation", rmse=0.1, rel_l2=0.1, max_abs=0.1, cos=1.0,
-                     seconds=0.0) for d in dists for n in seqlens for m in study.METHODS]
+        return [dict(dataclasses.asdict(c), method=m, backend="emulation", rmse=0.1, rel_l2=0.1, max_abs=0.1,
+                     cos=1.0, seconds=0.0) for c in cases for m in study.METHODS]
 
     monkeypatch.setattr(study, "run_study", fake_study)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert cli.main(["fp8-study"]) == 0
+    out = ["--out", str(tmp_path), "--no-e2e", "--sweeps", "p", "seqlen"]
+    assert cli.main(["fp8-study", *out]) == 0
     err = capsys.readouterr().err
-    assert seen["seqlens"] == [256, 1024] and seen["heads"] == 2
+    assert [c.seqlen_k for c in seen["cases"] if c.sweep == "seqlen"] == [1024, 4096]
+    assert {c.heads for c in seen["cases"]} == {1}
     assert "CPU-sized default" in err and "fp8-study:" in err and "%" in err
-    assert cli.main(["fp8-study", "--seqlens", "512"]) == 0  # an explicit size: no note
-    assert seen["seqlens"] == [512] and "CPU-sized" not in capsys.readouterr().err
+    assert cli.main(["fp8-study", *out, "--seqlens", "512"]) == 0  # an explicit size: no note
+    assert [c.seqlen_k for c in seen["cases"] if c.sweep == "seqlen"] == [512]
+    assert "CPU-sized" not in capsys.readouterr().err
 
 
 def test_info_says_each_reason_once_per_device(capsys):

@@ -1,27 +1,39 @@
 """`fa-variants fp8-study`: how accurate is e4m3 attention, and what do block scales and the Hadamard buy?
 
-After FlashAttention-3 (Shah et al. 2024), section 4.3 and Table 3 (RMSE against a high-precision reference,
-inputs with outliers). For each input distribution and sequence length it measures, against float64 on the
-same (fp16-rounded) inputs, the output error of:
+After FlashAttention-3 (Shah et al. 2024, arXiv 2407.08608), section 4.3 and Table 3: the error of the
+attention output O against float64 attention on the same (fp16) inputs, for these methods (``METHODS``):
 
-  (i)   fp16         PyTorch attention in fp16 (softmax in fp32), fa_variants.reference
-  (ii)  tensor       e4m3, one scale per tensor, no rotation
-  (iii) block        e4m3, one scale per (batch, head, Br / Bc-row tile)
-  (iv)  block+H      (iii) + random-sign Hadamard on Q and K
-  (v)   shipped      (iv) + smooth K (FP8Config() defaults)
+  torch-fp16       PyTorch attention in fp16, softmax in fp32 (``fa_variants.reference``)
+  fa3-fp16/-bf16   our fa3 kernel in fp16 / bf16 (GPU only; bf16 includes the rounding of the inputs to bf16)
+  tensor           e4m3, one scale per tensor                      (FA3's "baseline FP8")
+  head             e4m3, one scale per (batch, head)               (what FA3's released code ships)
+  block            e4m3, one scale per (batch, head, 128-row tile) (FA3 section 3.3, block quantisation)
+  hadamard         per-tensor scales + random-sign Hadamard on Q, K (incoherent processing alone)
+  block+H          block + Hadamard                                (FA3's FP8 row of Table 3)
+  block+H+smoothK  + K minus its mean over tokens: the default recipe, two-level accumulation on
+  single-acc       the default recipe with two-level accumulation off (one running FP8-MMA accumulator)
 
-FP8 columns come from the emulation of the fa3-fp8 kernel (fa_variants.fp8.emulation.fp8_attention_reference,
-CPU by default) or, on a GPU where the kernel runs (fa_variants.fp8.attention.why_not), from the kernel through
-``fa_variants.fp8.attention_fp8`` (a config the kernel refuses with ValueError falls back to the emulation,
-and the table says so).
+each as RMSE, relative L2, max |error| and cosine similarity of O. Inputs (``sweep_cases``): the paper's
+outlier distribution N(0,1) + N(0,100) * Bernoulli(p) in q, k, v over p; the long-context drift (seqlen_k
+1k .. 128k, 128 query rows that see every key); head_dim 64/128/256 x causal; channel outliers in K; large
+magnitudes (a sharp softmax); SmolLM2-135M's real Q, K, V per layer (the real-input fixture,
+``fa_variants.integrations.fixture``); and end to end on the real model (``real_model_e2e``).
+
+Where FP8 numbers come from: on an sm_90 GPU the fa3-fp8 kernel (``fa_variants.fp8.attention_fp8``) with
+the emulation of the kernel (``fa_variants.fp8.emulation``) measured beside it; elsewhere the emulation
+alone, and every table header says which. Seeds: each case draws its inputs from
+``torch.Generator().manual_seed(seed + case index)`` on the CPU (recorded in the JSON), so a rerun gives the
+same inputs, and the same numbers up to the reduction order of the device's BLAS.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -30,50 +42,130 @@ from fa_variants.fp8 import attention as fp8_attention
 from fa_variants.fp8.emulation import fp8_attention_reference
 from fa_variants.fp8.quantize import FP8Config
 
+PAPER = {  # FA3 paper, as far as it could be checked here (see README, FP8 section)
+    "source": "Shah et al. 2024, FlashAttention-3, arXiv 2407.08608",
+    "verified": "abstract: FP8 FlashAttention-3 has 2.6x lower numerical error than a baseline FP8 attention",
+    "ratio_baseline_over_fa3_fp8": 2.6,
+    "not_verified": "Table 3's RMSE values could not be read from the paper text here; not printed",
+}
+
+
+@dataclass(frozen=True)
+class Method:
+    label: str
+    kind: str  # "torch" | "fa3" | "fp8"
+    dtype: torch.dtype | None = None
+    config: FP8Config | None = None
+
+
+_NO = dict(rotate=False, smooth_k=False)
+METHODS: dict[str, Method] = {
+    "torch-fp16": Method("PyTorch fp16 (softmax fp32)", "torch", torch.float16),
+    "fa3-fp16": Method("fa3 fp16", "fa3", torch.float16),
+    "fa3-bf16": Method("fa3 bf16", "fa3", torch.bfloat16),
+    "tensor": Method("fp8 per-tensor", "fp8", config=FP8Config(granularity="tensor", **_NO)),
+    "head": Method("fp8 per-head", "fp8", config=FP8Config(granularity="head", **_NO)),
+    "block": Method("fp8 block", "fp8", config=FP8Config(**_NO)),
+    "hadamard": Method("fp8 Hadamard only", "fp8", config=FP8Config(granularity="tensor", rotate=True, smooth_k=False)),
+    "block+H": Method("fp8 block+Hadamard", "fp8", config=FP8Config(rotate=True, smooth_k=False)),
+    "block+H+smoothK": Method("fp8 +smooth K (default, two-level)", "fp8", config=FP8Config()),
+    "single-acc": Method("fp8 default, one accumulator", "fp8", config=FP8Config(two_level=False)),
+}
+
 DISTRIBUTIONS = {
+    "outlier": "FA3 Table 3: N(0,1) + N(0,100) * Bernoulli(p) entries in q, k, v",
     "normal": "q, k, v ~ N(0, 1)",
-    "channel": "EC-23a channel outliers: k[..., {5, 77}] += 40, q[..., 9] x20 on 1% of tokens, v[..., 3] x30",
-    "sparse": "FA3 Table 3: N(0,1) + N(0,100) * Bernoulli(0.001) entries in q, k, v",
+    "channel": "channel outliers: k[..., {5, 77}] += 40, q[..., 9] x20 on 1% of tokens, v[..., 3] x30",
     "large": "q, k, v ~ N(0, 10^2): large magnitudes, a sharp softmax",
-}
-
-METHODS = {  # name -> (label, FP8Config or None for fp16)
-    "fp16": ("(i) fp16 torch", None),
-    "tensor": ("(ii) fp8 per-tensor", FP8Config(granularity="tensor", rotate=False, smooth_k=False)),
-    "block": ("(iii) fp8 block", FP8Config(rotate=False, smooth_k=False)),
-    "block+H": ("(iv) block+Hadamard", FP8Config(rotate=True, smooth_k=False)),
-    "shipped": ("(v) +smooth K (default)", FP8Config()),
+    "real": "SmolLM2-135M Q, K, V after rotary, one layer (real-input fixture)",
 }
 
 
-def make_inputs(dist: str, B: int, N: int, H: int, D: int, seed: int) -> tuple[torch.Tensor, ...]:
-    """q, k, v (B, N, H, D) float16 drawn from DISTRIBUTIONS[dist] (CPU, seeded). Raises ValueError."""
-    if dist not in DISTRIBUTIONS:
-        raise ValueError(f"distribution must be one of {sorted(DISTRIBUTIONS)}, got {dist!r}")
-    g = torch.Generator().manual_seed(seed)
-    randn = lambda: torch.randn(B, N, H, D, generator=g)  # noqa: E731
-    q, k, v = randn(), randn(), randn()
-    if dist == "channel":
+@dataclass(frozen=True)
+class Case:
+    """One input of a sweep: (batch, seqlen_q, heads, head_dim) q and (batch, seqlen_k, heads_kv, ...) k, v."""
+
+    sweep: str
+    dist: str
+    seqlen_q: int
+    seqlen_k: int
+    heads: int
+    head_dim: int
+    causal: bool = False
+    p: float = 1e-3
+    batch: int = 1
+    layer: int | None = None
+    seed: int = 0
+
+    def x(self) -> float:
+        """The plotted coordinate of the sweep."""
+        return {"p": self.p, "seqlen": self.seqlen_k, "layer": self.layer}.get(self.sweep, self.head_dim)
+
+    def name(self) -> str:
+        extra = {"p": f"p={self.p:g}", "layer": f"layer {self.layer}"}.get(self.sweep, self.dist)
+        return f"{extra} Nq={self.seqlen_q} Nk={self.seqlen_k} D={self.head_dim}{' causal' if self.causal else ''}"
+
+
+def make_inputs(case: Case, fixture=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v float16 on the CPU for ``case`` (seeded with case.seed). Raises ValueError for an unknown dist."""
+    if case.dist == "real":
+        q, k, v = fixture.attention_inputs(layers=[case.layer])
+        return q, k, v
+    if case.dist not in DISTRIBUTIONS:
+        raise ValueError(f"distribution must be one of {sorted(DISTRIBUTIONS)}, got {case.dist!r}")
+    g = torch.Generator().manual_seed(case.seed)
+    B, H, D = case.batch, case.heads, case.head_dim
+
+    def randn(n):
+        return torch.randn(B, n, H, D, generator=g)
+
+    q, k, v = randn(case.seqlen_q), randn(case.seqlen_k), randn(case.seqlen_k)
+    if case.dist == "outlier":
+        q, k, v = (x + 10 * randn(x.shape[1]) * (torch.rand(x.shape, generator=g) < case.p) for x in (q, k, v))
+    elif case.dist == "channel":
         k[..., [5 % D, 77 % D]] += 40
-        hot = torch.rand(B, N, generator=g) < 0.01
+        hot = torch.rand(B, case.seqlen_q, generator=g) < 0.01
         q[..., 9 % D] = torch.where(hot[..., None], 20 * q[..., 9 % D], q[..., 9 % D])
         v[..., 3 % D] *= 30
-    elif dist == "sparse":
-        q, k, v = (x + 10 * randn() * (torch.rand(B, N, H, D, generator=g) < 1e-3) for x in (q, k, v))
-    elif dist == "large":
+    elif case.dist == "large":
         q, k, v = 10 * q, 10 * k, 10 * v
     return q.half(), k.half(), v.half()
 
 
-def _kernel_module():
-    """fa_variants.fp8.attention if the fa3-fp8 kernel runs on the current GPU; else None."""
-    if not torch.cuda.is_available() or fp8_attention.why_not(torch.device("cuda")) is not None:
-        return None
-    return fp8_attention
+def sweep_cases(sweeps, *, quick: bool, gpu: bool, seed: int = 0, heads: int | None = None,
+                head_dim: int = 128, seqlens=None, fixture=None) -> list[Case]:
+    """The cases of each sweep in ``sweeps`` (names: p, seqlen, head_dim, inputs, layer), sized for the CPU
+    (quick: seconds to a minute; else minutes) or the GPU. Case i gets seed + i."""
+    n = 512 if quick else (4096 if gpu else 1024)
+    h = heads or (1 if quick else (4 if gpu else 2))
+    lens = seqlens or ([1024, 4096] if quick else ([1024, 4096, 16384, 32768, 65536, 131072] if gpu
+                                                   else [1024, 4096, 16384]))
+    out: list[Case] = []
+    for sweep in sweeps:
+        if sweep == "p":
+            ps = [1e-3, 1e-2] if quick else [1e-4, 3e-4, 1e-3, 3e-3, 1e-2]
+            out += [Case("p", "outlier", n, n, h, head_dim, p=p) for p in ps]
+        elif sweep == "seqlen":  # 128 query rows (one Q tile) that see every key: the drift is along seqlen_k
+            out += [Case("seqlen", "outlier", 128, nk, 1 if not gpu else h, head_dim) for nk in lens]
+        elif sweep == "head_dim":
+            out += [Case("head_dim", "outlier", n, n, h, d, causal=c) for d in (64, 128, 256) for c in (False, True)]
+        elif sweep == "inputs":
+            out += [Case("inputs", d, n, n, h, head_dim) for d in ("normal", "channel", "large")]
+        elif sweep == "layer":
+            if fixture is not None:
+                L, _, N, H, D = fixture.q.shape
+                out += [Case("layer", "real", N, N, H, D, causal=fixture.causal, layer=i) for i in range(L)]
+        else:
+            raise ValueError(f"unknown sweep {sweep!r}; choose from {SWEEPS}")
+    return [dataclasses.replace(c, seed=seed + i) for i, c in enumerate(out)]
 
 
-def _errors(out: torch.Tensor, ref: torch.Tensor) -> dict:
-    o, r = out.double().cpu(), ref.double().cpu()
+SWEEPS = ("p", "seqlen", "head_dim", "inputs", "layer")
+
+
+def errors(out: torch.Tensor, ref: torch.Tensor) -> dict:
+    """rmse, rel_l2, max_abs, cos of out against ref (float64 maths on out's device)."""
+    o, r = out.double(), ref.to(out.device).double()
     d = o - r
     rn = r.norm().item()
     return {"rmse": d.pow(2).mean().sqrt().item(), "rel_l2": d.norm().item() / rn if rn else d.norm().item(),
@@ -81,119 +173,340 @@ def _errors(out: torch.Tensor, ref: torch.Tensor) -> dict:
             "cos": torch.nn.functional.cosine_similarity(o.flatten(), r.flatten(), dim=0).item()}
 
 
-def run_study(dists, seqlens, *, batch=1, heads=4, head_dim=128, causal=False, seed=0, backend="auto",
-              progress=None) -> list[dict]:
-    """Measure every method of METHODS on every (distribution, seqlen). Returns one dict per cell:
-    dist, N, method, backend ("torch", "emulation", "kernel" or "emulation (kernel refused)"), seconds and
-    the errors against float64: rmse, rel_l2, max_abs, cos. backend: "auto" | "emulation" | "kernel"
-    (ValueError if "kernel" is asked for and not available)."""
-    kernel = _kernel_module() if backend in ("auto", "kernel") else None
-    if backend == "kernel" and kernel is None:
+def kernels_available() -> bool:
+    """True where the fa3-fp8 kernel (and fa3) run: an sm_90 CUDA GPU."""
+    return torch.cuda.is_available() and fp8_attention.why_not(torch.device("cuda")) is None
+
+
+def run_study(cases: list[Case], *, methods=None, backend: str = "auto", fixture=None, progress=None) -> list[dict]:
+    """Every method on every case. Returns one dict per (case, method): the case's fields, method, backend
+    ("torch", "kernel", "emulation", or "not run: ..."), seconds, and rmse, rel_l2, max_abs, cos against
+    float64 (None when not run); on the kernel path also ``emulation`` (the emulation's errors) and
+    ``kernel_vs_emulation`` (max |O_kernel - O_emulation|). backend: "auto" | "emulation" | "kernel"
+    (ValueError if "kernel" is asked for where it cannot run)."""
+    kernel = backend in ("auto", "kernel") and kernels_available()
+    if backend == "kernel" and not kernel:
         why = fp8_attention.why_not(torch.device("cuda")) if torch.cuda.is_available() else "there is no GPU"
         raise ValueError(f"backend 'kernel' needs the fa3-fp8 kernel on an sm_90 GPU: {why}")
-    device = "cuda" if kernel is not None else "cpu"
+    device = "cuda" if kernel else "cpu"
+    from fa_variants import attention
     from fa_variants.reference import attention_reference
 
+    names = list(methods or METHODS)
     rows = []
-    for dist in dists:
-        for N in seqlens:
-            q, k, v = (t.to(device) for t in make_inputs(dist, batch, N, heads, head_dim, seed))
-            ref, _ = attention_reference(q, k, v, causal=causal, dtype=torch.float64)
-            for name, (_, cfg) in METHODS.items():
-                t0 = time.perf_counter()
+    for case in cases:
+        q, k, v = (t.to(device) for t in make_inputs(case, fixture))
+        scale = fixture.softmax_scale if case.dist == "real" else None
+        ref, _ = attention_reference(q, k, v, causal=case.causal, softmax_scale=scale, dtype=torch.float64)
+        for name in names:
+            m = METHODS[name]
+            row = {**dataclasses.asdict(case), "method": name}
+            t0 = time.perf_counter()
+            emu = None
+            if m.kind == "torch":
+                out, _ = attention_reference(q, k, v, causal=case.causal, softmax_scale=scale, dtype=m.dtype)
                 used = "torch"
-                if cfg is None:
-                    out, _ = attention_reference(q, k, v, causal=causal, dtype=torch.float16)
-                elif kernel is not None:
-                    try:
-                        out = kernel.attention_fp8(q, k, v, causal=causal, softmax_scale=None, config=cfg)
-                        used = "kernel"
-                    except ValueError:
-                        out, _ = fp8_attention_reference(q, k, v, causal=causal, config=cfg)
-                        used = "emulation (kernel refused)"
+            elif m.kind == "fa3":
+                if kernel:
+                    out = attention(q.to(m.dtype), k.to(m.dtype), v.to(m.dtype), causal=case.causal,
+                                    softmax_scale=scale, backend="fa3")
+                    used = "kernel"
                 else:
-                    out, _ = fp8_attention_reference(q, k, v, causal=causal, config=cfg)
-                    used = "emulation"
-                rows.append({"dist": dist, "N": N, "method": name, "backend": used,
-                             "seconds": round(time.perf_counter() - t0, 3), **_errors(out, ref)})
-                if progress:
-                    progress()
+                    out, used = None, "not run: no sm_90 GPU"
+            else:
+                emu, _ = fp8_attention_reference(q, k, v, causal=case.causal, softmax_scale=scale, config=m.config,
+                                                 out_dtype=q.dtype)
+                if kernel:
+                    out = fp8_attention.attention_fp8(q, k, v, causal=case.causal, softmax_scale=scale,
+                                                      config=m.config)
+                    used = "kernel"
+                else:
+                    out, used, emu = emu, "emulation", None
+            if device == "cuda":
+                torch.cuda.synchronize()
+            row.update(backend=used, seconds=round(time.perf_counter() - t0, 3))
+            row.update(errors(out, ref) if out is not None else dict.fromkeys(("rmse", "rel_l2", "max_abs", "cos")))
+            if emu is not None:
+                row["emulation"] = errors(emu, ref)
+                row["kernel_vs_emulation"] = (out.double() - emu.double()).abs().max().item()
+            rows.append(row)
+            if progress:
+                progress()
     return rows
 
 
-def _cell(row: dict) -> str:
-    return f"{row['rmse']:.1e} ({100 * row['rel_l2']:.2g}%)"
+# ------------------------------------------------------------------------------------ end to end (real model)
 
 
-def _markdown(rows: list[dict], header: str) -> str:
-    lines = [header, "", "| dist | N | " + " | ".join(lbl for lbl, _ in METHODS.values()) + " |",
-             "|---|---:|" + "---:|" * len(METHODS)]
-    for (dist, N), cells in _grouped(rows).items():
-        lines.append(f"| {dist} | {N} | " + " | ".join(_cell(cells[m]) for m in METHODS) + " |")
-    return "\n".join(lines) + "\n"
+def _fp8_attention_fn(use_kernel: bool, config: FP8Config):
+    """A transformers attention function (AttentionInterface) running FP8 attention (kernel or emulation)."""
+
+    def fn(module, query, key, value, attention_mask, scaling=None, **kwargs):
+        q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # (B, N, H, D)
+        dt = q.dtype if q.dtype in (torch.float16, torch.bfloat16) else torch.float16
+        q, k, v = q.to(dt), k.to(dt), v.to(dt)
+        if use_kernel:
+            out = fp8_attention.attention_fp8(q, k, v, causal=True, softmax_scale=scaling, config=config)
+        else:
+            out, _ = fp8_attention_reference(q, k, v, causal=True, softmax_scale=scaling, config=config)
+        return out.to(query.dtype), None
+
+    return fn
 
 
-def _grouped(rows: list[dict]) -> dict:
-    out: dict = {}
+def _ref_attention_fn(dtype: torch.dtype, use_kernel: bool):
+    """Attention in ``dtype``: our fa3 kernel on the GPU, PyTorch's same-dtype maths on the CPU."""
+    from fa_variants import attention
+    from fa_variants.reference import attention_reference
+
+    def fn(module, query, key, value, attention_mask, scaling=None, **kwargs):
+        q, k, v = (t.transpose(1, 2).to(dtype) for t in (query, key, value))
+        if use_kernel:
+            out = attention(q, k, v, causal=True, softmax_scale=scaling, backend="fa3")
+        else:
+            out, _ = attention_reference(q, k, v, causal=True, softmax_scale=scaling, dtype=dtype)
+        return out.to(query.dtype), None
+
+    return fn
+
+
+def _with_attention(model, name: str, fn):
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+    AttentionInterface.register(name, fn)
+    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    model.set_attn_implementation(name)
+    return model
+
+
+def real_model_e2e(fixture, *, use_kernel: bool, config: FP8Config = FP8Config()) -> dict:
+    """SmolLM2-135M end to end with every attention layer through FP8 vs through bf16 attention.
+
+    The whole model where its package loads (``integrations.capture.load_smollm2``, CPU, float32 weights):
+    per-token KL(p_bf16 || p_fp8) of the next-token distributions, top-1 agreement and the perplexity of
+    each on the fixture's text. Else (the GPU host: only the fixture's first layers travel) the captured
+    layers (``fixture.build_layers``, float16 weights run in float32): relative L2 of the final hidden
+    states of each against the same layers with float64 eager attention. Returns a dict with ``what``
+    saying which was done."""
+    ids = fixture.input_ids
+    try:
+        from fa_variants.integrations.capture import load_smollm2
+        model, _ = load_smollm2()
+    except ImportError as exc:
+        model, why = None, str(exc).split(":")[0]
+    if model is not None:
+        dev = "cuda" if use_kernel else "cpu"
+        model = model.to(dev)
+        res = {"what": f"whole model (30 layers), {ids.shape[1]} tokens, float32 weights on {dev}; attention: "
+                       f"fp8 {'kernel' if use_kernel else 'emulation'} vs bf16 "
+                       f"{'fa3' if use_kernel else 'PyTorch (bf16 maths)'}; eager float32 for information"}
+        logits = {}
+        for name, fn in (("bf16", _ref_attention_fn(torch.bfloat16, use_kernel)),
+                         ("fp8", _fp8_attention_fn(use_kernel, config)), ("eager-fp32", None)):
+            if fn is None:
+                model.set_attn_implementation("eager")
+            else:
+                _with_attention(model, f"fa_variants_study_{name}", fn)
+            with torch.no_grad():
+                logits[name] = model(ids.to(dev)).logits[0].double().cpu()
+        lp = {k: torch.log_softmax(v, dim=-1) for k, v in logits.items()}
+        kl = (lp["bf16"].exp() * (lp["bf16"] - lp["fp8"])).sum(-1)
+        nll = {k: -v[:-1].gather(1, ids[0, 1:, None]).mean().item() for k, v in lp.items()}
+        res.update(kl_mean=kl.mean().item(), kl_max=kl.max().item(),
+                   top1_agreement=(lp["bf16"].argmax(-1) == lp["fp8"].argmax(-1)).double().mean().item(),
+                   perplexity={k: math.exp(v) for k, v in nll.items()}, tokens=ids.shape[1])
+        return res
+    # the captured layers only
+    from fa_variants.integrations import fixture as fx
+
+    if fixture.e2e_layers == 0:
+        return {"what": f"not run: {why}, and the fixture has no layers"}
+    dev = "cuda" if use_kernel else "cpu"
+    res = {"what": f"the fixture's first {fixture.e2e_layers} layers only ({why}: the whole model is not here), "
+                   f"{ids.shape[1]} tokens; metric: rel-L2 of the final hidden states vs the same layers with "
+                   "float64 eager attention", "tokens": ids.shape[1]}
+    ref_model = fx.build_layers(fixture, dtype=torch.float64, device=dev, attn_implementation="eager")
+    h64 = fx.run_layers(ref_model, fixture).double()
+    for name, fn in (("bf16", _ref_attention_fn(torch.bfloat16, use_kernel)),
+                     ("fp8", _fp8_attention_fn(use_kernel, config))):
+        model = fx.build_layers(fixture, dtype=torch.float32, device=dev, attn_implementation="eager")
+        _with_attention(model, f"fa_variants_study_{name}", fn)
+        h = fx.run_layers(model, fixture).double()
+        res[f"rel_l2_{name}"] = ((h - h64).norm() / h64.norm()).item()
+    return res
+
+
+# ---------------------------------------------------------------------------------------------- reports
+
+
+def _fmt(x) -> str:
+    return "—" if x is None else f"{x:.2e}"
+
+
+def _table(rows: list[dict], key, metric: str, cols: list[str]) -> list[str]:
+    """Rows grouped by key(row) (one table row each), one column per method."""
+    groups: dict = {}
     for r in rows:
-        out.setdefault((r["dist"], r["N"]), {})[r["method"]] = r
-    return out
+        groups.setdefault(key(r), {})[r["method"]] = r
+    lines = ["| input | " + " | ".join(METHODS[m].label for m in cols) + " |", "|---|" + "---:|" * len(cols)]
+    for k, cells in groups.items():
+        lines.append(f"| {k} | " + " | ".join(_fmt(cells.get(m, {}).get(metric)) for m in cols) + " |")
+    return lines
+
+
+def markdown(rows: list[dict], meta: dict, e2e: dict | None) -> str:
+    """The study's report: one section per sweep, the FP8 source in every header."""
+    src = meta["fp8_source"]
+    cols = [m for m in METHODS if any(r["method"] == m and r["rmse"] is not None for r in rows)]
+    out = [f"# FP8 attention accuracy study (`fa-variants fp8-study`)", "",
+           f"Command: `{meta['command']}`; seed {meta['seed']} (case i uses seed + i); torch {meta['torch']}; "
+           f"device: {meta['device']}.", ""]
+    by = lambda s: [r for r in rows if r["sweep"] == s]  # noqa: E731
+    ps = [r["p"] for r in by("p")]
+    t3 = [r for r in by("p") if r["p"] == (1e-3 if 1e-3 in ps else ps[0])] if ps else []
+    if t3:
+        c = t3[0]
+        out += [f"## Table 3 setting: outlier inputs p = {c['p']:g}, N = {c['seqlen_k']}, D = {c['head_dim']}, "
+                f"H = {c['heads']} — FP8 via {src}", "",
+                "| method | RMSE | rel-L2 | max err | cosine |", "|---|---:|---:|---:|---:|"]
+        cells = {r["method"]: r for r in t3 if r["p"] == c["p"]}
+        for m in (m for m in cols if m in cells):
+            r = cells[m]
+            out.append(f"| {METHODS[m].label} | {_fmt(r['rmse'])} | {_fmt(r['rel_l2'])} | {_fmt(r['max_abs'])} | "
+                       f"{r['cos']:.6f} |")
+        if "tensor" in cells and "block+H" in cells:
+            out += ["", f"Ratio per-tensor / block+Hadamard RMSE: ours {cells['tensor']['rmse'] / cells['block+H']['rmse']:.2f}x; "
+                    f"the paper ({PAPER['source']}), {PAPER['verified']} (2.6x). {PAPER['not_verified']}."]
+        out.append("")
+    sections = [("p", "RMSE vs outlier fraction p", "rmse", lambda r: f"p={r['p']:g}"),
+                ("seqlen", "Long-context drift: rel-L2 vs seqlen_k (128 query rows see every key)", "rel_l2",
+                 lambda r: f"Nk={r['seqlen_k']}"),
+                ("head_dim", "RMSE vs head_dim and causal", "rmse",
+                 lambda r: f"D={r['head_dim']}{' causal' if r['causal'] else ''}"),
+                ("inputs", "RMSE on other inputs", "rmse", lambda r: r["dist"]),
+                ("layer", "RMSE per layer, SmolLM2-135M real Q, K, V", "rmse", lambda r: f"layer {r['layer']}")]
+    for sweep, title, metric, key in sections:
+        rs = by(sweep)
+        if rs:
+            c = rs[0]
+            out += [f"## {title} — FP8 via {src}", "",
+                    f"H = {c['heads']}, D = {c['head_dim']}, Nq = {c['seqlen_q']}, batch {c['batch']}; "
+                    f"{DISTRIBUTIONS[c['dist']]}.", ""] + _table(rs, key, metric, cols) + [""]
+    emu = [r for r in rows if "emulation" in r]
+    if emu:
+        out += ["## Kernel vs emulation (same inputs): max |O_kernel - O_emulation| and the emulation's RMSE", "",
+                "| input | method | kernel RMSE | emulation RMSE | max |kernel - emulation| |",
+                "|---|---|---:|---:|---:|"]
+        out += [f"| {Case(**{f.name: r[f.name] for f in dataclasses.fields(Case)}).name()} | {r['method']} | "
+                f"{_fmt(r['rmse'])} | {_fmt(r['emulation']['rmse'])} | {_fmt(r['kernel_vs_emulation'])} |"
+                for r in emu]
+        out.append("")
+    if e2e:
+        out += [f"## End to end on SmolLM2-135M — FP8 via {src}", "", e2e["what"], ""]
+        out += [f"- {k}: {v:.4g}" if isinstance(v, float) else f"- {k}: {v}" for k, v in e2e.items() if k != "what"]
+        out.append("")
+    return "\n".join(out)
+
+
+def plots(rows: list[dict], folder: Path, src: str) -> list[Path]:
+    """error_vs_p.png, error_vs_seqlen.png, error_per_layer.png: one line per method, log scale."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for sweep, metric, xlabel, logx in (("p", "rmse", "outlier fraction p", True),
+                                        ("seqlen", "rel_l2", "seqlen_k", True),
+                                        ("layer", "rmse", "layer", False)):
+        rs = [r for r in rows if r["sweep"] == sweep and r[metric] is not None]
+        if not rs:
+            continue
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for m in METHODS:
+            pts = sorted((Case(**{f.name: r[f.name] for f in dataclasses.fields(Case)}).x(), r[metric])
+                         for r in rs if r["method"] == m)
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=METHODS[m].label)
+        ax.set_yscale("log")
+        if logx:
+            ax.set_xscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(f"{metric} of O vs float64")
+        ax.set_title(f"FP8 attention error vs {xlabel} (FP8 via {src})", fontsize=9)
+        ax.legend(fontsize=7)
+        ax.grid(True, which="both", alpha=0.3)
+        path = folder / f"error_vs_{sweep}.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+# ---------------------------------------------------------------------------------------------- CLI
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Arguments of `fa-variants fp8-study`."""
     from fa_variants.cli import positive_int
 
-    parser.add_argument("--quick", action="store_true", help="small sizes (about a minute on 2 CPU cores): N 256 1024, 2 heads; the default without a GPU")
-    parser.add_argument("--seqlens", type=positive_int, nargs="+", default=None, help="default 512 2048 4096 (quick: 256 1024)")
-    parser.add_argument("--dists", nargs="+", choices=sorted(DISTRIBUTIONS), default=list(DISTRIBUTIONS))
-    parser.add_argument("--batch", type=positive_int, default=1)
-    parser.add_argument("--heads", type=positive_int, default=None, help="default 8 (quick: 2)")
-    parser.add_argument("--head-dim", type=positive_int, default=128)
-    parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--quick", action="store_true",
+                        help="small sizes (about a minute on 2 CPU cores); the default without a GPU")
+    parser.add_argument("--sweeps", nargs="+", choices=SWEEPS, default=list(SWEEPS))
+    parser.add_argument("--seqlens", type=positive_int, nargs="+", default=None,
+                        help="seqlen_k of the drift sweep (default GPU 1k..128k, CPU 1k 4k 16k, quick 1k 4k)")
+    parser.add_argument("--heads", type=positive_int, default=None, help="default GPU 4, CPU 2, quick 1")
+    parser.add_argument("--head-dim", type=positive_int, default=128, help="of every sweep but head_dim")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--backend", choices=("auto", "emulation", "kernel"), default="auto",
-                        help="FP8 columns: emulation (CPU), the fa3_fp8 kernel (GPU), or auto")
-    parser.add_argument("--out", type=Path, default=None, help="folder for fp8_study.json and fp8_study.md")
+                        help="FP8 numbers from the emulation (CPU), the fa3-fp8 kernel (GPU), or auto")
+    parser.add_argument("--fixture", type=Path, default=None, help="real-input fixture (default: found as demo finds it)")
+    parser.add_argument("--no-e2e", action="store_true", help="skip the end-to-end real-model run")
+    parser.add_argument("--out", type=Path, default=Path("results/fp8_study"),
+                        help="folder for fp8_study.json, fp8_study.md and the plots (default results/fp8_study)")
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    """Run the study, print the table (rich), optionally write JSON and markdown under --out."""
-    from rich.console import Console
-    from rich.table import Table
+    """Run the study with a progress bar (stderr), print the report, write JSON, markdown and plots."""
     from tqdm import tqdm
 
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)  # an unusable folder fails now, not after the study
+    from fa_variants.integrations.fixture import load_real_input
+
+    args.out.mkdir(parents=True, exist_ok=True)  # an unusable folder fails now, not after the study
+    gpu = args.backend != "emulation" and kernels_available()
     quick = args.quick
-    if not quick and not torch.cuda.is_available() and args.seqlens is None and args.heads is None:
-        quick = True  # the full default takes minutes on a CPU (7m40s seen on 2 cores)
-        print("fp8-study: no CUDA GPU, so the CPU-sized default (--quick: N 256 1024, 2 heads, about a minute "
-              "seconds); pass --seqlens / --heads for the full sizes (512 2048 4096, 8 heads: minutes)",
-              file=sys.stderr, flush=True)
-    seqlens = args.seqlens or ([256, 1024] if quick else [512, 2048, 4096])
-    heads = args.heads or (2 if quick else 8)
-    setup = dict(batch=args.batch, heads=heads, head_dim=args.head_dim, causal=args.causal, seed=args.seed)
-    # the bar goes to stderr and shows also when the output is piped (disable=False, not None)
-    with tqdm(total=len(args.dists) * len(seqlens) * len(METHODS), desc="fp8-study", leave=False,
-              disable=False, file=sys.stderr, mininterval=1.0) as bar:
-        rows = run_study(args.dists, seqlens, backend=args.backend, progress=bar.update, **setup)
-    backends = sorted({r["backend"] for r in rows if r["method"] != "fp16"})
-    header = (f"Attention output error vs float64: RMSE (rel-L2); B={args.batch} H={heads} D={args.head_dim}"
-              f"{' causal' if args.causal else ''}, fp16 inputs, FP8 = e4m3 via {', '.join(backends)}")
-    table = Table(title=header, caption="; ".join(f"{d}: {t}" for d, t in DISTRIBUTIONS.items()))
-    table.add_column("dist")
-    table.add_column("N", justify="right")
-    for label, _ in METHODS.values():
-        table.add_column(label, justify="right")
-    for (dist, N), cells in _grouped(rows).items():
-        table.add_row(dist, str(N), *(_cell(cells[m]) for m in METHODS))
-    Console().print(table)  # the terminal's width (80 when piped): rich wraps the cells
-    if args.out is not None:
-        meta = {**setup, "seqlens": seqlens, "dists": DISTRIBUTIONS,
-                "methods": {m: lbl for m, (lbl, _) in METHODS.items()}, "torch": torch.__version__}
-        (args.out / "fp8_study.json").write_text(json.dumps({"setup": meta, "rows": rows}, indent=1))
-        (args.out / "fp8_study.md").write_text(_markdown(rows, header))
-        print(f"wrote {args.out / 'fp8_study.json'} and {args.out / 'fp8_study.md'}")
-    bad = [r for r in rows if not math.isfinite(r["rmse"])]
+    if not quick and not gpu and args.seqlens is None and args.heads is None:
+        quick = True  # the full CPU sizes take many minutes on 2 cores
+        print("fp8-study: no sm_90 GPU, so the CPU-sized default (--quick, the FP8 emulation); pass --seqlens / "
+              "--heads for larger sizes", file=sys.stderr, flush=True)
+    fixture = load_real_input(args.fixture) if "layer" in args.sweeps or not args.no_e2e else None
+    if fixture is None and ("layer" in args.sweeps or not args.no_e2e):
+        print("fp8-study: no real-input fixture (python -m fa_variants.integrations.capture): the per-layer and "
+              "end-to-end parts are skipped", file=sys.stderr, flush=True)
+    cases = sweep_cases(args.sweeps, quick=quick, gpu=gpu, seed=args.seed, heads=args.heads,
+                        head_dim=args.head_dim, seqlens=args.seqlens, fixture=fixture)
+    with tqdm(total=len(cases) * len(METHODS), desc="fp8-study", leave=False, disable=False, file=sys.stderr,
+              mininterval=1.0) as bar:
+        rows = run_study(cases, backend="kernel" if gpu else "emulation", fixture=fixture, progress=bar.update)
+    e2e = None
+    if fixture is not None and not args.no_e2e:
+        try:
+            e2e = real_model_e2e(fixture, use_kernel=gpu)
+        except Exception as exc:  # reported, the sweeps' results still written
+            e2e = {"what": f"failed: {type(exc).__name__}: {exc}"}
+    src = "the fa3-fp8 kernel (sm_90), emulation beside it" if gpu else "the EMULATION of the fa3-fp8 kernel (no GPU)"
+    meta = {"command": "fa-variants " + " ".join(sys.argv[1:]),
+            "seed": args.seed, "quick": quick, "fp8_source": src, "torch": torch.__version__,
+            "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+            "methods": {m: METHODS[m].label for m in METHODS}, "distributions": DISTRIBUTIONS, "paper": PAPER,
+            "cases": [dataclasses.asdict(c) for c in cases]}
+    report = markdown(rows, meta, e2e)
+    print(report)
+    (args.out / "fp8_study.json").write_text(json.dumps({"setup": meta, "rows": rows, "e2e": e2e}, indent=1))
+    (args.out / "fp8_study.md").write_text(report)
+    written = plots(rows, args.out, "kernel" if gpu else "emulation")
+    print(f"wrote {args.out / 'fp8_study.json'}, fp8_study.md and {len(written)} plots", file=sys.stderr)
+    bad = [r for r in rows if r["rmse"] is not None and not math.isfinite(r["rmse"])]
     return 1 if bad else 0
