@@ -65,6 +65,10 @@ class Sm90Config:
     intra_wg_overlap: issue S_{j+1} = Q K^T with O += P_j V_j, softmax under the PV GEMM (3.2).
     exp2_ffma: one FFMA per score in the softmax exponent (``OnlineSoftmax(exp2_ffma=True)``) instead of
         the exact subtract-then-scale form; an A/B switch for the cost of exactness at huge logits.
+    num_splits: split-KV (Flash-Decoding): 1, off (one CTA walks all K/V tiles of its query tile); n > 1,
+        the K/V tiles of each query tile are shared by n CTAs that write partial O and LSE, merged by LSE
+        afterwards (`common.split`); 0, split with the count chosen per call (`common.split.num_splits_for`).
+        Every value other than 1 compiles the same split kernel shape (the count is a runtime value).
     """
 
     tile_m: int = 128
@@ -73,6 +77,7 @@ class Sm90Config:
     pingpong: bool = True
     intra_wg_overlap: bool = True
     exp2_ffma: bool = False
+    num_splits: int = 1
 
     @property
     def consumer_warpgroups(self) -> int:
@@ -91,6 +96,8 @@ class Sm90Config:
             raise ValueError(f"tile_n={self.tile_n} must be a multiple of 16 in [16, 256]")
         if head_dim % 16 or head_dim > 256:
             raise ValueError(f"head_dim={head_dim} must be a multiple of 16 and at most 256")
+        if not isinstance(self.num_splits, int) or self.num_splits < 0:
+            raise ValueError(f"num_splits={self.num_splits!r} must be an int >= 0 (1: off, 0: chosen per call)")
         if self.smem_bytes(head_dim) > smem_capacity(arch):
             raise ValueError(f"{self} needs {self.smem_bytes(head_dim)} B of shared memory at head_dim={head_dim} "
                              f"(max {smem_capacity(arch)})")

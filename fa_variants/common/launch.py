@@ -51,6 +51,9 @@ class Variant:
     auto_dtypes: the dtypes the dispatcher's ``auto`` may pick it for (None: all of `dtypes`); the others
         only on request (fa3-fp8 quantises 16-bit inputs: it changes the numerics).
     request_note: dtype -> a sentence the dispatcher adds to the reason when the variant is requested.
+    problem_config: (config or None, q, k, causal) -> the config to run (None: the default), for variants
+        whose best static shape depends on the problem (fa3: split-KV for decode shapes).
+    finish: (config, runtime args, out, lse) -> None, after the launch (fa3: the split-KV merge into out, lse).
     """
 
     name: str
@@ -66,6 +69,8 @@ class Variant:
     runner: Callable[..., tuple] | None = None
     auto_dtypes: tuple[torch.dtype, ...] | None = None
     request_note: Callable[[torch.dtype], str | None] | None = None
+    problem_config: Callable[[Any, torch.Tensor, torch.Tensor, bool], Any] | None = None
+    finish: Callable[[Any, tuple, torch.Tensor, torch.Tensor], None] | None = None
 
     def can_implement(self, dtype: torch.dtype, head_dim: int) -> str | None:
         """Why this variant cannot serve (dtype, head_dim); None if it can."""
@@ -145,6 +150,8 @@ def launch(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         raise ValueError(problem)
     if heads_kv == 0 or heads % heads_kv:
         raise ValueError(f"{variant.name}: num_heads {heads} is not divisible by num_heads_kv {heads_kv}")
+    if variant.problem_config is not None:
+        config = variant.problem_config(config, q, k, causal)
     if variant.check_problem is not None:
         variant.check_problem(config, q, k)
     negate_k, scale = kernel_scale(softmax_scale)
@@ -157,5 +164,8 @@ def launch(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     q, k, v = (variant.operand(t) for t in (q, k, v))
     out, lse = interop.new_outputs(q)
     with torch.cuda.device(q.device):
-        fn(*variant.prepare(config, q, k, v, out, lse, scale))
+        args = variant.prepare(config, q, k, v, out, lse, scale)
+        fn(*args)
+        if variant.finish is not None:
+            variant.finish(config, args, out, lse)
     return out, lse

@@ -33,6 +33,8 @@ FlashAttentionForwardSm90 and NVIDIA/cutlass:examples/python/CuTeDSL/cute/hopper
 The module's ``VARIANT`` record (``common.launch.Variant``) registers it; ``run`` launches it.
 """
 
+import dataclasses
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -44,7 +46,7 @@ import cutlass.pipeline as pipeline
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from fa_variants.common import interop
+from fa_variants.common import interop, split
 from fa_variants.common.cache import StaticConfig
 from fa_variants.common.config import Sm90Config
 from fa_variants.common.launch import Variant
@@ -72,6 +74,9 @@ DEFAULT_CONFIGS: dict[int, Sm90Config] = {
     128: Sm90Config(tile_m=128, tile_n=128, stages=2),
     256: Sm90Config(tile_m=128, tile_n=80, stages=2, pingpong=False),
 }
+# What `auto` runs when the split heuristic splits a shape (decode): the default tiles with the split count
+# chosen per call (one compile for every decode shape of a head dim).
+_SPLIT_CONFIGS: dict[int, Sm90Config] = {d: dataclasses.replace(c, num_splits=0) for d, c in DEFAULT_CONFIGS.items()}
 
 # Register split per consumer-warpgroup count: (producer warpgroup, each consumer warpgroup);
 # 128 * (producer + n * consumer) <= 64K registers per SM.
@@ -101,6 +106,9 @@ class FlashAttention3Sm90:
         self.pingpong = config.pingpong
         self.overlap = config.intra_wg_overlap
         self.blocks = BlockInfo(config.tile_m, config.tile_n, causal)
+        # Split-KV (common.split): O and LSE are fp32 partials of (num_splits * batch) "batches", the count
+        # read from their shape at run time; the default path (num_splits == 1) is untouched.
+        self.split = getattr(config, "num_splits", 1) != 1
 
     # ---------------------------------------------------------------------------------------
     # Host side
@@ -173,7 +181,8 @@ class FlashAttention3Sm90:
         tma_q, tQ = cpasync.make_tiled_tma_atom(load, mQ, sQ_layout, (self.tile_m, D))
         tma_k, tK = cpasync.make_tiled_tma_atom(load, mK, kv_tile, (self.tile_n, D))
         tma_v, tV = cpasync.make_tiled_tma_atom(load, mV, cute.select(sV_layout, mode=[0, 1]), self._v_tile())
-        tma_o, tO = cpasync.make_tiled_tma_atom(store, mO, sO_layout, (self.tile_m, D))
+        if const_expr(not self.split):
+            tma_o, tO = cpasync.make_tiled_tma_atom(store, mO, sO_layout, (self.tile_m, D))
         self.bytes_q = cute.size_in_bytes(self.dtype, sQ_layout)
         self.bytes_kv = cute.size_in_bytes(self.dtype, kv_tile)  # a K tile, and a V tile
 
@@ -181,6 +190,9 @@ class FlashAttention3Sm90:
         qhead_per_kvhead = mQ.shape[2] // mK.shape[2]
         # One CTA per (query tile, head, batch), flattened into grid.x (no 65535 limit on heads/batch).
         grid = (num_m_blocks * mQ.shape[2] * mQ.shape[3], 1, 1)
+        if const_expr(self.split):  # x num_splits; O partials are stored from registers, not by TMA
+            grid = (num_m_blocks * mQ.shape[2] * mO.shape[3], 1, 1)
+            tO, tma_o = mO, tma_q
         self.kernel(
             tQ, tK, tV, tO, mLSE, tma_q, tma_k, tma_v, tma_o,
             tiled_mma_qk, tiled_mma_pv, sQ_layout, sO_layout, sKV_layout, sV_layout,
@@ -235,7 +247,7 @@ class FlashAttention3Sm90:
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
-            for atom in (tma_q, tma_k, tma_v, tma_o):
+            for atom in (tma_q, tma_k, tma_v) + ((tma_o,) if const_expr(not self.split) else ()):
                 cpasync.prefetch_descriptor(atom)
 
         # Shared memory and the mbarrier pipelines, created by every thread before the roles split.
@@ -251,10 +263,34 @@ class FlashAttention3Sm90:
         sK = storage.sK.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
 
-        m_block, head, batch = self._tile_coords(num_m_blocks, mQ.shape[2], mQ.shape[3], l2_heads)
         seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
-        n_blocks = self._num_kv_blocks(m_block, seqlen_q, seqlen_k)
+        if const_expr(self.split):
+            num_splits = mO.shape[3] // mQ.shape[3]
+            m_block, head, batch, split_idx = self._split_coords(num_m_blocks, mQ.shape[2], num_splits)
+            n_start, n_blocks = self._split_range(m_block, split_idx, num_splits, seqlen_q, seqlen_k)
+            out_batch = split_idx * mQ.shape[3] + batch  # partials are (num_splits * batch) batches
+            if n_blocks > 0:
+                self._roles(mQ, mK, mV, mO, mLSE, sQ, sK, sV, sO, tma_q, tma_k, tma_v, tma_o, tiled_mma_qk,
+                            tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2, qhead_per_kvhead, extras, warp_idx,
+                            m_block, head, batch, out_batch, n_start, n_blocks, seqlen_q, seqlen_k)
+            else:  # no K/V tile for this split: LSE -inf tells the merge to ignore its (unwritten) O
+                row = cute.arch.thread_idx()[0] - WARPGROUP_THREADS  # consumer thread i: query row i of the tile
+                if row >= 0:
+                    if row < self.tile_m and m_block * self.tile_m + row < seqlen_q:
+                        mLSE[m_block * self.tile_m + row, head, out_batch] = -Float32.inf
+        else:
+            m_block, head, batch = self._tile_coords(num_m_blocks, mQ.shape[2], mQ.shape[3], l2_heads)
+            n_blocks = self._num_kv_blocks(m_block, seqlen_q, seqlen_k)
+            self._roles(mQ, mK, mV, mO, mLSE, sQ, sK, sV, sO, tma_q, tma_k, tma_v, tma_o, tiled_mma_qk,
+                        tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2, qhead_per_kvhead, extras, warp_idx,
+                        m_block, head, batch, batch, 0, n_blocks, seqlen_q, seqlen_k)
 
+    @cute.jit
+    def _roles(self, mQ, mK, mV, mO, mLSE, sQ, sK, sV, sO, tma_q, tma_k, tma_v, tma_o, tiled_mma_qk, tiled_mma_pv,
+               pipe_q, pipe_k, pipe_v, scale_log2: Float32, qhead_per_kvhead: Int32, extras: tuple, warp_idx: Int32,
+               m_block: Int32, head: Int32, batch: Int32, out_batch: Int32, n_start, n_blocks: Int32,
+               seqlen_q: Int32, seqlen_k: Int32):
+        """Producer warp and consumer warpgroups of one CTA over K/V tiles [n_start, n_start + n_blocks)."""
         if warp_idx < WARPGROUP_THREADS // 32:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
@@ -262,14 +298,14 @@ class FlashAttention3Sm90:
                     mQ[None, None, head, batch],
                     mK[None, None, head // qhead_per_kvhead, batch],
                     mV[None, None, head // qhead_per_kvhead, batch],
-                    sQ, sK, sV, tma_q, tma_k, tma_v, pipe_q, pipe_k, pipe_v, m_block, n_blocks,
+                    sQ, sK, sV, tma_q, tma_k, tma_v, pipe_q, pipe_k, pipe_v, m_block, n_blocks, n_start,
                 )
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.consumer(
-                mO[None, None, head, batch], mLSE[None, head, batch], sQ, sK, sV, sO, tma_o,
+                mO[None, None, head, out_batch], mLSE[None, head, out_batch], sQ, sK, sV, sO, tma_o,
                 tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2,
-                m_block, n_blocks, seqlen_q, seqlen_k, extras, head, batch,
+                m_block, n_blocks, seqlen_q, seqlen_k, extras, head, batch, n_start,
             )
 
     @cute.jit
@@ -297,6 +333,27 @@ class FlashAttention3Sm90:
         tile 0, all masked, which gives O = 0 and LSE = -inf without a special path."""
         return cutlass.max(self.blocks.kv_tile_end(m_block, seqlen_q, seqlen_k), 1)
 
+    @cute.jit
+    def _split_coords(self, num_m_blocks: Int32, num_heads: Int32, num_splits: Int32):
+        """(query tile, head, batch, split) of this CTA: the splits of one query tile side by side."""
+        bid, _, _ = cute.arch.block_idx()
+        split = bid % num_splits
+        rest = bid // num_splits
+        hb = rest // num_m_blocks
+        return rest % num_m_blocks, hb % num_heads, hb // num_heads, split
+
+    @cute.jit
+    def _split_range(self, m_block: Int32, split: Int32, num_splits: Int32, seqlen_q: Int32, seqlen_k: Int32):
+        """(first tile, tile count) of this split: tiles [s n // S, (s + 1) n // S) of the n the query tile
+        needs (``common.split.split_ranges``); the count is <= 0 for an empty split."""
+        n_total = self._num_kv_blocks(m_block, seqlen_q, seqlen_k)
+        n_start = split * n_total // num_splits
+        return n_start, (split + 1) * n_total // num_splits - n_start
+
+    def _tile(self, n_start, n):
+        """Absolute K/V tile index of the n-th tile of this CTA's range (the range starts at 0 unless split)."""
+        return n_start + n if const_expr(self.split) else n
+
     def _make_pipelines(self, storage):
         cta = cute.make_layout((1, 1, 1, 1))
         tma_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
@@ -313,7 +370,8 @@ class FlashAttention3Sm90:
     # ----- producer warp: TMA only ----------------------------------------------------------
 
     @cute.jit
-    def producer(self, mQ, mK, mV, sQ, sK, sV, tma_q, tma_k, tma_v, pipe_q, pipe_k, pipe_v, m_block: Int32, n_blocks: Int32):
+    def producer(self, mQ, mK, mV, sQ, sK, sV, tma_q, tma_k, tma_v, pipe_q, pipe_k, pipe_v, m_block: Int32, n_blocks: Int32,
+                 n_start):
         """Load Q once, then K_j and V_j for j = n_blocks-1 .. 0 in the order the consumers use them."""
         D = self.head_dim
         gQ = cute.local_tile(mQ, (self.tile_m, D), (m_block, 0))
@@ -330,16 +388,16 @@ class FlashAttention3Sm90:
 
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-        k_state = self._load(tma_k, tKgK, tKsK, pipe_k, k_state, n_blocks - 1)
+        k_state = self._load(tma_k, tKgK, tKsK, pipe_k, k_state, self._tile(n_start, n_blocks - 1))
         for i in cutlass.range(n_blocks - 1, unroll=1):
-            n = n_blocks - 2 - i
+            n = self._tile(n_start, n_blocks - 2 - i)
             if const_expr(self.overlap):  # consumers want K_n before V_{n+1}
                 k_state = self._load(tma_k, tKgK, tKsK, pipe_k, k_state, n)
                 v_state = self._load(tma_v, tVgV, tVsV, pipe_v, v_state, n + 1)
             else:
                 v_state = self._load(tma_v, tVgV, tVsV, pipe_v, v_state, n + 1)
                 k_state = self._load(tma_k, tKgK, tKsK, pipe_k, k_state, n)
-        v_state = self._load(tma_v, tVgV, tVsV, pipe_v, v_state, 0)
+        v_state = self._load(tma_v, tVgV, tVsV, pipe_v, v_state, self._tile(n_start, 0))
 
     @staticmethod
     def _load(tma_atom, g_tiles, s_buffers, pipe, state, block):
@@ -355,7 +413,7 @@ class FlashAttention3Sm90:
     def consumer(
         self, mO, mLSE, sQ, sK, sV, sO, tma_o, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v,
         scale_log2: Float32, m_block: Int32, n_blocks: Int32, seqlen_q: Int32, seqlen_k: Int32,
-        extras: tuple, head: Int32, batch: Int32,
+        extras: tuple, head: Int32, batch: Int32, n_start,
     ):
         """FA3 Algorithm 1 (consumer side) for this warpgroup's 64 rows of the Q tile."""
         tidx = cute.arch.thread_idx()[0] - WARPGROUP_THREADS  # 0 .. 128 * num_wg - 1
@@ -394,27 +452,48 @@ class FlashAttention3Sm90:
         n_masked = 0
         if const_expr(self.causal):
             first_masked = self.blocks.kv_tile_causal_start(m_block, seqlen_q, seqlen_k)
-            n_masked = cutlass.max(n_blocks - 1 - first_masked, 0)
+            if const_expr(self.split):  # tiles of this range at or past first_masked, but the first one
+                first_masked = cutlass.max(first_masked, n_start)
+            n_masked = cutlass.max(self._tile(n_start, n_blocks) - 1 - first_masked, 0)
         n_free = n_blocks - 1 - n_masked
+        last = self._tile(n_start, n_blocks - 1)
 
         if const_expr(self.overlap):
-            k_state = ctx.first_scores(k_state, n_blocks - 1)
+            k_state = ctx.first_scores(k_state, last)
             for i in cutlass.range(n_masked, unroll=1):
-                k_state, v_state = ctx.overlapped_step(k_state, v_state, n_blocks - 2 - i, causal=True)
+                k_state, v_state = ctx.overlapped_step(k_state, v_state, last - 1 - i, causal=True)
             for i in cutlass.range(n_free, unroll=1):
-                k_state, v_state = ctx.overlapped_step(k_state, v_state, n_free - 1 - i, causal=False)
-            v_state = ctx.last_pv(v_state)
+                k_state, v_state = ctx.overlapped_step(k_state, v_state, self._tile(n_start, n_free - 1 - i), causal=False)
+            v_state = ctx.last_pv(v_state, self._tile(n_start, 0))
         else:
             ctx.schedule_sync()
-            k_state, v_state = ctx.serial_step(k_state, v_state, n_blocks - 1, causal=self.causal, seqlen_end=True, is_first=True)
+            k_state, v_state = ctx.serial_step(k_state, v_state, last, causal=self.causal, seqlen_end=True, is_first=True)
             for i in cutlass.range(n_masked, unroll=1):
-                k_state, v_state = ctx.serial_step(k_state, v_state, n_blocks - 2 - i, causal=True)
+                k_state, v_state = ctx.serial_step(k_state, v_state, last - 1 - i, causal=True)
             for i in cutlass.range(n_free, unroll=1):
-                k_state, v_state = ctx.serial_step(k_state, v_state, n_free - 1 - i, causal=False)
+                k_state, v_state = ctx.serial_step(k_state, v_state, self._tile(n_start, n_free - 1 - i), causal=False)
             ctx.schedule_arrive()
 
         lse = ctx.finalize()
-        self.epilogue(acc_O, lse, mO, mLSE, sO, tma_o, tiled_mma_pv, tidx, m_block, seqlen_q)
+        if const_expr(self.split):
+            self.store_partial(acc_O, lse, mO, mLSE, tiled_mma_pv, tidx, m_block, seqlen_q)
+        else:
+            self.epilogue(acc_O, lse, mO, mLSE, sO, tma_o, tiled_mma_pv, tidx, m_block, seqlen_q)
+
+    @cute.jit
+    def store_partial(self, acc_O, lse, mO, mLSE, tiled_mma_pv, tidx: Int32, m_block: Int32, seqlen_q: Int32):
+        """Split-KV epilogue: this split's O (fp32, normalised by its own row sum) and LSE straight from
+        registers to the partial buffers (a few rows in decode: no shared-memory staging)."""
+        thr_mma = tiled_mma_pv.get_slice(tidx)
+        tOcO = acc_rows_cols(thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim))))
+        o = acc_rows_cols(acc_O)
+        for r in cutlass.range_constexpr(cute.size(o, mode=[0])):
+            row = m_block * self.tile_m + tOcO[r, 0][0]
+            if row < seqlen_q:
+                for c in cutlass.range_constexpr(cute.size(o, mode=[1])):
+                    mO[row, tOcO[r, c][1]] = o[r, c]
+                if tOcO[0, 0][1] == 0:
+                    mLSE[row] = lse[r]
 
     @cute.jit
     def epilogue(self, acc_O, lse, mO, mLSE, sO, tma_o, tiled_mma_pv, tidx: Int32, m_block: Int32, seqlen_q: Int32):
@@ -552,13 +631,13 @@ class _StepContext:
         self.to_p(acc_S)
         return k_state, v_state
 
-    def last_pv(self, v_state):
-        """Overlap epilogue: O += P V for the first K/V tile."""
+    def last_pv(self, v_state, n_block=0):
+        """Overlap epilogue: O += P V for the first K/V tile of the range (n_block)."""
         self.pipe_v.consumer_wait(v_state)
-        self.pv(v_state, 0, wait=0)
+        self.pv(v_state, n_block, wait=0)
         self.pipe_v.consumer_release(v_state)
         v_state.advance()
-        self.fold_pv(0)
+        self.fold_pv(n_block)
         return v_state
 
     def serial_step(self, k_state, v_state, n_block, causal: bool, seqlen_end: bool = False, is_first: bool = False):
@@ -626,7 +705,45 @@ def default_config(arch: str, head_dim: int, causal: bool) -> Sm90Config:
 def _build(cfg: StaticConfig):
     kernel = FlashAttention3Sm90(interop.cute_dtype(cfg.dtype), cfg.head_dim, cfg.causal, cfg.config)
     q, k, v, o, lse, scale, stream = interop.fake_attention_args(cfg.dtype, cfg.head_dim, cfg.align)
+    if kernel.split:  # fp32 partials of (num_splits * batch) batches (see _prepare)
+        o, lse = _fake_partials(q, cfg.head_dim)
     return kernel, (q, k, v, o, lse, scale, Int32(1), stream)  # + l2_heads (see l2_section_heads)
+
+
+def _fake_partials(q, head_dim: int):
+    import cutlass.cute as cute
+
+    splits_x_batch = cute.sym_int()
+    o = interop.fake_tensor("fp32", (splits_x_batch, q.shape[1], q.shape[2], head_dim))
+    lse = interop.fake_tensor("fp32", (splits_x_batch, q.shape[2], q.shape[1]), 4)
+    return o, lse
+
+
+# ----- split-KV (Flash-Decoding, common.split) ---------------------------------------------------
+
+
+@functools.lru_cache(maxsize=4096)
+def _auto_splits(ctas: int, n_blocks: int, device_index: int) -> int:
+    return split.num_splits_heuristic(ctas, n_blocks, split.sm_count(device_index))
+
+
+def num_splits_for(config: Sm90Config, q: torch.Tensor, k: torch.Tensor, causal: bool) -> int:
+    """The split count a call runs with: config.num_splits when > 0, else the heuristic's from the CTAs
+    without splitting (query tiles x heads x batch), the K/V tiles of a query tile and the GPU's SM count."""
+    if config.num_splits > 0:
+        return config.num_splits
+    batch, seqlen_q, heads, _ = q.shape
+    m_blocks = -(-seqlen_q // config.tile_m)
+    n_blocks = -(-k.shape[1] // config.tile_n)
+    return _auto_splits(m_blocks * heads * batch, n_blocks, q.device.index or 0)
+
+
+def _problem_config(config: Sm90Config | None, q: torch.Tensor, k: torch.Tensor, causal: bool):
+    """The default config, switched to split-KV (count per call) when the heuristic splits this shape."""
+    if config is not None:
+        return config
+    split_config = _SPLIT_CONFIGS[q.shape[-1]]
+    return None if num_splits_for(split_config, q, k, causal) == 1 else split_config
 
 
 def _check_problem(config: Sm90Config | None, q: torch.Tensor, k: torch.Tensor) -> None:
@@ -637,13 +754,25 @@ def _check_problem(config: Sm90Config | None, q: torch.Tensor, k: torch.Tensor) 
 
 
 def _prepare(config: Sm90Config, q, k, v, out, lse, scale: float) -> tuple:
+    if config.num_splits != 1:  # the kernel writes fp32 partials; _finish merges them into out, lse
+        splits = num_splits_for(config, q, k, True)
+        batch, seqlen_q, heads, head_dim = q.shape
+        out = torch.empty((splits * batch, seqlen_q, heads, head_dim), dtype=torch.float32, device=q.device)
+        lse = torch.empty((splits * batch, heads, seqlen_q), dtype=torch.float32, device=q.device)
     return q, k, v, out, lse, scale * LOG2_E, l2_section_heads(k.shape[1], q.shape[-1])
+
+
+def _finish(config: Sm90Config, args: tuple, out: torch.Tensor, lse: torch.Tensor) -> None:
+    if config.num_splits != 1:
+        o_parts, lse_parts = args[3], args[4]
+        splits = o_parts.shape[0] // out.shape[0]
+        split.merge(o_parts.view(splits, *out.shape), lse_parts.view(splits, *lse.shape), out, lse)
 
 
 VARIANT = Variant(
     "fa3", archs=("sm_90a",), dtypes=DTYPES, head_dims=HEAD_DIMS, default_config=default_config,
     check_config=lambda config, arch, head_dim: config.check(head_dim, arch), build=_build, prepare=_prepare,
-    operand=_tma_operand, check_problem=_check_problem)
+    operand=_tma_operand, check_problem=_check_problem, problem_config=_problem_config, finish=_finish)
 
 
 def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, softmax_scale: float,

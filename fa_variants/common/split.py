@@ -1,0 +1,92 @@
+"""Split-KV (Flash-Decoding): how many CTAs share one query tile's K/V range, and the merge of their results.
+
+When batch x heads x query tiles cannot fill the GPU (decode: one query tile per (batch, head)), the K/V
+tiles of each query tile are cut into `num_splits` contiguous ranges, one CTA each. Split s returns its
+partial result as if attention were over its keys only: O_s (normalised by its own row sum) and
+LSE_s = log sum_{j in s} exp(scale q k_j). The whole result follows exactly (Dao, Haziza, Massa, Sizov,
+"Flash-Decoding for long-context inference", 2023; FA2 paper section 3.1 for the rescaling identity):
+
+    LSE = log sum_s exp(LSE_s),    O = sum_s exp(LSE_s - LSE) O_s.
+
+A split that saw no key has LSE_s = -inf and contributes nothing (its O_s is never read: it may be
+unwritten); when every split is empty the row gets O = 0 and LSE = -inf, like an unsplit row that sees no key.
+
+`num_splits_heuristic` picks the count from the shape and the SM count; `merge` is the combine step in
+torch (fp32). Pure Python + torch.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+MAX_SPLITS = 64
+MIN_BLOCKS_PER_SPLIT = 2  # a split shorter than this spends more on its prologue/epilogue than it saves
+
+
+def num_splits_heuristic(ctas: int, n_blocks: int, num_sms: int, max_splits: int = MAX_SPLITS) -> int:
+    """Splits per query tile: 1 when `ctas` (batch x heads x query tiles) already give every SM work,
+    else the fewest splits whose waves fill the SMs nearly as well as the best count.
+
+    ctas: CTAs without splitting; n_blocks: K/V tiles per query tile (the longest); num_sms: SMs of the GPU.
+    Wave efficiency of s splits: (ctas s / num_sms) / ceil(ctas s / num_sms); counts giving a split fewer
+    than MIN_BLOCKS_PER_SPLIT tiles are not considered. After the heuristic of Dao-AILab/flash-attention
+    (hopper/heuristics.h::num_splits_heuristic), in our own terms.
+    """
+    if ctas <= 0 or n_blocks <= 0 or num_sms <= 0:
+        return 1
+    if ctas >= 0.8 * num_sms:
+        return 1
+    limit = max(1, min(max_splits, num_sms, n_blocks // MIN_BLOCKS_PER_SPLIT))
+
+    def efficiency(s: int) -> float:
+        waves = ctas * s / num_sms
+        return waves / math.ceil(waves)
+
+    best = max(efficiency(s) for s in range(1, limit + 1))
+    return next(s for s in range(1, limit + 1) if efficiency(s) >= 0.85 * best)
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device_index: int) -> int:
+    """Streaming multiprocessors of a CUDA device (cached: the property query costs microseconds)."""
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def split_ranges(n_blocks: int, num_splits: int) -> list[tuple[int, int]]:
+    """[start, end) K/V tile range of each split, as the kernels cut it: split s gets tiles
+    [s n // S, (s + 1) n // S) (sizes differ by at most one; some are empty when n < S)."""
+    return [(s * n_blocks // num_splits, (s + 1) * n_blocks // num_splits) for s in range(num_splits)]
+
+
+def merge(o_parts: torch.Tensor, lse_parts: torch.Tensor, out: torch.Tensor | None = None,
+          lse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Combine split results by their LSE (module docstring).
+
+    Args:
+        o_parts: (num_splits, batch, seqlen_q, num_heads, head_dim) float32, each normalised by its own
+            row sum; entries of a split whose LSE is -inf are ignored (may hold anything, NaN included).
+        lse_parts: (num_splits, batch, num_heads, seqlen_q) float32, natural log; -inf: the split saw no key.
+        out, lse: optional outputs to write: out (batch, seqlen_q, num_heads, head_dim) in any float dtype,
+            lse (batch, num_heads, seqlen_q) float32.
+    Returns:
+        (out, lse); a row every split of which is empty gets O = 0 and LSE = -inf.
+    """
+    lse_max = lse_parts.amax(dim=0)                                      # (B, H, Nq)
+    safe_max = torch.where(lse_max == -math.inf, 0.0, lse_max)
+    weights = torch.exp(lse_parts - safe_max)                            # 0 for empty splits
+    total = weights.sum(dim=0)
+    lse_out = torch.where(total > 0, safe_max + torch.log(total), -math.inf)
+    weights = weights / torch.where(total > 0, total, 1.0)
+    w = weights.permute(0, 1, 3, 2).unsqueeze(-1)                        # (S, B, Nq, H, 1)
+    o = torch.where(w > 0, o_parts, 0.0).mul_(w).sum(dim=0)
+    if out is None:
+        out = o
+    else:
+        out.copy_(o)
+    if lse is None:
+        lse = lse_out
+    else:
+        lse.copy_(lse_out)
+    return out, lse

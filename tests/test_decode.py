@@ -1,0 +1,45 @@
+"""Decode dispatch on the CPU (no GPU): when fa3 splits K/V, with which count, and what `config=` forces."""
+import dataclasses
+
+import pytest
+import torch
+
+from fa_variants.common import split
+
+fa3 = pytest.importorskip("fa_variants.hopper.fa3")
+
+
+@pytest.fixture
+def h200(monkeypatch):
+    """132 SMs, whatever this machine has (the heuristic's cache is emptied around the test)."""
+    monkeypatch.setattr(split, "sm_count", lambda index: 132)
+    fa3._auto_splits.cache_clear()
+    yield
+    fa3._auto_splits.cache_clear()
+
+
+def _qk(batch, seqlen_q, heads, heads_kv, seqlen_k, head_dim=128):
+    return (torch.empty(batch, seqlen_q, heads, head_dim, device="meta"),
+            torch.empty(batch, seqlen_k, heads_kv, head_dim, device="meta"))
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_auto_splits_decode_not_prefill(h200, head_dim):
+    q, k = _qk(1, 1, 32, 8, 4096, head_dim)
+    cfg = fa3._problem_config(None, q, k, True)
+    assert cfg is not None and cfg.num_splits == 0 and cfg.tile_m == fa3.DEFAULT_CONFIGS[head_dim].tile_m
+    assert fa3.num_splits_for(cfg, q, k, True) > 1
+    q, k = _qk(8, 4096, 32, 8, 4096, head_dim)  # prefill fills the GPU: the tuned default, unsplit
+    assert fa3._problem_config(None, q, k, True) is None
+    q, k = _qk(64, 1, 64, 8, 128, head_dim)  # 64 x 64 CTAs: already full
+    assert fa3._problem_config(None, q, k, False) is None
+
+
+def test_config_overrides(h200):
+    q, k = _qk(1, 1, 32, 8, 4096)
+    forced = dataclasses.replace(fa3.DEFAULT_CONFIGS[128], num_splits=5)
+    assert fa3._problem_config(forced, q, k, False) is forced and fa3.num_splits_for(forced, q, k, False) == 5
+    off = fa3.DEFAULT_CONFIGS[128]
+    assert fa3._problem_config(off, q, k, False) is off  # an explicit config is never switched to split
+    with pytest.raises(ValueError, match="num_splits"):
+        dataclasses.replace(off, num_splits=-1).check(128)

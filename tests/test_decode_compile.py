@@ -1,0 +1,24 @@
+"""Compile-only checks (no GPU) of the decode variants of fa3: the split-KV kernel (fp32 partial O and LSE
+stored from registers, no TMA store) builds for every head dim, causal and not, with no register spills."""
+import dataclasses
+
+import pytest
+
+from fa_variants import registry
+from fa_variants.common import cubin
+
+pytestmark = pytest.mark.compile
+
+fa3 = pytest.importorskip("fa_variants.hopper.fa3")
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_fa3_split_kv_compiles_without_spills(head_dim, causal):
+    config = dataclasses.replace(fa3.DEFAULT_CONFIGS[head_dim], num_splits=0)
+    c = registry.compiled(registry.static_config("fa3", "sm_90a", "bf16", head_dim, causal, config))
+    counts = cubin.count_sass(cubin.sass_of(c.cubin))
+    res = cubin.cubin_resources(c.cubin)
+    assert counts["HGMMA"] > 0 and counts["UTMALDG"] > 0 and counts["USETMAXREG"] >= 2, counts
+    assert counts["UTMASTG"] == 0, counts  # partials go out from registers
+    assert counts["LDL"] == counts["STL"] == 0 and res["spill_bytes"] == 0, (counts, res)

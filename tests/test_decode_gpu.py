@@ -1,0 +1,105 @@
+"""Decode on the GPU (sm90): fa3's split-KV against the float64 reference over the usual matrix (odd lengths,
+Nk = 1, causal, GQA / MQA, LSE), forced split counts and `auto`, and the result's independence from the
+count (docs/edge_cases.md EC-08). Partials and outputs are poisoned with NaN first (an element a split
+leaves unwritten must not leak). Runs on an sm90 GPU only:
+
+    source .gpu/env.sh && python3 -m pytest -m gpu tests/test_decode_gpu.py
+"""
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from fa_variants.reference import check_against_reference, check_lse, references
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                       reason="fa3 split-KV needs an sm90 (Hopper) GPU"),
+]
+fa3 = pytest.importorskip("fa_variants.hopper.fa3")
+
+BF16 = torch.bfloat16
+
+# (batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim)
+SHAPES = [
+    (1, 1, 4096, 16, 8, 128), (4, 1, 1, 32, 8, 64), (3, 4, 1023, 32, 8, 128), (2, 16, 4224, 64, 8, 64),
+    (2, 113, 127, 8, 2, 256), (1, 1, 5, 9, 3, 64), (1, 17, 1, 13, 1, 64), (2, 1, 129, 4, 4, 96),
+    (1, 300, 77, 2, 2, 128),
+]
+IDS = ["x".join(map(str, s)) for s in SHAPES]
+
+
+@pytest.fixture(autouse=True)
+def poisoned(nan_allocations):
+    with nan_allocations():
+        yield
+
+
+def _qkv(b, nq, nk, h, hkv, d, dtype=BF16):
+    return (torch.randn(b, nq, h, d, device="cuda", dtype=dtype), torch.randn(b, nk, hkv, d, device="cuda", dtype=dtype),
+            torch.randn(b, nk, hkv, d, device="cuda", dtype=dtype))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("num_splits", [2, 3, 16, 32, 0], ids=lambda n: f"splits{n}")
+@pytest.mark.parametrize("shape", SHAPES, ids=IDS)
+def test_split_kv_matches_reference(shape, num_splits, causal):
+    b, nq, nk, h, hkv, d = shape
+    q, k, v = _qkv(b, nq, nk, h, hkv, d)
+    config = dataclasses.replace(fa3.DEFAULT_CONFIGS[d], num_splits=num_splits)
+    out, lse = fa3.run(q, k, v, causal=causal, softmax_scale=d ** -0.5, config=config)
+    refs = references(q, k, v, causal=causal)
+    assert not out.isnan().any() and not lse.isnan().any()
+    assert (ok := check_against_reference(out, q, k, v, causal, refs=refs)).ok, ok
+    assert (ok := check_lse(lse, q, k, v, causal, refs=refs)).ok, ok
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_rows_that_see_no_key(causal):
+    """Causal with Nq > Nk: the first rows see no key: O = 0 and LSE = -inf through the merge."""
+    q, k, v = _qkv(2, 40, 7, 8, 2, 128)
+    config = dataclasses.replace(fa3.DEFAULT_CONFIGS[128], num_splits=4)
+    out, lse = fa3.run(q, k, v, causal=causal, softmax_scale=0.125, config=config)
+    refs = references(q, k, v, causal=causal)
+    assert torch.equal(lse == -math.inf, refs.lse == -math.inf)
+    assert check_against_reference(out, q, k, v, causal, refs=refs).ok
+
+
+def test_split_count_does_not_change_the_result():
+    """EC-08 (a): B=1, Nq=1, Hq=16, Hkv=8, Nk=4096: splits 1, 16 and 32 agree within fp32 rounding."""
+    q, k, v = _qkv(1, 1, 4096, 16, 8, 128)
+    outs = [fa3.run(q, k, v, causal=True, softmax_scale=0.088,
+                    config=dataclasses.replace(fa3.DEFAULT_CONFIGS[128], num_splits=n))[0].float() for n in (1, 16, 32)]
+    for o in outs[1:]:
+        assert (o - outs[0]).norm() / outs[0].norm() <= 1e-3
+
+
+def test_auto_splits_decode_through_the_public_api():
+    import fa_variants
+
+    q, k, v = _qkv(1, 1, 32768, 32, 8, 128)
+    assert fa3._problem_config(None, q, k, True) is not None  # the heuristic splits this shape by itself
+    out, lse = fa_variants.attention(q, k, v, causal=True, backend="fa3", return_lse=True)
+    refs = references(q, k, v, causal=True)
+    assert check_against_reference(out, q, k, v, True, refs=refs).ok
+    assert check_lse(lse, q, k, v, True, refs=refs).ok
+
+
+def test_cuda_graph_replay_of_a_split_decode_step():
+    """A decode step (split-KV, torch merge) captured once and replayed after new inputs: the same result."""
+    q, k, v = _qkv(2, 1, 8192, 32, 8, 128)
+    config = dataclasses.replace(fa3.DEFAULT_CONFIGS[128], num_splits=0)
+    fa3.run(q, k, v, causal=True, softmax_scale=0.088, config=config)  # compile and warm up outside capture
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        out, _ = fa3.run(q, k, v, causal=True, softmax_scale=0.088, config=config)
+    torch.cuda.current_stream().wait_stream(stream)
+    for _ in range(2):
+        q.copy_(torch.randn_like(q))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert check_against_reference(out, q, k, v, True, softmax_scale=0.088).ok

@@ -1,0 +1,104 @@
+"""Split-KV (common.split) on the CPU: the LSE merge in torch against float64 attention done in one shot, the
+tile ranges of the splits, and the split-count heuristic."""
+import math
+
+import pytest
+import torch
+
+from fa_variants.common import split
+from fa_variants.reference import attention_reference, causal_visible
+
+
+def _partials(q, k, v, causal, ranges):
+    """Per-split (O_s, LSE_s) in float64 over key ranges [a, b): O_s normalised by its own row sum, LSE_s
+    -inf (and O_s NaN, never to be read) where a row sees no key of the range."""
+    batch, seqlen_q, heads, d = q.shape
+    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    group = heads // heads_kv
+    kk = k.double().repeat_interleave(group, dim=2)
+    vv = v.double().repeat_interleave(group, dim=2)
+    s = torch.einsum("bqhd,bkhd->bhqk", q.double(), kk) / math.sqrt(d)
+    if causal:
+        s = s.masked_fill(~causal_visible(seqlen_q, seqlen_k), -math.inf)
+    o_parts, lse_parts = [], []
+    for a, b in ranges:
+        keys = torch.zeros(seqlen_k, dtype=torch.bool)
+        keys[a:b] = True
+        ss = s.masked_fill(~keys, -math.inf)
+        lse = torch.logsumexp(ss, dim=-1)  # (B, H, Nq)
+        p = torch.exp(ss - lse.unsqueeze(-1))  # NaN on rows with lse -inf: must be ignored by the merge
+        o_parts.append(torch.einsum("bhqk,bkhd->bqhd", p, vv))
+        lse_parts.append(lse)
+    return torch.stack(o_parts).float(), torch.stack(lse_parts).float()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("seqlen_q,seqlen_k,num_splits,tile_n", [
+    (1, 113, 4, 16), (3, 1023, 7, 64), (17, 127, 16, 16), (5, 3, 8, 1), (9, 4, 3, 2), (1, 1, 5, 1)])
+def test_merge_matches_float64_one_shot(causal, seqlen_q, seqlen_k, num_splits, tile_n):
+    torch.manual_seed(seqlen_q * 1000 + seqlen_k + num_splits)
+    q = torch.randn(2, seqlen_q, 6, 64)
+    k, v = torch.randn(2, seqlen_k, 3, 64), torch.randn(2, seqlen_k, 3, 64)
+    n_blocks = -(-seqlen_k // tile_n)
+    ranges = [(a * tile_n, min(b * tile_n, seqlen_k)) for a, b in split.split_ranges(n_blocks, num_splits)]
+    o_parts, lse_parts = _partials(q, k, v, causal, ranges)
+    out = torch.full((2, seqlen_q, 6, 64), math.nan, dtype=torch.bfloat16)
+    lse = torch.full((2, 6, seqlen_q), math.nan)
+    split.merge(o_parts, lse_parts, out, lse)
+    ref_out, ref_lse = attention_reference(q, k, v, causal=causal, dtype=torch.float64)
+    assert not out.isnan().any() and not lse.isnan().any()
+    empty = ref_lse == -math.inf
+    assert torch.equal(lse == -math.inf, empty)
+    assert (out.float().permute(0, 2, 1, 3)[empty] == 0).all()  # rows seeing no key: O = 0
+    if (~empty).any():
+        assert (lse[~empty].double() - ref_lse[~empty]).abs().max().item() < 1e-5
+    # merged in fp32 then rounded to bf16 once: within one bf16 rounding of the exact result
+    assert (out.double() - ref_out).abs().max().item() <= 2 ** -8 * ref_out.abs().max().item() + 1e-6
+
+
+def test_merge_all_empty_and_single_split():
+    o = torch.full((3, 1, 2, 4, 8), math.nan)
+    lse = torch.full((3, 1, 4, 2), -math.inf)
+    out, l = split.merge(o, lse)
+    assert (out == 0).all() and (l == -math.inf).all()
+    o1, l1 = torch.randn(1, 2, 3, 4, 8), torch.randn(1, 2, 4, 3)
+    out, l = split.merge(o1, l1)
+    assert torch.allclose(out, o1[0]) and torch.allclose(l, l1[0])
+
+
+def test_merge_extreme_lse_no_overflow():
+    """LSEs far apart (1e4) or huge (1e30) merge without inf/NaN: exponents are taken relative to the max."""
+    o = torch.randn(2, 1, 1, 1, 4)
+    for a, b in ((1e4, 0.0), (1e30, 1e30), (-1e30, -1e30 + 1)):
+        lse = torch.tensor([a, b]).view(2, 1, 1, 1)
+        out, l = split.merge(o, lse)
+        assert torch.isfinite(out).all() and torch.isfinite(l).all()
+
+
+@pytest.mark.parametrize("n_blocks,num_splits", [(1, 1), (7, 3), (3, 8), (1024, 64), (0, 4)])
+def test_split_ranges_partition(n_blocks, num_splits):
+    ranges = split.split_ranges(n_blocks, num_splits)
+    assert len(ranges) == num_splits
+    covered = [n for a, b in ranges for n in range(a, b)]
+    assert covered == list(range(n_blocks))  # disjoint, in order, complete
+    sizes = [b - a for a, b in ranges]
+    assert max(sizes) - min(sizes) <= 1
+
+
+def test_heuristic():
+    sms = 132
+    # the grid is already full: never split
+    assert split.num_splits_heuristic(ctas=128 * 8, n_blocks=1024, num_sms=sms) == 1
+    assert split.num_splits_heuristic(ctas=sms, n_blocks=1024, num_sms=sms) == 1
+    # decode, batch 1, 32 heads, 4k keys (32 tiles of 128): split, >= 2 tiles per split, fills the SMs well
+    s = split.num_splits_heuristic(ctas=32, n_blocks=32, num_sms=sms)
+    assert 2 <= s <= 16 and 32 * s / sms / math.ceil(32 * s / sms) >= 0.8
+    # one (batch, head): many splits, bounded by MAX_SPLITS and the tile count
+    assert split.num_splits_heuristic(ctas=1, n_blocks=1024, num_sms=sms) <= split.MAX_SPLITS
+    assert split.num_splits_heuristic(ctas=1, n_blocks=6, num_sms=sms) <= 6 // split.MIN_BLOCKS_PER_SPLIT
+    assert split.num_splits_heuristic(ctas=1, n_blocks=1, num_sms=sms) == 1
+    assert split.num_splits_heuristic(ctas=0, n_blocks=0, num_sms=sms) == 1
+    for ctas in (1, 3, 8, 32, 64, 100):
+        for n in (1, 2, 8, 31, 256, 1024):
+            s = split.num_splits_heuristic(ctas, n, sms)
+            assert 1 <= s <= max(1, min(split.MAX_SPLITS, n // split.MIN_BLOCKS_PER_SPLIT))
