@@ -411,16 +411,20 @@ def quantize_fp8_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, con
     D = q.shape[-1]
     tile_m, tile_n = tiles_for(D)
     qf, kf, vf = q.float(), k.float(), v.float()
-    if scale < 0:  # softmax(c Q K^T) = softmax(|c| Q (-K)^T)
-        kf, scale = -kf, -scale
+    rot = HadamardRotation(D, config.seed)
+    signs = rot.signs if config.rotate else torch.ones(D)
+    k_signs = -signs if scale < 0 else signs  # softmax(c Q K^T) = softmax(|c| Q (-K)^T)
     mean = shift = None
     if config.smooth_k:
-        mean = k_mean(kf)
+        mean = k_mean(k)
         kf = kf - mean.unsqueeze(1)
-        shift = smoothing_lse_shift(qf, mean, scale)
+        mean = -mean if scale < 0 else mean  # the mean of the K the kernel sees
+        shift = smoothing_lse_shift(qf, mean, abs(scale))
     if config.rotate:
-        rot = HadamardRotation(D, config.seed)
-        qf, kf = rot(qf), rot(kf)
+        qf, kf = rot(qf), rot(kf, k_signs)
+    elif scale < 0:
+        kf = -kf
+    scale = abs(scale)
     q8, q_descale = _quantize_rows(qf, tile_m, config.granularity)
     k8, k_descale = _quantize_rows(kf, tile_n, config.granularity)
     v8, v_descale = _quantize_rows(vf, tile_n, config.granularity)
