@@ -15,7 +15,8 @@ import torch
 from fa_variants import dispatch
 from fa_variants.dispatch import Selection
 from fa_variants.common.scale import LOG2_E, MAX_SOFTMAX_SCALE, check_softmax_scale  # noqa: F401 (re-exported)
-from fa_variants.reference import default_softmax_scale
+from fa_variants.reference import check_seqlens_k, default_softmax_scale
+from fa_variants.reference import run as reference_run
 
 _FLOAT32 = torch.finfo(torch.float32)
 
@@ -130,6 +131,33 @@ def _run(selection: Selection, q, k, v, causal: bool, scale: float):
     return out, lse
 
 
+def _with_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, seqlens_k: torch.Tensor):
+    """attention with per-sequence KV lengths: the reference reads them itself; a kernel backend runs once
+    per distinct length on the sequences of that length and k, v cut to it."""
+    capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()
+    check_seqlens_k(seqlens_k, q.shape[0], k.shape[1], q.device, values=not capturing)
+    if _traced(q) or capturing:
+        raise NotImplementedError("seqlens_k is not supported under torch.compile or CUDA-graph capture yet")
+    selection = dispatch.select_backend(q, k, v, causal=causal, backend=backend)
+    scale = default_softmax_scale(q.shape[-1]) if scale is None else scale
+    if selection.backend == "reference":
+        return reference_run(q, k, v, causal=causal, softmax_scale=scale, seqlens_k=seqlens_k)
+    batch, seqlen_q, heads, head_dim = q.shape
+    out = torch.empty(batch, seqlen_q, heads, head_dim, dtype=q.dtype, device=q.device)
+    lse = torch.empty(batch, heads, seqlen_q, dtype=torch.float32, device=q.device)
+    lengths = seqlens_k.tolist()
+    for n in sorted(set(lengths)):
+        rows = [b for b, m in enumerate(lengths) if m == n]
+        if len(rows) == batch:  # one length for all: views, no copy
+            return _run(selection, q, k[:, :n], v[:, :n], causal, scale)
+        index = torch.tensor(rows, device=q.device)
+        o, l = _run(selection, q.index_select(0, index), k[:, :n].index_select(0, index),
+                    v[:, :n].index_select(0, index), causal, scale)
+        out.index_copy_(0, index, o)
+        lse.index_copy_(0, index, l)
+    return out, lse
+
+
 def _traced(q) -> bool:
     """True while torch.compile / torch.export trace the call, or for a tensor subclass (fake, functional,
     a Parameter): the call then goes through the custom op, which tracing sees as one opaque node."""
@@ -137,7 +165,8 @@ def _traced(q) -> bool:
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-              softmax_scale: float | None = None, backend: str = "auto", return_lse: bool = False):
+              softmax_scale: float | None = None, backend: str = "auto", return_lse: bool = False,
+              seqlens_k: torch.Tensor | None = None):
     """Attention forward, O = softmax(softmax_scale * Q K^T) V, on the backend that suits the GPU.
 
     Args:
@@ -155,6 +184,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         backend: "auto" (see ``fa_variants.dispatch``; env FA_VARIANTS_BACKEND overrides auto), or one of
             "fa3", "fa3-fp8", "fa2", "fa1", "reference".
         return_lse: also return the log-sum-exp of each query row.
+        seqlens_k: optional int32 (batch,) tensor on q's device, per-sequence KV lengths for a KV cache padded
+            to seqlen_k: sequence b attends to its first seqlens_k[b] keys only (causal bottom-right against
+            that length); keys past it are never used. 0 <= seqlens_k[b] <= seqlen_k (checked, reading the
+            tensor back: one device sync per call; the check is skipped during CUDA-graph capture).
+            Semantics: ``reference.attention_reference``. The kernels do not read it yet: a kernel backend
+            runs one call per distinct length on k[:, :length] (correct; one launch per distinct length).
 
     Returns:
         out (batch, seqlen_q, num_heads, head_dim) in q's dtype, a new tensor; with ``return_lse`` the pair
@@ -175,7 +210,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
 
     Raises:
         TypeError: a non-tensor input, a non-floating or mismatched dtype, a non-bool flag, a non-real scale.
-        ValueError: wrong rank; batch, seqlen_k, num_heads_kv or head_dim mismatch; num_heads not a multiple
+        ValueError: wrong rank; batch, seqlen_k, num_heads_kv or head_dim mismatch; a seqlens_k value outside
+            [0, seqlen_k], or of the wrong shape or device (TypeError: not an int32 tensor); num_heads not a multiple
             of num_heads_kv; head_dim 0; num_heads_kv 0; inputs on different devices; non-finite
             or out-of-range softmax_scale; an unknown backend; a backend that cannot serve the call
             (``dispatch.BackendUnavailableError``, naming the backends that can).
@@ -186,7 +222,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     """
     _check_inputs(q, k, v)
     scale = _check_options(causal, softmax_scale, backend, return_lse)
-    if _traced(q):
+    if seqlens_k is not None:
+        out, lse = _with_seqlens_k(q, k, v, causal, scale, backend, seqlens_k)
+    elif _traced(q):
         out, lse = torch.ops.fa_variants.attention(q, k, v, causal, scale, backend)
     else:  # eagerly: the op's implementation itself, without the dispatcher's per-call cost
         out, lse = dispatch_and_run(q, k, v, causal, scale, backend)

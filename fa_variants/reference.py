@@ -60,9 +60,30 @@ def causal_visible(seqlen_q: int, seqlen_k: int, *, row_start: int = 0, rows: in
     return j <= i + (seqlen_k - seqlen_q)
 
 
+def check_seqlens_k(seqlens_k, batch: int, seqlen_k: int, device: torch.device, *, values: bool = True) -> None:
+    """Validate per-sequence KV lengths: an int32 tensor of shape (batch,) on q's device with every value in
+    [0, seqlen_k]. Raises TypeError / ValueError (one line naming ``seqlens_k``). ``values=False`` skips the
+    value check, which reads the tensor back to the host (a device sync; impossible during CUDA-graph capture)."""
+    if not isinstance(seqlens_k, torch.Tensor):
+        raise TypeError(f"seqlens_k must be a torch.Tensor of int32, got {type(seqlens_k).__name__}")
+    if seqlens_k.dtype != torch.int32:
+        raise TypeError(f"seqlens_k must have dtype torch.int32, got {seqlens_k.dtype}")
+    if tuple(seqlens_k.shape) != (batch,):
+        raise ValueError(f"seqlens_k must have shape (batch,) = ({batch},), got {tuple(seqlens_k.shape)}")
+    if seqlens_k.device != device:
+        raise ValueError(f"seqlens_k is on {seqlens_k.device} but q is on {device}")
+    if values and batch:
+        lo, hi = torch.aminmax(seqlens_k)
+        lo, hi = int(lo), int(hi)
+        if lo < 0 or hi > seqlen_k:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"seqlens_k holds {bad}, outside [0, seqlen_k = {seqlen_k}]")
+
+
 def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                         softmax_scale: float | None = None,
-                        dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
+                        dtype: torch.dtype = torch.float64,
+                        seqlens_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention forward, softmax(scale * Q K^T) V, with its log-sum-exp, in plain PyTorch.
 
     Args:
@@ -71,6 +92,11 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
             own head_dim (the output then has it).
         causal: bottom-right aligned causal mask (query i sees key j iff j <= i + seqlen_k - seqlen_q).
         softmax_scale: any finite real (0 and negative allowed); None means 1 / sqrt(head_dim).
+        seqlens_k: optional int32 (batch,) per-sequence KV lengths (a KV cache padded to seqlen_k): sequence
+            b attends to its first seqlens_k[b] keys only, as if k, v were k[b, :seqlens_k[b]] (causal is
+            bottom-right against that length: query i sees key j iff j <= i + seqlens_k[b] - seqlen_q);
+            keys past it are never read (their values may be anything, NaN included). Checked by
+            ``check_seqlens_k`` (0 <= seqlens_k[b] <= seqlen_k).
         dtype: the precision of the maths.
             ``torch.float64`` / ``torch.float32``: everything in that dtype (the exact reference).
             ``torch.float16`` / ``torch.bfloat16``: the same maths as PyTorch does it in that dtype:
@@ -92,6 +118,10 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     batch, seqlen_q, num_heads, head_dim = q.shape
     seqlen_k, num_heads_kv, head_dim_v = k.shape[1], k.shape[2], v.shape[3]
+    if seqlens_k is not None:
+        check_seqlens_k(seqlens_k, batch, seqlen_k, q.device)
+    if seqlens_k is not None and batch > 0:
+        return _per_sequence(q, k, v, seqlens_k.tolist(), causal=causal, softmax_scale=softmax_scale, dtype=dtype)
     scale = default_softmax_scale(head_dim) if softmax_scale is None else float(softmax_scale)
     low = dtype not in _FULL_PRECISION
     lse_dtype = torch.float32 if low else dtype
@@ -133,6 +163,21 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
         out[:, r0:r1] = o.reshape(batch, r1 - r0, num_heads, head_dim_v)
         lse[:, :, r0:r1] = m.reshape(batch, num_heads, r1 - r0).to(lse_dtype)
     return out, lse
+
+
+def _per_sequence(q, k, v, lengths: list[int], **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """attention_reference per group of sequences sharing one KV length, on k[:, :length], v[:, :length]."""
+    groups: dict[int, list[int]] = {}
+    for b, n in enumerate(lengths):
+        groups.setdefault(n, []).append(b)
+    outs, lses = [None] * len(lengths), [None] * len(lengths)
+    for n, rows in groups.items():
+        index = torch.tensor(rows, device=q.device)
+        o, l = attention_reference(q.index_select(0, index), k.index_select(0, index)[:, :n],
+                                   v.index_select(0, index)[:, :n], **kwargs)
+        for i, b in enumerate(rows):
+            outs[b], lses[b] = o[i], l[i]
+    return torch.stack(outs), torch.stack(lses)
 
 
 def _nonfinite_keys(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -187,14 +232,15 @@ def _softmax_raw(s: torch.Tensor, scale: float, visible: torch.Tensor | None) ->
 
 
 def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
-        softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+        softmax_scale: float, seqlens_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``reference`` backend (kernel module contract): float32 maths (float64 for float64 inputs).
 
     Returns (out, lse): out (batch, seqlen_q, num_heads, head_dim) in q.dtype, lse float32 (batch, num_heads,
     seqlen_q). Works on any device and supports autograd (it is plain PyTorch).
     """
     dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-    out, lse = attention_reference(q, k, v, causal=causal, softmax_scale=softmax_scale, dtype=dtype)
+    out, lse = attention_reference(q, k, v, causal=causal, softmax_scale=softmax_scale, dtype=dtype,
+                                   seqlens_k=seqlens_k)
     return out.to(q.dtype), lse.float()
 
 
@@ -246,7 +292,7 @@ class References:
 
 
 def references(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-               softmax_scale: float | None = None) -> References:
+               softmax_scale: float | None = None, seqlens_k: torch.Tensor | None = None) -> References:
     """Both references for one input, computed on q's device (compute once, check many backends).
 
     Raises:
@@ -255,8 +301,10 @@ def references(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: boo
     if q.dtype.itemsize == 1:
         raise ValueError(f"no same-dtype PyTorch reference for {q.dtype}; FP8 uses its own emulation "
                          "reference with a stated bound")
-    out, lse = attention_reference(q, k, v, causal=causal, softmax_scale=softmax_scale, dtype=torch.float64)
-    out_t, lse_t = attention_reference(q, k, v, causal=causal, softmax_scale=softmax_scale, dtype=q.dtype)
+    out, lse = attention_reference(q, k, v, causal=causal, softmax_scale=softmax_scale, dtype=torch.float64,
+                                   seqlens_k=seqlens_k)
+    out_t, lse_t = attention_reference(q, k, v, causal=causal, softmax_scale=softmax_scale, dtype=q.dtype,
+                                       seqlens_k=seqlens_k)
     return References(out, lse, out_t, lse_t)
 
 

@@ -103,3 +103,25 @@ def test_cuda_graph_replay_of_a_split_decode_step():
         graph.replay()
         torch.cuda.synchronize()
         assert check_against_reference(out, q, k, v, True, softmax_scale=0.088).ok
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("backend", ["fa3", "auto"])
+def test_seqlens_k_through_the_api(backend, causal):
+    """A KV cache padded to 1023 keys with lengths 0, 1, odd and full in one batch; the padding holds NaN
+    and must never be read; rows of a length-0 sequence are 0 with LSE -inf."""
+    import fa_variants
+
+    lengths = [0, 1, 113, 1023, 500, 1]
+    b, nq, nk, h, hkv, d = len(lengths), 4, 1023, 32, 8, 128
+    q, k, v = _qkv(b, nq, nk, h, hkv, d)
+    for i, n in enumerate(lengths):
+        k[i, n:] = math.nan
+        v[i, n:] = math.nan
+    seqlens_k = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    out, lse = fa_variants.attention(q, k, v, causal=causal, backend=backend, return_lse=True, seqlens_k=seqlens_k)
+    refs = references(q, k, v, causal=causal, seqlens_k=seqlens_k)
+    assert not out.isnan().any() and not lse.isnan().any()
+    assert (out[0] == 0).all() and (lse[0] == -math.inf).all()
+    assert (ok := check_against_reference(out, q, k, v, causal, refs=refs)).ok, ok
+    assert (ok := check_lse(lse, q, k, v, causal, refs=refs)).ok, ok

@@ -1,0 +1,80 @@
+"""Per-sequence KV lengths (`seqlens_k`) on the CPU: the reference's semantics against an explicit float64
+mask, the public API (reference backend) and the validation (one-line errors naming seqlens_k)."""
+import math
+
+import pytest
+import torch
+
+import fa_variants
+from fa_variants.reference import attention_reference
+
+
+def _masked_float64(q, k, v, lengths, causal):
+    """softmax over an explicit mask: query i of sequence b sees key j iff j < L_b and (causal) j <= i + L_b - Nq."""
+    batch, nq, h, d = q.shape
+    nk, hkv = k.shape[1], k.shape[2]
+    kk = k.double().repeat_interleave(h // hkv, dim=2)
+    vv = v.double().repeat_interleave(h // hkv, dim=2)
+    s = torch.einsum("bqhd,bkhd->bhqk", q.double(), kk) / math.sqrt(d)
+    i = torch.arange(nq).view(nq, 1)
+    j = torch.arange(nk).view(1, nk)
+    visible = torch.stack([(j < n) & ((j <= i + n - nq) if causal else True) for n in lengths])  # (B, Nq, Nk)
+    s = s.masked_fill(~visible[:, None], -math.inf)
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.where(visible[:, None], torch.exp(s - lse.unsqueeze(-1)), 0.0)
+    vv = torch.where(torch.isfinite(vv), vv, 0.0)  # padding keys hold NaN: never visible here
+    return torch.einsum("bhqk,bkhd->bqhd", p, vv), lse
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("seqlen_q", [1, 4, 17])
+def test_reference_matches_explicit_mask(causal, seqlen_q):
+    torch.manual_seed(seqlen_q)
+    lengths = [0, 1, 113, 127, 5, 127]
+    q = torch.randn(len(lengths), seqlen_q, 8, 64)
+    k, v = torch.randn(len(lengths), 127, 2, 64), torch.randn(len(lengths), 127, 2, 64)
+    for b, n in enumerate(lengths):  # the padding of the cache: must never be read
+        k[b, n:] = math.nan
+        v[b, n:] = math.nan
+    out, lse = attention_reference(q, k, v, causal=causal, seqlens_k=torch.tensor(lengths, dtype=torch.int32))
+    want_out, want_lse = _masked_float64(q, k, v, lengths, causal)
+    assert not out.isnan().any() and not lse.isnan().any()
+    assert torch.equal(lse == -math.inf, want_lse == -math.inf)
+    assert (lse[0] == -math.inf).all() and (out[0] == 0).all()  # length 0: O = 0, LSE -inf
+    finite = want_lse > -math.inf
+    assert torch.allclose(lse[finite], want_lse[finite], atol=1e-10)
+    assert torch.allclose(out, want_out, atol=1e-10)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_public_api_reference_backend(causal):
+    lengths = torch.tensor([3, 0, 64, 1], dtype=torch.int32)
+    q, k, v = torch.randn(4, 2, 4, 32), torch.randn(4, 64, 2, 32), torch.randn(4, 64, 2, 32)
+    out, lse = fa_variants.attention(q, k, v, causal=causal, backend="reference", return_lse=True, seqlens_k=lengths)
+    for b, n in enumerate(lengths.tolist()):
+        o1, l1 = fa_variants.attention(q[b:b + 1], k[b:b + 1, :n], v[b:b + 1, :n], causal=causal,
+                                       backend="reference", return_lse=True)
+        assert torch.allclose(out[b:b + 1], o1, atol=1e-6) and torch.equal(lse[b:b + 1] == -math.inf, l1 == -math.inf)
+    # all lengths full: the same as no seqlens_k
+    full = torch.full((4,), 64, dtype=torch.int32)
+    assert torch.allclose(fa_variants.attention(q, k, v, causal=causal, backend="reference", seqlens_k=full),
+                          fa_variants.attention(q, k, v, causal=causal, backend="reference"), atol=1e-6)
+
+
+@pytest.mark.parametrize("bad,error,match", [
+    (torch.tensor([1, -1], dtype=torch.int32), ValueError, r"seqlens_k holds -1, outside \[0, seqlen_k = 8\]"),
+    (torch.tensor([9, 1], dtype=torch.int32), ValueError, r"seqlens_k holds 9"),
+    (torch.tensor([1, 2]), TypeError, "seqlens_k must have dtype torch.int32"),
+    (torch.tensor([1, 2, 3], dtype=torch.int32), ValueError, r"seqlens_k must have shape \(batch,\) = \(2,\)"),
+    (torch.tensor([[1, 2]], dtype=torch.int32), ValueError, "seqlens_k must have shape"),
+    ([1, 2], TypeError, "seqlens_k must be a torch.Tensor"),
+    (torch.tensor([1, 2], dtype=torch.int32, device="meta"), ValueError, "seqlens_k is on meta"),
+])
+def test_validation(bad, error, match):
+    q, k, v = torch.randn(2, 1, 2, 16), torch.randn(2, 8, 2, 16), torch.randn(2, 8, 2, 16)
+    k0 = k.clone()
+    with pytest.raises(error, match=match):
+        fa_variants.attention(q, k, v, backend="reference", seqlens_k=bad)
+    with pytest.raises(error, match=match):
+        attention_reference(q, k, v, seqlens_k=bad)
+    assert torch.equal(k, k0)  # nothing of the caller's modified
