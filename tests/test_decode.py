@@ -43,3 +43,22 @@ def test_config_overrides(h200):
     assert fa3._problem_config(off, q, k, False) is off  # an explicit config is never switched to split
     with pytest.raises(ValueError, match="num_splits"):
         dataclasses.replace(off, num_splits=-1).check(128)
+
+
+def test_decode_table_cases_and_dry_run(capsys):
+    from fa_variants.bench import decode
+    from fa_variants.cli import main
+
+    full = decode.cases()
+    assert len(full) == 3 * 4 * 3 * 2 * 2
+    assert {c.seqlen_q for c in full} == {1, 4, 16} and {c.seqlen_k for c in full} == {1024, 4096, 32768, 131072}
+    assert {(c.heads, c.heads_kv) for c in full} == {(32, 8), (64, 8)} and {c.batch for c in full} == {1, 8, 64}
+    c = decode.DecodeCase(batch=8, seqlen_q=1, seqlen_k=32768, heads=32, heads_kv=8, head_dim=128)
+    assert c.kv_bytes == 2 * 8 * 32768 * 8 * 128 * 2
+    assert main(["bench", "--decode", "--dry-run"]) == 0
+    assert "decode table: 144 cases" in capsys.readouterr().out
+    rows = [dict(head_dim=128, heads=32, heads_kv=8, batch=1, seqlen_k=4096, seqlen_q=1, impl="x", gpu_us=7.0,
+                 host_us=20.0, tbps=1.2, hbm_share=0.25, timer="graph"),
+            dict(head_dim=128, heads=32, heads_kv=8, batch=1, seqlen_k=4096, seqlen_q=1, impl="y", error="E: boom")]
+    text = decode.table(rows)
+    assert "| 128 | 32:8 | 1 | 4096 | 1 | x | 7.0 | 20.0 | 1.20 | 25 | graph |" in text and "E: boom" in text

@@ -159,6 +159,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     t.add_argument("--report-from", metavar="JSON", nargs="+",
                    help="rebuild markdown and charts from saved bench.json files, merged into one report "
                         "(no GPU needed; --out defaults to the first file's folder)")
+    from fa_variants.bench import decode  # stdlib-only at import
+
+    decode.configure_parser(p)
 
 
 def make_plan(args: argparse.Namespace) -> Plan:
@@ -259,6 +262,10 @@ def _write_and_summarise(report: dict, outdir: Path, charts: bool) -> int:
 
 
 def run_cli(args: argparse.Namespace) -> int:
+    if args.decode:
+        from fa_variants.bench import decode
+
+        return decode.run_cli(args)
     if args.report_from:
         return _rebuild(args)
     plan = make_plan(args)

@@ -1,0 +1,197 @@
+"""`fa-variants bench --decode`: the decode table of issue 13 (a few query rows against a long KV cache).
+
+Cases: Nq in (1, 4, 16) x Nk in (1k, 4k, 32k, 128k) x batch in (1, 8, 64) x GQA (32:8, 64:8) x head_dim
+(64, 128), bf16 (``--quick``: a 16-case subset). Implementations: ours through ``fa_variants.attention``
+(``auto``: the dispatcher picks fa3 on sm90 and its split-KV for these shapes), PyTorch SDPA with its own
+backend choice, flash-attn-4 (``flash_attn.cute``) when importable.
+
+Per case and implementation:
+* GPU time per call: 20 calls captured in one CUDA graph, replayed, timed with CUDA events (median of 5
+  replays / 20): the kernel(s) alone, without Python. If capture fails, a loop of calls timed by events
+  instead, marked "loop" (then host time may dominate it).
+* host time per call: wall clock of 200 back-to-back calls (fewer past 0.25 ms each), synchronised once at the end (the
+  issue's measure: the Python path to the launch, for an already compiled configuration).
+* HBM bandwidth: K and V bytes (batch x Nk x Hkv x D x 2 tensors x 2 bytes) / GPU time, and its share of
+  the GPU's peak (``--peak-tbps``, 4.8 for an H200).
+
+Masks: ours and flash-attn-4 run causal=True (bottom-right: the real decode mask); SDPA runs is_causal=False,
+since its is_causal is top-left aligned (row 0 would see key 0 only). At Nq = 1 both masks are the same; at
+Nq = 4, 16 the causal rows skip at most Nq - 1 of Nk keys.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+NQ = (1, 4, 16)
+NK = (1024, 4096, 32768, 131072)
+BATCH = (1, 8, 64)
+GQA = ((32, 8), (64, 8))
+HEAD_DIMS = (64, 128)
+QUICK = dict(nq=(1, 16), nk=(4096, 131072), batch=(1, 64), gqa=((32, 8),), head_dims=(128,))
+
+
+@dataclass(frozen=True)
+class DecodeCase:
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    heads: int
+    heads_kv: int
+    head_dim: int
+
+    @property
+    def kv_bytes(self) -> int:
+        """K and V bytes read once (bf16)."""
+        return 2 * self.batch * self.seqlen_k * self.heads_kv * self.head_dim * 2
+
+
+def cases(quick: bool = False) -> list[DecodeCase]:
+    """The decode table's cases, largest K/V last within each head dim."""
+    p = QUICK if quick else dict(nq=NQ, nk=NK, batch=BATCH, gqa=GQA, head_dims=HEAD_DIMS)
+    return [DecodeCase(b, nq, nk, h, hkv, d) for d, (h, hkv), b, nk, nq in
+            itertools.product(p["head_dims"], p["gqa"], p["batch"], p["nk"], p["nq"])]
+
+
+def implementations() -> dict:
+    """name -> fn(q, k, v) for ours and the peers importable here."""
+    import torch.nn.functional as F
+
+    import fa_variants
+
+    impls = {
+        "ours (auto)": lambda q, k, v: fa_variants.attention(q, k, v, causal=True),
+        "sdpa (auto)": lambda q, k, v: F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), enable_gqa=True),
+    }
+    try:
+        from flash_attn.cute.interface import flash_attn_func
+    except Exception:  # noqa: BLE001 - not installed here
+        pass
+    else:
+        impls["flash-attn-4"] = lambda q, k, v: flash_attn_func(q, k, v, causal=True)
+    return impls
+
+
+def _gpu_ms(fn) -> tuple[float, str]:
+    import torch
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    calls = 20
+    try:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+            for _ in range(calls):
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        run, how = graph.replay, "graph"
+    except Exception:  # noqa: BLE001 - not capturable: a loop of calls
+        torch.cuda.synchronize()
+
+        def run():
+            for _ in range(calls):
+                fn()
+        how = "loop"
+    times = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / calls)
+    return statistics.median(times), how
+
+
+def _host_us(fn, calls: int = 200) -> float:
+    import torch
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def measure(case: DecodeCase, impls: dict, peak_tbps: float) -> list[dict]:
+    import torch
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(case.batch, case.seqlen_q, case.heads, case.head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(case.batch, case.seqlen_k, case.heads_kv, case.head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn_like(k)
+    rows = []
+    for name, impl in impls.items():
+        row = dict(asdict(case), impl=name)
+        try:
+            ms, how = _gpu_ms(lambda: impl(q, k, v))
+            calls = max(10, min(200, int(50 / ms)))  # about 50 ms of calls at most
+            row.update(gpu_us=ms * 1e3, timer=how, host_us=_host_us(lambda: impl(q, k, v), calls),
+                       tbps=case.kv_bytes / (ms * 1e-3) / 1e12)
+            row["hbm_share"] = row["tbps"] / peak_tbps
+        except Exception as exc:  # noqa: BLE001 - recorded, the table goes on
+            row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
+            torch.cuda.empty_cache()
+        rows.append(row)
+    del q, k, v
+    torch.cuda.empty_cache()
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    """Markdown: one line per case and implementation."""
+    head = "| D | GQA | batch | Nk | Nq | impl | GPU us | host us | TB/s | HBM % | timer |\n|" + "---|" * 11
+    lines = [head]
+    for r in rows:
+        if "error" in r:
+            cells = [r["impl"], r["error"], "", "", "", ""]
+        else:
+            cells = [r["impl"], f"{r['gpu_us']:.1f}", f"{r['host_us']:.1f}", f"{r['tbps']:.2f}",
+                     f"{100 * r['hbm_share']:.0f}", r["timer"]]
+        lines.append(f"| {r['head_dim']} | {r['heads']}:{r['heads_kv']} | {r['batch']} | {r['seqlen_k']} | "
+                     f"{r['seqlen_q']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def configure_parser(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("decode table (--decode)")
+    g.add_argument("--decode", action="store_true", help="the decode table (issue 13) instead of the TFLOP/s sweep")
+    g.add_argument("--peak-tbps", type=float, default=4.8, help="HBM peak in TB/s for the HBM %% column (H200: 4.8)")
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    """Print the decode table (and save it, with JSON, under --out when given)."""
+    todo = cases(quick=args.quick)
+    if args.dry_run:
+        print(f"decode table: {len(todo)} cases (bf16, causal): " + ", ".join(
+            f"D{c.head_dim} {c.heads}:{c.heads_kv} B{c.batch} Nk{c.seqlen_k} Nq{c.seqlen_q}" for c in todo[:4]) + ", ...")
+        return 0
+    import torch
+
+    if not torch.cuda.is_available():
+        print("fa-variants bench --decode: no CUDA GPU here (--dry-run lists the cases)")
+        return 2
+    impls = implementations()
+    rows = []
+    for i, case in enumerate(todo):
+        rows.extend(measure(case, impls, args.peak_tbps))
+        print(f"[{i + 1}/{len(todo)}] {case}", flush=True)
+    text = table(rows)
+    print(text)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, peak_tbps=args.peak_tbps)
+        (out / "decode.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+        (out / "decode.md").write_text(text + "\n")
+    return 0
