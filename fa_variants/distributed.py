@@ -198,23 +198,42 @@ def merge_partial_(out: torch.Tensor, lse: torch.Tensor, out_part: torch.Tensor,
 
 
 class _Merger:
-    """Accumulates the partials of one rank's query rows (see ``merge_partial_``)."""
+    """Accumulates the partials of one rank's query rows (see ``merge_partial_``) with little memory traffic:
+    the first partial is kept as the kernel returned it; the last merge writes the output dtype directly
+    (the weighted sum is still formed in float32 / float64, then rounded once)."""
 
     def __init__(self, q: torch.Tensor):
         self.shape, self.dtype, self.device = q.shape, q.dtype, q.device
         self.acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
         self.out: torch.Tensor | None = None
         self.lse: torch.Tensor | None = None
+        self.done = False
 
-    def add(self, rows: slice, out: torch.Tensor, lse: torch.Tensor) -> None:
-        batch, seqlen, heads, head_dim = self.shape
+    def add(self, rows: slice, out: torch.Tensor, lse: torch.Tensor, last: bool) -> None:
+        batch, seqlen, heads, _ = self.shape
+        lse = lse.to(self.acc_dtype)
         if self.out is None:
             if out.shape[1] == seqlen:  # the first partial covers every row: it is the accumulator
-                self.out, self.lse = out.to(self.acc_dtype), lse.to(self.acc_dtype)
+                self.out, self.lse = out, lse
                 return
             self.out = torch.zeros(self.shape, dtype=self.acc_dtype, device=self.device)
             self.lse = torch.full((batch, heads, seqlen), -math.inf, dtype=self.acc_dtype, device=self.device)
-        merge_partial_(self.out[:, rows], self.lse[:, :, rows], out, lse)
+        if not last:
+            self.out = self.out.to(self.acc_dtype)
+            merge_partial_(self.out[:, rows], self.lse[:, :, rows], out, lse)
+            return
+        # the last partial: O = w_acc O_acc + w_part O_part in acc_dtype, written once in the output dtype
+        acc_lse = self.lse[:, :, rows]
+        new = torch.logaddexp(acc_lse, lse)
+        base = torch.where(new == -math.inf, torch.zeros_like(new), new)
+        w_acc = torch.exp(acc_lse - base).transpose(1, 2).unsqueeze(-1)
+        w_part = torch.exp(lse - base).transpose(1, 2).unsqueeze(-1)
+        final = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+        if rows != slice(None):  # rows is slice(start, None): the rows before it keep their accumulator
+            final[:, :rows.start] = self.out[:, :rows.start]
+        torch.addcmul(self.out[:, rows] * w_acc, out, w_part, out=final[:, rows])
+        self.lse[:, :, rows] = new
+        self.out, self.done = final, True
 
     def result(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.out is None:  # no step ran (no query row, or no key anywhere)
@@ -440,16 +459,19 @@ def _ring_attention(q, k, v, rows, group, rank, world, causal, layout, scale, ba
     ring = _Ring(group, rank, world, q.device)
     merger = _Merger(q)
     k_cur, v_cur = k.contiguous(), v.contiguous()  # transfers need contiguous buffers
-    for step in range(world):
+    plans = [_plan(rank, (rank - step) % world, causal, layout, sizes[rank], sizes[(rank - step) % world])
+             for step in range(world)]
+    # an empty side contributes nothing (the merge's neutral element): such a step is skipped too
+    plans = [p if p is not None and q[:, p.rows].shape[1] and len(range(seqlens_k[(rank - step) % world])[p.keys])
+             else None for step, p in enumerate(plans)]
+    last = max((step for step, p in enumerate(plans) if p is not None), default=-1)
+    for step, plan in enumerate(plans):
         src = (rank - step) % world  # the rank whose K/V shard this rank holds now
         pending = ring.post(k_cur, v_cur, seqlens_k[(src - 1) % world]) if step + 1 < world else None
-        plan = _plan(rank, src, causal, layout, sizes[rank], sizes[src])
         if plan is not None:
-            q_s, k_s, v_s = q[:, plan.rows], k_cur[:, plan.keys], v_cur[:, plan.keys]
-            if q_s.shape[1] and k_s.shape[1]:  # an empty side contributes nothing (the merge's neutral)
-                out, lse = api.attention(q_s, k_s, v_s, causal=plan.causal, softmax_scale=scale,
-                                         backend=backend, return_lse=True)
-                merger.add(plan.rows, out, lse)
+            out, lse = api.attention(q[:, plan.rows], k_cur[:, plan.keys], v_cur[:, plan.keys], causal=plan.causal,
+                                     softmax_scale=scale, backend=backend, return_lse=True)
+            merger.add(plan.rows, out, lse, last=step == last)
         if pending is not None:
             k_cur, v_cur = ring.wait(pending)
     return merger.result()

@@ -1,0 +1,329 @@
+"""Context-parallel (ring) attention on several GPUs vs one GPU: correctness and speed (fa_variants.distributed).
+
+    source .gpu/env.sh && python3 -m torch.distributed.run --standalone --nproc_per_node 2 scripts/cp_bench.py --out $OUT/cp
+
+Every rank builds the same full inputs (B=1, H=16, D=128, bf16 by default; one seed), takes its zig-zag shard and
+runs ``context_parallel_attention`` (backend fa3 by default); every number below is per (seqlen, causal).
+
+Correctness: (1) max |ring - one GPU| where "one GPU" is ``fa_variants.attention`` on the whole sequence on the
+rank's own GPU; (2) the project's tolerance rule on ``--check-rows`` random query rows of each rank against a
+float64 reference of those rows: err(ring) <= 2 * err(PyTorch in bf16, same maths) + 1e-5, and the same for the
+LSE (err(one GPU) is reported beside). A failed check makes the exit status 1.
+
+Speed (CUDA events; before each repetition all ranks synchronise and meet at a barrier; a repetition's time is the
+slowest rank's; medians over ``--reps`` repetitions, then medians over ``--rounds`` rounds whose order of the four
+measurements is rotated round to round):
+  one GPU   ``fa_variants.attention`` on the whole sequence, one GPU (each rank does it on its own GPU at once);
+  ring      ``context_parallel_attention`` on the shards (transfers, merges and the shape check included);
+  kernels   the same per-step attention calls the ring makes on this rank, back to back, without transfers or
+            merges: the kernel alone (per step also timed one by one);
+  kernels + merges  the ring's steps and LSE merges without any transfer (what the ring costs if communication
+            is fully hidden);
+  comm      the K/V transfers of the ring alone (world - 1 exchanges).
+speed-up = one GPU / ring (targets: >= 1.8 non-causal, >= 1.7 causal at N >= 32k); overhead = ring / kernels,
+i.e. time per step over the kernel alone (target <= 1.1: communication hidden); ring / (kernels + merges)
+isolates the exposed communication from the merge cost. The first call of each
+configuration (JIT compile) is timed apart. Rank 0 writes cp_bench.json and cp_bench.md under --out.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import fa_variants
+from fa_variants import distributed as cp
+
+TARGET_SPEEDUP = {False: 1.8, True: 1.7}
+TARGET_OVERHEAD = 1.1
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seqlens", default="32768,65536", help="whole-sequence lengths, comma-separated")
+    ap.add_argument("--causal", default="both", choices=["both", "yes", "no"])
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--heads-kv", type=int, default=None, help="default: --heads (no GQA)")
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
+                    help="cpu: gloo and a small smoke run of this script itself (use --backend reference)")
+    ap.add_argument("--backend", default="fa3")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--check-rows", type=int, default=256, help="query rows per rank checked against float64")
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")) / "cp")
+    return ap.parse_args()
+
+
+# ------------------------------------------------------------------------------------------ correctness
+
+def rows_reference(q, k, v, positions, causal, scale, dtype):
+    """Attention of the query rows at global ``positions`` over the whole sequence (self-attention, so the
+    bottom-right causal mask is key <= position), in float64 or as PyTorch does it in ``dtype``
+    (scale * Q rounded, S in dtype, softmax in float32, P rounded, P V in dtype). Returns (out, lse)."""
+    group = q.shape[2] // k.shape[2]
+    qs = q[:, positions].to(dtype)
+    ks, vs = (t.to(dtype).repeat_interleave(group, 2) for t in (k, v))
+    low = dtype != torch.float64
+    s = torch.einsum("bqhd,bkhd->bhqk", qs * scale if low else qs, ks)
+    s = s.float() if low else s * scale
+    if causal:
+        visible = torch.arange(k.shape[1], device=q.device)[None, :] <= positions[:, None]
+        s = s.masked_fill(~visible, -math.inf)
+    lse = torch.logsumexp(s, -1)
+    p = torch.exp(s - lse[..., None])
+    out = torch.einsum("bhqk,bkhd->bqhd", p.to(dtype), vs)
+    return out, lse.float()
+
+
+def max_err(x, ref) -> float:
+    return (x.double() - ref.double()).abs().max().item()
+
+
+def check(args, q, k, v, causal, rank, world, ring_out, ring_lse, gen) -> dict:
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    one_out, one_lse = fa_variants.attention(q, k, v, causal=causal, backend=args.backend, return_lse=True)
+    mine = cp.zigzag_shard(torch.arange(q.shape[1], device=q.device), 0, rank, world)
+    result = {"max_abs_ring_vs_one_gpu": max_err(ring_out, one_out[:, mine]),
+              "max_abs_lse_ring_vs_one_gpu": max_err(ring_lse, one_lse[:, :, mine])}
+    pick = torch.randperm(len(mine), generator=gen, device="cpu")[:args.check_rows].to(q.device)
+    positions = mine[pick]
+    exact, exact_lse = rows_reference(q, k, v, positions, causal, scale, torch.float64)
+    same, same_lse = rows_reference(q, k, v, positions, causal, scale, q.dtype)
+    errs = {"out": (max_err(ring_out[:, pick], exact), max_err(one_out[:, positions], exact), max_err(same, exact)),
+            "lse": (max_err(ring_lse[:, :, pick], exact_lse), max_err(one_lse[:, :, positions], exact_lse),
+                    max_err(same_lse, exact_lse))}
+    for name, (ring, one, torch_same) in errs.items():
+        bound = 2 * torch_same + 1e-5
+        result[name] = {"err_ring": ring, "err_one_gpu": one, "err_torch_same_dtype": torch_same, "bound": bound,
+                        "ok": math.isfinite(ring) and ring <= bound}
+    return result
+
+
+# ----------------------------------------------------------------------------------------------- timing
+
+def sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, reps: int, device) -> float:
+    """Median over reps of the slowest rank's time of fn(), in ms (CUDA events on a GPU)."""
+    times = []
+    for _ in range(reps):
+        sync(device)
+        dist.barrier()
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    t = torch.tensor(times, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return statistics.median(t.tolist())
+
+
+def step_calls(q, k, v, causal, rank, world, backend):
+    """The attention calls the ring makes on this rank, on K/V shards of the right length (one per step)."""
+    seqlen = q.shape[1] * world
+    sizes = cp._chunk_sizes(seqlen, 2 * world)
+    calls = []
+    for step in range(world):
+        src = (rank - step) % world
+        plan = cp._plan(rank, src, causal, "zigzag", sizes[rank], sizes[src])
+        if plan is None:
+            continue
+        q_s, k_s, v_s = q[:, plan.rows], k[:, plan.keys], v[:, plan.keys]  # own K/V: same shapes as src's here
+        calls.append((f"step {step}: {q_s.shape[1]} q x {k_s.shape[1]} k{' causal' if plan.causal else ''}",
+                      plan.rows, lambda q_s=q_s, k_s=k_s, v_s=v_s, c=plan.causal: fa_variants.attention(
+                          q_s, k_s, v_s, causal=c, backend=backend, return_lse=True)))
+    return calls
+
+
+def compute_only(q, calls):
+    """The ring's steps and merges on this rank without any transfer (own K/V of the same shapes)."""
+    def run():
+        merger = cp._Merger(q)
+        for i, (_, rows, call) in enumerate(calls):
+            merger.add(rows, *call(), last=i == len(calls) - 1)
+        return merger.result()
+    return run
+
+
+def comm_only(k, v, rank, world):
+    def run():
+        ring = cp._Ring(dist.group.WORLD, rank, world, k.device)
+        k_cur, v_cur = k, v
+        for _ in range(world - 1):
+            k_cur, v_cur = ring.wait(ring.post(k_cur, v_cur, k.shape[1]))
+    return run
+
+
+def one_case(args, seqlen, causal, rank, world, dtype, gen_seed, device) -> dict:
+    gen = torch.Generator(device=device).manual_seed(gen_seed)
+    heads_kv = args.heads_kv or args.heads
+    q = torch.randn(args.batch, seqlen, args.heads, args.head_dim, device=device, dtype=dtype, generator=gen)
+    k = torch.randn(args.batch, seqlen, heads_kv, args.head_dim, device=device, dtype=dtype, generator=gen)
+    v = torch.randn(args.batch, seqlen, heads_kv, args.head_dim, device=device, dtype=dtype, generator=gen)
+    qs, ks, vs = (cp.zigzag_shard(t, 1, rank, world).contiguous() for t in (q, k, v))
+
+    def ring():
+        return cp.context_parallel_attention(qs, ks, vs, causal=causal, backend=args.backend, return_lse=True)
+
+    def one():
+        return fa_variants.attention(q, k, v, causal=causal, backend=args.backend)
+
+    calls = step_calls(qs, ks, vs, causal, rank, world, args.backend)
+
+    def kernels():
+        for _, _, call in calls:
+            call()
+
+    measures = {"one GPU": one, "ring": ring, "kernels": kernels, "kernels + merges": compute_only(qs, calls),
+                "comm": comm_only(ks, vs, rank, world)}
+    first = {}
+    for name, fn in measures.items():  # first call of each: JIT compile for our kernels
+        sync(device)
+        dist.barrier()
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        first[name] = time.perf_counter() - t0
+    ring_out, ring_lse = ring()
+    correctness = check(args, q, k, v, causal, rank, world, ring_out, ring_lse, torch.Generator().manual_seed(gen_seed))
+    del ring_out, ring_lse
+    names = list(measures)
+    per_round = {name: [] for name in names}
+    for r in range(args.rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for name in order:
+            per_round[name].append(timed(measures[name], args.reps, device))
+    steps_ms = [(label, timed(call, args.reps, device)) for label, _, call in calls]
+    ms = {name: statistics.median(v) for name, v in per_round.items()}
+    return {"seqlen": seqlen, "causal": causal, "world": world, "ms": ms, "ms_per_round": per_round,
+            "steps_ms_rank0_view": steps_ms, "first_call_s": first,
+            "speedup": ms["one GPU"] / ms["ring"], "overhead_ring_over_kernels": ms["ring"] / ms["kernels"],
+            "ring_over_kernels_and_merges": ms["ring"] / ms["kernels + merges"],
+            "target_speedup": TARGET_SPEEDUP[causal], "target_overhead": TARGET_OVERHEAD,
+            "correctness_rank0": correctness}
+
+
+def gathered_correctness(result, world) -> list:
+    everyone = [None] * world
+    dist.all_gather_object(everyone, result["correctness_rank0"])
+    return everyone
+
+
+def markdown(rows, meta) -> str:
+    lines = [f"# Context-parallel attention: {meta['world']} GPUs vs one ({meta['gpus'][0]})", "",
+             f"Command: `{meta['command']}`", "",
+             f"{meta['date']}, torch {meta['torch']}, NCCL {meta['nccl']}, commit {meta['commit']}, backend "
+             f"{meta['backend']}, {meta['dtype']}, B={meta['batch']}, H={meta['heads']}, H_kv={meta['heads_kv']}, "
+             f"D={meta['head_dim']}, zig-zag shards. Times: ms, medians of {meta['rounds']} rotated rounds of "
+             f"{meta['reps']} repetitions (slowest rank per repetition).", "",
+             "| N | causal | one GPU | ring | speed-up (target) | kernels alone | ring / kernels (<= 1.1) "
+             "| kernels + merges | ring / (kernels + merges) | comm alone "
+             "| max abs ring vs one GPU | out rule (err ring / bound) | LSE rule |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ms = r["ms"]
+        worst = max(c["max_abs_ring_vs_one_gpu"] for c in r["correctness"])
+        rule = {name: (all(c[name]["ok"] for c in r["correctness"]),
+                       max(c[name]["err_ring"] for c in r["correctness"]),
+                       min(c[name]["bound"] for c in r["correctness"])) for name in ("out", "lse")}
+        lines.append(
+            f"| {r['seqlen']} | {r['causal']} | {ms['one GPU']:.3f} | {ms['ring']:.3f} | {r['speedup']:.2f}x "
+            f"({r['target_speedup']}: {'met' if r['speedup'] >= r['target_speedup'] else 'NOT met'}) | "
+            f"{ms['kernels']:.3f} | {r['overhead_ring_over_kernels']:.3f} "
+            f"({'met' if r['overhead_ring_over_kernels'] <= TARGET_OVERHEAD else 'NOT met'}) | "
+            f"{ms['kernels + merges']:.3f} | {r['ring_over_kernels_and_merges']:.3f} | {ms['comm']:.3f} | "
+            f"{worst:.2e} | {'ok' if rule['out'][0] else 'FAIL'} {rule['out'][1]:.2e} / {rule['out'][2]:.2e} | "
+            f"{'ok' if rule['lse'][0] else 'FAIL'} {rule['lse'][1]:.2e} / {rule['lse'][2]:.2e} |")
+    lines += ["", "Per step on rank 0 (each call timed alone, ms):", ""]
+    for r in rows:
+        steps = ", ".join(f"{label} = {t:.3f}" for label, t in r["steps_ms_rank0_view"])
+        lines.append(f"- N={r['seqlen']} causal={r['causal']}: {steps}; first calls (s): "
+                     + ", ".join(f"{k} {v:.1f}" for k, v in r["first_call_s"].items()))
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    args = parse_args()
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    timeout = datetime.timedelta(seconds=300)
+    if args.device == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device, timeout=timeout)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo", timeout=timeout)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    seed = torch.tensor([args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")],
+                        device=device)
+    dist.broadcast(seed, 0)  # every rank builds the same inputs
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    causals = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
+    rows, ok = [], True
+    with torch.inference_mode():
+        for seqlen in map(int, args.seqlens.split(",")):
+            for causal in causals:
+                result = one_case(args, seqlen, causal, rank, world, dtype, int(seed.item()) + seqlen + causal, device)
+                result["correctness"] = gathered_correctness(result, world)
+                del result["correctness_rank0"]
+                ok &= all(c[name]["ok"] for c in result["correctness"] for name in ("out", "lse"))
+                rows.append(result)
+                if rank == 0:
+                    print(f"N={seqlen} causal={causal}: one GPU {result['ms']['one GPU']:.3f} ms, ring "
+                          f"{result['ms']['ring']:.3f} ms, speed-up {result['speedup']:.2f}x, ring/kernels "
+                          f"{result['overhead_ring_over_kernels']:.3f}, ring/(kernels+merges) "
+                          f"{result['ring_over_kernels_and_merges']:.3f}, comm {result['ms']['comm']:.3f} ms, "
+                          f"max|ring-one| {max(c['max_abs_ring_vs_one_gpu'] for c in result['correctness']):.2e}",
+                          flush=True)
+    if rank == 0:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                    timeout=10).stdout.strip() or "unknown"
+        except (OSError, subprocess.SubprocessError):
+            commit = "unknown"
+        gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] or ["CPU (gloo)"]
+        nccl = ".".join(map(str, torch.cuda.nccl.version())) if args.device == "cuda" else "-"
+        meta = {"world": world, "gpus": gpus, "torch": torch.__version__, "nccl": nccl,
+                "commit": commit, "date": datetime.datetime.now().isoformat(timespec="seconds"),
+                "host": platform.node(), "backend": args.backend, "dtype": args.dtype, "batch": args.batch,
+                "heads": args.heads, "heads_kv": args.heads_kv or args.heads, "head_dim": args.head_dim,
+                "rounds": args.rounds, "reps": args.reps, "seed": int(seed.item()),
+                "command": f"python3 -m torch.distributed.run --nproc_per_node {world} scripts/cp_bench.py "
+                           + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
+                                      if k != "out" and v is not None)}
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "cp_bench.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+        (args.out / "cp_bench.md").write_text(markdown(rows, meta))
+        print(markdown(rows, meta))
+        print("correctness:", "ok" if ok else "FAILED")
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
