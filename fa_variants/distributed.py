@@ -186,7 +186,9 @@ def merge_partial_(out: torch.Tensor, lse: torch.Tensor, out_part: torch.Tensor,
 
     L = logaddexp(lse, lse_part); out = e^(lse - L) out + e^(lse_part - L) out_part; lse = L. A partial with
     LSE -inf has weight 0; where both are -inf the row becomes 0 with LSE -inf. Returns (out, lse).
-    Source: FlashAttention (Dao et al. 2022), Algorithm 1, lines 10-12, for whole blocks of keys.
+    Source: FlashAttention (Dao et al. 2022), Algorithm 1, lines 10-12, for whole blocks of keys. This is the
+    incremental two-operand form of ``fa_variants.common.split.merge`` (split-KV, all splits stacked at once):
+    ring partials arrive one step at a time and may cover only some rows, so they are folded in as they come.
     """
     new = torch.logaddexp(lse, lse_part.to(lse.dtype))
     base = torch.where(new == -math.inf, torch.zeros_like(new), new)  # all -inf: both weights exp(-inf) = 0
