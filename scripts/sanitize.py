@@ -35,6 +35,18 @@ SHAPES = ((2, 113, 203, 6, 2, True), (2, 113, 203, 6, 2, False), (1, 300, 129, 4
           (3, 1, 65, 8, 2, False), (1, 67, 67, 2, 2, True))
 
 
+def plan(backend: str):
+    """(dtype, head_dims) a backend is sanitised with: its first 16-bit dtype, every head_dim it serves."""
+    import torch
+
+    from fa_variants import dispatch
+
+    variant = dispatch.get_backend(backend)
+    dtype = next(d for d in (torch.bfloat16, torch.float16, getattr(torch, "float8_e4m3fn", None))
+                 if d in variant.dtypes)
+    return dtype, [d for d in (64, 96, 128, 256) if variant.head_dims is None or d in variant.head_dims]
+
+
 def worker(backend: str) -> int:
     """Run the shapes on one backend; print one line per call and 'CALLS n FAILED m' last."""
     import torch
@@ -43,10 +55,7 @@ def worker(backend: str) -> int:
     from fa_variants import dispatch
     from fa_variants.reference import check_against_reference
 
-    module = dispatch.get_module(backend)
-    dtype = next(d for d in (torch.bfloat16, torch.float16, getattr(torch, "float8_e4m3fn", None))
-                 if d in module.DTYPES)
-    head_dims = [d for d in (64, 96, 128, 256) if module.HEAD_DIMS is None or d in module.HEAD_DIMS]
+    dtype, head_dims = plan(backend)
     calls = failed = 0
     for head_dim in head_dims:
         for batch, nq, nk, heads, heads_kv, causal in SHAPES:

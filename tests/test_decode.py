@@ -23,8 +23,22 @@ def _qk(batch, seqlen_q, heads, heads_kv, seqlen_k, head_dim=128):
             torch.empty(batch, seqlen_k, heads_kv, head_dim, device="meta"))
 
 
+def test_split_kv_stays_off_until_it_passes_on_a_gpu(h200):
+    """fa3.SPLIT_KV_ENABLED is False (its first H200 run failed): auto never splits, an explicit split raises."""
+    assert not fa3.SPLIT_KV_ENABLED
+    q, k = _qk(1, 1, 32, 8, 32768)
+    assert fa3._problem_config(None, q, k, True) is None
+    with pytest.raises(ValueError, match="num_splits=4: split-KV is disabled"):
+        fa3._problem_config(dataclasses.replace(fa3.DEFAULT_CONFIGS[128], num_splits=4), q, k, True)
+
+
+@pytest.fixture
+def split_enabled(monkeypatch):
+    monkeypatch.setattr(fa3, "SPLIT_KV_ENABLED", True)
+
+
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
-def test_auto_splits_decode_not_prefill(h200, head_dim):
+def test_auto_splits_decode_not_prefill(h200, split_enabled, head_dim):
     q, k = _qk(1, 1, 32, 8, 4096, head_dim)
     cfg = fa3._problem_config(None, q, k, True)
     assert cfg is not None and cfg.num_splits == 0 and cfg.tile_m == fa3.DEFAULT_CONFIGS[head_dim].tile_m
@@ -35,7 +49,7 @@ def test_auto_splits_decode_not_prefill(h200, head_dim):
     assert fa3._problem_config(None, q, k, False) is None
 
 
-def test_config_overrides(h200):
+def test_config_overrides(h200, split_enabled):
     q, k = _qk(1, 1, 32, 8, 4096)
     forced = dataclasses.replace(fa3.DEFAULT_CONFIGS[128], num_splits=5)
     assert fa3._problem_config(forced, q, k, False) is forced and fa3.num_splits_for(forced, q, k, False) == 5

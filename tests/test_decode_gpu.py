@@ -32,9 +32,14 @@ IDS = ["x".join(map(str, s)) for s in SHAPES]
 
 
 @pytest.fixture(autouse=True)
-def poisoned(nan_allocations):
+def poisoned(nan_allocations, monkeypatch):
+    monkeypatch.setattr(fa3, "SPLIT_KV_ENABLED", True)  # off for users until this file passes (see fa3.py)
     with nan_allocations():
         yield
+
+
+#: failed on the H200 (2026-11-30); strict, so that a fix shows up as XPASS and turns the switch back on
+KNOWN_SPLIT_BUG = pytest.mark.xfail(strict=True, reason="split-KV bug seen on the H200 2026-11-30 (fa3.SPLIT_KV_ENABLED)")
 
 
 def _qkv(b, nq, nk, h, hkv, d, dtype=BF16):
@@ -56,6 +61,7 @@ def test_split_kv_matches_reference(shape, num_splits, causal):
     assert (ok := check_lse(lse, q, k, v, causal, refs=refs)).ok, ok
 
 
+@KNOWN_SPLIT_BUG
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_rows_that_see_no_key(causal):
     """Causal with Nq > Nk: the first rows see no key: O = 0 and LSE = -inf through the merge."""
@@ -67,6 +73,7 @@ def test_rows_that_see_no_key(causal):
     assert check_against_reference(out, q, k, v, causal, refs=refs).ok
 
 
+@KNOWN_SPLIT_BUG
 def test_split_count_does_not_change_the_result():
     """EC-08 (a): B=1, Nq=1, Hq=16, Hkv=8, Nk=4096: splits 1, 16 and 32 agree within fp32 rounding."""
     q, k, v = _qkv(1, 1, 4096, 16, 8, 128)

@@ -30,3 +30,13 @@ def test_sanitize_summary_line(rc, log, verdict, ok):
 @pytest.mark.parametrize("script", ["gpu_memory_fp16.sh", "h200_session.sh", "gpu_check.sh"])
 def test_shell_scripts_parse(script):
     subprocess.run(["bash", "-n", str(ROOT / "scripts" / script)], check=True)
+
+
+@pytest.mark.parametrize("backend", ["fa1", "fa2", "fa3", "fa3-fp8"])
+def test_sanitize_plan_reads_the_registry(backend):
+    """The worker's (dtype, head_dims) come from the one registry (a renamed dispatch helper broke every pair
+    on the H200 before a single launch: 'no calls finished')."""
+    import torch
+
+    dtype, head_dims = _sanitize().plan(backend)
+    assert dtype in (torch.bfloat16, torch.float16) and head_dims and set(head_dims) <= {64, 96, 128, 256}
