@@ -53,7 +53,7 @@ def worker(backend: str) -> int:
 
     import fa_variants
     from fa_variants import dispatch
-    from fa_variants.reference import check_against_reference
+    from fa_variants.reference import attention_reference, check_against_reference, rel_l2
 
     dtype, head_dims = plan(backend)
     calls = failed = 0
@@ -68,6 +68,9 @@ def worker(backend: str) -> int:
             what = f"{backend} d{head_dim} B{batch} Nq{nq} Nk{nk} H{heads}/{heads_kv} causal={causal}"
             if dtype.itemsize == 1:  # FP8 has its own accuracy tests: here only finiteness
                 ok = bool(torch.isfinite(out.float()).all())
+            elif backend == "fa3-fp8":  # 16-bit inputs quantised to e4m3: ~5% rel-L2 is its noise (the bf16 rule
+                exact = attention_reference(q, k, v, causal=causal, dtype=torch.float64)[0]  # cannot apply)
+                ok = bool(torch.isfinite(out).all()) and rel_l2(out, exact) < 0.1
             else:
                 ok = check_against_reference(out, q, k, v, causal).ok
             failed += not ok
@@ -95,9 +98,10 @@ def _runnable_backends(requested: list[str]) -> tuple[list[str], list[str]]:
 
 
 def _summary(tool: str, backend: str, rc: int | None, log: str, seconds: float) -> tuple[str, bool]:
-    errors = re.search(r"ERROR SUMMARY: (\d+) error", log)
+    # memcheck/synccheck: "ERROR SUMMARY: n errors"; racecheck: "RACECHECK SUMMARY: h hazards displayed (n errors, ...)"
+    errors = re.search(r"ERROR SUMMARY: (\d+) error|RACECHECK SUMMARY: \d+ hazards? displayed \((\d+) error", log)
     calls = re.search(r"CALLS (\d+) FAILED (\d+)", log)
-    n_err = int(errors.group(1)) if errors else None
+    n_err = int(errors.group(1) or errors.group(2)) if errors else None
     if rc is None:
         verdict, ok = "TIMED OUT", False
     elif n_err == 0 and calls and calls.group(2) == "0" and rc == 0:

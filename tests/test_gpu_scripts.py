@@ -40,3 +40,12 @@ def test_sanitize_plan_reads_the_registry(backend):
 
     dtype, head_dims = _sanitize().plan(backend)
     assert dtype in (torch.bfloat16, torch.float16) and head_dims and set(head_dims) <= {64, 96, 128, 256}
+
+
+def test_sanitize_reads_racecheck_summaries():
+    """racecheck ends with 'RACECHECK SUMMARY: ... (n errors, ...)', not 'ERROR SUMMARY' (every clean racecheck
+    pair read as FAILED on the H200)."""
+    log = "CALLS 20 FAILED 0\n========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n"
+    assert _sanitize()._summary("racecheck", "fa2", 0, log, 1.0) == ("racecheck fa2      clean (20 calls, 1 s)", True)
+    bad = log.replace("(0 errors", "(3 errors")
+    assert _sanitize()._summary("racecheck", "fa2", 0, bad, 1.0)[0].startswith("racecheck fa2      3 ERRORS")
