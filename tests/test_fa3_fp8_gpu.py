@@ -6,13 +6,17 @@ The matrix: head_dim 64, 128, 256 x causal x shapes (seqlen 1, 113, 1023, 4224; 
 the default recipe, and every recipe (granularity block / head / tensor x rotate x two-level) at one shape
 per head_dim. Inputs fresh each run (seeded by the test id, printed on failure), outputs NaN-poisoned.
 
-Bounds (stated before any GPU run; the lead records what the H200 shows):
-* kernel vs emulation (``fa_variants.fp8.emulate_fp8_attention``, same FP8Inputs, accumulator model 22 bits,
-  O rounded to the output dtype): rel-L2 <= 5e-3, max |diff| <= 3e-2 * max|V| + 2^-7 * max|O|; LSE
-  max |diff| <= 1e-3 on rows that see a key, -inf on the same rows. Why not bitwise: MUFU.EX2 differs from
-  torch.exp2 by ~2 ulp, which now and then moves a P across an e4m3 rounding midpoint (one e4m3 step,
-  2^-4 of that P; at most ~2^-4 * 200 / 456 of |V| for the second-largest P of a row), and the
-  tensor cores' accumulation order differs from torch's.
+Bounds. First stated before any GPU run (rel-L2 5e-3, LSE 1e-3, on the theory that only MUFU.EX2's ulps
+separate kernel and emulation); the H200 (2026-11-30, two runs, 76 cases each) measured rel-L2 2.6e-3 to 7.6e-3
+and LSE up to 1.07e-3, growing with head_dim and seqlen_k, in 25-27 cases over the first bounds. The cause, from
+kernel outputs dumped with their exact inputs (scripts/fp8_dump.py; bench/NOTES.md, FA3-FP8): the FP8 tensor
+core's dot product is not an fp32 sum; a block-floating-point model (each group of 32 products aligned to the
+largest exponent and truncated to 13 fraction bits) halves the disagreement and raises bitwise-equal outputs
+from 49-86% to 93-96%, and the rest is P values within ~1e-5 of an e4m3 rounding tie that the two round to
+different sides. Until that model is exact and in the emulation, the bounds are the measured worst x ~1.3:
+* kernel vs emulation (``fa_variants.fp8.emulate_fp8_attention``, same FP8Inputs, O rounded to the output
+  dtype): rel-L2 <= 1e-2, max |diff| <= 3e-2 * max|V| + 2^-7 * max|O| (never exceeded on the H200); LSE
+  max |diff| <= 1.5e-3 on rows that see a key, -inf on the same rows.
 * kernel vs float64 of the unquantised inputs: max |diff| <= ``fp8_error_bound`` (2 x the emulation's own
   max error + 1e-4), the project's rule with the emulation in the place of "torch in the same dtype".
 
@@ -83,12 +87,12 @@ def check(q, k, v, causal, config, seed, nan_allocations):
     vmax = v.double().abs().max().item()
     facts = dict(seed=seed, rel_l2=rel_l2(out, emu), max_diff=diff.max().item(), vmax=vmax)
     assert torch.isfinite(out).all(), facts
-    assert facts["rel_l2"] <= 5e-3, facts
+    assert facts["rel_l2"] <= 1e-2, facts
     assert facts["max_diff"] <= 3e-2 * vmax + 2**-7 * emu.double().abs().max().item(), facts
     seen = torch.isfinite(emu_lse)
     assert torch.equal(torch.isfinite(lse), seen) and (out.transpose(1, 2)[~seen] == 0).all(), facts
     if seen.any():
-        assert (lse[seen] - emu_lse[seen]).abs().max().item() <= 1e-3, facts
+        assert (lse[seen] - emu_lse[seen]).abs().max().item() <= 1.5e-3, facts
     bound = fp8.fp8_error_bound(emu32, exact)
     assert (out.double() - exact).abs().max().item() <= bound, dict(facts, bound=bound)
 
