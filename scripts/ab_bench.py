@@ -23,12 +23,13 @@ from pathlib import Path
 import torch
 from triton.testing import do_bench
 
+from fa_variants.bench import core
+
 TOKENS, HIDDEN = 16384, 2048
 
 
 def tflops(batch: int, heads: int, seqlen: int, head_dim: int, causal: bool, ms: float) -> float:
-    flops = 4 * batch * heads * seqlen * seqlen * head_dim / (2 if causal else 1)
-    return flops / (ms * 1e-3) / 1e12
+    return core.tflops(core.attention_flops(batch, heads, seqlen, seqlen, head_dim, causal), ms)
 
 
 def main() -> int:

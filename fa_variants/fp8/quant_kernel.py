@@ -29,8 +29,8 @@ Hopper's units here. Not sm_80/86: their PTX has no e4m3 conversion (``cvt.rn.sa
 sm_89; libNVVM refuses it for sm_80).
 head_dim 96 (H12 x H8) is not built in the kernel: ``why_not`` says so and ``quantize_fp8`` uses the torch
 path there (the same recipe; slower).
-Learnt from (never copied): the FWHT-with-shuffles idea in DESIGN.md's FP8 notes (QuaRot / FlashAttention-3
-Hadamard kernels); the tiled-copy pattern of ``fa_variants.ampere.fa2``.
+Learnt from: the FWHT-with-shuffles idea (QuaRot and FlashAttention-3's Hadamard kernels; docs/design.md,
+FP8 notes); the tiled-copy pattern of ``fa_variants.ampere.fa2``.
 """
 from __future__ import annotations
 
