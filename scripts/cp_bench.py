@@ -43,6 +43,7 @@ import torch.distributed as dist
 
 import fa_variants
 from fa_variants import distributed as cp
+from fa_variants.bench.runtime import event_ms
 
 TARGET_SPEEDUP = {False: 1.8, True: 1.7}
 TARGET_OVERHEAD = 1.1
@@ -127,12 +128,7 @@ def timed(fn, reps: int, device) -> float:
         sync(device)
         dist.barrier()
         if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
+            times.append(event_ms(fn))
         else:
             t0 = time.perf_counter()
             fn()

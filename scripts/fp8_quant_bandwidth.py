@@ -16,6 +16,7 @@ import statistics
 
 import torch
 
+from fa_variants.bench.runtime import event_ms
 from fa_variants.fp8 import FP8Config
 from fa_variants.fp8.quantize import quantize_fp8
 
@@ -23,15 +24,7 @@ from fa_variants.fp8.quantize import quantize_fp8
 def median_ms(fn, runs: int = 20, warmup: int = 3) -> float:
     for _ in range(warmup):
         fn()
-    times = []
-    for _ in range(runs):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return statistics.median([event_ms(fn) for _ in range(runs)])
 
 
 def main() -> int:

@@ -259,6 +259,19 @@ class GpuRuntime:
                     l2_mib=round(getattr(p, "L2_cache_size", 0) / 2**20, 1))
 
 
+def event_ms(fn: Callable[[], object]) -> float:
+    """GPU time of one call of fn in ms: CUDA events recorded around it on the current stream, then waited
+    for (the host blocks until fn's work is done). The scripts' shared timer of single calls."""
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
 def versions() -> dict[str, str]:
     import torch
 
