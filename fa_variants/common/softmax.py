@@ -18,6 +18,11 @@ Per K/V tile j (after S_j = Q K_j^T has been computed and masked with -inf):
 and once at the end (deferred normalisation, FA2 section 3.1.1): O /= l, LSE = (m c + log2 l) ln 2;
 a row that saw no key has l = 0 and gets O = 0, LSE = -inf.
 
+Block-scaled scores (fa3-fp8, FA3 section 3.3): each K/V tile n has its own scale c_n (the q and k block
+descales times softmax_scale log2 e), so m is kept in log2 units, m = max_n c_n rowmax(S_n), and
+P = exp2(S c_n - m + p_shift), alpha = exp2(m_old - m_new), LSE = (m + log2 l - p_shift) ln 2
+(``OnlineSoftmax(..., tile_scales=True, p_shift=...)``, c_n passed to ``update``).
+
 FA1 keeps O, l and m in HBM between steps: `resume(m, l)` starts a step from the saved state (l the whole
 row sum), `update` runs as above, and `resumed_sum(alpha)` gives the new whole row sum alpha l + rowsum(P_j).
 
@@ -48,12 +53,17 @@ def log_sum_exp(m: Float32, scale_log2: Float32, l: Float32, empty) -> Float32:
 class OnlineSoftmax:
     """Running (m, l) for the `num_rows` query rows this thread holds. Build inside a kernel."""
 
-    def __init__(self, num_rows: int, scale_log2: Float32, exp2_ffma: bool = False):
+    def __init__(self, num_rows: int, scale_log2: Float32, exp2_ffma: bool = False, tile_scales: bool = False,
+                 p_shift: float = 0.0):
         self.num_rows = num_rows
         self.scale_log2 = scale_log2
         # True: one FFMA per score, exp2(s c - m c) (flash-attn's form; P(max) off by 2^(|m c| 2^-24) at
         # huge logits); False (default): exp2((s - m) c), exact at the row max (module docstring).
         self.exp2_ffma = exp2_ffma
+        # Block-scaled scores (fa3-fp8): `update` takes each tile's own c_n and m is kept in log2 units,
+        # m = max_n c_n rowmax(S_n); P = exp2(S c_n - m + p_shift) (one FFMA), LSE = (m + log2 l - p_shift) ln 2.
+        self.tile_scales = tile_scales
+        self.p_shift = p_shift
         self.row_max = cute.make_rmem_tensor(num_rows, Float32)
         self.row_sum = cute.make_rmem_tensor(num_rows, Float32)
 
@@ -63,9 +73,10 @@ class OnlineSoftmax:
         self.row_sum.fill(0.0)
 
     @cute.jit
-    def update(self, s: cute.Tensor, is_first: cutlass.Constexpr[bool]) -> cute.Tensor:
+    def update(self, s: cute.Tensor, is_first: cutlass.Constexpr[bool], tile_scale_log2: Float32 = None) -> cute.Tensor:
         """Fold one masked raw score tile (rows view) into (m, l); S becomes P in place. Returns
-        alpha per row, the factor the caller rescales O with (1 on the first tile)."""
+        alpha per row, the factor the caller rescales O with (1 on the first tile). With ``tile_scales``
+        the tile's own scale c_n = ``tile_scale_log2`` (> 0) replaces ``scale_log2`` (see ``__init__``)."""
         alpha = cute.make_rmem_tensor(self.num_rows, Float32)
         n_cols = cute.size(s, mode=[1])
         for r in cutlass.range_constexpr(self.num_rows):
@@ -74,13 +85,17 @@ class OnlineSoftmax:
             for c in cutlass.range_constexpr(1, n_cols):
                 m_new = cute.arch.fmax(m_new, s[r, c])
             m_new = quad_allreduce(m_new, cute.arch.fmax)
+            if const_expr(self.tile_scales):
+                m_new = m_new * tile_scale_log2  # log2 units
             if const_expr(not is_first):
                 m_new = cute.arch.fmax(m_new, m_old)
             m_safe = 0.0 if m_new == -Float32.inf else m_new
             row_sum = Float32(0.0)
-            m_scaled = m_safe * self.scale_log2
+            m_scaled = self.p_shift - m_safe if const_expr(self.tile_scales) else m_safe * self.scale_log2
             for c in cutlass.range_constexpr(n_cols):
-                if const_expr(self.exp2_ffma):
+                if const_expr(self.tile_scales):
+                    p = cute.math.exp2(s[r, c] * tile_scale_log2 + m_scaled, fastmath=True)
+                elif const_expr(self.exp2_ffma):
                     p = cute.math.exp2(s[r, c] * self.scale_log2 - m_scaled, fastmath=True)
                 else:
                     p = cute.math.exp2((s[r, c] - m_safe) * self.scale_log2, fastmath=True)
@@ -90,7 +105,10 @@ class OnlineSoftmax:
                 alpha[r] = 1.0
                 self.row_sum[r] = row_sum
             else:
-                a = cute.math.exp2((m_old - m_safe) * self.scale_log2, fastmath=True)
+                if const_expr(self.tile_scales):
+                    a = cute.math.exp2(m_old - m_safe, fastmath=True)
+                else:
+                    a = cute.math.exp2((m_old - m_safe) * self.scale_log2, fastmath=True)
                 alpha[r] = a
                 self.row_sum[r] = self.row_sum[r] * a + row_sum
             self.row_max[r] = m_new
@@ -113,7 +131,10 @@ class OnlineSoftmax:
             l = quad_allreduce(self.row_sum[r], lambda a, b: a + b)
             empty = l == 0.0 or l != l
             inv_l[r] = 0.0 if empty else cute.arch.rcp_approx(l)
-            lse[r] = log_sum_exp(self.row_max[r], self.scale_log2, l, empty)
+            if const_expr(self.tile_scales):  # m already in log2 units
+                lse[r] = -Float32.inf if empty else (self.row_max[r] + cute.math.log2(l, fastmath=True) - self.p_shift) * LN_2
+            else:
+                lse[r] = log_sum_exp(self.row_max[r], self.scale_log2, l, empty)
         return inv_l, lse
 
     @cute.jit

@@ -54,9 +54,7 @@ from fa_variants.common import interop
 from fa_variants.common.cache import StaticConfig
 from fa_variants.common.config import WGMMA_M
 from fa_variants.common.launch import Variant
-from fa_variants.common.layout import quad_allreduce
 from fa_variants.common.layout import rows_cols as acc_rows_cols
-from fa_variants.common.scale import LN_2
 from fa_variants.common.sm90 import make_tiled_mma, wgmma
 from fa_variants.common.softmax import OnlineSoftmax
 from fa_variants.fp8 import layout
@@ -132,53 +130,6 @@ def acc_as_fp8_operand_a(acc: cute.Tensor) -> cute.Tensor:
     return cute.make_tensor(acc.iterator, cute.composition(acc.layout, frg))
 
 
-class ScaledOnlineSoftmax(OnlineSoftmax):
-    """Online softmax whose scale changes per K/V tile (block descales), with the FP8 P shift.
-
-    m is kept in log2 units: m = max over tiles of c_n * rowmax(S_n) (c_n > 0), P = exp2(S c_n - m +
-    P_SHIFT), alpha = exp2(m_old - m_new), l = sum of the fp32 P; LSE = (m + log2 l - P_SHIFT) ln 2."""
-
-    @cute.jit
-    def update(self, s: cute.Tensor, is_first: cutlass.Constexpr[bool], scale_log2: Float32) -> cute.Tensor:
-        alpha = cute.make_rmem_tensor(self.num_rows, Float32)
-        n_cols = cute.size(s, mode=[1])
-        for r in cutlass.range_constexpr(self.num_rows):
-            m_old = self.row_max[r]
-            raw = s[r, 0]
-            for c in cutlass.range_constexpr(1, n_cols):
-                raw = cute.arch.fmax(raw, s[r, c])
-            m_new = quad_allreduce(raw, cute.arch.fmax) * scale_log2
-            if const_expr(not is_first):
-                m_new = cute.arch.fmax(m_new, m_old)
-            m_safe = 0.0 if m_new == -Float32.inf else m_new
-            bias = P_SHIFT - m_safe
-            row_sum = Float32(0.0)
-            for c in cutlass.range_constexpr(n_cols):
-                p = cute.math.exp2(s[r, c] * scale_log2 + bias, fastmath=True)
-                s[r, c] = p
-                row_sum += p
-            if const_expr(is_first):
-                alpha[r] = 1.0
-                self.row_sum[r] = row_sum
-            else:
-                a = cute.math.exp2(m_old - m_safe, fastmath=True)
-                alpha[r] = a
-                self.row_sum[r] = self.row_sum[r] * a + row_sum
-            self.row_max[r] = m_new
-        return alpha
-
-    @cute.jit
-    def finalize(self) -> tuple:
-        inv_l = cute.make_rmem_tensor(self.num_rows, Float32)
-        lse = cute.make_rmem_tensor(self.num_rows, Float32)
-        for r in cutlass.range_constexpr(self.num_rows):
-            l = quad_allreduce(self.row_sum[r], lambda a, b: a + b)
-            empty = l == 0.0 or l != l
-            inv_l[r] = 0.0 if empty else cute.arch.rcp_approx(l)
-            lse[r] = -Float32.inf if empty else (self.row_max[r] + cute.math.log2(l, fastmath=True) - P_SHIFT) * LN_2
-        return inv_l, lse
-
-
 @dataclass(frozen=True)
 class _Fp8StepContext(_StepContext):
     """The fa3 mainloop steps with FP8 hooks: per-tile scales, e4m3 P, two-level accumulation."""
@@ -191,7 +142,7 @@ class _Fp8StepContext(_StepContext):
     def softmax_step(self, acc_S, n_block, is_first: bool = False):
         # floor at the smallest normal: a zero softmax_scale must give the mean of V, not -inf * 0 = NaN
         c = cute.arch.fmax(self.qk_scale * self.k_descale[n_block], Float32(1.1754943508222875e-38))
-        return self.softmax.update(acc_rows_cols(acc_S), is_first, c)
+        return self.softmax.update(acc_rows_cols(acc_S), is_first, tile_scale_log2=c)
 
     def to_p(self, acc_S):
         """fp32 P -> e4m3 A operand in registers (RNE, satfinite; pairs packed in-thread)."""
@@ -286,7 +237,7 @@ class FlashAttention3Fp8Sm90(FlashAttention3Sm90):
         return sV  # (head_dim, tokens, stage) = (N, K, stage), K-major
 
     def _make_softmax(self, num_rows: int, scale_log2: Float32):
-        return ScaledOnlineSoftmax(num_rows, scale_log2)
+        return OnlineSoftmax(num_rows, scale_log2, tile_scales=True, p_shift=P_SHIFT)
 
     def _step_context(self, args: tuple, extras: tuple, m_block: Int32, head: Int32, batch: Int32):
         mQd, mKd, mVd = extras
