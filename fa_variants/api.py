@@ -8,11 +8,14 @@ launches, with a ValueError or TypeError naming the argument and the values (doc
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
+import os
 
 import torch
 
 from fa_variants import dispatch
+from fa_variants.common import launch
 from fa_variants.dispatch import Selection
 from fa_variants.common.scale import LOG2_E, MAX_SOFTMAX_SCALE, check_softmax_scale  # noqa: F401 (re-exported)
 from fa_variants.reference import check_seqlens_k, default_softmax_scale
@@ -99,36 +102,90 @@ def _unit_last_dim(t: torch.Tensor) -> torch.Tensor:
 
 def dispatch_and_run(q, k, v, causal: bool, softmax_scale: float | None, backend: str):
     """The eager implementation behind ``attention`` (and the custom op ``torch.ops.fa_variants.attention``):
-    choose the backend, then run it. Inputs already validated. Returns (out, lse)."""
+    choose the backend, then run it. Returns (out, lse).
+
+    A call's plan (the backend chosen and everything decided by the inputs' kind, `_plan`) is cached under
+    `_call_key`; a call of a kind seen before runs its plan directly. A new kind is validated first (with
+    ``attention``'s rules) and its plan is stored after its first run has returned outputs of the right
+    shapes."""
+    key = _call_key(q, k, v, causal, softmax_scale, backend)
+    plan = dispatch.PLANS.get(key)
+    if plan is not None:
+        return plan(q, k, v)
+    _check_inputs(q, k, v)
+    _check_options(causal, softmax_scale, backend, False)
     selection = dispatch.select_backend(q, k, v, causal=causal, backend=backend)
     scale = default_softmax_scale(q.shape[-1]) if softmax_scale is None else softmax_scale
-    return _run(selection, q, k, v, causal, scale)
+    plan = _plan(selection, q, k, v, causal, scale)
+    out, lse = plan(q, k, v)
+    if out.shape != q.shape or lse.shape != (q.shape[0], q.shape[2], q.shape[1]):
+        raise RuntimeError(f"backend {selection.backend} returned out {tuple(out.shape)} and lse "
+                           f"{tuple(lse.shape)}; expected {tuple(q.shape)} and {(q.shape[0], q.shape[2], q.shape[1])}")
+    if key is not None:
+        dispatch.PLANS[key] = plan
+    return out, lse
+
+
+def _call_key(q, k, v, causal, softmax_scale, backend) -> tuple | None:
+    """What a call's plan depends on: for each of q, k, v its class, shape, strides, dtype, device, base
+    pointer modulo 16 bytes (the kernels' alignment) and requires_grad; causal, softmax_scale (value and
+    type: 1, 1.0 and True must not share a plan), backend, grad mode and ``FA_VARIANTS_BACKEND``.
+    None for arguments that are not tensors of a strided layout (never planned)."""
+    try:
+        return (q.__class__, q.shape, q.stride(), q.dtype, q.device, q.data_ptr() % 16, q.requires_grad,
+                k.__class__, k.shape, k.stride(), k.dtype, k.device, k.data_ptr() % 16, k.requires_grad,
+                v.__class__, v.shape, v.stride(), v.dtype, v.device, v.data_ptr() % 16, v.requires_grad,
+                causal.__class__, causal, softmax_scale.__class__, softmax_scale, backend.__class__, backend,
+                torch.is_grad_enabled(), os.environ.get(dispatch.ENV_VAR))
+    except (AttributeError, TypeError, RuntimeError, NotImplementedError):  # not a tensor, sparse, nested
+        return None
 
 
 def _run(selection: Selection, q, k, v, causal: bool, scale: float):
-    """Empty shortcuts, stride normalisation, then the backend's ``run``."""
+    """Run the selected backend on validated inputs once (no plan kept)."""
+    return _plan(selection, q, k, v, causal, scale)(q, k, v)
+
+
+def _plan(selection: Selection, q, k, v, causal: bool, scale: float):
+    """``run(q, k, v) -> (out, lse)`` for validated inputs of this kind (`_call_key`): empty shortcuts,
+    stride normalisation (a non-unit last stride is copied; K/V broadcast across heads run as MQA), the
+    backend's launcher (`common.launch.launcher`: checks, compiled kernel and operand decisions made here,
+    once). Raises what the backend raises for such inputs, and NotImplementedError for a kernel backend
+    with inputs that require grad."""
     batch, seqlen_q, heads, head_dim = q.shape
+    variant = dispatch.get_backend(selection.backend)
     if selection.backend == "reference":  # plain PyTorch: handles empty inputs itself, keeps autograd
-        return dispatch.get_backend("reference").run(q, k, v, causal=causal, softmax_scale=scale)
+        return lambda q, k, v: variant.run(q, k, v, causal=causal, softmax_scale=scale)
     if q.numel() == 0 or k.shape[1] == 0:  # B, Nq or H is 0, or no key at all: launch nothing
-        out = torch.zeros(batch, seqlen_q, heads, head_dim, dtype=q.dtype, device=q.device)
-        lse = torch.full((batch, heads, seqlen_q), -math.inf, dtype=torch.float32, device=q.device)
-        return out, lse
+        return functools.partial(launch.empty_outputs, (batch, seqlen_q, heads, head_dim), q.dtype, q.device)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         raise NotImplementedError(
             f"backend {selection.backend} is forward-only and an input requires grad: call it under "
             "torch.no_grad() / torch.inference_mode(), or use backend='reference' for autograd")
-    q, k, v = (_unit_last_dim(t) for t in (q, k, v))
-    if k.shape[2] > 1 and k.stride(2) == 0 and v.stride(2) == 0:
-        # K/V broadcast across heads (expand): every KV head is the same one, i.e. MQA, no copy needed
-        k, v = k[:, :, :1], v[:, :, :1]
-    module = dispatch.get_backend(selection.backend)
-    with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
-        out, lse = module.run(q, k, v, causal=causal, softmax_scale=_kernel_scale(scale))
-    if out.shape != q.shape or lse.shape != (batch, heads, seqlen_q):
-        raise RuntimeError(f"backend {selection.backend} returned out {tuple(out.shape)} and lse "
-                           f"{tuple(lse.shape)}; expected {tuple(q.shape)} and {(batch, heads, seqlen_q)}")
-    return out, lse
+    copies = tuple(_unit_last_dim(t) is not t for t in (q, k, v))
+    mqa = k.shape[2] > 1 and k.stride(2) == 0 and v.stride(2) == 0  # K/V broadcast across heads (expand):
+    kernel_scale = _kernel_scale(scale)                              # MQA, no copy needed
+
+    def normalise(q, k, v):
+        if copies[0]:
+            q = q.contiguous()
+        if copies[1]:
+            k = k.contiguous()
+        if copies[2]:
+            v = v.contiguous()
+        if mqa:
+            k, v = k[:, :, :1], v[:, :, :1]
+        return q, k, v
+
+    if variant.runner is None:  # a kernel through common.launch
+        kernel = launch.launcher(variant, *normalise(q, k, v), causal=causal, softmax_scale=kernel_scale)
+        return lambda q, k, v: kernel(*normalise(q, k, v))
+    index = q.device.index if q.is_cuda else None
+
+    def run(q, k, v):
+        with torch.cuda.device(index) if index is not None else contextlib.nullcontext():
+            return variant.run(*normalise(q, k, v), causal=causal, softmax_scale=kernel_scale)
+    return run
 
 
 def _with_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, seqlens_k: torch.Tensor):
@@ -220,6 +277,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     Sources: Dao et al., FlashAttention (2022), Algorithm 1; Dao, FlashAttention-2 (2023), Algorithm 1;
     Shah et al., FlashAttention-3 (2024).
     """
+    if seqlens_k is None and not torch.compiler.is_compiling() and q.__class__ is torch.Tensor \
+            and return_lse.__class__ is bool:  # the fast path: a call of a kind seen before (dispatch_and_run)
+        plan = dispatch.PLANS.get(_call_key(q, k, v, causal, softmax_scale, backend))
+        if plan is not None:
+            out, lse = plan(q, k, v)
+            return (out, lse) if return_lse else out
     _check_inputs(q, k, v)
     scale = _check_options(causal, softmax_scale, backend, return_lse)
     if seqlens_k is not None:

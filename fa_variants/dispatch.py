@@ -112,6 +112,7 @@ def clear_cache() -> None:
     registry.clear_cache()
     _SELECTED.clear()
     _WARNED.clear()
+    PLANS.clear()
 
 
 def load(name: str) -> Variant | str:
@@ -168,6 +169,8 @@ def why_not(name: str, capability: tuple[int, int] | None, dtype: torch.dtype, h
 
 _WARNED: set[tuple] = set()
 _SELECTED: dict[tuple, Selection] = {}
+#: a call's kind (``api._call_key``) -> its plan, ``run(q, k, v) -> (out, lse)`` (``api._plan``)
+PLANS: dict[tuple, object] = {}
 
 
 def select(capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: int, *,

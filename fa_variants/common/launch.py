@@ -16,7 +16,9 @@ Pure Python; the CuTe DSL is imported only when a kernel is first compiled.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import math
 import threading
 from typing import Any, Callable
@@ -44,7 +46,9 @@ class Variant:
     check_config: (config, arch, head_dim) -> config, or ValueError (a `config=` override is checked).
     build: StaticConfig -> (jit callable, fake compile-time arguments).
     prepare: (config, q, k, v, out, lse, scale) -> the compiled kernel's runtime arguments.
-    operand: a q / k / v tensor -> one the kernel can address (alignment; a copy when needed).
+    operand: a q / k / v tensor -> one the kernel can address (alignment; a copy or a re-strided view when
+        needed); it must decide from the tensor's shape, strides, dtype and base-pointer alignment only (a
+        launcher replays its decision for every tensor of the same kind).
     check_problem: (config or None for the default, q, k) -> None, or ValueError (grid limits).
     runner: a variant whose call is not the standard launch (the reference; fa3-fp8, which quantises) runs
         this instead of `launch`.
@@ -127,7 +131,7 @@ def _kernel(variant: Variant, device: torch.device, dtype: torch.dtype, head_dim
 
 def launch(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
            softmax_scale: float, config=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run a kernel variant on CUDA tensors.
+    """Run a kernel variant on CUDA tensors: ``launcher(...)(q, k, v)``.
 
     Args:
         q: (batch, seqlen_q, num_heads, head_dim); k, v: (batch, seqlen_k, num_heads_kv, head_dim); one of
@@ -143,6 +147,18 @@ def launch(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
             a grid beyond the hardware limits, an operand that cannot be aligned.
         TypeError: a softmax_scale that is not a real number.
     """
+    return launcher(variant, q, k, v, causal=causal, softmax_scale=softmax_scale, config=config)(q, k, v)
+
+
+def launcher(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
+             softmax_scale: float, config=None) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """`launch` split in two: everything decided by what a call's *kind* fixes (shapes, strides, 16-byte
+    alignment of the base pointers, dtype, device, causal, softmax_scale, config) is checked and looked up
+    here, once; the returned ``run(q, k, v) -> (out, lse)`` does only the per-call work (allocate out and
+    LSE, copy an operand the kernel cannot address, the variant's per-call config hook, the launch) for
+    tensors of the same kind. The caller owns that contract (``fa_variants.api`` keys its cached plans on
+    exactly those properties). Raises as `launch`, here rather than in ``run``.
+    """
     batch, seqlen_q, heads, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     problem = variant.can_implement(q.dtype, head_dim)
@@ -150,22 +166,67 @@ def launch(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         raise ValueError(problem)
     if heads_kv == 0 or heads % heads_kv:
         raise ValueError(f"{variant.name}: num_heads {heads} is not divisible by num_heads_kv {heads_kv}")
+    given = config
     if variant.problem_config is not None:
-        config = variant.problem_config(config, q, k, causal)
+        config = variant.problem_config(given, q, k, causal)
     if variant.check_problem is not None:
         variant.check_problem(config, q, k)
     negate_k, scale = kernel_scale(softmax_scale)
     if q.numel() == 0 or seqlen_k == 0:  # nothing to launch: O = 0, LSE = -inf
-        return (torch.zeros_like(q, memory_format=torch.contiguous_format),
-                torch.full((batch, heads, seqlen_q), -math.inf, dtype=torch.float32, device=q.device))
-    fn, config = _kernel(variant, q.device, q.dtype, head_dim, bool(causal), config)
-    if negate_k:  # softmax(c Q K^T) = softmax(|c| Q (-K)^T): the online max needs c > 0
-        k = -k
-    q, k, v = (variant.operand(t) for t in (q, k, v))
-    out, lse = interop.new_outputs(q)
-    with torch.cuda.device(q.device):
-        args = variant.prepare(config, q, k, v, out, lse, scale)
-        fn(*args)
-        if variant.finish is not None:
-            variant.finish(config, args, out, lse)
-    return out, lse
+        return functools.partial(empty_outputs, (batch, seqlen_q, heads, head_dim), q.dtype, q.device)
+    kernels = {config: _kernel(variant, q.device, q.dtype, head_dim, bool(causal), config)}
+    # per operand: None (used as is), its strides (a re-strided view of the same memory), or True (the
+    # variant's operand() per call: a copy). `Variant.operand` decides from shape, strides and alignment.
+    fixes = tuple(_operand_fix(variant.operand, t) for t in (q, k, v))
+    if negate_k:
+        fixes = (fixes[0], True, fixes[2])
+    out_shape, lse_shape = (batch, seqlen_q, heads, head_dim), (batch, heads, seqlen_q)
+    device, dtype, operand, prepare, finish = q.device, q.dtype, variant.operand, variant.prepare, variant.finish
+    problem_config, check_problem = variant.problem_config, variant.check_problem
+    index = device.index if device.type == "cuda" else None
+
+    def run(q, k, v):
+        config = given
+        if problem_config is not None:  # per call: the variant's choice may depend on more than the key
+            config = problem_config(given, q, k, causal)
+        hit = kernels.get(config)
+        if hit is None:
+            if check_problem is not None:
+                check_problem(config, q, k)
+            hit = kernels[config] = _kernel(variant, device, dtype, head_dim, bool(causal), config)
+        fn, cfg = hit
+        if negate_k:  # softmax(c Q K^T) = softmax(|c| Q (-K)^T): the online max needs c > 0
+            k = -k
+        if fixes[0] is not None:
+            q = operand(q) if fixes[0] is True else q.as_strided(q.shape, fixes[0])
+        if fixes[1] is not None:
+            k = operand(k) if fixes[1] is True else k.as_strided(k.shape, fixes[1])
+        if fixes[2] is not None:
+            v = operand(v) if fixes[2] is True else v.as_strided(v.shape, fixes[2])
+        out = torch.empty(out_shape, dtype=dtype, device=device)
+        lse = torch.empty(lse_shape, dtype=torch.float32, device=device)
+        with torch.cuda.device(index) if index is not None else contextlib.nullcontext():
+            args = prepare(cfg, q, k, v, out, lse, scale)
+            fn(*args)
+            if finish is not None:
+                finish(cfg, args, out, lse)
+        return out, lse
+
+    return run
+
+
+def _operand_fix(operand: Callable, t: torch.Tensor):
+    """How `operand` treats tensors of t's kind: None (t itself), the strides of a view of the same memory
+    (TMA's re-strided length-1 dimensions: redone per call by one ``as_strided``), or True (a copy)."""
+    r = operand(t)
+    if r is t:
+        return None
+    if r.data_ptr() == t.data_ptr() and r.shape == t.shape and r.dtype == t.dtype:
+        return r.stride()
+    return True
+
+
+def empty_outputs(out_shape: tuple, dtype: torch.dtype, device: torch.device, q=None, k=None, v=None):
+    """O = 0, LSE = -inf: a call with no query or no key."""
+    return (torch.zeros(out_shape, dtype=dtype, device=device),
+            torch.full((out_shape[0], out_shape[2], out_shape[1]), -math.inf, dtype=torch.float32, device=device))

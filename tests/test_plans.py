@@ -1,0 +1,115 @@
+"""Cached call plans (``api._call_key`` -> ``api._plan``) and the launcher (``common.launch.launcher``): a call
+of a kind seen before skips validation and dispatch, and nothing of the input rules is lost."""
+import sys
+import types
+from unittest import mock
+
+import pytest
+import torch
+
+import fa_variants
+from fa_variants import dispatch, reference, registry
+from fa_variants.common import cache, launch
+from fa_variants.common.launch import Variant
+
+F16 = torch.float16
+
+
+@pytest.fixture
+def fake_fa3(monkeypatch):
+    """The CPU seen as an sm_90 whose fa3 is a recording fake (it runs the reference)."""
+    calls = []
+
+    def run(q, k, v, *, causal, softmax_scale):
+        calls.append(dict(q=q, k=k, v=v, softmax_scale=softmax_scale))
+        return reference.run(q, k, v, causal=causal, softmax_scale=softmax_scale)
+
+    module = types.ModuleType("_fake_kernels.plans")
+    module.VARIANT = Variant("fa3", archs=("sm_90a",), dtypes=(F16,), head_dims=(16,), runner=run)
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setitem(registry.ENTRIES, "fa3", registry.Entry(module.__name__, "fake"))
+    monkeypatch.setattr(dispatch, "device_capability", lambda device: (9, 0))
+    monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
+    dispatch.clear_cache()
+    yield calls
+    dispatch.clear_cache()
+
+
+def qkv(nq=5, nk=7, heads=4, heads_kv=2, d=16):
+    return (torch.randn(2, nq, heads, d, dtype=F16), torch.randn(2, nk, heads_kv, d, dtype=F16),
+            torch.randn(2, nk, heads_kv, d, dtype=F16))
+
+
+def test_a_second_call_of_the_same_kind_runs_its_plan(fake_fa3):
+    q, k, v = qkv()
+    first = fa_variants.attention(q, k, v, causal=True)
+    assert len(dispatch.PLANS) == 1
+    with mock.patch.object(dispatch, "select_backend", side_effect=AssertionError("dispatched again")):
+        q2, k2, v2 = qkv()  # new values, same kind
+        out = fa_variants.attention(q2, k2, v2, causal=True)
+    assert len(fake_fa3) == 2 and fake_fa3[1]["q"] is q2
+    expected, _ = reference.run(q2, k2, v2, causal=True, softmax_scale=16 ** -0.5)
+    torch.testing.assert_close(out, expected)
+    assert not torch.equal(out, first)
+
+
+@pytest.mark.parametrize("kwargs, error", [
+    (dict(causal=1), TypeError), (dict(softmax_scale=True), TypeError), (dict(softmax_scale=float("nan")), ValueError),
+    (dict(return_lse=1), TypeError), (dict(backend="fa9"), ValueError)])
+def test_a_plan_never_lets_a_bad_argument_through(fake_fa3, kwargs, error):
+    q, k, v = qkv()
+    good = dict(causal=True, softmax_scale=1.0, return_lse=True, backend="auto")
+    fa_variants.attention(q, k, v, **good)
+    with pytest.raises(error):
+        fa_variants.attention(q, k, v, **{**good, **kwargs})
+
+
+def test_another_kind_gets_its_own_plan(fake_fa3):
+    q, k, v = qkv()
+    fa_variants.attention(q, k, v)
+    fa_variants.attention(q.transpose(1, 2).contiguous().transpose(1, 2), k, v)  # other strides
+    fa_variants.attention(q, k.expand(2, 7, 2, 16), v)  # same values, (a view, same strides): same plan
+    with pytest.raises(ValueError, match="q has head_dim 16 but k has head_dim 8"):
+        fa_variants.attention(q, k[..., :8], v)
+    with pytest.raises(TypeError, match="k must be a torch.Tensor"):
+        fa_variants.attention(q, None, v)
+    assert len(dispatch.PLANS) == 2
+
+
+def test_plans_replay_the_normalisation(fake_fa3):
+    """A non-unit last stride is copied and K/V broadcast across heads run as MQA, on every call."""
+    q, k, v = qkv(heads_kv=1)
+    kb, vb = k.expand(2, 7, 4, 16), v.expand(2, 7, 4, 16)
+    qt = q.transpose(-1, -2).contiguous().transpose(-1, -2)  # head_dim not unit-stride
+    for _ in range(2):
+        fa_variants.attention(qt, kb, vb)
+    for call in fake_fa3:
+        assert call["q"].stride(-1) == 1 and call["k"].shape[2] == 1 and call["v"].shape[2] == 1
+
+
+def test_the_launcher_decides_once_and_replays_per_call():
+    """launch.launcher on the CPU with the compiled kernel stubbed: the operand hook runs once per kind and
+    a re-strided view is replayed by as_strided; each call gets fresh outputs."""
+    launched, seen = [], []
+
+    def operand(t):
+        seen.append(t)
+        return t.as_strided(t.shape, (t.stride(0) * 2,) + t.stride()[1:]) if t.shape[0] == 1 else t
+
+    variant = Variant("stub", archs=("sm_90a",), dtypes=(F16,), head_dims=(16,), build=lambda cfg: None,
+                      default_config=lambda arch, d, causal: None, operand=operand)
+    compiled = cache.Compiled(None, lambda *args: launched.append(args), 0.0, None, 0)
+    q = torch.randn(1, 3, 2, 16, dtype=F16)
+    k = v = torch.randn(1, 5, 2, 16, dtype=F16)
+    with mock.patch.object(launch.cache, "get_compiled", lambda cfg, build: compiled), \
+            mock.patch.object(launch.interop, "device_arch", lambda d=None: "sm_90a"):
+        launch._KERNELS.clear()
+        run = launch.launcher(variant, q, k, v, causal=False, softmax_scale=0.5)
+        hooks = len(seen)
+        out1, _ = run(q, k, v)
+        out2, lse = run(q, k, v)
+        launch._KERNELS.clear()
+    assert hooks == 3 and len(seen) == 3  # the hook ran while planning only
+    args = launched[-1]
+    assert args[0].stride(0) == 2 * q.stride(0) and args[0].data_ptr() == q.data_ptr() and args[5] == 0.5
+    assert out1.data_ptr() != out2.data_ptr() and lse.shape == (1, 2, 3) and lse.dtype == torch.float32
