@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("fa_variants.demo", "run attention through the dispatcher, check it against float64"),
     "io": ("fa_variants.emulate", "HBM reads/writes of standard attention, FA1 and FA2 (FA paper's IO table)"),
     "compile": ("fa_variants.commands.compile", "compile a kernel variant with fake tensors (no GPU needed)"),
+    "warmup": ("fa_variants.commands.warmup", "precompile a model's kernels into the disk cache"),
     "bench": ("fa_variants.bench", "TFLOP/s of our kernels beside PyTorch SDPA and flash-attn-4"),
     "fp8-study": ("fa_variants.fp8.study", "FP8 (e4m3) accuracy against FP16"),
 }

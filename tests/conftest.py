@@ -1,13 +1,25 @@
 """Shared pytest set-up: markers that skip with a visible reason where the hardware or DSL is missing, and
 NaN-poisoned allocations for the kernel tests, and the compile command as a fixture."""
+import atexit
 import contextlib
 import functools
 import importlib.util
 import json
 import math
+import os
+import shutil
+import tempfile
 
 import pytest
 import torch
+
+
+# Each test session compiles into its own empty disk cache (fa_variants.common.diskcache), so that tests see
+# the compiles they expect whatever an earlier run or the user's ~/.cache holds; removed at exit.
+_SESSION_CACHE = tempfile.mkdtemp(prefix="fa_variants_test_cache_")
+os.environ["FA_VARIANTS_CACHE_DIR"] = _SESSION_CACHE
+os.environ.pop("FA_VARIANTS_DISK_CACHE", None)
+atexit.register(shutil.rmtree, _SESSION_CACHE, ignore_errors=True)
 
 
 def _has_dsl() -> bool:

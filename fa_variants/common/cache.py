@@ -1,4 +1,5 @@
-"""The compile cache: one `cute.compile` per static configuration, per process.
+"""The compile cache: one `cute.compile` per static configuration, per process, and across processes
+through the disk (`common.diskcache`: a new process loads what an earlier one compiled).
 
 A kernel is specialised on a `StaticConfig` (variant, arch, dtype, head_dim, causal, its frozen config,
 alignment) and compiled against fake tensors whose batch, sequence lengths, head counts and strides are
@@ -18,6 +19,8 @@ import tempfile
 import threading
 import time
 from typing import Any, Callable
+
+from fa_variants.common import diskcache
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,13 +65,20 @@ def get_compiled(cfg: StaticConfig, build: Callable[[StaticConfig], tuple]) -> C
 
 
 def cache_info() -> dict:
-    """{'entries': n, 'compiles': n} for tests and diagnostics."""
-    return {"entries": len(_CACHE), "compiles": compile_count}
+    """{'entries': n, 'compiles': n, 'disk_loads': n} for tests and diagnostics (this process)."""
+    return {"entries": len(_CACHE), "compiles": compile_count, "disk_loads": diskcache.loads}
 
 
 def _compile(cfg: StaticConfig, build: Callable[[StaticConfig], tuple]) -> Compiled:
+    """The kernel from the disk cache (`common.diskcache`) if it holds a usable entry, else compiled (and
+    stored there)."""
     global compile_count
     os.environ.setdefault("CUTE_DSL_ARCH", cfg.arch)  # only matters before the DSL first loads
+    if diskcache.enabled():
+        stored = diskcache.load(cfg)
+        if stored is not None:
+            fn, cubin, smem, compile_s = stored
+            return Compiled(cfg, fn, compile_s, cubin, smem)
     import cutlass.cute as cute
 
     fn, args = build(cfg)
@@ -80,4 +90,7 @@ def _compile(cfg: StaticConfig, build: Callable[[StaticConfig], tuple]) -> Compi
     compile_count += 1
     cubin = getattr(getattr(compiled, "artifacts", None), "CUBIN", None)
     smem = getattr(getattr(fn, "__self__", fn), "smem_bytes", 0)
-    return Compiled(cfg, compiled, compile_s, cubin, int(smem) if isinstance(smem, int) else 0)
+    smem = int(smem) if isinstance(smem, int) else 0
+    if diskcache.enabled():
+        diskcache.store(cfg, compiled, cubin, smem, compile_s)
+    return Compiled(cfg, compiled, compile_s, cubin, smem)

@@ -1,0 +1,166 @@
+"""`fa-variants warmup`: compile the kernels a model will call into the disk cache (`common.diskcache`), so that
+no process pays a compile at its first call.
+
+    fa-variants warmup --head-dims 64,128 --dtypes bf16 --backends fa3,fa2       # this GPU's arch
+    fa-variants warmup --arch sm_90a --model config.json                        # no GPU needed
+    fa-variants warmup --arch sm_90a --head-dims 128 --gqa 32:8 --prune
+
+One kernel per (backend, dtype, head_dim, causal): the static configuration a call would compile
+(`registry.static_config` with the variant's default config, exactly the key `common.launch` looks up).
+Batch, sequence lengths, head counts (GQA included) and strides are runtime values: ``--gqa`` and a model's
+head counts are checked (num_heads % num_heads_kv == 0) but never change which kernels exist. A backend that
+does not serve a dtype / head_dim / arch is skipped with a note. The last line printed is one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from fa_variants import registry
+from fa_variants.common import diskcache, interop
+
+KERNEL_BACKENDS = ("fa3", "fa3-fp8", "fa2", "fa1")
+
+
+def _csv(kind):
+    def parse(text: str) -> list:
+        try:
+            return [kind(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of {kind.__name__}") from None
+    return parse
+
+
+def _gqa(text: str) -> tuple[int, int]:
+    try:
+        heads, heads_kv = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not num_heads:num_heads_kv (e.g. 32:8)") from None
+    if heads < 1 or heads_kv < 1 or heads % heads_kv:
+        raise argparse.ArgumentTypeError(f"--gqa {text}: num_heads must be a positive multiple of num_heads_kv")
+    return heads, heads_kv
+
+
+def model_shape(path: str) -> dict:
+    """head_dim, heads, heads_kv and dtype of a Hugging Face style config.json (head_dim, or hidden_size /
+    num_attention_heads; num_key_value_heads defaults to num_attention_heads; torch_dtype / dtype)."""
+    cfg = json.loads(Path(path).read_text())
+    cfg = cfg.get("text_config", cfg)
+    try:
+        heads = int(cfg["num_attention_heads"])
+        head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(f"{path}: needs num_attention_heads and head_dim or hidden_size") from None
+    dtype = {"bfloat16": "bf16", "float16": "fp16"}.get(str(cfg.get("torch_dtype") or cfg.get("dtype")), "bf16")
+    return {"head_dim": head_dim, "heads": heads, "heads_kv": int(cfg.get("num_key_value_heads") or heads),
+            "dtype": dtype}
+
+
+def plan(backends, arch: str, dtypes, head_dims, causal) -> tuple[list, list[str]]:
+    """(static configs to build, notes on what was skipped)."""
+    todo, notes = [], []
+    for name in backends:
+        for dtype in dtypes:
+            for head_dim in head_dims:
+                try:
+                    todo += [registry.static_config(name, arch, dtype, head_dim, c) for c in causal]
+                except (registry.UnknownVariantError, registry.UnsupportedConfigError) as exc:
+                    notes.append(f"skipped {name} {dtype} head_dim {head_dim}: {exc}")
+    return todo, notes
+
+
+def warmup(configs, progress: bool = True) -> list[dict]:
+    """Compile (or load from disk) each static config, with a progress bar; one record per config."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from fa_variants.common import cache
+
+    records = []
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, disable=not progress, transient=False) as bar:
+        task = bar.add_task("warmup", total=len(configs))
+        for cfg in configs:
+            label = f"{cfg.variant} {cfg.dtype} d{cfg.head_dim}{' causal' if cfg.causal else ''}"
+            bar.update(task, description=label)
+            before = cache.cache_info()
+            t0 = time.perf_counter()
+            registry.compiled(cfg)
+            after = cache.cache_info()
+            how = ("compiled" if after["compiles"] > before["compiles"] else
+                   "on disk" if after["disk_loads"] > before["disk_loads"] else "in memory")
+            records.append({"variant": cfg.variant, "arch": cfg.arch, "dtype": cfg.dtype, "head_dim": cfg.head_dim,
+                            "causal": cfg.causal, "how": how, "seconds": round(time.perf_counter() - t0, 3),
+                            "path": str(diskcache.entry_path(cfg))})
+            bar.advance(task)
+    return records
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--arch", help="compile target, e.g. sm_90a, sm_80 (default: this GPU's; no GPU needed "
+                        "when given)")
+    parser.add_argument("--backends", type=_csv(str), help="comma-separated (default: the kernel backends auto "
+                        "uses on the arch)")
+    parser.add_argument("--head-dims", type=_csv(int), help="comma-separated, e.g. 64,128")
+    parser.add_argument("--dtypes", type=_csv(str), help="comma-separated: fp16, bf16 (default: bf16)")
+    parser.add_argument("--gqa", type=_gqa, help="num_heads:num_heads_kv, checked (runtime values: no "
+                        "other kernels)")
+    parser.add_argument("--model", help="a Hugging Face style config.json: head_dim, heads and dtype from it")
+    parser.add_argument("--causal", choices=("both", "yes", "no"), default="both")
+    parser.add_argument("--prune", action="store_true", help="also delete cache directories of other "
+                        "kernel-source / DSL versions")
+    parser.add_argument("--no-progress", action="store_true")
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    if not diskcache.enabled():
+        print(f"fa-variants warmup: the disk cache is off ({diskcache.ENV_SWITCH}="
+              f"{os.environ[diskcache.ENV_SWITCH]}): nothing would be kept", file=sys.stderr)
+        return 2
+    arch = args.arch
+    if arch is None:
+        import torch
+
+        if not torch.cuda.is_available():
+            print("fa-variants warmup: no CUDA device here: give --arch (e.g. sm_90a) to compile for one",
+                  file=sys.stderr)
+            return 2
+        arch = interop.device_arch(torch.cuda.current_device())
+    os.environ["CUTE_DSL_ARCH"] = arch  # read when the DSL loads (on the first compile)
+    head_dims, dtypes = list(args.head_dims or []), list(args.dtypes or [])
+    if args.model:
+        shape = model_shape(args.model)
+        head_dims, dtypes = head_dims or [shape["head_dim"]], dtypes or [shape["dtype"]]
+        if shape["heads"] % shape["heads_kv"]:
+            raise ValueError(f"{args.model}: num_attention_heads {shape['heads']} is not a multiple of "
+                             f"num_key_value_heads {shape['heads_kv']}")
+    if not head_dims:
+        raise ValueError("give --head-dims or --model")
+    dtypes = dtypes or ["bf16"]
+    if any(d not in interop.TORCH_DTYPES for d in dtypes):
+        raise ValueError(f"--dtypes {','.join(dtypes)}: choose from {', '.join(interop.TORCH_DTYPES)}")
+    backends = args.backends or [b for b in _auto_backends(arch)]
+    causal = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
+    configs, notes = plan(backends, arch, dtypes, head_dims, causal)
+    for note in notes:
+        print(note, file=sys.stderr)
+    pruned = [str(p) for p in diskcache.prune()] if args.prune else []
+    records = warmup(configs, progress=not args.no_progress)
+    counts = {how: sum(r["how"] == how for r in records) for how in ("compiled", "on disk", "in memory")}
+    print(f"{len(records)} kernels for {arch} in {diskcache.root() / diskcache.fingerprint()}: "
+          + ", ".join(f"{n} {how}" for how, n in counts.items() if n))
+    print(json.dumps({"arch": arch, "directory": str(diskcache.root() / diskcache.fingerprint()), **counts,
+                      "skipped": notes, "pruned": pruned, "kernels": records}))
+    return 0
+
+
+def _auto_backends(arch: str) -> list[str]:
+    """The kernel backends the dispatcher lists for an arch ('sm_90a' -> fa3, fa3-fp8, fa2, fa1)."""
+    from fa_variants import dispatch
+
+    digits = arch.removeprefix("sm_").rstrip("af")
+    capability = (int(digits[:-1]), int(digits[-1]))
+    return [b for b in dispatch.backends_for(capability) if b in KERNEL_BACKENDS]

@@ -1,0 +1,184 @@
+"""The on-disk compile cache (fa_variants.common.diskcache) and `fa-variants warmup`, without a GPU: entries
+written and read back (in this process and in a fresh one), a truncated or foreign entry recompiled, the
+switch, concurrent writers. Loading an entry links it in memory; calling it needs a GPU
+(tests/test_cache_gpu.py)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fa_variants import cli, registry, testkernel
+from fa_variants.common import cache, diskcache
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv(diskcache.ENV_DIR, str(tmp_path / "kernels"))
+    monkeypatch.delenv(diskcache.ENV_SWITCH, raising=False)
+    return tmp_path / "kernels"
+
+
+def _cfg(threads: int):
+    """A testkernel configuration no other test compiles (a fresh compile in this process)."""
+    return registry.static_config("testkernel", "sm_80", "bf16", 64, False,
+                                   testkernel.TestKernelConfig(threads=threads))
+
+
+def _forget(cfg) -> None:
+    cache._CACHE.pop(cfg, None)
+
+
+def _python(code: str, env: dict, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "CUTE_DSL_ARCH": "sm_80", **env}, timeout=600)
+
+
+FRESH_PROCESS = """
+import json, sys
+from fa_variants import registry
+from fa_variants.common import cache
+from fa_variants.testkernel import TestKernelConfig
+cfg = registry.static_config("testkernel", "sm_80", "bf16", 64, False, TestKernelConfig(threads=int(sys.argv[1])))
+c = registry.compiled(cfg)
+print(json.dumps({**cache.cache_info(), "type": type(c.fn).__name__, "cubin": len(c.cubin or b"")}))
+"""
+
+
+# ----------------------------------------------------------------------------------------- no DSL needed
+
+def test_location_and_switch(monkeypatch, tmp_path):
+    monkeypatch.setenv(diskcache.ENV_DIR, str(tmp_path))
+    assert diskcache.root() == tmp_path
+    monkeypatch.delenv(diskcache.ENV_DIR)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert diskcache.root() == tmp_path / "xdg" / "fa_variants"
+    for off in ("0", "off", "False", "no"):
+        monkeypatch.setenv(diskcache.ENV_SWITCH, off)
+        assert not diskcache.enabled()
+    monkeypatch.setenv(diskcache.ENV_SWITCH, "1")
+    assert diskcache.enabled()
+
+
+def test_entry_names_carry_the_key_and_the_fingerprint(cache_dir):
+    a, b = _cfg(32), _cfg(64)
+    assert diskcache.entry_path(a).parent == cache_dir / diskcache.fingerprint()
+    assert diskcache.entry_path(a).name.startswith("testkernel-sm_80-bf16-d64-")
+    assert diskcache.entry_path(a) != diskcache.entry_path(b)
+    assert len(diskcache.fingerprint()) == 16
+
+
+def test_parse_rejects_anything_but_a_whole_entry_of_its_key():
+    import hashlib
+    import struct
+
+    cfg, other = _cfg(32), _cfg(64)
+    obj, cubin = b"object bytes", b"cubin bytes"
+    sha = lambda data: hashlib.sha256(data).hexdigest()  # noqa: E731
+
+    def entry(key, payload=obj + cubin):
+        header = json.dumps({"key": repr(key), "smem_dynamic_bytes": 0, "compile_s": 1.0,
+                             "object": [len(obj), sha(obj)], "cubin": [len(cubin), sha(cubin)]}).encode()
+        return diskcache.MAGIC + struct.pack("<Q", len(header)) + header + payload
+
+    header, o, c = diskcache._parse(entry(cfg), cfg)
+    assert (o, c) == (obj, cubin)
+    bad = {"truncated": entry(cfg)[:-3], "corrupt": entry(cfg, b"x" + obj[1:] + cubin), "foreign": entry(other),
+           "trailing": entry(cfg) + b"!", "empty": b"", "not ours": b"\x7fELF" + bytes(64)}
+    for name, data in bad.items():
+        with pytest.raises((ValueError, KeyError)):
+            diskcache._parse(data, cfg)
+
+
+# ----------------------------------------------------------------------------------------- with the DSL
+
+@pytest.mark.compile
+def test_written_once_then_loaded_here_and_in_a_fresh_process(cache_dir):
+    cfg = _cfg(64)
+    _forget(cfg)
+    n = cache.cache_info()
+    first = registry.compiled(cfg)
+    path = diskcache.entry_path(cfg)
+    assert cache.cache_info()["compiles"] == n["compiles"] + 1 and path.is_file()
+    assert not [p for p in path.parent.iterdir() if p.name.startswith(".")]  # no temporary left behind
+    _forget(cfg)
+    loaded = registry.compiled(cfg)
+    info = cache.cache_info()
+    assert info["compiles"] == n["compiles"] + 1 and info["disk_loads"] == n["disk_loads"] + 1
+    assert loaded is not first and callable(loaded.fn) and loaded.cubin == first.cubin
+    assert loaded.compile_s == pytest.approx(first.compile_s)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("damage", ["truncate", "garbage"])
+def test_a_damaged_entry_is_recompiled_and_replaced(cache_dir, damage):
+    cfg = _cfg(96 if damage == "truncate" else 128)
+    _forget(cfg)
+    registry.compiled(cfg)
+    path = diskcache.entry_path(cfg)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2] if damage == "truncate" else os.urandom(len(data)))
+    _forget(cfg)
+    n = cache.cache_info()["compiles"]
+    with pytest.warns(diskcache.DiskCacheWarning, match="unusable compile cache entry"):
+        again = registry.compiled(cfg)
+    assert callable(again.fn) and cache.cache_info()["compiles"] == n + 1
+    diskcache._parse(path.read_bytes(), cfg)  # rewritten whole
+
+
+@pytest.mark.compile
+def test_switched_off_nothing_is_written(cache_dir, monkeypatch):
+    monkeypatch.setenv(diskcache.ENV_SWITCH, "0")
+    cfg = _cfg(160)
+    _forget(cfg)
+    registry.compiled(cfg)
+    assert not cache_dir.exists()
+
+
+@pytest.mark.compile
+@pytest.mark.slow  # two compiling processes at once (~30 s on 2 busy cores); scripts/cache_gpu.sh runs it
+def test_concurrent_processes_leave_one_whole_entry(cache_dir):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CUTE_DSL_ARCH": "sm_80", diskcache.ENV_DIR: str(cache_dir)}
+    procs = [subprocess.Popen([sys.executable, "-c", FRESH_PROCESS, "192"], cwd=ROOT, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+    cfg = _cfg(192)
+    entries = list((cache_dir / diskcache.fingerprint()).iterdir())
+    assert [p.name for p in entries] == [diskcache.entry_path(cfg).name]
+    diskcache._parse(entries[0].read_bytes(), cfg)
+    again = _python(FRESH_PROCESS, {diskcache.ENV_DIR: str(cache_dir)}, "192")
+    assert json.loads(again.stdout.strip().splitlines()[-1])["disk_loads"] == 1
+
+
+@pytest.mark.compile
+def test_warmup_compiles_then_finds_on_disk(cache_dir, tmp_path, capsys):
+    model = tmp_path / "config.json"
+    model.write_text(json.dumps({"hidden_size": 2048, "num_attention_heads": 32, "num_key_value_heads": 8,
+                                 "torch_dtype": "bfloat16"}))
+    argv = ["warmup", "--arch", "sm_80", "--backends", "testkernel,fa3", "--model", str(model), "--causal", "no",
+            "--no-progress"]
+    reports = []
+    for _ in range(2):
+        _forget(registry.static_config("testkernel", "sm_80", "bf16", 64, False))  # as a new process would
+        assert cli.main(argv) == 0
+        reports.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
+    first, second = reports
+    assert [k["head_dim"] for k in first["kernels"]] == [64] and first["compiled"] == 1
+    assert any("fa3" in s and "arch sm_80" in s for s in first["skipped"])  # fa3 is sm_90a only: a note
+    assert second["on disk"] == 1 and second["compiled"] == 0
+    assert Path(second["kernels"][0]["path"]).is_file()
+
+
+def test_warmup_needs_an_arch_without_a_gpu(capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli.main(["warmup", "--head-dims", "64"]) == 2
+    assert "give --arch" in capsys.readouterr().err
+    assert cli.main(["warmup", "--arch", "sm_90a"]) == 2
+    assert "--head-dims or --model" in capsys.readouterr().err
