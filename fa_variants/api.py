@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import os
 
 import torch

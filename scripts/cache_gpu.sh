@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# cache_gpu.sh: issue 13's host side on one H200 (about 2 minutes): the first call of a fresh process with a
+# cold vs a warm disk compile cache, the host time per call at a decode shape (real kernels and stubbed), and
+# the tests of the cache, the plans and CUDA-graph replay.
+#
+#   source .gpu/env.sh; scripts/cache_gpu.sh            (repository root; logs under $OUT/logs, logs.tgz)
+#
+# Must show: warm first call <= 1 s (fa3, fa2; cold is the compile, ~6 s); host time per call <= 25 us for
+# fa3 and fa2 (eager, real kernel, B=1 Nq=1 Nk=4k GQA 32:8 D=128, loop synchronised at the end); every test passed.
+set -uo pipefail
+out="${OUT:-results/cache-gpu}"; mkdir -p "$out"/logs
+logs="$out/logs"
+step() { local name=$1 limit=$2; shift 2; local t0=$SECONDS
+  timeout -s INT "$limit" "$@" > "$logs/$name.log" 2>&1; local rc=$?
+  echo "== $name: rc=$rc in $((SECONDS - t0))s"; }
+nvidia-smi --query-gpu=name,compute_cap,driver_version,clocks.max.sm --format=csv > "$logs/gpu.txt" 2>&1
+cache=$(mktemp -d /tmp/fa_variants_cache_gpu.XXXX)
+{
+  for backend in fa3 fa2; do
+    for run in cold warm; do
+      t0=$EPOCHREALTIME
+      FA_VARIANTS_CACHE_DIR=$cache python3 scripts/first_call.py --backend "$backend" > "$logs/fc.json" 2>> "$logs/first_call.err"
+      rc=$?
+      echo "$run rc=$rc whole_process_s=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN {printf "%.2f", b - a}') $(cat "$logs/fc.json")"
+    done
+  done
+  FA_VARIANTS_CACHE_DIR=$cache python3 -m fa_variants.cli warmup --head-dims 64,128 --dtypes bf16 --backends fa3,fa2 \
+    --gqa 32:8 --no-progress 2>&1 | tail -n 2 | head -n 1
+} > "$logs/first_call.log" 2>&1
+echo "== first_call: done"
+step overhead 150 bash -c 'for b in fa3 fa2; do for mode in "" --stub; do
+  python3 scripts/api_overhead.py --device cuda --backend $b --calls 3000 --rounds 5 $mode; done; done'
+step pytest 200 python3 -m pytest -q -p no:cacheprovider --tb=short -rfs tests/test_cache_gpu.py \
+  tests/test_diskcache.py tests/test_plans.py tests/test_api.py "tests/test_edge_cases.py::test_ec18c_cuda_graph_capture_and_replay"
+rm -rf "$cache"
+tar -C "$out" -czf "$out/logs.tgz" logs
+rm -f "$logs/fc.json"
+echo "== first call (s): cold = compile, warm = from the disk cache; then warmup's summary"
+cut -c1-330 "$logs/first_call.log"
+echo "== host time per call (us)"; grep -E "^#|us/call" "$logs/overhead.log"
+echo "== pytest"; grep -E "passed|failed|FAILED|ERROR" "$logs/pytest.log" | tail -n 20
