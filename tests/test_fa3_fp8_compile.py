@@ -69,8 +69,33 @@ def test_two_level_promotes_on_cuda_cores():
     assert len(re.findall(r"\bFFMA\b", two)) > len(re.findall(r"\bFFMA\b", one)) + 64
 
 
-@pytest.mark.parametrize("bad, match", [(dict(tile_n=80), "multiple of 32"), (dict(tile_m=192), "TILE_M"),
-                                        (dict(pv_split=2), "pv_split"), (dict(out_dtype="e4m3"), "out_dtype")])
+def test_promotion_interval():
+    """promote_every > 1: the interval's first P V overwrites the temporary under a run-time predicate (UP),
+    the others accumulate into it; no spills in either schedule, both head dims that allow it."""
+    for head_dim, change in ((128, dict(promote_every=2)), (64, dict(promote_every=4, intra_wg_overlap=False))):
+        s = _sass(dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[head_dim], **change), head_dim=head_dim, causal=True)
+        counts = cubin.count_sass(s)
+        assert counts["QGMMA"] > 0 and counts["LDL"] == counts["STL"] == 0, counts
+        assert re.search(rf"QGMMA\.64x{head_dim}x32\.F32\.E4M3\.E4M3 R\d+, R\d+, gdesc\[UR\d+\], R\d+, !?UP\d", s), head_dim
+
+
+def test_pv_slices_pipelined():
+    """head_dim 256, pv_split=4 with two temporaries: slice h + 1 is issued before slice h is promoted
+    (a wait for <= 1 group in flight), the promotes' FFMAs between them; no spills."""
+    cfg = dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[256], pv_split=4, pv_buffers=2)
+    s = _sass(cfg, head_dim=256)
+    counts = cubin.count_sass(s)
+    assert counts["LDL"] == counts["STL"] == 0, counts
+    assert "QGMMA.64x64x32.F32.E4M3.E4M3" in s
+    between = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x1 ;((?:(?!QGMMA).)*?)WARPGROUP\.ARRIVE", s, re.S)
+    assert len(between) >= 3 and all(len(re.findall(r"\bFFMA\b", b)) >= 32 for b in between[:3]), len(between)
+
+
+@pytest.mark.parametrize("bad, match", [(dict(tile_n=80), "multiple of 32"), (dict(tile_m=256), "tile_m=256 must be 128 or 192"),
+                                        (dict(pv_split=2), "pv_split"), (dict(out_dtype="e4m3"), "out_dtype"),
+                                        (dict(pv_split=3), "pv_split"), (dict(pv_buffers=2), "pv_buffers"),
+                                        (dict(promote_every=0), "promote_every"),
+                                        (dict(promote_every=2, two_level=False), "promote_every")])
 def test_config_errors(bad, match):
     with pytest.raises(ValueError, match=match):
         dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], **bad).check(128)

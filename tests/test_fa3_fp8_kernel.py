@@ -219,18 +219,30 @@ def test_kernel_vs_model(shape, head_dim, causal, nan_allocations):
     assert torch.all((lse.double() - exact_lse).abs()[f] <= ds.amax(dim=-1)[f] + 1e-3)
 
 
+# variant -> (head_dim, config change); the accumulation modes and tile shapes the speed A/B times
+CONFIG_VARIANTS = {
+    "single-acc": (128, dict(two_level=False)),
+    "no-overlap": (128, dict(intra_wg_overlap=False)),
+    "promote-2": (128, dict(promote_every=2)),
+    "promote-4-serial": (128, dict(promote_every=4, intra_wg_overlap=False)),
+    "promote-3-d64": (64, dict(promote_every=3)),
+    "pv4-pipelined-d256": (256, dict(pv_split=4, pv_buffers=2)),
+    "pv4-d256": (256, dict(pv_split=4)),
+    "tile-m-192-d64": (64, dict(tile_m=192)),
+}
+
+
 @pytest.mark.gpu
 @needs_sm90
-@pytest.mark.parametrize("variant", ["single-acc", "fp16-out", "no-overlap", "neg-scale", "zero-scale"])
+@pytest.mark.parametrize("variant", [*CONFIG_VARIANTS, "fp16-out", "neg-scale", "zero-scale"])
 def test_variants(variant, nan_allocations):
-    B, Nq, Nk, H, Hkv, D = 2, 200, 700, 4, 2, 128
+    D, change = CONFIG_VARIANTS.get(variant, (128, None))
+    B, Nq, Nk, H, Hkv = 2, 200, 700, 4, 2
     g = torch.Generator(device="cuda").manual_seed(7)
     _, (q8, k8, vt, qd, kd, vd), v8 = quantized_inputs(B, Nq, Nk, H, Hkv, D, "cuda", g)
     cfg, out_dtype, scale = None, torch.bfloat16, D ** -0.5
-    if variant == "single-acc":
-        cfg = dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[D], two_level=False)
-    elif variant == "no-overlap":
-        cfg = dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[D], intra_wg_overlap=False)
+    if change is not None:
+        cfg = dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[D], **change)
     elif variant == "fp16-out":
         out_dtype = torch.float16
     elif variant == "neg-scale":

@@ -26,6 +26,7 @@ BF16 = torch.bfloat16
 class KernelConfig:  # the two fields of the kernel's Fp8Config the glue sets
     two_level: bool = True
     pv_split: int = 2
+    promote_every: int = 1
 
 
 @pytest.fixture
@@ -45,7 +46,7 @@ def fake_kernel(monkeypatch):
 
     def run_fp8(inputs, *, causal, out_dtype, config=None):
         calls.append(dict(inputs=inputs, causal=causal, out_dtype=out_dtype, config=config))
-        assert (config is None) == inputs.config.two_level
+        assert (config is None) == (inputs.config.two_level and inputs.config.promote_every == 1)
         return emulate_fp8_attention(inputs, causal=causal, out_dtype=out_dtype)
 
     module = types.ModuleType("_fake_fp8_kernel")
@@ -134,8 +135,11 @@ def test_attention_from_fp8_config_and_empty(fake_kernel):
     assert fake_kernel[0]["config"] == KernelConfig(two_level=False, pv_split=1)
     assert out.dtype == torch.float16 and torch.equal(out, emulate_fp8_attention(inputs, causal=True,
                                                                                 out_dtype=torch.float16)[0])
+    inputs = quantize_fp8(q, k, v, config=FP8Config(promote_every=3), softmax_scale=0.2)  # head_dim 64
+    attention_from_fp8(inputs)
+    assert fake_kernel[-1]["config"] == KernelConfig(promote_every=3)
     out, lse = attention_from_fp8(quantize_fp8(q, k[:, :0], v[:, :0]), return_lse=True)  # seqlen_k = 0
-    assert (out == 0).all() and torch.isneginf(lse).all() and len(fake_kernel) == 1
+    assert (out == 0).all() and torch.isneginf(lse).all() and len(fake_kernel) == 2
 
 
 def test_validation(fake_kernel):
@@ -153,8 +157,8 @@ def test_validation(fake_kernel):
         attention_fp8(q, torch.cat([k, k[:, :, :1]], 2), torch.cat([v, v[:, :, :1]], 2))
     with pytest.raises(ValueError, match="FP8Config.granularity"):
         attention_fp8(q, k, v, config=FP8Config(granularity="rows"))
-    with pytest.raises(ValueError, match="FP8Config.promote_every: the fa3-fp8 kernel promotes after every"):
-        attention_fp8(q, k, v, config=FP8Config(promote_every=2))
+    with pytest.raises(ValueError, match="FP8Config.promote_every: the fa3-fp8 kernel promotes after every K/V tile at head_dim 256"):
+        attention_fp8(*qkv(d=256), config=FP8Config(promote_every=2))
     with pytest.raises(TypeError, match="config must be an FP8Config"):
         attention_fp8(q, k, v, config=None)
     assert not fake_kernel

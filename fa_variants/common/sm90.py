@@ -46,16 +46,18 @@ def wgmma(
     frag_b: cute.Tensor,
     zero_init: cutlass.Constexpr[bool] = False,
     wait: cutlass.Constexpr[int] = 0,
+    accumulate=None,
 ):
     """acc (+)= A @ B over all k-blocks as one warpgroup MMA group.
 
     ``frag_a``/``frag_b`` are (MMA, MMA_M|N, MMA_K) fragments (shared-memory descriptors, or
     registers for A). ``wait`` >= 0 waits until at most that many MMA groups are in flight;
-    ``wait`` = -1 returns right after the commit (the caller waits later).
+    ``wait`` = -1 returns right after the commit (the caller waits later). ``accumulate``, a run-time
+    Boolean, replaces ``zero_init`` when given (acc is overwritten by the first k-block where it is False).
     """
     warpgroup.fence()  # order earlier register writes (acc rescale, P) before the async MMA
     atom = cute.make_mma_atom(tiled_mma.op)
-    atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
+    atom.set(warpgroup.Field.ACCUMULATE, not zero_init if const_expr(accumulate is None) else accumulate)
     for k in cutlass.range_constexpr(cute.size(frag_a.shape[2])):
         cute.gemm(atom, acc, frag_a[None, None, k], frag_b[None, None, k], acc)
         atom.set(warpgroup.Field.ACCUMULATE, True)

@@ -62,19 +62,23 @@ def _require_kernel(device: torch.device) -> types.ModuleType:
     return kernel_module()
 
 
-def _check_recipe(config: FP8Config) -> None:
-    """What of FP8Config the kernel does not build: promotion intervals other than 1 (ValueError)."""
-    if config.two_level and config.promote_every != 1:
-        raise ValueError(f"FP8Config.promote_every: the fa3-fp8 kernel promotes after every K/V tile "
+def _check_recipe(config: FP8Config, head_dim: int) -> None:
+    """What of FP8Config the kernel does not build: a promotion interval other than 1 at head_dim 256
+    (ValueError; an interval's temporary for the whole of head_dim does not fit in registers beside O there)."""
+    if config.two_level and config.promote_every != 1 and head_dim == 256:
+        raise ValueError(f"FP8Config.promote_every: the fa3-fp8 kernel promotes after every K/V tile at head_dim 256 "
                          f"(promote_every=1); got {config.promote_every} (the emulation models any interval)")
 
 
 def _kernel_options(module: types.ModuleType, inputs: FP8Inputs) -> dict:
-    """run_fp8's keyword ``config`` for the recipe: the kernel's default for two_level, else its default
-    tiles with one running accumulator (and the P V GEMM unsplit, which needs two_level)."""
-    if inputs.config.two_level:
+    """run_fp8's keyword ``config`` for the recipe: the kernel's default for two_level (with the recipe's
+    promotion interval), else its default tiles with one running accumulator (and the P V GEMM unsplit,
+    which needs two_level)."""
+    if inputs.config.two_level and inputs.config.promote_every == 1:
         return {}
     base = module.DEFAULT_CONFIGS[inputs.head_dim]
+    if inputs.config.two_level:
+        return {"config": dataclasses.replace(base, promote_every=inputs.config.promote_every)}
     return {"config": dataclasses.replace(base, two_level=False, pv_split=1)}
 
 
@@ -94,7 +98,7 @@ def attention_from_fp8(inputs: FP8Inputs, *, causal: bool = False, return_lse: b
 
     Raises:
         TypeError: inputs not FP8Inputs, causal / return_lse not bools, out_dtype not 16-bit.
-        ValueError: a recipe the kernel does not build (FP8Config.promote_every != 1 with two_level).
+        ValueError: a recipe the kernel does not build (FP8Config.promote_every != 1 with two_level at head_dim 256).
         BackendUnavailableError: the kernel is not built, the inputs are not on an sm_90 GPU.
     """
     if not isinstance(inputs, FP8Inputs):
@@ -104,7 +108,7 @@ def attention_from_fp8(inputs: FP8Inputs, *, causal: bool = False, return_lse: b
             raise TypeError(f"{name} must be a bool, got {flag!r}")
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"out_dtype must be torch.float16 or torch.bfloat16, got {out_dtype}")
-    _check_recipe(inputs.config)
+    _check_recipe(inputs.config, inputs.head_dim)
     module = _require_kernel(inputs.q.device)
     B, Nq, H, D = inputs.q.shape
     if inputs.q.numel() == 0 or inputs.seqlen_k == 0:
@@ -140,7 +144,7 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: 
         raise TypeError(f"attention_fp8 takes float16 or bfloat16 q, k, v, got {q.dtype}")
     if not isinstance(config, FP8Config):
         raise TypeError(f"config must be an FP8Config, got {type(config).__name__}")
-    _check_recipe(config)
+    _check_recipe(config, q.shape[-1])
     _require_kernel(q.device)
     inputs = quantize_fp8(q, k, v, config=config, softmax_scale=softmax_scale)
     return attention_from_fp8(inputs, causal=causal, return_lse=return_lse, out_dtype=q.dtype)

@@ -16,8 +16,9 @@ tile skipping, ``kv_tile_end``), from the last to the first (``KV_ORDER``), and 
     P8    = e4m3(P)                          round to nearest even
     accumulation of P8 V8_n:
       two-level (config.two_level): acc = (alpha * v_descale[n_prev] / v_descale[n]) acc;  acc += P8 V8_n
-          (FP8 MMA);  every ``promote_every`` visited tiles and after the last: O = alpha O + v_descale[n] acc
-          in fp32 (O rescaled by every alpha), acc = 0. promote_every = 1 is "a fresh accumulator per tile".
+          (FP8 MMA);  A = A alpha (A = 1 at the start);  every ``promote_every`` visited tiles and after the
+          last: O = A O + v_descale[n] acc in fp32, A = 1, acc = 0 (the kernel multiplies O by the product of
+          the interval's alphas once, at the promotion). promote_every = 1 is "a fresh accumulator per tile".
       single accumulator (two_level False): the same with no promotion until the end, i.e. O lives in the
           FP8 MMA accumulator, in units of the current tile's v descale.
     end:  O = O / l (0 for l = 0);  LSE = (m + log2 l - P_SHIFT) ln 2 (-inf for l = 0), natural log, of the
@@ -118,6 +119,7 @@ def emulate_fp8_attention(inputs: FP8Inputs, *, causal: bool = False, accumulato
     l = torch.zeros(B, H, Nq, device=dev)
     O = torch.zeros(B, H, Nq, D, device=dev)
     acc = torch.zeros(B, H, Nq, D, device=dev)
+    o_alpha = torch.ones(B, H, Nq, device=dev)  # alphas O has not been multiplied by yet
     n_tiles = -(-Nk // tile_n)
     order = range(n_tiles - 1, -1, -1) if KV_ORDER == "last_to_first" else range(n_tiles)
     prev_vd = None
@@ -142,13 +144,14 @@ def emulate_fp8_attention(inputs: FP8Inputs, *, causal: bool = False, accumulato
         P8 = P.clamp(max=448.0).to(E4M3).float()
         factor = alpha if prev_vd is None else alpha * (prev_vd / vd[:, :, n]).unsqueeze(-1)  # exact ratio
         new_acc = _mma(P8, v8[:, :, c0:c1], acc * factor.unsqueeze(-1), accumulator_bits)
-        O = torch.where(active.unsqueeze(-1), O * alpha.unsqueeze(-1), O)
+        o_alpha = torch.where(active, o_alpha * alpha, o_alpha)
         acc = torch.where(active.unsqueeze(-1), new_acc, acc)
         promote = active & is_last
         if cfg.two_level:
             promote = promote | (active & ((visited + 1) % cfg.promote_every == 0).view(1, 1, Nq))
-        promote = promote.unsqueeze(-1)
-        O = torch.where(promote, O + vd[:, :, n].view(B, H, 1, 1) * acc, O)
+        o_alpha_now, promote = o_alpha, promote.unsqueeze(-1)
+        O = torch.where(promote, O * o_alpha_now.unsqueeze(-1) + vd[:, :, n].view(B, H, 1, 1) * acc, O)
+        o_alpha = torch.where(promote.squeeze(-1), torch.ones_like(o_alpha), o_alpha)
         acc = torch.where(promote, torch.zeros_like(acc), acc)
         m = torch.where(active, m_new, m)
         prev_vd = vd[:, :, n]

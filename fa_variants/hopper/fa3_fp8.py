@@ -25,11 +25,20 @@ scales (one descale per 128 query rows and per ``tile_n`` keys, ``fa_variants.fp
 * Two-level accumulation (``Fp8Config.two_level``, default on): each tile's P V goes into a zeroed
   temporary (the WGMMA's own zero-init), then O = alpha O + v_descale[n] tmp in fp32 on the CUDA
   cores, so the FP8 WGMMA's reduced-precision accumulator never carries O across tiles (the long-context
-  drift of a single FP8 accumulator). The promotion interval is 1 (every tile). Off: one running
-  accumulator kept in units of the current tile's v_descale (O *= alpha v_descale[n+1] / v_descale[n]
-  before tile n's P V, O *= v_descale[0] at the end): the ablation baseline, at no extra cost.
+  drift of a single FP8 accumulator). ``promote_every`` = N > 1: the temporary carries N tiles (the first
+  overwrites it, a run-time accumulate predicate of the WGMMA; later ones are added after the temporary is
+  rescaled by alpha v_descale[n+1] / v_descale[n], as the single accumulator below), O is multiplied by
+  the product of the interval's alphas only when the temporary is added in: per tile and element
+  1 + 2 / N CUDA-core operations instead of 2. Off: one running accumulator kept in units of the
+  current tile's v_descale (O *= alpha v_descale[n+1] / v_descale[n] before tile n's P V, O *= v_descale[0]
+  at the end): the ablation baseline, one operation per element.
   At head_dim 256 the temporary for the whole of d does not fit beside O in registers: the P V GEMM is
-  split over halves of d (``pv_split = 2``), each half promoted as soon as it is done.
+  split over ``pv_split`` slices of d, each promoted as soon as it is done (so N = 1 there). Read in the
+  SASS (pv_split 2, one temporary): every slice is waited for (WARPGROUP.DEPBAR 0) and promoted (64 FFMAs
+  per thread) inside the warpgroup's ping-pong turn, so the tensor cores idle for two drains and two
+  promotes per tile, ~20% of a tile's 1024 MMA cycles: the 9-20% the H200 showed. ``pv_buffers = 2``
+  with ``pv_split = 4`` (two 32-register temporaries) issues slice h + 1 before promoting slice h
+  (DEPBAR 1): only the last slice's promote and one drain stay exposed.
 * K/V tiles are walked from the last to the first (as fa3). Output in the caller's 16-bit dtype,
   LSE float32 natural log; rows that see no key give O = 0 and LSE = -inf.
 
@@ -48,7 +57,7 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
-from cutlass.cute.nvgpu import OperandMajorMode
+from cutlass.cute.nvgpu import OperandMajorMode, warpgroup
 
 from fa_variants.common import interop
 from fa_variants.common.cache import StaticConfig
@@ -70,13 +79,19 @@ E4M3 = torch.float8_e4m3fn
 class Fp8Config(Fa3Config):
     """Fa3Config plus the FP8 switches.
 
-    two_level: each tile's P V into a zeroed temporary promoted into the fp32 O (module docstring).
-    pv_split: the P V GEMM (and its temporary) split over this many slices of head_dim (1 or 2).
+    two_level: P V into a temporary accumulator promoted into the fp32 O (module docstring).
+    promote_every: tiles per promotion with two_level (1: a fresh temporary per tile; N > 1: the temporary
+        carries N tiles, rescaled like a single accumulator, then is added into O; needs pv_split 1).
+    pv_split: the P V GEMM (and its temporary) split over this many slices of head_dim (1, 2 or 4).
+    pv_buffers: temporaries for the slices (1: slice by slice; 2: slice h + 1 runs on the tensor cores
+        while slice h is promoted on the CUDA cores; needs pv_split > 1).
     out_dtype: "bf16" | "fp16", the output dtype (part of the compile key).
     """
 
     two_level: bool = True
+    promote_every: int = 1
     pv_split: int = 1
+    pv_buffers: int = 1
     out_dtype: str = "bf16"
 
     def smem_bytes(self, head_dim: int, elem_bytes: int = 1) -> int:
@@ -85,14 +100,19 @@ class Fp8Config(Fa3Config):
 
     def check(self, head_dim: int) -> None:
         super().check(head_dim)
-        if self.tile_m != layout.TILE_M:
-            raise ValueError(f"fa3-fp8: tile_m={self.tile_m} must be layout.TILE_M={layout.TILE_M} (the Q scale block)")
+        # tile_m 128 or 192 (Sm90Config.check): each 64-row warpgroup lies in one Q scale block of TILE_M rows
+        assert layout.TILE_M % WGMMA_M == 0
         if self.tile_n % 32:
             raise ValueError(f"fa3-fp8: tile_n={self.tile_n} must be a multiple of 32 (k of the FP8 P V WGMMA)")
-        if self.pv_split not in (1, 2) or head_dim % (16 * self.pv_split):
-            raise ValueError(f"fa3-fp8: pv_split={self.pv_split} must be 1 or 2 and divide head_dim={head_dim} into multiples of 16")
+        if self.pv_split not in (1, 2, 4) or head_dim % (16 * self.pv_split):
+            raise ValueError(f"fa3-fp8: pv_split={self.pv_split} must be 1, 2 or 4 and divide head_dim={head_dim} into multiples of 16")
         if self.pv_split > 1 and (self.intra_wg_overlap or not self.two_level):
-            raise ValueError("fa3-fp8: pv_split > 1 needs two_level on and intra_wg_overlap off (the halves are promoted in turn)")
+            raise ValueError("fa3-fp8: pv_split > 1 needs two_level on and intra_wg_overlap off (the slices are promoted in turn)")
+        if self.pv_buffers not in (1, 2) or (self.pv_buffers == 2 and self.pv_split == 1):
+            raise ValueError(f"fa3-fp8: pv_buffers={self.pv_buffers} must be 1, or 2 with pv_split > 1")
+        if self.promote_every < 1 or (self.promote_every > 1 and (not self.two_level or self.pv_split != 1)):
+            raise ValueError(f"fa3-fp8: promote_every={self.promote_every} must be >= 1, and 1 unless two_level is on "
+                             f"with pv_split=1 (the interval's temporary covers the whole of head_dim)")
         if self.out_dtype not in ("bf16", "fp16"):
             raise ValueError(f"fa3-fp8: out_dtype {self.out_dtype!r} must be 'bf16' or 'fp16'")
 
@@ -134,10 +154,13 @@ def acc_as_fp8_operand_a(acc: cute.Tensor) -> cute.Tensor:
 class _Fp8StepContext(_StepContext):
     """The fa3 mainloop steps with FP8 hooks: per-tile scales, e4m3 P, two-level accumulation."""
 
-    acc_tmp: cute.Tensor = None  # one tile's P V (one slice of d when pv_split > 1)
-    qk_scale: Float32 = None  # q_descale[m_block] * softmax_scale * log2 e
+    acc_tmp: cute.Tensor = None  # one tile's P V (one slice of d when pv_split > 1), or one interval's
+    acc_tmp2: cute.Tensor = None  # the second slice buffer (pv_buffers = 2)
+    qk_scale: Float32 = None  # q_descale[Q block of this warpgroup] * softmax_scale * log2 e
     k_descale: cute.Tensor = None  # (n_kv_blocks,) of this (batch, kv head)
     v_descale: cute.Tensor = None
+    tiles_in_tmp: cute.Tensor = None  # (1,) Int32: tiles accumulated in acc_tmp since the last promotion
+    o_alpha: cute.Tensor = None  # per row: product of the alphas O has not been multiplied by yet
 
     def softmax_step(self, acc_S, n_block, is_first: bool = False):
         # floor at the smallest normal: a zero softmax_scale must give the mean of V, not -inf * 0 = NaN
@@ -148,38 +171,88 @@ class _Fp8StepContext(_StepContext):
         """fp32 P -> e4m3 A operand in registers (RNE, satfinite; pairs packed in-thread)."""
         self.tOrP.store(acc_as_fp8_operand_a(acc_S).load().to(cutlass.Float8E4M3FN))
 
+    def _interval(self) -> bool:
+        return self.k.cfg.two_level and self.k.cfg.promote_every > 1
+
     def rescale_o(self, alpha, n_block):
-        if const_expr(not self.k.cfg.two_level):  # O is kept in units of the current tile's v_descale
-            ratio = self.v_descale[n_block + 1] / self.v_descale[n_block]
-            for r in range(cute.size(alpha)):
-                alpha[r] = alpha[r] * ratio
-        self.softmax.rescale(acc_rows_cols(self.acc_O), alpha)
+        if const_expr(self._interval()):
+            self._rescale_interval(alpha, n_block)
+        else:
+            if const_expr(not self.k.cfg.two_level):  # O is kept in units of the current tile's v_descale
+                ratio = self.v_descale[n_block + 1] / self.v_descale[n_block]
+                for r in range(cute.size(alpha)):
+                    alpha[r] = alpha[r] * ratio
+            self.softmax.rescale(acc_rows_cols(self.acc_O), alpha)
+
+    @cute.jit
+    def _rescale_interval(self, alpha: cute.Tensor, n_block: Int32):
+        """promote_every > 1: O's alphas are multiplied up and applied at the promotion; the temporary,
+        while it holds tiles, is rescaled like a single accumulator (units of the current v_descale)."""
+        o_alpha, t = self.o_alpha, acc_rows_cols(self.acc_tmp)
+        for r in cutlass.range_constexpr(cute.size(alpha)):
+            o_alpha[r] = o_alpha[r] * alpha[r]
+        ratio = self.v_descale[n_block + 1] / self.v_descale[n_block]
+        if self.tiles_in_tmp[0] != 0:
+            for r in cutlass.range_constexpr(cute.size(t, mode=[0])):
+                f = alpha[r] * ratio
+                for c in cutlass.range_constexpr(cute.size(t, mode=[1])):
+                    t[r, c] = t[r, c] * f
 
     def _v_slice(self, stage, h: int):
         """The B operand (MMA, 1, K) of slice h of head_dim."""
         b = self.tOrV[None, h, None, stage]
         return cute.make_tensor(b.iterator, cute.make_layout((b.shape[0], 1, b.shape[1]), stride=(b.stride[0], 0, b.stride[1])))
 
-    def _promote(self, h: int, n_block):
+    def _promote(self, h: int, n_block, tmp=None):
         """O[:, slice h] += v_descale[n_block] * tmp."""
+        tmp = self.acc_tmp if tmp is None else tmp
         vd = self.v_descale[n_block]
         o = self.acc_O[None, None, h]
-        for i in range(cute.size(self.acc_tmp)):
-            o[i] = o[i] + vd * self.acc_tmp[i]
+        for i in range(cute.size(tmp)):
+            o[i] = o[i] + vd * tmp[i]
+
+    @cute.jit
+    def _fold_interval(self, n_block: Int32):
+        """promote_every > 1: count the tile; every promote_every tiles and after the last (tile 0):
+        O = o_alpha O + v_descale[n_block] tmp (rows view), then o_alpha = 1 and the temporary restarts."""
+        count, o_alpha, every = self.tiles_in_tmp, self.o_alpha, self.k.cfg.promote_every
+        o, t = acc_rows_cols(self.acc_O), acc_rows_cols(self.acc_tmp)
+        vd = self.v_descale[n_block]
+        count[0] = count[0] + 1
+        if count[0] == every or n_block == 0:
+            for r in cutlass.range_constexpr(cute.size(o, mode=[0])):
+                for c in cutlass.range_constexpr(cute.size(o, mode=[1])):
+                    o[r, c] = o[r, c] * o_alpha[r] + vd * t[r, c]
+                o_alpha[r] = 1.0
+            count[0] = 0
 
     def pv(self, v_state, n_block, wait: int):
-        split = self.k.cfg.pv_split
-        if const_expr(not self.k.cfg.two_level):
+        cfg = self.k.cfg
+        if const_expr(not cfg.two_level):
             wgmma(self.mma_pv, self.acc_O, self.tOrP, self._v_slice(v_state.index, 0), wait=wait)
-        elif const_expr(split == 1):
+        elif const_expr(self._interval()):  # the first tile of an interval overwrites the temporary
+            wgmma(self.mma_pv, self.acc_tmp, self.tOrP, self._v_slice(v_state.index, 0),
+                  accumulate=self.tiles_in_tmp[0] != 0, wait=wait)
+        elif const_expr(cfg.pv_split == 1):
             wgmma(self.mma_pv, self.acc_tmp, self.tOrP, self._v_slice(v_state.index, 0), zero_init=True, wait=wait)
-        else:
-            for h in range(split):
+        elif const_expr(cfg.pv_buffers == 1):
+            for h in range(cfg.pv_split):
                 wgmma(self.mma_pv, self.acc_tmp, self.tOrP, self._v_slice(v_state.index, h), zero_init=True, wait=0)
                 self._promote(h, n_block)
+        else:  # two buffers: slice h on the tensor cores while slice h - 1 is promoted
+            bufs = (self.acc_tmp, self.acc_tmp2)
+            for h in range(cfg.pv_split):
+                wgmma(self.mma_pv, bufs[h % 2], self.tOrP, self._v_slice(v_state.index, h), zero_init=True,
+                      wait=-1 if h == 0 else 1)
+                if h > 0:
+                    self._promote(h - 1, n_block, bufs[(h - 1) % 2])
+            warpgroup.wait_group(0)
+            self._promote(cfg.pv_split - 1, n_block, bufs[(cfg.pv_split - 1) % 2])
 
     def fold_pv(self, n_block):
-        if const_expr(self.k.cfg.two_level and self.k.cfg.pv_split == 1):
+        if const_expr(self._interval()):
+            self._fold_interval(n_block)
+        elif const_expr(self.k.cfg.two_level and self.k.cfg.pv_split == 1):
             self._promote(0, n_block)
 
     def finalize(self):
@@ -244,11 +317,21 @@ class FlashAttention3Fp8Sm90(FlashAttention3Sm90):
         kv_head = head // (mQd.shape[1] // mKd.shape[1])
         mma_pv = args[3]
         wg_pv = mma_pv.get_slice(0)
-        tmp = cute.make_rmem_tensor(wg_pv.partition_shape_C((self.tile_m, self.head_dim // self.cfg.pv_split)), Float32)
-        softmax = args[11]
-        qk_scale = mQd[batch, head, m_block] * softmax.scale_log2
-        return _Fp8StepContext(*args, acc_tmp=tmp, qk_scale=qk_scale,
-                               k_descale=mKd[batch, kv_head, None], v_descale=mVd[batch, kv_head, None])
+        tmp_shape = wg_pv.partition_shape_C((self.tile_m, self.head_dim // self.cfg.pv_split))
+        tmp = cute.make_rmem_tensor(tmp_shape, Float32)
+        tmp2 = cute.make_rmem_tensor(tmp_shape, Float32) if const_expr(self.cfg.pv_buffers == 2) else None
+        softmax, wg = args[11], args[1]
+        tiles_in_tmp, o_alpha = None, None
+        if const_expr(self.cfg.two_level and self.cfg.promote_every > 1):
+            tiles_in_tmp = cute.make_rmem_tensor(1, Int32)
+            tiles_in_tmp.fill(0)
+            o_alpha = cute.make_rmem_tensor(softmax.num_rows, Float32)
+            o_alpha.fill(1.0)
+        q_block = (m_block * self.tile_m + wg * WGMMA_M) // layout.TILE_M  # this warpgroup's Q scale block
+        qk_scale = mQd[batch, head, q_block] * softmax.scale_log2
+        return _Fp8StepContext(*args, acc_tmp=tmp, acc_tmp2=tmp2, qk_scale=qk_scale,
+                               k_descale=mKd[batch, kv_head, None], v_descale=mVd[batch, kv_head, None],
+                               tiles_in_tmp=tiles_in_tmp, o_alpha=o_alpha)
 
 
 # ---------------------------------------------------------------------------------------------
