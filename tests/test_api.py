@@ -16,14 +16,13 @@ import fa_variants
 from fa_variants import dispatch, reference, registry
 from fa_variants.common.launch import Variant
 from fa_variants.dispatch import BackendUnavailableError
+from helpers import make_qkv
 
 F16, BF16 = torch.float16, torch.bfloat16
 
 
 def qkv(batch=1, nq=8, nk=8, heads=2, heads_kv=2, d=16, dtype=F16, device="cpu"):
-    return (torch.randn(batch, nq, heads, d, dtype=dtype, device=device),
-            torch.randn(batch, nk, heads_kv, d, dtype=dtype, device=device),
-            torch.randn(batch, nk, heads_kv, d, dtype=dtype, device=device))
+    return make_qkv(batch, nq, nk, heads, heads_kv, d, dtype=dtype, device=device)
 
 
 @pytest.fixture

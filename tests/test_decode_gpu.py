@@ -12,12 +12,9 @@ import pytest
 import torch
 
 from fa_variants.reference import check_against_reference, check_lse, references
+from helpers import make_qkv, sm90_only
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
-                       reason="fa3 split-KV needs an sm90 (Hopper) GPU"),
-]
+pytestmark = sm90_only("fa3 split-KV")
 fa3 = pytest.importorskip("fa_variants.hopper.fa3")
 
 BF16 = torch.bfloat16
@@ -43,8 +40,7 @@ KNOWN_SPLIT_BUG = pytest.mark.xfail(strict=True, reason="split-KV bug seen on th
 
 
 def _qkv(b, nq, nk, h, hkv, d, dtype=BF16):
-    return (torch.randn(b, nq, h, d, device="cuda", dtype=dtype), torch.randn(b, nk, hkv, d, device="cuda", dtype=dtype),
-            torch.randn(b, nk, hkv, d, device="cuda", dtype=dtype))
+    return make_qkv(b, nq, nk, h, hkv, d, dtype=dtype, device="cuda")
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

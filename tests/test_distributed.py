@@ -20,7 +20,8 @@ import torch
 
 import fa_variants
 from fa_variants import distributed as cp
-from fa_variants.reference import causal_visible, check_against_reference, check_lse, max_abs_error
+from fa_variants.reference import causal_visible, max_abs_error
+from helpers import assert_attention_ok, make_qkv
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).with_name("cp_worker.py")
@@ -48,10 +49,7 @@ _UNSHARD = {"zigzag": cp.zigzag_unshard, "contiguous": cp.contiguous_unshard}
 def _inputs(gen, seqlen, dtype, seqlen_k=None, heads=2, heads_kv=None, head_dim=16, batch=2, **_):
     seqlen_k = seqlen if seqlen_k is None else seqlen_k
     heads_kv = heads if heads_kv is None else heads_kv
-    q = torch.randn(batch, seqlen, heads, head_dim, generator=gen, dtype=dtype)
-    k = torch.randn(batch, seqlen_k, heads_kv, head_dim, generator=gen, dtype=dtype)
-    v = torch.randn(batch, seqlen_k, heads_kv, head_dim, generator=gen, dtype=dtype)
-    return q, k, v
+    return make_qkv(batch, seqlen, seqlen_k, heads, heads_kv, head_dim, dtype=dtype, generator=gen)
 
 
 def _options(spec):
@@ -148,11 +146,7 @@ def test_matches_single_process(ring, name):
     out, lse = _gathered(results, name, spec["layout"])
     scale = spec.get("softmax_scale")
     where = f"{name}, world {world}, seed {seed}"
-    assert out.dtype == q.dtype and out.shape == q.shape and lse.dtype == torch.float32
-    check = check_against_reference(out, q, k, v, causal=spec["causal"], softmax_scale=scale)
-    assert check.ok, f"{where}: out {check}"
-    check = check_lse(lse, q, k, v, causal=spec["causal"], softmax_scale=scale)
-    assert check.ok, f"{where}: lse {check}"
+    assert_attention_ok(out, lse, q, k, v, spec["causal"], scale, what=where)
     single, single_lse = fa_variants.attention(q, k, v, causal=spec["causal"], softmax_scale=scale,
                                                backend="reference", return_lse=True)
     # not bitwise: the ring adds the keys in another order (tolerance: float32 rounding of the merge weights)

@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from fa_variants.common.config import Sm80Config
-from fa_variants.reference import check_against_reference, check_lse, references
+from helpers import assert_attention_ok, make_qkv
 
 pytestmark = pytest.mark.gpu
 
@@ -54,21 +54,11 @@ def run_poisoned(poisoned, q, k, v, *, causal, softmax_scale=None, config=None):
 
 
 def inputs(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, dtype=torch.bfloat16):
-    make = functools.partial(torch.randn, device="cuda", dtype=dtype)
-    return (make(batch, seqlen_q, heads, head_dim), make(batch, seqlen_k, heads_kv, head_dim),
-            make(batch, seqlen_k, heads_kv, head_dim))
+    return make_qkv(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, dtype=dtype, device="cuda")
 
 
 def assert_passes(out, lse, q, k, v, causal, softmax_scale=None):
-    assert out.shape == q.shape and out.dtype == q.dtype
-    assert lse.shape == (q.shape[0], q.shape[2], q.shape[1]) and lse.dtype == torch.float32
-    assert not torch.isnan(out).any(), "NaN in the output: a row the kernel did not write"
-    assert not torch.isnan(lse).any(), "NaN in the LSE: a row the kernel did not write"
-    refs = references(q, k, v, causal=causal, softmax_scale=softmax_scale)
-    check = check_against_reference(out, q, k, v, causal, softmax_scale, refs=refs)
-    assert check.ok, f"output: {check}"
-    check = check_lse(lse, q, k, v, causal, softmax_scale, refs=refs)
-    assert check.ok, f"LSE: {check}"
+    assert_attention_ok(out, lse, q, k, v, causal, softmax_scale)
 
 
 # (seqlen_q, seqlen_k): one Q tile x many K/V tiles, many x one, ragged, causal rows without keys

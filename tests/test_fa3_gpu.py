@@ -12,13 +12,9 @@ import math
 import pytest
 import torch
 
-from fa_variants.reference import check_against_reference, check_lse, references
+from helpers import assert_attention_ok, make_qkv, sm90_only
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
-                       reason="FA3 needs an sm90 (Hopper) GPU"),
-]
+pytestmark = sm90_only("FA3")
 fa3 = pytest.importorskip("fa_variants.hopper.fa3")
 from fa_variants.common import interop  # noqa: E402  (after the skip: needs the DSL-free module only)
 
@@ -47,21 +43,13 @@ def nan_poisoned_outputs(monkeypatch):
 
 
 def _qkv(b, nq, nk, h, hkv, d, dtype, std=1.0):
-    def randn(*shape):
-        return (torch.randn(*shape, device="cuda") * std).to(dtype)
-    return randn(b, nq, h, d), randn(b, nk, hkv, d), randn(b, nk, hkv, d)
+    return make_qkv(b, nq, nk, h, hkv, d, dtype=dtype, device="cuda", std=std)
 
 
 def _check(q, k, v, causal, softmax_scale=None, config=None, what=""):
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     out, lse = fa3.run(q, k, v, causal=causal, softmax_scale=scale, config=config)
-    refs = references(q, k, v, causal=causal, softmax_scale=scale)
-    assert not out.isnan().any(), f"{what}: NaN in the output (an element was not written?)"
-    assert not lse.isnan().any(), f"{what}: NaN in the LSE"
-    ok = check_against_reference(out, q, k, v, refs=refs)
-    assert ok.ok, f"{what} out: {ok}"
-    ok_lse = check_lse(lse, q, k, v, refs=refs)
-    assert ok_lse.ok, f"{what} lse: {ok_lse}"
+    assert_attention_ok(out, lse, q, k, v, causal, scale, what=what)
     return out, lse
 
 

@@ -16,6 +16,7 @@ import torch
 import fa_variants
 from fa_variants.integrations import custom_op
 from fa_variants.reference import attention_reference, max_abs_error, rel_l2
+from helpers import make_qkv
 
 from fa_variants.integrations import capture, fixture as fx, hf  # transformers is imported lazily in them
 
@@ -277,9 +278,7 @@ def test_hf_model_compiles_fullgraph(model, ids):
 # ------------------------------------------------------------------------------------------- custom op
 
 def _qkv(B=2, N=37, H=6, Hkv=2, D=32, dtype=torch.float32):
-    g = torch.Generator().manual_seed(3)
-    return (torch.randn(B, N, H, D, generator=g, dtype=dtype),
-            torch.randn(B, N, Hkv, D, generator=g, dtype=dtype), torch.randn(B, N, Hkv, D, generator=g, dtype=dtype))
+    return make_qkv(B, N, N, H, Hkv, D, dtype=dtype, generator=torch.Generator().manual_seed(3))
 
 
 def test_custom_op_matches_the_api_and_passes_opcheck():

@@ -23,7 +23,8 @@ import torch
 
 import fa_variants
 from fa_variants import dispatch
-from fa_variants.reference import check_against_reference, check_lse, references
+from fa_variants.reference import references
+from helpers import assert_attention_ok, make_qkv
 
 pytestmark = pytest.mark.gpu
 
@@ -40,9 +41,8 @@ def matrix_case(dtype: str, head_dim: int, seqlens: tuple[int, int], causal: boo
     seqlen_q, seqlen_k = seqlens
     num_heads, num_heads_kv = HEADS[heads]
     batch = 1 if max(seqlens) >= 1023 else 2
-    make = functools.partial(torch.randn, device="cuda", dtype=DTYPES[dtype])
-    q = make(batch, seqlen_q, num_heads, head_dim)
-    k, v = make(batch, seqlen_k, num_heads_kv, head_dim), make(batch, seqlen_k, num_heads_kv, head_dim)
+    q, k, v = make_qkv(batch, seqlen_q, seqlen_k, num_heads, num_heads_kv, head_dim, dtype=DTYPES[dtype],
+                       device="cuda")
     return q, k, v, references(q, k, v, causal=causal)
 
 
@@ -73,14 +73,7 @@ def test_matrix(nan_allocations, gpu_variant, dtype, head_dim, seqlens, causal, 
         pytest.skip(f"{backend} does not list head_dim {head_dim} in its head_dims {module.head_dims}")
     q, k, v, refs = matrix_case(dtype, head_dim, seqlens, causal, heads)
     out, lse = run_poisoned(nan_allocations, q, k, v, causal=causal, backend=backend)
-    assert out.shape == q.shape and out.dtype == q.dtype
-    assert lse.shape == (q.shape[0], q.shape[2], q.shape[1]) and lse.dtype == torch.float32
-    assert not torch.isnan(out).any(), f"{backend}: NaN in the output (an unwritten row?)"
-    assert not torch.isnan(lse).any(), f"{backend}: NaN in the LSE (an unwritten row?)"
-    check = check_against_reference(out, q, k, v, causal, refs=refs)
-    assert check.ok, f"{backend} output: {check}"
-    check = check_lse(lse, q, k, v, causal, refs=refs)
-    assert check.ok, f"{backend} LSE: {check}"
+    assert_attention_ok(out, lse, q, k, v, causal, refs=refs, what=backend)
 
 
 def test_auto_picks_a_kernel_on_this_gpu():

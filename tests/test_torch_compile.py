@@ -17,15 +17,14 @@ import torch
 
 import fa_variants
 from fa_variants.reference import attention_reference
+from helpers import make_qkv
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _qkv(B=2, Nq=37, Nk=41, H=6, Hkv=2, D=32, dtype=torch.float32, device="cpu", seed=None):
     g = torch.Generator(device=device).manual_seed(seed if seed is not None else torch.seed())
-    return (torch.randn(B, Nq, H, D, generator=g, dtype=dtype, device=device),
-            torch.randn(B, Nk, Hkv, D, generator=g, dtype=dtype, device=device),
-            torch.randn(B, Nk, Hkv, D, generator=g, dtype=dtype, device=device))
+    return make_qkv(B, Nq, Nk, H, Hkv, D, dtype=dtype, device=device, generator=g)
 
 
 def _bshd(t):

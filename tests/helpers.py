@@ -1,0 +1,53 @@
+"""Helpers shared by the test files: fresh inputs, the correctness check of one attention result, and the
+marks of the sm90-only GPU files. Imported as ``from helpers import ...`` (pytest puts tests/ on sys.path:
+the folder has no ``__init__.py``).
+
+The check is the project's rule (docs/design.md): err(x) <= 2 * err(PyTorch, same maths in the input dtype)
++ 1e-5, err = max |x - float64 reference|, for the output and the LSE, after the output and the LSE were
+checked free of NaN (outputs are poisoned with NaN before a kernel runs, so an element it never writes fails).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fa_variants.reference import References, check_against_reference, check_lse, references
+
+
+def make_qkv(batch: int, seqlen_q: int, seqlen_k: int, num_heads: int, num_heads_kv: int, head_dim: int, *,
+             dtype: torch.dtype = torch.bfloat16, device="cpu", std: float = 1.0,
+             generator: torch.Generator | None = None):
+    """Fresh N(0, std^2) q (batch, seqlen_q, num_heads, head_dim) and k, v (batch, seqlen_k, num_heads_kv,
+    head_dim), drawn in that order. Drawn in ``dtype`` itself (no float32 temporary: big inputs stay within
+    memory) and scaled in place; ``generator`` for a seeded draw (on ``device``), else torch's global one."""
+    def draw(seqlen, heads):
+        t = torch.randn(batch, seqlen, heads, head_dim, dtype=dtype, device=device, generator=generator)
+        return t.mul_(std) if std != 1.0 else t
+    return draw(seqlen_q, num_heads), draw(seqlen_k, num_heads_kv), draw(seqlen_k, num_heads_kv)
+
+
+def assert_attention_ok(out: torch.Tensor, lse: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor,
+                        v: torch.Tensor, causal: bool = False, softmax_scale: float | None = None, *,
+                        refs: References | None = None, what: str = "") -> References:
+    """Asserts that ``out`` (and ``lse``, unless None) is attention(q, k, v) under the project's rule: shapes
+    and dtypes as ``fa_variants.attention`` returns them, no NaN, the output and LSE within their bounds.
+    Returns the references (pass them to the next check of the same inputs)."""
+    where = f"{what}: " if what else ""
+    assert out.shape == q.shape and out.dtype == q.dtype, f"{where}out {tuple(out.shape)} {out.dtype}"
+    assert not torch.isnan(out).any(), f"{where}NaN in the output (an element the kernel did not write?)"
+    refs = refs or references(q, k, v, causal=causal, softmax_scale=softmax_scale)
+    check = check_against_reference(out, q, k, v, causal, softmax_scale, refs=refs)
+    assert check.ok, f"{where}output: {check}"
+    if lse is not None:
+        assert lse.shape == (q.shape[0], q.shape[2], q.shape[1]) and lse.dtype == torch.float32, \
+            f"{where}lse {tuple(lse.shape)} {lse.dtype}"
+        assert not torch.isnan(lse).any(), f"{where}NaN in the LSE (a row the kernel did not write?)"
+        check = check_lse(lse, q, k, v, causal, softmax_scale, refs=refs)
+        assert check.ok, f"{where}LSE: {check}"
+    return refs
+
+
+def sm90_only(what: str) -> list:
+    """The marks of a test file that runs on an sm90 (Hopper) GPU only: ``gpu``, and a visible skip elsewhere."""
+    on_sm90 = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+    return [pytest.mark.gpu, pytest.mark.skipif(not on_sm90, reason=f"{what} needs an sm90 (Hopper) GPU")]
