@@ -20,7 +20,12 @@ gives a partial output O_s normalised over its keys, with its log-sum-exp L_s. P
 L = log(e^L_a + e^L_b), O = e^(L_a - L) O_a + e^(L_b - L) O_b (the rescaling of FlashAttention's online
 softmax, Dao et al. 2022, Algorithm 1, applied to whole blocks). The merge runs in float32 (float64 for
 float64 inputs). A partial with L = -inf weighs 0 (the neutral element), and a row whose partials are all -inf
-comes out as O = 0, L = -inf, as ``fa_variants.attention`` defines a row that sees no key.
+comes out as O = 0, L = -inf, as ``fa_variants.attention`` defines a row that sees no key. The first partial is
+kept as the kernel returned it; each later one is folded in by one pass over the rows it covers, and the last
+pass writes the output dtype. On CUDA that pass is the pointwise function ``_merged`` compiled by
+``torch.compile`` (one kernel: O_a and O_b read once, O written once, instead of about ten eager passes
+through float32 temporaries); on the CPU, with FA_VARIANTS_CP_COMPILE=0, or after a compile failure (warned
+once) it runs eagerly, with the same formula.
 
 **Causal, zig-zag sharding** (the load balance of Llama 3, Dubey et al. 2024, sec. 3.3.2, also called zig-zag
 ring attention). The sequence is cut into 2·world chunks c_0 .. c_{2w-1}; rank r holds ``[c_r, c_{2w-1-r}]``
@@ -59,7 +64,16 @@ A group of one (world of 1) is plain ``fa_variants.attention``. Forward only.
 **Checks.** Each call first validates its local inputs as ``fa_variants.attention`` does, then all-gathers one
 small int64 row per rank (whether the rank's inputs were valid, shapes, dtype, device type, causal, layout,
 softmax_scale) and every rank checks every row, so all ranks raise the same one-line error (naming the rank
-and the field) instead of some hanging in a transfer. That all-gather is a host synchronisation per call.
+and the field) instead of some hanging in a transfer. That all-gather waits for the other ranks; with NCCL it
+and its copy to the host run on the module's side stream, so the host does not wait for the caller's work
+already queued on the current stream (with a group that also has a CPU backend, e.g. "cpu:gloo,cuda:nccl",
+it runs on the CPU and does not touch the GPU at all).
+
+**Overlap on the GPU.** A transfer only moves while its NCCL kernel holds SMs. The transfers are posted before
+the step's attention kernel, but the GPU's block scheduler may still hand the SMs to the attention kernel's
+many queued CTAs first; with NCCL streams of high priority (``TORCH_NCCL_HIGH_PRIORITY=1`` before the first
+transfer, or a group made with ``ProcessGroupNCCL.Options(is_high_priority_stream=True)``), the transfer's CTAs
+are scheduled as soon as SMs free up. ``scripts/cp_bench.py`` measures both.
 
 **PyTorch's own API** (torch 2.14): ``torch.distributed.tensor.experimental.context_parallel`` is a context
 manager that shards whole buffers as DTensors (with a head-tail load balancer that lays tokens out exactly as
@@ -68,16 +82,21 @@ flash / memory-efficient / cuDNN SDPA kernels run as ring attention. Its engine,
 ``_templated_ring_attention(group, seq_dim, op, q, k, v, is_causal)``, is private (underscored, its signature
 has changed between releases), rotates K/V with functional collectives (all-gather of every shard by default,
 world times the K/V memory, or all-to-all), needs shards of equal length (``tensor.chunk``), and its merge
-(sigmoid form) gives NaN when both LSEs are -inf. We therefore did not route our kernels through it: this
-module uses the public point-to-point API directly, with our backends per step, explicit overlap and uneven
-shards. Its layout is the same, so buffers sharded by ``context_parallel`` (round-robin load balancing on)
+(sigmoid form) gives NaN when both LSEs are -inf. Our function cannot be reached from it: its DTensor handler
+maps exactly three aten ops (``_scaled_dot_product_flash_attention``, ``_efficient_attention`` and
+``_cudnn_attention``, forward and backward) to their ring versions through a fixed table, with no public way to
+add another op; reaching ours would mean patching private state (``DTensor._op_dispatcher._custom_op_handlers``)
+that changes between releases. We therefore did not route our kernels through it: this module uses the public
+point-to-point API directly, with our backends per step, explicit overlap and uneven shards. Its layout is the same, so buffers sharded by ``context_parallel`` (round-robin load balancing on)
 can be passed here as they are; the test suite checks that the token order is identical.
 """
 from __future__ import annotations
 
 import contextlib
 import math
+import os
 import struct
+import warnings
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -174,6 +193,42 @@ def zigzag_unshard(shards: Sequence[torch.Tensor], dim: int) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------------------------- merge
 
+def _merged(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor,
+            out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention over keys A and B from the partials over A and over B, as new tensors: the LSE in the
+    accumulation dtype (float64 if an operand is float64, else float32) and O rounded once to ``out_dtype``.
+    Every operation is pointwise, so that ``torch.compile`` makes it one kernel (read O_a and O_b once, write
+    O once) on the GPU. See ``merge_partial_`` for the formula and the -inf rules."""
+    acc = torch.float64 if torch.float64 in (lse_a.dtype, out_a.dtype, out_dtype) else torch.float32
+    la, lb = lse_a.to(acc), lse_b.to(acc)
+    lse = torch.logaddexp(la, lb)
+    base = torch.where(lse == -math.inf, 0.0, lse)  # both -inf: both weights exp(-inf) = 0, the row is 0
+    w_a = torch.exp(la - base).transpose(1, 2).unsqueeze(-1)  # (B, N, H, 1)
+    w_b = torch.exp(lb - base).transpose(1, 2).unsqueeze(-1)
+    return (out_a.to(acc) * w_a + out_b.to(acc) * w_b).to(out_dtype), lse
+
+
+_COMPILED_MERGE = {"fn": None, "failed": False}
+
+
+def _merge(out_a, lse_a, out_b, lse_b, out_dtype):
+    """``_merged``, compiled on CUDA (one fused kernel instead of ~10 passes over O; set the environment
+    variable FA_VARIANTS_CP_COMPILE=0 to run it eagerly); eager on the CPU and after a compile failure
+    (warned once)."""
+    if (out_a.device.type != "cuda" or _COMPILED_MERGE["failed"]
+            or os.environ.get("FA_VARIANTS_CP_COMPILE", "1") == "0"):
+        return _merged(out_a, lse_a, out_b, lse_b, out_dtype)
+    if _COMPILED_MERGE["fn"] is None:
+        _COMPILED_MERGE["fn"] = torch.compile(_merged, fullgraph=True, dynamic=True)
+    try:
+        return _COMPILED_MERGE["fn"](out_a, lse_a, out_b, lse_b, out_dtype)
+    except Exception as error:  # noqa: BLE001 - any compiler failure: the eager merge gives the same result
+        _COMPILED_MERGE["failed"] = True
+        warnings.warn(f"context_parallel_attention: torch.compile of the LSE merge failed ({type(error).__name__}:"
+                      f" {str(error).splitlines()[0] if str(error) else ''}); merging eagerly", stacklevel=3)
+        return _merged(out_a, lse_a, out_b, lse_b, out_dtype)
+
+
 def merge_partial_(out: torch.Tensor, lse: torch.Tensor, out_part: torch.Tensor,
                    lse_part: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Adds one partial attention result to an accumulator, in place: attention over keys A and B from
@@ -190,52 +245,41 @@ def merge_partial_(out: torch.Tensor, lse: torch.Tensor, out_part: torch.Tensor,
     incremental two-operand form of ``fa_variants.common.split.merge`` (split-KV, all splits stacked at once):
     ring partials arrive one step at a time and may cover only some rows, so they are folded in as they come.
     """
-    new = torch.logaddexp(lse, lse_part.to(lse.dtype))
-    base = torch.where(new == -math.inf, torch.zeros_like(new), new)  # all -inf: both weights exp(-inf) = 0
-    w_acc = torch.exp(lse - base).transpose(1, 2).unsqueeze(-1)      # (B, N, H, 1)
-    w_part = torch.exp(lse_part.to(lse.dtype) - base).transpose(1, 2).unsqueeze(-1)
-    out.mul_(w_acc).addcmul_(out_part, w_part)
-    lse.copy_(new)
+    new_out, new_lse = _merge(out, lse, out_part, lse_part, out.dtype)
+    out.copy_(new_out)
+    lse.copy_(new_lse)
     return out, lse
 
 
 class _Merger:
     """Accumulates the partials of one rank's query rows (see ``merge_partial_``) with little memory traffic:
-    the first partial is kept as the kernel returned it; the last merge writes the output dtype directly
-    (the weighted sum is still formed in float32 / float64, then rounded once)."""
+    the first partial is kept as the kernel returned it; each later one is merged by one fused pass
+    (``_merge``) over the rows it covers, in float32 (float64 for float64 inputs); the last merge writes the
+    output dtype directly (the weighted sum still formed in float32 / float64, then rounded once)."""
 
     def __init__(self, q: torch.Tensor):
         self.shape, self.dtype, self.device = q.shape, q.dtype, q.device
         self.acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
         self.out: torch.Tensor | None = None
         self.lse: torch.Tensor | None = None
-        self.done = False
 
     def add(self, rows: slice, out: torch.Tensor, lse: torch.Tensor, last: bool) -> None:
         batch, seqlen, heads, _ = self.shape
-        lse = lse.to(self.acc_dtype)
         if self.out is None:
             if out.shape[1] == seqlen:  # the first partial covers every row: it is the accumulator
-                self.out, self.lse = out, lse
+                self.out, self.lse = out, lse.to(self.acc_dtype)
                 return
             self.out = torch.zeros(self.shape, dtype=self.acc_dtype, device=self.device)
             self.lse = torch.full((batch, heads, seqlen), -math.inf, dtype=self.acc_dtype, device=self.device)
-        if not last:
-            self.out = self.out.to(self.acc_dtype)
-            merge_partial_(self.out[:, rows], self.lse[:, :, rows], out, lse)
+        dtype = self.dtype if last else self.acc_dtype
+        new_out, new_lse = _merge(self.out[:, rows], self.lse[:, :, rows], out, lse, dtype)
+        if out.shape[1] == seqlen:  # every row merged: the new tensors are the accumulator
+            self.out, self.lse = new_out, new_lse.to(self.acc_dtype)
             return
-        # the last partial: O = w_acc O_acc + w_part O_part in acc_dtype, written once in the output dtype
-        acc_lse = self.lse[:, :, rows]
-        new = torch.logaddexp(acc_lse, lse)
-        base = torch.where(new == -math.inf, torch.zeros_like(new), new)
-        w_acc = torch.exp(acc_lse - base).transpose(1, 2).unsqueeze(-1)
-        w_part = torch.exp(lse - base).transpose(1, 2).unsqueeze(-1)
-        final = torch.empty(self.shape, dtype=self.dtype, device=self.device)
-        if rows != slice(None):  # rows is slice(start, None): the rows before it keep their accumulator
-            final[:, :rows.start] = self.out[:, :rows.start]
-        torch.addcmul(self.out[:, rows] * w_acc, out, w_part, out=final[:, rows])
-        self.lse[:, :, rows] = new
-        self.out, self.done = final, True
+        if self.out.dtype != dtype:  # rows the partial does not cover keep their values, in the new dtype
+            self.out = self.out.to(dtype)
+        self.out[:, rows] = new_out
+        self.lse[:, :, rows] = new_lse
 
     def result(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.out is None:  # no step ran (no query row, or no key anywhere)
@@ -250,6 +294,13 @@ class _Merger:
 _COMM_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 
 
+def _comm_stream(device: torch.device) -> torch.cuda.Stream:
+    """The side stream of this module's transfers and shape check on ``device`` (one per device)."""
+    if device not in _COMM_STREAMS:
+        _COMM_STREAMS[device] = torch.cuda.Stream(device)
+    return _COMM_STREAMS[device]
+
+
 class _Ring:
     """K/V transfers to the next rank and from the previous one, overlapped with the caller's compute."""
 
@@ -260,9 +311,7 @@ class _Ring:
         self.cuda = device.type == "cuda"
         if self.cuda:
             self.compute = torch.cuda.current_stream(device)
-            if device not in _COMM_STREAMS:
-                _COMM_STREAMS[device] = torch.cuda.Stream(device)
-            self.comm = _COMM_STREAMS[device]
+            self.comm = _comm_stream(device)
             self.comm.wait_stream(self.compute)  # the first shards (the caller's K/V) are ready before sending
 
     def post(self, k: torch.Tensor, v: torch.Tensor, seqlen_in: int):
@@ -345,13 +394,16 @@ def _local_error(q, k, v, causal, softmax_scale, backend, return_lse, layout):
 
 
 def _gather_rows(group, row: list[int], world: int) -> list[list[int]]:
-    device = (torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl"
-              else torch.device("cpu"))
-    mine = torch.tensor(row, dtype=torch.int64, device=device)
-    every = torch.empty(world * len(row), dtype=torch.int64, device=device)
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.14
-    gather(every, mine, group=group)
-    return every.view(world, len(row)).tolist()
+    """Every rank's row. With NCCL the all-gather and its copy to the host run on the side stream, so the
+    host waits for this small exchange only, not for the caller's work queued on the current stream."""
+    cuda = dist.get_backend(group) == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    with torch.cuda.stream(_comm_stream(device)) if cuda else contextlib.nullcontext():
+        mine = torch.tensor(row, dtype=torch.int64, device=device)
+        every = torch.empty(world * len(row), dtype=torch.int64, device=device)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.14
+        gather(every, mine, group=group)
+        return every.view(world, len(row)).tolist()
 
 
 def _check_rows(rows: list[list[int]], causal: bool, layout: str) -> None:
