@@ -19,11 +19,16 @@ measurements is rotated round to round):
             merges: the kernel alone (per step also timed one by one);
   kernels + merges  the ring's steps and LSE merges without any transfer (what the ring costs if communication
             is fully hidden);
-  comm      the K/V transfers of the ring alone (world - 1 exchanges).
+  comm      the K/V transfers of the ring alone (world - 1 exchanges);
+  shape check  the all-gather of shapes every call makes first;
+  ring, high-priority NCCL  ``context_parallel_attention`` on a second NCCL group of the same ranks whose internal
+            streams have high priority (its transfers get SMs ahead of queued attention CTAs), GPU only.
 speed-up = one GPU / ring (targets: >= 1.8 non-causal, >= 1.7 causal at N >= 32k); overhead = ring / kernels,
 i.e. time per step over the kernel alone (target <= 1.1: communication hidden); ring / (kernels + merges)
 isolates the exposed communication from the merge cost. The first call of each
-configuration (JIT compile) is timed apart. Rank 0 writes cp_bench.json and cp_bench.md under --out.
+configuration (JIT compile, and torch.compile of the merge) is timed apart. Rank 0 writes cp_bench.json and
+cp_bench.md under --out and ends with one summary line per case. Defaults: N = 32k, 64k, 128k, causal and not,
+3 rounds of 5 repetitions: about a minute on two H200s.
 """
 from __future__ import annotations
 
@@ -51,7 +56,7 @@ TARGET_OVERHEAD = 1.1
 
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seqlens", default="32768,65536", help="whole-sequence lengths, comma-separated")
+    ap.add_argument("--seqlens", default="32768,65536,131072", help="whole-sequence lengths, comma-separated")
     ap.add_argument("--causal", default="both", choices=["both", "yes", "no"])
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--heads", type=int, default=16)
@@ -61,10 +66,13 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                     help="cpu: gloo and a small smoke run of this script itself (use --backend reference)")
     ap.add_argument("--backend", default="fa3")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--check-rows", type=int, default=256, help="query rows per rank checked against float64")
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--trace", default="first-causal", choices=["first-causal", "none"],
+                    help="GPU only: a torch.profiler timeline of two ring calls (the first N, causal) per rank: "
+                         "trace_rank{R}.json.gz under --out and its kernels printed (when each starts and ends)")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")) / "cp")
     return ap.parse_args()
 
@@ -165,16 +173,64 @@ def compute_only(q, calls):
     return run
 
 
-def comm_only(k, v, rank, world):
+def comm_only(k, v, rank, world, seqlen):
+    """The ring's world - 1 K/V exchanges alone (each rank receives its left neighbour's shard length)."""
+    sizes = cp._chunk_sizes(seqlen, 2 * world)
+    lengths = [sizes[r] + sizes[2 * world - 1 - r] for r in range(world)]
+
     def run():
         ring = cp._Ring(dist.group.WORLD, rank, world, k.device)
         k_cur, v_cur = k, v
-        for _ in range(world - 1):
-            k_cur, v_cur = ring.wait(ring.post(k_cur, v_cur, k.shape[1]))
+        for step in range(world - 1):
+            k_cur, v_cur = ring.wait(ring.post(k_cur, v_cur, lengths[(rank - step - 1) % world]))
     return run
 
 
-def one_case(args, seqlen, causal, rank, world, dtype, gen_seed, device) -> dict:
+def high_priority_group(device):
+    """The world's ranks in a second NCCL group whose internal streams have high priority (as with
+    TORCH_NCCL_HIGH_PRIORITY=1): its transfers get SMs ahead of queued attention CTAs. None on the CPU."""
+    if device.type != "cuda":
+        return None
+    options = dist.ProcessGroupNCCL.Options()
+    options.is_high_priority_stream = True
+    return dist.new_group(backend="nccl", pg_options=options)
+
+
+def timeline(fn, path: Path) -> list[str]:
+    """Runs fn twice under torch.profiler (CUDA activity), writes the Chrome trace (gzip) to path, and returns
+    the GPU kernels and memcpys of the second call as lines: start and end in ms from the call's first GPU
+    event, stream, name. Shows whether a transfer overlaps the attention kernel or runs after it."""
+    import gzip
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for i in range(2):
+            sync(torch.device("cuda"))
+            dist.barrier()
+            with record_function(f"ring call {i}"):
+                fn()
+            sync(torch.device("cuda"))
+    with tempfile.TemporaryDirectory() as tmp:
+        prof.export_chrome_trace(f"{tmp}/trace.json")
+        trace = json.loads(Path(f"{tmp}/trace.json").read_text())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt") as f:
+        json.dump(trace, f)
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    call = [e for e in events if e.get("name") == "ring call 1" and e.get("ph") == "X"]
+    gpu = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    if call:  # GPU work launched during the second call: kernels after its CPU start
+        gpu = [e for e in gpu if e["ts"] >= call[0]["ts"]]
+    if not gpu:
+        return ["(no GPU events recorded)"]
+    t0 = min(e["ts"] for e in gpu)
+    return [f"{(e['ts'] - t0) / 1e3:8.3f} .. {(e['ts'] + e['dur'] - t0) / 1e3:8.3f} ms  stream "
+            f"{e.get('args', {}).get('stream', '?')}  {e['name'][:90]}" for e in sorted(gpu, key=lambda e: e["ts"])]
+
+
+def one_case(args, seqlen, causal, rank, world, dtype, gen_seed, device, hp_group) -> dict:
     gen = torch.Generator(device=device).manual_seed(gen_seed)
     heads_kv = args.heads_kv or args.heads
     q = torch.randn(args.batch, seqlen, args.heads, args.head_dim, device=device, dtype=dtype, generator=gen)
@@ -182,8 +238,9 @@ def one_case(args, seqlen, causal, rank, world, dtype, gen_seed, device) -> dict
     v = torch.randn(args.batch, seqlen, heads_kv, args.head_dim, device=device, dtype=dtype, generator=gen)
     qs, ks, vs = (cp.zigzag_shard(t, 1, rank, world).contiguous() for t in (q, k, v))
 
-    def ring():
-        return cp.context_parallel_attention(qs, ks, vs, causal=causal, backend=args.backend, return_lse=True)
+    def ring(group=None):
+        return cp.context_parallel_attention(qs, ks, vs, causal=causal, backend=args.backend, return_lse=True,
+                                             group=group)
 
     def one():
         return fa_variants.attention(q, k, v, causal=causal, backend=args.backend)
@@ -194,8 +251,12 @@ def one_case(args, seqlen, causal, rank, world, dtype, gen_seed, device) -> dict
         for _, _, call in calls:
             call()
 
+    row = [1] * len(cp._FIELDS)
     measures = {"one GPU": one, "ring": ring, "kernels": kernels, "kernels + merges": compute_only(qs, calls),
-                "comm": comm_only(ks, vs, rank, world)}
+                "comm": comm_only(ks, vs, rank, world, seqlen),
+                "shape check": lambda: cp._gather_rows(dist.group.WORLD, row, world)}
+    if hp_group is not None:
+        measures["ring, high-priority NCCL"] = lambda: ring(hp_group)
     first = {}
     for name, fn in measures.items():  # first call of each: JIT compile for our kernels
         sync(device)
@@ -206,6 +267,10 @@ def one_case(args, seqlen, causal, rank, world, dtype, gen_seed, device) -> dict
         first[name] = time.perf_counter() - t0
     ring_out, ring_lse = ring()
     correctness = check(args, q, k, v, causal, rank, world, ring_out, ring_lse, torch.Generator().manual_seed(gen_seed))
+    if hp_group is not None:  # the same numbers through the other group
+        hp_out, hp_lse = ring(hp_group)
+        correctness["max_abs_ring_hp_vs_ring"] = max(max_err(hp_out, ring_out), max_err(hp_lse, ring_lse))
+        del hp_out, hp_lse
     del ring_out, ring_lse
     names = list(measures)
     per_round = {name: [] for name in names}
@@ -214,10 +279,17 @@ def one_case(args, seqlen, causal, rank, world, dtype, gen_seed, device) -> dict
         for name in order:
             per_round[name].append(timed(measures[name], args.reps, device))
     steps_ms = [(label, timed(call, args.reps, device)) for label, _, call in calls]
+    traced = {}
+    if args.trace == "first-causal" and device.type == "cuda" and causal and seqlen == args.first_causal_seqlen:
+        traced["default group"] = timeline(ring, args.out / f"trace_rank{rank}.json.gz")
+        if hp_group is not None:
+            traced["high-priority group"] = timeline(lambda: ring(hp_group), args.out / f"trace_hp_rank{rank}.json.gz")
     ms = {name: statistics.median(v) for name, v in per_round.items()}
+    best = min(ms["ring"], ms.get("ring, high-priority NCCL", math.inf))
     return {"seqlen": seqlen, "causal": causal, "world": world, "ms": ms, "ms_per_round": per_round,
-            "steps_ms": steps_ms, "first_call_s": first,
+            "steps_ms": steps_ms, "first_call_s": first, "timeline": traced,
             "speedup": ms["one GPU"] / ms["ring"], "overhead_ring_over_kernels": ms["ring"] / ms["kernels"],
+            "speedup_best": ms["one GPU"] / best, "overhead_best": best / ms["kernels"],
             "ring_over_kernels_and_merges": ms["ring"] / ms["kernels + merges"],
             "target_speedup": TARGET_SPEEDUP[causal], "target_overhead": TARGET_OVERHEAD,
             "correctness_rank0": correctness}
@@ -229,37 +301,70 @@ def gathered_correctness(result, world) -> list:
     return everyone
 
 
+def _verdict(value, target, higher_is_better) -> str:
+    met = value >= target if higher_is_better else value <= target
+    return "met" if met else "NOT met"
+
+
 def markdown(rows, meta) -> str:
+    hp = any("ring, high-priority NCCL" in r["ms"] for r in rows)
     lines = [f"# Context-parallel attention: {meta['world']} GPUs vs one ({meta['gpus'][0]})", "",
              f"Command: `{meta['command']}`", "",
              f"{meta['date']}, torch {meta['torch']}, NCCL {meta['nccl']}, commit {meta['commit']}, backend "
              f"{meta['backend']}, {meta['dtype']}, B={meta['batch']}, H={meta['heads']}, H_kv={meta['heads_kv']}, "
-             f"D={meta['head_dim']}, zig-zag shards. Times: ms, medians of {meta['rounds']} rotated rounds of "
-             f"{meta['reps']} repetitions (slowest rank per repetition).", "",
-             "| N | causal | one GPU | ring | speed-up (target) | kernels alone | ring / kernels (<= 1.1) "
-             "| kernels + merges | ring / (kernels + merges) | comm alone "
+             f"D={meta['head_dim']}, zig-zag shards, merge {meta['merge']}, TORCH_NCCL_HIGH_PRIORITY="
+             f"{meta['torch_nccl_high_priority']}. Times: ms, medians of {meta['rounds']} rotated rounds of "
+             f"{meta['reps']} repetitions (slowest rank per repetition). \"ring hp\": the same call on a second "
+             "NCCL group of the same ranks with high-priority internal streams.", "",
+             "| N | causal | one GPU | ring | speed-up (target) | ring / kernels (<= 1.1) "
+             + ("| ring hp | speed-up hp | ring hp / kernels " if hp else "")
+             + "| kernels alone | kernels + merges | merges (k+m - k) | comm alone | shape check "
              "| max abs ring vs one GPU | out rule (err ring / bound) | LSE rule |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---" * (15 + 3 * hp) + "|"]
     for r in rows:
         ms = r["ms"]
         worst = max(c["max_abs_ring_vs_one_gpu"] for c in r["correctness"])
         rule = {name: (all(c[name]["ok"] for c in r["correctness"]),
                        max(c[name]["err_ring"] for c in r["correctness"]),
                        min(c[name]["bound"] for c in r["correctness"])) for name in ("out", "lse")}
-        lines.append(
-            f"| {r['seqlen']} | {r['causal']} | {ms['one GPU']:.3f} | {ms['ring']:.3f} | {r['speedup']:.2f}x "
-            f"({r['target_speedup']}: {'met' if r['speedup'] >= r['target_speedup'] else 'NOT met'}) | "
-            f"{ms['kernels']:.3f} | {r['overhead_ring_over_kernels']:.3f} "
-            f"({'met' if r['overhead_ring_over_kernels'] <= TARGET_OVERHEAD else 'NOT met'}) | "
-            f"{ms['kernels + merges']:.3f} | {r['ring_over_kernels_and_merges']:.3f} | {ms['comm']:.3f} | "
-            f"{worst:.2e} | {'ok' if rule['out'][0] else 'FAIL'} {rule['out'][1]:.2e} / {rule['out'][2]:.2e} | "
-            f"{'ok' if rule['lse'][0] else 'FAIL'} {rule['lse'][1]:.2e} / {rule['lse'][2]:.2e} |")
+        cells = [str(r["seqlen"]), str(r["causal"]), f"{ms['one GPU']:.3f}", f"{ms['ring']:.3f}",
+                 f"{r['speedup']:.2f}x ({r['target_speedup']}: {_verdict(r['speedup'], r['target_speedup'], True)})",
+                 f"{r['overhead_ring_over_kernels']:.3f} "
+                 f"({_verdict(r['overhead_ring_over_kernels'], TARGET_OVERHEAD, False)})"]
+        if hp:
+            t = ms.get("ring, high-priority NCCL", math.nan)
+            cells += [f"{t:.3f}", f"{ms['one GPU'] / t:.2f}x ({_verdict(ms['one GPU'] / t, r['target_speedup'], True)})",
+                      f"{t / ms['kernels']:.3f} ({_verdict(t / ms['kernels'], TARGET_OVERHEAD, False)})"]
+        cells += [f"{ms['kernels']:.3f}", f"{ms['kernels + merges']:.3f}",
+                  f"{ms['kernels + merges'] - ms['kernels']:.3f}", f"{ms['comm']:.3f}", f"{ms['shape check']:.3f}",
+                  f"{worst:.2e}",
+                  f"{'ok' if rule['out'][0] else 'FAIL'} {rule['out'][1]:.2e} / {rule['out'][2]:.2e}",
+                  f"{'ok' if rule['lse'][0] else 'FAIL'} {rule['lse'][1]:.2e} / {rule['lse'][2]:.2e}"]
+        lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "Per step, each call timed alone (ms, slowest rank; shapes as on rank 0):", ""]
     for r in rows:
         steps = ", ".join(f"{label} = {t:.3f}" for label, t in r["steps_ms"])
         lines.append(f"- N={r['seqlen']} causal={r['causal']}: {steps}; first calls (s): "
                      + ", ".join(f"{k} {v:.1f}" for k, v in r["first_call_s"].items()))
+    for r in rows:
+        for rank, traced in enumerate(r["timeline_per_rank"]):
+            for group, events in traced.items():
+                lines += ["", f"GPU timeline of one ring call, N={r['seqlen']} causal={r['causal']}, rank {rank}, "
+                          f"{group} (torch.profiler; trace file under --out):", "", "```", *events, "```"]
     return "\n".join(lines) + "\n"
+
+
+def summary(rows) -> list[str]:
+    """One line per case: the targets with the better of the two groups, and correctness."""
+    out = []
+    for r in rows:
+        ok = all(c[name]["ok"] for c in r["correctness"] for name in ("out", "lse"))
+        out.append(f"N={r['seqlen']:>6} causal={str(r['causal']):5}: speed-up {r['speedup']:.2f}x "
+                   f"(best group {r['speedup_best']:.2f}x, target {r['target_speedup']}: "
+                   f"{_verdict(r['speedup_best'], r['target_speedup'], True)}), ring/kernels "
+                   f"{r['overhead_ring_over_kernels']:.3f} (best {r['overhead_best']:.3f}, target {TARGET_OVERHEAD}: "
+                   f"{_verdict(r['overhead_best'], TARGET_OVERHEAD, False)}), correctness {'ok' if ok else 'FAILED'}")
+    return out
 
 
 def main() -> int:
@@ -274,17 +379,23 @@ def main() -> int:
         device = torch.device("cpu")
         dist.init_process_group("gloo", timeout=timeout)
     rank, world = dist.get_rank(), dist.get_world_size()
+    hp_group = high_priority_group(device)
     seed = torch.tensor([args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")],
                         device=device)
     dist.broadcast(seed, 0)  # every rank builds the same inputs
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     causals = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
     rows, ok = [], True
+    args.first_causal_seqlen = int(args.seqlens.split(",")[0]) if True in causals else None
     with torch.inference_mode():
         for seqlen in map(int, args.seqlens.split(",")):
             for causal in causals:
-                result = one_case(args, seqlen, causal, rank, world, dtype, int(seed.item()) + seqlen + causal, device)
+                result = one_case(args, seqlen, causal, rank, world, dtype, int(seed.item()) + seqlen + causal, device,
+                                  hp_group)
                 result["correctness"] = gathered_correctness(result, world)
+                timelines = [None] * world
+                dist.all_gather_object(timelines, result.pop("timeline"))
+                result["timeline_per_rank"] = timelines
                 del result["correctness_rank0"]
                 ok &= all(c[name]["ok"] for c in result["correctness"] for name in ("out", "lse"))
                 rows.append(result)
@@ -308,13 +419,17 @@ def main() -> int:
                 "host": platform.node(), "backend": args.backend, "dtype": args.dtype, "batch": args.batch,
                 "heads": args.heads, "heads_kv": args.heads_kv or args.heads, "head_dim": args.head_dim,
                 "rounds": args.rounds, "reps": args.reps, "seed": int(seed.item()),
+                "torch_nccl_high_priority": os.environ.get("TORCH_NCCL_HIGH_PRIORITY", "unset"),
+                "merge": ("eager" if args.device == "cpu" or os.environ.get("FA_VARIANTS_CP_COMPILE") == "0"
+                          or cp._COMPILED_MERGE["failed"] else "torch.compile"),
                 "command": f"python3 -m torch.distributed.run --nproc_per_node {world} scripts/cp_bench.py "
                            + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
-                                      if k != "out" and v is not None)}
+                                      if k not in ("out", "first_causal_seqlen") and v is not None)}
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "cp_bench.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
         (args.out / "cp_bench.md").write_text(markdown(rows, meta))
         print(markdown(rows, meta))
+        print("\n".join(summary(rows)))
         print("correctness:", "ok" if ok else "FAILED")
     dist.barrier()
     dist.destroy_process_group()
