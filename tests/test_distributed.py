@@ -308,3 +308,19 @@ def test_causal_plan_computes_each_visible_pair_once_and_nothing_masked(layout, 
         assert max(work) - min(work) <= 4 * world * chunk, work  # equal when 2*world divides seqlen
         if seqlen % (2 * world) == 0:
             assert len(set(work)) == 1, work
+
+
+def test_merge_traces_as_one_graph():
+    """The merge that CUDA runs compiled: dynamo traces it whole (fullgraph, dynamic shapes, row-slice views)
+    and gives the eager result, -inf rows included (backend "eager": the trace without inductor's compile)."""
+    compiled = torch.compile(cp._merged, fullgraph=True, dynamic=True, backend="eager")
+    gen = torch.Generator().manual_seed(random.randrange(2**31))
+    for seqlen, rows in ((9, slice(None)), (12, slice(5, None))):
+        out_a, out_b = (torch.randn(2, seqlen, 3, 8, generator=gen, dtype=torch.bfloat16) for _ in range(2))
+        lse_a, lse_b = (torch.randn(2, 3, seqlen, generator=gen) for _ in range(2))
+        lse_a[0, 0, -3:], lse_b[0, 0, -2:] = -math.inf, -math.inf  # one row with both -inf
+        args = (out_a[:, rows], lse_a[:, :, rows], out_b[:, rows], lse_b[:, :, rows])
+        for dtype in (torch.bfloat16, torch.float32):
+            got, want = compiled(*args, dtype), cp._merged(*args, dtype)
+            assert got[0].dtype == dtype and max_abs_error(got[0], want[0]) <= 1e-6
+            assert max_abs_error(got[1], want[1]) <= 1e-6 and torch.equal(got[0][0, -1, 0], torch.zeros(8, dtype=dtype))
