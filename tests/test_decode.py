@@ -23,13 +23,23 @@ def _qk(batch, seqlen_q, heads, heads_kv, seqlen_k, head_dim=128):
             torch.empty(batch, seqlen_k, heads_kv, head_dim, device="meta"))
 
 
-def test_split_kv_stays_off_until_it_passes_on_a_gpu(h200):
-    """fa3.SPLIT_KV_ENABLED is False (its first H200 run failed): auto never splits, an explicit split raises."""
-    assert not fa3.SPLIT_KV_ENABLED
+def test_switch_off_auto_never_splits_but_a_config_does(h200, monkeypatch):
+    """fa3.SPLIT_KV_ENABLED False (FA_VARIANTS_SPLIT_KV=0): `auto` never splits (bitwise batch invariance,
+    docs/edge_cases.md EC-19); an explicit config's num_splits still applies."""
+    monkeypatch.setattr(fa3, "SPLIT_KV_ENABLED", False)
     q, k = _qk(1, 1, 32, 8, 32768)
-    assert fa3._problem_config(None, q, k, True) is None
-    with pytest.raises(ValueError, match="num_splits=4: split-KV is disabled"):
-        fa3._problem_config(dataclasses.replace(fa3.DEFAULT_CONFIGS[128], num_splits=4), q, k, True)
+    assert fa3._problem_config(None, q, k, True) is None and fa3.auto_num_splits(q, k, True) == 1
+    forced = dataclasses.replace(fa3.DEFAULT_CONFIGS[128], num_splits=4)
+    assert fa3._problem_config(forced, q, k, True) is forced and fa3.num_splits_for(forced, q, k, True) == 4
+
+
+def test_auto_split_count_follows_the_batch(h200, split_enabled):
+    """Why EC-19 allows a tolerance when `auto` splits: one decode row is split, the same row in a batch
+    that fills the GPU is not."""
+    q, k = _qk(1, 1, 32, 8, 8192)
+    assert fa3.auto_num_splits(q, k, False) > 1
+    q, k = _qk(64, 1, 32, 8, 8192)
+    assert fa3.auto_num_splits(q, k, False) == 1
 
 
 @pytest.fixture

@@ -27,7 +27,8 @@ def test_sanitize_summary_line(rc, log, verdict, ok):
     assert line.startswith("racecheck fa3") and verdict in line and got_ok is ok and "\n" not in line
 
 
-@pytest.mark.parametrize("script", ["gpu_memory_fp16.sh", "h200_session.sh", "gpu_check.sh", "cache_gpu.sh"])
+@pytest.mark.parametrize("script", ["gpu_memory_fp16.sh", "h200_session.sh", "gpu_check.sh", "cache_gpu.sh",
+                                    "decode_gpu.sh"])
 def test_shell_scripts_parse(script):
     subprocess.run(["bash", "-n", str(ROOT / "scripts" / script)], check=True)
 

@@ -13,6 +13,13 @@ unwritten); when every split is empty the row gets O = 0 and LSE = -inf, like an
 
 `num_splits_heuristic` picks the count from the shape and the SM count; `merge` is the combine step in
 torch (fp32). Pure Python + torch.
+
+Rounding, not maths, is what a split count changes: each split rounds its own P to 16 bits for the P V GEMM
+(relative to its own row max), so results with different counts differ by bf16 rounding (measured on the CPU
+model of fa3's split path, tests/test_split.py: rel-L2 2.7e-3 between 1 and 16 splits at Nk = 4096, each
+count 2.2e-3 from float64, torch in bf16 4.9e-3). The merge itself adds elementwise in a fixed order (a
+pairwise sum over the splits), so a row's result depends on its split count only, never on the batch size
+or the other rows (docs/edge_cases.md, EC-19).
 """
 from __future__ import annotations
 
@@ -73,14 +80,14 @@ def merge(o_parts: torch.Tensor, lse_parts: torch.Tensor, out: torch.Tensor | No
     Returns:
         (out, lse); a row every split of which is empty gets O = 0 and LSE = -inf.
     """
-    lse_max = lse_parts.amax(dim=0)                                      # (B, H, Nq)
+    lse_max = lse_parts.amax(dim=0)                                      # (B, H, Nq); max is exact
     safe_max = torch.where(lse_max == -math.inf, 0.0, lse_max)
     weights = torch.exp(lse_parts - safe_max)                            # 0 for empty splits
-    total = weights.sum(dim=0)
+    total = _sum_splits(weights)
     lse_out = torch.where(total > 0, safe_max + torch.log(total), -math.inf)
     weights = weights / torch.where(total > 0, total, 1.0)
     w = weights.permute(0, 1, 3, 2).unsqueeze(-1)                        # (S, B, Nq, H, 1)
-    o = torch.where(w > 0, o_parts, 0.0).mul_(w).sum(dim=0)
+    o = _sum_splits(torch.where(w > 0, o_parts, 0.0).mul_(w))
     if out is None:
         out = o
     else:
@@ -90,3 +97,14 @@ def merge(o_parts: torch.Tensor, lse_parts: torch.Tensor, out: torch.Tensor | No
     else:
         lse.copy_(lse_out)
     return out, lse
+
+
+def _sum_splits(x: torch.Tensor) -> torch.Tensor:
+    """x.sum(0) as a pairwise sum of whole slices (x[i] + x[i + h]): every element is added in the same
+    order whatever the other dimensions are, unlike a library reduction whose blocking may follow the
+    tensor's size (this keeps a row's merge independent of the batch size; log2(num_splits) launches)."""
+    while x.shape[0] > 1:
+        half = x.shape[0] // 2
+        pairs = x[:half] + x[half:2 * half]
+        x = torch.cat((pairs, x[2 * half:])) if x.shape[0] % 2 else pairs
+    return x[0]

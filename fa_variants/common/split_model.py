@@ -1,0 +1,86 @@
+"""fa3's split-KV path (Flash-Decoding) step by step in torch, to check its maths on the CPU.
+
+`split_kv_model` does per (query tile, split) what ``hopper.fa3.FlashAttention3Sm90`` does per CTA, with
+the same tile arithmetic (``common.mask.BlockInfo``) and the same choices:
+
+* the query tile's K/V tiles [0, n) with n = max(kv_tile_end, 1) are cut as ``common.split.split_ranges``;
+  a split with no tile writes LSE -inf for the tile's rows and leaves its O unwritten (NaN here);
+* tiles are walked from the range's last to its first; the first one walked gets the seqlen_k mask and,
+  when causal, the causal mask; the others the causal mask only from ``kv_tile_causal_start`` on (absolute
+  tile and key indices, the full seqlen_q and seqlen_k); unmasked keys past seqlen_k read as zeros (TMA);
+* online softmax in fp32 as ``common.softmax.OnlineSoftmax`` (exp2, row sum from fp32 P), P rounded to the
+  input dtype for O += P V (fp32 accumulation), O / l and LSE = (m c + log2 l) ln 2 at the end;
+* one split: O rounded to the input dtype (the TMA epilogue); more: fp32 partials merged by
+  ``common.split.merge`` and rounded once.
+
+It differs from the GPU only where the hardware rounds differently (MMA summation order, ex2/rcp
+approximations): a model of the algorithm and its precision, not a bitwise emulator.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from fa_variants.common import split
+
+LOG2_E = math.log2(math.e)
+
+
+def split_kv_model(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, softmax_scale: float,
+                   tile_m: int, tile_n: int, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """fa3's result for (q, k, v) with `num_splits` splits (module docstring).
+
+    Args:
+        q: (batch, seqlen_q, num_heads, head_dim); k, v: (batch, seqlen_k, num_heads_kv, head_dim); one
+            16-bit float dtype (the MMA operand type), CPU. softmax_scale > 0.
+        tile_m, tile_n: the kernel config's tiles; num_splits >= 1.
+    Returns:
+        (out like q, lse float32 (batch, num_heads, seqlen_q)), natural log.
+    """
+    from fa_variants.common.mask import BlockInfo  # tile arithmetic on ints; imports the DSL
+
+    batch, seqlen_q, heads, head_dim = q.shape
+    seqlen_k, group = k.shape[1], heads // k.shape[2]
+    c = torch.tensor(softmax_scale * LOG2_E, dtype=torch.float32)
+    blocks = BlockInfo(tile_m, tile_n, causal)
+    pad = max(-(-seqlen_k // tile_n), 1) * tile_n - seqlen_k  # TMA reads zeros past seqlen_k
+    kf, vf = (torch.nn.functional.pad(t.float(), (0, 0, 0, 0, 0, pad)).repeat_interleave(group, 2).transpose(1, 2)
+              for t in (k, v))  # (B, H, keys, D)
+    o_parts = torch.full((num_splits, batch, seqlen_q, heads, head_dim), math.nan)
+    lse_parts = torch.full((num_splits, batch, heads, seqlen_q), math.nan)
+    for m_block in range(-(-seqlen_q // tile_m)):
+        r0, r1 = m_block * tile_m, min((m_block + 1) * tile_m, seqlen_q)
+        qt = q[:, r0:r1].float().transpose(1, 2)  # (B, H, rows, D)
+        rows = torch.arange(r0, r1).view(-1, 1)
+        n_total = max(blocks.kv_tile_end(m_block, seqlen_q, seqlen_k), 1)
+        for s, (n_start, n_end) in enumerate(split.split_ranges(n_total, num_splits)):
+            if n_end <= n_start:
+                lse_parts[s, :, :, r0:r1] = -math.inf
+                continue
+            first_masked = max(blocks.kv_tile_causal_start(m_block, seqlen_q, seqlen_k), n_start) if causal else n_end
+            m = torch.full((batch, heads, r1 - r0), -math.inf)
+            l = torch.zeros(batch, heads, r1 - r0)
+            o = torch.zeros(batch, heads, r1 - r0, head_dim)
+            for n in range(n_end - 1, n_start - 1, -1):
+                cols = torch.arange(n * tile_n, (n + 1) * tile_n).view(1, -1)
+                hide = torch.zeros(r1 - r0, tile_n, dtype=torch.bool)
+                if n == n_end - 1:
+                    hide |= cols >= seqlen_k
+                if causal and (n == n_end - 1 or n >= first_masked):
+                    hide |= cols > rows + seqlen_k - seqlen_q
+                scores = (qt @ kf[:, :, n * tile_n:(n + 1) * tile_n].transpose(-1, -2)).masked_fill(hide, -math.inf)
+                m_new = torch.maximum(m, scores.amax(-1))
+                m_safe = torch.where(m_new == -math.inf, 0.0, m_new)
+                p = torch.exp2((scores - m_safe.unsqueeze(-1)) * c)
+                alpha = torch.exp2((m - m_safe) * c)
+                l = l * alpha + p.sum(-1)
+                o = o * alpha.unsqueeze(-1) + p.to(q.dtype).float() @ vf[:, :, n * tile_n:(n + 1) * tile_n]
+                m = m_new
+            empty = l == 0
+            o = o * torch.where(empty, 0.0, 1.0 / l).unsqueeze(-1)
+            o_parts[s, :, r0:r1] = o.transpose(1, 2)
+            lse_parts[s, :, :, r0:r1] = torch.where(empty, -math.inf, (m * c + torch.log2(l)) * math.log(2))
+    if num_splits == 1:
+        return o_parts[0].to(q.dtype), lse_parts[0]
+    return split.merge(o_parts, lse_parts, torch.empty_like(q), torch.empty(batch, heads, seqlen_q))

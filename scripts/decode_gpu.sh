@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# decode_gpu.sh: split-KV (issue 13) on one H200: its GPU tests, then the decode table.
+#
+#   source .gpu/env.sh; scripts/decode_gpu.sh          (repository root; writes under $OUT; ~2-3 min)
+#
+# 1. tests/test_decode_gpu.py (fa3 split-KV vs float64 over the decode matrix and forced counts 2/3/16/32/auto,
+#    rows that see no key, split count = rounding only, batch invariance at a fixed count, the switch off,
+#    auto through the API, CUDA-graph replay, seqlens_k) and EC-08 / EC-19 of tests/test_edge_cases.py
+#    (EC-19: bitwise at equal split counts, the rule's bound where auto splits one call and not the other).
+# 2. `fa-variants bench --decode --quick`: ours (auto, now split) beside SDPA and flash-attn-4.
+# Must show: 0 failed, 0 xfailed in (1); in (2) ours' GPU time at Nq = 1, B = 1 well below the split-off
+# figures of bench/h200-2026-11-30/session2/decode_before.md (50.5 us at Nk = 4k, 1476 us at Nk = 128k).
+set -uo pipefail
+out="${OUT:-results/decode-gpu}"; mkdir -p "$out"/logs
+step() { local name=$1 limit=$2; shift 2; local t0=$SECONDS
+  timeout -s INT "$limit" "$@" > "$out/logs/$name.log" 2>&1; local rc=$?
+  echo "== $name: rc=$rc in $((SECONDS - t0))s"; }
+nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv > "$out/logs/gpu.txt" 2>&1
+git log --oneline -1 > "$out/logs/commit.txt" 2>&1
+step pytest 200 python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider --tb=short -rfEX \
+  tests/test_decode_gpu.py tests/test_edge_cases.py -k "decode_gpu or ec19 or ec08"
+step decode 120 python3 -m fa_variants.cli bench --decode --quick --no-progress --out "$out/logs/decode"
+tar -C "$out" -czf "$out/logs.tgz" logs
+echo "== pytest"; grep -E "^(FAILED|ERROR|XPASS|XFAIL)|passed|failed" "$out/logs/pytest.log" | tail -n 30
+echo "== decode"; cat "$out"/logs/decode/*.md 2>/dev/null || tail -n 40 "$out/logs/decode.log"
