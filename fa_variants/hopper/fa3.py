@@ -748,7 +748,7 @@ def num_splits_for(config: Sm90Config, q: torch.Tensor, k: torch.Tensor, causal:
 #: H200 run; the failures were in the tests (a reference at another softmax_scale; a 1e-3 bound below the
 #: bf16 rounding that different split counts give) and in EC-19's bitwise check (tests/test_split.py models
 #: the kernel's split path on the CPU).
-SPLIT_KV_ENABLED = os.environ.get("FA_VARIANTS_SPLIT_KV", "0") != "0"  # on by default once scripts/decode_gpu.sh passes
+SPLIT_KV_ENABLED = os.environ.get("FA_VARIANTS_SPLIT_KV", "1") != "0"
 
 
 def _problem_config(config: Sm90Config | None, q: torch.Tensor, k: torch.Tensor, causal: bool):
