@@ -79,3 +79,43 @@ def test_tma_operand_preparation():
     assert prepared.is_contiguous() and torch.equal(prepared, odd)
     single = torch.randn(1, 64, 1, 128, dtype=torch.bfloat16)[:, :, :1]  # length-1 dims: any stride
     assert all(s % 8 == 0 and s > 0 for s in fa3._tma_operand(single).stride()[:-1])
+
+
+def _speed_ab():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "fa3_speed_ab.py"
+    spec = importlib.util.spec_from_file_location("fa3_speed_ab", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("name, head_dim, causal", [
+    ("old", 128, False), ("new", 64, True), ("new", 256, False), ("new-3stages", 128, True)])
+def test_speed_ab_variants_compile_without_spills(name, head_dim, causal):
+    """scripts/fa3_speed_ab.py's variants build with no spills; `new` is the default and has no serial FMNMX
+    chain (it runs 4 chains) and one FFMA per score instead of FADD + FMUL."""
+    ab = _speed_ab()
+    config = ab.variant_config(name, head_dim)
+    c = registry.compiled(registry.static_config("fa3", "sm_90a", "bf16", head_dim, causal, config))
+    counts = cubin.count_sass(cubin.sass_of(c.cubin), cubin.SASS_OPCODES + ("FFMA", "FMUL"))
+    assert counts["LDL"] == counts["STL"] == 0 and counts["HGMMA"] > 0, counts
+    if name == "new":
+        assert config == fa3.DEFAULT_CONFIGS[head_dim]
+        assert counts["FFMA"] >= counts["MUFU.EX2"] - 8, counts  # one FFMA per exponent (+ a few per row)
+
+
+def test_speed_ab_plan(capsys):
+    ab = _speed_ab()
+    shapes = ab.plan([64, 128, 256], [1024, 4096, 16384], (False, True), list(ab.VARIANTS))
+    assert len(shapes) == 18 and all(s["batch"] * s["seqlen"] >= 16384 and "old" in s["variants"] for s in shapes)
+    assert {s["head_dim"]: len(s["variants"]) for s in shapes} == {64: 4, 128: 6, 256: 2}
+    import sys
+    argv, sys.argv = sys.argv, ["fa3_speed_ab.py", "--plan"]
+    try:
+        assert ab.main() == 0
+    finally:
+        sys.argv = argv
+    assert "18 shapes, 24 compiles, 108 entries" in capsys.readouterr().out

@@ -63,8 +63,11 @@ class Sm90Config:
     stages: depth of the K and V shared-memory pipelines.
     pingpong: named-barrier scheduling between consumer warpgroups (FA3 section 3.1).
     intra_wg_overlap: issue S_{j+1} = Q K^T with O += P_j V_j, softmax under the PV GEMM (3.2).
-    exp2_ffma: one FFMA per score in the softmax exponent (``OnlineSoftmax(exp2_ffma=True)``) instead of
-        the exact subtract-then-scale form; an A/B switch for the cost of exactness at huge logits.
+    exp2_ffma: one FFMA per score in the softmax exponent against a rounded basis, with alpha moving
+        between bases exactly and the exact subtract-then-scale form kept for |m c| >= 2^20
+        (``common.softmax``, "One-FFMA exponent"); False: the subtract-then-scale form for every score.
+    reduce_chains: independent accumulators of the softmax's row max and row sum (1: one serial chain).
+    skip_unit_rescale: skip O *= alpha in the mainloop when no row max of the thread moved (alpha == 1).
     num_splits: split-KV (Flash-Decoding): 1, off (one CTA walks all K/V tiles of its query tile); n > 1,
         the K/V tiles of each query tile are shared by n CTAs that write partial O and LSE, merged by LSE
         afterwards (`common.split`); 0, split with the count chosen per call (`common.split.num_splits_for`).
@@ -78,6 +81,8 @@ class Sm90Config:
     intra_wg_overlap: bool = True
     exp2_ffma: bool = False
     num_splits: int = 1
+    reduce_chains: int = 1
+    skip_unit_rescale: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:
@@ -96,6 +101,8 @@ class Sm90Config:
             raise ValueError(f"tile_n={self.tile_n} must be a multiple of 16 in [16, 256]")
         if head_dim % 16 or head_dim > 256:
             raise ValueError(f"head_dim={head_dim} must be a multiple of 16 and at most 256")
+        if self.reduce_chains not in (1, 2, 4, 8):
+            raise ValueError(f"reduce_chains={self.reduce_chains!r} must be 1, 2, 4 or 8")
         if not isinstance(self.num_splits, int) or self.num_splits < 0:
             raise ValueError(f"num_splits={self.num_splits!r} must be an int >= 0 (1: off, 0: chosen per call)")
         if self.smem_bytes(head_dim) > smem_capacity(arch):

@@ -23,6 +23,17 @@ descales times softmax_scale log2 e), so m is kept in log2 units, m = max_n c_n 
 P = exp2(S c_n - m + p_shift), alpha = exp2(m_old - m_new), LSE = (m + log2 l - p_shift) ln 2
 (``OnlineSoftmax(..., tile_scales=True, p_shift=...)``, c_n passed to ``update``).
 
+One-FFMA exponent (``exp2_ffma``, the fa3 default): P = exp2(fma(S, c, -B)) with the basis B = round(m c),
+one FFMA per score instead of a subtract and a multiply. P(max) is then 2^(m c - B), not exactly 1, but every
+P, l and O of the row carries the same factor as long as alpha moves between bases exactly: alpha =
+exp2(B_old - B_new) = exp2((m_old - m_new) c - err_old + err_new), err = m c - B taken exactly by one more
+FFMA per row; O / l cancels the factor and LSE = (B + log2 l) ln 2 is what `log_sum_exp` computes. Where
+|m c| >= FFMA_LIMIT (2^20) the rounding of B would reach 2^-4 and more, so that row runs the exact form
+(S - m first, basis m c, err = 0) for that tile; alpha's formula covers a row that switches.
+
+Row max and row sum reduce over ``chains`` independent accumulators and a small tree (`row_reduce`): a serial
+chain of dependent FMNMX (FADD) over a thread's 32-64 columns is latency-bound while the MUFU waits for m.
+
 FA1 keeps O, l and m in HBM between steps: `resume(m, l)` starts a step from the saved state (l the whole
 row sum), `update` runs as above, and `resumed_sum(alpha)` gives the new whole row sum alpha l + rowsum(P_j).
 
@@ -42,6 +53,30 @@ from cutlass import Float32, const_expr
 from fa_variants.common.layout import quad_allreduce
 from fa_variants.common.scale import LN_2
 
+#: |m c| below which the one-FFMA exponent is used (see `OnlineSoftmax`): the basis m c is then rounded by at
+#: most 2^-4 (half an ulp of 2^20), so the row max gets P = 2^(+-1/16) and no P can overflow, even in fp16.
+FFMA_LIMIT = 2.0**20
+
+
+def row_reduce(s: cute.Tensor, r: int, op, chains: int, init=None):
+    """op-reduction of row r of a (rows, cols) register view over `chains` independent accumulators (column c
+    goes to chain c % chains), then a pairwise tree over the chains: a dependency depth of about
+    cols / chains + log2(chains) instead of cols. chains = 1 is the plain serial chain. Trace-time helper
+    (plain Python over unrolled columns). Adapted from Dao-AILab/flash-attention:flash_attn/cute/utils.py::
+    fmax_reduce (four chains on sm80/sm90)."""
+    n_cols = cute.size(s, mode=[1])
+    acc = [s[r, c] for c in range(min(chains, n_cols))]
+    for c in range(len(acc), n_cols):
+        acc[c % chains] = op(acc[c % chains], s[r, c])
+    return _tree(acc, op) if init is None else op(_tree(acc, op), init)
+
+
+def _tree(vals: list, op):
+    """Pairwise op-reduction of a list of values (trace time)."""
+    while len(vals) > 1:
+        vals = [op(vals[i], vals[i + 1]) if i + 1 < len(vals) else vals[i] for i in range(0, len(vals), 2)]
+    return vals[0]
+
 
 @cute.jit
 def log_sum_exp(m: Float32, scale_log2: Float32, l: Float32, empty) -> Float32:
@@ -53,19 +88,24 @@ def log_sum_exp(m: Float32, scale_log2: Float32, l: Float32, empty) -> Float32:
 class OnlineSoftmax:
     """Running (m, l) for the `num_rows` query rows this thread holds. Build inside a kernel."""
 
-    def __init__(self, num_rows: int, scale_log2: Float32, exp2_ffma: bool = False, tile_scales: bool = False,
-                 p_shift: float = 0.0):
+    def __init__(self, num_rows: int, scale_log2: Float32, exp2_ffma: bool = False, chains: int = 1,
+                 skip_unit_rescale: bool = False, tile_scales: bool = False, p_shift: float = 0.0):
         self.num_rows = num_rows
         self.scale_log2 = scale_log2
-        # True: one FFMA per score, exp2(s c - m c) (flash-attn's form; P(max) off by 2^(|m c| 2^-24) at
-        # huge logits); False (default): exp2((s - m) c), exact at the row max (module docstring).
+        # False (default): exp2((s - m) c), a subtract and a multiply per score, exact at the row max.
+        # True: one FFMA per score, exp2(fma(s, c, -B)) against the basis B = round(m c) (module docstring,
+        # "One-FFMA exponent"), with the exact form kept for a row whose |m c| >= FFMA_LIMIT.
         self.exp2_ffma = exp2_ffma
         # Block-scaled scores (fa3-fp8): `update` takes each tile's own c_n and m is kept in log2 units,
         # m = max_n c_n rowmax(S_n); P = exp2(S c_n - m + p_shift) (one FFMA), LSE = (m + log2 l - p_shift) ln 2.
         self.tile_scales = tile_scales
         self.p_shift = p_shift
+        self.chains = chains  # independent accumulators of the row max and row sum (`row_reduce`)
+        self.skip_unit_rescale = skip_unit_rescale  # `rescale` skips O when every alpha of the thread is 1
         self.row_max = cute.make_rmem_tensor(num_rows, Float32)
         self.row_sum = cute.make_rmem_tensor(num_rows, Float32)
+        # m c - B per row (the exact rounding error of the basis; 0 where the exact form ran)
+        self.row_err = cute.make_rmem_tensor(num_rows, Float32) if exp2_ffma else None
 
     def reset(self):
         """m = -inf, l = 0 (Algorithm 1 line 4)."""
@@ -78,45 +118,118 @@ class OnlineSoftmax:
         alpha per row, the factor the caller rescales O with (1 on the first tile). With ``tile_scales``
         the tile's own scale c_n = ``tile_scale_log2`` (> 0) replaces ``scale_log2`` (see ``__init__``)."""
         alpha = cute.make_rmem_tensor(self.num_rows, Float32)
+        c = self.scale_log2
+        if const_expr(self.tile_scales):
+            self._update_tile_scaled(s, is_first, tile_scale_log2, alpha)
+        elif const_expr(not self.exp2_ffma):  # row by row: exp2((s - m) c)
+            for r in cutlass.range_constexpr(self.num_rows):
+                m_new, m_safe = self._row_max(s, r, is_first)
+                row_sum = self._exp_row(s, r, m_safe, c, 0.0)
+                self._fold(r, alpha, row_sum, m_new, (self.row_max[r] - m_safe) * c, is_first)
+        else:  # every row's max first (their chains overlap), then one rare branch for huge |m c|
+            m_new = cute.make_rmem_tensor(self.num_rows, Float32)
+            m_safe = cute.make_rmem_tensor(self.num_rows, Float32)
+            basis = cute.make_rmem_tensor(self.num_rows, Float32)
+            err = cute.make_rmem_tensor(self.num_rows, Float32)
+            huge = cute.make_rmem_tensor(self.num_rows, cutlass.Boolean)
+            any_huge = False
+            for r in cutlass.range_constexpr(self.num_rows):
+                m_new[r], m_safe[r] = self._row_max(s, r, is_first)
+                b = m_safe[r] * c
+                huge[r] = cute.math.absf(b) >= FFMA_LIMIT or b != b
+                any_huge = any_huge or huge[r]
+                basis[r] = 0.0 if huge[r] else b
+                err[r] = 0.0 if huge[r] else cute.math.fma(m_safe[r], c, -b)  # m c - basis, exactly
+            if any_huge:  # those rows subtract m first: the exact form
+                for r in cutlass.range_constexpr(self.num_rows):
+                    shift = m_safe[r] if huge[r] else 0.0
+                    for j in cutlass.range_constexpr(cute.size(s, mode=[1])):
+                        s[r, j] = s[r, j] - shift
+            for r in cutlass.range_constexpr(self.num_rows):
+                row_sum = self._exp_row(s, r, 0.0, c, basis[r])
+                # old basis over new: (m_old - m_new) c - err_old + err_new
+                self._fold(r, alpha, row_sum, m_new[r], cute.math.fma(self.row_max[r] - m_safe[r], c, err[r] - self.row_err[r]),
+                           is_first)
+                self.row_err[r] = err[r]
+        return alpha
+
+    @cute.jit
+    def _update_tile_scaled(self, s: cute.Tensor, is_first: cutlass.Constexpr[bool], tile_scale_log2: Float32,
+                            alpha: cute.Tensor):
+        """`update` for block-scaled scores (m in log2 units, see ``__init__``)."""
         n_cols = cute.size(s, mode=[1])
         for r in cutlass.range_constexpr(self.num_rows):
             m_old = self.row_max[r]
-            m_new = s[r, 0]
-            for c in cutlass.range_constexpr(1, n_cols):
-                m_new = cute.arch.fmax(m_new, s[r, c])
-            m_new = quad_allreduce(m_new, cute.arch.fmax)
-            if const_expr(self.tile_scales):
-                m_new = m_new * tile_scale_log2  # log2 units
+            m_new = quad_allreduce(row_reduce(s, r, cute.arch.fmax, self.chains), cute.arch.fmax) * tile_scale_log2
             if const_expr(not is_first):
                 m_new = cute.arch.fmax(m_new, m_old)
             m_safe = 0.0 if m_new == -Float32.inf else m_new
             row_sum = Float32(0.0)
-            m_scaled = self.p_shift - m_safe if const_expr(self.tile_scales) else m_safe * self.scale_log2
+            bias = self.p_shift - m_safe
             for c in cutlass.range_constexpr(n_cols):
-                if const_expr(self.tile_scales):
-                    p = cute.math.exp2(s[r, c] * tile_scale_log2 + m_scaled, fastmath=True)
-                elif const_expr(self.exp2_ffma):
-                    p = cute.math.exp2(s[r, c] * self.scale_log2 - m_scaled, fastmath=True)
-                else:
-                    p = cute.math.exp2((s[r, c] - m_safe) * self.scale_log2, fastmath=True)
+                p = cute.math.exp2(s[r, c] * tile_scale_log2 + bias, fastmath=True)
                 s[r, c] = p
                 row_sum += p
             if const_expr(is_first):
                 alpha[r] = 1.0
                 self.row_sum[r] = row_sum
             else:
-                if const_expr(self.tile_scales):
-                    a = cute.math.exp2(m_old - m_safe, fastmath=True)
-                else:
-                    a = cute.math.exp2((m_old - m_safe) * self.scale_log2, fastmath=True)
+                a = cute.math.exp2(m_old - m_safe, fastmath=True)
                 alpha[r] = a
                 self.row_sum[r] = self.row_sum[r] * a + row_sum
             self.row_max[r] = m_new
-        return alpha
 
     @cute.jit
-    def rescale(self, o: cute.Tensor, alpha: cute.Tensor):
-        """O[r, :] *= alpha[r] (rows view of the O accumulator)."""
+    def _row_max(self, s: cute.Tensor, r: cutlass.Constexpr[int], is_first: cutlass.Constexpr[bool]):
+        """(m_new, m_safe) of row r: max(m, rowmax(S_j)) over the quad; m_safe = 0 for a row with no key yet."""
+        m_new = quad_allreduce(row_reduce(s, r, cute.arch.fmax, self.chains), cute.arch.fmax)
+        if const_expr(not is_first):
+            m_new = cute.arch.fmax(m_new, self.row_max[r])
+        return m_new, (0.0 if m_new == -Float32.inf else m_new)
+
+    @cute.jit
+    def _exp_row(self, s: cute.Tensor, r: cutlass.Constexpr[int], shift: Float32, c: Float32, basis: Float32):
+        """S[r, :] -> P[r, :] = exp2((S - shift) c) (exact form) or exp2(fma(S, c, -basis)) (exp2_ffma);
+        returns this thread's part of the row sum (`chains` accumulators)."""
+        sums = [Float32(0.0)] * self.chains
+        for j in cutlass.range_constexpr(cute.size(s, mode=[1])):
+            if const_expr(self.exp2_ffma):
+                p = cute.math.exp2(cute.math.fma(s[r, j], c, -basis), fastmath=True)
+            else:
+                p = cute.math.exp2((s[r, j] - shift) * c, fastmath=True)
+            s[r, j] = p
+            sums[j % self.chains] = sums[j % self.chains] + p
+        return _tree(sums, lambda x, y: x + y)
+
+    @cute.jit
+    def _fold(self, r: cutlass.Constexpr[int], alpha: cute.Tensor, row_sum: Float32, m_new: Float32, log2_alpha: Float32,
+              is_first: cutlass.Constexpr[bool]):
+        """alpha[r] = exp2(log2_alpha) (1 on the first tile), l = alpha l + row_sum, m = m_new."""
+        if const_expr(is_first):
+            alpha[r] = 1.0
+            self.row_sum[r] = row_sum
+        else:
+            a = cute.math.exp2(log2_alpha, fastmath=True)
+            alpha[r] = a
+            self.row_sum[r] = self.row_sum[r] * a + row_sum
+        self.row_max[r] = m_new
+
+    @cute.jit
+    def rescale(self, o: cute.Tensor, alpha: cute.Tensor, skip_ones: cutlass.Constexpr[bool] = False):
+        """O[r, :] *= alpha[r] (rows view of the O accumulator). With ``skip_ones`` and the softmax's
+        ``skip_unit_rescale``, nothing is done when every alpha of this thread is exactly 1 (no row max moved:
+        exp2(0) = 1 exactly, so the skip changes no result)."""
+        if const_expr(skip_ones and self.skip_unit_rescale):
+            moved = alpha[0] != 1.0
+            for r in cutlass.range_constexpr(1, self.num_rows):
+                moved = moved or alpha[r] != 1.0
+            if moved:
+                self._scale_rows(o, alpha)
+        else:
+            self._scale_rows(o, alpha)
+
+    @cute.jit
+    def _scale_rows(self, o: cute.Tensor, alpha: cute.Tensor):
         for r in cutlass.range_constexpr(self.num_rows):
             for c in cutlass.range_constexpr(cute.size(o, mode=[1])):
                 o[r, c] = o[r, c] * alpha[r]

@@ -69,11 +69,15 @@ Fa3Config = Sm90Config  # the FA3 family's config type (common/config.py)
 # consumer thread. D=64 gains ~15% from 3 consumer warpgroups (192 query rows per CTA: more FLOPs per K/V
 # byte); D=128: 128 x 128 with 2 stages was not beaten by 112/144/160-wide tiles or 3-4 stages; D=256:
 # 80-wide K/V tiles with ping-pong off (measured 1-3% faster than with it, and than 64-wide tiles).
+# Softmax switches (issue 12, common.softmax): one FFMA per score against a consistent basis, row max and row sum
+# in 4 independent chains (the serial FMNMX chain was one dependent instruction per score), O's rescale skipped
+# when no row max moved. Chosen from the SASS before an H200 A/B (scripts/fa3_speed_ab.py times each undone).
+_SOFTMAX = dict(exp2_ffma=True, reduce_chains=4, skip_unit_rescale=True)
 DEFAULT_CONFIGS: dict[int, Sm90Config] = {
-    64: Sm90Config(tile_m=192, tile_n=128, stages=2),
-    96: Sm90Config(tile_m=128, tile_n=128, stages=2),
-    128: Sm90Config(tile_m=128, tile_n=128, stages=2),
-    256: Sm90Config(tile_m=128, tile_n=80, stages=2, pingpong=False),
+    64: Sm90Config(tile_m=192, tile_n=128, stages=2, **_SOFTMAX),
+    96: Sm90Config(tile_m=128, tile_n=128, stages=2, **_SOFTMAX),
+    128: Sm90Config(tile_m=128, tile_n=128, stages=2, **_SOFTMAX),
+    256: Sm90Config(tile_m=128, tile_n=80, stages=2, pingpong=False, **_SOFTMAX),
 }
 # What `auto` runs when the split heuristic splits a shape (decode): the default tiles with the split count
 # chosen per call (one compile for every decode shape of a head dim).
@@ -151,7 +155,7 @@ class FlashAttention3Sm90:
         return transpose_view(sV)
 
     def _make_softmax(self, num_rows: int, scale_log2: Float32):
-        return OnlineSoftmax(num_rows, scale_log2, self.cfg.exp2_ffma)
+        return OnlineSoftmax(num_rows, scale_log2, self.cfg.exp2_ffma, self.cfg.reduce_chains, self.cfg.skip_unit_rescale)
 
     def _step_context(self, args: tuple, extras: tuple, m_block: Int32, head: Int32, batch: Int32):
         return _StepContext(*args)
@@ -578,7 +582,7 @@ class _StepContext:
 
     def rescale_o(self, alpha, n_block):
         """O *= alpha, before the P V GEMM of tile n_block is issued."""
-        self.softmax.rescale(acc_rows_cols(self.acc_O), alpha)
+        self.softmax.rescale(acc_rows_cols(self.acc_O), alpha, skip_ones=True)
 
     def to_p(self, acc_S):
         """P (fp32 accumulator) -> 16-bit A operand of the PV GEMM, in registers."""

@@ -1,0 +1,186 @@
+"""Issue 12: fa3 config variants timed side by side in one process, with flash-attn-4 and cuDNN beside them.
+
+    python3 scripts/fa3_speed_ab.py --out $OUT/fa3ab            # the default plan, ~3-4 min on an H200
+    python3 scripts/fa3_speed_ab.py --plan                       # print the plan (no GPU needed)
+
+Variants are fa3's DEFAULT_CONFIGS with switches changed (``VARIANTS``): `old` is the config before issue 12's
+softmax switches (exact exponent, one serial reduction chain, O always rescaled), `new` the current default, and
+`-x` variants the default with one switch undone, so each switch's effect is measured on its own. Shapes: the
+FlashAttention papers' setup (batch * seqlen = 16384 tokens, heads * head_dim = 2048, bf16, forward),
+TFLOP/s = 4 B H N^2 D / time (halved for causal).
+
+Protocol: every variant compiles and runs once outside the timing (its max |difference| to `old` is reported);
+each (variant or peer) is warmed up for --warmup-ms once per shape; then --rounds rounds, each timing every
+entry once (triton do_bench median, --rep-ms), the order rotated by one entry per round. Reported per entry: the
+median TFLOP/s over rounds, the spread (max - min) / median between rounds, and per-round ratios to `old`
+and to flash-attn-4 (median over rounds). nvidia-smi logs SM clock, power and temperature every 500 ms to
+clocks.csv beside ab.json and ab.md. The last lines printed are the summary: new / old, new / flash-attn-4,
+new / cuDNN per shape.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's fa_variants, run from anywhere
+
+TOKENS, HIDDEN = 16384, 2048
+OLD = dict(exp2_ffma=False, reduce_chains=1, skip_unit_rescale=False)
+#: name -> (head dims it runs at, changes to DEFAULT_CONFIGS[head_dim])
+VARIANTS = {
+    "old": ((64, 128, 256), OLD),
+    "new": ((64, 128, 256), {}),
+    "new-exact-exp": ((64, 128), dict(exp2_ffma=False)),
+    "new-1chain": ((64, 128), dict(reduce_chains=1)),
+    "new-no-skip": ((128,), dict(skip_unit_rescale=False)),
+    "new-3stages": ((128,), dict(stages=3)),
+}
+PEERS = ("flash-attn-4", "sdpa-cudnn")
+
+
+def variant_config(name: str, head_dim: int):
+    from fa_variants.hopper import fa3
+
+    return dataclasses.replace(fa3.DEFAULT_CONFIGS[head_dim], **VARIANTS[name][1])
+
+
+def plan(head_dims, seqlens, causals, variants) -> list[dict]:
+    shapes = []
+    for d in head_dims:
+        for n in seqlens:
+            for causal in causals:
+                names = [v for v in variants if d in VARIANTS[v][0]]
+                shapes.append(dict(head_dim=d, seqlen=n, causal=causal, batch=max(1, TOKENS // n),
+                                   heads=HIDDEN // d, variants=names))
+    return shapes
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--head-dims", default="64,128,256")
+    ap.add_argument("--seqlens", default="1024,4096,16384")
+    ap.add_argument("--causal", default="both", choices=["both", "yes", "no"])
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    ap.add_argument("--variants", default=",".join(VARIANTS), help=f"subset of {', '.join(VARIANTS)}")
+    ap.add_argument("--peers", default=",".join(PEERS))
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--warmup-ms", type=int, default=100)
+    ap.add_argument("--rep-ms", type=int, default=40)
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--plan", action="store_true", help="print the shapes, variants and their configs; no GPU")
+    a = ap.parse_args()
+    variants = [v for v in a.variants.split(",") if v]
+    unknown = set(variants) - set(VARIANTS)
+    if unknown or "old" not in variants:
+        ap.error(f"--variants: unknown {sorted(unknown)} (known: {', '.join(VARIANTS)}); 'old' is required")
+    causals = {"both": (False, True), "yes": (True,), "no": (False,)}[a.causal]
+    shapes = plan([int(x) for x in a.head_dims.split(",")], [int(x) for x in a.seqlens.split(",")], causals, variants)
+    if a.plan:
+        for d in sorted({s["head_dim"] for s in shapes}):
+            for v in variants:
+                if d in VARIANTS[v][0]:
+                    print(f"D={d} {v}: {variant_config(v, d)}")
+        entries = sum(len(s["variants"]) + len(a.peers.split(",")) for s in shapes)
+        compiles = len({(s["head_dim"], s["causal"], v) for s in shapes for v in s["variants"]})
+        print(f"{len(shapes)} shapes, {compiles} compiles, {entries} entries x {a.rounds} rounds")
+        return 0
+    if a.out is None:
+        ap.error("--out is required (unless --plan)")
+    return run(a, shapes)
+
+
+def run(a, shapes) -> int:
+    import torch
+    from triton.testing import do_bench
+
+    from fa_variants.bench import core
+    from fa_variants.bench.runtime import build_impls
+    from fa_variants.hopper import fa3
+
+    a.out.mkdir(parents=True, exist_ok=True)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[a.dtype]
+    peers, notes = build_impls([], [p for p in a.peers.split(",") if p])
+    for note in notes:
+        print(note, flush=True)
+    smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu",
+                            "--format=csv", "-lms", "500"], stdout=open(a.out / "clocks.csv", "w"))
+    rows, t0 = [], time.time()
+    try:
+        for shape in shapes:
+            rows.append(one_shape(shape, peers, dtype, a, torch, do_bench, core, fa3))
+            print(_line(rows[-1]), f"[{time.time() - t0:.0f} s]", flush=True)
+            (a.out / "ab.json").write_text(json.dumps(rows, indent=1))
+    finally:
+        smi.terminate()
+    md = ["| D | N | causal | " + "entry TFLOP/s (spread) | " + "new/old | new/fa4 | new/cuDNN | max diff vs old |",
+          "|---|---|---|---|---|---|---|---|"] + [_line(r) for r in rows]
+    (a.out / "ab.md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+    print("SUMMARY (median of per-round ratios): D N causal: new/old new/fa4 new/cudnn")
+    for r in rows:
+        print(f"SUMMARY D={r['head_dim']} N={r['seqlen']} {'causal' if r['causal'] else 'full'}: "
+              f"{r['ratio_to_old'].get('new', float('nan')):.3f} {r['ratio_new_to'].get('flash-attn-4', float('nan')):.3f} "
+              f"{r['ratio_new_to'].get('sdpa-cudnn', float('nan')):.3f}")
+    return 0
+
+
+def one_shape(shape, peers, dtype, a, torch, do_bench, core, fa3) -> dict:
+    d, n, causal, batch, heads = (shape[k] for k in ("head_dim", "seqlen", "causal", "batch", "heads"))
+    g = torch.Generator(device="cuda").manual_seed(n * 1000 + d + causal)
+    q, k, v = (torch.randn(batch, n, heads, d, device="cuda", dtype=dtype, generator=g) for _ in range(3))
+    scale = d ** -0.5
+    fns = {}
+    for name in shape["variants"]:
+        cfg = variant_config(name, d)
+        fns[name] = lambda cfg=cfg: fa3.run(q, k, v, causal=causal, softmax_scale=scale, config=cfg)
+    for p in peers:
+        fns[p.name] = lambda p=p: p.fn(q, k, v, causal)
+    outs, errors = {}, {}
+    for name, fn in fns.items():  # compile + first run outside the timing
+        try:
+            with torch.no_grad():
+                out = fn()
+            outs[name] = (out[0] if isinstance(out, (tuple, list)) else out).float()
+        except Exception as exc:  # noqa: BLE001 - a peer that cannot run this shape is reported, not fatal
+            errors[name] = f"{type(exc).__name__}: {str(exc)[:120]}"
+    torch.cuda.synchronize()
+    fns = {k_: f for k_, f in fns.items() if k_ not in errors}
+    diffs = {name: (o - outs["old"]).abs().max().item() for name, o in outs.items()}
+    for fn in fns.values():
+        do_bench(fn, warmup=a.warmup_ms, rep=1)
+    names = list(fns)
+    times = {name: [] for name in names}
+    for r in range(a.rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            times[name].append(do_bench(fns[name], warmup=10, rep=a.rep_ms, return_mode="median"))
+    flops = core.attention_flops(batch, heads, n, n, d, causal)
+
+    def ratio(x, y):  # > 1: x faster than y; median of per-round ratios
+        return statistics.median(ty / tx for tx, ty in zip(times[x], times[y]))
+
+    return dict(shape, dtype=str(dtype).removeprefix("torch."), times_ms=times, errors=errors, max_diff_vs_old=diffs,
+                tflops={k_: core.tflops(flops, statistics.median(ts)) for k_, ts in times.items()},
+                spread={k_: (max(ts) - min(ts)) / statistics.median(ts) for k_, ts in times.items()},
+                ratio_to_old={k_: ratio(k_, "old") for k_ in names if k_ != "old"},
+                ratio_new_to={k_: ratio("new", k_) for k_ in names if k_ != "new" and "new" in times})
+
+
+def _line(r: dict) -> str:
+    entries = ", ".join(f"{k}: {t:.0f} ({r['spread'][k]:.0%})" for k, t in r["tflops"].items())
+    nan = float("nan")
+    return (f"| {r['head_dim']} | {r['seqlen']} | {'yes' if r['causal'] else 'no'} | {entries} | "
+            f"{r['ratio_to_old'].get('new', nan):.3f} | {r['ratio_new_to'].get('flash-attn-4', nan):.3f} | "
+            f"{r['ratio_new_to'].get('sdpa-cudnn', nan):.3f} | "
+            f"{max((x for k, x in r['max_diff_vs_old'].items() if k in VARIANTS), default=nan):.2e} |"
+            + " new/x: " + ", ".join(f"{k} {x:.3f}" for k, x in r["ratio_new_to"].items())
+            + (f" errors: {r['errors']}" if r["errors"] else ""))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""CPU model of the one-FFMA softmax exponent (common.softmax, "One-FFMA exponent"; Sm90Config.exp2_ffma):
+float32 arithmetic tile by tile as the kernel does it (FFMA modelled exactly: the float32 product is exact in
+float64), against float64 softmax. The consistent basis keeps huge logits (rows shifted by -1e6, a row whose
+max crosses FFMA_LIMIT mid-row) at rounding level, where the FFMA form with an exactly scaled alpha (the
+previous switch) is off by far more: the check can fail."""
+import math
+
+import pytest
+import torch
+
+from fa_variants.common.softmax import FFMA_LIMIT
+
+
+def _f32(x):
+    return x.to(torch.float32)
+
+
+def _fma(a, b, c):
+    """float32 fma(a, b, c): a * b is exact in float64 for float32 inputs; one rounding to float32 at the end
+    (a second, float64 rounding of the sum first: far below float32's)."""
+    return _f32(a.double() * b.double() + c.double())
+
+
+def online_softmax_pv(s, v, c, tile_n, consistent=True):
+    """O = softmax(s c) v row by row over key tiles (last to first, as fa3), float32 state; returns O float64."""
+    c = torch.tensor(c, dtype=torch.float32)
+    rows, n = s.shape
+    m = torch.full((rows,), -math.inf)
+    l = torch.zeros(rows)
+    err = torch.zeros(rows)
+    o = torch.zeros(rows, v.shape[1])
+    for start in reversed(range(0, n, tile_n)):
+        st, vt = s[:, start:start + tile_n], v[start:start + tile_n]
+        m_new = torch.maximum(m, st.max(dim=1).values)
+        m_safe = torch.where(m_new == -math.inf, torch.zeros(()), m_new)
+        basis = _f32(m_safe * c)
+        huge = (basis.abs() >= FFMA_LIMIT) | basis.isnan()
+        e_new = torch.where(huge, torch.zeros(()), _fma(m_safe, c, -basis))
+        shift = torch.where(huge, m_safe, torch.zeros(()))
+        basis = torch.where(huge, torch.zeros(()), basis)
+        p = torch.exp2(_fma(_f32(st - shift[:, None]), c.expand_as(st), -basis[:, None].expand_as(st)))
+        if consistent:
+            log2_alpha = _fma(_f32(m - m_safe), c.expand(rows), _f32(e_new - err))
+        else:  # the previous exp2_ffma: alpha from exact (m_old - m_new) c, P against the rounded m c
+            log2_alpha = _f32(_f32(m - m_safe) * c)
+        alpha = torch.exp2(log2_alpha)
+        alpha = torch.where(m == -math.inf, torch.zeros(()), alpha)
+        l = alpha * l + p.sum(dim=1)
+        o = alpha[:, None] * o + p.to(torch.bfloat16).float() @ vt
+        m, err = m_new, e_new
+    return (o / l[:, None]).double()
+
+
+def _reference(s, v, c):
+    return torch.softmax(s.double() * (c * math.log(2.0)), dim=1) @ v.double()  # exp2(s c)
+
+
+@pytest.mark.parametrize("shift", [0.0, -1e6, 3e6])
+def test_consistent_basis_matches_float64(shift):
+    g = torch.Generator().manual_seed(7)
+    rows, n, d = 64, 1024, 64
+    c = 128 ** -0.5 * math.log2(math.e)
+    s = _f32(torch.randn(rows, n, generator=g, dtype=torch.float64) * 3 + shift)
+    s[:, 5] += torch.linspace(0, 40, rows)  # some rows' max moves late (tiles run last to first)
+    v = torch.randn(n, d, generator=g).to(torch.bfloat16).float()
+    ref = _reference(s, v, c)
+    assert (online_softmax_pv(s, v, c, tile_n=128) - ref).abs().max().item() < 2e-2  # bf16 P, as in the kernel
+
+
+def test_huge_logits_consistent_vs_previous_form():
+    """Logits near -5e5 at softmax_scale 1 (|m c| ~ 7e5 < FFMA_LIMIT: the FFMA form, basis rounded by up to
+    2^-5): the rounded basis must not leak into O. The previous switch's alpha leaks it (measured on this model:
+    2.2e-3 vs 1.0e-2 max error, |O| ~ 0.9)."""
+    g = torch.Generator().manual_seed(3)
+    rows, n, d = 32, 2048, 64
+    c = math.log2(math.e)
+    s = torch.randn(rows, n, generator=g, dtype=torch.float64) * 2
+    s = _f32(s + torch.linspace(4, 0, n, dtype=torch.float64) - 5e5)  # the max moves on many tiles
+    v = torch.randn(n, d, generator=g).to(torch.bfloat16).float()
+    ref = _reference(s, v, c)
+    good = (online_softmax_pv(s, v, c, 128) - ref).abs().max().item()
+    bad = (online_softmax_pv(s, v, c, 128, consistent=False) - ref).abs().max().item()
+    assert good < 5e-3 and good < bad / 3, (good, bad)
+
+
+def test_basis_crossing_the_limit_mid_row():
+    """A row whose |m c| crosses FFMA_LIMIT between tiles switches from the FFMA form to the exact form."""
+    g = torch.Generator().manual_seed(5)
+    rows, n, d = 16, 512, 32
+    c = 1.0
+    s = _f32(torch.randn(rows, n, generator=g, dtype=torch.float64) + FFMA_LIMIT - 8)
+    s[:, :64] += 16.0  # first tile (processed last) lifts m c past the limit
+    v = torch.randn(n, d, generator=g).to(torch.bfloat16).float()
+    err = (online_softmax_pv(s, v, c, 64) - _reference(s, v, c)).abs().max().item()
+    assert err < 2e-2, err
