@@ -109,6 +109,12 @@ from fa_variants.reference import default_softmax_scale
 #: how the sequence was cut over the ranks; it matters only when causal
 LAYOUTS = ("zigzag", "contiguous")
 
+#: Experiment switch, off until a GPU run shows that it helps (scripts/cp_bench.py measures it): launch the first
+#: step (this rank's own K/V, which needs nothing from the other ranks) before the shape check and the first
+#: transfer, so that the check's round trip and the posting of the transfer run while the GPU computes. The
+#: transfer's NCCL kernel is then queued behind that step's CTAs unless NCCL's streams have high priority.
+LOCAL_STEP_FIRST = False
+
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64,
            getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None))
 _DEVICE_TYPES = ("cpu", "cuda")
@@ -499,15 +505,19 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                _DEVICE_TYPES.index(q.device.type), int(causal), LAYOUTS.index(layout), _scale_bits(scale)]
     else:
         row = [0] * len(_FIELDS)
+    first = None
+    if error is None and LOCAL_STEP_FIRST and q.shape[1] and k.shape[1]:  # step 0: own K/V, the local mask
+        first = api.attention(q, k, v, causal=causal, softmax_scale=scale, backend=backend, return_lse=True)
     rows = _gather_rows(group, row, world)
     if error is not None:
         raise error
     _check_rows(rows, causal, layout)
-    out, lse = _ring_attention(q, k, v, rows, group, rank, world, causal, layout, scale, backend)
+    out, lse = _ring_attention(q, k, v, rows, group, rank, world, causal, layout, scale, backend, first)
     return (out, lse) if return_lse else out
 
 
-def _ring_attention(q, k, v, rows, group, rank, world, causal, layout, scale, backend):
+def _ring_attention(q, k, v, rows, group, rank, world, causal, layout, scale, backend, first=None):
+    """This rank's (out, lse) over all steps; ``first``: step 0's result when it was computed already."""
     seqlens_k = [row[_FIELDS.index("seqlen_k")] for row in rows]
     sizes = _chunk_sizes(sum(seqlens_k), 2 * world)  # zig-zag chunk lengths (used when causal and zigzag)
     ring = _Ring(group, rank, world, q.device)
@@ -522,7 +532,9 @@ def _ring_attention(q, k, v, rows, group, rank, world, causal, layout, scale, ba
     for step, plan in enumerate(plans):
         src = (rank - step) % world  # the rank whose K/V shard this rank holds now
         pending = ring.post(k_cur, v_cur, seqlens_k[(src - 1) % world]) if step + 1 < world else None
-        if plan is not None:
+        if step == 0 and first is not None:
+            merger.add(plan.rows, *first, last=step == last)
+        elif plan is not None:
             out, lse = api.attention(q[:, plan.rows], k_cur[:, plan.keys], v_cur[:, plan.keys], causal=plan.causal,
                                      softmax_scale=scale, backend=backend, return_lse=True)
             merger.add(plan.rows, out, lse, last=step == last)

@@ -22,7 +22,8 @@ def test_cp_bench_cpu_smoke(tmp_path):
     report = json.loads((tmp_path / "cp_bench.json").read_text())
     assert [(r["seqlen"], r["causal"]) for r in report["rows"]] == [(37, False), (37, True)]
     for row in report["rows"]:
-        assert set(row["ms"]) >= {"one GPU", "ring", "kernels", "kernels + merges", "comm", "shape check"}
+        assert set(row["ms"]) >= {"one GPU", "ring", "kernels", "kernels + merges", "comm", "shape check",
+                                  "ring, high-priority NCCL", "ring hp, local step first"}
         assert all(c["out"]["ok"] and c["lse"]["ok"] for c in row["correctness"])
     table = (tmp_path / "cp_bench.md").read_text()
     assert table.count("\n| 37 |") == 2 and "N=    37 causal=True" in proc.stdout

@@ -41,6 +41,11 @@ GOOD = {
     "scale_causal_zigzag_f64": dict(seqlen=20, dtype=F64, causal=True, layout="zigzag", softmax_scale=-0.7),
     "tiny_causal_zigzag_f64": dict(seqlen=3, dtype=F64, causal=True, layout="zigzag"),  # world 4: a rank has 0
     "after_errors_f64": dict(seqlen=17, dtype=F64, causal=True, layout="zigzag"),  # runs after the bad cases
+    # distributed.LOCAL_STEP_FIRST: the own-K/V step computed before the shape check and the first transfer
+    "local_first_causal_zigzag_uneven_f64": dict(seqlen=37, dtype=F64, causal=True, layout="zigzag",
+                                                 local_step_first=True),
+    "local_first_noncausal_gqa_f32": dict(seqlen=26, dtype=F32, causal=False, layout="contiguous", heads=4,
+                                          heads_kv=2, local_step_first=True),
 }
 _SHARD = {"zigzag": cp.zigzag_shard, "contiguous": cp.contiguous_shard}
 _UNSHARD = {"zigzag": cp.zigzag_unshard, "contiguous": cp.contiguous_unshard}
@@ -69,7 +74,8 @@ def _cases(world: int, gen) -> tuple[dict, list]:
             cases += _bad_cases(world, gen)
         inputs[name] = _inputs(gen, **spec)
         cases.append(dict(name=name, args=_sharded(inputs[name], spec["layout"], world),
-                          kwargs=[_options(spec)] * world, group="world"))
+                          kwargs=[_options(spec)] * world, group="world",
+                          local_step_first=spec.get("local_step_first", False)))
     # a group of one per rank: plain attention of the rank's own shard
     inputs["self_group"] = _inputs(gen, 12, F64)
     cases.append(dict(name="self_group", args=_sharded(inputs["self_group"], "contiguous", world),
@@ -97,7 +103,8 @@ def _bad_cases(world: int, gen) -> list:
         dict(name="bad_dtype", **with_rank1((q1.float(), k1.float(), v1.float()))),
         dict(name="bad_causal", **with_rank1(good[1], dict(base, causal=False))),
         dict(name="bad_local", **with_rank1((q1, k1[0], v1))),
-        dict(name="bad_zigzag_lengths", args=skewed, kwargs=[base] * world, group="world"),
+        # with the own-K/V step launched before the check: computed, then the same error on every rank
+        dict(name="bad_zigzag_lengths", args=skewed, kwargs=[base] * world, group="world", local_step_first=True),
         dict(name="bad_causal_cross", args=[cross] * world, kwargs=[base] * world, group="world"),
     ]
 
