@@ -229,6 +229,8 @@ CONFIG_VARIANTS = {
     "pv4-pipelined-d256": (256, dict(pv_split=4, pv_buffers=2)),
     "pv4-d256": (256, dict(pv_split=4)),
     "tile-m-192-d64": (64, dict(tile_m=192)),
+    "tile-n-256-d64": (64, dict(tile_n=256)),  # K/V scale blocks of 256 keys (quantised to match)
+    "tile-n-192-serial": (128, dict(tile_n=192, intra_wg_overlap=False)),
 }
 
 
@@ -239,7 +241,8 @@ def test_variants(variant, nan_allocations):
     D, change = CONFIG_VARIANTS.get(variant, (128, None))
     B, Nq, Nk, H, Hkv = 2, 200, 700, 4, 2
     g = torch.Generator(device="cuda").manual_seed(7)
-    _, (q8, k8, vt, qd, kd, vd), v8 = quantized_inputs(B, Nq, Nk, H, Hkv, D, "cuda", g)
+    bn = (change or {}).get("tile_n", layout.tile_n(D))
+    _, (q8, k8, vt, qd, kd, vd), v8 = quantized_inputs(B, Nq, Nk, H, Hkv, D, "cuda", g, tile_n=bn)
     cfg, out_dtype, scale = None, torch.bfloat16, D ** -0.5
     if change is not None:
         cfg = dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[D], **change)
@@ -253,7 +256,7 @@ def test_variants(variant, nan_allocations):
         out, lse = fa3_fp8.run_quantized(q8, k8, vt, qd, kd, vd, softmax_scale=scale, causal=True, out_dtype=out_dtype, config=cfg)
     assert out.dtype == out_dtype
     k_model = k8 if scale >= 0 else (k8.view(torch.uint8) ^ 0x80).view(E4M3)
-    ref_out, ref_lse = model(q8, k_model, v8, qd, kd, vd, abs(scale), True, layout.tile_n(D))
+    ref_out, ref_lse = model(q8, k_model, v8, qd, kd, vd, abs(scale), True, bn)
     _check(out, lse, ref_out, ref_lse, v8, vd, variant)
 
 
