@@ -15,7 +15,8 @@ then loads them. ``--jobs 0`` compiles in-process.
 
 Accuracy (``--errors``, on by default): default recipe (``quantize_fp8``: block scales, Hadamard, smoothed K)
 on N(0, 1) inputs, B=1, H=4, N=2048 (causal and not); per accumulation mode: rel-L2 of the kernel vs
-``emulate_fp8_attention`` with the same FP8Config (two_level, promote_every), and of both vs float64.
+``emulate_fp8_attention`` with the same FP8Config (two_level, promote_every), and of both vs float64; for the
+default mode also vs the emulation with the block-floating-point accumulator model (``accumulator="blockfp"``).
 
     source .gpu/env.sh && python3 scripts/fa3_fp8_speed_ab.py --out "$OUT/fp8_ab"          (~3-4 min, H200)
     python3 scripts/fa3_fp8_speed_ab.py --quick        (D=128, N=4k, non-causal, 3 rounds: a smoke run)
@@ -217,14 +218,18 @@ def errors(args, out_dir: str) -> list[dict]:
                     out, lse = fa3_fp8.run_fp8(inputs, causal=causal, out_dtype=torch.bfloat16, config=cfg)
                     emu, emu_lse = emulate_fp8_attention(inputs, causal=causal, out_dtype=torch.bfloat16)
                     f_ = torch.isfinite(emu_lse)
+                    blockfp = None  # the block-floating-point accumulator model, default mode only (time)
+                    if mode == "two_level":
+                        emu_b, _ = emulate_fp8_attention(inputs, causal=causal, out_dtype=torch.bfloat16, accumulator="blockfp")
+                        blockfp = float(rel_l2(out, emu_b))
                     row = dict(head_dim=D, seqlen=args.err_seqlen, causal=causal, mode=mode,
-                               kernel_vs_emulation=float(rel_l2(out, emu)),
+                               kernel_vs_emulation=float(rel_l2(out, emu)), kernel_vs_emulation_blockfp=blockfp,
                                lse_max_diff=float((lse - emu_lse)[f_].abs().max()) if f_.any() else 0.0,
                                kernel_vs_float64=float(rel_l2(out, exact)), emulation_vs_float64=float(rel_l2(emu, exact)))
                     rows.append(row)
                     f.write(json.dumps(row) + "\n")
                     print(f"errors d{D} causal={int(causal)} {mode}: kernel-emu {row['kernel_vs_emulation']:.2e} "
-                          f"(LSE {row['lse_max_diff']:.1e}), kernel-f64 {row['kernel_vs_float64']:.2e}, "
+                          f"(LSE {row['lse_max_diff']:.1e}; block-FP model {blockfp}), kernel-f64 {row['kernel_vs_float64']:.2e}, "
                           f"emu-f64 {row['emulation_vs_float64']:.2e}", flush=True)
     return rows
 
@@ -251,9 +256,12 @@ def summary(speed_rows: list[dict], error_rows: list[dict]) -> str:
         lines.append("")
     if error_rows:
         lines += ["## kernel vs emulation (rel-L2), default recipe, N(0,1), B=1 H=4", "",
-                  "| D | causal | mode | kernel vs emulation | LSE max diff | kernel vs f64 | emulation vs f64 |", "|---|---|---|---|---|---|---|"]
+                  "| D | causal | mode | kernel vs emulation | vs block-FP emulation | LSE max diff | kernel vs f64 | emulation vs f64 |",
+                  "|---|---|---|---|---|---|---|---|"]
         for r in error_rows:
+            b = r.get("kernel_vs_emulation_blockfp")
             lines.append(f"| {r['head_dim']} | {int(r['causal'])} | {r['mode']} | {r['kernel_vs_emulation']:.2e} | "
+                         f"{'-' if b is None else f'{b:.2e}'} | "
                          f"{r['lse_max_diff']:.1e} | {r['kernel_vs_float64']:.2e} | {r['emulation_vs_float64']:.2e} |")
     return "\n".join(lines) + "\n"
 

@@ -152,6 +152,30 @@ def test_accumulator_truncates():
     assert torch.equal(_accumulate(x, torch.zeros(3), None), x)
 
 
+def test_blockfp_accumulator():
+    """The block-floating-point model: one large product 2^16 drops products below 2^(16 - 13) of its k = 32
+    chunk (truncated toward zero), keeps those above exactly, carries the accumulator in the alignment; on
+    products of a narrow exponent range it is the exact sum. The emulation runs with it and stays close."""
+    from fa_variants.fp8.emulation import BLOCKFP_FRAC_BITS, _mma
+
+    assert BLOCKFP_FRAC_BITS == 13
+    a = torch.tensor([[2.0**8] + [2.0**-3] * 31, [2.0**8] + [2.0**4] * 31, [2.0**8] + [-(2.0**-3)] * 31])
+    b = torch.tensor([[2.0**8]] + [[1.0]] * 31)
+    got = _mma(a, b, None, None, "blockfp")[:, 0].tolist()
+    assert got == [2.0**16, 2.0**16 + 31 * 16, 2.0**16]  # small ones dropped toward zero, both signs
+    carry = _mma(torch.cat([torch.tensor([[2.0**8] + [0.0] * 31]), a[:1, 1:], torch.zeros(1, 1)], 1),
+                 torch.cat([b, torch.ones(33, 1)]), None, None, "blockfp")  # 2^16 in chunk 0, the 2^-3 in chunk 1
+    assert carry.item() == 2.0**16
+    ints = torch.randint(-8, 8, (3, 64)).float(), torch.randint(-8, 8, (64, 5)).float()
+    assert torch.equal(_mma(*ints, None, None, "blockfp"), ints[0] @ ints[1])
+    torch.manual_seed(3)
+    inp = quantize_fp8_torch(*(torch.randn(1, n, 2, 64) for n in (70, 300, 300)))
+    out = emulate_fp8_attention(inp, causal=True, accumulator="blockfp")[0]
+    assert rel_l2(out, emulate_fp8_attention(inp, causal=True)[0]) < 1e-2
+    with pytest.raises(ValueError, match="accumulator"):
+        emulate_fp8_attention(inp, accumulator="round")
+
+
 # ------------------------------------------------------------------------- accuracy vs float64
 
 

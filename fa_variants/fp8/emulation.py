@@ -28,6 +28,10 @@ The FP8 MMA accumulator (a model, not a measurement): the products of two e4m3 n
 k = 32 chunk of the reduction is summed (here by a float32 matmul) and added to the accumulator, and the
 sum (rounded to float32) is truncated toward zero to ``accumulator_bits`` mantissa bits (default ``ACCUMULATOR_BITS`` = 22, the
 figure reported for Hopper's FP8 tensor cores). ``accumulator_bits=None`` models a plain fp32 accumulator.
+``accumulator="blockfp"`` is the other model (a calibration candidate from the H200's outputs, bench/NOTES.md):
+each k = 32 chunk's products and the incoming accumulator are aligned to the largest exponent among them and
+truncated toward zero to ``BLOCKFP_FRAC_BITS`` fraction bits below it (a block-floating-point dot product),
+summed exactly, and the sum rounded to float32.
 The rounding of the kernel's exp2 (MUFU.EX2) and of its row sums differ from torch's by a few ulp: kernel vs
 emulation is a tolerance test, tight because every rounding point (Q, K, V, P to e4m3; the accumulator) is
 in the same place.
@@ -41,13 +45,14 @@ import torch
 from fa_variants.fp8 import layout
 from fa_variants.fp8.quantize import E4M3, FP8Config, FP8Inputs, quantize_fp8_torch, tiles_for
 
-__all__ = ["P_SHIFT", "ACCUMULATOR_BITS", "KV_ORDER", "MMA_K", "kv_tile_end", "emulate_fp8_attention",
+__all__ = ["P_SHIFT", "ACCUMULATOR_BITS", "BLOCKFP_FRAC_BITS", "KV_ORDER", "MMA_K", "kv_tile_end", "emulate_fp8_attention",
            "fp8_attention_reference", "fp8_error_bound"]
 
 P_SHIFT = 8
 ACCUMULATOR_BITS = 22
 KV_ORDER = "last_to_first"
 MMA_K = 32  # k of one FP8 MMA instruction (PTX wgmma .e4m3: k = 32)
+BLOCKFP_FRAC_BITS = 13  # the block-floating-point model's fraction bits below the chunk's largest exponent
 C_MIN = 1.1754943508222875e-38  # the kernel floors c_n at the smallest normal float (softmax_scale = 0)
 LOG2_E = math.log2(math.e)
 
@@ -69,8 +74,27 @@ def _accumulate(acc: torch.Tensor, partial: torch.Tensor, bits: int | None) -> t
     return (total.view(torch.int32) & ~((1 << (23 - bits)) - 1)).view(torch.float32)
 
 
-def _mma(a: torch.Tensor, b: torch.Tensor, acc: torch.Tensor | None, bits: int | None) -> torch.Tensor:
+def _blockfp_chunk(a: torch.Tensor, b: torch.Tensor, acc: torch.Tensor, frac_bits: int) -> torch.Tensor:
+    """acc + a @ b for one k chunk as a block-floating-point dot product (module docstring), float32 out."""
+    out = torch.empty_like(acc)
+    step = max(1, (1 << 24) // max(1, b.shape[-1] * (a.shape[-1] + 1) * max(1, a[..., :1, :1].numel())))
+    for r0 in range(0, a.shape[-2], step):  # rows in slices: the products tensor is (..., rows, N, k + 1)
+        terms = a[..., r0:r0 + step, :].double().unsqueeze(-2) * b.double().transpose(-1, -2).unsqueeze(-3)
+        terms = torch.cat([acc[..., r0:r0 + step, :].double().unsqueeze(-1), terms], dim=-1)
+        top = terms.abs().amax(dim=-1, keepdim=True)
+        ulp = torch.exp2(torch.floor(torch.log2(torch.where(top > 0, top, 1.0))) - frac_bits)
+        out[..., r0:r0 + step, :] = (torch.trunc(terms / ulp) * ulp).sum(dim=-1).float()
+    return out
+
+
+def _mma(a: torch.Tensor, b: torch.Tensor, acc: torch.Tensor | None, bits: int | None,
+         model: str = "truncate") -> torch.Tensor:
     """acc + a @ b over the last dim of a, one k = MMA_K chunk at a time through the accumulator model."""
+    if model == "blockfp":
+        acc = a.new_zeros(*a.shape[:-1], b.shape[-1]) if acc is None else acc
+        for k0 in range(0, a.shape[-1], MMA_K):
+            acc = _blockfp_chunk(a[..., k0:k0 + MMA_K], b[..., k0:k0 + MMA_K, :], acc, BLOCKFP_FRAC_BITS)
+        return acc
     if bits is None:
         out = a @ b
         return out if acc is None else acc + out
@@ -82,13 +106,14 @@ def _mma(a: torch.Tensor, b: torch.Tensor, acc: torch.Tensor | None, bits: int |
 
 
 def emulate_fp8_attention(inputs: FP8Inputs, *, causal: bool = False, accumulator_bits: int | None = ACCUMULATOR_BITS,
-                          out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                          out_dtype: torch.dtype | None = None, accumulator: str = "truncate") -> tuple[torch.Tensor, torch.Tensor]:
     """The fa3-fp8 kernel on already-quantised inputs, emulated (module docstring).
 
     Args:
         inputs: FP8Inputs (``quantize_fp8``); its config gives two_level and promote_every.
         causal: bottom-right causal mask (query i sees key j iff j <= i + seqlen_k - seqlen_q).
         accumulator_bits: mantissa bits the FP8 MMA accumulator keeps (the model); None = fp32.
+        accumulator: "truncate" (that model) or "blockfp" (block-floating-point chunks; accumulator_bits unused).
         out_dtype: round O to this dtype at the end (the kernel's output dtype); None keeps float32.
 
     Returns:
@@ -96,6 +121,8 @@ def emulate_fp8_attention(inputs: FP8Inputs, *, causal: bool = False, accumulato
         seqlen_q)), lse of the logits the kernel saw (without ``inputs.lse_shift``). Rows that see no key
         give 0 and -inf.
     """
+    if accumulator not in ("truncate", "blockfp"):
+        raise ValueError(f"accumulator must be 'truncate' or 'blockfp', got {accumulator!r}")
     cfg: FP8Config = inputs.config
     B, Nq, H, D = inputs.q.shape
     Nk, Hkv = inputs.seqlen_k, inputs.k.shape[2]
@@ -130,7 +157,7 @@ def emulate_fp8_attention(inputs: FP8Inputs, *, causal: bool = False, accumulato
         else:
             visited, is_last = torch.full_like(n_blocks, n), (n == n_blocks - 1).view(1, 1, Nq)
         c0, c1 = n * tile_n, min((n + 1) * tile_n, Nk)
-        S = _mma(q8, k8[:, :, c0:c1].transpose(-1, -2), None, accumulator_bits)
+        S = _mma(q8, k8[:, :, c0:c1].transpose(-1, -2), None, accumulator_bits, accumulator)
         c = (c_row * kd[:, :, n:n + 1]).clamp(min=C_MIN).unsqueeze(-1)  # (B, H, Nq, 1), > 0
         if causal:
             cols = torch.arange(c0, c1, device=dev)
@@ -143,7 +170,7 @@ def emulate_fp8_attention(inputs: FP8Inputs, *, causal: bool = False, accumulato
         l = torch.where(active, alpha * l + P.sum(dim=-1), l)
         P8 = P.clamp(max=448.0).to(E4M3).float()
         factor = alpha if prev_vd is None else alpha * (prev_vd / vd[:, :, n]).unsqueeze(-1)  # exact ratio
-        new_acc = _mma(P8, v8[:, :, c0:c1], acc * factor.unsqueeze(-1), accumulator_bits)
+        new_acc = _mma(P8, v8[:, :, c0:c1], acc * factor.unsqueeze(-1), accumulator_bits, accumulator)
         o_alpha = torch.where(active, o_alpha * alpha, o_alpha)
         acc = torch.where(active.unsqueeze(-1), new_acc, acc)
         promote = active & is_last
