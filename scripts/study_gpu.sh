@@ -23,6 +23,8 @@ nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv > "$r/gpu.tx
 if [[ $part == model || $part == all ]]; then   # beside the sweep: its compiles are other configurations
   if [[ -f $model_dir/chunks.json ]]; then
     step model 240 $S --sweeps layer --model-dir "$model_dir" &
+    (t0=$SECONDS; timeout -s INT 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_fp8_study_model.py \
+       > "$r/gpu_test.log" 2>&1; echo "== gpu_test (tiny Llama, kernels): rc=$? in $((SECONDS - t0))s" | tee -a "$r/steps.txt") &
   else
     echo "== model: skipped, no $model_dir/chunks.json (carry the pieces of scripts/pack_model_chunks.py)" | tee -a "$r/steps.txt"
   fi

@@ -94,6 +94,22 @@ def test_end_to_end_on_the_emulation(folder, tmp_path):
         study_model.end_to_end(model, ids[0], use_kernel=False)
 
 
+@pytest.mark.gpu
+def test_end_to_end_on_the_kernels(folder):
+    """The same job through fa3 (bf16) and the fa3-fp8 kernel on an sm_90 GPU."""
+    if not study.kernels_available():
+        pytest.skip("needs the fa3-fp8 kernel on an sm_90 GPU")
+    path, _ = folder
+    model, tok = model_dir.load_model_dir(path, device="cuda")
+    ids = tok(FIRST_PARAGRAPH, return_tensors="pt").input_ids
+    fixture = study_model.capture_layers(model, ids, text=FIRST_PARAGRAPH, model_name="tiny")
+    assert fixture.q.shape[:2] == (2, 1) and fixture.q.device.type == "cpu"
+    e2e = study_model.end_to_end(model, ids, use_kernel=True)
+    rows = {r["method"]: r for r in e2e["rows"]}
+    assert rows["bf16"]["backend"] == "fa3 kernel" and rows["fp8"]["backend"] == "fa3-fp8 kernel"
+    assert 0 < rows["bf16"]["kl_vs_reference_mean"] < rows["fp8"]["kl_vs_reference_mean"] < 1
+
+
 def test_cli_on_the_folder_then_merge(folder, tmp_path, capsys):
     path, _ = folder
     a, b, merged = tmp_path / "a", tmp_path / "b", tmp_path / "merged"

@@ -71,7 +71,8 @@ def capture_layers(model, input_ids: torch.Tensor, *, text: str, model_name: str
     by one forward pass on the model's device (no end-to-end part, no eager outputs)."""
     from fa_variants.integrations.capture import capture_fixture
 
-    fixture = capture_fixture(model, input_ids, text=text, model_name=model_name, e2e_layers=0, eager_out=False)
+    ids = input_ids.to(next(model.parameters()).device)
+    fixture = capture_fixture(model, ids, text=text, model_name=model_name, e2e_layers=0, eager_out=False)
     fixture.q, fixture.k, fixture.v = (t.cpu() for t in (fixture.q, fixture.k, fixture.v))
     return fixture
 
@@ -92,7 +93,7 @@ def attention_function(method: str, *, use_kernel: bool, calls: list):
         if m.kind == "reference":
             out, _ = attention_reference(q, k, v, causal=True, softmax_scale=scaling, dtype=torch.float64)
         else:
-            q, k, v = (t.to(torch.bfloat16) for t in (q, k, v))
+            q, k, v = (t.to(torch.bfloat16).contiguous() for t in (q, k, v))
             if m.kind == "bf16" and use_kernel:
                 out = attention(q, k, v, causal=True, softmax_scale=scaling, backend="fa3")
             elif m.kind == "bf16":
