@@ -121,6 +121,8 @@ def dispatch_and_run(q, k, v, causal: bool, softmax_scale: float | None, backend
         raise RuntimeError(f"backend {selection.backend} returned out {tuple(out.shape)} and lse "
                            f"{tuple(lse.shape)}; expected {tuple(q.shape)} and {(q.shape[0], q.shape[2], q.shape[1])}")
     if key is not None:
+        if len(dispatch.PLANS) >= dispatch.MAX_PLANS:  # bounded (a growing KV cache is a new kind per step):
+            del dispatch.PLANS[next(iter(dispatch.PLANS))]  # the oldest goes
         dispatch.PLANS[key] = plan
     return out, lse
 

@@ -171,6 +171,7 @@ _WARNED: set[tuple] = set()
 _SELECTED: dict[tuple, Selection] = {}
 #: a call's kind (``api._call_key``) -> its plan, ``run(q, k, v) -> (out, lse)`` (``api._plan``)
 PLANS: dict[tuple, object] = {}
+MAX_PLANS = 1024  # kinds of call remembered (first in, first out)
 
 
 def select(capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: int, *,

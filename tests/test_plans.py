@@ -76,6 +76,15 @@ def test_another_kind_gets_its_own_plan(fake_fa3):
     assert len(dispatch.PLANS) == 2
 
 
+def test_plans_are_bounded(fake_fa3, monkeypatch):
+    monkeypatch.setattr(dispatch, "MAX_PLANS", 3)
+    q, k, v = qkv(nk=8)
+    for n in range(1, 6):  # a KV cache growing by one key per step: a new kind each time
+        fa_variants.attention(q, k[:, :n], v[:, :n])
+    assert len(dispatch.PLANS) == 3
+    assert [key[8][1] for key in dispatch.PLANS] == [3, 4, 5]  # k's seqlen: the newest kept
+
+
 def test_plans_replay_the_normalisation(fake_fa3):
     """A non-unit last stride is copied and K/V broadcast across heads run as MQA, on every call."""
     q, k, v = qkv(heads_kv=1)
