@@ -104,6 +104,7 @@ def test_speed_ab_variants_compile_without_spills(name, head_dim, causal):
     assert counts["LDL"] == counts["STL"] == 0 and counts["HGMMA"] > 0, counts
     if name == "new":
         assert config == fa3.DEFAULT_CONFIGS[head_dim]
+    if config.exp2_ffma:  # (the D 256 default keeps the exact form: measured faster there)
         assert counts["FFMA"] >= counts["MUFU.EX2"] - 8, counts  # one FFMA per exponent (+ a few per row)
 
 

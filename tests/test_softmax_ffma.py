@@ -21,7 +21,7 @@ def _fma(a, b, c):
     return _f32(a.double() * b.double() + c.double())
 
 
-def online_softmax_pv(s, v, c, tile_n, consistent=True):
+def online_softmax_pv(s, v, c, tile_n, consistent=True, limit=FFMA_LIMIT, p_dtype=torch.bfloat16):
     """O = softmax(s c) v row by row over key tiles (last to first, as fa3), float32 state; returns O float64."""
     c = torch.tensor(c, dtype=torch.float32)
     rows, n = s.shape
@@ -34,7 +34,7 @@ def online_softmax_pv(s, v, c, tile_n, consistent=True):
         m_new = torch.maximum(m, st.max(dim=1).values)
         m_safe = torch.where(m_new == -math.inf, torch.zeros(()), m_new)
         basis = _f32(m_safe * c)
-        huge = (basis.abs() >= FFMA_LIMIT) | basis.isnan()
+        huge = (basis.abs() >= limit) | basis.isnan()
         e_new = torch.where(huge, torch.zeros(()), _fma(m_safe, c, -basis))
         shift = torch.where(huge, m_safe, torch.zeros(()))
         basis = torch.where(huge, torch.zeros(()), basis)
@@ -46,7 +46,7 @@ def online_softmax_pv(s, v, c, tile_n, consistent=True):
         alpha = torch.exp2(log2_alpha)
         alpha = torch.where(m == -math.inf, torch.zeros(()), alpha)
         l = alpha * l + p.sum(dim=1)
-        o = alpha[:, None] * o + p.to(torch.bfloat16).float() @ vt
+        o = alpha[:, None] * o + p.to(p_dtype).float() @ vt
         m, err = m_new, e_new
     return (o / l[:, None]).double()
 
@@ -68,8 +68,8 @@ def test_consistent_basis_matches_float64(shift):
 
 
 def test_huge_logits_consistent_vs_previous_form():
-    """Logits near -5e5 at softmax_scale 1 (|m c| ~ 7e5 < FFMA_LIMIT: the FFMA form, basis rounded by up to
-    2^-5): the rounded basis must not leak into O. The previous switch's alpha leaks it (measured on this model:
+    """Logits near -5e5 at softmax_scale 1 with the FFMA form forced up to |m c| < 2^20 (basis rounded by up to
+    2^-5; the kernel's limit is lower, this tests the consistent basis itself): it must not leak into O. The previous switch's alpha leaks it (measured on this model:
     2.2e-3 vs 1.0e-2 max error, |O| ~ 0.9)."""
     g = torch.Generator().manual_seed(3)
     rows, n, d = 32, 2048, 64
@@ -78,8 +78,8 @@ def test_huge_logits_consistent_vs_previous_form():
     s = _f32(s + torch.linspace(4, 0, n, dtype=torch.float64) - 5e5)  # the max moves on many tiles
     v = torch.randn(n, d, generator=g).to(torch.bfloat16).float()
     ref = _reference(s, v, c)
-    good = (online_softmax_pv(s, v, c, 128) - ref).abs().max().item()
-    bad = (online_softmax_pv(s, v, c, 128, consistent=False) - ref).abs().max().item()
+    good = (online_softmax_pv(s, v, c, 128, limit=2.0**20) - ref).abs().max().item()
+    bad = (online_softmax_pv(s, v, c, 128, consistent=False, limit=2.0**20) - ref).abs().max().item()
     assert good < 5e-3 and good < bad / 3, (good, bad)
 
 
@@ -93,3 +93,30 @@ def test_basis_crossing_the_limit_mid_row():
     v = torch.randn(n, d, generator=g).to(torch.bfloat16).float()
     err = (online_softmax_pv(s, v, c, 64) - _reference(s, v, c)).abs().max().item()
     assert err < 2e-2, err
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("logit", [-1e4, -1300.0, -700.0, -3.0, 900.0])
+def test_one_key_row_returns_v_exactly(dtype, logit):
+    """EC-04: a row that sees one key has weight exactly 1, so O rounded to the input dtype is that key's V,
+    on both sides of FFMA_LIMIT (|m c| here from 4 to 1.4e4 at softmax_scale 1)."""
+    g = torch.Generator().manual_seed(11)
+    v = (torch.randn(1, 128, generator=g) * 3).to(dtype).float()
+    c = math.log2(math.e)
+    for jitter in torch.linspace(0, 1, 97).tolist():  # many roundings of the basis m c
+        s = _f32(torch.tensor([[logit + jitter]], dtype=torch.float64))
+        out = online_softmax_pv(s, v, c, tile_n=128, p_dtype=dtype).to(dtype)
+        assert torch.equal(out.float(), v), (logit + jitter, (out.float() - v).abs().max().item())
+
+
+def test_one_key_row_check_can_fail():
+    """The same check with the FFMA form forced at |m c| ~ 1.4e4 (limit 2^20, the H200's EC-04 failure in fp16)
+    does catch the error."""
+    v = torch.randn(1, 128, generator=torch.Generator().manual_seed(11)).to(torch.float16).float()
+    c = math.log2(math.e)
+    bad = 0
+    for jitter in torch.linspace(0, 1, 97).tolist():
+        s = _f32(torch.tensor([[-1e4 + jitter]], dtype=torch.float64))
+        out = online_softmax_pv(s, v, c, tile_n=128, limit=2.0**20, p_dtype=torch.float16).to(torch.float16)
+        bad += not torch.equal(out.float(), v)
+    assert bad > 0

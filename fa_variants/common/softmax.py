@@ -28,8 +28,11 @@ one FFMA per score instead of a subtract and a multiply. P(max) is then 2^(m c -
 P, l and O of the row carries the same factor as long as alpha moves between bases exactly: alpha =
 exp2(B_old - B_new) = exp2((m_old - m_new) c - err_old + err_new), err = m c - B taken exactly by one more
 FFMA per row; O / l cancels the factor and LSE = (B + log2 l) ln 2 is what `log_sum_exp` computes. Where
-|m c| >= FFMA_LIMIT (2^20) the rounding of B would reach 2^-4 and more, so that row runs the exact form
-(S - m first, basis m c, err = 0) for that tile; alpha's formula covers a row that switches.
+|m c| >= FFMA_LIMIT (2^11) that row runs the exact form (S - m first, basis m c, err = 0) for that tile;
+alpha's formula covers a row that switches. Why 2^11: below it the basis is rounded by at most 2^-14, so
+P(max) = 2^(+-2^-14) rounds to exactly 1 in fp16/bf16 and O = 1 * V / l differs from V by less than the
+output's half ulp: a row that sees one key returns that key's V exactly (EC-04), as the exact form does. A
+limit of 2^20 broke that in fp16 at logits near -1e4 (H200). Real logits stay far below 2^11 / c.
 
 Row max and row sum reduce over ``chains`` independent accumulators and a small tree (`row_reduce`): a serial
 chain of dependent FMNMX (FADD) over a thread's 32-64 columns is latency-bound while the MUFU waits for m.
@@ -54,8 +57,9 @@ from fa_variants.common.layout import quad_allreduce
 from fa_variants.common.scale import LN_2
 
 #: |m c| below which the one-FFMA exponent is used (see `OnlineSoftmax`): the basis m c is then rounded by at
-#: most 2^-4 (half an ulp of 2^20), so the row max gets P = 2^(+-1/16) and no P can overflow, even in fp16.
-FFMA_LIMIT = 2.0**20
+#: most 2^-14 (half an ulp of 2^11), so the row max gets P = 2^(+-2^-14), which rounds to exactly 1 in fp16 and
+#: bf16 (module docstring: a one-key row returns V exactly).
+FFMA_LIMIT = 2.0**11
 
 
 def row_reduce(s: cute.Tensor, r: int, op, chains: int, init=None):

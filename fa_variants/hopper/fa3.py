@@ -72,12 +72,17 @@ Fa3Config = Sm90Config  # the FA3 family's config type (common/config.py)
 # Softmax switches (issue 12, common.softmax): one FFMA per score against a consistent basis, row max and row sum
 # in 4 independent chains (the serial FMNMX chain was one dependent instruction per score), O's rescale skipped
 # when no row max moved. Chosen from the SASS before an H200 A/B (scripts/fa3_speed_ab.py times each undone).
+# Softmax switches per head dim, from the H200 A/B of 2026-11-30 (scripts/fa3_speed_ab.py, 6 rotated rounds,
+# bench/h200-2026-11-30/session2/fa3_speed_ab.md): D 64 gains 0-4% with all three; at D 128 skipping the unit
+# rescale cost 2-4% (new vs new-no-skip at N 4k/16k), so it is off there; at D 256 the three together were
+# 0.97-0.99x of none, so none.
 _SOFTMAX = dict(exp2_ffma=True, reduce_chains=4, skip_unit_rescale=True)
+_SOFTMAX_NO_SKIP = dict(exp2_ffma=True, reduce_chains=4, skip_unit_rescale=False)
 DEFAULT_CONFIGS: dict[int, Sm90Config] = {
     64: Sm90Config(tile_m=192, tile_n=128, stages=2, **_SOFTMAX),
-    96: Sm90Config(tile_m=128, tile_n=128, stages=2, **_SOFTMAX),
-    128: Sm90Config(tile_m=128, tile_n=128, stages=2, **_SOFTMAX),
-    256: Sm90Config(tile_m=128, tile_n=80, stages=2, pingpong=False, **_SOFTMAX),
+    96: Sm90Config(tile_m=128, tile_n=128, stages=2, **_SOFTMAX_NO_SKIP),
+    128: Sm90Config(tile_m=128, tile_n=128, stages=2, **_SOFTMAX_NO_SKIP),
+    256: Sm90Config(tile_m=128, tile_n=80, stages=2, pingpong=False),
 }
 # What `auto` runs when the split heuristic splits a shape (decode): the default tiles with the split count
 # chosen per call (one compile for every decode shape of a head dim).
