@@ -53,7 +53,7 @@ def per_call_us(fn, calls: int, rounds: int, sync=lambda: None) -> tuple[float, 
 def stubbed_kernel(backend: str, device: str):
     """The compiled kernel replaced by a no-op (and, on the CPU, the device seen as the backend's GPU)."""
     from fa_variants import dispatch
-    from fa_variants.common import cache, interop, launch
+    from fa_variants.common import cache, interop, launch, split
 
     def fake_compiled(cfg, build):
         return cache.Compiled(cfg, lambda *args: None, 0.0, None, 0)
@@ -65,6 +65,7 @@ def stubbed_kernel(backend: str, device: str):
             stack.enter_context(mock.patch.object(dispatch, "device_capability", lambda d: capability))
             stack.enter_context(mock.patch.object(interop, "device_arch", lambda d=None: ARCH[capability]))
             stack.enter_context(mock.patch.object(torch.cuda, "device", lambda d: contextlib.nullcontext()))
+            stack.enter_context(mock.patch.object(split, "sm_count", lambda index=0: 132))  # an H100/H200
         launch._KERNELS.clear()
         dispatch.clear_cache()
         try:
