@@ -95,7 +95,8 @@ def test_pv_slices_pipelined():
                                         (dict(pv_split=2), "pv_split"), (dict(out_dtype="e4m3"), "out_dtype"),
                                         (dict(pv_split=3), "pv_split"), (dict(pv_buffers=2), "pv_buffers"),
                                         (dict(promote_every=0), "promote_every"),
-                                        (dict(promote_every=2, two_level=False), "promote_every")])
+                                        (dict(promote_every=2, two_level=False), "promote_every"),
+                                        (dict(num_splits=2), "num_splits=2")])
 def test_config_errors(bad, match):
     with pytest.raises(ValueError, match=match):
         dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], **bad).check(128)
