@@ -182,3 +182,15 @@ def test_warmup_needs_an_arch_without_a_gpu(capsys, monkeypatch):
     assert "give --arch" in capsys.readouterr().err
     assert cli.main(["warmup", "--arch", "sm_90a"]) == 2
     assert "--head-dims or --model" in capsys.readouterr().err
+
+
+def test_warmup_plans_fa3s_split_config_too(monkeypatch):
+    """A decode call may switch fa3 to its split-KV config (Variant.warm_configs): warmup compiles it as well."""
+    from fa_variants.commands import warmup
+    from fa_variants.hopper import fa3
+
+    monkeypatch.setattr(fa3, "SPLIT_KV_ENABLED", True)
+    configs, notes = warmup.plan(["fa3"], "sm_90a", ["bf16"], [128], (True,))
+    assert not notes and [c.config.num_splits for c in configs] == [1, 0]
+    monkeypatch.setattr(fa3, "SPLIT_KV_ENABLED", False)
+    assert len(warmup.plan(["fa3"], "sm_90a", ["bf16"], [128], (True,))[0]) == 1

@@ -5,8 +5,9 @@ no process pays a compile at its first call.
     fa-variants warmup --arch sm_90a --model config.json                        # no GPU needed
     fa-variants warmup --arch sm_90a --head-dims 128 --gqa 32:8 --prune
 
-One kernel per (backend, dtype, head_dim, causal): the static configuration a call would compile
-(`registry.static_config` with the variant's default config, exactly the key `common.launch` looks up).
+Per (backend, dtype, head_dim, causal): the static configurations a call would compile (`registry.static_config`
+with the variant's default config, and those its calls may switch to, ``Variant.warm_configs``: fa3's
+split-KV config for decode shapes), exactly the keys `common.launch` looks up.
 Batch, sequence lengths, head counts (GQA included) and strides are runtime values: ``--gqa`` and a model's
 head counts are checked (num_heads % num_heads_kv == 0) but never change which kernels exist. A backend that
 does not serve a dtype / head_dim / arch is skipped with a note. The last line printed is one JSON object.
@@ -67,7 +68,11 @@ def plan(backends, arch: str, dtypes, head_dims, causal) -> tuple[list, list[str
         for dtype in dtypes:
             for head_dim in head_dims:
                 try:
-                    todo += [registry.static_config(name, arch, dtype, head_dim, c) for c in causal]
+                    for c in causal:
+                        todo.append(registry.static_config(name, arch, dtype, head_dim, c))
+                        extra = registry.variant(name).warm_configs  # e.g. fa3's split-KV config (decode)
+                        todo += [registry.static_config(name, arch, dtype, head_dim, c, config)
+                                 for config in (extra(arch, head_dim, c) if extra else ())]
                 except (registry.UnknownVariantError, registry.UnsupportedConfigError) as exc:
                     notes.append(f"skipped {name} {dtype} head_dim {head_dim}: {exc}")
     return todo, notes

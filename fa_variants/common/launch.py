@@ -58,6 +58,8 @@ class Variant:
     problem_config: (config or None, q, k, causal) -> the config to run (None: the default), for variants
         whose best static shape depends on the problem (fa3: split-KV for decode shapes).
     finish: (config, runtime args, out, lse) -> None, after the launch (fa3: the split-KV merge into out, lse).
+    warm_configs: (arch, head_dim, causal) -> the configs besides the default that calls may compile
+        (`problem_config`'s choices: fa3's split-KV config), for `fa-variants warmup`.
     """
 
     name: str
@@ -75,6 +77,7 @@ class Variant:
     request_note: Callable[[torch.dtype], str | None] | None = None
     problem_config: Callable[[Any, torch.Tensor, torch.Tensor, bool], Any] | None = None
     finish: Callable[[Any, tuple, torch.Tensor, torch.Tensor], None] | None = None
+    warm_configs: Callable[[str, int, bool], tuple] | None = None
 
     def can_implement(self, dtype: torch.dtype, head_dim: int) -> str | None:
         """Why this variant cannot serve (dtype, head_dim); None if it can."""

@@ -803,7 +803,8 @@ def _finish(config: Sm90Config, args: tuple, out: torch.Tensor, lse: torch.Tenso
 VARIANT = Variant(
     "fa3", archs=("sm_90a",), dtypes=DTYPES, head_dims=HEAD_DIMS, default_config=default_config,
     check_config=lambda config, arch, head_dim: config.check(head_dim, arch), build=_build, prepare=_prepare,
-    operand=_tma_operand, check_problem=_check_problem, problem_config=_problem_config, finish=_finish)
+    operand=_tma_operand, check_problem=_check_problem, problem_config=_problem_config, finish=_finish,
+    warm_configs=lambda arch, head_dim, causal: (_SPLIT_CONFIGS[head_dim],) if SPLIT_KV_ENABLED else ())
 
 
 def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, softmax_scale: float,
