@@ -18,6 +18,11 @@ def h200(monkeypatch):
     fa3._auto_splits.cache_clear()
 
 
+def _unsplit(config) -> bool:
+    """The default config or a packed-GQA one (seqlen_q = 1), without split-KV."""
+    return config is None or config.num_splits == 1
+
+
 def _qk(batch, seqlen_q, heads, heads_kv, seqlen_k, head_dim=128):
     return (torch.empty(batch, seqlen_q, heads, head_dim, device="meta"),
             torch.empty(batch, seqlen_k, heads_kv, head_dim, device="meta"))
@@ -28,7 +33,7 @@ def test_switch_off_auto_never_splits_but_a_config_does(h200, monkeypatch):
     docs/edge_cases.md EC-19); an explicit config's num_splits still applies."""
     monkeypatch.setattr(fa3, "SPLIT_KV_ENABLED", False)
     q, k = _qk(1, 1, 32, 8, 32768)
-    assert fa3._problem_config(None, q, k, True) is None and fa3.auto_num_splits(q, k, True) == 1
+    assert _unsplit(fa3._problem_config(None, q, k, True)) and fa3.auto_num_splits(q, k, True) == 1
     forced = dataclasses.replace(fa3.DEFAULT_CONFIGS[128], num_splits=4)
     assert fa3._problem_config(forced, q, k, True) is forced and fa3.num_splits_for(forced, q, k, True) == 4
 
@@ -55,8 +60,8 @@ def test_auto_splits_decode_not_prefill(h200, split_enabled, head_dim):
     assert fa3.num_splits_for(cfg, q, k, True) > 1
     q, k = _qk(8, 4096, 32, 8, 4096, head_dim)  # prefill fills the GPU: the tuned default, unsplit
     assert fa3._problem_config(None, q, k, True) is None
-    q, k = _qk(64, 1, 64, 8, 128, head_dim)  # 64 x 64 CTAs: already full
-    assert fa3._problem_config(None, q, k, False) is None
+    q, k = _qk(64, 1, 64, 8, 128, head_dim)  # 64 x 64 CTAs (packed: 64 x 8): already full
+    assert _unsplit(fa3._problem_config(None, q, k, False))
 
 
 def test_config_overrides(h200, split_enabled):
@@ -86,3 +91,35 @@ def test_decode_table_cases_and_dry_run(capsys):
             dict(head_dim=128, heads=32, heads_kv=8, batch=1, seqlen_k=4096, seqlen_q=1, impl="y", error="E: boom")]
     text = decode.table(rows)
     assert "| 128 | 32:8 | 1 | 4096 | 1 | x | 7.0 | 20.0 | 1.20 | 25 | graph |" in text and "E: boom" in text
+
+
+def test_auto_packs_gqa_at_one_query_row(h200, split_enabled, monkeypatch):
+    """Packed GQA (Sm90Config.pack_gqa) for seqlen_q = 1 with GQA/MQA only; the split count then follows the
+    packed CTAs (batch x heads_kv): B=64, 32:8 at 4k keys fills 132 SMs unpacked (2048 CTAs) and packed (512)."""
+    monkeypatch.setattr(fa3, "PACK_GQA_ENABLED", True)
+    q, k = _qk(64, 1, 32, 8, 4096)
+    cfg = fa3._problem_config(None, q, k, True)
+    assert cfg == fa3._PACKED_CONFIGS[128] and cfg.pack_gqa and cfg.num_splits == 1
+    q, k = _qk(1, 1, 32, 8, 4096)  # 8 packed CTAs: split more than the 32 unpacked ones would be
+    cfg = fa3._problem_config(None, q, k, True)
+    assert cfg.pack_gqa and cfg.num_splits == 0
+    packed_splits = fa3.num_splits_for(cfg, q, k, True)
+    assert packed_splits == split.num_splits_heuristic(8, 32, 132) > fa3.num_splits_for(fa3._SPLIT_CONFIGS[128], q, k, True)
+    for shape in ((1, 3, 32, 8, 4096), (8, 16, 64, 8, 1024), (1, 1, 32, 32, 4096)):  # Nq > 1, or MHA: not packed
+        q, k = _qk(*shape)
+        cfg = fa3._problem_config(None, q, k, True)
+        assert cfg is None or not cfg.pack_gqa, (shape, cfg)
+    monkeypatch.setattr(fa3, "PACK_GQA_ENABLED", False)
+    q, k = _qk(64, 1, 32, 8, 4096)
+    assert fa3._problem_config(None, q, k, True) is None
+
+
+def test_pack_gqa_config_refuses_more_than_one_query_row():
+    forced = dataclasses.replace(fa3.DEFAULT_CONFIGS[128], pack_gqa=True)
+    q, k = _qk(2, 1, 32, 8, 100)
+    fa3._check_problem(forced, q, k)
+    q, k = _qk(2, 4, 32, 8, 100)
+    with pytest.raises(ValueError, match="pack_gqa.*seqlen_q=4"):
+        fa3._check_problem(forced, q, k)
+    with pytest.raises(ValueError, match="pack_gqa"):
+        dataclasses.replace(forced, pack_gqa=1).check(128)

@@ -41,6 +41,12 @@ def split_kv(monkeypatch):
     monkeypatch.setattr(fa3, "SPLIT_KV_ENABLED", True)
 
 
+@pytest.fixture
+def pack_gqa(monkeypatch):
+    """`auto` may pack GQA (fa3.PACK_GQA_ENABLED, whatever FA_VARIANTS_PACK_GQA says)."""
+    monkeypatch.setattr(fa3, "PACK_GQA_ENABLED", True)
+
+
 def _qkv(b, nq, nk, h, hkv, d, dtype=BF16):
     return make_qkv(b, nq, nk, h, hkv, d, dtype=dtype, device="cuda")
 
@@ -135,10 +141,12 @@ def test_auto_splits_decode_through_the_public_api(split_kv):
     assert check_lse(lse, q, k, v, True, refs=refs).ok
 
 
-def test_cuda_graph_replay_of_a_split_decode_step():
-    """A decode step (split-KV, torch merge) captured once and replayed after new inputs: the same result."""
+@pytest.mark.parametrize("pack_gqa", [False, True], ids=["plain", "packed"])
+def test_cuda_graph_replay_of_a_split_decode_step(pack_gqa):
+    """A decode step (split-KV, torch merge; packed GQA or not) captured once and replayed after new inputs:
+    the same result."""
     q, k, v = _qkv(2, 1, 8192, 32, 8, 128)
-    config = dataclasses.replace(fa3.DEFAULT_CONFIGS[128], num_splits=0)
+    config = dataclasses.replace(fa3.DEFAULT_CONFIGS[128], num_splits=0, pack_gqa=pack_gqa)
     fa3.run(q, k, v, causal=True, softmax_scale=0.088, config=config)  # compile and warm up outside capture
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -155,13 +163,14 @@ def test_cuda_graph_replay_of_a_split_decode_step():
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("backend", ["fa3", "auto"])
-def test_seqlens_k_through_the_api(backend, causal, split_kv):
+@pytest.mark.parametrize("nq", [1, 4])
+def test_seqlens_k_through_the_api(backend, causal, nq, split_kv, pack_gqa):
     """A KV cache padded to 1023 keys with lengths 0, 1, odd and full in one batch; the padding holds NaN
     and must never be read; rows of a length-0 sequence are 0 with LSE -inf."""
     import fa_variants
 
     lengths = [0, 1, 113, 1023, 500, 1]
-    b, nq, nk, h, hkv, d = len(lengths), 4, 1023, 32, 8, 128
+    b, nk, h, hkv, d = len(lengths), 1023, 32, 8, 128
     q, k, v = _qkv(b, nq, nk, h, hkv, d)
     for i, n in enumerate(lengths):
         k[i, n:] = math.nan
@@ -173,3 +182,59 @@ def test_seqlens_k_through_the_api(backend, causal, split_kv):
     assert (out[0] == 0).all() and (lse[0] == -math.inf).all()
     assert (ok := check_against_reference(out, q, k, v, causal, refs=refs)).ok, ok
     assert (ok := check_lse(lse, q, k, v, causal, refs=refs)).ok, ok
+
+
+# ----- packed GQA (Sm90Config.pack_gqa): seqlen_q = 1, the group's query heads as the rows of one tile ------
+
+PACKED_SHAPES = [  # (batch, seqlen_k, heads, heads_kv, head_dim): GQA 32:8 / 64:8 / 8:2, MQA, MHA (no-op)
+    (1, 4096, 32, 8, 128), (4, 1, 32, 8, 64), (3, 1023, 64, 8, 128), (2, 113, 8, 2, 256), (1, 5, 9, 3, 96),
+    (2, 4224, 6, 1, 64), (2, 129, 4, 4, 96), (1, 300, 128, 1, 64),  # group 128 = tile_m: one full tile
+]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("num_splits", [1, 3, 0], ids=lambda n: f"splits{n}")
+@pytest.mark.parametrize("shape", PACKED_SHAPES, ids=["x".join(map(str, s)) for s in PACKED_SHAPES])
+def test_packed_gqa_matches_reference(shape, num_splits, causal):
+    b, nk, h, hkv, d = shape
+    q, k, v = _qkv(b, 1, nk, h, hkv, d)
+    config = dataclasses.replace(fa3.DEFAULT_CONFIGS[d], num_splits=num_splits, pack_gqa=True)
+    out, lse = fa3.run(q, k, v, causal=causal, softmax_scale=0.11, config=config)
+    refs = references(q, k, v, causal=causal, softmax_scale=0.11)
+    assert not out.isnan().any() and not lse.isnan().any()
+    assert (ok := check_against_reference(out, q, k, v, causal, 0.11, refs=refs)).ok, ok
+    assert (ok := check_lse(lse, q, k, v, causal, 0.11, refs=refs)).ok, ok
+
+
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_packed_gqa_is_the_unpacked_maths(num_splits):
+    """A packed row does what the unpacked row does (same K/V tiles, same order, its own row max and sum):
+    the two agree far below bf16 rounding at the same split count."""
+    q, k, v = _qkv(8, 1, 2049, 32, 8, 128)
+    plain, plain_lse = fa3.run(q, k, v, causal=True, softmax_scale=0.088,
+                               config=dataclasses.replace(fa3.DEFAULT_CONFIGS[128], num_splits=num_splits))
+    packed, packed_lse = fa3.run(q, k, v, causal=True, softmax_scale=0.088, config=dataclasses.replace(
+        fa3.DEFAULT_CONFIGS[128], num_splits=num_splits, pack_gqa=True))
+    assert (packed.float() - plain.float()).abs().max().item() <= 2 ** -8 * plain.float().abs().max().item()
+    assert (packed_lse - plain_lse).abs().max().item() <= 1e-5
+
+
+def test_auto_packs_decode_through_the_public_api(split_kv, pack_gqa):
+    """B=64, Nq=1, Nk=4096, GQA 32:8 (the decode_before.md row where K/V was read 4x too often): `auto` packs
+    (512 CTAs, still unsplit) and the result passes the rule; B=1 packs and splits."""
+    import fa_variants
+
+    for b in (64, 1):
+        q, k, v = _qkv(b, 1, 4096, 32, 8, 128)
+        cfg = fa3._problem_config(None, q, k, True)
+        assert cfg is not None and cfg.pack_gqa and (cfg.num_splits == 1) == (b == 64), (b, cfg)
+        out, lse = fa_variants.attention(q, k, v, causal=True, backend="auto", return_lse=True)
+        refs = references(q, k, v, causal=True)
+        assert (ok := check_against_reference(out, q, k, v, True, refs=refs)).ok, ok
+        assert (ok := check_lse(lse, q, k, v, True, refs=refs)).ok, ok
+
+
+def test_pack_gqa_refuses_more_query_rows():
+    q, k, v = _qkv(1, 3, 64, 32, 8, 128)
+    with pytest.raises(ValueError, match="pack_gqa"):
+        fa3.run(q, k, v, causal=True, softmax_scale=0.1, config=dataclasses.replace(fa3.DEFAULT_CONFIGS[128], pack_gqa=True))

@@ -110,7 +110,8 @@ def test_heuristic():
 BF16 = torch.bfloat16
 
 
-def _model_case(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, causal, scale, tiles, num_splits, seed=0):
+def _model_case(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, causal, scale, tiles, num_splits, seed=0,
+                pack_gqa=False):
     pytest.importorskip("cutlass")  # common.mask's tile arithmetic lives with the DSL helpers
     from fa_variants.common.split_model import split_kv_model
 
@@ -118,7 +119,7 @@ def _model_case(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, causal, sc
     q = torch.randn(batch, seqlen_q, heads, head_dim, dtype=BF16)
     k, v = (torch.randn(batch, seqlen_k, heads_kv, head_dim, dtype=BF16) for _ in range(2))
     out, lse = split_kv_model(q, k, v, causal=causal, softmax_scale=scale, tile_m=tiles[0], tile_n=tiles[1],
-                              num_splits=num_splits)
+                              num_splits=num_splits, pack_gqa=pack_gqa)
     return (q, k, v), out, lse
 
 
@@ -170,3 +171,51 @@ def test_model_split_count_changes_rounding_only():
     for n, out in outs.items():
         assert rel_l2(out, refs.out) <= 0.6 * torch_err, (n, rel_l2(out, refs.out), torch_err)
         assert rel_l2(out, outs[1]) <= 4e-3, (n, rel_l2(out, outs[1]))  # one dropped tile of 32: ~0.17
+
+
+# ----- packed GQA (Sm90Config.pack_gqa: decode, seqlen_q = 1) through the host's views -----------------------
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("heads,heads_kv", [(32, 8), (64, 8), (8, 2), (6, 1), (4, 4)], ids=lambda x: str(x))
+@pytest.mark.parametrize("seqlen_k,num_splits,tiles", [
+    (1, 1, (128, 128)), (1, 5, (128, 16)), (3, 2, (128, 16)), (113, 1, (128, 16)), (113, 3, (128, 16)),
+    (1023, 16, (128, 64)), (257, 64, (192, 16)),  # 64 splits of 17 tiles: most empty
+])
+def test_model_packed_gqa_matches_float64(heads, heads_kv, seqlen_k, num_splits, tiles, causal):
+    """Packing the group's query heads into the rows of one tile (and splitting the packed problem) gives every
+    (batch, head) the float64 result within the rule, O and LSE, causal or not, odd key counts, 1 key."""
+    shape = (3, 1, seqlen_k, heads, heads_kv, 64)
+    (q, k, v), out, lse = _model_case(*shape, causal, 0.125, tiles, num_splits, seed=seqlen_k + heads, pack_gqa=True)
+    refs = references(q, k, v, causal=causal, softmax_scale=0.125)
+    assert not out.isnan().any() and not lse.isnan().any()
+    assert (ok := check_against_reference(out, q, k, v, causal, 0.125, refs=refs)).ok, ok
+    assert (ok := check_lse(lse, q, k, v, causal, 0.125, refs=refs)).ok, ok
+
+
+def test_model_packed_equals_unpacked_row_for_row():
+    """A packed row does the unpacked row's maths (same K/V tiles in the same order; the other rows of the tile
+    do not enter it): equal up to the CPU's matmul blocking, far below bf16 rounding."""
+    for causal, num_splits in ((True, 1), (False, 4)):
+        args = (2, 1, 777, 32, 8, 128, causal, 0.09, (128, 128), num_splits)
+        _, packed, lse_p = _model_case(*args, seed=5, pack_gqa=True)
+        _, plain, lse_u = _model_case(*args, seed=5)
+        assert (packed.float() - plain.float()).abs().max().item() <= 2 ** -8 * plain.float().abs().max().item()
+        assert (lse_p - lse_u).abs().max().item() < 1e-5
+
+
+def test_pack_gqa_views_address_query_heads():
+    """Row g of packed KV head j is query head j * group + g, in q, O and LSE alike (views, no copy)."""
+    fa3 = pytest.importorskip("fa_variants.hopper.fa3")
+    q = torch.arange(2 * 12 * 4).float().view(2, 1, 12, 4)
+    out = torch.zeros_like(q)
+    lse = torch.zeros(2, 12, 1)
+    pq, po, pl = fa3.pack_gqa_views(q, out, lse, 3)
+    assert pq.shape == (2, 4, 3, 4) and pl.shape == (2, 3, 4)
+    assert pq.data_ptr() == q.data_ptr() and po.data_ptr() == out.data_ptr() and pl.data_ptr() == lse.data_ptr()
+    for b, g, j in ((0, 0, 0), (1, 3, 2), (0, 2, 1)):
+        assert torch.equal(pq[b, g, j], q[b, 0, j * 4 + g])
+        po[b, g, j] = 7.0
+        pl[b, j, g] = 9.0
+        assert (out[b, 0, j * 4 + g] == 7).all() and lse[b, j * 4 + g, 0] == 9
+    assert (out != 0).sum() == 3 * 4 and (lse != 0).sum() == 3

@@ -72,6 +72,11 @@ class Sm90Config:
         the K/V tiles of each query tile are shared by n CTAs that write partial O and LSE, merged by LSE
         afterwards (`common.split`); 0, split with the count chosen per call (`common.split.num_splits_for`).
         Every value other than 1 compiles the same split kernel shape (the count is a runtime value).
+    pack_gqa: packed GQA for decode (seqlen_q = 1): the num_heads / num_heads_kv query heads that share a KV
+        head are the rows of one Q tile, so each K/V tile is read once per KV head instead of once per query
+        head. The host passes Q, O and LSE as views with the group as their seqlen and num_heads_kv heads
+        (no copy); the kernel runs as MHA, unmasked (at seqlen_q = 1 causal hides no key). Only for
+        seqlen_q = 1 (``hopper.fa3.pack_gqa_views``).
     """
 
     tile_m: int = 128
@@ -83,6 +88,7 @@ class Sm90Config:
     num_splits: int = 1
     reduce_chains: int = 1
     skip_unit_rescale: bool = False
+    pack_gqa: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:
@@ -105,6 +111,8 @@ class Sm90Config:
             raise ValueError(f"reduce_chains={self.reduce_chains!r} must be 1, 2, 4 or 8")
         if not isinstance(self.num_splits, int) or self.num_splits < 0:
             raise ValueError(f"num_splits={self.num_splits!r} must be an int >= 0 (1: off, 0: chosen per call)")
+        if not isinstance(self.pack_gqa, bool):
+            raise ValueError(f"pack_gqa={self.pack_gqa!r} must be a bool")
         if self.smem_bytes(head_dim) > smem_capacity(arch):
             raise ValueError(f"{self} needs {self.smem_bytes(head_dim)} B of shared memory at head_dim={head_dim} "
                              f"(max {smem_capacity(arch)})")

@@ -11,7 +11,9 @@ the same tile arithmetic (``common.mask.BlockInfo``) and the same choices:
 * online softmax in fp32 as ``common.softmax.OnlineSoftmax`` (exp2, row sum from fp32 P), P rounded to the
   input dtype for O += P V (fp32 accumulation), O / l and LSE = (m c + log2 l) ln 2 at the end;
 * one split: O rounded to the input dtype (the TMA epilogue); more: fp32 partials merged by
-  ``common.split.merge`` and rounded once.
+  ``common.split.merge`` and rounded once;
+* packed GQA (``Sm90Config.pack_gqa``, seqlen_q = 1): the CTAs see Q, O, LSE and the partials through
+  ``hopper.fa3.pack_gqa_views`` (the very function the host uses), unmasked, as the kernel runs them.
 
 It differs from the GPU only where the hardware rounds differently (MMA summation order, ex2/rcp
 approximations): a model of the algorithm and its precision, not a bitwise emulator.
@@ -28,16 +30,39 @@ LOG2_E = math.log2(math.e)
 
 
 def split_kv_model(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, softmax_scale: float,
-                   tile_m: int, tile_n: int, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+                   tile_m: int, tile_n: int, num_splits: int, pack_gqa: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """fa3's result for (q, k, v) with `num_splits` splits (module docstring).
 
     Args:
         q: (batch, seqlen_q, num_heads, head_dim); k, v: (batch, seqlen_k, num_heads_kv, head_dim); one
             16-bit float dtype (the MMA operand type), CPU. softmax_scale > 0.
-        tile_m, tile_n: the kernel config's tiles; num_splits >= 1.
+        tile_m, tile_n: the kernel config's tiles; num_splits >= 1; pack_gqa: packed GQA (seqlen_q = 1).
     Returns:
         (out like q, lse float32 (batch, num_heads, seqlen_q)), natural log.
     """
+    batch, seqlen_q, heads, head_dim = q.shape
+    # the buffers fa3._prepare allocates: (num_splits * batch) "batches"; the CTAs write through views of them
+    o_parts = torch.full((num_splits * batch, seqlen_q, heads, head_dim), math.nan)
+    lse_parts = torch.full((num_splits * batch, heads, seqlen_q), math.nan)
+    q_cta, o_cta, lse_cta = q, o_parts, lse_parts
+    if pack_gqa:
+        from fa_variants.hopper.fa3 import pack_gqa_views
+
+        assert seqlen_q <= 1, "packed GQA is for seqlen_q = 1"
+        q_cta, o_cta, lse_cta = pack_gqa_views(q, o_parts, lse_parts, k.shape[2])
+        causal = False  # as FlashAttention3Sm90.__init__: nothing to hide at seqlen_q = 1
+    _ctas(q_cta, k, v, o_cta.unflatten(0, (num_splits, batch)), lse_cta.unflatten(0, (num_splits, batch)),
+          causal=causal, softmax_scale=softmax_scale, tile_m=tile_m, tile_n=tile_n, num_splits=num_splits)
+    o_parts, lse_parts = o_parts.unflatten(0, (num_splits, batch)), lse_parts.unflatten(0, (num_splits, batch))
+    if num_splits == 1:
+        return o_parts[0].to(q.dtype), lse_parts[0]
+    return split.merge(o_parts, lse_parts, torch.empty_like(q), torch.empty(batch, heads, seqlen_q))
+
+
+def _ctas(q, k, v, o_parts, lse_parts, *, causal: bool, softmax_scale: float, tile_m: int, tile_n: int,
+          num_splits: int) -> None:
+    """Every CTA of the split kernel: writes o_parts (num_splits, B, Nq, H, D) and lse_parts (num_splits, B,
+    H, Nq) for the problem (q, k, v) the kernel sees (views of the buffers; packed or not)."""
     from fa_variants.common.mask import BlockInfo  # tile arithmetic on ints; imports the DSL
 
     batch, seqlen_q, heads, head_dim = q.shape
@@ -47,8 +72,6 @@ def split_kv_model(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     pad = max(-(-seqlen_k // tile_n), 1) * tile_n - seqlen_k  # TMA reads zeros past seqlen_k
     kf, vf = (torch.nn.functional.pad(t.float(), (0, 0, 0, 0, 0, pad)).repeat_interleave(group, 2).transpose(1, 2)
               for t in (k, v))  # (B, H, keys, D)
-    o_parts = torch.full((num_splits, batch, seqlen_q, heads, head_dim), math.nan)
-    lse_parts = torch.full((num_splits, batch, heads, seqlen_q), math.nan)
     for m_block in range(-(-seqlen_q // tile_m)):
         r0, r1 = m_block * tile_m, min((m_block + 1) * tile_m, seqlen_q)
         qt = q[:, r0:r1].float().transpose(1, 2)  # (B, H, rows, D)
@@ -81,6 +104,3 @@ def split_kv_model(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
             o = o * torch.where(empty, 0.0, 1.0 / l).unsqueeze(-1)
             o_parts[s, :, r0:r1] = o.transpose(1, 2)
             lse_parts[s, :, :, r0:r1] = torch.where(empty, -math.inf, (m * c + torch.log2(l)) * math.log(2))
-    if num_splits == 1:
-        return o_parts[0].to(q.dtype), lse_parts[0]
-    return split.merge(o_parts, lse_parts, torch.empty_like(q), torch.empty(batch, heads, seqlen_q))

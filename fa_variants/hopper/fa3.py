@@ -23,7 +23,9 @@ with Asynchrony and Low-precision" (2024), sections 3.1 and 3.2:
   per score) from ``common.mask``.
 * Any sequence lengths: TMA clips loads and stores at the tensor bounds (out-of-bounds rows read
   as zero and are never written back; keys past seqlen_k are masked to -inf).
-* GQA/MQA: query head h reads K/V head h // (num_heads // num_heads_kv).
+* GQA/MQA: query head h reads K/V head h // (num_heads // num_heads_kv). Packed GQA for decode
+  (``Sm90Config.pack_gqa``, seqlen_q = 1): the query heads sharing a KV head are the rows of one Q tile
+  (host-side views, ``pack_gqa_views``), so each K/V tile is read once per KV head.
 
 The output goes registers -> shared memory (reusing Q's buffer) -> global memory by a TMA store.
 Ping-pong and intra-warpgroup overlap are switches of the config (``common.config.Sm90Config``, the FA3
@@ -87,6 +89,9 @@ DEFAULT_CONFIGS: dict[int, Sm90Config] = {
 # What `auto` runs when the split heuristic splits a shape (decode): the default tiles with the split count
 # chosen per call (one compile for every decode shape of a head dim).
 _SPLIT_CONFIGS: dict[int, Sm90Config] = {d: dataclasses.replace(c, num_splits=0) for d, c in DEFAULT_CONFIGS.items()}
+# ... and with the query heads of a KV head packed into the tile rows (decode, seqlen_q = 1).
+_PACKED_CONFIGS = {d: dataclasses.replace(c, pack_gqa=True) for d, c in DEFAULT_CONFIGS.items()}
+_PACKED_SPLIT_CONFIGS = {d: dataclasses.replace(c, pack_gqa=True) for d, c in _SPLIT_CONFIGS.items()}
 
 # Register split per consumer-warpgroup count: (producer warpgroup, each consumer warpgroup);
 # 128 * (producer + n * consumer) <= 64K registers per SM.
@@ -107,7 +112,9 @@ class FlashAttention3Sm90:
         self.dtype = dtype  # Q, K, V (the MMA operands)
         self.out_dtype = dtype  # O
         self.head_dim = head_dim
-        self.causal = causal
+        # Packed GQA runs at seqlen_q = 1 only, where causal hides no key; the packed rows are query heads,
+        # not query positions, so they must not be masked as positions.
+        self.causal = causal and not config.pack_gqa
         self.cfg = config
         self.tile_m, self.tile_n, self.stages = config.tile_m, config.tile_n, config.stages
         self.num_wg = config.consumer_warpgroups
@@ -743,6 +750,8 @@ def num_splits_for(config: Sm90Config, q: torch.Tensor, k: torch.Tensor, causal:
     if config.num_splits > 0:
         return config.num_splits
     batch, seqlen_q, heads, _ = q.shape
+    if config.pack_gqa:  # the kernel sees (group) query rows of num_heads_kv heads
+        seqlen_q, heads = seqlen_q * (heads // k.shape[2]), k.shape[2]
     m_blocks = -(-seqlen_q // config.tile_m)
     n_blocks = -(-k.shape[1] // config.tile_n)
     return _auto_splits(m_blocks * heads * batch, n_blocks, q.device.index or 0)
@@ -759,16 +768,25 @@ def num_splits_for(config: Sm90Config, q: torch.Tensor, k: torch.Tensor, causal:
 #: the kernel's split path on the CPU).
 SPLIT_KV_ENABLED = os.environ.get("FA_VARIANTS_SPLIT_KV", "1") != "0"
 
+#: Whether a call without ``config=`` packs the query heads of a KV head into one tile at seqlen_q = 1 with
+#: GQA/MQA (``Sm90Config.pack_gqa``): each row's maths is unchanged (same tiles of K/V, same order), only
+#: the CTA count (and so `auto`'s split count) changes. False or FA_VARIANTS_PACK_GQA=0: never packed by itself.
+PACK_GQA_ENABLED = os.environ.get("FA_VARIANTS_PACK_GQA", "1") != "0"
+
 
 def _problem_config(config: Sm90Config | None, q: torch.Tensor, k: torch.Tensor, causal: bool):
-    """``config`` when given; else the default config switched to split-KV (count per call) when the
-    heuristic splits this shape (and SPLIT_KV_ENABLED), or None (the default, unsplit)."""
+    """``config`` when given; else the default config, packed (PACK_GQA_ENABLED, seqlen_q = 1 and GQA) and
+    switched to split-KV (count per call) when the heuristic splits this shape (and SPLIT_KV_ENABLED), or
+    None (the default: unpacked, unsplit)."""
     if config is not None:
         return config
-    if not SPLIT_KV_ENABLED:
-        return None
-    split_config = _SPLIT_CONFIGS[q.shape[-1]]
-    return None if num_splits_for(split_config, q, k, causal) == 1 else split_config
+    head_dim = q.shape[-1]
+    pack = PACK_GQA_ENABLED and q.shape[1] == 1 and q.shape[2] > k.shape[2]
+    if SPLIT_KV_ENABLED:
+        split_config = (_PACKED_SPLIT_CONFIGS if pack else _SPLIT_CONFIGS)[head_dim]
+        if num_splits_for(split_config, q, k, causal) > 1:
+            return split_config
+    return _PACKED_CONFIGS[head_dim] if pack else None
 
 
 def auto_num_splits(q: torch.Tensor, k: torch.Tensor, causal: bool) -> int:
@@ -780,8 +798,27 @@ def auto_num_splits(q: torch.Tensor, k: torch.Tensor, causal: bool) -> int:
 def _check_problem(config: Sm90Config | None, q: torch.Tensor, k: torch.Tensor) -> None:
     batch, seqlen_q, heads, head_dim = q.shape
     config = config or DEFAULT_CONFIGS[head_dim]
+    if config.pack_gqa:
+        if seqlen_q > 1:
+            raise ValueError(f"fa3: pack_gqa packs the query heads of one query row; seqlen_q={seqlen_q} is not 1")
+        seqlen_q, heads = heads // k.shape[2], k.shape[2]
     if -(-seqlen_q // config.tile_m) * heads * batch >= 2**31:
         raise ValueError(f"fa3: {batch} x {heads} x ceil({seqlen_q}/{config.tile_m}) CTAs exceed the grid limit 2^31 - 1")
+
+
+def pack_gqa_views(q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, heads_kv: int) -> tuple:
+    """Packed GQA at seqlen_q = 1: q, out (B, 1, H, D) and lse (B, H, 1) as views (no copy) of a problem of
+    num_heads_kv heads whose rows are the group = H / num_heads_kv query heads of each KV head:
+    q, out (B, group, Hkv, D) with row g of KV head j = query head j group + g; lse (B, Hkv, group). out and
+    lse may have more batches than q (the split partials: num_splits * B)."""
+    heads, head_dim = q.shape[2:]
+    group = heads // heads_kv
+
+    def rows(t):  # (B, 1, H, D) -> (B, group, Hkv, D)
+        return t.as_strided((t.shape[0], group, heads_kv, head_dim), (t.stride(0), t.stride(2), group * t.stride(2), t.stride(3)))
+
+    lse_rows = lse.as_strided((lse.shape[0], heads_kv, group), (lse.stride(0), group * lse.stride(1), lse.stride(1)))
+    return rows(q), rows(out), lse_rows
 
 
 def _prepare(config: Sm90Config, q, k, v, out, lse, scale: float) -> tuple:
@@ -790,14 +827,25 @@ def _prepare(config: Sm90Config, q, k, v, out, lse, scale: float) -> tuple:
         batch, seqlen_q, heads, head_dim = q.shape
         out = torch.empty((splits * batch, seqlen_q, heads, head_dim), dtype=torch.float32, device=q.device)
         lse = torch.empty((splits * batch, heads, seqlen_q), dtype=torch.float32, device=q.device)
+    if config.pack_gqa:  # views of the same memory: O and LSE land where the unpacked call puts them
+        q, out, lse = pack_gqa_views(q, out, lse, k.shape[2])
     return q, k, v, out, lse, scale * LOG2_E, l2_section_heads(k.shape[1], q.shape[-1])
 
 
 def _finish(config: Sm90Config, args: tuple, out: torch.Tensor, lse: torch.Tensor) -> None:
-    if config.num_splits != 1:
-        o_parts, lse_parts = args[3], args[4]
-        splits = o_parts.shape[0] // out.shape[0]
-        split.merge(o_parts.view(splits, *out.shape), lse_parts.view(splits, *lse.shape), out, lse)
+    if config.num_splits != 1:  # args[3], args[4]: the contiguous partial buffers, or packed views of them
+        splits = args[3].shape[0] // out.shape[0]
+        o_parts, lse_parts = (t.as_strided(shape, _contiguous_strides(shape)) for t, shape in (
+            (args[3], (splits, *out.shape)), (args[4], (splits, *lse.shape))))
+        split.merge(o_parts, lse_parts, out, lse)
+
+
+def _contiguous_strides(shape: tuple) -> tuple:
+    strides, n = [], 1
+    for size in reversed(shape):
+        strides.append(n)
+        n *= size
+    return tuple(reversed(strides))
 
 
 VARIANT = Variant(
