@@ -14,7 +14,7 @@ import os
 import torch
 
 from fa_variants import dispatch
-from fa_variants.common import launch
+from fa_variants.common import launch, split
 from fa_variants.dispatch import Selection
 from fa_variants.common.scale import LOG2_E, MAX_SOFTMAX_SCALE, check_softmax_scale  # noqa: F401 (re-exported)
 from fa_variants.reference import check_seqlens_k, default_softmax_scale
@@ -142,12 +142,12 @@ def _call_key(q, k, v, causal, softmax_scale, backend) -> tuple | None:
         return None
 
 
-def _run(selection: Selection, q, k, v, causal: bool, scale: float):
-    """Run the selected backend on validated inputs once (no plan kept)."""
-    return _plan(selection, q, k, v, causal, scale)(q, k, v)
+def _run(selection: Selection, q, k, v, causal: bool, scale: float, config=None):
+    """Run the selected backend on validated inputs once (no plan kept); ``config``: the kernel's config."""
+    return _plan(selection, q, k, v, causal, scale, config)(q, k, v)
 
 
-def _plan(selection: Selection, q, k, v, causal: bool, scale: float):
+def _plan(selection: Selection, q, k, v, causal: bool, scale: float, config=None):
     """``run(q, k, v) -> (out, lse)`` for validated inputs of this kind (`_call_key`): empty shortcuts,
     stride normalisation (a non-unit last stride is copied; K/V broadcast across heads run as MQA), the
     backend's launcher (`common.launch.launcher`: checks, compiled kernel and operand decisions made here,
@@ -179,7 +179,7 @@ def _plan(selection: Selection, q, k, v, causal: bool, scale: float):
         return q, k, v
 
     if variant.runner is None:  # a kernel through common.launch
-        kernel = launch.launcher(variant, *normalise(q, k, v), causal=causal, softmax_scale=kernel_scale)
+        kernel = launch.launcher(variant, *normalise(q, k, v), causal=causal, softmax_scale=kernel_scale, config=config)
         return lambda q, k, v: kernel(*normalise(q, k, v))
     index = q.device.index if q.is_cuda else None
 
@@ -216,6 +216,21 @@ def _with_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, se
     return out, lse
 
 
+def _with_split_options(q, k, v, causal: bool, scale: float | None, backend: str, num_splits, pack_gqa, seqlens_k):
+    """attention with fa3's split count / GQA packing fixed by the caller (no plan kept)."""
+    split.check_options(num_splits, pack_gqa)
+    if seqlens_k is not None or _traced(q):
+        raise NotImplementedError("num_splits / pack_gqa are not supported with seqlens_k or under tracing yet")
+    selection = dispatch.select_backend(q, k, v, causal=causal, backend=backend)
+    if selection.backend != "fa3":
+        raise ValueError(f"num_splits / pack_gqa apply to the fa3 backend only; this call runs on {selection.backend}")
+    from fa_variants.hopper import fa3
+
+    config = fa3.decode_config(q, k, causal, num_splits=num_splits, pack_gqa=pack_gqa)
+    scale = default_softmax_scale(q.shape[-1]) if scale is None else scale
+    return _run(selection, q, k, v, causal, scale, config)
+
+
 def _traced(q) -> bool:
     """True while torch.compile / torch.export trace the call, or for a tensor subclass (fake, functional,
     a Parameter): the call then goes through the custom op, which tracing sees as one opaque node."""
@@ -224,7 +239,7 @@ def _traced(q) -> bool:
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
               softmax_scale: float | None = None, backend: str = "auto", return_lse: bool = False,
-              seqlens_k: torch.Tensor | None = None):
+              seqlens_k: torch.Tensor | None = None, num_splits: int | None = None, pack_gqa: bool | None = None):
     """Attention forward, O = softmax(softmax_scale * Q K^T) V, on the backend that suits the GPU.
 
     Args:
@@ -248,6 +263,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
             tensor back: one device sync per call; the check is skipped during CUDA-graph capture).
             Semantics: ``reference.attention_reference``. The kernels do not read it yet: a kernel backend
             runs one call per distinct length on k[:, :length] (correct; one launch per distinct length).
+        num_splits, pack_gqa: fa3's split-KV count (an int >= 1; 1: no split) and packed GQA (seqlen_q = 1
+            only) for this call, instead of the choice `auto` makes (None). Only on the fa3 backend, eagerly,
+            without seqlens_k (``hopper.fa3.decode_config``; ``common.split``).
 
     Returns:
         out (batch, seqlen_q, num_heads, head_dim) in q's dtype, a new tensor; with ``return_lse`` the pair
@@ -278,15 +296,17 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     Sources: Dao et al., FlashAttention (2022), Algorithm 1; Dao, FlashAttention-2 (2023), Algorithm 1;
     Shah et al., FlashAttention-3 (2024).
     """
-    if seqlens_k is None and not torch.compiler.is_compiling() and q.__class__ is torch.Tensor \
-            and return_lse.__class__ is bool:  # the fast path: a call of a kind seen before (dispatch_and_run)
+    if seqlens_k is None and num_splits is None and pack_gqa is None and not torch.compiler.is_compiling() \
+            and q.__class__ is torch.Tensor and return_lse.__class__ is bool:  # the fast path: a call of a kind seen before (dispatch_and_run)
         plan = dispatch.PLANS.get(_call_key(q, k, v, causal, softmax_scale, backend))
         if plan is not None:
             out, lse = plan(q, k, v)
             return (out, lse) if return_lse else out
     _check_inputs(q, k, v)
     scale = _check_options(causal, softmax_scale, backend, return_lse)
-    if seqlens_k is not None:
+    if num_splits is not None or pack_gqa is not None:
+        out, lse = _with_split_options(q, k, v, causal, scale, backend, num_splits, pack_gqa, seqlens_k)
+    elif seqlens_k is not None:
         out, lse = _with_seqlens_k(q, k, v, causal, scale, backend, seqlens_k)
     elif _traced(q):
         out, lse = torch.ops.fa_variants.attention(q, k, v, causal, scale, backend)

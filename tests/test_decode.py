@@ -123,3 +123,52 @@ def test_pack_gqa_config_refuses_more_than_one_query_row():
         fa3._check_problem(forced, q, k)
     with pytest.raises(ValueError, match="pack_gqa"):
         dataclasses.replace(forced, pack_gqa=1).check(128)
+
+
+# ----- num_splits= / pack_gqa= through fa_variants.attention -------------------------------------------------
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    (dict(num_splits=0), ValueError, "num_splits must be >= 1"), (dict(num_splits=-3), ValueError, "num_splits"),
+    (dict(num_splits=2.0), TypeError, "num_splits must be an int"), (dict(num_splits=True), TypeError, "num_splits"),
+    (dict(num_splits="4"), TypeError, "num_splits"), (dict(pack_gqa=1), TypeError, "pack_gqa must be a bool"),
+    (dict(pack_gqa="yes"), TypeError, "pack_gqa"),
+])
+def test_split_options_are_validated(kwargs, error, match):
+    import fa_variants
+
+    q, k, v = torch.randn(1, 1, 4, 64), torch.randn(1, 5, 2, 64), torch.randn(1, 5, 2, 64)
+    with pytest.raises(error, match=match):
+        fa_variants.attention(q, k, v, **kwargs)
+
+
+def test_split_options_need_fa3_and_no_seqlens_k():
+    import fa_variants
+
+    q, k, v = torch.randn(1, 1, 4, 64), torch.randn(1, 5, 2, 64), torch.randn(1, 5, 2, 64)
+    with pytest.raises(ValueError, match="fa3 backend only; this call runs on reference"):
+        fa_variants.attention(q, k, v, num_splits=2)
+    with pytest.raises(NotImplementedError, match="seqlens_k"):
+        fa_variants.attention(q, k, v, pack_gqa=False, seqlens_k=torch.tensor([3], dtype=torch.int32))
+
+
+def test_split_options_reach_the_fa3_launch(h200, split_enabled, monkeypatch):
+    """attention(num_splits=, pack_gqa=) runs fa3 with decode_config's config: the given values, the others as
+    `auto` would choose them."""
+    import fa_variants
+    from fa_variants import api, dispatch
+
+    monkeypatch.setattr(fa3, "PACK_GQA_ENABLED", True)
+    monkeypatch.setattr(dispatch, "select_backend", lambda *a, **kw: dispatch.Selection("fa3", "test", ("fa3",)))
+    seen = []
+    monkeypatch.setattr(api, "_run", lambda selection, q, k, v, causal, scale, config=None: seen.append(config) or (
+        torch.zeros_like(q), torch.zeros(q.shape[0], q.shape[2], q.shape[1])))
+    q, k, v = torch.randn(1, 1, 32, 128), torch.randn(1, 4096, 8, 128), torch.randn(1, 4096, 8, 128)
+    fa_variants.attention(q, k, v, causal=True, num_splits=3)
+    fa_variants.attention(q, k, v, causal=True, pack_gqa=False)
+    fa_variants.attention(q, k, v, causal=True, num_splits=1, pack_gqa=False)
+    base = fa3.DEFAULT_CONFIGS[128]
+    assert seen == [dataclasses.replace(base, num_splits=3, pack_gqa=True),  # packed as auto would
+                    dataclasses.replace(base, num_splits=0),  # split as auto would (32 CTAs leave SMs idle)
+                    base]
+    assert fa3.decode_config(q, k, True) == fa3._problem_config(None, q, k, True)

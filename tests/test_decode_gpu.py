@@ -238,3 +238,18 @@ def test_pack_gqa_refuses_more_query_rows():
     q, k, v = _qkv(1, 3, 64, 32, 8, 128)
     with pytest.raises(ValueError, match="pack_gqa"):
         fa3.run(q, k, v, causal=True, softmax_scale=0.1, config=dataclasses.replace(fa3.DEFAULT_CONFIGS[128], pack_gqa=True))
+
+
+@pytest.mark.parametrize("options", [dict(num_splits=5, pack_gqa=True), dict(num_splits=1, pack_gqa=True),
+                                     dict(num_splits=7), dict(pack_gqa=False)], ids=str)
+def test_split_options_through_the_public_api(options):
+    import fa_variants
+
+    q, k, v = _qkv(3, 1, 3001, 32, 8, 128)
+    out, lse = fa_variants.attention(q, k, v, causal=True, backend="fa3", return_lse=True, **options)
+    refs = references(q, k, v, causal=True)
+    assert (ok := check_against_reference(out, q, k, v, True, refs=refs)).ok, ok
+    assert (ok := check_lse(lse, q, k, v, True, refs=refs)).ok, ok
+    q3 = torch.randn(3, 3, 32, 128, dtype=BF16, device="cuda")
+    with pytest.raises(ValueError, match="pack_gqa"):
+        fa_variants.attention(q3, k, v, backend="fa3", pack_gqa=True)

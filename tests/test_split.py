@@ -67,6 +67,17 @@ def test_merge_all_empty_and_single_split():
     assert torch.allclose(out, o1[0]) and torch.allclose(l, l1[0])
 
 
+def test_merge_nan_lse_gives_a_nan_row():
+    """A split whose LSE is NaN (NaN in Q, or in K at a key the row sees) makes the merged row NaN, as the unsplit
+    kernel's row is: never O = 0 with LSE = -inf (a silent wrong answer)."""
+    o = torch.randn(3, 1, 2, 2, 8)
+    lse = torch.randn(3, 1, 2, 2)
+    lse[1, 0, 1, 0] = math.nan
+    out, l = split.merge(o, lse)
+    assert l[0, 1, 0].isnan() and out[0, 0, 1].isnan().all()
+    assert not l[0, 0].isnan().any() and not out[0, :, 0].isnan().any() and not out[0, 1].isnan().any()
+
+
 def test_merge_extreme_lse_no_overflow():
     """LSEs far apart (1e4) or huge (1e30) merge without inf/NaN: exponents are taken relative to the max."""
     o = torch.randn(2, 1, 1, 1, 4)

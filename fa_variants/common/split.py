@@ -55,6 +55,19 @@ def num_splits_heuristic(ctas: int, n_blocks: int, num_sms: int, max_splits: int
     return next(s for s in range(1, limit + 1) if efficiency(s) >= 0.85 * best)
 
 
+def check_options(num_splits, pack_gqa) -> None:
+    """The public ``num_splits=`` / ``pack_gqa=`` options (``fa_variants.attention``): num_splits an int >= 1
+    or None (chosen per call), pack_gqa a bool or None (chosen per call). Raises TypeError / ValueError (one
+    line naming the argument)."""
+    if num_splits is not None:
+        if not isinstance(num_splits, int) or isinstance(num_splits, bool):
+            raise TypeError(f"num_splits must be an int >= 1 or None (chosen per call), got {num_splits!r}")
+        if num_splits < 1:
+            raise ValueError(f"num_splits must be >= 1 (1: no split) or None (chosen per call), got {num_splits}")
+    if pack_gqa is not None and not isinstance(pack_gqa, bool):
+        raise TypeError(f"pack_gqa must be a bool or None (chosen per call), got {pack_gqa!r}")
+
+
 @functools.lru_cache(maxsize=None)
 def sm_count(device_index: int) -> int:
     """Streaming multiprocessors of a CUDA device (cached: the property query costs microseconds)."""
@@ -78,14 +91,15 @@ def merge(o_parts: torch.Tensor, lse_parts: torch.Tensor, out: torch.Tensor | No
         out, lse: optional outputs to write: out (batch, seqlen_q, num_heads, head_dim) in any float dtype,
             lse (batch, num_heads, seqlen_q) float32.
     Returns:
-        (out, lse); a row every split of which is empty gets O = 0 and LSE = -inf.
+        (out, lse); a row every split of which is empty gets O = 0 and LSE = -inf; a NaN LSE_s makes its
+        row NaN (O and LSE), as the unsplit kernel's row would be.
     """
     lse_max = lse_parts.amax(dim=0)                                      # (B, H, Nq); max is exact
     safe_max = torch.where(lse_max == -math.inf, 0.0, lse_max)
     weights = torch.exp(lse_parts - safe_max)                            # 0 for empty splits
     total = _sum_splits(weights)
-    lse_out = torch.where(total > 0, safe_max + torch.log(total), -math.inf)
-    weights = weights / torch.where(total > 0, total, 1.0)
+    lse_out = torch.where(total == 0, -math.inf, safe_max + torch.log(total))  # a NaN LSE_s stays NaN
+    weights = weights / torch.where(total == 0, 1.0, total)
     w = weights.permute(0, 1, 3, 2).unsqueeze(-1)                        # (S, B, Nq, H, 1)
     o = _sum_splits(torch.where(w > 0, o_parts, 0.0).mul_(w))
     if out is None:

@@ -780,13 +780,29 @@ def _problem_config(config: Sm90Config | None, q: torch.Tensor, k: torch.Tensor,
     None (the default: unpacked, unsplit)."""
     if config is not None:
         return config
-    head_dim = q.shape[-1]
-    pack = PACK_GQA_ENABLED and q.shape[1] == 1 and q.shape[2] > k.shape[2]
-    if SPLIT_KV_ENABLED:
-        split_config = (_PACKED_SPLIT_CONFIGS if pack else _SPLIT_CONFIGS)[head_dim]
-        if num_splits_for(split_config, q, k, causal) > 1:
-            return split_config
-    return _PACKED_CONFIGS[head_dim] if pack else None
+    pack, splits = _auto_choice(q, k, causal)
+    if splits:
+        return (_PACKED_SPLIT_CONFIGS if pack else _SPLIT_CONFIGS)[q.shape[-1]]
+    return _PACKED_CONFIGS[q.shape[-1]] if pack else None
+
+
+def _auto_choice(q: torch.Tensor, k: torch.Tensor, causal: bool, pack: bool | None = None) -> tuple[bool, bool]:
+    """(pack GQA, split K/V) as `auto` decides them; ``pack`` given: the split decision for that packing."""
+    if pack is None:
+        pack = PACK_GQA_ENABLED and q.shape[1] == 1 and q.shape[2] > k.shape[2]
+    probe = (_PACKED_SPLIT_CONFIGS if pack else _SPLIT_CONFIGS)[q.shape[-1]]
+    return pack, SPLIT_KV_ENABLED and num_splits_for(probe, q, k, causal) > 1
+
+
+def decode_config(q: torch.Tensor, k: torch.Tensor, causal: bool, *, num_splits: int | None = None,
+                  pack_gqa: bool | None = None) -> Sm90Config:
+    """The config of a call whose split count and/or GQA packing the caller fixes (``fa_variants.attention``'s
+    ``num_splits=`` / ``pack_gqa=``, checked by ``common.split.check_options``); None leaves that choice to
+    `auto` (the heuristic, SPLIT_KV_ENABLED, PACK_GQA_ENABLED). Other fields: the head dim's default."""
+    pack, splits = _auto_choice(q, k, causal, pack_gqa)
+    if num_splits is None:
+        num_splits = 0 if splits else 1
+    return dataclasses.replace(DEFAULT_CONFIGS[q.shape[-1]], num_splits=num_splits, pack_gqa=pack)
 
 
 def auto_num_splits(q: torch.Tensor, k: torch.Tensor, causal: bool) -> int:
@@ -802,8 +818,10 @@ def _check_problem(config: Sm90Config | None, q: torch.Tensor, k: torch.Tensor) 
         if seqlen_q > 1:
             raise ValueError(f"fa3: pack_gqa packs the query heads of one query row; seqlen_q={seqlen_q} is not 1")
         seqlen_q, heads = heads // k.shape[2], k.shape[2]
-    if -(-seqlen_q // config.tile_m) * heads * batch >= 2**31:
-        raise ValueError(f"fa3: {batch} x {heads} x ceil({seqlen_q}/{config.tile_m}) CTAs exceed the grid limit 2^31 - 1")
+    splits = config.num_splits or split.MAX_SPLITS
+    if -(-seqlen_q // config.tile_m) * heads * batch * splits >= 2**31:
+        raise ValueError(f"fa3: {batch} x {heads} x ceil({seqlen_q}/{config.tile_m}) x {splits} splits CTAs exceed "
+                         "the grid limit 2^31 - 1")
 
 
 def pack_gqa_views(q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, heads_kv: int) -> tuple:
