@@ -190,7 +190,12 @@ def test_warmup_plans_fa3s_split_config_too(monkeypatch):
     from fa_variants.hopper import fa3
 
     monkeypatch.setattr(fa3, "SPLIT_KV_ENABLED", True)
+    monkeypatch.setattr(fa3, "PACK_GQA_ENABLED", False)
     configs, notes = warmup.plan(["fa3"], "sm_90a", ["bf16"], [128], (True,))
     assert not notes and [c.config.num_splits for c in configs] == [1, 0]
+    monkeypatch.setattr(fa3, "PACK_GQA_ENABLED", True)  # packed GQA (decode), unsplit and split, too
+    configs, _ = warmup.plan(["fa3"], "sm_90a", ["bf16"], [128], (True,))
+    assert [(c.config.num_splits, c.config.pack_gqa) for c in configs] == [(1, False), (0, False), (1, True), (0, True)]
     monkeypatch.setattr(fa3, "SPLIT_KV_ENABLED", False)
+    monkeypatch.setattr(fa3, "PACK_GQA_ENABLED", False)
     assert len(warmup.plan(["fa3"], "sm_90a", ["bf16"], [128], (True,))[0]) == 1

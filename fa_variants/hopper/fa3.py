@@ -805,6 +805,13 @@ def decode_config(q: torch.Tensor, k: torch.Tensor, causal: bool, *, num_splits:
     return dataclasses.replace(DEFAULT_CONFIGS[q.shape[-1]], num_splits=num_splits, pack_gqa=pack)
 
 
+def _auto_configs(head_dim: int) -> tuple[Sm90Config, ...]:
+    """The configs besides the default that `auto` may switch a call to (for `fa-variants warmup`)."""
+    return ((_SPLIT_CONFIGS[head_dim],) if SPLIT_KV_ENABLED else ()) + (
+        ((_PACKED_CONFIGS[head_dim],) + ((_PACKED_SPLIT_CONFIGS[head_dim],) if SPLIT_KV_ENABLED else ()))
+        if PACK_GQA_ENABLED else ())
+
+
 def auto_num_splits(q: torch.Tensor, k: torch.Tensor, causal: bool) -> int:
     """The split count a call without ``config=`` runs (q, k) with: 1 when it is not split."""
     config = _problem_config(None, q, k, causal)
@@ -870,7 +877,7 @@ VARIANT = Variant(
     "fa3", archs=("sm_90a",), dtypes=DTYPES, head_dims=HEAD_DIMS, default_config=default_config,
     check_config=lambda config, arch, head_dim: config.check(head_dim, arch), build=_build, prepare=_prepare,
     operand=_tma_operand, check_problem=_check_problem, problem_config=_problem_config, finish=_finish,
-    warm_configs=lambda arch, head_dim, causal: (_SPLIT_CONFIGS[head_dim],) if SPLIT_KV_ENABLED else ())
+    warm_configs=lambda arch, head_dim, causal: _auto_configs(head_dim))
 
 
 def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, softmax_scale: float,
