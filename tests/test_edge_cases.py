@@ -413,7 +413,10 @@ def test_ec15b_long_kv_beyond_2_pow_31(backend):
         assert "2^31" in str(err) or "2**31" in str(err) or "2147483647" in str(err)
         return
     alone = backend(q[31:], k[31:], v[31:])
-    assert torch.equal(out[31:], alone)
+    # batch 1 alone may be split by fa3's split-KV where batch 32 is not: bitwise only at equal split counts
+    # (assert_same, EC-19); the H200 showed that difference here once split-KV was on.
+    same = auto_splits(backend, q, k) == auto_splits(backend, q[31:], k[31:])
+    assert_same(backend, out[31:], alone, q[31:], k[31:], v[31:], same_splits=same)
     assert not torch.isnan(out).any()
 
 
