@@ -19,7 +19,9 @@ FIRST_CALL_BUDGET_S = 1.0  # issue 13
 
 def first_call(backend: str, head_dim: int, cache_dir: Path) -> dict:
     """scripts/first_call.py in a new process (its imports and CUDA set-up not timed, the first call is)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "FA_VARIANTS_CACHE_DIR": str(cache_dir)}
+    # the checkout first, then the caller's PYTHONPATH (where the GPU host keeps the CuTe DSL)
+    pythonpath = os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
+    env = {**os.environ, "PYTHONPATH": pythonpath, "FA_VARIANTS_CACHE_DIR": str(cache_dir)}
     env.pop("FA_VARIANTS_DISK_CACHE", None)
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "first_call.py"), "--backend", backend,
                         "--head-dim", str(head_dim)], capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)

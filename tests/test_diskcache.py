@@ -4,8 +4,10 @@ switch, concurrent writers. Loading an entry links it in memory; calling it need
 (tests/test_cache_gpu.py)."""
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,13 +16,19 @@ from fa_variants import cli, registry, testkernel
 from fa_variants.common import cache, diskcache
 
 ROOT = Path(__file__).resolve().parent.parent
+# a subprocess imports this checkout first, then the caller's PYTHONPATH (where a GPU host keeps the CuTe DSL)
+PYTHONPATH = os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
 
 
 @pytest.fixture
-def cache_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv(diskcache.ENV_DIR, str(tmp_path / "kernels"))
+def cache_dir(monkeypatch):
+    """An empty cache directory this test owns (not under pytest's tmp_path: another pytest session of the same
+    user may delete old /tmp/pytest-of-<user>/ folders while a long test here still writes into one)."""
+    top = Path(tempfile.mkdtemp(prefix="fa_variants_diskcache_test_"))
+    monkeypatch.setenv(diskcache.ENV_DIR, str(top / "kernels"))
     monkeypatch.delenv(diskcache.ENV_SWITCH, raising=False)
-    return tmp_path / "kernels"
+    yield top / "kernels"
+    shutil.rmtree(top, ignore_errors=True)
 
 
 def _cfg(threads: int):
@@ -35,7 +43,7 @@ def _forget(cfg) -> None:
 
 def _python(code: str, env: dict, *args) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), "CUTE_DSL_ARCH": "sm_80", **env}, timeout=600)
+                          env={**os.environ, "PYTHONPATH": PYTHONPATH, "CUTE_DSL_ARCH": "sm_80", **env}, timeout=600)
 
 
 FRESH_PROCESS = """
@@ -142,7 +150,7 @@ def test_switched_off_nothing_is_written(cache_dir, monkeypatch):
 @pytest.mark.compile
 @pytest.mark.slow  # two compiling processes at once (~30 s on 2 busy cores); scripts/cache_gpu.sh runs it
 def test_concurrent_processes_leave_one_whole_entry(cache_dir):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "CUTE_DSL_ARCH": "sm_80", diskcache.ENV_DIR: str(cache_dir)}
+    env = {**os.environ, "PYTHONPATH": PYTHONPATH, "CUTE_DSL_ARCH": "sm_80", diskcache.ENV_DIR: str(cache_dir)}
     procs = [subprocess.Popen([sys.executable, "-c", FRESH_PROCESS, "192"], cwd=ROOT, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outs = [p.communicate(timeout=600) for p in procs]
