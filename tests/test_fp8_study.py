@@ -9,9 +9,13 @@ floating-point format makes block / head / tensor scales identical on these inpu
 p. Variants of the baseline tried and not reproducing the paper's 2.4e-2: P unshifted (in [0, 1]), K/V tiles
 first to last, an fp32 accumulator (no change); round-toward-zero e4m3 (both methods ~3.4e-2).
 """
+import dataclasses
+import json
+
 import pytest
 import torch
 
+from fa_variants import cli
 from fa_variants.fp8 import study
 
 
@@ -47,7 +51,7 @@ def test_inputs_are_seeded_and_report_is_written(tmp_path):
     assert fa3 and all(r["rmse"] is None and r["backend"].startswith("not run") for r in fa3)
     meta = dict(command="test", seed=0, fp8_source="the EMULATION", torch=torch.__version__, device="cpu")
     md = study.markdown(rows, meta, None)
-    assert md.count("FP8 via the EMULATION") == 3 and "could not be read" in md
+    assert md.count("FP8 via the EMULATION") == 3 and "(paper)" not in md  # p = 1e-2: the paper's p is 1e-3
     assert {p.name for p in study.plots(rows, tmp_path, "emulation")} == {"error_vs_p.png"}
 
 
@@ -56,3 +60,36 @@ def test_unknown_sweep_and_distribution_are_named():
         study.sweep_cases(["nope"], quick=True, gpu=False)
     with pytest.raises(ValueError, match="distribution"):
         study.make_inputs(study.Case("p", "nope", 4, 4, 1, 64))
+
+
+def _fake_rows(p):
+    """One row per method at the Table 3 setting, our RMSE 1e-3 x (method's index + 1)."""
+    case = dataclasses.asdict(study.Case("p", "outlier", 64, 64, 1, 64, p=p))
+    return [dict(case, method=m, backend="emulation", rmse=1e-3 * (i + 1), rel_l2=0.1, max_abs=0.1, cos=1.0,
+                 seconds=0.0) for i, m in enumerate(study.METHODS)]
+
+
+def _table3(md):
+    lines = md.split("## Table 3 setting")[1].split("\n## ")[0].splitlines()
+    return {ln.split(" | ")[0].lstrip("| "): ln.split(" | ")[-1].rstrip(" |") for ln in lines if ln.startswith("| fp")}
+
+
+def test_table3_prints_the_papers_values_beside_ours_marked_as_the_papers(capsys, monkeypatch, tmp_path):
+    """FA3 Table 3's two quoted RMSEs (Shah et al. 2024, section 4.3: baseline FP8 2.4e-2, FA3 FP8 9.1e-3)
+    in the paper column of their rows only, marked "(paper)", with the ratio beside ours; none at another p;
+    the CLI prints them too."""
+    meta = dict(command="test", seed=0, fp8_source="the EMULATION", torch=torch.__version__, device="cpu")
+    md = study.markdown(_fake_rows(1e-3), meta, None)
+    labels = {study.METHODS[m].label: m for m in study.METHODS}
+    assert {labels[k]: v for k, v in _table3(md).items() if v != "—"} == {"tensor": "2.4e-02 (paper)",
+                                                                           "block+H": "9.1e-03 (paper)"}
+    ours = (1 + list(study.METHODS).index("tensor")) / (1 + list(study.METHODS).index("block+H"))
+    assert f"ours {ours:.2f}x; the paper's 2.4e-02 / 9.1e-03 = 2.64x" in md and "Shah et al. 2024" in md
+    assert "(paper)" not in study.markdown(_fake_rows(1e-2), meta, None)
+
+    monkeypatch.setattr(study, "run_study", lambda cases, **kw: _fake_rows(1e-3))
+    assert cli.main(["fp8-study", "--out", str(tmp_path), "--no-e2e", "--sweeps", "p", "--backend", "emulation"]) == 0
+    out = capsys.readouterr().out
+    assert "2.4e-02 (paper)" in out and "9.1e-03 (paper)" in out
+    assert json.loads((tmp_path / "fp8_study.json").read_text())["setup"]["paper"]["table3_rmse"] == {
+        "tensor": 2.4e-2, "block+H": 9.1e-3}
