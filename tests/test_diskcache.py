@@ -148,7 +148,7 @@ def test_switched_off_nothing_is_written(cache_dir, monkeypatch):
 
 
 @pytest.mark.compile
-@pytest.mark.slow  # two compiling processes at once (~30 s on 2 busy cores); scripts/cache_gpu.sh runs it
+@pytest.mark.slow  # two compiling processes at once (~30 s on 2 busy cores); CI runs it
 def test_concurrent_processes_leave_one_whole_entry(cache_dir):
     env = {**os.environ, "PYTHONPATH": PYTHONPATH, "CUTE_DSL_ARCH": "sm_80", diskcache.ENV_DIR: str(cache_dir)}
     procs = [subprocess.Popen([sys.executable, "-c", FRESH_PROCESS, "192"], cwd=ROOT, env=env,
