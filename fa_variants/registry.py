@@ -5,8 +5,8 @@ module is imported on first use of its name (and remembered); a module that does
 reported as "not built yet", one that fails to import says why.
 
 Names and modules (static): ``BACKENDS`` are the names callers may ask for, fastest first; "testkernel"
-is an internal kernel for the compile infrastructure and "fp8-quant" the FP8 quantisation pass, compiled but
-never dispatched to.
+is an internal kernel for the compile infrastructure, "fp8-quant" the FP8 quantisation pass and "split-merge"
+the split-KV merge, compiled but never dispatched to.
 """
 from __future__ import annotations
 
@@ -33,6 +33,8 @@ ENTRIES: dict[str, Entry] = {
     "testkernel": Entry("fa_variants.testkernel", "internal test kernel: out = q * scale + v[row], lse = scale"),
     "fp8-quant": Entry("fa_variants.fp8.quant_kernel", "FP8 quantisation pass (not attention): Hadamard, block "
                        "scales, e4m3, V transposed"),
+    "split-merge": Entry("fa_variants.common.split_combine", "split-KV merge (not attention): partial O and LSE "
+                         "combined by LSE in one launch"),
 }
 #: the names a caller may ask for (backend=...), fastest first
 BACKENDS: tuple[str, ...] = ("fa3", "fa3-fp8", "fa2", "fa1", "reference")

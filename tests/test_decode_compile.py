@@ -36,3 +36,20 @@ def test_fa3_packed_gqa_compiles_unmasked_without_spills(num_splits):
         res = cubin.cubin_resources(c.cubin)
         assert counts[causal]["LDL"] == counts[causal]["STL"] == 0 and res["spill_bytes"] == 0, (counts, res)
     assert counts[True] == counts[False]
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_80"])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
+def test_split_merge_kernel_compiles(arch, head_dim):
+    """common.split_combine: plain loads/stores, one ex2 per split in each of the two exp loops, one lg2; no
+    spills; registry entry "split-merge" (compiled, never dispatched to)."""
+    from fa_variants.common import split_combine
+
+    c = registry.compiled(registry.static_config("split-merge", arch, "bf16", head_dim, False, split_combine.MergeConfig()))
+    sass = cubin.sass_of(c.cubin)
+    counts, res = cubin.count_sass(sass), cubin.cubin_resources(c.cubin)
+    assert counts["LDL"] == counts["STL"] == 0 and res["spill_bytes"] == 0, (counts, res)
+    assert counts["MUFU.EX2"] >= 2 and "MUFU.LG2" in sass and "STG.E.U16" in sass, counts
+    assert counts["HMMA"] == counts["HGMMA"] == counts["UTMALDG"] == 0
+    with pytest.raises(ValueError, match="head_dim"):
+        split_combine.MergeConfig().check(80)

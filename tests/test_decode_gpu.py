@@ -253,3 +253,68 @@ def test_split_options_through_the_public_api(options):
     q3 = torch.randn(3, 3, 32, 128, dtype=BF16, device="cuda")
     with pytest.raises(ValueError, match="pack_gqa"):
         fa_variants.attention(q3, k, v, backend="fa3", pack_gqa=True)
+
+
+# ----- the merge kernel (common.split_combine) -------------------------------------------------------------
+
+
+def _partials(splits, batch, nq, h, d):
+    o = torch.randn(splits * batch, nq, h, d, device="cuda")
+    lse = torch.randn(splits * batch, h, nq, device="cuda") * 20
+    lse[batch:3 * batch:2] = -math.inf  # some splits empty for some batches
+    o[batch:3 * batch:2] = math.nan     # ... and their O unwritten
+    lse[:, 1, 0] = -math.inf            # head 1, row 0: every split empty
+    return o, lse
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("splits,batch,nq,h,d", [(16, 3, 1, 32, 128), (5, 2, 3, 8, 64), (64, 1, 1, 4, 256),
+                                                 (2, 7, 16, 8, 96), (1, 2, 1, 4, 128)])
+def test_merge_kernel_equals_the_torch_merge(splits, batch, nq, h, d, dtype):
+    from fa_variants.common import split_combine
+
+    o, lse = _partials(splits, batch, nq, h, d)
+    lse[0, 0, -1] = math.nan  # one split's LSE NaN: its row NaN
+    out = torch.full((batch, nq, h, d), math.nan, dtype=dtype, device="cuda")
+    out_lse = torch.full((batch, h, nq), math.nan, device="cuda")
+    split_combine.merge(o, lse, out, out_lse)
+    ref, ref_lse = split.merge(o.unflatten(0, (splits, batch)), lse.unflatten(0, (splits, batch)))
+    nan_rows = ref_lse.isnan()
+    assert nan_rows.sum() == 1 and out_lse[nan_rows].isnan().all() and out.permute(0, 2, 1, 3)[nan_rows].isnan().all()
+    assert (out_lse[:, 1, 0] == -math.inf).all() and (out[:, 0, 1] == 0).all()
+    good = ~nan_rows
+    assert torch.allclose(out_lse[good], ref_lse[good], rtol=1e-5, atol=1e-5)
+    err = (out.float() - ref).permute(0, 2, 1, 3)[good].abs().max().item()
+    assert err <= 2 ** -7 * ref.permute(0, 2, 1, 3)[good].abs().max().item(), err  # one 16-bit rounding
+
+
+def test_merge_kernel_is_batch_invariant():
+    """Each (row, head, batch) is one CTA adding its splits in order: a batch row is bitwise the row alone."""
+    from fa_variants.common import split_combine
+
+    splits, batch = 16, 64
+    o, lse = _partials(splits, batch, 1, 32, 128)
+    out = torch.empty(batch, 1, 32, 128, dtype=BF16, device="cuda")
+    out_lse = torch.empty(batch, 32, 1, device="cuda")
+    split_combine.merge(o, lse, out, out_lse)
+    b = 9
+    rows = torch.arange(splits, device="cuda") * batch + b
+    one, one_lse = torch.empty_like(out[:1]), torch.empty_like(out_lse[:1])
+    split_combine.merge(o[rows].contiguous(), lse[rows].contiguous(), one, one_lse)
+    assert torch.equal(one, out[b:b + 1]) and torch.equal(one_lse, out_lse[b:b + 1])
+
+
+def test_split_decode_with_either_merge(monkeypatch):
+    """fa3's split path through the merge kernel (default) and through split.merge (FA_VARIANTS_MERGE_KERNEL=0):
+    both pass the rule, and they differ by rounding only."""
+    q, k, v = _qkv(2, 1, 8192, 32, 8, 128)
+    config = dataclasses.replace(fa3.DEFAULT_CONFIGS[128], num_splits=16, pack_gqa=True)
+    results = {}
+    for kernel in (True, False):
+        monkeypatch.setattr(fa3, "MERGE_KERNEL", kernel)
+        results[kernel] = fa3.run(q, k, v, causal=True, softmax_scale=0.088, config=config)
+    refs = references(q, k, v, causal=True, softmax_scale=0.088)
+    for out, lse in results.values():
+        assert (ok := check_against_reference(out, q, k, v, True, 0.088, refs=refs)).ok, ok
+        assert (ok := check_lse(lse, q, k, v, True, 0.088, refs=refs)).ok, ok
+    assert rel_l2(results[True][0], results[False][0]) <= 2e-3

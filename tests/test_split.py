@@ -122,7 +122,7 @@ BF16 = torch.bfloat16
 
 
 def _model_case(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, causal, scale, tiles, num_splits, seed=0,
-                pack_gqa=False):
+                pack_gqa=False, merge="torch"):
     pytest.importorskip("cutlass")  # common.mask's tile arithmetic lives with the DSL helpers
     from fa_variants.common.split_model import split_kv_model
 
@@ -130,7 +130,7 @@ def _model_case(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, causal, sc
     q = torch.randn(batch, seqlen_q, heads, head_dim, dtype=BF16)
     k, v = (torch.randn(batch, seqlen_k, heads_kv, head_dim, dtype=BF16) for _ in range(2))
     out, lse = split_kv_model(q, k, v, causal=causal, softmax_scale=scale, tile_m=tiles[0], tile_n=tiles[1],
-                              num_splits=num_splits, pack_gqa=pack_gqa)
+                              num_splits=num_splits, pack_gqa=pack_gqa, merge=merge)
     return (q, k, v), out, lse
 
 
@@ -159,8 +159,10 @@ def test_model_of_the_h200_failure_rows_that_see_no_key(causal):
     ((1, 17, 1, 3, 1, 32), (192, 80), 32),   # Nk = 1: one key, 31 empty splits
     ((1, 2, 0, 2, 1, 32), (128, 16), 4),     # Nk = 0 (the launcher returns before the kernel; the model agrees)
 ])
-def test_model_split_boundaries(shape, tiles, num_splits, causal):
-    (q, k, v), out, lse = _model_case(*shape, causal, shape[-1] ** -0.5, tiles, num_splits, seed=sum(shape))
+@pytest.mark.parametrize("merge", ["torch", "kernel"])
+def test_model_split_boundaries(shape, tiles, num_splits, causal, merge):
+    (q, k, v), out, lse = _model_case(*shape, causal, shape[-1] ** -0.5, tiles, num_splits, seed=sum(shape),
+                                      merge=merge)
     refs = references(q, k, v, causal=causal)
     assert not out.isnan().any() and not lse.isnan().any()  # unwritten partials (NaN) never leak
     assert torch.equal(lse == -math.inf, refs.lse == -math.inf)
@@ -230,3 +232,30 @@ def test_pack_gqa_views_address_query_heads():
         pl[b, j, g] = 9.0
         assert (out[b, 0, j * 4 + g] == 7).all() and lse[b, j * 4 + g, 0] == 9
     assert (out != 0).sum() == 3 * 4 and (lse != 0).sum() == 3
+
+
+# ----- the merge kernel's maths (common.split_combine, modelled by split_model.combine_model) ----------------
+
+
+def test_combine_model_equals_the_torch_merge():
+    """Sequential split order (the kernel) vs the pairwise order (split.merge): the same up to float32 rounding;
+    empty splits (LSE -inf, O NaN: unwritten) ignored, all-empty rows O = 0 / LSE -inf, a NaN LSE a NaN row."""
+    pytest.importorskip("cutlass")
+    from fa_variants.common.split_model import combine_model
+
+    torch.manual_seed(3)
+    o = torch.randn(7, 3, 2, 5, 64)
+    lse = torch.randn(7, 3, 5, 2) * 20
+    lse[2:5, 0] = -math.inf
+    o[2:5, 0] = math.nan
+    lse[:, 1, 3, 1] = -math.inf  # every split empty
+    lse[4, 2, 0, 0] = math.nan
+    out_k, lse_k = combine_model(o, lse, torch.float32)
+    out_t, lse_t = split.merge(o, lse)
+    nan_row = torch.zeros(3, 5, 2, dtype=torch.bool)
+    nan_row[2, 0, 0] = True
+    assert lse_k[nan_row].isnan().all() and out_k.permute(0, 2, 1, 3)[nan_row].isnan().all()
+    assert lse_k[1, 3, 1] == -math.inf and (out_k[1, 1, 3] == 0).all()
+    assert torch.allclose(lse_k[~nan_row], lse_t[~nan_row], rtol=1e-6, atol=1e-5)
+    ok = ~nan_row.permute(0, 2, 1)
+    assert torch.allclose(out_k[ok], out_t[ok], rtol=1e-5, atol=1e-6)

@@ -12,7 +12,8 @@ A split that saw no key has LSE_s = -inf and contributes nothing (its O_s is nev
 unwritten); when every split is empty the row gets O = 0 and LSE = -inf, like an unsplit row that sees no key.
 
 `num_splits_heuristic` picks the count from the shape and the SM count; `merge` is the combine step in
-torch (fp32). Pure Python + torch.
+torch (fp32; pairwise over the splits). fa3 merges with the one-launch kernel ``common.split_combine`` instead
+(the same maths, sequential over the splits; FA_VARIANTS_MERGE_KERNEL=0: this one). Pure Python + torch.
 
 Rounding, not maths, is what a split count changes: each split rounds its own P to 16 bits for the P V GEMM
 (relative to its own row max), so results with different counts differ by bf16 rounding (measured on the CPU

@@ -11,7 +11,7 @@ the same tile arithmetic (``common.mask.BlockInfo``) and the same choices:
 * online softmax in fp32 as ``common.softmax.OnlineSoftmax`` (exp2, row sum from fp32 P), P rounded to the
   input dtype for O += P V (fp32 accumulation), O / l and LSE = (m c + log2 l) ln 2 at the end;
 * one split: O rounded to the input dtype (the TMA epilogue); more: fp32 partials merged by
-  ``common.split.merge`` and rounded once;
+  ``common.split.merge`` (or ``combine_model``: the merge kernel ``common.split_combine``) and rounded once;
 * packed GQA (``Sm90Config.pack_gqa``, seqlen_q = 1): the CTAs see Q, O, LSE and the partials through
   ``hopper.fa3.pack_gqa_views`` (the very function the host uses), unmasked, as the kernel runs them.
 
@@ -30,13 +30,15 @@ LOG2_E = math.log2(math.e)
 
 
 def split_kv_model(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, softmax_scale: float,
-                   tile_m: int, tile_n: int, num_splits: int, pack_gqa: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                   tile_m: int, tile_n: int, num_splits: int, pack_gqa: bool = False,
+                   merge: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
     """fa3's result for (q, k, v) with `num_splits` splits (module docstring).
 
     Args:
         q: (batch, seqlen_q, num_heads, head_dim); k, v: (batch, seqlen_k, num_heads_kv, head_dim); one
             16-bit float dtype (the MMA operand type), CPU. softmax_scale > 0.
-        tile_m, tile_n: the kernel config's tiles; num_splits >= 1; pack_gqa: packed GQA (seqlen_q = 1).
+        tile_m, tile_n: the kernel config's tiles; num_splits >= 1; pack_gqa: packed GQA (seqlen_q = 1);
+        merge: "torch" (``split.merge``) or "kernel" (``combine_model``, the merge kernel's maths).
     Returns:
         (out like q, lse float32 (batch, num_heads, seqlen_q)), natural log.
     """
@@ -56,6 +58,8 @@ def split_kv_model(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     o_parts, lse_parts = o_parts.unflatten(0, (num_splits, batch)), lse_parts.unflatten(0, (num_splits, batch))
     if num_splits == 1:
         return o_parts[0].to(q.dtype), lse_parts[0]
+    if merge == "kernel":
+        return combine_model(o_parts, lse_parts, q.dtype)
     return split.merge(o_parts, lse_parts, torch.empty_like(q), torch.empty(batch, heads, seqlen_q))
 
 
@@ -104,3 +108,24 @@ def _ctas(q, k, v, o_parts, lse_parts, *, causal: bool, softmax_scale: float, ti
             o = o * torch.where(empty, 0.0, 1.0 / l).unsqueeze(-1)
             o_parts[s, :, r0:r1] = o.transpose(1, 2)
             lse_parts[s, :, :, r0:r1] = torch.where(empty, -math.inf, (m * c + torch.log2(l)) * math.log(2))
+
+
+def combine_model(o_parts: torch.Tensor, lse_parts: torch.Tensor, out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``common.split_combine``'s kernel in torch (float32, the same operations in the same split order; exp
+    and log exact here, ex2 / lg2 approximations on the GPU): o_parts (S, B, Nq, H, D), lse_parts (S, B, H, Nq)
+    -> (out (B, Nq, H, D) in out_dtype, lse (B, H, Nq))."""
+    lse_parts = lse_parts.float().permute(0, 1, 3, 2)  # (S, B, Nq, H): the kernel's (row, head) per CTA
+    m = torch.full(lse_parts.shape[1:], -math.inf)
+    for x in lse_parts:
+        m = torch.maximum(m, x)  # NaN-propagating, like the kernel's max
+    m_safe = torch.where(m == -math.inf, 0.0, m)
+    log2_e = torch.tensor(LOG2_E, dtype=torch.float32)
+    l = torch.zeros_like(m)
+    for x in lse_parts:
+        l = l + torch.exp2((x - m_safe) * log2_e)
+    lse = torch.where(l == 0, -math.inf, m_safe + torch.log2(l) * torch.tensor(math.log(2), dtype=torch.float32))
+    acc = torch.zeros(o_parts.shape[1:])
+    for x, o in zip(lse_parts, o_parts.float()):
+        w = torch.exp2((x - lse) * log2_e).unsqueeze(-1)
+        acc = torch.where(((x != -math.inf) & (l != 0)).unsqueeze(-1), acc + w * o, acc)
+    return acc.to(out_dtype), lse.permute(0, 2, 1)

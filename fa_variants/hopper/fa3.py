@@ -49,7 +49,7 @@ import cutlass.pipeline as pipeline
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from fa_variants.common import interop, split
+from fa_variants.common import interop, split, split_combine
 from fa_variants.common.cache import StaticConfig
 from fa_variants.common.config import Sm90Config
 from fa_variants.common.launch import Variant
@@ -774,6 +774,11 @@ SPLIT_KV_ENABLED = os.environ.get("FA_VARIANTS_SPLIT_KV", "1") != "0"
 PACK_GQA_ENABLED = os.environ.get("FA_VARIANTS_PACK_GQA", "1") != "0"
 
 
+#: Whether split-KV partials are merged by the one-launch kernel (``common.split_combine``; False or
+#: FA_VARIANTS_MERGE_KERNEL=0: ``common.split.merge``, ~20 torch ops). Both add over the splits in a fixed order.
+MERGE_KERNEL = os.environ.get("FA_VARIANTS_MERGE_KERNEL", "1") != "0"
+
+
 def _problem_config(config: Sm90Config | None, q: torch.Tensor, k: torch.Tensor, causal: bool):
     """``config`` when given; else the default config, packed (PACK_GQA_ENABLED, seqlen_q = 1 and GQA) and
     switched to split-KV (count per call) when the heuristic splits this shape (and SPLIT_KV_ENABLED), or
@@ -861,8 +866,12 @@ def _finish(config: Sm90Config, args: tuple, out: torch.Tensor, lse: torch.Tenso
     if config.num_splits != 1:  # args[3], args[4]: the contiguous partial buffers, or packed views of them
         splits = args[3].shape[0] // out.shape[0]
         o_parts, lse_parts = (t.as_strided(shape, _contiguous_strides(shape)) for t, shape in (
-            (args[3], (splits, *out.shape)), (args[4], (splits, *lse.shape))))
-        split.merge(o_parts, lse_parts, out, lse)
+            (args[3], (splits * out.shape[0], *out.shape[1:])), (args[4], (splits * lse.shape[0], *lse.shape[1:]))))
+        if MERGE_KERNEL and out.is_cuda:
+            split_combine.merge(o_parts, lse_parts, out, lse)
+        else:
+            split.merge(o_parts.unflatten(0, (splits, out.shape[0])), lse_parts.unflatten(0, (splits, lse.shape[0])),
+                        out, lse)
 
 
 def _contiguous_strides(shape: tuple) -> tuple:
