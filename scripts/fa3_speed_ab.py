@@ -5,7 +5,9 @@
 
 Variants are fa3's DEFAULT_CONFIGS with switches changed (``VARIANTS``): `old` is the config before issue 12's
 softmax switches (exact exponent, one serial reduction chain, O always rescaled), `new` the current default, and
-`-x` variants the default with one switch undone, so each switch's effect is measured on its own. Shapes: the
+the structural switches of issue 12's second round (Sm90Config; the softmax switches were measured on
+2026-11-30, bench/h200-2026-11-30/session2/fa3_speed_ab.md): each alone at D = 128 (the ncu shape), and all
+of them together (`lean`) at every head dim (D = 256: without first_pv_overwrites, which spills there). Shapes: the
 FlashAttention papers' setup (batch * seqlen = 16384 tokens, heads * head_dim = 2048, bf16, forward),
 TFLOP/s = 4 B H N^2 D / time (halved for causal).
 
@@ -33,13 +35,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 TOKENS, HIDDEN = 16384, 2048
 OLD = dict(exp2_ffma=False, reduce_chains=1, skip_unit_rescale=False)
 #: name -> (head dims it runs at, changes to DEFAULT_CONFIGS[head_dim])
+LEAN = dict(shared_kv_state=True, first_pv_overwrites=True, epilogue_arrive=True)
 VARIANTS = {
     "old": ((64, 128, 256), OLD),
     "new": ((64, 128, 256), {}),
-    "new-exact-exp": ((64, 128), dict(exp2_ffma=False)),
-    "new-1chain": ((64, 128), dict(reduce_chains=1)),
-    "new-no-skip": ((128,), dict(skip_unit_rescale=False)),
-    "new-3stages": ((128,), dict(stages=3)),
+    "kv1": ((128,), dict(shared_kv_state=True)),
+    "o-overwrite": ((128,), dict(first_pv_overwrites=True)),
+    "epi-arrive": ((128,), dict(epilogue_arrive=True)),
+    "lean": ((64, 128), LEAN),
+    "lean-256": ((256,), dict(LEAN, first_pv_overwrites=False)),  # first_pv_overwrites spills at D 256 causal
 }
 PEERS = ("flash-attn-4", "sdpa-cudnn")
 

@@ -78,6 +78,10 @@ ABLATIONS = {
     "no-pingpong": dict(pingpong=False),
     "no-overlap": dict(intra_wg_overlap=False),
     "neither": dict(pingpong=False, intra_wg_overlap=False),
+    # issue 12's structural switches (Sm90Config), with the overlapped and the serial mainloop
+    "lean": dict(shared_kv_state=True, first_pv_overwrites=True, epilogue_arrive=True),
+    "lean-serial": dict(shared_kv_state=True, first_pv_overwrites=True, epilogue_arrive=True, intra_wg_overlap=False),
+    "kv1-no-pingpong": dict(shared_kv_state=True, pingpong=False),
 }
 
 
@@ -89,6 +93,20 @@ def test_ablation_configs(ablation, causal, shape):
     config = dataclasses.replace(fa3.DEFAULT_CONFIGS[128], **ABLATIONS[ablation])
     q, k, v = _qkv(*shape, 128, BF16)
     _check(q, k, v, causal, config=config, what=f"{ablation} causal={causal} {shape}")
+
+
+@pytest.mark.parametrize("head_dim, change", [
+    (64, dict(shared_kv_state=True, first_pv_overwrites=True, epilogue_arrive=True)),
+    (256, dict(shared_kv_state=True, epilogue_arrive=True)),
+    (256, dict(first_pv_overwrites=True, intra_wg_overlap=False))], ids=["d64-lean", "d256-lean", "d256-overwrite-serial"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_structural_switches_other_head_dims(head_dim, change, causal):
+    """The structural switches at D 64 (three consumer warpgroups) and D 256 (no ping-pong); one K/V tile
+    (the first PV is the last), several, and a row that sees no key (causal, Nq > Nk)."""
+    config = dataclasses.replace(fa3.DEFAULT_CONFIGS[head_dim], **change)
+    for shape in [(2, 1023, 1023, 4, 2), (1, 77, 77, 2, 2), (1, 300, 129, 2, 1)]:
+        q, k, v = _qkv(*shape, head_dim, BF16)
+        _check(q, k, v, causal, config=config, what=f"D={head_dim} {change} causal={causal} {shape}")
 
 
 def test_two_consumer_warpgroups_d64():

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from fa_variants.bench import compare as bench_compare
 from fa_variants.bench import report as bench_report
 from fa_variants.bench.core import HIDDEN, TOKENS, Case, Plan, memory_sweep, sweep
 from fa_variants.bench.runtime import GpuRuntime, build_impls, versions
@@ -159,6 +160,12 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     t.add_argument("--report-from", metavar="JSON", nargs="+",
                    help="rebuild markdown and charts from saved bench.json files, merged into one report "
                         "(no GPU needed; --out defaults to the first file's folder)")
+    c = p.add_argument_group("regression check")
+    c.add_argument("--compare", metavar="JSON",
+                   help="a saved bench.json: flag every case of ours more than --threshold slower than there "
+                        "(writes compare.md; exit status 1 on a regression). With --report-from: no GPU needed")
+    c.add_argument("--threshold", type=float, default=100 * bench_compare.DEFAULT_THRESHOLD, metavar="PCT",
+                   help="slowdown in percent that --compare flags (default 3)")
     from fa_variants.bench import decode  # stdlib-only at import
 
     decode.configure_parser(p)
@@ -227,26 +234,58 @@ def default_outdir(gpu_name: str) -> Path:
     return Path("results") / f"bench-{slug}-{_dt.date.today().isoformat()}"
 
 
-def _rebuild(args) -> int:
+def _load_report(src: Path) -> dict | None:
+    """A saved report of `fa-variants bench`, or None after printing why it is not one."""
     import json
 
+    try:
+        report = json.loads(src.read_text())
+    except (OSError, ValueError) as exc:
+        print(f"fa-variants bench: cannot read {src}: {exc}", file=sys.stderr)
+        return None
+    problem = bench_report.not_a_report(report)
+    if problem:
+        print(f"fa-variants bench: {src} is not a report of `fa-variants bench` ({problem})", file=sys.stderr)
+        return None
+    return report
+
+
+def _saved_for_compare(args) -> tuple | None:
+    """(path, report, threshold) for --compare (None without it); raises SystemExit(2) on a bad file or
+    threshold, before anything runs or is written."""
+    if not getattr(args, "compare", None):
+        return None
+    if not 0 <= args.threshold < 100:
+        print(f"fa-variants bench: --threshold {args.threshold} must be a percentage in [0, 100)", file=sys.stderr)
+        raise SystemExit(2)
+    saved = _load_report(Path(args.compare))
+    if saved is None:
+        raise SystemExit(2)
+    return Path(args.compare), saved, args.threshold / 100
+
+
+def _rebuild(args, saved: tuple | None = None) -> int:
     reports = []
     for src in map(Path, args.report_from):
-        try:
-            report = json.loads(src.read_text())
-        except (OSError, ValueError) as exc:
-            print(f"fa-variants bench: cannot read {src}: {exc}", file=sys.stderr)
-            return 2
-        problem = bench_report.not_a_report(report)
-        if problem:  # checked before anything is written (no empty output folder is left)
-            print(f"fa-variants bench: {src} is not a report of `fa-variants bench` ({problem})", file=sys.stderr)
+        report = _load_report(src)  # checked before anything is written (no empty output folder is left)
+        if report is None:
             return 2
         reports.append(report)
     outdir = Path(args.out) if args.out else Path(args.report_from[0]).parent
-    return _write_and_summarise(bench_report.merge(reports), outdir, charts=not args.no_charts)
+    return _write_and_summarise(bench_report.merge(reports), outdir, charts=not args.no_charts, saved=saved)
 
 
-def _write_and_summarise(report: dict, outdir: Path, charts: bool) -> int:
+def _compare(report: dict, outdir: Path, saved: tuple) -> int:
+    """--compare: compare.md beside the report, the regressions printed; 1 when any case of ours regressed."""
+    path, old, threshold = saved
+    rows = bench_compare.compare(report, old, threshold)
+    (outdir / "compare.md").write_text(bench_compare.markdown(rows, threshold, str(path)))
+    for line in bench_compare.summary_lines(rows, threshold):
+        print(line)
+    return 1 if any(r["regressed"] for r in rows) else 0
+
+
+def _write_and_summarise(report: dict, outdir: Path, charts: bool, saved: tuple | None = None) -> int:
     written = bench_report.write_reports(report, outdir, charts=charts)
     if written["charts_error"]:
         print(written["charts_error"])
@@ -258,7 +297,8 @@ def _write_and_summarise(report: dict, outdir: Path, charts: bool) -> int:
               and not r["error"].startswith("cannot serve") and "out of memory" not in r["error"]]
     if failed:
         print(f"{len(failed)} measurements of ours FAILED (see 'Not measured' in {written['markdown']})")
-    return 1 if failed else 0
+    regressed = _compare(report, outdir, saved) if saved else 0
+    return 1 if failed or regressed else 0
 
 
 def run_cli(args: argparse.Namespace) -> int:
@@ -266,8 +306,9 @@ def run_cli(args: argparse.Namespace) -> int:
         from fa_variants.bench import decode
 
         return decode.run_cli(args)
+    saved = _saved_for_compare(args)
     if args.report_from:
-        return _rebuild(args)
+        return _rebuild(args, saved)
     plan = make_plan(args)
     if args.dry_run:
         print(describe_plan(plan, *runnable_here(plan)))
@@ -304,4 +345,4 @@ def run_cli(args: argparse.Namespace) -> int:
             report["memory"] = memory_sweep(plan.memory_seqlens, impls, runtime.memory, dtype=plan.memory_dtype,
                                             head_dim=plan.memory_head_dim, log=bar.log, step=bar.step,
                                             on_row=lambda rows: save(memory=rows))
-    return _write_and_summarise(report, outdir, charts=not args.no_charts)
+    return _write_and_summarise(report, outdir, charts=not args.no_charts, saved=saved)

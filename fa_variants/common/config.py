@@ -64,10 +64,17 @@ class Sm90Config:
     pingpong: named-barrier scheduling between consumer warpgroups (FA3 section 3.1).
     intra_wg_overlap: issue S_{j+1} = Q K^T with O += P_j V_j, softmax under the PV GEMM (3.2).
     exp2_ffma: one FFMA per score in the softmax exponent against a rounded basis, with alpha moving
-        between bases exactly and the exact subtract-then-scale form kept for |m c| >= 2^20
+        between bases exactly and the exact subtract-then-scale form kept for |m c| >= 2^11
         (``common.softmax``, "One-FFMA exponent"); False: the subtract-then-scale form for every score.
     reduce_chains: independent accumulators of the softmax's row max and row sum (1: one serial chain).
     skip_unit_rescale: skip O *= alpha in the mainloop when no row max of the thread moved (alpha == 1).
+    shared_kv_state: one consumer (and one producer) pipeline state for the K and the V ring (the i-th K
+        load and the i-th V load are the same tile, so they share slot and phase; V lags K by one tile
+        under intra-warpgroup overlap and is a copy of it), instead of two states advanced apart.
+    first_pv_overwrites: O is not zero-filled before the mainloop; the first P V GEMM of a query tile
+        overwrites it (WGMMA accumulate off). Kernels whose P V hook is their own (fa3-fp8) keep the fill.
+    epilogue_arrive: in the epilogue, consumer warps only arrive at the barrier after their shared-memory
+        writes of O; the one warp that issues the TMA store waits there (instead of every consumer warp).
     num_splits: split-KV (Flash-Decoding): 1, off (one CTA walks all K/V tiles of its query tile); n > 1,
         the K/V tiles of each query tile are shared by n CTAs that write partial O and LSE, merged by LSE
         afterwards (`common.split`); 0, split with the count chosen per call (`common.split.num_splits_for`).
@@ -89,6 +96,9 @@ class Sm90Config:
     reduce_chains: int = 1
     skip_unit_rescale: bool = False
     pack_gqa: bool = False
+    shared_kv_state: bool = False
+    first_pv_overwrites: bool = False
+    epilogue_arrive: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:

@@ -404,6 +404,9 @@ class FlashAttention3Sm90:
         cute.copy(tma_q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
 
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        if const_expr(self.cfg.shared_kv_state):
+            self._produce_shared(tKgK, tKsK, tVgV, tVsV, tma_k, tma_v, pipe_k, pipe_v, k_state, n_blocks, n_start)
+            return
         v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         k_state = self._load(tma_k, tKgK, tKsK, pipe_k, k_state, self._tile(n_start, n_blocks - 1))
         for i in cutlass.range(n_blocks - 1, unroll=1):
@@ -416,11 +419,33 @@ class FlashAttention3Sm90:
                 k_state = self._load(tma_k, tKgK, tKsK, pipe_k, k_state, n)
         v_state = self._load(tma_v, tVgV, tVsV, pipe_v, v_state, self._tile(n_start, 0))
 
+    @cute.jit
+    def _produce_shared(self, tKgK, tKsK, tVgV, tVsV, tma_k, tma_v, pipe_k, pipe_v, state, n_blocks: Int32, n_start):
+        """``producer`` with one state for both rings (``shared_kv_state``): the i-th K/V tile of the range
+        goes to slot i of each ring, so K_n uses the state one past V_{n+1}'s."""
+        self._issue(tma_k, tKgK, tKsK, pipe_k, state, self._tile(n_start, n_blocks - 1))
+        for i in cutlass.range(n_blocks - 1, unroll=1):
+            n = self._tile(n_start, n_blocks - 2 - i)
+            v_state = state.clone()
+            state.advance()
+            if const_expr(self.overlap):  # consumers want K_n before V_{n+1}
+                self._issue(tma_k, tKgK, tKsK, pipe_k, state, n)
+                self._issue(tma_v, tVgV, tVsV, pipe_v, v_state, n + 1)
+            else:
+                self._issue(tma_v, tVgV, tVsV, pipe_v, v_state, n + 1)
+                self._issue(tma_k, tKgK, tKsK, pipe_k, state, n)
+        self._issue(tma_v, tVgV, tVsV, pipe_v, state, self._tile(n_start, 0))
+
     @staticmethod
-    def _load(tma_atom, g_tiles, s_buffers, pipe, state, block):
+    def _issue(tma_atom, g_tiles, s_buffers, pipe, state, block):
         """Wait for a free buffer, arm its mbarrier with the byte count, issue the TMA load."""
         pipe.producer_acquire(state)
         cute.copy(tma_atom, g_tiles[None, block], s_buffers[None, state.index], tma_bar_ptr=pipe.producer_get_barrier(state))
+
+    @staticmethod
+    def _load(tma_atom, g_tiles, s_buffers, pipe, state, block):
+        """``_issue``, then advance the state."""
+        FlashAttention3Sm90._issue(tma_atom, g_tiles, s_buffers, pipe, state, block)
         state.advance()
         return state
 
@@ -444,7 +469,6 @@ class FlashAttention3Sm90:
         tOrV = wg_pv.make_fragment_B(wg_pv.partition_B(self._v_operand(sV)))  # V^T: (MMA, D, tile_n, stage)
         tOrP = wg_pv.make_fragment_A(wg_pv.partition_shape_A((self.tile_m, self.tile_n)))
         acc_O = cute.make_rmem_tensor(wg_pv.partition_shape_C((self.tile_m, self.head_dim)), Float32)
-        acc_O.fill(0.0)
 
         # (row, col) of each score this thread holds, for masking.
         cS = cute.make_identity_tensor((self.tile_m, self.tile_n))
@@ -457,8 +481,12 @@ class FlashAttention3Sm90:
             self, wg, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrV, tOrP, acc_O, tScS, t0ScS,
             softmax, pipe_k, pipe_v, m_block * self.tile_m, AttentionMask(seqlen_q, seqlen_k),
         ), extras, m_block, head, batch)
+        if const_expr(not ctx.overwrites_o()):
+            acc_O.fill(0.0)
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-        v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        v_state = None  # shared_kv_state: k_state serves both rings (_StepContext)
+        if const_expr(not self.cfg.shared_kv_state):
+            v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         pipe_q.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
         if const_expr(self.pingpong):
             if wg == 0:  # warpgroup 0 takes the first turn
@@ -478,10 +506,11 @@ class FlashAttention3Sm90:
         if const_expr(self.overlap):
             k_state = ctx.first_scores(k_state, last)
             for i in cutlass.range(n_masked, unroll=1):
-                k_state, v_state = ctx.overlapped_step(k_state, v_state, last - 1 - i, causal=True)
+                k_state, v_state = ctx.overlapped_step(k_state, v_state, last - 1 - i, causal=True, accumulate=i > 0)
             for i in cutlass.range(n_free, unroll=1):
-                k_state, v_state = ctx.overlapped_step(k_state, v_state, self._tile(n_start, n_free - 1 - i), causal=False)
-            v_state = ctx.last_pv(v_state, self._tile(n_start, 0))
+                k_state, v_state = ctx.overlapped_step(k_state, v_state, self._tile(n_start, n_free - 1 - i), causal=False,
+                                                       accumulate=i + n_masked > 0)
+            ctx.last_pv(k_state if const_expr(v_state is None) else v_state, self._tile(n_start, 0), accumulate=n_blocks > 1)
         else:
             ctx.schedule_sync()
             k_state, v_state = ctx.serial_step(k_state, v_state, last, causal=self.causal, seqlen_end=True, is_first=True)
@@ -533,7 +562,13 @@ class FlashAttention3Sm90:
                     mLSE[row] = lse[r]
 
         cute.arch.fence_view_async_shared()  # make the stmatrix writes visible to the TMA unit
-        cute.arch.barrier(barrier_id=int(NamedBarrier.EPILOGUE), number_of_threads=consumers)
+        if const_expr(self.cfg.epilogue_arrive):  # only the storing warp waits for the others' writes
+            if tidx >= 32:
+                cute.arch.barrier_arrive(barrier_id=int(NamedBarrier.EPILOGUE), number_of_threads=consumers)
+            else:
+                cute.arch.barrier(barrier_id=int(NamedBarrier.EPILOGUE), number_of_threads=consumers)
+        else:
+            cute.arch.barrier(barrier_id=int(NamedBarrier.EPILOGUE), number_of_threads=consumers)
         if tidx < 32:
             gO = cute.local_tile(mO, (self.tile_m, self.head_dim), (m_block, 0))
             tOsO, tOgO = cpasync.tma_partition(tma_o, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2), cute.group_modes(gO, 0, 2))
@@ -600,9 +635,23 @@ class _StepContext:
         """P (fp32 accumulator) -> 16-bit A operand of the PV GEMM, in registers."""
         self.tOrP.store(acc_as_operand_a(acc_S).load().to(self.k.dtype))
 
-    def pv(self, v_state, n_block, wait: int):
-        """Issue O += P V_n (one WGMMA group; ``wait`` as in ``common.sm90.wgmma``)."""
-        wgmma(self.mma_pv, self.acc_O, self.tOrP, self.tOrV[None, None, None, v_state.index], wait=wait)
+    def pv(self, v_state, n_block, wait: int, accumulate=None):
+        """Issue O += P V_n (one WGMMA group; ``wait`` as in ``common.sm90.wgmma``); O = P V_n where the
+        run-time ``accumulate`` is False (only passed when ``overwrites_o``)."""
+        wgmma(self.mma_pv, self.acc_O, self.tOrP, self.tOrV[None, None, None, v_state.index], wait=wait,
+              accumulate=accumulate)
+
+    def overwrites_o(self) -> bool:
+        """Whether the first P V GEMM overwrites O (``first_pv_overwrites``), so O needs no zero fill: only
+        with this class's ``pv`` (a subclass's own P V hook, fa3-fp8's, keeps the fill)."""
+        return self.k.cfg.first_pv_overwrites and type(self).pv is _StepContext.pv
+
+    def _pv(self, v_state, n_block, wait: int, accumulate):
+        """``pv``, passing ``accumulate`` (first tile: False) only when ``overwrites_o``."""
+        if const_expr(self.overwrites_o()):
+            self.pv(v_state, n_block, wait=wait, accumulate=accumulate)
+        else:
+            self.pv(v_state, n_block, wait=wait)
 
     def fold_pv(self, n_block):
         """After the P V GEMM of tile n_block completed: nothing here (it accumulated into O)."""
@@ -613,45 +662,56 @@ class _StepContext:
         self.softmax.rescale(acc_rows_cols(self.acc_O), inv_l)
         return lse
 
+    # Pipeline states: separate K and V states (v_state given), or one (``shared_kv_state``, v_state None):
+    # the state of the K tile last consumed, whose V is consumed next under overlap (fa4 keeps one state too,
+    # adapted from Dao-AILab/flash-attention:flash_attn/cute/flash_fwd_sm90.py::mma_one_n_block_intrawg_overlap).
+
     def first_scores(self, k_state, n_block):
         """Overlap prologue: S for the last K/V tile, masked, softmax (no PV yet)."""
         acc_S = self.new_scores()
         self.pipe_k.consumer_wait(k_state)
         wgmma(self.mma_qk, acc_S, self.tSrQ, self.tSrK[None, None, None, k_state.index], zero_init=True, wait=0)
         self.pipe_k.consumer_release(k_state)
-        k_state.advance()
+        if const_expr(not self.k.cfg.shared_kv_state):
+            k_state.advance()
         self.mask(acc_S, n_block, causal=self.k.causal, seqlen_end=True)
         self.softmax_step(acc_S, n_block, is_first=True)
         self.to_p(acc_S)
         return k_state
 
-    def overlapped_step(self, k_state, v_state, n_block, causal: bool):
+    def overlapped_step(self, k_state, v_state, n_block, causal: bool, accumulate=True):
         """Algorithm 2 body: issue S_next = Q K_n^T and O += P V_prev together; softmax(S_next)
-        runs while the PV GEMM is still in flight."""
+        runs while the PV GEMM is still in flight. ``accumulate``: False for the first PV (``_pv``)."""
+        shared = const_expr(v_state is None)
+        if const_expr(shared):  # V of the previous K tile, K one slot on
+            v_state = k_state.clone()
+            k_state.advance()
         acc_S = self.new_scores()
         self.pipe_k.consumer_wait(k_state)
         self.schedule_sync()
         wgmma(self.mma_qk, acc_S, self.tSrQ, self.tSrK[None, None, None, k_state.index], zero_init=True, wait=-1)
         self.pipe_v.consumer_wait(v_state)
-        self.pv(v_state, n_block + 1, wait=-1)
+        self._pv(v_state, n_block + 1, wait=-1, accumulate=accumulate)
         self.schedule_arrive()
         warpgroup.wait_group(1)  # S_next is ready; PV may still run
         self.pipe_k.consumer_release(k_state)
-        k_state.advance()
+        if const_expr(not shared):
+            k_state.advance()
         self.mask(acc_S, n_block, causal=causal, seqlen_end=False)
         alpha = self.softmax_step(acc_S, n_block)
         warpgroup.wait_group(0)  # PV done: O and P registers are free
         self.pipe_v.consumer_release(v_state)
-        v_state.advance()
+        if const_expr(not shared):
+            v_state.advance()
         self.fold_pv(n_block + 1)
         self.rescale_o(alpha, n_block)
         self.to_p(acc_S)
-        return k_state, v_state
+        return k_state, (None if const_expr(shared) else v_state)
 
-    def last_pv(self, v_state, n_block=0):
+    def last_pv(self, v_state, n_block=0, accumulate=True):
         """Overlap epilogue: O += P V for the first K/V tile of the range (n_block)."""
         self.pipe_v.consumer_wait(v_state)
-        self.pv(v_state, n_block, wait=0)
+        self._pv(v_state, n_block, wait=0, accumulate=accumulate)
         self.pipe_v.consumer_release(v_state)
         v_state.advance()
         self.fold_pv(n_block)
@@ -660,13 +720,17 @@ class _StepContext:
     def serial_step(self, k_state, v_state, n_block, causal: bool, seqlen_end: bool = False, is_first: bool = False):
         """Algorithm 1 body without intra-warpgroup overlap; the turn (ping-pong) covers
         [O += P V_n, S_{n-1} = Q K_{n-1}^T], the softmax runs outside it."""
+        shared = const_expr(v_state is None)  # one state: K and V of this tile share it
         acc_S = self.new_scores()
         self.pipe_k.consumer_wait(k_state)
         wgmma(self.mma_qk, acc_S, self.tSrQ, self.tSrK[None, None, None, k_state.index], zero_init=True, wait=-1)
         self.schedule_arrive()
         warpgroup.wait_group(0)
         self.pipe_k.consumer_release(k_state)
-        k_state.advance()
+        if const_expr(shared):
+            v_state = k_state
+        else:
+            k_state.advance()
         self.mask(acc_S, n_block, causal=causal, seqlen_end=seqlen_end)
         alpha = self.softmax_step(acc_S, n_block, is_first=is_first)
         if const_expr(not is_first):
@@ -674,11 +738,11 @@ class _StepContext:
         self.to_p(acc_S)
         self.pipe_v.consumer_wait(v_state)
         self.schedule_sync()
-        self.pv(v_state, n_block, wait=0)
+        self._pv(v_state, n_block, wait=0, accumulate=not is_first)
         self.pipe_v.consumer_release(v_state)
         v_state.advance()
         self.fold_pv(n_block)
-        return k_state, v_state
+        return (v_state, None) if const_expr(shared) else (k_state, v_state)
 
 
 # ---------------------------------------------------------------------------------------------

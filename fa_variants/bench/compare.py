@@ -1,0 +1,85 @@
+"""Regression check of `fa-variants bench` against a saved report (issue 12): ``--compare SAVED.json``.
+
+Every (implementation, dtype, head_dim, seqlen, causal) measured in both reports is compared by TFLOP/s; a
+case of ours that got more than ``threshold`` (default 3%) slower, or that the saved run measured and this one
+did not (failed, skipped), is a regression. Peers are compared too and shown beside: when the peers moved by
+as much as ours, the machine (clocks, power, another tenant) moved, not the kernel. Pure Python (stdlib):
+it runs on saved JSON files anywhere (``fa-variants bench --report-from NEW.json --compare OLD.json``).
+"""
+from __future__ import annotations
+
+import statistics
+
+DEFAULT_THRESHOLD = 0.03
+
+
+def _key(r: dict) -> tuple:
+    return r["impl"], r["dtype"], r["head_dim"], r["seqlen"], bool(r["causal"])
+
+
+def _by_case(report: dict) -> dict[tuple, dict]:
+    """Result records by case key; a later record of the same case wins (as in the report's tables)."""
+    return {_key(r): r for r in report["results"]}
+
+
+def compare(new: dict, old: dict, threshold: float = DEFAULT_THRESHOLD) -> list[dict]:
+    """One row per case in the saved report ``old``: impl, kind, dtype, head_dim, seqlen, causal, old and new
+    TFLOP/s (None when not measured), ratio new / old (None unless both measured) and ``regressed``: True for
+    a case of ours slower than (1 - threshold) x old, or measured in old but not in new."""
+    if not 0 <= threshold < 1:
+        raise ValueError(f"threshold={threshold!r} must be in [0, 1) (a fraction: 0.03 is 3%)")
+    now = _by_case(new)
+    rows = []
+    for key, was in _by_case(old).items():
+        if not was.get("tflops"):
+            continue  # nothing to compare against
+        rec = now.get(key)
+        t_new = rec.get("tflops") if rec else None
+        ratio = t_new / was["tflops"] if t_new else None
+        ours = was["kind"] == "ours"
+        rows.append(dict(impl=key[0], kind=was["kind"], dtype=key[1], head_dim=key[2], seqlen=key[3], causal=key[4],
+                         old=was["tflops"], new=t_new, ratio=ratio,
+                         error=(rec or {}).get("error") or ("not in the new report" if rec is None else None),
+                         regressed=ours and (ratio is None or ratio < 1 - threshold)))
+    return rows
+
+
+def peer_drift(rows: list[dict]) -> float | None:
+    """Median new / old TFLOP/s over the peers' cases (None without peers): the machine's own drift."""
+    ratios = [r["ratio"] for r in rows if r["kind"] == "peer" and r["ratio"]]
+    return statistics.median(ratios) if ratios else None
+
+
+def markdown(rows: list[dict], threshold: float, old_name: str = "saved") -> str:
+    """The comparison as markdown: regressions first, then every case."""
+    drift = peer_drift(rows)
+    bad = [r for r in rows if r["regressed"]]
+    lines = [f"# Bench comparison against {old_name}", "",
+             f"{len(bad)} of {sum(r['kind'] == 'ours' for r in rows)} cases of ours more than {threshold:.0%} "
+             f"slower (or not measured). Peers' median new/old: "
+             + (f"{drift:.3f}" if drift is not None else "no peers") + ".", "",
+             "| impl | dtype | D | N | causal | old TFLOP/s | new TFLOP/s | new/old | |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (not r["regressed"], r["kind"] != "ours", r["impl"], r["dtype"],
+                                         r["head_dim"], r["causal"], r["seqlen"])):
+        new = f"{r['new']:.0f}" if r["new"] else (r["error"] or "—")
+        ratio = f"{r['ratio']:.3f}" if r["ratio"] else "—"
+        lines.append(f"| {r['impl']} | {r['dtype']} | {r['head_dim']} | {r['seqlen']} | "
+                     f"{'yes' if r['causal'] else 'no'} | {r['old']:.0f} | {new} | {ratio} | "
+                     f"{'SLOWER' if r['regressed'] else ''} |")
+    return "\n".join(lines) + "\n"
+
+
+def summary_lines(rows: list[dict], threshold: float) -> list[str]:
+    """Short lines for the terminal: one per regression, then a count."""
+    out = []
+    for r in rows:
+        if r["regressed"]:
+            case = f"{r['impl']} {r['dtype']} D={r['head_dim']} N={r['seqlen']} {'causal' if r['causal'] else 'full'}"
+            now = f"{r['new']:.0f} TFLOP/s, {r['ratio']:.3f}x" if r["new"] else f"not measured ({r['error']})"
+            out.append(f"REGRESSION {case}: {r['old']:.0f} TFLOP/s before, now {now}")
+    drift = peer_drift(rows)
+    n_ours = sum(r["kind"] == "ours" for r in rows)
+    out.append(f"compare: {len(out)} of {n_ours} cases of ours more than {threshold:.0%} slower than the saved run"
+               + (f" (peers' median new/old {drift:.3f})" if drift is not None else ""))
+    return out
