@@ -56,7 +56,11 @@ def split_enabled(monkeypatch):
 def test_auto_splits_decode_not_prefill(h200, split_enabled, head_dim):
     q, k = _qk(1, 1, 32, 8, 4096, head_dim)
     cfg = fa3._problem_config(None, q, k, True)
+    assert cfg is not None and cfg.num_splits == 0 and cfg.tile_m == 64 and cfg.pack_gqa  # GQA at one query row
+    q, k = _qk(1, 1, 32, 32, 4096, head_dim)  # MHA: not packed, the default tiles
+    cfg = fa3._problem_config(None, q, k, True)
     assert cfg is not None and cfg.num_splits == 0 and cfg.tile_m == fa3.DEFAULT_CONFIGS[head_dim].tile_m
+    q, k = _qk(1, 1, 32, 8, 4096, head_dim)
     assert fa3.num_splits_for(cfg, q, k, True) > 1
     q, k = _qk(8, 4096, 32, 8, 4096, head_dim)  # prefill fills the GPU: the tuned default, unsplit
     assert fa3._problem_config(None, q, k, True) is None
@@ -99,11 +103,14 @@ def test_auto_packs_gqa_at_one_query_row(h200, split_enabled, monkeypatch):
     monkeypatch.setattr(fa3, "PACK_GQA_ENABLED", True)
     q, k = _qk(64, 1, 32, 8, 4096)
     cfg = fa3._problem_config(None, q, k, True)
-    assert cfg == fa3._PACKED_CONFIGS[128] and cfg.pack_gqa and cfg.num_splits == 1
+    assert cfg == fa3._PACKED_CONFIGS[128] and cfg.pack_gqa and cfg.num_splits == 1 and cfg.tile_m == 64
     q, k = _qk(1, 1, 32, 8, 4096)  # 8 packed CTAs: split more than the 32 unpacked ones would be
     cfg = fa3._problem_config(None, q, k, True)
     assert cfg.pack_gqa and cfg.num_splits == 0
     packed_splits = fa3.num_splits_for(cfg, q, k, True)
+    q, k = _qk(2, 1, 128, 1, 4096)  # group 128: two 64-row tiles per KV head, counted as such
+    assert fa3.num_splits_for(fa3._PACKED_SPLIT_CONFIGS[128], q, k, True) == split.num_splits_heuristic(4, 32, 132)
+    q, k = _qk(1, 1, 32, 8, 4096)
     assert packed_splits == split.num_splits_heuristic(8, 32, 132) > fa3.num_splits_for(fa3._SPLIT_CONFIGS[128], q, k, True)
     for shape in ((1, 3, 32, 8, 4096), (8, 16, 64, 8, 1024), (1, 1, 32, 32, 4096)):  # Nq > 1, or MHA: not packed
         q, k = _qk(*shape)
@@ -123,6 +130,9 @@ def test_pack_gqa_config_refuses_more_than_one_query_row():
         fa3._check_problem(forced, q, k)
     with pytest.raises(ValueError, match="pack_gqa"):
         dataclasses.replace(forced, pack_gqa=1).check(128)
+    with pytest.raises(ValueError, match="pingpong=False"):  # one consumer warpgroup: nothing to ping-pong with
+        dataclasses.replace(forced, tile_m=64).check(128)
+    assert fa3._PACKED_CONFIGS[64].check(64).tile_m == 64
 
 
 # ----- num_splits= / pack_gqa= through fa_variants.attention -------------------------------------------------
@@ -168,7 +178,7 @@ def test_split_options_reach_the_fa3_launch(h200, split_enabled, monkeypatch):
     fa_variants.attention(q, k, v, causal=True, pack_gqa=False)
     fa_variants.attention(q, k, v, causal=True, num_splits=1, pack_gqa=False)
     base = fa3.DEFAULT_CONFIGS[128]
-    assert seen == [dataclasses.replace(base, num_splits=3, pack_gqa=True),  # packed as auto would
+    assert seen == [dataclasses.replace(base, num_splits=3, pack_gqa=True, tile_m=64, pingpong=False),  # packed
                     dataclasses.replace(base, num_splits=0),  # split as auto would (32 CTAs leave SMs idle)
                     base]
     assert fa3.decode_config(q, k, True) == fa3._problem_config(None, q, k, True)

@@ -26,15 +26,16 @@ def test_fa3_split_kv_compiles_without_spills(head_dim, causal):
 
 @pytest.mark.parametrize("num_splits", [1, 0], ids=["whole", "split"])
 def test_fa3_packed_gqa_compiles_unmasked_without_spills(num_splits):
-    """Packed GQA (seqlen_q = 1): the rows are query heads, so the causal kernel is the unmasked one (same
-    instruction mix as causal=False), with no spills, split or not."""
-    config = dataclasses.replace(fa3.DEFAULT_CONFIGS[128], num_splits=num_splits, pack_gqa=True)
+    """Packed GQA (seqlen_q = 1) in its 64-row tile (one consumer warpgroup): the rows are query heads, so the
+    causal kernel is the unmasked one (same instruction mix as causal=False), with no spills, split or not."""
+    config = dataclasses.replace(fa3._PACKED_CONFIGS[128], num_splits=num_splits)  # 64-row tile
     counts = {}
     for causal in (False, True):
         c = registry.compiled(registry.static_config("fa3", "sm_90a", "bf16", 128, causal, config))
         counts[causal] = cubin.count_sass(cubin.sass_of(c.cubin))
         res = cubin.cubin_resources(c.cubin)
         assert counts[causal]["LDL"] == counts[causal]["STL"] == 0 and res["spill_bytes"] == 0, (counts, res)
+        assert counts[causal]["HGMMA"] > 0 and counts[causal]["USETMAXREG"] >= 2
     assert counts[True] == counts[False]
 
 

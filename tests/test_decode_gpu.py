@@ -146,7 +146,7 @@ def test_cuda_graph_replay_of_a_split_decode_step(pack_gqa):
     """A decode step (split-KV, torch merge; packed GQA or not) captured once and replayed after new inputs:
     the same result."""
     q, k, v = _qkv(2, 1, 8192, 32, 8, 128)
-    config = dataclasses.replace(fa3.DEFAULT_CONFIGS[128], num_splits=0, pack_gqa=pack_gqa)
+    config = dataclasses.replace(fa3._PACKED_CONFIGS[128] if pack_gqa else fa3.DEFAULT_CONFIGS[128], num_splits=0)
     fa3.run(q, k, v, causal=True, softmax_scale=0.088, config=config)  # compile and warm up outside capture
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -188,7 +188,7 @@ def test_seqlens_k_through_the_api(backend, causal, nq, split_kv, pack_gqa):
 
 PACKED_SHAPES = [  # (batch, seqlen_k, heads, heads_kv, head_dim): GQA 32:8 / 64:8 / 8:2, MQA, MHA (no-op)
     (1, 4096, 32, 8, 128), (4, 1, 32, 8, 64), (3, 1023, 64, 8, 128), (2, 113, 8, 2, 256), (1, 5, 9, 3, 96),
-    (2, 4224, 6, 1, 64), (2, 129, 4, 4, 96), (1, 300, 128, 1, 64),  # group 128 = tile_m: one full tile
+    (2, 4224, 6, 1, 64), (2, 129, 4, 4, 96), (1, 300, 128, 1, 64),  # group 128: two 64-row tiles
 ]
 
 
@@ -198,7 +198,7 @@ PACKED_SHAPES = [  # (batch, seqlen_k, heads, heads_kv, head_dim): GQA 32:8 / 64
 def test_packed_gqa_matches_reference(shape, num_splits, causal):
     b, nk, h, hkv, d = shape
     q, k, v = _qkv(b, 1, nk, h, hkv, d)
-    config = dataclasses.replace(fa3.DEFAULT_CONFIGS[d], num_splits=num_splits, pack_gqa=True)
+    config = dataclasses.replace(fa3._PACKED_CONFIGS[d], num_splits=num_splits)  # auto's 64-row tile
     out, lse = fa3.run(q, k, v, causal=causal, softmax_scale=0.11, config=config)
     refs = references(q, k, v, causal=causal, softmax_scale=0.11)
     assert not out.isnan().any() and not lse.isnan().any()
@@ -214,7 +214,7 @@ def test_packed_gqa_is_the_unpacked_maths(num_splits):
     plain, plain_lse = fa3.run(q, k, v, causal=True, softmax_scale=0.088,
                                config=dataclasses.replace(fa3.DEFAULT_CONFIGS[128], num_splits=num_splits))
     packed, packed_lse = fa3.run(q, k, v, causal=True, softmax_scale=0.088, config=dataclasses.replace(
-        fa3.DEFAULT_CONFIGS[128], num_splits=num_splits, pack_gqa=True))
+        fa3._PACKED_CONFIGS[128], num_splits=num_splits))
     assert (packed.float() - plain.float()).abs().max().item() <= 2 ** -8 * plain.float().abs().max().item()
     assert (packed_lse - plain_lse).abs().max().item() <= 1e-5
 
@@ -308,7 +308,7 @@ def test_split_decode_with_either_merge(monkeypatch):
     """fa3's split path through the merge kernel (default) and through split.merge (FA_VARIANTS_MERGE_KERNEL=0):
     both pass the rule, and they differ by rounding only."""
     q, k, v = _qkv(2, 1, 8192, 32, 8, 128)
-    config = dataclasses.replace(fa3.DEFAULT_CONFIGS[128], num_splits=16, pack_gqa=True)
+    config = dataclasses.replace(fa3._PACKED_CONFIGS[128], num_splits=16)
     results = {}
     for kernel in (True, False):
         monkeypatch.setattr(fa3, "MERGE_KERNEL", kernel)
@@ -318,3 +318,17 @@ def test_split_decode_with_either_merge(monkeypatch):
         assert (ok := check_against_reference(out, q, k, v, True, 0.088, refs=refs)).ok, ok
         assert (ok := check_lse(lse, q, k, v, True, 0.088, refs=refs)).ok, ok
     assert rel_l2(results[True][0], results[False][0]) <= 2e-3
+
+
+@pytest.mark.parametrize("tile_m", [64, 128])
+def test_packed_tile_heights_agree(tile_m):
+    """The 64-row tile (one consumer warpgroup, auto's packed decode) and the 128-row one give the same rows
+    up to rounding, both within the rule (B=4, 64:8, Nk=5000, split and not)."""
+    q, k, v = _qkv(4, 1, 5000, 64, 8, 128)
+    refs = references(q, k, v, causal=True, softmax_scale=0.1)
+    for num_splits in (1, 6):
+        config = dataclasses.replace(fa3.DEFAULT_CONFIGS[128], tile_m=tile_m, pingpong=tile_m > 64, pack_gqa=True,
+                                     num_splits=num_splits)
+        out, lse = fa3.run(q, k, v, causal=True, softmax_scale=0.1, config=config)
+        assert (ok := check_against_reference(out, q, k, v, True, 0.1, refs=refs)).ok, (num_splits, ok)
+        assert (ok := check_lse(lse, q, k, v, True, 0.1, refs=refs)).ok, (num_splits, ok)

@@ -192,8 +192,8 @@ def test_model_split_count_changes_rounding_only():
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("heads,heads_kv", [(32, 8), (64, 8), (8, 2), (6, 1), (4, 4)], ids=lambda x: str(x))
 @pytest.mark.parametrize("seqlen_k,num_splits,tiles", [
-    (1, 1, (128, 128)), (1, 5, (128, 16)), (3, 2, (128, 16)), (113, 1, (128, 16)), (113, 3, (128, 16)),
-    (1023, 16, (128, 64)), (257, 64, (192, 16)),  # 64 splits of 17 tiles: most empty
+    (1, 1, (64, 128)), (1, 5, (64, 16)), (3, 2, (128, 16)), (113, 1, (64, 16)), (113, 3, (64, 16)),
+    (1023, 16, (64, 128)), (257, 64, (192, 16)),  # 64 splits of 17 tiles: most empty (tile_m 64: auto's)
 ])
 def test_model_packed_gqa_matches_float64(heads, heads_kv, seqlen_k, num_splits, tiles, causal):
     """Packing the group's query heads into the rows of one tile (and splitting the packed problem) gives every
@@ -204,6 +204,14 @@ def test_model_packed_gqa_matches_float64(heads, heads_kv, seqlen_k, num_splits,
     assert not out.isnan().any() and not lse.isnan().any()
     assert (ok := check_against_reference(out, q, k, v, causal, 0.125, refs=refs)).ok, ok
     assert (ok := check_lse(lse, q, k, v, causal, 0.125, refs=refs)).ok, ok
+
+
+def test_model_packed_group_over_one_tile():
+    """A group of 128 query heads in 64-row tiles: two tiles per KV head, every row right."""
+    (q, k, v), out, lse = _model_case(2, 1, 300, 128, 1, 64, True, 0.125, (64, 128), 3, seed=1, pack_gqa=True)
+    refs = references(q, k, v, causal=True, softmax_scale=0.125)
+    assert (ok := check_against_reference(out, q, k, v, True, 0.125, refs=refs)).ok, ok
+    assert (ok := check_lse(lse, q, k, v, True, 0.125, refs=refs)).ok, ok
 
 
 def test_model_packed_equals_unpacked_row_for_row():

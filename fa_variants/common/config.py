@@ -58,7 +58,8 @@ WGMMA_M = 64  # rows of one warpgroup MMA instruction (one consumer warpgroup)
 class Sm90Config:
     """Static shape and schedule of an FA3-style kernel.
 
-    tile_m: Br, query rows per CTA = 64 x consumer warpgroups (128 -> 2, 192 -> 3).
+    tile_m: Br, query rows per CTA = 64 x consumer warpgroups (128 -> 2, 192 -> 3; 64 -> 1 only for packed
+        GQA without ping-pong: decode's tile).
     tile_n: Bc, keys per K/V tile (multiple of 16).
     stages: depth of the K and V shared-memory pipelines.
     pingpong: named-barrier scheduling between consumer warpgroups (FA3 section 3.1).
@@ -111,8 +112,10 @@ class Sm90Config:
 
     def check(self, head_dim: int, arch: str = "sm_90a") -> "Sm90Config":
         """self, or ValueError when the warpgroups, tiles or shared memory do not work out."""
-        if self.tile_m % WGMMA_M or self.consumer_warpgroups not in (2, 3):
-            raise ValueError(f"tile_m={self.tile_m} must be 128 or 192 (2 or 3 consumer warpgroups of 64 rows)")
+        narrow = self.tile_m == WGMMA_M and self.pack_gqa is True and not self.pingpong  # packed decode's tile
+        if not narrow and (self.tile_m % WGMMA_M or self.consumer_warpgroups not in (2, 3)):
+            raise ValueError(f"tile_m={self.tile_m} must be 128 or 192 (2 or 3 consumer warpgroups of 64 rows), or 64 "
+                             "with pack_gqa=True and pingpong=False (one consumer warpgroup)")
         if self.tile_n % 16 or not 16 <= self.tile_n <= 256:
             raise ValueError(f"tile_n={self.tile_n} must be a multiple of 16 in [16, 256]")
         if head_dim % 16 or head_dim > 256:

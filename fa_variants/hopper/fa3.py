@@ -25,7 +25,8 @@ with Asynchrony and Low-precision" (2024), sections 3.1 and 3.2:
   as zero and are never written back; keys past seqlen_k are masked to -inf).
 * GQA/MQA: query head h reads K/V head h // (num_heads // num_heads_kv). Packed GQA for decode
   (``Sm90Config.pack_gqa``, seqlen_q = 1): the query heads sharing a KV head are the rows of one Q tile
-  (host-side views, ``pack_gqa_views``), so each K/V tile is read once per KV head.
+  (host-side views, ``pack_gqa_views``), so each K/V tile is read once per KV head; `auto` runs it in
+  64-row tiles (one consumer warpgroup, no ping-pong).
 
 The output goes registers -> shared memory (reusing Q's buffer) -> global memory by a TMA store.
 Ping-pong and intra-warpgroup overlap are switches of the config (``common.config.Sm90Config``, the FA3
@@ -89,13 +90,17 @@ DEFAULT_CONFIGS: dict[int, Sm90Config] = {
 # What `auto` runs when the split heuristic splits a shape (decode): the default tiles with the split count
 # chosen per call (one compile for every decode shape of a head dim).
 _SPLIT_CONFIGS: dict[int, Sm90Config] = {d: dataclasses.replace(c, num_splits=0) for d, c in DEFAULT_CONFIGS.items()}
-# ... and with the query heads of a KV head packed into the tile rows (decode, seqlen_q = 1).
-_PACKED_CONFIGS = {d: dataclasses.replace(c, pack_gqa=True) for d, c in DEFAULT_CONFIGS.items()}
-_PACKED_SPLIT_CONFIGS = {d: dataclasses.replace(c, pack_gqa=True) for d, c in _SPLIT_CONFIGS.items()}
+# ... and with the query heads of a KV head packed into the tile rows (decode, seqlen_q = 1), in 64-row tiles
+# (one consumer warpgroup, no ping-pong): a group of 4-8 query heads fills few rows, and every row of the tile
+# costs tensor-core time (at B=64, Nk=4k, 32:8, D=128 the 128-row tile's MMAs take about as long as reading
+# K/V at full HBM bandwidth; 64 rows halve that, 192 at D=64 would triple it). Groups over 64 take more tiles.
+_NARROW = dict(tile_m=64, pingpong=False)
+_PACKED_CONFIGS = {d: dataclasses.replace(c, pack_gqa=True, **_NARROW) for d, c in DEFAULT_CONFIGS.items()}
+_PACKED_SPLIT_CONFIGS = {d: dataclasses.replace(c, pack_gqa=True, **_NARROW) for d, c in _SPLIT_CONFIGS.items()}
 
 # Register split per consumer-warpgroup count: (producer warpgroup, each consumer warpgroup);
 # 128 * (producer + n * consumer) <= 64K registers per SM.
-REGISTERS = {2: (24, 240), 3: (32, 160)}
+REGISTERS = {1: (24, 240), 2: (24, 240), 3: (32, 160)}
 
 
 class FlashAttention3Sm90:
@@ -867,11 +872,12 @@ def decode_config(q: torch.Tensor, k: torch.Tensor, causal: bool, *, num_splits:
                   pack_gqa: bool | None = None) -> Sm90Config:
     """The config of a call whose split count and/or GQA packing the caller fixes (``fa_variants.attention``'s
     ``num_splits=`` / ``pack_gqa=``, checked by ``common.split.check_options``); None leaves that choice to
-    `auto` (the heuristic, SPLIT_KV_ENABLED, PACK_GQA_ENABLED). Other fields: the head dim's default."""
+    `auto` (the heuristic, SPLIT_KV_ENABLED, PACK_GQA_ENABLED). Other fields: the head dim's default (packed:
+    its 64-row tile, as `auto` runs it)."""
     pack, splits = _auto_choice(q, k, causal, pack_gqa)
     if num_splits is None:
         num_splits = 0 if splits else 1
-    return dataclasses.replace(DEFAULT_CONFIGS[q.shape[-1]], num_splits=num_splits, pack_gqa=pack)
+    return dataclasses.replace((_PACKED_CONFIGS if pack else DEFAULT_CONFIGS)[q.shape[-1]], num_splits=num_splits)
 
 
 def _auto_configs(head_dim: int) -> tuple[Sm90Config, ...]:
