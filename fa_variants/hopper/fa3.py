@@ -127,7 +127,7 @@ class FlashAttention3Sm90:
         self.num_threads = WARPGROUP_THREADS * (1 + self.num_wg)
         self.pingpong = config.pingpong
         self.overlap = config.intra_wg_overlap
-        self.blocks = BlockInfo(config.tile_m, config.tile_n, causal)
+        self.blocks = BlockInfo(config.tile_m, config.tile_n, self.causal)
         # Split-KV (common.split): O and LSE are fp32 partials of (num_splits * batch) "batches", the count
         # read from their shape at run time; the default path (num_splits == 1) is untouched.
         self.split = getattr(config, "num_splits", 1) != 1
