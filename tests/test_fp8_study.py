@@ -1,13 +1,11 @@
 """The FP8 study's emulation path on the CPU (issue 11's CI part): a small sweep, the ordering it must show.
 
-Measured with this emulation (fa_variants.fp8.emulation, 22-bit accumulator model), RMSE per-tensor /
-block+Hadamard on the FA3 outlier inputs: 1.35-1.42x at p = 1e-3 and 1.59-1.75x at p = 1e-2 (N = 256,
-8 heads, D = 128, seeds 0-2); 1.8x and 2.7x at N = 1024 (2 heads). The issue's 2x (the paper's 2.6x) is NOT
-reached at CI sizes, and the assertions below are the measured ratios less a margin, not 2x. Why (README,
-FP8 section): the gain comes only from the Q/K outliers (V outliers cost both methods the same), e4m3 being a
-floating-point format makes block / head / tensor scales identical on these inputs, and it grows with N and
-p. Variants of the baseline tried and not reproducing the paper's 2.4e-2: P unshifted (in [0, 1]), K/V tiles
-first to last, an fp32 accumulator (no change); round-toward-zero e4m3 (both methods ~3.4e-2).
+Block quantisation + Hadamard at least 2x below per-tensor on the FA3 outlier inputs, at the paper's Table 3
+setting (N = 4096, D = 128; the H200 kernel measured 2.66x there, bench/h200-2026-11-30/fp8-study). Measured with
+this emulation (fa_variants.fp8.emulation), RMSE per-tensor / block+Hadamard: p = 1e-3, 4 heads, seeds 0-5:
+2.09-2.66x (seeds 0, 1: 2.10, 2.26; ~9 s each on 2 cores); p = 1e-2, 1 head, seeds 0-5: 3.24-3.76x. At CI-small
+sizes the gain is smaller (N = 256: 1.35-1.75x), because it comes from the Q/K outliers and grows with N and p;
+so this test runs the Table 3 size. Two-level accumulation flat in seqlen is the second ordering.
 """
 import dataclasses
 import json
@@ -25,9 +23,11 @@ def _rmse(cases, methods):
     return {(r["seed"], r["method"]): r for r in rows}
 
 
-@pytest.mark.parametrize("p, at_least", [(1e-3, 1.25), (1e-2, 1.4)])
-def test_block_hadamard_below_per_tensor_on_outliers(p, at_least):
-    cases = [study.Case("p", "outlier", 256, 256, 8, 128, p=p, seed=s) for s in (0, 1)]
+@pytest.mark.parametrize("p, heads", [(1e-3, 4), (1e-2, 1)])
+def test_block_hadamard_below_per_tensor_on_outliers(p, heads):
+    """At least 2x at FA3 Table 3's size (N = 4096, D = 128): issue 11's ordering."""
+    at_least = 2.0
+    cases = [study.Case("p", "outlier", 4096, 4096, heads, 128, p=p, seed=s) for s in (0, 1)]
     rows = _rmse(cases, ["tensor", "block+H", "torch-fp16"])
     for s in (0, 1):
         tensor, bh, fp16 = (rows[s, m]["rmse"] for m in ("tensor", "block+H", "torch-fp16"))
