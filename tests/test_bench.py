@@ -445,3 +445,66 @@ def test_memory_only_measures_no_timing(fake_gpu, tmp_path, capsys):
     assert saved["results"] == [] and {m["seqlen"] for m in saved["memory"]} == {1024, 4096}
     assert {m["dtype"] for m in saved["memory"]} == {"fp16"}
     assert "## Memory: peak allocated MiB" in (out / "bench.md").read_text()
+
+
+# ------------------------------------------------------------------------------------ --compare (issue 12)
+def _slowed(rep, factor: dict):
+    """A copy of a report with each named implementation's TFLOP/s multiplied by factor[impl]."""
+    new = json.loads(json.dumps(rep))
+    for r in new["results"]:
+        if r.get("tflops") and r["impl"] in factor:
+            r["tflops"] *= factor[r["impl"]]
+    return new
+
+
+def test_compare_flags_only_cases_of_ours_slower_than_the_threshold():
+    from fa_variants.bench import compare
+
+    old, _ = synthetic_report()
+    new = _slowed(old, {"fa3": 0.98, "sdpa-cudnn": 0.90})
+    key = lambda r: (r["impl"], r["head_dim"], r["seqlen"], r["causal"])  # noqa: E731
+    one = next(r for r in new["results"] if key(r) == ("fa3", 128, 2048, True))
+    one["tflops"] *= 0.96 / 0.98  # this case alone 4% slower
+    rows = compare.compare(new, old, threshold=0.03)
+    assert [key(r) for r in rows if r["regressed"]] == [("fa3", 128, 2048, True)]
+    assert all(not r["regressed"] for r in rows if r["kind"] == "peer")  # a slower peer is context, not a failure
+    assert compare.peer_drift(rows) == pytest.approx(0.95)  # median of cudnn 0.90 and sdpa-flash 1.0 cases
+    assert not any(r["regressed"] for r in compare.compare(new, old, threshold=0.05))
+    with pytest.raises(ValueError, match="threshold"):
+        compare.compare(new, old, threshold=3)
+
+
+def test_compare_flags_a_case_that_is_no_longer_measured():
+    from fa_variants.bench import compare
+
+    old, _ = synthetic_report()
+    new = json.loads(json.dumps(old))
+    victim = next(r for r in new["results"] if r["impl"] == "fa3")
+    victim["tflops"], victim["error"] = None, "RuntimeError: boom"
+    new["results"] = [r for r in new["results"] if not (r["impl"] == "fa2" and r["head_dim"] == 128 and r["seqlen"] == 512)]
+    bad = [r for r in compare.compare(new, old) if r["regressed"]]
+    assert {(r["impl"], r["error"]) for r in bad} == {("fa3", "RuntimeError: boom"), ("fa2", "not in the new report")}
+    assert all(r["ratio"] is None for r in bad)
+
+
+def test_cli_compare_with_report_from_needs_no_gpu(tmp_path, capsys):
+    old, _ = synthetic_report()
+    report.write_reports(old, tmp_path / "old", charts=False)
+    report.write_reports(_slowed(old, {"fa2": 1.01}), tmp_path / "same", charts=False)
+    report.write_reports(_slowed(old, {"fa2": 0.9}), tmp_path / "slow", charts=False)
+    saved = str(tmp_path / "old" / "bench.json")
+    same = top_cli.main(["bench", "--report-from", str(tmp_path / "same" / "bench.json"), "--no-charts", "--compare", saved])
+    assert same == 0 and "compare: 0 of" in capsys.readouterr().out
+    slow = top_cli.main(["bench", "--report-from", str(tmp_path / "slow" / "bench.json"), "--no-charts", "--compare", saved])
+    out = capsys.readouterr().out
+    n_fa2 = sum(r["impl"] == "fa2" and bool(r["tflops"]) for r in old["results"])
+    assert slow == 1 and out.count("REGRESSION fa2 ") == n_fa2 and "0.900x" in out
+    md = (tmp_path / "slow" / "compare.md").read_text()
+    assert md.count("SLOWER") == n_fa2 and f"{n_fa2} of " in md
+    assert top_cli.main(["bench", "--report-from", str(tmp_path / "slow" / "bench.json"), "--no-charts",
+                         "--compare", saved, "--threshold", "15"]) == 0
+    # a bad saved file or threshold: exit 2 before anything is written
+    for bad in (["--compare", str(tmp_path / "missing.json")], ["--compare", saved, "--threshold", "-1"]):
+        with pytest.raises(SystemExit) as exit_:
+            top_cli.main(["bench", "--report-from", saved, *bad])
+        assert exit_.value.code == 2, bad
