@@ -78,7 +78,7 @@ Fa3Config = Sm90Config  # the FA3 family's config type (common/config.py)
 # Softmax switches per head dim, from the H200 A/B of 2026-11-30 (scripts/fa3_speed_ab.py, 6 rotated rounds,
 # bench/h200-2026-11-30/session2/fa3_speed_ab.md): D 64 gains 0-4% with all three; at D 128 skipping the unit
 # rescale cost 2-4% (new vs new-no-skip at N 4k/16k), so it is off there; at D 256 the three together were
-# 0.97-0.99x of none, so none.
+# 0.97-1.00x of none, so none.
 _SOFTMAX = dict(exp2_ffma=True, reduce_chains=4, skip_unit_rescale=True)
 _SOFTMAX_NO_SKIP = dict(exp2_ffma=True, reduce_chains=4, skip_unit_rescale=False)
 DEFAULT_CONFIGS: dict[int, Sm90Config] = {
