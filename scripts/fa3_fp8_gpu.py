@@ -20,8 +20,10 @@ from fa_variants.fp8 import layout
 E4M3 = torch.float8_e4m3fn
 
 
-def fp8_inputs(B, N, H, D):
-    bn = layout.tile_n(D)
+def fp8_inputs(B, N, H, D, tile_n=None):
+    """Random e4m3 q, k, v_t with block descales (Q blocks of layout.TILE_M rows, K/V blocks of tile_n keys,
+    default the layout's tile_n for D). scripts/fa3_fp8_speed_ab.py uses it too."""
+    bn = tile_n or layout.tile_n(D)
     q8 = (torch.randn(B, N, H, D, device="cuda") * 20).to(E4M3)
     k8 = (torch.randn(B, N, H, D, device="cuda") * 20).to(E4M3)
     vt = (torch.randn(B, H, D, layout.padded_seqlen_k(N), device="cuda") * 20).to(E4M3)

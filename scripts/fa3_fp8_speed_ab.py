@@ -66,16 +66,10 @@ def kernel_config(head_dim: int, change: dict):
 
 
 def fp8_inputs(B: int, N: int, H: int, D: int, tile_n: int):
-    """Random e4m3 q, k, v_t with block descales (Q blocks of layout.TILE_M rows, K/V blocks of tile_n keys)."""
-    from fa_variants.fp8 import layout
+    """scripts/fa3_fp8_gpu.py's inputs (imported here, not at the top: it loads the DSL, which --plan needs not)."""
+    from fa3_fp8_gpu import fp8_inputs as make
 
-    q8 = (torch.randn(B, N, H, D, device="cuda") * 20).to(E4M3)
-    k8 = (torch.randn(B, N, H, D, device="cuda") * 20).to(E4M3)
-    vt = (torch.randn(B, H, D, layout.padded_seqlen_k(N), device="cuda") * 20).to(E4M3)
-    qd = torch.full((B, H, -(-N // layout.TILE_M)), 0.05, device="cuda")
-    kd = torch.full((B, H, -(-N // tile_n)), 0.05, device="cuda")
-    vd = torch.full((B, H, -(-N // tile_n)), 0.05, device="cuda")
-    return q8, k8, vt, qd, kd, vd
+    return make(B, N, H, D, tile_n)
 
 
 def _compile_one(job: tuple) -> str:

@@ -8,6 +8,9 @@ checked free of NaN (outputs are poisoned with NaN before a kernel runs, so an e
 """
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -51,3 +54,12 @@ def sm90_only(what: str) -> list:
     """The marks of a test file that runs on an sm90 (Hopper) GPU only: ``gpu``, and a visible skip elsewhere."""
     on_sm90 = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
     return [pytest.mark.gpu, pytest.mark.skipif(not on_sm90, reason=f"{what} needs an sm90 (Hopper) GPU")]
+
+
+def load_script(name: str):
+    """scripts/<name>.py imported as a module (the scripts folder is not a package), for tests of its pieces."""
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

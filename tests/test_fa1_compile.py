@@ -242,14 +242,9 @@ def test_fake_args_are_dynamic():
 # scripts/fa1_vs_fa2_study.py: the ncu plumbing and the report, with a stand-in ncu (no GPU)
 # ----------------------------------------------------------------------------------------------
 def _study():
-    import importlib.util
-    from pathlib import Path
+    from helpers import load_script
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "fa1_vs_fa2_study.py"
-    spec = importlib.util.spec_from_file_location("fa1_vs_fa2_study", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("fa1_vs_fa2_study")
 
 
 _FAKE_NCU = r'''#!/usr/bin/env python3

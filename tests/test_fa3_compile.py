@@ -82,14 +82,9 @@ def test_tma_operand_preparation():
 
 
 def _speed_ab():
-    import importlib.util
-    from pathlib import Path
+    from helpers import load_script
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "fa3_speed_ab.py"
-    spec = importlib.util.spec_from_file_location("fa3_speed_ab", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("fa3_speed_ab")
 
 
 @pytest.mark.parametrize("name, head_dim, causal", [

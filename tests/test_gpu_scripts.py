@@ -1,18 +1,15 @@
 """The GPU-host scripts' CPU-side logic: scripts/sanitize.py's summary lines, and the shell scripts parse."""
-import importlib.util
 import subprocess
 from pathlib import Path
 
 import pytest
+from helpers import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _sanitize():
-    spec = importlib.util.spec_from_file_location("sanitize", ROOT / "scripts" / "sanitize.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("sanitize")
 
 
 @pytest.mark.parametrize("rc, log, verdict, ok", [

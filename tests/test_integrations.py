@@ -16,7 +16,7 @@ import torch
 import fa_variants
 from fa_variants.integrations import custom_op
 from fa_variants.reference import attention_reference, max_abs_error, rel_l2
-from helpers import make_qkv
+from helpers import load_script, make_qkv
 
 from fa_variants.integrations import capture, fixture as fx, hf  # transformers is imported lazily in them
 
@@ -348,10 +348,7 @@ def test_custom_op_under_inductor():
 # ------------------------------------------------------------------------------------- the GPU-host script
 
 def _script():
-    spec = importlib.util.spec_from_file_location("real_input_gpu", ROOT / "scripts" / "real_input_gpu.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    return script
+    return load_script("real_input_gpu")
 
 
 @needs_hf
