@@ -11,9 +11,7 @@
 set -uo pipefail
 out="${OUT:-results/cache-gpu}"; mkdir -p "$out"/logs
 logs="$out/logs"
-step() { local name=$1 limit=$2; shift 2; local t0=$SECONDS
-  timeout -s INT "$limit" "$@" > "$logs/$name.log" 2>&1; local rc=$?
-  echo "== $name: rc=$rc in $((SECONDS - t0))s"; }
+LOGS="$logs"; source "$(dirname "$0")/steps.sh"
 nvidia-smi --query-gpu=name,compute_cap,driver_version,clocks.max.sm --format=csv > "$logs/gpu.txt" 2>&1
 cache=$(mktemp -d /tmp/fa_variants_cache_gpu.XXXX)
 {

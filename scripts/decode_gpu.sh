@@ -22,9 +22,7 @@
 # (session2/decode_split.md, torch merge) toward the unsplit ~70 us.
 set -uo pipefail
 out="${OUT:-results/decode-gpu}"; mkdir -p "$out"/logs
-step() { local name=$1 limit=$2; shift 2; local t0=$SECONDS
-  timeout -s INT "$limit" "$@" > "$out/logs/$name.log" 2>&1; local rc=$?
-  echo "== $name: rc=$rc in $((SECONDS - t0))s"; }
+LOGS="$out/logs"; source "$(dirname "$0")/steps.sh"
 nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv > "$out/logs/gpu.txt" 2>&1
 git log --oneline -1 > "$out/logs/commit.txt" 2>&1
 step pytest 240 python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider --tb=short -rfEX \

@@ -7,9 +7,7 @@
 #   source .gpu/env.sh; scripts/fa3_fp8_ab_gpu.sh        (repository root; writes $OUT/fp8_ab.tar.gz + summary)
 set -uo pipefail
 out="${OUT:-results}"; work="$out/fp8_ab"; mkdir -p "$work"
-step() { local name=$1 limit=$2; shift 2; local t0=$SECONDS
-  timeout -s INT "$limit" "$@" > "$work/$name.log" 2>&1; local rc=$?
-  echo "== $name: rc=$rc in $((SECONDS - t0))s"; }
+LOGS="$work"; source "$(dirname "$0")/steps.sh"
 nvidia-smi --query-gpu=name,clocks.max.sm,driver_version --format=csv,noheader > "$work/gpu.txt" 2>&1
 step speed_ab 330 python3 scripts/fa3_fp8_speed_ab.py --out "$work/ab"
 step variants 150 python3 -m pytest -q -m gpu tests/test_fa3_fp8_kernel.py -k variants -p no:cacheprovider

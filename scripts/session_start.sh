@@ -8,9 +8,7 @@
 #        fa3 and one flash-attn-4 call (bf16, head_dim 128, N = 4k; issue 12's attribution).
 set -uo pipefail
 out="${OUT:-results/session-start}"; mkdir -p "$out"/logs
-step() { local name=$1 limit=$2; shift 2; local t0=$SECONDS
-  timeout -s INT "$limit" "$@" > "$out/logs/$name.log" 2>&1; local rc=$?
-  echo "== $name: rc=$rc in $((SECONDS - t0))s"; }
+LOGS="$out/logs"; source "$(dirname "$0")/steps.sh"
 nvidia-smi --query-gpu=index,name,compute_cap,driver_version,clocks.max.sm,memory.total --format=csv > "$out/logs/gpu.txt" 2>&1
 nvidia-smi --query-gpu=timestamp,index,clocks.sm,power.draw,temperature.gpu --format=csv -lms 1000 > "$out/logs/clocks.csv" &
 smi=$!
