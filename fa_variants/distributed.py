@@ -20,12 +20,13 @@ gives a partial output O_s normalised over its keys, with its log-sum-exp L_s. P
 L = log(e^L_a + e^L_b), O = e^(L_a - L) O_a + e^(L_b - L) O_b (the rescaling of FlashAttention's online
 softmax, Dao et al. 2022, Algorithm 1, applied to whole blocks). The merge runs in float32 (float64 for
 float64 inputs). A partial with L = -inf weighs 0 (the neutral element), and a row whose partials are all -inf
-comes out as O = 0, L = -inf, as ``fa_variants.attention`` defines a row that sees no key. The first partial is
-kept as the kernel returned it; each later one is folded in by one pass over the rows it covers, and the last
-pass writes the output dtype. On CUDA that pass is the pointwise function ``_merged`` compiled by
-``torch.compile`` (one kernel: O_a and O_b read once, O written once, instead of about ten eager passes
-through float32 temporaries); on the CPU, with FA_VARIANTS_CP_COMPILE=0, or after a compile failure (warned
-once) it runs eagerly, with the same formula.
+comes out as O = 0, L = -inf, as ``fa_variants.attention`` defines a row that sees no key. The first partial of
+each row range is kept as the kernel returned it; each later one is folded in by one pass over the rows it
+covers, and the last pass writes the output dtype (into the output itself when the rows come in pieces). On
+CUDA that pass is the pointwise function ``_merged`` compiled by ``torch.compile`` (one kernel: O_a and O_b
+read once, O written once, instead of about ten eager passes through float32 temporaries; sizes specialised,
+the row count made symbolic after a second size); on the CPU, with FA_VARIANTS_CP_COMPILE=0, or after a
+compile failure (warned once) it runs eagerly, with the same formula.
 
 **Causal, zig-zag sharding** (the load balance of Llama 3, Dubey et al. 2024, sec. 3.3.2, also called zig-zag
 ring attention). The sequence is cut into 2·world chunks c_0 .. c_{2w-1}; rank r holds ``[c_r, c_{2w-1-r}]``
@@ -65,9 +66,19 @@ A group of one (world of 1) is plain ``fa_variants.attention``. Forward only.
 small int64 row per rank (whether the rank's inputs were valid, shapes, dtype, device type, causal, layout,
 softmax_scale) and every rank checks every row, so all ranks raise the same one-line error (naming the rank
 and the field) instead of some hanging in a transfer. That all-gather waits for the other ranks; with NCCL it
-and its copy to the host run on the module's side stream, so the host does not wait for the caller's work
-already queued on the current stream (with a group that also has a CPU backend, e.g. "cpu:gloo,cuda:nccl",
-it runs on the CPU and does not touch the GPU at all).
+and its copy to (pinned) host memory run on the module's side stream, so the host does not wait for the
+caller's work already queued on the current stream (with a group that also has a CPU backend, e.g.
+"cpu:gloo,cuda:nccl", it runs on the CPU and does not touch the GPU at all).
+
+**Launch order** (``OVERLAP_START``, on). The step on the rank's own K/V needs nothing from the other ranks, so
+its first rows are launched before the check's answer is awaited: the call starts the all-gather, launches the
+own step's head (query rows [0, h) against keys [0, h), causal; all keys when not causal), waits for the
+check, posts the first transfer, then launches the tail (rows [h, n) against all keys, bottom-right causal:
+row h + i sees keys <= h + i). With zig-zag shards h is the first chunk's length, so the tail's rows are
+exactly those the steps j > r cover. The check's round trip and the posting of the transfer run while the GPU
+computes the head, and the transfer's NCCL kernel is queued before the tail's CTAs (a kernel queued after many
+CTAs of another waits for SMs until they are dispatched). Head and tail cover disjoint rows; the later steps'
+merges write straight into the output, piece by piece, so the cut costs no copy.
 
 **Overlap on the GPU.** A transfer only moves while its NCCL kernel holds SMs. The transfers are posted before
 the step's attention kernel, but the GPU's block scheduler may still hand the SMs to the attention kernel's
@@ -109,11 +120,14 @@ from fa_variants.reference import default_softmax_scale
 #: how the sequence was cut over the ranks; it matters only when causal
 LAYOUTS = ("zigzag", "contiguous")
 
-#: Experiment switch, off until a GPU run shows that it helps (scripts/cp_bench.py measures it): launch the first
-#: step (this rank's own K/V, which needs nothing from the other ranks) before the shape check and the first
-#: transfer, so that the check's round trip and the posting of the transfer run while the GPU computes. The
-#: transfer's NCCL kernel is then queued behind that step's CTAs unless NCCL's streams have high priority.
-LOCAL_STEP_FIRST = False
+#: Launch order of a call (scripts/cp_bench.py measures both). True: the step on this rank's own K/V is cut at a
+#: row boundary h into a head (query rows [0, h) against keys [0, h), or all keys when not causal) and a tail
+#: (rows [h, n) against all keys, bottom-right causal); the shape check's all-gather is started, the head launched
+#: at once, and only then does the host wait for the check's answer, post the first transfer and launch the tail.
+#: The check's round trip and the posting run while the GPU computes the head, and the transfer's NCCL kernel is
+#: queued before the tail's CTAs, so it gets SMs while the tail runs. False: check, post, then the whole own step
+#: (the GPU idles for the check's round trip and the posting).
+OVERLAP_START = True
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64,
            getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None))
@@ -214,25 +228,49 @@ def _merged(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b
     return (out_a.to(acc) * w_a + out_b.to(acc) * w_b).to(out_dtype), lse
 
 
-_COMPILED_MERGE = {"fn": None, "failed": False}
+def _merged_into(dst_out: torch.Tensor, dst_lse: torch.Tensor, out_a: torch.Tensor, lse_a: torch.Tensor,
+                 out_b: torch.Tensor, lse_b: torch.Tensor) -> None:
+    """``_merged`` written into the given views (rows of the call's output and LSE) instead of new tensors:
+    on CUDA, compiled, the one fused pass stores straight into the output, so row pieces merged apart need no
+    concatenation afterwards."""
+    new_out, new_lse = _merged(out_a, lse_a, out_b, lse_b, dst_out.dtype)
+    dst_out.copy_(new_out)
+    dst_lse.copy_(new_lse)
 
 
-def _merge(out_a, lse_a, out_b, lse_b, out_dtype):
-    """``_merged``, compiled on CUDA (one fused kernel instead of ~10 passes over O; set the environment
-    variable FA_VARIANTS_CP_COMPILE=0 to run it eagerly); eager on the CPU and after a compile failure
-    (warned once)."""
-    if (out_a.device.type != "cuda" or _COMPILED_MERGE["failed"]
+#: how ``_merged`` / ``_merged_into`` are compiled on CUDA. dynamic=None (automatic): a first call compiles for
+#: its exact shapes, a call with other sizes recompiles once with just the sizes that changed (the rows) symbolic;
+#: head_dim and num_heads stay constants, so the kernel's index arithmetic is shifts, not divisions by run-time
+#: values (dynamic=True made every size symbolic: session 2 measured the merge at about a third of HBM bandwidth).
+_COMPILE_OPTIONS = dict(fullgraph=True, dynamic=None)
+_COMPILED_MERGE = {"fn": None, "into": None, "failed": False}
+
+
+def _compiled(name: str, fn, eager_args: tuple, device_type: str):
+    """Runs ``fn`` compiled (torch.compile, once per function) on CUDA; eagerly on the CPU, with the
+    environment variable FA_VARIANTS_CP_COMPILE=0, or after a compile failure (warned once)."""
+    if (device_type != "cuda" or _COMPILED_MERGE["failed"]
             or os.environ.get("FA_VARIANTS_CP_COMPILE", "1") == "0"):
-        return _merged(out_a, lse_a, out_b, lse_b, out_dtype)
-    if _COMPILED_MERGE["fn"] is None:
-        _COMPILED_MERGE["fn"] = torch.compile(_merged, fullgraph=True, dynamic=True)
+        return fn(*eager_args)
+    if _COMPILED_MERGE[name] is None:
+        _COMPILED_MERGE[name] = torch.compile(fn, **_COMPILE_OPTIONS)
     try:
-        return _COMPILED_MERGE["fn"](out_a, lse_a, out_b, lse_b, out_dtype)
+        return _COMPILED_MERGE[name](*eager_args)
     except Exception as error:  # noqa: BLE001 - any compiler failure: the eager merge gives the same result
         _COMPILED_MERGE["failed"] = True
         warnings.warn(f"context_parallel_attention: torch.compile of the LSE merge failed ({type(error).__name__}:"
                       f" {str(error).splitlines()[0] if str(error) else ''}); merging eagerly", stacklevel=3)
-        return _merged(out_a, lse_a, out_b, lse_b, out_dtype)
+        return fn(*eager_args)
+
+
+def _merge(out_a, lse_a, out_b, lse_b, out_dtype):
+    """``_merged``, compiled on CUDA (one fused kernel instead of ~10 passes over O); see ``_compiled``."""
+    return _compiled("fn", _merged, (out_a, lse_a, out_b, lse_b, out_dtype), out_a.device.type)
+
+
+def _merge_into(dst_out, dst_lse, out_a, lse_a, out_b, lse_b) -> None:
+    """``_merged_into``, compiled on CUDA; see ``_compiled``."""
+    _compiled("into", _merged_into, (dst_out, dst_lse, out_a, lse_a, out_b, lse_b), out_a.device.type)
 
 
 def merge_partial_(out: torch.Tensor, lse: torch.Tensor, out_part: torch.Tensor,
@@ -258,41 +296,66 @@ def merge_partial_(out: torch.Tensor, lse: torch.Tensor, out_part: torch.Tensor,
 
 
 class _Merger:
-    """Accumulates the partials of one rank's query rows (see ``merge_partial_``) with little memory traffic:
-    the first partial is kept as the kernel returned it; each later one is merged by one fused pass
-    (``_merge``) over the rows it covers, in float32 (float64 for float64 inputs); the last merge writes the
-    output dtype directly (the weighted sum still formed in float32 / float64, then rounded once)."""
+    """Accumulates the partials of one rank's query rows (see ``merge_partial_``) with little memory traffic.
 
-    def __init__(self, q: torch.Tensor):
+    ``cover`` lists, in the order they will be added, the local row ranges [start, stop) of the partials. The
+    rows are cut into segments at every start and stop, so each partial covers whole segments. Per segment:
+    the first partial is kept as the kernel returned it; each later one is merged by one fused pass
+    (``_merge``) in float32 (float64 for float64 inputs); the segment's last merge is rounded once to the
+    output dtype, and with several segments it is written straight into the call's output (``_merge_into``).
+    A segment no partial merged into is copied there as it is; one that no partial covers is 0 with LSE -inf."""
+
+    def __init__(self, q: torch.Tensor, cover: Sequence[tuple[int, int]]):
         self.shape, self.dtype, self.device = q.shape, q.dtype, q.device
         self.acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-        self.out: torch.Tensor | None = None
-        self.lse: torch.Tensor | None = None
+        self.cover = list(cover)
+        bounds = sorted({0, q.shape[1], *(a for a, _ in self.cover), *(b for _, b in self.cover)})
+        self.segments = [(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+        self.last = [max((i for i, (a, b) in enumerate(self.cover) if a <= s and e <= b), default=-1)
+                     for s, e in self.segments]
+        self.state: list = [None] * len(self.segments)  # (out, lse), or "written" once in the output
+        self.added = 0
+        self.final: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def add(self, rows: slice, out: torch.Tensor, lse: torch.Tensor, last: bool) -> None:
-        batch, seqlen, heads, _ = self.shape
-        if self.out is None:
-            if out.shape[1] == seqlen:  # the first partial covers every row: it is the accumulator
-                self.out, self.lse = out, lse.to(self.acc_dtype)
-                return
-            self.out = torch.zeros(self.shape, dtype=self.acc_dtype, device=self.device)
-            self.lse = torch.full((batch, heads, seqlen), -math.inf, dtype=self.acc_dtype, device=self.device)
-        dtype = self.dtype if last else self.acc_dtype
-        new_out, new_lse = _merge(self.out[:, rows], self.lse[:, :, rows], out, lse, dtype)
-        if out.shape[1] == seqlen:  # every row merged: the new tensors are the accumulator
-            self.out, self.lse = new_out, new_lse.to(self.acc_dtype)
-            return
-        if self.out.dtype != dtype:  # rows the partial does not cover keep their values, in the new dtype
-            self.out = self.out.to(dtype)
-        self.out[:, rows] = new_out
-        self.lse[:, :, rows] = new_lse
+    def _output(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.final is None:
+            batch, seqlen, heads, _ = self.shape
+            self.final = (torch.empty(self.shape, dtype=self.dtype, device=self.device),
+                          torch.empty((batch, heads, seqlen), dtype=self.acc_dtype, device=self.device))
+        return self.final
+
+    def add(self, out: torch.Tensor, lse: torch.Tensor) -> None:
+        """The next partial of ``cover``: out (batch, stop - start, heads, head_dim), lse (batch, heads,
+        stop - start)."""
+        i, (start, stop) = self.added, self.cover[self.added]
+        self.added += 1
+        for j, (s, e) in enumerate(self.segments):
+            if not start <= s < e <= stop:
+                continue
+            part = (out[:, s - start:e - start], lse[:, :, s - start:e - start])
+            if self.state[j] is None:
+                self.state[j] = part
+            elif self.last[j] == i and len(self.segments) > 1:
+                final_out, final_lse = self._output()
+                _merge_into(final_out[:, s:e], final_lse[:, :, s:e], *self.state[j], *part)
+                self.state[j] = "written"
+            else:
+                self.state[j] = _merge(*self.state[j], *part, self.dtype if self.last[j] == i else self.acc_dtype)
 
     def result(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.out is None:  # no step ran (no query row, or no key anywhere)
-            batch, seqlen, heads, _ = self.shape
-            return (torch.zeros(self.shape, dtype=self.dtype, device=self.device),
-                    torch.full((batch, heads, seqlen), -math.inf, dtype=torch.float32, device=self.device))
-        return self.out.to(self.dtype), self.lse.float()
+        """(out in q's dtype, lse float32) of all rows."""
+        if len(self.segments) == 1 and self.state[0] is not None:
+            out, lse = self.state[0]
+            return out.to(self.dtype), lse.float()
+        final_out, final_lse = self._output()
+        for (s, e), state in zip(self.segments, self.state):
+            if state is None:  # no key for these rows anywhere
+                final_out[:, s:e].zero_()
+                final_lse[:, :, s:e].fill_(-math.inf)
+            elif not isinstance(state, str):
+                final_out[:, s:e].copy_(state[0])
+                final_lse[:, :, s:e].copy_(state[1])
+        return final_out, final_lse.float()
 
 
 # ------------------------------------------------------------------------------------------- transport
@@ -307,10 +370,21 @@ def _comm_stream(device: torch.device) -> torch.cuda.Stream:
     return _COMM_STREAMS[device]
 
 
-class _Ring:
-    """K/V transfers to the next rank and from the previous one, overlapped with the caller's compute."""
+def _region(name: str):
+    """A named range for torch.profiler (scripts/cp_bench.py --profile reads them); nothing when no profiler runs."""
+    if torch.autograd.profiler._is_profiler_enabled:
+        return torch.profiler.record_function(f"cp: {name}")
+    return contextlib.nullcontext()
 
-    def __init__(self, group, rank: int, world: int, device: torch.device):
+
+class _Ring:
+    """K/V transfers to the next rank and from the previous one, overlapped with the caller's compute.
+
+    ``ready``: on CUDA, an event recorded on the compute stream when the caller's K/V were ready (before this
+    call launched anything), which the transfers wait for; not the stream itself, so the first transfer does
+    not wait for a kernel this call launched already."""
+
+    def __init__(self, group, rank: int, world: int, device: torch.device, ready: torch.cuda.Event | None = None):
         self.group = group
         self.send_to = dist.get_global_rank(group, (rank + 1) % world)
         self.recv_from = dist.get_global_rank(group, (rank - 1) % world)
@@ -318,7 +392,10 @@ class _Ring:
         if self.cuda:
             self.compute = torch.cuda.current_stream(device)
             self.comm = _comm_stream(device)
-            self.comm.wait_stream(self.compute)  # the first shards (the caller's K/V) are ready before sending
+            if ready is None:
+                self.comm.wait_stream(self.compute)
+            else:
+                self.comm.wait_event(ready)
 
     def post(self, k: torch.Tensor, v: torch.Tensor, seqlen_in: int):
         """Starts sending (k, v) and receiving the previous rank's shard of seqlen_in tokens."""
@@ -350,6 +427,46 @@ class _Ring:
         return k_in, v_in
 
 
+class _RowExchange:
+    """The shape check's all-gather of one small int64 row per rank: started by the constructor, read by
+    ``rows()``. With NCCL it and the copy of its result to (pinned) host memory run on the module's side stream,
+    so the host may launch work between the two and waits, in ``rows()``, for this small exchange only, not
+    for the caller's work queued on the current stream."""
+
+    def __init__(self, group, row: list[int], world: int):
+        self.nccl = dist.get_backend(group) == "nccl"
+        self.shape = (world, len(row))
+        device = torch.device("cuda", torch.cuda.current_device()) if self.nccl else torch.device("cpu")
+        with torch.cuda.stream(_comm_stream(device)) if self.nccl else contextlib.nullcontext():
+            mine = torch.tensor(row, dtype=torch.int64)
+            if self.nccl:
+                mine = mine.pin_memory().to(device, non_blocking=True)
+            self.every = torch.empty(world * len(row), dtype=torch.int64, device=device)
+            gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.14
+            self.work = gather(self.every, mine, group=group, async_op=True)
+            if self.nccl:
+                self.work.wait()  # the side stream waits for the all-gather; the host does not
+                self.host = torch.empty(self.every.shape, dtype=torch.int64, pin_memory=True)
+                self.host.copy_(self.every, non_blocking=True)
+                self.done = torch.cuda.Event()
+                self.done.record()
+
+    def rows(self) -> list[list[int]]:
+        """Every rank's row (waits for the exchange)."""
+        if self.nccl:
+            self.done.synchronize()
+            flat = self.host
+        else:
+            self.work.wait()
+            flat = self.every
+        return flat.view(self.shape).tolist()
+
+
+def _gather_rows(group, row: list[int], world: int) -> list[list[int]]:
+    """Every rank's row (``_RowExchange`` started and read at once)."""
+    return _RowExchange(group, row, world).rows()
+
+
 # ------------------------------------------------------------------------------------------ the steps
 
 @dataclass(frozen=True)
@@ -372,6 +489,27 @@ def _plan(rank: int, src: int, causal: bool, layout: str, first_q: int, first_k:
     if src < rank:
         return _Step(everything, slice(0, first_k), False)
     return _Step(slice(first_q, None), everything, False)
+
+
+def _head_rows(seqlen_q: int, seqlen_k: int, causal: bool, layout: str) -> int | None:
+    """Where ``OVERLAP_START`` cuts the own step's query rows (head [0, h), tail [h, seqlen_q)); None: no cut.
+    Zig-zag causal: at the first chunk's end, ceil(seqlen_q / 2) for every shard ``zigzag_shard`` gives (the
+    first chunk is the longer by at most one), so the tail is exactly the rows the later steps j > r cover. Else
+    at half the rows, rounded down to a multiple of 128 (whole query tiles of the kernels) from 256 rows on."""
+    if seqlen_q < 2 or seqlen_k == 0:
+        return None
+    if causal and layout == "zigzag":
+        return (seqlen_q + 1) // 2
+    head = seqlen_q // 2
+    return head - head % 128 if head >= 128 else head
+
+
+def _own_head(q, k, v, head: int, causal: bool, scale: float, backend: str):
+    """(out, lse) of the own step's head: query rows [0, head) against keys [0, head) (causal; the shard's
+    local mask, top-left = bottom-right on this square block) or all keys (not causal)."""
+    keys = slice(0, head) if causal else slice(None)
+    return api.attention(q[:, :head], k[:, keys], v[:, keys], causal=causal, softmax_scale=scale,
+                         backend=backend, return_lse=True)
 
 
 def _scale_bits(scale: float) -> int:
@@ -397,19 +535,6 @@ def _local_error(q, k, v, causal, softmax_scale, backend, return_lse, layout):
         return None, scale
     except (TypeError, ValueError, NotImplementedError) as error:
         return error, 0.0
-
-
-def _gather_rows(group, row: list[int], world: int) -> list[list[int]]:
-    """Every rank's row. With NCCL the all-gather and its copy to the host run on the side stream, so the
-    host waits for this small exchange only, not for the caller's work queued on the current stream."""
-    cuda = dist.get_backend(group) == "nccl"
-    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    with torch.cuda.stream(_comm_stream(device)) if cuda else contextlib.nullcontext():
-        mine = torch.tensor(row, dtype=torch.int64, device=device)
-        every = torch.empty(world * len(row), dtype=torch.int64, device=device)
-        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.14
-        gather(every, mine, group=group)
-        return every.view(world, len(row)).tolist()
 
 
 def _check_rows(rows: list[list[int]], causal: bool, layout: str) -> None:
@@ -499,45 +624,81 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
             raise error
         return api.attention(q, k, v, causal=causal, softmax_scale=softmax_scale, backend=backend,
                              return_lse=return_lse)
-    if error is None:
-        row = [1, *q.shape, k.shape[1], k.shape[2],
-               _DTYPES.index(q.dtype) if q.dtype in _DTYPES else len(_DTYPES),
-               _DEVICE_TYPES.index(q.device.type), int(causal), LAYOUTS.index(layout), _scale_bits(scale)]
-    else:
+    ready, head = None, None
+    if error is not None:
         row = [0] * len(_FIELDS)
-    first = None
-    if error is None and LOCAL_STEP_FIRST and q.shape[1] and k.shape[1]:  # step 0: own K/V, the local mask
-        first = api.attention(q, k, v, causal=causal, softmax_scale=scale, backend=backend, return_lse=True)
-    rows = _gather_rows(group, row, world)
+    else:
+        row = _shape_row(q, k, causal, layout, scale)
+        k, v = k.contiguous(), v.contiguous()  # transfers need contiguous buffers (copies queued before `ready`)
+        if q.device.type == "cuda":  # the caller's K/V are ready once the work queued so far is done
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(q.device))
+    with _region("shape check: start"):
+        exchange = _RowExchange(group, row, world)
+    cut = _head_rows(q.shape[1], k.shape[1], causal, layout) if error is None and OVERLAP_START else None
+    if cut is not None:  # needs nothing from the other ranks: runs while the check's answer travels
+        with _region("own step: head"):
+            head = (cut, *_own_head(q, k, v, cut, causal, scale, backend))
+    with _region("shape check: wait"):
+        rows = exchange.rows()
     if error is not None:
         raise error
     _check_rows(rows, causal, layout)
-    out, lse = _ring_attention(q, k, v, rows, group, rank, world, causal, layout, scale, backend, first)
+    out, lse = _ring_attention(q, k, v, rows, group, rank, world, causal, layout, scale, backend, head=head,
+                               ready=ready)
     return (out, lse) if return_lse else out
 
 
-def _ring_attention(q, k, v, rows, group, rank, world, causal, layout, scale, backend, first=None):
-    """This rank's (out, lse) over all steps; ``first``: step 0's result when it was computed already."""
+def _shape_row(q, k, causal: bool, layout: str, scale: float) -> list[int]:
+    """This rank's row of the shape check (the fields of ``_FIELDS``) for valid inputs."""
+    return [1, *q.shape, k.shape[1], k.shape[2], _DTYPES.index(q.dtype) if q.dtype in _DTYPES else len(_DTYPES),
+            _DEVICE_TYPES.index(q.device.type), int(causal), LAYOUTS.index(layout), _scale_bits(scale)]
+
+
+def _step_calls(plans, head: int | None, seqlen_q: int) -> list[tuple[int, tuple[int, int], slice | None, bool]]:
+    """The attention calls of the ring in launch order: (step, local query rows [start, stop), keys of the held
+    shard, causal); the own step (step 0) as a head (keys None: launched already) and a tail when cut."""
+    calls = []
+    for step, plan in enumerate(plans):
+        if plan is None:
+            continue
+        start, stop, _ = plan.rows.indices(seqlen_q)
+        if step == 0 and head is not None:  # the own step covers every row: head [0, cut), tail [cut, n)
+            calls += [(0, (0, head), None, plan.causal), (0, (head, stop), plan.keys, plan.causal)]
+        else:
+            calls.append((step, (start, stop), plan.keys, plan.causal))
+    return calls
+
+
+def _ring_attention(q, k, v, rows, group, rank, world, causal, layout, scale, backend, head=None, ready=None,
+                    ring=None):
+    """This rank's (out, lse) over all steps, k and v contiguous. ``head``: (cut, out, lse), the own step's rows
+    [0, cut) launched already (``OVERLAP_START``); ``ready``: see ``_Ring``; ``ring``: the transport (default a
+    ``_Ring`` over ``group``; scripts/cp_bench.py passes one that moves nothing)."""
     seqlens_k = [row[_FIELDS.index("seqlen_k")] for row in rows]
     sizes = _chunk_sizes(sum(seqlens_k), 2 * world)  # zig-zag chunk lengths (used when causal and zigzag)
-    ring = _Ring(group, rank, world, q.device)
-    merger = _Merger(q)
-    k_cur, v_cur = k.contiguous(), v.contiguous()  # transfers need contiguous buffers
+    ring = _Ring(group, rank, world, q.device, ready) if ring is None else ring
     plans = [_plan(rank, (rank - step) % world, causal, layout, sizes[rank], sizes[(rank - step) % world])
              for step in range(world)]
     # an empty side contributes nothing (the merge's neutral element): such a step is skipped too
     plans = [p if p is not None and q[:, p.rows].shape[1] and len(range(seqlens_k[(rank - step) % world])[p.keys])
              else None for step, p in enumerate(plans)]
-    last = max((step for step, p in enumerate(plans) if p is not None), default=-1)
-    for step, plan in enumerate(plans):
+    calls = _step_calls(plans, None if head is None else head[0], q.shape[1])
+    merger = _Merger(q, [rows_ for _, rows_, _, _ in calls])
+    if head is not None:
+        merger.add(*head[1:])
+    k_cur, v_cur = k, v
+    for step in range(world):
         src = (rank - step) % world  # the rank whose K/V shard this rank holds now
-        pending = ring.post(k_cur, v_cur, seqlens_k[(src - 1) % world]) if step + 1 < world else None
-        if step == 0 and first is not None:
-            merger.add(plan.rows, *first, last=step == last)
-        elif plan is not None:
-            out, lse = api.attention(q[:, plan.rows], k_cur[:, plan.keys], v_cur[:, plan.keys], causal=plan.causal,
-                                     softmax_scale=scale, backend=backend, return_lse=True)
-            merger.add(plan.rows, out, lse, last=step == last)
+        with _region(f"post {step}"):
+            pending = ring.post(k_cur, v_cur, seqlens_k[(src - 1) % world]) if step + 1 < world else None
+        for _, (start, stop), keys, step_causal in (c for c in calls if c[0] == step and c[2] is not None):
+            with _region(f"step {step}"):
+                out, lse = api.attention(q[:, start:stop], k_cur[:, keys], v_cur[:, keys], causal=step_causal,
+                                         softmax_scale=scale, backend=backend, return_lse=True)
+            with _region("merge"):
+                merger.add(out, lse)
         if pending is not None:
             k_cur, v_cur = ring.wait(pending)
-    return merger.result()
+    with _region("result"):
+        return merger.result()

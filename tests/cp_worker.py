@@ -6,7 +6,7 @@ One interpreter imports torch once and forks WORLD ranks before any torch comput
 each of 4 fresh processes costs ~4x the time on a small CI machine). The ranks meet through a file store in
 OUT_DIR and gloo on the loopback interface. CASES_FILE (torch.save) holds a list of cases, each {"name",
 "args": [per-rank (q, k, v)], "kwargs": [per-rank dict], "group": "world" | "self", optional
-"local_step_first": the value of distributed.LOCAL_STEP_FIRST for the case}. Every rank calls
+"overlap_start": the value of distributed.OVERLAP_START for the case, default True}. Every rank calls
 context_parallel_attention on its own arguments for every case in order and saves {name: (out, lse) or
 ("error", type name, message)} to OUT_DIR/rank{RANK}.pt. An error does not stop the run: the later cases
 show that the group is still usable after it. Exit status 0 iff every rank finished within TIMEOUT_S.
@@ -33,7 +33,7 @@ def run_rank(rank: int, world: int, cases: list, out_dir: str) -> None:
     for case in cases:
         q, k, v = case["args"][rank]
         group = singles[rank] if case["group"] == "self" else None
-        distributed.LOCAL_STEP_FIRST = case.get("local_step_first", False)
+        distributed.OVERLAP_START = case.get("overlap_start", True)
         try:
             results[case["name"]] = context_parallel_attention(q, k, v, group=group, return_lse=True,
                                                                **case["kwargs"][rank])

@@ -41,11 +41,11 @@ GOOD = {
     "scale_causal_zigzag_f64": dict(seqlen=20, dtype=F64, causal=True, layout="zigzag", softmax_scale=-0.7),
     "tiny_causal_zigzag_f64": dict(seqlen=3, dtype=F64, causal=True, layout="zigzag"),  # world 4: a rank has 0
     "after_errors_f64": dict(seqlen=17, dtype=F64, causal=True, layout="zigzag"),  # runs after the bad cases
-    # distributed.LOCAL_STEP_FIRST: the own-K/V step computed before the shape check and the first transfer
-    "local_first_causal_zigzag_uneven_f64": dict(seqlen=37, dtype=F64, causal=True, layout="zigzag",
-                                                 local_step_first=True),
-    "local_first_noncausal_gqa_f32": dict(seqlen=26, dtype=F32, causal=False, layout="contiguous", heads=4,
-                                          heads_kv=2, local_step_first=True),
+    # distributed.OVERLAP_START off (check, post, then the whole own step; on elsewhere: head, check, tail)
+    "check_first_causal_zigzag_uneven_f64": dict(seqlen=37, dtype=F64, causal=True, layout="zigzag",
+                                                 overlap_start=False),
+    "check_first_noncausal_gqa_f32": dict(seqlen=26, dtype=F32, causal=False, layout="contiguous", heads=4,
+                                          heads_kv=2, overlap_start=False),
 }
 _SHARD = {"zigzag": cp.zigzag_shard, "contiguous": cp.contiguous_shard}
 _UNSHARD = {"zigzag": cp.zigzag_unshard, "contiguous": cp.contiguous_unshard}
@@ -75,7 +75,7 @@ def _cases(world: int, gen) -> tuple[dict, list]:
         inputs[name] = _inputs(gen, **spec)
         cases.append(dict(name=name, args=_sharded(inputs[name], spec["layout"], world),
                           kwargs=[_options(spec)] * world, group="world",
-                          local_step_first=spec.get("local_step_first", False)))
+                          overlap_start=spec.get("overlap_start", True)))
     # a group of one per rank: plain attention of the rank's own shard
     inputs["self_group"] = _inputs(gen, 12, F64)
     cases.append(dict(name="self_group", args=_sharded(inputs["self_group"], "contiguous", world),
@@ -103,8 +103,8 @@ def _bad_cases(world: int, gen) -> list:
         dict(name="bad_dtype", **with_rank1((q1.float(), k1.float(), v1.float()))),
         dict(name="bad_causal", **with_rank1(good[1], dict(base, causal=False))),
         dict(name="bad_local", **with_rank1((q1, k1[0], v1))),
-        # with the own-K/V step launched before the check: computed, then the same error on every rank
-        dict(name="bad_zigzag_lengths", args=skewed, kwargs=[base] * world, group="world", local_step_first=True),
+        # the own step's head is launched before the check's answer: computed, then the same error on every rank
+        dict(name="bad_zigzag_lengths", args=skewed, kwargs=[base] * world, group="world"),
         dict(name="bad_causal_cross", args=[cross] * world, kwargs=[base] * world, group="world"),
     ]
 
@@ -318,9 +318,12 @@ def test_causal_plan_computes_each_visible_pair_once_and_nothing_masked(layout, 
 
 
 def test_merge_traces_as_one_graph():
-    """The merge that CUDA runs compiled: dynamo traces it whole (fullgraph, dynamic shapes, row-slice views)
-    and gives the eager result, -inf rows included (backend "eager": the trace without inductor's compile)."""
-    compiled = torch.compile(cp._merged, fullgraph=True, dynamic=True, backend="eager")
+    """The merges that CUDA runs compiled: dynamo traces them whole (fullgraph, the module's options, row-slice
+    views, a second size) and gives the eager result, -inf rows included; ``_merged_into`` writes into views of
+    a larger output, leaving its other rows alone (backend "aot_eager": the trace and the functionalisation of
+    the in-place writes, without inductor's compile)."""
+    compiled = torch.compile(cp._merged, backend="eager", **cp._COMPILE_OPTIONS)
+    into = torch.compile(cp._merged_into, backend="aot_eager", **cp._COMPILE_OPTIONS)
     gen = torch.Generator().manual_seed(random.randrange(2**31))
     for seqlen, rows in ((9, slice(None)), (12, slice(5, None))):
         out_a, out_b = (torch.randn(2, seqlen, 3, 8, generator=gen, dtype=torch.bfloat16) for _ in range(2))
@@ -330,4 +333,36 @@ def test_merge_traces_as_one_graph():
         for dtype in (torch.bfloat16, torch.float32):
             got, want = compiled(*args, dtype), cp._merged(*args, dtype)
             assert got[0].dtype == dtype and max_abs_error(got[0], want[0]) <= 1e-6
-            assert max_abs_error(got[1], want[1]) <= 1e-6 and torch.equal(got[0][0, -1, 0], torch.zeros(8, dtype=dtype))
+            assert max_abs_error(got[1], want[1]) <= 1e-6
+            assert torch.equal(got[0][0, -1, 0], torch.zeros(8, dtype=dtype))
+            if dtype != torch.float32:
+                continue
+            dst, dst_lse = torch.full((2, seqlen, 3, 8), math.nan, dtype=dtype), torch.full((2, 3, seqlen), math.nan)
+            into(dst[:, rows], dst_lse[:, :, rows], *args)
+            assert max_abs_error(dst[:, rows], want[0]) <= 1e-6 and max_abs_error(dst_lse[:, :, rows], want[1]) <= 1e-6
+            outside = torch.ones(seqlen, dtype=torch.bool)
+            outside[rows] = False
+            assert dst[:, outside].isnan().all() and dst_lse[:, :, outside].isnan().all()
+
+
+def test_merger_of_row_pieces():
+    """_Merger with partials over row ranges that cut the rows into segments (as the ring's own step cut into
+    head and tail, then steps over all rows or the tail): each row's result is the merge of the partials that
+    cover it, in any order of segments; rows no partial covers give 0 with LSE -inf."""
+    gen = torch.Generator().manual_seed(random.randrange(2**31))
+    q = torch.randn(2, 10, 3, 4, generator=gen, dtype=F64)
+    cover = [(0, 4), (4, 8), (0, 8), (4, 8), (2, 8)]
+    parts = [(torch.randn(2, b - a, 3, 4, generator=gen, dtype=F64), torch.randn(2, 3, b - a, generator=gen, dtype=F64))
+             for a, b in cover]
+    merger = cp._Merger(q, cover)
+    assert merger.segments == [(0, 2), (2, 4), (4, 8), (8, 10)]
+    for part in parts:
+        merger.add(*part)
+    out, lse = merger.result()
+    want = torch.zeros_like(q)
+    want_lse = torch.full((2, 3, 10), -math.inf, dtype=F64)
+    for (a, b), part in zip(cover, parts):
+        cp.merge_partial_(want[:, a:b], want_lse[:, :, a:b], *part)
+    assert out.dtype == F64 and lse.dtype == F32
+    assert max_abs_error(out, want) <= 1e-12 and max_abs_error(lse, want_lse.float()) <= 1e-6
+    assert torch.equal(out[:, 8:], torch.zeros_like(out[:, 8:])) and (lse[:, :, 8:] == -math.inf).all()
