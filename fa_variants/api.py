@@ -263,9 +263,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
             tensor back: one device sync per call; the check is skipped during CUDA-graph capture).
             Semantics: ``reference.attention_reference``. The kernels do not read it yet: a kernel backend
             runs one call per distinct length on k[:, :length] (correct; one launch per distinct length).
-        num_splits, pack_gqa: fa3's split-KV count (an int >= 1; 1: no split) and packed GQA (seqlen_q = 1
-            only) for this call, instead of the choice `auto` makes (None). Only on the fa3 backend, eagerly,
-            without seqlens_k (``hopper.fa3.decode_config``; ``common.split``).
+        num_splits, pack_gqa: fa3's split-KV count (an int >= 1; 1: no split) and packed GQA (any group at
+            seqlen_q = 1; at seqlen_q > 1 a group G = num_heads / num_heads_kv dividing 64 or a multiple of it,
+            else ValueError) for this call, instead of the choice `auto` makes (None). Only on the fa3 backend,
+            eagerly, without seqlens_k (``hopper.fa3.decode_config``; ``common.split``; ``common.pack_gqa``).
 
     Returns:
         out (batch, seqlen_q, num_heads, head_dim) in q's dtype, a new tensor; with ``return_lse`` the pair

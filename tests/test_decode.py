@@ -112,13 +112,56 @@ def test_auto_packs_gqa_at_one_query_row(h200, split_enabled, monkeypatch):
     assert fa3.num_splits_for(fa3._PACKED_SPLIT_CONFIGS[128], q, k, True) == split.num_splits_heuristic(4, 32, 132)
     q, k = _qk(1, 1, 32, 8, 4096)
     assert packed_splits == split.num_splits_heuristic(8, 32, 132) > fa3.num_splits_for(fa3._SPLIT_CONFIGS[128], q, k, True)
-    for shape in ((1, 3, 32, 8, 4096), (8, 16, 64, 8, 1024), (1, 1, 32, 32, 4096)):  # Nq > 1, or MHA: not packed
-        q, k = _qk(*shape)
+    for shape in ((1, 64, 32, 8, 4096), (8, 200, 64, 8, 1024), (1, 1, 32, 32, 4096), (1, 4, 40, 8, 4096)):
+        q, k = _qk(*shape)  # Nq past the halving rule, MHA, a group (5) that does not pack at Nq > 1: not packed
         cfg = fa3._problem_config(None, q, k, True)
         assert cfg is None or not cfg.pack_gqa, (shape, cfg)
     monkeypatch.setattr(fa3, "PACK_GQA_ENABLED", False)
     q, k = _qk(64, 1, 32, 8, 4096)
     assert fa3._problem_config(None, q, k, True) is None
+
+
+def test_auto_packs_gqa_at_decode_query_rows(h200, split_enabled, monkeypatch):
+    """seqlen_q > 1: packed with the group fixed in the config (pack_group) when the packed 64-row tiles at most
+    halve the K/V reads (fa3.pack_helps): 32:8 and 64:8 up to Nq 32, MQA; the split count follows the packed
+    CTAs; the packed config keeps causal (rows masked by their own position)."""
+    monkeypatch.setattr(fa3, "PACK_GQA_ENABLED", True)
+    for shape, group in (((64, 16, 32, 8, 4096), 4), ((1, 4, 64, 8, 4096), 8), ((1, 5, 32, 1, 1024), 32),
+                         ((8, 2, 8, 2, 131072), 4), ((1, 32, 32, 8, 4096), 4), ((1, 3, 256, 2, 4096), 128)):
+        q, k = _qk(*shape)
+        cfg = fa3._problem_config(None, q, k, True)
+        assert cfg.pack_gqa and cfg.pack_group == group and cfg.tile_m == 64, (shape, cfg)
+        rows_ctas = -(-shape[1] * group // 64) * shape[3] * shape[0]
+        assert fa3.num_splits_for(cfg, q, k, True) == (
+            split.num_splits_heuristic(rows_ctas, 32 if shape[4] == 4096 else -(-shape[4] // 128), 132)
+            if cfg.num_splits == 0 else 1)
+        fa3._check_problem(cfg, q, k)
+    assert not fa3.pack_helps(33, 32, 8, 128) and fa3.pack_helps(32, 32, 8, 128) and not fa3.pack_helps(4, 8, 8, 64)
+    assert not fa3.pack_helps(4, 40, 8, 128) and fa3.pack_helps(1, 40, 8, 128)  # group 5: Nq = 1 only (host views)
+    monkeypatch.setattr(fa3, "PACK_GQA_ENABLED", False)
+    q, k = _qk(64, 16, 32, 8, 4096)
+    assert fa3._problem_config(None, q, k, True) is None
+
+
+def test_pack_group_is_checked(h200):
+    """pack_group: the call's group, one that packs into the tile (config.check and decode_config say so)."""
+    base = fa3._PACKED_CONFIGS[128]
+    q, k = _qk(2, 4, 32, 8, 100)
+    fa3._check_problem(dataclasses.replace(base, pack_group=4), q, k)
+    with pytest.raises(ValueError, match="pack_group=8 but num_heads / num_heads_kv = 4"):
+        fa3._check_problem(dataclasses.replace(base, pack_group=8), q, k)
+    with pytest.raises(ValueError, match="pack_group=5 must divide tile_m=64"):
+        dataclasses.replace(base, pack_group=5).check(128)
+    with pytest.raises(ValueError, match="pack_group"):
+        dataclasses.replace(fa3.DEFAULT_CONFIGS[128], pack_group=4).check(128)  # without pack_gqa
+    q, k = _qk(1, 4, 40, 8, 100)
+    with pytest.raises(ValueError, match="pack_gqa=True: a group of 5"):
+        fa3.decode_config(q, k, True, pack_gqa=True)
+    q, k = _qk(1, 1, 40, 8, 100)  # Nq = 1: host views, any group
+    assert fa3.decode_config(q, k, True, pack_gqa=True).pack_group == 0
+    q, k = _qk(1, 4, 32, 8, 100)
+    assert fa3.decode_config(q, k, True, pack_gqa=True, num_splits=3) == dataclasses.replace(base, pack_group=4,
+                                                                                              num_splits=3)
 
 
 def test_pack_gqa_config_refuses_more_than_one_query_row():

@@ -54,3 +54,20 @@ def test_split_merge_kernel_compiles(arch, head_dim):
     assert counts["HMMA"] == counts["HGMMA"] == counts["UTMALDG"] == 0
     with pytest.raises(ValueError, match="head_dim"):
         split_combine.MergeConfig().check(80)
+
+
+@pytest.mark.parametrize("head_dim,group,num_splits", [(128, 4, 0), (128, 4, 1), (64, 8, 0), (128, 128, 1)],
+                         ids=["d128-g4-split", "d128-g4-whole", "d64-g8-split", "d128-g128-whole"])
+def test_fa3_packed_rows_compile_without_spills(head_dim, group, num_splits):
+    """Packed GQA at seqlen_q > 1 (pack_group: Q and O as ((G, seqlen_q)) rows, one 5-D TMA box of (G, 64 / G)
+    or (64, 1) rows, causal masking by row // G): builds causal and not with no spills; causal adds the mask."""
+    config = dataclasses.replace(fa3._PACKED_CONFIGS[head_dim], num_splits=num_splits, pack_group=group)
+    counts = {}
+    for causal in (True, False):
+        c = registry.compiled(registry.static_config("fa3", "sm_90a", "bf16", head_dim, causal, config))
+        counts[causal] = cubin.count_sass(cubin.sass_of(c.cubin))
+        res = cubin.cubin_resources(c.cubin)
+        assert counts[causal]["LDL"] == counts[causal]["STL"] == 0 and res["spill_bytes"] == 0, (counts, res)
+        assert counts[causal]["HGMMA"] > 0 and counts[causal]["UTMALDG"] > 0
+        assert (counts[causal]["UTMASTG"] > 0) == (num_splits == 1)  # TMA store of O unless split (partials)
+    assert counts[True] != counts[False]  # the causal kernel masks (per packed row's position)

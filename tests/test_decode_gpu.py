@@ -163,7 +163,7 @@ def test_cuda_graph_replay_of_a_split_decode_step(pack_gqa):
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("backend", ["fa3", "auto"])
-@pytest.mark.parametrize("nq", [1, 4])
+@pytest.mark.parametrize("nq", [1, 4, 16])
 def test_seqlens_k_through_the_api(backend, causal, nq, split_kv, pack_gqa):
     """A KV cache padded to 1023 keys with lengths 0, 1, odd and full in one batch; the padding holds NaN
     and must never be read; rows of a length-0 sequence are 0 with LSE -inf."""
@@ -250,9 +250,67 @@ def test_split_options_through_the_public_api(options):
     refs = references(q, k, v, causal=True)
     assert (ok := check_against_reference(out, q, k, v, True, refs=refs)).ok, ok
     assert (ok := check_lse(lse, q, k, v, True, refs=refs)).ok, ok
-    q3 = torch.randn(3, 3, 32, 128, dtype=BF16, device="cuda")
-    with pytest.raises(ValueError, match="pack_gqa"):
+    q3 = torch.randn(3, 3, 40, 128, dtype=BF16, device="cuda")  # group 5 does not pack at seqlen_q > 1
+    with pytest.raises(ValueError, match="pack_gqa=True: a group of 5"):
         fa_variants.attention(q3, k, v, backend="fa3", pack_gqa=True)
+
+
+# ----- packed GQA at seqlen_q > 1 (Sm90Config.pack_group: the kernel packs; causal per row's position) ------
+
+PACKED_ROWS_SHAPES = [  # (batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim); 5 (group, D) compiles x 4
+    (1, 4, 4096, 32, 8, 128), (2, 16, 1023, 32, 8, 128), (3, 5, 113, 64, 8, 64), (2, 2, 4224, 8, 2, 128),
+    (1, 16, 7, 8, 2, 128),   # Nq > Nk: causal rows that see no key
+    (2, 4, 301, 8, 1, 64),   # MQA, group 8
+    (1, 5, 1000, 32, 1, 64),  # MQA, group 32: 160 rows, three tiles (the last one's tail past the rows)
+    (1, 3, 300, 128, 1, 64),  # group 128: two tiles per query position
+    (1, 16, 1, 64, 8, 128),   # one key
+]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("num_splits", [1, 3, 0], ids=lambda n: f"splits{n}")
+@pytest.mark.parametrize("shape", PACKED_ROWS_SHAPES, ids=["x".join(map(str, s)) for s in PACKED_ROWS_SHAPES])
+def test_packed_rows_match_reference(shape, num_splits, causal):
+    """Packed GQA with query positions (Nq 2-16) in auto's 64-row tile: O and LSE within the rule of float64,
+    causal bottom-right per row, rows that see no key O = 0 / LSE -inf, outputs poisoned with NaN first."""
+    b, nq, nk, h, hkv, d = shape
+    q, k, v = _qkv(b, nq, nk, h, hkv, d)
+    config = dataclasses.replace(fa3._PACKED_CONFIGS[d], num_splits=num_splits, pack_group=h // hkv)
+    out, lse = fa3.run(q, k, v, causal=causal, softmax_scale=0.11, config=config)
+    refs = references(q, k, v, causal=causal, softmax_scale=0.11)
+    assert not out.isnan().any() and not lse.isnan().any()
+    assert torch.equal(lse == -math.inf, refs.lse == -math.inf)
+    assert (ok := check_against_reference(out, q, k, v, causal, 0.11, refs=refs)).ok, ok
+    assert (ok := check_lse(lse, q, k, v, causal, 0.11, refs=refs)).ok, ok
+
+
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_packed_rows_are_the_unpacked_maths(num_splits):
+    """Nq = 4, 32:8: a packed row walks the unpacked row's K/V tiles (the tile's causal range is its last
+    position's either way): the two agree far below bf16 rounding at the same split count."""
+    q, k, v = _qkv(8, 4, 2049, 32, 8, 128)
+    plain, plain_lse = fa3.run(q, k, v, causal=True, softmax_scale=0.088,
+                               config=dataclasses.replace(fa3.DEFAULT_CONFIGS[128], num_splits=num_splits))
+    packed, packed_lse = fa3.run(q, k, v, causal=True, softmax_scale=0.088, config=dataclasses.replace(
+        fa3._PACKED_CONFIGS[128], num_splits=num_splits, pack_group=4))
+    assert (packed.float() - plain.float()).abs().max().item() <= 2 ** -8 * plain.float().abs().max().item()
+    assert (packed_lse - plain_lse).abs().max().item() <= 1e-5
+
+
+def test_auto_packs_query_rows_through_the_public_api(split_kv, pack_gqa):
+    """B=64 / B=1, Nq=16, Nk=4096, 32:8 (the decode table's miss: K/V read once per query head): `auto` packs
+    with pack_group 4 (B=1 also splits) and the result passes the rule; pack_gqa=False forces it off."""
+    import fa_variants
+
+    for b in (64, 1):
+        q, k, v = _qkv(b, 16, 4096, 32, 8, 128)
+        cfg = fa3._problem_config(None, q, k, True)
+        assert cfg is not None and cfg.pack_group == 4 and (cfg.num_splits == 1) == (b == 64), (b, cfg)
+        refs = references(q, k, v, causal=True)
+        for options in (dict(), dict(pack_gqa=False)):
+            out, lse = fa_variants.attention(q, k, v, causal=True, backend="auto", return_lse=True, **options)
+            assert (ok := check_against_reference(out, q, k, v, True, refs=refs)).ok, (options, ok)
+            assert (ok := check_lse(lse, q, k, v, True, refs=refs)).ok, (options, ok)
 
 
 # ----- the merge kernel (common.split_combine) -------------------------------------------------------------

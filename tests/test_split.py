@@ -267,3 +267,57 @@ def test_combine_model_equals_the_torch_merge():
     assert torch.allclose(lse_k[~nan_row], lse_t[~nan_row], rtol=1e-6, atol=1e-5)
     ok = ~nan_row.permute(0, 2, 1)
     assert torch.allclose(out_k[ok], out_t[ok], rtol=1e-5, atol=1e-6)
+
+
+# ----- packed GQA for seqlen_q > 1 (Sm90Config.pack_group: the kernel packs, rows masked by their position) --
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape,num_splits", [
+    ((2, 4, 300, 32, 8, 64), 3),    # 32:8, 4 x 4 rows in one 64-row tile, the diagonal across split ends
+    ((1, 5, 77, 64, 8, 64), 1),     # 64:8: 40 rows, the tile's tail (24 rows) past the last position
+    ((1, 2, 113, 8, 2, 64), 16),    # 8:2, odd Nk, more splits than tiles
+    ((1, 16, 33, 8, 1, 64), 4),     # MQA 8:1: 128 rows, two tiles per KV head
+    ((1, 16, 10, 32, 8, 64), 2),    # Nq > Nk: causal rows that see no key (O 0, LSE -inf)
+    ((1, 3, 200, 128, 1, 64), 3),   # group 128: two tiles per query position
+    ((2, 16, 1023, 32, 8, 64), 5),  # decode's Nq = 16
+])
+def test_model_packed_rows_per_position_match_float64(shape, num_splits, causal):
+    """Packed GQA at seqlen_q > 1 (64-row tiles, auto's): every row masked by its own query position r // G
+    (bottom-right), O and LSE within the rule of float64, rows seeing no key O = 0 / LSE -inf; a model that
+    masked by the packed row index instead fails these cases (checked when written)."""
+    (q, k, v), out, lse = _model_case(*shape, causal, 0.125, (64, 16), num_splits, seed=sum(shape), pack_gqa=True)
+    refs = references(q, k, v, causal=causal, softmax_scale=0.125)
+    assert not out.isnan().any() and not lse.isnan().any()
+    assert torch.equal(lse == -math.inf, refs.lse == -math.inf)
+    assert (ok := check_against_reference(out, q, k, v, causal, 0.125, refs=refs)).ok, ok
+    assert (ok := check_lse(lse, q, k, v, causal, 0.125, refs=refs)).ok, ok
+
+
+def test_model_packed_rows_equal_unpacked_rows():
+    """At Nq = 4, 32:8, the packed tile's causal range is its last position's, as the unpacked tile's: every row
+    walks the same K/V tiles and splits, so packed and unpacked agree far below bf16 rounding."""
+    args = (2, 4, 777, 32, 8, 64, True, 0.09, (64, 128), 3)
+    _, packed, lse_p = _model_case(*args, seed=5, pack_gqa=True)
+    _, plain, lse_u = _model_case(*args, seed=5)
+    assert (packed.float() - plain.float()).abs().max().item() <= 2 ** -8 * plain.float().abs().max().item()
+    assert (lse_p - lse_u).abs().max().item() < 1e-5
+
+
+def test_block_info_packed_rows():
+    """BlockInfo with qhead_per_kvhead = G: a tile's K/V range ends at its last row's position, its causal
+    tiles start at its first row's; G = 1 is the unpacked arithmetic."""
+    pytest.importorskip("cutlass")
+    from fa_variants.common.mask import BlockInfo
+    from fa_variants.common.pack_gqa import packable, packed_row_tiles
+
+    plain, packed = BlockInfo(64, 16, True), BlockInfo(64, 16, True, 4)
+    # Nq 40, Nk 100, G 4: tile 0 = positions 0..15, tile 2 = positions 32..39
+    assert packed.kv_tile_end(0, 40, 100) == -(-(16 + 60) // 16) and packed.kv_tile_end(2, 40, 100) == -(-100 // 16)
+    assert packed.kv_tile_causal_start(1, 40, 100) == (16 + 60 + 1) // 16
+    for m in range(3):
+        assert BlockInfo(64, 16, True, 1).kv_tile_end(m, 150, 300) == plain.kv_tile_end(m, 150, 300)
+    big = BlockInfo(64, 16, True, 128)  # tiles 2i, 2i + 1 hold position i
+    assert big.kv_tile_end(3, 5, 20) == -(-(2 + 16) // 16) and big.kv_tile_causal_start(3, 5, 20) == (1 + 15 + 1) // 16
+    assert packable(4, 64) and packable(128, 64) and packable(1, 64) and not packable(5, 64) and not packable(96, 64)
+    assert packed_row_tiles(16, 4, 64) == 1 and packed_row_tiles(5, 8, 64) == 1 and packed_row_tiles(16, 8, 64) == 2

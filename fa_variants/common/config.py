@@ -84,7 +84,11 @@ class Sm90Config:
         head are the rows of one Q tile, so each K/V tile is read once per KV head instead of once per query
         head. The host passes Q, O and LSE as views with the group as their seqlen and num_heads_kv heads
         (no copy); the kernel runs as MHA, unmasked (at seqlen_q = 1 causal hides no key). Only for
-        seqlen_q = 1 (``hopper.fa3.pack_gqa_views``).
+        seqlen_q = 1 (``hopper.fa3.pack_gqa_views``) unless pack_group is set.
+    pack_group: 0, or (with pack_gqa) the group G = num_heads / num_heads_kv fixed at compile time, for any
+        seqlen_q: the kernel itself packs row r of a Q tile as query head r % G (of the KV head) at query
+        position r // G (``common.pack_gqa``), masking each row causally by its own position. G must divide
+        tile_m, or tile_m divide G (the TMA box of Q and O is (G, tile_m / G) or (tile_m, 1) rows).
     """
 
     tile_m: int = 128
@@ -100,6 +104,7 @@ class Sm90Config:
     shared_kv_state: bool = False
     first_pv_overwrites: bool = False
     epilogue_arrive: bool = False
+    pack_group: int = 0
 
     @property
     def consumer_warpgroups(self) -> int:
@@ -126,6 +131,11 @@ class Sm90Config:
             raise ValueError(f"num_splits={self.num_splits!r} must be an int >= 0 (1: off, 0: chosen per call)")
         if not isinstance(self.pack_gqa, bool):
             raise ValueError(f"pack_gqa={self.pack_gqa!r} must be a bool")
+        g = self.pack_group
+        if not isinstance(g, int) or g < 0 or (g and not self.pack_gqa):
+            raise ValueError(f"pack_group={g!r} must be 0, or an int >= 1 with pack_gqa=True")
+        if g and self.tile_m % g and g % self.tile_m:
+            raise ValueError(f"pack_group={g} must divide tile_m={self.tile_m} or be a multiple of it")
         if self.smem_bytes(head_dim) > smem_capacity(arch):
             raise ValueError(f"{self} needs {self.smem_bytes(head_dim)} B of shared memory at head_dim={head_dim} "
                              f"(max {smem_capacity(arch)})")

@@ -13,6 +13,12 @@ and key tiles of tile_n columns:
   K/V-outer loop of FA1): i >= q_tile_start(n) <=> n < kv_tile_end(i), and i >= q_tile_unmasked_start(n)
   <=> n < kv_tile_causal_start(i).
 
+Packed GQA (``qhead_per_kvhead`` = G > 1, fa3's decode path): the tile rows are (query head, query position)
+pairs of one KV head, row r holding query position r // G (the G heads of a position are adjacent rows).
+seqlen_q stays the number of query positions; a tile's rows are compared by their own position, so the
+bottom-right diagonal is the same as unpacked (``kv_tile_end`` / ``kv_tile_causal_start`` and
+``AttentionMask.apply``). The K/V-outer helpers (``q_tile_*``) are for unpacked tiles only.
+
 The tile arithmetic works on Python ints (the CPU tests) and on DSL Int32 values alike.
 Adapted in shape (small frozen objects) from Dao-AILab/flash-attention:flash_attn/cute/block_info.py::BlockInfo
 and flash_attn/cute/mask.py::AttentionMask.
@@ -45,20 +51,26 @@ class BlockInfo:
     tile_m: int
     tile_n: int
     causal: bool
+    qhead_per_kvhead: int = 1  # packed GQA: G tile rows per query position (module docstring)
 
     def kv_tile_end(self, m_block, seqlen_q, seqlen_k):
         """One past the last K/V tile that query tile `m_block` needs (0: none)."""
         n_end = _ceil_div(seqlen_k, self.tile_n)
         if self.causal:
-            last_row = _min(m_block * self.tile_m + self.tile_m, seqlen_q)  # rows < last_row exist
-            keys = last_row + seqlen_k - seqlen_q  # keys 0 .. keys-1 are visible to its last row
+            g = self.qhead_per_kvhead
+            last_row = _min(m_block * self.tile_m + self.tile_m, seqlen_q * g)  # rows < last_row exist
+            positions = last_row if g == 1 else _ceil_div(last_row, g)  # its last row's query position + 1
+            keys = positions + seqlen_k - seqlen_q  # keys 0 .. keys-1 are visible to its last row
             n_end = _min(n_end, _ceil_div(_max(keys, 0), self.tile_n))
         return n_end
 
     def kv_tile_causal_start(self, m_block, seqlen_q, seqlen_k):
         """First K/V tile crossing the causal diagonal for some row of query tile `m_block`: tile n is
         fully visible to the tile's first row iff (n + 1) tile_n - 1 <= m_block tile_m + shift."""
-        first = m_block * self.tile_m + seqlen_k - seqlen_q + 1  # keys 0 .. first-1 visible to the first row
+        position = m_block * self.tile_m  # of the tile's first row (non-negative: // is exact)
+        if self.qhead_per_kvhead != 1:
+            position = position // self.qhead_per_kvhead
+        first = position + seqlen_k - seqlen_q + 1  # keys 0 .. first-1 visible to the first row
         return _max(first, 0) // self.tile_n
 
     def q_tile_start(self, n_block, seqlen_q, seqlen_k):
@@ -91,6 +103,7 @@ class AttentionMask:
     seqlen_q: Int32
     seqlen_k: Int32
     select: bool = True
+    qhead_per_kvhead: int = 1  # packed GQA: tile row r is query position r // G (module docstring)
 
     @cute.jit
     def apply(self, s: cute.Tensor, coord: cute.Tensor, coord0: cute.Tensor, row_start: Int32, col_start: Int32,
@@ -112,11 +125,18 @@ class AttentionMask:
                             s[r, c] = -Float32.inf
         else:
             # key j visible to query i iff j <= i + seqlen_k - seqlen_q
-            shift = self.seqlen_k - self.seqlen_q + row_start + thr_row + 1 - col_start - thr_col
+            g = self.qhead_per_kvhead
+            if const_expr(g == 1):
+                shift = self.seqlen_k - self.seqlen_q + row_start + thr_row + 1 - col_start - thr_col
+            else:
+                shift = self.seqlen_k - self.seqlen_q + 1 - col_start - thr_col
             for r in cutlass.range_constexpr(n_rows):
                 limit = end_limit
                 if const_expr(mask_causal):
-                    limit = shift + coord0[r, 0][0]
+                    if const_expr(g == 1):
+                        limit = shift + coord0[r, 0][0]
+                    else:  # packed rows: this row's own query position (one division by G per row)
+                        limit = shift + (row_start + thr_row + coord0[r, 0][0]) // g
                     if const_expr(mask_seqlen):
                         limit = cutlass.min(limit, end_limit)
                 for c in cutlass.range_constexpr(n_cols):

@@ -12,8 +12,11 @@ the same tile arithmetic (``common.mask.BlockInfo``) and the same choices:
   input dtype for O += P V (fp32 accumulation), O / l and LSE = (m c + log2 l) ln 2 at the end;
 * one split: O rounded to the input dtype (the TMA epilogue); more: fp32 partials merged by
   ``common.split.merge`` (or ``combine_model``: the merge kernel ``common.split_combine``) and rounded once;
-* packed GQA (``Sm90Config.pack_gqa``, seqlen_q = 1): the CTAs see Q, O, LSE and the partials through
-  ``hopper.fa3.pack_gqa_views`` (the very function the host uses), unmasked, as the kernel runs them.
+* packed GQA (``Sm90Config.pack_gqa``), seqlen_q = 1: the CTAs see Q, O, LSE and the partials through
+  ``hopper.fa3.pack_gqa_views`` (the very function the host uses), unmasked, as the kernel runs them;
+  seqlen_q > 1 (``pack_group``): tile row r is query head r % G at position r // G (``common.pack_gqa``; the
+  model packs copies, the kernel views), masked causally by its own position (``BlockInfo`` with
+  ``qhead_per_kvhead``).
 
 It differs from the GPU only where the hardware rounds differently (MMA summation order, ex2/rcp
 approximations): a model of the algorithm and its precision, not a bitwise emulator.
@@ -37,7 +40,8 @@ def split_kv_model(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     Args:
         q: (batch, seqlen_q, num_heads, head_dim); k, v: (batch, seqlen_k, num_heads_kv, head_dim); one
             16-bit float dtype (the MMA operand type), CPU. softmax_scale > 0.
-        tile_m, tile_n: the kernel config's tiles; num_splits >= 1; pack_gqa: packed GQA (seqlen_q = 1);
+        tile_m, tile_n: the kernel config's tiles; num_splits >= 1; pack_gqa: packed GQA (seqlen_q = 1: the
+            host's views; more: the kernel's packing, which needs ``common.pack_gqa.packable(G, tile_m)``);
         merge: "torch" (``split.merge``) or "kernel" (``combine_model``, the merge kernel's maths).
     Returns:
         (out like q, lse float32 (batch, num_heads, seqlen_q)), natural log.
@@ -47,14 +51,26 @@ def split_kv_model(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     o_parts = torch.full((num_splits * batch, seqlen_q, heads, head_dim), math.nan)
     lse_parts = torch.full((num_splits * batch, heads, seqlen_q), math.nan)
     q_cta, o_cta, lse_cta = q, o_parts, lse_parts
-    if pack_gqa:
+    group = 1
+    if pack_gqa and seqlen_q <= 1:
         from fa_variants.hopper.fa3 import pack_gqa_views
 
-        assert seqlen_q <= 1, "packed GQA is for seqlen_q = 1"
         q_cta, o_cta, lse_cta = pack_gqa_views(q, o_parts, lse_parts, k.shape[2])
         causal = False  # as FlashAttention3Sm90.__init__: nothing to hide at seqlen_q = 1
+    elif pack_gqa:
+        from fa_variants.common.pack_gqa import packable
+
+        group = heads // k.shape[2]
+        assert packable(group, tile_m), (group, tile_m)
+        q_cta = _pack(q, group)
+        o_cta = torch.full((num_splits * batch, seqlen_q * group, k.shape[2], head_dim), math.nan)
+        lse_cta = torch.full((num_splits * batch, k.shape[2], seqlen_q * group), math.nan)
     _ctas(q_cta, k, v, o_cta.unflatten(0, (num_splits, batch)), lse_cta.unflatten(0, (num_splits, batch)),
-          causal=causal, softmax_scale=softmax_scale, tile_m=tile_m, tile_n=tile_n, num_splits=num_splits)
+          causal=causal, softmax_scale=softmax_scale, tile_m=tile_m, tile_n=tile_n, num_splits=num_splits,
+          group=group)
+    if group > 1:  # the kernel's packed views write these places of the unpacked buffers
+        o_parts = _unpack(o_cta, group)
+        lse_parts = lse_cta.unflatten(2, (seqlen_q, group)).permute(0, 1, 3, 2).reshape(lse_parts.shape)
     o_parts, lse_parts = o_parts.unflatten(0, (num_splits, batch)), lse_parts.unflatten(0, (num_splits, batch))
     if num_splits == 1:
         return o_parts[0].to(q.dtype), lse_parts[0]
@@ -63,23 +79,37 @@ def split_kv_model(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     return split.merge(o_parts, lse_parts, torch.empty_like(q), torch.empty(batch, heads, seqlen_q))
 
 
+def _pack(q: torch.Tensor, group: int) -> torch.Tensor:
+    """(B, Nq, H, D) -> (B, Nq G, Hkv, D), row i G + g of KV head j = query head j G + g at position i."""
+    batch, seqlen_q, heads, head_dim = q.shape
+    return q.unflatten(2, (heads // group, group)).permute(0, 1, 3, 2, 4).reshape(batch, seqlen_q * group, -1, head_dim)
+
+
+def _unpack(o: torch.Tensor, group: int) -> torch.Tensor:
+    """``_pack``'s inverse: (B, Nq G, Hkv, D) -> (B, Nq, H, D)."""
+    batch, rows, heads_kv, head_dim = o.shape
+    return o.unflatten(1, (rows // group, group)).permute(0, 1, 3, 2, 4).reshape(batch, rows // group, -1, head_dim)
+
+
 def _ctas(q, k, v, o_parts, lse_parts, *, causal: bool, softmax_scale: float, tile_m: int, tile_n: int,
-          num_splits: int) -> None:
+          num_splits: int, group: int = 1) -> None:
     """Every CTA of the split kernel: writes o_parts (num_splits, B, Nq, H, D) and lse_parts (num_splits, B,
-    H, Nq) for the problem (q, k, v) the kernel sees (views of the buffers; packed or not)."""
+    H, Nq) for the problem (q, k, v) the kernel sees (views of the buffers; packed or not). group > 1: q's rows
+    are packed (``_pack``): row r is at query position r // group."""
     from fa_variants.common.mask import BlockInfo  # tile arithmetic on ints; imports the DSL
 
-    batch, seqlen_q, heads, head_dim = q.shape
-    seqlen_k, group = k.shape[1], heads // k.shape[2]
+    batch, rows_q, heads, head_dim = q.shape
+    seqlen_q = rows_q // group  # query positions
+    seqlen_k, kv_group = k.shape[1], heads // k.shape[2]
     c = torch.tensor(softmax_scale * LOG2_E, dtype=torch.float32)
-    blocks = BlockInfo(tile_m, tile_n, causal)
+    blocks = BlockInfo(tile_m, tile_n, causal, group)
     pad = max(-(-seqlen_k // tile_n), 1) * tile_n - seqlen_k  # TMA reads zeros past seqlen_k
-    kf, vf = (torch.nn.functional.pad(t.float(), (0, 0, 0, 0, 0, pad)).repeat_interleave(group, 2).transpose(1, 2)
+    kf, vf = (torch.nn.functional.pad(t.float(), (0, 0, 0, 0, 0, pad)).repeat_interleave(kv_group, 2).transpose(1, 2)
               for t in (k, v))  # (B, H, keys, D)
-    for m_block in range(-(-seqlen_q // tile_m)):
-        r0, r1 = m_block * tile_m, min((m_block + 1) * tile_m, seqlen_q)
+    for m_block in range(-(-rows_q // tile_m)):
+        r0, r1 = m_block * tile_m, min((m_block + 1) * tile_m, rows_q)
         qt = q[:, r0:r1].float().transpose(1, 2)  # (B, H, rows, D)
-        rows = torch.arange(r0, r1).view(-1, 1)
+        rows = torch.arange(r0, r1).view(-1, 1) // group  # query positions
         n_total = max(blocks.kv_tile_end(m_block, seqlen_q, seqlen_k), 1)
         for s, (n_start, n_end) in enumerate(split.split_ranges(n_total, num_splits)):
             if n_end <= n_start:

@@ -24,9 +24,11 @@ with Asynchrony and Low-precision" (2024), sections 3.1 and 3.2:
 * Any sequence lengths: TMA clips loads and stores at the tensor bounds (out-of-bounds rows read
   as zero and are never written back; keys past seqlen_k are masked to -inf).
 * GQA/MQA: query head h reads K/V head h // (num_heads // num_heads_kv). Packed GQA for decode
-  (``Sm90Config.pack_gqa``, seqlen_q = 1): the query heads sharing a KV head are the rows of one Q tile
-  (host-side views, ``pack_gqa_views``), so each K/V tile is read once per KV head; `auto` runs it in
-  64-row tiles (one consumer warpgroup, no ping-pong).
+  (``Sm90Config.pack_gqa``): the query heads sharing a KV head are the rows of one Q tile, so each K/V tile
+  is read once per KV head; at seqlen_q = 1 through host-side views (``pack_gqa_views``), at seqlen_q > 1 with
+  the group fixed at compile time (``pack_group``: Q, O, LSE viewed as ((G, seqlen_q)) rows in the kernel,
+  ``common.pack_gqa``; causal per row's position). `auto` runs it in 64-row tiles (one consumer warpgroup,
+  no ping-pong) when ``pack_helps``.
 
 The output goes registers -> shared memory (reusing Q's buffer) -> global memory by a TMA store.
 Ping-pong and intra-warpgroup overlap are switches of the config (``common.config.Sm90Config``, the FA3
@@ -50,7 +52,7 @@ import cutlass.pipeline as pipeline
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from fa_variants.common import interop, split, split_combine
+from fa_variants.common import interop, pack_gqa, split, split_combine
 from fa_variants.common.cache import StaticConfig
 from fa_variants.common.config import Sm90Config
 from fa_variants.common.launch import Variant
@@ -117,9 +119,11 @@ class FlashAttention3Sm90:
         self.dtype = dtype  # Q, K, V (the MMA operands)
         self.out_dtype = dtype  # O
         self.head_dim = head_dim
-        # Packed GQA runs at seqlen_q = 1 only, where causal hides no key; the packed rows are query heads,
-        # not query positions, so they must not be masked as positions.
-        self.causal = causal and not config.pack_gqa
+        # Packed GQA from host views (pack_group 0) runs at seqlen_q = 1 only, where causal hides no key; its
+        # rows are query heads, not positions, so they must not be masked as positions. With pack_group = G the
+        # kernel packs (common.pack_gqa) and masks each row by its own query position, row // G.
+        self.pack_group = config.pack_group
+        self.causal = causal and (self.pack_group > 0 or not config.pack_gqa)
         self.cfg = config
         self.tile_m, self.tile_n, self.stages = config.tile_m, config.tile_n, config.stages
         self.num_wg = config.consumer_warpgroups
@@ -127,7 +131,7 @@ class FlashAttention3Sm90:
         self.num_threads = WARPGROUP_THREADS * (1 + self.num_wg)
         self.pingpong = config.pingpong
         self.overlap = config.intra_wg_overlap
-        self.blocks = BlockInfo(config.tile_m, config.tile_n, self.causal)
+        self.blocks = BlockInfo(config.tile_m, config.tile_n, self.causal, max(self.pack_group, 1))
         # Split-KV (common.split): O and LSE are fp32 partials of (num_splits * batch) "batches", the count
         # read from their shape at run time; the default path (num_splits == 1) is untouched.
         self.split = getattr(config, "num_splits", 1) != 1
@@ -186,6 +190,9 @@ class FlashAttention3Sm90:
         mQ, mK, mO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0])) for t in (mQ, mK, mO)]
         mV = self._v_view(mV)
         mLSE = cute.make_tensor(mLSE.iterator, cute.select(mLSE.layout, mode=[2, 1, 0]))
+        if const_expr(self.pack_group):  # rows ((G, seqlen_q)) of num_heads_kv heads (common.pack_gqa)
+            mQ, mO = [pack_gqa.pack_rows(t, self.pack_group, 2) for t in (mQ, mO)]
+            mLSE = pack_gqa.pack_rows(mLSE, self.pack_group, 1)
         D = self.head_dim
 
         tiled_mma_qk = make_tiled_mma(self.dtype, self.num_wg, self.tile_n, b_mn_major=False, a_in_registers=False)
@@ -208,7 +215,7 @@ class FlashAttention3Sm90:
         self.bytes_q = cute.size_in_bytes(self.dtype, sQ_layout)
         self.bytes_kv = cute.size_in_bytes(self.dtype, kv_tile)  # a K tile, and a V tile
 
-        num_m_blocks = cute.ceil_div(mQ.shape[0], self.tile_m)
+        num_m_blocks = cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m)
         qhead_per_kvhead = mQ.shape[2] // mK.shape[2]
         # One CTA per (query tile, head, batch), flattened into grid.x (no 65535 limit on heads/batch).
         grid = (num_m_blocks * mQ.shape[2] * mQ.shape[3], 1, 1)
@@ -285,7 +292,7 @@ class FlashAttention3Sm90:
         sK = storage.sK.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
 
-        seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
+        seqlen_q, seqlen_k = self._seqlen_q(mQ), mK.shape[0]
         if const_expr(self.split):
             num_splits = mO.shape[3] // mQ.shape[3]
             m_block, head, batch, split_idx = self._split_coords(num_m_blocks, mQ.shape[2], num_splits)
@@ -298,7 +305,7 @@ class FlashAttention3Sm90:
             else:  # no K/V tile for this split: LSE -inf tells the merge to ignore its (unwritten) O
                 row = cute.arch.thread_idx()[0] - WARPGROUP_THREADS  # consumer thread i: query row i of the tile
                 if row >= 0:
-                    if row < self.tile_m and m_block * self.tile_m + row < seqlen_q:
+                    if row < self.tile_m and m_block * self.tile_m + row < cute.size(mQ.shape[0]):
                         mLSE[m_block * self.tile_m + row, head, out_batch] = -Float32.inf
         else:
             m_block, head, batch = self._tile_coords(num_m_blocks, mQ.shape[2], mQ.shape[3], l2_heads)
@@ -371,6 +378,10 @@ class FlashAttention3Sm90:
         n_total = self._num_kv_blocks(m_block, seqlen_q, seqlen_k)
         n_start = split * n_total // num_splits
         return n_start, (split + 1) * n_total // num_splits - n_start
+
+    def _seqlen_q(self, mQ: cute.Tensor):
+        """Query positions of the problem: mode 0 of Q, or its second part when packed ((G, seqlen_q))."""
+        return mQ.shape[0][1] if const_expr(self.pack_group) else mQ.shape[0]
 
     def _tile(self, n_start, n):
         """Absolute K/V tile index of the n-th tile of this CTA's range (the range starts at 0 unless split)."""
@@ -484,7 +495,8 @@ class FlashAttention3Sm90:
 
         ctx = self._step_context((
             self, wg, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrV, tOrP, acc_O, tScS, t0ScS,
-            softmax, pipe_k, pipe_v, m_block * self.tile_m, AttentionMask(seqlen_q, seqlen_k),
+            softmax, pipe_k, pipe_v, m_block * self.tile_m,
+            AttentionMask(seqlen_q, seqlen_k, qhead_per_kvhead=max(self.pack_group, 1)),
         ), extras, m_block, head, batch)
         if const_expr(not ctx.overwrites_o()):
             acc_O.fill(0.0)
@@ -526,10 +538,11 @@ class FlashAttention3Sm90:
             ctx.schedule_arrive()
 
         lse = ctx.finalize()
+        rows = seqlen_q * self.pack_group if const_expr(self.pack_group) else seqlen_q  # packed: G rows per position
         if const_expr(self.split):
-            self.store_partial(acc_O, lse, mO, mLSE, tiled_mma_pv, tidx, m_block, seqlen_q)
+            self.store_partial(acc_O, lse, mO, mLSE, tiled_mma_pv, tidx, m_block, rows)
         else:
-            self.epilogue(acc_O, lse, mO, mLSE, sO, tma_o, tiled_mma_pv, tidx, m_block, seqlen_q)
+            self.epilogue(acc_O, lse, mO, mLSE, sO, tma_o, tiled_mma_pv, tidx, m_block, rows)
 
     @cute.jit
     def store_partial(self, acc_O, lse, mO, mLSE, tiled_mma_pv, tidx: Int32, m_block: Int32, seqlen_q: Int32):
@@ -837,9 +850,11 @@ def num_splits_for(config: Sm90Config, q: torch.Tensor, k: torch.Tensor, causal:
 #: the kernel's split path on the CPU).
 SPLIT_KV_ENABLED = os.environ.get("FA_VARIANTS_SPLIT_KV", "1") != "0"
 
-#: Whether a call without ``config=`` packs the query heads of a KV head into one tile at seqlen_q = 1 with
-#: GQA/MQA (``Sm90Config.pack_gqa``): each row's maths is unchanged (same tiles of K/V, same order), only
-#: the CTA count (and so `auto`'s split count) changes. False or FA_VARIANTS_PACK_GQA=0: never packed by itself.
+#: Whether a call without ``config=`` packs the query heads of a KV head into one tile with GQA/MQA
+#: (``Sm90Config.pack_gqa``): each row's maths is unchanged (same tiles of K/V, same order), only the CTA
+#: count (and so `auto`'s split count) changes. `auto` packs every seqlen_q = 1 call (host views, any group)
+#: and a seqlen_q > 1 call when ``pack_helps`` (the kernel packs, a compile per group size).
+#: False or FA_VARIANTS_PACK_GQA=0: never packed by itself.
 PACK_GQA_ENABLED = os.environ.get("FA_VARIANTS_PACK_GQA", "1") != "0"
 
 
@@ -856,14 +871,39 @@ def _problem_config(config: Sm90Config | None, q: torch.Tensor, k: torch.Tensor,
         return config
     pack, splits = _auto_choice(q, k, causal)
     if splits:
-        return (_PACKED_SPLIT_CONFIGS if pack else _SPLIT_CONFIGS)[q.shape[-1]]
-    return _PACKED_CONFIGS[q.shape[-1]] if pack else None
+        config = (_PACKED_SPLIT_CONFIGS if pack else _SPLIT_CONFIGS)[q.shape[-1]]
+    elif pack:
+        config = _PACKED_CONFIGS[q.shape[-1]]
+    else:
+        return None
+    return _packed(config, q, k) if pack else config
+
+
+def pack_helps(seqlen_q: int, num_heads: int, num_heads_kv: int, head_dim: int) -> bool:
+    """Whether `auto` packs GQA: at seqlen_q = 1 whenever num_heads > num_heads_kv; at seqlen_q > 1 when the
+    group G packs into the 64-row tile (``common.pack_gqa.packable``) and the packed tiles at most halve the
+    K/V tile reads of the unpacked ones: ceil(G seqlen_q / 64) <= G ceil(seqlen_q / tile_m) / 2 (per KV head;
+    tile_m the head dim's default: a 64-row tile does half a 128-row tile's rows per K/V read, so packing must
+    save at least that). E.g. 32:8 (G 4) packs seqlen_q <= 32 at D 128, 64:8 (G 8) seqlen_q <= 32."""
+    group = num_heads // max(num_heads_kv, 1)
+    if group <= 1 or num_heads % num_heads_kv:
+        return False
+    if seqlen_q == 1:
+        return True
+    packed = _PACKED_CONFIGS[head_dim].tile_m
+    return pack_gqa.packable(group, packed) and 2 * pack_gqa.packed_row_tiles(seqlen_q, group, packed) <= \
+        group * -(-seqlen_q // DEFAULT_CONFIGS[head_dim].tile_m)
+
+
+def _packed(config: Sm90Config, q: torch.Tensor, k: torch.Tensor) -> Sm90Config:
+    """A packed config for this call: seqlen_q = 1 as is (host views); seqlen_q > 1 with the group fixed."""
+    return config if q.shape[1] == 1 else dataclasses.replace(config, pack_group=q.shape[2] // k.shape[2])
 
 
 def _auto_choice(q: torch.Tensor, k: torch.Tensor, causal: bool, pack: bool | None = None) -> tuple[bool, bool]:
     """(pack GQA, split K/V) as `auto` decides them; ``pack`` given: the split decision for that packing."""
     if pack is None:
-        pack = PACK_GQA_ENABLED and q.shape[1] == 1 and q.shape[2] > k.shape[2]
+        pack = PACK_GQA_ENABLED and pack_helps(q.shape[1], q.shape[2], k.shape[2], q.shape[-1])
     probe = (_PACKED_SPLIT_CONFIGS if pack else _SPLIT_CONFIGS)[q.shape[-1]]
     return pack, SPLIT_KV_ENABLED and num_splits_for(probe, q, k, causal) > 1
 
@@ -877,7 +917,18 @@ def decode_config(q: torch.Tensor, k: torch.Tensor, causal: bool, *, num_splits:
     pack, splits = _auto_choice(q, k, causal, pack_gqa)
     if num_splits is None:
         num_splits = 0 if splits else 1
-    return dataclasses.replace((_PACKED_CONFIGS if pack else DEFAULT_CONFIGS)[q.shape[-1]], num_splits=num_splits)
+    if pack:
+        group = q.shape[2] // k.shape[2]
+        if q.shape[1] > 1 and not pack_gqa_fits(group):
+            raise ValueError(f"pack_gqa=True: a group of {group} query heads per KV head does not pack at seqlen_q="
+                             f"{q.shape[1]} (it must divide {_PACKED_CONFIGS[q.shape[-1]].tile_m} or be a multiple of it)")
+        return dataclasses.replace(_packed(_PACKED_CONFIGS[q.shape[-1]], q, k), num_splits=num_splits)
+    return dataclasses.replace(DEFAULT_CONFIGS[q.shape[-1]], num_splits=num_splits)
+
+
+def pack_gqa_fits(group: int) -> bool:
+    """Whether seqlen_q > 1 packs a group of this size (the packed tile: ``common.pack_gqa.packable``)."""
+    return pack_gqa.packable(group, _NARROW["tile_m"])
 
 
 def _auto_configs(head_dim: int) -> tuple[Sm90Config, ...]:
@@ -897,9 +948,13 @@ def _check_problem(config: Sm90Config | None, q: torch.Tensor, k: torch.Tensor) 
     batch, seqlen_q, heads, head_dim = q.shape
     config = config or DEFAULT_CONFIGS[head_dim]
     if config.pack_gqa:
-        if seqlen_q > 1:
-            raise ValueError(f"fa3: pack_gqa packs the query heads of one query row; seqlen_q={seqlen_q} is not 1")
-        seqlen_q, heads = heads // k.shape[2], k.shape[2]
+        if config.pack_group and config.pack_group != heads // k.shape[2]:
+            raise ValueError(f"fa3: config.pack_group={config.pack_group} but num_heads / num_heads_kv = "
+                             f"{heads // k.shape[2]}")
+        if seqlen_q > 1 and not config.pack_group:
+            raise ValueError(f"fa3: pack_gqa without pack_group packs the query heads of one query row; seqlen_q="
+                             f"{seqlen_q} is not 1")
+        seqlen_q, heads = seqlen_q * (heads // k.shape[2]), k.shape[2]
     splits = config.num_splits or split.MAX_SPLITS
     if -(-seqlen_q // config.tile_m) * heads * batch * splits >= 2**31:
         raise ValueError(f"fa3: {batch} x {heads} x ceil({seqlen_q}/{config.tile_m}) x {splits} splits CTAs exceed "
@@ -927,7 +982,7 @@ def _prepare(config: Sm90Config, q, k, v, out, lse, scale: float) -> tuple:
         batch, seqlen_q, heads, head_dim = q.shape
         out = torch.empty((splits * batch, seqlen_q, heads, head_dim), dtype=torch.float32, device=q.device)
         lse = torch.empty((splits * batch, heads, seqlen_q), dtype=torch.float32, device=q.device)
-    if config.pack_gqa:  # views of the same memory: O and LSE land where the unpacked call puts them
+    if config.pack_gqa and not config.pack_group:  # views of the same memory: O and LSE land where unpacked ones do
         q, out, lse = pack_gqa_views(q, out, lse, k.shape[2])
     return q, k, v, out, lse, scale * LOG2_E, l2_section_heads(k.shape[1], q.shape[-1])
 

@@ -1,0 +1,45 @@
+"""Packed GQA for any seqlen_q: the query heads of one KV head and the query positions as the rows of a tile.
+
+With G = num_heads / num_heads_kv query heads per KV head, a kernel that packs sees, per KV head, a "query
+sequence" of G * seqlen_q rows: row r is query head (kv_head * G + r % G) at query position r // G. The G heads
+of a position are adjacent rows, so one tile of tile_m rows covers tile_m / G positions (G <= tile_m) or
+tile_m of the G heads at one position (G a multiple of tile_m). Each K/V tile is then read once per KV head
+and tile instead of once per query head (decode: seqlen_q of 1 to a few dozen rows, FlashAttention-3's
+"pack GQA").
+
+`pack_rows` makes that view of a (seqlen, ..., heads, ...) CuTe tensor (no copy): mode 0 becomes the
+hierarchical ((G, seqlen)) with strides (head stride, seqlen stride) and the head mode num_heads_kv heads of
+stride G * head stride. TMA boxes over the view are (G, tile_m / G) or (tile_m, 1) rows: bounds clip at
+seqlen, so a tile whose rows run past G * seqlen reads zeros there and never writes them back. G is a
+compile-time constant (a kernel per group size; the decode config carries it, ``Sm90Config.pack_group``),
+which keeps the TMA box static and the row -> position division a shift or a multiply.
+
+Row r's position r // G is what causal masking compares (``common.mask``, ``qhead_per_kvhead``).
+Our own formulation of the idea in Dao-AILab/flash-attention (hopper/ and flash_attn/cute/pack_gqa.py, whose
+layouts put the head index fastest in the packed mode too).
+"""
+from __future__ import annotations
+
+
+def packable(group: int, tile_m: int) -> bool:
+    """Whether a group of G query heads per KV head packs into tile_m-row tiles with static TMA boxes:
+    G divides tile_m or tile_m divides G."""
+    return group >= 1 and (tile_m % group == 0 or group % tile_m == 0)
+
+
+def packed_row_tiles(seqlen_q: int, group: int, tile_m: int) -> int:
+    """Tiles of tile_m rows per KV head (and batch) when packed: ceil(G seqlen_q / tile_m)."""
+    return -(-seqlen_q * group // tile_m)
+
+
+def pack_rows(t, group: int, head_mode: int):
+    """A view of CuTe tensor `t` (mode 0 the query positions, mode `head_mode` the query heads) with mode 0
+    ((group, seqlen)) and mode `head_mode` the num_heads // group KV heads (module docstring). Host or device
+    side; `group` a Python int."""
+    import cutlass.cute as cute
+
+    shape, stride = list(t.shape), list(t.stride)
+    head_stride = stride[head_mode]
+    shape[0], stride[0] = (group, shape[0]), (head_stride, stride[0])
+    shape[head_mode], stride[head_mode] = shape[head_mode] // group, head_stride * group
+    return cute.make_tensor(t.iterator, cute.make_layout(tuple(shape), stride=tuple(stride)))
