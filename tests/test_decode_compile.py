@@ -51,6 +51,7 @@ def test_split_merge_kernel_compiles(arch, head_dim):
     counts, res = cubin.count_sass(sass), cubin.cubin_resources(c.cubin)
     assert counts["LDL"] == counts["STL"] == 0 and res["spill_bytes"] == 0, (counts, res)
     assert counts["MUFU.EX2"] >= 2 and "MUFU.LG2" in sass and "STG.E.U16" in sass, counts
+    assert "BAR.SYNC" in sass and "LDS" in sass  # the LSE partials staged in shared memory (one load per thread)
     assert counts["HMMA"] == counts["HGMMA"] == counts["UTMALDG"] == 0
     with pytest.raises(ValueError, match="head_dim"):
         split_combine.MergeConfig().check(80)

@@ -327,7 +327,8 @@ def _partials(splits, batch, nq, h, d):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("splits,batch,nq,h,d", [(16, 3, 1, 32, 128), (5, 2, 3, 8, 64), (64, 1, 1, 4, 256),
-                                                 (2, 7, 16, 8, 96), (1, 2, 1, 4, 128)])
+                                                 (2, 7, 16, 8, 96), (1, 2, 1, 4, 128),
+                                                 (150, 2, 3, 4, 64)])  # 150 splits: 3 chunks of head_dim LSEs
 def test_merge_kernel_equals_the_torch_merge(splits, batch, nq, h, d, dtype):
     from fa_variants.common import split_combine
 

@@ -116,6 +116,20 @@ def test_heuristic():
             assert 1 <= s <= max(1, min(split.MAX_SPLITS, n // split.MIN_BLOCKS_PER_SPLIT))
 
 
+def test_heuristic_fills_the_sms_with_the_shortest_splits():
+    """Issue 13's B=1, Nq=1, 4k keys, 32:8 packed (8 CTAs, 32 tiles of 128) on 132 SMs: 16 splits, 128 CTAs of 2
+    tiles each (the wave-efficiency rule took 14: 112 CTAs, some of 3 tiles, and the longest sets the time);
+    128k keys: 16 too; B=8 packed (64 CTAs): 2 (a second wave would cost more than it saves); the modelled time
+    of the choice is the least over every allowed count."""
+    sms = 132
+    assert split.num_splits_heuristic(8, 32, sms) == 16 and split.num_splits_heuristic(8, 1024, sms) == 16
+    assert split.num_splits_heuristic(64, 32, sms) == 2 and split.num_splits_heuristic(32, 32, sms) == 4
+    for ctas, n in ((8, 32), (3, 100), (16, 1024), (50, 9)):
+        s = split.num_splits_heuristic(ctas, n, sms)
+        cost = lambda c: math.ceil(ctas * c / sms) * (math.ceil(n / c) + split.SPLIT_OVERHEAD_TILES)
+        assert all(cost(s) <= cost(c) for c in range(1, max(1, n // split.MIN_BLOCKS_PER_SPLIT) + 1)), (ctas, n, s)
+
+
 # ----- fa3's split path modelled op by op (common.split_model) against float64 -------------------------------
 
 BF16 = torch.bfloat16

@@ -31,16 +31,21 @@ import torch
 
 MAX_SPLITS = 64
 MIN_BLOCKS_PER_SPLIT = 2  # a split shorter than this spends more on its prologue/epilogue than it saves
+# A CTA's fixed cost (launch slot, Q load, pipeline fill, epilogue, its share of the merge) in K/V tiles.
+SPLIT_OVERHEAD_TILES = 1
 
 
 def num_splits_heuristic(ctas: int, n_blocks: int, num_sms: int, max_splits: int = MAX_SPLITS) -> int:
-    """Splits per query tile: 1 when `ctas` (batch x heads x query tiles) already give every SM work,
-    else the fewest splits whose waves fill the SMs nearly as well as the best count.
+    """Splits per query tile: 1 when `ctas` (batch x heads x query tiles) already give every SM work, else the
+    count with the least modelled time, the fewest on a tie.
 
     ctas: CTAs without splitting; n_blocks: K/V tiles per query tile (the longest); num_sms: SMs of the GPU.
-    Wave efficiency of s splits: (ctas s / num_sms) / ceil(ctas s / num_sms); counts giving a split fewer
-    than MIN_BLOCKS_PER_SPLIT tiles are not considered. After the heuristic of Dao-AILab/flash-attention
-    (hopper/heuristics.h::num_splits_heuristic), in our own terms.
+    Model (one CTA per SM, true of every fa3 config: 240 registers x 256+ threads): s splits take
+    ceil(ctas s / num_sms) waves of ceil(n_blocks / s) + SPLIT_OVERHEAD_TILES tile times each; counts giving a
+    split fewer than MIN_BLOCKS_PER_SPLIT tiles are not considered. At B = 1, 32:8 packed (8 CTAs) and 4k keys
+    (32 tiles) on 132 SMs it takes 16 splits (128 CTAs of 2 tiles) where the wave-efficiency rule of
+    Dao-AILab/flash-attention (hopper/heuristics.h::num_splits_heuristic, which this replaced) took 14 (112 CTAs,
+    some with 3 tiles: the longest CTA sets the time).
     """
     if ctas <= 0 or n_blocks <= 0 or num_sms <= 0:
         return 1
@@ -48,12 +53,10 @@ def num_splits_heuristic(ctas: int, n_blocks: int, num_sms: int, max_splits: int
         return 1
     limit = max(1, min(max_splits, num_sms, n_blocks // MIN_BLOCKS_PER_SPLIT))
 
-    def efficiency(s: int) -> float:
-        waves = ctas * s / num_sms
-        return waves / math.ceil(waves)
+    def cost(s: int) -> int:
+        return math.ceil(ctas * s / num_sms) * (math.ceil(n_blocks / s) + SPLIT_OVERHEAD_TILES)
 
-    best = max(efficiency(s) for s in range(1, limit + 1))
-    return next(s for s in range(1, limit + 1) if efficiency(s) >= 0.85 * best)
+    return min(range(1, limit + 1), key=lambda s: (cost(s), s))
 
 
 def check_options(num_splits, pack_gqa) -> None:

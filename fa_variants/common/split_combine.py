@@ -13,7 +13,9 @@ row. With S = the split count and LSE_s, O_s the partials of the row (``hopper.f
 The sums run over s = 0 .. S-1 in that order for every row, so a row's result depends on its split count
 only, never on the batch or the other rows (docs/edge_cases.md, EC-19). A NaN LSE_s makes l, LSE and O NaN
 (as the unsplit kernel's row would be). exp and log are ex2 / lg2 (MUFU) with log2(e) folded in. The O loop
-is unrolled by 4 so that the loads of 4 splits are in flight together (the adds stay in split order).
+is unrolled by 8 so that the loads of 8 splits are in flight together (the adds stay in split order). The
+LSE_s are staged in shared memory, head_dim splits at a time, by one load per thread (``_stage``): three
+passes over them cost one memory latency each instead of one per split.
 ``common.split_model.combine_model`` is this maths in torch (CPU tests).
 Plain loads and stores: built for sm_80 and sm_90a. Our own design (no source followed).
 """
@@ -73,26 +75,48 @@ class SplitMerge:
         b = bid // (seqlen_q * heads)
         splits = mOparts.shape[0] // batch
 
+        # LSE_s of the row, head_dim splits at a time: one load per thread into shared memory (all in flight
+        # together), then every thread reads them in split order (a loop of dependent global loads was one
+        # memory latency per split: ~S x 0.3-0.5 us at B = 1).
+        sLSE = cutlass.memory.SmemAllocator().allocate_tensor(Float32, cute.make_layout(self.head_dim), 16)
         m = -Float32.inf
-        for s in cutlass.range(splits, unroll=1):
-            m = cutlass.max(m, mLSEparts[s * batch + b, head, row])
+        for c0 in cutlass.range(0, splits, self.head_dim, unroll=1):
+            self._stage(sLSE, mLSEparts, c0, col, splits, batch, b, head, row)
+            for i in cutlass.range(cutlass.min(self.head_dim, splits - c0), unroll=4):
+                m = cutlass.max(m, sLSE[i])
         m_safe = m
         if m == -Float32.inf:
             m_safe = Float32(0.0)
         l = Float32(0.0)
-        for s in cutlass.range(splits, unroll=1):
-            l += cute.math.exp2((mLSEparts[s * batch + b, head, row] - m_safe) * LOG2_E, fastmath=True)
+        for c0 in cutlass.range(0, splits, self.head_dim, unroll=1):
+            self._stage(sLSE, mLSEparts, c0, col, splits, batch, b, head, row)
+            for i in cutlass.range(cutlass.min(self.head_dim, splits - c0), unroll=4):
+                l += cute.math.exp2((sLSE[i] - m_safe) * LOG2_E, fastmath=True)
         lse = -Float32.inf
         acc = Float32(0.0)
-        if l != Float32(0.0):
+        if l != Float32(0.0):  # the same for every thread of the CTA: the barriers in _stage are uniform
             lse = m_safe + cute.math.log2(l, fastmath=True) * LN_2
-            for s in cutlass.range(splits, unroll=4):
-                x = mLSEparts[s * batch + b, head, row]
-                if x != -Float32.inf:
-                    acc += cute.math.exp2((x - lse) * LOG2_E, fastmath=True) * mOparts[s * batch + b, row, head, col]
+            for c0 in cutlass.range(0, splits, self.head_dim, unroll=1):
+                self._stage(sLSE, mLSEparts, c0, col, splits, batch, b, head, row)
+                for i in cutlass.range(cutlass.min(self.head_dim, splits - c0), unroll=8):
+                    x = sLSE[i]
+                    if x != -Float32.inf:
+                        acc += cute.math.exp2((x - lse) * LOG2_E, fastmath=True) * mOparts[(c0 + i) * batch + b, row, head, col]
         mO[b, row, head, col] = acc.to(self.out_dtype)
         if col == 0:
             mLSE[b, head, row] = lse
+
+    @cute.jit
+    def _stage(self, sLSE: cute.Tensor, mLSEparts: cute.Tensor, c0: Int32, col: Int32, splits: Int32, batch: Int32,
+               b: Int32, head: Int32, row: Int32):
+        """sLSE[i] = LSE of split c0 + i for i < min(head_dim, splits - c0) (thread i loads one), between two
+        barriers: the previous chunk's reads are done before, the writes visible after."""
+        cute.arch.sync_threads()
+        x = -Float32.inf
+        if c0 + col < splits:
+            x = mLSEparts[(c0 + col) * batch + b, head, row]
+        sLSE[col] = x
+        cute.arch.sync_threads()
 
 
 def fake_args(dtype: str, head_dim: int, align: int = interop.DEFAULT_ALIGN):
