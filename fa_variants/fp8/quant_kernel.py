@@ -1,36 +1,67 @@
 """The FP8 quantisation pass as a CuTe DSL kernel (variant "fp8-quant"): the recipe of
-``fa_variants.fp8.quantize`` on the GPU, reading each 16-bit tensor once.
+``fa_variants.fp8.quantize`` on the GPU, one launch per tensor, each 16-bit element read once.
 
-One CTA per scale block: ``rows`` (= TILE_M or tile_n, 128) tokens of one (batch, head), all head_dim
-channels. Thread layout: a token's head_dim channels are spread over L = head_dim / 8 consecutive lanes, 8
-contiguous channels each (one 16-byte load); 16 tokens per step, ``rows / 16`` steps, so 2 * head_dim threads
-per CTA and 64 fp32 values per thread for every head_dim (64, 128, 256). Per block:
+Why this shape (issue 10: the pass must run at >= 70% of the device's copy bandwidth). The pass is
+memory-bound: per element it reads 2 bytes and writes 1 (plus a float32 descale per block), and a scale
+block (``rows`` tokens x head_dim of one (batch, head); rows = TILE_M for Q, tile_n for K / V, taken from
+``fp8.layout``, a parameter here) must be complete (its amax known) before any of its e4m3 bytes is written.
+Keeping a device's HBM busy needs ~ bandwidth x latency bytes in flight: ~4.3 TB/s x ~1 us ~ 4 MB on an
+H200, ~32 KB per SM, all the time. The previous pass (one CTA per block, load -> transform -> reduce ->
+store) had loads in flight only during its load phase, 1-2 CTAs per SM at D = 128 / 256 (128 registers for
+64 values), and 4-5 shuffle stages of the Hadamard per value (11-26% of copy measured with the host work).
 
-1. load (16-byte vectors; tokens past seqlen are not read), convert to fp32;
-2. Q / K: K minus its mean over tokens (``smooth``; the mean comes from ``quantize.k_mean``, one torch
-   reduction, so torch and this pass subtract the same numbers: K is read twice in all, Q and V once), times
-   the random signs, then the fast Walsh-Hadamard transform (``rotate``): stages h = 1, 2, 4 inside a
-   thread's 8 registers, then h = 8, 16, ... across the lanes of the token with ``shfl.bfly`` (lane ^ m),
-   the pair (a, b) -> (a + b, a - b) exactly as ``quantize.fwht`` does in the same order; times
-   float32(1 / sqrt(head_dim)). Bitwise the torch maths.
-3. amax of the block: per-thread max, warp butterfly max, then across warps through shared memory;
-   descale = the power of two of ``quantize.descale_from_amax`` (the same integer arithmetic on the
-   float32 bits); mode "amax" writes the amax instead and stops (per-head / per-tensor baselines: torch
-   reduces the amaxes, a second launch in mode "given" reads the descale);
-4. e4m3 = cvt.rn.satfinite(x * (1 / descale)) after a clamp to +-448 (as torch clamps), stored with
-   8-byte vectors (Q, K: same layout as the input) or, for V, transposed through shared memory into
-   ``v_t`` (batch, num_heads_kv, head_dim, seqlen_k_padded) with the token order of ``layout.v_token_order``
-   inside each group of 16 (token u of a group goes to position 4 ((u >> 1) & 3) + 2 (u >> 3) + (u & 1))
-   and zeros for the padding tokens, written as 16-byte rows.
+Design:
 
-Only plain loads / stores, shuffles, shared memory and the f32 -> e4m3 conversion (no TMA, no WGMMA): it runs
-on sm_89 (Ada) as well as sm_90 (so it is testable on more GPUs), and a memory-bound pass gains nothing from
-Hopper's units here. Not sm_80/86: their PTX has no e4m3 conversion (``cvt.rn.satfinite.e4m3x2.f32`` needs
-sm_89; libNVVM refuses it for sm_80).
-head_dim 96 (H12 x H8) is not built in the kernel: ``why_not`` says so and ``quantize_fp8`` uses the torch
-path there (the same recipe; slower).
-Learnt from: the FWHT-with-shuffles idea (QuaRot and FlashAttention-3's Hadamard kernels; docs/design.md,
-FP8 notes); the tiled-copy pattern of ``fa_variants.ampere.fa2``.
+* Persistent CTAs (grid = SMs x CTAs that fit per SM, ``num_ctas`` from the host), each walking the
+  blocks cta, cta + grid, ... (tile fastest, then head, then batch: neighbouring CTAs read neighbouring
+  memory). One CTA holds one block in registers: rows * head_dim / 64 threads (128 / 256 / 512 threads
+  for rows 128 and head_dim 64 / 128 / 256), 64 float32 values each (``VEC`` x ``SLOTS``).
+* Prefetch: right after a block's 16-bit values are read back from shared memory, the thread issues the
+  cp.async (16 bytes each, L2 only) of its next block into the same shared memory, so those loads are in
+  flight during the whole transform / reduce / store of the current block: 64 bytes per thread, 32 KB per
+  SM (512 resident threads at <= 128 registers, 1-4 CTAs), always. Each thread reads back only what it
+  loaded (16-byte piece p of thread t at (p * threads + t) * 16 bytes: no bank conflicts, no barrier), and
+  no register holds the prefetch (holding it in registers spilled). No TMA: it also runs on sm_89.
+* 128-bit global accesses (besides V's coalesced 32-bit words and the float32 descale / shift): a thread's
+  values are slots of 16 contiguous channels (two 16-byte loads of 16-bit input, one 16-byte e4m3 store).
+* Q / K (role "qk"): a thread owns one token and the 4 chunks of 16 channels lane * 16 + k * D / 4 + (0..15)
+  (k = 0..3, lane < L = D / 64): channel bits 0-3 and the top two bits are in its registers, the L lanes of
+  a token hold bits 4 .. log2(D / 4) - 1. The Walsh-Hadamard transform runs its stages in the order of
+  ``quantize.fwht`` (h = 1, 2, 4, ..., D / 2; the pair (a, b) -> (a + b, a - b), one float32 rounding
+  each): h = 1..8 in registers, then log2(L) stages across lanes with ``shfl.bfly`` (0 / 1 / 2 for D = 64 /
+  128 / 256; one shuffle and one FMA a +- b per value and stage), then h = D / 4, D / 2 in registers; times
+  float32(1 / sqrt(D)). K smoothing subtracts the mean (``quantize.k_mean``, one torch reduction read by
+  both quantisers so they subtract the same numbers) before the signs. Bit for bit the torch recipe.
+* V (role "v"): a thread owns 16 channels of 4 tokens, those at positions 4t .. 4t + 3 of a 16-token group
+  of ``v_t`` after ``layout.v_token_order`` (tokens 2t, 2t + 1, 2t + 8, 2t + 9): its 4 e4m3 bytes of one
+  channel are one aligned 32-bit word of ``v_t`` and a warp (32 token quads = 128 positions of one channel)
+  writes 128 contiguous bytes per store: the transpose and the permutation cost no shared memory. Tokens
+  past seqlen_k are zeros (padding of ``v_t`` up to a multiple of 16); V is neither smoothed nor rotated.
+* The block amax: a thread's max, a warp butterfly, then across warps through shared memory (two buffers
+  alternating per block: one barrier per block). descale = the power of two of
+  ``quantize.descale_from_amax`` (the same integer arithmetic on the float32 bits, so zero / subnormal
+  blocks get 2^-110); e4m3 = cvt.rn.satfinite(x * (1 / descale)) (saturating to +-448 as torch's clamp;
+  the Hadamard's 1 / sqrt(D) is folded into that multiply and into the amax: same bits, see finish_block).
+* Q with K smoothing (``shift``): the LSE shift softmax_scale * q . mean (``quantize.smoothing_lse_shift``)
+  is computed in the Q pass from the float32 q it holds (no second read of Q, no float32 copy of it); its
+  summation order is the kernel's own, so it equals torch's to float32 rounding, not bit for bit. K's mean
+  (``quantize.k_mean``, torch) is staged per block in shared memory (one barrier).
+  Mode "amax" writes the block amax only (the per-head / per-tensor baselines: torch reduces the amaxes,
+  a launch in mode "given" reads the descale).
+
+Expected bandwidth (an estimate, to be checked by scripts/fp8_quant_bandwidth.py): per SM ~32 KB of loads
+always in flight (the latency x bandwidth product at ~1 us) plus the stores; the work per value (convert,
+signs, smoothing, log2(D) butterflies, amax, scale, e4m3; ~16-19 SASS instructions per value for Q / K at
+D = 128 from the compiled code, shuffles 0-2 per value) is ~85% of the SM's issue rate at the full copy
+rate, ~60% at 70% of it, overlapped with the memory traffic of the other warps. One launch per tensor;
+the default recipe adds torch's K mean (K read once more: the mean must be known before any K block is
+quantised). Not done: one launch for Q, K and V (saves two kernel tails), programmatic dependent launch.
+
+Blocks of more than ``MAX_BLOCK`` values (rows * head_dim > 32768, e.g. tile_n 256 at head_dim 256) do not
+fit one CTA's registers: ``why_not`` says so and ``quantize_fp8`` uses the torch path there, as for head_dim
+96 (H12 x H8, not built here). Not sm_80 / 86: their PTX has no e4m3 conversion (``cvt.rn.satfinite.e4m3x2
+.f32`` needs sm_89). Learnt from: the FWHT-with-shuffles idea (QuaRot and FlashAttention-3's Hadamard
+kernels; docs/design.md, FP8 notes); SageAttention's V token order (``fp8.layout``).
 """
 from __future__ import annotations
 
@@ -44,21 +75,24 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 from cutlass._mlir.dialects import arith as mlir_arith
+from cutlass._mlir.dialects import math as mlir_math
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 from fa_variants.common import interop
 from fa_variants.common.cache import StaticConfig
 from fa_variants.common.launch import Variant
 from fa_variants.fp8 import layout
-from fa_variants.fp8.quantize import (E4M3, E4M3_MAX, MIN_DESCALE_EXPONENT, FP8Config, FP8Inputs, HadamardRotation,
-                                      _check, k_mean, smoothing_lse_shift, tiles_for)
+from fa_variants.fp8.quantize import (E4M3, MIN_DESCALE_EXPONENT, FP8Config, FP8Inputs, HadamardRotation, _check,
+                                      k_mean, tiles_for)
 
 __all__ = ["HEAD_DIMS", "DTYPES", "QuantPass", "why_not", "quantize", "quantize_tensor"]
 
 HEAD_DIMS = (64, 128, 256)
 DTYPES = (torch.float16, torch.bfloat16)
-ROWS_PER_STEP = 16
-VEC = 8  # channels per thread (16 bytes of 16-bit input)
+VEC = 16  # contiguous channels per slot: two 16-byte loads of 16-bit input, one 16-byte e4m3 store
+SLOTS = 4  # slots per thread: 4 chunks of one token (Q / K) or one chunk of 4 tokens (V)
+MAX_THREADS = 512
+MAX_BLOCK = MAX_THREADS * VEC * SLOTS  # 32768 values: the largest rows * head_dim one CTA holds
 MODES = ("block", "amax", "given")
 
 
@@ -72,25 +106,41 @@ def _bits_f32(x: Int32, *, loc=None, ip=None) -> Float32:
     return Float32(mlir_arith.bitcast(T.f32(), x.ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
 
 
+@dsl_user_op
+def _fma(a: Float32, b: Float32, c: Float32, *, loc=None, ip=None) -> Float32:
+    """a * b + c with one rounding (fma.rn.f32)."""
+    return Float32(mlir_math.fma(a.ir_value(loc=loc, ip=ip), b.ir_value(loc=loc, ip=ip), c.ir_value(loc=loc, ip=ip),
+                                 loc=loc, ip=ip))
+
+
 @dataclasses.dataclass(frozen=True)
 class PassConfig:
     """What one compiled pass does (part of the compile key). role: "qk" (e4m3 like the input) or "v"
     (transposed, token-permuted, padded); rotate, smooth: the recipe's steps (Q / K only); mode: "block"
-    (compute the block's descale), "amax" (write the block amax only), "given" (read the descale)."""
+    (compute the block's descale), "amax" (write the block amax only), "given" (read the descale);
+    rows: tokens per scale block (``layout.TILE_M`` for Q, ``layout.tile_n(head_dim)`` for K and V);
+    shift (Q with K smoothing): also write ``scale * q . mean`` per row (``quantize.smoothing_lse_shift``)."""
 
     role: str = "qk"
     rotate: bool = True
     smooth: bool = False
     mode: str = "block"
     rows: int = 128
+    shift: bool = False
 
     def check(self, head_dim: int) -> None:
-        if self.role not in ("qk", "v") or self.mode not in MODES or self.rows % ROWS_PER_STEP:
+        """ValueError for a config or head_dim this pass is not built for."""
+        if self.role not in ("qk", "v") or self.mode not in MODES or self.rows < 16 or self.rows % 16:
             raise ValueError(f"fp8-quant: bad pass config {self}")
-        if self.role == "v" and (self.rotate or self.smooth):
+        if self.role == "v" and (self.rotate or self.smooth or self.shift):
             raise ValueError("fp8-quant: V is neither rotated nor smoothed")
+        if self.shift and self.smooth:
+            raise ValueError("fp8-quant: the LSE shift is Q's (unsmoothed) dot with K's mean")
         if head_dim not in HEAD_DIMS:
             raise ValueError(f"fp8-quant: head_dim {head_dim} is not built in the GPU pass (supported: {HEAD_DIMS})")
+        if self.rows * head_dim > MAX_BLOCK:
+            raise ValueError(f"fp8-quant: a block of {self.rows} rows x head_dim {head_dim} exceeds the "
+                             f"{MAX_BLOCK} values one CTA holds in registers")
 
 
 class QuantPass:
@@ -99,99 +149,224 @@ class QuantPass:
     def __init__(self, head_dim: int, dtype, cfg: PassConfig):
         cfg.check(head_dim)
         self.head_dim, self.dtype, self.cfg = head_dim, dtype, cfg
-        self.lanes = head_dim // VEC  # lanes per token
-        self.num_threads = ROWS_PER_STEP * self.lanes
-        self.steps = cfg.rows // ROWS_PER_STEP
+        self.lanes = head_dim // (VEC * SLOTS)  # Q / K: lanes per token (1, 2, 4)
+        self.quads = cfg.rows // SLOTS  # V: token quads per block (one warp of them per 16 channels at rows 128)
+        self.num_threads = cfg.rows * head_dim // (VEC * SLOTS)
         self.smem_bytes = 0
-        # a register budget of 128 per thread (the 64 values + the shuffles' temporaries fit, measured: no
-        # spills), stated to ptxas as blocks per SM: 4 / 2 / 1 blocks of 128 / 256 / 512 threads, 16 warps
-        # with 8 x 16-byte loads each in flight; without it ptxas picked 80 and spilled on sm_89
+        # a register cap of 128 per thread (64 values + 32 registers of prefetched 16-bit input + addresses),
+        # stated to ptxas as CTAs per SM: 512 resident threads, so the host's persistent grid fills the GPU
         self.min_blocks = max(1, 65536 // (self.num_threads * 128))
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mY: cute.Tensor, mDescale: cute.Tensor, mSigns: cute.Tensor,
-                 mMean: cute.Tensor, stream: cuda.CUstream):
-        D, rows = self.head_dim, self.cfg.rows
-        load_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
-        thr = cute.make_layout((ROWS_PER_STEP, self.lanes), stride=(self.lanes, 1))
-        copy_in = cute.make_tiled_copy_tv(load_atom, thr, cute.make_layout((1, VEC)))
-        store_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), cutlass.Float8E4M3FN, num_bits_per_copy=64)
-        copy_out = cute.make_tiled_copy_tv(store_atom, thr, cute.make_layout((1, VEC)))
-        # V: the transposed (D, rows) byte tile, written back as 16-byte rows by (rows / 16) lanes per row
-        vt_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), cutlass.Float8E4M3FN, num_bits_per_copy=128)
-        vt_cols = rows // 16
-        vt_thr = cute.make_layout((self.num_threads // vt_cols, vt_cols), stride=(vt_cols, 1))
-        copy_vt = cute.make_tiled_copy_tv(vt_atom, vt_thr, cute.make_layout((1, 16)))
-        sVt_layout = cute.make_layout((D, rows), stride=(rows, 1))
+                 mMean: cute.Tensor, mShift: cute.Tensor, scale: Float32, num_ctas: Int32, stream: cuda.CUstream):
+        D = self.head_dim
 
         @cute.struct
         class SharedStorage:
-            red: cute.struct.Align[cute.struct.MemRange[Float32, 32], 16]
-            vt: cute.struct.Align[cute.struct.MemRange[cutlass.Float8E4M3FN,
-                                                       D * rows if self.cfg.role == "v" else 16], 128]
+            red: cute.struct.Align[cute.struct.MemRange[Float32, 64], 16]
+            signs: cute.struct.Align[cute.struct.MemRange[Float32, D], 16]
+            mean: cute.struct.Align[cute.struct.MemRange[Float32, 2 * D], 16]
+            raw: cute.struct.Align[cute.struct.MemRange[self.dtype, self.cfg.rows * D], 128]
 
         self.smem_bytes = SharedStorage.size_in_bytes()
-        grid = (cute.ceil_div(mX.shape[1], rows), mX.shape[2], mX.shape[0])
-        self.kernel(mX, mY, mDescale, mSigns, mMean, copy_in, copy_out, copy_vt, sVt_layout,
-                    SharedStorage).launch(grid=grid, block=[self.num_threads, 1, 1], smem=self.smem_bytes,
-                    min_blocks_per_mp=self.min_blocks,
-                    preferred_smem_carveout=-1,  # the driver's default; stated, so compiling needs no GPU
-                    stream=stream)
+        self.kernel(mX, mY, mDescale, mSigns, mMean, mShift, scale, SharedStorage).launch(
+            grid=(num_ctas, 1, 1), block=[self.num_threads, 1, 1], smem=self.smem_bytes,
+            min_blocks_per_mp=self.min_blocks,
+            preferred_smem_carveout=-1,  # the driver's default; stated, so compiling needs no GPU
+            stream=stream)
 
+    # ------------------------------------------------------------------------------------ the thread's place
+    def token_of(self, tidx: Int32, slot: int) -> Int32:
+        """Token (within the block) of a slot: Q / K one token per thread; V the quad of ``v_token_order``."""
+        if const_expr(self.cfg.role == "qk"):
+            return tidx // self.lanes
+        quad = tidx % self.quads
+        return 16 * (quad // 4) + 2 * (quad % 4) + (slot & 1) + 8 * (slot >> 1)
+
+    def chunk_of(self, tidx: Int32, slot: int) -> Int32:
+        """Chunk (16 channels) of a slot: Q / K lane + slot * L; V one chunk per thread."""
+        if const_expr(self.cfg.role == "qk"):
+            return tidx % self.lanes + slot * self.lanes
+        return tidx // self.quads
+
+    @cute.jit
+    def decode(self, blk: Int32, heads: Int32, n_tiles: Int32):
+        tile = blk % n_tiles
+        bh = blk // n_tiles
+        return bh // heads, bh % heads, tile
+
+    # ------------------------------------------------------------------------------------------ the kernel
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mY: cute.Tensor, mDescale: cute.Tensor, mSigns: cute.Tensor,
-               mMean: cute.Tensor, copy_in: cute.TiledCopy, copy_out: cute.TiledCopy, copy_vt: cute.TiledCopy,
-               sVt_layout: cute.Layout, SharedStorage: cutlass.Constexpr):
+               mMean: cute.Tensor, mShift: cute.Tensor, scale: Float32, SharedStorage: cutlass.Constexpr):
         D, rows, L = self.head_dim, self.cfg.rows, self.lanes
         tidx, _, _ = cute.arch.thread_idx()
-        block, head, batch = cute.arch.block_idx()
-        seqlen = mX.shape[1]
-        lane = tidx % L  # this thread's 8 channels: lane * 8 .. lane * 8 + 7
-        row0 = tidx // L
-        valid = seqlen - block * rows  # rows of this block that exist
+        cta, _, _ = cute.arch.block_idx()
+        grid, _, _ = cute.arch.grid_dim()
+        heads, n_tiles = mX.shape[2], mDescale.shape[2]
+        total = mX.shape[0] * heads * n_tiles
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
-
-        # 1. load
-        gX = cute.local_tile(mX[batch, None, head, None], (rows, D), (block, 0))
-        thr_in = copy_in.get_slice(tidx)
-        tXgX = thr_in.partition_S(gX)
-        tXc = thr_in.partition_S(cute.make_identity_tensor((rows, D)))
-        tXr = cute.make_rmem_tensor_like(tXgX, self.dtype)
-        tXr.fill(0)
-        for s in cutlass.range_constexpr(self.steps):
-            if tXc[0, s, 0][0] < valid:
-                cute.copy(copy_in, tXgX[None, s, None], tXr[None, s, None])
-        x = cute.make_rmem_tensor_like(tXgX, Float32)
-        x.store(tXr.load().to(Float32))
-
-        # 2. smooth, signs, Hadamard
+        red = storage.red.get_tensor(cute.make_layout((32, 2)))
+        sSigns = storage.signs.get_tensor(cute.make_layout(D))
+        sMean = storage.mean.get_tensor(cute.make_layout((D, 2)))
         if const_expr(self.cfg.role == "qk"):
-            for i in cutlass.range_constexpr(VEC):
-                col = lane * VEC + i
-                sign = mSigns[col]
-                if const_expr(self.cfg.smooth):
-                    mean = mMean[batch, head, col]
-                    for s in cutlass.range_constexpr(self.steps):
-                        x[i, s, 0] = (x[i, s, 0] - mean) * sign
-                else:
-                    for s in cutlass.range_constexpr(self.steps):
-                        x[i, s, 0] = x[i, s, 0] * sign
-            if const_expr(self.cfg.rotate):
-                self.fwht(x, lane)
+            for c in cutlass.range(tidx, D, self.num_threads, unroll=1):
+                sSigns[c] = mSigns[c]
+            cute.arch.barrier()
+        # the thread's 16-bit values in shared memory, 16-byte piece p of thread t at (p * threads + t) * 16
+        # bytes (conflict-free), written by its own cp.async and read back by itself only (no barrier)
+        T_ = self.num_threads
+        sRaw = storage.raw.get_tensor(cute.make_layout(((8, 2, SLOTS), T_), stride=((1, 8 * T_, 16 * T_), 8)))
+        sRaw = cute.make_tensor(sRaw[None, tidx].iterator, cute.make_layout((8, 2, SLOTS), stride=(1, 8 * T_, 16 * T_)))
+        g2s = cute.make_copy_atom(cute.nvgpu.cpasync.CopyG2SOp(cache_mode=cute.nvgpu.cpasync.LoadCacheMode.GLOBAL),
+                                  self.dtype, num_bits_per_copy=128)
+        s2r = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
 
-        # 3. amax of the block's existing rows -> descale
-        amax = Float32(0.0)
-        for s in cutlass.range_constexpr(self.steps):
-            if tXc[0, s, 0][0] < valid:
+        raw = cute.make_rmem_tensor(cute.make_layout((VEC, SLOTS)), self.dtype)  # 16-bit, slot-major
+        x = cute.make_rmem_tensor(cute.make_layout((VEC, SLOTS)), Float32)
+        batch, head, tile = self.decode(cta, heads, n_tiles)
+        if cta < total:
+            self.load_block(sRaw, mX, batch, head, tile, tidx, g2s)
+        parity = Int32(0)
+        for blk in cutlass.range(cta, total, grid, unroll=1):
+            cute.arch.cp_async_wait_group(0)
+            for j in cutlass.range_constexpr(SLOTS):
+                cute.copy(s2r, sRaw[None, None, j], cute.zipped_divide(raw[None, j], (8,)))
+            x.store(raw.load().to(Float32))
+            if const_expr(self.cfg.role == "v"):  # tokens past seqlen_k: zeros (v_t's padding)
+                for j in cutlass.range_constexpr(SLOTS):
+                    if tile * rows + self.token_of(tidx, j) >= mX.shape[1]:
+                        for i in cutlass.range_constexpr(VEC):
+                            x[i, j] = Float32(0.0)
+            next_batch, next_head, next_tile = self.decode(blk + grid, heads, n_tiles)
+            if blk + grid < total:  # the next block's loads, in flight during this block's work
+                self.load_block(sRaw, mX, next_batch, next_head, next_tile, tidx, g2s)
+            if const_expr(self.cfg.smooth or self.cfg.shift):  # K's mean for this block, in shared memory
+                kv_head = head // (heads // mMean.shape[1]) if const_expr(self.cfg.shift) else head
+                for c in cutlass.range(tidx, D, self.num_threads, unroll=1):
+                    sMean[c, parity] = mMean[batch, kv_head, c]
+                cute.arch.barrier()
+            if const_expr(self.cfg.shift):
+                self.lse_shift(x, sMean[None, parity], mShift, scale, batch, head, tile, tidx)
+            if const_expr(self.cfg.role == "qk"):
+                self.signs_and_smoothing(x, sSigns, sMean[None, parity], tidx)
+                if const_expr(self.cfg.rotate):
+                    self.fwht(x, tidx % L)
+            self.finish_block(x, mX, mY, mDescale, red, parity, batch, head, tile, tidx)
+            parity = parity ^ 1
+            batch, head, tile = next_batch, next_head, next_tile
+
+    @cute.jit
+    def load_block(self, sRaw: cute.Tensor, mX: cute.Tensor, batch: Int32, head: Int32, tile: Int32, tidx: Int32,
+                   g2s: cute.CopyAtom):
+        """Issue the cp.async (16 bytes each) of the thread's 16-bit values of a block into its shared memory;
+        tokens past seqlen are not read."""
+        for j in cutlass.range_constexpr(SLOTS):
+            tok = tile * self.cfg.rows + self.token_of(tidx, j)
+            if tok < mX.shape[1]:
+                src = cute.local_tile(mX[batch, tok, head, None], (VEC,), (self.chunk_of(tidx, j),))
+                cute.copy(g2s, cute.zipped_divide(src, (8,)), sRaw[None, None, j])
+        cute.arch.cp_async_commit_group()
+
+    @cute.jit
+    def signs_and_smoothing(self, x: cute.Tensor, sSigns: cute.Tensor, sMean: cute.Tensor, tidx: Int32):
+        """x = (x - mean) * sign per channel (smoothing, then the rotation's random signs / K's -1)."""
+        for j in cutlass.range_constexpr(SLOTS):
+            c0 = self.chunk_of(tidx, j) * VEC
+            sign = cute.make_rmem_tensor(VEC, Float32)
+            cute.autovec_copy(cute.local_tile(sSigns, (VEC,), (c0 // VEC,)), sign)
+            if const_expr(self.cfg.smooth):
+                mean = cute.make_rmem_tensor(VEC, Float32)
+                cute.autovec_copy(cute.local_tile(sMean, (VEC,), (c0 // VEC,)), mean)
                 for i in cutlass.range_constexpr(VEC):
-                    amax = cute.arch.fmax(amax, cute.arch.fmax(x[i, s, 0], -x[i, s, 0]))
-        amax = self.block_max(amax, storage.red.get_tensor(cute.make_layout(32)), tidx)
+                    x[i, j] = (x[i, j] - mean[i]) * sign[i]
+            else:
+                for i in cutlass.range_constexpr(VEC):
+                    x[i, j] = x[i, j] * sign[i]
+
+    @cute.jit
+    def lse_shift(self, x: cute.Tensor, sMean: cute.Tensor, mShift: cute.Tensor, scale: Float32, batch: Int32,
+                  head: Int32, tile: Int32, tidx: Int32):
+        """shift[batch, head, token] = scale * (q . mean of kv-head head // (H / H_kv)), float32 (the
+        thread's 64 products in order, then a butterfly sum over the token's L lanes)."""
+        acc = Float32(0.0)
+        for j in cutlass.range_constexpr(SLOTS):
+            mean = cute.make_rmem_tensor(VEC, Float32)
+            cute.autovec_copy(cute.local_tile(sMean, (VEC,), (self.chunk_of(tidx, j),)), mean)
+            for i in cutlass.range_constexpr(VEC):
+                acc = _fma(x[i, j], mean[i], acc)
+        for b in cutlass.range_constexpr(self.lanes.bit_length() - 1):
+            acc = acc + cute.arch.shuffle_sync_bfly(acc, offset=1 << b)
+        tok = tile * self.cfg.rows + self.token_of(tidx, 0)
+        if tidx % self.lanes == 0 and tok < mShift.shape[2]:
+            mShift[batch, head, tok] = acc * scale
+
+    @cute.jit
+    def fwht(self, x: cute.Tensor, lane: Int32):
+        """Unnormalised Walsh-Hadamard transform of the thread's token (with its L lanes) in the stage order
+        of ``quantize.fwht``; the normalisation is folded into the quantisation (``finish_block``)."""
+        for j in cutlass.range_constexpr(SLOTS):  # h = 1, 2, 4, 8: inside a chunk
+            for b in cutlass.range_constexpr(4):
+                h = 1 << b
+                for i in cutlass.range_constexpr(VEC):
+                    if const_expr((i & h) == 0):
+                        a, c = x[i, j], x[i + h, j]
+                        x[i, j] = a + c
+                        x[i + h, j] = a - c
+        for b in cutlass.range_constexpr(self.lanes.bit_length() - 1):  # h = 16 .. D / 8: across lanes
+            m = 1 << b
+            sign = Float32(1.0) - Float32(2.0) * Float32(lane >> b & 1)  # +1: a + other, -1: other - b
+            for j in cutlass.range_constexpr(SLOTS):
+                for i in cutlass.range_constexpr(VEC):
+                    other = cute.arch.shuffle_sync_bfly(x[i, j], offset=m)
+                    x[i, j] = _fma(x[i, j], sign, other)
+        for b in cutlass.range_constexpr(2):  # h = D / 4, D / 2: across the thread's chunks
+            h = 1 << b
+            for j in cutlass.range_constexpr(SLOTS):
+                if const_expr((j & h) == 0):
+                    for i in cutlass.range_constexpr(VEC):
+                        a, c = x[i, j], x[i, j + h]
+                        x[i, j] = a + c
+                        x[i, j + h] = a - c
+
+    @cute.jit
+    def block_max(self, v: Float32, red: cute.Tensor, parity: Int32, tidx: Int32) -> Float32:
+        """max of v over the CTA: warp butterfly, then the warps' maxima through shared memory (buffer
+        ``parity``: consecutive blocks alternate, so one barrier per block suffices)."""
+        for b in cutlass.range_constexpr(5):
+            v = cute.arch.fmax(v, cute.arch.shuffle_sync_bfly(v, offset=16 >> b))
+        if tidx % 32 == 0:
+            red[tidx // 32, parity] = v
+        cute.arch.barrier()
+        out = red[0, parity]
+        for w in cutlass.range_constexpr(1, self.num_threads // 32):
+            out = cute.arch.fmax(out, red[w, parity])
+        return out
+
+    @cute.jit
+    def finish_block(self, x: cute.Tensor, mX: cute.Tensor, mY: cute.Tensor, mDescale: cute.Tensor,
+                     red: cute.Tensor, parity: Int32, batch: Int32, head: Int32, tile: Int32, tidx: Int32):
+        """amax over the block's existing tokens -> descale (or amax / the given descale) -> e4m3, stored."""
+        seqlen = mX.shape[1]
+        amax = Float32(0.0)
+        for j in cutlass.range_constexpr(SLOTS):
+            if tile * self.cfg.rows + self.token_of(tidx, j) < seqlen:
+                for i in cutlass.range_constexpr(VEC):
+                    amax = cute.arch.fmax(amax, cute.arch.fmax(x[i, j], -x[i, j]))
+        amax = self.block_max(amax, red, parity, tidx)
+        # torch normalises first (x * n, n = float32(1 / sqrt(D))) and takes the amax of that; rounding is
+        # monotonic, so max |fl(x n)| = fl(max |x| n); and fl(x n) * inv = fl(x (n inv)) as inv is a power of
+        # two and n * inv stays normal (inv >= 2^-120 for any finite amax): one multiply per value, same bits
+        norm = Float32(1.0 / math.sqrt(self.head_dim)) if const_expr(self.cfg.rotate) else None
+        if const_expr(self.cfg.rotate):
+            amax = amax * norm
         if const_expr(self.cfg.mode == "amax"):
             if tidx == 0:
-                mDescale[batch, head, block] = amax
+                mDescale[batch, head, tile] = amax
         else:
             if const_expr(self.cfg.mode == "given"):
-                field = _f32_bits(mDescale[batch, head, block]) >> 23
+                field = _f32_bits(mDescale[batch, head, tile]) >> 23
             else:
                 bits = _f32_bits(amax)
                 field = ((bits >> 23) & 0xFF) - 8
@@ -199,101 +374,63 @@ class QuantPass:
                     field = field + 1
                 field = cutlass.min(cutlass.max(field, 127 + MIN_DESCALE_EXPONENT), 253)
                 if tidx == 0:
-                    mDescale[batch, head, block] = _bits_f32(field << 23)
+                    mDescale[batch, head, tile] = _bits_f32(field << 23)
             inv = _bits_f32((254 - field) << 23)
-
-            # 4. e4m3, stored
-            for s in cutlass.range_constexpr(self.steps):
+            if const_expr(self.cfg.rotate):
+                inv = inv * norm
+            for j in cutlass.range_constexpr(SLOTS):
                 for i in cutlass.range_constexpr(VEC):
-                    y = x[i, s, 0] * inv
-                    x[i, s, 0] = cute.arch.fmax(cute.arch.fmin(y, Float32(E4M3_MAX)), Float32(-E4M3_MAX))
-            y8 = cute.make_rmem_tensor_like(tXgX, cutlass.Float8E4M3FN)
-            y8.store(x.load().to(cutlass.Float8E4M3FN))
+                    x[i, j] = x[i, j] * inv
             if const_expr(self.cfg.role == "qk"):
-                gY = cute.local_tile(mY[batch, None, head, None], (rows, D), (block, 0))
-                tYgY = copy_out.get_slice(tidx).partition_D(gY)
-                for s in cutlass.range_constexpr(self.steps):
-                    if tXc[0, s, 0][0] < valid:
-                        cute.copy(copy_out, y8[None, s, None], tYgY[None, s, None])
+                self.store_qk(x, mY, batch, head, tile, tidx)
             else:
-                self.store_v_t(y8, tXc, mY, storage, copy_vt, tidx, block, head, batch)
+                self.store_v_t(x, mY, batch, head, tile, tidx)
 
     @cute.jit
-    def fwht(self, x: cute.Tensor, lane: Int32):
-        """Unnormalised Walsh-Hadamard transform of each token's D values (8 per thread, L lanes), then
-        times float32(1 / sqrt(D)); the order of ``quantize.fwht``."""
-        for s in cutlass.range_constexpr(self.steps):
-            for j in cutlass.range_constexpr(3):  # the in-register stages h = 1, 2, 4
-                h = 1 << j
-                for i in cutlass.range_constexpr(VEC):
-                    if const_expr((i & h) == 0):
-                        a, b = x[i, s, 0], x[i + h, s, 0]
-                        x[i, s, 0] = a + b
-                        x[i + h, s, 0] = a - b
-        for j in cutlass.range_constexpr(self.lanes.bit_length() - 1):  # across lanes: lane ^ m holds
-            m = 1 << j                                                  # channel index ^ (8 m)
-            upper = (lane & m) != 0
-            for s in cutlass.range_constexpr(self.steps):
-                for i in cutlass.range_constexpr(VEC):
-                    mine = x[i, s, 0]
-                    other = cute.arch.shuffle_sync_bfly(mine, offset=m)
-                    x[i, s, 0] = (other - mine) if upper else (mine + other)
-        norm = Float32(1.0 / math.sqrt(self.head_dim))
-        for s in cutlass.range_constexpr(self.steps):
+    def store_qk(self, x: cute.Tensor, mY: cute.Tensor, batch: Int32, head: Int32, tile: Int32, tidx: Int32):
+        """e4m3 (saturating) of the thread's token, one 16-byte store per chunk."""
+        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), cutlass.Float8E4M3FN, num_bits_per_copy=128)
+        y8 = cute.make_rmem_tensor(cute.make_layout((VEC, SLOTS)), cutlass.Float8E4M3FN)
+        y8.store(x.load().to(cutlass.Float8E4M3FN))
+        tok = tile * self.cfg.rows + self.token_of(tidx, 0)
+        if tok < mY.shape[1]:
+            for j in cutlass.range_constexpr(SLOTS):
+                dst = cute.local_tile(mY[batch, tok, head, None], (VEC,), (self.chunk_of(tidx, j),))
+                cute.copy(atom, cute.zipped_divide(y8[None, j], (VEC,)), cute.zipped_divide(dst, (VEC,)))
+
+    @cute.jit
+    def store_v_t(self, x: cute.Tensor, mVt: cute.Tensor, batch: Int32, head: Int32, tile: Int32, tidx: Int32):
+        """V: per channel, the e4m3 bytes of the thread's 4 tokens are positions 4t .. 4t + 3 of their group
+        in v_t (layout.v_token_order): one 32-bit store each, a warp's 32 quads 128 contiguous bytes."""
+        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), cutlass.Float8E4M3FN, num_bits_per_copy=32)
+        y8 = cute.make_rmem_tensor(cute.make_layout((VEC, SLOTS), stride=(SLOTS, 1)), cutlass.Float8E4M3FN)
+        y8.store(x.load().to(cutlass.Float8E4M3FN))
+        quad = tidx % self.quads
+        if tile * self.cfg.rows + 16 * (quad // 4) < mVt.shape[3]:  # the group exists in v_t (padded to 16)
+            c0 = self.chunk_of(tidx, 0) * VEC
             for i in cutlass.range_constexpr(VEC):
-                x[i, s, 0] = x[i, s, 0] * norm
-
-    @cute.jit
-    def block_max(self, v: Float32, red: cute.Tensor, tidx: Int32) -> Float32:
-        """max of v over the CTA: warp butterfly, then the warps' maxima through shared memory."""
-        for j in cutlass.range_constexpr(5):
-            v = cute.arch.fmax(v, cute.arch.shuffle_sync_bfly(v, offset=16 >> j))
-        if tidx % 32 == 0:
-            red[tidx // 32] = v
-        cute.arch.barrier()
-        out = red[0]
-        for w in cutlass.range_constexpr(1, self.num_threads // 32):
-            out = cute.arch.fmax(out, red[w])
-        return out
-
-    @cute.jit
-    def store_v_t(self, y8: cute.Tensor, tXc: cute.Tensor, mVt: cute.Tensor, storage,
-                  copy_vt: cute.TiledCopy, tidx: Int32, block: Int32, head: Int32, batch: Int32):
-        """V: the block's e4m3 values into shared memory as (channel, position) with the layout's token
-        order (padding tokens zero), then 16-byte rows of v_t (positions < seqlen_k_padded)."""
-        D, rows = self.head_dim, self.cfg.rows
-        sVt = storage.vt.get_tensor(cute.make_layout((D, rows), stride=(rows, 1)))
-        lane = tidx % self.lanes
-        for s in cutlass.range_constexpr(self.steps):  # tokens past seqlen_k were never loaded: they are 0
-            u = tXc[0, s, 0][0]  # token within the block
-            pos = (u & ~15) + 4 * ((u >> 1) & 3) + 2 * ((u >> 3) & 1) + (u & 1)
-            for i in cutlass.range_constexpr(VEC):
-                sVt[lane * VEC + i, pos] = y8[i, s, 0]
-        cute.arch.barrier()
-        n_pad = mVt.shape[3]
-        gVt = cute.local_tile(mVt[batch, head, None, None], (D, rows), (0, block))
-        thr = copy_vt.get_slice(tidx)
-        tS, tD = thr.partition_S(sVt), thr.partition_D(gVt)
-        tC = thr.partition_S(cute.make_identity_tensor((D, rows)))
-        if tC[0][1] < n_pad - block * rows:
-            cute.copy(copy_vt, tS, tD)
+                dst = cute.local_tile(mVt[batch, head, c0 + i, None], (SLOTS,), (tile * self.quads + quad,))
+                cute.copy(atom, cute.zipped_divide(y8[i, None], (SLOTS,)), cute.zipped_divide(dst, (SLOTS,)))
 
 
 # ---------------------------------------------------------------------------------------------------
 # compile registry and host side
 # ---------------------------------------------------------------------------------------------------
 def fake_args(dtype: str, head_dim: int, cfg: PassConfig, align: int = 16):
-    """Fake (x, y, descale, signs, mean, stream) for compiling: dynamic batch / seqlen / heads / strides."""
+    """Fake (x, y, descale, signs, mean, shift, scale, num_ctas, stream) for compiling: dynamic batch /
+    seqlen / heads / strides / grid."""
     from cutlass.cute.runtime import make_fake_stream
 
-    b, n, h, n_pad, t, bm, hm = (cute.sym_int() for _ in range(7))
+    b, n, h, n_pad, t, bm, hm, bs, hs, ns = (cute.sym_int() for _ in range(10))
     x = interop.fake_tensor(dtype, (b, n, h, head_dim), align)
     y = (interop.fake_tensor("e4m3", (b, n, h, head_dim), align) if cfg.role == "qk"
          else interop.fake_tensor("e4m3", (b, h, head_dim, n_pad), align))
     descale = interop.fake_tensor("fp32", (b, h, t), 4)
-    signs = interop.fake_tensor("fp32", (head_dim,), 4)
-    mean = interop.fake_tensor("fp32", (bm, hm, head_dim), 4)  # (1, 1, D) zeros when not smoothing
-    return x, y, descale, signs, mean, make_fake_stream(use_tvm_ffi_env_stream=True)
+    signs = interop.fake_tensor("fp32", (head_dim,), 16)
+    mean = interop.fake_tensor("fp32", (bm, hm, head_dim), 16)  # (1, 1, D) zeros when unused
+    shift = interop.fake_tensor("fp32", (bs, hs, ns), 4)  # (1, 1, 1) when unused
+    return (x, y, descale, signs, mean, shift, Float32(0.0), Int32(1),
+            make_fake_stream(use_tvm_ffi_env_stream=True))
 
 
 def _build(cfg: StaticConfig):
@@ -322,16 +459,63 @@ def why_not(q: torch.Tensor, config: FP8Config) -> str | None:
         return f"the GPU quantisation pass needs CUDA tensors; the inputs are on {q.device.type}"
     if q.dtype not in DTYPES:
         return f"the GPU quantisation pass takes float16 / bfloat16, got {q.dtype}"
-    if q.shape[-1] not in HEAD_DIMS:
-        return f"the GPU quantisation pass is built for head_dim {HEAD_DIMS}, not {q.shape[-1]}"
+    D = q.shape[-1]
+    if D not in HEAD_DIMS:
+        return f"the GPU quantisation pass is built for head_dim {HEAD_DIMS}, not {D}"
+    if max(tiles_for(D)) * D > MAX_BLOCK:
+        return (f"the GPU quantisation pass holds a scale block in one CTA's registers: {max(tiles_for(D))} rows "
+                f"x head_dim {D} > {MAX_BLOCK} values")
     if torch.cuda.get_device_capability(q.device) < (8, 9):
         return "the GPU quantisation pass needs sm_89 or newer (the e4m3 conversion)"
     return None
 
 
+# per process: (device, dtype, head_dim, PassConfig) -> (compiled function, CTAs per launch at most)
+_PASSES: dict[tuple, tuple] = {}
+# per process: (device, head_dim, seed, negate) -> float32 signs on the device; (device, head_dim) -> zeros
+_CONSTANTS: dict[tuple, torch.Tensor] = {}
+
+
+def _pass(device: torch.device, dtype: torch.dtype, head_dim: int, cfg: PassConfig) -> tuple:
+    key = (device, dtype, head_dim, cfg)
+    hit = _PASSES.get(key)
+    if hit is None:
+        fn = VARIANT.compiled(static_config(interop.device_arch(device), dtype, head_dim, cfg)).fn
+        threads = cfg.rows * head_dim // (VEC * SLOTS)
+        per_sm = max(1, 65536 // (threads * 128))
+        hit = _PASSES[key] = (fn, torch.cuda.get_device_properties(device).multi_processor_count * per_sm)
+    return hit
+
+
+def _signs(device: torch.device, head_dim: int, seed: int | None, negate: bool) -> torch.Tensor:
+    """The rotation's random signs (seed) or ones (seed None), negated for a negative softmax_scale, on the
+    device; made once per process (no host-to-device copy per call)."""
+    key = (device, head_dim, seed, negate)
+    hit = _CONSTANTS.get(key)
+    if hit is None:
+        s = HadamardRotation(head_dim, seed).signs if seed is not None else torch.ones(head_dim)
+        hit = _CONSTANTS[key] = (-s if negate else s).to(device, torch.float32).contiguous()
+    return hit
+
+
+def _zeros(device: torch.device, shape: tuple) -> torch.Tensor:
+    """A float32 zeros tensor standing in for an unused argument (made once per process)."""
+    key = (device, shape)
+    hit = _CONSTANTS.get(key)
+    if hit is None:
+        hit = _CONSTANTS[key] = torch.zeros(shape, device=device)
+    return hit
+
+
 def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str, signs: torch.Tensor | None,
-                    mean: torch.Tensor | None, rotate: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """One tensor through the pass: (e4m3 data (like x, or v_t for role "v"), descale (B, H, T) float32)."""
+                    mean: torch.Tensor | None, rotate: bool, shift: torch.Tensor | None = None,
+                    shift_mean: torch.Tensor | None = None,
+                    shift_scale: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """One tensor through the pass: (e4m3 data (like x, or v_t for role "v"), descale (B, H, T) float32).
+
+    x: (B, N, H, D) float16 / bfloat16 CUDA; block: rows per scale block; signs: float32 (D,) on x's device
+    (None: ones); mean: float32 (B, H, D) subtracted before the signs (None: no smoothing); shift: float32
+    (B, H, N) written with shift_scale * x . shift_mean (shift_mean float32 (B, H_kv, D), H % H_kv == 0)."""
     B, N, H, D = x.shape
     T_blocks = -(-N // block)
     x = interop.aligned(x)
@@ -341,47 +525,54 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
     else:
         y = torch.empty(B, H, D, layout.padded_seqlen_k(N), dtype=E4M3, device=dev)
     descale = torch.empty(B, H, T_blocks, dtype=torch.float32, device=dev)
-    signs = torch.ones(D, device=dev) if signs is None else signs.to(dev, torch.float32).contiguous()
-    mean_t = torch.zeros(1, 1, D, device=dev) if mean is None else mean.contiguous()
-    arch = interop.device_arch(dev)
-
-    def launch(mode: str) -> None:
-        cfg = PassConfig(role=role, rotate=rotate, smooth=mean is not None, mode=mode, rows=block)
-        fn = VARIANT.compiled(static_config(arch, x.dtype, D, cfg)).fn
-        with torch.cuda.device(dev):
-            fn(x, y, descale, signs, mean_t)
-
     if B * N * H == 0:
         return y.zero_(), descale
-    if granularity == "block":
-        launch("block")
-    else:  # baselines: the blocks' amaxes, reduced by torch, then the pass again with that descale
-        from fa_variants.fp8.quantize import _reduce_amax, descale_from_amax
+    signs = _signs(dev, D, None, False) if signs is None else signs
+    mean_t = mean if mean is not None else shift_mean if shift is not None else _zeros(dev, (1, 1, D))
+    mean_t = mean_t.contiguous()
+    shift_t = _zeros(dev, (1, 1, 1)) if shift is None else shift
+    total = B * H * T_blocks
 
-        launch("amax")
-        descale.copy_(descale_from_amax(_reduce_amax(descale, granularity))[0])
-        launch("given")
+    def launch(mode: str) -> None:
+        cfg = PassConfig(role=role, rotate=rotate, smooth=mean is not None, mode=mode, rows=block,
+                         shift=shift is not None and mode != "given")
+        fn, ctas = _pass(dev, x.dtype, D, cfg)
+        fn(x, y, descale, signs, mean_t, shift_t, shift_scale, min(ctas, total))
+
+    with torch.cuda.device(dev):
+        if granularity == "block":
+            launch("block")
+        else:  # baselines: the blocks' amaxes (and the shift), reduced by torch, then the pass with that descale
+            from fa_variants.fp8.quantize import _reduce_amax, descale_from_amax
+
+            launch("amax")
+            descale.copy_(descale_from_amax(_reduce_amax(descale, granularity))[0])
+            launch("given")
     return y, descale
 
 
 def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Config = FP8Config(),
              softmax_scale: float | None = None) -> FP8Inputs:
     """``quantize_fp8`` on the GPU (16-bit CUDA inputs, head_dim in HEAD_DIMS): the same FP8Inputs as
-    ``quantize_fp8_torch``, bit for bit on the e4m3 bytes and descales (same operations in the same order)."""
+    ``quantize_fp8_torch``, bit for bit on the e4m3 bytes and descales (same operations in the same order);
+    ``lse_shift`` is computed in the Q pass (float32, its own summation order: equal to torch's to rounding)."""
     scale = _check(q, k, v, config, softmax_scale)
-    D = q.shape[-1]
+    D, dev = q.shape[-1], q.device
     tile_m, tile_n = tiles_for(D)
-    signs = HadamardRotation(D, config.seed).signs if config.rotate else torch.ones(D)
-    k_signs = -signs if scale < 0 else signs  # softmax(c Q K^T) = softmax(|c| Q (-K)^T)
+    seed = config.seed if config.rotate else None
+    signs = _signs(dev, D, seed, False)
+    k_signs = _signs(dev, D, seed, scale < 0)  # softmax(c Q K^T) = softmax(|c| Q (-K)^T)
     mean = mean_eff = shift = None
     if config.smooth_k:
         mean = k_mean(k)  # subtracted from K before its signs (-s for a negative scale)
         mean_eff = -mean if scale < 0 else mean  # the mean of the K the kernel sees, unrotated
-        shift = smoothing_lse_shift(q, mean_eff, abs(scale))
+        shift = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32, device=dev)
     q8, qd = quantize_tensor(q, role="qk", block=tile_m, granularity=config.granularity, signs=signs, mean=None,
-                             rotate=config.rotate)
+                             rotate=config.rotate, shift=shift, shift_mean=mean_eff, shift_scale=abs(scale))
     k8, kd = quantize_tensor(k, role="qk", block=tile_n, granularity=config.granularity, signs=k_signs, mean=mean,
                              rotate=config.rotate)
     v_t, vd = quantize_tensor(v, role="v", block=tile_n, granularity=config.granularity, signs=None, mean=None,
                               rotate=False)
+    if shift is not None and q.shape[0] * q.shape[1] * q.shape[2] == 0:
+        shift.zero_()
     return FP8Inputs(q8, k8, v_t, qd, kd, vd, abs(scale), k.shape[1], mean_eff, shift, config)
