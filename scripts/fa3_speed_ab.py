@@ -7,7 +7,11 @@ Variants are fa3's DEFAULT_CONFIGS with switches changed (``VARIANTS``): `old` i
 softmax switches (exact exponent, one serial reduction chain, O always rescaled), `new` the current default, and
 the structural switches of issue 12's second round (Sm90Config; the softmax switches were measured on
 2026-11-30, bench/h200-2026-11-30/session2/fa3_speed_ab.md): each alone at D = 128 (the ncu shape), and all
-of them together (`lean`) at every head dim (D = 256: without first_pv_overwrites, which spills there). Shapes: the
+of them together (`lean`) at every head dim (D = 256: without first_pv_overwrites, which spills there); issue 12's
+third round (`o-before-pv`: O rescaled under the next S GEMM, flash-attn-4's RescaleOBeforeGemm; `p2buf`: a second
+P buffer, so that no WGMMA wait sits between the softmax and the next step and the exponentials run under the
+P V GEMM; bench/NOTES.md, "Issue 12, round 3"). The default run (--variants, --seqlens) is round 3's: old, new,
+o-before-pv, p2buf at N 4k/16k (~2-3 min on an H200); the earlier variants stay selectable. Shapes: the
 FlashAttention papers' setup (batch * seqlen = 16384 tokens, heads * head_dim = 2048, bf16, forward),
 TFLOP/s = 4 B H N^2 D / time (halved for causal).
 
@@ -44,7 +48,11 @@ VARIANTS = {
     "epi-arrive": ((128,), dict(epilogue_arrive=True)),
     "lean": ((64, 128), LEAN),
     "lean-256": ((256,), dict(LEAN, first_pv_overwrites=False)),  # first_pv_overwrites spills at D 256 causal
+    # issue 12, round 3 (p2buf spills 4 bytes at D 256 causal: not run there)
+    "o-before-pv": ((64, 128, 256), dict(rescale_o_before_pv=True)),
+    "p2buf": ((64, 128), dict(p_double_buffer=True)),
 }
+ROUND3 = ("old", "new", "o-before-pv", "p2buf")
 PEERS = ("flash-attn-4", "sdpa-cudnn")
 
 
@@ -68,10 +76,10 @@ def plan(head_dims, seqlens, causals, variants) -> list[dict]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--head-dims", default="64,128,256")
-    ap.add_argument("--seqlens", default="1024,4096,16384")
+    ap.add_argument("--seqlens", default="4096,16384")
     ap.add_argument("--causal", default="both", choices=["both", "yes", "no"])
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
-    ap.add_argument("--variants", default=",".join(VARIANTS), help=f"subset of {', '.join(VARIANTS)}")
+    ap.add_argument("--variants", default=",".join(ROUND3), help=f"subset of {', '.join(VARIANTS)}")
     ap.add_argument("--peers", default=",".join(PEERS))
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--warmup-ms", type=int, default=100)
@@ -126,11 +134,13 @@ def run(a, shapes) -> int:
           "|---|---|---|---|---|---|---|---|"] + [_line(r) for r in rows]
     (a.out / "ab.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
-    print("SUMMARY (median of per-round ratios): D N causal: new/old new/fa4 new/cudnn")
+    print("SUMMARY (median of per-round ratios): D N causal: new/old new/fa4 new/cudnn | x/new x/fa4 per variant")
     for r in rows:
+        per = ", ".join(f"{k} {r['ratio_to_new'][k]:.3f} {r['ratio_to_fa4'].get(k, float('nan')):.3f}"
+                        for k in r["ratio_to_new"] if k not in ("old", "new") and k in VARIANTS)
         print(f"SUMMARY D={r['head_dim']} N={r['seqlen']} {'causal' if r['causal'] else 'full'}: "
               f"{r['ratio_to_old'].get('new', float('nan')):.3f} {r['ratio_new_to'].get('flash-attn-4', float('nan')):.3f} "
-              f"{r['ratio_new_to'].get('sdpa-cudnn', float('nan')):.3f}")
+              f"{r['ratio_new_to'].get('sdpa-cudnn', float('nan')):.3f} | {per}")
     return 0
 
 
@@ -172,7 +182,9 @@ def one_shape(shape, peers, dtype, a, torch, do_bench, core, fa3) -> dict:
                 tflops={k_: core.tflops(flops, statistics.median(ts)) for k_, ts in times.items()},
                 spread={k_: (max(ts) - min(ts)) / statistics.median(ts) for k_, ts in times.items()},
                 ratio_to_old={k_: ratio(k_, "old") for k_ in names if k_ != "old"},
-                ratio_new_to={k_: ratio("new", k_) for k_ in names if k_ != "new" and "new" in times})
+                ratio_new_to={k_: ratio("new", k_) for k_ in names if k_ != "new" and "new" in times},
+                ratio_to_new={k_: ratio(k_, "new") for k_ in names if k_ != "new" and "new" in times},
+                ratio_to_fa4={k_: ratio(k_, "flash-attn-4") for k_ in names if "flash-attn-4" in times})
 
 
 def _line(r: dict) -> str:

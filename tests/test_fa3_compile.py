@@ -62,6 +62,11 @@ def test_config_limits():
         registry.static_config("fa3", "sm_90a", "bf16", 80, False)
     with pytest.raises(registry.UnsupportedConfigError, match="arch sm_80"):
         registry.static_config("fa3", "sm_80", "bf16", 128, False)
+    for switch in ("rescale_o_before_pv", "p_double_buffer"):  # issue 12, round 3: overlapped steps, own V state
+        with pytest.raises(ValueError, match="intra_wg_overlap"):
+            fa3.Fa3Config(intra_wg_overlap=False, **{switch: True}).check(128)
+        with pytest.raises(ValueError, match="shared_kv_state"):
+            fa3.Fa3Config(shared_kv_state=True, **{switch: True}).check(128)
 
 
 def test_tma_operand_preparation():
@@ -89,7 +94,7 @@ def _speed_ab():
 
 @pytest.mark.parametrize("name, head_dim, causal", [
     ("old", 128, False), ("new", 64, True), ("new", 256, False), ("lean", 64, True), ("lean", 128, False),
-    ("lean", 128, True), ("lean-256", 256, True)])
+    ("lean", 128, True), ("lean-256", 256, True), ("p2buf", 128, False), ("o-before-pv", 256, True)])
 def test_speed_ab_variants_compile_without_spills(name, head_dim, causal):
     """scripts/fa3_speed_ab.py's variants build with no spills; `new` is the default and has no serial FMNMX
     chain (it runs 4 chains) and one FFMA per score instead of FADD + FMUL. `lean` (issue 12's structural
@@ -116,12 +121,16 @@ def _compiled(head_dim, causal, config):
 
 
 def _mainloop_length(sass: str) -> int:
+    return len(_mainloop(sass))
+
+
+def _mainloop(sass: str) -> list[str]:
     """Instructions in the consumers' K/V mainloop: the first (by address) branch-back span of more than 200
     instructions (shorter: the producer's loop; later: the out-of-line mbarrier retries after the kernel's
     exit, which branch back into the code above them)."""
     import re
 
-    labels, addrs, out = {}, [], []
+    labels, addrs, texts, out = {}, [], [], []
     pending = None
     for line in sass.splitlines():
         label = re.match(r"\s*\.(L_x_\d+):", line)
@@ -135,12 +144,33 @@ def _mainloop_length(sass: str) -> int:
         if pending:
             labels[pending], pending = addr, None
         addrs.append(addr)
+        texts.append(m.group(2))
         target = re.search(r"BRA\s+`\(\.(L_x_\d+)\)", m.group(2))
         if target and labels.get(target.group(1), addr + 1) < addr:
-            n = sum(1 for a in addrs if labels[target.group(1)] <= a <= addr)
-            if n > 200:
-                out.append(n)
+            span = [t for a, t in zip(addrs, texts) if labels[target.group(1)] <= a <= addr]
+            if len(span) > 200:
+                out.append(span)
     return out[0]
+
+
+def _exponentials_after_pv_wait(loop: list[str]) -> int:
+    """MUFU.EX2 of the mainloop issued after a wait for all WGMMAs (the P V GEMM) that follows the wait for
+    the S GEMM (DEPBAR.LE gsb0, 0x1): the softmax work that does not run under the P V GEMM."""
+    after_s = [i for i, t in enumerate(loop) if "DEPBAR.LE gsb0, 0x1" in t][-1]
+    waits = [i for i, t in enumerate(loop) if "DEPBAR.LE gsb0, 0x0" in t and i > after_s]
+    return 0 if not waits else sum("MUFU.EX2" in t for t in loop[waits[0]:])
+
+
+def test_p_double_buffer_keeps_the_exponentials_under_the_pv_gemm():
+    """Issue 12, round 3: with one P buffer ptxas places the wait for the P V GEMM (which the conversion of P
+    into the A operand needs) above almost all the softmax's exponentials, so they run after the P V GEMM;
+    with the second buffer (Sm90Config.p_double_buffer) the step has no such wait (D 128, non-causal)."""
+    config = fa3.DEFAULT_CONFIGS[128]
+    base = _mainloop(cubin.sass_of(_compiled(128, False, config).cubin))
+    double = _mainloop(cubin.sass_of(_compiled(128, False, dataclasses.replace(config, p_double_buffer=True)).cubin))
+    n_exp = sum("MUFU.EX2" in t for t in base)
+    assert _exponentials_after_pv_wait(base) >= n_exp - 8, n_exp  # 61 of 66 (nvidia-cutlass-dsl 4.8.1)
+    assert _exponentials_after_pv_wait(double) == 0 and sum("MUFU.EX2" in t for t in double) == n_exp
 
 
 def test_shared_kv_state_shortens_the_mainloop():
@@ -157,11 +187,11 @@ def test_speed_ab_plan(capsys):
     ab = _speed_ab()
     shapes = ab.plan([64, 128, 256], [1024, 4096, 16384], (False, True), list(ab.VARIANTS))
     assert len(shapes) == 18 and all(s["batch"] * s["seqlen"] >= 16384 and "old" in s["variants"] for s in shapes)
-    assert {s["head_dim"]: len(s["variants"]) for s in shapes} == {64: 3, 128: 6, 256: 3}
+    assert {s["head_dim"]: len(s["variants"]) for s in shapes} == {64: 5, 128: 8, 256: 4}
     import sys
     argv, sys.argv = sys.argv, ["fa3_speed_ab.py", "--plan"]
     try:
         assert ab.main() == 0
     finally:
         sys.argv = argv
-    assert "18 shapes, 24 compiles, 108 entries" in capsys.readouterr().out
+    assert "12 shapes, 22 compiles, 68 entries" in capsys.readouterr().out  # the default: round 3, N 4k/16k

@@ -82,6 +82,11 @@ ABLATIONS = {
     "lean": dict(shared_kv_state=True, first_pv_overwrites=True, epilogue_arrive=True),
     "lean-serial": dict(shared_kv_state=True, first_pv_overwrites=True, epilogue_arrive=True, intra_wg_overlap=False),
     "kv1-no-pingpong": dict(shared_kv_state=True, pingpong=False),
+    # issue 12, round 3: O's rescale before its P V GEMM, and the second P buffer (no wait after the softmax)
+    "o-before-pv": dict(rescale_o_before_pv=True),
+    "p2buf": dict(p_double_buffer=True),
+    "p2buf-overwrite": dict(p_double_buffer=True, first_pv_overwrites=True, epilogue_arrive=True),
+    "p2buf-no-pingpong": dict(p_double_buffer=True, pingpong=False),
 }
 
 
@@ -98,7 +103,9 @@ def test_ablation_configs(ablation, causal, shape):
 @pytest.mark.parametrize("head_dim, change", [
     (64, dict(shared_kv_state=True, first_pv_overwrites=True, epilogue_arrive=True)),
     (256, dict(shared_kv_state=True, epilogue_arrive=True)),
-    (256, dict(first_pv_overwrites=True, intra_wg_overlap=False))], ids=["d64-lean", "d256-lean", "d256-overwrite-serial"])
+    (256, dict(first_pv_overwrites=True, intra_wg_overlap=False)),
+    (64, dict(p_double_buffer=True)), (256, dict(rescale_o_before_pv=True))],
+    ids=["d64-lean", "d256-lean", "d256-overwrite-serial", "d64-p2buf", "d256-o-before-pv"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_structural_switches_other_head_dims(head_dim, change, causal):
     """The structural switches at D 64 (three consumer warpgroups) and D 256 (no ping-pong); one K/V tile

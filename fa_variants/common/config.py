@@ -76,6 +76,17 @@ class Sm90Config:
         overwrites it (WGMMA accumulate off). Kernels whose P V hook is their own (fa3-fp8) keep the fill.
     epilogue_arrive: in the epilogue, consumer warps only arrive at the barrier after their shared-memory
         writes of O; the one warp that issues the TMA store waits there (instead of every consumer warp).
+    rescale_o_before_pv: (intra_wg_overlap) O is rescaled by a tile's alpha in the next step, between the issue
+        of the next S = Q K^T GEMM and of that tile's P V GEMM (while the S GEMM runs), instead of at the end of
+        the step that computed alpha (flash-attn-4 does this for head_dim > 128). The end of the step then waits
+        for the P V GEMM only to overwrite P.
+    p_double_buffer: (intra_wg_overlap; implies rescale_o_before_pv) the new P goes to a second register
+        buffer and the step ends without waiting for its P V GEMM; the next step waits for it first (long done
+        by then), releases its V buffer, rescales O and moves the buffer into the A operand. With one buffer,
+        ptxas places the wait that the conversion of P into the A operand needs above the softmax's
+        exponentials, so they run after the P V GEMM instead of under it (FA3 section 3.2's overlap); here
+        nothing in the step depends on that wait. (nvidia-cutlass-dsl 4.8.1: ptxas then assigns both buffers
+        the same registers, with no moves: it reuses the A registers of an issued WGMMA without waiting.)
     num_splits: split-KV (Flash-Decoding): 1, off (one CTA walks all K/V tiles of its query tile); n > 1,
         the K/V tiles of each query tile are shared by n CTAs that write partial O and LSE, merged by LSE
         afterwards (`common.split`); 0, split with the count chosen per call (`common.split.num_splits_for`).
@@ -105,6 +116,8 @@ class Sm90Config:
     first_pv_overwrites: bool = False
     epilogue_arrive: bool = False
     pack_group: int = 0
+    rescale_o_before_pv: bool = False
+    p_double_buffer: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:
@@ -136,6 +149,10 @@ class Sm90Config:
             raise ValueError(f"pack_group={g!r} must be 0, or an int >= 1 with pack_gqa=True")
         if g and self.tile_m % g and g % self.tile_m:
             raise ValueError(f"pack_group={g} must divide tile_m={self.tile_m} or be a multiple of it")
+        if (self.rescale_o_before_pv or self.p_double_buffer) and not self.intra_wg_overlap:
+            raise ValueError(f"rescale_o_before_pv / p_double_buffer need intra_wg_overlap=True ({self})")
+        if (self.rescale_o_before_pv or self.p_double_buffer) and self.shared_kv_state:
+            raise ValueError("rescale_o_before_pv / p_double_buffer keep their own V state: they need shared_kv_state=False")
         if self.smem_bytes(head_dim) > smem_capacity(arch):
             raise ValueError(f"{self} needs {self.smem_bytes(head_dim)} B of shared memory at head_dim={head_dim} "
                              f"(max {smem_capacity(arch)})")

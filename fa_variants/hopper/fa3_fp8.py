@@ -113,6 +113,8 @@ class Fp8Config(Fa3Config):
         if self.promote_every < 1 or (self.promote_every > 1 and (not self.two_level or self.pv_split != 1)):
             raise ValueError(f"fa3-fp8: promote_every={self.promote_every} must be >= 1, and 1 unless two_level is on "
                              f"with pv_split=1 (the interval's temporary covers the whole of head_dim)")
+        if self.rescale_o_before_pv or self.p_double_buffer:
+            raise ValueError("fa3-fp8: rescale_o_before_pv / p_double_buffer are not built for the FP8 P V hooks (use False)")
         if self.num_splits != 1:
             raise ValueError(f"fa3-fp8: num_splits={self.num_splits}: split-KV is not built for the FP8 kernel (use 1)")
         if self.out_dtype not in ("bf16", "fp16"):
