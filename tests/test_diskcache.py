@@ -85,18 +85,20 @@ def test_parse_rejects_anything_but_a_whole_entry_of_its_key():
     import struct
 
     cfg, other = _cfg(32), _cfg(64)
-    obj, cubin = b"object bytes", b"cubin bytes"
+    obj, cubin, shared = b"object bytes", b"cubin bytes", b"shared library bytes"
     sha = lambda data: hashlib.sha256(data).hexdigest()  # noqa: E731
 
-    def entry(key, payload=obj + cubin):
+    def entry(key, payload=obj + cubin + shared, magic=diskcache.MAGIC):
         header = json.dumps({"key": repr(key), "smem_dynamic_bytes": 0, "compile_s": 1.0,
-                             "object": [len(obj), sha(obj)], "cubin": [len(cubin), sha(cubin)]}).encode()
-        return diskcache.MAGIC + struct.pack("<Q", len(header)) + header + payload
+                             "object": [len(obj), sha(obj)], "cubin": [len(cubin), sha(cubin)],
+                             "shared": [len(shared), sha(shared)]}).encode()
+        return magic + struct.pack("<Q", len(header)) + header + payload
 
-    header, o, c = diskcache._parse(entry(cfg), cfg)
-    assert (o, c) == (obj, cubin)
-    bad = {"truncated": entry(cfg)[:-3], "corrupt": entry(cfg, b"x" + obj[1:] + cubin), "foreign": entry(other),
-           "trailing": entry(cfg) + b"!", "empty": b"", "not ours": b"\x7fELF" + bytes(64)}
+    header, parts = diskcache._parse(entry(cfg), cfg)
+    assert parts == {"object": obj, "cubin": cubin, "shared": shared}
+    bad = {"truncated": entry(cfg)[:-3], "corrupt": entry(cfg, obj + cubin + b"x" + shared[1:]),
+           "foreign": entry(other), "trailing": entry(cfg) + b"!", "empty": b"", "not ours": b"\x7fELF" + bytes(64),
+           "version 1": entry(cfg, magic=b"fa_variants kernel v1\n")}
     for name, data in bad.items():
         with pytest.raises((ValueError, KeyError)):
             diskcache._parse(data, cfg)
@@ -136,6 +138,73 @@ def test_a_damaged_entry_is_recompiled_and_replaced(cache_dir, damage):
         again = registry.compiled(cfg)
     assert callable(again.fn) and cache.cache_info()["compiles"] == n + 1
     diskcache._parse(path.read_bytes(), cfg)  # rewritten whole
+
+
+NO_DSL_PROCESS = """
+import json, sys
+from fa_variants import registry
+from fa_variants.common import cache, diskcache
+from fa_variants.testkernel import TestKernelConfig
+cfg = registry.static_config("testkernel", "sm_80", "bf16", 64, False, TestKernelConfig(threads=int(sys.argv[1])))
+c = registry.compiled(cfg)
+print(json.dumps({**cache.cache_info(), "loaded_by": diskcache.loaded_by, "type": type(c.fn).__name__,
+                  "dsl_imported": "cutlass" in sys.modules}))
+"""
+
+
+def _rewrite(path, cfg, **parts) -> None:
+    """Rewrite an entry with some parts replaced (hashes recomputed: a well-formed entry)."""
+    import hashlib
+    import struct
+
+    header, old = diskcache._parse(path.read_bytes(), cfg)
+    new = {**old, **parts}
+    header.update({name: [len(new[name]), hashlib.sha256(new[name]).hexdigest()] for name in diskcache.PARTS})
+    data = json.dumps(header).encode()
+    path.write_bytes(diskcache.MAGIC + struct.pack("<Q", len(data)) + data + b"".join(new[n] for n in diskcache.PARTS))
+
+
+@pytest.mark.compile
+def test_a_fresh_process_loads_the_shared_library_without_the_dsl(cache_dir):
+    """The warm path of a first call: the entry's linked library is dlopen-ed through tvm_ffi, ``cutlass`` is
+    never imported; with FA_VARIANTS_DISK_CACHE_LOADER=dsl the object goes through the DSL instead."""
+    if diskcache._compiler() is None:
+        pytest.skip("no C compiler to link the shared library")
+    cfg = _cfg(224)
+    _forget(cfg)
+    registry.compiled(cfg)
+    header, parts = diskcache._parse(diskcache.entry_path(cfg).read_bytes(), cfg)
+    assert header["link"] == "ok" and parts["shared"].startswith(b"\x7fELF")
+    env = {diskcache.ENV_DIR: str(cache_dir)}
+    warm = json.loads(_python(NO_DSL_PROCESS, env, "224").stdout.strip().splitlines()[-1])
+    assert warm["compiles"] == 0 and warm["loaded_by"] == {"shared": 1, "dsl": 0}
+    assert warm["type"] == "Function" and not warm["dsl_imported"]
+    via_dsl = json.loads(_python(NO_DSL_PROCESS, {**env, diskcache.ENV_LOADER: "dsl"}, "224").stdout.strip()
+                         .splitlines()[-1])
+    assert via_dsl["compiles"] == 0 and via_dsl["loaded_by"] == {"shared": 0, "dsl": 1} and via_dsl["dsl_imported"]
+
+
+@pytest.mark.compile
+def test_a_shared_library_that_does_not_load_falls_back_to_the_object(cache_dir):
+    """A whole entry whose library cannot be dlopen-ed (here: not an ELF file) still loads, through the DSL,
+    with one warning; an entry without a library (no compiler when written) loads through the DSL quietly."""
+    cfg = _cfg(256)
+    _forget(cfg)
+    registry.compiled(cfg)
+    path = diskcache.entry_path(cfg)
+    _rewrite(path, cfg, shared=b"not a shared library")
+    _forget(cfg)
+    before = dict(diskcache.loaded_by)
+    with pytest.warns(diskcache.DiskCacheWarning, match="shared library of a cache entry did not load"):
+        loaded = registry.compiled(cfg)
+    assert callable(loaded.fn) and diskcache.loaded_by["dsl"] == before["dsl"] + 1
+    _rewrite(path, cfg, shared=b"")
+    _forget(cfg)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", diskcache.DiskCacheWarning)
+        assert callable(registry.compiled(cfg).fn)
+    assert diskcache.loaded_by["dsl"] == before["dsl"] + 2 and cache.cache_info()["compiles"] >= 1
 
 
 @pytest.mark.compile

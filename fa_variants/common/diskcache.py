@@ -1,33 +1,42 @@
-"""The on-disk compile cache: a compiled kernel kept across processes, so that a new process loads it (tens of
-milliseconds) instead of tracing and compiling it again (seconds).
+"""The on-disk compile cache: a compiled kernel kept across processes, so that a new process loads it (milliseconds)
+instead of tracing and compiling it again (seconds), without importing the CuTe DSL.
 
 What is stored is the CuTe DSL's own ahead-of-time export of the compiled TVM-FFI function
-(``JitCompiledFunction.export_to_c``: one relocatable object file holding the host launcher and the cubin),
-loaded back by ``cutlass.cute.runtime.load_module(path, enable_tvm_ffi=True)``, which links it in memory and
-returns the same callable a fresh ``cute.compile`` gives (called with torch tensors, the stream from the
-environment). The DSL's own file cache (``CUTE_DSL_CACHE_DIR``) is not enough: it is keyed by the hash of the
+(``JitCompiledFunction.export_to_c``: one relocatable object file holding the host launcher and the cubin) and,
+when a C compiler is at hand (``$CC``, ``cc``, ``gcc``, ``clang``), that object linked into a shared library
+against the DSL's runtime library (``libcute_dsl_runtime.so``) and ``libtvm_ffi.so``, both by absolute rpath.
+A new process loads the shared library with ``tvm_ffi.load_module`` (a ``dlopen``): the TVM-FFI function it
+exports is the callable a fresh ``cute.compile`` gives (torch tensors in, the stream from the environment),
+and the ``cutlass`` package is never imported (about 2 s of a first call on the H200 host). Without a shared
+library (no compiler when it was written, or it fails to load: a runtime library moved), the object is linked
+in memory by ``cutlass.cute.runtime.load_module(path, enable_tvm_ffi=True)``, which imports the DSL.
+The DSL's own file cache (``CUTE_DSL_CACHE_DIR``) is not enough: it is keyed by the hash of the
 traced MLIR module, so every process still pays the Python trace of the kernel, most of a first call.
 
 One entry is one file, ``<dir>/<fingerprint>/<variant>-<arch>-<dtype>-d<head_dim>[-causal]-<key hash>.kernel``:
 a header (JSON: the full key, the sizes and SHA-256 of the parts, shared memory, the original compile time)
-then the object file and the cubin (for ``fa-variants compile``'s report). Its key:
+then the object file, the cubin (for ``fa-variants compile``'s report) and the shared library (possibly
+empty). Its key:
 
 * the `common.cache.StaticConfig` (variant, arch, dtype, head_dim, causal, the variant's frozen config,
   alignment), hashed from its repr;
 * the fingerprint directory: a hash of every kernel source of the package (``common/``, ``hopper/``,
-  ``ampere/``, ``fp8/``, ``testkernel.py``), the nvidia-cutlass-dsl and apache-tvm-ffi versions, the Python
+  ``ampere/``, ``fp8/``, ``testkernel*.py``), the nvidia-cutlass-dsl and apache-tvm-ffi versions, the Python
   version and the host machine. Changing a kernel's code, or the DSL, starts a new directory: a stale entry
   is never read (old directories can be deleted: ``fa-variants warmup --prune``).
 
 Safety: an entry is written to a temporary file in the same directory and renamed over the final name
 (``os.replace``, atomic on POSIX), so a reader sees a whole entry or none; concurrent processes compiling the
 same kernel both write a whole file and the last rename wins. A file that does not parse, whose parts do
-not match their hashes (truncated, corrupt) or that the DSL fails to load is reported once
-(`DiskCacheWarning`), recompiled and overwritten: never a crash.
+not match their hashes (truncated, corrupt) or that can be loaded neither way is reported once
+(`DiskCacheWarning`), recompiled and overwritten: never a crash. The shared library is checked against its
+hash before it is written out (to a private temporary file, deleted once loaded) and ``dlopen``-ed.
 
 Environment:
     FA_VARIANTS_CACHE_DIR   where (default ``$XDG_CACHE_HOME/fa_variants`` or ``~/.cache/fa_variants``)
     FA_VARIANTS_DISK_CACHE  ``0`` / ``off`` / ``false``: neither read nor write the disk (in-process cache only)
+    FA_VARIANTS_DISK_CACHE_LOADER  ``dsl``: load entries through the DSL (the object file) even when they hold a
+                            shared library (for comparisons; default ``auto``)
 
 Follows the idea of Dao-AILab/flash-attention flash_attn/cute/cache_utils.py (AOT export per key under a
 source fingerprint); the file format, locking-free atomic writes and validation are this package's.
@@ -47,13 +56,17 @@ from pathlib import Path
 
 ENV_DIR = "FA_VARIANTS_CACHE_DIR"
 ENV_SWITCH = "FA_VARIANTS_DISK_CACHE"
-MAGIC = b"fa_variants kernel v1\n"
+ENV_LOADER = "FA_VARIANTS_DISK_CACHE_LOADER"
+MAGIC = b"fa_variants kernel v2\n"  # v2: + the shared library
 SUFFIX = ".kernel"
 EXPORT_NAME = "fa_variants_kernel"  # the exported function's symbol stem (one function per object file)
 #: the package's kernel sources: the fingerprint hashes every .py file under these
-KERNEL_SOURCES = ("common", "hopper", "ampere", "fp8", "testkernel.py")
+KERNEL_SOURCES = ("common", "hopper", "ampere", "fp8", "testkernel.py", "testkernel_kernel.py")
 
 loads = 0  # entries loaded from disk in this process (tests and `warmup` read it)
+#: entries loaded per way ("shared": dlopen of the linked library, no DSL; "dsl": the object through the DSL)
+loaded_by: dict[str, int] = {"shared": 0, "dsl": 0}
+PARTS = ("object", "cubin", "shared")
 
 
 class DiskCacheWarning(UserWarning):
@@ -105,8 +118,9 @@ def entry_path(cfg) -> Path:
 
 
 def store(cfg, fn, cubin: bytes | None, smem_dynamic_bytes: int, compile_s: float) -> Path | None:
-    """Export a freshly compiled kernel and write its entry atomically; None (and a warning) if it cannot
-    (an unwritable directory, an export error): the kernel still runs, only the next process recompiles."""
+    """Export a freshly compiled kernel (and link it into a shared library when a C compiler is at hand) and
+    write its entry atomically; None (and a warning) if it cannot (an unwritable directory, an export error):
+    the kernel still runs, only the next process recompiles."""
     path = entry_path(cfg)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -114,16 +128,18 @@ def store(cfg, fn, cubin: bytes | None, smem_dynamic_bytes: int, compile_s: floa
             obj_path = os.path.join(scratch, "kernel.o")
             fn.export_to_c(obj_path, function_name=EXPORT_NAME)
             obj = Path(obj_path).read_bytes()
+            shared, link_note = link_shared(obj_path, os.path.join(scratch, "kernel.so"))
         cubin = cubin or b""
         header = json.dumps({
             "key": repr(cfg), "fingerprint": fingerprint(), "smem_dynamic_bytes": int(smem_dynamic_bytes),
             "compile_s": float(compile_s), "object": [len(obj), _sha(obj)], "cubin": [len(cubin), _sha(cubin)],
+            "shared": [len(shared), _sha(shared)], "link": link_note,
         }).encode()
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
             os.chmod(tmp, 0o644)  # mkstemp makes it private; an entry is as readable as any cache file
             with os.fdopen(fd, "wb") as f:
-                f.write(MAGIC + struct.pack("<Q", len(header)) + header + obj + cubin)
+                f.write(MAGIC + struct.pack("<Q", len(header)) + header + obj + cubin + shared)
             os.replace(tmp, path)
         finally:
             if os.path.exists(tmp):
@@ -133,6 +149,42 @@ def store(cfg, fn, cubin: bytes | None, smem_dynamic_bytes: int, compile_s: floa
                       stacklevel=2)
         return None
     return path
+
+
+def _compiler() -> str | None:
+    """The C compiler driver that links shared libraries: $CC, else cc, gcc or clang on PATH."""
+    import shutil
+
+    for name in filter(None, (os.environ.get("CC"), "cc", "gcc", "clang")):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def link_shared(obj_path: str, so_path: str) -> tuple[bytes, str]:
+    """(the shared library's bytes, "ok") linked from an exported object file against the DSL's runtime
+    libraries by absolute rpath, or (b"", why not): no compiler, a failed link. Called where the DSL is loaded
+    (a fresh compile)."""
+    import subprocess
+
+    import cutlass.cute as cute
+
+    cc = _compiler()
+    if cc is None:
+        return b"", "no C compiler (CC, cc, gcc, clang) to link a shared library"
+    libs = [lib for lib in cute.runtime.find_runtime_libraries(enable_tvm_ffi=True) if os.path.exists(lib)]
+    command = [cc, "-shared", "-o", so_path, obj_path]
+    for lib in libs:  # -L dir -l name keeps the NEEDED entry a plain name, found through the rpath
+        directory, name = os.path.split(lib)
+        command += ["-L", directory, "-l:" + name, "-Wl,-rpath," + directory]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return b"", f"link failed: {exc}"
+    if done.returncode != 0 or not os.path.exists(so_path):
+        return b"", f"link failed ({done.returncode}): {done.stderr.strip()[-300:]}"
+    return Path(so_path).read_bytes(), "ok"
 
 
 def load(cfg):
@@ -148,40 +200,71 @@ def load(cfg):
         warnings.warn(f"fa_variants: cannot read {path} ({exc}); recompiling", DiskCacheWarning, stacklevel=2)
         return None
     try:
-        header, obj, cubin = _parse(data, cfg)
-        fn = _load_object(obj, path.parent)
+        header, parts = _parse(data, cfg)
+        fn, way = _load_function(parts, path.parent)
     except Exception as exc:
         warnings.warn(f"fa_variants: unusable compile cache entry {path} ({type(exc).__name__}: {exc}); "
                       "recompiling", DiskCacheWarning, stacklevel=2)
         return None
     loads += 1
-    return fn, cubin or None, header["smem_dynamic_bytes"], header["compile_s"]
+    loaded_by[way] += 1
+    return fn, parts["cubin"] or None, header["smem_dynamic_bytes"], header["compile_s"]
 
 
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _parse(data: bytes, cfg) -> tuple[dict, bytes, bytes]:
-    """header, object, cubin of an entry's bytes; ValueError unless it is whole and is the entry of cfg."""
+def _parse(data: bytes, cfg) -> tuple[dict, dict[str, bytes]]:
+    """header and {part name: bytes} (`PARTS`) of an entry's bytes; ValueError unless it is whole and is the
+    entry of cfg."""
     if not data.startswith(MAGIC) or len(data) < len(MAGIC) + 8:
-        raise ValueError("not an fa_variants kernel file")
+        raise ValueError("not an fa_variants kernel file of this version")
     start = len(MAGIC) + 8
     (size,) = struct.unpack("<Q", data[len(MAGIC):start])
     header = json.loads(data[start:start + size])
     if header.get("key") != repr(cfg):
         raise ValueError("entry is for another configuration")
-    parts, offset = [], start + size
-    for name in ("object", "cubin"):
+    parts, offset = {}, start + size
+    for name in PARTS:
         length, digest = header[name]
         part = data[offset:offset + length]
         if len(part) != length or _sha(part) != digest:
             raise ValueError(f"{name} truncated or corrupt")
-        parts.append(part)
+        parts[name] = part
         offset += length
     if offset != len(data):
         raise ValueError("trailing bytes")
-    return header, parts[0], parts[1]
+    return header, parts
+
+
+def _load_function(parts: dict[str, bytes], directory: Path):
+    """(the TVM-FFI function of an entry, "shared" or "dsl"): its shared library through ``dlopen`` when it has
+    one (and FA_VARIANTS_DISK_CACHE_LOADER is not ``dsl``), falling back to the object through the DSL."""
+    if parts["shared"] and os.environ.get(ENV_LOADER, "auto").strip().lower() != "dsl":
+        try:
+            return _load_shared(parts["shared"], directory), "shared"
+        except Exception as exc:  # e.g. a runtime library moved since it was linked: the object still loads
+            if not parts["object"]:
+                raise
+            warnings.warn(f"fa_variants: the shared library of a cache entry did not load ({exc}); "
+                          "loading its object through the CuTe DSL", DiskCacheWarning, stacklevel=3)
+    return _load_object(parts["object"], directory), "dsl"
+
+
+def _load_shared(shared: bytes, directory: Path):
+    """The TVM-FFI function exported by a linked kernel library: written to a private temporary file in the
+    cache directory, ``dlopen``-ed by ``tvm_ffi.load_module``, the file removed (the mapping stays)."""
+    import tvm_ffi
+
+    fd, so_path = tempfile.mkstemp(dir=directory, prefix=".load-", suffix=".so")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(shared)
+        module = tvm_ffi.load_module(so_path)
+        return module[EXPORT_NAME]  # the function keeps its library loaded
+    finally:
+        os.unlink(so_path)
 
 
 @functools.lru_cache(maxsize=1)

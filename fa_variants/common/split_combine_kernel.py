@@ -1,0 +1,80 @@
+"""The CuTe DSL kernel of the split-KV merge, ``SplitMerge`` (the maths: ``common.split_combine``'s docstring).
+Imported only to compile (``split_combine._build``): a process that loads its kernels from the disk cache never
+imports the DSL. Our own design (no source followed).
+"""
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+
+from fa_variants.common.split_combine import LN_2, LOG2_E
+
+
+class SplitMerge:
+    """``__call__`` (host, traced once per (out dtype, head_dim)): o_parts (S*B, Nq, H, D) float32,
+    lse_parts (S*B, H, Nq) float32 (split s of batch b at index s * B + b), out (B, Nq, H, D) 16-bit,
+    lse (B, H, Nq) float32; S = o_parts' first extent // out's."""
+
+    def __init__(self, out_dtype, head_dim: int):
+        self.out_dtype, self.head_dim = out_dtype, head_dim
+
+    @cute.jit
+    def __call__(self, mOparts: cute.Tensor, mLSEparts: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+                 stream: cuda.CUstream):
+        grid = (mO.shape[0] * mO.shape[1] * mO.shape[2], 1, 1)
+        self.kernel(mOparts, mLSEparts, mO, mLSE).launch(grid=grid, block=[self.head_dim, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, mOparts: cute.Tensor, mLSEparts: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor):
+        col, _, _ = cute.arch.thread_idx()
+        bid, _, _ = cute.arch.block_idx()
+        batch, seqlen_q, heads = mO.shape[0], mO.shape[1], mO.shape[2]
+        row = bid % seqlen_q
+        head = (bid // seqlen_q) % heads
+        b = bid // (seqlen_q * heads)
+        splits = mOparts.shape[0] // batch
+
+        # LSE_s of the row, head_dim splits at a time: one load per thread into shared memory (all in flight
+        # together), then every thread reads them in split order (a loop of dependent global loads was one
+        # memory latency per split: ~S x 0.3-0.5 us at B = 1).
+        sLSE = cutlass.memory.SmemAllocator().allocate_tensor(Float32, cute.make_layout(self.head_dim), 16)
+        m = -Float32.inf
+        for c0 in cutlass.range(0, splits, self.head_dim, unroll=1):
+            self._stage(sLSE, mLSEparts, c0, col, splits, batch, b, head, row)
+            for i in cutlass.range(cutlass.min(self.head_dim, splits - c0), unroll=4):
+                m = cutlass.max(m, sLSE[i])
+        m_safe = m
+        if m == -Float32.inf:
+            m_safe = Float32(0.0)
+        l = Float32(0.0)
+        for c0 in cutlass.range(0, splits, self.head_dim, unroll=1):
+            self._stage(sLSE, mLSEparts, c0, col, splits, batch, b, head, row)
+            for i in cutlass.range(cutlass.min(self.head_dim, splits - c0), unroll=4):
+                l += cute.math.exp2((sLSE[i] - m_safe) * LOG2_E, fastmath=True)
+        lse = -Float32.inf
+        acc = Float32(0.0)
+        if l != Float32(0.0):  # the same for every thread of the CTA: the barriers in _stage are uniform
+            lse = m_safe + cute.math.log2(l, fastmath=True) * LN_2
+            for c0 in cutlass.range(0, splits, self.head_dim, unroll=1):
+                self._stage(sLSE, mLSEparts, c0, col, splits, batch, b, head, row)
+                for i in cutlass.range(cutlass.min(self.head_dim, splits - c0), unroll=8):
+                    x = sLSE[i]
+                    if x != -Float32.inf:
+                        acc += cute.math.exp2((x - lse) * LOG2_E, fastmath=True) * mOparts[(c0 + i) * batch + b, row, head, col]
+        mO[b, row, head, col] = acc.to(self.out_dtype)
+        if col == 0:
+            mLSE[b, head, row] = lse
+
+    @cute.jit
+    def _stage(self, sLSE: cute.Tensor, mLSEparts: cute.Tensor, c0: Int32, col: Int32, splits: Int32, batch: Int32,
+               b: Int32, head: Int32, row: Int32):
+        """sLSE[i] = LSE of split c0 + i for i < min(head_dim, splits - c0) (thread i loads one), between two
+        barriers: the previous chunk's reads are done before, the writes visible after."""
+        cute.arch.sync_threads()
+        x = -Float32.inf
+        if c0 + col < splits:
+            x = mLSEparts[(c0 + col) * batch + b, head, row]
+        sLSE[col] = x
+        cute.arch.sync_threads()
