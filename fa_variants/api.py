@@ -130,14 +130,15 @@ def dispatch_and_run(q, k, v, causal: bool, softmax_scale: float | None, backend
 def _call_key(q, k, v, causal, softmax_scale, backend) -> tuple | None:
     """What a call's plan depends on: for each of q, k, v its class, shape, strides, dtype, device, base
     pointer modulo 16 bytes (the kernels' alignment) and requires_grad; causal, softmax_scale (value and
-    type: 1, 1.0 and True must not share a plan), backend, grad mode and ``FA_VARIANTS_BACKEND``.
+    type: 1, 1.0 and True must not share a plan), backend, grad mode and ``FA_VARIANTS_BACKEND`` (read for
+    backend "auto" only: a named backend ignores it).
     None for arguments that are not tensors of a strided layout (never planned)."""
     try:
         return (q.__class__, q.shape, q.stride(), q.dtype, q.device, q.data_ptr() % 16, q.requires_grad,
                 k.__class__, k.shape, k.stride(), k.dtype, k.device, k.data_ptr() % 16, k.requires_grad,
                 v.__class__, v.shape, v.stride(), v.dtype, v.device, v.data_ptr() % 16, v.requires_grad,
                 causal.__class__, causal, softmax_scale.__class__, softmax_scale, backend.__class__, backend,
-                torch.is_grad_enabled(), os.environ.get(dispatch.ENV_VAR))
+                torch.is_grad_enabled(), os.environ.get(dispatch.ENV_VAR) if backend == "auto" else None)
     except (AttributeError, TypeError, RuntimeError, NotImplementedError):  # not a tensor, sparse, nested
         return None
 
@@ -180,6 +181,8 @@ def _plan(selection: Selection, q, k, v, causal: bool, scale: float, config=None
 
     if variant.runner is None:  # a kernel through common.launch
         kernel = launch.launcher(variant, *normalise(q, k, v), causal=causal, softmax_scale=kernel_scale, config=config)
+        if not mqa and not any(copies):  # the common case: the launcher's run is the plan
+            return kernel
         return lambda q, k, v: kernel(*normalise(q, k, v))
     index = q.device.index if q.is_cuda else None
 

@@ -5,15 +5,25 @@ launcher (compiled-kernel lookup, operands, outputs, runtime arguments) and the 
     python scripts/api_overhead.py --backend fa2 --profile  # ... and cProfile of the eager call
     python scripts/api_overhead.py --device cuda --backend fa3            # the real kernel on the GPU
     python scripts/api_overhead.py --device cuda --backend fa3 --stub     # GPU tensors, no kernel
+    python scripts/api_overhead.py --device cuda --backend fa3,fa2 --phases   # issue 13's GPU check
 
 Stubbed (the default on the CPU): the dispatcher sees an sm_90 device and the compiled kernel is a Python
-no-op, so every line of the eager path runs except the GPU launch (on the GPU the TVM-FFI launch adds a
-few microseconds). Real (``--device cuda`` without ``--stub``): a loop of calls at a decode shape,
-synchronised once at the end, as issue 13's table measures host time.
+no-op (on the CPU also the torch split-KV merge), so every line of the eager path runs except the GPU launch.
+Real (``--device cuda`` without ``--stub``): a decode shape (B=1, Nq=1, Nk=4096, GQA 32:8, D=128, bf16).
 
-Prints the minimum and median over rounds of the mean time per call (microseconds), for the eager call and
-for the same call through the custom op ``torch.ops.fa_variants.attention`` (what torch.compile graphs
-call). Issue 13's budget: <= 25 us per call for a cached configuration on the GPU.
+Per backend it prints the minimum and median over rounds of the mean time per call (microseconds):
+
+* ``sync loop``: a loop of calls synchronised once at the end (what session 2 measured): max(host, GPU) time;
+* ``host (enqueue)``: the same loop timed before the synchronisation, over few enough calls that the launch
+  queue never fills: the host time per call. Issue 13's budget: <= 25 us for a cached configuration;
+* ``gpu``: the GPU time per call (a CUDA graph of the loop replayed, timed by CUDA events; absent if the
+  call cannot be captured);
+
+and with ``--phases`` the host time of each phase of a cached call, timed one phase at a time: ``key``
+(`api._call_key`: validation is cached under it), ``plan lookup`` (the dict), ``alloc`` (O and LSE),
+``launch`` (the plan's launch with given outputs: views, workspace, the compiled kernel's TVM-FFI call(s),
+fa3's merge), and the custom op ``torch.ops.fa_variants.attention`` (what torch.compile graphs call).
+A last line ``SUMMARY`` gives each backend's host us/call and whether it meets 25 us.
 """
 from __future__ import annotations
 
@@ -75,39 +85,124 @@ def stubbed_kernel(backend: str, device: str):
             dispatch.clear_cache()
 
 
+def enqueue_us(fn, calls: int, rounds: int, sync) -> tuple[float, float]:
+    """(min, median) over rounds of the host time per call of `calls` calls (timed before the sync)."""
+    for _ in range(max(1, calls // 5)):
+        fn()
+    sync()
+    means = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        means.append((time.perf_counter() - start) / calls * 1e6)
+        sync()
+    return min(means), statistics.median(means)
+
+
+def gpu_us(fn, calls: int) -> float | None:
+    """GPU time per call: `calls` calls captured in one CUDA graph, replayed and timed by CUDA events."""
+    try:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                fn()
+        graph.replay()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(5):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) * 1e3 / (5 * calls)
+    except Exception as exc:  # noqa: BLE001 (a diagnostic: say why and go on)
+        print(f"#   (gpu time not measured: {type(exc).__name__}: {str(exc)[:120]})")
+        return None
+
+
+def phases(q, k, v, backend: str, calls: int, rounds: int, sync) -> dict[str, float]:
+    """Host us per call of each phase of a cached eager call (see the module docstring)."""
+    from fa_variants import api, dispatch
+
+    key = api._call_key(q, k, v, True, None, backend)
+    plan = dispatch.PLANS[key]
+    batch, seqlen_q, heads, head_dim = q.shape
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device)
+    launch_step = getattr(plan, "launch_step", None)
+    steps = {
+        "key": lambda: api._call_key(q, k, v, True, None, backend),
+        "plan lookup": lambda: dispatch.PLANS.get(key),
+        "alloc": lambda: (torch.empty(q.shape, dtype=q.dtype, device=q.device),
+                          torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device)),
+    }
+    if launch_step is not None:
+        steps["launch"] = lambda: launch_step(q, k, v, out, lse)
+    steps["custom op"] = lambda: torch.ops.fa_variants.attention(q, k, v, True, None, backend)
+    return {name: enqueue_us(fn, calls, rounds, sync)[0] for name, fn in steps.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--backend", default="fa3")
+    parser.add_argument("--backend", default="fa3", help="one backend or a comma-separated list")
     parser.add_argument("--stub", action="store_true", help="no kernel (always so on the CPU)")
-    parser.add_argument("--calls", type=int, default=5000)
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--calls", type=int, default=200, help="calls per timed loop (host: the queue must not fill)")
+    parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--phases", action="store_true", help="also time each phase of a cached call")
     parser.add_argument("--profile", action="store_true", help="cProfile the eager call (top 25 by own time)")
     args = parser.parse_args()
 
     import fa_variants
 
     stub = args.stub or args.device == "cpu"
-    dtype = torch.float32 if args.backend == "reference" else torch.bfloat16
+    cuda = args.device.startswith("cuda")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     b, nq, nk, h, hkv = (DECODE[n] for n in ("batch", "seqlen_q", "seqlen_k", "heads", "heads_kv"))
-    q = torch.randn(b, nq, h, args.head_dim, device=args.device, dtype=dtype)
-    k, v = (torch.randn(b, nk, hkv, args.head_dim, device=args.device, dtype=dtype) for _ in range(2))
-    sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
-    backend = args.backend
-    calls = {"fa_variants.attention (eager)": lambda: fa_variants.attention(q, k, v, causal=True, backend=backend),
-             "torch.ops.fa_variants.attention": lambda: torch.ops.fa_variants.attention(q, k, v, True, None, backend)}
     where = f"{args.device}, {'kernel stubbed' if stub else 'real kernel'}"
-    print(f"# host time per call, {backend}, bf16, B={b} Nq={nq} Nk={nk} H={h}:{hkv} D={args.head_dim} ({where})")
-    with stubbed_kernel(backend, args.device) if stub else contextlib.nullcontext():
-        for name, fn in calls.items():
-            best, median = per_call_us(fn, args.calls, args.rounds, sync)
-            print(f"{name:34s} {best:7.2f} us/call (min of {args.rounds} x {args.calls}; median {median:.2f})")
-        if args.profile:
-            eager = calls["fa_variants.attention (eager)"]
-            profile = cProfile.Profile()
-            profile.runcall(lambda: [eager() for _ in range(args.calls)])
-            pstats.Stats(profile).sort_stats("tottime").print_stats(25)
+    if cuda:
+        print(f"# torch {torch.__version__}; torch.Tensor.__dlpack_c_exchange_api__ (TVM-FFI's fast tensor "
+              f"path): {hasattr(torch.Tensor, '__dlpack_c_exchange_api__')}")
+    summary = []
+    for backend in args.backend.split(","):
+        dtype = torch.float32 if backend == "reference" else torch.bfloat16
+        q = torch.randn(b, nq, h, args.head_dim, device=args.device, dtype=dtype)
+        k, v = (torch.randn(b, nk, hkv, args.head_dim, device=args.device, dtype=dtype) for _ in range(2))
+        eager = lambda: fa_variants.attention(q, k, v, causal=True, backend=backend)  # noqa: E731
+        print(f"# host time per call, {backend}, {dtype}, B={b} Nq={nq} Nk={nk} H={h}:{hkv} D={args.head_dim} ({where})")
+        with stubbed_kernel(backend, args.device) if stub else contextlib.nullcontext():
+            if not cuda:
+                stack = contextlib.ExitStack()
+                from fa_variants.common import split
+                stack.enter_context(mock.patch.object(split, "merge", lambda *a: None))  # the CPU's torch merge
+            else:
+                stack = contextlib.nullcontext()
+            with stack:
+                eager()
+                best, median = per_call_us(eager, args.calls * 10, args.rounds, sync)
+                print(f"{'sync loop':18s} {best:8.2f} us/call (min of {args.rounds} x {args.calls * 10}; median {median:.2f})")
+                host, median = enqueue_us(eager, args.calls, args.rounds, sync)
+                print(f"{'host (enqueue)':18s} {host:8.2f} us/call (min of {args.rounds} x {args.calls}; median {median:.2f})")
+                if cuda and not stub:
+                    gpu = gpu_us(eager, args.calls)
+                    if gpu is not None:
+                        print(f"{'gpu':18s} {gpu:8.2f} us/call (CUDA graph of {args.calls} calls)")
+                if args.phases:
+                    for name, us in phases(q, k, v, backend, args.calls, args.rounds, sync).items():
+                        print(f"{'  ' + name:18s} {us:8.2f} us")
+                if args.profile:
+                    profile = cProfile.Profile()
+                    profile.runcall(lambda: [eager() for _ in range(args.calls * 10)])
+                    pstats.Stats(profile).sort_stats("tottime").print_stats(25)
+        summary.append(f"{backend} host {host:.1f} us/call ({'meets' if host <= 25 else 'misses'} 25 us)")
+    print("SUMMARY " + "; ".join(summary) + f" [{where}]")
 
 
 if __name__ == "__main__":

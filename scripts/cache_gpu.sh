@@ -5,9 +5,10 @@
 #
 #   source .gpu/env.sh; scripts/cache_gpu.sh            (repository root; logs under $OUT/logs, logs.tgz)
 #
-# Must show: warm first call <= 1 s (fa3, fa2; cold is the compile, ~6 s), with where it goes (backend import,
-# disk load, first launch, rest); host time per call <= 25 us for
-# fa3 and fa2 (eager, real kernel, B=1 Nq=1 Nk=4k GQA 32:8 D=128, loop synchronised at the end); every test passed.
+# Must show: warm first call <= 1 s (fa3, fa2; cold is the compile, ~6 s) with loaded_by shared and dsl_imported
+# False (the CuTe DSL never imported), and where it goes (backend import, disk load, first launch, rest); host
+# time per call ("host (enqueue)", SUMMARY lines) <= 25 us for fa3 and fa2 (eager, real kernel, B=1 Nq=1 Nk=4k
+# GQA 32:8 D=128), with the per-phase split (key, plan lookup, alloc, launch); every test passed.
 set -uo pipefail
 out="${OUT:-results/cache-gpu}"; mkdir -p "$out"/logs
 logs="$out/logs"
@@ -27,8 +28,8 @@ cache=$(mktemp -d /tmp/fa_variants_cache_gpu.XXXX)
     --gqa 32:8 --no-progress 2>&1 | tail -n 2 | head -n 1
 } > "$logs/first_call.log" 2>&1
 echo "== first_call: done"
-step overhead 150 bash -c 'for b in fa3 fa2; do for mode in "" --stub; do
-  python3 scripts/api_overhead.py --device cuda --backend $b --calls 3000 --rounds 5 $mode; done; done'
+step overhead 150 bash -c 'for mode in "" --stub; do
+  python3 scripts/api_overhead.py --device cuda --backend fa3,fa2 --phases $mode; done'
 step pytest 200 python3 -m pytest -q -p no:cacheprovider --tb=short -rfs -m "not slow" tests/test_cache_gpu.py \
   tests/test_diskcache.py tests/test_plans.py tests/test_api.py "tests/test_edge_cases.py::test_ec18c_cuda_graph_capture_and_replay"
 rm -rf "$cache"
@@ -50,7 +51,8 @@ for line in open(sys.argv[1]):
     p = " ".join(f"{k.removesuffix('_s')}={v:.3f}" for k, v in r["phases"].items())
     print(f"{r['backend']} {head.split()[0]}: {head.split()[2]} imports={r['imports_s']:.2f} "
           f"first_call={r['first_call_s']:.3f} second_call={r['second_call_s']:.4f} compiles={r['compiles']} "
-          f"disk_loads={r['disk_loads']} ok={r['ok']} | {p}")
+          f"disk_loads={r['disk_loads']} loaded_by={r.get('loaded_by')} dsl_imported={r.get('dsl_imported')} "
+          f"ok={r['ok']} | {p}")
 PY
-echo "== host time per call (us)"; grep -E "^#|us/call" "$logs/overhead.log"
+echo "== host time per call (us)"; grep -E "^#|us/call|  [a-z]|SUMMARY" "$logs/overhead.log"
 echo "== pytest"; grep -E "passed|failed|FAILED|ERROR" "$logs/pytest.log" | tail -n 20

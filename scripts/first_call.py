@@ -10,17 +10,20 @@ its completion (synchronised), and a second call like it. The first call is brok
 (``phases``, seconds; the functions are wrapped with timers, nothing else changes):
 
 * ``backend_import_s``: importing the kernel module (the CuTe DSL, ``cutlass``, with it);
-* ``disk_load_s``: `common.diskcache.load` (read and check the entry, link it), of which ``fingerprint_s``
-  (hashing the kernel sources, once per process), ``runtime_libs_s`` (the DSL's runtime libraries) and
-  ``load_module_s`` (``cute.runtime.load_module``, runtime libraries included);
+* ``disk_load_s``: `common.diskcache.load` (read and check the entry, load it), of which ``fingerprint_s``
+  (hashing the kernel sources, once per process), ``load_shared_s`` (the entry's linked library through
+  ``tvm_ffi.load_module``: the warm path, no DSL) or, for an entry without one, ``runtime_libs_s`` (the DSL's
+  runtime libraries) and ``load_module_s`` (``cute.runtime.load_module``, the DSL imported with it);
 * ``compile_s``: a cold cache's trace and compile (``cute.compile``, as `common.cache` timed it), absent when
   warm;
 * ``first_launch_s``: the first call of the loaded function to its completion (loading the cubin into the
   CUDA context, building the launch, the kernel);
 * ``rest_s``: what remains (validation, dispatch, the plan, allocations; when cold, the export to disk).
 
-Reports also the compile cache's counters and whether the output passes the float64 rule. Issue 13's
-budget: <= 1 s for the first call with a warm disk cache (FA_VARIANTS_CACHE_DIR).
+Reports also the compile cache's counters, how the entries were loaded (``loaded_by``: ``shared`` or ``dsl``),
+whether the CuTe DSL was imported at all (``dsl_imported``: false on the warm path) and whether the output
+passes the float64 rule. Issue 13's budget: <= 1 s for the first call with a warm disk cache
+(FA_VARIANTS_CACHE_DIR); ``FA_VARIANTS_DISK_CACHE_LOADER=dsl`` measures the old way for comparison.
 """
 from __future__ import annotations
 
@@ -54,6 +57,7 @@ def instrument(sync=None) -> None:
     diskcache.fingerprint = timed("fingerprint_s", diskcache.fingerprint)
     diskcache._runtime_libraries = timed("runtime_libs_s", diskcache._runtime_libraries)
     diskcache._load_object = timed("load_module_s", diskcache._load_object)
+    diskcache._load_shared = timed("load_shared_s", diskcache._load_shared)
     load = timed("disk_load_s", diskcache.load)
 
     def load_and_time_the_first_launch(cfg):
@@ -124,6 +128,10 @@ def main() -> None:
     total = report.get("first_call_s", report.get("load_s"))
     named = sum(phases.get(p, 0.0) for p in ("backend_import_s", "disk_load_s", "compile_s", "first_launch_s"))
     report["phases"] = {name: round(s, 4) for name, s in phases.items()} | {"rest_s": round(total - named, 4)}
+    import sys
+
+    report["loaded_by"] = dict(diskcache.loaded_by)
+    report["dsl_imported"] = "cutlass" in sys.modules
     print(json.dumps({**report, **cache.cache_info(),
                       "cache_dir": str(diskcache.root()) if diskcache.enabled() else None}))
 

@@ -122,3 +122,76 @@ def test_the_launcher_decides_once_and_replays_per_call():
     args = launched[-1]
     assert args[0].stride(0) == 2 * q.stride(0) and args[0].data_ptr() == q.data_ptr() and args[5] == 0.5
     assert out1.data_ptr() != out2.data_ptr() and lse.shape == (1, 2, 3) and lse.dtype == torch.float32
+
+
+def test_the_launcher_keeps_its_config_until_a_switch_changes():
+    """With Variant.switches the config is chosen once per kind (problem_config, plan_call run while planning)
+    and again only when a switch flips; each call still gets fresh outputs and its own prepare."""
+    switch, decided, planned, prepared, launched = [1], [], [], [], []
+
+    def problem_config(given, q, k, causal):
+        decided.append(switch[0])
+        return ("config", switch[0])
+
+    def plan_call(config, q, k, v, scale):
+        planned.append(config)
+        return (lambda q, k, v, out, lse: prepared.append(config) or (q, k, v, out, lse, config)), None
+
+    variant = Variant("stub", archs=("sm_90a",), dtypes=(F16,), head_dims=(16,), build=lambda cfg: None,
+                      default_config=lambda arch, d, causal: None, problem_config=problem_config,
+                      plan_call=plan_call, switches=lambda: switch[0])
+    q = torch.randn(1, 3, 2, 16, dtype=F16)
+    k = v = torch.randn(1, 5, 2, 16, dtype=F16)
+    compiled = cache.Compiled(None, lambda *args: launched.append(args), 0.0, None, 0)
+    with mock.patch.object(launch.cache, "get_compiled", lambda cfg, build: compiled), \
+            mock.patch.object(launch.interop, "device_arch", lambda d=None: "sm_90a"):
+        launch._KERNELS.clear()
+        run = launch.launcher(variant, q, k, v, causal=False, softmax_scale=0.5)
+        outs = [run(q, k, v)[0] for _ in range(3)]
+        assert decided == [1] and planned == [("config", 1)] and prepared == [("config", 1)] * 3
+        switch[0] = 2
+        run(q, k, v)
+        launch._KERNELS.clear()
+    assert decided == [1, 2] and planned[-1] == ("config", 2) and launched[-1][-1] == ("config", 2)
+    assert len({o.data_ptr() for o in outs}) == 3
+
+
+def test_an_identity_operand_view_is_not_redone_per_call():
+    """fa3's TMA operand re-strides length-1 dimensions; where that gives the strides the tensor already has
+    (any contiguous decode q, k, v) the launcher passes the caller's tensor itself, with no view per call."""
+    from fa_variants.hopper import fa3
+
+    q = torch.randn(1, 1, 32, 128, dtype=F16)
+    assert launch._operand_fix(fa3._tma_operand, q) is None
+    odd = torch.randn(1, 1, 32, 128, dtype=F16).as_strided((1, 1, 32, 128), (8, 8, 128, 1))
+    assert launch._operand_fix(fa3._tma_operand, odd) == fa3._tma_operand(odd).stride()
+
+
+def test_fa3_plan_call_views_one_workspace_and_merges_it():
+    """fa3's split + packed GQA decode arguments (worked out once on meta tensors): q, O and LSE partials as
+    pack_gqa_views would give them, the partials in one fp32 workspace, merged by finish into out, lse (here
+    split.merge, the CPU path) exactly as merging the same partials directly."""
+    import dataclasses
+
+    from fa_variants.common import split
+    from fa_variants.hopper import fa3
+
+    q, k = torch.randn(2, 1, 8, 64, dtype=F16), torch.randn(2, 300, 2, 64, dtype=F16)
+    config = dataclasses.replace(fa3._PACKED_SPLIT_CONFIGS[64], num_splits=3)
+    prepare, finish = fa3._plan_call(config, q, k, k, 0.125)
+    out, lse = torch.empty(2, 1, 8, 64, dtype=F16), torch.empty(2, 8, 1)
+    args = prepare(q, k, k, out, lse)
+    o_parts, lse_parts = torch.empty(6, 1, 8, 64), torch.empty(6, 8, 1)
+    pq, po, pl = fa3.pack_gqa_views(q, o_parts, lse_parts, 2)
+    for got, want in ((args[0], pq), (args[3], po), (args[4], pl)):
+        assert got.shape == want.shape and got.stride() == want.stride()
+    assert args[0].data_ptr() == q.data_ptr() and args[3].untyped_storage().data_ptr() == args[4].untyped_storage().data_ptr()
+    args[3].copy_(torch.randn(po.shape))
+    args[4].copy_(torch.randn(pl.shape))
+    o_parts.copy_(args[3].as_strided(o_parts.shape, o_parts.stride(), 0))
+    lse_parts.copy_(args[4].as_strided(lse_parts.shape, lse_parts.stride(), o_parts.numel()))
+    finish(args, out, lse)
+    want_out, want_lse = torch.empty_like(out), torch.empty_like(lse)
+    split.merge(o_parts.unflatten(0, (3, 2)), lse_parts.unflatten(0, (3, 2)), want_out, want_lse)
+    assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+    assert args[5] == pytest.approx(0.125 * fa3.LOG2_E) and args[6] == fa3.l2_section_heads(300, 64)

@@ -16,7 +16,6 @@ Pure Python; the CuTe DSL is imported only when a kernel is first compiled.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import math
@@ -60,6 +59,12 @@ class Variant:
     finish: (config, runtime args, out, lse) -> None, after the launch (fa3: the split-KV merge into out, lse).
     warm_configs: (arch, head_dim, causal) -> the configs besides the default that calls may compile
         (`problem_config`'s choices: fa3's split-KV config), for `fa-variants warmup`.
+    switches: () -> a hashable value of the module switches `problem_config` and `plan_call` read besides
+        the tensors' kind (fa3: split-KV, packed GQA, merge kernel). With it, a launcher decides the config
+        once and replays it while the value is unchanged; without it, `problem_config` runs per call.
+    plan_call: (config, q, k, v, scale) -> (prepare(q, k, v, out, lse) -> runtime args, finish(args, out, lse)
+        or None): `prepare` and `finish` specialised once for tensors of q, k, v's kind (view geometry,
+        workspace sizes, the merge kernel looked up), instead of `prepare` / `finish` per call.
     """
 
     name: str
@@ -78,6 +83,8 @@ class Variant:
     problem_config: Callable[[Any, torch.Tensor, torch.Tensor, bool], Any] | None = None
     finish: Callable[[Any, tuple, torch.Tensor, torch.Tensor], None] | None = None
     warm_configs: Callable[[str, int, bool], tuple] | None = None
+    switches: Callable[[], Any] | None = None
+    plan_call: Callable[..., tuple] | None = None
 
     def can_implement(self, dtype: torch.dtype, head_dim: int) -> str | None:
         """Why this variant cannot serve (dtype, head_dim); None if it can."""
@@ -158,9 +165,10 @@ def launcher(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     """`launch` split in two: everything decided by what a call's *kind* fixes (shapes, strides, 16-byte
     alignment of the base pointers, dtype, device, causal, softmax_scale, config) is checked and looked up
     here, once; the returned ``run(q, k, v) -> (out, lse)`` does only the per-call work (allocate out and
-    LSE, copy an operand the kernel cannot address, the variant's per-call config hook, the launch) for
-    tensors of the same kind. The caller owns that contract (``fa_variants.api`` keys its cached plans on
-    exactly those properties). Raises as `launch`, here rather than in ``run``.
+    LSE, copy an operand the kernel cannot address, the launch) for tensors of the same kind. The caller owns
+    that contract (``fa_variants.api`` keys its cached plans on exactly those properties). A variant with
+    `Variant.switches` gets its config chosen here too, and chosen again only if a switch changes; one
+    without runs its `problem_config` per call. Raises as `launch`, here rather than in ``run``.
     """
     batch, seqlen_q, heads, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
@@ -177,45 +185,93 @@ def launcher(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     negate_k, scale = kernel_scale(softmax_scale)
     if q.numel() == 0 or seqlen_k == 0:  # nothing to launch: O = 0, LSE = -inf
         return functools.partial(empty_outputs, (batch, seqlen_q, heads, head_dim), q.dtype, q.device)
-    kernels = {config: _kernel(variant, q.device, q.dtype, head_dim, bool(causal), config)}
     # per operand: None (used as is), its strides (a re-strided view of the same memory), or True (the
     # variant's operand() per call: a copy). `Variant.operand` decides from shape, strides and alignment.
     fixes = tuple(_operand_fix(variant.operand, t) for t in (q, k, v))
     if negate_k:
         fixes = (fixes[0], True, fixes[2])
-    out_shape, lse_shape = (batch, seqlen_q, heads, head_dim), (batch, heads, seqlen_q)
-    device, dtype, operand, prepare, finish = q.device, q.dtype, variant.operand, variant.prepare, variant.finish
-    problem_config, check_problem = variant.problem_config, variant.check_problem
-    index = device.index if device.type == "cuda" else None
+    operands = _operands(variant.operand, fixes)
+    switches = variant.switches
+    steps = {config: _Steps(variant, q, k, v, causal, scale, config, operands)}  # config -> its launch steps
+    state = switches() if switches is not None else None
+    device, out_shape, lse_shape = q.device, (batch, seqlen_q, heads, head_dim), (batch, heads, seqlen_q)
+    dtype, index = q.dtype, (q.device.index if q.device.type == "cuda" else None)
+    chosen = steps[config]
+    decide = variant.problem_config if switches is None else None
 
     def run(q, k, v):
-        config = given
-        if problem_config is not None:  # per call: the variant's choice may depend on more than the key
-            config = problem_config(given, q, k, causal)
-        hit = kernels.get(config)
-        if hit is None:
-            if check_problem is not None:
-                check_problem(config, q, k)
-            hit = kernels[config] = _kernel(variant, device, dtype, head_dim, bool(causal), config)
-        fn, cfg = hit
+        step = chosen
+        if switches is not None:
+            if switches() != state:  # a module switch changed since planning: decide as a new plan would
+                step = None
+        elif decide is not None:  # per call: the variant's choice may depend on more than the key
+            step = steps.get(decide(given, q, k, causal))
+        if step is None:
+            config = variant.problem_config(given, q, k, causal) if variant.problem_config else given
+            step = steps.get(config)
+            if step is None:
+                if variant.check_problem is not None:
+                    variant.check_problem(config, q, k)
+                step = steps[config] = _Steps(variant, q, k, v, causal, scale, config, operands)
         if negate_k:  # softmax(c Q K^T) = softmax(|c| Q (-K)^T): the online max needs c > 0
             k = -k
-        if fixes[0] is not None:
-            q = operand(q) if fixes[0] is True else q.as_strided(q.shape, fixes[0])
-        if fixes[1] is not None:
-            k = operand(k) if fixes[1] is True else k.as_strided(k.shape, fixes[1])
-        if fixes[2] is not None:
-            v = operand(v) if fixes[2] is True else v.as_strided(v.shape, fixes[2])
+        if operands is not None:
+            q, k, v = operands(q, k, v)
         out = torch.empty(out_shape, dtype=dtype, device=device)
         lse = torch.empty(lse_shape, dtype=torch.float32, device=device)
-        with torch.cuda.device(index) if index is not None else contextlib.nullcontext():
-            args = prepare(cfg, q, k, v, out, lse, scale)
-            fn(*args)
-            if finish is not None:
-                finish(cfg, args, out, lse)
+        if index is not None and torch.cuda.current_device() != index:
+            with torch.cuda.device(index):  # launch on the tensors' device, not the current one
+                step.launch(q, k, v, out, lse)
+        else:
+            step.launch(q, k, v, out, lse)
         return out, lse
 
+    run.launch_step = chosen.launch  # diagnostics (scripts/api_overhead.py): the launch alone, outputs given
     return run
+
+
+def _operands(operand: Callable, fixes: tuple):
+    """``(q, k, v) -> (q, k, v)`` replaying the operand decisions (`_operand_fix`), or None when all are used
+    as they are."""
+    if all(fix is None for fix in fixes):
+        return None
+    fq, fk, fv = fixes
+
+    def fix(t, how):
+        if how is None:
+            return t
+        return operand(t) if how is True else t.as_strided(t.shape, how)
+
+    return lambda q, k, v: (fix(q, fq), fix(k, fk), fix(v, fv))
+
+
+class _Steps:
+    """The launch of one config for tensors of a launcher's kind: the compiled kernel and the variant's
+    argument steps (`Variant.plan_call`, else `Variant.prepare` / `Variant.finish` per call)."""
+
+    __slots__ = ("launch",)
+
+    def __init__(self, variant: Variant, q, k, v, causal: bool, scale: float, config, operands):
+        fn, cfg = _kernel(variant, q.device, q.dtype, q.shape[-1], bool(causal), config)
+        if variant.plan_call is not None:
+            sample = operands(q, k, v) if operands is not None else (q, k, v)
+            prepare, finish = variant.plan_call(cfg, *sample, scale)
+        elif variant.prepare is standard_args and variant.finish is None:
+            prepare, finish = (lambda q, k, v, out, lse: (q, k, v, out, lse, scale)), None
+        else:
+            prepare = lambda q, k, v, out, lse, p=variant.prepare: p(cfg, q, k, v, out, lse, scale)  # noqa: E731
+            finish = None if variant.finish is None else (
+                lambda args, out, lse, f=variant.finish: f(cfg, args, out, lse))
+
+        if finish is None:
+            def launch(q, k, v, out, lse):
+                fn(*prepare(q, k, v, out, lse))
+        else:
+            def launch(q, k, v, out, lse):
+                args = prepare(q, k, v, out, lse)
+                fn(*args)
+                finish(args, out, lse)
+        self.launch = launch
 
 
 def _operand_fix(operand: Callable, t: torch.Tensor):
@@ -225,7 +281,7 @@ def _operand_fix(operand: Callable, t: torch.Tensor):
     if r is t:
         return None
     if r.data_ptr() == t.data_ptr() and r.shape == t.shape and r.dtype == t.dtype:
-        return r.stride()
+        return None if r.stride() == t.stride() else r.stride()  # the same view: nothing to redo per call
     return True
 
 

@@ -76,16 +76,22 @@ VARIANT = Variant(
 _FNS: dict[tuple, object] = {}
 
 
-def merge(o_parts: torch.Tensor, lse_parts: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:
-    """``split.merge`` on the GPU in one launch: o_parts (S*B, Nq, H, D) and lse_parts (S*B, H, Nq) float32
-    contiguous (split s of batch b at s * B + b), into out (B, Nq, H, D) (float16 / bfloat16, unit last
-    stride, 16-byte aligned strides) and lse (B, H, Nq) float32 (unit last stride)."""
-    key = (out.device, out.dtype, out.shape[-1])
+def merge_function(device: torch.device, dtype: torch.dtype, head_dim: int):
+    """The compiled merge kernel for outputs of this device, dtype and head_dim (compiled or loaded on first
+    use): ``fn(o_parts, lse_parts, out, lse)`` as `merge` takes them."""
+    key = (device, dtype, head_dim)
     fn = _FNS.get(key)
     if fn is None:
         from fa_variants import registry
 
-        cfg = registry.static_config("split-merge", interop.device_arch(out.device), interop.dtype_name(out.dtype),
-                                     out.shape[-1], False, MergeConfig())
+        cfg = registry.static_config("split-merge", interop.device_arch(device), interop.dtype_name(dtype),
+                                     head_dim, False, MergeConfig())
         fn = _FNS[key] = VARIANT.compiled(cfg).fn
-    fn(o_parts, lse_parts, out, lse)
+    return fn
+
+
+def merge(o_parts: torch.Tensor, lse_parts: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:
+    """``split.merge`` on the GPU in one launch: o_parts (S*B, Nq, H, D) and lse_parts (S*B, H, Nq) float32
+    contiguous (split s of batch b at s * B + b), into out (B, Nq, H, D) (float16 / bfloat16, unit last
+    stride, 16-byte aligned strides) and lse (B, H, Nq) float32 (unit last stride)."""
+    merge_function(out.device, out.dtype, out.shape[-1])(o_parts, lse_parts, out, lse)

@@ -47,7 +47,7 @@ def split_kv_model(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
         (out like q, lse float32 (batch, num_heads, seqlen_q)), natural log.
     """
     batch, seqlen_q, heads, head_dim = q.shape
-    # the buffers fa3._prepare allocates: (num_splits * batch) "batches"; the CTAs write through views of them
+    # the buffers fa3._plan_call allocates: (num_splits * batch) "batches"; the CTAs write through views of them
     o_parts = torch.full((num_splits * batch, seqlen_q, heads, head_dim), math.nan)
     lse_parts = torch.full((num_splits * batch, heads, seqlen_q), math.nan)
     q_cta, o_cta, lse_cta = q, o_parts, lse_parts

@@ -146,7 +146,7 @@ def _build(cfg: StaticConfig):
 
     kernel = FlashAttention3Sm90(interop.cute_dtype(cfg.dtype), cfg.head_dim, cfg.causal, cfg.config)
     q, k, v, o, lse, scale, stream = interop.fake_attention_args(cfg.dtype, cfg.head_dim, cfg.align)
-    if kernel.split:  # fp32 partials of (num_splits * batch) batches (see _prepare)
+    if kernel.split:  # fp32 partials of (num_splits * batch) batches (see _plan_call)
         o, lse = _fake_partials(q, cfg.head_dim)
     return kernel, (q, k, v, o, lse, scale, Int32(1), stream)  # + l2_heads (see l2_section_heads)
 
@@ -318,27 +318,48 @@ def pack_gqa_views(q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, heads_
     return rows(q), rows(out), lse_rows
 
 
-def _prepare(config: Sm90Config, q, k, v, out, lse, scale: float) -> tuple:
-    if config.num_splits != 1:  # the kernel writes fp32 partials; _finish merges them into out, lse
-        splits = num_splits_for(config, q, k, True)
-        batch, seqlen_q, heads, head_dim = q.shape
-        out = torch.empty((splits * batch, seqlen_q, heads, head_dim), dtype=torch.float32, device=q.device)
-        lse = torch.empty((splits * batch, heads, seqlen_q), dtype=torch.float32, device=q.device)
-    if config.pack_gqa and not config.pack_group:  # views of the same memory: O and LSE land where unpacked ones do
-        q, out, lse = pack_gqa_views(q, out, lse, k.shape[2])
-    return q, k, v, out, lse, scale * LOG2_E, l2_section_heads(k.shape[1], q.shape[-1])
+def _plan_call(config: Sm90Config, q, k, v, scale: float) -> tuple:
+    """(prepare, finish) for tensors of q, k, v's kind (shapes and strides fixed; ``common.launch.Variant.plan_call``):
+    the runtime arguments ``(q, k, v, out, lse, scale * log2 e, l2_section_heads)``, with packed GQA views of q,
+    out and LSE (``pack_gqa_views``; not with ``pack_group``, packed inside the kernel) and, when split, fp32 partials of (splits * batch) batches in one workspace
+    (O's then LSE's, each contiguous) that `finish` merges into out, lse (the merge kernel, or ``split.merge``
+    on the CPU / with MERGE_KERNEL off). The view geometry is worked out once here, on meta tensors."""
+    batch, seqlen_q, heads, head_dim = q.shape
+    tail = (scale * LOG2_E, l2_section_heads(k.shape[1], head_dim))
+    splits = num_splits_for(config, q, k, True) if config.num_splits != 1 else 1
+    o_shape, lse_shape = (splits * batch, seqlen_q, heads, head_dim), (splits * batch, heads, seqlen_q)
+    o_size = splits * batch * seqlen_q * heads * head_dim
+    meta = torch.empty_strided(q.shape, q.stride(), dtype=q.dtype, device="meta")
+    out_meta = torch.empty(o_shape, dtype=torch.float32 if splits > 1 else q.dtype, device="meta")
+    lse_meta = torch.empty(lse_shape, dtype=torch.float32, device="meta")
+    pack = config.pack_gqa and not config.pack_group  # pack_group: the kernel packs the rows itself
+    if pack:  # views of the same memory: O and LSE land where the unpacked call puts them
+        meta, out_meta, lse_meta = pack_gqa_views(meta, out_meta, lse_meta, k.shape[2])
+    q_view, o_view, lse_view = ((t.shape, t.stride()) for t in (meta, out_meta, lse_meta))
+    if splits == 1:
+        if not pack:
+            return (lambda q, k, v, out, lse: (q, k, v, out, lse, *tail)), None
+        return (lambda q, k, v, out, lse: (q.as_strided(*q_view), k, v, out.as_strided(*o_view),
+                                           lse.as_strided(*lse_view), *tail)), None
 
+    def prepare(q, k, v, out, lse):
+        workspace = torch.empty(o_size + splits * batch * heads * seqlen_q, dtype=torch.float32, device=out.device)
+        return (q.as_strided(*q_view) if pack else q, k, v, workspace.as_strided(*o_view, 0),
+                workspace.as_strided(*lse_view, o_size), *tail)
 
-def _finish(config: Sm90Config, args: tuple, out: torch.Tensor, lse: torch.Tensor) -> None:
-    if config.num_splits != 1:  # args[3], args[4]: the contiguous partial buffers, or packed views of them
-        splits = args[3].shape[0] // out.shape[0]
-        o_parts, lse_parts = (t.as_strided(shape, _contiguous_strides(shape)) for t, shape in (
-            (args[3], (splits * out.shape[0], *out.shape[1:])), (args[4], (splits * lse.shape[0], *lse.shape[1:]))))
-        if MERGE_KERNEL and out.is_cuda:
-            split_combine.merge(o_parts, lse_parts, out, lse)
-        else:
-            split.merge(o_parts.unflatten(0, (splits, out.shape[0])), lse_parts.unflatten(0, (splits, lse.shape[0])),
-                        out, lse)
+    o_parts_strides, lse_parts_strides = _contiguous_strides(o_shape), _contiguous_strides(lse_shape)
+    if MERGE_KERNEL and q.is_cuda:
+        merge = split_combine.merge_function(q.device, q.dtype, head_dim)
+
+        def finish(args, out, lse):
+            merge(args[3].as_strided(o_shape, o_parts_strides, 0), args[4].as_strided(lse_shape, lse_parts_strides, o_size),
+                  out, lse)
+    else:
+        def finish(args, out, lse):
+            o_parts = args[3].as_strided(o_shape, o_parts_strides, 0).unflatten(0, (splits, batch))
+            lse_parts = args[4].as_strided(lse_shape, lse_parts_strides, o_size).unflatten(0, (splits, batch))
+            split.merge(o_parts, lse_parts, out, lse)
+    return prepare, finish
 
 
 def _contiguous_strides(shape: tuple) -> tuple:
@@ -351,8 +372,9 @@ def _contiguous_strides(shape: tuple) -> tuple:
 
 VARIANT = Variant(
     "fa3", archs=("sm_90a",), dtypes=DTYPES, head_dims=HEAD_DIMS, default_config=default_config,
-    check_config=lambda config, arch, head_dim: config.check(head_dim, arch), build=_build, prepare=_prepare,
-    operand=_tma_operand, check_problem=_check_problem, problem_config=_problem_config, finish=_finish,
+    check_config=lambda config, arch, head_dim: config.check(head_dim, arch), build=_build, plan_call=_plan_call,
+    operand=_tma_operand, check_problem=_check_problem, problem_config=_problem_config,
+    switches=lambda: (SPLIT_KV_ENABLED, PACK_GQA_ENABLED, MERGE_KERNEL),
     warm_configs=lambda arch, head_dim, causal: _auto_configs(head_dim))
 
 
