@@ -1,28 +1,30 @@
-"""fa3-fp8 A/B on one sm90 GPU: every accumulation mode and tile shape of the FP8 kernel beside our bf16 fa3 and
-flash-attn-4, in one process, plus kernel-vs-emulation errors of the accumulation modes (issue 10).
+"""fa3-fp8 A/B on one sm90 GPU (issue 10): the new per-head_dim defaults against the old ones, the single
+accumulator (the two-level cost), our bf16 fa3 and flash-attn-4 (bf16), in one process; then the accuracy of
+the new defaults (kernel vs emulation, both vs float64); then the summary with the issue's targets and this
+change's pass criteria.
 
 Speed: B*N = 16k, H*D = 2048 (the project's benchmark shape), head_dim 64/128/256, N 4k/16k, causal and not.
-The FP8 kernel runs alone on inputs already quantised (random e4m3, block descales of its own tile_n). Each
-problem is timed in ``--rounds`` rounds (default 6); each round runs every implementation once, in an order
-rotated by one per round (no implementation always first after another's L2 state), ``--iters`` calls between
-two CUDA events after one warm-up call. Reported: the median over rounds, TFLOP/s = 4 B H N^2 D / time (halved
-when causal), the spread (max - min) / median, and per problem fp8/bf16 ratios and the two-level cost
-(single accumulator / two-level default - 1).
+The FP8 kernel runs alone on inputs already quantised (random e4m3, block descales of the variant's tile_n).
+Each problem is timed in ``--rounds`` rounds (default 6); each round runs every implementation once, in an
+order rotated by one per round, ``--iters`` calls between two CUDA events after one warm-up call. Reported:
+the median over rounds, TFLOP/s = 4 B H N^2 D (halved when causal), the spread (max - min) / median, and per
+problem the ratios new / bf16 fa3, new / old, new / flash-attn-4 and the two-level cost (single / new - 1).
 
-Compiles: the variants are compiled first by ``--jobs`` worker processes (each runs every kernel once on tiny
-inputs, which stores it in the on-disk compile cache, ``fa_variants.common.diskcache``); the timing process
-then loads them. ``--jobs 0`` compiles in-process.
+Compiles (``--phase precompile``, or first in ``all``): every kernel the A/B and tests/test_fa3_fp8_gpu.py use
+is compiled by ``--jobs`` worker processes (each runs it once on tiny inputs, which stores it in the on-disk
+compile cache, ``fa_variants.common.diskcache``); the later processes load them.
 
-Accuracy (``--errors``, on by default): default recipe (``quantize_fp8``: block scales, Hadamard, smoothed K)
-on N(0, 1) inputs, B=1, H=4, N=2048 (causal and not); per accumulation mode: rel-L2 of the kernel vs
-``emulate_fp8_attention`` with the same FP8Config (two_level, promote_every), and of both vs float64; for the
-default mode also vs the emulation with the block-floating-point accumulator model (``accumulator="blockfp"``).
+Accuracy (``--errors``, on): new defaults, default recipe (``quantize_fp8``) on N(0, 1) inputs, B=1, H=4,
+N=2048, causal and not: rel-L2 of the kernel vs ``emulate_fp8_attention`` (default block-FP model, and the
+"truncate" model for comparison), max LSE difference, rel-L2 of both vs float64; at head_dim 128 also the
+emulation vs float64 with the old 128-key K/V scale blocks (what the 256-key blocks cost in accuracy).
+``--test-stats FILE``: the JSON lines tests/test_fa3_fp8_gpu.py wrote (FA_VARIANTS_FP8_STATS), summarised.
 
-    source .gpu/env.sh && python3 scripts/fa3_fp8_speed_ab.py --out "$OUT/fp8_ab"          (~3-4 min, H200)
-    python3 scripts/fa3_fp8_speed_ab.py --quick        (D=128, N=4k, non-causal, 3 rounds: a smoke run)
+    scripts/fa3_fp8_ab_gpu.sh            (the whole run: precompile, GPU tests, A/B; ~3-4 min on one H200)
+    python3 scripts/fa3_fp8_speed_ab.py --plan       (what would run; no GPU needed)
+    python3 scripts/fa3_fp8_speed_ab.py --quick      (D=128, N=4k, non-causal, 3 rounds: a smoke run)
 
-Writes <out>/speed.jsonl (one line per problem and implementation), <out>/errors.jsonl, <out>/summary.md;
-prints the summary at the end.
+Writes <out>/speed.jsonl, <out>/errors.jsonl, <out>/summary.md; prints the summary at the end.
 """
 from __future__ import annotations
 
@@ -40,23 +42,18 @@ import torch
 
 E4M3 = torch.float8_e4m3fn
 
-# Variants of the FP8 kernel per head_dim: name -> changes to fa3_fp8.DEFAULT_CONFIGS[head_dim]. "fp8" is the
-# default; "single" the ablation baseline (one running accumulator); the rest are candidates, each compiled for
-# sm_90a without spills, causal and not (tile_m 192 with tile_n 192 at head_dim 64 spills: 248 bytes).
+# Variants of the FP8 kernel per head_dim: name -> changes to fa3_fp8.DEFAULT_CONFIGS[head_dim]. "new" is the
+# default (tiles from fa_variants.fp8.layout.KERNEL_TILES); "old" the default before it (128 x 128 at 64 and
+# 128, overlap at 128, P V in two slices with one temporary at 256); "single" one running accumulator.
 VARIANTS: dict[int, dict[str, dict]] = {
-    64: {"fp8": {}, "single": dict(two_level=False), "promote2": dict(promote_every=2),
-         "promote4": dict(promote_every=4), "tm192": dict(tile_m=192), "tn256": dict(tile_n=256)},
-    128: {"fp8": {}, "single": dict(two_level=False), "promote2": dict(promote_every=2),
-          "promote4": dict(promote_every=4), "stages3": dict(stages=3),
-          "tn192_serial": dict(tile_n=192, intra_wg_overlap=False),
-          "tn256_serial": dict(tile_n=256, intra_wg_overlap=False)},
-    256: {"fp8": {}, "single": dict(two_level=False, pv_split=1), "pv4": dict(pv_split=4),
-          "pv4_2buf": dict(pv_split=4, pv_buffers=2)},
+    64: {"new": {}, "old": dict(tile_m=128), "single": dict(two_level=False)},
+    128: {"new": {}, "old": dict(tile_n=128, intra_wg_overlap=True), "single": dict(two_level=False)},
+    256: {"new": {}, "old": dict(pv_split=2, pv_buffers=1), "single": dict(two_level=False, pv_split=1, pv_buffers=1)},
 }
-# Accumulation modes for the error table: name -> (kernel config change, FP8Config two_level, promote_every)
-ACC_MODES = {"two_level": ({}, True, 1), "single": (dict(two_level=False, pv_split=1), False, 1),
-             "promote2": (dict(promote_every=2), True, 2), "promote4": (dict(promote_every=4), True, 4),
-             "pv4_2buf": (dict(pv_split=4, pv_buffers=2), True, 1)}
+# issue 10's targets: (head_dim, seqlen, causal or None for both, what, threshold)
+TARGETS = [(256, 16384, False, "tflops", 1100.0), (128, None, False, "over_bf16", 1.4), (64, None, False, "over_bf16", 1.3),
+           (None, None, None, "two_level_cost", 0.05)]
+REL_L2_BOUND = 6e-3  # tests/test_fa3_fp8_gpu.py's kernel-vs-emulation bound
 
 
 def kernel_config(head_dim: int, change: dict):
@@ -72,16 +69,23 @@ def fp8_inputs(B: int, N: int, H: int, D: int, tile_n: int):
     return make(B, N, H, D, tile_n)
 
 
+def _recipe(spec: tuple):
+    from fa_variants.fp8 import FP8Config
+
+    return FP8Config(*spec)
+
+
 def _compile_one(job: tuple) -> str:
     """Worker: run one kernel once on tiny inputs (compiles it and stores it in the disk cache)."""
     kind, D, causal, change = job
     t0 = time.time()
     try:
-        if kind == "quant":  # the GPU quantisation pass (errors table)
-            from fa_variants.fp8 import quantize_fp8
+        if kind == "recipe":  # quantisation pass + kernel, as tests/test_fa3_fp8_gpu.py calls them
+            from fa_variants.fp8 import attention_fp8
 
-            x = torch.randn(1, 256, 1, D, device="cuda", dtype=torch.bfloat16)
-            quantize_fp8(x, x, x)
+            dtype, spec = change
+            q = torch.randn(1, 300, 2, D, device="cuda", dtype=getattr(torch, dtype))
+            attention_fp8(q, q[:, :200], q[:, :200], causal=causal, config=_recipe(spec))
         elif kind == "fp8":
             from fa_variants.hopper import fa3_fp8
 
@@ -99,10 +103,34 @@ def _compile_one(job: tuple) -> str:
         return f"FAILED {kind} d{D} causal={causal} {change}: {type(exc).__name__}: {str(exc)[:200]}"
 
 
-def precompile(head_dims, causals, jobs: int) -> None:
+# FP8Config fields (granularity, rotate, smooth_k, two_level) of the recipes tests/test_fa3_fp8_gpu.py runs
+TEST_RECIPES = [(g, r, r, t) for g in ("block", "head", "tensor") for r in (True, False) for t in (True, False)]
+
+
+def compile_jobs(head_dims, causals, tests: bool = True) -> list[tuple]:
+    """The kernels of the A/B (bf16 fa3, every FP8 variant) and, with tests, of tests/test_fa3_fp8_gpu.py."""
     work = [("bf16", D, c, {}) for D in head_dims for c in causals]
     work += [("fp8", D, c, ch) for D in head_dims for c in causals for ch in VARIANTS[D].values()]
-    work += [("quant", D, False, {}) for D in head_dims]
+    work += [("recipe", D, c, ("bfloat16", ("block", True, True, True))) for D in head_dims for c in (False, True)]
+    if tests:
+        work += [("recipe", D, True, ("float16", spec)) for D in (64, 128, 256) for spec in TEST_RECIPES]
+        work += [("recipe", 128, False, ("bfloat16", spec)) for spec in (("tensor", False, False, True),
+                                                                          ("block", True, False, True),
+                                                                          ("block", True, True, False))]
+    return list(dict.fromkeys((kind, d, c, _freeze(ch)) for kind, d, c, ch in work))  # unique, in order
+
+
+def _freeze(change):
+    return tuple(sorted(change.items())) if isinstance(change, dict) else change
+
+
+def _thaw(job):
+    kind, D, causal, change = job
+    return kind, D, causal, (dict(change) if kind in ("fp8", "bf16") else change)
+
+
+def precompile(head_dims, causals, jobs: int, tests: bool = True) -> list[str]:
+    work = [_thaw(j) for j in compile_jobs(head_dims, causals, tests)]
     t0 = time.time()
     if jobs <= 0:
         msgs = [_compile_one(w) for w in work]
@@ -112,9 +140,10 @@ def precompile(head_dims, causals, jobs: int) -> None:
         with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
             msgs = list(pool.map(_compile_one, work))
     bad = [m for m in msgs if not m.startswith("ok")]
-    print(f"precompile: {len(work)} kernels in {time.time() - t0:.0f}s with {jobs} workers; {len(bad)} failed", flush=True)
+    print(f"precompile: {len(work)} jobs in {time.time() - t0:.0f}s with {jobs} workers; {len(bad)} failed", flush=True)
     for m in bad:
         print("  " + m, flush=True)
+    return bad
 
 
 def time_problem(impls: dict, rounds: int, iters: int) -> dict[str, list[float]]:
@@ -191,7 +220,8 @@ def speed(args, out_dir: str) -> list[dict]:
 
 
 def errors(args, out_dir: str) -> list[dict]:
-    from fa_variants.fp8 import FP8Config, emulate_fp8_attention, quantize_fp8
+    from fa_variants.fp8 import emulate_fp8_attention, quantize_fp8
+    from fa_variants.fp8.quantize import quantize_fp8_torch
     from fa_variants.hopper import fa3_fp8
     from fa_variants.reference import attention_reference, rel_l2
 
@@ -202,62 +232,121 @@ def errors(args, out_dir: str) -> list[dict]:
             q, k, v = (torch.randn(1, args.err_seqlen, 4, D, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(3))
             for causal in args.causal:
                 exact, _ = attention_reference(q, k, v, causal=causal, softmax_scale=D ** -0.5)
-                for mode, (change, two_level, every) in ACC_MODES.items():
-                    try:
-                        cfg = kernel_config(D, change)
-                        cfg.check(D)
-                    except ValueError:
-                        continue  # not built at this head_dim (promote_every > 1 at 256, pv_split 4 with overlap)
-                    inputs = quantize_fp8(q, k, v, config=FP8Config(two_level=two_level, promote_every=every))
-                    out, lse = fa3_fp8.run_fp8(inputs, causal=causal, out_dtype=torch.bfloat16, config=cfg)
-                    emu, emu_lse = emulate_fp8_attention(inputs, causal=causal, out_dtype=torch.bfloat16)
-                    f_ = torch.isfinite(emu_lse)
-                    blockfp = None  # the block-floating-point accumulator model, default mode only (time)
-                    if mode == "two_level":
-                        emu_b, _ = emulate_fp8_attention(inputs, causal=causal, out_dtype=torch.bfloat16, accumulator="blockfp")
-                        blockfp = float(rel_l2(out, emu_b))
-                    row = dict(head_dim=D, seqlen=args.err_seqlen, causal=causal, mode=mode,
-                               kernel_vs_emulation=float(rel_l2(out, emu)), kernel_vs_emulation_blockfp=blockfp,
-                               lse_max_diff=float((lse - emu_lse)[f_].abs().max()) if f_.any() else 0.0,
-                               kernel_vs_float64=float(rel_l2(out, exact)), emulation_vs_float64=float(rel_l2(emu, exact)))
-                    rows.append(row)
-                    f.write(json.dumps(row) + "\n")
-                    print(f"errors d{D} causal={int(causal)} {mode}: kernel-emu {row['kernel_vs_emulation']:.2e} "
-                          f"(LSE {row['lse_max_diff']:.1e}; block-FP model {blockfp}), kernel-f64 {row['kernel_vs_float64']:.2e}, "
-                          f"emu-f64 {row['emulation_vs_float64']:.2e}", flush=True)
+                inputs = quantize_fp8(q, k, v)
+                out, lse = fa3_fp8.run_fp8(inputs, causal=causal, out_dtype=torch.bfloat16)
+                emu, emu_lse = emulate_fp8_attention(inputs, causal=causal, out_dtype=torch.bfloat16)
+                emu_t, _ = emulate_fp8_attention(inputs, causal=causal, out_dtype=torch.bfloat16, accumulator="truncate")
+                seen = torch.isfinite(emu_lse)
+                row = dict(head_dim=D, seqlen=args.err_seqlen, causal=causal, block_n=inputs.block_n,
+                           kernel_vs_emulation=float(rel_l2(out, emu)), kernel_vs_emulation_truncate=float(rel_l2(out, emu_t)),
+                           lse_max_diff=float((lse - emu_lse)[seen].abs().max()) if seen.any() else 0.0,
+                           kernel_vs_float64=float(rel_l2(out, exact)), emulation_vs_float64=float(rel_l2(emu, exact)),
+                           emulation_block128_vs_float64=None)
+                if inputs.block_n != 128:  # the old K/V scale blocks, same recipe, emulated
+                    old = quantize_fp8_torch(q, k, v, block_n=128)
+                    row["emulation_block128_vs_float64"] = float(rel_l2(
+                        emulate_fp8_attention(old, causal=causal, out_dtype=torch.bfloat16, tile_m=128)[0], exact))
+                rows.append(row)
+                f.write(json.dumps(row) + "\n")
+                print(f"errors d{D} causal={int(causal)}: kernel-emu {row['kernel_vs_emulation']:.2e} (truncate model "
+                      f"{row['kernel_vs_emulation_truncate']:.2e}; LSE {row['lse_max_diff']:.1e}), kernel-f64 "
+                      f"{row['kernel_vs_float64']:.2e}, emu-f64 {row['emulation_vs_float64']:.2e}", flush=True)
     return rows
 
 
-def summary(speed_rows: list[dict], error_rows: list[dict]) -> str:
-    lines = ["# fa3-fp8 A/B", "", "TFLOP/s, median of rounds (spread = (max - min) / median over rounds).", ""]
-    problems = sorted({(r["head_dim"], r["seqlen"], r["causal"]) for r in speed_rows})
-    for D in sorted({p[0] for p in problems}):
-        names = list(dict.fromkeys(r["impl"] for r in speed_rows if r["head_dim"] == D))
-        lines += [f"## head_dim {D}", "", "| N | causal | " + " | ".join(names) + " | best fp8 / bf16 | fp8 / bf16 | two-level cost |",
-                  "|" + "---|" * (len(names) + 5)]
-        for (d, N, c) in problems:
-            if d != D:
+def _by_problem(speed_rows):
+    out = {}
+    for r in speed_rows:
+        out.setdefault((r["head_dim"], r["seqlen"], r["causal"]), {})[r["impl"]] = r["tflops"]
+    return out
+
+
+def derived(tf: dict) -> dict:
+    """Per problem: new / bf16 fa3, new / old, new / flash-attn-4, two-level cost (single / new - 1)."""
+    ratio = lambda a, b: tf[a] / tf[b] if tf.get(a) and tf.get(b) else None  # noqa: E731
+    cost = ratio("single", "new")
+    return dict(over_bf16=ratio("new", "bf16_fa3"), old_over_bf16=ratio("old", "bf16_fa3"), over_old=ratio("new", "old"),
+                over_fa4=ratio("new", "flash_attn_4"), two_level_cost=None if cost is None else cost - 1)
+
+
+def verdicts(speed_rows, error_rows, test_stats) -> list[str]:
+    """The issue's targets (reported, not this change's pass criteria) and the pass criteria of this change."""
+    probs = _by_problem(speed_rows)
+    lines = ["## issue 10 targets (non-causal; reported)", ""]
+    for D, N, causal, what, thr in TARGETS:
+        for (d, n, c), tf in sorted(probs.items()):
+            if (D is not None and d != D) or (N is not None and n != N) or (causal is not None and c != causal) or (D is None and c):
                 continue
-            by = {r["impl"]: r for r in speed_rows if (r["head_dim"], r["seqlen"], r["causal"]) == (d, N, c)}
-            cells = [f"{by[n]['tflops']:.0f} ({by[n]['spread']:.0%})" if n in by else "-" for n in names]
-            bf = by.get("bf16_fa3", {}).get("tflops")
-            fp8s = {n: r["tflops"] for n, r in by.items() if n in VARIANTS[D] and n != "single"}
-            best = max(fp8s, key=fp8s.get) if fp8s else None
-            ratio = lambda x: f"{x / bf:.2f}x" if bf and x else "-"  # noqa: E731
-            cost = (f"{by['single']['tflops'] / by['fp8']['tflops'] - 1:+.1%}" if "single" in by and "fp8" in by else "-")
-            lines.append(f"| {N} | {int(c)} | " + " | ".join(cells) +
-                         f" | {ratio(fp8s[best]) if best else '-'} ({best}) | {ratio(by['fp8']['tflops']) if 'fp8' in by else '-'} | {cost} |")
-        lines.append("")
+            val = tf.get("new") if what == "tflops" else derived(tf)[what]
+            if val is None:
+                continue
+            ok = val <= thr if what == "two_level_cost" else val >= thr
+            shown = f"{val:.0f} TFLOP/s" if what == "tflops" else (f"{val:+.1%}" if what == "two_level_cost" else f"{val:.2f}x")
+            lines.append(f"- d{d} N{n}: {what} {shown} (target {'<=' if what == 'two_level_cost' else '>='} {thr:g}): "
+                         f"{'met' if ok else 'NOT met'}")
+    lines += ["", "## pass criteria of this change", ""]
+    slower = [(p, derived(tf)["over_old"]) for p, tf in sorted(probs.items()) if (derived(tf)["over_old"] or 1) < 0.97]
+    lines.append(f"- new defaults >= 0.97x old in every problem: {'PASS' if not slower else 'FAIL ' + str(slower)}")
     if error_rows:
-        lines += ["## kernel vs emulation (rel-L2), default recipe, N(0,1), B=1 H=4", "",
-                  "| D | causal | mode | kernel vs emulation | vs block-FP emulation | LSE max diff | kernel vs f64 | emulation vs f64 |",
-                  "|---|---|---|---|---|---|---|---|"]
+        worst = max(r["kernel_vs_emulation"] for r in error_rows)
+        gap = max(r["kernel_vs_float64"] / r["emulation_vs_float64"] for r in error_rows)
+        model = all(r["kernel_vs_emulation"] <= r["kernel_vs_emulation_truncate"] for r in error_rows)
+        lines.append(f"- kernel vs emulation rel-L2 <= {REL_L2_BOUND:g} (A/B inputs): worst {worst:.2e}: "
+                     f"{'PASS' if worst <= REL_L2_BOUND else 'FAIL'}")
+        lines.append(f"- block-FP model closer than the truncate model in every case: {'PASS' if model else 'FAIL'}")
+        lines.append(f"- kernel vs float64 within 1.02x of the emulation's: worst {gap:.3f}x: {'PASS' if gap <= 1.02 else 'FAIL'}")
+        blk = [r["emulation_vs_float64"] / r["emulation_block128_vs_float64"] for r in error_rows
+               if r.get("emulation_block128_vs_float64")]
+        if blk:
+            lines.append(f"- 256-key K/V scale blocks vs 128 (emulated, vs float64): worst {max(blk):.4f}x: "
+                         f"{'PASS' if max(blk) <= 1.02 else 'FAIL'} (<= 1.02x)")
+    if test_stats:
+        w = max(test_stats, key=lambda r: r["rel_l2"])
+        lw = max(test_stats, key=lambda r: r["lse_diff"])
+        md = max(test_stats, key=lambda r: r["max_diff"] / r["max_diff_bound"])
+        lines.append(f"- tests/test_fa3_fp8_gpu.py, {len(test_stats)} cases: worst rel-L2 {w['rel_l2']:.2e} ({w['case']}; "
+                     f"bound {REL_L2_BOUND:g}), worst LSE diff {lw['lse_diff']:.1e} ({lw['case']}; bound 1.5e-3), worst max-diff "
+                     f"{md['max_diff'] / md['max_diff_bound']:.2f} of its bound ({md['case']})")
+    return lines
+
+
+def summary(speed_rows: list[dict], error_rows: list[dict], test_stats: list[dict] | None = None) -> str:
+    lines = ["# fa3-fp8 A/B: new defaults vs old", "",
+             "TFLOP/s, median of rounds (spread = (max - min) / median over rounds). new / old / single: fa3-fp8 "
+             "(quantised inputs); bf16_fa3: ours; flash_attn_4: flash-attn-4 bf16.", ""]
+    probs = _by_problem(speed_rows)
+    spread = {(r["head_dim"], r["seqlen"], r["causal"], r["impl"]): r["spread"] for r in speed_rows}
+    names = ["new", "old", "single", "bf16_fa3", "flash_attn_4"]
+    lines += ["| D | N | causal | " + " | ".join(names) + " | new/bf16 | old/bf16 | new/old | new/fa4 | two-level cost |",
+              "|" + "---|" * (len(names) + 8)]
+    for (D, N, c), tf in sorted(probs.items()):
+        cells = [f"{tf[n]:.0f} ({spread[D, N, c, n]:.0%})" if n in tf else "-" for n in names]
+        d = derived(tf)
+        fmt = lambda x: "-" if x is None else f"{x:.2f}x"  # noqa: E731
+        lines.append(f"| {D} | {N} | {int(c)} | " + " | ".join(cells) + f" | {fmt(d['over_bf16'])} | {fmt(d['old_over_bf16'])} | "
+                     f"{fmt(d['over_old'])} | {fmt(d['over_fa4'])} | "
+                     f"{'-' if d['two_level_cost'] is None else format(d['two_level_cost'], '+.1%')} |")
+    if error_rows:
+        lines += ["", "## accuracy of the new defaults (rel-L2), default recipe, N(0,1), B=1 H=4", "",
+                  "| D | causal | K/V block | kernel vs emulation | vs truncate model | LSE max diff | kernel vs f64 | emulation vs f64 | emulation, 128-key blocks, vs f64 |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for r in error_rows:
-            b = r.get("kernel_vs_emulation_blockfp")
-            lines.append(f"| {r['head_dim']} | {int(r['causal'])} | {r['mode']} | {r['kernel_vs_emulation']:.2e} | "
-                         f"{'-' if b is None else f'{b:.2e}'} | "
-                         f"{r['lse_max_diff']:.1e} | {r['kernel_vs_float64']:.2e} | {r['emulation_vs_float64']:.2e} |")
+            b = r.get("emulation_block128_vs_float64")
+            lines.append(f"| {r['head_dim']} | {int(r['causal'])} | {r['block_n']} | {r['kernel_vs_emulation']:.2e} | "
+                         f"{r['kernel_vs_emulation_truncate']:.2e} | {r['lse_max_diff']:.1e} | {r['kernel_vs_float64']:.2e} | "
+                         f"{r['emulation_vs_float64']:.2e} | {'-' if b is None else f'{b:.2e}'} |")
+    lines += [""] + verdicts(speed_rows, error_rows, test_stats or [])
     return "\n".join(lines) + "\n"
+
+
+def plan(args) -> str:
+    jobs = compile_jobs(args.head_dims, args.causal, tests=True)
+    probs = [(D, N, c) for D in args.head_dims for N in args.seqlens for c in args.causal]
+    impls = {D: [*VARIANTS[D], "bf16_fa3", "flash_attn_4"] for D in args.head_dims}
+    return "\n".join([f"precompile: {len(jobs)} jobs ({args.jobs} workers)",
+                      f"speed: {len(probs)} problems x {args.rounds} rounds x {args.iters} calls; impls per head_dim: {impls}",
+                      f"errors: {'on' if args.errors else 'off'} (head dims {args.head_dims}, N={args.err_seqlen}, causal {args.causal})",
+                      f"out: {args.out}"])
 
 
 def main() -> int:
@@ -268,25 +357,39 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--iters", type=int, default=10, help="calls between the two events of one measurement")
     ap.add_argument("--jobs", type=int, default=min(12, os.cpu_count() or 1), help="compile workers (0: in-process)")
+    ap.add_argument("--phase", choices=["all", "precompile", "measure"], default="all",
+                    help="precompile: compile only (A/B and GPU-test kernels); measure: speed + errors (no precompile)")
     ap.add_argument("--no-errors", dest="errors", action="store_false")
     ap.add_argument("--err-seqlen", type=int, default=2048)
+    ap.add_argument("--test-stats", default=None, help="JSON lines from tests/test_fa3_fp8_gpu.py (FA_VARIANTS_FP8_STATS)")
     ap.add_argument("--quick", action="store_true", help="D=128, N=4k, non-causal, 3 rounds")
+    ap.add_argument("--plan", action="store_true", help="print what would run and exit (no GPU needed)")
     ap.add_argument("--out", default=os.environ.get("OUT", "results") + "/fa3_fp8_ab")
     args = ap.parse_args()
     if args.quick:
         args.head_dims, args.seqlens, args.causal, args.rounds = [128], [4096], "no", 3
     args.causal = {"no": [False], "yes": [True], "both": [False, True]}[args.causal]
+    if args.plan:
+        print(plan(args))
+        return 0
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
         print("fa3_fp8_speed_ab: needs an sm90 GPU", file=sys.stderr)
         return 2
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
     print(f"{torch.cuda.get_device_name()} | torch {torch.__version__}", flush=True)
-    precompile(args.head_dims, args.causal, args.jobs)
+    if args.phase in ("all", "precompile"):
+        bad = precompile(args.head_dims, args.causal, args.jobs, tests=not args.quick)
+        if args.phase == "precompile":
+            return 1 if bad else 0
     speed_rows = speed(args, args.out)
     print(f"speed done at {time.time() - t0:.0f}s", flush=True)
     error_rows = errors(args, args.out) if args.errors else []
-    text = summary(speed_rows, error_rows)
+    stats = []
+    if args.test_stats and os.path.exists(args.test_stats):
+        with open(args.test_stats) as f:
+            stats = [json.loads(line) for line in f if line.strip()]
+    text = summary(speed_rows, error_rows, stats)
     with open(os.path.join(args.out, "summary.md"), "w") as f:
         f.write(text)
     print(text, flush=True)

@@ -1,7 +1,9 @@
 """fa3-fp8 (sm90, e4m3) compile-only checks, no GPU (issue 10 item 2).
 
 `fa-variants compile --arch sm_90a --variant fa3-fp8 --head-dim D --dtype e4m3 --sass` must report
-QGMMA > 0 (FP8 warpgroup MMAs for both GEMMs), UTMALDG > 0, USETMAXREG > 0 and LDL = STL = 0.
+QGMMA > 0 (FP8 warpgroup MMAs for both GEMMs), UTMALDG > 0, USETMAXREG > 0 and LDL = STL = 0, for the default
+configs (tiles from fa_variants.fp8.layout.KERNEL_TILES: 64: 192 x 128; 128: 128 x 256 serial; 256: 128 x 128
+with the P V GEMM in four slices, two temporaries).
 """
 import dataclasses
 import re
@@ -10,6 +12,7 @@ import pytest
 
 from fa_variants import registry
 from fa_variants.common import cubin
+from fa_variants.fp8 import layout
 
 pytestmark = pytest.mark.compile
 
@@ -32,6 +35,7 @@ def test_cli_sass_e4m3(compile_cli, head_dim, causal):
                   "--sass", *(["--causal"] if causal else []))
     assert r["variant"] == "fa3-fp8" and r["head_dim"] == head_dim and r["dtype"] == "e4m3"
     assert r["tiles"] == dataclasses.asdict(fa3_fp8.DEFAULT_CONFIGS[head_dim])
+    assert (r["tiles"]["tile_m"], r["tiles"]["tile_n"]) == layout.KERNEL_TILES[head_dim]
     _assert_fp8_kernel(r)
 
 
@@ -50,8 +54,8 @@ def test_p_is_converted_in_thread():
     assert shuffles <= 16, shuffles  # 2 row-max reductions x 2 lanes x (first + loop) + row sums + lane broadcast
 
 
-@pytest.mark.parametrize("change", [dict(two_level=False), dict(intra_wg_overlap=False), dict(out_dtype="fp16"),
-                                    dict(pingpong=False)], ids=["single-acc", "no-overlap", "fp16-out", "no-pingpong"])
+@pytest.mark.parametrize("change", [dict(two_level=False), dict(tile_n=128, intra_wg_overlap=True), dict(out_dtype="fp16"),
+                                    dict(pingpong=False)], ids=["single-acc", "old-default-overlap", "fp16-out", "no-pingpong"])
 def test_switches_compile(change):
     s = _sass(dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], **change), causal=True)
     counts = cubin.count_sass(s)
@@ -60,19 +64,22 @@ def test_switches_compile(change):
 
 def test_two_level_promotes_on_cuda_cores():
     """Two-level accumulation: each tile's P V starts from zero (the QGMMA's own zero init, '!UPT' / RZ
-    accumulator) and is added into O with FFMAs; the single accumulator never restarts P V."""
+    accumulator) and is added into O with FFMAs; the single accumulator starts from zero only in the first
+    tile's step (serial steps at head_dim 128: O is known zero there) and never restarts P V in the loop."""
     two = _sass(fa3_fp8.DEFAULT_CONFIGS[128])
     one = _sass(dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], two_level=False))
     zero_init = r"QGMMA\.64x128x32\.F32\.E4M3\.E4M3 R\d+, R\d+, gdesc\[UR\d+\], RZ"
-    assert len(re.findall(zero_init, two)) > 0
-    assert len(re.findall(zero_init, one)) == 0
+    assert len(re.findall(zero_init, two)) >= 2
+    assert len(re.findall(zero_init, one)) <= 1
     assert len(re.findall(r"\bFFMA\b", two)) > len(re.findall(r"\bFFMA\b", one)) + 64
 
 
 def test_promotion_interval():
     """promote_every > 1: the interval's first P V overwrites the temporary under a run-time predicate (UP),
-    the others accumulate into it; no spills in either schedule, both head dims that allow it."""
-    for head_dim, change in ((128, dict(promote_every=2)), (64, dict(promote_every=4, intra_wg_overlap=False))):
+    the others accumulate into it; no spills in either schedule. head_dim 64 (the default tiles) and 128 with
+    128-key tiles (its default, 256-key tiles, spill with an interval's temporary: the recipe refuses it)."""
+    for head_dim, change in ((128, dict(promote_every=2, tile_n=128, intra_wg_overlap=True)),
+                             (64, dict(promote_every=4, intra_wg_overlap=False))):
         s = _sass(dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[head_dim], **change), head_dim=head_dim, causal=True)
         counts = cubin.count_sass(s)
         assert counts["QGMMA"] > 0 and counts["LDL"] == counts["STL"] == 0, counts
@@ -92,7 +99,7 @@ def test_pv_slices_pipelined():
 
 
 @pytest.mark.parametrize("bad, match", [(dict(tile_n=80), "multiple of 32"), (dict(tile_m=256), "tile_m=256 must be 128 or 192"),
-                                        (dict(pv_split=2), "pv_split"), (dict(out_dtype="e4m3"), "out_dtype"),
+                                        (dict(pv_split=2, intra_wg_overlap=True), "pv_split"), (dict(out_dtype="e4m3"), "out_dtype"),
                                         (dict(pv_split=3), "pv_split"), (dict(pv_buffers=2), "pv_buffers"),
                                         (dict(promote_every=0), "promote_every"),
                                         (dict(promote_every=2, two_level=False), "promote_every"),

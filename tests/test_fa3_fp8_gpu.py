@@ -6,23 +6,31 @@ The matrix: head_dim 64, 128, 256 x causal x shapes (seqlen 1, 113, 1023, 4224; 
 the default recipe, and every recipe (granularity block / head / tensor x rotate x two-level) at one shape
 per head_dim. Inputs fresh each run (seeded by the test id, printed on failure), outputs NaN-poisoned.
 
-Bounds. First stated before any GPU run (rel-L2 5e-3, LSE 1e-3, on the theory that only MUFU.EX2's ulps
-separate kernel and emulation); the H200 (2026-11-30, two runs, 76 cases each) measured rel-L2 2.6e-3 to 7.6e-3
-and LSE up to 1.07e-3, growing with head_dim and seqlen_k, in 25-27 cases over the first bounds. The cause, from
-kernel outputs dumped with their exact inputs (scripts/fp8_dump.py; bench/NOTES.md, FA3-FP8): the FP8 tensor
-core's dot product is not an fp32 sum; a block-floating-point model (each group of 32 products aligned to the
-largest exponent and truncated to 13 fraction bits) halves the disagreement and raises bitwise-equal outputs
-from 49-86% to 93-96%, and the rest is P values within ~1e-5 of an e4m3 rounding tie that the two round to
-different sides. Until that model is exact and in the emulation, the bounds are the measured worst x ~1.3:
-* kernel vs emulation (``fa_variants.fp8.emulate_fp8_attention``, same FP8Inputs, O rounded to the output
-  dtype): rel-L2 <= 1e-2, max |diff| <= 3e-2 * max|V| + 2^-7 * max|O| (never exceeded on the H200); LSE
-  max |diff| <= 1.5e-3 on rows that see a key, -inf on the same rows.
+Bounds, and their history. First stated before any GPU run (rel-L2 5e-3, LSE 1e-3, on the theory that only
+MUFU.EX2's ulps separate kernel and emulation); the H200 (2026-11-30, two runs, 76 cases each) then measured
+rel-L2 2.6e-3 to 7.6e-3 and LSE up to 1.07e-3 against the emulation's older accumulator model ("truncate"),
+and the bounds became 1e-2 / 1.5e-3. The cause of the gap (bench/NOTES.md, FA3-FP8): the FP8 tensor core's dot
+product is a block-floating-point sum (each k = 32 group of products and the incoming accumulator aligned to
+the largest exponent, cut toward zero 13 fraction bits below it), read directly by scripts/fp8_mma_probe.py;
+against that model, now the emulation's default (``accumulator="blockfp"``), the H200 measured rel-L2
+1.7e-3 to 2.8e-3 (D 64/128/256, N 2048, default recipe) where the old model gave 4.2e-3 to 7.2e-3. The rest is
+P values within ~1e-5 of an e4m3 rounding tie that the kernel (MUFU.EX2) and torch round to different sides.
+The bounds now (the emulation walks the kernel's tiles: FP8Inputs.block_n keys per K/V tile, layout.tile_m rows):
+* kernel vs emulation (``fa_variants.fp8.emulate_fp8_attention``, default model, same FP8Inputs, O rounded to
+  the output dtype): rel-L2 <= ``REL_L2_BOUND`` = 6e-3 (tightened from 1e-2: ~2x the block-FP model's measured
+  worst, and below the old model's measured worst, 7.6e-3, so a regression to that level fails);
+  max |diff| <= 3e-2 * max|V| + 2^-7 * max|O| (never exceeded on the H200); LSE max |diff| <= 1.5e-3 (kept:
+  no full-matrix LSE figures under the new model yet) on rows that see a key, -inf on the same rows.
 * kernel vs float64 of the unquantised inputs: max |diff| <= ``fp8_error_bound`` (2 x the emulation's own
   max error + 1e-4), the project's rule with the emulation in the place of "torch in the same dtype".
+With ``FA_VARIANTS_FP8_STATS=<file>`` each case appends its figures (JSON lines) to that file:
+scripts/fa3_fp8_speed_ab.py reports the worst of them, the data for the next tightening.
 
     source .gpu/env.sh && python3 -m pytest -m gpu tests/test_fa3_fp8_gpu.py -q
 """
+import json
 import math
+import os
 import zlib
 
 import pytest
@@ -33,6 +41,8 @@ from fa_variants.fp8 import FP8Config, attention as fp8_attention
 from fa_variants.reference import attention_reference, rel_l2
 
 pytestmark = pytest.mark.gpu
+REL_L2_BOUND = 6e-3  # kernel vs emulation, module docstring
+LSE_BOUND = 1.5e-3
 
 SHAPES = [  # (batch, seqlen_q, seqlen_k, num_heads, num_heads_kv)
     (2, 1, 1, 4, 4),
@@ -73,28 +83,38 @@ def seed_of(request) -> int:
     return zlib.crc32(request.node.nodeid.encode()) ^ torch.randint(0, 2**30, ()).item()
 
 
-def check(q, k, v, causal, config, seed, nan_allocations):
+def _record(facts: dict) -> None:
+    path = os.environ.get("FA_VARIANTS_FP8_STATS")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(facts) + "\n")
+
+
+def check(q, k, v, causal, config, seed, nan_allocations, case=""):
     """The two comparisons of the module docstring; returns the numbers for the failure message."""
     with nan_allocations():
         inp = fp8.quantize_fp8(q, k, v, config=config)
         out, lse = fp8.attention_from_fp8(inp, causal=causal, return_lse=True, out_dtype=q.dtype)
-    emu, emu_lse = fp8.emulate_fp8_attention(inp, causal=causal, out_dtype=q.dtype)
+    emu32, emu_lse = fp8.emulate_fp8_attention(inp, causal=causal)
+    emu = emu32.to(q.dtype)  # = emulate_fp8_attention(..., out_dtype=q.dtype)
     if inp.lse_shift is not None:
         emu_lse = emu_lse + inp.lse_shift
     exact, _ = attention_reference(q, k, v, causal=causal, dtype=torch.float64)
-    emu32, _ = fp8.emulate_fp8_attention(inp, causal=causal)
     diff = (out.double() - emu.double()).abs()
     vmax = v.double().abs().max().item()
-    facts = dict(seed=seed, rel_l2=rel_l2(out, emu), max_diff=diff.max().item(), vmax=vmax)
-    assert torch.isfinite(out).all(), facts
-    assert facts["rel_l2"] <= 1e-2, facts
-    assert facts["max_diff"] <= 3e-2 * vmax + 2**-7 * emu.double().abs().max().item(), facts
     seen = torch.isfinite(emu_lse)
-    assert torch.equal(torch.isfinite(lse), seen) and (out.transpose(1, 2)[~seen] == 0).all(), facts
-    if seen.any():
-        assert (lse[seen] - emu_lse[seen]).abs().max().item() <= 1.5e-3, facts
+    lse_diff = (lse[seen] - emu_lse[seen]).abs().max().item() if seen.any() else 0.0
     bound = fp8.fp8_error_bound(emu32, exact)
-    assert (out.double() - exact).abs().max().item() <= bound, dict(facts, bound=bound)
+    facts = dict(case=case, seed=seed, rel_l2=rel_l2(out, emu), max_diff=diff.max().item(), vmax=vmax,
+                 max_diff_bound=3e-2 * vmax + 2**-7 * emu.double().abs().max().item(), lse_diff=lse_diff,
+                 vs_f64=(out.double() - exact).abs().max().item(), vs_f64_bound=bound)
+    _record(facts)
+    assert torch.isfinite(out).all(), facts
+    assert facts["rel_l2"] <= REL_L2_BOUND, facts
+    assert facts["max_diff"] <= facts["max_diff_bound"], facts
+    assert torch.equal(torch.isfinite(lse), seen) and (out.transpose(1, 2)[~seen] == 0).all(), facts
+    assert lse_diff <= LSE_BOUND, facts
+    assert facts["vs_f64"] <= bound, facts
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -102,14 +122,15 @@ def check(q, k, v, causal, config, seed, nan_allocations):
 @pytest.mark.parametrize("shape", SHAPES, ids=["x".join(map(str, s)) for s in SHAPES])
 def test_default_recipe(kernel, shape, head_dim, causal, request, nan_allocations):
     seed = seed_of(request)
-    check(*inputs(shape, head_dim, seed), causal, FP8Config(), seed, nan_allocations)
+    check(*inputs(shape, head_dim, seed), causal, FP8Config(), seed, nan_allocations, request.node.name)
 
 
 @pytest.mark.parametrize("config", RECIPES, ids=lambda c: f"{c.granularity}-rot{int(c.rotate)}-2lvl{int(c.two_level)}")
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_every_recipe(kernel, config, head_dim, request, nan_allocations):
     seed = seed_of(request)
-    check(*inputs((1, 1023, 1500, 4, 2), head_dim, seed, dtype=torch.float16), True, config, seed, nan_allocations)
+    check(*inputs((1, 1023, 1500, 4, 2), head_dim, seed, dtype=torch.float16), True, config, seed, nan_allocations,
+          request.node.name)
 
 
 def test_empty_rows_and_no_keys(kernel, nan_allocations):

@@ -128,6 +128,39 @@ def test_bad_arguments(change, match):
         fa3_fp8.run_quantized(**_cpu_args(**change), softmax_scale=0.1, causal=False)
 
 
+def test_defaults_follow_the_layout():
+    """One source of truth: the default config's tiles are layout.KERNEL_TILES (the quantiser's block heights),
+    and the measured best switches per head_dim (bench/NOTES.md, FA3-FP8 A/B)."""
+    for d, cfg in fa3_fp8.DEFAULT_CONFIGS.items():
+        assert (cfg.tile_m, cfg.tile_n) == layout.kernel_tiles(d)
+        cfg.check(d)
+    assert fa3_fp8.DEFAULT_CONFIGS[64].tile_m == 192
+    assert not fa3_fp8.DEFAULT_CONFIGS[128].intra_wg_overlap and fa3_fp8.DEFAULT_CONFIGS[128].tile_n == 256
+    c256 = fa3_fp8.DEFAULT_CONFIGS[256]
+    assert (c256.pv_split, c256.pv_buffers, c256.intra_wg_overlap) == (4, 2, False)
+
+
+def test_block_height_mismatch_is_refused():
+    """run_fp8 checks the inputs' block heights against the kernel's tile before anything runs: inputs
+    quantised with K/V blocks of 128 keys at head_dim 128 (the kernel's tile_n is 256) raise a clear
+    ValueError, as does a config whose tile_n is not the inputs' block_n; a matching config passes the check."""
+    from fa_variants.fp8 import FP8Config
+    from fa_variants.fp8.quantize import quantize_fp8_torch
+
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, n, 2, 128, generator=g) for n in (40, 300, 300))
+    inp = quantize_fp8_torch(q, k, v, config=FP8Config(rotate=False, smooth_k=False))
+    assert inp.block_n == 256
+    with pytest.raises(ValueError, match="blocks of 128 query rows and 256 keys, but the kernel .* needs 128 and 128"):
+        fa3_fp8.run_fp8(inp, causal=False, config=dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], tile_n=128))
+    kd = torch.ones(1, 2, 3)
+    old = dataclasses.replace(inp, k_descale=kd, v_descale=kd, block_n=128)
+    with pytest.raises(ValueError, match="blocks of 128 query rows and 128 keys, but the kernel .* tile_n=256"):
+        fa3_fp8.run_fp8(old, causal=False)
+    with pytest.raises(ValueError, match="k_descale must be float32 of shape .*one descale per tile_n=256 keys"):
+        fa3_fp8.run_quantized(old.q, old.k, old.v_t, old.q_descale, kd, kd, softmax_scale=0.1, causal=False)
+
+
 def test_bad_scale_and_out_dtype():
     with pytest.raises(ValueError, match="softmax_scale must be finite"):
         fa3_fp8.run_quantized(**_cpu_args(), softmax_scale=math.inf, causal=False)
@@ -219,18 +252,20 @@ def test_kernel_vs_model(shape, head_dim, causal, nan_allocations):
     assert torch.all((lse.double() - exact_lse).abs()[f] <= ds.amax(dim=-1)[f] + 1e-3)
 
 
-# variant -> (head_dim, config change); the accumulation modes and tile shapes the speed A/B times
+# variant -> (head_dim, config change); the accumulation modes and tile shapes the speed A/B times, and the
+# defaults before layout.KERNEL_TILES moved (old-default-*); inputs quantised with the variant's tile_n
 CONFIG_VARIANTS = {
     "single-acc": (128, dict(two_level=False)),
-    "no-overlap": (128, dict(intra_wg_overlap=False)),
-    "promote-2": (128, dict(promote_every=2)),
-    "promote-4-serial": (128, dict(promote_every=4, intra_wg_overlap=False)),
+    "old-default-128": (128, dict(tile_n=128, intra_wg_overlap=True)),
+    "promote-2": (128, dict(promote_every=2, tile_n=128, intra_wg_overlap=True)),  # 256-key tiles: no registers
+    "promote-4-serial": (128, dict(promote_every=4, tile_n=128)),
     "promote-3-d64": (64, dict(promote_every=3)),
-    "pv4-pipelined-d256": (256, dict(pv_split=4, pv_buffers=2)),
-    "pv4-d256": (256, dict(pv_split=4)),
-    "tile-m-192-d64": (64, dict(tile_m=192)),
-    "tile-n-256-d64": (64, dict(tile_n=256)),  # K/V scale blocks of 256 keys (quantised to match)
-    "tile-n-192-serial": (128, dict(tile_n=192, intra_wg_overlap=False)),
+    "old-default-256": (256, dict(pv_split=2, pv_buffers=1)),
+    "pv4-d256": (256, dict(pv_split=4, pv_buffers=1)),
+    "single-acc-d256": (256, dict(two_level=False, pv_split=1, pv_buffers=1)),
+    "old-default-64": (64, dict(tile_m=128)),
+    "tile-n-256-d64": (64, dict(tile_m=128, tile_n=256)),  # K/V scale blocks of 256 keys (quantised to match)
+    "tile-n-192-serial": (128, dict(tile_n=192)),
 }
 
 

@@ -23,9 +23,10 @@ BF16 = torch.bfloat16
 
 
 @dataclasses.dataclass(frozen=True)
-class KernelConfig:  # the two fields of the kernel's Fp8Config the glue sets
+class KernelConfig:  # the fields of the kernel's Fp8Config the glue sets
     two_level: bool = True
     pv_split: int = 2
+    pv_buffers: int = 2
     promote_every: int = 1
 
 
@@ -132,7 +133,7 @@ def test_attention_from_fp8_config_and_empty(fake_kernel):
     cfg = FP8Config(granularity="head", rotate=False, smooth_k=False, two_level=False)
     inputs = quantize_fp8(q, k, v, config=cfg, softmax_scale=0.2)
     out = attention_from_fp8(inputs, causal=True, out_dtype=torch.float16)
-    assert fake_kernel[0]["config"] == KernelConfig(two_level=False, pv_split=1)
+    assert fake_kernel[0]["config"] == KernelConfig(two_level=False, pv_split=1, pv_buffers=1)
     assert out.dtype == torch.float16 and torch.equal(out, emulate_fp8_attention(inputs, causal=True,
                                                                                 out_dtype=torch.float16)[0])
     inputs = quantize_fp8(q, k, v, config=FP8Config(promote_every=3), softmax_scale=0.2)  # head_dim 64
@@ -159,6 +160,8 @@ def test_validation(fake_kernel):
         attention_fp8(q, k, v, config=FP8Config(granularity="rows"))
     with pytest.raises(ValueError, match="FP8Config.promote_every: the fa3-fp8 kernel promotes after every K/V tile at head_dim 256"):
         attention_fp8(*qkv(d=256), config=FP8Config(promote_every=2))
+    with pytest.raises(ValueError, match="FP8Config.promote_every: the fa3-fp8 kernel promotes after every K/V tile at head_dim 128"):
+        attention_fp8(*qkv(d=128), config=FP8Config(promote_every=4))
     with pytest.raises(TypeError, match="config must be an FP8Config"):
         attention_fp8(q, k, v, config=None)
     assert not fake_kernel

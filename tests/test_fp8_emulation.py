@@ -1,6 +1,8 @@
 """The fa3-fp8 kernel's emulation (fa_variants.fp8.emulation): the kernel's maths on one tile, constant V,
-empty rows, smoothing invariance, the accumulator model (two-level vs one accumulator), and accuracy against
-float64 on the FA3 paper's outlier inputs and docs/edge_cases.md EC-23 (a, b).
+empty rows, smoothing invariance, the accumulator model (two-level vs one accumulator), the kernel's tiles
+(block heights from FP8Inputs, tile_m from layout.KERNEL_TILES), and accuracy against float64 on the FA3
+paper's outlier inputs and docs/edge_cases.md EC-23 (a, b). The accuracy-vs-float64 tests use the cheap
+"truncate" accumulator model (the model moves that error by far less than their bounds; CPU time).
 """
 import math
 
@@ -33,7 +35,7 @@ def test_one_tile_is_the_kernel_maths():
         t[0, -1, 0, 0] = 448.0
     inp = quantize_fp8_torch(q, k, v, config=PLAIN, softmax_scale=0.05)
     assert (inp.q_descale == 1).all() and (inp.k_descale == 1).all() and (inp.v_descale == 1).all()
-    out, lse = emulate_fp8_attention(inp, causal=True, accumulator_bits=None)
+    out, lse = emulate_fp8_attention(inp, causal=True, accumulator="truncate", accumulator_bits=None)
     c = torch.tensor(0.05 * math.log2(math.e), dtype=torch.float32)  # the kernel's scale_log2 (descales 1)
     s = torch.einsum("bqhd,bkhd->bhqk", q.double(), k.double())  # exact: small integers / 4 and 448
     s = s.masked_fill(torch.arange(70) > torch.arange(40)[:, None] + 30, -math.inf)
@@ -59,7 +61,7 @@ def test_constant_v():
     for causal in (False, True):
         out, _ = fp8_attention_reference(torch.zeros_like(q), k, v, causal=causal)
         assert torch.equal(out, torch.full_like(out, 1.5))
-        out, _ = fp8_attention_reference(q, k, v, causal=causal)
+        out, _ = fp8_attention_reference(q, k, v, causal=causal, accumulator="truncate")
         err = (out - 1.5).abs() / 1.5
         assert err.max().item() <= 2**-4 and err.mean().item() < 2**-8
 
@@ -119,7 +121,7 @@ def test_two_level_equals_one_accumulator_in_fp32():
     q, k, v = torch.randn(1, 130, 2, 64), torch.randn(1, 700, 2, 64), torch.randn(1, 700, 2, 64)
     v = v * torch.logspace(-1, 1, 700).view(1, 700, 1, 1)  # different v descales per tile
     outs = [emulate_fp8_attention(quantize_fp8_torch(q, k, v, config=FP8Config(two_level=tl, promote_every=pe)),
-                                  causal=True, accumulator_bits=None)[0]
+                                  causal=True, accumulator="truncate", accumulator_bits=None)[0]
             for tl, pe in ((True, 1), (True, 3), (False, 1))]
     for o in outs[1:]:
         assert (o - outs[0]).abs().max().item() < 1e-5
@@ -138,8 +140,8 @@ def test_one_accumulator_drifts_two_level_does_not():
         ref, _ = attention_reference(q, k, v, dtype=torch.float64)
         for tl in (True, False):
             inp = quantize_fp8_torch(q, k, v, config=FP8Config(two_level=tl))
-            errs[tl, n] = rel_l2(emulate_fp8_attention(inp, accumulator_bits=12)[0], ref)
-        errs["fp32", n] = rel_l2(emulate_fp8_attention(inp, accumulator_bits=None)[0], ref)
+            errs[tl, n] = rel_l2(emulate_fp8_attention(inp, accumulator="truncate", accumulator_bits=12)[0], ref)
+        errs["fp32", n] = rel_l2(emulate_fp8_attention(inp, accumulator="truncate", accumulator_bits=None)[0], ref)
     growth = {tl: [errs[tl, n] / errs["fp32", n] for n in (512, 4096)] for tl in (True, False)}
     assert max(growth[True]) < 1.2 and growth[False][1] > 2 * growth[False][0]
 
@@ -176,6 +178,39 @@ def test_blockfp_accumulator():
         emulate_fp8_attention(inp, accumulator="round")
 
 
+def test_default_model_is_blockfp():
+    """The default accumulator is the block-FP model (the H200 agrees with it best): equal, bit for bit, to
+    asking for it, and not to the truncate model."""
+    torch.manual_seed(4)
+    inp = quantize_fp8_torch(*(torch.randn(1, n, 2, 64) for n in (40, 200, 200)))
+    default = emulate_fp8_attention(inp, causal=True)[0]
+    assert torch.equal(default, emulate_fp8_attention(inp, causal=True, accumulator="blockfp")[0])
+    assert not torch.equal(default, emulate_fp8_attention(inp, causal=True, accumulator="truncate")[0])
+
+
+def test_kernel_tiles():
+    """The emulation walks the kernel's tiles: K/V tiles of FP8Inputs.block_n keys (256 at head_dim 128, the
+    quantiser's block height), CTA tiles of layout.tile_m(head_dim) rows (192 at head_dim 64). With a fp32
+    accumulator the tiling changes only roundings; with promote_every = 2 and causal masking the CTA height
+    moves the promotion points, so the default must be the kernel's (bitwise the same as passing it)."""
+    from fa_variants.fp8 import layout
+
+    torch.manual_seed(8)
+    q, k, v = torch.randn(1, 130, 1, 128), torch.randn(1, 600, 1, 128), torch.randn(1, 600, 1, 128)
+    inp = quantize_fp8_torch(q, k, v)
+    assert (inp.block_m, inp.block_n) == (layout.TILE_M, 256) and inp.k_descale.shape[-1] == 3
+    ref, _ = attention_reference(q, k, v, causal=True)
+    out = emulate_fp8_attention(inp, causal=True, accumulator="truncate")[0]
+    assert rel_l2(out, ref) < 0.08
+    q, k, v = torch.randn(1, 256, 1, 64), torch.randn(1, 556, 1, 64), torch.randn(1, 556, 1, 64)  # rows 128..191:
+    # 4 K/V tiles in a CTA of 192 rows, 5 in one of 128
+    inp = quantize_fp8_torch(q, k, v, config=FP8Config(promote_every=2))
+    assert layout.tile_m(64) == 192 and inp.block_n == 128
+    run = lambda **kw: emulate_fp8_attention(inp, causal=True, accumulator="truncate", accumulator_bits=10, **kw)[0]  # noqa: E731
+    default = run()
+    assert torch.equal(default, run(tile_m=192)) and not torch.equal(default, run(tile_m=128))
+
+
 # ------------------------------------------------------------------------- accuracy vs float64
 
 
@@ -195,7 +230,7 @@ def test_outliers_block_hadamard_beats_per_tensor():
     8.6e-3, + smoothed K 8.4e-3; fp16 1.3e-4. The paper: 2.4e-2 vs 9.1e-3."""
     q, k, v = fa3_outlier_inputs(512)
     ref, _ = attention_reference(q, k, v, dtype=torch.float64)
-    err = {name: rmse(fp8_attention_reference(q, k, v, config=cfg)[0], ref) for name, cfg in (
+    err = {name: rmse(fp8_attention_reference(q, k, v, config=cfg, accumulator="truncate")[0], ref) for name, cfg in (
         ("tensor", PLAIN), ("block+H", FP8Config(smooth_k=False)), ("shipped", FP8Config()))}
     assert err["block+H"] < 0.75 * err["tensor"] and err["shipped"] < 0.75 * err["tensor"]
     assert err["shipped"] < 1.2e-2
@@ -206,7 +241,7 @@ def test_non_power_of_two_head_dim(D):
     """EC-23b: the FP8 path with rotation on a non-power-of-two D (96: H12 x H8; others block-diagonal)."""
     torch.manual_seed(D)
     q, k, v = (torch.randn(1, 256, 2, D) for _ in range(3))
-    out, lse = fp8_attention_reference(q, k, v, config=FP8Config(rotate=True))
+    out, lse = fp8_attention_reference(q, k, v, config=FP8Config(rotate=True), accumulator="truncate")
     ref, ref_lse = attention_reference(q, k, v)
     assert torch.isfinite(out).all() and rel_l2(out, ref) < 0.07 and cos(out, ref) > 0.997
     assert (lse - ref_lse).abs().max().item() < 0.1
@@ -231,10 +266,10 @@ def test_ec23a_outliers():
     bias of K costs 3x (no rotation removes a bias)."""
     q, k, v = ec23a_inputs(512)
     ref, ref_lse = attention_reference(q, k, v)
-    out, lse = fp8_attention_reference(q, k, v)
+    out, lse = fp8_attention_reference(q, k, v, accumulator="truncate")
     assert cos(out, ref) >= 0.998 and rel_l2(out, ref) <= 6e-2
     assert (lse - ref_lse).abs().max().item() < 0.1
-    unsmoothed, lse_u = fp8_attention_reference(q, k, v, config=FP8Config(smooth_k=False))
+    unsmoothed, lse_u = fp8_attention_reference(q, k, v, config=FP8Config(smooth_k=False), accumulator="truncate")
     assert rel_l2(unsmoothed, ref) > 2 * rel_l2(out, ref) and cos(unsmoothed, ref) < 0.995
 
 

@@ -1,6 +1,7 @@
 """The FP8 recipe in torch (fa_variants.fp8.quantize): rotation, scales, e4m3, the kernel's V layout, the API's
 validation. docs/edge_cases.md EC-23 (c): the rotation is orthonormal and keeps Q K^T for every head_dim we serve.
 """
+import dataclasses
 import math
 
 import pytest
@@ -9,7 +10,7 @@ import torch
 from fa_variants.fp8 import layout
 from fa_variants.fp8.quantize import (E4M3_MAX, MIN_DESCALE, FP8Config, FP8Inputs, HadamardRotation,
                                       descale_from_amax, fwht, hadamard_blocks, k_mean, paley_hadamard_12,
-                                      quantize_fp8, quantize_fp8_torch, transpose_v)
+                                      quantize_fp8, quantize_fp8_torch, tiles_for, transpose_v)
 
 HEAD_DIMS = (32, 40, 64, 80, 96, 128, 192, 256)  # all the project serves, plus EC-23b's
 
@@ -146,6 +147,26 @@ def test_scales_per_granularity(gran):
     assert ((qd - q).abs() <= torch.maximum(q.abs() * 2**-4, per_row * 2**-10) * (1 + 1e-6)).all()
     if gran == "block":
         assert inp.q.float().abs().amax().item() > E4M3_MAX / 2  # the largest element lands in (224, 448]
+
+
+def test_block_heights_recorded():
+    """FP8Inputs records the block heights it was quantised with (the kernel's tiles: 256 keys per K/V descale
+    at head_dim 128, 128 at 64), dequantize uses them, and descales that do not match them are refused."""
+    torch.manual_seed(2)
+    for D, tn in ((64, 128), (128, 256)):
+        q, k, v = torch.randn(1, 200, 2, D), torch.randn(1, 300, 2, D), torch.randn(1, 300, 2, D)
+        inp = quantize_fp8_torch(q, k, v, config=FP8Config(rotate=False, smooth_k=False))
+        assert (inp.block_m, inp.block_n) == (layout.TILE_M, tn) == tiles_for(D)
+        assert inp.k_descale.shape == inp.v_descale.shape == (1, 2, -(-300 // tn)) and inp.q_descale.shape == (1, 2, 2)
+        _, kd, vd = inp.dequantize()
+        for back, d, x in ((kd, inp.k_descale, k), (vd, inp.v_descale, v)):
+            step = d.repeat_interleave(tn, dim=2)[:, :, :300].transpose(1, 2).unsqueeze(-1)  # each key's descale
+            assert ((back - x).abs() <= torch.maximum(x.abs() * 2**-4, step * 2**-10) * (1 + 1e-6)).all()
+    with pytest.raises(ValueError, match="FP8Inputs.k_descale has 3 blocks, but block_n=256 gives 2"):
+        dataclasses.replace(inp, k_descale=torch.ones(1, 2, 3), v_descale=torch.ones(1, 2, 3))
+    with pytest.raises(ValueError, match="FP8Inputs.block_n must be a positive int"):
+        dataclasses.replace(inp, block_n=0)
+    assert dataclasses.replace(inp, k_descale=torch.ones(1, 2, 3), v_descale=torch.ones(1, 2, 3), block_n=128).block_n == 128
 
 
 def test_saturation_not_nan():

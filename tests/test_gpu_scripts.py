@@ -47,3 +47,29 @@ def test_sanitize_reads_racecheck_summaries():
     assert _sanitize()._summary("racecheck", "fa2", 0, log, 1.0) == ("racecheck fa2      clean (20 calls, 1 s)", True)
     bad = log.replace("(0 errors", "(3 errors")
     assert _sanitize()._summary("racecheck", "fa2", 0, bad, 1.0)[0].startswith("racecheck fa2      3 ERRORS")
+
+
+def test_fa3_fp8_speed_ab_summary_and_plan(capsys, monkeypatch):
+    """scripts/fa3_fp8_speed_ab.py on the CPU: --plan; the summary's ratios, targets and pass criteria from
+    fake rows (new 10% above old, a two-level cost of 4%, errors under the bound, tests' worst cases)."""
+    ab = load_script("fa3_fp8_speed_ab")
+    monkeypatch.setattr("sys.argv", ["fa3_fp8_speed_ab.py", "--plan"])
+    assert ab.main() == 0
+    assert "precompile:" in capsys.readouterr().out
+    jobs = ab.compile_jobs([64, 128, 256], [False, True])
+    assert len(jobs) == len(set(jobs)) and ("recipe", 256, True, ("float16", ("tensor", False, False, False))) in jobs
+    speed = [dict(head_dim=128, seqlen=4096, causal=False, impl=n, tflops=t, spread=0.01)
+             for n, t in (("new", 1000.0), ("old", 900.0), ("single", 1040.0), ("bf16_fa3", 700.0), ("flash_attn_4", 720.0))]
+    err = [dict(head_dim=128, seqlen=2048, causal=False, block_n=256, kernel_vs_emulation=2e-3,
+                kernel_vs_emulation_truncate=5e-3, lse_max_diff=1e-4, kernel_vs_float64=0.052,
+                emulation_vs_float64=0.0519, emulation_block128_vs_float64=0.0518)]
+    stats = [dict(case="a", rel_l2=3e-3, lse_diff=2e-4, max_diff=0.01, max_diff_bound=0.1)]
+    text = ab.summary(speed, err, stats)
+    assert "| 128 | 4096 | 0 | 1000 (1%) | 900 (1%) | 1040 (1%) | 700 (1%) | 720 (1%) | 1.43x | 1.29x | 1.11x | 1.39x | +4.0% |" in text
+    assert "d128 N4096: over_bf16 1.43x (target >= 1.4): met" in text
+    assert "two_level_cost +4.0% (target <= 0.05): met" in text
+    assert "new defaults >= 0.97x old in every problem: PASS" in text
+    assert "worst 2.00e-03: PASS" in text and "closer than the truncate model in every case: PASS" in text
+    assert "worst rel-L2 3.00e-03 (a;" in text
+    slow = [dict(r, tflops=800.0) if r["impl"] == "new" else r for r in speed]
+    assert "every problem: FAIL" in ab.summary(slow, [], [])

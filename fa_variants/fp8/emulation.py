@@ -4,8 +4,10 @@ Source: Shah et al. 2024, "FlashAttention-3", sections 3.3 and 4.3; the fa3-fp8 
 (``fa_variants.hopper.fa3_fp8``, whose numerics this mirrors step by step). Vectorised over batch, heads and query rows; a Python loop over the
 K/V tiles only, so the CPU study can run it.
 
-Per query tile of TILE_M rows the kernel visits the K/V tiles [0, n_blocks) it can see (bottom-right causal
-tile skipping, ``kv_tile_end``), from the last to the first (``KV_ORDER``), and per tile n:
+Per query tile of tile_m rows (the kernel's CTA tile, ``layout.tile_m(head_dim)``) the kernel visits the K/V
+tiles of ``FP8Inputs.block_n`` keys (its tile_n: the K/V scale blocks are its tiles) [0, n_blocks) it can see
+(bottom-right causal tile skipping, ``kv_tile_end``), from the last to the first (``KV_ORDER``), and per tile n
+(q_descale[m]: the descale of the row's Q block of ``block_m`` rows):
 
     S     = Q8 K8_n^T                        FP8 MMA, accumulator modelled below; -inf where the key is
                                              past seqlen_k or above the causal diagonal
@@ -24,14 +26,16 @@ tile skipping, ``kv_tile_end``), from the last to the first (``KV_ORDER``), and 
     end:  O = O / l (0 for l = 0);  LSE = (m + log2 l - P_SHIFT) ln 2 (-inf for l = 0), natural log, of the
           logits the kernel saw (smoothed K: the entry points add ``FP8Inputs.lse_shift``).
 
-The FP8 MMA accumulator (a model, not a measurement): the products of two e4m3 numbers are exact; each
-k = 32 chunk of the reduction is summed (here by a float32 matmul) and added to the accumulator, and the
-sum (rounded to float32) is truncated toward zero to ``accumulator_bits`` mantissa bits (default ``ACCUMULATOR_BITS`` = 22, the
-figure reported for Hopper's FP8 tensor cores). ``accumulator_bits=None`` models a plain fp32 accumulator.
-``accumulator="blockfp"`` is the other model (a calibration candidate from the H200's outputs, bench/NOTES.md):
-each k = 32 chunk's products and the incoming accumulator are aligned to the largest exponent among them and
-truncated toward zero to ``BLOCKFP_FRAC_BITS`` fraction bits below it (a block-floating-point dot product),
-summed exactly, and the sum rounded to float32.
+The FP8 MMA accumulator. The products of two e4m3 numbers are exact. Default ``accumulator="blockfp"``, the
+H200's behaviour as measured (scripts/fp8_mma_probe.py, bench/NOTES.md FA3-FP8): each k = 32 chunk's products
+and the incoming accumulator are aligned to the largest exponent among them and cut toward zero to
+``BLOCKFP_FRAC_BITS`` = 13 fraction bits below it (a block-floating-point dot product), summed exactly, and the
+sum is the new float32 accumulator. Kernel vs this emulation measured rel-L2 1.7e-3 to 2.8e-3 on the H200
+(D 64/128/256, N 2048), against 4.2e-3 to 7.2e-3 for the older model, ``accumulator="truncate"``: each chunk
+summed by a float32 matmul, added to the accumulator and the sum truncated toward zero to ``accumulator_bits``
+mantissa bits (``ACCUMULATOR_BITS`` = 22, the figure reported for Hopper's FP8 tensor cores; None: a plain
+fp32 accumulator). "truncate" is ~20x cheaper on a CPU, and its rel-L2 vs float64 matched the kernel's to
+three digits in the same runs (5.2e-2 to 5.4e-2): accuracy studies against float64 may use it.
 The rounding of the kernel's exp2 (MUFU.EX2) and of its row sums differ from torch's by a few ulp: kernel vs
 emulation is a tolerance test, tight because every rounding point (Q, K, V, P to e4m3; the accumulator) is
 in the same place.
@@ -43,12 +47,13 @@ import math
 import torch
 
 from fa_variants.fp8 import layout
-from fa_variants.fp8.quantize import E4M3, FP8Config, FP8Inputs, quantize_fp8_torch, tiles_for
+from fa_variants.fp8.quantize import E4M3, FP8Config, FP8Inputs, quantize_fp8_torch
 
-__all__ = ["P_SHIFT", "ACCUMULATOR_BITS", "BLOCKFP_FRAC_BITS", "KV_ORDER", "MMA_K", "kv_tile_end", "emulate_fp8_attention",
+__all__ = ["P_SHIFT", "ACCUMULATOR", "ACCUMULATOR_BITS", "BLOCKFP_FRAC_BITS", "KV_ORDER", "MMA_K", "kv_tile_end", "emulate_fp8_attention",
            "fp8_attention_reference", "fp8_error_bound"]
 
 P_SHIFT = 8
+ACCUMULATOR = "blockfp"  # the default accumulator model (module docstring)
 ACCUMULATOR_BITS = 22
 KV_ORDER = "last_to_first"
 MMA_K = 32  # k of one FP8 MMA instruction (PTX wgmma .e4m3: k = 32)
@@ -75,15 +80,26 @@ def _accumulate(acc: torch.Tensor, partial: torch.Tensor, bits: int | None) -> t
 
 
 def _blockfp_chunk(a: torch.Tensor, b: torch.Tensor, acc: torch.Tensor, frac_bits: int) -> torch.Tensor:
-    """acc + a @ b for one k chunk as a block-floating-point dot product (module docstring), float32 out."""
+    """acc + a @ b for one k chunk as a block-floating-point dot product (module docstring), float32 out.
+
+    In float32, exactly: the products of e4m3 values are exact; with top = the largest magnitude among them and
+    acc, and e = floor(log2 top), each term is cut toward zero to a multiple of 2^(e - frac_bits) by scaling
+    with the power of two 2^(frac_bits - e) (exact), trunc, and summing the integers (|each| < 2^(frac_bits + 1),
+    at most 33 of them: an exact float32 sum), times 2^(e - frac_bits). e is floored at -96 (a top below 2^-96
+    keeps finer steps than the model; e4m3 products are >= 2^-18 or 0, so attention never gets there)."""
     out = torch.empty_like(acc)
-    step = max(1, (1 << 24) // max(1, b.shape[-1] * (a.shape[-1] + 1) * max(1, a[..., :1, :1].numel())))
-    for r0 in range(0, a.shape[-2], step):  # rows in slices: the products tensor is (..., rows, N, k + 1)
-        terms = a[..., r0:r0 + step, :].double().unsqueeze(-2) * b.double().transpose(-1, -2).unsqueeze(-3)
-        terms = torch.cat([acc[..., r0:r0 + step, :].double().unsqueeze(-1), terms], dim=-1)
-        top = terms.abs().amax(dim=-1, keepdim=True)
-        ulp = torch.exp2(torch.floor(torch.log2(torch.where(top > 0, top, 1.0))) - frac_bits)
-        out[..., r0:r0 + step, :] = (torch.trunc(terms / ulp) * ulp).sum(dim=-1).float()
+    lead = max(1, a[..., :1, :1].numel())
+    step = max(1, (1 << 23) // max(1, lead * b.shape[-1] * a.shape[-1]))
+    bt = b.float().transpose(-1, -2).unsqueeze(-3)  # (..., 1, N, k)
+    for r0 in range(0, a.shape[-2], step):  # rows in slices: the products tensor is (..., rows, N, k)
+        terms = a[..., r0:r0 + step, :].float().unsqueeze(-2) * bt
+        acc_r = acc[..., r0:r0 + step, :].float()
+        top = torch.maximum(terms.abs().amax(dim=-1), acc_r.abs())
+        e = (torch.frexp(top).exponent - 1).clamp(min=-96)  # floor(log2 top) (0 for top = 0: all terms 0)
+        up = ((frac_bits - e + 127) << 23).view(torch.float32)  # 2^(frac_bits - e)
+        down = ((e - frac_bits + 127) << 23).view(torch.float32)  # 2^(e - frac_bits)
+        ints = torch.trunc(terms * up.unsqueeze(-1)).sum(dim=-1) + torch.trunc(acc_r * up)
+        out[..., r0:r0 + step, :] = ints * down
     return out
 
 
@@ -106,15 +122,21 @@ def _mma(a: torch.Tensor, b: torch.Tensor, acc: torch.Tensor | None, bits: int |
 
 
 def emulate_fp8_attention(inputs: FP8Inputs, *, causal: bool = False, accumulator_bits: int | None = ACCUMULATOR_BITS,
-                          out_dtype: torch.dtype | None = None, accumulator: str = "truncate") -> tuple[torch.Tensor, torch.Tensor]:
+                          out_dtype: torch.dtype | None = None, accumulator: str = ACCUMULATOR,
+                          tile_m: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The fa3-fp8 kernel on already-quantised inputs, emulated (module docstring).
 
     Args:
-        inputs: FP8Inputs (``quantize_fp8``); its config gives two_level and promote_every.
+        inputs: FP8Inputs (``quantize_fp8``); its config gives two_level and promote_every, its block_m / block_n
+            the Q and K/V scale blocks (block_n is the kernel's tile_n: the K/V tiles walked here).
         causal: bottom-right causal mask (query i sees key j iff j <= i + seqlen_k - seqlen_q).
-        accumulator_bits: mantissa bits the FP8 MMA accumulator keeps (the model); None = fp32.
-        accumulator: "truncate" (that model) or "blockfp" (block-floating-point chunks; accumulator_bits unused).
+        accumulator: the FP8 MMA accumulator model: "blockfp" (default: block-floating-point chunks, the model
+            the H200 agrees with best) or "truncate" (a float32 sum cut to ``accumulator_bits``; None = fp32).
+        accumulator_bits: mantissa bits of the "truncate" model (unused by "blockfp").
         out_dtype: round O to this dtype at the end (the kernel's output dtype); None keeps float32.
+        tile_m: query rows per CTA tile (which K/V tiles a query tile visits under causal masking; it matters
+            for the promotion points of promote_every > 1 only); None: the kernel's, ``layout.tile_m(head_dim)``
+            (128 for head dims the kernel does not serve).
 
     Returns:
         (out (batch, seqlen_q, num_heads, head_dim) out_dtype or float32, lse float32 (batch, num_heads,
@@ -126,7 +148,9 @@ def emulate_fp8_attention(inputs: FP8Inputs, *, causal: bool = False, accumulato
     cfg: FP8Config = inputs.config
     B, Nq, H, D = inputs.q.shape
     Nk, Hkv = inputs.seqlen_k, inputs.k.shape[2]
-    tile_m, tile_n = tiles_for(D)
+    block_m, tile_n = inputs.block_m, inputs.block_n
+    if tile_m is None:
+        tile_m = layout.KERNEL_TILES.get(D, (layout.TILE_M, None))[0]
     dev = inputs.q.device
     group = H // Hkv
     q8 = inputs.q.float().transpose(1, 2)  # (B, H, Nq, D): e4m3 values, exact in float32
@@ -137,7 +161,7 @@ def emulate_fp8_attention(inputs: FP8Inputs, *, causal: bool = False, accumulato
     kd = inputs.k_descale.repeat_interleave(group, dim=1)  # (B, H, T)
     vd = inputs.v_descale.repeat_interleave(group, dim=1)
     scale_log2 = torch.tensor(inputs.softmax_scale * LOG2_E, dtype=torch.float32, device=dev)  # one rounding
-    c_row = (inputs.q_descale * scale_log2).repeat_interleave(tile_m, dim=2)[:, :, :Nq]  # (B, H, Nq)
+    c_row = (inputs.q_descale * scale_log2).repeat_interleave(block_m, dim=2)[:, :, :Nq]  # (B, H, Nq)
 
     rows = torch.arange(Nq, device=dev)
     n_blocks = torch.tensor([kv_tile_end(i // tile_m, tile_m, tile_n, Nq, Nk, causal) for i in range(0, Nq, tile_m)],
@@ -192,15 +216,19 @@ def emulate_fp8_attention(inputs: FP8Inputs, *, causal: bool = False, accumulato
 def fp8_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                             softmax_scale: float | None = None, config: FP8Config = FP8Config(),
                             accumulator_bits: int | None = ACCUMULATOR_BITS,
-                            out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                            out_dtype: torch.dtype | None = None,
+                            accumulator: str = ACCUMULATOR) -> tuple[torch.Tensor, torch.Tensor]:
     """FP8 attention emulated end to end: ``quantize_fp8_torch`` then :func:`emulate_fp8_attention`, and the
     LSE shifted back to the unsmoothed logits (as ``fa_variants.fp8.attention_fp8`` returns it).
+    accumulator / accumulator_bits: the accumulator model, as :func:`emulate_fp8_attention` ("truncate" is
+    ~20x cheaper on a CPU; for accuracy studies against float64, module docstring).
 
     q (B, Nq, H, D), k, v (B, Nk, Hkv, D), any float dtype and device. Returns (out float32 or out_dtype
     (B, Nq, H, D), lse float32 (B, H, Nq)); rows that see no key give 0 and -inf. Raises as quantize_fp8.
     """
     inputs = quantize_fp8_torch(q, k, v, config=config, softmax_scale=softmax_scale)
-    out, lse = emulate_fp8_attention(inputs, causal=causal, accumulator_bits=accumulator_bits, out_dtype=out_dtype)
+    out, lse = emulate_fp8_attention(inputs, causal=causal, accumulator_bits=accumulator_bits, out_dtype=out_dtype,
+                                     accumulator=accumulator)
     return out, (lse if inputs.lse_shift is None else lse + inputs.lse_shift)
 
 

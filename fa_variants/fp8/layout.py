@@ -3,8 +3,14 @@
 The FP8 quantisation (``fa_variants.fp8.quantize``) and the fa3-fp8 kernel (``fa_variants.hopper.fa3_fp8``)
 agree here on the scale-block sizes and on how V is stored. Nothing here imports the CuTe DSL.
 
-* ``TILE_M``: query rows per CTA tile (Br), and so per Q block scale.
-* ``tile_n(head_dim)``: keys per K/V tile (Bc) of the kernel at that head_dim, and so per K and V block scale.
+* ``KERNEL_TILES``: the one source of the kernel's tile shape per head_dim, (tile_m, tile_n) = (Br, Bc): the
+  kernel's default config (``fa_variants.hopper.fa3_fp8.DEFAULT_CONFIGS``) takes its tiles from here and the
+  quantisation takes its block heights from here, so the two cannot drift apart.
+* ``TILE_M``: query rows per Q block scale (128). The kernel's tile_m is 128 or 192: each of its 64-row
+  warpgroups lies inside one Q scale block and reads that block's descale.
+* ``tile_n(head_dim)``: keys per K/V tile (Bc) of the kernel at that head_dim, and so per K and V block scale
+  (the kernel indexes the K/V descales by its tile, so the two must be equal: ``FP8Inputs.block_n`` records the
+  height the inputs were quantised with and the kernel refuses other heights).
 * V is stored transposed, ``v_t`` (batch, num_heads_kv, head_dim, seqlen_k_padded), tokens contiguous:
   the FP8 WGMMA (PTX ``wgmma.mma_async ... .e4m3``) has no transpose bit, so the B operand of O = P V must
   be K-major, K being the token dimension. ``seqlen_k_padded`` is a multiple of ``K_ALIGN_TOKENS`` (16
@@ -23,13 +29,17 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["TILE_M", "tile_n", "V_TOKEN_GROUP", "V_GROUP_ORDER", "v_token_order", "K_ALIGN_TOKENS",
-           "padded_seqlen_k"]
+__all__ = ["TILE_M", "KERNEL_TILES", "tile_m", "tile_n", "V_TOKEN_GROUP", "V_GROUP_ORDER", "v_token_order", "K_ALIGN_TOKENS",
+           "padded_seqlen_k", "kernel_tiles"]
 
 TILE_M = 128
 
-# Keys per K/V tile by head_dim. A multiple of 32 (the k of the FP8 P V WGMMA).
-_TILE_N = {64: 128, 96: 128, 128: 128, 256: 128}
+# (tile_m, tile_n) of the kernel's default config by head_dim; tile_n a multiple of 32 (the k of the FP8 P V
+# WGMMA). Chosen on the H200 (bench/NOTES.md, FA3-FP8 A/B: fa3-fp8 / bf16 fa3 at N 4k / 16k, non-causal):
+# 64: tile_m 192 (three consumer warpgroups; 1.05-1.06x, the old 128 x 128 0.85-0.96x);
+# 128: tile_n 256 without intra-warpgroup overlap (1.25-1.35x; the old 128 x 128 with overlap 0.97-1.08x);
+# 256: 128 x 128 (the P V GEMM split in four slices of d instead, fa3_fp8._default).
+KERNEL_TILES = {64: (192, 128), 96: (128, 128), 128: (128, 256), 256: (128, 128)}
 
 V_TOKEN_GROUP = 16
 # Position p of a group holds token V_GROUP_ORDER[p]: p = 4t + j -> 2t + (j % 2) + 8 (j // 2).
@@ -38,13 +48,26 @@ V_GROUP_ORDER = tuple(2 * (p // 4) + (p % 2) + 8 * ((p % 4) // 2) for p in range
 K_ALIGN_TOKENS = 16
 
 
+def kernel_tiles(head_dim: int) -> tuple[int, int]:
+    """(tile_m, tile_n) of the fa3-fp8 kernel's default config at ``head_dim`` (``KERNEL_TILES``).
+
+    Raises ValueError for a head_dim the kernel does not serve (64, 96, 128, 256)."""
+    if head_dim not in KERNEL_TILES:
+        raise ValueError(f"fa3-fp8: head_dim {head_dim} is not supported; supported: {tuple(KERNEL_TILES)}")
+    return KERNEL_TILES[head_dim]
+
+
+def tile_m(head_dim: int) -> int:
+    """Query rows per CTA tile of the fa3-fp8 kernel at ``head_dim`` (128 or 192; Q scale blocks stay TILE_M).
+    Raises ValueError as ``kernel_tiles``."""
+    return kernel_tiles(head_dim)[0]
+
+
 def tile_n(head_dim: int) -> int:
     """Keys per K/V tile (and per K/V block scale) of the fa3-fp8 kernel at ``head_dim``.
 
     Raises ValueError for a head_dim the kernel does not serve (64, 96, 128, 256)."""
-    if head_dim not in _TILE_N:
-        raise ValueError(f"fa3-fp8: head_dim {head_dim} is not supported; supported: {tuple(_TILE_N)}")
-    return _TILE_N[head_dim]
+    return kernel_tiles(head_dim)[1]
 
 
 def v_token_order(n: int) -> torch.LongTensor:

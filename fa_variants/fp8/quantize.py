@@ -16,7 +16,8 @@ The recipe (``FP8Config``), in this order, per tensor:
    mixed with every other); any other d (the emulation's extra head dims) block-diagonal over the powers of
    two of d's binary expansion. V is neither smoothed nor rotated.
 3. Scales (``granularity``): one float32 descale per (batch, head, TILE_M rows of Q) and per (batch, kv-head,
-   tile_n(d) rows of K and of V) ("block", the kernel's tiles, ``fa_variants.fp8.layout``), or one per
+   tile_n(d) rows of K and of V) ("block", the kernel's tiles, ``fa_variants.fp8.layout.KERNEL_TILES``: 128
+   keys at head_dim 64 and 256, 256 keys at 128; recorded as ``FP8Inputs.block_m`` / ``block_n``), or one per
    (batch, head) ("head", what FlashAttention-3's released code does) or per tensor ("tensor"); the last two
    are baselines and are stored expanded to the block shape, so the kernel has one path.
    A descale is the smallest power of two d with amax / d <= 448 (e4m3's largest finite value), and at least
@@ -201,8 +202,9 @@ def descale_from_amax(amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def tiles_for(head_dim: int) -> tuple[int, int]:
-    """(rows per Q scale block, rows per K/V scale block) = (layout.TILE_M, layout.tile_n(head_dim)); for a
-    head_dim the kernel does not serve (the emulation's extras, e.g. 40 or 192) the tile_n of 128."""
+    """(rows per Q scale block, rows per K/V scale block) = (layout.TILE_M, layout.tile_n(head_dim)): the
+    block heights the quantisers use (the kernel's default tile_n, ``layout.KERNEL_TILES``); for a head_dim
+    the kernel does not serve (the emulation's extras, e.g. 40 or 192) the tile_n of 128."""
     try:
         return layout.TILE_M, layout.tile_n(head_dim)
     except ValueError:
@@ -263,8 +265,8 @@ class FP8Inputs:
     k: e4m3 (batch, seqlen_k, num_heads_kv, head_dim), smoothed and rotated as the recipe says.
     v_t: e4m3 (batch, num_heads_kv, head_dim, seqlen_k_padded): V transposed, zero-padded to a multiple of
         layout.K_ALIGN_TOKENS, tokens permuted by layout.v_token_order.
-    q_descale: float32 (batch, num_heads, cdiv(seqlen_q, TILE_M)); k_descale, v_descale: float32
-        (batch, num_heads_kv, cdiv(seqlen_k, tile_n(head_dim))); value = e4m3 * descale; all finite powers
+    q_descale: float32 (batch, num_heads, cdiv(seqlen_q, block_m)); k_descale, v_descale: float32
+        (batch, num_heads_kv, cdiv(seqlen_k, block_n)); value = e4m3 * descale; all finite powers
         of two >= 2^-110 (expanded views for "head" / "tensor").
     softmax_scale: >= 0 (a negative one was folded into k). seqlen_k: unpadded.
     k_mean: float32 (batch, num_heads_kv, head_dim), the mean subtracted from K (already negated when the
@@ -273,6 +275,10 @@ class FP8Inputs:
         quantisation, float32), what smoothing took from every logit of the row: the entry points add it
         to the kernel's LSE, giving the LSE of the unsmoothed logits; None without smoothing.
     config: the recipe.
+    block_m: query rows per Q descale (``layout.TILE_M``). block_n: keys per K / V descale; None (the default)
+        means ``tiles_for(head_dim)[1]``, the kernel's tile_n at this head_dim (``layout.KERNEL_TILES``). The
+        fa3-fp8 kernel needs block_n equal to its tile_n and refuses other heights (ValueError).
+    Raises ValueError (naming the field) when a descale's shape does not match its block height.
     """
 
     q: torch.Tensor
@@ -286,6 +292,23 @@ class FP8Inputs:
     k_mean: torch.Tensor | None
     lse_shift: torch.Tensor | None
     config: FP8Config
+    block_m: int = layout.TILE_M
+    block_n: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.block_n is None:
+            object.__setattr__(self, "block_n", tiles_for(self.head_dim)[1])
+        for name in ("block_m", "block_n"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"FP8Inputs.{name} must be a positive int, got {value!r}")
+        for name, blocks in (("q_descale", -(-self.q.shape[1] // self.block_m)),
+                             ("k_descale", -(-self.seqlen_k // self.block_n)),
+                             ("v_descale", -(-self.seqlen_k // self.block_n))):
+            got = getattr(self, name).shape[-1]
+            if got != blocks:
+                block = "block_m" if name == "q_descale" else "block_n"
+                raise ValueError(f"FP8Inputs.{name} has {got} blocks, but {block}={getattr(self, block)} gives {blocks}")
 
     @property
     def head_dim(self) -> int:
@@ -298,7 +321,7 @@ class FP8Inputs:
     def dequantize(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(q, k, v) in float32, (batch, seqlen, heads, head_dim), tokens of v in their natural order: the
         values the kernel computes with (rotated / smoothed as the recipe says)."""
-        tile_m, tile_n = tiles_for(self.head_dim)
+        tile_m, tile_n = self.block_m, self.block_n
         q = self.q.float() * _per_row(self.q_descale, tile_m, self.q.shape[1])
         k = self.k.float() * _per_row(self.k_descale, tile_n, self.seqlen_k)
         order = layout.v_token_order(self.v_t.shape[-1])
@@ -401,15 +424,21 @@ def transpose_v(v8: torch.Tensor) -> torch.Tensor:
 
 
 def quantize_fp8_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Config = FP8Config(),
-                       softmax_scale: float | None = None) -> FP8Inputs:
+                       softmax_scale: float | None = None, block_n: int | None = None) -> FP8Inputs:
     """The recipe in PyTorch (any device; the CPU path, and the front half of the emulation).
 
     Arguments, result and errors as :func:`quantize_fp8`. Float32 throughout (float64 inputs are rounded
     to float32 first). The GPU pass computes the same operations in the same order.
+    block_n: keys per K/V descale; None: the kernel's tile_n (``tiles_for``). Another height is for studies
+    and A/B runs (the kernel then needs a config whose tile_n is block_n; ``FP8Inputs.block_n`` records it).
     """
     scale = _check(q, k, v, config, softmax_scale)
     D = q.shape[-1]
     tile_m, tile_n = tiles_for(D)
+    if block_n is not None:
+        if isinstance(block_n, bool) or not isinstance(block_n, int) or block_n < 1 or block_n % layout.V_TOKEN_GROUP:
+            raise ValueError(f"block_n must be a positive multiple of {layout.V_TOKEN_GROUP}, got {block_n!r}")
+        tile_n = block_n
     qf, kf, vf = q.float(), k.float(), v.float()
     rot = HadamardRotation(D, config.seed)
     signs = rot.signs if config.rotate else torch.ones(D)
@@ -429,7 +458,7 @@ def quantize_fp8_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, con
     k8, k_descale = _quantize_rows(kf, tile_n, config.granularity)
     v8, v_descale = _quantize_rows(vf, tile_n, config.granularity)
     return FP8Inputs(q8, k8, transpose_v(v8), q_descale, k_descale, v_descale, scale, k.shape[1], mean, shift,
-                     config)
+                     config, block_m=tile_m, block_n=tile_n)
 
 
 def quantize_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Config = FP8Config(),

@@ -5,6 +5,10 @@ intra-warpgroup overlap, bottom-right causal tile skipping, GQA) with its hooks 
 the schedule is copied. After Shah et al. 2024, "FlashAttention-3", section 3.3 (FP8), with block
 scales (one descale per 128 query rows and per ``tile_n`` keys, ``fa_variants.fp8.layout``):
 
+* Default tiles per head_dim come from ``layout.KERNEL_TILES`` (64: 192 x 128, three consumer warpgroups;
+  128: 128 x 256 with serial steps; 256: 128 x 128, P V in four slices of d with two temporaries), which the
+  quantisation reads too: K/V scale blocks are the kernel's tile_n, and ``run_fp8`` refuses inputs of other
+  block heights.
 * S = Q8 K8^T is an FP8 WGMMA (SASS QGMMA), both operands K-major in shared memory.
 * Per-tile descales fold into the exponent: with c_n = q_descale[m_block] * k_descale[n] *
   softmax_scale * log2(e), the running row max m is kept in log2 units (m = max_n c_n * rowmax(S_n)),
@@ -122,12 +126,16 @@ class Fp8Config(Fa3Config):
 
 
 def _default(head_dim: int) -> Fp8Config:
-    # Registers per consumer thread (240): O is D/2 fp32, the two-level temporary D/2 / pv_split, S tile_n/2,
-    # P tile_n/8. D=256: serial steps (S is dead while P V runs) and the temporary over halves of d.
-    if head_dim == 256:
-        return Fp8Config(tile_m=layout.TILE_M, tile_n=layout.tile_n(256), stages=2, pingpong=True,
-                         intra_wg_overlap=False, pv_split=2)
-    return Fp8Config(tile_m=layout.TILE_M, tile_n=layout.tile_n(head_dim), stages=2)
+    """The default config at head_dim: tiles from ``layout.KERNEL_TILES`` (the quantisation's block heights come
+    from there too), switches chosen on the H200 (bench/NOTES.md, FA3-FP8 A/B). Registers per consumer thread
+    (240): O is D/2 fp32, the two-level temporary D/2 / pv_split, S tile_n/2, P tile_n/8."""
+    tile_m, tile_n = layout.kernel_tiles(head_dim)
+    if head_dim == 256:  # serial steps (S is dead while P V runs); P V in four slices of d, two temporaries
+        return Fp8Config(tile_m=tile_m, tile_n=tile_n, stages=2, pingpong=True, intra_wg_overlap=False,
+                         pv_split=4, pv_buffers=2)
+    if head_dim == 128:  # tile_n 256: S (128) + O (64) + temporary (64) need S dead during P V: serial steps
+        return Fp8Config(tile_m=tile_m, tile_n=tile_n, stages=2, intra_wg_overlap=False)
+    return Fp8Config(tile_m=tile_m, tile_n=tile_n, stages=2)  # 64: three consumer warpgroups (tile_m 192)
 
 
 DEFAULT_CONFIGS: dict[int, Fp8Config] = {d: _default(d) for d in HEAD_DIMS}
@@ -397,7 +405,8 @@ def run_quantized(q8: torch.Tensor, k8: torch.Tensor, v_t8: torch.Tensor, q_desc
             ``fa_variants.fp8.layout.v_token_order``; seqlen_k_padded = ``layout.padded_seqlen_k(seqlen_k)``
             (or more, a multiple of 16), padding tokens zero.
         q_descale: float32 (batch, num_heads, cdiv(seqlen_q, TILE_M)); k_descale, v_descale: float32
-            (batch, num_heads_kv, cdiv(seqlen_k, tile_n(head_dim))); finite and > 0 (expanded views fine).
+            (batch, num_heads_kv, cdiv(seqlen_k, tile_n)), tile_n the config's (default ``layout.tile_n(head_dim)``):
+            one descale per kernel tile; finite and > 0 (expanded views fine).
             Dequantised x = x8 * descale of its block.
         softmax_scale: finite; causal: bottom-right; out_dtype: torch.float16 or torch.bfloat16.
         config: tile/switch override (tests, ablation: two_level); default ``DEFAULT_CONFIGS[head_dim]``.
@@ -432,11 +441,12 @@ def run_quantized(q8: torch.Tensor, k8: torch.Tensor, v_t8: torch.Tensor, q_desc
         raise ValueError(f"fa3-fp8: softmax_scale must be finite, got {softmax_scale}")
     cfg = config or DEFAULT_CONFIGS[head_dim]
     bn = cfg.tile_n
-    for name, t, shape in (("q_descale", q_descale, (batch, heads, -(-seqlen_q // layout.TILE_M))),
-                           ("k_descale", k_descale, (batch, heads_kv, -(-seqlen_k // bn))),
-                           ("v_descale", v_descale, (batch, heads_kv, -(-seqlen_k // bn)))):
+    for name, t, shape, rows in (("q_descale", q_descale, (batch, heads, -(-seqlen_q // layout.TILE_M)), f"{layout.TILE_M} query rows"),
+                                 ("k_descale", k_descale, (batch, heads_kv, -(-seqlen_k // bn)), f"tile_n={bn} keys"),
+                                 ("v_descale", v_descale, (batch, heads_kv, -(-seqlen_k // bn)), f"tile_n={bn} keys")):
         if t.dtype != torch.float32 or tuple(t.shape) != shape:
-            raise ValueError(f"fa3-fp8: {name} must be float32 of shape {shape}, got {t.dtype} {tuple(t.shape)}")
+            raise ValueError(f"fa3-fp8: {name} must be float32 of shape {shape} (one descale per {rows}), "
+                             f"got {t.dtype} {tuple(t.shape)}")
     kernel, _ = _kernel(q8.device, head_dim, bool(causal), out_dtype, config)
     out = torch.empty((batch, seqlen_q, heads, head_dim), dtype=out_dtype, device=q8.device)
     lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q8.device)
@@ -458,6 +468,16 @@ def run_fp8(inputs, *, causal: bool, out_dtype: torch.dtype = torch.bfloat16,
             config: Fp8Config | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """fa3-fp8 forward on an ``FP8Inputs`` (the FP8 contract: fields q, k, v_t, q_descale, k_descale,
     v_descale, softmax_scale). Returns (out, lse) as :func:`run_quantized`; the LSE is that of the
-    logits the kernel sees (a caller that smoothed K adds its shift)."""
+    logits the kernel sees (a caller that smoothed K adds its shift).
+
+    Raises ValueError when the inputs' block heights are not the kernel's: ``inputs.block_m`` must be
+    ``layout.TILE_M`` and ``inputs.block_n`` the config's tile_n (the kernel reads one K/V descale per tile)."""
+    cfg = config or DEFAULT_CONFIGS.get(inputs.head_dim)
+    block_m, block_n = getattr(inputs, "block_m", layout.TILE_M), getattr(inputs, "block_n", None)
+    if cfg is not None and (block_m != layout.TILE_M or block_n != cfg.tile_n):
+        raise ValueError(f"fa3-fp8: inputs quantised with blocks of {block_m} query rows and {block_n} keys, but the "
+                         f"kernel (head_dim {inputs.head_dim}, tile_n={cfg.tile_n}) needs {layout.TILE_M} and "
+                         f"{cfg.tile_n}: quantise for this kernel (fa_variants.fp8.quantize_fp8 uses its default "
+                         f"tiles, layout.KERNEL_TILES) or pass a config with tile_n={block_n}")
     return run_quantized(inputs.q, inputs.k, inputs.v_t, inputs.q_descale, inputs.k_descale, inputs.v_descale,
                          softmax_scale=inputs.softmax_scale, causal=causal, out_dtype=out_dtype, config=config)
