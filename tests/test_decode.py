@@ -225,3 +225,60 @@ def test_split_options_reach_the_fa3_launch(h200, split_enabled, monkeypatch):
                     dataclasses.replace(base, num_splits=0),  # split as auto would (32 CTAs leave SMs idle)
                     base]
     assert fa3.decode_config(q, k, True) == fa3._problem_config(None, q, k, True)
+
+
+def test_decode_tiles_apply_to_one_query_row_only(h200, split_enabled, monkeypatch):
+    """fa3.DECODE_TILES: every tile set fits (config.check) at every head dim; FA_VARIANTS_DECODE_TILES'
+    choice (fa3.DECODE_TILES_CHOICE) changes `auto`'s packed seqlen_q = 1 config (and its split count, which
+    follows tile_n) but not the packed seqlen_q > 1 one nor the unpacked one; "base" is the packed config."""
+    monkeypatch.setattr(fa3, "PACK_GQA_ENABLED", True)
+    for choice in fa3.DECODE_TILES:
+        for d in fa3.HEAD_DIMS:
+            for base in (fa3._PACKED_CONFIGS[d], fa3._PACKED_SPLIT_CONFIGS[d]):
+                assert fa3.decode_tiles(base, d, choice).check(d).pack_gqa
+    assert fa3.decode_tiles(fa3._PACKED_CONFIGS[64], 64, "base") is fa3._PACKED_CONFIGS[64]
+    monkeypatch.setattr(fa3, "DECODE_TILES_CHOICE", "wide")
+    q, k = _qk(1, 1, 32, 8, 4096, head_dim=64)
+    cfg = fa3._problem_config(None, q, k, True)
+    assert (cfg.tile_n, cfg.stages, cfg.num_splits) == (192, 3, 0)
+    assert fa3.num_splits_for(cfg, q, k, True) == split.num_splits_heuristic(8, 22, 132)  # ceil(4096 / 192)
+    assert fa3.decode_config(q, k, True, num_splits=5) == dataclasses.replace(cfg, num_splits=5)
+    q, k = _qk(1, 4, 32, 8, 4096, head_dim=64)  # seqlen_q > 1: the packed-rows config is untouched
+    cfg = fa3._problem_config(None, q, k, True)
+    assert cfg.pack_group == 4 and (cfg.tile_n, cfg.stages) == (128, 2)
+    monkeypatch.setattr(fa3, "DECODE_TILES_CHOICE", "deep")
+    q, k = _qk(64, 1, 32, 8, 4096)  # not split: the whole packed config, 3 stages at D 128
+    assert fa3._problem_config(None, q, k, True) == dataclasses.replace(fa3._PACKED_CONFIGS[128], stages=3)
+    assert dataclasses.replace(fa3._PACKED_CONFIGS[128], stages=3) in fa3._auto_configs(128)
+
+
+def test_merge_config_pdl_needs_sm90():
+    from fa_variants.common import split_combine
+
+    assert split_combine.MergeConfig(pdl=True).check(128, "sm_90a").pdl
+    with pytest.raises(ValueError, match="pdl=True.*sm_80"):
+        split_combine.MergeConfig(pdl=True).check(128, "sm_80")
+
+
+def test_pdl_config_is_checked():
+    """Sm90Config.pdl: a bool, sm_90a only; fa3.DECODE_PDL adds it to the packed seqlen_q = 1 configs."""
+    cfg = dataclasses.replace(fa3._PACKED_CONFIGS[128], pdl=True)
+    assert cfg.check(128).pdl and fa3.decode_tiles(fa3._PACKED_CONFIGS[128], 128, "base", pdl=True) == cfg
+    with pytest.raises(ValueError, match="pdl"):
+        cfg.check(128, "sm_80")
+    with pytest.raises(ValueError, match="pdl"):
+        dataclasses.replace(cfg, pdl=1).check(128)
+
+
+def test_two_ctas_per_sm_is_checked():
+    """Sm90Config.ctas_per_sm = 2: one consumer warpgroup (tile_m 64) and twice the CTA's shared memory within
+    the SM's 228 KiB: D 64 with 128-key tiles and 2 stages fits, D 128 needs 64-key tiles."""
+    base = fa3._PACKED_CONFIGS[64]
+    assert dataclasses.replace(base, ctas_per_sm=2).check(64).ctas_per_sm == 2
+    with pytest.raises(ValueError, match="does not fit twice"):
+        dataclasses.replace(fa3._PACKED_CONFIGS[128], ctas_per_sm=2).check(128)
+    assert dataclasses.replace(fa3._PACKED_CONFIGS[128], ctas_per_sm=2, tile_n=64).check(128)
+    with pytest.raises(ValueError, match="ctas_per_sm"):
+        dataclasses.replace(fa3.DEFAULT_CONFIGS[128], ctas_per_sm=2).check(128)  # two consumer warpgroups
+    with pytest.raises(ValueError, match="ctas_per_sm"):
+        dataclasses.replace(base, ctas_per_sm=3).check(64)

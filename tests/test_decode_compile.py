@@ -72,3 +72,48 @@ def test_fa3_packed_rows_compile_without_spills(head_dim, group, num_splits):
         assert counts[causal]["HGMMA"] > 0 and counts[causal]["UTMALDG"] > 0
         assert (counts[causal]["UTMASTG"] > 0) == (num_splits == 1)  # TMA store of O unless split (partials)
     assert counts[True] != counts[False]  # the causal kernel masks (per packed row's position)
+
+
+@pytest.mark.parametrize("choice,head_dim", [("deep", 64), ("deep", 128), ("wide", 64), ("dual", 64), ("dual", 128)])
+def test_decode_tiles_compile_without_spills(choice, head_dim):
+    """fa3.DECODE_TILES (packed seqlen_q = 1: more stages, wider K/V tiles) build split with no spills; the split
+    kernel lets the merge start early (griddepcontrol.launch_dependents: PREEXIT), the unsplit one has no such
+    instruction (checked on the default packed config, compiled by the tests above)."""
+    config = fa3.decode_tiles(fa3._PACKED_SPLIT_CONFIGS[head_dim], head_dim, choice)
+    assert config != fa3._PACKED_SPLIT_CONFIGS[head_dim]
+    c = registry.compiled(registry.static_config("fa3", "sm_90a", "bf16", head_dim, True, config))
+    counts, res = cubin.count_sass(cubin.sass_of(c.cubin)), cubin.cubin_resources(c.cubin)
+    assert counts["LDL"] == counts["STL"] == 0 and res["spill_bytes"] == 0, (counts, res)
+    assert counts["HGMMA"] > 0 and counts["USETMAXREG"] >= 2, counts
+    assert "PREEXIT" in cubin.sass_of(c.cubin)
+    if config.ctas_per_sm == 2:  # launched for two CTAs per SM: 128 registers, the consumer takes 232
+        assert res["registers"] == 128 and "USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xe8" in cubin.sass_of(c.cubin)
+    whole = registry.compiled(registry.static_config("fa3", "sm_90a", "bf16", 128, True, fa3._PACKED_CONFIGS[128]))
+    assert "PREEXIT" not in cubin.sass_of(whole.cubin)
+
+
+def test_split_merge_kernel_with_pdl_waits_for_the_split_grid():
+    """MergeConfig(pdl=True): the merge waits for the grid before it (griddepcontrol.wait: ACQBULK) before its
+    first global load; without pdl it does not wait."""
+    from fa_variants.common import split_combine
+
+    sass = {}
+    for pdl in (False, True):
+        c = registry.compiled(registry.static_config("split-merge", "sm_90a", "bf16", 128, False,
+                                                     split_combine.MergeConfig(pdl=pdl)))
+        sass[pdl] = cubin.sass_of(c.cubin)
+    assert "ACQBULK" not in sass[False] and "ACQBULK" in sass[True]
+    assert sass[True].index("ACQBULK") < sass[True].index("LDG")
+
+
+def test_pdl_kernel_waits_before_its_loads():
+    """Sm90Config.pdl: griddepcontrol.wait (ACQBULK) and launch_dependents (PREEXIT) before the first TMA load,
+    no spills; the default packed kernels have no wait."""
+    config = fa3.decode_tiles(fa3._PACKED_CONFIGS[64], 64, "base", pdl=True)
+    assert config.pdl
+    c = registry.compiled(registry.static_config("fa3", "sm_90a", "bf16", 64, True, config))
+    sass, res = cubin.sass_of(c.cubin), cubin.cubin_resources(c.cubin)
+    assert res["spill_bytes"] == 0 and "ACQBULK" in sass and "PREEXIT" in sass
+    assert sass.index("ACQBULK") < sass.index("UTMALDG")
+    plain = registry.compiled(registry.static_config("fa3", "sm_90a", "bf16", 128, True, fa3._PACKED_CONFIGS[128]))
+    assert "ACQBULK" not in cubin.sass_of(plain.cubin)

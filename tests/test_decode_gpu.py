@@ -329,14 +329,17 @@ def _partials(splits, batch, nq, h, d):
 @pytest.mark.parametrize("splits,batch,nq,h,d", [(16, 3, 1, 32, 128), (5, 2, 3, 8, 64), (64, 1, 1, 4, 256),
                                                  (2, 7, 16, 8, 96), (1, 2, 1, 4, 128),
                                                  (150, 2, 3, 4, 64)])  # 150 splits: 3 chunks of head_dim LSEs
-def test_merge_kernel_equals_the_torch_merge(splits, batch, nq, h, d, dtype):
+@pytest.mark.parametrize("pdl", [False, True], ids=["plain", "pdl"])
+def test_merge_kernel_equals_the_torch_merge(splits, batch, nq, h, d, dtype, pdl):
+    """Split counts below, at and above the O prefetch (split_combine.PREFETCH = 16), one chunk of LSEs and
+    three; launched plainly and as a programmatic dependent (after torch's kernels: it waits for them)."""
     from fa_variants.common import split_combine
 
     o, lse = _partials(splits, batch, nq, h, d)
     lse[0, 0, -1] = math.nan  # one split's LSE NaN: its row NaN
     out = torch.full((batch, nq, h, d), math.nan, dtype=dtype, device="cuda")
     out_lse = torch.full((batch, h, nq), math.nan, device="cuda")
-    split_combine.merge(o, lse, out, out_lse)
+    split_combine.merge(o, lse, out, out_lse, pdl=pdl)
     ref, ref_lse = split.merge(o.unflatten(0, (splits, batch)), lse.unflatten(0, (splits, batch)))
     nan_rows = ref_lse.isnan()
     assert nan_rows.sum() == 1 and out_lse[nan_rows].isnan().all() and out.permute(0, 2, 1, 3)[nan_rows].isnan().all()
@@ -391,3 +394,86 @@ def test_packed_tile_heights_agree(tile_m):
         out, lse = fa3.run(q, k, v, causal=True, softmax_scale=0.1, config=config)
         assert (ok := check_against_reference(out, q, k, v, True, 0.1, refs=refs)).ok, (num_splits, ok)
         assert (ok := check_lse(lse, q, k, v, True, 0.1, refs=refs)).ok, (num_splits, ok)
+
+
+# ----- decode switches of issue 13, round 3: the merge as a programmatic dependent launch, decode tile sets -----
+
+
+@pytest.mark.parametrize("kernel_pdl,num_splits", [(False, 4), (True, 4), (True, 1)],
+                         ids=["merge-pdl", "both-pdl", "kernel-pdl-unsplit"])
+@pytest.mark.parametrize("shape", [(1, 1024, 64, 8, 128), (3, 4224, 32, 8, 64), (1, 1023, 9, 3, 96), (2, 5, 8, 1, 64)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_pdl_sees_this_calls_inputs(shape, kernel_pdl, num_splits, monkeypatch):
+    """split_combine.MERGE_PDL / Sm90Config.pdl: a kernel may start while the one before it runs and must wait
+    for it. Consecutive calls with fresh Q (and reused partial buffers from the caching allocator): each one
+    within the rule, and equal to the same call without PDL (same kernels, same order: bitwise)."""
+    from fa_variants.common import split_combine
+
+    b, nk, h, hkv, d = shape
+    q, k, v = _qkv(b, 1, nk, h, hkv, d)
+    plain_config = dataclasses.replace(fa3._PACKED_CONFIGS[d], num_splits=num_splits)
+    config = dataclasses.replace(plain_config, pdl=kernel_pdl)
+    for _ in range(3):
+        q.copy_(torch.randn_like(q))
+        monkeypatch.setattr(split_combine, "MERGE_PDL", True)
+        out, lse = fa3.run(q, k, v, causal=True, softmax_scale=0.1, config=config)
+        monkeypatch.setattr(split_combine, "MERGE_PDL", False)
+        plain, plain_lse = fa3.run(q, k, v, causal=True, softmax_scale=0.1, config=plain_config)
+        refs = references(q, k, v, causal=True, softmax_scale=0.1)
+        assert (ok := check_against_reference(out, q, k, v, True, 0.1, refs=refs)).ok, ok
+        assert (ok := check_lse(lse, q, k, v, True, 0.1, refs=refs)).ok, ok
+        assert torch.equal(out, plain) and torch.equal(lse, plain_lse)
+
+
+@pytest.mark.parametrize("kernel_pdl", [False, True], ids=["merge-pdl", "both-pdl"])
+def test_cuda_graph_replay_with_pdl(kernel_pdl, monkeypatch):
+    """Split decode steps whose merge (and attention kernel) are programmatic dependent launches, captured in a
+    CUDA graph and replayed after new inputs: the new result each time."""
+    from fa_variants.common import split_combine
+
+    monkeypatch.setattr(split_combine, "MERGE_PDL", True)
+    q, k, v = _qkv(1, 1, 4096, 32, 8, 64)
+    config = dataclasses.replace(fa3._PACKED_CONFIGS[64], num_splits=16, pdl=kernel_pdl)
+    fa3.run(q, k, v, causal=True, softmax_scale=0.125, config=config)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        for _ in range(3):  # back-to-back steps: each merge waits for its own split kernel
+            out, _ = fa3.run(q, k, v, causal=True, softmax_scale=0.125, config=config)
+    torch.cuda.current_stream().wait_stream(stream)
+    for _ in range(3):
+        q.copy_(torch.randn_like(q))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert check_against_reference(out, q, k, v, True, softmax_scale=0.125).ok
+
+
+@pytest.mark.parametrize("choice,d", [("deep", 64), ("deep", 128), ("deep", 96), ("wide", 64), ("dual", 64),
+                                      ("dual", 128)])
+@pytest.mark.parametrize("num_splits", [1, 3], ids=lambda n: f"splits{n}")
+def test_decode_tiles_match_reference(choice, d, num_splits):
+    """fa3.DECODE_TILES (more stages / wider K/V tiles for packed seqlen_q = 1; with PDL, as scripts/decode_ab.py
+    runs them): odd lengths (a partial last tile; fewer tiles than splits at Nk 5), within the rule, O and LSE."""
+    config = dataclasses.replace(fa3.decode_tiles(fa3._PACKED_CONFIGS[d], d, choice, pdl=True), num_splits=num_splits)
+    assert config != dataclasses.replace(fa3._PACKED_CONFIGS[d], num_splits=num_splits)
+    for b, nk, h, hkv in ((2, 4224, 32, 8), (1, 1023, 64, 8), (3, 5, 8, 2), (1, 777, 6, 1)):
+        q, k, v = _qkv(b, 1, nk, h, hkv, d)
+        out, lse = fa3.run(q, k, v, causal=True, softmax_scale=0.1, config=config)
+        refs = references(q, k, v, causal=True, softmax_scale=0.1)
+        assert not out.isnan().any() and not lse.isnan().any()
+        assert (ok := check_against_reference(out, q, k, v, True, 0.1, refs=refs)).ok, (b, nk, h, hkv, ok)
+        assert (ok := check_lse(lse, q, k, v, True, 0.1, refs=refs)).ok, (b, nk, h, hkv, ok)
+
+
+def test_auto_runs_the_chosen_decode_tiles(split_kv, pack_gqa, monkeypatch):
+    """FA_VARIANTS_DECODE_TILES (fa3.DECODE_TILES_CHOICE) through the public API: the result within the rule."""
+    import fa_variants
+
+    monkeypatch.setattr(fa3, "DECODE_TILES_CHOICE", "deep")
+    monkeypatch.setattr(fa3, "DECODE_PDL", True)
+    q, k, v = _qkv(1, 1, 4096, 32, 8, 64)
+    cfg = fa3._problem_config(None, q, k, True)
+    assert cfg.stages == fa3.DECODE_TILES["deep"][64]["stages"] and cfg.pdl
+    out = fa_variants.attention(q, k, v, causal=True)
+    assert check_against_reference(out, q, k, v, True).ok

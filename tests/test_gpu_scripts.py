@@ -25,7 +25,7 @@ def test_sanitize_summary_line(rc, log, verdict, ok):
 
 
 @pytest.mark.parametrize("script", ["gpu_memory_fp16.sh", "h200_session.sh", "gpu_check.sh", "cache_gpu.sh",
-                                    "decode_gpu.sh", "study_gpu.sh"])
+                                    "decode_gpu.sh", "study_gpu.sh", "decode2_gpu.sh"])
 def test_shell_scripts_parse(script):
     subprocess.run(["bash", "-n", str(ROOT / "scripts" / script)], check=True)
 
@@ -73,3 +73,26 @@ def test_fa3_fp8_speed_ab_summary_and_plan(capsys, monkeypatch):
     assert "worst rel-L2 3.00e-03 (a;" in text
     slow = [dict(r, tflops=800.0) if r["impl"] == "new" else r for r in speed]
     assert "every problem: FAIL" in ab.summary(slow, [], [])
+
+
+def test_decode_ab_plan_and_summary():
+    """scripts/decode_ab.py: the plan's split counts follow each variant's tiles and policy; variants that would
+    repeat another (nosplit where nothing splits, wide at D 128) are left out; the summary counts wins."""
+    ab = load_script("decode_ab")
+    rows = ab.plan(ab.MISSES, list(ab.VARIANTS), 132)
+    by = {(r["shape"], r["variant"]): r for r in rows}
+    b1 = (64, 32, 8, 1, 4096)  # 8 packed CTAs, 32 tiles of 128 keys (22 of 192)
+    assert by[(b1, "deep")]["splits"] == 16 and by[(b1, "deep+pdl2 nosplit")]["splits"] == 1
+    assert by[(b1, "deep+pdl2/2")]["splits"] == 8 and by[(b1, "wide+pdl2")]["config"].tile_n == 192
+    assert by[(b1, "deep+pdl2")]["pdl"] and not by[(b1, "deep")]["pdl"] and by[(b1, "pdl")]["pdl"]
+    assert by[(b1, "pdl2")]["config"].pdl and not by[(b1, "pdl")]["config"].pdl
+    b64 = (64, 32, 8, 64, 1024)  # 512 CTAs: never split, so no nosplit / half rows, and no PDL merge
+    assert (b64, "deep+pdl2 nosplit") not in by and by[(b64, "pdl")]["config"].num_splits == 1
+    assert by[(b64, "pdl2")]["config"].pdl and by[(b64, "pdl2")]["config"].num_splits == 1
+    assert not any(s[0] == 128 and v == "wide+pdl2" for s, v in by)
+    results = [dict(shape=b1, us=dict(sdpa=10.0, auto=12.0, deep=9.0), err=dict(sdpa=0.0, auto=0.001, deep=0.5),
+                    splits=dict(auto=16, deep=16))]
+    text = ab.summary(results, ["auto", "deep"])
+    assert "| D64 32:8 B1 Nk4096 | 10.0 | 1.20 (16) | BAD |" in text
+    assert "auto             0 /   1" in text
+    assert subprocess.run(["python3", str(ROOT / "scripts" / "decode_ab.py"), "--help"], capture_output=True).returncode == 0

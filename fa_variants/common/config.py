@@ -18,6 +18,10 @@ SMEM_CAPACITY = {"sm_80": 163 * 1024, "sm_86": 99 * 1024, "sm_89": 99 * 1024, "s
                  "sm_100a": 227 * 1024, "sm_120a": 99 * 1024}
 
 
+# Shared memory of one SM (all its CTAs together; 1 KiB of it reserved per CTA), bytes (same source).
+SM_SMEM = {"sm_90a": 228 * 1024, "sm_100a": 228 * 1024}
+
+
 def smem_capacity(arch: str) -> int:
     """Bytes of shared memory one CTA may use on `arch` (the smallest known when unknown)."""
     return SMEM_CAPACITY.get(arch, min(SMEM_CAPACITY.values()))
@@ -96,6 +100,15 @@ class Sm90Config:
         head. The host passes Q, O and LSE as views with the group as their seqlen and num_heads_kv heads
         (no copy); the kernel runs as MHA, unmasked (at seqlen_q = 1 causal hides no key). Only for
         seqlen_q = 1 (``hopper.fa3.pack_gqa_views``) unless pack_group is set.
+    pdl: programmatic dependent launch (sm90): the kernel is launched with programmatic stream serialisation, so
+        its CTAs may start while the grid before it on the stream finishes; every thread waits for that grid
+        (``griddepcontrol.wait``) right after the shared-memory setup, before any global read or write, and
+        signals ``griddepcontrol.launch_dependents`` so that the next grid (e.g. the split-KV merge, or the next
+        decode step) may launch as early. Hides the launch gap between kernels (decode: a few us per step).
+    ctas_per_sm: 1, or 2 (one consumer warpgroup only, tile_m 64): the kernel launches with a register cap for two
+        CTAs per SM (128 per thread; producer 24, consumer 232 after setmaxnreg) and must fit twice in the SM's
+        shared memory, so that one CTA's prologue and epilogue overlap the other's main loop (decode grids of
+        many short CTAs).
     pack_group: 0, or (with pack_gqa) the group G = num_heads / num_heads_kv fixed at compile time, for any
         seqlen_q: the kernel itself packs row r of a Q tile as query head r % G (of the KV head) at query
         position r // G (``common.pack_gqa``), masking each row causally by its own position. G must divide
@@ -118,6 +131,8 @@ class Sm90Config:
     pack_group: int = 0
     rescale_o_before_pv: bool = False
     p_double_buffer: bool = False
+    pdl: bool = False
+    ctas_per_sm: int = 1
 
     @property
     def consumer_warpgroups(self) -> int:
@@ -153,6 +168,13 @@ class Sm90Config:
             raise ValueError(f"rescale_o_before_pv / p_double_buffer need intra_wg_overlap=True ({self})")
         if (self.rescale_o_before_pv or self.p_double_buffer) and self.shared_kv_state:
             raise ValueError("rescale_o_before_pv / p_double_buffer keep their own V state: they need shared_kv_state=False")
+        if not isinstance(self.pdl, bool) or (self.pdl and not arch.startswith("sm_9")):
+            raise ValueError(f"pdl={self.pdl!r} must be a bool, True only on sm_90a (griddepcontrol)")
+        if self.ctas_per_sm not in (1, 2) or (self.ctas_per_sm == 2 and self.consumer_warpgroups != 1):
+            raise ValueError(f"ctas_per_sm={self.ctas_per_sm!r} must be 1, or 2 with tile_m=64 (one consumer warpgroup)")
+        if self.ctas_per_sm == 2 and 2 * (self.smem_bytes(head_dim) + 1024) > SM_SMEM.get(arch, 0):
+            raise ValueError(f"{self} does not fit twice in the {SM_SMEM.get(arch, 0)} B of shared memory of an "
+                             f"{arch} SM at head_dim={head_dim} (ctas_per_sm=2)")
         if self.smem_bytes(head_dim) > smem_capacity(arch):
             raise ValueError(f"{self} needs {self.smem_bytes(head_dim)} B of shared memory at head_dim={head_dim} "
                              f"(max {smem_capacity(arch)})")

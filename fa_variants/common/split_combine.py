@@ -13,17 +13,26 @@ row. With S = the split count and LSE_s, O_s the partials of the row (``hopper.f
 The sums run over s = 0 .. S-1 in that order for every row, so a row's result depends on its split count
 only, never on the batch or the other rows (docs/edge_cases.md, EC-19). A NaN LSE_s makes l, LSE and O NaN
 (as the unsplit kernel's row would be). exp and log are ex2 / lg2 (MUFU) with log2(e) folded in. The O loop
-is unrolled by 8 so that the loads of 8 splits are in flight together (the adds stay in split order). The
-LSE_s are staged in shared memory, head_dim splits at a time, by one load per thread (``_stage``): three
-passes over them cost one memory latency each instead of one per split.
+is unrolled by 8 so that the loads of 8 splits are in flight together (the adds stay in split order); the O_s of
+the first ``PREFETCH`` splits are loaded before the LSE passes, together with the LSE loads. The LSE_s are
+staged in shared memory, head_dim splits at a time, by one load per thread (``_stage``), once when there are
+at most head_dim splits (three passes over them otherwise, one memory latency each instead of one per split).
 ``common.split_model.combine_model`` is this maths in torch (CPU tests).
 Plain loads and stores: built for sm_80 and sm_90a. Our own design (no source followed). The kernel class
 lives in ``common.split_combine_kernel`` (the CuTe DSL), imported only to compile.
+
+Programmatic dependent launch (``MergeConfig.pdl``, sm_90a; ``MERGE_PDL`` / FA_VARIANTS_MERGE_PDL=1, or a
+``Sm90Config.pdl`` split kernel): the merge is launched with programmatic stream serialisation, so its CTAs may
+start while the split kernel before it on the stream still runs (fa3's split kernel signals
+``griddepcontrol.launch_dependents`` as its CTAs start); each merge CTA computes its indices and then waits
+(``griddepcontrol.wait``: the split grid finished, its writes visible) before its first load. That hides the
+launch gap between the two kernels (decode at batch 1: a few us in all).
 """
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
 
 import torch
 
@@ -35,15 +44,25 @@ HEAD_DIMS = (64, 96, 128, 256)
 DTYPES = (torch.float16, torch.bfloat16)
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
+PREFETCH = 16  # O partials per thread loaded before the LSE passes (registers; <= the smallest head_dim)
+
+#: Whether ``merge`` / ``merge_function`` launch the merge kernel as a programmatic dependent of the kernel
+#: before it (module docstring; sm_90a only) when not told. Read at each call (``scripts/decode_ab.py`` flips it).
+MERGE_PDL = os.environ.get("FA_VARIANTS_MERGE_PDL", "0") == "1"
 
 
 @dataclasses.dataclass(frozen=True)
 class MergeConfig:
-    """The merge kernel has no tunable shape: one thread per column of a row (part of the compile key)."""
+    """One thread per column of a row (no tunable shape); pdl: launched as a programmatic dependent of the
+    kernel before it, waiting for that grid before its first load (sm_90a only; module docstring)."""
 
-    def check(self, head_dim: int) -> "MergeConfig":
+    pdl: bool = False
+
+    def check(self, head_dim: int, arch: str = "sm_90a") -> "MergeConfig":
         if head_dim not in HEAD_DIMS:
             raise ValueError(f"the split merge kernel is built for head_dim {HEAD_DIMS}, not {head_dim}")
+        if self.pdl and not arch.startswith("sm_9"):
+            raise ValueError(f"MergeConfig(pdl=True) needs sm_90a (griddepcontrol), not {arch}")
         return self
 
 
@@ -63,7 +82,8 @@ def fake_args(dtype: str, head_dim: int, align: int = interop.DEFAULT_ALIGN):
 def _build(cfg: StaticConfig):
     from fa_variants.common.split_combine_kernel import SplitMerge  # the DSL: only to compile
 
-    return SplitMerge(interop.cute_dtype(cfg.dtype), cfg.head_dim), fake_args(cfg.dtype, cfg.head_dim, cfg.align)
+    return (SplitMerge(interop.cute_dtype(cfg.dtype), cfg.head_dim, cfg.config.pdl),
+            fake_args(cfg.dtype, cfg.head_dim, cfg.align))
 
 
 # Compiled through the registry ("split-merge", `fa-variants compile --variant split-merge`); never dispatched
@@ -71,27 +91,32 @@ def _build(cfg: StaticConfig):
 VARIANT = Variant(
     "split-merge", archs=("sm_80", "sm_90a"), dtypes=DTYPES, head_dims=HEAD_DIMS,
     default_config=lambda arch, head_dim, causal: MergeConfig(),
-    check_config=lambda config, arch, head_dim: config.check(head_dim), build=_build)
+    check_config=lambda config, arch, head_dim: config.check(head_dim, arch), build=_build)
 
 _FNS: dict[tuple, object] = {}
 
 
-def merge_function(device: torch.device, dtype: torch.dtype, head_dim: int):
+def merge_function(device: torch.device, dtype: torch.dtype, head_dim: int, pdl: bool | None = None):
     """The compiled merge kernel for outputs of this device, dtype and head_dim (compiled or loaded on first
-    use): ``fn(o_parts, lse_parts, out, lse)`` as `merge` takes them."""
-    key = (device, dtype, head_dim)
+    use): ``fn(o_parts, lse_parts, out, lse)`` as `merge` takes them. ``pdl`` (None: ``MERGE_PDL``) on an sm90
+    GPU: launched as a programmatic dependent of the kernel before it on the stream."""
+    pdl = MERGE_PDL if pdl is None else pdl
+    key = (device, dtype, head_dim, pdl)
     fn = _FNS.get(key)
     if fn is None:
         from fa_variants import registry
 
-        cfg = registry.static_config("split-merge", interop.device_arch(device), interop.dtype_name(dtype),
-                                     head_dim, False, MergeConfig())
+        arch = interop.device_arch(device)
+        cfg = registry.static_config("split-merge", arch, interop.dtype_name(dtype), head_dim, False,
+                                     MergeConfig(pdl=pdl and arch.startswith("sm_9")))
         fn = _FNS[key] = VARIANT.compiled(cfg).fn
     return fn
 
 
-def merge(o_parts: torch.Tensor, lse_parts: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:
+def merge(o_parts: torch.Tensor, lse_parts: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+          pdl: bool | None = None) -> None:
     """``split.merge`` on the GPU in one launch: o_parts (S*B, Nq, H, D) and lse_parts (S*B, H, Nq) float32
     contiguous (split s of batch b at s * B + b), into out (B, Nq, H, D) (float16 / bfloat16, unit last
-    stride, 16-byte aligned strides) and lse (B, H, Nq) float32 (unit last stride)."""
-    merge_function(out.device, out.dtype, out.shape[-1])(o_parts, lse_parts, out, lse)
+    stride, 16-byte aligned strides) and lse (B, H, Nq) float32 (unit last stride); ``pdl`` as in
+    ``merge_function``."""
+    merge_function(out.device, out.dtype, out.shape[-1], pdl)(o_parts, lse_parts, out, lse)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32
+from cutlass import Float32, Int32, const_expr
 
-from fa_variants.common.split_combine import LN_2, LOG2_E
+from fa_variants.common.split_combine import LN_2, LOG2_E, PREFETCH
 
 
 class SplitMerge:
@@ -17,14 +17,15 @@ class SplitMerge:
     lse_parts (S*B, H, Nq) float32 (split s of batch b at index s * B + b), out (B, Nq, H, D) 16-bit,
     lse (B, H, Nq) float32; S = o_parts' first extent // out's."""
 
-    def __init__(self, out_dtype, head_dim: int):
-        self.out_dtype, self.head_dim = out_dtype, head_dim
+    def __init__(self, out_dtype, head_dim: int, pdl: bool = False):
+        self.out_dtype, self.head_dim, self.pdl = out_dtype, head_dim, pdl
 
     @cute.jit
     def __call__(self, mOparts: cute.Tensor, mLSEparts: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
                  stream: cuda.CUstream):
         grid = (mO.shape[0] * mO.shape[1] * mO.shape[2], 1, 1)
-        self.kernel(mOparts, mLSEparts, mO, mLSE).launch(grid=grid, block=[self.head_dim, 1, 1], stream=stream)
+        self.kernel(mOparts, mLSEparts, mO, mLSE).launch(grid=grid, block=[self.head_dim, 1, 1], stream=stream,
+                                                         use_pdl=self.pdl)
 
     @cute.kernel
     def kernel(self, mOparts: cute.Tensor, mLSEparts: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor):
@@ -35,11 +36,23 @@ class SplitMerge:
         head = (bid // seqlen_q) % heads
         b = bid // (seqlen_q * heads)
         splits = mOparts.shape[0] // batch
+        if const_expr(self.pdl):  # the split kernel's partials: wait for its grid (and its writes) first;
+            cute.arch.griddepcontrol_launch_dependents()  # a next kernel launched as a dependent may start
+            cute.arch.griddepcontrol_wait()
 
+        # O_s[col] of the first PREFETCH splits, loaded now: in flight together with the LSE loads below, so
+        # that a merge of up to PREFETCH splits costs one memory latency, not two.
+        o_pre = cute.make_rmem_tensor(cute.make_layout(PREFETCH), Float32)
+        for i in cutlass.range_constexpr(PREFETCH):
+            o_pre[i] = Float32(0.0)
+            if i < splits:
+                o_pre[i] = mOparts[i * batch + b, row, head, col]
         # LSE_s of the row, head_dim splits at a time: one load per thread into shared memory (all in flight
         # together), then every thread reads them in split order (a loop of dependent global loads was one
-        # memory latency per split: ~S x 0.3-0.5 us at B = 1).
+        # memory latency per split: ~S x 0.3-0.5 us at B = 1). With at most head_dim splits (every count `auto`
+        # picks) the one chunk is staged once and read by all three passes.
         sLSE = cutlass.memory.SmemAllocator().allocate_tensor(Float32, cute.make_layout(self.head_dim), 16)
+        restage = splits > self.head_dim  # the same for every thread: the barriers in _stage are uniform
         m = -Float32.inf
         for c0 in cutlass.range(0, splits, self.head_dim, unroll=1):
             self._stage(sLSE, mLSEparts, c0, col, splits, batch, b, head, row)
@@ -50,14 +63,27 @@ class SplitMerge:
             m_safe = Float32(0.0)
         l = Float32(0.0)
         for c0 in cutlass.range(0, splits, self.head_dim, unroll=1):
-            self._stage(sLSE, mLSEparts, c0, col, splits, batch, b, head, row)
+            if restage:
+                self._stage(sLSE, mLSEparts, c0, col, splits, batch, b, head, row)
             for i in cutlass.range(cutlass.min(self.head_dim, splits - c0), unroll=4):
                 l += cute.math.exp2((sLSE[i] - m_safe) * LOG2_E, fastmath=True)
         lse = -Float32.inf
         acc = Float32(0.0)
         if l != Float32(0.0):  # the same for every thread of the CTA: the barriers in _stage are uniform
             lse = m_safe + cute.math.log2(l, fastmath=True) * LN_2
-            for c0 in cutlass.range(0, splits, self.head_dim, unroll=1):
+            if restage:
+                self._stage(sLSE, mLSEparts, 0, col, splits, batch, b, head, row)
+            n0 = cutlass.min(self.head_dim, splits)  # splits of the first chunk, in order: prefetched ones first
+            for i in cutlass.range_constexpr(PREFETCH):
+                if i < n0:
+                    x = sLSE[i]
+                    if x != -Float32.inf:
+                        acc += cute.math.exp2((x - lse) * LOG2_E, fastmath=True) * o_pre[i]
+            for i in cutlass.range(PREFETCH, n0, unroll=8):
+                x = sLSE[i]
+                if x != -Float32.inf:
+                    acc += cute.math.exp2((x - lse) * LOG2_E, fastmath=True) * mOparts[i * batch + b, row, head, col]
+            for c0 in cutlass.range(self.head_dim, splits, self.head_dim, unroll=1):
                 self._stage(sLSE, mLSEparts, c0, col, splits, batch, b, head, row)
                 for i in cutlass.range(cutlass.min(self.head_dim, splits - c0), unroll=8):
                     x = sLSE[i]

@@ -87,6 +87,37 @@ _SPLIT_CONFIGS: dict[int, Sm90Config] = {d: dataclasses.replace(c, num_splits=0)
 _NARROW = dict(tile_m=64, pingpong=False)
 _PACKED_CONFIGS = {d: dataclasses.replace(c, pack_gqa=True, **_NARROW) for d, c in DEFAULT_CONFIGS.items()}
 _PACKED_SPLIT_CONFIGS = {d: dataclasses.replace(c, pack_gqa=True, **_NARROW) for d, c in _SPLIT_CONFIGS.items()}
+# Decode proper (seqlen_q = 1, packed from host views: only G of the 64 rows are real) streams K/V with almost
+# no tensor-core work per byte, so its speed is the bytes in flight per SM: 2 stages of K and V tiles are 64 KiB
+# at D 64 (128 x 64 x 2 B x 2 x 2), about what Little's law asks for 4.8 TB/s over 132 SMs at ~1.5 us of
+# loaded latency, and D 64 ran 86-97% of SDPA's time-equivalent bandwidth there (D 128, 128 KiB in flight,
+# matched it). Candidate tile sets per head dim (shared memory: 64-row Q + stages x (K + V) tiles <= 227 KiB);
+# FA_VARIANTS_DECODE_TILES picks the one `auto` runs ("base": the packed config as is), pending the H200 A/B
+# of scripts/decode_ab.py.
+DECODE_TILES: dict[str, dict[int, dict]] = {
+    "base": {},
+    "deep": {64: dict(stages=4), 96: dict(stages=3), 128: dict(stages=3)},   # 128 / 144 / 192 KiB in flight
+    "wide": {64: dict(tile_n=192, stages=3)},                                # 144 KiB, 2/3 the tile steps
+    # two CTAs per SM (73 / 81 KiB of shared memory each): one CTA's prologue (launch, Q and first K/V tile
+    # latency) and epilogue run under the other's streaming, for grids of several short CTAs (B 64, Nk 1k:
+    # 512 CTAs of 8 tiles, ~4 waves, each wave paying its prologue with one CTA per SM)
+    "dual": {64: dict(ctas_per_sm=2), 96: dict(tile_n=64, ctas_per_sm=2), 128: dict(tile_n=64, ctas_per_sm=2)},
+}
+DECODE_TILES_CHOICE = os.environ.get("FA_VARIANTS_DECODE_TILES", "base")
+if DECODE_TILES_CHOICE not in DECODE_TILES:
+    raise ValueError(f"FA_VARIANTS_DECODE_TILES={DECODE_TILES_CHOICE!r} must be one of {sorted(DECODE_TILES)}")
+#: Whether packed seqlen_q = 1 decode launches as a programmatic dependent (``Sm90Config.pdl``; its split
+#: merge too): its launch and shared-memory setup overlap the tail of the kernel before it (FA_VARIANTS_DECODE_PDL=1).
+DECODE_PDL = os.environ.get("FA_VARIANTS_DECODE_PDL", "0") == "1"
+
+
+def decode_tiles(config: Sm90Config, head_dim: int, choice: str | None = None, pdl: bool | None = None) -> Sm90Config:
+    """The packed seqlen_q = 1 config with the decode tile set ``choice`` (default DECODE_TILES_CHOICE) and
+    ``pdl`` (default DECODE_PDL) applied."""
+    fields = dict(DECODE_TILES[choice or DECODE_TILES_CHOICE].get(head_dim, {}))
+    if DECODE_PDL if pdl is None else pdl:
+        fields["pdl"] = True
+    return dataclasses.replace(config, **fields) if fields else config
 
 
 # ---------------------------------------------------------------------------------------------
@@ -238,8 +269,11 @@ def pack_helps(seqlen_q: int, num_heads: int, num_heads_kv: int, head_dim: int) 
 
 
 def _packed(config: Sm90Config, q: torch.Tensor, k: torch.Tensor) -> Sm90Config:
-    """A packed config for this call: seqlen_q = 1 as is (host views); seqlen_q > 1 with the group fixed."""
-    return config if q.shape[1] == 1 else dataclasses.replace(config, pack_group=q.shape[2] // k.shape[2])
+    """A packed config for this call: seqlen_q = 1 with the decode tiles (``decode_tiles``; host views);
+    seqlen_q > 1 with the group fixed."""
+    if q.shape[1] == 1:
+        return decode_tiles(config, q.shape[-1])
+    return dataclasses.replace(config, pack_group=q.shape[2] // k.shape[2])
 
 
 def _auto_choice(q: torch.Tensor, k: torch.Tensor, causal: bool, pack: bool | None = None) -> tuple[bool, bool]:
@@ -247,6 +281,8 @@ def _auto_choice(q: torch.Tensor, k: torch.Tensor, causal: bool, pack: bool | No
     if pack is None:
         pack = PACK_GQA_ENABLED and pack_helps(q.shape[1], q.shape[2], k.shape[2], q.shape[-1])
     probe = (_PACKED_SPLIT_CONFIGS if pack else _SPLIT_CONFIGS)[q.shape[-1]]
+    if pack and q.shape[1] == 1:  # the split count follows the decode tiles' tile_n
+        probe = decode_tiles(probe, q.shape[-1])
     return pack, SPLIT_KV_ENABLED and num_splits_for(probe, q, k, causal) > 1
 
 
@@ -275,9 +311,9 @@ def pack_gqa_fits(group: int) -> bool:
 
 def _auto_configs(head_dim: int) -> tuple[Sm90Config, ...]:
     """The configs besides the default that `auto` may switch a call to (for `fa-variants warmup`)."""
+    packed = (_PACKED_CONFIGS[head_dim],) + ((_PACKED_SPLIT_CONFIGS[head_dim],) if SPLIT_KV_ENABLED else ())
     return ((_SPLIT_CONFIGS[head_dim],) if SPLIT_KV_ENABLED else ()) + (
-        ((_PACKED_CONFIGS[head_dim],) + ((_PACKED_SPLIT_CONFIGS[head_dim],) if SPLIT_KV_ENABLED else ()))
-        if PACK_GQA_ENABLED else ())
+        tuple(dict.fromkeys(packed + tuple(decode_tiles(c, head_dim) for c in packed))) if PACK_GQA_ENABLED else ())
 
 
 def auto_num_splits(q: torch.Tensor, k: torch.Tensor, causal: bool) -> int:
@@ -349,7 +385,8 @@ def _plan_call(config: Sm90Config, q, k, v, scale: float) -> tuple:
 
     o_parts_strides, lse_parts_strides = _contiguous_strides(o_shape), _contiguous_strides(lse_shape)
     if MERGE_KERNEL and q.is_cuda:
-        merge = split_combine.merge_function(q.device, q.dtype, head_dim)
+        # a pdl kernel's merge is a programmatic dependent of it too; else MERGE_PDL decides
+        merge = split_combine.merge_function(q.device, q.dtype, head_dim, True if config.pdl else None)
 
         def finish(args, out, lse):
             merge(args[3].as_strided(o_shape, o_parts_strides, 0), args[4].as_strided(lse_shape, lse_parts_strides, o_size),
@@ -374,7 +411,8 @@ VARIANT = Variant(
     "fa3", archs=("sm_90a",), dtypes=DTYPES, head_dims=HEAD_DIMS, default_config=default_config,
     check_config=lambda config, arch, head_dim: config.check(head_dim, arch), build=_build, plan_call=_plan_call,
     operand=_tma_operand, check_problem=_check_problem, problem_config=_problem_config,
-    switches=lambda: (SPLIT_KV_ENABLED, PACK_GQA_ENABLED, MERGE_KERNEL),
+    switches=lambda: (SPLIT_KV_ENABLED, PACK_GQA_ENABLED, MERGE_KERNEL, split_combine.MERGE_PDL, DECODE_TILES_CHOICE,
+                      DECODE_PDL),
     warm_configs=lambda arch, head_dim, causal: _auto_configs(head_dim))
 
 

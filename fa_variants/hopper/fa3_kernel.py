@@ -24,6 +24,9 @@ from fa_variants.common.softmax import OnlineSoftmax
 # Register split per consumer-warpgroup count: (producer warpgroup, each consumer warpgroup);
 # 128 * (producer + n * consumer) <= 64K registers per SM.
 REGISTERS = {1: (24, 240), 2: (24, 240), 3: (32, 160)}
+# Two CTAs per SM (Sm90Config.ctas_per_sm = 2, one consumer warpgroup): 2 x 256 threads x 128 registers at launch;
+# the producer gives 104 back, the consumer takes them: 24 + 232 = 2 x 128.
+REGISTERS_TWO_CTAS = (24, 232)
 
 
 class FlashAttention3Sm90:
@@ -48,7 +51,7 @@ class FlashAttention3Sm90:
         self.cfg = config
         self.tile_m, self.tile_n, self.stages = config.tile_m, config.tile_n, config.stages
         self.num_wg = config.consumer_warpgroups
-        self.producer_regs, self.consumer_regs = REGISTERS[self.num_wg]
+        self.producer_regs, self.consumer_regs = REGISTERS_TWO_CTAS if config.ctas_per_sm == 2 else REGISTERS[self.num_wg]
         self.num_threads = WARPGROUP_THREADS * (1 + self.num_wg)
         self.pingpong = config.pingpong
         self.overlap = config.intra_wg_overlap
@@ -151,7 +154,13 @@ class FlashAttention3Sm90:
             tQ, tK, tV, tO, mLSE, tma_q, tma_k, tma_v, tma_o,
             tiled_mma_qk, tiled_mma_pv, sQ_layout, sO_layout, sKV_layout, sV_layout,
             softmax_scale_log2, num_m_blocks, qhead_per_kvhead, l2_heads, extras,
-        ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
+        ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=self.cfg.ctas_per_sm,
+                                          use_pdl=self.cfg.pdl, **self._carveout())
+
+    def _carveout(self) -> dict:
+        """Two CTAs per SM: ask for the whole shared-memory carveout (percent), which also spares the DSL a driver
+        query for the SM's shared memory at compile time (no GPU needed to compile)."""
+        return dict(preferred_smem_carveout=100) if self.cfg.ctas_per_sm == 2 else {}
 
     def _shared_storage(self, sQ_layout, sO_layout, sKV_layout, sV_layout):
         # Q's buffer holds O after the last S GEMM: sized in O's elements for the larger of the two.
@@ -209,6 +218,9 @@ class FlashAttention3Sm90:
         pipe_q, pipe_k, pipe_v = self._make_pipelines(storage)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
+        if const_expr(self.cfg.pdl):  # launched early (programmatic dependent launch): the grid before this one on
+            cute.arch.griddepcontrol_launch_dependents()  # the stream must be done (its writes visible) before
+            cute.arch.griddepcontrol_wait()  # any thread here reads Q/K/V or writes O; the next grid may launch
         sO = storage.sQ.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)  # Q's buffer, after the last S GEMM
         if const_expr(self.dtype == self.out_dtype):
             sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
@@ -219,6 +231,10 @@ class FlashAttention3Sm90:
 
         seqlen_q, seqlen_k = self._seqlen_q(mQ), mK.shape[0]
         if const_expr(self.split):
+            if const_expr(not self.cfg.pdl):
+                # The merge kernel that follows may start now (it waits for this grid before reading the
+                # partials; common.split_combine, programmatic dependent launch): its launch hides under this grid.
+                cute.arch.griddepcontrol_launch_dependents()
             num_splits = mO.shape[3] // mQ.shape[3]
             m_block, head, batch, split_idx = self._split_coords(num_m_blocks, mQ.shape[2], num_splits)
             n_start, n_blocks = self._split_range(m_block, split_idx, num_splits, seqlen_q, seqlen_k)

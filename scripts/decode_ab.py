@@ -1,0 +1,356 @@
+"""Issue 13: the decode (seqlen_q = 1) shapes where fa3 lost to SDPA, timed with fa3's decode switches side by side.
+
+    python3 scripts/decode_ab.py --out $OUT/decode_ab     # the default plan, ~2-3 min on an H200
+    python3 scripts/decode_ab.py --plan                   # print the plan (no GPU needed)
+
+Shapes (``MISSES``): the 32 cases of the decode matrix (bf16, causal, seqlen_q = 1) where ours (auto) was slower
+than SDPA (auto) on 2026-12-01 (bench/h200-2026-12-01/decode_packed.json); ``--all-nq1`` adds the 16 others.
+Variants (``VARIANTS``), each fa3 through ``hopper.fa3.run`` with an explicit packed config:
+
+* ``auto``      the public path, ``fa_variants.attention(causal=True)``, as shipped (the reference row);
+* ``pdl``       the merge kernel launched as a programmatic dependent of the split kernel
+                (``common.split_combine.MERGE_PDL``): its launch hides under the split grid;
+* ``pdl2``      the attention kernel too (``Sm90Config.pdl``): its launch and setup overlap the kernel before
+                it (here the previous step's merge or attention kernel);
+* ``deep``      ``hopper.fa3.DECODE_TILES["deep"]``: more K/V stages (D 64: 4, D 128: 3), bytes in flight;
+* ``deep+pdl2`` both;
+* ``wide+pdl2`` D 64 only: 192-key tiles, 3 stages (``DECODE_TILES["wide"]``), and PDL;
+* ``dual+pdl2`` two CTAs per SM (``DECODE_TILES["dual"]``: D 64 128-key tiles, D 128 64-key tiles, 2 stages,
+                consumer 232 registers): one CTA's prologue and epilogue under the other's main loop; and PDL;
+* ``deep+pdl2/2`` half the heuristic's split count (shapes it splits), to see if the merge-free side pays;
+* ``deep+pdl2 nosplit`` one CTA per (batch, KV head) walking all tiles (shapes the heuristic splits): no merge.
+
+Every variant's output is compared with SDPA's once (max |difference| < 0.02, else the row is marked BAD: a
+PDL race would show here). Timing: per shape, each entry's calls captured in a CUDA graph (``calls`` per graph,
+about 1 ms of work, 5..50), replayed ``--reps`` times and timed with CUDA events, median per round; ``--rounds``
+rounds with the entry order rotated by one per round; reported: the median over rounds, GPU us per call. Kernels
+are compiled first in parallel processes into the disk cache (``common.diskcache``), then loaded.
+
+The last lines printed are the summary: per shape the ratio to SDPA of each variant (< 1: faster), and per
+variant the number of shapes at or below SDPA and the geometric-mean ratio. Logs: decode_ab.json / .md under
+--out (default $OUT/decode_ab if $OUT is set, else results/decode2/decode_ab).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's fa_variants, run from anywhere
+
+# (head_dim, heads, heads_kv, batch, seqlen_k) with seqlen_q = 1: ours > SDPA on 2026-12-01
+MISSES = [
+    (64, 32, 8, 1, 1024), (64, 32, 8, 1, 4096), (64, 32, 8, 1, 32768), (64, 32, 8, 1, 131072),
+    (64, 32, 8, 8, 1024), (64, 32, 8, 8, 4096), (64, 32, 8, 8, 32768), (64, 32, 8, 64, 1024),
+    (64, 32, 8, 64, 4096), (64, 32, 8, 64, 131072), (64, 64, 8, 1, 1024), (64, 64, 8, 1, 4096),
+    (64, 64, 8, 1, 32768), (64, 64, 8, 1, 131072), (64, 64, 8, 8, 1024), (64, 64, 8, 8, 4096),
+    (64, 64, 8, 8, 32768), (64, 64, 8, 64, 1024), (64, 64, 8, 64, 4096), (64, 64, 8, 64, 32768),
+    (128, 32, 8, 1, 1024), (128, 32, 8, 1, 4096), (128, 32, 8, 1, 32768), (128, 32, 8, 8, 1024),
+    (128, 32, 8, 8, 4096), (128, 32, 8, 64, 1024), (128, 64, 8, 1, 1024), (128, 64, 8, 1, 4096),
+    (128, 64, 8, 8, 1024), (128, 64, 8, 8, 131072), (128, 64, 8, 64, 1024), (128, 64, 8, 64, 4096),
+]
+ALL_NQ1 = [(d, h, 8, b, nk) for d in (64, 128) for h in (32, 64) for b in (1, 8, 64)
+           for nk in (1024, 4096, 32768, 131072)]
+
+#: name -> (decode tile set, split policy, PDL merge, PDL attention kernel); policy: "auto" (the heuristic),
+#: "half", "none" (1)
+VARIANTS = {
+    "pdl": ("base", "auto", True, False),
+    "pdl2": ("base", "auto", True, True),
+    "deep": ("deep", "auto", False, False),
+    "deep+pdl2": ("deep", "auto", True, True),
+    "wide+pdl2": ("wide", "auto", True, True),
+    "dual+pdl2": ("dual", "auto", True, True),
+    "deep+pdl2/2": ("deep", "half", True, True),
+    "deep+pdl2 nosplit": ("deep", "none", False, True),
+}
+NUM_SMS_DEFAULT = 132  # H100/H200 SXM, for --plan without a GPU
+
+
+def heuristic_splits(config, shape, num_sms: int) -> int:
+    """``hopper.fa3.num_splits_for`` for a packed seqlen_q = 1 config, without tensors."""
+    from fa_variants.common import split
+
+    d, h, hkv, b, nk = shape
+    m_blocks = -(-(h // hkv) // config.tile_m)
+    return split.num_splits_heuristic(m_blocks * hkv * b, -(-nk // config.tile_n), num_sms)
+
+
+def entry(name: str, shape, num_sms: int):
+    """(config, forced split count or None, pdl) of variant `name` at `shape`, or None where it does not apply."""
+    from fa_variants.hopper import fa3
+
+    tiles, policy, pdl, kernel_pdl = VARIANTS[name]
+    d = shape[0]
+    if tiles != "base" and not fa3.DECODE_TILES[tiles].get(d):
+        return None  # same as another variant at this head dim
+    split_cfg = fa3.decode_tiles(fa3._PACKED_SPLIT_CONFIGS[d], d, tiles, pdl=kernel_pdl)
+    auto = heuristic_splits(split_cfg, shape, num_sms)
+    if policy != "auto" and auto == 1:
+        return None  # not split anyway
+    splits = {"auto": auto, "half": max(1, auto // 2), "none": 1}[policy]
+    if policy == "half" and splits == 1:
+        return None  # the nosplit variant
+    if splits == 1:
+        return dataclasses.replace(split_cfg, num_splits=1), None, False
+    return split_cfg, (splits if policy != "auto" else None), pdl or kernel_pdl
+
+
+def plan(shapes, variants, num_sms: int) -> list[dict]:
+    rows = []
+    for shape in shapes:
+        for name in variants:
+            e = entry(name, shape, num_sms)
+            if e is not None:
+                cfg, forced, pdl = e
+                rows.append(dict(shape=shape, variant=name, splits=forced or heuristic_splits(cfg, shape, num_sms)
+                                 if cfg.num_splits != 1 else 1, pdl=pdl, config=cfg))
+    return rows
+
+
+def _compile_one(item) -> str:
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    from fa_variants import registry
+    from fa_variants.common import split_combine
+
+    kind, d, cfg = item
+    t = time.time()
+    if kind == "merge":
+        registry.compiled(registry.static_config("split-merge", "sm_90a", "bf16", d, False,
+                                                 split_combine.MergeConfig(pdl=cfg)))
+    else:
+        registry.compiled(registry.static_config("fa3", "sm_90a", "bf16", d, True, cfg))
+    return f"{kind} D{d} {time.time() - t:.0f}s"
+
+
+def precompile(rows, jobs: int) -> None:
+    """Every kernel the plan needs, compiled in `jobs` processes into the disk cache (loaded later)."""
+    from fa_variants.common import diskcache
+    from fa_variants.hopper import fa3
+
+    if not diskcache.enabled():
+        print("precompile skipped: the disk cache is off (FA_VARIANTS_DISK_CACHE); kernels compile on first use")
+        return
+    items = {("fa3", r["shape"][0], r["config"]) for r in rows}
+    for d in {r["shape"][0] for r in rows}:  # auto's own configs, and both merges
+        items |= {("fa3", d, fa3._PACKED_SPLIT_CONFIGS[d]), ("fa3", d, fa3._PACKED_CONFIGS[d]),
+                  ("merge", d, False), ("merge", d, True)}
+    t = time.time()
+    import multiprocessing
+
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        done = list(pool.map(_compile_one, sorted(items, key=repr)))
+    print(f"precompiled {len(done)} kernels in {time.time() - t:.0f}s ({jobs} processes)", flush=True)
+
+
+class _Forced:
+    """fa3's per-call split count pinned to `n` (the heuristic's lru-cached helper swapped for the call)."""
+
+    def __init__(self, fa3, n):
+        self.fa3, self.n = fa3, n
+
+    def __enter__(self):
+        self.saved = self.fa3._auto_splits
+        if self.n is not None:
+            self.fa3._auto_splits = lambda *args: self.n
+
+    def __exit__(self, *exc):
+        self.fa3._auto_splits = self.saved
+
+
+def make_fn(row, q, k, v, fa3, split_combine):
+    cfg, forced, pdl = row["config"], row.get("forced"), row["pdl"]
+
+    def fn():
+        split_combine.MERGE_PDL = pdl
+        with _Forced(fa3, forced):
+            return fa3.run(q, k, v, causal=True, softmax_scale=q.shape[-1] ** -0.5, config=cfg)[0]
+    return fn
+
+
+def gpu_us(fn, reps: int, torch) -> float:
+    """GPU us per call: `calls` calls in one CUDA graph, replayed `reps` times, median (CUDA events)."""
+    fn()
+    torch.cuda.synchronize()
+    t0 = torch.cuda.Event(enable_timing=True)
+    t1 = torch.cuda.Event(enable_timing=True)
+    t0.record()
+    fn()
+    t1.record()
+    t1.synchronize()
+    calls = max(5, min(50, int(1000 / max(t0.elapsed_time(t1) * 1e3, 1.0))))
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        for _ in range(calls):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph.replay()
+    times = []
+    for _ in range(reps):
+        t0.record()
+        graph.replay()
+        t1.record()
+        t1.synchronize()
+        times.append(t0.elapsed_time(t1) * 1e3 / calls)
+    return statistics.median(times)
+
+
+def run(a, shapes, rows) -> int:
+    import torch
+    import torch.nn.functional as F
+
+    import fa_variants
+    from fa_variants.common import split_combine
+    from fa_variants.hopper import fa3
+
+    results = []
+    for i, shape in enumerate(shapes):
+        d, h, hkv, b, nk = shape
+        g = torch.Generator(device="cuda").manual_seed(i)
+        q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
+        k = torch.randn(b, nk, hkv, d, device="cuda", dtype=torch.bfloat16, generator=g)
+        v = torch.randn_like(k)
+        def sdpa():
+            return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                  enable_gqa=True).transpose(1, 2)
+
+        def auto():
+            split_combine.MERGE_PDL = False
+            return fa_variants.attention(q, k, v, causal=True)
+
+        fns = {"sdpa": sdpa, "auto": auto}
+        mine = [r for r in rows if r["shape"] == shape]
+        for r in mine:
+            fns[r["variant"]] = make_fn(r, q, k, v, fa3, split_combine)
+        res = dict(shape=shape, us={}, err={}, splits={r["variant"]: r["splits"] for r in mine})
+        res["splits"]["auto"] = fa3.auto_num_splits(q, k, True)
+        names = list(fns)
+        for name in names:
+            try:  # run once (compile / load), then with a fresh Q: a merge that read the partials of the
+                fns[name]()  # previous call (a PDL race) would give the old answer, not the new one
+                q.normal_(generator=g)
+                ref = sdpa().float()
+                res["err"][name] = (fns[name]().float() - ref).abs().max().item()
+            except Exception as exc:  # noqa: BLE001 - recorded, the plan goes on
+                res["err"][name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:100] if str(exc) else ''}"
+        ok = [n for n in names if isinstance(res["err"][n], float)]
+        per_round = {n: [] for n in ok}
+        for rnd in range(a.rounds):
+            order = ok[rnd % len(ok):] + ok[:rnd % len(ok)]
+            for name in order:
+                try:
+                    per_round[name].append(gpu_us(fns[name], a.reps, torch))
+                except Exception as exc:  # noqa: BLE001 - e.g. a launch that graph capture refuses
+                    res["err"][name] = f"timing: {type(exc).__name__}: {str(exc).splitlines()[0][:100]}"
+        split_combine.MERGE_PDL = False
+        res["us"] = {n: statistics.median(t) for n, t in per_round.items() if t}
+        results.append(res)
+        best = min(res["us"], key=res["us"].get) if res["us"] else "-"
+        print(f"[{i + 1}/{len(shapes)}] D{d} {h}:{hkv} B{b} Nk{nk}: sdpa {res['us'].get('sdpa', math.nan):.1f} "
+              f"auto {res['us'].get('auto', math.nan):.1f} best {best} {res['us'].get(best, math.nan):.1f} us", flush=True)
+        del q, k, v
+        torch.cuda.empty_cache()
+    split_combine.MERGE_PDL = False
+    from fa_variants.common import cache
+
+    text = summary(results, ["auto"] + list(a.variants))
+    print(f"kernels this process: {cache.cache_info()} (compiles should be 0 after the precompile)")
+    print(text)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, rounds=a.rounds, reps=a.reps)
+    (out / "decode_ab.json").write_text(json.dumps(dict(meta=meta, results=results), indent=1, default=str))
+    (out / "decode_ab.md").write_text(text + "\n")
+    return 0
+
+
+def summary(results, variants) -> str:
+    """Markdown: per shape GPU us of SDPA and the ratio ours / SDPA per variant (BAD: output off, -: n/a);
+    then per variant the shapes <= SDPA and the geometric mean ratio over the shapes it ran."""
+    head = "| shape | sdpa us | " + " | ".join(variants) + " |\n|" + "---|" * (len(variants) + 2)
+    lines, wins, logs = [head], {v: [0, 0] for v in variants}, {v: [] for v in variants}
+    for r in results:
+        d, h, hkv, b, nk = r["shape"]
+        s = r["us"].get("sdpa")
+        cells = []
+        for v in variants:
+            err = r["err"].get(v)
+            if v not in r["err"]:
+                cells.append("-")
+            elif not isinstance(err, float) or err > 0.02:
+                cells.append("BAD" if isinstance(err, float) else "ERR")
+            elif s and v in r["us"]:
+                x = r["us"][v] / s
+                wins[v][0] += x <= 1.0
+                wins[v][1] += 1
+                logs[v].append(math.log(x))
+                cells.append(f"{x:.2f} ({r['splits'].get(v, '?')})")
+            else:
+                cells.append("?")
+        lines.append(f"| D{d} {h}:{hkv} B{b} Nk{nk} | {s:.1f} | " + " | ".join(cells) + " |" if s else
+                     f"| D{d} {h}:{hkv} B{b} Nk{nk} | ? | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append("ratio ours / SDPA GPU time (split count in parentheses); per variant: shapes <= SDPA / shapes run, "
+                 "geomean ratio")
+    for v in variants:
+        gm = math.exp(sum(logs[v]) / len(logs[v])) if logs[v] else math.nan
+        lines.append(f"  {v:14s} {wins[v][0]:3d} / {wins[v][1]:3d}   geomean {gm:.3f}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--plan", action="store_true", help="print the plan and exit (no GPU needed)")
+    p.add_argument("--compile-only", action="store_true", help="compile the plan's kernels into the disk cache, exit")
+    p.add_argument("--all-nq1", action="store_true", help="all 48 seqlen_q = 1 shapes, not only the 32 misses")
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--reps", type=int, default=5, help="graph replays per timing (median)")
+    p.add_argument("--jobs", type=int, default=min(12, os.cpu_count() or 1), help="parallel compile processes")
+    p.add_argument("--out", default=os.path.join(os.environ["OUT"], "decode_ab") if os.environ.get("OUT")
+                   else "results/decode2/decode_ab")
+    a = p.parse_args()
+    shapes = ALL_NQ1 if a.all_nq1 else MISSES
+    gpu = not (a.plan or a.compile_only)
+    if gpu:
+        import torch
+
+        if not torch.cuda.is_available():
+            print("decode_ab: no CUDA GPU here (--plan prints the plan)")
+            return 2
+        num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    else:
+        os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+        num_sms = NUM_SMS_DEFAULT
+    rows = plan(shapes, a.variants, num_sms)
+    for r in rows:
+        e = entry(r["variant"], r["shape"], num_sms)
+        r["forced"] = e[1]
+    if a.plan:
+        from fa_variants.hopper import fa3
+
+        print(f"{len(shapes)} shapes x (sdpa, auto, {len(a.variants)} variants where they apply): {len(rows)} fa3 "
+              f"entries; {a.rounds} rounds; {len({(r['shape'][0], r['config']) for r in rows})} fa3 configs to compile")
+        for shape in shapes:
+            cfg = fa3.decode_tiles(fa3._PACKED_SPLIT_CONFIGS[shape[0]], shape[0], "base")
+            print(f"  D{shape[0]} {shape[1]}:{shape[2]} B{shape[3]} Nk{shape[4]}: auto splits "
+                  f"{heuristic_splits(cfg, shape, num_sms)}; " + ", ".join(
+                      f"{r['variant']} {r['splits']}" for r in rows if r["shape"] == shape))
+        return 0
+    precompile(rows, a.jobs)
+    if a.compile_only:
+        return 0
+    return run(a, shapes, rows)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
