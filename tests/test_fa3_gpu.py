@@ -97,7 +97,17 @@ ABLATIONS = {
 def test_ablation_configs(ablation, causal, shape):
     config = dataclasses.replace(fa3.DEFAULT_CONFIGS[128], **ABLATIONS[ablation])
     q, k, v = _qkv(*shape, 128, BF16)
-    _check(q, k, v, causal, config=config, what=f"{ablation} causal={causal} {shape}")
+    what = f"{ablation} causal={causal} {shape}"
+    if ablation.startswith("p2buf") and causal and shape[1] > 1:
+        # H200, 2026-12-01: with p_double_buffer (off by default) causal calls of more than one Q tile left
+        # output elements unwritten (NaN from the poisoned allocation). Known bug: expected to fail, and a
+        # pass fails the test so that the fix is noticed.
+        try:
+            _check(q, k, v, causal, config=config, what=what)
+        except AssertionError:
+            pytest.xfail("p_double_buffer: causal output incomplete (known bug; the switch is off by default)")
+        pytest.fail(f"{what} now passes: remove this expected failure")
+    _check(q, k, v, causal, config=config, what=what)
 
 
 @pytest.mark.parametrize("head_dim, change", [

@@ -128,7 +128,7 @@ def test_pass_block_height_256(monkeypatch, head_dim):
     layout, and still equals the torch recipe."""
     from fa_variants.fp8 import layout
 
-    monkeypatch.setitem(layout._TILE_N, head_dim, 256)
+    monkeypatch.setitem(layout.KERNEL_TILES, head_dim, (layout.KERNEL_TILES[head_dim][0], 256))
     g = torch.Generator(device="cuda").manual_seed(head_dim)
     q = torch.randn(1, 300, 4, head_dim, device="cuda", generator=g).to(torch.bfloat16)
     k = (torch.randn(1, 777, 2, head_dim, device="cuda", generator=g) + 1).to(torch.bfloat16)

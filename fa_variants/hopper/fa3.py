@@ -362,17 +362,19 @@ def _plan_call(config: Sm90Config, q, k, v, scale: float) -> tuple:
     on the CPU / with MERGE_KERNEL off). The view geometry is worked out once here, on meta tensors."""
     batch, seqlen_q, heads, head_dim = q.shape
     tail = (scale * LOG2_E, l2_section_heads(k.shape[1], head_dim))
-    splits = num_splits_for(config, q, k, True) if config.num_splits != 1 else 1
+    # a kernel compiled for split-KV (num_splits != 1) writes fp32 partials even when this shape gets one split
+    split_kernel = config.num_splits != 1
+    splits = num_splits_for(config, q, k, True) if split_kernel else 1
     o_shape, lse_shape = (splits * batch, seqlen_q, heads, head_dim), (splits * batch, heads, seqlen_q)
     o_size = splits * batch * seqlen_q * heads * head_dim
     meta = torch.empty_strided(q.shape, q.stride(), dtype=q.dtype, device="meta")
-    out_meta = torch.empty(o_shape, dtype=torch.float32 if splits > 1 else q.dtype, device="meta")
+    out_meta = torch.empty(o_shape, dtype=torch.float32 if split_kernel else q.dtype, device="meta")
     lse_meta = torch.empty(lse_shape, dtype=torch.float32, device="meta")
     pack = config.pack_gqa and not config.pack_group  # pack_group: the kernel packs the rows itself
     if pack:  # views of the same memory: O and LSE land where the unpacked call puts them
         meta, out_meta, lse_meta = pack_gqa_views(meta, out_meta, lse_meta, k.shape[2])
     q_view, o_view, lse_view = ((t.shape, t.stride()) for t in (meta, out_meta, lse_meta))
-    if splits == 1:
+    if not split_kernel:
         if not pack:
             return (lambda q, k, v, out, lse: (q, k, v, out, lse, *tail)), None
         return (lambda q, k, v, out, lse: (q.as_strided(*q_view), k, v, out.as_strided(*o_view),
