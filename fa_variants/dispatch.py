@@ -149,8 +149,19 @@ def _serves_other_dtypes(name: str, dtype: torch.dtype) -> bool:
     """True when a built backend is for other dtypes (e.g. fa3-fp8 for a bf16 call): not a fallback.
     A variant's ``auto_dtypes`` (default: its dtypes) lists the dtypes ``auto`` may pick it for; the
     others it serves only on request (fa3-fp8 quantises 16-bit inputs: it changes the numerics)."""
+    entry = _declared(name)
+    if entry is not None:  # what the registry says the Variant declares: no import
+        return _dtype_name(dtype) not in (entry.auto_dtypes or entry.dtypes)
     loaded = load(name)
     return not isinstance(loaded, str) and dtype not in (loaded.auto_dtypes or loaded.dtypes)
+
+
+def _declared(name: str):
+    """The registry entry of a backend not imported yet that declares its dtypes (``registry.Entry``), else
+    None: the dispatcher answers from it instead of importing the module (fa1 and fa3-fp8 import the CuTe
+    DSL, ~2 s). Once imported, the Variant itself answers."""
+    entry = registry.ENTRIES.get(name)
+    return entry if entry is not None and entry.dtypes and name not in registry._LOADED else None
 
 
 def why_not(name: str, capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: int) -> str | None:
@@ -159,6 +170,10 @@ def why_not(name: str, capability: tuple[int, int] | None, dtype: torch.dtype, h
         archs = supported_archs(name)
         where = "the inputs are on the CPU" if capability is None else f"this GPU is {arch_name(capability)}"
         return f"{name} runs on {', '.join(archs)} only; {where}"
+    entry = _declared(name)
+    if entry is not None and _dtype_name(dtype) in entry.dtypes and \
+            (entry.head_dims is None or head_dim in entry.head_dims):
+        return None  # serves it by its declaration; imported (and its import checked) when chosen
     loaded = load(name)
     if isinstance(loaded, str):
         return loaded
@@ -209,8 +224,11 @@ def _select(capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: in
             raise ValueError(f"unknown backend {requested!r} (from {source}); "
                              f"choose from auto, {', '.join(BACKENDS)}")
         problem = problems.get(requested) or why_not(requested, capability, dtype, head_dim)
+        if not problem and isinstance(load(requested), str):  # declared able, but it does not import
+            problem = load(requested)
         if problem:
-            raise BackendUnavailableError(f"{problem}; backends that can: {', '.join(able) or 'none'}")
+            raise BackendUnavailableError(f"{problem}; backends that can: "
+                                          f"{', '.join(n for n in able if n != requested) or 'none'}")
         note_of = getattr(load(requested), "request_note", None)  # e.g. fa3-fp8 quantises 16-bit inputs
         note = note_of(dtype) if note_of else None
         return Selection(requested, f"requested by {source}" + (f"; {note}" if note else ""), able)
@@ -221,6 +239,13 @@ def _select(capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: in
         raise BackendUnavailableError(f"no backend can serve {call} on {where}: "
                                       + "; ".join(p for p in problems.values() if p))
     auto_able = [name for name in able if not _serves_other_dtypes(name, dtype)]
+    while auto_able and isinstance(load(auto_able[0]), str):  # declared able but does not import
+        problems[auto_able[0]] = load(auto_able[0])
+        able = tuple(n for n in able if n != auto_able[0])
+        auto_able.pop(0)
+    if not able:
+        raise BackendUnavailableError(f"no backend can serve {call} on {where}: "
+                                      + "; ".join(p for p in problems.values() if p))
     if not auto_able:
         raise BackendUnavailableError(f"no backend can serve {call} on {where} unless asked for: "
                                       + ", ".join(f"backend={n!r}" for n in able))

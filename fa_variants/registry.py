@@ -18,17 +18,31 @@ from fa_variants.common.launch import Variant
 
 @dataclass(frozen=True)
 class Entry:
-    """Where a variant lives, and a one-line summary (known without importing it)."""
+    """Where a variant lives, and a one-line summary (known without importing it). For the kernel backends
+    also what their Variant declares (dtype names as ``str(torch.dtype)`` without "torch.", head dims, the
+    dtypes ``auto`` may pick them for), so that the dispatcher can say whether a backend serves a call
+    without importing it: importing fa1 or fa3-fp8 imports the CuTe DSL (~2 s of a fresh process's first
+    call). tests/test_dispatch.py checks these against the imported Variants."""
 
     module: str
     summary: str
+    dtypes: tuple[str, ...] = ()
+    head_dims: tuple[int, ...] | None = None
+    auto_dtypes: tuple[str, ...] | None = None
+
+
+_HALF = ("float16", "bfloat16")
+_HEAD_DIMS = (64, 96, 128, 256)
 
 
 ENTRIES: dict[str, Entry] = {
-    "fa3": Entry("fa_variants.hopper.fa3", "FlashAttention-3 style: TMA, WGMMA, warp specialisation"),
-    "fa3-fp8": Entry("fa_variants.fp8.fa3_fp8", "FlashAttention-3 with e4m3 (FP8) inputs"),
-    "fa2": Entry("fa_variants.ampere.fa2", "FlashAttention-2: Q outer loop, mma.sync, cp.async"),
-    "fa1": Entry("fa_variants.ampere.fa1", "FlashAttention-1: K/V outer loop"),
+    "fa3": Entry("fa_variants.hopper.fa3", "FlashAttention-3 style: TMA, WGMMA, warp specialisation",
+                 _HALF, _HEAD_DIMS),
+    "fa3-fp8": Entry("fa_variants.fp8.fa3_fp8", "FlashAttention-3 with e4m3 (FP8) inputs",
+                     _HALF + ("float8_e4m3fn",), _HEAD_DIMS, ("float8_e4m3fn",)),
+    "fa2": Entry("fa_variants.ampere.fa2", "FlashAttention-2: Q outer loop, mma.sync, cp.async",
+                 _HALF, _HEAD_DIMS),
+    "fa1": Entry("fa_variants.ampere.fa1", "FlashAttention-1: K/V outer loop", _HALF, _HEAD_DIMS),
     "reference": Entry("fa_variants.reference", "plain PyTorch, float32 maths, any device (slow)"),
     "testkernel": Entry("fa_variants.testkernel", "internal test kernel: out = q * scale + v[row], lse = scale"),
     "fp8-quant": Entry("fa_variants.fp8.quant_kernel", "FP8 quantisation pass (not attention): Hadamard, block "

@@ -248,3 +248,43 @@ def test_the_real_modules_load_or_say_why():
         else:
             assert isinstance(loaded, Variant) and loaded.name == name and isinstance(loaded.dtypes, tuple)
             assert loaded.head_dims is None or all(isinstance(d, int) for d in loaded.head_dims)
+
+
+def test_registry_declarations_match_the_variants():
+    """The dtypes / head dims / auto dtypes that registry.ENTRIES declares (so that choosing needs no import)
+    are the imported Variants' own."""
+    for name, entry in registry.ENTRIES.items():
+        if not entry.dtypes:
+            continue
+        v = registry.load(name)
+        assert not isinstance(v, str), v
+        assert entry.dtypes == tuple(str(d).removeprefix("torch.") for d in v.dtypes), name
+        assert entry.head_dims == v.head_dims, name
+        auto = None if v.auto_dtypes is None else tuple(str(d).removeprefix("torch.") for d in v.auto_dtypes)
+        assert entry.auto_dtypes == auto, name
+
+
+def test_a_declared_backend_that_does_not_import_is_skipped(kernels, monkeypatch):
+    monkeypatch.setitem(registry.ENTRIES, "fa3", registry.Entry("fa_variants._absent.fa3", "fake",
+                                                                ("float16", "bfloat16"), (64, 128, 256)))
+    dispatch.clear_cache()
+    with pytest.warns(BackendFallbackWarning, match="fa3"):
+        sel = select(SM90, BF16, 128)
+    assert sel.backend == "fa2" and "fa3" not in sel.candidates
+    with pytest.raises(BackendUnavailableError, match="fa3"):
+        select(SM90, BF16, 128, backend="fa3")
+
+
+def test_choosing_a_backend_on_hopper_imports_no_dsl():
+    """A fresh process choosing for an sm_90 call (auto, fa3, fa2 by name) imports no CuTe DSL, although fa1
+    and fa3-fp8 (whose modules import it) are candidates: the warm first call loads kernels from the disk
+    cache without it (issue 13's 1 s budget). Asking for fa1 or fa3-fp8 by name imports them, and the DSL."""
+    import subprocess
+
+    code = ("import sys, torch\nfrom fa_variants import dispatch\n"
+            "for b in ('auto', 'fa3', 'fa2'):\n"
+            "    dispatch.select((9, 0), torch.bfloat16, 128, backend=b)\n"
+            "print('cutlass' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "False"
