@@ -43,9 +43,9 @@ CAPABILITY = {"fa3": (9, 0), "fa3-fp8": (9, 0), "fa2": (8, 0), "fa1": (8, 0)}
 ARCH = {(9, 0): "sm_90a", (8, 0): "sm_80"}
 
 
-def per_call_us(fn, calls: int, rounds: int, sync=lambda: None) -> tuple[float, float]:
+def per_call_us(fn, calls: int, rounds: int, sync=lambda: None, *, count_sync: bool = True) -> tuple[float, float]:
     """(min, median) over rounds of the mean wall time per call of a loop of `calls` calls, synchronised
-    once at the end of each loop."""
+    once at the end of each loop; the clock stops after that sync (count_sync) or before it."""
     for _ in range(max(1, calls // 5)):
         fn()
     sync()
@@ -54,8 +54,11 @@ def per_call_us(fn, calls: int, rounds: int, sync=lambda: None) -> tuple[float, 
         start = time.perf_counter()
         for _ in range(calls):
             fn()
-        sync()
+        if count_sync:
+            sync()
         means.append((time.perf_counter() - start) / calls * 1e6)
+        if not count_sync:
+            sync()
     return min(means), statistics.median(means)
 
 
@@ -87,17 +90,7 @@ def stubbed_kernel(backend: str, device: str):
 
 def enqueue_us(fn, calls: int, rounds: int, sync) -> tuple[float, float]:
     """(min, median) over rounds of the host time per call of `calls` calls (timed before the sync)."""
-    for _ in range(max(1, calls // 5)):
-        fn()
-    sync()
-    means = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        means.append((time.perf_counter() - start) / calls * 1e6)
-        sync()
-    return min(means), statistics.median(means)
+    return per_call_us(fn, calls, rounds, sync, count_sync=False)
 
 
 def gpu_us(fn, calls: int) -> float | None:

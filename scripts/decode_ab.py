@@ -186,13 +186,9 @@ def gpu_us(fn, reps: int, torch) -> float:
     t1.record()
     t1.synchronize()
     calls = max(5, min(50, int(1000 / max(t0.elapsed_time(t1) * 1e3, 1.0))))
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        for _ in range(calls):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
+    from fa_variants.bench.decode import cuda_graph_of
+
+    graph = cuda_graph_of(fn, calls)
     graph.replay()
     times = []
     for _ in range(reps):

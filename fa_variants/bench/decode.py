@@ -78,6 +78,20 @@ def implementations() -> dict:
     return impls
 
 
+def cuda_graph_of(fn, calls: int):
+    """A CUDA graph of `calls` calls of fn, captured on a side stream (the current stream waits for it)."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        for _ in range(calls):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    return graph
+
+
 def _gpu_ms(fn) -> tuple[float, str]:
     import torch
 
@@ -86,14 +100,7 @@ def _gpu_ms(fn) -> tuple[float, str]:
     torch.cuda.synchronize()
     calls = 20
     try:
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-            for _ in range(calls):
-                fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        run, how = graph.replay, "graph"
+        run, how = cuda_graph_of(fn, calls).replay, "graph"
     except Exception:  # noqa: BLE001 - not capturable: a loop of calls
         torch.cuda.synchronize()
 
