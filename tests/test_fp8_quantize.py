@@ -217,6 +217,25 @@ def test_smoothing_mean_and_lse_shift():
     assert quantize_fp8_torch(q, k, v, config=FP8Config(smooth_k=False)).lse_shift is None
 
 
+def test_given_k_mean():
+    """k_mean= replaces the recipe's own mean (the GPU pass's v2 sums K in another order): the same mean gives
+    the same inputs bit for bit, another mean changes K and the LSE shift (and is what FP8Inputs records,
+    negated with a negative scale), a wrong shape or dtype is refused."""
+    torch.manual_seed(12)
+    q, k, v = torch.randn(1, 50, 4, 64), torch.randn(1, 70, 2, 64) + 3, torch.randn(1, 70, 2, 64)
+    ref = quantize_fp8_torch(q, k, v)
+    same = quantize_fp8_torch(q, k, v, k_mean=k_mean(k))
+    assert torch.equal(same.k.view(torch.uint8), ref.k.view(torch.uint8)) and torch.equal(same.lse_shift, ref.lse_shift)
+    other = k_mean(k) + 0.25
+    moved = quantize_fp8_torch(q, k, v, k_mean=other, softmax_scale=-0.125)
+    assert torch.equal(moved.k_mean, -other)
+    assert not torch.equal(moved.k.view(torch.uint8), ref.k.view(torch.uint8))
+    torch.testing.assert_close(moved.lse_shift, torch.einsum("bqhd,bhd->bhq", q, -other.repeat_interleave(2, 1)) / 8)
+    for bad in (other[:, :1], other.double(), other[..., :32]):
+        with pytest.raises(ValueError, match="k_mean must be a float32 tensor of shape"):
+            quantize_fp8_torch(q, k, v, k_mean=bad)
+
+
 def test_negative_scale_folds_into_k():
     torch.manual_seed(3)
     q, k, v = torch.randn(1, 20, 2, 64), torch.randn(1, 30, 2, 64), torch.randn(1, 30, 2, 64)

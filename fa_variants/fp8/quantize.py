@@ -368,10 +368,13 @@ def _check(q, k, v, config, softmax_scale) -> float:
 
 def k_mean(k: torch.Tensor) -> torch.Tensor:
     """K's mean over tokens, float32 (batch, num_heads_kv, head_dim) (zeros for seqlen_k = 0): one torch
-    reduction, shared by the torch and the GPU quantiser so both subtract the same numbers."""
+    reduction, shared by the torch and the GPU quantiser (its pipeline "v1") so both subtract the same numbers."""
     if k.shape[1] == 0:
         return torch.zeros(k.shape[0], k.shape[2], k.shape[3], device=k.device)
     return k.mean(dim=1, dtype=torch.float32)
+
+
+_mean_over_tokens = k_mean  # for quantize_fp8_torch, whose keyword k_mean hides the function
 
 
 def smoothing_lse_shift(q: torch.Tensor, mean: torch.Tensor, softmax_scale: float) -> torch.Tensor:
@@ -424,13 +427,17 @@ def transpose_v(v8: torch.Tensor) -> torch.Tensor:
 
 
 def quantize_fp8_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Config = FP8Config(),
-                       softmax_scale: float | None = None, block_n: int | None = None) -> FP8Inputs:
+                       softmax_scale: float | None = None, block_n: int | None = None,
+                       k_mean: torch.Tensor | None = None) -> FP8Inputs:
     """The recipe in PyTorch (any device; the CPU path, and the front half of the emulation).
 
     Arguments, result and errors as :func:`quantize_fp8`. Float32 throughout (float64 inputs are rounded
     to float32 first). The GPU pass computes the same operations in the same order.
     block_n: keys per K/V descale; None: the kernel's tile_n (``tiles_for``). Another height is for studies
     and A/B runs (the kernel then needs a config whose tile_n is block_n; ``FP8Inputs.block_n`` records it).
+    k_mean: float32 (batch, num_heads_kv, head_dim) on k's device, K's mean over tokens to subtract (with
+    ``config.smooth_k``) instead of this module's ``k_mean(k)``: another summation order of the same mean
+    (the GPU pass's own, to compare the rest bit for bit). ValueError for a wrong shape or dtype.
     """
     scale = _check(q, k, v, config, softmax_scale)
     D = q.shape[-1]
@@ -439,13 +446,17 @@ def quantize_fp8_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, con
         if isinstance(block_n, bool) or not isinstance(block_n, int) or block_n < 1 or block_n % layout.V_TOKEN_GROUP:
             raise ValueError(f"block_n must be a positive multiple of {layout.V_TOKEN_GROUP}, got {block_n!r}")
         tile_n = block_n
+    given_mean = k_mean
+    if given_mean is not None and (not isinstance(given_mean, torch.Tensor) or given_mean.dtype != torch.float32
+                                   or given_mean.shape != (k.shape[0], k.shape[2], D)):
+        raise ValueError(f"k_mean must be a float32 tensor of shape {(k.shape[0], k.shape[2], D)}")
     qf, kf, vf = q.float(), k.float(), v.float()
     rot = HadamardRotation(D, config.seed)
     signs = rot.signs if config.rotate else torch.ones(D)
     k_signs = -signs if scale < 0 else signs  # softmax(c Q K^T) = softmax(|c| Q (-K)^T)
     mean = shift = None
     if config.smooth_k:
-        mean = k_mean(k)
+        mean = given_mean if given_mean is not None else _mean_over_tokens(k)
         kf = kf - mean.unsqueeze(1)
         mean = -mean if scale < 0 else mean  # the mean of the K the kernel sees
         shift = smoothing_lse_shift(qf, mean, abs(scale))
