@@ -15,7 +15,10 @@ from fa_variants.fp8.quantize import quantize_fp8, quantize_fp8_torch
 
 PASSES = [qk.PassConfig(shift=True), qk.PassConfig(smooth=True), qk.PassConfig(rotate=False),
           qk.PassConfig(mode="amax", shift=True), qk.PassConfig(mode="given"), qk.PassConfig(role="v", rotate=False),
-          qk.PassConfig(role="v", rotate=False, mode="given")]
+          qk.PassConfig(role="v", rotate=False, mode="given"),
+          # pipeline "v2": three stages of loads in flight, K read last block first, K's sums in V's launch
+          qk.PassConfig(shift=True, stages=3, pdl=True), qk.PassConfig(smooth=True, stages=3, reverse=True, pdl=True),
+          qk.PassConfig(role="v", rotate=False, stages=3, kmean=True)]
 
 
 @pytest.fixture
@@ -28,30 +31,38 @@ def arch(request, monkeypatch):
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_89"], indirect=True)
 @pytest.mark.parametrize("head_dim", qk.HEAD_DIMS)
 @pytest.mark.parametrize("cfg", PASSES, ids=lambda c: f"{c.role}-rot{int(c.rotate)}-sm{int(c.smooth)}-"
-                                                     f"sh{int(c.shift)}-{c.mode}")
+                                                     f"sh{int(c.shift)}-{c.mode}-s{c.stages}-km{int(c.kmean)}"
+                                                     f"-rev{int(c.reverse)}-pdl{int(c.pdl)}")
 def test_compiles_without_spills(arch, head_dim, cfg):
     """Every pass compiles for Hopper and Ada (no Hopper-only instructions); the SASS has the 16-byte
-    cp.async loads (8 per thread, twice: the first block before the loop, the next one inside it) and no
-    other global loads of the data, the FWHT's shuffles (log2(head_dim / 64) stages across lanes, 64
-    values each; + 5 for the block max, + log2(head_dim / 64) for the LSE shift's sum), the e4m3
-    conversions (2 values each), the 16-byte e4m3 stores of Q / K (4 per thread) or V's 32-bit words (16
-    per thread), and no local memory (no spills)."""
+    cp.async loads (8 per thread, stages + 1 times: the first blocks before the loop, the one S ahead inside
+    it; twice that with K's sums in V's launch, V or K) and no other global loads of the data, the FWHT's
+    shuffles (log2(head_dim / 64) stages across lanes, 64 values each; + 5 for the block max, +
+    log2(head_dim / 64) for the LSE shift's sum, + 5 x 16 for K's sums), the e4m3 conversions (2 values
+    each), the 16-byte e4m3 stores of Q / K (4 per thread) or V's 32-bit words (16 per thread; + 16 words
+    of K's sums), and no local memory (no spills). Programmatic dependent launch is sm_90a's only."""
+    if cfg.pdl and arch != "sm_90a":
+        with pytest.raises(ValueError, match="needs sm_90a"):
+            qk.static_config(arch, torch.bfloat16, head_dim, cfg)
+        return
     c = qk.VARIANT.compiled(qk.static_config(arch, torch.bfloat16, head_dim, cfg))
     res = cubin.cubin_resources(c.cubin)
     ops = cubin.count_sass(cubin.sass_of(c.cubin), ("LDGSTS", "LDG.E.128", "LDG.E.64", "STG.E", "STG.E.64",
                                                     "STG.E.128", "SHFL.BFLY", "F2FP", "LDL", "STL"))
     assert res["spill_bytes"] == 0 and ops["LDL"] == ops["STL"] == 0 and res["registers"] <= 128, (res, ops)
-    assert ops["LDGSTS"] == 16 and ops["LDG.E.128"] == ops["LDG.E.64"] == 0, ops
+    assert ops["LDGSTS"] == 8 * (cfg.stages + 1) * (2 if cfg.kmean else 1), ops
+    assert ops["LDG.E.128"] == ops["LDG.E.64"] == 0, ops
     stages = (head_dim // 64).bit_length() - 1
-    assert ops["SHFL.BFLY"] == (64 * stages if cfg.rotate else 0) + 5 + (stages if cfg.shift else 0), ops
-    scalar_stores = ops["STG.E"] - ops["STG.E.64"] - ops["STG.E.128"]  # descale, shift, V's words
+    assert ops["SHFL.BFLY"] == ((64 * stages if cfg.rotate else 0) + 5 + (stages if cfg.shift else 0)
+                                + (80 if cfg.kmean else 0)), ops
+    scalar_stores = ops["STG.E"] - ops["STG.E.64"] - ops["STG.E.128"]  # descale, shift, V's words, K's sums
     if cfg.mode == "amax":
         assert ops["F2FP"] == 0 and ops["STG.E.64"] == ops["STG.E.128"] == 0
     else:
         assert ops["F2FP"] == 32 and ops["STG.E.64"] == 0, ops
         assert ops["STG.E.128"] == (4 if cfg.role == "qk" else 0), ops
         words = 16 if cfg.role == "v" else 0
-        assert scalar_stores == words + (cfg.mode == "block") + cfg.shift, ops
+        assert scalar_stores == words + (cfg.mode == "block") + cfg.shift + (16 if cfg.kmean else 0), ops
 
 
 def test_compile_cli_and_refusals(compile_cli):
@@ -69,6 +80,17 @@ def test_compile_cli_and_refusals(compile_cli):
         qk.PassConfig().check(96)
     with pytest.raises(ValueError, match="neither rotated"):
         qk.PassConfig(role="v").check(64)
+    with pytest.raises(ValueError, match="partial sums ride on V"):
+        qk.PassConfig(kmean=True).check(64)
+    with pytest.raises(ValueError, match="partial sums ride on V"):
+        qk.PassConfig(role="v", rotate=False, kmean=True, rows=192).check(64)
+    with pytest.raises(ValueError, match="shared memory"):
+        qk.PassConfig(rows=256, stages=4).check(128)
+    with pytest.raises(ValueError, match="bad pass config"):
+        qk.PassConfig(stages=0).check(128)
+    assert qk.pipeline_of(None) == qk.DEFAULT_PIPELINE and qk.pipeline_of("v2") == "v2"
+    with pytest.raises(ValueError, match="pipeline must be one of"):
+        qk.pipeline_of("v3")
     x = torch.zeros(1, 4, 2, 64)
     assert "CUDA tensors" in qk.why_not(x, FP8Config())
 
@@ -77,28 +99,43 @@ def test_compile_cli_and_refusals(compile_cli):
 
 
 SHAPES = [(1, 1, 1, 2, 2), (2, 113, 300, 4, 2), (1, 1023, 4224, 6, 1), (1, 4224, 129, 2, 2)]
+CONFIGS = {"default": FP8Config(), "no-smooth": FP8Config(smooth_k=False),
+           "head": FP8Config(granularity="head", smooth_k=False),
+           "head-smooth": FP8Config(granularity="head"),
+           "tensor-plain": FP8Config(granularity="tensor", rotate=False, smooth_k=False)}
+# (pipeline, dtype, config): v1 as before (+ no-smooth, timed by scripts/fp8_quant_bandwidth.py); v2 in bf16
+# every config but "head" (its launches are head-smooth's without the mean), the default recipe in fp16 (the
+# dtype only changes the load's element type; fewer compiles keep scripts/quant_gpu.sh short)
+CASES = ([("v1", dt, c) for dt in (torch.bfloat16, torch.float16) for c in ("default", "head", "tensor-plain")]
+         + [("v1", torch.bfloat16, "no-smooth")]
+         + [("v2", torch.bfloat16, c) for c in CONFIGS if c != "head"] + [("v2", torch.float16, "default")])
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("head_dim", qk.HEAD_DIMS)
 @pytest.mark.parametrize("shape", SHAPES, ids=["x".join(map(str, s)) for s in SHAPES])
-@pytest.mark.parametrize("config", [FP8Config(), FP8Config(granularity="head", smooth_k=False),
-                                    FP8Config(granularity="tensor", rotate=False, smooth_k=False)],
-                         ids=["default", "head", "tensor-plain"])
-def test_pass_matches_torch_bitwise(shape, head_dim, dtype, config):
+@pytest.mark.parametrize("pipeline,dtype,config", CASES,
+                         ids=[f"{p}-{str(dt)[6:]}-{c}" for p, dt, c in CASES])
+def test_pass_matches_torch_bitwise(shape, head_dim, dtype, config, pipeline):
     """The same FP8Inputs from the GPU pass and from the torch recipe on the same CUDA inputs: e4m3 bytes,
     descales and V layout equal bit for bit (the same float32 operations in the same order; inputs are
-    normal numbers, so subnormal flushing cannot differ); k_mean comes from the same torch code; lse_shift
-    (the kernel's own float32 dot product in the Q pass) equals torch's to float32 rounding."""
+    normal numbers, so subnormal flushing cannot differ); lse_shift (the kernel's own float32 dot product in
+    the Q pass) equals torch's to float32 rounding. K's mean: pipeline v1 takes it from the same torch code
+    (equal); v2 sums K in V's launch (another order: checked against float64 within its rounding bound),
+    and the torch recipe is given that mean, so the rest still compares bit for bit."""
+    config = CONFIGS[config]
     B, Nq, Nk, H, Hkv = shape
     g = torch.Generator(device="cuda").manual_seed(head_dim + Nq)
     q = (torch.randn(B, Nq, H, head_dim, device="cuda", generator=g) * 3).to(dtype)
     k = (torch.randn(B, Nk, Hkv, head_dim, device="cuda", generator=g) + 2).to(dtype)
     v = torch.randn(B, Nk, Hkv, head_dim, device="cuda", generator=g).to(dtype)
     for scale in (None, -0.3):
-        gpu = quantize_fp8(q, k, v, config=config, softmax_scale=scale, impl="kernel")
-        ref = quantize_fp8_torch(q, k, v, config=config, softmax_scale=scale)
+        gpu = qk.quantize(q, k, v, config=config, softmax_scale=scale, pipeline=pipeline)
+        given = None
+        if config.smooth_k and pipeline == "v2":
+            given = gpu.k_mean if scale is None else -gpu.k_mean  # the unnegated mean (negation is exact)
+            assert_k_mean_close(given, k, block_n=gpu.block_n)
+        ref = quantize_fp8_torch(q, k, v, config=config, softmax_scale=scale, k_mean=given)
         for name in ("q", "k", "v_t"):
             a, b = getattr(gpu, name), getattr(ref, name)
             assert a.shape == b.shape and torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
@@ -108,6 +145,24 @@ def test_pass_matches_torch_bitwise(shape, head_dim, dtype, config):
         if config.smooth_k:
             assert torch.equal(gpu.k_mean, ref.k_mean)
             assert_shift_close(gpu.lse_shift, ref.lse_shift, q, ref.k_mean, ref.softmax_scale)
+
+
+def assert_k_mean_close(got, k, block_n):
+    """The v2 pass's K mean vs float64: |got - mean| <= (P + 10) * 2^-24 * mean_t |k| per (batch, kv-head,
+    channel), the bound of float32 summation at depth P + 10 (the thread's 4 tokens: 3 roundings, the warp
+    butterfly: <= 5, times float32(1 / seqlen_k): 2, torch's sum of the P partials in any order: <= P - 1),
+    P = partials per (batch, kv-head). A token missed or counted twice moves the mean by |k_t| / seqlen_k,
+    far above the bound (P ~ seqlen_k / 128)."""
+    Nk = k.shape[1]
+    if Nk == 0:
+        assert torch.equal(got, torch.zeros_like(got))
+        return
+    parts = -(-Nk // block_n) * max(1, block_n // 128)
+    kd = k.double()
+    bound = (parts + 10) * 2.0 ** -24 * 1.01 * kd.abs().mean(dim=1)  # 1.01: gamma_n = n u / (1 - n u)
+    err = (got.double() - kd.mean(dim=1)).abs()
+    assert got.dtype == torch.float32 and torch.isfinite(got).all()
+    assert (err <= bound).all(), (err / bound).max().item()
 
 
 def assert_shift_close(got, want, q, mean, scale):
@@ -122,8 +177,9 @@ def assert_shift_close(got, want, q, mean, scale):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("pipeline", qk.PIPELINES)
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_pass_block_height_256(monkeypatch, head_dim):
+def test_pass_block_height_256(monkeypatch, head_dim, pipeline):
     """K / V blocks of 256 tokens (a tile_n of 256 in fp8.layout): the pass takes the block height from the
     layout, and still equals the torch recipe."""
     from fa_variants.fp8 import layout
@@ -133,9 +189,11 @@ def test_pass_block_height_256(monkeypatch, head_dim):
     q = torch.randn(1, 300, 4, head_dim, device="cuda", generator=g).to(torch.bfloat16)
     k = (torch.randn(1, 777, 2, head_dim, device="cuda", generator=g) + 1).to(torch.bfloat16)
     v = torch.randn(1, 777, 2, head_dim, device="cuda", generator=g).to(torch.bfloat16)
-    gpu = quantize_fp8(q, k, v, impl="kernel")
-    ref = quantize_fp8_torch(q, k, v)
+    gpu = qk.quantize(q, k, v, pipeline=pipeline)
+    ref = quantize_fp8_torch(q, k, v, k_mean=gpu.k_mean if pipeline == "v2" else None)
     assert gpu.k_descale.shape[-1] == 4
+    if pipeline == "v2":
+        assert_k_mean_close(gpu.k_mean, k, block_n=256)
     for name in ("q", "k", "v_t"):
         assert torch.equal(getattr(gpu, name).view(torch.uint8), getattr(ref, name).view(torch.uint8)), name
     for name in ("q_descale", "k_descale", "v_descale"):
@@ -143,14 +201,33 @@ def test_pass_block_height_256(monkeypatch, head_dim):
 
 
 @pytest.mark.gpu
-def test_pass_zero_and_subnormal_blocks():
+@pytest.mark.parametrize("pipeline", qk.PIPELINES)
+def test_pass_zero_and_subnormal_blocks(pipeline):
     """All-zero and subnormal blocks on the GPU: finite descales (2^-110), e4m3 zeros, like the torch path."""
     x = torch.randn(1, 300, 2, 128, device="cuda", dtype=torch.bfloat16)
     x[:, :128, 0] = 0
     x[:, 128:256, 1] = torch.finfo(torch.bfloat16).tiny / 4
-    gpu = quantize_fp8(x, x, x, impl="kernel")
-    ref = quantize_fp8_torch(x, x, x)
+    gpu = qk.quantize(x, x, x, pipeline=pipeline)
+    ref = quantize_fp8_torch(x, x, x, k_mean=gpu.k_mean if pipeline == "v2" else None)
     for name in ("q_descale", "k_descale", "v_descale"):
         d = getattr(gpu, name)
         assert torch.isfinite(d).all() and (d > 0).all() and torch.equal(d, getattr(ref, name))
     assert torch.equal(gpu.q.view(torch.uint8), ref.q.view(torch.uint8))
+
+
+@pytest.mark.gpu
+def test_default_entry_uses_the_pipeline_switch(monkeypatch):
+    """quantize_fp8(impl="kernel") runs the pipeline named by FA_VARIANTS_FP8_QUANT_PIPELINE: with v2 the
+    mean is the pass's own (not torch's k_mean bit for bit in general, but within the bound), and the
+    inputs are not modified."""
+    g = torch.Generator(device="cuda").manual_seed(7)
+    q = torch.randn(2, 515, 8, 128, device="cuda", generator=g).to(torch.bfloat16)
+    k = (torch.randn(2, 1029, 2, 128, device="cuda", generator=g) + 1).to(torch.bfloat16)
+    v = torch.randn(2, 1029, 2, 128, device="cuda", generator=g).to(torch.bfloat16)
+    before = [t.clone() for t in (q, k, v)]
+    monkeypatch.setenv("FA_VARIANTS_FP8_QUANT_PIPELINE", "v2")
+    gpu = quantize_fp8(q, k, v, impl="kernel")
+    assert_k_mean_close(gpu.k_mean, k, block_n=gpu.block_n)
+    ref = quantize_fp8_torch(q, k, v, k_mean=gpu.k_mean)
+    assert torch.equal(gpu.k.view(torch.uint8), ref.k.view(torch.uint8))
+    assert all(torch.equal(a, b) for a, b in zip(before, (q, k, v)))

@@ -1,5 +1,6 @@
 """The FP8 quantisation pass as a CuTe DSL kernel (variant "fp8-quant"): the recipe of
-``fa_variants.fp8.quantize`` on the GPU, one launch per tensor, each 16-bit element read once.
+``fa_variants.fp8.quantize`` on the GPU, one launch per tensor, each 16-bit element read once (K twice with
+smoothing: its mean must be known before any K block is quantised).
 
 Why this shape (issue 10: the pass must run at >= 70% of the device's copy bandwidth). The pass is
 memory-bound: per element it reads 2 bytes and writes 1 (plus a float32 descale per block), and a scale
@@ -55,7 +56,40 @@ signs, smoothing, log2(D) butterflies, amax, scale, e4m3; ~16-19 SASS instructio
 D = 128 from the compiled code, shuffles 0-2 per value) is ~85% of the SM's issue rate at the full copy
 rate, ~60% at 70% of it, overlapped with the memory traffic of the other warps. One launch per tensor;
 the default recipe adds torch's K mean (K read once more: the mean must be known before any K block is
-quantised). Not done: one launch for Q, K and V (saves two kernel tails), programmatic dependent launch.
+quantised). Measured on the H200 (bench/h200-2026-12-01/quant_bw_new.txt): 45-48% of copy for the kernels
+alone, 32-36% with torch's K mean: pipeline "v1" below.
+
+Pipeline "v2" (``quantize(pipeline="v2")``; ``DEFAULT_PIPELINE`` says which one ``quantize_fp8`` runs):
+
+* ``stages`` = 3 (``PassConfig.stages``, ``V2_STAGES``): each CTA keeps the loads of its next 3 blocks in
+  flight (3 x 32 KB per SM; shared memory 3 x the block, <= 197 KB per CTA; fewer stages where a device
+  has less, ``stages_for``) instead of 1: item i waits for its group (cp.async.wait_group(S - 1)), reads its
+  stage back, then issues item i + S into that stage. v1's 32 KB per SM is about the bandwidth x latency
+  product at ~1 us, with gaps whenever the compute of a block is shorter than the latency.
+* K's mean in V's launch (``PassConfig.kmean``): the launch's work items are V's blocks, then the same
+  blocks of K (same shape, same thread map), whose threads add their 4 tokens per channel, a warp
+  butterfly adds 32 token quads, and lane 0 writes the partial times float32(1 / seqlen_k) (``mPart``,
+  (B, H_kv, T * tile_n / 128, D)); one torch sum over the partials gives the mean (``k_mean_from_parts``).
+  K is still read twice (the mean must exist before any K block is quantised) but not by torch (v1's
+  ``k.mean`` ran at ~1.4 TB/s) and with one launch fewer. Another float32 summation order than torch's
+  ``k_mean``: the outputs equal ``quantize_fp8_torch(..., k_mean=the pass's mean)`` bit for bit, and the
+  mean equals float64's within float32 summation's bound (tests/test_fp8_quant_kernel.py).
+* K's pass walks its blocks last to first (``PassConfig.reverse``): the K blocks V's launch read last are
+  the likeliest still in L2 (50 MB; K is 64 MiB at the bandwidth shapes).
+* Programmatic dependent launch for K's and Q's passes (``PassConfig.pdl``, sm_90a): each CTA signals
+  ``griddepcontrol.launch_dependents`` at once and issues its first S blocks' loads before
+  ``griddepcontrol.wait`` (the 16-bit inputs are made aligned before V's launch, a plain launch that
+  waits for everything before it; every global write and every read of the mean or a given descale comes
+  after the wait), so a pass's CTAs land on the SMs the previous grid's CTAs leave and its first loads
+  overlap that grid's tail instead of following its launch gap.
+* Order: V (+ K's sums), the torch sum, K, Q (v1: torch's K mean, V, K, Q; the order changes no result).
+
+Byte model of scripts/fp8_quant_bandwidth.py: q, k, v read once in 16 bits + e4m3 q, k, v_t + float32
+descales + (smoothing) the float32 LSE shift written; K's second read is not counted. At the bandwidth
+shapes (64 MiB per 16-bit tensor) that is 0.30 GB, and K's second read 0.067 GB more: 70% of the 4.28 TB/s
+copy in that model means ~0.10 ms, i.e. ~85% of copy for the bytes actually moved with smoothing (less what
+L2 serves). Not done: one launch for Q, K and V (Q and K have different block heights at head_dim 128, and
+both need the mean), the final sum of the partials inside a kernel (one small torch launch remains).
 
 Blocks of more than ``MAX_BLOCK`` values (rows * head_dim > 32768, e.g. tile_n 256 at head_dim 256) do not
 fit one CTA's registers: ``why_not`` says so and ``quantize_fp8`` uses the torch path there, as for head_dim
@@ -94,6 +128,16 @@ SLOTS = 4  # slots per thread: 4 chunks of one token (Q / K) or one chunk of 4 t
 MAX_THREADS = 512
 MAX_BLOCK = MAX_THREADS * VEC * SLOTS  # 32768 values: the largest rows * head_dim one CTA holds
 MODES = ("block", "amax", "given")
+MAX_STAGES = 4
+SMEM_PER_CTA = 227 * 1024  # sm_90's opt-in maximum per CTA (sm_89: 99 KB; the host checks the device)
+SMEM_PER_SM = 228 * 1024 - 2048  # what resident CTAs may share (1 KB reserved per CTA by the driver)
+#: the pipelines of ``quantize`` (``pipeline=`` or the environment variable FA_VARIANTS_FP8_QUANT_PIPELINE):
+#: "v1" one launch per tensor, one block of loads in flight per CTA, K's mean by torch; "v2" (see the module
+#: docstring) ``V2_STAGES`` blocks in flight, K's mean as partial sums in V's launch, K's blocks read back to
+#: front. Default "v1" until "v2" is measured on the GPU.
+PIPELINES = ("v1", "v2")
+DEFAULT_PIPELINE = "v1"
+V2_STAGES = 3
 
 
 @dsl_user_op
@@ -127,11 +171,19 @@ class PassConfig:
     mode: str = "block"
     rows: int = 128
     shift: bool = False
+    stages: int = 1
+    kmean: bool = False
+    reverse: bool = False
+    pdl: bool = False
 
     def check(self, head_dim: int) -> None:
         """ValueError for a config or head_dim this pass is not built for."""
-        if self.role not in ("qk", "v") or self.mode not in MODES or self.rows < 16 or self.rows % 16:
+        if (self.role not in ("qk", "v") or self.mode not in MODES or self.rows < 16 or self.rows % 16
+                or not 1 <= self.stages <= MAX_STAGES):
             raise ValueError(f"fp8-quant: bad pass config {self}")
+        if self.kmean and (self.role != "v" or self.mode == "given" or (self.rows > 128 and self.rows % 128)):
+            raise ValueError("fp8-quant: K's partial sums ride on V's pass (role 'v', mode 'block' or 'amax', "
+                             "rows <= 128 or a multiple of 128)")
         if self.role == "v" and (self.rotate or self.smooth or self.shift):
             raise ValueError("fp8-quant: V is neither rotated nor smoothed")
         if self.shift and self.smooth:
@@ -141,6 +193,18 @@ class PassConfig:
         if self.rows * head_dim > MAX_BLOCK:
             raise ValueError(f"fp8-quant: a block of {self.rows} rows x head_dim {head_dim} exceeds the "
                              f"{MAX_BLOCK} values one CTA holds in registers")
+        if self.smem_bytes(head_dim) > SMEM_PER_CTA:
+            raise ValueError(f"fp8-quant: {self.stages} stages of {self.rows} x {head_dim} 16-bit values exceed "
+                             f"{SMEM_PER_CTA} bytes of shared memory")
+
+    def smem_bytes(self, head_dim: int) -> int:
+        """Shared memory of one CTA (bytes, an upper bound): the stages of 16-bit input, signs, mean, maxima."""
+        return 2 * self.stages * self.rows * head_dim + 4 * (3 * head_dim + 64) + 512
+
+    def ctas_per_sm(self, head_dim: int) -> int:
+        """Resident CTAs per SM: 512 threads at <= 128 registers, and the stages' shared memory."""
+        threads = self.rows * head_dim // (VEC * SLOTS)
+        return max(1, min(65536 // (threads * 128), SMEM_PER_SM // self.smem_bytes(head_dim)))
 
 
 class QuantPass:
@@ -159,7 +223,8 @@ class QuantPass:
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mY: cute.Tensor, mDescale: cute.Tensor, mSigns: cute.Tensor,
-                 mMean: cute.Tensor, mShift: cute.Tensor, scale: Float32, num_ctas: Int32, stream: cuda.CUstream):
+                 mMean: cute.Tensor, mShift: cute.Tensor, mK: cute.Tensor, mPart: cute.Tensor, scale: Float32,
+                 num_ctas: Int32, stream: cuda.CUstream):
         D = self.head_dim
 
         @cute.struct
@@ -167,14 +232,14 @@ class QuantPass:
             red: cute.struct.Align[cute.struct.MemRange[Float32, 64], 16]
             signs: cute.struct.Align[cute.struct.MemRange[Float32, D], 16]
             mean: cute.struct.Align[cute.struct.MemRange[Float32, 2 * D], 16]
-            raw: cute.struct.Align[cute.struct.MemRange[self.dtype, self.cfg.rows * D], 128]
+            raw: cute.struct.Align[cute.struct.MemRange[self.dtype, self.cfg.stages * self.cfg.rows * D], 128]
 
         self.smem_bytes = SharedStorage.size_in_bytes()
-        self.kernel(mX, mY, mDescale, mSigns, mMean, mShift, scale, SharedStorage).launch(
+        self.kernel(mX, mY, mDescale, mSigns, mMean, mShift, mK, mPart, scale, SharedStorage).launch(
             grid=(num_ctas, 1, 1), block=[self.num_threads, 1, 1], smem=self.smem_bytes,
             min_blocks_per_mp=self.min_blocks,
             preferred_smem_carveout=-1,  # the driver's default; stated, so compiling needs no GPU
-            stream=stream)
+            stream=stream, use_pdl=self.cfg.pdl)
 
     # ------------------------------------------------------------------------------------ the thread's place
     def token_of(self, tidx: Int32, slot: int) -> Int32:
@@ -191,21 +256,30 @@ class QuantPass:
         return tidx // self.quads
 
     @cute.jit
-    def decode(self, blk: Int32, heads: Int32, n_tiles: Int32):
+    def decode(self, blk: Int32, heads: Int32, n_tiles: Int32, n_blocks: Int32):
+        """(batch, head, tile, is_k) of work item blk: items 0 .. n_blocks - 1 are the tensor's blocks (tile
+        fastest; last to first with ``reverse``), then (``kmean``) the same blocks of K for its partial sums."""
+        is_k = blk >= n_blocks
+        if const_expr(self.cfg.kmean):
+            blk = blk % n_blocks  # blk < 2 n_blocks
+        if const_expr(self.cfg.reverse):
+            blk = n_blocks - 1 - blk
         tile = blk % n_tiles
         bh = blk // n_tiles
-        return bh // heads, bh % heads, tile
+        return bh // heads, bh % heads, tile, is_k
 
     # ------------------------------------------------------------------------------------------ the kernel
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mY: cute.Tensor, mDescale: cute.Tensor, mSigns: cute.Tensor,
-               mMean: cute.Tensor, mShift: cute.Tensor, scale: Float32, SharedStorage: cutlass.Constexpr):
-        D, rows, L = self.head_dim, self.cfg.rows, self.lanes
+               mMean: cute.Tensor, mShift: cute.Tensor, mK: cute.Tensor, mPart: cute.Tensor, scale: Float32,
+               SharedStorage: cutlass.Constexpr):
+        D, rows, L, S = self.head_dim, self.cfg.rows, self.lanes, self.cfg.stages
         tidx, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
         grid, _, _ = cute.arch.grid_dim()
         heads, n_tiles = mX.shape[2], mDescale.shape[2]
-        total = mX.shape[0] * heads * n_tiles
+        n_blocks = mX.shape[0] * heads * n_tiles
+        total = 2 * n_blocks if const_expr(self.cfg.kmean) else n_blocks
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         red = storage.red.get_tensor(cute.make_layout((32, 2)))
         sSigns = storage.signs.get_tensor(cute.make_layout(D))
@@ -214,34 +288,51 @@ class QuantPass:
             for c in cutlass.range(tidx, D, self.num_threads, unroll=1):
                 sSigns[c] = mSigns[c]
             cute.arch.barrier()
-        # the thread's 16-bit values in shared memory, 16-byte piece p of thread t at (p * threads + t) * 16
-        # bytes (conflict-free), written by its own cp.async and read back by itself only (no barrier)
+        # the thread's 16-bit values in shared memory, S stages; 16-byte piece p of thread t at
+        # (p * threads + t) * 16 bytes of its stage (conflict-free), written by its own cp.async and read back
+        # by itself only (no barrier)
         T_ = self.num_threads
-        sRaw = storage.raw.get_tensor(cute.make_layout(((8, 2, SLOTS), T_), stride=((1, 8 * T_, 16 * T_), 8)))
-        sRaw = cute.make_tensor(sRaw[None, tidx].iterator, cute.make_layout((8, 2, SLOTS), stride=(1, 8 * T_, 16 * T_)))
+        sRaw = storage.raw.get_tensor(cute.make_layout(((8, 2, SLOTS), T_, S),
+                                                       stride=((1, 8 * T_, 16 * T_), 8, 64 * T_)))
+        sRaw = cute.make_tensor(sRaw[None, tidx, 0].iterator,
+                                cute.make_layout((8, 2, SLOTS, S), stride=(1, 8 * T_, 16 * T_, 64 * T_)))
         g2s = cute.make_copy_atom(cute.nvgpu.cpasync.CopyG2SOp(cache_mode=cute.nvgpu.cpasync.LoadCacheMode.GLOBAL),
                                   self.dtype, num_bits_per_copy=128)
         s2r = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
 
         raw = cute.make_rmem_tensor(cute.make_layout((VEC, SLOTS)), self.dtype)  # 16-bit, slot-major
         x = cute.make_rmem_tensor(cute.make_layout((VEC, SLOTS)), Float32)
-        batch, head, tile = self.decode(cta, heads, n_tiles)
-        if cta < total:
-            self.load_block(sRaw, mX, batch, head, tile, tidx, g2s)
-        parity = Int32(0)
+        if const_expr(self.cfg.pdl):  # the next grid on the stream may launch now (its CTAs land as ours exit)
+            cute.arch.griddepcontrol_launch_dependents()
+        # prologue: the loads of the CTA's first S work items, one commit group each (empty past the end)
+        for s in cutlass.range_constexpr(S):
+            if cta + s * grid < total:
+                pb, ph, pt, pk = self.decode(cta + s * grid, heads, n_tiles, n_blocks)
+                self.load_block(sRaw[None, None, None, s], mX, mK, pb, ph, pt, pk, tidx, g2s)
+            cute.arch.cp_async_commit_group()
+        if const_expr(self.cfg.pdl):
+            # the grid before ours finished and its writes are visible (K's mean, a given descale) before any
+            # other global read or any global write; the prologue above read only the 16-bit input, which the
+            # host made ready before the first, non-PDL launch of the pass (``quantize``)
+            cute.arch.griddepcontrol_wait()
+        step = Int32(0)  # the CTA's items so far: stage step % S of the loads, parity step % 2 of the maxima
         for blk in cutlass.range(cta, total, grid, unroll=1):
-            cute.arch.cp_async_wait_group(0)
+            stage = step % S
+            parity = step % 2
+            batch, head, tile, is_k = self.decode(blk, heads, n_tiles, n_blocks)
+            cute.arch.cp_async_wait_group(S - 1)  # this item's group (the S - 1 later ones may be in flight)
             for j in cutlass.range_constexpr(SLOTS):
-                cute.copy(s2r, sRaw[None, None, j], cute.zipped_divide(raw[None, j], (8,)))
+                cute.copy(s2r, sRaw[None, None, j, stage], cute.zipped_divide(raw[None, j], (8,)))
             x.store(raw.load().to(Float32))
             if const_expr(self.cfg.role == "v"):  # tokens past seqlen_k: zeros (v_t's padding)
                 for j in cutlass.range_constexpr(SLOTS):
                     if tile * rows + self.token_of(tidx, j) >= mX.shape[1]:
                         for i in cutlass.range_constexpr(VEC):
                             x[i, j] = Float32(0.0)
-            next_batch, next_head, next_tile = self.decode(blk + grid, heads, n_tiles)
-            if blk + grid < total:  # the next block's loads, in flight during this block's work
-                self.load_block(sRaw, mX, next_batch, next_head, next_tile, tidx, g2s)
+            if blk + S * grid < total:  # the loads of the item S ahead, into the stage just read
+                nb, nh, nt, nk = self.decode(blk + S * grid, heads, n_tiles, n_blocks)
+                self.load_block(sRaw[None, None, None, stage], mX, mK, nb, nh, nt, nk, tidx, g2s)
+            cute.arch.cp_async_commit_group()
             if const_expr(self.cfg.smooth or self.cfg.shift):  # K's mean for this block, in shared memory
                 kv_head = head // (heads // mMean.shape[1]) if const_expr(self.cfg.shift) else head
                 for c in cutlass.range(tidx, D, self.num_threads, unroll=1):
@@ -253,21 +344,59 @@ class QuantPass:
                 self.signs_and_smoothing(x, sSigns, sMean[None, parity], tidx)
                 if const_expr(self.cfg.rotate):
                     self.fwht(x, tidx % L)
-            self.finish_block(x, mX, mY, mDescale, red, parity, batch, head, tile, tidx)
-            parity = parity ^ 1
-            batch, head, tile = next_batch, next_head, next_tile
+            if const_expr(self.cfg.kmean):
+                # a CTA's items ascend, so its K items follow all its V items: the amax buffers' alternation
+                # (one barrier per V block) is not broken by the K items, which have no barrier
+                if is_k:
+                    self.k_partial_sums(x, mPart, scale, batch, head, tile, tidx)
+                else:
+                    self.finish_block(x, mX, mY, mDescale, red, parity, batch, head, tile, tidx)
+            else:
+                self.finish_block(x, mX, mY, mDescale, red, parity, batch, head, tile, tidx)
+            step = step + 1
 
     @cute.jit
-    def load_block(self, sRaw: cute.Tensor, mX: cute.Tensor, batch: Int32, head: Int32, tile: Int32, tidx: Int32,
-                   g2s: cute.CopyAtom):
-        """Issue the cp.async (16 bytes each) of the thread's 16-bit values of a block into its shared memory;
-        tokens past seqlen are not read."""
+    def k_partial_sums(self, x: cute.Tensor, mPart: cute.Tensor, inv_n: Float32, batch: Int32, head: Int32,
+                       tile: Int32, tidx: Int32):
+        """K's float32 sums over the tokens of a block, per channel, in a fixed order (the thread's 4 tokens
+        in slot order, then a butterfly over the ``group`` token quads of its warp, group = min(32, quads)),
+        times inv_n = float32(1 / seqlen_k): mPart[batch, head, tile * (quads / group) + quad / group,
+        channel]. The host adds the partials (``k_mean_from_parts``)."""
+        group = min(32, self.quads)
+        acc = cute.make_rmem_tensor(VEC, Float32)
+        for i in cutlass.range_constexpr(VEC):
+            acc[i] = x[i, 0] + x[i, 1]
+            acc[i] = acc[i] + x[i, 2]
+            acc[i] = acc[i] + x[i, 3]
+        for b in cutlass.range_constexpr(group.bit_length() - 1):
+            for i in cutlass.range_constexpr(VEC):
+                acc[i] = acc[i] + cute.arch.shuffle_sync_bfly(acc[i], offset=group >> (b + 1))
+        quad = tidx % self.quads
+        if quad % group == 0:
+            part = tile * (self.quads // group) + quad // group
+            c0 = self.chunk_of(tidx, 0) * VEC
+            for i in cutlass.range_constexpr(VEC):
+                mPart[batch, head, part, c0 + i] = acc[i] * inv_n
+
+    @cute.jit
+    def load_block(self, sRaw: cute.Tensor, mX: cute.Tensor, mK: cute.Tensor, batch: Int32, head: Int32,
+                   tile: Int32, is_k, tidx: Int32, g2s: cute.CopyAtom):
+        """Issue the cp.async (16 bytes each) of the thread's 16-bit values of a block (of K when is_k, with
+        ``kmean``) into its stage of shared memory; tokens past seqlen are not read. The caller commits."""
         for j in cutlass.range_constexpr(SLOTS):
             tok = tile * self.cfg.rows + self.token_of(tidx, j)
             if tok < mX.shape[1]:
-                src = cute.local_tile(mX[batch, tok, head, None], (VEC,), (self.chunk_of(tidx, j),))
-                cute.copy(g2s, cute.zipped_divide(src, (8,)), sRaw[None, None, j])
-        cute.arch.cp_async_commit_group()
+                chunk = self.chunk_of(tidx, j)
+                if const_expr(self.cfg.kmean):
+                    if is_k:
+                        src = cute.local_tile(mK[batch, tok, head, None], (VEC,), (chunk,))
+                        cute.copy(g2s, cute.zipped_divide(src, (8,)), sRaw[None, None, j])
+                    else:
+                        src = cute.local_tile(mX[batch, tok, head, None], (VEC,), (chunk,))
+                        cute.copy(g2s, cute.zipped_divide(src, (8,)), sRaw[None, None, j])
+                else:
+                    src = cute.local_tile(mX[batch, tok, head, None], (VEC,), (chunk,))
+                    cute.copy(g2s, cute.zipped_divide(src, (8,)), sRaw[None, None, j])
 
     @cute.jit
     def signs_and_smoothing(self, x: cute.Tensor, sSigns: cute.Tensor, sMean: cute.Tensor, tidx: Int32):
@@ -417,11 +546,11 @@ class QuantPass:
 # compile registry and host side
 # ---------------------------------------------------------------------------------------------------
 def fake_args(dtype: str, head_dim: int, cfg: PassConfig, align: int = 16):
-    """Fake (x, y, descale, signs, mean, shift, scale, num_ctas, stream) for compiling: dynamic batch /
-    seqlen / heads / strides / grid."""
+    """Fake (x, y, descale, signs, mean, shift, k, part, scale, num_ctas, stream) for compiling: dynamic
+    batch / seqlen / heads / strides / grid."""
     from cutlass.cute.runtime import make_fake_stream
 
-    b, n, h, n_pad, t, bm, hm, bs, hs, ns = (cute.sym_int() for _ in range(10))
+    b, n, h, n_pad, t, bm, hm, bs, hs, ns, bp, hp, np_ = (cute.sym_int() for _ in range(13))
     x = interop.fake_tensor(dtype, (b, n, h, head_dim), align)
     y = (interop.fake_tensor("e4m3", (b, n, h, head_dim), align) if cfg.role == "qk"
          else interop.fake_tensor("e4m3", (b, h, head_dim, n_pad), align))
@@ -429,7 +558,9 @@ def fake_args(dtype: str, head_dim: int, cfg: PassConfig, align: int = 16):
     signs = interop.fake_tensor("fp32", (head_dim,), 16)
     mean = interop.fake_tensor("fp32", (bm, hm, head_dim), 16)  # (1, 1, D) zeros when unused
     shift = interop.fake_tensor("fp32", (bs, hs, ns), 4)  # (1, 1, 1) when unused
-    return (x, y, descale, signs, mean, shift, Float32(0.0), Int32(1),
+    k = interop.fake_tensor(dtype, (b, n, h, head_dim), align) if cfg.kmean else x  # x again when unused
+    part = interop.fake_tensor("fp32", (bp, hp, np_, head_dim), 4)  # (1, 1, 1, D) when unused
+    return (x, y, descale, signs, mean, shift, k, part, Float32(0.0), Int32(1),
             make_fake_stream(use_tvm_ffi_env_stream=True))
 
 
@@ -440,10 +571,16 @@ def _build(cfg: StaticConfig):
 
 # Compiled through the registry ("fp8-quant", `fa-variants compile --variant fp8-quant`); never dispatched to
 # (it is not attention): ``quantize`` below launches it.
+def _check_config(config: PassConfig, arch: str, head_dim: int) -> PassConfig:
+    config.check(head_dim)
+    if config.pdl and arch != "sm_90a":
+        raise ValueError(f"fp8-quant: pdl (griddepcontrol) needs sm_90a, not {arch}")
+    return config
+
+
 VARIANT = Variant(
     "fp8-quant", archs=("sm_89", "sm_90a"), dtypes=DTYPES, head_dims=HEAD_DIMS,
-    default_config=lambda arch, head_dim, causal: PassConfig(),
-    check_config=lambda config, arch, head_dim: config.check(head_dim) or config, build=_build)
+    default_config=lambda arch, head_dim, causal: PassConfig(), check_config=_check_config, build=_build)
 
 
 def static_config(arch: str, dtype: torch.dtype, head_dim: int, pass_cfg: PassConfig) -> StaticConfig:
@@ -481,10 +618,33 @@ def _pass(device: torch.device, dtype: torch.dtype, head_dim: int, cfg: PassConf
     hit = _PASSES.get(key)
     if hit is None:
         fn = VARIANT.compiled(static_config(interop.device_arch(device), dtype, head_dim, cfg)).fn
-        threads = cfg.rows * head_dim // (VEC * SLOTS)
-        per_sm = max(1, 65536 // (threads * 128))
-        hit = _PASSES[key] = (fn, torch.cuda.get_device_properties(device).multi_processor_count * per_sm)
+        props = torch.cuda.get_device_properties(device)
+        per_sm = cfg.ctas_per_sm(head_dim)
+        smem_sm = getattr(props, "shared_memory_per_multiprocessor", 0)
+        if smem_sm:
+            per_sm = max(1, min(per_sm, (smem_sm - 1024) // (cfg.smem_bytes(head_dim) + 1024)))
+        hit = _PASSES[key] = (fn, props.multi_processor_count * per_sm)
     return hit
+
+
+def stages_for(device: torch.device, head_dim: int, rows: int, want: int) -> int:
+    """The most stages <= want whose shared memory one CTA may use on this device (sm_90: 227 KB; sm_89:
+    99 KB), at least 1."""
+    limit = SMEM_PER_CTA if torch.cuda.get_device_capability(device) >= (9, 0) else 99 * 1024
+    for s in range(want, 0, -1):
+        if PassConfig(rows=rows, stages=s).smem_bytes(head_dim) <= limit:
+            return s
+    return 1
+
+
+def pipeline_of(pipeline: str | None) -> str:
+    """The pipeline to use: ``pipeline``, else $FA_VARIANTS_FP8_QUANT_PIPELINE, else DEFAULT_PIPELINE."""
+    import os
+
+    name = pipeline if pipeline is not None else os.environ.get("FA_VARIANTS_FP8_QUANT_PIPELINE", DEFAULT_PIPELINE)
+    if name not in PIPELINES:
+        raise ValueError(f"pipeline must be one of {PIPELINES}, got {name!r}")
+    return name
 
 
 def _signs(device: torch.device, head_dim: int, seed: int | None, negate: bool) -> torch.Tensor:
@@ -509,35 +669,50 @@ def _zeros(device: torch.device, shape: tuple) -> torch.Tensor:
 
 def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str, signs: torch.Tensor | None,
                     mean: torch.Tensor | None, rotate: bool, shift: torch.Tensor | None = None,
-                    shift_mean: torch.Tensor | None = None,
-                    shift_scale: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+                    shift_mean: torch.Tensor | None = None, shift_scale: float = 0.0, stages: int = 1,
+                    reverse: bool = False, k_of: torch.Tensor | None = None,
+                    k_parts: torch.Tensor | None = None, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """One tensor through the pass: (e4m3 data (like x, or v_t for role "v"), descale (B, H, T) float32).
 
     x: (B, N, H, D) float16 / bfloat16 CUDA; block: rows per scale block; signs: float32 (D,) on x's device
     (None: ones); mean: float32 (B, H, D) subtracted before the signs (None: no smoothing); shift: float32
-    (B, H, N) written with shift_scale * x . shift_mean (shift_mean float32 (B, H_kv, D), H % H_kv == 0)."""
+    (B, H, N) written with shift_scale * x . shift_mean (shift_mean float32 (B, H_kv, D), H % H_kv == 0).
+    stages: blocks of loads in flight per CTA; reverse: walk the blocks last to first. k_of, k_parts (role
+    "v"): K (like x) and float32 (B, H, T * max(1, block / 128), D), written with K's per-channel sums over
+    each block's tokens (``QuantPass.k_partial_sums``) in the same launch. pdl (sm_90): programmatic
+    dependent launch; x (and k_of) must then have been ready before the previous kernel on the stream began
+    (``PassConfig.pdl``'s prologue reads them before griddepcontrol.wait)."""
     B, N, H, D = x.shape
     T_blocks = -(-N // block)
     x = interop.aligned(x)
     dev = x.device
+    stages = stages_for(dev, D, block, stages) if stages > 1 else 1
     if role == "qk":
         y = torch.empty(B, N, H, D, dtype=E4M3, device=dev)
     else:
         y = torch.empty(B, H, D, layout.padded_seqlen_k(N), dtype=E4M3, device=dev)
     descale = torch.empty(B, H, T_blocks, dtype=torch.float32, device=dev)
     if B * N * H == 0:
+        if k_parts is not None:
+            k_parts.zero_()
         return y.zero_(), descale
     signs = _signs(dev, D, None, False) if signs is None else signs
     mean_t = mean if mean is not None else shift_mean if shift is not None else _zeros(dev, (1, 1, D))
     mean_t = mean_t.contiguous()
     shift_t = _zeros(dev, (1, 1, 1)) if shift is None else shift
+    k_t = x if k_of is None else interop.aligned(k_of)
+    parts_t = _zeros(dev, (1, 1, 1, D)) if k_parts is None else k_parts
+    if k_of is not None:
+        shift_scale = 1.0 / N  # the kernel's scale argument: float32(1 / seqlen_k) for K's partial sums
     total = B * H * T_blocks
 
     def launch(mode: str) -> None:
+        kmean = k_of is not None and mode != "given"
         cfg = PassConfig(role=role, rotate=rotate, smooth=mean is not None, mode=mode, rows=block,
-                         shift=shift is not None and mode != "given")
+                         shift=shift is not None and mode != "given", stages=stages, kmean=kmean, reverse=reverse,
+                         pdl=pdl)
         fn, ctas = _pass(dev, x.dtype, D, cfg)
-        fn(x, y, descale, signs, mean_t, shift_t, shift_scale, min(ctas, total))
+        fn(x, y, descale, signs, mean_t, shift_t, k_t, parts_t, shift_scale, min(ctas, total * (2 if kmean else 1)))
 
     with torch.cuda.device(dev):
         if granularity == "block":
@@ -551,28 +726,58 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
     return y, descale
 
 
+def k_mean_from_parts(parts: torch.Tensor, seqlen_k: int) -> torch.Tensor:
+    """K's mean (B, H_kv, D) float32 from the pass's partial sums (B, H_kv, P, D), each already divided by
+    seqlen_k: their float32 sum over P (one torch reduction, deterministic); zeros for seqlen_k = 0."""
+    if seqlen_k == 0:
+        return torch.zeros(parts.shape[0], parts.shape[1], parts.shape[3], device=parts.device)
+    return parts.sum(dim=2)
+
+
 def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Config = FP8Config(),
-             softmax_scale: float | None = None) -> FP8Inputs:
+             softmax_scale: float | None = None, pipeline: str | None = None) -> FP8Inputs:
     """``quantize_fp8`` on the GPU (16-bit CUDA inputs, head_dim in HEAD_DIMS): the same FP8Inputs as
     ``quantize_fp8_torch``, bit for bit on the e4m3 bytes and descales (same operations in the same order);
-    ``lse_shift`` is computed in the Q pass (float32, its own summation order: equal to torch's to rounding)."""
+    ``lse_shift`` is computed in the Q pass (float32, its own summation order: equal to torch's to rounding).
+
+    pipeline (``pipeline_of``): "v1" takes K's mean from torch (``quantize.k_mean``), so every output equals
+    ``quantize_fp8_torch``'s; "v2" sums K in V's launch (``k_mean_from_parts``: another float32 summation
+    order, equal to ``k_mean`` to rounding), and its outputs equal ``quantize_fp8_torch(..., k_mean=that
+    mean)``'s bit for bit (``FP8Inputs.k_mean`` holds it)."""
     scale = _check(q, k, v, config, softmax_scale)
+    pipe = pipeline_of(pipeline)
     D, dev = q.shape[-1], q.device
     tile_m, tile_n = tiles_for(D)
     seed = config.seed if config.rotate else None
     signs = _signs(dev, D, seed, False)
     k_signs = _signs(dev, D, seed, scale < 0)  # softmax(c Q K^T) = softmax(|c| Q (-K)^T)
+    common = dict(granularity=config.granularity, stages=V2_STAGES if pipe == "v2" else 1)
+    # v2 launches V's pass first (plain launch), then K's and Q's with programmatic dependent launch, whose
+    # prologue loads run before griddepcontrol.wait: so every 16-bit input is made aligned (a copy if
+    # needed) before the first launch
+    pdl = pipe == "v2" and torch.cuda.get_device_capability(dev) >= (9, 0)
+    if pipe == "v2":
+        q, k, v = interop.aligned(q), interop.aligned(k), interop.aligned(v)
     mean = mean_eff = shift = None
+    v_t = None
     if config.smooth_k:
-        mean = k_mean(k)  # subtracted from K before its signs (-s for a negative scale)
+        if pipe == "v2":  # V's launch also sums K per block; K's launch then reads K last block first (L2)
+            B, Nk, Hkv, _ = k.shape
+            parts = torch.empty(B, Hkv, -(-Nk // tile_n) * max(1, tile_n // 128), D, dtype=torch.float32,
+                                device=dev)
+            v_t, vd = quantize_tensor(v, role="v", block=tile_n, signs=None, mean=None, rotate=False, k_of=k,
+                                      k_parts=parts, **common)
+            mean = k_mean_from_parts(parts, Nk)
+        else:
+            mean = k_mean(k)  # subtracted from K before its signs (-s for a negative scale)
         mean_eff = -mean if scale < 0 else mean  # the mean of the K the kernel sees, unrotated
         shift = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32, device=dev)
-    q8, qd = quantize_tensor(q, role="qk", block=tile_m, granularity=config.granularity, signs=signs, mean=None,
-                             rotate=config.rotate, shift=shift, shift_mean=mean_eff, shift_scale=abs(scale))
-    k8, kd = quantize_tensor(k, role="qk", block=tile_n, granularity=config.granularity, signs=k_signs, mean=mean,
-                             rotate=config.rotate)
-    v_t, vd = quantize_tensor(v, role="v", block=tile_n, granularity=config.granularity, signs=None, mean=None,
-                              rotate=False)
+    if v_t is None:
+        v_t, vd = quantize_tensor(v, role="v", block=tile_n, signs=None, mean=None, rotate=False, **common)
+    k8, kd = quantize_tensor(k, role="qk", block=tile_n, signs=k_signs, mean=mean, rotate=config.rotate,
+                             reverse=pipe == "v2" and config.smooth_k, pdl=pdl, **common)
+    q8, qd = quantize_tensor(q, role="qk", block=tile_m, signs=signs, mean=None, rotate=config.rotate, shift=shift,
+                             shift_mean=mean_eff, shift_scale=abs(scale), pdl=pdl, **common)
     if shift is not None and q.shape[0] * q.shape[1] * q.shape[2] == 0:
         shift.zero_()
     return FP8Inputs(q8, k8, v_t, qd, kd, vd, abs(scale), k.shape[1], mean_eff, shift, config)
