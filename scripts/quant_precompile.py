@@ -1,0 +1,83 @@
+"""Compile every pass of the FP8 quantisation pass that tests/test_fp8_quant_kernel.py and
+scripts/fp8_quant_bandwidth.py use, in parallel processes, into the disk compile cache (on the GPU host).
+
+    source .gpu/env.sh && python3 scripts/quant_precompile.py [--jobs 14] [--plan]
+
+One task per (pipeline, dtype, head_dim, recipe): a tiny ``quant_kernel.quantize`` call (softmax_scale None
+and -0.3) on the GPU, which compiles what that recipe launches (the stage count depends on the device, so
+running is the simplest way to name the passes). Tasks sharing a pass may both compile it; the disk cache
+keeps one whole copy. Prints one line per task and a summary; exit status 1 if a task failed.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import time
+
+RECIPES = ("default", "no-smooth", "head", "head-smooth", "tensor-plain")
+HEAD_DIMS = (64, 128, 256)
+
+
+def tasks() -> list[tuple[str, str, int, str]]:
+    """(pipeline, dtype, head_dim, recipe): the superset of the test matrix (CASES) and the bandwidth script."""
+    out = []
+    for d in HEAD_DIMS:
+        out += [("v2", "bf16", d, r) for r in RECIPES if r != "head"] + [("v2", "fp16", d, "default")]
+        out += [("v1", "bf16", d, r) for r in RECIPES if r != "head-smooth"] + [("v1", "fp16", d, "default"),
+                                                                                ("v1", "fp16", d, "head"),
+                                                                                ("v1", "fp16", d, "tensor-plain")]
+    return out
+
+
+def config_of(recipe: str):
+    from fa_variants.fp8 import FP8Config
+
+    return {"default": FP8Config(), "no-smooth": FP8Config(smooth_k=False),
+            "head": FP8Config(granularity="head", smooth_k=False), "head-smooth": FP8Config(granularity="head"),
+            "tensor-plain": FP8Config(granularity="tensor", rotate=False, smooth_k=False)}[recipe]
+
+
+def run(task: tuple[str, str, int, str]) -> str:
+    import torch
+
+    from fa_variants.common import cache
+    from fa_variants.fp8 import quant_kernel
+
+    pipeline, dtype, d, recipe = task
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    t0 = time.perf_counter()
+    q = torch.randn(1, 130, 2, d, device="cuda").to(dt)
+    k = torch.randn(1, 300, 1, d, device="cuda").to(dt)
+    for scale in (None, -0.3):
+        quant_kernel.quantize(q, k, k, config=config_of(recipe), softmax_scale=scale, pipeline=pipeline)
+    torch.cuda.synchronize()
+    return f"{'/'.join(map(str, task))}: {time.perf_counter() - t0:.1f} s {cache.cache_info()} (this worker so far)"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=14)
+    parser.add_argument("--plan", action="store_true", help="list the tasks and exit (no GPU needed)")
+    args = parser.parse_args()
+    todo = tasks()
+    if args.plan:
+        print("\n".join("/".join(map(str, t)) for t in todo))
+        return 0
+    t0, failed = time.perf_counter(), 0
+    # spawn: each worker imports torch and the DSL itself (no CUDA context inherited across fork)
+    import multiprocessing as mp
+
+    with cf.ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn")) as pool:
+        futures = {pool.submit(run, t): t for t in todo}
+        for f in cf.as_completed(futures):
+            try:
+                print(f.result(), flush=True)
+            except Exception as exc:  # noqa: BLE001 - reported, counted
+                failed += 1
+                print(f"{'/'.join(map(str, futures[f]))}: FAILED {type(exc).__name__}: {exc}", flush=True)
+    print(f"precompile: {len(todo)} tasks, {failed} failed, {time.perf_counter() - t0:.0f} s")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
