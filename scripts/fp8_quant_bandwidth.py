@@ -79,6 +79,30 @@ def matches(gpu, ref) -> str:
     return "ok" if not bad else "DIFF " + ",".join(bad)
 
 
+def kernel_breakdown(fn, calls: int = 5) -> str:
+    """The GPU kernels of one call in launch order with their durations (torch.profiler, last of ``calls``
+    calls), and their sum: what the launches cost apart from the gaps between them. Diagnostic only."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+        kernels = sorted((e for e in prof.events() if str(getattr(e, "device_type", "")).endswith("CUDA")),
+                         key=lambda e: e.time_range.start)
+        per_call = len(kernels) // calls
+        last = kernels[-per_call:] if per_call else []
+        us = [getattr(e, "device_time", None) or getattr(e, "cuda_time", 0.0) for e in last]
+        names = [("pass" if "quant" in e.name.lower() else e.name[:24]) for e in last]
+        parts = ", ".join(f"{n} {t:.1f}" for n, t in zip(names, us))
+        return f"{per_call} kernels, {sum(us):.1f} us: {parts}"
+    except Exception as exc:  # noqa: BLE001 - a diagnostic must not stop the measurement
+        return f"(no breakdown: {type(exc).__name__}: {exc})"
+
+
 class Timer:
     """GPU time per call with the stream held by a sleep kernel while the host enqueues (see module doc)."""
 
@@ -128,6 +152,8 @@ def main() -> int:
     parser.add_argument("--json", default=None, help="write the rows to this file")
     parser.add_argument("--calls", type=int, default=20, help="calls per timing (default 20)")
     parser.add_argument("--pipelines", default="v1,v2", help="comma-separated: v1 (before), v2 (default v1,v2)")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="also each call's kernels and their durations (torch.profiler; diagnostic)")
     parser.add_argument("--plan", action="store_true", help="print the shapes and exit (no GPU needed)")
     args = parser.parse_args()
     pipelines = args.pipelines.split(",")
@@ -174,12 +200,16 @@ def main() -> int:
                 extra = 2 * k.numel() if cfg.smooth_k else 0
                 tbs = moved / ms / 1e9
                 frac = tbs / copy_tbs
+                breakdown = kernel_breakdown(fn) if args.breakdown else ""
                 rows.append({"shape": name, "dims": [B, Nq, Nk, H, Hkv, D], "pipeline": pipe, "recipe": recipe,
                              "gpu_ms": ms, "eager_ms": eager, "bytes": moved, "extra_bytes_read": extra,
-                             "tb_s": tbs, "of_copy": frac, "queued": queued, "match": match})
+                             "tb_s": tbs, "of_copy": frac, "queued": queued, "match": match,
+                             "kernels": breakdown})
                 print(f"{name:<11} {pipe:<4} {recipe:<9} {ms:7.4f} {eager:8.4f} {moved / 1e9:6.3f} {tbs:5.2f} "
                       f"{100 * frac:5.1f}% {extra / 1e9:5.3f}  {'yes' if queued else 'NO (host-bound)'}  {match}",
                       flush=True)
+                if breakdown:
+                    print(f"    kernels (us, launch order): {breakdown}", flush=True)
         del q, k, v
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
