@@ -25,7 +25,7 @@ def test_sanitize_summary_line(rc, log, verdict, ok):
 
 
 @pytest.mark.parametrize("script", ["gpu_memory_fp16.sh", "h200_session.sh", "gpu_check.sh", "cache_gpu.sh",
-                                    "decode_gpu.sh", "study_gpu.sh", "decode2_gpu.sh"])
+                                    "decode_gpu.sh", "study_gpu.sh", "decode2_gpu.sh", "quant_gpu.sh"])
 def test_shell_scripts_parse(script):
     subprocess.run(["bash", "-n", str(ROOT / "scripts" / script)], check=True)
 
@@ -47,6 +47,29 @@ def test_sanitize_reads_racecheck_summaries():
     assert _sanitize()._summary("racecheck", "fa2", 0, log, 1.0) == ("racecheck fa2      clean (20 calls, 1 s)", True)
     bad = log.replace("(0 errors", "(3 errors")
     assert _sanitize()._summary("racecheck", "fa2", 0, bad, 1.0)[0].startswith("racecheck fa2      3 ERRORS")
+
+
+def test_fp8_quant_bandwidth_plan_and_summary(capsys, monkeypatch):
+    """scripts/fp8_quant_bandwidth.py on the CPU: --plan prints the byte model and the shapes; the tail gives
+    % of copy per shape, v1 -> v2, and a SUMMARY per pipeline (FAIL below 70% or on a mismatch); the
+    precompile script's plan covers both pipelines, both dtypes and the three head_dims."""
+    bw = load_script("fp8_quant_bandwidth")
+    monkeypatch.setattr("sys.argv", ["fp8_quant_bandwidth.py", "--plan"])
+    assert bw.main() == 0
+    out = capsys.readouterr().out
+    assert out.startswith("byte model: q, k, v read once in 16 bits") and "(1, 16384, 16384, 16, 16, 128)" in out
+    rows = [dict(shape=s, pipeline=p, recipe=r, of_copy=f, match="ok", queued=True)
+            for s in ("D=64", "D=128") for r in ("default", "no-smooth") for p, f in (("v1", 0.35), ("v2", 0.75))]
+    assert bw.summarise(rows, 4.28, ["v1", "v2"]) == 0
+    out = capsys.readouterr().out
+    assert "  D=128       no-smooth  35.0% ->  75.0%" in out
+    assert "SUMMARY fp8_quant_bandwidth v1: FAIL" in out and "SUMMARY fp8_quant_bandwidth v2: PASS" in out
+    rows[-1]["match"] = "DIFF k"
+    assert bw.summarise(rows, 4.28, ["v1", "v2"]) == 1
+    assert "75.0% MISMATCH" in capsys.readouterr().out
+    tasks = load_script("quant_precompile").tasks()
+    assert {(p, dt, d) for p, dt, d, _ in tasks} == {(p, dt, d) for p in ("v1", "v2") for dt in ("bf16", "fp16")
+                                                     for d in (64, 128, 256)}
 
 
 def test_fa3_fp8_speed_ab_summary_and_plan(capsys, monkeypatch):
