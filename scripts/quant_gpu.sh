@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# quant_gpu.sh: issue 10's quantisation pass on one H200 (about 3 min; limits 110 + 80 + 90 s): pipeline v1 (before) vs v2 (three blocks
-# of loads in flight per CTA, K's mean summed in V's launch instead of torch, K read last block first).
+# quant_gpu.sh: issue 10's quantisation pass on one H200 (about 3 min; step limits 110 + 80 + 90 s): pipeline v1
+# (before) vs v2 (three blocks of loads in flight per CTA, K's mean summed in V's launch instead of torch, K read
+# last block first, programmatic dependent launch of K's and Q's passes).
 #   1. precompile (parallel processes, into the disk cache): every pass of steps 2 and 3
 #   2. tests/test_fp8_quant_kernel.py, GPU tests (both pipelines vs the torch recipe, bit for bit; v2's K mean
 #      vs float64 within its float32 rounding bound)
