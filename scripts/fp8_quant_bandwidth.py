@@ -152,6 +152,8 @@ def main() -> int:
     parser.add_argument("--json", default=None, help="write the rows to this file")
     parser.add_argument("--calls", type=int, default=20, help="calls per timing (default 20)")
     parser.add_argument("--pipelines", default="v1,v2", help="comma-separated: v1 (before), v2 (default v1,v2)")
+    parser.add_argument("--ablation", action="store_true",
+                        help="also v2 with one part changed at a time (stages 2 / 1, no PDL, no reverse), D = 128")
     parser.add_argument("--breakdown", action="store_true",
                         help="also each call's kernels and their durations (torch.profiler; diagnostic)")
     parser.add_argument("--plan", action="store_true", help="print the shapes and exit (no GPU needed)")
@@ -215,7 +217,48 @@ def main() -> int:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
-    return summarise(rows[1:], copy_tbs, pipelines)
+    if args.ablation:
+        try:
+            ablation(timer, copy_tbs, rows, args.calls)
+        except Exception as exc:  # noqa: BLE001 - the ablation must not hide the summary
+            print(f"ablation FAILED: {type(exc).__name__}: {exc}", flush=True)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=1)
+    return summarise([r for r in rows[1:] if "ablation" not in r], copy_tbs, pipelines)
+
+
+ABLATION = {"v2": {}, "v2 stages 2": {"V2_STAGES": 2}, "v2 stages 1": {"V2_STAGES": 1},
+            "v2 no PDL": {"V2_PDL": False}, "v2 no reverse": {"V2_REVERSE": False}}
+
+
+def ablation(timer, copy_tbs: float, rows: list[dict], calls: int) -> None:
+    """v2 with one part changed at a time (``ABLATION``), default recipe, D = 128, 64 MiB per tensor: % of
+    copy, appended to rows (``"ablation"``) and printed as one line."""
+    import torch
+
+    from fa_variants.fp8 import FP8Config, quant_kernel
+
+    g = torch.Generator(device="cuda").manual_seed(5)
+    q = torch.randn(1, 16384, 16, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = (torch.randn(1, 16384, 16, 128, device="cuda", generator=g) + 1).to(torch.bfloat16)
+    v = torch.randn(1, 16384, 16, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    cells = []
+    for label, knobs in ABLATION.items():
+        saved = {name: getattr(quant_kernel, name) for name in knobs}
+        try:
+            for name, value in knobs.items():
+                setattr(quant_kernel, name, value)
+            fn = lambda: quant_kernel.quantize(q, k, v, config=FP8Config(), pipeline="v2")  # noqa: E731
+            out = fn()
+            ms, queued = timer.gpu_ms(fn, calls)
+            frac = moved_bytes(q, k, out, True) / ms / 1e9 / copy_tbs
+        finally:
+            for name, value in saved.items():
+                setattr(quant_kernel, name, value)
+        rows.append({"ablation": label, "gpu_ms": ms, "of_copy": frac, "queued": queued})
+        cells.append(f"{label} {100 * frac:.1f}%")
+    print("ablation (D=128 default recipe, % of copy): " + ", ".join(cells), flush=True)
 
 
 BYTE_MODEL = ("byte model: q, k, v read once in 16 bits + e4m3 q, k, v_t (padded) written + float32 descales "

@@ -16,8 +16,9 @@ LOGS="$out"; source "$(dirname "$0")/steps.sh"
 nvidia-smi --query-gpu=name,clocks.max.sm,driver_version --format=csv,noheader > "$out/gpu.txt" 2>&1
 step precompile 110 python3 scripts/quant_precompile.py --jobs 14
 step gpu_tests 80 python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider --tb=short tests/test_fp8_quant_kernel.py
-step bandwidth 90 python3 scripts/fp8_quant_bandwidth.py --pipelines v1,v2 --breakdown --json "$out/quant_bw.json"
+step bandwidth 90 python3 scripts/fp8_quant_bandwidth.py --pipelines v1,v2 --breakdown --ablation --json "$out/quant_bw.json"
 echo
 grep -E "precompile:|FAILED" "$out/precompile.log" | head -6
 grep -E "^FAILED|passed|failed|error" "$out/gpu_tests.log" | tail -6
 sed -n '/^% of copy/,$p' "$out/bandwidth.log" | grep . || tail -20 "$out/bandwidth.log"
+grep -E "^ablation" "$out/bandwidth.log"

@@ -26,7 +26,13 @@ def tasks() -> list[tuple[str, str, int, str]]:
         out += [("v1", "bf16", d, r) for r in RECIPES if r != "head-smooth"] + [("v1", "fp16", d, "default"),
                                                                                 ("v1", "fp16", d, "head"),
                                                                                 ("v1", "fp16", d, "tensor-plain")]
+    out += [("v2", "bf16", 128, f"default+{label}") for label in ABLATION_KNOBS]
     return out
+
+
+# fp8_quant_bandwidth.py --ablation's variants of v2 (quant_kernel's module switches)
+ABLATION_KNOBS = {"stages2": {"V2_STAGES": 2}, "stages1": {"V2_STAGES": 1}, "nopdl": {"V2_PDL": False},
+                  "norev": {"V2_REVERSE": False}}
 
 
 def config_of(recipe: str):
@@ -44,13 +50,22 @@ def run(task: tuple[str, str, int, str]) -> str:
     from fa_variants.fp8 import quant_kernel
 
     pipeline, dtype, d, recipe = task
+    recipe, _, knob = recipe.partition("+")
+    knobs = ABLATION_KNOBS.get(knob, {})
+    saved = {name: getattr(quant_kernel, name) for name in knobs}
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     t0 = time.perf_counter()
     q = torch.randn(1, 130, 2, d, device="cuda").to(dt)
     k = torch.randn(1, 300, 1, d, device="cuda").to(dt)
-    for scale in (None, -0.3):
-        quant_kernel.quantize(q, k, k, config=config_of(recipe), softmax_scale=scale, pipeline=pipeline)
-    torch.cuda.synchronize()
+    try:
+        for name, value in knobs.items():
+            setattr(quant_kernel, name, value)
+        for scale in (None, -0.3):
+            quant_kernel.quantize(q, k, k, config=config_of(recipe), softmax_scale=scale, pipeline=pipeline)
+        torch.cuda.synchronize()
+    finally:  # a worker runs several tasks
+        for name, value in saved.items():
+            setattr(quant_kernel, name, value)
     return f"{'/'.join(map(str, task))}: {time.perf_counter() - t0:.1f} s {cache.cache_info()} (this worker so far)"
 
 

@@ -138,6 +138,10 @@ SMEM_PER_SM = 228 * 1024 - 2048  # what resident CTAs may share (1 KB reserved p
 PIPELINES = ("v1", "v2")
 DEFAULT_PIPELINE = "v1"
 V2_STAGES = 3
+#: v2's other two parts, switchable for an ablation (scripts/fp8_quant_bandwidth.py --ablation): programmatic
+#: dependent launch of K's and Q's passes (sm_90), K's blocks walked last to first after V's launch read them
+V2_PDL = True
+V2_REVERSE = True
 
 
 @dsl_user_op
@@ -755,7 +759,7 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Co
     # v2 launches V's pass first (plain launch), then K's and Q's with programmatic dependent launch, whose
     # prologue loads run before griddepcontrol.wait: so every 16-bit input is made aligned (a copy if
     # needed) before the first launch
-    pdl = pipe == "v2" and torch.cuda.get_device_capability(dev) >= (9, 0)
+    pdl = pipe == "v2" and V2_PDL and torch.cuda.get_device_capability(dev) >= (9, 0)
     if pipe == "v2":
         q, k, v = interop.aligned(q), interop.aligned(k), interop.aligned(v)
     mean = mean_eff = shift = None
@@ -775,7 +779,7 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Co
     if v_t is None:
         v_t, vd = quantize_tensor(v, role="v", block=tile_n, signs=None, mean=None, rotate=False, **common)
     k8, kd = quantize_tensor(k, role="qk", block=tile_n, signs=k_signs, mean=mean, rotate=config.rotate,
-                             reverse=pipe == "v2" and config.smooth_k, pdl=pdl, **common)
+                             reverse=pipe == "v2" and V2_REVERSE and config.smooth_k, pdl=pdl, **common)
     q8, qd = quantize_tensor(q, role="qk", block=tile_m, signs=signs, mean=None, rotate=config.rotate, shift=shift,
                              shift_mean=mean_eff, shift_scale=abs(scale), pdl=pdl, **common)
     if shift is not None and q.shape[0] * q.shape[1] * q.shape[2] == 0:
