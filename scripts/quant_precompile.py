@@ -31,8 +31,7 @@ def tasks() -> list[tuple[str, str, int, str]]:
 
 
 # fp8_quant_bandwidth.py --ablation's variants of v2 (quant_kernel's module switches)
-ABLATION_KNOBS = {"stages2": {"V2_STAGES": 2}, "stages1": {"V2_STAGES": 1}, "nopdl": {"V2_PDL": False},
-                  "norev": {"V2_REVERSE": False}}
+ABLATION_KNOBS = {"stages2": {"V2_STAGES": 2}, "stages1": {"V2_STAGES": 1}, "nopdl": {"V2_PDL": False}}
 
 
 def config_of(recipe: str):

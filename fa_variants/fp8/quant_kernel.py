@@ -140,6 +140,7 @@ DEFAULT_PIPELINE = "v1"
 V2_STAGES = 3
 #: v2's other two parts, switchable for an ablation (scripts/fp8_quant_bandwidth.py --ablation): programmatic
 #: dependent launch of K's and Q's passes (sm_90), K's blocks walked last to first after V's launch read them
+#: (off, K's smoothed pass spills 16 bytes at head_dim 128 with 3 stages: keep it on)
 V2_PDL = True
 V2_REVERSE = True
 
