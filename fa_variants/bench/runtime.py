@@ -75,6 +75,9 @@ def build_impls(ours: list[str], peers: list[str],
         if name in _SDPA:
             impls.append(Impl(name, "peer", _sdpa(_SDPA[name])))
             continue
+        if name != "flash-attn-4":  # an unknown name must not time flash-attn-4 under another label
+            notes.append(f"{name} not run: unknown peer (known: {', '.join((*_SDPA, 'flash-attn-4'))})")
+            continue
         try:  # flash-attn-4: the CuTe DSL FlashAttention (Dao-AILab/flash-attention, flash_attn/cute)
             from flash_attn.cute.interface import flash_attn_func
         except Exception as exc:  # noqa: BLE001 - any import failure means "not installed here"
