@@ -10,8 +10,12 @@ the structural switches of issue 12's second round (Sm90Config; the softmax swit
 of them together (`lean`) at every head dim (D = 256: without first_pv_overwrites, which spills there); issue 12's
 third round (`o-before-pv`: O rescaled under the next S GEMM, flash-attn-4's RescaleOBeforeGemm; `p2buf`: a second
 P buffer, so that no WGMMA wait sits between the softmax and the next step and the exponentials run under the
-P V GEMM; bench/NOTES.md, "Issue 12, round 3"). The default run (--variants, --seqlens) is round 3's: old, new,
-o-before-pv, p2buf at N 4k/16k (~2-3 min on an H200); the earlier variants stay selectable. Shapes: the
+P V GEMM; bench/NOTES.md, "Issue 12, round 3"); issue 12's fourth round (bench/NOTES.md, "Issue 12, round 4":
+flash-attn-4's sm90 choices that ours lacked, and C++ FA3's). The default run (--variants, --seqlens) is round 4's:
+old, new, pairs-256, fa4-256, n176, stages3, k-first at N 4k/16k (24 compiles, 72 entries, ~3 min on an H200); the
+earlier variants stay selectable. --peers takes the bench's peer names (flash-attn-4, sdpa-cudnn, ...) or the
+aliases cudnn / fa4 / flash; an unknown name is an error (before 2026-12-01 evening an unknown name such as
+`cudnn` ran flash-attn-4 under that label, and the SUMMARY's cuDNN column, which reads `sdpa-cudnn`, printed nan). Shapes: the
 FlashAttention papers' setup (batch * seqlen = 16384 tokens, heads * head_dim = 2048, bf16, forward),
 TFLOP/s = 4 B H N^2 D / time (halved for causal).
 
@@ -51,9 +55,21 @@ VARIANTS = {
     # issue 12, round 3 (p2buf spills 4 bytes at D 256 causal: not run there)
     "o-before-pv": ((64, 128, 256), dict(rescale_o_before_pv=True)),
     "p2buf": ((64, 128), dict(p_double_buffer=True)),
+    # issue 12, round 4 (bench/NOTES.md, "Issue 12, round 4"): flash-attn-4's D 256 choices one by one (P converted
+    # in pairs; + one-FFMA exponent, 4 reduction chains and O rescaled before the P V GEMM), C++ FA3's 128 x 176
+    # tile at D 128, 3 stages, the first K tile loaded before Q
+    "pairs-256": ((256,), dict(convert_pairs=True)),
+    "fa4-256": ((256,), dict(convert_pairs=True, exp2_ffma=True, reduce_chains=4, rescale_o_before_pv=True)),
+    "n176": ((128,), dict(tile_n=176, convert_pairs=True)),
+    "stages3": ((64, 128), dict(stages=3)),
+    "k-first": ((128,), dict(k_before_q=True)),
 }
 ROUND3 = ("old", "new", "o-before-pv", "p2buf")
+ROUND4 = ("old", "new", "pairs-256", "fa4-256", "n176", "stages3", "k-first")
 PEERS = ("flash-attn-4", "sdpa-cudnn")
+#: other spellings of the peers accepted by --peers (bench.runtime.build_impls knows only the canonical names)
+PEER_ALIASES = {"cudnn": "sdpa-cudnn", "fa4": "flash-attn-4", "flash": "sdpa-flash"}
+KNOWN_PEERS = ("flash-attn-4", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "sdpa-math")
 
 
 def variant_config(name: str, head_dim: int):
@@ -73,13 +89,37 @@ def plan(head_dims, seqlens, causals, variants) -> list[dict]:
     return shapes
 
 
+def peer_names(spec: str) -> list[str]:
+    """--peers as canonical names (PEER_ALIASES applied); ValueError naming an unknown one."""
+    names = [PEER_ALIASES.get(p.strip(), p.strip()) for p in spec.split(",") if p.strip()]
+    unknown = [p for p in names if p not in KNOWN_PEERS]
+    if unknown:
+        raise ValueError(f"--peers: unknown {unknown} (known: {', '.join(KNOWN_PEERS)}; aliases: "
+                         f"{', '.join(f'{k}={v}' for k, v in PEER_ALIASES.items())})")
+    return list(dict.fromkeys(names))
+
+
+def summary_lines(rows: list[dict]) -> list[str]:
+    """The SUMMARY lines: per shape new/old, new/flash-attn-4, new/cuDNN (medians of per-round ratios; nan where
+    that entry did not run), then x/new and x/flash-attn-4 for every other variant."""
+    nan = float("nan")
+    out = ["SUMMARY (median of per-round ratios): D N causal: new/old new/fa4 new/cudnn | x/new x/fa4 per variant"]
+    for r in rows:
+        per = ", ".join(f"{k} {r['ratio_to_new'][k]:.3f} {r['ratio_to_fa4'].get(k, nan):.3f}"
+                        for k in r["ratio_to_new"] if k not in ("old", "new") and k in VARIANTS)
+        out.append(f"SUMMARY D={r['head_dim']} N={r['seqlen']} {'causal' if r['causal'] else 'full'}: "
+                   f"{r['ratio_to_old'].get('new', nan):.3f} {r['ratio_new_to'].get('flash-attn-4', nan):.3f} "
+                   f"{r['ratio_new_to'].get('sdpa-cudnn', nan):.3f} | {per}")
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--head-dims", default="64,128,256")
     ap.add_argument("--seqlens", default="4096,16384")
     ap.add_argument("--causal", default="both", choices=["both", "yes", "no"])
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
-    ap.add_argument("--variants", default=",".join(ROUND3), help=f"subset of {', '.join(VARIANTS)}")
+    ap.add_argument("--variants", default=",".join(ROUND4), help=f"subset of {', '.join(VARIANTS)}")
     ap.add_argument("--peers", default=",".join(PEERS))
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--warmup-ms", type=int, default=100)
@@ -91,6 +131,10 @@ def main() -> int:
     unknown = set(variants) - set(VARIANTS)
     if unknown or "old" not in variants:
         ap.error(f"--variants: unknown {sorted(unknown)} (known: {', '.join(VARIANTS)}); 'old' is required")
+    try:
+        a.peers = ",".join(peer_names(a.peers))
+    except ValueError as exc:
+        ap.error(str(exc))
     causals = {"both": (False, True), "yes": (True,), "no": (False,)}[a.causal]
     shapes = plan([int(x) for x in a.head_dims.split(",")], [int(x) for x in a.seqlens.split(",")], causals, variants)
     if a.plan:
@@ -134,13 +178,7 @@ def run(a, shapes) -> int:
           "|---|---|---|---|---|---|---|---|"] + [_line(r) for r in rows]
     (a.out / "ab.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
-    print("SUMMARY (median of per-round ratios): D N causal: new/old new/fa4 new/cudnn | x/new x/fa4 per variant")
-    for r in rows:
-        per = ", ".join(f"{k} {r['ratio_to_new'][k]:.3f} {r['ratio_to_fa4'].get(k, float('nan')):.3f}"
-                        for k in r["ratio_to_new"] if k not in ("old", "new") and k in VARIANTS)
-        print(f"SUMMARY D={r['head_dim']} N={r['seqlen']} {'causal' if r['causal'] else 'full'}: "
-              f"{r['ratio_to_old'].get('new', float('nan')):.3f} {r['ratio_new_to'].get('flash-attn-4', float('nan')):.3f} "
-              f"{r['ratio_new_to'].get('sdpa-cudnn', float('nan')):.3f} | {per}")
+    print("\n".join(summary_lines(rows)))
     return 0
 
 

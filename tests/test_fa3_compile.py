@@ -67,6 +67,10 @@ def test_config_limits():
             fa3.Fa3Config(intra_wg_overlap=False, **{switch: True}).check(128)
         with pytest.raises(ValueError, match="shared_kv_state"):
             fa3.Fa3Config(shared_kv_state=True, **{switch: True}).check(128)
+    with pytest.raises(ValueError, match="shared_kv_state"):  # issue 12, round 4: K first, separate states
+        fa3.Fa3Config(shared_kv_state=True, k_before_q=True).check(128)
+    fa3.Fa3Config(tile_n=176, convert_pairs=True).check(128)  # 32 KiB Q + 4 x 44 KiB K/V
+    fa3.Fa3Config(stages=3).check(128)  # 32 KiB Q + 6 x 32 KiB K/V + 1 KiB: 225 KiB of 227
 
 
 def test_tma_operand_preparation():
@@ -94,7 +98,9 @@ def _speed_ab():
 
 @pytest.mark.parametrize("name, head_dim, causal", [
     ("old", 128, False), ("new", 64, True), ("new", 256, False), ("lean", 64, True), ("lean", 128, False),
-    ("lean", 128, True), ("lean-256", 256, True), ("p2buf", 128, False), ("o-before-pv", 256, True)])
+    ("lean", 128, True), ("lean-256", 256, True), ("p2buf", 128, False), ("o-before-pv", 256, True),
+    ("pairs-256", 256, False), ("fa4-256", 256, True), ("n176", 128, False), ("n176", 128, True),
+    ("stages3", 64, True), ("stages3", 128, False), ("k-first", 128, True)])
 def test_speed_ab_variants_compile_without_spills(name, head_dim, causal):
     """scripts/fa3_speed_ab.py's variants build with no spills; `new` is the default and has no serial FMNMX
     chain (it runs 4 chains) and one FFMA per score instead of FADD + FMUL. `lean` (issue 12's structural
@@ -173,6 +179,24 @@ def test_p_double_buffer_keeps_the_exponentials_under_the_pv_gemm():
     assert _exponentials_after_pv_wait(double) == 0 and sum("MUFU.EX2" in t for t in double) == n_exp
 
 
+def test_convert_pairs_packs_p():
+    """Issue 12, round 4: at D 256 (64 x 80 scores per warpgroup) the whole-fragment conversion of P gives one F2FP
+    per value and a PRMT per pair (nvidia-cutlass-dsl 4.8.1); Sm90Config.convert_pairs gives one packed F2FP per
+    pair and no PRMT, the mainloop otherwise unchanged (non-causal: one mainloop)."""
+    config = fa3.DEFAULT_CONFIGS[256]
+
+    def counts(cfg):
+        loop = _mainloop(cubin.sass_of(_compiled(256, False, cfg).cubin))
+        return len(loop), sum(t.split()[0].startswith("F2FP") for t in loop), sum(t.split()[0] == "PRMT" for t in loop)
+
+    n_base, f2fp_base, prmt_base = counts(config)
+    n_pairs, f2fp_pairs, prmt_pairs = counts(dataclasses.replace(config, convert_pairs=True))
+    values = 64 * 80 // 128  # P values per thread per K/V tile
+    assert f2fp_pairs == values // 2 and prmt_pairs == 0, (f2fp_pairs, prmt_pairs)
+    assert f2fp_base == values and prmt_base == values // 2, (f2fp_base, prmt_base)  # 529 -> 487 instructions
+    assert n_pairs <= n_base - values, (n_base, n_pairs)
+
+
 def test_shared_kv_state_shortens_the_mainloop():
     """One pipeline state for K and V (Sm90Config.shared_kv_state) drops the second state's advance (index,
     phase, count: uniform-pipe instructions) from every K/V tile of the consumer mainloop (D 128, non-causal:
@@ -187,11 +211,11 @@ def test_speed_ab_plan(capsys):
     ab = _speed_ab()
     shapes = ab.plan([64, 128, 256], [1024, 4096, 16384], (False, True), list(ab.VARIANTS))
     assert len(shapes) == 18 and all(s["batch"] * s["seqlen"] >= 16384 and "old" in s["variants"] for s in shapes)
-    assert {s["head_dim"]: len(s["variants"]) for s in shapes} == {64: 5, 128: 8, 256: 4}
+    assert {s["head_dim"]: len(s["variants"]) for s in shapes} == {64: 6, 128: 11, 256: 6}
     import sys
     argv, sys.argv = sys.argv, ["fa3_speed_ab.py", "--plan"]
     try:
         assert ab.main() == 0
     finally:
         sys.argv = argv
-    assert "12 shapes, 22 compiles, 68 entries" in capsys.readouterr().out  # the default: round 3, N 4k/16k
+    assert "12 shapes, 24 compiles, 72 entries" in capsys.readouterr().out  # the default: round 4, N 4k/16k

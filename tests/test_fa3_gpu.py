@@ -126,6 +126,33 @@ def test_structural_switches_other_head_dims(head_dim, change, causal):
         _check(q, k, v, causal, config=config, what=f"D={head_dim} {change} causal={causal} {shape}")
 
 
+def _round4():
+    """(name, head_dim, config) of scripts/fa3_speed_ab.py's round-4 variants (the same configs the A/B times, so a
+    disk-cached compile of this test serves the A/B)."""
+    from helpers import load_script
+
+    ab = load_script("fa3_speed_ab")
+    return [(name, d, ab.variant_config(name, d)) for name in ab.ROUND4 if name not in ("old", "new")
+            for d in ab.VARIANTS[name][0]]
+
+
+ROUND4 = _round4()
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("name, head_dim, config", ROUND4, ids=[f"{n}-d{d}" for n, d, _ in ROUND4])
+def test_round4_variants(name, head_dim, config, causal):
+    """Issue 12, round 4 (P converted in pairs, flash-attn-4's D 256 softmax and O rescale, 128 x 176 tiles, 3 stages,
+    K before Q): one K/V tile, several (176 does not divide 1023 or 4224: a partial last tile), Nq != Nk both ways,
+    causal rows that see no key (Nq > Nk), GQA."""
+    for shape in [(2, 1023, 1023, 4, 2), (1, 257, 4224, 2, 2), (1, 77, 77, 2, 2), (1, 300, 129, 2, 1)]:
+        q, k, v = _qkv(*shape, head_dim, BF16)
+        _check(q, k, v, causal, config=config, what=f"{name} D={head_dim} causal={causal} {shape}")
+    if config.convert_pairs:  # the fp16 conversion in pairs too
+        q, k, v = _qkv(2, 1023, 1023, 4, 2, head_dim, F16)
+        _check(q, k, v, causal, config=config, what=f"{name} fp16 D={head_dim} causal={causal}")
+
+
 def test_two_consumer_warpgroups_d64():
     """D=64 defaults to three consumer warpgroups (tile_m = 192, a ping-pong ring of three named
     barriers, covered by the matrix); the two-warpgroup tile must stay right too."""

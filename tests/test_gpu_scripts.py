@@ -25,7 +25,8 @@ def test_sanitize_summary_line(rc, log, verdict, ok):
 
 
 @pytest.mark.parametrize("script", ["gpu_memory_fp16.sh", "h200_session.sh", "gpu_check.sh", "cache_gpu.sh",
-                                    "decode_gpu.sh", "study_gpu.sh", "decode2_gpu.sh", "quant_gpu.sh"])
+                                    "decode_gpu.sh", "study_gpu.sh", "decode2_gpu.sh", "quant_gpu.sh",
+                                    "fa3round4_gpu.sh"])
 def test_shell_scripts_parse(script):
     subprocess.run(["bash", "-n", str(ROOT / "scripts" / script)], check=True)
 
@@ -119,3 +120,33 @@ def test_decode_ab_plan_and_summary():
     assert "| D64 32:8 B1 Nk4096 | 10.0 | 1.20 (16) | BAD |" in text
     assert "auto             0 /   1" in text
     assert subprocess.run(["python3", str(ROOT / "scripts" / "decode_ab.py"), "--help"], capture_output=True).returncode == 0
+
+
+def test_fa3_speed_ab_peers_and_summary():
+    """scripts/fa3_speed_ab.py: `--peers flash-attn-4,cudnn` means SDPA's cuDNN backend (the alias), and the SUMMARY's
+    new/cuDNN column reads it (2026-12-01: the name `cudnn` ran flash-attn-4 under that label and the column was nan);
+    an unknown peer is an error, not flash-attn-4 renamed."""
+    ab = load_script("fa3_speed_ab")
+    assert ab.peer_names("flash-attn-4,cudnn") == ["flash-attn-4", "sdpa-cudnn"]
+    assert ab.peer_names("fa4, sdpa-cudnn,cudnn") == ["flash-attn-4", "sdpa-cudnn"]
+    with pytest.raises(ValueError, match="cuddn"):
+        ab.peer_names("flash-attn-4,cuddn")
+    row = dict(head_dim=128, seqlen=4096, causal=False, ratio_to_old={"new": 1.03},
+               ratio_new_to={"old": 1.03, "flash-attn-4": 0.95, "sdpa-cudnn": 1.12, "n176": 0.98},
+               ratio_to_new={"old": 0.97, "n176": 1.02, "flash-attn-4": 1.05, "sdpa-cudnn": 0.89},
+               ratio_to_fa4={"new": 0.95, "n176": 0.97})
+    head, line = ab.summary_lines([row])
+    assert head.startswith("SUMMARY (median") and "nan" not in line
+    assert line == "SUMMARY D=128 N=4096 full: 1.030 0.950 1.120 | n176 1.020 0.970"
+    no_cudnn = dict(row, ratio_new_to={"flash-attn-4": 0.95})
+    assert ab.summary_lines([no_cudnn])[1].startswith("SUMMARY D=128 N=4096 full: 1.030 0.950 nan |")
+
+
+def test_bench_build_impls_rejects_unknown_peers():
+    """bench.runtime.build_impls runs a peer only under its own name: an unknown name gets a note (it used to time
+    flash-attn-4 under that name)."""
+    from fa_variants.bench.runtime import build_impls
+
+    impls, notes = build_impls([], ["cudnn", "sdpa-cudnn"])
+    assert [i.name for i in impls] == ["sdpa-cudnn"]
+    assert len(notes) == 1 and notes[0].startswith("cudnn not run: unknown peer")

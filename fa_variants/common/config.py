@@ -91,6 +91,13 @@ class Sm90Config:
         exponentials, so they run after the P V GEMM instead of under it (FA3 section 3.2's overlap); here
         nothing in the step depends on that wait. (nvidia-cutlass-dsl 4.8.1: ptxas then assigns both buffers
         the same registers, with no moves: it reuses the A registers of an issued WGMMA without waiting.)
+    convert_pairs: P (every step) and O (epilogue) converted from fp32 to 16 bits two values at a time
+        (``common.layout.convert_in_pairs``: one packed F2FP per pair); same rounding as the whole-fragment
+        conversion, which nvidia-cutlass-dsl 4.8.1 lowers to one F2FP per value and a PRMT per pair when the
+        warpgroup's fragment is not a power-of-two size (tile_n 80 at head_dim 256, 176). flash-attn-4 converts
+        in pairs always (issue 12, round 4).
+    k_before_q: the producer issues the first K tile's TMA load before Q's (flash-attn-4's order; the first S
+        GEMM needs both) instead of Q first. Needs shared_kv_state=False.
     num_splits: split-KV (Flash-Decoding): 1, off (one CTA walks all K/V tiles of its query tile); n > 1,
         the K/V tiles of each query tile are shared by n CTAs that write partial O and LSE, merged by LSE
         afterwards (`common.split`); 0, split with the count chosen per call (`common.split.num_splits_for`).
@@ -133,6 +140,8 @@ class Sm90Config:
     p_double_buffer: bool = False
     pdl: bool = False
     ctas_per_sm: int = 1
+    convert_pairs: bool = False
+    k_before_q: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:
@@ -168,6 +177,8 @@ class Sm90Config:
             raise ValueError(f"rescale_o_before_pv / p_double_buffer need intra_wg_overlap=True ({self})")
         if (self.rescale_o_before_pv or self.p_double_buffer) and self.shared_kv_state:
             raise ValueError("rescale_o_before_pv / p_double_buffer keep their own V state: they need shared_kv_state=False")
+        if self.k_before_q and self.shared_kv_state:
+            raise ValueError("k_before_q orders the separate K/V producer states: it needs shared_kv_state=False")
         if not isinstance(self.pdl, bool) or (self.pdl and not arch.startswith("sm_9")):
             raise ValueError(f"pdl={self.pdl!r} must be a bool, True only on sm_90a (griddepcontrol)")
         if self.ctas_per_sm not in (1, 2) or (self.ctas_per_sm == 2 and self.consumer_warpgroups != 1):

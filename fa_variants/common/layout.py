@@ -66,3 +66,20 @@ def quad_allreduce(x: Float32, op: cutlass.Constexpr) -> Float32:
     x = op(x, cute.arch.shuffle_sync_bfly(x, offset=2))
     x = op(x, cute.arch.shuffle_sync_bfly(x, offset=1))
     return x
+
+
+def convert_in_pairs(src: cute.Tensor, dst: cute.Tensor) -> None:
+    """dst = src converted to dst's element type, two values per conversion: values 2i and 2i + 1 of both
+    tensors' logical (column-major) order, which for an MMA fragment are adjacent in one 32-bit register of
+    a 16-bit dst (mode 0 starts with a 2 of stride 1). Same rounding as ``dst.store(src.load().to(...))``
+    (round to nearest); on nvidia-cutlass-dsl 4.8.1 the whole-tensor conversion of a fragment whose size is
+    not a power of two (64 x 80 or 64 x 176 per warpgroup) lowers to one F2FP per value plus a PRMT per pair,
+    each pair here to one packed F2FP."""
+    n = cute.size(dst)
+    if n % 2 != 0 or cute.size(src) != n:
+        raise ValueError(f"convert_in_pairs: {n} and {cute.size(src)} values; needs the same even count")
+    pairs = cute.make_layout((2, n // 2), stride=(1, 2))
+    src2 = cute.make_tensor(src.iterator, cute.composition(src.layout, pairs))
+    dst2 = cute.make_tensor(dst.iterator, cute.composition(dst.layout, pairs))
+    for i in range(n // 2):  # unrolled at trace time (a static fragment)
+        dst2[None, i].store(src2[None, i].load().to(dst.element_type))

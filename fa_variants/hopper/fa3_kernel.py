@@ -15,7 +15,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from fa_variants.common import pack_gqa
 from fa_variants.common.config import Sm90Config
-from fa_variants.common.layout import acc_as_operand_a, transpose_view
+from fa_variants.common.layout import acc_as_operand_a, convert_in_pairs, transpose_view
 from fa_variants.common.layout import rows_cols as acc_rows_cols
 from fa_variants.common.mask import AttentionMask, BlockInfo
 from fa_variants.common.sm90 import WARPGROUP_THREADS, NamedBarrier, make_row_major_smem_layout, make_tiled_mma, wgmma
@@ -156,6 +156,13 @@ class FlashAttention3Sm90:
             softmax_scale_log2, num_m_blocks, qhead_per_kvhead, l2_heads, extras,
         ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=self.cfg.ctas_per_sm,
                                           use_pdl=self.cfg.pdl, **self._carveout())
+
+    def _convert(self, src: cute.Tensor, dst: cute.Tensor):
+        """dst (16-bit registers) = src (fp32 registers): in pairs with ``convert_pairs``, else in one conversion."""
+        if const_expr(self.cfg.convert_pairs):
+            convert_in_pairs(src, dst)
+        else:
+            dst.store(src.load().to(dst.element_type))
 
     def _carveout(self) -> dict:
         """Two CTAs per SM: ask for the whole shared-memory carveout (percent), which also spares the DSL a driver
@@ -357,15 +364,19 @@ class FlashAttention3Sm90:
         tVsV, tVgV = cpasync.tma_partition(tma_v, 0, one, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
 
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        first_k = self.cfg.k_before_q and not self.cfg.shared_kv_state
+        if const_expr(first_k):  # the first K tile's load goes out before Q's (flash-attn-4's order)
+            k_state = self._load(tma_k, tKgK, tKsK, pipe_k, k_state, self._tile(n_start, n_blocks - 1))
         pipe_q.producer_acquire(q_state)
         cute.copy(tma_q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
 
-        k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         if const_expr(self.cfg.shared_kv_state):
             self._produce_shared(tKgK, tKsK, tVgV, tVsV, tma_k, tma_v, pipe_k, pipe_v, k_state, n_blocks, n_start)
             return
         v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-        k_state = self._load(tma_k, tKgK, tKsK, pipe_k, k_state, self._tile(n_start, n_blocks - 1))
+        if const_expr(not first_k):
+            k_state = self._load(tma_k, tKgK, tKsK, pipe_k, k_state, self._tile(n_start, n_blocks - 1))
         for i in cutlass.range(n_blocks - 1, unroll=1):
             n = self._tile(n_start, n_blocks - 2 - i)
             if const_expr(self.overlap):  # consumers want K_n before V_{n+1}
@@ -519,7 +530,7 @@ class FlashAttention3Sm90:
         """O: registers -> shared memory (stmatrix) -> global memory (one TMA store, clipped at
         seqlen_q). LSE: straight from registers, by the thread holding column 0 of each row."""
         rO = cute.make_rmem_tensor_like(acc_O, self.out_dtype)
-        rO.store(acc_O.load().to(self.out_dtype))
+        self._convert(acc_O, rO)
         consumers = self.num_wg * WARPGROUP_THREADS
         cute.arch.barrier(barrier_id=int(NamedBarrier.EPILOGUE), number_of_threads=consumers)  # Q reads done
         stmatrix = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.out_dtype)
@@ -608,7 +619,7 @@ class _StepContext:
 
     def to_p(self, acc_S):
         """P (fp32 accumulator) -> 16-bit A operand of the PV GEMM, in registers."""
-        self.tOrP.store(acc_as_operand_a(acc_S).load().to(self.k.dtype))
+        self.k._convert(acc_as_operand_a(acc_S), self.tOrP)
 
     def pv(self, v_state, n_block, wait: int, accumulate=None):
         """Issue O += P V_n (one WGMMA group; ``wait`` as in ``common.sm90.wgmma``); O = P V_n where the
@@ -668,7 +679,7 @@ class _StepContext:
     def _write_p(self, acc_S):
         """P -> the A operand of the next P V GEMM: the second buffer under ``p_double_buffer``."""
         if const_expr(self.defer_mode() == 2):
-            self.tOrP_next.store(acc_as_operand_a(acc_S).load().to(self.k.dtype))
+            self.k._convert(acc_as_operand_a(acc_S), self.tOrP_next)
         else:
             self.to_p(acc_S)
 
