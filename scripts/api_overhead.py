@@ -8,7 +8,8 @@ launcher (compiled-kernel lookup, operands, outputs, runtime arguments) and the 
     python scripts/api_overhead.py --device cuda --backend fa3,fa2 --phases   # issue 13's GPU check
 
 Stubbed (the default on the CPU): the dispatcher sees an sm_90 device and the compiled kernel is a Python
-no-op (on the CPU also the torch split-KV merge), so every line of the eager path runs except the GPU launch.
+no-op (on the CPU also the torch split-KV merge; the split scratch cached as on a CUDA stream), so every line of
+the eager path runs except the GPU launch. FA_VARIANTS_FUSED_MERGE=1: fa3's fused split merge (one launch).
 Real (``--device cuda`` without ``--stub``): a decode shape (B=1, Nq=1, Nk=4096, GQA 32:8, D=128, bf16).
 
 Per backend it prints the minimum and median over rounds of the mean time per call (microseconds):
@@ -66,7 +67,7 @@ def per_call_us(fn, calls: int, rounds: int, sync=lambda: None, *, count_sync: b
 def stubbed_kernel(backend: str, device: str):
     """The compiled kernel replaced by a no-op (and, on the CPU, the device seen as the backend's GPU)."""
     from fa_variants import dispatch
-    from fa_variants.common import cache, interop, launch, split
+    from fa_variants.common import cache, interop, launch, split, workspace
 
     def fake_compiled(cfg, build):
         return cache.Compiled(cfg, lambda *args: None, 0.0, None, 0)
@@ -79,6 +80,8 @@ def stubbed_kernel(backend: str, device: str):
             stack.enter_context(mock.patch.object(interop, "device_arch", lambda d=None: ARCH[capability]))
             stack.enter_context(mock.patch.object(torch.cuda, "device", lambda d: contextlib.nullcontext()))
             stack.enter_context(mock.patch.object(split, "sm_count", lambda index=0: 132))  # an H100/H200
+            # split-KV scratch cached as on a CUDA stream (common.workspace), not allocated per call
+            stack.enter_context(mock.patch.object(workspace, "CACHE_CPU", True))
         launch._KERNELS.clear()
         dispatch.clear_cache()
         try:

@@ -20,6 +20,19 @@ Variants (``VARIANTS``), each fa3 through ``hopper.fa3.run`` with an explicit pa
 * ``deep+pdl2/2`` half the heuristic's split count (shapes it splits), to see if the merge-free side pays;
 * ``deep+pdl2 nosplit`` one CTA per (batch, KV head) walking all tiles (shapes the heuristic splits): no merge.
 
+Variants through the public path (``PUBLIC``: ``fa_variants.attention`` with fa3's module switches set for the
+call, so any seqlen_q works and the split count is `auto`'s):
+
+* ``two``         split-KV + the merge kernel (FUSED_MERGE "off", no PDL, base tiles): today's default;
+* ``fused``       the merge inside the split kernel (``Sm90Config.fused_merge``, FUSED_MERGE "all"): one launch
+                  (at seqlen_q > 1 too: FUSED_MERGE "decode" is ``fused`` at seqlen_q = 1 and ``two`` elsewhere);
+* ``fused+pdl2``  and the split kernel a programmatic dependent (DECODE_PDL);
+* ``dual+fused+pdl2``  and two CTAs per SM (DECODE_TILES "dual");
+* ``dual+two+pdl2``    dual tiles, PDL, two kernels (``dual+pdl2`` through the public path, any seqlen_q).
+
+``--wins`` adds ``WINS``: shapes ours already wins (split at seqlen_q 4 / 16, or unsplit at batch 64), to show
+that a default change does not lose them; shapes are (head_dim, heads, heads_kv, batch, seqlen_k[, seqlen_q]).
+
 Every variant's output is compared with SDPA's once (max |difference| < 0.02, else the row is marked BAD: a
 PDL race would show here). Timing: per shape, each entry's calls captured in a CUDA graph (``calls`` per graph,
 about 1 ms of work, 5..50), replayed ``--reps`` times and timed with CUDA events, median per round; ``--rounds``
@@ -56,6 +69,10 @@ MISSES = [
     (128, 32, 8, 8, 4096), (128, 32, 8, 64, 1024), (128, 64, 8, 1, 1024), (128, 64, 8, 1, 4096),
     (128, 64, 8, 8, 1024), (128, 64, 8, 8, 131072), (128, 64, 8, 64, 1024), (128, 64, 8, 64, 4096),
 ]
+# shapes ours won on 2026-12-01 (bench/h200-2026-12-01/decode_packed.md), split (seqlen_q 4 / 16 at batch 1 and 8) or
+# not (batch 64): a default change must not lose them
+WINS = [(128, 32, 8, 1, 4096, 16), (64, 32, 8, 1, 32768, 4), (128, 64, 8, 8, 32768, 16), (128, 32, 8, 64, 4096, 16),
+        (64, 64, 8, 1, 1024, 16), (128, 32, 8, 8, 1024, 4)]
 ALL_NQ1 = [(d, h, 8, b, nk) for d in (64, 128) for h in (32, 64) for b in (1, 8, 64)
            for nk in (1024, 4096, 32768, 131072)]
 
@@ -71,6 +88,16 @@ VARIANTS = {
     "deep+pdl2/2": ("deep", "half", True, True),
     "deep+pdl2 nosplit": ("deep", "none", False, True),
 }
+#: name -> fa3 module switches set for each call of the public path (the rest as shipped: see ``flags``)
+PUBLIC = {
+    "two": dict(FUSED_MERGE="off"),
+    "fused": dict(FUSED_MERGE="all"),
+    "fused+pdl2": dict(FUSED_MERGE="all", DECODE_PDL=True),
+    "dual+fused+pdl2": dict(FUSED_MERGE="all", DECODE_PDL=True, DECODE_TILES_CHOICE="dual"),
+    "dual+two+pdl2": dict(FUSED_MERGE="off", DECODE_PDL=True, DECODE_TILES_CHOICE="dual"),
+}
+#: the switches PUBLIC sets, at their shipped values (a variant sets all of them, its own on top)
+SHIPPED = dict(FUSED_MERGE="off", DECODE_PDL=False, DECODE_TILES_CHOICE="base")
 NUM_SMS_DEFAULT = 132  # H100/H200 SXM, for --plan without a GPU
 
 
@@ -78,15 +105,52 @@ def heuristic_splits(config, shape, num_sms: int) -> int:
     """``hopper.fa3.num_splits_for`` for a packed seqlen_q = 1 config, without tensors."""
     from fa_variants.common import split
 
-    d, h, hkv, b, nk = shape
+    d, h, hkv, b, nk = shape[:5]
     m_blocks = -(-(h // hkv) // config.tile_m)
     return split.num_splits_heuristic(m_blocks * hkv * b, -(-nk // config.tile_n), num_sms)
+
+
+def seqlen_q(shape) -> int:
+    return shape[5] if len(shape) > 5 else 1
+
+
+def flags(name: str) -> dict:
+    """The fa3 module switches of public variant `name` (``PUBLIC``; "auto": as the environment left them)."""
+    return dict(SHIPPED, **PUBLIC[name])
+
+
+def set_flags(fa3, values: dict) -> None:
+    for attr, value in values.items():
+        setattr(fa3, attr, value)
+
+
+def public_entry(name: str, shape, num_sms: int):
+    """(config or None (unsplit default), split count) that `auto` runs at `shape` with variant `name`'s switches,
+    worked out on meta tensors with `num_sms` SMs."""
+    import torch
+
+    from fa_variants.common import split
+    from fa_variants.hopper import fa3
+
+    d, h, hkv, b, nk = shape[:5]
+    q = torch.empty(b, seqlen_q(shape), h, d, dtype=torch.bfloat16, device="meta")
+    k = torch.empty(b, nk, hkv, d, dtype=torch.bfloat16, device="meta")
+    saved = {a: getattr(fa3, a) for a in SHIPPED} | {"_auto_splits": fa3._auto_splits}
+    try:
+        set_flags(fa3, flags(name))
+        fa3._auto_splits = lambda ctas, n_blocks, index: split.num_splits_heuristic(ctas, n_blocks, num_sms)
+        config = fa3._problem_config(None, q, k, True)
+        return config, 1 if config is None or config.num_splits == 1 else fa3.num_splits_for(config, q, k, True)
+    finally:
+        set_flags(fa3, saved)
 
 
 def entry(name: str, shape, num_sms: int):
     """(config, forced split count or None, pdl) of variant `name` at `shape`, or None where it does not apply."""
     from fa_variants.hopper import fa3
 
+    if seqlen_q(shape) > 1:
+        return None  # the explicit packed configs are seqlen_q = 1 views (PUBLIC variants cover the rest)
     tiles, policy, pdl, kernel_pdl = VARIANTS[name]
     d = shape[0]
     if tiles != "base" and not fa3.DECODE_TILES[tiles].get(d):
@@ -107,6 +171,11 @@ def plan(shapes, variants, num_sms: int) -> list[dict]:
     rows = []
     for shape in shapes:
         for name in variants:
+            if name in PUBLIC:
+                config, splits = public_entry(name, shape, num_sms)
+                rows.append(dict(shape=shape, variant=name, splits=splits, pdl=bool(config and config.pdl),
+                                 config=config, public=True))
+                continue
             e = entry(name, shape, num_sms)
             if e is not None:
                 cfg, forced, pdl = e
@@ -130,18 +199,25 @@ def _compile_one(item) -> str:
     return f"{kind} D{d} {time.time() - t:.0f}s"
 
 
+def plan_items(rows) -> set:
+    """(kind, head_dim, config) of every kernel the plan needs (``_compile_one``'s items)."""
+    from fa_variants.hopper import fa3
+
+    items = {("fa3", r["shape"][0], r["config"]) for r in rows if r["config"] is not None}
+    for d in {r["shape"][0] for r in rows}:  # auto's own configs, and both merges
+        items |= {("fa3", d, fa3._PACKED_SPLIT_CONFIGS[d]), ("fa3", d, fa3._PACKED_CONFIGS[d]),
+                  ("merge", d, False), ("merge", d, True)}
+    return items
+
+
 def precompile(rows, jobs: int) -> None:
     """Every kernel the plan needs, compiled in `jobs` processes into the disk cache (loaded later)."""
     from fa_variants.common import diskcache
-    from fa_variants.hopper import fa3
 
     if not diskcache.enabled():
         print("precompile skipped: the disk cache is off (FA_VARIANTS_DISK_CACHE); kernels compile on first use")
         return
-    items = {("fa3", r["shape"][0], r["config"]) for r in rows}
-    for d in {r["shape"][0] for r in rows}:  # auto's own configs, and both merges
-        items |= {("fa3", d, fa3._PACKED_SPLIT_CONFIGS[d]), ("fa3", d, fa3._PACKED_CONFIGS[d]),
-                  ("merge", d, False), ("merge", d, True)}
+    items = plan_items(rows)
     t = time.time()
     import multiprocessing
 
@@ -166,6 +242,16 @@ class _Forced:
 
 
 def make_fn(row, q, k, v, fa3, split_combine):
+    if row.get("public"):
+        import fa_variants
+
+        values = flags(row["variant"])
+
+        def public():
+            split_combine.MERGE_PDL = False
+            set_flags(fa3, values)
+            return fa_variants.attention(q, k, v, causal=True)
+        return public
     cfg, forced, pdl = row["config"], row.get("forced"), row["pdl"]
 
     def fn():
@@ -209,10 +295,12 @@ def run(a, shapes, rows) -> int:
     from fa_variants.hopper import fa3
 
     results = []
+    shipped = {a: getattr(fa3, a) for a in SHIPPED}  # `auto`: the switches as the environment set them
     for i, shape in enumerate(shapes):
-        d, h, hkv, b, nk = shape
+        d, h, hkv, b, nk = shape[:5]
+        nq = seqlen_q(shape)
         g = torch.Generator(device="cuda").manual_seed(i)
-        q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
+        q = torch.randn(b, nq, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
         k = torch.randn(b, nk, hkv, d, device="cuda", dtype=torch.bfloat16, generator=g)
         v = torch.randn_like(k)
         def sdpa():
@@ -221,6 +309,7 @@ def run(a, shapes, rows) -> int:
 
         def auto():
             split_combine.MERGE_PDL = False
+            set_flags(fa3, shipped)
             return fa_variants.attention(q, k, v, causal=True)
 
         fns = {"sdpa": sdpa, "auto": auto}
@@ -228,6 +317,7 @@ def run(a, shapes, rows) -> int:
         for r in mine:
             fns[r["variant"]] = make_fn(r, q, k, v, fa3, split_combine)
         res = dict(shape=shape, us={}, err={}, splits={r["variant"]: r["splits"] for r in mine})
+        set_flags(fa3, shipped)
         res["splits"]["auto"] = fa3.auto_num_splits(q, k, True)
         names = list(fns)
         for name in names:
@@ -248,10 +338,11 @@ def run(a, shapes, rows) -> int:
                 except Exception as exc:  # noqa: BLE001 - e.g. a launch that graph capture refuses
                     res["err"][name] = f"timing: {type(exc).__name__}: {str(exc).splitlines()[0][:100]}"
         split_combine.MERGE_PDL = False
+        set_flags(fa3, shipped)
         res["us"] = {n: statistics.median(t) for n, t in per_round.items() if t}
         results.append(res)
         best = min(res["us"], key=res["us"].get) if res["us"] else "-"
-        print(f"[{i + 1}/{len(shapes)}] D{d} {h}:{hkv} B{b} Nk{nk}: sdpa {res['us'].get('sdpa', math.nan):.1f} "
+        print(f"[{i + 1}/{len(shapes)}] {label(shape)}: sdpa {res['us'].get('sdpa', math.nan):.1f} "
               f"auto {res['us'].get('auto', math.nan):.1f} best {best} {res['us'].get(best, math.nan):.1f} us", flush=True)
         del q, k, v
         torch.cuda.empty_cache()
@@ -269,13 +360,17 @@ def run(a, shapes, rows) -> int:
     return 0
 
 
+def label(shape) -> str:
+    d, h, hkv, b, nk = shape[:5]
+    return f"D{d} {h}:{hkv} B{b} Nk{nk}" + (f" Nq{seqlen_q(shape)}" if seqlen_q(shape) > 1 else "")
+
+
 def summary(results, variants) -> str:
     """Markdown: per shape GPU us of SDPA and the ratio ours / SDPA per variant (BAD: output off, -: n/a);
     then per variant the shapes <= SDPA and the geometric mean ratio over the shapes it ran."""
     head = "| shape | sdpa us | " + " | ".join(variants) + " |\n|" + "---|" * (len(variants) + 2)
     lines, wins, logs = [head], {v: [0, 0] for v in variants}, {v: [] for v in variants}
     for r in results:
-        d, h, hkv, b, nk = r["shape"]
         s = r["us"].get("sdpa")
         cells = []
         for v in variants:
@@ -292,8 +387,8 @@ def summary(results, variants) -> str:
                 cells.append(f"{x:.2f} ({r['splits'].get(v, '?')})")
             else:
                 cells.append("?")
-        lines.append(f"| D{d} {h}:{hkv} B{b} Nk{nk} | {s:.1f} | " + " | ".join(cells) + " |" if s else
-                     f"| D{d} {h}:{hkv} B{b} Nk{nk} | ? | " + " | ".join(cells) + " |")
+        lines.append(f"| {label(r['shape'])} | {s:.1f} | " + " | ".join(cells) + " |" if s else
+                     f"| {label(r['shape'])} | ? | " + " | ".join(cells) + " |")
     lines.append("")
     lines.append("ratio ours / SDPA GPU time (split count in parentheses); per variant: shapes <= SDPA / shapes run, "
                  "geomean ratio")
@@ -308,14 +403,15 @@ def main() -> int:
     p.add_argument("--plan", action="store_true", help="print the plan and exit (no GPU needed)")
     p.add_argument("--compile-only", action="store_true", help="compile the plan's kernels into the disk cache, exit")
     p.add_argument("--all-nq1", action="store_true", help="all 48 seqlen_q = 1 shapes, not only the 32 misses")
-    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument("--wins", action="store_true", help="also the WINS shapes (seqlen_q 4 / 16, batch 64)")
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS) + list(PUBLIC))
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--reps", type=int, default=5, help="graph replays per timing (median)")
     p.add_argument("--jobs", type=int, default=min(12, os.cpu_count() or 1), help="parallel compile processes")
     p.add_argument("--out", default=os.path.join(os.environ["OUT"], "decode_ab") if os.environ.get("OUT")
                    else "results/decode2/decode_ab")
     a = p.parse_args()
-    shapes = ALL_NQ1 if a.all_nq1 else MISSES
+    shapes = (ALL_NQ1 if a.all_nq1 else MISSES) + (WINS if a.wins else [])
     gpu = not (a.plan or a.compile_only)
     if gpu:
         import torch
@@ -329,8 +425,8 @@ def main() -> int:
         num_sms = NUM_SMS_DEFAULT
     rows = plan(shapes, a.variants, num_sms)
     for r in rows:
-        e = entry(r["variant"], r["shape"], num_sms)
-        r["forced"] = e[1]
+        if not r.get("public"):
+            r["forced"] = entry(r["variant"], r["shape"], num_sms)[1]
     if a.plan:
         from fa_variants.hopper import fa3
 
@@ -338,8 +434,8 @@ def main() -> int:
               f"entries; {a.rounds} rounds; {len({(r['shape'][0], r['config']) for r in rows})} fa3 configs to compile")
         for shape in shapes:
             cfg = fa3.decode_tiles(fa3._PACKED_SPLIT_CONFIGS[shape[0]], shape[0], "base")
-            print(f"  D{shape[0]} {shape[1]}:{shape[2]} B{shape[3]} Nk{shape[4]}: auto splits "
-                  f"{heuristic_splits(cfg, shape, num_sms)}; " + ", ".join(
+            auto = heuristic_splits(cfg, shape, num_sms) if seqlen_q(shape) == 1 else public_entry("two", shape, num_sms)[1]
+            print(f"  {label(shape)}: auto splits {auto}; " + ", ".join(
                       f"{r['variant']} {r['splits']}" for r in rows if r["shape"] == shape))
         return 0
     precompile(rows, a.jobs)

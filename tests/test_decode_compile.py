@@ -39,6 +39,26 @@ def test_fa3_packed_gqa_compiles_unmasked_without_spills(num_splits):
     assert counts[True] == counts[False]
 
 
+@pytest.mark.parametrize("head_dim,packed,causal", [(128, True, False), (64, False, True)],
+                         ids=["packed-d128", "split-d64-causal"])
+def test_fa3_fused_merge_compiles_without_spills(head_dim, packed, causal):
+    """Sm90Config.fused_merge: the split kernel counts arrivals with a gpu-scope atomic between gpu-scope fences
+    (MEMBAR.GPU; the acquire side invalidates L1: CCTL.IVALL) and merges with 16-byte loads, with no spills (the
+    merge runs inside the consumer branch, after its register increase) and no TMA store."""
+    import re
+
+    base = fa3._PACKED_SPLIT_CONFIGS[head_dim] if packed else fa3._SPLIT_CONFIGS[head_dim]
+    c = registry.compiled(registry.static_config("fa3", "sm_90a", "bf16", head_dim, causal,
+                                                 dataclasses.replace(base, fused_merge=True)))
+    sass = cubin.sass_of(c.cubin)
+    counts, res = cubin.count_sass(sass), cubin.cubin_resources(c.cubin)
+    assert counts["LDL"] == counts["STL"] == 0 and res["spill_bytes"] == 0, (counts, res)
+    assert re.search(r"ATOMG\.E\.ADD\.STRONG\.GPU", sass) and "MEMBAR.ALL.GPU" in sass and "CCTL.IVALL" in sass
+    assert "LDG.E.128" in sass and counts["UTMASTG"] == 0 and counts["HGMMA"] > 0
+    with pytest.raises(ValueError, match="fused_merge"):
+        dataclasses.replace(base, num_splits=1, fused_merge=True).check(head_dim)
+
+
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_80"])
 @pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
 def test_split_merge_kernel_compiles(arch, head_dim):

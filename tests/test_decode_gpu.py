@@ -31,8 +31,12 @@ IDS = ["x".join(map(str, s)) for s in SHAPES]
 
 @pytest.fixture(autouse=True)
 def poisoned(nan_allocations):
+    from fa_variants.common import workspace
+
+    workspace.clear()  # this test's first split workspace is a fresh (NaN-poisoned) allocation
     with nan_allocations():
         yield
+    workspace.clear()
 
 
 @pytest.fixture

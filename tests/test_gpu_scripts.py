@@ -26,7 +26,7 @@ def test_sanitize_summary_line(rc, log, verdict, ok):
 
 @pytest.mark.parametrize("script", ["gpu_memory_fp16.sh", "h200_session.sh", "gpu_check.sh", "cache_gpu.sh",
                                     "decode_gpu.sh", "study_gpu.sh", "decode2_gpu.sh", "quant_gpu.sh",
-                                    "fa3round4_gpu.sh"])
+                                    "fa3round4_gpu.sh", "decode3_gpu.sh"])
 def test_shell_scripts_parse(script):
     subprocess.run(["bash", "-n", str(ROOT / "scripts" / script)], check=True)
 
@@ -150,3 +150,24 @@ def test_bench_build_impls_rejects_unknown_peers():
     impls, notes = build_impls([], ["cudnn", "sdpa-cudnn"])
     assert [i.name for i in impls] == ["sdpa-cudnn"]
     assert len(notes) == 1 and notes[0].startswith("cudnn not run: unknown peer")
+
+
+def test_decode_ab_public_variants():
+    """scripts/decode_ab.py's public-path variants (fa3's module switches per call): `fused` runs the fused split
+    merge where `auto` splits (seqlen_q 1 and 16), never where it does not (batch 64), with `auto`'s split count;
+    the switches are restored after planning; WINS shapes carry seqlen_q in their label."""
+    from fa_variants.hopper import fa3
+
+    ab = load_script("decode_ab")
+    before = {a: getattr(fa3, a) for a in ab.SHIPPED}
+    shapes = [(128, 32, 8, 1, 4096), (128, 32, 8, 1, 4096, 16), (128, 32, 8, 64, 4096, 16)]
+    by = {(r["shape"], r["variant"]): r for r in ab.plan(shapes, ["two", "fused", "dual+fused+pdl2"], 132)}
+    assert {a: getattr(fa3, a) for a in ab.SHIPPED} == before
+    assert by[(shapes[0], "fused")]["config"].fused_merge and not by[(shapes[0], "two")]["config"].fused_merge
+    assert by[(shapes[0], "fused")]["splits"] == by[(shapes[0], "two")]["splits"] == 16
+    assert by[(shapes[1], "fused")]["config"].pack_group == 4 and by[(shapes[1], "fused")]["config"].fused_merge
+    assert by[(shapes[2], "fused")]["splits"] == 1 and not by[(shapes[2], "fused")]["config"].fused_merge
+    dual = by[(shapes[0], "dual+fused+pdl2")]["config"]
+    assert dual.ctas_per_sm == 2 and dual.pdl and dual.fused_merge
+    assert ab.label(shapes[1]) == "D128 32:8 B1 Nk4096 Nq16" and ab.label(shapes[0]) == "D128 32:8 B1 Nk4096"
+    assert all(r.get("public") for r in by.values())

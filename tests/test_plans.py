@@ -195,3 +195,68 @@ def test_fa3_plan_call_views_one_workspace_and_merges_it():
     split.merge(o_parts.unflatten(0, (3, 2)), lse_parts.unflatten(0, (3, 2)), want_out, want_lse)
     assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
     assert args[5] == pytest.approx(0.125 * fa3.LOG2_E) and args[6] == fa3.l2_section_heads(300, 64)
+
+
+def test_fa3_plan_call_fused_merge_arguments(monkeypatch):
+    """Sm90Config.fused_merge: one launch with the partials (the same views as the two-kernel path), then the
+    caller's out / LSE in their packed views and one zeroed int32 counter per query tile of the kernel's view; no
+    finish. On the CPU the scratch is a fresh allocation per call (common.workspace)."""
+    import dataclasses
+
+    from fa_variants.hopper import fa3
+
+    q, k = torch.randn(2, 1, 8, 64, dtype=F16), torch.randn(2, 300, 2, 64, dtype=F16)
+    config = dataclasses.replace(fa3._PACKED_SPLIT_CONFIGS[64], num_splits=3, fused_merge=True)
+    prepare, finish = fa3._plan_call(config, q, k, k, 0.125)
+    assert finish is None
+    out, lse = torch.empty(2, 1, 8, 64, dtype=F16), torch.empty(2, 8, 1)
+    args = prepare(q, k, k, out, lse)
+    assert len(args) == 10
+    pq, po, pl = fa3.pack_gqa_views(q, torch.empty(6, 1, 8, 64), torch.empty(6, 8, 1), 2)
+    _, want_out, want_lse = fa3.pack_gqa_views(q, out, lse, 2)
+    for got, want in ((args[0], pq), (args[3], po), (args[4], pl), (args[7], want_out), (args[8], want_lse)):
+        assert got.shape == want.shape and got.stride() == want.stride()
+    assert args[7].data_ptr() == out.data_ptr() and args[8].data_ptr() == lse.data_ptr()
+    counters = args[9]
+    assert counters.dtype == torch.int32 and counters.numel() == 2 * 2 and not counters.any()  # 2 batches x 2 KV heads
+    with pytest.raises(ValueError, match="fused_merge"):
+        dataclasses.replace(config, num_splits=1).check(64)
+
+
+def test_fa3_fused_merge_switch(monkeypatch):
+    """fa3.FUSED_MERGE (FA_VARIANTS_FUSED_MERGE: off / decode / all) turns fused_merge on in the split configs `auto`
+    and decode_config choose ("decode": packed seqlen_q = 1 only), never in an unsplit one, and is one of the
+    launcher's switches (a flip re-plans)."""
+    from fa_variants.hopper import fa3
+
+    monkeypatch.setattr(fa3, "SPLIT_KV_ENABLED", True)
+    monkeypatch.setattr(fa3, "PACK_GQA_ENABLED", True)
+    monkeypatch.setattr(fa3, "_auto_splits", lambda ctas, n_blocks, index: 8 if ctas < 100 else 1)
+    q, k = torch.randn(1, 1, 32, 128, dtype=F16), torch.randn(1, 4096, 8, 128, dtype=F16)
+    q16 = torch.randn(1, 16, 32, 128, dtype=F16)  # packed in the kernel (pack_group 4)
+    for mode in ("off", "decode", "all"):
+        monkeypatch.setattr(fa3, "FUSED_MERGE", mode)
+        on = mode != "off"
+        assert fa3._problem_config(None, q, k, True).fused_merge is on
+        assert fa3.decode_config(q, k, True, num_splits=4).fused_merge is on
+        assert fa3.decode_config(q, k, True, num_splits=1).fused_merge is False
+        rows = fa3._problem_config(None, q16, k, True)
+        assert rows.pack_group == 4 and rows.num_splits == 0 and rows.fused_merge is (mode == "all")
+        assert fa3.VARIANT.switches()[-1] == mode
+        assert all(c.fused_merge is (on and c.num_splits != 1 and (mode == "all" or c.pack_gqa))
+                   for c in fa3._auto_configs(128))
+    assert fa3.FUSED_MERGE_MODES["1"] == "all" and fa3.FUSED_MERGE_MODES["0"] == "off"
+    big = fa3._problem_config(None, torch.randn(64, 1, 32, 128, dtype=F16), k.expand(64, -1, -1, -1), True)
+    assert big.num_splits == 1 and not big.fused_merge  # 512 packed CTAs: not split, so not fused either
+
+
+def test_workspace_on_the_cpu_is_per_call():
+    """common.workspace: CPU tensors get fresh scratch per call (the cached per-stream buffers are CUDA only)."""
+    from fa_variants.common import workspace
+
+    make = lambda buf, counters: (buf, counters)  # noqa: E731
+    a = workspace.views(torch.device("cpu"), 10, 3, ("g",), make)
+    b = workspace.views(torch.device("cpu"), 10, 3, ("g",), make)
+    assert a[0].numel() == 10 and a[0].dtype == torch.float32 and a[0].data_ptr() != b[0].data_ptr()
+    assert a[1].dtype == torch.int32 and not a[1].any() and a[1].numel() == 3
+    assert workspace.views(torch.device("cpu"), 4, 0, ("g",), make)[1] is None

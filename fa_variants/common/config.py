@@ -116,6 +116,11 @@ class Sm90Config:
         CTAs per SM (128 per thread; producer 24, consumer 232 after setmaxnreg) and must fit twice in the SM's
         shared memory, so that one CTA's prologue and epilogue overlap the other's main loop (decode grids of
         many short CTAs).
+    fused_merge: (split-KV, num_splits != 1) the split kernel merges its partials itself: every CTA stores its
+        partial O and LSE, then counts its arrival at a per-query-tile counter (gpu-scope fence and atomic);
+        the CTA that arrives last merges the query tile into the caller's O and LSE and resets the counter
+        (``hopper.fa3_kernel.FlashAttention3Sm90._merge_if_last``). False: a second kernel merges
+        (``common.split_combine``).
     pack_group: 0, or (with pack_gqa) the group G = num_heads / num_heads_kv fixed at compile time, for any
         seqlen_q: the kernel itself packs row r of a Q tile as query head r % G (of the KV head) at query
         position r // G (``common.pack_gqa``), masking each row causally by its own position. G must divide
@@ -142,6 +147,7 @@ class Sm90Config:
     ctas_per_sm: int = 1
     convert_pairs: bool = False
     k_before_q: bool = False
+    fused_merge: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:
@@ -179,6 +185,8 @@ class Sm90Config:
             raise ValueError("rescale_o_before_pv / p_double_buffer keep their own V state: they need shared_kv_state=False")
         if self.k_before_q and self.shared_kv_state:
             raise ValueError("k_before_q orders the separate K/V producer states: it needs shared_kv_state=False")
+        if not isinstance(self.fused_merge, bool) or (self.fused_merge and self.num_splits == 1):
+            raise ValueError(f"fused_merge={self.fused_merge!r} must be a bool, True only with split-KV (num_splits != 1)")
         if not isinstance(self.pdl, bool) or (self.pdl and not arch.startswith("sm_9")):
             raise ValueError(f"pdl={self.pdl!r} must be a bool, True only on sm_90a (griddepcontrol)")
         if self.ctas_per_sm not in (1, 2) or (self.ctas_per_sm == 2 and self.consumer_warpgroups != 1):

@@ -44,7 +44,7 @@ def cute_dtype(name: str):
     import cutlass
 
     table = {"fp16": cutlass.Float16, "bf16": cutlass.BFloat16, "e4m3": cutlass.Float8E4M3FN,
-             "fp32": cutlass.Float32}
+             "fp32": cutlass.Float32, "int32": cutlass.Int32}
     try:
         return table[name]
     except KeyError:

@@ -29,6 +29,10 @@ with Asynchrony and Low-precision" (2024), sections 3.1 and 3.2:
   the group fixed at compile time (``pack_group``: Q, O, LSE viewed as ((G, seqlen_q)) rows in the kernel,
   ``common.pack_gqa``; causal per row's position). `auto` runs it in 64-row tiles (one consumer warpgroup,
   no ping-pong) when ``pack_helps``.
+* Split-KV (Flash-Decoding, ``common.split``; ``Sm90Config.num_splits``): the K/V tiles of a query tile are cut
+  over several CTAs, each storing an fp32 partial O and its LSE (in ``common.workspace``'s per-stream scratch);
+  the merge kernel (``common.split_combine``) combines them, or, with ``Sm90Config.fused_merge``, the last CTA
+  of each query tile to finish does (an arrival counter per tile, gpu-scope fences and atomic; one launch).
 
 The output goes registers -> shared memory (reusing Q's buffer) -> global memory by a TMA store.
 Ping-pong and intra-warpgroup overlap are switches of the config (``common.config.Sm90Config``, the FA3
@@ -45,7 +49,7 @@ import os
 
 import torch
 
-from fa_variants.common import interop, pack_gqa, split, split_combine
+from fa_variants.common import interop, pack_gqa, split, split_combine, workspace
 from fa_variants.common.cache import StaticConfig
 from fa_variants.common.config import Sm90Config
 from fa_variants.common.launch import Variant
@@ -173,13 +177,21 @@ def default_config(arch: str, head_dim: int, causal: bool) -> Sm90Config:
 def _build(cfg: StaticConfig):
     from cutlass import Int32  # the DSL: only to compile
 
-    from fa_variants.hopper.fa3_kernel import FlashAttention3Sm90
+    from fa_variants.hopper.fa3_kernel import FlashAttention3Sm90, FlashAttention3Sm90FusedMerge
 
-    kernel = FlashAttention3Sm90(interop.cute_dtype(cfg.dtype), cfg.head_dim, cfg.causal, cfg.config)
+    fused = cfg.config.fused_merge and cfg.config.num_splits != 1
+    kernel = (FlashAttention3Sm90FusedMerge if fused else FlashAttention3Sm90)(
+        interop.cute_dtype(cfg.dtype), cfg.head_dim, cfg.causal, cfg.config)
     q, k, v, o, lse, scale, stream = interop.fake_attention_args(cfg.dtype, cfg.head_dim, cfg.align)
-    if kernel.split:  # fp32 partials of (num_splits * batch) batches (see _plan_call)
-        o, lse = _fake_partials(q, cfg.head_dim)
-    return kernel, (q, k, v, o, lse, scale, Int32(1), stream)  # + l2_heads (see l2_section_heads)
+    if not kernel.split:
+        return kernel, (q, k, v, o, lse, scale, Int32(1), stream)  # + l2_heads (see l2_section_heads)
+    o_parts, lse_parts = _fake_partials(q, cfg.head_dim)  # fp32 partials of (num_splits * batch) batches (_plan_call)
+    if not fused:
+        return kernel, (q, k, v, o_parts, lse_parts, scale, Int32(1), stream)
+    import cutlass.cute as cute
+
+    counters = interop.fake_tensor("int32", (cute.sym_int(),), 4)  # one per query tile (_plan_call)
+    return kernel, (q, k, v, o_parts, lse_parts, scale, Int32(1), o, lse, counters, stream)
 
 
 def _fake_partials(q, head_dim: int):
@@ -235,6 +247,27 @@ PACK_GQA_ENABLED = os.environ.get("FA_VARIANTS_PACK_GQA", "1") != "0"
 #: FA_VARIANTS_MERGE_KERNEL=0: ``common.split.merge``, ~20 torch ops). Both add over the splits in a fixed order.
 MERGE_KERNEL = os.environ.get("FA_VARIANTS_MERGE_KERNEL", "1") != "0"
 
+#: Which split-KV calls that `auto` (or ``decode_config``) configures merge inside the split kernel
+#: (``Sm90Config.fused_merge``: the last CTA of each query tile merges; one launch, no merge kernel) instead of by
+#: the merge kernel after it: "off"; "decode", packed seqlen_q = 1 calls only (a tile of G <= 64 real rows: the
+#: last CTA reads G x head_dim x splits partials); "all", every split call (a 64-128-row tile's merge runs in one
+#: CTA, where the merge kernel spreads it over the GPU). FA_VARIANTS_FUSED_MERGE = 0 / off, decode, 1 / all; off by
+#: default until the H200 A/B (scripts/decode3_gpu.sh) shows it faster. Read at each call (``switches``).
+FUSED_MERGE_MODES = {"0": "off", "off": "off", "decode": "decode", "1": "all", "all": "all"}
+FUSED_MERGE = FUSED_MERGE_MODES.get(os.environ.get("FA_VARIANTS_FUSED_MERGE", "off").strip().lower())
+if FUSED_MERGE is None:
+    raise ValueError(f"FA_VARIANTS_FUSED_MERGE={os.environ['FA_VARIANTS_FUSED_MERGE']!r} must be one of "
+                     f"{sorted(FUSED_MERGE_MODES)}")
+
+
+def _merge_mode(config: Sm90Config) -> Sm90Config:
+    """config with ``fused_merge`` as FUSED_MERGE says for it: split configs only (num_splits != 1), and with
+    "decode" only packed seqlen_q = 1 ones (host views: pack_gqa without pack_group); others unchanged."""
+    if config.num_splits == 1:
+        return config
+    fused = FUSED_MERGE == "all" or (FUSED_MERGE == "decode" and config.pack_gqa and not config.pack_group)
+    return config if config.fused_merge == fused else dataclasses.replace(config, fused_merge=fused)
+
 
 def _problem_config(config: Sm90Config | None, q: torch.Tensor, k: torch.Tensor, causal: bool):
     """``config`` when given; else the default config, packed (PACK_GQA_ENABLED, seqlen_q = 1 and GQA) and
@@ -249,7 +282,7 @@ def _problem_config(config: Sm90Config | None, q: torch.Tensor, k: torch.Tensor,
         config = _PACKED_CONFIGS[q.shape[-1]]
     else:
         return None
-    return _packed(config, q, k) if pack else config
+    return _merge_mode(_packed(config, q, k) if pack else config)
 
 
 def pack_helps(seqlen_q: int, num_heads: int, num_heads_kv: int, head_dim: int) -> bool:
@@ -300,8 +333,8 @@ def decode_config(q: torch.Tensor, k: torch.Tensor, causal: bool, *, num_splits:
         if q.shape[1] > 1 and not pack_gqa_fits(group):
             raise ValueError(f"pack_gqa=True: a group of {group} query heads per KV head does not pack at seqlen_q="
                              f"{q.shape[1]} (it must divide {_PACKED_CONFIGS[q.shape[-1]].tile_m} or be a multiple of it)")
-        return dataclasses.replace(_packed(_PACKED_CONFIGS[q.shape[-1]], q, k), num_splits=num_splits)
-    return dataclasses.replace(DEFAULT_CONFIGS[q.shape[-1]], num_splits=num_splits)
+        return _merge_mode(dataclasses.replace(_packed(_PACKED_CONFIGS[q.shape[-1]], q, k), num_splits=num_splits))
+    return _merge_mode(dataclasses.replace(DEFAULT_CONFIGS[q.shape[-1]], num_splits=num_splits))
 
 
 def pack_gqa_fits(group: int) -> bool:
@@ -311,9 +344,10 @@ def pack_gqa_fits(group: int) -> bool:
 
 def _auto_configs(head_dim: int) -> tuple[Sm90Config, ...]:
     """The configs besides the default that `auto` may switch a call to (for `fa-variants warmup`)."""
-    packed = (_PACKED_CONFIGS[head_dim],) + ((_PACKED_SPLIT_CONFIGS[head_dim],) if SPLIT_KV_ENABLED else ())
-    return ((_SPLIT_CONFIGS[head_dim],) if SPLIT_KV_ENABLED else ()) + (
-        tuple(dict.fromkeys(packed + tuple(decode_tiles(c, head_dim) for c in packed))) if PACK_GQA_ENABLED else ())
+    packed = (_PACKED_CONFIGS[head_dim],) + ((_merge_mode(_PACKED_SPLIT_CONFIGS[head_dim]),) if SPLIT_KV_ENABLED else ())
+    return ((_merge_mode(_SPLIT_CONFIGS[head_dim]),) if SPLIT_KV_ENABLED else ()) + (
+        tuple(dict.fromkeys(packed + tuple(_merge_mode(decode_tiles(c, head_dim)) for c in packed)))
+        if PACK_GQA_ENABLED else ())
 
 
 def auto_num_splits(q: torch.Tensor, k: torch.Tensor, causal: bool) -> int:
@@ -357,9 +391,12 @@ def pack_gqa_views(q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, heads_
 def _plan_call(config: Sm90Config, q, k, v, scale: float) -> tuple:
     """(prepare, finish) for tensors of q, k, v's kind (shapes and strides fixed; ``common.launch.Variant.plan_call``):
     the runtime arguments ``(q, k, v, out, lse, scale * log2 e, l2_section_heads)``, with packed GQA views of q,
-    out and LSE (``pack_gqa_views``; not with ``pack_group``, packed inside the kernel) and, when split, fp32 partials of (splits * batch) batches in one workspace
-    (O's then LSE's, each contiguous) that `finish` merges into out, lse (the merge kernel, or ``split.merge``
-    on the CPU / with MERGE_KERNEL off). The view geometry is worked out once here, on meta tensors."""
+    out and LSE (``pack_gqa_views``; not with ``pack_group``, packed inside the kernel). Split: fp32 partials of
+    (splits * batch) batches (O's then LSE's, each contiguous) from ``common.workspace`` (no per-call allocation
+    on a CUDA device: a buffer per stream, its views cached) in place of out and LSE; then either the kernel
+    merges them itself (``config.fused_merge``: out, LSE and the per-query-tile counters follow as arguments) or
+    `finish` does (the merge kernel, or ``split.merge`` on the CPU / with MERGE_KERNEL off). The view geometry is
+    worked out once here, on meta tensors."""
     batch, seqlen_q, heads, head_dim = q.shape
     tail = (scale * LOG2_E, l2_section_heads(k.shape[1], head_dim))
     # a kernel compiled for split-KV (num_splits != 1) writes fp32 partials even when this shape gets one split
@@ -368,37 +405,72 @@ def _plan_call(config: Sm90Config, q, k, v, scale: float) -> tuple:
     o_shape, lse_shape = (splits * batch, seqlen_q, heads, head_dim), (splits * batch, heads, seqlen_q)
     o_size = splits * batch * seqlen_q * heads * head_dim
     meta = torch.empty_strided(q.shape, q.stride(), dtype=q.dtype, device="meta")
-    out_meta = torch.empty(o_shape, dtype=torch.float32 if split_kernel else q.dtype, device="meta")
-    lse_meta = torch.empty(lse_shape, dtype=torch.float32, device="meta")
+    parts_meta = torch.empty(o_shape, dtype=torch.float32, device="meta")
+    parts_lse_meta = torch.empty(lse_shape, dtype=torch.float32, device="meta")
+    out_meta = torch.empty(q.shape, dtype=q.dtype, device="meta")
+    lse_meta = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device="meta")
     pack = config.pack_gqa and not config.pack_group  # pack_group: the kernel packs the rows itself
     if pack:  # views of the same memory: O and LSE land where the unpacked call puts them
         meta, out_meta, lse_meta = pack_gqa_views(meta, out_meta, lse_meta, k.shape[2])
-    q_view, o_view, lse_view = ((t.shape, t.stride()) for t in (meta, out_meta, lse_meta))
+        _, parts_meta, parts_lse_meta = pack_gqa_views(q.new_empty(q.shape, device="meta"), parts_meta,
+                                                       parts_lse_meta, k.shape[2])
+    q_view, o_view, lse_view, po_view, plse_view = (
+        (t.shape, t.stride()) for t in (meta, out_meta, lse_meta, parts_meta, parts_lse_meta))
     if not split_kernel:
         if not pack:
             return (lambda q, k, v, out, lse: (q, k, v, out, lse, *tail)), None
         return (lambda q, k, v, out, lse: (q.as_strided(*q_view), k, v, out.as_strided(*o_view),
                                            lse.as_strided(*lse_view), *tail)), None
 
-    def prepare(q, k, v, out, lse):
-        workspace = torch.empty(o_size + splits * batch * heads * seqlen_q, dtype=torch.float32, device=out.device)
-        return (q.as_strided(*q_view) if pack else q, k, v, workspace.as_strided(*o_view, 0),
-                workspace.as_strided(*lse_view, o_size), *tail)
-
+    device = q.device
+    partials = o_size + splits * batch * heads * seqlen_q
+    fused = config.fused_merge
+    # query tiles of the kernel's view (one counter each): packed, num_heads_kv heads of (group * seqlen_q) rows
+    rows, kv_heads = (seqlen_q * (heads // k.shape[2]), k.shape[2]) if config.pack_gqa else (seqlen_q, heads)
+    tiles = -(-rows // config.tile_m) * kv_heads * batch if fused else 0
     o_parts_strides, lse_parts_strides = _contiguous_strides(o_shape), _contiguous_strides(lse_shape)
+    geometry = ("fa3", o_shape, lse_shape, po_view, plse_view, tiles)
+
+    def scratch(buf, counters):  # kernel views of the partials, the counters (fused) or the merge's views
+        kernel_views = (buf.as_strided(*po_view, 0), buf.as_strided(*plse_view, o_size))
+        if fused:
+            return kernel_views + (counters,)
+        return kernel_views + (buf.as_strided(o_shape, o_parts_strides, 0),
+                               buf.as_strided(lse_shape, lse_parts_strides, o_size))
+
+    if fused:
+        def prepare(q, k, v, out, lse):
+            o_p, lse_p, counters = workspace.views(device, partials, tiles, geometry, scratch)
+            if pack:
+                return (q.as_strided(*q_view), k, v, o_p, lse_p, *tail, out.as_strided(*o_view),
+                        lse.as_strided(*lse_view), counters)
+            return q, k, v, o_p, lse_p, *tail, out, lse, counters
+        return prepare, None
+
+    def prepare(q, k, v, out, lse):
+        views = workspace.views(device, partials, 0, geometry, scratch)
+        return _Args((q.as_strided(*q_view) if pack else q, k, v, views[0], views[1], *tail), views)
+
     if MERGE_KERNEL and q.is_cuda:
         # a pdl kernel's merge is a programmatic dependent of it too; else MERGE_PDL decides
         merge = split_combine.merge_function(q.device, q.dtype, head_dim, True if config.pdl else None)
 
         def finish(args, out, lse):
-            merge(args[3].as_strided(o_shape, o_parts_strides, 0), args[4].as_strided(lse_shape, lse_parts_strides, o_size),
-                  out, lse)
+            merge(args.scratch[2], args.scratch[3], out, lse)
     else:
         def finish(args, out, lse):
-            o_parts = args[3].as_strided(o_shape, o_parts_strides, 0).unflatten(0, (splits, batch))
-            lse_parts = args[4].as_strided(lse_shape, lse_parts_strides, o_size).unflatten(0, (splits, batch))
-            split.merge(o_parts, lse_parts, out, lse)
+            split.merge(args.scratch[2].unflatten(0, (splits, batch)), args.scratch[3].unflatten(0, (splits, batch)),
+                        out, lse)
     return prepare, finish
+
+
+class _Args(tuple):
+    """The kernel's runtime arguments (a tuple), carrying the workspace views `finish` merges from."""
+
+    def __new__(cls, args: tuple, scratch: tuple):
+        self = super().__new__(cls, args)
+        self.scratch = scratch
+        return self
 
 
 def _contiguous_strides(shape: tuple) -> tuple:
@@ -414,7 +486,7 @@ VARIANT = Variant(
     check_config=lambda config, arch, head_dim: config.check(head_dim, arch), build=_build, plan_call=_plan_call,
     operand=_tma_operand, check_problem=_check_problem, problem_config=_problem_config,
     switches=lambda: (SPLIT_KV_ENABLED, PACK_GQA_ENABLED, MERGE_KERNEL, split_combine.MERGE_PDL, DECODE_TILES_CHOICE,
-                      DECODE_PDL),
+                      DECODE_PDL, FUSED_MERGE),
     warm_configs=lambda arch, head_dim, causal: _auto_configs(head_dim))
 
 

@@ -4,6 +4,7 @@ cache (``common.diskcache``) never imports the DSL. Adapted from Dao-AILab/flash
 flash_attn/cute/flash_fwd_sm90.py::FlashAttentionForwardSm90 and NVIDIA/cutlass:
 examples/python/CuTeDSL/cute/hopper/kernel/attention/fmha.py.
 """
+import math
 from dataclasses import dataclass
 
 import cuda.bindings.driver as cuda
@@ -27,6 +28,10 @@ REGISTERS = {1: (24, 240), 2: (24, 240), 3: (32, 160)}
 # Two CTAs per SM (Sm90Config.ctas_per_sm = 2, one consumer warpgroup): 2 x 256 threads x 128 registers at launch;
 # the producer gives 104 back, the consumer takes them: 24 + 232 = 2 x 128.
 REGISTERS_TWO_CTAS = (24, 232)
+# Fused split merge: fp32 columns of a row each thread merges at a time (one 16-byte load per split)
+MERGE_VEC = 4
+LOG2_E = math.log2(math.e)
+LN_2 = math.log(2.0)
 
 
 class FlashAttention3Sm90:
@@ -59,6 +64,9 @@ class FlashAttention3Sm90:
         # Split-KV (common.split): O and LSE are fp32 partials of (num_splits * batch) "batches", the count
         # read from their shape at run time; the default path (num_splits == 1) is untouched.
         self.split = getattr(config, "num_splits", 1) != 1
+        # Split-KV with the merge in the same kernel (``Sm90Config.fused_merge``, ``_merge_if_last``): the last CTA
+        # of a query tile to finish merges the partials into the caller's O and LSE (no second launch).
+        self.fused_merge = self.split and getattr(config, "fused_merge", False)
 
     # ---------------------------------------------------------------------------------------
     # Host side
@@ -111,8 +119,9 @@ class FlashAttention3Sm90:
 
     @cute.jit
     def launch(self, mQ, mK, mV, mO, mLSE, softmax_scale_log2: Float32, l2_heads: Int32, extras: tuple,
-               stream: cuda.CUstream):
-        """Host side shared by the kernel family; ``extras`` (tensors) go unchanged to the device side."""
+               stream: cuda.CUstream, merge: tuple = ()):
+        """Host side shared by the kernel family; ``extras`` (tensors) go unchanged to the device side.
+        ``merge``: (out, lse, counters) of the fused split merge (``FlashAttention3Sm90FusedMerge``), else ()."""
         # (batch, seqlen, heads, head_dim) -> (seqlen, head_dim, heads, batch): TMA boxes and
         # MMA tiles cover the first two modes; LSE (batch, heads, seqlen) -> (seqlen, heads, batch).
         mQ, mK, mO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0])) for t in (mQ, mK, mO)]
@@ -121,6 +130,14 @@ class FlashAttention3Sm90:
         if const_expr(self.pack_group):  # rows ((G, seqlen_q)) of num_heads_kv heads (common.pack_gqa)
             mQ, mO = [pack_gqa.pack_rows(t, self.pack_group, 2) for t in (mQ, mO)]
             mLSE = pack_gqa.pack_rows(mLSE, self.pack_group, 1)
+        if const_expr(self.fused_merge):  # the caller's O and LSE in the same views as the partials
+            mOut, mLSEout, mCount = merge
+            mOut = cute.make_tensor(mOut.iterator, cute.select(mOut.layout, mode=[1, 3, 2, 0]))
+            mLSEout = cute.make_tensor(mLSEout.iterator, cute.select(mLSEout.layout, mode=[2, 1, 0]))
+            if const_expr(self.pack_group):
+                mOut = pack_gqa.pack_rows(mOut, self.pack_group, 2)
+                mLSEout = pack_gqa.pack_rows(mLSEout, self.pack_group, 1)
+            merge = (mOut, mLSEout, mCount)
         D = self.head_dim
 
         tiled_mma_qk = make_tiled_mma(self.dtype, self.num_wg, self.tile_n, b_mn_major=False, a_in_registers=False)
@@ -153,7 +170,7 @@ class FlashAttention3Sm90:
         self.kernel(
             tQ, tK, tV, tO, mLSE, tma_q, tma_k, tma_v, tma_o,
             tiled_mma_qk, tiled_mma_pv, sQ_layout, sO_layout, sKV_layout, sV_layout,
-            softmax_scale_log2, num_m_blocks, qhead_per_kvhead, l2_heads, extras,
+            softmax_scale_log2, num_m_blocks, qhead_per_kvhead, l2_heads, extras, merge,
         ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=self.cfg.ctas_per_sm,
                                           use_pdl=self.cfg.pdl, **self._carveout())
 
@@ -176,11 +193,17 @@ class FlashAttention3Sm90:
         q_words = max(q_bytes, cute.cosize(sO_layout) * out_bytes) // out_bytes
         kv_words, v_words = cute.cosize(sKV_layout), cute.cosize(sV_layout)
 
+        merge_rows = self.tile_m if const_expr(self.fused_merge) else 1
+
         @cute.struct
         class SharedStorage:
             mbar_q: cute.struct.MemRange[cutlass.Int64, 2]
             mbar_k: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
             mbar_v: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
+            # fused split merge (_merge_if_last): the merged LSE of each row of the tile, and the arrival count
+            # this CTA's atomic returned (both inside the first 1 KiB, before sQ's alignment)
+            merge_lse: cute.struct.MemRange[Float32, merge_rows]
+            merge_ticket: cute.struct.MemRange[Int32, 1]
             sQ: cute.struct.Align[cute.struct.MemRange[self.out_dtype, q_words], 1024]  # also O
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, kv_words], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, v_words], 1024]
@@ -214,6 +237,7 @@ class FlashAttention3Sm90:
         qhead_per_kvhead: Int32,
         l2_heads: Int32,
         extras: tuple,
+        merge: tuple,
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
@@ -238,7 +262,7 @@ class FlashAttention3Sm90:
 
         seqlen_q, seqlen_k = self._seqlen_q(mQ), mK.shape[0]
         if const_expr(self.split):
-            if const_expr(not self.cfg.pdl):
+            if const_expr(not self.cfg.pdl and not self.fused_merge):
                 # The merge kernel that follows may start now (it waits for this grid before reading the
                 # partials; common.split_combine, programmatic dependent launch): its launch hides under this grid.
                 cute.arch.griddepcontrol_launch_dependents()
@@ -246,15 +270,23 @@ class FlashAttention3Sm90:
             m_block, head, batch, split_idx = self._split_coords(num_m_blocks, mQ.shape[2], num_splits)
             n_start, n_blocks = self._split_range(m_block, split_idx, num_splits, seqlen_q, seqlen_k)
             out_batch = split_idx * mQ.shape[3] + batch  # partials are (num_splits * batch) batches
+            # fused merge: what the consumer threads need to merge the query tile when this CTA arrives last
+            # (_merge_if_last; its counter index is block_idx // num_splits)
+            last = ()
+            if const_expr(self.fused_merge):
+                last = (storage, merge, (batch * mQ.shape[2] + head) * num_m_blocks + m_block, num_splits,
+                        cute.size(mQ.shape[0]))
             if n_blocks > 0:
                 self._roles(mQ, mK, mV, mO, mLSE, sQ, sK, sV, sO, tma_q, tma_k, tma_v, tma_o, tiled_mma_qk,
                             tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2, qhead_per_kvhead, extras, warp_idx,
-                            m_block, head, batch, out_batch, n_start, n_blocks, seqlen_q, seqlen_k)
+                            m_block, head, batch, out_batch, n_start, n_blocks, seqlen_q, seqlen_k, last)
             else:  # no K/V tile for this split: LSE -inf tells the merge to ignore its (unwritten) O
                 row = cute.arch.thread_idx()[0] - WARPGROUP_THREADS  # consumer thread i: query row i of the tile
                 if row >= 0:
                     if row < self.tile_m and m_block * self.tile_m + row < cute.size(mQ.shape[0]):
                         mLSE[m_block * self.tile_m + row, head, out_batch] = -Float32.inf
+                    if const_expr(self.fused_merge):
+                        self._merge_if_last(mO, mLSE, m_block, head, batch, *last)
         else:
             m_block, head, batch = self._tile_coords(num_m_blocks, mQ.shape[2], mQ.shape[3], l2_heads)
             n_blocks = self._num_kv_blocks(m_block, seqlen_q, seqlen_k)
@@ -266,8 +298,10 @@ class FlashAttention3Sm90:
     def _roles(self, mQ, mK, mV, mO, mLSE, sQ, sK, sV, sO, tma_q, tma_k, tma_v, tma_o, tiled_mma_qk, tiled_mma_pv,
                pipe_q, pipe_k, pipe_v, scale_log2: Float32, qhead_per_kvhead: Int32, extras: tuple, warp_idx: Int32,
                m_block: Int32, head: Int32, batch: Int32, out_batch: Int32, n_start, n_blocks: Int32,
-               seqlen_q: Int32, seqlen_k: Int32):
-        """Producer warp and consumer warpgroups of one CTA over K/V tiles [n_start, n_start + n_blocks)."""
+               seqlen_q: Int32, seqlen_k: Int32, last: tuple = ()):
+        """Producer warp and consumer warpgroups of one CTA over K/V tiles [n_start, n_start + n_blocks);
+        ``last`` (fused split merge): the consumers then run ``_merge_if_last`` with it (inside their branch:
+        code after the producer's register decrease joins it would be held to the producer's registers)."""
         if warp_idx < WARPGROUP_THREADS // 32:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
@@ -284,6 +318,86 @@ class FlashAttention3Sm90:
                 tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2,
                 m_block, n_blocks, seqlen_q, seqlen_k, extras, head, batch, n_start,
             )
+            if const_expr(self.fused_merge):
+                self._merge_if_last(mO, mLSE, m_block, head, batch, *last)
+
+    @cute.jit
+    def _merge_if_last(self, mO, mLSE, m_block: Int32, head: Int32, batch: Int32, storage, merge: tuple, tile: Int32,
+                       num_splits: Int32, rows: Int32):
+        """Fused split merge, run by the consumer threads of every split CTA after its partials are stored:
+        count this split's arrival at the query tile's counter; the CTA that arrives last merges the tile.
+
+        Memory ordering (PTX memory model, release / acquire through fences and one atomic): each thread's
+        partial stores, then a gpu-scope acq_rel fence (release), then a barrier of the consumer threads, then one
+        thread's gpu-scope acq_rel atomic add on the counter; the thread that reads num_splits - 1 (the last
+        split) shares it through shared memory and a barrier, and every thread fences (acquire) before reading
+        the other CTAs' partials. The last CTA sets the counter back to 0 (self-cleaning: the buffer is zeroed
+        once and reused by every later call on the stream)."""
+        mOut, mLSEout, mCount = merge
+        tidx = cute.arch.thread_idx()[0] - WARPGROUP_THREADS
+        consumers = self.num_wg * WARPGROUP_THREADS
+        ticket = storage.merge_ticket.get_tensor(cute.make_layout(1))
+        cute.arch.fence_acq_rel_gpu()  # release: this thread's partial O / LSE stores before the count
+        cute.arch.barrier(barrier_id=int(NamedBarrier.EPILOGUE), number_of_threads=consumers)
+        if tidx == 0:
+            ticket[0] = cute.arch.atomic_add((mCount.iterator + tile).llvm_ptr, Int32(1), sem="acq_rel", scope="gpu")
+        cute.arch.barrier(barrier_id=int(NamedBarrier.EPILOGUE), number_of_threads=consumers)
+        if ticket[0] == num_splits - 1:
+            cute.arch.fence_acq_rel_gpu()  # acquire: the other splits' partials, before reading them
+            sLSE = storage.merge_lse.get_tensor(cute.make_layout(self.tile_m))
+            self._merge_tile(mO, mLSE, mOut, mLSEout, sLSE, tidx, consumers, m_block, head, batch, num_splits, rows)
+            if tidx == 0:
+                mCount[tile] = Int32(0)
+
+    @cute.jit
+    def _merge_tile(self, mO, mLSE, mOut, mLSEout, sLSE, tidx: Int32, consumers: int, m_block: Int32, head: Int32,
+                    batch: Int32, num_splits: Int32, rows: Int32):
+        """O and LSE of the query tile's rows from the num_splits partials (``common.split_combine``'s maths, sums
+        in split order): one thread per row computes LSE = m' + log sum_s exp(LSE_s - m') (m' the max, 0 if every
+        split is empty; -inf when the sum is 0) into shared memory and the caller's LSE; then each thread merges
+        4 columns of a row at a time, O = sum over splits with LSE_s != -inf of exp(LSE_s - LSE) O_s, rounded
+        once to O's dtype. Partials: (rows, head_dim, heads, num_splits * batch), split s of batch b at s B + b."""
+        batches = mOut.shape[3]
+        row0 = m_block * self.tile_m
+        n_rows = cutlass.min(rows - row0, self.tile_m)
+        if tidx < n_rows:
+            r = row0 + tidx
+            m = -Float32.inf
+            for s in cutlass.range(num_splits, unroll=8):
+                m = cutlass.max(m, mLSE[r, head, s * batches + batch])
+            m_safe = m
+            if m == -Float32.inf:
+                m_safe = Float32(0.0)
+            l = Float32(0.0)
+            for s in cutlass.range(num_splits, unroll=8):
+                l += cute.math.exp2((mLSE[r, head, s * batches + batch] - m_safe) * LOG2_E, fastmath=True)
+            lse = -Float32.inf
+            if l != Float32(0.0):
+                lse = m_safe + cute.math.log2(l, fastmath=True) * LN_2
+            sLSE[tidx] = lse
+            mLSEout[r, head, batch] = lse
+        cute.arch.barrier(barrier_id=int(NamedBarrier.EPILOGUE), number_of_threads=consumers)
+        chunks = self.head_dim // MERGE_VEC
+        for u in cutlass.range(tidx, n_rows * chunks, consumers, unroll=1):
+            i = u // chunks
+            r = row0 + i
+            lse = sLSE[i]
+            acc = cute.make_rmem_tensor(cute.make_layout(MERGE_VEC), Float32)
+            acc.fill(0.0)
+            o = cute.make_rmem_tensor(cute.make_layout(MERGE_VEC), Float32)
+            if lse != -Float32.inf:
+                for s in cutlass.range(num_splits, unroll=8):
+                    x = mLSE[r, head, s * batches + batch]
+                    # loaded whether or not the split saw a key and used through a select (an empty split's O is
+                    # unwritten scratch: skipped, never multiplied by 0), so that the loads of the unrolled splits
+                    # do not wait for their LSE: all in flight together
+                    o.store(cute.local_tile(mO[r, None, head, s * batches + batch], (MERGE_VEC,), (u - i * chunks,)).load())
+                    w = cute.math.exp2((x - lse) * LOG2_E, fastmath=True)
+                    keep = x != -Float32.inf
+                    for j in cutlass.range_constexpr(MERGE_VEC):
+                        acc[j] = cutlass.select_(keep, acc[j] + w * o[j], acc[j])
+            dst = cute.local_tile(mOut[r, None, head, batch], (MERGE_VEC,), (u - i * chunks,))
+            dst.store(acc.load().to(self.out_dtype))
 
     @cute.jit
     def _tile_coords(self, num_m_blocks: Int32, num_heads: Int32, batches: Int32, l2_heads: Int32):
@@ -559,6 +673,19 @@ class FlashAttention3Sm90:
             cute.copy(tma_o, tOsO, tOgO)
             cute.arch.cp_async_bulk_commit_group()
             cute.arch.cp_async_bulk_wait_group(0, read=True)  # smem must outlive the store
+
+
+class FlashAttention3Sm90FusedMerge(FlashAttention3Sm90):
+    """``FlashAttention3Sm90`` with split-KV and the merge in the same kernel (``Sm90Config.fused_merge``):
+    ``__call__`` takes the fp32 partials (mO (S*B, Nq, H, D), mLSE (S*B, H, Nq)) where the split kernel does, then
+    the caller's out (B, Nq, H, D) and lse (B, H, Nq), and counters: int32, one per query tile (batch x heads x
+    query tiles of the kernel's view), all 0 before the launch and left at 0 after it."""
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+                 softmax_scale_log2: Float32, l2_heads: Int32, mOut: cute.Tensor, mLSEout: cute.Tensor,
+                 mCount: cute.Tensor, stream: cuda.CUstream):
+        self.launch(mQ, mK, mV, mO, mLSE, softmax_scale_log2, l2_heads, (), stream, merge=(mOut, mLSEout, mCount))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,118 @@
+"""Scratch memory of split-KV calls without a per-call allocation: the fp32 partials (O and LSE of every split)
+and, for the fused merge (``Sm90Config.fused_merge``), the per-query-tile arrival counters.
+
+The rule (who may share a buffer):
+
+* Eager calls on a CUDA device share one buffer per (device, stream), grown on demand (a larger call replaces
+  it; the old one goes back to torch's caching allocator, which only reuses it in that stream's order). Work on
+  one stream runs in order, so consecutive calls reuse the memory safely; two streams never share a buffer (a
+  buffer shared by concurrent streams would race).
+* Calls captured into a CUDA graph (``torch.cuda.is_current_stream_capturing()``) never use those buffers: the
+  partials come from ``torch.empty`` (the graph's private memory pool, alive as long as the graph, one piece
+  per captured call), and the counters from a per-device arena zeroed once outside capture, a fresh slice per
+  captured call that no other call ever gets (so graphs may replay on any stream, concurrently with each other
+  and with eager calls). Before the arena exists (the first call of a process is captured) or when it is used
+  up, a captured call's counters are ``torch.zeros`` (a memset in the graph, replayed each time).
+* Counters are left at 0 by the kernel (the last CTA of each query tile resets its own), so they are zeroed
+  only when allocated.
+* CPU tensors (tests): a fresh allocation per call; with ``CACHE_CPU`` (scripts/api_overhead.py's stubbed CPU
+  run, to time the host path as a CUDA device runs it) one cached buffer, as for one CUDA stream.
+
+``views(...)`` also caches the tensors a plan derives from the buffers (strided views of the partials), per
+(device, stream, geometry), so a call does no tensor op for them; a regrown buffer drops them.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+import torch
+
+#: counters (int32) in each device's arena for captured calls: 64 Ki = 256 KiB, enough for many graphs
+ARENA_COUNTERS = 1 << 16
+#: CPU scratch cached like one CUDA stream's (module docstring; host-time measurements only)
+CACHE_CPU = False
+
+
+class _PerStream:
+    __slots__ = ("partials", "counters", "views")
+
+    def __init__(self):
+        self.partials: torch.Tensor | None = None
+        self.counters: torch.Tensor | None = None
+        self.views: dict = {}
+
+
+_STREAMS: dict[tuple[int, int], _PerStream] = {}
+_ARENAS: dict[int, list] = {}  # device index -> [int32 zeros, next free offset]
+_LOCK = threading.Lock()
+
+
+def _raw_stream(index: int) -> int:
+    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # an int, without building a Stream object
+    return get(index) if get is not None else torch.cuda.current_stream(index).cuda_stream
+
+
+def capturing(device: torch.device) -> bool:
+    """Whether the current stream of a CUDA device is capturing a CUDA graph (False for CPU tensors)."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def views(device: torch.device, partials: int, counters: int, geometry, make: Callable[..., tuple]) -> tuple:
+    """``make(partials_buffer, counters_buffer)`` for scratch of at least ``partials`` float32 and ``counters``
+    int32 (zeros; 0: no counters, the buffer passed is None), under the module docstring's rule; eager CUDA
+    calls get the result cached per (device, stream, geometry). ``geometry``: hashable, fixes what ``make``
+    returns given buffers at least that large."""
+    if device.type != "cuda" and not CACHE_CPU or capturing(device):
+        return make(torch.empty(partials, dtype=torch.float32, device=device),
+                    _captured_counters(device, counters) if counters else None)
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        key = (index, _raw_stream(index))
+    else:
+        key = (-1, 0)
+    slot = _STREAMS.get(key)
+    if slot is not None:
+        hit = slot.views.get(geometry)
+        if hit is not None:
+            return hit
+    with _LOCK:
+        slot = _STREAMS.setdefault(key, _PerStream())
+        if slot.partials is None or slot.partials.numel() < partials:
+            slot.partials = torch.empty(max(partials, 2 * (slot.partials.numel() if slot.partials is not None else 0)),
+                                        dtype=torch.float32, device=device)
+            slot.views = {}
+        if counters and (slot.counters is None or slot.counters.numel() < counters):
+            slot.counters = torch.zeros(max(counters, 256), dtype=torch.int32, device=device)
+            slot.views = {}
+        if counters and device.type == "cuda":
+            reserve_arena(device)  # for later captured calls (zeroed now, outside any capture)
+        hit = slot.views[geometry] = make(slot.partials, slot.counters if counters else None)
+        return hit
+
+
+def reserve_arena(device: torch.device) -> None:
+    """Allocate (zeroed) the device's counter arena for captured calls, unless it exists or a capture runs."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _ARENAS and not capturing(device):
+        _ARENAS[index] = [torch.zeros(ARENA_COUNTERS, dtype=torch.int32, device=device), 0]
+
+
+def _captured_counters(device: torch.device, n: int) -> torch.Tensor:
+    """n zeroed int32 counters that no other call gets (captured calls; CPU: a fresh tensor)."""
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        with _LOCK:
+            arena = _ARENAS.get(index)
+            if arena is not None and arena[1] + n <= arena[0].numel():
+                start = arena[1]
+                arena[1] += -(-n // 64) * 64  # 256-byte steps: each call's counters in their own lines
+                return arena[0][start:start + n]
+    return torch.zeros(n, dtype=torch.int32, device=device)
+
+
+def clear() -> None:
+    """Drop every cached buffer (tests). Captured graphs keep what they reference alive."""
+    with _LOCK:
+        _STREAMS.clear()
+        _ARENAS.clear()
