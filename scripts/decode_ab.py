@@ -351,6 +351,11 @@ def run(a, shapes, rows) -> int:
 
     text = summary(results, ["auto"] + list(a.variants))
     print(f"kernels this process: {cache.cache_info()} (compiles should be 0 after the precompile)")
+    from fa_variants.common import workspace
+
+    used = {index: arena[1] for index, arena in workspace._ARENAS.items()}
+    print(f"fused-merge counters of captured calls: {len(workspace._CAPTURED)} capture slices, arena ints used {used} "
+          f"of {workspace.ARENA_COUNTERS} (a full arena means memsets in the graphs: fused timings too slow)")
     print(text)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

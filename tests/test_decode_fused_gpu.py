@@ -226,6 +226,10 @@ def test_cuda_graph_replay(pdl):
     run()  # compile and plan outside capture (the counter arena is zeroed here)
     graph, outs = _capture(run, 3)
     graph2, outs2 = _capture(run, 2)
+    # one counter slice per capture (the calls of one capture share it, in order), none shared between captures
+    assert len(workspace._CAPTURED) == 2, workspace._CAPTURED.keys()
+    slices = [t.data_ptr() for t in workspace._CAPTURED.values()]
+    assert slices[0] != slices[1]
     for _ in range(3):
         q.copy_(torch.randn_like(q))
         graph.replay()

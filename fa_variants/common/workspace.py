@@ -9,10 +9,13 @@ The rule (who may share a buffer):
   buffer shared by concurrent streams would race).
 * Calls captured into a CUDA graph (``torch.cuda.is_current_stream_capturing()``) never use those buffers: the
   partials come from ``torch.empty`` (the graph's private memory pool, alive as long as the graph, one piece
-  per captured call), and the counters from a per-device arena zeroed once outside capture, a fresh slice per
-  captured call that no other call ever gets (so graphs may replay on any stream, concurrently with each other
-  and with eager calls). Before the arena exists (the first call of a process is captured) or when it is used
-  up, a captured call's counters are ``torch.zeros`` (a memset in the graph, replayed each time).
+  per captured call), and the counters from a per-device arena zeroed once outside capture: one slice per
+  (capture sequence, stream) that no other capture or eager call ever gets (the calls of one capture on one
+  stream run in order, and the counters are self-cleaning), so graphs may replay on any stream, concurrently
+  with each other and with eager calls. Where the capture sequence cannot be read (cudaStreamGetCaptureInfo
+  through cuda.bindings), every captured call gets its own slice. Before the arena exists (the first call of a
+  process is captured) or when it is used up, a captured call's counters are ``torch.zeros`` (a memset in the
+  graph, replayed each time: correct, slower).
 * Counters are left at 0 by the kernel (the last CTA of each query tile resets its own), so they are zeroed
   only when allocated.
 * CPU tensors (tests): a fresh allocation per call; with ``CACHE_CPU`` (scripts/api_overhead.py's stubbed CPU
@@ -48,14 +51,20 @@ _ARENAS: dict[int, list] = {}  # device index -> [int32 zeros, next free offset]
 _LOCK = threading.Lock()
 
 
+# the current stream's handle as an int, without building a Stream object (this runs on every split call)
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_IS_CAPTURING = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+
+
 def _raw_stream(index: int) -> int:
-    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # an int, without building a Stream object
-    return get(index) if get is not None else torch.cuda.current_stream(index).cuda_stream
+    return _RAW_STREAM(index) if _RAW_STREAM is not None else torch.cuda.current_stream(index).cuda_stream
 
 
 def capturing(device: torch.device) -> bool:
     """Whether the current stream of a CUDA device is capturing a CUDA graph (False for CPU tensors)."""
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    if device.type != "cuda":
+        return False
+    return _IS_CAPTURING() if _IS_CAPTURING is not None else torch.cuda.is_current_stream_capturing()
 
 
 def views(device: torch.device, partials: int, counters: int, geometry, make: Callable[..., tuple]) -> tuple:
@@ -98,15 +107,37 @@ def reserve_arena(device: torch.device) -> None:
         _ARENAS[index] = [torch.zeros(ARENA_COUNTERS, dtype=torch.int32, device=device), 0]
 
 
+_CAPTURED: dict[tuple, torch.Tensor] = {}  # (device, capture sequence id, stream) -> its counters
+
+
+def _capture_id(stream: int) -> int | None:
+    """The id of the capture sequence the stream is in (unique in the process), or None if unknown."""
+    try:
+        from cuda.bindings import runtime
+
+        info = runtime.cudaStreamGetCaptureInfo(runtime.cudaStream_t(stream))
+        return int(info[2]) if info[0] == runtime.cudaError_t.cudaSuccess and info[2] is not None else None
+    except Exception:  # noqa: BLE001 - no cuda.bindings, another signature: one slice per call instead
+        return None
+
+
 def _captured_counters(device: torch.device, n: int) -> torch.Tensor:
-    """n zeroed int32 counters that no other call gets (captured calls; CPU: a fresh tensor)."""
+    """n zeroed int32 counters for a captured call (module docstring; CPU: a fresh tensor)."""
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
+        stream = _raw_stream(index)
+        capture = _capture_id(stream)
+        key = (index, capture, stream)
         with _LOCK:
+            hit = _CAPTURED.get(key) if capture is not None else None
+            if hit is not None and hit.numel() >= n:
+                return hit[:n]
             arena = _ARENAS.get(index)
             if arena is not None and arena[1] + n <= arena[0].numel():
                 start = arena[1]
-                arena[1] += -(-n // 64) * 64  # 256-byte steps: each call's counters in their own lines
+                arena[1] += -(-n // 64) * 64  # 256-byte steps: each slice in its own lines
+                if capture is not None:
+                    _CAPTURED[key] = arena[0][start:start + n]
                 return arena[0][start:start + n]
     return torch.zeros(n, dtype=torch.int32, device=device)
 
@@ -116,3 +147,4 @@ def clear() -> None:
     with _LOCK:
         _STREAMS.clear()
         _ARENAS.clear()
+        _CAPTURED.clear()
