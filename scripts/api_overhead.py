@@ -23,7 +23,8 @@ Per backend it prints the minimum and median over rounds of the mean time per ca
 and with ``--phases`` the host time of each phase of a cached call, timed one phase at a time: ``key``
 (`api._call_key`: validation is cached under it), ``plan lookup`` (the dict), ``alloc`` (O and LSE),
 ``launch`` (the plan's launch with given outputs: views, workspace, the compiled kernel's TVM-FFI call(s),
-fa3's merge), and the custom op ``torch.ops.fa_variants.attention`` (what torch.compile graphs call).
+fa3's merge; then its parts: ``prepare`` (the arguments), ``kernel call`` (one TVM-FFI call, the kernel's host
+launcher: TMA descriptors, launch), ``finish`` (the merge kernel's call, two-kernel split only)), and the custom op ``torch.ops.fa_variants.attention`` (what torch.compile graphs call).
 A last line ``SUMMARY`` gives each backend's host us/call and whether it meets 25 us.
 """
 from __future__ import annotations
@@ -140,6 +141,13 @@ def phases(q, k, v, backend: str, calls: int, rounds: int, sync) -> dict[str, fl
     }
     if launch_step is not None:
         steps["launch"] = lambda: launch_step(q, k, v, out, lse)
+    parts = getattr(plan, "steps", None)
+    if parts is not None:  # the launch's parts: the argument views (fa3: packed views, split scratch), the
+        args = parts.prepare(q, k, v, out, lse)  # compiled kernel's TVM-FFI call, the merge (two-kernel split)
+        steps["  prepare"] = lambda: parts.prepare(q, k, v, out, lse)
+        steps["  kernel call"] = lambda: parts.fn(*args)
+        if parts.finish is not None:
+            steps["  finish"] = lambda: parts.finish(args, out, lse)
     steps["custom op"] = lambda: torch.ops.fa_variants.attention(q, k, v, True, None, backend)
     return {name: enqueue_us(fn, calls, rounds, sync)[0] for name, fn in steps.items()}
 

@@ -32,5 +32,5 @@ step overhead 40 python3 scripts/api_overhead.py --device cuda --backend fa3,fa2
 step overhead_fused 25 env FA_VARIANTS_FUSED_MERGE=1 python3 scripts/api_overhead.py --device cuda --backend fa3 --phases --rounds 9
 echo "== pytest_fused"; grep -E "^(FAILED|ERROR)|passed|failed" "$out/logs/pytest_fused.log" | tail -n 12
 echo "== decode_ab"; grep -E "^\| D|geomean|counters of captured" "$out/logs/decode_ab.log" | cut -c1-150 | tail -n 46
-echo "== overhead (two kernels)"; grep -E "host \(enqueue\)|^  (alloc|launch)|^gpu|SUMMARY" "$out/logs/overhead.log"
-echo "== overhead (fused)"; grep -E "host \(enqueue\)|^  (alloc|launch)|^gpu|SUMMARY" "$out/logs/overhead_fused.log"
+echo "== overhead (two kernels)"; grep -E "host \(enqueue\)|^  (key|alloc|launch)|^    [a-z]|^gpu|SUMMARY" "$out/logs/overhead.log"
+echo "== overhead (fused)"; grep -E "host \(enqueue\)|^  (key|alloc|launch)|^    [a-z]|^gpu|SUMMARY" "$out/logs/overhead_fused.log"

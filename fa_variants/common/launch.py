@@ -227,6 +227,7 @@ def launcher(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         return out, lse
 
     run.launch_step = chosen.launch  # diagnostics (scripts/api_overhead.py): the launch alone, outputs given
+    run.steps = chosen  # ... and its parts (prepare, the compiled kernel, finish)
     return run
 
 
@@ -249,7 +250,7 @@ class _Steps:
     """The launch of one config for tensors of a launcher's kind: the compiled kernel and the variant's
     argument steps (`Variant.plan_call`, else `Variant.prepare` / `Variant.finish` per call)."""
 
-    __slots__ = ("launch",)
+    __slots__ = ("launch", "prepare", "fn", "finish")
 
     def __init__(self, variant: Variant, q, k, v, causal: bool, scale: float, config, operands):
         fn, cfg = _kernel(variant, q.device, q.dtype, q.shape[-1], bool(causal), config)
@@ -263,6 +264,7 @@ class _Steps:
             finish = None if variant.finish is None else (
                 lambda args, out, lse, f=variant.finish: f(cfg, args, out, lse))
 
+        self.prepare, self.fn, self.finish = prepare, fn, finish  # diagnostics (scripts/api_overhead.py)
         if finish is None:
             def launch(q, k, v, out, lse):
                 fn(*prepare(q, k, v, out, lse))
