@@ -108,12 +108,7 @@ class FlashAttention1Sm80:
         sQ_layout = sm80.smem_layout(self.dtype, Br, D, self.q_stages)
         sKV_layout = sm80.smem_layout(self.dtype, Bc, D, self.kv_stages)
 
-        @cute.struct
-        class SharedStorage:
-            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
-            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
-
+        SharedStorage = sm80.shared_storage(self.dtype, sQ_layout, sKV_layout)
         self.smem_bytes = SharedStorage.size_in_bytes()
         copy_g2s = sm80.gmem_tiled_copy(self.dtype, D, self.num_threads)
         mma = sm80.tiled_mma(self.dtype, self.num_warps)

@@ -49,12 +49,7 @@ class FlashAttention2Sm80:
         sQ_layout = sm80.smem_layout(self.dtype, Br, D)
         sKV_layout = sm80.smem_layout(self.dtype, Bc, D, self.stages)
 
-        @cute.struct
-        class SharedStorage:
-            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
-            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
-
+        SharedStorage = sm80.shared_storage(self.dtype, sQ_layout, sKV_layout)
         self.smem_bytes = SharedStorage.size_in_bytes()
         copy_g2s = sm80.gmem_tiled_copy(self.dtype, D, self.num_threads)
         copy_s2g = sm80.gmem_tiled_copy(self.dtype, D, self.num_threads, async_copy=False)

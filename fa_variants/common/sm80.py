@@ -1,7 +1,8 @@
 """Ampere (sm80) building blocks shared by the FA1 and FA2 kernels (and usable on sm90 too).
 
 * shared-memory layouts: row-major (rows, head_dim) tiles with an XOR swizzle so that both the
-  16-byte cp.async writes and the ldmatrix reads are free of bank conflicts;
+  16-byte cp.async writes and the ldmatrix reads are free of bank conflicts, and the CTA's shared
+  storage of Q, K and V tiles (`shared_storage`);
 * global -> shared tiled copies with cp.async (16-byte vectors), with row predicates and zero-fill;
 * the warp-level MMA: mma.sync m16n8k16, fp16/bf16 in, fp32 accumulate, warps stacked along M
   (so each warp owns whole rows of S and O: no cross-warp reduction, FA2 paper section 3.2);
@@ -14,7 +15,6 @@ Adapted from NVIDIA/cutlass:examples/python/CuTeDSL/ampere/flash_attention_v2.py
 copies and MMA set-up) and Dao-AILab/flash-attention:flash_attn/cute/ampere_helpers.py::gemm / ::gemm_rs;
 the swizzle rule is CUTLASS's ``Swizzle<B, 3, 3>`` for 16-bit types.
 """
-from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
@@ -40,6 +40,19 @@ def smem_layout(dtype, rows: int, head_dim: int, stages: int | None = None):
         cute.make_layout((8, k_block), stride=(k_block, 1)))
     shape = (rows, head_dim) if stages is None else (rows, head_dim, stages)
     return cute.tile_to_shape(atom, shape, (0, 1) if stages is None else (0, 1, 2))
+
+
+def shared_storage(dtype, sQ_layout, sKV_layout):
+    """The shared-memory struct of an sm80 attention CTA: sQ (`sQ_layout`'s cosize), then sK and sV (each
+    `sKV_layout`'s cosize), each 1024-byte aligned (the swizzle repeats every 8 rows x 128 bytes). FA1 keeps
+    two Q stages in sQ, FA2 one (and reuses it for O in its epilogue)."""
+    @cute.struct
+    class SharedStorage:
+        sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], 1024]
+        sK: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sKV_layout)], 1024]
+        sV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sKV_layout)], 1024]
+
+    return SharedStorage
 
 
 def gmem_tiled_copy(dtype, head_dim: int, num_threads: int, async_copy: bool = True):
