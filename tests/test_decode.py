@@ -199,7 +199,7 @@ def test_split_options_need_fa3_and_no_seqlens_k():
     import fa_variants
 
     q, k, v = torch.randn(1, 1, 4, 64), torch.randn(1, 5, 2, 64), torch.randn(1, 5, 2, 64)
-    with pytest.raises(ValueError, match="fa3 backend only; this call runs on reference"):
+    with pytest.raises(ValueError, match="fa3 and fa2 backends only; this call runs on reference"):
         fa_variants.attention(q, k, v, num_splits=2)
     with pytest.raises(NotImplementedError, match="seqlens_k"):
         fa_variants.attention(q, k, v, pack_gqa=False, seqlens_k=torch.tensor([3], dtype=torch.int32))

@@ -26,7 +26,7 @@ def test_sanitize_summary_line(rc, log, verdict, ok):
 
 @pytest.mark.parametrize("script", ["gpu_memory_fp16.sh", "h200_session.sh", "gpu_check.sh", "cache_gpu.sh",
                                     "decode_gpu.sh", "study_gpu.sh", "decode2_gpu.sh", "quant_gpu.sh",
-                                    "fa3round4_gpu.sh", "decode3_gpu.sh"])
+                                    "fa3round4_gpu.sh", "decode3_gpu.sh", "fa2split_gpu.sh"])
 def test_shell_scripts_parse(script):
     subprocess.run(["bash", "-n", str(ROOT / "scripts" / script)], check=True)
 
@@ -171,3 +171,23 @@ def test_decode_ab_public_variants():
     assert dual.ctas_per_sm == 2 and dual.pdl and dual.fused_merge
     assert ab.label(shapes[1]) == "D128 32:8 B1 Nk4096 Nq16" and ab.label(shapes[0]) == "D128 32:8 B1 Nk4096"
     assert all(r.get("public") for r in by.values())
+
+
+def test_fa2split_bench_plan_and_summary():
+    """scripts/fa2split_bench.py: fa2's split counts on an H200 (B1 decode split, B64 not); the summary's ratios,
+    BAD cells (an output off SDPA's) left out of the geomeans, and the win count."""
+    bench = load_script("fa2split_bench")
+    assert len(bench.shapes()) == 27 and bench.shapes()[-1] == (64, 16, 32768)
+    assert bench.planned_splits((1, 1, 4096), "sm_90a", 132) == 8
+    assert bench.planned_splits((64, 1, 4096), "sm_90a", 132) == 1
+    ok = dict(sdpa=0.0, nosplit=0.001, split=0.002)
+    results = [dict(shape=(1, 1, 4096), splits=8, us=dict(sdpa=10.0, nosplit=120.0, split=8.0), err=ok),
+               dict(shape=(64, 1, 4096), splits=1, us=dict(sdpa=50.0, nosplit=60.0, split=60.0),
+                    err=dict(ok, split=0.5))]
+    text = bench.summary(results)
+    assert "| B1 Nq1 Nk4096 | 10.0 | 120.0 | 8.0 (8) | 0.80 | 15.00 |" in text
+    assert "| B64 Nq1 Nk4096 | 50.0 | 60.0 | BAD (1) | - | - |" in text
+    assert "1/2 shapes timed and correct" in text and "split <= sdpa at 1/1 shapes" in text
+    assert "geomean split/sdpa     0.800" in text
+    assert subprocess.run(["python3", str(ROOT / "scripts" / "fa2split_bench.py"), "--help"],
+                          capture_output=True).returncode == 0

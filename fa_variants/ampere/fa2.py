@@ -19,6 +19,12 @@ section 3.2, written with the CuTe DSL:
 * Any seqlen_q, seqlen_k >= 1: tail rows are predicated (never read out of bounds), zero-filled in
   shared memory, masked in S, and never written. GQA / MQA: query head h reads KV head
   h // (num_heads // num_heads_kv). Any strides with a unit last dimension (16-byte aligned).
+* Split-KV (Flash-Decoding, ``common.split``; ``Sm80Config.num_splits``): when query tiles x heads x batch
+  leave the GPU's CTA slots idle (decode), the K/V tiles of each query tile are cut into contiguous ranges,
+  one CTA each, writing fp32 partial O and LSE; the split-KV merge kernel (``common.split_combine``, the one
+  fa3 uses) combines them by LSE. The count: ``common.split.num_splits_heuristic`` (fa3's) with
+  ``CTAS_PER_SM`` CTAs per SM, chosen per call (`auto`, `problem_config`) or fixed by the caller
+  (``fa_variants.attention(num_splits=)``, ``decode_config``).
 
 The module's ``VARIANT`` record (`common.launch.Variant`) registers it; ``run`` launches it. The kernel class
 lives in ``ampere.fa2_kernel`` (the CuTe DSL), imported only to compile; this module is plain Python + torch.
@@ -28,9 +34,13 @@ bottom-right) and Dao-AILab/flash-attention:flash_attn/cute/flash_fwd.py::FlashA
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
+import os
+
 import torch
 
-from fa_variants.common import interop
+from fa_variants.common import interop, split, split_combine
 from fa_variants.common.cache import StaticConfig
 from fa_variants.common.config import Sm80Config, smem_capacity
 from fa_variants.common.launch import Variant
@@ -84,19 +94,154 @@ def _build(cfg: StaticConfig):
     from fa_variants.ampere.fa2_kernel import FlashAttention2Sm80  # the DSL: only to compile
 
     kernel = FlashAttention2Sm80(interop.cute_dtype(cfg.dtype), cfg.head_dim, cfg.causal, cfg.config)
-    return kernel, interop.fake_attention_args(cfg.dtype, cfg.head_dim, cfg.align)
+    args = interop.fake_attention_args(cfg.dtype, cfg.head_dim, cfg.align)
+    if kernel.split:  # fp32 partials of (num_splits * batch) batches (see _plan_call)
+        args = args[:3] + split_combine.fake_partials(args[0], cfg.head_dim) + args[5:]
+    return kernel, args
 
 
-def _check_problem(config: Sm80Config, q: torch.Tensor, k: torch.Tensor) -> None:
-    b, _, h, _ = q.shape
+def _check_problem(config: Sm80Config | None, q: torch.Tensor, k: torch.Tensor) -> None:
+    b, nq, h, _ = q.shape
     if h > MAX_GRID_YZ or b > MAX_GRID_YZ:
         raise ValueError(f"fa2: num_heads ({h}) and batch ({b}) must each be <= {MAX_GRID_YZ} "
                          "(they index gridDim.y / gridDim.z)")
+    if config is not None and config.num_splits != 1:
+        splits = config.num_splits or split.MAX_SPLITS
+        if -(-nq // config.tile_m) * splits >= 2**31:
+            raise ValueError(f"fa2: ceil({nq}/{config.tile_m}) query tiles x {splits} splits exceed the grid "
+                             "limit 2^31 - 1 (gridDim.x)")
+
+
+# ----- split-KV (Flash-Decoding, common.split) ---------------------------------------------------
+#: CTAs of one SM at a time, as the split heuristic counts them (its `num_sms` argument is SMs x this): two,
+#: the register file's limit for these 128-thread CTAs at up to 255 registers per thread (65536 / (128 x 256)),
+#: or one where two do not fit the arch's shared memory (D 256).
+MAX_CTAS_PER_SM = 2
+
+#: Whether a call without ``config=`` (``auto`` too) may split K/V when the heuristic says so (the same switch
+#: as fa3's, FA_VARIANTS_SPLIT_KV=0 turns both off): a split count changes a result by bf16 rounding only, so
+#: a batch row may differ from the same row called alone within the accuracy bound (docs/edge_cases.md, EC-19).
+SPLIT_KV_ENABLED = os.environ.get("FA_VARIANTS_SPLIT_KV", "1") != "0"
+
+
+def ctas_per_sm(config: Sm80Config, arch: str, head_dim: int) -> int:
+    """CTAs of `config` one SM holds at once (``MAX_CTAS_PER_SM``, fewer when shared memory is short)."""
+    return max(1, min(MAX_CTAS_PER_SM, smem_capacity(arch) // (config.smem_bytes(head_dim) + 1024)))
+
+
+def splits_for_shape(config: Sm80Config, batch: int, seqlen_q: int, heads: int, seqlen_k: int, head_dim: int,
+                     arch: str, num_sms: int) -> int:
+    """The split count of a call of this shape on a GPU of `arch` with `num_sms` SMs: config.num_splits when
+    > 0, else ``common.split.num_splits_heuristic`` (fa3's) from the CTAs without splitting (query tiles x
+    heads x batch), the K/V tiles of a query tile and the CTA slots (num_sms x ``ctas_per_sm``)."""
+    if config.num_splits > 0:
+        return config.num_splits
+    ctas = -(-seqlen_q // config.tile_m) * heads * batch
+    slots = ctas_per_sm(config, arch, head_dim) * num_sms
+    return split.num_splits_heuristic(ctas, -(-seqlen_k // config.tile_n), slots)
+
+
+def _gpu(device: torch.device) -> tuple[str, int]:
+    """(arch, SM count) of a CUDA device."""
+    return interop.device_arch(device), split.sm_count(device.index or 0)
+
+
+def num_splits_for(config: Sm80Config, q: torch.Tensor, k: torch.Tensor) -> int:
+    """``splits_for_shape`` for q (B, Nq, H, D), k (B, Nk, Hkv, D) on q's GPU."""
+    if config.num_splits > 0:
+        return config.num_splits
+    batch, seqlen_q, heads, head_dim = q.shape
+    return _cached_splits(config, batch, seqlen_q, heads, k.shape[1], head_dim, *_gpu(q.device))
+
+
+_cached_splits = functools.lru_cache(maxsize=4096)(splits_for_shape)
+
+
+# The split kernel's tiles: 64 query rows (one 16-row MMA block per warp) and 64 keys. The default 128-row
+# tiles leave the split kernel no register to spare (255 per thread): at D 128 the few values the split adds
+# (its K/V range, the partials' batch index) spilled 24-32 bytes (ptxas, sm_80). A split call is a decode-like
+# one (few query tiles), where 128 rows are mostly idle MMA work; 64 x 64 tiles keep 2 stages of K and V
+# (64 KiB at D 128) in flight per CTA. D 256 on 99 KiB parts: 32 keys.
+SPLIT_CONFIGS = {d: Sm80Config(64, 64, num_splits=0) for d in HEAD_DIMS}
+SMALL_SMEM_SPLIT_CONFIGS = {256: Sm80Config(64, 32, num_splits=0)}
+
+
+@functools.lru_cache(maxsize=64)
+def _split_config(arch: str, head_dim: int) -> Sm80Config:
+    """The split kernel's tiles for an arch and head dim (``SPLIT_CONFIGS``), with the split count chosen per
+    call (num_splits = 0: one compile serves every count). ValueError for an unsupported head_dim."""
+    if head_dim not in SPLIT_CONFIGS:
+        raise ValueError(f"fa2: head_dim {head_dim} has no tile configuration; supported: {sorted(SPLIT_CONFIGS)}")
+    config = SPLIT_CONFIGS[head_dim]
+    if smem_capacity(arch) < config.smem_bytes(head_dim):
+        config = SMALL_SMEM_SPLIT_CONFIGS.get(head_dim, config)
+    return config.check(arch, head_dim)
+
+
+def split_config(arch: str, head_dim: int, num_splits: int = 0) -> Sm80Config:
+    """The config of fa2's split kernel with a fixed split count (1: the default tiles, unsplit)."""
+    if num_splits == 1:
+        return default_config(arch, head_dim, False)
+    return dataclasses.replace(_split_config(arch, head_dim), num_splits=num_splits)
+
+
+def _problem_config(config: Sm80Config | None, q: torch.Tensor, k: torch.Tensor, causal: bool):
+    """``config`` when given; else the split-KV config when SPLIT_KV_ENABLED and the heuristic splits this shape
+    (decode: few query tiles x heads x batch), or None (the default tiles, unsplit)."""
+    if config is not None or not SPLIT_KV_ENABLED:
+        return config
+    probe = _split_config(_gpu(q.device)[0], q.shape[-1])
+    return probe if num_splits_for(probe, q, k) > 1 else None
+
+
+def decode_config(q: torch.Tensor, k: torch.Tensor, causal: bool, *, num_splits: int | None = None,
+                  pack_gqa: bool | None = None) -> Sm80Config:
+    """The config of a call whose split count the caller fixes (``fa_variants.attention(num_splits=)``, checked
+    by ``common.split.check_options``): the split kernel (``split_config``) with ``num_splits`` (1: the default
+    tiles, unsplit), or None: `auto`'s choice. ``pack_gqa``: fa2 does not pack GQA; True raises ValueError."""
+    if pack_gqa:
+        raise ValueError("pack_gqa=True: the fa2 backend does not pack GQA (fa3 does)")
+    arch, head_dim = _gpu(q.device)[0], q.shape[-1]
+    if num_splits is None:
+        return _problem_config(None, q, k, causal) or default_config(arch, head_dim, causal)
+    return split_config(arch, head_dim, num_splits)
+
+
+def auto_num_splits(q: torch.Tensor, k: torch.Tensor, causal: bool) -> int:
+    """The split count a call without ``config=`` runs (q, k) with: 1 when it is not split."""
+    config = _problem_config(None, q, k, causal)
+    return 1 if config is None else num_splits_for(config, q, k)
+
+
+def _plan_call(config: Sm80Config, q, k, v, scale: float) -> tuple:
+    """(prepare, finish) for tensors of q, k, v's kind (``common.launch.Variant.plan_call``): the standard
+    arguments, or for a split kernel the fp32 partials (a workspace per call, ``split_combine.partials_plan``)
+    in place of out, lse, and `finish` merging them into out, lse (the merge kernel, one launch)."""
+    if config.num_splits == 1:
+        return (lambda q, k, v, out, lse: (q, k, v, out, lse, scale)), None
+    batch, seqlen_q, heads, head_dim = q.shape
+    splits = num_splits_for(config, q, k)
+    alloc, merge = split_combine.partials_plan(batch, seqlen_q, heads, head_dim, splits, q.device, q.dtype,
+                                               pdl=False)
+
+    def prepare(q, k, v, out, lse):
+        return (q, k, v, *alloc(), scale)
+
+    def finish(args, out, lse):
+        merge(args[3], args[4], out, lse)
+    return prepare, finish
+
+
+def _warm_configs(arch: str, head_dim: int, causal: bool) -> tuple:
+    """The configs besides the default that `auto` may switch a call to (for `fa-variants warmup`)."""
+    return (_split_config(arch, head_dim),) if SPLIT_KV_ENABLED else ()
 
 
 VARIANT = Variant(
     "fa2", archs=("sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_120a"), dtypes=DTYPES, head_dims=HEAD_DIMS,
-    default_config=default_config, check_config=_check_config, build=_build, check_problem=_check_problem)
+    default_config=default_config, check_config=_check_config, build=_build, check_problem=_check_problem,
+    plan_call=_plan_call, problem_config=_problem_config, switches=lambda: (SPLIT_KV_ENABLED,),
+    warm_configs=_warm_configs)
 
 
 def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, softmax_scale: float,
@@ -105,7 +250,8 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, soft
 
     Args: q (B, Nq, H, D), k and v (B, Nk, Hkv, D), fp16 or bf16, H % Hkv == 0, D in HEAD_DIMS,
     last-dimension stride 1 (other strides anything; inputs not 16-byte aligned are copied);
-    softmax_scale any finite real; `config` overrides the tile table (tile sweeps).
+    softmax_scale any finite real; `config` overrides the tile table (tile sweeps) and the split choice
+    (``Sm80Config.num_splits``; None: the default tiles, split-KV when ``_problem_config`` chooses it).
     Returns (out (B, Nq, H, D) like q, lse float32 (B, H, Nq), natural log).
     Raises ValueError for a shape it cannot serve (head_dim, dtype, H or B above 65535).
     """

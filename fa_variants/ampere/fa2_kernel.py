@@ -26,6 +26,12 @@ class FlashAttention2Sm80:
 
     `__call__(mQ, mK, mV, mO, mLSE, softmax_scale, stream)` is the host side (layouts, grid, launch);
     `kernel` is the device side, which reads top-down like Algorithm 1.
+
+    Split-KV (``tiles.num_splits != 1``, ``common.split``): mO and mLSE are fp32 partials of
+    (num_splits * batch) batches, split s of batch b at s * batch + b, the count read from their shape at run
+    time; grid.x is query tiles x num_splits, and the CTA of split s walks K/V tiles [s n // S, (s + 1) n // S)
+    of the n its query tile needs, writing O normalised by its own row sum and its LSE (-inf for a row that
+    saw no key in the range, or an empty range: the merge then ignores it). The unsplit kernel is unchanged.
     """
 
     def __init__(self, dtype, head_dim: int, causal: bool, tiles: Sm80Config):
@@ -37,6 +43,7 @@ class FlashAttention2Sm80:
         self.num_warps = tiles.warps
         self.num_threads = 32 * tiles.warps
         assert self.stages == 2, "the K/V pipeline below is written for two stages"
+        self.split = tiles.num_splits != 1
         self.smem_bytes = 0  # set when traced
 
     # ------------------------------------------------------------------------------------------
@@ -55,6 +62,8 @@ class FlashAttention2Sm80:
         copy_s2g = sm80.gmem_tiled_copy(self.dtype, D, self.num_threads, async_copy=False)
         mma = sm80.tiled_mma(self.dtype, self.num_warps)
         grid = (cute.ceil_div(mQ.shape[1], Br), mQ.shape[2], mQ.shape[0])
+        if const_expr(self.split):  # the splits of a query tile side by side along grid.x
+            grid = (cute.ceil_div(mQ.shape[1], Br) * (mO.shape[0] // mQ.shape[0]), mQ.shape[2], mQ.shape[0])
         self.kernel(mQ, mK, mV, mO, mLSE, softmax_scale * LOG2_E, sQ_layout, sKV_layout,
                     copy_g2s, copy_s2g, mma, SharedStorage).launch(
             grid=grid, block=[self.num_threads, 1, 1], smem=self.smem_bytes, stream=stream)
@@ -70,15 +79,27 @@ class FlashAttention2Sm80:
         D, Br, Bc = self.head_dim, self.Br, self.Bc
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
+        num_m_blocks, split_idx, num_splits = cute.arch.grid_dim()[0], 0, 1
+        if const_expr(self.split):  # grid.x = query tiles x splits, the splits of a tile adjacent
+            num_splits = mO.shape[0] // mQ.shape[0]
+            num_m_blocks = num_m_blocks // num_splits
+            split_idx = m_block % num_splits
+            m_block = m_block // num_splits
         if const_expr(self.causal):  # the longest rows first: better tail balance across SMs
-            m_block = cute.arch.grid_dim()[0] - 1 - m_block
+            m_block = num_m_blocks - 1 - m_block
         seqlen_q, seqlen_k = mQ.shape[1], mK.shape[1]
         head_kv = head // (mQ.shape[2] // mK.shape[2])  # GQA / MQA
 
         # This CTA's Q tile (Br x D) and the K/V tiles (Bc x D x n) of its KV head.
+        mK_bh, mV_bh = mK[batch, None, head_kv, None], mV[batch, None, head_kv, None]
+        if const_expr(self.split):  # split s: tiles [s n // S, (s + 1) n // S) of the n its Q tile needs
+            n_total = self.blocks.kv_tile_end(m_block, seqlen_q, seqlen_k)
+            kv_lo = split_idx * n_total // num_splits
+            kv_hi = (split_idx + 1) * n_total // num_splits
+            mK_bh, mV_bh = [cute.domain_offset((kv_lo * Bc, 0), t) for t in (mK_bh, mV_bh)]
         gQ = cute.local_tile(mQ[batch, None, head, None], (Br, D), (m_block, 0))
-        gK = cute.local_tile(mK[batch, None, head_kv, None], (Bc, D), (None, 0))
-        gV = cute.local_tile(mV[batch, None, head_kv, None], (Bc, D), (None, 0))
+        gK = cute.local_tile(mK_bh, (Bc, D), (None, 0))
+        gV = cute.local_tile(mV_bh, (Bc, D), (None, 0))
 
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         sQ = storage.sQ.get_tensor(sQ_layout)
@@ -120,6 +141,17 @@ class FlashAttention2Sm80:
         # only the last tile, ceil(seqlen_k / Bc) - 1, can pass seqlen_k, and if needed it comes first
         if const_expr(self.causal):
             n_causal = self.blocks.kv_tile_causal_start(m_block, seqlen_q, seqlen_k)
+        if const_expr(self.split):
+            # This CTA's tiles [kv_lo, kv_hi), numbered from 0 in the K/V views that start at tile kv_lo (above):
+            # key c of the view is key c + kv_lo Bc, so masking it against seqlen_k - kv_lo Bc keys (the
+            # sequence end and the bottom-right diagonal alike) masks the same keys, and the loop below is the
+            # unsplit one. An empty range (kv_hi == kv_lo) runs no step: O = 0, LSE = -inf.
+            n_end = kv_hi - kv_lo
+            if const_expr(self.causal):
+                n_causal = cutlass.max(n_causal - kv_lo, 0)
+            else:
+                n_causal = n_end
+            seqlen_k = seqlen_k - kv_lo * Bc
 
         kv = SimpleNamespace(copy=copy_g2s, tKgK=tKgK, tKsK=tKsK, tVgV=tVgV, tVsV=tVsV, tKVc=tKVc,
                              seqlen_k=seqlen_k)
@@ -157,7 +189,11 @@ class FlashAttention2Sm80:
         # Lines 12-14: O /= l (deferred normalisation), LSE = m + log l; write O_i and L_i
         inv_l, lse = softmax.finalize()
         softmax.rescale(O, inv_l)
-        self.epilogue(acc_O, lse, sQ, mO, mLSE, mma, copy_s2g, tidx, m_block, head, batch, seqlen_q)
+        if const_expr(self.split):
+            self.store_partial(acc_O, lse, mO, mLSE, mma, tidx, m_block, head,
+                               split_idx * mQ.shape[0] + batch, seqlen_q)
+        else:
+            self.epilogue(acc_O, lse, sQ, mO, mLSE, mma, copy_s2g, tidx, m_block, head, batch, seqlen_q)
 
     @cute.jit
     def load_kv(self, kv: SimpleNamespace, tXgX: cute.Tensor, tXsX: cute.Tensor, n: Int32,
@@ -206,6 +242,24 @@ class FlashAttention2Sm80:
         # line 10, second half: O += P V_n, P straight from registers
         sm80.gemm_rs(mm.mma, mm.acc_O, acc_as_operand_a(rP), mm.tOrVt,
                      mm.tOsVt[None, None, None, stage], mm.s2r_V)
+
+    @cute.jit
+    def store_partial(self, acc_O: cute.Tensor, lse: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+                      mma: cute.TiledMma, tidx: Int32, m_block: Int32, head: Int32, out_batch: Int32,
+                      seqlen_q: Int32):
+        """Split-KV epilogue: this split's O (fp32, normalised by its own row sum) and LSE from registers
+        straight to the partials of batch `out_batch` (decode writes a few rows: no shared-memory staging),
+        rows < seqlen_q only; LSE by the thread holding column 0 of each row."""
+        cute.arch.cp_async_wait_group(0)  # no cp.async left in flight at exit (an empty range never waited)
+        tOcO = rows_cols(mma.get_slice(tidx).partition_C(cute.make_identity_tensor((self.Br, self.head_dim))))
+        O = rows_cols(acc_O)
+        for r in cutlass.range_constexpr(cute.size(O, mode=[0])):
+            row = m_block * self.Br + tOcO[r, 0][0]
+            if row < seqlen_q:
+                for c in cutlass.range_constexpr(cute.size(O, mode=[1])):
+                    mO[out_batch, row, head, tOcO[r, c][1]] = O[r, c]
+                if tOcO[0, 0][1] == 0:
+                    mLSE[out_batch, head, row] = lse[r]
 
     @cute.jit
     def epilogue(self, acc_O: cute.Tensor, lse: cute.Tensor, sQ: cute.Tensor, mO: cute.Tensor,

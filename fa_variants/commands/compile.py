@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
 import os
 import sys
@@ -60,13 +61,32 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", required=True, choices=[d for d in DTYPES if d in offered] or DTYPES)
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--sass", action="store_true", help=f"count {', '.join(cubin.SASS_OPCODES)}")
+    parser.add_argument("--num-splits", type=int, default=None, metavar="N",
+                        help="the split-KV kernel (fa2, fa3) as split calls run it, with num_splits=N "
+                             "(0: the count chosen per call; every N != 1 compiles the same kernel)")
+
+
+def split_config(variant: str, arch: str, head_dim: int, causal: bool, num_splits: int):
+    """The config a variant's split-KV calls run with ``num_splits``: its module's ``split_config(arch,
+    head_dim, num_splits)`` when it has one (fa2: its own split tiles), else its default config with
+    num_splits (fa3). UnsupportedConfigError for a variant without split-KV."""
+    record = registry.variant(variant)
+    own = getattr(importlib.import_module(registry.ENTRIES[variant].module), "split_config", None)
+    if callable(own):
+        return own(arch, head_dim, num_splits)
+    config = record.default_config(arch, head_dim, causal) if record.default_config else None
+    if not hasattr(config, "num_splits"):
+        raise registry.UnsupportedConfigError(f"--num-splits: {variant} has no split-KV kernel")
+    return dataclasses.replace(config, num_splits=num_splits)
 
 
 def run_cli(args: argparse.Namespace) -> int:
     os.environ["CUTE_DSL_ARCH"] = args.arch  # read when the DSL loads (below, on first compile)
     try:
-        report = compile_only(args.variant, args.arch, args.head_dim, args.dtype, args.causal, args.sass)
-    except (registry.UnknownVariantError, registry.UnsupportedConfigError) as exc:
+        config = None if args.num_splits is None else split_config(args.variant, args.arch, args.head_dim,
+                                                                    args.causal, args.num_splits)
+        report = compile_only(args.variant, args.arch, args.head_dim, args.dtype, args.causal, args.sass, config)
+    except (registry.UnknownVariantError, registry.UnsupportedConfigError, ValueError) as exc:
         print(f"fa-variants compile: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(report))

@@ -30,13 +30,19 @@ def smem_capacity(arch: str) -> int:
 @dataclasses.dataclass(frozen=True)
 class Sm80Config:
     """tile_m query rows (Br) x tile_n keys (Bc) per step, `warps` warps along tile_m, `stages` K/V
-    buffers, `q_stages` Q buffers (FA1 prefetches the next step's Q tile: 2)."""
+    buffers, `q_stages` Q buffers (FA1 prefetches the next step's Q tile: 2).
+
+    num_splits (FA2 only): split-KV as ``Sm90Config.num_splits``: 1 off; n > 1 the K/V tiles of each query
+    tile shared by n CTAs writing fp32 partial O and LSE, merged by LSE afterwards (``common.split``); 0 the
+    count chosen per call (``ampere.fa2.num_splits_for``). Every value but 1 compiles the same kernel (the
+    count is a runtime value)."""
 
     tile_m: int
     tile_n: int
     warps: int = 4
     stages: int = 2
     q_stages: int = 1
+    num_splits: int = 1
 
     def smem_bytes(self, head_dim: int, elem_bytes: int = 2) -> int:
         """q_stages Q tiles + stages x (K tile + V tile), bytes."""
@@ -52,6 +58,8 @@ class Sm80Config:
             raise ValueError(f"{self}: tile_m must be a multiple of 16 * warps, tile_n and head_dim of 16")
         if self.stages not in (1, 2) or self.q_stages not in (1, 2):
             raise ValueError(f"{self}: stages and q_stages must be 1 or 2")
+        if not isinstance(self.num_splits, int) or isinstance(self.num_splits, bool) or self.num_splits < 0:
+            raise ValueError(f"num_splits={self.num_splits!r} must be an int >= 0 (1: off, 0: chosen per call)")
         return self
 
 

@@ -18,7 +18,7 @@ the first ``PREFETCH`` splits are loaded before the LSE passes, together with th
 staged in shared memory, head_dim splits at a time, by one load per thread (``_stage``), once when there are
 at most head_dim splits (three passes over them otherwise, one memory latency each instead of one per split).
 ``common.split_model.combine_model`` is this maths in torch (CPU tests).
-Plain loads and stores: built for sm_80 and sm_90a. Our own design (no source followed). The kernel class
+Plain loads and stores: built for every arch the fa2 kernel runs on (fa2's and fa3's split-KV merge). Our own design (no source followed). The kernel class
 lives in ``common.split_combine_kernel`` (the CuTe DSL), imported only to compile.
 
 Programmatic dependent launch (``MergeConfig.pdl``, sm_90a; ``MERGE_PDL`` / FA_VARIANTS_MERGE_PDL=1, or a
@@ -79,6 +79,34 @@ def fake_args(dtype: str, head_dim: int, align: int = interop.DEFAULT_ALIGN):
     return o_parts, lse_parts, out, lse, make_fake_stream(use_tvm_ffi_env_stream=True)
 
 
+def fake_partials(q, head_dim: int):
+    """Fake fp32 partials (o_parts (S*B, Nq, H, D), lse_parts (S*B, H, Nq)) for a split-KV kernel whose fake q
+    is (B, Nq, H, D): S*B a fresh dynamic extent (the split count is read from it at run time)."""
+    import cutlass.cute as cute
+
+    splits_x_batch = cute.sym_int()
+    o = interop.fake_tensor("fp32", (splits_x_batch, q.shape[1], q.shape[2], head_dim))
+    lse = interop.fake_tensor("fp32", (splits_x_batch, q.shape[2], q.shape[1]), 4)
+    return o, lse
+
+
+def partials_plan(batch: int, seqlen_q: int, heads: int, head_dim: int, splits: int, device: torch.device,
+                  dtype: torch.dtype, pdl: bool | None = None):
+    """(alloc, finish) for a split-KV call of this shape: ``alloc() -> (o_parts, lse_parts)`` makes one fp32
+    workspace per call (O's partials (splits * batch, seqlen_q, heads, head_dim), then LSE's (splits * batch,
+    heads, seqlen_q), each contiguous: split s of batch b at s * batch + b); ``finish(o_parts, lse_parts, out,
+    lse)`` merges them by LSE into out, lse with the merge kernel (``merge_function``; ``pdl`` as there)."""
+    o_size = splits * batch * seqlen_q * heads * head_dim
+    o_shape, lse_shape = (splits * batch, seqlen_q, heads, head_dim), (splits * batch, heads, seqlen_q)
+    size = o_size + splits * batch * heads * seqlen_q
+
+    def alloc():
+        workspace = torch.empty(size, dtype=torch.float32, device=device)
+        return workspace[:o_size].view(o_shape), workspace[o_size:].view(lse_shape)
+
+    return alloc, merge_function(device, dtype, head_dim, pdl)
+
+
 def _build(cfg: StaticConfig):
     from fa_variants.common.split_combine_kernel import SplitMerge  # the DSL: only to compile
 
@@ -89,7 +117,7 @@ def _build(cfg: StaticConfig):
 # Compiled through the registry ("split-merge", `fa-variants compile --variant split-merge`); never dispatched
 # to (it is not attention): ``merge`` below launches it.
 VARIANT = Variant(
-    "split-merge", archs=("sm_80", "sm_90a"), dtypes=DTYPES, head_dims=HEAD_DIMS,
+    "split-merge", archs=("sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_120a"), dtypes=DTYPES, head_dims=HEAD_DIMS,
     default_config=lambda arch, head_dim, causal: MergeConfig(),
     check_config=lambda config, arch, head_dim: config.check(head_dim, arch), build=_build)
 

@@ -1,0 +1,184 @@
+"""fa2's split-KV plan on the CPU (no GPU, no compile): the split counts the heuristic gives, the config `auto`
+and ``attention(num_splits=)`` choose, the partials' workspace and their merge back into O and LSE.
+
+The kernel itself: tests/test_fa2_split_gpu.py (GPU) and tests/test_fa2_split_compile.py (compile-only).
+"""
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from fa_variants import reference
+from fa_variants.ampere import fa2
+from fa_variants.common import split, split_combine
+from fa_variants.common.config import Sm80Config
+
+H200 = ("sm_90a", 132)
+A100 = ("sm_80", 108)
+
+
+def splits(batch, seqlen_q, heads, seqlen_k, head_dim=128, gpu=H200, causal=True, config=None):
+    config = config or fa2._split_config(gpu[0], head_dim)
+    return fa2.splits_for_shape(config, batch, seqlen_q, heads, seqlen_k, head_dim, *gpu)
+
+
+def test_ctas_per_sm_follows_shared_memory():
+    d128, d256 = fa2.default_config("sm_80", 128, False), fa2.default_config("sm_80", 256, False)
+    assert fa2.ctas_per_sm(d128, "sm_80", 128) == 2       # 64 KiB of 163 KiB: the register file's two
+    assert fa2.ctas_per_sm(d256, "sm_80", 256) == 1       # 160 KiB: one
+    assert fa2.ctas_per_sm(fa2.default_config("sm_86", 256, False), "sm_86", 256) == 1
+    assert fa2.ctas_per_sm(fa2.default_config("sm_90a", 64, False), "sm_90a", 64) == 2
+    assert fa2.ctas_per_sm(fa2._split_config("sm_80", 128), "sm_80", 128) == 2   # 64 x 64 tiles: 80 KiB
+    assert fa2.ctas_per_sm(fa2._split_config("sm_80", 256), "sm_80", 256) == 1
+
+
+def test_split_tiles():
+    assert fa2._split_config("sm_90a", 128) == Sm80Config(64, 64, num_splits=0)
+    assert fa2._split_config("sm_86", 256).tile_n == 32                          # 99 KiB of shared memory
+    assert fa2.split_config("sm_80", 96, 3).num_splits == 3
+    assert fa2.split_config("sm_80", 96, 1) == fa2.default_config("sm_80", 96, False)
+    with pytest.raises(ValueError, match="head_dim 80"):
+        fa2.split_config("sm_80", 80)
+
+
+def test_decode_shapes_split_and_full_grids_do_not():
+    # B1, 32 heads, Nq 1, Nk 4k, D128: 32 CTAs of 64 K/V tiles (tile_n 64) on 264 slots -> 8 splits
+    assert splits(1, 1, 32, 4096) == 8 == split.num_splits_heuristic(32, 64, 2 * 132)
+    assert splits(1, 1, 32, 32768) > 1 and splits(4, 1, 32, 4096, gpu=A100) > 1
+    assert splits(8, 1, 32, 4096) == 1       # 256 CTAs already fill 264 slots (H200)
+    assert splits(8, 1, 32, 4096, gpu=A100) == 1  # and more than 0.8 of 216 (A100)
+    assert splits(64, 1, 32, 1024) == 1
+    assert splits(1, 4096, 32, 4096) == 1    # prefill: 1024 query tiles x heads
+    assert splits(1, 1, 32, 64) == 1         # two K/V tiles: nothing to share
+    for b, nk in ((1, 1024), (1, 4096), (1, 32768), (8, 32768)):
+        assert 1 <= splits(b, 1, 32, nk) <= split.MAX_SPLITS
+
+
+def test_explicit_count_wins():
+    config = dataclasses.replace(fa2.default_config("sm_90a", 128, False), num_splits=5)
+    assert splits(64, 4096, 32, 4096, config=config) == 5
+
+
+def test_config_checks_num_splits():
+    with pytest.raises(ValueError, match="num_splits"):
+        Sm80Config(128, 32, num_splits=-1).check("sm_80", 128)
+    assert Sm80Config(128, 32, num_splits=0).check("sm_80", 128).num_splits == 0
+    from fa_variants.ampere import fa1
+
+    with pytest.raises(ValueError, match="split-KV"):
+        fa1.VARIANT.config_for("sm_80", 128, False, Sm80Config(64, 128, 4, 2, 2, num_splits=2))
+
+
+@pytest.fixture
+def on_h200(monkeypatch):
+    """fa2's view of the GPU: an H200 (sm_90a, 132 SMs), whatever tensors' device."""
+    monkeypatch.setattr(fa2, "_gpu", lambda device: H200)
+    monkeypatch.setattr(fa2, "SPLIT_KV_ENABLED", True)
+    fa2._cached_splits.cache_clear()
+    yield
+    fa2._cached_splits.cache_clear()
+
+
+def qk(batch, seqlen_q, heads, seqlen_k, heads_kv=8, head_dim=128):
+    return (torch.empty(batch, seqlen_q, heads, head_dim, device="meta", dtype=torch.bfloat16),
+            torch.empty(batch, seqlen_k, heads_kv, head_dim, device="meta", dtype=torch.bfloat16))
+
+
+def test_auto_switches_decode_to_the_split_config(on_h200, monkeypatch):
+    q, k = qk(1, 1, 32, 4096)
+    config = fa2._problem_config(None, q, k, True)
+    assert config == fa2.SPLIT_CONFIGS[128]
+    assert fa2.num_splits_for(config, q, k) == fa2.auto_num_splits(q, k, True) == 8
+    assert fa2._problem_config(None, *qk(64, 1, 32, 4096), True) is None
+    given = fa2.CONFIGS[128]
+    assert fa2._problem_config(given, q, k, True) is given
+    monkeypatch.setattr(fa2, "SPLIT_KV_ENABLED", False)
+    assert fa2._problem_config(None, q, k, True) is None and fa2.auto_num_splits(q, k, True) == 1
+    assert fa2.VARIANT.switches() == (False,)
+
+
+def test_decode_config_is_the_num_splits_option(on_h200):
+    q, k = qk(1, 1, 32, 4096)
+    assert fa2.decode_config(q, k, True, num_splits=3) == fa2.split_config("sm_90a", 128, 3)
+    assert fa2.decode_config(q, k, True, num_splits=1) == fa2.default_config("sm_90a", 128, True)
+    assert fa2.decode_config(q, k, True).num_splits == 0          # None: `auto`'s choice (split here)
+    assert fa2.decode_config(*qk(64, 1, 32, 4096), True).num_splits == 1
+    with pytest.raises(ValueError, match="pack_gqa"):
+        fa2.decode_config(q, k, True, pack_gqa=True)
+    assert fa2.decode_config(q, k, True, pack_gqa=False).num_splits == 0
+
+
+def test_grid_limit_counts_the_splits():
+    config = dataclasses.replace(fa2.CONFIGS[64], num_splits=64)
+    q, k = qk(1, 2**31 // 64 * 128, 1, 8, 1, 64)
+    with pytest.raises(ValueError, match="2\\^31"):
+        fa2._check_problem(config, q, k)
+    fa2._check_problem(dataclasses.replace(config, num_splits=1), q, k)
+
+
+def attention_of_range(q, k, v, scale, causal, lo, hi):
+    """(O, LSE) of attention over keys [lo, hi) only, float64, bottom-right causal against the whole Nk: what
+    split s of the kernel writes for tiles [lo, hi); a row that sees none of them gets LSE -inf and O NaN
+    (the kernel writes 0 there; the merge must not read it either way)."""
+    nq, nk = q.shape[1], k.shape[1]
+    g = q.shape[2] // k.shape[2]
+    kk, vv = (t.double().repeat_interleave(g, dim=2) for t in (k, v))
+    s = torch.einsum("bqhd,bkhd->bhqk", q.double(), kk) * scale
+    keys = torch.arange(nk)
+    visible = (keys >= lo) & (keys < hi)
+    if causal:
+        visible = visible & (keys[None, :] <= torch.arange(nq)[:, None] + nk - nq)
+    s = s.masked_fill(~visible, -math.inf)
+    lse = torch.logsumexp(s, dim=-1)
+    o = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(s, dim=-1), vv)
+    return o.float(), lse.float()
+
+
+@pytest.mark.parametrize("seqlen_q, seqlen_k, num_splits, causal", [
+    (1, 113, 3, True), (3, 1023, 7, True), (1, 64, 5, False), (5, 3, 4, True), (1, 1, 2, False)])
+def test_plan_workspace_and_merge(monkeypatch, seqlen_q, seqlen_k, num_splits, causal):
+    """_plan_call's workspace (O partials (S*B, Nq, H, D), LSE partials (S*B, H, Nq), fp32, split s of batch b
+    at s * B + b), filled as the kernel fills it (tile ranges ``split.split_ranges``, empty and fully masked
+    splits included), merges to float64 attention; the merge: ``split.merge`` standing in for the kernel."""
+    batch, heads, heads_kv, d = 2, 4, 2, 64
+    config = fa2.split_config("sm_80", d, num_splits)
+    tile_n = config.tile_n
+
+    def torch_merge(device, dtype, head_dim, pdl=None):
+        def merge(o_parts, lse_parts, out, lse):
+            split.merge(o_parts.unflatten(0, (-1, out.shape[0])), lse_parts.unflatten(0, (-1, out.shape[0])), out, lse)
+        return merge
+
+    monkeypatch.setattr(split_combine, "merge_function", torch_merge)
+    g = torch.Generator().manual_seed(seqlen_k)
+    q = torch.randn(batch, seqlen_q, heads, d, generator=g)
+    k, v = (torch.randn(batch, seqlen_k, heads_kv, d, generator=g) for _ in range(2))
+    scale = d ** -0.5
+    prepare, finish = fa2._plan_call(config, q, k, v, scale)
+    out = torch.full((batch, seqlen_q, heads, d), math.nan)
+    lse = torch.full((batch, heads, seqlen_q), math.nan)
+    args = prepare(q, k, v, out, lse)
+    assert args[:3] == (q, k, v) and args[5] == scale
+    o_parts, lse_parts = args[3], args[4]
+    assert o_parts.shape == (num_splits * batch, seqlen_q, heads, d) and o_parts.dtype == torch.float32
+    assert lse_parts.shape == (num_splits * batch, heads, seqlen_q) and lse_parts.dtype == torch.float32
+    assert o_parts.is_contiguous() and lse_parts.is_contiguous()
+    assert lse_parts.data_ptr() == o_parts.data_ptr() + o_parts.numel() * 4  # one workspace
+    n_blocks = -(-seqlen_k // tile_n)
+    for s, (lo, hi) in enumerate(split.split_ranges(n_blocks, num_splits)):
+        o_s, lse_s = attention_of_range(q, k, v, scale, causal, lo * tile_n, min(hi * tile_n, seqlen_k))
+        o_parts[s * batch:(s + 1) * batch] = o_s
+        lse_parts[s * batch:(s + 1) * batch] = lse_s
+    finish(args, out, lse)
+    want, want_lse = reference.attention_reference(q.double(), k.double(), v.double(), causal=causal,
+                                                   softmax_scale=scale)
+    torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=0)
+    torch.testing.assert_close(lse.double(), want_lse, atol=1e-5, rtol=0)
+
+
+def test_unsplit_plan_passes_out_and_lse():
+    q, k = torch.randn(1, 3, 2, 64), torch.randn(1, 5, 2, 64)
+    prepare, finish = fa2._plan_call(fa2.CONFIGS[64], q, k, k, 0.5)
+    out, lse = torch.empty(1, 3, 2, 64), torch.empty(1, 2, 3)
+    assert finish is None and prepare(q, k, k, out, lse) == (q, k, k, out, lse, 0.5)

@@ -1,0 +1,33 @@
+"""fa2's split-KV kernel compiles for sm_80 without a GPU (``fa-variants compile --num-splits``), without
+register spills, with the tensor-core and cp.async work of the unsplit kernel; the merge kernel builds for the
+sm80-class archs fa2 runs on."""
+import pytest
+
+from fa_variants import cli
+
+pytestmark = pytest.mark.compile
+
+
+@pytest.mark.parametrize("head_dim, causal", [(128, True), (64, False)], ids=["D128-causal", "D64"])
+def test_split_kernel_compiles_without_spills(compile_cli, head_dim, causal):
+    flags = ["--causal"] if causal else []
+    split = compile_cli("--arch", "sm_80", "--variant", "fa2", "--head-dim", str(head_dim), "--dtype", "bf16",
+                        "--sass", "--num-splits", "0", *flags)
+    assert split["tiles"]["num_splits"] == 0
+    assert split["spill_bytes"] == 0 and split["LDL"] == 0 and split["STL"] == 0
+    assert split["HMMA"] > 0 and split["LDGSTS"] > 0 and split["LDSM"] > 0
+    # any count != 1 is the same kernel (the count is read at run time)
+    again = compile_cli("--arch", "sm_80", "--variant", "fa2", "--head-dim", str(head_dim), "--dtype", "bf16",
+                        "--num-splits", "5", *flags)
+    assert again["registers"] == split["registers"] and again["tiles"]["num_splits"] == 5
+
+
+def test_merge_kernel_compiles_for_sm86(compile_cli):
+    r = compile_cli("--arch", "sm_86", "--variant", "split-merge", "--head-dim", "128", "--dtype", "bf16", "--sass")
+    assert r["spill_bytes"] == 0 and r["LDL"] == 0 and r["STL"] == 0
+
+
+def test_num_splits_flag_needs_a_split_kernel(capsys):
+    rc = cli.main(["compile", "--arch", "sm_80", "--variant", "fa1", "--head-dim", "64", "--dtype", "bf16",
+                   "--num-splits", "2"])
+    assert rc == 2 and "split" in capsys.readouterr().err

@@ -1,0 +1,159 @@
+"""fa2's split-KV (Flash-Decoding) on the GPU, against float64 (``reference.check_against_reference``, output and
+LSE): split counts 1..N, odd lengths, empty and fully masked splits, causal bottom-right, GQA, every head dim,
+`auto`'s choice, ``attention(num_splits=)``, ``seqlens_k`` with lengths 0 and 1, CUDA-graph replay, batch
+invariance at a fixed count. Outputs and the fp32 workspace are poisoned with NaN (``nan_allocations``): a
+partial the kernel never writes, or an empty split the merge reads, fails.
+Run on the GPU host: ``python -m pytest -q tests/test_fa2_split_gpu.py`` (scripts/fa2split_gpu.sh).
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from helpers import assert_attention_ok, make_qkv
+
+pytestmark = pytest.mark.gpu
+
+fa2 = pytest.importorskip("fa_variants.ampere.fa2")
+
+
+@pytest.fixture(autouse=True)
+def split_enabled(monkeypatch):
+    monkeypatch.setattr(fa2, "SPLIT_KV_ENABLED", True)
+
+
+def arch() -> str:
+    from fa_variants.common import interop
+
+    return interop.device_arch(torch.cuda.current_device())
+
+
+def split_config(head_dim: int, num_splits: int):
+    """fa2's split kernel at this GPU's arch with a fixed count (0: chosen per call; 1: the unsplit kernel)."""
+    return fa2.split_config(arch(), head_dim, num_splits)
+
+
+def qkv(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, dtype=torch.bfloat16):
+    return make_qkv(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, dtype=dtype, device="cuda")
+
+
+def run_checked(q, k, v, causal, config, nan_allocations, what="", refs=None):
+    """(out, lse, refs) of fa2 with `config`, checked against float64 (``refs``: the references of an earlier
+    check of the same inputs)."""
+    scale = q.shape[-1] ** -0.5
+    with nan_allocations():
+        out, lse = fa2.run(q, k, v, causal=causal, softmax_scale=scale, config=config)
+    torch.cuda.synchronize()
+    refs = assert_attention_ok(out, lse, q, k, v, causal, scale, what=what, refs=refs)
+    return out, lse, refs
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(1, 1), (1, 3), (1, 113), (1, 1023), (1, 4224), (3, 1023),
+                                                (113, 1023), (4, 3), (113, 113)])
+def test_split_counts_match_float64(seqlen_q, seqlen_k, causal, nan_allocations):
+    """Every count from 1 to past the tile count: ranges of 0 (empty splits), 1 and many tiles; with causal and
+    seqlen_q > seqlen_k, rows that see no key (O = 0, LSE = -inf) and splits fully masked for some rows."""
+    q, k, v = qkv(2, seqlen_q, seqlen_k, 8, 2, 128)
+    tiles = -(-seqlen_k // split_config(128, 0).tile_n)
+    refs = None
+    for num_splits in sorted({1, 2, 3, 5, 8, 16, tiles, tiles + 3} - {0}):
+        out, lse, refs = run_checked(q, k, v, causal, split_config(128, num_splits), nan_allocations,
+                                     what=f"{num_splits} splits", refs=refs)
+        if causal and seqlen_q > seqlen_k:
+            hidden = seqlen_q - seqlen_k
+            assert torch.all(out[:, :hidden] == 0) and torch.all(lse[:, :, :hidden] == -math.inf)
+
+
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_head_dims_and_dtypes(head_dim, dtype, nan_allocations):
+    q, k, v = qkv(2, 1, 1023, 32, 8, head_dim, dtype)
+    for causal in (False, True):
+        refs = None
+        for num_splits in (0, 3, 7):  # 0: the count chosen per call
+            refs = run_checked(q, k, v, causal, split_config(head_dim, num_splits), nan_allocations,
+                               what=f"D{head_dim} causal={causal} {num_splits} splits", refs=refs)[2]
+
+
+@pytest.mark.parametrize("seqlen_k", [1024, 4096, 32768])
+def test_auto_splits_decode(seqlen_k, nan_allocations):
+    """`auto` (no config): B1 32:8 decode is split by the heuristic, and matches float64."""
+    q, k, v = qkv(1, 1, seqlen_k, 32, 8, 128)
+    assert fa2.auto_num_splits(q, k, True) > 1
+    run_checked(q, k, v, True, None, nan_allocations)
+    q, k, v = qkv(64, 1, 1024, 32, 8, 128)  # 2048 CTAs fill the GPU: not split
+    assert fa2.auto_num_splits(q, k, True) == 1
+    run_checked(q, k, v, True, None, nan_allocations)
+
+
+def test_switch_off_does_not_split(monkeypatch):
+    monkeypatch.setattr(fa2, "SPLIT_KV_ENABLED", False)
+    q, k, v = qkv(1, 1, 4096, 32, 8, 128)
+    assert fa2.auto_num_splits(q, k, True) == 1
+    a, _ = fa2.run(q, k, v, causal=True, softmax_scale=0.1)
+    b, _ = fa2.run(q, k, v, causal=True, softmax_scale=0.1, config=split_config(128, 1))
+    assert torch.equal(a, b)
+
+
+def test_num_splits_option_of_attention(nan_allocations):
+    import fa_variants
+
+    q, k, v = qkv(2, 4, 1023, 32, 8, 128)
+    for num_splits in (1, 2, 9, 64):
+        with nan_allocations():
+            out, lse = fa_variants.attention(q, k, v, causal=True, backend="fa2", return_lse=True,
+                                             num_splits=num_splits)
+        assert_attention_ok(out, lse, q, k, v, True, what=f"num_splits={num_splits}")
+    with pytest.raises(ValueError, match="pack_gqa"):
+        fa_variants.attention(q, k, v, backend="fa2", pack_gqa=True)
+
+
+def test_seqlens_k_with_lengths_0_and_1(nan_allocations):
+    """seqlens_k (per-sequence KV lengths, lengths 0 and 1 included) through `auto`'s split choice."""
+    import fa_variants
+
+    lengths = [0, 1, 113, 1023, 4096]
+    q, k, v = qkv(len(lengths), 1, 4096, 32, 8, 128)
+    seqlens_k = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    with nan_allocations():
+        out, lse = fa_variants.attention(q, k, v, causal=True, backend="fa2", return_lse=True, seqlens_k=seqlens_k)
+    for b, n in enumerate(lengths):
+        s = slice(b, b + 1)
+        if n == 0:
+            assert torch.all(out[s] == 0) and torch.all(lse[s] == -math.inf)
+        else:
+            assert_attention_ok(out[s], lse[s], q[s], k[s, :n], v[s, :n], True, what=f"length {n}")
+    assert fa2.auto_num_splits(q[3:4], k[3:4, :1023], True) > 1  # the 1023 row ran split
+
+
+def test_fixed_split_count_is_batch_invariant():
+    """EC-19 at a given count: a batch row is bitwise the call on that row alone (CTAs are independent; the
+    merge adds in split order)."""
+    q, k, v = qkv(4, 1, 2000, 32, 8, 128)
+    config = split_config(128, 6)
+    out, lse = fa2.run(q, k, v, causal=True, softmax_scale=0.1, config=config)
+    for b in range(4):
+        s = slice(b, b + 1)
+        alone, alone_lse = fa2.run(q[s], k[s], v[s], causal=True, softmax_scale=0.1, config=config)
+        assert torch.equal(alone, out[s]) and torch.equal(alone_lse, lse[s])
+
+
+def test_cuda_graph_replay_equals_eager():
+    """A split decode step (attention + merge, workspace allocated inside) captured once and replayed on new
+    inputs gives the eager result."""
+    q, k, v = qkv(1, 1, 4096, 32, 8, 128)
+    assert fa2.auto_num_splits(q, k, True) > 1
+    fa2.run(q, k, v, causal=True, softmax_scale=0.1)  # compile / load outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = fa2.run(q, k, v, causal=True, softmax_scale=0.1)
+    for _ in range(2):
+        q.normal_()
+        graph.replay()
+        torch.cuda.synchronize()
+        want, want_lse = fa2.run(q, k, v, causal=True, softmax_scale=0.1)
+        assert torch.equal(out, want) and torch.equal(lse, want_lse)
