@@ -220,7 +220,7 @@ def _with_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, se
 
 
 def _with_split_options(q, k, v, causal: bool, scale: float | None, backend: str, num_splits, pack_gqa, seqlens_k):
-    """attention with the split count (fa3, fa2) / GQA packing (fa3) fixed by the caller (no plan kept)."""
+    """attention with the split count / GQA packing (fa3, fa2) fixed by the caller (no plan kept)."""
     split.check_options(num_splits, pack_gqa)
     if seqlens_k is not None or _traced(q):
         raise NotImplementedError("num_splits / pack_gqa are not supported with seqlens_k or under tracing yet")
@@ -269,12 +269,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
             tensor back: one device sync per call; the check is skipped during CUDA-graph capture).
             Semantics: ``reference.attention_reference``. The kernels do not read it yet: a kernel backend
             runs one call per distinct length on k[:, :length] (correct; one launch per distinct length).
-        num_splits, pack_gqa: the split-KV count (an int >= 1; 1: no split; fa3 and fa2) and packed GQA (fa3
-            only: any group at seqlen_q = 1; at seqlen_q > 1 a group G = num_heads / num_heads_kv dividing 64 or a
-            multiple of it, else ValueError) for this call, instead of the choice `auto` makes (None). Only on
-            the fa3 and fa2 backends (ValueError on others, and for pack_gqa=True on fa2), eagerly, without
-            seqlens_k (``hopper.fa3.decode_config``, ``ampere.fa2.decode_config``; ``common.split``;
-            ``common.pack_gqa``).
+        num_splits, pack_gqa: the split-KV count (an int >= 1; 1: no split) and packed GQA (fa3: any group at
+            seqlen_q = 1; at seqlen_q > 1 a group G = num_heads / num_heads_kv dividing 64 or a multiple of it;
+            fa2: seqlen_q = 1 only; else ValueError) for this call, instead of the choice `auto` makes (None).
+            Only on the fa3 and fa2 backends (ValueError on others), eagerly, without seqlens_k
+            (``hopper.fa3.decode_config``, ``ampere.fa2.decode_config``; ``common.split``; ``common.pack_gqa``).
 
     Returns:
         out (batch, seqlen_q, num_heads, head_dim) in q's dtype, a new tensor; with ``return_lse`` the pair

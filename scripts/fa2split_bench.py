@@ -9,6 +9,8 @@ seqlen_q = 1 the two masks agree; at 4 / 16 the causal rows skip at most 15 of s
 
 * ``split``   ``fa_variants.attention(backend="fa2")``: split-KV where ``ampere.fa2``'s heuristic splits;
 * ``nosplit`` ``ampere.fa2.run`` with the default tiles, num_splits = 1 (one CTA per (query tile, head, batch));
+* ``pack``    (seqlen_q = 1) ``attention(backend="fa2", pack_gqa=True)``: the 4 query heads of a KV head in one
+              tile, split by the heuristic (off in `auto` until measured: FA_VARIANTS_FA2_PACK_GQA=1);
 * ``sdpa``    ``torch.nn.functional.scaled_dot_product_attention`` (its own backend choice, enable_gqa).
 
 Each output is compared with SDPA's once (max |difference| < 0.02, else the row is marked BAD). Timing is
@@ -20,7 +22,6 @@ then the geometric means. Logs: fa2split_bench.json / .md under --out.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib.util
 import itertools
 import json
@@ -37,7 +38,7 @@ BATCH = (1, 8, 64)
 NQ = (1, 4, 16)
 NK = (1024, 4096, 32768)
 HEADS, HEADS_KV, HEAD_DIM = 32, 8, 128
-ENTRIES = ("sdpa", "nosplit", "split")
+ENTRIES = ("sdpa", "nosplit", "split")  # every shape; "pack" at seqlen_q = 1 only
 PLAN_GPU = ("sm_90a", 132)  # --plan without a GPU: an H200
 
 
@@ -46,13 +47,15 @@ def shapes() -> list[tuple[int, int, int]]:
     return [(b, nq, nk) for nk, b, nq in itertools.product(NK, BATCH, NQ)]
 
 
-def planned_splits(shape, arch: str, num_sms: int) -> int:
-    """The split count fa2's `auto` gives a shape on a GPU (``ampere.fa2.splits_for_shape``), without tensors."""
+def planned_splits(shape, arch: str, num_sms: int, pack: bool = False) -> int:
+    """The split count fa2's `auto` gives a shape on a GPU (``ampere.fa2.splits_for_shape``), without tensors;
+    ``pack``: with packed GQA (seqlen_q = 1: group rows of num_heads_kv heads)."""
     from fa_variants.ampere import fa2
 
     b, nq, nk = shape
-    config = fa2._split_config(arch, HEAD_DIM)
-    return fa2.splits_for_shape(config, b, nq, HEADS, nk, HEAD_DIM, arch, num_sms)
+    config = fa2.split_config(arch, HEAD_DIM, 0, pack)
+    rows, heads = (nq * HEADS // HEADS_KV, HEADS_KV) if pack else (nq, HEADS)
+    return fa2.splits_for_shape(config, b, rows, heads, nk, HEAD_DIM, arch, num_sms)
 
 
 def _decode_ab():
@@ -64,53 +67,16 @@ def _decode_ab():
 
 def run(a) -> int:
     import torch
-    import torch.nn.functional as F
 
-    import fa_variants
-    from fa_variants.ampere import fa2
     from fa_variants.common import cache, interop
 
-    gpu_us = _decode_ab().gpu_us
     arch = interop.device_arch(0)
-    nosplit_config = dataclasses.replace(fa2.default_config(arch, HEAD_DIM, True), num_splits=1)
-    results = []
-    todo = shapes()
-    for i, shape in enumerate(todo):
-        b, nq, nk = shape
-        g = torch.Generator(device="cuda").manual_seed(i)
-        q = torch.randn(b, nq, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16, generator=g)
-        k = torch.randn(b, nk, HEADS_KV, HEAD_DIM, device="cuda", dtype=torch.bfloat16, generator=g)
-        v = torch.randn_like(k)
-        scale = HEAD_DIM ** -0.5
-        fns = {
-            "sdpa": lambda: F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                                           enable_gqa=True).transpose(1, 2),
-            "nosplit": lambda: fa2.run(q, k, v, causal=True, softmax_scale=scale, config=nosplit_config)[0],
-            "split": lambda: fa_variants.attention(q, k, v, causal=True, backend="fa2"),
-        }
-        res = dict(shape=shape, splits=fa2.auto_num_splits(q, k, True), us={}, err={})
-        for name, fn in fns.items():
-            try:
-                fn()
-                q.normal_(generator=g)  # a fresh Q: a stale result would show
-                ref = fns["sdpa"]().float()
-                res["err"][name] = (fn().float() - ref).abs().max().item() if nq == 1 or name == "sdpa" \
-                    else _causal_err(fn(), q, k, v, scale)
-            except Exception as exc:  # noqa: BLE001 - recorded, the plan goes on
-                res["err"][name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:100] if str(exc) else ''}"
-        ok = [n for n in fns if isinstance(res["err"][n], float)]
-        per_round = {n: [] for n in ok}
-        for rnd in range(a.rounds):
-            for name in ok[rnd % len(ok):] + ok[:rnd % len(ok)]:
-                per_round[name].append(gpu_us(fns[name], a.reps, torch))
-        res["us"] = {n: statistics.median(t) for n, t in per_round.items() if t}
-        results.append(res)
-        us = res["us"]
-        print(f"[{i + 1}/{len(todo)}] B{b} Nq{nq} Nk{nk}: sdpa {us.get('sdpa', math.nan):.1f} nosplit "
-              f"{us.get('nosplit', math.nan):.1f} split {us.get('split', math.nan):.1f} us ({res['splits']} splits)",
-              flush=True)
-        del q, k, v
-        torch.cuda.empty_cache()
+    results, todo = [], shapes()
+    try:
+        for i, shape in enumerate(todo):
+            results.append(measure(a, i, shape, arch))
+    except KeyboardInterrupt:  # the GPU script's time limit (timeout -s INT): summarise what was measured
+        print(f"interrupted after {len(results)}/{len(todo)} shapes", flush=True)
     text = summary(results)
     print(f"kernels this process: {cache.cache_info()}")
     print(text)
@@ -120,6 +86,56 @@ def run(a) -> int:
     (out / "fa2split_bench.json").write_text(json.dumps(dict(meta=meta, results=results), indent=1, default=str))
     (out / "fa2split_bench.md").write_text(text + "\n")
     return 0
+
+
+def measure(a, i: int, shape, arch: str) -> dict:
+    """One shape: each entry checked once on a fresh Q, then timed (``decode_ab.gpu_us``) in rotated rounds."""
+    import torch
+    import torch.nn.functional as F
+
+    import fa_variants
+    from fa_variants.ampere import fa2
+
+    gpu_us = _decode_ab().gpu_us
+    b, nq, nk = shape
+    g = torch.Generator(device="cuda").manual_seed(i)
+    q = torch.randn(b, nq, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(b, nk, HEADS_KV, HEAD_DIM, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn_like(k)
+    scale = HEAD_DIM ** -0.5
+    nosplit = fa2.default_config(arch, HEAD_DIM, True)  # num_splits = 1: one CTA per (query tile, head, batch)
+    fns = {
+        "sdpa": lambda: F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                       enable_gqa=True).transpose(1, 2),
+        "nosplit": lambda: fa2.run(q, k, v, causal=True, softmax_scale=scale, config=nosplit)[0],
+        "split": lambda: fa_variants.attention(q, k, v, causal=True, backend="fa2"),
+    }
+    res = dict(shape=shape, splits=fa2.auto_num_splits(q, k, True), us={}, err={})
+    if nq == 1:
+        fns["pack"] = lambda: fa_variants.attention(q, k, v, causal=True, backend="fa2", pack_gqa=True)
+        res["pack_splits"] = fa2.num_splits_for(fa2.decode_config(q, k, True, pack_gqa=True), q, k)
+    for name, fn in fns.items():
+        try:
+            fn()
+            q.normal_(generator=g)  # a fresh Q: a stale result would show
+            if nq == 1 or name == "sdpa":  # SDPA's mask is ours at seqlen_q = 1
+                res["err"][name] = (fn().float() - fns["sdpa"]().float()).abs().max().item()
+            else:
+                res["err"][name] = _causal_err(fn(), q, k, v, scale)
+        except Exception as exc:  # noqa: BLE001 - recorded, the plan goes on
+            res["err"][name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:100] if str(exc) else ''}"
+    ok = [n for n in fns if isinstance(res["err"][n], float)]
+    per_round = {n: [] for n in ok}
+    for rnd in range(a.rounds):
+        for name in ok[rnd % len(ok):] + ok[:rnd % len(ok)]:
+            per_round[name].append(gpu_us(fns[name], a.reps, torch))
+    res["us"] = us = {n: statistics.median(t) for n, t in per_round.items() if t}
+    print(f"[{i + 1}/{len(shapes())}] B{b} Nq{nq} Nk{nk}: sdpa {us.get('sdpa', math.nan):.1f} nosplit "
+          f"{us.get('nosplit', math.nan):.1f} split {us.get('split', math.nan):.1f} us ({res['splits']} splits) "
+          f"pack {us.get('pack', math.nan):.1f}", flush=True)
+    del q, k, v, fns
+    torch.cuda.empty_cache()
+    return res
 
 
 def _causal_err(out, q, k, v, scale) -> float:
@@ -136,10 +152,12 @@ def _causal_err(out, q, k, v, scale) -> float:
 
 
 def summary(results) -> str:
-    """Markdown: per shape GPU us per entry, split count, split / SDPA, nosplit / split; geomeans at the end."""
-    lines = ["| shape | sdpa us | nosplit us | split us (splits) | split/sdpa | nosplit/split |", "|---|---|---|---|---|---|"]
-    logs = {"split/sdpa": [], "nosplit/split": [], "nosplit/sdpa": []}
-    wins = 0
+    """Markdown: per shape GPU us per entry, split count, split / SDPA, nosplit / split, pack / SDPA; geomeans at
+    the end (each over the shapes where its entries ran and matched)."""
+    lines = ["| shape | sdpa us | nosplit us | split us (splits) | pack us (splits) | split/sdpa | nosplit/split | "
+             "pack/sdpa |", "|---|---|---|---|---|---|---|---|"]
+    logs = {"split/sdpa": [], "nosplit/split": [], "nosplit/sdpa": [], "pack/sdpa": []}
+    wins = pack_wins = 0
     for r in results:
         b, nq, nk = r["shape"]
         us, err = r["us"], r["err"]
@@ -152,9 +170,18 @@ def summary(results) -> str:
             for key, x in ratio.items():
                 logs[key].append(math.log(x))
             wins += ratio["split/sdpa"] <= 1.0
+        pack = "-"
+        if "pack" in err:
+            pack_ok = isinstance(err["pack"], float) and err["pack"] <= 0.02 and "pack" in us
+            pack = f"{us['pack']:.1f} ({r.get('pack_splits', '?')})" if pack_ok else "BAD" if "pack" in us else "ERR"
+            if pack_ok and "sdpa" in us and "sdpa" not in bad:
+                ratio["pack/sdpa"] = us["pack"] / us["sdpa"]
+                logs["pack/sdpa"].append(math.log(ratio["pack/sdpa"]))
+                pack_wins += ratio["pack/sdpa"] <= 1.0
         fmt = {key: f"{x:.2f}" for key, x in ratio.items()}
         lines.append(f"| B{b} Nq{nq} Nk{nk} | {cell['sdpa']} | {cell['nosplit']} | {cell['split']} ({r['splits']}) | "
-                     f"{fmt.get('split/sdpa', '-')} | {fmt.get('nosplit/split', '-')} |")
+                     f"{pack} | {fmt.get('split/sdpa', '-')} | {fmt.get('nosplit/split', '-')} | "
+                     f"{fmt.get('pack/sdpa', '-')} |")
     lines.append("")
     n = len(logs["split/sdpa"])
     lines.append(f"fa2 decode, GQA {HEADS}:{HEADS_KV}, D{HEAD_DIM}, bf16, causal; GPU us per call (CUDA graphs); "
@@ -162,7 +189,7 @@ def summary(results) -> str:
     for key, xs in logs.items():
         gm = math.exp(sum(xs) / len(xs)) if xs else math.nan
         lines.append(f"  geomean {key:14s} {gm:.3f}")
-    lines.append(f"  split <= sdpa at {wins}/{n} shapes")
+    lines.append(f"  split <= sdpa at {wins}/{n} shapes; pack <= sdpa at {pack_wins}/{len(logs['pack/sdpa'])}")
     return "\n".join(lines)
 
 
@@ -178,7 +205,8 @@ def main() -> int:
         arch, num_sms = PLAN_GPU
         print(f"{len(shapes())} shapes x {ENTRIES}; {a.rounds} rounds; split counts on {arch} with {num_sms} SMs:")
         for shape in shapes():
-            print(f"  B{shape[0]} Nq{shape[1]} Nk{shape[2]}: {planned_splits(shape, arch, num_sms)} splits")
+            packed = f", packed {planned_splits(shape, arch, num_sms, True)}" if shape[1] == 1 else ""
+            print(f"  B{shape[0]} Nq{shape[1]} Nk{shape[2]}: {planned_splits(shape, arch, num_sms)} splits{packed}")
         return 0
     import torch
 

@@ -75,6 +75,7 @@ def on_h200(monkeypatch):
     """fa2's view of the GPU: an H200 (sm_90a, 132 SMs), whatever tensors' device."""
     monkeypatch.setattr(fa2, "_gpu", lambda device: H200)
     monkeypatch.setattr(fa2, "SPLIT_KV_ENABLED", True)
+    monkeypatch.setattr(fa2, "PACK_GQA_ENABLED", False)
     fa2._cached_splits.cache_clear()
     yield
     fa2._cached_splits.cache_clear()
@@ -95,7 +96,7 @@ def test_auto_switches_decode_to_the_split_config(on_h200, monkeypatch):
     assert fa2._problem_config(given, q, k, True) is given
     monkeypatch.setattr(fa2, "SPLIT_KV_ENABLED", False)
     assert fa2._problem_config(None, q, k, True) is None and fa2.auto_num_splits(q, k, True) == 1
-    assert fa2.VARIANT.switches() == (False,)
+    assert fa2.VARIANT.switches() == (False, False)
 
 
 def test_decode_config_is_the_num_splits_option(on_h200):
@@ -104,9 +105,28 @@ def test_decode_config_is_the_num_splits_option(on_h200):
     assert fa2.decode_config(q, k, True, num_splits=1) == fa2.default_config("sm_90a", 128, True)
     assert fa2.decode_config(q, k, True).num_splits == 0          # None: `auto`'s choice (split here)
     assert fa2.decode_config(*qk(64, 1, 32, 4096), True).num_splits == 1
-    with pytest.raises(ValueError, match="pack_gqa"):
-        fa2.decode_config(q, k, True, pack_gqa=True)
     assert fa2.decode_config(q, k, True, pack_gqa=False).num_splits == 0
+    packed = fa2.decode_config(q, k, True, pack_gqa=True)  # 8 CTAs of 4 rows: split further than unpacked
+    assert packed.pack_gqa and packed.num_splits == 0 and packed.tile_m == 64
+    assert fa2.num_splits_for(packed, q, k) == 32 == split.num_splits_heuristic(8, 64, 264)
+    assert fa2.decode_config(q, k, True, pack_gqa=True, num_splits=1) == fa2.split_config("sm_90a", 128, 1, True)
+    with pytest.raises(ValueError, match="pack_gqa=True: fa2 packs .* not seqlen_q=4"):
+        fa2.decode_config(*qk(1, 4, 32, 4096), True, pack_gqa=True)
+    with pytest.raises(ValueError, match="seqlen_q=4 is not 1"):
+        fa2._check_problem(packed, *qk(1, 4, 32, 4096))
+
+
+def test_auto_packs_only_when_switched_on(on_h200, monkeypatch):
+    q, k = qk(1, 1, 32, 4096)
+    assert not fa2._problem_config(None, q, k, True).pack_gqa       # FA_VARIANTS_FA2_PACK_GQA unset: off
+    monkeypatch.setattr(fa2, "PACK_GQA_ENABLED", True)
+    assert fa2._problem_config(None, q, k, True) == fa2.split_config("sm_90a", 128, 0, True)
+    assert fa2.auto_num_splits(q, k, True) == 32
+    full = qk(64, 1, 32, 4096)  # 512 packed CTAs: not split, still packed
+    assert fa2._problem_config(None, *full, True) == fa2.split_config("sm_90a", 128, 1, True)
+    assert fa2._problem_config(None, *qk(1, 4, 32, 4096), True).pack_gqa is False   # seqlen_q 4: not packed
+    assert fa2._problem_config(None, *qk(64, 1, 8, 4096), True) is None             # MHA at B 64: neither
+    assert len(fa2._warm_configs("sm_90a", 128, True)) == 3
 
 
 def test_grid_limit_counts_the_splits():
@@ -135,14 +155,16 @@ def attention_of_range(q, k, v, scale, causal, lo, hi):
     return o.float(), lse.float()
 
 
-@pytest.mark.parametrize("seqlen_q, seqlen_k, num_splits, causal", [
-    (1, 113, 3, True), (3, 1023, 7, True), (1, 64, 5, False), (5, 3, 4, True), (1, 1, 2, False)])
-def test_plan_workspace_and_merge(monkeypatch, seqlen_q, seqlen_k, num_splits, causal):
+@pytest.mark.parametrize("seqlen_q, seqlen_k, num_splits, causal, pack", [
+    (1, 113, 3, True, False), (3, 1023, 7, True, False), (1, 64, 5, False, False), (5, 3, 4, True, False),
+    (1, 1, 2, False, False), (1, 1023, 7, True, True), (1, 3, 4, True, True)])
+def test_plan_workspace_and_merge(monkeypatch, seqlen_q, seqlen_k, num_splits, causal, pack):
     """_plan_call's workspace (O partials (S*B, Nq, H, D), LSE partials (S*B, H, Nq), fp32, split s of batch b
     at s * B + b), filled as the kernel fills it (tile ranges ``split.split_ranges``, empty and fully masked
-    splits included), merges to float64 attention; the merge: ``split.merge`` standing in for the kernel."""
+    splits included), merges to float64 attention; the merge: ``split.merge`` standing in for the kernel.
+    Packed GQA: the kernel's arguments are ``pack_gqa.views`` of q and of the same workspace."""
     batch, heads, heads_kv, d = 2, 4, 2, 64
-    config = fa2.split_config("sm_80", d, num_splits)
+    config = fa2.split_config("sm_80", d, num_splits, pack)
     tile_n = config.tile_n
 
     def torch_merge(device, dtype, head_dim, pdl=None):
@@ -159,8 +181,17 @@ def test_plan_workspace_and_merge(monkeypatch, seqlen_q, seqlen_k, num_splits, c
     out = torch.full((batch, seqlen_q, heads, d), math.nan)
     lse = torch.full((batch, heads, seqlen_q), math.nan)
     args = prepare(q, k, v, out, lse)
-    assert args[:3] == (q, k, v) and args[5] == scale
+    assert args[1:3] == (k, v) and args[5] == scale and len(args) == 6
     o_parts, lse_parts = args[3], args[4]
+    if pack:  # (B, G, Hkv, D) rows: row g of KV head j is query head j G + g
+        group = heads // heads_kv
+        assert args[0].shape == (batch, group, heads_kv, d) and o_parts.shape == (num_splits * batch, group, heads_kv, d)
+        assert lse_parts.shape == (num_splits * batch, heads_kv, group)
+        assert torch.equal(args[0][1, 1, 1], q[1, 0, 1 * group + 1])
+        o_parts = o_parts.as_strided((num_splits * batch, 1, heads, d), (heads * d, heads * d, d, 1))
+        lse_parts = lse_parts.as_strided((num_splits * batch, heads, 1), (heads, 1, 1))
+    else:
+        assert args[0] is q
     assert o_parts.shape == (num_splits * batch, seqlen_q, heads, d) and o_parts.dtype == torch.float32
     assert lse_parts.shape == (num_splits * batch, heads, seqlen_q) and lse_parts.dtype == torch.float32
     assert o_parts.is_contiguous() and lse_parts.is_contiguous()

@@ -31,3 +31,12 @@ def test_num_splits_flag_needs_a_split_kernel(capsys):
     rc = cli.main(["compile", "--arch", "sm_80", "--variant", "fa1", "--head-dim", "64", "--dtype", "bf16",
                    "--num-splits", "2"])
     assert rc == 2 and "split" in capsys.readouterr().err
+
+
+def test_packed_split_kernel_compiles_without_spills():
+    """Packed GQA at seqlen_q = 1 (causal asked: the packed kernel runs unmasked) with split-KV."""
+    from fa_variants.ampere import fa2
+    from fa_variants.commands.compile import compile_only
+
+    r = compile_only("fa2", "sm_80", 128, "bf16", True, True, fa2.split_config("sm_80", 128, 0, pack=True))
+    assert r["tiles"]["pack_gqa"] and r["spill_bytes"] == 0 and r["LDL"] == 0 and r["STL"] == 0

@@ -1,7 +1,7 @@
 """fa2's split-KV (Flash-Decoding) on the GPU, against float64 (``reference.check_against_reference``, output and
 LSE): split counts 1..N, odd lengths, empty and fully masked splits, causal bottom-right, GQA, every head dim,
-`auto`'s choice, ``attention(num_splits=)``, ``seqlens_k`` with lengths 0 and 1, CUDA-graph replay, batch
-invariance at a fixed count. Outputs and the fp32 workspace are poisoned with NaN (``nan_allocations``): a
+`auto`'s choice, ``attention(num_splits=)``, packed GQA at seqlen_q = 1, ``seqlens_k`` with lengths 0 and 1,
+CUDA-graph replay, batch invariance at a fixed count. Outputs and the fp32 workspace are poisoned with NaN (``nan_allocations``): a
 partial the kernel never writes, or an empty split the merge reads, fails.
 Run on the GPU host: ``python -m pytest -q tests/test_fa2_split_gpu.py`` (scripts/fa2split_gpu.sh).
 """
@@ -107,8 +107,37 @@ def test_num_splits_option_of_attention(nan_allocations):
             out, lse = fa_variants.attention(q, k, v, causal=True, backend="fa2", return_lse=True,
                                              num_splits=num_splits)
         assert_attention_ok(out, lse, q, k, v, True, what=f"num_splits={num_splits}")
-    with pytest.raises(ValueError, match="pack_gqa"):
+    with pytest.raises(ValueError, match="pack_gqa"):  # seqlen_q 4: fa2 packs seqlen_q = 1 only
         fa_variants.attention(q, k, v, backend="fa2", pack_gqa=True)
+
+
+@pytest.mark.parametrize("heads, heads_kv", [(32, 8), (64, 8), (8, 1), (4, 4)], ids=["32:8", "64:8", "MQA8", "MHA4"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_packed_gqa_decode(heads, heads_kv, head_dim, nan_allocations):
+    """Packed GQA at seqlen_q = 1 (the query heads of a KV head as the rows of one tile, host views): unsplit,
+    split at a fixed count and at the per-call count, causal and not, lengths 1, 113, 4224."""
+    for seqlen_k in (1, 113, 4224):
+        q, k, v = qkv(2, 1, seqlen_k, heads, heads_kv, head_dim)
+        for causal in (False, True):
+            refs = None
+            for num_splits in (1, 3, 0):
+                config = fa2.split_config(arch(), head_dim, num_splits, pack=True)
+                refs = run_checked(q, k, v, causal, config, nan_allocations, refs=refs,
+                                   what=f"Nk {seqlen_k} causal={causal} {num_splits} splits packed")[2]
+
+
+def test_packed_gqa_through_attention(monkeypatch, nan_allocations):
+    import fa_variants
+
+    q, k, v = qkv(3, 1, 1023, 32, 8, 128)
+    with nan_allocations():
+        out, lse = fa_variants.attention(q, k, v, causal=True, backend="fa2", return_lse=True, pack_gqa=True)
+    assert_attention_ok(out, lse, q, k, v, True, what="pack_gqa=True")
+    monkeypatch.setattr(fa2, "PACK_GQA_ENABLED", True)  # `auto` packs by itself (FA_VARIANTS_FA2_PACK_GQA=1)
+    assert fa2._problem_config(None, q, k, True).pack_gqa
+    with nan_allocations():
+        out, lse = fa_variants.attention(q, k, v, causal=True, backend="fa2", return_lse=True)
+    assert_attention_ok(out, lse, q, k, v, True, what="auto packed")
 
 
 def test_seqlens_k_with_lengths_0_and_1(nan_allocations):

@@ -180,14 +180,16 @@ def test_fa2split_bench_plan_and_summary():
     assert len(bench.shapes()) == 27 and bench.shapes()[-1] == (64, 16, 32768)
     assert bench.planned_splits((1, 1, 4096), "sm_90a", 132) == 8
     assert bench.planned_splits((64, 1, 4096), "sm_90a", 132) == 1
+    assert bench.planned_splits((1, 1, 4096), "sm_90a", 132, pack=True) == 32
     ok = dict(sdpa=0.0, nosplit=0.001, split=0.002)
-    results = [dict(shape=(1, 1, 4096), splits=8, us=dict(sdpa=10.0, nosplit=120.0, split=8.0), err=ok),
-               dict(shape=(64, 1, 4096), splits=1, us=dict(sdpa=50.0, nosplit=60.0, split=60.0),
+    results = [dict(shape=(1, 1, 4096), splits=8, pack_splits=32, us=dict(sdpa=10.0, nosplit=120.0, split=8.0, pack=5.0),
+                    err=dict(ok, pack=0.001)),
+               dict(shape=(64, 4, 4096), splits=1, us=dict(sdpa=50.0, nosplit=60.0, split=60.0),
                     err=dict(ok, split=0.5))]
     text = bench.summary(results)
-    assert "| B1 Nq1 Nk4096 | 10.0 | 120.0 | 8.0 (8) | 0.80 | 15.00 |" in text
-    assert "| B64 Nq1 Nk4096 | 50.0 | 60.0 | BAD (1) | - | - |" in text
-    assert "1/2 shapes timed and correct" in text and "split <= sdpa at 1/1 shapes" in text
+    assert "| B1 Nq1 Nk4096 | 10.0 | 120.0 | 8.0 (8) | 5.0 (32) | 0.80 | 15.00 | 0.50 |" in text
+    assert "| B64 Nq4 Nk4096 | 50.0 | 60.0 | BAD (1) | - | - | - | - |" in text
+    assert "1/2 shapes timed and correct" in text and "split <= sdpa at 1/1 shapes; pack <= sdpa at 1/1" in text
     assert "geomean split/sdpa     0.800" in text
     assert subprocess.run(["python3", str(ROOT / "scripts" / "fa2split_bench.py"), "--help"],
                           capture_output=True).returncode == 0

@@ -23,8 +23,11 @@ section 3.2, written with the CuTe DSL:
   leave the GPU's CTA slots idle (decode), the K/V tiles of each query tile are cut into contiguous ranges,
   one CTA each, writing fp32 partial O and LSE; the split-KV merge kernel (``common.split_combine``, the one
   fa3 uses) combines them by LSE. The count: ``common.split.num_splits_heuristic`` (fa3's) with
-  ``CTAS_PER_SM`` CTAs per SM, chosen per call (`auto`, `problem_config`) or fixed by the caller
+  ``MAX_CTAS_PER_SM`` CTAs per SM, chosen per call (`auto`, `problem_config`) or fixed by the caller
   (``fa_variants.attention(num_splits=)``, ``decode_config``).
+* Packed GQA at seqlen_q = 1 (``Sm80Config.pack_gqa``; ``attention(pack_gqa=True)``, and `auto` with
+  FA_VARIANTS_FA2_PACK_GQA=1): the query heads of a KV head are the rows of one 64-row tile, from host views
+  of Q, O and LSE (``common.pack_gqa.views``, as fa3), so each K/V tile is read once per KV head.
 
 The module's ``VARIANT`` record (`common.launch.Variant`) registers it; ``run`` launches it. The kernel class
 lives in ``ampere.fa2_kernel`` (the CuTe DSL), imported only to compile; this module is plain Python + torch.
@@ -40,7 +43,7 @@ import os
 
 import torch
 
-from fa_variants.common import interop, split, split_combine
+from fa_variants.common import interop, pack_gqa, split, split_combine
 from fa_variants.common.cache import StaticConfig
 from fa_variants.common.config import Sm80Config, smem_capacity
 from fa_variants.common.launch import Variant
@@ -105,10 +108,13 @@ def _check_problem(config: Sm80Config | None, q: torch.Tensor, k: torch.Tensor) 
     if h > MAX_GRID_YZ or b > MAX_GRID_YZ:
         raise ValueError(f"fa2: num_heads ({h}) and batch ({b}) must each be <= {MAX_GRID_YZ} "
                          "(they index gridDim.y / gridDim.z)")
+    if config is not None and config.pack_gqa and nq != 1:
+        raise ValueError(f"fa2: pack_gqa packs the query heads of one query row; seqlen_q={nq} is not 1")
     if config is not None and config.num_splits != 1:
         splits = config.num_splits or split.MAX_SPLITS
-        if -(-nq // config.tile_m) * splits >= 2**31:
-            raise ValueError(f"fa2: ceil({nq}/{config.tile_m}) query tiles x {splits} splits exceed the grid "
+        rows = h // k.shape[2] if config.pack_gqa else nq
+        if -(-rows // config.tile_m) * splits >= 2**31:
+            raise ValueError(f"fa2: ceil({rows}/{config.tile_m}) query tiles x {splits} splits exceed the grid "
                              "limit 2^31 - 1 (gridDim.x)")
 
 
@@ -122,6 +128,10 @@ MAX_CTAS_PER_SM = 2
 #: as fa3's, FA_VARIANTS_SPLIT_KV=0 turns both off): a split count changes a result by bf16 rounding only, so
 #: a batch row may differ from the same row called alone within the accuracy bound (docs/edge_cases.md, EC-19).
 SPLIT_KV_ENABLED = os.environ.get("FA_VARIANTS_SPLIT_KV", "1") != "0"
+
+#: Whether a call without ``config=`` packs GQA at seqlen_q = 1 (``Sm80Config.pack_gqa``): off until measured
+#: on a GPU (FA_VARIANTS_FA2_PACK_GQA=1 turns it on; ``attention(pack_gqa=True)`` packs one call).
+PACK_GQA_ENABLED = os.environ.get("FA_VARIANTS_FA2_PACK_GQA", "0") == "1"
 
 
 def ctas_per_sm(config: Sm80Config, arch: str, head_dim: int) -> int:
@@ -147,10 +157,13 @@ def _gpu(device: torch.device) -> tuple[str, int]:
 
 
 def num_splits_for(config: Sm80Config, q: torch.Tensor, k: torch.Tensor) -> int:
-    """``splits_for_shape`` for q (B, Nq, H, D), k (B, Nk, Hkv, D) on q's GPU."""
+    """``splits_for_shape`` for q (B, Nq, H, D), k (B, Nk, Hkv, D) on q's GPU (packed GQA: the kernel sees
+    num_heads / num_heads_kv rows of num_heads_kv heads)."""
     if config.num_splits > 0:
         return config.num_splits
     batch, seqlen_q, heads, head_dim = q.shape
+    if config.pack_gqa:
+        seqlen_q, heads = seqlen_q * (heads // k.shape[2]), k.shape[2]
     return _cached_splits(config, batch, seqlen_q, heads, k.shape[1], head_dim, *_gpu(q.device))
 
 
@@ -178,33 +191,54 @@ def _split_config(arch: str, head_dim: int) -> Sm80Config:
     return config.check(arch, head_dim)
 
 
-def split_config(arch: str, head_dim: int, num_splits: int = 0) -> Sm80Config:
-    """The config of fa2's split kernel with a fixed split count (1: the default tiles, unsplit)."""
+def split_config(arch: str, head_dim: int, num_splits: int = 0, pack: bool = False) -> Sm80Config:
+    """The config of fa2's split kernel with a fixed split count (1: the default tiles, unsplit); ``pack``:
+    packed GQA at seqlen_q = 1 (the split tiles, 64 rows, whatever the count)."""
+    if pack:
+        return dataclasses.replace(_split_config(arch, head_dim), num_splits=num_splits, pack_gqa=True)
     if num_splits == 1:
         return default_config(arch, head_dim, False)
     return dataclasses.replace(_split_config(arch, head_dim), num_splits=num_splits)
 
 
+def pack_fits(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether fa2 packs this call's GQA when asked: seqlen_q = 1 with num_heads > num_heads_kv."""
+    return q.shape[1] == 1 and q.shape[2] > k.shape[2]
+
+
+def _choice(q: torch.Tensor, k: torch.Tensor, pack: bool | None = None) -> tuple[bool, bool]:
+    """(pack GQA, split K/V) as `auto` decides them; ``pack`` given: the split decision for that packing."""
+    if pack is None:
+        pack = PACK_GQA_ENABLED and pack_fits(q, k)
+    probe = split_config(_gpu(q.device)[0], q.shape[-1], 0, pack)
+    return pack, SPLIT_KV_ENABLED and num_splits_for(probe, q, k) > 1
+
+
 def _problem_config(config: Sm80Config | None, q: torch.Tensor, k: torch.Tensor, causal: bool):
-    """``config`` when given; else the split-KV config when SPLIT_KV_ENABLED and the heuristic splits this shape
-    (decode: few query tiles x heads x batch), or None (the default tiles, unsplit)."""
-    if config is not None or not SPLIT_KV_ENABLED:
+    """``config`` when given; else the split-KV config (count per call) when SPLIT_KV_ENABLED and the heuristic
+    splits this shape (decode: few query tiles x heads x batch), packed when PACK_GQA_ENABLED at seqlen_q = 1
+    with GQA; or None (the default tiles, unsplit, unpacked)."""
+    if config is not None:
         return config
-    probe = _split_config(_gpu(q.device)[0], q.shape[-1])
-    return probe if num_splits_for(probe, q, k) > 1 else None
+    pack, splits = _choice(q, k)
+    if not (pack or splits):
+        return None
+    return split_config(_gpu(q.device)[0], q.shape[-1], 0 if splits else 1, pack)
 
 
 def decode_config(q: torch.Tensor, k: torch.Tensor, causal: bool, *, num_splits: int | None = None,
                   pack_gqa: bool | None = None) -> Sm80Config:
-    """The config of a call whose split count the caller fixes (``fa_variants.attention(num_splits=)``, checked
-    by ``common.split.check_options``): the split kernel (``split_config``) with ``num_splits`` (1: the default
-    tiles, unsplit), or None: `auto`'s choice. ``pack_gqa``: fa2 does not pack GQA; True raises ValueError."""
-    if pack_gqa:
-        raise ValueError("pack_gqa=True: the fa2 backend does not pack GQA (fa3 does)")
-    arch, head_dim = _gpu(q.device)[0], q.shape[-1]
+    """The config of a call whose split count and/or GQA packing the caller fixes (``fa_variants.attention``'s
+    ``num_splits=`` / ``pack_gqa=``, checked by ``common.split.check_options``); None leaves that choice to
+    `auto` (the heuristic, SPLIT_KV_ENABLED, PACK_GQA_ENABLED). The split kernel's tiles (``split_config``),
+    or the default tiles for an unsplit unpacked call. ValueError: pack_gqa=True at seqlen_q > 1."""
+    if pack_gqa and q.shape[1] != 1:
+        raise ValueError(f"pack_gqa=True: fa2 packs the query heads of one query row (seqlen_q = 1), not "
+                         f"seqlen_q={q.shape[1]}")
+    pack, splits = _choice(q, k, pack_gqa)
     if num_splits is None:
-        return _problem_config(None, q, k, causal) or default_config(arch, head_dim, causal)
-    return split_config(arch, head_dim, num_splits)
+        num_splits = 0 if splits else 1
+    return split_config(_gpu(q.device)[0], q.shape[-1], num_splits, pack)
 
 
 def auto_num_splits(q: torch.Tensor, k: torch.Tensor, causal: bool) -> int:
@@ -216,31 +250,63 @@ def auto_num_splits(q: torch.Tensor, k: torch.Tensor, causal: bool) -> int:
 def _plan_call(config: Sm80Config, q, k, v, scale: float) -> tuple:
     """(prepare, finish) for tensors of q, k, v's kind (``common.launch.Variant.plan_call``): the standard
     arguments, or for a split kernel the fp32 partials (a workspace per call, ``split_combine.partials_plan``)
-    in place of out, lse, and `finish` merging them into out, lse (the merge kernel, one launch)."""
+    in place of out, lse, and `finish` merging them into out, lse (the merge kernel, one launch). Packed GQA:
+    q and the outputs (or the partials) as ``common.pack_gqa.views`` of the same memory."""
+    heads_kv = k.shape[2]
+    pack = config.pack_gqa
     if config.num_splits == 1:
-        return (lambda q, k, v, out, lse: (q, k, v, out, lse, scale)), None
+        if not pack:
+            return (lambda q, k, v, out, lse: (q, k, v, out, lse, scale)), None
+        return (lambda q, k, v, out, lse: (*_packed(q, k, v, out, lse, heads_kv), scale)), None
     batch, seqlen_q, heads, head_dim = q.shape
     splits = num_splits_for(config, q, k)
     alloc, merge = split_combine.partials_plan(batch, seqlen_q, heads, head_dim, splits, q.device, q.dtype,
                                                pdl=False)
+    if not pack:
+        def prepare(q, k, v, out, lse):
+            return (q, k, v, *alloc(), scale)
+
+        def finish(args, out, lse):
+            merge(args[3], args[4], out, lse)
+        return prepare, finish
+    o_shape, lse_shape = (splits * batch, seqlen_q, heads, head_dim), (splits * batch, heads, seqlen_q)
+    o_strides, lse_strides = _contiguous(o_shape), _contiguous(lse_shape)
 
     def prepare(q, k, v, out, lse):
-        return (q, k, v, *alloc(), scale)
+        return (*_packed(q, k, v, *alloc(), heads_kv), scale)
 
-    def finish(args, out, lse):
-        merge(args[3], args[4], out, lse)
+    def finish(args, out, lse):  # the partials unpacked again: views of the same (contiguous) memory
+        merge(args[3].as_strided(o_shape, o_strides), args[4].as_strided(lse_shape, lse_strides), out, lse)
     return prepare, finish
+
+
+def _contiguous(shape: tuple) -> tuple:
+    """The strides of a contiguous tensor of this shape."""
+    strides, n = [], 1
+    for size in reversed(shape):
+        strides.append(n)
+        n *= size
+    return tuple(reversed(strides))
+
+
+def _packed(q, k, v, out, lse, heads_kv: int) -> tuple:
+    pq, po, pl = pack_gqa.views(q, out, lse, heads_kv)
+    return pq, k, v, po, pl
 
 
 def _warm_configs(arch: str, head_dim: int, causal: bool) -> tuple:
     """The configs besides the default that `auto` may switch a call to (for `fa-variants warmup`)."""
-    return (_split_config(arch, head_dim),) if SPLIT_KV_ENABLED else ()
+    configs = ((split_config(arch, head_dim),) if SPLIT_KV_ENABLED else ())
+    if PACK_GQA_ENABLED:
+        configs += (split_config(arch, head_dim, 1, True),) + (
+            (split_config(arch, head_dim, 0, True),) if SPLIT_KV_ENABLED else ())
+    return configs
 
 
 VARIANT = Variant(
     "fa2", archs=("sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_120a"), dtypes=DTYPES, head_dims=HEAD_DIMS,
     default_config=default_config, check_config=_check_config, build=_build, check_problem=_check_problem,
-    plan_call=_plan_call, problem_config=_problem_config, switches=lambda: (SPLIT_KV_ENABLED,),
+    plan_call=_plan_call, problem_config=_problem_config, switches=lambda: (SPLIT_KV_ENABLED, PACK_GQA_ENABLED),
     warm_configs=_warm_configs)
 
 

@@ -37,9 +37,11 @@ class FlashAttention2Sm80:
     def __init__(self, dtype, head_dim: int, causal: bool, tiles: Sm80Config):
         self.dtype = dtype
         self.head_dim = head_dim
-        self.causal = causal
+        # Packed GQA (seqlen_q = 1 host views): the rows are query heads, not positions; at seqlen_q = 1
+        # bottom-right causal hides no key, so the packed kernel runs unmasked.
+        self.causal = causal and not tiles.pack_gqa
         self.Br, self.Bc, self.stages = tiles.tile_m, tiles.tile_n, tiles.stages
-        self.blocks = BlockInfo(tiles.tile_m, tiles.tile_n, causal)
+        self.blocks = BlockInfo(tiles.tile_m, tiles.tile_n, self.causal)
         self.num_warps = tiles.warps
         self.num_threads = 32 * tiles.warps
         assert self.stages == 2, "the K/V pipeline below is written for two stages"

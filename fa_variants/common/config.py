@@ -35,7 +35,11 @@ class Sm80Config:
     num_splits (FA2 only): split-KV as ``Sm90Config.num_splits``: 1 off; n > 1 the K/V tiles of each query
     tile shared by n CTAs writing fp32 partial O and LSE, merged by LSE afterwards (``common.split``); 0 the
     count chosen per call (``ampere.fa2.num_splits_for``). Every value but 1 compiles the same kernel (the
-    count is a runtime value)."""
+    count is a runtime value).
+
+    pack_gqa (FA2 only): packed GQA at seqlen_q = 1 (``common.pack_gqa.views``): the host passes Q, O and LSE
+    as views whose seqlen is the group of query heads of each KV head; the kernel runs them unmasked (at
+    seqlen_q = 1 bottom-right causal hides no key), reading each K/V tile once per KV head."""
 
     tile_m: int
     tile_n: int
@@ -43,6 +47,7 @@ class Sm80Config:
     stages: int = 2
     q_stages: int = 1
     num_splits: int = 1
+    pack_gqa: bool = False
 
     def smem_bytes(self, head_dim: int, elem_bytes: int = 2) -> int:
         """q_stages Q tiles + stages x (K tile + V tile), bytes."""
@@ -60,6 +65,8 @@ class Sm80Config:
             raise ValueError(f"{self}: stages and q_stages must be 1 or 2")
         if not isinstance(self.num_splits, int) or isinstance(self.num_splits, bool) or self.num_splits < 0:
             raise ValueError(f"num_splits={self.num_splits!r} must be an int >= 0 (1: off, 0: chosen per call)")
+        if not isinstance(self.pack_gqa, bool):
+            raise ValueError(f"pack_gqa={self.pack_gqa!r} must be a bool")
         return self
 
 

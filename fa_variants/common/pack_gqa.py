@@ -7,6 +7,9 @@ tile_m of the G heads at one position (G a multiple of tile_m). Each K/V tile is
 and tile instead of once per query head (decode: seqlen_q of 1 to a few dozen rows, FlashAttention-3's
 "pack GQA").
 
+At seqlen_q = 1 no kernel change is needed: `views` re-strides the host's q, O and LSE (torch, no copy) into a
+problem of num_heads_kv heads whose G "query positions" are the query heads (fa3 and fa2 decode; the kernel runs
+unmasked: at seqlen_q = 1 bottom-right causal hides no key). For seqlen_q > 1,
 `pack_rows` makes that view of a (seqlen, ..., heads, ...) CuTe tensor (no copy): mode 0 becomes the
 hierarchical ((G, seqlen)) with strides (head stride, seqlen stride) and the head mode num_heads_kv heads of
 stride G * head stride. TMA boxes over the view are (G, tile_m / G) or (tile_m, 1) rows: bounds clip at
@@ -19,6 +22,8 @@ Our own formulation of the idea in Dao-AILab/flash-attention (hopper/ and flash_
 layouts put the head index fastest in the packed mode too).
 """
 from __future__ import annotations
+
+import torch
 
 
 def packable(group: int, tile_m: int) -> bool:
@@ -43,3 +48,18 @@ def pack_rows(t, group: int, head_mode: int):
     shape[0], stride[0] = (group, shape[0]), (head_stride, stride[0])
     shape[head_mode], stride[head_mode] = shape[head_mode] // group, head_stride * group
     return cute.make_tensor(t.iterator, cute.make_layout(tuple(shape), stride=tuple(stride)))
+
+
+def views(q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, heads_kv: int) -> tuple:
+    """Packed GQA at seqlen_q = 1: q, out (B, 1, H, D) and lse (B, H, 1) as views (no copy) of a problem of
+    num_heads_kv heads whose rows are the group = H / num_heads_kv query heads of each KV head:
+    q, out (B, group, Hkv, D) with row g of KV head j = query head j group + g; lse (B, Hkv, group). out and
+    lse may have more batches than q (the split partials: num_splits * B)."""
+    heads, head_dim = q.shape[2:]
+    group = heads // heads_kv
+
+    def rows(t):  # (B, 1, H, D) -> (B, group, Hkv, D)
+        return t.as_strided((t.shape[0], group, heads_kv, head_dim), (t.stride(0), t.stride(2), group * t.stride(2), t.stride(3)))
+
+    lse_rows = lse.as_strided((lse.shape[0], heads_kv, group), (lse.stride(0), group * lse.stride(1), lse.stride(1)))
+    return rows(q), rows(out), lse_rows

@@ -373,19 +373,8 @@ def _check_problem(config: Sm90Config | None, q: torch.Tensor, k: torch.Tensor) 
                          "the grid limit 2^31 - 1")
 
 
-def pack_gqa_views(q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, heads_kv: int) -> tuple:
-    """Packed GQA at seqlen_q = 1: q, out (B, 1, H, D) and lse (B, H, 1) as views (no copy) of a problem of
-    num_heads_kv heads whose rows are the group = H / num_heads_kv query heads of each KV head:
-    q, out (B, group, Hkv, D) with row g of KV head j = query head j group + g; lse (B, Hkv, group). out and
-    lse may have more batches than q (the split partials: num_splits * B)."""
-    heads, head_dim = q.shape[2:]
-    group = heads // heads_kv
-
-    def rows(t):  # (B, 1, H, D) -> (B, group, Hkv, D)
-        return t.as_strided((t.shape[0], group, heads_kv, head_dim), (t.stride(0), t.stride(2), group * t.stride(2), t.stride(3)))
-
-    lse_rows = lse.as_strided((lse.shape[0], heads_kv, group), (lse.stride(0), group * lse.stride(1), lse.stride(1)))
-    return rows(q), rows(out), lse_rows
+#: Packed GQA at seqlen_q = 1 from host views (``common.pack_gqa.views``; fa2 packs the same way).
+pack_gqa_views = pack_gqa.views
 
 
 def _plan_call(config: Sm90Config, q, k, v, scale: float) -> tuple:
