@@ -39,7 +39,8 @@ def num_splits_heuristic(ctas: int, n_blocks: int, num_sms: int, max_splits: int
     """Splits per query tile: 1 when `ctas` (batch x heads x query tiles) already give every SM work, else the
     count with the least modelled time, the fewest on a tie.
 
-    ctas: CTAs without splitting; n_blocks: K/V tiles per query tile (the longest); num_sms: SMs of the GPU.
+    ctas: CTAs without splitting; n_blocks: K/V tiles per query tile (the longest); num_sms: SMs of the GPU, or
+    the CTA slots of a kernel that runs several CTAs per SM (fa2 passes SMs x ``ampere.fa2.ctas_per_sm``).
     Model (one CTA per SM, true of every fa3 config: 240 registers x 256+ threads): s splits take
     ceil(ctas s / num_sms) waves of ceil(n_blocks / s) + SPLIT_OVERHEAD_TILES tile times each; counts giving a
     split fewer than MIN_BLOCKS_PER_SPLIT tiles are not considered. At B = 1, 32:8 packed (8 CTAs) and 4k keys
