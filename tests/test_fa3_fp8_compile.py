@@ -107,3 +107,38 @@ def test_pv_slices_pipelined():
 def test_config_errors(bad, match):
     with pytest.raises(ValueError, match=match):
         dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], **bad).check(128)
+
+
+def test_early_pv_arrive():
+    """early_pv_arrive (head_dim 256, four P V slices, two temporaries): the ping-pong arrive (BAR.ARV) comes right
+    after the last slice's QGMMA is issued, before any wait for it, and the mainloop's S = Q K^T QGMMA is no longer
+    followed by one (only the first step's is: its turn has no P V GEMM); no spills. With skip_unit_rescale too."""
+    base = _sass(fa3_fp8.DEFAULT_CONFIGS[256], head_dim=256)
+    cfg = dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[256], early_pv_arrive=True, skip_unit_rescale=True)
+    s = _sass(cfg, head_dim=256)
+    counts = cubin.count_sass(s)
+    assert counts["QGMMA"] > 0 and counts["LDL"] == counts["STL"] == 0, counts
+    after = lambda shape, text: len(re.findall(rf"QGMMA\.{shape}\.F32\.E4M3\.E4M3 [^\n]*gsb0 ;\s*\n[^\n]*BAR\.ARV", text))  # noqa: E731
+    assert after("64x64x32", base) == 0 and after("64x64x32", s) >= 2, (after("64x64x32", base), after("64x64x32", s))
+    assert after("64x128x32", base) == 2 and after("64x128x32", s) == 1
+    assert len(re.findall(r"\bBAR\.ARV\b", s)) == len(re.findall(r"\bBAR\.ARV\b", base))  # one arrive per turn, as before
+
+
+@pytest.mark.parametrize("variant", ["fa3-fp8", "fa3"])
+def test_exp2_emu_moves_exponentials_off_mufu(variant):
+    """exp2_emu=2 at head_dim 64: a quarter of the scores' MUFU.EX2 are gone, replaced by the FMA-pipe exp2 (the
+    1.5 * 2^23 rounding FADDs); no spills. In fa3-fp8 and in bf16 fa3 (the shared softmax piece)."""
+    if variant == "fa3":
+        from fa_variants.hopper import fa3
+        configs, dtype = fa3.DEFAULT_CONFIGS, "bf16"
+    else:
+        configs, dtype = fa3_fp8.DEFAULT_CONFIGS, "e4m3"
+
+    def sass(config):
+        return cubin.sass_of(registry.compiled(registry.static_config(variant, "sm_90a", dtype, 64, False, config)).cubin)
+
+    base, emu = sass(configs[64]), sass(dataclasses.replace(configs[64], exp2_emu=2))
+    cb, ce = cubin.count_sass(base), cubin.count_sass(emu)
+    assert ce["LDL"] == ce["STL"] == 0, ce
+    assert ce["MUFU.EX2"] <= 0.8 * cb["MUFU.EX2"], (cb["MUFU.EX2"], ce["MUFU.EX2"])
+    assert len(re.findall(r"FADD R\d+, R\d+, 12582912", emu)) >= 16 and "12582912" not in base

@@ -136,6 +136,13 @@ class Sm90Config:
         the CTA that arrives last merges the query tile into the caller's O and LSE and resets the counter
         (``hopper.fa3_kernel.FlashAttention3Sm90._merge_if_last``). False: a second kernel merges
         (``common.split_combine``).
+    early_pv_arrive: (serial steps, intra_wg_overlap False, with pingpong) a warpgroup hands the ping-pong turn on
+        right after issuing its P V GEMM instead of after the next tile's S = Q K^T GEMM, so the wait for the P V
+        GEMM and what follows it (fa3-fp8: the promotion of the two-level temporary into O) run while the other
+        warpgroup's GEMMs keep the tensor cores busy; its own next S GEMM is then issued outside the turn.
+    exp2_emu: of every 8 consecutive scores of a thread's row, the last exp2_emu (0..8) get their exponential from
+        FMAs and integer operations instead of MUFU.EX2 (``common.softmax.exp2_fma_pipe``; constants, accuracy and
+        the column choice in ``common.exp2_poly``): for kernels bound by the 16 exp2 per cycle and SM of the MUFU.
     pack_group: 0, or (with pack_gqa) the group G = num_heads / num_heads_kv fixed at compile time, for any
         seqlen_q: the kernel itself packs row r of a Q tile as query head r % G (of the KV head) at query
         position r // G (``common.pack_gqa``), masking each row causally by its own position. G must divide
@@ -163,6 +170,8 @@ class Sm90Config:
     convert_pairs: bool = False
     k_before_q: bool = False
     fused_merge: bool = False
+    early_pv_arrive: bool = False
+    exp2_emu: int = 0
 
     @property
     def consumer_warpgroups(self) -> int:
@@ -202,6 +211,10 @@ class Sm90Config:
             raise ValueError("k_before_q orders the separate K/V producer states: it needs shared_kv_state=False")
         if not isinstance(self.fused_merge, bool) or (self.fused_merge and self.num_splits == 1):
             raise ValueError(f"fused_merge={self.fused_merge!r} must be a bool, True only with split-KV (num_splits != 1)")
+        if not isinstance(self.exp2_emu, int) or isinstance(self.exp2_emu, bool) or not 0 <= self.exp2_emu <= 8:
+            raise ValueError(f"exp2_emu={self.exp2_emu!r} must be an int in [0, 8] (exp2 computed with FMAs per 8 scores)")
+        if self.early_pv_arrive and self.intra_wg_overlap:
+            raise ValueError(f"early_pv_arrive needs intra_wg_overlap=False (serial steps) ({self})")
         if not isinstance(self.pdl, bool) or (self.pdl and not arch.startswith("sm_9")):
             raise ValueError(f"pdl={self.pdl!r} must be a bool, True only on sm_90a (griddepcontrol)")
         if self.ctas_per_sm not in (1, 2) or (self.ctas_per_sm == 2 and self.consumer_warpgroups != 1):

@@ -108,13 +108,13 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
-from cutlass._mlir.dialects import arith as mlir_arith
 from cutlass._mlir.dialects import math as mlir_math
-from cutlass.cutlass_dsl import T, dsl_user_op
+from cutlass.cutlass_dsl import dsl_user_op
 
 from fa_variants.common import interop
 from fa_variants.common.cache import StaticConfig
 from fa_variants.common.launch import Variant
+from fa_variants.common.softmax import bits_f32, f32_bits
 from fa_variants.fp8 import layout
 from fa_variants.fp8.quantize import (E4M3, MIN_DESCALE_EXPONENT, FP8Config, FP8Inputs, HadamardRotation, _check,
                                       k_mean, tiles_for)
@@ -143,16 +143,6 @@ V2_STAGES = 3
 #: (off, K's smoothed pass spills 16 bytes at head_dim 128 with 3 stages: keep it on)
 V2_PDL = True
 V2_REVERSE = True
-
-
-@dsl_user_op
-def _f32_bits(x: Float32, *, loc=None, ip=None) -> Int32:
-    return Int32(mlir_arith.bitcast(T.i32(), x.ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
-
-
-@dsl_user_op
-def _bits_f32(x: Int32, *, loc=None, ip=None) -> Float32:
-    return Float32(mlir_arith.bitcast(T.f32(), x.ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
 
 
 @dsl_user_op
@@ -500,16 +490,16 @@ class QuantPass:
                 mDescale[batch, head, tile] = amax
         else:
             if const_expr(self.cfg.mode == "given"):
-                field = _f32_bits(mDescale[batch, head, tile]) >> 23
+                field = f32_bits(mDescale[batch, head, tile]) >> 23
             else:
-                bits = _f32_bits(amax)
+                bits = f32_bits(amax)
                 field = ((bits >> 23) & 0xFF) - 8
                 if (bits & 0x7FFFFF) > 0x600000:
                     field = field + 1
                 field = cutlass.min(cutlass.max(field, 127 + MIN_DESCALE_EXPONENT), 253)
                 if tidx == 0:
-                    mDescale[batch, head, tile] = _bits_f32(field << 23)
-            inv = _bits_f32((254 - field) << 23)
+                    mDescale[batch, head, tile] = bits_f32(field << 23)
+            inv = bits_f32((254 - field) << 23)
             if const_expr(self.cfg.rotate):
                 inv = inv * norm
             for j in cutlass.range_constexpr(SLOTS):

@@ -43,6 +43,21 @@ scales (one descale per 128 query rows and per ``tile_n`` keys, ``fa_variants.fp
   promotes per tile, ~20% of a tile's 1024 MMA cycles: the 9-20% the H200 showed. ``pv_buffers = 2``
   with ``pv_split = 4`` (two 32-register temporaries) issues slice h + 1 before promoting slice h
   (DEPBAR 1): only the last slice's promote and one drain stay exposed.
+* Speed switches, off by default (issue 10; the A/B is ``scripts/fp8speed_gpu.sh``). Read in the SASS of the
+  head_dim 256 default: ptxas sinks O *= alpha (issued before the P V GEMM) into the promotion, which becomes
+  O = alpha O + (v_descale tmp), an FMUL and an FFMA per element; after the last slice's wait (DEPBAR 0) ~128 of
+  them plus the loop's top run before the next S GEMM is issued and the turn handed on, with this warpgroup's
+  tensor-core queue empty and the other warpgroup waiting for the turn. ``early_pv_arrive`` (serial steps)
+  hands the ping-pong turn on right after the last P V QGMMA is issued (BAR.ARV before the DEPBAR), so the other
+  warpgroup's GEMMs fill the tensor cores during the drain and the promotion; this warpgroup's next S GEMM is
+  then issued outside the turn. ``skip_unit_rescale`` (honoured here with two-level accumulation) skips
+  O *= alpha when every alpha of the thread is exactly 1 (no row max moved: most tiles of a long row); the
+  promotion is then one FFMA per element (O + v_descale tmp, the same rounding) and the tail after DEPBAR 0
+  halves (64 FFMAs). ``exp2_emu`` (``common.exp2_poly``) computes some of P's exponentials with FMAs instead of
+  MUFU.EX2 (head_dim 64 is bound by the MUFU and the issue slots); the emulation models it.
+  A promotion interval (``promote_every``) needs a temporary for the whole of d that lives across the S GEMM and
+  the softmax: at head_dim 256 (O 128 + temporary 128 registers per thread) it cannot fit, at 128 with 256-key
+  tiles it spills (S 128 + O 64 + temporary 64); it is built for head_dim 64 and for 128 with 128-key tiles.
 * K/V tiles are walked from the last to the first (as fa3). Output in the caller's 16-bit dtype,
   LSE float32 natural log; rows that see no key give O = 0 and LSE = -inf.
 
@@ -194,7 +209,9 @@ class _Fp8StepContext(_StepContext):
                 ratio = self.v_descale[n_block + 1] / self.v_descale[n_block]
                 for r in range(cute.size(alpha)):
                     alpha[r] = alpha[r] * ratio
-            self.softmax.rescale(acc_rows_cols(self.acc_O), alpha)
+            # skip_unit_rescale: no multiply when every factor of the thread is exactly 1 (the promotion is then
+            # one FFMA per element, O + v_descale tmp, instead of alpha O + v_descale tmp)
+            self.softmax.rescale(acc_rows_cols(self.acc_O), alpha, skip_ones=True)
 
     @cute.jit
     def _rescale_interval(self, alpha: cute.Tensor, n_block: Int32):
@@ -240,26 +257,38 @@ class _Fp8StepContext(_StepContext):
 
     def pv(self, v_state, n_block, wait: int):
         cfg = self.k.cfg
+        early = const_expr(cfg.early_pv_arrive)  # hand the ping-pong turn on right after the last issue
+        last = cfg.pv_split - 1
         if const_expr(not cfg.two_level):
-            wgmma(self.mma_pv, self.acc_O, self.tOrP, self._v_slice(v_state.index, 0), wait=wait)
+            wgmma(self.mma_pv, self.acc_O, self.tOrP, self._v_slice(v_state.index, 0), wait=-1 if early else wait)
         elif const_expr(self._interval()):  # the first tile of an interval overwrites the temporary
             wgmma(self.mma_pv, self.acc_tmp, self.tOrP, self._v_slice(v_state.index, 0),
-                  accumulate=self.tiles_in_tmp[0] != 0, wait=wait)
+                  accumulate=self.tiles_in_tmp[0] != 0, wait=-1 if early else wait)
         elif const_expr(cfg.pv_split == 1):
-            wgmma(self.mma_pv, self.acc_tmp, self.tOrP, self._v_slice(v_state.index, 0), zero_init=True, wait=wait)
+            wgmma(self.mma_pv, self.acc_tmp, self.tOrP, self._v_slice(v_state.index, 0), zero_init=True,
+                  wait=-1 if early else wait)
         elif const_expr(cfg.pv_buffers == 1):
             for h in range(cfg.pv_split):
-                wgmma(self.mma_pv, self.acc_tmp, self.tOrP, self._v_slice(v_state.index, h), zero_init=True, wait=0)
+                wgmma(self.mma_pv, self.acc_tmp, self.tOrP, self._v_slice(v_state.index, h), zero_init=True,
+                      wait=-1 if early and h == last else 0)
+                if const_expr(early and h == last):
+                    self.pv_issued(0)
                 self._promote(h, n_block)
+            return
         else:  # two buffers: slice h on the tensor cores while slice h - 1 is promoted
             bufs = (self.acc_tmp, self.acc_tmp2)
             for h in range(cfg.pv_split):
                 wgmma(self.mma_pv, bufs[h % 2], self.tOrP, self._v_slice(v_state.index, h), zero_init=True,
-                      wait=-1 if h == 0 else 1)
+                      wait=-1 if h == 0 or (early and h == last) else 1)
+                if const_expr(early and h == last):
+                    self.pv_issued(1)
                 if h > 0:
                     self._promote(h - 1, n_block, bufs[(h - 1) % 2])
             warpgroup.wait_group(0)
-            self._promote(cfg.pv_split - 1, n_block, bufs[(cfg.pv_split - 1) % 2])
+            self._promote(last, n_block, bufs[last % 2])
+            return
+        if const_expr(early):
+            self.pv_issued(wait)
 
     def fold_pv(self, n_block):
         if const_expr(self._interval()):
@@ -322,7 +351,8 @@ class FlashAttention3Fp8Sm90(FlashAttention3Sm90):
         return sV  # (head_dim, tokens, stage) = (N, K, stage), K-major
 
     def _make_softmax(self, num_rows: int, scale_log2: Float32):
-        return OnlineSoftmax(num_rows, scale_log2, tile_scales=True, p_shift=P_SHIFT)
+        return OnlineSoftmax(num_rows, scale_log2, chains=self.cfg.reduce_chains, skip_unit_rescale=self.cfg.skip_unit_rescale,
+                             tile_scales=True, p_shift=P_SHIFT, exp2_emu=self.cfg.exp2_emu)
 
     def _step_context(self, args: tuple, extras: tuple, m_block: Int32, head: Int32, batch: Int32):
         mQd, mKd, mVd = extras

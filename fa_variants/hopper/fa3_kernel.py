@@ -108,7 +108,8 @@ class FlashAttention3Sm90:
         return transpose_view(sV)
 
     def _make_softmax(self, num_rows: int, scale_log2: Float32):
-        return OnlineSoftmax(num_rows, scale_log2, self.cfg.exp2_ffma, self.cfg.reduce_chains, self.cfg.skip_unit_rescale)
+        return OnlineSoftmax(num_rows, scale_log2, self.cfg.exp2_ffma, self.cfg.reduce_chains, self.cfg.skip_unit_rescale,
+                             exp2_emu=self.cfg.exp2_emu)
 
     def _step_context(self, args: tuple, extras: tuple, m_block: Int32, head: Int32, batch: Int32):
         return _StepContext(*args)
@@ -615,7 +616,8 @@ class FlashAttention3Sm90:
                 k_state, v_state = ctx.serial_step(k_state, v_state, last - 1 - i, causal=True)
             for i in cutlass.range(n_free, unroll=1):
                 k_state, v_state = ctx.serial_step(k_state, v_state, self._tile(n_start, n_free - 1 - i), causal=False)
-            ctx.schedule_arrive()
+            if const_expr(not self.cfg.early_pv_arrive):  # else the last P V GEMM's issue ended the turn
+                ctx.schedule_arrive()
 
         lse = ctx.finalize()
         rows = seqlen_q * self.pack_group if const_expr(self.pack_group) else seqlen_q  # packed: G rows per position
@@ -751,8 +753,18 @@ class _StepContext:
     def pv(self, v_state, n_block, wait: int, accumulate=None):
         """Issue O += P V_n (one WGMMA group; ``wait`` as in ``common.sm90.wgmma``); O = P V_n where the
         run-time ``accumulate`` is False (only passed when ``overwrites_o``)."""
-        wgmma(self.mma_pv, self.acc_O, self.tOrP, self.tOrV[None, None, None, v_state.index], wait=wait,
-              accumulate=accumulate)
+        early = const_expr(self.k.cfg.early_pv_arrive)
+        wgmma(self.mma_pv, self.acc_O, self.tOrP, self.tOrV[None, None, None, v_state.index],
+              wait=-1 if early else wait, accumulate=accumulate)
+        if const_expr(early):
+            self.pv_issued(wait)
+
+    def pv_issued(self, wait: int):
+        """``early_pv_arrive``: called by ``pv`` once the last WGMMA group of the P V GEMM is committed: hand the
+        ping-pong turn on, then wait until at most ``wait`` groups are in flight (-1: no wait)."""
+        self.schedule_arrive()
+        if const_expr(wait >= 0):
+            warpgroup.wait_group(wait)
 
     def overwrites_o(self) -> bool:
         """Whether the first P V GEMM overwrites O (``first_pv_overwrites``), so O needs no zero fill: only
@@ -910,12 +922,14 @@ class _StepContext:
 
     def serial_step(self, k_state, v_state, n_block, causal: bool, seqlen_end: bool = False, is_first: bool = False):
         """Algorithm 1 body without intra-warpgroup overlap; the turn (ping-pong) covers
-        [O += P V_n, S_{n-1} = Q K_{n-1}^T], the softmax runs outside it."""
+        [O += P V_n, S_{n-1} = Q K_{n-1}^T], the softmax runs outside it. With ``early_pv_arrive`` the turn
+        covers the issue of O += P V_n only (``pv_issued``; the first step's turn: its S GEMM)."""
         shared = const_expr(v_state is None)  # one state: K and V of this tile share it
         acc_S = self.new_scores()
         self.pipe_k.consumer_wait(k_state)
         wgmma(self.mma_qk, acc_S, self.tSrQ, self.tSrK[None, None, None, k_state.index], zero_init=True, wait=-1)
-        self.schedule_arrive()
+        if const_expr(is_first or not self.k.cfg.early_pv_arrive):  # else the turn ended with the P V GEMM's issue
+            self.schedule_arrive()
         warpgroup.wait_group(0)
         self.pipe_k.consumer_release(k_state)
         if const_expr(shared):

@@ -1,0 +1,130 @@
+"""The speed switches of issue 10 on an sm90 GPU, every one off by default: ``early_pv_arrive`` (the ping-pong turn
+handed on right after the P V GEMM's issue), ``skip_unit_rescale`` in fa3-fp8 (O *= alpha skipped when no row max
+of the thread moved), ``exp2_emu`` (some exponentials computed with FMAs, ``common.exp2_poly``), and the
+combinations scripts/fa3_fp8_speed_ab.py times (``--set fp8speed``, whose precompile builds these kernels).
+
+fa3-fp8: the kernel against its emulation on the same quantised inputs (default recipe), the emulation told the
+kernel's ``exp2_emu``; bounds of tests/test_fa3_fp8_gpu.py (rel-L2 <= 6e-3, LSE <= 1.5e-3 on rows that see a key,
+-inf and O = 0 on the others) and vs float64 within ``fp8_error_bound``. bf16 fa3 with the same switches: the
+project's rule against float64 (``helpers.assert_attention_ok``). Shapes: one K/V tile; several (masked and
+unmasked steps) with a partial last tile; Nq > Nk (causal rows that see no key); GQA and MQA.
+
+    source .gpu/env.sh && python3 -m pytest -m gpu tests/test_fa3_fp8_speed_gpu.py -q
+"""
+import dataclasses
+import math
+import zlib
+
+import pytest
+import torch
+
+from helpers import assert_attention_ok, make_qkv
+
+pytestmark = pytest.mark.gpu
+
+REL_L2_BOUND = 6e-3  # as tests/test_fa3_fp8_gpu.py
+LSE_BOUND = 1.5e-3
+SHAPES = [(1, 113, 113, 4, 2), (2, 113, 1023, 4, 1), (1, 1023, 113, 3, 3)]
+SHAPE_IDS = ["x".join(map(str, s)) for s in SHAPES]
+
+# (head_dim, config change) of the fa3-fp8 variants (scripts/fa3_fp8_speed_ab.py SPEED_VARIANTS, the same names)
+FP8_VARIANTS = {
+    "d256-early": (256, dict(early_pv_arrive=True)),
+    "d256-skip": (256, dict(skip_unit_rescale=True)),
+    "d256-early_skip": (256, dict(early_pv_arrive=True, skip_unit_rescale=True)),
+    "d256-single_early": (256, dict(two_level=False, pv_split=1, pv_buffers=1, early_pv_arrive=True)),
+    "d128-early": (128, dict(early_pv_arrive=True)),
+    "d128-skip": (128, dict(skip_unit_rescale=True)),
+    "d128-early_skip": (128, dict(early_pv_arrive=True, skip_unit_rescale=True)),
+    "d64-skip": (64, dict(skip_unit_rescale=True)),
+    "d64-emu1": (64, dict(exp2_emu=1)),
+    "d64-emu2": (64, dict(exp2_emu=2)),
+}
+
+
+@pytest.fixture(scope="module")
+def fp8_kernel():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from fa_variants.fp8 import attention as fp8_attention
+
+    problem = fp8_attention.why_not(torch.device("cuda"))
+    if problem:
+        pytest.skip(problem)
+    from fa_variants.hopper import fa3_fp8
+
+    return fa3_fp8
+
+
+def _inputs(shape, head_dim, seed):
+    B, Nq, Nk, H, Hkv = shape
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return (torch.randn(B, n, h, head_dim, device="cuda", generator=g).to(torch.bfloat16)
+            for n, h in ((Nq, H), (Nk, Hkv), (Nk, Hkv)))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+@pytest.mark.parametrize("variant", list(FP8_VARIANTS))
+def test_fp8_variant_vs_emulation(fp8_kernel, variant, shape, causal, request, nan_allocations):
+    from fa_variants import fp8
+    from fa_variants.reference import attention_reference, rel_l2
+
+    D, change = FP8_VARIANTS[variant]
+    cfg = dataclasses.replace(fp8_kernel.DEFAULT_CONFIGS[D], **change)
+    seed = zlib.crc32(request.node.nodeid.encode())
+    q, k, v = _inputs(shape, D, seed)
+    inp = fp8.quantize_fp8(q, k, v)
+    with nan_allocations():  # an output element the kernel does not write stays NaN
+        out, lse = fp8_kernel.run_fp8(inp, causal=causal, out_dtype=torch.bfloat16, config=cfg)
+    emu32, emu_lse = fp8.emulate_fp8_attention(inp, causal=causal, exp2_emu=cfg.exp2_emu)
+    emu = emu32.to(torch.bfloat16)
+    exact, _ = attention_reference(q, k, v, causal=causal, dtype=torch.float64)
+    seen = torch.isfinite(emu_lse)
+    facts = dict(variant=variant, seed=seed, rel_l2=float(rel_l2(out, emu)),
+                 lse_diff=float((lse[seen] - emu_lse[seen]).abs().max()) if seen.any() else 0.0,
+                 vs_f64=(out.double() - exact).abs().max().item(), vs_f64_bound=fp8.fp8_error_bound(emu32, exact))
+    assert torch.isfinite(out).all(), facts
+    assert facts["rel_l2"] <= REL_L2_BOUND, facts
+    assert torch.equal(torch.isfinite(lse), seen) and (out.transpose(1, 2)[~seen] == 0).all(), facts
+    assert facts["lse_diff"] <= LSE_BOUND, facts
+    assert facts["vs_f64"] <= facts["vs_f64_bound"], facts
+
+
+def test_fp8_exp2_emu_every_score(fp8_kernel, nan_allocations):
+    """exp2_emu = 8 (every score's exponential from FMAs, masked ones included: causal, Nq > Nk leaves rows with no
+    key, which must still give O = 0 and LSE = -inf) against the emulation that models it."""
+    from fa_variants import fp8
+    from fa_variants.reference import rel_l2
+
+    D = 64
+    cfg = dataclasses.replace(fp8_kernel.DEFAULT_CONFIGS[D], exp2_emu=8)
+    q, k, v = _inputs((1, 300, 200, 2, 2), D, 5)
+    inp = fp8.quantize_fp8(q, k, v)
+    with nan_allocations():
+        out, lse = fp8_kernel.run_fp8(inp, causal=True, out_dtype=torch.bfloat16, config=cfg)
+    emu, emu_lse = fp8.emulate_fp8_attention(inp, causal=True, exp2_emu=8)
+    seen = torch.isfinite(emu_lse)
+    assert not seen.all() and torch.equal(torch.isfinite(lse), seen)
+    assert (out.transpose(1, 2)[~seen] == 0).all()
+    assert float(rel_l2(out, emu.to(torch.bfloat16))) <= REL_L2_BOUND
+    assert (lse[seen] - emu_lse[seen]).abs().max().item() <= LSE_BOUND
+
+
+@pytest.mark.parametrize("head_dim, change", [(64, dict(exp2_emu=1)), (64, dict(exp2_emu=8)),
+                                              (128, dict(intra_wg_overlap=False, early_pv_arrive=True))],
+                         ids=["d64-emu1", "d64-emu8", "d128-serial-early"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_bf16_fa3_switches(head_dim, change, causal, nan_allocations):
+    """The shared pieces in the bf16 fa3 kernel: exp2_emu (common.softmax) and early_pv_arrive (fa3_kernel)."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("needs an sm90 GPU")
+    from fa_variants.hopper import fa3
+
+    config = dataclasses.replace(fa3.DEFAULT_CONFIGS[head_dim], **change)
+    for shape in SHAPES:
+        q, k, v = make_qkv(*shape, head_dim, dtype=torch.bfloat16, device="cuda")
+        scale = 1.0 / math.sqrt(head_dim)
+        with nan_allocations():
+            out, lse = fa3.run(q, k, v, causal=causal, softmax_scale=scale, config=config)
+        assert_attention_ok(out, lse, q, k, v, causal, scale, what=f"{change} causal={causal} {shape}")
