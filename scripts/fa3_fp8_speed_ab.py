@@ -50,6 +50,27 @@ VARIANTS: dict[int, dict[str, dict]] = {
     128: {"new": {}, "old": dict(tile_n=128, intra_wg_overlap=True), "single": dict(two_level=False)},
     256: {"new": {}, "old": dict(pv_split=2, pv_buffers=1), "single": dict(two_level=False, pv_split=1, pv_buffers=1)},
 }
+# --set fp8speed (scripts/fp8speed_gpu.sh): the speed switches of issue 10, each off by default, beside the
+# current default ("new") and the single accumulator ("single": the two-level cost). early: early_pv_arrive (the
+# ping-pong turn handed on right after the P V GEMM's issue: the drain and the promotion leave the turn); skip:
+# skip_unit_rescale (no O *= alpha when no row max of the thread moved: the promotion is one FFMA per element);
+# emuN: exp2_emu=N (N of every 8 exponentials from FMAs, common.exp2_poly); promote4: promote_every=4.
+SPEED_VARIANTS: dict[int, dict[str, dict]] = {
+    64: {"new": {}, "single": dict(two_level=False), "skip": dict(skip_unit_rescale=True),
+         "promote4": dict(promote_every=4), "emu1": dict(exp2_emu=1), "emu2": dict(exp2_emu=2)},
+    128: {"new": {}, "single": dict(two_level=False), "early": dict(early_pv_arrive=True),
+          "skip": dict(skip_unit_rescale=True), "early_skip": dict(early_pv_arrive=True, skip_unit_rescale=True)},
+    256: {"new": {}, "single": dict(two_level=False, pv_split=1, pv_buffers=1),
+          "single_early": dict(two_level=False, pv_split=1, pv_buffers=1, early_pv_arrive=True),
+          "early": dict(early_pv_arrive=True), "skip": dict(skip_unit_rescale=True),
+          "early_skip": dict(early_pv_arrive=True, skip_unit_rescale=True)},
+}
+# bf16 fa3 variants timed beside "bf16_fa3" (its default) in --set fp8speed
+SPEED_BF16_VARIANTS: dict[int, dict[str, dict]] = {64: {"bf16_emu1": dict(exp2_emu=1)}}
+# kernels tests/test_fa3_fp8_speed_gpu.py needs besides the timed ones (kind, head_dim, change), both causal modes
+SPEED_TEST_KERNELS = [("fp8", 64, dict(exp2_emu=8)), ("bf16", 64, dict(exp2_emu=8)),
+                      ("bf16", 128, dict(intra_wg_overlap=False, early_pv_arrive=True))]
+SETS = {"ab": (VARIANTS, {}), "fp8speed": (SPEED_VARIANTS, SPEED_BF16_VARIANTS)}
 # issue 10's targets: (head_dim, seqlen, causal or None for both, what, threshold)
 TARGETS = [(256, 16384, False, "tflops", 1100.0), (128, None, False, "over_bf16", 1.4), (64, None, False, "over_bf16", 1.3),
            (None, None, None, "two_level_cost", 0.05)]
@@ -60,6 +81,15 @@ def kernel_config(head_dim: int, change: dict):
     from fa_variants.hopper import fa3_fp8
 
     return dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[head_dim], **change)
+
+
+def bf16_config(head_dim: int, change: dict):
+    """bf16 fa3's config with ``change`` (None for no change: fa3.run picks its default)."""
+    if not change:
+        return None
+    from fa_variants.hopper import fa3
+
+    return dataclasses.replace(fa3.DEFAULT_CONFIGS[head_dim], **change)
 
 
 def fp8_inputs(B: int, N: int, H: int, D: int, tile_n: int):
@@ -96,7 +126,7 @@ def _compile_one(job: tuple) -> str:
             from fa_variants.hopper import fa3
 
             q = torch.randn(1, 256, 1, D, device="cuda", dtype=torch.bfloat16)
-            fa3.run(q, q, q, causal=causal, softmax_scale=D ** -0.5)
+            fa3.run(q, q, q, causal=causal, softmax_scale=D ** -0.5, config=bf16_config(D, change))
         torch.cuda.synchronize()
         return f"ok {kind} d{D} causal={causal} {change} {time.time() - t0:.1f}s"
     except Exception as exc:  # noqa: BLE001 - reported, the timing process retries in-process
@@ -107,12 +137,20 @@ def _compile_one(job: tuple) -> str:
 TEST_RECIPES = [(g, r, r, t) for g in ("block", "head", "tensor") for r in (True, False) for t in (True, False)]
 
 
-def compile_jobs(head_dims, causals, tests: bool = True) -> list[tuple]:
-    """The kernels of the A/B (bf16 fa3, every FP8 variant) and, with tests, of tests/test_fa3_fp8_gpu.py."""
+def compile_jobs(head_dims, causals, tests: bool = True, variant_set: str = "ab") -> list[tuple]:
+    """The kernels of the A/B (bf16 fa3, every FP8 variant) and, with tests, of tests/test_fa3_fp8_gpu.py
+    (``variant_set`` "ab") or of tests/test_fa3_fp8_speed_gpu.py and test_fa3_fp8_gpu.py -k default_recipe
+    ("fp8speed")."""
+    fp8_variants, bf16_variants = SETS[variant_set]
     work = [("bf16", D, c, {}) for D in head_dims for c in causals]
-    work += [("fp8", D, c, ch) for D in head_dims for c in causals for ch in VARIANTS[D].values()]
+    work += [("bf16", D, c, ch) for D in head_dims for c in causals for ch in bf16_variants.get(D, {}).values()]
+    work += [("fp8", D, c, ch) for D in head_dims for c in causals for ch in fp8_variants[D].values()]
     work += [("recipe", D, c, ("bfloat16", ("block", True, True, True))) for D in head_dims for c in (False, True)]
-    if tests:
+    if tests and variant_set == "fp8speed":  # its tests run both causal modes of every timed variant
+        work += [("fp8", D, c, ch) for D in head_dims for c in (False, True) for ch in fp8_variants[D].values()]
+        work += [("bf16", D, c, ch) for D in head_dims for c in (False, True) for ch in bf16_variants.get(D, {}).values()]
+        work += [(kind, D, c, ch) for kind, D, ch in SPEED_TEST_KERNELS if D in head_dims for c in (False, True)]
+    elif tests:
         work += [("recipe", D, True, ("float16", spec)) for D in (64, 128, 256) for spec in TEST_RECIPES]
         work += [("recipe", 128, False, ("bfloat16", spec)) for spec in (("tensor", False, False, True),
                                                                           ("block", True, False, True),
@@ -129,8 +167,8 @@ def _thaw(job):
     return kind, D, causal, (dict(change) if kind in ("fp8", "bf16") else change)
 
 
-def precompile(head_dims, causals, jobs: int, tests: bool = True) -> list[str]:
-    work = [_thaw(j) for j in compile_jobs(head_dims, causals, tests)]
+def precompile(head_dims, causals, jobs: int, tests: bool = True, variant_set: str = "ab") -> list[str]:
+    work = [_thaw(j) for j in compile_jobs(head_dims, causals, tests, variant_set)]
     t0 = time.time()
     if jobs <= 0:
         msgs = [_compile_one(w) for w in work]
@@ -169,6 +207,7 @@ def time_problem(impls: dict, rounds: int, iters: int) -> dict[str, list[float]]
 def speed(args, out_dir: str) -> list[dict]:
     from fa_variants.hopper import fa3, fa3_fp8
 
+    fp8_variants, bf16_variants = SETS[args.set]
     try:
         from flash_attn.cute.interface import flash_attn_func
     except Exception as exc:  # noqa: BLE001
@@ -184,7 +223,7 @@ def speed(args, out_dir: str) -> list[dict]:
                     scale = D ** -0.5
                     impls = {}
                     inputs = {}
-                    for name, change in VARIANTS[D].items():
+                    for name, change in fp8_variants[D].items():
                         cfg = kernel_config(D, change)
                         if cfg.tile_n not in inputs:
                             inputs[cfg.tile_n] = fp8_inputs(B, N, H, D, cfg.tile_n)
@@ -193,6 +232,9 @@ def speed(args, out_dir: str) -> list[dict]:
                             *a, softmax_scale=scale, causal=causal, config=cfg))
                     q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
                     impls["bf16_fa3"] = lambda: fa3.run(q, k, v, causal=causal, softmax_scale=scale)
+                    for name, change in bf16_variants.get(D, {}).items():
+                        impls[name] = (lambda c=bf16_config(D, change): fa3.run(q, k, v, causal=causal, softmax_scale=scale,
+                                                                               config=c))
                     if flash_attn_func is not None and D in (64, 128, 256):
                         impls["flash_attn_4"] = lambda: flash_attn_func(q, k, v, causal=causal)
                     for name in list(impls):  # a variant that fails to run is reported, not fatal
@@ -207,8 +249,8 @@ def speed(args, out_dir: str) -> list[dict]:
                         row = dict(head_dim=D, seqlen=N, batch=B, heads=H, causal=causal, impl=name,
                                    ms=round(med, 4), tflops=round(flops / med / 1e9, 1),
                                    spread=round((max(ts) - min(ts)) / med, 3), rounds=len(ts),
-                                   config=(dataclasses.asdict(kernel_config(D, VARIANTS[D][name]))
-                                           if name in VARIANTS[D] else None))
+                                   config=(dataclasses.asdict(kernel_config(D, fp8_variants[D][name]))
+                                           if name in fp8_variants[D] else None))
                         rows.append(row)
                         f.write(json.dumps(row) + "\n")
                     f.flush()
@@ -252,6 +294,113 @@ def errors(args, out_dir: str) -> list[dict]:
                       f"{row['kernel_vs_emulation_truncate']:.2e}; LSE {row['lse_max_diff']:.1e}), kernel-f64 "
                       f"{row['kernel_vs_float64']:.2e}, emu-f64 {row['emulation_vs_float64']:.2e}", flush=True)
     return rows
+
+
+def variant_errors(args, out_dir: str) -> list[dict]:
+    """--set fp8speed: every timed fa3-fp8 variant vs the emulation (told the variant's exp2_emu) and vs float64,
+    on the inputs of ``errors``."""
+    from fa_variants.fp8 import emulate_fp8_attention, quantize_fp8
+    from fa_variants.hopper import fa3_fp8
+    from fa_variants.reference import attention_reference, rel_l2
+
+    rows = []
+    g = torch.Generator(device="cuda").manual_seed(11)
+    with open(os.path.join(out_dir, "errors.jsonl"), "w") as f:
+        for D in args.head_dims:
+            q, k, v = (torch.randn(1, args.err_seqlen, 4, D, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(3))
+            inputs = quantize_fp8(q, k, v)
+            for causal in args.causal:
+                exact, _ = attention_reference(q, k, v, causal=causal, softmax_scale=D ** -0.5)
+                emus = {}
+                for name, change in SPEED_VARIANTS[D].items():
+                    cfg = kernel_config(D, change)
+                    if cfg.exp2_emu not in emus:
+                        emus[cfg.exp2_emu] = emulate_fp8_attention(inputs, causal=causal, out_dtype=torch.bfloat16,
+                                                                   exp2_emu=cfg.exp2_emu)
+                    emu, emu_lse = emus[cfg.exp2_emu]
+                    out, lse = fa3_fp8.run_fp8(inputs, causal=causal, out_dtype=torch.bfloat16, config=cfg)
+                    seen = torch.isfinite(emu_lse)
+                    row = dict(head_dim=D, seqlen=args.err_seqlen, causal=causal, variant=name,
+                               kernel_vs_emulation=float(rel_l2(out, emu)),
+                               lse_max_diff=float((lse - emu_lse)[seen].abs().max()) if seen.any() else 0.0,
+                               kernel_vs_float64=float(rel_l2(out, exact)), emulation_vs_float64=float(rel_l2(emu, exact)))
+                    rows.append(row)
+                    f.write(json.dumps(row) + "\n")
+                print(f"errors d{D} causal={int(causal)}: " + " ".join(
+                    f"{r['variant']}={r['kernel_vs_emulation']:.2e}" for r in rows if (r["head_dim"], r["causal"]) == (D, causal)),
+                    flush=True)
+    return rows
+
+
+def speed_summary(speed_rows: list[dict], error_rows: list[dict]) -> str:
+    """--set fp8speed: TFLOP/s per variant, the best fa3-fp8 variant per problem, the two-level cost of the best
+    two-level variant against the best single accumulator, the issue's targets with the best variant, candidates
+    for a default flip, and the variants' accuracy."""
+    probs = _by_problem(speed_rows)
+    spread = {(r["head_dim"], r["seqlen"], r["causal"], r["impl"]): r["spread"] for r in speed_rows}
+    lines = ["# fa3-fp8 speed switches (issue 10): --set fp8speed", "",
+             "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs; new = current default; single* = one "
+             "running accumulator; early = early_pv_arrive; skip = skip_unit_rescale; emuN = exp2_emu=N; promote4 = "
+             "promote_every=4; bf16_fa3 = ours (bf16_emu1: with exp2_emu=1); flash_attn_4 = flash-attn-4 bf16.", ""]
+    best_rows = []
+    for D in sorted({p[0] for p in probs}):
+        fp8_names = list(SPEED_VARIANTS[D])
+        names = fp8_names + ["bf16_fa3", *SPEED_BF16_VARIANTS.get(D, {}), "flash_attn_4"]
+        lines += [f"## head_dim {D}", "", "| N | causal | " + " | ".join(names) + " | best fp8 | best/new | best/bf16 | two-level cost |",
+                  "|" + "---|" * (len(names) + 6)]
+        for (d, N, c), tf in sorted(probs.items()):
+            if d != D:
+                continue
+            cells = [f"{tf[n]:.0f} ({spread[d, N, c, n]:.0%})" if n in tf else "-" for n in names]
+            fp8 = {n: tf[n] for n in fp8_names if n in tf}
+            best = max(fp8, key=fp8.get) if fp8 else None
+            singles = [t for n, t in fp8.items() if n.startswith("single")]
+            twos = [t for n, t in fp8.items() if not n.startswith("single")]
+            cost = max(singles) / max(twos) - 1 if singles and twos else None
+            row = dict(D=D, N=N, causal=c, best=best, tf=fp8.get(best), over_new=fp8.get(best, 0) / tf["new"] if "new" in tf else None,
+                       over_bf16=fp8.get(best, 0) / tf["bf16_fa3"] if tf.get("bf16_fa3") else None, cost=cost, all=tf)
+            best_rows.append(row)
+            fmt = lambda x: "-" if x is None else f"{x:.2f}x"  # noqa: E731
+            lines.append(f"| {N} | {int(c)} | " + " | ".join(cells) + f" | {best} | {fmt(row['over_new'])} | "
+                         f"{fmt(row['over_bf16'])} | {'-' if cost is None else format(cost, '+.1%')} |")
+        lines.append("")
+    lines += ["## issue 10 targets with the best fa3-fp8 variant (non-causal; reported)", ""]
+    for r in best_rows:
+        if r["causal"]:
+            continue
+        if r["D"] == 256 and r["N"] == 16384:
+            lines.append(f"- d256 N16384: {r['tf']:.0f} TFLOP/s ({r['best']}; default {r['all'].get('new', 0):.0f}) "
+                         f"(target >= 1100): {'met' if r['tf'] >= 1100 else 'NOT met'}")
+        if r["D"] in (64, 128) and r["over_bf16"]:
+            thr = 1.4 if r["D"] == 128 else 1.3
+            lines.append(f"- d{r['D']} N{r['N']}: {r['over_bf16']:.2f}x bf16 fa3 ({r['best']}) (target >= {thr}): "
+                         f"{'met' if r['over_bf16'] >= thr else 'NOT met'}")
+        if r["cost"] is not None:
+            lines.append(f"- d{r['D']} N{r['N']}: two-level cost {r['cost']:+.1%} (best single / best two-level) "
+                         f"(target <= 5%): {'met' if r['cost'] <= 0.05 else 'NOT met'}")
+    lines += ["", "## candidates for a default flip (>= 1.03x new in every non-causal problem, >= 0.97x in every problem)", ""]
+    for D in sorted({r["D"] for r in best_rows}):
+        mine = [r for r in best_rows if r["D"] == D]
+        for name in SPEED_VARIANTS[D]:
+            if name in ("new",) or name.startswith("single"):
+                continue
+            ratios = [(r["all"].get(name, 0) / r["all"]["new"], r["causal"]) for r in mine if r["all"].get("new")]
+            if ratios and all(x >= 0.97 for x, _ in ratios) and all(x >= 1.03 for x, c in ratios if not c):
+                lines.append(f"- d{D} {name}: " + ", ".join(f"{x:.2f}x" for x, _ in ratios))
+    if error_rows:
+        worst = max(error_rows, key=lambda r: r["kernel_vs_emulation"])
+        lse = max(error_rows, key=lambda r: r["lse_max_diff"])
+        gap = max(error_rows, key=lambda r: r["kernel_vs_float64"] / r["emulation_vs_float64"])
+        lines += ["", "## pass criteria of this change (accuracy of every variant; N(0,1), B=1, H=4)", "",
+                  f"- kernel vs emulation rel-L2 <= {REL_L2_BOUND:g}: worst {worst['kernel_vs_emulation']:.2e} "
+                  f"(d{worst['head_dim']} {worst['variant']} causal={int(worst['causal'])}): "
+                  f"{'PASS' if worst['kernel_vs_emulation'] <= REL_L2_BOUND else 'FAIL'}",
+                  f"- LSE max diff <= 1.5e-3: worst {lse['lse_max_diff']:.1e} (d{lse['head_dim']} {lse['variant']}): "
+                  f"{'PASS' if lse['lse_max_diff'] <= 1.5e-3 else 'FAIL'}",
+                  f"- kernel vs float64 within 1.02x of the emulation's: worst "
+                  f"{gap['kernel_vs_float64'] / gap['emulation_vs_float64']:.3f}x (d{gap['head_dim']} {gap['variant']}): "
+                  f"{'PASS' if gap['kernel_vs_float64'] / gap['emulation_vs_float64'] <= 1.02 else 'FAIL'}"]
+    return "\n".join(lines) + "\n"
 
 
 def _by_problem(speed_rows):
@@ -340,10 +489,11 @@ def summary(speed_rows: list[dict], error_rows: list[dict], test_stats: list[dic
 
 
 def plan(args) -> str:
-    jobs = compile_jobs(args.head_dims, args.causal, tests=True)
+    jobs = compile_jobs(args.head_dims, args.causal, tests=True, variant_set=args.set)
     probs = [(D, N, c) for D in args.head_dims for N in args.seqlens for c in args.causal]
-    impls = {D: [*VARIANTS[D], "bf16_fa3", "flash_attn_4"] for D in args.head_dims}
-    return "\n".join([f"precompile: {len(jobs)} jobs ({args.jobs} workers)",
+    fp8_variants, bf16_variants = SETS[args.set]
+    impls = {D: [*fp8_variants[D], "bf16_fa3", *bf16_variants.get(D, {}), "flash_attn_4"] for D in args.head_dims}
+    return "\n".join([f"set: {args.set}; precompile: {len(jobs)} jobs ({args.jobs} workers)",
                       f"speed: {len(probs)} problems x {args.rounds} rounds x {args.iters} calls; impls per head_dim: {impls}",
                       f"errors: {'on' if args.errors else 'off'} (head dims {args.head_dims}, N={args.err_seqlen}, causal {args.causal})",
                       f"out: {args.out}"])
@@ -351,6 +501,9 @@ def plan(args) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--set", choices=list(SETS), default="ab",
+                    help="ab: new vs old defaults (scripts/fa3_fp8_ab_gpu.sh); fp8speed: the speed switches "
+                         "(SPEED_VARIANTS, scripts/fp8speed_gpu.sh)")
     ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128, 256], choices=[64, 128, 256])
     ap.add_argument("--seqlens", type=int, nargs="+", default=[4096, 16384])
     ap.add_argument("--causal", choices=["no", "yes", "both"], default="both")
@@ -379,17 +532,20 @@ def main() -> int:
     t0 = time.time()
     print(f"{torch.cuda.get_device_name()} | torch {torch.__version__}", flush=True)
     if args.phase in ("all", "precompile"):
-        bad = precompile(args.head_dims, args.causal, args.jobs, tests=not args.quick)
+        bad = precompile(args.head_dims, args.causal, args.jobs, tests=not args.quick, variant_set=args.set)
         if args.phase == "precompile":
             return 1 if bad else 0
     speed_rows = speed(args, args.out)
     print(f"speed done at {time.time() - t0:.0f}s", flush=True)
-    error_rows = errors(args, args.out) if args.errors else []
-    stats = []
-    if args.test_stats and os.path.exists(args.test_stats):
-        with open(args.test_stats) as f:
-            stats = [json.loads(line) for line in f if line.strip()]
-    text = summary(speed_rows, error_rows, stats)
+    if args.set == "fp8speed":
+        text = speed_summary(speed_rows, variant_errors(args, args.out) if args.errors else [])
+    else:
+        error_rows = errors(args, args.out) if args.errors else []
+        stats = []
+        if args.test_stats and os.path.exists(args.test_stats):
+            with open(args.test_stats) as f:
+                stats = [json.loads(line) for line in f if line.strip()]
+        text = summary(speed_rows, error_rows, stats)
     with open(os.path.join(args.out, "summary.md"), "w") as f:
         f.write(text)
     print(text, flush=True)

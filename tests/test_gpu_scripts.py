@@ -26,7 +26,7 @@ def test_sanitize_summary_line(rc, log, verdict, ok):
 
 @pytest.mark.parametrize("script", ["gpu_memory_fp16.sh", "h200_session.sh", "gpu_check.sh", "cache_gpu.sh",
                                     "decode_gpu.sh", "study_gpu.sh", "decode2_gpu.sh", "quant_gpu.sh",
-                                    "fa3round4_gpu.sh", "decode3_gpu.sh", "fa2split_gpu.sh"])
+                                    "fa3round4_gpu.sh", "decode3_gpu.sh", "fa2split_gpu.sh", "fp8speed_gpu.sh"])
 def test_shell_scripts_parse(script):
     subprocess.run(["bash", "-n", str(ROOT / "scripts" / script)], check=True)
 
@@ -97,6 +97,40 @@ def test_fa3_fp8_speed_ab_summary_and_plan(capsys, monkeypatch):
     assert "worst rel-L2 3.00e-03 (a;" in text
     slow = [dict(r, tflops=800.0) if r["impl"] == "new" else r for r in speed]
     assert "every problem: FAIL" in ab.summary(slow, [], [])
+
+
+def test_fa3_fp8_speed_ab_fp8speed_set(capsys, monkeypatch):
+    """--set fp8speed: the plan; its precompile covers every kernel tests/test_fa3_fp8_speed_gpu.py runs; the
+    summary's best variant, two-level cost (best single / best two-level), targets, flip candidates and pass lines
+    from fake rows."""
+    import test_fa3_fp8_speed_gpu as gpu_tests
+
+    ab = load_script("fa3_fp8_speed_ab")
+    monkeypatch.setattr("sys.argv", ["fa3_fp8_speed_ab.py", "--plan", "--set", "fp8speed"])
+    assert ab.main() == 0
+    assert "set: fp8speed" in capsys.readouterr().out
+    jobs = set(ab.compile_jobs([64, 128, 256], [False], variant_set="fp8speed"))
+    for name, (D, change) in gpu_tests.FP8_VARIANTS.items():
+        assert ab.SPEED_VARIANTS[D][name.split("-", 1)[1]] == change, name  # same names, same configs
+        for causal in (False, True):
+            assert ("fp8", D, causal, ab._freeze(change)) in jobs, (name, causal)
+    assert ("fp8", 64, True, ab._freeze(dict(exp2_emu=8))) in jobs
+    assert ("bf16", 128, True, ab._freeze(dict(intra_wg_overlap=False, early_pv_arrive=True))) in jobs
+    for D, variants in ab.SPEED_VARIANTS.items():  # every variant is a valid config (raises otherwise)
+        for change in variants.values():
+            ab.kernel_config(D, change).check(D)
+    tf = dict(new=932.0, single=1108.0, single_early=1120.0, early=1000.0, skip=950.0, early_skip=1090.0,
+              bf16_fa3=748.0, flash_attn_4=731.0)
+    speed = [dict(head_dim=256, seqlen=16384, causal=c, impl=n, tflops=t, spread=0.05) for c in (False, True) for n, t in tf.items()]
+    err = [dict(head_dim=256, seqlen=2048, causal=False, variant=n, kernel_vs_emulation=2e-3, lse_max_diff=1e-4,
+                kernel_vs_float64=0.052, emulation_vs_float64=0.0519) for n in ab.SPEED_VARIANTS[256]]
+    text = ab.speed_summary(speed, err)
+    assert "| 16384 | 0 | 932 (5%) | 1108 (5%) | 1120 (5%) | 1000 (5%) | 950 (5%) | 1090 (5%) | 748 (5%) | 731 (5%) | " \
+           "single_early | 1.20x | 1.50x | +2.8% |" in text
+    assert "d256 N16384: 1120 TFLOP/s (single_early; default 932) (target >= 1100): met" in text
+    assert "d256 N16384: two-level cost +2.8% (best single / best two-level) (target <= 5%): met" in text
+    assert "- d256 early: 1.07x, 1.07x" in text and "- d256 early_skip: 1.17x, 1.17x" in text and "d256 skip:" not in text
+    assert "worst 2.00e-03 (d256 new causal=0): PASS" in text and "1.002x (d256 new): PASS" in text
 
 
 def test_decode_ab_plan_and_summary():
