@@ -93,7 +93,8 @@ def test_fp8_variant_vs_emulation(fp8_kernel, variant, shape, causal, request, n
 
 def test_fp8_exp2_emu_every_score(fp8_kernel, nan_allocations):
     """exp2_emu = 8 (every score's exponential from FMAs, masked ones included: causal, Nq > Nk leaves rows with no
-    key, which must still give O = 0 and LSE = -inf) against the emulation that models it."""
+    key, which must still give O = 0 and LSE = -inf) against the emulation that models it. A correctness case, not
+    a speed variant: this kernel spills 8 bytes in its causal build (every exponential's ~8 instructions)."""
     from fa_variants import fp8
     from fa_variants.reference import rel_l2
 
