@@ -3,9 +3,10 @@ handed on right after the P V GEMM's issue), ``skip_unit_rescale`` in fa3-fp8 (O
 of the thread moved), ``exp2_emu`` (some exponentials computed with FMAs, ``common.exp2_poly``), and the
 combinations scripts/fa3_fp8_speed_ab.py times (``--set fp8speed``, whose precompile builds these kernels).
 
-fa3-fp8: the kernel against its emulation on the same quantised inputs (default recipe), the emulation told the
-kernel's ``exp2_emu``; bounds of tests/test_fa3_fp8_gpu.py (rel-L2 <= 6e-3, LSE <= 1.5e-3 on rows that see a key,
--inf and O = 0 on the others) and vs float64 within ``fp8_error_bound``. bf16 fa3 with the same switches: the
+fa3-fp8: the kernel against its emulation on the same quantised inputs (default recipe; its promote_every set to
+the variant's, which the emulation reads), the emulation told the kernel's ``exp2_emu``; bounds of
+tests/test_fa3_fp8_gpu.py (rel-L2 <= 6e-3, LSE <= 1.5e-3 on rows that see a key, -inf and O = 0 on the others)
+and vs float64 within ``fp8_error_bound``. bf16 fa3 with the same switches: the
 project's rule against float64 (``helpers.assert_attention_ok``). Shapes: one K/V tile; several (masked and
 unmasked steps) with a partial last tile; Nq > Nk (causal rows that see no key); GQA and MQA.
 
@@ -37,6 +38,7 @@ FP8_VARIANTS = {
     "d128-skip": (128, dict(skip_unit_rescale=True)),
     "d128-early_skip": (128, dict(early_pv_arrive=True, skip_unit_rescale=True)),
     "d64-skip": (64, dict(skip_unit_rescale=True)),
+    "d64-promote4": (64, dict(promote_every=4)),
     "d64-emu1": (64, dict(exp2_emu=1)),
     "d64-emu2": (64, dict(exp2_emu=2)),
 }
@@ -74,7 +76,7 @@ def test_fp8_variant_vs_emulation(fp8_kernel, variant, shape, causal, request, n
     cfg = dataclasses.replace(fp8_kernel.DEFAULT_CONFIGS[D], **change)
     seed = zlib.crc32(request.node.nodeid.encode())
     q, k, v = _inputs(shape, D, seed)
-    inp = fp8.quantize_fp8(q, k, v)
+    inp = fp8.quantize_fp8(q, k, v, config=fp8.FP8Config(promote_every=cfg.promote_every))  # the emulation's interval
     with nan_allocations():  # an output element the kernel does not write stays NaN
         out, lse = fp8_kernel.run_fp8(inp, causal=causal, out_dtype=torch.bfloat16, config=cfg)
     emu32, emu_lse = fp8.emulate_fp8_attention(inp, causal=causal, exp2_emu=cfg.exp2_emu)
