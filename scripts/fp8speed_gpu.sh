@@ -18,8 +18,8 @@ set -uo pipefail
 out="${OUT:-results}"; work="$out/fp8speed"; mkdir -p "$work"
 LOGS="$work"; source "$(dirname "$0")/steps.sh"
 nvidia-smi --query-gpu=name,clocks.max.sm,driver_version --format=csv,noheader > "$work/gpu.txt" 2>&1
-step precompile 100 python3 scripts/fa3_fp8_speed_ab.py --set fp8speed --phase precompile --jobs 14 --out "$work/ab"
-step gpu_tests 75 python3 -m pytest -q -m gpu tests/test_fa3_fp8_speed_gpu.py "tests/test_fa3_fp8_gpu.py::test_default_recipe" -p no:cacheprovider
+step precompile 95 python3 scripts/fa3_fp8_speed_ab.py --set fp8speed --phase precompile --jobs 14 --out "$work/ab"
+step gpu_tests 80 python3 -m pytest -q -m gpu tests/test_fa3_fp8_speed_gpu.py "tests/test_fa3_fp8_gpu.py::test_default_recipe" -p no:cacheprovider
 step speed_ab 65 python3 scripts/fa3_fp8_speed_ab.py --set fp8speed --phase measure --out "$work/ab"
 tar -czf "$out/fp8speed.tar.gz" -C "$out" fp8speed && rm -rf "$work"
 echo; tar -xzOf "$out/fp8speed.tar.gz" fp8speed/precompile.log | grep -E "precompile:|FAILED" | head -8
