@@ -118,7 +118,8 @@ def test_decode_config_is_the_num_splits_option(on_h200):
 
 def test_auto_packs_only_when_switched_on(on_h200, monkeypatch):
     q, k = qk(1, 1, 32, 4096)
-    assert not fa2._problem_config(None, q, k, True).pack_gqa       # FA_VARIANTS_FA2_PACK_GQA unset: off
+    monkeypatch.setattr(fa2, "PACK_GQA_ENABLED", False)                # FA_VARIANTS_FA2_PACK_GQA=0: off
+    assert not fa2._problem_config(None, q, k, True).pack_gqa
     monkeypatch.setattr(fa2, "PACK_GQA_ENABLED", True)
     assert fa2._problem_config(None, q, k, True) == fa2.split_config("sm_90a", 128, 0, True)
     assert fa2.auto_num_splits(q, k, True) == 32

@@ -25,8 +25,8 @@ section 3.2, written with the CuTe DSL:
   fa3 uses) combines them by LSE. The count: ``common.split.num_splits_heuristic`` (fa3's) with
   ``MAX_CTAS_PER_SM`` CTAs per SM, chosen per call (`auto`, `problem_config`) or fixed by the caller
   (``fa_variants.attention(num_splits=)``, ``decode_config``).
-* Packed GQA at seqlen_q = 1 (``Sm80Config.pack_gqa``; ``attention(pack_gqa=True)``, and `auto` with
-  FA_VARIANTS_FA2_PACK_GQA=1): the query heads of a KV head are the rows of one 64-row tile, from host views
+* Packed GQA at seqlen_q = 1 (``Sm80Config.pack_gqa``; ``attention(pack_gqa=True)``, and `auto` unless
+  FA_VARIANTS_FA2_PACK_GQA=0): the query heads of a KV head are the rows of one 64-row tile, from host views
   of Q, O and LSE (``common.pack_gqa.views``, as fa3), so each K/V tile is read once per KV head.
 
 The module's ``VARIANT`` record (`common.launch.Variant`) registers it; ``run`` launches it. The kernel class
@@ -129,9 +129,10 @@ MAX_CTAS_PER_SM = 2
 #: a batch row may differ from the same row called alone within the accuracy bound (docs/edge_cases.md, EC-19).
 SPLIT_KV_ENABLED = os.environ.get("FA_VARIANTS_SPLIT_KV", "1") != "0"
 
-#: Whether a call without ``config=`` packs GQA at seqlen_q = 1 (``Sm80Config.pack_gqa``): off until measured
-#: on a GPU (FA_VARIANTS_FA2_PACK_GQA=1 turns it on; ``attention(pack_gqa=True)`` packs one call).
-PACK_GQA_ENABLED = os.environ.get("FA_VARIANTS_FA2_PACK_GQA", "0") == "1"
+#: Whether a call without ``config=`` packs GQA at seqlen_q = 1 (``Sm80Config.pack_gqa``): on since the H200 run
+#: of 2026-12-01 (scripts/fa2split_gpu.sh, bf16 32:8 D128: packed 1.01-1.30x SDPA's GPU time at one query row,
+#: unpacked split 1.42-6.39x); FA_VARIANTS_FA2_PACK_GQA=0 turns it off, ``attention(pack_gqa=...)`` decides one call.
+PACK_GQA_ENABLED = os.environ.get("FA_VARIANTS_FA2_PACK_GQA", "1") != "0"
 
 
 def ctas_per_sm(config: Sm80Config, arch: str, head_dim: int) -> int:
