@@ -90,7 +90,10 @@ def test_auto_splits_decode(seqlen_k, nan_allocations):
 
 
 def test_switch_off_does_not_split(monkeypatch):
+    """FA_VARIANTS_SPLIT_KV=0: `auto` runs the unsplit kernel (packing, on by default, is switched off here so that
+    the same unpacked kernel runs on both sides: then the results are bitwise equal)."""
     monkeypatch.setattr(fa2, "SPLIT_KV_ENABLED", False)
+    monkeypatch.setattr(fa2, "PACK_GQA_ENABLED", False)
     q, k, v = qkv(1, 1, 4096, 32, 8, 128)
     assert fa2.auto_num_splits(q, k, True) == 1
     a, _ = fa2.run(q, k, v, causal=True, softmax_scale=0.1)
