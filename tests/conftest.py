@@ -60,6 +60,19 @@ def nan_allocations(monkeypatch):
 
 
 @pytest.fixture
+def poisoned_workspace(nan_allocations):
+    """Every allocation inside the test NaN-filled (``nan_allocations``), the split scratch cache
+    (``common.workspace``) emptied before and after, so the test's first scratch is a fresh, poisoned allocation
+    and an element a split or merge never writes fails the test."""
+    from fa_variants.common import workspace
+
+    workspace.clear()
+    with nan_allocations():
+        yield
+    workspace.clear()
+
+
+@pytest.fixture
 def compile_cli(capsys):
     """Run `fa-variants compile ARGV...` in this process; returns its report (the LAST line printed is one
     JSON object, the command's contract) after checking the exit status."""

@@ -24,11 +24,8 @@ fa3 = pytest.importorskip("fa_variants.hopper.fa3")
 
 
 @pytest.fixture(autouse=True)
-def poisoned(nan_allocations):
-    workspace.clear()  # this test's first workspace is a fresh (NaN-poisoned) allocation
-    with nan_allocations():
-        yield
-    workspace.clear()
+def poisoned(poisoned_workspace):
+    """NaN-filled allocations and a fresh split scratch for every test (conftest.poisoned_workspace)."""
 
 
 @pytest.fixture

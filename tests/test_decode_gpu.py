@@ -30,13 +30,8 @@ IDS = ["x".join(map(str, s)) for s in SHAPES]
 
 
 @pytest.fixture(autouse=True)
-def poisoned(nan_allocations):
-    from fa_variants.common import workspace
-
-    workspace.clear()  # this test's first split workspace is a fresh (NaN-poisoned) allocation
-    with nan_allocations():
-        yield
-    workspace.clear()
+def poisoned(poisoned_workspace):
+    """NaN-filled allocations and a fresh split scratch for every test (conftest.poisoned_workspace)."""
 
 
 @pytest.fixture

@@ -79,11 +79,17 @@ SMALL_SMEM_CONFIGS = {256: Sm80Config(64, 32)}
 
 def default_config(arch: str, head_dim: int, causal: bool) -> Sm80Config:
     """The FA2 tile configuration for an arch and head_dim (ValueError if head_dim is unsupported)."""
-    if head_dim not in CONFIGS:
-        raise ValueError(f"fa2: head_dim {head_dim} has no tile configuration; supported: {sorted(CONFIGS)}")
-    config = CONFIGS[head_dim]
+    return _tiles(CONFIGS, SMALL_SMEM_CONFIGS, arch, head_dim)
+
+
+def _tiles(configs: dict, small_smem_configs: dict, arch: str, head_dim: int) -> Sm80Config:
+    """configs[head_dim], or its small-shared-memory twin where the arch's shared memory cannot hold it, checked
+    for the arch (ValueError if head_dim has no entry)."""
+    if head_dim not in configs:
+        raise ValueError(f"fa2: head_dim {head_dim} has no tile configuration; supported: {sorted(configs)}")
+    config = configs[head_dim]
     if smem_capacity(arch) < config.smem_bytes(head_dim):
-        config = SMALL_SMEM_CONFIGS.get(head_dim, config)
+        config = small_smem_configs.get(head_dim, config)
     return config.check(arch, head_dim)
 
 
@@ -184,12 +190,7 @@ SMALL_SMEM_SPLIT_CONFIGS = {256: Sm80Config(64, 32, num_splits=0)}
 def _split_config(arch: str, head_dim: int) -> Sm80Config:
     """The split kernel's tiles for an arch and head dim (``SPLIT_CONFIGS``), with the split count chosen per
     call (num_splits = 0: one compile serves every count). ValueError for an unsupported head_dim."""
-    if head_dim not in SPLIT_CONFIGS:
-        raise ValueError(f"fa2: head_dim {head_dim} has no tile configuration; supported: {sorted(SPLIT_CONFIGS)}")
-    config = SPLIT_CONFIGS[head_dim]
-    if smem_capacity(arch) < config.smem_bytes(head_dim):
-        config = SMALL_SMEM_SPLIT_CONFIGS.get(head_dim, config)
-    return config.check(arch, head_dim)
+    return _tiles(SPLIT_CONFIGS, SMALL_SMEM_SPLIT_CONFIGS, arch, head_dim)
 
 
 def split_config(arch: str, head_dim: int, num_splits: int = 0, pack: bool = False) -> Sm80Config:
@@ -271,7 +272,7 @@ def _plan_call(config: Sm80Config, q, k, v, scale: float) -> tuple:
             merge(args[3], args[4], out, lse)
         return prepare, finish
     o_shape, lse_shape = (splits * batch, seqlen_q, heads, head_dim), (splits * batch, heads, seqlen_q)
-    o_strides, lse_strides = _contiguous(o_shape), _contiguous(lse_shape)
+    o_strides, lse_strides = split.contiguous_strides(o_shape), split.contiguous_strides(lse_shape)
 
     def prepare(q, k, v, out, lse):
         return (*_packed(q, k, v, *alloc(), heads_kv), scale)
@@ -279,15 +280,6 @@ def _plan_call(config: Sm80Config, q, k, v, scale: float) -> tuple:
     def finish(args, out, lse):  # the partials unpacked again: views of the same (contiguous) memory
         merge(args[3].as_strided(o_shape, o_strides), args[4].as_strided(lse_shape, lse_strides), out, lse)
     return prepare, finish
-
-
-def _contiguous(shape: tuple) -> tuple:
-    """The strides of a contiguous tensor of this shape."""
-    strides, n = [], 1
-    for size in reversed(shape):
-        strides.append(n)
-        n *= size
-    return tuple(reversed(strides))
 
 
 def _packed(q, k, v, out, lse, heads_kv: int) -> tuple:

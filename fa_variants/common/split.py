@@ -85,6 +85,16 @@ def split_ranges(n_blocks: int, num_splits: int) -> list[tuple[int, int]]:
     return [(s * n_blocks // num_splits, (s + 1) * n_blocks // num_splits) for s in range(num_splits)]
 
 
+def contiguous_strides(shape: tuple) -> tuple:
+    """The strides (in elements) of a contiguous tensor of this shape: the split partials' layout, which the
+    backends hand to their kernels and view again (``as_strided``) without building a tensor."""
+    strides, n = [], 1
+    for size in reversed(shape):
+        strides.append(n)
+        n *= size
+    return tuple(reversed(strides))
+
+
 def merge(o_parts: torch.Tensor, lse_parts: torch.Tensor, out: torch.Tensor | None = None,
           lse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Combine split results by their LSE (module docstring).

@@ -417,7 +417,7 @@ def _plan_call(config: Sm90Config, q, k, v, scale: float) -> tuple:
     # query tiles of the kernel's view (one counter each): packed, num_heads_kv heads of (group * seqlen_q) rows
     rows, kv_heads = (seqlen_q * (heads // k.shape[2]), k.shape[2]) if config.pack_gqa else (seqlen_q, heads)
     tiles = -(-rows // config.tile_m) * kv_heads * batch if fused else 0
-    o_parts_strides, lse_parts_strides = _contiguous_strides(o_shape), _contiguous_strides(lse_shape)
+    o_parts_strides, lse_parts_strides = split.contiguous_strides(o_shape), split.contiguous_strides(lse_shape)
     geometry = ("fa3", o_shape, lse_shape, po_view, plse_view, tiles)
 
     def scratch(buf, counters):  # kernel views of the partials, the counters (fused) or the merge's views
@@ -460,14 +460,6 @@ class _Args(tuple):
         self = super().__new__(cls, args)
         self.scratch = scratch
         return self
-
-
-def _contiguous_strides(shape: tuple) -> tuple:
-    strides, n = [], 1
-    for size in reversed(shape):
-        strides.append(n)
-        n *= size
-    return tuple(reversed(strides))
 
 
 VARIANT = Variant(
