@@ -8,7 +8,8 @@ Each (tool, backend) pair is one process, ``compute-sanitizer --tool T --report-
 kernels is CPU work; the sanitized launches are small), each with its own time limit. The worker runs small
 shapes chosen to reach the code paths where memory and synchronisation bugs live: tile tails (seqlens that
 are no multiple of any tile), causal with seqlen_q != seqlen_k (both ways: rows that see no key), decode
-(seqlen_q = 1), GQA and MQA, at every head_dim the backend serves (64, 96, 128, 256), and checks each output
+(seqlen_q = 1), GQA and MQA, split-KV and packed GQA forced by num_splits / pack_gqa on fa2 and fa3 (with
+--fused-merge, fa3 once more with the split merge fused into the kernel), at every head_dim the backend serves (64, 96, 128, 256), and checks each output
 against the float64 reference. PyTorch's caching allocator is turned off in the worker
 (PYTORCH_NO_CUDA_MEMORY_CACHING=1) so that an out-of-bounds access leaves its own allocation and memcheck
 sees it. Summary line per pair: tool, backend, "clean" or the error count, the checked calls, seconds.
@@ -33,6 +34,11 @@ KERNELS = ("fa1", "fa2", "fa3", "fa3-fp8")
 # (batch, seqlen_q, seqlen_k, num_heads, num_heads_kv, causal): tails, Nq != Nk both ways, decode, GQA, MQA
 SHAPES = ((2, 113, 203, 6, 2, True), (2, 113, 203, 6, 2, False), (1, 300, 129, 4, 1, True),
           (3, 1, 65, 8, 2, False), (1, 67, 67, 2, 2, True))
+# split-KV (Flash-Decoding) and packed GQA on the backends that have them, forced with num_splits / pack_gqa:
+# one to a few query rows against odd K/V lengths, splits that leave the last one short or empty
+SPLIT_BACKENDS = ("fa2", "fa3")
+SPLIT_SHAPES = ((2, 1, 1000, 8, 2, True), (1, 3, 517, 8, 1, True), (3, 5, 300, 4, 4, False))
+SPLIT_OPTIONS = ((3, False), (7, True), (1, True))
 
 
 def plan(backend: str):
@@ -75,6 +81,20 @@ def worker(backend: str) -> int:
                 ok = check_against_reference(out, q, k, v, causal).ok
             failed += not ok
             print(f"{what}: {'ok' if ok else 'WRONG OUTPUT'}", flush=True)
+        for batch, nq, nk, heads, heads_kv, causal in SPLIT_SHAPES if backend in SPLIT_BACKENDS else ():
+            for num_splits, pack_gqa in SPLIT_OPTIONS:
+                pack_gqa = pack_gqa and (backend == "fa3" or nq == 1)  # fa2 packs one query row only
+                make = lambda n, h: torch.randn(batch, n, h, head_dim, device="cuda").to(dtype)  # noqa: E731
+                q, k, v = make(nq, heads), make(nk, heads_kv), make(nk, heads_kv)
+                with torch.no_grad():
+                    out = fa_variants.attention(q, k, v, causal=causal, backend=backend, num_splits=num_splits,
+                                                pack_gqa=pack_gqa)
+                torch.cuda.synchronize()
+                calls += 1
+                ok = check_against_reference(out, q, k, v, causal).ok
+                failed += not ok
+                print(f"{backend} d{head_dim} B{batch} Nq{nq} Nk{nk} H{heads}/{heads_kv} causal={causal} "
+                      f"num_splits={num_splits} pack_gqa={pack_gqa}: {'ok' if ok else 'WRONG OUTPUT'}", flush=True)
     print(f"CALLS {calls} FAILED {failed}", flush=True)
     return 1 if failed else 0
 
@@ -123,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=280, help="seconds per (tool, backend) (default 280)")
     parser.add_argument("--sanitizer", default=None, help="compute-sanitizer binary (default: PATH, CUDA_HOME)")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--fused-merge", action="store_true",
+                        help="also run fa3 with FA_VARIANTS_FUSED_MERGE=all (the split merge inside the kernel)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--backend", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -143,15 +165,18 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1",
                PYTHONPATH=os.pathsep.join(filter(None, (str(Path(__file__).resolve().parents[1]),
                                                         os.environ.get("PYTHONPATH")))))
+    runs = [(backend, backend, env) for backend in backends]
+    if args.fused_merge and "fa3" in backends:
+        runs.append(("fa3+fused", "fa3", dict(env, FA_VARIANTS_FUSED_MERGE="all")))
     jobs = {}
     for tool in args.tools:
-        for backend in backends:
-            log = out / f"{tool}-{backend}.log"
+        for name, backend, run_env in runs:
+            log = out / f"{tool}-{name}.log"
             cmd = [sanitizer, "--tool", tool, "--report-api-errors", "no", "--error-exitcode", "9",
                    sys.executable, __file__, "--worker", "--backend", backend]
             handle = open(log, "w")
-            jobs[(tool, backend)] = (subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, env=env),
-                                     handle, log, time.monotonic())
+            jobs[(tool, name)] = (subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, env=run_env),
+                                  handle, log, time.monotonic())
     all_ok = True
     while jobs:
         for key, (proc, handle, log, start) in list(jobs.items()):
