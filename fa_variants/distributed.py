@@ -71,9 +71,9 @@ caller's work already queued on the current stream (with a group that also has a
 "cpu:gloo,cuda:nccl", it runs on the CPU and does not touch the GPU at all).
 
 **Launch order** (``OVERLAP_START``, on). The step on the rank's own K/V needs nothing from the other ranks, so
-its first rows are launched before the check's answer is awaited: the call starts the all-gather, launches the
-own step's head (query rows [0, h) against keys [0, h), causal; all keys when not causal), waits for the
-check, posts the first transfer, then launches the tail (rows [h, n) against all keys, bottom-right causal:
+its first rows are launched before anything else: the call launches the own step's head (query rows [0, h)
+against keys [0, h), causal; all keys when not causal), starts the all-gather, waits for the check, posts the
+first transfer, then launches the tail (rows [h, n) against all keys, bottom-right causal:
 row h + i sees keys <= h + i). With zig-zag shards h is the first chunk's length, so the tail's rows are
 exactly those the steps j > r cover. The check's round trip and the posting of the transfer run while the GPU
 computes the head, and the transfer's NCCL kernel is queued before the tail's CTAs (a kernel queued after many
@@ -122,8 +122,9 @@ LAYOUTS = ("zigzag", "contiguous")
 
 #: Launch order of a call (scripts/cp_bench.py measures both). True: the step on this rank's own K/V is cut at a
 #: row boundary h into a head (query rows [0, h) against keys [0, h), or all keys when not causal) and a tail
-#: (rows [h, n) against all keys, bottom-right causal); the shape check's all-gather is started, the head launched
-#: at once, and only then does the host wait for the check's answer, post the first transfer and launch the tail.
+#: (rows [h, n) against all keys, bottom-right causal); the head is launched first (the host work of starting the
+#: shape check, ~0.3 ms on the H200, then runs under it), then the shape check's all-gather is started, and only
+#: then does the host wait for the check's answer, post the first transfer and launch the tail.
 #: The check's round trip and the posting run while the GPU computes the head, and the transfer's NCCL kernel is
 #: queued before the tail's CTAs, so it gets SMs while the tail runs. False: check, post, then the whole own step
 #: (the GPU idles for the check's round trip and the posting).
@@ -438,17 +439,19 @@ class _RowExchange:
         self.shape = (world, len(row))
         device = torch.device("cuda", torch.cuda.current_device()) if self.nccl else torch.device("cpu")
         with torch.cuda.stream(_comm_stream(device)) if self.nccl else contextlib.nullcontext():
-            mine = torch.tensor(row, dtype=torch.int64)
-            if self.nccl:
-                mine = mine.pin_memory().to(device, non_blocking=True)
-            self.every = torch.empty(world * len(row), dtype=torch.int64, device=device)
+            if self.nccl:  # pinned host buffers and the device buffer, kept per shape: a call reads its answer
+                # (rows) before it returns, so the next call may reuse them
+                mine_host, mine, self.every, self.host, self.done = _exchange_buffers(device, world, len(row))
+                mine_host.copy_(torch.tensor(row, dtype=torch.int64))
+                mine.copy_(mine_host, non_blocking=True)
+            else:
+                mine = torch.tensor(row, dtype=torch.int64)
+                self.every = torch.empty(world * len(row), dtype=torch.int64, device=device)
             gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.14
             self.work = gather(self.every, mine, group=group, async_op=True)
             if self.nccl:
                 self.work.wait()  # the side stream waits for the all-gather; the host does not
-                self.host = torch.empty(self.every.shape, dtype=torch.int64, pin_memory=True)
                 self.host.copy_(self.every, non_blocking=True)
-                self.done = torch.cuda.Event()
                 self.done.record()
 
     def rows(self) -> list[list[int]]:
@@ -460,6 +463,23 @@ class _RowExchange:
             self.work.wait()
             flat = self.every
         return flat.view(self.shape).tolist()
+
+
+_EXCHANGE_BUFFERS: dict = {}
+
+
+def _exchange_buffers(device: torch.device, world: int, width: int):
+    """(row on pinned host, row on device, all rows on device, all rows on pinned host, done event) of the shape
+    check on ``device`` for ``world`` rows of ``width`` int64, made once (pinning host memory per call cost
+    host time that the first attention launch waited for)."""
+    key = (device, world, width)
+    if key not in _EXCHANGE_BUFFERS:
+        _EXCHANGE_BUFFERS[key] = (torch.empty(width, dtype=torch.int64, pin_memory=True),
+                                  torch.empty(width, dtype=torch.int64, device=device),
+                                  torch.empty(world * width, dtype=torch.int64, device=device),
+                                  torch.empty(world * width, dtype=torch.int64, pin_memory=True),
+                                  torch.cuda.Event())
+    return _EXCHANGE_BUFFERS[key]
 
 
 def _gather_rows(group, row: list[int], world: int) -> list[list[int]]:
@@ -633,12 +653,12 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         if q.device.type == "cuda":  # the caller's K/V are ready once the work queued so far is done
             ready = torch.cuda.Event()
             ready.record(torch.cuda.current_stream(q.device))
-    with _region("shape check: start"):
-        exchange = _RowExchange(group, row, world)
     cut = _head_rows(q.shape[1], k.shape[1], causal, layout) if error is None and OVERLAP_START else None
-    if cut is not None:  # needs nothing from the other ranks: runs while the check's answer travels
+    if cut is not None:  # needs nothing from the other ranks: the GPU computes it while the host checks and posts
         with _region("own step: head"):
             head = (cut, *_own_head(q, k, v, cut, causal, scale, backend))
+    with _region("shape check: start"):
+        exchange = _RowExchange(group, row, world)
     with _region("shape check: wait"):
         rows = exchange.rows()
     if error is not None:
