@@ -71,13 +71,15 @@ caller's work already queued on the current stream (with a group that also has a
 "cpu:gloo,cuda:nccl", it runs on the CPU and does not touch the GPU at all).
 
 **Launch order** (``OVERLAP_START``, on). The step on the rank's own K/V needs nothing from the other ranks, so
-its first rows are launched before anything else: the call launches the own step's head (query rows [0, h)
-against keys [0, h), causal; all keys when not causal), starts the all-gather, waits for the check, posts the
-first transfer, then launches the tail (rows [h, n) against all keys, bottom-right causal:
-row h + i sees keys <= h + i). With zig-zag shards h is the first chunk's length, so the tail's rows are
-exactly those the steps j > r cover. The check's round trip and the posting of the transfer run while the GPU
-computes the head, and the transfer's NCCL kernel is queued before the tail's CTAs (a kernel queued after many
-CTAs of another waits for SMs until they are dispatched). Head and tail cover disjoint rows; the later steps'
+it is cut into a head (query rows [0, h) against keys [0, h), causal; all keys when not causal) and a tail
+(rows [h, n) against all keys, bottom-right causal: row h + i sees keys <= h + i), and the larger of the two
+(the tail when causal, the head otherwise: the halves are equal) is launched before anything else; then the
+call starts the all-gather, waits for the check, posts the first transfer and launches the other piece.
+With zig-zag shards h is the first chunk's length, so the tail's rows are exactly those the steps j > r cover.
+The check's round trip and the posting of the transfer (together ~0.5 ms of host time on the H200) run while
+the GPU computes the first piece; when causal the transfer's NCCL kernel gets SMs as the tail's last CTAs
+finish and moves while the head runs (a kernel queued after many CTAs of another waits for SMs until they are
+dispatched). Head and tail cover disjoint rows; the later steps'
 merges write straight into the output, piece by piece, so the cut costs no copy.
 
 **Overlap on the GPU.** A transfer only moves while its NCCL kernel holds SMs. The transfers are posted before
@@ -122,12 +124,10 @@ LAYOUTS = ("zigzag", "contiguous")
 
 #: Launch order of a call (scripts/cp_bench.py measures both). True: the step on this rank's own K/V is cut at a
 #: row boundary h into a head (query rows [0, h) against keys [0, h), or all keys when not causal) and a tail
-#: (rows [h, n) against all keys, bottom-right causal); the head is launched first (the host work of starting the
-#: shape check, ~0.3 ms on the H200, then runs under it), then the shape check's all-gather is started, and only
-#: then does the host wait for the check's answer, post the first transfer and launch the tail.
-#: The check's round trip and the posting run while the GPU computes the head, and the transfer's NCCL kernel is
-#: queued before the tail's CTAs, so it gets SMs while the tail runs. False: check, post, then the whole own step
-#: (the GPU idles for the check's round trip and the posting).
+#: (rows [h, n) against all keys, bottom-right causal); the larger piece (``_own_pieces``) is launched first, so
+#: the host's work of starting the shape check, waiting for it and posting the first transfer (~0.5 ms on the
+#: H200) runs under it; then the other piece. False: check, post, then the whole own step (the GPU idles for
+#: the check's round trip and the posting).
 OVERLAP_START = True
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64,
@@ -524,12 +524,32 @@ def _head_rows(seqlen_q: int, seqlen_k: int, causal: bool, layout: str) -> int |
     return head - head % 128 if head >= 128 else head
 
 
-def _own_head(q, k, v, head: int, causal: bool, scale: float, backend: str):
-    """(out, lse) of the own step's head: query rows [0, head) against keys [0, head) (causal; the shard's
-    local mask, top-left = bottom-right on this square block) or all keys (not causal)."""
-    keys = slice(0, head) if causal else slice(None)
-    return api.attention(q[:, :head], k[:, keys], v[:, keys], causal=causal, softmax_scale=scale,
-                         backend=backend, return_lse=True)
+@dataclass(frozen=True)
+class _Piece:
+    rows: tuple[int, int]   # local query rows [start, stop)
+    keys: slice             # keys of the own shard
+
+
+def _own_pieces(seqlen_q: int, seqlen_k: int, causal: bool, layout: str) -> list[_Piece] | None:
+    """The own step cut at ``_head_rows`` into a head (rows [0, h) against keys [0, h) when causal: the shard's
+    local mask, top-left = bottom-right on this square block; all keys when not) and a tail (rows [h, n) against
+    all keys, bottom-right causal), in launch order: the larger first (``OVERLAP_START``). Causal: the tail
+    (three quarters of the step's work with zig-zag shards), so that the host's check and first post run under
+    the most GPU work; the transfer's NCCL kernel, posted after it, gets SMs as the tail's last CTAs finish and
+    moves while the head runs. Not causal: the halves are equal, the head first. None: no cut."""
+    cut = _head_rows(seqlen_q, seqlen_k, causal, layout)
+    if cut is None:
+        return None
+    head = _Piece((0, cut), slice(0, cut) if causal else slice(None))
+    tail = _Piece((cut, seqlen_q), slice(None))
+    return [tail, head] if causal else [head, tail]
+
+
+def _own_piece(q, k, v, piece: _Piece, causal: bool, scale: float, backend: str):
+    """(out, lse) of one piece of the own step (``_own_pieces``)."""
+    start, stop = piece.rows
+    return api.attention(q[:, start:stop], k[:, piece.keys], v[:, piece.keys], causal=causal,
+                         softmax_scale=scale, backend=backend, return_lse=True)
 
 
 def _scale_bits(scale: float) -> int:
@@ -644,7 +664,7 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
             raise error
         return api.attention(q, k, v, causal=causal, softmax_scale=softmax_scale, backend=backend,
                              return_lse=return_lse)
-    ready, head = None, None
+    ready, early = None, None
     if error is not None:
         row = [0] * len(_FIELDS)
     else:
@@ -653,10 +673,10 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         if q.device.type == "cuda":  # the caller's K/V are ready once the work queued so far is done
             ready = torch.cuda.Event()
             ready.record(torch.cuda.current_stream(q.device))
-    cut = _head_rows(q.shape[1], k.shape[1], causal, layout) if error is None and OVERLAP_START else None
-    if cut is not None:  # needs nothing from the other ranks: the GPU computes it while the host checks and posts
-        with _region("own step: head"):
-            head = (cut, *_own_head(q, k, v, cut, causal, scale, backend))
+    pieces = _own_pieces(q.shape[1], k.shape[1], causal, layout) if error is None and OVERLAP_START else None
+    if pieces is not None:  # needs nothing from the other ranks: the GPU computes it while the host checks and posts
+        with _region("own step: first piece"):
+            early = (pieces, *_own_piece(q, k, v, pieces[0], causal, scale, backend))
     with _region("shape check: start"):
         exchange = _RowExchange(group, row, world)
     with _region("shape check: wait"):
@@ -664,7 +684,7 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     if error is not None:
         raise error
     _check_rows(rows, causal, layout)
-    out, lse = _ring_attention(q, k, v, rows, group, rank, world, causal, layout, scale, backend, head=head,
+    out, lse = _ring_attention(q, k, v, rows, group, rank, world, causal, layout, scale, backend, early=early,
                                ready=ready)
     return (out, lse) if return_lse else out
 
@@ -675,25 +695,27 @@ def _shape_row(q, k, causal: bool, layout: str, scale: float) -> list[int]:
             _DEVICE_TYPES.index(q.device.type), int(causal), LAYOUTS.index(layout), _scale_bits(scale)]
 
 
-def _step_calls(plans, head: int | None, seqlen_q: int) -> list[tuple[int, tuple[int, int], slice | None, bool]]:
+def _step_calls(plans, pieces: list[_Piece] | None,
+                seqlen_q: int) -> list[tuple[int, tuple[int, int], slice | None, bool]]:
     """The attention calls of the ring in launch order: (step, local query rows [start, stop), keys of the held
-    shard, causal); the own step (step 0) as a head (keys None: launched already) and a tail when cut."""
+    shard, causal); the own step (step 0), when cut, as its two ``pieces``: the first with keys None (launched
+    already), the second with its keys."""
     calls = []
     for step, plan in enumerate(plans):
         if plan is None:
             continue
         start, stop, _ = plan.rows.indices(seqlen_q)
-        if step == 0 and head is not None:  # the own step covers every row: head [0, cut), tail [cut, n)
-            calls += [(0, (0, head), None, plan.causal), (0, (head, stop), plan.keys, plan.causal)]
+        if step == 0 and pieces is not None:  # the own step covers every row: head [0, cut) and tail [cut, n)
+            calls += [(0, pieces[0].rows, None, plan.causal), (0, pieces[1].rows, pieces[1].keys, plan.causal)]
         else:
             calls.append((step, (start, stop), plan.keys, plan.causal))
     return calls
 
 
-def _ring_attention(q, k, v, rows, group, rank, world, causal, layout, scale, backend, head=None, ready=None,
+def _ring_attention(q, k, v, rows, group, rank, world, causal, layout, scale, backend, early=None, ready=None,
                     ring=None):
-    """This rank's (out, lse) over all steps, k and v contiguous. ``head``: (cut, out, lse), the own step's rows
-    [0, cut) launched already (``OVERLAP_START``); ``ready``: see ``_Ring``; ``ring``: the transport (default a
+    """This rank's (out, lse) over all steps, k and v contiguous. ``early``: (pieces, out, lse), the own step cut
+    by ``_own_pieces`` and its first piece launched already (``OVERLAP_START``); ``ready``: see ``_Ring``; ``ring``: the transport (default a
     ``_Ring`` over ``group``; scripts/cp_bench.py passes one that moves nothing)."""
     seqlens_k = [row[_FIELDS.index("seqlen_k")] for row in rows]
     sizes = _chunk_sizes(sum(seqlens_k), 2 * world)  # zig-zag chunk lengths (used when causal and zigzag)
@@ -703,10 +725,10 @@ def _ring_attention(q, k, v, rows, group, rank, world, causal, layout, scale, ba
     # an empty side contributes nothing (the merge's neutral element): such a step is skipped too
     plans = [p if p is not None and q[:, p.rows].shape[1] and len(range(seqlens_k[(rank - step) % world])[p.keys])
              else None for step, p in enumerate(plans)]
-    calls = _step_calls(plans, None if head is None else head[0], q.shape[1])
+    calls = _step_calls(plans, None if early is None else early[0], q.shape[1])
     merger = _Merger(q, [rows_ for _, rows_, _, _ in calls])
-    if head is not None:
-        merger.add(*head[1:])
+    if early is not None:
+        merger.add(*early[1:])
     k_cur, v_cur = k, v
     for step in range(world):
         src = (rank - step) % world  # the rank whose K/V shard this rank holds now

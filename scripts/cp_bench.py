@@ -200,24 +200,27 @@ def compute_only(q, k, v, causal, rank, world, backend):
     rows = cp._gather_rows(dist.group.WORLD, cp._shape_row(q, k, causal, "zigzag", scale), world)
 
     def run():
-        cut = cp._head_rows(q.shape[1], k.shape[1], causal, "zigzag") if cp.OVERLAP_START else None
-        head = None if cut is None else (cut, *cp._own_head(q, k, v, cut, causal, scale, backend))
-        return cp._ring_attention(q, k, v, rows, None, rank, world, causal, "zigzag", scale, backend, head=head,
+        pieces = cp._own_pieces(q.shape[1], k.shape[1], causal, "zigzag") if cp.OVERLAP_START else None
+        early = None if pieces is None else (pieces, *cp._own_piece(q, k, v, pieces[0], causal, scale, backend))
+        return cp._ring_attention(q, k, v, rows, None, rank, world, causal, "zigzag", scale, backend, early=early,
                                   ring=NoTransfer(k, v))
     return run
 
 
 def own_step_pieces(q, k, v, causal, backend):
-    """The head and tail calls the ring cuts its own step into (labels and calls), for the per-step times."""
-    cut = cp._head_rows(q.shape[1], k.shape[1], causal, "zigzag")
-    if cut is None:
+    """The head and tail calls the ring cuts its own step into (labels and calls, in launch order), for the
+    per-step times."""
+    pieces = cp._own_pieces(q.shape[1], k.shape[1], causal, "zigzag")
+    if pieces is None:
         return []
     scale = 1.0 / math.sqrt(q.shape[-1])
-    tail_keys = f"{k.shape[1]} k{' causal' if causal else ''}"
-    return [(f"own step head: {cut} q x {cut if causal else k.shape[1]} k{' causal' if causal else ''}",
-             lambda: cp._own_head(q, k, v, cut, causal, scale, backend)),
-            (f"own step tail: {q.shape[1] - cut} q x {tail_keys}",
-             lambda: fa_variants.attention(q[:, cut:], k, v, causal=causal, backend=backend, return_lse=True))]
+    calls = []
+    for piece in pieces:
+        name = "head" if piece.rows[0] == 0 else "tail"
+        keys = len(range(k.shape[1])[piece.keys])
+        calls.append((f"own step {name}: {piece.rows[1] - piece.rows[0]} q x {keys} k{' causal' if causal else ''}",
+                      lambda piece=piece: cp._own_piece(q, k, v, piece, causal, scale, backend)))
+    return calls
 
 
 def comm_only(k, v, rank, world, seqlen):
@@ -550,7 +553,7 @@ def markdown(rows, meta) -> str:
              f"D={meta['head_dim']}, zig-zag shards, merge {meta['merge']}, TORCH_NCCL_HIGH_PRIORITY="
              f"{meta['torch_nccl_high_priority']}. Times: ms, medians of {meta['rounds']} rotated rounds of "
              f"{meta['reps']} repetitions (slowest rank per repetition). \"ring\": the default (OVERLAP_START on: "
-             "own step's head launched before the shape check's answer); \"check first\": OVERLAP_START off; "
+             "own step's larger piece launched before the shape check); \"check first\": OVERLAP_START off; "
              "\"hp\": the default on a second NCCL group of the same ranks with high-priority internal streams. "
              "Rules: the rank closest to its own bound, err ring / bound.", "",
              "| N | causal | one GPU | ring | speed-up (target) | ring / kernels (<= 1.1) "

@@ -32,8 +32,8 @@ def test_cp_bench_cpu_smoke(tmp_path):
         # --profile on the CPU: no GPU events, but the ring's host regions of every rank
         for prof in row["profile_per_rank"]:
             assert prof["ring"]["calls"] == 1 and "shape check: wait" in prof["ring"]["regions_ms"]
-            assert "own step: head" in prof["ring"]["regions_ms"]
-            assert "own step: head" not in prof["ring, check first"]["regions_ms"]
+            assert "own step: first piece" in prof["ring"]["regions_ms"]
+            assert "own step: first piece" not in prof["ring, check first"]["regions_ms"]
     table = (tmp_path / "cp_bench.md").read_text()
     assert table.count("\n| 37 |") == 2 + 2 * 2 * 2 and "N=    37 causal=True" in proc.stdout  # + profile rows
     assert "(rank " in table and "profile N=    37 causal=True  ring" in proc.stdout
