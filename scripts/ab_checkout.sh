@@ -3,6 +3,7 @@
 # so that scripts/ab_bench.py can time it beside the working tree's package in one process.
 # Carry DIR to the GPU host (it is git-ignored).
 set -euo pipefail
+source "$(dirname "$0")/steps.sh"; help_from_header "$@"
 rev=${1:?usage: ab_checkout.sh REV [DIR]}; dir=${2:-.before}
 rm -rf "$dir"; mkdir -p "$dir"
 git archive "$rev" fa_variants | tar -x -C "$dir"

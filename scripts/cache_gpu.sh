@@ -10,10 +10,8 @@
 # time per call ("host (enqueue)", SUMMARY lines) <= 25 us for fa3 and fa2 (eager, real kernel, B=1 Nq=1 Nk=4k
 # GQA 32:8 D=128), with the per-phase split (key, plan lookup, alloc, launch); every test passed.
 set -uo pipefail
-out="${OUT:-results/cache-gpu}"; mkdir -p "$out"/logs
-logs="$out/logs"
-LOGS="$logs"; source "$(dirname "$0")/steps.sh"
-nvidia-smi --query-gpu=name,compute_cap,driver_version,clocks.max.sm --format=csv > "$logs/gpu.txt" 2>&1
+source "$(dirname "$0")/steps.sh"; help_from_header "$@"
+out="${OUT:-results/cache-gpu}"; session_setup "$out/logs"; logs=$LOGS
 cache=$(mktemp -d /tmp/fa_variants_cache_gpu.XXXX)
 {
   for backend in fa3 fa2; do
@@ -33,7 +31,7 @@ step overhead 150 bash -c 'for mode in "" --stub; do
 step pytest 200 python3 -m pytest -q -p no:cacheprovider --tb=short -rfs -m "not slow" tests/test_cache_gpu.py \
   tests/test_diskcache.py tests/test_plans.py tests/test_api.py "tests/test_edge_cases.py::test_ec18c_cuda_graph_capture_and_replay"
 rm -rf "$cache"
-tar -C "$out" -czf "$out/logs.tgz" logs
+pack_logs "$out/logs.tgz"
 rm -f "$logs/fc.json"
 echo "== first call (s): cold = compile, warm = from the disk cache, by phase (scripts/first_call.py); warmup's summary"
 python3 - "$logs/first_call.log" <<'PY'

@@ -14,10 +14,8 @@
 # pick the variant (or per-shape rule) to make default. If PDL fails in (1): FA_VARIANTS_MERGE_PDL and
 # FA_VARIANTS_DECODE_PDL stay off (default) and nothing else changes.
 set -uo pipefail
-if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then sed -n '2,17p' "$0"; exit 0; fi
-out="${OUT:-results/decode2}"; mkdir -p "$out"/logs
-LOGS="$out/logs"; source "$(dirname "$0")/steps.sh"
-git log --oneline -1 > "$out/logs/commit.txt" 2>&1
+source "$(dirname "$0")/steps.sh"; help_from_header "$@"
+out="${OUT:-results/decode2}"; session_setup "$out/logs"
 step pytest_new 150 python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider --tb=short -rfEX \
   tests/test_decode_gpu.py -k "pdl or decode_tiles or merge_kernel"
 step decode_ab 200 python3 scripts/decode_ab.py --out "$out/decode_ab"

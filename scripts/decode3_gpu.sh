@@ -18,10 +18,8 @@
 # Nq 4/16 rows). (3) fused fa3 host (enqueue) <= 25 us/call (38.4 us at 15c4a22); two-kernel host lower than
 # 38.4 too (no per-call workspace).
 set -uo pipefail
-if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then sed -n '2,19p' "$0"; exit 0; fi
-out="${OUT:-results/decode3}"; mkdir -p "$out"/logs
-LOGS="$out/logs"; source "$(dirname "$0")/steps.sh"
-git log --oneline -1 > "$out/logs/commit.txt" 2>&1
+source "$(dirname "$0")/steps.sh"; help_from_header "$@"
+out="${OUT:-results/decode3}"; session_setup "$out/logs"
 VARIANTS=(two fused dual+two+pdl2 dual+fused+pdl2)
 step precompile 120 python3 scripts/decode3_precompile.py --jobs 16 --wins --variants "${VARIANTS[@]}"
 NPROC=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4" || echo "")

@@ -19,18 +19,15 @@
 # If packed rows fail: FA_VARIANTS_PACK_GQA=0 turns packing off in auto (Nq = 1 too); revert commit "fa3: packed
 # GQA at seqlen_q > 1" alone to keep Nq = 1 packing. If the merge kernel fails: FA_VARIANTS_MERGE_KERNEL=0.
 set -uo pipefail
-if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then sed -n '2,20p' "$0"; exit 0; fi
-out="${OUT:-results/decode-gpu}"; mkdir -p "$out"/logs
-LOGS="$out/logs"; source "$(dirname "$0")/steps.sh"
-nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv > "$out/logs/gpu.txt" 2>&1
-git log --oneline -1 > "$out/logs/commit.txt" 2>&1
+source "$(dirname "$0")/steps.sh"; help_from_header "$@"
+out="${OUT:-results/decode-gpu}"; session_setup "$out/logs"
 NEW="packed_rows or auto_packs_query_rows or merge_kernel or seqlens_k"
 step pytest_new 120 python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider --tb=short -rfEX \
   tests/test_decode_gpu.py -k "$NEW"
 step pytest_rest 75 python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider --tb=short -rfEX \
   tests/test_decode_gpu.py tests/test_edge_cases.py -k "(decode_gpu or ec19 or ec08) and not ($NEW)"
 step decode 60 python3 -m fa_variants.cli bench --decode --quick --no-progress --out "$out/logs/decode"
-tar -C "$out" -czf "$out/logs.tgz" logs
+pack_logs "$out/logs.tgz"
 for s in pytest_new pytest_rest; do
   echo "== $s"; grep -E "^(FAILED|ERROR|XPASS|XFAIL)|passed|failed" "$out/logs/$s.log" | tail -n 15
 done

@@ -14,10 +14,8 @@
 # per shape and their geomeans (nosplit/split > 1 where split-KV helps: B1 decode was 120 us at Nk 4k unsplit).
 # If (1) fails in the split kernel: fa2.SPLIT_KV_ENABLED's default to "0" turns fa2's split off (one line).
 set -uo pipefail
-if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then sed -n '2,15p' "$0"; exit 0; fi
-out="${OUT:-results/fa2split}"; mkdir -p "$out"/logs
-LOGS="$out/logs"; source "$(dirname "$0")/steps.sh"
-git log --oneline -1 > "$out/logs/commit.txt" 2>&1
+source "$(dirname "$0")/steps.sh"; help_from_header "$@"
+out="${OUT:-results/fa2split}"; session_setup "$out/logs"
 step pytest_fa2split 140 python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider --tb=short -rfEX \
   tests/test_fa2_split_gpu.py tests/test_fa2_gpu.py
 step bench 100 python3 scripts/fa2split_bench.py --out "$out/bench"

@@ -10,14 +10,13 @@
 #   source .gpu/env.sh; scripts/fa3_fp8_ab_gpu.sh        (repository root; writes $OUT/fp8_ab.tar.gz + summary)
 # Pass: "== gpu_tests: rc=0" and every "PASS" line of the summary (the "targets" lines are reported, not pass).
 set -uo pipefail
-out="${OUT:-results}"; work="$out/fp8_ab"; mkdir -p "$work"
-LOGS="$work"; source "$(dirname "$0")/steps.sh"
-nvidia-smi --query-gpu=name,clocks.max.sm,driver_version --format=csv,noheader > "$work/gpu.txt" 2>&1
-step precompile 100 python3 scripts/fa3_fp8_speed_ab.py --phase precompile --jobs 14 --out "$work/ab"
-rm -f "$work/test_stats.jsonl"
-step gpu_tests 80 env FA_VARIANTS_FP8_STATS="$work/test_stats.jsonl" python3 -m pytest -q -m gpu tests/test_fa3_fp8_gpu.py -p no:cacheprovider
-step speed_ab 90 python3 scripts/fa3_fp8_speed_ab.py --phase measure --out "$work/ab" --test-stats "$work/test_stats.jsonl"
-tar -czf "$out/fp8_ab.tar.gz" -C "$out" fp8_ab && rm -rf "$work"
+source "$(dirname "$0")/steps.sh"; help_from_header "$@"
+out="${OUT:-results}"; session_setup "$out/fp8_ab"
+step precompile 100 python3 scripts/fa3_fp8_speed_ab.py --phase precompile --jobs 14 --out "$LOGS/ab"
+rm -f "$LOGS/test_stats.jsonl"
+step gpu_tests 80 env FA_VARIANTS_FP8_STATS="$LOGS/test_stats.jsonl" python3 -m pytest -q -m gpu tests/test_fa3_fp8_gpu.py -p no:cacheprovider
+step speed_ab 90 python3 scripts/fa3_fp8_speed_ab.py --phase measure --out "$LOGS/ab" --test-stats "$LOGS/test_stats.jsonl"
+pack_logs "$out/fp8_ab.tar.gz" && rm -rf "$LOGS"
 echo; tar -xzOf "$out/fp8_ab.tar.gz" fp8_ab/precompile.log | grep -E "precompile:|FAILED" | head -8
 tar -xzOf "$out/fp8_ab.tar.gz" fp8_ab/gpu_tests.log | grep -E "^FAILED|passed|failed" | tail -6
 tar -xzOf "$out/fp8_ab.tar.gz" fp8_ab/ab/summary.md 2>/dev/null || { echo "(no summary.md)"; tar -xzOf "$out/fp8_ab.tar.gz" fp8_ab/speed_ab.log | tail -20; }

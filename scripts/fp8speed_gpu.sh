@@ -15,13 +15,12 @@
 # Pass: "== precompile: rc=0", "== gpu_tests: rc=0" and the "PASS" lines of the summary; the speed tables and
 # "targets" lines are the A/B (reported, not pass criteria).
 set -uo pipefail
-out="${OUT:-results}"; work="$out/fp8speed"; mkdir -p "$work"
-LOGS="$work"; source "$(dirname "$0")/steps.sh"
-nvidia-smi --query-gpu=name,clocks.max.sm,driver_version --format=csv,noheader > "$work/gpu.txt" 2>&1
-step precompile 95 python3 scripts/fa3_fp8_speed_ab.py --set fp8speed --phase precompile --jobs 14 --out "$work/ab"
+source "$(dirname "$0")/steps.sh"; help_from_header "$@"
+out="${OUT:-results}"; session_setup "$out/fp8speed"
+step precompile 95 python3 scripts/fa3_fp8_speed_ab.py --set fp8speed --phase precompile --jobs 14 --out "$LOGS/ab"
 step gpu_tests 80 python3 -m pytest -q -m gpu tests/test_fa3_fp8_speed_gpu.py "tests/test_fa3_fp8_gpu.py::test_default_recipe" -p no:cacheprovider
-step speed_ab 65 python3 scripts/fa3_fp8_speed_ab.py --set fp8speed --phase measure --out "$work/ab"
-tar -czf "$out/fp8speed.tar.gz" -C "$out" fp8speed && rm -rf "$work"
+step speed_ab 65 python3 scripts/fa3_fp8_speed_ab.py --set fp8speed --phase measure --out "$LOGS/ab"
+pack_logs "$out/fp8speed.tar.gz" && rm -rf "$LOGS"
 echo; tar -xzOf "$out/fp8speed.tar.gz" fp8speed/precompile.log | grep -E "precompile:|FAILED" | head -8
 tar -xzOf "$out/fp8speed.tar.gz" fp8speed/gpu_tests.log | grep -E "^FAILED|passed|failed" | tail -8
 tar -xzOf "$out/fp8speed.tar.gz" fp8speed/ab/summary.md 2>/dev/null || { echo "(no summary.md)"; tar -xzOf "$out/fp8speed.tar.gz" fp8speed/speed_ab.log | tail -20; }

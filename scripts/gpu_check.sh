@@ -4,9 +4,10 @@
 #   source .gpu/env.sh && scripts/gpu_check.sh [options]          (from the repository root)
 #
 # Writes under $OUT (else results/gpu-check-<date>-<time>/): nvidia-smi.txt, versions.txt, info.txt
-# (`fa-variants info`), pytest-gpu.log + pytest-gpu.xml (junit), bench.log and bench/ (bench.md, bench.json,
-# charts), and summary.txt; prints that summary last. Exit status: pytest's when the tests fail (5 = no
-# test selected), else 1 when a measurement of our kernels failed in the benchmark, else 0.
+# (`fa-variants info`), commit.txt, gpu.txt and clocks.csv (scripts/steps.sh), pytest-gpu.log + pytest-gpu.xml
+# (junit), bench.log and bench/ (bench.md, bench.json, charts), and summary.txt; prints that summary last.
+# Exit status: pytest's when the tests fail (5 = no test selected), else 1 when a measurement of our kernels
+# failed in the benchmark, else 0.
 #
 # Options:
 #   --tests "PATHS"     test files or node ids for pytest (default: the whole suite; only `gpu` tests run)
@@ -21,6 +22,7 @@
 #
 # Example: scripts/gpu_check.sh --tests tests/test_kernels_gpu.py -k fa2 --bench "--backends fa2 --head-dims 128"
 set -uo pipefail
+source "$(dirname "$0")/steps.sh"
 
 tests="" kexpr="" pytest_extra="" bench_extra="" bench_mode="--quick" run_tests=1 run_bench=1
 test_timeout=360 bench_timeout=""
@@ -35,7 +37,7 @@ while [ $# -gt 0 ]; do
     --no-bench) run_bench=0; shift ;;
     --test-timeout) test_timeout="$2"; shift 2 ;;
     --bench-timeout) bench_timeout="$2"; shift 2 ;;
-    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+    -h|--help) print_header; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -46,13 +48,12 @@ if [ -f .gpu/env.sh ] && ! python3 -c "import cutlass" >/dev/null 2>&1; then
   source .gpu/env.sh   # unpacks the CuTe DSL once and puts it and the checkout on PYTHONPATH
 fi
 out="${OUT:-results/gpu-check-$(date +%Y%m%d-%H%M%S)}"
-mkdir -p "$out"
+session_setup "$out"
 say() { echo "== gpu_check: $*"; }
 
 # ---------------------------------------------------------------------------------------- environment
-say "environment -> $out/nvidia-smi.txt, versions.txt, info.txt"
-{ nvidia-smi; echo; nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total,clocks.max.sm \
-    --format=csv; } > "$out/nvidia-smi.txt" 2>&1 || echo "nvidia-smi not available" >> "$out/nvidia-smi.txt"
+say "environment -> $out/nvidia-smi.txt, gpu.txt, versions.txt, info.txt"
+nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || echo "nvidia-smi not available" >> "$out/nvidia-smi.txt"
 python3 - > "$out/versions.txt" 2>&1 <<'PY'
 import importlib, importlib.metadata as md, platform, subprocess
 print("python", platform.python_version(), platform.machine())

@@ -14,12 +14,9 @@
 # one log per step, and prints each step's status line and the tail of its log. Rebuild the merged report
 # later with: fa-variants bench --report-from OUT/memory/bench.json OUT/fp16/bench.json --out DIR
 set -uo pipefail
-out="${OUT:-results/memory-fp16-$(date +%Y%m%d-%H%M%S)}"; mkdir -p "$out"
-step() { local name=$1 limit=$2; shift 2; echo "== $name (limit ${limit}s)"; local t0=$SECONDS
-  timeout -s INT "$limit" "$@" > "$out/$name.log" 2>&1; local rc=$?
-  echo "== $name: rc=$rc in $((SECONDS - t0))s"; tail -n 30 "$out/$name.log"; }
+source "$(dirname "$0")/steps.sh"; help_from_header "$@"
+out="${OUT:-results/memory-fp16-$(date +%Y%m%d-%H%M%S)}"; session_setup "$out"; STEP_TAIL=30
 peers=sdpa-math,sdpa-flash,sdpa-cudnn,flash-attn-4
-nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv > "$out/gpu.txt" 2>&1
 step memory 110 python3 -m fa_variants.cli bench --memory-only --dtypes fp16 --head-dims 128 \
   --backends fa2,fa3 --peers "$peers" --no-progress --no-charts \
   --memory-seqlens 1024,2048,4096,8192,16384,32768,65536,131072 --out "$out/memory"

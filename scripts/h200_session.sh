@@ -13,10 +13,9 @@
 # real-input: SmolLM2's captured Q/K/V through every backend + first layers end to end; the FA3 ablation.
 # Each step has its own time limit so that a slow step cannot eat the others; logs under $OUT.
 set -uo pipefail
-out="${OUT:-results/h200-session}"; mkdir -p "$out"
-step() { local name=$1 limit=$2; shift 2; echo "== $name (limit ${limit}s)"; local t0=$SECONDS
-  timeout -s INT "$limit" "$@" > "$out/$name.log" 2>&1; local rc=$?
-  echo "== $name: rc=$rc in $((SECONDS - t0))s"; tail -n 25 "$out/$name.log"; }
+source "$(dirname "$0")/steps.sh"; help_from_header "$@"
+[[ ${1:-} =~ ^(fa1|real-input|tests-bench)$ ]] || { echo "usage: $0 fa1|real-input|tests-bench" >&2; exit 2; }
+out="${OUT:-results/h200-session}"; session_setup "$out"; STEP_TAIL=25
 
 case "${1:-}" in
   fa1)
@@ -24,7 +23,6 @@ case "${1:-}" in
       tests/test_fa1_gpu.py tests/test_kernels_gpu.py -k fa1
     ;;
   tests-bench)
-    nvidia-smi --query-gpu=name,compute_cap,driver_version,clocks.max.sm --format=csv > "$out/gpu.txt" 2>&1
     step pytest 230 python3 -m pytest -q -n 8 -m "gpu and not slow" -p no:cacheprovider --tb=line -rf \
       --junitxml="$out/pytest.xml" tests
     step bench 170 python3 -m fa_variants.cli bench --dtypes bf16 --backends fa1,fa2,fa3 \
@@ -40,5 +38,4 @@ case "${1:-}" in
     step ablation 85 python3 -m fa_variants.commands.bench_fa3 --ablation --head-dims 128 --seqlens 4096,16384 \
       --dtypes bf16 --rounds 2 --rep 60 --json "$out/ablation.json"
     ;;
-  *) echo "usage: $0 fa1|real-input|tests-bench" >&2; exit 2 ;;
 esac

@@ -7,11 +7,8 @@
 # GPU 1: the FP8 quantisation pass's bandwidth, the host overhead per call, then Nsight Compute over one
 #        fa3 and one flash-attn-4 call (bf16, head_dim 128, N = 4k; issue 12's attribution).
 set -uo pipefail
-out="${OUT:-results/session-start}"; mkdir -p "$out"/logs
-LOGS="$out/logs"; source "$(dirname "$0")/steps.sh"
-nvidia-smi --query-gpu=index,name,compute_cap,driver_version,clocks.max.sm,memory.total --format=csv > "$out/logs/gpu.txt" 2>&1
-nvidia-smi --query-gpu=timestamp,index,clocks.sm,power.draw,temperature.gpu --format=csv -lms 1000 > "$out/logs/clocks.csv" &
-smi=$!
+source "$(dirname "$0")/steps.sh"; help_from_header "$@"
+out="${OUT:-results/session-start}"; session_setup "$out/logs"
 (
   export CUDA_VISIBLE_DEVICES=1
   step quant_bw 90 python3 scripts/fp8_quant_bandwidth.py --json "$out/logs/quant_bw.json"
@@ -30,9 +27,8 @@ gpu1=$!
   step decode 150 python3 -m fa_variants.cli bench --decode --quick --no-progress --out "$out/logs/decode"
 ) > "$out/logs/gpu0.txt" 2>&1
 wait $gpu1
-kill $smi 2>/dev/null
 cat "$out/logs/gpu0.txt" "$out/logs/gpu1.txt"
-tar -C "$out" -czf "$out/logs.tgz" logs
+pack_logs "$out/logs.tgz"
 echo "== pytest"; grep -E "FAILED|ERROR|passed|failed" "$out/logs/pytest.log" | tail -n 40
 echo "== quant_bw"; tail -n 15 "$out/logs/quant_bw.log"
 echo "== overhead"; tail -n 8 "$out/logs/overhead.log"

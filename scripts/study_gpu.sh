@@ -13,26 +13,24 @@
 # fa-variants fp8-study --merge A/fp8_study.json B/fp8_study.json --out DIR).
 # Back under $OUT: study.tgz (every run's folder and log), fp8_study.md, summary.txt.
 set -uo pipefail
+source "$(dirname "$0")/steps.sh"; help_from_header "$@"
 part="${1:-all}"; model_dir="${2:-.smollm2}"
-out="${OUT:-results/study-gpu}"; r="$out/study"; mkdir -p "$r"
+out="${OUT:-results/study-gpu}"; session_setup "$out/study"; r=$LOGS
 S="python3 -m fa_variants.cli fp8-study --backend kernel"
-step() { local name=$1 limit=$2; shift 2; local t0=$SECONDS
-  timeout -s INT "$limit" "$@" --out "$r/$name" > "$r/$name.log" 2>&1; local rc=$?
-  echo "== $name: rc=$rc in $((SECONDS - t0))s" | tee -a "$r/steps.txt"; }
-nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv > "$r/gpu.txt" 2>&1
+noted() { step "$@" | tee -a "$r/steps.txt"; }                      # the status line kept for summary.txt
+study() { local name=$1 limit=$2; shift 2; noted "$name" "$limit" "$@" --out "$r/$name"; }
 if [[ $part == model || $part == all ]]; then   # beside the sweep: its compiles are other configurations
   if [[ -f $model_dir/chunks.json ]]; then
-    step model 240 $S --sweeps layer --model-dir "$model_dir" &
-    (t0=$SECONDS; timeout -s INT 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_fp8_study_model.py \
-       > "$r/gpu_test.log" 2>&1; echo "== gpu_test (tiny Llama, kernels): rc=$? in $((SECONDS - t0))s" | tee -a "$r/steps.txt") &
+    study model 240 $S --sweeps layer --model-dir "$model_dir" &
+    noted gpu_test 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_fp8_study_model.py &  # tiny Llama
   else
     echo "== model: skipped, no $model_dir/chunks.json (carry the pieces of scripts/pack_model_chunks.py)" | tee -a "$r/steps.txt"
   fi
 fi
 if [[ $part == sweep || $part == all ]]; then
-  step p_inputs 200 $S --no-e2e --sweeps p inputs &
-  step seqlen 200 $S --no-e2e --sweeps seqlen &
-  for d in 64 128 256; do step "head_dim_$d" 200 $S --no-e2e --sweeps head_dim --head-dims $d & done
+  study p_inputs 200 $S --no-e2e --sweeps p inputs &
+  study seqlen 200 $S --no-e2e --sweeps seqlen &
+  for d in 64 128 256; do study "head_dim_$d" 200 $S --no-e2e --sweeps head_dim --head-dims $d & done
 fi
 wait
 jsons=$(ls "$r"/*/fp8_study.json 2>/dev/null)
@@ -40,7 +38,7 @@ if [[ -n $jsons ]]; then
   python3 -m fa_variants.cli fp8-study --merge $jsons --out "$r/merged" > "$r/merge.log" 2>&1
   cp "$r/merged/fp8_study.md" "$out/fp8_study.md"
 fi
-tar -C "$out" -czf "$out/study.tgz" study
+pack_logs "$out/study.tgz"
 {
   cat "$r/steps.txt"
   for f in "$r"/*.log; do grep -H -E "Error|error:|Traceback" "$f" | head -n 3; done

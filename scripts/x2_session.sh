@@ -10,11 +10,8 @@
 # Both GPUs, after: the two-GPU edge case (EC-18a) and the context-parallel benchmark (scripts/cp_bench.py).
 # Each step has its own time limit; logs are packed into one tar file (the host returns at most 8 files).
 set -uo pipefail
-out="${OUT:-results/x2-session}"; mkdir -p "$out"/logs
-LOGS="$out/logs"; source "$(dirname "$0")/steps.sh"
-nvidia-smi --query-gpu=index,name,compute_cap,driver_version,clocks.max.sm,memory.total --format=csv > "$out/logs/gpu.txt" 2>&1
-nvidia-smi --query-gpu=timestamp,index,clocks.sm,power.draw,temperature.gpu --format=csv -lms 1000 > "$out/logs/clocks.csv" &
-smi=$!
+source "$(dirname "$0")/steps.sh"; help_from_header "$@"
+out="${OUT:-results/x2-session}"; session_setup "$out/logs"
 peers=sdpa-flash,sdpa-cudnn,flash-attn-4
 (
   export CUDA_VISIBLE_DEVICES=1
@@ -36,8 +33,7 @@ cat "$out/logs/gpu0.txt" "$out/logs/gpu1.txt"
 step ec18a 60 python3 -m pytest -q -p no:cacheprovider -rs tests/test_edge_cases.py -k ec18a
 echo "== ec18a"; tail -n 3 "$out/logs/ec18a.log"
 step cp_bench 130 python3 -m torch.distributed.run --standalone --nproc_per_node 2 scripts/cp_bench.py --rounds 5 --reps 8 --out "$out/logs/cp"
-kill $smi 2>/dev/null
-tar -C "$out" -czf "$out/logs.tgz" logs
+pack_logs "$out/logs.tgz"
 echo "== pytest"; tail -n 30 "$out/logs/pytest.log"
 echo "== sanitize"; tail -n 25 "$out/logs/sanitize.log"
 echo "== fp8_dump"; tail -n 8 "$out/logs/fp8_dump.log"

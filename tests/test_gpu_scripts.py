@@ -1,4 +1,6 @@
-"""The GPU-host scripts' CPU-side logic: scripts/sanitize.py's summary lines, and the shell scripts parse."""
+"""The GPU-host scripts' CPU-side logic: scripts/sanitize.py's summary lines, the shell scripts (they parse, their
+--help, scripts/steps.sh's shared pieces with a fake nvidia-smi), the Python scripts' plans and summaries."""
+import os
 import subprocess
 from pathlib import Path
 
@@ -24,11 +26,94 @@ def test_sanitize_summary_line(rc, log, verdict, ok):
     assert line.startswith("racecheck fa3") and verdict in line and got_ok is ok and "\n" not in line
 
 
-@pytest.mark.parametrize("script", ["gpu_memory_fp16.sh", "h200_session.sh", "gpu_check.sh", "cache_gpu.sh",
-                                    "decode_gpu.sh", "study_gpu.sh", "decode2_gpu.sh", "quant_gpu.sh",
-                                    "fa3round4_gpu.sh", "decode3_gpu.sh", "fa2split_gpu.sh", "fp8speed_gpu.sh"])
+SHELL_SCRIPTS = sorted(p.name for p in (ROOT / "scripts").glob("*.sh"))
+
+
+@pytest.mark.parametrize("script", SHELL_SCRIPTS)
 def test_shell_scripts_parse(script):
     subprocess.run(["bash", "-n", str(ROOT / "scripts" / script)], check=True)
+
+
+@pytest.mark.parametrize("script", [s for s in SHELL_SCRIPTS if s != "steps.sh"])
+def test_shell_script_help(script, tmp_path):
+    """`scripts/X.sh --help` prints X's header comment (steps.sh's help_from_header / print_header) and exits 0
+    before anything else: no folder made, no nvidia-smi, no git."""
+    env = {k: v for k, v in os.environ.items() if k != "OUT"}
+    env["PATH"] = f"{_fake_bin(tmp_path / 'bin', nvidia_smi='exit 99')}:{env['PATH']}"
+    work = tmp_path / "work"
+    work.mkdir()
+    run = subprocess.run(["bash", str(ROOT / "scripts" / script), "--help"], cwd=work, env=env, capture_output=True,
+                         text=True, timeout=30)
+    first = (ROOT / "scripts" / script).read_text().splitlines()[1].removeprefix("# ")
+    assert run.returncode == 0 and run.stderr == "" and run.stdout.splitlines()[0] == first
+    assert "set -" not in run.stdout and list(work.iterdir()) == []
+
+
+def _fake_bin(folder, nvidia_smi):
+    """A folder holding an executable `nvidia-smi` that runs the bash text NVIDIA_SMI."""
+    folder.mkdir(exist_ok=True)
+    smi = folder / "nvidia-smi"
+    smi.write_text("#!/usr/bin/env bash\n" + nvidia_smi + "\n")
+    smi.chmod(0o755)
+    return folder
+
+
+_FAKE_SMI = """if [[ " $* " == *" -lms "* ]]; then
+  echo timestamp, index, clocks.sm; while true; do echo "now, 0, 1980 MHz"; sleep 0.05; done
+fi
+printf 'index, name\\n0, FAKE H200\\n'"""
+
+
+def _alive(pid):
+    """The process runs (a zombie left to a parent that does not reap counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def test_steps_sh_session(tmp_path):
+    """scripts/steps.sh without a GPU (a fake nvidia-smi): session_setup writes commit.txt, gpu.txt and starts
+    clocks.csv; step logs each command, says its exit status (124 when its limit cut it) and, with STEP_TAIL,
+    the log's tail; pack_logs stops the clock logger and packs the folder; a bare `wait` does not wait for
+    the logger; the logger stops when a script exits without pack_logs."""
+    import tarfile
+    import time
+
+    env = dict(os.environ, PATH=f"{_fake_bin(tmp_path / 'bin', _FAKE_SMI)}:{os.environ['PATH']}")
+    driver = tmp_path / "driver.sh"
+    driver.write_text(f"""set -uo pipefail
+source {ROOT}/scripts/steps.sh
+session_setup "$1/logs"
+echo "clocks $CLOCKS_PID"
+step ok 5 bash -c 'echo hello; exit 3'
+step slow 1 sleep 5
+STEP_TAIL=1 step tailed 5 printf 'a\\nb\\n'
+wait
+sleep 0.3
+[[ $2 == pack ]] && pack_logs "$1/logs.tgz"
+echo "after $CLOCKS_PID"
+""")
+    run = subprocess.run(["bash", str(driver), str(tmp_path / "out"), "pack"], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=30)
+    lines = run.stdout.splitlines()
+    pid = int(lines[0].split()[1])
+    assert lines[1:] == ["== ok: rc=3 in 0s", "== slow: rc=124 in 1s", "== tailed (limit 5s)", "== tailed: rc=0 in 0s",
+                         "b", "after "], run.stdout + run.stderr
+    logs = tmp_path / "out" / "logs"
+    assert (logs / "ok.log").read_text() == "hello\n" and (logs / "tailed.log").read_text() == "a\nb\n"
+    head = subprocess.run(["git", "log", "--oneline", "-1"], cwd=ROOT, capture_output=True, text=True).stdout
+    assert (logs / "commit.txt").read_text() == head and "FAKE H200" in (logs / "gpu.txt").read_text()
+    time.sleep(0.2)
+    assert not _alive(pid) and "now, 0, 1980 MHz" in (logs / "clocks.csv").read_text()
+    with tarfile.open(tmp_path / "out" / "logs.tgz") as tar:
+        assert {"logs/ok.log", "logs/slow.log", "logs/commit.txt", "logs/gpu.txt", "logs/clocks.csv"} <= set(tar.getnames())
+
+    run = subprocess.run(["bash", str(driver), str(tmp_path / "out2"), "no"], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=30)
+    pid = int(run.stdout.split()[1])
+    time.sleep(0.2)
+    assert not _alive(pid) and not (tmp_path / "out2" / "logs.tgz").exists()
 
 
 @pytest.mark.parametrize("backend", ["fa1", "fa2", "fa3", "fa3-fp8"])
