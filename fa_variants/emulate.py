@@ -107,7 +107,8 @@ class Emulation(NamedTuple):
 
 
 def _prepare(q, k, v, softmax_scale):
-    """Validate shapes; return (q, k, v) as (B, H*, N, D) views in the compute dtype, the GQA group, scale."""
+    """Validate shapes; return (q, k, v) as (B, H*, N, D) views in the compute dtype, the index of the K/V head
+    each query head reads (GQA: h // group) and the scale."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(f"q, k, v must be 4-D (batch, seqlen, heads, head_dim); got {q.shape}, {k.shape}, {v.shape}")
     B, _, H, D = q.shape
@@ -121,12 +122,7 @@ def _prepare(q, k, v, softmax_scale):
     if not math.isfinite(scale):
         raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
     to = lambda t: t.to(dtype).transpose(1, 2).contiguous()  # noqa: E731  (B, heads, N, D)
-    return to(q), to(k), to(v), H // Hkv, scale
-
-
-def _kv_heads(H: int, group: int) -> torch.Tensor:
-    """Index of the K/V head each query head reads (GQA: h // group)."""
-    return torch.arange(H) // group
+    return to(q), to(k), to(v), torch.arange(H) // (H // Hkv), scale
 
 
 def _mask(s: torch.Tensor, r0: int, c0: int, Nq: int, Nk: int) -> torch.Tensor:
@@ -151,9 +147,11 @@ def causal_kv_tiles(row_end: int, Nq: int, Nk: int, Bc: int) -> int:
     return -(-visible // Bc)
 
 
-def _check_tiles(Br: int, Bc: int) -> None:
+def _tile_counts(Nq: int, Nk: int, Br: int, Bc: int) -> tuple[int, int]:
+    """(Tr, Tc) = (ceil(Nq / Br), ceil(Nk / Bc)): the Q tiles and K/V tiles. Raises ValueError for a size < 1."""
     if Br < 1 or Bc < 1:
         raise ValueError(f"tile sizes must be >= 1, got Br={Br}, Bc={Bc}")
+    return -(-Nq // Br), -(-Nk // Bc)
 
 
 # ------------------------------------------------------------------------------------------ algorithms
@@ -167,10 +165,8 @@ def standard_attention(q, k, v, *, causal: bool = False, softmax_scale: float | 
     reads = (Nq + 2 Nk) d + 2 Nq Nk and writes = 2 Nq Nk + Nq d + Nq per (batch, head): Theta(N d + N^2).
     Shapes as in the module docstring; returns :class:`Emulation`.
     """
-    q, k, v, group, scale = _prepare(q, k, v, softmax_scale)
-    B, H, Nq, D = q.shape
-    Nk = k.shape[2]
-    kvh = _kv_heads(H, group)
+    q, k, v, kvh, scale = _prepare(q, k, v, softmax_scale)
+    (B, H, Nq, D), Nk = q.shape, k.shape[2]
     hbm = HBM()
     S = q.new_empty(B, H, Nq, Nk)
     P = q.new_empty(B, H, Nq, Nk)
@@ -199,12 +195,9 @@ def flash_attention_1(q, k, v, *, causal: bool = False, softmax_scale: float | N
     wholly above the diagonal are skipped; diagonal tiles are masked.
     Shapes as in the module docstring; Br x Bc is the S tile; returns :class:`Emulation`.
     """
-    _check_tiles(Br, Bc)
-    q, k, v, group, scale = _prepare(q, k, v, softmax_scale)
-    B, H, Nq, D = q.shape
-    Nk = k.shape[2]
-    kvh = _kv_heads(H, group)
-    Tr, Tc = -(-Nq // Br), -(-Nk // Bc)
+    q, k, v, kvh, scale = _prepare(q, k, v, softmax_scale)
+    (B, H, Nq, D), Nk = q.shape, k.shape[2]
+    Tr, Tc = _tile_counts(Nq, Nk, Br, Bc)
     hbm = HBM()
     O, l, m = q.new_empty(B, H, Nq, D), q.new_empty(B, H, Nq), q.new_empty(B, H, Nq)
     LSE = q.new_empty(B, H, Nq)
@@ -253,12 +246,9 @@ def flash_attention_2(q, k, v, *, causal: bool = False, softmax_scale: float | N
     first causal_kv_tiles(...) K/V tiles are visited; a Q tile that sees no key writes O = 0, LSE = -inf
     without reading Q. Shapes as in the module docstring; returns :class:`Emulation`.
     """
-    _check_tiles(Br, Bc)
-    q, k, v, group, scale = _prepare(q, k, v, softmax_scale)
-    B, H, Nq, D = q.shape
-    Nk = k.shape[2]
-    kvh = _kv_heads(H, group)
-    Tr, Tc = -(-Nq // Br), -(-Nk // Bc)
+    q, k, v, kvh, scale = _prepare(q, k, v, softmax_scale)
+    (B, H, Nq, D), Nk = q.shape, k.shape[2]
+    Tr, Tc = _tile_counts(Nq, Nk, Br, Bc)
     hbm = HBM()
     O, LSE = q.new_empty(B, H, Nq, D), q.new_empty(B, H, Nq)
 
@@ -334,13 +324,12 @@ def hbm_counts(algorithm: str, B: int, H: int, Nq: int, Nk: int, D: int, Br: int
     """
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {sorted(ALGORITHMS)}, got {algorithm!r}")
-    _check_tiles(Br, Bc)
+    Tr, Tc = _tile_counts(Nq, Nk, Br, Bc)
     bh = B * H
     if algorithm == "standard":
         c = {"Q": (Nq * D, 0), "K": (Nk * D, 0), "V": (Nk * D, 0), "S": (Nq * Nk, Nq * Nk),
              "P": (Nq * Nk, Nq * Nk), "O": (0, Nq * D), "LSE": (0, Nq)}
         return {n: (r * bh, w * bh) for n, (r, w) in c.items() if r * bh or w * bh}
-    Tr, Tc = -(-Nq // Br), -(-Nk // Bc)
     tiles = [(min(Br, Nq - i * Br), causal_kv_tiles(min((i + 1) * Br, Nq), Nq, Nk, Bc) if causal else Tc)
              for i in range(Tr)]
     if algorithm == "fa1":

@@ -1,5 +1,5 @@
-"""Helpers shared by the test files: fresh inputs, the correctness check of one attention result, and the
-marks of the sm90-only GPU files. Imported as ``from helpers import ...`` (pytest puts tests/ on sys.path:
+"""Helpers shared by the test files: fresh inputs (a padded KV cache among them), the correctness check of one
+attention result, and the marks of the sm90-only GPU files. Imported as ``from helpers import ...`` (pytest puts tests/ on sys.path:
 the folder has no ``__init__.py``).
 
 The check is the project's rule (docs/design.md): err(x) <= 2 * err(PyTorch, same maths in the input dtype)
@@ -9,6 +9,7 @@ checked free of NaN (outputs are poisoned with NaN before a kernel runs, so an e
 from __future__ import annotations
 
 import importlib.util
+import math
 from pathlib import Path
 
 import pytest
@@ -29,16 +30,35 @@ def make_qkv(batch: int, seqlen_q: int, seqlen_k: int, num_heads: int, num_heads
     return draw(seqlen_q, num_heads), draw(seqlen_k, num_heads_kv), draw(seqlen_k, num_heads_kv)
 
 
+def padded_kv_cache(lengths: list[int], seqlen_q: int, seqlen_k: int, num_heads: int, num_heads_kv: int,
+                    head_dim: int, **make):
+    """A KV cache padded to seqlen_k: ``make_qkv``'s q, k, v (``make``: its keywords) for len(lengths)
+    sequences, with the keys past each sequence's length (k[b, lengths[b]:], v too) set to NaN, so that a
+    kernel that reads the padding fails; and seqlens_k, the lengths as an int32 (batch,) tensor on q's device."""
+    q, k, v = make_qkv(len(lengths), seqlen_q, seqlen_k, num_heads, num_heads_kv, head_dim, **make)
+    for b, n in enumerate(lengths):
+        k[b, n:] = math.nan
+        v[b, n:] = math.nan
+    return q, k, v, torch.tensor(lengths, dtype=torch.int32, device=q.device)
+
+
 def assert_attention_ok(out: torch.Tensor, lse: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor,
                         v: torch.Tensor, causal: bool = False, softmax_scale: float | None = None, *,
-                        refs: References | None = None, what: str = "") -> References:
+                        seqlens_k: torch.Tensor | None = None, refs: References | None = None,
+                        what: str = "") -> References:
     """Asserts that ``out`` (and ``lse``, unless None) is attention(q, k, v) under the project's rule: shapes
-    and dtypes as ``fa_variants.attention`` returns them, no NaN, the output and LSE within their bounds.
-    Returns the references (pass them to the next check of the same inputs)."""
+    and dtypes as ``fa_variants.attention`` returns them, no NaN, the output and LSE within their bounds. With
+    ``seqlens_k`` (per-sequence KV lengths) the reference attends to each sequence's first keys only, and the
+    rows of a length-0 sequence must be 0 with LSE -inf. Returns the references (pass them to the next check
+    of the same inputs)."""
     where = f"{what}: " if what else ""
     assert out.shape == q.shape and out.dtype == q.dtype, f"{where}out {tuple(out.shape)} {out.dtype}"
     assert not torch.isnan(out).any(), f"{where}NaN in the output (an element the kernel did not write?)"
-    refs = refs or references(q, k, v, causal=causal, softmax_scale=softmax_scale)
+    if seqlens_k is not None:
+        empty = seqlens_k == 0
+        assert (out[empty] == 0).all(), f"{where}a length-0 sequence's output is not 0"
+        assert lse is None or (lse[empty] == -math.inf).all(), f"{where}a length-0 sequence's LSE is not -inf"
+    refs = refs or references(q, k, v, causal=causal, softmax_scale=softmax_scale, seqlens_k=seqlens_k)
     check = check_against_reference(out, q, k, v, causal, softmax_scale, refs=refs)
     assert check.ok, f"{where}output: {check}"
     if lse is not None:

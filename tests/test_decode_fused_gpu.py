@@ -15,9 +15,9 @@ import math
 import pytest
 import torch
 
+from fa_variants.bench.decode import capture_graph
 from fa_variants.common import workspace
-from fa_variants.reference import check_against_reference, check_lse, references
-from helpers import make_qkv, sm90_only
+from helpers import assert_attention_ok, make_qkv, padded_kv_cache, sm90_only
 
 pytestmark = sm90_only("fa3 fused split merge")
 fa3 = pytest.importorskip("fa_variants.hopper.fa3")
@@ -68,10 +68,7 @@ def kernels() -> list[tuple[int, bool, object]]:
 
 
 def _check(out, lse, q, k, v, causal, scale, what):
-    refs = references(q, k, v, causal=causal, softmax_scale=scale)
-    assert not out.isnan().any() and not lse.isnan().any(), what
-    assert (ok := check_against_reference(out, q, k, v, causal, scale, refs=refs)).ok, (what, ok)
-    assert (ok := check_lse(lse, q, k, v, causal, scale, refs=refs)).ok, (what, ok)
+    assert_attention_ok(out, lse, q, k, v, causal, scale, what=str(what))
 
 
 def _counters_are_zero():
@@ -149,19 +146,9 @@ def test_seqlens_k_with_lengths_0_and_1(nq, causal, fused):
     """The public API with per-sequence lengths 0, 1, odd and full; padding holds NaN and is never read."""
     import fa_variants
 
-    lengths = [0, 1, 113, 1023, 1, 500]
-    b, nk, h, hkv, d = len(lengths), 1023, 32, 8, 128
-    q, k, v = _qkv(b, nq, nk, h, hkv, d)
-    for i, n in enumerate(lengths):
-        k[i, n:] = math.nan
-        v[i, n:] = math.nan
-    seqlens_k = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    q, k, v, seqlens_k = padded_kv_cache([0, 1, 113, 1023, 1, 500], nq, 1023, 32, 8, 128, device="cuda")
     out, lse = fa_variants.attention(q, k, v, causal=causal, backend="fa3", return_lse=True, seqlens_k=seqlens_k)
-    refs = references(q, k, v, causal=causal, seqlens_k=seqlens_k)
-    assert not out.isnan().any() and not lse.isnan().any()
-    assert (out[0] == 0).all() and (lse[0] == -math.inf).all()
-    assert (ok := check_against_reference(out, q, k, v, causal, refs=refs)).ok, ok
-    assert (ok := check_lse(lse, q, k, v, causal, refs=refs)).ok, ok
+    assert_attention_ok(out, lse, q, k, v, causal, seqlens_k=seqlens_k)
 
 
 def test_auto_uses_the_fused_kernel(fused):
@@ -204,16 +191,6 @@ def test_fused_equals_two_kernels_within_rounding(splits):
     torch.testing.assert_close(fused_lse, lse, rtol=1e-5, atol=1e-5)
 
 
-def _capture(fn, calls: int = 1):
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        outs = [fn() for _ in range(calls)]
-    torch.cuda.current_stream().wait_stream(stream)
-    return graph, outs
-
-
 @pytest.mark.parametrize("pdl", [False, True], ids=["plain", "pdl"])
 def test_cuda_graph_replay(pdl):
     """Decode steps captured (back to back, so each step's counters must be clean for the next), replayed after
@@ -222,8 +199,8 @@ def test_cuda_graph_replay(pdl):
     config = _config(128, 0, True, pdl=pdl)
     run = lambda: fa3.run(q, k, v, causal=True, softmax_scale=0.088, config=config)  # noqa: E731
     run()  # compile and plan outside capture (the counter arena is zeroed here)
-    graph, outs = _capture(run, 3)
-    graph2, outs2 = _capture(run, 2)
+    graph, outs = capture_graph(run, 3)
+    graph2, outs2 = capture_graph(run, 2)
     # one counter slice per capture (the calls of one capture share it, in order), none shared between captures
     assert len(workspace._CAPTURED) == 2, workspace._CAPTURED.keys()
     slices = [t.data_ptr() for t in workspace._CAPTURED.values()]

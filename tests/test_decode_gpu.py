@@ -11,9 +11,10 @@ import math
 import pytest
 import torch
 
+from fa_variants.bench.decode import capture_graph
 from fa_variants.common import split
 from fa_variants.reference import check_against_reference, check_lse, references, rel_l2
-from helpers import make_qkv, sm90_only
+from helpers import assert_attention_ok, make_qkv, padded_kv_cache, sm90_only
 
 pytestmark = sm90_only("fa3 split-KV")
 fa3 = pytest.importorskip("fa_variants.hopper.fa3")
@@ -58,10 +59,7 @@ def test_split_kv_matches_reference(shape, num_splits, causal):
     q, k, v = _qkv(b, nq, nk, h, hkv, d)
     config = dataclasses.replace(fa3.DEFAULT_CONFIGS[d], num_splits=num_splits)
     out, lse = fa3.run(q, k, v, causal=causal, softmax_scale=d ** -0.5, config=config)
-    refs = references(q, k, v, causal=causal)
-    assert not out.isnan().any() and not lse.isnan().any()
-    assert (ok := check_against_reference(out, q, k, v, causal, refs=refs)).ok, ok
-    assert (ok := check_lse(lse, q, k, v, causal, refs=refs)).ok, ok
+    assert_attention_ok(out, lse, q, k, v, causal)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -72,11 +70,7 @@ def test_rows_that_see_no_key(causal):
     q, k, v = _qkv(2, 40, 7, 8, 2, 128)
     config = dataclasses.replace(fa3.DEFAULT_CONFIGS[128], num_splits=4)
     out, lse = fa3.run(q, k, v, causal=causal, softmax_scale=0.125, config=config)
-    refs = references(q, k, v, causal=causal, softmax_scale=0.125)
-    assert not out.isnan().any() and not lse.isnan().any()
-    assert torch.equal(lse == -math.inf, refs.lse == -math.inf)
-    assert (ok := check_against_reference(out, q, k, v, causal, 0.125, refs=refs)).ok, ok
-    assert (ok := check_lse(lse, q, k, v, causal, 0.125, refs=refs)).ok, ok
+    assert_attention_ok(out, lse, q, k, v, causal, 0.125)
 
 
 def test_split_count_changes_rounding_only():
@@ -135,9 +129,7 @@ def test_auto_splits_decode_through_the_public_api(split_kv):
     q, k, v = _qkv(1, 1, 32768, 32, 8, 128)
     assert fa3.auto_num_splits(q, k, True) > 1  # the heuristic splits this shape by itself
     out, lse = fa_variants.attention(q, k, v, causal=True, backend="fa3", return_lse=True)
-    refs = references(q, k, v, causal=True)
-    assert check_against_reference(out, q, k, v, True, refs=refs).ok
-    assert check_lse(lse, q, k, v, True, refs=refs).ok
+    assert_attention_ok(out, lse, q, k, v, True)
 
 
 @pytest.mark.parametrize("pack_gqa", [False, True], ids=["plain", "packed"])
@@ -146,13 +138,9 @@ def test_cuda_graph_replay_of_a_split_decode_step(pack_gqa):
     the same result."""
     q, k, v = _qkv(2, 1, 8192, 32, 8, 128)
     config = dataclasses.replace(fa3._PACKED_CONFIGS[128] if pack_gqa else fa3.DEFAULT_CONFIGS[128], num_splits=0)
-    fa3.run(q, k, v, causal=True, softmax_scale=0.088, config=config)  # compile and warm up outside capture
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        out, _ = fa3.run(q, k, v, causal=True, softmax_scale=0.088, config=config)
-    torch.cuda.current_stream().wait_stream(stream)
+    run = lambda: fa3.run(q, k, v, causal=True, softmax_scale=0.088, config=config)  # noqa: E731
+    run()  # compile and warm up outside capture
+    graph, [(out, _)] = capture_graph(run)
     for _ in range(2):
         q.copy_(torch.randn_like(q))
         graph.replay()
@@ -168,19 +156,9 @@ def test_seqlens_k_through_the_api(backend, causal, nq, split_kv, pack_gqa):
     and must never be read; rows of a length-0 sequence are 0 with LSE -inf."""
     import fa_variants
 
-    lengths = [0, 1, 113, 1023, 500, 1]
-    b, nk, h, hkv, d = len(lengths), 1023, 32, 8, 128
-    q, k, v = _qkv(b, nq, nk, h, hkv, d)
-    for i, n in enumerate(lengths):
-        k[i, n:] = math.nan
-        v[i, n:] = math.nan
-    seqlens_k = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    q, k, v, seqlens_k = padded_kv_cache([0, 1, 113, 1023, 500, 1], nq, 1023, 32, 8, 128, device="cuda")
     out, lse = fa_variants.attention(q, k, v, causal=causal, backend=backend, return_lse=True, seqlens_k=seqlens_k)
-    refs = references(q, k, v, causal=causal, seqlens_k=seqlens_k)
-    assert not out.isnan().any() and not lse.isnan().any()
-    assert (out[0] == 0).all() and (lse[0] == -math.inf).all()
-    assert (ok := check_against_reference(out, q, k, v, causal, refs=refs)).ok, ok
-    assert (ok := check_lse(lse, q, k, v, causal, refs=refs)).ok, ok
+    assert_attention_ok(out, lse, q, k, v, causal, seqlens_k=seqlens_k)
 
 
 # ----- packed GQA (Sm90Config.pack_gqa): seqlen_q = 1, the group's query heads as the rows of one tile ------
@@ -199,10 +177,7 @@ def test_packed_gqa_matches_reference(shape, num_splits, causal):
     q, k, v = _qkv(b, 1, nk, h, hkv, d)
     config = dataclasses.replace(fa3._PACKED_CONFIGS[d], num_splits=num_splits)  # auto's 64-row tile
     out, lse = fa3.run(q, k, v, causal=causal, softmax_scale=0.11, config=config)
-    refs = references(q, k, v, causal=causal, softmax_scale=0.11)
-    assert not out.isnan().any() and not lse.isnan().any()
-    assert (ok := check_against_reference(out, q, k, v, causal, 0.11, refs=refs)).ok, ok
-    assert (ok := check_lse(lse, q, k, v, causal, 0.11, refs=refs)).ok, ok
+    assert_attention_ok(out, lse, q, k, v, causal, 0.11)
 
 
 @pytest.mark.parametrize("num_splits", [1, 4])
@@ -228,9 +203,7 @@ def test_auto_packs_decode_through_the_public_api(split_kv, pack_gqa):
         cfg = fa3._problem_config(None, q, k, True)
         assert cfg is not None and cfg.pack_gqa and (cfg.num_splits == 1) == (b == 64), (b, cfg)
         out, lse = fa_variants.attention(q, k, v, causal=True, backend="auto", return_lse=True)
-        refs = references(q, k, v, causal=True)
-        assert (ok := check_against_reference(out, q, k, v, True, refs=refs)).ok, ok
-        assert (ok := check_lse(lse, q, k, v, True, refs=refs)).ok, ok
+        assert_attention_ok(out, lse, q, k, v, True)
 
 
 def test_pack_gqa_refuses_more_query_rows():
@@ -246,9 +219,7 @@ def test_split_options_through_the_public_api(options):
 
     q, k, v = _qkv(3, 1, 3001, 32, 8, 128)
     out, lse = fa_variants.attention(q, k, v, causal=True, backend="fa3", return_lse=True, **options)
-    refs = references(q, k, v, causal=True)
-    assert (ok := check_against_reference(out, q, k, v, True, refs=refs)).ok, ok
-    assert (ok := check_lse(lse, q, k, v, True, refs=refs)).ok, ok
+    assert_attention_ok(out, lse, q, k, v, True)
     q3 = torch.randn(3, 3, 40, 128, dtype=BF16, device="cuda")  # group 5 does not pack at seqlen_q > 1
     with pytest.raises(ValueError, match="pack_gqa=True: a group of 5"):
         fa_variants.attention(q3, k, v, backend="fa3", pack_gqa=True)
@@ -276,11 +247,7 @@ def test_packed_rows_match_reference(shape, num_splits, causal):
     q, k, v = _qkv(b, nq, nk, h, hkv, d)
     config = dataclasses.replace(fa3._PACKED_CONFIGS[d], num_splits=num_splits, pack_group=h // hkv)
     out, lse = fa3.run(q, k, v, causal=causal, softmax_scale=0.11, config=config)
-    refs = references(q, k, v, causal=causal, softmax_scale=0.11)
-    assert not out.isnan().any() and not lse.isnan().any()
-    assert torch.equal(lse == -math.inf, refs.lse == -math.inf)
-    assert (ok := check_against_reference(out, q, k, v, causal, 0.11, refs=refs)).ok, ok
-    assert (ok := check_lse(lse, q, k, v, causal, 0.11, refs=refs)).ok, ok
+    assert_attention_ok(out, lse, q, k, v, causal, 0.11)
 
 
 @pytest.mark.parametrize("num_splits", [1, 4])
@@ -418,9 +385,7 @@ def test_pdl_sees_this_calls_inputs(shape, kernel_pdl, num_splits, monkeypatch):
         out, lse = fa3.run(q, k, v, causal=True, softmax_scale=0.1, config=config)
         monkeypatch.setattr(split_combine, "MERGE_PDL", False)
         plain, plain_lse = fa3.run(q, k, v, causal=True, softmax_scale=0.1, config=plain_config)
-        refs = references(q, k, v, causal=True, softmax_scale=0.1)
-        assert (ok := check_against_reference(out, q, k, v, True, 0.1, refs=refs)).ok, ok
-        assert (ok := check_lse(lse, q, k, v, True, 0.1, refs=refs)).ok, ok
+        assert_attention_ok(out, lse, q, k, v, True, 0.1)
         assert torch.equal(out, plain) and torch.equal(lse, plain_lse)
 
 
@@ -433,14 +398,10 @@ def test_cuda_graph_replay_with_pdl(kernel_pdl, monkeypatch):
     monkeypatch.setattr(split_combine, "MERGE_PDL", True)
     q, k, v = _qkv(1, 1, 4096, 32, 8, 64)
     config = dataclasses.replace(fa3._PACKED_CONFIGS[64], num_splits=16, pdl=kernel_pdl)
-    fa3.run(q, k, v, causal=True, softmax_scale=0.125, config=config)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        for _ in range(3):  # back-to-back steps: each merge waits for its own split kernel
-            out, _ = fa3.run(q, k, v, causal=True, softmax_scale=0.125, config=config)
-    torch.cuda.current_stream().wait_stream(stream)
+    run = lambda: fa3.run(q, k, v, causal=True, softmax_scale=0.125, config=config)  # noqa: E731
+    run()
+    graph, outs = capture_graph(run, 3)  # back-to-back steps: each merge waits for its own split kernel
+    out = outs[-1][0]
     for _ in range(3):
         q.copy_(torch.randn_like(q))
         graph.replay()

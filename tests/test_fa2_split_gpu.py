@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from helpers import assert_attention_ok, make_qkv
+from helpers import assert_attention_ok, make_qkv, padded_kv_cache
 
 pytestmark = pytest.mark.gpu
 
@@ -144,12 +144,12 @@ def test_packed_gqa_through_attention(monkeypatch, nan_allocations):
 
 
 def test_seqlens_k_with_lengths_0_and_1(nan_allocations):
-    """seqlens_k (per-sequence KV lengths, lengths 0 and 1 included) through `auto`'s split choice."""
+    """seqlens_k (per-sequence KV lengths, lengths 0 and 1 included) through `auto`'s split choice; the cache's
+    padding holds NaN."""
     import fa_variants
 
     lengths = [0, 1, 113, 1023, 4096]
-    q, k, v = qkv(len(lengths), 1, 4096, 32, 8, 128)
-    seqlens_k = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    q, k, v, seqlens_k = padded_kv_cache(lengths, 1, 4096, 32, 8, 128, device="cuda")
     with nan_allocations():
         out, lse = fa_variants.attention(q, k, v, causal=True, backend="fa2", return_lse=True, seqlens_k=seqlens_k)
     for b, n in enumerate(lengths):

@@ -1,5 +1,6 @@
 """The shared test helpers (tests/helpers.py) can fail: the check rejects NaN, a wrong output, a wrong LSE,
-a wrong shape or dtype; make_qkv draws fresh inputs of the asked shapes."""
+a wrong shape or dtype, a wrong answer for per-sequence KV lengths; make_qkv draws fresh inputs of the asked
+shapes, padded_kv_cache a KV cache whose padding is NaN."""
 import math
 import random
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 
 import fa_variants
-from helpers import assert_attention_ok, make_qkv
+from helpers import assert_attention_ok, make_qkv, padded_kv_cache
 
 
 def _case(dtype=torch.float32, causal=True):
@@ -53,3 +54,24 @@ def test_check_fails_a_wrong_shape_or_dtype():
         assert_attention_ok(out.double(), lse, q, k, v, True)
     with pytest.raises(AssertionError, match="lse"):
         assert_attention_ok(out, lse.transpose(1, 2), q, k, v, True)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_padded_kv_cache_and_the_seqlens_k_check(causal):
+    """padded_kv_cache: NaN exactly past each length, seqlens_k int32; the check with seqlens_k passes the
+    reference backend, and fails a length-0 row that is not 0 / LSE -inf, or a sequence answered at another length."""
+    lengths = [0, 1, 7, 13]
+    q, k, v, seqlens_k = padded_kv_cache(lengths, 3, 13, 4, 2, 16, dtype=torch.float32)
+    assert seqlens_k.dtype == torch.int32 and seqlens_k.tolist() == lengths and q.shape == (4, 3, 4, 16)
+    for t in (k, v):
+        assert all(t[b, n:].isnan().all() and not t[b, :n].isnan().any() for b, n in enumerate(lengths))
+    out, lse = fa_variants.attention(q, k, v, causal=causal, backend="reference", return_lse=True, seqlens_k=seqlens_k)
+    assert_attention_ok(out, lse, q, k, v, causal, seqlens_k=seqlens_k)
+    bad_out, bad_lse = out.clone(), lse.clone()
+    bad_out[0, 2, 1, 3], bad_lse[0, 1, 2] = 1.0, 0.0
+    with pytest.raises(AssertionError, match="length-0 sequence's output"):
+        assert_attention_ok(bad_out, lse, q, k, v, causal, seqlens_k=seqlens_k)
+    with pytest.raises(AssertionError, match="length-0 sequence's LSE"):
+        assert_attention_ok(out, bad_lse, q, k, v, causal, seqlens_k=seqlens_k)
+    with pytest.raises(AssertionError, match="output: FAIL"):
+        assert_attention_ok(out, lse, q, k, v, causal, seqlens_k=torch.tensor([0, 1, 7, 12], dtype=torch.int32))

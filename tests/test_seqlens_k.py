@@ -7,6 +7,7 @@ import torch
 
 import fa_variants
 from fa_variants.reference import attention_reference
+from helpers import padded_kv_cache
 
 
 def _masked_float64(q, k, v, lengths, causal):
@@ -29,14 +30,10 @@ def _masked_float64(q, k, v, lengths, causal):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("seqlen_q", [1, 4, 17])
 def test_reference_matches_explicit_mask(causal, seqlen_q):
-    torch.manual_seed(seqlen_q)
     lengths = [0, 1, 113, 127, 5, 127]
-    q = torch.randn(len(lengths), seqlen_q, 8, 64)
-    k, v = torch.randn(len(lengths), 127, 2, 64), torch.randn(len(lengths), 127, 2, 64)
-    for b, n in enumerate(lengths):  # the padding of the cache: must never be read
-        k[b, n:] = math.nan
-        v[b, n:] = math.nan
-    out, lse = attention_reference(q, k, v, causal=causal, seqlens_k=torch.tensor(lengths, dtype=torch.int32))
+    q, k, v, seqlens_k = padded_kv_cache(lengths, seqlen_q, 127, 8, 2, 64, dtype=torch.float32,
+                                         generator=torch.Generator().manual_seed(seqlen_q))  # padding: NaN
+    out, lse = attention_reference(q, k, v, causal=causal, seqlens_k=seqlens_k)
     want_out, want_lse = _masked_float64(q, k, v, lengths, causal)
     assert not out.isnan().any() and not lse.isnan().any()
     assert torch.equal(lse == -math.inf, want_lse == -math.inf)

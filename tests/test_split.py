@@ -8,6 +8,7 @@ import torch
 from fa_variants.common import split
 from fa_variants.reference import (attention_reference, causal_visible, check_against_reference, check_lse,
                                    references, rel_l2)
+from helpers import assert_attention_ok
 
 
 def _partials(q, k, v, causal, ranges):
@@ -154,11 +155,7 @@ def test_model_of_the_h200_failure_rows_that_see_no_key(causal):
     tile), softmax_scale 0.125. The split path is right; the test compared with a reference at the default
     scale 128^-0.5 and so failed by ~0.5 (the H200 saw 0.52)."""
     (q, k, v), out, lse = _model_case(2, 40, 7, 8, 2, 128, causal, 0.125, (128, 128), 4)
-    refs = references(q, k, v, causal=causal, softmax_scale=0.125)
-    assert not out.isnan().any() and not lse.isnan().any()
-    assert torch.equal(lse == -math.inf, refs.lse == -math.inf)
-    assert (ok := check_against_reference(out, q, k, v, causal, 0.125, refs=refs)).ok, ok
-    assert (ok := check_lse(lse, q, k, v, causal, 0.125, refs=refs)).ok, ok
+    assert_attention_ok(out, lse, q, k, v, causal, 0.125)
     wrong = check_against_reference(out, q, k, v, causal, refs=references(q, k, v, causal=causal))
     assert not wrong.ok and wrong.err_kernel > 0.3  # what the old test measured
 
@@ -214,18 +211,13 @@ def test_model_packed_gqa_matches_float64(heads, heads_kv, seqlen_k, num_splits,
     (batch, head) the float64 result within the rule, O and LSE, causal or not, odd key counts, 1 key."""
     shape = (3, 1, seqlen_k, heads, heads_kv, 64)
     (q, k, v), out, lse = _model_case(*shape, causal, 0.125, tiles, num_splits, seed=seqlen_k + heads, pack_gqa=True)
-    refs = references(q, k, v, causal=causal, softmax_scale=0.125)
-    assert not out.isnan().any() and not lse.isnan().any()
-    assert (ok := check_against_reference(out, q, k, v, causal, 0.125, refs=refs)).ok, ok
-    assert (ok := check_lse(lse, q, k, v, causal, 0.125, refs=refs)).ok, ok
+    assert_attention_ok(out, lse, q, k, v, causal, 0.125)
 
 
 def test_model_packed_group_over_one_tile():
     """A group of 128 query heads in 64-row tiles: two tiles per KV head, every row right."""
     (q, k, v), out, lse = _model_case(2, 1, 300, 128, 1, 64, True, 0.125, (64, 128), 3, seed=1, pack_gqa=True)
-    refs = references(q, k, v, causal=True, softmax_scale=0.125)
-    assert (ok := check_against_reference(out, q, k, v, True, 0.125, refs=refs)).ok, ok
-    assert (ok := check_lse(lse, q, k, v, True, 0.125, refs=refs)).ok, ok
+    assert_attention_ok(out, lse, q, k, v, True, 0.125)
 
 
 def test_model_packed_equals_unpacked_row_for_row():
@@ -301,11 +293,7 @@ def test_model_packed_rows_per_position_match_float64(shape, num_splits, causal)
     (bottom-right), O and LSE within the rule of float64, rows seeing no key O = 0 / LSE -inf; a model that
     masked by the packed row index instead fails these cases (checked when written)."""
     (q, k, v), out, lse = _model_case(*shape, causal, 0.125, (64, 16), num_splits, seed=sum(shape), pack_gqa=True)
-    refs = references(q, k, v, causal=causal, softmax_scale=0.125)
-    assert not out.isnan().any() and not lse.isnan().any()
-    assert torch.equal(lse == -math.inf, refs.lse == -math.inf)
-    assert (ok := check_against_reference(out, q, k, v, causal, 0.125, refs=refs)).ok, ok
-    assert (ok := check_lse(lse, q, k, v, causal, 0.125, refs=refs)).ok, ok
+    assert_attention_ok(out, lse, q, k, v, causal, 0.125)
 
 
 def test_model_packed_rows_equal_unpacked_rows():

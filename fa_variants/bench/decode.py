@@ -78,18 +78,23 @@ def implementations() -> dict:
     return impls
 
 
-def cuda_graph_of(fn, calls: int):
-    """A CUDA graph of `calls` calls of fn, captured on a side stream (the current stream waits for it)."""
+def capture_graph(fn, calls: int = 1):
+    """(graph, results): a CUDA graph of `calls` calls of fn, captured on a side stream (the current stream waits
+    for it), and the list of fn's results in the capture (tensors that each replay writes again)."""
     import torch
 
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        for _ in range(calls):
-            fn()
+        results = [fn() for _ in range(calls)]
     torch.cuda.current_stream().wait_stream(stream)
-    return graph
+    return graph, results
+
+
+def cuda_graph_of(fn, calls: int):
+    """A CUDA graph of `calls` calls of fn: :func:`capture_graph`'s graph."""
+    return capture_graph(fn, calls)[0]
 
 
 def _gpu_ms(fn) -> tuple[float, str]:
