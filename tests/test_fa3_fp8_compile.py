@@ -39,6 +39,15 @@ def test_cli_sass_e4m3(compile_cli, head_dim, causal):
     _assert_fp8_kernel(r)
 
 
+def test_default_interval_and_switches():
+    """The defaults' promotion interval is layout.KERNEL_PROMOTE_EVERY's (the default recipe's, which the emulation
+    follows: FP8Config.promote_every None), and skip_unit_rescale is on (bench/NOTES.md, FA3-FP8)."""
+    for d, cfg in fa3_fp8.DEFAULT_CONFIGS.items():
+        assert cfg.promote_every == layout.promote_every(d) and cfg.skip_unit_rescale, (d, cfg)
+    assert fa3_fp8.DEFAULT_CONFIGS[64].promote_every == 4
+    dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[64], two_level=False).check(64)  # the interval is ignored then
+
+
 def _sass(config, head_dim=128, causal=False):
     c = registry.compiled(registry.static_config("fa3-fp8", "sm_90a", "e4m3", head_dim, causal, config))
     return cubin.sass_of(c.cubin)
@@ -102,7 +111,7 @@ def test_pv_slices_pipelined():
                                         (dict(pv_split=2, intra_wg_overlap=True), "pv_split"), (dict(out_dtype="e4m3"), "out_dtype"),
                                         (dict(pv_split=3), "pv_split"), (dict(pv_buffers=2), "pv_buffers"),
                                         (dict(promote_every=0), "promote_every"),
-                                        (dict(promote_every=2, two_level=False), "promote_every"),
+                                        (dict(promote_every=2, pv_split=2, intra_wg_overlap=False), "promote_every"),
                                         (dict(num_splits=2), "num_splits=2")])
 def test_config_errors(bad, match):
     with pytest.raises(ValueError, match=match):

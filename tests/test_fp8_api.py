@@ -18,6 +18,7 @@ from fa_variants.dispatch import BackendUnavailableError
 from fa_variants.fp8 import (FP8Config, attention_fp8, attention_from_fp8, emulate_fp8_attention,
                              fp8_attention_reference, quantize_fp8)
 from fa_variants.fp8 import attention as fp8_attention
+from fa_variants.fp8 import layout
 
 BF16 = torch.bfloat16
 
@@ -47,12 +48,13 @@ def fake_kernel(monkeypatch):
 
     def run_fp8(inputs, *, causal, out_dtype, config=None):
         calls.append(dict(inputs=inputs, causal=causal, out_dtype=out_dtype, config=config))
-        assert (config is None) == (inputs.config.two_level and inputs.config.promote_every == 1)
+        every = inputs.config.promote_interval(inputs.head_dim)  # None: the kernel's default interval
+        assert (config is None) == (inputs.config.two_level and every == layout.promote_every(inputs.head_dim))
         return emulate_fp8_attention(inputs, causal=causal, out_dtype=out_dtype)
 
     module = types.ModuleType("_fake_fp8_kernel")
     module.run_fp8 = run_fp8
-    module.DEFAULT_CONFIGS = {d: KernelConfig() for d in (64, 96, 128, 256)}
+    module.DEFAULT_CONFIGS = {d: KernelConfig(promote_every=layout.promote_every(d)) for d in (64, 96, 128, 256)}
     monkeypatch.setitem(sys.modules, "_fake_fp8_kernel", module)
     monkeypatch.setattr(fp8_attention, "KERNEL_MODULE", "_fake_fp8_kernel")
     monkeypatch.delitem(sys.modules, "fa_variants.fp8.fa3_fp8", raising=False)
@@ -133,14 +135,18 @@ def test_attention_from_fp8_config_and_empty(fake_kernel):
     cfg = FP8Config(granularity="head", rotate=False, smooth_k=False, two_level=False)
     inputs = quantize_fp8(q, k, v, config=cfg, softmax_scale=0.2)
     out = attention_from_fp8(inputs, causal=True, out_dtype=torch.float16)
-    assert fake_kernel[0]["config"] == KernelConfig(two_level=False, pv_split=1, pv_buffers=1)
+    assert fake_kernel[0]["config"] == KernelConfig(two_level=False, pv_split=1, pv_buffers=1, promote_every=4)  # d 64
     assert out.dtype == torch.float16 and torch.equal(out, emulate_fp8_attention(inputs, causal=True,
                                                                                 out_dtype=torch.float16)[0])
     inputs = quantize_fp8(q, k, v, config=FP8Config(promote_every=3), softmax_scale=0.2)  # head_dim 64
     attention_from_fp8(inputs)
     assert fake_kernel[-1]["config"] == KernelConfig(promote_every=3)
+    attention_from_fp8(quantize_fp8(q, k, v, config=FP8Config(promote_every=1)))  # not head_dim 64's default (4)
+    assert fake_kernel[-1]["config"] == KernelConfig(promote_every=1)
+    attention_from_fp8(quantize_fp8(q, k, v, config=FP8Config(promote_every=4)))  # the default's interval: no config
+    assert fake_kernel[-1]["config"] is None
     out, lse = attention_from_fp8(quantize_fp8(q, k[:, :0], v[:, :0]), return_lse=True)  # seqlen_k = 0
-    assert (out == 0).all() and torch.isneginf(lse).all() and len(fake_kernel) == 2
+    assert (out == 0).all() and torch.isneginf(lse).all() and len(fake_kernel) == 4
 
 
 def test_validation(fake_kernel):

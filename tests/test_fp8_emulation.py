@@ -127,6 +127,23 @@ def test_two_level_equals_one_accumulator_in_fp32():
         assert (o - outs[0]).abs().max().item() < 1e-5
 
 
+def test_default_promotion_interval_is_the_kernels():
+    """The default recipe (promote_every None) promotes at the kernel's default interval of its head_dim
+    (layout.KERNEL_PROMOTE_EVERY): every 4 K/V tiles at 64, bitwise the same as asking for 4 and not the same as
+    1 (a coarse accumulator, so the promotion points show); every tile at 128."""
+    from fa_variants.fp8 import layout
+
+    torch.manual_seed(9)
+    for d, every in ((64, 4), (128, 1)):
+        assert layout.promote_every(d) == every
+        q, k, v = torch.randn(1, 200, 2, d), torch.randn(1, 1300, 2, d), torch.randn(1, 1300, 2, d) + 1
+        run = lambda pe: emulate_fp8_attention(quantize_fp8_torch(q, k, v, config=FP8Config(promote_every=pe)),  # noqa: E731
+                                               causal=True, accumulator="truncate", accumulator_bits=10)[0]
+        default = run(None)
+        assert torch.equal(default, run(every))
+        assert not torch.equal(default, run(3 if every == 1 else 1))
+
+
 def test_one_accumulator_drifts_two_level_does_not():
     """The accumulator model with few bits (12, to see it at a small N): one running accumulator's error
     grows with seqlen_k, a fresh one per tile stays at the fp32 accumulator's level. Measured (D = 64, rel-L2

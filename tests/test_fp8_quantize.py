@@ -272,7 +272,7 @@ def test_empty_inputs():
     (dict(smooth_k="yes"), TypeError, "FP8Config.smooth_k"),
     (dict(two_level=None), TypeError, "FP8Config.two_level"),
     (dict(promote_every=0), ValueError, "FP8Config.promote_every"),
-    (dict(promote_every=2.0), TypeError, "FP8Config.promote_every"),
+    (dict(promote_every=2.0), TypeError, "FP8Config.promote_every must be an int or None"),
     (dict(seed=-1), ValueError, "FP8Config.seed"),
     (dict(seed=True), TypeError, "FP8Config.seed"),
 ])
@@ -284,8 +284,11 @@ def test_config_validation(kwargs, exc, match):
 
 def test_config_defaults():
     c = FP8Config()
-    assert (c.granularity, c.rotate, c.smooth_k, c.two_level, c.promote_every) == ("block", True, True, True, 1)
+    assert (c.granularity, c.rotate, c.smooth_k, c.two_level, c.promote_every) == ("block", True, True, True, None)
     assert c.replace(seed=5).seed == 5
+    # None: the kernel's default interval per head_dim (fa_variants.fp8.layout.KERNEL_PROMOTE_EVERY)
+    assert [c.promote_interval(d) for d in (64, 96, 128, 256, 40)] == [4, 1, 1, 1, 1]
+    assert FP8Config(promote_every=2).promote_interval(64) == 2 and FP8Config(promote_every=1).promote_interval(64) == 1
 
 
 @pytest.mark.parametrize("args, exc, match", [

@@ -66,20 +66,21 @@ def _check_recipe(config: FP8Config, head_dim: int) -> None:
     """What of FP8Config the kernel does not build: a promotion interval other than 1 at head_dim 128 and 256
     (ValueError; an interval's temporary for the whole of head_dim does not fit in registers beside O and S
     with the default tiles there: 256 keys at 128 spill, measured in the compile)."""
-    if config.two_level and config.promote_every != 1 and head_dim in (128, 256):
+    every = config.promote_interval(head_dim)
+    if config.two_level and every != 1 and head_dim in (128, 256):
         raise ValueError(f"FP8Config.promote_every: the fa3-fp8 kernel promotes after every K/V tile at head_dim {head_dim} "
-                         f"(promote_every=1); got {config.promote_every} (the emulation models any interval)")
+                         f"(promote_every=1 or None); got {every} (the emulation models any interval)")
 
 
 def _kernel_options(module: types.ModuleType, inputs: FP8Inputs) -> dict:
-    """run_fp8's keyword ``config`` for the recipe: the kernel's default for two_level (with the recipe's
-    promotion interval), else its default tiles with one running accumulator (and the P V GEMM unsplit, in one
-    buffer: slices need two_level). The tiles stay the default's: the inputs' K/V blocks are its tile_n."""
-    if inputs.config.two_level and inputs.config.promote_every == 1:
-        return {}
+    """run_fp8's keyword ``config`` for the recipe: none when the kernel's default is the recipe (two_level with
+    the default's promotion interval, ``FP8Config.promote_interval``); the default with the recipe's interval;
+    else its default tiles with one running accumulator (and the P V GEMM unsplit, in one buffer: slices need
+    two_level). The tiles stay the default's: the inputs' K/V blocks are its tile_n."""
     base = module.DEFAULT_CONFIGS[inputs.head_dim]
+    every = inputs.config.promote_interval(inputs.head_dim)
     if inputs.config.two_level:
-        return {"config": dataclasses.replace(base, promote_every=inputs.config.promote_every)}
+        return {} if every == base.promote_every else {"config": dataclasses.replace(base, promote_every=every)}
     return {"config": dataclasses.replace(base, two_level=False, pv_split=1, pv_buffers=1)}
 
 
@@ -99,8 +100,8 @@ def attention_from_fp8(inputs: FP8Inputs, *, causal: bool = False, return_lse: b
 
     Raises:
         TypeError: inputs not FP8Inputs, causal / return_lse not bools, out_dtype not 16-bit.
-        ValueError: a recipe the kernel does not build (FP8Config.promote_every != 1 with two_level at head_dim 128
-            or 256).
+        ValueError: a recipe the kernel does not build (FP8Config.promote_every other than 1 or None with two_level
+            at head_dim 128 or 256).
         BackendUnavailableError: the kernel is not built, the inputs are not on an sm_90 GPU.
     """
     if not isinstance(inputs, FP8Inputs):

@@ -21,7 +21,13 @@ tiles of ``FP8Inputs.block_n`` keys (its tile_n: the K/V scale blocks are its ti
       two-level (config.two_level): acc = (alpha * v_descale[n_prev] / v_descale[n]) acc;  acc += P8 V8_n
           (FP8 MMA);  A = A alpha (A = 1 at the start);  every ``promote_every`` visited tiles and after the
           last: O = A O + v_descale[n] acc in fp32, A = 1, acc = 0 (the kernel multiplies O by the product of
-          the interval's alphas once, at the promotion). promote_every = 1 is "a fresh accumulator per tile".
+          the interval's alphas once, at the promotion). promote_every = 1 is "a fresh accumulator per tile";
+          the recipe's None is the kernel's default interval at the head_dim (``FP8Config.promote_interval``,
+          ``layout.KERNEL_PROMOTE_EVERY``: 4 at 64, else 1). fp32 roundings of the promotion: A O rounded, then
+          + v_descale acc rounded (v_descale a power of two: the product exact). The kernel with
+          ``skip_unit_rescale`` at promote_every 1 (its default at head_dim 128, 256) rounds the same way (FMUL,
+          FFMA; A = 1 skips the FMUL, exactly); at promote_every > 1, or without the switch, ptxas fuses
+          A O + (v_descale acc) into one FFMA: one fp32 rounding fewer, below anything the tests resolve.
       single accumulator (two_level False): the same with no promotion until the end, i.e. O lives in the
           FP8 MMA accumulator, in units of the current tile's v descale.
     end:  O = O / l (0 for l = 0);  LSE = (m + log2 l - P_SHIFT) ln 2 (-inf for l = 0), natural log, of the
@@ -129,7 +135,8 @@ def emulate_fp8_attention(inputs: FP8Inputs, *, causal: bool = False, accumulato
     """The fa3-fp8 kernel on already-quantised inputs, emulated (module docstring).
 
     Args:
-        inputs: FP8Inputs (``quantize_fp8``); its config gives two_level and promote_every, its block_m / block_n
+        inputs: FP8Inputs (``quantize_fp8``); its config gives two_level and the promotion interval
+            (``FP8Config.promote_interval(head_dim)``), its block_m / block_n
             the Q and K/V scale blocks (block_n is the kernel's tile_n: the K/V tiles walked here).
         causal: bottom-right causal mask (query i sees key j iff j <= i + seqlen_k - seqlen_q).
         accumulator: the FP8 MMA accumulator model: "blockfp" (default: block-floating-point chunks, the model
@@ -178,6 +185,7 @@ def emulate_fp8_attention(inputs: FP8Inputs, *, causal: bool = False, accumulato
     n_tiles = -(-Nk // tile_n)
     order = range(n_tiles - 1, -1, -1) if KV_ORDER == "last_to_first" else range(n_tiles)
     prev_vd = None
+    every = cfg.promote_interval(D)  # None in the recipe: the kernel's default interval at this head_dim
     emulated = exp2_poly.emulated_tile_columns(tile_n, exp2_poly.check_per8(exp2_emu), device=dev)
     for n in order:
         active = (n < n_blocks).view(1, 1, Nq)  # the row's query tile visits this K/V tile
@@ -207,7 +215,7 @@ def emulate_fp8_attention(inputs: FP8Inputs, *, causal: bool = False, accumulato
         acc = torch.where(active.unsqueeze(-1), new_acc, acc)
         promote = active & is_last
         if cfg.two_level:
-            promote = promote | (active & ((visited + 1) % cfg.promote_every == 0).view(1, 1, Nq))
+            promote = promote | (active & ((visited + 1) % every == 0).view(1, 1, Nq))
         o_alpha_now, promote = o_alpha, promote.unsqueeze(-1)
         O = torch.where(promote, O * o_alpha_now.unsqueeze(-1) + vd[:, :, n].view(B, H, 1, 1) * acc, O)
         o_alpha = torch.where(promote.squeeze(-1), torch.ones_like(o_alpha), o_alpha)

@@ -6,6 +6,9 @@ agree here on the scale-block sizes and on how V is stored. Nothing here imports
 * ``KERNEL_TILES``: the one source of the kernel's tile shape per head_dim, (tile_m, tile_n) = (Br, Bc): the
   kernel's default config (``fa_variants.hopper.fa3_fp8.DEFAULT_CONFIGS``) takes its tiles from here and the
   quantisation takes its block heights from here, so the two cannot drift apart.
+* ``KERNEL_PROMOTE_EVERY``: the promotion interval of the kernel's default config per head_dim (two-level
+  accumulation: K/V tiles per temporary accumulator), which the default recipe (``FP8Config.promote_every`` None)
+  and so the emulation read too: kernel and emulation cannot disagree on it.
 * ``TILE_M``: query rows per Q block scale (128). The kernel's tile_m is 128 or 192: each of its 64-row
   warpgroups lies inside one Q scale block and reads that block's descale.
 * ``tile_n(head_dim)``: keys per K/V tile (Bc) of the kernel at that head_dim, and so per K and V block scale
@@ -29,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["TILE_M", "KERNEL_TILES", "tile_m", "tile_n", "V_TOKEN_GROUP", "V_GROUP_ORDER", "v_token_order", "K_ALIGN_TOKENS",
+__all__ = ["TILE_M", "KERNEL_TILES", "KERNEL_PROMOTE_EVERY", "promote_every", "tile_m", "tile_n", "V_TOKEN_GROUP", "V_GROUP_ORDER", "v_token_order", "K_ALIGN_TOKENS",
            "padded_seqlen_k", "kernel_tiles"]
 
 TILE_M = 128
@@ -40,6 +43,12 @@ TILE_M = 128
 # 128: tile_n 256 without intra-warpgroup overlap (1.25-1.35x; the old 128 x 128 with overlap 0.97-1.08x);
 # 256: 128 x 128 (the P V GEMM split in four slices of d instead, fa3_fp8._default).
 KERNEL_TILES = {64: (192, 128), 96: (128, 128), 128: (128, 256), 256: (128, 128)}
+
+# Tiles per promotion of the two-level accumulator in the kernel's default config by head_dim (the default
+# recipe's interval, ``FP8Config.promote_every=None``). 64: 4 (H200, scripts/fp8speed_gpu.sh: 1.04 / 0.99 /
+# 1.15 / 1.10x promoting every tile at N 4k / 4k causal / 16k / 16k causal). 128 (256-key tiles) and 256: 1, an
+# interval's temporary for the whole of head_dim does not fit in registers beside O and S there.
+KERNEL_PROMOTE_EVERY = {64: 4, 96: 1, 128: 1, 256: 1}
 
 V_TOKEN_GROUP = 16
 # Position p of a group holds token V_GROUP_ORDER[p]: p = 4t + j -> 2t + (j % 2) + 8 (j // 2).
@@ -55,6 +64,12 @@ def kernel_tiles(head_dim: int) -> tuple[int, int]:
     if head_dim not in KERNEL_TILES:
         raise ValueError(f"fa3-fp8: head_dim {head_dim} is not supported; supported: {tuple(KERNEL_TILES)}")
     return KERNEL_TILES[head_dim]
+
+
+def promote_every(head_dim: int) -> int:
+    """K/V tiles per promotion of the two-level accumulator in the fa3-fp8 kernel's default config at ``head_dim``
+    (``KERNEL_PROMOTE_EVERY``); 1 for a head_dim the kernel does not serve (the emulation's extras)."""
+    return KERNEL_PROMOTE_EVERY.get(head_dim, 1)
 
 
 def tile_m(head_dim: int) -> int:

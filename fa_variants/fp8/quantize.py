@@ -223,7 +223,9 @@ class FP8Config:
     two_level: the kernel accumulates each K/V tile's P V in a fresh accumulator and adds it into the fp32 O
         every ``promote_every`` tiles (True), or keeps one running accumulator for O (False; the FP8 tensor
         core's accumulator keeps fewer mantissa bits than fp32, so O drifts with seqlen_k).
-    promote_every: tiles per promotion (>= 1; used only with two_level).
+    promote_every: tiles per promotion (>= 1; used only with two_level), or None (default): the fa3-fp8 kernel's
+        default interval at the inputs' head_dim (``layout.KERNEL_PROMOTE_EVERY``: 4 at 64, else 1), resolved by
+        ``promote_interval``; the kernel and the emulation both follow it.
     seed: of the rotation's random signs (0 <= seed < 2^63).
     Raises ValueError / TypeError naming the field for a bad value.
     """
@@ -232,7 +234,7 @@ class FP8Config:
     rotate: bool = True
     smooth_k: bool = True
     two_level: bool = True
-    promote_every: int = 1
+    promote_every: int | None = None
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -244,10 +246,17 @@ class FP8Config:
                 raise TypeError(f"FP8Config.{name} must be a bool, got {getattr(self, name)!r}")
         for name, low, high in (("promote_every", 1, 2**31 - 1), ("seed", 0, 2**63 - 1)):
             value = getattr(self, name)
+            if name == "promote_every" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-                raise TypeError(f"FP8Config.{name} must be an int, got {value!r}")
+                raise TypeError(f"FP8Config.{name} must be an int{' or None' if name == 'promote_every' else ''}, got {value!r}")
             if not low <= value <= high:
                 raise ValueError(f"FP8Config.{name} must be in [{low}, {high}], got {value}")
+
+    def promote_interval(self, head_dim: int) -> int:
+        """K/V tiles per promotion at ``head_dim``: ``promote_every``, or the kernel's default there when None
+        (``layout.promote_every``). Meaningful with two_level only."""
+        return layout.promote_every(head_dim) if self.promote_every is None else self.promote_every
 
     def replace(self, **changes) -> FP8Config:
         """A copy with some fields changed (validated)."""

@@ -43,17 +43,21 @@ scales (one descale per 128 query rows and per ``tile_n`` keys, ``fa_variants.fp
   promotes per tile, ~20% of a tile's 1024 MMA cycles: the 9-20% the H200 showed. ``pv_buffers = 2``
   with ``pv_split = 4`` (two 32-register temporaries) issues slice h + 1 before promoting slice h
   (DEPBAR 1): only the last slice's promote and one drain stay exposed.
-* Speed switches, off by default (issue 10; the A/B is ``scripts/fp8speed_gpu.sh``). Read in the SASS of the
+* Speed switches (issue 10; the A/B is ``scripts/fp8speed_gpu.sh``), off by default but ``skip_unit_rescale``. Read in the SASS of the
   head_dim 256 default: ptxas sinks O *= alpha (issued before the P V GEMM) into the promotion, which becomes
   O = alpha O + (v_descale tmp), an FMUL and an FFMA per element; after the last slice's wait (DEPBAR 0) ~128 of
   them plus the loop's top run before the next S GEMM is issued and the turn handed on, with this warpgroup's
   tensor-core queue empty and the other warpgroup waiting for the turn. ``early_pv_arrive`` (serial steps)
   hands the ping-pong turn on right after the last P V QGMMA is issued (BAR.ARV before the DEPBAR), so the other
   warpgroup's GEMMs fill the tensor cores during the drain and the promotion; this warpgroup's next S GEMM is
-  then issued outside the turn. ``skip_unit_rescale`` (honoured here with two-level accumulation) skips
+  then issued outside the turn. ``skip_unit_rescale`` (on by default; honoured with promote_every 1) skips
   O *= alpha when every alpha of the thread is exactly 1 (no row max moved: most tiles of a long row); the
-  promotion is then one FFMA per element (O + v_descale tmp, the same rounding) and the tail after DEPBAR 0
-  halves (64 FFMAs). ``exp2_emu`` (``common.exp2_poly``) computes some of P's exponentials with FMAs instead of
+  promotion is then one FFMA per element and the tail after DEPBAR 0 halves (64 FFMAs). Its fp32 roundings, read
+  in the SASS (head_dim 128 and 256): the skip itself changes nothing (O * 1 = O), but the promotion compiles
+  differently. Without the switch O = fma(alpha, O, round(v_descale tmp)) (FMUL + FFMA); with it
+  O = fma(v_descale, tmp, O') with O' = round(alpha O) on a thread whose alphas moved, O where none did. With
+  power-of-two descales (every quantiser's) v_descale tmp is exact: tiles where no max moved give bitwise the
+  old O, the others one more fp32 rounding (of alpha O), the emulation's own order (``fp8.emulation``). ``exp2_emu`` (``common.exp2_poly``) computes some of P's exponentials with FMAs instead of
   MUFU.EX2 (head_dim 64 is bound by the MUFU and the issue slots); the emulation models it.
   A promotion interval (``promote_every``) needs a temporary for the whole of d that lives across the S GEMM and
   the softmax: at head_dim 256 (O 128 + temporary 128 registers per thread) it cannot fit, at 128 with 256-key
@@ -100,7 +104,8 @@ class Fp8Config(Fa3Config):
 
     two_level: P V into a temporary accumulator promoted into the fp32 O (module docstring).
     promote_every: tiles per promotion with two_level (1: a fresh temporary per tile; N > 1: the temporary
-        carries N tiles, rescaled like a single accumulator, then is added into O; needs pv_split 1).
+        carries N tiles, rescaled like a single accumulator, then is added into O; needs pv_split 1); ignored
+        with two_level off. Defaults: ``layout.KERNEL_PROMOTE_EVERY`` (4 at head_dim 64).
     pv_split: the P V GEMM (and its temporary) split over this many slices of head_dim (1, 2 or 4).
     pv_buffers: temporaries for the slices (1: slice by slice; 2: slice h + 1 runs on the tensor cores
         while slice h is promoted on the CUDA cores; needs pv_split > 1).
@@ -129,9 +134,9 @@ class Fp8Config(Fa3Config):
             raise ValueError("fa3-fp8: pv_split > 1 needs two_level on and intra_wg_overlap off (the slices are promoted in turn)")
         if self.pv_buffers not in (1, 2) or (self.pv_buffers == 2 and self.pv_split == 1):
             raise ValueError(f"fa3-fp8: pv_buffers={self.pv_buffers} must be 1, or 2 with pv_split > 1")
-        if self.promote_every < 1 or (self.promote_every > 1 and (not self.two_level or self.pv_split != 1)):
-            raise ValueError(f"fa3-fp8: promote_every={self.promote_every} must be >= 1, and 1 unless two_level is on "
-                             f"with pv_split=1 (the interval's temporary covers the whole of head_dim)")
+        if self.promote_every < 1 or (self.promote_every > 1 and self.two_level and self.pv_split != 1):
+            raise ValueError(f"fa3-fp8: promote_every={self.promote_every} must be >= 1, and 1 with pv_split > 1 "
+                             f"(the interval's temporary covers the whole of head_dim)")
         if self.rescale_o_before_pv or self.p_double_buffer:
             raise ValueError("fa3-fp8: rescale_o_before_pv / p_double_buffer are not built for the FP8 P V hooks (use False)")
         if self.num_splits != 1:
@@ -140,17 +145,23 @@ class Fp8Config(Fa3Config):
             raise ValueError(f"fa3-fp8: out_dtype {self.out_dtype!r} must be 'bf16' or 'fp16'")
 
 
+#: switches on in every default config: skip_unit_rescale (H200, scripts/fp8speed_gpu.sh: 1.13-1.18x at N 16k
+#: non-causal; no O *= alpha when no row max of the thread moved, module docstring for its fp32 roundings)
+DEFAULT_SWITCHES = dict(skip_unit_rescale=True)
+
+
 def _default(head_dim: int) -> Fp8Config:
     """The default config at head_dim: tiles from ``layout.KERNEL_TILES`` (the quantisation's block heights come
-    from there too), switches chosen on the H200 (bench/NOTES.md, FA3-FP8 A/B). Registers per consumer thread
-    (240): O is D/2 fp32, the two-level temporary D/2 / pv_split, S tile_n/2, P tile_n/8."""
+    from there too) and the promotion interval from ``layout.KERNEL_PROMOTE_EVERY`` (the default recipe's, which
+    the emulation follows), switches chosen on the H200 (bench/NOTES.md, FA3-FP8 A/B). Registers per consumer
+    thread (240): O is D/2 fp32, the two-level temporary D/2 / pv_split, S tile_n/2, P tile_n/8."""
     tile_m, tile_n = layout.kernel_tiles(head_dim)
+    common = dict(tile_m=tile_m, tile_n=tile_n, stages=2, promote_every=layout.promote_every(head_dim), **DEFAULT_SWITCHES)
     if head_dim == 256:  # serial steps (S is dead while P V runs); P V in four slices of d, two temporaries
-        return Fp8Config(tile_m=tile_m, tile_n=tile_n, stages=2, pingpong=True, intra_wg_overlap=False,
-                         pv_split=4, pv_buffers=2)
+        return Fp8Config(**common, pingpong=True, intra_wg_overlap=False, pv_split=4, pv_buffers=2)
     if head_dim == 128:  # tile_n 256: S (128) + O (64) + temporary (64) need S dead during P V: serial steps
-        return Fp8Config(tile_m=tile_m, tile_n=tile_n, stages=2, intra_wg_overlap=False)
-    return Fp8Config(tile_m=tile_m, tile_n=tile_n, stages=2)  # 64: three consumer warpgroups (tile_m 192)
+        return Fp8Config(**common, intra_wg_overlap=False)
+    return Fp8Config(**common)  # 64: three consumer warpgroups (tile_m 192), promotion every 4 tiles
 
 
 DEFAULT_CONFIGS: dict[int, Fp8Config] = {d: _default(d) for d in HEAD_DIMS}
