@@ -151,3 +151,24 @@ def test_exp2_emu_moves_exponentials_off_mufu(variant):
     assert ce["LDL"] == ce["STL"] == 0, ce
     assert ce["MUFU.EX2"] <= 0.8 * cb["MUFU.EX2"], (cb["MUFU.EX2"], ce["MUFU.EX2"])
     assert len(re.findall(r"FADD R\d+, R\d+, 12582912", emu)) >= 16 and "12582912" not in base
+
+
+def test_descale_prefetch():
+    """descale_prefetch (head_dim 256 default, four P V slices): in the main loop no load between the S GEMM's last
+    QGMMA and the softmax's first exponential (k_descale is in a register by then; the default loads it there), and v_descale
+    read once per tile instead of once per slice (fewer LDG in all); no spills. At 64 (overlapped steps, a
+    promotion interval) and 128 it compiles without spills too."""
+    s_tail = r"QGMMA\.64x128x32\.F32\.E4M3\.E4M3 R\d+, gdesc\[UR\d+\], R\d+, gsb0 ;((?:(?!MUFU\.EX2).)*)MUFU\.EX2"
+    base = _sass(fa3_fp8.DEFAULT_CONFIGS[256], head_dim=256)
+    s = _sass(dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[256], descale_prefetch=True), head_dim=256)
+    counts, base_counts = cubin.count_sass(s), cubin.count_sass(base)
+    assert counts["LDL"] == counts["STL"] == 0, counts
+    loads = lambda text: [len(re.findall(r"\bLDG\.E\b", t)) for t in re.findall(s_tail, text, re.S)]  # noqa: E731
+    # [first tile (loads its own, as before), main loop]
+    assert len(loads(base)) == 2 and loads(base)[-1] >= 1, loads(base)
+    assert len(loads(s)) == 2 and loads(s)[-1] == 0, loads(s)
+    assert len(re.findall(r"\bLDG\.E\b", s)) <= len(re.findall(r"\bLDG\.E\b", base)) - 3
+    for head_dim in (64, 128):
+        c = cubin.count_sass(_sass(dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[head_dim], descale_prefetch=True),
+                                   head_dim=head_dim, causal=True))
+        assert c["QGMMA"] > 0 and c["LDL"] == c["STL"] == 0, (head_dim, c)

@@ -109,6 +109,10 @@ class Fp8Config(Fa3Config):
     pv_split: the P V GEMM (and its temporary) split over this many slices of head_dim (1, 2 or 4).
     pv_buffers: temporaries for the slices (1: slice by slice; 2: slice h + 1 runs on the tensor cores
         while slice h is promoted on the CUDA cores; needs pv_split > 1).
+    descale_prefetch: the K/V descales read ahead into registers (off by default; issue 10 A/B): k_descale of the
+        next K/V tile is loaded when this tile's P V GEMM is issued (the softmax of the next tile then finds its
+        scale in a register instead of waiting on a load right after its S GEMM), and v_descale of this tile once
+        per tile before its P V GEMM (not once per slice of d after each wait). Same values: bitwise the same O.
     out_dtype: "bf16" | "fp16", the output dtype (part of the compile key).
     """
 
@@ -116,6 +120,7 @@ class Fp8Config(Fa3Config):
     promote_every: int = 1
     pv_split: int = 1
     pv_buffers: int = 1
+    descale_prefetch: bool = False
     out_dtype: str = "bf16"
 
     def smem_bytes(self, head_dim: int, elem_bytes: int = 1) -> int:
@@ -199,11 +204,25 @@ class _Fp8StepContext(_StepContext):
     v_descale: cute.Tensor = None
     tiles_in_tmp: cute.Tensor = None  # (1,) Int32: tiles accumulated in acc_tmp since the last promotion
     o_alpha: cute.Tensor = None  # per row: product of the alphas O has not been multiplied by yet
+    descales: cute.Tensor = None  # descale_prefetch: (2,) Float32, k_descale of the next tile, v_descale of this one
 
     def softmax_step(self, acc_S, n_block, is_first: bool = False):
+        # descale_prefetch: after the first tile the previous P V issue loaded this tile's k_descale (``pv``)
+        kd = self.descales[0] if const_expr(self.k.cfg.descale_prefetch and not is_first) else self.k_descale[n_block]
         # floor at the smallest normal: a zero softmax_scale must give the mean of V, not -inf * 0 = NaN
-        c = cute.arch.fmax(self.qk_scale * self.k_descale[n_block], Float32(1.1754943508222875e-38))
+        c = cute.arch.fmax(self.qk_scale * kd, Float32(1.1754943508222875e-38))
         return self.softmax.update(acc_rows_cols(acc_S), is_first, tile_scale_log2=c)
+
+    def _prefetch_descales(self, n_block):
+        """descale_prefetch, before tile n_block's P V GEMM: v_descale[n_block] (its promotion) and k_descale of the
+        tile walked next, n_block - 1 (the next softmax; tile 0 reloads its own, unused)."""
+        if const_expr(self.k.cfg.descale_prefetch):
+            self.descales[1] = self.v_descale[n_block]
+            self.descales[0] = self.k_descale[cutlass.max(n_block - 1, 0)]
+
+    def _v_descale(self, n_block):
+        """v_descale[n_block]: from the register ``_prefetch_descales`` filled, or read here."""
+        return self.descales[1] if const_expr(self.k.cfg.descale_prefetch) else self.v_descale[n_block]
 
     def to_p(self, acc_S):
         """fp32 P -> e4m3 A operand in registers (RNE, satfinite; pairs packed in-thread)."""
@@ -246,7 +265,7 @@ class _Fp8StepContext(_StepContext):
     def _promote(self, h: int, n_block, tmp=None):
         """O[:, slice h] += v_descale[n_block] * tmp."""
         tmp = self.acc_tmp if tmp is None else tmp
-        vd = self.v_descale[n_block]
+        vd = self._v_descale(n_block)
         o = self.acc_O[None, None, h]
         for i in range(cute.size(tmp)):
             o[i] = o[i] + vd * tmp[i]
@@ -257,7 +276,7 @@ class _Fp8StepContext(_StepContext):
         O = o_alpha O + v_descale[n_block] tmp (rows view), then o_alpha = 1 and the temporary restarts."""
         count, o_alpha, every = self.tiles_in_tmp, self.o_alpha, self.k.cfg.promote_every
         o, t = acc_rows_cols(self.acc_O), acc_rows_cols(self.acc_tmp)
-        vd = self.v_descale[n_block]
+        vd = self._v_descale(n_block)
         count[0] = count[0] + 1
         if count[0] == every or n_block == 0:
             for r in cutlass.range_constexpr(cute.size(o, mode=[0])):
@@ -270,6 +289,7 @@ class _Fp8StepContext(_StepContext):
         cfg = self.k.cfg
         early = const_expr(cfg.early_pv_arrive)  # hand the ping-pong turn on right after the last issue
         last = cfg.pv_split - 1
+        self._prefetch_descales(n_block)
         if const_expr(not cfg.two_level):
             wgmma(self.mma_pv, self.acc_O, self.tOrP, self._v_slice(v_state.index, 0), wait=-1 if early else wait)
         elif const_expr(self._interval()):  # the first tile of an interval overwrites the temporary
@@ -380,11 +400,12 @@ class FlashAttention3Fp8Sm90(FlashAttention3Sm90):
             tiles_in_tmp.fill(0)
             o_alpha = cute.make_rmem_tensor(softmax.num_rows, Float32)
             o_alpha.fill(1.0)
+        descales = cute.make_rmem_tensor(2, Float32) if const_expr(self.cfg.descale_prefetch) else None
         q_block = (m_block * self.tile_m + wg * WGMMA_M) // layout.TILE_M  # this warpgroup's Q scale block
         qk_scale = mQd[batch, head, q_block] * softmax.scale_log2
         return _Fp8StepContext(*args, acc_tmp=tmp, acc_tmp2=tmp2, qk_scale=qk_scale,
                                k_descale=mKd[batch, kv_head, None], v_descale=mVd[batch, kv_head, None],
-                               tiles_in_tmp=tiles_in_tmp, o_alpha=o_alpha)
+                               tiles_in_tmp=tiles_in_tmp, o_alpha=o_alpha, descales=descales)
 
 
 # ---------------------------------------------------------------------------------------------
