@@ -65,12 +65,34 @@ SPEED_VARIANTS: dict[int, dict[str, dict]] = {
           "early": dict(early_pv_arrive=True), "skip": dict(skip_unit_rescale=True),
           "early_skip": dict(early_pv_arrive=True, skip_unit_rescale=True)},
 }
+# --set fp8flip (scripts/fp8flip_gpu.sh): the session-5 defaults ("new": skip_unit_rescale on everywhere,
+# promote_every 4 at head_dim 64) against the previous ones ("old"), the descale_prefetch switch (off), and the single
+# accumulator (the two-level cost); at 256 also the single accumulator with intra-warpgroup overlap (its registers
+# fit without a temporary: how fast the shared part of the kernel gets).
+FLIP_VARIANTS: dict[int, dict[str, dict]] = {
+    64: {"new": {}, "old": dict(promote_every=1, skip_unit_rescale=False), "prefetch": dict(descale_prefetch=True),
+         "single": dict(two_level=False)},
+    128: {"new": {}, "old": dict(skip_unit_rescale=False), "prefetch": dict(descale_prefetch=True),
+          "single": dict(two_level=False)},
+    256: {"new": {}, "old": dict(skip_unit_rescale=False), "prefetch": dict(descale_prefetch=True),
+          "single": dict(two_level=False, pv_split=1, pv_buffers=1),
+          "single_overlap": dict(two_level=False, pv_split=1, pv_buffers=1, intra_wg_overlap=True)},
+}
 # bf16 fa3 variants timed beside "bf16_fa3" (its default) in --set fp8speed
 SPEED_BF16_VARIANTS: dict[int, dict[str, dict]] = {64: {"bf16_emu1": dict(exp2_emu=1)}}
 # kernels tests/test_fa3_fp8_speed_gpu.py needs besides the timed ones (kind, head_dim, change), both causal modes
 SPEED_TEST_KERNELS = [("fp8", 64, dict(exp2_emu=8)), ("bf16", 64, dict(exp2_emu=8)),
                       ("bf16", 128, dict(intra_wg_overlap=False, early_pv_arrive=True))]
-SETS = {"ab": (VARIANTS, {}), "fp8speed": (SPEED_VARIANTS, SPEED_BF16_VARIANTS)}
+SETS = {"ab": (VARIANTS, {}), "fp8speed": (SPEED_VARIANTS, SPEED_BF16_VARIANTS), "fp8flip": (FLIP_VARIANTS, {})}
+LEGENDS = {
+    "fp8speed": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs; new = the default then; single* = one "
+                "running accumulator; early = early_pv_arrive; skip = skip_unit_rescale; emuN = exp2_emu=N; promote4 = "
+                "promote_every=4; bf16_fa3 = ours (bf16_emu1: with exp2_emu=1); flash_attn_4 = flash-attn-4 bf16.",
+    "fp8flip": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs; new = the defaults (skip_unit_rescale "
+               "on, promote_every 4 at head_dim 64); old = the defaults before (skip off, promote_every 1); prefetch = "
+               "new + descale_prefetch; single* = one running accumulator (single_overlap: with intra-warpgroup "
+               "overlap); bf16_fa3 = ours; flash_attn_4 = flash-attn-4 bf16.",
+}
 # issue 10's targets: (head_dim, seqlen, causal or None for both, what, threshold)
 TARGETS = [(256, 16384, False, "tflops", 1100.0), (128, None, False, "over_bf16", 1.4), (64, None, False, "over_bf16", 1.3),
            (None, None, None, "two_level_cost", 0.05)]
@@ -139,22 +161,25 @@ TEST_RECIPES = [(g, r, r, t) for g in ("block", "head", "tensor") for r in (True
 
 def compile_jobs(head_dims, causals, tests: bool = True, variant_set: str = "ab") -> list[tuple]:
     """The kernels of the A/B (bf16 fa3, every FP8 variant) and, with tests, of tests/test_fa3_fp8_gpu.py
-    (``variant_set`` "ab") or of tests/test_fa3_fp8_speed_gpu.py and test_fa3_fp8_gpu.py -k default_recipe
-    ("fp8speed")."""
+    (``variant_set`` "ab"), of tests/test_fa3_fp8_speed_gpu.py and test_fa3_fp8_gpu.py -k default_recipe
+    ("fp8speed"), or of both files ("fp8flip")."""
     fp8_variants, bf16_variants = SETS[variant_set]
     work = [("bf16", D, c, {}) for D in head_dims for c in causals]
     work += [("bf16", D, c, ch) for D in head_dims for c in causals for ch in bf16_variants.get(D, {}).values()]
     work += [("fp8", D, c, ch) for D in head_dims for c in causals for ch in fp8_variants[D].values()]
     work += [("recipe", D, c, ("bfloat16", ("block", True, True, True))) for D in head_dims for c in (False, True)]
-    if tests and variant_set == "fp8speed":  # its tests run both causal modes of every timed variant
+    if tests and variant_set in ("fp8speed", "fp8flip"):  # its tests run both causal modes of every timed variant
         work += [("fp8", D, c, ch) for D in head_dims for c in (False, True) for ch in fp8_variants[D].values()]
         work += [("bf16", D, c, ch) for D in head_dims for c in (False, True) for ch in bf16_variants.get(D, {}).values()]
-        work += [(kind, D, c, ch) for kind, D, ch in SPEED_TEST_KERNELS if D in head_dims for c in (False, True)]
-    elif tests:
+        if variant_set == "fp8speed":
+            work += [(kind, D, c, ch) for kind, D, ch in SPEED_TEST_KERNELS if D in head_dims for c in (False, True)]
+    if tests and variant_set == "ab":  # tests/test_fa3_fp8_gpu.py's recipes
         work += [("recipe", D, True, ("float16", spec)) for D in (64, 128, 256) for spec in TEST_RECIPES]
         work += [("recipe", 128, False, ("bfloat16", spec)) for spec in (("tensor", False, False, True),
                                                                           ("block", True, False, True),
                                                                           ("block", True, True, False))]
+    elif tests and variant_set == "fp8flip":  # scripts/fp8flip_gpu.sh runs test_every_recipe at head_dim 64 only
+        work += [("recipe", 64, True, ("float16", spec)) for spec in TEST_RECIPES]
     return list(dict.fromkeys((kind, d, c, _freeze(ch)) for kind, d, c, ch in work))  # unique, in order
 
 
@@ -261,92 +286,97 @@ def speed(args, out_dir: str) -> list[dict]:
     return rows
 
 
+def error_cases(args):
+    """The accuracy inputs of ``errors`` and ``variant_errors`` (one generator for both): per head_dim, bf16
+    q, k, v ~ N(0, 1) of shape (1, ``--err-seqlen``, 4, head_dim) from one seeded CUDA generator (the same inputs
+    in every run); per causal mode, float64 attention of them. Yields (head_dim, causal, q, k, v, exact)."""
+    from fa_variants.reference import attention_reference
+
+    g = torch.Generator(device="cuda").manual_seed(11)
+    for D in args.head_dims:
+        q, k, v = (torch.randn(1, args.err_seqlen, 4, D, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(3))
+        for causal in args.causal:
+            exact, _ = attention_reference(q, k, v, causal=causal, softmax_scale=D ** -0.5, dtype=torch.float64)
+            yield D, causal, q, k, v, exact
+
+
 def errors(args, out_dir: str) -> list[dict]:
     from fa_variants.fp8 import emulate_fp8_attention, quantize_fp8
     from fa_variants.fp8.quantize import quantize_fp8_torch
     from fa_variants.hopper import fa3_fp8
-    from fa_variants.reference import attention_reference, rel_l2
+    from fa_variants.reference import rel_l2
 
     rows = []
-    g = torch.Generator(device="cuda").manual_seed(11)
     with open(os.path.join(out_dir, "errors.jsonl"), "w") as f:
-        for D in args.head_dims:
-            q, k, v = (torch.randn(1, args.err_seqlen, 4, D, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(3))
-            for causal in args.causal:
-                exact, _ = attention_reference(q, k, v, causal=causal, softmax_scale=D ** -0.5)
-                inputs = quantize_fp8(q, k, v)
-                out, lse = fa3_fp8.run_fp8(inputs, causal=causal, out_dtype=torch.bfloat16)
-                emu, emu_lse = emulate_fp8_attention(inputs, causal=causal, out_dtype=torch.bfloat16)
-                emu_t, _ = emulate_fp8_attention(inputs, causal=causal, out_dtype=torch.bfloat16, accumulator="truncate")
-                seen = torch.isfinite(emu_lse)
-                row = dict(head_dim=D, seqlen=args.err_seqlen, causal=causal, block_n=inputs.block_n,
-                           kernel_vs_emulation=float(rel_l2(out, emu)), kernel_vs_emulation_truncate=float(rel_l2(out, emu_t)),
-                           lse_max_diff=float((lse - emu_lse)[seen].abs().max()) if seen.any() else 0.0,
-                           kernel_vs_float64=float(rel_l2(out, exact)), emulation_vs_float64=float(rel_l2(emu, exact)),
-                           emulation_block128_vs_float64=None)
-                if inputs.block_n != 128:  # the old K/V scale blocks, same recipe, emulated
-                    old = quantize_fp8_torch(q, k, v, block_n=128)
-                    row["emulation_block128_vs_float64"] = float(rel_l2(
-                        emulate_fp8_attention(old, causal=causal, out_dtype=torch.bfloat16, tile_m=128)[0], exact))
-                rows.append(row)
-                f.write(json.dumps(row) + "\n")
-                print(f"errors d{D} causal={int(causal)}: kernel-emu {row['kernel_vs_emulation']:.2e} (truncate model "
-                      f"{row['kernel_vs_emulation_truncate']:.2e}; LSE {row['lse_max_diff']:.1e}), kernel-f64 "
-                      f"{row['kernel_vs_float64']:.2e}, emu-f64 {row['emulation_vs_float64']:.2e}", flush=True)
+        for D, causal, q, k, v, exact in error_cases(args):
+            inputs = quantize_fp8(q, k, v)
+            out, lse = fa3_fp8.run_fp8(inputs, causal=causal, out_dtype=torch.bfloat16)
+            emu, emu_lse = emulate_fp8_attention(inputs, causal=causal, out_dtype=torch.bfloat16)
+            emu_t, _ = emulate_fp8_attention(inputs, causal=causal, out_dtype=torch.bfloat16, accumulator="truncate")
+            seen = torch.isfinite(emu_lse)
+            row = dict(head_dim=D, seqlen=args.err_seqlen, causal=causal, block_n=inputs.block_n,
+                       kernel_vs_emulation=float(rel_l2(out, emu)), kernel_vs_emulation_truncate=float(rel_l2(out, emu_t)),
+                       lse_max_diff=float((lse - emu_lse)[seen].abs().max()) if seen.any() else 0.0,
+                       kernel_vs_float64=float(rel_l2(out, exact)), emulation_vs_float64=float(rel_l2(emu, exact)),
+                       emulation_block128_vs_float64=None)
+            if inputs.block_n != 128:  # the old K/V scale blocks, same recipe, emulated
+                old = quantize_fp8_torch(q, k, v, block_n=128)
+                row["emulation_block128_vs_float64"] = float(rel_l2(
+                    emulate_fp8_attention(old, causal=causal, out_dtype=torch.bfloat16, tile_m=128)[0], exact))
+            rows.append(row)
+            f.write(json.dumps(row) + "\n")
+            print(f"errors d{D} causal={int(causal)}: kernel-emu {row['kernel_vs_emulation']:.2e} (truncate model "
+                  f"{row['kernel_vs_emulation_truncate']:.2e}; LSE {row['lse_max_diff']:.1e}), kernel-f64 "
+                  f"{row['kernel_vs_float64']:.2e}, emu-f64 {row['emulation_vs_float64']:.2e}", flush=True)
     return rows
 
 
 def variant_errors(args, out_dir: str) -> list[dict]:
-    """--set fp8speed: every timed fa3-fp8 variant vs the emulation (told the variant's exp2_emu) and vs float64,
-    on the inputs of ``errors``."""
+    """--set fp8speed / fp8flip: every timed fa3-fp8 variant vs the emulation (told the variant's promotion interval
+    and exp2_emu) and vs float64, on the inputs of ``errors`` (``error_cases``)."""
     from fa_variants.fp8 import FP8Config, emulate_fp8_attention, quantize_fp8
     from fa_variants.hopper import fa3_fp8
-    from fa_variants.reference import attention_reference, rel_l2
+    from fa_variants.reference import rel_l2
 
     rows = []
-    g = torch.Generator(device="cuda").manual_seed(11)
+    fp8_variants = SETS[args.set][0]
     with open(os.path.join(out_dir, "errors.jsonl"), "w") as f:
-        for D in args.head_dims:
-            q, k, v = (torch.randn(1, args.err_seqlen, 4, D, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(3))
-            for causal in args.causal:
-                exact, _ = attention_reference(q, k, v, causal=causal, softmax_scale=D ** -0.5)
-                emus = {}
-                for name, change in SPEED_VARIANTS[D].items():
-                    cfg = kernel_config(D, change)
-                    key = (cfg.promote_every, cfg.exp2_emu)  # the emulation reads the interval from the recipe
-                    if key not in emus:
-                        inputs = quantize_fp8(q, k, v, config=FP8Config(promote_every=cfg.promote_every))
-                        emus[key] = inputs, *emulate_fp8_attention(inputs, causal=causal, out_dtype=torch.bfloat16,
-                                                                   exp2_emu=cfg.exp2_emu)
-                    inputs, emu, emu_lse = emus[key]
-                    out, lse = fa3_fp8.run_fp8(inputs, causal=causal, out_dtype=torch.bfloat16, config=cfg)
-                    seen = torch.isfinite(emu_lse)
-                    row = dict(head_dim=D, seqlen=args.err_seqlen, causal=causal, variant=name,
-                               kernel_vs_emulation=float(rel_l2(out, emu)),
-                               lse_max_diff=float((lse - emu_lse)[seen].abs().max()) if seen.any() else 0.0,
-                               kernel_vs_float64=float(rel_l2(out, exact)), emulation_vs_float64=float(rel_l2(emu, exact)))
-                    rows.append(row)
-                    f.write(json.dumps(row) + "\n")
-                print(f"errors d{D} causal={int(causal)}: " + " ".join(
-                    f"{r['variant']}={r['kernel_vs_emulation']:.2e}" for r in rows if (r["head_dim"], r["causal"]) == (D, causal)),
-                    flush=True)
+        for D, causal, q, k, v, exact in error_cases(args):
+            emus = {}
+            for name, change in fp8_variants[D].items():
+                cfg = kernel_config(D, change)
+                key = (cfg.promote_every, cfg.exp2_emu)  # the emulation reads the interval from the recipe
+                if key not in emus:
+                    inputs = quantize_fp8(q, k, v, config=FP8Config(promote_every=cfg.promote_every))
+                    emus[key] = inputs, *emulate_fp8_attention(inputs, causal=causal, out_dtype=torch.bfloat16,
+                                                               exp2_emu=cfg.exp2_emu)
+                inputs, emu, emu_lse = emus[key]
+                out, lse = fa3_fp8.run_fp8(inputs, causal=causal, out_dtype=torch.bfloat16, config=cfg)
+                seen = torch.isfinite(emu_lse)
+                row = dict(head_dim=D, seqlen=args.err_seqlen, causal=causal, variant=name,
+                           kernel_vs_emulation=float(rel_l2(out, emu)),
+                           lse_max_diff=float((lse - emu_lse)[seen].abs().max()) if seen.any() else 0.0,
+                           kernel_vs_float64=float(rel_l2(out, exact)), emulation_vs_float64=float(rel_l2(emu, exact)))
+                rows.append(row)
+                f.write(json.dumps(row) + "\n")
+            print(f"errors d{D} causal={int(causal)}: " + " ".join(
+                f"{r['variant']}={r['kernel_vs_emulation']:.2e}" for r in rows if (r["head_dim"], r["causal"]) == (D, causal)),
+                flush=True)
     return rows
 
 
-def speed_summary(speed_rows: list[dict], error_rows: list[dict]) -> str:
-    """--set fp8speed: TFLOP/s per variant, the best fa3-fp8 variant per problem, the two-level cost of the best
-    two-level variant against the best single accumulator, the issue's targets with the best variant, candidates
-    for a default flip, and the variants' accuracy."""
+def speed_summary(speed_rows: list[dict], error_rows: list[dict], variant_set: str = "fp8speed") -> str:
+    """--set fp8speed / fp8flip: TFLOP/s per variant, the best fa3-fp8 variant per problem, the two-level cost of the
+    best two-level variant against the best single accumulator, the issue's targets with the best variant,
+    candidates for a default flip, and the variants' accuracy; fp8flip adds the new defaults against the old."""
+    fp8_variants, bf16_variants = SETS[variant_set]
     probs = _by_problem(speed_rows)
     spread = {(r["head_dim"], r["seqlen"], r["causal"], r["impl"]): r["spread"] for r in speed_rows}
-    lines = ["# fa3-fp8 speed switches (issue 10): --set fp8speed", "",
-             "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs; new = current default; single* = one "
-             "running accumulator; early = early_pv_arrive; skip = skip_unit_rescale; emuN = exp2_emu=N; promote4 = "
-             "promote_every=4; bf16_fa3 = ours (bf16_emu1: with exp2_emu=1); flash_attn_4 = flash-attn-4 bf16.", ""]
+    lines = [f"# fa3-fp8 speed switches (issue 10): --set {variant_set}", "", LEGENDS[variant_set], ""]
     best_rows = []
     for D in sorted({p[0] for p in probs}):
-        fp8_names = list(SPEED_VARIANTS[D])
-        names = fp8_names + ["bf16_fa3", *SPEED_BF16_VARIANTS.get(D, {}), "flash_attn_4"]
+        fp8_names = list(fp8_variants[D])
+        names = fp8_names + ["bf16_fa3", *bf16_variants.get(D, {}), "flash_attn_4"]
         lines += [f"## head_dim {D}", "", "| N | causal | " + " | ".join(names) + " | best fp8 | best/new | best/bf16 | two-level cost |",
                   "|" + "---|" * (len(names) + 6)]
         for (d, N, c), tf in sorted(probs.items()):
@@ -382,12 +412,14 @@ def speed_summary(speed_rows: list[dict], error_rows: list[dict]) -> str:
     lines += ["", "## candidates for a default flip (>= 1.03x new in every non-causal problem, >= 0.97x in every problem)", ""]
     for D in sorted({r["D"] for r in best_rows}):
         mine = [r for r in best_rows if r["D"] == D]
-        for name in SPEED_VARIANTS[D]:
-            if name in ("new",) or name.startswith("single"):
+        for name in fp8_variants[D]:
+            if name in ("new", "old") or name.startswith("single"):
                 continue
             ratios = [(r["all"].get(name, 0) / r["all"]["new"], r["causal"]) for r in mine if r["all"].get("new")]
             if ratios and all(x >= 0.97 for x, _ in ratios) and all(x >= 1.03 for x, c in ratios if not c):
                 lines.append(f"- d{D} {name}: " + ", ".join(f"{x:.2f}x" for x, _ in ratios))
+    if variant_set == "fp8flip":
+        lines += flip_lines(probs)
     if error_rows:
         worst = max(error_rows, key=lambda r: r["kernel_vs_emulation"])
         lse = max(error_rows, key=lambda r: r["lse_max_diff"])
@@ -402,6 +434,20 @@ def speed_summary(speed_rows: list[dict], error_rows: list[dict]) -> str:
                   f"{gap['kernel_vs_float64'] / gap['emulation_vs_float64']:.3f}x (d{gap['head_dim']} {gap['variant']}): "
                   f"{'PASS' if gap['kernel_vs_float64'] / gap['emulation_vs_float64'] <= 1.02 else 'FAIL'}"]
     return "\n".join(lines) + "\n"
+
+
+def flip_lines(probs: dict) -> list[str]:
+    """--set fp8flip: new / old defaults per problem, their geometric mean, and the pass line of the flip (new >=
+    0.97x old in every problem: skip_unit_rescale on, promote_every 4 at head_dim 64)."""
+    ratios = {p: tf["new"] / tf["old"] for p, tf in sorted(probs.items()) if tf.get("new") and tf.get("old")}
+    if not ratios:
+        return []
+    geo = math.exp(sum(math.log(x) for x in ratios.values()) / len(ratios))
+    slower = [(p, round(x, 3)) for p, x in ratios.items() if x < 0.97]
+    return ["", "## new defaults / old defaults (skip_unit_rescale on; promote_every 4 at head_dim 64)", "",
+            *[f"- d{D} N{N} causal={int(c)}: {x:.3f}x" for (D, N, c), x in ratios.items()],
+            f"- geometric mean over {len(ratios)} problems: {geo:.3f}x",
+            f"- pass: new defaults >= 0.97x old in every problem: {'PASS' if not slower else 'FAIL ' + str(slower)}"]
 
 
 def _by_problem(speed_rows):
@@ -504,7 +550,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--set", choices=list(SETS), default="ab",
                     help="ab: new vs old defaults (scripts/fa3_fp8_ab_gpu.sh); fp8speed: the speed switches "
-                         "(SPEED_VARIANTS, scripts/fp8speed_gpu.sh)")
+                         "(SPEED_VARIANTS, scripts/fp8speed_gpu.sh); fp8flip: the session-5 defaults vs the previous "
+                         "ones and descale_prefetch (FLIP_VARIANTS, scripts/fp8flip_gpu.sh)")
     ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128, 256], choices=[64, 128, 256])
     ap.add_argument("--seqlens", type=int, nargs="+", default=[4096, 16384])
     ap.add_argument("--causal", choices=["no", "yes", "both"], default="both")
@@ -538,8 +585,8 @@ def main() -> int:
             return 1 if bad else 0
     speed_rows = speed(args, args.out)
     print(f"speed done at {time.time() - t0:.0f}s", flush=True)
-    if args.set == "fp8speed":
-        text = speed_summary(speed_rows, variant_errors(args, args.out) if args.errors else [])
+    if args.set in ("fp8speed", "fp8flip"):
+        text = speed_summary(speed_rows, variant_errors(args, args.out) if args.errors else [], args.set)
     else:
         error_rows = errors(args, args.out) if args.errors else []
         stats = []

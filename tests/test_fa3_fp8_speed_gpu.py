@@ -1,7 +1,8 @@
-"""The speed switches of issue 10 on an sm90 GPU, every one off by default: ``early_pv_arrive`` (the ping-pong turn
-handed on right after the P V GEMM's issue), ``skip_unit_rescale`` in fa3-fp8 (O *= alpha skipped when no row max
-of the thread moved), ``exp2_emu`` (some exponentials computed with FMAs, ``common.exp2_poly``), and the
-combinations scripts/fa3_fp8_speed_ab.py times (``--set fp8speed``, whose precompile builds these kernels).
+"""The speed switches of issue 10 on an sm90 GPU, off by default but skip_unit_rescale (on in fa3-fp8 since session 5):
+``early_pv_arrive`` (the ping-pong turn handed on right after the P V GEMM's issue), ``skip_unit_rescale`` in fa3-fp8
+(O *= alpha skipped when no row max of the thread moved), ``exp2_emu`` (some exponentials computed with FMAs,
+``common.exp2_poly``), ``descale_prefetch`` (K/V descales read ahead), the defaults before session 5 ("old"), and the
+combinations scripts/fa3_fp8_speed_ab.py times (``--set fp8speed`` / ``fp8flip``, whose precompile builds these).
 
 fa3-fp8: the kernel against its emulation on the same quantised inputs (default recipe; its promote_every set to
 the variant's, which the emulation reads), the emulation told the kernel's ``exp2_emu``; bounds of
@@ -41,6 +42,15 @@ FP8_VARIANTS = {
     "d64-promote4": (64, dict(promote_every=4)),
     "d64-emu1": (64, dict(exp2_emu=1)),
     "d64-emu2": (64, dict(exp2_emu=2)),
+    # scripts/fa3_fp8_speed_ab.py FLIP_VARIANTS: the defaults before skip_unit_rescale and (64) promote_every 4, and
+    # descale_prefetch; the single accumulator with intra-warpgroup overlap at 256
+    "d64-old": (64, dict(promote_every=1, skip_unit_rescale=False)),
+    "d128-old": (128, dict(skip_unit_rescale=False)),
+    "d256-old": (256, dict(skip_unit_rescale=False)),
+    "d64-prefetch": (64, dict(descale_prefetch=True)),
+    "d128-prefetch": (128, dict(descale_prefetch=True)),
+    "d256-prefetch": (256, dict(descale_prefetch=True)),
+    "d256-single_overlap": (256, dict(two_level=False, pv_split=1, pv_buffers=1, intra_wg_overlap=True)),
 }
 
 

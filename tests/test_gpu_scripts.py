@@ -116,6 +116,23 @@ echo "after $CLOCKS_PID"
     assert not _alive(pid) and not (tmp_path / "out2" / "logs.tgz").exists()
 
 
+def test_fp8flip_plan_and_verdict():
+    """scripts/fa3_fp8_speed_ab.py --set fp8flip on the CPU: its precompile covers every timed variant in both causal
+    modes (the tests run both) and test_every_recipe's head_dim 64 recipes; the flip's pass line fails when the new
+    defaults fall below 0.97x the old ones in any problem, and passes otherwise."""
+    ab = load_script("fa3_fp8_speed_ab")
+    jobs = ab.compile_jobs([64, 128, 256], [False], tests=True, variant_set="fp8flip")
+    for D, variants in ab.FLIP_VARIANTS.items():
+        for change in variants.values():
+            for causal in (False, True):
+                assert ("fp8", D, causal, ab._freeze(change)) in jobs, (D, change, causal)
+    assert {d for kind, d, _causal, change in jobs if kind == "recipe" and change[0] == "float16"} == {64}
+    good = {(64, 4096, False): {"new": 103.0, "old": 100.0}, (256, 16384, True): {"new": 98.0, "old": 100.0}}
+    assert ab.flip_lines(good)[-1].endswith("PASS") and "geometric mean over 2 problems" in ab.flip_lines(good)[-2]
+    bad = {**good, (128, 4096, True): {"new": 96.0, "old": 100.0}}
+    assert "FAIL" in ab.flip_lines(bad)[-1] and "(128, 4096, True)" in ab.flip_lines(bad)[-1]
+
+
 @pytest.mark.parametrize("backend", ["fa1", "fa2", "fa3", "fa3-fp8"])
 def test_sanitize_plan_reads_the_registry(backend):
     """The worker's (dtype, head_dims) come from the one registry (a renamed dispatch helper broke every pair
@@ -195,10 +212,13 @@ def test_fa3_fp8_speed_ab_fp8speed_set(capsys, monkeypatch):
     assert ab.main() == 0
     assert "set: fp8speed" in capsys.readouterr().out
     jobs = set(ab.compile_jobs([64, 128, 256], [False], variant_set="fp8speed"))
+    flip_jobs = set(ab.compile_jobs([64, 128, 256], [False], variant_set="fp8flip"))
     for name, (D, change) in gpu_tests.FP8_VARIANTS.items():
-        assert ab.SPEED_VARIANTS[D][name.split("-", 1)[1]] == change, name  # same names, same configs
+        suffix = name.split("-", 1)[1]  # same names, same configs, in --set fp8speed or (else) --set fp8flip
+        table, its_jobs = (ab.SPEED_VARIANTS, jobs) if suffix in ab.SPEED_VARIANTS[D] else (ab.FLIP_VARIANTS, flip_jobs)
+        assert table[D][suffix] == change, name
         for causal in (False, True):
-            assert ("fp8", D, causal, ab._freeze(change)) in jobs, (name, causal)
+            assert ("fp8", D, causal, ab._freeze(change)) in its_jobs, (name, causal)
     assert ("fp8", 64, True, ab._freeze(dict(exp2_emu=8))) in jobs
     assert ("bf16", 128, True, ab._freeze(dict(intra_wg_overlap=False, early_pv_arrive=True))) in jobs
     for D, variants in ab.SPEED_VARIANTS.items():  # every variant is a valid config (raises otherwise)
