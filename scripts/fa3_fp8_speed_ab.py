@@ -332,8 +332,8 @@ def errors(args, out_dir: str) -> list[dict]:
 
 
 def variant_errors(args, out_dir: str) -> list[dict]:
-    """--set fp8speed / fp8flip: every timed fa3-fp8 variant vs the emulation (told the variant's promotion interval
-    and exp2_emu) and vs float64, on the inputs of ``errors`` (``error_cases``)."""
+    """--set fp8speed / fp8flip: every timed fa3-fp8 variant vs the emulation (told the variant's accumulation:
+    two_level and promotion interval, and its exp2_emu) and vs float64, on the inputs of ``errors`` (``error_cases``)."""
     from fa_variants.fp8 import FP8Config, emulate_fp8_attention, quantize_fp8
     from fa_variants.hopper import fa3_fp8
     from fa_variants.reference import rel_l2
@@ -345,9 +345,10 @@ def variant_errors(args, out_dir: str) -> list[dict]:
             emus = {}
             for name, change in fp8_variants[D].items():
                 cfg = kernel_config(D, change)
-                key = (cfg.promote_every, cfg.exp2_emu)  # the emulation reads the interval from the recipe
+                # the emulation reads the accumulation (two_level, interval) from the recipe
+                key = (cfg.two_level, cfg.promote_every, cfg.exp2_emu)
                 if key not in emus:
-                    inputs = quantize_fp8(q, k, v, config=FP8Config(promote_every=cfg.promote_every))
+                    inputs = quantize_fp8(q, k, v, config=FP8Config(two_level=cfg.two_level, promote_every=cfg.promote_every))
                     emus[key] = inputs, *emulate_fp8_attention(inputs, causal=causal, out_dtype=torch.bfloat16,
                                                                exp2_emu=cfg.exp2_emu)
                 inputs, emu, emu_lse = emus[key]

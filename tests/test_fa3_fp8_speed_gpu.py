@@ -4,8 +4,8 @@
 ``common.exp2_poly``), ``descale_prefetch`` (K/V descales read ahead), the defaults before session 5 ("old"), and the
 combinations scripts/fa3_fp8_speed_ab.py times (``--set fp8speed`` / ``fp8flip``, whose precompile builds these).
 
-fa3-fp8: the kernel against its emulation on the same quantised inputs (default recipe; its promote_every set to
-the variant's, which the emulation reads), the emulation told the kernel's ``exp2_emu``; bounds of
+fa3-fp8: the kernel against its emulation on the same quantised inputs (default recipe; its two_level and
+promote_every set to the variant's, which the emulation reads), the emulation told the kernel's ``exp2_emu``; bounds of
 tests/test_fa3_fp8_gpu.py (rel-L2 <= 6e-3, LSE <= 1.5e-3 on rows that see a key, -inf and O = 0 on the others)
 and vs float64 within ``fp8_error_bound``. bf16 fa3 with the same switches: the
 project's rule against float64 (``helpers.assert_attention_ok``). Shapes: one K/V tile; several (masked and
@@ -86,7 +86,8 @@ def test_fp8_variant_vs_emulation(fp8_kernel, variant, shape, causal, request, n
     cfg = dataclasses.replace(fp8_kernel.DEFAULT_CONFIGS[D], **change)
     seed = zlib.crc32(request.node.nodeid.encode())
     q, k, v = _inputs(shape, D, seed)
-    inp = fp8.quantize_fp8(q, k, v, config=fp8.FP8Config(promote_every=cfg.promote_every))  # the emulation's interval
+    # the emulation's accumulation (two_level, interval) comes from the recipe
+    inp = fp8.quantize_fp8(q, k, v, config=fp8.FP8Config(two_level=cfg.two_level, promote_every=cfg.promote_every))
     with nan_allocations():  # an output element the kernel does not write stays NaN
         out, lse = fp8_kernel.run_fp8(inp, causal=causal, out_dtype=torch.bfloat16, config=cfg)
     emu32, emu_lse = fp8.emulate_fp8_attention(inp, causal=causal, exp2_emu=cfg.exp2_emu)
