@@ -23,9 +23,9 @@ source "$(dirname "$0")/steps.sh"; help_from_header "$@"
 out="${OUT:-results}"; work="$out/fp8flip"; session_setup "$work"
 step precompile 55 python3 scripts/fa3_fp8_speed_ab.py --set fp8flip --phase precompile --jobs 14 --out "$work/ab"
 rm -f "$work/test_stats.jsonl"
-step gpu_tests 65 env FA_VARIANTS_FP8_STATS="$work/test_stats.jsonl" python3 -m pytest -q -m gpu tests/test_fa3_fp8_gpu.py \
+step gpu_tests 60 env FA_VARIANTS_FP8_STATS="$work/test_stats.jsonl" python3 -m pytest -q -m gpu tests/test_fa3_fp8_gpu.py \
   -k "default_recipe or (every_recipe and 64)" -p no:cacheprovider
-step variant_tests 50 python3 -m pytest -q -m gpu tests/test_fa3_fp8_speed_gpu.py tests/test_fa3_fp8_kernel.py \
+step variant_tests 55 python3 -m pytest -q -m gpu tests/test_fa3_fp8_speed_gpu.py tests/test_fa3_fp8_kernel.py \
   -k "d64-old or prefetch or (kernel_vs_model and 64) or empty_rows" -p no:cacheprovider
 step speed_ab 60 python3 scripts/fa3_fp8_speed_ab.py --set fp8flip --phase measure --rounds 8 --out "$work/ab"
 pack_logs "$out/fp8flip.tar.gz" && rm -rf "$work"
