@@ -43,9 +43,9 @@ scales (one descale per 128 query rows and per ``tile_n`` keys, ``fa_variants.fp
   promotes per tile, ~20% of a tile's 1024 MMA cycles: the 9-20% the H200 showed. ``pv_buffers = 2``
   with ``pv_split = 4`` (two 32-register temporaries) issues slice h + 1 before promoting slice h
   (DEPBAR 1): only the last slice's promote and one drain stay exposed.
-* Speed switches (issue 10; the A/B is ``scripts/fp8speed_gpu.sh``), off by default but ``skip_unit_rescale``. Read in the SASS of the
-  head_dim 256 default: ptxas sinks O *= alpha (issued before the P V GEMM) into the promotion, which becomes
-  O = alpha O + (v_descale tmp), an FMUL and an FFMA per element; after the last slice's wait (DEPBAR 0) ~128 of
+* Speed switches (issue 10; the A/B is ``scripts/fp8speed_gpu.sh``), off by default but ``skip_unit_rescale``.
+  Read in the SASS of the head_dim 256 default: ptxas sinks O *= alpha (issued before the P V GEMM) into the
+  promotion, which becomes O = alpha O + (v_descale tmp), an FMUL and an FFMA per element; after the last slice's wait (DEPBAR 0) ~128 of
   them plus the loop's top run before the next S GEMM is issued and the turn handed on, with this warpgroup's
   tensor-core queue empty and the other warpgroup waiting for the turn. ``early_pv_arrive`` (serial steps)
   hands the ping-pong turn on right after the last P V QGMMA is issued (BAR.ARV before the DEPBAR), so the other
@@ -57,8 +57,9 @@ scales (one descale per 128 query rows and per ``tile_n`` keys, ``fa_variants.fp
   differently. Without the switch O = fma(alpha, O, round(v_descale tmp)) (FMUL + FFMA); with it
   O = fma(v_descale, tmp, O') with O' = round(alpha O) on a thread whose alphas moved, O where none did. With
   power-of-two descales (every quantiser's) v_descale tmp is exact: tiles where no max moved give bitwise the
-  old O, the others one more fp32 rounding (of alpha O), the emulation's own order (``fp8.emulation``). ``exp2_emu`` (``common.exp2_poly``) computes some of P's exponentials with FMAs instead of
-  MUFU.EX2 (head_dim 64 is bound by the MUFU and the issue slots); the emulation models it.
+  old O, the others one more fp32 rounding (of alpha O), the emulation's own order (``fp8.emulation``).
+  ``exp2_emu`` (``common.exp2_poly``) computes some of P's exponentials with FMAs instead of MUFU.EX2 (head_dim
+  64 is bound by the MUFU and the issue slots); the emulation models it.
   A promotion interval (``promote_every``) needs a temporary for the whole of d that lives across the S GEMM and
   the softmax: at head_dim 256 (O 128 + temporary 128 registers per thread) it cannot fit, at 128 with 256-key
   tiles it spills (S 128 + O 64 + temporary 64); it is built for head_dim 64 and for 128 with 128-key tiles.
