@@ -251,9 +251,10 @@ def auto_num_splits(q: torch.Tensor, k: torch.Tensor, causal: bool) -> int:
 
 def _plan_call(config: Sm80Config, q, k, v, scale: float) -> tuple:
     """(prepare, finish) for tensors of q, k, v's kind (``common.launch.Variant.plan_call``): the standard
-    arguments, or for a split kernel the fp32 partials (a workspace per call, ``split_combine.partials_plan``)
-    in place of out, lse, and `finish` merging them into out, lse (the merge kernel, one launch). Packed GQA:
-    q and the outputs (or the partials) as ``common.pack_gqa.views`` of the same memory."""
+    arguments, or for a split kernel the fp32 partials (``split_combine.partials_scratch``: the per-stream scratch
+    fa3 uses, no allocation per call on a CUDA device) in place of out, lse, and `finish` merging them into out,
+    lse (the merge kernel, one launch; ``split_combine.split_steps``). Packed GQA: q and the outputs (or the
+    partials) as ``common.pack_gqa.views`` of the same memory (their geometry worked out once here)."""
     heads_kv = k.shape[2]
     pack = config.pack_gqa
     if config.num_splits == 1:
@@ -262,24 +263,11 @@ def _plan_call(config: Sm80Config, q, k, v, scale: float) -> tuple:
         return (lambda q, k, v, out, lse: (*_packed(q, k, v, out, lse, heads_kv), scale)), None
     batch, seqlen_q, heads, head_dim = q.shape
     splits = num_splits_for(config, q, k)
-    alloc, merge = split_combine.partials_plan(batch, seqlen_q, heads, head_dim, splits, q.device, q.dtype,
-                                               pdl=False)
-    if not pack:
-        def prepare(q, k, v, out, lse):
-            return (q, k, v, *alloc(), scale)
-
-        def finish(args, out, lse):
-            merge(args[3], args[4], out, lse)
-        return prepare, finish
-    o_shape, lse_shape = (splits * batch, seqlen_q, heads, head_dim), (splits * batch, heads, seqlen_q)
-    o_strides, lse_strides = split.contiguous_strides(o_shape), split.contiguous_strides(lse_shape)
-
-    def prepare(q, k, v, out, lse):
-        return (*_packed(q, k, v, *alloc(), heads_kv), scale)
-
-    def finish(args, out, lse):  # the partials unpacked again: views of the same (contiguous) memory
-        merge(args[3].as_strided(o_shape, o_strides), args[4].as_strided(lse_shape, lse_strides), out, lse)
-    return prepare, finish
+    scratch = split_combine.partials_scratch(batch, seqlen_q, heads, head_dim, splits, q.device,
+                                             heads_kv=heads_kv if pack else None)
+    q_view = pack_gqa.rows_geometry(q.shape, q.stride(), heads_kv) if pack else None
+    merge = split_combine.merge_function(q.device, q.dtype, head_dim, pdl=False)
+    return split_combine.split_steps(scratch, q_view, (scale,), merge)
 
 
 def _packed(q, k, v, out, lse, heads_kv: int) -> tuple:

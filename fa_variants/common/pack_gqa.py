@@ -50,16 +50,26 @@ def pack_rows(t, group: int, head_mode: int):
     return cute.make_tensor(t.iterator, cute.make_layout(tuple(shape), stride=tuple(stride)))
 
 
+def rows_geometry(shape: tuple, stride: tuple, heads_kv: int) -> tuple[tuple, tuple]:
+    """(shape, stride) of the packed view of a (B, 1, H, D) tensor of these strides (``views``' q and out):
+    (B, group, Hkv, D) with row g of KV head j = query head j group + g. Pure arithmetic (a plan works it out
+    once, then re-strides each call's tensor with ``as_strided``)."""
+    heads, head_dim = shape[2], shape[3]
+    group = heads // heads_kv
+    return (shape[0], group, heads_kv, head_dim), (stride[0], stride[2], group * stride[2], stride[3])
+
+
+def lse_geometry(shape: tuple, stride: tuple, heads_kv: int) -> tuple[tuple, tuple]:
+    """(shape, stride) of the packed view of a (B, H, 1) LSE of these strides: (B, Hkv, group)."""
+    group = shape[1] // heads_kv
+    return (shape[0], heads_kv, group), (stride[0], group * stride[1], stride[1])
+
+
 def views(q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, heads_kv: int) -> tuple:
     """Packed GQA at seqlen_q = 1: q, out (B, 1, H, D) and lse (B, H, 1) as views (no copy) of a problem of
     num_heads_kv heads whose rows are the group = H / num_heads_kv query heads of each KV head:
     q, out (B, group, Hkv, D) with row g of KV head j = query head j group + g; lse (B, Hkv, group). out and
     lse may have more batches than q (the split partials: num_splits * B)."""
-    heads, head_dim = q.shape[2:]
-    group = heads // heads_kv
-
-    def rows(t):  # (B, 1, H, D) -> (B, group, Hkv, D)
-        return t.as_strided((t.shape[0], group, heads_kv, head_dim), (t.stride(0), t.stride(2), group * t.stride(2), t.stride(3)))
-
-    lse_rows = lse.as_strided((lse.shape[0], heads_kv, group), (lse.stride(0), group * lse.stride(1), lse.stride(1)))
-    return rows(q), rows(out), lse_rows
+    return (q.as_strided(*rows_geometry(q.shape, q.stride(), heads_kv)),
+            out.as_strided(*rows_geometry(out.shape, out.stride(), heads_kv)),
+            lse.as_strided(*lse_geometry(lse.shape, lse.stride(), heads_kv)))

@@ -36,7 +36,7 @@ import os
 
 import torch
 
-from fa_variants.common import interop
+from fa_variants.common import interop, pack_gqa, split, workspace
 from fa_variants.common.cache import StaticConfig
 from fa_variants.common.launch import Variant
 
@@ -90,21 +90,62 @@ def fake_partials(q, head_dim: int):
     return o, lse
 
 
-def partials_plan(batch: int, seqlen_q: int, heads: int, head_dim: int, splits: int, device: torch.device,
-                  dtype: torch.dtype, pdl: bool | None = None):
-    """(alloc, finish) for a split-KV call of this shape: ``alloc() -> (o_parts, lse_parts)`` makes one fp32
-    workspace per call (O's partials (splits * batch, seqlen_q, heads, head_dim), then LSE's (splits * batch,
-    heads, seqlen_q), each contiguous: split s of batch b at s * batch + b); ``finish(o_parts, lse_parts, out,
-    lse)`` merges them by LSE into out, lse with the merge kernel (``merge_function``; ``pdl`` as there)."""
-    o_size = splits * batch * seqlen_q * heads * head_dim
+def partials_scratch(batch: int, seqlen_q: int, heads: int, head_dim: int, splits: int, device: torch.device, *,
+                     heads_kv: int | None = None, counters: int = 0):
+    """The fp32 partials of a split-KV call of this shape, for fa3 and fa2 alike: ``scratch() -> (o_kernel,
+    lse_kernel, o_parts, lse_parts)`` (+ ``counters`` zeroed int32 when counters > 0) from ``common.workspace``
+    (on a CUDA device a buffer per stream, these views cached: no allocation and no tensor op per call; under
+    CUDA-graph capture and on the CPU fresh memory, as the workspace's rule says).
+
+    o_parts (splits * batch, seqlen_q, heads, head_dim) and lse_parts (splits * batch, heads, seqlen_q), float32,
+    each contiguous, LSE's after O's in one buffer, split s of batch b at s * batch + b: what the merge kernel
+    reads (``merge_function``). o_kernel, lse_kernel: the same memory as the split kernel writes it: the same
+    views, or with ``heads_kv`` (packed GQA at seqlen_q = 1) ``common.pack_gqa.views`` of them."""
     o_shape, lse_shape = (splits * batch, seqlen_q, heads, head_dim), (splits * batch, heads, seqlen_q)
-    size = o_size + splits * batch * heads * seqlen_q
+    o_view, lse_view = (o_shape, split.contiguous_strides(o_shape)), (lse_shape, split.contiguous_strides(lse_shape))
+    o_size = math.prod(o_shape)
+    size = o_size + math.prod(lse_shape)
+    o_kernel, lse_kernel = o_view, lse_view
+    if heads_kv is not None:
+        o_kernel, lse_kernel = pack_gqa.rows_geometry(*o_view, heads_kv), pack_gqa.lse_geometry(*lse_view, heads_kv)
+    geometry = ("split partials", o_view, lse_view, o_kernel, lse_kernel, counters)
 
-    def alloc():
-        workspace = torch.empty(size, dtype=torch.float32, device=device)
-        return workspace[:o_size].view(o_shape), workspace[o_size:].view(lse_shape)
+    def make(buf, counter_buf):
+        views = (buf.as_strided(*o_kernel, 0), buf.as_strided(*lse_kernel, o_size),
+                 buf.as_strided(*o_view, 0), buf.as_strided(*lse_view, o_size))
+        return views + (counter_buf,) if counters else views
 
-    return alloc, merge_function(device, dtype, head_dim, pdl)
+    return lambda: workspace.views(device, size, counters, geometry, make)
+
+
+class SplitArgs(tuple):
+    """A split kernel's runtime arguments (a tuple), carrying the scratch views (``partials_scratch``) that the
+    merge after it reads."""
+
+    def __new__(cls, args: tuple, scratch: tuple):
+        self = super().__new__(cls, args)
+        self.scratch = scratch
+        return self
+
+
+def split_steps(scratch, q_view: tuple | None, tail: tuple, merge):
+    """(prepare, finish) of a two-kernel split-KV call (``common.launch.Variant.plan_call``): ``prepare(q, k, v,
+    out, lse)`` gives the split kernel's arguments ``(q, k, v, o_kernel, lse_kernel, *tail)`` (q re-strided to
+    ``q_view`` = (shape, stride) when given: packed GQA) with the partials from ``scratch`` (``partials_scratch``);
+    ``finish(args, out, lse)`` runs ``merge(o_parts, lse_parts, out, lse)`` on the same partials."""
+    if q_view is None:
+        def prepare(q, k, v, out, lse):
+            views = scratch()
+            return SplitArgs((q, k, v, views[0], views[1], *tail), views)
+    else:
+        def prepare(q, k, v, out, lse):
+            views = scratch()
+            return SplitArgs((q.as_strided(*q_view), k, v, views[0], views[1], *tail), views)
+
+    def finish(args, out, lse):
+        views = args.scratch
+        merge(views[2], views[3], out, lse)
+    return prepare, finish
 
 
 def _build(cfg: StaticConfig):

@@ -49,7 +49,7 @@ import os
 
 import torch
 
-from fa_variants.common import interop, pack_gqa, split, split_combine, workspace
+from fa_variants.common import interop, pack_gqa, split, split_combine
 from fa_variants.common.cache import StaticConfig
 from fa_variants.common.config import Sm90Config
 from fa_variants.common.launch import Variant
@@ -381,85 +381,51 @@ def _plan_call(config: Sm90Config, q, k, v, scale: float) -> tuple:
     """(prepare, finish) for tensors of q, k, v's kind (shapes and strides fixed; ``common.launch.Variant.plan_call``):
     the runtime arguments ``(q, k, v, out, lse, scale * log2 e, l2_section_heads)``, with packed GQA views of q,
     out and LSE (``pack_gqa_views``; not with ``pack_group``, packed inside the kernel). Split: fp32 partials of
-    (splits * batch) batches (O's then LSE's, each contiguous) from ``common.workspace`` (no per-call allocation
-    on a CUDA device: a buffer per stream, its views cached) in place of out and LSE; then either the kernel
-    merges them itself (``config.fused_merge``: out, LSE and the per-query-tile counters follow as arguments) or
-    `finish` does (the merge kernel, or ``split.merge`` on the CPU / with MERGE_KERNEL off). The view geometry is
-    worked out once here, on meta tensors."""
+    (splits * batch) batches from ``common.split_combine.partials_scratch`` (the one scratch fa2 uses too: no
+    per-call allocation on a CUDA device, a buffer per stream, its views cached) in place of out and LSE; then
+    either the kernel merges them itself (``config.fused_merge``: out, LSE and the per-query-tile counters follow
+    as arguments) or `finish` does (``split_combine.split_steps``: the merge kernel, or ``split.merge`` on the CPU
+    / with MERGE_KERNEL off). The view geometry is worked out once here (``common.pack_gqa.rows_geometry``)."""
     batch, seqlen_q, heads, head_dim = q.shape
+    heads_kv = k.shape[2]
     tail = (scale * LOG2_E, l2_section_heads(k.shape[1], head_dim))
-    # a kernel compiled for split-KV (num_splits != 1) writes fp32 partials even when this shape gets one split
-    split_kernel = config.num_splits != 1
-    splits = num_splits_for(config, q, k, True) if split_kernel else 1
-    o_shape, lse_shape = (splits * batch, seqlen_q, heads, head_dim), (splits * batch, heads, seqlen_q)
-    o_size = splits * batch * seqlen_q * heads * head_dim
-    meta = torch.empty_strided(q.shape, q.stride(), dtype=q.dtype, device="meta")
-    parts_meta = torch.empty(o_shape, dtype=torch.float32, device="meta")
-    parts_lse_meta = torch.empty(lse_shape, dtype=torch.float32, device="meta")
-    out_meta = torch.empty(q.shape, dtype=q.dtype, device="meta")
-    lse_meta = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device="meta")
     pack = config.pack_gqa and not config.pack_group  # pack_group: the kernel packs the rows itself
+    out_shape, lse_shape = q.shape, (batch, heads, seqlen_q)
+    q_view = o_view = lse_view = None
     if pack:  # views of the same memory: O and LSE land where the unpacked call puts them
-        meta, out_meta, lse_meta = pack_gqa_views(meta, out_meta, lse_meta, k.shape[2])
-        _, parts_meta, parts_lse_meta = pack_gqa_views(q.new_empty(q.shape, device="meta"), parts_meta,
-                                                       parts_lse_meta, k.shape[2])
-    q_view, o_view, lse_view, po_view, plse_view = (
-        (t.shape, t.stride()) for t in (meta, out_meta, lse_meta, parts_meta, parts_lse_meta))
-    if not split_kernel:
+        q_view = pack_gqa.rows_geometry(q.shape, q.stride(), heads_kv)
+        o_view = pack_gqa.rows_geometry(out_shape, split.contiguous_strides(out_shape), heads_kv)
+        lse_view = pack_gqa.lse_geometry(lse_shape, split.contiguous_strides(lse_shape), heads_kv)
+    # a kernel compiled for split-KV (num_splits != 1) writes fp32 partials even when this shape gets one split
+    if config.num_splits == 1:
         if not pack:
             return (lambda q, k, v, out, lse: (q, k, v, out, lse, *tail)), None
         return (lambda q, k, v, out, lse: (q.as_strided(*q_view), k, v, out.as_strided(*o_view),
                                            lse.as_strided(*lse_view), *tail)), None
 
-    device = q.device
-    partials = o_size + splits * batch * heads * seqlen_q
-    fused = config.fused_merge
-    # query tiles of the kernel's view (one counter each): packed, num_heads_kv heads of (group * seqlen_q) rows
-    rows, kv_heads = (seqlen_q * (heads // k.shape[2]), k.shape[2]) if config.pack_gqa else (seqlen_q, heads)
-    tiles = -(-rows // config.tile_m) * kv_heads * batch if fused else 0
-    o_parts_strides, lse_parts_strides = split.contiguous_strides(o_shape), split.contiguous_strides(lse_shape)
-    geometry = ("fa3", o_shape, lse_shape, po_view, plse_view, tiles)
-
-    def scratch(buf, counters):  # kernel views of the partials, the counters (fused) or the merge's views
-        kernel_views = (buf.as_strided(*po_view, 0), buf.as_strided(*plse_view, o_size))
-        if fused:
-            return kernel_views + (counters,)
-        return kernel_views + (buf.as_strided(o_shape, o_parts_strides, 0),
-                               buf.as_strided(lse_shape, lse_parts_strides, o_size))
-
-    if fused:
+    splits = num_splits_for(config, q, k, True)
+    tiles = 0
+    if config.fused_merge:  # one counter per query tile of the kernel's view (packed: Hkv heads of group * Nq rows)
+        rows, kv_heads = (seqlen_q * (heads // heads_kv), heads_kv) if config.pack_gqa else (seqlen_q, heads)
+        tiles = -(-rows // config.tile_m) * kv_heads * batch
+    scratch = split_combine.partials_scratch(batch, seqlen_q, heads, head_dim, splits, q.device,
+                                             heads_kv=heads_kv if pack else None, counters=tiles)
+    if config.fused_merge:
         def prepare(q, k, v, out, lse):
-            o_p, lse_p, counters = workspace.views(device, partials, tiles, geometry, scratch)
+            o_p, lse_p, _, _, counters = scratch()
             if pack:
                 return (q.as_strided(*q_view), k, v, o_p, lse_p, *tail, out.as_strided(*o_view),
                         lse.as_strided(*lse_view), counters)
             return q, k, v, o_p, lse_p, *tail, out, lse, counters
         return prepare, None
 
-    def prepare(q, k, v, out, lse):
-        views = workspace.views(device, partials, 0, geometry, scratch)
-        return _Args((q.as_strided(*q_view) if pack else q, k, v, views[0], views[1], *tail), views)
-
     if MERGE_KERNEL and q.is_cuda:
         # a pdl kernel's merge is a programmatic dependent of it too; else MERGE_PDL decides
         merge = split_combine.merge_function(q.device, q.dtype, head_dim, True if config.pdl else None)
-
-        def finish(args, out, lse):
-            merge(args.scratch[2], args.scratch[3], out, lse)
     else:
-        def finish(args, out, lse):
-            split.merge(args.scratch[2].unflatten(0, (splits, batch)), args.scratch[3].unflatten(0, (splits, batch)),
-                        out, lse)
-    return prepare, finish
-
-
-class _Args(tuple):
-    """The kernel's runtime arguments (a tuple), carrying the workspace views `finish` merges from."""
-
-    def __new__(cls, args: tuple, scratch: tuple):
-        self = super().__new__(cls, args)
-        self.scratch = scratch
-        return self
+        def merge(o_parts, lse_parts, out, lse):
+            split.merge(o_parts.unflatten(0, (splits, batch)), lse_parts.unflatten(0, (splits, batch)), out, lse)
+    return split_combine.split_steps(scratch, q_view, tail, merge)
 
 
 VARIANT = Variant(
