@@ -5,6 +5,7 @@ The kernel itself: tests/test_fa2_split_gpu.py (GPU) and tests/test_fa2_split_co
 """
 import dataclasses
 import math
+from unittest import mock
 
 import pytest
 import torch
@@ -214,3 +215,55 @@ def test_unsplit_plan_passes_out_and_lse():
     prepare, finish = fa2._plan_call(fa2.CONFIGS[64], q, k, k, 0.5)
     out, lse = torch.empty(1, 3, 2, 64), torch.empty(1, 2, 3)
     assert finish is None and prepare(q, k, k, out, lse) == (q, k, k, out, lse, 0.5)
+
+
+@pytest.fixture
+def cached_cpu_scratch(monkeypatch):
+    """common.workspace caching CPU scratch as it caches one CUDA stream's (empty before and after)."""
+    from fa_variants.common import workspace
+
+    workspace.clear()
+    monkeypatch.setattr(workspace, "CACHE_CPU", True)
+    yield workspace
+    workspace.clear()
+
+
+def test_split_scratch_is_the_workspace_fa3_uses(cached_cpu_scratch, monkeypatch):
+    """fa2's split partials come from common.workspace (split_combine.partials_scratch): no allocation per call,
+    the same views call after call, and the very views fa3's plan of the same shape and split count gets (one
+    scratch for both backends, no copy). The merge reads the views the kernel wrote."""
+    fa3 = pytest.importorskip("fa_variants.hopper.fa3")
+    merged = []
+    monkeypatch.setattr(split_combine, "merge_function", lambda *a, **kw: lambda *args: merged.extend(args))
+    q, k = torch.randn(2, 1, 32, 128), torch.randn(2, 999, 8, 128)
+    out, lse = torch.empty(2, 1, 32, 128), torch.empty(2, 32, 1)
+    prepare, finish = fa2._plan_call(fa2.split_config("sm_90a", 128, 5, pack=True), q, k, k, 0.1)
+    first = prepare(q, k, k, out, lse)
+    with mock.patch.object(torch, "empty", side_effect=AssertionError("allocated per call")):
+        second = prepare(q, k, k, out, lse)
+    assert second[3] is first[3] and second[4] is first[4]
+    assert second[0].data_ptr() == q.data_ptr() and second[0].shape == (2, 4, 8, 128)
+    assert first[3].shape == (10, 4, 8, 128) and first[4].shape == (10, 8, 4)  # packed views of (5 x 2) batches
+    finish(second, out, lse)
+    o_parts, lse_parts, merged_out, merged_lse = merged
+    assert merged_out is out and merged_lse is lse
+    assert o_parts.shape == (10, 1, 32, 128) and o_parts.is_contiguous() and lse_parts.shape == (10, 32, 1)
+    assert o_parts.data_ptr() == first[3].data_ptr() and lse_parts.data_ptr() == first[4].data_ptr()
+    fa3_prepare, _ = fa3._plan_call(dataclasses.replace(fa3._PACKED_SPLIT_CONFIGS[128], num_splits=5),
+                                    q.bfloat16(), k.bfloat16(), k.bfloat16(), 0.1)
+    fa3_args = fa3_prepare(q.bfloat16(), k.bfloat16(), k.bfloat16(), out, lse)
+    assert fa3_args[3] is first[3] and fa3_args[4] is first[4]
+
+
+def test_split_scratch_under_capture_is_fresh_per_call(cached_cpu_scratch, monkeypatch):
+    """A call captured into a CUDA graph gets its own partials (the graph's pool), never the eager buffer."""
+    monkeypatch.setattr(split_combine, "merge_function", lambda *a, **kw: None)
+    q, k = torch.randn(1, 1, 16, 64), torch.randn(1, 700, 4, 64)
+    out, lse = torch.empty(1, 1, 16, 64), torch.empty(1, 16, 1)
+    prepare, _ = fa2._plan_call(fa2.split_config("sm_90a", 64, 3), q, k, k, 0.1)
+    eager = prepare(q, k, k, out, lse)
+    monkeypatch.setattr(cached_cpu_scratch, "capturing", lambda device: True)
+    captured = [prepare(q, k, k, out, lse) for _ in range(2)]
+    pointers = {eager[3].data_ptr()} | {a[3].data_ptr() for a in captured}
+    assert len(pointers) == 3
+    assert all(a[3].shape == (3, 1, 16, 64) and a[4].shape == (3, 16, 1) for a in captured)

@@ -1,12 +1,15 @@
 """fa2's split-KV (Flash-Decoding) on the GPU, against float64 (``reference.check_against_reference``, output and
 LSE): split counts 1..N, odd lengths, empty and fully masked splits, causal bottom-right, GQA, every head dim,
 `auto`'s choice, ``attention(num_splits=)``, packed GQA at seqlen_q = 1, ``seqlens_k`` with lengths 0 and 1,
-CUDA-graph replay, batch invariance at a fixed count. Outputs and the fp32 workspace are poisoned with NaN (``nan_allocations``): a
-partial the kernel never writes, or an empty split the merge reads, fails.
+CUDA-graph replay, two streams at once, the split scratch shared with fa3, batch invariance at a fixed count. Outputs
+and the fp32 partials are poisoned with NaN (``nan_allocations``, here emptying the cached split scratch of
+``common.workspace`` first, so that each checked call's partials are a fresh poisoned allocation): a partial the
+kernel never writes, or an empty split the merge reads, fails.
 Run on the GPU host: ``python -m pytest -q tests/test_fa2_split_gpu.py`` (scripts/fa2split_gpu.sh).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
@@ -22,6 +25,21 @@ fa2 = pytest.importorskip("fa_variants.ampere.fa2")
 @pytest.fixture(autouse=True)
 def split_enabled(monkeypatch):
     monkeypatch.setattr(fa2, "SPLIT_KV_ENABLED", True)
+
+
+@pytest.fixture
+def nan_allocations(nan_allocations):
+    """conftest's NaN-filled allocations, with the split scratch (``common.workspace``, cached per stream) emptied
+    on entry and exit: the partials of the calls inside are allocated there, poisoned."""
+    from fa_variants.common import workspace
+
+    @contextlib.contextmanager
+    def poisoned():
+        workspace.clear()
+        with nan_allocations():
+            yield
+        workspace.clear()
+    return poisoned
 
 
 def arch() -> str:
@@ -189,3 +207,74 @@ def test_cuda_graph_replay_equals_eager():
         torch.cuda.synchronize()
         want, want_lse = fa2.run(q, k, v, causal=True, softmax_scale=0.1)
         assert torch.equal(out, want) and torch.equal(lse, want_lse)
+
+
+def test_cuda_graph_replay_between_eager_calls(nan_allocations):
+    """Captured split decode steps (their partials in the graph's pool) replayed after new inputs, with eager calls
+    of the same and of a larger kind in between on the same stream (the per-stream scratch, grown by the larger
+    one): every result is the current inputs' (float64 check)."""
+    import fa_variants
+
+    q, k, v = qkv(1, 1, 4096, 32, 8, 128)
+    big = qkv(2, 1, 8192, 32, 8, 128)
+    call = lambda q, k, v: fa_variants.attention(q, k, v, causal=True, backend="fa2", return_lse=True)  # noqa: E731
+    assert fa2.auto_num_splits(q, k, True) > 1 and fa2.auto_num_splits(big[0], big[1], True) > 1
+    with nan_allocations():
+        call(q, k, v)  # compile, plan and size the eager scratch outside the capture
+        torch.cuda.synchronize()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+            captured = [call(q, k, v) for _ in range(2)]
+        torch.cuda.current_stream().wait_stream(stream)
+        for _ in range(2):
+            q.normal_()
+            graph.replay()
+            eager = call(q, k, v)
+            larger = call(*big)
+            graph.replay()
+            torch.cuda.synchronize()
+            for out, lse in captured + [eager]:
+                assert_attention_ok(out, lse, q, k, v, True, what="graph / eager")
+            assert_attention_ok(*larger, *big, True, what="larger eager call")
+
+
+def test_two_streams_at_once(nan_allocations):
+    """Split calls on two streams run concurrently, each stream with its own scratch (common.workspace)."""
+    from fa_variants.common import workspace
+
+    inputs = [qkv(1, 1, 32768, 32, 8, 128), qkv(1, 1, 16384, 32, 8, 128)]
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    results = [[], []]
+    with nan_allocations():
+        for s in streams:
+            s.wait_stream(torch.cuda.current_stream())
+        for _ in range(4):
+            for i, (s, (q, k, v)) in enumerate(zip(streams, inputs)):
+                with torch.cuda.stream(s):
+                    results[i].append(fa2.run(q, k, v, causal=True, softmax_scale=0.088))
+        for s in streams:
+            torch.cuda.current_stream().wait_stream(s)
+        torch.cuda.synchronize()
+        assert len(workspace._STREAMS) >= 2
+    for (q, k, v), outs in zip(inputs, results):
+        refs = None
+        for out, lse in outs:
+            refs = assert_attention_ok(out, lse, q, k, v, True, 0.088, what="two streams", refs=refs)
+
+
+def test_scratch_shared_with_fa3(nan_allocations):
+    """On an sm90 GPU, fa2 and fa3 split decode calls of one shape alternate on one stream without a sync; they
+    share the stream's scratch (common.split_combine.partials_scratch) and each result is its own inputs'."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("fa3 needs an sm90 (Hopper) GPU")
+    import fa_variants
+
+    inputs = [qkv(1, 1, 4096, 32, 8, 128) for _ in range(4)]
+    with nan_allocations():
+        results = [fa_variants.attention(q, k, v, causal=True, backend=("fa2", "fa3")[i % 2], return_lse=True)
+                   for i, (q, k, v) in enumerate(inputs)]
+        torch.cuda.synchronize()
+    for (q, k, v), (out, lse) in zip(inputs, results):
+        assert_attention_ok(out, lse, q, k, v, True, what="fa2 / fa3 alternating")
