@@ -99,9 +99,10 @@ def _unit_last_dim(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
 
 
-def dispatch_and_run(q, k, v, causal: bool, softmax_scale: float | None, backend: str):
+def dispatch_and_run(q, k, v, causal: bool, softmax_scale: float | None, backend: str, want_lse: bool = True):
     """The eager implementation behind ``attention`` (and the custom op ``torch.ops.fa_variants.attention``):
-    choose the backend, then run it. Returns (out, lse).
+    choose the backend, then run it. Returns (out, lse); with ``want_lse`` False the lse returned may be scratch
+    that a later call overwrites (``common.launch.launcher``): the caller must drop it.
 
     A call's plan (the backend chosen and everything decided by the inputs' kind, `_plan`) is cached under
     `_call_key`; a call of a kind seen before runs its plan directly. A new kind is validated first (with
@@ -110,13 +111,13 @@ def dispatch_and_run(q, k, v, causal: bool, softmax_scale: float | None, backend
     key = _call_key(q, k, v, causal, softmax_scale, backend)
     plan = dispatch.PLANS.get(key)
     if plan is not None:
-        return plan(q, k, v)
+        return plan(q, k, v, want_lse)
     _check_inputs(q, k, v)
     _check_options(causal, softmax_scale, backend, False)
     selection = dispatch.select_backend(q, k, v, causal=causal, backend=backend)
     scale = default_softmax_scale(q.shape[-1]) if softmax_scale is None else softmax_scale
     plan = _plan(selection, q, k, v, causal, scale)
-    out, lse = plan(q, k, v)
+    out, lse = plan(q, k, v, want_lse)
     if out.shape != q.shape or lse.shape != (q.shape[0], q.shape[2], q.shape[1]):
         raise RuntimeError(f"backend {selection.backend} returned out {tuple(out.shape)} and lse "
                            f"{tuple(lse.shape)}; expected {tuple(q.shape)} and {(q.shape[0], q.shape[2], q.shape[1])}")
@@ -149,7 +150,8 @@ def _run(selection: Selection, q, k, v, causal: bool, scale: float, config=None)
 
 
 def _plan(selection: Selection, q, k, v, causal: bool, scale: float, config=None):
-    """``run(q, k, v) -> (out, lse)`` for validated inputs of this kind (`_call_key`): empty shortcuts,
+    """``run(q, k, v, want_lse=True) -> (out, lse)`` for validated inputs of this kind (`_call_key`; want_lse False:
+    the lse may be scratch, ``common.launch.launcher``): empty shortcuts,
     stride normalisation (a non-unit last stride is copied; K/V broadcast across heads run as MQA), the
     backend's launcher (`common.launch.launcher`: checks, compiled kernel and operand decisions made here,
     once). Raises what the backend raises for such inputs, and NotImplementedError for a kernel backend
@@ -157,7 +159,7 @@ def _plan(selection: Selection, q, k, v, causal: bool, scale: float, config=None
     batch, seqlen_q, heads, head_dim = q.shape
     variant = dispatch.get_backend(selection.backend)
     if selection.backend == "reference":  # plain PyTorch: handles empty inputs itself, keeps autograd
-        return lambda q, k, v: variant.run(q, k, v, causal=causal, softmax_scale=scale)
+        return lambda q, k, v, want_lse=True: variant.run(q, k, v, causal=causal, softmax_scale=scale)
     if q.numel() == 0 or k.shape[1] == 0:  # B, Nq or H is 0, or no key at all: launch nothing
         return functools.partial(launch.empty_outputs, (batch, seqlen_q, heads, head_dim), q.dtype, q.device)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
@@ -183,10 +185,10 @@ def _plan(selection: Selection, q, k, v, causal: bool, scale: float, config=None
         kernel = launch.launcher(variant, *normalise(q, k, v), causal=causal, softmax_scale=kernel_scale, config=config)
         if not mqa and not any(copies):  # the common case: the launcher's run is the plan
             return kernel
-        return lambda q, k, v: kernel(*normalise(q, k, v))
+        return lambda q, k, v, want_lse=True: kernel(*normalise(q, k, v), want_lse)
     index = q.device.index if q.is_cuda else None
 
-    def run(q, k, v):
+    def run(q, k, v, want_lse=True):
         with torch.cuda.device(index) if index is not None else contextlib.nullcontext():
             return variant.run(*normalise(q, k, v), causal=causal, softmax_scale=kernel_scale)
     return run
@@ -308,8 +310,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
             and q.__class__ is torch.Tensor and return_lse.__class__ is bool:  # the fast path: a call of a kind seen before (dispatch_and_run)
         plan = dispatch.PLANS.get(_call_key(q, k, v, causal, softmax_scale, backend))
         if plan is not None:
-            out, lse = plan(q, k, v)
-            return (out, lse) if return_lse else out
+            if return_lse:
+                return plan(q, k, v)
+            return plan(q, k, v, False)[0]  # its LSE in the stream's scratch, not allocated
     _check_inputs(q, k, v)
     scale = _check_options(causal, softmax_scale, backend, return_lse)
     if num_splits is not None or pack_gqa is not None:
@@ -319,7 +322,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     elif _traced(q):
         out, lse = torch.ops.fa_variants.attention(q, k, v, causal, scale, backend)
     else:  # eagerly: the op's implementation itself, without the dispatcher's per-call cost
-        out, lse = dispatch_and_run(q, k, v, causal, scale, backend)
+        out, lse = dispatch_and_run(q, k, v, causal, scale, backend, return_lse)
     return (out, lse) if return_lse else out
 
 

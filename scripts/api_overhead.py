@@ -21,7 +21,8 @@ Per backend it prints the minimum and median over rounds of the mean time per ca
   call cannot be captured);
 
 and with ``--phases`` the host time of each phase of a cached call, timed one phase at a time: ``key``
-(`api._call_key`: validation is cached under it), ``plan lookup`` (the dict), ``alloc`` (O and LSE),
+(`api._call_key`: validation is cached under it), ``plan lookup`` (the dict), ``alloc`` (O, and the LSE as the
+call gets it: the stream's LSE scratch, ``common.launch.LSE_SCRATCH``, since the call does not return it),
 ``launch`` (the plan's launch with given outputs: views, workspace, the compiled kernel's TVM-FFI call(s),
 fa3's merge; then its parts: ``prepare`` (the arguments), ``kernel call`` (one TVM-FFI call, the kernel's host
 launcher: TMA descriptors, launch), ``finish`` (the merge kernel's call, two-kernel split only)), and the custom op ``torch.ops.fa_variants.attention`` (what torch.compile graphs call).
@@ -136,9 +137,13 @@ def phases(q, k, v, backend: str, calls: int, rounds: int, sync) -> dict[str, fl
     steps = {
         "key": lambda: api._call_key(q, k, v, True, None, backend),
         "plan lookup": lambda: dispatch.PLANS.get(key),
-        "alloc": lambda: (torch.empty(q.shape, dtype=q.dtype, device=q.device),
-                          torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device)),
     }
+    lse_scratch = getattr(plan, "lse_scratch", None)  # the eager call drops the LSE: the stream's scratch
+    if lse_scratch is not None:
+        steps["alloc"] = lambda: (torch.empty(q.shape, dtype=q.dtype, device=q.device), lse_scratch())
+    else:
+        steps["alloc"] = lambda: (torch.empty(q.shape, dtype=q.dtype, device=q.device),
+                                  torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device))
     if launch_step is not None:
         steps["launch"] = lambda: launch_step(q, k, v, out, lse)
     parts = getattr(plan, "steps", None)

@@ -260,3 +260,77 @@ def test_workspace_on_the_cpu_is_per_call():
     assert a[0].numel() == 10 and a[0].dtype == torch.float32 and a[0].data_ptr() != b[0].data_ptr()
     assert a[1].dtype == torch.int32 and not a[1].any() and a[1].numel() == 3
     assert workspace.views(torch.device("cpu"), 4, 0, ("g",), make)[1] is None
+
+
+@pytest.fixture
+def stub_launcher():
+    """launch.launcher on the CPU with the compiled kernel stubbed (records its arguments) and the CPU scratch
+    cached like one CUDA stream's (common.workspace.CACHE_CPU): ``make(q, k, v) -> run``, and the launches."""
+    from fa_variants.common import workspace
+
+    launched = []
+    variant = Variant("stub", archs=("sm_90a",), dtypes=(F16,), head_dims=(16,), build=lambda cfg: None,
+                      default_config=lambda arch, d, causal: None)
+    compiled = cache.Compiled(None, lambda *args: launched.append(args), 0.0, None, 0)
+    workspace.clear()
+    with mock.patch.object(launch.cache, "get_compiled", lambda cfg, build: compiled), \
+            mock.patch.object(launch.interop, "device_arch", lambda d=None: "sm_90a"), \
+            mock.patch.object(workspace, "CACHE_CPU", True):
+        launch._KERNELS.clear()
+        yield (lambda q, k, v: launch.launcher(variant, q, k, v, causal=False, softmax_scale=0.5)), launched
+        launch._KERNELS.clear()
+    workspace.clear()
+
+
+def test_an_unread_lse_goes_to_the_stream_scratch(stub_launcher, monkeypatch):
+    """run(q, k, v, want_lse=False): the kernel's LSE goes to the stream's LSE scratch (common.workspace
+    .lse_function; the same tensor call after call, never the split partials' buffer), and O is the one allocation
+    per call; want_lse=True (the default), under CUDA-graph capture, or with LSE_SCRATCH off: a new LSE per call."""
+    from fa_variants.common import workspace
+
+    make, launched = stub_launcher
+    q = torch.randn(2, 3, 4, 16, dtype=F16)
+    k = v = torch.randn(2, 5, 2, 16, dtype=F16)
+    run = make(q, k, v)
+    out, lse = run(q, k, v, False)
+    empty = torch.empty
+    with mock.patch.object(torch, "empty", side_effect=empty) as allocations:
+        out2, lse2 = run(q, k, v, False)
+    assert allocations.call_count == 1 and allocations.call_args.args[0] == (2, 3, 4, 16)  # O only
+    assert lse2 is lse and lse.shape == (2, 4, 3) and lse.dtype == torch.float32 and lse.is_contiguous()
+    assert launched[-1][3] is out2 and launched[-1][4] is lse and out2.data_ptr() != out.data_ptr()
+    assert workspace._STREAMS[(-1, 0)].buffers.keys() == {"lse"}
+    fresh = [run(q, k, v)[1] for _ in range(2)] + [run(q, k, v, True)[1]]
+    assert len({t.data_ptr() for t in fresh + [lse]}) == 4 and launched[-1][4] is fresh[-1]
+    monkeypatch.setattr(workspace, "capturing", lambda device: True)
+    assert run(q, k, v, False)[1].data_ptr() != lse.data_ptr()
+    monkeypatch.undo()
+    monkeypatch.setattr(launch, "LSE_SCRATCH", False)
+    assert make(q, k, v)(q, k, v, False)[1].data_ptr() != lse.data_ptr()
+
+
+def test_a_large_unread_lse_is_allocated(stub_launcher, monkeypatch):
+    """LSEs over workspace.LSE_SCRATCH_MAX elements are allocated per call (the scratch stays small)."""
+    from fa_variants.common import workspace
+
+    make, _ = stub_launcher
+    monkeypatch.setattr(workspace, "LSE_SCRATCH_MAX", 2 * 4 * 3 - 1)
+    q = torch.randn(2, 3, 4, 16, dtype=F16)
+    k = v = torch.randn(2, 5, 2, 16, dtype=F16)
+    run = make(q, k, v)
+    assert run(q, k, v, False)[1].data_ptr() != run(q, k, v, False)[1].data_ptr()
+    assert (-1, 0) not in workspace._STREAMS
+
+
+def test_attention_without_return_lse_asks_the_plan_for_no_lse(fake_fa3):
+    """fa_variants.attention runs a cached plan with want_lse=False unless return_lse=True (the custom op and
+    return_lse=True get a real LSE)."""
+    q, k, v = qkv()
+    fa_variants.attention(q, k, v)
+    key = next(iter(dispatch.PLANS))
+    asked = []
+    real = dispatch.PLANS[key]
+    dispatch.PLANS[key] = lambda q, k, v, want_lse=True: asked.append(want_lse) or real(q, k, v, want_lse)
+    out = fa_variants.attention(q, k, v)
+    out2, lse = fa_variants.attention(q, k, v, return_lse=True)
+    assert asked == [False, True] and torch.equal(out, out2) and lse.shape == (2, 4, 5)

@@ -19,13 +19,23 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 import threading
 from typing import Any, Callable
 
 import torch
 
-from fa_variants.common import cache, interop
+from fa_variants.common import cache, interop, workspace
 from fa_variants.common.scale import kernel_scale
+
+#: Whether a launcher's run with ``want_lse=False`` writes the LSE to the per-stream scratch
+#: (``common.workspace.lse_function``) instead of allocating it (FA_VARIANTS_LSE_SCRATCH=0: always allocated).
+#: Read when a plan is made.
+LSE_SCRATCH = os.environ.get("FA_VARIANTS_LSE_SCRATCH", "1") != "0"
+
+# the current CUDA device's index (torch.cuda.current_device without its Python-level checks: a plan's tensors
+# are on an initialised CUDA device already)
+_current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
 
 
 def standard_args(config, q, k, v, out, lse, scale: float) -> tuple:
@@ -165,7 +175,10 @@ def launcher(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     """`launch` split in two: everything decided by what a call's *kind* fixes (shapes, strides, 16-byte
     alignment of the base pointers, dtype, device, causal, softmax_scale, config) is checked and looked up
     here, once; the returned ``run(q, k, v) -> (out, lse)`` does only the per-call work (allocate out and
-    LSE, copy an operand the kernel cannot address, the launch) for tensors of the same kind. The caller owns
+    LSE, copy an operand the kernel cannot address, the launch) for tensors of the same kind; ``run(q, k, v,
+    want_lse=False)`` for a caller that drops the LSE: it is written to the stream's scratch
+    (``common.workspace.lse_function``, LSEs up to its ``LSE_SCRATCH_MAX`` elements; ``LSE_SCRATCH``) instead of a new
+    tensor, and the returned one must not be read. The caller owns
     that contract (``fa_variants.api`` keys its cached plans on exactly those properties). A variant with
     `Variant.switches` gets its config chosen here too, and chosen again only if a switch changes; one
     without runs its `problem_config` per call. Raises as `launch`, here rather than in ``run``.
@@ -198,8 +211,18 @@ def launcher(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     dtype, index = q.dtype, (q.device.index if q.device.type == "cuda" else None)
     chosen = steps[config]
     decide = variant.problem_config if switches is None else None
+    # an LSE the caller does not read (want_lse False) goes to the stream's scratch: one allocation per call, O's
+    scratch_lse = workspace.lse_function(device, lse_shape) if (
+        LSE_SCRATCH and batch * heads * seqlen_q <= workspace.LSE_SCRATCH_MAX) else None
 
-    def run(q, k, v):
+    def outputs_and_launch(step, q, k, v, want_lse):
+        out = torch.empty(out_shape, dtype=dtype, device=device)
+        lse = torch.empty(lse_shape, dtype=torch.float32, device=device) if want_lse or scratch_lse is None \
+            else scratch_lse()
+        step.launch(q, k, v, out, lse)
+        return out, lse
+
+    def run(q, k, v, want_lse=True):
         step = chosen
         if switches is not None:
             if switches() != state:  # a module switch changed since planning: decide as a new plan would
@@ -217,16 +240,13 @@ def launcher(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
             k = -k
         if operands is not None:
             q, k, v = operands(q, k, v)
-        out = torch.empty(out_shape, dtype=dtype, device=device)
-        lse = torch.empty(lse_shape, dtype=torch.float32, device=device)
-        if index is not None and torch.cuda.current_device() != index:
-            with torch.cuda.device(index):  # launch on the tensors' device, not the current one
-                step.launch(q, k, v, out, lse)
-        else:
-            step.launch(q, k, v, out, lse)
-        return out, lse
+        if index is not None and _current_device() != index:
+            with torch.cuda.device(index):  # launch (and take scratch) on the tensors' device, not the current one
+                return outputs_and_launch(step, q, k, v, want_lse)
+        return outputs_and_launch(step, q, k, v, want_lse)
 
-    run.launch_step = chosen.launch  # diagnostics (scripts/api_overhead.py): the launch alone, outputs given
+    run.launch_step = chosen.launch
+    run.lse_scratch = scratch_lse  # ... the LSE scratch of want_lse=False (None: allocated)  # diagnostics (scripts/api_overhead.py): the launch alone, outputs given
     run.steps = chosen  # ... and its parts (prepare, the compiled kernel, finish)
     return run
 
@@ -287,7 +307,7 @@ def _operand_fix(operand: Callable, t: torch.Tensor):
     return True
 
 
-def empty_outputs(out_shape: tuple, dtype: torch.dtype, device: torch.device, q=None, k=None, v=None):
+def empty_outputs(out_shape: tuple, dtype: torch.dtype, device: torch.device, q=None, k=None, v=None, want_lse=True):
     """O = 0, LSE = -inf: a call with no query or no key."""
     return (torch.zeros(out_shape, dtype=dtype, device=device),
             torch.full((out_shape[0], out_shape[2], out_shape[1]), -math.inf, dtype=torch.float32, device=device))

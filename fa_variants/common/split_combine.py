@@ -115,7 +115,7 @@ def partials_scratch(batch: int, seqlen_q: int, heads: int, head_dim: int, split
                  buf.as_strided(*o_view, 0), buf.as_strided(*lse_view, o_size))
         return views + (counter_buf,) if counters else views
 
-    return lambda: workspace.views(device, size, counters, geometry, make)
+    return workspace.function(device, size, counters, geometry, make)
 
 
 class SplitArgs(tuple):

@@ -18,6 +18,8 @@ The rule (who may share a buffer):
   graph, replayed each time: correct, slower).
 * Counters are left at 0 by the kernel (the last CTA of each query tile resets its own), so they are zeroed
   only when allocated.
+* The same rule gives a kernel's LSE output that the caller does not read (``lse_function``: ``fa_variants.attention``
+  without ``return_lse``) a per-stream buffer of its own, so that such a call allocates only O.
 * CPU tensors (tests): a fresh allocation per call; with ``CACHE_CPU`` (scripts/api_overhead.py's stubbed CPU
   run, to time the host path as a CUDA device runs it) one cached buffer, as for one CUDA stream.
 
@@ -38,10 +40,10 @@ CACHE_CPU = False
 
 
 class _PerStream:
-    __slots__ = ("partials", "counters", "views")
+    __slots__ = ("buffers", "counters", "views")
 
     def __init__(self):
-        self.partials: torch.Tensor | None = None
+        self.buffers: dict[str, torch.Tensor] = {}  # kind ("partials", "lse") -> its float32 buffer
         self.counters: torch.Tensor | None = None
         self.views: dict = {}
 
@@ -60,18 +62,25 @@ def _raw_stream(index: int) -> int:
     return _RAW_STREAM(index) if _RAW_STREAM is not None else torch.cuda.current_stream(index).cuda_stream
 
 
+def _capturing_now() -> bool:
+    """Whether the current CUDA device's current stream is capturing a CUDA graph."""
+    return _IS_CAPTURING() if _IS_CAPTURING is not None else torch.cuda.is_current_stream_capturing()
+
+
 def capturing(device: torch.device) -> bool:
     """Whether the current stream of a CUDA device is capturing a CUDA graph (False for CPU tensors)."""
     if device.type != "cuda":
         return False
-    return _IS_CAPTURING() if _IS_CAPTURING is not None else torch.cuda.is_current_stream_capturing()
+    return _capturing_now()
 
 
-def views(device: torch.device, partials: int, counters: int, geometry, make: Callable[..., tuple]) -> tuple:
-    """``make(partials_buffer, counters_buffer)`` for scratch of at least ``partials`` float32 and ``counters``
-    int32 (zeros; 0: no counters, the buffer passed is None), under the module docstring's rule; eager CUDA
-    calls get the result cached per (device, stream, geometry). ``geometry``: hashable, fixes what ``make``
-    returns given buffers at least that large."""
+def views(device: torch.device, partials: int, counters: int, geometry, make: Callable[..., tuple],
+          kind: str = "partials"):
+    """``make(buffer, counters_buffer)`` for scratch of at least ``partials`` float32 and ``counters`` int32
+    (zeros; 0: no counters, the buffer passed is None), under the module docstring's rule; eager CUDA calls get
+    the result cached per (device, stream, kind, geometry). ``geometry``: hashable, fixes what ``make`` returns
+    given buffers at least that large. ``kind``: which of the stream's buffers: "partials" (split partials) or
+    "lse" (an LSE the caller does not read, ``lse_function``); the two never overlap."""
     if device.type != "cuda" and not CACHE_CPU or capturing(device):
         return make(torch.empty(partials, dtype=torch.float32, device=device),
                     _captured_counters(device, counters) if counters else None)
@@ -82,22 +91,68 @@ def views(device: torch.device, partials: int, counters: int, geometry, make: Ca
         key = (-1, 0)
     slot = _STREAMS.get(key)
     if slot is not None:
-        hit = slot.views.get(geometry)
+        hit = slot.views.get((kind, geometry))
         if hit is not None:
             return hit
     with _LOCK:
         slot = _STREAMS.setdefault(key, _PerStream())
-        if slot.partials is None or slot.partials.numel() < partials:
-            slot.partials = torch.empty(max(partials, 2 * (slot.partials.numel() if slot.partials is not None else 0)),
-                                        dtype=torch.float32, device=device)
+        buffer = slot.buffers.get(kind)
+        if buffer is None or buffer.numel() < partials:
+            buffer = slot.buffers[kind] = torch.empty(max(partials, 2 * (buffer.numel() if buffer is not None else 0)),
+                                                      dtype=torch.float32, device=device)
             slot.views = {}
         if counters and (slot.counters is None or slot.counters.numel() < counters):
             slot.counters = torch.zeros(max(counters, 256), dtype=torch.int32, device=device)
             slot.views = {}
         if counters and device.type == "cuda":
             reserve_arena(device)  # for later captured calls (zeroed now, outside any capture)
-        hit = slot.views[geometry] = make(slot.partials, slot.counters if counters else None)
+        hit = slot.views[(kind, geometry)] = make(buffer, slot.counters if counters else None)
         return hit
+
+
+def function(device: torch.device, partials: int, counters: int, geometry, make: Callable[..., tuple],
+             kind: str = "partials") -> Callable[[], tuple]:
+    """``views(device, partials, counters, geometry, make, kind)`` as a function of no argument, for a plan that
+    calls it on every launch: the same result, with what the device fixes worked out once, so that an eager
+    CUDA call's cache hit costs the capture flag, the stream handle and two dict lookups."""
+    key = (kind, geometry)
+    if device.type != "cuda":
+        def get_host():  # (capturing: False for the CPU, unless a test says otherwise)
+            if CACHE_CPU and not capturing(device):
+                slot = _STREAMS.get((-1, 0))
+                hit = slot.views.get(key) if slot is not None else None
+                if hit is not None:
+                    return hit
+            return views(device, partials, counters, geometry, make, kind)
+        return get_host
+    index = device.index if device.index is not None else torch.cuda.current_device()
+
+    def get():
+        if not _capturing_now():
+            slot = _STREAMS.get((index, _raw_stream(index)))
+            if slot is not None:
+                hit = slot.views.get(key)
+                if hit is not None:
+                    return hit
+        return views(device, partials, counters, geometry, make, kind)
+    return get
+
+
+#: LSEs of at most this many elements (4 MiB) that the caller does not read go to ``lse_function``'s scratch
+LSE_SCRATCH_MAX = 1 << 20
+
+
+def lse_function(device: torch.device, shape: tuple) -> Callable[[], torch.Tensor]:
+    """``get() -> lse``: a contiguous float32 tensor of ``shape`` for a kernel's LSE output that nobody reads
+    (``fa_variants.attention`` without ``return_lse``), from the stream's "lse" buffer under the module
+    docstring's rule: no allocation per eager CUDA call (the next call on the stream overwrites it, in stream
+    order); a fresh one under CUDA-graph capture and on the CPU."""
+    strides, n = [], 1
+    for size in reversed(shape):
+        strides.append(n)
+        n *= size
+    strides = tuple(reversed(strides))
+    return function(device, n, 0, ("lse", tuple(shape)), lambda buf, _: buf.as_strided(shape, strides, 0), "lse")
 
 
 def reserve_arena(device: torch.device) -> None:
