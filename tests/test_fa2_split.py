@@ -249,6 +249,12 @@ def test_split_scratch_is_the_workspace_fa3_uses(cached_cpu_scratch, monkeypatch
     assert merged_out is out and merged_lse is lse
     assert o_parts.shape == (10, 1, 32, 128) and o_parts.is_contiguous() and lse_parts.shape == (10, 32, 1)
     assert o_parts.data_ptr() == first[3].data_ptr() and lse_parts.data_ptr() == first[4].data_ptr()
+    kernel_args = []
+    merged.clear()
+    prepare.launch_with(lambda *args: kernel_args.extend(args))(q, k, k, out, lse)  # what common.launch runs
+    assert len(kernel_args) == 6 and kernel_args[3] is first[3] and kernel_args[4] is first[4]
+    assert kernel_args[0].shape == second[0].shape and kernel_args[0].stride() == second[0].stride()
+    assert kernel_args[5] == 0.1 and merged[0] is o_parts and merged[1] is lse_parts and merged[2] is out
     fa3_prepare, _ = fa3._plan_call(dataclasses.replace(fa3._PACKED_SPLIT_CONFIGS[128], num_splits=5),
                                     q.bfloat16(), k.bfloat16(), k.bfloat16(), 0.1)
     fa3_args = fa3_prepare(q.bfloat16(), k.bfloat16(), k.bfloat16(), out, lse)

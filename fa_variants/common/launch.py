@@ -74,7 +74,9 @@ class Variant:
         once and replays it while the value is unchanged; without it, `problem_config` runs per call.
     plan_call: (config, q, k, v, scale) -> (prepare(q, k, v, out, lse) -> runtime args, finish(args, out, lse)
         or None): `prepare` and `finish` specialised once for tensors of q, k, v's kind (view geometry,
-        workspace sizes, the merge kernel looked up), instead of `prepare` / `finish` per call.
+        workspace sizes, the merge kernel looked up), instead of `prepare` / `finish` per call. A `prepare` with
+        an attribute ``launch_with(fn) -> launch(q, k, v, out, lse)`` gives the launch itself as one function
+        (``common.split_combine.split_steps``: no argument tuple carrying the split scratch to `finish`).
     """
 
     name: str
@@ -285,6 +287,10 @@ class _Steps:
                 lambda args, out, lse, f=variant.finish: f(cfg, args, out, lse))
 
         self.prepare, self.fn, self.finish = prepare, fn, finish  # diagnostics (scripts/api_overhead.py)
+        launch_with = getattr(prepare, "launch_with", None)
+        if launch_with is not None:  # the variant's own launch around fn (Variant.plan_call)
+            self.launch = launch_with(fn)
+            return
         if finish is None:
             def launch(q, k, v, out, lse):
                 fn(*prepare(q, k, v, out, lse))

@@ -132,7 +132,9 @@ def split_steps(scratch, q_view: tuple | None, tail: tuple, merge):
     """(prepare, finish) of a two-kernel split-KV call (``common.launch.Variant.plan_call``): ``prepare(q, k, v,
     out, lse)`` gives the split kernel's arguments ``(q, k, v, o_kernel, lse_kernel, *tail)`` (q re-strided to
     ``q_view`` = (shape, stride) when given: packed GQA) with the partials from ``scratch`` (``partials_scratch``);
-    ``finish(args, out, lse)`` runs ``merge(o_parts, lse_parts, out, lse)`` on the same partials."""
+    ``finish(args, out, lse)`` runs ``merge(o_parts, lse_parts, out, lse)`` on the same partials. ``prepare
+    .launch_with(fn)`` gives both around the kernel ``fn`` as one ``launch(q, k, v, out, lse)`` (what
+    ``common.launch`` runs; prepare and finish stay for diagnostics and tests)."""
     if q_view is None:
         def prepare(q, k, v, out, lse):
             views = scratch()
@@ -145,6 +147,20 @@ def split_steps(scratch, q_view: tuple | None, tail: tuple, merge):
     def finish(args, out, lse):
         views = args.scratch
         merge(views[2], views[3], out, lse)
+
+    def launch_with(fn):  # the whole launch in one function: no argument tuple carrying the views to finish
+        if q_view is None:
+            def launch(q, k, v, out, lse):
+                views = scratch()
+                fn(q, k, v, views[0], views[1], *tail)
+                merge(views[2], views[3], out, lse)
+        else:
+            def launch(q, k, v, out, lse):
+                views = scratch()
+                fn(q.as_strided(*q_view), k, v, views[0], views[1], *tail)
+                merge(views[2], views[3], out, lse)
+        return launch
+    prepare.launch_with = launch_with
     return prepare, finish
 
 
