@@ -132,6 +132,57 @@ def test_auto_splits_decode_through_the_public_api(split_kv):
     assert_attention_ok(out, lse, q, k, v, True)
 
 
+@pytest.mark.parametrize("backend", ["fa3", "fa2"])
+@pytest.mark.parametrize("shape", [(1, 1, 4096, 32, 8, 128), (64, 1, 1024, 32, 8, 128), (3, 1, 1023, 8, 2, 64)],
+                         ids=["split", "unsplit", "odd"])
+def test_decode_without_lse_through_the_public_api(shape, backend, split_kv, pack_gqa):
+    """attention() without return_lse, `auto`'s decode path (its LSE written to the stream's scratch,
+    common.launch.LSE_SCRATCH, and the split partials to the stream's workspace): calls on fresh inputs queued
+    without a sync each match float64 and equal the return_lse=True call (the same kernel and split count: the same
+    computation repeated); captured in a CUDA graph and replayed between eager calls; on two streams at once."""
+    import fa_variants
+
+    call = lambda q, k, v: fa_variants.attention(q, k, v, causal=True, backend=backend)  # noqa: E731
+    inputs = [_qkv(*shape) for _ in range(3)]
+    outs = [call(*qkv) for qkv in inputs]  # the first plans; the others run the plan
+    with_lse = [fa_variants.attention(*qkv, causal=True, backend=backend, return_lse=True) for qkv in inputs]
+    torch.cuda.synchronize()
+    for out, (want, lse), (q, k, v) in zip(outs, with_lse, inputs):
+        refs = references(q, k, v, causal=True)
+        assert (ok := check_against_reference(out, q, k, v, True, refs=refs)).ok, ok
+        assert (ok := check_lse(lse, q, k, v, True, refs=refs)).ok, ok
+        assert torch.equal(out, want)
+    q, k, v = inputs[0]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        captured = call(q, k, v)
+    torch.cuda.current_stream().wait_stream(stream)
+    for _ in range(2):
+        q.copy_(torch.randn_like(q))
+        eager = call(q, k, v)
+        graph.replay()
+        other = call(*inputs[1])
+        torch.cuda.synchronize()
+        for out in (captured, eager):
+            assert (ok := check_against_reference(out, q, k, v, True)).ok, ok
+        assert torch.equal(other, outs[1])
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    results = [[], []]
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream())
+    for _ in range(3):
+        for i, s in enumerate(streams):
+            with torch.cuda.stream(s):
+                results[i].append(call(*inputs[1 + i]))
+    for s in streams:
+        torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    for i, outs_i in enumerate(results):
+        assert all(torch.equal(out, outs[1 + i]) for out in outs_i)
+
+
 @pytest.mark.parametrize("pack_gqa", [False, True], ids=["plain", "packed"])
 def test_cuda_graph_replay_of_a_split_decode_step(pack_gqa):
     """A decode step (split-KV, torch merge; packed GQA or not) captured once and replayed after new inputs:
