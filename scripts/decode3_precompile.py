@@ -1,7 +1,8 @@
 """Compile, in parallel processes and into the disk cache (``common.diskcache``), the kernels scripts/decode3_gpu.sh
 needs: the fused split-merge kernels of tests/test_decode_fused_gpu.py (its ``kernels()``), the ones of the few
 tests of tests/test_decode_gpu.py it runs, and the decode A/B plan's (scripts/decode_ab.py ``plan_items``, for the
-shapes and variants given), so that the GPU run only loads them (one pool: ~1 min on 16 cores).
+shapes and variants given), so that the GPU run only loads them (one pool: ~1 min on 16 cores). The compile jobs
+are scripts/decode_ab.py's (``compile_item``, ``compile_all``): one piece for both scripts.
 
     python3 scripts/decode3_precompile.py --variants two fused ... [--wins] [--jobs 12] [--list]
 """
@@ -9,32 +10,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import multiprocessing
 import os
 import sys
-import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "scripts")]
-
-
-def _compile(item) -> str:
-    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
-    from fa_variants import registry
-    from fa_variants.common import split_combine
-
-    kind, d, causal, cfg = item
-    t = time.time()
-    if kind == "fa2":  # scripts/api_overhead.py --backend fa2's kernel (its default config)
-        registry.compiled(registry.variant("fa2").static_config("sm_90a", "bf16", d, causal))  # as the launcher keys it
-    elif kind == "merge":
-        registry.compiled(registry.static_config("split-merge", "sm_90a", "bf16", d, False,
-                                                 split_combine.MergeConfig(pdl=cfg)))
-    else:
-        registry.compiled(registry.static_config("fa3", "sm_90a", "bf16", d, causal, cfg))
-    return f"{kind} D{d} {time.time() - t:.0f}s"
 
 
 def items(variants, wins: bool) -> list:
@@ -58,7 +39,7 @@ def items(variants, wins: bool) -> list:
         pass
     if variants:
         rows = decode_ab.plan(decode_ab.MISSES + (decode_ab.WINS if wins else []), variants, num_sms)
-        out += [(kind, d, True, cfg) for kind, d, cfg in decode_ab.plan_items(rows)]
+        out += list(decode_ab.plan_items(rows))
     return list(dict.fromkeys(out))
 
 
@@ -76,15 +57,9 @@ def main() -> int:
             print(f"{kind} D{d} causal={causal} {cfg}")
         print(f"{len(todo)} kernels")
         return 0
-    from fa_variants.common import diskcache
+    import decode_ab
 
-    if not diskcache.enabled():
-        print("decode3_precompile: the disk cache is off (FA_VARIANTS_DISK_CACHE); kernels compile on first use")
-        return 0
-    t = time.time()
-    with ProcessPoolExecutor(max_workers=a.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        done = list(pool.map(_compile, sorted(todo, key=repr)))
-    print(f"decode3_precompile: {len(done)} kernels in {time.time() - t:.0f}s ({a.jobs} processes)", flush=True)
+    decode_ab.compile_all(todo, a.jobs, "decode3_precompile")
     return 0
 
 

@@ -185,46 +185,59 @@ def plan(shapes, variants, num_sms: int) -> list[dict]:
     return rows
 
 
-def _compile_one(item) -> str:
+def compile_item(item) -> str:
+    """Compile one kernel into the disk cache (a worker of ``compile_all``; CUTE_DSL_ARCH sm_90a, bf16): ``item`` =
+    (kind, head_dim, causal, config) with kind "fa3" (config: its Sm90Config), "fa2" (config None: the launcher's
+    default static config) or "merge" (config: the merge's pdl flag). Returns a line for the log."""
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     from fa_variants import registry
     from fa_variants.common import split_combine
 
-    kind, d, cfg = item
+    kind, d, causal, cfg = item
     t = time.time()
     if kind == "merge":
         registry.compiled(registry.static_config("split-merge", "sm_90a", "bf16", d, False,
                                                  split_combine.MergeConfig(pdl=cfg)))
+    elif kind == "fa2":  # as the launcher keys fa2's default config
+        registry.compiled(registry.variant("fa2").static_config("sm_90a", "bf16", d, causal))
     else:
-        registry.compiled(registry.static_config("fa3", "sm_90a", "bf16", d, True, cfg))
+        registry.compiled(registry.static_config("fa3", "sm_90a", "bf16", d, causal, cfg))
     return f"{kind} D{d} {time.time() - t:.0f}s"
 
 
 def plan_items(rows) -> set:
-    """(kind, head_dim, config) of every kernel the plan needs (``_compile_one``'s items)."""
+    """(kind, head_dim, causal, config) of every kernel the plan needs (``compile_item``'s items)."""
     from fa_variants.hopper import fa3
 
-    items = {("fa3", r["shape"][0], r["config"]) for r in rows if r["config"] is not None}
+    items = {("fa3", r["shape"][0], True, r["config"]) for r in rows if r["config"] is not None}
     for d in {r["shape"][0] for r in rows}:  # auto's own configs, and both merges
-        items |= {("fa3", d, fa3._PACKED_SPLIT_CONFIGS[d]), ("fa3", d, fa3._PACKED_CONFIGS[d]),
-                  ("merge", d, False), ("merge", d, True)}
+        items |= {("fa3", d, True, fa3._PACKED_SPLIT_CONFIGS[d]), ("fa3", d, True, fa3._PACKED_CONFIGS[d]),
+                  ("merge", d, False, False), ("merge", d, False, True)}
     return items
+
+
+def compile_all(items, jobs: int, name: str = "precompile") -> int:
+    """Every item (``compile_item``'s) compiled in `jobs` spawned processes into the disk cache, once each (the GPU
+    run then loads them); prints "<name>: N kernels in T s". Returns N (0: the disk cache is off, nothing done).
+    scripts/decode3_precompile.py runs its list through this too."""
+    from fa_variants.common import diskcache
+
+    if not diskcache.enabled():
+        print(f"{name}: skipped, the disk cache is off (FA_VARIANTS_DISK_CACHE); kernels compile on first use")
+        return 0
+    import multiprocessing
+
+    todo = sorted(set(items), key=repr)
+    t = time.time()
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        done = list(pool.map(compile_item, todo))
+    print(f"{name}: {len(done)} kernels in {time.time() - t:.0f}s ({jobs} processes)", flush=True)
+    return len(done)
 
 
 def precompile(rows, jobs: int) -> None:
     """Every kernel the plan needs, compiled in `jobs` processes into the disk cache (loaded later)."""
-    from fa_variants.common import diskcache
-
-    if not diskcache.enabled():
-        print("precompile skipped: the disk cache is off (FA_VARIANTS_DISK_CACHE); kernels compile on first use")
-        return
-    items = plan_items(rows)
-    t = time.time()
-    import multiprocessing
-
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        done = list(pool.map(_compile_one, sorted(items, key=repr)))
-    print(f"precompiled {len(done)} kernels in {time.time() - t:.0f}s ({jobs} processes)", flush=True)
+    compile_all(plan_items(rows), jobs)
 
 
 class _Forced:

@@ -332,3 +332,29 @@ def test_fa2split_bench_plan_and_summary():
     assert "geomean split/sdpa     0.800" in text
     assert subprocess.run(["python3", str(ROOT / "scripts" / "fa2split_bench.py"), "--help"],
                           capture_output=True).returncode == 0
+
+
+def test_decode_compile_jobs_are_one_piece(monkeypatch, capsys):
+    """scripts/decode_ab.py's compile_item / compile_all serve its own plan and scripts/decode3_precompile.py's list
+    (one piece): each kind compiled under the key its run looks up (fa2: the launcher's default static config;
+    merge: split-merge with the pdl flag; fa3: its config, causal), and the precompile list holds the A/B plan's."""
+    from fa_variants import registry
+    from fa_variants.common import diskcache
+    from fa_variants.hopper import fa3
+
+    ab = load_script("decode_ab")
+    pre = load_script("decode3_precompile")
+    seen = []
+    monkeypatch.setattr(registry, "compiled", seen.append)
+    config = fa3._PACKED_SPLIT_CONFIGS[128]
+    for item in (("fa2", 128, True, None), ("merge", 64, False, True), ("fa3", 128, True, config)):
+        assert ab.compile_item(item).startswith(f"{item[0]} D{item[1]} ")
+    assert seen[0] == registry.variant("fa2").static_config("sm_90a", "bf16", 128, True)
+    assert seen[1].variant == "split-merge" and seen[1].config.pdl and seen[1].head_dim == 64
+    assert seen[2] == registry.static_config("fa3", "sm_90a", "bf16", 128, True, config)
+    listed = pre.items(["two"], False)
+    assert ab.plan_items(ab.plan(ab.MISSES, ["two"], ab.NUM_SMS_DEFAULT)) <= set(listed)
+    assert all(len(item) == 4 and item[0] in ("fa3", "fa2", "merge") for item in listed)
+    monkeypatch.setattr(diskcache, "enabled", lambda: False)
+    assert ab.compile_all(listed, 2, "decode3_precompile") == 0
+    assert "decode3_precompile: skipped" in capsys.readouterr().out
