@@ -140,7 +140,7 @@ def phases(q, k, v, backend: str, calls: int, rounds: int, sync) -> dict[str, fl
     }
     lse_scratch = getattr(plan, "lse_scratch", None)  # the eager call drops the LSE: the stream's scratch
     if lse_scratch is not None:
-        steps["alloc"] = lambda: (torch.empty(q.shape, dtype=q.dtype, device=q.device), lse_scratch())
+        steps["alloc"] = lambda: (torch.empty_like(q, memory_format=torch.contiguous_format), lse_scratch())
     else:
         steps["alloc"] = lambda: (torch.empty(q.shape, dtype=q.dtype, device=q.device),
                                   torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device))
