@@ -89,9 +89,10 @@ def views(device: torch.device, partials: int, counters: int, geometry, make: Ca
         key = (index, _raw_stream(index))
     else:
         key = (-1, 0)
+    view_key = _view_key(kind, geometry)
     slot = _STREAMS.get(key)
     if slot is not None:
-        hit = slot.views.get((kind, geometry))
+        hit = slot.views.get(view_key)
         if hit is not None:
             return hit
     with _LOCK:
@@ -106,8 +107,19 @@ def views(device: torch.device, partials: int, counters: int, geometry, make: Ca
             slot.views = {}
         if counters and device.type == "cuda":
             reserve_arena(device)  # for later captured calls (zeroed now, outside any capture)
-        hit = slot.views[(kind, geometry)] = make(buffer, slot.counters if counters else None)
+        hit = slot.views[view_key] = make(buffer, slot.counters if counters else None)
         return hit
+
+
+_VIEW_KEYS: dict[tuple, int] = {}  # (kind, geometry) -> a small int (the views' dict key: a cheap hash per call)
+
+
+def _view_key(kind: str, geometry) -> int:
+    key = _VIEW_KEYS.get((kind, geometry))
+    if key is None:
+        with _LOCK:
+            key = _VIEW_KEYS.setdefault((kind, geometry), len(_VIEW_KEYS))
+    return key
 
 
 def function(device: torch.device, partials: int, counters: int, geometry, make: Callable[..., tuple],
@@ -115,7 +127,7 @@ def function(device: torch.device, partials: int, counters: int, geometry, make:
     """``views(device, partials, counters, geometry, make, kind)`` as a function of no argument, for a plan that
     calls it on every launch: the same result, with what the device fixes worked out once, so that an eager
     CUDA call's cache hit costs the capture flag, the stream handle and two dict lookups."""
-    key = (kind, geometry)
+    key = _view_key(kind, geometry)
     if device.type != "cuda":
         def get_host():  # (capturing: False for the CPU, unless a test says otherwise)
             if CACHE_CPU and not capturing(device):
