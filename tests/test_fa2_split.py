@@ -273,3 +273,19 @@ def test_split_scratch_under_capture_is_fresh_per_call(cached_cpu_scratch, monke
     pointers = {eager[3].data_ptr()} | {a[3].data_ptr() for a in captured}
     assert len(pointers) == 3
     assert all(a[3].shape == (3, 1, 16, 64) and a[4].shape == (3, 16, 1) for a in captured)
+
+
+def test_unsplit_packed_plan_passes_packed_views():
+    """Packed GQA without a split: q (any strides), out and LSE as common.pack_gqa.views would give them (the
+    geometry worked out once, pack_gqa.call_geometry), the same memory."""
+    from fa_variants.common import pack_gqa
+
+    q = torch.randn(2, 1, 16, 64)[:, :, ::2]  # strides (1024, 1024, 128, 1)
+    k = torch.randn(2, 5, 2, 64)
+    prepare, finish = fa2._plan_call(fa2.split_config("sm_80", 64, 1, pack=True), q, k, k, 0.5)
+    out, lse = torch.empty(2, 1, 8, 64), torch.empty(2, 8, 1)
+    args = prepare(q, k, k, out, lse)
+    assert finish is None and len(args) == 6 and args[1] is k and args[2] is k and args[5] == 0.5
+    for got, want in zip((args[0], args[3], args[4]), pack_gqa.views(q, out, lse, 2)):
+        assert got.shape == want.shape and got.stride() == want.stride() and got.data_ptr() == want.data_ptr()
+    assert args[0].shape == (2, 4, 2, 64) and args[0].stride() == (1024, 128, 512, 1)

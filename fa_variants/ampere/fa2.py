@@ -254,25 +254,22 @@ def _plan_call(config: Sm80Config, q, k, v, scale: float) -> tuple:
     arguments, or for a split kernel the fp32 partials (``split_combine.partials_scratch``: the per-stream scratch
     fa3 uses, no allocation per call on a CUDA device) in place of out, lse, and `finish` merging them into out,
     lse (the merge kernel, one launch; ``split_combine.split_steps``). Packed GQA: q and the outputs (or the
-    partials) as ``common.pack_gqa.views`` of the same memory (their geometry worked out once here)."""
+    partials) as ``common.pack_gqa.views`` of the same memory (their geometry worked out once here,
+    ``common.pack_gqa.call_geometry``)."""
     heads_kv = k.shape[2]
     pack = config.pack_gqa
+    q_view, o_view, lse_view = pack_gqa.call_geometry(q, heads_kv) if pack else (None, None, None)
     if config.num_splits == 1:
         if not pack:
             return (lambda q, k, v, out, lse: (q, k, v, out, lse, scale)), None
-        return (lambda q, k, v, out, lse: (*_packed(q, k, v, out, lse, heads_kv), scale)), None
+        return (lambda q, k, v, out, lse: (q.as_strided(*q_view), k, v, out.as_strided(*o_view),
+                                           lse.as_strided(*lse_view), scale)), None
     batch, seqlen_q, heads, head_dim = q.shape
     splits = num_splits_for(config, q, k)
     scratch = split_combine.partials_scratch(batch, seqlen_q, heads, head_dim, splits, q.device,
                                              heads_kv=heads_kv if pack else None)
-    q_view = pack_gqa.rows_geometry(q.shape, q.stride(), heads_kv) if pack else None
     merge = split_combine.merge_function(q.device, q.dtype, head_dim, pdl=False)
     return split_combine.split_steps(scratch, q_view, (scale,), merge)
-
-
-def _packed(q, k, v, out, lse, heads_kv: int) -> tuple:
-    pq, po, pl = pack_gqa.views(q, out, lse, heads_kv)
-    return pq, k, v, po, pl
 
 
 def _warm_configs(arch: str, head_dim: int, causal: bool) -> tuple:

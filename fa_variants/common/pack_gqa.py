@@ -65,6 +65,16 @@ def lse_geometry(shape: tuple, stride: tuple, heads_kv: int) -> tuple[tuple, tup
     return (shape[0], heads_kv, group), (stride[0], group * stride[1], stride[1])
 
 
+def call_geometry(q: torch.Tensor, heads_kv: int) -> tuple:
+    """(q_view, out_view, lse_view), each (shape, stride), of a packed call at seqlen_q = 1 with q's strides and the
+    contiguous O (B, 1, H, D) and LSE (B, H, 1) a launcher allocates: what ``views`` gives, worked out once per
+    plan (fa3 and fa2), so that a call re-strides with one ``as_strided`` per tensor."""
+    batch, seqlen_q, heads, _ = q.shape
+    out_strides = (seqlen_q * heads * q.shape[3], heads * q.shape[3], q.shape[3], 1)
+    return (rows_geometry(q.shape, q.stride(), heads_kv), rows_geometry(q.shape, out_strides, heads_kv),
+            lse_geometry((batch, heads, seqlen_q), (heads * seqlen_q, seqlen_q, 1), heads_kv))
+
+
 def views(q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, heads_kv: int) -> tuple:
     """Packed GQA at seqlen_q = 1: q, out (B, 1, H, D) and lse (B, H, 1) as views (no copy) of a problem of
     num_heads_kv heads whose rows are the group = H / num_heads_kv query heads of each KV head:

@@ -385,17 +385,14 @@ def _plan_call(config: Sm90Config, q, k, v, scale: float) -> tuple:
     per-call allocation on a CUDA device, a buffer per stream, its views cached) in place of out and LSE; then
     either the kernel merges them itself (``config.fused_merge``: out, LSE and the per-query-tile counters follow
     as arguments) or `finish` does (``split_combine.split_steps``: the merge kernel, or ``split.merge`` on the CPU
-    / with MERGE_KERNEL off). The view geometry is worked out once here (``common.pack_gqa.rows_geometry``)."""
+    / with MERGE_KERNEL off). The view geometry is worked out once here (``common.pack_gqa.call_geometry``)."""
     batch, seqlen_q, heads, head_dim = q.shape
     heads_kv = k.shape[2]
     tail = (scale * LOG2_E, l2_section_heads(k.shape[1], head_dim))
     pack = config.pack_gqa and not config.pack_group  # pack_group: the kernel packs the rows itself
-    out_shape, lse_shape = q.shape, (batch, heads, seqlen_q)
     q_view = o_view = lse_view = None
     if pack:  # views of the same memory: O and LSE land where the unpacked call puts them
-        q_view = pack_gqa.rows_geometry(q.shape, q.stride(), heads_kv)
-        o_view = pack_gqa.rows_geometry(out_shape, split.contiguous_strides(out_shape), heads_kv)
-        lse_view = pack_gqa.lse_geometry(lse_shape, split.contiguous_strides(lse_shape), heads_kv)
+        q_view, o_view, lse_view = pack_gqa.call_geometry(q, heads_kv)
     # a kernel compiled for split-KV (num_splits != 1) writes fp32 partials even when this shape gets one split
     if config.num_splits == 1:
         if not pack:
