@@ -14,10 +14,8 @@
 # Pass: (1) 0 failed / 0 errors. (2) the SUMMARY of both "after" runs: fa3 and fa2 host (enqueue) <= 25 us/call
 # (27.4 and 33.0 us on 2026-12-01); "before" for reference only.
 set -uo pipefail
-if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then sed -n '2,16p' "$0"; exit 0; fi
-out="${OUT:-results/host13}"; mkdir -p "$out"/logs
-LOGS="$out/logs"; source "$(dirname "$0")/steps.sh"
-git log --oneline -1 > "$out/logs/commit.txt" 2>&1
+source "$(dirname "$0")/steps.sh"; help_from_header "$@"
+out="${OUT:-results/host13}"; session_setup "$out/logs"
 NPROC=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8" || echo "")
 before="$out/before"
 rm -rf "$before"; mkdir -p "$before"
