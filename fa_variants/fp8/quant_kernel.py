@@ -119,7 +119,8 @@ from fa_variants.fp8 import layout
 from fa_variants.fp8.quantize import (E4M3, MIN_DESCALE_EXPONENT, FP8Config, FP8Inputs, HadamardRotation, _check,
                                       k_mean, tiles_for)
 
-__all__ = ["HEAD_DIMS", "DTYPES", "QuantPass", "why_not", "quantize", "quantize_tensor"]
+__all__ = ["HEAD_DIMS", "DTYPES", "QuantPass", "why_not", "quantize", "quantize_tensor", "piece_swizzle",
+           "stage_piece", "stage_load"]
 
 HEAD_DIMS = (64, 128, 256)
 DTYPES = (torch.float16, torch.bfloat16)
@@ -135,7 +136,7 @@ SMEM_PER_SM = 228 * 1024 - 2048  # what resident CTAs may share (1 KB reserved p
 #: "v1" one launch per tensor, one block of loads in flight per CTA, K's mean by torch; "v2" (see the module
 #: docstring) ``V2_STAGES`` blocks in flight, K's mean as partial sums in V's launch, K's blocks read back to
 #: front. Default "v1" until "v2" is measured on the GPU.
-PIPELINES = ("v1", "v2")
+PIPELINES = ("v1", "v2", "v3")
 DEFAULT_PIPELINE = "v1"
 V2_STAGES = 3
 #: v2's other two parts, switchable for an ablation (scripts/fp8_quant_bandwidth.py --ablation): programmatic
@@ -143,6 +144,11 @@ V2_STAGES = 3
 #: (off, K's smoothed pass spills 16 bytes at head_dim 128 with 3 stages: keep it on)
 V2_PDL = True
 V2_REVERSE = True
+#: pipeline "v3" (module docstring): v2 plus coalesced loads through a swizzled shared-memory stage
+#: (``PassConfig.coalesced``) and blocks walked head fastest (``PassConfig.head_major``); each switchable for the
+#: ablation of scripts/fp8_quant_bandwidth.py
+V3_COALESCED = True
+V3_HEAD_MAJOR = True
 
 
 @dsl_user_op
@@ -150,6 +156,67 @@ def _fma(a: Float32, b: Float32, c: Float32, *, loc=None, ip=None) -> Float32:
     """a * b + c with one rounding (fma.rn.f32)."""
     return Float32(mlir_math.fma(a.ir_value(loc=loc, ip=ip), b.ir_value(loc=loc, ip=ip), c.ir_value(loc=loc, ip=ip),
                                  loc=loc, ip=ip))
+
+
+def piece_swizzle(role: str, lanes: int, row):
+    """XOR mask of the 16-byte pieces of token ``row`` in a coalesced stage (``PassConfig.coalesced``): piece q
+    of the token sits at q ^ mask. Works on ints and on the kernel's Int32.
+
+    Why these bits: a token's row is 128 / 256 / 512 bytes (a multiple of the 128 bytes of the 32 banks), so
+    unswizzled every token starts in bank 0. A 16-byte shared load is served 8 threads at a time; those 8 read
+    one piece q = 2 * chunk + half each: role "qk" (``lanes`` = head_dim / 64 threads per token), 8 / lanes
+    consecutive tokens whose pieces differ in q's bits 1 .. log2(lanes) (the lane), so the mask puts the
+    token's low bits into q's other bits of 0..2; role "v", 8 consecutive token quads of one chunk, tokens
+    2 (quad % 4) + 16 (quad / 4) (+ the slot's offset): their bits 1, 2, 4 go to q's bits 0, 1, 2. The
+    writes (8 consecutive pieces of one token) stay conflict-free under any mask < 8. Checked on the CPU by
+    tests/test_fp8_quant_kernel.py::test_coalesced_stage_map."""
+    if role == "v":
+        return ((row >> 1) & 3) | ((row >> 2) & 4)
+    if lanes == 1:
+        return row & 7
+    if lanes == 2:
+        return (row & 1) | ((row & 2) << 1)
+    return row & 1
+
+
+def thread_token(role: str, lanes: int, quads: int, tidx, slot: int):
+    """Token (within the block) of a thread's slot: Q / K one token per thread (``lanes`` threads per token);
+    V the quad of ``v_token_order`` (``quads`` = rows / 4 token quads). Works on ints and Int32."""
+    if role == "qk":
+        return tidx // lanes
+    quad = tidx % quads
+    return 16 * (quad // 4) + 2 * (quad % 4) + (slot & 1) + 8 * (slot >> 1)
+
+
+def thread_chunk(role: str, lanes: int, quads: int, tidx, slot: int):
+    """Chunk (16 channels) of a thread's slot: Q / K lane + slot * lanes; V one chunk per thread."""
+    if role == "qk":
+        return tidx % lanes + slot * lanes
+    return tidx // quads
+
+
+def stage_piece(role: str, lanes: int, quads: int, head_dim: int, tidx, slot: int, half: int):
+    """Where a thread reads half ``half`` (8 channels) of its slot in a coalesced stage: the 16-byte piece
+    index token * head_dim / 8 + (q ^ piece_swizzle(token)), q = 2 chunk + half. For Q / K written as
+    c - c % 8 + (h ^ c % 8), c = 2 slot lanes + half (compile-time), h = 2 lane ^ mask (one register per
+    thread): the same number, since 2 lane < 2 lanes and c % 8 have no bit in common."""
+    P = head_dim // 8
+    row = thread_token(role, lanes, quads, tidx, slot)
+    if role == "qk":
+        c = 2 * slot * lanes + half
+        h = (2 * (tidx % lanes)) ^ piece_swizzle(role, lanes, row)
+        return row * P + (c - c % 8) + (h ^ (c % 8))
+    q = 2 * thread_chunk(role, lanes, quads, tidx, slot) + half
+    return row * P + (q ^ piece_swizzle(role, lanes, row))
+
+
+def stage_load(head_dim: int, rows: int, role: str, lanes: int, tidx, m: int):
+    """(token, piece q of the token, piece index in the stage) of a thread's m-th 16-byte cp.async
+    (m = 0..7) in a coalesced stage: piece tidx % (head_dim / 8) of token tidx / (head_dim / 8) + m rows / 8."""
+    P = head_dim // 8
+    row = tidx // P + m * (rows // 8)
+    q = tidx % P
+    return row, q, row * P + (q ^ piece_swizzle(role, lanes, row))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,11 +237,13 @@ class PassConfig:
     kmean: bool = False
     reverse: bool = False
     pdl: bool = False
+    coalesced: bool = False
+    head_major: bool = False
 
     def check(self, head_dim: int) -> None:
         """ValueError for a config or head_dim this pass is not built for."""
         if (self.role not in ("qk", "v") or self.mode not in MODES or self.rows < 16 or self.rows % 16
-                or not 1 <= self.stages <= MAX_STAGES):
+                or not 1 <= self.stages <= MAX_STAGES or (self.coalesced and self.stages < 2)):
             raise ValueError(f"fp8-quant: bad pass config {self}")
         if self.kmean and (self.role != "v" or self.mode == "given" or (self.rows > 128 and self.rows % 128)):
             raise ValueError("fp8-quant: K's partial sums ride on V's pass (role 'v', mode 'block' or 'amax', "
@@ -238,30 +307,34 @@ class QuantPass:
 
     # ------------------------------------------------------------------------------------ the thread's place
     def token_of(self, tidx: Int32, slot: int) -> Int32:
-        """Token (within the block) of a slot: Q / K one token per thread; V the quad of ``v_token_order``."""
-        if const_expr(self.cfg.role == "qk"):
-            return tidx // self.lanes
-        quad = tidx % self.quads
-        return 16 * (quad // 4) + 2 * (quad % 4) + (slot & 1) + 8 * (slot >> 1)
+        """Token (within the block) of a slot (``thread_token``)."""
+        return thread_token(self.cfg.role, self.lanes, self.quads, tidx, slot)
 
     def chunk_of(self, tidx: Int32, slot: int) -> Int32:
-        """Chunk (16 channels) of a slot: Q / K lane + slot * L; V one chunk per thread."""
-        if const_expr(self.cfg.role == "qk"):
-            return tidx % self.lanes + slot * self.lanes
-        return tidx // self.quads
+        """Chunk (16 channels) of a slot (``thread_chunk``)."""
+        return thread_chunk(self.cfg.role, self.lanes, self.quads, tidx, slot)
 
     @cute.jit
     def decode(self, blk: Int32, heads: Int32, n_tiles: Int32, n_blocks: Int32):
         """(batch, head, tile, is_k) of work item blk: items 0 .. n_blocks - 1 are the tensor's blocks (tile
-        fastest; last to first with ``reverse``), then (``kmean``) the same blocks of K for its partial sums."""
+        fastest, or head fastest with ``head_major``; last to first with ``reverse``), then (``kmean``) the same
+        blocks of K for its partial sums."""
         is_k = blk >= n_blocks
         if const_expr(self.cfg.kmean):
             blk = blk % n_blocks  # blk < 2 n_blocks
         if const_expr(self.cfg.reverse):
             blk = n_blocks - 1 - blk
-        tile = blk % n_tiles
-        bh = blk // n_tiles
-        return bh // heads, bh % heads, tile, is_k
+        if const_expr(self.cfg.head_major):  # head fastest: neighbouring CTAs read whole token rows
+            head = blk % heads
+            rest = blk // heads
+            tile = rest % n_tiles
+            batch = rest // n_tiles
+        else:
+            tile = blk % n_tiles
+            bh = blk // n_tiles
+            batch = bh // heads
+            head = bh % heads
+        return batch, head, tile, is_k
 
     # ------------------------------------------------------------------------------------------ the kernel
     @cute.kernel
@@ -287,6 +360,9 @@ class QuantPass:
         # (p * threads + t) * 16 bytes of its stage (conflict-free), written by its own cp.async and read back
         # by itself only (no barrier)
         T_ = self.num_threads
+        # coalesced: the block in its natural (token, channel) order per stage, 16-byte pieces swizzled
+        # (``piece_swizzle``), loaded by every thread of the CTA and read after a barrier
+        sStage = storage.raw.get_tensor(cute.make_layout((rows * D, S)))
         sRaw = storage.raw.get_tensor(cute.make_layout(((8, 2, SLOTS), T_, S),
                                                        stride=((1, 8 * T_, 16 * T_), 8, 64 * T_)))
         sRaw = cute.make_tensor(sRaw[None, tidx, 0].iterator,
@@ -299,11 +375,16 @@ class QuantPass:
         x = cute.make_rmem_tensor(cute.make_layout((VEC, SLOTS)), Float32)
         if const_expr(self.cfg.pdl):  # the next grid on the stream may launch now (its CTAs land as ours exit)
             cute.arch.griddepcontrol_launch_dependents()
-        # prologue: the loads of the CTA's first S work items, one commit group each (empty past the end)
-        for s in cutlass.range_constexpr(S):
+        # prologue: the loads of the CTA's first `ahead` work items, one commit group each (empty past the end);
+        # coalesced: S - 1 ahead (the stage to refill was read by other threads: refilled after the next barrier)
+        ahead = S - 1 if const_expr(self.cfg.coalesced) else S
+        for s in cutlass.range_constexpr(ahead):
             if cta + s * grid < total:
                 pb, ph, pt, pk = self.decode(cta + s * grid, heads, n_tiles, n_blocks)
-                self.load_block(sRaw[None, None, None, s], mX, mK, pb, ph, pt, pk, tidx, g2s)
+                if const_expr(self.cfg.coalesced):
+                    self.load_block_coalesced(sStage[None, s], mX, mK, pb, ph, pt, pk, tidx, g2s)
+                else:
+                    self.load_block(sRaw[None, None, None, s], mX, mK, pb, ph, pt, pk, tidx, g2s)
             cute.arch.cp_async_commit_group()
         if const_expr(self.cfg.pdl):
             # the grid before ours finished and its writes are visible (K's mean, a given descale) before any
@@ -315,19 +396,31 @@ class QuantPass:
             stage = step % S
             parity = step % 2
             batch, head, tile, is_k = self.decode(blk, heads, n_tiles, n_blocks)
-            cute.arch.cp_async_wait_group(S - 1)  # this item's group (the S - 1 later ones may be in flight)
-            for j in cutlass.range_constexpr(SLOTS):
-                cute.copy(s2r, sRaw[None, None, j, stage], cute.zipped_divide(raw[None, j], (8,)))
+            cute.arch.cp_async_wait_group(ahead - 1)  # this item's group (the later ones may be in flight)
+            if const_expr(self.cfg.coalesced):
+                # every thread's pieces of this item have landed, and every read of the stage refilled here
+                # (read in the previous iteration) is done; the refill is issued before this item's values are
+                # read into registers (fewer live registers while its addresses are computed)
+                cute.arch.barrier()
+                if blk + ahead * grid < total:
+                    nb, nh, nt, nk = self.decode(blk + ahead * grid, heads, n_tiles, n_blocks)
+                    self.load_block_coalesced(sStage[None, (step + ahead) % S], mX, mK, nb, nh, nt, nk, tidx, g2s)
+                cute.arch.cp_async_commit_group()
+                self.read_block(sStage[None, stage], raw, tidx, s2r)
+            else:
+                for j in cutlass.range_constexpr(SLOTS):
+                    cute.copy(s2r, sRaw[None, None, j, stage], cute.zipped_divide(raw[None, j], (8,)))
             x.store(raw.load().to(Float32))
             if const_expr(self.cfg.role == "v"):  # tokens past seqlen_k: zeros (v_t's padding)
                 for j in cutlass.range_constexpr(SLOTS):
                     if tile * rows + self.token_of(tidx, j) >= mX.shape[1]:
                         for i in cutlass.range_constexpr(VEC):
                             x[i, j] = Float32(0.0)
-            if blk + S * grid < total:  # the loads of the item S ahead, into the stage just read
-                nb, nh, nt, nk = self.decode(blk + S * grid, heads, n_tiles, n_blocks)
-                self.load_block(sRaw[None, None, None, stage], mX, mK, nb, nh, nt, nk, tidx, g2s)
-            cute.arch.cp_async_commit_group()
+            if const_expr(not self.cfg.coalesced):
+                if blk + S * grid < total:  # the loads of the item S ahead, into the stage just read
+                    nb, nh, nt, nk = self.decode(blk + S * grid, heads, n_tiles, n_blocks)
+                    self.load_block(sRaw[None, None, None, stage], mX, mK, nb, nh, nt, nk, tidx, g2s)
+                cute.arch.cp_async_commit_group()
             if const_expr(self.cfg.smooth or self.cfg.shift):  # K's mean for this block, in shared memory
                 kv_head = head // (heads // mMean.shape[1]) if const_expr(self.cfg.shift) else head
                 for c in cutlass.range(tidx, D, self.num_threads, unroll=1):
@@ -392,6 +485,47 @@ class QuantPass:
                 else:
                     src = cute.local_tile(mX[batch, tok, head, None], (VEC,), (chunk,))
                     cute.copy(g2s, cute.zipped_divide(src, (8,)), sRaw[None, None, j])
+
+    @cute.jit
+    def load_block_coalesced(self, sStage: cute.Tensor, mX: cute.Tensor, mK: cute.Tensor, batch: Int32,
+                             head: Int32, tile: Int32, is_k, tidx: Int32, g2s: cute.CopyAtom):
+        """coalesced: the cp.async (16 bytes each) of a block's 16-bit values into a stage in (token, channel)
+        order, piece q of token r at r * D / 8 + (q ^ swizzle(r)): thread t loads piece t % (D / 8) of tokens
+        t / (D / 8) + m * rows / 8 (m = 0..7), so a warp reads 512 contiguous bytes of a token row (all
+        of them: 32 B sectors and 128 B lines whole). Tokens past seqlen are not read. The caller commits."""
+        if const_expr(self.cfg.kmean):
+            if is_k:
+                self.copy_pieces(sStage, mK, batch, head, tile, tidx, g2s)
+            else:
+                self.copy_pieces(sStage, mX, batch, head, tile, tidx, g2s)
+        else:
+            self.copy_pieces(sStage, mX, batch, head, tile, tidx, g2s)
+
+    @cute.jit
+    def copy_pieces(self, sStage: cute.Tensor, mSrc: cute.Tensor, batch: Int32, head: Int32, tile: Int32,
+                    tidx: Int32, g2s: cute.CopyAtom):
+        """``load_block_coalesced``'s cp.async from one source tensor."""
+        P, rows8 = self.head_dim // 8, self.cfg.rows // 8  # 16-byte pieces per token; token step between loads
+        q = tidx % P
+        r0 = tidx // P
+        tok0 = tile * self.cfg.rows + r0
+        # the thread's 8 pieces: (8 channels, m) at token tok0 + m * rows8 (one address, then constant steps)
+        first = cute.local_tile(mSrc[batch, tok0, head, None], (8,), (q,))
+        mine = cute.make_tensor(first.iterator, cute.make_layout((8, 8), stride=(1, rows8 * mSrc.stride[1])))
+        for m in cutlass.range_constexpr(8):
+            if tok0 + m * rows8 < mSrc.shape[1]:
+                _, _, piece = stage_load(self.head_dim, self.cfg.rows, self.cfg.role, self.lanes, tidx, m)
+                cute.copy(g2s, mine[None, m], cute.local_tile(sStage, (8,), (piece,)))
+
+    @cute.jit
+    def read_block(self, sStage: cute.Tensor, raw: cute.Tensor, tidx: Int32, s2r: cute.CopyAtom):
+        """coalesced: the thread's two pieces per slot (its 16 channels of a token) from the swizzled stage,
+        16 bytes each (8 threads of a quarter warp hit 8 distinct 16-byte bank groups: ``piece_swizzle``)."""
+        for j in cutlass.range_constexpr(SLOTS):
+            for p in cutlass.range_constexpr(2):
+                piece = stage_piece(self.cfg.role, self.lanes, self.quads, self.head_dim, tidx, j, p)
+                src = cute.local_tile(sStage, (8,), (piece,))
+                cute.copy(s2r, src, cute.zipped_divide(raw[None, j], (8,))[None, p])
 
     @cute.jit
     def signs_and_smoothing(self, x: cute.Tensor, sSigns: cute.Tensor, sMean: cute.Tensor, tidx: Int32):
@@ -632,6 +766,11 @@ def stages_for(device: torch.device, head_dim: int, rows: int, want: int) -> int
     return 1
 
 
+def own_mean(pipeline: str | None) -> bool:
+    """Whether the pipeline sums K's mean itself (v2, v3: ``k_mean_from_parts``) rather than taking torch's."""
+    return pipeline_of(pipeline) in ("v2", "v3")
+
+
 def pipeline_of(pipeline: str | None) -> str:
     """The pipeline to use: ``pipeline``, else $FA_VARIANTS_FP8_QUANT_PIPELINE, else DEFAULT_PIPELINE."""
     import os
@@ -666,7 +805,8 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
                     mean: torch.Tensor | None, rotate: bool, shift: torch.Tensor | None = None,
                     shift_mean: torch.Tensor | None = None, shift_scale: float = 0.0, stages: int = 1,
                     reverse: bool = False, k_of: torch.Tensor | None = None,
-                    k_parts: torch.Tensor | None = None, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                    k_parts: torch.Tensor | None = None, pdl: bool = False, coalesced: bool = False,
+                    head_major: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """One tensor through the pass: (e4m3 data (like x, or v_t for role "v"), descale (B, H, T) float32).
 
     x: (B, N, H, D) float16 / bfloat16 CUDA; block: rows per scale block; signs: float32 (D,) on x's device
@@ -676,12 +816,15 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
     "v"): K (like x) and float32 (B, H, T * max(1, block / 128), D), written with K's per-channel sums over
     each block's tokens (``QuantPass.k_partial_sums``) in the same launch. pdl (sm_90): programmatic
     dependent launch; x (and k_of) must then have been ready before the previous kernel on the stream began
-    (``PassConfig.pdl``'s prologue reads them before griddepcontrol.wait)."""
+    (``PassConfig.pdl``'s prologue reads them before griddepcontrol.wait). coalesced, head_major: the
+    ``PassConfig`` switches of pipeline v3 (coalesced needs 2 stages: off where the device's shared memory
+    holds only one)."""
     B, N, H, D = x.shape
     T_blocks = -(-N // block)
     x = interop.aligned(x)
     dev = x.device
     stages = stages_for(dev, D, block, stages) if stages > 1 else 1
+    coalesced = coalesced and stages >= 2
     if role == "qk":
         y = torch.empty(B, N, H, D, dtype=E4M3, device=dev)
     else:
@@ -705,7 +848,7 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
         kmean = k_of is not None and mode != "given"
         cfg = PassConfig(role=role, rotate=rotate, smooth=mean is not None, mode=mode, rows=block,
                          shift=shift is not None and mode != "given", stages=stages, kmean=kmean, reverse=reverse,
-                         pdl=pdl)
+                         pdl=pdl, coalesced=coalesced, head_major=head_major)
         fn, ctas = _pass(dev, x.dtype, D, cfg)
         fn(x, y, descale, signs, mean_t, shift_t, k_t, parts_t, shift_scale, min(ctas, total * (2 if kmean else 1)))
 
@@ -736,9 +879,10 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Co
     ``lse_shift`` is computed in the Q pass (float32, its own summation order: equal to torch's to rounding).
 
     pipeline (``pipeline_of``): "v1" takes K's mean from torch (``quantize.k_mean``), so every output equals
-    ``quantize_fp8_torch``'s; "v2" sums K in V's launch (``k_mean_from_parts``: another float32 summation
-    order, equal to ``k_mean`` to rounding), and its outputs equal ``quantize_fp8_torch(..., k_mean=that
-    mean)``'s bit for bit (``FP8Inputs.k_mean`` holds it)."""
+    ``quantize_fp8_torch``'s; "v2" and "v3" sum K in V's launch (``k_mean_from_parts``: another float32
+    summation order, equal to ``k_mean`` to rounding), and their outputs equal ``quantize_fp8_torch(...,
+    k_mean=that mean)``'s bit for bit (``FP8Inputs.k_mean`` holds it). v3 changes only which thread loads
+    which bytes and the order of the blocks, not the arithmetic: its outputs equal v2's."""
     scale = _check(q, k, v, config, softmax_scale)
     pipe = pipeline_of(pipeline)
     D, dev = q.shape[-1], q.device
@@ -746,17 +890,20 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Co
     seed = config.seed if config.rotate else None
     signs = _signs(dev, D, seed, False)
     k_signs = _signs(dev, D, seed, scale < 0)  # softmax(c Q K^T) = softmax(|c| Q (-K)^T)
-    common = dict(granularity=config.granularity, stages=V2_STAGES if pipe == "v2" else 1)
+    staged = pipe in ("v2", "v3")  # v3 = v2 + coalesced loads + head-major order
+    common = dict(granularity=config.granularity, stages=V2_STAGES if staged else 1)
+    if pipe == "v3":
+        common.update(coalesced=V3_COALESCED, head_major=V3_HEAD_MAJOR)
     # v2 launches V's pass first (plain launch), then K's and Q's with programmatic dependent launch, whose
     # prologue loads run before griddepcontrol.wait: so every 16-bit input is made aligned (a copy if
     # needed) before the first launch
-    pdl = pipe == "v2" and V2_PDL and torch.cuda.get_device_capability(dev) >= (9, 0)
-    if pipe == "v2":
+    pdl = staged and V2_PDL and torch.cuda.get_device_capability(dev) >= (9, 0)
+    if staged:
         q, k, v = interop.aligned(q), interop.aligned(k), interop.aligned(v)
     mean = mean_eff = shift = None
     v_t = None
     if config.smooth_k:
-        if pipe == "v2":  # V's launch also sums K per block; K's launch then reads K last block first (L2)
+        if staged:  # V's launch also sums K per block; K's launch then reads K last block first (L2)
             B, Nk, Hkv, _ = k.shape
             parts = torch.empty(B, Hkv, -(-Nk // tile_n) * max(1, tile_n // 128), D, dtype=torch.float32,
                                 device=dev)
@@ -770,7 +917,7 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Co
     if v_t is None:
         v_t, vd = quantize_tensor(v, role="v", block=tile_n, signs=None, mean=None, rotate=False, **common)
     k8, kd = quantize_tensor(k, role="qk", block=tile_n, signs=k_signs, mean=mean, rotate=config.rotate,
-                             reverse=pipe == "v2" and V2_REVERSE and config.smooth_k, pdl=pdl, **common)
+                             reverse=staged and V2_REVERSE and config.smooth_k, pdl=pdl, **common)
     q8, qd = quantize_tensor(q, role="qk", block=tile_m, signs=signs, mean=None, rotate=config.rotate, shift=shift,
                              shift_mean=mean_eff, shift_scale=abs(scale), pdl=pdl, **common)
     if shift is not None and q.shape[0] * q.shape[1] * q.shape[2] == 0:
