@@ -18,7 +18,11 @@ PASSES = [qk.PassConfig(shift=True), qk.PassConfig(smooth=True), qk.PassConfig(r
           qk.PassConfig(role="v", rotate=False, mode="given"),
           # pipeline "v2": three stages of loads in flight, K read last block first, K's sums in V's launch
           qk.PassConfig(shift=True, stages=3, pdl=True), qk.PassConfig(smooth=True, stages=3, reverse=True, pdl=True),
-          qk.PassConfig(role="v", rotate=False, stages=3, kmean=True)]
+          qk.PassConfig(role="v", rotate=False, stages=3, kmean=True),
+          # pipeline "v3": v2 + coalesced loads through a swizzled stage + head-major block order
+          qk.PassConfig(shift=True, stages=3, pdl=True, coalesced=True, head_major=True),
+          qk.PassConfig(smooth=True, stages=3, reverse=True, pdl=True, coalesced=True, head_major=True),
+          qk.PassConfig(role="v", rotate=False, stages=3, kmean=True, coalesced=True, head_major=True)]
 
 
 @pytest.fixture
@@ -32,15 +36,18 @@ def arch(request, monkeypatch):
 @pytest.mark.parametrize("head_dim", qk.HEAD_DIMS)
 @pytest.mark.parametrize("cfg", PASSES, ids=lambda c: f"{c.role}-rot{int(c.rotate)}-sm{int(c.smooth)}-"
                                                      f"sh{int(c.shift)}-{c.mode}-s{c.stages}-km{int(c.kmean)}"
-                                                     f"-rev{int(c.reverse)}-pdl{int(c.pdl)}")
+                                                     f"-rev{int(c.reverse)}-pdl{int(c.pdl)}-co{int(c.coalesced)}")
 def test_compiles_without_spills(arch, head_dim, cfg):
     """Every pass compiles for Hopper and Ada (no Hopper-only instructions); the SASS has the 16-byte
     cp.async loads (8 per thread, stages + 1 times: the first blocks before the loop, the one S ahead inside
-    it; twice that with K's sums in V's launch, V or K) and no other global loads of the data, the FWHT's
+    it; twice that with K's sums in V's launch, V or K; coalesced: stages times, S - 1 blocks ahead) and no
+    other global loads of the data, the FWHT's
     shuffles (log2(head_dim / 64) stages across lanes, 64 values each; + 5 for the block max, +
     log2(head_dim / 64) for the LSE shift's sum, + 5 x 16 for K's sums), the e4m3 conversions (2 values
     each), the 16-byte e4m3 stores of Q / K (4 per thread) or V's 32-bit words (16 per thread; + 16 words
-    of K's sums), and no local memory (no spills). Programmatic dependent launch is sm_90a's only."""
+    of K's sums), and no local memory (no spills; except the coalesced Q / K passes at head_dim >= 128, whose
+    loop holds the stage's addresses beside the 64 values at the 128-register cap: <= 16 bytes, 2-3 LDL / STL
+    per block of 64 values per thread). Programmatic dependent launch is sm_90a's only."""
     if cfg.pdl and arch != "sm_90a":
         with pytest.raises(ValueError, match="needs sm_90a"):
             qk.static_config(arch, torch.bfloat16, head_dim, cfg)
@@ -49,8 +56,10 @@ def test_compiles_without_spills(arch, head_dim, cfg):
     res = cubin.cubin_resources(c.cubin)
     ops = cubin.count_sass(cubin.sass_of(c.cubin), ("LDGSTS", "LDG.E.128", "LDG.E.64", "STG.E", "STG.E.64",
                                                     "STG.E.128", "SHFL.BFLY", "F2FP", "LDL", "STL"))
-    assert res["spill_bytes"] == 0 and ops["LDL"] == ops["STL"] == 0 and res["registers"] <= 128, (res, ops)
-    assert ops["LDGSTS"] == 8 * (cfg.stages + 1) * (2 if cfg.kmean else 1), ops
+    spill = 16 if cfg.coalesced and cfg.role == "qk" and head_dim >= 128 else 0
+    assert res["spill_bytes"] <= spill and ops["LDL"] <= spill // 4 and res["registers"] <= 128, (res, ops)
+    loads = cfg.stages if cfg.coalesced else cfg.stages + 1
+    assert ops["LDGSTS"] == 8 * loads * (2 if cfg.kmean else 1), ops
     assert ops["LDG.E.128"] == ops["LDG.E.64"] == 0, ops
     stages = (head_dim // 64).bit_length() - 1
     assert ops["SHFL.BFLY"] == ((64 * stages if cfg.rotate else 0) + 5 + (stages if cfg.shift else 0)
@@ -88,11 +97,52 @@ def test_compile_cli_and_refusals(compile_cli):
         qk.PassConfig(rows=256, stages=4).check(128)
     with pytest.raises(ValueError, match="bad pass config"):
         qk.PassConfig(stages=0).check(128)
-    assert qk.pipeline_of(None) == qk.DEFAULT_PIPELINE and qk.pipeline_of("v2") == "v2"
+    with pytest.raises(ValueError, match="bad pass config"):  # coalesced refills a stage others read: >= 2
+        qk.PassConfig(stages=1, coalesced=True).check(128)
+    assert qk.pipeline_of(None) == qk.DEFAULT_PIPELINE and qk.pipeline_of("v3") == "v3"
+    assert qk.own_mean("v3") and qk.own_mean("v2") and not qk.own_mean("v1")
     with pytest.raises(ValueError, match="pipeline must be one of"):
-        qk.pipeline_of("v3")
+        qk.pipeline_of("v4")
     x = torch.zeros(1, 4, 2, 64)
     assert "CUDA tensors" in qk.why_not(x, FP8Config())
+
+
+@pytest.mark.parametrize("role", ["qk", "v"])
+@pytest.mark.parametrize("head_dim", qk.HEAD_DIMS)
+@pytest.mark.parametrize("rows", [128, 256])
+def test_coalesced_stage_map(role, head_dim, rows):
+    """The coalesced stage (pipeline v3) on the CPU, for every thread of a block: the cp.async pieces cover
+    each (token, piece) of the block once; each thread reads back exactly the 16 channels of each slot that
+    the register layout expects (its token and chunk); a warp's loads are 512 contiguous bytes of the
+    (token, channel) block; and no bank conflict: every 8 threads of a 16-byte shared access (a quarter
+    warp) touch 8 distinct 16-byte bank groups, for the cp.async writes and for the reads."""
+    if rows * head_dim > qk.MAX_BLOCK:
+        pytest.skip("block larger than one CTA holds")
+    P, lanes, quads = head_dim // 8, head_dim // 64, rows // 4
+    threads = rows * head_dim // 64
+    where = {}
+    for m in range(8):
+        for t in range(threads):
+            row, q, piece = qk.stage_load(head_dim, rows, role, lanes, t, m)
+            assert (row, q) not in where and piece not in where.values()
+            where[(row, q)] = piece
+        for w in range(threads // 8):  # quarter warps of the cp.async writes
+            banks = {qk.stage_load(head_dim, rows, role, lanes, 8 * w + i, m)[2] % 8 for i in range(8)}
+            assert len(banks) == 8
+        for w in range(threads // 32):  # a warp's global bytes: contiguous in (token, piece) order
+            got = sorted(qk.stage_load(head_dim, rows, role, lanes, 32 * w + i, m)[:2] for i in range(32))
+            flat = [r * P + q for r, q in got]
+            assert flat == list(range(flat[0], flat[0] + 32))
+    assert len(where) == rows * P
+    for j in range(qk.SLOTS):
+        for half in range(2):
+            for t in range(threads):
+                token = qk.thread_token(role, lanes, quads, t, j)
+                q = 2 * qk.thread_chunk(role, lanes, quads, t, j) + half
+                assert qk.stage_piece(role, lanes, quads, head_dim, t, j, half) == where[(token, q)]
+            for w in range(threads // 8):
+                banks = {qk.stage_piece(role, lanes, quads, head_dim, 8 * w + i, j, half) % 8 for i in range(8)}
+                assert len(banks) == 8, (w, j, half)
 
 
 # ------------------------------------------------------------------------------------------------ GPU
@@ -108,7 +158,8 @@ CONFIGS = {"default": FP8Config(), "no-smooth": FP8Config(smooth_k=False),
 # dtype only changes the load's element type; fewer compiles keep scripts/quant_gpu.sh short)
 CASES = ([("v1", dt, c) for dt in (torch.bfloat16, torch.float16) for c in ("default", "head", "tensor-plain")]
          + [("v1", torch.bfloat16, "no-smooth")]
-         + [("v2", torch.bfloat16, c) for c in CONFIGS if c != "head"] + [("v2", torch.float16, "default")])
+         + [("v2", torch.bfloat16, c) for c in CONFIGS if c != "head"] + [("v2", torch.float16, "default")]
+         + [("v3", torch.bfloat16, c) for c in CONFIGS if c != "head"] + [("v3", torch.float16, "default")])
 
 
 @pytest.mark.gpu
@@ -132,7 +183,7 @@ def test_pass_matches_torch_bitwise(shape, head_dim, dtype, config, pipeline):
     for scale in (None, -0.3):
         gpu = qk.quantize(q, k, v, config=config, softmax_scale=scale, pipeline=pipeline)
         given = None
-        if config.smooth_k and pipeline == "v2":
+        if config.smooth_k and qk.own_mean(pipeline):
             given = gpu.k_mean if scale is None else -gpu.k_mean  # the unnegated mean (negation is exact)
             assert_k_mean_close(given, k, block_n=gpu.block_n)
         ref = quantize_fp8_torch(q, k, v, config=config, softmax_scale=scale, k_mean=given)
@@ -190,9 +241,9 @@ def test_pass_block_height_256(monkeypatch, head_dim, pipeline):
     k = (torch.randn(1, 777, 2, head_dim, device="cuda", generator=g) + 1).to(torch.bfloat16)
     v = torch.randn(1, 777, 2, head_dim, device="cuda", generator=g).to(torch.bfloat16)
     gpu = qk.quantize(q, k, v, pipeline=pipeline)
-    ref = quantize_fp8_torch(q, k, v, k_mean=gpu.k_mean if pipeline == "v2" else None)
+    ref = quantize_fp8_torch(q, k, v, k_mean=gpu.k_mean if qk.own_mean(pipeline) else None)
     assert gpu.k_descale.shape[-1] == 4
-    if pipeline == "v2":
+    if qk.own_mean(pipeline):
         assert_k_mean_close(gpu.k_mean, k, block_n=256)
     for name in ("q", "k", "v_t"):
         assert torch.equal(getattr(gpu, name).view(torch.uint8), getattr(ref, name).view(torch.uint8)), name
@@ -208,11 +259,31 @@ def test_pass_zero_and_subnormal_blocks(pipeline):
     x[:, :128, 0] = 0
     x[:, 128:256, 1] = torch.finfo(torch.bfloat16).tiny / 4
     gpu = qk.quantize(x, x, x, pipeline=pipeline)
-    ref = quantize_fp8_torch(x, x, x, k_mean=gpu.k_mean if pipeline == "v2" else None)
+    ref = quantize_fp8_torch(x, x, x, k_mean=gpu.k_mean if qk.own_mean(pipeline) else None)
     for name in ("q_descale", "k_descale", "v_descale"):
         d = getattr(gpu, name)
         assert torch.isfinite(d).all() and (d > 0).all() and torch.equal(d, getattr(ref, name))
     assert torch.equal(gpu.q.view(torch.uint8), ref.q.view(torch.uint8))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", qk.HEAD_DIMS)
+def test_v3_equals_v2_bitwise(head_dim):
+    """Pipeline v3 changes which thread loads which bytes and the order of the blocks, not one operation: every
+    output (e4m3 bytes, descales, V layout, K's mean, LSE shift) equals v2's bit for bit; GQA, odd lengths,
+    batch > 1, a negative scale, fresh inputs (an output v3 left unwritten would differ)."""
+    g = torch.Generator(device="cuda").manual_seed(3 * head_dim)
+    q = (torch.randn(3, 517, 8, head_dim, device="cuda", generator=g) * 2).to(torch.bfloat16)
+    k = (torch.randn(3, 1001, 2, head_dim, device="cuda", generator=g) - 1).to(torch.bfloat16)
+    v = torch.randn(3, 1001, 2, head_dim, device="cuda", generator=g).to(torch.bfloat16)
+    for scale in (None, -0.7):
+        torch.full((1 << 24,), float("nan"), device="cuda")  # freed at once: torch.empty may hand it out again
+        a = qk.quantize(q, k, v, softmax_scale=scale, pipeline="v2")
+        b = qk.quantize(q, k, v, softmax_scale=scale, pipeline="v3")
+        for name in ("q", "k", "v_t"):
+            assert torch.equal(getattr(a, name).view(torch.uint8), getattr(b, name).view(torch.uint8)), name
+        for name in ("q_descale", "k_descale", "v_descale", "k_mean", "lse_shift"):
+            assert torch.equal(getattr(a, name), getattr(b, name)), name
 
 
 @pytest.mark.gpu
