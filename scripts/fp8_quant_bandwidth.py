@@ -1,9 +1,10 @@
 """Bandwidth of the FP8 quantisation pass (fa_variants.fp8.quant_kernel) beside a device copy, on the GPU.
 
-    source .gpu/env.sh && python3 scripts/fp8_quant_bandwidth.py [--json OUT] [--calls 20] [--pipelines v1,v2]
+    source .gpu/env.sh && python3 scripts/fp8_quant_bandwidth.py [--json OUT] [--calls 20] [--pipelines v1,v3]
 
 Per shape, pipeline ("v1": one launch per tensor, one block of loads in flight per CTA, K's mean by torch;
-"v2": three blocks in flight, K's mean summed in V's launch, K's blocks read last first; ``quant_kernel``)
+"v2": three blocks in flight, K's mean summed in V's launch, K's blocks read last first; "v3": v2 with
+coalesced loads through a swizzled shared-memory stage and the blocks walked head fastest; ``quant_kernel``)
 and recipe (default: block scales + Hadamard + K smoothing; "no-smooth": the same without smoothing), one
 call of ``quant_kernel.quantize(..., pipeline=...)`` (what ``quantize_fp8(..., impl="kernel")`` runs):
 
@@ -21,7 +22,7 @@ call of ``quant_kernel.quantize(..., pipeline=...)`` (what ``quantize_fp8(..., i
   same run, the same way. Issue 10's target: >= 70% of copy.
 * ``match``: the kernel's FP8Inputs equal the torch recipe's on the same inputs (e4m3 bytes, descales, V layout
   bit for bit; lse_shift to float32 rounding). v2 with smoothing: the torch recipe is given the pass's own K
-  mean (another float32 summation order) and the mean is checked against float64 within its rounding bound
+  mean (another float32 summation order; v3 likewise) and the mean is checked against float64 within its rounding bound
   (tests/test_fp8_quant_kernel.py::assert_k_mean_close's bound).
 
 The summary line at the end says PASS when every row matched and reached 70% of copy.
@@ -151,16 +152,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", default=None, help="write the rows to this file")
     parser.add_argument("--calls", type=int, default=20, help="calls per timing (default 20)")
-    parser.add_argument("--pipelines", default="v1,v2", help="comma-separated: v1 (before), v2 (default v1,v2)")
+    parser.add_argument("--pipelines", default="v1,v3", help="comma-separated of v1, v2, v3 (default v1,v3)")
     parser.add_argument("--ablation", action="store_true",
-                        help="also v2 with one part changed at a time (stages 2 / 1, no PDL), D = 128")
+                        help="also v3 with one part changed at a time (no coalescing, tile-major order, stages 2, "
+                             "no PDL) and v2, D = 128")
     parser.add_argument("--breakdown", action="store_true",
                         help="also each call's kernels and their durations (torch.profiler; diagnostic)")
     parser.add_argument("--plan", action="store_true", help="print the shapes and exit (no GPU needed)")
     args = parser.parse_args()
     pipelines = args.pipelines.split(",")
-    if any(p not in ("v1", "v2") for p in pipelines):
-        parser.error(f"--pipelines: each of v1, v2, got {args.pipelines!r}")
+    if any(p not in ("v1", "v2", "v3") for p in pipelines):
+        parser.error(f"--pipelines: each of v1, v2, v3, got {args.pipelines!r}")
     print(BYTE_MODEL)
     if args.plan:
         for name, shape in shapes():
@@ -192,7 +194,7 @@ def main() -> int:
             for recipe, cfg in (("default", FP8Config()), ("no-smooth", FP8Config(smooth_k=False))):
                 fn = lambda: quant_kernel.quantize(q, k, v, config=cfg, pipeline=pipe)  # noqa: E731
                 out = fn()  # compiles on first use
-                given = out.k_mean if pipe == "v2" and cfg.smooth_k else None
+                given = out.k_mean if quant_kernel.own_mean(pipe) and cfg.smooth_k else None
                 match = matches(out, quantize_fp8_torch(q, k, v, config=cfg, k_mean=given))
                 if given is not None and not mean_ok(given, k, out.block_n):
                     match = "DIFF k_mean" if match == "ok" else match + ",k_mean"
@@ -228,15 +230,17 @@ def main() -> int:
     return summarise([r for r in rows[1:] if "ablation" not in r], copy_tbs, pipelines)
 
 
-# (not "no reverse": K's smoothed pass without it spills 16 bytes at head_dim 128 under the 128-register cap,
-# which would confound the comparison)
-ABLATION = {"v2": {}, "v2 stages 2": {"V2_STAGES": 2}, "v2 stages 1": {"V2_STAGES": 1},
-            "v2 no PDL": {"V2_PDL": False}}
+# label -> (pipeline, quant_kernel switches changed): v3 with one part changed at a time, and v2 (not "no
+# reverse": K's smoothed pass without it spills 16 bytes at head_dim 128 under the 128-register cap, which would
+# confound the comparison)
+ABLATION = {"v3": ("v3", {}), "v3 no coalesced": ("v3", {"V3_COALESCED": False}),
+            "v3 tile-major": ("v3", {"V3_HEAD_MAJOR": False}), "v3 stages 2": ("v3", {"V2_STAGES": 2}),
+            "v3 no PDL": ("v3", {"V2_PDL": False}), "v2": ("v2", {})}
 
 
 def ablation(timer, copy_tbs: float, rows: list[dict], calls: int) -> None:
-    """v2 with one part changed at a time (``ABLATION``), default recipe, D = 128, 64 MiB per tensor: % of
-    copy, appended to rows (``"ablation"``) and printed as one line."""
+    """v3 with one part changed at a time, and v2 (``ABLATION``), default recipe, D = 128, 64 MiB per tensor:
+    % of copy, appended to rows (``"ablation"``) and printed as one line."""
     import torch
 
     from fa_variants.fp8 import FP8Config, quant_kernel
@@ -246,12 +250,12 @@ def ablation(timer, copy_tbs: float, rows: list[dict], calls: int) -> None:
     k = (torch.randn(1, 16384, 16, 128, device="cuda", generator=g) + 1).to(torch.bfloat16)
     v = torch.randn(1, 16384, 16, 128, device="cuda", dtype=torch.bfloat16, generator=g)
     cells = []
-    for label, knobs in ABLATION.items():
+    for label, (pipe, knobs) in ABLATION.items():
         saved = {name: getattr(quant_kernel, name) for name in knobs}
         try:
             for name, value in knobs.items():
                 setattr(quant_kernel, name, value)
-            fn = lambda: quant_kernel.quantize(q, k, v, config=FP8Config(), pipeline="v2")  # noqa: E731
+            fn = lambda: quant_kernel.quantize(q, k, v, config=FP8Config(), pipeline=pipe)  # noqa: E731
             out = fn()
             ms, queued = timer.gpu_ms(fn, calls)
             frac = moved_bytes(q, k, out, True) / ms / 1e9 / copy_tbs

@@ -171,8 +171,10 @@ def test_fp8_quant_bandwidth_plan_and_summary(capsys, monkeypatch):
     assert bw.summarise(rows, 4.28, ["v1", "v2"]) == 1
     assert "75.0% MISMATCH" in capsys.readouterr().out
     tasks = load_script("quant_precompile").tasks()
-    assert {(p, dt, d) for p, dt, d, _ in tasks} == {(p, dt, d) for p in ("v1", "v2") for dt in ("bf16", "fp16")
-                                                     for d in (64, 128, 256)}
+    assert {(p, dt, d) for p, dt, d, _ in tasks} == {(p, dt, d) for p in ("v1", "v2", "v3")
+                                                     for dt in ("bf16", "fp16") for d in (64, 128, 256)
+                                                     if (p, dt) != ("v2", "fp16")}
+    assert len(tasks) == len(set(tasks)) and ("v3", "bf16", 128, "default+tilemajor") in tasks
 
 
 def test_fa3_fp8_speed_ab_summary_and_plan(capsys, monkeypatch):

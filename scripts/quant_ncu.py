@@ -1,0 +1,37 @@
+"""One default-recipe quantisation call per pipeline under Nsight Compute (run by scripts/quant3_gpu.sh).
+
+    ncu --kernel-name regex:QuantPass --launch-skip 6 --launch-count 6 ... python3 scripts/quant_ncu.py
+
+B*N = 16k, H*D = 2048 bf16 at head_dim 128 (64 MiB per 16-bit tensor, as scripts/fp8_quant_bandwidth.py). Each
+pipeline of ``--pipelines`` (default v1,v3) is called once to compile and warm up, then once more: with three
+QuantPass launches per call (v1: V, K, Q after torch's K mean; v3: V with K's sums, K, Q), --launch-skip 6
+--launch-count 6 profiles the second call of each. Prints one line per call.
+"""
+from __future__ import annotations
+
+import argparse
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pipelines", default="v1,v3")
+    parser.add_argument("--head-dim", type=int, default=128)
+    args = parser.parse_args()
+    import torch
+
+    from fa_variants.fp8 import FP8Config, quant_kernel
+
+    d = args.head_dim
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q, k, v = (torch.randn(1, 16384, 2048 // d, d, device="cuda", generator=g).to(torch.bfloat16) for _ in range(3))
+    pipelines = args.pipelines.split(",")
+    for rnd in ("warm", "profiled"):
+        for pipe in pipelines:
+            quant_kernel.quantize(q, k, v, config=FP8Config(), pipeline=pipe)
+            torch.cuda.synchronize()
+            print(f"{rnd} {pipe} D={d}: 3 QuantPass launches", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
