@@ -91,6 +91,22 @@ copy in that model means ~0.10 ms, i.e. ~85% of copy for the bytes actually move
 L2 serves). Not done: one launch for Q, K and V (Q and K have different block heights at head_dim 128, and
 both need the mean), the final sum of the partials inside a kernel (one small torch launch remains).
 
+Pipeline "v3" (``quantize(pipeline="v3")``, opt-in until measured; bench/NOTES.md, "Quantisation pass
+(issue 10): one default-recipe call accounted"): v2 plus two changes of where bytes come from, none of what is
+computed (its outputs equal v2's bit for bit):
+
+* Coalesced loads (``PassConfig.coalesced``): v1 / v2 let each thread cp.async its own 16 channels per slot
+  (two 16-byte pieces), so one load instruction of a warp uses half of every 32-byte sector it touches (the
+  lanes of a token sit 32 bytes apart) and the next instruction fetches the same sectors again. v3 stores each
+  stage in (token, channel) order, 16-byte pieces XOR-swizzled per token (``piece_swizzle``): thread t loads
+  piece t % (D / 8) of tokens t / (D / 8) + m rows / 8, m = 0..7 (``stage_load``; a warp reads 512
+  contiguous bytes), the CTA waits at a barrier, and each thread reads back its own pieces (``stage_piece``;
+  8 threads of a quarter warp hit 8 distinct bank groups, for the reads and for the cp.async writes). The
+  stage a thread refills may have been read by other threads, so it is refilled after the next barrier:
+  S - 1 blocks in flight (S >= 2), the refill issued before the current block is read into registers.
+* Head-major order (``PassConfig.head_major``): blocks walked head fastest, then tile, then batch, so the CTAs
+  in flight read whole token rows (H * D * 2 bytes) instead of one head's slice of every row.
+
 Blocks of more than ``MAX_BLOCK`` values (rows * head_dim > 32768, e.g. tile_n 256 at head_dim 256) do not
 fit one CTA's registers: ``why_not`` says so and ``quantize_fp8`` uses the torch path there, as for head_dim
 96 (H12 x H8, not built here). Not sm_80 / 86: their PTX has no e4m3 conversion (``cvt.rn.satfinite.e4m3x2
@@ -135,7 +151,7 @@ SMEM_PER_SM = 228 * 1024 - 2048  # what resident CTAs may share (1 KB reserved p
 #: the pipelines of ``quantize`` (``pipeline=`` or the environment variable FA_VARIANTS_FP8_QUANT_PIPELINE):
 #: "v1" one launch per tensor, one block of loads in flight per CTA, K's mean by torch; "v2" (see the module
 #: docstring) ``V2_STAGES`` blocks in flight, K's mean as partial sums in V's launch, K's blocks read back to
-#: front. Default "v1" until "v2" is measured on the GPU.
+#: front; "v3" v2 with coalesced loads and head-major order. Default "v1" (v2 measured no faster; v3 unmeasured).
 PIPELINES = ("v1", "v2", "v3")
 DEFAULT_PIPELINE = "v1"
 V2_STAGES = 3
