@@ -249,7 +249,7 @@ def ablation(timer, copy_tbs: float, rows: list[dict], calls: int) -> None:
     q = torch.randn(1, 16384, 16, 128, device="cuda", dtype=torch.bfloat16, generator=g)
     k = (torch.randn(1, 16384, 16, 128, device="cuda", generator=g) + 1).to(torch.bfloat16)
     v = torch.randn(1, 16384, 16, 128, device="cuda", dtype=torch.bfloat16, generator=g)
-    cells = []
+    cells, first = [], None
     for label, (pipe, knobs) in ABLATION.items():
         saved = {name: getattr(quant_kernel, name) for name in knobs}
         try:
@@ -257,13 +257,15 @@ def ablation(timer, copy_tbs: float, rows: list[dict], calls: int) -> None:
                 setattr(quant_kernel, name, value)
             fn = lambda: quant_kernel.quantize(q, k, v, config=FP8Config(), pipeline=pipe)  # noqa: E731
             out = fn()
+            first = out if first is None else first
+            same = matches(out, first)  # every variant computes the same bytes as the first (v3)
             ms, queued = timer.gpu_ms(fn, calls)
             frac = moved_bytes(q, k, out, True) / ms / 1e9 / copy_tbs
         finally:
             for name, value in saved.items():
                 setattr(quant_kernel, name, value)
-        rows.append({"ablation": label, "gpu_ms": ms, "of_copy": frac, "queued": queued})
-        cells.append(f"{label} {100 * frac:.1f}%")
+        rows.append({"ablation": label, "gpu_ms": ms, "of_copy": frac, "queued": queued, "match": same})
+        cells.append(f"{label} {100 * frac:.1f}%" + ("" if same == "ok" else f" ({same} vs v3)"))
     print("ablation (D=128 default recipe, % of copy): " + ", ".join(cells), flush=True)
 
 
