@@ -30,12 +30,13 @@ def tasks() -> list[tuple[str, str, int, str]]:
                                                                                 ("v1", "fp16", d, "head"),
                                                                                 ("v1", "fp16", d, "tensor-plain")]
     out += [("v3", "bf16", 128, f"default+{label}") for label in ABLATION_KNOBS]
+    out += [("v3", "bf16", d, "default+fusedmean") for d in (64, 256)]  # test_v3_fused_mean
     return out
 
 
 # fp8_quant_bandwidth.py --ablation's variants of v3 (quant_kernel's module switches)
 ABLATION_KNOBS = {"nocoalesced": {"V3_COALESCED": False}, "tilemajor": {"V3_HEAD_MAJOR": False},
-                  "stages2": {"V2_STAGES": 2}, "nopdl": {"V2_PDL": False}}
+                  "stages2": {"V2_STAGES": 2}, "nopdl": {"V2_PDL": False}, "fusedmean": {"V3_FUSED_MEAN": True}}
 
 
 def config_of(recipe: str):

@@ -22,7 +22,9 @@ PASSES = [qk.PassConfig(shift=True), qk.PassConfig(smooth=True), qk.PassConfig(r
           # pipeline "v3": v2 + coalesced loads through a swizzled stage + head-major block order
           qk.PassConfig(shift=True, stages=3, pdl=True, coalesced=True, head_major=True),
           qk.PassConfig(smooth=True, stages=3, reverse=True, pdl=True, coalesced=True, head_major=True),
-          qk.PassConfig(role="v", rotate=False, stages=3, kmean=True, coalesced=True, head_major=True)]
+          qk.PassConfig(role="v", rotate=False, stages=3, kmean=True, coalesced=True, head_major=True),
+          qk.PassConfig(role="v", rotate=False, stages=3, kmean=True, coalesced=True, head_major=True,
+                        fused_mean=True)]
 
 
 @pytest.fixture
@@ -36,7 +38,8 @@ def arch(request, monkeypatch):
 @pytest.mark.parametrize("head_dim", qk.HEAD_DIMS)
 @pytest.mark.parametrize("cfg", PASSES, ids=lambda c: f"{c.role}-rot{int(c.rotate)}-sm{int(c.smooth)}-"
                                                      f"sh{int(c.shift)}-{c.mode}-s{c.stages}-km{int(c.kmean)}"
-                                                     f"-rev{int(c.reverse)}-pdl{int(c.pdl)}-co{int(c.coalesced)}")
+                                                     f"-rev{int(c.reverse)}-pdl{int(c.pdl)}-co{int(c.coalesced)}"
+                                                     f"-fm{int(c.fused_mean)}")
 def test_compiles_without_spills(arch, head_dim, cfg):
     """Every pass compiles for Hopper and Ada (no Hopper-only instructions); the SASS has the 16-byte
     cp.async loads (8 per thread, stages + 1 times: the first blocks before the loop, the one S ahead inside
@@ -71,7 +74,10 @@ def test_compiles_without_spills(arch, head_dim, cfg):
         assert ops["F2FP"] == 32 and ops["STG.E.64"] == 0, ops
         assert ops["STG.E.128"] == (4 if cfg.role == "qk" else 0), ops
         words = 16 if cfg.role == "v" else 0
-        assert scalar_stores == words + (cfg.mode == "block") + cfg.shift + (16 if cfg.kmean else 0), ops
+        assert scalar_stores == (words + (cfg.mode == "block") + cfg.shift + (16 if cfg.kmean else 0)
+                                 + (2 if cfg.fused_mean else 0)), ops  # the fused mean: its value, the reset
+    if cfg.fused_mean:  # one gpu-scope atomic per K block (the release fence beside it)
+        assert cubin.count_sass(cubin.sass_of(c.cubin), ("ATOMG",))["ATOMG"] == 1
 
 
 def test_compile_cli_and_refusals(compile_cli):
@@ -91,6 +97,8 @@ def test_compile_cli_and_refusals(compile_cli):
         qk.PassConfig(role="v").check(64)
     with pytest.raises(ValueError, match="partial sums ride on V"):
         qk.PassConfig(kmean=True).check(64)
+    with pytest.raises(ValueError, match="fused mean finishes"):
+        qk.PassConfig(role="v", rotate=False, fused_mean=True).check(64)
     with pytest.raises(ValueError, match="partial sums ride on V"):
         qk.PassConfig(role="v", rotate=False, kmean=True, rows=192).check(64)
     with pytest.raises(ValueError, match="shared memory"):
@@ -284,6 +292,33 @@ def test_v3_equals_v2_bitwise(head_dim):
             assert torch.equal(getattr(a, name).view(torch.uint8), getattr(b, name).view(torch.uint8)), name
         for name in ("q_descale", "k_descale", "v_descale", "k_mean", "lse_shift"):
             assert torch.equal(getattr(a, name), getattr(b, name)), name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", qk.HEAD_DIMS)
+def test_v3_fused_mean(monkeypatch, head_dim):
+    """v3 with K's mean finished in V's launch (``V3_FUSED_MEAN``): the mean within float32 summation's bound of
+    float64, every other output equal to the torch recipe's given that mean bit for bit, the same bits on
+    every call (deterministic order; the counters left at zero for the next call), GQA, batch > 1, odd
+    lengths, one key, no key."""
+    monkeypatch.setattr(qk, "V3_FUSED_MEAN", True)
+    g = torch.Generator(device="cuda").manual_seed(5 * head_dim)
+    for B, Nq, Nk, H, Hkv in ((2, 300, 1001, 8, 2), (1, 7, 1, 2, 1), (1, 5, 0, 2, 2)):
+        q = (torch.randn(B, Nq, H, head_dim, device="cuda", generator=g) * 2).to(torch.bfloat16)
+        k = (torch.randn(B, Nk, Hkv, head_dim, device="cuda", generator=g) + 1.5).to(torch.bfloat16)
+        v = torch.randn(B, Nk, Hkv, head_dim, device="cuda", generator=g).to(torch.bfloat16)
+        first = None
+        for call in range(3):
+            gpu = qk.quantize(q, k, v, pipeline="v3")
+            assert_k_mean_close(gpu.k_mean, k, block_n=gpu.block_n)
+            first = gpu if first is None else first
+            assert torch.equal(gpu.k_mean, first.k_mean), call
+        ref = quantize_fp8_torch(q, k, v, k_mean=gpu.k_mean)
+        for name in ("q", "k", "v_t"):
+            assert torch.equal(getattr(gpu, name).view(torch.uint8), getattr(ref, name).view(torch.uint8)), name
+        for name in ("q_descale", "k_descale", "v_descale"):
+            assert torch.equal(getattr(gpu, name), getattr(ref, name)), name
+        assert_shift_close(gpu.lse_shift, ref.lse_shift, q, ref.k_mean, ref.softmax_scale)
 
 
 @pytest.mark.gpu

@@ -165,6 +165,10 @@ V2_REVERSE = True
 #: ablation of scripts/fp8_quant_bandwidth.py
 V3_COALESCED = True
 V3_HEAD_MAJOR = True
+#: v3: K's mean finished inside V's launch (``PassConfig.fused_mean``): the CTA that adds the last partial of a
+#: (batch, kv-head) sums its partials (no torch sum between V's launch and K's pass). Off: each K block's
+#: release fence (MEMBAR.GPU) may wait for the CTA's cp.async prefetches; the ablation measures it
+V3_FUSED_MEAN = False
 
 
 @dsl_user_op
@@ -255,6 +259,7 @@ class PassConfig:
     pdl: bool = False
     coalesced: bool = False
     head_major: bool = False
+    fused_mean: bool = False
 
     def check(self, head_dim: int) -> None:
         """ValueError for a config or head_dim this pass is not built for."""
@@ -264,6 +269,8 @@ class PassConfig:
         if self.kmean and (self.role != "v" or self.mode == "given" or (self.rows > 128 and self.rows % 128)):
             raise ValueError("fp8-quant: K's partial sums ride on V's pass (role 'v', mode 'block' or 'amax', "
                              "rows <= 128 or a multiple of 128)")
+        if self.fused_mean and not self.kmean:
+            raise ValueError("fp8-quant: the fused mean finishes K's partial sums (kmean)")
         if self.role == "v" and (self.rotate or self.smooth or self.shift):
             raise ValueError("fp8-quant: V is neither rotated nor smoothed")
         if self.shift and self.smooth:
@@ -279,7 +286,8 @@ class PassConfig:
 
     def smem_bytes(self, head_dim: int) -> int:
         """Shared memory of one CTA (bytes, an upper bound): the stages of 16-bit input, signs, mean, maxima."""
-        return 2 * self.stages * self.rows * head_dim + 4 * (3 * head_dim + 64) + 512
+        fused = 4 * (self.rows * head_dim // (VEC * SLOTS)) + 16 if self.fused_mean else 0  # group sums, ticket
+        return 2 * self.stages * self.rows * head_dim + 4 * (3 * head_dim + 64) + 512 + fused
 
     def ctas_per_sm(self, head_dim: int) -> int:
         """Resident CTAs per SM: 512 threads at <= 128 registers, and the stages' shared memory."""
@@ -303,8 +311,8 @@ class QuantPass:
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mY: cute.Tensor, mDescale: cute.Tensor, mSigns: cute.Tensor,
-                 mMean: cute.Tensor, mShift: cute.Tensor, mK: cute.Tensor, mPart: cute.Tensor, scale: Float32,
-                 num_ctas: Int32, stream: cuda.CUstream):
+                 mMean: cute.Tensor, mShift: cute.Tensor, mK: cute.Tensor, mPart: cute.Tensor, mCount: cute.Tensor,
+                 scale: Float32, num_ctas: Int32, stream: cuda.CUstream):
         D = self.head_dim
 
         @cute.struct
@@ -313,9 +321,11 @@ class QuantPass:
             signs: cute.struct.Align[cute.struct.MemRange[Float32, D], 16]
             mean: cute.struct.Align[cute.struct.MemRange[Float32, 2 * D], 16]
             raw: cute.struct.Align[cute.struct.MemRange[self.dtype, self.cfg.stages * self.cfg.rows * D], 128]
+            ticket: cute.struct.Align[cute.struct.MemRange[Int32, 4], 16]
+            sums: cute.struct.Align[cute.struct.MemRange[Float32, self.num_threads if self.cfg.fused_mean else 4], 16]
 
         self.smem_bytes = SharedStorage.size_in_bytes()
-        self.kernel(mX, mY, mDescale, mSigns, mMean, mShift, mK, mPart, scale, SharedStorage).launch(
+        self.kernel(mX, mY, mDescale, mSigns, mMean, mShift, mK, mPart, mCount, scale, SharedStorage).launch(
             grid=(num_ctas, 1, 1), block=[self.num_threads, 1, 1], smem=self.smem_bytes,
             min_blocks_per_mp=self.min_blocks,
             preferred_smem_carveout=-1,  # the driver's default; stated, so compiling needs no GPU
@@ -355,8 +365,8 @@ class QuantPass:
     # ------------------------------------------------------------------------------------------ the kernel
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mY: cute.Tensor, mDescale: cute.Tensor, mSigns: cute.Tensor,
-               mMean: cute.Tensor, mShift: cute.Tensor, mK: cute.Tensor, mPart: cute.Tensor, scale: Float32,
-               SharedStorage: cutlass.Constexpr):
+               mMean: cute.Tensor, mShift: cute.Tensor, mK: cute.Tensor, mPart: cute.Tensor, mCount: cute.Tensor,
+               scale: Float32, SharedStorage: cutlass.Constexpr):
         D, rows, L, S = self.head_dim, self.cfg.rows, self.lanes, self.cfg.stages
         tidx, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
@@ -453,6 +463,8 @@ class QuantPass:
                 # (one barrier per V block) is not broken by the K items, which have no barrier
                 if is_k:
                     self.k_partial_sums(x, mPart, scale, batch, head, tile, tidx)
+                    if const_expr(self.cfg.fused_mean):
+                        self.mean_if_last(mPart, mMean, mCount, storage, batch, head, heads, n_tiles, tidx)
                 else:
                     self.finish_block(x, mX, mY, mDescale, red, parity, batch, head, tile, tidx)
             else:
@@ -481,6 +493,46 @@ class QuantPass:
             c0 = self.chunk_of(tidx, 0) * VEC
             for i in cutlass.range_constexpr(VEC):
                 mPart[batch, head, part, c0 + i] = acc[i] * inv_n
+
+    @cute.jit
+    def mean_if_last(self, mPart: cute.Tensor, mMean: cute.Tensor, mCount: cute.Tensor, storage, batch: Int32,
+                     head: Int32, heads: Int32, n_tiles: Int32, tidx: Int32):
+        """fused_mean, after a K block's partial sums are stored: count the block at its (batch, kv-head)'s
+        counter; the CTA that counts the last of the n_tiles blocks writes K's mean of that (batch, kv-head):
+        thread (g, c) (g < G = threads / D) adds the partials g, g + G, ... of channel c in order, then thread
+        c adds the G group sums in order (deterministic; summation depth P / G + G - 1 <= P, the partials
+        already divided by seqlen_k) into mMean[batch, head, c], and resets the counter to 0 (self-cleaning).
+
+        Memory ordering as the fused split merge of ``hopper.fa3_kernel`` (PTX memory model): every thread's
+        partial stores, a gpu-scope acq_rel fence (release), a CTA barrier, one thread's gpu-scope acq_rel
+        atomic add; its ticket through shared memory and a barrier; in the last CTA every thread fences
+        (acquire) before reading the other CTAs' partials."""
+        D, T = self.head_dim, self.num_threads
+        G = T // D
+        ticket = storage.ticket.get_tensor(cute.make_layout(4))
+        sums = storage.sums.get_tensor(cute.make_layout(T))
+        slot = batch * heads + head
+        cute.arch.fence_acq_rel_gpu()  # release: this thread's partials before the count
+        cute.arch.barrier()
+        if tidx == 0:
+            ticket[0] = cute.arch.atomic_add((mCount.iterator + slot).llvm_ptr, Int32(1), sem="acq_rel", scope="gpu")
+        cute.arch.barrier()
+        if ticket[0] == n_tiles - 1:
+            cute.arch.fence_acq_rel_gpu()  # acquire: the other CTAs' partials, before reading them
+            g = tidx // D
+            c = tidx % D
+            acc = Float32(0.0)
+            for p in cutlass.range(g, mPart.shape[2], G, unroll=4):
+                acc = acc + mPart[batch, head, p, c]
+            sums[tidx] = acc
+            cute.arch.barrier()
+            if tidx < D:
+                total = sums[tidx]
+                for i in cutlass.range_constexpr(1, G):
+                    total = total + sums[tidx + i * D]
+                mMean[batch, head, tidx] = total
+            if tidx == 0:
+                mCount[slot] = Int32(0)
 
     @cute.jit
     def load_block(self, sRaw: cute.Tensor, mX: cute.Tensor, mK: cute.Tensor, batch: Int32, head: Int32,
@@ -691,7 +743,7 @@ class QuantPass:
 # compile registry and host side
 # ---------------------------------------------------------------------------------------------------
 def fake_args(dtype: str, head_dim: int, cfg: PassConfig, align: int = 16):
-    """Fake (x, y, descale, signs, mean, shift, k, part, scale, num_ctas, stream) for compiling: dynamic
+    """Fake (x, y, descale, signs, mean, shift, k, part, count, scale, num_ctas, stream) for compiling: dynamic
     batch / seqlen / heads / strides / grid."""
     from cutlass.cute.runtime import make_fake_stream
 
@@ -705,7 +757,8 @@ def fake_args(dtype: str, head_dim: int, cfg: PassConfig, align: int = 16):
     shift = interop.fake_tensor("fp32", (bs, hs, ns), 4)  # (1, 1, 1) when unused
     k = interop.fake_tensor(dtype, (b, n, h, head_dim), align) if cfg.kmean else x  # x again when unused
     part = interop.fake_tensor("fp32", (bp, hp, np_, head_dim), 4)  # (1, 1, 1, D) when unused
-    return (x, y, descale, signs, mean, shift, k, part, Float32(0.0), Int32(1),
+    count = interop.fake_tensor("int32", (cute.sym_int(),), 4)  # (1,) when unused
+    return (x, y, descale, signs, mean, shift, k, part, count, Float32(0.0), Int32(1),
             make_fake_stream(use_tvm_ffi_env_stream=True))
 
 
@@ -808,12 +861,12 @@ def _signs(device: torch.device, head_dim: int, seed: int | None, negate: bool) 
     return hit
 
 
-def _zeros(device: torch.device, shape: tuple) -> torch.Tensor:
-    """A float32 zeros tensor standing in for an unused argument (made once per process)."""
-    key = (device, shape)
+def _zeros(device: torch.device, shape: tuple, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A zeros tensor standing in for an unused argument (made once per process)."""
+    key = (device, shape, dtype)
     hit = _CONSTANTS.get(key)
     if hit is None:
-        hit = _CONSTANTS[key] = torch.zeros(shape, device=device)
+        hit = _CONSTANTS[key] = torch.zeros(shape, device=device, dtype=dtype)
     return hit
 
 
@@ -822,7 +875,8 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
                     shift_mean: torch.Tensor | None = None, shift_scale: float = 0.0, stages: int = 1,
                     reverse: bool = False, k_of: torch.Tensor | None = None,
                     k_parts: torch.Tensor | None = None, pdl: bool = False, coalesced: bool = False,
-                    head_major: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                    head_major: bool = False, k_count: torch.Tensor | None = None,
+                    k_mean_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One tensor through the pass: (e4m3 data (like x, or v_t for role "v"), descale (B, H, T) float32).
 
     x: (B, N, H, D) float16 / bfloat16 CUDA; block: rows per scale block; signs: float32 (D,) on x's device
@@ -834,7 +888,8 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
     dependent launch; x (and k_of) must then have been ready before the previous kernel on the stream began
     (``PassConfig.pdl``'s prologue reads them before griddepcontrol.wait). coalesced, head_major: the
     ``PassConfig`` switches of pipeline v3 (coalesced needs 2 stages: off where the device's shared memory
-    holds only one)."""
+    holds only one). k_count, k_mean_out (with k_of): int32 (B * H,) zeros, left zero (``workspace``
+    counters), and float32 (B, H, D): K's mean finished in the same launch (``PassConfig.fused_mean``)."""
     B, N, H, D = x.shape
     T_blocks = -(-N // block)
     x = interop.aligned(x)
@@ -856,6 +911,10 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
     shift_t = _zeros(dev, (1, 1, 1)) if shift is None else shift
     k_t = x if k_of is None else interop.aligned(k_of)
     parts_t = _zeros(dev, (1, 1, 1, D)) if k_parts is None else k_parts
+    fused = k_of is not None and k_count is not None
+    count_t = k_count if fused else _zeros(dev, (1,), torch.int32)
+    if fused:
+        mean_t = k_mean_out
     if k_of is not None:
         shift_scale = 1.0 / N  # the kernel's scale argument: float32(1 / seqlen_k) for K's partial sums
     total = B * H * T_blocks
@@ -864,9 +923,10 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
         kmean = k_of is not None and mode != "given"
         cfg = PassConfig(role=role, rotate=rotate, smooth=mean is not None, mode=mode, rows=block,
                          shift=shift is not None and mode != "given", stages=stages, kmean=kmean, reverse=reverse,
-                         pdl=pdl, coalesced=coalesced, head_major=head_major)
+                         pdl=pdl, coalesced=coalesced, head_major=head_major, fused_mean=fused and kmean)
         fn, ctas = _pass(dev, x.dtype, D, cfg)
-        fn(x, y, descale, signs, mean_t, shift_t, k_t, parts_t, shift_scale, min(ctas, total * (2 if kmean else 1)))
+        fn(x, y, descale, signs, mean_t, shift_t, k_t, parts_t, count_t, shift_scale,
+           min(ctas, total * (2 if kmean else 1)))
 
     with torch.cuda.device(dev):
         if granularity == "block":
@@ -878,6 +938,20 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
             descale.copy_(descale_from_amax(_reduce_amax(descale, granularity))[0])
             launch("given")
     return y, descale
+
+
+def _fused_scratch(device: torch.device, B: int, Hkv: int, P: int, D: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """K's partial sums (B, Hkv, P, D) float32 and the (B * Hkv,) int32 counters of the fused mean, from the
+    per-(device, stream) scratch of ``common.workspace`` (counters zero and left zero by the kernel; the partials
+    are consumed inside the launch, so the stream's next user may reuse them)."""
+    from fa_variants.common import workspace
+
+    n_parts, n_count = B * Hkv * P * D, B * Hkv
+
+    def make(partials, counters):
+        return partials[:n_parts].view(B, Hkv, P, D), counters[:n_count]
+
+    return workspace.views(device, n_parts, n_count, ("fp8-quant-kmean", B, Hkv, P, D), make)
 
 
 def k_mean_from_parts(parts: torch.Tensor, seqlen_k: int) -> torch.Tensor:
@@ -921,11 +995,19 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Co
     if config.smooth_k:
         if staged:  # V's launch also sums K per block; K's launch then reads K last block first (L2)
             B, Nk, Hkv, _ = k.shape
-            parts = torch.empty(B, Hkv, -(-Nk // tile_n) * max(1, tile_n // 128), D, dtype=torch.float32,
-                                device=dev)
-            v_t, vd = quantize_tensor(v, role="v", block=tile_n, signs=None, mean=None, rotate=False, k_of=k,
-                                      k_parts=parts, **common)
-            mean = k_mean_from_parts(parts, Nk)
+            P = -(-Nk // tile_n) * max(1, tile_n // 128)
+            if pipe == "v3" and V3_FUSED_MEAN:  # the mean finished in V's launch; scratch from common.workspace
+                parts, counters = _fused_scratch(dev, B, Hkv, P, D)
+                mean = torch.empty(B, Hkv, D, dtype=torch.float32, device=dev)
+                v_t, vd = quantize_tensor(v, role="v", block=tile_n, signs=None, mean=None, rotate=False, k_of=k,
+                                          k_parts=parts, k_count=counters, k_mean_out=mean, **common)
+                if Nk == 0 or B * Hkv == 0:
+                    mean.zero_()
+            else:
+                parts = torch.empty(B, Hkv, P, D, dtype=torch.float32, device=dev)
+                v_t, vd = quantize_tensor(v, role="v", block=tile_n, signs=None, mean=None, rotate=False, k_of=k,
+                                          k_parts=parts, **common)
+                mean = k_mean_from_parts(parts, Nk)
         else:
             mean = k_mean(k)  # subtracted from K before its signs (-s for a negative scale)
         mean_eff = -mean if scale < 0 else mean  # the mean of the K the kernel sees, unrotated
