@@ -6,14 +6,15 @@
 #
 # 1. precompile (14 processes, into the disk cache): every pass of steps 2-4
 # 2. tests/test_fp8_quant_kernel.py GPU tests but v2's per-recipe cases (v1 and v3 vs the torch recipe bit for
-#    bit; v3 == v2 bit for bit; block height 256, zero / subnormal blocks, the pipeline switch)
+#    bit; v3 == v2 bit for bit; the optional fused K mean; block height 256, zero / subnormal blocks, the switch)
 # 3. scripts/fp8_quant_bandwidth.py v1 vs v3, default recipe and no-smooth, B*N = 16k, H*D = 2048, D 64 / 128 / 256
 #    (+ GQA with a tail), % of copy, each call's kernels (torch.profiler), and the ablation at D 128 (v3 without
-#    coalescing, tile-major, 2 stages, no PDL; v2)
+#    coalescing, tile-major, 2 stages, no PDL, + fused mean; v2; each checked against the torch recipe)
 # 4. ncu (SpeedOfLight, MemoryWorkloadAnalysis, Occupancy, LaunchStats) of one default-recipe call of v1 and of
 #    v3 at D 128 (3 QuantPass launches each), summarised per kernel
 # Pass: "== gpu_tests: rc=0" (0 failed), every bandwidth row "ok", "SUMMARY fp8_quant_bandwidth v3: PASS" (>= 70%
-# of copy; otherwise FAIL with the worst row). The ncu lines attribute what is left (DRAM vs L2 vs issue).
+# of copy; otherwise FAIL with the worst row), no "DIFF" in the ablation line. The ncu lines attribute what is
+# left (DRAM vs L2 vs issue).
 set -uo pipefail
 out="${OUT:-results}/quant3"; mkdir -p "$out"
 LOGS="$out"; source "$(dirname "$0")/steps.sh"

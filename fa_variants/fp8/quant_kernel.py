@@ -106,6 +106,12 @@ computed (its outputs equal v2's bit for bit):
   S - 1 blocks in flight (S >= 2), the refill issued before the current block is read into registers.
 * Head-major order (``PassConfig.head_major``): blocks walked head fastest, then tile, then batch, so the CTAs
   in flight read whole token rows (H * D * 2 bytes) instead of one head's slice of every row.
+* Optional (``V3_FUSED_MEAN``, off until measured; ``PassConfig.fused_mean``): K's mean finished inside V's
+  launch instead of by torch's sum of the partials: each K block counts itself at its (batch, kv-head)'s
+  counter (gpu-scope fence + atomic, ``common.workspace``'s self-cleaning counters) and the CTA that counts the
+  last block adds that head's partials in a fixed order (``QuantPass.mean_if_last``): one launch fewer, K's
+  pass may start under V's tail (PDL), at the price of a release fence per K block. Its mean is another
+  summation order than v2's (outputs equal the torch recipe's given that mean, not v2's).
 
 Blocks of more than ``MAX_BLOCK`` values (rows * head_dim > 32768, e.g. tile_n 256 at head_dim 256) do not
 fit one CTA's registers: ``why_not`` says so and ``quantize_fp8`` uses the torch path there, as for head_dim
