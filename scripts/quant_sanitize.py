@@ -11,6 +11,9 @@ from __future__ import annotations
 
 
 def main() -> int:
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     import torch
 
     from fa_variants.fp8 import quant_kernel as qk
