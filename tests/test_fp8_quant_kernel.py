@@ -22,7 +22,7 @@ PASSES = [qk.PassConfig(shift=True), qk.PassConfig(smooth=True), qk.PassConfig(r
           # pipeline "v3": v2 + coalesced loads through a swizzled stage + head-major block order
           qk.PassConfig(shift=True, stages=3, pdl=True, coalesced=True, head_major=True),
           qk.PassConfig(smooth=True, stages=3, reverse=True, pdl=True, coalesced=True, head_major=True),
-          qk.PassConfig(role="v", rotate=False, stages=3, kmean=True, coalesced=True, head_major=True),
+          # (V's coalesced pass with K's sums compiled once, with the fused mean on: a superset of the default)
           qk.PassConfig(role="v", rotate=False, stages=3, kmean=True, coalesced=True, head_major=True,
                         fused_mean=True)]
 
