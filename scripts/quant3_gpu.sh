@@ -19,11 +19,9 @@
 # of copy; otherwise FAIL with the worst row), no "DIFF" in the ablation line. The ncu lines attribute what is
 # left (DRAM vs L2 vs issue).
 set -uo pipefail
-out="${OUT:-results}/quant3"; mkdir -p "$out"
-LOGS="$out"; source "$(dirname "$0")/steps.sh"
-# 8 files under $out (what comes back): env.txt, the 4 step logs, sanitize.log, quant_bw.json, ncu_details.txt
-{ git log --oneline -1; nvidia-smi --query-gpu=name,clocks.max.sm,driver_version --format=csv,noheader; } \
-  > "$out/env.txt" 2>&1
+source "$(dirname "$0")/steps.sh"; help_from_header "$@"
+out="${OUT:-results}/quant3"; session_setup "$out"
+# under $out: commit.txt, gpu.txt, clocks.csv, the 4 step logs, sanitize.log, quant_bw.json, ncu_details.txt
 step precompile 100 python3 scripts/quant_precompile.py --jobs 14
 # racecheck + synccheck of small v3 calls (shared stages, the fused mean's counter) beside the tests
 san=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
@@ -42,7 +40,7 @@ step ncu 60 ncu --kernel-name regex:QuantPass --launch-skip 6 --launch-count 6 -
   python3 scripts/quant_ncu.py --pipelines v1,v3
 ncu --import /tmp/quant_ncu.ncu-rep --page details > "$out/ncu_details.txt" 2>&1
 echo
-cat "$out/env.txt"
+stop_clocks; cat "$out/commit.txt" "$out/gpu.txt"
 grep -E "precompile:|FAILED" "$out/precompile.log" | head -6
 grep -E "^FAILED|passed|failed|error" "$out/gpu_tests.log" | tail -8
 grep -E "ERROR SUMMARY|RACECHECK SUMMARY|CALLS|DIFF|^rc=" "$out/sanitize.log"
