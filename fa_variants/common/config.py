@@ -143,6 +143,11 @@ class Sm90Config:
     exp2_emu: of every 8 consecutive scores of a thread's row, the last exp2_emu (0..8) get their exponential from
         FMAs and integer operations instead of MUFU.EX2 (``common.softmax.exp2_fma_pipe``; constants, accuracy and
         the column choice in ``common.exp2_poly``): for kernels bound by the 16 exp2 per cycle and SM of the MUFU.
+    basis_alpha: (with exp2_ffma) alpha = exp2(B_old - B_new) from the rounded bases B = m c kept per row: one FADD
+        per row instead of two FADDs and an FFMA, no per-tile rounding error of the basis; that error is worked out
+        only inside the rare branch of a row whose |m c| is or was >= 2^11 (``common.softmax``, "Alpha from the
+        bases"). alpha's argument is rounded once (half an ulp of B_old - B_new) instead of exact up to
+        m_old - m_new's rounding: a different last bit, not a worse bound (issue 12, scripts/sass_diff.py).
     pack_group: 0, or (with pack_gqa) the group G = num_heads / num_heads_kv fixed at compile time, for any
         seqlen_q: the kernel itself packs row r of a Q tile as query head r % G (of the KV head) at query
         position r // G (``common.pack_gqa``), masking each row causally by its own position. G must divide
@@ -172,6 +177,7 @@ class Sm90Config:
     fused_merge: bool = False
     early_pv_arrive: bool = False
     exp2_emu: int = 0
+    basis_alpha: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:
@@ -213,6 +219,8 @@ class Sm90Config:
             raise ValueError(f"fused_merge={self.fused_merge!r} must be a bool, True only with split-KV (num_splits != 1)")
         if not isinstance(self.exp2_emu, int) or isinstance(self.exp2_emu, bool) or not 0 <= self.exp2_emu <= 8:
             raise ValueError(f"exp2_emu={self.exp2_emu!r} must be an int in [0, 8] (exp2 computed with FMAs per 8 scores)")
+        if not isinstance(self.basis_alpha, bool) or (self.basis_alpha and not self.exp2_ffma):
+            raise ValueError(f"basis_alpha={self.basis_alpha!r} must be a bool, True only with exp2_ffma=True")
         if self.early_pv_arrive and self.intra_wg_overlap:
             raise ValueError(f"early_pv_arrive needs intra_wg_overlap=False (serial steps) ({self})")
         if not isinstance(self.pdl, bool) or (self.pdl and not arch.startswith("sm_9")):

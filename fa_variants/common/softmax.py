@@ -34,8 +34,18 @@ P(max) = 2^(+-2^-14) rounds to exactly 1 in fp16/bf16 and O = 1 * V / l differs 
 output's half ulp: a row that sees one key returns that key's V exactly (EC-04), as the exact form does. A
 limit of 2^20 broke that in fp16 at logits near -1e4 (H200). Real logits stay far below 2^11 / c.
 
+Alpha from the bases (``basis_alpha``, with exp2_ffma): the rounded basis B = m c is kept per row and alpha =
+exp2(B_old - B_new), one FADD per row instead of the exact error's FFMA and two FADDs. B - B_old is rounded once
+(half an ulp of alpha's argument x <= 0: alpha = 2^x is off by at most ~4e-8 |x| relative, ~2.2e-8 absolute at
+worst, as x 2^x peaks at x = -1/ln 2); P(max) = 2^(m c - B) as above. A huge row (exact form) has the basis m c = B + e,
+e = fma(m, c, -B) exactly: the rare branch, taken when a row of the thread is huge now or was on the last tile,
+adds e_old - e_new to alpha's argument and keeps e (0 for every other row). The kept basis is -inf while a row has
+seen no key (its m), so the first real tile's alpha is exp2(-inf) = 0 however negative its logits (not 2^(-B)).
+
 Row max and row sum reduce over ``chains`` independent accumulators and a small tree (`row_reduce`): a serial
 chain of dependent FMNMX (FADD) over a thread's 32-64 columns is latency-bound while the MUFU waits for m.
+Each chain of the row sum starts at its first P, not at 0 + P (the same bits, as exp2 never returns -0: one FADD
+less per chain and row, for every kernel).
 
 Exponentials on the FMA pipe (``exp2_emu``, for kernels bound by the 16 MUFU.EX2 per cycle and SM): of every 8
 consecutive scores of a thread's row, the last ``exp2_emu`` take `exp2_fma_pipe` (a degree-3 polynomial, relative
@@ -73,6 +83,13 @@ FFMA_LIMIT = 2.0**11
 def f32_bits(x: Float32, *, loc=None, ip=None) -> Int32:
     """The bits of a float32 as an Int32 (a bitcast, no instruction)."""
     return Int32(mlir_arith.bitcast(T.i32(), x.ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
+
+
+@dsl_user_op
+def not_below(x: Float32, limit: float, *, loc=None, ip=None) -> cutlass.Boolean:
+    """x >= limit or x is NaN (an unordered-or-greater-equal compare: one FSETP.GEU), i.e. not (x < limit)."""
+    y = Float32(limit).ir_value(loc=loc, ip=ip)
+    return cutlass.Boolean(mlir_arith.cmpf(mlir_arith.CmpFPredicate.UGE, x.ir_value(loc=loc, ip=ip), y, loc=loc, ip=ip))
 
 
 @dsl_user_op
@@ -127,7 +144,8 @@ class OnlineSoftmax:
     """Running (m, l) for the `num_rows` query rows this thread holds. Build inside a kernel."""
 
     def __init__(self, num_rows: int, scale_log2: Float32, exp2_ffma: bool = False, chains: int = 1,
-                 skip_unit_rescale: bool = False, tile_scales: bool = False, p_shift: float = 0.0, exp2_emu: int = 0):
+                 skip_unit_rescale: bool = False, tile_scales: bool = False, p_shift: float = 0.0, exp2_emu: int = 0,
+                 basis_alpha: bool = False):
         self.num_rows = num_rows
         # of every 8 consecutive scores of a thread's row, the last exp2_emu get their exponential from
         # `exp2_fma_pipe` instead of MUFU.EX2 (common.exp2_poly); 0: every one on MUFU
@@ -147,11 +165,20 @@ class OnlineSoftmax:
         self.row_sum = cute.make_rmem_tensor(num_rows, Float32)
         # m c - B per row (the exact rounding error of the basis; 0 where the exact form ran)
         self.row_err = cute.make_rmem_tensor(num_rows, Float32) if exp2_ffma else None
+        # basis_alpha (needs exp2_ffma): alpha = exp2(B_old - B_new) from the rounded bases B = m c kept per row,
+        # e = m c - B of huge rows only (row_err: 0 for the others), was_huge: a row of this thread was huge
+        # on the last tile (module docstring, "Alpha from the bases")
+        self.basis_alpha = basis_alpha and exp2_ffma and not tile_scales
+        self.row_basis = cute.make_rmem_tensor(num_rows, Float32) if self.basis_alpha else None
+        self.was_huge = cute.make_rmem_tensor(1, Int32) if self.basis_alpha else None
 
     def reset(self):
         """m = -inf, l = 0 (Algorithm 1 line 4)."""
         self.row_max.fill(-Float32.inf)
         self.row_sum.fill(0.0)
+        if const_expr(self.basis_alpha):
+            self.row_err.fill(0.0)
+            self.was_huge[0] = 0
 
     @cute.jit
     def update(self, s: cute.Tensor, is_first: cutlass.Constexpr[bool], tile_scale_log2: Float32 = None) -> cute.Tensor:
@@ -167,6 +194,8 @@ class OnlineSoftmax:
                 m_new, m_safe = self._row_max(s, r, is_first)
                 row_sum = self._exp_row(s, r, m_safe, c, 0.0)
                 self._fold(r, alpha, row_sum, m_new, (self.row_max[r] - m_safe) * c, is_first)
+        elif const_expr(self.basis_alpha):
+            self._update_basis_alpha(s, is_first, alpha)
         else:  # every row's max first (their chains overlap), then one rare branch for huge |m c|
             m_new = cute.make_rmem_tensor(self.num_rows, Float32)
             m_safe = cute.make_rmem_tensor(self.num_rows, Float32)
@@ -177,7 +206,7 @@ class OnlineSoftmax:
             for r in cutlass.range_constexpr(self.num_rows):
                 m_new[r], m_safe[r] = self._row_max(s, r, is_first)
                 b = m_safe[r] * c
-                huge[r] = cute.math.absf(b) >= FFMA_LIMIT or b != b
+                huge[r] = not_below(cute.math.absf(b), FFMA_LIMIT)  # |b| >= 2^11 or NaN
                 any_huge = any_huge or huge[r]
                 basis[r] = 0.0 if huge[r] else b
                 err[r] = 0.0 if huge[r] else cute.math.fma(m_safe[r], c, -b)  # m c - basis, exactly
@@ -195,6 +224,45 @@ class OnlineSoftmax:
         return alpha
 
     @cute.jit
+    def _update_basis_alpha(self, s: cute.Tensor, is_first: cutlass.Constexpr[bool], alpha: cute.Tensor):
+        """`update` with ``basis_alpha`` (module docstring, "Alpha from the bases"): B = m c rounded is kept per
+        row and alpha = exp2(B_old - B_new), one FADD per row; the exact basis error e of a huge row (and of a row
+        that was huge on the previous tile) is only worked out inside the rare branch."""
+        m_new = cute.make_rmem_tensor(self.num_rows, Float32)
+        m_safe = cute.make_rmem_tensor(self.num_rows, Float32)
+        basis = cute.make_rmem_tensor(self.num_rows, Float32)  # what the exponent subtracts (0 for a huge row)
+        log2_alpha = cute.make_rmem_tensor(self.num_rows, Float32)
+        huge = cute.make_rmem_tensor(self.num_rows, cutlass.Boolean)
+        any_huge = self.was_huge[0] != 0
+        for r in cutlass.range_constexpr(self.num_rows):
+            m_new[r], m_safe[r] = self._row_max(s, r, is_first)
+            b_kept = m_new[r] * self.scale_log2  # -inf while the row has seen no key: alpha = exp2(-inf - B) = 0 next
+            b = 0.0 if m_new[r] == -Float32.inf else b_kept  # = m_safe c
+            huge[r] = not_below(cute.math.absf(b), FFMA_LIMIT)  # |b| >= 2^11 or NaN
+            any_huge = any_huge or huge[r]
+            basis[r] = b
+            log2_alpha[r] = self.row_basis[r] - b
+            self.row_basis[r] = b_kept
+        row_err, was_huge, c, n_rows, n_cols = self.row_err, self.was_huge, self.scale_log2, self.num_rows, cute.size(s, mode=[1])
+        if any_huge:  # a row is huge now or was on the last tile: exact form, alpha with the bases' errors
+            now = huge[0]
+            for r in cutlass.range_constexpr(n_rows):
+                b = basis[r]
+                e = cute.math.fma(m_safe[r], c, -b) if huge[r] else Float32(0.0)  # m c - B, exactly
+                log2_alpha[r] = log2_alpha[r] + (row_err[r] - e)  # (B_old + e_old) - (B_new + e_new)
+                row_err[r] = e
+                basis[r] = 0.0 if huge[r] else b
+                shift = m_safe[r] if huge[r] else 0.0
+                for j in cutlass.range_constexpr(n_cols):
+                    s[r, j] = s[r, j] - shift
+                if const_expr(r > 0):
+                    now = now or huge[r]
+            was_huge[0] = Int32(1) if now else Int32(0)
+        for r in cutlass.range_constexpr(self.num_rows):
+            row_sum = self._exp_row(s, r, 0.0, self.scale_log2, basis[r])
+            self._fold(r, alpha, row_sum, m_new[r], log2_alpha[r], is_first)
+
+    @cute.jit
     def _update_tile_scaled(self, s: cute.Tensor, is_first: cutlass.Constexpr[bool], tile_scale_log2: Float32,
                             alpha: cute.Tensor):
         """`update` for block-scaled scores (m in log2 units, see ``__init__``)."""
@@ -205,12 +273,12 @@ class OnlineSoftmax:
             if const_expr(not is_first):
                 m_new = cute.arch.fmax(m_new, m_old)
             m_safe = 0.0 if m_new == -Float32.inf else m_new
-            row_sum = Float32(0.0)
+            row_sum = None  # starts at the first P (as `_exp_row`: the same bits as 0 + P, one FADD less)
             bias = self.p_shift - m_safe
             for c in cutlass.range_constexpr(n_cols):
                 p = self._exp2(s[r, c] * tile_scale_log2 + bias, c)
                 s[r, c] = p
-                row_sum += p
+                row_sum = p if const_expr(c == 0) else row_sum + p
             if const_expr(is_first):
                 alpha[r] = 1.0
                 self.row_sum[r] = row_sum
@@ -232,15 +300,16 @@ class OnlineSoftmax:
     def _exp_row(self, s: cute.Tensor, r: cutlass.Constexpr[int], shift: Float32, c: Float32, basis: Float32):
         """S[r, :] -> P[r, :] = exp2((S - shift) c) (exact form) or exp2(fma(S, c, -basis)) (exp2_ffma);
         returns this thread's part of the row sum (`chains` accumulators)."""
-        sums = [Float32(0.0)] * self.chains
-        for j in cutlass.range_constexpr(cute.size(s, mode=[1])):
+        sums = [None] * self.chains  # each chain starts at its first value: p, not 0 + p (the same bits, one
+        for j in cutlass.range_constexpr(cute.size(s, mode=[1])):  # FADD less per chain; exp2 never gives -0)
             if const_expr(self.exp2_ffma):
                 p = self._exp2(cute.math.fma(s[r, j], c, -basis), j)
             else:
                 p = self._exp2((s[r, j] - shift) * c, j)
             s[r, j] = p
-            sums[j % self.chains] = sums[j % self.chains] + p
-        return _tree(sums, lambda x, y: x + y)
+            k = j % self.chains
+            sums[k] = p if const_expr(sums[k] is None) else sums[k] + p
+        return _tree([x for x in sums if x is not None], lambda x, y: x + y)
 
     def _exp2(self, x: Float32, j: int) -> Float32:
         """2^x for column j of a row: MUFU.EX2, or `exp2_fma_pipe` for the columns ``exp2_emu`` selects."""
