@@ -2,6 +2,7 @@
 
     python3 scripts/fa3_speed_ab.py --out $OUT/fa3ab            # the default plan, ~3-4 min on an H200
     python3 scripts/fa3_speed_ab.py --plan                       # print the plan (no GPU needed)
+    python3 scripts/fa3_speed_ab.py --precompile 16              # the plan's kernels into the disk cache
 
 Variants are fa3's DEFAULT_CONFIGS with switches changed (``VARIANTS``): `old` is the config before issue 12's
 softmax switches (exact exponent, one serial reduction chain, O always rescaled), `new` the current default, and
@@ -11,7 +12,8 @@ of them together (`lean`) at every head dim (D = 256: without first_pv_overwrite
 third round (`o-before-pv`: O rescaled under the next S GEMM, flash-attn-4's RescaleOBeforeGemm; `p2buf`: a second
 P buffer, so that no WGMMA wait sits between the softmax and the next step and the exponentials run under the
 P V GEMM; bench/NOTES.md, "Issue 12, round 3"); issue 12's fourth round (bench/NOTES.md, "Issue 12, round 4":
-flash-attn-4's sm90 choices that ours lacked, and C++ FA3's). The default run (--variants, --seqlens) is round 4's:
+flash-attn-4's sm90 choices that ours lacked, and C++ FA3's); the per-tile instruction gap (`FA3GAP`: basis,
+basis-kv1, basis-256 beside pairs-256 and fa4-256; bench/NOTES.md, "Issue 12, SASS gap"). The default run (--variants, --seqlens) is round 4's:
 old, new, pairs-256, fa4-256, n176, stages3, k-first at N 4k/16k (24 compiles, 72 entries, ~3 min on an H200); the
 earlier variants stay selectable. --peers takes the bench's peer names (flash-attn-4, sdpa-cudnn, ...) or the
 aliases cudnn / fa4 / flash; an unknown name is an error (before 2026-12-01 evening an unknown name such as
@@ -63,9 +65,16 @@ VARIANTS = {
     "n176": ((128,), dict(tile_n=176, convert_pairs=True)),
     "stages3": ((64, 128), dict(stages=3)),
     "k-first": ((128,), dict(k_before_q=True)),
+    # issue 12, per-tile instruction gap (bench/NOTES.md, "Issue 12, SASS gap"; scripts/sass_diff.py): alpha from the
+    # kept bases (Sm90Config.basis_alpha); with one K/V pipeline state at D 128; at D 256 on flash-attn-4's choices
+    "basis": ((64, 128), dict(basis_alpha=True)),
+    "basis-kv1": ((128,), dict(basis_alpha=True, shared_kv_state=True)),
+    "basis-256": ((256,), dict(convert_pairs=True, exp2_ffma=True, reduce_chains=4, rescale_o_before_pv=True,
+                               basis_alpha=True)),
 }
 ROUND3 = ("old", "new", "o-before-pv", "p2buf")
 ROUND4 = ("old", "new", "pairs-256", "fa4-256", "n176", "stages3", "k-first")
+FA3GAP = ("old", "new", "basis", "basis-kv1", "pairs-256", "fa4-256", "basis-256")
 PEERS = ("flash-attn-4", "sdpa-cudnn")
 #: other spellings of the peers accepted by --peers (bench.runtime.build_impls knows only the canonical names)
 PEER_ALIASES = {"cudnn": "sdpa-cudnn", "fa4": "flash-attn-4", "flash": "sdpa-flash"}
@@ -126,10 +135,13 @@ def main() -> int:
     ap.add_argument("--rep-ms", type=int, default=40)
     ap.add_argument("--out", type=Path)
     ap.add_argument("--plan", action="store_true", help="print the shapes, variants and their configs; no GPU")
+    ap.add_argument("--precompile", type=int, default=0, metavar="JOBS",
+                    help="compile every (variant, head_dim, causal) of the plan into the disk cache in JOBS processes "
+                         "and exit (no GPU needed; the timed run then only loads them)")
     a = ap.parse_args()
     variants = [v for v in a.variants.split(",") if v]
     unknown = set(variants) - set(VARIANTS)
-    if unknown or "old" not in variants:
+    if unknown or ("old" not in variants and not (a.plan or a.precompile)):
         ap.error(f"--variants: unknown {sorted(unknown)} (known: {', '.join(VARIANTS)}); 'old' is required")
     try:
         a.peers = ",".join(peer_names(a.peers))
@@ -146,9 +158,41 @@ def main() -> int:
         compiles = len({(s["head_dim"], s["causal"], v) for s in shapes for v in s["variants"]})
         print(f"{len(shapes)} shapes, {compiles} compiles, {entries} entries x {a.rounds} rounds")
         return 0
+    if a.precompile:
+        return precompile(shapes, a.dtype, a.precompile)
     if a.out is None:
-        ap.error("--out is required (unless --plan)")
+        ap.error("--out is required (unless --plan or --precompile)")
     return run(a, shapes)
+
+
+def compile_items(shapes, dtype: str) -> list[tuple]:
+    """(variant, head_dim, causal, dtype) of every kernel the plan runs, once each."""
+    return sorted({(v, s["head_dim"], s["causal"], dtype) for s in shapes for v in s["variants"]})
+
+
+def _compile_one(item) -> str:
+    import os
+
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    from fa_variants import registry
+
+    name, d, causal, dtype = item
+    t = time.time()
+    registry.compiled(registry.static_config("fa3", "sm_90a", dtype, d, causal, variant_config(name, d)))
+    return f"{name} D={d} {'causal' if causal else 'full'} {dtype}: {time.time() - t:.0f} s"
+
+
+def precompile(shapes, dtype: str, jobs: int) -> int:
+    """Compile the plan's kernels in `jobs` processes (spawned: the DSL is not fork-safe) into the disk cache."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    items, t0 = compile_items(shapes, dtype), time.time()
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        for line in pool.map(_compile_one, items):
+            print(line, flush=True)
+    print(f"precompiled {len(items)} kernels in {time.time() - t0:.0f} s")
+    return 0
 
 
 def run(a, shapes) -> int:
@@ -172,6 +216,8 @@ def run(a, shapes) -> int:
             rows.append(one_shape(shape, peers, dtype, a, torch, do_bench, core, fa3))
             print(_line(rows[-1]), f"[{time.time() - t0:.0f} s]", flush=True)
             (a.out / "ab.json").write_text(json.dumps(rows, indent=1))
+    except KeyboardInterrupt:  # a time limit (SIGINT): the table and SUMMARY of the shapes done so far
+        print(f"INTERRUPTED after {len(rows)} of {len(shapes)} shapes [{time.time() - t0:.0f} s]", flush=True)
     finally:
         smi.terminate()
     md = ["| D | N | causal | " + "entry TFLOP/s (spread) | " + "new/old | new/fa4 | new/cuDNN | max diff vs old |",

@@ -5,6 +5,7 @@ Hopper features issue 5 asks for (WGMMA, TMA loads and stores, register realloca
 HGMMA > 0, UTMALDG > 0, USETMAXREG > 0 and LDL = STL = 0 (each compile is cached per process).
 """
 import dataclasses
+import re
 
 import pytest
 
@@ -100,7 +101,8 @@ def _speed_ab():
     ("old", 128, False), ("new", 64, True), ("new", 256, False), ("lean", 64, True), ("lean", 128, False),
     ("lean", 128, True), ("lean-256", 256, True), ("p2buf", 128, False), ("o-before-pv", 256, True),
     ("pairs-256", 256, False), ("fa4-256", 256, True), ("n176", 128, False), ("n176", 128, True),
-    ("stages3", 64, True), ("stages3", 128, False), ("k-first", 128, True)])
+    ("stages3", 64, True), ("stages3", 128, False), ("k-first", 128, True), ("basis", 64, True), ("basis", 128, False),
+    ("basis-kv1", 128, True), ("basis-256", 256, True)])
 def test_speed_ab_variants_compile_without_spills(name, head_dim, causal):
     """scripts/fa3_speed_ab.py's variants build with no spills; `new` is the default and has no serial FMNMX
     chain (it runs 4 chains) and one FFMA per score instead of FADD + FMUL. `lean` (issue 12's structural
@@ -211,7 +213,7 @@ def test_speed_ab_plan(capsys):
     ab = _speed_ab()
     shapes = ab.plan([64, 128, 256], [1024, 4096, 16384], (False, True), list(ab.VARIANTS))
     assert len(shapes) == 18 and all(s["batch"] * s["seqlen"] >= 16384 and "old" in s["variants"] for s in shapes)
-    assert {s["head_dim"]: len(s["variants"]) for s in shapes} == {64: 6, 128: 11, 256: 6}
+    assert {s["head_dim"]: len(s["variants"]) for s in shapes} == {64: 7, 128: 13, 256: 7}
     import sys
     argv, sys.argv = sys.argv, ["fa3_speed_ab.py", "--plan"]
     try:
@@ -219,3 +221,27 @@ def test_speed_ab_plan(capsys):
     finally:
         sys.argv = argv
     assert "12 shapes, 24 compiles, 72 entries" in capsys.readouterr().out  # the default: round 4, N 4k/16k
+
+
+def _hot_mainloop(head_dim, config) -> list[str]:
+    """The D x non-causal mainloop without the blocks of >= 32 instructions a forward branch jumps over (the huge-logit
+    path; at D 64 also O's rescale, skipped when no row max moved): scripts/sass_diff.py --skip-jumps 32."""
+    from helpers import load_script
+
+    sd = load_script("sass_diff")
+    instrs, labels = sd.parse(cubin.sass_of(_compiled(head_dim, False, config).cubin))
+    body = sd.loops(instrs, labels, 200)[0]
+    return [t for _, t in sd.drop_cold(body, labels, sd.long_jumps(body, labels, 32))]
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_basis_alpha_shortens_the_softmax(head_dim):
+    """Issue 12, SASS gap (bench/NOTES.md): every row-sum chain starts at its first P (no FADD from RZ, default), and
+    Sm90Config.basis_alpha takes alpha from the kept bases: >= 8 fewer instructions per K/V tile on the path run
+    when no logit is huge (nvidia-cutlass-dsl 4.8.1, D 128: 487 -> 476; flash-attn-4 457), the same exponentials."""
+    config = fa3.DEFAULT_CONFIGS[head_dim]
+    base = _hot_mainloop(head_dim, config)
+    basis = _hot_mainloop(head_dim, dataclasses.replace(config, basis_alpha=True))
+    assert not any(re.match(r"FADD R\d+, RZ, ", t) for t in base), "a row-sum chain started from 0"
+    assert len(basis) <= len(base) - 8, (len(base), len(basis))
+    assert sum(t.startswith("MUFU.EX2") for t in basis) == sum(t.startswith("MUFU.EX2") for t in base)

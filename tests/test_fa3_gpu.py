@@ -153,6 +153,46 @@ def test_round4_variants(name, head_dim, config, causal):
         _check(q, k, v, causal, config=config, what=f"{name} fp16 D={head_dim} causal={causal}")
 
 
+def _fa3gap():
+    """(name, head_dim, config) of scripts/fa3_speed_ab.py's per-tile gap variants (FA3GAP), as the A/B times them."""
+    from helpers import load_script
+
+    ab = load_script("fa3_speed_ab")
+    return [(name, d, ab.variant_config(name, d)) for name in ab.FA3GAP if name not in ("old", "new")
+            for d in ab.VARIANTS[name][0]]
+
+
+FA3GAP = _fa3gap()
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("name, head_dim, config", FA3GAP, ids=[f"{n}-d{d}" for n, d, _ in FA3GAP])
+def test_fa3gap_variants(name, head_dim, config, causal):
+    """Issue 12, the SASS gap (alpha from the kept bases, Sm90Config.basis_alpha; one K/V state; flash-attn-4's D 256
+    choices): odd lengths, one K/V tile and several, Nq != Nk both ways (causal rows that see no key), GQA, fp16;
+    then EC-04's logit shifts (every logit of a row shifted by a b softmax_scale: |m c| from ~500, the one-FFMA
+    form, to +-1.3e5, the exact form's rare branch), where at D 64 (192-row tiles, causal) rows 0-127 find their
+    first K/V tile fully masked before logits near -1e5: their alpha must be 0, not inf (0 * inf = NaN)."""
+    from fa_variants.reference import references, rel_l2
+
+    for shape in [(2, 1023, 1023, 4, 2), (1, 257, 4224, 2, 2), (1, 77, 77, 2, 2), (1, 300, 129, 2, 1)]:
+        q, k, v = _qkv(*shape, head_dim, BF16)
+        _check(q, k, v, causal, config=config, what=f"{name} D={head_dim} causal={causal} {shape}")
+    if config.basis_alpha:  # (pairs-256 and fa4-256 ran fp16 in round 4's test)
+        q, k, v = _qkv(2, 1023, 1023, 4, 2, head_dim, F16)
+        _check(q, k, v, causal, config=config, what=f"{name} fp16 D={head_dim} causal={causal}")
+    for a, b in [(-64, 64), (-256, 256), (-1024, 1024), (1024, 1024)]:
+        q, k, v = _qkv(1, 257, 257, 2, 2, head_dim, BF16)
+        q[..., 0], k[..., 0] = a, b
+        scale = 1.0 / math.sqrt(head_dim)
+        out, lse = fa3.run(q, k, v, causal=causal, softmax_scale=scale, config=config)
+        want = references(q, k, v, causal=causal, softmax_scale=scale).out
+        assert not torch.isnan(out).any() and not torch.isnan(lse).any(), (name, a, b)
+        assert rel_l2(out, want) < (1e-1 if abs(a * b) >= 1048576 else 2e-2), (name, a, b, rel_l2(out, want))
+        if causal:  # row 0 sees key 0 alone: weight exactly 1
+            assert torch.equal(out[:, 0], v[:, 0]), (name, a, b)
+
+
 def test_two_consumer_warpgroups_d64():
     """D=64 defaults to three consumer warpgroups (tile_m = 192, a ping-pong ring of three named
     barriers, covered by the matrix); the two-warpgroup tile must stay right too."""

@@ -360,3 +360,22 @@ def test_decode_compile_jobs_are_one_piece(monkeypatch, capsys):
     monkeypatch.setattr(diskcache, "enabled", lambda: False)
     assert ab.compile_all(listed, 2, "decode3_precompile") == 0
     assert "decode3_precompile: skipped" in capsys.readouterr().out
+
+
+def test_fa3_speed_ab_fa3gap_plan(capsys, monkeypatch):
+    """scripts/fa3_speed_ab.py on the CPU: the fa3gap plan (scripts/fa3gap_gpu.sh) compiles 24 kernels, each once,
+    basis_alpha only where exp2_ffma is on; --precompile and --plan need no 'old'; unknown variants are refused."""
+    ab = load_script("fa3_speed_ab")
+    shapes = ab.plan((64, 128, 256), (4096, 16384), (False, True), list(ab.FA3GAP))
+    items = ab.compile_items(shapes, "bf16")
+    assert len(items) == 24 == len(set(items))
+    for name, d, _causal, _dtype in items:
+        cfg = ab.variant_config(name, d)
+        assert not cfg.basis_alpha or cfg.exp2_ffma, (name, d)
+        cfg.check(d)
+    monkeypatch.setattr("sys.argv", ["fa3_speed_ab.py", "--plan", "--variants", "basis,basis-256"])
+    assert ab.main() == 0
+    assert "basis_alpha=True" in capsys.readouterr().out
+    monkeypatch.setattr("sys.argv", ["fa3_speed_ab.py", "--out", "x", "--variants", "new,nope"])
+    with pytest.raises(SystemExit):
+        ab.main()
