@@ -98,8 +98,8 @@ def drop_cold(body: list[tuple[int, str]], labels: dict[str, int], cold: list[st
 
 
 def long_jumps(body: list[tuple[int, str]], labels: dict[str, int], min_len: int) -> list[str]:
-    """Labels of the forward branches in body to a label inside it that jump over at least min_len instructions (ours: the
-    huge-logit branch of the softmax, ~66 instructions at head_dim 128)."""
+    """Labels of the forward branches in body to a label inside it that jump over at least min_len instructions
+    (ours: the huge-logit branch of the softmax, ~66 instructions at head_dim 128)."""
     addrs = [a for a, _ in body]
     out = []
     for i, (addr, text) in enumerate(body):

@@ -236,14 +236,16 @@ class OnlineSoftmax:
         any_huge = self.was_huge[0] != 0
         for r in cutlass.range_constexpr(self.num_rows):
             m_new[r], m_safe[r] = self._row_max(s, r, is_first)
-            b_kept = m_new[r] * self.scale_log2  # -inf while the row has seen no key: alpha = exp2(-inf - B) = 0 next
+            b_kept = m_new[r] * self.scale_log2  # -inf while the row has seen no key: next alpha = exp2(-inf) = 0
             b = 0.0 if m_new[r] == -Float32.inf else b_kept  # = m_safe c
             huge[r] = not_below(cute.math.absf(b), FFMA_LIMIT)  # |b| >= 2^11 or NaN
             any_huge = any_huge or huge[r]
             basis[r] = b
             log2_alpha[r] = self.row_basis[r] - b
             self.row_basis[r] = b_kept
-        row_err, was_huge, c, n_rows, n_cols = self.row_err, self.was_huge, self.scale_log2, self.num_rows, cute.size(s, mode=[1])
+        # (locals: what the run-time branch below writes must not be reached through self)
+        row_err, was_huge, c = self.row_err, self.was_huge, self.scale_log2
+        n_rows, n_cols = self.num_rows, cute.size(s, mode=[1])
         if any_huge:  # a row is huge now or was on the last tile: exact form, alpha with the bases' errors
             now = huge[0]
             for r in cutlass.range_constexpr(n_rows):
