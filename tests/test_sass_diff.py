@@ -68,3 +68,15 @@ def test_cli_table(tmp_path, capsys):
     assert rows["FFMA"] == ["1", "1", "+0"] and rows["BRA"] == ["2", "1", "-1"]
     assert rows["TOTAL"] == ["5", "4", "-1"]
     assert sd.main([str(tmp_path / "a.sass"), str(tmp_path / "b.sass"), "--min-size", "3", "--pair", "0:1"]) == 2
+
+
+def test_sass_dump_changes():
+    """scripts/sass_dump.py's --set pairs: bools and ints as Sm90Config changes; a bad pair is a ValueError."""
+    import pytest
+
+    dump = load_script("sass_dump")
+    assert dump.parse_changes(["basis_alpha=True", "tile_n=176", "pingpong=False"]) == dict(
+        basis_alpha=True, tile_n=176, pingpong=False)
+    for bad in ["basis_alpha", "=1", "basis_alpha=yes"]:
+        with pytest.raises(ValueError, match="--set"):
+            dump.parse_changes([bad])

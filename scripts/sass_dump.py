@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""SASS of the fa3 forward (ours) or of flash-attn-4's sm90 forward, compiled on the CPU (no GPU), for
+scripts/sass_diff.py (issue 12; bench/NOTES.md, "Issue 12, SASS gap").
+
+    python3 scripts/sass_dump.py ours --head-dim 128 --out ours.sass [--causal] [--dtype fp16] [--set basis_alpha=True]
+    python3 scripts/sass_dump.py fa4 --head-dim 128 --out fa4.sass  [--causal] [--dtype fp16]
+    python3 scripts/sass_diff.py ours.sass fa4.sass --skip-jumps 32
+
+ours: ``hopper.fa3.DEFAULT_CONFIGS[head_dim]`` with the ``--set`` changes (Sm90Config fields; True/False, ints),
+through the compile cache (``registry.compiled``). fa4: flash-attn-4 (4.0.0b36 was read; with quack-kernels, and
+einops for its import) must be importable (``--fa4-path DIR`` is put first on sys.path, e.g. a ``pip install
+--target DIR --no-deps flash-attn-4==4.0.0b36 quack-kernels==0.6.5 einops``); its ``_flash_attn_fwd`` runs under
+torch's FakeTensorMode with FLASH_ATTENTION_ARCH=sm_90, every ``cute.compile`` asked to keep its cubin; batch 2,
+seqlen 4096, heads * head_dim = 2048 (the shapes only pick the kernel: one per head dim, causal, dtype). Both use
+CUTE_DSL_ARCH=sm_90a and nvdisasm (``common.cubin.sass_of``). Prints the cubin's resources.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's fa_variants
+
+
+def parse_changes(items: list[str]) -> dict:
+    """--set k=v pairs as Sm90Config changes: True/False as bools, digits as ints; ValueError naming a bad one."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set {item!r}: expected FIELD=VALUE")
+        if value in ("True", "False"):
+            out[key] = value == "True"
+        elif value.lstrip("-").isdigit():
+            out[key] = int(value)
+        else:
+            raise ValueError(f"--set {item!r}: VALUE must be True, False or an int")
+    return out
+
+
+def ours_cubin(head_dim: int, causal: bool, dtype: str, changes: dict) -> bytes:
+    from fa_variants import registry
+    from fa_variants.hopper import fa3
+
+    config = dataclasses.replace(fa3.DEFAULT_CONFIGS[head_dim], **changes)
+    return registry.compiled(registry.static_config("fa3", "sm_90a", dtype, head_dim, causal, config)).cubin
+
+
+def fa4_cubin(head_dim: int, causal: bool, dtype: str) -> bytes:
+    os.environ.setdefault("FLASH_ATTENTION_ARCH", "sm_90")
+    os.environ.setdefault("FLASH_ATTENTION_NUM_SMS", "132")
+    import cutlass.cute as cute
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    compiled, original, dump = [], cute.compile, tempfile.mkdtemp(prefix="fa4_sass_")
+
+    def keep_cubin(*args, options="", **kwargs):
+        compiled.append(original(*args, options=f"{options} --keep-cubin --dump-dir {dump}", **kwargs))
+        return compiled[-1]
+
+    cute.compile = keep_cubin
+    try:
+        from flash_attn.cute import interface
+
+        torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            q, k, v = (torch.empty(2, 4096, 2048 // head_dim, head_dim, dtype=torch_dtype, device="cuda")
+                       for _ in range(3))
+            interface._flash_attn_fwd(q, k, v, causal=causal, return_lse=True)
+    finally:
+        cute.compile = original
+    if not compiled:
+        raise RuntimeError("flash-attn-4 compiled nothing (a kernel cached in this process?)")
+    return compiled[-1].artifacts.CUBIN
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("impl", choices=["ours", "fa4"])
+    ap.add_argument("--head-dim", type=int, required=True, choices=[64, 96, 128, 256])
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="ours: Sm90Config change")
+    ap.add_argument("--fa4-path", type=Path, help="fa4: a folder with flash_attn, quack and einops")
+    ap.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args(argv)
+    try:
+        changes = parse_changes(a.set)
+    except ValueError as exc:
+        ap.error(str(exc))
+    if changes and a.impl == "fa4":
+        ap.error("--set applies to ours only")
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    if a.fa4_path:
+        sys.path.insert(0, str(a.fa4_path))
+    from fa_variants.common import cubin as cb
+
+    blob = ours_cubin(a.head_dim, a.causal, a.dtype, changes) if a.impl == "ours" else fa4_cubin(a.head_dim, a.causal, a.dtype)
+    print(cb.cubin_resources(blob))
+    a.out.write_text(cb.sass_of(blob))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
