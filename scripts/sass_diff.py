@@ -16,8 +16,8 @@ LABEL`` (``-b``) names the label that a forward branch over it targets: the inst
 are left out (the path executed when the branch is taken); ``--skip-jumps N`` does it for every forward branch
 over N or more instructions, in both. ``--list`` prints the compared loops' instructions.
 
-SASS from nvdisasm -c (``fa_variants.common.cubin.sass_of``, or `fa-variants compile ... --sass`'s cubin, or
-CUTE_DSL_KEEP=sass). Pure Python, no GPU.
+SASS from nvdisasm -c: scripts/sass_dump.py writes ours and flash-attn-4's (or ``fa_variants.common.cubin.sass_of``,
+or CUTE_DSL_KEEP=sass). Pure Python, no GPU.
 
     python3 scripts/sass_diff.py ours.sass fa4.sass [--min-size 200] [--pair 0:0] [--labels ours fa4] [--skip-jumps 32]
 """
