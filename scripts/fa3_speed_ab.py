@@ -138,6 +138,9 @@ def main() -> int:
     ap.add_argument("--precompile", type=int, default=0, metavar="JOBS",
                     help="compile every (variant, head_dim, causal) of the plan into the disk cache in JOBS processes "
                          "and exit (no GPU needed; the timed run then only loads them)")
+    ap.add_argument("--precompile-fa4", action="store_true",
+                    help="with --precompile: flash-attn-4's kernels of the plan too, into its disk cache (needs "
+                         "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 here and in the timed run)")
     a = ap.parse_args()
     variants = [v for v in a.variants.split(",") if v]
     unknown = set(variants) - set(VARIANTS)
@@ -159,7 +162,7 @@ def main() -> int:
         print(f"{len(shapes)} shapes, {compiles} compiles, {entries} entries x {a.rounds} rounds")
         return 0
     if a.precompile:
-        return precompile(shapes, a.dtype, a.precompile)
+        return precompile(shapes, a.dtype, a.precompile, a.precompile_fa4)
     if a.out is None:
         ap.error("--out is required (unless --plan or --precompile)")
     return run(a, shapes)
@@ -182,16 +185,48 @@ def _compile_one(item) -> str:
     return f"{name} D={d} {'causal' if causal else 'full'} {dtype}: {time.time() - t:.0f} s"
 
 
-def precompile(shapes, dtype: str, jobs: int) -> int:
-    """Compile the plan's kernels in `jobs` processes (spawned: the DSL is not fork-safe) into the disk cache."""
+def _compile_fa4(item) -> str:
+    """flash-attn-4's kernel for one shape into its disk cache (FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 must be
+    set for the timed run too), compiled on fake tensors (scripts/sass_dump.py)."""
+    import os
+
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    import sass_dump
+
+    d, causal, dtype, batch, seqlen = item
+    t = time.time()
+    done = sass_dump.fa4_compile(d, causal, dtype, batch, seqlen, keep_cubin=False)
+    return f"flash-attn-4 D={d} N={seqlen} {'causal' if causal else 'full'} {dtype}: " + (
+        f"{time.time() - t:.0f} s" if done else "cached")
+
+
+def precompile(shapes, dtype: str, jobs: int, fa4: bool = False) -> int:
+    """Compile the plan's kernels in `jobs` processes (spawned: the DSL is not fork-safe) into the disk cache; with
+    ``fa4`` flash-attn-4's too (its own disk cache: FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1, checked here)."""
     import multiprocessing
+    import os
     from concurrent.futures import ProcessPoolExecutor
 
     items, t0 = compile_items(shapes, dtype), time.time()
+    peers = []
+    if fa4:
+        if os.environ.get("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED") != "1":
+            print("--precompile-fa4 needs FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 (for this run and the timed one)",
+                  file=sys.stderr)
+            return 2
+        # one per (head_dim, causal) first, the other seqlens after (cache hits if the key ignores the seqlen)
+        peers = sorted({(s["head_dim"], s["causal"], dtype, s["batch"], s["seqlen"]) for s in shapes},
+                       key=lambda p: (p[4] != shapes[0]["seqlen"], p))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # sass_dump, in the spawned processes too
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(_compile_fa4, p) for p in peers[:len({p[:2] for p in peers})]]
         for line in pool.map(_compile_one, items):
             print(line, flush=True)
-    print(f"precompiled {len(items)} kernels in {time.time() - t0:.0f} s")
+        for f in futures:
+            print(f.result(), flush=True)
+        for p in peers[len(futures):]:
+            print(pool.submit(_compile_fa4, p).result(), flush=True)
+    print(f"precompiled {len(items)} kernels{' + flash-attn-4' if fa4 else ''} in {time.time() - t0:.0f} s")
     return 0
 
 

@@ -3,8 +3,8 @@
 #
 #   source .gpu/env.sh; scripts/fa3gap_gpu.sh          (repository root; writes under $OUT; --help: this text)
 #
-# 0. scripts/fa3_speed_ab.py --precompile: the A/B plan's kernels (bf16) and the fp16 ones the tests run, in 12 + 8
-#    processes into the disk cache (the tests and the A/B then only load them).
+# 0. scripts/fa3_speed_ab.py --precompile: the A/B plan's kernels (bf16; flash-attn-4's too, into its disk cache) and
+#    the fp16 ones the tests run, in 12 + 8 processes into the disk cache (the tests and the A/B only load them).
 # 1. GPU tests vs float64: tests/test_fa3_gpu.py -k "fa3gap or matrix or rows_that_see_no_key or softmax_scales"
 #    (the new variants basis / basis-kv1 / basis-256 and pairs-256 / fa4-256: odd lengths, causal, Nq != Nk, GQA,
 #    fp16, EC-04 logit shifts up to +-1.3e5 with fully masked first tiles; the default kernels, whose row sums now
@@ -24,9 +24,11 @@ LOGS="$out/logs"; source "$(dirname "$0")/steps.sh"
 git log --oneline -1 > "$out/logs/commit.txt" 2>&1
 AB="--variants old,new,basis,basis-kv1,pairs-256,fa4-256,basis-256"
 FP16="--dtype fp16 --variants new,basis,basis-kv1,basis-256 --seqlens 4096"  # (new: the fp16 matrix at D 128)
-# 24 bf16 + 14 fp16 kernels, both pools at once (20 processes on 16 cores)
-step precompile 80 bash -c "python3 scripts/fa3_speed_ab.py --precompile 12 $AB & python3 scripts/fa3_speed_ab.py \
-  --precompile 8 $FP16 & wait"
+# flash-attn-4's kernels too, into its own disk cache (compiled on fake tensors; the A/B then loads them)
+export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR="$out/fa4cache"
+# 24 bf16 + 6 flash-attn-4 + 14 fp16 kernels, both pools at once (20 processes on 16 cores)
+step precompile 80 bash -c "python3 scripts/fa3_speed_ab.py --precompile 12 --precompile-fa4 $AB & a=\$!; \
+  python3 scripts/fa3_speed_ab.py --precompile 8 $FP16 & b=\$!; trap 'kill -INT \$a \$b' INT; wait"
 NPROC=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8" || echo "")
 # split-KV and GQA packing off: every default-config call runs the precompiled default kernel (no compile here)
 step pytest 40 env FA_VARIANTS_SPLIT_KV=0 FA_VARIANTS_PACK_GQA=0 python3 -m pytest -q $NPROC -m gpu -p no:cacheprovider \

@@ -50,7 +50,11 @@ def ours_cubin(head_dim: int, causal: bool, dtype: str, changes: dict) -> bytes:
     return registry.compiled(registry.static_config("fa3", "sm_90a", dtype, head_dim, causal, config)).cubin
 
 
-def fa4_cubin(head_dim: int, causal: bool, dtype: str) -> bytes:
+def fa4_compile(head_dim: int, causal: bool, dtype: str, batch: int = 2, seqlen: int = 4096,
+                keep_cubin: bool = True) -> list:
+    """flash-attn-4's sm90 forward for (batch, seqlen, 2048 / head_dim heads, head_dim) under FakeTensorMode: what
+    ``cute.compile`` returned meanwhile (empty when its kernel came from a cache: in this process, or on disk
+    with FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1, which a compile here also fills)."""
     os.environ.setdefault("FLASH_ATTENTION_ARCH", "sm_90")
     os.environ.setdefault("FLASH_ATTENTION_NUM_SMS", "132")
     import cutlass.cute as cute
@@ -59,23 +63,30 @@ def fa4_cubin(head_dim: int, causal: bool, dtype: str) -> bytes:
 
     compiled, original, dump = [], cute.compile, tempfile.mkdtemp(prefix="fa4_sass_")
 
-    def keep_cubin(*args, options="", **kwargs):
-        compiled.append(original(*args, options=f"{options} --keep-cubin --dump-dir {dump}", **kwargs))
+    def compile_keeping(*args, options="", **kwargs):
+        extra = f" --keep-cubin --dump-dir {dump}" if keep_cubin else ""
+        compiled.append(original(*args, options=options + extra, **kwargs))
         return compiled[-1]
 
-    cute.compile = keep_cubin
+    cute.compile = compile_keeping
     try:
         from flash_attn.cute import interface
 
         torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
         with FakeTensorMode(allow_non_fake_inputs=True):
-            q, k, v = (torch.empty(2, 4096, 2048 // head_dim, head_dim, dtype=torch_dtype, device="cuda")
+            q, k, v = (torch.empty(batch, seqlen, 2048 // head_dim, head_dim, dtype=torch_dtype, device="cuda")
                        for _ in range(3))
             interface._flash_attn_fwd(q, k, v, causal=causal, return_lse=True)
     finally:
         cute.compile = original
+    return compiled
+
+
+def fa4_cubin(head_dim: int, causal: bool, dtype: str) -> bytes:
+    compiled = fa4_compile(head_dim, causal, dtype)
     if not compiled:
-        raise RuntimeError("flash-attn-4 compiled nothing (a kernel cached in this process?)")
+        raise RuntimeError("flash-attn-4 compiled nothing (its kernel came from a cache: unset "
+                           "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED)")
     return compiled[-1].artifacts.CUBIN
 
 

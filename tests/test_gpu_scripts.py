@@ -379,3 +379,6 @@ def test_fa3_speed_ab_fa3gap_plan(capsys, monkeypatch):
     monkeypatch.setattr("sys.argv", ["fa3_speed_ab.py", "--out", "x", "--variants", "new,nope"])
     with pytest.raises(SystemExit):
         ab.main()
+    monkeypatch.delenv("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", raising=False)  # flash-attn-4's cache must be on
+    monkeypatch.setattr("sys.argv", ["fa3_speed_ab.py", "--precompile", "1", "--precompile-fa4", "--variants", "new"])
+    assert ab.main() == 2
