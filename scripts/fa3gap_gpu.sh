@@ -18,10 +18,8 @@
 # round 4 (the default's trim is -10 of ~500 instructions per tile: within noise), basis/new 1.00-1.02 at D 64/128,
 # basis-256/fa4-256 1.00-1.03; a variant is worth a default if x/new >= 1.02 on every shape of its head dim.
 set -uo pipefail
-if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then sed -n '2,19p' "$0"; exit 0; fi
-out="${OUT:-results/fa3gap}"; mkdir -p "$out"/logs
-LOGS="$out/logs"; source "$(dirname "$0")/steps.sh"
-git log --oneline -1 > "$out/logs/commit.txt" 2>&1
+source "$(dirname "$0")/steps.sh"; help_from_header "$@"
+out="${OUT:-results/fa3gap}"; session_setup "$out/logs"
 AB="--variants old,new,basis,basis-kv1,pairs-256,fa4-256,basis-256"
 FP16="--dtype fp16 --variants new,basis,basis-kv1,basis-256 --seqlens 4096"  # (new: the fp16 matrix at D 128)
 # flash-attn-4's kernels too, into its own disk cache (compiled on fake tensors; the A/B then loads them)
