@@ -22,12 +22,23 @@ FlashAttention papers' setup (batch * seqlen = 16384 tokens, heads * head_dim = 
 TFLOP/s = 4 B H N^2 D / time (halved for causal).
 
 Protocol: every variant compiles and runs once outside the timing (its max |difference| to `old` is reported);
-each (variant or peer) is warmed up for --warmup-ms once per shape; then --rounds rounds, each timing every
-entry once (triton do_bench median, --rep-ms), the order rotated by one entry per round. Reported per entry: the
-median TFLOP/s over rounds, the spread (max - min) / median between rounds, and per-round ratios to `old`
-and to flash-attn-4 (median over rounds). nvidia-smi logs SM clock, power and temperature every 500 ms to
+then, per shape, one of two protocols (--protocol; a comma list runs each in turn on every shape, e.g. to compare):
+- `paired` (default; fa_variants.bench.paired): each entry is a CUDA graph of as many calls as fill --burst-ms;
+  --warmup-ms of bursts of all entries first (the power-capped steady state), then --rounds rounds of --cycles
+  cycles, each cycle one burst per entry, orders rotated and every second cycle reversed (ABC CBA); a ratio sample
+  is the pair of cycles' times, its median over rounds and a bootstrap 95% interval are reported, and an A/A
+  control (`old`'s callable timed again as entry AA) gives the noise band: a verdict "faster" / "slower" needs the
+  interval to exclude 1 and the median to differ from 1 by more than the A/A band, else "same". Variants whose
+  configs are equal (old and new at D 256) are timed once and their ratio is the A/A control's, marked "A/A".
+  The SM clock and power are read by NVML during every burst.
+- `rounds` (before 2026-12-01): each entry warmed up for --warmup-ms once per shape; --rounds rounds, each timing
+  every entry once (triton do_bench median, --rep-ms), the order rotated by one entry per round; ratios are
+  medians of per-round ratios. Its A/A test (old vs new at D 256) spread 0.94-0.98 on an H200 at its power cap.
+Reported per entry: the median TFLOP/s over rounds, the spread (max - min) / median between rounds' median times,
+and ratios to `old` and to flash-attn-4. nvidia-smi logs SM clock, power and temperature every 500 ms to
 clocks.csv beside ab.json and ab.md. The last lines printed are the summary: new / old, new / flash-attn-4,
-new / cuDNN per shape.
+new / cuDNN per shape, x / new and x / flash-attn-4 per other variant; with `paired`, then the A/A interval and
+band, and the intervals and verdicts of new/old, new/fa4, new/cudnn and x/new.
 """
 from __future__ import annotations
 
@@ -79,6 +90,8 @@ PEERS = ("flash-attn-4", "sdpa-cudnn")
 #: other spellings of the peers accepted by --peers (bench.runtime.build_impls knows only the canonical names)
 PEER_ALIASES = {"cudnn": "sdpa-cudnn", "fa4": "flash-attn-4", "flash": "sdpa-flash"}
 KNOWN_PEERS = ("flash-attn-4", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "sdpa-math")
+PROTOCOLS = ("paired", "rounds")
+WARMUP_MS = {"paired": 500, "rounds": 100}
 
 
 def variant_config(name: str, head_dim: int):
@@ -118,8 +131,19 @@ def summary_lines(rows: list[dict]) -> list[str]:
                         for k in r["ratio_to_new"] if k not in ("old", "new") and k in VARIANTS)
         out.append(f"SUMMARY D={r['head_dim']} N={r['seqlen']} {'causal' if r['causal'] else 'full'}: "
                    f"{r['ratio_to_old'].get('new', nan):.3f} {r['ratio_new_to'].get('flash-attn-4', nan):.3f} "
-                   f"{r['ratio_new_to'].get('sdpa-cudnn', nan):.3f} | {per}")
+                   f"{r['ratio_new_to'].get('sdpa-cudnn', nan):.3f} | {per}" + interval_columns(r))
     return out
+
+
+def interval_columns(r: dict) -> str:
+    """The paired protocol's columns of a SUMMARY line: the A/A control's interval and band, then each reported
+    ratio's interval and verdict ("" for rows of the rounds protocol, which have none)."""
+    if "aa" not in r:
+        return f" | protocol {r['protocol']}" if "protocol" in r else ""
+    aa = r["aa"]
+    cols = "; ".join(f"{k} {v['median']:.3f} [{v['lo']:.3f},{v['hi']:.3f}] {v['verdict']}{' A/A' if v['aa'] else ''}"
+                     for k, v in r["intervals"].items())
+    return f" | A/A [{aa['lo']:.3f},{aa['hi']:.3f}] band {aa['band']:.3f} | {cols}"
 
 
 def main() -> int:
@@ -130,9 +154,14 @@ def main() -> int:
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     ap.add_argument("--variants", default=",".join(ROUND4), help=f"subset of {', '.join(VARIANTS)}")
     ap.add_argument("--peers", default=",".join(PEERS))
+    ap.add_argument("--protocol", default="paired",
+                    help="paired (default), rounds (the protocol before 2026-12-01), or a comma list: each in turn")
     ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--warmup-ms", type=int, default=100)
-    ap.add_argument("--rep-ms", type=int, default=40)
+    ap.add_argument("--warmup-ms", type=int, default=None,
+                    help="per shape: paired 500 (bursts of all entries), rounds 100 (each entry)")
+    ap.add_argument("--rep-ms", type=int, default=40, help="rounds: do_bench's rep per entry and round")
+    ap.add_argument("--cycles", type=int, default=4, help="paired: cycles per round (even)")
+    ap.add_argument("--burst-ms", type=float, default=20.0, help="paired: length of one burst (a CUDA graph)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--plan", action="store_true", help="print the shapes, variants and their configs; no GPU")
     ap.add_argument("--precompile", type=int, default=0, metavar="JOBS",
@@ -150,6 +179,11 @@ def main() -> int:
         a.peers = ",".join(peer_names(a.peers))
     except ValueError as exc:
         ap.error(str(exc))
+    a.protocols = [p for p in a.protocol.split(",") if p]
+    if not a.protocols or set(a.protocols) - set(PROTOCOLS):
+        ap.error(f"--protocol: {a.protocol!r} (known: {', '.join(PROTOCOLS)}, or a comma list of them)")
+    if a.cycles < 2 or a.cycles % 2:
+        ap.error(f"--cycles: must be even and >= 2, got {a.cycles}")
     causals = {"both": (False, True), "yes": (True,), "no": (False,)}[a.causal]
     shapes = plan([int(x) for x in a.head_dims.split(",")], [int(x) for x in a.seqlens.split(",")], causals, variants)
     if a.plan:
@@ -232,11 +266,8 @@ def precompile(shapes, dtype: str, jobs: int, fa4: bool = False) -> int:
 
 def run(a, shapes) -> int:
     import torch
-    from triton.testing import do_bench
 
-    from fa_variants.bench import core
     from fa_variants.bench.runtime import build_impls
-    from fa_variants.hopper import fa3
 
     a.out.mkdir(parents=True, exist_ok=True)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[a.dtype]
@@ -248,11 +279,16 @@ def run(a, shapes) -> int:
     rows, t0 = [], time.time()
     try:
         for shape in shapes:
-            rows.append(one_shape(shape, peers, dtype, a, torch, do_bench, core, fa3))
-            print(_line(rows[-1]), f"[{time.time() - t0:.0f} s]", flush=True)
-            (a.out / "ab.json").write_text(json.dumps(rows, indent=1))
+            fns, keys, errors, diffs = shape_entries(shape, peers, dtype, torch)
+            for protocol in a.protocols:
+                rows.append(time_shape(shape, protocol, fns, keys, a, dtype, errors, diffs))
+                print(_line(rows[-1]), f"[{time.time() - t0:.0f} s]", flush=True)
+                (a.out / "ab.json").write_text(json.dumps(rows, indent=1))
+            del fns
+            torch.cuda.empty_cache()
     except KeyboardInterrupt:  # a time limit (SIGINT): the table and SUMMARY of the shapes done so far
-        print(f"INTERRUPTED after {len(rows)} of {len(shapes)} shapes [{time.time() - t0:.0f} s]", flush=True)
+        print(f"INTERRUPTED after {len(rows)} of {len(shapes) * len(a.protocols)} rows [{time.time() - t0:.0f} s]",
+              flush=True)
     finally:
         smi.terminate()
     md = ["| D | N | causal | " + "entry TFLOP/s (spread) | " + "new/old | new/fa4 | new/cuDNN | max diff vs old |",
@@ -263,17 +299,22 @@ def run(a, shapes) -> int:
     return 0
 
 
-def one_shape(shape, peers, dtype, a, torch, do_bench, core, fa3) -> dict:
+def shape_entries(shape, peers, dtype, torch) -> tuple[dict, dict, dict, dict]:
+    """One shape's callables (variants of fa3 and the peers on the same inputs), each compiled and run once:
+    (name -> fn, name -> key (the variant's config; None for peers), name -> error of the entries that failed,
+    name -> max |output - old's|)."""
+    from fa_variants.hopper import fa3
+
     d, n, causal, batch, heads = (shape[k] for k in ("head_dim", "seqlen", "causal", "batch", "heads"))
     g = torch.Generator(device="cuda").manual_seed(n * 1000 + d + causal)
     q, k, v = (torch.randn(batch, n, heads, d, device="cuda", dtype=dtype, generator=g) for _ in range(3))
     scale = d ** -0.5
-    fns = {}
+    fns, keys = {}, {}
     for name in shape["variants"]:
-        cfg = variant_config(name, d)
+        cfg = keys[name] = variant_config(name, d)
         fns[name] = lambda cfg=cfg: fa3.run(q, k, v, causal=causal, softmax_scale=scale, config=cfg)
     for p in peers:
-        fns[p.name] = lambda p=p: p.fn(q, k, v, causal)
+        fns[p.name], keys[p.name] = (lambda p=p: p.fn(q, k, v, causal)), None
     outs, errors = {}, {}
     for name, fn in fns.items():  # compile + first run outside the timing
         try:
@@ -285,25 +326,75 @@ def one_shape(shape, peers, dtype, a, torch, do_bench, core, fa3) -> dict:
     torch.cuda.synchronize()
     fns = {k_: f for k_, f in fns.items() if k_ not in errors}
     diffs = {name: (o - outs["old"]).abs().max().item() for name, o in outs.items()}
+    return fns, keys, errors, diffs
+
+
+def time_rounds(fns: dict, a) -> dict[str, list[float]]:
+    """The protocol before 2026-12-01: name -> per-round do_bench medians (ms), order rotated by one per round."""
+    from triton.testing import do_bench
+
     for fn in fns.values():
-        do_bench(fn, warmup=a.warmup_ms, rep=1)
+        do_bench(fn, warmup=WARMUP_MS["rounds"] if a.warmup_ms is None else a.warmup_ms, rep=1)
     names = list(fns)
     times = {name: [] for name in names}
     for r in range(a.rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
             times[name].append(do_bench(fns[name], warmup=10, rep=a.rep_ms, return_mode="median"))
+    return times
+
+
+def time_paired(fns: dict, keys: dict, a, timer=None):
+    """The paired protocol (fa_variants.bench.paired) against `old`, with its A/A control; equal configs timed
+    once. ``timer``: a BurstTimer (default: the GPU's runtime.GraphBurstTimer)."""
+    from fa_variants.bench import paired
+
+    if timer is None:
+        from fa_variants.bench.runtime import GraphBurstTimer
+
+        timer = GraphBurstTimer()
+    entries = [paired.Entry(name, fn, keys.get(name)) for name, fn in fns.items()]
+    return paired.paired_ab(entries, "old", timer, rounds=a.rounds, cycles=a.cycles, burst_ms=a.burst_ms,
+                            warmup_ms=WARMUP_MS["paired"] if a.warmup_ms is None else a.warmup_ms)
+
+
+def time_shape(shape, protocol: str, fns: dict, keys: dict, a, dtype, errors: dict, diffs: dict, timer=None) -> dict:
+    """One row of the table: the shape's entries timed by `protocol` ("paired" or "rounds")."""
+    from fa_variants.bench import core
+
+    from fa_variants.bench.paired import Entry, canonical_names
+
+    names = list(fns)
+    same = {n: m for n, m in canonical_names([Entry(n, f, keys.get(n)) for n, f in fns.items()]).items() if n != m}
+    extra = {}
+    if protocol == "paired":
+        res = time_paired(fns, keys, a, timer)
+        times = {name: res.times(name) for name in names}
+        ratio = res.median_ratio
+        aa = res.aa()
+        from fa_variants.bench.paired import aa_band
+
+        pairs = [("new", "old"), ("new", "flash-attn-4"), ("new", "sdpa-cudnn")] + [
+            (x, "new") for x in names if x not in ("old", "new") and x in VARIANTS]
+        extra = dict(aa=dict(median=aa.median, lo=aa.lo, hi=aa.hi, band=aa_band(aa), samples=aa.samples),
+                     intervals={f"{x}/{y}": dataclasses.asdict(res.ratio(x, y)) for x, y in pairs
+                                if x in fns and y in fns},
+                     clocks={name: res.clocks(name) for name in names}, how=res.how, paired=res.to_dict())
+    else:
+        times = time_rounds(fns, a)
+
+        def ratio(x, y):  # > 1: x faster than y; median of per-round ratios
+            return statistics.median(ty / tx for tx, ty in zip(times[x], times[y]))
+
+    d, n, causal, batch, heads = (shape[k] for k in ("head_dim", "seqlen", "causal", "batch", "heads"))
     flops = core.attention_flops(batch, heads, n, n, d, causal)
-
-    def ratio(x, y):  # > 1: x faster than y; median of per-round ratios
-        return statistics.median(ty / tx for tx, ty in zip(times[x], times[y]))
-
-    return dict(shape, dtype=str(dtype).removeprefix("torch."), times_ms=times, errors=errors, max_diff_vs_old=diffs,
+    return dict(shape, dtype=str(dtype).removeprefix("torch."), protocol=protocol, same_config=same, times_ms=times,
+                errors=errors, max_diff_vs_old=diffs,
                 tflops={k_: core.tflops(flops, statistics.median(ts)) for k_, ts in times.items()},
                 spread={k_: (max(ts) - min(ts)) / statistics.median(ts) for k_, ts in times.items()},
                 ratio_to_old={k_: ratio(k_, "old") for k_ in names if k_ != "old"},
                 ratio_new_to={k_: ratio("new", k_) for k_ in names if k_ != "new" and "new" in times},
                 ratio_to_new={k_: ratio(k_, "new") for k_ in names if k_ != "new" and "new" in times},
-                ratio_to_fa4={k_: ratio(k_, "flash-attn-4") for k_ in names if "flash-attn-4" in times})
+                ratio_to_fa4={k_: ratio(k_, "flash-attn-4") for k_ in names if "flash-attn-4" in times}, **extra)
 
 
 def _line(r: dict) -> str:
@@ -314,6 +405,8 @@ def _line(r: dict) -> str:
             f"{r['ratio_new_to'].get('sdpa-cudnn', nan):.3f} | "
             f"{max((x for k, x in r['max_diff_vs_old'].items() if k in VARIANTS), default=nan):.2e} |"
             + " new/x: " + ", ".join(f"{k} {x:.3f}" for k, x in r["ratio_new_to"].items())
+            + "".join(f" [{k} = {m}: same config]" for k, m in r.get("same_config", {}).items())
+            + (f" [{r['protocol']}]" if "protocol" in r else "")
             + (f" errors: {r['errors']}" if r["errors"] else ""))
 
 

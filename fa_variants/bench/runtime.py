@@ -7,6 +7,7 @@ import importlib.metadata
 import importlib.util
 import itertools
 import math
+import os
 import time
 import warnings
 from typing import Callable
@@ -273,6 +274,131 @@ def event_ms(fn: Callable[[], object]) -> float:
     end.record()
     end.synchronize()
     return start.elapsed_time(end)
+
+
+class NvmlClock:
+    """SM clock (MHz) and power draw (W) of one CUDA device, read through NVML (libnvidia-ml, loaded by ctypes:
+    no Python package needed). The device is found by its PCI bus id (NVML ignores CUDA_VISIBLE_DEVICES).
+    ``read()`` returns (nan, nan) when NVML is unavailable (``self.error`` says why)."""
+
+    SM = 1  # NVML_CLOCK_SM
+
+    def __init__(self, device_index: int = 0):
+        import ctypes
+
+        self.error, self._lib, self._handle = "", None, None
+        try:
+            import torch
+
+            p = torch.cuda.get_device_properties(device_index)
+            lib = ctypes.CDLL("libnvidia-ml.so.1")
+            handle = ctypes.c_void_p()
+            if hasattr(p, "pci_bus_id"):
+                bus_id = f"{getattr(p, 'pci_domain_id', 0):08x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
+                find = ("nvmlDeviceGetHandleByPciBusId_v2", (bus_id.encode(), ctypes.byref(handle)))
+            else:  # NVML's index: the device's entry in CUDA_VISIBLE_DEVICES when that lists numbers
+                listed = [x for x in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip()]
+                index = int(listed[device_index]) if device_index < len(listed) and listed[device_index].isdigit() \
+                    else device_index
+                find = ("nvmlDeviceGetHandleByIndex_v2", (ctypes.c_uint(index), ctypes.byref(handle)))
+            for call, args in (("nvmlInit_v2", ()), find):
+                rc = getattr(lib, call)(*args)
+                if rc:
+                    raise OSError(f"{call} returned {rc}")
+            self._lib, self._handle = lib, handle
+        except Exception as exc:  # noqa: BLE001 - no NVML: clocks are simply not reported
+            self.error = f"{type(exc).__name__}: {short_error(exc)[:100]}"
+
+    def read(self) -> tuple[float, float]:
+        if self._lib is None:
+            return math.nan, math.nan
+        import ctypes
+
+        mhz, mw = ctypes.c_uint(), ctypes.c_uint()
+        rc_clock = self._lib.nvmlDeviceGetClockInfo(self._handle, self.SM, ctypes.byref(mhz))
+        rc_power = self._lib.nvmlDeviceGetPowerUsage(self._handle, ctypes.byref(mw))
+        return (math.nan if rc_clock else float(mhz.value)), (math.nan if rc_power else mw.value / 1e3)
+
+
+class GraphBurstTimer:
+    """The GPU timer of ``bench.paired.paired_ab``: each entry's burst is a CUDA graph of ``calls`` back-to-back
+    calls (as many as fill the requested burst length), replayed between two CUDA events, so that there is no host
+    gap inside a burst; while it runs, the host reads the SM clock and power by NVML every ~1 ms.
+
+    An entry whose calls cannot be captured (an exception during capture, or a graph that runs in under half the
+    time of the same calls launched eagerly, i.e. work that escaped the capture) is timed with the same calls
+    launched eagerly between the events instead (``prepare`` says which). No L2 flush between calls: a burst is
+    the same call repeated, as in a model's layers; for compute-bound shapes both sides of a ratio see the same."""
+
+    def __init__(self, graphs: bool = True, clock: NvmlClock | None = None):
+        import torch
+
+        self.torch, self.graphs = torch, graphs
+        self.clock = clock if clock is not None else NvmlClock(torch.cuda.current_device())
+        self._runs: dict[str, tuple[Callable[[], None], int]] = {}
+
+    def _eager_ms(self, fn, calls: int) -> float:
+        t = self.torch
+        start, end = t.cuda.Event(enable_timing=True), t.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / calls
+
+    def _capture(self, fn, calls: int):
+        t = self.torch
+        side = t.cuda.Stream()
+        side.wait_stream(t.cuda.current_stream())
+        with t.cuda.stream(side):  # warm-up on a side stream, as torch.cuda.graphs asks before a capture
+            for _ in range(2):
+                fn()
+        t.cuda.current_stream().wait_stream(side)
+        graph = t.cuda.CUDAGraph()
+        with t.cuda.graph(graph):
+            for _ in range(calls):
+                fn()
+        t.cuda.synchronize()
+        return graph
+
+    def prepare(self, name: str, fn: Callable[[], object], burst_ms: float) -> str:
+        fn()
+        est = self._eager_ms(fn, 3)
+        calls = max(1, round(burst_ms / max(est, 1e-3)))
+        how = f"eager x {calls}"
+        run = lambda: [fn() for _ in range(calls)]  # noqa: E731
+        if self.graphs:
+            try:
+                graph = self._capture(fn, calls)
+                graph.replay()
+                graph_ms = self._eager_ms(graph.replay, 1) / calls
+                if graph_ms < 0.5 * est:
+                    how = f"eager x {calls} (graph {graph_ms:.3f} ms/call vs eager {est:.3f}: work escaped the capture)"
+                else:
+                    run, how = graph.replay, f"graph x {calls}"
+            except Exception as exc:  # noqa: BLE001 - not capturable: eager bursts
+                self.torch.cuda.synchronize()
+                how = f"eager x {calls} (capture failed: {type(exc).__name__}: {short_error(exc)[:80]})"
+        self._runs[name] = (run, calls)
+        return how
+
+    def burst(self, name: str) -> tuple[float, int, float, float]:
+        t = self.torch
+        run, calls = self._runs[name]
+        start, end = t.cuda.Event(enable_timing=True), t.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        reads = []
+        while not end.query():
+            reads.append(self.clock.read())
+            time.sleep(0.001)
+        end.synchronize()
+        got = [r for r in reads if not math.isnan(r[0])]
+        mhz = sum(r[0] for r in got) / len(got) if got else math.nan
+        watts = sum(r[1] for r in got) / len(got) if got else math.nan
+        return start.elapsed_time(end) / calls, calls, mhz, watts
 
 
 def versions() -> dict[str, str]:

@@ -1,0 +1,152 @@
+"""fa_variants.bench.paired (the paired A/B protocol) on the CPU, with fake timers: a GPU whose clock wanders by
++-6% over time (as at an H200's power cap), per-burst noise, and entries whose true times are known."""
+import math
+import random
+
+import pytest
+from helpers import load_script
+
+from fa_variants.bench import paired
+
+
+class FakeGpu:
+    """A BurstTimer: an entry's fn() returns its true ms per call; a burst takes that times a clock factor that
+    wanders slowly with the simulated time (amplitude `wander`, period `period_ms`), times (1 + noise) per burst."""
+
+    def __init__(self, wander=0.06, period_ms=900.0, noise=0.01, seed=0):
+        self.wander, self.period_ms, self.noise = wander, period_ms, noise
+        self.rng, self.now, self.true_ms, self.calls, self.prepared = random.Random(seed), 0.0, {}, {}, []
+
+    def prepare(self, name, fn, burst_ms):
+        self.prepared.append(name)
+        self.true_ms[name] = fn()
+        self.calls[name] = max(1, round(burst_ms / self.true_ms[name]))
+        return f"fake x {self.calls[name]}"
+
+    def factor(self):
+        return 1 + self.wander * math.sin(2 * math.pi * self.now / self.period_ms)
+
+    def burst(self, name):
+        calls = self.calls[name]
+        ms = self.true_ms[name] * self.factor() * (1 + self.rng.gauss(0, self.noise))
+        self.now += ms * calls
+        return ms, calls, 1800 / self.factor(), 700.0
+
+
+def entries(true_ms, keys=None):
+    """Entries name -> fn returning true_ms[name] (the fake's time per call), keys from `keys`."""
+    keys = keys or {}
+    return [paired.Entry(n, lambda t=t: t, keys.get(n)) for n, t in true_ms.items()]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_two_percent_slower_is_resolved_and_aa_is_equal(seed):
+    """B 2% slower than A (and C = A under another key) under +-6% clock wander and 1% noise per burst: B/A is
+    called "slower" (A/B "faster") with an interval around 0.98 that excludes 1, C/A "same", and the automatic A/A
+    control's interval holds 1 and is narrower than the 2% effect."""
+    gpu = FakeGpu(seed=seed)
+    res = paired.paired_ab(entries({"A": 1.0, "B": 1.02, "C": 1.0}), "A", gpu, rounds=6, cycles=8, warmup_ms=200, seed=seed)
+    b = res.ratio("B", "A")
+    assert b.verdict == "slower" and b.lo < 1 / 1.02 < b.hi and b.hi < 1, b
+    assert res.ratio("A", "B").verdict == "faster"
+    assert res.ratio("C", "A").verdict == "same" and not res.ratio("C", "A").aa
+    aa = res.aa()
+    assert aa.lo <= 1 <= aa.hi and paired.aa_band(aa) < 0.01, aa
+    assert gpu.prepared == ["A", "B", "C", paired.AA]
+    lines = paired.report_lines(res, [("B", "A"), ("C", "A")])
+    assert lines[0].startswith("A/A AA/A:") and "BIASED" not in lines[0]
+    assert lines[1].startswith("B/A: 0.9") and "slower" in lines[1] and abs(b.median - 1 / 1.02) < 0.005
+
+
+def test_unpaired_timing_of_the_same_fake_gpu_is_not_resolved():
+    """The reason for pairing: the same wander timed one entry per stretch of time (rounds protocol) moves a ratio
+    by more than the 2% effect, while paired bursts cancel it (the interval above stays within +-1%)."""
+    gpu = FakeGpu(noise=0.0, wander=0.06, period_ms=900.0)
+    gpu.true_ms, gpu.calls = {"A": 1.0, "B": 1.0}, {"A": 200, "B": 200}  # 200 ms per entry per round, one after the other
+    ratios = []
+    for _ in range(6):
+        a, b = gpu.burst("A")[0], gpu.burst("B")[0]
+        ratios.append(a / b)
+    assert max(ratios) - min(ratios) > 0.04
+
+
+def test_identical_keys_are_timed_once_and_reported_as_aa():
+    """Two names of one config (old and new at head_dim 256): `new` is not timed; new/old is the A/A control's
+    numbers, marked aa, verdict "same"; the other entry's ratios to either name are equal."""
+    gpu = FakeGpu(seed=3)
+    res = paired.paired_ab(entries({"old": 1.0, "new": 1.0, "fa4": 0.97}, keys={"old": "cfg", "new": "cfg"}), "old", gpu,
+                           rounds=4, cycles=4, warmup_ms=50)
+    assert gpu.prepared == ["old", "fa4", paired.AA] and res.alias["new"] == "old"
+    r = res.ratio("new", "old")
+    assert r.aa and r.verdict == "same" and (r.median, r.lo, r.hi) == (res.aa().median, res.aa().lo, res.aa().hi)
+    assert res.median_ratio("new", "old") == res.aa().median and res.median_ratio("old", "old") == 1.0
+    assert res.ratio("fa4", "new").median == res.ratio("fa4", "old").median > 1.02
+    assert res.ratio("fa4", "old").verdict == "faster" and res.times("new") == res.times("old")
+    assert any("same key, not timed apart" in line for line in paired.report_lines(res, [("new", "old")]))
+
+
+def test_schedule_balances_positions():
+    """Over a round's cycle pairs every entry sits at every position equally often, and each odd cycle is the
+    previous one reversed (ABC CBA: a linear drift over the pair falls equally on all entries)."""
+    names = ["a", "b", "c"]
+    seen = {n: [0, 0, 0] for n in names}
+    for c in range(6):
+        order = paired.schedule(names, 1, c)
+        assert sorted(order) == names
+        if c % 2:
+            assert order == paired.schedule(names, 1, c - 1)[::-1]
+        for pos, n in enumerate(order):
+            seen[n][pos] += 1
+    assert all(v == [2, 2, 2] for v in seen.values())
+
+
+@pytest.mark.parametrize("median, lo, hi, band, want", [
+    (1.02, 1.01, 1.03, 0.005, "faster"), (0.98, 0.97, 0.99, 0.005, "slower"),
+    (1.02, 0.99, 1.05, 0.0, "same"),  # the interval holds 1
+    (1.008, 1.004, 1.012, 0.01, "same"),  # excludes 1, but within the A/A band
+])
+def test_verdict(median, lo, hi, band, want):
+    assert paired.verdict(median, lo, hi, band) == want
+
+
+def test_bootstrap_is_deterministic_and_covers_the_median():
+    rng = random.Random(5)
+    groups = [[1 + rng.gauss(0, 0.01) for _ in range(4)] for _ in range(6)]
+    got = paired.bootstrap_median(groups, seed=1)
+    assert got == paired.bootstrap_median(groups, seed=1) and got[1] < got[0] < got[2] and got[2] - got[1] < 0.03
+    assert all(math.isnan(x) for x in paired.bootstrap_median([[], []]))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(baseline="Z"), "baseline"), (dict(rounds=0), "rounds"), (dict(cycles=3), "cycles"),
+    (dict(burst_ms=0), "burst_ms"), (dict(names=("A", "A")), "repeated"), (dict(names=("A", "AA")), "reserved"),
+])
+def test_bad_arguments(kwargs, match):
+    names = kwargs.pop("names", ("A", "B"))
+    baseline = kwargs.pop("baseline", "A")
+    with pytest.raises(ValueError, match=match):
+        paired.paired_ab([paired.Entry(n, lambda: 1.0) for n in names], baseline, FakeGpu(), **kwargs)
+
+
+def test_fa3_speed_ab_paired_row_and_summary():
+    """scripts/fa3_speed_ab.py's paired protocol on a fake timer (no GPU): at head_dim 256 old and new share a
+    config, so `new` is reported as the A/A pair; the SUMMARY line keeps its leading columns and adds the A/A
+    interval and each ratio's interval and verdict."""
+    ab = load_script("fa3_speed_ab")
+
+    class Args:
+        rounds, cycles, burst_ms, warmup_ms = 4, 4, 20.0, 50
+
+    fns = {"old": lambda: 1.0, "new": lambda: 1.0, "fa4-256": lambda: 0.97, "flash-attn-4": lambda: 0.95}
+    keys = {"old": ab.variant_config("old", 256), "new": ab.variant_config("new", 256),
+            "fa4-256": ab.variant_config("fa4-256", 256), "flash-attn-4": None}
+    gpu = FakeGpu(seed=4)
+    shape = ab.plan((256,), (16384,), (False,), ["old", "new", "fa4-256"])[0]
+    row = ab.time_shape(shape, "paired", fns, keys, Args, "bf16", {}, {}, timer=gpu)
+    assert row["same_config"] == {"new": "old"} and row["intervals"]["new/old"]["aa"]
+    assert row["intervals"]["fa4-256/new"]["verdict"] == "faster"
+    assert row["intervals"]["new/flash-attn-4"]["verdict"] == "slower"
+    head, line = ab.summary_lines([row])
+    assert line.startswith(f"SUMMARY D=256 N=16384 full: {row['ratio_to_old']['new']:.3f} ")
+    assert " | A/A [" in line and "new/old " in line and "same A/A" in line and "fa4-256/new 1.0" in line
+    assert "[new = old: same config]" in ab._line(row)
