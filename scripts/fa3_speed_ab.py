@@ -191,6 +191,13 @@ def main() -> int:
             for v in variants:
                 if d in VARIANTS[v][0]:
                     print(f"D={d} {v}: {variant_config(v, d)}")
+        from fa_variants.bench.paired import Entry, canonical_names
+
+        for d in sorted({s["head_dim"] for s in shapes}):
+            names = [v for v in variants if d in VARIANTS[v][0]]
+            for v, first in canonical_names([Entry(v, print, variant_config(v, d)) for v in names]).items():
+                if v != first:
+                    print(f"D={d}: {v} = {first} (same config: the paired protocol times it once, as an A/A pair)")
         entries = sum(len(s["variants"]) + len(a.peers.split(",")) for s in shapes)
         compiles = len({(s["head_dim"], s["causal"], v) for s in shapes for v in s["variants"]})
         print(f"{len(shapes)} shapes, {compiles} compiles, {entries} entries x {a.rounds} rounds")
@@ -283,6 +290,8 @@ def run(a, shapes) -> int:
             for protocol in a.protocols:
                 rows.append(time_shape(shape, protocol, fns, keys, a, dtype, errors, diffs))
                 print(_line(rows[-1]), f"[{time.time() - t0:.0f} s]", flush=True)
+                for line in rows[-1].get("report", []):
+                    print("   ", line, flush=True)
                 (a.out / "ab.json").write_text(json.dumps(rows, indent=1))
             del fns
             torch.cuda.empty_cache()
@@ -296,7 +305,32 @@ def run(a, shapes) -> int:
     (a.out / "ab.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
     print("\n".join(summary_lines(rows)))
+    if len(a.protocols) > 1:
+        print("\n".join(protocol_lines(rows)))
     return 0
+
+
+def protocol_lines(rows: list[dict]) -> list[str]:
+    """Per shape and protocol, over its repeats (--protocol rounds,paired,rounds,paired ...): new/old and
+    new/flash-attn-4 of every repeat and their range (max - min); with the paired protocol also the A/A bands and
+    the verdicts of new/old."""
+    nan = float("nan")
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["head_dim"], r["seqlen"], r["causal"], r.get("protocol", "rounds")), []).append(r)
+    out = ["PROTOCOL D N causal protocol: new/old per repeat (range) | new/fa4 per repeat (range) | paired: A/A "
+           "bands, new/old verdicts"]
+    for (d, n, causal, protocol), rs in groups.items():
+        cols = []
+        for values in ([r["ratio_to_old"].get("new", nan) for r in rs],
+                       [r["ratio_new_to"].get("flash-attn-4", nan) for r in rs]):
+            cols.append(" ".join(f"{v:.3f}" for v in values) + f" ({max(values) - min(values):.3f})")
+        if protocol == "paired":
+            cols.append(" ".join(f"{r['aa']['band']:.3f}" for r in rs) + ", " + " ".join(
+                r["intervals"]["new/old"]["verdict"] + (" A/A" if r["intervals"]["new/old"]["aa"] else "")
+                for r in rs if "new/old" in r["intervals"]))
+        out.append(f"PROTOCOL D={d} N={n} {'causal' if causal else 'full'} {protocol}: " + " | ".join(cols))
+    return out
 
 
 def shape_entries(shape, peers, dtype, torch) -> tuple[dict, dict, dict, dict]:
@@ -371,6 +405,7 @@ def time_shape(shape, protocol: str, fns: dict, keys: dict, a, dtype, errors: di
         times = {name: res.times(name) for name in names}
         ratio = res.median_ratio
         aa = res.aa()
+        from fa_variants.bench import paired
         from fa_variants.bench.paired import aa_band
 
         pairs = [("new", "old"), ("new", "flash-attn-4"), ("new", "sdpa-cudnn")] + [
@@ -378,7 +413,8 @@ def time_shape(shape, protocol: str, fns: dict, keys: dict, a, dtype, errors: di
         extra = dict(aa=dict(median=aa.median, lo=aa.lo, hi=aa.hi, band=aa_band(aa), samples=aa.samples),
                      intervals={f"{x}/{y}": dataclasses.asdict(res.ratio(x, y)) for x, y in pairs
                                 if x in fns and y in fns},
-                     clocks={name: res.clocks(name) for name in names}, how=res.how, paired=res.to_dict())
+                     clocks={name: res.clocks(name) for name in names}, how=res.how, paired=res.to_dict(),
+                     report=paired.report_lines(res, [p_ for p_ in pairs if p_[0] in fns and p_[1] in fns]))
     else:
         times = time_rounds(fns, a)
 

@@ -32,6 +32,9 @@ class FakeGpu:
         self.now += ms * calls
         return ms, calls, 1800 / self.factor(), 700.0
 
+    def cycle(self, names):
+        return [self.burst(n) for n in names]
+
 
 def entries(true_ms, keys=None):
     """Entries name -> fn returning true_ms[name] (the fake's time per call), keys from `keys`."""
@@ -150,3 +153,70 @@ def test_fa3_speed_ab_paired_row_and_summary():
     assert line.startswith(f"SUMMARY D=256 N=16384 full: {row['ratio_to_old']['new']:.3f} ")
     assert " | A/A [" in line and "new/old " in line and "same A/A" in line and "fa4-256/new 1.0" in line
     assert "[new = old: same config]" in ab._line(row)
+
+
+def test_graph_burst_timer_cycle_files_clock_reads_under_the_running_burst(monkeypatch):
+    """runtime.GraphBurstTimer.cycle on a simulated stream (fake CUDA events and clock, no GPU): the bursts are
+    queued back to back, each one's ms per call is its span between two events, and every clock read lands on the
+    burst that was running when it was taken."""
+    from types import SimpleNamespace
+
+    from fa_variants.bench import runtime
+
+    sim = SimpleNamespace(host=0.0, queue=0.0)  # ms: the host's time, the end of the work queued so far
+
+    class Event:
+        def __init__(self, enable_timing=True):
+            self.t = None
+
+        def record(self):
+            self.t = max(sim.queue, sim.host)
+
+        def query(self):
+            return sim.host >= self.t
+
+        def synchronize(self):
+            sim.host = max(sim.host, self.t)
+
+        def elapsed_time(self, other):
+            return other.t - self.t
+
+    def work(ms):
+        def run():
+            sim.queue = max(sim.queue, sim.host) + ms
+        return run
+
+    spans = {"a": 10.0, "b": 30.0}  # ms of one burst, queued at host time 0: a runs over [0, 10), b over [10, 40)
+    windows = {"a": (0.0, 10.0), "b": (10.0, 40.0)}
+
+    def read():  # the running burst's "clock": 1000 + its span
+        return 1000 + next(spans[n] for n, (s, e) in windows.items() if s <= sim.host < e), 700.0
+
+    clock = SimpleNamespace(read=read)
+    monkeypatch.setattr(runtime.time, "sleep", lambda s: setattr(sim, "host", sim.host + s * 1e3))
+    timer = runtime.GraphBurstTimer.__new__(runtime.GraphBurstTimer)
+    timer.torch, timer.clock = SimpleNamespace(cuda=SimpleNamespace(Event=Event)), clock
+    timer._runs = {"a": (work(spans["a"]), 5), "b": (work(spans["b"]), 3)}
+    (ms_a, calls_a, mhz_a, w_a), (ms_b, calls_b, mhz_b, _) = timer.cycle(["a", "b"])
+    assert (ms_a, calls_a, ms_b, calls_b) == (2.0, 5, 10.0, 3)
+    assert (mhz_a, mhz_b, w_a) == (1010.0, 1030.0, 700.0)
+
+
+def test_fa3_speed_ab_protocol_lines():
+    """scripts/fa3_speed_ab.py --protocol rounds,paired,...: one PROTOCOL line per shape and protocol with new/old
+    and new/fa4 of every repeat, their range, and for paired the A/A bands and new/old verdicts."""
+    ab = load_script("fa3_speed_ab")
+
+    class Args:
+        rounds, cycles, burst_ms, warmup_ms = 3, 2, 20.0, 0
+
+    fns = {"old": lambda: 1.0, "new": lambda: 0.98, "flash-attn-4": lambda: 0.95}
+    keys = {"old": ab.variant_config("old", 128), "new": ab.variant_config("new", 128), "flash-attn-4": None}
+    shape = ab.plan((128,), (16384,), (False,), ["old", "new"])[0]
+    rows = [ab.time_shape(shape, "paired", fns, keys, Args, "bf16", {}, {}, timer=FakeGpu(seed=s)) for s in (1, 2)]
+    rows.insert(1, dict(shape, protocol="rounds", ratio_to_old={"new": 1.05}, ratio_new_to={"flash-attn-4": 0.9}))
+    head, rounds_line, paired_line = ab.protocol_lines([rows[1], rows[0], rows[2]])
+    assert rounds_line == "PROTOCOL D=128 N=16384 full rounds: 1.050 (0.000) | 0.900 (0.000)"
+    new_old = [r["ratio_to_old"]["new"] for r in (rows[0], rows[2])]
+    assert paired_line.startswith(f"PROTOCOL D=128 N=16384 full paired: {new_old[0]:.3f} {new_old[1]:.3f} (")
+    assert paired_line.endswith("faster faster") and all(1.005 < x < 1.04 for x in new_old)

@@ -10,8 +10,9 @@ Protocol (``paired_ab``):
 * Every entry is prepared once by the timer (``GraphBurstTimer``: a CUDA graph of as many calls as fill
   ``burst_ms``, so every burst lasts about as long and has no host gaps), then all entries run in turn for
   ``warmup_ms`` (power and clocks reach the capped steady state; these bursts are not used).
-* ``rounds`` rounds of ``cycles`` cycles; a cycle times one burst of every entry; even cycles run the entries in an
-  order rotated by (round + cycle), odd cycles the same order reversed (ABC CBA), so that a drift of the clock that
+* ``rounds`` rounds of ``cycles`` cycles; a cycle times one burst of every entry, back to back with no gap between
+  bursts (the timer queues them all, with an event between two bursts); even cycles run the entries in an order
+  rotated by (round + cycle // 2), odd cycles the same order reversed (ABC CBA), so that a drift of the clock that
   is linear over the two cycles falls equally on every entry.
 * One sample of the speed ratio x over y = (y's time in the two cycles) / (x's time in the same two cycles): > 1
   means x is faster. Its median over all samples of all rounds is the ratio reported; the interval is a two-level
@@ -68,8 +69,9 @@ class BurstTimer(Protocol):
     def prepare(self, name: str, fn: Callable[[], object], burst_ms: float) -> str:
         """Get ready to time ``fn`` in bursts of about ``burst_ms`` ms; returns how (e.g. "graph x 7")."""
 
-    def burst(self, name: str) -> tuple[float, int, float, float]:
-        """One burst of the prepared entry: (ms per call, calls, mean SM MHz, mean power W)."""
+    def cycle(self, names: list[str]) -> list[tuple[float, int, float, float]]:
+        """One burst of each prepared entry in this order, back to back (no gap between them); per burst (ms per
+        call, calls, mean SM MHz, mean power W)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -278,9 +280,8 @@ def paired_ab(entries: list[Entry], baseline: str, timer: BurstTimer, *, rounds:
     result = PairedResult(alias[baseline], timed, alias, [], how, rounds, cycles, level, seed)
     spent, w = 0.0, 0
     while spent < warmup_ms:  # warm-up bursts, kept with round -1
-        before = spent
-        for name in schedule(timed, 0, w):
-            ms, calls, mhz, watts = timer.burst(name)
+        before, order = spent, schedule(timed, 0, w)
+        for name, (ms, calls, mhz, watts) in zip(order, timer.cycle(order)):
             result.bursts.append(Burst(name, -1, w, ms, calls, mhz, watts))
             spent += ms * calls
         w += 1
@@ -288,8 +289,8 @@ def paired_ab(entries: list[Entry], baseline: str, timer: BurstTimer, *, rounds:
             raise ValueError(f"timer: bursts of no time ({spent} ms after {w} warm-up cycles)")
     for r in range(rounds):
         for c in range(cycles):
-            for name in schedule(timed, r, c):
-                ms, calls, mhz, watts = timer.burst(name)
+            order = schedule(timed, r, c)
+            for name, (ms, calls, mhz, watts) in zip(order, timer.cycle(order)):
                 result.bursts.append(Burst(name, r, c, ms, calls, mhz, watts))
         if log:
             log(f"round {r + 1}/{rounds}: " + ", ".join(f"{n} {result.times(n)[r]:.3f} ms" for n in timed))

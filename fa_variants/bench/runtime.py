@@ -322,8 +322,9 @@ class NvmlClock:
 
 class GraphBurstTimer:
     """The GPU timer of ``bench.paired.paired_ab``: each entry's burst is a CUDA graph of ``calls`` back-to-back
-    calls (as many as fill the requested burst length), replayed between two CUDA events, so that there is no host
-    gap inside a burst; while it runs, the host reads the SM clock and power by NVML every ~1 ms.
+    calls (as many as fill the requested burst length); a cycle queues one burst per entry with a CUDA event
+    between two, so that there is no host gap inside a cycle; while it runs, the host reads the SM clock and power
+    by NVML every ~0.5 ms and files each read under the burst running then.
 
     An entry whose calls cannot be captured (an exception during capture, or a graph that runs in under half the
     time of the same calls launched eagerly, i.e. work that escaped the capture) is timed with the same calls
@@ -383,22 +384,33 @@ class GraphBurstTimer:
         self._runs[name] = (run, calls)
         return how
 
-    def burst(self, name: str) -> tuple[float, int, float, float]:
+    def cycle(self, names: list[str]) -> list[tuple[float, int, float, float]]:
+        """The prepared entries' bursts queued back to back, an event between two; while they run the host reads
+        the clock about every 0.5 ms and files each read under the burst then running (the first whose end event
+        has not completed)."""
         t = self.torch
-        run, calls = self._runs[name]
-        start, end = t.cuda.Event(enable_timing=True), t.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        reads = []
-        while not end.query():
-            reads.append(self.clock.read())
-            time.sleep(0.001)
-        end.synchronize()
-        got = [r for r in reads if not math.isnan(r[0])]
-        mhz = sum(r[0] for r in got) / len(got) if got else math.nan
-        watts = sum(r[1] for r in got) / len(got) if got else math.nan
-        return start.elapsed_time(end) / calls, calls, mhz, watts
+        events = [t.cuda.Event(enable_timing=True) for _ in range(len(names) + 1)]
+        events[0].record()
+        for name, end in zip(names, events[1:]):
+            self._runs[name][0]()
+            end.record()
+        reads: list[list[tuple[float, float]]] = [[] for _ in names]
+        running = 0
+        while running < len(names):
+            while running < len(names) and events[running + 1].query():
+                running += 1
+            if running < len(names):
+                reads[running].append(self.clock.read())
+                time.sleep(0.0005)
+        events[-1].synchronize()
+        out = []
+        for i, name in enumerate(names):
+            calls = self._runs[name][1]
+            got = [r for r in reads[i] if not math.isnan(r[0])]
+            mhz = sum(r[0] for r in got) / len(got) if got else math.nan
+            watts = sum(r[1] for r in got) / len(got) if got else math.nan
+            out.append((events[i].elapsed_time(events[i + 1]) / calls, calls, mhz, watts))
+        return out
 
 
 def versions() -> dict[str, str]:
