@@ -15,7 +15,9 @@ allocated memory of one forward call as seqlen grows, until standard attention (
 Modules: `core` (cases, FLOP count, `sweep` / `memory_sweep`: pure loops over a timing function, so tests
 inject synthetic timings), `runtime` (the implementations and `GpuRuntime`, the only code that touches the
 GPU), `report` (markdown, JSON and charts from the saved report dictionary), `cli` (arguments, plan,
-progress bar, `run_cli`).
+progress bar, `run_cli`), `paired` (the paired A/B protocol of the A/B scripts: CUDA-graph bursts of the entries
+alternated back to back, ratios of paired cycles with a bootstrap interval and an A/A control; its GPU timer is
+`runtime.GraphBurstTimer`).
 """
 from fa_variants.bench.cli import configure_parser, run_cli
 

@@ -348,21 +348,6 @@ class GraphBurstTimer:
         end.synchronize()
         return start.elapsed_time(end) / calls
 
-    def _capture(self, fn, calls: int):
-        t = self.torch
-        side = t.cuda.Stream()
-        side.wait_stream(t.cuda.current_stream())
-        with t.cuda.stream(side):  # warm-up on a side stream, as torch.cuda.graphs asks before a capture
-            for _ in range(2):
-                fn()
-        t.cuda.current_stream().wait_stream(side)
-        graph = t.cuda.CUDAGraph()
-        with t.cuda.graph(graph):
-            for _ in range(calls):
-                fn()
-        t.cuda.synchronize()
-        return graph
-
     def prepare(self, name: str, fn: Callable[[], object], burst_ms: float) -> str:
         fn()
         est = self._eager_ms(fn, 3)
@@ -371,7 +356,9 @@ class GraphBurstTimer:
         run = lambda: [fn() for _ in range(calls)]  # noqa: E731
         if self.graphs:
             try:
-                graph = self._capture(fn, calls)
+                from fa_variants.bench.decode import capture_graph  # (fn already ran 4 times: warmed up)
+
+                graph = capture_graph(fn, calls)[0]
                 graph.replay()
                 graph_ms = self._eager_ms(graph.replay, 1) / calls
                 if graph_ms < 0.5 * est:
