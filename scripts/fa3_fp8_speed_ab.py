@@ -6,7 +6,8 @@ change's pass criteria.
 Speed: B*N = 16k, H*D = 2048 (the project's benchmark shape), head_dim 64/128/256, N 4k/16k, causal and not.
 The FP8 kernel runs alone on inputs already quantised (random e4m3, block descales of the variant's tile_n).
 Each problem is timed in ``--rounds`` rounds (default 6); each round runs every implementation once, in an
-order rotated by one per round, ``--iters`` calls between two CUDA events after one warm-up call. Reported:
+order rotated by one per round, ``--iters`` calls between two CUDA events after one warm-up call (``--protocol
+paired``: fa_variants.bench.paired's bursts instead, as in scripts/fa3_speed_ab.py, with an A/A control). Reported:
 the median over rounds, TFLOP/s = 4 B H N^2 D (halved when causal), the spread (max - min) / median, and per
 problem the ratios new / bf16 fa3, new / old, new / flash-attn-4 and the two-level cost (single / new - 1).
 
@@ -209,8 +210,21 @@ def precompile(head_dims, causals, jobs: int, tests: bool = True, variant_set: s
     return bad
 
 
-def time_problem(impls: dict, rounds: int, iters: int) -> dict[str, list[float]]:
-    """name -> per-round milliseconds per call; the order of impls rotated by one each round."""
+def time_problem(impls: dict, rounds: int, iters: int, protocol: str = "rounds", cycles: int = 4,
+                 burst_ms: float = 20.0) -> dict[str, list[float]]:
+    """name -> per-round milliseconds per call. rounds: the order of impls rotated by one each round, `iters` calls
+    between two events; paired: fa_variants.bench.paired against the first impl (its report lines printed: A/A
+    interval, ratios with intervals and verdicts), per-round medians of the bursts."""
+    if protocol == "paired":
+        from fa_variants.bench import paired
+        from fa_variants.bench.runtime import GraphBurstTimer
+
+        names = list(impls)
+        res = paired.paired_ab([paired.Entry(n, f) for n, f in impls.items()], names[0], GraphBurstTimer(),
+                               rounds=rounds, cycles=cycles, burst_ms=burst_ms, warmup_ms=500)
+        for line in paired.report_lines(res, [(n, names[0]) for n in names[1:]]):
+            print("   ", line, flush=True)
+        return {n: res.times(n) for n in names}
     names = list(impls)
     times = {n: [] for n in names}
     for fn in impls.values():
@@ -268,7 +282,7 @@ def speed(args, out_dir: str) -> list[dict]:
                         except Exception as exc:  # noqa: BLE001
                             print(f"d{D} N{N} causal={causal} {name}: FAILED {type(exc).__name__}: {str(exc)[:200]}", flush=True)
                             del impls[name]
-                    times = time_problem(impls, args.rounds, args.iters)
+                    times = time_problem(impls, args.rounds, args.iters, args.protocol, args.cycles, args.burst_ms)
                     for name, ts in times.items():
                         med = statistics.median(ts)
                         row = dict(head_dim=D, seqlen=N, batch=B, heads=H, causal=causal, impl=name,
@@ -558,6 +572,11 @@ def main() -> int:
     ap.add_argument("--causal", choices=["no", "yes", "both"], default="both")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--iters", type=int, default=10, help="calls between the two events of one measurement")
+    ap.add_argument("--protocol", choices=["rounds", "paired"], default="rounds",
+                    help="paired: fa_variants.bench.paired (CUDA-graph bursts alternated ABC CBA, A/A control; "
+                         "scripts/fa3_speed_ab.py's default), ratios against the first impl printed per problem")
+    ap.add_argument("--cycles", type=int, default=4, help="paired: cycles per round (even)")
+    ap.add_argument("--burst-ms", type=float, default=20.0, help="paired: length of one burst")
     ap.add_argument("--jobs", type=int, default=min(12, os.cpu_count() or 1), help="compile workers (0: in-process)")
     ap.add_argument("--phase", choices=["all", "precompile", "measure"], default="all",
                     help="precompile: compile only (A/B and GPU-test kernels); measure: speed + errors (no precompile)")
