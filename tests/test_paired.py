@@ -57,7 +57,7 @@ def test_two_percent_slower_is_resolved_and_aa_is_equal(seed):
     assert aa.lo <= 1 <= aa.hi and paired.aa_band(aa) < 0.01, aa
     assert gpu.prepared == ["A", "B", "C", paired.AA]
     lines = paired.report_lines(res, [("B", "A"), ("C", "A")])
-    assert lines[0].startswith("A/A AA/A:") and "BIASED" not in lines[0]
+    assert lines[0].startswith("A/A AA/A:") and "excludes 1" not in lines[0]
     assert lines[1].startswith("B/A: 0.9") and "slower" in lines[1] and abs(b.median - 1 / 1.02) < 0.005
 
 
@@ -220,3 +220,23 @@ def test_fa3_speed_ab_protocol_lines():
     new_old = [r["ratio_to_old"]["new"] for r in (rows[0], rows[2])]
     assert paired_line.startswith(f"PROTOCOL D=128 N=16384 full paired: {new_old[0]:.3f} {new_old[1]:.3f} (")
     assert paired_line.endswith("faster faster") and all(1.005 < x < 1.04 for x in new_old)
+
+
+def test_fa3_speed_ab_rounds_row(monkeypatch):
+    """scripts/fa3_speed_ab.py --protocol rounds (the protocol before) still makes its row (do_bench faked: each
+    entry's fn returns its ms): per-round ratios, the equal configs named, no paired columns."""
+    import triton.testing
+
+    ab = load_script("fa3_speed_ab")
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, warmup, rep, return_mode="mean": fn())
+
+    class Args:
+        rounds, warmup_ms, rep_ms = 3, None, 40
+
+    fns = {"old": lambda: 1.0, "new": lambda: 1.0, "flash-attn-4": lambda: 0.9}
+    keys = {"old": ab.variant_config("old", 256), "new": ab.variant_config("new", 256), "flash-attn-4": None}
+    shape = ab.plan((256,), (16384,), (False,), ["old", "new"])[0]
+    row = ab.time_shape(shape, "rounds", fns, keys, Args, "bf16", {}, {"old": 0.0, "new": 0.0})
+    assert row["ratio_to_old"]["new"] == 1.0 and row["ratio_new_to"]["flash-attn-4"] == 0.9
+    assert row["same_config"] == {"new": "old"} and "aa" not in row and row["times_ms"]["old"] == [1.0] * 3
+    assert ab.summary_lines([row])[1] == "SUMMARY D=256 N=16384 full: 1.000 0.900 nan |  | protocol rounds"
