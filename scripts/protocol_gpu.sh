@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# protocol_gpu.sh: the paired A/B protocol (fa_variants.bench.paired) against the rounds protocol, on one H200. <= 4 min.
+# protocol_gpu.sh: the paired A/B protocol (fa_variants.bench.paired) vs the rounds protocol, one H200. <= 4 min.
 #
 #   source .gpu/env.sh; scripts/protocol_gpu.sh          (repository root; writes under $OUT; --help: this text)
 #
@@ -10,11 +10,11 @@
 #    three times): rounds = the protocol before (do_bench medians, 6 rotated rounds); paired = the new default
 #    (6 rounds x 4 cycles of 20 ms CUDA-graph bursts, ABC CBA, A/A control, NVML clock per burst).
 # 2. the paired protocol with more samples (8 rounds x 8 cycles of 25 ms bursts), once.
-# Pass: (a) every paired row's A/A band (largest distance of its interval's ends from 1) is <= 0.010; (b) D 256 new/old is
-# reported "same A/A" (timed once); (c) over the 3 repeats, the paired protocol's range of new/old and of new/fa4
-# (PROTOCOL lines) is <= 0.010 on both shapes and smaller than the rounds protocol's; (d) the D 128 new/old verdict
-# is the same in all 3 paired repeats and in step 2; (e) the report lines show "graph x N" for every entry (else the
-# eager fallback's reason) and a clock in MHz (not nan).
+# Pass: (a) every paired row's A/A band (largest distance of its interval's ends from 1) is <= 0.010;
+# (b) D 256 new/old is reported "same A/A" (timed once); (c) over the 3 repeats, the paired protocol's range of
+# new/old and of new/fa4 (PROTOCOL lines) is <= 0.010 on both shapes and smaller than the rounds protocol's;
+# (d) the D 128 new/old verdict is the same in all 3 paired repeats and in step 2; (e) the report lines show
+# "graph x N" for every entry (else the eager fallback's reason) and a clock in MHz (not nan).
 set -uo pipefail
 source "$(dirname "$0")/steps.sh"; help_from_header "$@"
 out="${OUT:-results/protocol}"; session_setup "$out/logs"

@@ -48,7 +48,8 @@ def test_two_percent_slower_is_resolved_and_aa_is_equal(seed):
     called "slower" (A/B "faster") with an interval around 0.98 that excludes 1, C/A "same", and the automatic A/A
     control's interval holds 1 and is narrower than the 2% effect."""
     gpu = FakeGpu(seed=seed)
-    res = paired.paired_ab(entries({"A": 1.0, "B": 1.02, "C": 1.0}), "A", gpu, rounds=6, cycles=8, warmup_ms=200, seed=seed)
+    res = paired.paired_ab(entries({"A": 1.0, "B": 1.02, "C": 1.0}), "A", gpu, rounds=6, cycles=8, warmup_ms=200,
+                           seed=seed)
     b = res.ratio("B", "A")
     assert b.verdict == "slower" and b.lo < 1 / 1.02 < b.hi and b.hi < 1, b
     assert res.ratio("A", "B").verdict == "faster"
@@ -65,7 +66,7 @@ def test_unpaired_timing_of_the_same_fake_gpu_is_not_resolved():
     """The reason for pairing: the same wander timed one entry per stretch of time (rounds protocol) moves a ratio
     by more than the 2% effect, while paired bursts cancel it (the interval above stays within +-1%)."""
     gpu = FakeGpu(noise=0.0, wander=0.06, period_ms=900.0)
-    gpu.true_ms, gpu.calls = {"A": 1.0, "B": 1.0}, {"A": 200, "B": 200}  # 200 ms per entry per round, one after the other
+    gpu.true_ms, gpu.calls = {"A": 1.0, "B": 1.0}, {"A": 200, "B": 200}  # 200 ms per entry and round, in turn
     ratios = []
     for _ in range(6):
         a, b = gpu.burst("A")[0], gpu.burst("B")[0]
@@ -77,7 +78,8 @@ def test_identical_keys_are_timed_once_and_reported_as_aa():
     """Two names of one config (old and new at head_dim 256): `new` is not timed; new/old is the A/A control's
     numbers, marked aa, verdict "same"; the other entry's ratios to either name are equal."""
     gpu = FakeGpu(seed=3)
-    res = paired.paired_ab(entries({"old": 1.0, "new": 1.0, "fa4": 0.97}, keys={"old": "cfg", "new": "cfg"}), "old", gpu,
+    res = paired.paired_ab(entries({"old": 1.0, "new": 1.0, "fa4": 0.97}, keys={"old": "cfg", "new": "cfg"}), "old",
+                           gpu,
                            rounds=4, cycles=4, warmup_ms=50)
     assert gpu.prepared == ["old", "fa4", paired.AA] and res.alias["new"] == "old"
     r = res.ratio("new", "old")
