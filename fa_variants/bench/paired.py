@@ -304,7 +304,7 @@ def report_lines(result: PairedResult, pairs: list[tuple[str, str]]) -> list[str
     band = aa_band(ctl)
     out = []
     if ctl is not None:
-        flag = "" if ctl.lo <= 1 <= ctl.hi else "  (A/A interval excludes 1: by chance 1 run in ~20, else an order effect)"
+        flag = "" if ctl.lo <= 1 <= ctl.hi else "  (A/A interval excludes 1: by chance 1 run in 20, or an order effect)"
         out.append(f"A/A {AA}/{result.baseline}: {ctl.median:.4f} [{ctl.lo:.4f}, {ctl.hi:.4f}] band {band:.2%} "
                    f"({ctl.samples} samples){flag}")
     for x, y in pairs:
