@@ -366,3 +366,66 @@ def test_merger_of_row_pieces():
     assert out.dtype == F64 and lse.dtype == F32
     assert max_abs_error(out, want) <= 1e-12 and max_abs_error(lse, want_lse.float()) <= 1e-6
     assert torch.equal(out[:, 8:], torch.zeros_like(out[:, 8:])) and (lse[:, :, 8:] == -math.inf).all()
+
+
+class _SimulatedRing:
+    """The ring's transport inside one process: step s + 1 'receives' the K/V shard of rank (rank - s - 1) mod
+    world from the list of every rank's shards (what ``_Ring.post`` / ``_Ring.wait`` hand back, checked against
+    the length the ring announces)."""
+
+    def __init__(self, shards, rank: int, world: int):
+        self.shards, self.rank, self.world, self.step = shards, rank, world, 0
+
+    def post(self, k, v, seqlen_in: int):
+        self.step += 1
+        src = (self.rank - self.step) % self.world
+        assert self.shards[src][0].shape[1] == seqlen_in, (self.rank, self.step)
+        return src
+
+    def wait(self, src: int):
+        return self.shards[src]
+
+
+def _ring_in_one_process(q, k, v, world: int, causal: bool, layout: str, overlap_start: bool):
+    """Every rank's ``_ring_attention`` as ``context_parallel_attention`` runs it (the own step's first piece
+    launched early when ``overlap_start``), over a simulated transport; the unsharded (out, lse)."""
+    shard, unshard = _SHARD[layout], _UNSHARD[layout]
+    qs = [shard(q, 1, r, world) for r in range(world)]
+    kvs = [(shard(k, 1, r, world), shard(v, 1, r, world)) for r in range(world)]
+    scale = 1 / math.sqrt(q.shape[-1])
+    rows = [cp._shape_row(qs[r], kvs[r][0], causal, layout, scale) for r in range(world)]
+    cp._check_rows(rows, causal, layout)
+    outs, lses = [], []
+    for rank in range(world):
+        (k_r, v_r), q_r = kvs[rank], qs[rank]
+        pieces = cp._own_pieces(q_r.shape[1], k_r.shape[1], causal, layout) if overlap_start else None
+        early = None
+        if pieces is not None:
+            if causal:  # the larger piece first: (query, key) pairs the causal mask leaves, tail then head
+                (a, b), (_, h) = pieces[0].rows, pieces[1].rows
+                assert (a + 1 + b) * (b - a) >= h * (h + 1), pieces
+            early = (pieces, *cp._own_piece(q_r, k_r, v_r, pieces[0], causal, scale, "reference"))
+        out, lse = cp._ring_attention(q_r, k_r, v_r, rows, None, rank, world, causal, layout, scale, "reference",
+                                      early=early, ring=_SimulatedRing(kvs, rank, world))
+        outs.append(out)
+        lses.append(lse)
+    return unshard(outs, 1), unshard(lses, 2)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 5])
+def test_ring_in_one_process_every_small_length(world):
+    """The ring's steps and merges for every rank in one process (transport simulated): tiny and uneven lengths
+    (ranks with 0, 1, 2 or 3 tokens), one long enough for the own step's cut at a multiple of 128 rows,
+    causal zig-zag and contiguous and non-causal, the own step cut into pieces (larger first) or whole; the
+    result is attention over the whole sequence (the gloo tests run the real transport on fewer cases)."""
+    gen = torch.Generator().manual_seed(random.randrange(2**31))
+    long = (518,) if world == 2 else ()  # 259 rows a rank: the own step cut at 128 when not zig-zag causal
+    for seqlen in (1, 2, 3, 5, 7, 2 * world + 1, *long):
+        q, k, v = _inputs(gen, seqlen, F64, heads=4, heads_kv=2, head_dim=8, batch=1)
+        for causal, layout in ((True, "zigzag"), (True, "contiguous"), (False, "zigzag")):
+            want, want_lse = fa_variants.attention(q, k, v, causal=causal, backend="reference", return_lse=True)
+            for overlap_start in (True, False) if seqlen < 100 else (True,):
+                out, lse = _ring_in_one_process(q, k, v, world, causal, layout, overlap_start)
+                where = (world, seqlen, causal, layout, overlap_start)
+                assert out.shape == q.shape and not out.isnan().any() and not lse.isnan().any(), where
+                assert max_abs_error(out, want) <= 1e-5 and max_abs_error(lse, want_lse) <= 1e-5, where
