@@ -336,3 +336,26 @@ def test_attention_without_return_lse_asks_the_plan_for_no_lse(fake_fa3):
     out = fa_variants.attention(q, k, v)
     out2, lse = fa_variants.attention(q, k, v, return_lse=True)
     assert asked == [False, True] and torch.equal(out, out2) and lse.shape == (2, 4, 5)
+
+
+def test_workspace_view_cache_is_bounded(monkeypatch):
+    """Every kind of call that drops its LSE adds a view of the stream's LSE scratch (one per (B, H, Nq)): a server
+    seeing many prompt lengths must not grow the views (nor the interned geometries) without bound, as the plans
+    are bounded (dispatch.MAX_PLANS). A function whose views were dropped still gives a tensor of its shape, the
+    same one call after call (remade once)."""
+    from fa_variants.common import workspace
+
+    workspace.clear()
+    monkeypatch.setattr(workspace, "CACHE_CPU", True)
+    cpu = torch.device("cpu")
+    workspace.lse_function(cpu, (1, 2, 5000))()  # the longest prompt first: the buffer never grows again
+    first = workspace.lse_function(cpu, (1, 3, 2))
+    lse = first()
+    for n in range(1, 5000):  # 5000 prompt lengths
+        workspace.lse_function(cpu, (1, 2, n))()
+    slot = workspace._STREAMS[(-1, 0)]
+    assert len(slot.views) <= 4096 and len(workspace._VIEW_KEYS) <= 4096
+    again = first()
+    assert again.shape == (1, 3, 2) and again.is_contiguous() and first() is again
+    assert again.data_ptr() == slot.buffers["lse"].data_ptr() and lse.shape == again.shape  # the (grown) buffer
+    workspace.clear()

@@ -24,10 +24,12 @@ The rule (who may share a buffer):
   run, to time the host path as a CUDA device runs it) one cached buffer, as for one CUDA stream.
 
 ``views(...)`` also caches the tensors a plan derives from the buffers (strided views of the partials), per
-(device, stream, geometry), so a call does no tensor op for them; a regrown buffer drops them.
+(device, stream, geometry), so a call does no tensor op for them (the ``VIEWS_MAX`` most recent per stream); a
+regrown buffer drops them.
 """
 from __future__ import annotations
 
+import itertools
 import threading
 from typing import Callable
 
@@ -75,12 +77,13 @@ def capturing(device: torch.device) -> bool:
 
 
 def views(device: torch.device, partials: int, counters: int, geometry, make: Callable[..., tuple],
-          kind: str = "partials"):
+          kind: str = "partials", view_key: int | None = None):
     """``make(buffer, counters_buffer)`` for scratch of at least ``partials`` float32 and ``counters`` int32
     (zeros; 0: no counters, the buffer passed is None), under the module docstring's rule; eager CUDA calls get
-    the result cached per (device, stream, kind, geometry). ``geometry``: hashable, fixes what ``make`` returns
-    given buffers at least that large. ``kind``: which of the stream's buffers: "partials" (split partials) or
-    "lse" (an LSE the caller does not read, ``lse_function``); the two never overlap."""
+    the result cached per (device, stream, kind, geometry), the ``VIEWS_MAX`` most recent per stream.
+    ``geometry``: hashable, fixes what ``make`` returns given buffers at least that large. ``kind``: which of the
+    stream's buffers: "partials" (split partials) or "lse" (an LSE the caller does not read, ``lse_function``);
+    the two never overlap. ``view_key``: ``_view_key(kind, geometry)`` when the caller holds it (``function``)."""
     if device.type != "cuda" and not CACHE_CPU or capturing(device):
         return make(torch.empty(partials, dtype=torch.float32, device=device),
                     _captured_counters(device, counters) if counters else None)
@@ -89,7 +92,8 @@ def views(device: torch.device, partials: int, counters: int, geometry, make: Ca
         key = (index, _raw_stream(index))
     else:
         key = (-1, 0)
-    view_key = _view_key(kind, geometry)
+    if view_key is None:
+        view_key = _view_key(kind, geometry)
     slot = _STREAMS.get(key)
     if slot is not None:
         hit = slot.views.get(view_key)
@@ -107,18 +111,31 @@ def views(device: torch.device, partials: int, counters: int, geometry, make: Ca
             slot.views = {}
         if counters and device.type == "cuda":
             reserve_arena(device)  # for later captured calls (zeroed now, outside any capture)
+        if len(slot.views) >= VIEWS_MAX:  # bounded: the oldest goes (remade if its plan calls again)
+            del slot.views[next(iter(slot.views))]
         hit = slot.views[view_key] = make(buffer, slot.counters if counters else None)
         return hit
 
 
+#: views cached per stream, and (kind, geometry) pairs interned, at most (oldest dropped first): each kind of
+#: call that drops its LSE has a geometry of its own (one per (batch, heads, seqlen_q)), so a long-running
+#: process that sees many prompt lengths would otherwise grow both without bound (the plans are bounded too,
+#: ``dispatch.MAX_PLANS``)
+VIEWS_MAX = 4096
+
 _VIEW_KEYS: dict[tuple, int] = {}  # (kind, geometry) -> a small int (the views' dict key: a cheap hash per call)
+_NEXT_VIEW_KEY = itertools.count()  # never reused: a plan keeps its int after its pair was dropped here
 
 
 def _view_key(kind: str, geometry) -> int:
     key = _VIEW_KEYS.get((kind, geometry))
     if key is None:
         with _LOCK:
-            key = _VIEW_KEYS.setdefault((kind, geometry), len(_VIEW_KEYS))
+            key = _VIEW_KEYS.get((kind, geometry))
+            if key is None:
+                if len(_VIEW_KEYS) >= VIEWS_MAX:
+                    del _VIEW_KEYS[next(iter(_VIEW_KEYS))]
+                key = _VIEW_KEYS[(kind, geometry)] = next(_NEXT_VIEW_KEY)
     return key
 
 
@@ -135,7 +152,7 @@ def function(device: torch.device, partials: int, counters: int, geometry, make:
                 hit = slot.views.get(key) if slot is not None else None
                 if hit is not None:
                     return hit
-            return views(device, partials, counters, geometry, make, kind)
+            return views(device, partials, counters, geometry, make, kind, key)
         return get_host
     index = device.index if device.index is not None else torch.cuda.current_device()
 
@@ -146,7 +163,7 @@ def function(device: torch.device, partials: int, counters: int, geometry, make:
                 hit = slot.views.get(key)
                 if hit is not None:
                     return hit
-        return views(device, partials, counters, geometry, make, kind)
+        return views(device, partials, counters, geometry, make, kind, key)
     return get
 
 
