@@ -8,10 +8,13 @@
 #                             (index, name, compute capability, driver, max SM clock, memory of each GPU) and starts
 #                             DIR/clocks.csv (SM clock, power, temperature of each GPU every second), stopped when
 #                             the script exits (a trap) or by pack_logs. The logger is not a job of the script: a
-#                             bare `wait` does not wait for it.
+#                             bare `wait` does not wait for it. When the script ends (normally, by a signal, or
+#                             SIGKILLed: a watchdog then acts within a second), a step still running is stopped
+#                             too (SIGTERM to its process group): nothing the script started outlives it.
 #   step NAME LIMIT CMD...    runs CMD with a time limit (SIGINT at LIMIT seconds), its output in $LOGS/NAME.log,
 #                             and prints "== NAME: rc=RC in Ts" (rc 124: timed out). With STEP_TAIL=N set, it
-#                             also prints "== NAME (limit LIMITs)" first and the log's last N lines after.
+#                             also prints "== NAME (limit LIMITs)" first and the log's last N lines after. CMD
+#                             runs in a process group of its own (timeout's).
 #   pack_logs ARCHIVE         stops the clock logger, then packs the folder $LOGS into ARCHIVE (tar.gz, the
 #                             folder's own name at the top).
 print_header() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
@@ -22,19 +25,45 @@ help_from_header() {
 
 session_setup() {
   LOGS=$1; mkdir -p "$LOGS"
+  STEP_GROUPS=$(mktemp)  # the process group (timeout's pid) of every step started: stop_steps
   git log --oneline -1 > "$LOGS/commit.txt" 2>&1
   nvidia-smi --query-gpu=index,name,compute_cap,driver_version,clocks.max.sm,memory.total --format=csv \
     > "$LOGS/gpu.txt" 2>&1
+  # the logger, and a watchdog that stops it and the running steps within a second of the script's end when the
+  # EXIT trap cannot run (the script SIGKILLed alone: `kill -9`, `timeout --foreground -s KILL`)
   CLOCKS_PID=$(nvidia-smi --query-gpu=timestamp,index,clocks.sm,power.draw,temperature.gpu --format=csv -lms 1000 \
-    > "$LOGS/clocks.csv" 2>&1 & echo $!)
-  trap stop_clocks EXIT
+    > "$LOGS/clocks.csv" 2>&1 & smi=$!
+    (while kill -0 "$$"; do sleep 1; done; stop_steps
+     mapfile -d '' argv < "/proc/$smi/cmdline" && [[ " ${argv[*]} " == *" -lms "* ]] && kill "$smi") > /dev/null 2>&1 &
+    echo "$smi")
+  trap end_session EXIT
 }
 
 stop_clocks() { [[ -z ${CLOCKS_PID:-} ]] || kill "$CLOCKS_PID" 2>/dev/null; CLOCKS_PID=""; }
 
+# SIGTERM to the process group of every step still running (a step's timeout leads a group of its own, which
+# a signal to the script's group does not reach), then forget them
+stop_steps() {
+  [[ -n ${STEP_GROUPS:-} && -f $STEP_GROUPS ]] || return 0
+  local pid stat comm  # builtins only: a signal to the script's group ends any process started here
+  while read -r pid; do
+    { read -r stat < "/proc/$pid/stat" && read -r comm < "/proc/$pid/comm"; } 2>/dev/null || continue
+    stat=${stat##*) }; stat=${stat#* * }; stat=${stat%% *}  # field 5, the process group
+    [[ $stat == "$pid" && $comm == timeout ]] && kill -TERM -- "-$pid" 2>/dev/null
+  done < "$STEP_GROUPS"
+  rm -f "$STEP_GROUPS"
+}
+
+end_session() { trap '' INT TERM HUP; stop_steps; stop_clocks; }  # not cut short by a second signal
+
 step() { local name=$1 limit=$2; shift 2; local t0=$SECONDS
   [[ -n ${STEP_TAIL:-} ]] && echo "== $name (limit ${limit}s)"
-  timeout -s INT "$limit" "$@" > "$LOGS/$name.log" 2>&1; local rc=$?
+  # started in the background and waited for: its pid (its process group's) goes to stop_steps, and a signal to
+  # the script ends the wait at once (a foreground command would hold the script until it finished)
+  timeout -s INT "$limit" "$@" <&0 > "$LOGS/$name.log" 2>&1 &  # (<&0: the caller's stdin, not /dev/null)
+  local pid=$!
+  [[ -z ${STEP_GROUPS:-} ]] || echo "$pid" >> "$STEP_GROUPS"
+  wait "$pid"; local rc=$?
   echo "== $name: rc=$rc in $((SECONDS - t0))s"
   [[ -z ${STEP_TAIL:-} ]] || tail -n "$STEP_TAIL" "$LOGS/$name.log"; }
 

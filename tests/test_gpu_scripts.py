@@ -1,6 +1,7 @@
 """The GPU-host scripts' CPU-side logic: scripts/sanitize.py's summary lines, the shell scripts (they parse, their
 --help, scripts/steps.sh's shared pieces with a fake nvidia-smi), the Python scripts' plans and summaries."""
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -382,3 +383,48 @@ def test_fa3_speed_ab_fa3gap_plan(capsys, monkeypatch):
     monkeypatch.delenv("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", raising=False)  # flash-attn-4's cache must be on
     monkeypatch.setattr("sys.argv", ["fa3_speed_ab.py", "--precompile", "1", "--precompile-fa4", "--variants", "new"])
     assert ab.main() == 2
+
+
+def _killed_session(tmp_path, killer: list[str]) -> tuple[int, int, subprocess.CompletedProcess]:
+    """A script on steps.sh (fake nvidia-smi) in the middle of a 20 s step, ended by ``killer + [bash, script]``
+    after 1 s: (the clock logger's pid, the step command's pid, the run)."""
+    env = dict(os.environ, PATH=f"{_fake_bin(tmp_path / 'bin', _FAKE_SMI)}:{os.environ['PATH']}")
+    out = tmp_path / "out"
+    out.mkdir()
+    driver = tmp_path / "driver.sh"
+    driver.write_text(f"""set -uo pipefail
+source {ROOT}/scripts/steps.sh
+session_setup "$1/logs"
+echo "$CLOCKS_PID" > "$1/logger"
+step long 60 bash -c 'echo $$ > "$1/step"; exec sleep 20' _ "$1"
+echo "not reached"
+""")
+    run = subprocess.run([*killer, "bash", str(driver), str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=30)
+    return int((out / "logger").read_text()), int((out / "step").read_text()), run
+
+
+def _gone_soon(pids, seconds: float = 5.0) -> list[int]:
+    """The pids still alive after up to ``seconds`` (those are then ended here: the test leaves nothing behind)."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    alive = [p for p in pids if _alive(p)]
+    for p in alive:
+        os.kill(p, signal.SIGKILL)
+    return alive
+
+
+@pytest.mark.parametrize("killer", [["timeout", "1"], ["timeout", "-s", "INT", "1"],
+                                    ["timeout", "--foreground", "-s", "KILL", "1"]],
+                         ids=["timeout", "interrupt", "sigkill"])
+def test_steps_sh_script_killed_mid_step_leaves_nothing_running(tmp_path, killer):
+    """A GPU script ended mid-step (`timeout` with SIGTERM to its process group, SIGINT as from Ctrl-C, or
+    SIGKILL to the script alone, when no EXIT trap runs) leaves neither the clock logger nor the running step's
+    command behind (the step runs in a process group of its own, timeout's, that the script's end does not
+    reach by itself): a step left running would load the GPU under the next script's measurements."""
+    logger, step, run = _killed_session(tmp_path, killer)
+    assert "not reached" not in run.stdout, run.stdout + run.stderr
+    assert _gone_soon([logger, step]) == [], "left running after its script was killed"
