@@ -40,6 +40,10 @@ GOOD = {
     "cross_noncausal_uneven_f64": dict(seqlen=13, seqlen_k=30, dtype=F64, causal=False, layout="contiguous"),
     "scale_causal_zigzag_f64": dict(seqlen=20, dtype=F64, causal=True, layout="zigzag", softmax_scale=-0.7),
     "tiny_causal_zigzag_f64": dict(seqlen=3, dtype=F64, causal=True, layout="zigzag"),  # world 4: a rank has 0
+    # the own step cut into pieces of one or two rows (world 4: 3 rows a rank, tail 1 row first, then head 2)
+    "small_causal_zigzag_f64": dict(seqlen=12, dtype=F64, causal=True, layout="zigzag"),
+    "tiny_causal_contiguous_f64": dict(seqlen=6, dtype=F64, causal=True, layout="contiguous"),  # 2, 2, 1, 1
+    "tiny_noncausal_uneven_f64": dict(seqlen=5, dtype=F64, causal=False, layout="contiguous"),  # 2, 1, 1, 1
     "after_errors_f64": dict(seqlen=17, dtype=F64, causal=True, layout="zigzag"),  # runs after the bad cases
     # distributed.OVERLAP_START off (check, post, then the whole own step; on elsewhere: head, check, tail)
     "check_first_causal_zigzag_uneven_f64": dict(seqlen=37, dtype=F64, causal=True, layout="zigzag",
