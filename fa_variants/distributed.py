@@ -72,9 +72,9 @@ caller's work already queued on the current stream (with a group that also has a
 
 **Launch order** (``OVERLAP_START``, on). The step on the rank's own K/V needs nothing from the other ranks, so
 it is cut into a head (query rows [0, h) against keys [0, h), causal; all keys when not causal) and a tail
-(rows [h, n) against all keys, bottom-right causal: row h + i sees keys <= h + i), and the larger of the two
-(the tail when causal, the head otherwise: the halves are equal) is launched before anything else; then the
-call starts the all-gather, waits for the check, posts the first transfer and launches the other piece.
+(rows [h, n) against all keys, bottom-right causal: row h + i sees keys <= h + i), and one piece is launched
+before anything else: the tail when causal (the larger), the head otherwise (the halves are equal but for the
+cut's rounding down to whole 128-row tiles: the head at most 127 rows shorter); then the call starts the all-gather, waits for the check, posts the first transfer and launches the other piece.
 With zig-zag shards h is the first chunk's length, so the tail's rows are exactly those the steps j > r cover.
 The check's round trip and the posting of the transfer (together ~0.5 ms of host time on the H200) run while
 the GPU computes the first piece; when causal the transfer's NCCL kernel gets SMs as the tail's last CTAs
@@ -536,7 +536,8 @@ def _own_pieces(seqlen_q: int, seqlen_k: int, causal: bool, layout: str) -> list
     all keys, bottom-right causal), in launch order: the larger first (``OVERLAP_START``). Causal: the tail
     (three quarters of the step's work with zig-zag shards), so that the host's check and first post run under
     the most GPU work; the transfer's NCCL kernel, posted after it, gets SMs as the tail's last CTAs finish and
-    moves while the head runs. Not causal: the halves are equal, the head first. None: no cut."""
+    moves while the head runs. Not causal: the head first, the halves equal but for the cut's rounding down to
+    whole 128-row tiles (at most 127 rows fewer in the head). None: no cut."""
     cut = _head_rows(seqlen_q, seqlen_k, causal, layout)
     if cut is None:
         return None
