@@ -74,7 +74,8 @@ caller's work already queued on the current stream (with a group that also has a
 it is cut into a head (query rows [0, h) against keys [0, h), causal; all keys when not causal) and a tail
 (rows [h, n) against all keys, bottom-right causal: row h + i sees keys <= h + i), and one piece is launched
 before anything else: the tail when causal (the larger), the head otherwise (the halves are equal but for the
-cut's rounding down to whole 128-row tiles: the head at most 127 rows shorter); then the call starts the all-gather, waits for the check, posts the first transfer and launches the other piece.
+cut's rounding down to whole 128-row tiles: the head at most 127 rows shorter); then the call starts the
+all-gather, waits for the check, posts the first transfer and launches the other piece.
 With zig-zag shards h is the first chunk's length, so the tail's rows are exactly those the steps j > r cover.
 The check's round trip and the posting of the transfer (together ~0.5 ms of host time on the H200) run while
 the GPU computes the first piece; when causal the transfer's NCCL kernel gets SMs as the tail's last CTAs
