@@ -110,6 +110,7 @@ import contextlib
 import math
 import os
 import struct
+import threading
 import warnings
 from dataclasses import dataclass
 from typing import Sequence
@@ -471,9 +472,9 @@ _EXCHANGE_BUFFERS: dict = {}
 
 def _exchange_buffers(device: torch.device, world: int, width: int):
     """(row on pinned host, row on device, all rows on device, all rows on pinned host, done event) of the shape
-    check on ``device`` for ``world`` rows of ``width`` int64, made once (pinning host memory per call cost
+    check on ``device`` for ``world`` rows of ``width`` int64, made once per thread (pinning host memory per call cost
     host time that the first attention launch waited for)."""
-    key = (device, world, width)
+    key = (device, world, width, threading.get_ident())  # per thread: concurrent calls never share them
     if key not in _EXCHANGE_BUFFERS:
         _EXCHANGE_BUFFERS[key] = (torch.empty(width, dtype=torch.int64, pin_memory=True),
                                   torch.empty(width, dtype=torch.int64, device=device),
