@@ -135,15 +135,17 @@ def test_attention_from_fp8_config_and_empty(fake_kernel):
     cfg = FP8Config(granularity="head", rotate=False, smooth_k=False, two_level=False)
     inputs = quantize_fp8(q, k, v, config=cfg, softmax_scale=0.2)
     out = attention_from_fp8(inputs, causal=True, out_dtype=torch.float16)
-    assert fake_kernel[0]["config"] == KernelConfig(two_level=False, pv_split=1, pv_buffers=1, promote_every=4)  # d 64
+    default = layout.promote_every(64)  # the kernel's default interval at head_dim 64 (layout.KERNEL_PROMOTE_EVERY)
+    other = 4 if default != 4 else 2
+    assert fake_kernel[0]["config"] == KernelConfig(two_level=False, pv_split=1, pv_buffers=1, promote_every=default)
     assert out.dtype == torch.float16 and torch.equal(out, emulate_fp8_attention(inputs, causal=True,
                                                                                 out_dtype=torch.float16)[0])
     inputs = quantize_fp8(q, k, v, config=FP8Config(promote_every=3), softmax_scale=0.2)  # head_dim 64
     attention_from_fp8(inputs)
     assert fake_kernel[-1]["config"] == KernelConfig(promote_every=3)
-    attention_from_fp8(quantize_fp8(q, k, v, config=FP8Config(promote_every=1)))  # not head_dim 64's default (4)
-    assert fake_kernel[-1]["config"] == KernelConfig(promote_every=1)
-    attention_from_fp8(quantize_fp8(q, k, v, config=FP8Config(promote_every=4)))  # the default's interval: no config
+    attention_from_fp8(quantize_fp8(q, k, v, config=FP8Config(promote_every=other)))  # not the default interval
+    assert fake_kernel[-1]["config"] == KernelConfig(promote_every=other)
+    attention_from_fp8(quantize_fp8(q, k, v, config=FP8Config(promote_every=default)))  # the default's: no config
     assert fake_kernel[-1]["config"] is None
     out, lse = attention_from_fp8(quantize_fp8(q, k[:, :0], v[:, :0]), return_lse=True)  # seqlen_k = 0
     assert (out == 0).all() and torch.isneginf(lse).all() and len(fake_kernel) == 4

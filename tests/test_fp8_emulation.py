@@ -127,12 +127,13 @@ def test_two_level_equals_one_accumulator_in_fp32():
         assert (o - outs[0]).abs().max().item() < 1e-5
 
 
-def test_default_promotion_interval_is_the_kernels():
+def test_default_promotion_interval_is_the_kernels(monkeypatch):
     """The default recipe (promote_every None) promotes at the kernel's default interval of its head_dim
-    (layout.KERNEL_PROMOTE_EVERY): every 4 K/V tiles at 64, bitwise the same as asking for 4 and not the same as
-    1 (a coarse accumulator, so the promotion points show); every tile at 128."""
+    (layout.KERNEL_PROMOTE_EVERY, here set to 4 at 64): bitwise the same as asking for that interval and not the
+    same as another (a coarse accumulator, so the promotion points show)."""
     from fa_variants.fp8 import layout
 
+    monkeypatch.setitem(layout.KERNEL_PROMOTE_EVERY, 64, 4)
     torch.manual_seed(9)
     for d, every in ((64, 4), (128, 1)):
         assert layout.promote_every(d) == every

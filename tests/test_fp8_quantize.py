@@ -287,7 +287,7 @@ def test_config_defaults():
     assert (c.granularity, c.rotate, c.smooth_k, c.two_level, c.promote_every) == ("block", True, True, True, None)
     assert c.replace(seed=5).seed == 5
     # None: the kernel's default interval per head_dim (fa_variants.fp8.layout.KERNEL_PROMOTE_EVERY)
-    assert [c.promote_interval(d) for d in (64, 96, 128, 256, 40)] == [4, 1, 1, 1, 1]
+    assert [c.promote_interval(d) for d in (64, 96, 128, 256, 40)] == [1, 1, 1, 1, 1]
     assert FP8Config(promote_every=2).promote_interval(64) == 2 and FP8Config(promote_every=1).promote_interval(64) == 1
 
 

@@ -23,7 +23,7 @@ tiles of ``FP8Inputs.block_n`` keys (its tile_n: the K/V scale blocks are its ti
           last: O = A O + v_descale[n] acc in fp32, A = 1, acc = 0 (the kernel multiplies O by the product of
           the interval's alphas once, at the promotion). promote_every = 1 is "a fresh accumulator per tile";
           the recipe's None is the kernel's default interval at the head_dim (``FP8Config.promote_interval``,
-          ``layout.KERNEL_PROMOTE_EVERY``: 4 at 64, else 1). fp32 roundings of the promotion: A O rounded, then
+          ``layout.KERNEL_PROMOTE_EVERY``). fp32 roundings of the promotion: A O rounded, then
           + v_descale acc rounded (v_descale a power of two: the product exact). The kernel with
           ``skip_unit_rescale`` at promote_every 1 (its default at head_dim 128, 256) rounds the same way (FMUL,
           FFMA; A = 1 skips the FMUL, exactly); at promote_every > 1, or without the switch, ptxas fuses

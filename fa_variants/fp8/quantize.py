@@ -224,7 +224,7 @@ class FP8Config:
         every ``promote_every`` tiles (True), or keeps one running accumulator for O (False; the FP8 tensor
         core's accumulator keeps fewer mantissa bits than fp32, so O drifts with seqlen_k).
     promote_every: tiles per promotion (>= 1; used only with two_level), or None (default): the fa3-fp8 kernel's
-        default interval at the inputs' head_dim (``layout.KERNEL_PROMOTE_EVERY``: 4 at 64, else 1), resolved by
+        default interval at the inputs' head_dim (``layout.KERNEL_PROMOTE_EVERY``), resolved by
         ``promote_interval``; the kernel and the emulation both follow it.
     seed: of the rotation's random signs (0 <= seed < 2^63).
     Raises ValueError / TypeError naming the field for a bad value.

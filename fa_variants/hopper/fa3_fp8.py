@@ -106,7 +106,7 @@ class Fp8Config(Fa3Config):
     two_level: P V into a temporary accumulator promoted into the fp32 O (module docstring).
     promote_every: tiles per promotion with two_level (1: a fresh temporary per tile; N > 1: the temporary
         carries N tiles, rescaled like a single accumulator, then is added into O; needs pv_split 1); ignored
-        with two_level off. Defaults: ``layout.KERNEL_PROMOTE_EVERY`` (4 at head_dim 64).
+        with two_level off. Defaults: ``layout.KERNEL_PROMOTE_EVERY``.
     pv_split: the P V GEMM (and its temporary) split over this many slices of head_dim (1, 2 or 4).
     pv_buffers: temporaries for the slices (1: slice by slice; 2: slice h + 1 runs on the tensor cores
         while slice h is promoted on the CUDA cores; needs pv_split > 1).
@@ -151,9 +151,11 @@ class Fp8Config(Fa3Config):
             raise ValueError(f"fa3-fp8: out_dtype {self.out_dtype!r} must be 'bf16' or 'fp16'")
 
 
-#: switches on in every default config: skip_unit_rescale (H200, scripts/fp8speed_gpu.sh: 1.13-1.18x at N 16k
-#: non-causal; no O *= alpha when no row max of the thread moved, module docstring for its fp32 roundings)
-DEFAULT_SWITCHES = dict(skip_unit_rescale=True)
+#: switches per head_dim of the default configs: skip_unit_rescale (no O *= alpha when no row max of the thread
+#: moved, module docstring for its fp32 roundings) at 256 only. H200, scripts/fa3_fp8_speed_ab.py --set fp8flip
+#: (8 rotated rounds, N 4k / 4k causal / 16k / 16k causal, on / off): 256 1.02 / 1.05 / 1.00 / 1.07x; 128 1.00 /
+#: 0.97 / 0.97 / 0.91x, so off there (and at 64 and 96, not shown faster).
+DEFAULT_SWITCHES = {64: {}, 96: {}, 128: {}, 256: dict(skip_unit_rescale=True)}
 
 
 def _default(head_dim: int) -> Fp8Config:
@@ -162,12 +164,13 @@ def _default(head_dim: int) -> Fp8Config:
     the emulation follows), switches chosen on the H200 (bench/NOTES.md, FA3-FP8 A/B). Registers per consumer
     thread (240): O is D/2 fp32, the two-level temporary D/2 / pv_split, S tile_n/2, P tile_n/8."""
     tile_m, tile_n = layout.kernel_tiles(head_dim)
-    common = dict(tile_m=tile_m, tile_n=tile_n, stages=2, promote_every=layout.promote_every(head_dim), **DEFAULT_SWITCHES)
+    common = dict(tile_m=tile_m, tile_n=tile_n, stages=2, promote_every=layout.promote_every(head_dim),
+                  **DEFAULT_SWITCHES[head_dim])
     if head_dim == 256:  # serial steps (S is dead while P V runs); P V in four slices of d, two temporaries
         return Fp8Config(**common, pingpong=True, intra_wg_overlap=False, pv_split=4, pv_buffers=2)
     if head_dim == 128:  # tile_n 256: S (128) + O (64) + temporary (64) need S dead during P V: serial steps
         return Fp8Config(**common, intra_wg_overlap=False)
-    return Fp8Config(**common)  # 64: three consumer warpgroups (tile_m 192), promotion every 4 tiles
+    return Fp8Config(**common)  # 64: three consumer warpgroups (tile_m 192)
 
 
 DEFAULT_CONFIGS: dict[int, Fp8Config] = {d: _default(d) for d in HEAD_DIMS}
