@@ -97,7 +97,7 @@ def test_auto_switches_decode_to_the_split_config(on_h200, monkeypatch):
     assert fa2._problem_config(given, q, k, True) is given
     monkeypatch.setattr(fa2, "SPLIT_KV_ENABLED", False)
     assert fa2._problem_config(None, q, k, True) is None and fa2.auto_num_splits(q, k, True) == 1
-    assert fa2.VARIANT.switches() == (False, False)
+    assert fa2.VARIANT.switches() == (False, False, False)
 
 
 def test_decode_config_is_the_num_splits_option(on_h200):
@@ -129,6 +129,26 @@ def test_auto_packs_only_when_switched_on(on_h200, monkeypatch):
     assert fa2._problem_config(None, *qk(1, 4, 32, 4096), True).pack_gqa is False   # seqlen_q 4: not packed
     assert fa2._problem_config(None, *qk(64, 1, 8, 4096), True) is None             # MHA at B 64: neither
     assert len(fa2._warm_configs("sm_90a", 128, True)) == 3
+
+
+def test_narrow_decode_switch(on_h200, monkeypatch):
+    """FA_VARIANTS_FA2_NARROW_DECODE: a few-row query the heuristic does not split (B 8 / 64, Nq 4 / 16: the grid is
+    full, 256+ CTAs on 264 slots) runs unsplit in 64 x 64 tiles; split or packed calls, prefill and the switch off
+    keep their configs."""
+    monkeypatch.setattr(fa2, "PACK_GQA_ENABLED", True)
+    for b, nq in ((8, 4), (8, 16), (64, 4), (64, 16)):
+        assert splits(b, nq, 32, 4096) == 1 and fa2._problem_config(None, *qk(b, nq, 32, 4096), True) is None
+    monkeypatch.setattr(fa2, "NARROW_DECODE", True)
+    narrow = fa2.narrow_config("sm_90a", 128)
+    assert narrow == Sm80Config(64, 64, num_splits=1)
+    for b, nq in ((8, 4), (8, 16), (64, 4), (64, 16), (64, 64)):
+        q, k = qk(b, nq, 32, 4096)
+        assert fa2._problem_config(None, q, k, True) == narrow and fa2.auto_num_splits(q, k, True) == 1
+    assert fa2._problem_config(None, *qk(8, 65, 32, 4096), True) is None          # more rows than one 64-row tile
+    assert fa2._problem_config(None, *qk(1, 4, 32, 4096), True) == fa2.SPLIT_CONFIGS[128]  # split: as before
+    assert fa2._problem_config(None, *qk(64, 1, 32, 4096), True).pack_gqa          # packed: as before
+    assert narrow in fa2._warm_configs("sm_90a", 128, True)
+    assert fa2.VARIANT.switches()[-1] is True
 
 
 def test_grid_limit_counts_the_splits():

@@ -40,3 +40,15 @@ def test_packed_split_kernel_compiles_without_spills():
 
     r = compile_only("fa2", "sm_80", 128, "bf16", True, True, fa2.split_config("sm_80", 128, 0, pack=True))
     assert r["tiles"]["pack_gqa"] and r["spill_bytes"] == 0 and r["LDL"] == 0 and r["STL"] == 0
+
+
+def test_narrow_unsplit_kernel_compiles_without_spills():
+    """``fa2.narrow_config`` (FA_VARIANTS_FA2_NARROW_DECODE: few-row queries in 64 x 64 tiles, unsplit), causal."""
+    from fa_variants.ampere import fa2
+    from fa_variants.commands.compile import compile_only
+
+    cfg = fa2.narrow_config("sm_80", 128)
+    assert (cfg.tile_m, cfg.tile_n, cfg.num_splits, cfg.pack_gqa) == (64, 64, 1, False)
+    r = compile_only("fa2", "sm_80", 128, "bf16", True, True, cfg)
+    assert r["tiles"]["tile_m"] == 64 and r["tiles"]["num_splits"] == 1
+    assert r["spill_bytes"] == 0 and r["LDL"] == 0 and r["STL"] == 0 and r["HMMA"] > 0

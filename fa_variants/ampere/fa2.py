@@ -140,6 +140,16 @@ SPLIT_KV_ENABLED = os.environ.get("FA_VARIANTS_SPLIT_KV", "1") != "0"
 #: unpacked split 1.42-6.39x); FA_VARIANTS_FA2_PACK_GQA=0 turns it off, ``attention(pack_gqa=...)`` decides one call.
 PACK_GQA_ENABLED = os.environ.get("FA_VARIANTS_FA2_PACK_GQA", "1") != "0"
 
+#: Whether a call without ``config=`` that is not split and not packed runs a few-row query (seqlen_q <=
+#: NARROW_MAX_ROWS, e.g. decode at seqlen_q 4 / 16 with batch 8 / 64, whose grid is already full so the heuristic
+#: does not split it) in the split kernel's 64 x 64 tiles, unsplit, instead of the default 128-row tiles: each
+#: CTA's MMAs run on tile_m rows whatever seqlen_q is, so 64-row tiles halve the tensor-core work there. Model
+#: (bench/NOTES.md, "fa2 at seqlen_q 4 / 16"): B 8 Nq 4 Nk 1k 32:8 D 128 is 256 CTAs x 32 tiles x 2.1 MFLOP of
+#: 128-row MMAs, 53 us at ~330 TFLOP/s (measured 53.4); 64-row tiles ~27 us (SDPA 31.8). Off
+#: (FA_VARIANTS_FA2_NARROW_DECODE=1: on) until an H200 A/B shows it (scripts/decode4_gpu.sh).
+NARROW_DECODE = os.environ.get("FA_VARIANTS_FA2_NARROW_DECODE", "0") == "1"
+NARROW_MAX_ROWS = 64
+
 
 def ctas_per_sm(config: Sm80Config, arch: str, head_dim: int) -> int:
     """CTAs of `config` one SM holds at once (``MAX_CTAS_PER_SM``, fewer when shared memory is short)."""
@@ -224,8 +234,15 @@ def _problem_config(config: Sm80Config | None, q: torch.Tensor, k: torch.Tensor,
         return config
     pack, splits = _choice(q, k)
     if not (pack or splits):
-        return None
+        return narrow_config(_gpu(q.device)[0], q.shape[-1]) if NARROW_DECODE and q.shape[1] <= NARROW_MAX_ROWS \
+            else None
     return split_config(_gpu(q.device)[0], q.shape[-1], 0 if splits else 1, pack)
+
+
+def narrow_config(arch: str, head_dim: int) -> Sm80Config:
+    """The split kernel's tiles (``SPLIT_CONFIGS``: 64 rows) unsplit: what `auto` runs a few-row query in when
+    NARROW_DECODE is on and the heuristic does not split it."""
+    return dataclasses.replace(_split_config(arch, head_dim), num_splits=1)
 
 
 def decode_config(q: torch.Tensor, k: torch.Tensor, causal: bool, *, num_splits: int | None = None,
@@ -278,13 +295,15 @@ def _warm_configs(arch: str, head_dim: int, causal: bool) -> tuple:
     if PACK_GQA_ENABLED:
         configs += (split_config(arch, head_dim, 1, True),) + (
             (split_config(arch, head_dim, 0, True),) if SPLIT_KV_ENABLED else ())
+    if NARROW_DECODE:
+        configs += (narrow_config(arch, head_dim),)
     return configs
 
 
 VARIANT = Variant(
     "fa2", archs=("sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_120a"), dtypes=DTYPES, head_dims=HEAD_DIMS,
     default_config=default_config, check_config=_check_config, build=_build, check_problem=_check_problem,
-    plan_call=_plan_call, problem_config=_problem_config, switches=lambda: (SPLIT_KV_ENABLED, PACK_GQA_ENABLED),
+    plan_call=_plan_call, problem_config=_problem_config, switches=lambda: (SPLIT_KV_ENABLED, PACK_GQA_ENABLED, NARROW_DECODE),
     warm_configs=_warm_configs)
 
 

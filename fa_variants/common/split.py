@@ -26,24 +26,46 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 
 import torch
 
 MAX_SPLITS = 64
-MIN_BLOCKS_PER_SPLIT = 2  # a split shorter than this spends more on its prologue/epilogue than it saves
+
+
+def _min_tiles_from_env(value: str) -> int:
+    """FA_VARIANTS_SPLIT_MIN_TILES as an int >= 1 (ValueError naming the variable otherwise)."""
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"FA_VARIANTS_SPLIT_MIN_TILES must be an int >= 1 (K/V tiles per split), got {value!r}")
+    return n
+
+
+#: The fewest K/V tiles the heuristic gives a split (counts giving fewer are not considered). 2 by default; 1
+#: (FA_VARIANTS_SPLIT_MIN_TILES=1, off until an H200 A/B shows it) lets short-Nk decode split into one-tile CTAs:
+#: B 1, Nk 1k, 128-key tiles, 8 packed CTAs -> 8 splits (64 CTAs of 1 tile) instead of 4 (32 CTAs of 2). The
+#: latency/bandwidth model of bench/NOTES.md ("Decode at B 1, short Nk: where the time goes") predicts
+#: max(1 tile x 0.85 us, 4.2 MB / 4 TB/s) = 1.05 us of streaming instead of 2 x 0.85 = 1.7 us there. Read once,
+#: at import: fa3 and fa2 cache the count per shape.
+MIN_BLOCKS_PER_SPLIT = _min_tiles_from_env(os.environ.get("FA_VARIANTS_SPLIT_MIN_TILES", "2"))
 # A CTA's fixed cost (launch slot, Q load, pipeline fill, epilogue, its share of the merge) in K/V tiles.
 SPLIT_OVERHEAD_TILES = 1
 
 
-def num_splits_heuristic(ctas: int, n_blocks: int, num_sms: int, max_splits: int = MAX_SPLITS) -> int:
+def num_splits_heuristic(ctas: int, n_blocks: int, num_sms: int, max_splits: int = MAX_SPLITS,
+                         min_tiles: int | None = None) -> int:
     """Splits per query tile: 1 when `ctas` (batch x heads x query tiles) already give every SM work, else the
     count with the least modelled time, the fewest on a tie.
 
     ctas: CTAs without splitting; n_blocks: K/V tiles per query tile (the longest); num_sms: SMs of the GPU, or
-    the CTA slots of a kernel that runs several CTAs per SM (fa2 passes SMs x ``ampere.fa2.ctas_per_sm``).
+    the CTA slots of a kernel that runs several CTAs per SM (fa2 passes SMs x ``ampere.fa2.ctas_per_sm``);
+    min_tiles: the fewest tiles per split (None: MIN_BLOCKS_PER_SPLIT).
     Model (one CTA per SM, true of every fa3 config: 240 registers x 256+ threads): s splits take
     ceil(ctas s / num_sms) waves of ceil(n_blocks / s) + SPLIT_OVERHEAD_TILES tile times each; counts giving a
-    split fewer than MIN_BLOCKS_PER_SPLIT tiles are not considered. At B = 1, 32:8 packed (8 CTAs) and 4k keys
+    split fewer than `min_tiles` tiles are not considered. At B = 1, 32:8 packed (8 CTAs) and 4k keys
     (32 tiles) on 132 SMs it takes 16 splits (128 CTAs of 2 tiles) where the wave-efficiency rule of
     Dao-AILab/flash-attention (hopper/heuristics.h::num_splits_heuristic, which this replaced) took 14 (112 CTAs,
     some with 3 tiles: the longest CTA sets the time).
@@ -52,7 +74,7 @@ def num_splits_heuristic(ctas: int, n_blocks: int, num_sms: int, max_splits: int
         return 1
     if ctas >= 0.8 * num_sms:
         return 1
-    limit = max(1, min(max_splits, num_sms, n_blocks // MIN_BLOCKS_PER_SPLIT))
+    limit = max(1, min(max_splits, num_sms, n_blocks // (min_tiles or MIN_BLOCKS_PER_SPLIT)))
 
     def cost(s: int) -> int:
         return math.ceil(ctas * s / num_sms) * (math.ceil(n_blocks / s) + SPLIT_OVERHEAD_TILES)
