@@ -18,7 +18,11 @@ Variants (``VARIANTS``), each fa3 through ``hopper.fa3.run`` with an explicit pa
 * ``dual+pdl2`` two CTAs per SM (``DECODE_TILES["dual"]``: D 64 128-key tiles, D 128 64-key tiles, 2 stages,
                 consumer 232 registers): one CTA's prologue and epilogue under the other's main loop; and PDL;
 * ``deep+pdl2/2`` half the heuristic's split count (shapes it splits), to see if the merge-free side pays;
-* ``deep+pdl2 nosplit`` one CTA per (batch, KV head) walking all tiles (shapes the heuristic splits): no merge.
+* ``deep+pdl2 nosplit`` one CTA per (batch, KV head) walking all tiles (shapes the heuristic splits): no merge;
+* ``min1``      the base tiles with the count the heuristic gives when a split may hold one K/V tile
+                (``common.split.num_splits_heuristic(min_tiles=1)``, FA_VARIANTS_SPLIT_MIN_TILES=1): B 1 Nk 1k
+                8 one-tile splits where `auto` takes 4 of two tiles; elsewhere the same count as `auto`;
+* ``min1+pdl``, ``min1+pdl2``  and the merge (and the attention kernel) as programmatic dependents.
 
 Variants through the public path (``PUBLIC``: ``fa_variants.attention`` with fa3's module switches set for the
 call, so any seqlen_q works and the split count is `auto`'s):
@@ -74,11 +78,14 @@ MISSES = [
 # not (batch 64): a default change must not lose them
 WINS = [(128, 32, 8, 1, 4096, 16), (64, 32, 8, 1, 32768, 4), (128, 64, 8, 8, 32768, 16), (128, 32, 8, 64, 4096, 16),
         (64, 64, 8, 1, 1024, 16), (128, 32, 8, 8, 1024, 4)]
+# issue 13's short-Nk one-row shapes (batch 1 / 8, Nk 1k / 4k) and a few long-Nk / full-grid controls (--short-nk)
+SHORT_NK = [(d, h, 8, b, nk) for d in (64, 128) for h in (32, 64) for b in (1, 8) for nk in (1024, 4096)]
+CONTROLS = [(128, 32, 8, 1, 32768), (64, 32, 8, 1, 131072), (128, 64, 8, 64, 4096), (64, 32, 8, 64, 1024)]
 ALL_NQ1 = [(d, h, 8, b, nk) for d in (64, 128) for h in (32, 64) for b in (1, 8, 64)
            for nk in (1024, 4096, 32768, 131072)]
 
 #: name -> (decode tile set, split policy, PDL merge, PDL attention kernel); policy: "auto" (the heuristic),
-#: "half", "none" (1)
+#: "half", "none" (1), "min1" (the heuristic allowing one-tile splits)
 VARIANTS = {
     "pdl": ("base", "auto", True, False),
     "pdl2": ("base", "auto", True, True),
@@ -88,6 +95,9 @@ VARIANTS = {
     "dual+pdl2": ("dual", "auto", True, True),
     "deep+pdl2/2": ("deep", "half", True, True),
     "deep+pdl2 nosplit": ("deep", "none", False, True),
+    "min1": ("base", "min1", False, False),
+    "min1+pdl": ("base", "min1", True, False),
+    "min1+pdl2": ("base", "min1", True, True),
 }
 #: name -> fa3 module switches set for each call of the public path (the rest as shipped: see ``flags``)
 PUBLIC = {
@@ -102,13 +112,14 @@ SHIPPED = dict(FUSED_MERGE="off", DECODE_PDL=False, DECODE_TILES_CHOICE="base")
 NUM_SMS_DEFAULT = 132  # H100/H200 SXM, for --plan without a GPU
 
 
-def heuristic_splits(config, shape, num_sms: int) -> int:
-    """``hopper.fa3.num_splits_for`` for a packed seqlen_q = 1 config, without tensors."""
+def heuristic_splits(config, shape, num_sms: int, min_tiles: int | None = None) -> int:
+    """``hopper.fa3.num_splits_for`` for a packed seqlen_q = 1 config, without tensors (``min_tiles``: the
+    heuristic's fewest tiles per split; None: ``common.split.MIN_BLOCKS_PER_SPLIT``)."""
     from fa_variants.common import split
 
     d, h, hkv, b, nk = shape[:5]
     m_blocks = -(-(h // hkv) // config.tile_m)
-    return split.num_splits_heuristic(m_blocks * hkv * b, -(-nk // config.tile_n), num_sms)
+    return split.num_splits_heuristic(m_blocks * hkv * b, -(-nk // config.tile_n), num_sms, min_tiles=min_tiles)
 
 
 def seqlen_q(shape) -> int:
@@ -158,6 +169,11 @@ def entry(name: str, shape, num_sms: int):
         return None  # same as another variant at this head dim
     split_cfg = fa3.decode_tiles(fa3._PACKED_SPLIT_CONFIGS[d], d, tiles, pdl=kernel_pdl)
     auto = heuristic_splits(split_cfg, shape, num_sms)
+    if policy == "min1":  # the same count as `auto` at most shapes: timed anyway, an A/A check of the protocol
+        splits = heuristic_splits(split_cfg, shape, num_sms, min_tiles=1)
+        if splits == 1:
+            return dataclasses.replace(split_cfg, num_splits=1), None, False
+        return split_cfg, splits, pdl or kernel_pdl
     if policy != "auto" and auto == 1:
         return None  # not split anyway
     splits = {"auto": auto, "half": max(1, auto // 2), "none": 1}[policy]
@@ -430,6 +446,7 @@ def main() -> int:
     p.add_argument("--compile-only", action="store_true", help="compile the plan's kernels into the disk cache, exit")
     p.add_argument("--all-nq1", action="store_true", help="all 48 seqlen_q = 1 shapes, not only the 32 misses")
     p.add_argument("--wins", action="store_true", help="also the WINS shapes (seqlen_q 4 / 16, batch 64)")
+    p.add_argument("--short-nk", action="store_true", help="SHORT_NK + CONTROLS instead of the 32 misses")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS) + list(PUBLIC))
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--reps", type=int, default=5, help="graph replays per timing (median)")
@@ -437,7 +454,7 @@ def main() -> int:
     p.add_argument("--out", default=os.path.join(os.environ["OUT"], "decode_ab") if os.environ.get("OUT")
                    else "results/decode2/decode_ab")
     a = p.parse_args()
-    shapes = (ALL_NQ1 if a.all_nq1 else MISSES) + (WINS if a.wins else [])
+    shapes = (ALL_NQ1 if a.all_nq1 else SHORT_NK + CONTROLS if a.short_nk else MISSES) + (WINS if a.wins else [])
     gpu = not (a.plan or a.compile_only)
     if gpu:
         import torch
