@@ -11,7 +11,12 @@ seqlen_q = 1 the two masks agree; at 4 / 16 the causal rows skip at most 15 of s
 * ``nosplit`` ``ampere.fa2.run`` with the default tiles, num_splits = 1 (one CTA per (query tile, head, batch));
 * ``pack``    (seqlen_q = 1) ``attention(backend="fa2", pack_gqa=True)``: the 4 query heads of a KV head in one
               tile, split by the heuristic (off in `auto` until measured: FA_VARIANTS_FA2_PACK_GQA=1);
-* ``sdpa``    ``torch.nn.functional.scaled_dot_product_attention`` (its own backend choice, enable_gqa).
+* ``sdpa``    ``torch.nn.functional.scaled_dot_product_attention`` (its own backend choice, enable_gqa);
+* ``narrow``  (seqlen_q > 1 where `auto` does not split) ``ampere.fa2.run`` with ``fa2.narrow_config``: the split
+              kernel's 64 x 64 tiles, unsplit (what FA_VARIANTS_FA2_NARROW_DECODE=1 makes `auto` run there);
+              its own table after the summary (narrow / SDPA, narrow / split).
+
+``--batch / --nq / --nk`` take a subset of the shapes.
 
 Each output is compared with SDPA's once (max |difference| < 0.02, else the row is marked BAD). Timing is
 ``scripts/decode_ab.py``'s (``gpu_us``: calls captured in one CUDA graph by ``bench.decode.cuda_graph_of``,
@@ -42,9 +47,9 @@ ENTRIES = ("sdpa", "nosplit", "split")  # every shape; "pack" at seqlen_q = 1 on
 PLAN_GPU = ("sm_90a", 132)  # --plan without a GPU: an H200
 
 
-def shapes() -> list[tuple[int, int, int]]:
+def shapes(batch=BATCH, nq=NQ, nk=NK) -> list[tuple[int, int, int]]:
     """(batch, seqlen_q, seqlen_k), the largest K/V last."""
-    return [(b, nq, nk) for nk, b, nq in itertools.product(NK, BATCH, NQ)]
+    return [(b, q, k) for k, b, q in itertools.product(nk, batch, nq)]
 
 
 def planned_splits(shape, arch: str, num_sms: int, pack: bool = False) -> int:
@@ -71,13 +76,13 @@ def run(a) -> int:
     from fa_variants.common import cache, interop
 
     arch = interop.device_arch(0)
-    results, todo = [], shapes()
+    results, todo = [], shapes(a.batch, a.nq, a.nk)
     try:
         for i, shape in enumerate(todo):
-            results.append(measure(a, i, shape, arch))
+            results.append(measure(a, i, shape, arch, len(todo)))
     except KeyboardInterrupt:  # the GPU script's time limit (timeout -s INT): summarise what was measured
         print(f"interrupted after {len(results)}/{len(todo)} shapes", flush=True)
-    text = summary(results)
+    text = summary(results) + narrow_summary(results)
     print(f"kernels this process: {cache.cache_info()}")
     print(text)
     out = Path(a.out)
@@ -88,7 +93,7 @@ def run(a) -> int:
     return 0
 
 
-def measure(a, i: int, shape, arch: str) -> dict:
+def measure(a, i: int, shape, arch: str, total: int) -> dict:
     """One shape: each entry checked once on a fresh Q, then timed (``decode_ab.gpu_us``) in rotated rounds."""
     import torch
     import torch.nn.functional as F
@@ -114,6 +119,9 @@ def measure(a, i: int, shape, arch: str) -> dict:
     if nq == 1:
         fns["pack"] = lambda: fa_variants.attention(q, k, v, causal=True, backend="fa2", pack_gqa=True)
         res["pack_splits"] = fa2.num_splits_for(fa2.decode_config(q, k, True, pack_gqa=True), q, k)
+    elif res["splits"] == 1:
+        narrow = fa2.narrow_config(arch, HEAD_DIM)
+        fns["narrow"] = lambda: fa2.run(q, k, v, causal=True, softmax_scale=scale, config=narrow)[0]
     for name, fn in fns.items():
         try:
             fn()
@@ -130,9 +138,9 @@ def measure(a, i: int, shape, arch: str) -> dict:
         for name in ok[rnd % len(ok):] + ok[:rnd % len(ok)]:
             per_round[name].append(gpu_us(fns[name], a.reps, torch))
     res["us"] = us = {n: statistics.median(t) for n, t in per_round.items() if t}
-    print(f"[{i + 1}/{len(shapes())}] B{b} Nq{nq} Nk{nk}: sdpa {us.get('sdpa', math.nan):.1f} nosplit "
+    print(f"[{i + 1}/{total}] B{b} Nq{nq} Nk{nk}: sdpa {us.get('sdpa', math.nan):.1f} nosplit "
           f"{us.get('nosplit', math.nan):.1f} split {us.get('split', math.nan):.1f} us ({res['splits']} splits) "
-          f"pack {us.get('pack', math.nan):.1f}", flush=True)
+          f"pack {us.get('pack', math.nan):.1f} narrow {us.get('narrow', math.nan):.1f}", flush=True)
     del q, k, v, fns
     torch.cuda.empty_cache()
     return res
@@ -193,18 +201,51 @@ def summary(results) -> str:
     return "\n".join(lines)
 
 
+def narrow_summary(results) -> str:
+    """Markdown for the ``narrow`` entries (none: ""): per shape GPU us of SDPA, `auto` (split) and narrow, the
+    ratios narrow / SDPA and narrow / split, then their geomeans and the wins."""
+    rows = [r for r in results if "narrow" in r["err"]]
+    if not rows:
+        return ""
+    lines = ["", "fa2 narrow (64 x 64 tiles, unsplit; FA_VARIANTS_FA2_NARROW_DECODE=1) where `auto` does not split:",
+             "| shape | sdpa us | split us | narrow us | narrow/sdpa | narrow/split |", "|---|---|---|---|---|---|"]
+    logs, wins = {"narrow/sdpa": [], "narrow/split": []}, 0
+    for r in rows:
+        b, nq, nk = r["shape"]
+        us, err = r["us"], r["err"]
+        good = [n for n in ("sdpa", "split", "narrow") if isinstance(err.get(n), float) and err[n] <= 0.02 and n in us]
+        if len(good) < 3:
+            lines.append(f"| B{b} Nq{nq} Nk{nk} | " + " | ".join(
+                f"{us[n]:.1f}" if n in good else "BAD" for n in ("sdpa", "split", "narrow")) + " | - | - |")
+            continue
+        x, y = us["narrow"] / us["sdpa"], us["narrow"] / us["split"]
+        logs["narrow/sdpa"].append(math.log(x))
+        logs["narrow/split"].append(math.log(y))
+        wins += x <= 1.0
+        lines.append(f"| B{b} Nq{nq} Nk{nk} | {us['sdpa']:.1f} | {us['split']:.1f} | {us['narrow']:.1f} | {x:.2f} | "
+                     f"{y:.2f} |")
+    for key, xs in logs.items():
+        lines.append(f"  geomean {key:14s} {math.exp(sum(xs) / len(xs)) if xs else math.nan:.3f}")
+    lines.append(f"  narrow <= sdpa at {wins}/{len(logs['narrow/sdpa'])}")
+    return "\n".join(lines)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--plan", action="store_true", help="print the shapes and split counts and exit (no GPU needed)")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--batch", type=int, nargs="+", default=list(BATCH))
+    p.add_argument("--nq", type=int, nargs="+", default=list(NQ))
+    p.add_argument("--nk", type=int, nargs="+", default=list(NK))
     p.add_argument("--reps", type=int, default=5, help="graph replays per timing (median)")
     p.add_argument("--out", default=os.path.join(os.environ["OUT"], "fa2split") if os.environ.get("OUT")
                    else "results/fa2split")
     a = p.parse_args()
     if a.plan:
         arch, num_sms = PLAN_GPU
-        print(f"{len(shapes())} shapes x {ENTRIES}; {a.rounds} rounds; split counts on {arch} with {num_sms} SMs:")
-        for shape in shapes():
+        todo = shapes(a.batch, a.nq, a.nk)
+        print(f"{len(todo)} shapes x {ENTRIES}; {a.rounds} rounds; split counts on {arch} with {num_sms} SMs:")
+        for shape in todo:
             packed = f", packed {planned_splits(shape, arch, num_sms, True)}" if shape[1] == 1 else ""
             print(f"  B{shape[0]} Nq{shape[1]} Nk{shape[2]}: {planned_splits(shape, arch, num_sms)} splits{packed}")
         return 0

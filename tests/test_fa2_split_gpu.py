@@ -278,3 +278,17 @@ def test_scratch_shared_with_fa3(nan_allocations):
         torch.cuda.synchronize()
     for (q, k, v), (out, lse) in zip(inputs, results):
         assert_attention_ok(out, lse, q, k, v, True, what="fa2 / fa3 alternating")
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+@pytest.mark.parametrize("batch, seqlen_q, seqlen_k", [(8, 4, 1023), (3, 16, 4224), (2, 64, 113), (2, 5, 3),
+                                                       (64, 16, 1024)])
+def test_narrow_decode_matches_float64(batch, seqlen_q, seqlen_k, causal, nan_allocations, monkeypatch):
+    """FA_VARIANTS_FA2_NARROW_DECODE: few-row queries in 64 x 64 tiles, unsplit (explicit, and `auto` with the switch
+    on where it does not split), odd lengths, seqlen_q > seqlen_k (causal rows seeing no key), GQA 32:8 D128."""
+    q, k, v = qkv(batch, seqlen_q, seqlen_k, 32, 8, 128)
+    refs = run_checked(q, k, v, causal, fa2.narrow_config(arch(), 128), nan_allocations, what="narrow")[2]
+    monkeypatch.setattr(fa2, "NARROW_DECODE", True)
+    if fa2.auto_num_splits(q, k, causal) == 1:
+        assert fa2._problem_config(None, q, k, causal) == fa2.narrow_config(arch(), 128)
+    run_checked(q, k, v, causal, None, nan_allocations, what="auto, narrow on", refs=refs)

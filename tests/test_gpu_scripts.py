@@ -451,3 +451,18 @@ def test_decode_model_fits_the_s4_run_and_predicts_min_tiles_one():
         if shape[4] > 1024 or shape[3] > 1:  # (batch 1 and 8 / 64 in that run)
             assert model.heuristic(*shape) == model.heuristic(*shape, 1), shape
     assert split.MIN_BLOCKS_PER_SPLIT == 2
+
+
+def test_decode_ab_min1_variants():
+    """scripts/decode_ab.py --short-nk: min1 runs the count of one-tile splits (B 1 Nk 1k: 8, forced; `auto` 4),
+    the same count as `auto` elsewhere, unsplit where nothing splits; +pdl / +pdl2 set the PDL flags."""
+    ab = load_script("decode_ab")
+    shapes = ab.SHORT_NK + ab.CONTROLS
+    assert len(shapes) == 20 and len(set(shapes)) == 20
+    by = {(r["shape"], r["variant"]): r for r in ab.plan(shapes, ["min1", "min1+pdl2"], 132)}
+    short = (128, 32, 8, 1, 1024)
+    assert ab.entry("min1", short, 132)[1] == 8 and by[(short, "min1")]["splits"] == 8
+    assert not by[(short, "min1")]["pdl"] and by[(short, "min1+pdl2")]["config"].pdl
+    assert by[((128, 32, 8, 1, 4096), "min1")]["splits"] == 16 and by[((64, 32, 8, 8, 1024), "min1")]["splits"] == 2
+    full = by[((128, 64, 8, 64, 4096), "min1")]
+    assert full["splits"] == 1 and full["config"].num_splits == 1
