@@ -488,3 +488,37 @@ def test_auto_runs_the_chosen_decode_tiles(split_kv, pack_gqa, monkeypatch):
     assert cfg.stages == fa3.DECODE_TILES["deep"][64]["stages"] and cfg.pdl
     out = fa_variants.attention(q, k, v, causal=True)
     assert check_against_reference(out, q, k, v, True).ok
+
+
+# ----- issue 13, session 5: one-tile splits (FA_VARIANTS_SPLIT_MIN_TILES=1) -----
+
+
+@pytest.fixture
+def min_tiles_one(monkeypatch):
+    """common.split.MIN_BLOCKS_PER_SPLIT = 1, as FA_VARIANTS_SPLIT_MIN_TILES=1 sets it at import (fa3's cached
+    counts cleared before and after)."""
+    monkeypatch.setattr(split, "MIN_BLOCKS_PER_SPLIT", 1)
+    fa3._auto_splits.cache_clear()
+    yield
+    fa3._auto_splits.cache_clear()
+
+
+@pytest.mark.parametrize("merge_pdl", [False, True], ids=["two-kernels", "merge-pdl"])
+@pytest.mark.parametrize("shape, splits", [((1, 1024, 32, 8, 128), 8), ((1, 1000, 64, 8, 64), 8),
+                                           ((2, 1024, 32, 8, 128), 8), ((1, 130, 32, 8, 128), 2),
+                                           ((1, 4096, 32, 8, 128), 16)], ids=lambda s: "x".join(map(str, s))
+                         if isinstance(s, tuple) else str(s))
+def test_one_tile_splits_through_auto(shape, splits, merge_pdl, min_tiles_one, split_kv, pack_gqa, monkeypatch):
+    """`auto` with one-tile splits allowed: B 1-2 Nk ~1k packed decode runs 8 splits of one 128-key tile (the last
+    partial at Nk 1000 and 130), Nk 4k still 16; each call within the rule (O and LSE), three calls with fresh Q."""
+    import fa_variants
+    from fa_variants.common import split_combine
+
+    b, nk, h, hkv, d = shape
+    q, k, v = _qkv(b, 1, nk, h, hkv, d)
+    assert fa3.auto_num_splits(q, k, True) == splits
+    monkeypatch.setattr(split_combine, "MERGE_PDL", merge_pdl)
+    for _ in range(3):
+        q.copy_(torch.randn_like(q))
+        out, lse = fa_variants.attention(q, k, v, causal=True, backend="fa3", return_lse=True)
+        assert_attention_ok(out, lse, q, k, v, True)
