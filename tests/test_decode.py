@@ -282,3 +282,23 @@ def test_two_ctas_per_sm_is_checked():
         dataclasses.replace(fa3.DEFAULT_CONFIGS[128], ctas_per_sm=2).check(128)  # two consumer warpgroups
     with pytest.raises(ValueError, match="ctas_per_sm"):
         dataclasses.replace(base, ctas_per_sm=3).check(64)
+
+
+def test_decode_table_subset_and_summary(capsys):
+    """`bench --decode --decode-nk 1024,4096 --decode-batch 1 ...`: the subset of cases; the summary counts the cases
+    at or below SDPA, their geomean and worst, and ours' lowest HBM share at Nk >= 32k."""
+    from fa_variants.bench import decode
+    from fa_variants.cli import main
+
+    sub = decode.cases(nk=(1024, 4096), batch=(1,), head_dims=(128,))
+    assert len(sub) == 2 * 3 * 2 and {(c.seqlen_k, c.batch, c.head_dim) for c in sub} == {(1024, 1, 128), (4096, 1, 128)}
+    assert main(["bench", "--decode", "--dry-run", "--decode-nk", "1024", "--decode-nq", "1", "--decode-batch", "1,8"]) == 0
+    assert "decode table: 8 cases" in capsys.readouterr().out
+    case = dict(head_dim=128, heads=32, heads_kv=8, batch=1, seqlen_q=1)
+    rows = [dict(case, seqlen_k=1024, impl="sdpa (auto)", gpu_us=10.0), dict(case, seqlen_k=1024, impl="ours (auto)", gpu_us=8.0),
+            dict(case, seqlen_k=32768, impl="sdpa (auto)", gpu_us=40.0),
+            dict(case, seqlen_k=32768, impl="ours (auto)", gpu_us=50.0, hbm_share=0.6),
+            dict(case, seqlen_k=32768, impl="flash-attn-4", error="E")]
+    text = decode.summary(rows)
+    assert "ours (auto): <= sdpa (auto) at 1/2 cases, geomean 1.000, worst 1.25 (D128 32:8 B1 Nk32768 Nq1)" in text
+    assert "flash-attn-4: no case timed" in text and "lowest 60% (D128 B1 Nk32768 Nq1); target >= 70%" in text

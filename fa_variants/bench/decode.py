@@ -51,9 +51,11 @@ class DecodeCase:
         return 2 * self.batch * self.seqlen_k * self.heads_kv * self.head_dim * 2
 
 
-def cases(quick: bool = False) -> list[DecodeCase]:
-    """The decode table's cases, largest K/V last within each head dim."""
+def cases(quick: bool = False, **subset) -> list[DecodeCase]:
+    """The decode table's cases, largest K/V last within each head dim; ``subset`` (nq, nk, batch, head_dims: a
+    tuple, or None for all) keeps the cases with those values (``--decode-nq`` etc.)."""
     p = QUICK if quick else dict(nq=NQ, nk=NK, batch=BATCH, gqa=GQA, head_dims=HEAD_DIMS)
+    p = dict(p, **{key: values for key, values in subset.items() if values})
     return [DecodeCase(b, nq, nk, h, hkv, d) for d, (h, hkv), b, nk, nq in
             itertools.product(p["head_dims"], p["gqa"], p["batch"], p["nk"], p["nq"])]
 
@@ -175,15 +177,53 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def summary(rows: list[dict], ours: str = "ours (auto)", ref: str = "sdpa (auto)") -> str:
+    """Per implementation other than `ref`: the cases at or below `ref`'s GPU time, the geometric mean of the
+    ratio, the worst case; and ours' lowest HBM share at Nk >= 32k (the issue's >= 70% target)."""
+    import math
+
+    key = lambda r: (r["head_dim"], r["heads"], r["heads_kv"], r["batch"], r["seqlen_k"], r["seqlen_q"])  # noqa: E731
+    base = {key(r): r["gpu_us"] for r in rows if r["impl"] == ref and "gpu_us" in r}
+    lines = [f"summary (GPU time / {ref}'s):"]
+    for impl in dict.fromkeys(r["impl"] for r in rows if r["impl"] != ref):
+        ratios = [(r["gpu_us"] / base[key(r)], key(r)) for r in rows
+                  if r["impl"] == impl and "gpu_us" in r and key(r) in base]
+        if not ratios:
+            lines.append(f"  {impl}: no case timed beside {ref}")
+            continue
+        gm = math.exp(sum(math.log(x) for x, _ in ratios) / len(ratios))
+        worst = max(ratios)
+        lines.append(f"  {impl}: <= {ref} at {sum(x <= 1.0 for x, _ in ratios)}/{len(ratios)} cases, geomean "
+                     f"{gm:.3f}, worst {worst[0]:.2f} (D{worst[1][0]} {worst[1][1]}:{worst[1][2]} B{worst[1][3]} "
+                     f"Nk{worst[1][4]} Nq{worst[1][5]})")
+    long = [r for r in rows if r["impl"] == ours and "hbm_share" in r and r["seqlen_k"] >= 32768]
+    if long:
+        low = min(long, key=lambda r: r["hbm_share"])
+        lines.append(f"  {ours} HBM share at Nk >= 32k: lowest {100 * low['hbm_share']:.0f}% (D{low['head_dim']} "
+                     f"B{low['batch']} Nk{low['seqlen_k']} Nq{low['seqlen_q']}); target >= 70%")
+    return "\n".join(lines)
+
+
+def _ints(text: str) -> tuple:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of ints") from None
+
+
 def configure_parser(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("decode table (--decode)")
     g.add_argument("--decode", action="store_true", help="the decode table (issue 13) instead of the TFLOP/s sweep")
     g.add_argument("--peak-tbps", type=float, default=4.8, help="HBM peak in TB/s for the HBM %% column (H200: 4.8)")
+    for name, what in (("nq", "seqlen_q"), ("nk", "seqlen_k"), ("batch", "batch sizes"), ("head-dims", "head dims")):
+        g.add_argument(f"--decode-{name}", type=_ints, metavar="LIST", help=f"only these {what} (comma list)")
+    g.add_argument("--decode-no-fa4", action="store_true", help="ours and SDPA only (flash-attn-4 compiles per shape)")
 
 
 def run_cli(args: argparse.Namespace) -> int:
     """Print the decode table (and save it, with JSON, under --out when given)."""
-    todo = cases(quick=args.quick)
+    todo = cases(quick=args.quick, nq=getattr(args, "decode_nq", None), nk=getattr(args, "decode_nk", None),
+                 batch=getattr(args, "decode_batch", None), head_dims=getattr(args, "decode_head_dims", None))
     if args.dry_run:
         print(f"decode table: {len(todo)} cases (bf16, causal): " + ", ".join(
             f"D{c.head_dim} {c.heads}:{c.heads_kv} B{c.batch} Nk{c.seqlen_k} Nq{c.seqlen_q}" for c in todo[:4]) + ", ...")
@@ -194,11 +234,13 @@ def run_cli(args: argparse.Namespace) -> int:
         print("fa-variants bench --decode: no CUDA GPU here (--dry-run lists the cases)")
         return 2
     impls = implementations()
+    if getattr(args, "decode_no_fa4", False):
+        impls.pop("flash-attn-4", None)
     rows = []
     for i, case in enumerate(todo):
         rows.extend(measure(case, impls, args.peak_tbps))
         print(f"[{i + 1}/{len(todo)}] {case}", flush=True)
-    text = table(rows)
+    text = table(rows) + "\n\n" + summary(rows)
     print(text)
     if args.out:
         out = Path(args.out)
