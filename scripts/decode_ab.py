@@ -203,8 +203,8 @@ def plan(shapes, variants, num_sms: int) -> list[dict]:
 
 def compile_item(item) -> str:
     """Compile one kernel into the disk cache (a worker of ``compile_all``; CUTE_DSL_ARCH sm_90a, bf16): ``item`` =
-    (kind, head_dim, causal, config) with kind "fa3" (config: its Sm90Config), "fa2" (config None: the launcher's
-    default static config) or "merge" (config: the merge's pdl flag). Returns a line for the log."""
+    (kind, head_dim, causal, config) with kind "fa3" (config: its Sm90Config), "fa2" (its Sm80Config, or None: the
+    launcher's default static config) or "merge" (config: the merge's pdl flag). Returns a line for the log."""
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     from fa_variants import registry
     from fa_variants.common import split_combine
@@ -214,8 +214,8 @@ def compile_item(item) -> str:
     if kind == "merge":
         registry.compiled(registry.static_config("split-merge", "sm_90a", "bf16", d, False,
                                                  split_combine.MergeConfig(pdl=cfg)))
-    elif kind == "fa2":  # as the launcher keys fa2's default config
-        registry.compiled(registry.variant("fa2").static_config("sm_90a", "bf16", d, causal))
+    elif kind == "fa2":  # as the launcher keys fa2's config (None: its default)
+        registry.compiled(registry.static_config("fa2", "sm_90a", "bf16", d, causal, cfg))
     else:
         registry.compiled(registry.static_config("fa3", "sm_90a", "bf16", d, causal, cfg))
     return f"{kind} D{d} {time.time() - t:.0f}s"
@@ -451,6 +451,8 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--reps", type=int, default=5, help="graph replays per timing (median)")
     p.add_argument("--jobs", type=int, default=min(12, os.cpu_count() or 1), help="parallel compile processes")
+    p.add_argument("--no-precompile", action="store_true",
+                   help="skip the parallel precompile (a script already compiled the plan into the disk cache)")
     p.add_argument("--out", default=os.path.join(os.environ["OUT"], "decode_ab") if os.environ.get("OUT")
                    else "results/decode2/decode_ab")
     a = p.parse_args()
@@ -481,7 +483,8 @@ def main() -> int:
             print(f"  {label(shape)}: auto splits {auto}; " + ", ".join(
                       f"{r['variant']} {r['splits']}" for r in rows if r["shape"] == shape))
         return 0
-    precompile(rows, a.jobs)
+    if not a.no_precompile:
+        precompile(rows, a.jobs)
     if a.compile_only:
         return 0
     return run(a, shapes, rows)

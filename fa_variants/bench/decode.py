@@ -237,9 +237,13 @@ def run_cli(args: argparse.Namespace) -> int:
     if getattr(args, "decode_no_fa4", False):
         impls.pop("flash-attn-4", None)
     rows = []
-    for i, case in enumerate(todo):
-        rows.extend(measure(case, impls, args.peak_tbps))
-        print(f"[{i + 1}/{len(todo)}] {case}", flush=True)
+    try:
+        for i, case in enumerate(todo):
+            rows.extend(measure(case, impls, args.peak_tbps))
+            print(f"[{i + 1}/{len(todo)}] {case}", flush=True)
+    except KeyboardInterrupt:  # a GPU script's time limit (timeout -s INT): the table of the cases measured
+        print(f"interrupted: {len({tuple(r[k] for k in ('head_dim', 'heads', 'batch', 'seqlen_k', 'seqlen_q')) for r in rows})}"
+              f"/{len(todo)} cases measured", flush=True)
     text = table(rows) + "\n\n" + summary(rows)
     print(text)
     if args.out:
