@@ -19,8 +19,8 @@
 # B1 Nk1024 rows (8 splits instead of 4: ~0.65 us less, D128 ~7.6 us, D64 ~7.4) and within +-3% of auto on the other
 # 16 rows (same split count: an A/A check); min1+pdl2 at B1 Nk1024 ~6.3-6.5 us (SDPA 5.7-6.8). If min1 < auto on all
 # four rows and no row > 1.03x auto: FA_VARIANTS_SPLIT_MIN_TILES's default may become 1 (common/split.py).
-# (3) no BAD; predicted narrow/split ~0.5-0.6 (half the MMA rows) and narrow/sdpa ~0.85-1.05; if narrow/split < 0.9
-# everywhere, fa2.NARROW_DECODE may default on. (4) the table and its summary print (108 cases, no ERR rows).
+# (3) no BAD; predicted narrow/split 0.5-0.65 (half the MMA rows; more if 64-row tiles are shared-memory bound) and
+# narrow/sdpa 0.85-1.3; if narrow/split < 0.9 everywhere, fa2.NARROW_DECODE may default on. (4) the table and its summary print (108 cases, no ERR rows).
 set -uo pipefail
 source "$(dirname "$0")/steps.sh"; help_from_header "$@"
 out="${OUT:-results/decode4}"; session_setup "$out/logs"

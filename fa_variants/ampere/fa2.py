@@ -145,7 +145,7 @@ PACK_GQA_ENABLED = os.environ.get("FA_VARIANTS_FA2_PACK_GQA", "1") != "0"
 #: does not split it) in the split kernel's 64 x 64 tiles, unsplit, instead of the default 128-row tiles: each
 #: CTA's MMAs run on tile_m rows whatever seqlen_q is, so 64-row tiles halve the tensor-core work there. Model
 #: (bench/NOTES.md, "fa2 at seqlen_q 4 / 16"): B 8 Nq 4 Nk 1k 32:8 D 128 is 256 CTAs x 32 tiles x 2.1 MFLOP of
-#: 128-row MMAs, 53 us at ~330 TFLOP/s (measured 53.4); 64-row tiles ~27 us (SDPA 31.8). Off
+#: 128-row MMAs, 53 us at ~330 TFLOP/s (measured 53.4); 64-row tiles 27-35 us (SDPA 31.8). Off
 #: (FA_VARIANTS_FA2_NARROW_DECODE=1: on) until an H200 A/B shows it (scripts/decode4_gpu.sh).
 NARROW_DECODE = os.environ.get("FA_VARIANTS_FA2_NARROW_DECODE", "0") == "1"
 NARROW_MAX_ROWS = 64
