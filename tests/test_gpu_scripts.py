@@ -436,21 +436,18 @@ def test_decode_model_fits_the_s4_run_and_predicts_min_tiles_one():
     predicts B 1 Nk 1k faster (8 splits, max(1 tile, bytes) instead of 2 tiles) and nothing else of that run changed."""
     import json
 
-    from fa_variants.common import split
-
     model = load_script("decode_model")
     run = ROOT / "bench" / "h200-2026-12-01-s4" / "decode_ab.json"
     rows = model.check_against(run)
     auto = [r for r in rows if r[0].endswith(" auto")]
     assert len(auto) == 32 and all(0.88 <= m / g <= 1.12 for _, _, g, m, _ in auto), auto
     for d in (64, 128):
-        assert model.heuristic(d, 32, 8, 1, 1024) == 4 and model.heuristic(d, 32, 8, 1, 1024, 1) == 8
+        assert model.heuristic(d, 32, 8, 1, 1024, 2) == 4 and model.heuristic(d, 32, 8, 1, 1024, 1) == 8
         old, new = model.predict_us(d, 32, 8, 1, 1024, 4), model.predict_us(d, 32, 8, 1, 1024, 8)
         assert new["us"] < old["us"] and new["tiles_per_cta"] == 1 and new["ctas"] == 64
     for shape in {tuple(r["shape"][:5]) for r in json.loads(run.read_text())["results"]}:
         if shape[4] > 1024 or shape[3] > 1:  # (batch 1 and 8 / 64 in that run)
-            assert model.heuristic(*shape) == model.heuristic(*shape, 1), shape
-    assert split.MIN_BLOCKS_PER_SPLIT == 2
+            assert model.heuristic(*shape, 2) == model.heuristic(*shape, 1), shape
 
 
 def test_decode_ab_min1_variants():

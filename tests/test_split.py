@@ -134,13 +134,12 @@ def test_heuristic_fills_the_sms_with_the_shortest_splits():
 def test_heuristic_min_tiles_one_splits_short_nk_into_one_tile_ctas():
     """FA_VARIANTS_SPLIT_MIN_TILES=1 (min_tiles=1): B 1 Nk 1k packed (8 CTAs, 8 tiles of 128) takes 8 splits (64 CTAs
     of one tile) where the default takes 4; shapes whose best count already gives >= 2 tiles are unchanged (B 1 Nk
-    4k-128k: 16; B 8 Nk 1k: 2); B 2 Nk 1k: 8 (4); a count never leaves a split empty; the default is 2 tiles."""
+    4k-128k: 16; B 8 Nk 1k: 2); B 2 Nk 1k: 8 (4); a count never leaves a split empty."""
     sms = 132
-    assert split.MIN_BLOCKS_PER_SPLIT == 2
-    assert split.num_splits_heuristic(8, 8, sms) == 4 and split.num_splits_heuristic(8, 8, sms, min_tiles=1) == 8
+    assert split.num_splits_heuristic(8, 8, sms, min_tiles=2) == 4 and split.num_splits_heuristic(8, 8, sms, min_tiles=1) == 8
     assert split.num_splits_heuristic(16, 8, sms, min_tiles=1) == 8   # B 2 Nk 1k: 128 one-tile CTAs (default 4)
     for ctas, n in ((8, 32), (8, 256), (8, 1024), (64, 8), (64, 32), (512, 8)):
-        assert split.num_splits_heuristic(ctas, n, sms, min_tiles=1) == split.num_splits_heuristic(ctas, n, sms)
+        assert split.num_splits_heuristic(ctas, n, sms, min_tiles=1) == split.num_splits_heuristic(ctas, n, sms, min_tiles=2)
     for ctas in (1, 3, 8, 33, 100):
         for n in (1, 2, 3, 7, 8, 31, 64):
             s = split.num_splits_heuristic(ctas, n, sms, min_tiles=1)
@@ -148,7 +147,7 @@ def test_heuristic_min_tiles_one_splits_short_nk_into_one_tile_ctas():
             cost = lambda c: math.ceil(ctas * c / sms) * (math.ceil(n / c) + split.SPLIT_OVERHEAD_TILES)
             assert all(cost(s) <= cost(c) for c in range(1, min(n, sms, split.MAX_SPLITS) + 1)), (ctas, n, s)
     # fa2's slots (264 on the H200): packed B 1 Nk 1k, 16 tiles of 64 keys: 16 one-tile splits instead of 8
-    assert split.num_splits_heuristic(8, 16, 264) == 8 and split.num_splits_heuristic(8, 16, 264, min_tiles=1) == 16
+    assert split.num_splits_heuristic(8, 16, 264, min_tiles=2) == 8 and split.num_splits_heuristic(8, 16, 264, min_tiles=1) == 16
 
 
 @pytest.mark.parametrize("value, expected", [("1", 1), ("2", 2), ("3", 3)])
@@ -237,7 +236,7 @@ def test_model_one_tile_splits_as_min_tiles_one_chooses(merge):
     s = split.num_splits_heuristic(8, n_tiles, 132, min_tiles=1)
     assert s == n_tiles == 8 and [b - a for a, b in split.split_ranges(n_tiles, s)] == [1] * 8
     outs = {}
-    for n in (split.num_splits_heuristic(8, n_tiles, 132), s):
+    for n in (split.num_splits_heuristic(8, n_tiles, 132, min_tiles=2), s):
         (q, k, v), outs[n], lse = _model_case(1, 1, 1000, 32, 8, 64, True, 64 ** -0.5, (64, 128), n, seed=7,
                                               pack_gqa=True, merge=merge)
         assert_attention_ok(outs[n], lse, q, k, v, True, 64 ** -0.5)
