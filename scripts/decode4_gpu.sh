@@ -15,10 +15,13 @@
 # 3. scripts/fa2split_bench.py on B 8/64 x Nq 4/16 x Nk 1k/4k (32:8, D128): fa2 auto (unsplit, 128-row tiles) vs narrow.
 # 4. FA_VARIANTS_SPLIT_MIN_TILES=1 `fa-variants bench --decode` at Nk 1k/4k/32k (all batches, Nq, GQA, head dims:
 #    108 cases; ours and SDPA; flash-attn-4 left out: it compiles per shape), with its summary.
+# 5. scripts/decode_profile.py: per-kernel times (torch.profiler on a CUDA-graph replay) of B 1 Nk 1k/4k D 64/128,
+#    auto / min1 / SDPA: split kernel, merge kernel, and the gaps between them (the model's FIXED / MERGE split).
 # Pass: (1) 0 failed / 0 errors. (2) no BAD/ERR cell; predicted (scripts/decode_model.py): min1 below auto at the four
 # B1 Nk1024 rows (8 splits instead of 4: ~0.65 us less, D128 ~7.6 us, D64 ~7.4) and within +-3% of auto on the other
 # 16 rows (same split count: an A/A check); min1+pdl2 at B1 Nk1024 ~6.3-6.5 us (SDPA 5.7-6.8). If min1 < auto on all
 # four rows and no row > 1.03x auto: FA_VARIANTS_SPLIT_MIN_TILES's default may become 1 (common/split.py).
+# (5) informative: the model says split kernel ~3.5-4.5 us + merge ~0.5-1 us + gaps ~1.5-2 us at B1 Nk1k D128.
 # (3) no BAD; predicted narrow/split 0.5-0.65 (half the MMA rows; more if 64-row tiles are shared-memory bound) and
 # narrow/sdpa 0.85-1.3; if narrow/split < 0.9 everywhere, fa2.NARROW_DECODE may default on. (4) the table and its summary print (108 cases, no ERR rows).
 set -uo pipefail
@@ -26,17 +29,19 @@ source "$(dirname "$0")/steps.sh"; help_from_header "$@"
 out="${OUT:-results/decode4}"; session_setup "$out/logs"
 VARIANTS=(pdl2 min1 min1+pdl min1+pdl2)
 NK=1024,4096,32768
-step precompile 80 python3 scripts/decode4_precompile.py --jobs 16 --variants "${VARIANTS[@]}" --nk "$NK"
+step precompile 75 python3 scripts/decode4_precompile.py --jobs 16 --variants "${VARIANTS[@]}" --nk "$NK"
 NPROC=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4" || echo "")
-step pytest 45 python3 -m pytest -q $NPROC -m gpu -p no:cacheprovider --tb=short -rfEX \
+step pytest 40 python3 -m pytest -q $NPROC -m gpu -p no:cacheprovider --tb=short -rfEX \
   tests/test_decode_gpu.py tests/test_fa2_split_gpu.py -k "one_tile or narrow"
 step decode_ab 50 python3 scripts/decode_ab.py --short-nk --no-precompile --rounds 4 --variants "${VARIANTS[@]}" \
   --out "$out/decode_ab"
 step fa2narrow 20 python3 scripts/fa2split_bench.py --batch 8 64 --nq 4 16 --nk 1024 4096 --rounds 3 --out "$out/fa2narrow"
-step bench_decode 45 env FA_VARIANTS_SPLIT_MIN_TILES=1 python3 -m fa_variants.cli bench --decode --decode-nk "$NK" \
+step bench_decode 40 env FA_VARIANTS_SPLIT_MIN_TILES=1 python3 -m fa_variants.cli bench --decode --decode-nk "$NK" \
   --decode-no-fa4 --no-progress --out "$out/bench_decode"
+step profile 15 python3 scripts/decode_profile.py --out "$out/decode_profile"
 echo "== precompile"; tail -n 2 "$out/logs/precompile.log"
 echo "== pytest"; grep -E "^(FAILED|ERROR)|passed|failed" "$out/logs/pytest.log" | tail -n 12
 echo "== decode_ab"; grep -E "^\| D|geomean|compiles" "$out/logs/decode_ab.log" | cut -c1-150 | tail -n 27
 echo "== fa2narrow"; grep -A14 "^fa2 narrow" "$out/logs/fa2narrow.log"
 echo "== bench_decode"; grep -E "^interrupted|^summary|^  " "$out/logs/bench_decode.log" | tail -n 6
+echo "== profile"; grep -E "^PROFILE|Error" "$out/logs/profile.log" | cut -c1-230
