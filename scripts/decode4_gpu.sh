@@ -21,9 +21,10 @@
 # B1 Nk1024 rows (8 splits instead of 4: ~0.65 us less, D128 ~7.6 us, D64 ~7.4) and within +-3% of auto on the other
 # 16 rows (same split count: an A/A check); min1+pdl2 at B1 Nk1024 ~6.3-6.5 us (SDPA 5.7-6.8). If min1 < auto on all
 # four rows and no row > 1.03x auto: FA_VARIANTS_SPLIT_MIN_TILES's default may become 1 (common/split.py).
-# (5) informative: the model says split kernel ~3.5-4.5 us + merge ~0.5-1 us + gaps ~1.5-2 us at B1 Nk1k D128.
 # (3) no BAD; predicted narrow/split 0.5-0.65 (half the MMA rows; more if 64-row tiles are shared-memory bound) and
-# narrow/sdpa 0.85-1.3; if narrow/split < 0.9 everywhere, fa2.NARROW_DECODE may default on. (4) the table and its summary print (108 cases, no ERR rows).
+# narrow/sdpa 0.85-1.3; if narrow/split < 0.9 everywhere, fa2.NARROW_DECODE may default on.
+# (5) informative; the model's guess at B1 Nk1k D128 auto (8.4 us): split kernel ~4 us (prologue 1.5-2 + 2 tiles 1.7 +
+# epilogue), merge ~1 us, gaps ~3 us. Small gaps would put the fixed cost inside the kernels (prologue), out of PDL's reach. (4) the table and its summary print (108 cases, no ERR rows).
 set -uo pipefail
 source "$(dirname "$0")/steps.sh"; help_from_header "$@"
 out="${OUT:-results/decode4}"; session_setup "$out/logs"
