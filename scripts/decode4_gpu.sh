@@ -23,9 +23,9 @@
 # four rows and no row > 1.03x auto: FA_VARIANTS_SPLIT_MIN_TILES's default may become 1 (common/split.py).
 # (3) no BAD; predicted narrow/split 0.5-0.65 (half the MMA rows; more if 64-row tiles are shared-memory bound) and
 # narrow/sdpa 0.85-1.3; if narrow/split < 0.9 everywhere, fa2.NARROW_DECODE may default on.
-# (4) the table and its summary print (108 cases, no ERR rows). (5) informative; the model's guess at B1 Nk1k D128 auto (8.4 us): split kernel ~4 us (prologue 1.5-2 + 2 tiles 1.7 +
-# epilogue), merge ~1 us, gaps ~3 us. Small gaps would put the fixed cost inside the kernels (prologue), out of PDL's
-# reach.
+# (4) the table and its summary print (108 cases, no ERR rows). (5) informative; the model's guess at B1 Nk1k D128
+# auto (8.4 us): split kernel ~4 us (prologue 1.5-2 + 2 tiles 1.7 + epilogue), merge ~1 us, gaps ~3 us. Small gaps
+# would put the fixed cost inside the kernels (prologue), out of PDL's reach.
 set -uo pipefail
 source "$(dirname "$0")/steps.sh"; help_from_header "$@"
 out="${OUT:-results/decode4}"; session_setup "$out/logs"
