@@ -5,6 +5,7 @@ emulation, with the device capability faked to sm_90: what reaches the kernel (t
 comes back (LSE shifted back for smoothed K), the dispatcher's choices (auto never picks FP8 for 16-bit
 inputs) and every error (not built, not CUDA, no FP8 WGMMA, bad arguments).
 """
+import contextlib
 import dataclasses
 import sys
 import types
@@ -31,20 +32,40 @@ class KernelConfig:  # the fields of the kernel's Fp8Config the glue sets
     promote_every: int = 1
 
 
+FACE = registry.ENTRIES["fa3-fp8"].module  # fa_variants.fp8.fa3_fp8: builds its VARIANT from KERNEL_MODULE on import
+
+
+@contextlib.contextmanager
+def face_reimported(monkeypatch, kernel_module: str):
+    """Inside: ``attention.KERNEL_MODULE`` is `kernel_module` and the fa3-fp8 dispatch face (FACE) is imported
+    afresh on first use, so its VARIANT is built from that kernel. On exit the face imported inside is dropped
+    from sys.modules and from its package (``fa_variants.fp8.fa3_fp8``), and the one from before, if any, comes
+    back (monkeypatch's undo, after this): a face built on a fake kernel (a Variant with no default_config or
+    build) must not outlive the test, or a later compile of fa3-fp8 in this process gets it."""
+    import fa_variants.fp8 as package
+
+    monkeypatch.setattr(fp8_attention, "KERNEL_MODULE", kernel_module)
+    monkeypatch.delitem(sys.modules, FACE, raising=False)
+    monkeypatch.delattr(package, "fa3_fp8", raising=False)
+    dispatch.clear_cache()
+    try:
+        yield
+    finally:
+        sys.modules.pop(FACE, None)
+        package.__dict__.pop("fa3_fp8", None)
+        dispatch.clear_cache()
+
+
 @pytest.fixture
 def absent_kernel(monkeypatch):
     """The kernel module does not exist (whatever this checkout has)."""
-    monkeypatch.setattr(fp8_attention, "KERNEL_MODULE", "fa_variants._absent_fp8_kernel")
-    monkeypatch.delitem(sys.modules, "fa_variants.fp8.fa3_fp8", raising=False)
-    dispatch.clear_cache()
-    yield
-    dispatch.clear_cache()
+    with face_reimported(monkeypatch, "fa_variants._absent_fp8_kernel"):
+        yield
 
 
-@pytest.fixture
-def fake_kernel(monkeypatch):
-    """A kernel module whose run_fp8 is the emulation, on a faked sm_90; returns the list of its calls."""
-    calls = []
+def install_fake_kernel(monkeypatch, calls: list) -> None:
+    """A kernel module whose run_fp8 is the emulation (appending its calls to `calls`), on a faked sm_90, the
+    other kernel backends absent. Use inside ``face_reimported(monkeypatch, "_fake_fp8_kernel")``."""
 
     def run_fp8(inputs, *, causal, out_dtype, config=None):
         calls.append(dict(inputs=inputs, causal=causal, out_dtype=out_dtype, config=config))
@@ -56,8 +77,6 @@ def fake_kernel(monkeypatch):
     module.run_fp8 = run_fp8
     module.DEFAULT_CONFIGS = {d: KernelConfig(promote_every=layout.promote_every(d)) for d in (64, 96, 128, 256)}
     monkeypatch.setitem(sys.modules, "_fake_fp8_kernel", module)
-    monkeypatch.setattr(fp8_attention, "KERNEL_MODULE", "_fake_fp8_kernel")
-    monkeypatch.delitem(sys.modules, "fa_variants.fp8.fa3_fp8", raising=False)
     sm90 = lambda device: (9, 0)  # noqa: E731
     monkeypatch.setattr(dispatch, "device_capability", sm90)
     monkeypatch.setattr(fp8_attention, "device_capability", sm90)
@@ -65,8 +84,37 @@ def fake_kernel(monkeypatch):
         monkeypatch.setitem(registry.ENTRIES, name, registry.Entry(f"fa_variants._absent.{name}", "x"))
     monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
     dispatch.clear_cache()
-    yield calls
-    dispatch.clear_cache()
+
+
+@pytest.fixture
+def fake_kernel(monkeypatch):
+    """A kernel module whose run_fp8 is the emulation, on a faked sm_90; returns the list of its calls."""
+    calls = []
+    with face_reimported(monkeypatch, "_fake_fp8_kernel"):
+        install_fake_kernel(monkeypatch, calls)
+        yield calls
+
+
+def test_fake_face_does_not_outlive_the_fixture(monkeypatch):
+    """Regression (order dependence): the face imported against the fake kernel (a VARIANT with no
+    default_config) once stayed in sys.modules after ``fake_kernel``, so a later ``fa-variants compile --variant
+    fa3-fp8`` in the same process (tests/test_fa3_fp8_compile.py after this file) failed with TypeError."""
+    import fa_variants.fp8 as package
+
+    before = sys.modules.get(FACE), getattr(package, "fa3_fp8", None)
+    with monkeypatch.context() as patch:
+        with face_reimported(patch, "_fake_fp8_kernel"):
+            install_fake_kernel(patch, [])
+            fake = registry.variant("fa3-fp8")
+            assert fake.default_config is None and sys.modules[FACE] is not before[0]
+            with pytest.raises(ValueError, match="^fa3-fp8 has no default config: its Variant record defines no"):
+                registry.static_config("fa3-fp8", "sm_90a", "e4m3", 64, False)  # one line, not a TypeError
+    assert sys.modules.get(FACE) is before[0] and getattr(package, "fa3_fp8", None) is before[1]
+    loaded = registry.load("fa3-fp8")  # the real face again (or "not built yet" on a checkout without the kernel)
+    assert loaded is not fake
+    if not isinstance(loaded, str):
+        cfg = registry.static_config("fa3-fp8", "sm_90a", "e4m3", 64, False)
+        assert cfg.config is not None and loaded.build is not None
 
 
 def qkv(nq=70, nk=150, h=4, hkv=2, d=64, dtype=BF16, seed=0):

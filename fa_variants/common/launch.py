@@ -109,8 +109,12 @@ class Variant:
         return None
 
     def config_for(self, arch: str, head_dim: int, causal: bool, config=None):
-        """The config a call runs with: `config` (checked) or the default for (arch, head_dim, causal)."""
+        """The config a call runs with: `config` (checked) or the default for (arch, head_dim, causal).
+        ValueError for a variant with no compile recipe (no `default_config`: the reference, a dispatch face
+        whose kernel module defines no VARIANT)."""
         if config is None:
+            if self.default_config is None:
+                raise ValueError(f"{self.name} has no default config: its Variant record defines no compile recipe")
             return self.default_config(arch, head_dim, causal)
         return self.check_config(config, arch, head_dim) if self.check_config else config
 
@@ -121,7 +125,9 @@ class Variant:
                                   self.config_for(arch, int(head_dim), bool(causal), config), int(align))
 
     def compiled(self, cfg: cache.StaticConfig) -> cache.Compiled:
-        """The compiled kernel of a static configuration (compiled on first use)."""
+        """The compiled kernel of a static configuration (compiled on first use); ValueError without `build`."""
+        if self.build is None:
+            raise ValueError(f"{self.name} cannot be compiled: its Variant record defines no build")
         return cache.get_compiled(cfg, self.build)
 
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, softmax_scale: float,
