@@ -29,14 +29,7 @@ def items(variants, wins: bool) -> list:
     out += [("fa3", 128, True, dataclasses.replace(c, num_splits=n)) for c, n in (
         (fa3.DEFAULT_CONFIGS[128], 0), (fa3._PACKED_CONFIGS[128], 0), (fa3._PACKED_CONFIGS[128], 16))]
     out.append(("fa2", 128, True, None))
-    num_sms = decode_ab.NUM_SMS_DEFAULT
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            num_sms = torch.cuda.get_device_properties(0).multi_processor_count
-    except ImportError:
-        pass
+    num_sms = decode_ab.gpu_num_sms()
     if variants:
         rows = decode_ab.plan(decode_ab.MISSES + (decode_ab.WINS if wins else []), variants, num_sms)
         out += list(decode_ab.plan_items(rows))
@@ -51,16 +44,9 @@ def main() -> int:
     p.add_argument("--list", action="store_true", help="print what would be compiled and exit")
     a = p.parse_args()
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
-    todo = items(a.variants, a.wins)
-    if a.list:
-        for kind, d, causal, cfg in todo:
-            print(f"{kind} D{d} causal={causal} {cfg}")
-        print(f"{len(todo)} kernels")
-        return 0
     import decode_ab
 
-    decode_ab.compile_all(todo, a.jobs, "decode3_precompile")
-    return 0
+    return decode_ab.precompile_or_list(items(a.variants, a.wins), a.jobs, "decode3_precompile", a.list)
 
 
 if __name__ == "__main__":

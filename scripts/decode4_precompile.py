@@ -54,22 +54,8 @@ def main() -> int:
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     import decode_ab
 
-    num_sms = decode_ab.NUM_SMS_DEFAULT
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            num_sms = torch.cuda.get_device_properties(0).multi_processor_count
-    except ImportError:
-        pass
-    todo = items(a.variants, a.nk, a.batch, a.nq, num_sms)
-    if a.list:
-        for kind, d, causal, cfg in todo:
-            print(f"{kind} D{d} causal={causal} {cfg}")
-        print(f"{len(todo)} kernels")
-        return 0
-    decode_ab.compile_all(todo, a.jobs, "decode4_precompile")
-    return 0
+    todo = items(a.variants, a.nk, a.batch, a.nq, decode_ab.gpu_num_sms())
+    return decode_ab.precompile_or_list(todo, a.jobs, "decode4_precompile", a.list)
 
 
 if __name__ == "__main__":

@@ -251,6 +251,29 @@ def compile_all(items, jobs: int, name: str = "precompile") -> int:
     return len(done)
 
 
+def gpu_num_sms() -> int:
+    """SMs of GPU 0 when torch sees one, else NUM_SMS_DEFAULT (an H200's): the split counts a plan assumes."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_properties(0).multi_processor_count
+    except ImportError:
+        pass
+    return NUM_SMS_DEFAULT
+
+
+def precompile_or_list(todo, jobs: int, name: str, list_only: bool) -> int:
+    """The precompile scripts' last step: print `todo` (``--list``) or compile it (``compile_all``); exit status."""
+    if list_only:
+        for kind, d, causal, cfg in todo:
+            print(f"{kind} D{d} causal={causal} {cfg}")
+        print(f"{len(todo)} kernels")
+        return 0
+    compile_all(todo, jobs, name)
+    return 0
+
+
 def precompile(rows, jobs: int) -> None:
     """Every kernel the plan needs, compiled in `jobs` processes into the disk cache (loaded later)."""
     compile_all(plan_items(rows), jobs)
