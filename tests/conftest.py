@@ -86,6 +86,22 @@ def compile_cli(capsys):
     return run
 
 
+@pytest.fixture(scope="module")
+def fp8_kernel():
+    """The fa3-fp8 kernel module (fa_variants.hopper.fa3_fp8), or a visible skip unless it runs on this GPU (no
+    GPU, no FP8 WGMMA, not built)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from fa_variants.fp8 import attention as fp8_attention
+
+    problem = fp8_attention.why_not(torch.device("cuda"))
+    if problem:
+        pytest.skip(problem)
+    from fa_variants.hopper import fa3_fp8
+
+    return fa3_fp8
+
+
 @pytest.fixture
 def gpu_variant():
     """A function: backend name -> its Variant record on this GPU, or a skip saying why it cannot run here

@@ -54,20 +54,6 @@ FP8_VARIANTS = {
 }
 
 
-@pytest.fixture(scope="module")
-def fp8_kernel():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    from fa_variants.fp8 import attention as fp8_attention
-
-    problem = fp8_attention.why_not(torch.device("cuda"))
-    if problem:
-        pytest.skip(problem)
-    from fa_variants.hopper import fa3_fp8
-
-    return fa3_fp8
-
-
 def _inputs(shape, head_dim, seed):
     B, Nq, Nk, H, Hkv = shape
     g = torch.Generator(device="cuda").manual_seed(seed)

@@ -126,17 +126,17 @@ def test_structural_switches_other_head_dims(head_dim, change, causal):
         _check(q, k, v, causal, config=config, what=f"D={head_dim} {change} causal={causal} {shape}")
 
 
-def _round4():
-    """(name, head_dim, config) of scripts/fa3_speed_ab.py's round-4 variants (the same configs the A/B times, so a
-    disk-cached compile of this test serves the A/B)."""
+def _ab_variants(round_name: str):
+    """(name, head_dim, config) of a set of scripts/fa3_speed_ab.py's variants (ROUND4, FA3GAP), "old" and "new"
+    left out: the same configs the A/B times, so a disk-cached compile of these tests serves the A/B."""
     from helpers import load_script
 
     ab = load_script("fa3_speed_ab")
-    return [(name, d, ab.variant_config(name, d)) for name in ab.ROUND4 if name not in ("old", "new")
+    return [(name, d, ab.variant_config(name, d)) for name in getattr(ab, round_name) if name not in ("old", "new")
             for d in ab.VARIANTS[name][0]]
 
 
-ROUND4 = _round4()
+ROUND4 = _ab_variants("ROUND4")
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -153,16 +153,7 @@ def test_round4_variants(name, head_dim, config, causal):
         _check(q, k, v, causal, config=config, what=f"{name} fp16 D={head_dim} causal={causal}")
 
 
-def _fa3gap():
-    """(name, head_dim, config) of scripts/fa3_speed_ab.py's per-tile gap variants (FA3GAP), as the A/B times them."""
-    from helpers import load_script
-
-    ab = load_script("fa3_speed_ab")
-    return [(name, d, ab.variant_config(name, d)) for name in ab.FA3GAP if name not in ("old", "new")
-            for d in ab.VARIANTS[name][0]]
-
-
-FA3GAP = _fa3gap()
+FA3GAP = _ab_variants("FA3GAP")  # the per-tile gap variants
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
