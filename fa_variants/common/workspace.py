@@ -30,10 +30,13 @@ regrown buffer drops them.
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 from typing import Callable
 
 import torch
+
+from fa_variants.common import split
 
 #: counters (int32) in each device's arena for captured calls: 64 Ki = 256 KiB, enough for many graphs
 ARENA_COUNTERS = 1 << 16
@@ -176,12 +179,9 @@ def lse_function(device: torch.device, shape: tuple) -> Callable[[], torch.Tenso
     (``fa_variants.attention`` without ``return_lse``), from the stream's "lse" buffer under the module
     docstring's rule: no allocation per eager CUDA call (the next call on the stream overwrites it, in stream
     order); a fresh one under CUDA-graph capture and on the CPU."""
-    strides, n = [], 1
-    for size in reversed(shape):
-        strides.append(n)
-        n *= size
-    strides = tuple(reversed(strides))
-    return function(device, n, 0, ("lse", tuple(shape)), lambda buf, _: buf.as_strided(shape, strides, 0), "lse")
+    strides = split.contiguous_strides(shape)
+    return function(device, math.prod(shape), 0, ("lse", tuple(shape)),
+                    lambda buf, _: buf.as_strided(shape, strides, 0), "lse")
 
 
 def reserve_arena(device: torch.device) -> None:
