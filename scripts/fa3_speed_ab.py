@@ -82,10 +82,13 @@ VARIANTS = {
     "basis-kv1": ((128,), dict(basis_alpha=True, shared_kv_state=True)),
     "basis-256": ((256,), dict(convert_pairs=True, exp2_ffma=True, reduce_chains=4, rescale_o_before_pv=True,
                                basis_alpha=True)),
+    # session 6: the persistent grid (Sm90Config.persistent; bench/NOTES.md, "Session 6 (2026-12-01): persistent")
+    "persistent": ((64, 128, 256), dict(persistent=True)),
 }
 ROUND3 = ("old", "new", "o-before-pv", "p2buf")
 ROUND4 = ("old", "new", "pairs-256", "fa4-256", "n176", "stages3", "k-first")
 FA3GAP = ("old", "new", "basis", "basis-kv1", "pairs-256", "fa4-256", "basis-256")
+PERSIST = ("old", "new", "persistent")
 PEERS = ("flash-attn-4", "sdpa-cudnn")
 #: other spellings of the peers accepted by --peers (bench.runtime.build_impls knows only the canonical names)
 PEER_ALIASES = {"cudnn": "sdpa-cudnn", "fa4": "flash-attn-4", "flash": "sdpa-flash"}

@@ -209,11 +209,47 @@ def test_shared_kv_state_shortens_the_mainloop():
     assert 400 < shared < base, (base, shared)  # 563 -> 559 (nvidia-cutlass-dsl 4.8.1)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_persistent_compiles_without_spills(head_dim, causal):
+    """Sm90Config.persistent (scripts/fa3_speed_ab.py's `persistent`): no spills, the Hopper features, the grid size
+    read at run time (the static schedule's stride, gridDim.x: c[0x0][0xc]); O in its own shared-memory buffer at
+    D 64/128 (Q's is loaded with the next tile's Q during the epilogue), in Q's at D 256 (no room)."""
+    config = _speed_ab().variant_config("persistent", head_dim)
+    assert config == dataclasses.replace(fa3.DEFAULT_CONFIGS[head_dim], persistent=True)
+    compiled = _compiled(head_dim, causal, config)
+    sass = cubin.sass_of(compiled.cubin)
+    _assert_hopper_kernel(dict(cubin.count_sass(sass), smem_bytes=compiled.smem_dynamic_bytes,
+                               spill_bytes=cubin.cubin_resources(compiled.cubin)["spill_bytes"]))
+    assert "c[0x0][0xc]" in sass
+    assert config.separate_o(head_dim) == (head_dim < 256)
+    assert compiled.smem_dynamic_bytes == config.smem_bytes(head_dim)
+
+
+def test_persistent_fp16_compiles():
+    config = dataclasses.replace(fa3.DEFAULT_CONFIGS[128], persistent=True)
+    c = registry.compiled(registry.static_config("fa3", "sm_90a", "fp16", 128, True, config))
+    counts = cubin.count_sass(cubin.sass_of(c.cubin))
+    assert counts["LDL"] == counts["STL"] == 0 and counts["HGMMA"] > 0, counts
+
+
+@pytest.mark.parametrize("change", [dict(num_splits=0), dict(num_splits=2), dict(pack_gqa=True, pack_group=2),
+                                    dict(shared_kv_state=True), dict(epilogue_arrive=True)],
+                         ids=["split-auto", "split", "packed", "kv1", "epi-arrive"])
+def test_persistent_plain_prefill_only(change):
+    """persistent runs the plain prefill path only: split-KV, packed GQA, one K/V state and the arrive-only epilogue
+    are refused with a ValueError naming the switch."""
+    with pytest.raises(ValueError, match="persistent"):
+        dataclasses.replace(fa3.DEFAULT_CONFIGS[128], persistent=True, **change).check(128)
+    with pytest.raises(ValueError, match="persistent"):
+        fa3.Fa3Config(persistent=1).check(128)
+
+
 def test_speed_ab_plan(capsys):
     ab = _speed_ab()
     shapes = ab.plan([64, 128, 256], [1024, 4096, 16384], (False, True), list(ab.VARIANTS))
     assert len(shapes) == 18 and all(s["batch"] * s["seqlen"] >= 16384 and "old" in s["variants"] for s in shapes)
-    assert {s["head_dim"]: len(s["variants"]) for s in shapes} == {64: 7, 128: 13, 256: 7}
+    assert {s["head_dim"]: len(s["variants"]) for s in shapes} == {64: 8, 128: 14, 256: 8}
     import sys
     argv, sys.argv = sys.argv, ["fa3_speed_ab.py", "--plan"]
     try:

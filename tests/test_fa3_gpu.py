@@ -184,6 +184,37 @@ def test_fa3gap_variants(name, head_dim, config, causal):
             assert torch.equal(out[:, 0], v[:, 0]), (name, a, b)
 
 
+PERSIST = _ab_variants("PERSIST")  # the persistent grid (Sm90Config.persistent) at D 64/128/256
+# (batch, seqlen_q, seqlen_k, heads, heads_kv): odd lengths, one K/V tile and several, Nq != Nk both ways (causal rows
+# that see no key), GQA and MQA, and grids of many more tiles than SMs (each CTA walks several tiles; causal tiles of
+# different lengths; more than one L2 section)
+PERSIST_SHAPES = [(1, 1, 1, 2, 2), (2, 3, 3, 2, 2), (1, 113, 113, 3, 3), (1, 1023, 1023, 2, 2), (1, 113, 1023, 2, 2),
+                  (1, 1023, 113, 2, 2), (1, 300, 77, 2, 2), (2, 255, 511, 6, 1), (2, 4224, 4224, 8, 2),
+                  (3, 1023, 2000, 48, 8)]
+
+
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("name, head_dim, config", PERSIST, ids=[f"{n}-d{d}" for n, d, _ in PERSIST])
+def test_persistent_variants(name, head_dim, config, causal, dtype):
+    """Sm90Config.persistent: every CTA walks several (query tile, head, batch) tiles with its pipeline states carried;
+    odd lengths, Nq != Nk both ways (rows that see no key: O = 0, LSE = -inf), GQA/MQA, bf16 and fp16, grids of 2-7
+    tiles per SM; outputs NaN-poisoned (a tile that no CTA runs fails)."""
+    for shape in PERSIST_SHAPES:
+        q, k, v = _qkv(*shape, head_dim, dtype)
+        _check(q, k, v, causal, config=config, what=f"{name} {dtype} D={head_dim} causal={causal} {shape}")
+
+
+def test_persistent_l2_sections(monkeypatch):
+    """The persistent grid keeps the causal longest-first order in L2 sections: sections of 2 (batch, head) pairs with
+    a short last one, several tiles per CTA; every tile must run exactly once."""
+    config = dataclasses.replace(fa3.DEFAULT_CONFIGS[128], persistent=True)
+    monkeypatch.setattr(fa3, "l2_section_heads", lambda *args: 2)
+    for batch, heads in ((1, 5), (3, 7), (5, 41)):
+        q, k, v = _qkv(batch, 1000, 1000, heads, 1, 128, BF16)
+        _check(q, k, v, True, config=config, what=f"persistent, sections of 2, B={batch} H={heads}")
+
+
 def test_two_consumer_warpgroups_d64():
     """D=64 defaults to three consumer warpgroups (tile_m = 192, a ping-pong ring of three named
     barriers, covered by the matrix); the two-warpgroup tile must stay right too."""

@@ -1,5 +1,6 @@
 """The GPU-host scripts' CPU-side logic: scripts/sanitize.py's summary lines, the shell scripts (they parse, their
 --help, scripts/steps.sh's shared pieces with a fake nvidia-smi), the Python scripts' plans and summaries."""
+import dataclasses
 import os
 import signal
 import subprocess
@@ -383,6 +384,22 @@ def test_fa3_speed_ab_fa3gap_plan(capsys, monkeypatch):
     monkeypatch.delenv("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", raising=False)  # flash-attn-4's cache must be on
     monkeypatch.setattr("sys.argv", ["fa3_speed_ab.py", "--precompile", "1", "--precompile-fa4", "--variants", "new"])
     assert ab.main() == 2
+
+
+def test_fa3_speed_ab_persist_plan():
+    """scripts/persist_gpu.sh's A/B plan: old, new and persistent at D 64/128/256, 18 kernels each compiled once;
+    persistent is the default config with the switch on (and passes the config check)."""
+    from fa_variants.hopper import fa3
+
+    ab = load_script("fa3_speed_ab")
+    shapes = ab.plan((64, 128, 256), (4096, 16384), (False, True), list(ab.PERSIST))
+    items = ab.compile_items(shapes, "bf16")
+    assert len(items) == 18 == len(set(items))
+    for d in (64, 128, 256):
+        cfg = ab.variant_config("persistent", d)
+        assert cfg.persistent and cfg == dataclasses.replace(fa3.DEFAULT_CONFIGS[d], persistent=True)
+        cfg.check(d)
+    assert "--variants old,new,persistent" in (ROOT / "scripts" / "persist_gpu.sh").read_text()
 
 
 def _killed_session(tmp_path, killer: list[str]) -> tuple[int, int, subprocess.CompletedProcess]:

@@ -152,6 +152,13 @@ class Sm90Config:
         seqlen_q: the kernel itself packs row r of a Q tile as query head r % G (of the KV head) at query
         position r // G (``common.pack_gqa``), masking each row causally by its own position. G must divide
         tile_m, or tile_m divide G (the TMA box of Q and O is (G, tile_m / G) or (tile_m, 1) rows).
+    persistent: one CTA per SM walks several (query tile, head, batch) tiles in the order of
+        ``common.tile_scheduler`` (static: CTA b takes tiles b, b + grid, ...), carrying its pipeline states from
+        tile to tile, so that the producer loads the next tile's first K/V tile and Q while the consumers run the
+        previous tile's epilogue; the prologue (barrier init, descriptor prefetch, register split) is paid once
+        per SM. O gets its own shared-memory buffer when it fits (``separate_o``: Q is released after the last
+        S GEMM), else it reuses Q's (Q released after the TMA store has read O). Only the plain prefill path:
+        not with split-KV, packed GQA, shared_kv_state, epilogue_arrive or two CTAs per SM.
     """
 
     tile_m: int = 128
@@ -178,15 +185,23 @@ class Sm90Config:
     early_pv_arrive: bool = False
     exp2_emu: int = 0
     basis_alpha: bool = False
+    persistent: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:
         return self.tile_m // WGMMA_M
 
     def smem_bytes(self, head_dim: int, elem_bytes: int = 2) -> int:
-        q = self.tile_m * head_dim * elem_bytes  # Q, reused for O
+        q = self.tile_m * head_dim * elem_bytes  # Q, reused for O (but with separate_o)
         kv = 2 * self.stages * self.tile_n * head_dim * elem_bytes
-        return q + kv + 1024  # + mbarriers and 1 KiB alignment
+        return q * (2 if self.separate_o(head_dim, elem_bytes) else 1) + kv + 1024  # + mbarriers, 1 KiB alignment
+
+    def separate_o(self, head_dim: int, elem_bytes: int = 2, arch: str = "sm_90a") -> bool:
+        """Whether O has a shared-memory buffer of its own (persistent kernels, where it fits): Q, O and the K/V
+        ring + 1 KiB <= the CTA's shared memory."""
+        q = self.tile_m * head_dim * elem_bytes
+        kv = 2 * self.stages * self.tile_n * head_dim * elem_bytes
+        return self.persistent and 2 * q + kv + 1024 <= smem_capacity(arch)
 
     def check(self, head_dim: int, arch: str = "sm_90a") -> "Sm90Config":
         """self, or ValueError when the warpgroups, tiles or shared memory do not work out."""
@@ -230,6 +245,11 @@ class Sm90Config:
         if self.ctas_per_sm == 2 and 2 * (self.smem_bytes(head_dim) + 1024) > SM_SMEM.get(arch, 0):
             raise ValueError(f"{self} does not fit twice in the {SM_SMEM.get(arch, 0)} B of shared memory of an "
                              f"{arch} SM at head_dim={head_dim} (ctas_per_sm=2)")
+        if not isinstance(self.persistent, bool) or (self.persistent and (
+                self.num_splits != 1 or self.pack_gqa or self.shared_kv_state or self.epilogue_arrive
+                or self.ctas_per_sm != 1)):
+            raise ValueError(f"persistent={self.persistent!r} must be a bool, True only without split-KV (num_splits=1), "
+                             "pack_gqa, shared_kv_state, epilogue_arrive and with ctas_per_sm=1")
         if self.smem_bytes(head_dim) > smem_capacity(arch):
             raise ValueError(f"{self} needs {self.smem_bytes(head_dim)} B of shared memory at head_dim={head_dim} "
                              f"(max {smem_capacity(arch)})")

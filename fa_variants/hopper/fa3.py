@@ -177,12 +177,16 @@ def default_config(arch: str, head_dim: int, causal: bool) -> Sm90Config:
 def _build(cfg: StaticConfig):
     from cutlass import Int32  # the DSL: only to compile
 
-    from fa_variants.hopper.fa3_kernel import FlashAttention3Sm90, FlashAttention3Sm90FusedMerge
+    from fa_variants.hopper.fa3_kernel import (FlashAttention3Sm90, FlashAttention3Sm90FusedMerge,
+                                               FlashAttention3Sm90Persistent)
 
     fused = cfg.config.fused_merge and cfg.config.num_splits != 1
-    kernel = (FlashAttention3Sm90FusedMerge if fused else FlashAttention3Sm90)(
+    kind = FlashAttention3Sm90Persistent if cfg.config.persistent else FlashAttention3Sm90
+    kernel = (FlashAttention3Sm90FusedMerge if fused else kind)(
         interop.cute_dtype(cfg.dtype), cfg.head_dim, cfg.causal, cfg.config)
     q, k, v, o, lse, scale, stream = interop.fake_attention_args(cfg.dtype, cfg.head_dim, cfg.align)
+    if cfg.config.persistent:  # + l2_heads, the grid's CTA count (_plan_call)
+        return kernel, (q, k, v, o, lse, scale, Int32(1), Int32(1), stream)
     if not kernel.split:
         return kernel, (q, k, v, o, lse, scale, Int32(1), stream)  # + l2_heads (see l2_section_heads)
     o_parts, lse_parts = _fake_partials(q, cfg.head_dim)  # fp32 partials of (num_splits * batch) batches (_plan_call)
@@ -389,6 +393,8 @@ def _plan_call(config: Sm90Config, q, k, v, scale: float) -> tuple:
     batch, seqlen_q, heads, head_dim = q.shape
     heads_kv = k.shape[2]
     tail = (scale * LOG2_E, l2_section_heads(k.shape[1], head_dim))
+    if config.persistent:  # the persistent grid: one CTA per SM (Sm90Config.persistent)
+        tail += (split.sm_count(q.device.index or 0) if q.is_cuda else 132,)
     pack = config.pack_gqa and not config.pack_group  # pack_group: the kernel packs the rows itself
     q_view = o_view = lse_view = None
     if pack:  # views of the same memory: O and LSE land where the unpacked call puts them

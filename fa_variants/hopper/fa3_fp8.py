@@ -132,6 +132,8 @@ class Fp8Config(Fa3Config):
         super().check(head_dim)
         # tile_m 128 or 192 (Sm90Config.check): each 64-row warpgroup lies in one Q scale block of TILE_M rows
         assert layout.TILE_M % WGMMA_M == 0
+        if self.persistent:
+            raise ValueError("fa3-fp8: persistent=True is not supported (only fa3's bf16/fp16 prefill kernel)")
         if self.tile_n % 32:
             raise ValueError(f"fa3-fp8: tile_n={self.tile_n} must be a multiple of 32 (k of the FP8 P V WGMMA)")
         if self.pv_split not in (1, 2, 4) or head_dim % (16 * self.pv_split):

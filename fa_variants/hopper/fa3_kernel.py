@@ -14,7 +14,7 @@ import cutlass.pipeline as pipeline
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from fa_variants.common import pack_gqa
+from fa_variants.common import pack_gqa, tile_scheduler
 from fa_variants.common.config import Sm90Config
 from fa_variants.common.layout import acc_as_operand_a, convert_in_pairs, transpose_view
 from fa_variants.common.layout import rows_cols as acc_rows_cols
@@ -67,6 +67,9 @@ class FlashAttention3Sm90:
         # Split-KV with the merge in the same kernel (``Sm90Config.fused_merge``, ``_merge_if_last``): the last CTA
         # of a query tile to finish merges the partials into the caller's O and LSE (no second launch).
         self.fused_merge = self.split and getattr(config, "fused_merge", False)
+        # Persistent grid (``Sm90Config.persistent``, ``_roles_persistent``): O in its own buffer where it fits.
+        self.persistent = getattr(config, "persistent", False)
+        self.separate_o = self.persistent and config.separate_o(head_dim)
 
     # ---------------------------------------------------------------------------------------
     # Host side
@@ -120,9 +123,10 @@ class FlashAttention3Sm90:
 
     @cute.jit
     def launch(self, mQ, mK, mV, mO, mLSE, softmax_scale_log2: Float32, l2_heads: Int32, extras: tuple,
-               stream: cuda.CUstream, merge: tuple = ()):
+               stream: cuda.CUstream, merge: tuple = (), ctas=None):
         """Host side shared by the kernel family; ``extras`` (tensors) go unchanged to the device side.
-        ``merge``: (out, lse, counters) of the fused split merge (``FlashAttention3Sm90FusedMerge``), else ()."""
+        ``merge``: (out, lse, counters) of the fused split merge (``FlashAttention3Sm90FusedMerge``), else ().
+        ``ctas``: the persistent grid's CTA count (``FlashAttention3Sm90Persistent``), else None."""
         # (batch, seqlen, heads, head_dim) -> (seqlen, head_dim, heads, batch): TMA boxes and
         # MMA tiles cover the first two modes; LSE (batch, heads, seqlen) -> (seqlen, heads, batch).
         mQ, mK, mO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0])) for t in (mQ, mK, mO)]
@@ -168,6 +172,8 @@ class FlashAttention3Sm90:
         if const_expr(self.split):  # x num_splits; O partials are stored from registers, not by TMA
             grid = (num_m_blocks * mQ.shape[2] * mO.shape[3], 1, 1)
             tO, tma_o = mO, tma_q
+        if const_expr(self.persistent):  # one CTA per SM (fewer for fewer tiles), each walking several tiles
+            grid = (tile_scheduler.persistent_ctas(num_m_blocks * mQ.shape[2] * mQ.shape[3], ctas), 1, 1)
         self.kernel(
             tQ, tK, tV, tO, mLSE, tma_q, tma_k, tma_v, tma_o,
             tiled_mma_qk, tiled_mma_pv, sQ_layout, sO_layout, sKV_layout, sV_layout,
@@ -208,6 +214,8 @@ class FlashAttention3Sm90:
             sQ: cute.struct.Align[cute.struct.MemRange[self.out_dtype, q_words], 1024]  # also O
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, kv_words], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, v_words], 1024]
+            if const_expr(self.separate_o):  # persistent: O's own buffer (Q's is loaded with the next tile's Q)
+                sO: cute.struct.Align[cute.struct.MemRange[self.out_dtype, cute.cosize(sO_layout)], 1024]
 
         return SharedStorage
 
@@ -254,6 +262,8 @@ class FlashAttention3Sm90:
             cute.arch.griddepcontrol_launch_dependents()  # the stream must be done (its writes visible) before
             cute.arch.griddepcontrol_wait()  # any thread here reads Q/K/V or writes O; the next grid may launch
         sO = storage.sQ.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)  # Q's buffer, after the last S GEMM
+        if const_expr(self.separate_o):
+            sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
         if const_expr(self.dtype == self.out_dtype):
             sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         else:
@@ -288,6 +298,10 @@ class FlashAttention3Sm90:
                         mLSE[m_block * self.tile_m + row, head, out_batch] = -Float32.inf
                     if const_expr(self.fused_merge):
                         self._merge_if_last(mO, mLSE, m_block, head, batch, *last)
+        elif const_expr(self.persistent):
+            self._roles_persistent(mQ, mK, mV, mO, mLSE, sQ, sK, sV, sO, tma_q, tma_k, tma_v, tma_o, tiled_mma_qk,
+                                   tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2, qhead_per_kvhead, extras,
+                                   warp_idx, num_m_blocks, l2_heads, seqlen_q, seqlen_k)
         else:
             m_block, head, batch = self._tile_coords(num_m_blocks, mQ.shape[2], mQ.shape[3], l2_heads)
             n_blocks = self._num_kv_blocks(m_block, seqlen_q, seqlen_k)
@@ -321,6 +335,53 @@ class FlashAttention3Sm90:
             )
             if const_expr(self.fused_merge):
                 self._merge_if_last(mO, mLSE, m_block, head, batch, *last)
+
+    @cute.jit
+    def _roles_persistent(self, mQ, mK, mV, mO, mLSE, sQ, sK, sV, sO, tma_q, tma_k, tma_v, tma_o, tiled_mma_qk,
+                          tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2: Float32, qhead_per_kvhead: Int32,
+                          extras: tuple, warp_idx: Int32, num_m_blocks: Int32, l2_heads: Int32, seqlen_q: Int32,
+                          seqlen_k: Int32):
+        """``_roles`` of a persistent CTA (``Sm90Config.persistent``): the producer warp and the consumer
+        warpgroups each walk this CTA's tiles of the static schedule (``common.tile_scheduler``) with their
+        pipeline states carried from tile to tile (the Q, K and V mbarrier phases run on), so the producer's loads
+        of the next tile wait only for free buffers, not for the previous tile's epilogue (but Q's, when O reuses
+        Q's buffer). The ping-pong turn is handed to warpgroup 0 once: each tile ends with the last warpgroup's
+        arrive on warpgroup 0's barrier, which is the next tile's first turn."""
+        heads, batches = mQ.shape[2], mQ.shape[3]
+        first, stride = tile_scheduler.persistent_tiles()
+        total = num_m_blocks * heads * batches
+        if warp_idx < WARPGROUP_THREADS // 32:
+            cute.arch.setmaxregister_decrease(self.producer_regs)
+            if warp_idx == 0:
+                q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+                k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+                v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+                for tile in cutlass.range(first, total, stride, unroll=1):
+                    m_block, head, batch = tile_scheduler.tile_coords(tile, num_m_blocks, heads, batches, l2_heads,
+                                                                      self.causal)
+                    n_blocks = self._num_kv_blocks(m_block, seqlen_q, seqlen_k)
+                    q_state, k_state, v_state = self.producer(
+                        mQ[None, None, head, batch], mK[None, None, head // qhead_per_kvhead, batch],
+                        mV[None, None, head // qhead_per_kvhead, batch], sQ, sK, sV, tma_q, tma_k, tma_v,
+                        pipe_q, pipe_k, pipe_v, m_block, n_blocks, 0, states=(q_state, k_state, v_state))
+        else:
+            cute.arch.setmaxregister_increase(self.consumer_regs)
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+            k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            if const_expr(self.pingpong):
+                if warp_idx < 2 * WARPGROUP_THREADS // 32:  # warpgroup 0 takes the first turn
+                    cute.arch.barrier_arrive(barrier_id=int(NamedBarrier.SCHEDULE_WG0),
+                                             number_of_threads=2 * WARPGROUP_THREADS)
+            for tile in cutlass.range(first, total, stride, unroll=1):
+                m_block, head, batch = tile_scheduler.tile_coords(tile, num_m_blocks, heads, batches, l2_heads,
+                                                                  self.causal)
+                n_blocks = self._num_kv_blocks(m_block, seqlen_q, seqlen_k)
+                q_state, k_state, v_state = self.consumer(
+                    mO[None, None, head, batch], mLSE[None, head, batch], sQ, sK, sV, sO, tma_o,
+                    tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2,
+                    m_block, n_blocks, seqlen_q, seqlen_k, extras, head, batch, 0,
+                    states=(q_state, k_state, v_state))
 
     @cute.jit
     def _merge_if_last(self, mO, mLSE, m_block: Int32, head: Int32, batch: Int32, storage, merge: tuple, tile: Int32,
@@ -407,16 +468,7 @@ class FlashAttention3Sm90:
         first (LPT) within sections of ``l2_heads`` (batch, head) pairs whose K and V fit in L2
         together; the short tiles then fill the tail of the grid."""
         bid, _, _ = cute.arch.block_idx()
-        hb = bid // num_m_blocks
-        m_block = bid % num_m_blocks
-        if const_expr(self.causal):
-            per_section = l2_heads * num_m_blocks
-            section = bid // per_section
-            rest = bid - section * per_section
-            here = cutlass.min(l2_heads, num_heads * batches - section * l2_heads)  # last section may be short
-            hb = section * l2_heads + rest % here
-            m_block = num_m_blocks - 1 - rest // here
-        return m_block, hb % num_heads, hb // num_heads
+        return tile_scheduler.tile_coords(bid, num_m_blocks, num_heads, batches, l2_heads, self.causal)
 
     @cute.jit
     def _num_kv_blocks(self, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32) -> Int32:
@@ -467,8 +519,10 @@ class FlashAttention3Sm90:
 
     @cute.jit
     def producer(self, mQ, mK, mV, sQ, sK, sV, tma_q, tma_k, tma_v, pipe_q, pipe_k, pipe_v, m_block: Int32, n_blocks: Int32,
-                 n_start):
-        """Load Q once, then K_j and V_j for j = n_blocks-1 .. 0 in the order the consumers use them."""
+                 n_start, states: tuple = ()):
+        """Load Q once, then K_j and V_j for j = n_blocks-1 .. 0 in the order the consumers use them.
+        ``states``: (Q, K, V) producer states carried from the previous tile (persistent), returned advanced;
+        the first K tile then goes out before Q (Q's buffer may still hold the previous tile's O)."""
         D = self.head_dim
         gQ = cute.local_tile(mQ, (self.tile_m, D), (m_block, 0))
         gK = cute.local_tile(mK, (self.tile_n, D), (None, 0))  # (tile_n, D, n_kv_tiles)
@@ -478,18 +532,25 @@ class FlashAttention3Sm90:
         tKsK, tKgK = cpasync.tma_partition(tma_k, 0, one, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
         tVsV, tVgV = cpasync.tma_partition(tma_v, 0, one, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
 
-        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-        k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-        first_k = self.cfg.k_before_q and not self.cfg.shared_kv_state
+        carried = const_expr(len(states) > 0)
+        if const_expr(carried):
+            q_state, k_state, v_state = states
+        else:
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+            k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        first_k = (self.cfg.k_before_q or carried) and not self.cfg.shared_kv_state
         if const_expr(first_k):  # the first K tile's load goes out before Q's (flash-attn-4's order)
             k_state = self._load(tma_k, tKgK, tKsK, pipe_k, k_state, self._tile(n_start, n_blocks - 1))
         pipe_q.producer_acquire(q_state)
         cute.copy(tma_q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
+        if const_expr(carried):
+            q_state.advance()
 
         if const_expr(self.cfg.shared_kv_state):
             self._produce_shared(tKgK, tKsK, tVgV, tVsV, tma_k, tma_v, pipe_k, pipe_v, k_state, n_blocks, n_start)
             return
-        v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        if const_expr(not carried):
+            v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         if const_expr(not first_k):
             k_state = self._load(tma_k, tKgK, tKsK, pipe_k, k_state, self._tile(n_start, n_blocks - 1))
         for i in cutlass.range(n_blocks - 1, unroll=1):
@@ -501,6 +562,7 @@ class FlashAttention3Sm90:
                 v_state = self._load(tma_v, tVgV, tVsV, pipe_v, v_state, n + 1)
                 k_state = self._load(tma_k, tKgK, tKsK, pipe_k, k_state, n)
         v_state = self._load(tma_v, tVgV, tVsV, pipe_v, v_state, self._tile(n_start, 0))
+        return q_state, k_state, v_state
 
     @cute.jit
     def _produce_shared(self, tKgK, tKsK, tVgV, tVsV, tma_k, tma_v, pipe_k, pipe_v, state, n_blocks: Int32, n_start):
@@ -538,9 +600,12 @@ class FlashAttention3Sm90:
     def consumer(
         self, mO, mLSE, sQ, sK, sV, sO, tma_o, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v,
         scale_log2: Float32, m_block: Int32, n_blocks: Int32, seqlen_q: Int32, seqlen_k: Int32,
-        extras: tuple, head: Int32, batch: Int32, n_start,
+        extras: tuple, head: Int32, batch: Int32, n_start, states: tuple = (),
     ):
-        """FA3 Algorithm 1 (consumer side) for this warpgroup's 64 rows of the Q tile."""
+        """FA3 Algorithm 1 (consumer side) for this warpgroup's 64 rows of the Q tile. ``states``: (Q, K, V)
+        consumer states carried from the previous tile (persistent; the ping-pong turn was handed out once by
+        ``_roles_persistent``), returned advanced past this tile; Q's buffer is released for the next tile's Q
+        after the last S GEMM (O in its own buffer) or after the TMA store has read O from it."""
         tidx = cute.arch.thread_idx()[0] - WARPGROUP_THREADS  # 0 .. 128 * num_wg - 1
         wg = cute.arch.make_warp_uniform(tidx // WARPGROUP_THREADS)
 
@@ -571,12 +636,17 @@ class FlashAttention3Sm90:
         ), extras, m_block, head, batch)
         if const_expr(not ctx.overwrites_o()):
             acc_O.fill(0.0)
-        k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-        v_state = None  # shared_kv_state: k_state serves both rings (_StepContext)
-        if const_expr(not self.cfg.shared_kv_state):
-            v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-        pipe_q.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
-        if const_expr(self.pingpong):
+        carried = const_expr(len(states) > 0)
+        if const_expr(carried):
+            q_state, k_state, v_state = states
+        else:
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+            k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            v_state = None  # shared_kv_state: k_state serves both rings (_StepContext)
+            if const_expr(not self.cfg.shared_kv_state):
+                v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        pipe_q.consumer_wait(q_state)
+        if const_expr(self.pingpong and not carried):
             if wg == 0:  # warpgroup 0 takes the first turn
                 cute.arch.barrier_arrive(barrier_id=int(NamedBarrier.SCHEDULE_WG0), number_of_threads=2 * WARPGROUP_THREADS)
 
@@ -619,12 +689,19 @@ class FlashAttention3Sm90:
             if const_expr(not self.cfg.early_pv_arrive):  # else the last P V GEMM's issue ended the turn
                 ctx.schedule_arrive()
 
+        if const_expr(carried and self.separate_o):  # every S GEMM has completed: the next Q may load
+            pipe_q.consumer_release(q_state)
         lse = ctx.finalize()
         rows = seqlen_q * self.pack_group if const_expr(self.pack_group) else seqlen_q  # packed: G rows per position
         if const_expr(self.split):
             self.store_partial(acc_O, lse, mO, mLSE, tiled_mma_pv, tidx, m_block, rows)
         else:
             self.epilogue(acc_O, lse, mO, mLSE, sO, tma_o, tiled_mma_pv, tidx, m_block, rows)
+        if const_expr(carried):
+            if const_expr(not self.separate_o):  # O, in Q's buffer, has been read by the TMA store (warp 0 waited)
+                pipe_q.consumer_release(q_state)
+            q_state.advance()
+            return q_state, k_state, v_state
 
     @cute.jit
     def store_partial(self, acc_O, lse, mO, mLSE, tiled_mma_pv, tidx: Int32, m_block: Int32, seqlen_q: Int32):
@@ -675,6 +752,16 @@ class FlashAttention3Sm90:
             cute.copy(tma_o, tOsO, tOgO)
             cute.arch.cp_async_bulk_commit_group()
             cute.arch.cp_async_bulk_wait_group(0, read=True)  # smem must outlive the store
+
+
+class FlashAttention3Sm90Persistent(FlashAttention3Sm90):
+    """``FlashAttention3Sm90`` with a persistent grid (``Sm90Config.persistent``): ``__call__`` takes, after
+    l2_heads, ``ctas`` (Int32 > 0): the grid's CTA count (the SM count; fewer when there are fewer work tiles)."""
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+                 softmax_scale_log2: Float32, l2_heads: Int32, ctas: Int32, stream: cuda.CUstream):
+        self.launch(mQ, mK, mV, mO, mLSE, softmax_scale_log2, l2_heads, (), stream, ctas=ctas)
 
 
 class FlashAttention3Sm90FusedMerge(FlashAttention3Sm90):
