@@ -34,6 +34,10 @@ with Asynchrony and Low-precision" (2024), sections 3.1 and 3.2:
   the merge kernel (``common.split_combine``) combines them, or, with ``Sm90Config.fused_merge``, the last CTA
   of each query tile to finish does (an arrival counter per tile, gpu-scope fences and atomic; one launch).
 
+* Persistent grid (``Sm90Config.persistent``, off by default): one CTA per SM walks several (query tile, head,
+  batch) tiles in ``common.tile_scheduler``'s order with its pipeline states carried, loading the next tile's K/V
+  (and Q, where O has a buffer of its own) during the previous tile's epilogue. Plain prefill only.
+
 The output goes registers -> shared memory (reusing Q's buffer) -> global memory by a TMA store.
 Ping-pong and intra-warpgroup overlap are switches of the config (``common.config.Sm90Config``, the FA3
 paper's Table 2 ablation). Adapted from Dao-AILab/flash-attention:flash_attn/cute/flash_fwd_sm90.py::
