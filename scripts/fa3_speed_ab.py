@@ -13,8 +13,9 @@ third round (`o-before-pv`: O rescaled under the next S GEMM, flash-attn-4's Res
 P buffer, so that no WGMMA wait sits between the softmax and the next step and the exponentials run under the
 P V GEMM; bench/NOTES.md, "Issue 12, round 3"); issue 12's fourth round (bench/NOTES.md, "Issue 12, round 4":
 flash-attn-4's sm90 choices that ours lacked, and C++ FA3's); the per-tile instruction gap (`FA3GAP`: basis,
-basis-kv1, basis-256 beside pairs-256 and fa4-256; bench/NOTES.md, "Issue 12, SASS gap"); session 6's persistent grid (`PERSIST`:
-`persistent`, Sm90Config.persistent at D 64/128/256; scripts/persist_gpu.sh). The default run (--variants, --seqlens) is round 4's:
+basis-kv1, basis-256 beside pairs-256 and fa4-256; bench/NOTES.md, "Issue 12, SASS gap"); session 6's
+persistent grid (`PERSIST`: `persistent`, Sm90Config.persistent at D 64/128/256; scripts/persist_gpu.sh).
+The default run (--variants, --seqlens) is round 4's:
 old, new, pairs-256, fa4-256, n176, stages3, k-first at N 4k/16k (24 compiles, 72 entries, ~3 min on an H200); the
 earlier variants stay selectable. --peers takes the bench's peer names (flash-attn-4, sdpa-cudnn, ...) or the
 aliases cudnn / fa4 / flash; an unknown name is an error (before 2026-12-01 evening an unknown name such as

@@ -36,4 +36,5 @@ step pytest 30 env FA_VARIANTS_SPLIT_KV=0 FA_VARIANTS_PACK_GQA=0 python3 -m pyte
 step fa3ab 68 python3 scripts/fa3_speed_ab.py $AB --peers flash-attn-4 --out "$out/fa3ab"
 echo "== precompile"; grep -E "^precompiled|Error|Traceback" "$out/logs/precompile.log"
 echo "== pytest"; grep -E "^(FAILED|ERROR)|passed|failed" "$out/logs/pytest.log" | tail -n 15
-echo "== fa3ab"; grep -E "errors:|Traceback|Error|INTERRUPTED" "$out/logs/fa3ab.log" | head -n 5; grep "^SUMMARY" "$out/logs/fa3ab.log"
+echo "== fa3ab"; grep -E "errors:|Traceback|Error|INTERRUPTED" "$out/logs/fa3ab.log" | head -n 5
+grep "^SUMMARY" "$out/logs/fa3ab.log"

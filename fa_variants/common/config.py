@@ -248,8 +248,8 @@ class Sm90Config:
         if not isinstance(self.persistent, bool) or (self.persistent and (
                 self.num_splits != 1 or self.pack_gqa or self.shared_kv_state or self.epilogue_arrive
                 or self.ctas_per_sm != 1)):
-            raise ValueError(f"persistent={self.persistent!r} must be a bool, True only without split-KV (num_splits=1), "
-                             "pack_gqa, shared_kv_state, epilogue_arrive and with ctas_per_sm=1")
+            raise ValueError(f"persistent={self.persistent!r} must be a bool, True only without split-KV "
+                             "(num_splits=1), pack_gqa, shared_kv_state, epilogue_arrive and with ctas_per_sm=1")
         if self.smem_bytes(head_dim) > smem_capacity(arch):
             raise ValueError(f"{self} needs {self.smem_bytes(head_dim)} B of shared memory at head_dim={head_dim} "
                              f"(max {smem_capacity(arch)})")
