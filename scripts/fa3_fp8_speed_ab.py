@@ -79,12 +79,27 @@ FLIP_VARIANTS: dict[int, dict[str, dict]] = {
           "single": dict(two_level=False, pv_split=1, pv_buffers=1),
           "single_overlap": dict(two_level=False, pv_split=1, pv_buffers=1, intra_wg_overlap=True)},
 }
+# --set fp8small (scripts/fp8small_gpu.sh, session 6): head_dim 64 and 128 only. c4: reduce_chains=4 (the row max in
+# four FMNMX chains and, new in the block-scaled softmax, the row sum in four FADD chains: the loop's latency path,
+# read in the SASS, 562 -> 474 cycles at 64 and 694 -> 510 at 128, same instruction counts); pf: descale_prefetch;
+# emuN: exp2_emu=N; p4: promote_every=4; single*: one running accumulator with the same switches (the two-level cost).
+FP8SMALL_VARIANTS: dict[int, dict[str, dict]] = {
+    64: {"new": {}, "c4": dict(reduce_chains=4), "c4_pf": dict(reduce_chains=4, descale_prefetch=True),
+         "c4_pf_emu1": dict(reduce_chains=4, descale_prefetch=True, exp2_emu=1),
+         "c4_pf_emu2": dict(reduce_chains=4, descale_prefetch=True, exp2_emu=2),
+         "c4_pf_p4": dict(reduce_chains=4, descale_prefetch=True, promote_every=4),
+         "single_c4_pf": dict(two_level=False, reduce_chains=4, descale_prefetch=True)},
+    128: {"new": {}, "c4": dict(reduce_chains=4), "c4_pf": dict(reduce_chains=4, descale_prefetch=True),
+          "c4_emu1": dict(reduce_chains=4, exp2_emu=1), "c4_emu2": dict(reduce_chains=4, exp2_emu=2),
+          "single_c4": dict(two_level=False, reduce_chains=4)},
+}
 # bf16 fa3 variants timed beside "bf16_fa3" (its default) in --set fp8speed
 SPEED_BF16_VARIANTS: dict[int, dict[str, dict]] = {64: {"bf16_emu1": dict(exp2_emu=1)}}
 # kernels tests/test_fa3_fp8_speed_gpu.py needs besides the timed ones (kind, head_dim, change), both causal modes
 SPEED_TEST_KERNELS = [("fp8", 64, dict(exp2_emu=8)), ("bf16", 64, dict(exp2_emu=8)),
                       ("bf16", 128, dict(intra_wg_overlap=False, early_pv_arrive=True))]
-SETS = {"ab": (VARIANTS, {}), "fp8speed": (SPEED_VARIANTS, SPEED_BF16_VARIANTS), "fp8flip": (FLIP_VARIANTS, {})}
+SETS = {"ab": (VARIANTS, {}), "fp8speed": (SPEED_VARIANTS, SPEED_BF16_VARIANTS), "fp8flip": (FLIP_VARIANTS, {}),
+        "fp8small": (FP8SMALL_VARIANTS, {})}
 LEGENDS = {
     "fp8speed": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs; new = the default then; single* = one "
                 "running accumulator; early = early_pv_arrive; skip = skip_unit_rescale; emuN = exp2_emu=N; promote4 = "
@@ -93,6 +108,9 @@ LEGENDS = {
                "on, promote_every 4 at head_dim 64); old = the defaults before (skip off, promote_every 1); prefetch = "
                "new + descale_prefetch; single* = one running accumulator (single_overlap: with intra-warpgroup "
                "overlap); bf16_fa3 = ours; flash_attn_4 = flash-attn-4 bf16.",
+    "fp8small": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs; new = the default; c4 = reduce_chains=4 "
+                "(row max and row sum in 4 chains); pf = descale_prefetch; emuN = exp2_emu=N; p4 = promote_every=4; "
+                "single* = one running accumulator with the same switches; bf16_fa3 = ours; flash_attn_4 = flash-attn-4 bf16.",
 }
 # issue 10's targets: (head_dim, seqlen, causal or None for both, what, threshold)
 TARGETS = [(256, 16384, False, "tflops", 1100.0), (128, None, False, "over_bf16", 1.4), (64, None, False, "over_bf16", 1.3),
@@ -169,7 +187,7 @@ def compile_jobs(head_dims, causals, tests: bool = True, variant_set: str = "ab"
     work += [("bf16", D, c, ch) for D in head_dims for c in causals for ch in bf16_variants.get(D, {}).values()]
     work += [("fp8", D, c, ch) for D in head_dims for c in causals for ch in fp8_variants[D].values()]
     work += [("recipe", D, c, ("bfloat16", ("block", True, True, True))) for D in head_dims for c in (False, True)]
-    if tests and variant_set in ("fp8speed", "fp8flip"):  # its tests run both causal modes of every timed variant
+    if tests and variant_set in ("fp8speed", "fp8flip", "fp8small"):  # its tests run both causal modes of every timed variant
         work += [("fp8", D, c, ch) for D in head_dims for c in (False, True) for ch in fp8_variants[D].values()]
         work += [("bf16", D, c, ch) for D in head_dims for c in (False, True) for ch in bf16_variants.get(D, {}).values()]
         if variant_set == "fp8speed":
@@ -566,7 +584,8 @@ def main() -> int:
     ap.add_argument("--set", choices=list(SETS), default="ab",
                     help="ab: new vs old defaults (scripts/fa3_fp8_ab_gpu.sh); fp8speed: the speed switches "
                          "(SPEED_VARIANTS, scripts/fp8speed_gpu.sh); fp8flip: the session-5 defaults vs the previous "
-                         "ones and descale_prefetch (FLIP_VARIANTS, scripts/fp8flip_gpu.sh)")
+                         "ones and descale_prefetch (FLIP_VARIANTS, scripts/fp8flip_gpu.sh); fp8small: head_dim 64/128 "
+                         "softmax chains, exp2_emu, prefetch (FP8SMALL_VARIANTS, scripts/fp8small_gpu.sh)")
     ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128, 256], choices=[64, 128, 256])
     ap.add_argument("--seqlens", type=int, nargs="+", default=[4096, 16384])
     ap.add_argument("--causal", choices=["no", "yes", "both"], default="both")
@@ -590,6 +609,8 @@ def main() -> int:
     if args.quick:
         args.head_dims, args.seqlens, args.causal, args.rounds = [128], [4096], "no", 3
     args.causal = {"no": [False], "yes": [True], "both": [False, True]}[args.causal]
+    if args.set == "fp8small":  # head_dim 64 and 128 only
+        args.head_dims = [d for d in args.head_dims if d in FP8SMALL_VARIANTS]
     if args.plan:
         print(plan(args))
         return 0
@@ -605,7 +626,7 @@ def main() -> int:
             return 1 if bad else 0
     speed_rows = speed(args, args.out)
     print(f"speed done at {time.time() - t0:.0f}s", flush=True)
-    if args.set in ("fp8speed", "fp8flip"):
+    if args.set in ("fp8speed", "fp8flip", "fp8small"):
         text = speed_summary(speed_rows, variant_errors(args, args.out) if args.errors else [], args.set)
     else:
         error_rows = errors(args, args.out) if args.errors else []

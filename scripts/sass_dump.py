@@ -6,6 +6,7 @@ scripts/sass_diff.py (issue 12; bench/NOTES.md, "Issue 12, SASS gap").
     python3 scripts/sass_dump.py fa4 --head-dim 128 --out fa4.sass  [--causal] [--dtype fp16]
     python3 scripts/sass_diff.py ours.sass fa4.sass --skip-jumps 32
 
+fp8: fa3-fp8 (e4m3, ``hopper.fa3_fp8.DEFAULT_CONFIGS[head_dim]`` with the ``--set`` changes; --dtype is ignored).
 ours: ``hopper.fa3.DEFAULT_CONFIGS[head_dim]`` with the ``--set`` changes (Sm90Config fields; True/False, ints),
 through the compile cache (``registry.compiled``). fa4: flash-attn-4 (4.0.0b36 was read; with quack-kernels, and
 einops for its import) must be importable (``--fa4-path DIR`` is put first on sys.path, e.g. a ``pip install
@@ -50,6 +51,15 @@ def ours_cubin(head_dim: int, causal: bool, dtype: str, changes: dict) -> bytes:
     return registry.compiled(registry.static_config("fa3", "sm_90a", dtype, head_dim, causal, config)).cubin
 
 
+def fp8_cubin(head_dim: int, causal: bool, changes: dict) -> bytes:
+    """fa3-fp8's cubin: ``hopper.fa3_fp8.DEFAULT_CONFIGS[head_dim]`` with the ``--set`` changes (Fp8Config fields)."""
+    from fa_variants.hopper import fa3_fp8
+
+    config = dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[head_dim], **changes)
+    variant = fa3_fp8.VARIANT
+    return variant.compiled(variant.static_config("sm_90a", "e4m3", head_dim, causal, config)).cubin
+
+
 def fa4_compile(head_dim: int, causal: bool, dtype: str, batch: int = 2, seqlen: int = 4096,
                 keep_cubin: bool = True) -> list:
     """flash-attn-4's sm90 forward for (batch, seqlen, 2048 / head_dim heads, head_dim) under FakeTensorMode: what
@@ -92,11 +102,11 @@ def fa4_cubin(head_dim: int, causal: bool, dtype: str) -> bytes:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("impl", choices=["ours", "fa4"])
+    ap.add_argument("impl", choices=["ours", "fp8", "fa4"])
     ap.add_argument("--head-dim", type=int, required=True, choices=[64, 96, 128, 256])
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
-    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="ours: Sm90Config change")
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="ours / fp8: Sm90Config / Fp8Config change")
     ap.add_argument("--fa4-path", type=Path, help="fa4: a folder with flash_attn, quack and einops")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
@@ -111,7 +121,12 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.insert(0, str(a.fa4_path))
     from fa_variants.common import cubin as cb
 
-    blob = ours_cubin(a.head_dim, a.causal, a.dtype, changes) if a.impl == "ours" else fa4_cubin(a.head_dim, a.causal, a.dtype)
+    if a.impl == "ours":
+        blob = ours_cubin(a.head_dim, a.causal, a.dtype, changes)
+    elif a.impl == "fp8":
+        blob = fp8_cubin(a.head_dim, a.causal, changes)
+    else:
+        blob = fa4_cubin(a.head_dim, a.causal, a.dtype)
     print(cb.cubin_resources(blob))
     a.out.write_text(cb.sass_of(blob))
     return 0

@@ -1,7 +1,8 @@
 """The speed switches of issue 10 on an sm90 GPU, off by default but skip_unit_rescale (on in fa3-fp8 since session 5):
 ``early_pv_arrive`` (the ping-pong turn handed on right after the P V GEMM's issue), ``skip_unit_rescale`` in fa3-fp8
 (O *= alpha skipped when no row max of the thread moved), ``exp2_emu`` (some exponentials computed with FMAs,
-``common.exp2_poly``), ``descale_prefetch`` (K/V descales read ahead), the defaults before session 5 ("old"), and the
+``common.exp2_poly``), ``descale_prefetch`` (K/V descales read ahead), ``reduce_chains`` (row max and row sum in independent chains; session 6,
+head_dim 64/128: ``FP8SMALL_VARIANTS``), the defaults before session 5 ("old"), and the
 combinations scripts/fa3_fp8_speed_ab.py times (``--set fp8speed`` / ``fp8flip``, whose precompile builds these).
 
 fa3-fp8: the kernel against its emulation on the same quantised inputs (default recipe; its two_level and
@@ -53,6 +54,22 @@ FP8_VARIANTS = {
     "d256-single_overlap": (256, dict(two_level=False, pv_split=1, pv_buffers=1, intra_wg_overlap=True)),
 }
 
+# session 6, head_dim 64 / 128 (scripts/fa3_fp8_speed_ab.py FP8SMALL_VARIANTS, "fp8small-d<D>-<name>"): the softmax's row
+# max and row sum in four chains, with descale_prefetch, exp2_emu, promote_every 4, and the single accumulator
+FP8SMALL_VARIANTS = {
+    "fp8small-d64-c4": (64, dict(reduce_chains=4)),
+    "fp8small-d64-c4_pf": (64, dict(reduce_chains=4, descale_prefetch=True)),
+    "fp8small-d64-c4_pf_emu1": (64, dict(reduce_chains=4, descale_prefetch=True, exp2_emu=1)),
+    "fp8small-d64-c4_pf_emu2": (64, dict(reduce_chains=4, descale_prefetch=True, exp2_emu=2)),
+    "fp8small-d64-c4_pf_p4": (64, dict(reduce_chains=4, descale_prefetch=True, promote_every=4)),
+    "fp8small-d64-single_c4_pf": (64, dict(two_level=False, reduce_chains=4, descale_prefetch=True)),
+    "fp8small-d128-c4": (128, dict(reduce_chains=4)),
+    "fp8small-d128-c4_pf": (128, dict(reduce_chains=4, descale_prefetch=True)),
+    "fp8small-d128-c4_emu1": (128, dict(reduce_chains=4, exp2_emu=1)),
+    "fp8small-d128-c4_emu2": (128, dict(reduce_chains=4, exp2_emu=2)),
+    "fp8small-d128-single_c4": (128, dict(two_level=False, reduce_chains=4)),
+}
+
 
 def _inputs(shape, head_dim, seed):
     B, Nq, Nk, H, Hkv = shape
@@ -63,12 +80,12 @@ def _inputs(shape, head_dim, seed):
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
-@pytest.mark.parametrize("variant", list(FP8_VARIANTS))
+@pytest.mark.parametrize("variant", [*FP8_VARIANTS, *FP8SMALL_VARIANTS])
 def test_fp8_variant_vs_emulation(fp8_kernel, variant, shape, causal, request, nan_allocations):
     from fa_variants import fp8
     from fa_variants.reference import attention_reference, rel_l2
 
-    D, change = FP8_VARIANTS[variant]
+    D, change = {**FP8_VARIANTS, **FP8SMALL_VARIANTS}[variant]
     cfg = dataclasses.replace(fp8_kernel.DEFAULT_CONFIGS[D], **change)
     seed = zlib.crc32(request.node.nodeid.encode())
     q, k, v = _inputs(shape, D, seed)

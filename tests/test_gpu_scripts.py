@@ -135,6 +135,26 @@ def test_fp8flip_plan_and_verdict():
     assert "FAIL" in ab.flip_lines(bad)[-1] and "(128, 4096, True)" in ab.flip_lines(bad)[-1]
 
 
+def test_fa3_fp8_speed_ab_fp8small_set(capsys, monkeypatch):
+    """--set fp8small (scripts/fp8small_gpu.sh): head_dim 64/128 only; every variant tests/test_fa3_fp8_speed_gpu.py
+    runs as "fp8small-d<D>-<name>" is the timed one of that name, compiled in both causal modes, a valid config."""
+    import test_fa3_fp8_speed_gpu as gpu_tests
+
+    ab = load_script("fa3_fp8_speed_ab")
+    monkeypatch.setattr("sys.argv", ["fa3_fp8_speed_ab.py", "--plan", "--set", "fp8small"])
+    assert ab.main() == 0
+    out = capsys.readouterr().out
+    assert "set: fp8small" in out and "head dims [64, 128]" in out
+    jobs = set(ab.compile_jobs([64, 128], [False], variant_set="fp8small"))
+    names = {f"fp8small-d{D}-{n}" for D, variants in ab.FP8SMALL_VARIANTS.items() for n in variants if n != "new"}
+    assert names == set(gpu_tests.FP8SMALL_VARIANTS)
+    for name, (D, change) in gpu_tests.FP8SMALL_VARIANTS.items():
+        assert ab.FP8SMALL_VARIANTS[D][name.split("-", 2)[2]] == change, name
+        ab.kernel_config(D, change).check(D)
+        for causal in (False, True):
+            assert ("fp8", D, causal, ab._freeze(change)) in jobs, (name, causal)
+
+
 @pytest.mark.parametrize("backend", ["fa1", "fa2", "fa3", "fa3-fp8"])
 def test_sanitize_plan_reads_the_registry(backend):
     """The worker's (dtype, head_dims) come from the one registry (a renamed dispatch helper broke every pair

@@ -275,12 +275,16 @@ class OnlineSoftmax:
             if const_expr(not is_first):
                 m_new = cute.arch.fmax(m_new, m_old)
             m_safe = 0.0 if m_new == -Float32.inf else m_new
-            row_sum = None  # starts at the first P (as `_exp_row`: the same bits as 0 + P, one FADD less)
+            # `chains` accumulators of the row sum, each starting at its first P (as `_exp_row`: the same bits as
+            # 0 + P, one FADD less); chains 1 is the serial sum in column order
+            sums = [None] * self.chains
             bias = self.p_shift - m_safe
             for c in cutlass.range_constexpr(n_cols):
                 p = self._exp2(s[r, c] * tile_scale_log2 + bias, c)
                 s[r, c] = p
-                row_sum = p if const_expr(c == 0) else row_sum + p
+                k = c % self.chains
+                sums[k] = p if const_expr(sums[k] is None) else sums[k] + p
+            row_sum = _tree([x for x in sums if x is not None], lambda x, y: x + y)
             if const_expr(is_first):
                 alpha[r] = 1.0
                 self.row_sum[r] = row_sum
