@@ -82,16 +82,23 @@ FLIP_VARIANTS: dict[int, dict[str, dict]] = {
 # --set fp8small (scripts/fp8small_gpu.sh, session 6): head_dim 64 and 128 only. c4: reduce_chains=4 (the row max in
 # four FMNMX chains and, new in the block-scaled softmax, the row sum in four FADD chains: the loop's latency path,
 # read in the SASS, 562 -> 474 cycles at 64 and 694 -> 510 at 128, same instruction counts); pf: descale_prefetch;
-# emuN: exp2_emu=N; p4: promote_every=4; single*: one running accumulator with the same switches (the two-level cost).
+# emuN: exp2_emu=N; skip: skip_unit_rescale; tn192s (64): 192 x 192 tiles, serial steps (three warpgroups; with
+# intra-warpgroup overlap, or with descale_prefetch when causal, that tile spills); m192 (128): 192 x 128 tiles,
+# serial steps, three consumer warpgroups of 160 registers (no spills: the two-level temporary fits because S is
+# dead during P V); single*: one running accumulator with the same switches (the two-level cost). A variant whose
+# tile_n is not the default's gets K/V scale blocks of its tile_n.
 FP8SMALL_VARIANTS: dict[int, dict[str, dict]] = {
     64: {"new": {}, "c4": dict(reduce_chains=4), "c4_pf": dict(reduce_chains=4, descale_prefetch=True),
          "c4_pf_emu1": dict(reduce_chains=4, descale_prefetch=True, exp2_emu=1),
          "c4_pf_emu2": dict(reduce_chains=4, descale_prefetch=True, exp2_emu=2),
-         "c4_pf_p4": dict(reduce_chains=4, descale_prefetch=True, promote_every=4),
+         "tn192s_c4": dict(tile_n=192, intra_wg_overlap=False, reduce_chains=4),
          "single_c4_pf": dict(two_level=False, reduce_chains=4, descale_prefetch=True)},
-    128: {"new": {}, "c4": dict(reduce_chains=4), "c4_pf": dict(reduce_chains=4, descale_prefetch=True),
-          "c4_emu1": dict(reduce_chains=4, exp2_emu=1), "c4_emu2": dict(reduce_chains=4, exp2_emu=2),
-          "single_c4": dict(two_level=False, reduce_chains=4)},
+    128: {"new": {}, "c4": dict(reduce_chains=4), "c4_emu1": dict(reduce_chains=4, exp2_emu=1),
+          "c4_emu2": dict(reduce_chains=4, exp2_emu=2),
+          "m192_c4": dict(tile_m=192, tile_n=128, reduce_chains=4),
+          "m192_c4_skip": dict(tile_m=192, tile_n=128, reduce_chains=4, skip_unit_rescale=True),
+          "single_c4": dict(two_level=False, reduce_chains=4),
+          "single_m192_c4": dict(two_level=False, tile_m=192, tile_n=128, reduce_chains=4)},
 }
 # bf16 fa3 variants timed beside "bf16_fa3" (its default) in --set fp8speed
 SPEED_BF16_VARIANTS: dict[int, dict[str, dict]] = {64: {"bf16_emu1": dict(exp2_emu=1)}}
@@ -366,7 +373,8 @@ def errors(args, out_dir: str) -> list[dict]:
 def variant_errors(args, out_dir: str) -> list[dict]:
     """--set fp8speed / fp8flip: every timed fa3-fp8 variant vs the emulation (told the variant's accumulation:
     two_level and promotion interval, and its exp2_emu) and vs float64, on the inputs of ``errors`` (``error_cases``)."""
-    from fa_variants.fp8 import FP8Config, emulate_fp8_attention, quantize_fp8
+    from fa_variants.fp8 import FP8Config, emulate_fp8_attention, layout, quantize_fp8
+    from fa_variants.fp8.quantize import quantize_fp8_torch
     from fa_variants.hopper import fa3_fp8
     from fa_variants.reference import rel_l2
 
@@ -377,12 +385,15 @@ def variant_errors(args, out_dir: str) -> list[dict]:
             emus = {}
             for name, change in fp8_variants[D].items():
                 cfg = kernel_config(D, change)
-                # the emulation reads the accumulation (two_level, interval) from the recipe
-                key = (cfg.two_level, cfg.promote_every, cfg.exp2_emu)
+                # the emulation reads the accumulation (two_level, interval) from the recipe, the K/V tiles from the
+                # inputs' scale blocks (a variant with another tile_n: blocks of its tile_n, the PyTorch recipe)
+                key = (cfg.two_level, cfg.promote_every, cfg.exp2_emu, cfg.tile_n, cfg.tile_m)
                 if key not in emus:
-                    inputs = quantize_fp8(q, k, v, config=FP8Config(two_level=cfg.two_level, promote_every=cfg.promote_every))
+                    recipe = FP8Config(two_level=cfg.two_level, promote_every=cfg.promote_every)
+                    inputs = (quantize_fp8(q, k, v, config=recipe) if cfg.tile_n == layout.tile_n(D) else
+                              quantize_fp8_torch(q, k, v, config=recipe, block_n=cfg.tile_n))
                     emus[key] = inputs, *emulate_fp8_attention(inputs, causal=causal, out_dtype=torch.bfloat16,
-                                                               exp2_emu=cfg.exp2_emu)
+                                                               exp2_emu=cfg.exp2_emu, tile_m=cfg.tile_m)
                 inputs, emu, emu_lse = emus[key]
                 out, lse = fa3_fp8.run_fp8(inputs, causal=causal, out_dtype=torch.bfloat16, config=cfg)
                 seen = torch.isfinite(emu_lse)

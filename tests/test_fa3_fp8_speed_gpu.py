@@ -55,19 +55,22 @@ FP8_VARIANTS = {
 }
 
 # session 6, head_dim 64 / 128 (scripts/fa3_fp8_speed_ab.py FP8SMALL_VARIANTS, "fp8small-d<D>-<name>"): the softmax's row
-# max and row sum in four chains, with descale_prefetch, exp2_emu, promote_every 4, and the single accumulator
+# max and row sum in four chains, with descale_prefetch, exp2_emu, skip_unit_rescale, 192 x 192 serial tiles (64),
+# 192 x 128 serial tiles with three consumer warpgroups (128), and the single accumulator
 FP8SMALL_VARIANTS = {
     "fp8small-d64-c4": (64, dict(reduce_chains=4)),
     "fp8small-d64-c4_pf": (64, dict(reduce_chains=4, descale_prefetch=True)),
     "fp8small-d64-c4_pf_emu1": (64, dict(reduce_chains=4, descale_prefetch=True, exp2_emu=1)),
     "fp8small-d64-c4_pf_emu2": (64, dict(reduce_chains=4, descale_prefetch=True, exp2_emu=2)),
-    "fp8small-d64-c4_pf_p4": (64, dict(reduce_chains=4, descale_prefetch=True, promote_every=4)),
+    "fp8small-d64-tn192s_c4": (64, dict(tile_n=192, intra_wg_overlap=False, reduce_chains=4)),
     "fp8small-d64-single_c4_pf": (64, dict(two_level=False, reduce_chains=4, descale_prefetch=True)),
     "fp8small-d128-c4": (128, dict(reduce_chains=4)),
-    "fp8small-d128-c4_pf": (128, dict(reduce_chains=4, descale_prefetch=True)),
     "fp8small-d128-c4_emu1": (128, dict(reduce_chains=4, exp2_emu=1)),
     "fp8small-d128-c4_emu2": (128, dict(reduce_chains=4, exp2_emu=2)),
+    "fp8small-d128-m192_c4": (128, dict(tile_m=192, tile_n=128, reduce_chains=4)),
+    "fp8small-d128-m192_c4_skip": (128, dict(tile_m=192, tile_n=128, reduce_chains=4, skip_unit_rescale=True)),
     "fp8small-d128-single_c4": (128, dict(two_level=False, reduce_chains=4)),
+    "fp8small-d128-single_m192_c4": (128, dict(two_level=False, tile_m=192, tile_n=128, reduce_chains=4)),
 }
 
 
@@ -83,17 +86,23 @@ def _inputs(shape, head_dim, seed):
 @pytest.mark.parametrize("variant", [*FP8_VARIANTS, *FP8SMALL_VARIANTS])
 def test_fp8_variant_vs_emulation(fp8_kernel, variant, shape, causal, request, nan_allocations):
     from fa_variants import fp8
+    from fa_variants.fp8.quantize import quantize_fp8_torch
     from fa_variants.reference import attention_reference, rel_l2
 
     D, change = {**FP8_VARIANTS, **FP8SMALL_VARIANTS}[variant]
     cfg = dataclasses.replace(fp8_kernel.DEFAULT_CONFIGS[D], **change)
     seed = zlib.crc32(request.node.nodeid.encode())
     q, k, v = _inputs(shape, D, seed)
-    # the emulation's accumulation (two_level, interval) comes from the recipe
-    inp = fp8.quantize_fp8(q, k, v, config=fp8.FP8Config(two_level=cfg.two_level, promote_every=cfg.promote_every))
+    # the emulation's accumulation (two_level, interval) comes from the recipe; a variant with another tile_n gets
+    # K/V scale blocks of its tile_n (the PyTorch recipe), which the emulation walks as its K/V tiles
+    recipe = fp8.FP8Config(two_level=cfg.two_level, promote_every=cfg.promote_every)
+    if cfg.tile_n == fp8.layout.tile_n(D):
+        inp = fp8.quantize_fp8(q, k, v, config=recipe)
+    else:
+        inp = quantize_fp8_torch(q, k, v, config=recipe, block_n=cfg.tile_n)
     with nan_allocations():  # an output element the kernel does not write stays NaN
         out, lse = fp8_kernel.run_fp8(inp, causal=causal, out_dtype=torch.bfloat16, config=cfg)
-    emu32, emu_lse = fp8.emulate_fp8_attention(inp, causal=causal, exp2_emu=cfg.exp2_emu)
+    emu32, emu_lse = fp8.emulate_fp8_attention(inp, causal=causal, exp2_emu=cfg.exp2_emu, tile_m=cfg.tile_m)
     emu = emu32.to(torch.bfloat16)
     exact, _ = attention_reference(q, k, v, causal=causal, dtype=torch.float64)
     seen = torch.isfinite(emu_lse)
