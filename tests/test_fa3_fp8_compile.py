@@ -173,3 +173,36 @@ def test_descale_prefetch():
         c = cubin.count_sass(_sass(dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[head_dim], descale_prefetch=True),
                                    head_dim=head_dim, causal=True))
         assert c["QGMMA"] > 0 and c["LDL"] == c["STL"] == 0, (head_dim, c)
+
+
+def _chain_depth(sass: str, opcode: str) -> int:
+    """Longest chain of ``opcode`` instructions (e.g. FADD) each reading the register the previous one wrote, in
+    program order (a register written by anything else breaks the chain)."""
+    depth, best = {}, 0
+    for line in re.findall(r"/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;", sass):
+        line = re.sub(r"^@!?U?P[T\d]+\s+", "", line)
+        regs = re.findall(r"\bR(\d+)\b", line)
+        if not regs:
+            continue
+        if line.split()[0].split(".")[0] == opcode:
+            depth[regs[0]] = 1 + max([depth.get(r, 0) for r in regs[1:]] + [0])
+            best = max(best, depth[regs[0]])
+        else:
+            depth[regs[0]] = 0
+    return best
+
+
+def test_block_scaled_softmax_chains_and_three_warpgroups():
+    """Session 6 (head_dim 128): reduce_chains=4 splits the block-scaled softmax's row max (FMNMX) and row sum (FADD)
+    into four chains (the default, 1, keeps one chain per row: 64 scores of a thread's row at tile_n 256); the
+    192 x 128 serial config (three consumer warpgroups, two-level on) compiles without spills."""
+    base = _sass(fa3_fp8.DEFAULT_CONFIGS[128])
+    c4 = _sass(dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], reduce_chains=4))
+    assert _chain_depth(base, "FADD") >= 63 and _chain_depth(base, "FMNMX") >= 63
+    # (program order: the row max of the peeled first tile feeds the main loop's, up to two tiles' worth of chain)
+    assert _chain_depth(c4, "FADD") <= 20 and _chain_depth(c4, "FMNMX") <= 40
+    assert cubin.count_sass(c4)["MUFU.EX2"] == cubin.count_sass(base)["MUFU.EX2"]
+    m192 = _sass(dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], tile_m=192, tile_n=128, reduce_chains=4), causal=True)
+    counts = cubin.count_sass(m192)
+    assert counts["LDL"] == counts["STL"] == 0 and counts["USETMAXREG"] >= 2, counts
+    assert "QGMMA.64x128x32.F32.E4M3.E4M3" in m192
