@@ -85,8 +85,10 @@ FLIP_VARIANTS: dict[int, dict[str, dict]] = {
 # emuN: exp2_emu=N; skip: skip_unit_rescale; tn192s (64): 192 x 192 tiles, serial steps (three warpgroups; with
 # intra-warpgroup overlap, or with descale_prefetch when causal, that tile spills); m192 (128): 192 x 128 tiles,
 # serial steps, three consumer warpgroups of 160 registers (no spills: the two-level temporary fits because S is
-# dead during P V); single*: one running accumulator with the same switches (the two-level cost). A variant whose
-# tile_n is not the default's gets K/V scale blocks of its tile_n.
+# dead during P V; with pv_split 2 it spills); early: early_pv_arrive; s2 (128): P V in two slices of d with two
+# temporaries (pv_split 2, pv_buffers 2: slice 0 is promoted while slice 1 runs; the promotion is inside the
+# ping-pong turn in serial steps); single*: one running accumulator with the same switches (the two-level cost).
+# A variant whose tile_n is not the default's gets K/V scale blocks of its tile_n.
 FP8SMALL_VARIANTS: dict[int, dict[str, dict]] = {
     64: {"new": {}, "c4": dict(reduce_chains=4), "c4_pf": dict(reduce_chains=4, descale_prefetch=True),
          "c4_pf_emu1": dict(reduce_chains=4, descale_prefetch=True, exp2_emu=1),
@@ -97,6 +99,8 @@ FP8SMALL_VARIANTS: dict[int, dict[str, dict]] = {
           "c4_emu2": dict(reduce_chains=4, exp2_emu=2),
           "m192_c4": dict(tile_m=192, tile_n=128, reduce_chains=4),
           "m192_c4_skip": dict(tile_m=192, tile_n=128, reduce_chains=4, skip_unit_rescale=True),
+          "m192_c4_early": dict(tile_m=192, tile_n=128, reduce_chains=4, early_pv_arrive=True),
+          "c4_s2": dict(reduce_chains=4, pv_split=2, pv_buffers=2),
           "single_c4": dict(two_level=False, reduce_chains=4),
           "single_m192_c4": dict(two_level=False, tile_m=192, tile_n=128, reduce_chains=4)},
 }

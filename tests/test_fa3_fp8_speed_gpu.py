@@ -69,6 +69,8 @@ FP8SMALL_VARIANTS = {
     "fp8small-d128-c4_emu2": (128, dict(reduce_chains=4, exp2_emu=2)),
     "fp8small-d128-m192_c4": (128, dict(tile_m=192, tile_n=128, reduce_chains=4)),
     "fp8small-d128-m192_c4_skip": (128, dict(tile_m=192, tile_n=128, reduce_chains=4, skip_unit_rescale=True)),
+    "fp8small-d128-m192_c4_early": (128, dict(tile_m=192, tile_n=128, reduce_chains=4, early_pv_arrive=True)),
+    "fp8small-d128-c4_s2": (128, dict(reduce_chains=4, pv_split=2, pv_buffers=2)),
     "fp8small-d128-single_c4": (128, dict(two_level=False, reduce_chains=4)),
     "fp8small-d128-single_m192_c4": (128, dict(two_level=False, tile_m=192, tile_n=128, reduce_chains=4)),
 }
