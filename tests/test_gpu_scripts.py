@@ -153,6 +153,12 @@ def test_fa3_fp8_speed_ab_fp8small_set(capsys, monkeypatch):
         ab.kernel_config(D, change).check(D)
         for causal in (False, True):
             assert ("fp8", D, causal, ab._freeze(change)) in jobs, (name, causal)
+    tf = dict(new=800.0, c4=850.0, m192_c4=930.0, single_m192_c4=960.0, bf16_fa3=650.0)
+    speed = [dict(head_dim=128, seqlen=4096, causal=False, impl=n, tflops=t) for n, t in tf.items()]
+    text = ab.two_level_target_lines(speed)
+    assert "- d128 N4096 causal=0: m192_c4 930 TFLOP/s = 1.43x bf16 fa3 (target >= 1.4): met, two-level cost +3.2%" in text
+    speed[2]["tflops"] = 900.0
+    assert "m192_c4 900 TFLOP/s = 1.38x bf16 fa3 (target >= 1.4): NOT met, two-level cost +6.7%" in ab.two_level_target_lines(speed)
 
 
 @pytest.mark.parametrize("backend", ["fa1", "fa2", "fa3", "fa3-fp8"])
