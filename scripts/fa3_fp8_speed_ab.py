@@ -119,9 +119,11 @@ LEGENDS = {
                "on, promote_every 4 at head_dim 64); old = the defaults before (skip off, promote_every 1); prefetch = "
                "new + descale_prefetch; single* = one running accumulator (single_overlap: with intra-warpgroup "
                "overlap); bf16_fa3 = ours; flash_attn_4 = flash-attn-4 bf16.",
-    "fp8small": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs; new = the default; c4 = reduce_chains=4 "
-                "(row max and row sum in 4 chains); pf = descale_prefetch; emuN = exp2_emu=N; p4 = promote_every=4; "
-                "single* = one running accumulator with the same switches; bf16_fa3 = ours; flash_attn_4 = flash-attn-4 bf16.",
+    "fp8small": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs; new = the default; c4 = "
+                "reduce_chains=4 (row max and row sum in 4 chains); pf = descale_prefetch; emuN = exp2_emu=N; skip = "
+                "skip_unit_rescale; early = early_pv_arrive; s2 = P V in two slices of d, two temporaries; tn192s = "
+                "192 x 192 serial; m192 = 192 x 128 serial, three warpgroups; single* = one running accumulator with the "
+                "same switches; bf16_fa3 = ours; flash_attn_4 = flash-attn-4 bf16.",
 }
 # issue 10's targets: (head_dim, seqlen, causal or None for both, what, threshold)
 TARGETS = [(256, 16384, False, "tflops", 1100.0), (128, None, False, "over_bf16", 1.4), (64, None, False, "over_bf16", 1.3),
@@ -198,7 +200,8 @@ def compile_jobs(head_dims, causals, tests: bool = True, variant_set: str = "ab"
     work += [("bf16", D, c, ch) for D in head_dims for c in causals for ch in bf16_variants.get(D, {}).values()]
     work += [("fp8", D, c, ch) for D in head_dims for c in causals for ch in fp8_variants[D].values()]
     work += [("recipe", D, c, ("bfloat16", ("block", True, True, True))) for D in head_dims for c in (False, True)]
-    if tests and variant_set in ("fp8speed", "fp8flip", "fp8small"):  # its tests run both causal modes of every timed variant
+    # their tests run both causal modes of every timed variant
+    if tests and variant_set in ("fp8speed", "fp8flip", "fp8small"):
         work += [("fp8", D, c, ch) for D in head_dims for c in (False, True) for ch in fp8_variants[D].values()]
         work += [("bf16", D, c, ch) for D in head_dims for c in (False, True) for ch in bf16_variants.get(D, {}).values()]
         if variant_set == "fp8speed":
