@@ -93,6 +93,7 @@ FP8SMALL_VARIANTS: dict[int, dict[str, dict]] = {
     64: {"new": {}, "c4": dict(reduce_chains=4), "c4_pf": dict(reduce_chains=4, descale_prefetch=True),
          "c4_pf_emu1": dict(reduce_chains=4, descale_prefetch=True, exp2_emu=1),
          "c4_pf_emu2": dict(reduce_chains=4, descale_prefetch=True, exp2_emu=2),
+         "c4_pf_emu3": dict(reduce_chains=4, descale_prefetch=True, exp2_emu=3),
          "tn192s_c4": dict(tile_n=192, intra_wg_overlap=False, reduce_chains=4),
          "single_c4_pf": dict(two_level=False, reduce_chains=4, descale_prefetch=True)},
     128: {"new": {}, "c4": dict(reduce_chains=4), "c4_emu1": dict(reduce_chains=4, exp2_emu=1),

@@ -10,8 +10,8 @@
 #   s2     (128) P V in two slices of d, two temporaries (slice 0 promoted while slice 1 runs);  early  early_pv_arrive
 #   single_* one running accumulator with the same switches: the two-level cost
 # Steps:
-#   1. precompile (14 workers, into the disk cache): the A/B's 34 fa3-fp8 kernels (17 variants x causal), bf16 fa3
-#   2. variant_tests: tests/test_fa3_fp8_speed_gpu.py -k "fp8small and not single": each new two-level variant (12) vs
+#   1. precompile (14 workers, into the disk cache): the A/B's 36 fa3-fp8 kernels (18 variants x causal), bf16 fa3
+#   2. variant_tests: tests/test_fa3_fp8_speed_gpu.py -k "fp8small and not single": each new two-level variant (13) vs
 #      the emulation told its exp2_emu / accumulation / K/V blocks, and vs float64 (fp8_error_bound); tails, Nq > Nk
 #      (rows with no key), GQA and MQA, causal and not, NaN-poisoned outputs (the single-accumulator baselines are
 #      checked by step 3's accuracy lines only)
@@ -26,7 +26,7 @@
 # two-level cost <= 5%). If the speed step runs out of time, its log's per-problem lines (D 128 first) still print.
 # Predicted (bench/NOTES.md, "Session 6 ... head_dim 64 / 128"), x / new: 128: c4 1.03-1.10, m192_c4 1.05-1.25 (1.4x
 # bf16 fa3 only at its upper end), c4_emu1 / c4 0.97-1.04, c4_emu2 / c4 0.93-1.05, m192_c4_skip / m192_c4 0.98-1.05;
-# 64: c4 1.00-1.06, c4_pf 1.02-1.10, emu1 / c4_pf 0.97-1.05, emu2 0.92-1.03, tn192s_c4 0.92-1.08; best / bf16 fa3 at
+# 64: c4 1.00-1.06, c4_pf 1.02-1.10, emu1 / c4_pf 0.97-1.05, emu2 0.92-1.03, emu3 0.88-1.03, tn192s_c4 0.92-1.08; best / bf16 fa3 at
 # 64 1.10-1.20x (1.3x not met); c4_s2 / c4 1.00-1.06, m192_c4_early / m192_c4 0.92-1.05; two-level cost <= 5% at
 # 64, 0-7% at 128.
 set -uo pipefail

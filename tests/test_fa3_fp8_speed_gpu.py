@@ -62,6 +62,7 @@ FP8SMALL_VARIANTS = {
     "fp8small-d64-c4_pf": (64, dict(reduce_chains=4, descale_prefetch=True)),
     "fp8small-d64-c4_pf_emu1": (64, dict(reduce_chains=4, descale_prefetch=True, exp2_emu=1)),
     "fp8small-d64-c4_pf_emu2": (64, dict(reduce_chains=4, descale_prefetch=True, exp2_emu=2)),
+    "fp8small-d64-c4_pf_emu3": (64, dict(reduce_chains=4, descale_prefetch=True, exp2_emu=3)),
     "fp8small-d64-tn192s_c4": (64, dict(tile_n=192, intra_wg_overlap=False, reduce_chains=4)),
     "fp8small-d64-single_c4_pf": (64, dict(two_level=False, reduce_chains=4, descale_prefetch=True)),
     "fp8small-d128-c4": (128, dict(reduce_chains=4)),
