@@ -105,13 +105,25 @@ FP8SMALL_VARIANTS: dict[int, dict[str, dict]] = {
           "single_c4": dict(two_level=False, reduce_chains=4),
           "single_m192_c4": dict(two_level=False, tile_m=192, tile_n=128, reduce_chains=4)},
 }
+# --set fp8d256 (scripts/fp8d256_gpu.sh, session 6): head_dim 256 schedules that keep two-level accumulation. lookNN:
+# s_lookahead (the next S GEMM issued in the P V turn, before the last slice's promotion) with tile_n NN; _p8: P V in
+# eight slices of d (pv_split 8); _stK: K K/V stages; serial64: tile_n 64 with the default schedule (what the tile
+# alone does); single*: one running accumulator (single_overlap: intra-warpgroup overlap, the fastest of session 5).
+D256_VARIANTS: dict[int, dict[str, dict]] = {
+    256: {"new": {}, "look64": dict(tile_n=64, s_lookahead=True), "look64_st4": dict(tile_n=64, s_lookahead=True, stages=4),
+          "look96_p8": dict(tile_n=96, s_lookahead=True, pv_split=8),
+          "look96_p8_st3": dict(tile_n=96, s_lookahead=True, pv_split=8, stages=3), "serial64": dict(tile_n=64),
+          "single_overlap": dict(two_level=False, pv_split=1, pv_buffers=1, intra_wg_overlap=True),
+          "single64_overlap": dict(tile_n=64, two_level=False, pv_split=1, pv_buffers=1, intra_wg_overlap=True)},
+}
 # bf16 fa3 variants timed beside "bf16_fa3" (its default) in --set fp8speed
 SPEED_BF16_VARIANTS: dict[int, dict[str, dict]] = {64: {"bf16_emu1": dict(exp2_emu=1)}}
 # kernels tests/test_fa3_fp8_speed_gpu.py needs besides the timed ones (kind, head_dim, change), both causal modes
 SPEED_TEST_KERNELS = [("fp8", 64, dict(exp2_emu=8)), ("bf16", 64, dict(exp2_emu=8)),
                       ("bf16", 128, dict(intra_wg_overlap=False, early_pv_arrive=True))]
 SETS = {"ab": (VARIANTS, {}), "fp8speed": (SPEED_VARIANTS, SPEED_BF16_VARIANTS), "fp8flip": (FLIP_VARIANTS, {}),
-        "fp8small": (FP8SMALL_VARIANTS, {})}
+        "fp8small": (FP8SMALL_VARIANTS, {}),
+        "fp8d256": (D256_VARIANTS, {})}
 LEGENDS = {
     "fp8speed": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs; new = the default then; single* = one "
                 "running accumulator; early = early_pv_arrive; skip = skip_unit_rescale; emuN = exp2_emu=N; promote4 = "
@@ -125,6 +137,10 @@ LEGENDS = {
                 "skip_unit_rescale; early = early_pv_arrive; s2 = P V in two slices of d, two temporaries; tn192s = "
                 "192 x 192 serial; m192 = 192 x 128 serial, three warpgroups; single* = one running accumulator with the "
                 "same switches; bf16_fa3 = ours; flash_attn_4 = flash-attn-4 bf16.",
+    "fp8d256": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs (K/V scale blocks of the variant's "
+               "tile_n); new = the default (two-level, 128 x 128, serial, four P V slices); lookNN = s_lookahead with "
+               "tile_n NN (_p8: eight P V slices, _stK: K stages); serial64 = tile_n 64, default schedule; single* = "
+               "one running accumulator with intra-warpgroup overlap; bf16_fa3 = ours; flash_attn_4 = flash-attn-4 bf16.",
 }
 # issue 10's targets: (head_dim, seqlen, causal or None for both, what, threshold)
 TARGETS = [(256, 16384, False, "tflops", 1100.0), (128, None, False, "over_bf16", 1.4), (64, None, False, "over_bf16", 1.3),
@@ -202,7 +218,7 @@ def compile_jobs(head_dims, causals, tests: bool = True, variant_set: str = "ab"
     work += [("fp8", D, c, ch) for D in head_dims for c in causals for ch in fp8_variants[D].values()]
     work += [("recipe", D, c, ("bfloat16", ("block", True, True, True))) for D in head_dims for c in (False, True)]
     # their tests run both causal modes of every timed variant
-    if tests and variant_set in ("fp8speed", "fp8flip", "fp8small"):
+    if tests and variant_set in ("fp8speed", "fp8flip", "fp8small", "fp8d256"):
         work += [("fp8", D, c, ch) for D in head_dims for c in (False, True) for ch in fp8_variants[D].values()]
         work += [("bf16", D, c, ch) for D in head_dims for c in (False, True) for ch in bf16_variants.get(D, {}).values()]
         if variant_set == "fp8speed":
@@ -623,7 +639,8 @@ def main() -> int:
                     help="ab: new vs old defaults (scripts/fa3_fp8_ab_gpu.sh); fp8speed: the speed switches "
                          "(SPEED_VARIANTS, scripts/fp8speed_gpu.sh); fp8flip: the session-5 defaults vs the previous "
                          "ones and descale_prefetch (FLIP_VARIANTS, scripts/fp8flip_gpu.sh); fp8small: head_dim 64/128 "
-                         "softmax chains, exp2_emu, prefetch (FP8SMALL_VARIANTS, scripts/fp8small_gpu.sh)")
+                         "softmax chains, exp2_emu, prefetch (FP8SMALL_VARIANTS, scripts/fp8small_gpu.sh); "
+                         "fp8d256: head_dim 256 two-level schedules (D256_VARIANTS, scripts/fp8d256_gpu.sh)")
     ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128, 256], choices=[64, 128, 256])
     ap.add_argument("--seqlens", type=int, nargs="+", default=[4096, 16384])
     ap.add_argument("--causal", choices=["no", "yes", "both"], default="both")
@@ -664,7 +681,7 @@ def main() -> int:
             return 1 if bad else 0
     speed_rows = speed(args, args.out)
     print(f"speed done at {time.time() - t0:.0f}s", flush=True)
-    if args.set in ("fp8speed", "fp8flip", "fp8small"):
+    if args.set in ("fp8speed", "fp8flip", "fp8small", "fp8d256"):
         text = speed_summary(speed_rows, variant_errors(args, args.out) if args.errors else [], args.set)
         if args.set == "fp8small":
             text += two_level_target_lines(speed_rows)

@@ -63,6 +63,14 @@ scales (one descale per 128 query rows and per ``tile_n`` keys, ``fa_variants.fp
   A promotion interval (``promote_every``) needs a temporary for the whole of d that lives across the S GEMM and
   the softmax: at head_dim 256 (O 128 + temporary 128 registers per thread) it cannot fit, at 128 with 256-key
   tiles it spills (S 128 + O 64 + temporary 64); it is built for head_dim 64 and for 128 with 128-key tiles.
+* ``s_lookahead`` (off by default; head_dim 256, session 6): the serial step waits for the last P V slice and
+  promotes it before the next S GEMM is issued, so each ping-pong turn ends with this warpgroup's tensor-core queue
+  empty. With the switch the consumer runs its own loop (``_Fp8StepContext.lookahead_loop``): the S GEMM of tile
+  n - 1 is issued right after the last slice of tile n's P V GEMM, the turn is handed on, and the last slice is
+  promoted while S runs (same operations and roundings, so the emulation is unchanged). Registers at the peak:
+  O + P + one temporary + S; 128 x 128 tiles do not fit (pv_split 8 spills), tile_n 64 with four slices does when
+  S takes the first temporary's registers (same 64 x 64 fp32 layout; the slice held there was promoted just
+  before), and tile_n 96 with eight slices (pv_split 8, 16-register temporaries) fits without sharing.
 * K/V tiles are walked from the last to the first (as fa3). Output in the caller's 16-bit dtype,
   LSE float32 natural log; rows that see no key give O = 0 and LSE = -inf.
 
@@ -107,7 +115,7 @@ class Fp8Config(Fa3Config):
     promote_every: tiles per promotion with two_level (1: a fresh temporary per tile; N > 1: the temporary
         carries N tiles, rescaled like a single accumulator, then is added into O; needs pv_split 1); ignored
         with two_level off. Defaults: ``layout.KERNEL_PROMOTE_EVERY``.
-    pv_split: the P V GEMM (and its temporary) split over this many slices of head_dim (1, 2 or 4).
+    pv_split: the P V GEMM (and its temporary) split over this many slices of head_dim (1, 2, 4 or 8).
     pv_buffers: temporaries for the slices (1: slice by slice; 2: slice h + 1 runs on the tensor cores
         while slice h is promoted on the CUDA cores; needs pv_split > 1).
     descale_prefetch: the K/V descales read ahead into registers (off by default; issue 10 A/B): k_descale of the
@@ -115,6 +123,9 @@ class Fp8Config(Fa3Config):
         scale in a register instead of waiting on a load right after its S GEMM), and v_descale of this tile once
         per tile before its P V GEMM (not once per slice of d after each wait). Same values: bitwise the same O.
     out_dtype: "bf16" | "fp16", the output dtype (part of the compile key).
+    s_lookahead: the next K/V tile's S GEMM issued inside this tile's ping-pong turn, after the last P V slice
+        and before that slice's promotion (``_Fp8StepContext.lookahead_loop``; off by default, head_dim 256 A/B
+        of issue 10). Needs two_level, promote_every 1, pv_split > 1 with pv_buffers 2, serial steps, ping-pong.
     """
 
     two_level: bool = True
@@ -123,6 +134,7 @@ class Fp8Config(Fa3Config):
     pv_buffers: int = 1
     descale_prefetch: bool = False
     out_dtype: str = "bf16"
+    s_lookahead: bool = False
 
     def smem_bytes(self, head_dim: int, elem_bytes: int = 1) -> int:
         qo = self.tile_m * head_dim * 2  # Q (e4m3) shares its buffer with the 16-bit O
@@ -136,8 +148,8 @@ class Fp8Config(Fa3Config):
             raise ValueError("fa3-fp8: persistent=True is not supported (only fa3's bf16/fp16 prefill kernel)")
         if self.tile_n % 32:
             raise ValueError(f"fa3-fp8: tile_n={self.tile_n} must be a multiple of 32 (k of the FP8 P V WGMMA)")
-        if self.pv_split not in (1, 2, 4) or head_dim % (16 * self.pv_split):
-            raise ValueError(f"fa3-fp8: pv_split={self.pv_split} must be 1, 2 or 4 and divide head_dim={head_dim} into multiples of 16")
+        if self.pv_split not in (1, 2, 4, 8) or head_dim % (16 * self.pv_split):
+            raise ValueError(f"fa3-fp8: pv_split={self.pv_split} must be 1, 2, 4 or 8 and divide head_dim={head_dim} into multiples of 16")
         if self.pv_split > 1 and (self.intra_wg_overlap or not self.two_level):
             raise ValueError("fa3-fp8: pv_split > 1 needs two_level on and intra_wg_overlap off (the slices are promoted in turn)")
         if self.pv_buffers not in (1, 2) or (self.pv_buffers == 2 and self.pv_split == 1):
@@ -145,6 +157,11 @@ class Fp8Config(Fa3Config):
         if self.promote_every < 1 or (self.promote_every > 1 and self.two_level and self.pv_split != 1):
             raise ValueError(f"fa3-fp8: promote_every={self.promote_every} must be >= 1, and 1 with pv_split > 1 "
                              f"(the interval's temporary covers the whole of head_dim)")
+        if self.s_lookahead and not (self.two_level and self.promote_every == 1 and self.pv_split > 1 and self.pv_buffers == 2
+                                     and self.pingpong and not self.intra_wg_overlap and not self.early_pv_arrive
+                                     and not self.shared_kv_state):
+            raise ValueError("fa3-fp8: s_lookahead needs two_level, promote_every 1, pv_split > 1 with pv_buffers 2, "
+                             "pingpong, intra_wg_overlap, early_pv_arrive and shared_kv_state off")
         if self.rescale_o_before_pv or self.p_double_buffer:
             raise ValueError("fa3-fp8: rescale_o_before_pv / p_double_buffer are not built for the FP8 P V hooks (use False)")
         if self.num_splits != 1:
@@ -270,8 +287,10 @@ class _Fp8StepContext(_StepContext):
 
     def _promote(self, h: int, n_block, tmp=None):
         """O[:, slice h] += v_descale[n_block] * tmp."""
-        tmp = self.acc_tmp if tmp is None else tmp
-        vd = self._v_descale(n_block)
+        self._promote_slice(h, self._v_descale(n_block), self.acc_tmp if tmp is None else tmp)
+
+    def _promote_slice(self, h: int, vd: Float32, tmp: cute.Tensor):
+        """O[:, slice h] += vd * tmp (vd: the tile's v_descale, already in a register)."""
         o = self.acc_O[None, None, h]
         for i in range(cute.size(tmp)):
             o[i] = o[i] + vd * tmp[i]
@@ -332,6 +351,89 @@ class _Fp8StepContext(_StepContext):
             self._fold_interval(n_block)
         elif const_expr(self.k.cfg.two_level and self.k.cfg.pv_split == 1):
             self._promote(0, n_block)
+
+    # ----- s_lookahead (head_dim 256): the next S GEMM issued before the last P V slice is promoted ---------------
+
+    @cute.jit
+    def lookahead_loop(self, k_state, v_state, n_blocks: Int32, n_masked: Int32, n_free: Int32):
+        """The consumer's main loop with ``s_lookahead``: tiles n_blocks - 1 .. 0 as the serial steps walk them
+        (the first masked at seqlen_k, the next n_masked on the causal diagonal, the rest free). The S GEMM of
+        the first tile is issued in a turn of its own; every later S GEMM is issued by the step of the tile
+        before it (``_lookahead_step``). Tile 0 takes the causal mask whenever the problem is causal (a no-op on
+        a free tile), so that the steps with and without a next S GEMM are each compiled once per mask kind."""
+        last = n_blocks - 1
+        acc_S = self._lookahead_scores()
+        self.schedule_sync()
+        self.pipe_k.consumer_wait(k_state)
+        wgmma(self.mma_qk, acc_S, self.tSrQ, self.tSrK[None, None, None, k_state.index], zero_init=True, wait=-1)
+        self.schedule_arrive()
+        causal = self.k.causal
+        if n_blocks == 1:
+            self._lookahead_step(acc_S, k_state, v_state, last, causal, True, True, False)
+        else:
+            k_state, v_state = self._lookahead_step(acc_S, k_state, v_state, last, causal, True, True, True)
+            for i in cutlass.range(last - cutlass.max(n_free, 1), unroll=1):  # masked tiles but tile 0
+                k_state, v_state = self._lookahead_step(acc_S, k_state, v_state, last - 1 - i, True, False, False, True)
+            for i in cutlass.range(cutlass.max(n_free, 1) - 1, unroll=1):  # free tiles but tile 0
+                k_state, v_state = self._lookahead_step(acc_S, k_state, v_state, n_free - 1 - i, False, False, False, True)
+            self._lookahead_step(acc_S, k_state, v_state, 0, causal, False, False, False)
+
+    def _v_descale_once(self, n_block) -> Float32:
+        """v_descale[n_block] read once per tile, at the top of the step (its load is then long done when the slices
+        are promoted; read per promotion, ptxas reloads it after every WGMMA fence and barrier); descale_prefetch
+        also reads k_descale of the next tile here."""
+        if const_expr(self.k.cfg.descale_prefetch):
+            self._prefetch_descales(n_block)
+        return self._v_descale(n_block)
+
+    def _lookahead_scores(self) -> cute.Tensor:
+        """S's accumulator for ``lookahead_loop``: the first temporary's registers when S has its size (tile_n 64
+        with pv_split 4: both 64 x 64 fp32, 32 registers a thread): S is issued right after the slice held there
+        was promoted and is turned into P before the next tile's first slice overwrites it, so the two never live
+        together (ptxas gives separate loop-carried accumulators separate registers: 32 more, and spills)."""
+        acc_S = self.new_scores()
+        if const_expr(cute.size(acc_S) == cute.size(self.acc_tmp) and acc_S.layout == self.acc_tmp.layout):
+            acc_S = cute.make_tensor(self.acc_tmp.iterator, acc_S.layout)
+        return acc_S
+
+    @cute.jit
+    def _lookahead_step(self, acc_S: cute.Tensor, k_state, v_state, n_block: Int32, causal: cutlass.Constexpr[bool],
+                        seqlen_end: cutlass.Constexpr[bool], is_first: cutlass.Constexpr[bool],
+                        has_next: cutlass.Constexpr[bool]):
+        """Tile n_block, its S GEMM in flight in acc_S: wait for it, softmax, O *= alpha, P to e4m3; then in the
+        ping-pong turn the P V slices (two temporaries: slice h + 1 runs while slice h is promoted, as ``pv``),
+        and after the last slice's issue the S GEMM of tile n_block - 1 (``has_next``) into acc_S, whose fp32 P
+        is dead by then; the turn is handed on and the last slice is promoted while the S GEMM runs. Registers
+        at the peak: O (head_dim / 2), P (tile_n / 8), one temporary (head_dim / 2 / pv_split), S (tile_n / 2).
+        Same roundings as the serial steps (the emulation's order). Returns (k_state, v_state)."""
+        vd = self._v_descale_once(n_block)
+        warpgroup.wait_group(0)  # S of this tile (the last P V slice before it was waited for already)
+        self.pipe_k.consumer_release(k_state)
+        k_state.advance()
+        self.mask(acc_S, n_block, causal=causal, seqlen_end=seqlen_end)
+        alpha = self.softmax_step(acc_S, n_block, is_first=is_first)
+        if const_expr(not is_first):
+            self.rescale_o(alpha, n_block)
+        self.to_p(acc_S)
+        self.pipe_v.consumer_wait(v_state)
+        if const_expr(has_next):
+            self.pipe_k.consumer_wait(k_state)
+        self.schedule_sync()
+        bufs = (self.acc_tmp, self.acc_tmp2)
+        last = self.k.cfg.pv_split - 1
+        for h in cutlass.range_constexpr(self.k.cfg.pv_split):
+            wgmma(self.mma_pv, bufs[h % 2], self.tOrP, self._v_slice(v_state.index, h), zero_init=True,
+                  wait=-1 if h == 0 else 1)
+            if const_expr(h > 0):
+                self._promote_slice(h - 1, vd, bufs[(h - 1) % 2])
+        if const_expr(has_next):
+            wgmma(self.mma_qk, acc_S, self.tSrQ, self.tSrK[None, None, None, k_state.index], zero_init=True, wait=-1)
+        self.schedule_arrive()
+        warpgroup.wait_group(1 if has_next else 0)  # the last slice (S of the next tile may still run)
+        self._promote_slice(last, vd, bufs[last % 2])
+        self.pipe_v.consumer_release(v_state)
+        v_state.advance()
+        return k_state, v_state
 
     def finalize(self):
         inv_l, lse = self.softmax.finalize()

@@ -661,7 +661,9 @@ class FlashAttention3Sm90:
         n_free = n_blocks - 1 - n_masked
         last = self._tile(n_start, n_blocks - 1)
 
-        if const_expr(self.overlap and ctx.defer_mode() > 0):
+        if const_expr(getattr(self.cfg, "s_lookahead", False)):  # fa3-fp8's own loop (hopper/fa3_fp8.py)
+            ctx.lookahead_loop(k_state, v_state, n_blocks, n_masked, n_free)
+        elif const_expr(self.overlap and ctx.defer_mode() > 0):
             k_state = ctx.first_scores(k_state, last)
             v_prev = v_state.clone()  # the V tile of the P V GEMM in flight (p_double_buffer); none yet
             for i in cutlass.range(n_masked, unroll=1):

@@ -1,0 +1,97 @@
+"""fa3-fp8 ``s_lookahead`` (head_dim 256, session 6), compile-only, no GPU: the next K/V tile's S GEMM is issued in
+the P V turn right after the last slice's QGMMA, before that slice is waited for (no WARPGROUP.DEPBAR 0 between
+the last P V QGMMA and the S QGMMA), then the ping-pong arrive; with tile_n 64 and four slices S lives in the first
+temporary's registers; no spills. The config refuses what the loop does not build.
+"""
+import dataclasses
+import re
+
+import pytest
+
+from fa_variants import registry
+from fa_variants.common import cubin
+
+pytestmark = pytest.mark.compile
+
+fa3_fp8 = pytest.importorskip("fa_variants.hopper.fa3_fp8")
+
+# a P V slice (A from registers) and an S GEMM's first k-block (A from shared memory, zero-initialised accumulator)
+PV = r"QGMMA\.64x\d+x32\.F32\.E4M3\.E4M3 R(\d+), R\d+, gdesc"
+S_FIRST = r"QGMMA\.64x{n}x32\.F32\.E4M3\.E4M3 R(\d+), gdesc\[UR\d+\], RZ, !UPT"
+
+
+def _sass(change, causal):
+    cfg = dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[256], **change)
+    c = registry.compiled(registry.static_config("fa3-fp8", "sm_90a", "e4m3", 256, causal, cfg))
+    return cubin.sass_of(c.cubin)
+
+
+def _lookahead_issues(sass: str, tile_n: int) -> list[tuple[str, str]]:
+    """(last P V slice's accumulator, S accumulator) of every S GEMM issued after a P V slice with no full drain
+    (DEPBAR 0) between them and followed by the ping-pong arrive before any wait."""
+    found = []
+    for m in re.finditer(S_FIRST.format(n=tile_n), sass):
+        before, after = sass[:m.start()], sass[m.end():]
+        pv = list(re.finditer(PV, before))
+        if not pv or "WARPGROUP.DEPBAR.LE gsb0, 0x0" in before[pv[-1].end():]:
+            continue
+        nxt = re.search(r"BAR\.ARV|WARPGROUP\.DEPBAR", after)
+        if nxt and nxt.group(0) == "BAR.ARV":
+            found.append((pv[-1].group(1), m.group(1)))
+    return found
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_lookahead_tile64(causal):
+    s = _sass(dict(tile_n=64, s_lookahead=True), causal)
+    counts = cubin.count_sass(s)
+    assert counts["LDL"] == counts["STL"] == 0 and counts["QGMMA"] > 0, counts
+    issues = _lookahead_issues(s, 64)
+    # the first step's, the masked and the free loop's: S issued under the last slice, in the other temporary
+    assert len(issues) >= 3, issues
+    slices = set(re.findall(PV, s))
+    assert all(pv != acc_s and acc_s in slices for pv, acc_s in issues), (issues, slices)
+
+
+def test_lookahead_tile96_eight_slices():
+    s = _sass(dict(tile_n=96, s_lookahead=True, pv_split=8), causal=True)
+    counts = cubin.count_sass(s)
+    assert counts["LDL"] == counts["STL"] == 0, counts
+    assert "QGMMA.64x32x32.F32.E4M3.E4M3" in s  # slices of 32 columns of d
+    assert len(_lookahead_issues(s, 96)) >= 3
+
+
+def test_default_has_no_lookahead():
+    assert _lookahead_issues(_sass({}, causal=False), 128) == []
+
+
+@pytest.mark.parametrize("bad", [dict(pv_buffers=1), dict(pv_split=1, pv_buffers=1), dict(promote_every=2),
+                                 dict(two_level=False), dict(early_pv_arrive=True), dict(pingpong=False),
+                                 dict(shared_kv_state=True)])
+def test_lookahead_config_errors(bad):
+    cfg = dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[256], s_lookahead=True, **bad)
+    with pytest.raises(ValueError):
+        cfg.check(256)
+
+
+def test_lookahead_default_off():
+    assert not any(c.s_lookahead for c in fa3_fp8.DEFAULT_CONFIGS.values())
+    dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[256], s_lookahead=True, pv_split=8).check(256)
+
+
+def test_d256_set_covers_the_gpu_tests():
+    """scripts/fa3_fp8_speed_ab.py --set fp8d256: every variant tests/test_fa3_fp8_lookahead_gpu.py runs is timed under
+    the same name and config, its kernels precompiled in both causal modes; every timed variant is a valid config."""
+    from helpers import load_script
+    import test_fa3_fp8_lookahead_gpu as gpu_tests
+
+    ab = load_script("fa3_fp8_speed_ab")
+    table = ab.D256_VARIANTS[256]
+    jobs = set(ab.compile_jobs([256], [False], variant_set="fp8d256"))
+    for name, change in gpu_tests.VARIANTS.items():
+        assert table[name] == change, name
+        for causal in (False, True):
+            assert ("fp8", 256, causal, ab._freeze(change)) in jobs, (name, causal)
+    for change in table.values():
+        ab.kernel_config(256, change).check(256)
+    assert {n for n in table if n.startswith("single")} == {"single_overlap", "single64_overlap"}

@@ -1,0 +1,64 @@
+"""fa3-fp8 head_dim 256 schedules of session 6 on an sm90 GPU (issue 10): ``s_lookahead`` (the next K/V tile's S GEMM
+issued in the P V turn, before the last slice's promotion) with tile_n 64 (four P V slices; two or four stages) and
+96 (eight slices; two or three stages); and the tile_n 64 controls the A/B times beside them (the default schedule, the single accumulator with
+intra-warpgroup overlap). The names are those of scripts/fa3_fp8_speed_ab.py ``D256_VARIANTS``.
+
+The kernel against its emulation on the same quantised inputs (default recipe, K/V scale blocks of the variant's
+tile_n, its accumulation told to the emulation), bounds of tests/test_fa3_fp8_gpu.py (rel-L2 <= 6e-3, LSE <= 1.5e-3
+on rows that see a key, -inf and O = 0 on the others), and against float64 within ``fp8_error_bound``. Shapes: one
+K/V tile (the loop's single-tile branch), two tiles (causal: every tile after the first on the diagonal), a partial
+last tile with many free ones, Nq > Nk (causal rows that see no key), GQA and MQA; NaN-poisoned outputs.
+
+    source .gpu/env.sh && python3 -m pytest -m gpu tests/test_fa3_fp8_lookahead_gpu.py -q
+"""
+import dataclasses
+import zlib
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+REL_L2_BOUND = 6e-3  # as tests/test_fa3_fp8_gpu.py
+LSE_BOUND = 1.5e-3
+SHAPES = [(1, 40, 40, 2, 1), (1, 113, 113, 4, 2), (2, 113, 1023, 4, 1), (1, 1023, 113, 3, 3)]
+SHAPE_IDS = ["x".join(map(str, s)) for s in SHAPES]
+VARIANTS = {
+    "look64": dict(tile_n=64, s_lookahead=True),
+    "look64_st4": dict(tile_n=64, s_lookahead=True, stages=4),
+    "look96_p8": dict(tile_n=96, s_lookahead=True, pv_split=8),
+    "look96_p8_st3": dict(tile_n=96, s_lookahead=True, pv_split=8, stages=3),
+    "serial64": dict(tile_n=64),
+    "single64_overlap": dict(tile_n=64, two_level=False, pv_split=1, pv_buffers=1, intra_wg_overlap=True),
+}
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_d256_variant_vs_emulation(fp8_kernel, variant, shape, causal, request, nan_allocations):
+    from fa_variants import fp8
+    from fa_variants.fp8.quantize import quantize_fp8_torch
+    from fa_variants.reference import attention_reference, rel_l2
+
+    cfg = dataclasses.replace(fp8_kernel.DEFAULT_CONFIGS[256], **VARIANTS[variant])
+    seed = zlib.crc32(request.node.nodeid.encode())
+    B, Nq, Nk, H, Hkv = shape
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v = (torch.randn(B, n, h, 256, device="cuda", generator=g).to(torch.bfloat16)
+               for n, h in ((Nq, H), (Nk, Hkv), (Nk, Hkv)))
+    recipe = fp8.FP8Config(two_level=cfg.two_level, promote_every=cfg.promote_every)
+    inp = quantize_fp8_torch(q, k, v, config=recipe, block_n=cfg.tile_n)
+    with nan_allocations():  # an output element the kernel does not write stays NaN
+        out, lse = fp8_kernel.run_fp8(inp, causal=causal, out_dtype=torch.bfloat16, config=cfg)
+    emu32, emu_lse = fp8.emulate_fp8_attention(inp, causal=causal)
+    exact, _ = attention_reference(q, k, v, causal=causal, dtype=torch.float64)
+    seen = torch.isfinite(emu_lse)
+    facts = dict(variant=variant, seed=seed, rel_l2=float(rel_l2(out, emu32.to(torch.bfloat16))),
+                 lse_diff=float((lse[seen] - emu_lse[seen]).abs().max()) if seen.any() else 0.0,
+                 vs_f64=(out.double() - exact).abs().max().item(), vs_f64_bound=fp8.fp8_error_bound(emu32, exact))
+    assert torch.isfinite(out).all(), facts
+    assert facts["rel_l2"] <= REL_L2_BOUND, facts
+    assert torch.equal(torch.isfinite(lse), seen) and (out.transpose(1, 2)[~seen] == 0).all(), facts
+    assert facts["lse_diff"] <= LSE_BOUND, facts
+    assert facts["vs_f64"] <= facts["vs_f64_bound"], facts
