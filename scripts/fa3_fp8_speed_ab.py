@@ -107,12 +107,14 @@ FP8SMALL_VARIANTS: dict[int, dict[str, dict]] = {
 }
 # --set fp8d256 (scripts/fp8d256_gpu.sh, session 6): head_dim 256 schedules that keep two-level accumulation. lookNN:
 # s_lookahead (the next S GEMM issued in the P V turn, before the last slice's promotion) with tile_n NN; _p8: P V in
-# eight slices of d (pv_split 8); _stK: K K/V stages; serial64: tile_n 64 with the default schedule (what the tile
+# eight slices of d (pv_split 8); _stK: K K/V stages; look128_halves: 128 x 128 with S as two 64-key halves in the two
+# temporaries' registers (s_halves: half 0 issued after the last slice, the last slice promoted under it); serial64: tile_n 64 with the default schedule (what the tile
 # alone does); single*: one running accumulator (single_overlap: intra-warpgroup overlap, the fastest of session 5).
 D256_VARIANTS: dict[int, dict[str, dict]] = {
     256: {"new": {}, "look64": dict(tile_n=64, s_lookahead=True), "look64_st4": dict(tile_n=64, s_lookahead=True, stages=4),
           "look96_p8": dict(tile_n=96, s_lookahead=True, pv_split=8),
-          "look96_p8_st3": dict(tile_n=96, s_lookahead=True, pv_split=8, stages=3), "serial64": dict(tile_n=64),
+          "look96_p8_st3": dict(tile_n=96, s_lookahead=True, pv_split=8, stages=3),
+          "look128_halves": dict(s_lookahead=True, s_halves=True), "serial64": dict(tile_n=64),
           "single_overlap": dict(two_level=False, pv_split=1, pv_buffers=1, intra_wg_overlap=True),
           "single64_overlap": dict(tile_n=64, two_level=False, pv_split=1, pv_buffers=1, intra_wg_overlap=True)},
 }
@@ -139,7 +141,7 @@ LEGENDS = {
                 "same switches; bf16_fa3 = ours; flash_attn_4 = flash-attn-4 bf16.",
     "fp8d256": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs (K/V scale blocks of the variant's "
                "tile_n); new = the default (two-level, 128 x 128, serial, four P V slices); lookNN = s_lookahead with "
-               "tile_n NN (_p8: eight P V slices, _stK: K stages); serial64 = tile_n 64, default schedule; single* = "
+               "tile_n NN (_p8: eight P V slices, _stK: K stages; look128_halves: S in two halves, s_halves); serial64 = tile_n 64, default schedule; single* = "
                "one running accumulator with intra-warpgroup overlap; bf16_fa3 = ours; flash_attn_4 = flash-attn-4 bf16.",
 }
 # issue 10's targets: (head_dim, seqlen, causal or None for both, what, threshold)
@@ -301,6 +303,8 @@ def speed(args, out_dir: str) -> list[dict]:
     except Exception as exc:  # noqa: BLE001
         flash_attn_func = None
         print(f"flash-attn-4 not run: {type(exc).__name__}: {exc}", flush=True)
+    if not args.flash_attn:  # --no-flash-attn: a run that times fa3-fp8 variants only (its JIT compile skipped)
+        flash_attn_func = None
     rows = []
     with open(os.path.join(out_dir, "speed.jsonl"), "w") as f:
         for D in args.head_dims:
@@ -655,6 +659,7 @@ def main() -> int:
     ap.add_argument("--phase", choices=["all", "precompile", "measure"], default="all",
                     help="precompile: compile only (A/B and GPU-test kernels); measure: speed + errors (no precompile)")
     ap.add_argument("--no-errors", dest="errors", action="store_false")
+    ap.add_argument("--no-flash-attn", dest="flash_attn", action="store_false", help="leave flash-attn-4 out")
     ap.add_argument("--err-seqlen", type=int, default=2048)
     ap.add_argument("--test-stats", default=None, help="JSON lines from tests/test_fa3_fp8_gpu.py (FA_VARIANTS_FP8_STATS)")
     ap.add_argument("--quick", action="store_true", help="D=128, N=4k, non-causal, 3 rounds")

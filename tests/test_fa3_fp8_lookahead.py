@@ -61,13 +61,29 @@ def test_lookahead_tile96_eight_slices():
     assert len(_lookahead_issues(s, 96)) >= 3
 
 
+def test_s_halves():
+    """s_halves (128 x 128, four slices): S as two 64-key QGMMA groups: after the last slice's QGMMA the promotion of
+    the one before it, half 0 (in that slice's temporary), a wait for the last slice (DEPBAR 1), its promotion (32
+    FFMA) while half 0 runs, half 1 (in the last slice's temporary), then the arrive. Not asserted: no spills
+    (LDL 29 / STL 20 at this commit, outside the free loop's body; the free loop has none)."""
+    s = _sass(dict(s_lookahead=True, s_halves=True), causal=False)
+    ss = r"QGMMA\.64x64x32\.F32\.E4M3\.E4M3 R(\d+), gdesc\[UR\d+\], RZ, !UPT"
+    seq = (r"QGMMA\.64x64x32\.F32\.E4M3\.E4M3 R\d+, R\d+, gdesc[^\n]*gsb0 ;(?:(?!QGMMA|DEPBAR|BAR\.ARV).)*?WARPGROUP\.DEPBAR\.LE gsb0, 0x1 ;"
+           r"(?:(?!QGMMA|BAR\.ARV).)*?" + ss + r"(?:(?!DEPBAR|BAR\.ARV).)*?WARPGROUP\.DEPBAR\.LE gsb0, 0x1 ;"
+           r"((?:(?!QGMMA|BAR\.ARV).)*?)" + ss + r"(?:(?!DEPBAR).)*?BAR\.ARV")
+    found = re.findall(seq, s, re.S)
+    assert len(found) >= 2, len(found)  # the first step's and the loops'
+    assert all(a != b and len(re.findall(r"\bFFMA\b", between)) >= 32 for a, between, b in found)
+
+
 def test_default_has_no_lookahead():
     assert _lookahead_issues(_sass({}, causal=False), 128) == []
 
 
 @pytest.mark.parametrize("bad", [dict(pv_buffers=1), dict(pv_split=1, pv_buffers=1), dict(promote_every=2),
                                  dict(two_level=False), dict(early_pv_arrive=True), dict(pingpong=False),
-                                 dict(shared_kv_state=True)])
+                                 dict(shared_kv_state=True), dict(descale_prefetch=True),
+                                 dict(s_halves=True, tile_n=64)])
 def test_lookahead_config_errors(bad):
     cfg = dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[256], s_lookahead=True, **bad)
     with pytest.raises(ValueError):
@@ -75,7 +91,9 @@ def test_lookahead_config_errors(bad):
 
 
 def test_lookahead_default_off():
-    assert not any(c.s_lookahead for c in fa3_fp8.DEFAULT_CONFIGS.values())
+    assert not any(c.s_lookahead or c.s_halves for c in fa3_fp8.DEFAULT_CONFIGS.values())
+    with pytest.raises(ValueError, match="s_halves"):
+        dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[256], s_halves=True).check(256)
     dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[256], s_lookahead=True, pv_split=8).check(256)
 
 

@@ -1,6 +1,6 @@
 """fa3-fp8 head_dim 256 schedules of session 6 on an sm90 GPU (issue 10): ``s_lookahead`` (the next K/V tile's S GEMM
 issued in the P V turn, before the last slice's promotion) with tile_n 64 (four P V slices; two or four stages) and
-96 (eight slices; two or three stages); and the tile_n 64 controls the A/B times beside them (the default schedule, the single accumulator with
+96 (eight slices; two or three stages), and 128 with S in two halves (``s_halves``); and the tile_n 64 controls the A/B times beside them (the default schedule, the single accumulator with
 intra-warpgroup overlap). The names are those of scripts/fa3_fp8_speed_ab.py ``D256_VARIANTS``.
 
 The kernel against its emulation on the same quantised inputs (default recipe, K/V scale blocks of the variant's
@@ -28,6 +28,7 @@ VARIANTS = {
     "look64_st4": dict(tile_n=64, s_lookahead=True, stages=4),
     "look96_p8": dict(tile_n=96, s_lookahead=True, pv_split=8),
     "look96_p8_st3": dict(tile_n=96, s_lookahead=True, pv_split=8, stages=3),
+    "look128_halves": dict(s_lookahead=True, s_halves=True),
     "serial64": dict(tile_n=64),
     "single64_overlap": dict(tile_n=64, two_level=False, pv_split=1, pv_buffers=1, intra_wg_overlap=True),
 }

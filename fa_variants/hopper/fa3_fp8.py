@@ -71,6 +71,9 @@ scales (one descale per 128 query rows and per ``tile_n`` keys, ``fa_variants.fp
   O + P + one temporary + S; 128 x 128 tiles do not fit (pv_split 8 spills), tile_n 64 with four slices does when
   S takes the first temporary's registers (same 64 x 64 fp32 layout; the slice held there was promoted just
   before), and tile_n 96 with eight slices (pv_split 8, 16-register temporaries) fits without sharing.
+  ``s_halves`` keeps 128 x 128 (four slices): S as two 64-key MMAs (``_qk_mma_n``), each in one temporary's
+  registers (both temporaries are one allocation, S's): half 0 is issued after the slice before the last is
+  promoted, the last slice is promoted while half 0 runs, then half 1 is issued and the turn handed on.
 * K/V tiles are walked from the last to the first (as fa3). Output in the caller's 16-bit dtype,
   LSE float32 natural log; rows that see no key give O = 0 and LSE = -inf.
 
@@ -125,7 +128,11 @@ class Fp8Config(Fa3Config):
     out_dtype: "bf16" | "fp16", the output dtype (part of the compile key).
     s_lookahead: the next K/V tile's S GEMM issued inside this tile's ping-pong turn, after the last P V slice
         and before that slice's promotion (``_Fp8StepContext.lookahead_loop``; off by default, head_dim 256 A/B
-        of issue 10). Needs two_level, promote_every 1, pv_split > 1 with pv_buffers 2, serial steps, ping-pong.
+        of issue 10). Needs two_level, promote_every 1, pv_split > 1 with pv_buffers 2, serial steps, ping-pong,
+        descale_prefetch off (the step reads v_descale once itself).
+    s_halves: with s_lookahead, the S GEMM as two warpgroup MMAs of tile_n / 2 keys, each in one temporary's
+        registers (needs tile_n * pv_split == 2 * head_dim: 128 x 128 tiles with four slices at head_dim 256): half 0
+        is issued after the last slice, the last slice is promoted while it runs, then half 1 is issued.
     """
 
     two_level: bool = True
@@ -135,6 +142,7 @@ class Fp8Config(Fa3Config):
     descale_prefetch: bool = False
     out_dtype: str = "bf16"
     s_lookahead: bool = False
+    s_halves: bool = False
 
     def smem_bytes(self, head_dim: int, elem_bytes: int = 1) -> int:
         qo = self.tile_m * head_dim * 2  # Q (e4m3) shares its buffer with the 16-bit O
@@ -159,9 +167,12 @@ class Fp8Config(Fa3Config):
                              f"(the interval's temporary covers the whole of head_dim)")
         if self.s_lookahead and not (self.two_level and self.promote_every == 1 and self.pv_split > 1 and self.pv_buffers == 2
                                      and self.pingpong and not self.intra_wg_overlap and not self.early_pv_arrive
-                                     and not self.shared_kv_state):
+                                     and not self.shared_kv_state and not self.descale_prefetch):
             raise ValueError("fa3-fp8: s_lookahead needs two_level, promote_every 1, pv_split > 1 with pv_buffers 2, "
-                             "pingpong, intra_wg_overlap, early_pv_arrive and shared_kv_state off")
+                             "pingpong, intra_wg_overlap, early_pv_arrive, shared_kv_state and descale_prefetch off")
+        if self.s_halves and not (self.s_lookahead and self.tile_n * self.pv_split == 2 * head_dim and self.pv_split % 2 == 0):
+            raise ValueError(f"fa3-fp8: s_halves needs s_lookahead and tile_n * pv_split == 2 * head_dim with pv_split even "
+                             f"(S's halves in the two temporaries' registers), got tile_n={self.tile_n}, pv_split={self.pv_split}")
         if self.rescale_o_before_pv or self.p_double_buffer:
             raise ValueError("fa3-fp8: rescale_o_before_pv / p_double_buffer are not built for the FP8 P V hooks (use False)")
         if self.num_splits != 1:
@@ -249,6 +260,9 @@ class _Fp8StepContext(_StepContext):
 
     def to_p(self, acc_S):
         """fp32 P -> e4m3 A operand in registers (RNE, satfinite; pairs packed in-thread)."""
+        if const_expr(self.k.cfg.s_halves):  # ((2, 2, V), 1, 2) -> ((2, 2, 2V), 1, 1): the N tiles are contiguous
+            v = acc_S.layout.shape[0][2] * acc_S.layout.shape[2]
+            acc_S = cute.make_tensor(acc_S.iterator, cute.make_layout(((2, 2, v), 1, 1)))
         self.tOrP.store(acc_as_fp8_operand_a(acc_S).load().to(cutlass.Float8E4M3FN))
 
     def _interval(self) -> bool:
@@ -378,23 +392,22 @@ class _Fp8StepContext(_StepContext):
                 k_state, v_state = self._lookahead_step(acc_S, k_state, v_state, n_free - 1 - i, False, False, False, True)
             self._lookahead_step(acc_S, k_state, v_state, 0, causal, False, False, False)
 
-    def _v_descale_once(self, n_block) -> Float32:
-        """v_descale[n_block] read once per tile, at the top of the step (its load is then long done when the slices
-        are promoted; read per promotion, ptxas reloads it after every WGMMA fence and barrier); descale_prefetch
-        also reads k_descale of the next tile here."""
-        if const_expr(self.k.cfg.descale_prefetch):
-            self._prefetch_descales(n_block)
-        return self._v_descale(n_block)
-
     def _lookahead_scores(self) -> cute.Tensor:
         """S's accumulator for ``lookahead_loop``: the first temporary's registers when S has its size (tile_n 64
         with pv_split 4: both 64 x 64 fp32, 32 registers a thread): S is issued right after the slice held there
         was promoted and is turned into P before the next tile's first slice overwrites it, so the two never live
         together (ptxas gives separate loop-carried accumulators separate registers: 32 more, and spills)."""
         acc_S = self.new_scores()
-        if const_expr(cute.size(acc_S) == cute.size(self.acc_tmp) and acc_S.layout == self.acc_tmp.layout):
+        if const_expr(self.k.cfg.s_halves):  # the two temporaries, one allocation (_step_context)
+            acc_S = cute.make_tensor(self.acc_tmp.iterator, acc_S.layout)
+        elif const_expr(cute.size(acc_S) == cute.size(self.acc_tmp) and acc_S.layout == self.acc_tmp.layout):
             acc_S = cute.make_tensor(self.acc_tmp.iterator, acc_S.layout)
         return acc_S
+
+    def _k_half(self, stage, j: int):
+        """The B operand (MMA, 1, K) of half j of the K tile (``s_halves``)."""
+        b = self.tSrK[None, j, None, stage]
+        return cute.make_tensor(b.iterator, cute.make_layout((b.shape[0], 1, b.shape[1]), stride=(b.stride[0], 0, b.stride[1])))
 
     @cute.jit
     def _lookahead_step(self, acc_S: cute.Tensor, k_state, v_state, n_block: Int32, causal: cutlass.Constexpr[bool],
@@ -406,7 +419,6 @@ class _Fp8StepContext(_StepContext):
         is dead by then; the turn is handed on and the last slice is promoted while the S GEMM runs. Registers
         at the peak: O (head_dim / 2), P (tile_n / 8), one temporary (head_dim / 2 / pv_split), S (tile_n / 2).
         Same roundings as the serial steps (the emulation's order). Returns (k_state, v_state)."""
-        vd = self._v_descale_once(n_block)
         warpgroup.wait_group(0)  # S of this tile (the last P V slice before it was waited for already)
         self.pipe_k.consumer_release(k_state)
         k_state.advance()
@@ -415,6 +427,9 @@ class _Fp8StepContext(_StepContext):
         if const_expr(not is_first):
             self.rescale_o(alpha, n_block)
         self.to_p(acc_S)
+        # v_descale read once a tile, before the turn (loaded by the first promotion; read per promotion, ptxas reloads
+        # it after every WGMMA fence and barrier)
+        vd = self.v_descale[n_block]
         self.pipe_v.consumer_wait(v_state)
         if const_expr(has_next):
             self.pipe_k.consumer_wait(k_state)
@@ -426,11 +441,20 @@ class _Fp8StepContext(_StepContext):
                   wait=-1 if h == 0 else 1)
             if const_expr(h > 0):
                 self._promote_slice(h - 1, vd, bufs[(h - 1) % 2])
-        if const_expr(has_next):
-            wgmma(self.mma_qk, acc_S, self.tSrQ, self.tSrK[None, None, None, k_state.index], zero_init=True, wait=-1)
-        self.schedule_arrive()
-        warpgroup.wait_group(1 if has_next else 0)  # the last slice (S of the next tile may still run)
-        self._promote_slice(last, vd, bufs[last % 2])
+        if const_expr(self.k.cfg.s_halves):  # S half 0 in the free temporary, the last slice promoted under it, half 1
+            if const_expr(has_next):
+                wgmma(self.mma_qk, bufs[0], self.tSrQ, self._k_half(k_state.index, 0), zero_init=True, wait=-1)
+            warpgroup.wait_group(1 if has_next else 0)
+            self._promote_slice(last, vd, bufs[last % 2])
+            if const_expr(has_next):
+                wgmma(self.mma_qk, bufs[1], self.tSrQ, self._k_half(k_state.index, 1), zero_init=True, wait=-1)
+            self.schedule_arrive()
+        else:
+            if const_expr(has_next):
+                wgmma(self.mma_qk, acc_S, self.tSrQ, self.tSrK[None, None, None, k_state.index], zero_init=True, wait=-1)
+            self.schedule_arrive()
+            warpgroup.wait_group(1 if has_next else 0)  # the last slice (S of the next tile may still run)
+            self._promote_slice(last, vd, bufs[last % 2])
         self.pipe_v.consumer_release(v_state)
         v_state.advance()
         return k_state, v_state
@@ -476,6 +500,9 @@ class FlashAttention3Fp8Sm90(FlashAttention3Sm90):
                 raise ValueError(f"fa3-fp8: the FP8 P V WGMMA needs K-major operands, got {name}={mode}")
         return mma
 
+    def _qk_mma_n(self) -> int:
+        return self.tile_n // 2 if const_expr(self.cfg.s_halves) else self.tile_n
+
     def _v_view(self, mVt: cute.Tensor) -> cute.Tensor:
         # (batch, heads_kv, head_dim, tokens) -> (head_dim, tokens, heads_kv, batch)
         return cute.make_tensor(mVt.iterator, cute.select(mVt.layout, mode=[2, 3, 1, 0]))
@@ -499,8 +526,12 @@ class FlashAttention3Fp8Sm90(FlashAttention3Sm90):
         mma_pv = args[3]
         wg_pv = mma_pv.get_slice(0)
         tmp_shape = wg_pv.partition_shape_C((self.tile_m, self.head_dim // self.cfg.pv_split))
-        tmp = cute.make_rmem_tensor(tmp_shape, Float32)
-        tmp2 = cute.make_rmem_tensor(tmp_shape, Float32) if const_expr(self.cfg.pv_buffers == 2) else None
+        if const_expr(self.cfg.s_halves):  # both temporaries in one allocation, S's (its halves: _lookahead_scores)
+            pair = cute.make_rmem_tensor(args[2].get_slice(0).partition_shape_C((self.tile_m, self.tile_n)), Float32)
+            tmp, tmp2 = (cute.make_tensor(pair.iterator + j * cute.size(tmp_shape), cute.make_layout(tmp_shape)) for j in (0, 1))
+        else:
+            tmp = cute.make_rmem_tensor(tmp_shape, Float32)
+            tmp2 = cute.make_rmem_tensor(tmp_shape, Float32) if const_expr(self.cfg.pv_buffers == 2) else None
         softmax, wg = args[11], args[1]
         tiles_in_tmp, o_alpha = None, None
         if const_expr(self.cfg.two_level and self.cfg.promote_every > 1):

@@ -95,6 +95,10 @@ class FlashAttention3Sm90:
     def _make_mma_pv(self) -> cute.TiledMma:
         return make_tiled_mma(self.dtype, self.num_wg, self.head_dim, b_mn_major=True, a_in_registers=True)
 
+    def _qk_mma_n(self) -> int:
+        """N of one S = Q K^T warpgroup MMA: the whole K/V tile (fa3-fp8's ``s_halves``: half of it, two N tiles)."""
+        return self.tile_n
+
     def _v_view(self, mV: cute.Tensor) -> cute.Tensor:
         """V as (tokens, head_dim, heads_kv, batch) or (head_dim, tokens, heads_kv, batch) (the TMA box order)."""
         return cute.make_tensor(mV.iterator, cute.select(mV.layout, mode=[1, 3, 2, 0]))
@@ -145,7 +149,7 @@ class FlashAttention3Sm90:
             merge = (mOut, mLSEout, mCount)
         D = self.head_dim
 
-        tiled_mma_qk = make_tiled_mma(self.dtype, self.num_wg, self.tile_n, b_mn_major=False, a_in_registers=False)
+        tiled_mma_qk = make_tiled_mma(self.dtype, self.num_wg, self._qk_mma_n(), b_mn_major=False, a_in_registers=False)
         tiled_mma_pv = self._make_mma_pv()
 
         sQ_layout = make_row_major_smem_layout(self.dtype, self.tile_m, D)
