@@ -34,4 +34,5 @@ pack_logs "$out/fp8d256.tar.gz" && rm -rf "$work"
 echo; tar -xzOf "$out/fp8d256.tar.gz" fp8d256/precompile.log | grep -E "precompile:|FAILED" | head -8
 echo "-- gpu_tests"; tar -xzOf "$out/fp8d256.tar.gz" fp8d256/gpu_tests.log | grep -E "^FAILED|passed|failed|error" | tail -8
 tar -xzOf "$out/fp8d256.tar.gz" fp8d256/ab/summary.md 2>/dev/null || { echo "(no summary.md)"; tar -xzOf "$out/fp8d256.tar.gz" fp8d256/speed_ab.log | tail -20; }
-echo "-- paired (ratios to new)"; tar -xzOf "$out/fp8d256.tar.gz" fp8d256/paired.log | grep -v -E "^\s*$" | tail -16
+echo "-- paired, N 16k non-causal (ratios to new)"
+tar -xzOf "$out/fp8d256.tar.gz" fp8d256/paired.log | grep -E "A/A|/new:|^\s+[a-zA-Z0-9_]+: [0-9.]+ ms|Error|error" | head -24
