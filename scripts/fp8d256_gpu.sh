@@ -4,8 +4,8 @@
 # default loses (973 TFLOP/s at N 16k vs 1260 for the single accumulator with overlap, session 5). New switch
 # s_lookahead (off by default): the next tile's S GEMM issued inside the P V turn, right after the last P V slice and
 # before that slice's promotion, so the turn hands on a full tensor-core queue; tile_n 64 (S in the first
-# temporary's registers), 96 (eight P V slices), or 128 with S as two halves in the two temporaries (s_halves; its
-# compile spills a few scalars outside the free loop: an experiment). Variants: fa3_fp8_speed_ab.py D256_VARIANTS.
+# temporary's registers), 96 (eight P V slices), or 128 with S as two halves in the two temporaries (s_halves).
+# No spills in any of them (CPU compile). Variants: scripts/fa3_fp8_speed_ab.py D256_VARIANTS.
 #   1. precompile (15 workers, into the disk cache): every timed kernel, both causal modes (the tests run both)
 #   2. gpu_tests: tests/test_fa3_fp8_lookahead_gpu.py, every new variant vs the emulation (K/V scale blocks of its
 #      tile_n) and vs float64: one tile, two tiles, tails, Nq != Nk, GQA/MQA, causal and not, NaN-poisoned outputs

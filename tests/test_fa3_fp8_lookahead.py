@@ -64,9 +64,10 @@ def test_lookahead_tile96_eight_slices():
 def test_s_halves():
     """s_halves (128 x 128, four slices): S as two 64-key QGMMA groups: after the last slice's QGMMA the promotion of
     the one before it, half 0 (in that slice's temporary), a wait for the last slice (DEPBAR 1), its promotion (32
-    FFMA) while half 0 runs, half 1 (in the last slice's temporary), then the arrive. Not asserted: no spills
-    (LDL 29 / STL 20 at this commit, outside the free loop's body; the free loop has none)."""
+    FFMA) while half 0 runs, half 1 (in the last slice's temporary), then the arrive; no spills."""
     s = _sass(dict(s_lookahead=True, s_halves=True), causal=False)
+    counts = cubin.count_sass(s)
+    assert counts["LDL"] == counts["STL"] == 0, counts
     ss = r"QGMMA\.64x64x32\.F32\.E4M3\.E4M3 R(\d+), gdesc\[UR\d+\], RZ, !UPT"
     seq = (r"QGMMA\.64x64x32\.F32\.E4M3\.E4M3 R\d+, R\d+, gdesc[^\n]*gsb0 ;(?:(?!QGMMA|DEPBAR|BAR\.ARV).)*?WARPGROUP\.DEPBAR\.LE gsb0, 0x1 ;"
            r"(?:(?!QGMMA|BAR\.ARV).)*?" + ss + r"(?:(?!DEPBAR|BAR\.ARV).)*?WARPGROUP\.DEPBAR\.LE gsb0, 0x1 ;"

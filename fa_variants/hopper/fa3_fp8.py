@@ -374,7 +374,10 @@ class _Fp8StepContext(_StepContext):
         (the first masked at seqlen_k, the next n_masked on the causal diagonal, the rest free). The S GEMM of
         the first tile is issued in a turn of its own; every later S GEMM is issued by the step of the tile
         before it (``_lookahead_step``). Tile 0 takes the causal mask whenever the problem is causal (a no-op on
-        a free tile), so that the steps with and without a next S GEMM are each compiled once per mask kind."""
+        a free tile), so that the steps with and without a next S GEMM are each compiled once per mask kind. The
+        first tile takes the softmax's general update too, against the reset state (m = -inf, l = 0, O = 0): alpha =
+        exp2(-inf) = 0, so P, l and O get the same bits as with the first-tile update, whose code (with s_halves)
+        spills 29 registers' worth; a row that sees no key keeps m = -inf as before."""
         last = n_blocks - 1
         acc_S = self._lookahead_scores()
         self.schedule_sync()
@@ -383,14 +386,14 @@ class _Fp8StepContext(_StepContext):
         self.schedule_arrive()
         causal = self.k.causal
         if n_blocks == 1:
-            self._lookahead_step(acc_S, k_state, v_state, last, causal, True, True, False)
+            self._lookahead_step(acc_S, k_state, v_state, last, causal, True, False)
         else:
-            k_state, v_state = self._lookahead_step(acc_S, k_state, v_state, last, causal, True, True, True)
+            k_state, v_state = self._lookahead_step(acc_S, k_state, v_state, last, causal, True, True)
             for i in cutlass.range(last - cutlass.max(n_free, 1), unroll=1):  # masked tiles but tile 0
-                k_state, v_state = self._lookahead_step(acc_S, k_state, v_state, last - 1 - i, True, False, False, True)
+                k_state, v_state = self._lookahead_step(acc_S, k_state, v_state, last - 1 - i, True, False, True)
             for i in cutlass.range(cutlass.max(n_free, 1) - 1, unroll=1):  # free tiles but tile 0
-                k_state, v_state = self._lookahead_step(acc_S, k_state, v_state, n_free - 1 - i, False, False, False, True)
-            self._lookahead_step(acc_S, k_state, v_state, 0, causal, False, False, False)
+                k_state, v_state = self._lookahead_step(acc_S, k_state, v_state, n_free - 1 - i, False, False, True)
+            self._lookahead_step(acc_S, k_state, v_state, 0, causal, False, False)
 
     def _lookahead_scores(self) -> cute.Tensor:
         """S's accumulator for ``lookahead_loop``: the first temporary's registers when S has its size (tile_n 64
@@ -411,8 +414,7 @@ class _Fp8StepContext(_StepContext):
 
     @cute.jit
     def _lookahead_step(self, acc_S: cute.Tensor, k_state, v_state, n_block: Int32, causal: cutlass.Constexpr[bool],
-                        seqlen_end: cutlass.Constexpr[bool], is_first: cutlass.Constexpr[bool],
-                        has_next: cutlass.Constexpr[bool]):
+                        seqlen_end: cutlass.Constexpr[bool], has_next: cutlass.Constexpr[bool]):
         """Tile n_block, its S GEMM in flight in acc_S: wait for it, softmax, O *= alpha, P to e4m3; then in the
         ping-pong turn the P V slices (two temporaries: slice h + 1 runs while slice h is promoted, as ``pv``),
         and after the last slice's issue the S GEMM of tile n_block - 1 (``has_next``) into acc_S, whose fp32 P
@@ -423,9 +425,8 @@ class _Fp8StepContext(_StepContext):
         self.pipe_k.consumer_release(k_state)
         k_state.advance()
         self.mask(acc_S, n_block, causal=causal, seqlen_end=seqlen_end)
-        alpha = self.softmax_step(acc_S, n_block, is_first=is_first)
-        if const_expr(not is_first):
-            self.rescale_o(alpha, n_block)
+        alpha = self.softmax_step(acc_S, n_block)  # the first tile too (lookahead_loop)
+        self.rescale_o(alpha, n_block)
         self.to_p(acc_S)
         # v_descale read once a tile, before the turn (loaded by the first promotion; read per promotion, ptxas reloads
         # it after every WGMMA fence and barrier)
