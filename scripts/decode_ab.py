@@ -81,6 +81,15 @@ WINS = [(128, 32, 8, 1, 4096, 16), (64, 32, 8, 1, 32768, 4), (128, 64, 8, 8, 327
 # issue 13's short-Nk one-row shapes (batch 1 / 8, Nk 1k / 4k) and a few long-Nk / full-grid controls (--short-nk)
 SHORT_NK = [(d, h, 8, b, nk) for d in (64, 128) for h in (32, 64) for b in (1, 8) for nk in (1024, 4096)]
 CONTROLS = [(128, 32, 8, 1, 32768), (64, 32, 8, 1, 131072), (128, 64, 8, 64, 4096), (64, 32, 8, 64, 1024)]
+# session 6 (--s6): the seqlen_q = 1 shapes split-KV runs where ours (auto) lost to SDPA in the s6 morning run
+# (/ bench/NOTES.md "Session 6 ... decode"), two unsplit batch-64 controls, and the Nk 32k shapes under 70% of HBM
+# (seqlen_q 4 / 16; 64:8 at 16 rows: 128 packed rows, PACK_WIDE's case) with two wide-tile guards at short Nk
+S6 = ([(d, h, 8, b, nk) for d in (64, 128) for h in (32, 64) for b in (1, 8) for nk in (1024, 4096)
+       if not (d == 128 and b == 8 and nk == 4096)]
+      + [(64, 32, 8, 1, 32768), (64, 64, 8, 1, 32768), (64, 32, 8, 64, 1024), (128, 64, 8, 64, 1024)]
+      + [(64, 32, 8, 1, 32768, 4), (64, 32, 8, 1, 32768, 16), (64, 64, 8, 1, 32768, 16), (64, 64, 8, 8, 32768, 16),
+         (64, 64, 8, 64, 32768, 16), (128, 32, 8, 1, 32768, 16), (128, 64, 8, 1, 32768, 16),
+         (128, 64, 8, 8, 32768, 16), (128, 64, 8, 64, 32768, 16), (64, 64, 8, 64, 1024, 16), (128, 64, 8, 8, 4096, 16)])
 ALL_NQ1 = [(d, h, 8, b, nk) for d in (64, 128) for h in (32, 64) for b in (1, 8, 64)
            for nk in (1024, 4096, 32768, 131072)]
 
@@ -106,9 +115,16 @@ PUBLIC = {
     "fused+pdl2": dict(FUSED_MERGE="all", DECODE_PDL=True),
     "dual+fused+pdl2": dict(FUSED_MERGE="all", DECODE_PDL=True, DECODE_TILES_CHOICE="dual"),
     "dual+two+pdl2": dict(FUSED_MERGE="off", DECODE_PDL=True, DECODE_TILES_CHOICE="dual"),
+    # session 6: `auto` before it (two-tile splits at least, no PDL), and its switches on top of today's `auto`
+    "old": dict(DECODE_PDL_MAX_SPLITS=0, SPLIT_MIN_TILES=2),
+    "warp": dict(MERGE_WARP=True),
+    "wide": dict(PACK_WIDE=True),
+    "wide+warp": dict(PACK_WIDE=True, MERGE_WARP=True),
 }
-#: the switches PUBLIC sets, at their shipped values (a variant sets all of them, its own on top)
-SHIPPED = dict(FUSED_MERGE="off", DECODE_PDL=False, DECODE_TILES_CHOICE="base")
+#: the switches PUBLIC sets, at their shipped values (a variant sets all of them, its own on top); MERGE_WARP is
+#: common.split_combine's, the rest fa3's
+SHIPPED = dict(FUSED_MERGE="off", DECODE_PDL=False, DECODE_TILES_CHOICE="base", DECODE_PDL_MAX_SPLITS=8,
+               SPLIT_MIN_TILES=1, PACK_WIDE=False, MERGE_WARP=False)
 NUM_SMS_DEFAULT = 132  # H100/H200 SXM, for --plan without a GPU
 
 
@@ -131,9 +147,18 @@ def flags(name: str) -> dict:
     return dict(SHIPPED, **PUBLIC[name])
 
 
+def _owner(fa3, attr: str):
+    return fa3.split_combine if attr == "MERGE_WARP" else fa3
+
+
+def get_flags(fa3) -> dict:
+    """The switches of SHIPPED as the modules hold them now."""
+    return {attr: getattr(_owner(fa3, attr), attr) for attr in SHIPPED}
+
+
 def set_flags(fa3, values: dict) -> None:
     for attr, value in values.items():
-        setattr(fa3, attr, value)
+        setattr(_owner(fa3, attr), attr, value)
 
 
 def public_entry(name: str, shape, num_sms: int):
@@ -147,10 +172,11 @@ def public_entry(name: str, shape, num_sms: int):
     d, h, hkv, b, nk = shape[:5]
     q = torch.empty(b, seqlen_q(shape), h, d, dtype=torch.bfloat16, device="meta")
     k = torch.empty(b, nk, hkv, d, dtype=torch.bfloat16, device="meta")
-    saved = {a: getattr(fa3, a) for a in SHIPPED} | {"_auto_splits": fa3._auto_splits}
+    saved = get_flags(fa3) | {"_auto_splits": fa3._auto_splits}
     try:
         set_flags(fa3, flags(name))
-        fa3._auto_splits = lambda ctas, n_blocks, index: split.num_splits_heuristic(ctas, n_blocks, num_sms)
+        fa3._auto_splits = lambda ctas, n_blocks, index, min_tiles=None: split.num_splits_heuristic(
+            ctas, n_blocks, num_sms, min_tiles=min_tiles)
         config = fa3._problem_config(None, q, k, True)
         return config, 1 if config is None or config.num_splits == 1 else fa3.num_splits_for(config, q, k, True)
     finally:
@@ -348,7 +374,7 @@ def run(a, shapes, rows) -> int:
     from fa_variants.hopper import fa3
 
     results = []
-    shipped = {a: getattr(fa3, a) for a in SHIPPED}  # `auto`: the switches as the environment set them
+    shipped = get_flags(fa3)  # `auto`: the switches as the environment set them
     for i, shape in enumerate(shapes):
         d, h, hkv, b, nk = shape[:5]
         nq = seqlen_q(shape)
@@ -460,7 +486,25 @@ def summary(results, variants) -> str:
     for v in variants:
         gm = math.exp(sum(logs[v]) / len(logs[v])) if logs[v] else math.nan
         lines.append(f"  {v:14s} {wins[v][0]:3d} / {wins[v][1]:3d}   geomean {gm:.3f}")
-    return "\n".join(lines)
+    return "\n".join(lines + hbm_lines(results, variants))
+
+
+HBM_PEAK = 4.8e6  # H200 bytes per us
+
+
+def hbm_lines(results, variants) -> list[str]:
+    """Per shape of seqlen_k >= 32k: K/V bytes read / GPU time as % of HBM_PEAK, SDPA and each variant
+    (issue 13's >= 70%); empty when there is none."""
+    rows = [r for r in results if r["shape"][4] >= 32768 and r["us"]]
+    if not rows:
+        return []
+    out = ["", "HBM share at Nk >= 32k (K/V bytes / GPU time / 4.8 TB/s, %): " + " ".join(["sdpa"] + list(variants))]
+    for r in rows:
+        d, h, hkv, b, nk = r["shape"][:5]
+        nbytes = 4 * b * hkv * nk * d  # K and V, 2 bytes each
+        cells = [f"{100 * nbytes / r['us'][v] / HBM_PEAK:.0f}" if v in r["us"] else "-" for v in ["sdpa"] + list(variants)]
+        out.append(f"  {label(r['shape'])}: " + " ".join(cells))
+    return out
 
 
 def main() -> int:
@@ -470,6 +514,7 @@ def main() -> int:
     p.add_argument("--all-nq1", action="store_true", help="all 48 seqlen_q = 1 shapes, not only the 32 misses")
     p.add_argument("--wins", action="store_true", help="also the WINS shapes (seqlen_q 4 / 16, batch 64)")
     p.add_argument("--short-nk", action="store_true", help="SHORT_NK + CONTROLS instead of the 32 misses")
+    p.add_argument("--s6", action="store_true", help="the session-6 set S6 instead of the 32 misses")
     p.add_argument("--variants", nargs="+", default=[v for v in VARIANTS if not v.startswith("min1")],
                    choices=list(VARIANTS) + list(PUBLIC), help="default: the round-3 set (min1* by name only)")
     p.add_argument("--rounds", type=int, default=5)
@@ -480,7 +525,8 @@ def main() -> int:
     p.add_argument("--out", default=os.path.join(os.environ["OUT"], "decode_ab") if os.environ.get("OUT")
                    else "results/decode2/decode_ab")
     a = p.parse_args()
-    shapes = (ALL_NQ1 if a.all_nq1 else SHORT_NK + CONTROLS if a.short_nk else MISSES) + (WINS if a.wins else [])
+    shapes = (ALL_NQ1 if a.all_nq1 else SHORT_NK + CONTROLS if a.short_nk else S6 if a.s6 else MISSES) + (
+        WINS if a.wins else [])
     gpu = not (a.plan or a.compile_only)
     if gpu:
         import torch

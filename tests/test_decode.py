@@ -109,9 +109,10 @@ def test_auto_packs_gqa_at_one_query_row(h200, split_enabled, monkeypatch):
     assert cfg.pack_gqa and cfg.num_splits == 0
     packed_splits = fa3.num_splits_for(cfg, q, k, True)
     q, k = _qk(2, 1, 128, 1, 4096)  # group 128: two 64-row tiles per KV head, counted as such
-    assert fa3.num_splits_for(fa3._PACKED_SPLIT_CONFIGS[128], q, k, True) == split.num_splits_heuristic(4, 32, 132)
+    assert fa3.num_splits_for(fa3._PACKED_SPLIT_CONFIGS[128], q, k, True) == split.num_splits_heuristic(
+        4, 32, 132, min_tiles=fa3.SPLIT_MIN_TILES)
     q, k = _qk(1, 1, 32, 8, 4096)
-    assert packed_splits == split.num_splits_heuristic(8, 32, 132) > fa3.num_splits_for(fa3._SPLIT_CONFIGS[128], q, k, True)
+    assert packed_splits == split.num_splits_heuristic(8, 32, 132, min_tiles=fa3.SPLIT_MIN_TILES) > fa3.num_splits_for(fa3._SPLIT_CONFIGS[128], q, k, True)
     for shape in ((1, 64, 32, 8, 4096), (8, 200, 64, 8, 1024), (1, 1, 32, 32, 4096), (1, 4, 40, 8, 4096)):
         q, k = _qk(*shape)  # Nq past the halving rule, MHA, a group (5) that does not pack at Nq > 1: not packed
         cfg = fa3._problem_config(None, q, k, True)
@@ -133,7 +134,8 @@ def test_auto_packs_gqa_at_decode_query_rows(h200, split_enabled, monkeypatch):
         assert cfg.pack_gqa and cfg.pack_group == group and cfg.tile_m == 64, (shape, cfg)
         rows_ctas = -(-shape[1] * group // 64) * shape[3] * shape[0]
         assert fa3.num_splits_for(cfg, q, k, True) == (
-            split.num_splits_heuristic(rows_ctas, 32 if shape[4] == 4096 else -(-shape[4] // 128), 132)
+            split.num_splits_heuristic(rows_ctas, 32 if shape[4] == 4096 else -(-shape[4] // 128), 132,
+                                       min_tiles=fa3.SPLIT_MIN_TILES)
             if cfg.num_splits == 0 else 1)
         fa3._check_problem(cfg, q, k)
     assert not fa3.pack_helps(33, 32, 8, 128) and fa3.pack_helps(32, 32, 8, 128) and not fa3.pack_helps(4, 8, 8, 64)
@@ -221,7 +223,8 @@ def test_split_options_reach_the_fa3_launch(h200, split_enabled, monkeypatch):
     fa_variants.attention(q, k, v, causal=True, pack_gqa=False)
     fa_variants.attention(q, k, v, causal=True, num_splits=1, pack_gqa=False)
     base = fa3.DEFAULT_CONFIGS[128]
-    assert seen == [dataclasses.replace(base, num_splits=3, pack_gqa=True, tile_m=64, pingpong=False),  # packed
+    assert seen == [dataclasses.replace(base, num_splits=3, pack_gqa=True, tile_m=64, pingpong=False,  # packed
+                                        pdl=fa3.decode_pdl(3)),  # 3 splits: PDL by default (DECODE_PDL_MAX_SPLITS)
                     dataclasses.replace(base, num_splits=0),  # split as auto would (32 CTAs leave SMs idle)
                     base]
     assert fa3.decode_config(q, k, True) == fa3._problem_config(None, q, k, True)
@@ -241,8 +244,9 @@ def test_decode_tiles_apply_to_one_query_row_only(h200, split_enabled, monkeypat
     q, k = _qk(1, 1, 32, 8, 4096, head_dim=64)
     cfg = fa3._problem_config(None, q, k, True)
     assert (cfg.tile_n, cfg.stages, cfg.num_splits) == (192, 3, 0)
-    assert fa3.num_splits_for(cfg, q, k, True) == split.num_splits_heuristic(8, 22, 132)  # ceil(4096 / 192)
-    assert fa3.decode_config(q, k, True, num_splits=5) == dataclasses.replace(cfg, num_splits=5)
+    assert fa3.num_splits_for(cfg, q, k, True) == split.num_splits_heuristic(
+        8, 22, 132, min_tiles=fa3.SPLIT_MIN_TILES)  # ceil(4096 / 192)
+    assert fa3.decode_config(q, k, True, num_splits=5) == dataclasses.replace(cfg, num_splits=5, pdl=fa3.decode_pdl(5))
     q, k = _qk(1, 4, 32, 8, 4096, head_dim=64)  # seqlen_q > 1: the packed-rows config is untouched
     cfg = fa3._problem_config(None, q, k, True)
     assert cfg.pack_group == 4 and (cfg.tile_n, cfg.stages) == (128, 2)
@@ -302,3 +306,48 @@ def test_decode_table_subset_and_summary(capsys):
     text = decode.summary(rows)
     assert "ours (auto): <= sdpa (auto) at 1/2 cases, geomean 1.000, worst 1.25 (D128 32:8 B1 Nk32768 Nq1)" in text
     assert "flash-attn-4: no case timed" in text and "lowest 60% (D128 B1 Nk32768 Nq1); target >= 70%" in text
+
+
+def test_decode_pdl_follows_the_split_count(h200, split_enabled, monkeypatch):
+    """Session 6 defaults: one-tile splits (B 1 Nk 1k: 8 splits) and PDL at 2..DECODE_PDL_MAX_SPLITS splits of a
+    packed seqlen_q = 1 call (not at 16 splits, not unsplit, not at seqlen_q > 1); 0 turns it off; the old
+    defaults (min tiles 2, no PDL) give 4 splits without PDL."""
+    monkeypatch.setattr(fa3, "DECODE_PDL", False)
+    monkeypatch.setattr(fa3, "DECODE_PDL_MAX_SPLITS", 8)
+    monkeypatch.setattr(fa3, "SPLIT_MIN_TILES", 1)
+    cases = [((1, 1, 32, 8, 1024), 8, True), ((8, 1, 32, 8, 1024), 2, True), ((1, 1, 32, 8, 4096), 16, False),
+             ((64, 1, 32, 8, 1024), 1, False), ((1, 4, 32, 8, 1024), 8, False)]
+    for shape, splits, pdl in cases:
+        q, k = _qk(*shape)
+        cfg = fa3._problem_config(None, q, k, True)
+        assert fa3.auto_num_splits(q, k, True) == splits and cfg.pdl == pdl, (shape, cfg)
+    forced = fa3.decode_config(*_qk(1, 1, 32, 8, 1024), True, num_splits=16)
+    assert not forced.pdl and fa3.decode_config(*_qk(1, 1, 32, 8, 1024), True, num_splits=4).pdl
+    monkeypatch.setattr(fa3, "DECODE_PDL_MAX_SPLITS", 0)
+    monkeypatch.setattr(fa3, "SPLIT_MIN_TILES", 2)
+    fa3._auto_splits.cache_clear()
+    q, k = _qk(1, 1, 32, 8, 1024)
+    assert fa3.auto_num_splits(q, k, True) == 4 and not fa3._problem_config(None, q, k, True).pdl
+
+
+def test_wide_packed_tiles_only_where_the_rows_need_them(h200, split_enabled, monkeypatch):
+    """fa3.PACK_WIDE: 64:8 at Nq 16 (128 rows) in one 128-row tile with ping-pong, so K/V is read once per KV
+    head (B 1 then splits more: 8 CTAs, not 16); 32:8 at Nq 16 (64 rows) and Nq 1 keep the 64-row tile; off:
+    two 64-row tiles."""
+    q, k = _qk(1, 16, 64, 8, 32768, 64)
+    assert fa3._problem_config(None, q, k, True).tile_m == 64
+    monkeypatch.setattr(fa3, "PACK_WIDE", True)
+    cfg = fa3._problem_config(None, q, k, True)
+    assert (cfg.tile_m, cfg.pingpong, cfg.pack_group) == (128, True, 8) and fa3.num_splits_for(cfg, q, k, True) == 16
+    for shape in ((1, 16, 32, 8, 32768), (1, 1, 64, 8, 32768), (1, 32, 64, 8, 4096)):  # 64, 8 (views), 256 rows
+        assert fa3._problem_config(None, *_qk(*shape), True).tile_m == 64, shape
+    assert fa3.decode_config(q, k, True).tile_m == 128
+
+
+def test_decode_switches_from_the_environment_are_checked(monkeypatch):
+    """FA_VARIANTS_DECODE_PDL_MAX_SPLITS must be an int >= 0: one-line ValueError naming it."""
+    monkeypatch.setenv("FA_VARIANTS_DECODE_PDL_MAX_SPLITS", "few")
+    with pytest.raises(ValueError, match="FA_VARIANTS_DECODE_PDL_MAX_SPLITS"):
+        fa3._int_env("FA_VARIANTS_DECODE_PDL_MAX_SPLITS", "8", 0)
+    monkeypatch.setenv("FA_VARIANTS_DECODE_PDL_MAX_SPLITS", "4")
+    assert fa3._int_env("FA_VARIANTS_DECODE_PDL_MAX_SPLITS", "8", 0) == 4

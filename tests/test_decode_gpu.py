@@ -347,16 +347,18 @@ def _partials(splits, batch, nq, h, d):
                                                  (2, 7, 16, 8, 96), (1, 2, 1, 4, 128),
                                                  (150, 2, 3, 4, 64)])  # 150 splits: 3 chunks of head_dim LSEs
 @pytest.mark.parametrize("pdl", [False, True], ids=["plain", "pdl"])
-def test_merge_kernel_equals_the_torch_merge(splits, batch, nq, h, d, dtype, pdl):
+@pytest.mark.parametrize("warp", [False, True], ids=["smem", "warp"])
+def test_merge_kernel_equals_the_torch_merge(splits, batch, nq, h, d, dtype, pdl, warp):
     """Split counts below, at and above the O prefetch (split_combine.PREFETCH = 16), one chunk of LSEs and
-    three; launched plainly and as a programmatic dependent (after torch's kernels: it waits for them)."""
+    three (150 splits: five 32-split chunks of the warp kernel); launched plainly and as a programmatic dependent
+    (after torch's kernels: it waits for them); both kernels (shared-memory LSEs, and MergeConfig.warp)."""
     from fa_variants.common import split_combine
 
     o, lse = _partials(splits, batch, nq, h, d)
     lse[0, 0, -1] = math.nan  # one split's LSE NaN: its row NaN
     out = torch.full((batch, nq, h, d), math.nan, dtype=dtype, device="cuda")
     out_lse = torch.full((batch, h, nq), math.nan, device="cuda")
-    split_combine.merge(o, lse, out, out_lse, pdl=pdl)
+    split_combine.merge(o, lse, out, out_lse, pdl=pdl, warp=warp)
     ref, ref_lse = split.merge(o.unflatten(0, (splits, batch)), lse.unflatten(0, (splits, batch)))
     nan_rows = ref_lse.isnan()
     assert nan_rows.sum() == 1 and out_lse[nan_rows].isnan().all() and out.permute(0, 2, 1, 3)[nan_rows].isnan().all()
@@ -367,7 +369,8 @@ def test_merge_kernel_equals_the_torch_merge(splits, batch, nq, h, d, dtype, pdl
     assert err <= 2 ** -7 * ref.permute(0, 2, 1, 3)[good].abs().max().item(), err  # one 16-bit rounding
 
 
-def test_merge_kernel_is_batch_invariant():
+@pytest.mark.parametrize("warp", [False, True], ids=["smem", "warp"])
+def test_merge_kernel_is_batch_invariant(warp):
     """Each (row, head, batch) is one CTA adding its splits in order: a batch row is bitwise the row alone."""
     from fa_variants.common import split_combine
 
@@ -375,11 +378,11 @@ def test_merge_kernel_is_batch_invariant():
     o, lse = _partials(splits, batch, 1, 32, 128)
     out = torch.empty(batch, 1, 32, 128, dtype=BF16, device="cuda")
     out_lse = torch.empty(batch, 32, 1, device="cuda")
-    split_combine.merge(o, lse, out, out_lse)
+    split_combine.merge(o, lse, out, out_lse, warp=warp)
     b = 9
     rows = torch.arange(splits, device="cuda") * batch + b
     one, one_lse = torch.empty_like(out[:1]), torch.empty_like(out_lse[:1])
-    split_combine.merge(o[rows].contiguous(), lse[rows].contiguous(), one, one_lse)
+    split_combine.merge(o[rows].contiguous(), lse[rows].contiguous(), one, one_lse, warp=warp)
     assert torch.equal(one, out[b:b + 1]) and torch.equal(one_lse, out_lse[b:b + 1])
 
 
@@ -495,9 +498,9 @@ def test_auto_runs_the_chosen_decode_tiles(split_kv, pack_gqa, monkeypatch):
 
 @pytest.fixture
 def min_tiles_one(monkeypatch):
-    """common.split.MIN_BLOCKS_PER_SPLIT = 1, as FA_VARIANTS_SPLIT_MIN_TILES=1 sets it at import (fa3's cached
-    counts cleared before and after)."""
-    monkeypatch.setattr(split, "MIN_BLOCKS_PER_SPLIT", 1)
+    """fa3.SPLIT_MIN_TILES = 1 (its default since session 6, whatever FA_VARIANTS_SPLIT_MIN_TILES says; fa3's
+    cached counts cleared before and after)."""
+    monkeypatch.setattr(fa3, "SPLIT_MIN_TILES", 1)
     fa3._auto_splits.cache_clear()
     yield
     fa3._auto_splits.cache_clear()
@@ -520,5 +523,85 @@ def test_one_tile_splits_through_auto(shape, splits, merge_pdl, min_tiles_one, s
     monkeypatch.setattr(split_combine, "MERGE_PDL", merge_pdl)
     for _ in range(3):
         q.copy_(torch.randn_like(q))
+        out, lse = fa_variants.attention(q, k, v, causal=True, backend="fa3", return_lse=True)
+        assert_attention_ok(out, lse, q, k, v, True)
+
+
+# ----- issue 13, session 6: PDL by split count (auto's default), 128-row packed tiles (PACK_WIDE), warp merge -----
+
+
+@pytest.fixture
+def decode_defaults(monkeypatch):
+    """fa3's session-6 decode defaults whatever the environment says: one-tile splits, PDL at 2-8 splits."""
+    monkeypatch.setattr(fa3, "SPLIT_MIN_TILES", 1)
+    monkeypatch.setattr(fa3, "DECODE_PDL", False)
+    monkeypatch.setattr(fa3, "DECODE_PDL_MAX_SPLITS", 8)
+    fa3._auto_splits.cache_clear()
+    yield
+    fa3._auto_splits.cache_clear()
+
+
+@pytest.mark.parametrize("warp", [False, True], ids=["smem-merge", "warp-merge"])
+@pytest.mark.parametrize("shape, splits, pdl", [((1, 1024, 32, 8, 128), 8, True), ((1, 1000, 64, 8, 64), 8, True),
+                                                ((8, 1023, 32, 8, 64), 2, True), ((1, 4096, 64, 8, 128), 16, False),
+                                                ((1, 4097, 32, 8, 64), 16, False)],
+                         ids=lambda s: "x".join(map(str, s)) if isinstance(s, tuple) else str(s))
+def test_auto_decode_defaults(shape, splits, pdl, warp, decode_defaults, split_kv, pack_gqa, monkeypatch):
+    """`auto` at seqlen_q = 1: the split count and PDL (2..8 splits) as the defaults say; five consecutive calls
+    with fresh Q (a PDL race would give the previous call's answer), each within the rule (O and LSE); then the
+    same step captured in a CUDA graph and replayed after a new Q."""
+    import fa_variants
+    from fa_variants.common import split_combine
+
+    monkeypatch.setattr(split_combine, "MERGE_WARP", warp)
+    b, nk, h, hkv, d = shape
+    q, k, v = _qkv(b, 1, nk, h, hkv, d)
+    cfg = fa3._problem_config(None, q, k, True)
+    assert fa3.auto_num_splits(q, k, True) == splits and cfg.pdl == pdl, cfg
+    for _ in range(5):
+        q.copy_(torch.randn_like(q))
+        out, lse = fa_variants.attention(q, k, v, causal=True, backend="fa3", return_lse=True)
+        assert_attention_ok(out, lse, q, k, v, True)
+    graph, outs = capture_graph(lambda: fa_variants.attention(q, k, v, causal=True, backend="fa3"), 2)
+    q.copy_(torch.randn_like(q))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert check_against_reference(outs[-1], q, k, v, True).ok
+
+
+WIDE_SHAPES = [  # (batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim): 64:8 at Nq 9-16 = 72-128 packed rows
+    (1, 16, 4096, 64, 8, 64), (2, 16, 1023, 64, 8, 128), (1, 13, 300, 64, 8, 64), (3, 16, 5, 64, 8, 128),
+    (1, 9, 129, 16, 1, 128),  # MQA, group 16: 144 rows, two tiles of 128 (the second one's tail past the rows)
+]
+
+
+def wide_config(d: int, num_splits: int, group: int = 8):
+    """The packed config PACK_WIDE gives (128-row tiles, ping-pong) with the group fixed."""
+    return dataclasses.replace(fa3._PACKED_CONFIGS[d], tile_m=fa3.WIDE_TILE_M, pingpong=True, pack_group=group,
+                               num_splits=num_splits)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("num_splits", [1, 0], ids=lambda n: f"splits{n}")
+@pytest.mark.parametrize("shape", WIDE_SHAPES, ids=["x".join(map(str, s)) for s in WIDE_SHAPES])
+def test_wide_packed_rows_match_reference(shape, num_splits, causal):
+    """Packed GQA in 128-row tiles (fa3.PACK_WIDE's config): O and LSE within the rule of float64, causal
+    bottom-right per row (Nq 16 > Nk 5: rows that see no key), outputs poisoned with NaN first."""
+    b, nq, nk, h, hkv, d = shape
+    q, k, v = _qkv(b, nq, nk, h, hkv, d)
+    out, lse = fa3.run(q, k, v, causal=causal, softmax_scale=0.11, config=wide_config(d, num_splits, h // hkv))
+    assert_attention_ok(out, lse, q, k, v, causal, 0.11)
+
+
+def test_auto_runs_wide_packed_tiles(decode_defaults, split_kv, pack_gqa, monkeypatch):
+    """FA_VARIANTS_PACK_WIDE (fa3.PACK_WIDE) through the public API: 64:8 at Nq 16 (128 rows) runs one 128-row
+    tile per KV head (B 1: split, B 64: not), 32:8 keeps the 64-row tile; each within the rule."""
+    import fa_variants
+
+    monkeypatch.setattr(fa3, "PACK_WIDE", True)
+    for b, h, tile_m in ((1, 64, 128), (64, 64, 128), (1, 32, 64)):
+        q, k, v = _qkv(b, 16, 2048, h, 8, 64)
+        cfg = fa3._problem_config(None, q, k, True)
+        assert cfg.tile_m == tile_m and cfg.pack_group == h // 8 and (cfg.num_splits == 1) == (b == 64), (b, h, cfg)
         out, lse = fa_variants.attention(q, k, v, causal=True, backend="fa3", return_lse=True)
         assert_attention_ok(out, lse, q, k, v, True)

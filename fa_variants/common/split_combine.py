@@ -49,14 +49,20 @@ PREFETCH = 16  # O partials per thread loaded before the LSE passes (registers; 
 #: Whether ``merge`` / ``merge_function`` launch the merge kernel as a programmatic dependent of the kernel
 #: before it (module docstring; sm_90a only) when not told. Read at each call (``scripts/decode_ab.py`` flips it).
 MERGE_PDL = os.environ.get("FA_VARIANTS_MERGE_PDL", "0") == "1"
+#: Whether the merge runs as ``SplitMergeWarp`` (LSEs in registers, warp shuffles, no barrier: ``MergeConfig.warp``)
+#: instead of ``SplitMerge`` (LSEs staged in shared memory). FA_VARIANTS_MERGE_WARP=1; off until the H200 A/B
+#: (scripts/decode5_gpu.sh). Read at each call.
+MERGE_WARP = os.environ.get("FA_VARIANTS_MERGE_WARP", "0") == "1"
 
 
 @dataclasses.dataclass(frozen=True)
 class MergeConfig:
     """One thread per column of a row (no tunable shape); pdl: launched as a programmatic dependent of the
-    kernel before it, waiting for that grid before its first load (sm_90a only; module docstring)."""
+    kernel before it, waiting for that grid before its first load (sm_90a only; module docstring); warp: the
+    register / shuffle kernel (``split_combine_kernel.SplitMergeWarp``) instead of the shared-memory one."""
 
     pdl: bool = False
+    warp: bool = False
 
     def check(self, head_dim: int, arch: str = "sm_90a") -> "MergeConfig":
         if head_dim not in HEAD_DIMS:
@@ -165,9 +171,10 @@ def split_steps(scratch, q_view: tuple | None, tail: tuple, merge):
 
 
 def _build(cfg: StaticConfig):
-    from fa_variants.common.split_combine_kernel import SplitMerge  # the DSL: only to compile
+    from fa_variants.common.split_combine_kernel import SplitMerge, SplitMergeWarp  # the DSL: only to compile
 
-    return (SplitMerge(interop.cute_dtype(cfg.dtype), cfg.head_dim, cfg.config.pdl),
+    kernel = SplitMergeWarp if cfg.config.warp else SplitMerge
+    return (kernel(interop.cute_dtype(cfg.dtype), cfg.head_dim, cfg.config.pdl),
             fake_args(cfg.dtype, cfg.head_dim, cfg.align))
 
 
@@ -181,27 +188,30 @@ VARIANT = Variant(
 _FNS: dict[tuple, object] = {}
 
 
-def merge_function(device: torch.device, dtype: torch.dtype, head_dim: int, pdl: bool | None = None):
+def merge_function(device: torch.device, dtype: torch.dtype, head_dim: int, pdl: bool | None = None,
+                   warp: bool | None = None):
     """The compiled merge kernel for outputs of this device, dtype and head_dim (compiled or loaded on first
     use): ``fn(o_parts, lse_parts, out, lse)`` as `merge` takes them. ``pdl`` (None: ``MERGE_PDL``) on an sm90
-    GPU: launched as a programmatic dependent of the kernel before it on the stream."""
+    GPU: launched as a programmatic dependent of the kernel before it on the stream; ``warp`` (None:
+    ``MERGE_WARP``): the register / shuffle kernel."""
     pdl = MERGE_PDL if pdl is None else pdl
-    key = (device, dtype, head_dim, pdl)
+    warp = MERGE_WARP if warp is None else warp
+    key = (device, dtype, head_dim, pdl, warp)
     fn = _FNS.get(key)
     if fn is None:
         from fa_variants import registry
 
         arch = interop.device_arch(device)
         cfg = registry.static_config("split-merge", arch, interop.dtype_name(dtype), head_dim, False,
-                                     MergeConfig(pdl=pdl and arch.startswith("sm_9")))
+                                     MergeConfig(pdl=pdl and arch.startswith("sm_9"), warp=warp))
         fn = _FNS[key] = VARIANT.compiled(cfg).fn
     return fn
 
 
 def merge(o_parts: torch.Tensor, lse_parts: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-          pdl: bool | None = None) -> None:
+          pdl: bool | None = None, warp: bool | None = None) -> None:
     """``split.merge`` on the GPU in one launch: o_parts (S*B, Nq, H, D) and lse_parts (S*B, H, Nq) float32
     contiguous (split s of batch b at s * B + b), into out (B, Nq, H, D) (float16 / bfloat16, unit last
-    stride, 16-byte aligned strides) and lse (B, H, Nq) float32 (unit last stride); ``pdl`` as in
-    ``merge_function``."""
-    merge_function(out.device, out.dtype, out.shape[-1], pdl)(o_parts, lse_parts, out, lse)
+    stride, 16-byte aligned strides) and lse (B, H, Nq) float32 (unit last stride); ``pdl`` and
+    ``warp`` as in ``merge_function``."""
+    merge_function(out.device, out.dtype, out.shape[-1], pdl, warp)(o_parts, lse_parts, out, lse)

@@ -104,3 +104,87 @@ class SplitMerge:
             x = mLSEparts[(c0 + col) * batch + b, head, row]
         sLSE[col] = x
         cute.arch.sync_threads()
+
+
+class SplitMergeWarp:
+    """The same merge as ``SplitMerge`` (same arguments and maths) with the LSEs in registers instead of shared
+    memory (``MergeConfig.warp``): grid (seqlen_q, heads, batch), no index division; every warp of the CTA holds
+    the row's LSE_s, lane i split i (then i + 32, ...: a loop for more than 32 splits), and reduces the max and
+    the sum by butterfly shuffles (a fixed order: a row's result still depends on its split count only); lane i
+    computes its split's weight exp(LSE_s - LSE) once and each thread takes the weights by shuffles while it adds
+    the O_s[col] in split order. No barrier and no shared memory: the chain after the loads is 10 shuffles and one
+    exp per lane instead of two barriers and three serial passes over S shared-memory values. An empty split
+    (weight 0) is skipped (its O_s may be unwritten). Our own design (no source followed)."""
+
+    def __init__(self, out_dtype, head_dim: int, pdl: bool = False):
+        self.out_dtype, self.head_dim, self.pdl = out_dtype, head_dim, pdl
+
+    @cute.jit
+    def __call__(self, mOparts: cute.Tensor, mLSEparts: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+                 stream: cuda.CUstream):
+        grid = (mO.shape[1], mO.shape[2], mO.shape[0])
+        self.kernel(mOparts, mLSEparts, mO, mLSE).launch(grid=grid, block=[self.head_dim, 1, 1], stream=stream,
+                                                         use_pdl=self.pdl)
+
+    @cute.kernel
+    def kernel(self, mOparts: cute.Tensor, mLSEparts: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor):
+        col, _, _ = cute.arch.thread_idx()
+        row, head, b = cute.arch.block_idx()
+        lane = cute.arch.lane_idx()
+        batch = mO.shape[0]
+        splits = mOparts.shape[0] // batch
+        if const_expr(self.pdl):
+            cute.arch.griddepcontrol_launch_dependents()
+            cute.arch.griddepcontrol_wait()
+        o_pre = cute.make_rmem_tensor(cute.make_layout(PREFETCH), Float32)
+        for i in cutlass.range_constexpr(PREFETCH):
+            o_pre[i] = Float32(0.0)
+            if i < splits:
+                o_pre[i] = mOparts[i * batch + b, row, head, col]
+        x0 = -Float32.inf  # LSE of split `lane` (the first 32)
+        if lane < splits:
+            x0 = mLSEparts[lane * batch + b, head, row]
+        m = x0
+        for c0 in cutlass.range(32, splits, 32, unroll=1):
+            if c0 + lane < splits:
+                m = cutlass.max(m, mLSEparts[(c0 + lane) * batch + b, head, row])
+        for k in cutlass.range_constexpr(5):
+            m = cutlass.max(m, cute.arch.shuffle_sync_bfly(m, offset=16 >> k))
+        m_safe = m
+        if m == -Float32.inf:
+            m_safe = Float32(0.0)
+        l = cute.math.exp2((x0 - m_safe) * LOG2_E, fastmath=True)
+        for c0 in cutlass.range(32, splits, 32, unroll=1):
+            if c0 + lane < splits:
+                l += cute.math.exp2((mLSEparts[(c0 + lane) * batch + b, head, row] - m_safe) * LOG2_E, fastmath=True)
+        for k in cutlass.range_constexpr(5):
+            l = l + cute.arch.shuffle_sync_bfly(l, offset=16 >> k)
+        lse = -Float32.inf
+        acc = Float32(0.0)
+        if l != Float32(0.0):  # uniform over the CTA: the shuffles below see every lane
+            lse = m_safe + cute.math.log2(l, fastmath=True) * LN_2
+            w = cute.math.exp2((x0 - lse) * LOG2_E, fastmath=True)  # split `lane`'s weight; 0 if empty
+            n0 = cutlass.min(32, splits)
+            for i in cutlass.range_constexpr(PREFETCH):
+                if i < n0:
+                    wi = cute.arch.shuffle_sync(w, i)
+                    if wi != Float32(0.0):
+                        acc += wi * o_pre[i]
+            for i in cutlass.range(PREFETCH, n0, unroll=8):
+                wi = cute.arch.shuffle_sync(w, i)
+                o = mOparts[i * batch + b, row, head, col]
+                if wi != Float32(0.0):
+                    acc += wi * o
+            for c0 in cutlass.range(32, splits, 32, unroll=1):
+                x = -Float32.inf
+                if c0 + lane < splits:
+                    x = mLSEparts[(c0 + lane) * batch + b, head, row]
+                wc = cute.math.exp2((x - lse) * LOG2_E, fastmath=True)
+                for i in cutlass.range(cutlass.min(32, splits - c0), unroll=8):
+                    wi = cute.arch.shuffle_sync(wc, i)
+                    o = mOparts[(c0 + i) * batch + b, row, head, col]
+                    if wi != Float32(0.0):
+                        acc += wi * o
+        mO[b, row, head, col] = acc.to(self.out_dtype)
+        if col == 0:
+            mLSE[b, head, row] = lse

@@ -115,8 +115,40 @@ DECODE_TILES_CHOICE = os.environ.get("FA_VARIANTS_DECODE_TILES", "base")
 if DECODE_TILES_CHOICE not in DECODE_TILES:
     raise ValueError(f"FA_VARIANTS_DECODE_TILES={DECODE_TILES_CHOICE!r} must be one of {sorted(DECODE_TILES)}")
 #: Whether packed seqlen_q = 1 decode launches as a programmatic dependent (``Sm90Config.pdl``; its split
-#: merge too): its launch and shared-memory setup overlap the tail of the kernel before it (FA_VARIANTS_DECODE_PDL=1).
+#: merge too): its launch and shared-memory setup overlap the tail of the kernel before it (FA_VARIANTS_DECODE_PDL=1:
+#: always; else as DECODE_PDL_MAX_SPLITS says).
 DECODE_PDL = os.environ.get("FA_VARIANTS_DECODE_PDL", "0") == "1"
+
+
+def _int_env(name: str, default: str, low: int) -> int:
+    """An int >= low from the environment (one-line ValueError naming the variable otherwise)."""
+    value = os.environ.get(name, default)
+    try:
+        n = int(value)
+    except ValueError:
+        n = low - 1
+    if n < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    return n
+
+
+#: `auto`'s packed seqlen_q = 1 split calls of 2..DECODE_PDL_MAX_SPLITS splits launch the split kernel and the
+#: merge as programmatic dependents (FA_VARIANTS_DECODE_PDL_MAX_SPLITS; 0: never by itself, the default before
+#: session 6). 8 from the 2026-12-01 s6 H200 A/B (/ bench/NOTES.md "Session 6 ... decode"): pdl2 / min1+pdl2 beat
+#: `auto` at all 12 shapes of 2, 4 and 8 splits (B 1 Nk 1k, B 8 Nk 1k / 4k: 0.94-1.16x SDPA against 1.03-1.27x)
+#: and lost at 3 of the 4 B 1 Nk 4k shapes of 16 splits (1.19-1.37x against 1.01-1.12x).
+DECODE_PDL_MAX_SPLITS = _int_env("FA_VARIANTS_DECODE_PDL_MAX_SPLITS", "8", 0)
+#: The fewest K/V tiles per split fa3's `auto` gives the heuristic (``common.split.num_splits_heuristic``'s
+#: min_tiles; FA_VARIANTS_SPLIT_MIN_TILES, which fa2 reads too with its own default 2): 1 from the same A/B
+#: (min1 below `auto` at all four B 1 Nk 1k shapes, the only ones whose count changes: 8 one-tile splits
+#: instead of 4 of two tiles; elsewhere the count is the same).
+SPLIT_MIN_TILES = split._min_tiles_from_env(os.environ.get("FA_VARIANTS_SPLIT_MIN_TILES", "1"))
+#: Packed GQA at 1 < seqlen_q in 128-row tiles (two consumer warpgroups, ping-pong) when a KV head's G x seqlen_q
+#: rows exceed one 64-row tile but fit 128 (64:8 at Nq 16: 128 rows): K/V read once per KV head instead of
+#: twice (the 64-row tiles took 1900 us at D 64 B 64 Nk 32k Nq 16 where Nq 1 took 932). FA_VARIANTS_PACK_WIDE=1;
+#: off until the H200 A/B (scripts/decode5_gpu.sh).
+PACK_WIDE = os.environ.get("FA_VARIANTS_PACK_WIDE", "0") == "1"
+WIDE_TILE_M = 128
 
 
 def decode_tiles(config: Sm90Config, head_dim: int, choice: str | None = None, pdl: bool | None = None) -> Sm90Config:
@@ -215,8 +247,8 @@ def _fake_partials(q, head_dim: int):
 
 
 @functools.lru_cache(maxsize=4096)
-def _auto_splits(ctas: int, n_blocks: int, device_index: int) -> int:
-    return split.num_splits_heuristic(ctas, n_blocks, split.sm_count(device_index))
+def _auto_splits(ctas: int, n_blocks: int, device_index: int, min_tiles: int | None = None) -> int:
+    return split.num_splits_heuristic(ctas, n_blocks, split.sm_count(device_index), min_tiles=min_tiles)
 
 
 def num_splits_for(config: Sm90Config, q: torch.Tensor, k: torch.Tensor, causal: bool) -> int:
@@ -229,7 +261,7 @@ def num_splits_for(config: Sm90Config, q: torch.Tensor, k: torch.Tensor, causal:
         seqlen_q, heads = seqlen_q * (heads // k.shape[2]), k.shape[2]
     m_blocks = -(-seqlen_q // config.tile_m)
     n_blocks = -(-k.shape[1] // config.tile_n)
-    return _auto_splits(m_blocks * heads * batch, n_blocks, q.device.index or 0)
+    return _auto_splits(m_blocks * heads * batch, n_blocks, q.device.index or 0, SPLIT_MIN_TILES)
 
 
 #: Whether a call without ``config=`` (``auto`` too) may split K/V: the heuristic splits decode shapes whose
@@ -284,13 +316,13 @@ def _problem_config(config: Sm90Config | None, q: torch.Tensor, k: torch.Tensor,
     if config is not None:
         return config
     pack, splits = _auto_choice(q, k, causal)
-    if splits:
+    if splits > 1:
         config = (_PACKED_SPLIT_CONFIGS if pack else _SPLIT_CONFIGS)[q.shape[-1]]
     elif pack:
         config = _PACKED_CONFIGS[q.shape[-1]]
     else:
         return None
-    return _merge_mode(_packed(config, q, k) if pack else config)
+    return _merge_mode(_packed(config, q, k, splits) if pack else config)
 
 
 def pack_helps(seqlen_q: int, num_heads: int, num_heads_kv: int, head_dim: int) -> bool:
@@ -309,22 +341,40 @@ def pack_helps(seqlen_q: int, num_heads: int, num_heads_kv: int, head_dim: int) 
         group * -(-seqlen_q // DEFAULT_CONFIGS[head_dim].tile_m)
 
 
-def _packed(config: Sm90Config, q: torch.Tensor, k: torch.Tensor) -> Sm90Config:
-    """A packed config for this call: seqlen_q = 1 with the decode tiles (``decode_tiles``; host views);
-    seqlen_q > 1 with the group fixed."""
+def decode_pdl(splits: int) -> bool:
+    """Whether `auto`'s packed seqlen_q = 1 call of `splits` splits launches as a programmatic dependent
+    (DECODE_PDL, or 2 <= splits <= DECODE_PDL_MAX_SPLITS)."""
+    return DECODE_PDL or 2 <= splits <= DECODE_PDL_MAX_SPLITS
+
+
+def wide_rows(config: Sm90Config, group: int, seqlen_q: int) -> Sm90Config:
+    """A packed seqlen_q > 1 config in WIDE_TILE_M-row tiles (two consumer warpgroups, ping-pong) when PACK_WIDE
+    is on and the G x seqlen_q rows of a KV head need more than one tile of config.tile_m rows but fit one wide
+    tile (and G packs into it); else config unchanged."""
+    rows = group * seqlen_q
+    if PACK_WIDE and config.tile_m < rows <= WIDE_TILE_M and pack_gqa.packable(group, WIDE_TILE_M):
+        return dataclasses.replace(config, tile_m=WIDE_TILE_M, pingpong=True)
+    return config
+
+
+def _packed(config: Sm90Config, q: torch.Tensor, k: torch.Tensor, splits: int = 1) -> Sm90Config:
+    """A packed config for this call: seqlen_q = 1 with the decode tiles (``decode_tiles``; host views) and PDL
+    as ``decode_pdl(splits)`` says; seqlen_q > 1 with the group fixed (in wider tiles: ``wide_rows``)."""
     if q.shape[1] == 1:
-        return decode_tiles(config, q.shape[-1])
-    return dataclasses.replace(config, pack_group=q.shape[2] // k.shape[2])
+        return decode_tiles(config, q.shape[-1], pdl=decode_pdl(splits))
+    group = q.shape[2] // k.shape[2]
+    return dataclasses.replace(wide_rows(config, group, q.shape[1]), pack_group=group)
 
 
-def _auto_choice(q: torch.Tensor, k: torch.Tensor, causal: bool, pack: bool | None = None) -> tuple[bool, bool]:
-    """(pack GQA, split K/V) as `auto` decides them; ``pack`` given: the split decision for that packing."""
+def _auto_choice(q: torch.Tensor, k: torch.Tensor, causal: bool, pack: bool | None = None) -> tuple[bool, int]:
+    """(pack GQA, split count: 1 = not split) as `auto` decides them; ``pack`` given: the count for that packing."""
     if pack is None:
         pack = PACK_GQA_ENABLED and pack_helps(q.shape[1], q.shape[2], k.shape[2], q.shape[-1])
     probe = (_PACKED_SPLIT_CONFIGS if pack else _SPLIT_CONFIGS)[q.shape[-1]]
-    if pack and q.shape[1] == 1:  # the split count follows the decode tiles' tile_n
-        probe = decode_tiles(probe, q.shape[-1])
-    return pack, SPLIT_KV_ENABLED and num_splits_for(probe, q, k, causal) > 1
+    if pack:  # the split count follows the decode tiles' tile_n (seqlen_q = 1) or the wide tile's rows
+        probe = decode_tiles(probe, q.shape[-1]) if q.shape[1] == 1 else \
+            wide_rows(probe, q.shape[2] // k.shape[2], q.shape[1])
+    return pack, num_splits_for(probe, q, k, causal) if SPLIT_KV_ENABLED else 1
 
 
 def decode_config(q: torch.Tensor, k: torch.Tensor, causal: bool, *, num_splits: int | None = None,
@@ -335,13 +385,14 @@ def decode_config(q: torch.Tensor, k: torch.Tensor, causal: bool, *, num_splits:
     its 64-row tile, as `auto` runs it)."""
     pack, splits = _auto_choice(q, k, causal, pack_gqa)
     if num_splits is None:
-        num_splits = 0 if splits else 1
+        num_splits = 0 if splits > 1 else 1
     if pack:
         group = q.shape[2] // k.shape[2]
         if q.shape[1] > 1 and not pack_gqa_fits(group):
             raise ValueError(f"pack_gqa=True: a group of {group} query heads per KV head does not pack at seqlen_q="
                              f"{q.shape[1]} (it must divide {_PACKED_CONFIGS[q.shape[-1]].tile_m} or be a multiple of it)")
-        return _merge_mode(dataclasses.replace(_packed(_PACKED_CONFIGS[q.shape[-1]], q, k), num_splits=num_splits))
+        return _merge_mode(dataclasses.replace(_packed(_PACKED_CONFIGS[q.shape[-1]], q, k,
+                                                       num_splits or splits), num_splits=num_splits))
     return _merge_mode(dataclasses.replace(DEFAULT_CONFIGS[q.shape[-1]], num_splits=num_splits))
 
 
@@ -353,9 +404,10 @@ def pack_gqa_fits(group: int) -> bool:
 def _auto_configs(head_dim: int) -> tuple[Sm90Config, ...]:
     """The configs besides the default that `auto` may switch a call to (for `fa-variants warmup`)."""
     packed = (_PACKED_CONFIGS[head_dim],) + ((_merge_mode(_PACKED_SPLIT_CONFIGS[head_dim]),) if SPLIT_KV_ENABLED else ())
+    counts = lambda c: (1,) if c.num_splits == 1 else (2, split.MAX_SPLITS)  # noqa: E731 (PDL on and off)
+    decode = tuple(_merge_mode(decode_tiles(c, head_dim, pdl=decode_pdl(n))) for c in packed for n in counts(c))
     return ((_merge_mode(_SPLIT_CONFIGS[head_dim]),) if SPLIT_KV_ENABLED else ()) + (
-        tuple(dict.fromkeys(packed + tuple(_merge_mode(decode_tiles(c, head_dim)) for c in packed)))
-        if PACK_GQA_ENABLED else ())
+        tuple(dict.fromkeys(packed + decode)) if PACK_GQA_ENABLED else ())
 
 
 def auto_num_splits(q: torch.Tensor, k: torch.Tensor, causal: bool) -> int:
@@ -440,7 +492,8 @@ VARIANT = Variant(
     check_config=lambda config, arch, head_dim: config.check(head_dim, arch), build=_build, plan_call=_plan_call,
     operand=_tma_operand, check_problem=_check_problem, problem_config=_problem_config,
     switches=lambda: (SPLIT_KV_ENABLED, PACK_GQA_ENABLED, MERGE_KERNEL, split_combine.MERGE_PDL, DECODE_TILES_CHOICE,
-                      DECODE_PDL, FUSED_MERGE),
+                      DECODE_PDL, DECODE_PDL_MAX_SPLITS, SPLIT_MIN_TILES, PACK_WIDE, split_combine.MERGE_WARP,
+                      FUSED_MERGE),
     warm_configs=lambda arch, head_dim, causal: _auto_configs(head_dim))
 
 
