@@ -34,6 +34,15 @@ call, so any seqlen_q works and the split count is `auto`'s):
 * ``dual+fused+pdl2``  and two CTAs per SM (DECODE_TILES "dual");
 * ``dual+two+pdl2``    dual tiles, PDL, two kernels (``dual+pdl2`` through the public path, any seqlen_q).
 
+Session 6 (``auto`` is then one-tile splits + PDL at 2-8 splits, ``hopper.fa3.SPLIT_MIN_TILES`` /
+``DECODE_PDL_MAX_SPLITS``; ``--s6`` picks the shapes ``S6``):
+
+* ``old``         `auto` before session 6 (two-tile splits at least, no PDL);
+* ``warp``        the merge kernel with the LSEs in registers (``common.split_combine.MERGE_WARP``);
+* ``dualauto``    two CTAs per SM for B x Hkv >= 64 at Nk <= 4k (``DECODE_TILES_CHOICE`` "auto");
+* ``wide``        packed rows of seqlen_q > 1 in 128-row tiles when 64 are too few (``PACK_WIDE``);
+* ``wide+warp``, ``cand`` (dualauto + wide + warp): together.
+
 ``--wins`` adds ``WINS``: shapes ours already wins (split at seqlen_q 4 / 16, or unsplit at batch 64), to show
 that a default change does not lose them; shapes are (head_dim, heads, heads_kv, batch, seqlen_k[, seqlen_q]).
 
@@ -120,6 +129,8 @@ PUBLIC = {
     "warp": dict(MERGE_WARP=True),
     "wide": dict(PACK_WIDE=True),
     "wide+warp": dict(PACK_WIDE=True, MERGE_WARP=True),
+    "dualauto": dict(DECODE_TILES_CHOICE="auto"),
+    "cand": dict(DECODE_TILES_CHOICE="auto", PACK_WIDE=True, MERGE_WARP=True),
 }
 #: the switches PUBLIC sets, at their shipped values (a variant sets all of them, its own on top); MERGE_WARP is
 #: common.split_combine's, the rest fa3's
@@ -230,16 +241,18 @@ def plan(shapes, variants, num_sms: int) -> list[dict]:
 def compile_item(item) -> str:
     """Compile one kernel into the disk cache (a worker of ``compile_all``; CUTE_DSL_ARCH sm_90a, bf16): ``item`` =
     (kind, head_dim, causal, config) with kind "fa3" (config: its Sm90Config), "fa2" (its Sm80Config, or None: the
-    launcher's default static config) or "merge" (config: the merge's pdl flag). Returns a line for the log."""
+    launcher's default static config) or "merge" / "merge-fp16" (config: the merge's pdl flag or its MergeConfig;
+    bf16 / fp16 outputs). Returns a line for the log."""
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     from fa_variants import registry
     from fa_variants.common import split_combine
 
     kind, d, causal, cfg = item
     t = time.time()
-    if kind == "merge":
-        registry.compiled(registry.static_config("split-merge", "sm_90a", "bf16", d, False,
-                                                 split_combine.MergeConfig(pdl=cfg)))
+    if kind in ("merge", "merge-fp16"):  # cfg: the pdl flag, or a MergeConfig
+        cfg = cfg if isinstance(cfg, split_combine.MergeConfig) else split_combine.MergeConfig(pdl=cfg)
+        registry.compiled(registry.static_config("split-merge", "sm_90a", "fp16" if kind == "merge-fp16" else "bf16",
+                                                 d, False, cfg))
     elif kind == "fa2":  # as the launcher keys fa2's config (None: its default)
         registry.compiled(registry.static_config("fa2", "sm_90a", "bf16", d, causal, cfg))
     else:

@@ -4,7 +4,8 @@ of the time into the split kernel, the merge kernel and the gaps between launche
     python3 scripts/decode_profile.py [--out DIR]        # H200, ~15 s with the kernels in the disk cache
 
 Shapes: B 1, seqlen_q 1, 32:8, head_dim 64 / 128, Nk 1k / 4k (bf16). Entries: ``auto`` (the shipped split count),
-``min1`` (one-tile splits: ``common.split.num_splits_heuristic(min_tiles=1)``, forced), ``sdpa``. Each entry's
+``min1`` (one-tile splits: ``common.split.num_splits_heuristic(min_tiles=1)``, forced, no PDL), ``min1-warp`` (and the
+merge kernel with LSEs in registers, ``common.split_combine.MERGE_WARP``), ``sdpa``. Each entry's
 ``CALLS`` back-to-back calls are captured in one CUDA graph and the replay is profiled (``torch.profiler``, CUDA
 activity). Per entry: the kernels of one call (name, mean us), their sum, and the span per call (first kernel start
 to last kernel end of the replay, / CALLS): span - sum = the time between kernels (launch gaps, ramps).
@@ -77,7 +78,7 @@ def main() -> int:
         print("decode_profile: no CUDA GPU here")
         return 2
     import fa_variants
-    from fa_variants.common import split
+    from fa_variants.common import split, split_combine
     from fa_variants.hopper import fa3
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -89,20 +90,22 @@ def main() -> int:
         cfg = fa3._PACKED_SPLIT_CONFIGS[d]  # auto's kernel (count per call), its count forced to min1's
         n_min1 = split.num_splits_heuristic(hkv * b, -(-nk // cfg.tile_n), sms, min_tiles=1)
 
-        def min1(cfg=cfg, n=n_min1, q=q, k=k, v=v, d=d):
+        def min1(cfg=cfg, n=n_min1, q=q, k=k, v=v, d=d, warp=False):
             saved, fa3._auto_splits = fa3._auto_splits, lambda *args: n
+            saved_warp, split_combine.MERGE_WARP = split_combine.MERGE_WARP, warp
             try:
                 return fa3.run(q, k, v, causal=True, softmax_scale=d ** -0.5, config=cfg)[0]
             finally:
-                fa3._auto_splits = saved
+                fa3._auto_splits, split_combine.MERGE_WARP = saved, saved_warp
 
         entries = {
             "auto": lambda: fa_variants.attention(q, k, v, causal=True),
             "min1": min1,
+            "min1-warp": lambda: min1(warp=True),
             "sdpa": lambda: F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                            enable_gqa=True),
         }
-        splits = {"auto": fa3.auto_num_splits(q, k, True), "min1": n_min1, "sdpa": "-"}
+        splits = {"auto": fa3.auto_num_splits(q, k, True), "min1": n_min1, "min1-warp": n_min1, "sdpa": "-"}
         for name, fn in entries.items():
             try:
                 r = profile_entry(fn, torch)

@@ -351,3 +351,15 @@ def test_decode_switches_from_the_environment_are_checked(monkeypatch):
         fa3._int_env("FA_VARIANTS_DECODE_PDL_MAX_SPLITS", "8", 0)
     monkeypatch.setenv("FA_VARIANTS_DECODE_PDL_MAX_SPLITS", "4")
     assert fa3._int_env("FA_VARIANTS_DECODE_PDL_MAX_SPLITS", "8", 0) == 4
+
+
+def test_decode_tiles_auto_picks_dual_for_many_short_ctas(h200, split_enabled, monkeypatch):
+    """FA_VARIANTS_DECODE_TILES=auto (fa3.DECODE_TILES_CHOICE "auto"): two CTAs per SM ("dual") at batch x heads_kv
+    >= 64 and Nk <= 4k (B 8 / 64), the base tiles at B 1 or Nk 32k; the split count follows the chosen tiles."""
+    monkeypatch.setattr(fa3, "DECODE_TILES_CHOICE", "auto")
+    for shape, dual in (((8, 1, 32, 8, 1024), True), ((64, 1, 64, 8, 4096), True), ((1, 1, 32, 8, 1024), False),
+                        ((8, 1, 32, 8, 32768), False)):
+        q, k = _qk(*shape)
+        cfg = fa3._problem_config(None, q, k, True)
+        assert (cfg.ctas_per_sm == 2) == dual and (cfg.tile_n == 64) == dual, (shape, cfg)
+    assert any(c.ctas_per_sm == 2 for c in fa3._auto_configs(128)) and any(c.ctas_per_sm == 1 for c in fa3._auto_configs(128))

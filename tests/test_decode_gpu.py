@@ -571,7 +571,7 @@ def test_auto_decode_defaults(shape, splits, pdl, warp, decode_defaults, split_k
 
 WIDE_SHAPES = [  # (batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim): 64:8 at Nq 9-16 = 72-128 packed rows
     (1, 16, 4096, 64, 8, 64), (2, 16, 1023, 64, 8, 128), (1, 13, 300, 64, 8, 64), (3, 16, 5, 64, 8, 128),
-    (1, 9, 129, 16, 1, 128),  # MQA, group 16: 144 rows, two tiles of 128 (the second one's tail past the rows)
+    (1, 9, 129, 64, 8, 128),  # 72 rows: the tile's last 56 rows past the packed rows
 ]
 
 
@@ -605,3 +605,19 @@ def test_auto_runs_wide_packed_tiles(decode_defaults, split_kv, pack_gqa, monkey
         assert cfg.tile_m == tile_m and cfg.pack_group == h // 8 and (cfg.num_splits == 1) == (b == 64), (b, h, cfg)
         out, lse = fa_variants.attention(q, k, v, causal=True, backend="fa3", return_lse=True)
         assert_attention_ok(out, lse, q, k, v, True)
+
+
+def test_dual_auto_tiles_through_auto(decode_defaults, split_kv, pack_gqa, monkeypatch):
+    """FA_VARIANTS_DECODE_TILES=auto (fa3.DECODE_TILES_CHOICE "auto"): B 8 / 64 at Nk ~1k run two CTAs per SM
+    (split with PDL at B 8, unsplit at B 64), odd lengths; each call within the rule, O and LSE, three fresh Qs."""
+    import fa_variants
+
+    monkeypatch.setattr(fa3, "DECODE_TILES_CHOICE", "auto")
+    for d, h, hkv, b, nk in ((64, 32, 8, 8, 1023), (128, 64, 8, 8, 1024), (128, 32, 8, 64, 1000)):
+        q, k, v = _qkv(b, 1, nk, h, hkv, d)
+        cfg = fa3._problem_config(None, q, k, True)
+        assert cfg.ctas_per_sm == 2 and (cfg.num_splits == 1) == (b == 64) and cfg.pdl == (b == 8), cfg
+        for _ in range(3):
+            q.copy_(torch.randn_like(q))
+            out, lse = fa_variants.attention(q, k, v, causal=True, backend="fa3", return_lse=True)
+            assert_attention_ok(out, lse, q, k, v, True, what=f"D{d} {h}:{hkv} B{b} Nk{nk}")

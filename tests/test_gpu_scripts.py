@@ -328,10 +328,10 @@ def test_decode_ab_public_variants():
     from fa_variants.hopper import fa3
 
     ab = load_script("decode_ab")
-    before = {a: getattr(fa3, a) for a in ab.SHIPPED}
+    before = ab.get_flags(fa3)
     shapes = [(128, 32, 8, 1, 4096), (128, 32, 8, 1, 4096, 16), (128, 32, 8, 64, 4096, 16)]
     by = {(r["shape"], r["variant"]): r for r in ab.plan(shapes, ["two", "fused", "dual+fused+pdl2"], 132)}
-    assert {a: getattr(fa3, a) for a in ab.SHIPPED} == before
+    assert ab.get_flags(fa3) == before
     assert by[(shapes[0], "fused")]["config"].fused_merge and not by[(shapes[0], "two")]["config"].fused_merge
     assert by[(shapes[0], "fused")]["splits"] == by[(shapes[0], "two")]["splits"] == 16
     assert by[(shapes[1], "fused")]["config"].pack_group == 4 and by[(shapes[1], "fused")]["config"].fused_merge
@@ -506,3 +506,34 @@ def test_decode_ab_min1_variants():
     assert by[((128, 32, 8, 1, 4096), "min1")]["splits"] == 16 and by[((64, 32, 8, 8, 1024), "min1")]["splits"] == 2
     full = by[((128, 64, 8, 64, 4096), "min1")]
     assert full["splits"] == 1 and full["config"].num_splits == 1
+
+
+def test_decode_ab_s6_variants_and_precompile(monkeypatch):
+    """scripts/decode_ab.py --s6 (scripts/decode5_gpu.sh): `old` is auto before session 6 (B 1 Nk 1k: 4 splits, no
+    PDL) where the shipped `two` runs 8 with PDL; wide packs 64:8 Nq 16 in one 128-row tile; dualauto runs two CTAs
+    per SM at B 8 Nk 1k; the switches (fa3's and split_combine.MERGE_WARP) are restored after planning; the HBM lines
+    cover the Nk 32k shapes; scripts/decode5_precompile.py lists every kernel of that plan once."""
+    from fa_variants.hopper import fa3
+
+    ab = load_script("decode_ab")
+    assert len(ab.S6) == 29 == len(set(ab.S6))
+    before = ab.get_flags(fa3)
+    variants = ["two", "old", "warp", "dualauto", "wide", "cand"]
+    by = {(r["shape"], r["variant"]): r for r in ab.plan(ab.S6, variants, 132)}
+    assert ab.get_flags(fa3) == before
+    b1 = (128, 32, 8, 1, 1024)
+    assert (by[(b1, "old")]["splits"], by[(b1, "old")]["config"].pdl) == (4, False)
+    assert (by[(b1, "two")]["splits"], by[(b1, "two")]["config"].pdl) == (8, True)
+    nq16 = (64, 64, 8, 64, 32768, 16)
+    assert by[(nq16, "wide")]["config"].tile_m == 128 and by[(nq16, "two")]["config"].tile_m == 64
+    assert by[(nq16, "cand")]["config"].tile_m == 128
+    b8 = (64, 32, 8, 8, 1024)
+    assert by[(b8, "dualauto")]["config"].ctas_per_sm == 2 and by[(b8, "two")]["config"].ctas_per_sm == 1
+    results = [dict(shape=nq16, us=dict(sdpa=8796.5, auto=1900.1, wide=1000.0), err={}, splits={})]
+    lines = ab.hbm_lines(results, ["auto", "wide"])
+    assert lines[-1] == "  D64 64:8 B64 Nk32768 Nq16: 10 47 89", lines
+    pre = load_script("decode5_precompile")
+    listed = pre.items(["old", "warp", "dualauto", "wide", "cand"], 132)
+    assert len(listed) == len(set(listed))
+    assert ab.plan_items(ab.plan(ab.S6, ["old", "warp", "dualauto", "wide", "cand"], 132)) <= set(listed)
+    assert sum(kind == "fa3" for kind, *_ in listed) == 24

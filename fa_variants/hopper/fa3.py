@@ -111,9 +111,27 @@ DECODE_TILES: dict[str, dict[int, dict]] = {
     # 512 CTAs of 8 tiles, ~4 waves, each wave paying its prologue with one CTA per SM)
     "dual": {64: dict(ctas_per_sm=2), 96: dict(tile_n=64, ctas_per_sm=2), 128: dict(tile_n=64, ctas_per_sm=2)},
 }
+# "auto" (``decode_choice``): "dual" for calls of many short CTAs, "base" otherwise.
 DECODE_TILES_CHOICE = os.environ.get("FA_VARIANTS_DECODE_TILES", "base")
-if DECODE_TILES_CHOICE not in DECODE_TILES:
-    raise ValueError(f"FA_VARIANTS_DECODE_TILES={DECODE_TILES_CHOICE!r} must be one of {sorted(DECODE_TILES)}")
+if DECODE_TILES_CHOICE not in (*DECODE_TILES, "auto"):
+    raise ValueError(f"FA_VARIANTS_DECODE_TILES={DECODE_TILES_CHOICE!r} must be one of {sorted(DECODE_TILES) + ['auto']}")
+#: FA_VARIANTS_DECODE_TILES=auto runs "dual" when batch x heads_kv >= DUAL_MIN_CTAS and seqlen_k <= DUAL_MAX_SEQLEN_K:
+#: the shapes where the s4 A/Bs (bench/h200-2026-12-01-s4, decode_ab.log and decode3_ab.md) had dual+pdl2 below
+#: `auto` (B 8 Nk 1k/4k: 0.94-1.11x SDPA against 1.00-1.20x; B 64 Nk 1k: 0.97-1.02x against 1.01-1.15x), and not
+#: B 1 (8 CTAs: the one-tile splits of "base" are faster there) nor Nk 32k+ (dual lost up to 13% at B 1).
+DUAL_MIN_CTAS = 64
+DUAL_MAX_SEQLEN_K = 4096
+
+
+def decode_choice(batch: int, heads_kv: int, seqlen_k: int, choice: str | None = None) -> str:
+    """The decode tile set a packed seqlen_q = 1 call runs: ``choice`` (default DECODE_TILES_CHOICE), with "auto"
+    resolved by the shape (DUAL_MIN_CTAS, DUAL_MAX_SEQLEN_K)."""
+    choice = choice or DECODE_TILES_CHOICE
+    if choice != "auto":
+        return choice
+    return "dual" if batch * heads_kv >= DUAL_MIN_CTAS and seqlen_k <= DUAL_MAX_SEQLEN_K else "base"
+
+
 #: Whether packed seqlen_q = 1 decode launches as a programmatic dependent (``Sm90Config.pdl``; its split
 #: merge too): its launch and shared-memory setup overlap the tail of the kernel before it (FA_VARIANTS_DECODE_PDL=1:
 #: always; else as DECODE_PDL_MAX_SPLITS says).
@@ -154,7 +172,8 @@ WIDE_TILE_M = 128
 def decode_tiles(config: Sm90Config, head_dim: int, choice: str | None = None, pdl: bool | None = None) -> Sm90Config:
     """The packed seqlen_q = 1 config with the decode tile set ``choice`` (default DECODE_TILES_CHOICE) and
     ``pdl`` (default DECODE_PDL) applied."""
-    fields = dict(DECODE_TILES[choice or DECODE_TILES_CHOICE].get(head_dim, {}))
+    choice = choice or DECODE_TILES_CHOICE
+    fields = dict(DECODE_TILES["base" if choice == "auto" else choice].get(head_dim, {}))  # auto: decode_choice
     if DECODE_PDL if pdl is None else pdl:
         fields["pdl"] = True
     return dataclasses.replace(config, **fields) if fields else config
@@ -361,7 +380,8 @@ def _packed(config: Sm90Config, q: torch.Tensor, k: torch.Tensor, splits: int = 
     """A packed config for this call: seqlen_q = 1 with the decode tiles (``decode_tiles``; host views) and PDL
     as ``decode_pdl(splits)`` says; seqlen_q > 1 with the group fixed (in wider tiles: ``wide_rows``)."""
     if q.shape[1] == 1:
-        return decode_tiles(config, q.shape[-1], pdl=decode_pdl(splits))
+        return decode_tiles(config, q.shape[-1], decode_choice(q.shape[0], k.shape[2], k.shape[1]),
+                            pdl=decode_pdl(splits))
     group = q.shape[2] // k.shape[2]
     return dataclasses.replace(wide_rows(config, group, q.shape[1]), pack_group=group)
 
@@ -372,7 +392,8 @@ def _auto_choice(q: torch.Tensor, k: torch.Tensor, causal: bool, pack: bool | No
         pack = PACK_GQA_ENABLED and pack_helps(q.shape[1], q.shape[2], k.shape[2], q.shape[-1])
     probe = (_PACKED_SPLIT_CONFIGS if pack else _SPLIT_CONFIGS)[q.shape[-1]]
     if pack:  # the split count follows the decode tiles' tile_n (seqlen_q = 1) or the wide tile's rows
-        probe = decode_tiles(probe, q.shape[-1]) if q.shape[1] == 1 else \
+        probe = decode_tiles(probe, q.shape[-1], decode_choice(q.shape[0], k.shape[2], k.shape[1])) \
+            if q.shape[1] == 1 else \
             wide_rows(probe, q.shape[2] // k.shape[2], q.shape[1])
     return pack, num_splits_for(probe, q, k, causal) if SPLIT_KV_ENABLED else 1
 
@@ -405,7 +426,9 @@ def _auto_configs(head_dim: int) -> tuple[Sm90Config, ...]:
     """The configs besides the default that `auto` may switch a call to (for `fa-variants warmup`)."""
     packed = (_PACKED_CONFIGS[head_dim],) + ((_merge_mode(_PACKED_SPLIT_CONFIGS[head_dim]),) if SPLIT_KV_ENABLED else ())
     counts = lambda c: (1,) if c.num_splits == 1 else (2, split.MAX_SPLITS)  # noqa: E731 (PDL on and off)
-    decode = tuple(_merge_mode(decode_tiles(c, head_dim, pdl=decode_pdl(n))) for c in packed for n in counts(c))
+    choices = ("base", "dual") if DECODE_TILES_CHOICE == "auto" else (DECODE_TILES_CHOICE,)
+    decode = tuple(_merge_mode(decode_tiles(c, head_dim, t, pdl=decode_pdl(n))) for c in packed for n in counts(c)
+                   for t in choices)
     return ((_merge_mode(_SPLIT_CONFIGS[head_dim]),) if SPLIT_KV_ENABLED else ()) + (
         tuple(dict.fromkeys(packed + decode)) if PACK_GQA_ENABLED else ())
 
