@@ -112,9 +112,11 @@ class SplitMergeWarp:
     the row's LSE_s, lane i split i (then i + 32, ...: a loop for more than 32 splits), and reduces the max and
     the sum by butterfly shuffles (a fixed order: a row's result still depends on its split count only); lane i
     computes its split's weight exp(LSE_s - LSE) once and each thread takes the weights by shuffles while it adds
-    the O_s[col] in split order. No barrier and no shared memory: the chain after the loads is 10 shuffles and one
-    exp per lane instead of two barriers and three serial passes over S shared-memory values. An empty split
-    (weight 0) is skipped (its O_s may be unwritten). Our own design (no source followed)."""
+    the O_s[col] in split order. The O_s[col] of the first 32 splits are loaded with the LSE, so a merge of up to
+    32 splits waits for memory once. No barrier and no shared memory: the chain after the loads is 10 shuffles,
+    one exp per lane and 32 shuffle + FMA pairs instead of two barriers and three serial passes over S
+    shared-memory values. An empty split (weight 0) is skipped (its O_s may be unwritten). Our own design (no
+    source followed)."""
 
     def __init__(self, out_dtype, head_dim: int, pdl: bool = False):
         self.out_dtype, self.head_dim, self.pdl = out_dtype, head_dim, pdl
@@ -136,12 +138,14 @@ class SplitMergeWarp:
         if const_expr(self.pdl):
             cute.arch.griddepcontrol_launch_dependents()
             cute.arch.griddepcontrol_wait()
-        o_pre = cute.make_rmem_tensor(cute.make_layout(PREFETCH), Float32)
-        for i in cutlass.range_constexpr(PREFETCH):
-            o_pre[i] = Float32(0.0)
-            if i < splits:
-                o_pre[i] = mOparts[i * batch + b, row, head, col]
-        x0 = -Float32.inf  # LSE of split `lane` (the first 32)
+        # O_s[col] of the first 32 splits and LSE_lane: every load of a merge of up to 32 splits in flight together.
+        # Split min(i, S - 1) (straight-line loads, no branch): a slot past the last split holds another split's O,
+        # never used (its weight, from a lane past S, is 0).
+        o_pre = cute.make_rmem_tensor(cute.make_layout(32), Float32)
+        rows_b = mOparts[None, row, head, col]  # (S * B,): split s of batch b at s * B + b
+        for i in cutlass.range_constexpr(32):
+            o_pre[i] = rows_b[cutlass.min(i, splits - 1) * batch + b]
+        x0 = -Float32.inf
         if lane < splits:
             x0 = mLSEparts[lane * batch + b, head, row]
         m = x0
@@ -160,28 +164,24 @@ class SplitMergeWarp:
         for k in cutlass.range_constexpr(5):
             l = l + cute.arch.shuffle_sync_bfly(l, offset=16 >> k)
         lse = -Float32.inf
-        acc = Float32(0.0)
-        if l != Float32(0.0):  # uniform over the CTA: the shuffles below see every lane
+        lse_safe = Float32(0.0)  # every split empty (l = 0): the weights below are exp2(-inf) = 0, O stays 0
+        if l != Float32(0.0):  # a NaN l too: lse NaN, so every weight and O NaN
             lse = m_safe + cute.math.log2(l, fastmath=True) * LN_2
-            w = cute.math.exp2((x0 - lse) * LOG2_E, fastmath=True)  # split `lane`'s weight; 0 if empty
-            n0 = cutlass.min(32, splits)
-            for i in cutlass.range_constexpr(PREFETCH):
-                if i < n0:
-                    wi = cute.arch.shuffle_sync(w, i)
-                    if wi != Float32(0.0):
-                        acc += wi * o_pre[i]
-            for i in cutlass.range(PREFETCH, n0, unroll=8):
-                wi = cute.arch.shuffle_sync(w, i)
-                o = mOparts[i * batch + b, row, head, col]
-                if wi != Float32(0.0):
-                    acc += wi * o
-            for c0 in cutlass.range(32, splits, 32, unroll=1):
-                x = -Float32.inf
-                if c0 + lane < splits:
-                    x = mLSEparts[(c0 + lane) * batch + b, head, row]
-                wc = cute.math.exp2((x - lse) * LOG2_E, fastmath=True)
-                for i in cutlass.range(cutlass.min(32, splits - c0), unroll=8):
-                    wi = cute.arch.shuffle_sync(wc, i)
+            lse_safe = lse
+        w = cute.math.exp2((x0 - lse_safe) * LOG2_E, fastmath=True)  # split `lane`'s weight; 0 if empty or absent
+        acc = Float32(0.0)
+        for i in cutlass.range_constexpr(32):  # constant lanes, outside any branch: plain shuffles
+            wi = cute.arch.shuffle_sync(w, i)
+            if wi != Float32(0.0):
+                acc += wi * o_pre[i]
+        for c0 in cutlass.range(32, splits, 32, unroll=1):
+            x = -Float32.inf
+            if c0 + lane < splits:
+                x = mLSEparts[(c0 + lane) * batch + b, head, row]
+            wc = cute.math.exp2((x - lse_safe) * LOG2_E, fastmath=True)
+            for i in cutlass.range_constexpr(32):
+                wi = cute.arch.shuffle_sync(wc, i)
+                if c0 + i < splits:
                     o = mOparts[(c0 + i) * batch + b, row, head, col]
                     if wi != Float32(0.0):
                         acc += wi * o
