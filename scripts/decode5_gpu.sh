@@ -35,9 +35,9 @@ set -uo pipefail
 source "$(dirname "$0")/steps.sh"; help_from_header "$@"
 out="${OUT:-results/decode5}"; session_setup "$out/logs"
 VARIANTS=(old warp dualauto wide cand)
-step precompile 45 python3 scripts/decode5_precompile.py --jobs 16 --variants "${VARIANTS[@]}"
+step precompile 40 python3 scripts/decode5_precompile.py --jobs 16 --variants "${VARIANTS[@]}"
 NPROC=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4" || echo "")
-step pytest 40 python3 -m pytest -q $NPROC -m gpu -p no:cacheprovider --tb=short -rfEX tests/test_decode_gpu.py \
+step pytest 45 python3 -m pytest -q $NPROC -m gpu -p no:cacheprovider --tb=short -rfEX tests/test_decode_gpu.py \
   -k "merge_kernel_equals or merge_kernel_is_batch or auto_decode_defaults or wide_packed or auto_runs_wide or one_tile or dual_auto"
 step decode_ab 50 python3 scripts/decode_ab.py --s6 --no-precompile --rounds 4 --variants "${VARIANTS[@]}" \
   --out "$out/decode_ab"
