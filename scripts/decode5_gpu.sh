@@ -6,7 +6,8 @@
 #
 #   source .gpu/env.sh; scripts/decode5_gpu.sh          (repository root; writes under $OUT; --help: this text)
 #
-# 0. scripts/decode5_precompile.py: the 60 kernels below (24 fa3, 36 merges) compiled in 16 processes into the disk cache.
+# 0. scripts/decode5_precompile.py: the 60 kernels below (24 fa3, 36 merges) compiled in 16 processes into the disk
+#    cache.
 # 1. GPU tests of what changed (-n 4), tests/test_decode_gpu.py: both merge kernels vs the torch merge (1-150 splits,
 #    bf16/fp16, D 64-256, plain/PDL, NaN and empty splits) and batch invariance; `auto` with the new defaults (split
 #    count, PDL flag, five fresh Qs and a CUDA-graph replay, both merges); one-tile splits; 128-row packed tiles
@@ -37,8 +38,9 @@ out="${OUT:-results/decode5}"; session_setup "$out/logs"
 VARIANTS=(old warp dualauto wide cand)
 step precompile 40 python3 scripts/decode5_precompile.py --jobs 16 --variants "${VARIANTS[@]}"
 NPROC=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4" || echo "")
+TESTS="merge_kernel_equals or merge_kernel_is_batch or auto_decode_defaults or wide_packed or auto_runs_wide"
 step pytest 45 python3 -m pytest -q $NPROC -m gpu -p no:cacheprovider --tb=short -rfEX tests/test_decode_gpu.py \
-  -k "merge_kernel_equals or merge_kernel_is_batch or auto_decode_defaults or wide_packed or auto_runs_wide or one_tile or dual_auto"
+  -k "$TESTS or one_tile or dual_auto"
 step decode_ab 50 python3 scripts/decode_ab.py --s6 --no-precompile --rounds 4 --variants "${VARIANTS[@]}" \
   --out "$out/decode_ab"
 step profile 15 python3 scripts/decode_profile.py --out "$out/decode_profile"

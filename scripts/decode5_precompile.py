@@ -44,7 +44,8 @@ def items(variants, num_sms: int) -> list:
     for d in (64, 96, 128, 256):  # the merges: A/B (bf16), merge tests (bf16, fp16 at every head dim)
         for pdl in (False, True):
             for warp in (False, True):
-                out += [(kind, d, False, split_combine.MergeConfig(pdl=pdl, warp=warp)) for kind in ("merge", "merge-fp16")]
+                merge = split_combine.MergeConfig(pdl=pdl, warp=warp)
+                out += [(kind, d, False, merge) for kind in ("merge", "merge-fp16")]
     return list(dict.fromkeys(out))
 
 

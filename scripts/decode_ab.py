@@ -92,8 +92,9 @@ WINS = [(128, 32, 8, 1, 4096, 16), (64, 32, 8, 1, 32768, 4), (128, 64, 8, 8, 327
 SHORT_NK = [(d, h, 8, b, nk) for d in (64, 128) for h in (32, 64) for b in (1, 8) for nk in (1024, 4096)]
 CONTROLS = [(128, 32, 8, 1, 32768), (64, 32, 8, 1, 131072), (128, 64, 8, 64, 4096), (64, 32, 8, 64, 1024)]
 # session 6 (--s6): the seqlen_q = 1 shapes split-KV runs where ours (auto) lost to SDPA in the s6 morning run
-# (/ bench/NOTES.md "Session 6 ... decode"), two unsplit batch-64 controls, and the Nk 32k shapes under 70% of HBM
-# (seqlen_q 4 / 16; 64:8 at 16 rows: 128 packed rows, PACK_WIDE's case) with two wide-tile guards at short Nk
+# (bench/NOTES.md, "Session 6 (2026-12-01): decode at Nq 1 and packed Nq 16"), two unsplit batch-64 controls, and
+# the Nk 32k shapes under 70% of HBM (seqlen_q 4 / 16; 64:8 at 16 rows: 128 packed rows, PACK_WIDE's case) with two
+# wide-tile guards at short Nk
 S6 = ([(d, h, 8, b, nk) for d in (64, 128) for h in (32, 64) for b in (1, 8) for nk in (1024, 4096)
        if not (d == 128 and b == 8 and nk == 4096)]
       + [(64, 32, 8, 1, 32768), (64, 64, 8, 1, 32768), (64, 32, 8, 64, 1024), (128, 64, 8, 64, 1024)]

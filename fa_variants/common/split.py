@@ -46,7 +46,8 @@ def _min_tiles_from_env(value: str) -> int:
 
 #: The fewest K/V tiles the heuristic gives a split (counts giving fewer are not considered) when the caller passes
 #: no min_tiles: fa2's count. 2 by default; fa3 passes its own (``hopper.fa3.SPLIT_MIN_TILES``, the same variable
-#: with default 1 since the session-6 H200 A/B). 1 (FA_VARIANTS_SPLIT_MIN_TILES=1) lets short-Nk decode split into one-tile CTAs:
+#: with default 1 since the session-6 H200 A/B). 1 (FA_VARIANTS_SPLIT_MIN_TILES=1) lets short-Nk decode split into
+#: one-tile CTAs:
 #: B 1, Nk 1k, 128-key tiles, 8 packed CTAs -> 8 splits (64 CTAs of 1 tile) instead of 4 (32 CTAs of 2). The
 #: latency/bandwidth model of bench/NOTES.md ("Decode at B 1, short Nk: where the time goes") predicts
 #: max(1 tile x 0.85 us, 4.2 MB / 4 TB/s) = 1.05 us of streaming instead of 2 x 0.85 = 1.7 us there. Read once,

@@ -114,7 +114,8 @@ DECODE_TILES: dict[str, dict[int, dict]] = {
 # "auto" (``decode_choice``): "dual" for calls of many short CTAs, "base" otherwise.
 DECODE_TILES_CHOICE = os.environ.get("FA_VARIANTS_DECODE_TILES", "base")
 if DECODE_TILES_CHOICE not in (*DECODE_TILES, "auto"):
-    raise ValueError(f"FA_VARIANTS_DECODE_TILES={DECODE_TILES_CHOICE!r} must be one of {sorted(DECODE_TILES) + ['auto']}")
+    raise ValueError(f"FA_VARIANTS_DECODE_TILES={DECODE_TILES_CHOICE!r} must be one of "
+                     f"{sorted(DECODE_TILES) + ['auto']}")
 #: FA_VARIANTS_DECODE_TILES=auto runs "dual" when batch x heads_kv >= DUAL_MIN_CTAS and seqlen_k <= DUAL_MAX_SEQLEN_K:
 #: the shapes where the s4 A/Bs (bench/h200-2026-12-01-s4, decode_ab.log and decode3_ab.md) had dual+pdl2 below
 #: `auto` (B 8 Nk 1k/4k: 0.94-1.11x SDPA against 1.00-1.20x; B 64 Nk 1k: 0.97-1.02x against 1.01-1.15x), and not
@@ -152,9 +153,10 @@ def _int_env(name: str, default: str, low: int) -> int:
 
 #: `auto`'s packed seqlen_q = 1 split calls of 2..DECODE_PDL_MAX_SPLITS splits launch the split kernel and the
 #: merge as programmatic dependents (FA_VARIANTS_DECODE_PDL_MAX_SPLITS; 0: never by itself, the default before
-#: session 6). 8 from the 2026-12-01 s6 H200 A/B (/ bench/NOTES.md "Session 6 ... decode"): pdl2 / min1+pdl2 beat
-#: `auto` at all 12 shapes of 2, 4 and 8 splits (B 1 Nk 1k, B 8 Nk 1k / 4k: 0.94-1.16x SDPA against 1.03-1.27x)
-#: and lost at 3 of the 4 B 1 Nk 4k shapes of 16 splits (1.19-1.37x against 1.01-1.12x).
+#: session 6). 8 from the 2026-12-01 s6 H200 A/B (bench/NOTES.md, "Session 6 (2026-12-01): decode at Nq 1 and
+#: packed Nq 16"): pdl2 / min1+pdl2 beat `auto` at all 12 shapes of 2, 4 and 8 splits (B 1 Nk 1k, B 8 Nk 1k / 4k:
+#: 0.94-1.16x SDPA against 0.99-1.27x) and lost at 3 of the 4 B 1 Nk 4k shapes of 16 splits (1.19-1.37x against
+#: 1.01-1.12x).
 DECODE_PDL_MAX_SPLITS = _int_env("FA_VARIANTS_DECODE_PDL_MAX_SPLITS", "8", 0)
 #: The fewest K/V tiles per split fa3's `auto` gives the heuristic (``common.split.num_splits_heuristic``'s
 #: min_tiles; FA_VARIANTS_SPLIT_MIN_TILES, which fa2 reads too with its own default 2): 1 from the same A/B
