@@ -137,3 +137,28 @@ def test_pdl_kernel_waits_before_its_loads():
     assert sass.index("ACQBULK") < sass.index("UTMALDG")
     plain = registry.compiled(registry.static_config("fa3", "sm_90a", "bf16", 128, True, fa3._PACKED_CONFIGS[128]))
     assert "ACQBULK" not in cubin.sass_of(plain.cubin)
+
+
+def test_fa3_wide_packed_rows_compile_without_spills():
+    """fa3.PACK_WIDE's config (64:8 at Nq 16: 128 packed rows in one 128-row tile, two consumer warpgroups with
+    ping-pong, the group in a (8, 16)-row TMA box): builds causal, split, with no spills."""
+    config = dataclasses.replace(fa3._PACKED_SPLIT_CONFIGS[64], tile_m=fa3.WIDE_TILE_M, pingpong=True, pack_group=8)
+    c = registry.compiled(registry.static_config("fa3", "sm_90a", "bf16", 64, True, config.check(64)))
+    counts = cubin.count_sass(cubin.sass_of(c.cubin))
+    res = cubin.cubin_resources(c.cubin)
+    assert counts["LDL"] == counts["STL"] == 0 and res["spill_bytes"] == 0, (counts, res)
+    assert counts["HGMMA"] > 0 and counts["UTMALDG"] > 0 and counts["UTMASTG"] == 0
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_80"])
+def test_warp_merge_compiles_without_shared_memory_or_spills(arch):
+    """split_combine.MergeConfig(warp=True): LSEs in registers and warp shuffles, so no shared memory and no
+    barrier, one MUFU.EX2 per LSE pass (not one per split per thread), no spills; sm_80 too (fa2's merge)."""
+    from fa_variants.common import split_combine
+
+    cfg = registry.static_config("split-merge", arch, "bf16", 128, False, split_combine.MergeConfig(warp=True))
+    c = registry.compiled(cfg)
+    counts = cubin.count_sass(cubin.sass_of(c.cubin))
+    res = cubin.cubin_resources(c.cubin)
+    assert res["spill_bytes"] == 0 and counts["LDL"] == counts["STL"] == 0, (counts, res)
+    assert res["smem_static_bytes"] == 0 and c.smem_dynamic_bytes == 0 and counts["MUFU.EX2"] <= 6, (counts, res)
