@@ -24,8 +24,9 @@
 #    0.95-0.98x old (pdl at 2 splits); B 1 Nk 4k/32k and B 64 the same as old within 3% (same config).
 #  - warp vs auto: merge kernel 0.3-0.6 us less (profile: min1-warp merge ~1.9-2.3 us vs min1's 2.6-2.7 at Nk 1k,
 #    ~2.6 vs 3.2 at Nk 4k); call time 2-8% less at B 1 / 8 split shapes, none at B 64 (no merge).
-#  - dualauto vs auto at B 8 / 64 Nk <= 4k: 0.90-1.0x (s4: dual 0.94-1.11x SDPA where base was 1.00-1.20x);
-#    D 64 B 64 Nk 1k ~1.02x SDPA (from 1.14x); elsewhere identical to auto.
+#  - dualauto vs auto at B 8 / 64 Nk <= 4k: 0.85-1.0x (s4: dual 0.94-1.11x SDPA where base was 1.00-1.20x, and
+#    now 4 splits at B 8, the heuristic counting 2 CTA slots per SM); D 64 B 64 Nk 1k ~1.02x SDPA (from 1.14x);
+#    elsewhere identical to auto.
 #  - wide vs auto at 64:8 Nq 16: D 64 B 64 Nk 32k 1900 -> 1000-1250 us (47% -> 70-90% of HBM), B 8 218 -> 130-160,
 #    B 1 35.7 -> 24-28 us; D 128 64:8 B 64 2810 -> 1900-2200 us, B 1 45 -> 38-41; 32:8 shapes unchanged.
 #  Flip rules for the lead: each switch whose variant is <= auto on every shape it changes (within 2%) and fixes

@@ -189,8 +189,8 @@ def public_entry(name: str, shape, num_sms: int):
     saved = get_flags(fa3) | {"_auto_splits": fa3._auto_splits}
     try:
         set_flags(fa3, flags(name))
-        fa3._auto_splits = lambda ctas, n_blocks, index, min_tiles=None: split.num_splits_heuristic(
-            ctas, n_blocks, num_sms, min_tiles=min_tiles)
+        fa3._auto_splits = lambda ctas, n_blocks, index, min_tiles=None, per_sm=1: split.num_splits_heuristic(
+            ctas, n_blocks, num_sms * per_sm, min_tiles=min_tiles)
         config = fa3._problem_config(None, q, k, True)
         return config, 1 if config is None or config.num_splits == 1 else fa3.num_splits_for(config, q, k, True)
     finally:
@@ -414,8 +414,8 @@ def run(a, shapes, rows) -> int:
             # REF_BATCHES sequences only (a masked GQA SDPA of B 64 Nk 32k Nq 16 expands K/V and the scores)
             rows_q = torch.arange(nk - nq, nk, device="cuda")[:, None]
             mask = torch.arange(nk, device="cuda")[None, :] <= rows_q
-            return F.scaled_dot_product_attention(q[:nb].transpose(1, 2), k[:nb].transpose(1, 2), v[:nb].transpose(1, 2),
-                                                  attn_mask=mask, enable_gqa=True).transpose(1, 2)
+            return F.scaled_dot_product_attention(q[:nb].transpose(1, 2), k[:nb].transpose(1, 2),
+                                                  v[:nb].transpose(1, 2), attn_mask=mask, enable_gqa=True).transpose(1, 2)
 
         fns = {"sdpa": sdpa, "auto": auto}
         mine = [r for r in rows if r["shape"] == shape]
@@ -521,7 +521,8 @@ def hbm_lines(results, variants) -> list[str]:
     for r in rows:
         d, h, hkv, b, nk = r["shape"][:5]
         nbytes = 4 * b * hkv * nk * d  # K and V, 2 bytes each
-        cells = [f"{100 * nbytes / r['us'][v] / HBM_PEAK:.0f}" if v in r["us"] else "-" for v in ["sdpa"] + list(variants)]
+        cells = [f"{100 * nbytes / r['us'][v] / HBM_PEAK:.0f}" if v in r["us"] else "-"
+                 for v in ["sdpa"] + list(variants)]
         out.append(f"  {label(r['shape'])}: " + " ".join(cells))
     return out
 

@@ -50,7 +50,7 @@ def splits(monkeypatch):
     """A function: the split count of every call of a num_splits=0 config pinned to n (the heuristic's helper
     swapped), so that one compiled kernel serves every count (a config's num_splits is part of its compile key)."""
     def pin(n: int):
-        monkeypatch.setattr(fa3, "_auto_splits", lambda ctas, n_blocks, index, min_tiles=None: n)
+        monkeypatch.setattr(fa3, "_auto_splits", lambda ctas, n_blocks, index, min_tiles=None, per_sm=1: n)
     return pin
 
 

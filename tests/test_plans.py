@@ -231,7 +231,8 @@ def test_fa3_fused_merge_switch(monkeypatch):
 
     monkeypatch.setattr(fa3, "SPLIT_KV_ENABLED", True)
     monkeypatch.setattr(fa3, "PACK_GQA_ENABLED", True)
-    monkeypatch.setattr(fa3, "_auto_splits", lambda ctas, n_blocks, index, min_tiles=None: 8 if ctas < 100 else 1)
+    monkeypatch.setattr(fa3, "_auto_splits",
+                        lambda ctas, n_blocks, index, min_tiles=None, per_sm=1: 8 if ctas < 100 else 1)
     q, k = torch.randn(1, 1, 32, 128, dtype=F16), torch.randn(1, 4096, 8, 128, dtype=F16)
     q16 = torch.randn(1, 16, 32, 128, dtype=F16)  # packed in the kernel (pack_group 4)
     for mode in ("off", "decode", "all"):

@@ -268,13 +268,15 @@ def _fake_partials(q, head_dim: int):
 
 
 @functools.lru_cache(maxsize=4096)
-def _auto_splits(ctas: int, n_blocks: int, device_index: int, min_tiles: int | None = None) -> int:
-    return split.num_splits_heuristic(ctas, n_blocks, split.sm_count(device_index), min_tiles=min_tiles)
+def _auto_splits(ctas: int, n_blocks: int, device_index: int, min_tiles: int | None = None, per_sm: int = 1) -> int:
+    """The heuristic's count on this device; per_sm: CTAs of the kernel one SM runs at once (its slots)."""
+    return split.num_splits_heuristic(ctas, n_blocks, split.sm_count(device_index) * per_sm, min_tiles=min_tiles)
 
 
 def num_splits_for(config: Sm90Config, q: torch.Tensor, k: torch.Tensor, causal: bool) -> int:
     """The split count a call runs with: config.num_splits when > 0, else the heuristic's from the CTAs
-    without splitting (query tiles x heads x batch), the K/V tiles of a query tile and the GPU's SM count."""
+    without splitting (query tiles x heads x batch), the K/V tiles of a query tile and the GPU's CTA slots (SMs x
+    config.ctas_per_sm: a "dual" decode config fills 2 per SM, as fa2 counts its slots)."""
     if config.num_splits > 0:
         return config.num_splits
     batch, seqlen_q, heads, _ = q.shape
@@ -282,7 +284,7 @@ def num_splits_for(config: Sm90Config, q: torch.Tensor, k: torch.Tensor, causal:
         seqlen_q, heads = seqlen_q * (heads // k.shape[2]), k.shape[2]
     m_blocks = -(-seqlen_q // config.tile_m)
     n_blocks = -(-k.shape[1] // config.tile_n)
-    return _auto_splits(m_blocks * heads * batch, n_blocks, q.device.index or 0, SPLIT_MIN_TILES)
+    return _auto_splits(m_blocks * heads * batch, n_blocks, q.device.index or 0, SPLIT_MIN_TILES, config.ctas_per_sm)
 
 
 #: Whether a call without ``config=`` (``auto`` too) may split K/V: the heuristic splits decode shapes whose
