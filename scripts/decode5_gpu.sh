@@ -47,5 +47,5 @@ step decode_ab 50 python3 scripts/decode_ab.py --s6 --no-precompile --rounds 4 -
 step profile 15 python3 scripts/decode_profile.py --out "$out/decode_profile"
 echo "== precompile"; tail -n 2 "$out/logs/precompile.log"
 echo "== pytest"; grep -E "^(FAILED|ERROR)|passed|failed" "$out/logs/pytest.log" | tail -n 12
-echo "== decode_ab"; grep -E "^\| D|geomean|compiles|^HBM|^  D" "$out/logs/decode_ab.log" | cut -c1-150 | tail -n 48
+echo "== decode_ab"; grep -E "^\| D|geomean|compiles|^HBM|^  D" "$out/logs/decode_ab.log" | cut -c1-150 | tail -n 56
 echo "== profile"; grep -E "^PROFILE|Error" "$out/logs/profile.log" | cut -c1-230
