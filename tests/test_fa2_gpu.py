@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fa_variants.common import cache
-from helpers import assert_attention_ok
+from helpers import assert_attention_ok, make_qkv
 
 pytestmark = pytest.mark.gpu
 
@@ -135,3 +135,42 @@ def test_grid_limit_raises_before_launch():
     k = v = rand(1, 1, 1, 64)
     with pytest.raises(ValueError, match="65535"):
         fa2.run(q, k, v, causal=False, softmax_scale=0.125)
+
+
+# ----- head_dim 256 tile variants (fa2.D256_CONFIGS; scripts/fa2d256_gpu.sh) --------------------------------------
+D256_SHAPES = [(2, 113, 113, 4, 4), (1, 300, 77, 4, 2), (2, 65, 1000, 4, 1), (1, 1023, 1023, 2, 2)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+@pytest.mark.parametrize("name", [n for n in fa2.D256_CONFIGS if n != "default"])
+def test_d256_variants_match_float64(name, causal, dtype, nan_allocations):
+    """Each D 256 variant (one K/V stage, 32-key tiles, 8 warps of 128 rows) vs float64, O and LSE, NaN-poisoned
+    outputs: odd lengths, seqlen_q > seqlen_k (causal rows that see no key: O = 0, LSE = -inf), seqlen_q < seqlen_k
+    over 16 K/V tiles, GQA 2:1 and MQA."""
+    from fa_variants.common import interop
+
+    config = fa2.d256_config(interop.device_arch(torch.device("cuda")), name)
+    for batch, seqlen_q, seqlen_k, heads, heads_kv in D256_SHAPES:
+        q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads, heads_kv, 256, dtype=dtype, device="cuda")
+        with nan_allocations():
+            out, lse = fa2.run(q, k, v, causal=causal, softmax_scale=256 ** -0.5, config=config)
+        torch.cuda.synchronize()
+        assert_attention_ok(out, lse, q, k, v, causal, 256 ** -0.5,
+                            what=f"{name} {tuple(q.shape)} Nk={seqlen_k} Hkv={heads_kv}")
+
+
+def test_d256_switch_selects_the_variant(monkeypatch, nan_allocations):
+    """FA_VARIANTS_FA2_D256 (fa2.D256_VARIANT): a call without config= runs the named D 256 tiles, also through a
+    plan made before the switch changed."""
+    from fa_variants.common import interop
+
+    arch = interop.device_arch(torch.device("cuda"))
+    q, k, v = make_qkv(2, 200, 200, 4, 4, 256, device="cuda")
+    run(q, k, v, causal=True)  # planned under "default"
+    monkeypatch.setattr(fa2, "D256_VARIANT", "s1")
+    assert fa2._problem_config(None, q, k, True) == fa2.d256_config(arch, "s1")
+    with nan_allocations():
+        out, lse = fa2.run(q, k, v, causal=True, softmax_scale=256 ** -0.5)
+    torch.cuda.synchronize()
+    assert_attention_ok(out, lse, q, k, v, True, 256 ** -0.5, what="auto with D256_VARIANT=s1")

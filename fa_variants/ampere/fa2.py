@@ -76,9 +76,37 @@ def __getattr__(name: str):
 CONFIGS = {64: Sm80Config(128, 64), 96: Sm80Config(128, 32), 128: Sm80Config(128, 32), 256: Sm80Config(64, 64)}
 SMALL_SMEM_CONFIGS = {256: Sm80Config(64, 32)}
 
+# Head dim 256 tile variants (bench/NOTES.md, "Session 6 (2026-12-01): fa2 at head_dim 256"). The default's two K/V
+# stages take 160 KiB of shared memory, so one SM holds one 4-warp CTA; at N <= 1k (8-16 K/V tiles per CTA) its
+# prologue (Q, the first K/V) and epilogue (O) run with nothing to hide them. Every variant below has no spills
+# (ptxas of nvidia-cutlass-dsl 4.8.1, sm_80 and sm_90a: 231-245 registers, LDL = STL = 0) and 8 warps per SM:
+#   s1        64 x 64, 4 warps, one K/V stage (96 KiB): two CTAs per SM; FlashAttention-2 C++'s choice where an SM
+#             has >= 192 KiB (sm90), i.e. SDPA flash's own kernel shape on the H200.
+#   n32       64 x 32, 4 warps, two stages (96 KiB): two CTAs per SM and still double-buffered, half the keys per
+#             step (twice the barriers and row reductions per key).
+#   m128w8s1  128 x 64, 8 warps, one stage (128 KiB): one CTA of 8 warps; FA2 C++'s choice on the A100 (164 KiB).
+#   m128w8    128 x 64, 8 warps, two stages (192 KiB; sm90 only): one CTA of 8 warps, double-buffered.
+D256_CONFIGS = {"default": CONFIGS[256], "s1": Sm80Config(64, 64, stages=1), "n32": Sm80Config(64, 32),
+                "m128w8s1": Sm80Config(128, 64, warps=8, stages=1), "m128w8": Sm80Config(128, 64, warps=8)}
+
+#: Which D256_CONFIGS entry a head_dim 256 call without ``config=`` runs (FA_VARIANTS_FA2_D256; "default": the
+#: table above). Stays "default" until an H200 A/B shows a variant faster on every shape (scripts/fa2d256_gpu.sh).
+D256_VARIANT = os.environ.get("FA_VARIANTS_FA2_D256", "default")
+
+
+def d256_config(arch: str, name: str) -> Sm80Config:
+    """D256_CONFIGS[name] checked for `arch` (its small-shared-memory twin where the arch cannot hold it);
+    ValueError naming FA_VARIANTS_FA2_D256 for an unknown name."""
+    if name not in D256_CONFIGS:
+        raise ValueError(f"FA_VARIANTS_FA2_D256={name!r}: unknown; choose from {', '.join(D256_CONFIGS)}")
+    return _tiles({256: D256_CONFIGS[name]}, SMALL_SMEM_CONFIGS, arch, 256)
+
 
 def default_config(arch: str, head_dim: int, causal: bool) -> Sm80Config:
-    """The FA2 tile configuration for an arch and head_dim (ValueError if head_dim is unsupported)."""
+    """The FA2 tile configuration for an arch and head_dim (ValueError if head_dim is unsupported); head_dim 256:
+    the D256_VARIANT entry of D256_CONFIGS."""
+    if head_dim == 256 and D256_VARIANT != "default":
+        return d256_config(arch, D256_VARIANT)
     return _tiles(CONFIGS, SMALL_SMEM_CONFIGS, arch, head_dim)
 
 
@@ -94,8 +122,8 @@ def _tiles(configs: dict, small_smem_configs: dict, arch: str, head_dim: int) ->
 
 
 def _check_config(config: Sm80Config, arch: str, head_dim: int) -> Sm80Config:
-    if config.stages != 2 or config.q_stages != 1:
-        raise ValueError(f"fa2: {config}: the K/V pipeline is written for stages=2, q_stages=1")
+    if config.stages not in (1, 2) or config.q_stages != 1:
+        raise ValueError(f"fa2: {config}: the K/V pipeline is written for stages=1 or 2, q_stages=1")
     return config.check(arch, head_dim)
 
 
@@ -229,12 +257,16 @@ def _choice(q: torch.Tensor, k: torch.Tensor, pack: bool | None = None) -> tuple
 def _problem_config(config: Sm80Config | None, q: torch.Tensor, k: torch.Tensor, causal: bool):
     """``config`` when given; else the split-KV config (count per call) when SPLIT_KV_ENABLED and the heuristic
     splits this shape (decode: few query tiles x heads x batch), packed when PACK_GQA_ENABLED at seqlen_q = 1
-    with GQA; or None (the default tiles, unsplit, unpacked)."""
+    with GQA; the narrow tiles (NARROW_DECODE) or head_dim 256's D256_VARIANT tiles when not "default"; or None
+    (the default tiles, unsplit, unpacked)."""
     if config is not None:
         return config
     pack, splits = _choice(q, k)
     if not (pack or splits):
-        return narrow_config(_gpu(q.device)[0], q.shape[-1]) if NARROW_DECODE and q.shape[1] <= NARROW_MAX_ROWS \
+        if NARROW_DECODE and q.shape[1] <= NARROW_MAX_ROWS:
+            return narrow_config(_gpu(q.device)[0], q.shape[-1])
+        # explicit, so that a plan made before D256_VARIANT changed picks the new kernel (not the one keyed None)
+        return d256_config(_gpu(q.device)[0], D256_VARIANT) if q.shape[-1] == 256 and D256_VARIANT != "default" \
             else None
     return split_config(_gpu(q.device)[0], q.shape[-1], 0 if splits else 1, pack)
 
@@ -303,7 +335,8 @@ def _warm_configs(arch: str, head_dim: int, causal: bool) -> tuple:
 VARIANT = Variant(
     "fa2", archs=("sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_120a"), dtypes=DTYPES, head_dims=HEAD_DIMS,
     default_config=default_config, check_config=_check_config, build=_build, check_problem=_check_problem,
-    plan_call=_plan_call, problem_config=_problem_config, switches=lambda: (SPLIT_KV_ENABLED, PACK_GQA_ENABLED, NARROW_DECODE),
+    plan_call=_plan_call, problem_config=_problem_config,
+    switches=lambda: (SPLIT_KV_ENABLED, PACK_GQA_ENABLED, NARROW_DECODE, D256_VARIANT),
     warm_configs=_warm_configs)
 
 

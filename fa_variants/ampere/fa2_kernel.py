@@ -44,7 +44,7 @@ class FlashAttention2Sm80:
         self.blocks = BlockInfo(tiles.tile_m, tiles.tile_n, self.causal)
         self.num_warps = tiles.warps
         self.num_threads = 32 * tiles.warps
-        assert self.stages == 2, "the K/V pipeline below is written for two stages"
+        assert self.stages in (1, 2), "the K/V pipeline below is written for one or two stages"
         self.split = tiles.num_splits != 1
         self.smem_bytes = 0  # set when traced
 
@@ -162,18 +162,20 @@ class FlashAttention2Sm80:
                              tScS=tScS, t0ScS=t0ScS, softmax=softmax, m_block=m_block,
                              mask=AttentionMask(seqlen_q, seqlen_k, select=False))
 
-        # Prologue (line 6: load Q_i): cp.async groups [Q, K(n_end-1)], [V(n_end-1)], [K(n_end-2)]
+        # Prologue (line 6: load Q_i): cp.async groups [Q, K(n_end-1)], [V(n_end-1)], [K(n_end-2)] with two
+        # stages; [Q, K(n_end-1)] alone with one (its V tile is loaded by the step, under S = Q K^T)
         sm80.copy_rows(copy_g2s, tQgQ, tQsQ, tQcQ, seqlen_q - m_block * Br, check_rows=True,
                        zero_fill=True)
         if n_end > 0:
             self.load_kv(kv, kv.tKgK, kv.tKsK, n_end - 1, 0, tail=True)
         cute.arch.cp_async_commit_group()
-        if n_end > 0:
-            self.load_kv(kv, kv.tVgV, kv.tVsV, n_end - 1, 0, tail=True)
-        cute.arch.cp_async_commit_group()
-        if n_end > 1:
-            self.load_kv(kv, kv.tKgK, kv.tKsK, n_end - 2, 1, tail=False)
-        cute.arch.cp_async_commit_group()
+        if const_expr(self.stages == 2):
+            if n_end > 0:
+                self.load_kv(kv, kv.tVgV, kv.tVsV, n_end - 1, 0, tail=True)
+            cute.arch.cp_async_commit_group()
+            if n_end > 1:
+                self.load_kv(kv, kv.tKgK, kv.tKsK, n_end - 2, 1, tail=False)
+            cute.arch.cp_async_commit_group()
 
         # Lines 7-11: the first tile (the sequence-end tail and/or the diagonal), then the tiles
         # crossing the diagonal, then the fully visible ones, without masks.
@@ -208,18 +210,25 @@ class FlashAttention2Sm80:
     def step(self, mm: SimpleNamespace, kv: SimpleNamespace, n: Int32, n_end: Int32,
              is_first: cutlass.Constexpr[bool], mask_seqlen: cutlass.Constexpr[bool],
              mask_causal: cutlass.Constexpr[bool]):
-        """Algorithm 1 lines 7-12 for K/V tile n, read from stage (n_end - 1 - n) % 2.
+        """Algorithm 1 lines 7-12 for K/V tile n, read from stage (n_end - 1 - n) % stages.
 
-        Pipeline: on entry K_n (and V_n) are in flight; V_{n-1} is issued before S = Q K_n^T and
-        K_{n-2} before O += P V_n, each into the buffer the barrier just freed. Every step commits
-        two cp.async groups (possibly empty), so `wait_group(2)` always means "all but the last two"."""
-        Br, Bc = self.Br, self.Bc
-        stage = (n_end - 1 - n) % 2
+        Two stages: on entry K_n (and V_n) are in flight; V_{n-1} is issued before S = Q K_n^T and K_{n-2}
+        before O += P V_n, each into the buffer the barrier just freed. Every step commits two cp.async groups
+        (possibly empty), so `wait_group(2)` always means "all but the last two".
+        One stage (FlashAttention-2 C++'s forward pipeline: one K and one V buffer): on entry only K_n is in
+        flight; V_n is issued before S = Q K_n^T (it lands under the S GEMM and the softmax) and K_{n-1} before
+        O += P V_n (it lands under the P V GEMM); each wait is `wait_group(0)`."""
+        Br, Bc, stages = self.Br, self.Bc, self.stages
+        stage = (n_end - 1 - n) % stages
+        pending = 2 * (stages - 1)  # cp.async groups that may stay in flight at each wait
         # K_n has landed for every thread; everyone is done with V_{n+1} (PV of the last step)
-        cute.arch.cp_async_wait_group(2)
+        cute.arch.cp_async_wait_group(pending)
         cute.arch.barrier()
-        if n > 0:  # V_{n-1} into the other stage, overlapping this step
-            self.load_kv(kv, kv.tVgV, kv.tVsV, n - 1, 1 - stage, tail=False)
+        if const_expr(stages == 2):
+            if n > 0:  # V_{n-1} into the other stage, overlapping this step
+                self.load_kv(kv, kv.tVgV, kv.tVsV, n - 1, 1 - stage, tail=False)
+        else:  # V_n into the one V buffer; the first tile may be the sequence-end tail
+            self.load_kv(kv, kv.tVgV, kv.tVsV, n, 0, tail=is_first)
         cute.arch.cp_async_commit_group()
         # line 8: S = Q K_n^T
         acc_S = cute.make_rmem_tensor(mm.mma.get_slice(0).partition_shape_C((Br, Bc)), Float32)
@@ -236,10 +245,10 @@ class FlashAttention2Sm80:
         rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
         rP.store(acc_S.load().to(self.dtype))
         # V_n has landed; everyone is done with K_n, so K_{n-2} may overwrite its stage
-        cute.arch.cp_async_wait_group(2)
+        cute.arch.cp_async_wait_group(pending)
         cute.arch.barrier()
-        if n > 1:
-            self.load_kv(kv, kv.tKgK, kv.tKsK, n - 2, stage, tail=False)
+        if n > stages - 1:  # K_{n - stages} into the stage K_n leaves
+            self.load_kv(kv, kv.tKgK, kv.tKsK, n - stages, stage, tail=False)
         cute.arch.cp_async_commit_group()
         # line 10, second half: O += P V_n, P straight from registers
         sm80.gemm_rs(mm.mma, mm.acc_O, acc_as_operand_a(rP), mm.tOrVt,

@@ -1,0 +1,42 @@
+"""fa2's head_dim 256 tile variants (``fa2.D256_CONFIGS``, FA_VARIANTS_FA2_D256) on the CPU: the switch picks the
+tiles, bad names fail with one line, the one-stage K/V pipeline is accepted, and the one-stage variant compiles for
+sm_80 without register spills (the GPU checks: tests/test_fa2_gpu.py -k d256, scripts/fa2d256_gpu.sh)."""
+import pytest
+
+from fa_variants.ampere import fa2
+from fa_variants.common.config import Sm80Config
+
+
+def test_default_is_unchanged_and_the_switch_picks_the_variant(monkeypatch):
+    assert fa2.D256_CONFIGS["default"] == fa2.CONFIGS[256] == fa2.default_config("sm_90a", 256, False)
+    monkeypatch.setattr(fa2, "D256_VARIANT", "s1")
+    assert fa2.default_config("sm_90a", 256, True) == Sm80Config(64, 64, stages=1)
+    assert fa2.default_config("sm_90a", 128, True) == fa2.CONFIGS[128]  # other head dims untouched
+
+
+def test_every_variant_fits_sm90_and_two_ctas_fit_where_claimed():
+    for name, cfg in fa2.D256_CONFIGS.items():
+        assert fa2.d256_config("sm_90a", name) == cfg
+    # 228 KiB per SM on sm90, 1 KiB reserved per CTA: two CTAs of s1 / n32, one of the others
+    assert {n: 233472 // (c.smem_bytes(256) + 2048) for n, c in fa2.D256_CONFIGS.items()} == \
+        {"default": 1, "s1": 2, "n32": 2, "m128w8s1": 1, "m128w8": 1}
+    # 128 x 64 with two stages does not fit sm80's 163 KiB: its small-shared-memory twin
+    assert fa2.d256_config("sm_80", "m128w8") == fa2.SMALL_SMEM_CONFIGS[256]
+
+
+def test_unknown_variant_and_stage_count_raise():
+    with pytest.raises(ValueError, match="FA_VARIANTS_FA2_D256='x': unknown"):
+        fa2.d256_config("sm_90a", "x")
+    assert fa2._check_config(Sm80Config(64, 64, stages=1), "sm_90a", 256).stages == 1
+    with pytest.raises(ValueError, match="q_stages=1"):
+        fa2._check_config(Sm80Config(64, 64, q_stages=2), "sm_90a", 256)
+
+
+@pytest.mark.compile
+def test_d256_one_stage_variant_compiles_without_spills():
+    """s1, causal (the others, sm_80 and sm_90a, bf16 and fp16: 231-254 registers, no spills, bench/NOTES.md)."""
+    from fa_variants.commands.compile import compile_only
+
+    r = compile_only("fa2", "sm_80", 256, "bf16", True, True, fa2.d256_config("sm_80", "s1"))
+    assert r["tiles"]["stages"] == 1 and r["spill_bytes"] == 0 and r["LDL"] == 0 and r["STL"] == 0
+    assert r["HMMA"] > 0 and r["LDGSTS"] > 0 and r["registers"] <= 255
