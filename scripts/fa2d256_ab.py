@@ -133,7 +133,7 @@ def time_shape(shape, variants, arch, a, torch, timer) -> dict:
     row["tflops"] = {x: core.tflops(flops, statistics.median(res.times(x))) for x in names}
     row["spread"] = {x: (max(res.times(x)) - min(res.times(x))) / statistics.median(res.times(x)) for x in names}
     ratios = {}
-    for x in names:
+    for x in names[:-1] if PEER in fns else names:  # ours over the baseline and over SDPA flash
         for y in (variants[0], PEER):
             if x != y and y in fns:
                 r = res.ratio(x, y)
@@ -167,12 +167,14 @@ def summary_lines(rows: list[dict], variants: list[str]) -> list[str]:
     """SUMMARY per shape (x/sdpa-flash and x/default, medians over rounds), then WINS per variant."""
     nan = float("nan")
     base = variants[0]
-    out = [f"SUMMARY shape: x/{PEER} (x/{base}) per variant, medians over rounds"]
+    out = [f"SUMMARY shape: x/{PEER} (x/{base}) per variant, medians over rounds; max |O - {base}'s O| of ours"]
     for r in rows:
         rt = r.get("ratios", {})
+        diff = max((d for x, d in r["max_diff_vs_default"].items() if x != PEER), default=nan)
         out.append(f"SUMMARY {label(r)}: " + ", ".join(
             f"{x} {rt.get(f'{x}/{PEER}', {}).get('median', nan):.3f}"
-            + ("" if x == base else f" ({rt.get(f'{x}/{base}', {}).get('median', nan):.3f})") for x in variants))
+            + ("" if x == base else f" ({rt.get(f'{x}/{base}', {}).get('median', nan):.3f})") for x in variants)
+            + f"; max diff vs {base} {diff:.1e}" + (f" errors: {r['errors']}" if r["errors"] else ""))
     for x in variants[1:]:
         timed = [r for r in rows if f"{x}/{base}" in r.get("ratios", {})]
         beat = [label(r) for r in timed if r["ratios"][f"{x}/{base}"]["median"] > 1.0]

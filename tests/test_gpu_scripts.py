@@ -537,3 +537,42 @@ def test_decode_ab_s6_variants_and_precompile(monkeypatch):
     assert len(listed) == len(set(listed))
     assert ab.plan_items(ab.plan(ab.S6, ["old", "warp", "dualauto", "wide", "cand"], 132)) <= set(listed)
     assert sum(kind == "fa3" for kind, *_ in listed) == 24
+
+
+def test_fa2d256_ab_plan_protocol_and_summary():
+    """scripts/fa2d256_ab.py on the CPU with a fake burst timer: 20 precompile items (5 configs x causal x dtype),
+    per-round ratios, the SUMMARY and WINS lines (a variant faster than default and SDPA flash on every shape says
+    so; one slower does not); scripts/fa2d256_gpu.sh runs it."""
+    import types
+
+    from fa_variants.ampere import fa2
+
+    ab = load_script("fa2d256_ab")
+    variants = list(fa2.D256_CONFIGS)
+    assert len(set(ab.compile_items(variants, (False, True), ("bf16", "fp16")))) == 20
+    speed = {"default": 1.0, "s1": 0.9, "n32": 1.05, "m128w8s1": 1.0, "m128w8": 0.99, "sdpa-flash": 0.95, "AA": 1.0}
+
+    class Timer:
+        def prepare(self, name, fn, burst_ms):
+            return "fake"
+
+        def cycle(self, names):
+            return [(speed[n], 1, 1500.0, 600.0) for n in names]
+
+    def entries(shape, variants, arch, torch):
+        fns = {x: (lambda: None) for x in [*variants, ab.PEER]}
+        keys = dict({x: ab.config(x) for x in variants}, **{ab.PEER: None})
+        return fns, keys, {x: 1e-3 for x in fns}, {x: 2e-3 for x in fns}, {}
+
+    a = types.SimpleNamespace(rounds=6, cycles=2, burst_ms=10.0, warmup_ms=1.0)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ab, "shape_entries", entries)
+        rows = [ab.time_shape(s, variants, "sm_90a", a, None, Timer())
+                for s in ab.plan([512, 16384], (False, True), ["bf16"])]
+    assert rows[0]["ratios"]["s1/default"]["rounds"] == pytest.approx([1 / 0.9] * 6)
+    assert "sdpa-flash/default" not in rows[0]["ratios"]
+    lines = ab.summary_lines(rows, variants)
+    assert lines[1].startswith("SUMMARY bf16 N=512 full: default 0.950, s1 1.056 (1.111)")
+    assert "WINS s1: faster than default on 4/4 shapes, >= sdpa-flash on 4/4 (every shape)" in lines
+    assert "WINS n32: faster than default on 0/4 shapes, >= sdpa-flash on 0/4" in lines
+    assert "scripts/fa2d256_ab.py --out" in (ROOT / "scripts" / "fa2d256_gpu.sh").read_text()

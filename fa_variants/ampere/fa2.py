@@ -7,7 +7,9 @@ section 3.2, written with the CuTe DSL:
   across CTAs, in parallel over the sequence) and streams the K/V tiles it needs (the inner loop).
 * 4 warps split the Br rows of Q; K/V tiles are shared by all warps in shared memory, and each warp
   owns whole rows of S, P and O, so no cross-warp reduction is ever needed.
-* Global -> shared with cp.async; K and V double-buffered so tile j+1 loads while tile j computes.
+* Global -> shared with cp.async; K and V double-buffered so tile j+1 loads while tile j computes
+  (``Sm80Config.stages`` = 2; with 1, one K and one V buffer: V_j loads under S = Q K_j^T and K_{j-1} under
+  O += P V_j, FlashAttention-2 C++'s forward schedule, e.g. for two CTAs per SM at head_dim 256, ``D256_CONFIGS``).
   Shared -> registers with ldmatrix; S = Q K^T and O += P V with mma.sync m16n8k16 (fp32 accumulate);
   P converted to fp16/bf16 in registers and fed straight back as the A operand.
 * Online softmax with exp2 and the scale folded into log2(e); O rescaled by exp2(m_old - m_new);
