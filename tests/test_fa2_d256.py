@@ -14,6 +14,26 @@ def test_default_is_unchanged_and_the_switch_picks_the_variant(monkeypatch):
     assert fa2.default_config("sm_90a", 128, True) == fa2.CONFIGS[128]  # other head dims untouched
 
 
+def test_auto_runs_the_variant_for_prefill_only(monkeypatch):
+    """`auto` (no config=) on an H200: head_dim 256 prefill runs the named tiles (explicitly, so a plan made before
+    the switch changed switches too), decode keeps its split config, other head dims their defaults."""
+    import torch
+
+    def qk(b, nq, nk, d=256, heads=8):
+        return (torch.empty(b, nq, heads, d, device="meta", dtype=torch.bfloat16),
+                torch.empty(b, nk, heads, d, device="meta", dtype=torch.bfloat16))
+
+    monkeypatch.setattr(fa2, "_gpu", lambda device: ("sm_90a", 132))
+    monkeypatch.setattr(fa2, "SPLIT_KV_ENABLED", True)
+    fa2._cached_splits.cache_clear()
+    assert fa2._problem_config(None, *qk(32, 512, 512), True) is None
+    monkeypatch.setattr(fa2, "D256_VARIANT", "m128w8s1")
+    assert fa2._problem_config(None, *qk(32, 512, 512), True) == fa2.D256_CONFIGS["m128w8s1"]
+    assert fa2._problem_config(None, *qk(1, 1, 4096), True) == fa2._split_config("sm_90a", 256)
+    assert fa2._problem_config(None, *qk(32, 512, 512, d=128, heads=16), False) is None
+    fa2._cached_splits.cache_clear()
+
+
 def test_every_variant_fits_sm90_and_two_ctas_fit_where_claimed():
     for name, cfg in fa2.D256_CONFIGS.items():
         assert fa2.d256_config("sm_90a", name) == cfg

@@ -97,7 +97,7 @@ def test_auto_switches_decode_to_the_split_config(on_h200, monkeypatch):
     assert fa2._problem_config(given, q, k, True) is given
     monkeypatch.setattr(fa2, "SPLIT_KV_ENABLED", False)
     assert fa2._problem_config(None, q, k, True) is None and fa2.auto_num_splits(q, k, True) == 1
-    assert fa2.VARIANT.switches() == (False, False, False)
+    assert fa2.VARIANT.switches() == (False, False, False, fa2.D256_VARIANT)
 
 
 def test_decode_config_is_the_num_splits_option(on_h200):
@@ -148,7 +148,7 @@ def test_narrow_decode_switch(on_h200, monkeypatch):
     assert fa2._problem_config(None, *qk(1, 4, 32, 4096), True) == fa2.SPLIT_CONFIGS[128]  # split: as before
     assert fa2._problem_config(None, *qk(64, 1, 32, 4096), True).pack_gqa          # packed: as before
     assert narrow in fa2._warm_configs("sm_90a", 128, True)
-    assert fa2.VARIANT.switches()[-1] is True
+    assert fa2.VARIANT.switches()[2] is True  # (split, pack, narrow, D 256 tiles)
 
 
 def test_grid_limit_counts_the_splits():
