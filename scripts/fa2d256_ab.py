@@ -13,8 +13,10 @@ of `default`), one shape after another. Ratios are speed ratios (> 1: the first 
 that round's samples, and over rounds the median with a bootstrap 95% interval and a verdict against the A/A band.
 
 Printed per shape: a ROW line (TFLOP/s medians, x/sdpa-flash and x/default per variant, per-round ratios of x/default
-and x/sdpa-flash); at the end SUMMARY lines (one per shape) and, per variant, WINS lines: on how many shapes it is
-faster than `default` and at least SDPA flash (median ratios > 1.00 / >= 1.00).
+and x/sdpa-flash); at the end SUMMARY lines (one per shape) and, per variant, a WINS line: on how many shapes its
+verdict against `default` is "faster" / "slower", its median ratio to `default` is > 1.00 and to SDPA flash >= 1.00;
+FLIP when it is faster on at least one shape and slower on none (a default change worth making), "(every shape)" when
+its median beats `default` and reaches SDPA flash on every shape (issue 12's "FA2 >= SDPA flash" at head_dim 256).
 """
 from __future__ import annotations
 
@@ -176,12 +178,14 @@ def summary_lines(rows: list[dict], variants: list[str]) -> list[str]:
             + ("" if x == base else f" ({rt.get(f'{x}/{base}', {}).get('median', nan):.3f})") for x in variants)
             + f"; max diff vs {base} {diff:.1e}" + (f" errors: {r['errors']}" if r["errors"] else ""))
     for x in variants[1:]:
-        timed = [r for r in rows if f"{x}/{base}" in r.get("ratios", {})]
-        beat = [label(r) for r in timed if r["ratios"][f"{x}/{base}"]["median"] > 1.0]
-        peer = [label(r) for r in timed if r["ratios"].get(f"{x}/{PEER}", {}).get("median", nan) >= 1.0]
-        every = len(beat) == len(peer) == len(rows) > 0
-        out.append(f"WINS {x}: faster than {base} on {len(beat)}/{len(rows)} shapes, >= {PEER} on "
-                   f"{len(peer)}/{len(rows)}" + (" (every shape)" if every else ""))
+        verdicts = [r["ratios"][f"{x}/{base}"]["verdict"] for r in rows if f"{x}/{base}" in r.get("ratios", {})]
+        above = [r for r in rows if r.get("ratios", {}).get(f"{x}/{base}", {}).get("median", nan) > 1.0]
+        peer = [r for r in rows if r.get("ratios", {}).get(f"{x}/{PEER}", {}).get("median", nan) >= 1.0]
+        n, faster, slower = len(rows), verdicts.count("faster"), verdicts.count("slower")
+        flip = len(verdicts) == n > 0 and slower == 0 and faster > 0
+        out.append(f"WINS {x}: vs {base} faster on {faster}/{n} shapes, slower on {slower}/{n} (verdicts), median > 1 "
+                   f"on {len(above)}/{n}; >= {PEER} on {len(peer)}/{n}" + (" FLIP" if flip else "")
+                   + (" (every shape)" if len(above) == len(peer) == n > 0 else ""))
     return out
 
 

@@ -17,8 +17,9 @@
 # Pass: (0) "precompiled 20 kernels", no Traceback. (1) 0 failed / 0 errors (a hang, rc 124, would be a cp.async
 # group count or barrier bug of the one-stage pipeline). (2, 3) no "errors:", max diff vs default <= ~2e-2 (bf16
 # rounding of O ~ 1e-2 at these shapes; larger is a bug). A variant may become the D 256 default (the lead flips
-# D256_VARIANT) if its WINS line says "(every shape)" in both A/Bs: faster than default (median > 1.00) and >= SDPA
-# flash (median >= 1.00) on every shape. Prediction (bench/NOTES.md, "Session 6 (2026-12-01): fa2 at head_dim 256"):
+# D256_VARIANT) if its WINS line says FLIP in both A/Bs (verdict vs default "faster" on >= 1 shape, "slower" on none);
+# issue 12's "FA2 >= SDPA flash" holds at D 256 for a variant whose WINS line also says "(every shape)" (median >
+# 1.00 vs default and >= 1.00 vs SDPA flash on every shape). Prediction (bench/NOTES.md, "Session 6 (2026-12-01): fa2 at head_dim 256"):
 # default/sdpa-flash 0.86-0.95 at N 512-1k and 0.97-1.08 at 2k-16k (the sweep of 2026-11-29); s1 closes the short-N
 # gap (two CTAs per SM hide each other's prologue and epilogue): s1/default 1.06-1.15 at N 512, 1.03-1.08 at 1k,
 # 0.98-1.03 at 4k-16k, s1/sdpa-flash 0.98-1.06 everywhere (the same tiles and schedule as FA2 C++); n32 between
