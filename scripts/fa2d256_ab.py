@@ -156,7 +156,8 @@ def row_lines(r: dict) -> list[str]:
         f"{x} {t:.0f} TF/s ({r['spread'][x]:.0%})" for x, t in r.get("tflops", {}).items())
         + (f" errors: {r['errors']}" if r["errors"] else "")]
     if "aa" in r:
-        out.append(f"    A/A [{r['aa']['lo']:.3f}, {r['aa']['hi']:.3f}] band {r['aa']['band']:.3f}; max diff vs default "
+        aa = r["aa"]
+        out.append(f"    A/A [{aa['lo']:.3f}, {aa['hi']:.3f}] band {aa['band']:.3f}; max diff vs default "
                    + ", ".join(f"{x} {d:.1e}" for x, d in r["max_diff_vs_default"].items()))
     for key, v in r.get("ratios", {}).items():
         rounds = " ".join(f"{x:.3f}" for x in v["rounds"])

@@ -7,7 +7,7 @@
 # Variants (64 x 64 / 4 warps / 2 K/V stages is `default`, 160 KiB: one CTA per SM): s1 = 64 x 64, one K/V stage
 # (96 KiB, two CTAs per SM; SDPA flash's own tiles on the H200), n32 = 64 x 32, two stages (96 KiB, two CTAs per SM),
 # m128w8s1 = 128 x 64, 8 warps, one stage (128 KiB), m128w8 = 128 x 64, 8 warps, two stages (192 KiB).
-# 0. scripts/fa2d256_ab.py --precompile 16: the 20 kernels (5 configs x causal and not x bf16, fp16) into the disk cache.
+# 0. scripts/fa2d256_ab.py --precompile 16: the 20 kernels (5 configs x causal and not x bf16, fp16), disk cache.
 # 1. GPU tests vs float64: tests/test_fa2_gpu.py -k d256: every variant, bf16 and fp16, causal and not, odd lengths
 #    (113, 1023), Nq > Nk (causal rows seeing no key: O = 0, LSE = -inf), Nq < Nk over 16 K/V tiles, GQA 2:1 and MQA,
 #    NaN-poisoned outputs; and FA_VARIANTS_FA2_D256 (fa2.D256_VARIANT) picking the variant for a call without config=.
@@ -18,14 +18,16 @@
 # group count or barrier bug of the one-stage pipeline). (2, 3) no "errors:", max diff vs default <= ~2e-2 (bf16
 # rounding of O ~ 1e-2 at these shapes; larger is a bug). A variant may become the D 256 default (the lead flips
 # D256_VARIANT) if its WINS line says FLIP in both A/Bs (verdict vs default "faster" on >= 1 shape, "slower" on none);
-# issue 12's "FA2 >= SDPA flash" holds at D 256 for a variant whose WINS line also says "(every shape)" (median >
-# 1.00 vs default and >= 1.00 vs SDPA flash on every shape). Prediction (bench/NOTES.md, "Session 6 (2026-12-01): fa2 at head_dim 256"):
-# default/sdpa-flash 0.86-0.95 at N 512-1k and 0.97-1.08 at 2k-16k (the sweep of 2026-11-29); s1 closes the short-N
-# gap (two CTAs per SM hide each other's prologue and epilogue): s1/default 1.06-1.15 at N 512, 1.03-1.08 at 1k,
-# 0.98-1.03 at 4k-16k, s1/sdpa-flash 0.98-1.06 everywhere (the same tiles and schedule as FA2 C++); n32 between
-# default and s1 at N <= 1k and 0.95-1.00 x default at 16k (twice the barriers and row reductions per key);
-# m128w8s1 / m128w8 1.00-1.05 x default at N <= 1k (8 warps per SM, but one CTA: the prologue stays exposed) and
-# 0.98-1.04 at 16k. Most likely outcome: s1 wins at N <= 2k; whether it also holds at 4k-16k is the open question.
+# issue 12's "FA2 >= SDPA flash" holds at D 256 for a variant whose WINS line also says "(every shape)" (median > 1.00
+# vs default and >= 1.00 vs SDPA flash on every shape). If a variant wins only up to some N, the switch is ready:
+# FA_VARIANTS_FA2_D256=<variant> FA_VARIANTS_FA2_D256_MAX_SEQLEN_K=<N> (the default tiles beyond N).
+# Prediction (bench/NOTES.md, "Session 6 (2026-12-01): fa2 at head_dim 256"): default/sdpa-flash 0.86-0.95 at N
+# 512-1k and 0.97-1.08 at 2k-16k (the sweep of 2026-11-29); s1 closes the short-N gap (two CTAs per SM hide each
+# other's prologue and epilogue): s1/default 1.08-1.16 at N 512, 1.04-1.10 at 1k, 1.00-1.05 at 2k, 0.97-1.03 at
+# 4k-16k; s1/sdpa-flash 0.98-1.06 everywhere (the same tiles and schedule as FA2 C++); n32 between default and s1 at
+# N <= 1k and 0.95-1.00 x default at 16k (twice the barriers and row reductions per key); m128w8s1 / m128w8 1.00-1.05
+# x default at N <= 1k (8 warps per SM, but one CTA: the prologue stays exposed) and 0.98-1.04 at 16k. Most likely:
+# s1 wins at N <= 2k; whether it also holds at 4k-16k is the open question.
 set -uo pipefail
 source "$(dirname "$0")/steps.sh"; help_from_header "$@"
 out="${OUT:-results/fa2d256}"; session_setup "$out/logs"

@@ -31,6 +31,13 @@ def test_auto_runs_the_variant_for_prefill_only(monkeypatch):
     assert fa2._problem_config(None, *qk(32, 512, 512), True) == fa2.D256_CONFIGS["m128w8s1"]
     assert fa2._problem_config(None, *qk(1, 1, 4096), True) == fa2._split_config("sm_90a", 256)
     assert fa2._problem_config(None, *qk(32, 512, 512, d=128, heads=16), False) is None
+    # FA_VARIANTS_FA2_D256_MAX_SEQLEN_K: the variant up to that seqlen_k, the default tiles beyond (and as the
+    # static default; the variant then among the warm-up configs)
+    monkeypatch.setattr(fa2, "D256_MAX_SEQLEN_K", 2048)
+    assert fa2._problem_config(None, *qk(8, 2048, 2048), False) == fa2.D256_CONFIGS["m128w8s1"]
+    assert fa2._problem_config(None, *qk(4, 4096, 4096), False) is None
+    assert fa2.default_config("sm_90a", 256, False) == fa2.CONFIGS[256]
+    assert fa2.D256_CONFIGS["m128w8s1"] in fa2._warm_configs("sm_90a", 256, False)
     fa2._cached_splits.cache_clear()
 
 
@@ -47,6 +54,9 @@ def test_every_variant_fits_sm90_and_two_ctas_fit_where_claimed():
 def test_unknown_variant_and_stage_count_raise():
     with pytest.raises(ValueError, match="FA_VARIANTS_FA2_D256='x': unknown"):
         fa2.d256_config("sm_90a", "x")
+    with pytest.raises(ValueError, match="FA_VARIANTS_FA2_D256_MAX_SEQLEN_K must be an int >= 0"):
+        fa2._max_seqlen_k_from_env("2k")
+    assert fa2._max_seqlen_k_from_env("2048") == 2048
     assert fa2._check_config(Sm80Config(64, 64, stages=1), "sm_90a", 256).stages == 1
     with pytest.raises(ValueError, match="q_stages=1"):
         fa2._check_config(Sm80Config(64, 64, q_stages=2), "sm_90a", 256)

@@ -575,9 +575,9 @@ def test_fa2d256_ab_plan_protocol_and_summary():
     assert lines[1].startswith("SUMMARY bf16 N=512 full: default 0.950, s1 1.056 (1.111)")
     assert ("WINS s1: vs default faster on 4/4 shapes, slower on 0/4 (verdicts), median > 1 on 4/4; >= sdpa-flash on "
             "4/4 FLIP (every shape)") in lines
-    assert "WINS n32: vs default faster on 0/4 shapes, slower on 4/4 (verdicts), median > 1 on 0/4; >= sdpa-flash on 0/4" \
-        in lines
+    assert ("WINS n32: vs default faster on 0/4 shapes, slower on 4/4 (verdicts), median > 1 on 0/4; >= sdpa-flash "
+            "on 0/4") in lines
     # equal speed to default: verdict "same" everywhere, no FLIP
-    assert "WINS m128w8s1: vs default faster on 0/4 shapes, slower on 0/4 (verdicts), median > 1 on 0/4; >= sdpa-flash " \
-        "on 0/4" in lines
+    assert ("WINS m128w8s1: vs default faster on 0/4 shapes, slower on 0/4 (verdicts), median > 1 on 0/4; "
+            ">= sdpa-flash on 0/4") in lines
     assert "scripts/fa2d256_ab.py --out" in (ROOT / "scripts" / "fa2d256_gpu.sh").read_text()

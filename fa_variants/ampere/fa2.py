@@ -96,6 +96,30 @@ D256_CONFIGS = {"default": CONFIGS[256], "s1": Sm80Config(64, 64, stages=1), "n3
 D256_VARIANT = os.environ.get("FA_VARIANTS_FA2_D256", "default")
 
 
+def _max_seqlen_k_from_env(value: str) -> int:
+    """FA_VARIANTS_FA2_D256_MAX_SEQLEN_K as an int >= 0 (ValueError naming the variable otherwise)."""
+    try:
+        n = int(value)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise ValueError(f"FA_VARIANTS_FA2_D256_MAX_SEQLEN_K must be an int >= 0 (0: no limit), got {value!r}")
+    return n
+
+
+#: With D256_VARIANT set: the longest seqlen_k it runs (FA_VARIANTS_FA2_D256_MAX_SEQLEN_K; 0: no limit); longer calls
+#: keep the default tiles. For a variant that wins only at short N (the A/B's SUMMARY lines tell where).
+D256_MAX_SEQLEN_K = _max_seqlen_k_from_env(os.environ.get("FA_VARIANTS_FA2_D256_MAX_SEQLEN_K", "0"))
+
+
+def d256_variant_for(seqlen_k: int | None) -> str:
+    """The D256_CONFIGS name a head_dim 256 call without ``config=`` runs: D256_VARIANT, unless D256_MAX_SEQLEN_K
+    is set and seqlen_k exceeds it (None: a call of unknown length, e.g. a compile without tensors) -> "default"."""
+    if D256_MAX_SEQLEN_K and (seqlen_k is None or seqlen_k > D256_MAX_SEQLEN_K):
+        return "default"
+    return D256_VARIANT
+
+
 def d256_config(arch: str, name: str) -> Sm80Config:
     """D256_CONFIGS[name] checked for `arch` (its small-shared-memory twin where the arch cannot hold it);
     ValueError naming FA_VARIANTS_FA2_D256 for an unknown name."""
@@ -106,8 +130,8 @@ def d256_config(arch: str, name: str) -> Sm80Config:
 
 def default_config(arch: str, head_dim: int, causal: bool) -> Sm80Config:
     """The FA2 tile configuration for an arch and head_dim (ValueError if head_dim is unsupported); head_dim 256:
-    the D256_VARIANT entry of D256_CONFIGS."""
-    if head_dim == 256 and D256_VARIANT != "default":
+    the D256_VARIANT entry of D256_CONFIGS (unless limited by D256_MAX_SEQLEN_K: then `auto` chooses per call)."""
+    if head_dim == 256 and d256_variant_for(None) != "default":
         return d256_config(arch, D256_VARIANT)
     return _tiles(CONFIGS, SMALL_SMEM_CONFIGS, arch, head_dim)
 
@@ -268,8 +292,8 @@ def _problem_config(config: Sm80Config | None, q: torch.Tensor, k: torch.Tensor,
         if NARROW_DECODE and q.shape[1] <= NARROW_MAX_ROWS:
             return narrow_config(_gpu(q.device)[0], q.shape[-1])
         # explicit, so that a plan made before D256_VARIANT changed picks the new kernel (not the one keyed None)
-        return d256_config(_gpu(q.device)[0], D256_VARIANT) if q.shape[-1] == 256 and D256_VARIANT != "default" \
-            else None
+        name = d256_variant_for(k.shape[1]) if q.shape[-1] == 256 else "default"
+        return d256_config(_gpu(q.device)[0], name) if name != "default" else None
     return split_config(_gpu(q.device)[0], q.shape[-1], 0 if splits else 1, pack)
 
 
@@ -331,6 +355,8 @@ def _warm_configs(arch: str, head_dim: int, causal: bool) -> tuple:
             (split_config(arch, head_dim, 0, True),) if SPLIT_KV_ENABLED else ())
     if NARROW_DECODE:
         configs += (narrow_config(arch, head_dim),)
+    if head_dim == 256 and D256_VARIANT != "default" and D256_MAX_SEQLEN_K:  # the default is the other one then
+        configs += (d256_config(arch, D256_VARIANT),)
     return configs
 
 
@@ -338,7 +364,7 @@ VARIANT = Variant(
     "fa2", archs=("sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_120a"), dtypes=DTYPES, head_dims=HEAD_DIMS,
     default_config=default_config, check_config=_check_config, build=_build, check_problem=_check_problem,
     plan_call=_plan_call, problem_config=_problem_config,
-    switches=lambda: (SPLIT_KV_ENABLED, PACK_GQA_ENABLED, NARROW_DECODE, D256_VARIANT),
+    switches=lambda: (SPLIT_KV_ENABLED, PACK_GQA_ENABLED, NARROW_DECODE, D256_VARIANT, D256_MAX_SEQLEN_K),
     warm_configs=_warm_configs)
 
 
