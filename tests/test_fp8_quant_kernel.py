@@ -24,7 +24,11 @@ PASSES = [qk.PassConfig(shift=True), qk.PassConfig(smooth=True), qk.PassConfig(r
           qk.PassConfig(smooth=True, stages=3, reverse=True, pdl=True, coalesced=True, head_major=True),
           # (V's coalesced pass with K's sums compiled once, with the fused mean on: a superset of the default)
           qk.PassConfig(role="v", rotate=False, stages=3, kmean=True, coalesced=True, head_major=True,
-                        fused_mean=True)]
+                        fused_mean=True),
+          # v3 + K's mean cp.async'd with each block's stage (``V3_STAGED_MEAN``)
+          qk.PassConfig(shift=True, stages=3, pdl=True, coalesced=True, head_major=True, staged_mean=True),
+          qk.PassConfig(smooth=True, stages=3, reverse=True, pdl=True, coalesced=True, head_major=True,
+                        staged_mean=True)]
 
 
 @pytest.fixture
@@ -39,7 +43,7 @@ def arch(request, monkeypatch):
 @pytest.mark.parametrize("cfg", PASSES, ids=lambda c: f"{c.role}-rot{int(c.rotate)}-sm{int(c.smooth)}-"
                                                      f"sh{int(c.shift)}-{c.mode}-s{c.stages}-km{int(c.kmean)}"
                                                      f"-rev{int(c.reverse)}-pdl{int(c.pdl)}-co{int(c.coalesced)}"
-                                                     f"-fm{int(c.fused_mean)}")
+                                                     f"-fm{int(c.fused_mean)}-stm{int(c.staged_mean)}")
 def test_compiles_without_spills(arch, head_dim, cfg):
     """Every pass compiles for Hopper and Ada (no Hopper-only instructions); the SASS has the 16-byte
     cp.async loads (8 per thread, stages + 1 times: the first blocks before the loop, the one S ahead inside
@@ -62,7 +66,8 @@ def test_compiles_without_spills(arch, head_dim, cfg):
     spill = 16 if cfg.coalesced and cfg.role == "qk" and head_dim >= 128 else 0
     assert res["spill_bytes"] <= spill and ops["LDL"] <= spill // 4 and res["registers"] <= 128, (res, ops)
     loads = cfg.stages if cfg.coalesced else cfg.stages + 1
-    assert ops["LDGSTS"] == 8 * loads * (2 if cfg.kmean else 1), ops
+    # + the staged mean's one 16-byte cp.async per block (the prologue's means are plain loads after the PDL wait)
+    assert ops["LDGSTS"] == 8 * loads * (2 if cfg.kmean else 1) + cfg.staged_mean, ops
     assert ops["LDG.E.128"] == ops["LDG.E.64"] == 0, ops
     stages = (head_dim // 64).bit_length() - 1
     assert ops["SHFL.BFLY"] == ((64 * stages if cfg.rotate else 0) + 5 + (stages if cfg.shift else 0)
@@ -107,6 +112,10 @@ def test_compile_cli_and_refusals(compile_cli):
         qk.PassConfig(stages=0).check(128)
     with pytest.raises(ValueError, match="bad pass config"):  # coalesced refills a stage others read: >= 2
         qk.PassConfig(stages=1, coalesced=True).check(128)
+    with pytest.raises(ValueError, match="staged mean rides"):  # no mean to stage / no stages to ride on
+        qk.PassConfig(stages=3, coalesced=True, staged_mean=True).check(128)
+    with pytest.raises(ValueError, match="staged mean rides"):
+        qk.PassConfig(smooth=True, stages=3, staged_mean=True).check(128)
     assert qk.pipeline_of(None) == qk.DEFAULT_PIPELINE and qk.pipeline_of("v3") == "v3"
     assert qk.own_mean("v3") and qk.own_mean("v2") and not qk.own_mean("v1")
     with pytest.raises(ValueError, match="pipeline must be one of"):
@@ -292,6 +301,33 @@ def test_v3_equals_v2_bitwise(head_dim):
             assert torch.equal(getattr(a, name).view(torch.uint8), getattr(b, name).view(torch.uint8)), name
         for name in ("q_descale", "k_descale", "v_descale", "k_mean", "lse_shift"):
             assert torch.equal(getattr(a, name), getattr(b, name)), name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", qk.HEAD_DIMS)
+@pytest.mark.parametrize("config", ["default", "head-smooth"])
+def test_v3_staged_mean_bitwise(monkeypatch, head_dim, config):
+    """v3 with K's mean cp.async'd with each block's stage (``V3_STAGED_MEAN``) moves where the mean comes from,
+    not one operation: every output (e4m3 bytes, descales, V layout, K's mean, LSE shift) equals plain v3's bit for
+    bit; GQA, odd lengths, batch > 1 (CTAs walk several heads and batches), a negative scale, the per-head
+    baseline (its "amax" and "given" launches read the mean too), fresh NaN-poisoned memory."""
+    g = torch.Generator(device="cuda").manual_seed(11 * head_dim)
+    q = (torch.randn(3, 517, 8, head_dim, device="cuda", generator=g) * 2).to(torch.bfloat16)
+    k = (torch.randn(3, 1001, 2, head_dim, device="cuda", generator=g) - 1).to(torch.bfloat16)
+    v = torch.randn(3, 1001, 2, head_dim, device="cuda", generator=g).to(torch.bfloat16)
+    k = k + torch.linspace(-4, 4, head_dim, device="cuda").to(torch.bfloat16)  # a channel bias: the mean matters
+    for scale in (None, -0.7):
+        got = []
+        for staged in (False, True):
+            monkeypatch.setattr(qk, "V3_STAGED_MEAN", staged)
+            torch.full((1 << 24,), float("nan"), device="cuda")  # freed at once: torch.empty may hand it out again
+            got.append(qk.quantize(q, k, v, config=CONFIGS[config], softmax_scale=scale, pipeline="v3"))
+        a, b = got
+        for name in ("q", "k", "v_t"):
+            assert torch.equal(getattr(a, name).view(torch.uint8), getattr(b, name).view(torch.uint8)), name
+        for name in ("q_descale", "k_descale", "v_descale", "k_mean", "lse_shift"):
+            assert torch.equal(getattr(a, name), getattr(b, name)), name
+        assert torch.isfinite(b.lse_shift).all() and b.lse_shift.abs().max() > 0
 
 
 @pytest.mark.gpu

@@ -175,6 +175,11 @@ V3_HEAD_MAJOR = True
 #: (batch, kv-head) sums its partials (no torch sum between V's launch and K's pass). Off: each K block's
 #: release fence (MEMBAR.GPU) may wait for the CTA's cp.async prefetches; the ablation measures it
 V3_FUSED_MEAN = False
+#: v3: K's mean, which the smoothed K pass and Q's pass (the LSE shift) read per block, cp.async'd with the block's
+#: stage into a mean buffer per stage (``PassConfig.staged_mean``) instead of a global load + a barrier per block
+#: (the load's latency, ~1 us, is then exposed once per block in a CTA alone on its SM). The same operations:
+#: outputs bit for bit v3's. Off until measured (scripts/quant4_gpu.sh)
+V3_STAGED_MEAN = False
 
 
 @dsl_user_op
@@ -266,6 +271,7 @@ class PassConfig:
     coalesced: bool = False
     head_major: bool = False
     fused_mean: bool = False
+    staged_mean: bool = False
 
     def check(self, head_dim: int) -> None:
         """ValueError for a config or head_dim this pass is not built for."""
@@ -277,6 +283,9 @@ class PassConfig:
                              "rows <= 128 or a multiple of 128)")
         if self.fused_mean and not self.kmean:
             raise ValueError("fp8-quant: the fused mean finishes K's partial sums (kmean)")
+        if self.staged_mean and not (self.coalesced and (self.smooth or self.shift)):
+            raise ValueError("fp8-quant: the staged mean rides on the coalesced stages of a pass that reads K's "
+                             "mean (smooth or shift)")
         if self.role == "v" and (self.rotate or self.smooth or self.shift):
             raise ValueError("fp8-quant: V is neither rotated nor smoothed")
         if self.shift and self.smooth:
@@ -293,7 +302,12 @@ class PassConfig:
     def smem_bytes(self, head_dim: int) -> int:
         """Shared memory of one CTA (bytes, an upper bound): the stages of 16-bit input, signs, mean, maxima."""
         fused = 4 * (self.rows * head_dim // (VEC * SLOTS)) + 16 if self.fused_mean else 0  # group sums, ticket
-        return 2 * self.stages * self.rows * head_dim + 4 * (3 * head_dim + 64) + 512 + fused
+        return 2 * self.stages * self.rows * head_dim + 4 * ((1 + self.mean_buffers) * head_dim + 64) + 512 + fused
+
+    @property
+    def mean_buffers(self) -> int:
+        """Buffers of K's mean in shared memory: one per stage (``staged_mean``), else two alternating."""
+        return max(2, self.stages) if self.staged_mean else 2
 
     def ctas_per_sm(self, head_dim: int) -> int:
         """Resident CTAs per SM: 512 threads at <= 128 registers, and the stages' shared memory."""
@@ -325,7 +339,7 @@ class QuantPass:
         class SharedStorage:
             red: cute.struct.Align[cute.struct.MemRange[Float32, 64], 16]
             signs: cute.struct.Align[cute.struct.MemRange[Float32, D], 16]
-            mean: cute.struct.Align[cute.struct.MemRange[Float32, 2 * D], 16]
+            mean: cute.struct.Align[cute.struct.MemRange[Float32, self.cfg.mean_buffers * D], 16]
             raw: cute.struct.Align[cute.struct.MemRange[self.dtype, self.cfg.stages * self.cfg.rows * D], 128]
             ticket: cute.struct.Align[cute.struct.MemRange[Int32, 4], 16]
             sums: cute.struct.Align[cute.struct.MemRange[Float32, self.num_threads if self.cfg.fused_mean else 4], 16]
@@ -383,7 +397,8 @@ class QuantPass:
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         red = storage.red.get_tensor(cute.make_layout((32, 2)))
         sSigns = storage.signs.get_tensor(cute.make_layout(D))
-        sMean = storage.mean.get_tensor(cute.make_layout((D, 2)))
+        sMean = storage.mean.get_tensor(cute.make_layout((D, self.cfg.mean_buffers)))
+        staged_mean = self.cfg.staged_mean
         if const_expr(self.cfg.role == "qk"):
             for c in cutlass.range(tidx, D, self.num_threads, unroll=1):
                 sSigns[c] = mSigns[c]
@@ -423,6 +438,14 @@ class QuantPass:
             # other global read or any global write; the prologue above read only the 16-bit input, which the
             # host made ready before the first, non-PDL launch of the pass (``quantize``)
             cute.arch.griddepcontrol_wait()
+        if const_expr(staged_mean):
+            # K's mean of the prologue's items into their stages' mean buffers: plain loads after the wait (the
+            # mean is the previous grid's output); item 0's stage barrier publishes them
+            for s in cutlass.range_constexpr(ahead):
+                if cta + s * grid < total:
+                    pb, ph, _, _ = self.decode(cta + s * grid, heads, n_tiles, n_blocks)
+                    for c in cutlass.range(tidx, D, self.num_threads, unroll=1):
+                        sMean[c, s] = mMean[pb, self.mean_head(ph, heads, mMean), c]
         step = Int32(0)  # the CTA's items so far: stage step % S of the loads, parity step % 2 of the maxima
         for blk in cutlass.range(cta, total, grid, unroll=1):
             stage = step % S
@@ -437,6 +460,9 @@ class QuantPass:
                 if blk + ahead * grid < total:
                     nb, nh, nt, nk = self.decode(blk + ahead * grid, heads, n_tiles, n_blocks)
                     self.load_block_coalesced(sStage[None, (step + ahead) % S], mX, mK, nb, nh, nt, nk, tidx, g2s)
+                    if const_expr(staged_mean):  # its K mean rides in the same commit group
+                        self.load_mean(sMean[None, (step + ahead) % S], mMean, nb, self.mean_head(nh, heads, mMean),
+                                       tidx)
                 cute.arch.cp_async_commit_group()
                 self.read_block(sStage[None, stage], raw, tidx, s2r)
             else:
@@ -453,15 +479,16 @@ class QuantPass:
                     nb, nh, nt, nk = self.decode(blk + S * grid, heads, n_tiles, n_blocks)
                     self.load_block(sRaw[None, None, None, stage], mX, mK, nb, nh, nt, nk, tidx, g2s)
                 cute.arch.cp_async_commit_group()
-            if const_expr(self.cfg.smooth or self.cfg.shift):  # K's mean for this block, in shared memory
-                kv_head = head // (heads // mMean.shape[1]) if const_expr(self.cfg.shift) else head
+            mean_buf = stage if const_expr(staged_mean) else parity
+            if const_expr((self.cfg.smooth or self.cfg.shift) and not staged_mean):
+                # K's mean for this block, in shared memory (a global load and a barrier per block)
                 for c in cutlass.range(tidx, D, self.num_threads, unroll=1):
-                    sMean[c, parity] = mMean[batch, kv_head, c]
+                    sMean[c, parity] = mMean[batch, self.mean_head(head, heads, mMean), c]
                 cute.arch.barrier()
             if const_expr(self.cfg.shift):
-                self.lse_shift(x, sMean[None, parity], mShift, scale, batch, head, tile, tidx)
+                self.lse_shift(x, sMean[None, mean_buf], mShift, scale, batch, head, tile, tidx)
             if const_expr(self.cfg.role == "qk"):
-                self.signs_and_smoothing(x, sSigns, sMean[None, parity], tidx)
+                self.signs_and_smoothing(x, sSigns, sMean[None, mean_buf], tidx)
                 if const_expr(self.cfg.rotate):
                     self.fwht(x, tidx % L)
             if const_expr(self.cfg.kmean):
@@ -476,6 +503,22 @@ class QuantPass:
             else:
                 self.finish_block(x, mX, mY, mDescale, red, parity, batch, head, tile, tidx)
             step = step + 1
+
+    def mean_head(self, head: Int32, heads: Int32, mMean: cute.Tensor) -> Int32:
+        """The (kv-)head of K's mean a block reads: Q's head // (H / H_kv) for the shift, K's own head."""
+        if const_expr(self.cfg.shift):
+            return head // (heads // mMean.shape[1])
+        return head
+
+    @cute.jit
+    def load_mean(self, sMean: cute.Tensor, mMean: cute.Tensor, batch: Int32, kv_head: Int32, tidx: Int32):
+        """``staged_mean``: cp.async (16 bytes, threads < D / 4) of K's mean of (batch, kv_head) into one stage's
+        mean buffer; the caller commits it with that stage's loads."""
+        atom = cute.make_copy_atom(cute.nvgpu.cpasync.CopyG2SOp(cache_mode=cute.nvgpu.cpasync.LoadCacheMode.GLOBAL),
+                                   Float32, num_bits_per_copy=128)
+        if tidx < self.head_dim // 4:
+            src = cute.local_tile(mMean[batch, kv_head, None], (4,), (tidx,))
+            cute.copy(atom, src, cute.local_tile(sMean, (4,), (tidx,)))
 
     @cute.jit
     def k_partial_sums(self, x: cute.Tensor, mPart: cute.Tensor, inv_n: Float32, batch: Int32, head: Int32,
@@ -882,7 +925,8 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
                     reverse: bool = False, k_of: torch.Tensor | None = None,
                     k_parts: torch.Tensor | None = None, pdl: bool = False, coalesced: bool = False,
                     head_major: bool = False, k_count: torch.Tensor | None = None,
-                    k_mean_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    k_mean_out: torch.Tensor | None = None,
+                    staged_mean: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """One tensor through the pass: (e4m3 data (like x, or v_t for role "v"), descale (B, H, T) float32).
 
     x: (B, N, H, D) float16 / bfloat16 CUDA; block: rows per scale block; signs: float32 (D,) on x's device
@@ -895,7 +939,9 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
     (``PassConfig.pdl``'s prologue reads them before griddepcontrol.wait). coalesced, head_major: the
     ``PassConfig`` switches of pipeline v3 (coalesced needs 2 stages: off where the device's shared memory
     holds only one). k_count, k_mean_out (with k_of): int32 (B * H,) zeros, left zero (``workspace``
-    counters), and float32 (B, H, D): K's mean finished in the same launch (``PassConfig.fused_mean``)."""
+    counters), and float32 (B, H, D): K's mean finished in the same launch (``PassConfig.fused_mean``).
+    staged_mean: K's mean (smoothing or the shift) cp.async'd with each block's stage (``PassConfig.staged_mean``;
+    with coalesced only, ignored otherwise)."""
     B, N, H, D = x.shape
     T_blocks = -(-N // block)
     x = interop.aligned(x)
@@ -927,9 +973,11 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
 
     def launch(mode: str) -> None:
         kmean = k_of is not None and mode != "given"
-        cfg = PassConfig(role=role, rotate=rotate, smooth=mean is not None, mode=mode, rows=block,
-                         shift=shift is not None and mode != "given", stages=stages, kmean=kmean, reverse=reverse,
-                         pdl=pdl, coalesced=coalesced, head_major=head_major, fused_mean=fused and kmean)
+        smooth, with_shift = mean is not None, shift is not None and mode != "given"
+        cfg = PassConfig(role=role, rotate=rotate, smooth=smooth, mode=mode, rows=block, shift=with_shift,
+                         stages=stages, kmean=kmean, reverse=reverse, pdl=pdl, coalesced=coalesced,
+                         head_major=head_major, fused_mean=fused and kmean,
+                         staged_mean=staged_mean and coalesced and (smooth or with_shift))
         fn, ctas = _pass(dev, x.dtype, D, cfg)
         fn(x, y, descale, signs, mean_t, shift_t, k_t, parts_t, count_t, shift_scale,
            min(ctas, total * (2 if kmean else 1)))
@@ -990,6 +1038,9 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Co
     common = dict(granularity=config.granularity, stages=V2_STAGES if staged else 1)
     if pipe == "v3":
         common.update(coalesced=V3_COALESCED, head_major=V3_HEAD_MAJOR)
+        smooth_common = dict(common, staged_mean=V3_STAGED_MEAN)
+    else:
+        smooth_common = common
     # v2 launches V's pass first (plain launch), then K's and Q's with programmatic dependent launch, whose
     # prologue loads run before griddepcontrol.wait: so every 16-bit input is made aligned (a copy if
     # needed) before the first launch
@@ -1021,9 +1072,9 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Co
     if v_t is None:
         v_t, vd = quantize_tensor(v, role="v", block=tile_n, signs=None, mean=None, rotate=False, **common)
     k8, kd = quantize_tensor(k, role="qk", block=tile_n, signs=k_signs, mean=mean, rotate=config.rotate,
-                             reverse=staged and V2_REVERSE and config.smooth_k, pdl=pdl, **common)
+                             reverse=staged and V2_REVERSE and config.smooth_k, pdl=pdl, **smooth_common)
     q8, qd = quantize_tensor(q, role="qk", block=tile_m, signs=signs, mean=None, rotate=config.rotate, shift=shift,
-                             shift_mean=mean_eff, shift_scale=abs(scale), pdl=pdl, **common)
+                             shift_mean=mean_eff, shift_scale=abs(scale), pdl=pdl, **smooth_common)
     if shift is not None and q.shape[0] * q.shape[1] * q.shape[2] == 0:
         shift.zero_()
     return FP8Inputs(q8, k8, v_t, qd, kd, vd, abs(scale), k.shape[1], mean_eff, shift, config)
