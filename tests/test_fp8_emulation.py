@@ -101,6 +101,22 @@ def test_smoothing_invariance():
     assert rel_l2(plain, ref) > 2 * rel_l2(out_b, ref)
 
 
+def test_sampled_smoothing_keeps_o_and_lse():
+    """K's mean over 2 of 8 K tiles (FP8Config.smooth_k_blocks) instead of all: any per-channel vector leaves
+    softmax unchanged, so O and the LSE (shifted back) stay as accurate against float64 as with the exact mean,
+    with K's channel bias b removed just as well."""
+    torch.manual_seed(6)
+    q, k, v = torch.randn(1, 128, 2, 64), torch.randn(1, 1000, 2, 64), torch.randn(1, 1000, 2, 64)
+    b = torch.zeros(64)
+    b[[3, 40]] = 30.0
+    ref, ref_lse = attention_reference(q, k + b, v)
+    exact, lse = fp8_attention_reference(q, k + b, v)
+    sampled, lse_s = fp8_attention_reference(q, k + b, v, config=FP8Config(smooth_k_blocks=2))
+    plain, _ = fp8_attention_reference(q, k + b, v, config=FP8Config(smooth_k=False))
+    assert rel_l2(sampled, ref) <= 1.25 * rel_l2(exact, ref) and rel_l2(plain, ref) > 2 * rel_l2(sampled, ref)
+    assert (lse_s - ref_lse).abs().max().item() <= max(0.05, 1.25 * (lse - ref_lse).abs().max().item())
+
+
 def test_negative_and_zero_scale():
     torch.manual_seed(6)
     q, k, v = torch.randn(1, 64, 2, 64), torch.randn(1, 80, 2, 64), torch.randn(1, 80, 2, 64)

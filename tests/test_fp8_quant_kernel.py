@@ -28,7 +28,9 @@ PASSES = [qk.PassConfig(shift=True), qk.PassConfig(smooth=True), qk.PassConfig(r
           # v3 + K's mean cp.async'd with each block's stage (``V3_STAGED_MEAN``)
           qk.PassConfig(shift=True, stages=3, pdl=True, coalesced=True, head_major=True, staged_mean=True),
           qk.PassConfig(smooth=True, stages=3, reverse=True, pdl=True, coalesced=True, head_major=True,
-                        staged_mean=True)]
+                        staged_mean=True),
+          # V's launch summing K's sample tiles only (FP8Config.smooth_k_blocks)
+          qk.PassConfig(role="v", rotate=False, stages=3, kmean=True, coalesced=True, head_major=True, k_sample=True)]
 
 
 @pytest.fixture
@@ -43,7 +45,8 @@ def arch(request, monkeypatch):
 @pytest.mark.parametrize("cfg", PASSES, ids=lambda c: f"{c.role}-rot{int(c.rotate)}-sm{int(c.smooth)}-"
                                                      f"sh{int(c.shift)}-{c.mode}-s{c.stages}-km{int(c.kmean)}"
                                                      f"-rev{int(c.reverse)}-pdl{int(c.pdl)}-co{int(c.coalesced)}"
-                                                     f"-fm{int(c.fused_mean)}-stm{int(c.staged_mean)}")
+                                                     f"-fm{int(c.fused_mean)}-stm{int(c.staged_mean)}"
+                                                     f"-ks{int(c.k_sample)}")
 def test_compiles_without_spills(arch, head_dim, cfg):
     """Every pass compiles for Hopper and Ada (no Hopper-only instructions); the SASS has the 16-byte
     cp.async loads (8 per thread, stages + 1 times: the first blocks before the loop, the one S ahead inside
@@ -112,6 +115,8 @@ def test_compile_cli_and_refusals(compile_cli):
         qk.PassConfig(stages=0).check(128)
     with pytest.raises(ValueError, match="bad pass config"):  # coalesced refills a stage others read: >= 2
         qk.PassConfig(stages=1, coalesced=True).check(128)
+    with pytest.raises(ValueError, match="sampled K mean rides"):
+        qk.PassConfig(role="v", rotate=False, stages=3, kmean=True, fused_mean=True, k_sample=True).check(128)
     with pytest.raises(ValueError, match="staged mean rides"):  # no mean to stage / no stages to ride on
         qk.PassConfig(stages=3, coalesced=True, staged_mean=True).check(128)
     with pytest.raises(ValueError, match="staged mean rides"):
@@ -122,6 +127,21 @@ def test_compile_cli_and_refusals(compile_cli):
         qk.pipeline_of("v4")
     x = torch.zeros(1, 4, 2, 64)
     assert "CUDA tensors" in qk.why_not(x, FP8Config())
+
+
+@pytest.mark.parametrize("seqlen_k,block_n,blocks", [(16384, 256, 8), (1000, 128, 3), (777, 128, 6), (300, 256, 1)])
+def test_k_sample_items(seqlen_k, block_n, blocks):
+    """V's launch's K items with a sampled mean (``k_sample_item``) visit exactly the tiles of
+    ``quantize.k_sample_tiles`` once per (batch, kv-head), and each tile's partials go to its own sample slot
+    (``k_sample_slot``: 0 .. m - 1 in tile order), so the host's sum over the partials is the sample's sum."""
+    from fa_variants.fp8.quantize import k_sample_tiles
+
+    tiles = k_sample_tiles(seqlen_k, block_n, blocks)
+    T, m, B, H = -(-seqlen_k // block_n), len(tiles), 2, 3
+    assert m < T
+    seen = [qk.k_sample_item(j, H, T, m) for j in range(B * H * m)]
+    assert sorted(seen) == sorted((b, h, t) for b in range(B) for h in range(H) for t in tiles)
+    assert [qk.k_sample_slot(t, T, m) for t in tiles] == list(range(m))
 
 
 @pytest.mark.parametrize("role", ["qk", "v"])
@@ -328,6 +348,46 @@ def test_v3_staged_mean_bitwise(monkeypatch, head_dim, config):
         for name in ("q_descale", "k_descale", "v_descale", "k_mean", "lse_shift"):
             assert torch.equal(getattr(a, name), getattr(b, name)), name
         assert torch.isfinite(b.lse_shift).all() and b.lse_shift.abs().max() > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", qk.HEAD_DIMS)
+@pytest.mark.parametrize("pipeline", ["v1", "v3", "v3+staged"])
+def test_sampled_k_mean(monkeypatch, head_dim, pipeline):
+    """FP8Config(smooth_k_blocks=m): K's mean over the tokens of m evenly spaced K tiles. v1 takes it from torch
+    (``quantize.k_mean``: equal bit for bit); v3 sums the sample tiles in V's launch (``PassConfig.k_sample``:
+    within float32 summation's bound of the float64 mean of exactly those tokens, far from the full mean); every
+    other output equals the torch recipe's given that mean bit for bit. m < T with a partial last tile, m >= T
+    (the exact mean), GQA, batch > 1, a negative scale; "v3+staged" also stages the mean (``V3_STAGED_MEAN``)."""
+    from fa_variants.fp8.quantize import k_sample_tiles
+
+    monkeypatch.setattr(qk, "V3_STAGED_MEAN", pipeline.endswith("+staged"))
+    pipe = pipeline.split("+")[0]
+    g = torch.Generator(device="cuda").manual_seed(7 * head_dim)
+    B, Nq, Nk, H, Hkv = 2, 300, 3001, 8, 2
+    q = (torch.randn(B, Nq, H, head_dim, device="cuda", generator=g) * 2).to(torch.bfloat16)
+    k = (torch.randn(B, Nk, Hkv, head_dim, device="cuda", generator=g) + 1).to(torch.bfloat16)
+    k[:, Nk // 2:] += 3  # the sample's mean differs from the full mean
+    v = torch.randn(B, Nk, Hkv, head_dim, device="cuda", generator=g).to(torch.bfloat16)
+    for blocks, scale in ((3, None), (5, -0.6), (1000, None)):
+        config = FP8Config(smooth_k_blocks=blocks)
+        torch.full((1 << 24,), float("nan"), device="cuda")  # freed at once: torch.empty may hand it out again
+        gpu = qk.quantize(q, k, v, config=config, softmax_scale=scale, pipeline=pipe)
+        mean = gpu.k_mean if scale is None else -gpu.k_mean
+        tiles = k_sample_tiles(Nk, gpu.block_n, blocks)
+        tokens = torch.cat([torch.arange(t * gpu.block_n, min((t + 1) * gpu.block_n, Nk)) for t in tiles])
+        if pipe == "v1":
+            assert torch.equal(mean, quantize_fp8_torch(q, k, v, config=config).k_mean)
+        else:
+            assert_k_mean_close(mean, k[:, tokens.cuda()], block_n=gpu.block_n)
+        if blocks < len(range(0, Nk, gpu.block_n)):
+            assert (mean - k.float().mean(dim=1)).abs().max() > 0.2  # the sample's mean, not the full one
+        ref = quantize_fp8_torch(q, k, v, config=config, softmax_scale=scale, k_mean=mean)
+        for name in ("q", "k", "v_t"):
+            assert torch.equal(getattr(gpu, name).view(torch.uint8), getattr(ref, name).view(torch.uint8)), name
+        for name in ("q_descale", "k_descale", "v_descale", "k_mean"):
+            assert torch.equal(getattr(gpu, name), getattr(ref, name)), name
+        assert_shift_close(gpu.lse_shift, ref.lse_shift, q, ref.k_mean, ref.softmax_scale)
 
 
 @pytest.mark.gpu

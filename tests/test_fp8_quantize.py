@@ -9,7 +9,8 @@ import torch
 
 from fa_variants.fp8 import layout
 from fa_variants.fp8.quantize import (E4M3_MAX, MIN_DESCALE, FP8Config, FP8Inputs, HadamardRotation,
-                                      descale_from_amax, fwht, hadamard_blocks, k_mean, paley_hadamard_12,
+                                      descale_from_amax, fwht, hadamard_blocks, k_mean, k_sample_count,
+                                      k_sample_tiles, paley_hadamard_12,
                                       quantize_fp8, quantize_fp8_torch, tiles_for, transpose_v)
 
 HEAD_DIMS = (32, 40, 64, 80, 96, 128, 192, 256)  # all the project serves, plus EC-23b's
@@ -217,6 +218,27 @@ def test_smoothing_mean_and_lse_shift():
     assert quantize_fp8_torch(q, k, v, config=FP8Config(smooth_k=False)).lse_shift is None
 
 
+def test_sampled_k_mean():
+    """smooth_k_blocks = m: K's mean over the tokens of m evenly spaced K tiles (floor(j T / m)); the exact mean
+    when m >= T; the recipe subtracts that mean and shifts the LSE by it (O's invariance: tests/test_fp8_emulation)."""
+    assert k_sample_tiles(1000, 128, 3) == [0, 2, 5] and k_sample_tiles(1000, 128, 8) == list(range(8))
+    assert k_sample_tiles(1000, 128, None) == list(range(8)) and k_sample_tiles(0, 128, 4) == []
+    assert k_sample_tiles(16384, 256, 8) == [0, 8, 16, 24, 32, 40, 48, 56]
+    assert k_sample_count(1000, 128, 3) == 384 and k_sample_count(1000, 128, 99) == 1000
+    torch.manual_seed(13)
+    q, k, v = torch.randn(2, 40, 4, 64), torch.randn(2, 1000, 2, 64) + 3, torch.randn(2, 1000, 2, 64)
+    tokens = torch.cat([torch.arange(t * 128, t * 128 + 128) for t in (0, 2, 5)])
+    want = k[:, tokens].double().mean(dim=1)
+    for blocks, expect in ((3, want), (8, k.double().mean(dim=1)), (500, k.double().mean(dim=1))):
+        got = k_mean(k, blocks, 128)
+        assert got.dtype == torch.float32 and (got.double() - expect).abs().max() < 1e-5, blocks
+        inp = quantize_fp8_torch(q, k, v, config=FP8Config(smooth_k_blocks=blocks), block_n=128)
+        assert torch.equal(inp.k_mean, got)
+        ref = quantize_fp8_torch(q, k, v, block_n=128, k_mean=got)  # the same recipe given that mean
+        assert torch.equal(inp.k.view(torch.uint8), ref.k.view(torch.uint8)) and torch.equal(inp.lse_shift, ref.lse_shift)
+    assert not torch.equal(k_mean(k, 3, 128), k_mean(k))
+
+
 def test_given_k_mean():
     """k_mean= replaces the recipe's own mean (the GPU pass's v2 sums K in another order): the same mean gives
     the same inputs bit for bit, another mean changes K and the LSE shift (and is what FP8Inputs records,
@@ -275,6 +297,8 @@ def test_empty_inputs():
     (dict(promote_every=2.0), TypeError, "FP8Config.promote_every must be an int or None"),
     (dict(seed=-1), ValueError, "FP8Config.seed"),
     (dict(seed=True), TypeError, "FP8Config.seed"),
+    (dict(smooth_k_blocks=0), ValueError, "FP8Config.smooth_k_blocks"),
+    (dict(smooth_k_blocks=True), TypeError, "FP8Config.smooth_k_blocks must be an int or None"),
 ])
 def test_config_validation(kwargs, exc, match):
     with pytest.raises(exc, match=match) as err:
@@ -285,6 +309,7 @@ def test_config_validation(kwargs, exc, match):
 def test_config_defaults():
     c = FP8Config()
     assert (c.granularity, c.rotate, c.smooth_k, c.two_level, c.promote_every) == ("block", True, True, True, None)
+    assert c.smooth_k_blocks is None  # K's exact mean over every token
     assert c.replace(seed=5).seed == 5
     # None: the kernel's default interval per head_dim (fa_variants.fp8.layout.KERNEL_PROMOTE_EVERY)
     assert [c.promote_interval(d) for d in (64, 96, 128, 256, 40)] == [1, 1, 1, 1, 1]

@@ -91,7 +91,7 @@ copy in that model means ~0.10 ms, i.e. ~85% of copy for the bytes actually move
 L2 serves). Not done: one launch for Q, K and V (Q and K have different block heights at head_dim 128, and
 both need the mean), the final sum of the partials inside a kernel (one small torch launch remains).
 
-Pipeline "v3" (``quantize(pipeline="v3")``, opt-in until measured; bench/NOTES.md, "Quantisation pass
+Pipeline "v3" (``quantize(pipeline="v3")``, the default since session 6's H200 run; bench/NOTES.md, "Quantisation pass
 (issue 10): one default-recipe call accounted"): v2 plus two changes of where bytes come from, none of what is
 computed (its outputs equal v2's bit for bit):
 
@@ -139,7 +139,7 @@ from fa_variants.common.launch import Variant
 from fa_variants.common.softmax import bits_f32, f32_bits
 from fa_variants.fp8 import layout
 from fa_variants.fp8.quantize import (E4M3, MIN_DESCALE_EXPONENT, FP8Config, FP8Inputs, HadamardRotation, _check,
-                                      k_mean, tiles_for)
+                                      k_mean, k_sample_count, k_sample_tiles, tiles_for)
 
 __all__ = ["HEAD_DIMS", "DTYPES", "QuantPass", "why_not", "quantize", "quantize_tensor", "piece_swizzle",
            "stage_piece", "stage_load"]
@@ -157,9 +157,10 @@ SMEM_PER_SM = 228 * 1024 - 2048  # what resident CTAs may share (1 KB reserved p
 #: the pipelines of ``quantize`` (``pipeline=`` or the environment variable FA_VARIANTS_FP8_QUANT_PIPELINE):
 #: "v1" one launch per tensor, one block of loads in flight per CTA, K's mean by torch; "v2" (see the module
 #: docstring) ``V2_STAGES`` blocks in flight, K's mean as partial sums in V's launch, K's blocks read back to
-#: front; "v3" v2 with coalesced loads and head-major order. Default "v1" (v2 measured no faster; v3 unmeasured).
+#: front; "v3" v2 with coalesced loads and head-major order. Default "v3": faster than v1 in every row of the
+#: H200 run of scripts/quant3_gpu.sh (bench/NOTES.md, session 6; its GPU tests and sanitizers clean).
 PIPELINES = ("v1", "v2", "v3")
-DEFAULT_PIPELINE = "v1"
+DEFAULT_PIPELINE = "v3"
 V2_STAGES = 3
 #: v2's other two parts, switchable for an ablation (scripts/fp8_quant_bandwidth.py --ablation): programmatic
 #: dependent launch of K's and Q's passes (sm_90), K's blocks walked last to first after V's launch read them
@@ -250,6 +251,20 @@ def stage_load(head_dim: int, rows: int, role: str, lanes: int, tidx, m: int):
     return row, q, row * P + (q ^ piece_swizzle(role, lanes, row))
 
 
+def k_sample_item(j, heads, n_tiles, n_sample):
+    """(batch, head, tile) of V's launch's K item j with a sampled mean (``PassConfig.k_sample``): sample
+    s = j % n_sample of (batch, head) = divmod(j // n_sample, heads)[::-1], tile floor(s n_tiles / n_sample)
+    (``quantize.k_sample_tiles``; n_sample < n_tiles, s * n_tiles < 2^31). Works on ints and Int32."""
+    rest = j // n_sample
+    return rest // heads, rest % heads, (j % n_sample) * n_tiles // n_sample
+
+
+def k_sample_slot(tile, n_tiles, n_sample):
+    """The sample index s of a sampled tile (tile = floor(s T / m) with m <= T: s = ceil(tile m / T)), where its
+    K partial sums go. Works on ints and Int32."""
+    return (tile * n_sample + n_tiles - 1) // n_tiles
+
+
 @dataclasses.dataclass(frozen=True)
 class PassConfig:
     """What one compiled pass does (part of the compile key). role: "qk" (e4m3 like the input) or "v"
@@ -272,6 +287,7 @@ class PassConfig:
     head_major: bool = False
     fused_mean: bool = False
     staged_mean: bool = False
+    k_sample: bool = False
 
     def check(self, head_dim: int) -> None:
         """ValueError for a config or head_dim this pass is not built for."""
@@ -283,6 +299,8 @@ class PassConfig:
                              "rows <= 128 or a multiple of 128)")
         if self.fused_mean and not self.kmean:
             raise ValueError("fp8-quant: the fused mean finishes K's partial sums (kmean)")
+        if self.k_sample and not (self.kmean and not self.fused_mean):
+            raise ValueError("fp8-quant: a sampled K mean rides on V's launch (kmean, without the fused mean)")
         if self.staged_mean and not (self.coalesced and (self.smooth or self.shift)):
             raise ValueError("fp8-quant: the staged mean rides on the coalesced stages of a pass that reads K's "
                              "mean (smooth or shift)")
@@ -361,11 +379,12 @@ class QuantPass:
         return thread_chunk(self.cfg.role, self.lanes, self.quads, tidx, slot)
 
     @cute.jit
-    def decode(self, blk: Int32, heads: Int32, n_tiles: Int32, n_blocks: Int32):
+    def decode(self, blk: Int32, heads: Int32, n_tiles: Int32, n_blocks: Int32, n_sample: Int32):
         """(batch, head, tile, is_k) of work item blk: items 0 .. n_blocks - 1 are the tensor's blocks (tile
         fastest, or head fastest with ``head_major``; last to first with ``reverse``), then (``kmean``) the same
         blocks of K for its partial sums."""
         is_k = blk >= n_blocks
+        blk_k = blk
         if const_expr(self.cfg.kmean):
             blk = blk % n_blocks  # blk < 2 n_blocks
         if const_expr(self.cfg.reverse):
@@ -380,6 +399,9 @@ class QuantPass:
             bh = blk // n_tiles
             batch = bh // heads
             head = bh % heads
+        if const_expr(self.cfg.k_sample):  # K item j: sample j % n_sample of (batch, head) = divmod(j / n_sample, H)
+            if is_k:
+                batch, head, tile = k_sample_item(blk_k - n_blocks, heads, n_tiles, n_sample)
         return batch, head, tile, is_k
 
     # ------------------------------------------------------------------------------------------ the kernel
@@ -394,6 +416,10 @@ class QuantPass:
         heads, n_tiles = mX.shape[2], mDescale.shape[2]
         n_blocks = mX.shape[0] * heads * n_tiles
         total = 2 * n_blocks if const_expr(self.cfg.kmean) else n_blocks
+        n_sample = Int32(1)
+        if const_expr(self.cfg.k_sample):  # K's items: n_sample tiles of each (batch, head), from mPart's shape
+            n_sample = mPart.shape[2] // self.parts_per_block()
+            total = n_blocks + mX.shape[0] * heads * n_sample
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         red = storage.red.get_tensor(cute.make_layout((32, 2)))
         sSigns = storage.signs.get_tensor(cute.make_layout(D))
@@ -427,7 +453,7 @@ class QuantPass:
         ahead = S - 1 if const_expr(self.cfg.coalesced) else S
         for s in cutlass.range_constexpr(ahead):
             if cta + s * grid < total:
-                pb, ph, pt, pk = self.decode(cta + s * grid, heads, n_tiles, n_blocks)
+                pb, ph, pt, pk = self.decode(cta + s * grid, heads, n_tiles, n_blocks, n_sample)
                 if const_expr(self.cfg.coalesced):
                     self.load_block_coalesced(sStage[None, s], mX, mK, pb, ph, pt, pk, tidx, g2s)
                 else:
@@ -443,14 +469,14 @@ class QuantPass:
             # mean is the previous grid's output); item 0's stage barrier publishes them
             for s in cutlass.range_constexpr(ahead):
                 if cta + s * grid < total:
-                    pb, ph, _, _ = self.decode(cta + s * grid, heads, n_tiles, n_blocks)
+                    pb, ph, _, _ = self.decode(cta + s * grid, heads, n_tiles, n_blocks, n_sample)
                     for c in cutlass.range(tidx, D, self.num_threads, unroll=1):
                         sMean[c, s] = mMean[pb, self.mean_head(ph, heads, mMean), c]
         step = Int32(0)  # the CTA's items so far: stage step % S of the loads, parity step % 2 of the maxima
         for blk in cutlass.range(cta, total, grid, unroll=1):
             stage = step % S
             parity = step % 2
-            batch, head, tile, is_k = self.decode(blk, heads, n_tiles, n_blocks)
+            batch, head, tile, is_k = self.decode(blk, heads, n_tiles, n_blocks, n_sample)
             cute.arch.cp_async_wait_group(ahead - 1)  # this item's group (the later ones may be in flight)
             if const_expr(self.cfg.coalesced):
                 # every thread's pieces of this item have landed, and every read of the stage refilled here
@@ -458,7 +484,7 @@ class QuantPass:
                 # read into registers (fewer live registers while its addresses are computed)
                 cute.arch.barrier()
                 if blk + ahead * grid < total:
-                    nb, nh, nt, nk = self.decode(blk + ahead * grid, heads, n_tiles, n_blocks)
+                    nb, nh, nt, nk = self.decode(blk + ahead * grid, heads, n_tiles, n_blocks, n_sample)
                     self.load_block_coalesced(sStage[None, (step + ahead) % S], mX, mK, nb, nh, nt, nk, tidx, g2s)
                     if const_expr(staged_mean):  # its K mean rides in the same commit group
                         self.load_mean(sMean[None, (step + ahead) % S], mMean, nb, self.mean_head(nh, heads, mMean),
@@ -476,7 +502,7 @@ class QuantPass:
                             x[i, j] = Float32(0.0)
             if const_expr(not self.cfg.coalesced):
                 if blk + S * grid < total:  # the loads of the item S ahead, into the stage just read
-                    nb, nh, nt, nk = self.decode(blk + S * grid, heads, n_tiles, n_blocks)
+                    nb, nh, nt, nk = self.decode(blk + S * grid, heads, n_tiles, n_blocks, n_sample)
                     self.load_block(sRaw[None, None, None, stage], mX, mK, nb, nh, nt, nk, tidx, g2s)
                 cute.arch.cp_async_commit_group()
             mean_buf = stage if const_expr(staged_mean) else parity
@@ -495,7 +521,7 @@ class QuantPass:
                 # a CTA's items ascend, so its K items follow all its V items: the amax buffers' alternation
                 # (one barrier per V block) is not broken by the K items, which have no barrier
                 if is_k:
-                    self.k_partial_sums(x, mPart, scale, batch, head, tile, tidx)
+                    self.k_partial_sums(x, mPart, scale, batch, head, tile, tidx, n_tiles, n_sample)
                     if const_expr(self.cfg.fused_mean):
                         self.mean_if_last(mPart, mMean, mCount, storage, batch, head, heads, n_tiles, tidx)
                 else:
@@ -503,6 +529,10 @@ class QuantPass:
             else:
                 self.finish_block(x, mX, mY, mDescale, red, parity, batch, head, tile, tidx)
             step = step + 1
+
+    def parts_per_block(self) -> int:
+        """K's partial sums per block in V's launch (``k_partial_sums``): one per warp of token quads."""
+        return self.quads // min(32, self.quads)
 
     def mean_head(self, head: Int32, heads: Int32, mMean: cute.Tensor) -> Int32:
         """The (kv-)head of K's mean a block reads: Q's head // (H / H_kv) for the shift, K's own head."""
@@ -522,11 +552,12 @@ class QuantPass:
 
     @cute.jit
     def k_partial_sums(self, x: cute.Tensor, mPart: cute.Tensor, inv_n: Float32, batch: Int32, head: Int32,
-                       tile: Int32, tidx: Int32):
+                       tile: Int32, tidx: Int32, n_tiles: Int32, n_sample: Int32):
         """K's float32 sums over the tokens of a block, per channel, in a fixed order (the thread's 4 tokens
         in slot order, then a butterfly over the ``group`` token quads of its warp, group = min(32, quads)),
         times inv_n = float32(1 / seqlen_k): mPart[batch, head, tile * (quads / group) + quad / group,
-        channel]. The host adds the partials (``k_mean_from_parts``)."""
+        channel]. The host adds the partials (``k_mean_from_parts``). ``k_sample``: the partials of sample s
+        (tile = floor(s T / m), so s = ceil(tile m / T)) in place of tile's; inv_n = 1 / the sampled tokens."""
         group = min(32, self.quads)
         acc = cute.make_rmem_tensor(VEC, Float32)
         for i in cutlass.range_constexpr(VEC):
@@ -538,7 +569,10 @@ class QuantPass:
                 acc[i] = acc[i] + cute.arch.shuffle_sync_bfly(acc[i], offset=group >> (b + 1))
         quad = tidx % self.quads
         if quad % group == 0:
-            part = tile * (self.quads // group) + quad // group
+            slot = tile
+            if const_expr(self.cfg.k_sample):
+                slot = k_sample_slot(tile, n_tiles, n_sample)
+            part = slot * (self.quads // group) + quad // group
             c0 = self.chunk_of(tidx, 0) * VEC
             for i in cutlass.range_constexpr(VEC):
                 mPart[batch, head, part, c0 + i] = acc[i] * inv_n
@@ -925,8 +959,8 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
                     reverse: bool = False, k_of: torch.Tensor | None = None,
                     k_parts: torch.Tensor | None = None, pdl: bool = False, coalesced: bool = False,
                     head_major: bool = False, k_count: torch.Tensor | None = None,
-                    k_mean_out: torch.Tensor | None = None,
-                    staged_mean: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                    k_mean_out: torch.Tensor | None = None, staged_mean: bool = False,
+                    k_sample_count: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One tensor through the pass: (e4m3 data (like x, or v_t for role "v"), descale (B, H, T) float32).
 
     x: (B, N, H, D) float16 / bfloat16 CUDA; block: rows per scale block; signs: float32 (D,) on x's device
@@ -941,7 +975,9 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
     holds only one). k_count, k_mean_out (with k_of): int32 (B * H,) zeros, left zero (``workspace``
     counters), and float32 (B, H, D): K's mean finished in the same launch (``PassConfig.fused_mean``).
     staged_mean: K's mean (smoothing or the shift) cp.async'd with each block's stage (``PassConfig.staged_mean``;
-    with coalesced only, ignored otherwise)."""
+    with coalesced only, ignored otherwise). k_sample_count (with k_of, not the fused mean): K's sums over
+    ``quantize.k_sample_tiles`` only, m = k_parts.shape[2] / max(1, block / 128) tiles, covering this many tokens
+    (``PassConfig.k_sample``; m * cdiv(N, block) < 2^31)."""
     B, N, H, D = x.shape
     T_blocks = -(-N // block)
     x = interop.aligned(x)
@@ -967,9 +1003,10 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
     count_t = k_count if fused else _zeros(dev, (1,), torch.int32)
     if fused:
         mean_t = k_mean_out
-    if k_of is not None:
-        shift_scale = 1.0 / N  # the kernel's scale argument: float32(1 / seqlen_k) for K's partial sums
+    if k_of is not None:  # the kernel's scale argument: float32(1 / tokens summed) for K's partial sums
+        shift_scale = 1.0 / (N if k_sample_count is None else k_sample_count)
     total = B * H * T_blocks
+    k_items = total if k_sample_count is None else B * H * (k_parts.shape[2] // max(1, block // 128))
 
     def launch(mode: str) -> None:
         kmean = k_of is not None and mode != "given"
@@ -977,10 +1014,11 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
         cfg = PassConfig(role=role, rotate=rotate, smooth=smooth, mode=mode, rows=block, shift=with_shift,
                          stages=stages, kmean=kmean, reverse=reverse, pdl=pdl, coalesced=coalesced,
                          head_major=head_major, fused_mean=fused and kmean,
-                         staged_mean=staged_mean and coalesced and (smooth or with_shift))
+                         staged_mean=staged_mean and coalesced and (smooth or with_shift),
+                         k_sample=kmean and k_sample_count is not None)
         fn, ctas = _pass(dev, x.dtype, D, cfg)
         fn(x, y, descale, signs, mean_t, shift_t, k_t, parts_t, count_t, shift_scale,
-           min(ctas, total * (2 if kmean else 1)))
+           min(ctas, total + (k_items if kmean else 0)))
 
     with torch.cuda.device(dev):
         if granularity == "block":
@@ -1050,9 +1088,20 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Co
     mean = mean_eff = shift = None
     v_t = None
     if config.smooth_k:
-        if staged:  # V's launch also sums K per block; K's launch then reads K last block first (L2)
-            B, Nk, Hkv, _ = k.shape
-            P = -(-Nk // tile_n) * max(1, tile_n // 128)
+        B, Nk, Hkv, _ = k.shape
+        n_tiles = -(-Nk // tile_n)
+        tiles = k_sample_tiles(Nk, tile_n, config.smooth_k_blocks)
+        sampled = len(tiles) < n_tiles  # the mean over some of K's tiles (FP8Config.smooth_k_blocks)
+        # v2 / v3 sum K's mean in V's launch, but for a sample too large for the kernel's int32 tile arithmetic
+        own = staged and not (sampled and len(tiles) * n_tiles >= 2**31)
+        if own and sampled:  # V's launch also sums K's sample tiles (m / T of one read of K)
+            parts = torch.empty(B, Hkv, len(tiles) * max(1, tile_n // 128), D, dtype=torch.float32, device=dev)
+            v_t, vd = quantize_tensor(v, role="v", block=tile_n, signs=None, mean=None, rotate=False, k_of=k,
+                                      k_parts=parts, k_sample_count=k_sample_count(Nk, tile_n, config.smooth_k_blocks),
+                                      **common)
+            mean = k_mean_from_parts(parts, Nk)
+        elif own:  # V's launch also sums K per block; K's launch then reads K last block first (L2)
+            P = n_tiles * max(1, tile_n // 128)
             if pipe == "v3" and V3_FUSED_MEAN:  # the mean finished in V's launch; scratch from common.workspace
                 parts, counters = _fused_scratch(dev, B, Hkv, P, D)
                 mean = torch.empty(B, Hkv, D, dtype=torch.float32, device=dev)
@@ -1065,8 +1114,8 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Co
                 v_t, vd = quantize_tensor(v, role="v", block=tile_n, signs=None, mean=None, rotate=False, k_of=k,
                                           k_parts=parts, **common)
                 mean = k_mean_from_parts(parts, Nk)
-        else:
-            mean = k_mean(k)  # subtracted from K before its signs (-s for a negative scale)
+        else:  # subtracted from K before its signs (-s for a negative scale)
+            mean = k_mean(k, config.smooth_k_blocks, tile_n)
         mean_eff = -mean if scale < 0 else mean  # the mean of the K the kernel sees, unrotated
         shift = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32, device=dev)
     if v_t is None:

@@ -9,6 +9,12 @@ The recipe (``FP8Config``), in this order, per tensor:
 1. K smoothing (``smooth_k``): K -= mean over tokens of K, per (batch, kv-head, channel), in float32. Every
    score of a query row moves by the same softmax_scale * q . mean, so O is unchanged and the LSE moves by
    that constant (``FP8Inputs.lse_shift``). It removes a channel bias of K that no rotation can.
+   Softmax is invariant to subtracting any per-(batch, kv-head) vector, so the mean may be an estimate:
+   ``smooth_k_blocks`` = m takes the mean over the tokens of m of K's scale blocks (block_n keys each),
+   evenly spaced: tiles floor(j T / m), j = 0..m-1, of the T = cdiv(seqlen_k, block_n) tiles (all of them,
+   i.e. the exact mean, when m >= T; ``k_sample_tiles``). O and the LSE stay exact either way; only the
+   channel bias left in K (and so the e4m3 step) may differ slightly. Why: the exact mean must be known
+   before any K block is quantised, so the GPU pass reads K twice; a sample costs m / T of one read.
 2. Incoherent processing (``rotate``): Q and K times the same R = diag(s) H / sqrt(d), s seeded random signs,
    H a Hadamard matrix of order d applied by the fast Walsh-Hadamard transform: (Q R)(K R)^T = Q K^T, but an
    outlier channel is spread over every channel, so the block's largest magnitude (which sets the step)
@@ -220,6 +226,9 @@ class FP8Config:
 
     granularity: "block" | "head" | "tensor" (module docstring, item 3).
     rotate: random-sign Hadamard on Q and K (FA3 section 3.3). smooth_k: subtract K's mean over tokens.
+    smooth_k_blocks: None (default): that mean over every token; an int m >= 1: over the tokens of m evenly
+        spaced K scale blocks (module docstring, item 1; ``k_sample_tiles``): the same O and LSE, K read once
+        by the GPU pass instead of twice.
     two_level: the kernel accumulates each K/V tile's P V in a fresh accumulator and adds it into the fp32 O
         every ``promote_every`` tiles (True), or keeps one running accumulator for O (False; the FP8 tensor
         core's accumulator keeps fewer mantissa bits than fp32, so O drifts with seqlen_k).
@@ -236,6 +245,7 @@ class FP8Config:
     two_level: bool = True
     promote_every: int | None = None
     seed: int = 0
+    smooth_k_blocks: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.granularity, str) or self.granularity not in GRANULARITIES:
@@ -244,12 +254,14 @@ class FP8Config:
         for name in ("rotate", "smooth_k", "two_level"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"FP8Config.{name} must be a bool, got {getattr(self, name)!r}")
-        for name, low, high in (("promote_every", 1, 2**31 - 1), ("seed", 0, 2**63 - 1)):
+        for name, low, high in (("promote_every", 1, 2**31 - 1), ("seed", 0, 2**63 - 1),
+                                ("smooth_k_blocks", 1, 2**31 - 1)):
             value = getattr(self, name)
-            if name == "promote_every" and value is None:
+            optional = name in ("promote_every", "smooth_k_blocks")
+            if optional and value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-                raise TypeError(f"FP8Config.{name} must be an int{' or None' if name == 'promote_every' else ''}, got {value!r}")
+                raise TypeError(f"FP8Config.{name} must be an int{' or None' if optional else ''}, got {value!r}")
             if not low <= value <= high:
                 raise ValueError(f"FP8Config.{name} must be in [{low}, {high}], got {value}")
 
@@ -375,12 +387,32 @@ def _check(q, k, v, config, softmax_scale) -> float:
     return float(softmax_scale)
 
 
-def k_mean(k: torch.Tensor) -> torch.Tensor:
-    """K's mean over tokens, float32 (batch, num_heads_kv, head_dim) (zeros for seqlen_k = 0): one torch
-    reduction, shared by the torch and the GPU quantiser (its pipeline "v1") so both subtract the same numbers."""
+def k_sample_tiles(seqlen_k: int, block_n: int, blocks: int | None) -> list[int]:
+    """The K tiles (block_n keys each) whose tokens K's smoothing mean is taken over: all
+    T = cdiv(seqlen_k, block_n) tiles for blocks None or >= T, else floor(j T / blocks) for j < blocks (distinct,
+    ascending, evenly spaced; tile 0 always, the last tile - possibly partial - never)."""
+    T = -(-seqlen_k // block_n)
+    if blocks is None or blocks >= T:
+        return list(range(T))
+    return [j * T // blocks for j in range(blocks)]
+
+
+def k_sample_count(seqlen_k: int, block_n: int, blocks: int | None) -> int:
+    """How many tokens ``k_sample_tiles`` covers (seqlen_k for the exact mean)."""
+    return sum(min(block_n, seqlen_k - t * block_n) for t in k_sample_tiles(seqlen_k, block_n, blocks))
+
+
+def k_mean(k: torch.Tensor, blocks: int | None = None, block_n: int = 128) -> torch.Tensor:
+    """K's smoothing mean, float32 (batch, num_heads_kv, head_dim) (zeros for seqlen_k = 0): over every token
+    (blocks None: one torch reduction, shared by the torch and the GPU quantiser's pipeline "v1" so both subtract
+    the same numbers), or over the tokens of ``k_sample_tiles(seqlen_k, block_n, blocks)``."""
     if k.shape[1] == 0:
         return torch.zeros(k.shape[0], k.shape[2], k.shape[3], device=k.device)
-    return k.mean(dim=1, dtype=torch.float32)
+    tiles = k_sample_tiles(k.shape[1], block_n, blocks)
+    if len(tiles) == -(-k.shape[1] // block_n):
+        return k.mean(dim=1, dtype=torch.float32)
+    idx = torch.cat([torch.arange(t * block_n, min((t + 1) * block_n, k.shape[1])) for t in tiles]).to(k.device)
+    return k.index_select(1, idx).mean(dim=1, dtype=torch.float32)
 
 
 _mean_over_tokens = k_mean  # for quantize_fp8_torch, whose keyword k_mean hides the function
@@ -465,7 +497,7 @@ def quantize_fp8_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, con
     k_signs = -signs if scale < 0 else signs  # softmax(c Q K^T) = softmax(|c| Q (-K)^T)
     mean = shift = None
     if config.smooth_k:
-        mean = given_mean if given_mean is not None else _mean_over_tokens(k)
+        mean = given_mean if given_mean is not None else _mean_over_tokens(k, config.smooth_k_blocks, tile_n)
         kf = kf - mean.unsqueeze(1)
         mean = -mean if scale < 0 else mean  # the mean of the K the kernel sees
         shift = smoothing_lse_shift(qf, mean, abs(scale))
