@@ -1,15 +1,19 @@
 """Bandwidth of the FP8 quantisation pass (fa_variants.fp8.quant_kernel) beside a device copy, on the GPU.
 
     source .gpu/env.sh && python3 scripts/fp8_quant_bandwidth.py [--json OUT] [--calls 20] [--pipelines v1,v3]
+        [--recipes default,no-smooth] [--rounds 1]
 
 Per shape, pipeline ("v1": one launch per tensor, one block of loads in flight per CTA, K's mean by torch;
 "v2": three blocks in flight, K's mean summed in V's launch, K's blocks read last first; "v3": v2 with
-coalesced loads through a swizzled shared-memory stage and the blocks walked head fastest; ``quant_kernel``)
-and recipe (default: block scales + Hadamard + K smoothing; "no-smooth": the same without smoothing), one
+coalesced loads through a swizzled shared-memory stage and the blocks walked head fastest; "v3s": v3 with K's
+mean staged with each block's loads, ``quant_kernel.V3_STAGED_MEAN``; ``quant_kernel``) and recipe (default:
+block scales + Hadamard + K smoothing; "no-smooth": the same without smoothing; "sampled8": the default with
+K's mean over 8 evenly spaced K tiles, ``FP8Config(smooth_k_blocks=8)``), one
 call of ``quant_kernel.quantize(..., pipeline=...)`` (what ``quantize_fp8(..., impl="kernel")`` runs):
 
 * ``gpu ms``: GPU time per call with the host out of the way: a ``torch.cuda._sleep`` kernel holds the stream
-  while the host enqueues ``--calls`` calls, and CUDA events time them back to back (launch gaps included).
+  while the host enqueues ``--calls`` calls, and CUDA events time them back to back (launch gaps included);
+  with ``--rounds`` R the median of R such timings, the pipelines taken in a rotated order per round.
   The check that the host finished enqueuing before the sleep ended is printed (``queued``); if it did not,
   the figure is the host's, and says so.
 * ``eager ms``: one call timed alone (events around it, then a sync): what a caller sees, host work included.
@@ -55,8 +59,17 @@ def moved_bytes(q, k, fp8, smooth: bool) -> int:
     return must
 
 
-def mean_ok(got, k, block_n: int) -> bool:
-    """The v2 mean within float32 summation's bound of the float64 mean (the test's bound; see its docstring)."""
+def mean_ok(got, k, block_n: int, blocks: int | None = None) -> bool:
+    """The v2 / v3 mean within float32 summation's bound of the float64 mean (the test's bound; see its
+    docstring) of the tokens it is taken over (``quantize.k_sample_tiles``: all of them unless ``blocks``)."""
+    from fa_variants.fp8.quantize import k_sample_tiles
+
+    tiles = k_sample_tiles(k.shape[1], block_n, blocks)
+    if blocks is not None and len(tiles) < -(-k.shape[1] // block_n):
+        import torch
+
+        idx = torch.cat([torch.arange(t * block_n, min((t + 1) * block_n, k.shape[1])) for t in tiles])
+        k = k[:, idx.to(k.device)]
     Nk = k.shape[1]
     parts = -(-Nk // block_n) * max(1, block_n // 128)
     kd = k.double()
@@ -148,11 +161,41 @@ class Timer:
         return start.elapsed_time(end) / calls, enqueue_ms < sleep_ms
 
 
+# --pipelines label -> (quant_kernel pipeline, quant_kernel switches set for it)
+PIPES = {"v1": ("v1", {}), "v2": ("v2", {}), "v3": ("v3", {}), "v3s": ("v3", {"V3_STAGED_MEAN": True})}
+
+
+def recipes() -> dict:
+    """--recipes name -> FP8Config."""
+    from fa_variants.fp8 import FP8Config
+
+    return {"default": FP8Config(), "no-smooth": FP8Config(smooth_k=False),
+            "sampled8": FP8Config(smooth_k_blocks=8)}
+
+
+def run_with(pipe_label: str, fn):
+    """fn() with the switches of PIPES[pipe_label] set (restored after)."""
+    from fa_variants.fp8 import quant_kernel
+
+    knobs = PIPES[pipe_label][1]
+    saved = {name: getattr(quant_kernel, name) for name in knobs}
+    try:
+        for name, value in knobs.items():
+            setattr(quant_kernel, name, value)
+        return fn()
+    finally:
+        for name, value in saved.items():
+            setattr(quant_kernel, name, value)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", default=None, help="write the rows to this file")
     parser.add_argument("--calls", type=int, default=20, help="calls per timing (default 20)")
-    parser.add_argument("--pipelines", default="v1,v3", help="comma-separated of v1, v2, v3 (default v1,v3)")
+    parser.add_argument("--pipelines", default="v1,v3", help="comma-separated of v1, v2, v3, v3s (default v1,v3)")
+    parser.add_argument("--recipes", default="default,no-smooth",
+                        help="comma-separated of default, no-smooth, sampled8 (default default,no-smooth)")
+    parser.add_argument("--rounds", type=int, default=1, help="timings per row, rotated order (median; default 1)")
     parser.add_argument("--ablation", action="store_true",
                         help="also v3 with one part changed at a time (no coalescing, tile-major order, stages 2, "
                              "no PDL, the fused K mean) and v2, D = 128")
@@ -161,20 +204,24 @@ def main() -> int:
     parser.add_argument("--plan", action="store_true", help="print the shapes and exit (no GPU needed)")
     args = parser.parse_args()
     pipelines = args.pipelines.split(",")
-    if any(p not in ("v1", "v2", "v3") for p in pipelines):
-        parser.error(f"--pipelines: each of v1, v2, v3, got {args.pipelines!r}")
+    if any(p not in PIPES for p in pipelines):
+        parser.error(f"--pipelines: each of {', '.join(PIPES)}, got {args.pipelines!r}")
+    recipe_names = args.recipes.split(",")
+    if any(r not in ("default", "no-smooth", "sampled8") for r in recipe_names):
+        parser.error(f"--recipes: each of default, no-smooth, sampled8, got {args.recipes!r}")
+    if args.rounds < 1:
+        parser.error("--rounds must be >= 1")
     print(BYTE_MODEL)
     if args.plan:
         for name, shape in shapes():
             print(name, "(batch, seqlen_q, seqlen_k, num_heads, num_heads_kv, head_dim) =", shape)
-        print("pipelines:", ", ".join(pipelines), "x recipes: default, no-smooth")
+        print("pipelines:", ", ".join(pipelines), "x recipes:", ", ".join(recipe_names), "x rounds:", args.rounds)
         return 0
 
     import torch
 
-    from fa_variants.fp8 import FP8Config
     from fa_variants.fp8 import quant_kernel
-    from fa_variants.fp8.quantize import quantize_fp8_torch
+    from fa_variants.fp8.quantize import k_sample_count, quantize_fp8_torch
 
     timer = Timer()
     big = torch.empty(2**30, dtype=torch.bfloat16, device="cuda")
@@ -190,30 +237,47 @@ def main() -> int:
         q = torch.randn(B, Nq, H, D, device="cuda", dtype=torch.bfloat16, generator=g)
         k = (torch.randn(B, Nk, Hkv, D, device="cuda", generator=g) + 1).to(torch.bfloat16)
         v = torch.randn(B, Nk, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
-        for pipe in pipelines:
-            for recipe, cfg in (("default", FP8Config()), ("no-smooth", FP8Config(smooth_k=False))):
-                fn = lambda: quant_kernel.quantize(q, k, v, config=cfg, pipeline=pipe)  # noqa: E731
-                out = fn()  # compiles on first use
-                given = out.k_mean if quant_kernel.own_mean(pipe) and cfg.smooth_k else None
-                match = matches(out, quantize_fp8_torch(q, k, v, config=cfg, k_mean=given))
-                if given is not None and not mean_ok(given, k, out.block_n):
-                    match = "DIFF k_mean" if match == "ok" else match + ",k_mean"
-                ms, queued = timer.gpu_ms(fn, args.calls)
-                eager = timer.eager_ms(fn)
-                moved = moved_bytes(q, k, out, cfg.smooth_k)
-                extra = 2 * k.numel() if cfg.smooth_k else 0
-                tbs = moved / ms / 1e9
-                frac = tbs / copy_tbs
-                breakdown = kernel_breakdown(fn) if args.breakdown else ""
-                rows.append({"shape": name, "dims": [B, Nq, Nk, H, Hkv, D], "pipeline": pipe, "recipe": recipe,
-                             "gpu_ms": ms, "eager_ms": eager, "bytes": moved, "extra_bytes_read": extra,
-                             "tb_s": tbs, "of_copy": frac, "queued": queued, "match": match,
-                             "kernels": breakdown})
-                print(f"{name:<11} {pipe:<4} {recipe:<9} {ms:7.4f} {eager:8.4f} {moved / 1e9:6.3f} {tbs:5.2f} "
-                      f"{100 * frac:5.1f}% {extra / 1e9:5.3f}  {'yes' if queued else 'NO (host-bound)'}  {match}",
-                      flush=True)
-                if breakdown:
-                    print(f"    kernels (us, launch order): {breakdown}", flush=True)
+        cells = [(p, r) for p in pipelines for r in recipe_names]
+        times: dict[tuple, list] = {c: [] for c in cells}
+        for pipe, recipe in cells:  # compile (or load) every pass before any timing
+            run_with(pipe, lambda: quant_kernel.quantize(q, k, v, config=recipes()[recipe], pipeline=PIPES[pipe][0]))
+        torch.cuda.synchronize()
+        for rnd in range(args.rounds):  # rotated: each round starts one (pipeline, recipe) later
+            for pipe, recipe in cells[rnd % len(cells):] + cells[:rnd % len(cells)]:
+                cfg = recipes()[recipe]
+                fn = lambda: quant_kernel.quantize(q, k, v, config=cfg, pipeline=PIPES[pipe][0])  # noqa: E731
+                times[pipe, recipe].append(run_with(pipe, lambda: timer.gpu_ms(fn, args.calls)))
+        for pipe, recipe in cells:
+            cfg = recipes()[recipe]
+            base = PIPES[pipe][0]
+
+            def fn():
+                return run_with(pipe, lambda: quant_kernel.quantize(q, k, v, config=cfg, pipeline=base))
+
+            out = fn()
+            given = out.k_mean if quant_kernel.own_mean(base) and cfg.smooth_k else None
+            match = matches(out, quantize_fp8_torch(q, k, v, config=cfg, k_mean=given))
+            if given is not None and not mean_ok(given, k, out.block_n, cfg.smooth_k_blocks):
+                match = "DIFF k_mean" if match == "ok" else match + ",k_mean"
+            ms = statistics.median(t for t, _ in times[pipe, recipe])
+            queued = all(qd for _, qd in times[pipe, recipe])
+            eager = timer.eager_ms(fn)
+            moved = moved_bytes(q, k, out, cfg.smooth_k)
+            # K's second read: all of K for the exact mean, the sample tiles for a sampled one (v1: torch's read)
+            extra = 2 * k.numel() * k_sample_count(Nk, out.block_n, cfg.smooth_k_blocks) // max(1, Nk) \
+                if cfg.smooth_k else 0
+            tbs = moved / ms / 1e9
+            frac = tbs / copy_tbs
+            breakdown = kernel_breakdown(fn) if args.breakdown else ""
+            rows.append({"shape": name, "dims": [B, Nq, Nk, H, Hkv, D], "pipeline": pipe, "recipe": recipe,
+                         "gpu_ms": ms, "eager_ms": eager, "bytes": moved, "extra_bytes_read": extra,
+                         "tb_s": tbs, "of_copy": frac, "queued": queued, "match": match,
+                         "kernels": breakdown})
+            print(f"{name:<11} {pipe:<4} {recipe:<9} {ms:7.4f} {eager:8.4f} {moved / 1e9:6.3f} {tbs:5.2f} "
+                  f"{100 * frac:5.1f}% {extra / 1e9:5.3f}  {'yes' if queued else 'NO (host-bound)'}  {match}",
+                  flush=True)
+            if breakdown:
+                print(f"    kernels (us, launch order): {breakdown}", flush=True)
         del q, k, v
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
@@ -236,7 +300,7 @@ def main() -> int:
 ABLATION = {"v3": ("v3", {}), "v3 no coalesced": ("v3", {"V3_COALESCED": False}),
             "v3 tile-major": ("v3", {"V3_HEAD_MAJOR": False}), "v3 stages 2": ("v3", {"V2_STAGES": 2}),
             "v3 no PDL": ("v3", {"V2_PDL": False}), "v3 + fused mean": ("v3", {"V3_FUSED_MEAN": True}),
-            "v2": ("v2", {})}
+            "v3 + staged mean": ("v3", {"V3_STAGED_MEAN": True}), "v2": ("v2", {})}
 
 
 def ablation(timer, copy_tbs: float, rows: list[dict], calls: int) -> None:
@@ -295,6 +359,13 @@ def summarise(rows: list[dict], copy_tbs: float, pipelines: list[str]) -> int:
               f"worst {100 * worst['of_copy']:.1f}% at {worst['shape']} {worst['recipe']}; copy {copy_tbs:.2f} "
               f"TB/s; all rows match the torch recipe: {all(r['match'] == 'ok' for r in mine)})")
         rc = 0 if ok else 1
+        for recipe in dict.fromkeys(r["recipe"] for r in mine):
+            part = [r for r in mine if r["recipe"] == recipe]
+            ok_r = all(r["match"] == "ok" and r["queued"] and r["of_copy"] >= TARGET for r in part)
+            worst = min(part, key=lambda r: r["of_copy"])
+            print(f"SUMMARY fp8_quant_bandwidth {p} {recipe}: {'PASS' if ok_r else 'FAIL'} (worst "
+                  f"{100 * worst['of_copy']:.1f}% at {worst['shape']}; "
+                  + ", ".join(f"{r['shape']} {100 * r['of_copy']:.1f}%" for r in part) + ")")
     return rc
 
 

@@ -15,11 +15,21 @@ import concurrent.futures as cf
 import time
 
 RECIPES = ("default", "no-smooth", "head", "head-smooth", "tensor-plain")
+# scripts/quant4_gpu.sh's set (--set quant4): v3 (the new default) and v1 (the old) in the bandwidth table and the
+# tests it runs, v3 with the staged mean (V3_STAGED_MEAN) and the sampled mean (FP8Config(smooth_k_blocks=8))
 HEAD_DIMS = (64, 128, 256)
 
 
-def tasks() -> list[tuple[str, str, int, str]]:
-    """(pipeline, dtype, head_dim, recipe): the superset of the test matrix (CASES) and the bandwidth script."""
+def tasks(which: str = "quant3") -> list[tuple[str, str, int, str]]:
+    """(pipeline, dtype, head_dim, recipe): the superset of the test matrix (CASES) and the bandwidth script
+    (which "quant3"), or what scripts/quant4_gpu.sh runs (which "quant4")."""
+    if which == "quant4":
+        out = []
+        for d in HEAD_DIMS:
+            out += [("v1", "bf16", d, r) for r in ("default", "no-smooth", "sampled8")]
+            out += [("v3", "bf16", d, r) for r in ("default", "no-smooth", "head-smooth", "tensor-plain", "sampled8")]
+            out += [("v3", "bf16", d, f"{r}+stagedmean") for r in ("default", "head-smooth", "sampled8")]
+        return out
     out = []
     for d in HEAD_DIMS:
         # v2: the default recipe only (tests/test_fp8_quant_kernel.py::test_v3_equals_v2_bitwise, the ablation;
@@ -36,7 +46,8 @@ def tasks() -> list[tuple[str, str, int, str]]:
 
 # fp8_quant_bandwidth.py --ablation's variants of v3 (quant_kernel's module switches)
 ABLATION_KNOBS = {"nocoalesced": {"V3_COALESCED": False}, "tilemajor": {"V3_HEAD_MAJOR": False},
-                  "stages2": {"V2_STAGES": 2}, "nopdl": {"V2_PDL": False}, "fusedmean": {"V3_FUSED_MEAN": True}}
+                  "stages2": {"V2_STAGES": 2}, "nopdl": {"V2_PDL": False}, "fusedmean": {"V3_FUSED_MEAN": True},
+                  "stagedmean": {"V3_STAGED_MEAN": True}}
 
 
 def config_of(recipe: str):
@@ -44,7 +55,8 @@ def config_of(recipe: str):
 
     return {"default": FP8Config(), "no-smooth": FP8Config(smooth_k=False),
             "head": FP8Config(granularity="head", smooth_k=False), "head-smooth": FP8Config(granularity="head"),
-            "tensor-plain": FP8Config(granularity="tensor", rotate=False, smooth_k=False)}[recipe]
+            "tensor-plain": FP8Config(granularity="tensor", rotate=False, smooth_k=False),
+            "sampled8": FP8Config(smooth_k_blocks=8)}[recipe]
 
 
 def run(task: tuple[str, str, int, str]) -> str:
@@ -60,7 +72,8 @@ def run(task: tuple[str, str, int, str]) -> str:
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     t0 = time.perf_counter()
     q = torch.randn(1, 130, 2, d, device="cuda").to(dt)
-    k = torch.randn(1, 300, 1, d, device="cuda").to(dt)
+    # a sampled mean takes V's sample-only launch when the tiles outnumber the sample (8 of >= 11 tiles here)
+    k = torch.randn(1, 2600 if recipe.startswith("sampled") else 300, 1, d, device="cuda").to(dt)
     try:
         for name, value in knobs.items():
             setattr(quant_kernel, name, value)
@@ -77,8 +90,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=14)
     parser.add_argument("--plan", action="store_true", help="list the tasks and exit (no GPU needed)")
+    parser.add_argument("--set", default="quant3", choices=("quant3", "quant4"),
+                        help="which script's passes (default quant3)")
     args = parser.parse_args()
-    todo = tasks()
+    todo = tasks(args.set)
     if args.plan:
         print("\n".join("/".join(map(str, t)) for t in todo))
         return 0

@@ -1,11 +1,14 @@
-"""Small quantisation calls of pipeline v3 (and its fused K mean) for compute-sanitizer (scripts/quant3_gpu.sh):
+"""Small quantisation calls of pipeline v3 (and its variants) for compute-sanitizer (scripts/quant3_gpu.sh, quant4):
 
-    compute-sanitizer --tool racecheck --error-exitcode 9 python3 scripts/quant_sanitize.py
+    compute-sanitizer --tool racecheck --error-exitcode 9 python3 scripts/quant_sanitize.py [--set quant4]
 
-v3 shares each shared-memory stage between threads (coalesced loads, a barrier, reads by other threads) and
-the fused mean adds a cross-CTA counter: racecheck / synccheck look at those. Shapes: GQA, batch 2, odd
-lengths (tails), D 64 / 128 / 256; each call checked against the torch recipe given the call's K mean. Prints
-"CALLS n FAILED m"; exit status 1 if a call differed.
+v3 shares each shared-memory stage between threads (coalesced loads, a barrier, reads by other threads), the
+fused mean adds a cross-CTA counter, the staged mean (``V3_STAGED_MEAN``) a per-stage mean buffer filled by
+cp.async and by the prologue's plain stores, the sampled mean (``FP8Config(smooth_k_blocks=2)``) V's launch over
+K's sample tiles: racecheck / synccheck look at those. Sets: "quant3" (default): v3 and v3 + fused mean; "quant4":
+v3 + staged mean, and + the sampled mean. Shapes: GQA, batch 2, odd lengths (tails), D 64 / 128 / 256; each call
+checked against the torch recipe given the call's K mean. Prints "CALLS n FAILED m"; exit status 1 if a call
+differed.
 """
 from __future__ import annotations
 
@@ -13,29 +16,38 @@ from __future__ import annotations
 def main() -> int:
     import argparse
 
-    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--set", default="quant3", choices=("quant3", "quant4"))
+    args = parser.parse_args()
     import torch
 
+    from fa_variants.fp8 import FP8Config
     from fa_variants.fp8 import quant_kernel as qk
     from fa_variants.fp8.quantize import quantize_fp8_torch
 
+    # (label, quant_kernel switches, config, seqlen_k)
+    variants = {"quant3": [("fused_mean=False", {"V3_FUSED_MEAN": False}, FP8Config(), 257),
+                           ("fused_mean=True", {"V3_FUSED_MEAN": True}, FP8Config(), 257)],
+                "quant4": [("staged_mean", {"V3_STAGED_MEAN": True}, FP8Config(), 257),
+                           ("staged_mean+sampled2", {"V3_STAGED_MEAN": True}, FP8Config(smooth_k_blocks=2), 1100)]}
     calls = failed = 0
-    for fused in (False, True):
-        qk.V3_FUSED_MEAN = fused
+    for label, knobs, config, nk in variants[args.set]:
+        for name, value in knobs.items():
+            setattr(qk, name, value)
         for d in qk.HEAD_DIMS:
             g = torch.Generator(device="cuda").manual_seed(d)
             q = torch.randn(2, 300, 8, d, device="cuda", generator=g).to(torch.bfloat16)
-            k = (torch.randn(2, 257, 2, d, device="cuda", generator=g) + 1).to(torch.bfloat16)
-            v = torch.randn(2, 257, 2, d, device="cuda", generator=g).to(torch.bfloat16)
-            got = qk.quantize(q, k, v, pipeline="v3")
-            ref = quantize_fp8_torch(q, k, v, k_mean=got.k_mean)
+            k = (torch.randn(2, nk, 2, d, device="cuda", generator=g) + 1).to(torch.bfloat16)
+            v = torch.randn(2, nk, 2, d, device="cuda", generator=g).to(torch.bfloat16)
+            got = qk.quantize(q, k, v, config=config, pipeline="v3")
+            ref = quantize_fp8_torch(q, k, v, config=config, k_mean=got.k_mean)
             same = all(torch.equal(getattr(got, n).view(torch.uint8), getattr(ref, n).view(torch.uint8))
                        for n in ("q", "k", "v_t"))
             same = same and all(torch.equal(getattr(got, n), getattr(ref, n))
                                 for n in ("q_descale", "k_descale", "v_descale"))
             calls += 1
             failed += not same
-            print(f"v3 fused_mean={fused} D={d}: {'ok' if same else 'DIFF'}", flush=True)
+            print(f"v3 {label} D={d}: {'ok' if same else 'DIFF'}", flush=True)
     print(f"CALLS {calls} FAILED {failed}")
     return 1 if failed else 0
 

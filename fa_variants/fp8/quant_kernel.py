@@ -123,6 +123,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os as _os
 
 import torch
 
@@ -179,8 +180,9 @@ V3_FUSED_MEAN = False
 #: v3: K's mean, which the smoothed K pass and Q's pass (the LSE shift) read per block, cp.async'd with the block's
 #: stage into a mean buffer per stage (``PassConfig.staged_mean``) instead of a global load + a barrier per block
 #: (the load's latency, ~1 us, is then exposed once per block in a CTA alone on its SM). The same operations:
-#: outputs bit for bit v3's. Off until measured (scripts/quant4_gpu.sh)
-V3_STAGED_MEAN = False
+#: outputs bit for bit v3's. Off until measured (scripts/quant4_gpu.sh); FA_VARIANTS_FP8_QUANT_STAGED_MEAN=1 (read
+#: at import) turns it on
+V3_STAGED_MEAN = _os.environ.get("FA_VARIANTS_FP8_QUANT_STAGED_MEAN", "0") == "1"
 
 
 @dsl_user_op
