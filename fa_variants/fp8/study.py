@@ -12,6 +12,7 @@ attention output O against float64 attention on the same (fp16) inputs, for thes
   block+H          block + Hadamard                                (FA3's FP8 row of Table 3)
   block+H+smoothK  + K minus its mean over tokens: the default recipe, two-level accumulation on
   single-acc       the default recipe with two-level accumulation off (one running FP8-MMA accumulator)
+  smoothK-sample8  the default recipe with K's mean taken over 8 evenly spaced K tiles (FP8Config.smooth_k_blocks)
 
 each as RMSE, relative L2, max |error| and cosine similarity of O. Inputs (``sweep_cases``): the paper's
 outlier distribution N(0,1) + N(0,100) * Bernoulli(p) in q, k, v over p; the long-context drift (seqlen_k
@@ -80,6 +81,7 @@ METHODS: dict[str, Method] = {
     "block+H": Method("fp8 block+Hadamard", "fp8", config=FP8Config(rotate=True, smooth_k=False)),
     "block+H+smoothK": Method("fp8 +smooth K (default, two-level)", "fp8", config=FP8Config()),
     "single-acc": Method("fp8 default, one accumulator", "fp8", config=FP8Config(two_level=False)),
+    "smoothK-sample8": Method("fp8 default, K mean over 8 tiles", "fp8", config=FP8Config(smooth_k_blocks=8)),
 }
 
 DISTRIBUTIONS = {
