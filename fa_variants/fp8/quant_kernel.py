@@ -962,7 +962,7 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
                     k_parts: torch.Tensor | None = None, pdl: bool = False, coalesced: bool = False,
                     head_major: bool = False, k_count: torch.Tensor | None = None,
                     k_mean_out: torch.Tensor | None = None, staged_mean: bool = False,
-                    k_sample_count: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    k_sample_tokens: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One tensor through the pass: (e4m3 data (like x, or v_t for role "v"), descale (B, H, T) float32).
 
     x: (B, N, H, D) float16 / bfloat16 CUDA; block: rows per scale block; signs: float32 (D,) on x's device
@@ -977,7 +977,7 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
     holds only one). k_count, k_mean_out (with k_of): int32 (B * H,) zeros, left zero (``workspace``
     counters), and float32 (B, H, D): K's mean finished in the same launch (``PassConfig.fused_mean``).
     staged_mean: K's mean (smoothing or the shift) cp.async'd with each block's stage (``PassConfig.staged_mean``;
-    with coalesced only, ignored otherwise). k_sample_count (with k_of, not the fused mean): K's sums over
+    with coalesced only, ignored otherwise). k_sample_tokens (with k_of, not the fused mean): K's sums over
     ``quantize.k_sample_tiles`` only, m = k_parts.shape[2] / max(1, block / 128) tiles, covering this many tokens
     (``PassConfig.k_sample``; m * cdiv(N, block) < 2^31)."""
     B, N, H, D = x.shape
@@ -1006,9 +1006,9 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
     if fused:
         mean_t = k_mean_out
     if k_of is not None:  # the kernel's scale argument: float32(1 / tokens summed) for K's partial sums
-        shift_scale = 1.0 / (N if k_sample_count is None else k_sample_count)
+        shift_scale = 1.0 / (N if k_sample_tokens is None else k_sample_tokens)
     total = B * H * T_blocks
-    k_items = total if k_sample_count is None else B * H * (k_parts.shape[2] // max(1, block // 128))
+    k_items = total if k_sample_tokens is None else B * H * (k_parts.shape[2] // max(1, block // 128))
 
     def launch(mode: str) -> None:
         kmean = k_of is not None and mode != "given"
@@ -1017,7 +1017,7 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
                          stages=stages, kmean=kmean, reverse=reverse, pdl=pdl, coalesced=coalesced,
                          head_major=head_major, fused_mean=fused and kmean,
                          staged_mean=staged_mean and coalesced and (smooth or with_shift),
-                         k_sample=kmean and k_sample_count is not None)
+                         k_sample=kmean and k_sample_tokens is not None)
         fn, ctas = _pass(dev, x.dtype, D, cfg)
         fn(x, y, descale, signs, mean_t, shift_t, k_t, parts_t, count_t, shift_scale,
            min(ctas, total + (k_items if kmean else 0)))
@@ -1099,8 +1099,8 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Co
         if own and sampled:  # V's launch also sums K's sample tiles (m / T of one read of K)
             parts = torch.empty(B, Hkv, len(tiles) * max(1, tile_n // 128), D, dtype=torch.float32, device=dev)
             v_t, vd = quantize_tensor(v, role="v", block=tile_n, signs=None, mean=None, rotate=False, k_of=k,
-                                      k_parts=parts, k_sample_count=k_sample_count(Nk, tile_n, config.smooth_k_blocks),
-                                      **common)
+                                      k_parts=parts, **common,
+                                      k_sample_tokens=k_sample_count(Nk, tile_n, config.smooth_k_blocks))
             mean = k_mean_from_parts(parts, Nk)
         elif own:  # V's launch also sums K per block; K's launch then reads K last block first (L2)
             P = n_tiles * max(1, tile_n // 128)
