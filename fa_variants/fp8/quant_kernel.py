@@ -112,6 +112,14 @@ computed (its outputs equal v2's bit for bit):
   last block adds that head's partials in a fixed order (``QuantPass.mean_if_last``): one launch fewer, K's
   pass may start under V's tail (PDL), at the price of a release fence per K block. Its mean is another
   summation order than v2's (outputs equal the torch recipe's given that mean, not v2's).
+* Optional (``V3_STAGED_MEAN``, off until measured; ``PassConfig.staged_mean``): the smoothed K pass and Q's shift
+  pass get K's mean with each block's stage (a 16-byte cp.async by D / 4 threads into a mean buffer per stage,
+  committed with the block's loads; the prologue's blocks by plain loads after the PDL wait) instead of a global
+  load and a barrier at the start of every block, whose latency a CTA alone on its SM (512 threads at D 128 / 256)
+  cannot hide. The same operations: outputs equal v3's bit for bit.
+* Sampled mean (``FP8Config.smooth_k_blocks``; ``PassConfig.k_sample``): V's launch sums only K's sample tiles
+  (``quantize.k_sample_tiles``), work items j -> ``k_sample_item``, partials at ``k_sample_slot``, times
+  float32(1 / the sampled tokens): K is read once in all (plus m / T of it), not twice.
 
 Blocks of more than ``MAX_BLOCK`` values (rows * head_dim > 32768, e.g. tile_n 256 at head_dim 256) do not
 fit one CTA's registers: ``why_not`` says so and ``quantize_fp8`` uses the torch path there, as for head_dim
