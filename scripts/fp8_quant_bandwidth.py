@@ -6,7 +6,8 @@
 Per shape, pipeline ("v1": one launch per tensor, one block of loads in flight per CTA, K's mean by torch;
 "v2": three blocks in flight, K's mean summed in V's launch, K's blocks read last first; "v3": v2 with
 coalesced loads through a swizzled shared-memory stage and the blocks walked head fastest; "v3s": v3 with K's
-mean staged with each block's loads, ``quant_kernel.V3_STAGED_MEAN``; ``quant_kernel``) and recipe (default:
+mean staged with each block's loads, ``quant_kernel.V3_STAGED_MEAN``; "v3sf": v3s with K's mean finished in V's
+launch, ``V3_FUSED_MEAN``; ``quant_kernel``) and recipe (default:
 block scales + Hadamard + K smoothing; "no-smooth": the same without smoothing; "sampled8": the default with
 K's mean over 8 evenly spaced K tiles, ``FP8Config(smooth_k_blocks=8)``), one
 call of ``quant_kernel.quantize(..., pipeline=...)`` (what ``quantize_fp8(..., impl="kernel")`` runs):
@@ -162,7 +163,8 @@ class Timer:
 
 
 # --pipelines label -> (quant_kernel pipeline, quant_kernel switches set for it)
-PIPES = {"v1": ("v1", {}), "v2": ("v2", {}), "v3": ("v3", {}), "v3s": ("v3", {"V3_STAGED_MEAN": True})}
+PIPES = {"v1": ("v1", {}), "v2": ("v2", {}), "v3": ("v3", {}), "v3s": ("v3", {"V3_STAGED_MEAN": True}),
+         "v3sf": ("v3", {"V3_STAGED_MEAN": True, "V3_FUSED_MEAN": True})}
 
 
 def recipes() -> dict:
@@ -192,7 +194,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", default=None, help="write the rows to this file")
     parser.add_argument("--calls", type=int, default=20, help="calls per timing (default 20)")
-    parser.add_argument("--pipelines", default="v1,v3", help="comma-separated of v1, v2, v3, v3s (default v1,v3)")
+    parser.add_argument("--pipelines", default="v1,v3", help="comma-separated of v1, v2, v3, v3s, v3sf (default v1,v3)")
     parser.add_argument("--recipes", default="default,no-smooth",
                         help="comma-separated of default, no-smooth, sampled8 (default default,no-smooth)")
     parser.add_argument("--rounds", type=int, default=1, help="timings per row, rotated order (median; default 1)")

@@ -16,7 +16,8 @@ import time
 
 RECIPES = ("default", "no-smooth", "head", "head-smooth", "tensor-plain")
 # scripts/quant4_gpu.sh's set (--set quant4): v3 (the new default) and v1 (the old) in the bandwidth table and the
-# tests it runs, v3 with the staged mean (V3_STAGED_MEAN) and the sampled mean (FP8Config(smooth_k_blocks=8))
+# tests it runs, v3 with the staged mean (V3_STAGED_MEAN, + the fused mean) and the sampled mean
+# (FP8Config(smooth_k_blocks=8))
 HEAD_DIMS = (64, 128, 256)
 
 
@@ -29,6 +30,7 @@ def tasks(which: str = "quant3") -> list[tuple[str, str, int, str]]:
             out += [("v1", "bf16", d, r) for r in ("default", "no-smooth", "sampled8")]
             out += [("v3", "bf16", d, r) for r in ("default", "no-smooth", "head-smooth", "tensor-plain", "sampled8")]
             out += [("v3", "bf16", d, f"{r}+stagedmean") for r in ("default", "head-smooth", "sampled8")]
+            out += [("v3", "bf16", d, f"{r}+stagedfused") for r in ("default", "sampled8")]
         return out
     out = []
     for d in HEAD_DIMS:
@@ -47,7 +49,8 @@ def tasks(which: str = "quant3") -> list[tuple[str, str, int, str]]:
 # fp8_quant_bandwidth.py --ablation's variants of v3 (quant_kernel's module switches)
 ABLATION_KNOBS = {"nocoalesced": {"V3_COALESCED": False}, "tilemajor": {"V3_HEAD_MAJOR": False},
                   "stages2": {"V2_STAGES": 2}, "nopdl": {"V2_PDL": False}, "fusedmean": {"V3_FUSED_MEAN": True},
-                  "stagedmean": {"V3_STAGED_MEAN": True}}
+                  "stagedmean": {"V3_STAGED_MEAN": True},
+                  "stagedfused": {"V3_STAGED_MEAN": True, "V3_FUSED_MEAN": True}}
 
 
 def config_of(recipe: str):

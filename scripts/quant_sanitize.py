@@ -6,7 +6,7 @@ v3 shares each shared-memory stage between threads (coalesced loads, a barrier, 
 fused mean adds a cross-CTA counter, the staged mean (``V3_STAGED_MEAN``) a per-stage mean buffer filled by
 cp.async and by the prologue's plain stores, the sampled mean (``FP8Config(smooth_k_blocks=2)``) V's launch over
 K's sample tiles: racecheck / synccheck look at those. Sets: "quant3" (default): v3 and v3 + fused mean; "quant4":
-v3 + staged mean, and + the sampled mean. Shapes: GQA, batch 2, odd lengths (tails), D 64 / 128 / 256; each call
+v3 + staged mean, + the sampled mean, + the fused mean over the sample. Shapes: GQA, batch 2, odd lengths (tails), D 64 / 128 / 256; each call
 checked against the torch recipe given the call's K mean. Prints "CALLS n FAILED m"; exit status 1 if a call
 differed.
 """
@@ -29,7 +29,9 @@ def main() -> int:
     variants = {"quant3": [("fused_mean=False", {"V3_FUSED_MEAN": False}, FP8Config(), 257),
                            ("fused_mean=True", {"V3_FUSED_MEAN": True}, FP8Config(), 257)],
                 "quant4": [("staged_mean", {"V3_STAGED_MEAN": True}, FP8Config(), 257),
-                           ("staged_mean+sampled2", {"V3_STAGED_MEAN": True}, FP8Config(smooth_k_blocks=2), 1100)]}
+                           ("staged_mean+sampled2", {"V3_STAGED_MEAN": True}, FP8Config(smooth_k_blocks=2), 1100),
+                           ("staged+fused_mean+sampled2", {"V3_STAGED_MEAN": True, "V3_FUSED_MEAN": True},
+                            FP8Config(smooth_k_blocks=2), 1100)]}
     calls = failed = 0
     for label, knobs, config, nk in variants[args.set]:
         for name, value in knobs.items():

@@ -30,7 +30,9 @@ PASSES = [qk.PassConfig(shift=True), qk.PassConfig(smooth=True), qk.PassConfig(r
           qk.PassConfig(smooth=True, stages=3, reverse=True, pdl=True, coalesced=True, head_major=True,
                         staged_mean=True),
           # V's launch summing K's sample tiles only (FP8Config.smooth_k_blocks)
-          qk.PassConfig(role="v", rotate=False, stages=3, kmean=True, coalesced=True, head_major=True, k_sample=True)]
+          qk.PassConfig(role="v", rotate=False, stages=3, kmean=True, coalesced=True, head_major=True, k_sample=True),
+          qk.PassConfig(role="v", rotate=False, stages=3, kmean=True, coalesced=True, head_major=True, k_sample=True,
+                        fused_mean=True)]
 
 
 @pytest.fixture
@@ -116,7 +118,7 @@ def test_compile_cli_and_refusals(compile_cli):
     with pytest.raises(ValueError, match="bad pass config"):  # coalesced refills a stage others read: >= 2
         qk.PassConfig(stages=1, coalesced=True).check(128)
     with pytest.raises(ValueError, match="sampled K mean rides"):
-        qk.PassConfig(role="v", rotate=False, stages=3, kmean=True, fused_mean=True, k_sample=True).check(128)
+        qk.PassConfig(role="v", rotate=False, stages=3, k_sample=True).check(128)
     with pytest.raises(ValueError, match="staged mean rides"):  # no mean to stage / no stages to ride on
         qk.PassConfig(stages=3, coalesced=True, staged_mean=True).check(128)
     with pytest.raises(ValueError, match="staged mean rides"):
@@ -352,16 +354,19 @@ def test_v3_staged_mean_bitwise(monkeypatch, head_dim, config):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("head_dim", qk.HEAD_DIMS)
-@pytest.mark.parametrize("pipeline", ["v1", "v3", "v3+staged"])
+@pytest.mark.parametrize("pipeline", ["v1", "v3", "v3+staged", "v3+staged+fused"])
 def test_sampled_k_mean(monkeypatch, head_dim, pipeline):
     """FP8Config(smooth_k_blocks=m): K's mean over the tokens of m evenly spaced K tiles. v1 takes it from torch
     (``quantize.k_mean``: equal bit for bit); v3 sums the sample tiles in V's launch (``PassConfig.k_sample``:
     within float32 summation's bound of the float64 mean of exactly those tokens, far from the full mean); every
     other output equals the torch recipe's given that mean bit for bit. m < T with a partial last tile, m >= T
-    (the exact mean), GQA, batch > 1, a negative scale; "v3+staged" also stages the mean (``V3_STAGED_MEAN``)."""
+    (the exact mean), GQA, batch > 1, a negative scale; "+staged" also stages the mean (``V3_STAGED_MEAN``),
+    "+fused" finishes it in V's launch (``V3_FUSED_MEAN``: the counters count the sample tiles; two calls in a
+    row give the same mean, so the counters were left at zero)."""
     from fa_variants.fp8.quantize import k_sample_tiles
 
-    monkeypatch.setattr(qk, "V3_STAGED_MEAN", pipeline.endswith("+staged"))
+    monkeypatch.setattr(qk, "V3_STAGED_MEAN", "+staged" in pipeline)
+    monkeypatch.setattr(qk, "V3_FUSED_MEAN", "+fused" in pipeline)
     pipe = pipeline.split("+")[0]
     g = torch.Generator(device="cuda").manual_seed(7 * head_dim)
     B, Nq, Nk, H, Hkv = 2, 300, 3001, 8, 2
@@ -373,6 +378,8 @@ def test_sampled_k_mean(monkeypatch, head_dim, pipeline):
         config = FP8Config(smooth_k_blocks=blocks)
         torch.full((1 << 24,), float("nan"), device="cuda")  # freed at once: torch.empty may hand it out again
         gpu = qk.quantize(q, k, v, config=config, softmax_scale=scale, pipeline=pipe)
+        again = qk.quantize(q, k, v, config=config, softmax_scale=scale, pipeline=pipe)
+        assert torch.equal(gpu.k_mean, again.k_mean)  # deterministic (and the fused mean's counters reset)
         mean = gpu.k_mean if scale is None else -gpu.k_mean
         tiles = k_sample_tiles(Nk, gpu.block_n, blocks)
         tokens = torch.cat([torch.arange(t * gpu.block_n, min((t + 1) * gpu.block_n, Nk)) for t in tiles])

@@ -309,8 +309,8 @@ class PassConfig:
                              "rows <= 128 or a multiple of 128)")
         if self.fused_mean and not self.kmean:
             raise ValueError("fp8-quant: the fused mean finishes K's partial sums (kmean)")
-        if self.k_sample and not (self.kmean and not self.fused_mean):
-            raise ValueError("fp8-quant: a sampled K mean rides on V's launch (kmean, without the fused mean)")
+        if self.k_sample and not self.kmean:
+            raise ValueError("fp8-quant: a sampled K mean rides on V's launch (kmean)")
         if self.staged_mean and not (self.coalesced and (self.smooth or self.shift)):
             raise ValueError("fp8-quant: the staged mean rides on the coalesced stages of a pass that reads K's "
                              "mean (smooth or shift)")
@@ -533,7 +533,9 @@ class QuantPass:
                 if is_k:
                     self.k_partial_sums(x, mPart, scale, batch, head, tile, tidx, n_tiles, n_sample)
                     if const_expr(self.cfg.fused_mean):
-                        self.mean_if_last(mPart, mMean, mCount, storage, batch, head, heads, n_tiles, tidx)
+                        # the last of the head's n_tiles blocks (k_sample: of its n_sample sample tiles)
+                        n_count = n_sample if const_expr(self.cfg.k_sample) else n_tiles
+                        self.mean_if_last(mPart, mMean, mCount, storage, batch, head, heads, n_count, tidx)
                 else:
                     self.finish_block(x, mX, mY, mDescale, red, parity, batch, head, tile, tidx)
             else:
@@ -591,7 +593,8 @@ class QuantPass:
     def mean_if_last(self, mPart: cute.Tensor, mMean: cute.Tensor, mCount: cute.Tensor, storage, batch: Int32,
                      head: Int32, heads: Int32, n_tiles: Int32, tidx: Int32):
         """fused_mean, after a K block's partial sums are stored: count the block at its (batch, kv-head)'s
-        counter; the CTA that counts the last of the n_tiles blocks writes K's mean of that (batch, kv-head):
+        counter; the CTA that counts the last of the n_tiles blocks (``k_sample``: the n_sample sample tiles, the
+        argument's value then) writes K's mean of that (batch, kv-head):
         thread (g, c) (g < G = threads / D) adds the partials g, g + G, ... of channel c in order, then thread
         c adds the G group sums in order (deterministic; summation depth P / G + G - 1 <= P, the partials
         already divided by seqlen_k) into mMean[batch, head, c], and resets the counter to 0 (self-cleaning).
@@ -1105,11 +1108,20 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Co
         # v2 / v3 sum K's mean in V's launch, but for a sample too large for the kernel's int32 tile arithmetic
         own = staged and not (sampled and len(tiles) * n_tiles >= 2**31)
         if own and sampled:  # V's launch also sums K's sample tiles (m / T of one read of K)
-            parts = torch.empty(B, Hkv, len(tiles) * max(1, tile_n // 128), D, dtype=torch.float32, device=dev)
-            v_t, vd = quantize_tensor(v, role="v", block=tile_n, signs=None, mean=None, rotate=False, k_of=k,
-                                      k_parts=parts, **common,
-                                      k_sample_tokens=k_sample_count(Nk, tile_n, config.smooth_k_blocks))
-            mean = k_mean_from_parts(parts, Nk)
+            P = len(tiles) * max(1, tile_n // 128)
+            sample = dict(k_sample_tokens=k_sample_count(Nk, tile_n, config.smooth_k_blocks))
+            if pipe == "v3" and V3_FUSED_MEAN:  # ... and finishes the mean (the last sample tile of a head)
+                parts, counters = _fused_scratch(dev, B, Hkv, P, D)
+                mean = torch.empty(B, Hkv, D, dtype=torch.float32, device=dev)
+                v_t, vd = quantize_tensor(v, role="v", block=tile_n, signs=None, mean=None, rotate=False, k_of=k,
+                                          k_parts=parts, k_count=counters, k_mean_out=mean, **common, **sample)
+                if B * Hkv == 0:
+                    mean.zero_()
+            else:
+                parts = torch.empty(B, Hkv, P, D, dtype=torch.float32, device=dev)
+                v_t, vd = quantize_tensor(v, role="v", block=tile_n, signs=None, mean=None, rotate=False, k_of=k,
+                                          k_parts=parts, **common, **sample)
+                mean = k_mean_from_parts(parts, Nk)
         elif own:  # V's launch also sums K per block; K's launch then reads K last block first (L2)
             P = n_tiles * max(1, tile_n // 128)
             if pipe == "v3" and V3_FUSED_MEAN:  # the mean finished in V's launch; scratch from common.workspace
