@@ -39,8 +39,10 @@ Session 6 (``auto`` is then one-tile splits + PDL at 2-8 splits, ``hopper.fa3.SP
 
 * ``old``         `auto` before session 6 (two-tile splits at least, no PDL);
 * ``warp``        the merge kernel with the LSEs in registers (``common.split_combine.MERGE_WARP``);
-* ``dualauto``    two CTAs per SM for B x Hkv >= 64 at Nk <= 4k (``DECODE_TILES_CHOICE`` "auto");
-* ``wide``        packed rows of seqlen_q > 1 in 128-row tiles when 64 are too few (``PACK_WIDE``);
+* ``dualauto``    two CTAs per SM for B x Hkv >= ``DUAL_MIN_CTAS`` at Nk <= 4k (``DECODE_TILES_CHOICE`` "auto",
+                  the default since the decode5 run: 512, 64 in that run);
+* ``wide``        packed rows of seqlen_q > 1 in 128-row tiles whenever 64 are too few (``PACK_WIDE`` True;
+                  the default None takes them by ``wide_helps``);
 * ``wide+warp``, ``cand`` (dualauto + wide + warp): together.
 
 ``--wins`` adds ``WINS``: shapes ours already wins (split at seqlen_q 4 / 16, or unsplit at batch 64), to show
@@ -127,7 +129,7 @@ PUBLIC = {
     "dual+fused+pdl2": dict(FUSED_MERGE="all", DECODE_PDL=True, DECODE_TILES_CHOICE="dual"),
     "dual+two+pdl2": dict(FUSED_MERGE="off", DECODE_PDL=True, DECODE_TILES_CHOICE="dual"),
     # session 6: `auto` before it (two-tile splits at least, no PDL), and its switches on top of today's `auto`
-    "old": dict(DECODE_PDL_MAX_SPLITS=0, SPLIT_MIN_TILES=2),
+    "old": dict(DECODE_PDL_MAX_SPLITS=0, SPLIT_MIN_TILES=2, DECODE_TILES_CHOICE="base", PACK_WIDE=False),
     "warp": dict(MERGE_WARP=True),
     "wide": dict(PACK_WIDE=True),
     "wide+warp": dict(PACK_WIDE=True, MERGE_WARP=True),
@@ -136,8 +138,8 @@ PUBLIC = {
 }
 #: the switches PUBLIC sets, at their shipped values (a variant sets all of them, its own on top); MERGE_WARP is
 #: common.split_combine's, the rest fa3's
-SHIPPED = dict(FUSED_MERGE="off", DECODE_PDL=False, DECODE_TILES_CHOICE="base", DECODE_PDL_MAX_SPLITS=8,
-               SPLIT_MIN_TILES=1, PACK_WIDE=False, MERGE_WARP=False)
+SHIPPED = dict(FUSED_MERGE="off", DECODE_PDL=False, DECODE_TILES_CHOICE="auto", DECODE_PDL_MAX_SPLITS=8,
+               SPLIT_MIN_TILES=1, PACK_WIDE=None, MERGE_WARP=False)
 NUM_SMS_DEFAULT = 132  # H100/H200 SXM, for --plan without a GPU
 REF_BATCHES = 8  # sequences of a shape each entry's output is checked on (the reference's cost)
 

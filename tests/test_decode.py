@@ -99,9 +99,10 @@ def test_decode_table_cases_and_dry_run(capsys):
 
 def test_auto_packs_gqa_at_one_query_row(h200, split_enabled, monkeypatch):
     """Packed GQA (Sm90Config.pack_gqa) for seqlen_q = 1 with GQA/MQA only; the split count then follows the
-    packed CTAs (batch x heads_kv): B=64, 32:8 at 4k keys fills 132 SMs unpacked (2048 CTAs) and packed (512)."""
+    packed CTAs (batch x heads_kv): B=32, 32:8 at 4k keys fills 132 SMs unpacked (1024 CTAs) and packed (256, under
+    DUAL_MIN_CTAS: the base tiles)."""
     monkeypatch.setattr(fa3, "PACK_GQA_ENABLED", True)
-    q, k = _qk(64, 1, 32, 8, 4096)
+    q, k = _qk(32, 1, 32, 8, 4096)
     cfg = fa3._problem_config(None, q, k, True)
     assert cfg == fa3._PACKED_CONFIGS[128] and cfg.pack_gqa and cfg.num_splits == 1 and cfg.tile_m == 64
     q, k = _qk(1, 1, 32, 8, 4096)  # 8 packed CTAs: split more than the 32 unpacked ones would be
@@ -333,9 +334,10 @@ def test_decode_pdl_follows_the_split_count(h200, split_enabled, monkeypatch):
 
 def test_wide_packed_tiles_only_where_the_rows_need_them(h200, split_enabled, monkeypatch):
     """fa3.PACK_WIDE: 64:8 at Nq 16 (128 rows) in one 128-row tile with ping-pong, so K/V is read once per KV
-    head (B 1 then splits more: 8 CTAs, not 16); 32:8 at Nq 16 (64 rows) and Nq 1 keep the 64-row tile; off:
+    head (B 1 then splits more: 8 CTAs, not 16); 32:8 at Nq 16 (64 rows) and Nq 1 keep the 64-row tile; False:
     two 64-row tiles."""
     q, k = _qk(1, 16, 64, 8, 32768, 64)
+    monkeypatch.setattr(fa3, "PACK_WIDE", False)
     assert fa3._problem_config(None, q, k, True).tile_m == 64
     monkeypatch.setattr(fa3, "PACK_WIDE", True)
     cfg = fa3._problem_config(None, q, k, True)
@@ -343,6 +345,32 @@ def test_wide_packed_tiles_only_where_the_rows_need_them(h200, split_enabled, mo
     for shape in ((1, 16, 32, 8, 32768), (1, 1, 64, 8, 32768), (1, 32, 64, 8, 4096)):  # 64, 8 (views), 256 rows
         assert fa3._problem_config(None, *_qk(*shape), True).tile_m == 64, shape
     assert fa3.decode_config(q, k, True).tile_m == 128
+    assert fa3._problem_config(None, *_qk(8, 16, 64, 8, 4096), True).tile_m == 128  # True: D 128 even if it splits
+
+
+def test_wide_packed_tiles_by_default(h200, split_enabled, monkeypatch):
+    """PACK_WIDE None (the default, FA_VARIANTS_PACK_WIDE unset / auto; ``fa3.wide_helps``): 64:8 at Nq 16 takes
+    the 128-row tile at D 64 always (B 8 Nk 32k: 1 -> 2 splits); at D 128 only where the split count stays
+    (B 64 Nk 32k, unsplit either way), not at B 8 Nk 4k (64 wide CTAs: 2 splits against 1, the s6 A/B's loss);
+    D 96 (unmeasured) never."""
+    monkeypatch.setattr(fa3, "PACK_WIDE", None)
+    cases = [((1, 16, 64, 8, 32768, 64), 128, 16), ((8, 16, 64, 8, 32768, 64), 128, 2),
+             ((64, 16, 64, 8, 1024, 64), 128, 1), ((64, 16, 64, 8, 32768, 128), 128, 1),
+             ((8, 16, 64, 8, 4096, 128), 64, 1), ((8, 16, 64, 8, 32768, 128), 64, 1),
+             ((1, 16, 64, 8, 32768, 128), 64, 8), ((64, 16, 64, 8, 32768, 96), 64, 1)]
+    for shape, tile_m, splits in cases:
+        q, k = _qk(*shape)
+        cfg = fa3._problem_config(None, q, k, True)
+        assert (cfg.tile_m, cfg.pingpong, fa3.auto_num_splits(q, k, True)) == (tile_m, tile_m == 128, splits), shape
+    q, k = _qk(8, 16, 64, 8, 4096, 128)
+    assert not fa3.wide_helps(q, k) and fa3.decode_config(q, k, True).tile_m == 64
+
+
+def test_pack_wide_switch_from_the_environment():
+    """FA_VARIANTS_PACK_WIDE: 0 / 1 / auto (unset: auto); anything else a one-line ValueError naming it."""
+    assert [fa3._pack_wide_from_env(v) for v in ("0", "1", "auto")] == [False, True, None]
+    with pytest.raises(ValueError, match="FA_VARIANTS_PACK_WIDE"):
+        fa3._pack_wide_from_env("yes")
 
 
 def test_decode_switches_from_the_environment_are_checked(monkeypatch):
@@ -355,18 +383,22 @@ def test_decode_switches_from_the_environment_are_checked(monkeypatch):
 
 
 def test_decode_tiles_auto_picks_dual_for_many_short_ctas(h200, split_enabled, monkeypatch):
-    """FA_VARIANTS_DECODE_TILES=auto (fa3.DECODE_TILES_CHOICE "auto"): two CTAs per SM ("dual") at batch x heads_kv
-    >= 64 and Nk <= 4k (B 8 / 64), the base tiles at B 1 or Nk 32k; the split count follows the chosen tiles."""
-    monkeypatch.setattr(fa3, "DECODE_TILES_CHOICE", "auto")
-    for shape, dual in (((8, 1, 32, 8, 1024), True), ((64, 1, 64, 8, 4096), True), ((1, 1, 32, 8, 1024), False),
-                        ((8, 1, 32, 8, 32768), False)):
+    """FA_VARIANTS_DECODE_TILES=auto (fa3.DECODE_TILES_CHOICE "auto", the default): two CTAs per SM ("dual") at
+    batch x heads_kv >= DUAL_MIN_CTAS (512) and Nk <= 4k (B 64 x 8), the base tiles at B 8 x 8 (dual's 4 splits
+    instead of 2 lost in the s6 A/B), B 1 or Nk 32k; the split count follows the chosen tiles."""
+    assert fa3.DECODE_TILES_CHOICE == "auto" and fa3.DUAL_MIN_CTAS == 512
+    for shape, dual in (((8, 1, 32, 8, 1024), False), ((64, 1, 64, 8, 4096), True), ((64, 1, 32, 8, 1024), True),
+                        ((1, 1, 32, 8, 1024), False), ((64, 1, 32, 8, 32768), False), ((63, 1, 32, 8, 1024), False)):
         q, k = _qk(*shape)
         cfg = fa3._problem_config(None, q, k, True)
         assert (cfg.ctas_per_sm == 2) == dual and (cfg.tile_n == 64) == dual, (shape, cfg)
-    # the heuristic counts a dual config's slots (2 per SM): B 8 Nk 1k D 64 (64 CTAs of 8 tiles) 4 splits, not 2
     q, k = _qk(8, 1, 32, 8, 1024, 64)
-    assert fa3.auto_num_splits(q, k, True) == 4
+    assert fa3.auto_num_splits(q, k, True) == 2
+    # the heuristic counts a dual config's slots (2 per SM): B 8 Nk 1k D 64 (64 CTAs of 8 tiles) 4 splits, not 2
+    monkeypatch.setattr(fa3, "DUAL_MIN_CTAS", 64)
+    assert fa3._problem_config(None, q, k, True).ctas_per_sm == 2 and fa3.auto_num_splits(q, k, True) == 4
     warm = fa3._auto_configs(128)  # warmup compiles both tile sets
     assert any(c.ctas_per_sm == 2 for c in warm) and any(c.ctas_per_sm == 1 for c in warm)
     monkeypatch.setattr(fa3, "DECODE_TILES_CHOICE", "base")
     assert fa3.auto_num_splits(q, k, True) == 2
+    assert fa3._problem_config(None, *_qk(64, 1, 32, 8, 1024), True).ctas_per_sm == 1

@@ -532,8 +532,12 @@ def test_one_tile_splits_through_auto(shape, splits, merge_pdl, min_tiles_one, s
 
 @pytest.fixture
 def decode_defaults(monkeypatch):
-    """fa3's session-6 decode defaults whatever the environment says: one-tile splits, PDL at 2-8 splits."""
+    """fa3's session-6 decode defaults whatever the environment says: one-tile splits, PDL at 2-8 splits, dual
+    tiles at batch x heads_kv >= 512 (Nk <= 4k), 128-row packed tiles by ``fa3.wide_helps``."""
     monkeypatch.setattr(fa3, "SPLIT_MIN_TILES", 1)
+    monkeypatch.setattr(fa3, "DECODE_TILES_CHOICE", "auto")
+    monkeypatch.setattr(fa3, "DUAL_MIN_CTAS", 512)
+    monkeypatch.setattr(fa3, "PACK_WIDE", None)
     monkeypatch.setattr(fa3, "DECODE_PDL", False)
     monkeypatch.setattr(fa3, "DECODE_PDL_MAX_SPLITS", 8)
     fa3._auto_splits.cache_clear()
@@ -613,6 +617,7 @@ def test_dual_auto_tiles_through_auto(decode_defaults, split_kv, pack_gqa, monke
     import fa_variants
 
     monkeypatch.setattr(fa3, "DECODE_TILES_CHOICE", "auto")
+    monkeypatch.setattr(fa3, "DUAL_MIN_CTAS", 64)  # the threshold of the s6 A/B, so that B 8 runs dual (split) too
     for d, h, hkv, b, nk in ((64, 32, 8, 8, 1023), (128, 64, 8, 8, 1024), (128, 32, 8, 64, 1000)):
         q, k, v = _qkv(b, 1, nk, h, hkv, d)
         cfg = fa3._problem_config(None, q, k, True)

@@ -510,8 +510,8 @@ def test_decode_ab_min1_variants():
 
 def test_decode_ab_s6_variants_and_precompile(monkeypatch):
     """scripts/decode_ab.py --s6 (scripts/decode5_gpu.sh): `old` is auto before session 6 (B 1 Nk 1k: 4 splits, no
-    PDL) where the shipped `two` runs 8 with PDL; wide packs 64:8 Nq 16 in one 128-row tile; dualauto runs two CTAs
-    per SM at B 8 Nk 1k; the switches (fa3's and split_combine.MERGE_WARP) are restored after planning; the HBM lines
+    PDL) where the shipped `two` runs 8 with PDL; wide (and the shipped default at D 64) packs 64:8 Nq 16 in one
+    128-row tile, old two 64-row ones; dualauto (and the shipped default) runs two CTAs per SM at B 64 Nk 1k, old not; the switches (fa3's and split_combine.MERGE_WARP) are restored after planning; the HBM lines
     cover the Nk 32k shapes; scripts/decode5_precompile.py lists every kernel of that plan once."""
     from fa_variants.hopper import fa3
 
@@ -525,10 +525,12 @@ def test_decode_ab_s6_variants_and_precompile(monkeypatch):
     assert (by[(b1, "old")]["splits"], by[(b1, "old")]["config"].pdl) == (4, False)
     assert (by[(b1, "two")]["splits"], by[(b1, "two")]["config"].pdl) == (8, True)
     nq16 = (64, 64, 8, 64, 32768, 16)
-    assert by[(nq16, "wide")]["config"].tile_m == 128 and by[(nq16, "two")]["config"].tile_m == 64
+    assert by[(nq16, "wide")]["config"].tile_m == by[(nq16, "two")]["config"].tile_m == 128
+    assert by[(nq16, "old")]["config"].tile_m == 64
     assert by[(nq16, "cand")]["config"].tile_m == 128
-    b8 = (64, 32, 8, 8, 1024)
-    assert by[(b8, "dualauto")]["config"].ctas_per_sm == 2 and by[(b8, "two")]["config"].ctas_per_sm == 1
+    b64 = (64, 32, 8, 64, 1024)
+    assert by[(b64, "dualauto")]["config"].ctas_per_sm == by[(b64, "two")]["config"].ctas_per_sm == 2
+    assert by[(b64, "old")]["config"].ctas_per_sm == 1 and by[((64, 32, 8, 8, 1024), "two")]["config"].ctas_per_sm == 1
     results = [dict(shape=nq16, us=dict(sdpa=8796.5, auto=1900.1, wide=1000.0), err={}, splits={})]
     lines = ab.hbm_lines(results, ["auto", "wide"])
     assert lines[-1] == "  D64 64:8 B64 Nk32768 Nq16: 10 47 89", lines
@@ -536,7 +538,7 @@ def test_decode_ab_s6_variants_and_precompile(monkeypatch):
     listed = pre.items(["old", "warp", "dualauto", "wide", "cand"], 132)
     assert len(listed) == len(set(listed))
     assert ab.plan_items(ab.plan(ab.S6, ["old", "warp", "dualauto", "wide", "cand"], 132)) <= set(listed)
-    assert sum(kind == "fa3" for kind, *_ in listed) == 24
+    assert sum(kind == "fa3" for kind, *_ in listed) == 22  # 24 before wide and dual became defaults (shared now)
 
 
 def test_fa2d256_ab_plan_protocol_and_summary():

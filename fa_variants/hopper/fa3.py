@@ -112,15 +112,18 @@ DECODE_TILES: dict[str, dict[int, dict]] = {
     "dual": {64: dict(ctas_per_sm=2), 96: dict(tile_n=64, ctas_per_sm=2), 128: dict(tile_n=64, ctas_per_sm=2)},
 }
 # "auto" (``decode_choice``): "dual" for calls of many short CTAs, "base" otherwise.
-DECODE_TILES_CHOICE = os.environ.get("FA_VARIANTS_DECODE_TILES", "base")
+DECODE_TILES_CHOICE = os.environ.get("FA_VARIANTS_DECODE_TILES", "auto")
 if DECODE_TILES_CHOICE not in (*DECODE_TILES, "auto"):
     raise ValueError(f"FA_VARIANTS_DECODE_TILES={DECODE_TILES_CHOICE!r} must be one of "
                      f"{sorted(DECODE_TILES) + ['auto']}")
-#: FA_VARIANTS_DECODE_TILES=auto runs "dual" when batch x heads_kv >= DUAL_MIN_CTAS and seqlen_k <= DUAL_MAX_SEQLEN_K:
-#: the shapes where the s4 A/Bs (bench/h200-2026-12-01-s4, decode_ab.log and decode3_ab.md) had dual+pdl2 below
-#: `auto` (B 8 Nk 1k/4k: 0.94-1.11x SDPA against 1.00-1.20x; B 64 Nk 1k: 0.97-1.02x against 1.01-1.15x), and not
-#: B 1 (8 CTAs: the one-tile splits of "base" are faster there) nor Nk 32k+ (dual lost up to 13% at B 1).
-DUAL_MIN_CTAS = 64
+#: `auto` (the default since session 6; FA_VARIANTS_DECODE_TILES=base: never "dual") runs "dual" when batch x
+#: heads_kv >= DUAL_MIN_CTAS and seqlen_k <= DUAL_MAX_SEQLEN_K. 512 from the s6 H200 A/B (scripts/decode5_gpu.sh,
+#: decode_ab "dualauto" at the old threshold 64): at B 64 x 8 KV heads Nk 1k (512 CTAs, unsplit with either
+#: tile set) dual beat base, D 64 32:8 1.14 -> 1.03x SDPA and D 128 64:8 1.01 -> 0.98x; at B 8 x 8 (64 CTAs)
+#: dual's doubled CTA slots double the split count (2 -> 4) and it lost at all six B 8 shapes (D 64 32:8 Nk 1k
+#: 1.08 -> 1.13x, Nk 4k 0.98 -> 1.01x; D 128 32:8 and 64:8 Nk 1k 0.95 -> 1.01x, 0.94 -> 1.00x). 512 is the smallest measured
+#: count where dual won; 65..511 (unmeasured) keep base. Not B 1 nor Nk 32k+ (dual lost up to 13% at B 1 in s4).
+DUAL_MIN_CTAS = 512
 DUAL_MAX_SEQLEN_K = 4096
 
 
@@ -165,9 +168,24 @@ DECODE_PDL_MAX_SPLITS = _int_env("FA_VARIANTS_DECODE_PDL_MAX_SPLITS", "8", 0)
 SPLIT_MIN_TILES = split._min_tiles_from_env(os.environ.get("FA_VARIANTS_SPLIT_MIN_TILES", "1"))
 #: Packed GQA at 1 < seqlen_q in 128-row tiles (two consumer warpgroups, ping-pong) when a KV head's G x seqlen_q
 #: rows exceed one 64-row tile but fit 128 (64:8 at Nq 16: 128 rows): K/V read once per KV head instead of
-#: twice (the 64-row tiles took 1900 us at D 64 B 64 Nk 32k Nq 16 where Nq 1 took 932). FA_VARIANTS_PACK_WIDE=1;
-#: off until the H200 A/B (scripts/decode5_gpu.sh).
-PACK_WIDE = os.environ.get("FA_VARIANTS_PACK_WIDE", "0") == "1"
+#: twice. FA_VARIANTS_PACK_WIDE=1: always (True); 0: never (False); unset or "auto" (None, the default since
+#: session 6): ``wide_helps``. From the s6 H200 A/B (scripts/decode5_gpu.sh, decode_ab "wide"): at D 64 wide won
+#: at all 4 shapes it changed (64:8 Nq 16: B 1 Nk 32k 0.13 -> 0.11x SDPA, B 8 0.20 -> 0.16x, B 64 0.21 -> 0.15x,
+#: B 64 Nk 1k 0.25 -> 0.18x; HBM share 39 -> 45, 51 -> 64, 48 -> 67%); at D 128 it won where the split count
+#: stayed (B 64 Nk 32k 0.22 -> 0.16x, split 1) and lost at B 8 Nk 4k (0.23 -> 0.30x) where the halved CTA count
+#: (64 instead of 128) made the heuristic split 1 -> 2 (B 8 Nk 32k, also 1 -> 2, won 0.18 -> 0.16x; B 1 Nk 32k
+#: 8 -> 16 splits, 0.12x either way).
+def _pack_wide_from_env(value: str) -> bool | None:
+    """FA_VARIANTS_PACK_WIDE's value: "1" True, "0" False, "auto" None (one-line ValueError naming it otherwise)."""
+    if value not in ("0", "1", "auto"):
+        raise ValueError(f"FA_VARIANTS_PACK_WIDE={value!r} must be 0, 1 or auto")
+    return None if value == "auto" else value == "1"
+
+
+PACK_WIDE: bool | None = _pack_wide_from_env(os.environ.get("FA_VARIANTS_PACK_WIDE", "auto"))
+#: head dims where `auto` always takes the wide tile; WIDE_SAME_SPLITS_HEAD_DIMS: only where it adds no split
+WIDE_ALWAYS_HEAD_DIMS = (64,)
+WIDE_SAME_SPLITS_HEAD_DIMS = (128,)
 WIDE_TILE_M = 128
 
 
@@ -370,14 +388,32 @@ def decode_pdl(splits: int) -> bool:
     return DECODE_PDL or 2 <= splits <= DECODE_PDL_MAX_SPLITS
 
 
-def wide_rows(config: Sm90Config, group: int, seqlen_q: int) -> Sm90Config:
-    """A packed seqlen_q > 1 config in WIDE_TILE_M-row tiles (two consumer warpgroups, ping-pong) when PACK_WIDE
-    is on and the G x seqlen_q rows of a KV head need more than one tile of config.tile_m rows but fit one wide
-    tile (and G packs into it); else config unchanged."""
-    rows = group * seqlen_q
-    if PACK_WIDE and config.tile_m < rows <= WIDE_TILE_M and pack_gqa.packable(group, WIDE_TILE_M):
-        return dataclasses.replace(config, tile_m=WIDE_TILE_M, pingpong=True)
-    return config
+def wide_helps(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether PACK_WIDE None (`auto`) takes the wide tile for this call whose rows need it: at a head dim of
+    WIDE_ALWAYS_HEAD_DIMS always; of WIDE_SAME_SPLITS_HEAD_DIMS when the split heuristic gives the wide tiles' CTAs
+    (half as many) the same count as the 64-row ones' (the one loss, D 128 B 8 Nk 4k, went 1 -> 2 splits);
+    other head dims (unmeasured) never."""
+    head_dim = q.shape[-1]
+    if head_dim in WIDE_ALWAYS_HEAD_DIMS:
+        return True
+    if head_dim not in WIDE_SAME_SPLITS_HEAD_DIMS:
+        return False
+    narrow = _PACKED_SPLIT_CONFIGS[head_dim]  # num_splits 0: the heuristic's count
+    wide = dataclasses.replace(narrow, tile_m=WIDE_TILE_M, pingpong=True)
+    return num_splits_for(wide, q, k, False) == num_splits_for(narrow, q, k, False)
+
+
+def wide_rows(config: Sm90Config, q: torch.Tensor, k: torch.Tensor) -> Sm90Config:
+    """A packed seqlen_q > 1 config in WIDE_TILE_M-row tiles (two consumer warpgroups, ping-pong) when the
+    G x seqlen_q rows of a KV head need more than one tile of config.tile_m rows but fit one wide tile (and G
+    packs into it) and PACK_WIDE is True, or None and ``wide_helps``; else config unchanged."""
+    group = q.shape[2] // k.shape[2]
+    rows = group * q.shape[1]
+    if PACK_WIDE is False or not (config.tile_m < rows <= WIDE_TILE_M and pack_gqa.packable(group, WIDE_TILE_M)):
+        return config
+    if PACK_WIDE is None and not wide_helps(q, k):
+        return config
+    return dataclasses.replace(config, tile_m=WIDE_TILE_M, pingpong=True)
 
 
 def _packed(config: Sm90Config, q: torch.Tensor, k: torch.Tensor, splits: int = 1) -> Sm90Config:
@@ -387,7 +423,7 @@ def _packed(config: Sm90Config, q: torch.Tensor, k: torch.Tensor, splits: int = 
         return decode_tiles(config, q.shape[-1], decode_choice(q.shape[0], k.shape[2], k.shape[1]),
                             pdl=decode_pdl(splits))
     group = q.shape[2] // k.shape[2]
-    return dataclasses.replace(wide_rows(config, group, q.shape[1]), pack_group=group)
+    return dataclasses.replace(wide_rows(config, q, k), pack_group=group)
 
 
 def _auto_choice(q: torch.Tensor, k: torch.Tensor, causal: bool, pack: bool | None = None) -> tuple[bool, int]:
@@ -398,7 +434,7 @@ def _auto_choice(q: torch.Tensor, k: torch.Tensor, causal: bool, pack: bool | No
     if pack:  # the split count follows the decode tiles' tile_n (seqlen_q = 1) or the wide tile's rows
         probe = decode_tiles(probe, q.shape[-1], decode_choice(q.shape[0], k.shape[2], k.shape[1])) \
             if q.shape[1] == 1 else \
-            wide_rows(probe, q.shape[2] // k.shape[2], q.shape[1])
+            wide_rows(probe, q, k)
     return pack, num_splits_for(probe, q, k, causal) if SPLIT_KV_ENABLED else 1
 
 
