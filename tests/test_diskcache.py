@@ -272,8 +272,13 @@ def test_warmup_plans_fa3s_split_config_too(monkeypatch):
     assert not notes and [c.config.num_splits for c in configs] == [1, 0]
     monkeypatch.setattr(fa3, "PACK_GQA_ENABLED", True)  # packed GQA (decode), unsplit and split, too
     configs, _ = warmup.plan(["fa3"], "sm_90a", ["bf16"], [128], (True,))
+    assert [(c.config.num_splits, c.config.pack_gqa, c.config.pdl, c.config.ctas_per_sm) for c in configs] == [
+        (1, False, False, 1), (0, False, False, 1), (1, True, False, 1), (0, True, False, 1), (1, True, False, 2),
+        (0, True, True, 1), (0, True, True, 2), (0, True, False, 2)]  # PDL at 2-8 splits; dual tiles (DECODE_TILES auto)
+    monkeypatch.setattr(fa3, "DECODE_TILES_CHOICE", "base")  # base tiles only: no two-CTA configs
+    configs, _ = warmup.plan(["fa3"], "sm_90a", ["bf16"], [128], (True,))
     assert [(c.config.num_splits, c.config.pack_gqa, c.config.pdl) for c in configs] == [
-        (1, False, False), (0, False, False), (1, True, False), (0, True, False), (0, True, True)]  # PDL at 2-8 splits
+        (1, False, False), (0, False, False), (1, True, False), (0, True, False), (0, True, True)]
     monkeypatch.setattr(fa3, "SPLIT_KV_ENABLED", False)
     monkeypatch.setattr(fa3, "PACK_GQA_ENABLED", False)
     assert len(warmup.plan(["fa3"], "sm_90a", ["bf16"], [128], (True,))[0]) == 1
