@@ -139,11 +139,14 @@ def test_pdl_kernel_waits_before_its_loads():
     assert "ACQBULK" not in cubin.sass_of(plain.cubin)
 
 
-def test_fa3_wide_packed_rows_compile_without_spills():
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_fa3_wide_packed_rows_compile_without_spills(head_dim):
     """fa3.PACK_WIDE's config (64:8 at Nq 16: 128 packed rows in one 128-row tile, two consumer warpgroups with
-    ping-pong, the group in a (8, 16)-row TMA box): builds causal, split, with no spills."""
-    config = dataclasses.replace(fa3._PACKED_SPLIT_CONFIGS[64], tile_m=fa3.WIDE_TILE_M, pingpong=True, pack_group=8)
-    c = registry.compiled(registry.static_config("fa3", "sm_90a", "bf16", 64, True, config.check(64)))
+    ping-pong, the group in a (8, 16)-row TMA box): builds causal, split, with no spills, at both head dims
+    `auto` takes it (``fa3.wide_helps``)."""
+    config = dataclasses.replace(fa3._PACKED_SPLIT_CONFIGS[head_dim], tile_m=fa3.WIDE_TILE_M, pingpong=True,
+                                 pack_group=8)
+    c = registry.compiled(registry.static_config("fa3", "sm_90a", "bf16", head_dim, True, config.check(head_dim)))
     counts = cubin.count_sass(cubin.sass_of(c.cubin))
     res = cubin.cubin_resources(c.cubin)
     assert counts["LDL"] == counts["STL"] == 0 and res["spill_bytes"] == 0, (counts, res)
