@@ -100,8 +100,8 @@ _PACKED_SPLIT_CONFIGS = {d: dataclasses.replace(c, pack_gqa=True, **_NARROW) for
 # at D 64 (128 x 64 x 2 B x 2 x 2), about what Little's law asks for 4.8 TB/s over 132 SMs at ~1.5 us of
 # loaded latency, and D 64 ran 86-97% of SDPA's time-equivalent bandwidth there (D 128, 128 KiB in flight,
 # matched it). Candidate tile sets per head dim (shared memory: 64-row Q + stages x (K + V) tiles <= 227 KiB);
-# FA_VARIANTS_DECODE_TILES picks the one `auto` runs ("base": the packed config as is), pending the H200 A/B
-# of scripts/decode_ab.py.
+# FA_VARIANTS_DECODE_TILES picks the one `auto` runs ("base": the packed config as is; default "auto":
+# ``decode_choice``, from the H200 A/Bs of scripts/decode_ab.py).
 DECODE_TILES: dict[str, dict[int, dict]] = {
     "base": {},
     "deep": {64: dict(stages=4), 96: dict(stages=3), 128: dict(stages=3)},   # 128 / 144 / 192 KiB in flight
