@@ -7,10 +7,19 @@ from fa_variants.ampere import fa2
 from fa_variants.common.config import Sm80Config
 
 
-def test_default_is_unchanged_and_the_switch_picks_the_variant(monkeypatch):
-    assert fa2.D256_CONFIGS["default"] == fa2.CONFIGS[256] == fa2.default_config("sm_90a", 256, False)
-    monkeypatch.setattr(fa2, "D256_VARIANT", "s1")
-    assert fa2.default_config("sm_90a", 256, True) == Sm80Config(64, 64, stages=1)
+def test_default_is_s1_and_the_switch_picks_the_variant(monkeypatch):
+    """s1 (64 x 64, one K/V stage) is the default where the old two-stage default fit (sm80 / sm90); 99 KiB parts
+    keep 64 x 32 with two stages; FA_VARIANTS_FA2_D256=s2 brings back the old default."""
+    s1 = Sm80Config(64, 64, stages=1)
+    assert fa2.D256_CONFIGS["default"] == fa2.CONFIGS[256] == fa2.D256_CONFIGS["s1"] == s1
+    for arch in ("sm_80", "sm_90a", "sm_100a"):
+        assert fa2.default_config(arch, 256, False) == s1 == fa2.default_config(arch, 256, True)
+    for arch in ("sm_86", "sm_89", "sm_120a"):
+        assert fa2.default_config(arch, 256, False) == fa2.SMALL_SMEM_CONFIGS[256] == Sm80Config(64, 32)
+    monkeypatch.setattr(fa2, "D256_VARIANT", "s2")
+    assert fa2.default_config("sm_90a", 256, True) == Sm80Config(64, 64) == fa2.D256_CONFIGS["s2"]
+    monkeypatch.setattr(fa2, "D256_VARIANT", "m128w8s1")
+    assert fa2.default_config("sm_90a", 256, True) == Sm80Config(128, 64, warps=8, stages=1)
     assert fa2.default_config("sm_90a", 128, True) == fa2.CONFIGS[128]  # other head dims untouched
 
 
@@ -46,7 +55,7 @@ def test_every_variant_fits_sm90_and_two_ctas_fit_where_claimed():
         assert fa2.d256_config("sm_90a", name) == cfg
     # 228 KiB per SM on sm90, 1 KiB reserved per CTA: two CTAs of s1 / n32, one of the others
     assert {n: 233472 // (c.smem_bytes(256) + 2048) for n, c in fa2.D256_CONFIGS.items()} == \
-        {"default": 1, "s1": 2, "n32": 2, "m128w8s1": 1, "m128w8": 1}
+        {"default": 2, "s1": 2, "s2": 1, "n32": 2, "m128w8s1": 1, "m128w8": 1}
     # 128 x 64 with two stages does not fit sm80's 163 KiB: its small-shared-memory twin
     assert fa2.d256_config("sm_80", "m128w8") == fa2.SMALL_SMEM_CONFIGS[256]
 

@@ -27,7 +27,9 @@ def splits(batch, seqlen_q, heads, seqlen_k, head_dim=128, gpu=H200, causal=True
 def test_ctas_per_sm_follows_shared_memory():
     d128, d256 = fa2.default_config("sm_80", 128, False), fa2.default_config("sm_80", 256, False)
     assert fa2.ctas_per_sm(d128, "sm_80", 128) == 2       # 64 KiB of 163 KiB: the register file's two
-    assert fa2.ctas_per_sm(d256, "sm_80", 256) == 1       # 160 KiB: one
+    assert fa2.ctas_per_sm(d256, "sm_80", 256) == 1       # s1, 96 KiB (+ 1 KiB) of 163 KiB: one
+    assert fa2.ctas_per_sm(fa2.default_config("sm_90a", 256, False), "sm_90a", 256) == 2  # s1 on sm90: two
+    assert fa2.ctas_per_sm(fa2.D256_CONFIGS["s2"], "sm_90a", 256) == 1                     # 160 KiB: one
     assert fa2.ctas_per_sm(fa2.default_config("sm_86", 256, False), "sm_86", 256) == 1
     assert fa2.ctas_per_sm(fa2.default_config("sm_90a", 64, False), "sm_90a", 64) == 2
     assert fa2.ctas_per_sm(fa2._split_config("sm_80", 128), "sm_80", 128) == 2   # 64 x 64 tiles: 80 KiB

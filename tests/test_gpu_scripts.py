@@ -550,9 +550,12 @@ def test_fa2d256_ab_plan_protocol_and_summary():
     from fa_variants.ampere import fa2
 
     ab = load_script("fa2d256_ab")
-    variants = list(fa2.D256_CONFIGS)
-    assert len(set(ab.compile_items(variants, (False, True), ("bf16", "fp16")))) == 20
-    speed = {"default": 1.0, "s1": 0.9, "n32": 1.05, "m128w8s1": 1.0, "m128w8": 0.99, "sdpa-flash": 0.95, "AA": 1.0}
+    # since session 6 "default" is s1's tiles: s1 left out of the default list, the old default as s2
+    assert ab.default_variants() == ["default", "s2", "n32", "m128w8s1", "m128w8"]
+    assert fa2.D256_CONFIGS["default"] == fa2.D256_CONFIGS["s1"]
+    assert len(set(ab.compile_items(ab.default_variants(), (False, True), ("bf16", "fp16")))) == 20
+    variants = ab.default_variants()
+    speed = {"default": 1.0, "s2": 0.9, "n32": 1.05, "m128w8s1": 1.0, "m128w8": 0.99, "sdpa-flash": 0.95, "AA": 1.0}
 
     class Timer:
         def prepare(self, name, fn, burst_ms):
@@ -571,11 +574,11 @@ def test_fa2d256_ab_plan_protocol_and_summary():
         mp.setattr(ab, "shape_entries", entries)
         rows = [ab.time_shape(s, variants, "sm_90a", a, None, Timer())
                 for s in ab.plan([512, 16384], (False, True), ["bf16"])]
-    assert rows[0]["ratios"]["s1/default"]["rounds"] == pytest.approx([1 / 0.9] * 6)
+    assert rows[0]["ratios"]["s2/default"]["rounds"] == pytest.approx([1 / 0.9] * 6)
     assert "sdpa-flash/default" not in rows[0]["ratios"]
     lines = ab.summary_lines(rows, variants)
-    assert lines[1].startswith("SUMMARY bf16 N=512 full: default 0.950, s1 1.056 (1.111)")
-    assert ("WINS s1: vs default faster on 4/4 shapes, slower on 0/4 (verdicts), median > 1 on 4/4; >= sdpa-flash on "
+    assert lines[1].startswith("SUMMARY bf16 N=512 full: default 0.950, s2 1.056 (1.111)")
+    assert ("WINS s2: vs default faster on 4/4 shapes, slower on 0/4 (verdicts), median > 1 on 4/4; >= sdpa-flash on "
             "4/4 FLIP (every shape)") in lines
     assert ("WINS n32: vs default faster on 0/4 shapes, slower on 4/4 (verdicts), median > 1 on 0/4; >= sdpa-flash "
             "on 0/4") in lines

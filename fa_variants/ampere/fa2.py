@@ -9,7 +9,7 @@ section 3.2, written with the CuTe DSL:
   owns whole rows of S, P and O, so no cross-warp reduction is ever needed.
 * Global -> shared with cp.async; K and V double-buffered so tile j+1 loads while tile j computes
   (``Sm80Config.stages`` = 2; with 1, one K and one V buffer: V_j loads under S = Q K_j^T and K_{j-1} under
-  O += P V_j, FlashAttention-2 C++'s forward schedule, e.g. for two CTAs per SM at head_dim 256, ``D256_CONFIGS``).
+  O += P V_j, FlashAttention-2 C++'s forward schedule, for two CTAs per SM: the head_dim 256 default, ``D256_CONFIGS``).
   Shared -> registers with ldmatrix; S = Q K^T and O += P V with mma.sync m16n8k16 (fp32 accumulate);
   P converted to fp16/bf16 in registers and fed straight back as the A operand.
 * Online softmax with exp2 and the scale folded into log2(e); O rescaled by exp2(m_old - m_new);
@@ -73,26 +73,32 @@ def __getattr__(name: str):
 # tile_n is then the widest that compiles without local-memory spills (`fa-variants compile`, sm_80, ptxas of
 # nvidia-cutlass-dsl 4.8.1): FA2's 128 x 128 at D = 64 and 128 x 64 at D = 96 / 128 spill 8-32 bytes once
 # K/V are double-buffered, so D = 64 uses tile_n = 64 and D = 96 / 128 use 32 (FA2's own choice for sm86 /
-# sm89 at D = 128). K and V are double-buffered (stages = 2). Parts with 99 KiB of shared memory per CTA
-# (sm86 / sm89 / sm120) get a narrower tile_n at D = 256.
-CONFIGS = {64: Sm80Config(128, 64), 96: Sm80Config(128, 32), 128: Sm80Config(128, 32), 256: Sm80Config(64, 64)}
+# sm89 at D = 128). K and V are double-buffered (stages = 2), but at D = 256: 64 x 64 with ONE K/V stage (96 KiB,
+# two CTAs per SM; D256_CONFIGS' "s1", the default since the H200 A/B of 2026-12-01, bench/NOTES.md). Parts with
+# 99 KiB of shared memory per CTA (sm86 / sm89 / sm120) keep 64 x 32 with two stages at D = 256 (not measured).
+CONFIGS = {64: Sm80Config(128, 64), 96: Sm80Config(128, 32), 128: Sm80Config(128, 32),
+           256: Sm80Config(64, 64, stages=1)}
 SMALL_SMEM_CONFIGS = {256: Sm80Config(64, 32)}
 
-# Head dim 256 tile variants (bench/NOTES.md, "Session 6 (2026-12-01): fa2 at head_dim 256"). The default's two K/V
-# stages take 160 KiB of shared memory, so one SM holds one 4-warp CTA; at N <= 1k (8-16 K/V tiles per CTA) its
-# prologue (Q, the first K/V) and epilogue (O) run with nothing to hide them. Every variant below has no spills
-# (ptxas of nvidia-cutlass-dsl 4.8.1, sm_80 and sm_90a: 231-245 registers, LDL = STL = 0) and 8 warps per SM:
+# Head dim 256 tile variants (bench/NOTES.md, "Session 6 (2026-12-01): fa2 at head_dim 256"). The old default's
+# two K/V stages ("s2") take 160 KiB of shared memory, so one SM holds one 4-warp CTA; at N <= 1k (8-16 K/V tiles
+# per CTA) its prologue (Q, the first K/V) and epilogue (O) run with nothing to hide them. Every variant below has
+# no spills (ptxas of nvidia-cutlass-dsl 4.8.1, sm_80 and sm_90a: 231-245 registers, LDL = STL = 0) and 8 warps
+# per SM. "default" is CONFIGS[256] (s1 since the H200 A/B of 2026-12-01, scripts/fa2d256_gpu.sh: s1 / SDPA flash
+# 1.045-1.211 on the 10 bf16 shapes N 512-16k, causal or not, 1.052 / 1.063 fp16 N 1k; s1 / s2 1.116-1.221).
 #   s1        64 x 64, 4 warps, one K/V stage (96 KiB): two CTAs per SM; FlashAttention-2 C++'s choice where an SM
-#             has >= 192 KiB (sm90), i.e. SDPA flash's own kernel shape on the H200.
+#             has >= 192 KiB (sm90), i.e. SDPA flash's own kernel shape on the H200. The default.
+#   s2        64 x 64, 4 warps, two K/V stages (160 KiB): one CTA per SM; the default before 2026-12-01.
 #   n32       64 x 32, 4 warps, two stages (96 KiB): two CTAs per SM and still double-buffered, half the keys per
 #             step (twice the barriers and row reductions per key).
 #   m128w8s1  128 x 64, 8 warps, one stage (128 KiB): one CTA of 8 warps; FA2 C++'s choice on the A100 (164 KiB).
 #   m128w8    128 x 64, 8 warps, two stages (192 KiB; sm90 only): one CTA of 8 warps, double-buffered.
-D256_CONFIGS = {"default": CONFIGS[256], "s1": Sm80Config(64, 64, stages=1), "n32": Sm80Config(64, 32),
-                "m128w8s1": Sm80Config(128, 64, warps=8, stages=1), "m128w8": Sm80Config(128, 64, warps=8)}
+D256_CONFIGS = {"default": CONFIGS[256], "s1": Sm80Config(64, 64, stages=1), "s2": Sm80Config(64, 64),
+                "n32": Sm80Config(64, 32), "m128w8s1": Sm80Config(128, 64, warps=8, stages=1),
+                "m128w8": Sm80Config(128, 64, warps=8)}
 
 #: Which D256_CONFIGS entry a head_dim 256 call without ``config=`` runs (FA_VARIANTS_FA2_D256; "default": the
-#: table above). Stays "default" until an H200 A/B shows a variant faster on every shape (scripts/fa2d256_gpu.sh).
+#: table above, i.e. s1; FA_VARIANTS_FA2_D256=s2 runs the old two-stage default).
 D256_VARIANT = os.environ.get("FA_VARIANTS_FA2_D256", "default")
 
 
@@ -125,14 +131,18 @@ def d256_config(arch: str, name: str) -> Sm80Config:
     ValueError naming FA_VARIANTS_FA2_D256 for an unknown name."""
     if name not in D256_CONFIGS:
         raise ValueError(f"FA_VARIANTS_FA2_D256={name!r}: unknown; choose from {', '.join(D256_CONFIGS)}")
+    if name == "default" and smem_capacity(arch) < D256_CONFIGS["s2"].smem_bytes(256):
+        # 99 KiB parts keep the tiles they had before s1 became the default (s1 is measured on the H200 only)
+        return SMALL_SMEM_CONFIGS[256].check(arch, 256)
     return _tiles({256: D256_CONFIGS[name]}, SMALL_SMEM_CONFIGS, arch, 256)
 
 
 def default_config(arch: str, head_dim: int, causal: bool) -> Sm80Config:
     """The FA2 tile configuration for an arch and head_dim (ValueError if head_dim is unsupported); head_dim 256:
-    the D256_VARIANT entry of D256_CONFIGS (unless limited by D256_MAX_SEQLEN_K: then `auto` chooses per call)."""
-    if head_dim == 256 and d256_variant_for(None) != "default":
-        return d256_config(arch, D256_VARIANT)
+    the D256_VARIANT entry of D256_CONFIGS ("default": s1, 64 x 64 with one K/V stage; 64 x 32 with two stages on
+    99 KiB parts), or "default" when D256_MAX_SEQLEN_K limits the variant (then `auto` chooses per call)."""
+    if head_dim == 256:
+        return d256_config(arch, d256_variant_for(None))
     return _tiles(CONFIGS, SMALL_SMEM_CONFIGS, arch, head_dim)
 
 
