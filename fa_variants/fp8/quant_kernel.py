@@ -112,8 +112,8 @@ computed (its outputs equal v2's bit for bit):
   last block adds that head's partials in a fixed order (``QuantPass.mean_if_last``): one launch fewer, K's
   pass may start under V's tail (PDL), at the price of a release fence per K block. Its mean is another
   summation order than v2's (outputs equal the torch recipe's given that mean, not v2's).
-* Optional (``V3_STAGED_MEAN``, off until measured; ``PassConfig.staged_mean``): the smoothed K pass and Q's shift
-  pass get K's mean with each block's stage (a 16-byte cp.async by D / 4 threads into a mean buffer per stage,
+* Staged mean (``V3_STAGED_MEAN``, on since session 6; ``PassConfig.staged_mean``): the smoothed K pass and Q's
+  shift pass get K's mean with each block's stage (a 16-byte cp.async by D / 4 threads into a mean buffer per stage,
   committed with the block's loads; the prologue's blocks by plain loads after the PDL wait) instead of a global
   load and a barrier at the start of every block, whose latency a CTA alone on its SM (512 threads at D 128 / 256)
   cannot hide. The same operations: outputs equal v3's bit for bit.
@@ -188,9 +188,11 @@ V3_FUSED_MEAN = False
 #: v3: K's mean, which the smoothed K pass and Q's pass (the LSE shift) read per block, cp.async'd with the block's
 #: stage into a mean buffer per stage (``PassConfig.staged_mean``) instead of a global load + a barrier per block
 #: (the load's latency, ~1 us, is then exposed once per block in a CTA alone on its SM). The same operations:
-#: outputs bit for bit v3's. Off until measured (scripts/quant4_gpu.sh); FA_VARIANTS_FP8_QUANT_STAGED_MEAN=1 (read
-#: at import) turns it on
-V3_STAGED_MEAN = _os.environ.get("FA_VARIANTS_FP8_QUANT_STAGED_MEAN", "0") == "1"
+#: outputs bit for bit v3's. On since the H200 run of session 6 (scripts/quant4_gpu.sh; default recipe, % of copy
+#: bandwidth, staged vs not: D64 53.1 vs 51.3, D128 57.2 vs 51.4, D256 46.9 vs 42.9, D128 GQA 51.5 vs 47.3; its GPU
+#: tests equal v3 bit for bit, racecheck / synccheck clean); FA_VARIANTS_FP8_QUANT_STAGED_MEAN=0 (read at import)
+#: turns it off
+V3_STAGED_MEAN = _os.environ.get("FA_VARIANTS_FP8_QUANT_STAGED_MEAN", "1") != "0"
 
 
 @dsl_user_op
@@ -1089,7 +1091,7 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Co
     common = dict(granularity=config.granularity, stages=V2_STAGES if staged else 1)
     if pipe == "v3":
         common.update(coalesced=V3_COALESCED, head_major=V3_HEAD_MAJOR)
-        smooth_common = dict(common, staged_mean=V3_STAGED_MEAN)
+        smooth_common = dict(common, staged_mean=V3_STAGED_MEAN and V3_COALESCED)  # it rides on coalesced stages
     else:
         smooth_common = common
     # v2 launches V's pass first (plain launch), then K's and Q's with programmatic dependent launch, whose
