@@ -49,7 +49,7 @@ def main():
                 q8, k8, vt, qd, kd, vd = fp8_inputs(B, N, H, D)
                 scale = D ** -0.5
                 row = dict(head_dim=D, seqlen=N, batch=B, heads=H, causal=causal)
-                for name, cfg in (("fp8", None), ("fp8_single_acc", dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[D], two_level=False, pv_split=1))):
+                for name, cfg in (("fp8", None), ("fp8_single_acc", dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[D], two_level=False, pv_split=1, **fa3_fp8.NO_LOOKAHEAD))):
                     fn = lambda: fa3_fp8.run_quantized(q8, k8, vt, qd, kd, vd, softmax_scale=scale, causal=causal, config=cfg)
                     fn()
                     ms = triton.testing.do_bench(fn, warmup=10, rep=args.rep, return_mode="median")

@@ -42,6 +42,9 @@ from concurrent.futures import ProcessPoolExecutor
 import torch
 
 E4M3 = torch.float8_e4m3fn
+# fa3_fp8.NO_LOOKAHEAD (not imported here: the kernel module loads the CuTe DSL): the head_dim 256 default's serial
+# steps (s_lookahead and s_halves off), for variants whose changes the lookahead refuses, and "old" in fp8d256
+NO_LOOKAHEAD = dict(s_lookahead=False, s_halves=False)
 
 # Variants of the FP8 kernel per head_dim: name -> changes to fa3_fp8.DEFAULT_CONFIGS[head_dim]. "new" is the
 # default (tiles from fa_variants.fp8.layout.KERNEL_TILES); "old" the default before it (128 x 128 at 64 and
@@ -49,7 +52,8 @@ E4M3 = torch.float8_e4m3fn
 VARIANTS: dict[int, dict[str, dict]] = {
     64: {"new": {}, "old": dict(tile_m=128), "single": dict(two_level=False)},
     128: {"new": {}, "old": dict(tile_n=128, intra_wg_overlap=True), "single": dict(two_level=False)},
-    256: {"new": {}, "old": dict(pv_split=2, pv_buffers=1), "single": dict(two_level=False, pv_split=1, pv_buffers=1)},
+    256: {"new": {}, "old": dict(pv_split=2, pv_buffers=1, **NO_LOOKAHEAD),
+          "single": dict(two_level=False, pv_split=1, pv_buffers=1, **NO_LOOKAHEAD)},
 }
 # --set fp8speed (scripts/fp8speed_gpu.sh): the speed switches of issue 10, each off by default, beside the
 # current default ("new") and the single accumulator ("single": the two-level cost). early: early_pv_arrive (the
@@ -61,10 +65,10 @@ SPEED_VARIANTS: dict[int, dict[str, dict]] = {
          "promote4": dict(promote_every=4), "emu1": dict(exp2_emu=1), "emu2": dict(exp2_emu=2)},
     128: {"new": {}, "single": dict(two_level=False), "early": dict(early_pv_arrive=True),
           "skip": dict(skip_unit_rescale=True), "early_skip": dict(early_pv_arrive=True, skip_unit_rescale=True)},
-    256: {"new": {}, "single": dict(two_level=False, pv_split=1, pv_buffers=1),
-          "single_early": dict(two_level=False, pv_split=1, pv_buffers=1, early_pv_arrive=True),
-          "early": dict(early_pv_arrive=True), "skip": dict(skip_unit_rescale=True),
-          "early_skip": dict(early_pv_arrive=True, skip_unit_rescale=True)},
+    256: {"new": {}, "single": dict(two_level=False, pv_split=1, pv_buffers=1, **NO_LOOKAHEAD),
+          "single_early": dict(two_level=False, pv_split=1, pv_buffers=1, early_pv_arrive=True, **NO_LOOKAHEAD),
+          "early": dict(early_pv_arrive=True, **NO_LOOKAHEAD), "skip": dict(skip_unit_rescale=True),
+          "early_skip": dict(early_pv_arrive=True, skip_unit_rescale=True, **NO_LOOKAHEAD)},
 }
 # --set fp8flip (scripts/fp8flip_gpu.sh): the session-5 defaults ("new": skip_unit_rescale on everywhere,
 # promote_every 4 at head_dim 64) against the previous ones ("old"), the descale_prefetch switch (off), and the single
@@ -75,9 +79,10 @@ FLIP_VARIANTS: dict[int, dict[str, dict]] = {
          "single": dict(two_level=False)},
     128: {"new": {}, "old": dict(skip_unit_rescale=False), "prefetch": dict(descale_prefetch=True),
           "single": dict(two_level=False)},
-    256: {"new": {}, "old": dict(skip_unit_rescale=False), "prefetch": dict(descale_prefetch=True),
-          "single": dict(two_level=False, pv_split=1, pv_buffers=1),
-          "single_overlap": dict(two_level=False, pv_split=1, pv_buffers=1, intra_wg_overlap=True)},
+    256: {"new": {}, "old": dict(skip_unit_rescale=False, **NO_LOOKAHEAD),
+          "prefetch": dict(descale_prefetch=True, **NO_LOOKAHEAD),
+          "single": dict(two_level=False, pv_split=1, pv_buffers=1, **NO_LOOKAHEAD),
+          "single_overlap": dict(two_level=False, pv_split=1, pv_buffers=1, intra_wg_overlap=True, **NO_LOOKAHEAD)},
 }
 # --set fp8small (scripts/fp8small_gpu.sh, session 6): head_dim 64 and 128 only. c4: reduce_chains=4 (the row max in
 # four FMNMX chains and, new in the block-scaled softmax, the row sum in four FADD chains: the loop's latency path,
@@ -105,18 +110,22 @@ FP8SMALL_VARIANTS: dict[int, dict[str, dict]] = {
           "single_c4": dict(two_level=False, reduce_chains=4),
           "single_m192_c4": dict(two_level=False, tile_m=192, tile_n=128, reduce_chains=4)},
 }
-# --set fp8d256 (scripts/fp8d256_gpu.sh, session 6): head_dim 256 schedules that keep two-level accumulation. lookNN:
-# s_lookahead (the next S GEMM issued in the P V turn, before the last slice's promotion) with tile_n NN; _p8: P V in
-# eight slices of d (pv_split 8); _stK: K K/V stages; look128_halves: 128 x 128 with S as two 64-key halves in the two
-# temporaries' registers (s_halves: half 0 issued after the last slice, the last slice promoted under it); serial64: tile_n 64 with the default schedule (what the tile
-# alone does); single*: one running accumulator (single_overlap: intra-warpgroup overlap, the fastest of session 5).
+# --set fp8d256 (scripts/fp8d256_gpu.sh, session 6): head_dim 256 schedules that keep two-level accumulation. new: the
+# default since that run (128 x 128, s_lookahead with s_halves: S as two 64-key halves in the two temporaries'
+# registers, half 0 issued after the slice before the last, the last slice promoted under it; the run's
+# "look128_halves"); old: the serial default before (NO_LOOKAHEAD). lookNN: s_lookahead (the next S GEMM issued in the
+# P V turn, before the last slice's promotion) with tile_n NN; _p8: P V in eight slices of d (pv_split 8); _stK: K
+# K/V stages; serial64: tile_n 64 with the old schedule (what the tile alone does); single*: one running accumulator
+# (single_overlap: intra-warpgroup overlap, the fastest of session 5).
 D256_VARIANTS: dict[int, dict[str, dict]] = {
-    256: {"new": {}, "look64": dict(tile_n=64, s_lookahead=True), "look64_st4": dict(tile_n=64, s_lookahead=True, stages=4),
-          "look96_p8": dict(tile_n=96, s_lookahead=True, pv_split=8),
-          "look96_p8_st3": dict(tile_n=96, s_lookahead=True, pv_split=8, stages=3),
-          "look128_halves": dict(s_lookahead=True, s_halves=True), "serial64": dict(tile_n=64),
-          "single_overlap": dict(two_level=False, pv_split=1, pv_buffers=1, intra_wg_overlap=True),
-          "single64_overlap": dict(tile_n=64, two_level=False, pv_split=1, pv_buffers=1, intra_wg_overlap=True)},
+    256: {"new": {}, "old": dict(NO_LOOKAHEAD), "look64": dict(tile_n=64, s_lookahead=True, s_halves=False),
+          "look64_st4": dict(tile_n=64, s_lookahead=True, s_halves=False, stages=4),
+          "look96_p8": dict(tile_n=96, s_lookahead=True, s_halves=False, pv_split=8),
+          "look96_p8_st3": dict(tile_n=96, s_lookahead=True, s_halves=False, pv_split=8, stages=3),
+          "serial64": dict(tile_n=64, **NO_LOOKAHEAD),
+          "single_overlap": dict(two_level=False, pv_split=1, pv_buffers=1, intra_wg_overlap=True, **NO_LOOKAHEAD),
+          "single64_overlap": dict(tile_n=64, two_level=False, pv_split=1, pv_buffers=1, intra_wg_overlap=True,
+                                   **NO_LOOKAHEAD)},
 }
 # bf16 fa3 variants timed beside "bf16_fa3" (its default) in --set fp8speed
 SPEED_BF16_VARIANTS: dict[int, dict[str, dict]] = {64: {"bf16_emu1": dict(exp2_emu=1)}}
@@ -140,8 +149,9 @@ LEGENDS = {
                 "192 x 192 serial; m192 = 192 x 128 serial, three warpgroups; single* = one running accumulator with the "
                 "same switches; bf16_fa3 = ours; flash_attn_4 = flash-attn-4 bf16.",
     "fp8d256": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs (K/V scale blocks of the variant's "
-               "tile_n); new = the default (two-level, 128 x 128, serial, four P V slices); lookNN = s_lookahead with "
-               "tile_n NN (_p8: eight P V slices, _stK: K stages; look128_halves: S in two halves, s_halves); serial64 = tile_n 64, default schedule; single* = "
+               "tile_n); new = the default (two-level, 128 x 128, four P V slices, s_lookahead with S in two halves); "
+               "old = the serial default before; lookNN = s_lookahead with tile_n NN (_p8: eight P V slices, _stK: K "
+               "stages); serial64 = tile_n 64, old schedule; single* = "
                "one running accumulator with intra-warpgroup overlap; bf16_fa3 = ours; flash_attn_4 = flash-attn-4 bf16.",
 }
 # issue 10's targets: (head_dim, seqlen, causal or None for both, what, threshold)

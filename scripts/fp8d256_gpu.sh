@@ -6,6 +6,8 @@
 # before that slice's promotion, so the turn hands on a full tensor-core queue; tile_n 64 (S in the first
 # temporary's registers), 96 (eight P V slices), or 128 with S as two halves in the two temporaries (s_halves).
 # No spills in any of them (CPU compile). Variants: scripts/fa3_fp8_speed_ab.py D256_VARIANTS.
+# Since that run (H200, session 6) look128_halves is the default: "new" is now that schedule and "old" the serial
+# default before it (NO_LOOKAHEAD); the text below is the pre-run plan.
 #   1. precompile (15 workers, into the disk cache): every timed kernel, both causal modes (the tests run both)
 #   2. gpu_tests: tests/test_fa3_fp8_lookahead_gpu.py, every new variant vs the emulation (K/V scale blocks of its
 #      tile_n) and vs float64: one tile, two tiles, tails, Nq != Nk, GQA/MQA, causal and not, NaN-poisoned outputs

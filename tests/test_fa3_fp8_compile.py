@@ -99,7 +99,7 @@ def test_promotion_interval():
 def test_pv_slices_pipelined():
     """head_dim 256, pv_split=4 with two temporaries: slice h + 1 is issued before slice h is promoted
     (a wait for <= 1 group in flight), the promotes' FFMAs between them; no spills."""
-    cfg = dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[256], pv_split=4, pv_buffers=2)
+    cfg = dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[256], pv_split=4, pv_buffers=2, **fa3_fp8.NO_LOOKAHEAD)
     s = _sass(cfg, head_dim=256)
     counts = cubin.count_sass(s)
     assert counts["LDL"] == counts["STL"] == 0, counts
@@ -123,8 +123,9 @@ def test_early_pv_arrive():
     """early_pv_arrive (head_dim 256, four P V slices, two temporaries): the ping-pong arrive (BAR.ARV) comes right
     after the last slice's QGMMA is issued, before any wait for it, and the mainloop's S = Q K^T QGMMA is no longer
     followed by one (only the first step's is: its turn has no P V GEMM); no spills. With skip_unit_rescale too."""
-    base = _sass(fa3_fp8.DEFAULT_CONFIGS[256], head_dim=256)
-    cfg = dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[256], early_pv_arrive=True, skip_unit_rescale=True)
+    serial = dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[256], **fa3_fp8.NO_LOOKAHEAD)  # the lookahead refuses early
+    base = _sass(serial, head_dim=256)
+    cfg = dataclasses.replace(serial, early_pv_arrive=True, skip_unit_rescale=True)
     s = _sass(cfg, head_dim=256)
     counts = cubin.count_sass(s)
     assert counts["QGMMA"] > 0 and counts["LDL"] == counts["STL"] == 0, counts
@@ -160,8 +161,9 @@ def test_descale_prefetch():
     read once per tile instead of once per slice (fewer LDG in all); no spills. At 64 (overlapped steps, a
     promotion interval) and 128 it compiles without spills too."""
     s_tail = r"QGMMA\.64x128x32\.F32\.E4M3\.E4M3 R\d+, gdesc\[UR\d+\], R\d+, gsb0 ;((?:(?!MUFU\.EX2).)*)MUFU\.EX2"
-    base = _sass(fa3_fp8.DEFAULT_CONFIGS[256], head_dim=256)
-    s = _sass(dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[256], descale_prefetch=True), head_dim=256)
+    serial = dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[256], **fa3_fp8.NO_LOOKAHEAD)  # the lookahead refuses prefetch
+    base = _sass(serial, head_dim=256)
+    s = _sass(dataclasses.replace(serial, descale_prefetch=True), head_dim=256)
     counts, base_counts = cubin.count_sass(s), cubin.count_sass(base)
     assert counts["LDL"] == counts["STL"] == 0, counts
     loads = lambda text: [len(re.findall(r"\bLDG\.E\b", t)) for t in re.findall(s_tail, text, re.S)]  # noqa: E731

@@ -21,7 +21,8 @@ S_FIRST = r"QGMMA\.64x{n}x32\.F32\.E4M3\.E4M3 R(\d+), gdesc\[UR\d+\], RZ, !UPT"
 
 
 def _sass(change, causal):
-    cfg = dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[256], **change)
+    """SASS of the head_dim 256 serial schedule (the default before the lookahead, ``NO_LOOKAHEAD``) with change."""
+    cfg = dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[256], **{**fa3_fp8.NO_LOOKAHEAD, **change})
     c = registry.compiled(registry.static_config("fa3-fp8", "sm_90a", "e4m3", 256, causal, cfg))
     return cubin.sass_of(c.cubin)
 
@@ -77,8 +78,17 @@ def test_s_halves():
     assert all(a != b and len(re.findall(r"\bFFMA\b", between)) >= 32 for a, between, b in found)
 
 
-def test_default_has_no_lookahead():
+def test_serial_has_no_lookahead():
     assert _lookahead_issues(_sass({}, causal=False), 128) == []
+
+
+def test_default_is_look128_halves():
+    """The head_dim 256 default since the session-6 H200 A/B (--set fp8d256): s_lookahead with s_halves at 128 x 128
+    (test_s_halves reads its SASS); the other head_dims keep neither."""
+    c256 = fa3_fp8.DEFAULT_CONFIGS[256]
+    assert c256.s_lookahead and c256.s_halves and c256.skip_unit_rescale and (c256.tile_m, c256.tile_n) == (128, 128)
+    assert c256 == dataclasses.replace(c256, **{**fa3_fp8.NO_LOOKAHEAD, "s_lookahead": True, "s_halves": True})
+    assert not any(c.s_lookahead or c.s_halves for d, c in fa3_fp8.DEFAULT_CONFIGS.items() if d != 256)
 
 
 @pytest.mark.parametrize("bad", [dict(pv_buffers=1), dict(pv_split=1, pv_buffers=1), dict(promote_every=2),
@@ -86,16 +96,16 @@ def test_default_has_no_lookahead():
                                  dict(shared_kv_state=True), dict(descale_prefetch=True),
                                  dict(s_halves=True, tile_n=64)])
 def test_lookahead_config_errors(bad):
-    cfg = dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[256], s_lookahead=True, **bad)
+    cfg = dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[256], **{**fa3_fp8.NO_LOOKAHEAD, "s_lookahead": True, **bad})
     with pytest.raises(ValueError):
         cfg.check(256)
 
 
-def test_lookahead_default_off():
-    assert not any(c.s_lookahead or c.s_halves for c in fa3_fp8.DEFAULT_CONFIGS.values())
+def test_halves_need_lookahead():
     with pytest.raises(ValueError, match="s_halves"):
-        dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[256], s_halves=True).check(256)
-    dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[256], s_lookahead=True, pv_split=8).check(256)
+        dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[256], s_lookahead=False).check(256)
+    dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[256], s_halves=False, pv_split=8).check(256)
+    dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[256], **fa3_fp8.NO_LOOKAHEAD).check(256)
 
 
 def test_d256_set_covers_the_gpu_tests():

@@ -1,7 +1,8 @@
 """fa3-fp8 head_dim 256 schedules of session 6 on an sm90 GPU (issue 10): ``s_lookahead`` (the next K/V tile's S GEMM
 issued in the P V turn, before the last slice's promotion) with tile_n 64 (four P V slices; two or four stages) and
-96 (eight slices; two or three stages), and 128 with S in two halves (``s_halves``); and the tile_n 64 controls the A/B times beside them (the default schedule, the single accumulator with
-intra-warpgroup overlap). The names are those of scripts/fa3_fp8_speed_ab.py ``D256_VARIANTS``.
+96 (eight slices; two or three stages); 128 with S in two halves (``s_halves``) is the default since the session-6
+A/B (tests/test_fa3_fp8_gpu.py runs it), so here "old" is the serial default before it; and the tile_n 64 controls
+the A/B times beside them (the old schedule, the single accumulator with intra-warpgroup overlap). The names are those of scripts/fa3_fp8_speed_ab.py ``D256_VARIANTS``.
 
 The kernel against its emulation on the same quantised inputs (default recipe, K/V scale blocks of the variant's
 tile_n, its accumulation told to the emulation), bounds of tests/test_fa3_fp8_gpu.py (rel-L2 <= 6e-3, LSE <= 1.5e-3
@@ -23,14 +24,15 @@ REL_L2_BOUND = 6e-3  # as tests/test_fa3_fp8_gpu.py
 LSE_BOUND = 1.5e-3
 SHAPES = [(1, 40, 40, 2, 1), (1, 113, 113, 4, 2), (2, 113, 1023, 4, 1), (1, 1023, 113, 3, 3)]
 SHAPE_IDS = ["x".join(map(str, s)) for s in SHAPES]
+NO_LOOKAHEAD = dict(s_lookahead=False, s_halves=False)  # fa3_fp8.NO_LOOKAHEAD: the serial default before
 VARIANTS = {
-    "look64": dict(tile_n=64, s_lookahead=True),
-    "look64_st4": dict(tile_n=64, s_lookahead=True, stages=4),
-    "look96_p8": dict(tile_n=96, s_lookahead=True, pv_split=8),
-    "look96_p8_st3": dict(tile_n=96, s_lookahead=True, pv_split=8, stages=3),
-    "look128_halves": dict(s_lookahead=True, s_halves=True),
-    "serial64": dict(tile_n=64),
-    "single64_overlap": dict(tile_n=64, two_level=False, pv_split=1, pv_buffers=1, intra_wg_overlap=True),
+    "old": dict(NO_LOOKAHEAD),
+    "look64": dict(tile_n=64, s_lookahead=True, s_halves=False),
+    "look64_st4": dict(tile_n=64, s_lookahead=True, s_halves=False, stages=4),
+    "look96_p8": dict(tile_n=96, s_lookahead=True, s_halves=False, pv_split=8),
+    "look96_p8_st3": dict(tile_n=96, s_lookahead=True, s_halves=False, pv_split=8, stages=3),
+    "serial64": dict(tile_n=64, **NO_LOOKAHEAD),
+    "single64_overlap": dict(tile_n=64, two_level=False, pv_split=1, pv_buffers=1, intra_wg_overlap=True, **NO_LOOKAHEAD),
 }
 
 

@@ -81,7 +81,8 @@ def _kernel_options(module: types.ModuleType, inputs: FP8Inputs) -> dict:
     every = inputs.config.promote_interval(inputs.head_dim)
     if inputs.config.two_level:
         return {} if every == base.promote_every else {"config": dataclasses.replace(base, promote_every=every)}
-    return {"config": dataclasses.replace(base, two_level=False, pv_split=1, pv_buffers=1)}
+    return {"config": dataclasses.replace(base, two_level=False, pv_split=1, pv_buffers=1,  # the lookahead needs two_level
+                                         **getattr(module, "NO_LOOKAHEAD", {}))}
 
 
 def attention_from_fp8(inputs: FP8Inputs, *, causal: bool = False, return_lse: bool = False,

@@ -6,7 +6,8 @@ the schedule is copied. After Shah et al. 2024, "FlashAttention-3", section 3.3 
 scales (one descale per 128 query rows and per ``tile_n`` keys, ``fa_variants.fp8.layout``):
 
 * Default tiles per head_dim come from ``layout.KERNEL_TILES`` (64: 192 x 128, three consumer warpgroups;
-  128: 128 x 256 with serial steps; 256: 128 x 128, P V in four slices of d with two temporaries), which the
+  128: 128 x 256 with serial steps; 256: 128 x 128, P V in four slices of d with two temporaries, the next S
+  GEMM issued as two halves before the last slice's promotion: ``s_lookahead``, ``s_halves``), which the
   quantisation reads too: K/V scale blocks are the kernel's tile_n, and ``run_fp8`` refuses inputs of other
   block heights.
 * S = Q8 K8^T is an FP8 WGMMA (SASS QGMMA), both operands K-major in shared memory.
@@ -43,7 +44,8 @@ scales (one descale per 128 query rows and per ``tile_n`` keys, ``fa_variants.fp
   promotes per tile, ~20% of a tile's 1024 MMA cycles: the 9-20% the H200 showed. ``pv_buffers = 2``
   with ``pv_split = 4`` (two 32-register temporaries) issues slice h + 1 before promoting slice h
   (DEPBAR 1): only the last slice's promote and one drain stay exposed.
-* Speed switches (issue 10; the A/B is ``scripts/fp8speed_gpu.sh``), off by default but ``skip_unit_rescale``.
+* Speed switches (issue 10; the A/B is ``scripts/fp8speed_gpu.sh``), off by default but ``skip_unit_rescale`` (and, at
+  head_dim 256, ``s_lookahead`` with ``s_halves``).
   Read in the SASS of the head_dim 256 default: ptxas sinks O *= alpha (issued before the P V GEMM) into the
   promotion, which becomes O = alpha O + (v_descale tmp), an FMUL and an FFMA per element; after the last slice's wait (DEPBAR 0) ~128 of
   them plus the loop's top run before the next S GEMM is issued and the turn handed on, with this warpgroup's
@@ -63,7 +65,7 @@ scales (one descale per 128 query rows and per ``tile_n`` keys, ``fa_variants.fp
   A promotion interval (``promote_every``) needs a temporary for the whole of d that lives across the S GEMM and
   the softmax: at head_dim 256 (O 128 + temporary 128 registers per thread) it cannot fit, at 128 with 256-key
   tiles it spills (S 128 + O 64 + temporary 64); it is built for head_dim 64 and for 128 with 128-key tiles.
-* ``s_lookahead`` (off by default; head_dim 256, session 6): the serial step waits for the last P V slice and
+* ``s_lookahead`` (head_dim 256, session 6; on by default there with ``s_halves``, ``DEFAULT_SWITCHES``): the serial step waits for the last P V slice and
   promotes it before the next S GEMM is issued, so each ping-pong turn ends with this warpgroup's tensor-core queue
   empty. With the switch the consumer runs its own loop (``_Fp8StepContext.lookahead_loop``): the S GEMM of tile
   n - 1 is issued right after the last slice of tile n's P V GEMM, the turn is handed on, and the last slice is
@@ -184,8 +186,14 @@ class Fp8Config(Fa3Config):
 #: switches per head_dim of the default configs: skip_unit_rescale (no O *= alpha when no row max of the thread
 #: moved, module docstring for its fp32 roundings) at 256 only. H200, scripts/fa3_fp8_speed_ab.py --set fp8flip
 #: (8 rotated rounds, N 4k / 4k causal / 16k / 16k causal, on / off): 256 1.02 / 1.05 / 1.00 / 1.07x; 128 1.00 /
-#: 0.97 / 0.97 / 0.91x, so off there (and at 64 and 96, not shown faster).
-DEFAULT_SWITCHES = {64: {}, 96: {}, 128: {}, 256: dict(skip_unit_rescale=True)}
+#: 0.97 / 0.97 / 0.91x, so off there (and at 64 and 96, not shown faster). At 256 also s_lookahead with s_halves
+#: (session 6, --set fp8d256, variant look128_halves, on top of skip_unit_rescale): 1015 / 893 / 1102 / 1052
+#: TFLOP/s against 985 / 898 / 962 / 941 for the serial default before (1.03 / 0.99 / 1.15 / 1.12x), accuracy as
+#: the emulation's. ``NO_LOOKAHEAD`` turns both off (that serial schedule; needed beside changes the lookahead
+#: refuses: one accumulator, early_pv_arrive, descale_prefetch, other slicings and tiles).
+DEFAULT_SWITCHES = {64: {}, 96: {}, 128: {}, 256: dict(skip_unit_rescale=True, s_lookahead=True, s_halves=True)}
+#: the changes that take the head_dim 256 default back to its serial steps (no lookahead, S in one MMA)
+NO_LOOKAHEAD = dict(s_lookahead=False, s_halves=False)
 
 
 def _default(head_dim: int) -> Fp8Config:
