@@ -31,11 +31,13 @@ SHAPES = [(1, 113, 113, 4, 2), (2, 113, 1023, 4, 1), (1, 1023, 113, 3, 3)]
 SHAPE_IDS = ["x".join(map(str, s)) for s in SHAPES]
 
 # (head_dim, config change) of the fa3-fp8 variants (scripts/fa3_fp8_speed_ab.py SPEED_VARIANTS, the same names)
+# fa3_fp8.NO_LOOKAHEAD: the head_dim 256 default's serial steps, for switches its lookahead refuses
+NO_LOOKAHEAD = dict(s_lookahead=False, s_halves=False)
 FP8_VARIANTS = {
-    "d256-early": (256, dict(early_pv_arrive=True)),
+    "d256-early": (256, dict(early_pv_arrive=True, **NO_LOOKAHEAD)),
     "d256-skip": (256, dict(skip_unit_rescale=True)),
-    "d256-early_skip": (256, dict(early_pv_arrive=True, skip_unit_rescale=True)),
-    "d256-single_early": (256, dict(two_level=False, pv_split=1, pv_buffers=1, early_pv_arrive=True)),
+    "d256-early_skip": (256, dict(early_pv_arrive=True, skip_unit_rescale=True, **NO_LOOKAHEAD)),
+    "d256-single_early": (256, dict(two_level=False, pv_split=1, pv_buffers=1, early_pv_arrive=True, **NO_LOOKAHEAD)),
     "d128-early": (128, dict(early_pv_arrive=True)),
     "d128-skip": (128, dict(skip_unit_rescale=True)),
     "d128-early_skip": (128, dict(early_pv_arrive=True, skip_unit_rescale=True)),
@@ -47,11 +49,11 @@ FP8_VARIANTS = {
     # descale_prefetch; the single accumulator with intra-warpgroup overlap at 256
     "d64-old": (64, dict(promote_every=1, skip_unit_rescale=False)),
     "d128-old": (128, dict(skip_unit_rescale=False)),
-    "d256-old": (256, dict(skip_unit_rescale=False)),
+    "d256-old": (256, dict(skip_unit_rescale=False, **NO_LOOKAHEAD)),
     "d64-prefetch": (64, dict(descale_prefetch=True)),
     "d128-prefetch": (128, dict(descale_prefetch=True)),
-    "d256-prefetch": (256, dict(descale_prefetch=True)),
-    "d256-single_overlap": (256, dict(two_level=False, pv_split=1, pv_buffers=1, intra_wg_overlap=True)),
+    "d256-prefetch": (256, dict(descale_prefetch=True, **NO_LOOKAHEAD)),
+    "d256-single_overlap": (256, dict(two_level=False, pv_split=1, pv_buffers=1, intra_wg_overlap=True, **NO_LOOKAHEAD)),
 }
 
 # session 6, head_dim 64 / 128 (scripts/fa3_fp8_speed_ab.py FP8SMALL_VARIANTS, "fp8small-d<D>-<name>"): the softmax's row
