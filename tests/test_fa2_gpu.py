@@ -167,10 +167,11 @@ def test_d256_switch_selects_the_variant(monkeypatch, nan_allocations):
 
     arch = interop.device_arch(torch.device("cuda"))
     q, k, v = make_qkv(2, 200, 200, 4, 4, 256, device="cuda")
-    run(q, k, v, causal=True)  # planned under "default"
-    monkeypatch.setattr(fa2, "D256_VARIANT", "s1")
-    assert fa2._problem_config(None, q, k, True) == fa2.d256_config(arch, "s1")
+    monkeypatch.setattr(fa2, "SPLIT_KV_ENABLED", False)  # 2 x 4 heads x 4 query tiles would split otherwise
+    run(q, k, v, causal=True)  # planned under "default" (s1)
+    monkeypatch.setattr(fa2, "D256_VARIANT", "s2")  # the two-stage tiles, the default before s1
+    assert fa2._problem_config(None, q, k, True) == fa2.d256_config(arch, "s2")
     with nan_allocations():
         out, lse = fa2.run(q, k, v, causal=True, softmax_scale=256 ** -0.5)
     torch.cuda.synchronize()
-    assert_attention_ok(out, lse, q, k, v, True, 256 ** -0.5, what="auto with D256_VARIANT=s1")
+    assert_attention_ok(out, lse, q, k, v, True, 256 ** -0.5, what="auto with D256_VARIANT=s2")
