@@ -63,6 +63,7 @@ def moved_bytes(q, k, fp8, smooth: bool) -> int:
 def mean_ok(got, k, block_n: int, blocks: int | None = None) -> bool:
     """The v2 / v3 mean within float32 summation's bound of the float64 mean (the test's bound; see its
     docstring) of the tokens it is taken over (``quantize.k_sample_tiles``: all of them unless ``blocks``)."""
+    from fa_variants.fp8.quant_kernel import k_parts_per_block
     from fa_variants.fp8.quantize import k_sample_tiles
 
     tiles = k_sample_tiles(k.shape[1], block_n, blocks)
@@ -72,7 +73,7 @@ def mean_ok(got, k, block_n: int, blocks: int | None = None) -> bool:
         idx = torch.cat([torch.arange(t * block_n, min((t + 1) * block_n, k.shape[1])) for t in tiles])
         k = k[:, idx.to(k.device)]
     Nk = k.shape[1]
-    parts = -(-Nk // block_n) * max(1, block_n // 128)
+    parts = -(-Nk // block_n) * k_parts_per_block(block_n)
     kd = k.double()
     bound = (parts + 10) * 2.0 ** -24 * 1.01 * kd.abs().mean(dim=1)
     return bool(((got.double() - kd.mean(dim=1)).abs() <= bound).all())

@@ -90,6 +90,45 @@ def test_compiles_without_spills(arch, head_dim, cfg):
         assert cubin.count_sass(cubin.sass_of(c.cubin), ("ATOMG",))["ATOMG"] == 1
 
 
+@pytest.mark.parametrize("rows", range(16, 257, 16))
+def test_k_sum_groups(rows):
+    """V's thread map (``thread_token`` / ``thread_chunk``: one chunk of 16 channels, 4 tokens per slot): every aligned group of ``k_sum_group(rows)`` lanes of a warp (one butterfly of K's sums)
+    holds consecutive token quads of one chunk, and the groups' partial indices tile 0 .. k_parts_per_block - 1
+    per chunk, each summing disjoint tokens that together cover the block."""
+    quads, group, parts = rows // qk.SLOTS, qk.k_sum_group(rows), qk.k_parts_per_block(rows)
+    assert 32 % group == 0 and quads % group == 0 and parts * group == quads
+    threads = rows * 64 // (qk.VEC * qk.SLOTS)  # head_dim 64; the map repeats per chunk at larger head_dim
+    covered = {}
+    for t0 in range(0, threads, group):
+        lanes = range(t0, t0 + group)
+        chunks = {qk.thread_chunk("v", 0, quads, t, 0) for t in lanes}
+        quad_ids = [t % quads for t in lanes]
+        assert len(chunks) == 1 and quad_ids == list(range(quad_ids[0], quad_ids[0] + group)), (t0, chunks)
+        part = quad_ids[0] // group
+        toks = {qk.thread_token("v", 0, quads, t, j) for t in lanes for j in range(qk.SLOTS)}
+        covered.setdefault(chunks.pop(), {})[part] = toks
+    for by_part in covered.values():
+        assert sorted(by_part) == list(range(parts))
+        assert sorted(t for toks in by_part.values() for t in toks) == list(range(rows))
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("arch", ["sm_90a"], indirect=True)
+@pytest.mark.parametrize("cfg", [
+    qk.PassConfig(role="v", rotate=False, rows=192, stages=3, kmean=True, coalesced=True, head_major=True),
+    qk.PassConfig(smooth=True, rows=192, stages=3, reverse=True, pdl=True, coalesced=True, head_major=True,
+                  staged_mean=True)], ids=["v-kmean", "k-staged"])
+def test_compiles_rows_192(arch, cfg):
+    """head_dim 64's default K/V blocks of 192 tokens (pipeline v3, staged mean): no local memory, 192 threads
+    (two CTAs' registers per SM), K's sums in V's launch: 5 shuffles for the block max + 4 butterfly steps of
+    16 values (16-quad groups, ``k_sum_group``)."""
+    c = qk.VARIANT.compiled(qk.static_config(arch, torch.bfloat16, 64, cfg))
+    res = cubin.cubin_resources(c.cubin)
+    ops = cubin.count_sass(cubin.sass_of(c.cubin), ("SHFL.BFLY", "LDL", "STL"))
+    assert res["spill_bytes"] == 0 and ops["LDL"] == ops["STL"] == 0, (res, ops)
+    assert ops["SHFL.BFLY"] == 5 + (64 if cfg.kmean else 0), ops
+
+
 def test_compile_cli_and_refusals(compile_cli):
     report = compile_cli("--arch", "sm_90a", "--variant", "fp8-quant", "--head-dim", "128", "--dtype", "bf16")
     assert report["spill_bytes"] == 0 and report["tiles"]["role"] == "qk"
@@ -109,8 +148,7 @@ def test_compile_cli_and_refusals(compile_cli):
         qk.PassConfig(kmean=True).check(64)
     with pytest.raises(ValueError, match="fused mean finishes"):
         qk.PassConfig(role="v", rotate=False, fused_mean=True).check(64)
-    with pytest.raises(ValueError, match="partial sums ride on V"):
-        qk.PassConfig(role="v", rotate=False, kmean=True, rows=192).check(64)
+    qk.PassConfig(role="v", rotate=False, kmean=True, rows=192).check(64)  # tile_n 192 (head_dim 64's default)
     with pytest.raises(ValueError, match="shared memory"):
         qk.PassConfig(rows=256, stages=4).check(128)
     with pytest.raises(ValueError, match="bad pass config"):
@@ -148,7 +186,7 @@ def test_k_sample_items(seqlen_k, block_n, blocks):
 
 @pytest.mark.parametrize("role", ["qk", "v"])
 @pytest.mark.parametrize("head_dim", qk.HEAD_DIMS)
-@pytest.mark.parametrize("rows", [128, 256])
+@pytest.mark.parametrize("rows", [128, 192, 256])
 def test_coalesced_stage_map(role, head_dim, rows):
     """The coalesced stage (pipeline v3) on the CPU, for every thread of a block: the cp.async pieces cover
     each (token, piece) of the block once; each thread reads back exactly the 16 channels of each slot that
@@ -247,7 +285,7 @@ def assert_k_mean_close(got, k, block_n):
     if Nk == 0:
         assert torch.equal(got, torch.zeros_like(got))
         return
-    parts = -(-Nk // block_n) * max(1, block_n // 128)
+    parts = -(-Nk // block_n) * qk.k_parts_per_block(block_n)
     kd = k.double()
     bound = (parts + 10) * 2.0 ** -24 * 1.01 * kd.abs().mean(dim=1)  # 1.01: gamma_n = n u / (1 - n u)
     err = (got.double() - kd.mean(dim=1)).abs()
@@ -269,21 +307,23 @@ def assert_shift_close(got, want, q, mean, scale):
 @pytest.mark.gpu
 @pytest.mark.parametrize("pipeline", qk.PIPELINES)
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_pass_block_height_256(monkeypatch, head_dim, pipeline):
-    """K / V blocks of 256 tokens (a tile_n of 256 in fp8.layout): the pass takes the block height from the
-    layout, and still equals the torch recipe."""
+@pytest.mark.parametrize("block_n", [192, 256])
+def test_pass_block_height(monkeypatch, head_dim, pipeline, block_n):
+    """K / V blocks of 192 tokens (head_dim 64's default tile_n: K's sums in V's launch in three 16-quad
+    butterflies per block, ``qk.k_sum_group``) and 256 (a tile_n of 256 in fp8.layout): the pass takes the block
+    height from the layout, and still equals the torch recipe (K's mean: float64's within its bound)."""
     from fa_variants.fp8 import layout
 
-    monkeypatch.setitem(layout.KERNEL_TILES, head_dim, (layout.KERNEL_TILES[head_dim][0], 256))
+    monkeypatch.setitem(layout.KERNEL_TILES, head_dim, (layout.KERNEL_TILES[head_dim][0], block_n))
     g = torch.Generator(device="cuda").manual_seed(head_dim)
     q = torch.randn(1, 300, 4, head_dim, device="cuda", generator=g).to(torch.bfloat16)
     k = (torch.randn(1, 777, 2, head_dim, device="cuda", generator=g) + 1).to(torch.bfloat16)
     v = torch.randn(1, 777, 2, head_dim, device="cuda", generator=g).to(torch.bfloat16)
     gpu = qk.quantize(q, k, v, pipeline=pipeline)
     ref = quantize_fp8_torch(q, k, v, k_mean=gpu.k_mean if qk.own_mean(pipeline) else None)
-    assert gpu.k_descale.shape[-1] == 4
+    assert gpu.block_n == block_n and gpu.k_descale.shape[-1] == -(-777 // block_n)
     if qk.own_mean(pipeline):
-        assert_k_mean_close(gpu.k_mean, k, block_n=256)
+        assert_k_mean_close(gpu.k_mean, k, block_n=block_n)
     for name in ("q", "k", "v_t"):
         assert torch.equal(getattr(gpu, name).view(torch.uint8), getattr(ref, name).view(torch.uint8)), name
     for name in ("q_descale", "k_descale", "v_descale"):
@@ -292,11 +332,16 @@ def test_pass_block_height_256(monkeypatch, head_dim, pipeline):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("pipeline", qk.PIPELINES)
-def test_pass_zero_and_subnormal_blocks(pipeline):
-    """All-zero and subnormal blocks on the GPU: finite descales (2^-110), e4m3 zeros, like the torch path."""
-    x = torch.randn(1, 300, 2, 128, device="cuda", dtype=torch.bfloat16)
-    x[:, :128, 0] = 0
-    x[:, 128:256, 1] = torch.finfo(torch.bfloat16).tiny / 4
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_pass_zero_and_subnormal_blocks(pipeline, head_dim):
+    """All-zero and subnormal blocks on the GPU: finite descales (2^-110), e4m3 zeros, like the torch path
+    (the default block heights: K/V blocks of 192 tokens at head_dim 64)."""
+    from fa_variants.fp8 import layout
+
+    tn = layout.tile_n(head_dim)
+    x = torch.randn(1, 2 * tn + 44, 2, head_dim, device="cuda", dtype=torch.bfloat16)
+    x[:, :tn, 0] = 0
+    x[:, tn:2 * tn, 1] = torch.finfo(torch.bfloat16).tiny / 4
     gpu = qk.quantize(x, x, x, pipeline=pipeline)
     ref = quantize_fp8_torch(x, x, x, k_mean=gpu.k_mean if qk.own_mean(pipeline) else None)
     for name in ("q_descale", "k_descale", "v_descale"):

@@ -68,8 +68,9 @@ Pipeline "v2" (``quantize(pipeline="v2")``; ``DEFAULT_PIPELINE`` says which one 
   product at ~1 us, with gaps whenever the compute of a block is shorter than the latency.
 * K's mean in V's launch (``PassConfig.kmean``): the launch's work items are V's blocks, then the same
   blocks of K (same shape, same thread map), whose threads add their 4 tokens per channel, a warp
-  butterfly adds 32 token quads, and lane 0 writes the partial times float32(1 / seqlen_k) (``mPart``,
-  (B, H_kv, T * tile_n / 128, D)); one torch sum over the partials gives the mean (``k_mean_from_parts``).
+  butterfly adds 32 token quads (16 at tile_n 192: ``k_sum_group``), and lane 0 writes the partial times
+  float32(1 / seqlen_k) (``mPart``, (B, H_kv, T * k_parts_per_block(tile_n), D)); one torch sum over the
+  partials gives the mean (``k_mean_from_parts``).
   K is still read twice (the mean must exist before any K block is quantised) but not by torch (v1's
   ``k.mean`` ran at ~1.4 TB/s) and with one launch fewer. Another float32 summation order than torch's
   ``k_mean``: the outputs equal ``quantize_fp8_torch(..., k_mean=the pass's mean)`` bit for bit, and the
@@ -151,7 +152,7 @@ from fa_variants.fp8.quantize import (E4M3, MIN_DESCALE_EXPONENT, FP8Config, FP8
                                       k_mean, k_sample_count, k_sample_tiles, tiles_for)
 
 __all__ = ["HEAD_DIMS", "DTYPES", "QuantPass", "why_not", "quantize", "quantize_tensor", "piece_swizzle",
-           "stage_piece", "stage_load"]
+           "stage_piece", "stage_load", "k_sum_group", "k_parts_per_block"]
 
 HEAD_DIMS = (64, 128, 256)
 DTYPES = (torch.float16, torch.bfloat16)
@@ -254,6 +255,20 @@ def stage_piece(role: str, lanes: int, quads: int, head_dim: int, tidx, slot: in
     return row * P + (q ^ piece_swizzle(role, lanes, row))
 
 
+def k_sum_group(rows: int) -> int:
+    """Token quads one butterfly of K's partial sums adds in V's launch (``QuantPass.k_partial_sums``): the
+    largest power of two <= 32 dividing quads = rows / 4 (32 at rows 128 / 256, 16 at rows 192, whose 48 quads
+    per 16 channels straddle warps: aligned groups of 16 lanes never do). rows: a multiple of 16."""
+    quads = rows // SLOTS
+    return min(32, quads & -quads)
+
+
+def k_parts_per_block(rows: int) -> int:
+    """K's float32 partial sums per scale block of ``rows`` tokens in V's launch: quads / ``k_sum_group``
+    (1 at rows <= 128, 2 at 256, 3 at 192); ``k_parts`` holds T x this many per (batch, kv-head)."""
+    return rows // SLOTS // k_sum_group(rows)
+
+
 def stage_load(head_dim: int, rows: int, role: str, lanes: int, tidx, m: int):
     """(token, piece q of the token, piece index in the stage) of a thread's m-th 16-byte cp.async
     (m = 0..7) in a coalesced stage: piece tidx % (head_dim / 8) of token tidx / (head_dim / 8) + m rows / 8."""
@@ -306,9 +321,8 @@ class PassConfig:
         if (self.role not in ("qk", "v") or self.mode not in MODES or self.rows < 16 or self.rows % 16
                 or not 1 <= self.stages <= MAX_STAGES or (self.coalesced and self.stages < 2)):
             raise ValueError(f"fp8-quant: bad pass config {self}")
-        if self.kmean and (self.role != "v" or self.mode == "given" or (self.rows > 128 and self.rows % 128)):
-            raise ValueError("fp8-quant: K's partial sums ride on V's pass (role 'v', mode 'block' or 'amax', "
-                             "rows <= 128 or a multiple of 128)")
+        if self.kmean and (self.role != "v" or self.mode == "given"):
+            raise ValueError("fp8-quant: K's partial sums ride on V's pass (role 'v', mode 'block' or 'amax')")
         if self.fused_mean and not self.kmean:
             raise ValueError("fp8-quant: the fused mean finishes K's partial sums (kmean)")
         if self.k_sample and not self.kmean:
@@ -545,8 +559,8 @@ class QuantPass:
             step = step + 1
 
     def parts_per_block(self) -> int:
-        """K's partial sums per block in V's launch (``k_partial_sums``): one per warp of token quads."""
-        return self.quads // min(32, self.quads)
+        """K's partial sums per block in V's launch (``k_partial_sums``): ``k_parts_per_block(rows)``."""
+        return k_parts_per_block(self.cfg.rows)
 
     def mean_head(self, head: Int32, heads: Int32, mMean: cute.Tensor) -> Int32:
         """The (kv-)head of K's mean a block reads: Q's head // (H / H_kv) for the shift, K's own head."""
@@ -568,11 +582,11 @@ class QuantPass:
     def k_partial_sums(self, x: cute.Tensor, mPart: cute.Tensor, inv_n: Float32, batch: Int32, head: Int32,
                        tile: Int32, tidx: Int32, n_tiles: Int32, n_sample: Int32):
         """K's float32 sums over the tokens of a block, per channel, in a fixed order (the thread's 4 tokens
-        in slot order, then a butterfly over the ``group`` token quads of its warp, group = min(32, quads)),
+        in slot order, then a butterfly over the ``group`` token quads of its warp, group = ``k_sum_group(rows)``),
         times inv_n = float32(1 / seqlen_k): mPart[batch, head, tile * (quads / group) + quad / group,
         channel]. The host adds the partials (``k_mean_from_parts``). ``k_sample``: the partials of sample s
         (tile = floor(s T / m), so s = ceil(tile m / T)) in place of tile's; inv_n = 1 / the sampled tokens."""
-        group = min(32, self.quads)
+        group = k_sum_group(self.cfg.rows)
         acc = cute.make_rmem_tensor(VEC, Float32)
         for i in cutlass.range_constexpr(VEC):
             acc[i] = x[i, 0] + x[i, 1]
@@ -982,7 +996,7 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
     (None: ones); mean: float32 (B, H, D) subtracted before the signs (None: no smoothing); shift: float32
     (B, H, N) written with shift_scale * x . shift_mean (shift_mean float32 (B, H_kv, D), H % H_kv == 0).
     stages: blocks of loads in flight per CTA; reverse: walk the blocks last to first. k_of, k_parts (role
-    "v"): K (like x) and float32 (B, H, T * max(1, block / 128), D), written with K's per-channel sums over
+    "v"): K (like x) and float32 (B, H, T * k_parts_per_block(block), D), written with K's per-channel sums over
     each block's tokens (``QuantPass.k_partial_sums``) in the same launch. pdl (sm_90): programmatic
     dependent launch; x (and k_of) must then have been ready before the previous kernel on the stream began
     (``PassConfig.pdl``'s prologue reads them before griddepcontrol.wait). coalesced, head_major: the
@@ -991,7 +1005,7 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
     counters), and float32 (B, H, D): K's mean finished in the same launch (``PassConfig.fused_mean``).
     staged_mean: K's mean (smoothing or the shift) cp.async'd with each block's stage (``PassConfig.staged_mean``;
     with coalesced only, ignored otherwise). k_sample_tokens (with k_of, not the fused mean): K's sums over
-    ``quantize.k_sample_tiles`` only, m = k_parts.shape[2] / max(1, block / 128) tiles, covering this many tokens
+    ``quantize.k_sample_tiles`` only, m = k_parts.shape[2] / k_parts_per_block(block) tiles, covering this many tokens
     (``PassConfig.k_sample``; m * cdiv(N, block) < 2^31)."""
     B, N, H, D = x.shape
     T_blocks = -(-N // block)
@@ -1021,7 +1035,7 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
     if k_of is not None:  # the kernel's scale argument: float32(1 / tokens summed) for K's partial sums
         shift_scale = 1.0 / (N if k_sample_tokens is None else k_sample_tokens)
     total = B * H * T_blocks
-    k_items = total if k_sample_tokens is None else B * H * (k_parts.shape[2] // max(1, block // 128))
+    k_items = total if k_sample_tokens is None else B * H * (k_parts.shape[2] // k_parts_per_block(block))
 
     def launch(mode: str) -> None:
         kmean = k_of is not None and mode != "given"
@@ -1110,7 +1124,7 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Co
         # v2 / v3 sum K's mean in V's launch, but for a sample too large for the kernel's int32 tile arithmetic
         own = staged and not (sampled and len(tiles) * n_tiles >= 2**31)
         if own and sampled:  # V's launch also sums K's sample tiles (m / T of one read of K)
-            P = len(tiles) * max(1, tile_n // 128)
+            P = len(tiles) * k_parts_per_block(tile_n)
             sample = dict(k_sample_tokens=k_sample_count(Nk, tile_n, config.smooth_k_blocks))
             if pipe == "v3" and V3_FUSED_MEAN:  # ... and finishes the mean (the last sample tile of a head)
                 parts, counters = _fused_scratch(dev, B, Hkv, P, D)
@@ -1125,7 +1139,7 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Co
                                           k_parts=parts, **common, **sample)
                 mean = k_mean_from_parts(parts, Nk)
         elif own:  # V's launch also sums K per block; K's launch then reads K last block first (L2)
-            P = n_tiles * max(1, tile_n // 128)
+            P = n_tiles * k_parts_per_block(tile_n)
             if pipe == "v3" and V3_FUSED_MEAN:  # the mean finished in V's launch; scratch from common.workspace
                 parts, counters = _fused_scratch(dev, B, Hkv, P, D)
                 mean = torch.empty(B, Hkv, D, dtype=torch.float32, device=dev)
