@@ -4,6 +4,8 @@ order: e4m3 bytes, descales, V layout).
 
     source .gpu/env.sh && python3 -m pytest -m gpu tests/test_fp8_quant_kernel.py -q
 """
+import dataclasses
+
 import pytest
 import torch
 
@@ -222,6 +224,73 @@ def test_coalesced_stage_map(role, head_dim, rows):
                 assert len(banks) == 8, (w, j, half)
 
 
+@pytest.mark.parametrize("head_dim", qk.HEAD_DIMS)
+@pytest.mark.parametrize("rows", [32, 128, 192, 256])
+def test_staged_store_map(head_dim, rows):
+    """The staged e4m3 store (``PassConfig.staged_store``) on the CPU, for every thread of a Q / K block: the
+    shared-memory writes (``store_unit``) put each thread's 4 chunks (its token, chunk lane + slot L) at distinct
+    units inside the block's rows * head_dim bytes, the global stores (``store_map``) read back each (token, chunk)
+    from the unit it was written to, cover the block once, a warp's stores are 512 contiguous bytes in (token,
+    channel) order (whole 32-byte sectors), and no bank conflict: every quarter warp of a 16-byte shared access
+    (writes per slot, reads per store) touches 8 distinct 16-byte bank groups."""
+    if rows * head_dim > qk.MAX_BLOCK:
+        pytest.skip("block larger than one CTA holds")
+    lanes, per = head_dim // 64, head_dim // 16
+    threads = rows * head_dim // 64
+    written = {}
+    for j in range(qk.SLOTS):
+        for t in range(threads):
+            unit = qk.store_unit(head_dim, t, j)
+            key = (qk.thread_token("qk", lanes, rows // 4, t, j), qk.thread_chunk("qk", lanes, rows // 4, t, j))
+            assert 0 <= unit < rows * per and unit not in written.values() and key not in written
+            written[key] = unit
+        for w in range(threads // 8):
+            assert len({qk.store_unit(head_dim, 8 * w + i, j) % 8 for i in range(8)}) == 8, (w, j)
+    assert len(written) == rows * per
+    seen = set()
+    for r in range(qk.SLOTS):
+        for t in range(threads):
+            row, chunk, unit = qk.store_map(head_dim, threads, t, r)
+            assert written[(row, chunk)] == unit and (row, chunk) not in seen
+            seen.add((row, chunk))
+        for w in range(threads // 8):
+            assert len({qk.store_map(head_dim, threads, 8 * w + i, r)[2] % 8 for i in range(8)}) == 8, (w, r)
+        for w in range(threads // 32):
+            flat = [row * per + chunk for row, chunk, _ in (qk.store_map(head_dim, threads, 32 * w + i, r)
+                                                            for i in range(32))]
+            assert flat == list(range(flat[0], flat[0] + 32))
+    assert len(seen) == rows * per
+
+
+STAGED_STORE = [qk.PassConfig(shift=True, stages=3, pdl=True, coalesced=True, head_major=True, staged_mean=True,
+                              staged_store=True),
+                qk.PassConfig(smooth=True, stages=3, reverse=True, pdl=True, coalesced=True, head_major=True,
+                              staged_mean=True, staged_store=True),
+                qk.PassConfig(stages=3, pdl=True, coalesced=True, head_major=True, staged_store=True),
+                qk.PassConfig(mode="given", stages=3, coalesced=True, head_major=True, staged_store=True)]
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("arch", ["sm_90a"], indirect=True)
+@pytest.mark.parametrize("head_dim", qk.HEAD_DIMS)
+@pytest.mark.parametrize("cfg", STAGED_STORE, ids=["q-shift", "k-smooth", "qk-plain", "qk-given"])
+def test_compiles_staged_store(arch, head_dim, cfg):
+    """The staged store's Q / K passes (sm_90a): 4 16-byte e4m3 stores per thread (as without it), 4 16-byte
+    shared stores and 4 loads of the e4m3 units, one barrier more per block (4 with the staged mean's passes: the
+    signs', the stage's, the block max's, the store's), and no more local memory than the same pass without it."""
+    c = qk.VARIANT.compiled(qk.static_config(arch, torch.bfloat16, head_dim, cfg))
+    base = qk.VARIANT.compiled(qk.static_config(arch, torch.bfloat16, head_dim,
+                                                dataclasses.replace(cfg, staged_store=False)))
+    names = ("STG.E.128", "STS.128", "LDS.128", "BAR.SYNC", "LDL", "STL")
+    ops, ops0 = (cubin.count_sass(cubin.sass_of(x.cubin), names) for x in (c, base))
+    res, res0 = cubin.cubin_resources(c.cubin), cubin.cubin_resources(base.cubin)
+    assert res["spill_bytes"] <= res0["spill_bytes"] and ops["LDL"] <= ops0["LDL"], (res, res0, ops, ops0)
+    assert res["registers"] <= 128, res
+    assert ops["STG.E.128"] == ops0["STG.E.128"] == 4, (ops, ops0)
+    assert ops["STS.128"] == ops0["STS.128"] + 4 and ops["BAR.SYNC"] == ops0["BAR.SYNC"] + 1, (ops, ops0)
+    assert ops["LDS.128"] >= ops0["LDS.128"] + 4, (ops, ops0)
+
+
 # ------------------------------------------------------------------------------------------------ GPU
 
 
@@ -395,6 +464,40 @@ def test_v3_staged_mean_bitwise(monkeypatch, head_dim, config):
         for name in ("q_descale", "k_descale", "v_descale", "k_mean", "lse_shift"):
             assert torch.equal(getattr(a, name), getattr(b, name)), name
         assert torch.isfinite(b.lse_shift).all() and b.lse_shift.abs().max() > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", qk.HEAD_DIMS)
+@pytest.mark.parametrize("config", ["default", "sampled8", "no-smooth", "head-smooth"])
+def test_v3_staged_store_bitwise(monkeypatch, head_dim, config):
+    """v3 with Q's / K's e4m3 stored through shared memory (``V3_STAGED_STORE``) changes which thread stores which
+    bytes, not one operation: every output equals v3's without it bit for bit (the current default, staged mean on);
+    GQA, odd lengths (tail tokens not stored), batch > 1, a negative scale, the per-head baseline (its "given"
+    launch stores through the stage too, its "amax" launch stores nothing), fresh NaN-poisoned memory."""
+    monkeypatch.setattr(qk, "V3_STAGED_MEAN", True)
+    cfg = FP8Config(smooth_k_blocks=8) if config == "sampled8" else CONFIGS[config]
+    g = torch.Generator(device="cuda").manual_seed(13 * head_dim)
+    q = (torch.randn(3, 517, 8, head_dim, device="cuda", generator=g) * 2).to(torch.bfloat16)
+    k = (torch.randn(3, 1001, 2, head_dim, device="cuda", generator=g) - 1).to(torch.bfloat16)
+    v = torch.randn(3, 1001, 2, head_dim, device="cuda", generator=g).to(torch.bfloat16)
+    k = k + torch.linspace(-4, 4, head_dim, device="cuda").to(torch.bfloat16)
+    for scale in (None, -0.7):
+        got = []
+        for staged in (False, True):
+            monkeypatch.setattr(qk, "V3_STAGED_STORE", staged)
+            torch.full((1 << 24,), float("nan"), device="cuda")  # freed at once: torch.empty may hand it out again
+            got.append(qk.quantize(q, k, v, config=cfg, softmax_scale=scale, pipeline="v3"))
+        a, b = got
+        for name in ("q", "k", "v_t"):
+            assert torch.equal(getattr(a, name).view(torch.uint8), getattr(b, name).view(torch.uint8)), name
+        for name in ("q_descale", "k_descale", "v_descale", "k_mean", "lse_shift"):
+            x, y = getattr(a, name), getattr(b, name)
+            assert (x is None and y is None) or torch.equal(x, y), name
+        assert not torch.isnan(b.q.float()).any() and not torch.isnan(b.k.float()).any()
+        if scale is None:  # and the torch recipe given the pass's mean, bit for bit (the default's own check)
+            ref = quantize_fp8_torch(q, k, v, config=cfg, k_mean=b.k_mean if cfg.smooth_k else None)
+            assert torch.equal(ref.q.view(torch.uint8), b.q.view(torch.uint8))
+            assert torch.equal(ref.k.view(torch.uint8), b.k.view(torch.uint8))
 
 
 @pytest.mark.gpu

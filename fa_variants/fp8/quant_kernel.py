@@ -152,7 +152,8 @@ from fa_variants.fp8.quantize import (E4M3, MIN_DESCALE_EXPONENT, FP8Config, FP8
                                       k_mean, k_sample_count, k_sample_tiles, tiles_for)
 
 __all__ = ["HEAD_DIMS", "DTYPES", "QuantPass", "why_not", "quantize", "quantize_tensor", "piece_swizzle",
-           "stage_piece", "stage_load", "k_sum_group", "k_parts_per_block"]
+           "stage_piece", "stage_load", "store_swizzle", "store_unit", "store_map", "k_sum_group",
+           "k_parts_per_block"]
 
 HEAD_DIMS = (64, 128, 256)
 DTYPES = (torch.float16, torch.bfloat16)
@@ -194,6 +195,13 @@ V3_FUSED_MEAN = False
 #: tests equal v3 bit for bit, racecheck / synccheck clean); FA_VARIANTS_FP8_QUANT_STAGED_MEAN=0 (read at import)
 #: turns it off
 V3_STAGED_MEAN = _os.environ.get("FA_VARIANTS_FP8_QUANT_STAGED_MEAN", "1") != "0"
+#: v3: Q's / K's e4m3 bytes stored through shared memory (``PassConfig.staged_store``): after the block amax's barrier
+#: each thread writes its 16-byte chunks into the stage it has just read (``store_unit``, swizzled), a barrier, then
+#: thread t stores units t, t + threads, ... of the block (``store_map``): a warp's store covers 512 contiguous bytes
+#: of whole token rows (whole 32-byte sectors at head_dim 64, where each thread's own 16-byte stores half-fill a
+#: sector) instead of 16 / 8 / 4 tokens' pieces. The same bytes: outputs bit for bit v3's. Off until measured
+#: (scripts/quant5_gpu.sh); FA_VARIANTS_FP8_QUANT_STAGED_STORE=1 (read at import) turns it on
+V3_STAGED_STORE = _os.environ.get("FA_VARIANTS_FP8_QUANT_STAGED_STORE", "0") == "1"
 
 
 @dsl_user_op
@@ -253,6 +261,44 @@ def stage_piece(role: str, lanes: int, quads: int, head_dim: int, tidx, slot: in
         return row * P + (c - c % 8) + (h ^ (c % 8))
     q = 2 * thread_chunk(role, lanes, quads, tidx, slot) + half
     return row * P + (q ^ piece_swizzle(role, lanes, row))
+
+
+def store_swizzle(head_dim: int, row):
+    """XOR mask of the 16-byte e4m3 units of token ``row`` in a staged store (``PassConfig.staged_store``): unit c
+    of the token sits at row * head_dim / 16 + (c ^ mask). A 16-byte shared access is served 8 threads at a time,
+    which must hit the 8 distinct 16-byte bank groups of 128 bytes: for the writes, 8 threads of one slot (8 / L
+    tokens x their L = head_dim / 64 lanes, chunk lane + slot L), so the mask puts the token's low bits above
+    the lane's bits (head_dim 128: 2 (row % 4), 256: 4 (row % 2)); at head_dim 64 a token row is 4 units (64 bytes)
+    and two tokens share 128 bytes, so the mask is (row / 2) % 4 (slot ^ mask takes the 4 values over the 4 token
+    pairs). The reads (8 consecutive units) stay conflict-free: a permutation inside aligned groups of 8 (of 4 at
+    head_dim 64, two tokens). Works on ints and Int32; checked by
+    tests/test_fp8_quant_kernel.py::test_staged_store_map."""
+    if head_dim == 64:
+        return (row >> 1) & 3
+    lanes = head_dim // (VEC * SLOTS)
+    return lanes * (row % (8 // lanes))
+
+
+def store_unit(head_dim: int, tidx, slot: int):
+    """The 16-byte unit of the staged e4m3 block (``PassConfig.staged_store``) where thread tidx writes its slot
+    (chunk lane + slot L of its token tidx / L, role "qk"): token * head_dim / 16 + (chunk ^ store_swizzle(token))."""
+    lanes = head_dim // (VEC * SLOTS)
+    row = tidx // lanes
+    return row * (head_dim // VEC) + ((tidx % lanes + slot * lanes) ^ store_swizzle(head_dim, row))
+
+
+def store_map(head_dim: int, threads: int, tidx, r: int):
+    """(token, chunk, unit in the stage) of thread tidx's r-th global store (r = 0..3) in a staged store: unit
+    u = tidx + r * threads of the block in (token, chunk) order, token u / (head_dim / 16), chunk u % (head_dim /
+    16), read from token * head_dim / 16 + (chunk ^ store_swizzle(token)). threads = rows * head_dim / 64 is
+    (rows / 4) x head_dim / 16, so the token is tidx / (head_dim / 16) + r rows / 4 and the chunk tidx % (head_dim
+    / 16) for every r, and a step of rows / 4 tokens (a multiple of 8: ``PassConfig.check`` asks rows % 32 == 0)
+    leaves ``store_swizzle`` unchanged: one address plus constant steps (tests/test_fp8_quant_kernel.py::
+    test_staged_store_map checks this form against the units written). Works on ints and Int32."""
+    per = head_dim // VEC
+    step = threads // per  # rows / 4 tokens
+    row0, chunk = tidx // per, tidx % per
+    return row0 + r * step, chunk, row0 * per + (chunk ^ store_swizzle(head_dim, row0)) + r * step * per
 
 
 def k_sum_group(rows: int) -> int:
@@ -315,6 +361,7 @@ class PassConfig:
     fused_mean: bool = False
     staged_mean: bool = False
     k_sample: bool = False
+    staged_store: bool = False
 
     def check(self, head_dim: int) -> None:
         """ValueError for a config or head_dim this pass is not built for."""
@@ -330,6 +377,10 @@ class PassConfig:
         if self.staged_mean and not (self.coalesced and (self.smooth or self.shift)):
             raise ValueError("fp8-quant: the staged mean rides on the coalesced stages of a pass that reads K's "
                              "mean (smooth or shift)")
+        if self.staged_store and not (self.coalesced and self.role == "qk" and self.mode != "amax"
+                                      and self.rows % 32 == 0):
+            raise ValueError("fp8-quant: the staged store writes Q's / K's e4m3 through a coalesced stage (role 'qk', "
+                             "coalesced, mode 'block' or 'given', rows a multiple of 32)")
         if self.role == "v" and (self.rotate or self.smooth or self.shift):
             raise ValueError("fp8-quant: V is neither rotated nor smoothed")
         if self.shift and self.smooth:
@@ -553,9 +604,9 @@ class QuantPass:
                         n_count = n_sample if const_expr(self.cfg.k_sample) else n_tiles
                         self.mean_if_last(mPart, mMean, mCount, storage, batch, head, heads, n_count, tidx)
                 else:
-                    self.finish_block(x, mX, mY, mDescale, red, parity, batch, head, tile, tidx)
+                    self.finish_block(x, mX, mY, mDescale, red, parity, batch, head, tile, tidx, sStage[None, stage])
             else:
-                self.finish_block(x, mX, mY, mDescale, red, parity, batch, head, tile, tidx)
+                self.finish_block(x, mX, mY, mDescale, red, parity, batch, head, tile, tidx, sStage[None, stage])
             step = step + 1
 
     def parts_per_block(self) -> int:
@@ -784,8 +835,10 @@ class QuantPass:
 
     @cute.jit
     def finish_block(self, x: cute.Tensor, mX: cute.Tensor, mY: cute.Tensor, mDescale: cute.Tensor,
-                     red: cute.Tensor, parity: Int32, batch: Int32, head: Int32, tile: Int32, tidx: Int32):
-        """amax over the block's existing tokens -> descale (or amax / the given descale) -> e4m3, stored."""
+                     red: cute.Tensor, parity: Int32, batch: Int32, head: Int32, tile: Int32, tidx: Int32,
+                     sStage: cute.Tensor):
+        """amax over the block's existing tokens -> descale (or amax / the given descale) -> e4m3, stored (through
+        sStage, the stage this block was read from, with ``staged_store``)."""
         seqlen = mX.shape[1]
         amax = Float32(0.0)
         for j in cutlass.range_constexpr(SLOTS):
@@ -819,7 +872,9 @@ class QuantPass:
             for j in cutlass.range_constexpr(SLOTS):
                 for i in cutlass.range_constexpr(VEC):
                     x[i, j] = x[i, j] * inv
-            if const_expr(self.cfg.role == "qk"):
+            if const_expr(self.cfg.staged_store):
+                self.store_qk_staged(x, mY, sStage, batch, head, tile, tidx)
+            elif const_expr(self.cfg.role == "qk"):
                 self.store_qk(x, mY, batch, head, tile, tidx)
             else:
                 self.store_v_t(x, mY, batch, head, tile, tidx)
@@ -835,6 +890,40 @@ class QuantPass:
             for j in cutlass.range_constexpr(SLOTS):
                 dst = cute.local_tile(mY[batch, tok, head, None], (VEC,), (self.chunk_of(tidx, j),))
                 cute.copy(atom, cute.zipped_divide(y8[None, j], (VEC,)), cute.zipped_divide(dst, (VEC,)))
+
+    @cute.jit
+    def store_qk_staged(self, x: cute.Tensor, mY: cute.Tensor, sStage: cute.Tensor, batch: Int32, head: Int32,
+                        tile: Int32, tidx: Int32):
+        """``staged_store``: e4m3 (saturating) of the thread's token into the stage it was read from (every
+        thread read its values before ``block_max``'s barrier, and the stage is refilled only after the next
+        item's barrier), 16 bytes per chunk at ``store_unit``; a barrier; then thread t stores units t + r *
+        threads (``store_map``, r = 0..3) of the block to global memory: a warp 512 contiguous bytes of whole
+        token rows. Tokens past seqlen are not stored."""
+        D, T = self.head_dim, self.num_threads
+        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), cutlass.Float8E4M3FN, num_bits_per_copy=128)
+        y8 = cute.make_rmem_tensor(cute.make_layout((VEC, SLOTS)), cutlass.Float8E4M3FN)
+        y8.store(x.load().to(cutlass.Float8E4M3FN))
+        sY = cute.make_tensor(cute.recast_ptr(sStage.iterator, dtype=cutlass.Float8E4M3FN),
+                              cute.make_layout(self.cfg.rows * D))
+        for j in cutlass.range_constexpr(SLOTS):
+            sDst = cute.local_tile(sY, (VEC,), (store_unit(D, tidx, j),))
+            cute.copy(atom, cute.zipped_divide(y8[None, j], (VEC,)), cute.zipped_divide(sDst, (VEC,)))
+        cute.arch.barrier()
+        # thread t's 4 units: token t / (D / 16) + r rows / 4, chunk t % (D / 16) (``store_map``): one shared and
+        # one global address, then constant steps
+        per, step = D // VEC, self.cfg.rows // SLOTS
+        row0, chunk, unit0 = store_map(D, T, tidx, 0)
+        tok0 = tile * self.cfg.rows + row0
+        first = cute.local_tile(mY[batch, tok0, head, None], (VEC,), (chunk,))
+        gDst = cute.make_tensor(first.iterator, cute.make_layout((VEC, SLOTS), stride=(1, step * mY.stride[1])))
+        sSrc = cute.make_tensor(cute.local_tile(sY, (VEC,), (unit0,)).iterator,
+                                cute.make_layout((VEC, SLOTS), stride=(1, step * per * VEC)))
+        out = cute.make_rmem_tensor(cute.make_layout((VEC, SLOTS)), cutlass.Float8E4M3FN)
+        for r in cutlass.range_constexpr(SLOTS):
+            cute.copy(atom, cute.zipped_divide(sSrc[None, r], (VEC,)), cute.zipped_divide(out[None, r], (VEC,)))
+        for r in cutlass.range_constexpr(SLOTS):
+            if tok0 + r * step < mY.shape[1]:
+                cute.copy(atom, cute.zipped_divide(out[None, r], (VEC,)), cute.zipped_divide(gDst[None, r], (VEC,)))
 
     @cute.jit
     def store_v_t(self, x: cute.Tensor, mVt: cute.Tensor, batch: Int32, head: Int32, tile: Int32, tidx: Int32):
@@ -989,7 +1078,8 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
                     k_parts: torch.Tensor | None = None, pdl: bool = False, coalesced: bool = False,
                     head_major: bool = False, k_count: torch.Tensor | None = None,
                     k_mean_out: torch.Tensor | None = None, staged_mean: bool = False,
-                    k_sample_tokens: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    k_sample_tokens: int | None = None,
+                    staged_store: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """One tensor through the pass: (e4m3 data (like x, or v_t for role "v"), descale (B, H, T) float32).
 
     x: (B, N, H, D) float16 / bfloat16 CUDA; block: rows per scale block; signs: float32 (D,) on x's device
@@ -1006,7 +1096,8 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
     staged_mean: K's mean (smoothing or the shift) cp.async'd with each block's stage (``PassConfig.staged_mean``;
     with coalesced only, ignored otherwise). k_sample_tokens (with k_of, not the fused mean): K's sums over
     ``quantize.k_sample_tiles`` only, m = k_parts.shape[2] / k_parts_per_block(block) tiles, covering this many tokens
-    (``PassConfig.k_sample``; m * cdiv(N, block) < 2^31)."""
+    (``PassConfig.k_sample``; m * cdiv(N, block) < 2^31). staged_store (role "qk", with coalesced): the e4m3 bytes
+    stored through the stage just read (``PassConfig.staged_store``; not in mode "amax")."""
     B, N, H, D = x.shape
     T_blocks = -(-N // block)
     x = interop.aligned(x)
@@ -1044,7 +1135,9 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
                          stages=stages, kmean=kmean, reverse=reverse, pdl=pdl, coalesced=coalesced,
                          head_major=head_major, fused_mean=fused and kmean,
                          staged_mean=staged_mean and coalesced and (smooth or with_shift),
-                         k_sample=kmean and k_sample_tokens is not None)
+                         k_sample=kmean and k_sample_tokens is not None,
+                         staged_store=staged_store and coalesced and role == "qk" and mode != "amax"
+                         and block % 32 == 0)
         fn, ctas = _pass(dev, x.dtype, D, cfg)
         fn(x, y, descale, signs, mean_t, shift_t, k_t, parts_t, count_t, shift_scale,
            min(ctas, total + (k_items if kmean else 0)))
@@ -1106,8 +1199,9 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Co
     if pipe == "v3":
         common.update(coalesced=V3_COALESCED, head_major=V3_HEAD_MAJOR)
         smooth_common = dict(common, staged_mean=V3_STAGED_MEAN and V3_COALESCED)  # it rides on coalesced stages
+        qk_common = dict(smooth_common, staged_store=V3_STAGED_STORE and V3_COALESCED)
     else:
-        smooth_common = common
+        smooth_common = qk_common = common
     # v2 launches V's pass first (plain launch), then K's and Q's with programmatic dependent launch, whose
     # prologue loads run before griddepcontrol.wait: so every 16-bit input is made aligned (a copy if
     # needed) before the first launch
@@ -1159,9 +1253,9 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Co
     if v_t is None:
         v_t, vd = quantize_tensor(v, role="v", block=tile_n, signs=None, mean=None, rotate=False, **common)
     k8, kd = quantize_tensor(k, role="qk", block=tile_n, signs=k_signs, mean=mean, rotate=config.rotate,
-                             reverse=staged and V2_REVERSE and config.smooth_k, pdl=pdl, **smooth_common)
+                             reverse=staged and V2_REVERSE and config.smooth_k, pdl=pdl, **qk_common)
     q8, qd = quantize_tensor(q, role="qk", block=tile_m, signs=signs, mean=None, rotate=config.rotate, shift=shift,
-                             shift_mean=mean_eff, shift_scale=abs(scale), pdl=pdl, **smooth_common)
+                             shift_mean=mean_eff, shift_scale=abs(scale), pdl=pdl, **qk_common)
     if shift is not None and q.shape[0] * q.shape[1] * q.shape[2] == 0:
         shift.zero_()
     return FP8Inputs(q8, k8, v_t, qd, kd, vd, abs(scale), k.shape[1], mean_eff, shift, config)
