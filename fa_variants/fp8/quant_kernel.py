@@ -152,7 +152,7 @@ from fa_variants.fp8.quantize import (E4M3, MIN_DESCALE_EXPONENT, FP8Config, FP8
                                       k_mean, k_sample_count, k_sample_tiles, tiles_for)
 
 __all__ = ["HEAD_DIMS", "DTYPES", "QuantPass", "why_not", "quantize", "quantize_tensor", "piece_swizzle",
-           "stage_piece", "stage_load", "store_swizzle", "store_unit", "store_map", "k_sum_group",
+           "stage_piece", "stage_load", "store_pitch", "store_swizzle", "store_unit", "store_map", "k_sum_group",
            "k_parts_per_block"]
 
 HEAD_DIMS = (64, 128, 256)
@@ -263,34 +263,41 @@ def stage_piece(role: str, lanes: int, quads: int, head_dim: int, tidx, slot: in
     return row * P + (q ^ piece_swizzle(role, lanes, row))
 
 
+def store_pitch(head_dim: int) -> int:
+    """16-byte units per token row in a staged store (``PassConfig.staged_store``): head_dim / 16, plus L =
+    head_dim / 64 units of padding at head_dim >= 128 (``store_swizzle``); rows x pitch x 16 bytes <= 1.25 x the
+    block's e4m3 bytes, inside its 16-bit stage."""
+    return head_dim // VEC + (head_dim // (VEC * SLOTS) if head_dim >= 128 else 0)
+
+
 def store_swizzle(head_dim: int, row):
-    """XOR mask of the 16-byte e4m3 units of token ``row`` in a staged store (``PassConfig.staged_store``): unit c
-    of the token sits at row * head_dim / 16 + (c ^ mask). A 16-byte shared access is served 8 threads at a time,
-    which must hit the 8 distinct 16-byte bank groups of 128 bytes: for the writes, 8 threads of one slot (8 / L
-    tokens x their L = head_dim / 64 lanes, chunk lane + slot L), so the mask puts the token's low bits above
-    the lane's bits (head_dim 128: 2 (row % 4), 256: 4 (row % 2)); at head_dim 64 a token row is 4 units (64 bytes)
-    and two tokens share 128 bytes, so the mask is (row / 2) % 4 (slot ^ mask takes the 4 values over the 4 token
-    pairs). The reads (8 consecutive units) stay conflict-free: a permutation inside aligned groups of 8 (of 4 at
-    head_dim 64, two tokens). Works on ints and Int32; checked by
+    """XOR mask of the 16-byte e4m3 units of token ``row`` in a staged store: unit c of the token sits at
+    row * ``store_pitch`` + (c ^ mask). A 16-byte shared access is served 8 threads at a time, which must hit the
+    8 distinct 16-byte bank groups of 128 bytes: for the writes, the 8 threads of one slot (8 / L tokens x their
+    L = head_dim / 64 lanes, chunk lane + slot L); for the reads, 8 consecutive units in (token, chunk) order.
+    head_dim >= 128: no mask, the row's L units of padding shift token r + 1 by L bank groups from token r
+    (writes: r L + lane takes the 8 values; reads: 8 chunks of one token), so a thread's 4 units are one address
+    plus constant offsets (no extra registers beside the 64 values); head_dim 64 (a row is 4 units, two tokens
+    share 128 bytes, and no padding serves both the writes and the reads): mask (row / 2) % 4, slot ^ mask then
+    takes the 4 values over 4 token pairs. Works on ints and Int32; checked by
     tests/test_fp8_quant_kernel.py::test_staged_store_map."""
     if head_dim == 64:
         return (row >> 1) & 3
-    lanes = head_dim // (VEC * SLOTS)
-    return lanes * (row % (8 // lanes))
+    return 0
 
 
 def store_unit(head_dim: int, tidx, slot: int):
     """The 16-byte unit of the staged e4m3 block (``PassConfig.staged_store``) where thread tidx writes its slot
-    (chunk lane + slot L of its token tidx / L, role "qk"): token * head_dim / 16 + (chunk ^ store_swizzle(token))."""
+    (chunk lane + slot L of its token tidx / L, role "qk"): token * ``store_pitch`` + (chunk ^ store_swizzle(token))."""
     lanes = head_dim // (VEC * SLOTS)
     row = tidx // lanes
-    return row * (head_dim // VEC) + ((tidx % lanes + slot * lanes) ^ store_swizzle(head_dim, row))
+    return row * store_pitch(head_dim) + ((tidx % lanes + slot * lanes) ^ store_swizzle(head_dim, row))
 
 
 def store_map(head_dim: int, threads: int, tidx, r: int):
     """(token, chunk, unit in the stage) of thread tidx's r-th global store (r = 0..3) in a staged store: unit
     u = tidx + r * threads of the block in (token, chunk) order, token u / (head_dim / 16), chunk u % (head_dim /
-    16), read from token * head_dim / 16 + (chunk ^ store_swizzle(token)). threads = rows * head_dim / 64 is
+    16), read from token * ``store_pitch`` + (chunk ^ store_swizzle(token)). threads = rows * head_dim / 64 is
     (rows / 4) x head_dim / 16, so the token is tidx / (head_dim / 16) + r rows / 4 and the chunk tidx % (head_dim
     / 16) for every r, and a step of rows / 4 tokens (a multiple of 8: ``PassConfig.check`` asks rows % 32 == 0)
     leaves ``store_swizzle`` unchanged: one address plus constant steps (tests/test_fp8_quant_kernel.py::
@@ -298,7 +305,8 @@ def store_map(head_dim: int, threads: int, tidx, r: int):
     per = head_dim // VEC
     step = threads // per  # rows / 4 tokens
     row0, chunk = tidx // per, tidx % per
-    return row0 + r * step, chunk, row0 * per + (chunk ^ store_swizzle(head_dim, row0)) + r * step * per
+    pitch = store_pitch(head_dim)
+    return row0 + r * step, chunk, row0 * pitch + (chunk ^ store_swizzle(head_dim, row0)) + r * step * pitch
 
 
 def k_sum_group(rows: int) -> int:
@@ -904,26 +912,25 @@ class QuantPass:
         y8 = cute.make_rmem_tensor(cute.make_layout((VEC, SLOTS)), cutlass.Float8E4M3FN)
         y8.store(x.load().to(cutlass.Float8E4M3FN))
         sY = cute.make_tensor(cute.recast_ptr(sStage.iterator, dtype=cutlass.Float8E4M3FN),
-                              cute.make_layout(self.cfg.rows * D))
+                              cute.make_layout(self.cfg.rows * store_pitch(D) * VEC))
         for j in cutlass.range_constexpr(SLOTS):
             sDst = cute.local_tile(sY, (VEC,), (store_unit(D, tidx, j),))
             cute.copy(atom, cute.zipped_divide(y8[None, j], (VEC,)), cute.zipped_divide(sDst, (VEC,)))
         cute.arch.barrier()
         # thread t's 4 units: token t / (D / 16) + r rows / 4, chunk t % (D / 16) (``store_map``): one shared and
         # one global address, then constant steps
-        per, step = D // VEC, self.cfg.rows // SLOTS
+        pitch, step = store_pitch(D), self.cfg.rows // SLOTS
         row0, chunk, unit0 = store_map(D, T, tidx, 0)
         tok0 = tile * self.cfg.rows + row0
         first = cute.local_tile(mY[batch, tok0, head, None], (VEC,), (chunk,))
         gDst = cute.make_tensor(first.iterator, cute.make_layout((VEC, SLOTS), stride=(1, step * mY.stride[1])))
         sSrc = cute.make_tensor(cute.local_tile(sY, (VEC,), (unit0,)).iterator,
-                                cute.make_layout((VEC, SLOTS), stride=(1, step * per * VEC)))
-        out = cute.make_rmem_tensor(cute.make_layout((VEC, SLOTS)), cutlass.Float8E4M3FN)
-        for r in cutlass.range_constexpr(SLOTS):
-            cute.copy(atom, cute.zipped_divide(sSrc[None, r], (VEC,)), cute.zipped_divide(out[None, r], (VEC,)))
+                                cute.make_layout((VEC, SLOTS), stride=(1, step * pitch * VEC)))
+        out = cute.make_rmem_tensor(VEC, cutlass.Float8E4M3FN)  # one unit at a time: 4 registers live, not 16
         for r in cutlass.range_constexpr(SLOTS):
             if tok0 + r * step < mY.shape[1]:
-                cute.copy(atom, cute.zipped_divide(out[None, r], (VEC,)), cute.zipped_divide(gDst[None, r], (VEC,)))
+                cute.copy(atom, cute.zipped_divide(sSrc[None, r], (VEC,)), cute.zipped_divide(out, (VEC,)))
+                cute.copy(atom, cute.zipped_divide(out, (VEC,)), cute.zipped_divide(gDst[None, r], (VEC,)))
 
     @cute.jit
     def store_v_t(self, x: cute.Tensor, mVt: cute.Tensor, batch: Int32, head: Int32, tile: Int32, tidx: Int32):
