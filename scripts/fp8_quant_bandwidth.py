@@ -7,7 +7,8 @@ Per shape, pipeline ("v1": one launch per tensor, one block of loads in flight p
 "v2": three blocks in flight, K's mean summed in V's launch, K's blocks read last first; "v3": v2 with
 coalesced loads through a swizzled shared-memory stage and the blocks walked head fastest; "v3s": v3 with K's
 mean staged with each block's loads, ``quant_kernel.V3_STAGED_MEAN``; "v3sf": v3s with K's mean finished in V's
-launch, ``V3_FUSED_MEAN``; ``quant_kernel``) and recipe (default:
+launch, ``V3_FUSED_MEAN``; "v3ss": v3s with Q's / K's e4m3 stored through shared memory, ``V3_STAGED_STORE``;
+``quant_kernel``) and recipe (default:
 block scales + Hadamard + K smoothing; "no-smooth": the same without smoothing; "sampled8": the default with
 K's mean over 8 evenly spaced K tiles, ``FP8Config(smooth_k_blocks=8)``), one
 call of ``quant_kernel.quantize(..., pipeline=...)`` (what ``quantize_fp8(..., impl="kernel")`` runs):
@@ -166,8 +167,9 @@ class Timer:
 # --pipelines label -> (quant_kernel pipeline, quant_kernel switches set for it)
 # ("v3": the staged mean off, as measured before it became the default in session 6; "v3s": on)
 PIPES = {"v1": ("v1", {}), "v2": ("v2", {}), "v3": ("v3", {"V3_STAGED_MEAN": False}),
-         "v3s": ("v3", {"V3_STAGED_MEAN": True}),
-         "v3sf": ("v3", {"V3_STAGED_MEAN": True, "V3_FUSED_MEAN": True})}
+         "v3s": ("v3", {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": False}),
+         "v3sf": ("v3", {"V3_STAGED_MEAN": True, "V3_FUSED_MEAN": True}),
+         "v3ss": ("v3", {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": True})}
 
 
 def recipes() -> dict:
@@ -197,7 +199,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", default=None, help="write the rows to this file")
     parser.add_argument("--calls", type=int, default=20, help="calls per timing (default 20)")
-    parser.add_argument("--pipelines", default="v1,v3", help="comma-separated of v1, v2, v3, v3s, v3sf (default v1,v3)")
+    parser.add_argument("--pipelines", default="v1,v3",
+                        help="comma-separated of v1, v2, v3, v3s, v3sf, v3ss (default v1,v3)")
+    parser.add_argument("--ab", default="", help="OLD:NEW (two of --pipelines): also NEW's time / OLD's per row, and "
+                        "per kernel of the breakdown")
     parser.add_argument("--recipes", default="default,no-smooth",
                         help="comma-separated of default, no-smooth, sampled8 (default default,no-smooth)")
     parser.add_argument("--rounds", type=int, default=1, help="timings per row, rotated order (median; default 1)")
@@ -298,7 +303,10 @@ def main() -> int:
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(rows, f, indent=1)
-    return summarise([r for r in rows[1:] if "ablation" not in r], copy_tbs, pipelines)
+    timed = [r for r in rows[1:] if "ablation" not in r]
+    if args.ab:
+        print(ab_lines(timed, *args.ab.split(":", 1)))
+    return summarise(timed, copy_tbs, pipelines)
 
 
 # label -> (pipeline, quant_kernel switches changed): v3 with one part changed at a time, and v2 (not "no
@@ -348,6 +356,27 @@ def ablation(timer, copy_tbs: float, rows: list[dict], calls: int) -> None:
 BYTE_MODEL = ("byte model: q, k, v read once in 16 bits + e4m3 q, k, v_t (padded) written + float32 descales "
               "(+ float32 LSE shift with smoothing) written; K's second read for its mean not counted; "
               "% copy = (bytes / gpu time) / (torch copy of 2 GiB: read + write bytes / time)")
+
+
+def ab_lines(rows: list[dict], old: str, new: str) -> str:
+    """Per (shape, recipe) timed by both: NEW's gpu ms / OLD's (< 1: NEW faster), % of copy of each, and (with
+    --breakdown) each launch's us, OLD -> NEW. A last line: the worst and best ratio."""
+    by = {(r["shape"], r["recipe"], r["pipeline"]): r for r in rows}
+    lines, ratios = [f"\nA/B {new} vs {old} (gpu ms ratio, < 1 = {new} faster; % of copy; kernels us)"], []
+    for shape, recipe in dict.fromkeys((r["shape"], r["recipe"]) for r in rows):
+        a, b = by.get((shape, recipe, old)), by.get((shape, recipe, new))
+        if a is None or b is None:
+            continue
+        ratio = b["gpu_ms"] / a["gpu_ms"]
+        ratios.append((ratio, shape, recipe))
+        ka, kb = a.get("kernels", ""), b.get("kernels", "")
+        lines.append(f"  {shape:<11} {recipe:<9} {ratio:.3f}  {100 * a['of_copy']:5.1f}% -> {100 * b['of_copy']:5.1f}%"
+                     + (f"  [{ka.split(': ', 1)[-1]}] -> [{kb.split(': ', 1)[-1]}]" if ka and kb else ""))
+    if ratios:
+        lines.append(f"AB {new}/{old}: worst {max(ratios)[0]:.3f} ({' '.join(max(ratios)[1:])}), best "
+                     f"{min(ratios)[0]:.3f} ({' '.join(min(ratios)[1:])}), all matched: "
+                     f"{all(r['match'] == 'ok' for r in rows if r['pipeline'] in (old, new))}")
+    return "\n".join(lines)
 
 
 def summarise(rows: list[dict], copy_tbs: float, pipelines: list[str]) -> int:

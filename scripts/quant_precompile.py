@@ -23,7 +23,11 @@ HEAD_DIMS = (64, 128, 256)
 
 def tasks(which: str = "quant3") -> list[tuple[str, str, int, str]]:
     """(pipeline, dtype, head_dim, recipe): the superset of the test matrix (CASES) and the bandwidth script
-    (which "quant3"), or what scripts/quant4_gpu.sh runs (which "quant4")."""
+    (which "quant3"), or what scripts/quant4_gpu.sh / quant5_gpu.sh run (which "quant4" / "quant5": v3 as default,
+    with and without the staged store, V3_STAGED_STORE)."""
+    if which == "quant5":
+        recipes = ("default", "no-smooth", "head-smooth", "sampled8")
+        return [("v3", "bf16", d, f"{r}+{knob}") for d in HEAD_DIMS for r in recipes for knob in QUANT5_KNOBS]
     if which == "quant4":
         out = []
         for d in HEAD_DIMS:
@@ -54,6 +58,9 @@ ABLATION_KNOBS = {"unstaged": _UNSTAGED, "nocoalesced": {**_UNSTAGED, "V3_COALES
                   "nopdl": {**_UNSTAGED, "V2_PDL": False}, "fusedmean": {**_UNSTAGED, "V3_FUSED_MEAN": True},
                   "stagedmean": {"V3_STAGED_MEAN": True},
                   "stagedfused": {"V3_STAGED_MEAN": True, "V3_FUSED_MEAN": True}}
+# --set quant5: the current default (staged mean on) and the staged store on top (not ablation rows of quant3)
+QUANT5_KNOBS = {"default": {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": False},
+                "stagedstore": {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": True}}
 
 
 def config_of(recipe: str):
@@ -73,7 +80,7 @@ def run(task: tuple[str, str, int, str]) -> str:
 
     pipeline, dtype, d, recipe = task
     recipe, _, knob = recipe.partition("+")
-    knobs = ABLATION_KNOBS.get(knob, {})
+    knobs = {**ABLATION_KNOBS, **QUANT5_KNOBS}.get(knob, {})
     saved = {name: getattr(quant_kernel, name) for name in knobs}
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     t0 = time.perf_counter()
@@ -96,7 +103,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=14)
     parser.add_argument("--plan", action="store_true", help="list the tasks and exit (no GPU needed)")
-    parser.add_argument("--set", default="quant3", choices=("quant3", "quant4"),
+    parser.add_argument("--set", default="quant3", choices=("quant3", "quant4", "quant5"),
                         help="which script's passes (default quant3)")
     args = parser.parse_args()
     todo = tasks(args.set)

@@ -5,10 +5,11 @@
 v3 shares each shared-memory stage between threads (coalesced loads, a barrier, reads by other threads), the
 fused mean adds a cross-CTA counter, the staged mean (``V3_STAGED_MEAN``) a per-stage mean buffer filled by
 cp.async and by the prologue's plain stores, the sampled mean (``FP8Config(smooth_k_blocks=2)``) V's launch over
-K's sample tiles: racecheck / synccheck look at those. Sets: "quant3" (default): v3 and v3 + fused mean; "quant4":
-v3 + staged mean, + the sampled mean, + the fused mean over the sample. Shapes: GQA, batch 2, odd lengths (tails), D 64 / 128 / 256; each call
-checked against the torch recipe given the call's K mean. Prints "CALLS n FAILED m"; exit status 1 if a call
-differed.
+K's sample tiles, the staged store (``V3_STAGED_STORE``) Q's / K's e4m3 through the stage just read: racecheck /
+synccheck look at those. Sets: "quant3" (default): v3 and v3 + fused mean; "quant4": v3 + staged mean, + the sampled
+mean, + the fused mean over the sample; "quant5": the staged store, default and sampled recipes. Shapes: GQA,
+batch 2, odd lengths (tails), D 64 / 128 / 256; each call checked against the torch recipe given the call's K mean.
+Prints "CALLS n FAILED m"; exit status 1 if a call differed.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ def main() -> int:
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--set", default="quant3", choices=("quant3", "quant4"))
+    parser.add_argument("--set", default="quant3", choices=("quant3", "quant4", "quant5"))
     args = parser.parse_args()
     import torch
 
@@ -31,6 +32,9 @@ def main() -> int:
                 "quant4": [("staged_mean", {"V3_STAGED_MEAN": True}, FP8Config(), 257),
                            ("staged_mean+sampled2", {"V3_STAGED_MEAN": True}, FP8Config(smooth_k_blocks=2), 1100),
                            ("staged+fused_mean+sampled2", {"V3_STAGED_MEAN": True, "V3_FUSED_MEAN": True},
+                            FP8Config(smooth_k_blocks=2), 1100)],
+                "quant5": [("staged_store", {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": True}, FP8Config(), 257),
+                           ("staged_store+sampled2", {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": True},
                             FP8Config(smooth_k_blocks=2), 1100)]}
     calls = failed = 0
     for label, knobs, config, nk in variants[args.set]:

@@ -220,6 +220,21 @@ def test_fp8_quant_bandwidth_plan_and_summary(capsys, monkeypatch):
     assert len(tasks) == len(set(tasks)) and ("v3", "bf16", 128, "default+tilemajor") in tasks
 
 
+def test_fp8_quant_bandwidth_ab_and_quant5_sets():
+    """scripts/fp8_quant_bandwidth.py's --ab lines from fake rows (NEW / OLD gpu ms per row, worst and best, the
+    match flag), the v3ss label's switches, and quant5's precompile set: v3 with and without the staged store."""
+    bw = load_script("fp8_quant_bandwidth")
+    rows = [dict(shape=s, pipeline=p, recipe="default", gpu_ms=ms, of_copy=0.5, match="ok", queued=True)
+            for s, base, f in (("D=64", 0.130, 0.9), ("D=128", 0.120, 1.01)) for p, ms in (("v3s", base),
+                                                                                        ("v3ss", base * f))]
+    text = bw.ab_lines(rows, "v3s", "v3ss")
+    assert "  D=64        default   0.900" in text and "AB v3ss/v3s: worst 1.010 (D=128 default), best 0.900" in text
+    assert text.endswith("all matched: True")
+    assert bw.PIPES["v3ss"] == ("v3", {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": True})
+    tasks = load_script("quant_precompile").tasks("quant5")
+    assert len(tasks) == len(set(tasks)) == 24 and ("v3", "bf16", 64, "sampled8+stagedstore") in tasks
+
+
 def test_fa3_fp8_speed_ab_summary_and_plan(capsys, monkeypatch):
     """scripts/fa3_fp8_speed_ab.py on the CPU: --plan; the summary's ratios, targets and pass criteria from
     fake rows (new 10% above old, a two-level cost of 4%, errors under the bound, tests' worst cases)."""
