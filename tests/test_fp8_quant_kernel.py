@@ -163,6 +163,13 @@ def test_compile_cli_and_refusals(compile_cli):
         qk.PassConfig(stages=3, coalesced=True, staged_mean=True).check(128)
     with pytest.raises(ValueError, match="staged mean rides"):
         qk.PassConfig(smooth=True, stages=3, staged_mean=True).check(128)
+    for bad in (dict(stages=3, staged_store=True), dict(role="v", rotate=False, stages=3, coalesced=True,
+                                                        staged_store=True),
+                dict(mode="amax", stages=3, coalesced=True, staged_store=True),
+                dict(rows=48, stages=3, coalesced=True, staged_store=True)):  # not coalesced / V / no store / rows
+        with pytest.raises(ValueError, match="staged store writes"):
+            qk.PassConfig(**bad).check(64)
+    qk.PassConfig(rows=192, stages=3, coalesced=True, staged_store=True).check(64)
     assert qk.pipeline_of(None) == qk.DEFAULT_PIPELINE and qk.pipeline_of("v3") == "v3"
     assert qk.own_mean("v3") and qk.own_mean("v2") and not qk.own_mean("v1")
     with pytest.raises(ValueError, match="pipeline must be one of"):

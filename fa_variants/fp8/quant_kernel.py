@@ -122,6 +122,12 @@ computed (its outputs equal v2's bit for bit):
   (``quantize.k_sample_tiles``), work items j -> ``k_sample_item``, partials at ``k_sample_slot``, times
   float32(1 / the sampled tokens): K is read once in all (plus m / T of it), not twice.
 
+* Staged store (``V3_STAGED_STORE``, off until measured; ``PassConfig.staged_store``): Q's / K's e4m3 bytes go
+  through the stage the block was read from (free after the block amax's barrier): each thread writes its chunks
+  (``store_unit``), a barrier, then thread t stores units t, t + threads, ... (``store_map``), so a warp's store is
+  512 contiguous bytes of whole token rows (at head_dim 64 a thread's own 16-byte stores fill half of each 32-byte
+  sector). The same bytes: outputs equal v3's bit for bit.
+
 Blocks of more than ``MAX_BLOCK`` values (rows * head_dim > 32768, e.g. tile_n 256 at head_dim 256) do not
 fit one CTA's registers: ``why_not`` says so and ``quantize_fp8`` uses the torch path there, as for head_dim
 96 (H12 x H8, not built here). Not sm_80 / 86: their PTX has no e4m3 conversion (``cvt.rn.satfinite.e4m3x2
@@ -352,7 +358,9 @@ class PassConfig:
     (transposed, token-permuted, padded); rotate, smooth: the recipe's steps (Q / K only); mode: "block"
     (compute the block's descale), "amax" (write the block amax only), "given" (read the descale);
     rows: tokens per scale block (``layout.TILE_M`` for Q, ``layout.tile_n(head_dim)`` for K and V);
-    shift (Q with K smoothing): also write ``scale * q . mean`` per row (``quantize.smoothing_lse_shift``)."""
+    shift (Q with K smoothing): also write ``scale * q . mean`` per row (``quantize.smoothing_lse_shift``);
+    staged_store (role "qk", coalesced, rows % 32 == 0): the e4m3 bytes stored through the stage just read
+    (``store_qk_staged``)."""
 
     role: str = "qk"
     rotate: bool = True
