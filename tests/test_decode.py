@@ -402,3 +402,27 @@ def test_decode_tiles_auto_picks_dual_for_many_short_ctas(h200, split_enabled, m
     monkeypatch.setattr(fa3, "DECODE_TILES_CHOICE", "base")
     assert fa3.auto_num_splits(q, k, True) == 2
     assert fa3._problem_config(None, *_qk(64, 1, 32, 8, 1024), True).ctas_per_sm == 1
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_warmup_plans_every_kernel_auto_runs_for_a_gqa_model(h200, split_enabled, monkeypatch, head_dim):
+    """`fa-variants warmup --gqa H:H_kv` (or --model) plans every kernel `auto` runs for that model's decode
+    shapes, packed seqlen_q > 1 ones too (their config fixes the group; at head_dim 64 64:8 at Nq 16 takes the
+    128-row tile, PACK_WIDE auto): a call of those shapes compiles nothing at first use."""
+    from fa_variants import registry
+    from fa_variants.commands import warmup
+
+    monkeypatch.setattr(fa3, "PACK_GQA_ENABLED", True)
+    monkeypatch.setattr(fa3, "PACK_WIDE", None)
+    for heads, heads_kv in ((64, 8), (32, 8), (32, 1)):
+        todo, _ = warmup.plan(["fa3"], "sm_90a", ["bf16"], [head_dim], [True], groups=(heads // heads_kv,))
+        ran = set()
+        for batch in (1, 8, 64):
+            for seqlen_q in (1, 2, 4, 8, 16, 32):
+                for seqlen_k in (1024, 4096, 32768):
+                    q, k = _qk(batch, seqlen_q, heads, heads_kv, seqlen_k, head_dim)
+                    cfg = fa3._problem_config(None, q, k, True)
+                    ran.add(registry.static_config("fa3", "sm_90a", "bf16", head_dim, True, cfg))
+        assert any(c.config is not None and c.config.pack_group for c in ran)  # the case this is about
+        missing = ran - set(todo)
+        assert not missing, [c.config for c in missing]

@@ -357,8 +357,9 @@ def _plan_call(config: Sm80Config, q, k, v, scale: float) -> tuple:
     return split_combine.split_steps(scratch, q_view, (scale,), merge)
 
 
-def _warm_configs(arch: str, head_dim: int, causal: bool) -> tuple:
-    """The configs besides the default that `auto` may switch a call to (for `fa-variants warmup`)."""
+def _warm_configs(arch: str, head_dim: int, causal: bool, groups: tuple[int, ...] = ()) -> tuple:
+    """The configs besides the default that `auto` may switch a call to (for `fa-variants warmup`); ``groups``
+    is not read (fa2 packs query heads at seqlen_q = 1 only, through host views: one kernel for every group)."""
     configs = ((split_config(arch, head_dim),) if SPLIT_KV_ENABLED else ())
     if PACK_GQA_ENABLED:
         configs += (split_config(arch, head_dim, 1, True),) + (

@@ -8,8 +8,11 @@ no process pays a compile at its first call.
 Per (backend, dtype, head_dim, causal): the static configurations a call would compile (`registry.static_config`
 with the variant's default config, and those its calls may switch to, ``Variant.warm_configs``: fa3's
 split-KV config for decode shapes), exactly the keys `common.launch` looks up.
-Batch, sequence lengths, head counts (GQA included) and strides are runtime values: ``--gqa`` and a model's
-head counts are checked (num_heads % num_heads_kv == 0) but never change which kernels exist. A backend that
+Batch, sequence lengths, head counts and strides are runtime values, but for one thing: fa3 packs the query
+heads of a KV head into its tile rows at seqlen_q > 1 (decode of a few query rows with GQA) in kernels that fix
+the group (num_heads / num_heads_kv; 64-row tiles, and 128-row ones where ``hopper.fa3.wide_rows`` takes them).
+``--gqa`` and a model's head counts are checked (num_heads % num_heads_kv == 0) and add those kernels; without
+them, such a call compiles at first use. A backend that
 does not serve a dtype / head_dim / arch is skipped with a note. The last line printed is one JSON object.
 """
 from __future__ import annotations
@@ -61,8 +64,8 @@ def model_shape(path: str) -> dict:
             "dtype": dtype}
 
 
-def plan(backends, arch: str, dtypes, head_dims, causal) -> tuple[list, list[str]]:
-    """(static configs to build, notes on what was skipped)."""
+def plan(backends, arch: str, dtypes, head_dims, causal, groups: tuple[int, ...] = ()) -> tuple[list, list[str]]:
+    """(static configs to build, notes on what was skipped); groups: query heads per KV head (``--gqa``)."""
     todo, notes = [], []
     for name in backends:
         for dtype in dtypes:
@@ -72,7 +75,7 @@ def plan(backends, arch: str, dtypes, head_dims, causal) -> tuple[list, list[str
                         todo.append(registry.static_config(name, arch, dtype, head_dim, c))
                         extra = registry.variant(name).warm_configs  # e.g. fa3's split-KV config (decode)
                         todo += [registry.static_config(name, arch, dtype, head_dim, c, config)
-                                 for config in (extra(arch, head_dim, c) if extra else ())]
+                                 for config in (extra(arch, head_dim, c, groups) if extra else ())]
                 except (registry.UnknownVariantError, registry.UnsupportedConfigError) as exc:
                     notes.append(f"skipped {name} {dtype} head_dim {head_dim}: {exc}")
     return todo, notes
@@ -111,8 +114,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                         "uses on the arch)")
     parser.add_argument("--head-dims", type=_csv(int), help="comma-separated, e.g. 64,128")
     parser.add_argument("--dtypes", type=_csv(str), help="comma-separated: fp16, bf16 (default: bf16)")
-    parser.add_argument("--gqa", type=_gqa, help="num_heads:num_heads_kv, checked (runtime values: no "
-                        "other kernels)")
+    parser.add_argument("--gqa", type=_gqa, help="num_heads:num_heads_kv, checked; adds fa3's packed kernels "
+                        "for decode of a few query rows, which fix the group")
     parser.add_argument("--model", help="a Hugging Face style config.json: head_dim, heads and dtype from it")
     parser.add_argument("--causal", choices=("both", "yes", "no"), default="both")
     parser.add_argument("--prune", action="store_true", help="also delete cache directories of other "
@@ -136,12 +139,14 @@ def run_cli(args: argparse.Namespace) -> int:
         arch = interop.device_arch(torch.cuda.current_device())
     os.environ["CUTE_DSL_ARCH"] = arch  # read when the DSL loads (on the first compile)
     head_dims, dtypes = list(args.head_dims or []), list(args.dtypes or [])
+    groups = (args.gqa[0] // args.gqa[1],) if args.gqa else ()
     if args.model:
         shape = model_shape(args.model)
         head_dims, dtypes = head_dims or [shape["head_dim"]], dtypes or [shape["dtype"]]
         if shape["heads"] % shape["heads_kv"]:
             raise ValueError(f"{args.model}: num_attention_heads {shape['heads']} is not a multiple of "
                              f"num_key_value_heads {shape['heads_kv']}")
+        groups += (shape["heads"] // shape["heads_kv"],)
     if not head_dims:
         raise ValueError("give --head-dims or --model")
     dtypes = dtypes or ["bf16"]
@@ -149,7 +154,7 @@ def run_cli(args: argparse.Namespace) -> int:
         raise ValueError(f"--dtypes {','.join(dtypes)}: choose from {', '.join(interop.TORCH_DTYPES)}")
     backends = args.backends or [b for b in _auto_backends(arch)]
     causal = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
-    configs, notes = plan(backends, arch, dtypes, head_dims, causal)
+    configs, notes = plan(backends, arch, dtypes, head_dims, causal, groups)
     for note in notes:
         print(note, file=sys.stderr)
     pruned = [str(p) for p in diskcache.prune()] if args.prune else []

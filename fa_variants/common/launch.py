@@ -67,8 +67,9 @@ class Variant:
     problem_config: (config or None, q, k, causal) -> the config to run (None: the default), for variants
         whose best static shape depends on the problem (fa3: split-KV for decode shapes).
     finish: (config, runtime args, out, lse) -> None, after the launch (fa3: the split-KV merge into out, lse).
-    warm_configs: (arch, head_dim, causal) -> the configs besides the default that calls may compile
-        (`problem_config`'s choices: fa3's split-KV config), for `fa-variants warmup`.
+    warm_configs: (arch, head_dim, causal, groups=()) -> the configs besides the default that calls may compile
+        (`problem_config`'s choices: fa3's split-KV config), for `fa-variants warmup`; groups: the query heads
+        per KV head calls will have (fa3's packed seqlen_q > 1 kernels fix the group).
     switches: () -> a hashable value of the module switches `problem_config` and `plan_call` read besides
         the tensors' kind (fa3: split-KV, packed GQA, merge kernel). With it, a launcher decides the config
         once and replays it while the value is unchanged; without it, `problem_config` runs per call.
@@ -94,7 +95,7 @@ class Variant:
     request_note: Callable[[torch.dtype], str | None] | None = None
     problem_config: Callable[[Any, torch.Tensor, torch.Tensor, bool], Any] | None = None
     finish: Callable[[Any, tuple, torch.Tensor, torch.Tensor], None] | None = None
-    warm_configs: Callable[[str, int, bool], tuple] | None = None
+    warm_configs: Callable[..., tuple] | None = None
     switches: Callable[[], Any] | None = None
     plan_call: Callable[..., tuple] | None = None
 

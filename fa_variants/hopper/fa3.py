@@ -462,15 +462,34 @@ def pack_gqa_fits(group: int) -> bool:
     return pack_gqa.packable(group, _NARROW["tile_m"])
 
 
-def _auto_configs(head_dim: int) -> tuple[Sm90Config, ...]:
-    """The configs besides the default that `auto` may switch a call to (for `fa-variants warmup`)."""
+def _packed_rows_configs(head_dim: int, group: int) -> tuple[Sm90Config, ...]:
+    """The packed seqlen_q > 1 configs `auto` may run for ``group`` query heads per KV head (``_packed``: the
+    group fixed in the config, pack_group; 64-row tiles, and WIDE_TILE_M-row ones where ``wide_rows`` may take
+    them for some seqlen_q), unsplit and split; () where `auto` never packs that group at seqlen_q > 1."""
+    helps = [s for s in range(2, 2 * WIDE_TILE_M + 1) if pack_helps(s, group, 1, head_dim)]
+    if not (PACK_GQA_ENABLED and helps):
+        return ()
+    narrow = _PACKED_CONFIGS[head_dim].tile_m
+    wide = PACK_WIDE is not False and pack_gqa.packable(group, WIDE_TILE_M) and (
+        PACK_WIDE or head_dim in WIDE_ALWAYS_HEAD_DIMS + WIDE_SAME_SPLITS_HEAD_DIMS) and \
+        any(narrow < group * s <= WIDE_TILE_M for s in helps)
+    tiles = (dict(),) + ((dict(tile_m=WIDE_TILE_M, pingpong=True),) if wide else ())
+    bases = (_PACKED_CONFIGS[head_dim],) + ((_PACKED_SPLIT_CONFIGS[head_dim],) if SPLIT_KV_ENABLED else ())
+    return tuple(_merge_mode(dataclasses.replace(c, pack_group=group, **t)) for c in bases for t in tiles)
+
+
+def _auto_configs(head_dim: int, groups: tuple[int, ...] = ()) -> tuple[Sm90Config, ...]:
+    """The configs besides the default that `auto` may switch a call to (for `fa-variants warmup`); ``groups``:
+    query heads per KV head of the model (--gqa / --model), whose packed seqlen_q > 1 kernels fix the group
+    (``_packed_rows_configs``; seqlen_q = 1 packs through host views, one kernel for every group)."""
+    rows = tuple(c for g in dict.fromkeys(groups) for c in _packed_rows_configs(head_dim, g))
     packed = (_PACKED_CONFIGS[head_dim],) + ((_merge_mode(_PACKED_SPLIT_CONFIGS[head_dim]),) if SPLIT_KV_ENABLED else ())
     counts = lambda c: (1,) if c.num_splits == 1 else (2, split.MAX_SPLITS)  # noqa: E731 (PDL on and off)
     choices = ("base", "dual") if DECODE_TILES_CHOICE == "auto" else (DECODE_TILES_CHOICE,)
     decode = tuple(_merge_mode(decode_tiles(c, head_dim, t, pdl=decode_pdl(n))) for c in packed for n in counts(c)
                    for t in choices)
     return ((_merge_mode(_SPLIT_CONFIGS[head_dim]),) if SPLIT_KV_ENABLED else ()) + (
-        tuple(dict.fromkeys(packed + decode)) if PACK_GQA_ENABLED else ())
+        tuple(dict.fromkeys(packed + decode + rows)) if PACK_GQA_ENABLED else ())
 
 
 def auto_num_splits(q: torch.Tensor, k: torch.Tensor, causal: bool) -> int:
@@ -557,7 +576,7 @@ VARIANT = Variant(
     switches=lambda: (SPLIT_KV_ENABLED, PACK_GQA_ENABLED, MERGE_KERNEL, split_combine.MERGE_PDL, DECODE_TILES_CHOICE,
                       DECODE_PDL, DECODE_PDL_MAX_SPLITS, SPLIT_MIN_TILES, PACK_WIDE, split_combine.MERGE_WARP,
                       FUSED_MERGE),
-    warm_configs=lambda arch, head_dim, causal: _auto_configs(head_dim))
+    warm_configs=lambda arch, head_dim, causal, groups=(): _auto_configs(head_dim, groups))
 
 
 def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, softmax_scale: float,
