@@ -108,7 +108,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import struct
 import threading
 import warnings
@@ -119,6 +118,7 @@ import torch
 import torch.distributed as dist
 
 from fa_variants import api
+from fa_variants.common import env
 from fa_variants.reference import default_softmax_scale
 
 #: how the sequence was cut over the ranks; it matters only when causal
@@ -253,7 +253,7 @@ def _compiled(name: str, fn, eager_args: tuple, device_type: str):
     """Runs ``fn`` compiled (torch.compile, once per function) on CUDA; eagerly on the CPU, with the
     environment variable FA_VARIANTS_CP_COMPILE=0, or after a compile failure (warned once)."""
     if (device_type != "cuda" or _COMPILED_MERGE["failed"]
-            or os.environ.get("FA_VARIANTS_CP_COMPILE", "1") == "0"):
+            or not env.flag("FA_VARIANTS_CP_COMPILE", True)):
         return fn(*eager_args)
     if _COMPILED_MERGE[name] is None:
         _COMPILED_MERGE[name] = torch.compile(fn, **_COMPILE_OPTIONS)

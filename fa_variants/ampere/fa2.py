@@ -41,11 +41,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 
 import torch
 
-from fa_variants.common import interop, pack_gqa, split, split_combine
+from fa_variants.common import env, interop, pack_gqa, split, split_combine
 from fa_variants.common.cache import StaticConfig
 from fa_variants.common.config import Sm80Config, smem_capacity
 from fa_variants.common.launch import Variant
@@ -99,23 +98,17 @@ D256_CONFIGS = {"default": CONFIGS[256], "s1": Sm80Config(64, 64, stages=1), "s2
 
 #: Which D256_CONFIGS entry a head_dim 256 call without ``config=`` runs (FA_VARIANTS_FA2_D256; "default": the
 #: table above, i.e. s1; FA_VARIANTS_FA2_D256=s2 runs the old two-stage default).
-D256_VARIANT = os.environ.get("FA_VARIANTS_FA2_D256", "default")
+D256_VARIANT = env.choice("FA_VARIANTS_FA2_D256", "default", tuple(D256_CONFIGS))
 
 
 def _max_seqlen_k_from_env(value: str) -> int:
     """FA_VARIANTS_FA2_D256_MAX_SEQLEN_K as an int >= 0 (ValueError naming the variable otherwise)."""
-    try:
-        n = int(value)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise ValueError(f"FA_VARIANTS_FA2_D256_MAX_SEQLEN_K must be an int >= 0 (0: no limit), got {value!r}")
-    return n
+    return env.int_value("FA_VARIANTS_FA2_D256_MAX_SEQLEN_K", value, 0, "0: no limit")
 
 
 #: With D256_VARIANT set: the longest seqlen_k it runs (FA_VARIANTS_FA2_D256_MAX_SEQLEN_K; 0: no limit); longer calls
 #: keep the default tiles. For a variant that wins only at short N (the A/B's SUMMARY lines tell where).
-D256_MAX_SEQLEN_K = _max_seqlen_k_from_env(os.environ.get("FA_VARIANTS_FA2_D256_MAX_SEQLEN_K", "0"))
+D256_MAX_SEQLEN_K = env.integer("FA_VARIANTS_FA2_D256_MAX_SEQLEN_K", "0", 0, "0: no limit")
 
 
 def d256_variant_for(seqlen_k: int | None) -> str:
@@ -197,12 +190,12 @@ MAX_CTAS_PER_SM = 2
 #: Whether a call without ``config=`` (``auto`` too) may split K/V when the heuristic says so (the same switch
 #: as fa3's, FA_VARIANTS_SPLIT_KV=0 turns both off): a split count changes a result by bf16 rounding only, so
 #: a batch row may differ from the same row called alone within the accuracy bound (docs/edge_cases.md, EC-19).
-SPLIT_KV_ENABLED = os.environ.get("FA_VARIANTS_SPLIT_KV", "1") != "0"
+SPLIT_KV_ENABLED = env.flag("FA_VARIANTS_SPLIT_KV", True)
 
 #: Whether a call without ``config=`` packs GQA at seqlen_q = 1 (``Sm80Config.pack_gqa``): on since the H200 run
 #: of 2026-12-01 (scripts/fa2split_gpu.sh, bf16 32:8 D128: packed 1.01-1.30x SDPA's GPU time at one query row,
 #: unpacked split 1.42-6.39x); FA_VARIANTS_FA2_PACK_GQA=0 turns it off, ``attention(pack_gqa=...)`` decides one call.
-PACK_GQA_ENABLED = os.environ.get("FA_VARIANTS_FA2_PACK_GQA", "1") != "0"
+PACK_GQA_ENABLED = env.flag("FA_VARIANTS_FA2_PACK_GQA", True)
 
 #: Whether a call without ``config=`` that is not split and not packed runs a few-row query (seqlen_q <=
 #: NARROW_MAX_ROWS, e.g. decode at seqlen_q 4 / 16 with batch 8 / 64, whose grid is already full so the heuristic
@@ -211,7 +204,7 @@ PACK_GQA_ENABLED = os.environ.get("FA_VARIANTS_FA2_PACK_GQA", "1") != "0"
 #: (bench/NOTES.md, "fa2 at seqlen_q 4 / 16"): B 8 Nq 4 Nk 1k 32:8 D 128 is 256 CTAs x 32 tiles x 2.1 MFLOP of
 #: 128-row MMAs, 53 us at ~330 TFLOP/s (measured 53.4); 64-row tiles 27-35 us (SDPA 31.8). Off
 #: (FA_VARIANTS_FA2_NARROW_DECODE=1: on) until an H200 A/B shows it (scripts/decode4_gpu.sh).
-NARROW_DECODE = os.environ.get("FA_VARIANTS_FA2_NARROW_DECODE", "0") == "1"
+NARROW_DECODE = env.flag("FA_VARIANTS_FA2_NARROW_DECODE", False)
 NARROW_MAX_ROWS = 64
 
 

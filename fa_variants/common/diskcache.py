@@ -54,6 +54,8 @@ import tempfile
 import warnings
 from pathlib import Path
 
+from fa_variants.common import env
+
 ENV_DIR = "FA_VARIANTS_CACHE_DIR"
 ENV_SWITCH = "FA_VARIANTS_DISK_CACHE"
 ENV_LOADER = "FA_VARIANTS_DISK_CACHE_LOADER"
@@ -74,8 +76,9 @@ class DiskCacheWarning(UserWarning):
 
 
 def enabled() -> bool:
-    """False when FA_VARIANTS_DISK_CACHE is 0 / off / false / no."""
-    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "off", "false", "no")
+    """False when FA_VARIANTS_DISK_CACHE is 0 / off / false / no (``common.env.flag``: ValueError naming it for
+    a value that is none of its spellings)."""
+    return env.flag(ENV_SWITCH, True)
 
 
 def root() -> Path:
@@ -241,7 +244,7 @@ def _parse(data: bytes, cfg) -> tuple[dict, dict[str, bytes]]:
 def _load_function(parts: dict[str, bytes], directory: Path):
     """(the TVM-FFI function of an entry, "shared" or "dsl"): its shared library through ``dlopen`` when it has
     one (and FA_VARIANTS_DISK_CACHE_LOADER is not ``dsl``), falling back to the object through the DSL."""
-    if parts["shared"] and os.environ.get(ENV_LOADER, "auto").strip().lower() != "dsl":
+    if parts["shared"] and env.choice(ENV_LOADER, "auto", ("auto", "dsl")) != "dsl":
         try:
             return _load_shared(parts["shared"], directory), "shared"
         except Exception as exc:  # e.g. a runtime library moved since it was linked: the object still loads

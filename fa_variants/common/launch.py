@@ -19,19 +19,18 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import os
 import threading
 from typing import Any, Callable
 
 import torch
 
-from fa_variants.common import cache, interop, workspace
+from fa_variants.common import cache, env, interop, workspace
 from fa_variants.common.scale import kernel_scale
 
 #: Whether a launcher's run with ``want_lse=False`` writes the LSE to the per-stream scratch
 #: (``common.workspace.lse_function``) instead of allocating it (FA_VARIANTS_LSE_SCRATCH=0: always allocated).
 #: Read when a plan is made.
-LSE_SCRATCH = os.environ.get("FA_VARIANTS_LSE_SCRATCH", "1") != "0"
+LSE_SCRATCH = env.flag("FA_VARIANTS_LSE_SCRATCH", True)
 
 # the current CUDA device's index (torch.cuda.current_device without its Python-level checks: a plan's tensors
 # are on an initialised CUDA device already)

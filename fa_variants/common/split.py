@@ -26,22 +26,17 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 
 import torch
+
+from fa_variants.common import env
 
 MAX_SPLITS = 64
 
 
 def _min_tiles_from_env(value: str) -> int:
     """FA_VARIANTS_SPLIT_MIN_TILES as an int >= 1 (ValueError naming the variable otherwise)."""
-    try:
-        n = int(value)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise ValueError(f"FA_VARIANTS_SPLIT_MIN_TILES must be an int >= 1 (K/V tiles per split), got {value!r}")
-    return n
+    return env.int_value("FA_VARIANTS_SPLIT_MIN_TILES", value, 1, "K/V tiles per split")
 
 
 #: The fewest K/V tiles the heuristic gives a split (counts giving fewer are not considered) when the caller passes
@@ -52,7 +47,7 @@ def _min_tiles_from_env(value: str) -> int:
 #: latency/bandwidth model of bench/NOTES.md ("Decode at B 1, short Nk: where the time goes") predicts
 #: max(1 tile x 0.85 us, 4.2 MB / 4 TB/s) = 1.05 us of streaming instead of 2 x 0.85 = 1.7 us there. Read once,
 #: at import: fa3 and fa2 cache the count per shape.
-MIN_BLOCKS_PER_SPLIT = _min_tiles_from_env(os.environ.get("FA_VARIANTS_SPLIT_MIN_TILES", "2"))
+MIN_BLOCKS_PER_SPLIT = env.integer("FA_VARIANTS_SPLIT_MIN_TILES", "2", 1, "K/V tiles per split")
 # A CTA's fixed cost (launch slot, Q load, pipeline fill, epilogue, its share of the merge) in K/V tiles.
 SPLIT_OVERHEAD_TILES = 1
 

@@ -32,11 +32,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 
 import torch
 
-from fa_variants.common import interop, pack_gqa, split, workspace
+from fa_variants.common import env, interop, pack_gqa, split, workspace
 from fa_variants.common.cache import StaticConfig
 from fa_variants.common.launch import Variant
 
@@ -48,11 +47,11 @@ PREFETCH = 16  # O partials per thread loaded before the LSE passes (registers; 
 
 #: Whether ``merge`` / ``merge_function`` launch the merge kernel as a programmatic dependent of the kernel
 #: before it (module docstring; sm_90a only) when not told. Read at each call (``scripts/decode_ab.py`` flips it).
-MERGE_PDL = os.environ.get("FA_VARIANTS_MERGE_PDL", "0") == "1"
+MERGE_PDL = env.flag("FA_VARIANTS_MERGE_PDL", False)
 #: Whether the merge runs as ``SplitMergeWarp`` (LSEs in registers, warp shuffles, no barrier: ``MergeConfig.warp``)
 #: instead of ``SplitMerge`` (LSEs staged in shared memory). FA_VARIANTS_MERGE_WARP=1; off until the H200 A/B
 #: (scripts/decode5_gpu.sh). Read at each call.
-MERGE_WARP = os.environ.get("FA_VARIANTS_MERGE_WARP", "0") == "1"
+MERGE_WARP = env.flag("FA_VARIANTS_MERGE_WARP", False)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -138,7 +138,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os as _os
 
 import torch
 
@@ -149,6 +148,7 @@ from cutlass import Float32, Int32, const_expr
 from cutlass._mlir.dialects import math as mlir_math
 from cutlass.cutlass_dsl import dsl_user_op
 
+from fa_variants.common import env as _env
 from fa_variants.common import interop
 from fa_variants.common.cache import StaticConfig
 from fa_variants.common.launch import Variant
@@ -200,14 +200,14 @@ V3_FUSED_MEAN = False
 #: bandwidth, staged vs not: D64 53.1 vs 51.3, D128 57.2 vs 51.4, D256 46.9 vs 42.9, D128 GQA 51.5 vs 47.3; its GPU
 #: tests equal v3 bit for bit, racecheck / synccheck clean); FA_VARIANTS_FP8_QUANT_STAGED_MEAN=0 (read at import)
 #: turns it off
-V3_STAGED_MEAN = _os.environ.get("FA_VARIANTS_FP8_QUANT_STAGED_MEAN", "1") != "0"
+V3_STAGED_MEAN = _env.flag("FA_VARIANTS_FP8_QUANT_STAGED_MEAN", True)
 #: v3: Q's / K's e4m3 bytes stored through shared memory (``PassConfig.staged_store``): after the block amax's barrier
 #: each thread writes its 16-byte chunks into the stage it has just read (``store_unit``, swizzled), a barrier, then
 #: thread t stores units t, t + threads, ... of the block (``store_map``): a warp's store covers 512 contiguous bytes
 #: of whole token rows (whole 32-byte sectors at head_dim 64, where each thread's own 16-byte stores half-fill a
 #: sector) instead of 16 / 8 / 4 tokens' pieces. The same bytes: outputs bit for bit v3's. Off until measured
 #: (scripts/quant5_gpu.sh); FA_VARIANTS_FP8_QUANT_STAGED_STORE=1 (read at import) turns it on
-V3_STAGED_STORE = _os.environ.get("FA_VARIANTS_FP8_QUANT_STAGED_STORE", "0") == "1"
+V3_STAGED_STORE = _env.flag("FA_VARIANTS_FP8_QUANT_STAGED_STORE", False)
 
 
 @dsl_user_op
@@ -1057,13 +1057,13 @@ def own_mean(pipeline: str | None) -> bool:
 
 
 def pipeline_of(pipeline: str | None) -> str:
-    """The pipeline to use: ``pipeline``, else $FA_VARIANTS_FP8_QUANT_PIPELINE, else DEFAULT_PIPELINE."""
-    import os
-
-    name = pipeline if pipeline is not None else os.environ.get("FA_VARIANTS_FP8_QUANT_PIPELINE", DEFAULT_PIPELINE)
-    if name not in PIPELINES:
-        raise ValueError(f"pipeline must be one of {PIPELINES}, got {name!r}")
-    return name
+    """The pipeline to use: ``pipeline``, else $FA_VARIANTS_FP8_QUANT_PIPELINE, else DEFAULT_PIPELINE (ValueError
+    naming the argument or the variable for an unknown name)."""
+    if pipeline is None:
+        return _env.choice("FA_VARIANTS_FP8_QUANT_PIPELINE", DEFAULT_PIPELINE, PIPELINES)
+    if pipeline not in PIPELINES:
+        raise ValueError(f"pipeline must be one of {PIPELINES}, got {pipeline!r}")
+    return pipeline
 
 
 def _signs(device: torch.device, head_dim: int, seed: int | None, negate: bool) -> torch.Tensor:

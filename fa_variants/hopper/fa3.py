@@ -53,7 +53,7 @@ import os
 
 import torch
 
-from fa_variants.common import interop, pack_gqa, split, split_combine
+from fa_variants.common import env, interop, pack_gqa, split, split_combine
 from fa_variants.common.cache import StaticConfig
 from fa_variants.common.config import Sm90Config
 from fa_variants.common.launch import Variant
@@ -112,10 +112,7 @@ DECODE_TILES: dict[str, dict[int, dict]] = {
     "dual": {64: dict(ctas_per_sm=2), 96: dict(tile_n=64, ctas_per_sm=2), 128: dict(tile_n=64, ctas_per_sm=2)},
 }
 # "auto" (``decode_choice``): "dual" for calls of many short CTAs, "base" otherwise.
-DECODE_TILES_CHOICE = os.environ.get("FA_VARIANTS_DECODE_TILES", "auto")
-if DECODE_TILES_CHOICE not in (*DECODE_TILES, "auto"):
-    raise ValueError(f"FA_VARIANTS_DECODE_TILES={DECODE_TILES_CHOICE!r} must be one of "
-                     f"{sorted(DECODE_TILES) + ['auto']}")
+DECODE_TILES_CHOICE = env.choice("FA_VARIANTS_DECODE_TILES", "auto", (*DECODE_TILES, "auto"))
 #: `auto` (the default since session 6; FA_VARIANTS_DECODE_TILES=base: never "dual") runs "dual" when batch x
 #: heads_kv >= DUAL_MIN_CTAS and seqlen_k <= DUAL_MAX_SEQLEN_K. 512 from the s6 H200 A/B (scripts/decode5_gpu.sh,
 #: decode_ab "dualauto" at the old threshold 64): at B 64 x 8 KV heads Nk 1k (512 CTAs, unsplit with either
@@ -139,19 +136,10 @@ def decode_choice(batch: int, heads_kv: int, seqlen_k: int, choice: str | None =
 #: Whether packed seqlen_q = 1 decode launches as a programmatic dependent (``Sm90Config.pdl``; its split
 #: merge too): its launch and shared-memory setup overlap the tail of the kernel before it (FA_VARIANTS_DECODE_PDL=1:
 #: always; else as DECODE_PDL_MAX_SPLITS says).
-DECODE_PDL = os.environ.get("FA_VARIANTS_DECODE_PDL", "0") == "1"
+DECODE_PDL = env.flag("FA_VARIANTS_DECODE_PDL", False)
 
 
-def _int_env(name: str, default: str, low: int) -> int:
-    """An int >= low from the environment (one-line ValueError naming the variable otherwise)."""
-    value = os.environ.get(name, default)
-    try:
-        n = int(value)
-    except ValueError:
-        n = low - 1
-    if n < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-    return n
+_int_env = env.integer  # an int >= low from the environment (one-line ValueError naming the variable otherwise)
 
 
 #: `auto`'s packed seqlen_q = 1 split calls of 2..DECODE_PDL_MAX_SPLITS splits launch the split kernel and the
@@ -165,7 +153,7 @@ DECODE_PDL_MAX_SPLITS = _int_env("FA_VARIANTS_DECODE_PDL_MAX_SPLITS", "8", 0)
 #: min_tiles; FA_VARIANTS_SPLIT_MIN_TILES, which fa2 reads too with its own default 2): 1 from the same A/B
 #: (min1 below `auto` at all four B 1 Nk 1k shapes, the only ones whose count changes: 8 one-tile splits
 #: instead of 4 of two tiles; elsewhere the count is the same).
-SPLIT_MIN_TILES = split._min_tiles_from_env(os.environ.get("FA_VARIANTS_SPLIT_MIN_TILES", "1"))
+SPLIT_MIN_TILES = env.integer("FA_VARIANTS_SPLIT_MIN_TILES", "1", 1, "K/V tiles per split")
 #: Packed GQA at 1 < seqlen_q in 128-row tiles (two consumer warpgroups, ping-pong) when a KV head's G x seqlen_q
 #: rows exceed one 64-row tile but fit 128 (64:8 at Nq 16: 128 rows): K/V read once per KV head instead of
 #: twice. FA_VARIANTS_PACK_WIDE=1: always (True); 0: never (False); unset or "auto" (None, the default since
@@ -182,7 +170,7 @@ def _pack_wide_from_env(value: str) -> bool | None:
     return None if value == "auto" else value == "1"
 
 
-PACK_WIDE: bool | None = _pack_wide_from_env(os.environ.get("FA_VARIANTS_PACK_WIDE", "auto"))
+PACK_WIDE: bool | None = _pack_wide_from_env(env.choice("FA_VARIANTS_PACK_WIDE", "auto", ("0", "1", "auto")))
 #: head dims where `auto` always takes the wide tile; WIDE_SAME_SPLITS_HEAD_DIMS: only where it adds no split
 WIDE_ALWAYS_HEAD_DIMS = (64,)
 WIDE_SAME_SPLITS_HEAD_DIMS = (128,)
@@ -314,19 +302,19 @@ def num_splits_for(config: Sm90Config, q: torch.Tensor, k: torch.Tensor, causal:
 #: H200 run; the failures were in the tests (a reference at another softmax_scale; a 1e-3 bound below the
 #: bf16 rounding that different split counts give) and in EC-19's bitwise check (tests/test_split.py models
 #: the kernel's split path on the CPU).
-SPLIT_KV_ENABLED = os.environ.get("FA_VARIANTS_SPLIT_KV", "1") != "0"
+SPLIT_KV_ENABLED = env.flag("FA_VARIANTS_SPLIT_KV", True)
 
 #: Whether a call without ``config=`` packs the query heads of a KV head into one tile with GQA/MQA
 #: (``Sm90Config.pack_gqa``): each row's maths is unchanged (same tiles of K/V, same order), only the CTA
 #: count (and so `auto`'s split count) changes. `auto` packs every seqlen_q = 1 call (host views, any group)
 #: and a seqlen_q > 1 call when ``pack_helps`` (the kernel packs, a compile per group size).
 #: False or FA_VARIANTS_PACK_GQA=0: never packed by itself.
-PACK_GQA_ENABLED = os.environ.get("FA_VARIANTS_PACK_GQA", "1") != "0"
+PACK_GQA_ENABLED = env.flag("FA_VARIANTS_PACK_GQA", True)
 
 
 #: Whether split-KV partials are merged by the one-launch kernel (``common.split_combine``; False or
 #: FA_VARIANTS_MERGE_KERNEL=0: ``common.split.merge``, ~20 torch ops). Both add over the splits in a fixed order.
-MERGE_KERNEL = os.environ.get("FA_VARIANTS_MERGE_KERNEL", "1") != "0"
+MERGE_KERNEL = env.flag("FA_VARIANTS_MERGE_KERNEL", True)
 
 #: Which split-KV calls that `auto` (or ``decode_config``) configures merge inside the split kernel
 #: (``Sm90Config.fused_merge``: the last CTA of each query tile merges; one launch, no merge kernel) instead of by

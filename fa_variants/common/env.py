@@ -1,0 +1,51 @@
+"""The package's environment switches (``FA_VARIANTS_*``, README.md's table), read one way: a value that is not
+one of the switch's spellings raises a one-line ValueError naming the variable, instead of silently meaning the
+default (``FA_VARIANTS_SPLIT_KV=false`` used to leave splitting on) or failing deep inside a call.
+
+    flag(name, default)          0 / off / false / no, 1 / on / true / yes (unset or empty: default)
+    integer(name, default, low)  an int >= low
+    choice(name, default, names) one of names (case as given)
+"""
+from __future__ import annotations
+
+import os
+
+OFF = ("0", "off", "false", "no")
+ON = ("1", "on", "true", "yes")
+
+
+def flag(name: str, default: bool) -> bool:
+    """The boolean switch ``name``: unset or empty -> default; 0 / off / false / no -> False; 1 / on / true /
+    yes -> True (any case, spaces stripped); ValueError naming the variable otherwise."""
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
+        return default
+    if value not in OFF + ON:
+        raise ValueError(f"{name}={os.environ[name]!r} must be 0 or 1 (or off/false/no, on/true/yes)")
+    return value in ON
+
+
+def int_value(name: str, value: str, low: int, what: str = "") -> int:
+    """``value`` (of the variable ``name``) as an int >= low; ValueError naming the variable otherwise (``what``:
+    a few words on the unit, for the message)."""
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        n = low - 1
+    if n < low:
+        raise ValueError(f"{name} must be an int >= {low}{f' ({what})' if what else ''}, got {value!r}")
+    return n
+
+
+def integer(name: str, default: str, low: int, what: str = "") -> int:
+    """The int switch ``name`` (>= low; unset: default); ValueError naming the variable otherwise."""
+    return int_value(name, os.environ.get(name, default), low, what)
+
+
+def choice(name: str, default: str, names) -> str:
+    """The switch ``name``, one of ``names`` (unset or empty: default); ValueError naming the variable and the
+    choices otherwise."""
+    value = os.environ.get(name, "").strip() or default
+    if value not in names:
+        raise ValueError(f"{name}={value!r} must be one of {', '.join(names)}")
+    return value

@@ -1,0 +1,99 @@
+"""The FA_VARIANTS_* environment switches on the CPU: read through ``common.env`` (a bad value is a one-line
+ValueError naming the variable, at import for the import-time ones), and README.md's switch table lists each
+variable the package reads, once, with the default the code has."""
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fa_variants.common import env
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCES = sorted((ROOT / "fa_variants").rglob("*.py"))
+# variables whose value is free-form (a path) or checked where it is read (FUSED_MERGE: its own modes table)
+FREE_FORM = {"FA_VARIANTS_CACHE_DIR", "FA_VARIANTS_FIXTURE", "FA_VARIANTS_FUSED_MERGE"}
+
+
+def _read_in_package() -> set[str]:
+    names = set()
+    for path in SOURCES:
+        names |= set(re.findall(r"\"(FA_VARIANTS_[A-Z0-9_]+)\"", path.read_text()))
+    return names
+
+
+def _table() -> list[str]:
+    """The README's switch table rows (from its header to the first line that is not a row)."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    start = lines.index("| variable | default | effect |")
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append(line)
+    return rows
+
+
+def test_flag_integer_choice(monkeypatch):
+    monkeypatch.delenv("FA_VARIANTS_TEST", raising=False)
+    assert env.flag("FA_VARIANTS_TEST", True) and not env.flag("FA_VARIANTS_TEST", False)
+    for value, expected in (("0", False), ("off", False), ("False", False), (" no ", False), ("1", True),
+                            ("ON", True), ("true", True), ("yes", True), ("", True)):
+        monkeypatch.setenv("FA_VARIANTS_TEST", value)
+        assert env.flag("FA_VARIANTS_TEST", True) is expected, value
+    for bad in ("2", "enable", "y"):
+        monkeypatch.setenv("FA_VARIANTS_TEST", bad)
+        with pytest.raises(ValueError, match=f"^FA_VARIANTS_TEST='{bad}' must be 0 or 1"):
+            env.flag("FA_VARIANTS_TEST", False)
+    monkeypatch.setenv("FA_VARIANTS_TEST", "3")
+    assert env.integer("FA_VARIANTS_TEST", "8", 0) == 3
+    for bad in ("-1", "2k", "1.5"):
+        monkeypatch.setenv("FA_VARIANTS_TEST", bad)
+        with pytest.raises(ValueError, match="^FA_VARIANTS_TEST must be an int >= 0"):
+            env.integer("FA_VARIANTS_TEST", "8", 0)
+    monkeypatch.setenv("FA_VARIANTS_TEST", "b")
+    assert env.choice("FA_VARIANTS_TEST", "a", ("a", "b")) == "b"
+    monkeypatch.setenv("FA_VARIANTS_TEST", "c")
+    with pytest.raises(ValueError, match="^FA_VARIANTS_TEST='c' must be one of a, b$"):
+        env.choice("FA_VARIANTS_TEST", "a", ("a", "b"))
+
+
+def test_every_switch_is_read_through_common_env():
+    """No FA_VARIANTS_* read straight from os.environ (where "false" meant on and a typo meant the default),
+    but the free-form ones."""
+    raw = set()
+    for path in SOURCES:
+        if path.name != "env.py":
+            raw |= set(re.findall(r"environ(?:\.get\(|\[)\"(FA_VARIANTS_[A-Z0-9_]+)\"", path.read_text()))
+    assert raw <= FREE_FORM, sorted(raw - FREE_FORM)
+
+
+def test_a_bad_switch_fails_the_import_with_one_line_naming_it():
+    """An import-time switch with a value it does not take: the import fails with a ValueError whose one line
+    names the variable (before: FA_VARIANTS_MERGE_WARP=yes2 imported fine, the switch silently off)."""
+    environ = dict(os.environ, FA_VARIANTS_MERGE_WARP="yes2", FA_VARIANTS_SPLIT_KV="false", PYTHONPATH=str(ROOT))
+    run = subprocess.run([sys.executable, "-c", "import fa_variants.common.split_combine"], env=environ,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0
+    assert run.stderr.strip().splitlines()[-1] == ("ValueError: FA_VARIANTS_MERGE_WARP='yes2' must be 0 or 1 "
+                                                   "(or off/false/no, on/true/yes)")
+
+
+def test_readme_table_lists_each_switch_once_with_its_default():
+    rows = _table()
+    listed = [re.match(r"\| `(FA_VARIANTS_[A-Z0-9_]+)", row).group(1) for row in rows]
+    assert len(listed) == len(set(listed)), sorted(n for n in listed if listed.count(n) > 1)
+    assert set(listed) == _read_in_package(), set(listed) ^ _read_in_package()
+    default = {name: row.split(" | ")[1] for name, row in zip(listed, rows)}
+    checked = 0
+    for path in SOURCES:
+        text = path.read_text()
+        for name, on in re.findall(r"env\.flag\(\"(FA_VARIANTS_\w+)\", (True|False)\)", text):
+            assert default[name] == ("on" if on == "True" else "off"), (name, default[name])
+            checked += 1
+        for name, value in re.findall(r"env\.(?:integer|choice)\(\"(FA_VARIANTS_\w+)\", \"(\w+)\"", text):
+            assert re.search(rf"\b{value}\b", default[name]), (name, value, default[name])
+            checked += 1
+    assert checked >= 15
