@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
+from fa_variants.common import env
 from fa_variants.common.launch import Variant
 
 
@@ -84,6 +85,8 @@ def _import(name: str, module_name: str) -> Variant | str:
         if exc.name and module_name.startswith(exc.name):
             return f"{name} is not built yet"
         return f"{name} cannot be imported ({exc})"
+    except env.SwitchError:  # a mistyped FA_VARIANTS_* switch is the caller's to fix: no fallback past it
+        raise
     except Exception as exc:  # a broken kernel module must be reported, not crash its callers
         return f"{name} failed to import ({type(exc).__name__}: {exc})"
     if name == "reference" and not hasattr(module, "VARIANT"):

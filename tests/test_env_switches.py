@@ -77,8 +77,20 @@ def test_a_bad_switch_fails_the_import_with_one_line_naming_it():
     run = subprocess.run([sys.executable, "-c", "import fa_variants.common.split_combine"], env=environ,
                          capture_output=True, text=True, timeout=120)
     assert run.returncode != 0
-    assert run.stderr.strip().splitlines()[-1] == ("ValueError: FA_VARIANTS_MERGE_WARP='yes2' must be 0 or 1 "
-                                                   "(or off/false/no, on/true/yes)")
+    assert run.stderr.strip().splitlines()[-1] == ("fa_variants.common.env.SwitchError: FA_VARIANTS_MERGE_WARP='yes2' "
+                                                   "must be 0 or 1 (or off/false/no, on/true/yes)")
+
+
+def test_a_bad_switch_stops_auto_instead_of_falling_back():
+    """`auto` on an sm_90 with a mistyped fa3 switch: the one-line error naming the variable, not a fallback to a
+    slower backend with a warning (registry reports other import failures as a reason to fall back)."""
+    environ = dict(os.environ, FA_VARIANTS_PACK_WIDE="yes", PYTHONPATH=str(ROOT))
+    code = "import torch; from fa_variants import dispatch; dispatch.select((9, 0), torch.bfloat16, 128)"
+    run = subprocess.run([sys.executable, "-W", "error", "-c", code], env=environ, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode != 0 and "fell back" not in run.stderr
+    assert run.stderr.strip().splitlines()[-1] == ("fa_variants.common.env.SwitchError: FA_VARIANTS_PACK_WIDE='yes' "
+                                                   "must be one of 0, 1, auto")
 
 
 def test_readme_table_lists_each_switch_once_with_its_default():

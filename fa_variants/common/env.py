@@ -5,6 +5,10 @@ default (``FA_VARIANTS_SPLIT_KV=false`` used to leave splitting on) or failing d
     flag(name, default)          0 / off / false / no, 1 / on / true / yes (unset or empty: default)
     integer(name, default, low)  an int >= low
     choice(name, default, names) one of names (case as given)
+
+The error is ``SwitchError`` (a ValueError): ``registry`` lets it through where it reports any other failure to
+import a backend module as a reason to fall back, so that a mistyped switch stops the call instead of sending
+every call to a slower backend.
 """
 from __future__ import annotations
 
@@ -14,6 +18,10 @@ OFF = ("0", "off", "false", "no")
 ON = ("1", "on", "true", "yes")
 
 
+class SwitchError(ValueError):
+    """A FA_VARIANTS_* variable with a value its switch does not take (the message names the variable)."""
+
+
 def flag(name: str, default: bool) -> bool:
     """The boolean switch ``name``: unset or empty -> default; 0 / off / false / no -> False; 1 / on / true /
     yes -> True (any case, spaces stripped); ValueError naming the variable otherwise."""
@@ -21,7 +29,7 @@ def flag(name: str, default: bool) -> bool:
     if not value:
         return default
     if value not in OFF + ON:
-        raise ValueError(f"{name}={os.environ[name]!r} must be 0 or 1 (or off/false/no, on/true/yes)")
+        raise SwitchError(f"{name}={os.environ[name]!r} must be 0 or 1 (or off/false/no, on/true/yes)")
     return value in ON
 
 
@@ -33,7 +41,7 @@ def int_value(name: str, value: str, low: int, what: str = "") -> int:
     except (TypeError, ValueError):
         n = low - 1
     if n < low:
-        raise ValueError(f"{name} must be an int >= {low}{f' ({what})' if what else ''}, got {value!r}")
+        raise SwitchError(f"{name} must be an int >= {low}{f' ({what})' if what else ''}, got {value!r}")
     return n
 
 
@@ -47,5 +55,5 @@ def choice(name: str, default: str, names) -> str:
     choices otherwise."""
     value = os.environ.get(name, "").strip() or default
     if value not in names:
-        raise ValueError(f"{name}={value!r} must be one of {', '.join(names)}")
+        raise SwitchError(f"{name}={value!r} must be one of {', '.join(names)}")
     return value

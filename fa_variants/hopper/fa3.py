@@ -325,7 +325,7 @@ MERGE_KERNEL = env.flag("FA_VARIANTS_MERGE_KERNEL", True)
 FUSED_MERGE_MODES = {"0": "off", "off": "off", "decode": "decode", "1": "all", "all": "all"}
 FUSED_MERGE = FUSED_MERGE_MODES.get(os.environ.get("FA_VARIANTS_FUSED_MERGE", "off").strip().lower())
 if FUSED_MERGE is None:
-    raise ValueError(f"FA_VARIANTS_FUSED_MERGE={os.environ['FA_VARIANTS_FUSED_MERGE']!r} must be one of "
+    raise env.SwitchError(f"FA_VARIANTS_FUSED_MERGE={os.environ['FA_VARIANTS_FUSED_MERGE']!r} must be one of "
                      f"{sorted(FUSED_MERGE_MODES)}")
 
 
