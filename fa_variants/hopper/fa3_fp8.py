@@ -129,8 +129,9 @@ class Fp8Config(Fa3Config):
         per tile before its P V GEMM (not once per slice of d after each wait). Same values: bitwise the same O.
     out_dtype: "bf16" | "fp16", the output dtype (part of the compile key).
     s_lookahead: the next K/V tile's S GEMM issued inside this tile's ping-pong turn, after the last P V slice
-        and before that slice's promotion (``_Fp8StepContext.lookahead_loop``; off by default, head_dim 256 A/B
-        of issue 10). Needs two_level, promote_every 1, pv_split > 1 with pv_buffers 2, serial steps, ping-pong,
+        and before that slice's promotion (``_Fp8StepContext.lookahead_loop``; the field's default is off, but
+        the head_dim 256 default config has it on with s_halves since session 6: ``DEFAULT_SWITCHES``, and
+        ``NO_LOOKAHEAD`` turns both off). Needs two_level, promote_every 1, pv_split > 1 with pv_buffers 2, serial steps, ping-pong,
         descale_prefetch off (the step reads v_descale once itself).
     s_halves: with s_lookahead, the S GEMM as two warpgroup MMAs of tile_n / 2 keys, each in one temporary's
         registers (needs tile_n * pv_split == 2 * head_dim: 128 x 128 tiles with four slices at head_dim 256): half 0
