@@ -70,6 +70,36 @@ def assert_attention_ok(out: torch.Tensor, lse: torch.Tensor | None, q: torch.Te
     return refs
 
 
+#: fa3-fp8 kernel vs its emulation on the same quantised inputs (tests/test_fa3_fp8_gpu.py's module docstring):
+#: rel-L2 of O, and the LSE on rows that see a key
+FP8_REL_L2_BOUND = 6e-3
+FP8_LSE_BOUND = 1.5e-3
+
+
+def assert_fp8_matches_emulation(out: torch.Tensor, lse: torch.Tensor, emu32: torch.Tensor, emu_lse: torch.Tensor,
+                                 exact: torch.Tensor, record=None, **labels) -> dict:
+    """Asserts an fa3-fp8 output (out (B, N, H, D) 16-bit, lse float32 (B, H, N)) against its emulation (emu32
+    float32, emu_lse) and float64 attention (exact): finite; rel-L2 vs the emulation rounded to out's dtype <=
+    FP8_REL_L2_BOUND; rows that see no key (emu_lse -inf) O = 0 with LSE -inf, the others LSE within
+    FP8_LSE_BOUND; |out - exact| within ``fp8.fp8_error_bound``. Returns the facts (labels included), passed to
+    ``record`` first when given."""
+    from fa_variants import fp8
+    from fa_variants.reference import rel_l2
+
+    seen = torch.isfinite(emu_lse)
+    facts = dict(labels, rel_l2=float(rel_l2(out, emu32.to(out.dtype))),
+                 lse_diff=float((lse[seen] - emu_lse[seen]).abs().max()) if seen.any() else 0.0,
+                 vs_f64=(out.double() - exact).abs().max().item(), vs_f64_bound=fp8.fp8_error_bound(emu32, exact))
+    if record is not None:
+        record(facts)
+    assert torch.isfinite(out).all(), facts
+    assert facts["rel_l2"] <= FP8_REL_L2_BOUND, facts
+    assert torch.equal(torch.isfinite(lse), seen) and (out.transpose(1, 2)[~seen] == 0).all(), facts
+    assert facts["lse_diff"] <= FP8_LSE_BOUND, facts
+    assert facts["vs_f64"] <= facts["vs_f64_bound"], facts
+    return facts
+
+
 def sm90_only(what: str) -> list:
     """The marks of a test file that runs on an sm90 (Hopper) GPU only: ``gpu``, and a visible skip elsewhere."""
     on_sm90 = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9

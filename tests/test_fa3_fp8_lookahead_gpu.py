@@ -18,10 +18,10 @@ import zlib
 import pytest
 import torch
 
+from helpers import assert_fp8_matches_emulation
+
 pytestmark = pytest.mark.gpu
 
-REL_L2_BOUND = 6e-3  # as tests/test_fa3_fp8_gpu.py
-LSE_BOUND = 1.5e-3
 SHAPES = [(1, 40, 40, 2, 1), (1, 113, 113, 4, 2), (2, 113, 1023, 4, 1), (1, 1023, 113, 3, 3)]
 SHAPE_IDS = ["x".join(map(str, s)) for s in SHAPES]
 NO_LOOKAHEAD = dict(s_lookahead=False, s_halves=False)  # fa3_fp8.NO_LOOKAHEAD: the serial default before
@@ -42,7 +42,7 @@ VARIANTS = {
 def test_d256_variant_vs_emulation(fp8_kernel, variant, shape, causal, request, nan_allocations):
     from fa_variants import fp8
     from fa_variants.fp8.quantize import quantize_fp8_torch
-    from fa_variants.reference import attention_reference, rel_l2
+    from fa_variants.reference import attention_reference
 
     cfg = dataclasses.replace(fp8_kernel.DEFAULT_CONFIGS[256], **VARIANTS[variant])
     seed = zlib.crc32(request.node.nodeid.encode())
@@ -56,12 +56,4 @@ def test_d256_variant_vs_emulation(fp8_kernel, variant, shape, causal, request, 
         out, lse = fp8_kernel.run_fp8(inp, causal=causal, out_dtype=torch.bfloat16, config=cfg)
     emu32, emu_lse = fp8.emulate_fp8_attention(inp, causal=causal)
     exact, _ = attention_reference(q, k, v, causal=causal, dtype=torch.float64)
-    seen = torch.isfinite(emu_lse)
-    facts = dict(variant=variant, seed=seed, rel_l2=float(rel_l2(out, emu32.to(torch.bfloat16))),
-                 lse_diff=float((lse[seen] - emu_lse[seen]).abs().max()) if seen.any() else 0.0,
-                 vs_f64=(out.double() - exact).abs().max().item(), vs_f64_bound=fp8.fp8_error_bound(emu32, exact))
-    assert torch.isfinite(out).all(), facts
-    assert facts["rel_l2"] <= REL_L2_BOUND, facts
-    assert torch.equal(torch.isfinite(lse), seen) and (out.transpose(1, 2)[~seen] == 0).all(), facts
-    assert facts["lse_diff"] <= LSE_BOUND, facts
-    assert facts["vs_f64"] <= facts["vs_f64_bound"], facts
+    assert_fp8_matches_emulation(out, lse, emu32, emu_lse, exact, variant=variant, seed=seed)

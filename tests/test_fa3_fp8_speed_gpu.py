@@ -21,12 +21,11 @@ import zlib
 import pytest
 import torch
 
-from helpers import assert_attention_ok, make_qkv
+from helpers import (FP8_LSE_BOUND, FP8_REL_L2_BOUND, assert_attention_ok, assert_fp8_matches_emulation,
+                     make_qkv)
 
 pytestmark = pytest.mark.gpu
 
-REL_L2_BOUND = 6e-3  # as tests/test_fa3_fp8_gpu.py
-LSE_BOUND = 1.5e-3
 SHAPES = [(1, 113, 113, 4, 2), (2, 113, 1023, 4, 1), (1, 1023, 113, 3, 3)]
 SHAPE_IDS = ["x".join(map(str, s)) for s in SHAPES]
 
@@ -92,7 +91,7 @@ def _inputs(shape, head_dim, seed):
 def test_fp8_variant_vs_emulation(fp8_kernel, variant, shape, causal, request, nan_allocations):
     from fa_variants import fp8
     from fa_variants.fp8.quantize import quantize_fp8_torch
-    from fa_variants.reference import attention_reference, rel_l2
+    from fa_variants.reference import attention_reference
 
     D, change = {**FP8_VARIANTS, **FP8SMALL_VARIANTS}[variant]
     cfg = dataclasses.replace(fp8_kernel.DEFAULT_CONFIGS[D], **change)
@@ -108,17 +107,8 @@ def test_fp8_variant_vs_emulation(fp8_kernel, variant, shape, causal, request, n
     with nan_allocations():  # an output element the kernel does not write stays NaN
         out, lse = fp8_kernel.run_fp8(inp, causal=causal, out_dtype=torch.bfloat16, config=cfg)
     emu32, emu_lse = fp8.emulate_fp8_attention(inp, causal=causal, exp2_emu=cfg.exp2_emu, tile_m=cfg.tile_m)
-    emu = emu32.to(torch.bfloat16)
     exact, _ = attention_reference(q, k, v, causal=causal, dtype=torch.float64)
-    seen = torch.isfinite(emu_lse)
-    facts = dict(variant=variant, seed=seed, rel_l2=float(rel_l2(out, emu)),
-                 lse_diff=float((lse[seen] - emu_lse[seen]).abs().max()) if seen.any() else 0.0,
-                 vs_f64=(out.double() - exact).abs().max().item(), vs_f64_bound=fp8.fp8_error_bound(emu32, exact))
-    assert torch.isfinite(out).all(), facts
-    assert facts["rel_l2"] <= REL_L2_BOUND, facts
-    assert torch.equal(torch.isfinite(lse), seen) and (out.transpose(1, 2)[~seen] == 0).all(), facts
-    assert facts["lse_diff"] <= LSE_BOUND, facts
-    assert facts["vs_f64"] <= facts["vs_f64_bound"], facts
+    assert_fp8_matches_emulation(out, lse, emu32, emu_lse, exact, variant=variant, seed=seed)
 
 
 def test_fp8_exp2_emu_every_score(fp8_kernel, nan_allocations):
@@ -138,8 +128,8 @@ def test_fp8_exp2_emu_every_score(fp8_kernel, nan_allocations):
     seen = torch.isfinite(emu_lse)
     assert not seen.all() and torch.equal(torch.isfinite(lse), seen)
     assert (out.transpose(1, 2)[~seen] == 0).all()
-    assert float(rel_l2(out, emu.to(torch.bfloat16))) <= REL_L2_BOUND
-    assert (lse[seen] - emu_lse[seen]).abs().max().item() <= LSE_BOUND
+    assert float(rel_l2(out, emu.to(torch.bfloat16))) <= FP8_REL_L2_BOUND
+    assert (lse[seen] - emu_lse[seen]).abs().max().item() <= FP8_LSE_BOUND
 
 
 @pytest.mark.parametrize("head_dim, change", [(64, dict(exp2_emu=1)), (64, dict(exp2_emu=8)),
