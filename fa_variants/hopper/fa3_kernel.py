@@ -519,6 +519,18 @@ class FlashAttention3Sm90:
 
         return make(storage.mbar_q, 1, self.bytes_q), make(storage.mbar_k, self.stages, self.bytes_kv), make(storage.mbar_v, self.stages, self.bytes_kv)
 
+    def _pipeline_states(self, user_type, states: tuple) -> tuple:
+        """(Q, K, V) pipeline states of a producer or consumer (``user_type``): ``states`` when carried from the
+        previous tile (persistent), else fresh ones (Q one stage, K and V ``stages``; V None under
+        ``shared_kv_state``, where K's state serves both rings)."""
+        if const_expr(len(states) > 0):
+            return states
+        v_state = None
+        if const_expr(not self.cfg.shared_kv_state):
+            v_state = pipeline.make_pipeline_state(user_type, self.stages)
+        return (pipeline.make_pipeline_state(user_type, 1), pipeline.make_pipeline_state(user_type, self.stages),
+                v_state)
+
     # ----- producer warp: TMA only ----------------------------------------------------------
 
     @cute.jit
@@ -537,11 +549,7 @@ class FlashAttention3Sm90:
         tVsV, tVgV = cpasync.tma_partition(tma_v, 0, one, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
 
         carried = const_expr(len(states) > 0)
-        if const_expr(carried):
-            q_state, k_state, v_state = states
-        else:
-            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-            k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        q_state, k_state, v_state = self._pipeline_states(pipeline.PipelineUserType.Producer, states)
         first_k = (self.cfg.k_before_q or carried) and not self.cfg.shared_kv_state
         if const_expr(first_k):  # the first K tile's load goes out before Q's (flash-attn-4's order)
             k_state = self._load(tma_k, tKgK, tKsK, pipe_k, k_state, self._tile(n_start, n_blocks - 1))
@@ -553,8 +561,6 @@ class FlashAttention3Sm90:
         if const_expr(self.cfg.shared_kv_state):
             self._produce_shared(tKgK, tKsK, tVgV, tVsV, tma_k, tma_v, pipe_k, pipe_v, k_state, n_blocks, n_start)
             return
-        if const_expr(not carried):
-            v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         if const_expr(not first_k):
             k_state = self._load(tma_k, tKgK, tKsK, pipe_k, k_state, self._tile(n_start, n_blocks - 1))
         for i in cutlass.range(n_blocks - 1, unroll=1):
@@ -641,14 +647,7 @@ class FlashAttention3Sm90:
         if const_expr(not ctx.overwrites_o()):
             acc_O.fill(0.0)
         carried = const_expr(len(states) > 0)
-        if const_expr(carried):
-            q_state, k_state, v_state = states
-        else:
-            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-            k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-            v_state = None  # shared_kv_state: k_state serves both rings (_StepContext)
-            if const_expr(not self.cfg.shared_kv_state):
-                v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        q_state, k_state, v_state = self._pipeline_states(pipeline.PipelineUserType.Consumer, states)
         pipe_q.consumer_wait(q_state)
         if const_expr(self.pingpong and not carried):
             if wg == 0:  # warpgroup 0 takes the first turn
