@@ -45,12 +45,15 @@ E4M3 = torch.float8_e4m3fn
 # fa3_fp8.NO_LOOKAHEAD (not imported here: the kernel module loads the CuTe DSL): the head_dim 256 default's serial
 # steps (s_lookahead and s_halves off), for variants whose changes the lookahead refuses, and "old" in fp8d256
 NO_LOOKAHEAD = dict(s_lookahead=False, s_halves=False)
+# the head_dim 64 default before session 6's tn192s_c4 flip (192 x 128 tiles, intra-warpgroup overlap, one chain):
+# the base of the 64 variants named before it, so they keep timing what they did
+PRE64 = dict(tile_n=128, intra_wg_overlap=True, reduce_chains=1)
 
 # Variants of the FP8 kernel per head_dim: name -> changes to fa3_fp8.DEFAULT_CONFIGS[head_dim]. "new" is the
-# default (tiles from fa_variants.fp8.layout.KERNEL_TILES); "old" the default before it (128 x 128 at 64 and
+# default (tiles from fa_variants.fp8.layout.KERNEL_TILES); "old" the default before it (128 x 128 with overlap at 64 and
 # 128, overlap at 128, P V in two slices with one temporary at 256); "single" one running accumulator.
 VARIANTS: dict[int, dict[str, dict]] = {
-    64: {"new": {}, "old": dict(tile_m=128), "single": dict(two_level=False)},
+    64: {"new": {}, "old": dict(tile_m=128, **PRE64), "single": dict(two_level=False)},
     128: {"new": {}, "old": dict(tile_n=128, intra_wg_overlap=True), "single": dict(two_level=False)},
     256: {"new": {}, "old": dict(pv_split=2, pv_buffers=1, **NO_LOOKAHEAD),
           "single": dict(two_level=False, pv_split=1, pv_buffers=1, **NO_LOOKAHEAD)},
@@ -95,12 +98,13 @@ FLIP_VARIANTS: dict[int, dict[str, dict]] = {
 # ping-pong turn in serial steps); single*: one running accumulator with the same switches (the two-level cost).
 # A variant whose tile_n is not the default's gets K/V scale blocks of its tile_n.
 FP8SMALL_VARIANTS: dict[int, dict[str, dict]] = {
-    64: {"new": {}, "c4": dict(reduce_chains=4), "c4_pf": dict(reduce_chains=4, descale_prefetch=True),
-         "c4_pf_emu1": dict(reduce_chains=4, descale_prefetch=True, exp2_emu=1),
-         "c4_pf_emu2": dict(reduce_chains=4, descale_prefetch=True, exp2_emu=2),
-         "c4_pf_emu3": dict(reduce_chains=4, descale_prefetch=True, exp2_emu=3),
+    64: {"new": {}, "pre": dict(PRE64), "c4": dict(PRE64, reduce_chains=4),
+         "c4_pf": dict(PRE64, reduce_chains=4, descale_prefetch=True),
+         "c4_pf_emu1": dict(PRE64, reduce_chains=4, descale_prefetch=True, exp2_emu=1),
+         "c4_pf_emu2": dict(PRE64, reduce_chains=4, descale_prefetch=True, exp2_emu=2),
+         "c4_pf_emu3": dict(PRE64, reduce_chains=4, descale_prefetch=True, exp2_emu=3),
          "tn192s_c4": dict(tile_n=192, intra_wg_overlap=False, reduce_chains=4),
-         "single_c4_pf": dict(two_level=False, reduce_chains=4, descale_prefetch=True)},
+         "single_c4_pf": dict(PRE64, two_level=False, reduce_chains=4, descale_prefetch=True)},
     128: {"new": {}, "c4": dict(reduce_chains=4), "c4_emu1": dict(reduce_chains=4, exp2_emu=1),
           "c4_emu2": dict(reduce_chains=4, exp2_emu=2),
           "m192_c4": dict(tile_m=192, tile_n=128, reduce_chains=4),
@@ -143,7 +147,8 @@ LEGENDS = {
                "on, promote_every 4 at head_dim 64); old = the defaults before (skip off, promote_every 1); prefetch = "
                "new + descale_prefetch; single* = one running accumulator (single_overlap: with intra-warpgroup "
                "overlap); bf16_fa3 = ours; flash_attn_4 = flash-attn-4 bf16.",
-    "fp8small": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs; new = the default; c4 = "
+    "fp8small": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs; new = the default (64: tn192s_c4 "
+                "since session 6); pre = the 64 default before it (192 x 128, overlap), the base of 64's c4*; c4 = "
                 "reduce_chains=4 (row max and row sum in 4 chains); pf = descale_prefetch; emuN = exp2_emu=N; skip = "
                 "skip_unit_rescale; early = early_pv_arrive; s2 = P V in two slices of d, two temporaries; tn192s = "
                 "192 x 192 serial; m192 = 192 x 128 serial, three warpgroups; single* = one running accumulator with the "

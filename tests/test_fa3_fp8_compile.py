@@ -2,7 +2,7 @@
 
 `fa-variants compile --arch sm_90a --variant fa3-fp8 --head-dim D --dtype e4m3 --sass` must report
 QGMMA > 0 (FP8 warpgroup MMAs for both GEMMs), UTMALDG > 0, USETMAXREG > 0 and LDL = STL = 0, for the default
-configs (tiles from fa_variants.fp8.layout.KERNEL_TILES: 64: 192 x 128; 128: 128 x 256 serial; 256: 128 x 128
+configs (tiles from fa_variants.fp8.layout.KERNEL_TILES: 64: 192 x 192 serial, reduce_chains 4; 128: 128 x 256 serial; 256: 128 x 128
 with the P V GEMM in four slices, two temporaries).
 """
 import dataclasses
@@ -44,6 +44,9 @@ def test_default_interval_and_switches():
     follows: FP8Config.promote_every None), and skip_unit_rescale is on at head_dim 256 only (bench/NOTES.md)."""
     for d, cfg in fa3_fp8.DEFAULT_CONFIGS.items():
         assert cfg.promote_every == layout.promote_every(d) and cfg.skip_unit_rescale == (d == 256), (d, cfg)
+    d64 = fa3_fp8.DEFAULT_CONFIGS[64]  # session 6's tn192s_c4: 192 x 192, serial steps, four softmax chains
+    assert (d64.tile_m, d64.tile_n, d64.intra_wg_overlap, d64.reduce_chains) == (192, 192, False, 4)
+    assert all(fa3_fp8.DEFAULT_CONFIGS[d].reduce_chains == 1 for d in (96, 128, 256))
     four = dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[64], promote_every=4)
     four.check(64)
     dataclasses.replace(four, two_level=False).check(64)  # the interval is ignored then
@@ -87,9 +90,10 @@ def test_two_level_promotes_on_cuda_cores():
 def test_promotion_interval():
     """promote_every > 1: the interval's first P V overwrites the temporary under a run-time predicate (UP),
     the others accumulate into it; no spills in either schedule. head_dim 64 (the default tiles) and 128 with
-    128-key tiles (its default, 256-key tiles, spill with an interval's temporary: the recipe refuses it)."""
+    128-key tiles (its default, 256-key tiles, spill with an interval's temporary: the recipe refuses it); head_dim 64
+    with 192 x 128 serial tiles (the default before session 6)."""
     for head_dim, change in ((128, dict(promote_every=2, tile_n=128, intra_wg_overlap=True)),
-                             (64, dict(promote_every=4, intra_wg_overlap=False))):
+                             (64, dict(promote_every=4, tile_n=128, intra_wg_overlap=False))):
         s = _sass(dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[head_dim], **change), head_dim=head_dim, causal=True)
         counts = cubin.count_sass(s)
         assert counts["QGMMA"] > 0 and counts["LDL"] == counts["STL"] == 0, counts

@@ -134,7 +134,8 @@ def test_defaults_follow_the_layout():
     for d, cfg in fa3_fp8.DEFAULT_CONFIGS.items():
         assert (cfg.tile_m, cfg.tile_n) == layout.kernel_tiles(d)
         cfg.check(d)
-    assert fa3_fp8.DEFAULT_CONFIGS[64].tile_m == 192
+    c64 = fa3_fp8.DEFAULT_CONFIGS[64]  # tn192s_c4 since session 6
+    assert (c64.tile_m, c64.tile_n, c64.intra_wg_overlap, c64.reduce_chains) == (192, 192, False, 4)
     assert not fa3_fp8.DEFAULT_CONFIGS[128].intra_wg_overlap and fa3_fp8.DEFAULT_CONFIGS[128].tile_n == 256
     c256 = fa3_fp8.DEFAULT_CONFIGS[256]
     assert (c256.pv_split, c256.pv_buffers, c256.intra_wg_overlap) == (4, 2, False)
@@ -171,7 +172,7 @@ def test_bad_scale_and_out_dtype():
 def test_model_matches_float64_attention_before_rounding():
     """The test's own model: with P not rounded (exactly representable inputs), it is plain attention."""
     g = torch.Generator().manual_seed(1)
-    _, (q8, k8, vt, qd, kd, vd), v8 = quantized_inputs(1, 70, 150, 2, 1, 64, "cpu", g)
+    _, (q8, k8, vt, qd, kd, vd), v8 = quantized_inputs(1, 70, 150, 2, 1, 64, "cpu", g, tile_n=128)
     out, lse = model(q8, k8, v8, qd, kd, vd, 0.125, True, 128)
     Q = q8.double() * qd[:, :, :1].permute(0, 2, 1)[..., None].double()
     K = k8.double() * kd.repeat_interleave(128, dim=2)[:, :, :150].permute(0, 2, 1)[..., None].double()
@@ -253,18 +254,21 @@ def test_kernel_vs_model(shape, head_dim, causal, nan_allocations):
 
 
 # variant -> (head_dim, config change); the accumulation modes and tile shapes the speed A/B times, and the
-# defaults before layout.KERNEL_TILES moved (old-default-*); inputs quantised with the variant's tile_n
+# defaults before layout.KERNEL_TILES moved (old-default-*); inputs quantised with the variant's tile_n. PRE64: the
+# head_dim 64 default before session 6 (192 x 128, intra-warpgroup overlap, one softmax chain), the base of the 64 ones
+PRE64 = dict(tile_n=128, intra_wg_overlap=True, reduce_chains=1)
 CONFIG_VARIANTS = {
     "single-acc": (128, dict(two_level=False)),
     "old-default-128": (128, dict(tile_n=128, intra_wg_overlap=True)),
     "promote-2": (128, dict(promote_every=2, tile_n=128, intra_wg_overlap=True)),  # 256-key tiles: no registers
     "promote-4-serial": (128, dict(promote_every=4, tile_n=128)),
-    "promote-3-d64": (64, dict(promote_every=3)),
+    "promote-3-d64": (64, dict(PRE64, promote_every=3)),
     "old-default-256": (256, dict(s_lookahead=False, s_halves=False, pv_split=2, pv_buffers=1)),
     "pv4-d256": (256, dict(s_lookahead=False, s_halves=False, pv_split=4, pv_buffers=1)),
     "single-acc-d256": (256, dict(s_lookahead=False, s_halves=False, two_level=False, pv_split=1, pv_buffers=1)),
-    "old-default-64": (64, dict(tile_m=128)),
-    "tile-n-256-d64": (64, dict(tile_m=128, tile_n=256)),  # K/V scale blocks of 256 keys (quantised to match)
+    "old-default-64": (64, dict(PRE64, tile_m=128)),
+    "pre-default-64": (64, dict(PRE64)),
+    "tile-n-256-d64": (64, dict(PRE64, tile_m=128, tile_n=256)),  # K/V scale blocks of 256 keys (quantised to match)
     "tile-n-192-serial": (128, dict(tile_n=192)),
 }
 

@@ -32,6 +32,9 @@ SHAPE_IDS = ["x".join(map(str, s)) for s in SHAPES]
 # (head_dim, config change) of the fa3-fp8 variants (scripts/fa3_fp8_speed_ab.py SPEED_VARIANTS, the same names)
 # fa3_fp8.NO_LOOKAHEAD: the head_dim 256 default's serial steps, for switches its lookahead refuses
 NO_LOOKAHEAD = dict(s_lookahead=False, s_halves=False)
+# scripts/fa3_fp8_speed_ab.py PRE64: the head_dim 64 default before session 6 (192 x 128, overlap, one chain), the
+# base of the 64 variants named before the tn192s_c4 flip
+PRE64 = dict(tile_n=128, intra_wg_overlap=True, reduce_chains=1)
 FP8_VARIANTS = {
     "d256-early": (256, dict(early_pv_arrive=True, **NO_LOOKAHEAD)),
     "d256-skip": (256, dict(skip_unit_rescale=True)),
@@ -59,13 +62,14 @@ FP8_VARIANTS = {
 # max and row sum in four chains, with descale_prefetch, exp2_emu, skip_unit_rescale, 192 x 192 serial tiles (64),
 # 192 x 128 serial tiles with three consumer warpgroups (128), and the single accumulator
 FP8SMALL_VARIANTS = {
-    "fp8small-d64-c4": (64, dict(reduce_chains=4)),
-    "fp8small-d64-c4_pf": (64, dict(reduce_chains=4, descale_prefetch=True)),
-    "fp8small-d64-c4_pf_emu1": (64, dict(reduce_chains=4, descale_prefetch=True, exp2_emu=1)),
-    "fp8small-d64-c4_pf_emu2": (64, dict(reduce_chains=4, descale_prefetch=True, exp2_emu=2)),
-    "fp8small-d64-c4_pf_emu3": (64, dict(reduce_chains=4, descale_prefetch=True, exp2_emu=3)),
+    "fp8small-d64-pre": (64, dict(PRE64)),
+    "fp8small-d64-c4": (64, dict(PRE64, reduce_chains=4)),
+    "fp8small-d64-c4_pf": (64, dict(PRE64, reduce_chains=4, descale_prefetch=True)),
+    "fp8small-d64-c4_pf_emu1": (64, dict(PRE64, reduce_chains=4, descale_prefetch=True, exp2_emu=1)),
+    "fp8small-d64-c4_pf_emu2": (64, dict(PRE64, reduce_chains=4, descale_prefetch=True, exp2_emu=2)),
+    "fp8small-d64-c4_pf_emu3": (64, dict(PRE64, reduce_chains=4, descale_prefetch=True, exp2_emu=3)),
     "fp8small-d64-tn192s_c4": (64, dict(tile_n=192, intra_wg_overlap=False, reduce_chains=4)),
-    "fp8small-d64-single_c4_pf": (64, dict(two_level=False, reduce_chains=4, descale_prefetch=True)),
+    "fp8small-d64-single_c4_pf": (64, dict(PRE64, two_level=False, reduce_chains=4, descale_prefetch=True)),
     "fp8small-d128-c4": (128, dict(reduce_chains=4)),
     "fp8small-d128-c4_emu1": (128, dict(reduce_chains=4, exp2_emu=1)),
     "fp8small-d128-c4_emu2": (128, dict(reduce_chains=4, exp2_emu=2)),

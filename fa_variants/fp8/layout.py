@@ -39,10 +39,12 @@ TILE_M = 128
 
 # (tile_m, tile_n) of the kernel's default config by head_dim; tile_n a multiple of 32 (the k of the FP8 P V
 # WGMMA). Chosen on the H200 (bench/NOTES.md, FA3-FP8 A/B: fa3-fp8 / bf16 fa3 at N 4k / 16k, non-causal):
-# 64: tile_m 192 (three consumer warpgroups; 1.05-1.06x, the old 128 x 128 0.85-0.96x);
+# 64: tile_m 192 (three consumer warpgroups; 1.05-1.06x, the old 128 x 128 0.85-0.96x), tile_n 192 with serial
+#     steps since session 6 (fa3_fp8.DEFAULT_SWITCHES: 570 / 499 / 658 / 627 TFLOP/s against 515 / 460 / 535 / 526
+#     for 192 x 128, N 4k / 4k causal / 16k / 16k causal);
 # 128: tile_n 256 without intra-warpgroup overlap (1.25-1.35x; the old 128 x 128 with overlap 0.97-1.08x);
 # 256: 128 x 128 (the P V GEMM split in four slices of d instead, fa3_fp8._default).
-KERNEL_TILES = {64: (192, 128), 96: (128, 128), 128: (128, 256), 256: (128, 128)}
+KERNEL_TILES = {64: (192, 192), 96: (128, 128), 128: (128, 256), 256: (128, 128)}
 
 # Tiles per promotion of the two-level accumulator in the kernel's default config by head_dim (the default
 # recipe's interval, ``FP8Config.promote_every=None``). 1 everywhere. At 64, every 4 tiles measured 1.04 / 0.99 /
