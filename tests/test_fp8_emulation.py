@@ -240,8 +240,8 @@ def test_kernel_tiles():
     out = emulate_fp8_attention(inp, causal=True, accumulator="truncate")[0]
     assert rel_l2(out, ref) < 0.08
     q, k, v = torch.randn(1, 256, 1, 64), torch.randn(1, 556, 1, 64), torch.randn(1, 556, 1, 64)  # rows 128..191:
-    # 4 K/V tiles in a CTA of 192 rows, 5 in one of 128
-    inp = quantize_fp8_torch(q, k, v, config=FP8Config(promote_every=2))
+    # 4 K/V tiles of 128 keys (not the default 192 at head_dim 64) in a CTA of 192 rows, 5 in one of 128
+    inp = quantize_fp8_torch(q, k, v, config=FP8Config(promote_every=2), block_n=128)
     assert layout.tile_m(64) == 192 and inp.block_n == 128
     run = lambda **kw: emulate_fp8_attention(inp, causal=True, accumulator="truncate", accumulator_bits=10, **kw)[0]  # noqa: E731
     default = run()

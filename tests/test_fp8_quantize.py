@@ -131,7 +131,7 @@ def test_scales_per_granularity(gran):
     k, v = torch.randn(B, Nk, Hkv, D) * 3, torch.randn(B, Nk, Hkv, D)
     inp = quantize_fp8_torch(q, k, v, config=FP8Config(granularity=gran, rotate=False, smooth_k=False))
     tm, tn = layout.TILE_M, layout.tile_n(D)
-    assert inp.q_descale.shape == (B, H, 3) and inp.k_descale.shape == inp.v_descale.shape == (B, Hkv, 3)
+    assert inp.q_descale.shape == (B, H, 3) and inp.k_descale.shape == inp.v_descale.shape == (B, Hkv, -(-Nk // tn))
     for x, d, blk in ((q, inp.q_descale, tm), (k, inp.k_descale, tn), (v, inp.v_descale, tn)):
         amax = _block_amax(x, blk)
         if gran == "head":
@@ -152,9 +152,9 @@ def test_scales_per_granularity(gran):
 
 def test_block_heights_recorded():
     """FP8Inputs records the block heights it was quantised with (the kernel's tiles: 256 keys per K/V descale
-    at head_dim 128, 128 at 64), dequantize uses them, and descales that do not match them are refused."""
+    at head_dim 128, 192 at 64), dequantize uses them, and descales that do not match them are refused."""
     torch.manual_seed(2)
-    for D, tn in ((64, 128), (128, 256)):
+    for D, tn in ((64, 192), (128, 256)):
         q, k, v = torch.randn(1, 200, 2, D), torch.randn(1, 300, 2, D), torch.randn(1, 300, 2, D)
         inp = quantize_fp8_torch(q, k, v, config=FP8Config(rotate=False, smooth_k=False))
         assert (inp.block_m, inp.block_n) == (layout.TILE_M, tn) == tiles_for(D)
