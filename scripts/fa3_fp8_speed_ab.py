@@ -50,8 +50,8 @@ NO_LOOKAHEAD = dict(s_lookahead=False, s_halves=False)
 PRE64 = dict(tile_n=128, intra_wg_overlap=True, reduce_chains=1)
 
 # Variants of the FP8 kernel per head_dim: name -> changes to fa3_fp8.DEFAULT_CONFIGS[head_dim]. "new" is the
-# default (tiles from fa_variants.fp8.layout.KERNEL_TILES); "old" the default before it (128 x 128 with overlap at 64 and
-# 128, overlap at 128, P V in two slices with one temporary at 256); "single" one running accumulator.
+# default (tiles from fa_variants.fp8.layout.KERNEL_TILES); "old" the default before it (128 x 128 with overlap at
+# 64 and 128, overlap at 128, P V in two slices with one temporary at 256); "single" one running accumulator.
 VARIANTS: dict[int, dict[str, dict]] = {
     64: {"new": {}, "old": dict(tile_m=128, **PRE64), "single": dict(two_level=False)},
     128: {"new": {}, "old": dict(tile_n=128, intra_wg_overlap=True), "single": dict(two_level=False)},

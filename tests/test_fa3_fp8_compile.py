@@ -2,7 +2,8 @@
 
 `fa-variants compile --arch sm_90a --variant fa3-fp8 --head-dim D --dtype e4m3 --sass` must report
 QGMMA > 0 (FP8 warpgroup MMAs for both GEMMs), UTMALDG > 0, USETMAXREG > 0 and LDL = STL = 0, for the default
-configs (tiles from fa_variants.fp8.layout.KERNEL_TILES: 64: 192 x 192 serial, reduce_chains 4; 128: 128 x 256 serial; 256: 128 x 128
+configs (tiles from fa_variants.fp8.layout.KERNEL_TILES: 64: 192 x 192 serial, reduce_chains 4; 128: 128 x 256
+serial; 256: 128 x 128
 with the P V GEMM in four slices, two temporaries).
 """
 import dataclasses
@@ -178,8 +179,8 @@ def test_descale_prefetch():
     assert len(re.findall(r"\bLDG\.E\b", s)) <= len(re.findall(r"\bLDG\.E\b", base)) - 3
     pre64 = dict(tile_n=128, intra_wg_overlap=True, reduce_chains=1)  # scripts/fa3_fp8_speed_ab.py PRE64
     for head_dim, change in ((64, pre64), (128, {})):
-        c = cubin.count_sass(_sass(dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[head_dim], descale_prefetch=True, **change),
-                                   head_dim=head_dim, causal=True))
+        cfg = dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[head_dim], descale_prefetch=True, **change)
+        c = cubin.count_sass(_sass(cfg, head_dim=head_dim, causal=True))
         assert c["QGMMA"] > 0 and c["LDL"] == c["STL"] == 0, (head_dim, c)
 
 

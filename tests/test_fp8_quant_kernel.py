@@ -94,7 +94,8 @@ def test_compiles_without_spills(arch, head_dim, cfg):
 
 @pytest.mark.parametrize("rows", range(16, 257, 16))
 def test_k_sum_groups(rows):
-    """V's thread map (``thread_token`` / ``thread_chunk``: one chunk of 16 channels, 4 tokens per slot): every aligned group of ``k_sum_group(rows)`` lanes of a warp (one butterfly of K's sums)
+    """V's thread map (``thread_token`` / ``thread_chunk``: one chunk of 16 channels, 4 tokens per slot): every
+    aligned group of ``k_sum_group(rows)`` lanes of a warp (one butterfly of K's sums)
     holds consecutive token quads of one chunk, and the groups' partial indices tile 0 .. k_parts_per_block - 1
     per chunk, each summing disjoint tokens that together cover the block."""
     quads, group, parts = rows // qk.SLOTS, qk.k_sum_group(rows), qk.k_parts_per_block(rows)

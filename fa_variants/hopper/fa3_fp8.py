@@ -195,7 +195,8 @@ class Fp8Config(Fa3Config):
 #: refuses: one accumulator, early_pv_arrive, descale_prefetch, other slicings and tiles). At 64 (session 6,
 #: variant tn192s_c4: tile_n 192 from layout.KERNEL_TILES, serial steps in _default, reduce_chains 4): 570 / 499 /
 #: 658 / 627 TFLOP/s against 515 / 460 / 535 / 526 for the 192 x 128 default with overlap before, accuracy PASS.
-DEFAULT_SWITCHES = {64: dict(reduce_chains=4), 96: {}, 128: {}, 256: dict(skip_unit_rescale=True, s_lookahead=True, s_halves=True)}
+DEFAULT_SWITCHES = {64: dict(reduce_chains=4), 96: {}, 128: {},
+                    256: dict(skip_unit_rescale=True, s_lookahead=True, s_halves=True)}
 #: the changes that take the head_dim 256 default back to its serial steps (no lookahead, S in one MMA)
 NO_LOOKAHEAD = dict(s_lookahead=False, s_halves=False)
 
