@@ -599,3 +599,16 @@ def test_default_entry_uses_the_pipeline_switch(monkeypatch):
     ref = quantize_fp8_torch(q, k, v, k_mean=gpu.k_mean)
     assert torch.equal(gpu.k.view(torch.uint8), ref.k.view(torch.uint8))
     assert all(torch.equal(a, b) for a, b in zip(before, (q, k, v)))
+
+
+def test_staged_store_rule(monkeypatch):
+    """The staged e4m3 store's default (``V3_STAGED_STORE`` None) is on at head_dim 64 only (the H200 A/B:
+    faster there, slower at 128 / 256); 1 / 0 force it at every head_dim; the environment value is checked."""
+    monkeypatch.setattr(qk, "V3_STAGED_STORE", None)
+    assert [qk.staged_store_for(d) for d in (64, 128, 256)] == [True, False, False]
+    for forced in (True, False):
+        monkeypatch.setattr(qk, "V3_STAGED_STORE", forced)
+        assert [qk.staged_store_for(d) for d in (64, 128, 256)] == [forced] * 3
+    monkeypatch.setenv("FA_VARIANTS_FP8_QUANT_STAGED_STORE", "2")
+    with pytest.raises(ValueError, match="FA_VARIANTS_FP8_QUANT_STAGED_STORE"):
+        qk._env.choice("FA_VARIANTS_FP8_QUANT_STAGED_STORE", "auto", ("auto", "1", "0"))

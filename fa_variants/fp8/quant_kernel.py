@@ -122,7 +122,7 @@ computed (its outputs equal v2's bit for bit):
   (``quantize.k_sample_tiles``), work items j -> ``k_sample_item``, partials at ``k_sample_slot``, times
   float32(1 / the sampled tokens): K is read once in all (plus m / T of it), not twice.
 
-* Staged store (``V3_STAGED_STORE``, off until measured; ``PassConfig.staged_store``): Q's / K's e4m3 bytes go
+* Staged store (``V3_STAGED_STORE``, on at head_dim 64; ``PassConfig.staged_store``): Q's / K's e4m3 bytes go
   through the stage the block was read from (free after the block amax's barrier): each thread writes its chunks
   (``store_unit``), a barrier, then thread t stores units t, t + threads, ... (``store_map``), so a warp's store is
   512 contiguous bytes of whole token rows (at head_dim 64 a thread's own 16-byte stores fill half of each 32-byte
@@ -205,9 +205,19 @@ V3_STAGED_MEAN = _env.flag("FA_VARIANTS_FP8_QUANT_STAGED_MEAN", True)
 #: each thread writes its 16-byte chunks into the stage it has just read (``store_unit``, swizzled), a barrier, then
 #: thread t stores units t, t + threads, ... of the block (``store_map``): a warp's store covers 512 contiguous bytes
 #: of whole token rows (whole 32-byte sectors at head_dim 64, where each thread's own 16-byte stores half-fill a
-#: sector) instead of 16 / 8 / 4 tokens' pieces. The same bytes: outputs bit for bit v3's. Off until measured
-#: (scripts/quant5_gpu.sh); FA_VARIANTS_FP8_QUANT_STAGED_STORE=1 (read at import) turns it on
-V3_STAGED_STORE = _env.flag("FA_VARIANTS_FP8_QUANT_STAGED_STORE", False)
+#: sector) instead of 16 / 8 / 4 tokens' pieces. The same bytes: outputs bit for bit v3's. H200, session 7
+#: (scripts/quant5_gpu.sh, staged / not, gpu time): head_dim 64 0.785-0.845 (default recipe 50.9 -> 60.2% of copy,
+#: no-smooth 67.0 -> 85.3%), head_dim 128 1.015-1.020, 256 1.039-1.050 (their stores already cover whole sectors):
+#: so on at head_dim 64 only (None = that rule; ``staged_store_for``). FA_VARIANTS_FP8_QUANT_STAGED_STORE (read at
+#: import): auto (that rule), 1 (every head_dim), 0 (none)
+V3_STAGED_STORE: bool | None = {"auto": None, "1": True, "0": False}[
+    _env.choice("FA_VARIANTS_FP8_QUANT_STAGED_STORE", "auto", ("auto", "1", "0"))]
+
+
+def staged_store_for(head_dim: int) -> bool:
+    """Whether v3 stores Q's / K's e4m3 through shared memory at this head_dim (``V3_STAGED_STORE``; None: only
+    at head_dim 64, where a thread's own 16-byte stores half-fill each 32-byte sector)."""
+    return head_dim == 64 if V3_STAGED_STORE is None else bool(V3_STAGED_STORE)
 
 
 @dsl_user_op
@@ -1214,7 +1224,7 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Co
     if pipe == "v3":
         common.update(coalesced=V3_COALESCED, head_major=V3_HEAD_MAJOR)
         smooth_common = dict(common, staged_mean=V3_STAGED_MEAN and V3_COALESCED)  # it rides on coalesced stages
-        qk_common = dict(smooth_common, staged_store=V3_STAGED_STORE and V3_COALESCED)
+        qk_common = dict(smooth_common, staged_store=staged_store_for(D) and V3_COALESCED)
     else:
         smooth_common = qk_common = common
     # v2 launches V's pass first (plain launch), then K's and Q's with programmatic dependent launch, whose
