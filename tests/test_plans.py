@@ -156,6 +156,37 @@ def test_the_launcher_keeps_its_config_until_a_switch_changes():
     assert len({o.data_ptr() for o in outs}) == 3
 
 
+def test_a_switch_read_only_by_plan_call_replans_an_equal_config():
+    """A switch that plan_call reads but the config does not carry (fa3's MERGE_WARP picks the merge kernel it
+    binds) re-plans when it flips even though problem_config gives an equal config, and flipping it back reuses
+    the first plan (steps are keyed by config and switch state). Before, the equal config's first step was
+    reused: decode5's "warp" A/B entry ran the shared-memory merge."""
+    switch, planned, launched = ["smem"], [], []
+
+    def plan_call(config, q, k, v, scale):
+        merge = switch[0]  # bound while planning, as fa3._plan_call binds its merge function
+        planned.append(merge)
+        return (lambda q, k, v, out, lse: (q, k, v, out, lse, merge)), None
+
+    variant = Variant("stub", archs=("sm_90a",), dtypes=(F16,), head_dims=(16,), build=lambda cfg: None,
+                      default_config=lambda arch, d, causal: None,
+                      problem_config=lambda given, q, k, causal: "same config", plan_call=plan_call,
+                      switches=lambda: switch[0])
+    q = torch.randn(1, 3, 2, 16, dtype=F16)
+    k = v = torch.randn(1, 5, 2, 16, dtype=F16)
+    compiled = cache.Compiled(None, lambda *args: launched.append(args[-1]), 0.0, None, 0)
+    with mock.patch.object(launch.cache, "get_compiled", lambda cfg, build: compiled), \
+            mock.patch.object(launch.interop, "device_arch", lambda d=None: "sm_90a"):
+        launch._KERNELS.clear()
+        run = launch.launcher(variant, q, k, v, causal=False, softmax_scale=0.5)
+        for value in ("smem", "warp", "warp", "smem", "warp"):
+            switch[0] = value
+            run(q, k, v)
+        launch._KERNELS.clear()
+    assert launched == ["smem", "warp", "warp", "smem", "warp"]
+    assert planned == ["smem", "warp"]  # one plan per (config, switch state)
+
+
 def test_an_identity_operand_view_is_not_redone_per_call():
     """fa3's TMA operand re-strides length-1 dimensions; where that gives the strides the tensor already has
     (any contiguous decode q, k, v) the launcher passes the caller's tensor itself, with no view per call."""

@@ -213,11 +213,15 @@ def launcher(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         fixes = (fixes[0], True, fixes[2])
     operands = _operands(variant.operand, fixes)
     switches = variant.switches
-    steps = {config: _Steps(variant, q, k, v, causal, scale, config, operands)}  # config -> its launch steps
     state = switches() if switches is not None else None
+    # (config, switch state) -> its launch steps: plan_call may read module switches besides the config (fa3:
+    # MERGE_WARP, MERGE_KERNEL and MERGE_PDL choose the merge kernel it binds), so a step planned under other
+    # switch values is not reused for an equal config (before: a MERGE_WARP flip after the first call of a
+    # kind kept the shared-memory merge, and decode5's "warp" A/B timed that merge under the warp name)
+    steps = {(config, state): _Steps(variant, q, k, v, causal, scale, config, operands)}
     device, lse_shape = q.device, (batch, heads, seqlen_q)
     index = q.device.index if q.device.type == "cuda" else None
-    chosen = steps[config]
+    chosen = steps[(config, state)]
     decide = variant.problem_config if switches is None else None
     # an LSE the caller does not read (want_lse False) goes to the stream's scratch: one allocation per call, O's
     scratch_lse = workspace.lse_function(device, lse_shape) if (
@@ -233,19 +237,20 @@ def launcher(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         return out, lse
 
     def run(q, k, v, want_lse=True):
-        step = chosen
+        step, now = chosen, state
         if switches is not None:
-            if switches() != state:  # a module switch changed since planning: decide as a new plan would
+            now = switches()
+            if now != state:  # a module switch changed since planning: decide as a new plan would
                 step = None
         elif decide is not None:  # per call: the variant's choice may depend on more than the key
-            step = steps.get(decide(given, q, k, causal))
+            step = steps.get((decide(given, q, k, causal), None))
         if step is None:
             config = variant.problem_config(given, q, k, causal) if variant.problem_config else given
-            step = steps.get(config)
+            step = steps.get((config, now))
             if step is None:
                 if variant.check_problem is not None:
                     variant.check_problem(config, q, k)
-                step = steps[config] = _Steps(variant, q, k, v, causal, scale, config, operands)
+                step = steps[(config, now)] = _Steps(variant, q, k, v, causal, scale, config, operands)
         if negate_k:  # softmax(c Q K^T) = softmax(|c| Q (-K)^T): the online max needs c > 0
             k = -k
         if operands is not None:
