@@ -45,6 +45,17 @@ Session 6 (``auto`` is then one-tile splits + PDL at 2-8 splits, ``hopper.fa3.SP
                   the default None takes them by ``wide_helps``);
 * ``wide+warp``, ``cand`` (dualauto + wide + warp): together.
 
+Session 7 (``--s7`` picks the shapes ``S7``; decode5's public ``warp`` entry had reused `auto`'s launch step, so it
+timed the shared-memory merge: ``common.launch`` now keys steps by config and switch state):
+
+* ``warp``        as above, now really the warp merge;
+* ``warp+pdl16``  and PDL up to 16 splits (``DECODE_PDL_MAX_SPLITS`` 16: B 1 Nk 4k / 32k);
+* ``wide3``, ``wide4``  the 128-row packed tiles with 3 / 4 K/V stages (``PACK_WIDE_STAGES``; 4 fits at D 64 only);
+* ``cand7``       warp + wide3.
+
+With ``--s7`` (or ``--skip-same``) a public variant that runs at a shape what `auto` or a variant listed before it
+runs there (config and merge kernel) is not timed there: its cell reads "-".
+
 ``--wins`` adds ``WINS``: shapes ours already wins (split at seqlen_q 4 / 16, or unsplit at batch 64), to show
 that a default change does not lose them; shapes are (head_dim, heads, heads_kv, batch, seqlen_k[, seqlen_q]).
 
@@ -103,6 +114,14 @@ S6 = ([(d, h, 8, b, nk) for d in (64, 128) for h in (32, 64) for b in (1, 8) for
       + [(64, 32, 8, 1, 32768, 4), (64, 32, 8, 1, 32768, 16), (64, 64, 8, 1, 32768, 16), (64, 64, 8, 8, 32768, 16),
          (64, 64, 8, 64, 32768, 16), (128, 32, 8, 1, 32768, 16), (128, 64, 8, 1, 32768, 16),
          (128, 64, 8, 8, 32768, 16), (128, 64, 8, 64, 32768, 16), (64, 64, 8, 64, 1024, 16), (128, 64, 8, 8, 4096, 16)])
+# session 7 (--s7): the seqlen_q = 1 shapes still slower than SDPA in the s6 final table (D 64 B 1 Nk 4k / 32k, B 8 Nk 1k,
+# B 64 Nk 1k: no switch here changes the last, a control), passing split shapes whose merge the warp switch changes
+# (B 1 Nk 1k / 4k / 32k, B 8 Nk 1k at D 128), and the Nk 32k seqlen_q 16 shapes under 70% of HBM (wide tiles at 64:8)
+S7 = ([(64, h, 8, b, nk) for h in (32, 64) for b, nk in ((1, 4096), (8, 1024), (1, 32768))]
+      + [(64, 32, 8, 64, 1024), (64, 32, 8, 1, 1024), (128, 32, 8, 1, 4096), (128, 32, 8, 8, 1024),
+         (128, 64, 8, 1, 32768)]
+      + [(64, 64, 8, 1, 32768, 16), (64, 64, 8, 8, 32768, 16), (64, 64, 8, 64, 32768, 16), (64, 32, 8, 1, 32768, 16),
+         (128, 32, 8, 1, 32768, 16), (128, 64, 8, 1, 32768, 16), (128, 64, 8, 64, 32768, 16), (64, 64, 8, 64, 1024, 16)])
 ALL_NQ1 = [(d, h, 8, b, nk) for d in (64, 128) for h in (32, 64) for b in (1, 8, 64)
            for nk in (1024, 4096, 32768, 131072)]
 
@@ -135,11 +154,17 @@ PUBLIC = {
     "wide+warp": dict(PACK_WIDE=True, MERGE_WARP=True),
     "dualauto": dict(DECODE_TILES_CHOICE="auto"),
     "cand": dict(DECODE_TILES_CHOICE="auto", PACK_WIDE=True, MERGE_WARP=True),
+    # session 7
+    "warp+pdl16": dict(MERGE_WARP=True, DECODE_PDL_MAX_SPLITS=16),
+    "wide3": dict(PACK_WIDE_STAGES=3),
+    "wide4": dict(PACK_WIDE_STAGES=4),
+    "cand7": dict(MERGE_WARP=True, PACK_WIDE_STAGES=3),
+    "shipped": dict(),  # the shipped switches (what `auto` runs when the environment sets none)
 }
 #: the switches PUBLIC sets, at their shipped values (a variant sets all of them, its own on top); MERGE_WARP is
 #: common.split_combine's, the rest fa3's
 SHIPPED = dict(FUSED_MERGE="off", DECODE_PDL=False, DECODE_TILES_CHOICE="auto", DECODE_PDL_MAX_SPLITS=8,
-               SPLIT_MIN_TILES=1, PACK_WIDE=None, MERGE_WARP=False)
+               SPLIT_MIN_TILES=1, PACK_WIDE=None, MERGE_WARP=False, PACK_WIDE_STAGES=0)
 NUM_SMS_DEFAULT = 132  # H100/H200 SXM, for --plan without a GPU
 REF_BATCHES = 8  # sequences of a shape each entry's output is checked on (the reference's cost)
 
@@ -226,12 +251,27 @@ def entry(name: str, shape, num_sms: int):
     return split_cfg, (splits if policy != "auto" else None), pdl or kernel_pdl
 
 
-def plan(shapes, variants, num_sms: int) -> list[dict]:
+def runs_as(name: str, config) -> tuple:
+    """What public variant ``name`` runs with ``config`` (its config at a shape, None: the unsplit default): the
+    config, and the merge kernel where there is a merge (MERGE_WARP, which the config does not carry)."""
+    split = config is not None and config.num_splits != 1
+    return config, flags(name)["MERGE_WARP"] if split else None
+
+
+def plan(shapes, variants, num_sms: int, skip_same: bool = False) -> list[dict]:
+    """Rows (shape, variant, splits, pdl, config[, public]) of every entry to time; ``skip_same``: not a public
+    variant that runs at a shape what the shipped switches or a public variant listed before it run there
+    (``runs_as``; its cell then reads "-")."""
     rows = []
     for shape in shapes:
+        seen = {runs_as("shipped", public_entry("shipped", shape, num_sms)[0])}
         for name in variants:
             if name in PUBLIC:
                 config, splits = public_entry(name, shape, num_sms)
+                if skip_same:
+                    if runs_as(name, config) in seen:
+                        continue
+                    seen.add(runs_as(name, config))
                 rows.append(dict(shape=shape, variant=name, splits=splits, pdl=bool(config and config.pdl),
                                  config=config, public=True))
                 continue
@@ -507,7 +547,25 @@ def summary(results, variants) -> str:
     for v in variants:
         gm = math.exp(sum(logs[v]) / len(logs[v])) if logs[v] else math.nan
         lines.append(f"  {v:14s} {wins[v][0]:3d} / {wins[v][1]:3d}   geomean {gm:.3f}")
-    return "\n".join(lines + hbm_lines(results, variants))
+    return "\n".join(lines + hbm_lines(results, variants) + auto_lines(results, variants))
+
+
+def auto_lines(results, variants) -> list[str]:
+    """Per variant other than auto: its GPU time over auto's at the shapes it ran (without a BAD/ERR cell):
+    shapes faster / run, geometric mean, best and worst ratio with their shapes; empty without such a variant."""
+    out = []
+    for v in variants:
+        if v in ("auto", "sdpa"):
+            continue
+        pairs = [(r["us"][v] / r["us"]["auto"], label(r["shape"])) for r in results
+                 if v in r["us"] and "auto" in r["us"] and isinstance(r["err"].get(v), float) and r["err"][v] <= 0.02]
+        if not pairs:
+            continue
+        gm = math.exp(sum(math.log(x) for x, _ in pairs) / len(pairs))
+        lo, hi = min(pairs), max(pairs)
+        out.append(f"  {v:14s} vs auto: faster {sum(x < 1 for x, _ in pairs):2d} / {len(pairs):2d}, geomean {gm:.3f}, "
+                   f"best {lo[0]:.3f} ({lo[1]}), worst {hi[0]:.3f} ({hi[1]})")
+    return ["", "GPU time / auto's per variant (shapes it ran):"] + out if out else []
 
 
 HBM_PEAK = 4.8e6  # H200 bytes per us
@@ -537,6 +595,9 @@ def main() -> int:
     p.add_argument("--wins", action="store_true", help="also the WINS shapes (seqlen_q 4 / 16, batch 64)")
     p.add_argument("--short-nk", action="store_true", help="SHORT_NK + CONTROLS instead of the 32 misses")
     p.add_argument("--s6", action="store_true", help="the session-6 set S6 instead of the 32 misses")
+    p.add_argument("--s7", action="store_true", help="the session-7 set S7 instead of the 32 misses (and --skip-same)")
+    p.add_argument("--skip-same", action="store_true",
+                   help="time no public variant where it runs the shipped config (same_as_shipped)")
     p.add_argument("--variants", nargs="+", default=[v for v in VARIANTS if not v.startswith("min1")],
                    choices=list(VARIANTS) + list(PUBLIC), help="default: the round-3 set (min1* by name only)")
     p.add_argument("--rounds", type=int, default=5)
@@ -547,7 +608,8 @@ def main() -> int:
     p.add_argument("--out", default=os.path.join(os.environ["OUT"], "decode_ab") if os.environ.get("OUT")
                    else "results/decode2/decode_ab")
     a = p.parse_args()
-    shapes = (ALL_NQ1 if a.all_nq1 else SHORT_NK + CONTROLS if a.short_nk else S6 if a.s6 else MISSES) + (
+    shapes = (ALL_NQ1 if a.all_nq1 else SHORT_NK + CONTROLS if a.short_nk else S6 if a.s6 else S7 if a.s7 else
+              MISSES) + (
         WINS if a.wins else [])
     gpu = not (a.plan or a.compile_only)
     if gpu:
@@ -560,7 +622,7 @@ def main() -> int:
     else:
         os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
         num_sms = NUM_SMS_DEFAULT
-    rows = plan(shapes, a.variants, num_sms)
+    rows = plan(shapes, a.variants, num_sms, a.skip_same or a.s7)
     for r in rows:
         if not r.get("public"):
             r["forced"] = entry(r["variant"], r["shape"], num_sms)[1]

@@ -571,6 +571,50 @@ def test_decode_ab_s6_variants_and_precompile(monkeypatch):
     assert sum(kind == "fa3" for kind, *_ in listed) == 22  # 24 before wide and dual became defaults (shared now)
 
 
+def test_decode_ab_s7_plan_skips_entries_equal_to_auto_and_precompile():
+    """scripts/decode_ab.py --s7 (scripts/decode7_gpu.sh): warp runs where there is a merge (not at the unsplit B 64
+    shapes), warp+pdl16 only where it adds PDL (16 splits at seqlen_q 1: B 1 Nk 4k / 32k), wide3 / wide4 only on the
+    128-row packed shapes (wide4 not at D 128: 4 stages do not fit, so it equals auto); the stages reach the
+    configs; the vs-auto lines; scripts/decode7_precompile.py lists every kernel of that plan once."""
+    from fa_variants.hopper import fa3
+
+    ab = load_script("decode_ab")
+    assert len(ab.S7) == 19 == len(set(ab.S7))
+    before = ab.get_flags(fa3)
+    variants = ["warp", "warp+pdl16", "wide3", "wide4", "cand7"]
+    rows = ab.plan(ab.S7, variants, 132, skip_same=True)
+    assert ab.get_flags(fa3) == before
+    by = {(r["shape"], r["variant"]): r for r in rows}
+    b1 = (64, 32, 8, 1, 4096)
+    assert by[(b1, "warp")]["splits"] == 16 and by[(b1, "warp+pdl16")]["config"].pdl and not by[(b1, "warp")]["config"].pdl
+    assert (b1, "wide3") not in by and ((64, 32, 8, 8, 1024), "warp+pdl16") not in by  # 2 splits: PDL already
+    assert not any(s == (64, 32, 8, 64, 1024) for s, _ in by)  # unsplit, no wide tile: nothing differs from auto
+    nq16 = (64, 64, 8, 64, 32768, 16)
+    assert (nq16, "warp") not in by and by[(nq16, "wide3")]["config"].stages == 3
+    assert by[(nq16, "wide4")]["config"].stages == 4 and by[(nq16, "wide3")]["config"].tile_m == 128
+    d128 = (128, 64, 8, 64, 32768, 16)
+    assert by[(d128, "wide3")]["config"].stages == 3 and (d128, "wide4") not in by
+    assert by[((64, 64, 8, 1, 32768, 16), "cand7")]["config"].stages == 3
+    results = [dict(shape=nq16, us=dict(sdpa=8800.0, auto=1500.0, wide3=1200.0), err=dict(sdpa=0.0, auto=0.0, wide3=0.001),
+                    splits={}),
+               dict(shape=b1, us=dict(sdpa=8.0, auto=9.0, wide3=9.9), err=dict(sdpa=0.0, auto=0.0, wide3=0.001), splits={})]
+    lines = ab.auto_lines(results, ["auto", "wide3"])
+    assert lines[-1] == ("  wide3          vs auto: faster  1 /  2, geomean 0.938, best 0.800 (D64 64:8 B64 Nk32768 Nq16), "
+                         "worst 1.100 (D64 32:8 B1 Nk4096)"), lines
+    pre = load_script("decode7_precompile")
+    listed = pre.items(variants, 132)
+    assert len(listed) == len(set(listed))
+    items = {("merge", d, c, ab_merge(cfg)) if kind == "merge" else (kind, d, c, cfg) for kind, d, c, cfg in
+             ab.plan_items(rows)}
+    assert items <= set(listed), items - set(listed)
+
+
+def ab_merge(cfg):
+    from fa_variants.common import split_combine
+
+    return cfg if isinstance(cfg, split_combine.MergeConfig) else split_combine.MergeConfig(pdl=cfg)
+
+
 def test_fa2d256_ab_plan_protocol_and_summary():
     """scripts/fa2d256_ab.py on the CPU with a fake burst timer: 20 precompile items (5 configs x causal x dtype),
     per-round ratios, the SUMMARY and WINS lines (a variant faster than default and SDPA flash on every shape says

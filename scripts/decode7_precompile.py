@@ -1,0 +1,68 @@
+"""Compile, in parallel processes and into the disk cache (``common.diskcache``), the kernels scripts/decode7_gpu.sh
+needs, so that its GPU steps only load them: the A/B plan of ``decode_ab.py --s7`` (its ``plan_items``; public
+variants worked out on meta tensors by ``decode_ab.public_entry``, entries equal to `auto` left out), the configs
+`auto` runs in the tests of tests/test_decode_gpu.py the script selects, the 3 / 4-stage 128-row packed configs of
+its wide-stage tests, and the merges (bf16, D 64 / 128, plain / PDL, shared-memory / warp). The compile jobs are
+scripts/decode_ab.py's (``compile_item``).
+
+    python3 scripts/decode7_precompile.py --variants warp warp+pdl16 wide3 wide4 cand7 [--jobs 16] [--list]
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
+
+# (public variant, (head_dim, heads, heads_kv, batch, seqlen_k[, seqlen_q])) that tests/test_decode_gpu.py runs
+# through `auto` (-k "auto_decode_defaults or merge_warp_flip or auto_runs_wide_stages")
+TEST_AUTO = ([("shipped", (d, h, hkv, b, nk)) for b, nk, h, hkv, d in (
+    (1, 1024, 32, 8, 128), (1, 1000, 64, 8, 64), (8, 1023, 32, 8, 64), (1, 4096, 64, 8, 128), (1, 4097, 32, 8, 64),
+    (1, 4095, 32, 8, 64))]
+    + [("wide3", (d, 64, 8, b, 2048, 16)) for b, d in ((1, 64), (64, 64), (64, 128))])
+# tests/test_decode_gpu.py::test_wide_stages_match_reference: (head_dim, stages)
+WIDE_STAGE_TESTS = ((64, 3), (64, 4), (128, 3))
+
+
+def items(variants, num_sms: int) -> list:
+    import decode_ab
+
+    from fa_variants.common import split_combine
+    from fa_variants.hopper import fa3
+
+    out = [("merge", d, c, split_combine.MergeConfig(pdl=cfg)) if kind == "merge" and isinstance(cfg, bool)
+           else (kind, d, c, cfg)  # a merge's pdl flag as the MergeConfig it compiles (listed once below)
+           for kind, d, c, cfg in decode_ab.plan_items(decode_ab.plan(decode_ab.S7, variants, num_sms, skip_same=True))]
+    for name, shape in TEST_AUTO:
+        config, _ = decode_ab.public_entry(name, shape, num_sms)
+        out.append(("fa3", shape[0], True, config or fa3.DEFAULT_CONFIGS[shape[0]]))
+    for d, stages in WIDE_STAGE_TESTS:
+        for n in (1, 0):
+            cfg = dataclasses.replace(fa3._PACKED_CONFIGS[d], pack_group=8, num_splits=n, **fa3.wide_fields(d, stages))
+            out += [("fa3", d, causal, cfg) for causal in (True, False)]
+    for d in (64, 128):  # the merges `auto` and the variants run (bf16)
+        for pdl in (False, True):
+            for warp in (False, True):
+                out.append(("merge", d, False, split_combine.MergeConfig(pdl=pdl, warp=warp)))
+    return list(dict.fromkeys(out))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--variants", nargs="*", default=[], help="scripts/decode_ab.py variants of the --s7 A/B")
+    p.add_argument("--jobs", type=int, default=min(12, os.cpu_count() or 1))
+    p.add_argument("--list", action="store_true", help="print what would be compiled and exit")
+    a = p.parse_args()
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    import decode_ab
+
+    todo = items(a.variants, decode_ab.gpu_num_sms())
+    return decode_ab.precompile_or_list(todo, a.jobs, "decode7_precompile", a.list)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
