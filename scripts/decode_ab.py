@@ -50,8 +50,9 @@ timed the shared-memory merge: ``common.launch`` now keys steps by config and sw
 
 * ``warp``        as above, now really the warp merge;
 * ``warp+pdl16``  and PDL up to 16 splits (``DECODE_PDL_MAX_SPLITS`` 16: B 1 Nk 4k / 32k);
+* ``row1``        the softmax of the padding row skipped at seqlen_q 1 (``DECODE_FIRST_ROW``: groups <= 8);
 * ``wide3``, ``wide4``  the 128-row packed tiles with 3 / 4 K/V stages (``PACK_WIDE_STAGES``; 4 fits at D 64 only);
-* ``cand7``       warp + wide3.
+* ``cand7``       warp + row1 + wide3.
 
 With ``--s7`` (or ``--skip-same``) a public variant that runs at a shape what `auto` or a variant listed before it
 runs there (config and merge kernel) is not timed there: its cell reads "-".
@@ -156,15 +157,16 @@ PUBLIC = {
     "cand": dict(DECODE_TILES_CHOICE="auto", PACK_WIDE=True, MERGE_WARP=True),
     # session 7
     "warp+pdl16": dict(MERGE_WARP=True, DECODE_PDL_MAX_SPLITS=16),
+    "row1": dict(DECODE_FIRST_ROW=True),
     "wide3": dict(PACK_WIDE_STAGES=3),
     "wide4": dict(PACK_WIDE_STAGES=4),
-    "cand7": dict(MERGE_WARP=True, PACK_WIDE_STAGES=3),
+    "cand7": dict(MERGE_WARP=True, DECODE_FIRST_ROW=True, PACK_WIDE_STAGES=3),
     "shipped": dict(),  # the shipped switches (what `auto` runs when the environment sets none)
 }
 #: the switches PUBLIC sets, at their shipped values (a variant sets all of them, its own on top); MERGE_WARP is
 #: common.split_combine's, the rest fa3's
 SHIPPED = dict(FUSED_MERGE="off", DECODE_PDL=False, DECODE_TILES_CHOICE="auto", DECODE_PDL_MAX_SPLITS=8,
-               SPLIT_MIN_TILES=1, PACK_WIDE=None, MERGE_WARP=False, PACK_WIDE_STAGES=0)
+               SPLIT_MIN_TILES=1, PACK_WIDE=None, MERGE_WARP=False, PACK_WIDE_STAGES=0, DECODE_FIRST_ROW=False)
 NUM_SMS_DEFAULT = 132  # H100/H200 SXM, for --plan without a GPU
 REF_BATCHES = 8  # sequences of a shape each entry's output is checked on (the reference's cost)
 

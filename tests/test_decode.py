@@ -401,6 +401,37 @@ def test_wide_stages_switch(h200, split_enabled, monkeypatch):
         fa3._wide_stages_checked(1)
 
 
+def test_decode_first_row_switch(h200, split_enabled, monkeypatch):
+    """fa3.DECODE_FIRST_ROW (FA_VARIANTS_DECODE_FIRST_ROW, off by default): `auto`'s packed seqlen_q = 1 configs
+    take ``first_row_only`` when a KV head's group is <= 8 query heads (32:8, 64:8, MQA 8:1), base and dual tiles,
+    split or not; not 16:1 (16 rows), nor seqlen_q > 1; the split count and the rest of the config unchanged;
+    warmup plans them; an explicit first_row_only config on more than 8 packed rows is refused; the config check
+    refuses it outside packed decode."""
+    from fa_variants.common.config import Sm90Config
+
+    monkeypatch.setattr(fa3, "DECODE_FIRST_ROW", False)
+    shapes = [(1, 1, 32, 8, 4096, 64), (8, 1, 64, 8, 1024, 64), (64, 1, 32, 8, 1024, 64), (64, 1, 32, 8, 1024, 128),
+              (1, 1, 8, 1, 4096, 128), (1, 1, 32, 2, 4096, 64), (1, 16, 32, 8, 32768, 64)]
+    before = [(fa3._problem_config(None, *_qk(*s), True), fa3.auto_num_splits(*_qk(*s), True)) for s in shapes]
+    assert not any(c.first_row_only for c, _ in before)
+    monkeypatch.setattr(fa3, "DECODE_FIRST_ROW", True)
+    for shape, (old, splits) in zip(shapes, before):
+        q, k = _qk(*shape)
+        cfg = fa3._problem_config(None, q, k, True)
+        on = shape[1] == 1 and shape[2] // shape[3] <= 8
+        assert cfg == (dataclasses.replace(old, first_row_only=True) if on else old), shape
+        assert fa3.auto_num_splits(q, k, True) == splits
+        fa3._check_problem(cfg, q, k)
+    assert fa3.decode_config(*_qk(1, 1, 32, 8, 4096, 64), True, num_splits=3).first_row_only
+    assert any(c.first_row_only and c.ctas_per_sm == 2 for c in fa3._auto_configs(64))
+    assert any(c.first_row_only and c.num_splits == 0 and c.pdl for c in fa3._auto_configs(128))
+    explicit = fa3._problem_config(None, *_qk(1, 1, 32, 8, 4096, 64), True)
+    with pytest.raises(ValueError, match="first_row_only"):
+        fa3._check_problem(explicit, *_qk(1, 1, 32, 2, 4096, 64))  # 16 rows
+    with pytest.raises(ValueError, match="first_row_only"):
+        Sm90Config(first_row_only=True).check(128)
+
+
 def test_decode_switches_from_the_environment_are_checked(monkeypatch):
     """FA_VARIANTS_DECODE_PDL_MAX_SPLITS must be an int >= 0: one-line ValueError naming it."""
     monkeypatch.setenv("FA_VARIANTS_DECODE_PDL_MAX_SPLITS", "few")

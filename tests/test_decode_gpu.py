@@ -662,14 +662,15 @@ WIDE_STAGE_CASES = [((1, 16, 4096, 64, 8, 64), 3), ((1, 13, 300, 64, 8, 64), 4),
                     ((1, 9, 129, 64, 8, 64), 3)]
 
 
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("num_splits", [1, 0], ids=lambda n: f"splits{n}")
 @pytest.mark.parametrize("shape, stages", WIDE_STAGE_CASES,
                          ids=["x".join(map(str, s)) + f"-s{n}" for s, n in WIDE_STAGE_CASES])
-def test_wide_stages_match_reference(shape, stages, num_splits, causal):
+def test_wide_stages_match_reference(shape, stages, num_splits):
     """FA_VARIANTS_PACK_WIDE_STAGES's tiles (``fa3.wide_fields``: 128 packed rows, 3 / 4 K/V stages): O and LSE
-    within the rule of float64, unsplit (Nk 4096: 32 tiles through the ring) and split, fewer tiles than stages
-    (Nk 129 / 300), rows past the packed ones (Nq 9, 13), outputs poisoned with NaN first."""
+    within the rule of float64, causal (rows masked per position), unsplit (Nk 4096: 32 tiles through the ring)
+    and split, fewer tiles than stages (Nk 129 / 300), rows past the packed ones (Nq 9, 13), outputs poisoned with
+    NaN first."""
+    causal = True
     b, nq, nk, h, hkv, d = shape
     q, k, v = _qkv(b, nq, nk, h, hkv, d)
     config = dataclasses.replace(wide_config(d, num_splits, h // hkv), **fa3.wide_fields(d, stages))
@@ -692,3 +693,50 @@ def test_auto_runs_wide_stages(decode_defaults, split_kv, pack_gqa, monkeypatch)
             q.copy_(torch.randn_like(q))
             out, lse = fa_variants.attention(q, k, v, causal=True, backend="fa3", return_lse=True)
             assert_attention_ok(out, lse, q, k, v, True, what=f"B{b} D{d}")
+
+
+FIRST_ROW_SHAPES = [(1, 1, 4097, 32, 8, 64), (3, 1, 1000, 64, 8, 128), (2, 1, 5, 8, 1, 64), (1, 1, 129, 24, 6, 128)]
+
+
+@pytest.mark.parametrize("num_splits", [1, 0], ids=lambda n: f"splits{n}")
+@pytest.mark.parametrize("shape", FIRST_ROW_SHAPES, ids=["x".join(map(str, s)) for s in FIRST_ROW_SHAPES])
+def test_first_row_only_matches_reference(shape, num_splits):
+    """``Sm90Config.first_row_only`` (FA_VARIANTS_DECODE_FIRST_ROW's packed seqlen_q = 1 tiles: the softmax of the
+    padding row skipped): groups 4 / 8 (32:8, 64:8, 24:6, MQA 8:1), odd Nk (5: one tile, past seqlen_k masked),
+    unsplit and the heuristic's count (split when there is more than one tile); O and LSE within the rule of
+    float64, poisoned outputs."""
+    b, nq, nk, h, hkv, d = shape
+    q, k, v = _qkv(b, nq, nk, h, hkv, d)
+    base = fa3._PACKED_CONFIGS[d] if num_splits == 1 else fa3._PACKED_SPLIT_CONFIGS[d]
+    config = dataclasses.replace(fa3.first_row(base, h // hkv, True), num_splits=num_splits)
+    assert config.first_row_only
+    out, lse = fa3.run(q, k, v, causal=True, softmax_scale=0.09, config=config)
+    assert_attention_ok(out, lse, q, k, v, True, 0.09)
+
+
+@pytest.mark.parametrize("shape, splits, pdl, dual", [((1, 1024, 32, 8, 128), 8, True, False),
+                                                      ((8, 1023, 32, 8, 64), 2, True, False),
+                                                      ((1, 4097, 32, 8, 64), 11, False, False),
+                                                      ((64, 1000, 32, 8, 64), 1, False, True)],
+                         ids=lambda s: "x".join(map(str, s)) if isinstance(s, tuple) else str(s))
+def test_auto_runs_first_row(shape, splits, pdl, dual, decode_defaults, split_kv, pack_gqa, monkeypatch):
+    """fa3.DECODE_FIRST_ROW through the public API: `auto`'s config takes first_row_only (base and dual tiles,
+    split with and without PDL, unsplit), the split count unchanged; five fresh Qs each within the rule (O and
+    LSE), then a CUDA-graph replay after a new Q."""
+    import fa_variants
+
+    monkeypatch.setattr(fa3, "DECODE_FIRST_ROW", True)
+    b, nk, h, hkv, d = shape
+    q, k, v = _qkv(b, 1, nk, h, hkv, d)
+    cfg = fa3._problem_config(None, q, k, True)
+    assert cfg.first_row_only and fa3.auto_num_splits(q, k, True) == splits and cfg.pdl == pdl, cfg
+    assert (cfg.ctas_per_sm == 2) == dual, cfg
+    for _ in range(5):
+        q.copy_(torch.randn_like(q))
+        out, lse = fa_variants.attention(q, k, v, causal=True, backend="fa3", return_lse=True)
+        assert_attention_ok(out, lse, q, k, v, True)
+    graph, outs = capture_graph(lambda: fa_variants.attention(q, k, v, causal=True, backend="fa3"), 2)
+    q.copy_(torch.randn_like(q))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert check_against_reference(outs[-1], q, k, v, True).ok

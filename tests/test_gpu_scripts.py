@@ -573,22 +573,26 @@ def test_decode_ab_s6_variants_and_precompile(monkeypatch):
 
 def test_decode_ab_s7_plan_skips_entries_equal_to_auto_and_precompile():
     """scripts/decode_ab.py --s7 (scripts/decode7_gpu.sh): warp runs where there is a merge (not at the unsplit B 64
-    shapes), warp+pdl16 only where it adds PDL (16 splits at seqlen_q 1: B 1 Nk 4k / 32k), wide3 / wide4 only on the
-    128-row packed shapes (wide4 not at D 128: 4 stages do not fit, so it equals auto); the stages reach the
-    configs; the vs-auto lines; scripts/decode7_precompile.py lists every kernel of that plan once."""
+    shapes), warp+pdl16 only where it adds PDL (16 splits at seqlen_q 1: B 1 Nk 4k / 32k), row1 at seqlen_q 1 only
+    (the unsplit dual B 64 shape too), wide3 / wide4 only on the 128-row packed shapes (wide4 not at D 128: 4 stages
+    do not fit, so it equals auto); the stages and first_row_only reach the configs; the vs-auto lines;
+    scripts/decode7_precompile.py lists every kernel of that plan once, and what auto runs at its shapes."""
     from fa_variants.hopper import fa3
 
     ab = load_script("decode_ab")
     assert len(ab.S7) == 19 == len(set(ab.S7))
     before = ab.get_flags(fa3)
-    variants = ["warp", "warp+pdl16", "wide3", "wide4", "cand7"]
+    variants = ["warp", "warp+pdl16", "row1", "wide3", "wide4", "cand7"]
     rows = ab.plan(ab.S7, variants, 132, skip_same=True)
     assert ab.get_flags(fa3) == before
     by = {(r["shape"], r["variant"]): r for r in rows}
     b1 = (64, 32, 8, 1, 4096)
     assert by[(b1, "warp")]["splits"] == 16 and by[(b1, "warp+pdl16")]["config"].pdl and not by[(b1, "warp")]["config"].pdl
     assert (b1, "wide3") not in by and ((64, 32, 8, 8, 1024), "warp+pdl16") not in by  # 2 splits: PDL already
-    assert not any(s == (64, 32, 8, 64, 1024) for s, _ in by)  # unsplit, no wide tile: nothing differs from auto
+    b64 = [v for s, v in by if s == (64, 32, 8, 64, 1024)]  # unsplit dual tiles: only first_row_only differs
+    assert b64 == ["row1"] and by[((64, 32, 8, 64, 1024), "row1")]["config"].ctas_per_sm == 2
+    assert by[(b1, "row1")]["config"].first_row_only and not by[(b1, "warp")]["config"].first_row_only
+    assert by[(b1, "cand7")]["config"].first_row_only and ((64, 64, 8, 1, 32768, 16), "row1") not in by
     nq16 = (64, 64, 8, 64, 32768, 16)
     assert (nq16, "warp") not in by and by[(nq16, "wide3")]["config"].stages == 3
     assert by[(nq16, "wide4")]["config"].stages == 4 and by[(nq16, "wide3")]["config"].tile_m == 128
@@ -607,6 +611,8 @@ def test_decode_ab_s7_plan_skips_entries_equal_to_auto_and_precompile():
     items = {("merge", d, c, ab_merge(cfg)) if kind == "merge" else (kind, d, c, cfg) for kind, d, c, cfg in
              ab.plan_items(rows)}
     assert items <= set(listed), items - set(listed)
+    shipped = {("fa3", s[0], True, ab.public_entry("shipped", s, 132)[0]) for s in ab.S7}
+    assert shipped <= set(listed)  # what auto runs (dual at B 64 Nk 1k, wide at 64:8 Nq 16) is compiled too
 
 
 def ab_merge(cfg):

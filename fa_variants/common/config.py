@@ -152,6 +152,11 @@ class Sm90Config:
         seqlen_q: the kernel itself packs row r of a Q tile as query head r % G (of the KV head) at query
         position r // G (``common.pack_gqa``), masking each row causally by its own position. G must divide
         tile_m, or tile_m divide G (the TMA box of Q and O is (G, tile_m / G) or (tile_m, 1) rows).
+    first_row_only: (packed GQA at seqlen_q = 1 from host views, tile_m 64, at most 8 query rows: G <= 8 query
+        heads per KV head) the softmax works on the first of the two rows each thread holds (rows 0-7 of each warp's
+        16), the second (rows 8-15: padding) keeps its masked S as P, its O unscaled and is never stored: half the
+        exponentials, row reductions and O rescales per K/V tile of decode's 64-row tile (``hopper.fa3
+        .DECODE_FIRST_ROW``). A call with more than 8 rows in the kernel's view is refused (``hopper.fa3``).
     persistent: one CTA per SM walks several (query tile, head, batch) tiles in the order of
         ``common.tile_scheduler`` (static: CTA b takes tiles b, b + grid, ...), carrying its pipeline states from
         tile to tile, so that the producer loads the next tile's first K/V tile and Q while the consumers run the
@@ -186,6 +191,7 @@ class Sm90Config:
     exp2_emu: int = 0
     basis_alpha: bool = False
     persistent: bool = False
+    first_row_only: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:
@@ -250,6 +256,11 @@ class Sm90Config:
                 or self.ctas_per_sm != 1)):
             raise ValueError(f"persistent={self.persistent!r} must be a bool, True only without split-KV "
                              "(num_splits=1), pack_gqa, shared_kv_state, epilogue_arrive and with ctas_per_sm=1")
+        if not isinstance(self.first_row_only, bool) or (self.first_row_only and not (
+                self.pack_gqa and not self.pack_group and self.tile_m == WGMMA_M and not self.fused_merge
+                and not self.basis_alpha)):
+            raise ValueError(f"first_row_only={self.first_row_only!r} must be a bool, True only for packed seqlen_q = 1 "
+                             "decode (pack_gqa, pack_group 0, tile_m 64) without fused_merge or basis_alpha")
         if self.smem_bytes(head_dim) > smem_capacity(arch):
             raise ValueError(f"{self} needs {self.smem_bytes(head_dim)} B of shared memory at head_dim={head_dim} "
                              f"(max {smem_capacity(arch)})")

@@ -145,8 +145,15 @@ class OnlineSoftmax:
 
     def __init__(self, num_rows: int, scale_log2: Float32, exp2_ffma: bool = False, chains: int = 1,
                  skip_unit_rescale: bool = False, tile_scales: bool = False, p_shift: float = 0.0, exp2_emu: int = 0,
-                 basis_alpha: bool = False):
+                 basis_alpha: bool = False, active_rows: int | None = None):
         self.num_rows = num_rows
+        # the leading rows `update`, `rescale` and `finalize` work on (None: all): a kernel whose other rows are
+        # padding never read back (fa3's packed decode with <= 8 query rows: ``Sm90Config.first_row_only``) skips
+        # their exponentials; the rows past it keep S (masked) as P, their O unscaled, inv_l 0 and LSE -inf
+        self.active_rows = num_rows if active_rows is None else active_rows
+        if not 1 <= self.active_rows <= num_rows or (self.active_rows < num_rows and (tile_scales or basis_alpha)):
+            raise ValueError(f"active_rows={active_rows} must be in [1, num_rows={num_rows}] (and num_rows with "
+                             "tile_scales or basis_alpha)")
         # of every 8 consecutive scores of a thread's row, the last exp2_emu get their exponential from
         # `exp2_fma_pipe` instead of MUFU.EX2 (common.exp2_poly); 0: every one on MUFU
         self.exp2_emu = exp2_poly.check_per8(exp2_emu)
@@ -190,7 +197,7 @@ class OnlineSoftmax:
         if const_expr(self.tile_scales):
             self._update_tile_scaled(s, is_first, tile_scale_log2, alpha)
         elif const_expr(not self.exp2_ffma):  # row by row: exp2((s - m) c)
-            for r in cutlass.range_constexpr(self.num_rows):
+            for r in cutlass.range_constexpr(self.active_rows):
                 m_new, m_safe = self._row_max(s, r, is_first)
                 row_sum = self._exp_row(s, r, m_safe, c, 0.0)
                 self._fold(r, alpha, row_sum, m_new, (self.row_max[r] - m_safe) * c, is_first)
@@ -203,7 +210,7 @@ class OnlineSoftmax:
             err = cute.make_rmem_tensor(self.num_rows, Float32)
             huge = cute.make_rmem_tensor(self.num_rows, cutlass.Boolean)
             any_huge = False
-            for r in cutlass.range_constexpr(self.num_rows):
+            for r in cutlass.range_constexpr(self.active_rows):
                 m_new[r], m_safe[r] = self._row_max(s, r, is_first)
                 b = m_safe[r] * c
                 huge[r] = not_below(cute.math.absf(b), FFMA_LIMIT)  # |b| >= 2^11 or NaN
@@ -211,11 +218,11 @@ class OnlineSoftmax:
                 basis[r] = 0.0 if huge[r] else b
                 err[r] = 0.0 if huge[r] else cute.math.fma(m_safe[r], c, -b)  # m c - basis, exactly
             if any_huge:  # those rows subtract m first: the exact form
-                for r in cutlass.range_constexpr(self.num_rows):
+                for r in cutlass.range_constexpr(self.active_rows):
                     shift = m_safe[r] if huge[r] else 0.0
                     for j in cutlass.range_constexpr(cute.size(s, mode=[1])):
                         s[r, j] = s[r, j] - shift
-            for r in cutlass.range_constexpr(self.num_rows):
+            for r in cutlass.range_constexpr(self.active_rows):
                 row_sum = self._exp_row(s, r, 0.0, c, basis[r])
                 # old basis over new: (m_old - m_new) c - err_old + err_new
                 self._fold(r, alpha, row_sum, m_new[r], cute.math.fma(self.row_max[r] - m_safe[r], c, err[r] - self.row_err[r]),
@@ -343,7 +350,7 @@ class OnlineSoftmax:
         exp2(0) = 1 exactly, so the skip changes no result)."""
         if const_expr(skip_ones and self.skip_unit_rescale):
             moved = alpha[0] != 1.0
-            for r in cutlass.range_constexpr(1, self.num_rows):
+            for r in cutlass.range_constexpr(1, self.active_rows):
                 moved = moved or alpha[r] != 1.0
             if moved:
                 self._scale_rows(o, alpha)
@@ -352,7 +359,7 @@ class OnlineSoftmax:
 
     @cute.jit
     def _scale_rows(self, o: cute.Tensor, alpha: cute.Tensor):
-        for r in cutlass.range_constexpr(self.num_rows):
+        for r in cutlass.range_constexpr(self.active_rows):
             for c in cutlass.range_constexpr(cute.size(o, mode=[1])):
                 o[r, c] = o[r, c] * alpha[r]
 
@@ -362,7 +369,10 @@ class OnlineSoftmax:
         LSE per row (-inf for such a row). Reduces l across the quad first."""
         inv_l = cute.make_rmem_tensor(self.num_rows, Float32)
         lse = cute.make_rmem_tensor(self.num_rows, Float32)
-        for r in cutlass.range_constexpr(self.num_rows):
+        for r in cutlass.range_constexpr(self.active_rows, self.num_rows):  # padding rows (active_rows)
+            inv_l[r] = 0.0
+            lse[r] = -Float32.inf
+        for r in cutlass.range_constexpr(self.active_rows):
             l = quad_allreduce(self.row_sum[r], lambda a, b: a + b)
             empty = l == 0.0 or l != l
             inv_l[r] = 0.0 if empty else cute.arch.rcp_approx(l)

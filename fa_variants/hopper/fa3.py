@@ -206,6 +206,24 @@ def wide_fields(head_dim: int, stages: int | None = None) -> dict:
     return fields
 
 
+#: Whether `auto`'s packed seqlen_q = 1 calls with at most FIRST_ROW_MAX_GROUP query heads per KV head run
+#: ``Sm90Config.first_row_only`` (FA_VARIANTS_DECODE_FIRST_ROW=1; off until an H200 A/B, scripts/decode7_gpu.sh): the
+#: 64-row tile holds G <= 8 real rows, all in the first of the two rows each thread owns, so the softmax of the
+#: second (padding) is skipped. Why (bench/NOTES.md, "Session 7 (2026-12-01): decode"): at short Nk a split CTA's
+#: time per K/V tile is its consumer's (the s4 A/B's 4-stage "deep" tiles did not help B 8 Nk 1k), ~0.65 us at D 64
+#: of which ~0.35 us is the 64-row softmax.
+DECODE_FIRST_ROW = env.flag("FA_VARIANTS_DECODE_FIRST_ROW", False)
+FIRST_ROW_MAX_GROUP = 8  # rows 0-7 of warp 0: the first row of lanes 0-31 (common.layout.rows_cols)
+
+
+def first_row(config: Sm90Config, group: int, on: bool | None = None) -> Sm90Config:
+    """config with ``first_row_only`` when ``on`` (default DECODE_FIRST_ROW) and the packed seqlen_q = 1 tile holds
+    at most FIRST_ROW_MAX_GROUP rows (``group`` query heads per KV head); else config unchanged."""
+    if not (DECODE_FIRST_ROW if on is None else on) or group > FIRST_ROW_MAX_GROUP or config.tile_m != 64:
+        return config
+    return dataclasses.replace(config, first_row_only=True)
+
+
 def decode_tiles(config: Sm90Config, head_dim: int, choice: str | None = None, pdl: bool | None = None) -> Sm90Config:
     """The packed seqlen_q = 1 config with the decode tile set ``choice`` (default DECODE_TILES_CHOICE) and
     ``pdl`` (default DECODE_PDL) applied."""
@@ -437,8 +455,8 @@ def _packed(config: Sm90Config, q: torch.Tensor, k: torch.Tensor, splits: int = 
     """A packed config for this call: seqlen_q = 1 with the decode tiles (``decode_tiles``; host views) and PDL
     as ``decode_pdl(splits)`` says; seqlen_q > 1 with the group fixed (in wider tiles: ``wide_rows``)."""
     if q.shape[1] == 1:
-        return decode_tiles(config, q.shape[-1], decode_choice(q.shape[0], k.shape[2], k.shape[1]),
-                            pdl=decode_pdl(splits))
+        return first_row(decode_tiles(config, q.shape[-1], decode_choice(q.shape[0], k.shape[2], k.shape[1]),
+                                      pdl=decode_pdl(splits)), q.shape[2] // k.shape[2])
     group = q.shape[2] // k.shape[2]
     return dataclasses.replace(wide_rows(config, q, k), pack_group=group)
 
@@ -503,8 +521,9 @@ def _auto_configs(head_dim: int, groups: tuple[int, ...] = ()) -> tuple[Sm90Conf
     packed = (_PACKED_CONFIGS[head_dim],) + ((_merge_mode(_PACKED_SPLIT_CONFIGS[head_dim]),) if SPLIT_KV_ENABLED else ())
     counts = lambda c: (1,) if c.num_splits == 1 else (2, split.MAX_SPLITS)  # noqa: E731 (PDL on and off)
     choices = ("base", "dual") if DECODE_TILES_CHOICE == "auto" else (DECODE_TILES_CHOICE,)
-    decode = tuple(_merge_mode(decode_tiles(c, head_dim, t, pdl=decode_pdl(n))) for c in packed for n in counts(c)
-                   for t in choices)
+    first = (False, True) if DECODE_FIRST_ROW else (False,)  # first_row_only: groups <= 8 (first_row)
+    decode = tuple(_merge_mode(first_row(decode_tiles(c, head_dim, t, pdl=decode_pdl(n)), 1, f))
+                   for c in packed for n in counts(c) for t in choices for f in first)
     return ((_merge_mode(_SPLIT_CONFIGS[head_dim]),) if SPLIT_KV_ENABLED else ()) + (
         tuple(dict.fromkeys(packed + decode + rows)) if PACK_GQA_ENABLED else ())
 
@@ -526,6 +545,9 @@ def _check_problem(config: Sm90Config | None, q: torch.Tensor, k: torch.Tensor) 
             raise ValueError(f"fa3: pack_gqa without pack_group packs the query heads of one query row; seqlen_q="
                              f"{seqlen_q} is not 1")
         seqlen_q, heads = seqlen_q * (heads // k.shape[2]), k.shape[2]
+    if config.first_row_only and seqlen_q > FIRST_ROW_MAX_GROUP:
+        raise ValueError(f"fa3: config.first_row_only needs at most {FIRST_ROW_MAX_GROUP} rows per packed query tile, "
+                         f"got {seqlen_q}")
     splits = config.num_splits or split.MAX_SPLITS
     if -(-seqlen_q // config.tile_m) * heads * batch * splits >= 2**31:
         raise ValueError(f"fa3: {batch} x {heads} x ceil({seqlen_q}/{config.tile_m}) x {splits} splits CTAs exceed "
@@ -591,7 +613,7 @@ VARIANT = Variant(
     check_config=lambda config, arch, head_dim: config.check(head_dim, arch), build=_build, plan_call=_plan_call,
     operand=_tma_operand, check_problem=_check_problem, problem_config=_problem_config,
     switches=lambda: (SPLIT_KV_ENABLED, PACK_GQA_ENABLED, MERGE_KERNEL, split_combine.MERGE_PDL, DECODE_TILES_CHOICE,
-                      DECODE_PDL, DECODE_PDL_MAX_SPLITS, SPLIT_MIN_TILES, PACK_WIDE, PACK_WIDE_STAGES,
+                      DECODE_PDL, DECODE_PDL_MAX_SPLITS, SPLIT_MIN_TILES, PACK_WIDE, PACK_WIDE_STAGES, DECODE_FIRST_ROW,
                       split_combine.MERGE_WARP, FUSED_MERGE),
     warm_configs=lambda arch, head_dim, causal, groups=(): _auto_configs(head_dim, groups))
 
