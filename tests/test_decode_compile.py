@@ -165,3 +165,31 @@ def test_warp_merge_compiles_without_shared_memory_or_spills(arch):
     res = cubin.cubin_resources(c.cubin)
     assert res["spill_bytes"] == 0 and counts["LDL"] == counts["STL"] == 0, (counts, res)
     assert res["smem_static_bytes"] == 0 and c.smem_dynamic_bytes == 0 and counts["MUFU.EX2"] <= 6, (counts, res)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_first_row_only_halves_the_softmax(head_dim):
+    """Sm90Config.first_row_only (FA_VARIANTS_DECODE_FIRST_ROW, packed seqlen_q = 1 with <= 8 rows): the split
+    decode kernel has half the MUFU.EX2, FMNMX and SHFL of the same config without it (the padding row's
+    exponentials, row max and quad reductions gone), its HGMMAs and TMA loads unchanged, no spills."""
+    base = fa3._PACKED_SPLIT_CONFIGS[head_dim]
+    counts = {}
+    for on in (False, True):
+        config = dataclasses.replace(base, first_row_only=on).check(head_dim)
+        c = registry.compiled(registry.static_config("fa3", "sm_90a", "bf16", head_dim, True, config))
+        ops = cubin.SASS_OPCODES + ("FMNMX", "SHFL")
+        counts[on], res = cubin.count_sass(cubin.sass_of(c.cubin), ops), cubin.cubin_resources(c.cubin)
+        assert counts[on]["LDL"] == counts[on]["STL"] == 0 and res["spill_bytes"] == 0, (counts[on], res)
+    for op in ("MUFU.EX2", "FMNMX", "SHFL"):
+        assert 2 * counts[True][op] <= counts[False][op] + 2, (op, counts)
+    assert counts[True]["HGMMA"] == counts[False]["HGMMA"] and counts[True]["UTMALDG"] == counts[False]["UTMALDG"]
+
+
+def test_wide_stages_compile_without_spills():
+    """FA_VARIANTS_PACK_WIDE_STAGES's 128-row packed tile at D 64 with 3 K/V stages (113 KiB of shared memory):
+    split, causal, no spills."""
+    config = dataclasses.replace(fa3._PACKED_SPLIT_CONFIGS[64], pack_group=8, **fa3.wide_fields(64, 3)).check(64)
+    assert config.stages == 3
+    c = registry.compiled(registry.static_config("fa3", "sm_90a", "bf16", 64, True, config))
+    counts, res = cubin.count_sass(cubin.sass_of(c.cubin)), cubin.cubin_resources(c.cubin)
+    assert counts["LDL"] == counts["STL"] == 0 and res["spill_bytes"] == 0 and counts["HGMMA"] > 0, (counts, res)
