@@ -3,8 +3,8 @@ needs, so that its GPU steps only load them: the A/B plan of ``decode_ab.py --s7
 variants worked out on meta tensors by ``decode_ab.public_entry``, entries equal to `auto` left out) and what `auto`
 itself runs at its shapes (the shipped switches: dual and 128-row tiles included), the configs
 `auto` runs in the tests of tests/test_decode_gpu.py the script selects, the 3 / 4-stage 128-row packed configs of
-its wide-stage tests, the first-row-only configs of its first-row tests, and the merges (bf16, D 64 / 128, plain / PDL, shared-memory / warp). The compile jobs are
-scripts/decode_ab.py's (``compile_item``).
+its wide-stage tests, the first-row-only configs of its first-row tests, and the merges (bf16, D 64 / 128,
+plain / PDL, shared-memory / warp). The compile jobs are scripts/decode_ab.py's (``compile_item``).
 
     python3 scripts/decode7_precompile.py --variants warp warp+pdl16 row1 wide3 wide4 cand7 [--jobs 16] [--list]
 """

@@ -184,8 +184,8 @@ def _wide_stages_checked(n: int) -> int:
     return n
 
 
-#: K/V stages of the 128-row packed tiles (``wide_fields``): 0, the head dim's default (2); n >= 2 (FA_VARIANTS_PACK_WIDE_STAGES)
-#: where the tile's shared memory fits (Q 128 rows + n x (K + V) tiles <= 227 KiB: n <= 6 at D 64, 3 at D 128),
+#: K/V stages of the 128-row packed tiles (``wide_fields``): 0, the head dim's default (2); n >= 2
+#: (FA_VARIANTS_PACK_WIDE_STAGES) where the tile's shared memory fits (Q 128 rows + n x (K + V) tiles <= 227 KiB: n <= 6 at D 64, 3 at D 128),
 #: else the default. Off until an H200 A/B (scripts/decode7_gpu.sh). Why (bench/NOTES.md, "Session 7
 #: (2026-12-01): decode"): the wide tile's two consumer warpgroups both read a K/V stage and release it after their
 #: P V GEMM, which intra-warpgroup overlap issues one step late, so with 2 stages about one tile is in flight per
