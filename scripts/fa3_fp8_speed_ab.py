@@ -131,6 +131,17 @@ D256_VARIANTS: dict[int, dict[str, dict]] = {
           "single64_overlap": dict(tile_n=64, two_level=False, pv_split=1, pv_buffers=1, intra_wg_overlap=True,
                                    **NO_LOOKAHEAD)},
 }
+# --set fp8d256b (scripts/fp8d256b_gpu.sh, session 7): what the S GEMM as two 64-key MMAs costs (the default's s_halves:
+# Q read from shared memory twice, 128 B/clk of operand reads per k32 step against 96 for one 128-key MMA). new: the
+# default; old: the serial two-level default before it (S in one MMA); old_halves: old with S in two halves;
+# single_overlap: one running accumulator with intra-warpgroup overlap (the two-level cost's reference);
+# single_overlap_halves: the same with S in two halves. The names and changes are tests/test_fa3_fp8_lookahead_gpu.py's.
+D256B_VARIANTS: dict[int, dict[str, dict]] = {
+    256: {"new": {}, "old": dict(NO_LOOKAHEAD), "old_halves": dict(s_lookahead=False, s_halves=True),
+          "single_overlap": dict(D256_VARIANTS[256]["single_overlap"]),
+          "single_overlap_halves": dict(two_level=False, pv_split=1, pv_buffers=1, intra_wg_overlap=True,
+                                        s_lookahead=False, s_halves=True)},
+}
 # bf16 fa3 variants timed beside "bf16_fa3" (its default) in --set fp8speed
 SPEED_BF16_VARIANTS: dict[int, dict[str, dict]] = {64: {"bf16_emu1": dict(exp2_emu=1)}}
 # kernels tests/test_fa3_fp8_speed_gpu.py needs besides the timed ones (kind, head_dim, change), both causal modes
@@ -138,7 +149,7 @@ SPEED_TEST_KERNELS = [("fp8", 64, dict(exp2_emu=8)), ("bf16", 64, dict(exp2_emu=
                       ("bf16", 128, dict(intra_wg_overlap=False, early_pv_arrive=True))]
 SETS = {"ab": (VARIANTS, {}), "fp8speed": (SPEED_VARIANTS, SPEED_BF16_VARIANTS), "fp8flip": (FLIP_VARIANTS, {}),
         "fp8small": (FP8SMALL_VARIANTS, {}),
-        "fp8d256": (D256_VARIANTS, {})}
+        "fp8d256": (D256_VARIANTS, {}), "fp8d256b": (D256B_VARIANTS, {})}
 LEGENDS = {
     "fp8speed": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs; new = the default then; single* = one "
                 "running accumulator; early = early_pv_arrive; skip = skip_unit_rescale; emuN = exp2_emu=N; promote4 = "
@@ -158,6 +169,11 @@ LEGENDS = {
                "old = the serial default before; lookNN = s_lookahead with tile_n NN (_p8: eight P V slices, _stK: K "
                "stages); serial64 = tile_n 64, old schedule; single* = "
                "one running accumulator with intra-warpgroup overlap; bf16_fa3 = ours; flash_attn_4 = flash-attn-4 bf16.",
+    "fp8d256b": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs, head_dim 256, 128 x 128 tiles; new = "
+                "the default (two-level, four P V slices, s_lookahead with S in two 64-key halves); old = the serial "
+                "two-level default before (S in one 128-key MMA); *_halves = the same with S in two 64-key MMAs "
+                "(s_halves alone); single_overlap* = one running accumulator with intra-warpgroup overlap; bf16_fa3 = "
+                "ours; flash_attn_4 = flash-attn-4 bf16.",
 }
 # issue 10's targets: (head_dim, seqlen, causal or None for both, what, threshold)
 TARGETS = [(256, 16384, False, "tflops", 1100.0), (128, None, False, "over_bf16", 1.4), (64, None, False, "over_bf16", 1.3),
@@ -235,7 +251,7 @@ def compile_jobs(head_dims, causals, tests: bool = True, variant_set: str = "ab"
     work += [("fp8", D, c, ch) for D in head_dims for c in causals for ch in fp8_variants[D].values()]
     work += [("recipe", D, c, ("bfloat16", ("block", True, True, True))) for D in head_dims for c in (False, True)]
     # their tests run both causal modes of every timed variant
-    if tests and variant_set in ("fp8speed", "fp8flip", "fp8small", "fp8d256"):
+    if tests and variant_set in ("fp8speed", "fp8flip", "fp8small", "fp8d256", "fp8d256b"):
         work += [("fp8", D, c, ch) for D in head_dims for c in (False, True) for ch in fp8_variants[D].values()]
         work += [("bf16", D, c, ch) for D in head_dims for c in (False, True) for ch in bf16_variants.get(D, {}).values()]
         if variant_set == "fp8speed":
@@ -537,6 +553,31 @@ def flip_lines(probs: dict) -> list[str]:
             f"- pass: new defaults >= 0.97x old in every problem: {'PASS' if not slower else 'FAIL ' + str(slower)}"]
 
 
+#: --set fp8d256b: the halves cost (S as two 64-key MMAs / one 128-key MMA, same schedule otherwise) below which the
+#: session-7 hypothesis (the halves' shared-memory reads are most of head_dim 256's two-level cost) is rejected
+HALVES_COST_HYPOTHESIS = 0.06
+
+
+def halves_cost_lines(speed_rows: list[dict]) -> str:
+    """--set fp8d256b: per problem, what S in two halves costs in the serial two-level schedule (old / old_halves) and in
+    the single accumulator with overlap (single_overlap / single_overlap_halves), their mean, and the verdict on the
+    hypothesis (the mean cost >= HALVES_COST_HYPOTHESIS); the part of the default's two-level cost the halves explain."""
+    probs = _by_problem(speed_rows)
+    lines = ["", "## S in two 64-key halves: cost (one MMA / two halves - 1), same schedule otherwise", ""]
+    costs = []
+    for (D, N, c), tf in sorted(probs.items()):
+        pairs = [(a, b) for a, b in (("old", "old_halves"), ("single_overlap", "single_overlap_halves")) if tf.get(a) and tf.get(b)]
+        cells = [f"{b} {tf[a] / tf[b] - 1:+.1%}" for a, b in pairs]
+        costs += [tf[a] / tf[b] - 1 for a, b in pairs]
+        two = f"; default's two-level cost {tf['single_overlap'] / tf['new'] - 1:+.1%}" if tf.get("new") and tf.get("single_overlap") else ""
+        lines.append(f"- d{D} N{N} causal={int(c)}: " + ", ".join(cells) + two)
+    if costs:
+        mean = sum(costs) / len(costs)
+        verdict = "SUPPORTED" if mean >= HALVES_COST_HYPOTHESIS else "REJECTED"
+        lines.append(f"- mean halves cost {mean:+.1%} over {len(costs)} pairs: hypothesis (>= {HALVES_COST_HYPOTHESIS:.0%}) {verdict}")
+    return "\n".join(lines) + "\n"
+
+
 def two_level_target_lines(speed_rows: list[dict], variant_set: str = "fp8small") -> str:
     """--set fp8small: issue 10's head_dim 64 / 128 targets with two-level accumulation on (the summary's "best fp8"
     may be a single-accumulator baseline): per problem the best two-level variant / bf16 fa3 (1.4x at 128, 1.3x at
@@ -659,7 +700,8 @@ def main() -> int:
                          "(SPEED_VARIANTS, scripts/fp8speed_gpu.sh); fp8flip: the session-5 defaults vs the previous "
                          "ones and descale_prefetch (FLIP_VARIANTS, scripts/fp8flip_gpu.sh); fp8small: head_dim 64/128 "
                          "softmax chains, exp2_emu, prefetch (FP8SMALL_VARIANTS, scripts/fp8small_gpu.sh); "
-                         "fp8d256: head_dim 256 two-level schedules (D256_VARIANTS, scripts/fp8d256_gpu.sh)")
+                         "fp8d256: head_dim 256 two-level schedules (D256_VARIANTS, scripts/fp8d256_gpu.sh); "
+                         "fp8d256b: what S in two 64-key halves costs (D256B_VARIANTS, scripts/fp8d256b_gpu.sh)")
     ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128, 256], choices=[64, 128, 256])
     ap.add_argument("--seqlens", type=int, nargs="+", default=[4096, 16384])
     ap.add_argument("--causal", choices=["no", "yes", "both"], default="both")
@@ -701,8 +743,10 @@ def main() -> int:
             return 1 if bad else 0
     speed_rows = speed(args, args.out)
     print(f"speed done at {time.time() - t0:.0f}s", flush=True)
-    if args.set in ("fp8speed", "fp8flip", "fp8small", "fp8d256"):
+    if args.set in ("fp8speed", "fp8flip", "fp8small", "fp8d256", "fp8d256b"):
         text = speed_summary(speed_rows, variant_errors(args, args.out) if args.errors else [], args.set)
+        if args.set == "fp8d256b":
+            text += halves_cost_lines(speed_rows)
         if args.set == "fp8small":
             text += two_level_target_lines(speed_rows)
     else:

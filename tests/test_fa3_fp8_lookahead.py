@@ -101,11 +101,28 @@ def test_lookahead_config_errors(bad):
         cfg.check(256)
 
 
-def test_halves_need_lookahead():
+def test_halves_configs():
+    """s_halves with the lookahead needs its registers' slicing; alone (session 7) only tile_n % 64 == 0."""
     with pytest.raises(ValueError, match="s_halves"):
-        dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[256], s_lookahead=False).check(256)
+        dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[256], pv_split=8).check(256)
+    with pytest.raises(ValueError, match="s_halves"):
+        dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[256], s_lookahead=False, tile_n=96).check(256)
+    dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[256], s_lookahead=False).check(256)
     dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[256], s_halves=False, pv_split=8).check(256)
     dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[256], **fa3_fp8.NO_LOOKAHEAD).check(256)
+
+
+@pytest.mark.parametrize("change", [dict(), dict(two_level=False, pv_split=1, pv_buffers=1, intra_wg_overlap=True)],
+                         ids=["serial_two_level", "single_overlap"])
+def test_halves_without_lookahead(change):
+    """s_halves alone: the S GEMM as 64-key QGMMAs only (16 per tile at head_dim 256, against 8 of 128 keys), no
+    spills, and no serialised WGMMAs (one WARPGROUP.DEPBAR 0 per S wait, not one per QGMMA)."""
+    s = _sass({**change, "s_halves": True}, causal=False)
+    counts = cubin.count_sass(s)
+    assert counts["LDL"] == counts["STL"] == 0, counts
+    assert not re.search(r"QGMMA\.64x128x32\.F32\.E4M3\.E4M3 R\d+, gdesc", s)
+    assert len(re.findall(r"QGMMA\.64x64x32\.F32\.E4M3\.E4M3 R\d+, gdesc", s)) >= 16
+    assert s.count("WARPGROUP.DEPBAR.LE gsb0, 0x0") < 10
 
 
 def test_d256_set_covers_the_gpu_tests():
@@ -124,3 +141,22 @@ def test_d256_set_covers_the_gpu_tests():
     for change in table.values():
         ab.kernel_config(256, change).check(256)
     assert {n for n in table if n.startswith("single")} == {"single_overlap", "single64_overlap"}
+
+
+def test_d256b_set_covers_the_gpu_tests():
+    """--set fp8d256b (scripts/fp8d256b_gpu.sh): the session-7 halves variants of tests/test_fa3_fp8_lookahead_gpu.py
+    timed under the same names, beside the default, single_overlap and the serial two-level schedule they modify."""
+    from helpers import load_script
+    import test_fa3_fp8_lookahead_gpu as gpu_tests
+
+    ab = load_script("fa3_fp8_speed_ab")
+    table = ab.D256B_VARIANTS[256]
+    jobs = set(ab.compile_jobs([256], [False], variant_set="fp8d256b"))
+    for name, change in gpu_tests.HALVES_VARIANTS.items():
+        assert table[name] == change, name
+        for causal in (False, True):
+            assert ("fp8", 256, causal, ab._freeze(change)) in jobs, (name, causal)
+    assert table["old"] == gpu_tests.VARIANTS["old"] and table["new"] == {}
+    assert table["single_overlap"] == ab.D256_VARIANTS[256]["single_overlap"]
+    for change in table.values():
+        ab.kernel_config(256, change).check(256)

@@ -4,6 +4,9 @@ issued in the P V turn, before the last slice's promotion) with tile_n 64 (four 
 A/B (tests/test_fa3_fp8_gpu.py runs it), so here "old" is the serial default before it; and the tile_n 64 controls
 the A/B times beside them (the old schedule, the single accumulator with intra-warpgroup overlap). The names are those of scripts/fa3_fp8_speed_ab.py ``D256_VARIANTS``.
 
+Session 7 (``HALVES_VARIANTS``): S as two 64-key MMAs without the lookahead, in the serial two-level schedule and in
+the single accumulator with intra-warpgroup overlap (what the halves cost; scripts/fp8d256b_gpu.sh).
+
 The kernel against its emulation on the same quantised inputs (default recipe, K/V scale blocks of the variant's
 tile_n, its accumulation told to the emulation), bounds of tests/test_fa3_fp8_gpu.py (rel-L2 <= 6e-3, LSE <= 1.5e-3
 on rows that see a key, -inf and O = 0 on the others), and against float64 within ``fp8_error_bound``. Shapes: one
@@ -34,17 +37,36 @@ VARIANTS = {
     "serial64": dict(tile_n=64, **NO_LOOKAHEAD),
     "single64_overlap": dict(tile_n=64, two_level=False, pv_split=1, pv_buffers=1, intra_wg_overlap=True, **NO_LOOKAHEAD),
 }
+# session 7 (scripts/fa3_fp8_speed_ab.py --set fp8d256b): S as two 64-key MMAs without the lookahead (s_halves alone), in
+# the serial two-level schedule and in the single accumulator with intra-warpgroup overlap
+HALVES_VARIANTS = {
+    "old_halves": dict(s_lookahead=False, s_halves=True),
+    "single_overlap_halves": dict(two_level=False, pv_split=1, pv_buffers=1, intra_wg_overlap=True, s_lookahead=False,
+                                  s_halves=True),
+}
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_d256_variant_vs_emulation(fp8_kernel, variant, shape, causal, request, nan_allocations):
+    _check(fp8_kernel, variant, VARIANTS[variant], shape, causal, request, nan_allocations)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+@pytest.mark.parametrize("variant", list(HALVES_VARIANTS))
+def test_d256_halves_vs_emulation(fp8_kernel, variant, shape, causal, request, nan_allocations):
+    _check(fp8_kernel, variant, HALVES_VARIANTS[variant], shape, causal, request, nan_allocations)
+
+
+def _check(fp8_kernel, variant, change, shape, causal, request, nan_allocations):
+    """The variant (``change`` on the head_dim 256 default) vs the emulation and float64 on fresh inputs."""
     from fa_variants import fp8
     from fa_variants.fp8.quantize import quantize_fp8_torch
     from fa_variants.reference import attention_reference
 
-    cfg = dataclasses.replace(fp8_kernel.DEFAULT_CONFIGS[256], **VARIANTS[variant])
+    cfg = dataclasses.replace(fp8_kernel.DEFAULT_CONFIGS[256], **change)
     seed = zlib.crc32(request.node.nodeid.encode())
     B, Nq, Nk, H, Hkv = shape
     g = torch.Generator(device="cuda").manual_seed(seed)

@@ -24,8 +24,9 @@ def _entries():
     for module_file, name in [("test_fa3_fp8_kernel.py", "CONFIG_VARIANTS"), ("test_fa3_fp8_speed_gpu.py", "FP8_VARIANTS")]:
         for variant, (head_dim, change) in _table(module_file, name).items():
             yield pytest.param(head_dim, change, id=f"{name}-{variant}")
-    for variant, change in _table("test_fa3_fp8_lookahead_gpu.py", "VARIANTS").items():
-        yield pytest.param(256, change, id=f"lookahead-{variant}")
+    for name in ("VARIANTS", "HALVES_VARIANTS"):
+        for variant, change in _table("test_fa3_fp8_lookahead_gpu.py", name).items():
+            yield pytest.param(256, change, id=f"lookahead-{name}-{variant}")
 
 
 @pytest.mark.parametrize("head_dim, change", list(_entries()))

@@ -134,9 +134,11 @@ class Fp8Config(Fa3Config):
         the head_dim 256 default config has it on with s_halves since session 6: ``DEFAULT_SWITCHES``, and
         ``NO_LOOKAHEAD`` turns both off). Needs two_level, promote_every 1, pv_split > 1 with pv_buffers 2, serial steps, ping-pong,
         descale_prefetch off (the step reads v_descale once itself).
-    s_halves: with s_lookahead, the S GEMM as two warpgroup MMAs of tile_n / 2 keys, each in one temporary's
-        registers (needs tile_n * pv_split == 2 * head_dim: 128 x 128 tiles with four slices at head_dim 256): half 0
-        is issued after the last slice, the last slice is promoted while it runs, then half 1 is issued.
+    s_halves: the S GEMM as two warpgroup MMAs of tile_n / 2 keys (Q read from shared memory twice). With
+        s_lookahead each half lives in one temporary's registers (needs tile_n * pv_split == 2 * head_dim: 128 x 128
+        tiles with four slices at head_dim 256): half 0 is issued after the last slice, the last slice is promoted
+        while it runs, then half 1 is issued. Without s_lookahead (session 7, any schedule; needs tile_n % 64 == 0) it
+        changes only the S MMA's width: the measure of what the two 64-key halves cost beside one 128-key MMA.
     """
 
     two_level: bool = True
@@ -174,9 +176,12 @@ class Fp8Config(Fa3Config):
                                      and not self.shared_kv_state and not self.descale_prefetch):
             raise ValueError("fa3-fp8: s_lookahead needs two_level, promote_every 1, pv_split > 1 with pv_buffers 2, "
                              "pingpong, intra_wg_overlap, early_pv_arrive, shared_kv_state and descale_prefetch off")
-        if self.s_halves and not (self.s_lookahead and self.tile_n * self.pv_split == 2 * head_dim and self.pv_split % 2 == 0):
-            raise ValueError(f"fa3-fp8: s_halves needs s_lookahead and tile_n * pv_split == 2 * head_dim with pv_split even "
+        if self.s_halves and self.s_lookahead and not (self.tile_n * self.pv_split == 2 * head_dim and self.pv_split % 2 == 0):
+            raise ValueError(f"fa3-fp8: s_halves with s_lookahead needs tile_n * pv_split == 2 * head_dim with pv_split even "
                              f"(S's halves in the two temporaries' registers), got tile_n={self.tile_n}, pv_split={self.pv_split}")
+        if self.s_halves and self.tile_n % 64:
+            raise ValueError(f"fa3-fp8: s_halves needs tile_n a multiple of 64 (two halves of whole 32-key k-blocks of P), "
+                             f"got tile_n={self.tile_n}")
         if self.rescale_o_before_pv or self.p_double_buffer:
             raise ValueError("fa3-fp8: rescale_o_before_pv / p_double_buffer are not built for the FP8 P V hooks (use False)")
         if self.num_splits != 1:
@@ -542,7 +547,7 @@ class FlashAttention3Fp8Sm90(FlashAttention3Sm90):
         mma_pv = args[3]
         wg_pv = mma_pv.get_slice(0)
         tmp_shape = wg_pv.partition_shape_C((self.tile_m, self.head_dim // self.cfg.pv_split))
-        if const_expr(self.cfg.s_halves):  # both temporaries in one allocation, S's (its halves: _lookahead_scores)
+        if const_expr(self.cfg.s_halves and self.cfg.s_lookahead):  # both temporaries in S's allocation (_lookahead_scores)
             pair = cute.make_rmem_tensor(args[2].get_slice(0).partition_shape_C((self.tile_m, self.tile_n)), Float32)
             tmp, tmp2 = (cute.make_tensor(pair.iterator + j * cute.size(tmp_shape), cute.make_layout(tmp_shape)) for j in (0, 1))
         else:
