@@ -76,7 +76,9 @@ scales (one descale per 128 query rows and per ``tile_n`` keys, ``fa_variants.fp
   before), and tile_n 96 with eight slices (pv_split 8, 16-register temporaries) fits without sharing.
   ``s_halves`` keeps 128 x 128 (four slices): S as two 64-key MMAs (``_qk_mma_n``), each in one temporary's
   registers (both temporaries are one allocation, S's): half 0 is issued after the slice before the last is
-  promoted, the last slice is promoted while half 0 runs, then half 1 is issued and the turn handed on.
+  promoted, the last slice is promoted while half 0 runs, then half 1 is issued and the turn handed on. Without
+  ``s_lookahead`` (session 7) ``s_halves`` only splits S's MMA, in any schedule: what the halves cost (each reads Q
+  from shared memory again; bench/NOTES.md, session 7).
 * K/V tiles are walked from the last to the first (as fa3). Output in the caller's 16-bit dtype,
   LSE float32 natural log; rows that see no key give O = 0 and LSE = -inf.
 
