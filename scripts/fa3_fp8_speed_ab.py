@@ -566,15 +566,19 @@ def halves_cost_lines(speed_rows: list[dict]) -> str:
     lines = ["", "## S in two 64-key halves: cost (one MMA / two halves - 1), same schedule otherwise", ""]
     costs = []
     for (D, N, c), tf in sorted(probs.items()):
-        pairs = [(a, b) for a, b in (("old", "old_halves"), ("single_overlap", "single_overlap_halves")) if tf.get(a) and tf.get(b)]
+        pairs = [(a, b) for a, b in (("old", "old_halves"), ("single_overlap", "single_overlap_halves"))
+                 if tf.get(a) and tf.get(b)]
         cells = [f"{b} {tf[a] / tf[b] - 1:+.1%}" for a, b in pairs]
         costs += [tf[a] / tf[b] - 1 for a, b in pairs]
-        two = f"; default's two-level cost {tf['single_overlap'] / tf['new'] - 1:+.1%}" if tf.get("new") and tf.get("single_overlap") else ""
+        two = ""
+        if tf.get("new") and tf.get("single_overlap"):
+            two = f"; default's two-level cost {tf['single_overlap'] / tf['new'] - 1:+.1%}"
         lines.append(f"- d{D} N{N} causal={int(c)}: " + ", ".join(cells) + two)
     if costs:
         mean = sum(costs) / len(costs)
         verdict = "SUPPORTED" if mean >= HALVES_COST_HYPOTHESIS else "REJECTED"
-        lines.append(f"- mean halves cost {mean:+.1%} over {len(costs)} pairs: hypothesis (>= {HALVES_COST_HYPOTHESIS:.0%}) {verdict}")
+        lines.append(f"- mean halves cost {mean:+.1%} over {len(costs)} pairs: "
+                     f"hypothesis (>= {HALVES_COST_HYPOTHESIS:.0%}) {verdict}")
     return "\n".join(lines) + "\n"
 
 

@@ -178,12 +178,14 @@ class Fp8Config(Fa3Config):
                                      and not self.shared_kv_state and not self.descale_prefetch):
             raise ValueError("fa3-fp8: s_lookahead needs two_level, promote_every 1, pv_split > 1 with pv_buffers 2, "
                              "pingpong, intra_wg_overlap, early_pv_arrive, shared_kv_state and descale_prefetch off")
-        if self.s_halves and self.s_lookahead and not (self.tile_n * self.pv_split == 2 * head_dim and self.pv_split % 2 == 0):
-            raise ValueError(f"fa3-fp8: s_halves with s_lookahead needs tile_n * pv_split == 2 * head_dim with pv_split even "
-                             f"(S's halves in the two temporaries' registers), got tile_n={self.tile_n}, pv_split={self.pv_split}")
+        halves_fit = self.tile_n * self.pv_split == 2 * head_dim and self.pv_split % 2 == 0
+        if self.s_halves and self.s_lookahead and not halves_fit:
+            raise ValueError(f"fa3-fp8: s_halves with s_lookahead needs tile_n * pv_split == 2 * head_dim with pv_split "
+                             f"even (S's halves in the two temporaries' registers), got tile_n={self.tile_n}, "
+                             f"pv_split={self.pv_split}")
         if self.s_halves and self.tile_n % 64:
-            raise ValueError(f"fa3-fp8: s_halves needs tile_n a multiple of 64 (two halves of whole 32-key k-blocks of P), "
-                             f"got tile_n={self.tile_n}")
+            raise ValueError(f"fa3-fp8: s_halves needs tile_n a multiple of 64 (two halves of whole 32-key k-blocks "
+                             f"of P), got tile_n={self.tile_n}")
         if self.rescale_o_before_pv or self.p_double_buffer:
             raise ValueError("fa3-fp8: rescale_o_before_pv / p_double_buffer are not built for the FP8 P V hooks (use False)")
         if self.num_splits != 1:
@@ -549,7 +551,7 @@ class FlashAttention3Fp8Sm90(FlashAttention3Sm90):
         mma_pv = args[3]
         wg_pv = mma_pv.get_slice(0)
         tmp_shape = wg_pv.partition_shape_C((self.tile_m, self.head_dim // self.cfg.pv_split))
-        if const_expr(self.cfg.s_halves and self.cfg.s_lookahead):  # both temporaries in S's allocation (_lookahead_scores)
+        if const_expr(self.cfg.s_halves and self.cfg.s_lookahead):  # both temporaries in S's registers
             pair = cute.make_rmem_tensor(args[2].get_slice(0).partition_shape_C((self.tile_m, self.tile_n)), Float32)
             tmp, tmp2 = (cute.make_tensor(pair.iterator + j * cute.size(tmp_shape), cute.make_layout(tmp_shape)) for j in (0, 1))
         else:
