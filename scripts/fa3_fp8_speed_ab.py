@@ -134,10 +134,12 @@ D256_VARIANTS: dict[int, dict[str, dict]] = {
 # --set fp8d256b (scripts/fp8d256b_gpu.sh, session 7): what the S GEMM as two 64-key MMAs costs (the default's s_halves:
 # Q read from shared memory twice, 128 B/clk of operand reads per k32 step against 96 for one 128-key MMA). new: the
 # default; old: the serial two-level default before it (S in one MMA); old_halves: old with S in two halves;
-# single_overlap: one running accumulator with intra-warpgroup overlap (the two-level cost's reference);
-# single_overlap_halves: the same with S in two halves. The names and changes are tests/test_fa3_fp8_lookahead_gpu.py's.
+# single: one running accumulator, serial steps (old without the slices and promotions: with old, what the promotions
+# cost in that schedule); single_overlap: one running accumulator with intra-warpgroup overlap (the two-level cost's
+# reference); single_overlap_halves: the same with S in two halves. The names and changes are tests/test_fa3_fp8_lookahead_gpu.py's.
 D256B_VARIANTS: dict[int, dict[str, dict]] = {
     256: {"new": {}, "old": dict(NO_LOOKAHEAD), "old_halves": dict(s_lookahead=False, s_halves=True),
+          "single": dict(two_level=False, pv_split=1, pv_buffers=1, **NO_LOOKAHEAD),
           "single_overlap": dict(D256_VARIANTS[256]["single_overlap"]),
           "single_overlap_halves": dict(two_level=False, pv_split=1, pv_buffers=1, intra_wg_overlap=True,
                                         s_lookahead=False, s_halves=True)},
@@ -172,8 +174,8 @@ LEGENDS = {
     "fp8d256b": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs, head_dim 256, 128 x 128 tiles; new = "
                 "the default (two-level, four P V slices, s_lookahead with S in two 64-key halves); old = the serial "
                 "two-level default before (S in one 128-key MMA); *_halves = the same with S in two 64-key MMAs "
-                "(s_halves alone); single_overlap* = one running accumulator with intra-warpgroup overlap; bf16_fa3 = "
-                "ours; flash_attn_4 = flash-attn-4 bf16.",
+                "(s_halves alone); single = one running accumulator, serial steps; single_overlap* = one running "
+                "accumulator with intra-warpgroup overlap; bf16_fa3 = ours; flash_attn_4 = flash-attn-4 bf16.",
 }
 # issue 10's targets: (head_dim, seqlen, causal or None for both, what, threshold)
 TARGETS = [(256, 16384, False, "tflops", 1100.0), (128, None, False, "over_bf16", 1.4), (64, None, False, "over_bf16", 1.3),
@@ -571,8 +573,10 @@ def halves_cost_lines(speed_rows: list[dict]) -> str:
         cells = [f"{b} {tf[a] / tf[b] - 1:+.1%}" for a, b in pairs]
         costs += [tf[a] / tf[b] - 1 for a, b in pairs]
         two = ""
+        if tf.get("single") and tf.get("old"):
+            two += f"; promotions in the serial steps (single / old - 1) {tf['single'] / tf['old'] - 1:+.1%}"
         if tf.get("new") and tf.get("single_overlap"):
-            two = f"; default's two-level cost {tf['single_overlap'] / tf['new'] - 1:+.1%}"
+            two += f"; default's two-level cost {tf['single_overlap'] / tf['new'] - 1:+.1%}"
         lines.append(f"- d{D} N{N} causal={int(c)}: " + ", ".join(cells) + two)
     if costs:
         mean = sum(costs) / len(costs)

@@ -182,13 +182,14 @@ def test_fa3_fp8_speed_ab_fp8d256b_halves_cost(capsys, monkeypatch):
     ab = load_script("fa3_fp8_speed_ab")
     monkeypatch.setattr("sys.argv", ["fa3_fp8_speed_ab.py", "--plan", "--set", "fp8d256b", "--head-dims", "256"])
     assert ab.main() == 0
-    assert "'old_halves', 'single_overlap', 'single_overlap_halves'" in capsys.readouterr().out
-    tf = dict(new=1000.0, old=950.0, old_halves=880.0, single_overlap=1150.0, single_overlap_halves=1030.0)
+    assert "'old_halves', 'single', 'single_overlap', 'single_overlap_halves'" in capsys.readouterr().out
+    tf = dict(new=1000.0, old=950.0, old_halves=880.0, single=1045.0, single_overlap=1150.0, single_overlap_halves=1030.0)
     speed = [dict(head_dim=256, seqlen=4096, causal=False, impl=n, tflops=t) for n, t in tf.items()]
     text = ab.halves_cost_lines(speed)
-    assert "- d256 N4096 causal=0: old_halves +8.0%, single_overlap_halves +11.7%; default's two-level cost +15.0%" in text
+    assert ("- d256 N4096 causal=0: old_halves +8.0%, single_overlap_halves +11.7%; promotions in the serial steps "
+            "(single / old - 1) +10.0%; default's two-level cost +15.0%") in text
     assert "- mean halves cost +9.8% over 2 pairs: hypothesis (>= 6%) SUPPORTED" in text
-    speed[2]["tflops"], speed[4]["tflops"] = 940.0, 1140.0
+    speed[2]["tflops"], speed[5]["tflops"] = 940.0, 1140.0
     assert "hypothesis (>= 6%) REJECTED" in ab.halves_cost_lines(speed)
 
 
