@@ -20,7 +20,8 @@
 # Pass: "== precompile: rc=0", "== gpu_tests: rc=0" (16 passed, 0 failed) and the summary's three accuracy "PASS" lines.
 # Prediction (bench/NOTES.md, session 7): halves cost (one MMA / two halves - 1) +8..+14% for single_overlap and
 # +5..+12% for old, mean >= 6%: "hypothesis SUPPORTED" in the summary; REJECTED (mean < 6%) means the cost is the
-# promotion's issue slots and in-turn waits instead. Nothing here is a flip candidate (diagnostic variants).
+# promotion's issue slots and in-turn waits instead. single / old (slicing + promotions, serial steps): +5..+21% as in
+# session 5. Nothing here is a flip candidate (diagnostic variants).
 set -uo pipefail
 source "$(dirname "$0")/steps.sh"; help_from_header "$@"
 out="${OUT:-results}"; work="$out/fp8d256b"; session_setup "$work"
