@@ -164,6 +164,14 @@ class Sm90Config:
         per SM. O gets its own shared-memory buffer when it fits (``separate_o``: Q is released after the last
         S GEMM), else it reuses Q's (Q released after the TMA store has read O). Only the plain prefill path:
         not with split-KV, packed GQA, shared_kv_state, epilogue_arrive or two CTAs per SM.
+    kv_multicast: (non-causal calls; a causal kernel compiles without it) CTAs run in clusters of two, the query
+        tiles 2i and 2i + 1 of one (batch, head): each CTA's producer loads half of every K and V tile by TMA
+        multicast into both CTAs' shared memory, so each K/V byte leaves L2 once per cluster instead of once per
+        CTA; a ring slot is refilled only when the consumers of both CTAs have released it (their release arrives
+        on both CTAs' mbarriers), and each producer waits for its ring to drain before the CTA exits. An odd number
+        of query tiles gets one padding CTA (its Q rows are past seqlen_q: nothing stored). C++ FA3 does this for
+        bf16 head_dim >= 128 non-causal (hopper/tile_size.h); flash-attn-4's sm90 path does not. Only the plain
+        prefill path: not with split-KV, packed GQA, persistent, shared_kv_state or two CTAs per SM.
     """
 
     tile_m: int = 128
@@ -192,6 +200,9 @@ class Sm90Config:
     basis_alpha: bool = False
     persistent: bool = False
     first_row_only: bool = False
+
+
+    kv_multicast: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:
@@ -261,6 +272,13 @@ class Sm90Config:
                 and not self.basis_alpha)):
             raise ValueError(f"first_row_only={self.first_row_only!r} must be a bool, True only for packed seqlen_q = 1 "
                              "decode (pack_gqa, pack_group 0, tile_m 64) without fused_merge or basis_alpha")
+
+
+        if not isinstance(self.kv_multicast, bool) or (self.kv_multicast and (
+                self.num_splits != 1 or self.pack_gqa or self.persistent or self.shared_kv_state
+                or self.ctas_per_sm != 1)):
+            raise ValueError(f"kv_multicast={self.kv_multicast!r} must be a bool, True only without split-KV "
+                             "(num_splits=1), pack_gqa, persistent, shared_kv_state and with ctas_per_sm=1")
         if self.smem_bytes(head_dim) > smem_capacity(arch):
             raise ValueError(f"{self} needs {self.smem_bytes(head_dim)} B of shared memory at head_dim={head_dim} "
                              f"(max {smem_capacity(arch)})")
