@@ -169,9 +169,10 @@ class Sm90Config:
         multicast into both CTAs' shared memory, so each K/V byte leaves L2 once per cluster instead of once per
         CTA; a ring slot is refilled only when the consumers of both CTAs have released it (their release arrives
         on both CTAs' mbarriers), and each producer waits for its ring to drain before the CTA exits. An odd number
-        of query tiles gets one padding CTA (its Q rows are past seqlen_q: nothing stored). C++ FA3 does this for
-        bf16 head_dim >= 128 non-causal (hopper/tile_size.h); flash-attn-4's sm90 path does not. Only the plain
-        prefill path: not with split-KV, packed GQA, persistent, shared_kv_state or two CTAs per SM.
+        of query tiles gets one padding CTA (its Q rows are past seqlen_q: nothing stored). C++ FA3 clusters 16-bit
+        head_dim >= 128 non-causal calls with an even query-tile count (hopper/flash_fwd_launch_template.h);
+        flash-attn-4's sm90 path does not. Only the plain prefill path: not with split-KV, packed GQA, persistent,
+        shared_kv_state or two CTAs per SM.
     """
 
     tile_m: int = 128
