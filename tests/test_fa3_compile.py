@@ -276,6 +276,13 @@ def test_kv_multicast_plain_prefill_only(change):
         fa3.Fa3Config(kv_multicast=1).check(128)
 
 
+def test_kv_multicast_refused_by_fa3_fp8():
+    from fa_variants.hopper import fa3_fp8
+
+    with pytest.raises(ValueError, match="fa3-fp8: kv_multicast"):
+        dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], kv_multicast=True).check(128)
+
+
 @pytest.mark.parametrize("change", [dict(num_splits=0), dict(num_splits=2), dict(pack_gqa=True, pack_group=2),
                                     dict(shared_kv_state=True), dict(epilogue_arrive=True)],
                          ids=["split-auto", "split", "packed", "kv1", "epi-arrive"])
