@@ -201,8 +201,6 @@ class Sm90Config:
     basis_alpha: bool = False
     persistent: bool = False
     first_row_only: bool = False
-
-
     kv_multicast: bool = False
 
     @property
@@ -273,8 +271,6 @@ class Sm90Config:
                 and not self.basis_alpha)):
             raise ValueError(f"first_row_only={self.first_row_only!r} must be a bool, True only for packed seqlen_q = 1 "
                              "decode (pack_gqa, pack_group 0, tile_m 64) without fused_merge or basis_alpha")
-
-
         if not isinstance(self.kv_multicast, bool) or (self.kv_multicast and (
                 self.num_splits != 1 or self.pack_gqa or self.persistent or self.shared_kv_state
                 or self.ctas_per_sm != 1)):
