@@ -166,7 +166,7 @@ PUBLIC = {
 #: the switches PUBLIC sets, at their shipped values (a variant sets all of them, its own on top); MERGE_WARP is
 #: common.split_combine's, the rest fa3's
 SHIPPED = dict(FUSED_MERGE="off", DECODE_PDL=False, DECODE_TILES_CHOICE="auto", DECODE_PDL_MAX_SPLITS=8,
-               SPLIT_MIN_TILES=1, PACK_WIDE=None, MERGE_WARP=False, PACK_WIDE_STAGES=0, DECODE_FIRST_ROW=False)
+               SPLIT_MIN_TILES=1, PACK_WIDE=None, MERGE_WARP=None, PACK_WIDE_STAGES=0, DECODE_FIRST_ROW=True)
 NUM_SMS_DEFAULT = 132  # H100/H200 SXM, for --plan without a GPU
 REF_BATCHES = 8  # sequences of a shape each entry's output is checked on (the reference's cost)
 

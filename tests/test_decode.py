@@ -104,7 +104,8 @@ def test_auto_packs_gqa_at_one_query_row(h200, split_enabled, monkeypatch):
     monkeypatch.setattr(fa3, "PACK_GQA_ENABLED", True)
     q, k = _qk(32, 1, 32, 8, 4096)
     cfg = fa3._problem_config(None, q, k, True)
-    assert cfg == fa3._PACKED_CONFIGS[128] and cfg.pack_gqa and cfg.num_splits == 1 and cfg.tile_m == 64
+    assert cfg == fa3.first_row(fa3._PACKED_CONFIGS[128], 4) and cfg.pack_gqa and cfg.num_splits == 1 and cfg.tile_m == 64
+    assert cfg.first_row_only == fa3.DECODE_FIRST_ROW  # 4 query heads per KV head: the padding row's softmax skipped
     q, k = _qk(1, 1, 32, 8, 4096)  # 8 packed CTAs: split more than the 32 unpacked ones would be
     cfg = fa3._problem_config(None, q, k, True)
     assert cfg.pack_gqa and cfg.num_splits == 0
@@ -226,7 +227,7 @@ def test_split_options_reach_the_fa3_launch(h200, split_enabled, monkeypatch):
     fa_variants.attention(q, k, v, causal=True, num_splits=1, pack_gqa=False)
     base = fa3.DEFAULT_CONFIGS[128]
     assert seen == [dataclasses.replace(base, num_splits=3, pack_gqa=True, tile_m=64, pingpong=False,  # packed
-                                        pdl=fa3.decode_pdl(3)),  # 3 splits: PDL by default (DECODE_PDL_MAX_SPLITS)
+                                        pdl=fa3.decode_pdl(3), first_row_only=fa3.DECODE_FIRST_ROW),  # 3 splits: PDL by default (DECODE_PDL_MAX_SPLITS)
                     dataclasses.replace(base, num_splits=0),  # split as auto would (32 CTAs leave SMs idle)
                     base]
     assert fa3.decode_config(q, k, True) == fa3._problem_config(None, q, k, True)
@@ -254,7 +255,8 @@ def test_decode_tiles_apply_to_one_query_row_only(h200, split_enabled, monkeypat
     assert cfg.pack_group == 4 and (cfg.tile_n, cfg.stages) == (128, 2)
     monkeypatch.setattr(fa3, "DECODE_TILES_CHOICE", "deep")
     q, k = _qk(64, 1, 32, 8, 4096)  # not split: the whole packed config, 3 stages at D 128
-    assert fa3._problem_config(None, q, k, True) == dataclasses.replace(fa3._PACKED_CONFIGS[128], stages=3)
+    assert fa3._problem_config(None, q, k, True) == fa3.first_row(
+        dataclasses.replace(fa3._PACKED_CONFIGS[128], stages=3), 4)
     assert dataclasses.replace(fa3._PACKED_CONFIGS[128], stages=3) in fa3._auto_configs(128)
 
 

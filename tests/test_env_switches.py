@@ -78,7 +78,7 @@ def test_a_bad_switch_fails_the_import_with_one_line_naming_it():
                          capture_output=True, text=True, timeout=120)
     assert run.returncode != 0
     assert run.stderr.strip().splitlines()[-1] == ("fa_variants.common.env.SwitchError: FA_VARIANTS_MERGE_WARP='yes2' "
-                                                   "must be 0 or 1 (or off/false/no, on/true/yes)")
+                                                   "must be one of auto, 1, 0")
 
 
 def test_a_bad_switch_stops_auto_instead_of_falling_back():

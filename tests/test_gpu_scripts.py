@@ -1,5 +1,6 @@
 """The GPU-host scripts' CPU-side logic: scripts/sanitize.py's summary lines, the shell scripts (they parse, their
 --help, scripts/steps.sh's shared pieces with a fake nvidia-smi), the Python scripts' plans and summaries."""
+import sys
 import dataclasses
 import os
 import re
@@ -575,6 +576,19 @@ def test_decode_ab_min1_variants():
     assert full["splits"] == 1 and full["config"].num_splits == 1
 
 
+def _decode_ab_before_s7_flips(ab, monkeypatch):
+    """decode_ab planned with the switches shipped when scripts/decode5_gpu.sh and decode7_gpu.sh ran (before session
+    7 turned first_row_only on and the warp merge on at >= 8 splits): what those scripts' plans were written for."""
+    monkeypatch.setitem(sys.modules, "decode_ab", ab)  # the precompile scripts' `import decode_ab` gets this one
+    monkeypatch.setitem(ab.SHIPPED, "MERGE_WARP", False)
+    monkeypatch.setitem(ab.SHIPPED, "DECODE_FIRST_ROW", False)
+    from fa_variants.common import split_combine
+    from fa_variants.hopper import fa3
+
+    monkeypatch.setattr(split_combine, "MERGE_WARP", False)
+    monkeypatch.setattr(fa3, "DECODE_FIRST_ROW", False)
+
+
 def test_decode_ab_s6_variants_and_precompile(monkeypatch):
     """scripts/decode_ab.py --s6 (scripts/decode5_gpu.sh): `old` is auto before session 6 (B 1 Nk 1k: 4 splits, no
     PDL) where the shipped `two` runs 8 with PDL; wide (and the shipped default at D 64) packs 64:8 Nq 16 in one
@@ -583,6 +597,7 @@ def test_decode_ab_s6_variants_and_precompile(monkeypatch):
     from fa_variants.hopper import fa3
 
     ab = load_script("decode_ab")
+    _decode_ab_before_s7_flips(ab, monkeypatch)
     assert len(ab.S6) == 29 == len(set(ab.S6))
     before = ab.get_flags(fa3)
     variants = ["two", "old", "warp", "dualauto", "wide", "cand"]
@@ -608,7 +623,7 @@ def test_decode_ab_s6_variants_and_precompile(monkeypatch):
     assert sum(kind == "fa3" for kind, *_ in listed) == 22  # 24 before wide and dual became defaults (shared now)
 
 
-def test_decode_ab_s7_plan_skips_entries_equal_to_auto_and_precompile():
+def test_decode_ab_s7_plan_skips_entries_equal_to_auto_and_precompile(monkeypatch):
     """scripts/decode_ab.py --s7 (scripts/decode7_gpu.sh): warp runs where there is a merge (not at the unsplit B 64
     shapes), warp+pdl16 only where it adds PDL (16 splits at seqlen_q 1: B 1 Nk 4k / 32k), row1 at seqlen_q 1 only
     (the unsplit dual B 64 shape too), wide3 / wide4 only on the 128-row packed shapes (wide4 not at D 128: 4 stages
@@ -617,6 +632,7 @@ def test_decode_ab_s7_plan_skips_entries_equal_to_auto_and_precompile():
     from fa_variants.hopper import fa3
 
     ab = load_script("decode_ab")
+    _decode_ab_before_s7_flips(ab, monkeypatch)
     assert len(ab.S7) == 19 == len(set(ab.S7))
     before = ab.get_flags(fa3)
     variants = ["warp", "warp+pdl16", "row1", "wide3", "wide4", "cand7"]

@@ -49,9 +49,20 @@ PREFETCH = 16  # O partials per thread loaded before the LSE passes (registers; 
 #: before it (module docstring; sm_90a only) when not told. Read at each call (``scripts/decode_ab.py`` flips it).
 MERGE_PDL = env.flag("FA_VARIANTS_MERGE_PDL", False)
 #: Whether the merge runs as ``SplitMergeWarp`` (LSEs in registers, warp shuffles, no barrier: ``MergeConfig.warp``)
-#: instead of ``SplitMerge`` (LSEs staged in shared memory). FA_VARIANTS_MERGE_WARP=1; off until the H200 A/B
-#: (scripts/decode5_gpu.sh). Read at each call.
-MERGE_WARP = env.flag("FA_VARIANTS_MERGE_WARP", False)
+#: instead of ``SplitMerge`` (LSEs staged in shared memory): None (FA_VARIANTS_MERGE_WARP=auto, the default) at
+#: MERGE_WARP_MIN_SPLITS splits or more (``warp_merge_for``), True / False (=1 / =0) always / never. H200, session 7
+#: (scripts/decode7_gpu.sh, fa3 decode, warp / shared-memory merge GPU time): 0.94-0.99 at 16 splits (8 shapes),
+#: 0.93 at 8, 1.07-1.10 at 2 (the warp kernel's extra loads cost more than the barrier it saves with few splits).
+#: Read at each call.
+MERGE_WARP: bool | None = {"auto": None, "1": True, "0": False}[
+    env.choice("FA_VARIANTS_MERGE_WARP", "auto", ("auto", "1", "0"))]
+MERGE_WARP_MIN_SPLITS = 8
+
+
+def warp_merge_for(splits: int) -> bool:
+    """Whether a merge of ``splits`` partial results runs the warp kernel (``MERGE_WARP``; None: at
+    MERGE_WARP_MIN_SPLITS or more)."""
+    return splits >= MERGE_WARP_MIN_SPLITS if MERGE_WARP is None else bool(MERGE_WARP)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,10 +202,11 @@ def merge_function(device: torch.device, dtype: torch.dtype, head_dim: int, pdl:
                    warp: bool | None = None):
     """The compiled merge kernel for outputs of this device, dtype and head_dim (compiled or loaded on first
     use): ``fn(o_parts, lse_parts, out, lse)`` as `merge` takes them. ``pdl`` (None: ``MERGE_PDL``) on an sm90
-    GPU: launched as a programmatic dependent of the kernel before it on the stream; ``warp`` (None:
-    ``MERGE_WARP``): the register / shuffle kernel."""
+    GPU: launched as a programmatic dependent of the kernel before it on the stream; ``warp`` (None: ``MERGE_WARP``,
+    its auto setting meaning the shared-memory kernel, the split count being unknown here): the register / shuffle
+    kernel."""
     pdl = MERGE_PDL if pdl is None else pdl
-    warp = MERGE_WARP if warp is None else warp
+    warp = bool(MERGE_WARP) if warp is None else warp
     key = (device, dtype, head_dim, pdl, warp)
     fn = _FNS.get(key)
     if fn is None:

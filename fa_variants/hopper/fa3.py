@@ -210,12 +210,12 @@ def wide_fields(head_dim: int, stages: int | None = None) -> dict:
 
 
 #: Whether `auto`'s packed seqlen_q = 1 calls with at most FIRST_ROW_MAX_GROUP query heads per KV head run
-#: ``Sm90Config.first_row_only`` (FA_VARIANTS_DECODE_FIRST_ROW=1; off until an H200 A/B, scripts/decode7_gpu.sh): the
-#: 64-row tile holds G <= 8 real rows, all in the first of the two rows each thread owns, so the softmax of the
+#: ``Sm90Config.first_row_only`` (on since the H200 A/B of session 7, scripts/decode7_gpu.sh: GPU time / before
+#: 0.93-1.01 over 11 seqlen_q 1 shapes, geomean 0.975; FA_VARIANTS_DECODE_FIRST_ROW=0 turns it off): the 64-row tile holds G <= 8 real rows, all in the first of the two rows each thread owns, so the softmax of the
 #: second (padding) is skipped. Why (bench/NOTES.md, "Session 7 (2026-12-01): decode"): at short Nk a split CTA's
 #: time per K/V tile is its consumer's (the s4 A/B's 4-stage "deep" tiles did not help B 8 Nk 1k), ~0.65 us at D 64
 #: of which ~0.35 us is the 64-row softmax.
-DECODE_FIRST_ROW = env.flag("FA_VARIANTS_DECODE_FIRST_ROW", False)
+DECODE_FIRST_ROW = env.flag("FA_VARIANTS_DECODE_FIRST_ROW", True)
 FIRST_ROW_MAX_GROUP = 8  # rows 0-7 of warp 0: the first row of lanes 0-31 (common.layout.rows_cols)
 
 
@@ -604,7 +604,8 @@ def _plan_call(config: Sm90Config, q, k, v, scale: float) -> tuple:
 
     if MERGE_KERNEL and q.is_cuda:
         # a pdl kernel's merge is a programmatic dependent of it too; else MERGE_PDL decides
-        merge = split_combine.merge_function(q.device, q.dtype, head_dim, True if config.pdl else None)
+        merge = split_combine.merge_function(q.device, q.dtype, head_dim, True if config.pdl else None,
+                                              split_combine.warp_merge_for(splits))
     else:
         def merge(o_parts, lse_parts, out, lse):
             split.merge(o_parts.unflatten(0, (splits, batch)), lse_parts.unflatten(0, (splits, batch)), out, lse)
