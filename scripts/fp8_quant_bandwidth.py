@@ -7,7 +7,8 @@ Per shape, pipeline ("v1": one launch per tensor, one block of loads in flight p
 "v2": three blocks in flight, K's mean summed in V's launch, K's blocks read last first; "v3": v2 with
 coalesced loads through a swizzled shared-memory stage and the blocks walked head fastest; "v3s": v3 with K's
 mean staged with each block's loads, ``quant_kernel.V3_STAGED_MEAN``; "v3sf": v3s with K's mean finished in V's
-launch, ``V3_FUSED_MEAN``; "v3ss": v3s with Q's / K's e4m3 stored through shared memory, ``V3_STAGED_STORE``;
+launch, ``V3_FUSED_MEAN``; "v3ss": v3s with Q's / K's e4m3 stored through shared memory, ``V3_STAGED_STORE``; "v3so": v3s with more CTAs per SM
+for the Q / K passes, ``V3_OCCUPANCY``; "v3sso": both; "v3sfo": v3sf with ``V3_OCCUPANCY``;
 ``quant_kernel``) and recipe (default:
 block scales + Hadamard + K smoothing; "no-smooth": the same without smoothing; "sampled8": the default with
 K's mean over 8 evenly spaced K tiles, ``FP8Config(smooth_k_blocks=8)``), one
@@ -166,10 +167,12 @@ class Timer:
 
 # --pipelines label -> (quant_kernel pipeline, quant_kernel switches set for it)
 # ("v3": the staged mean off, as measured before it became the default in session 6; "v3s": on)
+_V3S = {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": False, "V3_OCCUPANCY": False}
 PIPES = {"v1": ("v1", {}), "v2": ("v2", {}), "v3": ("v3", {"V3_STAGED_MEAN": False}),
-         "v3s": ("v3", {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": False}),
-         "v3sf": ("v3", {"V3_STAGED_MEAN": True, "V3_FUSED_MEAN": True}),
-         "v3ss": ("v3", {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": True})}
+         "v3s": ("v3", _V3S), "v3sf": ("v3", {**_V3S, "V3_FUSED_MEAN": True}),
+         "v3ss": ("v3", {**_V3S, "V3_STAGED_STORE": True}), "v3so": ("v3", {**_V3S, "V3_OCCUPANCY": True}),
+         "v3sso": ("v3", {**_V3S, "V3_STAGED_STORE": True, "V3_OCCUPANCY": True}),
+         "v3sfo": ("v3", {**_V3S, "V3_FUSED_MEAN": True, "V3_OCCUPANCY": True})}
 
 
 def recipes() -> dict:
@@ -200,9 +203,9 @@ def main() -> int:
     parser.add_argument("--json", default=None, help="write the rows to this file")
     parser.add_argument("--calls", type=int, default=20, help="calls per timing (default 20)")
     parser.add_argument("--pipelines", default="v1,v3",
-                        help="comma-separated of v1, v2, v3, v3s, v3sf, v3ss (default v1,v3)")
-    parser.add_argument("--ab", default="", help="OLD:NEW (two of --pipelines): also NEW's time / OLD's per row, and "
-                        "per kernel of the breakdown")
+                        help="comma-separated of " + ", ".join(PIPES) + " (default v1,v3)")
+    parser.add_argument("--ab", default="", help="OLD:NEW (two of --pipelines; several comma-separated): also NEW's "
+                        "time / OLD's per row, and per kernel of the breakdown")
     parser.add_argument("--recipes", default="default,no-smooth",
                         help="comma-separated of default, no-smooth, sampled8 (default default,no-smooth)")
     parser.add_argument("--rounds", type=int, default=1, help="timings per row, rotated order (median; default 1)")
@@ -304,8 +307,8 @@ def main() -> int:
             with open(args.json, "w") as f:
                 json.dump(rows, f, indent=1)
     timed = [r for r in rows[1:] if "ablation" not in r]
-    if args.ab:
-        print(ab_lines(timed, *args.ab.split(":", 1)))
+    for pair in filter(None, args.ab.split(",")):
+        print(ab_lines(timed, *pair.split(":", 1)))
     return summarise(timed, copy_tbs, pipelines)
 
 

@@ -23,8 +23,15 @@ HEAD_DIMS = (64, 128, 256)
 
 def tasks(which: str = "quant3") -> list[tuple[str, str, int, str]]:
     """(pipeline, dtype, head_dim, recipe): the superset of the test matrix (CASES) and the bandwidth script
-    (which "quant3"), or what scripts/quant4_gpu.sh / quant5_gpu.sh run (which "quant4" / "quant5": v3 as default,
-    with and without the staged store, V3_STAGED_STORE)."""
+    (which "quant3"), or what scripts/quant4_gpu.sh / quant5_gpu.sh / quant6_gpu.sh run (which "quant4" / "quant5" /
+    "quant6": v3 as default, with and without the staged store, V3_STAGED_STORE; quant6 also with V3_OCCUPANCY)."""
+    if which == "quant6":  # the occupancy switch changes head_dim 64 / 128 only (``quant_kernel.OCCUPANCY``)
+        recipes = ("default", "no-smooth", "head-smooth", "sampled8")
+        out = [("v3", "bf16", d, f"{r}+{knob}") for d in HEAD_DIMS for r in recipes
+               for knob in ("default6", "stagedstore6", "occupancy") if d != 256 or knob != "occupancy"]
+        # both switches: the bandwidth rows only
+        out += [("v3", "bf16", d, f"{r}+occupancy+stagedstore") for d in (64, 128) for r in ("default", "sampled8")]
+        return out + [("v3", "bf16", d, "sampled8+fused6") for d in HEAD_DIMS]  # V's launch with the fused mean
     if which == "quant5":
         recipes = ("default", "no-smooth", "head-smooth", "sampled8")
         return [("v3", "bf16", d, f"{r}+{knob}") for d in HEAD_DIMS for r in recipes for knob in QUANT5_KNOBS]
@@ -61,6 +68,12 @@ ABLATION_KNOBS = {"unstaged": _UNSTAGED, "nocoalesced": {**_UNSTAGED, "V3_COALES
 # --set quant5: the current default (staged mean on) and the staged store on top (not ablation rows of quant3)
 QUANT5_KNOBS = {"default": {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": False},
                 "stagedstore": {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": True}}
+# --set quant6: the current default, more CTAs per SM (V3_OCCUPANCY), the staged store, both, the fused mean
+_Q6 = {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": False, "V3_OCCUPANCY": False}
+QUANT6_KNOBS = {"default6": _Q6, "occupancy": {**_Q6, "V3_OCCUPANCY": True},
+                "stagedstore6": {**_Q6, "V3_STAGED_STORE": True},
+                "occupancy+stagedstore": {**_Q6, "V3_OCCUPANCY": True, "V3_STAGED_STORE": True},
+                "fused6": {**_Q6, "V3_FUSED_MEAN": True}}
 
 
 def config_of(recipe: str):
@@ -79,8 +92,8 @@ def run(task: tuple[str, str, int, str]) -> str:
     from fa_variants.fp8 import quant_kernel
 
     pipeline, dtype, d, recipe = task
-    recipe, _, knob = recipe.partition("+")
-    knobs = {**ABLATION_KNOBS, **QUANT5_KNOBS}.get(knob, {})
+    recipe, _, knob = recipe.partition("+")  # knob: one of the KNOBS names (may hold a "+")
+    knobs = {**ABLATION_KNOBS, **QUANT5_KNOBS, **QUANT6_KNOBS}.get(knob, {})
     saved = {name: getattr(quant_kernel, name) for name in knobs}
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     t0 = time.perf_counter()
@@ -103,7 +116,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=14)
     parser.add_argument("--plan", action="store_true", help="list the tasks and exit (no GPU needed)")
-    parser.add_argument("--set", default="quant3", choices=("quant3", "quant4", "quant5"),
+    parser.add_argument("--set", default="quant3", choices=("quant3", "quant4", "quant5", "quant6"),
                         help="which script's passes (default quant3)")
     args = parser.parse_args()
     todo = tasks(args.set)

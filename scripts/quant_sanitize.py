@@ -7,7 +7,8 @@ fused mean adds a cross-CTA counter, the staged mean (``V3_STAGED_MEAN``) a per-
 cp.async and by the prologue's plain stores, the sampled mean (``FP8Config(smooth_k_blocks=2)``) V's launch over
 K's sample tiles, the staged store (``V3_STAGED_STORE``) Q's / K's e4m3 through the stage just read: racecheck /
 synccheck look at those. Sets: "quant3" (default): v3 and v3 + fused mean; "quant4": v3 + staged mean, + the sampled
-mean, + the fused mean over the sample; "quant5": the staged store, default and sampled recipes. Shapes: GQA,
+mean, + the fused mean over the sample; "quant5": the staged store, default and sampled recipes; "quant6": more CTAs
+per SM (``V3_OCCUPANCY``), alone and with the staged store, default and sampled recipes, D 64 / 128 only. Shapes: GQA,
 batch 2, odd lengths (tails), D 64 / 128 / 256; each call checked against the torch recipe given the call's K mean.
 Prints "CALLS n FAILED m"; exit status 1 if a call differed.
 """
@@ -18,7 +19,7 @@ def main() -> int:
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--set", default="quant3", choices=("quant3", "quant4", "quant5"))
+    parser.add_argument("--set", default="quant3", choices=("quant3", "quant4", "quant5", "quant6"))
     args = parser.parse_args()
     import torch
 
@@ -35,12 +36,17 @@ def main() -> int:
                             FP8Config(smooth_k_blocks=2), 1100)],
                 "quant5": [("staged_store", {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": True}, FP8Config(), 257),
                            ("staged_store+sampled2", {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": True},
+                            FP8Config(smooth_k_blocks=2), 1100)],
+                "quant6": [("occupancy", {"V3_STAGED_MEAN": True, "V3_OCCUPANCY": True}, FP8Config(), 257),
+                           ("occupancy+staged_store+sampled2", {"V3_STAGED_MEAN": True, "V3_OCCUPANCY": True,
+                                                                "V3_STAGED_STORE": True},
                             FP8Config(smooth_k_blocks=2), 1100)]}
     calls = failed = 0
     for label, knobs, config, nk in variants[args.set]:
         for name, value in knobs.items():
             setattr(qk, name, value)
-        for d in qk.HEAD_DIMS:
+        # quant6: the occupancy switch changes head_dim 64 / 128 only (``quant_kernel.OCCUPANCY``)
+        for d in (64, 128) if args.set == "quant6" else qk.HEAD_DIMS:
             g = torch.Generator(device="cuda").manual_seed(d)
             q = torch.randn(2, 300, 8, d, device="cuda", generator=g).to(torch.bfloat16)
             k = (torch.randn(2, nk, 2, d, device="cuda", generator=g) + 1).to(torch.bfloat16)

@@ -248,9 +248,16 @@ def test_fp8_quant_bandwidth_ab_and_quant5_sets():
     text = bw.ab_lines(rows, "v3s", "v3ss")
     assert "  D=64        default   0.900" in text and "AB v3ss/v3s: worst 1.010 (D=128 default), best 0.900" in text
     assert text.endswith("all matched: True")
-    assert bw.PIPES["v3ss"] == ("v3", {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": True})
-    tasks = load_script("quant_precompile").tasks("quant5")
+    assert bw.PIPES["v3ss"] == ("v3", {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": True, "V3_OCCUPANCY": False})
+    assert bw.PIPES["v3so"] == ("v3", {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": False, "V3_OCCUPANCY": True})
+    pre = load_script("quant_precompile")
+    tasks = pre.tasks("quant5")
     assert len(tasks) == len(set(tasks)) == 24 and ("v3", "bf16", 64, "sampled8+stagedstore") in tasks
+    # quant6: occupancy at head_dim 64 / 128 only, every knob a known switch set, V's fused-mean launch once per D
+    tasks = pre.tasks("quant6")
+    assert len(tasks) == len(set(tasks)) == 39 and ("v3", "bf16", 64, "sampled8+occupancy+stagedstore") in tasks
+    assert not [t for t in tasks if t[2] == 256 and "occupancy" in t[3]]
+    assert all(t[3].partition("+")[2] in pre.QUANT6_KNOBS for t in tasks)
 
 
 def test_fa3_fp8_speed_ab_summary_and_plan(capsys, monkeypatch):

@@ -127,6 +127,11 @@ computed (its outputs equal v2's bit for bit):
   (``store_unit``), a barrier, then thread t stores units t, t + threads, ... (``store_map``), so a warp's store is
   512 contiguous bytes of whole token rows (at head_dim 64 a thread's own 16-byte stores fill half of each 32-byte
   sector). The same bytes: outputs equal v3's bit for bit.
+* Occupancy (``V3_OCCUPANCY``, off until measured; ``PassConfig.min_ctas``, ``OCCUPANCY``): the Q / K passes at
+  head_dim 64 (K 12, Q 16 warps per SM) and Q at head_dim 128 (16) ask ptxas for more CTAs per SM (fewer registers,
+  fewer stages where shared memory needs it): 18 / 20 / 24 warps, so more warps hide the latency of each other's
+  dependent chains (the session-6 ncu at head_dim 64: 7.1 cycles per issued instruction at 23% occupancy). Same
+  operations: outputs equal v3's bit for bit.
 
 Blocks of more than ``MAX_BLOCK`` values (rows * head_dim > 32768, e.g. tile_n 256 at head_dim 256) do not
 fit one CTA's registers: ``why_not`` says so and ``quantize_fp8`` uses the torch path there, as for head_dim
@@ -213,6 +218,15 @@ V3_STAGED_MEAN = _env.flag("FA_VARIANTS_FP8_QUANT_STAGED_MEAN", True)
 V3_STAGED_STORE: bool | None = {"auto": None, "1": True, "0": False}[
     _env.choice("FA_VARIANTS_FP8_QUANT_STAGED_STORE", "auto", ("auto", "1", "0"))]
 
+#: v3: more resident CTAs per SM for the Q / K passes whose registers allow it without spilling much
+#: (``PassConfig.min_ctas``, ptxas' register cap 65536 / (threads x CTAs)): (head_dim, rows) -> (CTAs per SM,
+#: stages). head_dim 64 K (rows 192, 192 threads): 2 CTAs at 147 registers (12 warps per SM) -> 3 at 96 (18 warps,
+#: no spill, 3 stages: 3 x 74 KB); Q (rows 128, 128 threads): 4 at 128 -> 5 at 96 (20 warps, no spill; 2 stages to
+#: fit 5 x 34 KB); head_dim 128 Q (rows 128, 256 threads): 2 at 128 -> 3 at 80 (24 warps; 32 / 56 bytes of spill
+#: without / with the LSE shift; 2 stages). The same operations: outputs bit for bit v3's. Off until measured
+#: (scripts/quant6_gpu.sh); FA_VARIANTS_FP8_QUANT_OCCUPANCY=1 (read at import) turns it on
+V3_OCCUPANCY = _env.flag("FA_VARIANTS_FP8_QUANT_OCCUPANCY", False)
+OCCUPANCY = {(64, 192): (3, 3), (64, 128): (5, 2), (128, 128): (3, 2)}
 
 def staged_store_for(head_dim: int) -> bool:
     """Whether v3 stores Q's / K's e4m3 through shared memory at this head_dim (``V3_STAGED_STORE``; None: only
@@ -370,7 +384,7 @@ class PassConfig:
     rows: tokens per scale block (``layout.TILE_M`` for Q, ``layout.tile_n(head_dim)`` for K and V);
     shift (Q with K smoothing): also write ``scale * q . mean`` per row (``quantize.smoothing_lse_shift``);
     staged_store (role "qk", coalesced, rows % 32 == 0): the e4m3 bytes stored through the stage just read
-    (``store_qk_staged``)."""
+    (``store_qk_staged``); min_ctas: CTAs per SM asked of ptxas (0: 512 threads at 128 registers; ``min_blocks``)."""
 
     role: str = "qk"
     rotate: bool = True
@@ -388,6 +402,7 @@ class PassConfig:
     staged_mean: bool = False
     k_sample: bool = False
     staged_store: bool = False
+    min_ctas: int = 0
 
     def check(self, head_dim: int) -> None:
         """ValueError for a config or head_dim this pass is not built for."""
@@ -407,6 +422,8 @@ class PassConfig:
                                       and self.rows % 32 == 0):
             raise ValueError("fp8-quant: the staged store writes Q's / K's e4m3 through a coalesced stage (role 'qk', "
                              "coalesced, mode 'block' or 'given', rows a multiple of 32)")
+        if not 0 <= self.min_ctas <= 32:
+            raise ValueError(f"fp8-quant: min_ctas must be 0 .. 32, got {self.min_ctas}")
         if self.role == "v" and (self.rotate or self.smooth or self.shift):
             raise ValueError("fp8-quant: V is neither rotated nor smoothed")
         if self.shift and self.smooth:
@@ -430,10 +447,15 @@ class PassConfig:
         """Buffers of K's mean in shared memory: one per stage (``staged_mean``), else two alternating."""
         return max(2, self.stages) if self.staged_mean else 2
 
-    def ctas_per_sm(self, head_dim: int) -> int:
-        """Resident CTAs per SM: 512 threads at <= 128 registers, and the stages' shared memory."""
+    def min_blocks(self, head_dim: int) -> int:
+        """CTAs per SM asked of ptxas (its register cap 65536 / (threads x this)): ``min_ctas``, else 512
+        resident threads at 128 registers (64 values + addresses)."""
         threads = self.rows * head_dim // (VEC * SLOTS)
-        return max(1, min(65536 // (threads * 128), SMEM_PER_SM // self.smem_bytes(head_dim)))
+        return self.min_ctas or max(1, 65536 // (threads * 128))
+
+    def ctas_per_sm(self, head_dim: int) -> int:
+        """Resident CTAs per SM: ``min_blocks`` (the registers), and the stages' shared memory."""
+        return max(1, min(self.min_blocks(head_dim), SMEM_PER_SM // self.smem_bytes(head_dim)))
 
 
 class QuantPass:
@@ -448,7 +470,8 @@ class QuantPass:
         self.smem_bytes = 0
         # a register cap of 128 per thread (64 values + 32 registers of prefetched 16-bit input + addresses),
         # stated to ptxas as CTAs per SM: 512 resident threads, so the host's persistent grid fills the GPU
-        self.min_blocks = max(1, 65536 // (self.num_threads * 128))
+        # (``PassConfig.min_ctas``: more CTAs per SM at fewer registers)
+        self.min_blocks = cfg.min_blocks(head_dim)
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mY: cute.Tensor, mDescale: cute.Tensor, mSigns: cute.Tensor,
@@ -1103,8 +1126,8 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
                     k_parts: torch.Tensor | None = None, pdl: bool = False, coalesced: bool = False,
                     head_major: bool = False, k_count: torch.Tensor | None = None,
                     k_mean_out: torch.Tensor | None = None, staged_mean: bool = False,
-                    k_sample_tokens: int | None = None,
-                    staged_store: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                    k_sample_tokens: int | None = None, staged_store: bool = False,
+                    occupancy: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """One tensor through the pass: (e4m3 data (like x, or v_t for role "v"), descale (B, H, T) float32).
 
     x: (B, N, H, D) float16 / bfloat16 CUDA; block: rows per scale block; signs: float32 (D,) on x's device
@@ -1122,11 +1145,17 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
     with coalesced only, ignored otherwise). k_sample_tokens (with k_of, not the fused mean): K's sums over
     ``quantize.k_sample_tiles`` only, m = k_parts.shape[2] / k_parts_per_block(block) tiles, covering this many tokens
     (``PassConfig.k_sample``; m * cdiv(N, block) < 2^31). staged_store (role "qk", with coalesced): the e4m3 bytes
-    stored through the stage just read (``PassConfig.staged_store``; not in mode "amax")."""
+    stored through the stage just read (``PassConfig.staged_store``; not in mode "amax"). occupancy (role "qk"):
+    the CTAs per SM and stages of ``OCCUPANCY`` for (head_dim, block) where it has an entry (``PassConfig.min_ctas``;
+    stages at most the given ones)."""
     B, N, H, D = x.shape
     T_blocks = -(-N // block)
     x = interop.aligned(x)
     dev = x.device
+    min_ctas = 0
+    if occupancy and role == "qk" and (D, block) in OCCUPANCY and stages > 1:
+        min_ctas, most = OCCUPANCY[D, block]
+        stages = min(stages, most)
     stages = stages_for(dev, D, block, stages) if stages > 1 else 1
     coalesced = coalesced and stages >= 2
     if role == "qk":
@@ -1162,7 +1191,7 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
                          staged_mean=staged_mean and coalesced and (smooth or with_shift),
                          k_sample=kmean and k_sample_tokens is not None,
                          staged_store=staged_store and coalesced and role == "qk" and mode != "amax"
-                         and block % 32 == 0)
+                         and block % 32 == 0, min_ctas=min_ctas)
         fn, ctas = _pass(dev, x.dtype, D, cfg)
         fn(x, y, descale, signs, mean_t, shift_t, k_t, parts_t, count_t, shift_scale,
            min(ctas, total + (k_items if kmean else 0)))
@@ -1224,7 +1253,7 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Co
     if pipe == "v3":
         common.update(coalesced=V3_COALESCED, head_major=V3_HEAD_MAJOR)
         smooth_common = dict(common, staged_mean=V3_STAGED_MEAN and V3_COALESCED)  # it rides on coalesced stages
-        qk_common = dict(smooth_common, staged_store=staged_store_for(D) and V3_COALESCED)
+        qk_common = dict(smooth_common, staged_store=staged_store_for(D) and V3_COALESCED, occupancy=V3_OCCUPANCY)
     else:
         smooth_common = qk_common = common
     # v2 launches V's pass first (plain launch), then K's and Q's with programmatic dependent launch, whose
