@@ -37,7 +37,7 @@ set -uo pipefail
 source "$(dirname "$0")/steps.sh"; help_from_header "$@"
 out="${OUT:-results}/quant6"; session_setup "$out"
 # under $out: commit.txt, gpu.txt, clocks.csv, the step logs, sanitize.log, quant_bw.json
-step precompile 32 python3 scripts/quant_precompile.py --jobs 16 --set quant6
+step precompile 32 python3 scripts/quant_precompile.py --jobs 16 --set quant6 --unique
 san=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
 { r=$(timeout -s INT 35 "$san" --tool racecheck --error-exitcode 9 python3 scripts/quant_sanitize.py --set quant6 2>&1)
   echo "rc=$? racecheck"; echo "$r" | tail -n 10; } > "$out/sanitize.log" 2>&1 &

@@ -1,12 +1,13 @@
 """Compile every pass of the FP8 quantisation pass that tests/test_fp8_quant_kernel.py and
 scripts/fp8_quant_bandwidth.py use, in parallel processes, into the disk compile cache (on the GPU host).
 
-    source .gpu/env.sh && python3 scripts/quant_precompile.py [--jobs 14] [--plan]
+    source .gpu/env.sh && python3 scripts/quant_precompile.py [--jobs 14] [--plan] [--set quant6] [--unique]
 
 One task per (pipeline, dtype, head_dim, recipe): a tiny ``quant_kernel.quantize`` call (softmax_scale None
 and -0.3) on the GPU, which compiles what that recipe launches (the stage count depends on the device, so
 running is the simplest way to name the passes). Tasks sharing a pass may both compile it; the disk cache
-keeps one whole copy. Prints one line per task and a summary; exit status 1 if a task failed.
+keeps one whole copy. --unique: the tasks' calls run first in this process with the compile replaced by a
+recorder (no launch), then each distinct pass is compiled once by the workers (no GPU needed there). Prints one line per task and a summary; exit status 1 if a task failed.
 """
 from __future__ import annotations
 
@@ -112,12 +113,48 @@ def run(task: tuple[str, str, int, str]) -> str:
     return f"{'/'.join(map(str, task))}: {time.perf_counter() - t0:.1f} s {cache.cache_info()} (this worker so far)"
 
 
+def record(todo: list[tuple[str, str, int, str]]) -> list[tuple]:
+    """--unique, in this process (CUDA): the (arch, dtype, head_dim, PassConfig) of every pass the tasks' calls
+    launch, in first-use order, without compiling or launching any (``quant_kernel._pass`` replaced by a recorder
+    for the duration; the calls' outputs are garbage)."""
+    from fa_variants.common import interop
+    from fa_variants.fp8 import quant_kernel
+
+    keys: dict[tuple, None] = {}
+
+    def recorder(device, dtype, head_dim, cfg):
+        keys[interop.device_arch(device), dtype, head_dim, cfg] = None
+        return (lambda *args: None), 1
+
+    saved = quant_kernel._pass
+    quant_kernel._pass = recorder
+    try:
+        for task in todo:
+            run(task)
+    finally:
+        quant_kernel._pass = saved
+    return list(keys)
+
+
+def compile_key(key: tuple) -> str:
+    """--unique's worker: one pass compiled into the disk cache (no GPU needed)."""
+    from fa_variants.common import cache
+    from fa_variants.fp8 import quant_kernel
+
+    arch, dtype, head_dim, cfg = key
+    t0 = time.perf_counter()
+    quant_kernel.VARIANT.compiled(quant_kernel.static_config(arch, dtype, head_dim, cfg))
+    return f"{head_dim} {cfg}: {time.perf_counter() - t0:.1f} s {cache.cache_info()}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=14)
     parser.add_argument("--plan", action="store_true", help="list the tasks and exit (no GPU needed)")
     parser.add_argument("--set", default="quant3", choices=("quant3", "quant4", "quant5", "quant6"),
                         help="which script's passes (default quant3)")
+    parser.add_argument("--unique", action="store_true",
+                        help="record the tasks' passes first (no compile), then compile each distinct pass once")
     args = parser.parse_args()
     todo = tasks(args.set)
     if args.plan:
@@ -127,14 +164,23 @@ def main() -> int:
     # spawn: each worker imports torch and the DSL itself (no CUDA context inherited across fork)
     import multiprocessing as mp
 
+    work, label = (compile_key, str) if args.unique else (run, lambda t: "/".join(map(str, t)))
+    if args.unique:
+        try:
+            todo = record(todo)
+            print(f"precompile: {len(todo)} distinct passes recorded in {time.perf_counter() - t0:.1f} s", flush=True)
+        except Exception as exc:  # noqa: BLE001 - the per-task mode still compiles everything
+            print(f"precompile: --unique's recording failed ({type(exc).__name__}: {exc}); running the tasks",
+                  flush=True)
+            work, label = run, lambda t: "/".join(map(str, t))
     with cf.ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn")) as pool:
-        futures = {pool.submit(run, t): t for t in todo}
+        futures = {pool.submit(work, t): t for t in todo}
         for f in cf.as_completed(futures):
             try:
                 print(f.result(), flush=True)
             except Exception as exc:  # noqa: BLE001 - reported, counted
                 failed += 1
-                print(f"{'/'.join(map(str, futures[f]))}: FAILED {type(exc).__name__}: {exc}", flush=True)
+                print(f"{label(futures[f])}: FAILED {type(exc).__name__}: {exc}", flush=True)
     print(f"precompile: {len(todo)} tasks, {failed} failed, {time.perf_counter() - t0:.0f} s")
     return 1 if failed else 0
 
