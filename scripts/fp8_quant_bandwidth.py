@@ -8,7 +8,8 @@ Per shape, pipeline ("v1": one launch per tensor, one block of loads in flight p
 coalesced loads through a swizzled shared-memory stage and the blocks walked head fastest; "v3s": v3 with K's
 mean staged with each block's loads, ``quant_kernel.V3_STAGED_MEAN``; "v3sf": v3s with K's mean finished in V's
 launch, ``V3_FUSED_MEAN``; "v3ss": v3s with Q's / K's e4m3 stored through shared memory, ``V3_STAGED_STORE``; "v3so": v3s with more CTAs per SM
-for the Q / K passes, ``V3_OCCUPANCY``; "v3sso": both; "v3sfo": v3sf with ``V3_OCCUPANCY``;
+for the Q / K passes, ``V3_OCCUPANCY``; "v3sso": both; "v3sfo": v3s with the fused mean for a sampled mean only
+(``V3_FUSED_SAMPLED_MEAN``) and ``V3_OCCUPANCY``;
 ``quant_kernel``) and recipe (default:
 block scales + Hadamard + K smoothing; "no-smooth": the same without smoothing; "sampled8": the default with
 K's mean over 8 evenly spaced K tiles, ``FP8Config(smooth_k_blocks=8)``), one
@@ -167,12 +168,12 @@ class Timer:
 
 # --pipelines label -> (quant_kernel pipeline, quant_kernel switches set for it)
 # ("v3": the staged mean off, as measured before it became the default in session 6; "v3s": on)
-_V3S = {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": False, "V3_OCCUPANCY": False}
+_V3S = {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": False, "V3_OCCUPANCY": False, "V3_FUSED_SAMPLED_MEAN": False}
 PIPES = {"v1": ("v1", {}), "v2": ("v2", {}), "v3": ("v3", {"V3_STAGED_MEAN": False}),
          "v3s": ("v3", _V3S), "v3sf": ("v3", {**_V3S, "V3_FUSED_MEAN": True}),
          "v3ss": ("v3", {**_V3S, "V3_STAGED_STORE": True}), "v3so": ("v3", {**_V3S, "V3_OCCUPANCY": True}),
          "v3sso": ("v3", {**_V3S, "V3_STAGED_STORE": True, "V3_OCCUPANCY": True}),
-         "v3sfo": ("v3", {**_V3S, "V3_FUSED_MEAN": True, "V3_OCCUPANCY": True})}
+         "v3sfo": ("v3", {**_V3S, "V3_FUSED_SAMPLED_MEAN": True, "V3_OCCUPANCY": True})}
 
 
 def recipes() -> dict:

@@ -17,15 +17,16 @@
 #    sampled mean, D 64 / 128; 35 s cap). v3sso's correctness: its bandwidth rows' check against the torch recipe.
 # 3. scripts/fp8_quant_bandwidth.py: v3s (the current default) vs v3so (+ occupancy), v3ss (+ staged store), v3sso
 #    (both) x recipes default, sampled8, and for sampled8 also v3sf (+ the fused mean, V3_FUSED_MEAN: quant4 measured
-#    +1.3..+3.3 points with the sampled mean) and v3sfo (+ fused + occupancy): the candidate default if the sampled
-#    mean is flipped; B*N = 16k, H*D = 2048, D 64 / 128 / 256 + GQA; 4 rotated rounds (median), each row checked
+#    +1.3..+3.3 points with the sampled mean) and v3sfo (+ V3_FUSED_SAMPLED_MEAN, the same fused mean for a sampled
+#    mean only, + occupancy): the candidate default if the sampled mean is flipped; B*N = 16k, H*D = 2048, D 64 / 128 / 256 + GQA; 4 rotated rounds (median), each row checked
 #    against the torch recipe; per-kernel times (torch.profiler); A/B lines: NEW / v3s gpu ms.
 # Pass (correctness): "== gpu_tests: rc=0" and "== gpu_tests_store: rc=0"; racecheck rc=0 with "CALLS 4 FAILED 0" and
 # 0 hazards; every bandwidth row "ok", each A/B line "all matched: True".
 # Flip rules (the lead; correctness passed): V3_OCCUPANCY = True if every "AB v3so/v3s" ratio <= 1.02 and the D=64
 # rows (default, sampled8) <= 0.95; V3_STAGED_STORE (quant5's rule) if every v3ss/v3s ratio <= 1.02 and the D=64 rows
-# <= 0.97; both if v3sso beats each alone by >= 2% at D=64. V3_FUSED_MEAN only together with the sampled mean's flip
-# (it costs the exact mean 2-3 points, quant4) and if every sampled8 v3sf/v3s ratio <= 1.0.
+# <= 0.97; both if v3sso beats each alone by >= 2% at D=64. V3_FUSED_SAMPLED_MEAN together with the sampled mean's
+# flip (quantize.DEFAULT_SMOOTH_K_BLOCKS = 8) if every sampled8 v3sf/v3s ratio <= 1.0 (V3_FUSED_MEAN itself stays off:
+# it costs the exact mean 2-3 points, quant4).
 # Prediction (bench/NOTES.md, "Session 7 (2026-12-01): quantisation pass, occupancy; predictions before the run"):
 # v3so/v3s D=64 0.85-0.93 (K pass 12 -> 18 warps per SM: ~42 -> ~32 us; Q 16 -> 20 warps with one block ahead
 # instead of two: ~45 -> ~38 us), default 53 -> 58-62% of copy, sampled8 61 -> 66-72%; D=128 0.96-1.00 (only Q

@@ -248,8 +248,10 @@ def test_fp8_quant_bandwidth_ab_and_quant5_sets():
     text = bw.ab_lines(rows, "v3s", "v3ss")
     assert "  D=64        default   0.900" in text and "AB v3ss/v3s: worst 1.010 (D=128 default), best 0.900" in text
     assert text.endswith("all matched: True")
-    assert bw.PIPES["v3ss"] == ("v3", {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": True, "V3_OCCUPANCY": False})
-    assert bw.PIPES["v3so"] == ("v3", {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": False, "V3_OCCUPANCY": True})
+    off = {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": False, "V3_OCCUPANCY": False, "V3_FUSED_SAMPLED_MEAN": False}
+    assert bw.PIPES["v3ss"] == ("v3", {**off, "V3_STAGED_STORE": True})
+    assert bw.PIPES["v3so"] == ("v3", {**off, "V3_OCCUPANCY": True})
+    assert bw.PIPES["v3sfo"] == ("v3", {**off, "V3_FUSED_SAMPLED_MEAN": True, "V3_OCCUPANCY": True})
     pre = load_script("quant_precompile")
     tasks = pre.tasks("quant5")
     assert len(tasks) == len(set(tasks)) == 24 and ("v3", "bf16", 64, "sampled8+stagedstore") in tasks

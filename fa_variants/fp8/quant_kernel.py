@@ -198,6 +198,12 @@ V3_HEAD_MAJOR = True
 #: (batch, kv-head) sums its partials (no torch sum between V's launch and K's pass). Off: each K block's
 #: release fence (MEMBAR.GPU) may wait for the CTA's cp.async prefetches; the ablation measures it
 V3_FUSED_MEAN = False
+#: v3: the fused mean for a sampled K mean only (``FP8Config.smooth_k_blocks``; the exact mean as V3_FUSED_MEAN says):
+#: then only the m sample tiles per head pay the release fence (quant4 on the H200, sampled8: v3 + staged + fused
+#: 63.3 / 68.5 / 55.0 / 55.6% of copy against 60.7 / 65.8 / 53.7 / 52.3% at D 64 / 128 / 256 / GQA; with the exact
+#: mean 2-3 points slower). Off until the sampled mean is the default (scripts/quant6_gpu.sh times it, "v3sf");
+#: FA_VARIANTS_FP8_QUANT_FUSED_SAMPLED_MEAN=1 (read at import) turns it on
+V3_FUSED_SAMPLED_MEAN = _env.flag("FA_VARIANTS_FP8_QUANT_FUSED_SAMPLED_MEAN", False)
 #: v3: K's mean, which the smoothed K pass and Q's pass (the LSE shift) read per block, cp.async'd with the block's
 #: stage into a mean buffer per stage (``PassConfig.staged_mean``) instead of a global load + a barrier per block
 #: (the load's latency, ~1 us, is then exposed once per block in a CTA alone on its SM). The same operations:
@@ -1274,7 +1280,7 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Co
         if own and sampled:  # V's launch also sums K's sample tiles (m / T of one read of K)
             P = len(tiles) * k_parts_per_block(tile_n)
             sample = dict(k_sample_tokens=k_sample_count(Nk, tile_n, config.smooth_k_blocks))
-            if pipe == "v3" and V3_FUSED_MEAN:  # ... and finishes the mean (the last sample tile of a head)
+            if pipe == "v3" and (V3_FUSED_MEAN or V3_FUSED_SAMPLED_MEAN):  # ... and finishes the mean
                 parts, counters = _fused_scratch(dev, B, Hkv, P, D)
                 mean = torch.empty(B, Hkv, D, dtype=torch.float32, device=dev)
                 v_t, vd = quantize_tensor(v, role="v", block=tile_n, signs=None, mean=None, rotate=False, k_of=k,

@@ -54,6 +54,7 @@ from dataclasses import dataclass
 
 import torch
 
+from fa_variants.common import env as _env
 from fa_variants.fp8 import layout
 
 __all__ = [
@@ -79,6 +80,12 @@ E4M3_MAX = float(torch.finfo(E4M3).max)  # 448.0
 MIN_DESCALE_EXPONENT = -110
 MIN_DESCALE = 2.0 ** MIN_DESCALE_EXPONENT
 GRANULARITIES = ("block", "head", "tensor")
+#: ``FP8Config.smooth_k_blocks``' default (read at import): None, K's mean over every token; an int m, over m
+#: evenly spaced K tiles (``k_sample_tiles``: the GPU pass then reads K once). FA_VARIANTS_FP8_SMOOTH_K_BLOCKS=m
+#: (0 or unset: None). The emulation's study (scripts/quant6_accuracy.py, bench/NOTES.md session 7) found m = 4 / 8 /
+#: 16 within the paired noise of the exact mean; the flip to 8 waits for the GPU pass's speed and the real-model study
+DEFAULT_SMOOTH_K_BLOCKS: int | None = (_env.integer("FA_VARIANTS_FP8_SMOOTH_K_BLOCKS", "0", 0, "K tiles; 0: every "
+                                                    "token") or None)
 
 
 # ------------------------------------------------------------------------------------ Hadamard rotation
@@ -226,9 +233,9 @@ class FP8Config:
 
     granularity: "block" | "head" | "tensor" (module docstring, item 3).
     rotate: random-sign Hadamard on Q and K (FA3 section 3.3). smooth_k: subtract K's mean over tokens.
-    smooth_k_blocks: None (default): that mean over every token; an int m >= 1: over the tokens of m evenly
-        spaced K scale blocks (module docstring, item 1; ``k_sample_tiles``): the same O and LSE, K read once
-        by the GPU pass instead of twice.
+    smooth_k_blocks: None: that mean over every token; an int m >= 1: over the tokens of m evenly spaced K
+        scale blocks (module docstring, item 1; ``k_sample_tiles``): the same O and LSE, K read once by the GPU
+        pass instead of twice. Default ``DEFAULT_SMOOTH_K_BLOCKS`` (None unless FA_VARIANTS_FP8_SMOOTH_K_BLOCKS).
     two_level: the kernel accumulates each K/V tile's P V in a fresh accumulator and adds it into the fp32 O
         every ``promote_every`` tiles (True), or keeps one running accumulator for O (False; the FP8 tensor
         core's accumulator keeps fewer mantissa bits than fp32, so O drifts with seqlen_k).
@@ -245,7 +252,7 @@ class FP8Config:
     two_level: bool = True
     promote_every: int | None = None
     seed: int = 0
-    smooth_k_blocks: int | None = None
+    smooth_k_blocks: int | None = DEFAULT_SMOOTH_K_BLOCKS
 
     def __post_init__(self) -> None:
         if not isinstance(self.granularity, str) or self.granularity not in GRANULARITIES:
