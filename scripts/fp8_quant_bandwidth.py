@@ -12,7 +12,7 @@ for the Q / K passes, ``V3_OCCUPANCY``; "v3sso": both; "v3sfo": v3s with the fus
 (``V3_FUSED_SAMPLED_MEAN``) and ``V3_OCCUPANCY``;
 ``quant_kernel``) and recipe (default:
 block scales + Hadamard + K smoothing; "no-smooth": the same without smoothing; "sampled8": the default with
-K's mean over 8 evenly spaced K tiles, ``FP8Config(smooth_k_blocks=8)``), one
+K's mean over 8 evenly spaced K tiles, ``FP8Config(smooth_k_blocks=8)``; "sampled16": over 16), one
 call of ``quant_kernel.quantize(..., pipeline=...)`` (what ``quantize_fp8(..., impl="kernel")`` runs):
 
 * ``gpu ms``: GPU time per call with the host out of the way: a ``torch.cuda._sleep`` kernel holds the stream
@@ -181,7 +181,7 @@ def recipes() -> dict:
     from fa_variants.fp8 import FP8Config
 
     return {"default": FP8Config(), "no-smooth": FP8Config(smooth_k=False),
-            "sampled8": FP8Config(smooth_k_blocks=8)}
+            "sampled8": FP8Config(smooth_k_blocks=8), "sampled16": FP8Config(smooth_k_blocks=16)}
 
 
 def run_with(pipe_label: str, fn):
@@ -208,7 +208,7 @@ def main() -> int:
     parser.add_argument("--ab", default="", help="OLD:NEW (two of --pipelines; several comma-separated): also NEW's "
                         "time / OLD's per row, and per kernel of the breakdown")
     parser.add_argument("--recipes", default="default,no-smooth",
-                        help="comma-separated of default, no-smooth, sampled8 (default default,no-smooth)")
+                        help="comma-separated of default, no-smooth, sampled8, sampled16 (default default,no-smooth)")
     parser.add_argument("--rounds", type=int, default=1, help="timings per row, rotated order (median; default 1)")
     parser.add_argument("--skip", default="", help="comma-separated pipeline:recipe cells to leave out")
     parser.add_argument("--ablation", action="store_true",
@@ -222,8 +222,8 @@ def main() -> int:
     if any(p not in PIPES for p in pipelines):
         parser.error(f"--pipelines: each of {', '.join(PIPES)}, got {args.pipelines!r}")
     recipe_names = args.recipes.split(",")
-    if any(r not in ("default", "no-smooth", "sampled8") for r in recipe_names):
-        parser.error(f"--recipes: each of default, no-smooth, sampled8, got {args.recipes!r}")
+    if any(r not in ("default", "no-smooth", "sampled8", "sampled16") for r in recipe_names):
+        parser.error(f"--recipes: each of default, no-smooth, sampled8, sampled16, got {args.recipes!r}")
     if args.rounds < 1:
         parser.error("--rounds must be >= 1")
     skip = {tuple(c.split(":", 1)) for c in args.skip.split(",") if c}

@@ -75,8 +75,13 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--nk", type=int, nargs="+", default=[4096, 16384])
     ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128, 256])
-    ap.add_argument("--json", default=None)
+    ap.add_argument("--json", default=None, help="write the rows here")
+    ap.add_argument("--summary-of", default=None, help="print the summary of an earlier run's --json and exit")
     args = ap.parse_args()
+    if args.summary_of:
+        with open(args.summary_of) as f:
+            print(summary(json.load(f)))
+        return 0
     torch.set_num_threads(1)
     rows = []
     t0 = time.time()
@@ -91,32 +96,38 @@ def main() -> int:
         tag = f"{case.dist}{'' if case.dist != 'outlier' else f' p={case.p:g}'} D={case.head_dim} Nk={case.seqlen_k}"
         print(f"{tag:32s} seed {case.seed:5d}  " + "  ".join(f"{m} {row[m]:.3e}" for m in METHODS)
               + f"   ({time.time() - t0:.0f} s)", flush=True)
-    print("\ngeomean over inputs of RMSE / exact's RMSE (paired, same inputs), [min, max]:")
-    for name in METHODS:
-        r = [row[name] / row["exact"] for row in rows]
-        gm = math.exp(sum(math.log(x) for x in r) / len(r))
-        print(f"  {name:9s} {gm:.4f}  [{min(r):.4f}, {max(r):.4f}]")
-    print("per input kind (geomean ratio to exact):")
-    kinds = sorted({(row["dist"], row["p"]) for row in rows})
-    for dist, p in kinds:
-        sel = [row for row in rows if (row["dist"], row["p"]) == (dist, p)]
-        cells = []
-        for name in METHODS:
-            r = [row[name] / row["exact"] for row in sel]
-            cells.append(f"{name} {math.exp(sum(math.log(x) for x in r) / len(r)):.4f}")
-        print(f"  {dist:9s} p={p:<6g} " + "  ".join(cells))
-    # the noise: exact's RMSE over seeds of the same (input, head_dim, Nk), relative spread (max / min)
-    spread = {}
-    for row in rows:
-        spread.setdefault((row["dist"], row["p"], row["head_dim"], row["seqlen_k"]), []).append(row["exact"])
-    sp = [max(v) / min(v) for v in spread.values() if len(v) > 1]
-    if sp:
-        print(f"noise: exact's RMSE across seeds of one input kind, max/min: median {sorted(sp)[len(sp) // 2]:.3f}, "
-              f"max {max(sp):.3f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
+    print(summary(rows))
     return 0
+
+
+def summary(rows: list[dict]) -> str:
+    """Per method: the geometric mean over rows of RMSE / exact's RMSE with a +-2 standard-error interval (of the mean
+    log ratio), over all rows and per input kind; [min, max] of the ratio."""
+    import statistics
+
+    def cell(sel, name):
+        logs = [math.log(row[name] / row["exact"]) for row in sel]
+        mu = statistics.mean(logs)
+        se = statistics.stdev(logs) / math.sqrt(len(logs)) if len(logs) > 1 else 0.0
+        return f"{math.exp(mu):.3f} [{math.exp(mu - 2 * se):.3f}, {math.exp(mu + 2 * se):.3f}]"
+
+    kinds = {"all": rows}
+    for row in rows:
+        kinds.setdefault(row["dist"] + (f" p={row['p']:g}" if row["dist"] == "outlier" else ""), []).append(row)
+    for d in sorted({row["head_dim"] for row in rows}):
+        kinds[f"rope-bias D={d}"] = [r for r in rows if r["dist"] == "rope-bias" and r["head_dim"] == d]
+    names = [m for m in METHODS if m != "exact"]
+    out = ["RMSE / exact's RMSE, geomean [+-2 SE] (paired; reseed = the null):",
+           f"{'input':<18} {'n':>3}  " + "  ".join(f"{m:<22}" for m in names)]
+    for kind, sel in kinds.items():
+        if sel:
+            out.append(f"{kind:<18} {len(sel):>3}  " + "  ".join(f"{cell(sel, m):<22}" for m in names))
+    ratios = {m: [row[m] / row["exact"] for row in rows] for m in names}
+    out.append("min / max ratio: " + ", ".join(f"{m} {min(r):.2f} / {max(r):.2f}" for m, r in ratios.items()))
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

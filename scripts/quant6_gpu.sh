@@ -18,7 +18,8 @@
 # 3. scripts/fp8_quant_bandwidth.py: v3s (the current default) vs v3so (+ occupancy), v3ss (+ staged store), v3sso
 #    (both) x recipes default, sampled8, and for sampled8 also v3sf (+ the fused mean, V3_FUSED_MEAN: quant4 measured
 #    +1.3..+3.3 points with the sampled mean) and v3sfo (+ V3_FUSED_SAMPLED_MEAN, the same fused mean for a sampled
-#    mean only, + occupancy): the candidate default if the sampled mean is flipped; B*N = 16k, H*D = 2048, D 64 / 128 / 256 + GQA; 4 rotated rounds (median), each row checked
+#    mean only, + occupancy): the candidate default if the sampled mean is flipped; v3s and v3sfo also with
+#    sampled16 (smooth_k_blocks=16: the m the emulation's study prefers on RoPE-like K, bench/NOTES.md); B*N = 16k, H*D = 2048, D 64 / 128 / 256 + GQA; 4 rotated rounds (median), each row checked
 #    against the torch recipe; per-kernel times (torch.profiler); A/B lines: NEW / v3s gpu ms.
 # Pass (correctness): "== gpu_tests: rc=0" and "== gpu_tests_store: rc=0"; racecheck rc=0 with "CALLS 4 FAILED 0" and
 # 0 hazards; every bandwidth row "ok", each A/B line "all matched: True".
@@ -47,8 +48,9 @@ step gpu_tests_store 35 python3 -m pytest -q -n 6 -m gpu -p no:cacheprovider --t
 step gpu_tests 35 python3 -m pytest -q -n 6 -m gpu -p no:cacheprovider --tb=short tests/test_fp8_quant_kernel.py \
   -k "test_v3_occupancy_bitwise"
 wait
+skip=v3sf:default,v3sfo:default,v3so:sampled16,v3ss:sampled16,v3sso:sampled16,v3sf:sampled16
 step bandwidth 28 python3 scripts/fp8_quant_bandwidth.py --pipelines v3s,v3so,v3ss,v3sso,v3sf,v3sfo \
-  --recipes default,sampled8 --skip v3sf:default,v3sfo:default --rounds 4 --breakdown \
+  --recipes default,sampled8,sampled16 --skip "$skip" --rounds 4 --breakdown \
   --ab v3s:v3so,v3s:v3ss,v3s:v3sso,v3s:v3sf,v3s:v3sfo --json "$out/quant_bw.json"
 echo
 stop_clocks; cat "$out/commit.txt" "$out/gpu.txt"
