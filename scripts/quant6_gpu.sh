@@ -34,7 +34,8 @@
 # changes, 16 -> 24 warps with 32-56 bytes of spill); D=256 / GQA-256 1.00 +- 0.02 (no change there). If D=64 does
 # not move, the passes are not latency-bound per warp (then: the LSU / store path; ncu of quant5 style next).
 # v3ss/v3s (quant5's prediction): D=64 0.86-0.95, D=128 / 256 0.97-1.03. v3sfo sampled8: D=64 68-74%, D=128 68-72%,
-# D=256 ~55%, GQA ~56% of copy (fused: v3sf/v3s 0.96-0.98 as in quant4).
+# D=256 ~55%, GQA ~56% of copy (fused: v3sf/v3s 0.96-0.98 as in quant4); sampled16 1-2 points below sampled8 in
+# each (8 more K tiles read in V's launch: 1/8 of K at D=128, ~2 us).
 set -uo pipefail
 source "$(dirname "$0")/steps.sh"; help_from_header "$@"
 out="${OUT:-results}/quant6"; session_setup "$out"
