@@ -317,7 +317,7 @@ def test_compiles_occupancy(arch, key, name, extra):
     """``quant_kernel.OCCUPANCY``'s passes (sm_90a) fit the CTAs per SM they ask for: registers <= 65536 / (threads x
     CTAs), the stages' shared memory x CTAs within an SM's, and local memory at most 64 bytes (head_dim 64: none;
     head_dim 128 Q at 80 registers: 32-56 bytes on the CPU compile of session 7), with the same 16-byte cp.async,
-    e4m3 stores and shuffles as at the default cap."""
+    e4m3 stores, shuffles and float32 arithmetic (FADD / FMUL / FFMA / FMNMX counts) as at the default cap."""
     head_dim, rows = key
     ctas, stages = qk.OCCUPANCY[key]
     cfg = qk.PassConfig(rows=rows, stages=stages, pdl=True, coalesced=True, head_major=True, min_ctas=ctas, **extra)
@@ -328,7 +328,7 @@ def test_compiles_occupancy(arch, key, name, extra):
     assert res["registers"] <= 65536 // (threads * ctas), res
     assert cfg.ctas_per_sm(head_dim) == ctas and ctas * (cfg.smem_bytes(head_dim) + 1024) <= 228 * 1024, cfg
     assert res["spill_bytes"] <= (0 if head_dim == 64 else 64), res
-    names = ("LDGSTS", "STG.E.128", "SHFL.BFLY", "F2FP")
+    names = ("LDGSTS", "STG.E.128", "SHFL.BFLY", "F2FP", "FADD", "FMUL", "FFMA", "FMNMX")
     assert cubin.count_sass(cubin.sass_of(c.cubin), names) == cubin.count_sass(cubin.sass_of(c0.cubin), names)
 
 
