@@ -201,7 +201,7 @@ V3_FUSED_MEAN = False
 #: v3: the fused mean for a sampled K mean only (``FP8Config.smooth_k_blocks``; the exact mean as V3_FUSED_MEAN says):
 #: then only the m sample tiles per head pay the release fence (quant4 on the H200, sampled8: v3 + staged + fused
 #: 63.3 / 68.5 / 55.0 / 55.6% of copy against 60.7 / 65.8 / 53.7 / 52.3% at D 64 / 128 / 256 / GQA; with the exact
-#: mean 2-3 points slower). Off until the sampled mean is the default (scripts/quant6_gpu.sh times it, "v3sf");
+#: mean 2-3 points slower). Off until the sampled mean is the default (scripts/quant6_gpu.sh times it: "v3sfo");
 #: FA_VARIANTS_FP8_QUANT_FUSED_SAMPLED_MEAN=1 (read at import) turns it on
 V3_FUSED_SAMPLED_MEAN = _env.flag("FA_VARIANTS_FP8_QUANT_FUSED_SAMPLED_MEAN", False)
 #: v3: K's mean, which the smoothed K pass and Q's pass (the LSE shift) read per block, cp.async'd with the block's

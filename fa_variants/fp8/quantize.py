@@ -82,8 +82,9 @@ MIN_DESCALE = 2.0 ** MIN_DESCALE_EXPONENT
 GRANULARITIES = ("block", "head", "tensor")
 #: ``FP8Config.smooth_k_blocks``' default (read at import): None, K's mean over every token; an int m, over m
 #: evenly spaced K tiles (``k_sample_tiles``: the GPU pass then reads K once). FA_VARIANTS_FP8_SMOOTH_K_BLOCKS=m
-#: (0 or unset: None). The emulation's study (scripts/quant6_accuracy.py, bench/NOTES.md session 7) found m = 4 / 8 /
-#: 16 within the paired noise of the exact mean; the flip to 8 waits for the GPU pass's speed and the real-model study
+#: (0 or unset: None). On the emulation (scripts/quant6_accuracy.py, bench/NOTES.md session 7) m = 16 was within the
+#: paired noise of the exact mean on every input kind, m = 4 / 8 over all inputs but +2-3% on RoPE-biased K; the flip
+#: (NOTES' rule: 16, or 8) waits for the GPU pass's speed (scripts/quant6_gpu.sh)
 DEFAULT_SMOOTH_K_BLOCKS: int | None = (_env.integer("FA_VARIANTS_FP8_SMOOTH_K_BLOCKS", "0", 0, "K tiles; 0: every "
                                                     "token") or None)
 
