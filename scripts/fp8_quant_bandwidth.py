@@ -7,9 +7,9 @@ Per shape, pipeline ("v1": one launch per tensor, one block of loads in flight p
 "v2": three blocks in flight, K's mean summed in V's launch, K's blocks read last first; "v3": v2 with
 coalesced loads through a swizzled shared-memory stage and the blocks walked head fastest; "v3s": v3 with K's
 mean staged with each block's loads, ``quant_kernel.V3_STAGED_MEAN``; "v3sf": v3s with K's mean finished in V's
-launch, ``V3_FUSED_MEAN``; "v3ss": v3s with Q's / K's e4m3 stored through shared memory, ``V3_STAGED_STORE``; "v3so": v3s with more CTAs per SM
-for the Q / K passes, ``V3_OCCUPANCY``; "v3sso": both; "v3sfo": v3s with the fused mean for a sampled mean only
-(``V3_FUSED_SAMPLED_MEAN``) and ``V3_OCCUPANCY``;
+launch, ``V3_FUSED_MEAN``; "v3ss": v3s with Q's / K's e4m3 stored through shared memory, ``V3_STAGED_STORE``;
+"v3so": v3s with more CTAs per SM for the Q / K passes, ``V3_OCCUPANCY``; "v3sso": both; "v3sfo": v3s with the
+fused mean for a sampled mean only (``V3_FUSED_SAMPLED_MEAN``) and ``V3_OCCUPANCY``;
 ``quant_kernel``) and recipe (default:
 block scales + Hadamard + K smoothing; "no-smooth": the same without smoothing; "sampled8": the default with
 K's mean over 8 evenly spaced K tiles, ``FP8Config(smooth_k_blocks=8)``; "sampled16": over 16), one

@@ -19,8 +19,9 @@
 #    (both) x recipes default, sampled8, and for sampled8 also v3sf (+ the fused mean, V3_FUSED_MEAN: quant4 measured
 #    +1.3..+3.3 points with the sampled mean) and v3sfo (+ V3_FUSED_SAMPLED_MEAN, the same fused mean for a sampled
 #    mean only, + occupancy): the candidate default if the sampled mean is flipped; v3s and v3sfo also with
-#    sampled16 (smooth_k_blocks=16: the m the emulation's study prefers on RoPE-like K, bench/NOTES.md); B*N = 16k, H*D = 2048, D 64 / 128 / 256 + GQA; 4 rotated rounds (median), each row checked
-#    against the torch recipe; per-kernel times (torch.profiler); A/B lines: NEW / v3s gpu ms.
+#    sampled16 (smooth_k_blocks=16: the m the emulation's study prefers on RoPE-like K, bench/NOTES.md);
+#    B*N = 16k, H*D = 2048, D 64 / 128 / 256 + GQA; 4 rotated rounds (median), each row checked against the torch
+#    recipe; per-kernel times (torch.profiler); A/B lines: NEW / v3s gpu ms.
 # Pass (correctness): "== gpu_tests: rc=0" and "== gpu_tests_store: rc=0"; racecheck rc=0 with "CALLS 4 FAILED 0" and
 # 0 hazards; every bandwidth row "ok", each A/B line "all matched: True".
 # Flip rules (the lead; correctness passed): V3_OCCUPANCY = True if every "AB v3so/v3s" ratio <= 1.02 and the D=64

@@ -7,7 +7,8 @@ One task per (pipeline, dtype, head_dim, recipe): a tiny ``quant_kernel.quantize
 and -0.3) on the GPU, which compiles what that recipe launches (the stage count depends on the device, so
 running is the simplest way to name the passes). Tasks sharing a pass may both compile it; the disk cache
 keeps one whole copy. --unique: the tasks' calls run first in this process with the compile replaced by a
-recorder (no launch), then each distinct pass is compiled once by the workers (no GPU needed there). Prints one line per task and a summary; exit status 1 if a task failed.
+recorder (no launch), then each distinct pass is compiled once by the workers (no GPU needed there). Prints one
+line per task (pass) and a summary; exit status 1 if a task failed.
 """
 from __future__ import annotations
 
