@@ -223,7 +223,6 @@ V3_STAGED_MEAN = _env.flag("FA_VARIANTS_FP8_QUANT_STAGED_MEAN", True)
 #: import): auto (that rule), 1 (every head_dim), 0 (none)
 V3_STAGED_STORE: bool | None = {"auto": None, "1": True, "0": False}[
     _env.choice("FA_VARIANTS_FP8_QUANT_STAGED_STORE", "auto", ("auto", "1", "0"))]
-
 #: v3: more resident CTAs per SM for the Q / K passes whose registers allow it without spilling much
 #: (``PassConfig.min_ctas``, ptxas' register cap 65536 / (threads x CTAs)): (head_dim, rows) -> (CTAs per SM,
 #: stages). head_dim 64 K (rows 192, 192 threads): 2 CTAs at 147 registers (12 warps per SM) -> 3 at 96 (18 warps,
@@ -233,6 +232,7 @@ V3_STAGED_STORE: bool | None = {"auto": None, "1": True, "0": False}[
 #: (scripts/quant6_gpu.sh); FA_VARIANTS_FP8_QUANT_OCCUPANCY=1 (read at import) turns it on
 V3_OCCUPANCY = _env.flag("FA_VARIANTS_FP8_QUANT_OCCUPANCY", False)
 OCCUPANCY = {(64, 192): (3, 3), (64, 128): (5, 2), (128, 128): (3, 2)}
+
 
 def staged_store_for(head_dim: int) -> bool:
     """Whether v3 stores Q's / K's e4m3 through shared memory at this head_dim (``V3_STAGED_STORE``; None: only
