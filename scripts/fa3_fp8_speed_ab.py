@@ -144,13 +144,31 @@ D256B_VARIANTS: dict[int, dict[str, dict]] = {
           "single_overlap_halves": dict(two_level=False, pv_split=1, pv_buffers=1, intra_wg_overlap=True,
                                         s_lookahead=False, s_halves=True)},
 }
+# --set fp8mid (scripts/fp8mid_gpu.sh, session 7): the P V GEMM of a warpgroup overlapped with its own softmax at head_dim
+# 128 and 64. ovNNN: intra-warpgroup overlap, tile_n NNN (the SASS has the P V GEMM's wait before the exponentials:
+# no overlap); p2bufNNN: overlap with p_double_buffer (P into a second register buffer, the previous tile's promotion
+# and O's rescale at the start of the next step: no wait after the softmax); m128 / m192: 128 / 192 query rows;
+# lookNNNh: the head_dim 256 lookahead schedule (s_lookahead with S as two halves in the two P V temporaries);
+# c4: reduce_chains=4; m192_c4: session 6's serial 192 x 128; single*: one running accumulator (the two-level cost).
+# A variant whose tile_n is not the default's gets K/V scale blocks of its tile_n.
+_P2BUF = dict(intra_wg_overlap=True, p_double_buffer=True, reduce_chains=4)
+_LOOK = dict(s_lookahead=True, pv_buffers=2, pv_split=2, s_halves=True, reduce_chains=4)
+FP8MID_VARIANTS: dict[int, dict[str, dict]] = {
+    64: {"new": {}, "ov128_c4": dict(PRE64, reduce_chains=4), "p2buf128_c4": dict(_P2BUF, tile_n=128),
+         "m128_p2buf192_c4": dict(_P2BUF, tile_m=128), "single_c4": dict(two_level=False, reduce_chains=4)},
+    128: {"new": {}, "ov128_c4": dict(tile_n=128, intra_wg_overlap=True, reduce_chains=4),
+          "p2buf128_c4": dict(_P2BUF, tile_n=128), "p2buf160_c4": dict(_P2BUF, tile_n=160),
+          "m192_c4": dict(tile_m=192, tile_n=128, reduce_chains=4), "look128h_c4": dict(_LOOK, tile_n=128),
+          "m192_look128h_c4": dict(_LOOK, tile_m=192, tile_n=128),
+          "single_m192_c4": dict(two_level=False, tile_m=192, tile_n=128, reduce_chains=4)},
+}
 # bf16 fa3 variants timed beside "bf16_fa3" (its default) in --set fp8speed
 SPEED_BF16_VARIANTS: dict[int, dict[str, dict]] = {64: {"bf16_emu1": dict(exp2_emu=1)}}
 # kernels tests/test_fa3_fp8_speed_gpu.py needs besides the timed ones (kind, head_dim, change), both causal modes
 SPEED_TEST_KERNELS = [("fp8", 64, dict(exp2_emu=8)), ("bf16", 64, dict(exp2_emu=8)),
                       ("bf16", 128, dict(intra_wg_overlap=False, early_pv_arrive=True))]
 SETS = {"ab": (VARIANTS, {}), "fp8speed": (SPEED_VARIANTS, SPEED_BF16_VARIANTS), "fp8flip": (FLIP_VARIANTS, {}),
-        "fp8small": (FP8SMALL_VARIANTS, {}),
+        "fp8small": (FP8SMALL_VARIANTS, {}), "fp8mid": (FP8MID_VARIANTS, {}),
         "fp8d256": (D256_VARIANTS, {}), "fp8d256b": (D256B_VARIANTS, {})}
 LEGENDS = {
     "fp8speed": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs; new = the default then; single* = one "
@@ -166,6 +184,11 @@ LEGENDS = {
                 "skip_unit_rescale; early = early_pv_arrive; s2 = P V in two slices of d, two temporaries; tn192s = "
                 "192 x 192 serial; m192 = 192 x 128 serial, three warpgroups; single* = one running accumulator with the "
                 "same switches; bf16_fa3 = ours; flash_attn_4 = flash-attn-4 bf16.",
+    "fp8mid": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs (K/V scale blocks of the variant's "
+              "tile_n); new = the default (128: 128 x 256 serial; 64: 192 x 192 serial, reduce_chains 4); ovNNN = "
+              "intra-warpgroup overlap with tile_n NNN; p2bufNNN = the same with p_double_buffer (the P V GEMM under "
+              "the softmax); m128 / m192 = 128 / 192 query rows; lookNNNh = s_lookahead, S as two halves; c4 = "
+              "reduce_chains=4; single* = one running accumulator; bf16_fa3 = ours; flash_attn_4 = flash-attn-4 bf16.",
     "fp8d256": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs (K/V scale blocks of the variant's "
                "tile_n); new = the default (two-level, 128 x 128, four P V slices, s_lookahead with S in two halves); "
                "old = the serial default before; lookNN = s_lookahead with tile_n NN (_p8: eight P V slices, _stK: K "
@@ -253,7 +276,7 @@ def compile_jobs(head_dims, causals, tests: bool = True, variant_set: str = "ab"
     work += [("fp8", D, c, ch) for D in head_dims for c in causals for ch in fp8_variants[D].values()]
     work += [("recipe", D, c, ("bfloat16", ("block", True, True, True))) for D in head_dims for c in (False, True)]
     # their tests run both causal modes of every timed variant
-    if tests and variant_set in ("fp8speed", "fp8flip", "fp8small", "fp8d256", "fp8d256b"):
+    if tests and variant_set in ("fp8speed", "fp8flip", "fp8small", "fp8mid", "fp8d256", "fp8d256b"):
         work += [("fp8", D, c, ch) for D in head_dims for c in (False, True) for ch in fp8_variants[D].values()]
         work += [("bf16", D, c, ch) for D in head_dims for c in (False, True) for ch in bf16_variants.get(D, {}).values()]
         if variant_set == "fp8speed":
@@ -587,7 +610,7 @@ def halves_cost_lines(speed_rows: list[dict]) -> str:
 
 
 def two_level_target_lines(speed_rows: list[dict], variant_set: str = "fp8small") -> str:
-    """--set fp8small: issue 10's head_dim 64 / 128 targets with two-level accumulation on (the summary's "best fp8"
+    """--set fp8small / fp8mid: issue 10's head_dim 64 / 128 targets with two-level accumulation on (the summary's "best fp8"
     may be a single-accumulator baseline): per problem the best two-level variant / bf16 fa3 (1.4x at 128, 1.3x at
     64) and the two-level cost of that pair, best single / best two-level - 1 (<= 5%)."""
     lines = ["", "## issue 10 targets with the best two-level variant (two_level on; all problems)", ""]
@@ -707,7 +730,8 @@ def main() -> int:
                     help="ab: new vs old defaults (scripts/fa3_fp8_ab_gpu.sh); fp8speed: the speed switches "
                          "(SPEED_VARIANTS, scripts/fp8speed_gpu.sh); fp8flip: the session-5 defaults vs the previous "
                          "ones and descale_prefetch (FLIP_VARIANTS, scripts/fp8flip_gpu.sh); fp8small: head_dim 64/128 "
-                         "softmax chains, exp2_emu, prefetch (FP8SMALL_VARIANTS, scripts/fp8small_gpu.sh); "
+                         "softmax chains, exp2_emu, prefetch (FP8SMALL_VARIANTS, scripts/fp8small_gpu.sh); fp8mid: "
+                         "head_dim 64/128 P V overlap: p_double_buffer, lookahead (FP8MID_VARIANTS, scripts/fp8mid_gpu.sh); "
                          "fp8d256: head_dim 256 two-level schedules (D256_VARIANTS, scripts/fp8d256_gpu.sh); "
                          "fp8d256b: what S in two 64-key halves costs (D256B_VARIANTS, scripts/fp8d256b_gpu.sh)")
     ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128, 256], choices=[64, 128, 256])
@@ -734,8 +758,8 @@ def main() -> int:
     if args.quick:
         args.head_dims, args.seqlens, args.causal, args.rounds = [128], [4096], "no", 3
     args.causal = {"no": [False], "yes": [True], "both": [False, True]}[args.causal]
-    if args.set == "fp8small":  # head_dim 64 and 128 only
-        args.head_dims = [d for d in args.head_dims if d in FP8SMALL_VARIANTS]
+    if args.set in ("fp8small", "fp8mid"):  # head_dim 64 and 128 only
+        args.head_dims = [d for d in args.head_dims if d in SETS[args.set][0]]
     if args.plan:
         print(plan(args))
         return 0
@@ -751,12 +775,12 @@ def main() -> int:
             return 1 if bad else 0
     speed_rows = speed(args, args.out)
     print(f"speed done at {time.time() - t0:.0f}s", flush=True)
-    if args.set in ("fp8speed", "fp8flip", "fp8small", "fp8d256", "fp8d256b"):
+    if args.set in ("fp8speed", "fp8flip", "fp8small", "fp8mid", "fp8d256", "fp8d256b"):
         text = speed_summary(speed_rows, variant_errors(args, args.out) if args.errors else [], args.set)
         if args.set == "fp8d256b":
             text += halves_cost_lines(speed_rows)
-        if args.set == "fp8small":
-            text += two_level_target_lines(speed_rows)
+        if args.set in ("fp8small", "fp8mid"):
+            text += two_level_target_lines(speed_rows, args.set)
     else:
         error_rows = errors(args, args.out) if args.errors else []
         stats = []

@@ -81,6 +81,19 @@ FP8SMALL_VARIANTS = {
     "fp8small-d128-single_m192_c4": (128, dict(two_level=False, tile_m=192, tile_n=128, reduce_chains=4)),
 }
 
+# session 7, head_dim 64 / 128 (scripts/fa3_fp8_speed_ab.py FP8MID_VARIANTS, "fp8mid-d<D>-<name>"): intra-warpgroup overlap
+# with p_double_buffer (fa3-fp8's deferred promotion: the previous tile's temporary added into O at the start of the
+# next step), and the head_dim 256 lookahead schedule (s_lookahead, S in the two P V temporaries) at 128
+_P2BUF = dict(intra_wg_overlap=True, p_double_buffer=True, reduce_chains=4)
+_LOOK = dict(s_lookahead=True, pv_buffers=2, pv_split=2, s_halves=True, reduce_chains=4)
+FP8MID_VARIANTS = {
+    "fp8mid-d64-p2buf128_c4": (64, dict(_P2BUF, tile_n=128)),
+    "fp8mid-d64-m128_p2buf192_c4": (64, dict(_P2BUF, tile_m=128)),
+    "fp8mid-d128-p2buf128_c4": (128, dict(_P2BUF, tile_n=128)),
+    "fp8mid-d128-p2buf160_c4": (128, dict(_P2BUF, tile_n=160)),
+    "fp8mid-d128-look128h_c4": (128, dict(_LOOK, tile_n=128)),
+    "fp8mid-d128-m192_look128h_c4": (128, dict(_LOOK, tile_m=192, tile_n=128)),
+}
 
 def _inputs(shape, head_dim, seed):
     B, Nq, Nk, H, Hkv = shape
@@ -91,13 +104,13 @@ def _inputs(shape, head_dim, seed):
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
-@pytest.mark.parametrize("variant", [*FP8_VARIANTS, *FP8SMALL_VARIANTS])
+@pytest.mark.parametrize("variant", [*FP8_VARIANTS, *FP8SMALL_VARIANTS, *FP8MID_VARIANTS])
 def test_fp8_variant_vs_emulation(fp8_kernel, variant, shape, causal, request, nan_allocations):
     from fa_variants import fp8
     from fa_variants.fp8.quantize import quantize_fp8_torch
     from fa_variants.reference import attention_reference
 
-    D, change = {**FP8_VARIANTS, **FP8SMALL_VARIANTS}[variant]
+    D, change = {**FP8_VARIANTS, **FP8SMALL_VARIANTS, **FP8MID_VARIANTS}[variant]
     cfg = dataclasses.replace(fp8_kernel.DEFAULT_CONFIGS[D], **change)
     seed = zlib.crc32(request.node.nodeid.encode())
     q, k, v = _inputs(shape, D, seed)

@@ -194,6 +194,33 @@ def test_fa3_fp8_speed_ab_fp8d256b_halves_cost(capsys, monkeypatch):
     assert "hypothesis (>= 6%) REJECTED" in ab.halves_cost_lines(speed)
 
 
+def test_fa3_fp8_speed_ab_fp8mid_set(capsys, monkeypatch):
+    """--set fp8mid (scripts/fp8mid_gpu.sh): head_dim 64/128 only; every timed two-level variant but the default and
+    the overlap controls (ov*: configs timed before, no new code) is run by tests/test_fa3_fp8_speed_gpu.py with the same
+    change (its fp8mid table, or session 6's fp8small one); all compiled in both causal modes, valid configs; the
+    summary reports the two-level targets."""
+    import test_fa3_fp8_speed_gpu as gpu_tests
+
+    ab = load_script("fa3_fp8_speed_ab")
+    monkeypatch.setattr("sys.argv", ["fa3_fp8_speed_ab.py", "--plan", "--set", "fp8mid"])
+    assert ab.main() == 0
+    out = capsys.readouterr().out
+    assert "set: fp8mid" in out and "head dims [64, 128]" in out
+    jobs = set(ab.compile_jobs([64, 128], [False], variant_set="fp8mid"))
+    tested = {**gpu_tests.FP8SMALL_VARIANTS, **gpu_tests.FP8MID_VARIANTS}
+    for D, variants in ab.FP8MID_VARIANTS.items():
+        for name, change in variants.items():
+            ab.kernel_config(D, change).check(D)
+            if name != "new" and not name.startswith(("single", "ov")):
+                assert (D, change) in tested.values(), name
+            for causal in (False, True):
+                assert ("fp8", D, causal, ab._freeze(change)) in jobs, (name, causal)
+    assert all(name.split("-", 2)[2] in ab.FP8MID_VARIANTS[D] for name, (D, _) in gpu_tests.FP8MID_VARIANTS.items())
+    speed = [dict(head_dim=128, seqlen=4096, causal=False, impl=n, tflops=t)
+             for n, t in dict(new=800.0, p2buf128_c4=950.0, single_m192_c4=960.0, bf16_fa3=650.0).items()]
+    assert "p2buf128_c4 950 TFLOP/s = 1.46x bf16 fa3 (target >= 1.4): met, two-level cost +1.1%" in \
+        ab.two_level_target_lines(speed, "fp8mid")
+
 @pytest.mark.parametrize("backend", ["fa1", "fa2", "fa3", "fa3-fp8"])
 def test_sanitize_plan_reads_the_registry(backend):
     """The worker's (dtype, head_dims) come from the one registry (a renamed dispatch helper broke every pair
