@@ -2,7 +2,8 @@
 ``early_pv_arrive`` (the ping-pong turn handed on right after the P V GEMM's issue), ``skip_unit_rescale`` in fa3-fp8
 (O *= alpha skipped when no row max of the thread moved), ``exp2_emu`` (some exponentials computed with FMAs,
 ``common.exp2_poly``), ``descale_prefetch`` (K/V descales read ahead), ``reduce_chains`` (row max and row sum in independent chains; session 6,
-head_dim 64/128: ``FP8SMALL_VARIANTS``), the defaults before session 5 ("old"), and the
+head_dim 64/128: ``FP8SMALL_VARIANTS``), ``p_double_buffer`` and the lookahead schedule at 64/128 (session 7:
+``FP8MID_VARIANTS``), the defaults before session 5 ("old"), and the
 combinations scripts/fa3_fp8_speed_ab.py times (``--set fp8speed`` / ``fp8flip``, whose precompile builds these).
 
 fa3-fp8: the kernel against its emulation on the same quantised inputs (default recipe; its two_level and
