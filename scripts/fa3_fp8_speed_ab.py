@@ -553,9 +553,9 @@ def speed_summary(speed_rows: list[dict], error_rows: list[dict], variant_set: s
     if variant_set == "fp8flip":
         lines += flip_lines(probs)
     if error_rows:
-        worst = max(error_rows, key=lambda r: r["kernel_vs_emulation"])
-        lse = max(error_rows, key=lambda r: r["lse_max_diff"])
-        gap = max(error_rows, key=lambda r: r["kernel_vs_float64"] / r["emulation_vs_float64"])
+        worst = max(error_rows, key=lambda r: _nan_last(r["kernel_vs_emulation"]))
+        lse = max(error_rows, key=lambda r: _nan_last(r["lse_max_diff"]))
+        gap = max(error_rows, key=lambda r: _nan_last(r["kernel_vs_float64"] / r["emulation_vs_float64"]))
         lines += ["", "## pass criteria of this change (accuracy of every variant; N(0,1), B=1, H=4)", "",
                   f"- kernel vs emulation rel-L2 <= {REL_L2_BOUND:g}: worst {worst['kernel_vs_emulation']:.2e} "
                   f"(d{worst['head_dim']} {worst['variant']} causal={int(worst['causal'])}): "
@@ -565,7 +565,19 @@ def speed_summary(speed_rows: list[dict], error_rows: list[dict], variant_set: s
                   f"- kernel vs float64 within 1.02x of the emulation's: worst "
                   f"{gap['kernel_vs_float64'] / gap['emulation_vs_float64']:.3f}x (d{gap['head_dim']} {gap['variant']}): "
                   f"{'PASS' if gap['kernel_vs_float64'] / gap['emulation_vs_float64'] <= 1.02 else 'FAIL'}"]
+        if variant_set == "fp8mid":  # per variant: a failing one (p_double_buffer's causal bug) must not hide the others
+            lines += ["", "kernel vs emulation rel-L2 per variant (causal 0 / 1):", ""]
+            for D in sorted({r["head_dim"] for r in error_rows}):
+                for name in fp8_variants[D]:
+                    rel = {r["causal"]: r["kernel_vs_emulation"] for r in error_rows if (r["head_dim"], r["variant"]) == (D, name)}
+                    lines.append(f"- d{D} {name}: " + " / ".join(f"{rel[c]:.2e}" if c in rel else "-" for c in (False, True)))
     return "\n".join(lines) + "\n"
+
+
+def _nan_last(x: float) -> float:
+    """A max() key that ranks NaN (a kernel that left NaN in its output) above every number, so the worst line names it
+    and its comparison with the bound says FAIL."""
+    return math.inf if math.isnan(x) else x
 
 
 def flip_lines(probs: dict) -> list[str]:
