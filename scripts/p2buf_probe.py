@@ -40,8 +40,9 @@ def _nan_empty():
     return restore
 
 
-def report(name: str, out: torch.Tensor, lse: torch.Tensor, ref: torch.Tensor) -> str:
-    """One line per m_block with a problem (NaN, NaN LSE or max error > 0.05), else one 'clean' line."""
+def report(name: str, out: torch.Tensor, lse: torch.Tensor, ref: torch.Tensor, nk: int) -> str:
+    """One line per m_block with a problem (NaN, NaN LSE or max error > 0.05; with its K/V tile count, causal
+    bottom-right, 128-key tiles), else one 'clean' line."""
     o = out[0, :, 0].float()  # (Nq, D)
     r = ref[0, :, 0].float()
     lines = []
@@ -53,7 +54,8 @@ def report(name: str, out: torch.Tensor, lse: torch.Tensor, ref: torch.Tensor) -
         err = float((blk - rb).abs()[finite].max()) if finite.any() else math.nan
         lse_nan = int(lse[0, 0, rows].isnan().sum())
         if sum(nan_wg) or lse_nan or not err <= 0.05:
-            lines.append(f"  {name} m_block {m}: NaN O {nan_wg[0]} / {nan_wg[1]} (warpgroup 0 / 1), NaN LSE rows {lse_nan}, "
+            n_kv = -(-min(nk, (m + 1) * TILE_M + nk - o.shape[0]) // TILE_M)
+            lines.append(f"  {name} m_block {m} ({n_kv} K/V tiles): NaN O {nan_wg[0]} / {nan_wg[1]} (warpgroup 0 / 1), NaN LSE rows {lse_nan}, "
                          f"max |err| {err:.3g}")
     return "\n".join(lines) if lines else f"  {name}: clean (every m_block)"
 
@@ -93,7 +95,7 @@ def main() -> int:
                 continue
             finally:
                 restore()
-            print(report(name, out, lse, ref), flush=True)
+            print(report(name, out, lse, ref, nk), flush=True)
     return 0
 
 
