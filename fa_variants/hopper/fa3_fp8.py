@@ -62,7 +62,10 @@ scales (one descale per 128 query rows and per ``tile_n`` keys, ``fa_variants.fp
   power-of-two descales (every quantiser's) v_descale tmp is exact: tiles where no max moved give bitwise the
   old O, the others one more fp32 rounding (of alpha O), the emulation's own order (``fp8.emulation``).
   ``exp2_emu`` (``common.exp2_poly``) computes some of P's exponentials with FMAs instead of MUFU.EX2 (head_dim
-  64 is bound by the MUFU and the issue slots); the emulation models it.
+  64 is bound by the MUFU and the issue slots); the emulation models it. ``p_double_buffer`` (session 7, with
+  intra_wg_overlap): with one P buffer ptxas waits for the P V GEMM before the softmax's exponentials, so the
+  overlapped step never overlaps; with it the previous tile's promotion and O's rescale move to the start of the next
+  step and the P V GEMM runs under the softmax (``Fp8Config``).
   A promotion interval (``promote_every``) needs a temporary for the whole of d that lives across the S GEMM and
   the softmax: at head_dim 256 (O 128 + temporary 128 registers per thread) it cannot fit, at 128 with 256-key
   tiles it spills (S 128 + O 64 + temporary 64); it is built for head_dim 64 and for 128 with 128-key tiles.
