@@ -149,13 +149,15 @@ D256B_VARIANTS: dict[int, dict[str, dict]] = {
 # no overlap); p2bufNNN: overlap with p_double_buffer (P into a second register buffer, the previous tile's promotion
 # and O's rescale at the start of the next step: no wait after the softmax); m128 / m192: 128 / 192 query rows;
 # lookNNNh: the head_dim 256 lookahead schedule (s_lookahead with S as two halves in the two P V temporaries);
-# c4: reduce_chains=4; m192_c4: session 6's serial 192 x 128; single*: one running accumulator (the two-level cost).
+# c4: reduce_chains=4; _emu2: exp2_emu=2 (2 of 8 exponentials on the FMA pipe: measured neutral only where the
+# overlap was broken); m192_c4: session 6's serial 192 x 128; single*: one running accumulator (the two-level cost).
 # A variant whose tile_n is not the default's gets K/V scale blocks of its tile_n.
 _P2BUF = dict(intra_wg_overlap=True, p_double_buffer=True, reduce_chains=4)
 _LOOK = dict(s_lookahead=True, pv_buffers=2, pv_split=2, s_halves=True, reduce_chains=4)
 FP8MID_VARIANTS: dict[int, dict[str, dict]] = {
     64: {"new": {}, "ov128_c4": dict(PRE64, reduce_chains=4), "p2buf128_c4": dict(_P2BUF, tile_n=128),
-         "m128_p2buf192_c4": dict(_P2BUF, tile_m=128), "single_c4": dict(two_level=False, reduce_chains=4)},
+         "m128_p2buf192_c4": dict(_P2BUF, tile_m=128), "p2buf128_c4_emu2": dict(_P2BUF, tile_n=128, exp2_emu=2),
+         "single_c4": dict(two_level=False, reduce_chains=4)},
     128: {"new": {}, "ov128_c4": dict(tile_n=128, intra_wg_overlap=True, reduce_chains=4),
           "p2buf128_c4": dict(_P2BUF, tile_n=128), "p2buf160_c4": dict(_P2BUF, tile_n=160),
           "m192_c4": dict(tile_m=192, tile_n=128, reduce_chains=4), "look128h_c4": dict(_LOOK, tile_n=128),
@@ -190,7 +192,7 @@ LEGENDS = {
     "fp8mid": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs (K/V scale blocks of the variant's "
               "tile_n); new = the default (128: 128 x 256 serial; 64: 192 x 192 serial, reduce_chains 4); ovNNN = "
               "intra-warpgroup overlap with tile_n NNN; p2bufNNN = the same with p_double_buffer (the P V GEMM under "
-              "the softmax); m128 / m192 = 128 / 192 query rows; lookNNNh = s_lookahead, S as two halves; c4 = "
+              "the softmax); m128 / m192 = 128 / 192 query rows; lookNNNh = s_lookahead, S as two halves; emu2 = exp2_emu=2; c4 = "
               "reduce_chains=4; single* = one running accumulator; bf16_fa3 = ours (bf16_p2buf: with p_double_buffer, "
               "causal output wrong: known bug); flash_attn_4 = flash-attn-4 bf16.",
     "fp8d256": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs (K/V scale blocks of the variant's "

@@ -90,6 +90,7 @@ _LOOK = dict(s_lookahead=True, pv_buffers=2, pv_split=2, s_halves=True, reduce_c
 FP8MID_VARIANTS = {
     "fp8mid-d64-p2buf128_c4": (64, dict(_P2BUF, tile_n=128)),
     "fp8mid-d64-m128_p2buf192_c4": (64, dict(_P2BUF, tile_m=128)),
+    "fp8mid-d64-p2buf128_c4_emu2": (64, dict(_P2BUF, tile_n=128, exp2_emu=2)),
     "fp8mid-d128-p2buf128_c4": (128, dict(_P2BUF, tile_n=128)),
     "fp8mid-d128-p2buf160_c4": (128, dict(_P2BUF, tile_n=160)),
     "fp8mid-d128-look128h_c4": (128, dict(_LOOK, tile_n=128)),
