@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# fp8mid_gpu.sh: issue 10, session 7, fa3-fp8 at head_dim 128 and 64 on one H200 (<= 100 s; step limits 28+30+30+12):
+# fp8mid_gpu.sh: issue 10, session 7, fa3-fp8 at head_dim 128 and 64 on one H200 (<= 100 s; step limits 28+30+33+9):
 # the P V GEMM of a warpgroup run under its own softmax (scripts/fa3_fp8_speed_ab.py --set fp8mid), each off by default.
 # Read in the SASS on the CPU: with intra-warpgroup overlap and one P buffer, ptxas puts the P V GEMM's wait
 # (WARPGROUP.DEPBAR 0) before all 66 exponentials of the step, so the overlap never happens; p_double_buffer (now built
@@ -41,8 +41,8 @@ step precompile 28 "${AB[@]}" --phase precompile --jobs 14
 NPROC=$(python3 -c "import xdist" 2>/dev/null && echo "-n 12" || echo "")
 step variant_tests 30 python3 -m pytest -q $NPROC -m gpu tests/test_fa3_fp8_speed_gpu.py -k "fp8mid and not emu2" \
   -p no:cacheprovider --tb=line -rfE
-step speed_ab 30 "${AB[@]}" --phase measure --rounds 6
-step p2buf_probe 12 python3 scripts/p2buf_probe.py
+step speed_ab 33 "${AB[@]}" --phase measure --rounds 6
+step p2buf_probe 9 python3 scripts/p2buf_probe.py
 pack_logs "$out/fp8mid.tar.gz" && rm -rf "$work"
 echo; tar -xzOf "$out/fp8mid.tar.gz" fp8mid/precompile.log | grep -E "precompile:|FAILED" | head -8
 echo "-- variant_tests"
