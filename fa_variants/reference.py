@@ -185,6 +185,8 @@ def _nonfinite_keys(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]
 
     A key the mask hides from a row must contribute exactly 0 to it, even when V is inf or NaN there
     (P = 0 times V = inf would be NaN in P V); such keys are added back by ``_masked_product``."""
+    if v.device.type == "meta":  # no values to look at (shapes only)
+        return v, None
     bad = (~torch.isfinite(v)).flatten(2).any(dim=2).any(dim=0)  # (Nk,): a key with a non-finite V anywhere
     if not bad.any():
         return v, None

@@ -1,0 +1,53 @@
+"""Regressions found by driving the public surface as a user would (session 7, "breaker"): each test failed
+before its fix. CPU only, seconds: the reference backend, torch.compile with the aot_eager compiler (no C++
+build), the CLI in-process.
+
+The float64 reference here is written out (a dense mask, ``repeat_interleave`` for GQA), independent of
+``fa_variants.reference``.
+"""
+import math
+
+import pytest
+import torch
+
+import fa_variants
+
+
+def _reference64(q, k, v, causal=False, softmax_scale=None):
+    """(out, lse) in float64: q (B, Nq, H, D), k, v (B, Nk, Hkv, D); bottom-right causal (key j visible to
+    query i iff j <= i + Nk - Nq); a row that sees no key gives 0 and -inf."""
+    q, k, v = (t.double() for t in (q, k, v))
+    nq, heads, head_dim = q.shape[1], q.shape[2], q.shape[3]
+    nk, group = k.shape[1], heads // k.shape[2]
+    scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else softmax_scale
+    k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    if causal:
+        visible = torch.arange(nk)[None, :] <= torch.arange(nq)[:, None] + (nk - nq)
+        s = s.masked_fill(~visible, -math.inf)
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.where(torch.isinf(lse)[..., None], torch.zeros_like(s), torch.exp(s - lse[..., None]))
+    return torch.einsum("bhqk,bkhd->bqhd", p, v), lse
+
+
+def _qkv(batch=2, seqlen_q=5, seqlen_k=7, heads=4, heads_kv=2, head_dim=8, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(batch, seqlen_q, heads, head_dim, generator=g, dtype=dtype),
+            torch.randn(batch, seqlen_k, heads_kv, head_dim, generator=g, dtype=dtype),
+            torch.randn(batch, seqlen_k, heads_kv, head_dim, generator=g, dtype=dtype))
+
+
+# ---------------------------------------------------------------------------------------- meta tensors
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_meta_tensors_give_meta_outputs_of_the_right_shapes(causal):
+    """Shape inference on the meta device (a model built under ``torch.device("meta")``): before, the reference
+    path looked for non-finite V values (``bad.any()``) and raised 'Tensor.item() cannot be called on meta
+    tensors' from deep inside."""
+    q, k, v = (t.to("meta") for t in _qkv(seqlen_q=9, seqlen_k=4))
+    out, lse = fa_variants.attention(q, k, v, causal=causal, return_lse=True)
+    assert out.device.type == "meta" and out.shape == q.shape and out.dtype == q.dtype
+    assert lse.device.type == "meta" and lse.shape == (2, 4, 9) and lse.dtype == torch.float32
+    sdpa = fa_variants.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                    enable_gqa=True)
+    assert sdpa.device.type == "meta" and sdpa.shape == (2, 4, 9, 8)
