@@ -51,3 +51,31 @@ def test_meta_tensors_give_meta_outputs_of_the_right_shapes(causal):
     sdpa = fa_variants.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                     enable_gqa=True)
     assert sdpa.device.type == "meta" and sdpa.shape == (2, 4, 9, 8)
+
+
+# ------------------------------------------------------------------------- torch.compile, symbolic scale
+
+def _attention_scaled_by_head_dim(q, k, v):
+    return fa_variants.attention(q, k, v, causal=True, softmax_scale=q.size(-1) ** -0.5)
+
+
+def _sdpa_scaled_by_head_dim(q, k, v):  # PyTorch layout
+    return fa_variants.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0 / math.sqrt(q.shape[-1]),
+                                                    enable_gqa=True)
+
+
+@pytest.mark.parametrize("fn", [_attention_scaled_by_head_dim, _sdpa_scaled_by_head_dim], ids=["attention", "sdpa"])
+def test_a_scale_computed_from_a_dynamic_head_dim_compiles_fullgraph(fn):
+    """torch.compile(dynamic=True, fullgraph=True) with softmax_scale = q.size(-1) ** -0.5 (a SymFloat): before,
+    ``math.isfinite`` in the scale check made Dynamo stop with 'Unsupported: torch.* op returned non-Tensor'."""
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True, dynamic=True, backend="aot_eager")
+    for head_dim, nq, nk in ((8, 5, 7), (16, 6, 6)):
+        q, k, v = _qkv(seqlen_q=nq, seqlen_k=nk, head_dim=head_dim, seed=head_dim)
+        if fn is _sdpa_scaled_by_head_dim:
+            k, v = k[:, :nq], v[:, :nq]  # SDPA's causal needs seqlen_q == seqlen_k
+            got = compiled(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+        else:
+            got = compiled(q, k, v)
+        want, _ = _reference64(q, k, v, causal=True)
+        assert (got.double() - want).abs().max().item() < 1e-5

@@ -27,6 +27,9 @@ MAX_SOFTMAX_SCALE = FLOAT32_MAX / LOG2_E
 def check_softmax_scale(softmax_scale) -> float:
     """``softmax_scale`` as a float, if legal.
 
+    Plain comparisons only (no ``math.isfinite``), so that a symbolic float of torch.compile with dynamic
+    shapes (``q.size(-1) ** -0.5``, a ``torch.SymFloat``) is checked by guards instead of breaking the graph.
+
     Raises:
         TypeError: not a real number (a bool counts as not).
         ValueError: not finite, an int beyond float range, or |softmax_scale| > MAX_SOFTMAX_SCALE.
@@ -38,7 +41,7 @@ def check_softmax_scale(softmax_scale) -> float:
     except OverflowError:  # an int beyond float range
         raise ValueError(f"softmax_scale must be finite, got an int of {len(str(abs(softmax_scale)))} "
                          "digits") from None
-    if not math.isfinite(scale):
+    if not -math.inf < scale < math.inf:  # False for inf and NaN
         raise ValueError(f"softmax_scale must be finite, got {scale}")
     if abs(scale) > MAX_SOFTMAX_SCALE:
         raise ValueError(f"softmax_scale {scale:g} is out of range: |softmax_scale| must be <= "
