@@ -361,6 +361,10 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         raise ValueError(f"dropout_p must be 0.0 (forward inference only), got {dropout_p!r}")
     if not isinstance(enable_gqa, bool):
         raise TypeError(f"enable_gqa must be a bool, got {enable_gqa!r}")
+    if not isinstance(is_causal, bool):  # attention() would name them causal and softmax_scale
+        raise TypeError(f"is_causal must be a bool, got {is_causal!r}")
+    if scale is not None:
+        check_softmax_scale(scale, "scale")
     if is_causal and q.shape[1] != k.shape[1]:
         raise ValueError(f"is_causal with seqlen_q {q.shape[1]} != seqlen_k {k.shape[1]}: PyTorch aligns "
                          "the causal mask top-left, fa_variants bottom-right; call fa_variants.attention "

@@ -79,3 +79,20 @@ def test_a_scale_computed_from_a_dynamic_head_dim_compiles_fullgraph(fn):
             got = compiled(q, k, v)
         want, _ = _reference64(q, k, v, causal=True)
         assert (got.double() - want).abs().max().item() < 1e-5
+
+
+# ------------------------------------------------------------------------------ SDPA names its arguments
+
+@pytest.mark.parametrize("kwargs, exc, message", [
+    (dict(is_causal=1), TypeError, r"^is_causal must be a bool, got 1$"),
+    (dict(is_causal=None), TypeError, r"^is_causal must be a bool, got None$"),
+    (dict(scale="0.5"), TypeError, r"^scale must be a real number or None, got '0.5'$"),
+    (dict(scale=math.nan), ValueError, r"^scale must be finite, got nan$"),
+    (dict(scale=1e39), ValueError, r"^scale 1e\+39 is out of range: \|scale\| must be"),
+])
+def test_sdpa_errors_name_its_own_arguments(kwargs, exc, message):
+    """scaled_dot_product_attention's keywords are is_causal and scale: before, a bad one was reported as
+    'causal must be a bool' / 'softmax_scale must be ...', names the caller never wrote."""
+    q, k, v = (t.transpose(1, 2) for t in _qkv(seqlen_q=5, seqlen_k=5))
+    with pytest.raises(exc, match=message):
+        fa_variants.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kwargs)

@@ -24,8 +24,8 @@ FLOAT32_TINY = 1.1754943508222875e-38  # smallest normal float32
 MAX_SOFTMAX_SCALE = FLOAT32_MAX / LOG2_E
 
 
-def check_softmax_scale(softmax_scale) -> float:
-    """``softmax_scale`` as a float, if legal.
+def check_softmax_scale(softmax_scale, name: str = "softmax_scale") -> float:
+    """``softmax_scale`` as a float, if legal; ``name``: the argument the messages name (SDPA's ``scale``).
 
     Plain comparisons only (no ``math.isfinite``), so that a symbolic float of torch.compile with dynamic
     shapes (``q.size(-1) ** -0.5``, a ``torch.SymFloat``) is checked by guards instead of breaking the graph.
@@ -35,16 +35,16 @@ def check_softmax_scale(softmax_scale) -> float:
         ValueError: not finite, an int beyond float range, or |softmax_scale| > MAX_SOFTMAX_SCALE.
     """
     if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
-        raise TypeError(f"softmax_scale must be a real number or None, got {softmax_scale!r}")
+        raise TypeError(f"{name} must be a real number or None, got {softmax_scale!r}")
     try:
         scale = float(softmax_scale)
     except OverflowError:  # an int beyond float range
-        raise ValueError(f"softmax_scale must be finite, got an int of {len(str(abs(softmax_scale)))} "
+        raise ValueError(f"{name} must be finite, got an int of {len(str(abs(softmax_scale)))} "
                          "digits") from None
     if not -math.inf < scale < math.inf:  # False for inf and NaN
-        raise ValueError(f"softmax_scale must be finite, got {scale}")
+        raise ValueError(f"{name} must be finite, got {scale}")
     if abs(scale) > MAX_SOFTMAX_SCALE:
-        raise ValueError(f"softmax_scale {scale:g} is out of range: |softmax_scale| must be <= "
+        raise ValueError(f"{name} {scale:g} is out of range: |{name}| must be <= "
                          f"{MAX_SOFTMAX_SCALE:.4g} (the kernels compute softmax_scale * log2(e) in float32)")
     return scale
 
