@@ -96,3 +96,40 @@ def test_sdpa_errors_name_its_own_arguments(kwargs, exc, message):
     q, k, v = (t.transpose(1, 2) for t in _qkv(seqlen_q=5, seqlen_k=5))
     with pytest.raises(exc, match=message):
         fa_variants.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kwargs)
+
+
+# ------------------------------------------------------------------------------------ fa-variants warmup
+
+def _warmup(capsys, monkeypatch, tmp_path, *argv):
+    from fa_variants import cli
+
+    monkeypatch.setenv("FA_VARIANTS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")  # warmup sets it for the DSL; restored after the test
+    status = cli.main(["warmup", "--no-progress", *argv])
+    return status, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("--arch", "sm_90", "--head-dims", "128"), r"--arch sm_90: .*sm_90a"),    # the 'a' forgotten
+    (("--arch", "sm_7", "--head-dims", "128"), r"--arch sm_7: .*sm_80"),      # was "invalid literal for int()"
+    (("--arch", "sm_90a", "--head-dims", "128", "--backends", "fa3,fa-3"), r"--backends fa-3: .*fa3"),
+    (("--arch", "sm_90a", "--head-dims", "7"), r"nothing to compile.*head_dim 7"),
+])
+def test_warmup_that_would_compile_nothing_is_an_error(capsys, monkeypatch, tmp_path, argv, message):
+    """Before, a mistyped arch or backend name, or a head_dim no kernel serves, printed '0 kernels' and exited 0:
+    a deployment's warm-up step 'succeeded' and every first call compiled after all."""
+    status, err = _warmup(capsys, monkeypatch, tmp_path, *argv)
+    assert status == 2
+    assert len(err.strip().splitlines()) >= 1 and "Traceback" not in err
+    assert __import__("re").search(message, err.strip().splitlines()[-1]), err
+
+
+@pytest.mark.parametrize("text", ["[]", "3", '"config"'])
+def test_warmup_model_file_that_is_not_a_json_object_is_one_line(capsys, monkeypatch, tmp_path, text):
+    """--model with valid JSON that is not an object raised AttributeError ("'list' object has no attribute
+    'get'") with a traceback."""
+    config = tmp_path / "config.json"
+    config.write_text(text)
+    status, err = _warmup(capsys, monkeypatch, tmp_path, "--arch", "sm_90a", "--model", str(config))
+    assert status == 2 and "Traceback" not in err
+    assert str(config) in err and "JSON object" in err

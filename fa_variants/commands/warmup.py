@@ -53,6 +53,8 @@ def model_shape(path: str) -> dict:
     """head_dim, heads, heads_kv and dtype of a Hugging Face style config.json (head_dim, or hidden_size /
     num_attention_heads; num_key_value_heads defaults to num_attention_heads; torch_dtype / dtype)."""
     cfg = json.loads(Path(path).read_text())
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{path}: a config.json holds a JSON object, got a {type(cfg).__name__}")
     cfg = cfg.get("text_config", cfg)
     try:
         heads = int(cfg["num_attention_heads"])
@@ -137,6 +139,7 @@ def run_cli(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 2
         arch = interop.device_arch(torch.cuda.current_device())
+    _check_names(arch, args.backends)
     os.environ["CUTE_DSL_ARCH"] = arch  # read when the DSL loads (on the first compile)
     head_dims, dtypes = list(args.head_dims or []), list(args.dtypes or [])
     groups = (args.gqa[0] // args.gqa[1],) if args.gqa else ()
@@ -157,6 +160,10 @@ def run_cli(args: argparse.Namespace) -> int:
     configs, notes = plan(backends, arch, dtypes, head_dims, causal, groups)
     for note in notes:
         print(note, file=sys.stderr)
+    if not configs:  # a warm-up that warms nothing is a mistake, not a success
+        raise ValueError(f"nothing to compile for {arch} ({', '.join(backends) or 'no kernel backend'}; "
+                         f"head_dim {','.join(map(str, head_dims))}; {','.join(dtypes)})"
+                         + (": every combination was skipped (above)" if notes else ""))
     pruned = [str(p) for p in diskcache.prune()] if args.prune else []
     records = warmup(configs, progress=not args.no_progress)
     counts = {how: sum(r["how"] == how for r in records) for how in ("compiled", "on disk", "in memory")}
@@ -165,6 +172,19 @@ def run_cli(args: argparse.Namespace) -> int:
     print(json.dumps({"arch": arch, "directory": str(diskcache.root() / diskcache.fingerprint()), **counts,
                       "skipped": notes, "pruned": pruned, "kernels": records}))
     return 0
+
+
+def _check_names(arch: str, backends: list[str] | None) -> None:
+    """ValueError naming the flag for an --arch the kernels are not built for (``compile.ARCHS``; 'sm_90' for
+    'sm_90a') or a --backends name the registry does not know."""
+    from fa_variants.commands.compile import ARCHS
+
+    if arch not in ARCHS:
+        hint = f" (did you mean {arch}a?)" if arch + "a" in ARCHS else ""
+        raise ValueError(f"--arch {arch}: not a compile target{hint}; choose from {', '.join(ARCHS)}")
+    unknown = [b for b in backends or () if b not in registry.ENTRIES]
+    if unknown:
+        raise ValueError(f"--backends {','.join(unknown)}: unknown; choose from {', '.join(KERNEL_BACKENDS)}")
 
 
 def _auto_backends(arch: str) -> list[str]:
