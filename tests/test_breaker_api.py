@@ -133,3 +133,23 @@ def test_warmup_model_file_that_is_not_a_json_object_is_one_line(capsys, monkeyp
     status, err = _warmup(capsys, monkeypatch, tmp_path, "--arch", "sm_90a", "--model", str(config))
     assert status == 2 and "Traceback" not in err
     assert str(config) in err and "JSON object" in err
+
+
+# --------------------------------------------------------------------------------------- FP8 emulation
+
+@pytest.mark.parametrize("kwargs, exc, message", [
+    (dict(inputs="x"), TypeError, r"^inputs must be FP8Inputs .*got str$"),
+    (dict(causal=1), TypeError, r"^causal must be a bool, got 1$"),
+    (dict(out_dtype="bf16"), TypeError, r"^out_dtype must be a torch.dtype or None, got 'bf16'$"),
+])
+def test_fp8_emulation_names_a_bad_argument(kwargs, exc, message):
+    """fp8.emulate_fp8_attention (public, the CPU stand-in for the kernel): a non-FP8Inputs raised AttributeError
+    ('str' object has no attribute 'config'), causal=1 ran as causal without a word, out_dtype='bf16' failed at
+    the end in Tensor.to."""
+    from fa_variants import fp8
+
+    q, k, v = _qkv(batch=1, seqlen_q=3, seqlen_k=5, heads=2, heads_kv=1, head_dim=64)
+    args = dict(inputs=fp8.quantize_fp8(q, k, v, impl="torch"), causal=False)
+    args.update(kwargs)
+    with pytest.raises(exc, match=message):
+        fp8.emulate_fp8_attention(args.pop("inputs"), **args)

@@ -153,7 +153,17 @@ def emulate_fp8_attention(inputs: FP8Inputs, *, causal: bool = False, accumulato
         (out (batch, seqlen_q, num_heads, head_dim) out_dtype or float32, lse float32 (batch, num_heads,
         seqlen_q)), lse of the logits the kernel saw (without ``inputs.lse_shift``). Rows that see no key
         give 0 and -inf.
+
+    Raises:
+        TypeError: inputs not FP8Inputs, causal not a bool, out_dtype not a torch.dtype.
+        ValueError: an unknown accumulator model.
     """
+    if not isinstance(inputs, FP8Inputs):
+        raise TypeError(f"inputs must be FP8Inputs (fa_variants.fp8.quantize_fp8), got {type(inputs).__name__}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {causal!r}")
+    if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
+        raise TypeError(f"out_dtype must be a torch.dtype or None, got {out_dtype!r}")
     if accumulator not in ("truncate", "blockfp"):
         raise ValueError(f"accumulator must be 'truncate' or 'blockfp', got {accumulator!r}")
     cfg: FP8Config = inputs.config
