@@ -160,12 +160,12 @@ def _plan(selection: Selection, q, k, v, causal: bool, scale: float, config=None
     variant = dispatch.get_backend(selection.backend)
     if selection.backend == "reference":  # plain PyTorch: handles empty inputs itself, keeps autograd
         return lambda q, k, v, want_lse=True: variant.run(q, k, v, causal=causal, softmax_scale=scale)
-    if q.numel() == 0 or k.shape[1] == 0:  # B, Nq or H is 0, or no key at all: launch nothing
-        return functools.partial(launch.empty_outputs, (batch, seqlen_q, heads, head_dim), q.dtype, q.device)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):  # empty inputs too: no graph
         raise NotImplementedError(
             f"backend {selection.backend} is forward-only and an input requires grad: call it under "
             "torch.no_grad() / torch.inference_mode(), or use backend='reference' for autograd")
+    if q.numel() == 0 or k.shape[1] == 0:  # B, Nq or H is 0, or no key at all: launch nothing
+        return functools.partial(launch.empty_outputs, (batch, seqlen_q, heads, head_dim), q.dtype, q.device)
     copies = tuple(_unit_last_dim(t) is not t for t in (q, k, v))
     mqa = k.shape[2] > 1 and k.stride(2) == 0 and v.stride(2) == 0  # K/V broadcast across heads (expand):
     kernel_scale = _kernel_scale(scale)                              # MQA, no copy needed

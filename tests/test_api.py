@@ -227,6 +227,23 @@ def test_kernels_are_forward_only(fake_gpu):
     assert len(fake_gpu) == 1
 
 
+@pytest.mark.parametrize("dims", EMPTY)
+def test_kernels_are_forward_only_for_empty_inputs_too(fake_gpu, dims):
+    """The empty shortcut (nothing to launch) came before the requires-grad check: a kernel backend returned
+    zeros with no graph behind them, so a loss built on them left q.grad None without a word (the reference,
+    which supports autograd, gives zero gradients there). Same with seqlens_k all 0."""
+    q, k, v = qkv(**dims)
+    q.requires_grad_(True)
+    with pytest.raises(NotImplementedError, match="forward-only .* torch.no_grad"):
+        fa_variants.attention(q, k, v)
+    if dims["batch"] and k.shape[1]:
+        with pytest.raises(NotImplementedError, match="forward-only"):
+            fa_variants.attention(q, k, v, seqlens_k=torch.zeros(dims["batch"], dtype=torch.int32))
+    with torch.no_grad():
+        fa_variants.attention(q, k, v)
+    assert fake_gpu == []
+
+
 def test_reference_backend_supports_autograd():
     q, k, v = (t.double().requires_grad_(True) for t in qkv(nq=5, nk=7))
     out = fa_variants.attention(q, k, v, causal=True, backend="reference")
