@@ -115,6 +115,8 @@ def static_config(name: str, arch: str, dtype: str, head_dim: int, causal: bool,
     from fa_variants.common import interop
 
     v = variant(name)
+    if not v.archs:  # plain PyTorch (the reference): nothing to compile
+        raise UnsupportedConfigError(f"variant {name!r} is plain PyTorch (any device): it has no kernel to compile")
     problems = []
     if arch not in v.archs:
         problems.append(f"arch {arch} (serves {', '.join(v.archs)})")

@@ -153,3 +153,12 @@ def test_fp8_emulation_names_a_bad_argument(kwargs, exc, message):
     args.update(kwargs)
     with pytest.raises(exc, match=message):
         fp8.emulate_fp8_attention(args.pop("inputs"), **args)
+
+
+def test_compiling_the_reference_says_there_is_no_kernel():
+    """'fa-variants compile --variant reference' (and warmup --backends reference) said "does not serve arch
+    sm_90a (serves )": an empty list, as if the reference served no arch at all."""
+    from fa_variants import registry
+
+    with pytest.raises(registry.UnsupportedConfigError, match=r"^variant 'reference' is plain PyTorch .*no kernel"):
+        registry.static_config("reference", "sm_90a", "bf16", 128, False)
