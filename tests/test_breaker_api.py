@@ -162,3 +162,19 @@ def test_compiling_the_reference_says_there_is_no_kernel():
 
     with pytest.raises(registry.UnsupportedConfigError, match=r"^variant 'reference' is plain PyTorch .*no kernel"):
         registry.static_config("reference", "sm_90a", "bf16", 128, False)
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--decode-nq", "0"], "--decode-nq"), (["--decode-nk", "1024,-1"], "--decode-nk"),
+    (["--decode-batch", "0"], "--decode-batch"), (["--decode-head-dims", "0"], "--decode-head-dims"),
+    (["--peak-tbps", "0"], "--peak-tbps"), (["--peak-tbps", "nan"], "--peak-tbps"),
+])
+def test_bench_decode_sizes_must_be_positive(capsys, argv, flag):
+    """'fa-variants bench --decode --decode-nq 0' planned cases with zero query rows (and --peak-tbps 0 an HBM
+    share divided by 0) and exited 0 on --dry-run; a GPU run would have timed empty calls."""
+    from fa_variants import cli
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["bench", "--decode", "--dry-run", *argv])
+    assert exit_.value.code == 2
+    assert f"argument {flag}" in capsys.readouterr().err

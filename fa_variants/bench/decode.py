@@ -205,16 +205,22 @@ def summary(rows: list[dict], ours: str = "ours (auto)", ref: str = "sdpa (auto)
 
 
 def _ints(text: str) -> tuple:
+    """argparse type: a comma list of sizes, each an int >= 1."""
     try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
+        values = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of ints") from None
+    if any(x < 1 for x in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: every size must be >= 1")
+    return values
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
+    from fa_variants.cli import positive_float
+
     g = p.add_argument_group("decode table (--decode)")
     g.add_argument("--decode", action="store_true", help="the decode table (issue 13) instead of the TFLOP/s sweep")
-    g.add_argument("--peak-tbps", type=float, default=4.8, help="HBM peak in TB/s for the HBM %% column (H200: 4.8)")
+    g.add_argument("--peak-tbps", type=positive_float, default=4.8, help="HBM peak in TB/s for the HBM %% column (H200: 4.8)")
     for name, what in (("nq", "seqlen_q"), ("nk", "seqlen_k"), ("batch", "batch sizes"), ("head-dims", "head dims")):
         g.add_argument(f"--decode-{name}", type=_ints, metavar="LIST", help=f"only these {what} (comma list)")
     g.add_argument("--decode-no-fa4", action="store_true", help="ours and SDPA only (flash-attn-4 compiles per shape)")
