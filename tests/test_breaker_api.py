@@ -178,3 +178,22 @@ def test_bench_decode_sizes_must_be_positive(capsys, argv, flag):
         cli.main(["bench", "--decode", "--dry-run", *argv])
     assert exit_.value.code == 2
     assert f"argument {flag}" in capsys.readouterr().err
+
+
+@pytest.mark.compile
+def test_warmup_that_cannot_write_the_disk_cache_fails(capsys, monkeypatch, tmp_path):
+    """FA_VARIANTS_CACHE_DIR naming a file (or any unwritable place): warmup warned 'could not write the compile
+    cache entry' but reported '1 compiled', a path that does not exist, and exit 0, although nothing was kept for
+    the next process, which is warmup's one job."""
+    blocker = tmp_path / "not_a_directory"
+    blocker.write_text("")
+    monkeypatch.setenv("FA_VARIANTS_CACHE_DIR", str(blocker))
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_80")
+    from fa_variants import cli
+
+    with pytest.warns(Warning):
+        status = cli.main(["warmup", "--arch", "sm_80", "--backends", "testkernel", "--head-dims", "64",
+                           "--causal", "no", "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2
+    assert "not written to the disk cache" in err[-1] and str(blocker) in err[-1]

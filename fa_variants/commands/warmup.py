@@ -102,6 +102,8 @@ def warmup(configs, progress: bool = True) -> list[dict]:
             after = cache.cache_info()
             how = ("compiled" if after["compiles"] > before["compiles"] else
                    "on disk" if after["disk_loads"] > before["disk_loads"] else "in memory")
+            if not diskcache.entry_path(cfg).is_file():  # the store failed (warned): nothing kept for later
+                how = "not stored"
             records.append({"variant": cfg.variant, "arch": cfg.arch, "dtype": cfg.dtype, "head_dim": cfg.head_dim,
                             "causal": cfg.causal, "how": how, "seconds": round(time.perf_counter() - t0, 3),
                             "path": str(diskcache.entry_path(cfg))})
@@ -166,11 +168,16 @@ def run_cli(args: argparse.Namespace) -> int:
                          + (": every combination was skipped (above)" if notes else ""))
     pruned = [str(p) for p in diskcache.prune()] if args.prune else []
     records = warmup(configs, progress=not args.no_progress)
-    counts = {how: sum(r["how"] == how for r in records) for how in ("compiled", "on disk", "in memory")}
-    print(f"{len(records)} kernels for {arch} in {diskcache.root() / diskcache.fingerprint()}: "
+    counts = {how: sum(r["how"] == how for r in records)
+              for how in ("compiled", "on disk", "in memory", "not stored")}
+    directory = diskcache.root() / diskcache.fingerprint()
+    print(f"{len(records)} kernels for {arch} in {directory}: "
           + ", ".join(f"{n} {how}" for how, n in counts.items() if n))
-    print(json.dumps({"arch": arch, "directory": str(diskcache.root() / diskcache.fingerprint()), **counts,
+    print(json.dumps({"arch": arch, "directory": str(directory), **counts,
                       "skipped": notes, "pruned": pruned, "kernels": records}))
+    if counts["not stored"]:  # warmup's one job is the disk cache
+        raise OSError(f"{counts['not stored']} of {len(records)} kernels were not written to the disk cache "
+                      f"{directory} (warnings above): a later process compiles them again")
     return 0
 
 
