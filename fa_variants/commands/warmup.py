@@ -13,7 +13,9 @@ heads of a KV head into its tile rows at seqlen_q > 1 (decode of a few query row
 the group (num_heads / num_heads_kv; 64-row tiles, and 128-row ones where ``hopper.fa3.wide_rows`` takes them).
 ``--gqa`` and a model's head counts are checked (num_heads % num_heads_kv == 0) and add those kernels; without
 them, such a call compiles at first use. A backend that
-does not serve a dtype / head_dim / arch is skipped with a note. The last line printed is one JSON object.
+does not serve a dtype / head_dim / arch is skipped with a note. The last line printed to stdout is one JSON
+object. Exit status 2, with one line on stderr naming the cause: an --arch that is not a compile target, an
+unknown --backends name, a run with nothing to compile, or kernels whose disk-cache entries could not be written.
 """
 from __future__ import annotations
 
