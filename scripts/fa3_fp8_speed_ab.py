@@ -146,34 +146,27 @@ D256B_VARIANTS: dict[int, dict[str, dict]] = {
 }
 # --set fp8mid (scripts/fp8mid_gpu.sh, session 7): the P V GEMM of a warpgroup overlapped with its own softmax at head_dim
 # 128 and 64. ovNNN: intra-warpgroup overlap, tile_n NNN (the SASS has the P V GEMM's wait before the exponentials:
-# no overlap); p2bufNNN: overlap with p_double_buffer (P into a second register buffer, the previous tile's promotion
-# and O's rescale at the start of the next step: no wait after the softmax); m128 / m192: 128 / 192 query rows;
+# no overlap); m192: 192 query rows (the p_double_buffer variants p2bufNNN, and bf16_p2buf, timed in session 7 with wrong
+# outputs and slower, were removed with that switch's fa3-fp8 code);
 # lookNNNh: the head_dim 256 lookahead schedule (s_lookahead with S as two halves in the two P V temporaries);
-# c4: reduce_chains=4; _emu2: exp2_emu=2 (2 of 8 exponentials on the FMA pipe: measured neutral only where the
-# overlap was broken); m192_c4: session 6's serial 192 x 128; single*: one running accumulator (the two-level cost).
+# c4: reduce_chains=4; m192_c4: session 6's serial 192 x 128; single*: one running accumulator (the two-level cost).
 # A variant whose tile_n is not the default's gets K/V scale blocks of its tile_n.
-_P2BUF = dict(intra_wg_overlap=True, p_double_buffer=True, reduce_chains=4)
 _LOOK = dict(s_lookahead=True, pv_buffers=2, pv_split=2, s_halves=True, reduce_chains=4)
 FP8MID_VARIANTS: dict[int, dict[str, dict]] = {
-    64: {"new": {}, "ov128_c4": dict(PRE64, reduce_chains=4), "p2buf128_c4": dict(_P2BUF, tile_n=128),
-         "m128_p2buf192_c4": dict(_P2BUF, tile_m=128), "p2buf128_c4_emu2": dict(_P2BUF, tile_n=128, exp2_emu=2),
+    64: {"new": {}, "ov128_c4": dict(PRE64, reduce_chains=4),
          "single_c4": dict(two_level=False, reduce_chains=4)},
     128: {"new": {}, "ov128_c4": dict(tile_n=128, intra_wg_overlap=True, reduce_chains=4),
-          "p2buf128_c4": dict(_P2BUF, tile_n=128), "p2buf160_c4": dict(_P2BUF, tile_n=160),
           "m192_c4": dict(tile_m=192, tile_n=128, reduce_chains=4), "look128h_c4": dict(_LOOK, tile_n=128),
           "m192_look128h_c4": dict(_LOOK, tile_m=192, tile_n=128),
           "single_m192_c4": dict(two_level=False, tile_m=192, tile_n=128, reduce_chains=4)},
 }
-# bf16 fa3 variants timed beside "bf16_fa3" in --set fp8mid: p_double_buffer (issue 12 round 3; its causal output has
-# a known bug, so its causal figures time a wrong kernel; scripts/p2buf_probe.py localises the bug)
-FP8MID_BF16_VARIANTS: dict[int, dict[str, dict]] = {128: {"bf16_p2buf": dict(p_double_buffer=True)}}
 # bf16 fa3 variants timed beside "bf16_fa3" (its default) in --set fp8speed
 SPEED_BF16_VARIANTS: dict[int, dict[str, dict]] = {64: {"bf16_emu1": dict(exp2_emu=1)}}
 # kernels tests/test_fa3_fp8_speed_gpu.py needs besides the timed ones (kind, head_dim, change), both causal modes
 SPEED_TEST_KERNELS = [("fp8", 64, dict(exp2_emu=8)), ("bf16", 64, dict(exp2_emu=8)),
                       ("bf16", 128, dict(intra_wg_overlap=False, early_pv_arrive=True))]
 SETS = {"ab": (VARIANTS, {}), "fp8speed": (SPEED_VARIANTS, SPEED_BF16_VARIANTS), "fp8flip": (FLIP_VARIANTS, {}),
-        "fp8small": (FP8SMALL_VARIANTS, {}), "fp8mid": (FP8MID_VARIANTS, FP8MID_BF16_VARIANTS),
+        "fp8small": (FP8SMALL_VARIANTS, {}), "fp8mid": (FP8MID_VARIANTS, {}),
         "fp8d256": (D256_VARIANTS, {}), "fp8d256b": (D256B_VARIANTS, {})}
 LEGENDS = {
     "fp8speed": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs; new = the default then; single* = one "
@@ -191,10 +184,8 @@ LEGENDS = {
                 "same switches; bf16_fa3 = ours; flash_attn_4 = flash-attn-4 bf16.",
     "fp8mid": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs (K/V scale blocks of the variant's "
               "tile_n); new = the default (128: 128 x 256 serial; 64: 192 x 192 serial, reduce_chains 4); ovNNN = "
-              "intra-warpgroup overlap with tile_n NNN; p2bufNNN = the same with p_double_buffer (the P V GEMM under "
-              "the softmax); m128 / m192 = 128 / 192 query rows; lookNNNh = s_lookahead, S as two halves; emu2 = exp2_emu=2; c4 = "
-              "reduce_chains=4; single* = one running accumulator; bf16_fa3 = ours (bf16_p2buf: with p_double_buffer, "
-              "causal output wrong: known bug); flash_attn_4 = flash-attn-4 bf16.",
+              "intra-warpgroup overlap with tile_n NNN; m192 = 192 query rows; lookNNNh = s_lookahead, S as two halves; "
+              "c4 = reduce_chains=4; single* = one running accumulator; bf16_fa3 = ours; flash_attn_4 = flash-attn-4 bf16.",
     "fp8d256": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs (K/V scale blocks of the variant's "
                "tile_n); new = the default (two-level, 128 x 128, four P V slices, s_lookahead with S in two halves); "
                "old = the serial default before; lookNN = s_lookahead with tile_n NN (_p8: eight P V slices, _stK: K "
@@ -567,7 +558,7 @@ def speed_summary(speed_rows: list[dict], error_rows: list[dict], variant_set: s
                   f"- kernel vs float64 within 1.02x of the emulation's: worst "
                   f"{gap['kernel_vs_float64'] / gap['emulation_vs_float64']:.3f}x (d{gap['head_dim']} {gap['variant']}): "
                   f"{'PASS' if gap['kernel_vs_float64'] / gap['emulation_vs_float64'] <= 1.02 else 'FAIL'}"]
-        if variant_set == "fp8mid":  # per variant: a failing one (p_double_buffer's causal bug) must not hide the others
+        if variant_set == "fp8mid":  # per variant: a failing one must not hide the others
             lines += ["", "kernel vs emulation rel-L2 per variant (causal 0 / 1):", ""]
             for D in sorted({r["head_dim"] for r in error_rows}):
                 for name in fp8_variants[D]:
@@ -749,7 +740,7 @@ def main() -> int:
                          "(SPEED_VARIANTS, scripts/fp8speed_gpu.sh); fp8flip: the session-5 defaults vs the previous "
                          "ones and descale_prefetch (FLIP_VARIANTS, scripts/fp8flip_gpu.sh); fp8small: head_dim 64/128 "
                          "softmax chains, exp2_emu, prefetch (FP8SMALL_VARIANTS, scripts/fp8small_gpu.sh); fp8mid: "
-                         "head_dim 64/128 P V overlap: p_double_buffer, lookahead (FP8MID_VARIANTS, scripts/fp8mid_gpu.sh); "
+                         "head_dim 64/128 P V overlap, lookahead (FP8MID_VARIANTS, scripts/fp8mid_gpu.sh); "
                          "fp8d256: head_dim 256 two-level schedules (D256_VARIANTS, scripts/fp8d256_gpu.sh); "
                          "fp8d256b: what S in two 64-key halves costs (D256B_VARIANTS, scripts/fp8d256b_gpu.sh)")
     ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128, 256], choices=[64, 128, 256])

@@ -2,8 +2,9 @@
 """Where p_double_buffer goes wrong in causal calls (sm90 GPU): per Q tile (m_block) and 64-row warpgroup half, the
 output elements left NaN (outputs are allocated NaN-filled, as tests/conftest.py's nan_allocations does), rows whose
 LSE is NaN, and the largest |O - reference| over finite elements; for bf16 fa3 (head_dim 128, 128 x 128, the known
-bug of issue 12 round 3: tests/test_fa3_gpu.py's expected failure) against float64, and for fa3-fp8's p2buf128_c4
-(scripts/fa3_fp8_speed_ab.py --set fp8mid) against its emulation. Shapes (batch 1, 1 head): 1023 x 1023 (aligned
+bug of issue 12 round 3: tests/test_fa3_gpu.py's expected failure) against float64 (fa3-fp8's p_double_buffer, probed
+the same way in session 7, left NaN in both warpgroups from the second Q tile on and was removed; its overlap without
+the second buffer stays here as a control against its emulation). Shapes (batch 1, 1 head): 1023 x 1023 (aligned
 tiles, no masked loop step, Q tile 0 with one K/V tile) and 257 x 4224 (one masked loop step per Q tile). The
 overlap without the second buffer (the same tiles) is printed beside as the control.
 
@@ -83,9 +84,7 @@ def main() -> int:
                 ("bf16 overlap", lambda: fa3.run(q, k, v, causal=True, softmax_scale=D ** -0.5, config=bf16_base), exact),
                 ("bf16 p2buf", lambda: fa3.run(q, k, v, causal=True, softmax_scale=D ** -0.5,
                                                config=dataclasses.replace(bf16_base, p_double_buffer=True)), exact),
-                ("fp8 overlap", lambda: fa3_fp8.run_fp8(inp, causal=True, config=fp8_base), emu),
-                ("fp8 p2buf", lambda: fa3_fp8.run_fp8(inp, causal=True, config=dataclasses.replace(
-                    fp8_base, p_double_buffer=True)), emu)]:
+                ("fp8 overlap", lambda: fa3_fp8.run_fp8(inp, causal=True, config=fp8_base), emu)]:
             restore = _nan_empty()
             try:
                 out, lse = run()

@@ -2,7 +2,7 @@
 ``early_pv_arrive`` (the ping-pong turn handed on right after the P V GEMM's issue), ``skip_unit_rescale`` in fa3-fp8
 (O *= alpha skipped when no row max of the thread moved), ``exp2_emu`` (some exponentials computed with FMAs,
 ``common.exp2_poly``), ``descale_prefetch`` (K/V descales read ahead), ``reduce_chains`` (row max and row sum in independent chains; session 6,
-head_dim 64/128: ``FP8SMALL_VARIANTS``), ``p_double_buffer`` and the lookahead schedule at 64/128 (session 7:
+head_dim 64/128: ``FP8SMALL_VARIANTS``), the lookahead schedule at 128 (session 7:
 ``FP8MID_VARIANTS``), the defaults before session 5 ("old"), and the
 combinations scripts/fa3_fp8_speed_ab.py times (``--set fp8speed`` / ``fp8flip``, whose precompile builds these).
 
@@ -82,17 +82,11 @@ FP8SMALL_VARIANTS = {
     "fp8small-d128-single_m192_c4": (128, dict(two_level=False, tile_m=192, tile_n=128, reduce_chains=4)),
 }
 
-# session 7, head_dim 64 / 128 (scripts/fa3_fp8_speed_ab.py FP8MID_VARIANTS, "fp8mid-d<D>-<name>"): intra-warpgroup overlap
-# with p_double_buffer (fa3-fp8's deferred promotion: the previous tile's temporary added into O at the start of the
-# next step), and the head_dim 256 lookahead schedule (s_lookahead, S in the two P V temporaries) at 128
-_P2BUF = dict(intra_wg_overlap=True, p_double_buffer=True, reduce_chains=4)
+# session 7, head_dim 128 (scripts/fa3_fp8_speed_ab.py FP8MID_VARIANTS, "fp8mid-d<D>-<name>"): the head_dim 256 lookahead
+# schedule (s_lookahead, S in the two P V temporaries) at 128 (the p_double_buffer variants of that run were removed
+# with the switch's fa3-fp8 code: wrong outputs on the H200)
 _LOOK = dict(s_lookahead=True, pv_buffers=2, pv_split=2, s_halves=True, reduce_chains=4)
 FP8MID_VARIANTS = {
-    "fp8mid-d64-p2buf128_c4": (64, dict(_P2BUF, tile_n=128)),
-    "fp8mid-d64-m128_p2buf192_c4": (64, dict(_P2BUF, tile_m=128)),
-    "fp8mid-d64-p2buf128_c4_emu2": (64, dict(_P2BUF, tile_n=128, exp2_emu=2)),
-    "fp8mid-d128-p2buf128_c4": (128, dict(_P2BUF, tile_n=128)),
-    "fp8mid-d128-p2buf160_c4": (128, dict(_P2BUF, tile_n=160)),
     "fp8mid-d128-look128h_c4": (128, dict(_LOOK, tile_n=128)),
     "fp8mid-d128-m192_look128h_c4": (128, dict(_LOOK, tile_m=192, tile_n=128)),
 }

@@ -217,16 +217,16 @@ def test_fa3_fp8_speed_ab_fp8mid_set(capsys, monkeypatch):
                 assert ("fp8", D, causal, ab._freeze(change)) in jobs, (name, causal)
     assert all(name.split("-", 2)[2] in ab.FP8MID_VARIANTS[D] for name, (D, _) in gpu_tests.FP8MID_VARIANTS.items())
     speed = [dict(head_dim=128, seqlen=4096, causal=False, impl=n, tflops=t)
-             for n, t in dict(new=800.0, p2buf128_c4=950.0, single_m192_c4=960.0, bf16_fa3=650.0).items()]
-    assert "p2buf128_c4 950 TFLOP/s = 1.46x bf16 fa3 (target >= 1.4): met, two-level cost +1.1%" in \
+             for n, t in dict(new=800.0, m192_look128h_c4=950.0, single_m192_c4=960.0, bf16_fa3=650.0).items()]
+    assert "m192_look128h_c4 950 TFLOP/s = 1.46x bf16 fa3 (target >= 1.4): met, two-level cost +1.1%" in \
         ab.two_level_target_lines(speed, "fp8mid")
-    # a variant with NaN in its output (p_double_buffer's causal bug) is the worst one, FAIL, and listed on its own line
+    # a variant with NaN in its output (a broken kernel) is the worst one, FAIL, and listed on its own line
     speed = [dict(r, spread=0.01) for r in speed]
-    errors = [dict(head_dim=128, variant=n, causal=c, kernel_vs_emulation=float("nan") if n == "p2buf128_c4" and c else 3e-3,
+    errors = [dict(head_dim=128, variant=n, causal=c, kernel_vs_emulation=float("nan") if n == "m192_look128h_c4" and c else 3e-3,
                    lse_max_diff=1e-4, kernel_vs_float64=1.0, emulation_vs_float64=1.0)
-              for n in ("new", "p2buf128_c4") for c in (False, True)]
+              for n in ("new", "m192_look128h_c4") for c in (False, True)]
     text = ab.speed_summary(speed, errors, "fp8mid")
-    assert "worst nan (d128 p2buf128_c4 causal=1): FAIL" in text and "- d128 p2buf128_c4: 3.00e-03 / nan" in text
+    assert "worst nan (d128 m192_look128h_c4 causal=1): FAIL" in text and "- d128 m192_look128h_c4: 3.00e-03 / nan" in text
 
 @pytest.mark.parametrize("backend", ["fa1", "fa2", "fa3", "fa3-fp8"])
 def test_sanitize_plan_reads_the_registry(backend):

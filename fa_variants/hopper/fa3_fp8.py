@@ -62,10 +62,10 @@ scales (one descale per 128 query rows and per ``tile_n`` keys, ``fa_variants.fp
   power-of-two descales (every quantiser's) v_descale tmp is exact: tiles where no max moved give bitwise the
   old O, the others one more fp32 rounding (of alpha O), the emulation's own order (``fp8.emulation``).
   ``exp2_emu`` (``common.exp2_poly``) computes some of P's exponentials with FMAs instead of MUFU.EX2 (head_dim
-  64 is bound by the MUFU and the issue slots); the emulation models it. ``p_double_buffer`` (session 7, with
-  intra_wg_overlap): with one P buffer ptxas waits for the P V GEMM before the softmax's exponentials, so the
-  overlapped step never overlaps; with it the previous tile's promotion and O's rescale move to the start of the next
-  step and the P V GEMM runs under the softmax (``Fp8Config``).
+  64 is bound by the MUFU and the issue slots); the emulation models it. ``p_double_buffer`` (a second P buffer,
+  so that the P V GEMM runs under the softmax with intra-warpgroup overlap) was built in session 7 and removed after
+  its H200 run: wrong outputs (NaN) and slower (D 128: 656-813 against the default's 790-806 TFLOP/s;
+  bench/NOTES.md); the config refuses it.
   A promotion interval (``promote_every``) needs a temporary for the whole of d that lives across the S GEMM and
   the softmax: at head_dim 256 (O 128 + temporary 128 registers per thread) it cannot fit, at 128 with 256-key
   tiles it spills (S 128 + O 64 + temporary 64); it is built for head_dim 64 and for 128 with 128-key tiles.
@@ -139,11 +139,6 @@ class Fp8Config(Fa3Config):
         the head_dim 256 default config has it on with s_halves since session 6: ``DEFAULT_SWITCHES``, and
         ``NO_LOOKAHEAD`` turns both off). Needs two_level, promote_every 1, pv_split > 1 with pv_buffers 2, serial steps, ping-pong,
         descale_prefetch off (the step reads v_descale once itself).
-    p_double_buffer (Sm90Config's, with intra_wg_overlap): each overlapped step starts by waiting for the previous
-        step's P V GEMM, promotes its temporary (O += v_descale tmp) and applies alpha, before the turn; the new P goes
-        to a second register buffer, so nothing after the softmax waits for the P V GEMM in flight (with one buffer
-        ptxas puts that wait, DEPBAR 0, before the exponentials: read in the SASS at head_dim 128, 128 x 128). Same
-        roundings per tile as the serial steps (O = round(alpha O), then O = fma(v_descale, tmp, O)). Session 7.
     s_halves: the S GEMM as two warpgroup MMAs of tile_n / 2 keys (Q read from shared memory twice). With
         s_lookahead each half lives in one temporary's registers (needs tile_n * pv_split == 2 * head_dim: 128 x 128
         tiles with four slices at head_dim 256): half 0 is issued after the last slice, the last slice is promoted
@@ -196,13 +191,8 @@ class Fp8Config(Fa3Config):
         if self.s_halves and self.tile_n % 64:
             raise ValueError(f"fa3-fp8: s_halves needs tile_n a multiple of 64 (two halves of whole 32-key k-blocks "
                              f"of P), got tile_n={self.tile_n}")
-        if self.rescale_o_before_pv and not self.p_double_buffer:
-            raise ValueError("fa3-fp8: rescale_o_before_pv alone is not built for the FP8 P V hooks (use p_double_buffer, or False)")
-        if self.p_double_buffer and not (self.intra_wg_overlap and self.two_level and self.promote_every == 1
-                                         and self.pv_split == 1 and not self.descale_prefetch and not self.early_pv_arrive
-                                         and not self.s_halves):
-            raise ValueError("fa3-fp8: p_double_buffer needs intra_wg_overlap, two_level with promote_every 1 and pv_split 1, "
-                             "descale_prefetch, early_pv_arrive and s_halves off")
+        if self.rescale_o_before_pv or self.p_double_buffer:
+            raise ValueError("fa3-fp8: rescale_o_before_pv / p_double_buffer are not built for the FP8 P V hooks (use False)")
         if self.num_splits != 1:
             raise ValueError(f"fa3-fp8: num_splits={self.num_splits}: split-KV is not built for the FP8 kernel (use 1)")
         if self.out_dtype not in ("bf16", "fp16"):
@@ -297,20 +287,12 @@ class _Fp8StepContext(_StepContext):
         """v_descale[n_block]: from the register ``_prefetch_descales`` filled, or read here."""
         return self.descales[1] if const_expr(self.k.cfg.descale_prefetch) else self.v_descale[n_block]
 
-    def defer_mode(self) -> int:
-        """2 with ``p_double_buffer`` (intra-warpgroup overlap; see ``Fp8Config``), else 0."""
-        return 2 if const_expr(self.k.overlap and self.k.cfg.p_double_buffer) else 0
-
-    def _write_p(self, acc_S):
-        """P -> the A operand of the next P V GEMM: the second buffer under ``p_double_buffer``."""
-        self.to_p(acc_S, self.tOrP_next if const_expr(self.defer_mode() == 2) else None)
-
-    def to_p(self, acc_S, dst=None):
-        """fp32 P -> e4m3 A operand in registers (RNE, satfinite; pairs packed in-thread); into ``dst`` if given."""
+    def to_p(self, acc_S):
+        """fp32 P -> e4m3 A operand in registers (RNE, satfinite; pairs packed in-thread)."""
         if const_expr(self.k.cfg.s_halves):  # ((2, 2, V), 1, 2) -> ((2, 2, 2V), 1, 1): the N tiles are contiguous
             v = acc_S.layout.shape[0][2] * acc_S.layout.shape[2]
             acc_S = cute.make_tensor(acc_S.iterator, cute.make_layout(((2, 2, v), 1, 1)))
-        (self.tOrP if dst is None else dst).store(acc_as_fp8_operand_a(acc_S).load().to(cutlass.Float8E4M3FN))
+        self.tOrP.store(acc_as_fp8_operand_a(acc_S).load().to(cutlass.Float8E4M3FN))
 
     def _interval(self) -> bool:
         return self.k.cfg.two_level and self.k.cfg.promote_every > 1

@@ -936,8 +936,8 @@ class _StepContext:
 
     def defer_mode(self) -> int:
         """0: O rescaled and P written at the end of each overlapped step, after waiting for its P V GEMM;
-        1: ``rescale_o_before_pv``; 2: ``p_double_buffer``. Only with this class's P V hooks (fa3-fp8 has its own
-        ``defer_mode``: 2 with ``p_double_buffer``, whose steps call ``fold_pv`` after each wait)."""
+        1: ``rescale_o_before_pv``; 2: ``p_double_buffer``. Only with this class's P V hooks (fa3-fp8's own
+        hooks keep 0; its config rejects the switches)."""
         own = all(getattr(type(self), h) is getattr(_StepContext, h) for h in ("pv", "to_p", "rescale_o", "fold_pv"))
         if not own or not self.k._defers():
             return 0
@@ -970,7 +970,6 @@ class _StepContext:
             warpgroup.wait_group(0)  # the previous step's P V GEMM
             if accumulate:
                 self.pipe_v.consumer_release(v_prev)
-                self.fold_pv(n_block + 2)  # that GEMM's tile (a no-op here; fa3-fp8's two-level promotion)
             self.rescale_o(self.alpha_prev, n_block + 1)
             self.tOrP.store(self.tOrP_next.load())
         self.pipe_k.consumer_wait(k_state)
@@ -1003,7 +1002,6 @@ class _StepContext:
             warpgroup.wait_group(0)
             if accumulate:
                 self.pipe_v.consumer_release(v_prev)
-                self.fold_pv(n_block + 1)
         self.rescale_o(self.alpha_prev, n_block)
         if const_expr(self.defer_mode() == 2):
             self.tOrP.store(self.tOrP_next.load())
@@ -1011,7 +1009,6 @@ class _StepContext:
         self._pv(v_state, n_block, wait=0, accumulate=accumulate)
         self.pipe_v.consumer_release(v_state)
         v_state.advance()
-        self.fold_pv(n_block)
 
     def overlapped_step(self, k_state, v_state, n_block, causal: bool, accumulate=True):
         """Algorithm 2 body: issue S_next = Q K_n^T and O += P V_prev together; softmax(S_next)
