@@ -25,7 +25,6 @@ import argparse
 import csv
 import io
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 
 _HEADER = re.compile(r"^  (\S.*?) \((\d+), (\d+), (\d+)\)x\((\d+), (\d+), (\d+)\), Context \d+, Stream \d+")
@@ -40,16 +39,15 @@ STALLS = [("wait", "wait"), ("selected", "selected"), ("barrier", "barrier"), ("
 PCSAMP = "smsp__pcsamp_warps_issue_stalled_"
 
 
-@dataclass
 class Kernel:
     """One profiled kernel: its name, grid and block, metrics {key: (unit, value)} and the rules' messages.
     Keys: "Section/Metric Name" from the details page, the metric's own name for command-line metrics and for the
     raw page's columns."""
-    name: str
-    grid: tuple = ()
-    block: tuple = ()
-    metrics: dict = field(default_factory=dict)
-    notes: str = ""
+
+    def __init__(self, name: str, grid: tuple = (), block: tuple = ()):
+        self.name, self.grid, self.block = name, grid, block
+        self.metrics: dict = {}
+        self.notes = ""
 
     def get(self, *keys):
         """The first of ``keys`` present with a number: (unit, value), else None."""

@@ -1,0 +1,210 @@
+"""scripts/ncu_table.py (issue 12's Nsight Compute attribution table) on the CPU: the before run's real details
+pages, and small hand-written pages in the layout ncu prints (details text and raw CSV) for what those lack."""
+from pathlib import Path
+
+import pytest
+from helpers import load_script
+
+ROOT = Path(__file__).resolve().parents[1]
+BEFORE = ROOT / "bench" / "h200-2026-11-30" / "session2"
+
+# ncu --page details, two kernels of ours' report layout: a memset (ignored), then flash-attn-4's kernel twice (the
+# larger is taken); Duration in us; a "Command line profiler metrics" section (what --metrics adds)
+DETAILS = """==PROF== Disconnected from process 77
+[77] python3.12@127.0.0.1
+  void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>> (64, 1, 1)x(128, 1, 1), Context 1, Stream 7, Device 0, CC 9.0
+    Section: GPU Speed Of Light Throughput
+    ----------------------- ----------- ------------
+    Metric Name             Metric Unit Metric Value
+    ----------------------- ----------- ------------
+    Duration                         us         2.05
+    ----------------------- ----------- ------------
+
+  kernel_cutlass_kernel_fa_variantshopperfa3FlashAttention3Sm90_object_at__x_0 (2048, 1, 1)x(384, 1, 1), Context 1, Stream 7, Device 0, CC 9.0
+    Section: GPU Speed Of Light Throughput
+    ----------------------- ----------- ------------
+    Metric Name             Metric Unit Metric Value
+    ----------------------- ----------- ------------
+    SM Frequency                    Ghz         1.34
+    Elapsed Cycles                cycle    1,350,000
+    Duration                         us       998.50
+    ----------------------- ----------- ------------
+
+    Section: Compute Workload Analysis
+    -------------------- ----------- ------------
+    Metric Name          Metric Unit Metric Value
+    -------------------- ----------- ------------
+    Issue Slots Busy               %        37.10
+    -------------------- ----------- ------------
+
+    OPT   Tensor is the highest-utilized pipeline (75.5%) based on elapsed cycles in the workload, taking into account
+          the rates of its different instructions.
+
+    Section: Instruction Statistics
+    ---------------------------------------- ----------- ------------
+    Metric Name                              Metric Unit Metric Value
+    ---------------------------------------- ----------- ------------
+    Executed Instructions                           inst  260,000,000
+    ---------------------------------------- ----------- ------------
+
+    OPT   Est. Speedup: 4.1%
+          This kernel executes 36700160 fused and 70254592 non-fused FP32 instructions. By converting pairs of
+          non-fused instructions to their fused
+
+    Section: Command line profiler metrics
+    ------------------------------------------------------------------ ----------- ------------
+    Metric Name                                                        Metric Unit Metric Value
+    ------------------------------------------------------------------ ----------- ------------
+    sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active                  %        17.25
+    ------------------------------------------------------------------ ----------- ------------
+
+  kernel_cutlass_kernel_flash_attncuteflash_fwd_sm90FlashAttentionForwardSm90_object_at__y_0 (2, 1, 1)x(384, 1, 1), Context 1, Stream 7, Device 0, CC 9.0
+    Section: Instruction Statistics
+    ---------------------------------------- ----------- ------------
+    Metric Name                              Metric Unit Metric Value
+    ---------------------------------------- ----------- ------------
+    Executed Instructions                           inst      100,000
+    ---------------------------------------- ----------- ------------
+
+  kernel_cutlass_kernel_flash_attncuteflash_fwd_sm90FlashAttentionForwardSm90_object_at__y_0 (32, 16, 4)x(384, 1, 1), Context 1, Stream 7, Device 0, CC 9.0
+    Section: GPU Speed Of Light Throughput
+    ----------------------- ----------- ------------
+    Metric Name             Metric Unit Metric Value
+    ----------------------- ----------- ------------
+    Elapsed Cycles                cycle    1,300,000
+    Duration                         ms         0.97
+    ----------------------- ----------- ------------
+
+    Section: Instruction Statistics
+    ---------------------------------------- ----------- ------------
+    Metric Name                              Metric Unit Metric Value
+    ---------------------------------------- ----------- ------------
+    Executed Instructions                           inst  245,000,000
+    ---------------------------------------- ----------- ------------
+"""
+
+# ncu --page raw --csv of the same report (a few of its columns): names, units, one row per kernel
+_COLS = ["ID", "Kernel Name", "lts__t_sector_hit_rate.pct",
+         "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_elapsed",
+         "smsp__pcsamp_warps_issue_stalled_barrier", "smsp__pcsamp_warps_issue_stalled_wait",
+         "smsp__pcsamp_warps_issue_stalled_math_pipe_throttle", "smsp__pcsamp_warps_issue_stalled_sleeping",
+         "smsp__pcsamp_warps_issue_stalled_barrier_not_issued"]
+_UNITS = ["", "", "%", "%", "", "", "", "", ""]
+_ROWS = [["0", "void at::native::vectorized_elementwise_kernel", "1", "0", "1", "1", "0", "0", "0"],
+         ["1", "kernel_cutlass_kernel_fa_variantshopperfa3FlashAttention3Sm90_object_at__x_0", "88.50", "74.9",
+          "12,000", "19,000", "3,000", "10", "5"],
+         ["2", "kernel_cutlass_kernel_flash_attncuteflash_fwd_sm90FlashAttentionForwardSm90_object_at__y_0", "1", "1",
+          "1", "1", "0", "0", "0"],
+         ["3", "kernel_cutlass_kernel_flash_attncuteflash_fwd_sm90FlashAttentionForwardSm90_object_at__y_0", "76.00",
+          "78.1", "8,400", "21,000", "100", "20", "4"]]
+RAW = "==PROF== Connected to process 77\nprofiled fa3 D=128\n" + "\n".join(
+    ",".join(f'"{c}"' for c in row) for row in [_COLS, _UNITS, *_ROWS]) + "\n"
+
+
+@pytest.fixture(scope="module")
+def nt():
+    return load_script("ncu_table")
+
+
+def _rows(lines):
+    """{label: [cells after the label]} of a markdown table's rows."""
+    out = {}
+    for line in lines:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and len(cells) > 2:
+            out[cells[0]] = cells[1:]
+    return out
+
+
+def test_before_pages_give_the_before_table(nt):
+    """The session-2 details pages (real ncu output) give the figures of its hand-made table."""
+    kernels = nt.parse_details((BEFORE / "ncu_fa3_d128_n4k.txt").read_text() +
+                               (BEFORE / "ncu_flash-attn-4_d128_n4k.txt").read_text())
+    pair = nt.pick(kernels)
+    assert pair["ours"].grid == (2048, 1, 1) and pair["fa4"].grid == (32, 16, 4) and pair["fa4"].block == (384, 1, 1)
+    rows = _rows(nt.table(pair))
+    assert rows["duration (ncu base clocks, 1.34 GHz)"][:3] == ["1.05 ms", "0.971 ms", "1.08"]
+    assert rows["instructions executed"][:3] == ["291,697,804", "245,148,100", "1.19"]
+    assert rows["elapsed cycles"][:2] == ["1,414,415", "1,299,406"]
+    assert rows["tensor pipe active (% of elapsed)"][:2] == ["72.2", "78.8"]
+    assert rows["L2 hit rate (%)"][:2] == ["89.3", "76.3"]
+    assert rows["FP32 non-fused inst"][:2] == ["136,347,648", "69,238,784"]
+    assert rows["FP32 fused inst"][:2] == ["1,048,576", "34,570,240"]
+    assert rows["warp cycles per issued instruction"][0] == "5.46"
+    assert rows["stall samples: barrier"][:3] == ["-", "-", "-"]  # only in the raw page
+
+
+def test_parse_before_markdown(nt):
+    before = nt.parse_before((BEFORE / "ncu_attribution_before.md").read_text())
+    assert before["duration"] == (1.05, 0.971) and before["stall samples: barrier"] == (12324.0, 8421.0)
+    assert before["instructions executed"] == (291697804.0, 245148100.0) and before["l2 hit rate"] == (89.3, 76.3)
+    assert nt.parse_before("| duration (x) | 998 us | 0.5 ms | 2 |")["duration"] == (0.998, 0.5)
+
+
+def test_details_and_raw_merged(nt):
+    """Hand-written pages: the memset is ignored, flash-attn-4's larger kernel taken, us -> ms, the pipes and stall
+    samples from the raw CSV and the command-line metrics section, "_not_issued" counts left out, a reason with >= 3%
+    of a kernel's samples added after the before table's eight, a metric ncu did not give printed as "-"."""
+    kernels = nt.merge(nt.parse_details(DETAILS), nt.parse_raw_csv(RAW))
+    assert len(kernels) == 4
+    pair = nt.pick(kernels)
+    assert pair["fa4"].grid == (32, 16, 4)
+    before = nt.parse_before((BEFORE / "ncu_attribution_before.md").read_text())
+    lines = nt.table(pair, before)
+    rows = _rows(lines)
+    assert lines[0].startswith("| metric | fa3 (ours) | flash-attn-4 | ours / fa4 | ours before")
+    assert rows["duration (ncu base clocks, 1.34 GHz)"] == ["0.999 ms", "0.97 ms", "1.03", "1.05 ms", "0.971 ms",
+                                                           "1.08", "0.95"]
+    assert rows["instructions executed"][:3] == ["260,000,000", "245,000,000", "1.06"]
+    assert rows["instructions executed"][-1] == "0.89"  # now / before, ours
+    assert rows["tensor pipe active (% of elapsed)"][:2] == ["74.9", "78.1"]  # the raw metric beats the note
+    assert rows["FMA pipe inst (% of peak, active)"][:2] == ["17.2", "-"]
+    assert rows["L2 hit rate (%)"][:3] == ["88.5", "76.0", "1.16"]
+    assert rows["stall samples: barrier"][:3] == ["12,000", "8,400", "1.43"]
+    assert rows["stall samples: barrier"][3:6] == ["12,324", "8,421", "1.46"]
+    assert rows["stall samples: math pipe throttle"][:2] == ["3,000", "100"]
+    assert "stall samples: sleeping" not in rows and "stall samples: barrier not issued" not in rows
+    assert rows["stall samples: dispatch"][:3] == ["-", "-", "-"]
+    assert rows["issue slots busy (%)"][:2] == ["37.1", "-"]
+
+
+def test_tensor_pipe_from_the_note_without_the_raw_page(nt):
+    pair = nt.pick(nt.parse_details(DETAILS))
+    assert _rows(nt.table(pair))["tensor pipe active (% of elapsed)"][:2] == ["75.5", "-"]
+
+
+def test_cli_writes_the_table(nt, tmp_path, capsys):
+    (tmp_path / "d.txt").write_text(DETAILS)
+    (tmp_path / "r.csv").write_text(RAW)
+    out = tmp_path / "after.md"
+    rc = nt.main(["--details", str(tmp_path / "d.txt"), "--raw", str(tmp_path / "r.csv"), "--title", "T",
+                  "--before", str(BEFORE / "ncu_attribution_before.md"), "--before-details",
+                  str(BEFORE / "ncu_fa3_d128_n4k.txt"), str(BEFORE / "ncu_flash-attn-4_d128_n4k.txt"),
+                  "--out", str(out)])
+    text = out.read_text()
+    assert rc == 0 and text.startswith("### T\n") and text.strip() in capsys.readouterr().out
+    # a row the before table lacks, filled from the before details pages
+    assert _rows(text.splitlines())["warp cycles per issued instruction"][3:5] == ["5.46", "5.94"]
+    (tmp_path / "ours_only.txt").write_text(DETAILS.split("  kernel_cutlass_kernel_flash_attn")[0])
+    assert nt.main(["--details", str(tmp_path / "ours_only.txt")]) == 1  # flash-attn-4 missing: exit 1
+    with pytest.raises(SystemExit):
+        nt.main(["--details", str(tmp_path / "missing.txt")])
+    assert "--details: no such file" in capsys.readouterr().err
+
+
+def test_ncu_attribution_impl_list():
+    na = load_script("ncu_attribution")
+    assert na.impl_list("fa3, flash-attn-4") == ["fa3", "flash-attn-4"]
+    for bad in ("", "fa3,fa3", "fa3,cudnn"):
+        with pytest.raises(ValueError, match="--impl"):
+            na.impl_list(bad)
+
+
+def test_ncu12_script_profiles_what_it_precompiles():
+    """scripts/ncu12_gpu.sh: the precompile covers the profiled shape (D 128, N 4k, both causal modes) and both
+    implementations are profiled in one report, beside the before run's table."""
+    text = (ROOT / "scripts" / "ncu12_gpu.sh").read_text()
+    assert "--precompile-fa4 --variants new --head-dims 128" in text and "--seqlens 4096 --causal both" in text
+    assert "--impl fa3,flash-attn-4" in text and "ncu_attribution_before.md" in text
+    assert all((BEFORE / f).is_file() for f in ("ncu_attribution_before.md", "ncu_fa3_d128_n4k.txt",
+                                                "ncu_flash-attn-4_d128_n4k.txt"))
