@@ -11,8 +11,11 @@
 #    ComputeWorkloadAnalysis, InstructionStats, MemoryWorkloadAnalysis, WarpStateStats, SourceCounters (PC-sampled
 #    stall reasons), plus the pipes' metrics where `ncu --query-metrics` lists them; clocks locked to base as in the
 #    before run. Then scripts/ncu_table.py: the before run's table (main at f45ba29,
-#    bench/h200-2026-11-30/session2/ncu_attribution_before.md) beside the new figures -> $out/ncu_attribution_after.md.
-# 2. The same, causal (only if <= 60 s have passed; no before table for causal).
+#    bench/h200-2026-11-30/session2/ncu_attribution_before.md) beside the new figures -> $out/ncu_attribution_after.md,
+#    and per kernel the 12 SASS instructions with the most stall samples (ncu's source page; which BAR / DEPBAR /
+#    SYNCS wait holds the warps).
+# 2. The same, causal (only if <= 50 s have passed; no before table for causal). If an ncu run with --metrics leaves
+#    no report, it is run once more with the sections only (time allowing).
 # Pass: (0) "precompiled", no Traceback; (1) "max |O difference| ... causal=False" <= ~1e-2 (the two profiled kernels
 # compute the same attention; bf16 outputs), and the table has both columns (ncu_table exits 0; "-" only where ncu
 # lacks a metric). Prediction (bench/NOTES.md, "Session 7 (2026-12-01): Nsight Compute after"): executed
@@ -30,30 +33,45 @@ step precompile 40 python3 scripts/fa3_speed_ab.py --precompile 4 --precompile-f
   --seqlens 4096 --causal both
 ncu --version > "$LOGS/ncu_version.txt" 2>&1
 # the pipes' metrics only where this ncu knows them (an unknown --metrics name fails the whole run)
-ncu --query-metrics --chip gh100 > "$LOGS/ncu_metrics.txt" 2>&1
+{ ncu --query-metrics --chip gh100 || ncu --query-metrics; } > "$LOGS/ncu_metrics.txt" 2>&1
 METRICS=$(for m in sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_elapsed \
-    sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active \
+    sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active \
+    sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active \
     sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active \
     sm__inst_executed_pipe_uniform.avg.pct_of_peak_sustained_active; do
   grep -qE "^${m%%.*}[[:space:]]" "$LOGS/ncu_metrics.txt" && printf '%s,' "$m"; done)
 METRICS=${METRICS%,}
 SECTIONS=(--section SpeedOfLight --section ComputeWorkloadAnalysis --section InstructionStats
           --section MemoryWorkloadAnalysis --section WarpStateStats --section SourceCounters)
-profile() {  # profile NAME CAUSAL [ncu_table args...]
-  local name=$1 causal=$2; shift 2
-  step "$name" 30 ncu --profile-from-start off --launch-count 6 "${SECTIONS[@]}" ${METRICS:+--metrics "$METRICS"} \
-    -f -o "$LOGS/$name" python3 scripts/ncu_attribution.py --impl fa3,flash-attn-4 --causal "$causal"
+run_ncu() {  # run_ncu NAME LIMIT CAUSAL [--metrics M]
+  local name=$1 limit=$2 causal=$3; shift 3
+  step "$name" "$limit" ncu --profile-from-start off --launch-count 6 "${SECTIONS[@]}" "$@" -f -o "$LOGS/$name" \
+    python3 scripts/ncu_attribution.py --impl fa3,flash-attn-4 --causal "$causal"
+}
+profile() {  # profile NAME LIMIT CAUSAL [ncu_table args...]
+  local name=$1 limit=$2 causal=$3; shift 3
+  run_ncu "$name" "$limit" "$causal" ${METRICS:+--metrics "$METRICS"}
+  if [[ ! -f "$LOGS/$name.ncu-rep" && -n $METRICS ]] && (( SECONDS <= 50 )); then  # once more, sections only
+    mv "$LOGS/$name.log" "$LOGS/${name}_with_metrics.log"; METRICS=""; run_ncu "$name" "$limit" "$causal"
+  fi
   [[ -f "$LOGS/$name.ncu-rep" ]] || return 1
   ncu --import "$LOGS/$name.ncu-rep" --page details > "$LOGS/$name.txt" 2>&1
   ncu --import "$LOGS/$name.ncu-rep" --page raw --csv > "$LOGS/$name.csv" 2>&1
-  python3 scripts/ncu_table.py --details "$LOGS/$name.txt" --raw "$LOGS/$name.csv" --out "$out/ncu_attribution_after.md" \
-    "$@" > "$LOGS/${name}_table.log" 2>&1
+  local impl  # per-instruction stall samples (where in the SASS the warps wait), one kernel each
+  for impl in fa_variants flash_attn; do
+    ncu --import "$LOGS/$name.ncu-rep" --kernel-name "regex:$impl" --page source --csv --print-source sass \
+      > "$LOGS/${name}_source_$impl.csv" 2>&1
+  done
+  python3 scripts/ncu_table.py --details "$LOGS/$name.txt" --raw "$LOGS/$name.csv" \
+    --out "$out/ncu_attribution_after.md" \
+    --source "$LOGS/${name}_source_fa_variants.csv" "$LOGS/${name}_source_flash_attn.csv" "$@" \
+    > "$LOGS/${name}_table.log" 2>&1
 }
-profile ncu_full no --title "D 128, N 4k, bf16, non-causal ($(git log --oneline -1 | cut -c1-7))" \
+profile ncu_full 30 no --title "D 128, N 4k, bf16, non-causal ($(git log --oneline -1 | cut -c1-7))" \
   --before "$BEFORE/ncu_attribution_before.md" \
   --before-details "$BEFORE/ncu_fa3_d128_n4k.txt" "$BEFORE/ncu_flash-attn-4_d128_n4k.txt"
-if (( SECONDS <= 60 )); then
-  profile ncu_causal yes --title "D 128, N 4k, bf16, causal"
+if (( SECONDS <= 50 )); then
+  profile ncu_causal 25 yes --title "D 128, N 4k, bf16, causal"
 else
   echo "== ncu_causal: skipped (${SECONDS}s passed)"
 fi

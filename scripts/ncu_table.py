@@ -16,8 +16,9 @@ flash-attn-4) for the rows its table lacks. Prints the table (markdown) and appe
 Rows: duration (ncu locks clocks to base unless told otherwise), elapsed cycles, executed instructions, issue slots
 busy, warp cycles per issued instruction, tensor-pipe activity (% of elapsed cycles), FMA / ALU / XU / uniform pipe
 instructions (% of peak, active cycles), FP32 fused / non-fused instructions (the InstructionStats rule's note), L2
-hit rate, and stall samples per reason (the before table's eight, then any other reason with >= 3% of a kernel's
-samples). A value ncu did not give prints as "-".
+hit rate, stall samples per reason (the before table's eight, then any other reason with >= 3% of a kernel's
+samples) and, where WarpStateStats gave them, warp cycles per issued instruction per reason. A value ncu did not
+give prints as "-". --source: ncu's source pages (one kernel each), whose top stall-sample SASS lines are printed.
 """
 from __future__ import annotations
 
@@ -195,6 +196,12 @@ def stall(reason: str):
     return lambda k: k.value(PCSAMP + reason)
 
 
+def stall_ratio(reason: str):
+    """Warp cycles per issued instruction spent in one stall reason (WarpStateStats, all cycles, not sampled)."""
+    return lambda k: k.value(f"smsp__average_warps_issue_stalled_{reason}_per_issue_active.ratio",
+                             f"smsp__average_warp_latency_issue_stalled_{reason}.ratio")
+
+
 def stall_reasons(kernels: list[Kernel]) -> list[tuple[str, str]]:
     """The before table's stall rows, then any other sampled reason with >= 3% of some kernel's samples."""
     rows, known = list(STALLS), {r for _, r in STALLS}
@@ -232,7 +239,9 @@ def rows_for(kernels: list[Kernel]):
         ("FP32 non-fused inst", fp32(1), 0),
         ("L2 hit rate (%)", lambda k: k.value("Memory Workload Analysis/L2 Hit Rate", "lts__t_sector_hit_rate.pct"), 1),
     ]
-    rows += [(f"stall samples: {label}", stall(reason), 0) for label, reason in stall_reasons(kernels)]
+    reasons = stall_reasons(kernels)
+    rows += [(f"stall samples: {label}", stall(reason), 0) for label, reason in reasons]
+    rows += [(f"cycles per issue stalled: {label}", stall_ratio(reason), 2) for label, reason in reasons]
     return rows
 
 
@@ -281,6 +290,8 @@ def table(pair: dict[str, Kernel], before: dict[str, tuple] | None = None) -> li
     for label, get, digits in rows_for(present):
         a = get(ours) if ours else None
         b = get(fa4) if fa4 else None
+        if label.startswith("cycles per issue stalled") and a is None and b is None:
+            continue  # WarpStateStats' breakdown: printed only where ncu gave it
         line = f"| {label} | {_fmt(a, digits)} | {_fmt(b, digits)} | {_ratio(a, b)} |"
         if before is not None:
             ba, bb = before.get(row_key(label), (None, None))
@@ -307,6 +318,25 @@ def before_values(before_md: str | None, before_details: list[str] | None) -> di
     return values
 
 
+def source_top(text: str, n: int = 12) -> list[str]:
+    """The ``n`` SASS instructions with the most stall samples in an ``ncu --page source --csv --print-source sass``
+    text (columns: an address, the source line, "Warp Stall Sampling (All Samples)"; other columns ignored), as
+    "address  samples  share%  instruction" lines; one line saying so when those columns are not there."""
+    rows = list(csv.reader(io.StringIO("\n".join(ln for ln in text.splitlines() if ln.startswith('"')))))
+    head = rows[0] if rows else []
+    find = lambda word: next((i for i, c in enumerate(head) if word in c), None)  # noqa: E731
+    at, src, samp = find("Address"), find("Source"), find("Warp Stall Sampling (All")
+    if None in (at, src, samp):
+        return ["(source page: no Address / Source / Warp Stall Sampling (All Samples) columns)"]
+    got = []
+    for r in rows[1:]:
+        value = _number(r[samp]) if len(r) > samp else ""
+        if isinstance(value, float):
+            got.append((value, r[at], r[src].strip()))
+    total = sum(v for v, _, _ in got) or 1.0
+    return [f"{a:>8} {v:>9,.0f} {100 * v / total:5.1f}%  {s[:80]}" for v, a, s in sorted(got, reverse=True)[:n]]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--details", required=True, help="ncu --page details text")
@@ -315,9 +345,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--before-details", nargs="+", metavar="TXT", help="the before run's details pages: ours, fa4")
     ap.add_argument("--title", default="")
     ap.add_argument("--out", help="markdown file the table is appended to")
+    ap.add_argument("--source", nargs="+", metavar="CSV", help="ncu --page source --csv --print-source sass texts "
+                    "(one kernel each): their top stall-sample instructions are printed after the table")
     a = ap.parse_args(argv)
     for flag, path in (("--details", a.details), ("--raw", a.raw), ("--before", a.before),
-                       *(("--before-details", p) for p in a.before_details or [])):
+                       *(("--before-details", p) for p in a.before_details or []),
+                       *(("--source", p) for p in a.source or [])):
         if path is not None and not Path(path).is_file():
             ap.error(f"{flag}: no such file {path}")
     kernels = parse_details(Path(a.details).read_text(errors="replace"))
@@ -325,6 +358,9 @@ def main(argv: list[str] | None = None) -> int:
         kernels = merge(kernels, parse_raw_csv(Path(a.raw).read_text(errors="replace")))
     pair = pick(kernels)
     lines = ([f"### {a.title}", ""] if a.title else []) + table(pair, before_values(a.before, a.before_details))
+    for path in a.source or []:
+        lines += ["", f"top stall-sample SASS instructions, {Path(path).name}:", "```",
+                  *source_top(Path(path).read_text(errors="replace")), "```"]
     text = "\n".join(lines) + "\n"
     print(text, end="")
     if a.out:

@@ -85,18 +85,18 @@ DETAILS = """==PROF== Disconnected from process 77
 
 # ncu --page raw --csv of the same report (a few of its columns): names, units, one row per kernel
 _COLS = ["ID", "Kernel Name", "lts__t_sector_hit_rate.pct",
+         "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio",
          "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_elapsed",
          "smsp__pcsamp_warps_issue_stalled_barrier", "smsp__pcsamp_warps_issue_stalled_wait",
          "smsp__pcsamp_warps_issue_stalled_math_pipe_throttle", "smsp__pcsamp_warps_issue_stalled_sleeping",
          "smsp__pcsamp_warps_issue_stalled_barrier_not_issued"]
-_UNITS = ["", "", "%", "%", "", "", "", "", ""]
-_ROWS = [["0", "void at::native::vectorized_elementwise_kernel", "1", "0", "1", "1", "0", "0", "0"],
-         ["1", "kernel_cutlass_kernel_fa_variantshopperfa3FlashAttention3Sm90_object_at__x_0", "88.50", "74.9",
-          "12,000", "19,000", "3,000", "10", "5"],
-         ["2", "kernel_cutlass_kernel_flash_attncuteflash_fwd_sm90FlashAttentionForwardSm90_object_at__y_0", "1", "1",
-          "1", "1", "0", "0", "0"],
-         ["3", "kernel_cutlass_kernel_flash_attncuteflash_fwd_sm90FlashAttentionForwardSm90_object_at__y_0", "76.00",
-          "78.1", "8,400", "21,000", "100", "20", "4"]]
+_UNITS = ["", "", "%", "", "%", "", "", "", "", ""]
+_OURS = "kernel_cutlass_kernel_fa_variantshopperfa3FlashAttention3Sm90_object_at__x_0"
+_FA4 = "kernel_cutlass_kernel_flash_attncuteflash_fwd_sm90FlashAttentionForwardSm90_object_at__y_0"
+_ROWS = [["0", "void at::native::vectorized_elementwise_kernel", "1", "0.1", "0", "1", "1", "0", "0", "0"],
+         ["1", _OURS, "88.50", "1.25", "74.9", "12,000", "19,000", "3,000", "10", "5"],
+         ["2", _FA4, "1", "0.1", "1", "1", "1", "0", "0", "0"],
+         ["3", _FA4, "76.00", "0.80", "78.1", "8,400", "21,000", "100", "20", "4"]]
 RAW = "==PROF== Connected to process 77\nprofiled fa3 D=128\n" + "\n".join(
     ",".join(f'"{c}"' for c in row) for row in [_COLS, _UNITS, *_ROWS]) + "\n"
 
@@ -166,6 +166,8 @@ def test_details_and_raw_merged(nt):
     assert "stall samples: sleeping" not in rows and "stall samples: barrier not issued" not in rows
     assert rows["stall samples: dispatch"][:3] == ["-", "-", "-"]
     assert rows["issue slots busy (%)"][:2] == ["37.1", "-"]
+    assert rows["cycles per issue stalled: barrier"][:3] == ["1.25", "0.80", "1.56"]
+    assert "cycles per issue stalled: wait" not in rows  # not given by ncu: left out
 
 
 def test_tensor_pipe_from_the_note_without_the_raw_page(nt):
@@ -208,3 +210,55 @@ def test_ncu12_script_profiles_what_it_precompiles():
     assert "--impl fa3,flash-attn-4" in text and "ncu_attribution_before.md" in text
     assert all((BEFORE / f).is_file() for f in ("ncu_attribution_before.md", "ncu_fa3_d128_n4k.txt",
                                                 "ncu_flash-attn-4_d128_n4k.txt"))
+
+
+def _fake(folder: Path, name: str, body: str) -> None:
+    (folder / name).write_text("#!/usr/bin/env bash\n" + body + "\n")
+    (folder / name).chmod(0o755)
+
+
+def test_ncu12_script_end_to_end_with_a_fake_ncu(tmp_path):
+    """scripts/ncu12_gpu.sh with fake ncu / nvidia-smi / python3 (the table script runs for real): the metrics
+    asked are those the query lists, both ncu runs write their report and table (non-causal with the before
+    columns), the source pages are exported per kernel, and the summary prints the tables."""
+    import os
+    import subprocess
+    import sys
+
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (tmp_path / "d.txt").write_text(DETAILS)
+    (tmp_path / "r.csv").write_text(RAW)
+    (tmp_path / "s.csv").write_text('"Address","Source","Warp Stall Sampling (All Samples)"\n'
+                                    '"0x10","BAR.SYNC.DEFER_BLOCKING R11, 0x100","1,200"\n'
+                                    '"0x20","MUFU.EX2 R4, R4","300"\n')
+    calls = tmp_path / "ncu_calls.txt"
+    _fake(bin_, "nvidia-smi", 'if [[ " $* " == *" -lms "* ]]; then sleep 30; fi; echo "0, FAKE H200"')
+    _fake(bin_, "ncu", f"""echo "$*" >> {calls}
+case " $* " in
+  *" --version "*) echo "Version 2099.1";;
+  *" --query-metrics "*) printf 'Metric Name   Metric Description\\nsm__inst_executed_pipe_fma   fma\\n'
+                         printf 'sm__inst_executed_pipe_xu   xu\\n';;
+  *" --page details "*) cat {tmp_path / 'd.txt'};;
+  *" --page raw "*) cat {tmp_path / 'r.csv'};;
+  *" --page source "*) cat {tmp_path / 's.csv'};;
+  *) while [[ $# -gt 0 && $1 != -o ]]; do shift; done; touch "$2.ncu-rep"; echo "profiled fa3 D=128";
+     echo "max |O difference| between fa3, flash-attn-4 causal=False: 3.9e-03";;
+esac""")
+    _fake(bin_, "python3", f'if [[ $1 == scripts/ncu_table.py ]]; then exec {sys.executable} "$@"; fi\n'
+                           'echo "precompiled 2 kernels + flash-attn-4 in 1 s"')
+    env = dict(os.environ, PATH=f"{bin_}:{os.environ['PATH']}", OUT=str(tmp_path / "out"))
+    run = subprocess.run(["bash", "scripts/ncu12_gpu.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    profiled = [ln for ln in calls.read_text().splitlines() if "ncu_attribution.py" in ln]
+    assert len(profiled) == 2 and all("--impl fa3,flash-attn-4" in ln for ln in profiled)
+    assert "--metrics sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active," \
+           "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active " in profiled[0]
+    assert "--causal no" in profiled[0] and "--causal yes" in profiled[1] and "--section SourceCounters" in profiled[0]
+    assert sum("--page source" in ln and "regex:flash_attn" in ln for ln in calls.read_text().splitlines()) == 2
+    after = (tmp_path / "out" / "ncu_attribution_after.md").read_text()
+    assert after.count("| metric | fa3 (ours)") == 2 and after.count("ours before") == 1
+    assert "### D 128, N 4k, bf16, causal" in after and "BAR.SYNC.DEFER_BLOCKING" in after
+    assert "== ncu_full table" in run.stdout and "| instructions executed | 260,000,000" in run.stdout
+    assert "max |O difference|" in run.stdout
