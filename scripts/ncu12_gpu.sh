@@ -67,7 +67,7 @@ profile() {  # profile NAME LIMIT CAUSAL [ncu_table args...]
     --source "$LOGS/${name}_source_fa_variants.csv" "$LOGS/${name}_source_flash_attn.csv" "$@" \
     > "$LOGS/${name}_table.log" 2>&1
 }
-profile ncu_full 30 no --title "D 128, N 4k, bf16, non-causal ($(git log --oneline -1 | cut -c1-7))" \
+profile ncu_full 35 no --title "D 128, N 4k, bf16, non-causal ($(git log --oneline -1 | cut -c1-7))" \
   --before "$BEFORE/ncu_attribution_before.md" \
   --before-details "$BEFORE/ncu_fa3_d128_n4k.txt" "$BEFORE/ncu_flash-attn-4_d128_n4k.txt"
 if (( SECONDS <= 50 )); then
