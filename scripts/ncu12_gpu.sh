@@ -19,8 +19,8 @@
 # Pass: (0) "precompiled", no Traceback; (1) "max |O difference| ... causal=False" <= ~1e-2 (the two profiled kernels
 # compute the same attention; bf16 outputs), and the table has both columns (ncu_table exits 0; "-" only where ncu
 # lacks a metric). Prediction (bench/NOTES.md, "Session 7 (2026-12-01): Nsight Compute after"): executed
-# instructions ours / fa4 1.19 -> 1.05-1.08 (~256-262M vs 245M), FP32 non-fused 1.97 -> ~1.0, fused 0.03 -> ~1.0;
-# elapsed cycles ours / fa4 1.09 -> 1.04-1.07; tensor pipe 72.2% -> 74-76% (fa4 ~79%); L2 hit rate unchanged (~89 vs
+# instructions ours / fa4 1.19 -> 1.02-1.07 (250-262M vs 245M), FP32 non-fused 1.97 -> ~1.0, fused 0.03 -> ~1.06;
+# elapsed cycles ours / fa4 1.09 -> 1.04-1.08; tensor pipe 72.2% -> 73-76% (fa4 ~79%); L2 hit rate unchanged (~89 vs
 # ~76); stall samples: selected ~1.05 (tracks instructions), barrier still >= 1.3x fa4's (the ping-pong turn), wait
 # and long scoreboard ~1.0. If barrier is still the largest excess, the next lever is the ping-pong turn (what ours
 # does between the scheduler barrier's sync and its arrive), not instruction count or L2.
