@@ -228,8 +228,9 @@ V3_STAGED_STORE: bool | None = {"auto": None, "1": True, "0": False}[
 #: stages). head_dim 64 K (rows 192, 192 threads): 2 CTAs at 147 registers (12 warps per SM) -> 3 at 96 (18 warps,
 #: no spill, 3 stages: 3 x 74 KB); Q (rows 128, 128 threads): 4 at 128 -> 5 at 96 (20 warps, no spill; 2 stages to
 #: fit 5 x 34 KB); head_dim 128 Q (rows 128, 256 threads): 2 at 128 -> 3 at 80 (24 warps; 32 / 56 bytes of spill
-#: without / with the LSE shift; 2 stages). The same operations: outputs bit for bit v3's. Off until measured
-#: (scripts/quant6_gpu.sh); FA_VARIANTS_FP8_QUANT_OCCUPANCY=1 (read at import) turns it on
+#: without / with the LSE shift; 2 stages). The same operations: outputs bit for bit v3's. Off: H200, session 7
+#: (scripts/quant6_gpu.sh), 0.998-1.012x the pass time at head_dim 64, 1.07-1.10x at 128 (bench/NOTES.md);
+#: FA_VARIANTS_FP8_QUANT_OCCUPANCY=1 (read at import) turns it on
 V3_OCCUPANCY = _env.flag("FA_VARIANTS_FP8_QUANT_OCCUPANCY", False)
 OCCUPANCY = {(64, 192): (3, 3), (64, 128): (5, 2), (128, 128): (3, 2)}
 
