@@ -54,6 +54,14 @@ timed the shared-memory merge: ``common.launch`` now keys steps by config and sw
 * ``wide3``, ``wide4``  the 128-row packed tiles with 3 / 4 K/V stages (``PACK_WIDE_STAGES``; 4 fits at D 64 only);
 * ``cand7``       warp + row1 + wide3.
 
+Session 8 (``--s8`` picks the shapes ``S8``, the Nk 32k shapes under 70% of HBM and controls; `auto` has the warp
+merge at >= 8 splits and first_row_only):
+
+* ``pdl16``         PDL up to 16 splits (``DECODE_PDL_MAX_SPLITS`` 16): seqlen_q 1 at B 1 Nk 4k / 32k;
+* ``rowspdl``       and packed seqlen_q > 1 split calls with PDL too (``PACK_ROWS_PDL``);
+* ``rowsdual``      packed seqlen_q > 1 calls of >= 8 splits in 64-row tiles run two CTAs per SM (``PACK_ROWS_DUAL``);
+* ``rowsdual+pdl``  both, PDL up to 32 splits (the dual tiles' count at B 1 Nk 32k D 64).
+
 With ``--s7`` (or ``--skip-same``) a public variant that runs at a shape what `auto` or a variant listed before it
 runs there (config and merge kernel) is not timed there: its cell reads "-".
 
@@ -123,6 +131,13 @@ S7 = ([(64, h, 8, b, nk) for h in (32, 64) for b, nk in ((1, 4096), (8, 1024), (
          (128, 64, 8, 1, 32768)]
       + [(64, 64, 8, 1, 32768, 16), (64, 64, 8, 8, 32768, 16), (64, 64, 8, 64, 32768, 16), (64, 32, 8, 1, 32768, 16),
          (128, 32, 8, 1, 32768, 16), (128, 64, 8, 1, 32768, 16), (128, 64, 8, 64, 32768, 16), (64, 64, 8, 64, 1024, 16)])
+# session 8 (--s8): the Nk 32k shapes under 70% of HBM after the session 7 flips (bench/h200-2026-12-01-s7/decode_bench.md;
+# D 64 64:8 B 64 Nq 16 left out: unsplit, no variant changes it), then controls the variants change: D 128 32:8 B 1 Nq 16
+# (70%), short Nk (B 1 Nk 4k at seqlen_q 1 / 16, B 8 Nk 1k Nq 16), and one seqlen_q 1 shape at D 128
+S8 = ([(64, 64, 8, 1, 32768, 16), (128, 64, 8, 1, 32768, 16), (64, 32, 8, 1, 32768, 16), (64, 32, 8, 1, 32768, 4),
+       (64, 64, 8, 1, 32768, 4), (64, 32, 8, 1, 32768), (64, 64, 8, 1, 32768), (64, 64, 8, 8, 32768, 16)]
+      + [(128, 32, 8, 1, 32768, 16), (64, 32, 8, 1, 4096, 16), (64, 32, 8, 1, 4096), (128, 32, 8, 1, 4096),
+         (64, 32, 8, 8, 1024, 16)])
 ALL_NQ1 = [(d, h, 8, b, nk) for d in (64, 128) for h in (32, 64) for b in (1, 8, 64)
            for nk in (1024, 4096, 32768, 131072)]
 
@@ -161,12 +176,18 @@ PUBLIC = {
     "wide3": dict(PACK_WIDE_STAGES=3),
     "wide4": dict(PACK_WIDE_STAGES=4),
     "cand7": dict(MERGE_WARP=True, DECODE_FIRST_ROW=True, PACK_WIDE_STAGES=3),
+    # session 8
+    "pdl16": dict(DECODE_PDL_MAX_SPLITS=16),
+    "rowspdl": dict(PACK_ROWS_PDL=True, DECODE_PDL_MAX_SPLITS=16),
+    "rowsdual": dict(PACK_ROWS_DUAL=True),
+    "rowsdual+pdl": dict(PACK_ROWS_DUAL=True, PACK_ROWS_PDL=True, DECODE_PDL_MAX_SPLITS=32),
     "shipped": dict(),  # the shipped switches (what `auto` runs when the environment sets none)
 }
 #: the switches PUBLIC sets, at their shipped values (a variant sets all of them, its own on top); MERGE_WARP is
 #: common.split_combine's, the rest fa3's
 SHIPPED = dict(FUSED_MERGE="off", DECODE_PDL=False, DECODE_TILES_CHOICE="auto", DECODE_PDL_MAX_SPLITS=8,
-               SPLIT_MIN_TILES=1, PACK_WIDE=None, MERGE_WARP=None, PACK_WIDE_STAGES=0, DECODE_FIRST_ROW=True)
+               SPLIT_MIN_TILES=1, PACK_WIDE=None, MERGE_WARP=None, PACK_WIDE_STAGES=0, DECODE_FIRST_ROW=True,
+               PACK_ROWS_DUAL=False, PACK_ROWS_PDL=False)
 NUM_SMS_DEFAULT = 132  # H100/H200 SXM, for --plan without a GPU
 REF_BATCHES = 8  # sequences of a shape each entry's output is checked on (the reference's cost)
 
@@ -598,6 +619,7 @@ def main() -> int:
     p.add_argument("--short-nk", action="store_true", help="SHORT_NK + CONTROLS instead of the 32 misses")
     p.add_argument("--s6", action="store_true", help="the session-6 set S6 instead of the 32 misses")
     p.add_argument("--s7", action="store_true", help="the session-7 set S7 instead of the 32 misses (and --skip-same)")
+    p.add_argument("--s8", action="store_true", help="the session-8 set S8 instead of the 32 misses (and --skip-same)")
     p.add_argument("--skip-same", action="store_true",
                    help="time no public variant where it runs the shipped config (same_as_shipped)")
     p.add_argument("--variants", nargs="+", default=[v for v in VARIANTS if not v.startswith("min1")],
@@ -610,7 +632,7 @@ def main() -> int:
     p.add_argument("--out", default=os.path.join(os.environ["OUT"], "decode_ab") if os.environ.get("OUT")
                    else "results/decode2/decode_ab")
     a = p.parse_args()
-    shapes = (ALL_NQ1 if a.all_nq1 else SHORT_NK + CONTROLS if a.short_nk else S6 if a.s6 else S7 if a.s7 else
+    shapes = (ALL_NQ1 if a.all_nq1 else SHORT_NK + CONTROLS if a.short_nk else S6 if a.s6 else S7 if a.s7 else S8 if a.s8 else
               MISSES) + (
         WINS if a.wins else [])
     gpu = not (a.plan or a.compile_only)
@@ -624,7 +646,7 @@ def main() -> int:
     else:
         os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
         num_sms = NUM_SMS_DEFAULT
-    rows = plan(shapes, a.variants, num_sms, a.skip_same or a.s7)
+    rows = plan(shapes, a.variants, num_sms, a.skip_same or a.s7 or a.s8)
     for r in rows:
         if not r.get("public"):
             r["forced"] = entry(r["variant"], r["shape"], num_sms)[1]
