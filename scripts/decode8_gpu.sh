@@ -11,8 +11,9 @@
 # PDL hides part of it (decode7: warp+pdl16 68% at D 64 32:8 Nq 1). At D 64 32:8 Nq 16 and D 128 64:8 Nq 16 the
 # 64-row tile's one consumer warpgroup per SM sets the time per tile (1.1 / 1.4 us where the bytes need ~1.0 / 2.0);
 # two CTAs per SM run one's softmax under the other's GEMMs.
-# 0. scripts/decode8_precompile.py: 34 kernels (26 fa3, 8 merges) in 16 processes into the disk cache.
-# 1. GPU tests (-n 4), tests/test_decode_gpu.py -k pack_rows: the dual pack_group configs with and without PDL (groups
+# 0. scripts/decode8_precompile.py: 34 kernels (26 fa3, 8 merges) in 16 processes into the disk cache (decode7's 34: 19 s).
+# Step limits 24 + 30 + 28 s.
+# 1. GPU tests (12, one process), tests/test_decode_gpu.py -k pack_rows: the dual pack_group configs with and without PDL (groups
 #    4 / 8, D 64 / 128, Nq 4-16, odd Nk, 8-33 splits: past the 32 the warp merge loads at once) and `auto` with both
 #    switches (config fields, three fresh Qs, a CUDA-graph replay after a new Q); O and LSE vs float64, NaN-poisoned.
 # 2. scripts/decode_ab.py --s8 (13 shapes: the 8 split shapes under 70%, controls D 128 32:8 B 1 Nq 16 (70%), B 1 Nk 4k
@@ -36,9 +37,8 @@ set -uo pipefail
 source "$(dirname "$0")/steps.sh"; help_from_header "$@"
 out="${OUT:-results/decode8}"; session_setup "$out/logs"
 VARIANTS=(pdl16 rowspdl rowsdual rowsdual+pdl)
-step precompile 32 python3 scripts/decode8_precompile.py --jobs 16 --variants "${VARIANTS[@]}"
-NPROC=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4" || echo "")
-step pytest 26 python3 -m pytest -q $NPROC -m gpu -p no:cacheprovider --tb=short -rfEX tests/test_decode_gpu.py \
+step precompile 24 python3 scripts/decode8_precompile.py --jobs 16 --variants "${VARIANTS[@]}"
+step pytest 30 python3 -m pytest -q -m gpu -p no:cacheprovider --tb=short -rfEX tests/test_decode_gpu.py \
   -k "pack_rows"
 step decode_ab 28 python3 scripts/decode_ab.py --s8 --no-precompile --rounds 5 --variants "${VARIANTS[@]}" \
   --out "$out/decode_ab"
