@@ -658,7 +658,7 @@ VARIANT = Variant(
     operand=_tma_operand, check_problem=_check_problem, problem_config=_problem_config,
     switches=lambda: (SPLIT_KV_ENABLED, PACK_GQA_ENABLED, MERGE_KERNEL, split_combine.MERGE_PDL, DECODE_TILES_CHOICE,
                       DECODE_PDL, DECODE_PDL_MAX_SPLITS, SPLIT_MIN_TILES, PACK_WIDE, PACK_WIDE_STAGES, DECODE_FIRST_ROW,
-                      split_combine.MERGE_WARP, FUSED_MERGE, PACK_ROWS_DUAL, PACK_ROWS_PDL),
+                      split_combine.MERGE_WARP, PACK_ROWS_DUAL, PACK_ROWS_PDL, FUSED_MERGE),
     warm_configs=lambda arch, head_dim, causal, groups=(): _auto_configs(head_dim, groups))
 
 
