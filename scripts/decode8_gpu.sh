@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# decode8_gpu.sh: issue 13, session 8, on one H200 (<= 90 s): the Nk 32k decode shapes under 70% of HBM after the session
+# decode8_gpu.sh: issue 13, session 7 (second decode round), on one H200 (<= 90 s): the Nk 32k decode shapes under 70% of HBM after the session
 # 7 flips, with PDL at 16 splits (seqlen_q 1, an existing switch), PDL for packed seqlen_q > 1 split calls
 # (FA_VARIANTS_PACK_ROWS_PDL) and two CTAs per SM for packed seqlen_q > 1 calls of >= 8 splits in 64-row tiles
 # (FA_VARIANTS_PACK_ROWS_DUAL), all off by default.

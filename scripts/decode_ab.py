@@ -54,7 +54,7 @@ timed the shared-memory merge: ``common.launch`` now keys steps by config and sw
 * ``wide3``, ``wide4``  the 128-row packed tiles with 3 / 4 K/V stages (``PACK_WIDE_STAGES``; 4 fits at D 64 only);
 * ``cand7``       warp + row1 + wide3.
 
-Session 8 (``--s8`` picks the shapes ``S8``, the Nk 32k shapes under 70% of HBM and controls; `auto` has the warp
+Session 7, second decode round (``--s8`` picks the shapes ``S8``, the Nk 32k shapes under 70% of HBM and controls; `auto` has the warp
 merge at >= 8 splits and first_row_only):
 
 * ``pdl16``         PDL up to 16 splits (``DECODE_PDL_MAX_SPLITS`` 16): seqlen_q 1 at B 1 Nk 4k / 32k;
@@ -131,7 +131,7 @@ S7 = ([(64, h, 8, b, nk) for h in (32, 64) for b, nk in ((1, 4096), (8, 1024), (
          (128, 64, 8, 1, 32768)]
       + [(64, 64, 8, 1, 32768, 16), (64, 64, 8, 8, 32768, 16), (64, 64, 8, 64, 32768, 16), (64, 32, 8, 1, 32768, 16),
          (128, 32, 8, 1, 32768, 16), (128, 64, 8, 1, 32768, 16), (128, 64, 8, 64, 32768, 16), (64, 64, 8, 64, 1024, 16)])
-# session 8 (--s8): the Nk 32k shapes under 70% of HBM after the session 7 flips (bench/h200-2026-12-01-s7/decode_bench.md;
+# session 7, second decode round (--s8): the Nk 32k shapes under 70% of HBM after the session 7 flips (bench/h200-2026-12-01-s7/decode_bench.md;
 # D 64 64:8 B 64 Nq 16 left out: unsplit, no variant changes it), then controls the variants change: D 128 32:8 B 1 Nq 16
 # (70%), short Nk (B 1 Nk 4k at seqlen_q 1 / 16, B 8 Nk 1k Nq 16), and one seqlen_q 1 shape at D 128
 S8 = ([(64, 64, 8, 1, 32768, 16), (128, 64, 8, 1, 32768, 16), (64, 32, 8, 1, 32768, 16), (64, 32, 8, 1, 32768, 4),
@@ -176,7 +176,7 @@ PUBLIC = {
     "wide3": dict(PACK_WIDE_STAGES=3),
     "wide4": dict(PACK_WIDE_STAGES=4),
     "cand7": dict(MERGE_WARP=True, DECODE_FIRST_ROW=True, PACK_WIDE_STAGES=3),
-    # session 8
+    # session 7, second decode round (--s8)
     "pdl16": dict(DECODE_PDL_MAX_SPLITS=16),
     "rowspdl": dict(PACK_ROWS_PDL=True, DECODE_PDL_MAX_SPLITS=16),
     "rowsdual": dict(PACK_ROWS_DUAL=True),
