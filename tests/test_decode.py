@@ -522,3 +522,22 @@ def test_pack_rows_switches(h200, split_enabled, monkeypatch):
     assert any(c.pack_group == 4 and c.ctas_per_sm == 2 and c.pdl for c in warm)
     for c in warm:
         c.check(64)
+
+
+@pytest.mark.parametrize("fused", ["off", "decode", "all"])
+def test_auto_configs_pass_their_check_under_every_merge_mode(h200, split_enabled, monkeypatch, fused):
+    """Every config `auto` picks for decode shapes (first_row_only on by default) is one its check accepts under
+    each FA_VARIANTS_FUSED_MERGE mode: the fused merge has no first_row_only, so a fused config runs the whole
+    tile (before: the pair reached the launch and raised, session 7's GPU suite, test_decode_fused_gpu)."""
+    monkeypatch.setattr(fa3, "PACK_GQA_ENABLED", True)
+    monkeypatch.setattr(fa3, "FUSED_MERGE", fused)
+    for shape in ((1, 1, 32, 8, 4096), (1, 1, 64, 8, 1024), (8, 1, 32, 8, 1024), (1, 1, 32, 32, 4096)):
+        for head_dim in (64, 128):
+            q, k = _qk(*shape, head_dim=head_dim)
+            cfg = fa3._problem_config(None, q, k, True)
+            if cfg is not None:
+                cfg.check(head_dim)
+                assert not (cfg.fused_merge and cfg.first_row_only), (shape, cfg)
+    for head_dim in (64, 128):
+        for cfg in fa3._auto_configs(head_dim, (4, 8)):
+            cfg.check(head_dim)
