@@ -3,7 +3,8 @@
 (O *= alpha skipped when no row max of the thread moved), ``exp2_emu`` (some exponentials computed with FMAs,
 ``common.exp2_poly``), ``descale_prefetch`` (K/V descales read ahead), ``reduce_chains`` (row max and row sum in independent chains; session 6,
 head_dim 64/128: ``FP8SMALL_VARIANTS``), the lookahead schedule at 128 (session 7:
-``FP8MID_VARIANTS``), the defaults before session 5 ("old"), and the
+``FP8MID_VARIANTS``), ``q_tail_first`` (the partial query tile first under causal masking; session 7: ``FP8D128_VARIANTS``),
+the defaults before session 5 ("old"), and the
 combinations scripts/fa3_fp8_speed_ab.py times (``--set fp8speed`` / ``fp8flip``, whose precompile builds these).
 
 fa3-fp8: the kernel against its emulation on the same quantised inputs (default recipe; its two_level and
@@ -91,6 +92,20 @@ FP8MID_VARIANTS = {
     "fp8mid-d128-m192_look128h_c4": (128, dict(_LOOK, tile_m=192, tile_n=128)),
 }
 
+# session 7, head_dim 128 / 64 (scripts/fa3_fp8_speed_ab.py FP8D128_VARIANTS, "fp8d128-d<D>-<name>"): q_tail_first (causal:
+# the query tiles laid from the last row back, the partial tile first; SHAPES' seqlen_q 113 and 1023 move the tiles back
+# by 64 and 128 rows at tile_m 192, so the first tile has one or two warpgroups wholly before row 0), skip_unit_rescale,
+# exp2_emu 2 on the 64 default, 128 x 256 tiles at 64
+_M192_LOOK = dict(_LOOK, tile_m=192, tile_n=128)
+FP8D128_VARIANTS = {
+    "fp8d128-d128-m192_look128h_c4_tail": (128, dict(_M192_LOOK, q_tail_first=True)),
+    "fp8d128-d128-m192_look128h_c4_tail_skip": (128, dict(_M192_LOOK, q_tail_first=True, skip_unit_rescale=True)),
+    "fp8d128-d64-tail": (64, dict(q_tail_first=True)),
+    "fp8d128-d64-emu2": (64, dict(exp2_emu=2)),
+    "fp8d128-d64-tail_emu2": (64, dict(q_tail_first=True, exp2_emu=2)),
+    "fp8d128-d64-m128_tn256": (64, dict(tile_m=128, tile_n=256)),
+}
+
 def _inputs(shape, head_dim, seed):
     B, Nq, Nk, H, Hkv = shape
     g = torch.Generator(device="cuda").manual_seed(seed)
@@ -100,13 +115,13 @@ def _inputs(shape, head_dim, seed):
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
-@pytest.mark.parametrize("variant", [*FP8_VARIANTS, *FP8SMALL_VARIANTS, *FP8MID_VARIANTS])
+@pytest.mark.parametrize("variant", [*FP8_VARIANTS, *FP8SMALL_VARIANTS, *FP8MID_VARIANTS, *FP8D128_VARIANTS])
 def test_fp8_variant_vs_emulation(fp8_kernel, variant, shape, causal, request, nan_allocations):
     from fa_variants import fp8
     from fa_variants.fp8.quantize import quantize_fp8_torch
     from fa_variants.reference import attention_reference
 
-    D, change = {**FP8_VARIANTS, **FP8SMALL_VARIANTS, **FP8MID_VARIANTS}[variant]
+    D, change = {**FP8_VARIANTS, **FP8SMALL_VARIANTS, **FP8MID_VARIANTS, **FP8D128_VARIANTS}[variant]
     cfg = dataclasses.replace(fp8_kernel.DEFAULT_CONFIGS[D], **change)
     seed = zlib.crc32(request.node.nodeid.encode())
     q, k, v = _inputs(shape, D, seed)

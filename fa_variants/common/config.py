@@ -173,6 +173,13 @@ class Sm90Config:
         head_dim >= 128 non-causal calls with an even query-tile count (hopper/flash_fwd_launch_template.h);
         flash-attn-4's sm90 path does not. Only the plain prefill path: not with split-KV, packed GQA, persistent,
         shared_kv_state or two CTAs per SM.
+    q_tail_first: (causal calls; a non-causal kernel compiles without it) the query tiles are laid from the last
+        row back, so that when seqlen_q is not a multiple of tile_m the partial tile is the first one (the
+        shortest under causal masking) instead of the last (the longest: with 192-row tiles at seqlen_q 4096 its 64
+        rows cost a full walk over all K/V tiles, ~6% of the work). Tile m covers rows m tile_m - shift ..
+        with shift = ((-seqlen_q) mod tile_m) rounded down to whole 64-row warpgroups (each warpgroup's rows stay
+        inside one 128-row FP8 Q scale block); rows < 0 are zero-filled by the Q load, masked, and never stored.
+        Only the plain prefill path: not with split-KV, packed GQA, persistent or kv_multicast.
     """
 
     tile_m: int = 128
@@ -202,6 +209,7 @@ class Sm90Config:
     persistent: bool = False
     first_row_only: bool = False
     kv_multicast: bool = False
+    q_tail_first: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:
@@ -276,6 +284,10 @@ class Sm90Config:
                 or self.ctas_per_sm != 1)):
             raise ValueError(f"kv_multicast={self.kv_multicast!r} must be a bool, True only without split-KV "
                              "(num_splits=1), pack_gqa, persistent, shared_kv_state and with ctas_per_sm=1")
+        if not isinstance(self.q_tail_first, bool) or (self.q_tail_first and (
+                self.num_splits != 1 or self.pack_gqa or self.persistent or self.kv_multicast)):
+            raise ValueError(f"q_tail_first={self.q_tail_first!r} must be a bool, True only without split-KV "
+                             "(num_splits=1), pack_gqa, persistent and kv_multicast")
         if self.smem_bytes(head_dim) > smem_capacity(arch):
             raise ValueError(f"{self} needs {self.smem_bytes(head_dim)} B of shared memory at head_dim={head_dim} "
                              f"(max {smem_capacity(arch)})")

@@ -53,21 +53,23 @@ class BlockInfo:
     causal: bool
     qhead_per_kvhead: int = 1  # packed GQA: G tile rows per query position (module docstring)
 
-    def kv_tile_end(self, m_block, seqlen_q, seqlen_k):
-        """One past the last K/V tile that query tile `m_block` needs (0: none)."""
+    def kv_tile_end(self, m_block, seqlen_q, seqlen_k, row_shift=0):
+        """One past the last K/V tile that query tile `m_block` needs (0: none). ``row_shift``: the tile's
+        first row is m_block tile_m - row_shift (``Sm90Config.q_tail_first``; 0 otherwise)."""
         n_end = _ceil_div(seqlen_k, self.tile_n)
         if self.causal:
             g = self.qhead_per_kvhead
-            last_row = _min(m_block * self.tile_m + self.tile_m, seqlen_q * g)  # rows < last_row exist
+            last_row = _min(m_block * self.tile_m + self.tile_m - row_shift, seqlen_q * g)  # rows < last_row exist
             positions = last_row if g == 1 else _ceil_div(last_row, g)  # its last row's query position + 1
             keys = positions + seqlen_k - seqlen_q  # keys 0 .. keys-1 are visible to its last row
             n_end = _min(n_end, _ceil_div(_max(keys, 0), self.tile_n))
         return n_end
 
-    def kv_tile_causal_start(self, m_block, seqlen_q, seqlen_k):
+    def kv_tile_causal_start(self, m_block, seqlen_q, seqlen_k, row_shift=0):
         """First K/V tile crossing the causal diagonal for some row of query tile `m_block`: tile n is
-        fully visible to the tile's first row iff (n + 1) tile_n - 1 <= m_block tile_m + shift."""
-        position = m_block * self.tile_m  # of the tile's first row (non-negative: // is exact)
+        fully visible to the tile's first row iff (n + 1) tile_n - 1 <= m_block tile_m + shift. ``row_shift``
+        as in ``kv_tile_end`` (the first row may then be negative: ``first`` is clamped at 0 before //)."""
+        position = m_block * self.tile_m - row_shift  # of the tile's first row (non-negative without a shift)
         if self.qhead_per_kvhead != 1:
             position = position // self.qhead_per_kvhead
         first = position + seqlen_k - seqlen_q + 1  # keys 0 .. first-1 visible to the first row

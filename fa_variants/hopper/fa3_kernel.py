@@ -499,7 +499,22 @@ class FlashAttention3Sm90:
         """K/V tiles [0, n_blocks) that the Q tile m_block sees (``common.mask.kv_tile_end``: causal
         skips the tiles past the diagonal of its last row). A tile whose rows see no key still runs
         tile 0, all masked, which gives O = 0 and LSE = -inf without a special path."""
-        return cutlass.max(self.blocks.kv_tile_end(m_block, seqlen_q, seqlen_k), 1)
+        return cutlass.max(self.blocks.kv_tile_end(m_block, seqlen_q, seqlen_k, self._q_shift(seqlen_q)), 1)
+
+    def _q_shift(self, seqlen_q):
+        """Rows by which the query tiles are moved back (``Sm90Config.q_tail_first``, causal kernels): tile m covers
+        rows m tile_m - shift .., so a partial tile is the first one; shift = (-seqlen_q) mod tile_m in whole
+        64-row warpgroups. 0 (a Python int: no code) otherwise."""
+        if const_expr(self.causal and self.cfg.q_tail_first):
+            return (self.tile_m - seqlen_q % self.tile_m) % self.tile_m // 64 * 64
+        return 0
+
+    def _q_rows(self, m_tensor, seqlen_q):
+        """The (rows, ...) tensor of Q or O seen from the first row of query tile 0 (``_q_shift`` rows before row
+        0 under q_tail_first: TMA zero-fills those rows on load and leaves them out on store)."""
+        if const_expr(self.causal and self.cfg.q_tail_first):
+            return cute.domain_offset((-self._q_shift(seqlen_q), 0), m_tensor)
+        return m_tensor
 
     @cute.jit
     def _split_coords(self, num_m_blocks: Int32, num_heads: Int32, num_splits: Int32):
@@ -562,7 +577,7 @@ class FlashAttention3Sm90:
         ``states``: (Q, K, V) producer states carried from the previous tile (persistent), returned advanced;
         the first K tile then goes out before Q (Q's buffer may still hold the previous tile's O)."""
         D = self.head_dim
-        gQ = cute.local_tile(mQ, (self.tile_m, D), (m_block, 0))
+        gQ = cute.local_tile(self._q_rows(mQ, cute.size(mQ.shape[0])), (self.tile_m, D), (m_block, 0))
         gK = cute.local_tile(mK, (self.tile_n, D), (None, 0))  # (tile_n, D, n_kv_tiles)
         gV = self._v_tiles(mV)  # (V tile, n_kv_tiles)
         one = cute.make_layout(1)
@@ -677,7 +692,7 @@ class FlashAttention3Sm90:
 
         ctx = self._step_context((
             self, wg, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrV, tOrP, acc_O, tScS, t0ScS,
-            softmax, pipe_k, pipe_v, m_block * self.tile_m,
+            softmax, pipe_k, pipe_v, m_block * self.tile_m - self._q_shift(seqlen_q),
             AttentionMask(seqlen_q, seqlen_k, qhead_per_kvhead=max(self.pack_group, 1)), alpha_prev, tOrP_next,
         ), extras, m_block, head, batch)
         if const_expr(not ctx.overwrites_o()):
@@ -693,7 +708,7 @@ class FlashAttention3Sm90:
         # cross the causal diagonal are masked; the ones left of it are not.
         n_masked = 0
         if const_expr(self.causal):
-            first_masked = self.blocks.kv_tile_causal_start(m_block, seqlen_q, seqlen_k)
+            first_masked = self.blocks.kv_tile_causal_start(m_block, seqlen_q, seqlen_k, self._q_shift(seqlen_q))
             if const_expr(self.split):  # tiles of this range at or past first_masked, but the first one
                 first_masked = cutlass.max(first_masked, n_start)
             n_masked = cutlass.max(self._tile(n_start, n_blocks) - 1 - first_masked, 0)
@@ -775,8 +790,11 @@ class FlashAttention3Sm90:
         tOcO = acc_rows_cols(thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim))))
         if tOcO[0, 0][1] == 0:
             for r in cutlass.range_constexpr(cute.size(lse)):
-                row = m_block * self.tile_m + tOcO[r, 0][0]
-                if row < seqlen_q:
+                row = m_block * self.tile_m - self._q_shift(seqlen_q) + tOcO[r, 0][0]
+                if const_expr(self.causal and self.cfg.q_tail_first):  # rows before 0 (the first tile) are not stored
+                    if row >= 0 and row < seqlen_q:
+                        mLSE[row] = lse[r]
+                elif row < seqlen_q:
                     mLSE[row] = lse[r]
 
         cute.arch.fence_view_async_shared()  # make the stmatrix writes visible to the TMA unit
@@ -788,7 +806,7 @@ class FlashAttention3Sm90:
         else:
             cute.arch.barrier(barrier_id=int(NamedBarrier.EPILOGUE), number_of_threads=consumers)
         if tidx < 32:
-            gO = cute.local_tile(mO, (self.tile_m, self.head_dim), (m_block, 0))
+            gO = cute.local_tile(self._q_rows(mO, seqlen_q), (self.tile_m, self.head_dim), (m_block, 0))
             tOsO, tOgO = cpasync.tma_partition(tma_o, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2), cute.group_modes(gO, 0, 2))
             cute.copy(tma_o, tOsO, tOgO)
             cute.arch.cp_async_bulk_commit_group()
