@@ -165,10 +165,12 @@ FP8MID_VARIANTS: dict[int, dict[str, dict]] = {
 # multiple of 192: the last query tile holds 64 rows but, under causal masking, is the longest one (all 32 K/V tiles).
 # tail: q_tail_first (the partial tile first, where it is the shortest; causal only, a non-causal call is unchanged);
 # skip: skip_unit_rescale. 64: emu2 = exp2_emu 2 on the 192 x 192 default (session 6 timed exp2_emu only on the
-# 192 x 128 overlap base before it); m128_tn256 = 128 x 256 serial (two warpgroups); tail as at 128.
+# 192 x 128 overlap base before it); m128_tn256 = 128 x 256 serial (two warpgroups); tn128_tail = 192 x 128 serial with
+# q_tail_first (with tile_n = tile_m = 192 the shift gains nothing: the key tiles stay aligned at 0, so the diagonal
+# tiles after the shift waste what the partial tile did; at 192 x 128 the shifted diagonal falls on a key tile edge).
 FP8D128_VARIANTS: dict[int, dict[str, dict]] = {
-    64: {"new": {}, "tail": dict(q_tail_first=True), "emu2": dict(exp2_emu=2),
-         "tail_emu2": dict(q_tail_first=True, exp2_emu=2), "m128_tn256": dict(tile_m=128, tile_n=256)},
+    64: {"new": {}, "emu2": dict(exp2_emu=2), "m128_tn256": dict(tile_m=128, tile_n=256),
+         "tn128_tail": dict(tile_n=128, q_tail_first=True)},
     128: {"new": {}, "m192_look128h_c4": dict(FP8MID_VARIANTS[128]["m192_look128h_c4"]),
           "m192_look128h_c4_tail": dict(FP8MID_VARIANTS[128]["m192_look128h_c4"], q_tail_first=True),
           "m192_look128h_c4_tail_skip": dict(FP8MID_VARIANTS[128]["m192_look128h_c4"], q_tail_first=True,
@@ -204,7 +206,7 @@ LEGENDS = {
                "tile_n); new = the default (128: 128 x 256 serial; 64: 192 x 192 serial, reduce_chains 4); "
                "m192_look128h_c4 = 192 x 128, s_lookahead with S as two halves, reduce_chains 4; tail = q_tail_first "
                "(causal: the partial query tile first); skip = skip_unit_rescale; emu2 = exp2_emu 2; m128_tn256 = "
-               "128 x 256 serial; bf16_fa3 = ours.",
+               "128 x 256 serial; tn128 = tile_n 128 (192 x 128 serial); bf16_fa3 = ours.",
     "fp8d256": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs (K/V scale blocks of the variant's "
                "tile_n); new = the default (two-level, 128 x 128, four P V slices, s_lookahead with S in two halves); "
                "old = the serial default before; lookNN = s_lookahead with tile_n NN (_p8: eight P V slices, _stK: K "

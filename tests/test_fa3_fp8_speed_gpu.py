@@ -95,15 +95,14 @@ FP8MID_VARIANTS = {
 # session 7, head_dim 128 / 64 (scripts/fa3_fp8_speed_ab.py FP8D128_VARIANTS, "fp8d128-d<D>-<name>"): q_tail_first (causal:
 # the query tiles laid from the last row back, the partial tile first; SHAPES' seqlen_q 113 and 1023 move the tiles back
 # by 64 and 128 rows at tile_m 192, so the first tile has one or two warpgroups wholly before row 0), skip_unit_rescale,
-# exp2_emu 2 on the 64 default, 128 x 256 tiles at 64
+# exp2_emu 2 on the 64 default, 128 x 256 and 192 x 128 (with q_tail_first) tiles at 64
 _M192_LOOK = dict(_LOOK, tile_m=192, tile_n=128)
 FP8D128_VARIANTS = {
     "fp8d128-d128-m192_look128h_c4_tail": (128, dict(_M192_LOOK, q_tail_first=True)),
     "fp8d128-d128-m192_look128h_c4_tail_skip": (128, dict(_M192_LOOK, q_tail_first=True, skip_unit_rescale=True)),
-    "fp8d128-d64-tail": (64, dict(q_tail_first=True)),
     "fp8d128-d64-emu2": (64, dict(exp2_emu=2)),
-    "fp8d128-d64-tail_emu2": (64, dict(q_tail_first=True, exp2_emu=2)),
     "fp8d128-d64-m128_tn256": (64, dict(tile_m=128, tile_n=256)),
+    "fp8d128-d64-tn128_tail": (64, dict(tile_n=128, q_tail_first=True)),
 }
 
 def _inputs(shape, head_dim, seed):

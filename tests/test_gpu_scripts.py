@@ -228,6 +228,36 @@ def test_fa3_fp8_speed_ab_fp8mid_set(capsys, monkeypatch):
     text = ab.speed_summary(speed, errors, "fp8mid")
     assert "worst nan (d128 m192_look128h_c4 causal=1): FAIL" in text and "- d128 m192_look128h_c4: 3.00e-03 / nan" in text
 
+def test_fa3_fp8_speed_ab_fp8d128_set(capsys, monkeypatch):
+    """--set fp8d128 (scripts/fp8d128_gpu.sh): head_dim 64/128 only; every timed variant but the default and the fp8mid
+    control is run by tests/test_fa3_fp8_speed_gpu.py with the same change (FP8D128_VARIANTS); all compiled in both
+    causal modes, valid configs; the per-variant accuracy lines and the two-level targets are in the summary."""
+    import test_fa3_fp8_speed_gpu as gpu_tests
+
+    ab = load_script("fa3_fp8_speed_ab")
+    monkeypatch.setattr("sys.argv", ["fa3_fp8_speed_ab.py", "--plan", "--set", "fp8d128"])
+    assert ab.main() == 0
+    out = capsys.readouterr().out
+    assert "set: fp8d128" in out and "head dims [64, 128]" in out
+    jobs = set(ab.compile_jobs([64, 128], [False], variant_set="fp8d128"))
+    tested = {**gpu_tests.FP8MID_VARIANTS, **gpu_tests.FP8D128_VARIANTS}
+    for D, variants in ab.FP8D128_VARIANTS.items():
+        for name, change in variants.items():
+            ab.kernel_config(D, change).check(D)
+            if name != "new":
+                assert (D, change) in tested.values(), name
+            for causal in (False, True):
+                assert ("fp8", D, causal, ab._freeze(change)) in jobs, (name, causal)
+    assert all(name.split("-", 2)[2] in ab.FP8D128_VARIANTS[D] for name, (D, _) in gpu_tests.FP8D128_VARIANTS.items())
+    speed = [dict(head_dim=128, seqlen=4096, causal=True, impl=n, tflops=t, spread=0.01)
+             for n, t in dict(new=727.0, m192_look128h_c4=694.0, m192_look128h_c4_tail=735.0, bf16_fa3=602.0).items()]
+    assert "m192_look128h_c4_tail 735 TFLOP/s = 1.22x bf16 fa3 (target >= 1.4): NOT met" in \
+        ab.two_level_target_lines(speed, "fp8d128")
+    errors = [dict(head_dim=128, variant=n, causal=c, kernel_vs_emulation=3e-3, lse_max_diff=1e-4, kernel_vs_float64=1.0,
+                   emulation_vs_float64=1.0) for n in ("new", "m192_look128h_c4_tail") for c in (False, True)]
+    assert "- d128 m192_look128h_c4_tail: 3.00e-03 / 3.00e-03" in ab.speed_summary(speed, errors, "fp8d128")
+
+
 @pytest.mark.parametrize("backend", ["fa1", "fa2", "fa3", "fa3-fp8"])
 def test_sanitize_plan_reads_the_registry(backend):
     """The worker's (dtype, head_dims) come from the one registry (a renamed dispatch helper broke every pair
