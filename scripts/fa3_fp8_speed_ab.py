@@ -783,6 +783,9 @@ def main() -> int:
     ap.add_argument("--no-flash-attn", dest="flash_attn", action="store_false", help="leave flash-attn-4 out")
     ap.add_argument("--err-seqlen", type=int, default=2048)
     ap.add_argument("--test-stats", default=None, help="JSON lines from tests/test_fa3_fp8_gpu.py (FA_VARIANTS_FP8_STATS)")
+    ap.add_argument("--drop", nargs="*", default=[], metavar="NAME",
+                    help="fa3-fp8 variants of the set left out of the measurement (every head_dim; e.g. one whose GPU "
+                         "tests crashed: a CUDA error there would end the whole run)")
     ap.add_argument("--quick", action="store_true", help="D=128, N=4k, non-causal, 3 rounds")
     ap.add_argument("--plan", action="store_true", help="print what would run and exit (no GPU needed)")
     ap.add_argument("--out", default=os.environ.get("OUT", "results") + "/fa3_fp8_ab")
@@ -792,6 +795,13 @@ def main() -> int:
     args.causal = {"no": [False], "yes": [True], "both": [False, True]}[args.causal]
     if args.set in ("fp8small", "fp8mid", "fp8d128"):  # head_dim 64 and 128 only
         args.head_dims = [d for d in args.head_dims if d in SETS[args.set][0]]
+    if args.drop:
+        unknown = set(args.drop) - {n for v in SETS[args.set][0].values() for n in v} | ({"new"} & set(args.drop))
+        if unknown:
+            ap.error(f"--drop: {sorted(unknown)} not a variant of --set {args.set} other than new")
+        fp8_variants, bf16_variants = SETS[args.set]
+        SETS[args.set] = ({D: {n: c for n, c in v.items() if n not in args.drop} for D, v in fp8_variants.items()},
+                          bf16_variants)
     if args.plan:
         print(plan(args))
         return 0

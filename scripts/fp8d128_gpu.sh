@@ -18,7 +18,7 @@
 #   2. variant_tests: tests/test_fa3_fp8_speed_gpu.py -k fp8d128 (-n 12): the 5 new variants vs the emulation (rel-L2
 #      <= 6e-3, LSE <= 1.5e-3) and vs float64; 3 shapes (seqlen_q 113 / 1023: tiles moved back by 64 / 128 rows at
 #      tile_m 192; Nq > Nk with rows that see no key; GQA/MQA) x causal and not; NaN-poisoned outputs
-#   3. speed_ab: D 128/64 x N 4k/16k x causal and not (B*N = 16k, H*D = 2048), 6 rotated rounds, beside our bf16 fa3
+#   3. speed_ab (without any variant whose tests hit a CUDA error: --drop): D 128/64 x N 4k/16k x causal and not (B*N = 16k, H*D = 2048), 6 rotated rounds, beside our bf16 fa3
 #      (flash-attn-4 left out for time: fp8mid timed it, 688 / 634 / 654 / 645 at 128); every variant's accuracy
 #      (N(0,1), N 2048); the summary
 #
@@ -42,7 +42,15 @@ step precompile 24 "${AB[@]}" --phase precompile --jobs 14
 NPROC=$(python3 -c "import xdist" 2>/dev/null && echo "-n 12" || echo "")
 step variant_tests 24 python3 -m pytest -q $NPROC -m gpu tests/test_fa3_fp8_speed_gpu.py -k "fp8d128" \
   -p no:cacheprovider --tb=line -rfE
-step speed_ab 36 "${AB[@]}" --phase measure --rounds 6
+# a variant whose GPU tests hit a CUDA error (e.g. a fault of the shifted TMA coordinates) would end the A/B's process
+# and lose every figure: such variants are left out of the A/B (the "left out" line below names them)
+DROP=$(grep -E "^(FAILED|ERROR) .*fp8d128-d[0-9]+-[a-z0-9_]+-.*(CUDA|illegal|misaligned|launch failure)" \
+  "$work/variant_tests.log" 2>/dev/null | sed -E 's/.*fp8d128-d[0-9]+-([a-z0-9_]+)-.*/\1/' | sort -u | tr '\n' ' ')
+# tests cut by the limit (no pytest summary line: a hang?): the q_tail_first variants (the only new kernel code) too
+grep -qE "[0-9]+ (passed|failed)" "$work/variant_tests.log" 2>/dev/null || \
+  DROP="$DROP m192_look128h_c4_tail m192_look128h_c4_tail_skip tn128_tail"
+[[ -n $DROP ]] && echo "== speed_ab: left out (CUDA errors in, or a cut, variant_tests): $DROP"
+step speed_ab 36 "${AB[@]}" --phase measure --rounds 6 ${DROP:+--drop $DROP}
 pack_logs "$out/fp8d128.tar.gz" && rm -rf "$work"
 echo; tar -xzOf "$out/fp8d128.tar.gz" fp8d128/precompile.log | grep -E "precompile:|FAILED" | head -8
 echo "-- variant_tests"

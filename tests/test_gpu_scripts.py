@@ -256,6 +256,16 @@ def test_fa3_fp8_speed_ab_fp8d128_set(capsys, monkeypatch):
     errors = [dict(head_dim=128, variant=n, causal=c, kernel_vs_emulation=3e-3, lse_max_diff=1e-4, kernel_vs_float64=1.0,
                    emulation_vs_float64=1.0) for n in ("new", "m192_look128h_c4_tail") for c in (False, True)]
     assert "- d128 m192_look128h_c4_tail: 3.00e-03 / 3.00e-03" in ab.speed_summary(speed, errors, "fp8d128")
+    # --drop (the script's guard after CUDA errors in its tests): those variants leave the timed set, "new" cannot
+    monkeypatch.setattr("sys.argv", ["fa3_fp8_speed_ab.py", "--plan", "--set", "fp8d128", "--drop", "tn128_tail",
+                                     "m192_look128h_c4_tail"])
+    monkeypatch.setitem(ab.SETS, "fp8d128", ab.SETS["fp8d128"])
+    assert ab.main() == 0
+    impls = capsys.readouterr().out
+    assert "'m192_look128h_c4_tail'" not in impls and "'tn128_tail'" not in impls and "'m192_look128h_c4_tail_skip'" in impls
+    monkeypatch.setattr("sys.argv", ["fa3_fp8_speed_ab.py", "--plan", "--set", "fp8d128", "--drop", "new"])
+    with pytest.raises(SystemExit):
+        ab.main()
 
 
 @pytest.mark.parametrize("backend", ["fa1", "fa2", "fa3", "fa3-fp8"])
