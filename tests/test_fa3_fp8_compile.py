@@ -219,3 +219,13 @@ def test_block_scaled_softmax_chains_and_three_warpgroups():
     counts = cubin.count_sass(m192)
     assert counts["LDL"] == counts["STL"] == 0 and counts["USETMAXREG"] >= 2, counts
     assert "QGMMA.64x128x32.F32.E4M3.E4M3" in m192
+
+
+def test_q_tail_first_compiles_without_spills():
+    """Session 7: q_tail_first (causal: the query tiles moved back so a partial one is first; the Q load and O store
+    take the shift in their TMA coordinates) on the head_dim 64 192 x 128 serial tiles timed by scripts/fp8d128_gpu.sh:
+    no spills, both TMA directions, both mainloops (masked and free) present."""
+    cfg = dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[64], tile_n=128, q_tail_first=True)
+    counts = cubin.count_sass(_sass(cfg, head_dim=64, causal=True))
+    assert counts["LDL"] == counts["STL"] == 0 and counts["UTMALDG"] > 0 and counts["UTMASTG"] > 0, counts
+    assert counts["MUFU.EX2"] >= 2 * 66, counts  # the masked and the free loop, 64 scores + 2 alphas a thread each
