@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # fp8d128_gpu.sh: issue 10, session 7, fa3-fp8 at head_dim 128 (and 64), the best two-level config at every shape, causal
-# included, on one H200 (<= 90 s; step limits 24 + 24 + 36): scripts/fa3_fp8_speed_ab.py --set fp8d128, each off by default.
+# included, on one H200 (<= 90 s; step limits 22 + 26 + 36): scripts/fa3_fp8_speed_ab.py --set fp8d128, each off by default.
 # Why m192_look128h_c4 (192 x 128, s_lookahead, S in two halves; fp8mid's best two-level) lost at N 4k causal (694
 # against the default's 727 TFLOP/s): 4096 = 21 x 192 + 64, so the last query tile holds 64 rows, and under causal
 # masking the last tile is the longest (all 32 K/V tiles): 128 padding rows walk every key. Counted (CPU, causal tile
@@ -38,9 +38,9 @@ set -uo pipefail
 source "$(dirname "$0")/steps.sh"; help_from_header "$@"
 out="${OUT:-results}"; work="$out/fp8d128"; session_setup "$work"
 AB=(python3 scripts/fa3_fp8_speed_ab.py --set fp8d128 --head-dims 128 64 --no-flash-attn --out "$work/ab")  # 128 first
-step precompile 24 "${AB[@]}" --phase precompile --jobs 14
+step precompile 22 "${AB[@]}" --phase precompile --jobs 14
 NPROC=$(python3 -c "import xdist" 2>/dev/null && echo "-n 12" || echo "")
-step variant_tests 24 python3 -m pytest -q $NPROC -m gpu tests/test_fa3_fp8_speed_gpu.py -k "fp8d128" \
+step variant_tests 26 python3 -m pytest -q $NPROC -m gpu tests/test_fa3_fp8_speed_gpu.py -k "fp8d128" \
   -p no:cacheprovider --tb=line -rfE
 # a variant whose GPU tests hit a CUDA error (e.g. a fault of the shifted TMA coordinates) would end the A/B's process
 # and lose every figure: such variants are left out of the A/B (the "left out" line below names them)
