@@ -15,7 +15,9 @@ P V GEMM; bench/NOTES.md, "Issue 12, round 3"); issue 12's fourth round (bench/N
 flash-attn-4's sm90 choices that ours lacked, and C++ FA3's); the per-tile instruction gap (`FA3GAP`: basis,
 basis-kv1, basis-256 beside pairs-256 and fa4-256; bench/NOTES.md, "Issue 12, SASS gap"); session 6's
 persistent grid (`PERSIST`: `persistent`, Sm90Config.persistent at D 64/128/256; scripts/persist_gpu.sh); session 7's
-K/V multicast in clusters of two CTAs (`MCAST`: `mcast`, Sm90Config.kv_multicast, non-causal; scripts/fa3gap7_gpu.sh).
+K/V multicast in clusters of two CTAs (`MCAST`: `mcast`, Sm90Config.kv_multicast, non-causal; scripts/fa3gap7_gpu.sh);
+session 7's shorter ping-pong turn (`TURN`: `turn`, Sm90Config.v_wait_before_turn + opaque_smem_base, and `opaque`;
+scripts/turn_gpu.sh).
 The default run (--variants, --seqlens) is round 4's:
 old, new, pairs-256, fa4-256, n176, stages3, k-first at N 4k/16k (24 compiles, 72 entries, ~3 min on an H200); the
 earlier variants stay selectable. --peers takes the bench's peer names (flash-attn-4, sdpa-cudnn, ...) or the
@@ -90,12 +92,17 @@ VARIANTS = {
     # session 7: K/V multicast in 2-CTA clusters (Sm90Config.kv_multicast; non-causal only: a causal kernel compiles
     # without it; bench/NOTES.md, "Session 7 (2026-12-01): K/V multicast")
     "mcast": ((64, 128, 256), dict(kv_multicast=True)),
+    # session 7: the ping-pong turn shortened (bench/NOTES.md, "Session 7 (2026-12-01): the ping-pong turn"): V waited
+    # for before the turn and the Q/K/V descriptor bits out of the loop (`turn`); the descriptors alone (`opaque`)
+    "turn": ((64, 128), dict(v_wait_before_turn=True, opaque_smem_base=True)),  # D 256: no ping-pong; spills causal
+    "opaque": ((128,), dict(opaque_smem_base=True)),
 }
 ROUND3 = ("old", "new", "o-before-pv", "p2buf")
 ROUND4 = ("old", "new", "pairs-256", "fa4-256", "n176", "stages3", "k-first")
 FA3GAP = ("old", "new", "basis", "basis-kv1", "pairs-256", "fa4-256", "basis-256")
 PERSIST = ("old", "new", "persistent")
 MCAST = ("old", "new", "mcast")
+TURN = ("old", "new", "turn", "opaque")
 PEERS = ("flash-attn-4", "sdpa-cudnn")
 #: other spellings of the peers accepted by --peers (bench.runtime.build_impls knows only the canonical names)
 PEER_ALIASES = {"cudnn": "sdpa-cudnn", "fa4": "flash-attn-4", "flash": "sdpa-flash"}

@@ -299,6 +299,11 @@ class Sm90Config:
                 self.num_splits != 1 or self.pack_gqa or self.persistent or self.kv_multicast)):
             raise ValueError(f"q_tail_first={self.q_tail_first!r} must be a bool, True only without split-KV "
                              "(num_splits=1), pack_gqa, persistent and kv_multicast")
+        if not isinstance(self.v_wait_before_turn, bool) or (self.v_wait_before_turn and not self.intra_wg_overlap):
+            raise ValueError(f"v_wait_before_turn={self.v_wait_before_turn!r} must be a bool, True only with "
+                             "intra_wg_overlap=True (serial steps wait for V before their turn already)")
+        if not isinstance(self.opaque_smem_base, bool):
+            raise ValueError(f"opaque_smem_base={self.opaque_smem_base!r} must be a bool")
         if self.smem_bytes(head_dim) > smem_capacity(arch):
             raise ValueError(f"{self} needs {self.smem_bytes(head_dim)} B of shared memory at head_dim={head_dim} "
                              f"(max {smem_capacity(arch)})")
