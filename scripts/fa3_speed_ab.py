@@ -96,13 +96,14 @@ VARIANTS = {
     # for before the turn and the Q/K/V descriptor bits out of the loop (`turn`); the descriptors alone (`opaque`)
     "turn": ((64, 128), dict(v_wait_before_turn=True, opaque_smem_base=True)),  # D 256: no ping-pong; spills causal
     "opaque": ((128,), dict(opaque_smem_base=True)),
+    "vwait": ((256,), dict(v_wait_before_turn=True)),  # GPU tests only: D 256 has no turn (opaque spills 24 B causal)
 }
 ROUND3 = ("old", "new", "o-before-pv", "p2buf")
 ROUND4 = ("old", "new", "pairs-256", "fa4-256", "n176", "stages3", "k-first")
 FA3GAP = ("old", "new", "basis", "basis-kv1", "pairs-256", "fa4-256", "basis-256")
 PERSIST = ("old", "new", "persistent")
 MCAST = ("old", "new", "mcast")
-TURN = ("old", "new", "turn", "opaque")
+TURN = ("old", "new", "turn", "opaque", "vwait")
 PEERS = ("flash-attn-4", "sdpa-cudnn")
 #: other spellings of the peers accepted by --peers (bench.runtime.build_impls knows only the canonical names)
 PEER_ALIASES = {"cudnn": "sdpa-cudnn", "fa4": "flash-attn-4", "flash": "sdpa-flash"}
