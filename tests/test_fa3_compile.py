@@ -285,6 +285,9 @@ def test_kv_multicast_refused_by_fa3_fp8():
 
     with pytest.raises(ValueError, match="fa3-fp8: kv_multicast"):
         dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], kv_multicast=True).check(128)
+    for switch in ("v_wait_before_turn", "opaque_smem_base"):  # session 7's turn switches: fa3 only
+        with pytest.raises(ValueError, match=switch):
+            dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], **{switch: True}).check(128)
 
 
 @pytest.mark.parametrize("change", [dict(num_splits=0), dict(num_splits=2), dict(pack_gqa=True, pack_group=2),
