@@ -180,10 +180,10 @@ class Sm90Config:
         with shift = ((-seqlen_q) mod tile_m) rounded down to whole 64-row warpgroups (each warpgroup's rows stay
         inside one 128-row FP8 Q scale block); rows < 0 are zero-filled by the Q load, masked, and never stored.
         Only the plain prefill path: not with split-KV, packed GQA, persistent or kv_multicast.
-    v_wait_before_turn: (intra_wg_overlap, with pingpong) a warpgroup waits for the V tile of its next P V GEMM before it
-        takes the ping-pong turn (after waiting for K), instead of between issuing its S = Q K^T GEMM and that P V GEMM
-        inside the turn: the mbarrier try-wait (and its phase arithmetic) leave the turn (issue 12, "Session 7: the
-        ping-pong turn"). The V tile of step n was loaded right after the K tile of step n, so the wait rarely delays.
+    v_wait_before_turn: (intra_wg_overlap, with pingpong) a warpgroup waits for the V tile of its next P V GEMM before
+        it takes the ping-pong turn (after waiting for K), instead of between issuing its S = Q K^T GEMM and that P V
+        GEMM inside the turn: the mbarrier try-wait (and its phase arithmetic) leave the turn (issue 12, "Session 7:
+        the ping-pong turn"). The V tile of step n is loaded right after its K tile, so the wait rarely delays.
     opaque_smem_base: the consumers' Q, K and V shared-memory tensors are rebuilt from their base addresses passed
         through a warp-uniform hint, so the compiler sees a run-time value instead of the shared window's
         constant address + offset; the WGMMA descriptor bits derived from it (shift, mask, flags) are then loop
