@@ -2,6 +2,7 @@
 written and read back (in this process and in a fresh one), a truncated or foreign entry recompiled, the
 switch, concurrent writers. Loading an entry links it in memory; calling it needs a GPU
 (tests/test_cache_gpu.py)."""
+import dataclasses
 import json
 import os
 import shutil
@@ -268,6 +269,7 @@ def test_warmup_plans_fa3s_split_config_too(monkeypatch):
 
     monkeypatch.setattr(fa3, "SPLIT_KV_ENABLED", True)
     monkeypatch.setattr(fa3, "PACK_GQA_ENABLED", False)
+    monkeypatch.setattr(fa3, "DECODE_FIRST_ROW", False)  # its kernels: the end of this test
     configs, notes = warmup.plan(["fa3"], "sm_90a", ["bf16"], [128], (True,))
     assert not notes and [c.config.num_splits for c in configs] == [1, 0]
     monkeypatch.setattr(fa3, "PACK_GQA_ENABLED", True)  # packed GQA (decode), unsplit and split, too
@@ -279,6 +281,12 @@ def test_warmup_plans_fa3s_split_config_too(monkeypatch):
     configs, _ = warmup.plan(["fa3"], "sm_90a", ["bf16"], [128], (True,))
     assert [(c.config.num_splits, c.config.pack_gqa, c.config.pdl) for c in configs] == [
         (1, False, False), (0, False, False), (1, True, False), (0, True, False), (0, True, True)]
+    monkeypatch.setattr(fa3, "DECODE_FIRST_ROW", True)  # the default: each packed decode config also with first_row_only
+    with_first = warmup.plan(["fa3"], "sm_90a", ["bf16"], [128], (True,))[0]
+    plain = [c.config for c in with_first if not c.config.first_row_only]
+    first = [c.config for c in with_first if c.config.first_row_only]
+    assert plain == [c.config for c in configs]
+    assert first and {dataclasses.replace(c, first_row_only=False) for c in first} == {c for c in plain if c.pack_gqa}
     monkeypatch.setattr(fa3, "SPLIT_KV_ENABLED", False)
     monkeypatch.setattr(fa3, "PACK_GQA_ENABLED", False)
     assert len(warmup.plan(["fa3"], "sm_90a", ["bf16"], [128], (True,))[0]) == 1
