@@ -26,6 +26,7 @@ def items(variants, nk, batch, nq, num_sms: int) -> list:
 
     from fa_variants.ampere import fa2
     from fa_variants.bench import decode
+    from fa_variants.common.split_combine import MergeConfig
     from fa_variants.hopper import fa3
 
     out = list(decode_ab.plan_items(decode_ab.plan(decode_ab.SHORT_NK + decode_ab.CONTROLS, variants, num_sms)))
@@ -34,11 +35,11 @@ def items(variants, nk, batch, nq, num_sms: int) -> list:
         config, splits = decode_ab.public_entry("two", shape, num_sms)
         out.append(("fa3", c.head_dim, True, config or fa3.DEFAULT_CONFIGS[c.head_dim]))
         if splits > 1:
-            out.append(("merge", c.head_dim, False, False))
+            out.append(("merge", c.head_dim, False, MergeConfig()))
     for causal in (True, False):  # fa2: tests/test_fa2_split_gpu.py -k narrow, scripts/fa2split_bench.py
         out += [("fa2", 128, causal, None), ("fa2", 128, causal, fa2.narrow_config("sm_90a", 128)),
                 ("fa2", 128, causal, fa2.split_config("sm_90a", 128, 0))]
-    out.append(("merge", 128, False, False))
+    out.append(("merge", 128, False, MergeConfig()))
     return list(dict.fromkeys(out))
 
 

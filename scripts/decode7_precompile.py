@@ -34,12 +34,9 @@ WIDE_STAGE_TESTS = ((64, 3), (64, 4), (128, 3))
 def items(variants, num_sms: int) -> list:
     import decode_ab
 
-    from fa_variants.common import split_combine
     from fa_variants.hopper import fa3
 
-    out = [("merge", d, c, split_combine.MergeConfig(pdl=cfg)) if kind == "merge" and isinstance(cfg, bool)
-           else (kind, d, c, cfg)  # a merge's pdl flag as the MergeConfig it compiles (listed once below)
-           for kind, d, c, cfg in decode_ab.plan_items(decode_ab.plan(decode_ab.S7, variants, num_sms, skip_same=True))]
+    out = list(decode_ab.plan_items(decode_ab.plan(decode_ab.S7, variants, num_sms, skip_same=True)))
     for name, shape in [("shipped", s) for s in decode_ab.S7] + TEST_AUTO:  # `auto` of the A/B, then the tests
         config, _ = decode_ab.public_entry(name, shape, num_sms)
         out.append(("fa3", shape[0], True, config or fa3.DEFAULT_CONFIGS[shape[0]]))
@@ -50,10 +47,7 @@ def items(variants, num_sms: int) -> list:
     for d in (64, 128):  # test_first_row_only_matches_reference: unsplit and split (any count: one kernel)
         for base, n in ((fa3._PACKED_CONFIGS[d], 1), (fa3._PACKED_SPLIT_CONFIGS[d], 0)):
             out.append(("fa3", d, True, dataclasses.replace(fa3.first_row(base, 8, True), num_splits=n)))
-    for d in (64, 128):  # the merges `auto` and the variants run (bf16)
-        for pdl in (False, True):
-            for warp in (False, True):
-                out.append(("merge", d, False, split_combine.MergeConfig(pdl=pdl, warp=warp)))
+    out += decode_ab.merge_items((64, 128))  # the GPU tests' merges, with or without A/B variants
     return list(dict.fromkeys(out))
 
 

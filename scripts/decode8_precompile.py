@@ -28,12 +28,9 @@ ROWS_AUTO = ((64, 32, 8, 1, 4096, 16), (128, 64, 8, 1, 2048, 16), (64, 64, 8, 1,
 def items(variants, num_sms: int) -> list:
     import decode_ab
 
-    from fa_variants.common import split_combine
     from fa_variants.hopper import fa3
 
-    out = [("merge", d, c, split_combine.MergeConfig(pdl=cfg)) if kind == "merge" and isinstance(cfg, bool)
-           else (kind, d, c, cfg)
-           for kind, d, c, cfg in decode_ab.plan_items(decode_ab.plan(decode_ab.S8, variants, num_sms, skip_same=True))]
+    out = list(decode_ab.plan_items(decode_ab.plan(decode_ab.S8, variants, num_sms, skip_same=True)))
     for name, shape in [("shipped", s) for s in decode_ab.S8] + [("rowsdual+pdl", s) for s in ROWS_AUTO]:
         config, _ = decode_ab.public_entry(name, shape, num_sms)
         out.append(("fa3", shape[0], True, config or fa3.DEFAULT_CONFIGS[shape[0]]))
@@ -41,10 +38,7 @@ def items(variants, num_sms: int) -> list:
         for pdl in (False, True):
             out.append(("fa3", d, True, dataclasses.replace(fa3._PACKED_SPLIT_CONFIGS[d], pack_group=group, pdl=pdl,
                                                             **fa3.DECODE_TILES["dual"][d])))
-    for d in (64, 128):
-        for pdl in (False, True):
-            for warp in (False, True):
-                out.append(("merge", d, False, split_combine.MergeConfig(pdl=pdl, warp=warp)))
+    out += decode_ab.merge_items((64, 128))  # the GPU tests' merges, with or without A/B variants
     return list(dict.fromkeys(out))
 
 

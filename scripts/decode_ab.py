@@ -328,15 +328,24 @@ def compile_item(item) -> str:
     return f"{kind} D{d} {time.time() - t:.0f}s"
 
 
+def merge_items(head_dims) -> list:
+    """Every bf16 merge kernel (shared-memory and warp, plain and PDL) at these head dims: what `auto` and the
+    variants may bind (``compile_item``'s items)."""
+    from fa_variants.common.split_combine import MergeConfig
+
+    return [("merge", d, False, MergeConfig(pdl=pdl, warp=warp))
+            for d in head_dims for pdl in (False, True) for warp in (False, True)]
+
+
 def plan_items(rows) -> set:
     """(kind, head_dim, causal, config) of every kernel the plan needs (``compile_item``'s items)."""
     from fa_variants.hopper import fa3
 
     items = {("fa3", r["shape"][0], True, r["config"]) for r in rows if r["config"] is not None}
-    for d in {r["shape"][0] for r in rows}:  # auto's own configs, and both merges
-        items |= {("fa3", d, True, fa3._PACKED_SPLIT_CONFIGS[d]), ("fa3", d, True, fa3._PACKED_CONFIGS[d]),
-                  ("merge", d, False, False), ("merge", d, False, True)}
-    return items
+    head_dims = {r["shape"][0] for r in rows}
+    for d in head_dims:  # auto's own configs
+        items |= {("fa3", d, True, fa3._PACKED_SPLIT_CONFIGS[d]), ("fa3", d, True, fa3._PACKED_CONFIGS[d])}
+    return items | set(merge_items(head_dims))
 
 
 def compile_all(items, jobs: int, name: str = "precompile") -> int:
