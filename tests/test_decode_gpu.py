@@ -545,23 +545,12 @@ def decode_defaults(monkeypatch):
     fa3._auto_splits.cache_clear()
 
 
-@pytest.mark.parametrize("warp", [False, True], ids=["smem-merge", "warp-merge"])
-@pytest.mark.parametrize("shape, splits, pdl", [((1, 1024, 32, 8, 128), 8, True), ((1, 1000, 64, 8, 64), 8, True),
-                                                ((8, 1023, 32, 8, 64), 2, True), ((1, 4096, 64, 8, 128), 16, False),
-                                                ((1, 4097, 32, 8, 64), 11, False)],
-                         ids=lambda s: "x".join(map(str, s)) if isinstance(s, tuple) else str(s))
-def test_auto_decode_defaults(shape, splits, pdl, warp, decode_defaults, split_kv, pack_gqa, monkeypatch):
-    """`auto` at seqlen_q = 1: the split count and PDL (2..8 splits) as the defaults say; five consecutive calls
-    with fresh Q (a PDL race would give the previous call's answer), each within the rule (O and LSE); then the
-    same step captured in a CUDA graph and replayed after a new Q."""
+def _fresh_q_calls_then_graph_replay(q, k, v):
+    """Five causal fa3 calls through the public API, each on a fresh Q written into the same tensor (a PDL or
+    stale-state race would give the previous call's answer), each within the rule (O and LSE); then the call
+    captured in a CUDA graph and replayed after a new Q."""
     import fa_variants
-    from fa_variants.common import split_combine
 
-    monkeypatch.setattr(split_combine, "MERGE_WARP", warp)
-    b, nk, h, hkv, d = shape
-    q, k, v = _qkv(b, 1, nk, h, hkv, d)
-    cfg = fa3._problem_config(None, q, k, True)
-    assert fa3.auto_num_splits(q, k, True) == splits and cfg.pdl == pdl, cfg
     for _ in range(5):
         q.copy_(torch.randn_like(q))
         out, lse = fa_variants.attention(q, k, v, causal=True, backend="fa3", return_lse=True)
@@ -571,6 +560,25 @@ def test_auto_decode_defaults(shape, splits, pdl, warp, decode_defaults, split_k
     graph.replay()
     torch.cuda.synchronize()
     assert check_against_reference(outs[-1], q, k, v, True).ok
+
+
+@pytest.mark.parametrize("warp", [False, True], ids=["smem-merge", "warp-merge"])
+@pytest.mark.parametrize("shape, splits, pdl", [((1, 1024, 32, 8, 128), 8, True), ((1, 1000, 64, 8, 64), 8, True),
+                                                ((8, 1023, 32, 8, 64), 2, True), ((1, 4096, 64, 8, 128), 16, False),
+                                                ((1, 4097, 32, 8, 64), 11, False)],
+                         ids=lambda s: "x".join(map(str, s)) if isinstance(s, tuple) else str(s))
+def test_auto_decode_defaults(shape, splits, pdl, warp, decode_defaults, split_kv, pack_gqa, monkeypatch):
+    """`auto` at seqlen_q = 1: the split count and PDL (2..8 splits) as the defaults say; five consecutive calls
+    with fresh Q (a PDL race would give the previous call's answer), each within the rule (O and LSE); then the
+    same step captured in a CUDA graph and replayed after a new Q."""
+    from fa_variants.common import split_combine
+
+    monkeypatch.setattr(split_combine, "MERGE_WARP", warp)
+    b, nk, h, hkv, d = shape
+    q, k, v = _qkv(b, 1, nk, h, hkv, d)
+    cfg = fa3._problem_config(None, q, k, True)
+    assert fa3.auto_num_splits(q, k, True) == splits and cfg.pdl == pdl, cfg
+    _fresh_q_calls_then_graph_replay(q, k, v)
 
 
 WIDE_SHAPES = [  # (batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim): 64:8 at Nq 9-16 = 72-128 packed rows
@@ -723,23 +731,13 @@ def test_auto_runs_first_row(shape, splits, pdl, dual, decode_defaults, split_kv
     """fa3.DECODE_FIRST_ROW through the public API: `auto`'s config takes first_row_only (base and dual tiles,
     split with and without PDL, unsplit), the split count unchanged; five fresh Qs each within the rule (O and
     LSE), then a CUDA-graph replay after a new Q."""
-    import fa_variants
-
     monkeypatch.setattr(fa3, "DECODE_FIRST_ROW", True)
     b, nk, h, hkv, d = shape
     q, k, v = _qkv(b, 1, nk, h, hkv, d)
     cfg = fa3._problem_config(None, q, k, True)
     assert cfg.first_row_only and fa3.auto_num_splits(q, k, True) == splits and cfg.pdl == pdl, cfg
     assert (cfg.ctas_per_sm == 2) == dual, cfg
-    for _ in range(5):
-        q.copy_(torch.randn_like(q))
-        out, lse = fa_variants.attention(q, k, v, causal=True, backend="fa3", return_lse=True)
-        assert_attention_ok(out, lse, q, k, v, True)
-    graph, outs = capture_graph(lambda: fa_variants.attention(q, k, v, causal=True, backend="fa3"), 2)
-    q.copy_(torch.randn_like(q))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert check_against_reference(outs[-1], q, k, v, True).ok
+    _fresh_q_calls_then_graph_replay(q, k, v)
 
 
 # (b, nq, nk, h, hkv, d): FA_VARIANTS_PACK_ROWS_DUAL's tiles at seqlen_q > 1 (groups 4 / 8, rows 16-128 of 64-row
