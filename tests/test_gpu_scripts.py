@@ -194,6 +194,31 @@ def test_fa3_fp8_speed_ab_fp8d256b_halves_cost(capsys, monkeypatch):
     assert "hypothesis (>= 6%) REJECTED" in ab.halves_cost_lines(speed)
 
 
+def _check_fp8_small_set_plan(capsys, monkeypatch, variant_set: str, table: str, tested: dict, untested=()):
+    """scripts/fa3_fp8_speed_ab.py --plan --set `variant_set` (head_dim 64/128 only): every timed variant of its
+    `table` is a valid config compiled in both causal modes and, but "new" and names starting with `untested`, run
+    by tests/test_fa3_fp8_speed_gpu.py with the same change (`tested`: its tables); every GPU test of that table
+    names a timed variant. Returns the loaded script."""
+    import test_fa3_fp8_speed_gpu as gpu_tests
+
+    ab = load_script("fa3_fp8_speed_ab")
+    monkeypatch.setattr("sys.argv", ["fa3_fp8_speed_ab.py", "--plan", "--set", variant_set])
+    assert ab.main() == 0
+    out = capsys.readouterr().out
+    assert f"set: {variant_set}" in out and "head dims [64, 128]" in out
+    jobs = set(ab.compile_jobs([64, 128], [False], variant_set=variant_set))
+    timed = getattr(ab, table)
+    for D, variants in timed.items():
+        for name, change in variants.items():
+            ab.kernel_config(D, change).check(D)
+            if name != "new" and not name.startswith(untested):
+                assert (D, change) in tested.values(), name
+            for causal in (False, True):
+                assert ("fp8", D, causal, ab._freeze(change)) in jobs, (name, causal)
+    assert all(name.split("-", 2)[2] in timed[D] for name, (D, _) in getattr(gpu_tests, table).items())
+    return ab
+
+
 def test_fa3_fp8_speed_ab_fp8mid_set(capsys, monkeypatch):
     """--set fp8mid (scripts/fp8mid_gpu.sh): head_dim 64/128 only; every timed two-level variant but the default and
     the overlap controls (ov*: configs timed before, no new code) is run by tests/test_fa3_fp8_speed_gpu.py with the same
@@ -201,21 +226,8 @@ def test_fa3_fp8_speed_ab_fp8mid_set(capsys, monkeypatch):
     summary reports the two-level targets."""
     import test_fa3_fp8_speed_gpu as gpu_tests
 
-    ab = load_script("fa3_fp8_speed_ab")
-    monkeypatch.setattr("sys.argv", ["fa3_fp8_speed_ab.py", "--plan", "--set", "fp8mid"])
-    assert ab.main() == 0
-    out = capsys.readouterr().out
-    assert "set: fp8mid" in out and "head dims [64, 128]" in out
-    jobs = set(ab.compile_jobs([64, 128], [False], variant_set="fp8mid"))
-    tested = {**gpu_tests.FP8SMALL_VARIANTS, **gpu_tests.FP8MID_VARIANTS}
-    for D, variants in ab.FP8MID_VARIANTS.items():
-        for name, change in variants.items():
-            ab.kernel_config(D, change).check(D)
-            if name != "new" and not name.startswith(("single", "ov")):
-                assert (D, change) in tested.values(), name
-            for causal in (False, True):
-                assert ("fp8", D, causal, ab._freeze(change)) in jobs, (name, causal)
-    assert all(name.split("-", 2)[2] in ab.FP8MID_VARIANTS[D] for name, (D, _) in gpu_tests.FP8MID_VARIANTS.items())
+    ab = _check_fp8_small_set_plan(capsys, monkeypatch, "fp8mid", "FP8MID_VARIANTS",
+                                   {**gpu_tests.FP8SMALL_VARIANTS, **gpu_tests.FP8MID_VARIANTS}, ("single", "ov"))
     speed = [dict(head_dim=128, seqlen=4096, causal=False, impl=n, tflops=t)
              for n, t in dict(new=800.0, m192_look128h_c4=950.0, single_m192_c4=960.0, bf16_fa3=650.0).items()]
     assert "m192_look128h_c4 950 TFLOP/s = 1.46x bf16 fa3 (target >= 1.4): met, two-level cost +1.1%" in \
@@ -228,27 +240,15 @@ def test_fa3_fp8_speed_ab_fp8mid_set(capsys, monkeypatch):
     text = ab.speed_summary(speed, errors, "fp8mid")
     assert "worst nan (d128 m192_look128h_c4 causal=1): FAIL" in text and "- d128 m192_look128h_c4: 3.00e-03 / nan" in text
 
+
 def test_fa3_fp8_speed_ab_fp8d128_set(capsys, monkeypatch):
     """--set fp8d128 (scripts/fp8d128_gpu.sh): head_dim 64/128 only; every timed variant but the default and the fp8mid
     control is run by tests/test_fa3_fp8_speed_gpu.py with the same change (FP8D128_VARIANTS); all compiled in both
     causal modes, valid configs; the per-variant accuracy lines and the two-level targets are in the summary."""
     import test_fa3_fp8_speed_gpu as gpu_tests
 
-    ab = load_script("fa3_fp8_speed_ab")
-    monkeypatch.setattr("sys.argv", ["fa3_fp8_speed_ab.py", "--plan", "--set", "fp8d128"])
-    assert ab.main() == 0
-    out = capsys.readouterr().out
-    assert "set: fp8d128" in out and "head dims [64, 128]" in out
-    jobs = set(ab.compile_jobs([64, 128], [False], variant_set="fp8d128"))
-    tested = {**gpu_tests.FP8MID_VARIANTS, **gpu_tests.FP8D128_VARIANTS}
-    for D, variants in ab.FP8D128_VARIANTS.items():
-        for name, change in variants.items():
-            ab.kernel_config(D, change).check(D)
-            if name != "new":
-                assert (D, change) in tested.values(), name
-            for causal in (False, True):
-                assert ("fp8", D, causal, ab._freeze(change)) in jobs, (name, causal)
-    assert all(name.split("-", 2)[2] in ab.FP8D128_VARIANTS[D] for name, (D, _) in gpu_tests.FP8D128_VARIANTS.items())
+    ab = _check_fp8_small_set_plan(capsys, monkeypatch, "fp8d128", "FP8D128_VARIANTS",
+                                   {**gpu_tests.FP8MID_VARIANTS, **gpu_tests.FP8D128_VARIANTS})
     speed = [dict(head_dim=128, seqlen=4096, causal=True, impl=n, tflops=t, spread=0.01)
              for n, t in dict(new=727.0, m192_look128h_c4=694.0, m192_look128h_c4_tail=735.0, bf16_fa3=602.0).items()]
     assert "m192_look128h_c4_tail 735 TFLOP/s = 1.22x bf16 fa3 (target >= 1.4): NOT met" in \
