@@ -368,11 +368,18 @@ def test_wide_packed_tiles_by_default(h200, split_enabled, monkeypatch):
     assert not fa3.wide_helps(q, k) and fa3.decode_config(q, k, True).tile_m == 64
 
 
-def test_pack_wide_switch_from_the_environment():
+def test_pack_wide_switch_from_the_environment(monkeypatch):
     """FA_VARIANTS_PACK_WIDE: 0 / 1 / auto (unset: auto); anything else a one-line ValueError naming it."""
-    assert [fa3._pack_wide_from_env(v) for v in ("0", "1", "auto")] == [False, True, None]
+    from fa_variants.common import env
+
+    values = []
+    for v in ("0", "1", "auto"):
+        monkeypatch.setenv("FA_VARIANTS_PACK_WIDE", v)
+        values.append(env.auto_flag("FA_VARIANTS_PACK_WIDE"))
+    assert values == [False, True, None]
+    monkeypatch.setenv("FA_VARIANTS_PACK_WIDE", "yes")
     with pytest.raises(ValueError, match="FA_VARIANTS_PACK_WIDE"):
-        fa3._pack_wide_from_env("yes")
+        env.auto_flag("FA_VARIANTS_PACK_WIDE")
 
 
 def test_wide_stages_switch(h200, split_enabled, monkeypatch):

@@ -58,6 +58,12 @@ def test_flag_integer_choice(monkeypatch):
     monkeypatch.setenv("FA_VARIANTS_TEST", "c")
     with pytest.raises(ValueError, match="^FA_VARIANTS_TEST='c' must be one of a, b$"):
         env.choice("FA_VARIANTS_TEST", "a", ("a", "b"))
+    for value, expected in (("0", False), ("1", True), ("auto", None), ("", None)):
+        monkeypatch.setenv("FA_VARIANTS_TEST", value)
+        assert env.auto_flag("FA_VARIANTS_TEST") is expected, value
+    monkeypatch.setenv("FA_VARIANTS_TEST", "on")
+    with pytest.raises(ValueError, match="^FA_VARIANTS_TEST='on' must be one of 0, 1, auto$"):
+        env.auto_flag("FA_VARIANTS_TEST")
 
 
 def test_every_switch_is_read_through_common_env():
@@ -78,7 +84,7 @@ def test_a_bad_switch_fails_the_import_with_one_line_naming_it():
                          capture_output=True, text=True, timeout=120)
     assert run.returncode != 0
     assert run.stderr.strip().splitlines()[-1] == ("fa_variants.common.env.SwitchError: FA_VARIANTS_MERGE_WARP='yes2' "
-                                                   "must be one of auto, 1, 0")
+                                                   "must be one of 0, 1, auto")
 
 
 def test_a_bad_switch_stops_auto_instead_of_falling_back():
@@ -107,5 +113,8 @@ def test_readme_table_lists_each_switch_once_with_its_default():
             checked += 1
         for name, value in re.findall(r"env\.(?:integer|choice)\(\"(FA_VARIANTS_\w+)\", \"(\w+)\"", text):
             assert re.search(rf"\b{value}\b", default[name]), (name, value, default[name])
+            checked += 1
+        for name in re.findall(r"env\.auto_flag\(\"(FA_VARIANTS_\w+)\"\)", text):
+            assert re.search(r"\bauto\b", default[name]), (name, default[name])
             checked += 1
     assert checked >= 15

@@ -658,4 +658,4 @@ def test_staged_store_rule(monkeypatch):
         assert [qk.staged_store_for(d) for d in (64, 128, 256)] == [forced] * 3
     monkeypatch.setenv("FA_VARIANTS_FP8_QUANT_STAGED_STORE", "2")
     with pytest.raises(ValueError, match="FA_VARIANTS_FP8_QUANT_STAGED_STORE"):
-        qk._env.choice("FA_VARIANTS_FP8_QUANT_STAGED_STORE", "auto", ("auto", "1", "0"))
+        qk._env.auto_flag("FA_VARIANTS_FP8_QUANT_STAGED_STORE")

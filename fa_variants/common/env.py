@@ -57,3 +57,9 @@ def choice(name: str, default: str, names) -> str:
     if value not in names:
         raise SwitchError(f"{name}={value!r} must be one of {', '.join(names)}")
     return value
+
+
+def auto_flag(name: str) -> bool | None:
+    """The three-way switch ``name``: 0 -> False (never), 1 -> True (always), auto (or unset / empty) -> None (the
+    module's own rule decides); ValueError naming the variable and the choices otherwise."""
+    return {"0": False, "1": True, "auto": None}[choice(name, "auto", ("0", "1", "auto"))]

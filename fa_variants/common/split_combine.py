@@ -54,8 +54,7 @@ MERGE_PDL = env.flag("FA_VARIANTS_MERGE_PDL", False)
 #: (scripts/decode7_gpu.sh, fa3 decode, warp / shared-memory merge GPU time): 0.94-0.99 at 16 splits (8 shapes),
 #: 0.93 at 8, 1.07-1.10 at 2 (the warp kernel's extra loads cost more than the barrier it saves with few splits).
 #: Read at each call.
-MERGE_WARP: bool | None = {"auto": None, "1": True, "0": False}[
-    env.choice("FA_VARIANTS_MERGE_WARP", "auto", ("auto", "1", "0"))]
+MERGE_WARP: bool | None = env.auto_flag("FA_VARIANTS_MERGE_WARP")
 MERGE_WARP_MIN_SPLITS = 8
 
 

@@ -222,8 +222,7 @@ V3_STAGED_MEAN = _env.flag("FA_VARIANTS_FP8_QUANT_STAGED_MEAN", True)
 #: no-smooth 67.0 -> 85.3%), head_dim 128 1.015-1.020, 256 1.039-1.050 (their stores already cover whole sectors):
 #: so on at head_dim 64 only (None = that rule; ``staged_store_for``). FA_VARIANTS_FP8_QUANT_STAGED_STORE (read at
 #: import): auto (that rule), 1 (every head_dim), 0 (none)
-V3_STAGED_STORE: bool | None = {"auto": None, "1": True, "0": False}[
-    _env.choice("FA_VARIANTS_FP8_QUANT_STAGED_STORE", "auto", ("auto", "1", "0"))]
+V3_STAGED_STORE: bool | None = _env.auto_flag("FA_VARIANTS_FP8_QUANT_STAGED_STORE")
 #: v3: more resident CTAs per SM for the Q / K passes whose registers allow it without spilling much
 #: (``PassConfig.min_ctas``, ptxas' register cap 65536 / (threads x CTAs)): (head_dim, rows) -> (CTAs per SM,
 #: stages). head_dim 64 K (rows 192, 192 threads): 2 CTAs at 147 registers (12 warps per SM) -> 3 at 96 (18 warps,

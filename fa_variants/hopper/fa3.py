@@ -166,14 +166,7 @@ SPLIT_MIN_TILES = env.integer("FA_VARIANTS_SPLIT_MIN_TILES", "1", 1, "K/V tiles 
 #: stayed (B 64 Nk 32k 0.22 -> 0.16x, split 1) and lost at B 8 Nk 4k (0.23 -> 0.30x) where the halved CTA count
 #: (64 instead of 128) made the heuristic split 1 -> 2 (B 8 Nk 32k, also 1 -> 2, won 0.18 -> 0.16x; B 1 Nk 32k
 #: 8 -> 16 splits, 0.12x either way).
-def _pack_wide_from_env(value: str) -> bool | None:
-    """FA_VARIANTS_PACK_WIDE's value: "1" True, "0" False, "auto" None (one-line ValueError naming it otherwise)."""
-    if value not in ("0", "1", "auto"):
-        raise ValueError(f"FA_VARIANTS_PACK_WIDE={value!r} must be 0, 1 or auto")
-    return None if value == "auto" else value == "1"
-
-
-PACK_WIDE: bool | None = _pack_wide_from_env(env.choice("FA_VARIANTS_PACK_WIDE", "auto", ("0", "1", "auto")))
+PACK_WIDE: bool | None = env.auto_flag("FA_VARIANTS_PACK_WIDE")
 #: head dims where `auto` always takes the wide tile; WIDE_SAME_SPLITS_HEAD_DIMS: only where it adds no split
 WIDE_ALWAYS_HEAD_DIMS = (64,)
 WIDE_SAME_SPLITS_HEAD_DIMS = (128,)
