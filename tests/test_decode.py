@@ -4,7 +4,7 @@ import dataclasses
 import pytest
 import torch
 
-from fa_variants.common import split
+from fa_variants.common import env, split
 
 fa3 = pytest.importorskip("fa_variants.hopper.fa3")
 
@@ -370,8 +370,6 @@ def test_wide_packed_tiles_by_default(h200, split_enabled, monkeypatch):
 
 def test_pack_wide_switch_from_the_environment(monkeypatch):
     """FA_VARIANTS_PACK_WIDE: 0 / 1 / auto (unset: auto); anything else a one-line ValueError naming it."""
-    from fa_variants.common import env
-
     values = []
     for v in ("0", "1", "auto"):
         monkeypatch.setenv("FA_VARIANTS_PACK_WIDE", v)
@@ -445,9 +443,9 @@ def test_decode_switches_from_the_environment_are_checked(monkeypatch):
     """FA_VARIANTS_DECODE_PDL_MAX_SPLITS must be an int >= 0: one-line ValueError naming it."""
     monkeypatch.setenv("FA_VARIANTS_DECODE_PDL_MAX_SPLITS", "few")
     with pytest.raises(ValueError, match="FA_VARIANTS_DECODE_PDL_MAX_SPLITS"):
-        fa3._int_env("FA_VARIANTS_DECODE_PDL_MAX_SPLITS", "8", 0)
+        env.integer("FA_VARIANTS_DECODE_PDL_MAX_SPLITS", "8", 0)
     monkeypatch.setenv("FA_VARIANTS_DECODE_PDL_MAX_SPLITS", "4")
-    assert fa3._int_env("FA_VARIANTS_DECODE_PDL_MAX_SPLITS", "8", 0) == 4
+    assert env.integer("FA_VARIANTS_DECODE_PDL_MAX_SPLITS", "8", 0) == 4
 
 
 def test_decode_tiles_auto_picks_dual_for_many_short_ctas(h200, split_enabled, monkeypatch):

@@ -142,7 +142,6 @@ def decode_choice(batch: int, heads_kv: int, seqlen_k: int, choice: str | None =
 DECODE_PDL = env.flag("FA_VARIANTS_DECODE_PDL", False)
 
 
-_int_env = env.integer  # an int >= low from the environment (one-line ValueError naming the variable otherwise)
 
 
 #: `auto`'s packed seqlen_q = 1 split calls of 2..DECODE_PDL_MAX_SPLITS splits launch the split kernel and the
@@ -151,7 +150,7 @@ _int_env = env.integer  # an int >= low from the environment (one-line ValueErro
 #: packed Nq 16"): pdl2 / min1+pdl2 beat `auto` at all 12 shapes of 2, 4 and 8 splits (B 1 Nk 1k, B 8 Nk 1k / 4k:
 #: 0.94-1.16x SDPA against 0.99-1.27x) and lost at 3 of the 4 B 1 Nk 4k shapes of 16 splits (1.19-1.37x against
 #: 1.01-1.12x).
-DECODE_PDL_MAX_SPLITS = _int_env("FA_VARIANTS_DECODE_PDL_MAX_SPLITS", "8", 0)
+DECODE_PDL_MAX_SPLITS = env.integer("FA_VARIANTS_DECODE_PDL_MAX_SPLITS", "8", 0)
 #: The fewest K/V tiles per split fa3's `auto` gives the heuristic (``common.split.num_splits_heuristic``'s
 #: min_tiles; FA_VARIANTS_SPLIT_MIN_TILES, which fa2 reads too with its own default 2): 1 from the same A/B
 #: (min1 below `auto` at all four B 1 Nk 1k shapes, the only ones whose count changes: 8 one-tile splits
