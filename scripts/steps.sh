@@ -60,7 +60,9 @@ step() { local name=$1 limit=$2; shift 2; local t0=$SECONDS
   [[ -n ${STEP_TAIL:-} ]] && echo "== $name (limit ${limit}s)"
   # started in the background and waited for: its pid (its process group's) goes to stop_steps, and a signal to
   # the script ends the wait at once (a foreground command would hold the script until it finished)
-  timeout -s INT "$limit" "$@" <&0 > "$LOGS/$name.log" 2>&1 &  # (<&0: the caller's stdin, not /dev/null)
+  # SIGINT at the limit (Python prints where it was), SIGKILL STEP_GRACE s later if that did not end it (a process
+  # pool's shutdown can wait forever on workers that took the SIGINT)
+  timeout -k "${STEP_GRACE:-10}" -s INT "$limit" "$@" <&0 > "$LOGS/$name.log" 2>&1 &  # (<&0: caller's stdin)
   local pid=$!
   [[ -z ${STEP_GROUPS:-} ]] || echo "$pid" >> "$STEP_GROUPS"
   wait "$pid"; local rc=$?

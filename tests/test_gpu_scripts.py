@@ -648,6 +648,28 @@ def test_steps_sh_script_killed_mid_step_leaves_nothing_running(tmp_path, killer
     assert _gone_soon([logger, step]) == [], "left running after its script was killed"
 
 
+def test_steps_sh_step_that_ignores_the_interrupt_is_killed_after_the_grace(tmp_path):
+    """A step still running STEP_GRACE s after its limit's SIGINT (a process pool whose shutdown waits on workers
+    that took the interrupt: session 8's fp8d128 precompile held its script for 5 minutes) is killed, and the
+    script goes on to its next step with the step's rc (137: KILL) reported."""
+    env = dict(os.environ, PATH=f"{_fake_bin(tmp_path / 'bin', _FAKE_SMI)}:{os.environ['PATH']}", STEP_GRACE="1")
+    driver = tmp_path / "driver.sh"
+    driver.write_text(f"""set -uo pipefail
+source {ROOT}/scripts/steps.sh
+session_setup "$1/logs"
+step deaf 1 bash -c 'trap "" INT; exec sleep 20'
+echo "next step reached"
+end_session
+""")
+    import time
+
+    t0 = time.monotonic()
+    run = subprocess.run(["bash", str(driver), str(tmp_path / "out")], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=30)
+    assert "next step reached" in run.stdout and "== deaf: rc=137" in run.stdout, run.stdout + run.stderr
+    assert time.monotonic() - t0 < 10
+
+
 def test_decode_model_fits_the_s4_run_and_predicts_min_tiles_one():
     """scripts/decode_model.py: the latency / bandwidth model is within 12% of every `auto` entry of the 2026-12-01 s4
     A/B (bench/h200-2026-12-01-s4/decode_ab.json), and with one-tile splits (FA_VARIANTS_SPLIT_MIN_TILES=1) it
