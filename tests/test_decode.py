@@ -546,3 +546,65 @@ def test_auto_configs_pass_their_check_under_every_merge_mode(h200, split_enable
     for head_dim in (64, 128):
         for cfg in fa3._auto_configs(head_dim, (4, 8)):
             cfg.check(head_dim)
+
+
+def test_full_grid_switch_runs_a_persistent_grid_unsplit_only(h200, split_enabled, monkeypatch):
+    """fa3.DECODE_FULL_GRID (FA_VARIANTS_DECODE_FULL_GRID; "dual" by default): "persistent" / "persistent3" replace the
+    dual tiles where `auto` takes them (B x Hkv >= 512, Nk <= 4k: one CTA per SM walking the (batch, KV head) tiles,
+    base 128-key tiles, 2 / 3 K/V stages), unsplit; the other shapes keep their configs; a forced split count gets
+    the base tiles (persistent has no split-KV); warmup plans the persistent configs; each passes its check."""
+    monkeypatch.setattr(fa3, "PACK_GQA_ENABLED", True)
+    monkeypatch.setattr(fa3, "DECODE_TILES_CHOICE", "auto")
+    shapes = [(64, 1, 32, 8, 1024, 64), (64, 1, 64, 8, 4096, 128), (64, 1, 32, 8, 32768, 64), (8, 1, 32, 8, 1024, 64),
+              (1, 1, 64, 8, 32768, 64), (64, 4, 32, 8, 1024, 64)]
+    assert fa3.DECODE_FULL_GRID == "dual"
+    before = [fa3._problem_config(None, *_qk(*s), True) for s in shapes]
+    assert [c.ctas_per_sm for c in before[:2]] == [2, 2]
+    for grid, stages in (("persistent", 2), ("persistent3", 3)):
+        monkeypatch.setattr(fa3, "DECODE_FULL_GRID", grid)
+        got = [fa3._problem_config(None, *_qk(*s), True) for s in shapes]
+        for (*_, d), c in zip(shapes[:2], got[:2]):
+            assert c == fa3.first_row(dataclasses.replace(fa3._PACKED_CONFIGS[d], persistent=True, stages=stages), 8)
+            assert c.check(d).first_row_only and fa3.auto_num_splits(*_qk(*shapes[0]), True) == 1
+        assert got[2:] == before[2:]
+        forced = fa3.decode_config(*_qk(*shapes[0]), True, num_splits=2)
+        assert not forced.persistent and forced.stages == 2 and forced.num_splits == 2, forced
+        assert fa3.decode_config(*_qk(*shapes[0]), True).persistent
+        warm = fa3._auto_configs(64)
+        assert any(c.persistent and c.stages == stages for c in warm) and not any(c.persistent and c.num_splits != 1
+                                                                                 for c in warm)
+        for c in warm:
+            c.check(64)
+    for d in (64, 96, 128):  # the split configs of a persistent tile set are the base ones
+        assert fa3.decode_tiles(fa3._PACKED_SPLIT_CONFIGS[d], d, "persistent3") is fa3._PACKED_SPLIT_CONFIGS[d]
+
+
+def test_persistent_packed_decode_is_checked():
+    """Sm90Config.persistent with pack_gqa: host-view packing (seqlen_q = 1) only; pack_group, split-KV and two CTAs
+    per SM are refused with a ValueError naming the switch."""
+    base = dataclasses.replace(fa3._PACKED_CONFIGS[64], persistent=True)
+    assert base.check(64).persistent and dataclasses.replace(base, first_row_only=True).check(64)
+    for change in (dict(pack_group=4), dict(num_splits=2), dict(num_splits=0), dict(ctas_per_sm=2)):
+        with pytest.raises(ValueError, match="persistent"):
+            dataclasses.replace(base, **change).check(64)
+
+
+def test_decode_pdl_min_splits_adds_unsplit_calls(h200, split_enabled, monkeypatch):
+    """fa3.DECODE_PDL_MIN_SPLITS (FA_VARIANTS_DECODE_PDL_MIN_SPLITS, default 2): 1 makes the unsplit packed
+    seqlen_q = 1 calls (B 64 Nk 1k dual, B 64 Nk 32k base) programmatic dependents; split calls (B 8 Nk 1k: 2
+    splits, PDL already; B 1 Nk 4k: 16, not) and seqlen_q > 1 calls as before; warmup plans the unsplit PDL configs; a bad value is a
+    one-line ValueError naming the variable."""
+    monkeypatch.setattr(fa3, "PACK_GQA_ENABLED", True)
+    monkeypatch.setattr(fa3, "DECODE_PDL", False)
+    monkeypatch.setattr(fa3, "DECODE_PDL_MAX_SPLITS", 8)
+    assert fa3.DECODE_PDL_MIN_SPLITS == 2 and not fa3.decode_pdl(1) and fa3.decode_pdl(2)
+    shapes = [(64, 1, 32, 8, 1024), (64, 1, 64, 8, 32768), (8, 1, 32, 8, 1024), (1, 1, 32, 8, 4096), (64, 4, 32, 8, 1024)]
+    before = [fa3._problem_config(None, *_qk(*s), True) for s in shapes]
+    assert [c.pdl for c in before] == [False, False, True, False, False]
+    monkeypatch.setattr(fa3, "DECODE_PDL_MIN_SPLITS", 1)
+    got = [fa3._problem_config(None, *_qk(*s), True) for s in shapes]
+    assert got[:2] == [dataclasses.replace(c, pdl=True) for c in before[:2]] and got[2:] == before[2:]
+    assert any(c.pdl and c.num_splits == 1 and c.ctas_per_sm == 2 for c in fa3._auto_configs(128))
+    monkeypatch.setenv("FA_VARIANTS_DECODE_PDL_MIN_SPLITS", "0")
+    with pytest.raises(ValueError, match="^FA_VARIANTS_DECODE_PDL_MIN_SPLITS must be an int >= 1"):
+        env.integer("FA_VARIANTS_DECODE_PDL_MIN_SPLITS", "2", 1)

@@ -162,8 +162,10 @@ class Sm90Config:
         tile to tile, so that the producer loads the next tile's first K/V tile and Q while the consumers run the
         previous tile's epilogue; the prologue (barrier init, descriptor prefetch, register split) is paid once
         per SM. O gets its own shared-memory buffer when it fits (``separate_o``: Q is released after the last
-        S GEMM), else it reuses Q's (Q released after the TMA store has read O). Only the plain prefill path:
-        not with split-KV, packed GQA, shared_kv_state, epilogue_arrive or two CTAs per SM.
+        S GEMM), else it reuses Q's (Q released after the TMA store has read O). The plain prefill path and packed
+        seqlen_q = 1 decode from host views (pack_gqa without pack_group: the kernel runs it as MHA, unmasked;
+        ``hopper.fa3.DECODE_FULL_GRID``); not with split-KV, pack_group, shared_kv_state, epilogue_arrive or two
+        CTAs per SM.
     kv_multicast: (non-causal calls; a causal kernel compiles without it) CTAs run in clusters of two, the query
         tiles 2i and 2i + 1 of one (batch, head): each CTA's producer loads half of every K and V tile by TMA
         multicast into both CTAs' shared memory, so each K/V byte leaves L2 once per cluster instead of once per
@@ -281,10 +283,10 @@ class Sm90Config:
             raise ValueError(f"{self} does not fit twice in the {SM_SMEM.get(arch, 0)} B of shared memory of an "
                              f"{arch} SM at head_dim={head_dim} (ctas_per_sm=2)")
         if not isinstance(self.persistent, bool) or (self.persistent and (
-                self.num_splits != 1 or self.pack_gqa or self.shared_kv_state or self.epilogue_arrive
+                self.num_splits != 1 or self.pack_group or self.shared_kv_state or self.epilogue_arrive
                 or self.ctas_per_sm != 1)):
             raise ValueError(f"persistent={self.persistent!r} must be a bool, True only without split-KV "
-                             "(num_splits=1), pack_gqa, shared_kv_state, epilogue_arrive and with ctas_per_sm=1")
+                             "(num_splits=1), pack_group, shared_kv_state, epilogue_arrive and with ctas_per_sm=1")
         if not isinstance(self.first_row_only, bool) or (self.first_row_only and not (
                 self.pack_gqa and not self.pack_group and self.tile_m == WGMMA_M and not self.fused_merge
                 and not self.basis_alpha)):

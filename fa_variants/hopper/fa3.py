@@ -113,7 +113,15 @@ DECODE_TILES: dict[str, dict[int, dict]] = {
     # latency) and epilogue run under the other's streaming, for grids of several short CTAs (B 64, Nk 1k:
     # 512 CTAs of 8 tiles, ~4 waves, each wave paying its prologue with one CTA per SM)
     "dual": {64: dict(ctas_per_sm=2), 96: dict(tile_n=64, ctas_per_sm=2), 128: dict(tile_n=64, ctas_per_sm=2)},
+    # a persistent grid (``Sm90Config.persistent``: one CTA per SM walks several (batch, KV head) tiles, its producer
+    # loading the next tile's Q and first K/V tiles while the consumer finishes the current one), for the same
+    # grids of many short CTAs; unsplit calls only (``decode_tiles``: a split call keeps the base tiles)
+    "persistent": {64: dict(persistent=True), 96: dict(persistent=True), 128: dict(persistent=True)},
+    "persistent3": {64: dict(persistent=True, stages=3), 96: dict(persistent=True, stages=3),
+                    128: dict(persistent=True, stages=3)},  # 3 K/V stages: 105 / 161 / 225 KiB (O separate)
 }
+#: the tile sets that apply to unsplit calls only (``decode_tiles``)
+UNSPLIT_ONLY_TILES = ("persistent", "persistent3")
 # "auto" (``decode_choice``): "dual" for calls of many short CTAs, "base" otherwise.
 DECODE_TILES_CHOICE = env.choice("FA_VARIANTS_DECODE_TILES", "auto", (*DECODE_TILES, "auto"))
 #: `auto` (the default since session 6; FA_VARIANTS_DECODE_TILES=base: never "dual") runs "dual" when batch x
@@ -125,15 +133,23 @@ DECODE_TILES_CHOICE = env.choice("FA_VARIANTS_DECODE_TILES", "auto", (*DECODE_TI
 #: count where dual won; 65..511 (unmeasured) keep base. Not B 1 nor Nk 32k+ (dual lost up to 13% at B 1 in s4).
 DUAL_MIN_CTAS = 512
 DUAL_MAX_SEQLEN_K = 4096
+#: The tile set "auto" runs for those grids of many short CTAs (B x Hkv >= DUAL_MIN_CTAS, Nk <= DUAL_MAX_SEQLEN_K):
+#: "dual" (the default), or "persistent" / "persistent3" (FA_VARIANTS_DECODE_FULL_GRID; off until the H200 A/B of
+#: scripts/decode9_gpu.sh). Why (bench/NOTES.md, "Session 8 (2026-12-01): decode ..."): at B 64 Nk 1k, 8 KV heads, the
+#: dual grid is 512 CTAs of 8 K/V tiles on 264 slots, two waves in step (both CTAs of an SM start and end together),
+#: each wave paying the launch, the Q and first K/V latency and the drain of its last tiles with nothing else in flight
+#: on the SM: ~5 us of 35 (1.01x SDPA). A persistent CTA loads the next tile's Q and K/V under the current one's end.
+DECODE_FULL_GRID = env.choice("FA_VARIANTS_DECODE_FULL_GRID", "dual", ("dual", "persistent", "persistent3"))
 
 
 def decode_choice(batch: int, heads_kv: int, seqlen_k: int, choice: str | None = None) -> str:
     """The decode tile set a packed seqlen_q = 1 call runs: ``choice`` (default DECODE_TILES_CHOICE), with "auto"
-    resolved by the shape (DUAL_MIN_CTAS, DUAL_MAX_SEQLEN_K)."""
+    resolved by the shape: DECODE_FULL_GRID ("dual" by default) when batch x heads_kv >= DUAL_MIN_CTAS and seqlen_k
+    <= DUAL_MAX_SEQLEN_K, else "base"."""
     choice = choice or DECODE_TILES_CHOICE
     if choice != "auto":
         return choice
-    return "dual" if batch * heads_kv >= DUAL_MIN_CTAS and seqlen_k <= DUAL_MAX_SEQLEN_K else "base"
+    return DECODE_FULL_GRID if batch * heads_kv >= DUAL_MIN_CTAS and seqlen_k <= DUAL_MAX_SEQLEN_K else "base"
 
 
 #: Whether packed seqlen_q = 1 decode launches as a programmatic dependent (``Sm90Config.pdl``; its split
@@ -151,6 +167,11 @@ DECODE_PDL = env.flag("FA_VARIANTS_DECODE_PDL", False)
 #: 0.94-1.16x SDPA against 0.99-1.27x) and lost at 3 of the 4 B 1 Nk 4k shapes of 16 splits (1.19-1.37x against
 #: 1.01-1.12x).
 DECODE_PDL_MAX_SPLITS = env.integer("FA_VARIANTS_DECODE_PDL_MAX_SPLITS", "8", 0)
+#: ... and from DECODE_PDL_MIN_SPLITS splits up (FA_VARIANTS_DECODE_PDL_MIN_SPLITS; default 2: split calls only). 1
+#: adds the unsplit packed seqlen_q = 1 calls (B 8-64: the kernel alone, no merge), whose launch and setup then
+#: overlap the tail of the kernel before them (off until the H200 A/B of scripts/decode9_gpu.sh; the s4 A/B's pdl2
+#: at unsplit B 64 Nk 1k, base tiles: 0.99x).
+DECODE_PDL_MIN_SPLITS = env.integer("FA_VARIANTS_DECODE_PDL_MIN_SPLITS", "2", 1)
 #: The fewest K/V tiles per split fa3's `auto` gives the heuristic (``common.split.num_splits_heuristic``'s
 #: min_tiles; FA_VARIANTS_SPLIT_MIN_TILES, which fa2 reads too with its own default 2): 1 from the same A/B
 #: (min1 below `auto` at all four B 1 Nk 1k shapes, the only ones whose count changes: 8 one-tile splits
@@ -257,8 +278,11 @@ def rows_tiles(config: Sm90Config, q: torch.Tensor, k: torch.Tensor, dual: bool 
 
 def decode_tiles(config: Sm90Config, head_dim: int, choice: str | None = None, pdl: bool | None = None) -> Sm90Config:
     """The packed seqlen_q = 1 config with the decode tile set ``choice`` (default DECODE_TILES_CHOICE) and
-    ``pdl`` (default DECODE_PDL) applied."""
+    ``pdl`` (default DECODE_PDL) applied; a set of UNSPLIT_ONLY_TILES applies to an unsplit config (num_splits 1)
+    only: a split one keeps the base tiles."""
     choice = choice or DECODE_TILES_CHOICE
+    if choice in UNSPLIT_ONLY_TILES and config.num_splits != 1:
+        choice = "base"
     fields = dict(DECODE_TILES["base" if choice == "auto" else choice].get(head_dim, {}))  # auto: decode_choice
     if DECODE_PDL if pdl is None else pdl:
         fields["pdl"] = True
@@ -453,9 +477,9 @@ def pack_helps(seqlen_q: int, num_heads: int, num_heads_kv: int, head_dim: int) 
 
 
 def decode_pdl(splits: int) -> bool:
-    """Whether `auto`'s packed seqlen_q = 1 call of `splits` splits launches as a programmatic dependent
-    (DECODE_PDL, or 2 <= splits <= DECODE_PDL_MAX_SPLITS)."""
-    return DECODE_PDL or 2 <= splits <= DECODE_PDL_MAX_SPLITS
+    """Whether `auto`'s packed seqlen_q = 1 call of `splits` splits (1: unsplit) launches as a programmatic
+    dependent (DECODE_PDL, or max(DECODE_PDL_MIN_SPLITS, 1) <= splits <= DECODE_PDL_MAX_SPLITS)."""
+    return DECODE_PDL or max(DECODE_PDL_MIN_SPLITS, 1) <= splits <= DECODE_PDL_MAX_SPLITS
 
 
 def wide_helps(q: torch.Tensor, k: torch.Tensor) -> bool:
@@ -522,8 +546,10 @@ def decode_config(q: torch.Tensor, k: torch.Tensor, causal: bool, *, num_splits:
         if q.shape[1] > 1 and not pack_gqa_fits(group):
             raise ValueError(f"pack_gqa=True: a group of {group} query heads per KV head does not pack at seqlen_q="
                              f"{q.shape[1]} (it must divide {_PACKED_CONFIGS[q.shape[-1]].tile_m} or be a multiple of it)")
-        return _merge_mode(dataclasses.replace(_packed(_PACKED_CONFIGS[q.shape[-1]], q, k,
-                                                       num_splits or splits), num_splits=num_splits))
+        base = _PACKED_CONFIGS[q.shape[-1]]
+        if q.shape[1] == 1:  # the tile set follows the call's split count (UNSPLIT_ONLY_TILES)
+            base = dataclasses.replace(base, num_splits=num_splits)
+        return _merge_mode(dataclasses.replace(_packed(base, q, k, num_splits or splits), num_splits=num_splits))
     return _merge_mode(dataclasses.replace(DEFAULT_CONFIGS[q.shape[-1]], num_splits=num_splits))
 
 
@@ -561,7 +587,7 @@ def _auto_configs(head_dim: int, groups: tuple[int, ...] = ()) -> tuple[Sm90Conf
     rows = tuple(c for g in dict.fromkeys(groups) for c in _packed_rows_configs(head_dim, g))
     packed = (_PACKED_CONFIGS[head_dim],) + ((_merge_mode(_PACKED_SPLIT_CONFIGS[head_dim]),) if SPLIT_KV_ENABLED else ())
     counts = lambda c: (1,) if c.num_splits == 1 else (2, split.MAX_SPLITS)  # noqa: E731 (PDL on and off)
-    choices = ("base", "dual") if DECODE_TILES_CHOICE == "auto" else (DECODE_TILES_CHOICE,)
+    choices = ("base", DECODE_FULL_GRID) if DECODE_TILES_CHOICE == "auto" else (DECODE_TILES_CHOICE,)
     first = (False, True) if DECODE_FIRST_ROW else (False,)  # first_row_only: groups <= 8 (first_row)
     decode = tuple(_merge_mode(first_row(decode_tiles(c, head_dim, t, pdl=decode_pdl(n)), 1, f))
                    for c in packed for n in counts(c) for t in choices for f in first)
@@ -655,7 +681,7 @@ VARIANT = Variant(
     check_config=lambda config, arch, head_dim: config.check(head_dim, arch), build=_build, plan_call=_plan_call,
     operand=_tma_operand, check_problem=_check_problem, problem_config=_problem_config,
     switches=lambda: (SPLIT_KV_ENABLED, PACK_GQA_ENABLED, MERGE_KERNEL, split_combine.MERGE_PDL, DECODE_TILES_CHOICE,
-                      DECODE_PDL, DECODE_PDL_MAX_SPLITS, SPLIT_MIN_TILES, PACK_WIDE, PACK_WIDE_STAGES, DECODE_FIRST_ROW,
+                      DECODE_PDL, DECODE_PDL_MAX_SPLITS, DECODE_PDL_MIN_SPLITS, DECODE_FULL_GRID, SPLIT_MIN_TILES, PACK_WIDE, PACK_WIDE_STAGES, DECODE_FIRST_ROW,
                       split_combine.MERGE_WARP, PACK_ROWS_DUAL, PACK_ROWS_PDL, FUSED_MERGE),
     warm_configs=lambda arch, head_dim, causal, groups=(): _auto_configs(head_dim, groups))
 
