@@ -62,6 +62,14 @@ merge at >= 8 splits and first_row_only):
 * ``rowsdual``      packed seqlen_q > 1 calls of >= 8 splits in 64-row tiles run two CTAs per SM (``PACK_ROWS_DUAL``);
 * ``rowsdual+pdl``  both, PDL up to 32 splits (the dual tiles' count at B 1 Nk 32k D 64).
 
+Session 8 (``--s9`` picks the shapes ``S9``, scripts/decode9_gpu.sh: the unsplit seqlen_q 1 shapes at batch 64, where
+`auto` runs the dual tiles at Nk <= 4k and the base tiles at 32k; D 64 B 64 Nk 1k was the last 1.01x SDPA):
+
+* ``pdl1``          unsplit packed seqlen_q 1 calls launch as programmatic dependents (``DECODE_PDL_MIN_SPLITS`` 1);
+* ``pers``          a persistent grid instead of the dual tiles (``DECODE_FULL_GRID`` "persistent": B x Hkv >= 512,
+                    Nk <= 4k), 2 K/V stages; ``pers3`` with 3;
+* ``pers+pdl1``     the persistent grid as a programmatic dependent.
+
 With ``--s7`` (or ``--skip-same``) a public variant that runs at a shape what `auto` or a variant listed before it
 runs there (config and merge kernel) is not timed there: its cell reads "-".
 
@@ -138,6 +146,9 @@ S8 = ([(64, 64, 8, 1, 32768, 16), (128, 64, 8, 1, 32768, 16), (64, 32, 8, 1, 327
        (64, 64, 8, 1, 32768, 4), (64, 32, 8, 1, 32768), (64, 64, 8, 1, 32768), (64, 64, 8, 8, 32768, 16)]
       + [(128, 32, 8, 1, 32768, 16), (64, 32, 8, 1, 4096, 16), (64, 32, 8, 1, 4096), (128, 32, 8, 1, 4096),
          (64, 32, 8, 8, 1024, 16)])
+# session 8 (--s9): seqlen_q 1 at batch 64 (unsplit): Nk 1k / 4k at D 64 / 128, 32:8 / 64:8 (the dual tiles, which the
+# persistent grid replaces; D 64 Nk 1k the two shapes > SDPA in s7), and Nk 32k D 64 32:8 (base tiles: pdl1 only)
+S9 = [(d, h, 8, 64, nk) for d in (64, 128) for h in (32, 64) for nk in (1024, 4096)] + [(64, 32, 8, 64, 32768)]
 ALL_NQ1 = [(d, h, 8, b, nk) for d in (64, 128) for h in (32, 64) for b in (1, 8, 64)
            for nk in (1024, 4096, 32768, 131072)]
 
@@ -181,13 +192,18 @@ PUBLIC = {
     "rowspdl": dict(PACK_ROWS_PDL=True, DECODE_PDL_MAX_SPLITS=16),
     "rowsdual": dict(PACK_ROWS_DUAL=True),
     "rowsdual+pdl": dict(PACK_ROWS_DUAL=True, PACK_ROWS_PDL=True, DECODE_PDL_MAX_SPLITS=32),
+    # session 8 (--s9)
+    "pdl1": dict(DECODE_PDL_MIN_SPLITS=1),
+    "pers": dict(DECODE_FULL_GRID="persistent"),
+    "pers3": dict(DECODE_FULL_GRID="persistent3"),
+    "pers+pdl1": dict(DECODE_FULL_GRID="persistent", DECODE_PDL_MIN_SPLITS=1),
     "shipped": dict(),  # the shipped switches (what `auto` runs when the environment sets none)
 }
 #: the switches PUBLIC sets, at their shipped values (a variant sets all of them, its own on top); MERGE_WARP is
 #: common.split_combine's, the rest fa3's
 SHIPPED = dict(FUSED_MERGE="off", DECODE_PDL=False, DECODE_TILES_CHOICE="auto", DECODE_PDL_MAX_SPLITS=8,
                SPLIT_MIN_TILES=1, PACK_WIDE=None, MERGE_WARP=None, PACK_WIDE_STAGES=0, DECODE_FIRST_ROW=True,
-               PACK_ROWS_DUAL=False, PACK_ROWS_PDL=False)
+               PACK_ROWS_DUAL=False, PACK_ROWS_PDL=False, DECODE_PDL_MIN_SPLITS=2, DECODE_FULL_GRID="dual")
 NUM_SMS_DEFAULT = 132  # H100/H200 SXM, for --plan without a GPU
 REF_BATCHES = 8  # sequences of a shape each entry's output is checked on (the reference's cost)
 
@@ -629,6 +645,7 @@ def main() -> int:
     p.add_argument("--s6", action="store_true", help="the session-6 set S6 instead of the 32 misses")
     p.add_argument("--s7", action="store_true", help="the session-7 set S7 instead of the 32 misses (and --skip-same)")
     p.add_argument("--s8", action="store_true", help="the session-8 set S8 instead of the 32 misses (and --skip-same)")
+    p.add_argument("--s9", action="store_true", help="the session-8 batch-64 set S9 instead of the 32 misses (and --skip-same)")
     p.add_argument("--skip-same", action="store_true",
                    help="time no public variant where it runs the shipped config (same_as_shipped)")
     p.add_argument("--variants", nargs="+", default=[v for v in VARIANTS if not v.startswith("min1")],
@@ -641,8 +658,8 @@ def main() -> int:
     p.add_argument("--out", default=os.path.join(os.environ["OUT"], "decode_ab") if os.environ.get("OUT")
                    else "results/decode2/decode_ab")
     a = p.parse_args()
-    shapes = (ALL_NQ1 if a.all_nq1 else SHORT_NK + CONTROLS if a.short_nk else S6 if a.s6 else S7 if a.s7 else S8 if a.s8 else
-              MISSES) + (
+    shapes = (ALL_NQ1 if a.all_nq1 else SHORT_NK + CONTROLS if a.short_nk else S6 if a.s6 else S7 if a.s7 else
+              S8 if a.s8 else S9 if a.s9 else MISSES) + (
         WINS if a.wins else [])
     gpu = not (a.plan or a.compile_only)
     if gpu:
@@ -655,7 +672,7 @@ def main() -> int:
     else:
         os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
         num_sms = NUM_SMS_DEFAULT
-    rows = plan(shapes, a.variants, num_sms, a.skip_same or a.s7 or a.s8)
+    rows = plan(shapes, a.variants, num_sms, a.skip_same or a.s7 or a.s8 or a.s9)
     for r in rows:
         if not r.get("public"):
             r["forced"] = entry(r["variant"], r["shape"], num_sms)[1]

@@ -3,6 +3,7 @@
 ``common.split.num_splits_heuristic`` with ``min_tiles`` 2 (the default) and 1 (FA_VARIANTS_SPLIT_MIN_TILES=1).
 
     python3 scripts/decode_model.py            # predicted vs measured per shape, then the min_tiles=1 predictions
+    python3 scripts/decode_model.py --full-grid   # batch 64 unsplit: dual waves vs a persistent grid (session 8)
 
 Model (bench/NOTES.md, "Decode at B 1, short Nk: where the time goes"), GPU us per call under CUDA-graph replay:
 
@@ -82,7 +83,61 @@ def check_against(path: Path) -> list[tuple]:
     return rows
 
 
+# Session 8: unsplit packed seqlen_q = 1 calls of many short CTAs (B 64 x 8 KV heads = 512 CTAs, Nk <= 4k), GPU us:
+#   dual (2 CTAs per SM, 264 slots): T = LAUNCH + waves x WAVE_STEP + K/V bytes / STREAM_BW, waves = ceil(CTAs / slots)
+#   persistent (1 CTA per SM walks its tiles): T = LAUNCH + WAVE_STEP + K/V bytes / STREAM_BW + (tiles per CTA - 1) x
+#   ITEM_STEP (0 .. ITEM_STEP_MAX: what the producer's prefetch of the next tile's Q and K/V does not hide); PDL: - LAUNCH
+#   at most. The two CTAs of an SM start and end each wave together, so each wave pays the launch / prologue / first
+#   K/V latency / drain with nothing else in flight on the SM. Fitted to the s7 decode table's batch-64 rows (Nk 1k and
+#   4k, D 64 / 128, the dual tiles): marginal 4.53 TB/s (Nk 4k - Nk 1k), intercept 5.5-6.2 us = LAUNCH + 2 x WAVE_STEP.
+FULL_GRID_TABLE = ROOT / "bench" / "h200-2026-12-01-s7" / "decode_bench.md"
+LAUNCH_US = 1.0
+WAVE_STEP_US = 2.4
+STREAM_BW = 4.53e6     # bytes per us
+ITEM_STEP_MAX_US = 0.3
+
+
+def full_grid_us(d: int, hkv: int, b: int, nk: int, grid: str) -> tuple[float, float]:
+    """(low, high) modelled GPU us of an unsplit packed seqlen_q = 1 call run by ``grid`` ("dual" or "persistent")."""
+    ctas = hkv * b
+    stream = kv_bytes(d, hkv, b, nk) / STREAM_BW
+    if grid == "dual":
+        t = LAUNCH_US + -(-ctas // (2 * SMS)) * WAVE_STEP_US + stream
+        return t, t
+    t = LAUNCH_US + WAVE_STEP_US + stream
+    return t, t + (-(-ctas // SMS) - 1) * ITEM_STEP_MAX_US
+
+
+def full_grid_rows(path: Path = FULL_GRID_TABLE) -> list[tuple]:
+    """(d, h, hkv, b, nk, ours us, sdpa us) of the batch-64 seqlen_q 1 rows at Nk <= 4k of a `bench --decode` table."""
+    got = {}
+    for line in path.read_text().splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) < 7 or not cells[0].isdigit():
+            continue
+        d, gqa, b, nk, nq, impl, us = cells[:7]
+        if int(b) == 64 and int(nq) == 1 and int(nk) <= 4096:
+            h, hkv = map(int, gqa.split(":"))
+            got.setdefault((int(d), h, hkv, int(b), int(nk)), {})[impl.split()[0]] = float(us)
+    return [(*k, v["ours"], v["sdpa"]) for k, v in sorted(got.items())]
+
+
+def print_full_grid() -> None:
+    print(f"batch 64 unsplit decode: the dual waves (fit) and a persistent grid (prediction) vs "
+          f"{FULL_GRID_TABLE.relative_to(ROOT)}, GPU us")
+    print("| shape | measured (dual) | model dual | model persistent | persistent / measured | persistent / SDPA |")
+    print("|---|---|---|---|---|---|")
+    for d, h, hkv, b, nk, ours, sdpa in full_grid_rows():
+        dual = full_grid_us(d, hkv, b, nk, "dual")[0]
+        lo, hi = full_grid_us(d, hkv, b, nk, "persistent")
+        print(f"| D{d} {h}:{hkv} B{b} Nk{nk} | {ours:.1f} | {dual:.1f} | {lo:.1f}-{hi:.1f} | {lo / ours:.2f}-{hi / ours:.2f} "
+              f"| {lo / sdpa:.2f}-{hi / sdpa:.2f} |")
+
+
 def main() -> int:
+    if "--full-grid" in sys.argv[1:]:
+        print_full_grid()
+        return 0
     path = ROOT / "bench" / "h200-2026-12-01-s4" / "decode_ab.json"
     rows = check_against(path)
     print(f"model vs {path.relative_to(ROOT)} (GPU us; base tiles, two kernels)")

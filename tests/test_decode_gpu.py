@@ -533,13 +533,15 @@ def test_one_tile_splits_through_auto(shape, splits, merge_pdl, min_tiles_one, s
 @pytest.fixture
 def decode_defaults(monkeypatch):
     """fa3's session-6 decode defaults whatever the environment says: one-tile splits, PDL at 2-8 splits, dual
-    tiles at batch x heads_kv >= 512 (Nk <= 4k), 128-row packed tiles by ``fa3.wide_helps``."""
+    tiles at batch x heads_kv >= 512 (Nk <= 4k), 128-row packed tiles by ``fa3.wide_helps``; no PDL unsplit."""
     monkeypatch.setattr(fa3, "SPLIT_MIN_TILES", 1)
     monkeypatch.setattr(fa3, "DECODE_TILES_CHOICE", "auto")
     monkeypatch.setattr(fa3, "DUAL_MIN_CTAS", 512)
     monkeypatch.setattr(fa3, "PACK_WIDE", None)
     monkeypatch.setattr(fa3, "DECODE_PDL", False)
     monkeypatch.setattr(fa3, "DECODE_PDL_MAX_SPLITS", 8)
+    monkeypatch.setattr(fa3, "DECODE_PDL_MIN_SPLITS", 2)
+    monkeypatch.setattr(fa3, "DECODE_FULL_GRID", "dual")
     fa3._auto_splits.cache_clear()
     yield
     fa3._auto_splits.cache_clear()
@@ -792,3 +794,66 @@ def test_auto_runs_pack_rows_switches(case, decode_defaults, split_kv, pack_gqa,
     graph.replay()
     torch.cuda.synchronize()
     assert check_against_reference(outs[-1], q, k, v, True).ok
+
+
+# ----- issue 13, session 8: PDL for unsplit calls (DECODE_PDL_MIN_SPLITS), the persistent grid (DECODE_FULL_GRID) -----
+
+# (b, nk, h, hkv, d, persistent, pdl): `auto` at batch 64 with the switch(es) on; Nk <= 4k takes DECODE_FULL_GRID's
+# tiles (dual by default), Nk 4097 the base tiles (unsplit either way)
+PDL_UNSPLIT_AUTO = [(64, 1024, 32, 8, 64, False, True), (64, 4097, 64, 8, 64, False, True),
+                    (64, 1023, 64, 8, 128, False, True)]
+
+
+@pytest.mark.parametrize("case", PDL_UNSPLIT_AUTO, ids=["x".join(map(str, s[:5])) for s in PDL_UNSPLIT_AUTO])
+def test_auto_pdl_unsplit(case, decode_defaults, split_kv, pack_gqa, monkeypatch):
+    """FA_VARIANTS_DECODE_PDL_MIN_SPLITS=1 through the public API: the unsplit B 64 calls (dual tiles at Nk <= 4k,
+    base at 4097) launch as programmatic dependents; five fresh Qs each within the rule (a call reading the previous
+    call's Q would fail), then a CUDA-graph replay after a new Q."""
+    monkeypatch.setattr(fa3, "DECODE_PDL_MIN_SPLITS", 1)
+    b, nk, h, hkv, d, _, pdl = case
+    q, k, v = _qkv(b, 1, nk, h, hkv, d)
+    cfg = fa3._problem_config(None, q, k, True)
+    assert cfg.num_splits == 1 and cfg.pdl == pdl and cfg.first_row_only and (cfg.ctas_per_sm == 2) == (nk <= 4096)
+    _fresh_q_calls_then_graph_replay(q, k, v)
+
+
+# (b, nk, h, hkv, d): more work tiles than SMs (each persistent CTA walks several: 512, 260), fewer (24: a grid of 24),
+# odd Nk (a partial last K/V tile; Nk 5: one), groups 4 / 8 (first_row_only), 2 (8:4 at B 130) and 16 (whole tile)
+PERSISTENT_SHAPES = [(64, 1023, 32, 8, 64), (3, 4224, 64, 8, 128), (130, 5, 8, 4, 64), (64, 777, 64, 8, 128),
+                     (9, 300, 64, 4, 64)]
+
+
+@pytest.mark.parametrize("stages", [2, 3])
+@pytest.mark.parametrize("shape", PERSISTENT_SHAPES, ids=["x".join(map(str, s)) for s in PERSISTENT_SHAPES])
+def test_persistent_packed_decode_matches_reference(shape, stages):
+    """The persistent grid on packed seqlen_q = 1 decode (``DECODE_TILES["persistent"]`` / ``"persistent3"``, with
+    first_row_only where the group allows, as `auto` runs it): O and LSE within the rule of float64, poisoned outputs,
+    then a second call with a fresh Q."""
+    b, nk, h, hkv, d = shape
+    q, k, v = _qkv(b, 1, nk, h, hkv, d)
+    config = fa3.first_row(fa3.decode_tiles(fa3._PACKED_CONFIGS[d], d, "persistent" if stages == 2 else "persistent3"),
+                           h // hkv)
+    assert config.persistent and config.stages == stages and config.first_row_only == (h // hkv <= 8)
+    for _ in range(2):
+        q.copy_(torch.randn_like(q))
+        out, lse = fa3.run(q, k, v, causal=True, softmax_scale=0.1, config=config)
+        assert_attention_ok(out, lse, q, k, v, True, 0.1, what=f"{shape} stages {stages}")
+
+
+# (b, nk, h, hkv, d, grid, pdl)
+PERSISTENT_AUTO = [(64, 1024, 32, 8, 64, "persistent", False), (64, 4095, 64, 8, 128, "persistent3", False),
+                   (64, 1024, 64, 8, 64, "persistent", True), (64, 2048, 32, 8, 128, "persistent", True)]
+
+
+@pytest.mark.parametrize("case", PERSISTENT_AUTO, ids=["x".join(map(str, s[:6])) + ("-pdl" if s[6] else "")
+                                                       for s in PERSISTENT_AUTO])
+def test_auto_runs_persistent_full_grid(case, decode_defaults, split_kv, pack_gqa, monkeypatch):
+    """FA_VARIANTS_DECODE_FULL_GRID=persistent / persistent3 (and with DECODE_PDL_MIN_SPLITS=1: PDL) through the public
+    API at batch 64: the persistent config, unsplit; five fresh Qs each within the rule, then a CUDA-graph replay."""
+    b, nk, h, hkv, d, grid, pdl = case
+    monkeypatch.setattr(fa3, "DECODE_FULL_GRID", grid)
+    monkeypatch.setattr(fa3, "DECODE_PDL_MIN_SPLITS", 1 if pdl else 2)
+    q, k, v = _qkv(b, 1, nk, h, hkv, d)
+    cfg = fa3._problem_config(None, q, k, True)
+    assert (cfg.persistent, cfg.num_splits, cfg.pdl, cfg.stages) == (True, 1, pdl, 3 if grid == "persistent3" else 2)
+    _fresh_q_calls_then_graph_replay(q, k, v)

@@ -887,3 +887,65 @@ def test_decode_ab_s8_plan_and_precompile():
     assert shipped <= set(listed)
     text = (ROOT / "scripts" / "decode8_gpu.sh").read_text()
     assert "VARIANTS=(pdl16 rowspdl rowsdual rowsdual+pdl)" in text and "decode_ab.py --s8" in text
+
+
+def test_decode_model_full_grid_fits_the_s7_batch_64_rows():
+    """scripts/decode_model.py --full-grid: the dual-wave model is within 3% of each batch-64 seqlen_q 1 row at Nk <= 4k
+    of the s7 decode table (8 rows, D 64 / 128), and predicts the persistent grid faster by at most the waves' cost."""
+    model = load_script("decode_model")
+    rows = model.full_grid_rows()
+    assert len(rows) == 8
+    for d, h, hkv, b, nk, ours, sdpa in rows:
+        dual = model.full_grid_us(d, hkv, b, nk, "dual")[0]
+        lo, hi = model.full_grid_us(d, hkv, b, nk, "persistent")
+        assert 0.97 <= dual / ours <= 1.03, (d, h, nk, dual, ours)
+        assert dual - model.WAVE_STEP_US - 1e-9 <= lo <= hi < dual, (d, h, nk, lo, hi, dual)
+
+
+def test_decode_ab_s9_plan_and_precompile():
+    """scripts/decode_ab.py --s9 (scripts/decode9_gpu.sh): pdl1 at all 9 batch-64 shapes (PDL, unsplit; the dual tiles at
+    Nk <= 4k, base at 32k), pers / pers3 / pers+pdl1 only at Nk <= 4k (persistent, 2 / 3 stages, one CTA per SM,
+    first_row_only, unsplit); the module switches untouched by planning; scripts/decode9_precompile.py lists every kernel
+    of the plan once, what auto runs at its shapes, and the GPU script runs both with the same variants and leaves a
+    variant whose GPU tests did not all pass out of the timing."""
+    from fa_variants.hopper import fa3
+
+    ab = load_script("decode_ab")
+    assert len(ab.S9) == 9 == len(set(ab.S9))
+    before = ab.get_flags(fa3)
+    variants = ["pdl1", "pers", "pers3", "pers+pdl1"]
+    rows = ab.plan(ab.S9, variants, 132, skip_same=True)
+    assert ab.get_flags(fa3) == before
+    by = {(r["shape"], r["variant"]): r for r in rows}
+    for shape in ab.S9:
+        cfg = by[(shape, "pdl1")]["config"]
+        assert cfg.pdl and cfg.num_splits == 1 and by[(shape, "pdl1")]["splits"] == 1
+        assert (cfg.ctas_per_sm == 2) == (shape[4] <= 4096) and cfg.first_row_only
+        for name, stages, pdl in (("pers", 2, False), ("pers3", 3, False), ("pers+pdl1", 2, True)):
+            if shape[4] > 4096:
+                assert (shape, name) not in by
+                continue
+            c = by[(shape, name)]["config"]
+            assert (c.persistent, c.stages, c.pdl, c.ctas_per_sm, c.num_splits, c.first_row_only) == (
+                True, stages, pdl, 1, 1, True), (shape, name, c)
+    pre = load_script("decode9_precompile")
+    listed = pre.items(variants, 132)
+    assert len(listed) == len(set(listed)) == 14
+    planned = {(kind, d, c, cfg) for kind, d, c, cfg in ab.plan_items(rows) if kind == "fa3"}
+    generic = {("fa3", d, True, c) for d in (64, 128) for c in (fa3._PACKED_CONFIGS[d], fa3._PACKED_SPLIT_CONFIGS[d])}
+    assert planned - generic <= set(listed), planned - generic - set(listed)
+    shipped = {("fa3", s[0], True, ab.public_entry("shipped", s, 132)[0]) for s in ab.S9}
+    assert shipped <= set(listed)
+    text = (ROOT / "scripts" / "decode9_gpu.sh").read_text()
+    assert "VARIANTS=(pdl1 pers pers3 pers+pdl1)" in text and "decode_ab.py --s9" in text
+    assert 'TIMED+=(pdl1)' in text and "$pdl_ok -eq 3 " in text and "$pers_ok -eq 14 " in text
+
+
+def test_decode9_gpu_test_counts_match_the_script():
+    """The GPU tests scripts/decode9_gpu.sh selects number what it counts before timing a variant: 3 pdl_unsplit and 14
+    persistent (a test added or removed must change the script's counts, or every variant would be left out)."""
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider",
+                          "tests/test_decode_gpu.py", "-k", "pdl_unsplit or persistent"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    ids = [line for line in run.stdout.splitlines() if "::" in line]
+    assert sum("pdl_unsplit" in i for i in ids) == 3 and sum("persistent" in i for i in ids) == 14, run.stdout[-2000:]
