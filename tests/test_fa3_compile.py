@@ -294,8 +294,8 @@ def test_kv_multicast_refused_by_fa3_fp8():
                                     dict(shared_kv_state=True), dict(epilogue_arrive=True)],
                          ids=["split-auto", "split", "packed", "kv1", "epi-arrive"])
 def test_persistent_plain_prefill_only(change):
-    """persistent runs the plain prefill path only: split-KV, packed GQA, one K/V state and the arrive-only epilogue
-    are refused with a ValueError naming the switch."""
+    """persistent runs the plain prefill path (and host-view packed decode, tests/test_decode.py): split-KV, packed
+    GQA with pack_group, one K/V state and the arrive-only epilogue are refused with a ValueError naming the switch."""
     with pytest.raises(ValueError, match="persistent"):
         dataclasses.replace(fa3.DEFAULT_CONFIGS[128], persistent=True, **change).check(128)
     with pytest.raises(ValueError, match="persistent"):
