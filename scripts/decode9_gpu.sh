@@ -22,7 +22,7 @@
 # Pass: (1) 0 failed / 0 errors. (2) no BAD/ERR cell; "compiles" 0.
 # Predictions (GPU time / auto; auto s7: D64 Nk1k 35.4-35.8 us, SDPA 35.0-35.5):
 #  - pers: Nk 1k 0.92-0.97 at D 64 (-> 33-34.5 us, 0.94-0.98x SDPA), 0.93-0.99 at D 128; Nk 4k 0.97-1.00.
-#  - pers3 / pers 0.98-1.01 (pers3 better only if one CTA's 64 KiB in flight does not hold HBM: s4 base vs dual, Nk 4k 1.016).
+#  - pers3 / pers 0.98-1.04 (better only if one CTA's 64 KiB in flight does not hold HBM; s4: 4-stage base tiles 1.06x 2-stage).
 #  - pdl1: 0.97-1.00 at Nk 1k (s4 pdl2 at unsplit base B 64 Nk 1k: 0.99), 0.99-1.00 at Nk 4k / 32k; pers+pdl1 ~ the product.
 # Flip rules for the lead: DECODE_FULL_GRID=X (pers or pers3, the better geomean) if its tests pass, X / auto geomean over the
 # 8 Nk <= 4k shapes < 0.98, worst <= 1.02, and X / SDPA <= 0.99 at both D 64 Nk 1k shapes. DECODE_PDL_MIN_SPLITS=1 if pdl1 /
