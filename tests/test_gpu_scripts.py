@@ -942,10 +942,16 @@ def test_decode_ab_s9_plan_and_precompile():
 
 
 def test_decode9_gpu_test_counts_match_the_script():
-    """The GPU tests scripts/decode9_gpu.sh selects number what it counts before timing a variant: 3 pdl_unsplit and 14
-    persistent (a test added or removed must change the script's counts, or every variant would be left out)."""
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider",
-                          "tests/test_decode_gpu.py", "-k", "pdl_unsplit or persistent"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
-    ids = [line for line in run.stdout.splitlines() if "::" in line]
-    assert sum("pdl_unsplit" in i for i in ids) == 3 and sum("persistent" in i for i in ids) == 14, run.stdout[-2000:]
+    """The GPU tests scripts/decode9_gpu.sh selects (-k "pdl_unsplit or persistent") number what it counts before timing
+    a variant: 3 pdl_unsplit and 14 persistent (a test added or removed must change the script's counts, or every
+    variant would be left out)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("decode_gpu_tables", ROOT / "tests" / "test_decode_gpu.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    names = sorted(n for n in vars(mod) if n.startswith("test_") and ("pdl_unsplit" in n or "persistent" in n))
+    assert names == ["test_auto_pdl_unsplit", "test_auto_runs_persistent_full_grid",
+                     "test_persistent_packed_decode_matches_reference"], names
+    assert len(mod.PDL_UNSPLIT_AUTO) == 3
+    assert 2 * len(mod.PERSISTENT_SHAPES) + len(mod.PERSISTENT_AUTO) == 14  # stages 2 and 3 per shape
