@@ -17,7 +17,8 @@ basis-kv1, basis-256 beside pairs-256 and fa4-256; bench/NOTES.md, "Issue 12, SA
 persistent grid (`PERSIST`: `persistent`, Sm90Config.persistent at D 64/128/256; scripts/persist_gpu.sh); session 7's
 K/V multicast in clusters of two CTAs (`MCAST`: `mcast`, Sm90Config.kv_multicast, non-causal; scripts/fa3gap7_gpu.sh);
 session 7's shorter ping-pong turn (`TURN`: `turn`, Sm90Config.v_wait_before_turn + opaque_smem_base, and `opaque`;
-scripts/turn_gpu.sh).
+scripts/turn_gpu.sh); session 8's O rescale under the exponentials (`ALPHA`: `alpha`, Sm90Config.alpha_first, and
+`alpha-noskip` at D 64; scripts/fa3gap8_gpu.sh). --shapes D:N:full|causal,... picks shapes one by one instead.
 The default run (--variants, --seqlens) is round 4's:
 old, new, pairs-256, fa4-256, n176, stages3, k-first at N 4k/16k (24 compiles, 72 entries, ~3 min on an H200); the
 earlier variants stay selectable. --peers takes the bench's peer names (flash-attn-4, sdpa-cudnn, ...) or the
@@ -97,6 +98,12 @@ VARIANTS = {
     "turn": ((64, 128), dict(v_wait_before_turn=True, opaque_smem_base=True)),  # D 256: no ping-pong; spills causal
     "opaque": ((128,), dict(opaque_smem_base=True)),
     "vwait": ((256,), dict(v_wait_before_turn=True)),  # GPU tests only: D 256 has no turn (opaque spills 24 B causal)
+    # session 8: every row's alpha before the exponentials, so O's rescale runs under them as in flash-attn-4
+    # (Sm90Config.alpha_first; bench/NOTES.md, "Session 8 (2026-12-01): fa3 vs flash-attn-4 consumer loop"); at D 64
+    # the default skips O's rescale in a branch when no row max moved, which keeps it out of the exponentials: also
+    # without the skip (`alpha-noskip`)
+    "alpha": ((64, 128), dict(alpha_first=True)),
+    "alpha-noskip": ((64,), dict(alpha_first=True, skip_unit_rescale=False)),
 }
 ROUND3 = ("old", "new", "o-before-pv", "p2buf")
 ROUND4 = ("old", "new", "pairs-256", "fa4-256", "n176", "stages3", "k-first")
@@ -104,6 +111,7 @@ FA3GAP = ("old", "new", "basis", "basis-kv1", "pairs-256", "fa4-256", "basis-256
 PERSIST = ("old", "new", "persistent")
 MCAST = ("old", "new", "mcast")
 TURN = ("old", "new", "turn", "opaque", "vwait")
+ALPHA = ("old", "new", "alpha", "alpha-noskip")
 PEERS = ("flash-attn-4", "sdpa-cudnn")
 #: other spellings of the peers accepted by --peers (bench.runtime.build_impls knows only the canonical names)
 PEER_ALIASES = {"cudnn": "sdpa-cudnn", "fa4": "flash-attn-4", "flash": "sdpa-flash"}
@@ -127,6 +135,24 @@ def plan(head_dims, seqlens, causals, variants) -> list[dict]:
                 shapes.append(dict(head_dim=d, seqlen=n, causal=causal, batch=max(1, TOKENS // n),
                                    heads=HIDDEN // d, variants=names))
     return shapes
+
+
+def parse_shapes(text: str) -> list[tuple[int, int, bool]]:
+    """--shapes "D:N:full|causal,..." as (head_dim, seqlen, causal) triples; ValueError naming --shapes."""
+    out = []
+    for item in (x for x in text.split(",") if x):
+        parts = item.split(":")
+        if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit() or parts[2] not in ("full", "causal"):
+            raise ValueError(f"--shapes: {item!r} is not D:N:full or D:N:causal (e.g. 128:4096:full)")
+        out.append((int(parts[0]), int(parts[1]), parts[2] == "causal"))
+    if not out:
+        raise ValueError("--shapes: no shape given")
+    return out
+
+
+def shapes_plan(text: str, variants) -> list[dict]:
+    """`plan` over the --shapes triples, in their order (each shape with the variants that run at its head dim)."""
+    return [s for d, n, causal in parse_shapes(text) for s in plan([d], [n], (causal,), variants)]
 
 
 def peer_names(spec: str) -> list[str]:
@@ -169,6 +195,8 @@ def main() -> int:
     ap.add_argument("--head-dims", default="64,128,256")
     ap.add_argument("--seqlens", default="4096,16384")
     ap.add_argument("--causal", default="both", choices=["both", "yes", "no"])
+    ap.add_argument("--shapes", default="", help="comma list of D:N:full|causal, in the order timed (replaces "
+                    "--head-dims, --seqlens and --causal)")
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     ap.add_argument("--variants", default=",".join(ROUND4), help=f"subset of {', '.join(VARIANTS)}")
     ap.add_argument("--peers", default=",".join(PEERS))
@@ -204,6 +232,11 @@ def main() -> int:
         ap.error(f"--cycles: must be even and >= 2, got {a.cycles}")
     causals = {"both": (False, True), "yes": (True,), "no": (False,)}[a.causal]
     shapes = plan([int(x) for x in a.head_dims.split(",")], [int(x) for x in a.seqlens.split(",")], causals, variants)
+    if a.shapes:
+        try:
+            shapes = shapes_plan(a.shapes, variants)
+        except ValueError as exc:
+            ap.error(str(exc))
     if a.plan:
         for d in sorted({s["head_dim"] for s in shapes}):
             for v in variants:

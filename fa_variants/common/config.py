@@ -191,6 +191,10 @@ class Sm90Config:
         constant address + offset; the WGMMA descriptor bits derived from it (shift, mask, flags) are then loop
         invariant and computed once before the mainloop instead of in every K/V step inside the ping-pong turn
         (nvidia-cutlass-dsl 4.8.1 emits the constant address at each use; issue 12, "Session 7: the ping-pong turn").
+    alpha_first: (with exp2_ffma, not basis_alpha) the softmax computes every row's alpha (O's rescale factor) right after
+        the row maxima, before the exponentials, instead of after each row's exponentials (``common.softmax``, "Alpha
+        first"): same values; ptxas then runs O's rescale under the exponentials instead of after the last of them (issue
+        12, "Session 8: fa3 vs flash-attn-4 consumer loop").
     """
 
     tile_m: int = 128
@@ -223,6 +227,7 @@ class Sm90Config:
     q_tail_first: bool = False
     v_wait_before_turn: bool = False
     opaque_smem_base: bool = False
+    alpha_first: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:
@@ -304,6 +309,9 @@ class Sm90Config:
         if not isinstance(self.v_wait_before_turn, bool) or (self.v_wait_before_turn and not self.intra_wg_overlap):
             raise ValueError(f"v_wait_before_turn={self.v_wait_before_turn!r} must be a bool, True only with "
                              "intra_wg_overlap=True (serial steps wait for V before their turn already)")
+        if not isinstance(self.alpha_first, bool) or (self.alpha_first and (not self.exp2_ffma or self.basis_alpha)):
+            raise ValueError(f"alpha_first={self.alpha_first!r} must be a bool, True only with exp2_ffma=True and "
+                             "basis_alpha=False")
         if not isinstance(self.opaque_smem_base, bool):
             raise ValueError(f"opaque_smem_base={self.opaque_smem_base!r} must be a bool")
         if self.smem_bytes(head_dim) > smem_capacity(arch):

@@ -42,6 +42,13 @@ e = fma(m, c, -B) exactly: the rare branch, taken when a row of the thread is hu
 adds e_old - e_new to alpha's argument and keeps e (0 for every other row). The kept basis is -inf while a row has
 seen no key (its m), so the first real tile's alpha is exp2(-inf) = 0 however negative its logits (not 2^(-B)).
 
+Alpha first (``alpha_first``, with exp2_ffma): every row's alpha is computed right after the row maxima, before the
+huge-logit branch and the exponentials, instead of after each row's exponentials. The values are the same; the caller
+can then rescale O by alpha while the MUFU works through the exponentials (nvidia-cutlass-dsl 4.8.1: ptxas does not
+move the last row's alpha above that row's exponentials, so half of O's rescale otherwise runs after the last of them).
+flash-attn-4 computes each row's alpha from the row maxima alone, and ptxas issues both rows' first
+(Dao-AILab/flash-attention:flash_attn/cute/softmax.py::Softmax.online_softmax).
+
 Row max and row sum reduce over ``chains`` independent accumulators and a small tree (`row_reduce`): a serial
 chain of dependent FMNMX (FADD) over a thread's 32-64 columns is latency-bound while the MUFU waits for m.
 Each chain of the row sum starts at its first P, not at 0 + P (the same bits, as exp2 never returns -0: one FADD
@@ -145,7 +152,7 @@ class OnlineSoftmax:
 
     def __init__(self, num_rows: int, scale_log2: Float32, exp2_ffma: bool = False, chains: int = 1,
                  skip_unit_rescale: bool = False, tile_scales: bool = False, p_shift: float = 0.0, exp2_emu: int = 0,
-                 basis_alpha: bool = False, active_rows: int | None = None):
+                 basis_alpha: bool = False, active_rows: int | None = None, alpha_first: bool = False):
         self.num_rows = num_rows
         # the leading rows `update`, `rescale` and `finalize` work on (None: all): a kernel whose other rows are
         # padding never read back (fa3's packed decode with <= 8 query rows: ``Sm90Config.first_row_only``) skips
@@ -178,6 +185,9 @@ class OnlineSoftmax:
         self.basis_alpha = basis_alpha and exp2_ffma and not tile_scales
         self.row_basis = cute.make_rmem_tensor(num_rows, Float32) if self.basis_alpha else None
         self.was_huge = cute.make_rmem_tensor(1, Int32) if self.basis_alpha else None
+        # (exp2_ffma without basis_alpha or tile_scales) every row's alpha before any exponential of the tile, so that
+        # O's rescale by it can run under the exponentials ("Alpha first" in the module docstring); same values
+        self.alpha_first = alpha_first and exp2_ffma and not self.basis_alpha and not tile_scales
 
     def reset(self):
         """m = -inf, l = 0 (Algorithm 1 line 4)."""
@@ -217,6 +227,9 @@ class OnlineSoftmax:
                 any_huge = any_huge or huge[r]
                 basis[r] = 0.0 if huge[r] else b
                 err[r] = 0.0 if huge[r] else cute.math.fma(m_safe[r], c, -b)  # m c - basis, exactly
+            if const_expr(self.alpha_first and not is_first):  # every alpha now, before the exponentials
+                for r in cutlass.range_constexpr(self.active_rows):
+                    alpha[r] = cute.math.exp2(self._log2_alpha_ffma(r, m_safe[r], err[r]), fastmath=True)
             if any_huge:  # those rows subtract m first: the exact form
                 for r in cutlass.range_constexpr(self.active_rows):
                     shift = m_safe[r] if huge[r] else 0.0
@@ -224,9 +237,10 @@ class OnlineSoftmax:
                         s[r, j] = s[r, j] - shift
             for r in cutlass.range_constexpr(self.active_rows):
                 row_sum = self._exp_row(s, r, 0.0, c, basis[r])
-                # old basis over new: (m_old - m_new) c - err_old + err_new
-                self._fold(r, alpha, row_sum, m_new[r], cute.math.fma(self.row_max[r] - m_safe[r], c, err[r] - self.row_err[r]),
-                           is_first)
+                if const_expr(self.alpha_first):
+                    self._fold_alpha(r, alpha, row_sum, m_new[r], is_first)
+                else:
+                    self._fold(r, alpha, row_sum, m_new[r], self._log2_alpha_ffma(r, m_safe[r], err[r]), is_first)
                 self.row_err[r] = err[r]
         return alpha
 
@@ -341,6 +355,23 @@ class OnlineSoftmax:
             a = cute.math.exp2(log2_alpha, fastmath=True)
             alpha[r] = a
             self.row_sum[r] = self.row_sum[r] * a + row_sum
+        self.row_max[r] = m_new
+
+    def _log2_alpha_ffma(self, r: int, m_safe: Float32, err: Float32) -> Float32:
+        """log2 alpha of row r under exp2_ffma, old basis over new: (m_old - m_new) c - err_old + err_new (row_max and
+        row_err still the previous tile's). Trace-time helper."""
+        return cute.math.fma(self.row_max[r] - m_safe, self.scale_log2, err - self.row_err[r])
+
+    @cute.jit
+    def _fold_alpha(self, r: cutlass.Constexpr[int], alpha: cute.Tensor, row_sum: Float32, m_new: Float32,
+                    is_first: cutlass.Constexpr[bool]):
+        """`_fold` with alpha[r] already computed (``alpha_first``): l = alpha l + row_sum (l = row_sum and alpha 1
+        on the first tile), m = m_new."""
+        if const_expr(is_first):
+            alpha[r] = 1.0
+            self.row_sum[r] = row_sum
+        else:
+            self.row_sum[r] = self.row_sum[r] * alpha[r] + row_sum
         self.row_max[r] = m_new
 
     @cute.jit
