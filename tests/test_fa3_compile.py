@@ -76,6 +76,9 @@ def test_config_limits():
         fa3.Fa3Config(intra_wg_overlap=False, v_wait_before_turn=True).check(128)
     with pytest.raises(ValueError, match="opaque_smem_base"):
         fa3.Fa3Config(opaque_smem_base=1).check(128)
+    for bad in (dict(exp2_ffma=False), dict(exp2_ffma=True, basis_alpha=True), dict(exp2_ffma=True, alpha_first=1)):
+        with pytest.raises(ValueError, match="alpha_first"):  # session 8: alpha before the exponentials
+            fa3.Fa3Config(**dict(dict(alpha_first=True), **bad)).check(128)
 
 
 def test_tma_operand_preparation():
@@ -106,7 +109,8 @@ def _speed_ab():
     ("lean", 128, True), ("lean-256", 256, True), ("p2buf", 128, False), ("o-before-pv", 256, True),
     ("pairs-256", 256, False), ("fa4-256", 256, True), ("n176", 128, False), ("n176", 128, True),
     ("stages3", 64, True), ("stages3", 128, False), ("k-first", 128, True), ("basis", 128, False), ("basis-kv1", 128, True),
-    ("basis-256", 256, True), ("turn", 64, True), ("turn", 128, True), ("opaque", 128, True)])
+    ("basis-256", 256, True), ("turn", 64, True), ("turn", 128, True), ("opaque", 128, True), ("alpha", 128, True),
+    ("alpha-noskip", 64, True)])
 def test_speed_ab_variants_compile_without_spills(name, head_dim, causal):
     """scripts/fa3_speed_ab.py's variants build with no spills; `new` is the default and has no serial FMNMX
     chain (it runs 4 chains) and one FFMA per score instead of FADD + FMUL. `lean` (issue 12's structural
@@ -285,7 +289,7 @@ def test_kv_multicast_refused_by_fa3_fp8():
 
     with pytest.raises(ValueError, match="fa3-fp8: kv_multicast"):
         dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], kv_multicast=True).check(128)
-    for switch in ("v_wait_before_turn", "opaque_smem_base"):  # session 7's turn switches: fa3 only
+    for switch in ("v_wait_before_turn", "opaque_smem_base", "alpha_first"):  # sessions 7-8's switches: fa3 only
         with pytest.raises(ValueError, match=switch):
             dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], **{switch: True}).check(128)
 
@@ -366,3 +370,23 @@ def test_turn_switches_shorten_the_pingpong_turn(head_dim):
     assert sum(t.startswith("HGMMA") for t in t_short) == sum(t.startswith("HGMMA") for t in t_base)
     assert len(short) < len(base), (len(base), len(short))
     assert sum(t.startswith("MUFU.EX2") for t in short) == sum(t.startswith("MUFU.EX2") for t in base)
+
+
+def test_alpha_first_moves_o_rescale_under_the_exponentials():
+    """Sm90Config.alpha_first (session 8): at D 128 non-causal the default leaves 32 of O's 64 rescale FMULs after the
+    last MUFU.EX2 of the K/V step (the last row's alpha is computed after that row's exponentials); with every alpha
+    computed first none is left there (flash-attn-4: none), with the same instruction count, exponentials and HGMMAs
+    (nvidia-cutlass-dsl 4.8.1: 487 per step either way), no spills."""
+    config = fa3.DEFAULT_CONFIGS[128]
+    base = _hot_mainloop(128, config)
+    first = _hot_mainloop(128, _speed_ab().variant_config("alpha", 128))
+
+    def fmul_after_last_exp(lines):
+        last = max(i for i, t in enumerate(lines) if t.startswith("MUFU.EX2"))
+        return sum(t.startswith("FMUL") for t in lines[last:])
+
+    assert fmul_after_last_exp(base) >= 16 and fmul_after_last_exp(first) == 0, (fmul_after_last_exp(base),
+                                                                                fmul_after_last_exp(first))
+    for op in ("MUFU.EX2", "HGMMA", "FMUL"):
+        assert sum(t.startswith(op) for t in first) == sum(t.startswith(op) for t in base), op
+    assert len(first) <= len(base) + 2, (len(base), len(first))

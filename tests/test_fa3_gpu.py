@@ -164,14 +164,21 @@ def test_fa3gap_variants(name, head_dim, config, causal):
     then EC-04's logit shifts (every logit of a row shifted by a b softmax_scale: |m c| from ~500, the one-FFMA
     form, to +-1.3e5, the exact form's rare branch), where at D 64 (192-row tiles, causal) rows 0-127 find their
     first K/V tile fully masked before logits near -1e5: their alpha must be 0, not inf (0 * inf = NaN)."""
-    from fa_variants.reference import references, rel_l2
-
     for shape in [(2, 1023, 1023, 4, 2), (1, 257, 4224, 2, 2), (1, 77, 77, 2, 2), (1, 300, 129, 2, 1)]:
         q, k, v = _qkv(*shape, head_dim, BF16)
         _check(q, k, v, causal, config=config, what=f"{name} D={head_dim} causal={causal} {shape}")
     if config.basis_alpha:  # (pairs-256 and fa4-256 ran fp16 in round 4's test)
         q, k, v = _qkv(2, 1023, 1023, 4, 2, head_dim, F16)
         _check(q, k, v, causal, config=config, what=f"{name} fp16 D={head_dim} causal={causal}")
+    _check_logit_shifts(name, head_dim, config, causal)
+
+
+def _check_logit_shifts(name, head_dim, config, causal):
+    """EC-04's logit shifts: every logit of a row shifted by a b softmax_scale (|m c| from ~500, the one-FFMA form,
+    to +-1.3e5, the exact form's rare branch); no NaN, O near float64's, and under causal masking row 0 (key 0 alone)
+    returns V exactly."""
+    from fa_variants.reference import references, rel_l2
+
     for a, b in [(-64, 64), (-256, 256), (-1024, 1024), (1024, 1024)]:
         q, k, v = _qkv(1, 257, 257, 2, 2, head_dim, BF16)
         q[..., 0], k[..., 0] = a, b
@@ -356,3 +363,33 @@ def test_turn_variants(name, head_dim, config, causal):
     if head_dim == 128 and name == "turn":
         q, k, v = _qkv(2, 1023, 1023, 4, 2, head_dim, F16)
         _check(q, k, v, causal, config=config, what=f"{name} fp16 D={head_dim} causal={causal}")
+
+
+ALPHA = _ab_variants("ALPHA")  # every row's alpha before the exponentials (Sm90Config.alpha_first)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("name, head_dim, config", ALPHA, ids=[f"{n}-d{d}" for n, d, _ in ALPHA])
+def test_alpha_variants(name, head_dim, config, causal):
+    """Sm90Config.alpha_first (alpha of every row computed before the exponentials; D 64 also without the unit-alpha
+    skip): the same maths as the default, so the same float64 bound, over the turn tests' shapes (one K/V tile and
+    many, odd lengths, Nq != Nk both ways, GQA and MQA), fp16 once (D 128, non-causal), NaN-poisoned outputs, LSE
+    checked; then EC-04's logit shifts, whose huge rows take the exact form's branch that alpha now precedes."""
+    for shape in TURN_SHAPES:
+        q, k, v = _qkv(*shape, head_dim, BF16)
+        _check(q, k, v, causal, config=config, what=f"{name} D={head_dim} causal={causal} {shape}")
+    if head_dim == 128 and not causal:
+        q, k, v = _qkv(2, 1023, 1023, 4, 2, head_dim, F16)
+        _check(q, k, v, causal, config=config, what=f"{name} fp16 D={head_dim}")
+    _check_logit_shifts(name, head_dim, config, causal)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_alpha_first_same_values(causal):
+    """alpha_first changes where alpha is computed, not how (the same operations on the same values, in the same
+    reduction order): at D 128, O and LSE equal the default's bit for bit."""
+    config = dataclasses.replace(fa3.DEFAULT_CONFIGS[128], alpha_first=True)
+    q, k, v = _qkv(2, 1023, 1023, 4, 2, 128, BF16)
+    want = fa3.run(q, k, v, causal=causal, softmax_scale=0.1)
+    got = fa3.run(q, k, v, causal=causal, softmax_scale=0.1, config=config)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

@@ -603,6 +603,39 @@ def test_fa3_speed_ab_turn_plan():
     assert sum(limits) <= 80, limits  # the session's GPU budget, precompile included
 
 
+def test_fa3_speed_ab_alpha_plan():
+    """scripts/fa3gap8_gpu.sh's A/B plan (--shapes): D 128 N 4k, D 128 N 4k causal, D 128 N 16k, D 64 N 4k in that
+    order; alpha at D 64/128 and alpha-noskip at D 64 only, 10 kernels each compiled once; alpha is the default with
+    alpha_first on (alpha-noskip also without the unit-alpha skip), both pass the config check; the tests' causal D 64
+    and fp16 kernels are precompiled too; a malformed --shapes item is a ValueError naming --shapes."""
+    from fa_variants.hopper import fa3
+
+    ab = load_script("fa3_speed_ab")
+    text = (ROOT / "scripts" / "fa3gap8_gpu.sh").read_text()
+    spec = "128:4096:full,128:4096:causal,128:16384:full,64:4096:full"
+    assert f'AB="--variants old,new,alpha,alpha-noskip --shapes {spec}"' in text
+    shapes = ab.shapes_plan(spec, ["old", "new", "alpha", "alpha-noskip"])
+    assert [(s["head_dim"], s["seqlen"], s["causal"]) for s in shapes] == [
+        (128, 4096, False), (128, 4096, True), (128, 16384, False), (64, 4096, False)]
+    assert [len(s["variants"]) for s in shapes] == [3, 3, 3, 4]
+    items = ab.compile_items(shapes, "bf16")
+    assert len(items) == 10 == len(set(items))
+    for d in (64, 128):
+        cfg = ab.variant_config("alpha", d)
+        assert cfg == dataclasses.replace(fa3.DEFAULT_CONFIGS[d], alpha_first=True)
+        cfg.check(d)
+    noskip = ab.variant_config("alpha-noskip", 64)
+    assert noskip == dataclasses.replace(fa3.DEFAULT_CONFIGS[64], alpha_first=True, skip_unit_rescale=False)
+    noskip.check(64)
+    assert "--variants alpha,alpha-noskip --shapes 64:4096:causal" in text
+    assert "--dtype fp16 --variants alpha --shapes 128:4096:full" in text
+    for bad in ("128:4096", "128:4096:both", "x:4096:full", ""):
+        with pytest.raises(ValueError, match="--shapes"):
+            ab.parse_shapes(bad)
+    limits = [int(n) for n in re.findall(r"step \w+ (\d+) ", text)]
+    assert sum(limits) <= 75, limits  # session 8's GPU budget (cold machine), precompile included
+
+
 def _killed_session(tmp_path, killer: list[str]) -> tuple[int, int, subprocess.CompletedProcess]:
     """A script on steps.sh (fake nvidia-smi) in the middle of a 20 s step, ended by ``killer + [bash, script]``
     after 1 s: (the clock logger's pid, the step command's pid, the run)."""
