@@ -16,7 +16,7 @@
 # 2. scripts/fa3_speed_ab.py (unless a test failed): old, new, alpha (+ alpha-noskip at D 64) beside flash-attn-4,
 #    bf16, B*N = 16k, H*D = 2048, shapes in this order: D 128 N 4k, D 128 N 4k causal, D 128 N 16k, D 64 N 4k; the
 #    paired protocol, 6 rounds of 4 cycles of 10 ms bursts; the time limit may cut the last shape (the SUMMARY of the
-#    shapes done is still printed). Limits 38 + 14 + 23 s: a cold precompile took ~36 s in session 7.
+#    shapes done is still printed). Limits 40 + 14 + 21 s: a cold precompile took ~36 s in session 7.
 # Pass: (0) "precompiled" lines, no Traceback. (1) 0 failed / 0 errors, and every test ran (rc 124 with no FAILED:
 # cut by its limit, not a pass). (2) no "errors:", each alpha row's max diff vs old like new's (same values as new).
 # Prediction (bench/NOTES.md, "Session 8 (2026-12-01): fa3 vs flash-attn-4 consumer loop"): alpha/new 1.01-1.03 at
@@ -30,7 +30,7 @@ out="${OUT:-results/fa3gap8}"; session_setup "$out/logs"
 AB="--variants old,new,alpha,alpha-noskip --shapes 128:4096:full,128:4096:causal,128:16384:full,64:4096:full"
 export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR="$out/fa4cache"
 # 10 bf16 + 3 flash-attn-4 + 2 causal D 64 + 1 fp16 kernels, all pools at once (16 processes on 16 cores)
-step precompile 38 bash -c "python3 scripts/fa3_speed_ab.py --precompile 13 --precompile-fa4 $AB & a=\$!; \
+step precompile 40 bash -c "python3 scripts/fa3_speed_ab.py --precompile 13 --precompile-fa4 $AB & a=\$!; \
   python3 scripts/fa3_speed_ab.py --precompile 2 --variants alpha,alpha-noskip --shapes 64:4096:causal & b=\$!; \
   python3 scripts/fa3_speed_ab.py --precompile 1 --dtype fp16 --variants alpha --shapes 128:4096:full & c=\$!; \
   trap 'kill -INT \$a \$b \$c' INT; wait"
@@ -42,7 +42,7 @@ step pytest 14 python3 -m pytest -q $NPROC -m gpu -p no:cacheprovider --tb=short
 if grep -qE "^(FAILED|ERROR)|[0-9]+ (failed|errors?)\b" "$LOGS/pytest.log"; then
   echo "== fa3ab: skipped (a GPU test failed)"
 else
-  step fa3ab 23 python3 scripts/fa3_speed_ab.py $AB --burst-ms 10 --peers flash-attn-4 --out "$out/fa3ab"
+  step fa3ab 21 python3 scripts/fa3_speed_ab.py $AB --burst-ms 10 --peers flash-attn-4 --out "$out/fa3ab"
 fi
 echo "== precompile"; grep -E "^precompiled|Error|Traceback" "$out/logs/precompile.log"
 echo "== pytest"; grep -E "^(FAILED|ERROR)|passed|failed" "$out/logs/pytest.log" | tail -n 15
