@@ -633,7 +633,7 @@ def test_fa3_speed_ab_alpha_plan():
         with pytest.raises(ValueError, match="--shapes"):
             ab.parse_shapes(bad)
     limits = [int(n) for n in re.findall(r"step \w+ (\d+) ", text)]
-    assert sum(limits) <= 75, limits  # session 8's GPU budget (cold machine), precompile included
+    assert sum(limits) <= 130, limits  # cold-machine limits (session 8: 25 s cut a pytest step before any test ran)
 
 
 def _killed_session(tmp_path, killer: list[str]) -> tuple[int, int, subprocess.CompletedProcess]:
