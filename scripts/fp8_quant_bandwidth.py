@@ -9,7 +9,9 @@ coalesced loads through a swizzled shared-memory stage and the blocks walked hea
 mean staged with each block's loads, ``quant_kernel.V3_STAGED_MEAN``; "v3sf": v3s with K's mean finished in V's
 launch, ``V3_FUSED_MEAN``; "v3ss": v3s with Q's / K's e4m3 stored through shared memory, ``V3_STAGED_STORE``;
 "v3so": v3s with more CTAs per SM for the Q / K passes, ``V3_OCCUPANCY``; "v3sso": both; "v3sfo": v3s with the
-fused mean for a sampled mean only (``V3_FUSED_SAMPLED_MEAN``) and ``V3_OCCUPANCY``;
+fused mean for a sampled mean only (``V3_FUSED_SAMPLED_MEAN``) and ``V3_OCCUPANCY``; "def": the current default
+(staged mean on, staged store at head_dim 64 only, the rest off); "deff": def with the fused mean counted per K block
+(``V3_FUSED_MEAN``); "defl": def with the fused mean counted after each CTA's loop (``V3_FUSED_MEAN_LATE``);
 ``quant_kernel``) and recipe (default:
 block scales + Hadamard + K smoothing; "no-smooth": the same without smoothing; "sampled8": the default with
 K's mean over 8 evenly spaced K tiles, ``FP8Config(smooth_k_blocks=8)``; "sampled16": over 16), one
@@ -98,6 +100,32 @@ def matches(gpu, ref) -> str:
     return "ok" if not bad else "DIFF " + ",".join(bad)
 
 
+def pass_bytes(q, k, v, out, extra: int) -> list[int]:
+    """Bytes each launch of the pass moves, in launch order [V's (+ K's second read: ``extra``), K's, Q's]: its 16-bit
+    input read, its e4m3 output (v_t with its padding) and float32 descales written (Q: + the LSE shift)."""
+    def nbytes(t):
+        return 0 if t is None else t.numel() * t.element_size()
+
+    return [nbytes(v) + extra + nbytes(out.v_t) + nbytes(out.v_descale),
+            nbytes(k) + nbytes(out.k) + nbytes(out.k_descale),
+            nbytes(q) + nbytes(out.q) + nbytes(out.q_descale) + nbytes(out.lse_shift)]
+
+
+def pass_shares(row: dict, copy_tbs: float) -> str:
+    """Per launch of the pass (V (+ K's sums), K, Q; from the row's breakdown, the kernels named "pass" in order): us
+    and % of copy for its own bytes (``pass_bytes``); other kernels (torch's sum of K's partials) with their us.
+    Empty without a breakdown of three passes."""
+    parts = [p.rsplit(" ", 1) for p in row.get("kernels", "").split(": ", 1)[-1].split(", ") if " " in p]
+    passes = [float(t) for n, t in parts if n == "pass"]
+    if len(passes) != 3 or "pass_bytes" not in row:
+        return ""
+    names = ("V+Ksum" if row.get("extra_bytes_read") else "V", "K", "Q")
+    text = [f"{n} {us:.1f} us {100 * b / (us * 1e-6) / 1e12 / copy_tbs:.0f}%"
+            for n, us, b in zip(names, passes, row["pass_bytes"])]
+    text += [f"{n} {float(t):.1f} us" for n, t in parts if n != "pass"]
+    return ", ".join(text)
+
+
 def kernel_breakdown(fn, calls: int = 5) -> str:
     """The GPU kernels of one call in launch order with their durations (torch.profiler, last of ``calls``
     calls), and their sum: what the launches cost apart from the gaps between them. Diagnostic only."""
@@ -174,6 +202,11 @@ PIPES = {"v1": ("v1", {}), "v2": ("v2", {}), "v3": ("v3", {"V3_STAGED_MEAN": Fal
          "v3ss": ("v3", {**_V3S, "V3_STAGED_STORE": True}), "v3so": ("v3", {**_V3S, "V3_OCCUPANCY": True}),
          "v3sso": ("v3", {**_V3S, "V3_STAGED_STORE": True, "V3_OCCUPANCY": True}),
          "v3sfo": ("v3", {**_V3S, "V3_FUSED_SAMPLED_MEAN": True, "V3_OCCUPANCY": True})}
+# session 8: the current default as it is (the staged store's auto rule included) and the two fused means beside it
+_DEF = {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": None, "V3_OCCUPANCY": False, "V3_FUSED_SAMPLED_MEAN": False,
+        "V3_FUSED_MEAN": False, "V3_FUSED_MEAN_LATE": False}
+PIPES.update({"def": ("v3", _DEF), "deff": ("v3", {**_DEF, "V3_FUSED_MEAN": True}),
+              "defl": ("v3", {**_DEF, "V3_FUSED_MEAN_LATE": True})})
 
 
 def recipes() -> dict:
@@ -288,12 +321,13 @@ def main() -> int:
             rows.append({"shape": name, "dims": [B, Nq, Nk, H, Hkv, D], "pipeline": pipe, "recipe": recipe,
                          "gpu_ms": ms, "eager_ms": eager, "bytes": moved, "extra_bytes_read": extra,
                          "tb_s": tbs, "of_copy": frac, "queued": queued, "match": match,
-                         "kernels": breakdown})
+                         "kernels": breakdown, "pass_bytes": pass_bytes(q, k, v, out, extra)})
             print(f"{name:<11} {pipe:<4} {recipe:<9} {ms:7.4f} {eager:8.4f} {moved / 1e9:6.3f} {tbs:5.2f} "
                   f"{100 * frac:5.1f}% {extra / 1e9:5.3f}  {'yes' if queued else 'NO (host-bound)'}  {match}",
                   flush=True)
             if breakdown:
                 print(f"    kernels (us, launch order): {breakdown}", flush=True)
+                print(f"    per pass: {pass_shares(rows[-1], copy_tbs)}", flush=True)
         del q, k, v
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
@@ -309,7 +343,7 @@ def main() -> int:
                 json.dump(rows, f, indent=1)
     timed = [r for r in rows[1:] if "ablation" not in r]
     for pair in filter(None, args.ab.split(",")):
-        print(ab_lines(timed, *pair.split(":", 1)))
+        print(ab_lines(timed, *pair.split(":", 1), copy_tbs=copy_tbs))
     return summarise(timed, copy_tbs, pipelines)
 
 
@@ -362,9 +396,10 @@ BYTE_MODEL = ("byte model: q, k, v read once in 16 bits + e4m3 q, k, v_t (padded
               "% copy = (bytes / gpu time) / (torch copy of 2 GiB: read + write bytes / time)")
 
 
-def ab_lines(rows: list[dict], old: str, new: str) -> str:
+def ab_lines(rows: list[dict], old: str, new: str, copy_tbs: float = 0.0) -> str:
     """Per (shape, recipe) timed by both: NEW's gpu ms / OLD's (< 1: NEW faster), % of copy of each, and (with
-    --breakdown) each launch's us, OLD -> NEW. A last line: the worst and best ratio."""
+    --breakdown) each launch's us, OLD -> NEW (with copy_tbs: and each launch's % of copy, ``pass_shares``). A last
+    line: the worst and best ratio."""
     by = {(r["shape"], r["recipe"], r["pipeline"]): r for r in rows}
     lines, ratios = [f"\nA/B {new} vs {old} (gpu ms ratio, < 1 = {new} faster; % of copy; kernels us)"], []
     for shape, recipe in dict.fromkeys((r["shape"], r["recipe"]) for r in rows):
@@ -376,6 +411,9 @@ def ab_lines(rows: list[dict], old: str, new: str) -> str:
         ka, kb = a.get("kernels", ""), b.get("kernels", "")
         lines.append(f"  {shape:<11} {recipe:<9} {ratio:.3f}  {100 * a['of_copy']:5.1f}% -> {100 * b['of_copy']:5.1f}%"
                      + (f"  [{ka.split(': ', 1)[-1]}] -> [{kb.split(': ', 1)[-1]}]" if ka and kb else ""))
+        if copy_tbs and pass_shares(a, copy_tbs) and pass_shares(b, copy_tbs):
+            lines.append(f"    per pass (% of copy for its bytes): [{pass_shares(a, copy_tbs)}] -> "
+                         f"[{pass_shares(b, copy_tbs)}]")
     if ratios:
         lines.append(f"AB {new}/{old}: worst {max(ratios)[0]:.3f} ({' '.join(max(ratios)[1:])}), best "
                      f"{min(ratios)[0]:.3f} ({' '.join(min(ratios)[1:])}), all matched: "

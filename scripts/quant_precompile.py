@@ -26,7 +26,12 @@ HEAD_DIMS = (64, 128, 256)
 def tasks(which: str = "quant3") -> list[tuple[str, str, int, str]]:
     """(pipeline, dtype, head_dim, recipe): the superset of the test matrix (CASES) and the bandwidth script
     (which "quant3"), or what scripts/quant4_gpu.sh / quant5_gpu.sh / quant6_gpu.sh run (which "quant4" / "quant5" /
-    "quant6": v3 as default, with and without the staged store, V3_STAGED_STORE; quant6 also with V3_OCCUPANCY)."""
+    "quant6": v3 as default, with and without the staged store, V3_STAGED_STORE; quant6 also with V3_OCCUPANCY), or
+    scripts/quant8_gpu.sh's (which "quant8": the current default, + V3_FUSED_MEAN, + V3_FUSED_MEAN_LATE)."""
+    if which == "quant8":  # the current default, the fused mean per K block and after each CTA's loop
+        out = [("v3", "bf16", d, f"{r}+{knob}") for d in HEAD_DIMS for r in ("default", "sampled8")
+               for knob in QUANT8_KNOBS]
+        return out + [("v3", "bf16", 128, f"head-smooth+{knob}") for knob in QUANT8_KNOBS]  # the "amax" launch
     if which == "quant6":  # the occupancy switch changes head_dim 64 / 128 only (``quant_kernel.OCCUPANCY``)
         recipes = ("default", "no-smooth", "head-smooth", "sampled8")
         out = [("v3", "bf16", d, f"{r}+{knob}") for d in HEAD_DIMS for r in recipes
@@ -76,6 +81,11 @@ QUANT6_KNOBS = {"default6": _Q6, "occupancy": {**_Q6, "V3_OCCUPANCY": True},
                 "stagedstore6": {**_Q6, "V3_STAGED_STORE": True},
                 "occupancy+stagedstore": {**_Q6, "V3_OCCUPANCY": True, "V3_STAGED_STORE": True},
                 "fused6": {**_Q6, "V3_FUSED_MEAN": True}}
+# --set quant8: the current default as it is (staged store auto), the fused mean per K block, and counted late
+_Q8 = {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": None, "V3_OCCUPANCY": False, "V3_FUSED_SAMPLED_MEAN": False,
+       "V3_FUSED_MEAN": False, "V3_FUSED_MEAN_LATE": False}
+QUANT8_KNOBS = {"default8": _Q8, "fused8": {**_Q8, "V3_FUSED_MEAN": True},
+                "late8": {**_Q8, "V3_FUSED_MEAN": True, "V3_FUSED_MEAN_LATE": True}}
 
 
 def config_of(recipe: str):
@@ -95,7 +105,7 @@ def run(task: tuple[str, str, int, str]) -> str:
 
     pipeline, dtype, d, recipe = task
     recipe, _, knob = recipe.partition("+")  # knob: one of the KNOBS names (may hold a "+")
-    knobs = {**ABLATION_KNOBS, **QUANT5_KNOBS, **QUANT6_KNOBS}.get(knob, {})
+    knobs = {**ABLATION_KNOBS, **QUANT5_KNOBS, **QUANT6_KNOBS, **QUANT8_KNOBS}.get(knob, {})
     saved = {name: getattr(quant_kernel, name) for name in knobs}
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     t0 = time.perf_counter()
@@ -152,7 +162,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=14)
     parser.add_argument("--plan", action="store_true", help="list the tasks and exit (no GPU needed)")
-    parser.add_argument("--set", default="quant3", choices=("quant3", "quant4", "quant5", "quant6"),
+    parser.add_argument("--set", default="quant3", choices=("quant3", "quant4", "quant5", "quant6", "quant8"),
                         help="which script's passes (default quant3)")
     parser.add_argument("--unique", action="store_true",
                         help="record the tasks' passes first (no compile), then compile each distinct pass once")

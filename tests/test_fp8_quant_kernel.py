@@ -11,7 +11,7 @@ import torch
 
 from fa_variants import registry
 from fa_variants.common import cubin
-from fa_variants.fp8 import FP8Config
+from fa_variants.fp8 import FP8Config, layout
 from fa_variants.fp8 import quant_kernel as qk
 from fa_variants.fp8.quantize import quantize_fp8, quantize_fp8_torch
 
@@ -194,6 +194,29 @@ def test_k_sample_items(seqlen_k, block_n, blocks):
     assert [qk.k_sample_slot(t, T, m) for t in tiles] == list(range(m))
 
 
+@pytest.mark.parametrize("n_blocks,k_items,grid,threads", [(48, 48, 96, 512), (1024, 1024, 132, 512), (7, 5, 3, 2),
+                                                           (0, 9, 4, 2), (5, 1, 8, 4), (100, 300, 7, 8)])
+def test_late_count_items(n_blocks, k_items, grid, threads):
+    """``late_count``: the K items each CTA counts after its loop (``late_first``, ``late_item``, rounds of
+    ``threads``; items >= the launch's total skipped, as the kernel does) are exactly its own K items (those of its
+    work items cta, cta + grid, ... at or past n_blocks), so every K block of the launch is counted once and no V
+    block; the kernel's round count (n_items + threads - 1) // threads covers them."""
+    from fa_variants.fp8.quant_maps import late_first, late_item
+
+    total = n_blocks + k_items
+    counted = []
+    for cta in range(grid):
+        first = late_first(cta, grid, n_blocks)
+        n_items = (total - first + grid - 1) // grid
+        assert n_items >= 0 and first % grid == cta and first >= n_blocks and first - grid < max(n_blocks, cta)
+        mine = [late_item(first, grid, threads, r, t) for r in range((n_items + threads - 1) // threads)
+                for t in range(threads)]
+        mine = [b for b in mine if b < total]
+        assert mine == [b for b in range(cta, total, grid) if b >= n_blocks], cta
+        counted += mine
+    assert sorted(counted) == list(range(n_blocks, total))
+
+
 @pytest.mark.parametrize("role", ["qk", "v"])
 @pytest.mark.parametrize("head_dim", qk.HEAD_DIMS)
 @pytest.mark.parametrize("rows", [128, 192, 256])
@@ -300,6 +323,32 @@ def test_compiles_staged_store(arch, head_dim, cfg):
     assert ops["STG.E.128"] == ops0["STG.E.128"] == 4, (ops, ops0)
     assert ops["STS.128"] == ops0["STS.128"] + 4 and ops["BAR.SYNC"] == ops0["BAR.SYNC"] + 1, (ops, ops0)
     assert ops["LDS.128"] >= ops0["LDS.128"] + 4, (ops, ops0)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("arch", ["sm_90a"], indirect=True)
+@pytest.mark.parametrize("head_dim", qk.HEAD_DIMS)
+def test_compiles_late_count(arch, head_dim):
+    """V's launch with the fused mean counted after the loop (``late_count``, sm_90a, the default recipe's tile_n):
+    the same cp.async loads, shuffles, e4m3 conversions and global stores as the per-block fused mean, one gpu-scope
+    atomic, no local memory, registers within the pass's cap (``min_blocks``), two barriers more (the done slots' and
+    a round's end; the per-block count's two barriers and fence leave the loop); and a late count without the fused
+    mean is refused."""
+    rows = layout.tile_n(head_dim)
+    base = qk.PassConfig(role="v", rotate=False, rows=rows, stages=3, kmean=True, coalesced=True, head_major=True,
+                         fused_mean=True)
+    late = dataclasses.replace(base, late_count=True)
+    c, c0 = (qk.VARIANT.compiled(qk.static_config(arch, torch.bfloat16, head_dim, x)) for x in (late, base))
+    names = ("LDGSTS", "SHFL.BFLY", "F2FP", "STG.E", "ATOMG", "BAR.SYNC", "LDL", "STL")
+    ops, ops0 = (cubin.count_sass(cubin.sass_of(x.cubin), names) for x in (c, c0))
+    res = cubin.cubin_resources(c.cubin)
+    threads = rows * head_dim // 64
+    assert res["spill_bytes"] == 0 and res["registers"] <= 65536 // (threads * late.min_blocks(head_dim)), res
+    assert ops["ATOMG"] == 1 and ops["LDL"] == ops["STL"] == 0, ops
+    assert all(ops[n] == ops0[n] for n in ("LDGSTS", "SHFL.BFLY", "F2FP", "STG.E")), (ops, ops0)
+    assert ops["BAR.SYNC"] == ops0["BAR.SYNC"] + 2, (ops, ops0)
+    with pytest.raises(ValueError, match="late_count"):
+        dataclasses.replace(base, fused_mean=False, late_count=True).check(head_dim)
 
 
 # the passes the default recipe and no-smooth launch at OCCUPANCY's (head_dim, rows): K at 64 (192 rows), Q at 64 / 128
@@ -628,6 +677,58 @@ def test_v3_fused_mean(monkeypatch, head_dim):
         for name in ("q_descale", "k_descale", "v_descale"):
             assert torch.equal(getattr(gpu, name), getattr(ref, name)), name
         assert_shift_close(gpu.lse_shift, ref.lse_shift, q, ref.k_mean, ref.softmax_scale)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim,config", [(d, c) for c in ("default", "sampled8") for d in qk.HEAD_DIMS]
+                         + [(128, "head-smooth")])
+def test_v3_fused_mean_late_bitwise(monkeypatch, head_dim, config):
+    """The fused mean counted after each CTA's loop (``V3_FUSED_MEAN_LATE``) vs per K block (``V3_FUSED_MEAN``): the
+    same partials added in the same order, so every output (K's mean included) is equal bit for bit
+    (``assert_switch_bitwise``: GQA, odd lengths, batch 3, a negative scale, NaN-poisoned memory, and the torch recipe
+    given the pass's mean; head-smooth: the per-head baseline's "amax" launch carries K's sums); and the mean within
+    float32 summation's bound of float64."""
+    monkeypatch.setattr(qk, "V3_FUSED_MEAN", True)
+    assert_switch_bitwise(monkeypatch, "V3_FUSED_MEAN_LATE", head_dim, config, 19)
+    g = torch.Generator(device="cuda").manual_seed(head_dim)
+    k = (torch.randn(2, 1001, 2, head_dim, device="cuda", generator=g) + 1.5).to(torch.bfloat16)
+    q = torch.randn(2, 33, 4, head_dim, device="cuda", generator=g).to(torch.bfloat16)
+    got = qk.quantize(q, k, k, pipeline="v3")
+    if config == "default":
+        assert_k_mean_close(got.k_mean, k, block_n=got.block_n)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim,grid,many", [(64, 1, True), (128, 1, False), (256, 2, False)])
+def test_v3_fused_mean_late_rounds(monkeypatch, head_dim, grid, many):
+    """``V3_FUSED_MEAN_LATE`` with the launch cut to ``grid`` CTAs (``quant_kernel.GRID_CAP``): each CTA finishes
+    several heads' means, and (many; head_dim 64, whose 192 threads need the fewest blocks) counts more K blocks than
+    it has threads (three rounds of ``count_late``): every output equal bit for bit to the per-block fused mean's on
+    the same grid, the same on a second call (its counters were left at zero), and equal to the full grid's (the
+    partials do not depend on the grid)."""
+    rows = layout.tile_n(head_dim)
+    threads = rows * head_dim // 64
+    Hkv = 3
+    # many: > 2 x threads K blocks per CTA (and a tail); else 8 blocks per head, a tail
+    Nk = (2 * threads * grid // Hkv + 5) * rows - 17 if many else 8 * rows - 17
+    g = torch.Generator(device="cuda").manual_seed(7 * head_dim + grid)
+    q = torch.randn(1, 64, 6, head_dim, device="cuda", generator=g).to(torch.bfloat16)
+    k = (torch.randn(1, Nk, Hkv, head_dim, device="cuda", generator=g) - 0.5).to(torch.bfloat16)
+    v = torch.randn(1, Nk, Hkv, head_dim, device="cuda", generator=g).to(torch.bfloat16)
+    monkeypatch.setattr(qk, "V3_STAGED_MEAN", True)
+    monkeypatch.setattr(qk, "V3_FUSED_MEAN", True)
+    full = qk.quantize(q, k, v, pipeline="v3")
+    monkeypatch.setattr(qk, "GRID_CAP", grid)
+    outs = []
+    for late in (False, True, True):
+        monkeypatch.setattr(qk, "V3_FUSED_MEAN_LATE", late)
+        outs.append(qk.quantize(q, k, v, pipeline="v3"))
+    for other in (outs[1], outs[2], full):
+        for name in ("q", "k", "v_t"):
+            assert torch.equal(getattr(outs[0], name).view(torch.uint8), getattr(other, name).view(torch.uint8)), name
+        for name in ("q_descale", "k_descale", "v_descale", "k_mean", "lse_shift"):
+            assert torch.equal(getattr(outs[0], name), getattr(other, name)), name
+    assert_k_mean_close(outs[1].k_mean, k, block_n=outs[1].block_n)
 
 
 @pytest.mark.gpu

@@ -336,6 +336,36 @@ def test_fp8_quant_bandwidth_ab_and_quant5_sets():
     assert all(t[3].partition("+")[2] in pre.QUANT6_KNOBS for t in tasks)
 
 
+def test_quant8_sets_and_pass_shares():
+    """scripts/quant8_gpu.sh's pieces on the CPU: the bandwidth labels def / defl / deff (the current default with the
+    staged store's auto rule, + V3_FUSED_MEAN_LATE, + V3_FUSED_MEAN), the precompile set (default / fused / late x
+    default, sampled8 x three head_dims, head-smooth at 128; every knob a known switch set), the sanitizer's set, and
+    the per-pass % of copy read from a breakdown (each launch's bytes / its us; the torch sum's us alone)."""
+    bw = load_script("fp8_quant_bandwidth")
+    base = {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": None, "V3_OCCUPANCY": False, "V3_FUSED_SAMPLED_MEAN": False,
+            "V3_FUSED_MEAN": False, "V3_FUSED_MEAN_LATE": False}
+    assert bw.PIPES["def"] == ("v3", base)
+    assert bw.PIPES["defl"] == ("v3", {**base, "V3_FUSED_MEAN_LATE": True})
+    assert bw.PIPES["deff"] == ("v3", {**base, "V3_FUSED_MEAN": True})
+    from fa_variants.fp8 import quant_kernel
+
+    assert all(hasattr(quant_kernel, name) for name in base)
+    pre = load_script("quant_precompile")
+    tasks = pre.tasks("quant8")
+    assert len(tasks) == len(set(tasks)) == 21 and ("v3", "bf16", 128, "head-smooth+late8") in tasks
+    assert all(t[3].partition("+")[2] in pre.QUANT8_KNOBS for t in tasks)
+    assert pre.QUANT8_KNOBS["late8"]["V3_FUSED_MEAN_LATE"] and not pre.QUANT8_KNOBS["fused8"]["V3_FUSED_MEAN_LATE"]
+    row = {"kernels": "4 kernels, 125.6 us: pass 49.2, void at::native::reduce_ 6.2, pass 33.8, pass 36.4",
+           "pass_bytes": [168e6, 100e6, 101e6], "extra_bytes_read": 67e6}
+    text = bw.pass_shares(row, 4.0)
+    assert text == "V+Ksum 49.2 us 85%, K 33.8 us 74%, Q 36.4 us 69%, void at::native::reduce_ 6.2 us", text
+    assert bw.pass_shares({"kernels": "2 kernels: pass 1.0, pass 2.0", "pass_bytes": [1, 1, 1]}, 4.0) == ""
+    rows = [dict(shape="D=128", pipeline=p, recipe="default", gpu_ms=ms, of_copy=0.5, match="ok", queued=True, **row)
+            for p, ms in (("def", 0.126), ("defl", 0.120))]
+    text = bw.ab_lines(rows, "def", "defl", copy_tbs=4.0)
+    assert "  D=128       default   0.952" in text and "per pass (% of copy for its bytes): [V+Ksum" in text
+
+
 def test_fa3_fp8_speed_ab_summary_and_plan(capsys, monkeypatch):
     """scripts/fa3_fp8_speed_ab.py on the CPU: --plan; the summary's ratios, targets and pass criteria from
     fake rows (new 10% above old, a two-level cost of 4%, errors under the bound, tests' worst cases)."""

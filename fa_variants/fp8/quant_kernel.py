@@ -113,6 +113,10 @@ computed (its outputs equal v2's bit for bit):
   last block adds that head's partials in a fixed order (``QuantPass.mean_if_last``): one launch fewer, K's
   pass may start under V's tail (PDL), at the price of a release fence per K block. Its mean is another
   summation order than v2's (outputs equal the torch recipe's given that mean, not v2's).
+* Late count (``V3_FUSED_MEAN_LATE``, off until measured; ``PassConfig.late_count``): the fused mean with its counting
+  after each CTA's loop: one release fence per CTA, then its K blocks' atomics (its threads at once) and the means of
+  the heads it completes (``count_late``), instead of a fence, two barriers and an atomic per K block; the mean is
+  the fused mean's bit for bit (same partials, same order). For the exact mean too: no torch sum of the partials.
 * Staged mean (``V3_STAGED_MEAN``, on since session 6; ``PassConfig.staged_mean``): the smoothed K pass and Q's
   shift pass get K's mean with each block's stage (a 16-byte cp.async by D / 4 threads into a mean buffer per stage,
   committed with the block's loads; the prologue's blocks by plain loads after the PDL wait) instead of a global
@@ -160,8 +164,8 @@ from fa_variants.common.launch import Variant
 from fa_variants.common.softmax import bits_f32, f32_bits
 from fa_variants.fp8 import layout
 from fa_variants.fp8.quant_maps import (SLOTS, VEC, k_parts_per_block, k_sample_item, k_sample_slot, k_sum_group,
-                                        piece_swizzle, stage_load, stage_piece, store_map, store_pitch, store_swizzle,
-                                        store_unit, thread_chunk, thread_token)
+                                        late_first, late_item, piece_swizzle, stage_load, stage_piece, store_map,
+                                        store_pitch, store_swizzle, store_unit, thread_chunk, thread_token)
 from fa_variants.fp8.quantize import (E4M3, MIN_DESCALE_EXPONENT, FP8Config, FP8Inputs, HadamardRotation, _check,
                                       k_mean, k_sample_count, k_sample_tiles, tiles_for)
 
@@ -205,6 +209,13 @@ V3_FUSED_MEAN = False
 #: mean 2-3 points slower). Off until the sampled mean is the default (scripts/quant6_gpu.sh times it: "v3sfo");
 #: FA_VARIANTS_FP8_QUANT_FUSED_SAMPLED_MEAN=1 (read at import) turns it on
 V3_FUSED_SAMPLED_MEAN = _env.flag("FA_VARIANTS_FP8_QUANT_FUSED_SAMPLED_MEAN", False)
+#: v3: the fused mean (exact or sampled) with its counting moved after each CTA's loop (``PassConfig.late_count``):
+#: one release fence per CTA and its K items' counts (one gpu-scope atomic each, the CTA's threads in parallel)
+#: after its last item, instead of a fence + barrier + atomic + barrier per K block; the CTA that counts a head's last
+#: block adds that head's partials as ``V3_FUSED_MEAN`` does (same partials, same order: outputs bit for bit the
+#: fused mean's). Turns the fused mean on for the exact mean too (no torch sum of the partials between V's launch and
+#: K's pass). Off until measured (scripts/quant8_gpu.sh); FA_VARIANTS_FP8_QUANT_FUSED_MEAN_LATE=1 (read at import)
+V3_FUSED_MEAN_LATE = _env.flag("FA_VARIANTS_FP8_QUANT_FUSED_MEAN_LATE", False)
 #: v3: K's mean, which the smoothed K pass and Q's pass (the LSE shift) read per block, cp.async'd with the block's
 #: stage into a mean buffer per stage (``PassConfig.staged_mean``) instead of a global load + a barrier per block
 #: (the load's latency, ~1 us, is then exposed once per block in a CTA alone on its SM). The same operations:
@@ -233,6 +244,9 @@ V3_STAGED_STORE: bool | None = _env.auto_flag("FA_VARIANTS_FP8_QUANT_STAGED_STOR
 #: FA_VARIANTS_FP8_QUANT_OCCUPANCY=1 (read at import) turns it on
 V3_OCCUPANCY = _env.flag("FA_VARIANTS_FP8_QUANT_OCCUPANCY", False)
 OCCUPANCY = {(64, 192): (3, 3), (64, 128): (5, 2), (128, 128): (3, 2)}
+#: tests only: at most this many CTAs per launch (None: the persistent grid), so that small inputs give a CTA many
+#: work items (``late_count``'s rounds: more K blocks per CTA than threads; several heads finished by one CTA)
+GRID_CAP: int | None = None
 
 
 def staged_store_for(head_dim: int) -> bool:
@@ -256,7 +270,8 @@ class PassConfig:
     rows: tokens per scale block (``layout.TILE_M`` for Q, ``layout.tile_n(head_dim)`` for K and V);
     shift (Q with K smoothing): also write ``scale * q . mean`` per row (``quantize.smoothing_lse_shift``);
     staged_store (role "qk", coalesced, rows % 32 == 0): the e4m3 bytes stored through the stage just read
-    (``store_qk_staged``); min_ctas: CTAs per SM asked of ptxas (0: 512 threads at 128 registers; ``min_blocks``)."""
+    (``store_qk_staged``); min_ctas: CTAs per SM asked of ptxas (0: 512 threads at 128 registers; ``min_blocks``);
+    late_count (with fused_mean): K's blocks counted after the CTA's loop, not per block (``count_late``)."""
 
     role: str = "qk"
     rotate: bool = True
@@ -275,6 +290,7 @@ class PassConfig:
     k_sample: bool = False
     staged_store: bool = False
     min_ctas: int = 0
+    late_count: bool = False
 
     def check(self, head_dim: int) -> None:
         """ValueError for a config or head_dim this pass is not built for."""
@@ -285,6 +301,8 @@ class PassConfig:
             raise ValueError("fp8-quant: K's partial sums ride on V's pass (role 'v', mode 'block' or 'amax')")
         if self.fused_mean and not self.kmean:
             raise ValueError("fp8-quant: the fused mean finishes K's partial sums (kmean)")
+        if self.late_count and not self.fused_mean:
+            raise ValueError("fp8-quant: late_count counts the fused mean's K blocks (fused_mean)")
         if self.k_sample and not self.kmean:
             raise ValueError("fp8-quant: a sampled K mean rides on V's launch (kmean)")
         if self.staged_mean and not (self.coalesced and (self.smooth or self.shift)):
@@ -312,6 +330,7 @@ class PassConfig:
     def smem_bytes(self, head_dim: int) -> int:
         """Shared memory of one CTA (bytes, an upper bound): the stages of 16-bit input, signs, mean, maxima."""
         fused = 4 * (self.rows * head_dim // (VEC * SLOTS)) + 16 if self.fused_mean else 0  # group sums, ticket
+        fused += 4 * (self.rows * head_dim // (VEC * SLOTS)) if self.late_count else 0  # late_count's done slots
         return 2 * self.stages * self.rows * head_dim + 4 * ((1 + self.mean_buffers) * head_dim + 64) + 512 + fused
 
     @property
@@ -359,6 +378,7 @@ class QuantPass:
             raw: cute.struct.Align[cute.struct.MemRange[self.dtype, self.cfg.stages * self.cfg.rows * D], 128]
             ticket: cute.struct.Align[cute.struct.MemRange[Int32, 4], 16]
             sums: cute.struct.Align[cute.struct.MemRange[Float32, self.num_threads if self.cfg.fused_mean else 4], 16]
+            done: cute.struct.Align[cute.struct.MemRange[Int32, self.num_threads if self.cfg.late_count else 4], 16]
 
         self.smem_bytes = SharedStorage.size_in_bytes()
         self.kernel(mX, mY, mDescale, mSigns, mMean, mShift, mK, mPart, mCount, scale, SharedStorage).launch(
@@ -520,7 +540,7 @@ class QuantPass:
                 # (one barrier per V block) is not broken by the K items, which have no barrier
                 if is_k:
                     self.k_partial_sums(x, mPart, scale, batch, head, tile, tidx, n_tiles, n_sample)
-                    if const_expr(self.cfg.fused_mean):
+                    if const_expr(self.cfg.fused_mean and not self.cfg.late_count):
                         # the last of the head's n_tiles blocks (k_sample: of its n_sample sample tiles)
                         n_count = n_sample if const_expr(self.cfg.k_sample) else n_tiles
                         self.mean_if_last(mPart, mMean, mCount, storage, batch, head, heads, n_count, tidx)
@@ -529,6 +549,9 @@ class QuantPass:
             else:
                 self.finish_block(x, mX, mY, mDescale, red, parity, batch, head, tile, tidx, sStage[None, stage])
             step = step + 1
+        if const_expr(self.cfg.late_count):  # the CTA's K blocks counted once, after its loop
+            n_count = n_sample if const_expr(self.cfg.k_sample) else n_tiles
+            self.count_late(mPart, mMean, mCount, storage, heads, n_tiles, n_blocks, n_sample, total, n_count, tidx)
 
     def parts_per_block(self) -> int:
         """K's partial sums per block in V's launch (``k_partial_sums``): ``k_parts_per_block(rows)``."""
@@ -590,11 +613,8 @@ class QuantPass:
         Memory ordering as the fused split merge of ``hopper.fa3_kernel`` (PTX memory model): every thread's
         partial stores, a gpu-scope acq_rel fence (release), a CTA barrier, one thread's gpu-scope acq_rel
         atomic add; its ticket through shared memory and a barrier; in the last CTA every thread fences
-        (acquire) before reading the other CTAs' partials."""
-        D, T = self.head_dim, self.num_threads
-        G = T // D
+        (acquire) before reading the other CTAs' partials (``mean_of``)."""
         ticket = storage.ticket.get_tensor(cute.make_layout(4))
-        sums = storage.sums.get_tensor(cute.make_layout(T))
         slot = batch * heads + head
         cute.arch.fence_acq_rel_gpu()  # release: this thread's partials before the count
         cute.arch.barrier()
@@ -602,21 +622,70 @@ class QuantPass:
             ticket[0] = cute.arch.atomic_add((mCount.iterator + slot).llvm_ptr, Int32(1), sem="acq_rel", scope="gpu")
         cute.arch.barrier()
         if ticket[0] == n_tiles - 1:
-            cute.arch.fence_acq_rel_gpu()  # acquire: the other CTAs' partials, before reading them
-            g = tidx // D
-            c = tidx % D
-            acc = Float32(0.0)
-            for p in cutlass.range(g, mPart.shape[2], G, unroll=4):
-                acc = acc + mPart[batch, head, p, c]
-            sums[tidx] = acc
+            self.mean_of(mPart, mMean, mCount, storage, batch, head, heads, tidx)
+
+    @cute.jit
+    def mean_of(self, mPart: cute.Tensor, mMean: cute.Tensor, mCount: cute.Tensor, storage, batch: Int32,
+                head: Int32, heads: Int32, tidx: Int32):
+        """The fused mean of (batch, kv-head) from its partials, by the CTA that counted its last block (every thread
+        of it): thread (g, c) (g < G = threads / D) adds the partials g, g + G, ... of channel c in order, then
+        thread c adds the G group sums in order into mMean[batch, head, c]; the counter is reset to 0. Each thread
+        fences (acquire) before reading the other CTAs' partials. The group sums' buffer is read by threads < D
+        after the barrier: a caller that calls this again must put a barrier between (``count_late``)."""
+        D, T = self.head_dim, self.num_threads
+        G = T // D
+        sums = storage.sums.get_tensor(cute.make_layout(T))
+        cute.arch.fence_acq_rel_gpu()  # acquire: the other CTAs' partials, before reading them
+        g = tidx // D
+        c = tidx % D
+        acc = Float32(0.0)
+        for p in cutlass.range(g, mPart.shape[2], G, unroll=4):
+            acc = acc + mPart[batch, head, p, c]
+        sums[tidx] = acc
+        cute.arch.barrier()
+        if tidx < D:
+            total = sums[tidx]
+            for i in cutlass.range_constexpr(1, G):
+                total = total + sums[tidx + i * D]
+            mMean[batch, head, tidx] = total
+        if tidx == 0:
+            mCount[batch * heads + head] = Int32(0)
+
+    @cute.jit
+    def count_late(self, mPart: cute.Tensor, mMean: cute.Tensor, mCount: cute.Tensor, storage, heads: Int32,
+                   n_tiles: Int32, n_blocks: Int32, n_sample: Int32, total: Int32, n_count: Int32, tidx: Int32):
+        """``late_count``, after the CTA's loop: every thread fences (release: its partial sums of all the CTA's K
+        blocks), a barrier; then the CTA's K items (``late_first``, ``late_item``) are dealt to its threads, each
+        counting its item at the (batch, kv-head) counter (gpu-scope acq_rel atomic, all threads at once); a thread
+        whose ticket is the head's last (n_count - 1: n_tiles, or n_sample with k_sample) writes the head's slot
+        into shared memory (``done``; -1 otherwise), a barrier, and the CTA finishes the mean of each such head in
+        thread order (``mean_of``, a barrier after each). The same partials and the same order as ``mean_if_last``:
+        the mean is bit for bit the per-block count's; one fence per CTA instead of one per K block."""
+        T = self.num_threads
+        cta, _, _ = cute.arch.block_idx()
+        grid, _, _ = cute.arch.grid_dim()
+        done = storage.done.get_tensor(cute.make_layout(T))
+        cute.arch.fence_acq_rel_gpu()  # release: this thread's partial sums before any count
+        cute.arch.barrier()
+        first = late_first(cta, grid, n_blocks)
+        n_items = (total - first + grid - 1) // grid  # the CTA's K items (first <= total + grid - 1)
+        for rnd in cutlass.range((n_items + T - 1) // T, unroll=1):
+            blk = late_item(first, grid, T, rnd, tidx)
+            mine = Int32(-1)
+            if blk < total:
+                batch, head, _, _ = self.decode(blk, heads, n_tiles, n_blocks, n_sample)
+                slot = batch * heads + head
+                ticket = cute.arch.atomic_add((mCount.iterator + slot).llvm_ptr, Int32(1), sem="acq_rel", scope="gpu")
+                if ticket == n_count - 1:
+                    mine = slot
+            done[tidx] = mine
             cute.arch.barrier()
-            if tidx < D:
-                total = sums[tidx]
-                for i in cutlass.range_constexpr(1, G):
-                    total = total + sums[tidx + i * D]
-                mMean[batch, head, tidx] = total
-            if tidx == 0:
-                mCount[slot] = Int32(0)
+            for j in cutlass.range(cutlass.min(T, n_items - rnd * T), unroll=1):
+                slot = done[j]
+                if slot >= 0:
+                    self.mean_of(mPart, mMean, mCount, storage, slot // heads, slot % heads, heads, tidx)
+                    cute.arch.barrier()  # the group sums' buffer is free again
+            cute.arch.barrier()  # done[] is rewritten by the next round
 
     @cute.jit
     def load_block(self, sRaw: cute.Tensor, mX: cute.Tensor, mK: cute.Tensor, batch: Int32, head: Int32,
@@ -999,7 +1068,7 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
                     head_major: bool = False, k_count: torch.Tensor | None = None,
                     k_mean_out: torch.Tensor | None = None, staged_mean: bool = False,
                     k_sample_tokens: int | None = None, staged_store: bool = False,
-                    occupancy: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                    occupancy: bool = False, late_count: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """One tensor through the pass: (e4m3 data (like x, or v_t for role "v"), descale (B, H, T) float32).
 
     x: (B, N, H, D) float16 / bfloat16 CUDA; block: rows per scale block; signs: float32 (D,) on x's device
@@ -1019,7 +1088,8 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
     (``PassConfig.k_sample``; m * cdiv(N, block) < 2^31). staged_store (role "qk", with coalesced): the e4m3 bytes
     stored through the stage just read (``PassConfig.staged_store``; not in mode "amax"). occupancy (role "qk"):
     the CTAs per SM and stages of ``OCCUPANCY`` for (head_dim, block) where it has an entry (``PassConfig.min_ctas``;
-    stages at most the given ones)."""
+    stages at most the given ones). late_count (with k_count): the fused mean's K blocks counted after each CTA's loop
+    (``PassConfig.late_count``; the same mean bit for bit)."""
     B, N, H, D = x.shape
     T_blocks = -(-N // block)
     x = interop.aligned(x)
@@ -1063,10 +1133,10 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
                          staged_mean=staged_mean and coalesced and (smooth or with_shift),
                          k_sample=kmean and k_sample_tokens is not None,
                          staged_store=staged_store and coalesced and role == "qk" and mode != "amax"
-                         and block % 32 == 0, min_ctas=min_ctas)
+                         and block % 32 == 0, min_ctas=min_ctas, late_count=late_count and fused and kmean)
         fn, ctas = _pass(dev, x.dtype, D, cfg)
         fn(x, y, descale, signs, mean_t, shift_t, k_t, parts_t, count_t, shift_scale,
-           min(ctas, total + (k_items if kmean else 0)))
+           min(ctas, total + (k_items if kmean else 0), GRID_CAP or ctas))
 
     with torch.cuda.device(dev):
         if granularity == "block":
@@ -1146,11 +1216,12 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Co
         if own and sampled:  # V's launch also sums K's sample tiles (m / T of one read of K)
             P = len(tiles) * k_parts_per_block(tile_n)
             sample = dict(k_sample_tokens=k_sample_count(Nk, tile_n, config.smooth_k_blocks))
-            if pipe == "v3" and (V3_FUSED_MEAN or V3_FUSED_SAMPLED_MEAN):  # ... and finishes the mean
+            if pipe == "v3" and (V3_FUSED_MEAN or V3_FUSED_SAMPLED_MEAN or V3_FUSED_MEAN_LATE):  # ... and finishes it
                 parts, counters = _fused_scratch(dev, B, Hkv, P, D)
                 mean = torch.empty(B, Hkv, D, dtype=torch.float32, device=dev)
                 v_t, vd = quantize_tensor(v, role="v", block=tile_n, signs=None, mean=None, rotate=False, k_of=k,
-                                          k_parts=parts, k_count=counters, k_mean_out=mean, **common, **sample)
+                                          k_parts=parts, k_count=counters, k_mean_out=mean, **common, **sample,
+                                          late_count=V3_FUSED_MEAN_LATE)
                 if B * Hkv == 0:
                     mean.zero_()
             else:
@@ -1160,11 +1231,12 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Co
                 mean = k_mean_from_parts(parts, Nk)
         elif own:  # V's launch also sums K per block; K's launch then reads K last block first (L2)
             P = n_tiles * k_parts_per_block(tile_n)
-            if pipe == "v3" and V3_FUSED_MEAN:  # the mean finished in V's launch; scratch from common.workspace
+            if pipe == "v3" and (V3_FUSED_MEAN or V3_FUSED_MEAN_LATE):  # the mean finished in V's launch (workspace)
                 parts, counters = _fused_scratch(dev, B, Hkv, P, D)
                 mean = torch.empty(B, Hkv, D, dtype=torch.float32, device=dev)
                 v_t, vd = quantize_tensor(v, role="v", block=tile_n, signs=None, mean=None, rotate=False, k_of=k,
-                                          k_parts=parts, k_count=counters, k_mean_out=mean, **common)
+                                          k_parts=parts, k_count=counters, k_mean_out=mean, **common,
+                                          late_count=V3_FUSED_MEAN_LATE)
                 if Nk == 0 or B * Hkv == 0:
                     mean.zero_()
             else:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 __all__ = ["VEC", "SLOTS", "piece_swizzle", "thread_token", "thread_chunk", "stage_piece", "store_pitch",
            "store_swizzle", "store_unit", "store_map", "k_sum_group", "k_parts_per_block", "stage_load",
-           "k_sample_item", "k_sample_slot"]
+           "k_sample_item", "k_sample_slot", "late_first", "late_item"]
 
 VEC = 16  # contiguous channels per slot: two 16-byte loads of 16-bit input, one 16-byte e4m3 store
 SLOTS = 4  # slots per thread: 4 chunks of one token (Q / K) or one chunk of 4 tokens (V)
@@ -152,3 +152,16 @@ def k_sample_slot(tile, n_tiles, n_sample):
     """The sample index s of a sampled tile (tile = floor(s T / m) with m <= T: s = ceil(tile m / T)), where its
     K partial sums go. Works on ints and Int32."""
     return (tile * n_sample + n_tiles - 1) // n_tiles
+
+
+def late_first(cta, grid, n_blocks):
+    """The first K item (index >= n_blocks) among CTA ``cta``'s work items cta, cta + grid, ... of V's launch
+    (items 0 .. n_blocks - 1 are V's blocks, the rest K's): cta itself when cta >= n_blocks. 0 <= cta < grid."""
+    return cta + (n_blocks - cta + grid - 1) // grid * grid
+
+
+def late_item(first, grid, threads: int, rnd, tidx):
+    """``PassConfig.late_count``: the K item that thread ``tidx`` counts in round ``rnd`` after the CTA's loop
+    (the CTA's K items first, first + grid, ... dealt to its ``threads`` threads, ``threads`` per round); the caller
+    skips items >= the launch's total."""
+    return first + (rnd * threads + tidx) * grid
