@@ -332,15 +332,16 @@ def test_compiles_late_count(arch, head_dim):
     """V's launch with the fused mean counted after the loop (``late_count``, sm_90a, the default recipe's tile_n):
     the same cp.async loads, shuffles, e4m3 conversions and global stores as the per-block fused mean, one gpu-scope
     atomic, no local memory, registers within the pass's cap (``min_blocks``), two barriers more (the done slots' and
-    a round's end; the per-block count's two barriers and fence leave the loop); and a late count without the fused
-    mean is refused."""
+    a round's end; the per-block count's two barriers and fence leave the loop), the mean's partials loaded
+    ``MEAN_LOADS`` at a time; and a late count without the fused mean is refused."""
     rows = layout.tile_n(head_dim)
     base = qk.PassConfig(role="v", rotate=False, rows=rows, stages=3, kmean=True, coalesced=True, head_major=True,
                          fused_mean=True)
     late = dataclasses.replace(base, late_count=True)
     c, c0 = (qk.VARIANT.compiled(qk.static_config(arch, torch.bfloat16, head_dim, x)) for x in (late, base))
-    names = ("LDGSTS", "SHFL.BFLY", "F2FP", "STG.E", "ATOMG", "BAR.SYNC", "LDL", "STL")
+    names = ("LDGSTS", "SHFL.BFLY", "F2FP", "STG.E", "ATOMG", "BAR.SYNC", "LDL", "STL", "LDG.E")
     ops, ops0 = (cubin.count_sass(cubin.sass_of(x.cubin), names) for x in (c, c0))
+    assert ops["LDG.E"] == qk.MEAN_LOADS, ops  # the mean's partials: MEAN_LOADS loads in flight (the only LDG)
     res = cubin.cubin_resources(c.cubin)
     threads = rows * head_dim // 64
     assert res["spill_bytes"] == 0 and res["registers"] <= 65536 // (threads * late.min_blocks(head_dim)), res

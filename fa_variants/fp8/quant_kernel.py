@@ -214,7 +214,7 @@ V3_FUSED_SAMPLED_MEAN = _env.flag("FA_VARIANTS_FP8_QUANT_FUSED_SAMPLED_MEAN", Fa
 #: after its last item, instead of a fence + barrier + atomic + barrier per K block; the CTA that counts a head's last
 #: block adds that head's partials as ``V3_FUSED_MEAN`` does (same partials, same order: outputs bit for bit the
 #: fused mean's). Turns the fused mean on for the exact mean too (no torch sum of the partials between V's launch and
-#: K's pass). Off until measured (scripts/quant8_gpu.sh); FA_VARIANTS_FP8_QUANT_FUSED_MEAN_LATE=1 (read at import)
+#: K's pass); the heads' sums load ``MEAN_LOADS`` partials at a time (``mean_of``). Off until measured (scripts/quant8_gpu.sh); FA_VARIANTS_FP8_QUANT_FUSED_MEAN_LATE=1 (read at import)
 V3_FUSED_MEAN_LATE = _env.flag("FA_VARIANTS_FP8_QUANT_FUSED_MEAN_LATE", False)
 #: v3: K's mean, which the smoothed K pass and Q's pass (the LSE shift) read per block, cp.async'd with the block's
 #: stage into a mean buffer per stage (``PassConfig.staged_mean``) instead of a global load + a barrier per block
@@ -247,6 +247,8 @@ OCCUPANCY = {(64, 192): (3, 3), (64, 128): (5, 2), (128, 128): (3, 2)}
 #: tests only: at most this many CTAs per launch (None: the persistent grid), so that small inputs give a CTA many
 #: work items (``late_count``'s rounds: more K blocks per CTA than threads; several heads finished by one CTA)
 GRID_CAP: int | None = None
+#: ``late_count``'s mean: partial sums loaded per batch (independent loads in flight per thread; the adds keep their order)
+MEAN_LOADS = 32
 
 
 def staged_store_for(head_dim: int) -> bool:
@@ -630,7 +632,8 @@ class QuantPass:
         """The fused mean of (batch, kv-head) from its partials, by the CTA that counted its last block (every thread
         of it): thread (g, c) (g < G = threads / D) adds the partials g, g + G, ... of channel c in order, then
         thread c adds the G group sums in order into mMean[batch, head, c]; the counter is reset to 0. Each thread
-        fences (acquire) before reading the other CTAs' partials. The group sums' buffer is read by threads < D
+        fences (acquire) before reading the other CTAs' partials. ``late_count``: the partials loaded MEAN_LOADS at a
+        time into registers before their adds (same order, same sum). The group sums' buffer is read by threads < D
         after the barrier: a caller that calls this again must put a barrier between (``count_late``)."""
         D, T = self.head_dim, self.num_threads
         G = T // D
@@ -639,8 +642,22 @@ class QuantPass:
         g = tidx // D
         c = tidx % D
         acc = Float32(0.0)
-        for p in cutlass.range(g, mPart.shape[2], G, unroll=4):
-            acc = acc + mPart[batch, head, p, c]
+        P = mPart.shape[2]
+        if const_expr(self.cfg.late_count):
+            # MEAN_LOADS independent loads in flight, then their adds in p order (the same sum as the loop below,
+            # whose loads ptxas issues one at a time, each waiting for the previous add: P / G L2 round trips)
+            U = MEAN_LOADS
+            vals = cute.make_rmem_tensor(U, Float32)
+            for p0 in cutlass.range(g, P, G * U, unroll=1):
+                for u in cutlass.range_constexpr(U):
+                    if p0 + u * G < P:
+                        vals[u] = mPart[batch, head, p0 + u * G, c]
+                for u in cutlass.range_constexpr(U):
+                    if p0 + u * G < P:
+                        acc = acc + vals[u]
+        else:
+            for p in cutlass.range(g, P, G, unroll=4):
+                acc = acc + mPart[batch, head, p, c]
         sums[tidx] = acc
         cute.arch.barrier()
         if tidx < D:
