@@ -687,16 +687,32 @@ def test_v3_fused_mean_late_bitwise(monkeypatch, head_dim, config):
     """The fused mean counted after each CTA's loop (``V3_FUSED_MEAN_LATE``) vs per K block (``V3_FUSED_MEAN``): the
     same partials added in the same order, so every output (K's mean included) is equal bit for bit
     (``assert_switch_bitwise``: GQA, odd lengths, batch 3, a negative scale, NaN-poisoned memory, and the torch recipe
-    given the pass's mean; head-smooth: the per-head baseline's "amax" launch carries K's sums); and the mean within
-    float32 summation's bound of float64."""
+    given the pass's mean; head-smooth: the per-head baseline's "amax" launch carries K's sums); the same with 21 K
+    tiles (sampled8: then V's launch sums only the sample, ``k_sample``); and the mean within float32 summation's
+    bound of float64 (over the sample for sampled8)."""
     monkeypatch.setattr(qk, "V3_FUSED_MEAN", True)
     assert_switch_bitwise(monkeypatch, "V3_FUSED_MEAN_LATE", head_dim, config, 19)
+    # and with more K tiles than the sample (sampled8: V's launch sums the 8 sample tiles only, ``k_sample``)
+    cfg = FP8Config(smooth_k_blocks=8) if config == "sampled8" else CONFIGS[config]
     g = torch.Generator(device="cuda").manual_seed(head_dim)
-    k = (torch.randn(2, 1001, 2, head_dim, device="cuda", generator=g) + 1.5).to(torch.bfloat16)
+    k = (torch.randn(2, 21 * layout.tile_n(head_dim) - 5, 2, head_dim, device="cuda", generator=g) + 1.5).to(
+        torch.bfloat16)
     q = torch.randn(2, 33, 4, head_dim, device="cuda", generator=g).to(torch.bfloat16)
-    got = qk.quantize(q, k, k, pipeline="v3")
-    if config == "default":
-        assert_k_mean_close(got.k_mean, k, block_n=got.block_n)
+    got = []
+    for late in (False, True):
+        monkeypatch.setattr(qk, "V3_FUSED_MEAN_LATE", late)
+        got.append(qk.quantize(q, k, k, config=cfg, pipeline="v3"))
+    for name in ("q", "k", "v_t"):
+        assert torch.equal(getattr(got[0], name).view(torch.uint8), getattr(got[1], name).view(torch.uint8)), name
+    for name in ("q_descale", "k_descale", "v_descale", "k_mean", "lse_shift"):
+        assert torch.equal(getattr(got[0], name), getattr(got[1], name)), name
+    if cfg.smooth_k:  # over the sample's tokens for sampled8 (8 of 21 tiles), else every token
+        from fa_variants.fp8.quantize import k_sample_tiles
+
+        bn = got[1].block_n
+        tiles = k_sample_tiles(k.shape[1], bn, cfg.smooth_k_blocks)
+        tokens = torch.cat([torch.arange(t * bn, min((t + 1) * bn, k.shape[1])) for t in tiles]).cuda()
+        assert_k_mean_close(got[1].k_mean, k[:, tokens], block_n=bn)
 
 
 @pytest.mark.gpu
