@@ -34,6 +34,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import time
@@ -168,6 +169,9 @@ FP8MID_VARIANTS: dict[int, dict[str, dict]] = {
 # 192 x 128 overlap base before it); m128_tn256 = 128 x 256 serial (two warpgroups); tn128_tail = 192 x 128 serial with
 # q_tail_first (with tile_n = tile_m = 192 the shift gains nothing: the key tiles stay aligned at 0, so the diagonal
 # tiles after the shift waste what the partial tile did; at 192 x 128 the shifted diagonal falls on a key tile edge).
+# Session 8: q_tail_first's tile 0 starts at row 0 (session 7's started at row -shift: "illegal instruction" in every
+# causal call); scripts/fp8d128_gpu.sh now times head_dim 128 only (--head-dims 128) and GPU-tests tn128_tail beside it
+# (FP8D128_TEST_KERNELS).
 FP8D128_VARIANTS: dict[int, dict[str, dict]] = {
     64: {"new": {}, "emu2": dict(exp2_emu=2), "m128_tn256": dict(tile_m=128, tile_n=256),
          "tn128_tail": dict(tile_n=128, q_tail_first=True)},
@@ -181,6 +185,9 @@ SPEED_BF16_VARIANTS: dict[int, dict[str, dict]] = {64: {"bf16_emu1": dict(exp2_e
 # kernels tests/test_fa3_fp8_speed_gpu.py needs besides the timed ones (kind, head_dim, change), both causal modes
 SPEED_TEST_KERNELS = [("fp8", 64, dict(exp2_emu=8)), ("bf16", 64, dict(exp2_emu=8)),
                       ("bf16", 128, dict(intra_wg_overlap=False, early_pv_arrive=True))]
+# kernels tests/test_fa3_fp8_speed_gpu.py -k "fp8d128 and tail" needs at any --head-dims (both causal modes): the serial
+# 192 x 128 schedule with q_tail_first at 64, the fix's second code path
+FP8D128_TEST_KERNELS = [("fp8", 64, FP8D128_VARIANTS[64]["tn128_tail"])]
 SETS = {"ab": (VARIANTS, {}), "fp8speed": (SPEED_VARIANTS, SPEED_BF16_VARIANTS), "fp8flip": (FLIP_VARIANTS, {}),
         "fp8small": (FP8SMALL_VARIANTS, {}), "fp8mid": (FP8MID_VARIANTS, {}), "fp8d128": (FP8D128_VARIANTS, {}),
         "fp8d256": (D256_VARIANTS, {}), "fp8d256b": (D256B_VARIANTS, {})}
@@ -299,6 +306,8 @@ def compile_jobs(head_dims, causals, tests: bool = True, variant_set: str = "ab"
         work += [("bf16", D, c, ch) for D in head_dims for c in (False, True) for ch in bf16_variants.get(D, {}).values()]
         if variant_set == "fp8speed":
             work += [(kind, D, c, ch) for kind, D, ch in SPEED_TEST_KERNELS if D in head_dims for c in (False, True)]
+        if variant_set == "fp8d128":
+            work += [(kind, D, c, ch) for kind, D, ch in FP8D128_TEST_KERNELS for c in (False, True)]
     if tests and variant_set == "ab":  # tests/test_fa3_fp8_gpu.py's recipes
         work += [("recipe", D, True, ("float16", spec)) for D in (64, 128, 256) for spec in TEST_RECIPES]
         work += [("recipe", 128, False, ("bfloat16", spec)) for spec in (("tensor", False, False, True),
@@ -307,6 +316,33 @@ def compile_jobs(head_dims, causals, tests: bool = True, variant_set: str = "ab"
     elif tests and variant_set == "fp8flip":  # scripts/fp8flip_gpu.sh runs test_every_recipe at head_dim 64 only
         work += [("recipe", 64, True, ("float16", spec)) for spec in TEST_RECIPES]
     return list(dict.fromkeys((kind, d, c, _freeze(ch)) for kind, d, c, ch in work))  # unique, in order
+
+
+_TEST_ID = re.compile(r"^(?:FAILED|ERROR) \S*\[(?P<set>fp8[a-z0-9]+)-d(?P<D>\d+)-(?P<name>[a-z0-9_]+)-[0-9x]+-(?:full|causal)\]")
+_PRECOMPILE_FAILED = re.compile(r"^\s*FAILED fp8 d(?P<D>\d+) causal=\S+ (?P<change>\{.*\}): ")
+
+
+def failed_variants(log_text: str, variant_set: str) -> list[str]:
+    """fa3-fp8 variants of ``variant_set`` (not "new") that failed before the A/B, from the text of its logs: a pytest
+    summary line (``-rfE``: "FAILED|ERROR <path>::<test>[<set>-d<D>-<name>-<shape>-full|causal]", whatever the error,
+    found on another line under --tb=line) or a precompile line ("FAILED fp8 d<D> causal=<c> {<change>}: ..."; the
+    variants of that head_dim with that change). A variant that hit a CUDA error poisons the process that runs it, so
+    the A/B leaves every such one out (--drop-failed). Sorted names."""
+    import ast
+
+    variants = SETS[variant_set][0]
+    names = set()
+    for line in log_text.splitlines():
+        if (m := _TEST_ID.match(line)) and m["set"] == variant_set:
+            names.add(m["name"])
+        elif m := _PRECOMPILE_FAILED.match(line):
+            try:
+                change = ast.literal_eval(m["change"])
+            except (ValueError, SyntaxError):
+                continue
+            names.update(n for n, c in variants.get(int(m["D"]), {}).items() if c == change)
+    names.discard("new")
+    return sorted(n for n in names if any(n in v for v in variants.values()))
 
 
 def _freeze(change):
@@ -786,6 +822,9 @@ def main() -> int:
     ap.add_argument("--drop", nargs="*", default=[], metavar="NAME",
                     help="fa3-fp8 variants of the set left out of the measurement (every head_dim; e.g. one whose GPU "
                          "tests crashed: a CUDA error there would end the whole run)")
+    ap.add_argument("--drop-failed", nargs="*", default=[], metavar="LOG",
+                    help="logs of the steps before (precompile, GPU tests): every variant with a FAILED/ERROR line there "
+                         "is dropped too (failed_variants; missing files are skipped)")
     ap.add_argument("--quick", action="store_true", help="D=128, N=4k, non-causal, 3 rounds")
     ap.add_argument("--plan", action="store_true", help="print what would run and exit (no GPU needed)")
     ap.add_argument("--out", default=os.environ.get("OUT", "results") + "/fa3_fp8_ab")
@@ -795,6 +834,15 @@ def main() -> int:
     args.causal = {"no": [False], "yes": [True], "both": [False, True]}[args.causal]
     if args.set in ("fp8small", "fp8mid", "fp8d128"):  # head_dim 64 and 128 only
         args.head_dims = [d for d in args.head_dims if d in SETS[args.set][0]]
+    failed = []
+    for log in args.drop_failed:
+        if os.path.exists(log):
+            with open(log, errors="replace") as f:
+                failed += failed_variants(f.read(), args.set)
+    if failed:
+        print(f"left out (a FAILED/ERROR line in {' / '.join(args.drop_failed)}): {' '.join(sorted(set(failed)))}",
+              flush=True)
+        args.drop = sorted(set(args.drop) | set(failed))
     if args.drop:
         unknown = set(args.drop) - {n for v in SETS[args.set][0].values() for n in v} | ({"new"} & set(args.drop))
         if unknown:

@@ -268,6 +268,68 @@ def test_fa3_fp8_speed_ab_fp8d128_set(capsys, monkeypatch):
         ab.main()
 
 
+# session 8's fp8d128 logs (bench/h200-2026-12-01-s8): pytest --tb=line -rfE puts the error on a line of its own, so a
+# FAILED line names the test only; the precompile's failures name the config
+_S8_TEST_LOG = """\
+/x/fa_variants/hopper/fa3_fp8.py:700: torch.AcceleratorError: CUDA error: an illegal instruction was encountered
+FAILED tests/test_fa3_fp8_speed_gpu.py::test_fp8_variant_vs_emulation[fp8d128-d128-m192_look128h_c4_tail-1x1023x113x3x3-causal]
+FAILED tests/test_fa3_fp8_speed_gpu.py::test_fp8_variant_vs_emulation[fp8d128-d64-tn128_tail-1x113x113x4x2-full]
+ERROR tests/test_fa3_fp8_speed_gpu.py::test_fp8_variant_vs_emulation[fp8mid-d128-m192_look128h_c4-1x113x113x4x2-full]
+11 failed, 19 passed, 30 warnings in 23.45s
+"""
+_S8_PRECOMPILE_LOG = """\
+precompile: 24 jobs in 19s with 14 workers; 3 failed
+  FAILED fp8 d128 causal=True {'pv_buffers': 2, 'pv_split': 2, 'q_tail_first': True, 'reduce_chains': 4, 's_halves': True, \
+'s_lookahead': True, 'skip_unit_rescale': True, 'tile_m': 192, 'tile_n': 128}: AcceleratorError: CUDA error: an illegal \
+instruction was encountered
+"""
+
+
+def test_fa3_fp8_speed_ab_drops_every_variant_that_failed_before(capsys, monkeypatch, tmp_path):
+    """--drop-failed (scripts/fp8d128_gpu.sh): a variant with any FAILED/ERROR line in the test log (by its test id, the
+    error being on another line), or whose precompile job failed (by its config), leaves the A/B, which dies on the first
+    CUDA error otherwise (session 8: the grep for "CUDA|illegal" on the FAILED line dropped nothing); another set's
+    tests, "new" and names outside the set are not dropped; a missing log is skipped."""
+    ab = load_script("fa3_fp8_speed_ab")
+    assert ab.failed_variants(_S8_TEST_LOG, "fp8d128") == ["m192_look128h_c4_tail", "tn128_tail"]
+    assert ab.failed_variants(_S8_PRECOMPILE_LOG, "fp8d128") == ["m192_look128h_c4_tail_skip"]
+    assert ab.failed_variants(_S8_TEST_LOG, "fp8mid") == ["m192_look128h_c4"]
+    assert ab.failed_variants("FAILED t.py::t[fp8d128-d128-new-1x113x113x4x2-full]\n"
+                              "FAILED t.py::t[fp8d128-d128-gone-1x113x113x4x2-full]\n1 passed", "fp8d128") == []
+    assert ab.failed_variants("11 failed, 19 passed\n", "fp8d128") == []
+    (tmp_path / "tests.log").write_text(_S8_TEST_LOG)
+    (tmp_path / "precompile.log").write_text(_S8_PRECOMPILE_LOG)
+    monkeypatch.setitem(ab.SETS, "fp8d128", ab.SETS["fp8d128"])
+    monkeypatch.setattr("sys.argv", ["fa3_fp8_speed_ab.py", "--plan", "--set", "fp8d128", "--head-dims", "128",
+                                     "--drop-failed", str(tmp_path / "precompile.log"), str(tmp_path / "tests.log"),
+                                     str(tmp_path / "missing.log")])
+    assert ab.main() == 0
+    out = capsys.readouterr().out
+    assert "left out (a FAILED/ERROR line in" in out
+    assert "m192_look128h_c4_tail m192_look128h_c4_tail_skip tn128_tail" in out
+    impls = out.split("impls per head_dim:")[1].splitlines()[0]
+    assert "'new'" in impls and "'m192_look128h_c4'" in impls and "tail" not in impls
+
+
+def test_fp8d128_script_drops_by_test_id_and_times_head_dim_128():
+    """scripts/fp8d128_gpu.sh: the A/B gets both earlier logs through --drop-failed (no grep for an error text on the
+    FAILED line), times head_dim 128 only, and its precompile covers the kernels its GPU tests (-k "fp8d128 and tail")
+    run: the 128 tail variants and tn128_tail at 64, both causal modes, 14 jobs as its header says."""
+    import test_fa3_fp8_speed_gpu as gpu_tests
+
+    text = (ROOT / "scripts" / "fp8d128_gpu.sh").read_text()
+    assert '--drop-failed "$work/precompile.log" "$work/variant_tests.log"' in text and "CUDA|illegal" not in text
+    assert "--head-dims 128 " in text and '-k "fp8d128 and tail"' in text
+    ab = load_script("fa3_fp8_speed_ab")
+    jobs = ab.compile_jobs([128], [False, True], variant_set="fp8d128")
+    assert len(jobs) == 14 and "14 kernels" in text
+    tested = [(D, change) for name, (D, change) in gpu_tests.FP8D128_VARIANTS.items() if "tail" in name]
+    assert len(tested) * 6 == 18 and '"18 passed"' in text
+    for D, change in tested:
+        for causal in (False, True):
+            assert ("fp8", D, causal, ab._freeze(change)) in jobs, (D, change, causal)
+
+
 @pytest.mark.parametrize("backend", ["fa1", "fa2", "fa3", "fa3-fp8"])
 def test_sanitize_plan_reads_the_registry(backend):
     """The worker's (dtype, head_dims) come from the one registry (a renamed dispatch helper broke every pair

@@ -175,13 +175,18 @@ class Sm90Config:
         head_dim >= 128 non-causal calls with an even query-tile count (hopper/flash_fwd_launch_template.h);
         flash-attn-4's sm90 path does not. Only the plain prefill path: not with split-KV, packed GQA, persistent,
         shared_kv_state or two CTAs per SM.
-    q_tail_first: (causal calls; a non-causal kernel compiles without it) the query tiles are laid from the last
-        row back, so that when seqlen_q is not a multiple of tile_m the partial tile is the first one (the
-        shortest under causal masking) instead of the last (the longest: with 192-row tiles at seqlen_q 4096 its 64
-        rows cost a full walk over all K/V tiles, ~6% of the work). Tile m covers rows m tile_m - shift ..
-        with shift = ((-seqlen_q) mod tile_m) rounded down to whole 64-row warpgroups (each warpgroup's rows stay
-        inside one 128-row FP8 Q scale block); rows < 0 are zero-filled by the Q load, masked, and never stored.
-        Only the plain prefill path: not with split-KV, packed GQA, persistent or kv_multicast.
+    q_tail_first: (causal calls; a non-causal kernel compiles without it) when seqlen_q is not a multiple of tile_m,
+        the rows a partial tile wastes are moved from the last query tile (the longest under causal masking: with
+        192-row tiles at seqlen_q 4096 its 64 rows cost a full walk over all K/V tiles, ~6% of the work) to the
+        first (the shortest): tiles m >= 1 cover rows m tile_m - shift .. with shift = ((-seqlen_q) mod tile_m)
+        rounded down to whole 64-row warpgroups (each warpgroup's rows stay inside one 128-row FP8 Q scale block),
+        and tile 0 covers rows 0 .. tile_m - 1, computing the shift rows it shares with tile 1 too
+        (``common.mask.BlockInfo.q_row_start``; no TMA box starts before row 0: session 7 started tile 0 at row
+        -shift, the one thing outside the default kernels' ranges, and every causal call stopped the H200 with "an
+        illegal instruction"). Both tiles store those rows' O (the
+        same rows from the same K/V tiles: tile 1's extra ones are wholly masked for them); the LSE of a row is
+        stored by its owner (``q_row_end``). Only the plain prefill path: not with split-KV, packed GQA, persistent
+        or kv_multicast.
     v_wait_before_turn: (intra_wg_overlap, with pingpong) a warpgroup waits for the V tile of its next P V GEMM before
         it takes the ping-pong turn (after waiting for K), instead of between issuing its S = Q K^T GEMM and that P V
         GEMM inside the turn: the mbarrier try-wait (and its phase arithmetic) leave the turn (issue 12, "Session 7:

@@ -53,23 +53,47 @@ class BlockInfo:
     causal: bool
     qhead_per_kvhead: int = 1  # packed GQA: G tile rows per query position (module docstring)
 
-    def kv_tile_end(self, m_block, seqlen_q, seqlen_k, row_shift=0):
-        """One past the last K/V tile that query tile `m_block` needs (0: none). ``row_shift``: the tile's
-        first row is m_block tile_m - row_shift (``Sm90Config.q_tail_first``; 0 otherwise)."""
+    def q_shift(self, seqlen_q):
+        """``Sm90Config.q_tail_first``: rows by which query tiles 1, 2, .. move back, (-seqlen_q) mod tile_m rounded
+        down to whole 64-row warpgroups (a warpgroup's rows then stay in one 128-row FP8 Q scale block)."""
+        return (self.tile_m - seqlen_q % self.tile_m) % self.tile_m // 64 * 64
+
+    def q_row_start(self, m_block, seqlen_q, tail_first: bool = False):
+        """First query row of tile `m_block`: m_block tile_m, or with ``tail_first`` (``Sm90Config.q_tail_first``)
+        max(m_block tile_m - ``q_shift``, 0): tiles 1, 2, .. move back so that the last one ends less than 64 rows
+        past seqlen_q, and tile 0 starts at row 0 and overlaps tile 1 by the shift (the surplus rows of a partial
+        tile, now in the shortest tile). Never negative: the Q load and O store are TMA boxes at this row (session 7's
+        box at row -shift went with "an illegal instruction" on the H200)."""
+        if not tail_first:
+            return m_block * self.tile_m
+        return _max(m_block * self.tile_m - self.q_shift(seqlen_q), 0)
+
+    def q_row_end(self, m_block, seqlen_q, tail_first: bool = False):
+        """One past the last query row that tile `m_block` owns (stores its LSE): the next tile's start, so each
+        row has one owner (tile 0 with ``tail_first`` computes the shift rows it shares with tile 1, owns
+        rows below them); clipped at seqlen_q."""
+        return _min(self.q_row_start(m_block + 1, seqlen_q, tail_first), seqlen_q)
+
+    def kv_tile_end(self, m_block, seqlen_q, seqlen_k, row_start=None):
+        """One past the last K/V tile that query tile `m_block` needs (0: none). ``row_start``: the tile's first
+        row (``q_row_start``); None: m_block tile_m."""
         n_end = _ceil_div(seqlen_k, self.tile_n)
         if self.causal:
             g = self.qhead_per_kvhead
-            last_row = _min(m_block * self.tile_m + self.tile_m - row_shift, seqlen_q * g)  # rows < last_row exist
+            if row_start is None:
+                last_row = _min(m_block * self.tile_m + self.tile_m, seqlen_q * g)  # rows < last_row exist
+            else:
+                last_row = _min(row_start + self.tile_m, seqlen_q * g)
             positions = last_row if g == 1 else _ceil_div(last_row, g)  # its last row's query position + 1
             keys = positions + seqlen_k - seqlen_q  # keys 0 .. keys-1 are visible to its last row
             n_end = _min(n_end, _ceil_div(_max(keys, 0), self.tile_n))
         return n_end
 
-    def kv_tile_causal_start(self, m_block, seqlen_q, seqlen_k, row_shift=0):
+    def kv_tile_causal_start(self, m_block, seqlen_q, seqlen_k, row_start=None):
         """First K/V tile crossing the causal diagonal for some row of query tile `m_block`: tile n is
-        fully visible to the tile's first row iff (n + 1) tile_n - 1 <= m_block tile_m + shift. ``row_shift``
-        as in ``kv_tile_end`` (the first row may then be negative: ``first`` is clamped at 0 before //)."""
-        position = m_block * self.tile_m - row_shift  # of the tile's first row (non-negative without a shift)
+        fully visible to the tile's first row iff (n + 1) tile_n - 1 <= m_block tile_m + shift. ``row_start``
+        as in ``kv_tile_end`` (non-negative: // is exact)."""
+        position = m_block * self.tile_m if row_start is None else row_start  # of the tile's first row
         if self.qhead_per_kvhead != 1:
             position = position // self.qhead_per_kvhead
         first = position + seqlen_k - seqlen_q + 1  # keys 0 .. first-1 visible to the first row

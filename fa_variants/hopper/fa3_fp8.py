@@ -574,9 +574,8 @@ class FlashAttention3Fp8Sm90(FlashAttention3Sm90):
             o_alpha.fill(1.0)
         descales = cute.make_rmem_tensor(2, Float32) if const_expr(self.cfg.descale_prefetch) else None
         q_block = (m_block * self.tile_m + wg * WGMMA_M) // layout.TILE_M  # this warpgroup's Q scale block
-        if const_expr(self.causal and self.cfg.q_tail_first):  # args[14]: the tile's first row, negative in the first
-            # tile (a warpgroup wholly before row 0 reads block 0; its rows are masked and never stored)
-            q_block = cutlass.max(args[14] + wg * WGMMA_M, 0) // layout.TILE_M
+        if const_expr(self._tail_first()):  # args[14]: the tile's first row (a multiple of 64, >= 0)
+            q_block = (args[14] + wg * WGMMA_M) // layout.TILE_M
         qk_scale = mQd[batch, head, q_block] * softmax.scale_log2
         return _Fp8StepContext(*args, acc_tmp=tmp, acc_tmp2=tmp2, qk_scale=qk_scale,
                                k_descale=mKd[batch, kv_head, None], v_descale=mVd[batch, kv_head, None],

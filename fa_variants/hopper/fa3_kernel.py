@@ -503,22 +503,27 @@ class FlashAttention3Sm90:
         """K/V tiles [0, n_blocks) that the Q tile m_block sees (``common.mask.kv_tile_end``: causal
         skips the tiles past the diagonal of its last row). A tile whose rows see no key still runs
         tile 0, all masked, which gives O = 0 and LSE = -inf without a special path."""
-        return cutlass.max(self.blocks.kv_tile_end(m_block, seqlen_q, seqlen_k, self._q_shift(seqlen_q)), 1)
+        if const_expr(self._tail_first()):
+            return cutlass.max(self.blocks.kv_tile_end(m_block, seqlen_q, seqlen_k, self._q_start(m_block, seqlen_q)), 1)
+        return cutlass.max(self.blocks.kv_tile_end(m_block, seqlen_q, seqlen_k), 1)
 
-    def _q_shift(self, seqlen_q):
-        """Rows by which the query tiles are moved back (``Sm90Config.q_tail_first``, causal kernels): tile m covers
-        rows m tile_m - shift .., so a partial tile is the first one; shift = (-seqlen_q) mod tile_m in whole
-        64-row warpgroups. 0 (a Python int: no code) otherwise."""
-        if const_expr(self.causal and self.cfg.q_tail_first):
-            return (self.tile_m - seqlen_q % self.tile_m) % self.tile_m // 64 * 64
-        return 0
+    def _tail_first(self) -> bool:
+        """``Sm90Config.q_tail_first`` in effect (causal kernels only; a non-causal kernel compiles without it)."""
+        return self.causal and self.cfg.q_tail_first
 
-    def _q_rows(self, m_tensor, seqlen_q):
-        """The (rows, ...) tensor of Q or O seen from the first row of query tile 0 (``_q_shift`` rows before row
-        0 under q_tail_first: TMA zero-fills those rows on load and leaves them out on store)."""
-        if const_expr(self.causal and self.cfg.q_tail_first):
-            return cute.domain_offset((-self._q_shift(seqlen_q), 0), m_tensor)
-        return m_tensor
+    def _q_start(self, m_block, seqlen_q):
+        """First query row of tile m_block (``common.mask.BlockInfo.q_row_start``): m_block tile_m, or under
+        q_tail_first max(m_block tile_m - shift, 0), never negative, so the partial tile's waste sits in tile 0 (the
+        shortest under causal masking) as the shift rows it shares with tile 1."""
+        return self.blocks.q_row_start(m_block, seqlen_q, self._tail_first())
+
+    def _q_tile(self, m_tensor, m_block, seqlen_q):
+        """The (tile_m, head_dim) TMA coordinate tile of Q or O for query tile m_block (its first row ``_q_start``,
+        0 or more: TMA clips rows past seqlen_q on load and store)."""
+        if const_expr(self._tail_first()):
+            m_tensor = cute.domain_offset((self._q_start(m_block, seqlen_q), 0), m_tensor)
+            return cute.local_tile(m_tensor, (self.tile_m, self.head_dim), (0, 0))
+        return cute.local_tile(m_tensor, (self.tile_m, self.head_dim), (m_block, 0))
 
     @cute.jit
     def _split_coords(self, num_m_blocks: Int32, num_heads: Int32, num_splits: Int32):
@@ -581,7 +586,7 @@ class FlashAttention3Sm90:
         ``states``: (Q, K, V) producer states carried from the previous tile (persistent), returned advanced;
         the first K tile then goes out before Q (Q's buffer may still hold the previous tile's O)."""
         D = self.head_dim
-        gQ = cute.local_tile(self._q_rows(mQ, cute.size(mQ.shape[0])), (self.tile_m, D), (m_block, 0))
+        gQ = self._q_tile(mQ, m_block, cute.size(mQ.shape[0]))
         gK = cute.local_tile(mK, (self.tile_n, D), (None, 0))  # (tile_n, D, n_kv_tiles)
         gV = self._v_tiles(mV)  # (V tile, n_kv_tiles)
         one = cute.make_layout(1)
@@ -696,7 +701,7 @@ class FlashAttention3Sm90:
 
         ctx = self._step_context((
             self, wg, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrV, tOrP, acc_O, tScS, t0ScS,
-            softmax, pipe_k, pipe_v, m_block * self.tile_m - self._q_shift(seqlen_q),
+            softmax, pipe_k, pipe_v, self._q_start(m_block, seqlen_q),
             AttentionMask(seqlen_q, seqlen_k, qhead_per_kvhead=max(self.pack_group, 1)), alpha_prev, tOrP_next,
         ), extras, m_block, head, batch)
         if const_expr(not ctx.overwrites_o()):
@@ -712,7 +717,10 @@ class FlashAttention3Sm90:
         # cross the causal diagonal are masked; the ones left of it are not.
         n_masked = 0
         if const_expr(self.causal):
-            first_masked = self.blocks.kv_tile_causal_start(m_block, seqlen_q, seqlen_k, self._q_shift(seqlen_q))
+            if const_expr(self._tail_first()):
+                first_masked = self.blocks.kv_tile_causal_start(m_block, seqlen_q, seqlen_k, self._q_start(m_block, seqlen_q))
+            else:
+                first_masked = self.blocks.kv_tile_causal_start(m_block, seqlen_q, seqlen_k)
             if const_expr(self.split):  # tiles of this range at or past first_masked, but the first one
                 first_masked = cutlass.max(first_masked, n_start)
             n_masked = cutlass.max(self._tile(n_start, n_blocks) - 1 - first_masked, 0)
@@ -794,12 +802,14 @@ class FlashAttention3Sm90:
         tOcO = acc_rows_cols(thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim))))
         if tOcO[0, 0][1] == 0:
             for r in cutlass.range_constexpr(cute.size(lse)):
-                row = m_block * self.tile_m - self._q_shift(seqlen_q) + tOcO[r, 0][0]
-                if const_expr(self.causal and self.cfg.q_tail_first):  # rows before 0 (the first tile) are not stored
-                    if row >= 0 and row < seqlen_q:
+                if const_expr(self._tail_first()):  # tile 0's rows shared with tile 1 are tile 1's
+                    row = self._q_start(m_block, seqlen_q) + tOcO[r, 0][0]
+                    if row < self.blocks.q_row_end(m_block, seqlen_q, True):
                         mLSE[row] = lse[r]
-                elif row < seqlen_q:
-                    mLSE[row] = lse[r]
+                else:
+                    row = m_block * self.tile_m + tOcO[r, 0][0]
+                    if row < seqlen_q:
+                        mLSE[row] = lse[r]
 
         cute.arch.fence_view_async_shared()  # make the stmatrix writes visible to the TMA unit
         if const_expr(self.cfg.epilogue_arrive):  # only the storing warp waits for the others' writes
@@ -810,7 +820,7 @@ class FlashAttention3Sm90:
         else:
             cute.arch.barrier(barrier_id=int(NamedBarrier.EPILOGUE), number_of_threads=consumers)
         if tidx < 32:
-            gO = cute.local_tile(self._q_rows(mO, seqlen_q), (self.tile_m, self.head_dim), (m_block, 0))
+            gO = self._q_tile(mO, m_block, seqlen_q)
             tOsO, tOgO = cpasync.tma_partition(tma_o, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2), cute.group_modes(gO, 0, 2))
             cute.copy(tma_o, tOsO, tOgO)
             cute.arch.cp_async_bulk_commit_group()
