@@ -21,7 +21,7 @@ def _tiles(blocks: BlockInfo, seqlen_q: int, tail_first: bool):
             for m in range(math.ceil(seqlen_q / blocks.tile_m))]
 
 
-@pytest.mark.parametrize("tile_m", [128, 192])
+@pytest.mark.parametrize("tile_m", [64, 128, 192, 256])
 def test_row_ranges_for_every_remainder(tile_m):
     blocks = BlockInfo(tile_m, 128, True)
     for seqlen_q in [*range(1, 3 * tile_m + 2), 1023, 4095, 4096, 4097, 16384 + 65]:
