@@ -318,13 +318,14 @@ def compile_jobs(head_dims, causals, tests: bool = True, variant_set: str = "ab"
     return list(dict.fromkeys((kind, d, c, _freeze(ch)) for kind, d, c, ch in work))  # unique, in order
 
 
-_TEST_ID = re.compile(r"^(?:FAILED|ERROR) \S*\[(?P<set>fp8[a-z0-9]+)-d(?P<D>\d+)-(?P<name>[a-z0-9_]+)-[0-9x]+-(?:full|causal)\]")
+_TEST_ID = re.compile(r"^(?:FAILED|ERROR) \S*\[(?P<set>fp8[a-z0-9]+)-d(?P<D>\d+)-(?P<name>[a-z0-9_]+)-[0-9x]+"
+                      r"(?:-full|-causal)?\]")
 _PRECOMPILE_FAILED = re.compile(r"^\s*FAILED fp8 d(?P<D>\d+) causal=\S+ (?P<change>\{.*\}): ")
 
 
 def failed_variants(log_text: str, variant_set: str) -> list[str]:
     """fa3-fp8 variants of ``variant_set`` (not "new") that failed before the A/B, from the text of its logs: a pytest
-    summary line (``-rfE``: "FAILED|ERROR <path>::<test>[<set>-d<D>-<name>-<shape>-full|causal]", whatever the error,
+    summary line (``-rfE``: "FAILED|ERROR <path>::<test>[<set>-d<D>-<name>-<shape>[-full|-causal]]", whatever the error,
     found on another line under --tb=line) or a precompile line ("FAILED fp8 d<D> causal=<c> {<change>}: ..."; the
     variants of that head_dim with that change). A variant that hit a CUDA error poisons the process that runs it, so
     the A/B leaves every such one out (--drop-failed). Sorted names."""

@@ -14,17 +14,18 @@
 # Steps:
 #   1. precompile (14 workers, into the disk cache): 14 kernels (the 4 variants and bf16 fa3 in both causal modes, the
 #      quantisation pass, and tn128_tail at head_dim 64: 192 x 128 serial + q_tail_first, the fix's other code path)
-#   2. variant_tests: tests/test_fa3_fp8_speed_gpu.py -k "fp8d128 and tail" (-n 12): 18 tests, the two 128 tail
+#   2. variant_tests: tests/test_fa3_fp8_speed_gpu.py -k "fp8d128 and tail" (-n 12): 24 tests, the two 128 tail
 #      variants and tn128_tail at 64 vs the emulation (rel-L2 <= 6e-3, LSE <= 1.5e-3) and float64; seqlen_q 113 / 1023
-#      (tile 0 shares 64 / 128 rows with tile 1 at tile_m 192), Nq > Nk, GQA/MQA, batch 2; causal and not; NaN-poisoned
-#      outputs (an O row no tile stores stays NaN)
+#      (one tile / a 128-row shift at tile_m 192), Nq > Nk, GQA/MQA, batch 2, causal and not; causal seqlen_q 300 / 449
+#      with seqlen_k >= seqlen_q (2 / 3 tiles, tile 0 computing 64 rows that tile 1 owns, rows that see keys);
+#      NaN-poisoned outputs (an O row no tile stores stays NaN)
 #   3. speed_ab: head_dim 128 x N 4k/16k x causal and not (B*N = 16k, H*D = 2048), 6 rotated rounds, beside our bf16
 #      fa3; every variant's accuracy (N(0,1), N 2048); the summary. Every variant with a FAILED/ERROR line in steps 1-2
 #      (any error: a CUDA error poisons the process that meets it) is left out ("left out" line, --drop-failed), and
 #      the tail variants too when the tests were cut by their limit (no pytest summary line)
 #
 #   source .gpu/env.sh && scripts/fp8d128_gpu.sh      (repository root; writes $OUT/fp8d128.tar.gz + summary)
-# Pass: "precompile: 14 jobs ... 0 failed"; variant_tests "18 passed" with no FAILED/ERROR line; no "left out" line; the
+# Pass: "precompile: 14 jobs ... 0 failed"; variant_tests "24 passed" with no FAILED/ERROR line; no "left out" line; the
 # summary's accuracy lines PASS for every variant.
 # Flip rule: a variant the summary lists under "candidates for a default flip" (>= 1.03x new in every non-causal problem,
 # >= 0.97x in every problem) whose tests pass: layout.KERNEL_TILES[128] = (192, 128) (K/V blocks of 128 keys follow) and

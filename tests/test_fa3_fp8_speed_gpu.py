@@ -93,9 +93,9 @@ FP8MID_VARIANTS = {
 }
 
 # session 7, head_dim 128 / 64 (scripts/fa3_fp8_speed_ab.py FP8D128_VARIANTS, "fp8d128-d<D>-<name>"): q_tail_first (causal:
-# the query tiles laid from the last row back, the partial tile first; SHAPES' seqlen_q 113 and 1023 move the tiles back
-# by 64 and 128 rows at tile_m 192, so the first tile has one or two warpgroups wholly before row 0), skip_unit_rescale,
-# exp2_emu 2 on the 64 default, 128 x 256 and 192 x 128 (with q_tail_first) tiles at 64
+# tiles 1.. moved back by the shift, tile 0 from row 0 computing the shift rows tile 1 owns, session 8; SHAPES' seqlen_q
+# 1023 gives a 128-row shift at tile_m 192, TAIL_SHAPES two and three tiles whose shared rows see keys),
+# skip_unit_rescale, exp2_emu 2 on the 64 default, 128 x 256 and 192 x 128 (with q_tail_first) tiles at 64
 _M192_LOOK = dict(_LOOK, tile_m=192, tile_n=128)
 FP8D128_VARIANTS = {
     "fp8d128-d128-m192_look128h_c4_tail": (128, dict(_M192_LOOK, q_tail_first=True)),
@@ -116,13 +116,29 @@ def _inputs(shape, head_dim, seed):
 @pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
 @pytest.mark.parametrize("variant", [*FP8_VARIANTS, *FP8SMALL_VARIANTS, *FP8MID_VARIANTS, *FP8D128_VARIANTS])
 def test_fp8_variant_vs_emulation(fp8_kernel, variant, shape, causal, request, nan_allocations):
+    _check_variant(fp8_kernel, variant, shape, causal, zlib.crc32(request.node.nodeid.encode()), nan_allocations)
+
+
+# q_tail_first (session 8): seqlen_q 300 / 449 at tile_m 192 give 2 / 3 query tiles and a 64-row shift, so tile 0
+# computes rows 128-191 that tile 1 owns (its LSE), and both store their O; seqlen_k >= seqlen_q, so those rows see keys
+# (SHAPES' 1023 x 113 shares rows that see none); GQA 4:1 and batch 2 (a stray O row would land in the other batch)
+TAIL_SHAPES = [(1, 300, 500, 2, 2), (2, 449, 449, 4, 1)]
+
+
+@pytest.mark.parametrize("shape", TAIL_SHAPES, ids=["x".join(map(str, s)) for s in TAIL_SHAPES])
+@pytest.mark.parametrize("variant", [n for n, (_, c) in FP8D128_VARIANTS.items() if c.get("q_tail_first")])
+def test_fp8_tail_first_shared_rows(fp8_kernel, variant, shape, request, nan_allocations):
+    _check_variant(fp8_kernel, variant, shape, True, zlib.crc32(request.node.nodeid.encode()), nan_allocations)
+
+
+def _check_variant(fp8_kernel, variant, shape, causal, seed, nan_allocations):
+    """The variant's kernel against the emulation on the same quantised inputs and both against float64."""
     from fa_variants import fp8
     from fa_variants.fp8.quantize import quantize_fp8_torch
     from fa_variants.reference import attention_reference
 
     D, change = {**FP8_VARIANTS, **FP8SMALL_VARIANTS, **FP8MID_VARIANTS, **FP8D128_VARIANTS}[variant]
     cfg = dataclasses.replace(fp8_kernel.DEFAULT_CONFIGS[D], **change)
-    seed = zlib.crc32(request.node.nodeid.encode())
     q, k, v = _inputs(shape, D, seed)
     # the emulation's accumulation (two_level, interval) comes from the recipe; a variant with another tile_n gets
     # K/V scale blocks of its tile_n (the PyTorch recipe), which the emulation walks as its K/V tiles
