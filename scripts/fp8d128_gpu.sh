@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# fp8d128_gpu.sh: issue 10, session 8, fa3-fp8 at head_dim 128 with q_tail_first fixed, on one H200 (~70 s expected on a
+# fp8d128_gpu.sh: issue 10, session 8, fa3-fp8 at head_dim 128 with q_tail_first fixed, on one H200 (~75 s expected on a
 # cold machine; step limits 45 + 40 + 50 s): scripts/fa3_fp8_speed_ab.py --set fp8d128 --head-dims 128.
 # Session 7's Sm90Config.q_tail_first (causal: the partial query tile's surplus rows moved from the last, longest tile
 # to the first, shortest one) started tile 0's TMA boxes (Q load, O store) at row -shift: every causal call of it
