@@ -60,7 +60,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's fa_variants, run from anywhere
 
 TOKENS, HIDDEN = 16384, 2048
-OLD = dict(exp2_ffma=False, reduce_chains=1, skip_unit_rescale=False)
+OLD = dict(exp2_ffma=False, reduce_chains=1, skip_unit_rescale=False, alpha_first=False)
 #: name -> (head dims it runs at, changes to DEFAULT_CONFIGS[head_dim])
 LEAN = dict(shared_kv_state=True, first_pv_overwrites=True, epilogue_arrive=True)
 VARIANTS = {
@@ -84,8 +84,8 @@ VARIANTS = {
     "k-first": ((128,), dict(k_before_q=True)),
     # issue 12, per-tile instruction gap (bench/NOTES.md, "Issue 12, SASS gap"; scripts/sass_diff.py): alpha from the
     # kept bases (Sm90Config.basis_alpha); with one K/V pipeline state at D 128; at D 256 on flash-attn-4's choices
-    "basis": ((64, 128), dict(basis_alpha=True)),
-    "basis-kv1": ((128,), dict(basis_alpha=True, shared_kv_state=True)),
+    "basis": ((64, 128), dict(basis_alpha=True, alpha_first=False)),  # (alpha_first: D 128 default since s8)
+    "basis-kv1": ((128,), dict(basis_alpha=True, shared_kv_state=True, alpha_first=False)),
     "basis-256": ((256,), dict(convert_pairs=True, exp2_ffma=True, reduce_chains=4, rescale_o_before_pv=True,
                                basis_alpha=True)),
     # session 6: the persistent grid (Sm90Config.persistent; bench/NOTES.md, "Session 6 (2026-12-01): persistent")
