@@ -14,8 +14,7 @@ P buffer, so that no WGMMA wait sits between the softmax and the next step and t
 P V GEMM; bench/NOTES.md, "Issue 12, round 3"); issue 12's fourth round (bench/NOTES.md, "Issue 12, round 4":
 flash-attn-4's sm90 choices that ours lacked, and C++ FA3's); the per-tile instruction gap (`FA3GAP`: basis,
 basis-kv1, basis-256 beside pairs-256 and fa4-256; bench/NOTES.md, "Issue 12, SASS gap"); session 6's
-persistent grid (`PERSIST`: `persistent`, Sm90Config.persistent at D 64/128/256; scripts/persist_gpu.sh); session 7's
-K/V multicast in clusters of two CTAs (`MCAST`: `mcast`, Sm90Config.kv_multicast, non-causal; scripts/fa3gap7_gpu.sh);
+persistent grid (`PERSIST`: `persistent`, Sm90Config.persistent at D 64/128/256; scripts/persist_gpu.sh);
 session 7's shorter ping-pong turn (`TURN`: `turn`, Sm90Config.v_wait_before_turn + opaque_smem_base, and `opaque`;
 scripts/turn_gpu.sh); session 8's O rescale under the exponentials (`ALPHA`: `alpha`, Sm90Config.alpha_first, and
 `alpha-noskip` at D 64; scripts/fa3gap8_gpu.sh). --shapes D:N:full|causal,... picks shapes one by one instead.
@@ -90,9 +89,6 @@ VARIANTS = {
                                basis_alpha=True)),
     # session 6: the persistent grid (Sm90Config.persistent; bench/NOTES.md, "Session 6 (2026-12-01): persistent")
     "persistent": ((64, 128, 256), dict(persistent=True)),
-    # session 7: K/V multicast in 2-CTA clusters (Sm90Config.kv_multicast; non-causal only: a causal kernel compiles
-    # without it; bench/NOTES.md, "Session 7 (2026-12-01): K/V multicast")
-    "mcast": ((64, 128, 256), dict(kv_multicast=True)),
     # session 7: the ping-pong turn shortened (bench/NOTES.md, "Session 7 (2026-12-01): the ping-pong turn"): V waited
     # for before the turn and the Q/K/V descriptor bits out of the loop (`turn`); the descriptors alone (`opaque`)
     "turn": ((64, 128), dict(v_wait_before_turn=True, opaque_smem_base=True)),  # D 256: no ping-pong; spills causal
@@ -109,7 +105,6 @@ ROUND3 = ("old", "new", "o-before-pv", "p2buf")
 ROUND4 = ("old", "new", "pairs-256", "fa4-256", "n176", "stages3", "k-first")
 FA3GAP = ("old", "new", "basis", "basis-kv1", "pairs-256", "fa4-256", "basis-256")
 PERSIST = ("old", "new", "persistent")
-MCAST = ("old", "new", "mcast")
 TURN = ("old", "new", "turn", "opaque", "vwait")
 ALPHA = ("old", "new", "alpha", "alpha-noskip")
 PEERS = ("flash-attn-4", "sdpa-cudnn")

@@ -241,54 +241,9 @@ def test_persistent_fp16_compiles():
     assert counts["LDL"] == counts["STL"] == 0 and counts["HGMMA"] > 0, counts
 
 
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
-def test_kv_multicast_compiles_without_spills(head_dim):
-    """Sm90Config.kv_multicast (scripts/fa3_speed_ab.py's `mcast`), non-causal: no spills, the Hopper features, the
-    default's shared memory; every K and V load is a multicast TMA and Q's is not; a cluster barrier after the
-    mbarrier init (UCGABAR); the consumers' releases reach the other CTA's mbarriers (remote arrives, .RED)."""
-    config = _speed_ab().variant_config("mcast", head_dim)
-    assert config == dataclasses.replace(fa3.DEFAULT_CONFIGS[head_dim], kv_multicast=True)
-    compiled = _compiled(head_dim, False, config)
-    sass = cubin.sass_of(compiled.cubin)
-    _assert_hopper_kernel(dict(cubin.count_sass(sass), smem_bytes=compiled.smem_dynamic_bytes,
-                               spill_bytes=cubin.cubin_resources(compiled.cubin)["spill_bytes"]))
-    loads = [line for line in sass.splitlines() if "UTMALDG" in line]
-    multicast = [line for line in loads if "MULTICAST" in line]
-    assert 0 < len(multicast) < len(loads), loads  # K and V multicast, Q not
-    assert "UCGABAR_ARV" in sass and "UCGABAR_WAIT" in sass
-    assert re.search(r"SYNCS\.ARRIVE\.TRANS64\.RED", sass)
-    assert compiled.smem_dynamic_bytes == config.smem_bytes(head_dim)
-
-
-def test_kv_multicast_causal_runs_without_cluster():
-    """A causal kernel (query tiles of a cluster would need different K/V ranges) compiles without the cluster, and
-    so do split-KV kernels; a non-causal one with it."""
-    import cutlass
-
-    from fa_variants.hopper.fa3_kernel import FlashAttention3Sm90
-
-    config = dataclasses.replace(fa3.DEFAULT_CONFIGS[128], kv_multicast=True)
-    assert FlashAttention3Sm90(cutlass.BFloat16, 128, False, config).cluster == 2
-    assert FlashAttention3Sm90(cutlass.BFloat16, 128, True, config).cluster == 1
-    assert not FlashAttention3Sm90(cutlass.BFloat16, 128, False, fa3.DEFAULT_CONFIGS[128]).multicast
-
-
-@pytest.mark.parametrize("change", [dict(num_splits=0), dict(num_splits=2), dict(pack_gqa=True, pack_group=2),
-                                    dict(shared_kv_state=True), dict(persistent=True)],
-                         ids=["split-auto", "split", "packed", "kv1", "persistent"])
-def test_kv_multicast_plain_prefill_only(change):
-    """kv_multicast runs the plain prefill path only: the others are refused with a ValueError naming the switch."""
-    with pytest.raises(ValueError, match="kv_multicast"):
-        dataclasses.replace(fa3.DEFAULT_CONFIGS[128], kv_multicast=True, **change).check(128)
-    with pytest.raises(ValueError, match="kv_multicast"):
-        fa3.Fa3Config(kv_multicast=1).check(128)
-
-
-def test_kv_multicast_refused_by_fa3_fp8():
+def test_fa3_only_switches_refused_by_fa3_fp8():
     from fa_variants.hopper import fa3_fp8
 
-    with pytest.raises(ValueError, match="fa3-fp8: kv_multicast"):
-        dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], kv_multicast=True).check(128)
     for switch in ("v_wait_before_turn", "opaque_smem_base", "alpha_first"):  # sessions 7-8's switches: fa3 only
         with pytest.raises(ValueError, match=switch):
             dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], **{switch: True}).check(128)
@@ -310,7 +265,7 @@ def test_speed_ab_plan(capsys):
     ab = _speed_ab()
     shapes = ab.plan([64, 128, 256], [1024, 4096, 16384], (False, True), list(ab.VARIANTS))
     assert len(shapes) == 18 and all(s["batch"] * s["seqlen"] >= 16384 and "old" in s["variants"] for s in shapes)
-    assert {s["head_dim"]: len(s["variants"]) for s in shapes} == {64: 12, 128: 18, 256: 10}
+    assert {s["head_dim"]: len(s["variants"]) for s in shapes} == {64: 11, 128: 17, 256: 9}
     import sys
     argv, sys.argv = sys.argv, ["fa3_speed_ab.py", "--plan"]
     try:

@@ -222,35 +222,6 @@ def test_persistent_l2_sections(monkeypatch):
         _check(q, k, v, True, config=config, what=f"persistent, sections of 2, B={batch} H={heads}")
 
 
-MCAST = _ab_variants("MCAST")  # K/V multicast in clusters of two CTAs (Sm90Config.kv_multicast) at D 64/128/256
-# (batch, seqlen_q, seqlen_k, heads, heads_kv): one query tile (its cluster's second CTA is padding past seqlen_q); odd
-# tile counts, so a padding CTA after every head (tile_m 128: 3 at 300, 9 at 1100, 33 at 4224; tile_m 192 (D 64): 3 at
-# 385) and even ones; one K/V tile and many, seqlen_k not a multiple of tile_n (the masked first tile), Nq != Nk both
-# ways, GQA and MQA, and grids of many clusters
-MCAST_SHAPES = [(1, 1, 1, 2, 2), (2, 3, 3, 2, 2), (1, 113, 113, 3, 3), (1, 300, 77, 2, 2), (1, 385, 4224, 2, 2),
-                (1, 1100, 1023, 2, 2), (1, 1023, 113, 2, 2), (2, 256, 511, 6, 1), (2, 4224, 4224, 8, 2),
-                (3, 1023, 2000, 48, 8)]
-
-
-@pytest.mark.parametrize("shape", MCAST_SHAPES, ids=["x".join(map(str, s)) for s in MCAST_SHAPES])
-@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("name, head_dim, config", MCAST, ids=[f"{n}-d{d}" for n, d, _ in MCAST])
-def test_kv_multicast_variants(name, head_dim, config, dtype, shape):
-    """Sm90Config.kv_multicast, non-causal: each CTA of a cluster loads half of every K/V tile into both; padding CTAs
-    past seqlen_q store nothing; outputs NaN-poisoned (a tile that no CTA writes fails), LSE checked too."""
-    q, k, v = _qkv(*shape, head_dim, dtype)
-    _check(q, k, v, False, config=config, what=f"{name} {dtype} D={head_dim} {shape}")
-
-
-@pytest.mark.parametrize("head_dim", [128])
-def test_kv_multicast_causal_falls_back(head_dim):
-    """A causal call with kv_multicast runs the kernel without the cluster (the switch is non-causal only)."""
-    config = dataclasses.replace(fa3.DEFAULT_CONFIGS[head_dim], kv_multicast=True)
-    for shape in [(1, 300, 300, 2, 2), (2, 1023, 2000, 4, 2)]:
-        q, k, v = _qkv(*shape, head_dim, BF16)
-        _check(q, k, v, True, config=config, what=f"kv_multicast causal D={head_dim} {shape}")
-
-
 def test_two_consumer_warpgroups_d64():
     """D=64 defaults to three consumer warpgroups (tile_m = 192, a ping-pong ring of three named
     barriers, covered by the matrix); the two-warpgroup tile must stay right too."""

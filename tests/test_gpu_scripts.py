@@ -653,26 +653,6 @@ def test_fa3_speed_ab_persist_plan():
     assert "--variants old,new,persistent" in (ROOT / "scripts" / "persist_gpu.sh").read_text()
 
 
-def test_fa3_speed_ab_mcast_plan():
-    """scripts/fa3gap7_gpu.sh's A/B plan: old, new and mcast, non-causal, D 128 / 256 / 64 in that order (the time
-    limit cuts the last), N 4k then 16k, 9 kernels each compiled once; mcast is the default config with
-    kv_multicast on (and passes the config check); the tests' fp16 and causal mcast kernels are precompiled too."""
-    from fa_variants.hopper import fa3
-
-    ab = load_script("fa3_speed_ab")
-    shapes = ab.plan((128, 256, 64), (4096, 16384), (False,), list(ab.MCAST))
-    assert [(s["head_dim"], s["seqlen"]) for s in shapes][:2] == [(128, 4096), (128, 16384)]
-    items = ab.compile_items(shapes, "bf16")
-    assert len(items) == 9 == len(set(items)) and not any(causal for _, _, causal, _ in items)
-    for d in (64, 128, 256):
-        cfg = ab.variant_config("mcast", d)
-        assert cfg.kv_multicast and cfg == dataclasses.replace(fa3.DEFAULT_CONFIGS[d], kv_multicast=True)
-        cfg.check(d)
-    text = (ROOT / "scripts" / "fa3gap7_gpu.sh").read_text()
-    assert 'AB="--variants old,new,mcast --causal no --head-dims 128,256,64 --seqlens 4096,16384"' in text
-    assert "--dtype fp16 --variants mcast --causal no" in text and "--variants mcast --causal yes --head-dims 128" in text
-
-
 def test_fa3_speed_ab_turn_plan():
     """scripts/turn_gpu.sh's A/B plan: old, new, turn (D 64/128) and opaque (D 128), non-causal, D 128 then 64, N 4k
     then 16k, 7 kernels each compiled once; turn is the default config with v_wait_before_turn and opaque_smem_base

@@ -83,7 +83,7 @@ def test_partial_tile_work_moves_to_the_shortest_tile():
 
 
 @pytest.mark.parametrize("change", [dict(num_splits=2), dict(pack_gqa=True), dict(persistent=True),
-                                    dict(kv_multicast=True), dict(q_tail_first=1)])
+                                    dict(q_tail_first=1)])
 def test_q_tail_first_refusals(change):
     cfg = dataclasses.replace(Sm90Config(tile_m=192, tile_n=128), **{"q_tail_first": True, **change})
     with pytest.raises(ValueError, match="q_tail_first"):

@@ -166,15 +166,6 @@ class Sm90Config:
         seqlen_q = 1 decode from host views (pack_gqa without pack_group: the kernel runs it as MHA, unmasked;
         ``hopper.fa3.DECODE_FULL_GRID``); not with split-KV, pack_group, shared_kv_state, epilogue_arrive or two
         CTAs per SM.
-    kv_multicast: (non-causal calls; a causal kernel compiles without it) CTAs run in clusters of two, the query
-        tiles 2i and 2i + 1 of one (batch, head): each CTA's producer loads half of every K and V tile by TMA
-        multicast into both CTAs' shared memory, so each K/V byte leaves L2 once per cluster instead of once per
-        CTA; a ring slot is refilled only when the consumers of both CTAs have released it (their release arrives
-        on both CTAs' mbarriers), and each producer waits for its ring to drain before the CTA exits. An odd number
-        of query tiles gets one padding CTA (its Q rows are past seqlen_q: nothing stored). C++ FA3 clusters 16-bit
-        head_dim >= 128 non-causal calls with an even query-tile count (hopper/flash_fwd_launch_template.h);
-        flash-attn-4's sm90 path does not. Only the plain prefill path: not with split-KV, packed GQA, persistent,
-        shared_kv_state or two CTAs per SM.
     q_tail_first: (causal calls; a non-causal kernel compiles without it) when seqlen_q is not a multiple of tile_m,
         the rows a partial tile wastes are moved from the last query tile (the longest under causal masking: with
         192-row tiles at seqlen_q 4096 its 64 rows cost a full walk over all K/V tiles, ~6% of the work) to the
@@ -185,8 +176,8 @@ class Sm90Config:
         -shift, the one thing outside the default kernels' ranges, and every causal call stopped the H200 with "an
         illegal instruction"). Both tiles store those rows' O (the
         same rows from the same K/V tiles: tile 1's extra ones are wholly masked for them); the LSE of a row is
-        stored by its owner (``q_row_end``). Only the plain prefill path: not with split-KV, packed GQA, persistent
-        or kv_multicast.
+        stored by its owner (``q_row_end``). Only the plain prefill path: not with split-KV, packed GQA or
+        persistent.
     v_wait_before_turn: (intra_wg_overlap, with pingpong) a warpgroup waits for the V tile of its next P V GEMM before
         it takes the ping-pong turn (after waiting for K), instead of between issuing its S = Q K^T GEMM and that P V
         GEMM inside the turn: the mbarrier try-wait (and its phase arithmetic) leave the turn (issue 12, "Session 7:
@@ -228,7 +219,6 @@ class Sm90Config:
     basis_alpha: bool = False
     persistent: bool = False
     first_row_only: bool = False
-    kv_multicast: bool = False
     q_tail_first: bool = False
     v_wait_before_turn: bool = False
     opaque_smem_base: bool = False
@@ -302,15 +292,10 @@ class Sm90Config:
                 and not self.basis_alpha)):
             raise ValueError(f"first_row_only={self.first_row_only!r} must be a bool, True only for packed seqlen_q = 1 "
                              "decode (pack_gqa, pack_group 0, tile_m 64) without fused_merge or basis_alpha")
-        if not isinstance(self.kv_multicast, bool) or (self.kv_multicast and (
-                self.num_splits != 1 or self.pack_gqa or self.persistent or self.shared_kv_state
-                or self.ctas_per_sm != 1)):
-            raise ValueError(f"kv_multicast={self.kv_multicast!r} must be a bool, True only without split-KV "
-                             "(num_splits=1), pack_gqa, persistent, shared_kv_state and with ctas_per_sm=1")
         if not isinstance(self.q_tail_first, bool) or (self.q_tail_first and (
-                self.num_splits != 1 or self.pack_gqa or self.persistent or self.kv_multicast)):
+                self.num_splits != 1 or self.pack_gqa or self.persistent)):
             raise ValueError(f"q_tail_first={self.q_tail_first!r} must be a bool, True only without split-KV "
-                             "(num_splits=1), pack_gqa, persistent and kv_multicast")
+                             "(num_splits=1), pack_gqa and persistent")
         if not isinstance(self.v_wait_before_turn, bool) or (self.v_wait_before_turn and not self.intra_wg_overlap):
             raise ValueError(f"v_wait_before_turn={self.v_wait_before_turn!r} must be a bool, True only with "
                              "intra_wg_overlap=True (serial steps wait for V before their turn already)")

@@ -37,9 +37,6 @@ with Asynchrony and Low-precision" (2024), sections 3.1 and 3.2:
 * Persistent grid (``Sm90Config.persistent``, off by default): one CTA per SM walks several (query tile, head,
   batch) tiles in ``common.tile_scheduler``'s order with its pipeline states carried, loading the next tile's K/V
   (and Q, where O has a buffer of its own) during the previous tile's epilogue. Plain prefill only.
-* K/V multicast (``Sm90Config.kv_multicast``, off by default; non-causal plain prefill): clusters of two CTAs, the
-  query tiles 2i and 2i + 1 of one head, each loading half of every K and V tile into both by TMA multicast; a ring
-  slot is refilled once both CTAs' consumers released it. Causal kernels compile without it.
 
 The output goes registers -> shared memory (reusing Q's buffer) -> global memory by a TMA store.
 Ping-pong and intra-warpgroup overlap are switches of the config (``common.config.Sm90Config``, the FA3

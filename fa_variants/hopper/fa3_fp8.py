@@ -165,8 +165,6 @@ class Fp8Config(Fa3Config):
         assert layout.TILE_M % WGMMA_M == 0
         if self.persistent:
             raise ValueError("fa3-fp8: persistent=True is not supported (only fa3's bf16/fp16 prefill kernel)")
-        if self.kv_multicast:
-            raise ValueError("fa3-fp8: kv_multicast=True is not supported (only fa3's bf16/fp16 prefill kernel)")
         for switch in ("v_wait_before_turn", "opaque_smem_base", "alpha_first"):  # not built or tested for fp8's own mainloop
             if getattr(self, switch):
                 raise ValueError(f"fa3-fp8: {switch}=True is not supported (only fa3's bf16/fp16 kernel)")

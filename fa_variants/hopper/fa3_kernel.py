@@ -32,8 +32,6 @@ REGISTERS_TWO_CTAS = (24, 232)
 # Fused split merge: fp32 columns of a row each thread merges at a time (one 16-byte load per split)
 MERGE_VEC = 4
 LOG2_E = math.log2(math.e)
-# CTAs per cluster under Sm90Config.kv_multicast (query tiles 2i and 2i + 1 of one head share every K/V load)
-KV_CLUSTER = 2
 LN_2 = math.log(2.0)
 
 
@@ -73,11 +71,6 @@ class FlashAttention3Sm90:
         # Persistent grid (``Sm90Config.persistent``, ``_roles_persistent``): O in its own buffer where it fits.
         self.persistent = getattr(config, "persistent", False)
         self.separate_o = self.persistent and config.separate_o(head_dim)
-        # K/V multicast in clusters of two CTAs (``Sm90Config.kv_multicast``): non-causal plain prefill only; a
-        # causal kernel (query tiles of a cluster would see different K/V ranges) compiles without it.
-        self.multicast = (getattr(config, "kv_multicast", False) and not self.causal and not self.split
-                          and not self.persistent)
-        self.cluster = KV_CLUSTER if self.multicast else 1
 
     # ---------------------------------------------------------------------------------------
     # Host side
@@ -170,13 +163,10 @@ class FlashAttention3Sm90:
         self.smem_bytes = self.shared_storage.size_in_bytes()  # reported by `fa-variants compile`
 
         load, store = cpasync.CopyBulkTensorTileG2SOp(), cpasync.CopyBulkTensorTileS2GOp()
-        # kv_multicast: each CTA of a cluster loads 1 / cluster of every K and V tile into all of them
-        kv_load = cpasync.CopyBulkTensorTileG2SMulticastOp() if const_expr(self.multicast) else load
         kv_tile = cute.select(sKV_layout, mode=[0, 1])
         tma_q, tQ = cpasync.make_tiled_tma_atom(load, mQ, sQ_layout, (self.tile_m, D))
-        tma_k, tK = cpasync.make_tiled_tma_atom(kv_load, mK, kv_tile, (self.tile_n, D), num_multicast=self.cluster)
-        tma_v, tV = cpasync.make_tiled_tma_atom(kv_load, mV, cute.select(sV_layout, mode=[0, 1]), self._v_tile(),
-                                                num_multicast=self.cluster)
+        tma_k, tK = cpasync.make_tiled_tma_atom(load, mK, kv_tile, (self.tile_n, D))
+        tma_v, tV = cpasync.make_tiled_tma_atom(load, mV, cute.select(sV_layout, mode=[0, 1]), self._v_tile())
         if const_expr(not self.split):
             tma_o, tO = cpasync.make_tiled_tma_atom(store, mO, sO_layout, (self.tile_m, D))
         self.bytes_q = cute.size_in_bytes(self.dtype, sQ_layout)
@@ -191,17 +181,12 @@ class FlashAttention3Sm90:
             tO, tma_o = mO, tma_q
         if const_expr(self.persistent):  # one CTA per SM (fewer for fewer tiles), each walking several tiles
             grid = (tile_scheduler.persistent_ctas(num_m_blocks * mQ.shape[2] * mQ.shape[3], ctas), 1, 1)
-        cluster = {}
-        if const_expr(self.multicast):  # query tiles 2i, 2i + 1 of a head in one cluster; an odd count gets a pad
-            num_m_blocks = (num_m_blocks + 1) // 2 * 2  # tile past seqlen_q (its Q is zero-filled, nothing stored)
-            grid = (num_m_blocks * mQ.shape[2] * mQ.shape[3], 1, 1)
-            cluster = dict(cluster=[self.cluster, 1, 1])
         self.kernel(
             tQ, tK, tV, tO, mLSE, tma_q, tma_k, tma_v, tma_o,
             tiled_mma_qk, tiled_mma_pv, sQ_layout, sO_layout, sKV_layout, sV_layout,
             softmax_scale_log2, num_m_blocks, qhead_per_kvhead, l2_heads, extras, merge,
         ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=self.cfg.ctas_per_sm,
-                                          use_pdl=self.cfg.pdl, **self._carveout(), **cluster)
+                                          use_pdl=self.cfg.pdl, **self._carveout())
 
     def _convert(self, src: cute.Tensor, dst: cute.Tensor):
         """dst (16-bit registers) = src (fp32 registers): in pairs with ``convert_pairs``, else in one conversion."""
@@ -279,11 +264,7 @@ class FlashAttention3Sm90:
         storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
         pipe_q, pipe_k, pipe_v = self._make_pipelines(storage)
         cute.arch.mbarrier_init_fence()
-        if const_expr(self.multicast):  # the peer's mbarriers are initialised before any multicast or remote arrive
-            cute.arch.cluster_arrive_relaxed()
-            cute.arch.cluster_wait()
-        else:
-            cute.arch.sync_threads()
+        cute.arch.sync_threads()
         if const_expr(self.cfg.pdl):  # launched early (programmatic dependent launch): the grid before this one on
             cute.arch.griddepcontrol_launch_dependents()  # the stream must be done (its writes visible) before
             cute.arch.griddepcontrol_wait()  # any thread here reads Q/K/V or writes O; the next grid may launch
@@ -551,19 +532,17 @@ class FlashAttention3Sm90:
         return n_start + n if const_expr(self.split) else n
 
     def _make_pipelines(self, storage):
-        """Q, K and V pipelines. Under kv_multicast the K and V rings span the cluster: a slot is free when every
-        consumer warp of every CTA of the cluster has released it (lane r of each warp arrives on CTA r's mbarrier)."""
+        cta = cute.make_layout((1, 1, 1, 1))
         tma_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
+        consumer_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_wg * 4)  # one arrive per warp
 
-        def make(mbar, stages, tx, cluster=1):
+        def make(mbar, stages, tx):
             return pipeline.PipelineTmaAsync.create(
                 barrier_storage=mbar.data_ptr(), num_stages=stages, producer_group=tma_thread,
-                consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_wg * 4 * cluster),
-                tx_count=tx, cta_layout_vmnk=cute.make_layout((1, cluster, 1, 1)), defer_sync=True,
-            )  # one arrive per consumer warp (and CTA of the cluster)
+                consumer_group=consumer_warps, tx_count=tx, cta_layout_vmnk=cta, defer_sync=True,
+            )
 
-        return (make(storage.mbar_q, 1, self.bytes_q), make(storage.mbar_k, self.stages, self.bytes_kv, self.cluster),
-                make(storage.mbar_v, self.stages, self.bytes_kv, self.cluster))
+        return make(storage.mbar_q, 1, self.bytes_q), make(storage.mbar_k, self.stages, self.bytes_kv), make(storage.mbar_v, self.stages, self.bytes_kv)
 
     def _pipeline_states(self, user_type, states: tuple) -> tuple:
         """(Q, K, V) pipeline states of a producer or consumer (``user_type``): ``states`` when carried from the
@@ -591,19 +570,14 @@ class FlashAttention3Sm90:
         gV = self._v_tiles(mV)  # (V tile, n_kv_tiles)
         one = cute.make_layout(1)
         tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, one, cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
-        # kv_multicast: this CTA's slice of each K/V tile, sent to every CTA of the cluster (mcast: the CTA mask)
-        rank, ranks, mcast = 0, one, None
-        if const_expr(self.multicast):
-            rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
-            ranks, mcast = cute.make_layout(self.cluster), cutlass.Int16((1 << self.cluster) - 1)
-        tKsK, tKgK = cpasync.tma_partition(tma_k, rank, ranks, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
-        tVsV, tVgV = cpasync.tma_partition(tma_v, rank, ranks, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
+        tKsK, tKgK = cpasync.tma_partition(tma_k, 0, one, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
+        tVsV, tVgV = cpasync.tma_partition(tma_v, 0, one, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
 
         carried = const_expr(len(states) > 0)
         q_state, k_state, v_state = self._pipeline_states(pipeline.PipelineUserType.Producer, states)
         first_k = (self.cfg.k_before_q or carried) and not self.cfg.shared_kv_state
         if const_expr(first_k):  # the first K tile's load goes out before Q's (flash-attn-4's order)
-            k_state = self._load(tma_k, tKgK, tKsK, pipe_k, k_state, self._tile(n_start, n_blocks - 1), mcast)
+            k_state = self._load(tma_k, tKgK, tKsK, pipe_k, k_state, self._tile(n_start, n_blocks - 1))
         pipe_q.producer_acquire(q_state)
         cute.copy(tma_q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
         if const_expr(carried):
@@ -613,19 +587,16 @@ class FlashAttention3Sm90:
             self._produce_shared(tKgK, tKsK, tVgV, tVsV, tma_k, tma_v, pipe_k, pipe_v, k_state, n_blocks, n_start)
             return
         if const_expr(not first_k):
-            k_state = self._load(tma_k, tKgK, tKsK, pipe_k, k_state, self._tile(n_start, n_blocks - 1), mcast)
+            k_state = self._load(tma_k, tKgK, tKsK, pipe_k, k_state, self._tile(n_start, n_blocks - 1))
         for i in cutlass.range(n_blocks - 1, unroll=1):
             n = self._tile(n_start, n_blocks - 2 - i)
             if const_expr(self.overlap):  # consumers want K_n before V_{n+1}
-                k_state = self._load(tma_k, tKgK, tKsK, pipe_k, k_state, n, mcast)
-                v_state = self._load(tma_v, tVgV, tVsV, pipe_v, v_state, n + 1, mcast)
+                k_state = self._load(tma_k, tKgK, tKsK, pipe_k, k_state, n)
+                v_state = self._load(tma_v, tVgV, tVsV, pipe_v, v_state, n + 1)
             else:
-                v_state = self._load(tma_v, tVgV, tVsV, pipe_v, v_state, n + 1, mcast)
-                k_state = self._load(tma_k, tKgK, tKsK, pipe_k, k_state, n, mcast)
-        v_state = self._load(tma_v, tVgV, tVsV, pipe_v, v_state, self._tile(n_start, 0), mcast)
-        if const_expr(self.multicast):  # the other CTA's consumers arrive on this CTA's mbarriers until their last
-            pipe_k.producer_tail(k_state.clone())  # release: the CTA must not exit before (every slot waited free)
-            pipe_v.producer_tail(v_state.clone())
+                v_state = self._load(tma_v, tVgV, tVsV, pipe_v, v_state, n + 1)
+                k_state = self._load(tma_k, tKgK, tKsK, pipe_k, k_state, n)
+        v_state = self._load(tma_v, tVgV, tVsV, pipe_v, v_state, self._tile(n_start, 0))
         return q_state, k_state, v_state
 
     @cute.jit
@@ -646,21 +617,15 @@ class FlashAttention3Sm90:
         self._issue(tma_v, tVgV, tVsV, pipe_v, state, self._tile(n_start, 0))
 
     @staticmethod
-    def _issue(tma_atom, g_tiles, s_buffers, pipe, state, block, mcast=None):
-        """Wait for a free buffer, arm its mbarrier with the byte count, issue the TMA load (``mcast``: the mask of
-        the cluster's CTAs it is multicast to, kv_multicast; None: this CTA only)."""
+    def _issue(tma_atom, g_tiles, s_buffers, pipe, state, block):
+        """Wait for a free buffer, arm its mbarrier with the byte count, issue the TMA load."""
         pipe.producer_acquire(state)
-        if const_expr(mcast is None):
-            cute.copy(tma_atom, g_tiles[None, block], s_buffers[None, state.index],
-                      tma_bar_ptr=pipe.producer_get_barrier(state))
-        else:
-            cute.copy(tma_atom, g_tiles[None, block], s_buffers[None, state.index],
-                      tma_bar_ptr=pipe.producer_get_barrier(state), mcast_mask=mcast)
+        cute.copy(tma_atom, g_tiles[None, block], s_buffers[None, state.index], tma_bar_ptr=pipe.producer_get_barrier(state))
 
     @staticmethod
-    def _load(tma_atom, g_tiles, s_buffers, pipe, state, block, mcast=None):
+    def _load(tma_atom, g_tiles, s_buffers, pipe, state, block):
         """``_issue``, then advance the state."""
-        FlashAttention3Sm90._issue(tma_atom, g_tiles, s_buffers, pipe, state, block, mcast)
+        FlashAttention3Sm90._issue(tma_atom, g_tiles, s_buffers, pipe, state, block)
         state.advance()
         return state
 
