@@ -15,9 +15,8 @@ P V GEMM; bench/NOTES.md, "Issue 12, round 3"); issue 12's fourth round (bench/N
 flash-attn-4's sm90 choices that ours lacked, and C++ FA3's); the per-tile instruction gap (`FA3GAP`: basis,
 basis-kv1, basis-256 beside pairs-256 and fa4-256; bench/NOTES.md, "Issue 12, SASS gap"); session 6's
 persistent grid (`PERSIST`: `persistent`, Sm90Config.persistent at D 64/128/256; scripts/persist_gpu.sh);
-session 7's shorter ping-pong turn (`TURN`: `turn`, Sm90Config.v_wait_before_turn + opaque_smem_base, and `opaque`;
-scripts/turn_gpu.sh); session 8's O rescale under the exponentials (`ALPHA`: `alpha`, Sm90Config.alpha_first, and
-`alpha-noskip` at D 64; scripts/fa3gap8_gpu.sh). --shapes D:N:full|causal,... picks shapes one by one instead.
+session 8's O rescale under the exponentials (`ALPHA`: `alpha`, Sm90Config.alpha_first, and `alpha-noskip` at D 64;
+scripts/fa3gap8_gpu.sh). --shapes D:N:full|causal,... picks shapes one by one instead.
 The default run (--variants, --seqlens) is round 4's:
 old, new, pairs-256, fa4-256, n176, stages3, k-first at N 4k/16k (24 compiles, 72 entries, ~3 min on an H200); the
 earlier variants stay selectable. --peers takes the bench's peer names (flash-attn-4, sdpa-cudnn, ...) or the
@@ -89,11 +88,6 @@ VARIANTS = {
                                basis_alpha=True)),
     # session 6: the persistent grid (Sm90Config.persistent; bench/NOTES.md, "Session 6 (2026-12-01): persistent")
     "persistent": ((64, 128, 256), dict(persistent=True)),
-    # session 7: the ping-pong turn shortened (bench/NOTES.md, "Session 7 (2026-12-01): the ping-pong turn"): V waited
-    # for before the turn and the Q/K/V descriptor bits out of the loop (`turn`); the descriptors alone (`opaque`)
-    "turn": ((64, 128), dict(v_wait_before_turn=True, opaque_smem_base=True)),  # D 256: no ping-pong; spills causal
-    "opaque": ((128,), dict(opaque_smem_base=True)),
-    "vwait": ((256,), dict(v_wait_before_turn=True)),  # GPU tests only: D 256 has no turn (opaque spills 24 B causal)
     # session 8: every row's alpha before the exponentials, so O's rescale runs under them as in flash-attn-4
     # (Sm90Config.alpha_first; bench/NOTES.md, "Session 8 (2026-12-01): fa3 vs flash-attn-4 consumer loop"); at D 64
     # the default skips O's rescale in a branch when no row max moved, which keeps it out of the exponentials: also
@@ -105,7 +99,6 @@ ROUND3 = ("old", "new", "o-before-pv", "p2buf")
 ROUND4 = ("old", "new", "pairs-256", "fa4-256", "n176", "stages3", "k-first")
 FA3GAP = ("old", "new", "basis", "basis-kv1", "pairs-256", "fa4-256", "basis-256")
 PERSIST = ("old", "new", "persistent")
-TURN = ("old", "new", "turn", "opaque", "vwait")
 ALPHA = ("old", "new", "alpha", "alpha-noskip")
 PEERS = ("flash-attn-4", "sdpa-cudnn")
 #: other spellings of the peers accepted by --peers (bench.runtime.build_impls knows only the canonical names)

@@ -72,10 +72,6 @@ def test_config_limits():
         fa3.Fa3Config(shared_kv_state=True, k_before_q=True).check(128)
     fa3.Fa3Config(tile_n=176, convert_pairs=True).check(128)  # 32 KiB Q + 4 x 44 KiB K/V
     fa3.Fa3Config(stages=3).check(128)  # 32 KiB Q + 6 x 32 KiB K/V + 1 KiB: 225 KiB of 227
-    with pytest.raises(ValueError, match="v_wait_before_turn"):  # session 7: the ping-pong turn
-        fa3.Fa3Config(intra_wg_overlap=False, v_wait_before_turn=True).check(128)
-    with pytest.raises(ValueError, match="opaque_smem_base"):
-        fa3.Fa3Config(opaque_smem_base=1).check(128)
     for bad in (dict(exp2_ffma=False), dict(exp2_ffma=True, basis_alpha=True), dict(exp2_ffma=True, alpha_first=1)):
         with pytest.raises(ValueError, match="alpha_first"):  # session 8: alpha before the exponentials
             fa3.Fa3Config(**dict(dict(alpha_first=True), **bad)).check(128)
@@ -109,8 +105,7 @@ def _speed_ab():
     ("lean", 128, True), ("lean-256", 256, True), ("p2buf", 128, False), ("o-before-pv", 256, True),
     ("pairs-256", 256, False), ("fa4-256", 256, True), ("n176", 128, False), ("n176", 128, True),
     ("stages3", 64, True), ("stages3", 128, False), ("k-first", 128, True), ("basis", 128, False), ("basis-kv1", 128, True),
-    ("basis-256", 256, True), ("turn", 64, True), ("turn", 128, True), ("opaque", 128, True), ("alpha", 128, True),
-    ("alpha-noskip", 64, True)])
+    ("basis-256", 256, True), ("alpha", 128, True), ("alpha-noskip", 64, True)])
 def test_speed_ab_variants_compile_without_spills(name, head_dim, causal):
     """scripts/fa3_speed_ab.py's variants build with no spills; `new` is the default and has no serial FMNMX
     chain (it runs 4 chains) and one FFMA per score instead of FADD + FMUL. `lean` (issue 12's structural
@@ -241,12 +236,11 @@ def test_persistent_fp16_compiles():
     assert counts["LDL"] == counts["STL"] == 0 and counts["HGMMA"] > 0, counts
 
 
-def test_fa3_only_switches_refused_by_fa3_fp8():
+def test_alpha_first_refused_by_fa3_fp8():
     from fa_variants.hopper import fa3_fp8
 
-    for switch in ("v_wait_before_turn", "opaque_smem_base", "alpha_first"):  # sessions 7-8's switches: fa3 only
-        with pytest.raises(ValueError, match=switch):
-            dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], **{switch: True}).check(128)
+    with pytest.raises(ValueError, match="alpha_first"):  # session 8's switch: fa3 only
+        dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], alpha_first=True).check(128)
 
 
 @pytest.mark.parametrize("change", [dict(num_splits=0), dict(num_splits=2), dict(pack_gqa=True, pack_group=2),
@@ -265,7 +259,7 @@ def test_speed_ab_plan(capsys):
     ab = _speed_ab()
     shapes = ab.plan([64, 128, 256], [1024, 4096, 16384], (False, True), list(ab.VARIANTS))
     assert len(shapes) == 18 and all(s["batch"] * s["seqlen"] >= 16384 and "old" in s["variants"] for s in shapes)
-    assert {s["head_dim"]: len(s["variants"]) for s in shapes} == {64: 11, 128: 17, 256: 9}
+    assert {s["head_dim"]: len(s["variants"]) for s in shapes} == {64: 10, 128: 15, 256: 8}
     import sys
     argv, sys.argv = sys.argv, ["fa3_speed_ab.py", "--plan"]
     try:
@@ -299,32 +293,6 @@ def test_basis_alpha_shortens_the_softmax(head_dim):
     assert not any(re.match(r"FADD R\d+, RZ, ", t) for t in base), "a row-sum chain started from 0"
     assert len(basis) <= len(base) - 8, (len(base), len(basis))
     assert sum(t.startswith("MUFU.EX2") for t in basis) == sum(t.startswith("MUFU.EX2") for t in base)
-
-
-def _pingpong_turn(lines: list[str]) -> list[str]:
-    """The instructions of a mainloop from a warpgroup's ping-pong BAR.SYNC (named barrier in a register) to its
-    BAR.ARV, both included."""
-    start = next(i for i, t in enumerate(lines) if re.match(r"BAR\.SYNC\.DEFER_BLOCKING R\d+", t))
-    end = next(i for i in range(start, len(lines)) if re.match(r"BAR\.ARV R\d+", lines[i]))
-    return lines[start:end + 1]
-
-
-@pytest.mark.parametrize("head_dim", [64, 128])
-def test_turn_switches_shorten_the_pingpong_turn(head_dim):
-    """Sm90Config.v_wait_before_turn moves V's mbarrier try-wait out of the ping-pong turn, and opaque_smem_base
-    builds the Q/K/V descriptor bits before the mainloop (nvidia-cutlass-dsl 4.8.1, D 128 non-causal: turn 71 -> 43
-    instructions, uniform ops 47 -> 23; mainloop 487 -> 465); the same HGMMAs and exponentials, no spills."""
-    config = fa3.DEFAULT_CONFIGS[head_dim]
-    base = _hot_mainloop(head_dim, config)
-    turn_cfg = _speed_ab().variant_config("turn", head_dim)
-    assert turn_cfg == dataclasses.replace(config, v_wait_before_turn=True, opaque_smem_base=True)
-    short = _hot_mainloop(head_dim, turn_cfg)
-    t_base, t_short = _pingpong_turn(base), _pingpong_turn(short)
-    assert sum("TRYWAIT" in t for t in t_base) == 1 and not any("TRYWAIT" in t for t in t_short), t_short
-    assert len(t_short) <= len(t_base) - 15, (len(t_base), len(t_short))
-    assert sum(t.startswith("HGMMA") for t in t_short) == sum(t.startswith("HGMMA") for t in t_base)
-    assert len(short) < len(base), (len(base), len(short))
-    assert sum(t.startswith("MUFU.EX2") for t in short) == sum(t.startswith("MUFU.EX2") for t in base)
 
 
 def test_alpha_first_moves_o_rescale_under_the_exponentials():

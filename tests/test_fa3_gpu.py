@@ -315,38 +315,21 @@ def test_deterministic():
         assert torch.equal(fa3.run(q, k, v, causal=True, softmax_scale=0.1)[0], first)
 
 
-TURN = _ab_variants("TURN")  # the shorter ping-pong turn (Sm90Config.v_wait_before_turn, opaque_smem_base)
+ALPHA = _ab_variants("ALPHA")  # every row's alpha before the exponentials (Sm90Config.alpha_first)
 # (batch, seqlen_q, seqlen_k, heads, heads_kv): one K/V tile and many (both ring slots, many phase flips), seqlen_k not
 # a multiple of tile_n, Nq != Nk both ways (causal rows that see no key), odd lengths, GQA and MQA
-TURN_SHAPES = [(1, 1, 1, 2, 2), (2, 3, 3, 2, 2), (1, 113, 113, 3, 3), (1, 300, 77, 2, 2), (1, 1023, 113, 2, 2),
-               (1, 257, 4224, 2, 2), (2, 1023, 1023, 4, 2), (2, 255, 511, 6, 1)]
-
-
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("name, head_dim, config", TURN, ids=[f"{n}-d{d}" for n, d, _ in TURN])
-def test_turn_variants(name, head_dim, config, causal):
-    """Sm90Config.v_wait_before_turn (V waited for before the ping-pong turn) and opaque_smem_base (Q/K/V shared-memory
-    bases through a warp-uniform hint, descriptors built outside the loop): the same maths as the default, so the same
-    float64 bound; bf16 over the shapes above, fp16 once; outputs NaN-poisoned, LSE checked."""
-    for shape in TURN_SHAPES:
-        q, k, v = _qkv(*shape, head_dim, BF16)
-        _check(q, k, v, causal, config=config, what=f"{name} D={head_dim} causal={causal} {shape}")
-    if head_dim == 128 and name == "turn":
-        q, k, v = _qkv(2, 1023, 1023, 4, 2, head_dim, F16)
-        _check(q, k, v, causal, config=config, what=f"{name} fp16 D={head_dim} causal={causal}")
-
-
-ALPHA = _ab_variants("ALPHA")  # every row's alpha before the exponentials (Sm90Config.alpha_first)
+ALPHA_SHAPES = [(1, 1, 1, 2, 2), (2, 3, 3, 2, 2), (1, 113, 113, 3, 3), (1, 300, 77, 2, 2), (1, 1023, 113, 2, 2),
+                (1, 257, 4224, 2, 2), (2, 1023, 1023, 4, 2), (2, 255, 511, 6, 1)]
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("name, head_dim, config", ALPHA, ids=[f"{n}-d{d}" for n, d, _ in ALPHA])
 def test_alpha_variants(name, head_dim, config, causal):
     """Sm90Config.alpha_first (alpha of every row computed before the exponentials; D 64 also without the unit-alpha
-    skip): the same maths as the default, so the same float64 bound, over the turn tests' shapes (one K/V tile and
+    skip): the same maths as the default, so the same float64 bound, over ALPHA_SHAPES (one K/V tile and
     many, odd lengths, Nq != Nk both ways, GQA and MQA), fp16 once (D 128, non-causal), NaN-poisoned outputs, LSE
     checked; then EC-04's logit shifts, whose huge rows take the exact form's branch that alpha now precedes."""
-    for shape in TURN_SHAPES:
+    for shape in ALPHA_SHAPES:
         q, k, v = _qkv(*shape, head_dim, BF16)
         _check(q, k, v, causal, config=config, what=f"{name} D={head_dim} causal={causal} {shape}")
     if head_dim == 128 and not causal:

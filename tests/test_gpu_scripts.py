@@ -653,30 +653,6 @@ def test_fa3_speed_ab_persist_plan():
     assert "--variants old,new,persistent" in (ROOT / "scripts" / "persist_gpu.sh").read_text()
 
 
-def test_fa3_speed_ab_turn_plan():
-    """scripts/turn_gpu.sh's A/B plan: old, new, turn (D 64/128) and opaque (D 128), non-causal, D 128 then 64, N 4k
-    then 16k, 7 kernels each compiled once; turn is the default config with v_wait_before_turn and opaque_smem_base
-    on (and passes the config check); the tests' causal, D 256 and fp16 kernels are precompiled too."""
-    from fa_variants.hopper import fa3
-
-    ab = load_script("fa3_speed_ab")
-    shapes = ab.plan((128, 64), (4096, 16384), (False,), ["old", "new", "turn", "opaque"])
-    assert [(s["head_dim"], s["seqlen"]) for s in shapes][:2] == [(128, 4096), (128, 16384)]
-    items = ab.compile_items(shapes, "bf16")
-    assert len(items) == 7 == len(set(items)) and not any(causal for _, _, causal, _ in items)
-    for d in (64, 128):
-        cfg = ab.variant_config("turn", d)
-        assert cfg == dataclasses.replace(fa3.DEFAULT_CONFIGS[d], v_wait_before_turn=True, opaque_smem_base=True)
-        cfg.check(d)
-    assert ab.variant_config("vwait", 256) == dataclasses.replace(fa3.DEFAULT_CONFIGS[256], v_wait_before_turn=True)
-    text = (ROOT / "scripts" / "turn_gpu.sh").read_text()
-    assert 'AB="--variants old,new,turn,opaque --causal no --head-dims 128,64 --seqlens 4096,16384"' in text
-    assert "--variants turn,opaque,vwait --causal yes --head-dims 64,128,256" in text
-    assert "--variants vwait --causal no --head-dims 256" in text and "--dtype fp16 --variants turn" in text
-    limits = [int(n) for n in re.findall(r"step \w+ (\d+) ", text)]
-    assert sum(limits) <= 80, limits  # the session's GPU budget, precompile included
-
-
 def test_fa3_speed_ab_alpha_plan():
     """scripts/fa3gap8_gpu.sh's A/B plan (--shapes): D 128 N 4k, D 128 N 4k causal, D 128 N 16k, D 64 N 4k in that
     order; alpha at D 64/128 and alpha-noskip at D 64 only, 10 kernels each compiled once; alpha is the default with

@@ -178,15 +178,6 @@ class Sm90Config:
         same rows from the same K/V tiles: tile 1's extra ones are wholly masked for them); the LSE of a row is
         stored by its owner (``q_row_end``). Only the plain prefill path: not with split-KV, packed GQA or
         persistent.
-    v_wait_before_turn: (intra_wg_overlap, with pingpong) a warpgroup waits for the V tile of its next P V GEMM before
-        it takes the ping-pong turn (after waiting for K), instead of between issuing its S = Q K^T GEMM and that P V
-        GEMM inside the turn: the mbarrier try-wait (and its phase arithmetic) leave the turn (issue 12, "Session 7:
-        the ping-pong turn"). The V tile of step n is loaded right after its K tile, so the wait rarely delays.
-    opaque_smem_base: the consumers' Q, K and V shared-memory tensors are rebuilt from their base addresses passed
-        through a warp-uniform hint, so the compiler sees a run-time value instead of the shared window's
-        constant address + offset; the WGMMA descriptor bits derived from it (shift, mask, flags) are then loop
-        invariant and computed once before the mainloop instead of in every K/V step inside the ping-pong turn
-        (nvidia-cutlass-dsl 4.8.1 emits the constant address at each use; issue 12, "Session 7: the ping-pong turn").
     alpha_first: (with exp2_ffma, not basis_alpha) the softmax computes every row's alpha (O's rescale factor) right after
         the row maxima, before the exponentials, instead of after each row's exponentials (``common.softmax``, "Alpha
         first"): same values; ptxas then runs O's rescale under the exponentials instead of after the last of them (issue
@@ -220,8 +211,6 @@ class Sm90Config:
     persistent: bool = False
     first_row_only: bool = False
     q_tail_first: bool = False
-    v_wait_before_turn: bool = False
-    opaque_smem_base: bool = False
     alpha_first: bool = False
 
     @property
@@ -296,14 +285,9 @@ class Sm90Config:
                 self.num_splits != 1 or self.pack_gqa or self.persistent)):
             raise ValueError(f"q_tail_first={self.q_tail_first!r} must be a bool, True only without split-KV "
                              "(num_splits=1), pack_gqa and persistent")
-        if not isinstance(self.v_wait_before_turn, bool) or (self.v_wait_before_turn and not self.intra_wg_overlap):
-            raise ValueError(f"v_wait_before_turn={self.v_wait_before_turn!r} must be a bool, True only with "
-                             "intra_wg_overlap=True (serial steps wait for V before their turn already)")
         if not isinstance(self.alpha_first, bool) or (self.alpha_first and (not self.exp2_ffma or self.basis_alpha)):
             raise ValueError(f"alpha_first={self.alpha_first!r} must be a bool, True only with exp2_ffma=True and "
                              "basis_alpha=False")
-        if not isinstance(self.opaque_smem_base, bool):
-            raise ValueError(f"opaque_smem_base={self.opaque_smem_base!r} must be a bool")
         if self.smem_bytes(head_dim) > smem_capacity(arch):
             raise ValueError(f"{self} needs {self.smem_bytes(head_dim)} B of shared memory at head_dim={head_dim} "
                              f"(max {smem_capacity(arch)})")

@@ -66,17 +66,6 @@ def wgmma(
         warpgroup.wait_group(wait)
 
 
-def opaque_smem(tensor: cute.Tensor, layout) -> cute.Tensor:
-    """``tensor`` (a swizzled shared-memory tile made by ``get_tensor(layout.outer, swizzle=layout.inner)``) rebuilt
-    from its base address passed through ``make_warp_uniform``: the same bytes and layout, but its address is a
-    run-time value to the compiler instead of the shared window's constant + offset, which nvidia-cutlass-dsl
-    4.8.1 re-emits at every use (e.g. a WGMMA descriptor built inside a loop). ``layout``: the ComposedLayout
-    (inner swizzle, outer layout) of ``tensor``. Alignment assumed: 1024 bytes (the swizzle atom's period)."""
-    addr = cute.arch.make_warp_uniform(cutlass.Int32(tensor.iterator.toint()))
-    ptr = cute.make_ptr(tensor.element_type, addr, cute.AddressSpace.smem, assumed_align=1024, swizzle_=layout.inner)
-    return cute.make_tensor(ptr, layout.outer)
-
-
 def make_tiled_mma(dtype, num_warpgroups: int, n: int, b_mn_major: bool, a_in_registers: bool) -> cute.TiledMma:
     """A (64 * num_warpgroups) x n x 16 warpgroup MMA, fp32 accumulation, A K-major.
 

@@ -19,8 +19,7 @@ from fa_variants.common.config import Sm90Config
 from fa_variants.common.layout import acc_as_operand_a, convert_in_pairs, transpose_view
 from fa_variants.common.layout import rows_cols as acc_rows_cols
 from fa_variants.common.mask import AttentionMask, BlockInfo
-from fa_variants.common.sm90 import (WARPGROUP_THREADS, NamedBarrier, make_row_major_smem_layout, make_tiled_mma,
-                                     opaque_smem, wgmma)
+from fa_variants.common.sm90 import WARPGROUP_THREADS, NamedBarrier, make_row_major_smem_layout, make_tiled_mma, wgmma
 from fa_variants.common.softmax import OnlineSoftmax
 
 # Register split per consumer-warpgroup count: (producer warpgroup, each consumer warpgroup);
@@ -277,8 +276,6 @@ class FlashAttention3Sm90:
             sQ = cute.make_tensor(cute.recast_ptr(storage.sQ.data_ptr(), sQ_layout.inner, dtype=self.dtype), sQ_layout.outer)
         sK = storage.sK.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
-        if const_expr(self.cfg.opaque_smem_base):
-            sQ, sK, sV = (opaque_smem(t, lay) for t, lay in ((sQ, sQ_layout), (sK, sKV_layout), (sV, sV_layout)))
 
         seqlen_q, seqlen_k = self._seqlen_q(mQ), mK.shape[0]
         if const_expr(self.split):
@@ -853,18 +850,6 @@ class _StepContext:
                 nxt = nxt % self.k.num_wg
             cute.arch.barrier_arrive(barrier_id=int(NamedBarrier.SCHEDULE_WG0) + nxt, number_of_threads=2 * WARPGROUP_THREADS)
 
-    def _take_turn(self, v_state):
-        """Overlapped steps: ``schedule_sync``, after waiting for V (the step's P V GEMM) when
-        ``v_wait_before_turn``, so that the wait is not inside the turn."""
-        if const_expr(self.k.cfg.v_wait_before_turn):
-            self.pipe_v.consumer_wait(v_state)
-        self.schedule_sync()
-
-    def _wait_v_in_turn(self, v_state):
-        """Overlapped steps: the V wait between the S GEMM and the P V GEMM (unless done before the turn)."""
-        if const_expr(not self.k.cfg.v_wait_before_turn):
-            self.pipe_v.consumer_wait(v_state)
-
     def new_scores(self):
         return cute.make_rmem_tensor(self.mma_qk.get_slice(0).partition_shape_C((self.k.tile_m, self.k.tile_n)), Float32)
 
@@ -982,11 +967,11 @@ class _StepContext:
             self.rescale_o(self.alpha_prev, n_block + 1)
             self.tOrP.store(self.tOrP_next.load())
         self.pipe_k.consumer_wait(k_state)
-        self._take_turn(v_state)
+        self.schedule_sync()
         wgmma(self.mma_qk, acc_S, self.tSrQ, self.tSrK[None, None, None, k_state.index], zero_init=True, wait=-1)
         if const_expr(not double):
             self.rescale_o(self.alpha_prev, n_block + 1)
-        self._wait_v_in_turn(v_state)
+        self.pipe_v.consumer_wait(v_state)
         self._pv(v_state, n_block + 1, wait=-1, accumulate=accumulate)
         self.schedule_arrive()
         warpgroup.wait_group(1)  # S is ready; P V may still run
@@ -1028,9 +1013,9 @@ class _StepContext:
             k_state.advance()
         acc_S = self.new_scores()
         self.pipe_k.consumer_wait(k_state)
-        self._take_turn(v_state)
+        self.schedule_sync()
         wgmma(self.mma_qk, acc_S, self.tSrQ, self.tSrK[None, None, None, k_state.index], zero_init=True, wait=-1)
-        self._wait_v_in_turn(v_state)
+        self.pipe_v.consumer_wait(v_state)
         self._pv(v_state, n_block + 1, wait=-1, accumulate=accumulate)
         self.schedule_arrive()
         warpgroup.wait_group(1)  # S_next is ready; PV may still run
