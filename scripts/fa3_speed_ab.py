@@ -9,9 +9,8 @@ softmax switches (exact exponent, one serial reduction chain, O always rescaled)
 the structural switches of issue 12's second round (Sm90Config; the softmax switches were measured on
 2026-11-30, bench/h200-2026-11-30/session2/fa3_speed_ab.md): each alone at D = 128 (the ncu shape), and all
 of them together (`lean`) at every head dim (D = 256: without first_pv_overwrites, which spills there); issue 12's
-third round (`o-before-pv`: O rescaled under the next S GEMM, flash-attn-4's RescaleOBeforeGemm; `p2buf`: a second
-P buffer, so that no WGMMA wait sits between the softmax and the next step and the exponentials run under the
-P V GEMM; bench/NOTES.md, "Issue 12, round 3"); issue 12's fourth round (bench/NOTES.md, "Issue 12, round 4":
+third round (`o-before-pv`: O rescaled under the next S GEMM, flash-attn-4's RescaleOBeforeGemm; bench/NOTES.md,
+"Issue 12, round 3"); issue 12's fourth round (bench/NOTES.md, "Issue 12, round 4":
 flash-attn-4's sm90 choices that ours lacked, and C++ FA3's); the per-tile instruction gap (`FA3GAP`: basis,
 basis-kv1, basis-256 beside pairs-256 and fa4-256; bench/NOTES.md, "Issue 12, SASS gap"); session 6's
 persistent grid (`PERSIST`: `persistent`, Sm90Config.persistent at D 64/128/256; scripts/persist_gpu.sh);
@@ -69,9 +68,8 @@ VARIANTS = {
     "epi-arrive": ((128,), dict(epilogue_arrive=True)),
     "lean": ((64, 128), LEAN),
     "lean-256": ((256,), dict(LEAN, first_pv_overwrites=False)),  # first_pv_overwrites spills at D 256 causal
-    # issue 12, round 3 (p2buf spills 4 bytes at D 256 causal: not run there)
+    # issue 12, round 3
     "o-before-pv": ((64, 128, 256), dict(rescale_o_before_pv=True)),
-    "p2buf": ((64, 128), dict(p_double_buffer=True)),
     # issue 12, round 4 (bench/NOTES.md, "Issue 12, round 4"): flash-attn-4's D 256 choices one by one (P converted
     # in pairs; + one-FFMA exponent, 4 reduction chains and O rescaled before the P V GEMM), C++ FA3's 128 x 176
     # tile at D 128, 3 stages, the first K tile loaded before Q
@@ -95,7 +93,7 @@ VARIANTS = {
     "alpha": ((64, 128), dict(alpha_first=True)),
     "alpha-noskip": ((64,), dict(alpha_first=True, skip_unit_rescale=False)),
 }
-ROUND3 = ("old", "new", "o-before-pv", "p2buf")
+ROUND3 = ("old", "new", "o-before-pv")
 ROUND4 = ("old", "new", "pairs-256", "fa4-256", "n176", "stages3", "k-first")
 FA3GAP = ("old", "new", "basis", "basis-kv1", "pairs-256", "fa4-256", "basis-256")
 PERSIST = ("old", "new", "persistent")

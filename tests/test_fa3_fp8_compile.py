@@ -119,8 +119,6 @@ def test_pv_slices_pipelined():
                                         (dict(promote_every=0), "promote_every"),
                                         (dict(promote_every=2, pv_split=2, intra_wg_overlap=False), "promote_every"),
                                         (dict(num_splits=2), "num_splits=2"),
-                                        (dict(p_double_buffer=True), "p_double_buffer"),
-                                        (dict(p_double_buffer=True, intra_wg_overlap=True, tile_n=128), "p_double_buffer"),
                                         (dict(rescale_o_before_pv=True, intra_wg_overlap=True, tile_n=128),
                                          "rescale_o_before_pv")])
 def test_config_errors(bad, match):

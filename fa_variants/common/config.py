@@ -99,13 +99,6 @@ class Sm90Config:
         of the next S = Q K^T GEMM and of that tile's P V GEMM (while the S GEMM runs), instead of at the end of
         the step that computed alpha (flash-attn-4 does this for head_dim > 128). The end of the step then waits
         for the P V GEMM only to overwrite P.
-    p_double_buffer: (intra_wg_overlap; implies rescale_o_before_pv) the new P goes to a second register
-        buffer and the step ends without waiting for its P V GEMM; the next step waits for it first (long done
-        by then), releases its V buffer, rescales O and moves the buffer into the A operand. With one buffer,
-        ptxas places the wait that the conversion of P into the A operand needs above the softmax's
-        exponentials, so they run after the P V GEMM instead of under it (FA3 section 3.2's overlap); here
-        nothing in the step depends on that wait. (nvidia-cutlass-dsl 4.8.1: ptxas then assigns both buffers
-        the same registers, with no moves: it reuses the A registers of an issued WGMMA without waiting.)
     convert_pairs: P (every step) and O (epilogue) converted from fp32 to 16 bits two values at a time
         (``common.layout.convert_in_pairs``: one packed F2FP per pair); same rounding as the whole-fragment
         conversion, which nvidia-cutlass-dsl 4.8.1 lowers to one F2FP per value and a PRMT per pair when the
@@ -199,7 +192,6 @@ class Sm90Config:
     epilogue_arrive: bool = False
     pack_group: int = 0
     rescale_o_before_pv: bool = False
-    p_double_buffer: bool = False
     pdl: bool = False
     ctas_per_sm: int = 1
     convert_pairs: bool = False
@@ -250,10 +242,10 @@ class Sm90Config:
             raise ValueError(f"pack_group={g!r} must be 0, or an int >= 1 with pack_gqa=True")
         if g and self.tile_m % g and g % self.tile_m:
             raise ValueError(f"pack_group={g} must divide tile_m={self.tile_m} or be a multiple of it")
-        if (self.rescale_o_before_pv or self.p_double_buffer) and not self.intra_wg_overlap:
-            raise ValueError(f"rescale_o_before_pv / p_double_buffer need intra_wg_overlap=True ({self})")
-        if (self.rescale_o_before_pv or self.p_double_buffer) and self.shared_kv_state:
-            raise ValueError("rescale_o_before_pv / p_double_buffer keep their own V state: they need shared_kv_state=False")
+        if self.rescale_o_before_pv and not self.intra_wg_overlap:
+            raise ValueError(f"rescale_o_before_pv needs intra_wg_overlap=True ({self})")
+        if self.rescale_o_before_pv and self.shared_kv_state:
+            raise ValueError("rescale_o_before_pv keeps its own V state: it needs shared_kv_state=False")
         if self.k_before_q and self.shared_kv_state:
             raise ValueError("k_before_q orders the separate K/V producer states: it needs shared_kv_state=False")
         if not isinstance(self.fused_merge, bool) or (self.fused_merge and self.num_splits == 1):

@@ -65,7 +65,7 @@ scales (one descale per 128 query rows and per ``tile_n`` keys, ``fa_variants.fp
   64 is bound by the MUFU and the issue slots); the emulation models it. ``p_double_buffer`` (a second P buffer,
   so that the P V GEMM runs under the softmax with intra-warpgroup overlap) was built in session 7 and removed after
   its H200 run: wrong outputs (NaN) and slower (D 128: 656-813 against the default's 790-806 TFLOP/s;
-  bench/NOTES.md); the config refuses it.
+  bench/NOTES.md), and from bf16 fa3 in session 8.
   A promotion interval (``promote_every``) needs a temporary for the whole of d that lives across the S GEMM and
   the softmax: at head_dim 256 (O 128 + temporary 128 registers per thread) it cannot fit, at 128 with 256-key
   tiles it spills (S 128 + O 64 + temporary 64); it is built for head_dim 64 and for 128 with 128-key tiles.
@@ -191,8 +191,8 @@ class Fp8Config(Fa3Config):
         if self.s_halves and self.tile_n % 64:
             raise ValueError(f"fa3-fp8: s_halves needs tile_n a multiple of 64 (two halves of whole 32-key k-blocks "
                              f"of P), got tile_n={self.tile_n}")
-        if self.rescale_o_before_pv or self.p_double_buffer:
-            raise ValueError("fa3-fp8: rescale_o_before_pv / p_double_buffer are not built for the FP8 P V hooks (use False)")
+        if self.rescale_o_before_pv:
+            raise ValueError("fa3-fp8: rescale_o_before_pv is not built for the FP8 P V hooks (use False)")
         if self.num_splits != 1:
             raise ValueError(f"fa3-fp8: num_splits={self.num_splits}: split-KV is not built for the FP8 kernel (use 1)")
         if self.out_dtype not in ("bf16", "fp16"):

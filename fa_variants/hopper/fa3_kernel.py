@@ -124,8 +124,8 @@ class FlashAttention3Sm90:
         return _StepContext(*args)
 
     def _defers(self) -> bool:
-        """Whether O's rescale waits for the next step (``rescale_o_before_pv``, implied by ``p_double_buffer``)."""
-        return self.overlap and (self.cfg.rescale_o_before_pv or self.cfg.p_double_buffer)
+        """Whether O's rescale waits for the next step (``rescale_o_before_pv``)."""
+        return self.overlap and self.cfg.rescale_o_before_pv
 
     @cute.jit
     def launch(self, mQ, mK, mV, mO, mLSE, softmax_scale_log2: Float32, l2_heads: Int32, extras: tuple,
@@ -657,14 +657,13 @@ class FlashAttention3Sm90:
         num_rows = cute.size(acc_rows_cols(acc_O), mode=[0])
         softmax = self._make_softmax(num_rows, scale_log2)
         softmax.reset()
-        # rescale_o_before_pv / p_double_buffer: the alpha O waits for, and the second P buffer
+        # rescale_o_before_pv: the alpha O waits for
         alpha_prev = cute.make_rmem_tensor(num_rows, Float32) if const_expr(self._defers()) else None
-        tOrP_next = cute.make_fragment_like(tOrP) if const_expr(self.cfg.p_double_buffer) else None
 
         ctx = self._step_context((
             self, wg, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrV, tOrP, acc_O, tScS, t0ScS,
             softmax, pipe_k, pipe_v, self._q_start(m_block, seqlen_q),
-            AttentionMask(seqlen_q, seqlen_k, qhead_per_kvhead=max(self.pack_group, 1)), alpha_prev, tOrP_next,
+            AttentionMask(seqlen_q, seqlen_k, qhead_per_kvhead=max(self.pack_group, 1)), alpha_prev,
         ), extras, m_block, head, batch)
         if const_expr(not ctx.overwrites_o()):
             acc_O.fill(0.0)
@@ -693,14 +692,12 @@ class FlashAttention3Sm90:
             ctx.lookahead_loop(k_state, v_state, n_blocks, n_masked, n_free)
         elif const_expr(self.overlap and ctx.defer_mode() > 0):
             k_state = ctx.first_scores(k_state, last)
-            v_prev = v_state.clone()  # the V tile of the P V GEMM in flight (p_double_buffer); none yet
             for i in cutlass.range(n_masked, unroll=1):
-                k_state, v_state, v_prev = ctx.deferred_step(k_state, v_state, v_prev, last - 1 - i, causal=True,
-                                                             accumulate=i > 0)
+                k_state, v_state = ctx.deferred_step(k_state, v_state, last - 1 - i, causal=True, accumulate=i > 0)
             for i in cutlass.range(n_free, unroll=1):
-                k_state, v_state, v_prev = ctx.deferred_step(k_state, v_state, v_prev, self._tile(n_start, n_free - 1 - i),
-                                                             causal=False, accumulate=i + n_masked > 0)
-            ctx.deferred_last_pv(v_state, v_prev, self._tile(n_start, 0), accumulate=n_blocks > 1)
+                k_state, v_state = ctx.deferred_step(k_state, v_state, self._tile(n_start, n_free - 1 - i), causal=False,
+                                                     accumulate=i + n_masked > 0)
+            ctx.deferred_last_pv(v_state, self._tile(n_start, 0), accumulate=n_blocks > 1)
         elif const_expr(self.overlap):
             k_state = ctx.first_scores(k_state, last)
             for i in cutlass.range(n_masked, unroll=1):
@@ -834,7 +831,6 @@ class _StepContext:
     row0: Int32
     mask_s: AttentionMask
     alpha_prev: cute.Tensor  # (rows,) alpha of the tile whose P V GEMM is issued next (defer_mode > 0), else None
-    tOrP_next: cute.Tensor  # the second P buffer (defer_mode 2), else None
 
     # ping-pong: warpgroup w waits on its own barrier, then hands the turn to w + 1
     def schedule_sync(self):
@@ -925,52 +921,28 @@ class _StepContext:
         alpha = self.softmax_step(acc_S, n_block, is_first=True)
         if const_expr(self.defer_mode() > 0):
             self.alpha_prev.store(alpha.load())  # ones: the first P V GEMM finds O at zero (or overwrites it)
-        self._write_p(acc_S)
+        self.to_p(acc_S)
         return k_state
 
     def defer_mode(self) -> int:
         """0: O rescaled and P written at the end of each overlapped step, after waiting for its P V GEMM;
-        1: ``rescale_o_before_pv``; 2: ``p_double_buffer``. Only with this class's P V hooks (fa3-fp8's own
-        hooks keep 0; its config rejects the switches)."""
+        1: ``rescale_o_before_pv``. Only with this class's P V hooks (fa3-fp8's own hooks keep 0; its config
+        rejects the switch)."""
         own = all(getattr(type(self), h) is getattr(_StepContext, h) for h in ("pv", "to_p", "rescale_o", "fold_pv"))
-        if not own or not self.k._defers():
-            return 0
-        return 2 if self.k.cfg.p_double_buffer else 1
-
-    def _write_p(self, acc_S):
-        """P -> the A operand of the next P V GEMM: the second buffer under ``p_double_buffer``."""
-        if const_expr(self.defer_mode() == 2):
-            self.k._convert(acc_as_operand_a(acc_S), self.tOrP_next)
-        else:
-            self.to_p(acc_S)
+        return 1 if own and self.k._defers() else 0
 
     @cute.jit
-    def deferred_step(self, k_state, v_state, v_prev, n_block, causal: cutlass.Constexpr[bool], accumulate=True):
-        """``overlapped_step`` for defer_mode > 0, with O *= alpha of tile n_block + 1 applied in this step
-        instead of at the end of the previous one.
-
-        Mode 1 (``rescale_o_before_pv``): the rescale runs right after the S GEMM of tile n_block is issued
-        (the previous P V GEMM was waited for at the end of the previous step; the S GEMM runs meanwhile).
-        Mode 2 (``p_double_buffer``): the step starts by waiting for the previous step's P V GEMM (long done
-        by then), releases its V buffer (``v_prev``), rescales O and moves the second P buffer into the A
-        operand, all before taking the ping-pong turn; after the softmax the new P goes to the second buffer
-        and the step ends without a WGMMA wait, so the exponentials run while the P V GEMM is on the tensor
-        cores (in modes 0 and 1 the conversion of P into the A operand depends on the wait, and ptxas hoists
-        the wait above the exponentials). ``accumulate``: False on the first step (no P V GEMM before it;
-        O's first-P V overwrite, ``_pv``). Returns (k_state, v_state, v_prev)."""
-        double = const_expr(self.defer_mode() == 2)
+    def deferred_step(self, k_state, v_state, n_block, causal: cutlass.Constexpr[bool], accumulate=True):
+        """``overlapped_step`` for defer_mode > 0 (``rescale_o_before_pv``), with O *= alpha of tile n_block + 1
+        applied in this step instead of at the end of the previous one: right after the S GEMM of tile n_block
+        is issued (the previous P V GEMM was waited for at the end of the previous step; the S GEMM runs
+        meanwhile). ``accumulate``: False on the first step (no P V GEMM before it; O's first-P V overwrite,
+        ``_pv``). Returns (k_state, v_state)."""
         acc_S = self.new_scores()
-        if const_expr(double):
-            warpgroup.wait_group(0)  # the previous step's P V GEMM
-            if accumulate:
-                self.pipe_v.consumer_release(v_prev)
-            self.rescale_o(self.alpha_prev, n_block + 1)
-            self.tOrP.store(self.tOrP_next.load())
         self.pipe_k.consumer_wait(k_state)
         self.schedule_sync()
         wgmma(self.mma_qk, acc_S, self.tSrQ, self.tSrK[None, None, None, k_state.index], zero_init=True, wait=-1)
-        if const_expr(not double):
-            self.rescale_o(self.alpha_prev, n_block + 1)
+        self.rescale_o(self.alpha_prev, n_block + 1)
         self.pipe_v.consumer_wait(v_state)
         self._pv(v_state, n_block + 1, wait=-1, accumulate=accumulate)
         self.schedule_arrive()
@@ -980,25 +952,16 @@ class _StepContext:
         self.mask(acc_S, n_block, causal=causal, seqlen_end=False)
         alpha = self.softmax_step(acc_S, n_block)
         self.alpha_prev.store(alpha.load())
-        if const_expr(double):
-            v_prev = v_state.clone()
-        else:
-            warpgroup.wait_group(0)  # P V done: P and the V buffer are free
-            self.pipe_v.consumer_release(v_state)
+        warpgroup.wait_group(0)  # P V done: P and the V buffer are free
+        self.pipe_v.consumer_release(v_state)
         v_state.advance()
-        self._write_p(acc_S)
-        return k_state, v_state, v_prev
+        self.to_p(acc_S)
+        return k_state, v_state
 
     @cute.jit
-    def deferred_last_pv(self, v_state, v_prev, n_block, accumulate=True):
+    def deferred_last_pv(self, v_state, n_block, accumulate=True):
         """``last_pv`` for defer_mode > 0: O *= alpha of tile n_block, then O += P V_{n_block}."""
-        if const_expr(self.defer_mode() == 2):
-            warpgroup.wait_group(0)
-            if accumulate:
-                self.pipe_v.consumer_release(v_prev)
         self.rescale_o(self.alpha_prev, n_block)
-        if const_expr(self.defer_mode() == 2):
-            self.tOrP.store(self.tOrP_next.load())
         self.pipe_v.consumer_wait(v_state)
         self._pv(v_state, n_block, wait=0, accumulate=accumulate)
         self.pipe_v.consumer_release(v_state)
