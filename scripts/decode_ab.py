@@ -57,10 +57,7 @@ timed the shared-memory merge: ``common.launch`` now keys steps by config and sw
 Session 7, second decode round (``--s8`` picks the shapes ``S8``, the Nk 32k shapes under 70% of HBM and controls; `auto` has the warp
 merge at >= 8 splits and first_row_only):
 
-* ``pdl16``         PDL up to 16 splits (``DECODE_PDL_MAX_SPLITS`` 16): seqlen_q 1 at B 1 Nk 4k / 32k;
-* ``rowspdl``       and packed seqlen_q > 1 split calls with PDL too (``PACK_ROWS_PDL``);
-* ``rowsdual``      packed seqlen_q > 1 calls of >= 8 splits in 64-row tiles run two CTAs per SM (``PACK_ROWS_DUAL``);
-* ``rowsdual+pdl``  both, PDL up to 32 splits (the dual tiles' count at B 1 Nk 32k D 64).
+* ``pdl16``         PDL up to 16 splits (``DECODE_PDL_MAX_SPLITS`` 16): seqlen_q 1 at B 1 Nk 4k / 32k.
 
 Session 8 (``--s9`` picks the shapes ``S9``, scripts/decode9_gpu.sh: the unsplit seqlen_q 1 shapes at batch 64, where
 `auto` runs the dual tiles at Nk <= 4k and the base tiles at 32k; D 64 B 64 Nk 1k was the last 1.01x SDPA):
@@ -189,9 +186,6 @@ PUBLIC = {
     "cand7": dict(MERGE_WARP=True, DECODE_FIRST_ROW=True, PACK_WIDE_STAGES=3),
     # session 7, second decode round (--s8)
     "pdl16": dict(DECODE_PDL_MAX_SPLITS=16),
-    "rowspdl": dict(PACK_ROWS_PDL=True, DECODE_PDL_MAX_SPLITS=16),
-    "rowsdual": dict(PACK_ROWS_DUAL=True),
-    "rowsdual+pdl": dict(PACK_ROWS_DUAL=True, PACK_ROWS_PDL=True, DECODE_PDL_MAX_SPLITS=32),
     # session 8 (--s9)
     "pdl1": dict(DECODE_PDL_MIN_SPLITS=1),
     "pers": dict(DECODE_FULL_GRID="persistent"),
@@ -203,7 +197,7 @@ PUBLIC = {
 #: common.split_combine's, the rest fa3's
 SHIPPED = dict(FUSED_MERGE="off", DECODE_PDL=False, DECODE_TILES_CHOICE="auto", DECODE_PDL_MAX_SPLITS=8,
                SPLIT_MIN_TILES=1, PACK_WIDE=None, MERGE_WARP=None, PACK_WIDE_STAGES=0, DECODE_FIRST_ROW=True,
-               PACK_ROWS_DUAL=False, PACK_ROWS_PDL=False, DECODE_PDL_MIN_SPLITS=2, DECODE_FULL_GRID="dual")
+               DECODE_PDL_MIN_SPLITS=2, DECODE_FULL_GRID="dual")
 NUM_SMS_DEFAULT = 132  # H100/H200 SXM, for --plan without a GPU
 REF_BATCHES = 8  # sequences of a shape each entry's output is checked on (the reference's cost)
 

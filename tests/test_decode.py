@@ -494,41 +494,6 @@ def test_warmup_plans_every_kernel_auto_runs_for_a_gqa_model(h200, split_enabled
         assert not missing, [c.config for c in missing]
 
 
-def test_pack_rows_switches(h200, split_enabled, monkeypatch):
-    """fa3.PACK_ROWS_DUAL / PACK_ROWS_PDL (FA_VARIANTS_PACK_ROWS_DUAL / _PDL, off by default): off, every config is as
-    before; on, packed seqlen_q > 1 calls of >= 8 splits in 64-row tiles run the dual tiles (two CTAs per SM, D 128
-    with 64-key tiles) split over 264 CTA slots (B 1 Nk 32k 32:8 D 64: 16 -> 32 splits), the 128-row tile (64:8 D 64)
-    and B 8 (2 splits) keep their tiles; PDL follows ``decode_pdl`` of the final count; seqlen_q 1 and unsplit
-    calls never change; warmup plans the new configs."""
-    shapes = [(1, 16, 32, 8, 32768, 64), (1, 4, 64, 8, 32768, 64), (1, 16, 64, 8, 32768, 128), (1, 16, 64, 8, 32768, 64),
-              (8, 16, 32, 8, 32768, 64), (64, 16, 64, 8, 32768, 64), (1, 1, 32, 8, 32768, 64)]
-    monkeypatch.setattr(fa3, "PACK_ROWS_DUAL", False)
-    monkeypatch.setattr(fa3, "PACK_ROWS_PDL", False)
-    before = [(fa3._problem_config(None, *_qk(*s), True), fa3.auto_num_splits(*_qk(*s), True)) for s in shapes]
-    assert [n for _, n in before] == [16, 16, 8, 16, 2, 1, 16]
-    assert not any(c.pdl or c.ctas_per_sm == 2 for c, _ in before[:6])
-    monkeypatch.setattr(fa3, "PACK_ROWS_DUAL", True)
-    got = [(fa3._problem_config(None, *_qk(*s), True), fa3.auto_num_splits(*_qk(*s), True)) for s in shapes]
-    dual = [(c.ctas_per_sm, c.tile_n, n) for c, n in got]
-    assert dual == [(2, 128, 32), (2, 128, 32), (2, 64, 16), (1, 128, 16), (1, 128, 2), (1, 128, 1), (1, 128, 16)], dual
-    assert got[3:] == before[3:] and not any(c.pdl for c, _ in got[:3])
-    monkeypatch.setattr(fa3, "PACK_ROWS_PDL", True)
-    monkeypatch.setattr(fa3, "DECODE_PDL_MAX_SPLITS", 16)  # 32-split dual calls: not PDL; 16 and 2 splits: PDL
-    pdl = [fa3._problem_config(None, *_qk(*s), True).pdl for s in shapes[:5]]
-    assert pdl == [False, False, True, True, True], pdl
-    monkeypatch.setattr(fa3, "PACK_ROWS_DUAL", False)
-    assert fa3._problem_config(None, *_qk(*shapes[0]), True) == dataclasses.replace(before[0][0], pdl=True)
-    one = fa3._problem_config(None, *_qk(*shapes[6]), True)  # seqlen_q 1: DECODE_PDL_MAX_SPLITS alone decides
-    monkeypatch.setattr(fa3, "PACK_ROWS_PDL", False)
-    assert fa3._problem_config(None, *_qk(*shapes[6]), True) == one == dataclasses.replace(before[6][0], pdl=True)
-    monkeypatch.setattr(fa3, "PACK_ROWS_PDL", True)
-    monkeypatch.setattr(fa3, "PACK_ROWS_DUAL", True)
-    warm = fa3._auto_configs(64, (4,))
-    assert any(c.pack_group == 4 and c.ctas_per_sm == 2 and c.pdl for c in warm)
-    for c in warm:
-        c.check(64)
-
-
 @pytest.mark.parametrize("fused", ["off", "decode", "all"])
 def test_auto_configs_pass_their_check_under_every_merge_mode(h200, split_enabled, monkeypatch, fused):
     """Every config `auto` picks for decode shapes (first_row_only on by default) is one its check accepts under

@@ -193,16 +193,3 @@ def test_wide_stages_compile_without_spills():
     c = registry.compiled(registry.static_config("fa3", "sm_90a", "bf16", 64, True, config))
     counts, res = cubin.count_sass(cubin.sass_of(c.cubin)), cubin.cubin_resources(c.cubin)
     assert counts["LDL"] == counts["STL"] == 0 and res["spill_bytes"] == 0 and counts["HGMMA"] > 0, (counts, res)
-
-
-@pytest.mark.parametrize("head_dim,group", [(64, 4), (128, 8)])
-def test_pack_rows_dual_compiles_without_spills(head_dim, group):
-    """FA_VARIANTS_PACK_ROWS_DUAL's tiles for packed seqlen_q > 1 (``fa3.rows_tiles``: pack_group, the "dual" set: two
-    CTAs per SM, 64 rows, D 128 with 64-key tiles), split, causal, with PDL (FA_VARIANTS_PACK_ROWS_PDL): fits two
-    CTAs' shared memory per SM (``Sm90Config.check``), no spills under the two-CTA register cap."""
-    config = dataclasses.replace(fa3._PACKED_SPLIT_CONFIGS[head_dim], pack_group=group, pdl=True,
-                                 **fa3.DECODE_TILES["dual"][head_dim]).check(head_dim)
-    assert config.ctas_per_sm == 2 and config.tile_m == 64
-    c = registry.compiled(registry.static_config("fa3", "sm_90a", "bf16", head_dim, True, config))
-    counts, res = cubin.count_sass(cubin.sass_of(c.cubin)), cubin.cubin_resources(c.cubin)
-    assert counts["LDL"] == counts["STL"] == 0 and res["spill_bytes"] == 0 and counts["HGMMA"] > 0, (counts, res)

@@ -742,60 +742,6 @@ def test_auto_runs_first_row(shape, splits, pdl, dual, decode_defaults, split_kv
     _fresh_q_calls_then_graph_replay(q, k, v)
 
 
-# (b, nq, nk, h, hkv, d): FA_VARIANTS_PACK_ROWS_DUAL's tiles at seqlen_q > 1 (groups 4 / 8, rows 16-128 of 64-row
-# tiles, D 128's 64-key tiles, odd Nk); the heuristic's count over 264 CTA slots (33 splits at the first: more
-# than the 32 the warp merge loads at once)
-ROWS_DUAL_SHAPES = [(1, 16, 4097, 32, 8, 64), (1, 4, 1000, 64, 8, 64), (1, 16, 2049, 64, 8, 128),
-                    (2, 13, 777, 32, 8, 128)]
-
-
-@pytest.mark.parametrize("pdl", [False, True], ids=["nopdl", "pdl"])
-@pytest.mark.parametrize("shape", ROWS_DUAL_SHAPES, ids=["x".join(map(str, s)) for s in ROWS_DUAL_SHAPES])
-def test_pack_rows_dual_matches_reference(shape, pdl):
-    """``fa3.rows_tiles``' dual config (pack_group, two CTAs per SM, split by the heuristic over the doubled slots),
-    with and without PDL: O and LSE within the rule of float64, causal (rows masked per position), poisoned
-    outputs, then a second call with a fresh Q (a PDL merge reading the previous call's partials would fail)."""
-    b, nq, nk, h, hkv, d = shape
-    q, k, v = _qkv(b, nq, nk, h, hkv, d)
-    config = dataclasses.replace(fa3._PACKED_SPLIT_CONFIGS[d], pack_group=h // hkv, pdl=pdl,
-                                 **fa3.DECODE_TILES["dual"][d])
-    assert fa3.num_splits_for(config, q, k, True) > 1
-    for _ in range(2):
-        q.copy_(torch.randn_like(q))
-        out, lse = fa3.run(q, k, v, causal=True, softmax_scale=0.1, config=config)
-        assert_attention_ok(out, lse, q, k, v, True, 0.1)
-
-
-# (b, nq, nk, h, hkv, d, dual, pdl): what `auto` runs with PACK_ROWS_DUAL and PACK_ROWS_PDL on (PDL up to 32 splits)
-ROWS_AUTO = [(1, 16, 4096, 32, 8, 64, True, True), (1, 16, 2048, 64, 8, 128, True, True),
-             (1, 16, 4096, 64, 8, 64, False, True), (8, 16, 4095, 32, 8, 64, False, True)]
-
-
-@pytest.mark.parametrize("case", ROWS_AUTO, ids=["x".join(map(str, s[:6])) for s in ROWS_AUTO])
-def test_auto_runs_pack_rows_switches(case, decode_defaults, split_kv, pack_gqa, monkeypatch):
-    """fa3.PACK_ROWS_DUAL / PACK_ROWS_PDL through the public API at seqlen_q 16: B 1 32:8 D 64 and 64:8 D 128 (64-row
-    tiles) take the dual tiles and PDL, 64:8 D 64 (the 128-row tile) and B 8 (2 splits) PDL only; three fresh Qs
-    each within the rule (O and LSE), then a CUDA-graph replay after a new Q."""
-    import fa_variants
-
-    monkeypatch.setattr(fa3, "PACK_ROWS_DUAL", True)
-    monkeypatch.setattr(fa3, "PACK_ROWS_PDL", True)
-    monkeypatch.setattr(fa3, "DECODE_PDL_MAX_SPLITS", 32)
-    b, nq, nk, h, hkv, d, dual, pdl = case
-    q, k, v = _qkv(b, nq, nk, h, hkv, d)
-    cfg = fa3._problem_config(None, q, k, True)
-    assert (cfg.ctas_per_sm == 2, cfg.pdl, cfg.pack_group) == (dual, pdl, h // hkv), cfg
-    for _ in range(3):
-        q.copy_(torch.randn_like(q))
-        out, lse = fa_variants.attention(q, k, v, causal=True, backend="fa3", return_lse=True)
-        assert_attention_ok(out, lse, q, k, v, True, what=f"B{b} D{d}")
-    graph, outs = capture_graph(lambda: fa_variants.attention(q, k, v, causal=True, backend="fa3"), 2)
-    q.copy_(torch.randn_like(q))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert check_against_reference(outs[-1], q, k, v, True).ok
-
-
 # ----- issue 13, session 8: PDL for unsplit calls (DECODE_PDL_MIN_SPLITS), the persistent grid (DECODE_FULL_GRID) -----
 
 # (b, nk, h, hkv, d, persistent, pdl): `auto` at batch 64 with the switch(es) on; Nk <= 4k takes DECODE_FULL_GRID's

@@ -242,40 +242,6 @@ def first_row(config: Sm90Config, group: int, on: bool | None = None) -> Sm90Con
     return dataclasses.replace(config, first_row_only=True)
 
 
-#: Packed seqlen_q > 1 split calls (pack_group; B 1 at long Nk: 16 splits at Nk 32k) in the "dual" tiles (two CTAs per
-#: SM: ``DECODE_TILES["dual"]``, 64 rows, D 128 with 64-key tiles), the split count then over the doubled CTA slots
-#: (FA_VARIANTS_PACK_ROWS_DUAL=1; off until its H200 A/B, scripts/decode8_gpu.sh). Why (bench/NOTES.md, "Session 7
-#: (2026-12-01): decode at B 1, Nk 32k"): at D 64 32:8 Nq 16 the 64-row tile holds 64 real rows and its one consumer
-#: warpgroup per SM takes ~1.1 us per 32 KiB K/V tile (Nq 1: ~0.98, the bytes), 58% of HBM; a second CTA per SM runs
-#: its softmax under the first one's GEMMs. Only 64-row configs (the 128-row tile keeps its two warpgroups).
-PACK_ROWS_DUAL = env.flag("FA_VARIANTS_PACK_ROWS_DUAL", False)
-#: Packed seqlen_q > 1 split calls launch as programmatic dependents (``Sm90Config.pdl``, and their merge) when
-#: ``decode_pdl`` says so for their split count, as seqlen_q = 1 calls do (FA_VARIANTS_PACK_ROWS_PDL=1; off until the
-#: same A/B): the launch, prologue and merge launch (~1 us of the ~6 us fixed cost of a B 1 Nk 32k call) overlap the
-#: kernel before.
-PACK_ROWS_PDL = env.flag("FA_VARIANTS_PACK_ROWS_PDL", False)
-
-
-ROWS_DUAL_MIN_SPLITS = 8  # PACK_ROWS_DUAL only where one CTA per SM takes >= 8 splits (B 1: not B 8's 2)
-
-
-def rows_tiles(config: Sm90Config, q: torch.Tensor, k: torch.Tensor, dual: bool | None = None,
-               pdl: bool | None = None) -> Sm90Config:
-    """A packed seqlen_q > 1 split config (num_splits != 1) with ``dual`` (default PACK_ROWS_DUAL: the "dual" tiles
-    when config.tile_m is 64 and its split count is >= ROWS_DUAL_MIN_SPLITS) and ``pdl`` (default PACK_ROWS_PDL:
-    ``decode_pdl`` of the resulting split count) applied; an unsplit config unchanged."""
-    if config.num_splits == 1:
-        return config
-    splits = num_splits_for(config, q, k, False)
-    if (PACK_ROWS_DUAL if dual is None else dual) and config.tile_m == _NARROW["tile_m"] and \
-            splits >= ROWS_DUAL_MIN_SPLITS:
-        config = dataclasses.replace(config, **DECODE_TILES["dual"].get(q.shape[-1], {}))
-        splits = num_splits_for(config, q, k, False)
-    if (PACK_ROWS_PDL if pdl is None else pdl) and not config.pdl and decode_pdl(splits):
-        config = dataclasses.replace(config, pdl=True)
-    return config
-
-
 def decode_tiles(config: Sm90Config, head_dim: int, choice: str | None = None, pdl: bool | None = None) -> Sm90Config:
     """The packed seqlen_q = 1 config with the decode tile set ``choice`` (default DECODE_TILES_CHOICE) and
     ``pdl`` (default DECODE_PDL) applied; a set of UNSPLIT_ONLY_TILES applies to an unsplit config (num_splits 1)
@@ -517,7 +483,7 @@ def _packed(config: Sm90Config, q: torch.Tensor, k: torch.Tensor, splits: int = 
         return first_row(decode_tiles(config, q.shape[-1], decode_choice(q.shape[0], k.shape[2], k.shape[1]),
                                       pdl=decode_pdl(splits)), q.shape[2] // k.shape[2])
     group = q.shape[2] // k.shape[2]
-    return rows_tiles(dataclasses.replace(wide_rows(config, q, k), pack_group=group), q, k)
+    return dataclasses.replace(wide_rows(config, q, k), pack_group=group)
 
 
 def _auto_choice(q: torch.Tensor, k: torch.Tensor, causal: bool, pack: bool | None = None) -> tuple[bool, int]:
@@ -528,7 +494,7 @@ def _auto_choice(q: torch.Tensor, k: torch.Tensor, causal: bool, pack: bool | No
     if pack:  # the split count follows the decode tiles' tile_n (seqlen_q = 1) or the wide tile's rows
         probe = decode_tiles(probe, q.shape[-1], decode_choice(q.shape[0], k.shape[2], k.shape[1])) \
             if q.shape[1] == 1 else \
-            rows_tiles(wide_rows(probe, q, k), q, k, pdl=False)
+            wide_rows(probe, q, k)
     return pack, num_splits_for(probe, q, k, causal) if SPLIT_KV_ENABLED else 1
 
 
@@ -572,11 +538,6 @@ def _packed_rows_configs(head_dim: int, group: int) -> tuple[Sm90Config, ...]:
     tiles = (dict(),) + ((wide_fields(head_dim),) if wide else ())
     bases = (_PACKED_CONFIGS[head_dim],) + ((_PACKED_SPLIT_CONFIGS[head_dim],) if SPLIT_KV_ENABLED else ())
     configs = tuple(dataclasses.replace(c, pack_group=group, **t) for c in bases for t in tiles)
-    split_64 = tuple(c for c in configs if c.num_splits != 1 and c.tile_m == _NARROW["tile_m"])
-    if PACK_ROWS_DUAL:  # rows_tiles: the dual tiles for split 64-row calls
-        configs += tuple(dataclasses.replace(c, **DECODE_TILES["dual"].get(head_dim, {})) for c in split_64)
-    if PACK_ROWS_PDL:  # ... and PDL for split calls of 2..DECODE_PDL_MAX_SPLITS splits
-        configs += tuple(dataclasses.replace(c, pdl=True) for c in configs if c.num_splits != 1)
     return tuple(dict.fromkeys(_merge_mode(c) for c in configs))
 
 
@@ -682,7 +643,7 @@ VARIANT = Variant(
     operand=_tma_operand, check_problem=_check_problem, problem_config=_problem_config,
     switches=lambda: (SPLIT_KV_ENABLED, PACK_GQA_ENABLED, MERGE_KERNEL, split_combine.MERGE_PDL, DECODE_TILES_CHOICE,
                       DECODE_PDL, DECODE_PDL_MAX_SPLITS, DECODE_PDL_MIN_SPLITS, DECODE_FULL_GRID, SPLIT_MIN_TILES, PACK_WIDE, PACK_WIDE_STAGES, DECODE_FIRST_ROW,
-                      split_combine.MERGE_WARP, PACK_ROWS_DUAL, PACK_ROWS_PDL, FUSED_MERGE),
+                      split_combine.MERGE_WARP, FUSED_MERGE),
     warm_configs=lambda arch, head_dim, causal, groups=(): _auto_configs(head_dim, groups))
 
 
