@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# decode7_gpu.sh: issue 13, session 7, on one H200 (<= 100 s): the warp merge timed for real, PDL at 16 splits, the
-# softmax of decode's padding row skipped (FA_VARIANTS_DECODE_FIRST_ROW) and 3 / 4 K/V stages for the 128-row packed
-# tiles (FA_VARIANTS_PACK_WIDE_STAGES), all off by default.
+# decode7_gpu.sh: issue 13, session 7, on one H200 (<= 100 s): the warp merge timed for real, PDL at 16 splits and the
+# softmax of decode's padding row skipped (FA_VARIANTS_DECODE_FIRST_ROW), all off by default then. (Its 3 / 4 K/V
+# stages for the 128-row packed tiles, wide3 / wide4 / cand7, were measured slower and removed in session 8.)
 #
 #   source .gpu/env.sh; scripts/decode7_gpu.sh          (repository root; writes under $OUT; --help: this text)
 #
@@ -11,16 +11,14 @@
 # Nk 4k span 7.50 vs 8.76 us, SDPA 7.68). Fixed (steps keyed by config and switch state). At seqlen_q 1 the 64-row
 # tile holds G <= 8 real rows, all in the first of each thread's two rows: first_row_only halves MUFU.EX2 / FMNMX /
 # SHFL / FMUL in the kernel (SASS, D 64 split: 130 -> 65 EX2), for split CTAs bound by their consumer per K/V tile.
-# 0. scripts/decode7_precompile.py: 34 kernels (26 fa3, 8 merges) compiled in 16 processes into the disk cache.
+# 0. scripts/decode7_precompile.py: 25 kernels (17 fa3, 8 merges) compiled in 16 processes into the disk cache.
 # 1. GPU tests (-n 4), tests/test_decode_gpu.py: `auto`'s decode defaults with both merges (split count, PDL, five
 #    fresh Qs, a CUDA-graph replay); a MERGE_WARP flip re-plans the public path (binds the warp merge, and back);
 #    first_row_only explicit (groups 4 / 8, MQA, Nk 5-4097, unsplit and split) and through `auto` (base and dual
-#    tiles, PDL, graph replay); the 128-row packed tiles with 3 / 4 stages (D 64 / 128, split and not, causal, Nq
-#    9-16, Nk 129-4096: fewer tiles than stages, and the ring wrapping) and through `auto`. All vs float64, O and
-#    LSE, outputs NaN-poisoned.
+#    tiles, PDL, graph replay). All vs float64, O and LSE, outputs NaN-poisoned.
 # 2. scripts/decode_ab.py --s7 (19 shapes: D 64 Nq 1 still > SDPA - B 1 Nk 4k / 32k, B 8 Nk 1k, B 64 Nk 1k; split
 #    controls at D 128 and B 1 Nk 1k; the Nk 32k Nq 16 shapes under 70% of HBM): auto vs warp, warp+pdl16 (PDL up to
-#    16 splits), row1 (first_row_only), wide3, wide4, cand7 (warp + row1 + wide3), beside SDPA; an entry that runs
+#    16 splits), row1 (first_row_only), beside SDPA; an entry that runs
 #    what auto (or a variant before it) runs at a shape is not timed ("-"). CUDA graphs, 5 rotated rounds. Last
 #    lines: ratios to SDPA, HBM % at Nk 32k, and each variant / auto (faster n / m, geomean, best, worst).
 # Pass: (1) 0 failed / 0 errors. (2) no BAD/ERR cell; "compiles" 0. Predictions (bench/NOTES.md, "Session 7
@@ -29,24 +27,19 @@
 #    10.0 -> ~8.9, SDPA 9.5), 0.94-0.97 at Nk 32k (D 64 23.1 -> ~22.0, 61 -> ~64% of HBM; D 128 32:8 Nq 16 41.4 ->
 #    ~40.3, 68 -> ~70%); 8 splits with PDL (B 1 Nk 1k) 0.93-1.0; 2 splits (B 8 Nk 1k) 0.95-1.0.
 #  - row1 / auto: B 8 Nk 1k (4 tiles per CTA) 0.90-0.95 (D 64 9.1 -> ~8.4 us, SDPA 8.4), B 1 Nk 4k (2 tiles) 0.94-0.98,
-#    B 1 Nk 1k 0.95-1.0, B 64 Nk 1k (dual, 8 tiles) 0.93-1.0, B 1 Nk 32k 0.97-1.0 (bytes-bound); cand7 at seqlen_q 1
-#    about the product of warp and row1.
+#    B 1 Nk 1k 0.95-1.0, B 64 Nk 1k (dual, 8 tiles) 0.93-1.0, B 1 Nk 32k 0.97-1.0 (bytes-bound).
 #  - warp+pdl16 / warp at 16 splits: unknown sign (s4: pdl2 at 16 splits lost 7-25% with the smem merge).
-#  - wide3 / auto at D 64 64:8 Nq 16: B 64 Nk 32k 0.70-0.85 (1520 -> 1050-1300 us, 59 -> 70-85% of HBM), B 8 0.80-0.92,
-#    B 1 0.85-0.97, B 64 Nk 1k 0.85-1.0; D 128 B 64 Nk 32k 0.92-1.0. wide4 / wide3 0.97-1.03. If wide3 does not move
-#    D 64 B 64 Nk 32k by 5%, the wide tile is bound by its softmax / MMA issue, not by K/V in flight.
 #  Flip rules for the lead: MERGE_WARP on (common/split_combine.py) if warp / auto geomean < 0.98 and worst <= 1.02;
 #  DECODE_FIRST_ROW on (hopper/fa3.py) if row1 / auto geomean < 0.98 and worst <= 1.02; DECODE_PDL_MAX_SPLITS 16 if
-#  warp+pdl16 <= warp at every 16-split shape; PACK_WIDE_STAGES 3 (4 if wide4 < wide3 by > 2% everywhere) if wide3 /
-#  auto worst <= 1.02 and geomean < 0.97.
+#  warp+pdl16 <= warp at every 16-split shape.
 set -uo pipefail
 source "$(dirname "$0")/steps.sh"; help_from_header "$@"
 out="${OUT:-results/decode7}"; session_setup "$out/logs"
-VARIANTS=(warp warp+pdl16 row1 wide3 wide4 cand7)
+VARIANTS=(warp warp+pdl16 row1)
 step precompile 35 python3 scripts/decode7_precompile.py --jobs 16 --variants "${VARIANTS[@]}"
 NPROC=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4" || echo "")
 step pytest 32 python3 -m pytest -q $NPROC -m gpu -p no:cacheprovider --tb=short -rfEX tests/test_decode_gpu.py \
-  -k "auto_decode_defaults or merge_warp_flip or wide_stages or first_row"
+  -k "auto_decode_defaults or merge_warp_flip or first_row"
 step decode_ab 28 python3 scripts/decode_ab.py --s7 --no-precompile --rounds 5 --variants "${VARIANTS[@]}" \
   --out "$out/decode_ab"
 echo "== precompile"; tail -n 2 "$out/logs/precompile.log"

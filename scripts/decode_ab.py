@@ -50,9 +50,7 @@ timed the shared-memory merge: ``common.launch`` now keys steps by config and sw
 
 * ``warp``        as above, now really the warp merge;
 * ``warp+pdl16``  and PDL up to 16 splits (``DECODE_PDL_MAX_SPLITS`` 16: B 1 Nk 4k / 32k);
-* ``row1``        the softmax of the padding row skipped at seqlen_q 1 (``DECODE_FIRST_ROW``: groups <= 8);
-* ``wide3``, ``wide4``  the 128-row packed tiles with 3 / 4 K/V stages (``PACK_WIDE_STAGES``; 4 fits at D 64 only);
-* ``cand7``       warp + row1 + wide3.
+* ``row1``        the softmax of the padding row skipped at seqlen_q 1 (``DECODE_FIRST_ROW``: groups <= 8).
 
 Session 7, second decode round (``--s8`` picks the shapes ``S8``, the Nk 32k shapes under 70% of HBM and controls; `auto` has the warp
 merge at >= 8 splits and first_row_only):
@@ -181,9 +179,6 @@ PUBLIC = {
     # session 7
     "warp+pdl16": dict(MERGE_WARP=True, DECODE_PDL_MAX_SPLITS=16),
     "row1": dict(DECODE_FIRST_ROW=True),
-    "wide3": dict(PACK_WIDE_STAGES=3),
-    "wide4": dict(PACK_WIDE_STAGES=4),
-    "cand7": dict(MERGE_WARP=True, DECODE_FIRST_ROW=True, PACK_WIDE_STAGES=3),
     # session 7, second decode round (--s8)
     "pdl16": dict(DECODE_PDL_MAX_SPLITS=16),
     # session 8 (--s9)
@@ -196,7 +191,7 @@ PUBLIC = {
 #: the switches PUBLIC sets, at their shipped values (a variant sets all of them, its own on top); MERGE_WARP is
 #: common.split_combine's, the rest fa3's
 SHIPPED = dict(FUSED_MERGE="off", DECODE_PDL=False, DECODE_TILES_CHOICE="auto", DECODE_PDL_MAX_SPLITS=8,
-               SPLIT_MIN_TILES=1, PACK_WIDE=None, MERGE_WARP=None, PACK_WIDE_STAGES=0, DECODE_FIRST_ROW=True,
+               SPLIT_MIN_TILES=1, PACK_WIDE=None, MERGE_WARP=None, DECODE_FIRST_ROW=True,
                DECODE_PDL_MIN_SPLITS=2, DECODE_FULL_GRID="dual")
 NUM_SMS_DEFAULT = 132  # H100/H200 SXM, for --plan without a GPU
 REF_BATCHES = 8  # sequences of a shape each entry's output is checked on (the reference's cost)

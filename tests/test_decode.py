@@ -380,34 +380,6 @@ def test_pack_wide_switch_from_the_environment(monkeypatch):
         env.auto_flag("FA_VARIANTS_PACK_WIDE")
 
 
-def test_wide_stages_switch(h200, split_enabled, monkeypatch):
-    """fa3.PACK_WIDE_STAGES (FA_VARIANTS_PACK_WIDE_STAGES; 0 by default: the head dim's 2 stages): the 128-row packed
-    tiles `auto` runs (and warmup plans) take that many K/V stages where Q + stages x (K + V) fits in 227 KiB, else
-    keep 2; the 64-row tiles, Nq 1 decode and the split count are unchanged; 1 is refused (one line naming it)."""
-    monkeypatch.setattr(fa3, "PACK_WIDE", None)
-    q, k = _qk(64, 16, 64, 8, 32768, 64)
-    assert fa3.PACK_WIDE_STAGES == 0 and fa3._problem_config(None, q, k, True).stages == 2
-    for stages, expect64, expect128 in ((3, 3, 3), (4, 4, 2), (6, 6, 2), (7, 2, 2)):
-        monkeypatch.setattr(fa3, "PACK_WIDE_STAGES", stages)
-        assert fa3.wide_fields(64) == dict(tile_m=128, pingpong=True, **({"stages": stages} if expect64 != 2 else {}))
-        cfg = fa3._problem_config(None, q, k, True)
-        assert (cfg.tile_m, cfg.stages, cfg.pack_group) == (128, expect64, 8) and cfg.smem_bytes(64) <= 227 * 1024
-        cfg.check(64)
-        wide128 = fa3._problem_config(None, *_qk(64, 16, 64, 8, 32768, 128), True)
-        assert (wide128.tile_m, wide128.stages) == (128, expect128), stages
-        for shape in ((1, 16, 32, 8, 32768, 64), (1, 1, 64, 8, 32768, 64)):  # 64-row tiles: untouched
-            assert fa3._problem_config(None, *_qk(*shape), True).stages == 2, shape
-        assert fa3.auto_num_splits(*_qk(1, 16, 64, 8, 32768, 64), True) == 16  # stages do not change the count
-        assert any(c.tile_m == 128 and c.stages == expect64 for c in fa3._auto_configs(64, (8,)))
-    monkeypatch.setattr(fa3, "PACK_WIDE_STAGES", 0)
-    before = fa3.VARIANT.switches()
-    monkeypatch.setattr(fa3, "PACK_WIDE_STAGES", 3)
-    assert fa3.VARIANT.switches() != before  # one of the launcher's switches: a flip re-plans
-    assert fa3._wide_stages_checked(0) == 0 and fa3._wide_stages_checked(3) == 3
-    with pytest.raises(ValueError, match="FA_VARIANTS_PACK_WIDE_STAGES"):
-        fa3._wide_stages_checked(1)
-
-
 def test_decode_first_row_switch(h200, split_enabled, monkeypatch):
     """fa3.DECODE_FIRST_ROW (FA_VARIANTS_DECODE_FIRST_ROW, off by default): `auto`'s packed seqlen_q = 1 configs
     take ``first_row_only`` when a KV head's group is <= 8 query heads (32:8, 64:8, MQA 8:1), base and dual tiles,

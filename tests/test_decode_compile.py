@@ -183,13 +183,3 @@ def test_first_row_only_halves_the_softmax(head_dim):
     for op in ("MUFU.EX2", "FMNMX", "SHFL"):
         assert 2 * counts[True][op] <= counts[False][op] + 2, (op, counts)
     assert counts[True]["HGMMA"] == counts[False]["HGMMA"] and counts[True]["UTMALDG"] == counts[False]["UTMALDG"]
-
-
-def test_wide_stages_compile_without_spills():
-    """FA_VARIANTS_PACK_WIDE_STAGES's 128-row packed tile at D 64 with 3 K/V stages (113 KiB of shared memory):
-    split, causal, no spills."""
-    config = dataclasses.replace(fa3._PACKED_SPLIT_CONFIGS[64], pack_group=8, **fa3.wide_fields(64, 3)).check(64)
-    assert config.stages == 3
-    c = registry.compiled(registry.static_config("fa3", "sm_90a", "bf16", 64, True, config))
-    counts, res = cubin.count_sass(cubin.sass_of(c.cubin)), cubin.cubin_resources(c.cubin)
-    assert counts["LDL"] == counts["STL"] == 0 and res["spill_bytes"] == 0 and counts["HGMMA"] > 0, (counts, res)

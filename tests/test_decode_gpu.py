@@ -668,43 +668,6 @@ def test_merge_warp_flip_replans_the_public_path(decode_defaults, split_kv, pack
     assert bound == [False, True], bound
 
 
-WIDE_STAGE_CASES = [((1, 16, 4096, 64, 8, 64), 3), ((1, 13, 300, 64, 8, 64), 4), ((2, 16, 1023, 64, 8, 128), 3),
-                    ((1, 9, 129, 64, 8, 64), 3)]
-
-
-@pytest.mark.parametrize("num_splits", [1, 0], ids=lambda n: f"splits{n}")
-@pytest.mark.parametrize("shape, stages", WIDE_STAGE_CASES,
-                         ids=["x".join(map(str, s)) + f"-s{n}" for s, n in WIDE_STAGE_CASES])
-def test_wide_stages_match_reference(shape, stages, num_splits):
-    """FA_VARIANTS_PACK_WIDE_STAGES's tiles (``fa3.wide_fields``: 128 packed rows, 3 / 4 K/V stages): O and LSE
-    within the rule of float64, causal (rows masked per position), unsplit (Nk 4096: 32 tiles through the ring)
-    and split, fewer tiles than stages (Nk 129 / 300), rows past the packed ones (Nq 9, 13), outputs poisoned with
-    NaN first."""
-    causal = True
-    b, nq, nk, h, hkv, d = shape
-    q, k, v = _qkv(b, nq, nk, h, hkv, d)
-    config = dataclasses.replace(wide_config(d, num_splits, h // hkv), **fa3.wide_fields(d, stages))
-    assert config.stages == stages
-    out, lse = fa3.run(q, k, v, causal=causal, softmax_scale=0.11, config=config)
-    assert_attention_ok(out, lse, q, k, v, causal, 0.11)
-
-
-def test_auto_runs_wide_stages(decode_defaults, split_kv, pack_gqa, monkeypatch):
-    """fa3.PACK_WIDE_STAGES = 3 through the public API: 64:8 at Nq 16 runs the 128-row tile with 3 stages (B 1
-    split, B 64 not; D 64 and 128), three fresh Qs each within the rule."""
-    import fa_variants
-
-    monkeypatch.setattr(fa3, "PACK_WIDE_STAGES", 3)
-    for b, d in ((1, 64), (64, 64), (64, 128)):
-        q, k, v = _qkv(b, 16, 2048, 64, 8, d)
-        cfg = fa3._problem_config(None, q, k, True)
-        assert (cfg.tile_m, cfg.stages, cfg.pack_group, cfg.num_splits == 1) == (128, 3, 8, b == 64), cfg
-        for _ in range(3):
-            q.copy_(torch.randn_like(q))
-            out, lse = fa_variants.attention(q, k, v, causal=True, backend="fa3", return_lse=True)
-            assert_attention_ok(out, lse, q, k, v, True, what=f"B{b} D{d}")
-
-
 FIRST_ROW_SHAPES = [(1, 1, 4097, 32, 8, 64), (3, 1, 1000, 64, 8, 128), (2, 1, 5, 8, 1, 64), (1, 1, 129, 24, 6, 128)]
 
 

@@ -838,8 +838,7 @@ def test_decode_ab_s6_variants_and_precompile(monkeypatch):
 def test_decode_ab_s7_plan_skips_entries_equal_to_auto_and_precompile(monkeypatch):
     """scripts/decode_ab.py --s7 (scripts/decode7_gpu.sh): warp runs where there is a merge (not at the unsplit B 64
     shapes), warp+pdl16 only where it adds PDL (16 splits at seqlen_q 1: B 1 Nk 4k / 32k), row1 at seqlen_q 1 only
-    (the unsplit dual B 64 shape too), wide3 / wide4 only on the 128-row packed shapes (wide4 not at D 128: 4 stages
-    do not fit, so it equals auto); the stages and first_row_only reach the configs; the vs-auto lines;
+    (the unsplit dual B 64 shape too); first_row_only reaches the configs; the vs-auto lines;
     scripts/decode7_precompile.py lists every kernel of that plan once, and what auto runs at its shapes."""
     from fa_variants.hopper import fa3
 
@@ -847,28 +846,24 @@ def test_decode_ab_s7_plan_skips_entries_equal_to_auto_and_precompile(monkeypatc
     _decode_ab_before_s7_flips(ab, monkeypatch)
     assert len(ab.S7) == 19 == len(set(ab.S7))
     before = ab.get_flags(fa3)
-    variants = ["warp", "warp+pdl16", "row1", "wide3", "wide4", "cand7"]
+    variants = ["warp", "warp+pdl16", "row1"]
     rows = ab.plan(ab.S7, variants, 132, skip_same=True)
     assert ab.get_flags(fa3) == before
     by = {(r["shape"], r["variant"]): r for r in rows}
     b1 = (64, 32, 8, 1, 4096)
     assert by[(b1, "warp")]["splits"] == 16 and by[(b1, "warp+pdl16")]["config"].pdl and not by[(b1, "warp")]["config"].pdl
-    assert (b1, "wide3") not in by and ((64, 32, 8, 8, 1024), "warp+pdl16") not in by  # 2 splits: PDL already
+    assert ((64, 32, 8, 8, 1024), "warp+pdl16") not in by  # 2 splits: PDL already
     b64 = [v for s, v in by if s == (64, 32, 8, 64, 1024)]  # unsplit dual tiles: only first_row_only differs
     assert b64 == ["row1"] and by[((64, 32, 8, 64, 1024), "row1")]["config"].ctas_per_sm == 2
     assert by[(b1, "row1")]["config"].first_row_only and not by[(b1, "warp")]["config"].first_row_only
-    assert by[(b1, "cand7")]["config"].first_row_only and ((64, 64, 8, 1, 32768, 16), "row1") not in by
+    assert ((64, 64, 8, 1, 32768, 16), "row1") not in by
     nq16 = (64, 64, 8, 64, 32768, 16)
-    assert (nq16, "warp") not in by and by[(nq16, "wide3")]["config"].stages == 3
-    assert by[(nq16, "wide4")]["config"].stages == 4 and by[(nq16, "wide3")]["config"].tile_m == 128
-    d128 = (128, 64, 8, 64, 32768, 16)
-    assert by[(d128, "wide3")]["config"].stages == 3 and (d128, "wide4") not in by
-    assert by[((64, 64, 8, 1, 32768, 16), "cand7")]["config"].stages == 3
-    results = [dict(shape=nq16, us=dict(sdpa=8800.0, auto=1500.0, wide3=1200.0), err=dict(sdpa=0.0, auto=0.0, wide3=0.001),
+    assert (nq16, "warp") not in by
+    results = [dict(shape=nq16, us=dict(sdpa=8800.0, auto=1500.0, row1=1200.0), err=dict(sdpa=0.0, auto=0.0, row1=0.001),
                     splits={}),
-               dict(shape=b1, us=dict(sdpa=8.0, auto=9.0, wide3=9.9), err=dict(sdpa=0.0, auto=0.0, wide3=0.001), splits={})]
-    lines = ab.auto_lines(results, ["auto", "wide3"])
-    assert lines[-1] == ("  wide3          vs auto: faster  1 /  2, geomean 0.938, best 0.800 (D64 64:8 B64 Nk32768 Nq16), "
+               dict(shape=b1, us=dict(sdpa=8.0, auto=9.0, row1=9.9), err=dict(sdpa=0.0, auto=0.0, row1=0.001), splits={})]
+    lines = ab.auto_lines(results, ["auto", "row1"])
+    assert lines[-1] == ("  row1           vs auto: faster  1 /  2, geomean 0.938, best 0.800 (D64 64:8 B64 Nk32768 Nq16), "
                          "worst 1.100 (D64 32:8 B1 Nk4096)"), lines
     pre = load_script("decode7_precompile")
     listed = pre.items(variants, 132)

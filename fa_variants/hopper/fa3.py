@@ -191,35 +191,7 @@ PACK_WIDE: bool | None = env.auto_flag("FA_VARIANTS_PACK_WIDE")
 WIDE_ALWAYS_HEAD_DIMS = (64,)
 WIDE_SAME_SPLITS_HEAD_DIMS = (128,)
 WIDE_TILE_M = 128
-
-
-def _wide_stages_checked(n: int) -> int:
-    """FA_VARIANTS_PACK_WIDE_STAGES's value (an int >= 0): 0 or >= 2 (one-line ValueError naming it otherwise)."""
-    if n == 1:
-        raise env.SwitchError("FA_VARIANTS_PACK_WIDE_STAGES must be 0 (the head dim's default) or >= 2, got '1'")
-    return n
-
-
-#: K/V stages of the 128-row packed tiles (``wide_fields``): 0, the head dim's default (2); n >= 2
-#: (FA_VARIANTS_PACK_WIDE_STAGES) where the tile's shared memory fits (Q 128 rows + n x (K + V) tiles <= 227 KiB: n <= 6 at D 64, 3 at D 128),
-#: else the default. Off until an H200 A/B (scripts/decode7_gpu.sh). Why (bench/NOTES.md, "Session 7
-#: (2026-12-01): decode"): the wide tile's two consumer warpgroups both read a K/V stage and release it after their
-#: P V GEMM, which intra-warpgroup overlap issues one step late, so with 2 stages about one tile is in flight per
-#: SM; D 64 64:8 Nq 16 streamed ~1.5 us per 32 KiB tile at every batch (B 64 Nk 32k: 59% of HBM, 1520 us).
-PACK_WIDE_STAGES = _wide_stages_checked(env.integer("FA_VARIANTS_PACK_WIDE_STAGES", "0", 0,
-                                                    "K/V stages of the 128-row packed tile; 0: default"))
-
-
-def wide_fields(head_dim: int, stages: int | None = None) -> dict:
-    """The Sm90Config fields of the 128-row packed tile at ``head_dim``: WIDE_TILE_M rows, ping-pong, and
-    ``stages`` (default PACK_WIDE_STAGES; 0: the head dim's own) K/V stages where they fit in shared memory."""
-    fields = dict(tile_m=WIDE_TILE_M, pingpong=True)
-    stages = PACK_WIDE_STAGES if stages is None else stages
-    if stages:
-        wide = dataclasses.replace(_PACKED_CONFIGS[head_dim], stages=stages, **fields)
-        if wide.smem_bytes(head_dim) <= 227 * 1024:
-            fields["stages"] = stages
-    return fields
+_WIDE = dict(tile_m=WIDE_TILE_M, pingpong=True)  # the 128-row packed tile's Sm90Config fields
 
 
 #: Whether `auto`'s packed seqlen_q = 1 calls with at most FIRST_ROW_MAX_GROUP query heads per KV head run
@@ -459,7 +431,7 @@ def wide_helps(q: torch.Tensor, k: torch.Tensor) -> bool:
     if head_dim not in WIDE_SAME_SPLITS_HEAD_DIMS:
         return False
     narrow = _PACKED_SPLIT_CONFIGS[head_dim]  # num_splits 0: the heuristic's count
-    wide = dataclasses.replace(narrow, **wide_fields(head_dim))
+    wide = dataclasses.replace(narrow, **_WIDE)
     return num_splits_for(wide, q, k, False) == num_splits_for(narrow, q, k, False)
 
 
@@ -473,7 +445,7 @@ def wide_rows(config: Sm90Config, q: torch.Tensor, k: torch.Tensor) -> Sm90Confi
         return config
     if PACK_WIDE is None and not wide_helps(q, k):
         return config
-    return dataclasses.replace(config, **wide_fields(q.shape[-1]))
+    return dataclasses.replace(config, **_WIDE)
 
 
 def _packed(config: Sm90Config, q: torch.Tensor, k: torch.Tensor, splits: int = 1) -> Sm90Config:
@@ -535,7 +507,7 @@ def _packed_rows_configs(head_dim: int, group: int) -> tuple[Sm90Config, ...]:
     wide = PACK_WIDE is not False and pack_gqa.packable(group, WIDE_TILE_M) and (
         PACK_WIDE or head_dim in WIDE_ALWAYS_HEAD_DIMS + WIDE_SAME_SPLITS_HEAD_DIMS) and \
         any(narrow < group * s <= WIDE_TILE_M for s in helps)
-    tiles = (dict(),) + ((wide_fields(head_dim),) if wide else ())
+    tiles = (dict(),) + ((_WIDE,) if wide else ())
     bases = (_PACKED_CONFIGS[head_dim],) + ((_PACKED_SPLIT_CONFIGS[head_dim],) if SPLIT_KV_ENABLED else ())
     configs = tuple(dataclasses.replace(c, pack_group=group, **t) for c in bases for t in tiles)
     return tuple(dict.fromkeys(_merge_mode(c) for c in configs))
@@ -642,7 +614,7 @@ VARIANT = Variant(
     check_config=lambda config, arch, head_dim: config.check(head_dim, arch), build=_build, plan_call=_plan_call,
     operand=_tma_operand, check_problem=_check_problem, problem_config=_problem_config,
     switches=lambda: (SPLIT_KV_ENABLED, PACK_GQA_ENABLED, MERGE_KERNEL, split_combine.MERGE_PDL, DECODE_TILES_CHOICE,
-                      DECODE_PDL, DECODE_PDL_MAX_SPLITS, DECODE_PDL_MIN_SPLITS, DECODE_FULL_GRID, SPLIT_MIN_TILES, PACK_WIDE, PACK_WIDE_STAGES, DECODE_FIRST_ROW,
+                      DECODE_PDL, DECODE_PDL_MAX_SPLITS, DECODE_PDL_MIN_SPLITS, DECODE_FULL_GRID, SPLIT_MIN_TILES, PACK_WIDE, DECODE_FIRST_ROW,
                       split_combine.MERGE_WARP, FUSED_MERGE),
     warm_configs=lambda arch, head_dim, causal, groups=(): _auto_configs(head_dim, groups))
 
