@@ -276,12 +276,12 @@ def test_basis_alpha_shortens_the_softmax(head_dim):
 
 
 def test_alpha_first_moves_o_rescale_under_the_exponentials():
-    """Sm90Config.alpha_first (session 8): at D 128 non-causal the default leaves 32 of O's 64 rescale FMULs after the
-    last MUFU.EX2 of the K/V step (the last row's alpha is computed after that row's exponentials); with every alpha
-    computed first none is left there (flash-attn-4: none), with the same instruction count, exponentials and HGMMAs
-    (nvidia-cutlass-dsl 4.8.1: 487 per step either way), no spills."""
-    config = fa3.DEFAULT_CONFIGS[128]
-    base = _hot_mainloop(128, config)
+    """Sm90Config.alpha_first (session 8; D 128's default since its H200 A/B): at D 128 non-causal, without it 32 of
+    O's 64 rescale FMULs sit after the last MUFU.EX2 of the K/V step (the last row's alpha is computed after that
+    row's exponentials); with every alpha computed first none is left there (flash-attn-4: none), with the same
+    instruction count, exponentials and HGMMAs (nvidia-cutlass-dsl 4.8.1: 487 per step either way), no spills."""
+    assert fa3.DEFAULT_CONFIGS[128].alpha_first
+    base = _hot_mainloop(128, dataclasses.replace(fa3.DEFAULT_CONFIGS[128], alpha_first=False))
     first = _hot_mainloop(128, _speed_ab().variant_config("alpha", 128))
 
     def fmul_after_last_exp(lines):

@@ -391,3 +391,53 @@ def test_workspace_view_cache_is_bounded(monkeypatch):
     assert again.shape == (1, 3, 2) and again.is_contiguous() and first() is again
     assert again.data_ptr() == slot.buffers["lse"].data_ptr() and lse.shape == again.shape  # the (grown) buffer
     workspace.clear()
+
+
+def test_uncached_scope_leaves_no_buffer_behind(monkeypatch):
+    """common.workspace.uncached(): inside it, split partials, counters and unread LSEs are fresh per call (zeroed
+    counters) and nothing is cached (no stream slot, view or arena), so torch.compile's CUDA-graph warm-up, which
+    allocates from the graph's private pool without capturing, keeps nothing of that pool alive (session 8's GPU
+    suite: "tensor(s) in the cudagraph pool not tracked as outputs"); outside, the same calls are cached again.
+    Nested scopes and an exception inside one restore the state."""
+    from fa_variants.common import workspace
+
+    workspace.clear()
+    monkeypatch.setattr(workspace, "CACHE_CPU", True)
+    cpu = torch.device("cpu")
+    make = lambda buf, counters: (buf[:6].view(2, 3), counters)  # noqa: E731
+    partials = workspace.function(cpu, 6, 5, ("test-uncached", 2, 3), make)
+    lse = workspace.lse_function(cpu, (1, 2, 3))
+    with workspace.uncached():
+        with workspace.uncached():
+            a, counters = partials()
+        b, _ = partials()
+        fresh = workspace.views(cpu, 6, 5, ("test-uncached", 2, 3), make)
+        assert a.data_ptr() != b.data_ptr() and fresh[0].data_ptr() not in (a.data_ptr(), b.data_ptr())
+        assert counters.dtype == torch.int32 and counters.shape == (5,) and not counters.any()
+        assert lse().data_ptr() != lse().data_ptr()
+        assert workspace._STREAMS == {} and workspace._ARENAS == {}
+    with pytest.raises(RuntimeError), workspace.uncached():
+        raise RuntimeError("inside")
+    cached, _ = partials()
+    assert partials()[0] is cached and lse() is lse() and (-1, 0) in workspace._STREAMS
+    workspace.clear()
+
+
+def test_custom_op_runs_in_the_uncached_scope(monkeypatch):
+    """torch.ops.fa_variants.attention (what torch.compile traces fa_variants.attention into) runs the backend
+    inside workspace.uncached(), and leaves the scope on return."""
+    from fa_variants import api
+    from fa_variants.common import workspace
+    from fa_variants.integrations import custom_op
+
+    seen = []
+    real = api.dispatch_and_run
+
+    def spy(*args, **kwargs):
+        seen.append(workspace._uncached_now())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(api, "dispatch_and_run", spy)
+    q, k, v = (torch.randn(1, 5, 2, 16) for _ in range(3))
+    out, lse = custom_op.attention_op(q, k, v, True, None, "reference")
+    assert seen == [True] and out.shape == q.shape and lse.shape == (1, 2, 5) and not workspace._uncached_now()

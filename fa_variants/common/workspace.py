@@ -20,6 +20,11 @@ The rule (who may share a buffer):
   only when allocated.
 * The same rule gives a kernel's LSE output that the caller does not read (``lse_function``: ``fa_variants.attention``
   without ``return_lse``) a per-stream buffer of its own, so that such a call allocates only O.
+* Calls inside ``uncached()`` (the ``torch.compile`` custom op, ``integrations.custom_op``) get fresh scratch as
+  captured calls do, and fresh zeroed counters, and leave nothing behind: torch.compile's CUDA graphs
+  (mode="reduce-overhead") run their warm-up calls uncaptured but allocating from the graph's private pool, so a
+  buffer first cached there would belong to the pool while this module kept it ("tensor(s) in the cudagraph pool
+  not tracked as outputs"); the capture flag cannot see that phase.
 * CPU tensors (tests): a fresh allocation per call; with ``CACHE_CPU`` (scripts/api_overhead.py's stubbed CPU
   run, to time the host path as a CUDA device runs it) one cached buffer, as for one CUDA stream.
 
@@ -29,6 +34,7 @@ regrown buffer drops them.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import threading
@@ -79,6 +85,24 @@ def capturing(device: torch.device) -> bool:
     return _capturing_now()
 
 
+_SCOPE = threading.local()  # .uncached: depth of uncached() scopes on this thread
+
+
+@contextlib.contextmanager
+def uncached():
+    """Within it, this thread's calls neither read nor fill the cached buffers, views or counter arena (module
+    docstring): scratch and counters are allocated per call and freed with it."""
+    _SCOPE.uncached = getattr(_SCOPE, "uncached", 0) + 1
+    try:
+        yield
+    finally:
+        _SCOPE.uncached -= 1
+
+
+def _uncached_now() -> bool:
+    return getattr(_SCOPE, "uncached", 0) > 0
+
+
 def views(device: torch.device, partials: int, counters: int, geometry, make: Callable[..., tuple],
           kind: str = "partials", view_key: int | None = None):
     """``make(buffer, counters_buffer)`` for scratch of at least ``partials`` float32 and ``counters`` int32
@@ -87,6 +111,9 @@ def views(device: torch.device, partials: int, counters: int, geometry, make: Ca
     ``geometry``: hashable, fixes what ``make`` returns given buffers at least that large. ``kind``: which of the
     stream's buffers: "partials" (split partials) or "lse" (an LSE the caller does not read, ``lse_function``);
     the two never overlap. ``view_key``: ``_view_key(kind, geometry)`` when the caller holds it (``function``)."""
+    if _uncached_now():
+        return make(torch.empty(partials, dtype=torch.float32, device=device),
+                    torch.zeros(counters, dtype=torch.int32, device=device) if counters else None)
     if device.type != "cuda" and not CACHE_CPU or capturing(device):
         return make(torch.empty(partials, dtype=torch.float32, device=device),
                     _captured_counters(device, counters) if counters else None)
@@ -150,7 +177,7 @@ def function(device: torch.device, partials: int, counters: int, geometry, make:
     key = _view_key(kind, geometry)
     if device.type != "cuda":
         def get_host():  # (capturing: False for the CPU, unless a test says otherwise)
-            if CACHE_CPU and not capturing(device):
+            if CACHE_CPU and not capturing(device) and not _uncached_now():
                 slot = _STREAMS.get((-1, 0))
                 hit = slot.views.get(key) if slot is not None else None
                 if hit is not None:
@@ -160,7 +187,7 @@ def function(device: torch.device, partials: int, counters: int, geometry, make:
     index = device.index if device.index is not None else torch.cuda.current_device()
 
     def get():
-        if not _capturing_now():
+        if not _capturing_now() and not _uncached_now():
             slot = _STREAMS.get((index, _raw_stream(index)))
             if slot is not None:
                 hit = slot.views.get(key)

@@ -26,13 +26,17 @@ import torch
 
 import fa_variants
 from fa_variants import api, dispatch, reference
+from fa_variants.common import workspace
 
 
 @torch.library.custom_op("fa_variants::attention", mutates_args=())
 def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float | None,
                  backend: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """``api.dispatch_and_run`` (choose the backend, run it); outputs made contiguous to match the fake."""
-    out, lse = api.dispatch_and_run(q, k, v, causal, softmax_scale, backend)
+    """``api.dispatch_and_run`` (choose the backend, run it); outputs made contiguous to match the fake. Scratch
+    is per call (``workspace.uncached``): a compiled graph's CUDA-graph warm-up allocates from its private pool,
+    where no buffer may outlive the call."""
+    with workspace.uncached():
+        out, lse = api.dispatch_and_run(q, k, v, causal, softmax_scale, backend)
     return out.contiguous(), lse.contiguous()
 
 
