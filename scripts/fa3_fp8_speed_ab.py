@@ -147,10 +147,9 @@ D256B_VARIANTS: dict[int, dict[str, dict]] = {
 }
 # --set fp8mid (scripts/fp8mid_gpu.sh, session 7): the P V GEMM of a warpgroup overlapped with its own softmax at head_dim
 # 128 and 64. ovNNN: intra-warpgroup overlap, tile_n NNN (the SASS has the P V GEMM's wait before the exponentials:
-# no overlap); m192: 192 query rows (the p_double_buffer variants p2bufNNN, and bf16_p2buf, timed in session 7 with wrong
-# outputs and slower, were removed with that switch's fa3-fp8 code);
-# lookNNNh: the head_dim 256 lookahead schedule (s_lookahead with S as two halves in the two P V temporaries);
-# c4: reduce_chains=4; m192_c4: session 6's serial 192 x 128; single*: one running accumulator (the two-level cost).
+# no overlap); m192: 192 query rows; lookNNNh: the head_dim 256 lookahead schedule (s_lookahead with S as two halves
+# in the two P V temporaries); c4: reduce_chains=4; m192_c4: session 6's serial 192 x 128; single*: one running
+# accumulator (the two-level cost).
 # A variant whose tile_n is not the default's gets K/V scale blocks of its tile_n.
 _LOOK = dict(s_lookahead=True, pv_buffers=2, pv_split=2, s_halves=True, reduce_chains=4)
 FP8MID_VARIANTS: dict[int, dict[str, dict]] = {

@@ -84,8 +84,7 @@ FP8SMALL_VARIANTS = {
 }
 
 # session 7, head_dim 128 (scripts/fa3_fp8_speed_ab.py FP8MID_VARIANTS, "fp8mid-d<D>-<name>"): the head_dim 256 lookahead
-# schedule (s_lookahead, S in the two P V temporaries) at 128 (the p_double_buffer variants of that run were removed
-# with the switch's fa3-fp8 code: wrong outputs on the H200)
+# schedule (s_lookahead, S in the two P V temporaries) at 128
 _LOOK = dict(s_lookahead=True, pv_buffers=2, pv_split=2, s_halves=True, reduce_chains=4)
 FP8MID_VARIANTS = {
     "fp8mid-d128-look128h_c4": (128, dict(_LOOK, tile_n=128)),

@@ -62,10 +62,8 @@ scales (one descale per 128 query rows and per ``tile_n`` keys, ``fa_variants.fp
   power-of-two descales (every quantiser's) v_descale tmp is exact: tiles where no max moved give bitwise the
   old O, the others one more fp32 rounding (of alpha O), the emulation's own order (``fp8.emulation``).
   ``exp2_emu`` (``common.exp2_poly``) computes some of P's exponentials with FMAs instead of MUFU.EX2 (head_dim
-  64 is bound by the MUFU and the issue slots); the emulation models it. ``p_double_buffer`` (a second P buffer,
-  so that the P V GEMM runs under the softmax with intra-warpgroup overlap) was built in session 7 and removed after
-  its H200 run: wrong outputs (NaN) and slower (D 128: 656-813 against the default's 790-806 TFLOP/s;
-  bench/NOTES.md), and from bf16 fa3 in session 8.
+  64 is bound by the MUFU and the issue slots); the emulation models it. There is no second P buffer (to run the
+  P V GEMM under the softmax with intra-warpgroup overlap): tried, wrong (NaN) and slower on the H200 (bench/NOTES.md).
   A promotion interval (``promote_every``) needs a temporary for the whole of d that lives across the S GEMM and
   the softmax: at head_dim 256 (O 128 + temporary 128 registers per thread) it cannot fit, at 128 with 256-key
   tiles it spills (S 128 + O 64 + temporary 64); it is built for head_dim 64 and for 128 with 128-key tiles.
