@@ -15,7 +15,9 @@ flash-attn-4's sm90 choices that ours lacked, and C++ FA3's); the per-tile instr
 basis-kv1, basis-256 beside pairs-256 and fa4-256; bench/NOTES.md, "Issue 12, SASS gap"); session 6's
 persistent grid (`PERSIST`: `persistent`, Sm90Config.persistent at D 64/128/256; scripts/persist_gpu.sh);
 session 8's O rescale under the exponentials (`ALPHA`: `alpha`, Sm90Config.alpha_first, and `alpha-noskip` at D 64;
-scripts/fa3gap8_gpu.sh). --shapes D:N:full|causal,... picks shapes one by one instead.
+scripts/fa3gap8_gpu.sh); session 8's D 64 / 256 comparison (`GAP9`: `early`, Sm90Config.rescale_first at D 64, and
+`alpha-256` beside pairs-256 / fa4-256 / basis-256; scripts/fa3gap9_gpu.sh). --shapes D:N:full|causal,... picks
+shapes one by one instead.
 The default run (--variants, --seqlens) is round 4's:
 old, new, pairs-256, fa4-256, n176, stages3, k-first at N 4k/16k (24 compiles, 72 entries, ~3 min on an H200); the
 earlier variants stay selectable. --peers takes the bench's peer names (flash-attn-4, sdpa-cudnn, ...) or the
@@ -92,12 +94,19 @@ VARIANTS = {
     # without the skip (`alpha-noskip`)
     "alpha": ((64, 128), dict(alpha_first=True)),
     "alpha-noskip": ((64,), dict(alpha_first=True, skip_unit_rescale=False)),
+    # session 8, D 64 / 256 vs flash-attn-4 (bench/NOTES.md, "Session 8 (2026-12-01): fa3 vs flash-attn-4 at head_dim 64
+    # and 256"): at D 64 the P V wait and O's rescale (its unit-alpha skip branch kept) before the exponentials, so P's
+    # conversion runs under them (Sm90Config.rescale_first); at D 256 flash-attn-4's choices but O rescaled under the
+    # exponentials (alpha_first, D 128's structure) instead of before the P V GEMM (fa4-256)
+    "early": ((64,), dict(alpha_first=True, rescale_first=True)),
+    "alpha-256": ((256,), dict(convert_pairs=True, exp2_ffma=True, reduce_chains=4, alpha_first=True)),
 }
 ROUND3 = ("old", "new", "o-before-pv")
 ROUND4 = ("old", "new", "pairs-256", "fa4-256", "n176", "stages3", "k-first")
 FA3GAP = ("old", "new", "basis", "basis-kv1", "pairs-256", "fa4-256", "basis-256")
 PERSIST = ("old", "new", "persistent")
 ALPHA = ("old", "new", "alpha", "alpha-noskip")
+GAP9 = ("old", "new", "early", "pairs-256", "fa4-256", "alpha-256", "basis-256")
 PEERS = ("flash-attn-4", "sdpa-cudnn")
 #: other spellings of the peers accepted by --peers (bench.runtime.build_impls knows only the canonical names)
 PEER_ALIASES = {"cudnn": "sdpa-cudnn", "fa4": "flash-attn-4", "flash": "sdpa-flash"}

@@ -75,6 +75,12 @@ def test_config_limits():
     for bad in (dict(exp2_ffma=False), dict(exp2_ffma=True, basis_alpha=True), dict(exp2_ffma=True, alpha_first=1)):
         with pytest.raises(ValueError, match="alpha_first"):  # session 8: alpha before the exponentials
             fa3.Fa3Config(**dict(dict(alpha_first=True), **bad)).check(128)
+    on = dict(exp2_ffma=True, alpha_first=True, rescale_first=True)
+    fa3.Fa3Config(**on).check(128)
+    for bad in (dict(alpha_first=False), dict(intra_wg_overlap=False), dict(rescale_o_before_pv=True),
+                dict(rescale_first=1)):
+        with pytest.raises(ValueError, match="rescale_first"):  # session 8: O's rescale before the exponentials
+            fa3.Fa3Config(**dict(on, **bad)).check(128)
 
 
 def test_tma_operand_preparation():
@@ -221,6 +227,8 @@ def test_alpha_first_refused_by_fa3_fp8():
 
     with pytest.raises(ValueError, match="alpha_first"):  # session 8's switch: fa3 only
         dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], alpha_first=True).check(128)
+    with pytest.raises(ValueError, match="alpha_first"):  # rescale_first needs alpha_first: refused with it
+        dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], alpha_first=True, rescale_first=True).check(128)
 
 
 @pytest.mark.parametrize("change", [dict(num_splits=0), dict(num_splits=2), dict(pack_gqa=True, pack_group=2),
@@ -273,6 +281,28 @@ def test_basis_alpha_shortens_the_softmax(head_dim):
     assert not any(re.match(r"FADD R\d+, RZ, ", t) for t in base), "a row-sum chain started from 0"
     assert len(basis) <= len(base) - 8, (len(base), len(basis))
     assert sum(t.startswith("MUFU.EX2") for t in basis) == sum(t.startswith("MUFU.EX2") for t in base)
+
+
+def test_rescale_first_leaves_no_tail_after_the_exponentials():
+    """Sm90Config.rescale_first (session 8, D 64: the P V wait and O's rescale, its unit-alpha skip branch kept, between
+    the alphas and the exponentials; scripts/fa3_speed_ab.py's `early`): the default leaves P's 32 F2FP after the last
+    MUFU.EX2 and the skip branch (ptxas does not move them above it; the taken branch's 32 FMULs are there too), with
+    it at most 2 F2FP and no FMUL follow the last exponential (flash-attn-4: 2 and 0), the same exponentials,
+    HGMMAs, FMULs and instruction count on the path run when no logit is huge (nvidia-cutlass-dsl 4.8.1: 412 either
+    way), no spills."""
+    base = _hot_mainloop(64, fa3.DEFAULT_CONFIGS[64])
+    early = _hot_mainloop(64, _speed_ab().variant_config("early", 64))
+
+    def after_last_exp(lines, op):
+        last = max(i for i, t in enumerate(lines) if t.startswith("MUFU.EX2"))
+        return sum(t.startswith(op) for t in lines[last:])
+
+    assert after_last_exp(base, "F2FP") >= 16 and after_last_exp(early, "F2FP") <= 2, (
+        after_last_exp(base, "F2FP"), after_last_exp(early, "F2FP"))
+    assert after_last_exp(early, "FMUL") == 0
+    for op in ("MUFU.EX2", "HGMMA", "FMUL", "F2FP"):
+        assert sum(t.startswith(op) for t in early) == sum(t.startswith(op) for t in base), op
+    assert len(early) <= len(base) + 2, (len(base), len(early))
 
 
 def test_alpha_first_moves_o_rescale_under_the_exponentials():
