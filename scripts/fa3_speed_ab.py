@@ -16,7 +16,7 @@ basis-kv1, basis-256 beside pairs-256 and fa4-256; bench/NOTES.md, "Issue 12, SA
 persistent grid (`PERSIST`: `persistent`, Sm90Config.persistent at D 64/128/256; scripts/persist_gpu.sh);
 session 8's O rescale under the exponentials (`ALPHA`: `alpha`, Sm90Config.alpha_first, and `alpha-noskip` at D 64;
 scripts/fa3gap8_gpu.sh); session 8's D 64 / 256 comparison (`GAP9`: `early`, Sm90Config.rescale_first at D 64, and
-`alpha-256` beside pairs-256 / fa4-256 / basis-256; scripts/fa3gap9_gpu.sh). --shapes D:N:full|causal,... picks
+`alpha-256` beside pairs-256 / fa4-256; scripts/fa3gap9_gpu.sh). --shapes D:N:full|causal,... picks
 shapes one by one instead.
 The default run (--variants, --seqlens) is round 4's:
 old, new, pairs-256, fa4-256, n176, stages3, k-first at N 4k/16k (24 compiles, 72 entries, ~3 min on an H200); the
@@ -106,7 +106,7 @@ ROUND4 = ("old", "new", "pairs-256", "fa4-256", "n176", "stages3", "k-first")
 FA3GAP = ("old", "new", "basis", "basis-kv1", "pairs-256", "fa4-256", "basis-256")
 PERSIST = ("old", "new", "persistent")
 ALPHA = ("old", "new", "alpha", "alpha-noskip")
-GAP9 = ("old", "new", "early", "pairs-256", "fa4-256", "alpha-256", "basis-256")
+GAP9 = ("old", "new", "early", "pairs-256", "fa4-256", "alpha-256")
 PEERS = ("flash-attn-4", "sdpa-cudnn")
 #: other spellings of the peers accepted by --peers (bench.runtime.build_impls knows only the canonical names)
 PEER_ALIASES = {"cudnn": "sdpa-cudnn", "fa4": "flash-attn-4", "flash": "sdpa-flash"}

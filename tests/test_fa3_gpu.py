@@ -343,8 +343,8 @@ GAP9 = _ab_variants("GAP9")  # session 8, D 64 / 256 vs flash-attn-4 (Sm90Config
 @pytest.mark.parametrize("name, head_dim, config", GAP9, ids=[f"{n}-d{d}" for n, d, _ in GAP9])
 def test_gap9_variants(name, head_dim, config, causal):
     """scripts/fa3gap9_gpu.sh's variants: `early` (D 64: the P V wait and O's rescale, in its unit-alpha skip branch,
-    between the alphas and the exponentials) and flash-attn-4's D 256 choices (`pairs-256`, `fa4-256`, `basis-256`,
-    and `alpha-256`: O rescaled under the exponentials) vs float64 over ALPHA_SHAPES (one K/V tile and many, odd
+    between the alphas and the exponentials) and flash-attn-4's D 256 choices (`pairs-256`, `fa4-256`, and
+    `alpha-256`: O rescaled under the exponentials) vs float64 over ALPHA_SHAPES (one K/V tile and many, odd
     lengths, Nq != Nk both ways, GQA and MQA), NaN-poisoned outputs, LSE checked; then EC-04's logit shifts (huge rows:
     the exact form's branch, which `early`'s rescale now precedes)."""
     for shape in ALPHA_SHAPES:
