@@ -255,6 +255,116 @@ def test_coalesced_stage_map(role, head_dim, rows):
                 assert len(banks) == 8, (w, j, half)
 
 
+@pytest.mark.parametrize("head_dim", [128, 256])
+@pytest.mark.parametrize("rows", [128, 192, 256])
+def test_fwht_exchange_maps(head_dim, rows):
+    """The lane exchange's maps (``PassConfig.fwht_exchange``) on the CPU: before it each thread's slots hold 64
+    contiguous channels of its token (``exchange_chunk_in``), read from the coalesced stage where the loads put them
+    (``exchange_piece`` = ``stage_load``'s piece of that (token, piece)), with no bank conflict per quarter warp; the
+    signs / K's mean sit where slot j of lane l reads position 4 l + j (``exchange_pos``, a permutation of the
+    channels keeping 4-channel groups); after it the token's lanes hold each chunk once (``exchange_chunk_out``,
+    partner lanes ``exchange_partner`` of one token), the same channels per thread as the default's map, and
+    ``exchange_store_slot`` is what the kernel's selects (``QuantPass.e4m3_slots``: a swap of slots k, k ^ 2^b where
+    lane bit b is 1, then tau) deliver for the default's slot d."""
+    if rows * head_dim > qk.MAX_BLOCK:
+        pytest.skip("block larger than one CTA holds")
+    from fa_variants.fp8 import quant_maps as qm
+
+    P, L, quads = head_dim // 8, head_dim // 64, rows // 4
+    threads = rows * head_dim // 64
+    where = {}
+    for m in range(8):
+        for t in range(threads):
+            row, q, piece = qk.stage_load(head_dim, rows, "qk", L, t, m)
+            where[(row, q)] = piece
+    for j in range(qk.SLOTS):
+        for half in range(2):
+            for t in range(threads):
+                q = 2 * qm.exchange_chunk_in(L, t % L, j) + half
+                assert qm.exchange_piece(L, head_dim, t, j, half) == where[(t // L, q)]
+            for w in range(threads // 8):
+                banks = {qm.exchange_piece(L, head_dim, 8 * w + i, j, half) % 8 for i in range(8)}
+                assert len(banks) == 8, (w, j, half)
+    pos = [qm.exchange_pos(c) for c in range(head_dim)]
+    assert sorted(pos) == list(range(head_dim)) and all(pos[c] == pos[c - c % 4] + c % 4 for c in range(head_dim))
+    for lane in range(L):
+        chunks_in = [qm.exchange_chunk_in(L, lane, j) for j in range(qk.SLOTS)]
+        assert sorted(chunks_in) == list(range(4 * lane, 4 * lane + 4))  # channels 64 lane .. 64 lane + 63
+        for j in range(qk.SLOTS):
+            assert [pos[16 * chunks_in[j] + i] for i in range(16)] == list(range(16 * (4 * lane + j),
+                                                                                 16 * (4 * lane + j) + 16))
+            partner = qm.exchange_partner(L, lane, j)
+            assert 0 <= partner < L and qm.exchange_partner(L, partner, j) == lane
+            assert qm.exchange_chunk_out(L, lane, j) == qm.exchange_chunk_in(L, partner, j)
+        out = [qm.exchange_chunk_out(L, lane, j) for j in range(qk.SLOTS)]
+        assert sorted(out) == sorted(qk.thread_chunk("qk", L, quads, lane, d) for d in range(qk.SLOTS))
+        slots = list(range(qk.SLOTS))  # the kernel's selects on slot ids
+        for b in range(L.bit_length() - 1):
+            if lane >> b & 1:
+                slots = [slots[k ^ (1 << b)] for k in range(qk.SLOTS)]
+        for d in range(qk.SLOTS):
+            src = slots[qm.exchange_store_slot(L, 0, d)]
+            assert src == qm.exchange_store_slot(L, lane, d)
+            assert out[src] == qk.thread_chunk("qk", L, quads, lane, d)
+
+
+@pytest.mark.parametrize("head_dim", [128, 256])
+def test_fwht_exchange_emulated_bitwise(head_dim):
+    """``QuantPass.fwht_exchanged`` emulated in float32 on the CPU, register by register (lanes of a token, slots,
+    the per-lane-sign FMAs of ``pair_stage``: s x exact, one rounding of the sum; the shuffles of the exchange), then
+    the e4m3 selects back to the default's slots: bit for bit ``quantize.fwht(x, normalise=False)`` (the torch
+    recipe's order), with signed zeros, ties, large and tiny values among the inputs."""
+    import numpy as np
+
+    from fa_variants.fp8 import quant_maps as qm
+    from fa_variants.fp8.quantize import fwht
+
+    L, S, V = head_dim // 64, qk.SLOTS, qk.VEC
+    g = torch.Generator().manual_seed(head_dim)
+    x = torch.randn(64, head_dim, generator=g) * torch.exp2(torch.randint(-20, 20, (64, head_dim), generator=g))
+    x[0] = 0.0
+    x[1, ::2] = -0.0
+    x[2] = torch.round(torch.randn(head_dim, generator=g) * 4)  # exact sums, signed-zero results
+    x[3] = 1.0
+    want = fwht(x, normalise=False).numpy()
+    xs = x.numpy().astype(np.float32)
+    f = np.float32
+    for tok in range(xs.shape[0]):
+        reg = [[[xs[tok, 16 * qm.exchange_chunk_in(L, l, k) + i] for k in range(S)] for i in range(V)]
+               for l in range(L)]  # reg[lane][i][slot]
+
+        def pair_stage(b, by_lane):
+            h = 1 << b
+            for l in range(L):
+                s_ = f(1 - 2 * (l >> b & 1)) if by_lane else f(1)
+                for k in range(S):
+                    if k & h == 0:
+                        for i in range(V):
+                            a, c = reg[l][i][k], reg[l][i][k + h]
+                            reg[l][i][k] = f(a * s_) + c if by_lane else a + c  # fma(a, s, c): a * s exact
+                            reg[l][i][k + h] = f(c * -s_) + a if by_lane else a - c
+
+        for l in range(L):
+            for b in range(4):  # h = 1 .. 8 inside a chunk
+                h = 1 << b
+                for k in range(S):
+                    for i in range(V):
+                        if i & h == 0:
+                            a, c = reg[l][i][k], reg[l][i + h][k]
+                            reg[l][i][k], reg[l][i + h][k] = a + c, a - c
+        for b in range(2):
+            pair_stage(b, b < L.bit_length() - 1)
+        reg = [[[reg[qm.exchange_partner(L, l, k)][i][k] for k in range(S)] for i in range(V)] for l in range(L)]
+        for b in range(L.bit_length() - 1):
+            pair_stage(b, True)
+        for l in range(L):
+            for d in range(S):
+                k = qm.exchange_store_slot(L, l, d)
+                c0 = 16 * qk.thread_chunk("qk", L, 4, l, d)
+                got = np.array([reg[l][i][k] for i in range(V)], dtype=np.float32)
+                assert got.tobytes() == want[tok, c0:c0 + V].astype(np.float32).tobytes(), (tok, l, d)
+
+
 @pytest.mark.parametrize("head_dim", qk.HEAD_DIMS)
 @pytest.mark.parametrize("rows", [32, 128, 192, 256])
 def test_staged_store_map(head_dim, rows):
@@ -350,6 +460,45 @@ def test_compiles_late_count(arch, head_dim):
     assert ops["BAR.SYNC"] == ops0["BAR.SYNC"] + 2, (ops, ops0)
     with pytest.raises(ValueError, match="late_count"):
         dataclasses.replace(base, fused_mean=False, late_count=True).check(head_dim)
+
+
+# the Q / K passes of the default recipe (Q with the LSE shift, K smoothed) and a "given" launch (per-head baseline)
+EXCHANGE_PASSES = [(256, "q-shift", dict(rows=128, shift=True, staged_mean=True, pdl=True)),
+                   (256, "k-smooth", dict(rows=layout.tile_n(256), smooth=True, reverse=True, staged_mean=True,
+                                          pdl=True)),
+                   (128, "k-smooth", dict(rows=layout.tile_n(128), smooth=True, reverse=True, staged_mean=True,
+                                          pdl=True)),
+                   (256, "q-given", dict(rows=128, mode="given"))]
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("arch", ["sm_90a"], indirect=True)
+@pytest.mark.parametrize("head_dim,name,extra", EXCHANGE_PASSES, ids=[f"d{d}-{n}" for d, n, _ in EXCHANGE_PASSES])
+def test_compiles_fwht_exchange(arch, head_dim, name, extra):
+    """The lane exchange (``PassConfig.fwht_exchange``, sm_90a) against the same pass without it: the FWHT's shuffles
+    go from 64 per cross-lane stage (log2 L stages) to 16 per exchanged slot (L = 4: 3 slots, 48; L = 2: 2 slots, 32),
+    the float32 adds + FMAs are as many (each stage 64 per thread either way), barriers, cp.async loads, e4m3
+    conversions and 16-byte stores unchanged, the selects on the packed e4m3 at least 16 log2 L LOP3 more; registers
+    within the cap; K's pass without local memory, Q's with the shift within 48 bytes (40 on the CPU compile of
+    session 8, 8 without the exchange: the shift's products and the FWHT's registers together). And refused where it
+    has no cross-lane stage (head_dim 64) or nothing to rotate."""
+    cfg = qk.PassConfig(stages=3, coalesced=True, head_major=True, fwht_exchange=True, **extra)
+    base = dataclasses.replace(cfg, fwht_exchange=False)
+    c, c0 = (qk.VARIANT.compiled(qk.static_config(arch, torch.bfloat16, head_dim, x)) for x in (cfg, base))
+    names = ("SHFL.BFLY", "FADD", "FFMA", "LOP3", "BAR.SYNC", "LDGSTS", "F2FP", "STG.E.128", "LDL", "STL")
+    ops, ops0 = (cubin.count_sass(cubin.sass_of(x.cubin), names) for x in (c, c0))
+    L = head_dim // 64
+    bits = L.bit_length() - 1
+    assert ops0["SHFL.BFLY"] - ops["SHFL.BFLY"] == 64 * bits - 16 * (qk.SLOTS - qk.SLOTS // L), (ops, ops0)
+    assert ops["FADD"] + ops["FFMA"] == ops0["FADD"] + ops0["FFMA"], (ops, ops0)
+    assert all(ops[n] == ops0[n] for n in ("BAR.SYNC", "LDGSTS", "F2FP", "STG.E.128")), (ops, ops0)
+    assert ops["LOP3"] >= ops0["LOP3"] + 16 * bits, (ops, ops0)
+    res = cubin.cubin_resources(c.cubin)
+    assert res["registers"] <= 128 and res["spill_bytes"] <= (48 if cfg.shift else 0), res
+    with pytest.raises(ValueError, match="fwht_exchange"):
+        dataclasses.replace(cfg, rotate=False).check(head_dim)
+    with pytest.raises(ValueError, match="fwht_exchange"):
+        cfg.check(64)
 
 
 # the passes the default recipe and no-smooth launch at OCCUPANCY's (head_dim, rows): K at 64 (192 rows), Q at 64 / 128
@@ -557,10 +706,12 @@ def test_v3_staged_mean_bitwise(monkeypatch, head_dim, config):
         assert torch.isfinite(b.lse_shift).all() and b.lse_shift.abs().max() > 0
 
 
-def assert_switch_bitwise(monkeypatch, switch: str, head_dim: int, config: str, seed: int):
+def assert_switch_bitwise(monkeypatch, switch: str, head_dim: int, config: str, seed: int, shift_exact: bool = True):
     """quant_kernel.``switch`` off vs on (the current default otherwise, staged mean on): every output equal bit for
     bit; GQA, odd lengths (tail tokens not stored), batch > 1, a negative scale, the per-head baseline (its "amax"
-    and "given" launches), fresh NaN-poisoned memory; and (scale None) the torch recipe given the pass's mean."""
+    and "given" launches), fresh NaN-poisoned memory; and (scale None) the torch recipe given the pass's mean.
+    shift_exact False: the LSE shift (another float32 summation order with the switch) within ``assert_shift_close``
+    of the switch-off one instead of equal."""
     monkeypatch.setattr(qk, "V3_STAGED_MEAN", True)
     cfg = FP8Config(smooth_k_blocks=8) if config == "sampled8" else CONFIGS[config]
     g = torch.Generator(device="cuda").manual_seed(seed * head_dim)
@@ -579,6 +730,9 @@ def assert_switch_bitwise(monkeypatch, switch: str, head_dim: int, config: str, 
             assert torch.equal(getattr(a, name).view(torch.uint8), getattr(b, name).view(torch.uint8)), name
         for name in ("q_descale", "k_descale", "v_descale", "k_mean", "lse_shift"):
             x, y = getattr(a, name), getattr(b, name)
+            if name == "lse_shift" and not shift_exact and x is not None:
+                assert_shift_close(y, x, q, a.k_mean, a.softmax_scale)
+                continue
             assert (x is None and y is None) or torch.equal(x, y), name
         assert not torch.isnan(b.q.float()).any() and not torch.isnan(b.k.float()).any()
         if scale is None:  # and the torch recipe given the pass's mean, bit for bit (the default's own check)
@@ -606,6 +760,17 @@ def test_v3_occupancy_bitwise(monkeypatch, head_dim, config):
     every output equals v3's without it bit for bit (``assert_switch_bitwise``; staged store off)."""
     monkeypatch.setattr(qk, "V3_STAGED_STORE", False)
     assert_switch_bitwise(monkeypatch, "V3_OCCUPANCY", head_dim, config, 17)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim,config", [(128, "default"), (256, "default"), (256, "no-smooth")])
+def test_v3_fwht_exchange_bitwise(monkeypatch, head_dim, config):
+    """Q's / K's Hadamard with the lane exchange (``V3_FWHT_EXCHANGE``: the same float32 operations on the same pairs
+    in the same stage order, other threads' registers) vs without: e4m3 bytes, descales, K's mean and V equal bit for
+    bit, and the torch recipe given the pass's mean (``assert_switch_bitwise``: GQA, odd lengths, batch 3, a negative
+    scale, NaN-poisoned memory); the LSE shift (Q's dot with K's mean summed over other channels per thread) within a
+    few float32 ulps of its sum of |terms|."""
+    assert_switch_bitwise(monkeypatch, "V3_FWHT_EXCHANGE", head_dim, config, 23, shift_exact=False)
 
 
 @pytest.mark.gpu

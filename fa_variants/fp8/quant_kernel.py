@@ -165,7 +165,9 @@ from fa_variants.common.softmax import bits_f32, f32_bits
 from fa_variants.fp8 import layout
 from fa_variants.fp8.quant_maps import (SLOTS, VEC, k_parts_per_block, k_sample_item, k_sample_slot, k_sum_group,
                                         late_first, late_item, piece_swizzle, stage_load, stage_piece, store_map,
-                                        store_pitch, store_swizzle, store_unit, thread_chunk, thread_token)
+                                        store_pitch, store_swizzle, store_unit, thread_chunk, thread_token,
+                                        exchange_chunk_in, exchange_partner, exchange_piece, exchange_pos,
+                                        exchange_store_slot)
 from fa_variants.fp8.quantize import (E4M3, MIN_DESCALE_EXPONENT, FP8Config, FP8Inputs, HadamardRotation, _check,
                                       k_mean, k_sample_count, k_sample_tiles, tiles_for)
 
@@ -249,6 +251,16 @@ OCCUPANCY = {(64, 192): (3, 3), (64, 128): (5, 2), (128, 128): (3, 2)}
 GRID_CAP: int | None = None
 #: ``late_count``'s mean: partial sums loaded per batch (independent loads in flight per thread; the adds keep their order)
 MEAN_LOADS = 32
+#: v3: Q's / K's Hadamard at head_dim 128 / 256 with its cross-lane stages done in registers after a lane exchange
+#: (``PassConfig.fwht_exchange``, ``quant_maps.exchange_chunk_in`` ...): each thread first holds 64 contiguous
+#: channels of its token (stages h = 1 .. 32 in registers), then swaps 3 (head_dim 256) / 2 (128) of its 4 chunks
+#: with the token's other lanes (one shfl.bfly per value: 48 / 32 per thread instead of 128 / 64 shuffles + as many
+#: FMAs), and does h = 64 (.. 128) in registers; its e4m3 bytes are selected back into the default's slots by the
+#: lane's bits (LOP3 on the packed bytes) and stored as before. The same float32 operations on the same pairs in the
+#: same stage order: e4m3 bytes and descales bit for bit the default's; the LSE shift (Q's dot with K's mean over the
+#: thread's channels, then across lanes) sums other channels per thread: equal to float32 rounding, not bit for bit.
+#: Off until measured (scripts/quant9_gpu.sh); FA_VARIANTS_FP8_QUANT_FWHT_EXCHANGE=1 (read at import) turns it on
+V3_FWHT_EXCHANGE = _env.flag("FA_VARIANTS_FP8_QUANT_FWHT_EXCHANGE", False)
 
 
 def staged_store_for(head_dim: int) -> bool:
@@ -273,7 +285,9 @@ class PassConfig:
     shift (Q with K smoothing): also write ``scale * q . mean`` per row (``quantize.smoothing_lse_shift``);
     staged_store (role "qk", coalesced, rows % 32 == 0): the e4m3 bytes stored through the stage just read
     (``store_qk_staged``); min_ctas: CTAs per SM asked of ptxas (0: 512 threads at 128 registers; ``min_blocks``);
-    late_count (with fused_mean): K's blocks counted after the CTA's loop, not per block (``count_late``)."""
+    late_count (with fused_mean): K's blocks counted after the CTA's loop, not per block (``count_late``);
+    fwht_exchange (role "qk", rotate, coalesced, head_dim 128 / 256): the Hadamard's cross-lane stages in registers
+    after a lane exchange (``fwht_exchanged``, ``V3_FWHT_EXCHANGE``)."""
 
     role: str = "qk"
     rotate: bool = True
@@ -293,6 +307,7 @@ class PassConfig:
     staged_store: bool = False
     min_ctas: int = 0
     late_count: bool = False
+    fwht_exchange: bool = False
 
     def check(self, head_dim: int) -> None:
         """ValueError for a config or head_dim this pass is not built for."""
@@ -314,6 +329,9 @@ class PassConfig:
                                       and self.rows % 32 == 0):
             raise ValueError("fp8-quant: the staged store writes Q's / K's e4m3 through a coalesced stage (role 'qk', "
                              "coalesced, mode 'block' or 'given', rows a multiple of 32)")
+        if self.fwht_exchange and not (self.role == "qk" and self.rotate and self.coalesced and head_dim > 64):
+            raise ValueError("fp8-quant: fwht_exchange swaps the rotated Q / K chunks of a coalesced pass across lanes "
+                             f"(role 'qk', rotate, coalesced, head_dim 128 / 256; got head_dim {head_dim})")
         if not 0 <= self.min_ctas <= 32:
             raise ValueError(f"fp8-quant: min_ctas must be 0 .. 32, got {self.min_ctas}")
         if self.role == "v" and (self.rotate or self.smooth or self.shift):
@@ -395,7 +413,26 @@ class QuantPass:
         return thread_token(self.cfg.role, self.lanes, self.quads, tidx, slot)
 
     def chunk_of(self, tidx: Int32, slot: int) -> Int32:
-        """Chunk (16 channels) of a slot (``thread_chunk``)."""
+        """Chunk (16 channels) of a slot as read (``thread_chunk``; ``fwht_exchange``: ``exchange_chunk_in``)."""
+        if const_expr(self.cfg.fwht_exchange):
+            return exchange_chunk_in(self.lanes, tidx % self.lanes, slot)
+        return thread_chunk(self.cfg.role, self.lanes, self.quads, tidx, slot)
+
+    def smem_chunk_of(self, tidx: Int32, slot: int) -> Int32:
+        """Chunk position of a slot's signs / K's mean in shared memory: ``chunk_of``, or with ``fwht_exchange``
+        4 lane + slot (``exchange_pos`` of ``exchange_chunk_in``)."""
+        if const_expr(self.cfg.fwht_exchange):
+            return SLOTS * (tidx % self.lanes) + slot
+        return self.chunk_of(tidx, slot)
+
+    def smem_pos(self, channel: Int32) -> Int32:
+        """Where a channel's sign / K's mean is written in shared memory (``exchange_pos`` with ``fwht_exchange``)."""
+        if const_expr(self.cfg.fwht_exchange):
+            return exchange_pos(channel)
+        return channel
+
+    def out_chunk_of(self, tidx: Int32, slot: int) -> Int32:
+        """Chunk of a slot as stored (``thread_chunk``: ``store_e4m3`` puts the exchanged slots back in this order)."""
         return thread_chunk(self.cfg.role, self.lanes, self.quads, tidx, slot)
 
     @cute.jit
@@ -447,7 +484,7 @@ class QuantPass:
         staged_mean = self.cfg.staged_mean
         if const_expr(self.cfg.role == "qk"):
             for c in cutlass.range(tidx, D, self.num_threads, unroll=1):
-                sSigns[c] = mSigns[c]
+                sSigns[self.smem_pos(c)] = mSigns[c]
             cute.arch.barrier()
         # the thread's 16-bit values in shared memory, S stages; 16-byte piece p of thread t at
         # (p * threads + t) * 16 bytes of its stage (conflict-free), written by its own cp.async and read back
@@ -491,7 +528,7 @@ class QuantPass:
                 if cta + s * grid < total:
                     pb, ph, _, _ = self.decode(cta + s * grid, heads, n_tiles, n_blocks, n_sample)
                     for c in cutlass.range(tidx, D, self.num_threads, unroll=1):
-                        sMean[c, s] = mMean[pb, self.mean_head(ph, heads, mMean), c]
+                        sMean[self.smem_pos(c), s] = mMean[pb, self.mean_head(ph, heads, mMean), c]
         step = Int32(0)  # the CTA's items so far: stage step % S of the loads, parity step % 2 of the maxima
         for blk in cutlass.range(cta, total, grid, unroll=1):
             stage = step % S
@@ -529,14 +566,17 @@ class QuantPass:
             if const_expr((self.cfg.smooth or self.cfg.shift) and not staged_mean):
                 # K's mean for this block, in shared memory (a global load and a barrier per block)
                 for c in cutlass.range(tidx, D, self.num_threads, unroll=1):
-                    sMean[c, parity] = mMean[batch, self.mean_head(head, heads, mMean), c]
+                    sMean[self.smem_pos(c), parity] = mMean[batch, self.mean_head(head, heads, mMean), c]
                 cute.arch.barrier()
             if const_expr(self.cfg.shift):
                 self.lse_shift(x, sMean[None, mean_buf], mShift, scale, batch, head, tile, tidx)
             if const_expr(self.cfg.role == "qk"):
                 self.signs_and_smoothing(x, sSigns, sMean[None, mean_buf], tidx)
                 if const_expr(self.cfg.rotate):
-                    self.fwht(x, tidx % L)
+                    if const_expr(self.cfg.fwht_exchange):
+                        self.fwht_exchanged(x, tidx % L)
+                    else:
+                        self.fwht(x, tidx % L)
             if const_expr(self.cfg.kmean):
                 # a CTA's items ascend, so its K items follow all its V items: the amax buffers' alternation
                 # (one barrier per V block) is not broken by the K items, which have no barrier
@@ -573,7 +613,10 @@ class QuantPass:
                                    Float32, num_bits_per_copy=128)
         if tidx < self.head_dim // 4:
             src = cute.local_tile(mMean[batch, kv_head, None], (4,), (tidx,))
-            cute.copy(atom, src, cute.local_tile(sMean, (4,), (tidx,)))
+            if const_expr(self.cfg.fwht_exchange):
+                cute.copy(atom, src, cute.local_tile(sMean, (4,), (exchange_pos(4 * tidx) // 4,)))
+            else:
+                cute.copy(atom, src, cute.local_tile(sMean, (4,), (tidx,)))
 
     @cute.jit
     def k_partial_sums(self, x: cute.Tensor, mPart: cute.Tensor, inv_n: Float32, batch: Int32, head: Int32,
@@ -761,7 +804,10 @@ class QuantPass:
         16 bytes each (8 threads of a quarter warp hit 8 distinct 16-byte bank groups: ``piece_swizzle``)."""
         for j in cutlass.range_constexpr(SLOTS):
             for p in cutlass.range_constexpr(2):
-                piece = stage_piece(self.cfg.role, self.lanes, self.quads, self.head_dim, tidx, j, p)
+                if const_expr(self.cfg.fwht_exchange):
+                    piece = exchange_piece(self.lanes, self.head_dim, tidx, j, p)
+                else:
+                    piece = stage_piece(self.cfg.role, self.lanes, self.quads, self.head_dim, tidx, j, p)
                 src = cute.local_tile(sStage, (8,), (piece,))
                 cute.copy(s2r, src, cute.zipped_divide(raw[None, j], (8,))[None, p])
 
@@ -769,7 +815,7 @@ class QuantPass:
     def signs_and_smoothing(self, x: cute.Tensor, sSigns: cute.Tensor, sMean: cute.Tensor, tidx: Int32):
         """x = (x - mean) * sign per channel (smoothing, then the rotation's random signs / K's -1)."""
         for j in cutlass.range_constexpr(SLOTS):
-            c0 = self.chunk_of(tidx, j) * VEC
+            c0 = self.smem_chunk_of(tidx, j) * VEC
             sign = cute.make_rmem_tensor(VEC, Float32)
             cute.autovec_copy(cute.local_tile(sSigns, (VEC,), (c0 // VEC,)), sign)
             if const_expr(self.cfg.smooth):
@@ -789,7 +835,7 @@ class QuantPass:
         acc = Float32(0.0)
         for j in cutlass.range_constexpr(SLOTS):
             mean = cute.make_rmem_tensor(VEC, Float32)
-            cute.autovec_copy(cute.local_tile(sMean, (VEC,), (self.chunk_of(tidx, j),)), mean)
+            cute.autovec_copy(cute.local_tile(sMean, (VEC,), (self.smem_chunk_of(tidx, j),)), mean)
             for i in cutlass.range_constexpr(VEC):
                 acc = _fma(x[i, j], mean[i], acc)
         for b in cutlass.range_constexpr(self.lanes.bit_length() - 1):
@@ -825,6 +871,82 @@ class QuantPass:
                         a, c = x[i, j], x[i, j + h]
                         x[i, j] = a + c
                         x[i, j + h] = a - c
+
+    @cute.jit
+    def fwht_exchanged(self, x: cute.Tensor, lane: Int32):
+        """``fwht_exchange``: ``fwht``'s stages on the same pairs in the same order, none across lanes. The thread
+        holds chunks ``exchange_chunk_in`` (4 lane + (slot ^ lane)): h = 1 .. 8 inside a chunk, h = 16, 32 between
+        its slots k, k ^ (h / 16) (``pair_stage``); then slot k is swapped with lane lane ^ (k % L) (same slot;
+        ``exchange_partner``), and h = 64 (.. 128 at L = 4) pair its slots again (chunks ``exchange_chunk_out``)."""
+        L = self.lanes
+        bits = L.bit_length() - 1
+        for j in cutlass.range_constexpr(SLOTS):  # h = 1, 2, 4, 8: inside a chunk
+            for b in cutlass.range_constexpr(4):
+                h = 1 << b
+                for i in cutlass.range_constexpr(VEC):
+                    if const_expr((i & h) == 0):
+                        a, c = x[i, j], x[i + h, j]
+                        x[i, j] = a + c
+                        x[i + h, j] = a - c
+        for b in cutlass.range_constexpr(2):  # h = 16, 32: slot bit b (XOR lane bit b while b < log2 L)
+            self.pair_stage(x, lane, b, b < bits)
+        for j in cutlass.range_constexpr(1, SLOTS):  # the exchange: slot j with lane ^ (j % L)
+            if const_expr(j & (L - 1) != 0):
+                for i in cutlass.range_constexpr(VEC):
+                    x[i, j] = cute.arch.shuffle_sync_bfly(x[i, j], offset=j & (L - 1))
+        for b in cutlass.range_constexpr(bits):  # h = 64 (, 128): slot bit b, XOR lane bit b
+            self.pair_stage(x, lane, b, True)
+
+    @cute.jit
+    def pair_stage(self, x: cute.Tensor, lane: Int32, b: int, by_lane: bool):
+        """One FWHT stage between slots k and k ^ 2^b (k's bit b clear). by_lane: slot k holds the pair's lower
+        channel where lane's bit b is 0, its upper one where it is 1; with s = +-1 (1 - 2 bit), slot k gets
+        fma(x_k, s, x_k') and slot k' fma(x_k', -s, x_k): a + b and a - b, each one float32 rounding of the same exact
+        sum as ``fwht``'s (x - y is x + (-y); s x is exact). Otherwise slot k holds the lower one: a + b, a - b."""
+        h = 1 << b
+        s = Float32(1.0) - Float32(2.0) * Float32(lane >> b & 1)
+        for j in cutlass.range_constexpr(SLOTS):
+            if const_expr((j & h) == 0):
+                for i in cutlass.range_constexpr(VEC):
+                    a, c = x[i, j], x[i, j + h]
+                    if const_expr(by_lane):
+                        x[i, j] = _fma(a, s, c)
+                        x[i, j + h] = _fma(c, -s, a)
+                    else:
+                        x[i, j] = a + c
+                        x[i, j + h] = a - c
+
+    @cute.jit
+    def e4m3_slots(self, x: cute.Tensor, tidx: Int32) -> cute.Tensor:
+        """The thread's values as e4m3 (saturating), (VEC, SLOTS), slot j = chunk ``out_chunk_of(tidx, j)``. With
+        ``fwht_exchange`` slot d is taken from slot ``exchange_store_slot`` = tau(d) ^ lane of the exchanged values:
+        per lane bit b, 32-bit words of slots k, k ^ 2^b swapped where the bit is 1 (w ^ ((w ^ w') & mask), one LOP3
+        each), then the static tau."""
+        y8 = cute.make_rmem_tensor(cute.make_layout((VEC, SLOTS)), cutlass.Float8E4M3FN)
+        y8.store(x.load().to(cutlass.Float8E4M3FN))
+        if const_expr(not self.cfg.fwht_exchange):
+            return y8
+        L = self.lanes
+        lane = tidx % L
+        w = cute.recast_tensor(y8, Int32)  # (4, SLOTS): 16 e4m3 bytes of slot j = w[None, j]
+        W = VEC // 4
+        for b in cutlass.range_constexpr(L.bit_length() - 1):
+            h = 1 << b
+            mask = Int32(0) - (lane >> b & 1)
+            for j in cutlass.range_constexpr(SLOTS):
+                if const_expr((j & h) == 0):
+                    for r in cutlass.range_constexpr(W):
+                        a, c = w[r, j], w[r, j + h]
+                        t = (a ^ c) & mask
+                        w[r, j] = a ^ t
+                        w[r, j + h] = c ^ t
+        out = cute.make_rmem_tensor(cute.make_layout((VEC, SLOTS)), cutlass.Float8E4M3FN)
+        o = cute.recast_tensor(out, Int32)
+        for d in cutlass.range_constexpr(SLOTS):
+            src = exchange_store_slot(L, 0, d)  # tau(d); the lane's XOR is the selects above
+            for r in cutlass.range_constexpr(W):
+                o[r, d] = w[r, src]
+        return out
 
     @cute.jit
     def block_max(self, v: Float32, red: cute.Tensor, parity: Int32, tidx: Int32) -> Float32:
@@ -890,12 +1012,11 @@ class QuantPass:
     def store_qk(self, x: cute.Tensor, mY: cute.Tensor, batch: Int32, head: Int32, tile: Int32, tidx: Int32):
         """e4m3 (saturating) of the thread's token, one 16-byte store per chunk."""
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), cutlass.Float8E4M3FN, num_bits_per_copy=128)
-        y8 = cute.make_rmem_tensor(cute.make_layout((VEC, SLOTS)), cutlass.Float8E4M3FN)
-        y8.store(x.load().to(cutlass.Float8E4M3FN))
+        y8 = self.e4m3_slots(x, tidx)
         tok = tile * self.cfg.rows + self.token_of(tidx, 0)
         if tok < mY.shape[1]:
             for j in cutlass.range_constexpr(SLOTS):
-                dst = cute.local_tile(mY[batch, tok, head, None], (VEC,), (self.chunk_of(tidx, j),))
+                dst = cute.local_tile(mY[batch, tok, head, None], (VEC,), (self.out_chunk_of(tidx, j),))
                 cute.copy(atom, cute.zipped_divide(y8[None, j], (VEC,)), cute.zipped_divide(dst, (VEC,)))
 
     @cute.jit
@@ -908,8 +1029,7 @@ class QuantPass:
         token rows. Tokens past seqlen are not stored."""
         D, T = self.head_dim, self.num_threads
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), cutlass.Float8E4M3FN, num_bits_per_copy=128)
-        y8 = cute.make_rmem_tensor(cute.make_layout((VEC, SLOTS)), cutlass.Float8E4M3FN)
-        y8.store(x.load().to(cutlass.Float8E4M3FN))
+        y8 = self.e4m3_slots(x, tidx)
         sY = cute.make_tensor(cute.recast_ptr(sStage.iterator, dtype=cutlass.Float8E4M3FN),
                               cute.make_layout(self.cfg.rows * store_pitch(D) * VEC))
         for j in cutlass.range_constexpr(SLOTS):
@@ -1085,7 +1205,8 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
                     head_major: bool = False, k_count: torch.Tensor | None = None,
                     k_mean_out: torch.Tensor | None = None, staged_mean: bool = False,
                     k_sample_tokens: int | None = None, staged_store: bool = False,
-                    occupancy: bool = False, late_count: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                    occupancy: bool = False, late_count: bool = False,
+                    fwht_exchange: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """One tensor through the pass: (e4m3 data (like x, or v_t for role "v"), descale (B, H, T) float32).
 
     x: (B, N, H, D) float16 / bfloat16 CUDA; block: rows per scale block; signs: float32 (D,) on x's device
@@ -1106,7 +1227,9 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
     stored through the stage just read (``PassConfig.staged_store``; not in mode "amax"). occupancy (role "qk"):
     the CTAs per SM and stages of ``OCCUPANCY`` for (head_dim, block) where it has an entry (``PassConfig.min_ctas``;
     stages at most the given ones). late_count (with k_count): the fused mean's K blocks counted after each CTA's loop
-    (``PassConfig.late_count``; the same mean bit for bit)."""
+    (``PassConfig.late_count``; the same mean bit for bit). fwht_exchange (role "qk", rotate, coalesced, head_dim
+    128 / 256; ignored otherwise): the Hadamard's cross-lane stages after a lane exchange (``PassConfig.fwht_exchange``;
+    the same e4m3 bytes and descales)."""
     B, N, H, D = x.shape
     T_blocks = -(-N // block)
     x = interop.aligned(x)
@@ -1150,7 +1273,8 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
                          staged_mean=staged_mean and coalesced and (smooth or with_shift),
                          k_sample=kmean and k_sample_tokens is not None,
                          staged_store=staged_store and coalesced and role == "qk" and mode != "amax"
-                         and block % 32 == 0, min_ctas=min_ctas, late_count=late_count and fused and kmean)
+                         and block % 32 == 0, min_ctas=min_ctas, late_count=late_count and fused and kmean,
+                         fwht_exchange=fwht_exchange and role == "qk" and rotate and coalesced and D > 64)
         fn, ctas = _pass(dev, x.dtype, D, cfg)
         fn(x, y, descale, signs, mean_t, shift_t, k_t, parts_t, count_t, shift_scale,
            min(ctas, total + (k_items if kmean else 0), GRID_CAP or ctas))
@@ -1212,7 +1336,8 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Co
     if pipe == "v3":
         common.update(coalesced=V3_COALESCED, head_major=V3_HEAD_MAJOR)
         smooth_common = dict(common, staged_mean=V3_STAGED_MEAN and V3_COALESCED)  # it rides on coalesced stages
-        qk_common = dict(smooth_common, staged_store=staged_store_for(D) and V3_COALESCED, occupancy=V3_OCCUPANCY)
+        qk_common = dict(smooth_common, staged_store=staged_store_for(D) and V3_COALESCED, occupancy=V3_OCCUPANCY,
+                         fwht_exchange=V3_FWHT_EXCHANGE)
     else:
         smooth_common = qk_common = common
     # v2 launches V's pass first (plain launch), then K's and Q's with programmatic dependent launch, whose
