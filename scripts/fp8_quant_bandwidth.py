@@ -12,6 +12,8 @@ launch, ``V3_FUSED_MEAN``; "v3ss": v3s with Q's / K's e4m3 stored through shared
 fused mean for a sampled mean only (``V3_FUSED_SAMPLED_MEAN``) and ``V3_OCCUPANCY``; "def": the current default
 (staged mean on, staged store at head_dim 64 only, the rest off); "deff": def with the fused mean counted per K block
 (``V3_FUSED_MEAN``); "defl": def with the fused mean counted after each CTA's loop (``V3_FUSED_MEAN_LATE``);
+"defx": def with Q's / K's Hadamard lane exchange (``V3_FWHT_EXCHANGE``); "defb": def with one barrier per Q / K block
+(``V3_ONE_BARRIER``); "defxb": both;
 ``quant_kernel``) and recipe (default:
 block scales + Hadamard + K smoothing; "no-smooth": the same without smoothing; "sampled8": the default with
 K's mean over 8 evenly spaced K tiles, ``FP8Config(smooth_k_blocks=8)``; "sampled16": over 16), one
@@ -204,9 +206,11 @@ PIPES = {"v1": ("v1", {}), "v2": ("v2", {}), "v3": ("v3", {"V3_STAGED_MEAN": Fal
          "v3sfo": ("v3", {**_V3S, "V3_FUSED_SAMPLED_MEAN": True, "V3_OCCUPANCY": True})}
 # session 8: the current default as it is (the staged store's auto rule included) and the two fused means beside it
 _DEF = {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": None, "V3_OCCUPANCY": False, "V3_FUSED_SAMPLED_MEAN": False,
-        "V3_FUSED_MEAN": False, "V3_FUSED_MEAN_LATE": False}
+        "V3_FUSED_MEAN": False, "V3_FUSED_MEAN_LATE": False, "V3_FWHT_EXCHANGE": False, "V3_ONE_BARRIER": False}
 PIPES.update({"def": ("v3", _DEF), "deff": ("v3", {**_DEF, "V3_FUSED_MEAN": True}),
-              "defl": ("v3", {**_DEF, "V3_FUSED_MEAN_LATE": True})})
+              "defl": ("v3", {**_DEF, "V3_FUSED_MEAN_LATE": True}),
+              "defx": ("v3", {**_DEF, "V3_FWHT_EXCHANGE": True}), "defb": ("v3", {**_DEF, "V3_ONE_BARRIER": True}),
+              "defxb": ("v3", {**_DEF, "V3_FWHT_EXCHANGE": True, "V3_ONE_BARRIER": True})})
 
 
 def recipes() -> dict:

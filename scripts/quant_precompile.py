@@ -27,7 +27,12 @@ def tasks(which: str = "quant3") -> list[tuple[str, str, int, str]]:
     """(pipeline, dtype, head_dim, recipe): the superset of the test matrix (CASES) and the bandwidth script
     (which "quant3"), or what scripts/quant4_gpu.sh / quant5_gpu.sh / quant6_gpu.sh run (which "quant4" / "quant5" /
     "quant6": v3 as default, with and without the staged store, V3_STAGED_STORE; quant6 also with V3_OCCUPANCY), or
-    scripts/quant8_gpu.sh's (which "quant8": the current default, + V3_FUSED_MEAN, + V3_FUSED_MEAN_LATE)."""
+    scripts/quant8_gpu.sh's (which "quant8": the current default, + V3_FUSED_MEAN, + V3_FUSED_MEAN_LATE), or
+    scripts/quant9_gpu.sh's (which "quant9": the current default, + V3_FWHT_EXCHANGE, + V3_ONE_BARRIER, + both; the
+    default recipe at D 64 / 128 / 256 and no-smooth at 256)."""
+    if which == "quant9":  # the default recipe at every head_dim (bandwidth, tests, racecheck), no-smooth at 256 (tests)
+        out = [("v3", "bf16", d, f"default+{knob}") for d in HEAD_DIMS for knob in QUANT9_KNOBS]
+        return out + [("v3", "bf16", 256, f"no-smooth+{knob}") for knob in ("default9", "exchange9", "barrier9")]
     if which == "quant8":  # the current default, the fused mean per K block and after each CTA's loop
         out = [("v3", "bf16", d, f"{r}+{knob}") for d in HEAD_DIMS for r in ("default", "sampled8")
                for knob in QUANT8_KNOBS]
@@ -87,6 +92,12 @@ _Q8 = {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": None, "V3_OCCUPANCY": False, "
 QUANT8_KNOBS = {"default8": _Q8, "fused8": {**_Q8, "V3_FUSED_MEAN": True},
                 "late8": {**_Q8, "V3_FUSED_MEAN": True, "V3_FUSED_MEAN_LATE": True}}
 
+# --set quant9: the current default (staged store auto), the lane exchange, one barrier per Q / K block, both
+_Q9 = {**_Q8, "V3_FWHT_EXCHANGE": False, "V3_ONE_BARRIER": False}
+QUANT9_KNOBS = {"default9": _Q9, "exchange9": {**_Q9, "V3_FWHT_EXCHANGE": True},
+                "barrier9": {**_Q9, "V3_ONE_BARRIER": True},
+                "both9": {**_Q9, "V3_FWHT_EXCHANGE": True, "V3_ONE_BARRIER": True}}
+
 
 def config_of(recipe: str):
     from fa_variants.fp8 import FP8Config
@@ -105,7 +116,7 @@ def run(task: tuple[str, str, int, str]) -> str:
 
     pipeline, dtype, d, recipe = task
     recipe, _, knob = recipe.partition("+")  # knob: one of the KNOBS names (may hold a "+")
-    knobs = {**ABLATION_KNOBS, **QUANT5_KNOBS, **QUANT6_KNOBS, **QUANT8_KNOBS}.get(knob, {})
+    knobs = {**ABLATION_KNOBS, **QUANT5_KNOBS, **QUANT6_KNOBS, **QUANT8_KNOBS, **QUANT9_KNOBS}.get(knob, {})
     saved = {name: getattr(quant_kernel, name) for name in knobs}
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     t0 = time.perf_counter()
@@ -162,7 +173,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=14)
     parser.add_argument("--plan", action="store_true", help="list the tasks and exit (no GPU needed)")
-    parser.add_argument("--set", default="quant3", choices=("quant3", "quant4", "quant5", "quant6", "quant8"),
+    parser.add_argument("--set", default="quant3",
+                        choices=("quant3", "quant4", "quant5", "quant6", "quant8", "quant9"),
                         help="which script's passes (default quant3)")
     parser.add_argument("--unique", action="store_true",
                         help="record the tasks' passes first (no compile), then compile each distinct pass once")

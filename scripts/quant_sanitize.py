@@ -10,7 +10,9 @@ synccheck look at those. Sets: "quant3" (default): v3 and v3 + fused mean; "quan
 mean, + the fused mean over the sample; "quant5": the staged store, default and sampled recipes; "quant6": more CTAs
 per SM (``V3_OCCUPANCY``), alone and with the staged store, default and sampled recipes, D 64 / 128 only; "quant8": the
 fused mean counted after each CTA's loop (``V3_FUSED_MEAN_LATE``; a shared-memory list of the heads a CTA finishes),
-exact and sampled mean, the launch cut to 2 CTAs (``GRID_CAP``: several heads per CTA), D 64 / 128. Shapes: GQA,
+exact and sampled mean, the launch cut to 2 CTAs (``GRID_CAP``: several heads per CTA), D 64 / 128; "quant9": one barrier
+per Q / K block (``V3_ONE_BARRIER``: the block max's barrier also publishes the next stage) with the lane exchange
+(``V3_FWHT_EXCHANGE``), the launch cut to 2 CTAs (many blocks per CTA through the 3 stages), D 128 / 256. Shapes: GQA,
 batch 2, odd lengths (tails), D 64 / 128 / 256; each call checked against the torch recipe given the call's K mean.
 Prints "CALLS n FAILED m"; exit status 1 if a call differed.
 """
@@ -21,7 +23,8 @@ def main() -> int:
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--set", default="quant3", choices=("quant3", "quant4", "quant5", "quant6", "quant8"))
+    parser.add_argument("--set", default="quant3", choices=("quant3", "quant4", "quant5", "quant6", "quant8",
+                                                                   "quant9"))
     args = parser.parse_args()
     import torch
 
@@ -46,14 +49,17 @@ def main() -> int:
                 "quant8": [("fused_mean_late", {"V3_STAGED_MEAN": True, "V3_FUSED_MEAN_LATE": True, "GRID_CAP": 2},
                             FP8Config(), 257),
                            ("fused_mean_late+sampled2", {"V3_STAGED_MEAN": True, "V3_FUSED_MEAN_LATE": True,
-                                                         "GRID_CAP": 2}, FP8Config(smooth_k_blocks=2), 1100)]}
+                                                         "GRID_CAP": 2}, FP8Config(smooth_k_blocks=2), 1100)],
+                "quant9": [("one_barrier+fwht_exchange", {"V3_STAGED_MEAN": True, "V3_ONE_BARRIER": True,
+                                                          "V3_FWHT_EXCHANGE": True, "GRID_CAP": 2}, FP8Config(), 257)]}
     calls = failed = 0
     for label, knobs, config, nk in variants[args.set]:
         for name, value in knobs.items():
             setattr(qk, name, value)
         # quant6: the occupancy switch changes head_dim 64 / 128 only (``quant_kernel.OCCUPANCY``); quant8: two
         # head_dims keep racecheck (one small case per recipe) short
-        for d in (64, 128) if args.set in ("quant6", "quant8") else qk.HEAD_DIMS:
+        dims = {"quant6": (64, 128), "quant8": (64, 128), "quant9": (128, 256)}
+        for d in dims.get(args.set, qk.HEAD_DIMS):
             g = torch.Generator(device="cuda").manual_seed(d)
             q = torch.randn(2, 300, 8, d, device="cuda", generator=g).to(torch.bfloat16)
             k = (torch.randn(2, nk, 2, d, device="cuda", generator=g) + 1).to(torch.bfloat16)

@@ -501,6 +501,52 @@ def test_compiles_fwht_exchange(arch, head_dim, name, extra):
         cfg.check(64)
 
 
+def loop_barriers(sass: str) -> int:
+    """BAR.SYNC inside the widest loop of a SASS listing (a branch back to a label defined before it)."""
+    import re
+
+    lines = sass.splitlines()
+    labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"\s*(\.L_x_\d+):", line))}
+    loops = [(labels[m.group(1)], i) for i, line in enumerate(lines)
+             if (m := re.search(r"BRA `\((\.L_x_\d+)\)", line)) and labels.get(m.group(1), i) < i]
+    lo, hi = max(loops, key=lambda span: span[1] - span[0])
+    return sum("BAR.SYNC" in line for line in lines[lo:hi])
+
+
+ONE_BARRIER_PASSES = [(256, "q-shift", dict(rows=128, shift=True, staged_mean=True, pdl=True)),
+                      (128, "k-smooth", dict(rows=layout.tile_n(128), smooth=True, reverse=True, staged_mean=True,
+                                             pdl=True)),
+                      (256, "q-shift-exchange", dict(rows=128, shift=True, staged_mean=True, pdl=True,
+                                                     fwht_exchange=True)),
+                      (64, "q-plain", dict(rows=128))]
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("arch", ["sm_90a"], indirect=True)
+@pytest.mark.parametrize("head_dim,name,extra", ONE_BARRIER_PASSES,
+                         ids=[f"d{d}-{n}" for d, n, _ in ONE_BARRIER_PASSES])
+def test_compiles_one_barrier(arch, head_dim, name, extra):
+    """One barrier per Q / K block (``PassConfig.one_barrier``, sm_90a) against the same pass without it: the loop
+    holds 1 BAR.SYNC instead of 2 (the prologue one more outside it), one cp.async wait more (the next block's, before
+    the block max's barrier), the same loads, shuffles, float32 arithmetic, conversions and stores, no more local
+    memory; refused with the staged store (which reads its stage after the block max) and for V."""
+    cfg = qk.PassConfig(stages=3, coalesced=True, head_major=True, one_barrier=True, **extra)
+    base = dataclasses.replace(cfg, one_barrier=False)
+    c, c0 = (qk.VARIANT.compiled(qk.static_config(arch, torch.bfloat16, head_dim, x)) for x in (cfg, base))
+    sass, sass0 = cubin.sass_of(c.cubin), cubin.sass_of(c0.cubin)
+    assert loop_barriers(sass0) == 2 and loop_barriers(sass) == 1
+    names = ("LDGSTS", "SHFL.BFLY", "FADD", "FFMA", "FMUL", "FMNMX", "F2FP", "STG.E.128", "DEPBAR", "BAR.SYNC")
+    ops, ops0 = cubin.count_sass(sass, names), cubin.count_sass(sass0, names)
+    assert ops["DEPBAR"] == ops0["DEPBAR"] + 1 and ops["BAR.SYNC"] == ops0["BAR.SYNC"], (ops, ops0)
+    assert all(ops[n] == ops0[n] for n in names[:8]), (ops, ops0)
+    res, res0 = cubin.cubin_resources(c.cubin), cubin.cubin_resources(c0.cubin)
+    assert res["registers"] <= 128 and res["spill_bytes"] <= res0["spill_bytes"], (res, res0)
+    with pytest.raises(ValueError, match="one_barrier"):
+        dataclasses.replace(cfg, staged_store=True).check(head_dim)
+    with pytest.raises(ValueError, match="one_barrier"):
+        qk.PassConfig(role="v", rotate=False, stages=3, coalesced=True, one_barrier=True).check(head_dim)
+
+
 # the passes the default recipe and no-smooth launch at OCCUPANCY's (head_dim, rows): K at 64 (192 rows), Q at 64 / 128
 OCCUPANCY_PASSES = [((64, 192), "k-smooth", dict(smooth=True, reverse=True, staged_mean=True)),
                     ((64, 192), "qk-plain", dict(reverse=True)),
@@ -760,6 +806,18 @@ def test_v3_occupancy_bitwise(monkeypatch, head_dim, config):
     every output equals v3's without it bit for bit (``assert_switch_bitwise``; staged store off)."""
     monkeypatch.setattr(qk, "V3_STAGED_STORE", False)
     assert_switch_bitwise(monkeypatch, "V3_OCCUPANCY", head_dim, config, 17)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim,config,exchange", [(128, "default", False), (256, "default", False),
+                                                      (256, "no-smooth", False), (256, "default", True)])
+def test_v3_one_barrier_bitwise(monkeypatch, head_dim, config, exchange):
+    """One barrier per Q / K block (``V3_ONE_BARRIER``: synchronisation only) vs two: every output equal bit for bit
+    (``assert_switch_bitwise``: GQA, odd lengths, batch 3, a negative scale, NaN-poisoned memory, the torch recipe
+    given the pass's mean); exchange: both with ``V3_FWHT_EXCHANGE`` on. A missing wait or barrier shows as a block
+    read before its bytes landed (NaN-poisoned stages, other blocks' values), not as rounding."""
+    monkeypatch.setattr(qk, "V3_FWHT_EXCHANGE", exchange)
+    assert_switch_bitwise(monkeypatch, "V3_ONE_BARRIER", head_dim, config, 29)
 
 
 @pytest.mark.gpu

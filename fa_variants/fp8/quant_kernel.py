@@ -261,6 +261,13 @@ MEAN_LOADS = 32
 #: thread's channels, then across lanes) sums other channels per thread: equal to float32 rounding, not bit for bit.
 #: Off until measured (scripts/quant9_gpu.sh); FA_VARIANTS_FP8_QUANT_FWHT_EXCHANGE=1 (read at import) turns it on
 V3_FWHT_EXCHANGE = _env.flag("FA_VARIANTS_FP8_QUANT_FWHT_EXCHANGE", False)
+#: v3: one barrier per Q / K block instead of two (``PassConfig.one_barrier``; not with the staged store, which reads
+#: its stage after the block max): each thread waits for the next block's cp.async group before the block max's
+#: barrier, which then also publishes that block's stage and K mean (and certifies the stage to refill read), so the
+#: loop's stage barrier goes. At head_dim 256 (512 threads, one CTA per SM) every barrier waits for the slowest of 16
+#: warps with no other CTA to fill the SM. Synchronisation only: outputs bit for bit the default's. Off until measured
+#: (scripts/quant9_gpu.sh); FA_VARIANTS_FP8_QUANT_ONE_BARRIER=1 (read at import) turns it on
+V3_ONE_BARRIER = _env.flag("FA_VARIANTS_FP8_QUANT_ONE_BARRIER", False)
 
 
 def staged_store_for(head_dim: int) -> bool:
@@ -287,7 +294,9 @@ class PassConfig:
     (``store_qk_staged``); min_ctas: CTAs per SM asked of ptxas (0: 512 threads at 128 registers; ``min_blocks``);
     late_count (with fused_mean): K's blocks counted after the CTA's loop, not per block (``count_late``);
     fwht_exchange (role "qk", rotate, coalesced, head_dim 128 / 256): the Hadamard's cross-lane stages in registers
-    after a lane exchange (``fwht_exchanged``, ``V3_FWHT_EXCHANGE``)."""
+    after a lane exchange (``fwht_exchanged``, ``V3_FWHT_EXCHANGE``); one_barrier (role "qk", coalesced, no
+    staged_store): one barrier per block, the block max's, which also publishes the next block's stage
+    (``block_max``, ``V3_ONE_BARRIER``)."""
 
     role: str = "qk"
     rotate: bool = True
@@ -308,6 +317,7 @@ class PassConfig:
     min_ctas: int = 0
     late_count: bool = False
     fwht_exchange: bool = False
+    one_barrier: bool = False
 
     def check(self, head_dim: int) -> None:
         """ValueError for a config or head_dim this pass is not built for."""
@@ -332,6 +342,9 @@ class PassConfig:
         if self.fwht_exchange and not (self.role == "qk" and self.rotate and self.coalesced and head_dim > 64):
             raise ValueError("fp8-quant: fwht_exchange swaps the rotated Q / K chunks of a coalesced pass across lanes "
                              f"(role 'qk', rotate, coalesced, head_dim 128 / 256; got head_dim {head_dim})")
+        if self.one_barrier and not (self.role == "qk" and self.coalesced and not self.staged_store):
+            raise ValueError("fp8-quant: one_barrier merges a Q / K pass's stage barrier into its block-max barrier "
+                             "(role 'qk', coalesced, no staged_store: its stage is read again after that barrier)")
         if not 0 <= self.min_ctas <= 32:
             raise ValueError(f"fp8-quant: min_ctas must be 0 .. 32, got {self.min_ctas}")
         if self.role == "v" and (self.rotate or self.smooth or self.shift):
@@ -529,17 +542,26 @@ class QuantPass:
                     pb, ph, _, _ = self.decode(cta + s * grid, heads, n_tiles, n_blocks, n_sample)
                     for c in cutlass.range(tidx, D, self.num_threads, unroll=1):
                         sMean[self.smem_pos(c), s] = mMean[pb, self.mean_head(ph, heads, mMean), c]
+        if const_expr(self.cfg.one_barrier):
+            # the first item's pieces (and the prologue's K means) visible to every thread; later items' are
+            # published by the previous item's block-max barrier (``block_max``)
+            cute.arch.cp_async_wait_group(ahead - 1)
+            cute.arch.barrier()
         step = Int32(0)  # the CTA's items so far: stage step % S of the loads, parity step % 2 of the maxima
         for blk in cutlass.range(cta, total, grid, unroll=1):
             stage = step % S
             parity = step % 2
             batch, head, tile, is_k = self.decode(blk, heads, n_tiles, n_blocks, n_sample)
-            cute.arch.cp_async_wait_group(ahead - 1)  # this item's group (the later ones may be in flight)
+            if const_expr(not self.cfg.one_barrier):
+                cute.arch.cp_async_wait_group(ahead - 1)  # this item's group (the later ones may be in flight)
             if const_expr(self.cfg.coalesced):
                 # every thread's pieces of this item have landed, and every read of the stage refilled here
                 # (read in the previous iteration) is done; the refill is issued before this item's values are
-                # read into registers (fewer live registers while its addresses are computed)
-                cute.arch.barrier()
+                # read into registers (fewer live registers while its addresses are computed). one_barrier: both
+                # hold since the previous item's block-max barrier (every thread waited for this item's group and
+                # had read the previous item's stage before it)
+                if const_expr(not self.cfg.one_barrier):
+                    cute.arch.barrier()
                 if blk + ahead * grid < total:
                     nb, nh, nt, nk = self.decode(blk + ahead * grid, heads, n_tiles, n_blocks, n_sample)
                     self.load_block_coalesced(sStage[None, (step + ahead) % S], mX, mK, nb, nh, nt, nk, tidx, g2s)
@@ -951,11 +973,15 @@ class QuantPass:
     @cute.jit
     def block_max(self, v: Float32, red: cute.Tensor, parity: Int32, tidx: Int32) -> Float32:
         """max of v over the CTA: warp butterfly, then the warps' maxima through shared memory (buffer
-        ``parity``: consecutive blocks alternate, so one barrier per block suffices)."""
+        ``parity``: consecutive blocks alternate, so one barrier per block suffices). ``one_barrier``: each thread
+        first waits for the next item's cp.async group, so the barrier also publishes the next item's stage (and
+        K mean), and certifies every read of this item's stage done (its refill follows in the next iteration)."""
         for b in cutlass.range_constexpr(5):
             v = cute.arch.fmax(v, cute.arch.shuffle_sync_bfly(v, offset=16 >> b))
         if tidx % 32 == 0:
             red[tidx // 32, parity] = v
+        if const_expr(self.cfg.one_barrier):
+            cute.arch.cp_async_wait_group(self.cfg.stages - 2)  # the next item's group (S - 1 ahead, one newer)
         cute.arch.barrier()
         out = red[0, parity]
         for w in cutlass.range_constexpr(1, self.num_threads // 32):
@@ -1206,7 +1232,7 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
                     k_mean_out: torch.Tensor | None = None, staged_mean: bool = False,
                     k_sample_tokens: int | None = None, staged_store: bool = False,
                     occupancy: bool = False, late_count: bool = False,
-                    fwht_exchange: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                    fwht_exchange: bool = False, one_barrier: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """One tensor through the pass: (e4m3 data (like x, or v_t for role "v"), descale (B, H, T) float32).
 
     x: (B, N, H, D) float16 / bfloat16 CUDA; block: rows per scale block; signs: float32 (D,) on x's device
@@ -1229,7 +1255,8 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
     stages at most the given ones). late_count (with k_count): the fused mean's K blocks counted after each CTA's loop
     (``PassConfig.late_count``; the same mean bit for bit). fwht_exchange (role "qk", rotate, coalesced, head_dim
     128 / 256; ignored otherwise): the Hadamard's cross-lane stages after a lane exchange (``PassConfig.fwht_exchange``;
-    the same e4m3 bytes and descales)."""
+    the same e4m3 bytes and descales). one_barrier (role "qk", coalesced, no staged store; ignored otherwise): one
+    barrier per block (``PassConfig.one_barrier``; the same outputs)."""
     B, N, H, D = x.shape
     T_blocks = -(-N // block)
     x = interop.aligned(x)
@@ -1274,7 +1301,9 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
                          k_sample=kmean and k_sample_tokens is not None,
                          staged_store=staged_store and coalesced and role == "qk" and mode != "amax"
                          and block % 32 == 0, min_ctas=min_ctas, late_count=late_count and fused and kmean,
-                         fwht_exchange=fwht_exchange and role == "qk" and rotate and coalesced and D > 64)
+                         fwht_exchange=fwht_exchange and role == "qk" and rotate and coalesced and D > 64,
+                         one_barrier=one_barrier and role == "qk" and coalesced and not (
+                             staged_store and mode != "amax" and block % 32 == 0))
         fn, ctas = _pass(dev, x.dtype, D, cfg)
         fn(x, y, descale, signs, mean_t, shift_t, k_t, parts_t, count_t, shift_scale,
            min(ctas, total + (k_items if kmean else 0), GRID_CAP or ctas))
@@ -1337,7 +1366,7 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Co
         common.update(coalesced=V3_COALESCED, head_major=V3_HEAD_MAJOR)
         smooth_common = dict(common, staged_mean=V3_STAGED_MEAN and V3_COALESCED)  # it rides on coalesced stages
         qk_common = dict(smooth_common, staged_store=staged_store_for(D) and V3_COALESCED, occupancy=V3_OCCUPANCY,
-                         fwht_exchange=V3_FWHT_EXCHANGE)
+                         fwht_exchange=V3_FWHT_EXCHANGE, one_barrier=V3_ONE_BARRIER)
     else:
         smooth_common = qk_common = common
     # v2 launches V's pass first (plain launch), then K's and Q's with programmatic dependent launch, whose
