@@ -28,7 +28,7 @@
 # defx / defb that meets it alone.
 # Prediction (bench/NOTES.md, "Session 8 (2026-12-01): quantisation pass at head_dim 256: the Hadamard's lane exchange
 # and one barrier per block; predictions before the run"): D 256 K / Q pass 47.1 / 48.8 us (50 / 49% of copy) ->
-# defx 44-46 / 46-48, defb 44-46 / 45-47, defxb 41-44 / 43-46 us; whole call D 256 47.4% -> 49-51% (defxb); D 128
+# defx 44-47 / 46-49, defb 44-46 / 45-47, defxb 42-45 / 43-47 us; whole call D 256 47.4% -> 49-51% (defxb); D 128
 # K / Q 32.7 / 35.9 us -> within 0.97-1.00x; D 64 1.00 +- 0.02 (unchanged kernels). The 70% target stays missed.
 set -uo pipefail
 source "$(dirname "$0")/steps.sh"; help_from_header "$@"

@@ -136,6 +136,12 @@ computed (its outputs equal v2's bit for bit):
   fewer stages where shared memory needs it): 18 / 20 / 24 warps, so more warps hide the latency of each other's
   dependent chains (the session-6 ncu at head_dim 64: 7.1 cycles per issued instruction at 23% occupancy). Same
   operations: outputs equal v3's bit for bit.
+* Lane exchange (``V3_FWHT_EXCHANGE``, off until measured; ``PassConfig.fwht_exchange``): Q's / K's Hadamard at head_dim
+  128 / 256 without its cross-lane shuffle stages: each thread first holds 64 contiguous channels of its token, swaps
+  chunks once with the token's other lanes, and does every stage in registers (``fwht_exchanged``; the maps in
+  ``quant_maps``). Same operations: e4m3 and descales bit for bit v3's (the LSE shift: another summation order).
+* One barrier (``V3_ONE_BARRIER``, off until measured; ``PassConfig.one_barrier``): Q's / K's block-max barrier also
+  publishes the next block's stage, so the loop's stage barrier goes (not with the staged store). Outputs bit for bit.
 
 Blocks of more than ``MAX_BLOCK`` values (rows * head_dim > 32768, e.g. tile_n 256 at head_dim 256) do not
 fit one CTA's registers: ``why_not`` says so and ``quantize_fp8`` uses the torch path there, as for head_dim
