@@ -809,26 +809,26 @@ def test_v3_occupancy_bitwise(monkeypatch, head_dim, config):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("head_dim,config,exchange", [(128, "default", False), (256, "default", False),
-                                                      (256, "no-smooth", False), (256, "default", True)])
-def test_v3_one_barrier_bitwise(monkeypatch, head_dim, config, exchange):
-    """One barrier per Q / K block (``V3_ONE_BARRIER``: synchronisation only) vs two: every output equal bit for bit
-    (``assert_switch_bitwise``: GQA, odd lengths, batch 3, a negative scale, NaN-poisoned memory, the torch recipe
-    given the pass's mean); exchange: both with ``V3_FWHT_EXCHANGE`` on. A missing wait or barrier shows as a block
-    read before its bytes landed (NaN-poisoned stages, other blocks' values), not as rounding."""
+@pytest.mark.parametrize("head_dim,exchange", [(128, False), (256, False), (256, True)])
+def test_v3_one_barrier_bitwise(monkeypatch, head_dim, exchange):
+    """One barrier per Q / K block (``V3_ONE_BARRIER``: synchronisation only) vs two, the default recipe (K smoothed,
+    Q with the LSE shift: their staged K means ride on the stages the merged barrier publishes): every output equal
+    bit for bit (``assert_switch_bitwise``: GQA, odd lengths, batch 3, a negative scale, NaN-poisoned memory, the torch
+    recipe given the pass's mean); exchange: both sides with ``V3_FWHT_EXCHANGE`` on. A missing wait or barrier shows
+    as a block read before its bytes landed (NaN-poisoned stages, other blocks' values), not as rounding."""
     monkeypatch.setattr(qk, "V3_FWHT_EXCHANGE", exchange)
-    assert_switch_bitwise(monkeypatch, "V3_ONE_BARRIER", head_dim, config, 29)
+    assert_switch_bitwise(monkeypatch, "V3_ONE_BARRIER", head_dim, "default", 29)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("head_dim,config", [(128, "default"), (256, "default"), (256, "no-smooth")])
-def test_v3_fwht_exchange_bitwise(monkeypatch, head_dim, config):
+@pytest.mark.parametrize("head_dim", [128, 256])
+def test_v3_fwht_exchange_bitwise(monkeypatch, head_dim):
     """Q's / K's Hadamard with the lane exchange (``V3_FWHT_EXCHANGE``: the same float32 operations on the same pairs
     in the same stage order, other threads' registers) vs without: e4m3 bytes, descales, K's mean and V equal bit for
     bit, and the torch recipe given the pass's mean (``assert_switch_bitwise``: GQA, odd lengths, batch 3, a negative
     scale, NaN-poisoned memory); the LSE shift (Q's dot with K's mean summed over other channels per thread) within a
     few float32 ulps of its sum of |terms|."""
-    assert_switch_bitwise(monkeypatch, "V3_FWHT_EXCHANGE", head_dim, config, 23, shift_exact=False)
+    assert_switch_bitwise(monkeypatch, "V3_FWHT_EXCHANGE", head_dim, "default", 23, shift_exact=False)
 
 
 @pytest.mark.gpu

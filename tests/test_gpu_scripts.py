@@ -433,7 +433,7 @@ def test_quant8_sets_and_pass_shares():
 def test_quant9_sets():
     """scripts/quant9_gpu.sh's pieces on the CPU: the bandwidth labels defx / defb / defxb (the current default + the
     lane exchange, + one barrier per block, + both; every switch a quant_kernel name), the precompile set (four knobs x
-    the default recipe x three head_dims, no-smooth at 256 without "both"), the sanitizer's set, and the script's
+    the default recipe x three head_dims), the sanitizer's set, and the script's
     step limits within the cold-machine budget (<= 100 s)."""
     import re
 
@@ -449,7 +449,7 @@ def test_quant9_sets():
     assert quant_kernel.V3_FWHT_EXCHANGE is False and quant_kernel.V3_ONE_BARRIER is False  # off until measured
     pre = load_script("quant_precompile")
     tasks = pre.tasks("quant9")
-    assert len(tasks) == len(set(tasks)) == 15 and ("v3", "bf16", 256, "no-smooth+barrier9") in tasks
+    assert len(tasks) == len(set(tasks)) == 12 and ("v3", "bf16", 256, "default+both9") in tasks
     assert all(t[3].partition("+")[2] in pre.QUANT9_KNOBS for t in tasks)
     assert all(hasattr(quant_kernel, n) for knobs in pre.QUANT9_KNOBS.values() for n in knobs)
     text = (ROOT / "scripts" / "quant9_gpu.sh").read_text()
