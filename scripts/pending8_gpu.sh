@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# pending8_gpu.sh: what session 8 changed after its last GPU run (its device time ran out), on one H200. <= 3 min (cold machine: each step compiles its kernels).
+# pending8_gpu.sh: what session 8 changed after its last GPU run (its device time ran out), on one H200. <= 8 min (cold machine).
 #
 #   source .gpu/env.sh && scripts/pending8_gpu.sh          (repository root; writes under $OUT; --help: this text)
 #
@@ -10,7 +10,10 @@
 # 2. tests/test_fa3_gpu.py -k "alpha_first_same_values or alpha_variants": alpha_first is D 128's default since
 #    session 8 (its A/B passed 8 GPU tests before the flip); the same-values test now compares against the default
 #    without it (it compared the default with itself after the flip).
-# Pass: 0 failed, 0 errors in both steps (an rc 124 after the "[100%]" line is xdist's teardown, not a failure).
+# 3. scripts/fa3gap9_gpu.sh (issue 12: Sm90Config.rescale_first at D 64, the alpha-256 / pairs-256 / fa4-256 variants
+#    at D 256, beside flash-attn-4) and scripts/quant9_gpu.sh (issue 10: the quantisation pass's Hadamard lane exchange
+#    and one barrier per block); each script's header has its pass rule, prediction and flip rule.
+# Pass: 0 failed, 0 errors in steps 1-2 (an rc 124 after the "[100%]" line is xdist's teardown, not a failure).
 set -uo pipefail
 source "$(dirname "$0")/steps.sh"; help_from_header "$@"
 out="${OUT:-results}/pending8"; session_setup "$out"
@@ -19,6 +22,11 @@ step compile_graphs 100 python3 -m pytest -q $NPROC -m gpu -p no:cacheprovider -
 step alpha 80 python3 -m pytest -q $NPROC -m gpu -p no:cacheprovider --tb=short -rfEX tests/test_fa3_gpu.py \
   -k "alpha_first_same_values or alpha_variants"
 stop_clocks
+for s in fa3gap9 quant9; do
+  mkdir -p "$out/$s"; OUT="$out/$s" bash "$(dirname "$0")/${s}_gpu.sh" > "$out/$s.out" 2>&1
+  echo "== $s: rc=$?"
+done
 for s in compile_graphs alpha; do
   echo "-- $s"; grep -E "^(FAILED|ERROR)|passed|failed|\[100%\]" "$LOGS/$s.log" | tail -n 8
 done
+for s in fa3gap9 quant9; do echo "-- $s"; tail -n 40 "$out/$s.out"; done
