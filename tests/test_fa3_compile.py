@@ -83,6 +83,17 @@ def test_config_limits():
             fa3.Fa3Config(**dict(on, **bad)).check(128)
 
 
+def test_bench_fa3_ablations_are_valid_configs():
+    """fa_variants.commands.bench_fa3's --ablation and --sweep changes make configs fa3 accepts at every head dim
+    they run at (exact-exp2 turns alpha_first off with exp2_ffma: D 128's default since session 8 needs both)."""
+    pytest.importorskip("torch")
+    from fa_variants.commands import bench_fa3
+
+    for head_dim, base in fa3.DEFAULT_CONFIGS.items():
+        for change in list(bench_fa3.ABLATIONS.values()) + list(bench_fa3.SWEEP.get(head_dim, {}).values()):
+            dataclasses.replace(base, **change).check(head_dim)
+
+
 def test_tma_operand_preparation():
     """Inputs TMA can read are passed as they are; broadcasts and misaligned views are copied."""
     torch = pytest.importorskip("torch")

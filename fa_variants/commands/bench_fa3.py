@@ -26,7 +26,8 @@ ABLATIONS = {
     "fa3 no-pingpong": dict(pingpong=False),
     "fa3 no-overlap": dict(intra_wg_overlap=False),
     "fa3 neither": dict(pingpong=False, intra_wg_overlap=False),
-    "fa3 exact-exp2": dict(exp2_ffma=False),  # not in FA3's Table 2: the cost of the exact softmax exponent
+    # not in FA3's Table 2: the cost of the exact softmax exponent (alpha_first, D 128's default, needs exp2_ffma)
+    "fa3 exact-exp2": dict(exp2_ffma=False, alpha_first=False),
 }
 
 
