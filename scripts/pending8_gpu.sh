@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# pending8_gpu.sh: what session 8 changed after its last GPU run (its device time ran out), on one H200. <= 8 min (cold machine).
+# pending8_gpu.sh: what session 8 changed after its last GPU run (its device time ran out), on one H200. <= 8.5 min (cold machine).
 #
 #   source .gpu/env.sh && scripts/pending8_gpu.sh          (repository root; writes under $OUT; --help: this text)
 #
 # 1. tests/test_torch_compile.py -m gpu: session 8's GPU suite failed both reduce-overhead cases ("tensor(s) in the
 #    cudagraph pool not tracked as outputs": torch.compile's CUDA-graph warm-up allocates from the graph's pool
 #    uncaptured, and common.workspace cached split scratch allocated there); fixed by workspace.uncached() around the
-#    custom op, CPU-tested only.
+#    custom op, CPU-tested only; and test_fp8_compile_reduce_overhead_first_call (backend fa3-fp8 as the process's
+#    first fp8 call: the quantisation pass's cached signs / zeros are made through workspace.persistent, on a side
+#    stream outside the graph's pool; its 4 kernels compile in one worker: 130 s).
 # 2. tests/test_fa3_gpu.py -k "alpha_first_same_values or alpha_variants": alpha_first is D 128's default since
 #    session 8 (its A/B passed 8 GPU tests before the flip); the same-values test now compares against the default
 #    without it (it compared the default with itself after the flip).
@@ -18,7 +20,7 @@ set -uo pipefail
 source "$(dirname "$0")/steps.sh"; help_from_header "$@"
 out="${OUT:-results}/pending8"; session_setup "$out"
 NPROC=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8" || echo "")
-step compile_graphs 100 python3 -m pytest -q $NPROC -m gpu -p no:cacheprovider --tb=short -rfEX tests/test_torch_compile.py
+step compile_graphs 130 python3 -m pytest -q $NPROC -m gpu -p no:cacheprovider --tb=short -rfEX tests/test_torch_compile.py
 step alpha 80 python3 -m pytest -q $NPROC -m gpu -p no:cacheprovider --tb=short -rfEX tests/test_fa3_gpu.py \
   -k "alpha_first_same_values or alpha_variants"
 stop_clocks

@@ -423,6 +423,63 @@ def test_uncached_scope_leaves_no_buffer_behind(monkeypatch):
     workspace.clear()
 
 
+def test_persistent_tensors_are_made_off_the_current_stream(monkeypatch):
+    """common.workspace.persistent: inside uncached() on a CUDA device (not capturing), a tensor kept for the process
+    is made on a side stream that waited for the current one, then synchronised (torch.compile's CUDA-graph warm-up
+    routes the current stream's allocations to the graph's pool); outside the scope or under capture, as it is. The
+    fp8 quantisation pass's cached constants (Hadamard signs, placeholder zeros) go through it."""
+    import contextlib
+
+    from fa_variants.common import workspace
+
+    events = []
+
+    class Side:
+        def __init__(self, device):
+            events.append("new")
+
+        def wait_stream(self, other):
+            events.append(("wait", other))
+
+        def synchronize(self):
+            events.append("sync")
+
+    @contextlib.contextmanager
+    def on(stream):
+        events.append("enter")
+        yield
+        events.append("exit")
+
+    monkeypatch.setattr(torch.cuda, "Stream", Side)
+    monkeypatch.setattr(torch.cuda, "stream", on)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: "current")
+    capture = [False]
+    monkeypatch.setattr(workspace, "capturing", lambda device: capture[0])
+    cuda, make = torch.device("cuda", 0), lambda: events.append("make") or 7  # noqa: E731
+    assert workspace.persistent(cuda, make) == 7 and events == ["make"]
+    events.clear()
+    with workspace.uncached():
+        assert workspace.persistent(cuda, make) == 7
+        assert events == ["new", ("wait", "current"), "enter", "make", "exit", "sync"]
+        events.clear()
+        capture[0] = True
+        assert workspace.persistent(cuda, make) == 7 and events == ["make"]
+        events.clear()
+        assert workspace.persistent(torch.device("cpu"), make) == 7 and events == ["make"]
+
+    pytest.importorskip("cutlass")
+    from fa_variants.fp8 import quant_kernel
+
+    seen = []
+    monkeypatch.setattr(workspace, "persistent", lambda device, make: seen.append(device) or make())
+    monkeypatch.setattr(quant_kernel, "_CONSTANTS", {})
+    cpu = torch.device("cpu")
+    signs = quant_kernel._signs(cpu, 64, 0, True)
+    zeros = quant_kernel._zeros(cpu, (1, 1, 64))
+    assert seen == [cpu, cpu] and quant_kernel._signs(cpu, 64, 0, True) is signs and seen == [cpu, cpu]
+    assert signs.abs().eq(1).all() and not zeros.any()
+
+
 def test_custom_op_runs_in_the_uncached_scope(monkeypatch):
     """torch.ops.fa_variants.attention (what torch.compile traces fa_variants.attention into) runs the backend
     inside workspace.uncached(), and leaves the scope on return."""

@@ -24,7 +24,8 @@ The rule (who may share a buffer):
   captured calls do, and fresh zeroed counters, and leave nothing behind: torch.compile's CUDA graphs
   (mode="reduce-overhead") run their warm-up calls uncaptured but allocating from the graph's private pool, so a
   buffer first cached there would belong to the pool while this module kept it ("tensor(s) in the cudagraph pool
-  not tracked as outputs"); the capture flag cannot see that phase.
+  not tracked as outputs"); the capture flag cannot see that phase. Tensors a caller keeps for the process
+  (constants) are made through ``persistent``, outside that pool.
 * CPU tensors (tests): a fresh allocation per call; with ``CACHE_CPU`` (scripts/api_overhead.py's stubbed CPU
   run, to time the host path as a CUDA device runs it) one cached buffer, as for one CUDA stream.
 
@@ -101,6 +102,22 @@ def uncached():
 
 def _uncached_now() -> bool:
     return getattr(_SCOPE, "uncached", 0) > 0
+
+
+def persistent(device: torch.device, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """``make()``, for a tensor its caller keeps for the process (constants made once per device, e.g. the fp8
+    quantisation pass's Hadamard signs): inside ``uncached()`` on a CUDA device, outside capture, it runs on a
+    side stream, which torch.compile's CUDA-graph warm-up does not route to the graph's private pool (that pool
+    takes the current stream's allocations only), then waits for that stream: the tensor never belongs to the
+    pool (module docstring). Elsewhere ``make()`` as it is."""
+    if device.type != "cuda" or not _uncached_now() or capturing(device):
+        return make()
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        made = make()
+    side.synchronize()
+    return made
 
 
 def views(device: torch.device, partials: int, counters: int, geometry, make: Callable[..., tuple],

@@ -164,7 +164,7 @@ from cutlass._mlir.dialects import math as mlir_math
 from cutlass.cutlass_dsl import dsl_user_op
 
 from fa_variants.common import env as _env
-from fa_variants.common import interop
+from fa_variants.common import interop, workspace
 from fa_variants.common.cache import StaticConfig
 from fa_variants.common.launch import Variant
 from fa_variants.common.softmax import bits_f32, f32_bits
@@ -1167,6 +1167,7 @@ def why_not(q: torch.Tensor, config: FP8Config) -> str | None:
 # per process: (device, dtype, head_dim, PassConfig) -> (compiled function, CTAs per launch at most)
 _PASSES: dict[tuple, tuple] = {}
 # per process: (device, head_dim, seed, negate) -> float32 signs on the device; (device, head_dim) -> zeros
+# (``workspace.persistent``: never in a torch.compile CUDA graph's pool)
 _CONSTANTS: dict[tuple, torch.Tensor] = {}
 
 
@@ -1216,7 +1217,8 @@ def _signs(device: torch.device, head_dim: int, seed: int | None, negate: bool) 
     hit = _CONSTANTS.get(key)
     if hit is None:
         s = HadamardRotation(head_dim, seed).signs if seed is not None else torch.ones(head_dim)
-        hit = _CONSTANTS[key] = (-s if negate else s).to(device, torch.float32).contiguous()
+        hit = _CONSTANTS[key] = workspace.persistent(
+            device, lambda: (-s if negate else s).to(device, torch.float32).contiguous())
     return hit
 
 
@@ -1225,7 +1227,7 @@ def _zeros(device: torch.device, shape: tuple, dtype: torch.dtype = torch.float3
     key = (device, shape, dtype)
     hit = _CONSTANTS.get(key)
     if hit is None:
-        hit = _CONSTANTS[key] = torch.zeros(shape, device=device, dtype=dtype)
+        hit = _CONSTANTS[key] = workspace.persistent(device, lambda: torch.zeros(shape, device=device, dtype=dtype))
     return hit
 
 
@@ -1330,8 +1332,6 @@ def _fused_scratch(device: torch.device, B: int, Hkv: int, P: int, D: int) -> tu
     """K's partial sums (B, Hkv, P, D) float32 and the (B * Hkv,) int32 counters of the fused mean, from the
     per-(device, stream) scratch of ``common.workspace`` (counters zero and left zero by the kernel; the partials
     are consumed inside the launch, so the stream's next user may reuse them)."""
-    from fa_variants.common import workspace
-
     n_parts, n_count = B * Hkv * P * D, B * Hkv
 
     def make(partials, counters):
