@@ -542,6 +542,9 @@ def test_decode_pdl_min_splits_adds_unsplit_calls(h200, split_enabled, monkeypat
     got = [fa3._problem_config(None, *_qk(*s), True) for s in shapes]
     assert got[:2] == [dataclasses.replace(c, pdl=True) for c in before[:2]] and got[2:] == before[2:]
     assert any(c.pdl and c.num_splits == 1 and c.ctas_per_sm == 2 for c in fa3._auto_configs(128))
+    monkeypatch.setattr(fa3, "DECODE_PDL_MIN_SPLITS", 3)  # split calls of 3..8 splits: their PDL kernel still warmed
+    assert not fa3.decode_pdl(2) and fa3.decode_pdl(3)
+    assert any(c.pdl and c.num_splits == 0 and c.pack_gqa and not c.pack_group for c in fa3._auto_configs(128))
     monkeypatch.setenv("FA_VARIANTS_DECODE_PDL_MIN_SPLITS", "0")
     with pytest.raises(ValueError, match="^FA_VARIANTS_DECODE_PDL_MIN_SPLITS must be an int >= 1"):
         env.integer("FA_VARIANTS_DECODE_PDL_MIN_SPLITS", "2", 1)

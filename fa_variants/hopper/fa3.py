@@ -519,7 +519,8 @@ def _auto_configs(head_dim: int, groups: tuple[int, ...] = ()) -> tuple[Sm90Conf
     (``_packed_rows_configs``; seqlen_q = 1 packs through host views, one kernel for every group)."""
     rows = tuple(c for g in dict.fromkeys(groups) for c in _packed_rows_configs(head_dim, g))
     packed = (_PACKED_CONFIGS[head_dim],) + ((_merge_mode(_PACKED_SPLIT_CONFIGS[head_dim]),) if SPLIT_KV_ENABLED else ())
-    counts = lambda c: (1,) if c.num_splits == 1 else (2, split.MAX_SPLITS)  # noqa: E731 (PDL on and off)
+    # PDL on and off: the fewest splits that may launch with it (DECODE_PDL_MIN_SPLITS, from 2) and the most
+    counts = lambda c: (1,) if c.num_splits == 1 else (max(DECODE_PDL_MIN_SPLITS, 2), split.MAX_SPLITS)  # noqa: E731
     choices = ("base", DECODE_FULL_GRID) if DECODE_TILES_CHOICE == "auto" else (DECODE_TILES_CHOICE,)
     first = (False, True) if DECODE_FIRST_ROW else (False,)  # first_row_only: groups <= 8 (first_row)
     decode = tuple(_merge_mode(first_row(decode_tiles(c, head_dim, t, pdl=decode_pdl(n)), 1, f))
