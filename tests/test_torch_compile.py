@@ -211,14 +211,12 @@ def test_fp8_compile_reduce_overhead_first_call():
     (common.workspace.persistent / uncached: "tensor(s) in the cudagraph pool not tracked as outputs"). Replays
     with fresh inputs copied in must match eager calls (the same kernels), and eager must be near float64's."""
     from fa_variants import dispatch
-    from fa_variants.common import workspace
 
     if dispatch.device_capability(torch.device("cuda")) != (9, 0):
         pytest.skip("fa3-fp8 runs on sm90 only")
     from fa_variants.fp8 import quant_kernel
 
-    quant_kernel._CONSTANTS.clear()  # as in a fresh process
-    workspace.clear()
+    quant_kernel._CONSTANTS.clear()  # as in a fresh process (the split scratch: workspace.uncached, never cached)
 
     def fn(q, k, v):
         return fa_variants.attention(q, k, v, causal=True, backend="fa3-fp8")
