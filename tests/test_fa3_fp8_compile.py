@@ -119,6 +119,7 @@ def test_pv_slices_pipelined():
                                         (dict(promote_every=0), "promote_every"),
                                         (dict(promote_every=2, pv_split=2, intra_wg_overlap=False), "promote_every"),
                                         (dict(num_splits=2), "num_splits=2"),
+                                        (dict(fused_promote=True), "fused_promote needs s_lookahead"),
                                         (dict(rescale_o_before_pv=True, intra_wg_overlap=True, tile_n=128),
                                          "rescale_o_before_pv")])
 def test_config_errors(bad, match):
@@ -227,3 +228,20 @@ def test_q_tail_first_compiles_without_spills():
     counts = cubin.count_sass(_sass(cfg, head_dim=64, causal=True))
     assert counts["LDL"] == counts["STL"] == 0 and counts["UTMALDG"] > 0 and counts["UTMASTG"] > 0, counts
     assert counts["MUFU.EX2"] >= 2 * 66, counts  # the masked and the free loop, 64 scores + 2 alphas a thread each
+
+
+def test_fused_promote():
+    """fused_promote (head_dim 256 default + the switch; session 8): O *= alpha folded into the promotion, O = alpha' O +
+    tmp. Against the default's SASS: the FMUL block of O *= alpha (128 a thread, under the unit-alpha branch) is gone,
+    the promotions are still >= 32 FFMAs between a slice's wait and the next issue, the QGMMAs are the same, and no
+    spills (the first visited tile copies tmp into O: keeping alpha live across that step's turn spilled 80 bytes)."""
+    base = _sass(fa3_fp8.DEFAULT_CONFIGS[256], head_dim=256, causal=True)
+    s = _sass(dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[256], fused_promote=True), head_dim=256, causal=True)
+    ops = cubin.SASS_OPCODES + ("FMUL",)
+    counts, base_counts = cubin.count_sass(s, ops), cubin.count_sass(base, ops)
+    assert counts["LDL"] == counts["STL"] == 0, counts
+    assert counts["QGMMA"] == base_counts["QGMMA"], (counts["QGMMA"], base_counts["QGMMA"])
+    assert counts["FMUL"] <= base_counts["FMUL"] - 2 * 128, (counts["FMUL"], base_counts["FMUL"])  # masked + free loop
+    between = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x1 ;((?:(?!QGMMA).)*?)WARPGROUP\.ARRIVE", s, re.S)
+    ffmas = [len(re.findall(r"\bFFMA\b", b)) for b in between]  # the first visited tile's steps copy (no FFMA)
+    assert sum(n >= 32 for n in ffmas) >= 8, ffmas  # the masked and the free loop, four slices each

@@ -4,6 +4,7 @@
 ``common.exp2_poly``), ``descale_prefetch`` (K/V descales read ahead), ``reduce_chains`` (row max and row sum in independent chains; session 6,
 head_dim 64/128: ``FP8SMALL_VARIANTS``), the lookahead schedule at 128 (session 7:
 ``FP8MID_VARIANTS``), ``q_tail_first`` (the partial query tile first under causal masking; session 7: ``FP8D128_VARIANTS``),
+``fused_promote`` at head_dim 256 (O *= alpha folded into the two-level promotion; session 8: ``FP8TWO_VARIANTS``),
 the defaults before session 5 ("old"), and the
 combinations scripts/fa3_fp8_speed_ab.py times (``--set fp8speed`` / ``fp8flip``, whose precompile builds these).
 
@@ -104,6 +105,13 @@ FP8D128_VARIANTS = {
     "fp8d128-d64-tn128_tail": (64, dict(tile_n=128, q_tail_first=True)),
 }
 
+# session 8, head_dim 256 (scripts/fa3_fp8_speed_ab.py FP8TWO_VARIANTS, "fp8two-d256-<name>"): fused_promote (O in units
+# of the tile's v_descale, O *= alpha folded into the promotion)
+FP8TWO_VARIANTS = {
+    "fp8two-d256-fused": (256, dict(fused_promote=True)),
+}
+
+
 def _inputs(shape, head_dim, seed):
     B, Nq, Nk, H, Hkv = shape
     g = torch.Generator(device="cuda").manual_seed(seed)
@@ -113,7 +121,8 @@ def _inputs(shape, head_dim, seed):
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
-@pytest.mark.parametrize("variant", [*FP8_VARIANTS, *FP8SMALL_VARIANTS, *FP8MID_VARIANTS, *FP8D128_VARIANTS])
+@pytest.mark.parametrize("variant", [*FP8_VARIANTS, *FP8SMALL_VARIANTS, *FP8MID_VARIANTS, *FP8D128_VARIANTS,
+                                     *FP8TWO_VARIANTS])
 def test_fp8_variant_vs_emulation(fp8_kernel, variant, shape, causal, request, nan_allocations):
     _check_variant(fp8_kernel, variant, shape, causal, zlib.crc32(request.node.nodeid.encode()), nan_allocations)
 
@@ -136,7 +145,7 @@ def _check_variant(fp8_kernel, variant, shape, causal, seed, nan_allocations):
     from fa_variants.fp8.quantize import quantize_fp8_torch
     from fa_variants.reference import attention_reference
 
-    D, change = {**FP8_VARIANTS, **FP8SMALL_VARIANTS, **FP8MID_VARIANTS, **FP8D128_VARIANTS}[variant]
+    D, change = {**FP8_VARIANTS, **FP8SMALL_VARIANTS, **FP8MID_VARIANTS, **FP8D128_VARIANTS, **FP8TWO_VARIANTS}[variant]
     cfg = dataclasses.replace(fp8_kernel.DEFAULT_CONFIGS[D], **change)
     q, k, v = _inputs(shape, D, seed)
     # the emulation's accumulation (two_level, interval) comes from the recipe; a variant with another tile_n gets
@@ -151,6 +160,32 @@ def _check_variant(fp8_kernel, variant, shape, causal, seed, nan_allocations):
     emu32, emu_lse = fp8.emulate_fp8_attention(inp, causal=causal, exp2_emu=cfg.exp2_emu, tile_m=cfg.tile_m)
     exact, _ = attention_reference(q, k, v, causal=causal, dtype=torch.float64)
     assert_fp8_matches_emulation(out, lse, emu32, emu_lse, exact, variant=variant, seed=seed)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", [(1, 300, 1000, 4, 2)], ids=["1x300x1000x4x2"])  # (the id scripts' --drop-failed reads)
+@pytest.mark.parametrize("variant", list(FP8TWO_VARIANTS))
+def test_fp8two_v_scales_spread(fp8_kernel, variant, shape, causal, nan_allocations):
+    """fused_promote keeps O in units of the tile's v_descale (O / v_descale[n], the unit changed by v_descale[n + 1] /
+    v_descale[n] every tile): V blocks whose magnitudes span 2^-8 .. 2^8 and one all-zero block (descale 2^-110, the
+    quantiser's floor: O / v_descale ~ 2^110 |O|) against the emulation and float64. Nk 1000: eight 128-key tiles, the
+    last partial, every row visits the zero tile (causal: rows see 701..1000 keys)."""
+    from fa_variants import fp8
+    from fa_variants.reference import attention_reference
+
+    D, change = FP8TWO_VARIANTS[variant]
+    cfg = dataclasses.replace(fp8_kernel.DEFAULT_CONFIGS[D], **change)
+    q, k, v = _inputs(shape, D, 11 + causal)
+    exponents = torch.tensor([-8, 8, 0, -3, 5, 0, 2, -6], device="cuda")  # per 128-key tile
+    v = (v.float() * torch.exp2(exponents.repeat_interleave(128)[:1000].float()).view(1, -1, 1, 1)).to(torch.bfloat16)
+    v[:, 640:768] = 0  # tile 5: all zeros
+    inp = fp8.quantize_fp8(q, k, v)
+    assert inp.v_descale[..., 5].max().item() < 2.0**-100  # the zero block's floor descale
+    with nan_allocations():
+        out, lse = fp8_kernel.run_fp8(inp, causal=causal, out_dtype=torch.bfloat16, config=cfg)
+    emu32, emu_lse = fp8.emulate_fp8_attention(inp, causal=causal, tile_m=cfg.tile_m)
+    exact, _ = attention_reference(q, k, v, causal=causal, dtype=torch.float64)
+    assert_fp8_matches_emulation(out, lse, emu32, emu_lse, exact, variant=variant, seed=11 + causal)
 
 
 def test_fp8_exp2_emu_every_score(fp8_kernel, nan_allocations):

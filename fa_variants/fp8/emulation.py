@@ -27,7 +27,9 @@ tiles of ``FP8Inputs.block_n`` keys (its tile_n: the K/V scale blocks are its ti
           + v_descale acc rounded (v_descale a power of two: the product exact). The kernel with
           ``skip_unit_rescale`` at promote_every 1 (its default at head_dim 128, 256) rounds the same way (FMUL,
           FFMA; A = 1 skips the FMUL, exactly); at promote_every > 1, or without the switch, ptxas fuses
-          A O + (v_descale acc) into one FFMA: one fp32 rounding fewer, below anything the tests resolve.
+          A O + (v_descale acc) into one FFMA: one fp32 rounding fewer, below anything the tests resolve. So does
+          the kernel's ``fused_promote`` (O kept in units of v_descale: O' = fma(A v_descale[n_prev] / v_descale[n],
+          O', acc), O = v_descale[0] O' at the end; with power-of-two descales the same single rounding).
       single accumulator (two_level False): the same with no promotion until the end, i.e. O lives in the
           FP8 MMA accumulator, in units of the current tile's v descale.
     end:  O = O / l (0 for l = 0);  LSE = (m + log2 l - P_SHIFT) ln 2 (-inf for l = 0), natural log, of the

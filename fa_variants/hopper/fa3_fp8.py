@@ -80,6 +80,13 @@ scales (one descale per 128 query rows and per ``tile_n`` keys, ``fa_variants.fp
   promoted, the last slice is promoted while half 0 runs, then half 1 is issued and the turn handed on. Without
   ``s_lookahead`` (session 7) ``s_halves`` only splits S's MMA, in any schedule: what the halves cost (each reads Q
   from shared memory again; bench/NOTES.md, session 7).
+* ``fused_promote`` (head_dim 256 lookahead, session 8, off): O kept in units of the last visited tile's v_descale
+  (as the single accumulator keeps its own), so O *= alpha folds into the promotion: O = fma(alpha', O, tmp) with
+  alpha' = alpha v_descale[n + 1] / v_descale[n] per row. Read in the SASS of the default: the FMUL block of
+  O *= alpha (128 a thread) runs on every tile where a row max of any of the warp's 16 rows moved (the unit-alpha skip
+  is per thread, the branch diverges), ~67% of the tiles at 32 K/V tiles and ~32% at 128 for iid scores; with the
+  switch the main loop has 618 instructions a warp and tile (default 737 with the block, 609 without; single_overlap
+  574: the same FP32 work, FMUL for FFMA, and 20 fewer QGMMA issues and descriptor adds).
 * K/V tiles are walked from the last to the first (as fa3). Output in the caller's 16-bit dtype,
   LSE float32 natural log; rows that see no key give O = 0 and LSE = -inf.
 
@@ -142,6 +149,13 @@ class Fp8Config(Fa3Config):
         tiles with four slices at head_dim 256): half 0 is issued after the last slice, the last slice is promoted
         while it runs, then half 1 is issued. Without s_lookahead (session 7, any schedule; needs tile_n % 64 == 0) it
         changes only the S MMA's width: the measure of what the two 64-key halves cost beside one 128-key MMA.
+    fused_promote: (session 8, off; needs s_lookahead) O kept in units of the last visited tile's v_descale, as the
+        single accumulator keeps its own: O *= alpha is folded into the promotion, O = fma(alpha', O, tmp) with the
+        per-row alpha' = alpha v_descale[n + 1] / v_descale[n] (one FFMA per element and tile; no FMUL block before
+        the turn, no unit-alpha branch, no v_descale multiply), O *= v_descale[0] at the end. One fp32 rounding per
+        promotion instead of two (round(alpha O) then fma): the fused form the emulation's docstring already names
+        (with power-of-two descales the unit change is exact). O / v_descale must stay finite: a V block of
+        descale 2^-110 (all zeros) after O of magnitude >= 2^18 overflows (the single accumulator's limit too).
     """
 
     two_level: bool = True
@@ -152,6 +166,7 @@ class Fp8Config(Fa3Config):
     out_dtype: str = "bf16"
     s_lookahead: bool = False
     s_halves: bool = False
+    fused_promote: bool = False
 
     def smem_bytes(self, head_dim: int, elem_bytes: int = 1) -> int:
         qo = self.tile_m * head_dim * 2  # Q (e4m3) shares its buffer with the 16-bit O
@@ -189,6 +204,8 @@ class Fp8Config(Fa3Config):
         if self.s_halves and self.tile_n % 64:
             raise ValueError(f"fa3-fp8: s_halves needs tile_n a multiple of 64 (two halves of whole 32-key k-blocks "
                              f"of P), got tile_n={self.tile_n}")
+        if self.fused_promote and not self.s_lookahead:
+            raise ValueError("fa3-fp8: fused_promote needs s_lookahead (the head_dim 256 schedule it is built for)")
         if self.rescale_o_before_pv:
             raise ValueError("fa3-fp8: rescale_o_before_pv is not built for the FP8 P V hooks (use False)")
         if self.num_splits != 1:
@@ -453,7 +470,11 @@ class _Fp8StepContext(_StepContext):
         k_state.advance()
         self.mask(acc_S, n_block, causal=causal, seqlen_end=seqlen_end)
         alpha = self.softmax_step(acc_S, n_block)  # the first tile too (lookahead_loop)
-        self.rescale_o(alpha, n_block)
+        fused = const_expr(self.k.cfg.fused_promote)
+        if const_expr(fused):  # O *= alpha folded into the promotions, O in units of v_descale (units_alpha)
+            alpha = self._units_alpha(alpha, n_block, seqlen_end)
+        else:
+            self.rescale_o(alpha, n_block)
         self.to_p(acc_S)
         # v_descale read once a tile, before the turn (loaded by the first promotion; read per promotion, ptxas reloads
         # it after every WGMMA fence and barrier)
@@ -468,12 +489,12 @@ class _Fp8StepContext(_StepContext):
             wgmma(self.mma_pv, bufs[h % 2], self.tOrP, self._v_slice(v_state.index, h), zero_init=True,
                   wait=-1 if h == 0 else 1)
             if const_expr(h > 0):
-                self._promote_slice(h - 1, vd, bufs[(h - 1) % 2])
+                self._promote_step(h - 1, vd, alpha, bufs[(h - 1) % 2], seqlen_end)
         if const_expr(self.k.cfg.s_halves):  # S half 0 in the free temporary, the last slice promoted under it, half 1
             if const_expr(has_next):
                 wgmma(self.mma_qk, bufs[0], self.tSrQ, self._k_half(k_state.index, 0), zero_init=True, wait=-1)
             warpgroup.wait_group(1 if has_next else 0)
-            self._promote_slice(last, vd, bufs[last % 2])
+            self._promote_step(last, vd, alpha, bufs[last % 2], seqlen_end)
             if const_expr(has_next):
                 wgmma(self.mma_qk, bufs[1], self.tSrQ, self._k_half(k_state.index, 1), zero_init=True, wait=-1)
             self.schedule_arrive()
@@ -482,14 +503,41 @@ class _Fp8StepContext(_StepContext):
                 wgmma(self.mma_qk, acc_S, self.tSrQ, self.tSrK[None, None, None, k_state.index], zero_init=True, wait=-1)
             self.schedule_arrive()
             warpgroup.wait_group(1 if has_next else 0)  # the last slice (S of the next tile may still run)
-            self._promote_slice(last, vd, bufs[last % 2])
+            self._promote_step(last, vd, alpha, bufs[last % 2], seqlen_end)
         self.pipe_v.consumer_release(v_state)
         v_state.advance()
         return k_state, v_state
 
+    def _units_alpha(self, alpha: cute.Tensor, n_block: Int32, first: cutlass.Constexpr[bool]) -> cute.Tensor:
+        """``fused_promote``: alpha v_descale[n_block + 1] / v_descale[n_block] per row (O's units move from the tile
+        visited before, n_block + 1, to this one); the first visited tile keeps alpha (O = 0 there)."""
+        if const_expr(not first):
+            ratio = self.v_descale[n_block + 1] / self.v_descale[n_block]
+            for r in range(cute.size(alpha)):
+                alpha[r] = alpha[r] * ratio
+        return alpha
+
+    def _promote_step(self, h: int, vd: Float32, alpha: cute.Tensor, tmp: cute.Tensor, first: bool):
+        """Slice h's promotion in the lookahead steps: O += vd tmp, or with ``fused_promote`` O = alpha' O + tmp (rows
+        view: slice h is columns [h w, (h + 1) w) of O's rows, w the temporary's columns). On the first visited tile
+        (``first``) O is 0 and alpha finite: O = tmp, the same bits, without keeping alpha live across the turn
+        (which spilled 80 bytes in that step)."""
+        if const_expr(not self.k.cfg.fused_promote):
+            self._promote_slice(h, vd, tmp)
+        elif const_expr(first):
+            o = self.acc_O[None, None, h]
+            for i in range(cute.size(tmp)):
+                o[i] = tmp[i]
+        else:
+            o, t = acc_rows_cols(self.acc_O), acc_rows_cols(tmp)
+            w = cute.size(t, mode=[1])
+            for r in range(cute.size(t, mode=[0])):
+                for c in range(w):
+                    o[r, h * w + c] = cute.math.fma(alpha[r], o[r, h * w + c], t[r, c])
+
     def finalize(self):
         inv_l, lse = self.softmax.finalize()
-        if const_expr(not self.k.cfg.two_level):
+        if const_expr(not self.k.cfg.two_level or self.k.cfg.fused_promote):
             vd = self.v_descale[0]  # the last tile's units
             for r in range(cute.size(inv_l)):
                 inv_l[r] = inv_l[r] * vd
