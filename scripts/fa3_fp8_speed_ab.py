@@ -181,11 +181,13 @@ FP8D128_VARIANTS: dict[int, dict[str, dict]] = {
 }
 # --set fp8two (scripts/fp8two_gpu.sh, session 8): the two-level cost at head_dim 256. new: the default (two-level,
 # s_lookahead with S in two halves, skip_unit_rescale); fused: fused_promote (O kept in units of v_descale, O *= alpha
-# folded into the promotion: O = alpha' O + tmp, one FFMA per element, no FMUL block before the turn); single_overlap:
-# one running accumulator with intra-warpgroup overlap (the two-level cost's reference). (fused with reduce_chains 4
-# spills 8 bytes in its causal build: not timed.) The names and changes are tests/test_fa3_fp8_speed_gpu.py's FP8TWO_VARIANTS.
+# folded into the promotion: O = alpha' O + tmp, one FFMA per element, no FMUL block before the turn); fused_c2: fused
+# with reduce_chains 2 (the row max / row sum chains 33 / 31 -> 18 / 16 deep, the same instructions; reduce_chains 4
+# spills 8 bytes in its causal build: not timed); single_overlap: one running accumulator with intra-warpgroup overlap
+# (the two-level cost's reference). The names and changes are tests/test_fa3_fp8_speed_gpu.py's FP8TWO_VARIANTS.
 FP8TWO_VARIANTS: dict[int, dict[str, dict]] = {
-    256: {"new": {}, "fused": dict(fused_promote=True), "single_overlap": dict(D256_VARIANTS[256]["single_overlap"])},
+    256: {"new": {}, "fused": dict(fused_promote=True), "fused_c2": dict(fused_promote=True, reduce_chains=2),
+          "single_overlap": dict(D256_VARIANTS[256]["single_overlap"])},
 }
 # bf16 fa3 variants timed beside "bf16_fa3" (its default) in --set fp8speed
 SPEED_BF16_VARIANTS: dict[int, dict[str, dict]] = {64: {"bf16_emu1": dict(exp2_emu=1)}}
@@ -233,8 +235,8 @@ LEGENDS = {
                 "accumulator with intra-warpgroup overlap; bf16_fa3 = ours; flash_attn_4 = flash-attn-4 bf16.",
     "fp8two": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs, head_dim 256, 128 x 128 tiles; new = "
               "the default (two-level, four P V slices, s_lookahead with S in two halves, skip_unit_rescale); fused = "
-              "fused_promote (O in units of v_descale, O = alpha' O + tmp: one FFMA per element and tile); "
-              "single_overlap = one running accumulator with intra-warpgroup overlap; bf16_fa3 = ours.",
+              "fused_promote (O in units of v_descale, O = alpha' O + tmp: one FFMA per element and tile); c2 = "
+              "reduce_chains 2; single_overlap = one running accumulator with intra-warpgroup overlap; bf16_fa3 = ours.",
 }
 # issue 10's targets: (head_dim, seqlen, causal or None for both, what, threshold)
 TARGETS = [(256, 16384, False, "tflops", 1100.0), (128, None, False, "over_bf16", 1.4), (64, None, False, "over_bf16", 1.3),

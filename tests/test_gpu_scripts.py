@@ -335,7 +335,7 @@ def test_fp8d128_script_drops_by_test_id_and_times_head_dim_128():
 def test_fp8two_set_and_script():
     """scripts/fp8two_gpu.sh (session 8, fused_promote at head_dim 256): --set fp8two times new, fused and single_overlap
     at head_dim 256 without flash-attn-4; its precompile covers every kernel of its GPU tests (-k fp8two: the fused
-    variant in both causal modes), 10 jobs and 8 tests as its header says; the A/B gets both earlier logs through
+    variants in both causal modes), 12 jobs and 14 tests as its header says; the A/B gets both earlier logs through
     --drop-failed, and a failed fused test leaves fused out."""
     import test_fa3_fp8_speed_gpu as gpu_tests
 
@@ -343,11 +343,11 @@ def test_fp8two_set_and_script():
     assert "--set fp8two --head-dims 256 --no-flash-attn" in text and "-k fp8two" in text
     assert '--drop-failed "$work/precompile.log" "$work/variant_tests.log"' in text
     ab = load_script("fa3_fp8_speed_ab")
-    assert list(ab.FP8TWO_VARIANTS[256]) == ["new", "fused", "single_overlap"]
+    assert list(ab.FP8TWO_VARIANTS[256]) == ["new", "fused", "fused_c2", "single_overlap"]
     jobs = ab.compile_jobs([256], [False, True], variant_set="fp8two")
-    assert len(jobs) == 10 and "10 kernels" in text and '"precompile: 10 jobs' in text
+    assert len(jobs) == 12 and "12 kernels" in text and '"precompile: 12 jobs' in text
     tested = list(gpu_tests.FP8TWO_VARIANTS.values())
-    assert len(tested) * (2 * len(gpu_tests.SHAPES) + 2) == 8 and '"8 passed"' in text
+    assert len(tested) * 2 * len(gpu_tests.SHAPES) + 2 == 14 and '"14 passed"' in text
     for name, (D, change) in gpu_tests.FP8TWO_VARIANTS.items():
         assert ab.FP8TWO_VARIANTS[D][name.split("-", 2)[2]] == change, name
         ab.kernel_config(D, change).check(D)
