@@ -314,3 +314,38 @@ def test_fp8_error_bound():
     ref = torch.zeros(2, 3)
     emu = torch.tensor([[0.0, 0.01, -0.02], [0.0, 0.0, 0.0]])
     assert fp8_error_bound(emu, ref) == pytest.approx(2 * 0.02 + 1e-4)
+
+
+def _fma32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """fp32 a * b + c rounded once (float64 holds the fp32 product exactly; its sum is rounded to 53 bits before the
+    fp32 rounding, the same for both sides of the comparisons below)."""
+    return (a.double() * b.double() + c.double()).float()
+
+
+def test_fused_promote_units_form():
+    """The kernel's ``fused_promote`` (head_dim 256, session 8) keeps O in units of the tile's v_descale: U = fma(alpha
+    vd_prev / vd_n, U, acc) per tile, O = vd_last U at the end. With power-of-two descales that is the fused promotion
+    O = round(alpha O + vd_n acc) in O's own units, bit for bit (scaling by 2^k commutes with rounding), and it stays
+    within a few fp32 ulps of the emulation's two roundings (round(alpha O), then + vd_n acc) over 64 tiles, descales
+    2^-110 (an all-zero V block's floor) .. 2^2 included."""
+    g = torch.Generator().manual_seed(3)
+    rows, tiles = 256, 64
+    exps = torch.randint(-12, 3, (tiles,), generator=g)
+    exps[17] = -110
+    vd = torch.exp2(exps.float())
+    alpha = torch.where(torch.rand(tiles, rows, generator=g) < 0.3,
+                        torch.exp2(-4 * torch.rand(tiles, rows, generator=g)), torch.ones(tiles, rows))
+    acc = torch.randn(tiles, rows, generator=g) * 64  # one tile's P V in e4m3 units
+    acc[17] = 0  # the zero block adds nothing
+    emu = torch.zeros(rows)
+    fused = torch.zeros(rows)
+    units = torch.zeros(rows)
+    for n in range(tiles):
+        emu = emu * alpha[n] + vd[n] * acc[n]  # the emulation: two fp32 roundings (vd acc exact)
+        fused = _fma32(alpha[n], fused, vd[n] * acc[n])
+        ratio = vd[n - 1] / vd[n] if n else torch.tensor(1.0)  # exact: powers of two
+        units = acc[n].clone() if n == 0 else _fma32(alpha[n] * ratio, units, acc[n])  # the first tile copies
+    assert torch.isfinite(units).all()
+    assert torch.equal(units * vd[-1], fused)
+    ulp = torch.finfo(torch.float32).eps * fused.abs()
+    assert ((emu - fused).abs() <= 8 * ulp).all() and not torch.equal(emu, fused)
