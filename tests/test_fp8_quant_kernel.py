@@ -217,6 +217,31 @@ def test_late_count_items(n_blocks, k_items, grid, threads):
     assert sorted(counted) == list(range(n_blocks, total))
 
 
+@pytest.mark.parametrize("heads", [1, 2, 3, 7, 40])
+@pytest.mark.parametrize("n_tiles", [1, 2, 5, 128])
+@pytest.mark.parametrize("grid", [1, 2, 3, 132, 264])
+@pytest.mark.parametrize("stages", [2, 3])
+def test_once_order(heads, n_tiles, grid, stages):
+    """``k_once``'s work order (``once_item``, ``once_lag``, ``once_total``): every block summed once and quantised
+    once, empty items only when the lag exceeds the blocks, and the deadlock-free rule: every sum a quantised item
+    needs (its head's n_tiles blocks) sits more than (stages - 1) x grid items before it, so the CTA that loads its
+    mean (that far ahead, ``once_wait`` then cp.async) waits only on items below the one it is processing."""
+    from fa_variants.fp8.quant_maps import once_item, once_lag, once_total
+
+    n_blocks = heads * n_tiles
+    lag = once_lag(n_tiles, grid, stages)
+    items = [once_item(p, n_blocks, lag) for p in range(once_total(n_blocks, lag))]
+    assert sorted(b for b, kind in items if kind == 0) == list(range(n_blocks))
+    assert sorted(b for b, kind in items if kind == 1) == list(range(n_blocks))
+    assert sum(kind == 2 for _, kind in items) == max(0, lag - n_blocks)
+    pos = {b: p for p, (b, kind) in enumerate(items) if kind == 0}
+    for p, (b, kind) in enumerate(items):
+        if kind == 1:
+            head = b // n_tiles
+            assert max(pos[head * n_tiles + t] for t in range(n_tiles)) < p - (stages - 1) * grid, (p, b)
+    assert all(kind == 0 for _, kind in items[:min(n_blocks, (stages - 1) * grid)])  # the prologue loads no mean
+
+
 @pytest.mark.parametrize("role", ["qk", "v"])
 @pytest.mark.parametrize("head_dim", qk.HEAD_DIMS)
 @pytest.mark.parametrize("rows", [128, 192, 256])
@@ -462,6 +487,36 @@ def test_compiles_late_count(arch, head_dim):
         dataclasses.replace(base, fused_mean=False, late_count=True).check(head_dim)
 
 
+@pytest.mark.compile
+@pytest.mark.parametrize("arch", ["sm_90a"], indirect=True)
+@pytest.mark.parametrize("head_dim", qk.HEAD_DIMS)
+def test_compiles_k_once(arch, head_dim):
+    """K's pass reading K once (``k_once``, the default recipe's K pass otherwise, sm_90a): the same cp.async loads and
+    e4m3 conversions as the default K pass, the sums' butterfly (64 x log2(32 / lanes) shuffles more), the mean's
+    partials ``MEAN_LOADS`` loads at a time, gpu-scope atomics (the count, the mean's ready mark, the poll and its
+    spin), registers within the pass's cap, no spill but one 4-byte register at head_dim 128 (one STL / LDL pair per
+    quantised block, L1); configs it is not built for are refused."""
+    rows = layout.tile_n(head_dim)
+    base = qk.PassConfig(rows=rows, smooth=True, stages=3, pdl=True, coalesced=True, head_major=True,
+                         staged_mean=True, staged_store=qk.staged_store_for(head_dim), reverse=True)
+    once = dataclasses.replace(base, reverse=False, k_once=True)
+    c, c0 = (qk.VARIANT.compiled(qk.static_config(arch, torch.bfloat16, head_dim, x)) for x in (once, base))
+    names = ("LDGSTS", "SHFL.BFLY", "F2FP", "ATOMG", "LDL", "STL", "LDG.E")
+    ops, ops0 = (cubin.count_sass(cubin.sass_of(x.cubin), names) for x in (c, c0))
+    assert ops["LDGSTS"] == ops0["LDGSTS"] and ops["F2FP"] == ops0["F2FP"], (ops, ops0)
+    lanes = head_dim // 64
+    assert ops["SHFL.BFLY"] == ops0["SHFL.BFLY"] + 64 * ((32 // lanes).bit_length() - 1), (ops, ops0)
+    assert ops["LDG.E"] >= qk.MEAN_LOADS and ops["ATOMG"] >= 4, ops
+    res = cubin.cubin_resources(c.cubin)
+    threads = rows * head_dim // 64
+    assert res["registers"] <= 65536 // (threads * once.min_blocks(head_dim)), res
+    assert res["spill_bytes"] <= (8 if head_dim == 128 else 0) and ops["LDL"] <= 1 and ops["STL"] <= 1, (res, ops)
+    for bad in (dict(staged_mean=False), dict(one_barrier=True), dict(reverse=True), dict(smooth=False),
+                dict(mode="amax")):
+        with pytest.raises(ValueError, match="k_once"):
+            dataclasses.replace(once, **bad).check(head_dim)
+
+
 # the Q / K passes of the default recipe (Q with the LSE shift, K smoothed) and a "given" launch (per-head baseline)
 EXCHANGE_PASSES = [(256, "q-shift", dict(rows=128, shift=True, staged_mean=True, pdl=True)),
                    (256, "k-smooth", dict(rows=layout.tile_n(256), smooth=True, reverse=True, staged_mean=True,
@@ -630,19 +685,21 @@ def test_pass_matches_torch_bitwise(shape, head_dim, dtype, config, pipeline):
             assert_shift_close(gpu.lse_shift, ref.lse_shift, q, ref.k_mean, ref.softmax_scale)
 
 
-def assert_k_mean_close(got, k, block_n):
+def assert_k_mean_close(got, k, block_n, depth=None):
     """The v2 pass's K mean vs float64: |got - mean| <= (P + 10) * 2^-24 * mean_t |k| per (batch, kv-head,
     channel), the bound of float32 summation at depth P + 10 (the thread's 4 tokens: 3 roundings, the warp
     butterfly: <= 5, times float32(1 / seqlen_k): 2, torch's sum of the P partials in any order: <= P - 1),
     P = partials per (batch, kv-head). A token missed or counted twice moves the mean by |k_t| / seqlen_k,
-    far above the bound (P ~ seqlen_k / 128)."""
+    far above the bound (P ~ seqlen_k / 128). depth: another summation depth in place of P + 10 (``V3_K_ONCE``:
+    ``quant_kernel.once_sum_depth``)."""
     Nk = k.shape[1]
     if Nk == 0:
         assert torch.equal(got, torch.zeros_like(got))
         return
     parts = -(-Nk // block_n) * qk.k_parts_per_block(block_n)
     kd = k.double()
-    bound = (parts + 10) * 2.0 ** -24 * 1.01 * kd.abs().mean(dim=1)  # 1.01: gamma_n = n u / (1 - n u)
+    n = parts + 10 if depth is None else depth
+    bound = n * 2.0 ** -24 * 1.01 * kd.abs().mean(dim=1)  # 1.01: gamma_n = n u / (1 - n u)
     err = (got.double() - kd.mean(dim=1)).abs()
     assert got.dtype == torch.float32 and torch.isfinite(got).all()
     assert (err <= bound).all(), (err / bound).max().item()
@@ -969,6 +1026,55 @@ def test_v3_fused_mean_late_rounds(monkeypatch, head_dim, grid, many):
         for name in ("q_descale", "k_descale", "v_descale", "k_mean", "lse_shift"):
             assert torch.equal(getattr(outs[0], name), getattr(other, name)), name
     assert_k_mean_close(outs[1].k_mean, k, block_n=outs[1].block_n)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", qk.HEAD_DIMS)
+def test_v3_k_once(monkeypatch, head_dim):
+    """K read once from DRAM (``V3_K_ONCE``: K's launch sums its blocks, then quantises them once_lag items later
+    after a poll of the head's counter): K's mean within float32 summation's bound of float64 at its depth
+    (``once_sum_depth``), every other output equal to the torch recipe's given that mean bit for bit (the LSE shift
+    within ``assert_shift_close``), Q's e4m3 and V equal to the default's (they do not depend on the mean), the same
+    bits on a second call (its counters were left at zero) and with the launch cut to 1 / 2 / 3 CTAs (``GRID_CAP``:
+    the lag then exceeds the blocks, empty items; a CTA waits on its own earlier sums), GQA, batch 3, odd lengths, one
+    key, no key, a negative scale, NaN-poisoned memory."""
+    monkeypatch.setattr(qk, "V3_STAGED_MEAN", True)
+    rows = layout.tile_n(head_dim)
+    g = torch.Generator(device="cuda").manual_seed(31 * head_dim)
+    for B, Nq, Nk, H, Hkv in ((3, 517, 1001, 8, 2), (1, 33, 21 * rows - 5, 6, 3), (1, 7, 1, 2, 1), (1, 5, 0, 2, 2)):
+        q = (torch.randn(B, Nq, H, head_dim, device="cuda", generator=g) * 2).to(torch.bfloat16)
+        k = (torch.randn(B, Nk, Hkv, head_dim, device="cuda", generator=g) - 1).to(torch.bfloat16)
+        k = k + torch.linspace(-4, 4, head_dim, device="cuda").to(torch.bfloat16)
+        v = torch.randn(B, Nk, Hkv, head_dim, device="cuda", generator=g).to(torch.bfloat16)
+        for scale in (None, -0.7):
+            monkeypatch.setattr(qk, "V3_K_ONCE", False)
+            off = qk.quantize(q, k, v, softmax_scale=scale, pipeline="v3")
+            monkeypatch.setattr(qk, "V3_K_ONCE", True)
+            outs = []
+            for cap in (None, None, 1, 2, 3):
+                monkeypatch.setattr(qk, "GRID_CAP", cap)
+                torch.full((1 << 24,), float("nan"), device="cuda")  # freed at once: torch.empty may hand it out
+                outs.append(qk.quantize(q, k, v, softmax_scale=scale, pipeline="v3"))
+            monkeypatch.setattr(qk, "GRID_CAP", None)
+            got = outs[0]
+            for other in outs[1:]:
+                for name in ("q", "k", "v_t"):
+                    assert torch.equal(getattr(got, name).view(torch.uint8), getattr(other, name).view(torch.uint8)), \
+                        name
+                for name in ("q_descale", "k_descale", "v_descale", "k_mean", "lse_shift"):
+                    assert torch.equal(getattr(got, name), getattr(other, name)), name
+            mean = got.k_mean if scale is None else -got.k_mean  # the unnegated mean (negation is exact)
+            assert_k_mean_close(mean, k, block_n=got.block_n,
+                                depth=qk.once_sum_depth(head_dim, got.block_n, -(-Nk // got.block_n)))
+            ref = quantize_fp8_torch(q, k, v, softmax_scale=scale, k_mean=mean)
+            for name in ("q", "k", "v_t"):
+                assert torch.equal(getattr(got, name).view(torch.uint8), getattr(ref, name).view(torch.uint8)), name
+            for name in ("q_descale", "k_descale", "v_descale", "k_mean"):
+                assert torch.equal(getattr(got, name), getattr(ref, name)), name
+            assert_shift_close(got.lse_shift, ref.lse_shift, q, ref.k_mean, ref.softmax_scale)
+            for name in ("q", "v_t"):
+                assert torch.equal(getattr(got, name).view(torch.uint8), getattr(off, name).view(torch.uint8)), name
+            assert torch.equal(got.q_descale, off.q_descale) and torch.equal(got.v_descale, off.v_descale)
 
 
 @pytest.mark.gpu

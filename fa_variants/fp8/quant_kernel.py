@@ -173,7 +173,7 @@ from fa_variants.fp8.quant_maps import (SLOTS, VEC, k_parts_per_block, k_sample_
                                         late_first, late_item, piece_swizzle, stage_load, stage_piece, store_map,
                                         store_pitch, store_swizzle, store_unit, thread_chunk, thread_token,
                                         exchange_chunk_in, exchange_partner, exchange_piece, exchange_pos,
-                                        exchange_store_slot)
+                                        exchange_store_slot, once_item, once_lag, once_total)
 from fa_variants.fp8.quantize import (E4M3, MIN_DESCALE_EXPONENT, FP8Config, FP8Inputs, HadamardRotation, _check,
                                       k_mean, k_sample_count, k_sample_tiles, tiles_for)
 
@@ -274,6 +274,18 @@ V3_FWHT_EXCHANGE = _env.flag("FA_VARIANTS_FP8_QUANT_FWHT_EXCHANGE", False)
 #: warps with no other CTA to fill the SM. Synchronisation only: outputs bit for bit the default's. Off until measured
 #: (scripts/quant9_gpu.sh); FA_VARIANTS_FP8_QUANT_ONE_BARRIER=1 (read at import) turns it on
 V3_ONE_BARRIER = _env.flag("FA_VARIANTS_FP8_QUANT_ONE_BARRIER", False)
+#: v3 with the exact K mean: K read once from DRAM (``PassConfig.k_once``): V's launch no longer sums K; K's own launch
+#: walks K's blocks twice in one order (``quant_maps.once_item``): a block's per-channel sums (one partial per block,
+#: its mean finished by the CTA that counts the head's last block), then, ``once_lag`` items later (~2 heads + 2 x the
+#: grid's blocks in flight: ``once_window`` bytes, from L2 while that is below its 50 MB), its quantisation after a
+#: poll of the head's counter (``QuantPass.once_poll``). Another summation order of the mean than the default's
+#: torch sum (stated in ``once_sums``): outputs equal the torch recipe given the pass's mean, not the default's bits.
+#: Needs every CTA of the persistent grid resident (a quantised block may wait for another CTA's sums). Off until
+#: measured (scripts/quant10_gpu.sh); FA_VARIANTS_FP8_QUANT_K_ONCE=1 (read at import) turns it on
+V3_K_ONCE = _env.flag("FA_VARIANTS_FP8_QUANT_K_ONCE", False)
+#: ``k_once``'s counter per (batch, kv-head): sums count 1 each in its low ONCE_BITS bits (+ 1 when the mean is
+#: written: ready at n_tiles + 1), quantised blocks 2^ONCE_BITS each: n_tiles < 2^(31 - ONCE_BITS) (else the default)
+ONCE_BITS = 16
 
 
 def staged_store_for(head_dim: int) -> bool:
@@ -287,6 +299,11 @@ def _fma(a: Float32, b: Float32, c: Float32, *, loc=None, ip=None) -> Float32:
     """a * b + c with one rounding (fma.rn.f32)."""
     return Float32(mlir_math.fma(a.ir_value(loc=loc, ip=ip), b.ir_value(loc=loc, ip=ip), c.ir_value(loc=loc, ip=ip),
                                  loc=loc, ip=ip))
+
+
+def _select_i32(cond, a, b) -> Int32:
+    """``quant_maps``' select on the kernel's values: cond ? a : b as Int32."""
+    return Int32(cutlass.select_(cond, Int32(a), Int32(b)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -324,12 +341,17 @@ class PassConfig:
     late_count: bool = False
     fwht_exchange: bool = False
     one_barrier: bool = False
+    k_once: bool = False
 
     def check(self, head_dim: int) -> None:
         """ValueError for a config or head_dim this pass is not built for."""
         if (self.role not in ("qk", "v") or self.mode not in MODES or self.rows < 16 or self.rows % 16
                 or not 1 <= self.stages <= MAX_STAGES or (self.coalesced and self.stages < 2)):
             raise ValueError(f"fp8-quant: bad pass config {self}")
+        if self.k_once and not (self.role == "qk" and self.smooth and self.coalesced and self.staged_mean
+                                and self.mode == "block" and not (self.one_barrier or self.reverse or self.kmean)):
+            raise ValueError("fp8-quant: k_once sums and quantises a smoothed K in one launch (role 'qk', smooth, "
+                             "coalesced, staged_mean, mode 'block'; not one_barrier, reverse or kmean)")
         if self.kmean and (self.role != "v" or self.mode == "given"):
             raise ValueError("fp8-quant: K's partial sums ride on V's pass (role 'v', mode 'block' or 'amax')")
         if self.fused_mean and not self.kmean:
@@ -370,7 +392,14 @@ class PassConfig:
         """Shared memory of one CTA (bytes, an upper bound): the stages of 16-bit input, signs, mean, maxima."""
         fused = 4 * (self.rows * head_dim // (VEC * SLOTS)) + 16 if self.fused_mean else 0  # group sums, ticket
         fused += 4 * (self.rows * head_dim // (VEC * SLOTS)) if self.late_count else 0  # late_count's done slots
+        fused += 4 * self.once_sums_len(head_dim) + 16 if self.k_once else 0  # the warps' sums, ticket
         return 2 * self.stages * self.rows * head_dim + 4 * ((1 + self.mean_buffers) * head_dim + 64) + 512 + fused
+
+    def once_sums_len(self, head_dim: int) -> int:
+        """``k_once``: float32 slots of the group-sum buffer (the warps' per-channel sums of a block, and
+        ``mean_of``'s group sums): max(threads, warps x head_dim)."""
+        threads = self.rows * head_dim // (VEC * SLOTS)
+        return max(threads, threads // 32 * head_dim)
 
     @property
     def mean_buffers(self) -> int:
@@ -402,6 +431,7 @@ class QuantPass:
         # stated to ptxas as CTAs per SM: 512 resident threads, so the host's persistent grid fills the GPU
         # (``PassConfig.min_ctas``: more CTAs per SM at fewer registers)
         self.min_blocks = cfg.min_blocks(head_dim)
+        self.sums_len = (cfg.once_sums_len(head_dim) if cfg.k_once else self.num_threads if cfg.fused_mean else 4)
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mY: cute.Tensor, mDescale: cute.Tensor, mSigns: cute.Tensor,
@@ -416,7 +446,7 @@ class QuantPass:
             mean: cute.struct.Align[cute.struct.MemRange[Float32, self.cfg.mean_buffers * D], 16]
             raw: cute.struct.Align[cute.struct.MemRange[self.dtype, self.cfg.stages * self.cfg.rows * D], 128]
             ticket: cute.struct.Align[cute.struct.MemRange[Int32, 4], 16]
-            sums: cute.struct.Align[cute.struct.MemRange[Float32, self.num_threads if self.cfg.fused_mean else 4], 16]
+            sums: cute.struct.Align[cute.struct.MemRange[Float32, self.sums_len], 16]
             done: cute.struct.Align[cute.struct.MemRange[Int32, self.num_threads if self.cfg.late_count else 4], 16]
 
         self.smem_bytes = SharedStorage.size_in_bytes()
@@ -459,6 +489,19 @@ class QuantPass:
         """(batch, head, tile, is_k) of work item blk: items 0 .. n_blocks - 1 are the tensor's blocks (tile
         fastest, or head fastest with ``head_major``; last to first with ``reverse``), then (``kmean``) the same
         blocks of K for its partial sums."""
+        if const_expr(self.cfg.k_once):  # n_sample carries the lag (``once_lag``); is_k the kind (``once_item``)
+            block, is_k = once_item(blk, n_blocks, n_sample, _select_i32)
+            tile = block % n_tiles
+            bh = block // n_tiles
+            batch = bh // heads
+            head = bh % heads
+        else:
+            batch, head, tile, is_k = self.decode_blocks(blk, heads, n_tiles, n_blocks, n_sample)
+        return batch, head, tile, is_k
+
+    @cute.jit
+    def decode_blocks(self, blk: Int32, heads: Int32, n_tiles: Int32, n_blocks: Int32, n_sample: Int32):
+        """``decode`` without ``k_once``."""
         is_k = blk >= n_blocks
         blk_k = blk
         if const_expr(self.cfg.kmean):
@@ -496,6 +539,9 @@ class QuantPass:
         if const_expr(self.cfg.k_sample):  # K's items: n_sample tiles of each (batch, head), from mPart's shape
             n_sample = mPart.shape[2] // self.parts_per_block()
             total = n_blocks + mX.shape[0] * heads * n_sample
+        if const_expr(self.cfg.k_once):  # K's blocks summed, then quantised once_lag items later (``decode``)
+            n_sample = once_lag(n_tiles, grid, S)
+            total = once_total(n_blocks, n_sample, _select_i32)
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         red = storage.red.get_tensor(cute.make_layout((32, 2)))
         sSigns = storage.signs.get_tensor(cute.make_layout(D))
@@ -530,7 +576,10 @@ class QuantPass:
         for s in cutlass.range_constexpr(ahead):
             if cta + s * grid < total:
                 pb, ph, pt, pk = self.decode(cta + s * grid, heads, n_tiles, n_blocks, n_sample)
-                if const_expr(self.cfg.coalesced):
+                if const_expr(self.cfg.k_once):  # the lag puts only sums (or empty items) here: no mean
+                    if pk == 0:
+                        self.load_block_coalesced(sStage[None, s], mX, mK, pb, ph, pt, pk, tidx, g2s)
+                elif const_expr(self.cfg.coalesced):
                     self.load_block_coalesced(sStage[None, s], mX, mK, pb, ph, pt, pk, tidx, g2s)
                 else:
                     self.load_block(sRaw[None, None, None, s], mX, mK, pb, ph, pt, pk, tidx, g2s)
@@ -540,7 +589,9 @@ class QuantPass:
             # other global read or any global write; the prologue above read only the 16-bit input, which the
             # host made ready before the first, non-PDL launch of the pass (``quantize``)
             cute.arch.griddepcontrol_wait()
-        if const_expr(staged_mean):
+        if const_expr(self.cfg.k_once):  # thread 0's poll of the counter of the item prefetched next (``once_poll``)
+            self.once_poll(mCount, storage, cta + ahead * grid, heads, n_tiles, n_blocks, n_sample, total, tidx)
+        if const_expr(staged_mean and not self.cfg.k_once):
             # K's mean of the prologue's items into their stages' mean buffers: plain loads after the wait (the
             # mean is the previous grid's output); item 0's stage barrier publishes them
             for s in cutlass.range_constexpr(ahead):
@@ -566,12 +617,26 @@ class QuantPass:
                 # read into registers (fewer live registers while its addresses are computed). one_barrier: both
                 # hold since the previous item's block-max barrier (every thread waited for this item's group and
                 # had read the previous item's stage before it)
+                if const_expr(self.cfg.k_once):  # the head's mean of the item prefetched below is written
+                    self.once_wait(mCount, storage, blk + ahead * grid, heads, n_tiles, n_blocks, n_sample, total,
+                                   tidx)
                 if const_expr(not self.cfg.one_barrier):
                     cute.arch.barrier()
+                if const_expr(self.cfg.k_once):  # the next iteration's poll, issued a whole item before its use
+                    self.once_poll(mCount, storage, blk + (ahead + 1) * grid, heads, n_tiles, n_blocks, n_sample,
+                                   total, tidx)
                 if blk + ahead * grid < total:
                     nb, nh, nt, nk = self.decode(blk + ahead * grid, heads, n_tiles, n_blocks, n_sample)
-                    self.load_block_coalesced(sStage[None, (step + ahead) % S], mX, mK, nb, nh, nt, nk, tidx, g2s)
-                    if const_expr(staged_mean):  # its K mean rides in the same commit group
+                    if const_expr(self.cfg.k_once):
+                        if nk != 2:
+                            self.load_block_coalesced(sStage[None, (step + ahead) % S], mX, mK, nb, nh, nt, nk, tidx,
+                                                      g2s)
+                        if nk == 1:
+                            self.load_mean(sMean[None, (step + ahead) % S], mMean, nb, nh, tidx)
+                    else:
+                        self.load_block_coalesced(sStage[None, (step + ahead) % S], mX, mK, nb, nh, nt, nk, tidx,
+                                                  g2s)
+                    if const_expr(staged_mean and not self.cfg.k_once):  # its K mean rides in the same commit group
                         self.load_mean(sMean[None, (step + ahead) % S], mMean, nb, self.mean_head(nh, heads, mMean),
                                        tidx)
                 cute.arch.cp_async_commit_group()
@@ -596,28 +661,42 @@ class QuantPass:
                 for c in cutlass.range(tidx, D, self.num_threads, unroll=1):
                     sMean[self.smem_pos(c), parity] = mMean[batch, self.mean_head(head, heads, mMean), c]
                 cute.arch.barrier()
-            if const_expr(self.cfg.shift):
-                self.lse_shift(x, sMean[None, mean_buf], mShift, scale, batch, head, tile, tidx)
-            if const_expr(self.cfg.role == "qk"):
-                self.signs_and_smoothing(x, sSigns, sMean[None, mean_buf], tidx)
-                if const_expr(self.cfg.rotate):
-                    if const_expr(self.cfg.fwht_exchange):
-                        self.fwht_exchanged(x, tidx % L)
-                    else:
-                        self.fwht(x, tidx % L)
-            if const_expr(self.cfg.kmean):
-                # a CTA's items ascend, so its K items follow all its V items: the amax buffers' alternation
-                # (one barrier per V block) is not broken by the K items, which have no barrier
-                if is_k:
-                    self.k_partial_sums(x, mPart, scale, batch, head, tile, tidx, n_tiles, n_sample)
-                    if const_expr(self.cfg.fused_mean and not self.cfg.late_count):
-                        # the last of the head's n_tiles blocks (k_sample: of its n_sample sample tiles)
-                        n_count = n_sample if const_expr(self.cfg.k_sample) else n_tiles
-                        self.mean_if_last(mPart, mMean, mCount, storage, batch, head, heads, n_count, tidx)
-                else:
+            if const_expr(self.cfg.k_once):  # kind 0: the block's sums (16-bit values as read), 1: quantised, 2: none
+                if is_k == 0:
+                    self.once_sums(x, mX, mPart, mMean, mCount, storage, scale, batch, head, tile, heads, n_tiles,
+                                   tidx)
+                elif is_k == 1:
+                    self.signs_and_smoothing(x, sSigns, sMean[None, mean_buf], tidx)
+                    if const_expr(self.cfg.rotate):
+                        if const_expr(self.cfg.fwht_exchange):
+                            self.fwht_exchanged(x, tidx % L)
+                        else:
+                            self.fwht(x, tidx % L)
                     self.finish_block(x, mX, mY, mDescale, red, parity, batch, head, tile, tidx, sStage[None, stage])
             else:
-                self.finish_block(x, mX, mY, mDescale, red, parity, batch, head, tile, tidx, sStage[None, stage])
+                if const_expr(self.cfg.shift):
+                    self.lse_shift(x, sMean[None, mean_buf], mShift, scale, batch, head, tile, tidx)
+                if const_expr(self.cfg.role == "qk"):
+                    self.signs_and_smoothing(x, sSigns, sMean[None, mean_buf], tidx)
+                    if const_expr(self.cfg.rotate):
+                        if const_expr(self.cfg.fwht_exchange):
+                            self.fwht_exchanged(x, tidx % L)
+                        else:
+                            self.fwht(x, tidx % L)
+                if const_expr(self.cfg.kmean):
+                    # a CTA's items ascend, so its K items follow all its V items: the amax buffers' alternation
+                    # (one barrier per V block) is not broken by the K items, which have no barrier
+                    if is_k:
+                        self.k_partial_sums(x, mPart, scale, batch, head, tile, tidx, n_tiles, n_sample)
+                        if const_expr(self.cfg.fused_mean and not self.cfg.late_count):
+                            # the last of the head's n_tiles blocks (k_sample: of its n_sample sample tiles)
+                            n_count = n_sample if const_expr(self.cfg.k_sample) else n_tiles
+                            self.mean_if_last(mPart, mMean, mCount, storage, batch, head, heads, n_count, tidx)
+                    else:
+                        self.finish_block(x, mX, mY, mDescale, red, parity, batch, head, tile, tidx,
+                                          sStage[None, stage])
+                else:
+                    self.finish_block(x, mX, mY, mDescale, red, parity, batch, head, tile, tidx, sStage[None, stage])
             step = step + 1
         if const_expr(self.cfg.late_count):  # the CTA's K blocks counted once, after its loop
             n_count = n_sample if const_expr(self.cfg.k_sample) else n_tiles
@@ -714,7 +793,7 @@ class QuantPass:
         c = tidx % D
         acc = Float32(0.0)
         P = mPart.shape[2]
-        if const_expr(self.cfg.late_count):
+        if const_expr(self.cfg.late_count or self.cfg.k_once):
             # MEAN_LOADS independent loads in flight, then their adds in p order (the same sum as the loop below,
             # whose loads ptxas issues one at a time, each waiting for the previous add: P / G L2 round trips)
             U = MEAN_LOADS
@@ -736,8 +815,15 @@ class QuantPass:
             for i in cutlass.range_constexpr(1, G):
                 total = total + sums[tidx + i * D]
             mMean[batch, head, tidx] = total
-        if tidx == 0:
-            mCount[batch * heads + head] = Int32(0)
+        if const_expr(self.cfg.k_once):  # the mean written (release), then the head's counter ready: n_tiles + 1
+            cute.arch.fence_acq_rel_gpu()
+            cute.arch.barrier()
+            if tidx == 0:
+                cute.arch.atomic_add((mCount.iterator + batch * heads + head).llvm_ptr, Int32(1), sem="relaxed",
+                                     scope="gpu")
+        else:
+            if tidx == 0:
+                mCount[batch * heads + head] = Int32(0)
 
     @cute.jit
     def count_late(self, mPart: cute.Tensor, mMean: cute.Tensor, mCount: cute.Tensor, storage, heads: Int32,
@@ -774,6 +860,86 @@ class QuantPass:
                     self.mean_of(mPart, mMean, mCount, storage, slot // heads, slot % heads, heads, tidx)
                     cute.arch.barrier()  # the group sums' buffer is free again
             cute.arch.barrier()  # done[] is rewritten by the next round
+
+    # ---------------------------------------------------------------------------- k_once: K read once from DRAM
+    @cute.jit
+    def once_sums(self, x: cute.Tensor, mX: cute.Tensor, mPart: cute.Tensor, mMean: cute.Tensor, mCount: cute.Tensor,
+                  storage, inv_n: Float32, batch: Int32, head: Int32, tile: Int32, heads: Int32, n_tiles: Int32,
+                  tidx: Int32):
+        """``k_once``, a sum item: K's float32 per-channel sum over the block's tokens (tokens past seqlen_k as 0), in
+        this order: a butterfly over the warp's 32 / L tokens of each lane class (xor L, 2L, .. 16), then thread c
+        (c < D) adds the warps' sums in warp order, times inv_n = float32(1 / seqlen_k): mPart[batch, head, tile, c].
+        Then the block is counted at its (batch, kv-head) counter (every thread fences (release), a barrier, one
+        gpu-scope atomic; low ``ONCE_BITS`` bits count sums); the CTA that counts the head's last block writes its mean
+        (``mean_of``: thread (g, c) adds tiles g, g + G, ... in order, then the G group sums in order) and marks the
+        counter ready."""
+        D, T, L = self.head_dim, self.num_threads, self.lanes
+        W = T // 32
+        sums = storage.sums.get_tensor(cute.make_layout(self.sums_len))
+        ticket = storage.ticket.get_tensor(cute.make_layout(4))
+        if tile * self.cfg.rows + self.token_of(tidx, 0) >= mX.shape[1]:  # one token per thread (role "qk")
+            for j in cutlass.range_constexpr(SLOTS):
+                for i in cutlass.range_constexpr(VEC):
+                    x[i, j] = Float32(0.0)
+        for b in cutlass.range_constexpr((32 // L).bit_length() - 1):
+            for j in cutlass.range_constexpr(SLOTS):
+                for i in cutlass.range_constexpr(VEC):
+                    x[i, j] = x[i, j] + cute.arch.shuffle_sync_bfly(x[i, j], offset=L << b)
+        warp = tidx // 32
+        if tidx % 32 < L:
+            for j in cutlass.range_constexpr(SLOTS):
+                c0 = self.chunk_of(tidx, j) * VEC
+                for i in cutlass.range_constexpr(VEC):
+                    sums[warp * D + c0 + i] = x[i, j]
+        cute.arch.barrier()
+        if tidx < D:
+            acc = sums[tidx]
+            for w in cutlass.range_constexpr(1, W):
+                acc = acc + sums[w * D + tidx]
+            mPart[batch, head, tile, tidx] = acc * inv_n
+        cute.arch.fence_acq_rel_gpu()  # release: this thread's partial before the count
+        cute.arch.barrier()  # also: the warps' sums read before mean_of reuses the buffer
+        slot = batch * heads + head
+        if tidx == 0:
+            ticket[0] = cute.arch.atomic_add((mCount.iterator + slot).llvm_ptr, Int32(1), sem="acq_rel", scope="gpu")
+        cute.arch.barrier()
+        if ticket[0] & ((1 << ONCE_BITS) - 1) == n_tiles - 1:
+            self.mean_of(mPart, mMean, mCount, storage, batch, head, heads, tidx)
+        cute.arch.barrier()  # ticket[] and the sums' buffer are rewritten by the next sum item
+
+    @cute.jit
+    def once_poll(self, mCount: cute.Tensor, storage, blk: Int32, heads: Int32, n_tiles: Int32, n_blocks: Int32,
+                  lag: Int32, total: Int32, tidx: Int32):
+        """``k_once``: thread 0 counts item blk (if it quantises) at its head's counter (+2^ONCE_BITS, gpu-scope acquire)
+        and keeps the old value in shared memory (ticket[1]: a register live across the loop spilled at head_dim
+        128), which ``once_wait`` reads one item later (the atomic's latency overlaps that item)."""
+        ticket = storage.ticket.get_tensor(cute.make_layout(4))
+        if tidx == 0 and blk < total:
+            b, h, _, kind = self.decode(blk, heads, n_tiles, n_blocks, lag)
+            if kind == 1:
+                ticket[1] = cute.arch.atomic_add((mCount.iterator + b * heads + h).llvm_ptr, Int32(1 << ONCE_BITS),
+                                                 sem="acquire", scope="gpu")
+
+    @cute.jit
+    def once_wait(self, mCount: cute.Tensor, storage, blk: Int32, heads: Int32, n_tiles: Int32, n_blocks: Int32,
+                  lag: Int32, total: Int32, tidx: Int32):
+        """``k_once``, before the barrier after which item blk's mean is cp.async'd: thread 0 waits until its head's
+        counter is ready (low bits n_tiles + 1: every sum counted and the mean written; the old value from ``once_poll``,
+        then gpu-scope acquire polls), then the head's last quantised block resets the counter to 0 (``workspace``'s
+        counters are left zero). Deadlock-free when every CTA is resident (``quant_maps.once_lag``)."""
+        if tidx == 0 and blk < total:
+            b, h, _, kind = self.decode(blk, heads, n_tiles, n_blocks, lag)
+            if kind == 1:
+                old = storage.ticket.get_tensor(cute.make_layout(4))[1]
+                slot = b * heads + h
+                mask = (1 << ONCE_BITS) - 1
+                last = (old >> ONCE_BITS) == n_tiles - 1
+                cur = old
+                while cur & mask <= n_tiles:
+                    cur = cute.arch.atomic_add((mCount.iterator + slot).llvm_ptr, Int32(0), sem="acquire",
+                                               scope="gpu")
+                if last:
+                    mCount[slot] = Int32(0)
 
     @cute.jit
     def load_block(self, sRaw: cute.Tensor, mX: cute.Tensor, mK: cute.Tensor, batch: Int32, head: Int32,
@@ -1240,7 +1406,8 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
                     k_mean_out: torch.Tensor | None = None, staged_mean: bool = False,
                     k_sample_tokens: int | None = None, staged_store: bool = False,
                     occupancy: bool = False, late_count: bool = False,
-                    fwht_exchange: bool = False, one_barrier: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                    fwht_exchange: bool = False, one_barrier: bool = False,
+                    k_once: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """One tensor through the pass: (e4m3 data (like x, or v_t for role "v"), descale (B, H, T) float32).
 
     x: (B, N, H, D) float16 / bfloat16 CUDA; block: rows per scale block; signs: float32 (D,) on x's device
@@ -1264,7 +1431,10 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
     (``PassConfig.late_count``; the same mean bit for bit). fwht_exchange (role "qk", rotate, coalesced, head_dim
     128 / 256; ignored otherwise): the Hadamard's cross-lane stages after a lane exchange (``PassConfig.fwht_exchange``;
     the same e4m3 bytes and descales). one_barrier (role "qk", coalesced, no staged store; ignored otherwise): one
-    barrier per block (``PassConfig.one_barrier``; the same outputs)."""
+    barrier per block (``PassConfig.one_barrier``; the same outputs). k_once (role "qk", with mean, k_parts
+    (B, H, T, D) float32 scratch, k_count (B * H,) int32 zeros, coalesced, staged_mean): K's mean summed in this launch
+    and written into ``mean`` before its blocks are quantised (``PassConfig.k_once``; the caller zeroes ``mean`` when
+    B * N * H = 0; T < 2^(31 - ONCE_BITS))."""
     B, N, H, D = x.shape
     T_blocks = -(-N // block)
     x = interop.aligned(x)
@@ -1296,6 +1466,12 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
         mean_t = k_mean_out
     if k_of is not None:  # the kernel's scale argument: float32(1 / tokens summed) for K's partial sums
         shift_scale = 1.0 / (N if k_sample_tokens is None else k_sample_tokens)
+    if k_once:
+        if not (role == "qk" and mean is not None and k_parts is not None and k_count is not None and coalesced
+                and staged_mean and T_blocks < 2 ** (31 - ONCE_BITS)):
+            raise ValueError("k_once: needs role 'qk', mean, k_parts, k_count, coalesced stages, staged_mean and "
+                             f"fewer than 2^{31 - ONCE_BITS} blocks per head")
+        parts_t, count_t, shift_scale = k_parts, k_count, 1.0 / N
     total = B * H * T_blocks
     k_items = total if k_sample_tokens is None else B * H * (k_parts.shape[2] // k_parts_per_block(block))
 
@@ -1311,10 +1487,12 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
                          and block % 32 == 0, min_ctas=min_ctas, late_count=late_count and fused and kmean,
                          fwht_exchange=fwht_exchange and role == "qk" and rotate and coalesced and D > 64,
                          one_barrier=one_barrier and role == "qk" and coalesced and not (
-                             staged_store and mode != "amax" and block % 32 == 0))
+                             staged_store and mode != "amax" and block % 32 == 0) and not k_once,
+                         k_once=k_once)
         fn, ctas = _pass(dev, x.dtype, D, cfg)
+        # k_once: a grid no larger than what is resident (``_pass``: SMs x CTAs per SM), or it may deadlock
         fn(x, y, descale, signs, mean_t, shift_t, k_t, parts_t, count_t, shift_scale,
-           min(ctas, total + (k_items if kmean else 0), GRID_CAP or ctas))
+           min(ctas, total + (k_items if kmean else total if k_once else 0), GRID_CAP or ctas))
 
     with torch.cuda.device(dev):
         if granularity == "block":
@@ -1338,6 +1516,15 @@ def _fused_scratch(device: torch.device, B: int, Hkv: int, P: int, D: int) -> tu
         return partials[:n_parts].view(B, Hkv, P, D), counters[:n_count]
 
     return workspace.views(device, n_parts, n_count, ("fp8-quant-kmean", B, Hkv, P, D), make)
+
+
+def once_sum_depth(head_dim: int, rows: int, n_tiles: int) -> int:
+    """The float32 summation depth of ``k_once``'s mean (``QuantPass.once_sums``, ``mean_of``): the warp butterfly
+    (log2(32 / lanes) adds), the warps' sums (warps - 1), the times 1 / seqlen_k (1), the tiles per group (ceil(n_tiles
+    / G), G = threads / head_dim) and the group sums (G - 1)."""
+    threads = rows * head_dim // (VEC * SLOTS)
+    lanes, G = head_dim // (VEC * SLOTS), max(1, threads // head_dim)
+    return (32 // lanes).bit_length() - 1 + threads // 32 - 1 + 1 + -(-n_tiles // G) + G - 1
 
 
 def k_mean_from_parts(parts: torch.Tensor, seqlen_k: int) -> torch.Tensor:
@@ -1383,11 +1570,15 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Co
         q, k, v = interop.aligned(q), interop.aligned(k), interop.aligned(v)
     mean = mean_eff = shift = None
     v_t = None
+    k_once_args = {}
+    once = False
     if config.smooth_k:
         B, Nk, Hkv, _ = k.shape
         n_tiles = -(-Nk // tile_n)
         tiles = k_sample_tiles(Nk, tile_n, config.smooth_k_blocks)
         sampled = len(tiles) < n_tiles  # the mean over some of K's tiles (FP8Config.smooth_k_blocks)
+        once = (V3_K_ONCE and pipe == "v3" and not sampled and V3_COALESCED and V3_STAGED_MEAN
+                and n_tiles < 2 ** (31 - ONCE_BITS) and stages_for(dev, D, tile_n, V2_STAGES) >= 2)
         # v2 / v3 sum K's mean in V's launch, but for a sample too large for the kernel's int32 tile arithmetic
         own = staged and not (sampled and len(tiles) * n_tiles >= 2**31)
         if own and sampled:  # V's launch also sums K's sample tiles (m / T of one read of K)
@@ -1406,6 +1597,12 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Co
                 v_t, vd = quantize_tensor(v, role="v", block=tile_n, signs=None, mean=None, rotate=False, k_of=k,
                                           k_parts=parts, **common, **sample)
                 mean = k_mean_from_parts(parts, Nk)
+        elif own and once:  # K's launch sums its blocks and quantises them once_lag items later: no K read in V's
+            parts, counters = _fused_scratch(dev, B, Hkv, n_tiles, D)
+            mean = torch.empty(B, Hkv, D, dtype=torch.float32, device=dev)
+            if Nk == 0 or B * Hkv == 0:
+                mean.zero_()
+            k_once_args = dict(k_parts=parts, k_count=counters, k_once=True)
         elif own:  # V's launch also sums K per block; K's launch then reads K last block first (L2)
             P = n_tiles * k_parts_per_block(tile_n)
             if pipe == "v3" and (V3_FUSED_MEAN or V3_FUSED_MEAN_LATE):  # the mean finished in V's launch (workspace)
@@ -1428,7 +1625,8 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Co
     if v_t is None:
         v_t, vd = quantize_tensor(v, role="v", block=tile_n, signs=None, mean=None, rotate=False, **common)
     k8, kd = quantize_tensor(k, role="qk", block=tile_n, signs=k_signs, mean=mean, rotate=config.rotate,
-                             reverse=staged and V2_REVERSE and config.smooth_k, pdl=pdl, **qk_common)
+                             reverse=staged and V2_REVERSE and config.smooth_k and not once, pdl=pdl, **k_once_args,
+                         **qk_common)
     q8, qd = quantize_tensor(q, role="qk", block=tile_m, signs=signs, mean=None, rotate=config.rotate, shift=shift,
                              shift_mean=mean_eff, shift_scale=abs(scale), pdl=pdl, **qk_common)
     if shift is not None and q.shape[0] * q.shape[1] * q.shape[2] == 0:
