@@ -12,7 +12,9 @@ per SM (``V3_OCCUPANCY``), alone and with the staged store, default and sampled 
 fused mean counted after each CTA's loop (``V3_FUSED_MEAN_LATE``; a shared-memory list of the heads a CTA finishes),
 exact and sampled mean, the launch cut to 2 CTAs (``GRID_CAP``: several heads per CTA), D 64 / 128; "quant9": one barrier
 per Q / K block (``V3_ONE_BARRIER``: the block max's barrier also publishes the next stage) with the lane exchange
-(``V3_FWHT_EXCHANGE``), the launch cut to 2 CTAs (many blocks per CTA through the 3 stages), D 128 / 256. Shapes: GQA,
+(``V3_FWHT_EXCHANGE``), the launch cut to 2 CTAs (many blocks per CTA through the 3 stages), D 128 / 256; "quant10": K
+read once (``V3_K_ONCE``: the sums' shared-memory buffer and ticket, the poll's slot), the launch cut to 16 and to 2
+CTAs (several heads' sums and waits per CTA; every CTA resident under the tool), D 64 / 128 / 256. Shapes: GQA,
 batch 2, odd lengths (tails), D 64 / 128 / 256; each call checked against the torch recipe given the call's K mean.
 Prints "CALLS n FAILED m"; exit status 1 if a call differed.
 """
@@ -24,7 +26,7 @@ def main() -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--set", default="quant3", choices=("quant3", "quant4", "quant5", "quant6", "quant8",
-                                                                   "quant9"))
+                                                                   "quant9", "quant10"))
     args = parser.parse_args()
     import torch
 
@@ -51,7 +53,13 @@ def main() -> int:
                            ("fused_mean_late+sampled2", {"V3_STAGED_MEAN": True, "V3_FUSED_MEAN_LATE": True,
                                                          "GRID_CAP": 2}, FP8Config(smooth_k_blocks=2), 1100)],
                 "quant9": [("one_barrier+fwht_exchange", {"V3_STAGED_MEAN": True, "V3_ONE_BARRIER": True,
-                                                          "V3_FWHT_EXCHANGE": True, "GRID_CAP": 2}, FP8Config(), 257)]}
+                                                          "V3_FWHT_EXCHANGE": True, "GRID_CAP": 2}, FP8Config(), 257)],
+                # the grid cut to <= 16 CTAs: each fits an SM alone, so all are resident under the tool's
+                # instrumentation too (a quantised block may wait for another CTA's sums)
+                "quant10": [("k_once+grid16", {"V3_STAGED_MEAN": True, "V3_K_ONCE": True, "GRID_CAP": 16},
+                             FP8Config(), 1001),
+                            ("k_once+grid2", {"V3_STAGED_MEAN": True, "V3_K_ONCE": True, "GRID_CAP": 2}, FP8Config(),
+                             1001)]}
     calls = failed = 0
     for label, knobs, config, nk in variants[args.set]:
         for name, value in knobs.items():

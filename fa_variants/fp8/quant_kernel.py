@@ -815,8 +815,9 @@ class QuantPass:
             for i in cutlass.range_constexpr(1, G):
                 total = total + sums[tidx + i * D]
             mMean[batch, head, tidx] = total
-        if const_expr(self.cfg.k_once):  # the mean written (release), then the head's counter ready: n_tiles + 1
-            cute.arch.fence_acq_rel_gpu()
+            if const_expr(self.cfg.k_once):
+                cute.arch.fence_acq_rel_gpu()  # release: the mean before the ready mark
+        if const_expr(self.cfg.k_once):  # the mean written, then the head's counter ready: n_tiles + 1
             cute.arch.barrier()
             if tidx == 0:
                 cute.arch.atomic_add((mCount.iterator + batch * heads + head).llvm_ptr, Int32(1), sem="relaxed",
@@ -869,7 +870,7 @@ class QuantPass:
         """``k_once``, a sum item: K's float32 per-channel sum over the block's tokens (tokens past seqlen_k as 0), in
         this order: a butterfly over the warp's 32 / L tokens of each lane class (xor L, 2L, .. 16), then thread c
         (c < D) adds the warps' sums in warp order, times inv_n = float32(1 / seqlen_k): mPart[batch, head, tile, c].
-        Then the block is counted at its (batch, kv-head) counter (every thread fences (release), a barrier, one
+        Then the block is counted at its (batch, kv-head) counter (the D writers fence (release), a barrier, one
         gpu-scope atomic; low ``ONCE_BITS`` bits count sums); the CTA that counts the head's last block writes its mean
         (``mean_of``: thread (g, c) adds tiles g, g + G, ... in order, then the G group sums in order) and marks the
         counter ready."""
@@ -897,7 +898,7 @@ class QuantPass:
             for w in cutlass.range_constexpr(1, W):
                 acc = acc + sums[w * D + tidx]
             mPart[batch, head, tile, tidx] = acc * inv_n
-        cute.arch.fence_acq_rel_gpu()  # release: this thread's partial before the count
+            cute.arch.fence_acq_rel_gpu()  # release: this thread's partial before the count (the writers only)
         cute.arch.barrier()  # also: the warps' sums read before mean_of reuses the buffer
         slot = batch * heads + head
         if tidx == 0:
@@ -910,9 +911,9 @@ class QuantPass:
     @cute.jit
     def once_poll(self, mCount: cute.Tensor, storage, blk: Int32, heads: Int32, n_tiles: Int32, n_blocks: Int32,
                   lag: Int32, total: Int32, tidx: Int32):
-        """``k_once``: thread 0 counts item blk (if it quantises) at its head's counter (+2^ONCE_BITS, gpu-scope acquire)
-        and keeps the old value in shared memory (ticket[1]: a register live across the loop spilled at head_dim
-        128), which ``once_wait`` reads one item later (the atomic's latency overlaps that item)."""
+        """``k_once``: thread 0 counts item blk (if it quantises) at its head's counter (+2^ONCE_BITS, gpu-scope
+        acquire) and keeps the old value in shared memory (ticket[1], not a register live across the loop), which
+        ``once_wait`` reads one item later (the atomic's latency overlaps that item)."""
         ticket = storage.ticket.get_tensor(cute.make_layout(4))
         if tidx == 0 and blk < total:
             b, h, _, kind = self.decode(blk, heads, n_tiles, n_blocks, lag)
@@ -924,9 +925,9 @@ class QuantPass:
     def once_wait(self, mCount: cute.Tensor, storage, blk: Int32, heads: Int32, n_tiles: Int32, n_blocks: Int32,
                   lag: Int32, total: Int32, tidx: Int32):
         """``k_once``, before the barrier after which item blk's mean is cp.async'd: thread 0 waits until its head's
-        counter is ready (low bits n_tiles + 1: every sum counted and the mean written; the old value from ``once_poll``,
-        then gpu-scope acquire polls), then the head's last quantised block resets the counter to 0 (``workspace``'s
-        counters are left zero). Deadlock-free when every CTA is resident (``quant_maps.once_lag``)."""
+        counter is ready (low bits n_tiles + 1: every sum counted and the mean written; the old value from
+        ``once_poll``, then gpu-scope acquire polls; or reset to 0, see below), then the head's last quantised block
+        resets the counter to 0 (release; ``workspace``'s counters are left zero). Deadlock-free when every CTA is resident (``quant_maps.once_lag``)."""
         if tidx == 0 and blk < total:
             b, h, _, kind = self.decode(blk, heads, n_tiles, n_blocks, lag)
             if kind == 1:
@@ -934,12 +935,15 @@ class QuantPass:
                 slot = b * heads + h
                 mask = (1 << ONCE_BITS) - 1
                 last = (old >> ONCE_BITS) == n_tiles - 1
-                cur = old
-                while cur & mask <= n_tiles:
+                # the counter with this block's count: >= 2^ONCE_BITS until the head's last quantised block resets it
+                # to 0, which it does only after it saw the head ready, so 0 means ready too (a block still polling
+                # then would otherwise wait forever)
+                cur = old + (1 << ONCE_BITS)
+                while cur & mask <= n_tiles and cur != 0:
                     cur = cute.arch.atomic_add((mCount.iterator + slot).llvm_ptr, Int32(0), sem="acquire",
                                                scope="gpu")
-                if last:
-                    mCount[slot] = Int32(0)
+                if last:  # release: a poller that reads the 0 sees what this thread saw (the mean)
+                    cute.arch.atomic_exch((mCount.iterator + slot).llvm_ptr, Int32(0), sem="release", scope="gpu")
 
     @cute.jit
     def load_block(self, sRaw: cute.Tensor, mX: cute.Tensor, mK: cute.Tensor, batch: Int32, head: Int32,

@@ -14,8 +14,8 @@ from __future__ import annotations
 __all__ = ["VEC", "SLOTS", "piece_swizzle", "thread_token", "thread_chunk", "stage_piece", "store_pitch",
            "store_swizzle", "store_unit", "store_map", "k_sum_group", "k_parts_per_block", "stage_load",
            "k_sample_item", "k_sample_slot", "late_first", "late_item", "exchange_chunk_in", "exchange_chunk_out",
-           "exchange_partner", "exchange_store_slot", "exchange_piece", "exchange_pos", "once_lag", "once_total", "once_item",
-           "once_window"]
+           "exchange_partner", "exchange_store_slot", "exchange_piece", "exchange_pos", "once_lag", "once_total",
+           "once_item", "once_window"]
 
 VEC = 16  # contiguous channels per slot: two 16-byte loads of 16-bit input, one 16-byte e4m3 store
 SLOTS = 4  # slots per thread: 4 chunks of one token (Q / K) or one chunk of 4 tokens (V)
