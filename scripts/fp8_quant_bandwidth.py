@@ -14,7 +14,8 @@ fused mean for a sampled mean only (``V3_FUSED_SAMPLED_MEAN``) and ``V3_OCCUPANC
 (``V3_FUSED_MEAN``); "defl": def with the fused mean counted after each CTA's loop (``V3_FUSED_MEAN_LATE``);
 "defx": def with Q's / K's Hadamard lane exchange (``V3_FWHT_EXCHANGE``); "defb": def with one barrier per Q / K block
 (``V3_ONE_BARRIER``); "defxb": both; "defo": def with K read once from DRAM (``V3_K_ONCE``: K's own launch sums and
-then quantises each block, V's launch does not read K);
+then quantises each block, V's launch does not read K; 2 stages in K's launch, ``V3_K_ONCE_STAGES``); "defo3": defo with
+3 stages (a block's two reads ~1.5x further apart);
 ``quant_kernel``) and recipe (default:
 block scales + Hadamard + K smoothing; "no-smooth": the same without smoothing; "sampled8": the default with
 K's mean over 8 evenly spaced K tiles, ``FP8Config(smooth_k_blocks=8)``; "sampled16": over 16), one
@@ -218,7 +219,8 @@ PIPES.update({"def": ("v3", _DEF), "deff": ("v3", {**_DEF, "V3_FUSED_MEAN": True
               "defl": ("v3", {**_DEF, "V3_FUSED_MEAN_LATE": True}),
               "defx": ("v3", {**_DEF, "V3_FWHT_EXCHANGE": True}), "defb": ("v3", {**_DEF, "V3_ONE_BARRIER": True}),
               "defxb": ("v3", {**_DEF, "V3_FWHT_EXCHANGE": True, "V3_ONE_BARRIER": True}),
-              "defo": ("v3", {**_DEF, "V3_K_ONCE": True})})
+              "defo": ("v3", {**_DEF, "V3_K_ONCE": True, "V3_K_ONCE_STAGES": 2}),
+              "defo3": ("v3", {**_DEF, "V3_K_ONCE": True, "V3_K_ONCE_STAGES": 3})})
 
 
 def recipes() -> dict:

@@ -40,9 +40,9 @@ san=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/co
 step gpu_tests 35 python3 -m pytest -q -n 3 -m gpu -p no:cacheprovider --tb=short tests/test_fp8_quant_kernel.py \
   -k "test_v3_k_once"
 wait
-pipes=def,defo ab=(--ab def:defo)
+pipes=def,defo,defo3 ab=(--ab def:defo,def:defo3)
 if ! grep -qE "^3 passed" "$out/gpu_tests.log" || grep -qE "failed|error" "$out/gpu_tests.log"; then
-  pipes=def ab=(); echo "k_once's GPU tests did not pass: defo left out of the timing"
+  pipes=def ab=(); echo "k_once's GPU tests did not pass: defo / defo3 left out of the timing"
 fi
 step bandwidth 25 python3 scripts/fp8_quant_bandwidth.py --pipelines "$pipes" --recipes default \
   --rounds 5 --breakdown "${ab[@]}" --json "$out/quant_bw.json"

@@ -30,7 +30,7 @@ def tasks(which: str = "quant3") -> list[tuple[str, str, int, str]]:
     scripts/quant8_gpu.sh's (which "quant8": the current default, + V3_FUSED_MEAN, + V3_FUSED_MEAN_LATE), or
     scripts/quant9_gpu.sh's (which "quant9": the current default, + V3_FWHT_EXCHANGE, + V3_ONE_BARRIER, + both; the
     default recipe at D 64 / 128 / 256: ~21 distinct passes, as quant8's), or scripts/quant10_gpu.sh's (which "quant10":
-    the current default and + V3_K_ONCE, the default recipe at D 64 / 128 / 256)."""
+    the current default and + V3_K_ONCE with 2 / 3 stages, the default recipe at D 64 / 128 / 256)."""
     if which == "quant10":  # the default recipe at every head_dim (bandwidth, tests, racecheck)
         return [("v3", "bf16", d, f"default+{knob}") for d in HEAD_DIMS for knob in QUANT10_KNOBS]
     if which == "quant9":  # the default recipe at every head_dim (bandwidth, tests, racecheck)
@@ -101,7 +101,8 @@ QUANT9_KNOBS = {"default9": _Q9, "exchange9": {**_Q9, "V3_FWHT_EXCHANGE": True},
                 "both9": {**_Q9, "V3_FWHT_EXCHANGE": True, "V3_ONE_BARRIER": True}}
 # --set quant10: the current default and K read once from DRAM
 _Q10 = {**_Q9, "V3_K_ONCE": False}
-QUANT10_KNOBS = {"default10": _Q10, "once10": {**_Q10, "V3_K_ONCE": True}}
+QUANT10_KNOBS = {"default10": _Q10, "once10": {**_Q10, "V3_K_ONCE": True, "V3_K_ONCE_STAGES": 2},
+                 "once10s3": {**_Q10, "V3_K_ONCE": True, "V3_K_ONCE_STAGES": 3}}
 
 
 def config_of(recipe: str):

@@ -490,16 +490,17 @@ def test_compiles_late_count(arch, head_dim):
 @pytest.mark.compile
 @pytest.mark.parametrize("arch", ["sm_90a"], indirect=True)
 @pytest.mark.parametrize("head_dim", qk.HEAD_DIMS)
-def test_compiles_k_once(arch, head_dim):
-    """K's pass reading K once (``k_once``, the default recipe's K pass otherwise, sm_90a): the same cp.async loads and
-    e4m3 conversions as the default K pass, the sums' butterfly (64 x log2(32 / lanes) shuffles more), the mean's
+@pytest.mark.parametrize("stages", [2, 3])
+def test_compiles_k_once(arch, head_dim, stages):
+    """K's pass reading K once (``k_once``, the default recipe's K pass otherwise, sm_90a, 2 and 3 stages): the same
+    cp.async loads and e4m3 conversions as the default K pass with as many stages, the sums' butterfly (64 x log2(32 / lanes) shuffles more), the mean's
     partials ``MEAN_LOADS`` loads at a time, gpu-scope atomics (the count, the mean's ready mark, the poll and its
     spin), registers within the pass's cap, no spill but one 4-byte register at head_dim 128 (one STL / LDL pair per
     quantised block, L1); configs it is not built for are refused."""
     rows = layout.tile_n(head_dim)
-    base = qk.PassConfig(rows=rows, smooth=True, stages=3, pdl=True, coalesced=True, head_major=True,
+    base = qk.PassConfig(rows=rows, smooth=True, stages=stages, pdl=True, coalesced=True, head_major=True,
                          staged_mean=True, staged_store=qk.staged_store_for(head_dim), reverse=True)
-    once = dataclasses.replace(base, reverse=False, k_once=True)
+    once = dataclasses.replace(base, reverse=False, k_once=True)  # stages 2: ``V3_K_ONCE_STAGES``
     c, c0 = (qk.VARIANT.compiled(qk.static_config(arch, torch.bfloat16, head_dim, x)) for x in (once, base))
     names = ("LDGSTS", "SHFL.BFLY", "F2FP", "ATOMG", "LDL", "STL", "LDG.E")
     ops, ops0 = (cubin.count_sass(cubin.sass_of(x.cubin), names) for x in (c, c0))

@@ -494,13 +494,14 @@ def test_quant10_sets():
     import re
 
     bw = load_script("fp8_quant_bandwidth")
-    assert bw.PIPES["defo"] == ("v3", {**bw.PIPES["def"][1], "V3_K_ONCE": True})
+    assert bw.PIPES["defo"] == ("v3", {**bw.PIPES["def"][1], "V3_K_ONCE": True, "V3_K_ONCE_STAGES": 2})
+    assert bw.PIPES["defo3"] == ("v3", {**bw.PIPES["defo"][1], "V3_K_ONCE_STAGES": 3})
     from fa_variants.fp8 import quant_kernel
 
     assert quant_kernel.V3_K_ONCE is False  # off until measured
     pre = load_script("quant_precompile")
     tasks = pre.tasks("quant10")
-    assert len(tasks) == len(set(tasks)) == 6 and ("v3", "bf16", 256, "default+once10") in tasks
+    assert len(tasks) == len(set(tasks)) == 9 and ("v3", "bf16", 256, "default+once10s3") in tasks
     assert all(hasattr(quant_kernel, n) for knobs in pre.QUANT10_KNOBS.values() for n in knobs)
     row = {"kernels": "3 kernels, 100.0 us: pass 28.0, pass 40.0, pass 32.0", "pass_bytes": [100e6, 168e6, 101e6],
            "extra_bytes_read": 67e6, "once": True}
@@ -520,8 +521,8 @@ def test_quant10_sets():
     assert bw.pass_bytes(T(10), T(10), T(10), out, 7, once=True) == [12, 19, 13]
     assert bw.pass_bytes(T(10), T(10), T(10), out, 7) == [19, 12, 13]
     text = (ROOT / "scripts" / "quant10_gpu.sh").read_text()
-    assert "--set quant10" in text and "pipes=def,defo" in text and '-k "test_v3_k_once"' in text
-    assert "defo left out of the timing" in text
+    assert "--set quant10" in text and "pipes=def,defo,defo3" in text and '-k "test_v3_k_once"' in text
+    assert "defo / defo3 left out of the timing" in text
     limits = [int(n) for n in re.findall(r"^step \w+ (\d+) ", text, re.M)]
     assert len(limits) == 3 and sum(limits) <= 100, limits
     assert '"quant10"' in (ROOT / "scripts" / "quant_sanitize.py").read_text()

@@ -283,6 +283,10 @@ V3_ONE_BARRIER = _env.flag("FA_VARIANTS_FP8_QUANT_ONE_BARRIER", False)
 #: Needs every CTA of the persistent grid resident (a quantised block may wait for another CTA's sums). Off until
 #: measured (scripts/quant10_gpu.sh); FA_VARIANTS_FP8_QUANT_K_ONCE=1 (read at import) turns it on
 V3_K_ONCE = _env.flag("FA_VARIANTS_FP8_QUANT_K_ONCE", False)
+#: ``V3_K_ONCE``'s stages for K's launch: the lag grows with (stages - 1) x grid blocks (the mean is cp.async'd that far
+#: ahead), so 2 keeps a block's two reads ~22 / 32 / 43 MB apart at head_dim 64 / 128 / 256 (bandwidth shapes; 3 stages:
+#: 38 / 54 / 64 MB, past L2's 50 MB), at one block of loads in flight per CTA instead of two
+V3_K_ONCE_STAGES = 2
 #: ``k_once``'s counter per (batch, kv-head): sums count 1 each in its low ONCE_BITS bits (+ 1 when the mean is
 #: written: ready at n_tiles + 1), quantised blocks 2^ONCE_BITS each: n_tiles < 2^(31 - ONCE_BITS) (else the default)
 ONCE_BITS = 16
@@ -1582,7 +1586,7 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Co
         tiles = k_sample_tiles(Nk, tile_n, config.smooth_k_blocks)
         sampled = len(tiles) < n_tiles  # the mean over some of K's tiles (FP8Config.smooth_k_blocks)
         once = (V3_K_ONCE and pipe == "v3" and not sampled and V3_COALESCED and V3_STAGED_MEAN
-                and n_tiles < 2 ** (31 - ONCE_BITS) and stages_for(dev, D, tile_n, V2_STAGES) >= 2)
+                and n_tiles < 2 ** (31 - ONCE_BITS) and stages_for(dev, D, tile_n, V3_K_ONCE_STAGES) >= 2)
         # v2 / v3 sum K's mean in V's launch, but for a sample too large for the kernel's int32 tile arithmetic
         own = staged and not (sampled and len(tiles) * n_tiles >= 2**31)
         if own and sampled:  # V's launch also sums K's sample tiles (m / T of one read of K)
@@ -1628,9 +1632,10 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Co
         shift = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32, device=dev)
     if v_t is None:
         v_t, vd = quantize_tensor(v, role="v", block=tile_n, signs=None, mean=None, rotate=False, **common)
+    k_common = dict(qk_common, stages=V3_K_ONCE_STAGES) if once else qk_common
     k8, kd = quantize_tensor(k, role="qk", block=tile_n, signs=k_signs, mean=mean, rotate=config.rotate,
                              reverse=staged and V2_REVERSE and config.smooth_k and not once, pdl=pdl, **k_once_args,
-                         **qk_common)
+                             **k_common)
     q8, qd = quantize_tensor(q, role="qk", block=tile_m, signs=signs, mean=None, rotate=config.rotate, shift=shift,
                              shift_mean=mean_eff, shift_scale=abs(scale), pdl=pdl, **qk_common)
     if shift is not None and q.shape[0] * q.shape[1] * q.shape[2] == 0:
