@@ -14,7 +14,7 @@ exact and sampled mean, the launch cut to 2 CTAs (``GRID_CAP``: several heads pe
 per Q / K block (``V3_ONE_BARRIER``: the block max's barrier also publishes the next stage) with the lane exchange
 (``V3_FWHT_EXCHANGE``), the launch cut to 2 CTAs (many blocks per CTA through the 3 stages), D 128 / 256; "quant10": K
 read once (``V3_K_ONCE``: the sums' shared-memory buffer and ticket, the poll's slot), the launch cut to 16 and to 2
-CTAs (several heads' sums and waits per CTA; every CTA resident under the tool), D 64 / 128 / 256. Shapes: GQA,
+CTAs (several heads' sums and waits per CTA; every CTA resident under the tool), D 64 / 256. Shapes: GQA,
 batch 2, odd lengths (tails), D 64 / 128 / 256; each call checked against the torch recipe given the call's K mean.
 Prints "CALLS n FAILED m"; exit status 1 if a call differed.
 """
@@ -66,7 +66,7 @@ def main() -> int:
             setattr(qk, name, value)
         # quant6: the occupancy switch changes head_dim 64 / 128 only (``quant_kernel.OCCUPANCY``); quant8: two
         # head_dims keep racecheck (one small case per recipe) short
-        dims = {"quant6": (64, 128), "quant8": (64, 128), "quant9": (128, 256)}
+        dims = {"quant6": (64, 128), "quant8": (64, 128), "quant9": (128, 256), "quant10": (64, 256)}
         for d in dims.get(args.set, qk.HEAD_DIMS):
             g = torch.Generator(device="cuda").manual_seed(d)
             q = torch.randn(2, 300, 8, d, device="cuda", generator=g).to(torch.bfloat16)

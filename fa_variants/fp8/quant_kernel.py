@@ -117,6 +117,14 @@ computed (its outputs equal v2's bit for bit):
   after each CTA's loop: one release fence per CTA, then its K blocks' atomics (its threads at once) and the means of
   the heads it completes (``count_late``), instead of a fence, two barriers and an atomic per K block; the mean is
   the fused mean's bit for bit (same partials, same order). For the exact mean too: no torch sum of the partials.
+* K read once (``V3_K_ONCE``, off until measured; ``PassConfig.k_once``, exact mean only): V's launch does not read K;
+  K's launch walks 2 x its blocks (``quant_maps.once_item``): a block's per-channel sums (``QuantPass.once_sums``: one
+  partial per block; the CTA that counts a head's last block writes its mean, ``mean_of``, and marks the head's counter
+  ready), and ``once_lag`` items later the block quantised as the default K pass does, its mean cp.async'd with its
+  stage after thread 0 saw the counter ready (``once_poll`` one item ahead, ``once_wait``). The lag puts a block's two
+  reads ~22-43 MB apart (2 stages, ``V3_K_ONCE_STAGES``): the second from L2. Every CTA must be resident (a quantised
+  block may wait for other CTAs' sums; the order makes the lowest unfinished item never wait). Another summation order
+  of the mean than the default's torch sum: outputs equal the torch recipe given the pass's mean.
 * Staged mean (``V3_STAGED_MEAN``, on since session 6; ``PassConfig.staged_mean``): the smoothed K pass and Q's
   shift pass get K's mean with each block's stage (a 16-byte cp.async by D / 4 threads into a mean buffer per stage,
   committed with the block's loads; the prologue's blocks by plain loads after the PDL wait) instead of a global
