@@ -242,6 +242,92 @@ def test_once_order(heads, n_tiles, grid, stages):
     assert all(kind == 0 for _, kind in items[:min(n_blocks, (stages - 1) * grid)])  # the prologue loads no mean
 
 
+def simulate_once(heads, n_tiles, grid, stages, seed):
+    """A model of ``k_once``'s cross-CTA protocol (``QuantPass.once_poll`` / ``once_wait`` / ``once_sums`` /
+    ``mean_of``), every CTA a generator that yields after each global atomic, run in a random interleaving: each CTA
+    walks its items cta, cta + grid, ...; before item i's barrier thread 0 waits for the head of item i + A (A = (stages
+    - 1) x grid, whose mean is cp.async'd then) and polls item i + A + grid; a sum item counts its block (low bits) and
+    the head's last one writes the mean and marks it ready (+1); the head's last quantised block resets the counter.
+    Returns (the means each quantised block's wait saw written, the counters at the end, steps); raises on a deadlock
+    (every live CTA spinning with nothing else left to run)."""
+    import random
+
+    from fa_variants.fp8.quant_maps import once_item, once_lag, once_total
+
+    bits, mask = qk.ONCE_BITS, (1 << qk.ONCE_BITS) - 1
+    n_blocks = heads * n_tiles
+    lag = once_lag(n_tiles, grid, stages)
+    total = once_total(n_blocks, lag)
+    A = (stages - 1) * grid
+    counter = [0] * heads
+    mean = [False] * heads
+    seen = []
+
+    def cta(c):
+        polled = {}
+
+        def poll(j):
+            if j < total and once_item(j, n_blocks, lag)[1] == 1:
+                h = once_item(j, n_blocks, lag)[0] // n_tiles
+                polled[j] = counter[h]
+                counter[h] += 1 << bits
+
+        poll(c + A)
+        yield "run"
+        for i in range(c, total, grid):
+            j = i + A
+            if j < total and once_item(j, n_blocks, lag)[1] == 1:
+                h = once_item(j, n_blocks, lag)[0] // n_tiles
+                old = polled.pop(j)
+                cur = old + (1 << bits)
+                while (cur & mask) <= n_tiles and cur != 0:
+                    yield "spin"
+                    cur = counter[h]
+                seen.append(mean[h])
+                if old >> bits == n_tiles - 1:
+                    counter[h] = 0
+                yield "run"
+            poll(i + A + grid)
+            yield "run"
+            block, kind = once_item(i, n_blocks, lag)
+            if kind == 0:
+                h = block // n_tiles
+                ticket = counter[h]
+                counter[h] += 1
+                yield "run"
+                if ticket & mask == n_tiles - 1:
+                    mean[h] = True
+                    counter[h] += 1
+                    yield "run"
+
+    rng = random.Random(seed)
+    live = {c: cta(c) for c in range(grid)}
+    state = {c: "run" for c in live}
+    steps = 0
+    while live:
+        runnable = [c for c in live if state[c] == "run"] or list(live)
+        c = rng.choice(runnable)
+        try:
+            state[c] = next(live[c])
+        except StopIteration:
+            del live[c]
+        steps += 1
+        assert steps < 200 * (total + grid) * 4, "deadlock: every live CTA spins"
+    return seen, counter, steps
+
+
+@pytest.mark.parametrize("heads,n_tiles,grid,stages", [(1, 1, 1, 2), (3, 5, 2, 2), (7, 2, 3, 3), (5, 16, 8, 2),
+                                                       (40, 3, 7, 3), (4, 33, 16, 2), (2, 1, 5, 2)])
+def test_once_protocol_model(heads, n_tiles, grid, stages):
+    """``k_once``'s counters in a model run in random interleavings (``simulate_once``): no deadlock, every quantised
+    block's wait saw its head's mean written, and every counter back at 0 (``workspace``'s counters are left zero) -
+    including a block still polling when the head's last one resets the counter (0 counts as ready)."""
+    for seed in range(20):
+        seen, counter, _ = simulate_once(heads, n_tiles, grid, stages, seed)
+        assert len(seen) == heads * n_tiles and all(seen), seed
+        assert counter == [0] * heads, (seed, counter)
+
+
 @pytest.mark.parametrize("role", ["qk", "v"])
 @pytest.mark.parametrize("head_dim", qk.HEAD_DIMS)
 @pytest.mark.parametrize("rows", [128, 192, 256])
