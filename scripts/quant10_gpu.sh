@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# quant10_gpu.sh: issue 10's quantisation pass reading K once from DRAM, session 8, on one H200 (~85 s expected from a
-# cold disk cache; step limits 35 + 35 + 25 s): quant_kernel.V3_K_ONCE (PassConfig.k_once, off): V's launch no longer
+# quant10_gpu.sh: issue 10's quantisation pass reading K once from DRAM, session 8, on one H200 (~90 s expected from a
+# cold disk cache; step limits 40 + 35 + 25 s): quant_kernel.V3_K_ONCE (PassConfig.k_once, off): V's launch no longer
 # reads K for its mean; K's own launch walks its blocks twice in one order (quant_maps.once_item): each block's sums
 # (one partial per block, the mean by the CTA that counts the head's last block), then once_lag items later (a head's
 # tiles + the grid with 2 stages: ~22-43 MB moved between a block's two reads, within L2's 50 MB) its quantisation, after a poll of
@@ -35,7 +35,7 @@ set -uo pipefail
 source "$(dirname "$0")/steps.sh"; help_from_header "$@"
 out="${OUT:-results}/quant10"; session_setup "$out"
 # under $out: commit.txt, gpu.txt, clocks.csv, the step logs, sanitize.log, quant_bw.json
-step precompile 35 python3 scripts/quant_precompile.py --jobs 16 --set quant10 --unique
+step precompile 40 python3 scripts/quant_precompile.py --jobs 16 --set quant10 --unique
 san=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
 { r=$(timeout -s INT 35 "$san" --tool racecheck --error-exitcode 9 python3 scripts/quant_sanitize.py --set quant10 2>&1)
   echo "rc=$? racecheck"; echo "$r" | tail -n 10; } > "$out/sanitize.log" 2>&1 &
