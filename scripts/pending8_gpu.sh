@@ -15,8 +15,9 @@
 # 3. scripts/fa3gap9_gpu.sh (issue 12: Sm90Config.rescale_first at D 64, the alpha-256 / pairs-256 / fa4-256 variants
 #    at D 256, beside flash-attn-4) and scripts/quant9_gpu.sh (issue 10: the quantisation pass's Hadamard lane exchange
 #    and one barrier per block); each script's header has its pass rule, prediction and flip rule.
-# Then, in a call of its own (the step limits of all together pass 10 minutes): scripts/fp8two_gpu.sh (issue 10:
-# fa3-fp8 fused_promote at head_dim 256).
+# Then, in a call of their own (the step limits of all together pass 10 minutes): scripts/fp8two_gpu.sh (issue 10:
+# fa3-fp8 fused_promote at head_dim 256) and scripts/quant10_gpu.sh (issue 10: the quantisation pass reading K once
+# from DRAM, FA_VARIANTS_FP8_QUANT_K_ONCE; it spins on other CTAs: a hang shows as its step's time limit).
 # Pass: 0 failed, 0 errors in steps 1-2 (an rc 124 after the "[100%]" line is xdist's teardown, not a failure).
 set -uo pipefail
 source "$(dirname "$0")/steps.sh"; help_from_header "$@"
