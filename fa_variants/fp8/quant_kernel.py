@@ -1058,14 +1058,7 @@ class QuantPass:
     def fwht(self, x: cute.Tensor, lane: Int32):
         """Unnormalised Walsh-Hadamard transform of the thread's token (with its L lanes) in the stage order
         of ``quantize.fwht``; the normalisation is folded into the quantisation (``finish_block``)."""
-        for j in cutlass.range_constexpr(SLOTS):  # h = 1, 2, 4, 8: inside a chunk
-            for b in cutlass.range_constexpr(4):
-                h = 1 << b
-                for i in cutlass.range_constexpr(VEC):
-                    if const_expr((i & h) == 0):
-                        a, c = x[i, j], x[i + h, j]
-                        x[i, j] = a + c
-                        x[i + h, j] = a - c
+        self.chunk_stages(x)  # h = 1, 2, 4, 8: inside a chunk
         for b in cutlass.range_constexpr(self.lanes.bit_length() - 1):  # h = 16 .. D / 8: across lanes
             m = 1 << b
             sign = Float32(1.0) - Float32(2.0) * Float32(lane >> b & 1)  # +1: a + other, -1: other - b
@@ -1090,14 +1083,7 @@ class QuantPass:
         ``exchange_partner``), and h = 64 (.. 128 at L = 4) pair its slots again (chunks ``exchange_chunk_out``)."""
         L = self.lanes
         bits = L.bit_length() - 1
-        for j in cutlass.range_constexpr(SLOTS):  # h = 1, 2, 4, 8: inside a chunk
-            for b in cutlass.range_constexpr(4):
-                h = 1 << b
-                for i in cutlass.range_constexpr(VEC):
-                    if const_expr((i & h) == 0):
-                        a, c = x[i, j], x[i + h, j]
-                        x[i, j] = a + c
-                        x[i + h, j] = a - c
+        self.chunk_stages(x)  # h = 1, 2, 4, 8: inside a chunk
         for b in cutlass.range_constexpr(2):  # h = 16, 32: slot bit b (XOR lane bit b while b < log2 L)
             self.pair_stage(x, lane, b, b < bits)
         for j in cutlass.range_constexpr(1, SLOTS):  # the exchange: slot j with lane ^ (j % L)
@@ -1106,6 +1092,19 @@ class QuantPass:
                     x[i, j] = cute.arch.shuffle_sync_bfly(x[i, j], offset=j & (L - 1))
         for b in cutlass.range_constexpr(bits):  # h = 64 (, 128): slot bit b, XOR lane bit b
             self.pair_stage(x, lane, b, True)
+
+    @cute.jit
+    def chunk_stages(self, x: cute.Tensor):
+        """The FWHT stages h = 1, 2, 4, 8 inside each of the thread's 16-channel chunks (``fwht`` and
+        ``fwht_exchanged`` alike)."""
+        for j in cutlass.range_constexpr(SLOTS):
+            for b in cutlass.range_constexpr(4):
+                h = 1 << b
+                for i in cutlass.range_constexpr(VEC):
+                    if const_expr((i & h) == 0):
+                        a, c = x[i, j], x[i + h, j]
+                        x[i, j] = a + c
+                        x[i + h, j] = a - c
 
     @cute.jit
     def pair_stage(self, x: cute.Tensor, lane: Int32, b: int, by_lane: bool):
