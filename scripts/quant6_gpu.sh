@@ -42,9 +42,7 @@ source "$(dirname "$0")/steps.sh"; help_from_header "$@"
 out="${OUT:-results}/quant6"; session_setup "$out"
 # under $out: commit.txt, gpu.txt, clocks.csv, the step logs, sanitize.log, quant_bw.json
 step precompile 32 python3 scripts/quant_precompile.py --jobs 16 --set quant6 --unique
-san=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
-{ r=$(timeout -s INT 35 "$san" --tool racecheck --error-exitcode 9 python3 scripts/quant_sanitize.py --set quant6 2>&1)
-  echo "rc=$? racecheck"; echo "$r" | tail -n 10; } > "$out/sanitize.log" 2>&1 &
+racecheck_bg quant6 35
 step gpu_tests_store 35 python3 -m pytest -q -n 6 -m gpu -p no:cacheprovider --tb=short tests/test_fp8_quant_kernel.py \
   -k "test_v3_staged_store_bitwise" &
 step gpu_tests 35 python3 -m pytest -q -n 6 -m gpu -p no:cacheprovider --tb=short tests/test_fp8_quant_kernel.py \

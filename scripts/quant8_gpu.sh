@@ -34,9 +34,7 @@ source "$(dirname "$0")/steps.sh"; help_from_header "$@"
 out="${OUT:-results}/quant8"; session_setup "$out"
 # under $out: commit.txt, gpu.txt, clocks.csv, the step logs, sanitize.log, quant_bw.json
 step precompile 35 python3 scripts/quant_precompile.py --jobs 16 --set quant8 --unique
-san=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
-{ r=$(timeout -s INT 40 "$san" --tool racecheck --error-exitcode 9 python3 scripts/quant_sanitize.py --set quant8 2>&1)
-  echo "rc=$? racecheck"; echo "$r" | tail -n 10; } > "$out/sanitize.log" 2>&1 &
+racecheck_bg quant8 40
 step gpu_tests 40 python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider --tb=short tests/test_fp8_quant_kernel.py \
   -k "test_v3_fused_mean_late_bitwise or test_v3_fused_mean_late_rounds"
 wait

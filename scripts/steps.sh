@@ -69,6 +69,14 @@ step() { local name=$1 limit=$2; shift 2; local t0=$SECONDS
   echo "== $name: rc=$rc in $((SECONDS - t0))s"
   [[ -z ${STEP_TAIL:-} ]] || tail -n "$STEP_TAIL" "$LOGS/$name.log"; }
 
+# racecheck_bg SET LIMIT: scripts/quant_sanitize.py --set SET under compute-sanitizer's racecheck in the background
+# (the caller's `wait` joins it; the GPU tests run beside it), its rc and last lines in $LOGS/sanitize.log
+racecheck_bg() {
+  local san; san=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
+  { r=$(timeout -s INT "$2" "$san" --tool racecheck --error-exitcode 9 python3 scripts/quant_sanitize.py --set "$1" 2>&1)
+    echo "rc=$? racecheck"; echo "$r" | tail -n 10; } > "$LOGS/sanitize.log" 2>&1 &
+}
+
 pack_logs() {
   stop_clocks
   tar -C "$(dirname "$LOGS")" -czf "$1" "$(basename "$LOGS")"
