@@ -425,10 +425,13 @@ def test_uncached_scope_leaves_no_buffer_behind(monkeypatch):
 
 def test_persistent_tensors_are_made_off_the_current_stream(monkeypatch):
     """common.workspace.persistent: inside uncached() on a CUDA device (not capturing), a tensor kept for the process
-    is made on a side stream that waited for the current one, then synchronised (torch.compile's CUDA-graph warm-up
-    routes the current stream's allocations to the graph's pool); outside the scope or under capture, as it is. The
-    fp8 quantisation pass's cached constants (Hadamard signs, placeholder zeros) go through it."""
+    is made on another thread, on a side stream that waited for the caller's current one, then synchronised
+    (torch.compile's CUDA-graph warm-up routes every allocation of the warming thread to the graph's pool: session 9's
+    H200 run of test_fp8_compile_reduce_overhead_first_call failed with the side stream alone); an error of make() is
+    raised to the caller; outside the scope or under capture, as it is, on the caller's thread. The fp8 quantisation
+    pass's cached constants (Hadamard signs, placeholder zeros) go through it."""
     import contextlib
+    import threading
 
     from fa_variants.common import workspace
 
@@ -450,17 +453,39 @@ def test_persistent_tensors_are_made_off_the_current_stream(monkeypatch):
         yield
         events.append("exit")
 
+    @contextlib.contextmanager
+    def on_device(device):
+        events.append(("device", device.index))
+        yield
+
     monkeypatch.setattr(torch.cuda, "Stream", Side)
     monkeypatch.setattr(torch.cuda, "stream", on)
+    monkeypatch.setattr(torch.cuda, "device", on_device)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: "current")
     capture = [False]
     monkeypatch.setattr(workspace, "capturing", lambda device: capture[0])
-    cuda, make = torch.device("cuda", 0), lambda: events.append("make") or 7  # noqa: E731
-    assert workspace.persistent(cuda, make) == 7 and events == ["make"]
+    threads = []
+
+    def make():
+        threads.append(threading.get_ident())
+        events.append("make")
+        return 7
+
+    cuda = torch.device("cuda", 0)
+    assert workspace.persistent(cuda, make) == 7 and events == ["make"] and threads == [threading.get_ident()]
     events.clear()
+    threads.clear()
     with workspace.uncached():
         assert workspace.persistent(cuda, make) == 7
-        assert events == ["new", ("wait", "current"), "enter", "make", "exit", "sync"]
+        assert events == [("device", 0), "new", ("wait", "current"), "enter", "make", "exit", "sync"]
+        assert threads and threads[0] != threading.get_ident()  # not the (warming) caller's thread
+        events.clear()
+
+        def bad():
+            raise ValueError("made badly")
+
+        with pytest.raises(ValueError, match="made badly"):
+            workspace.persistent(cuda, bad)
         events.clear()
         capture[0] = True
         assert workspace.persistent(cuda, make) == 7 and events == ["make"]

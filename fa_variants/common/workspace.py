@@ -25,7 +25,8 @@ The rule (who may share a buffer):
   (mode="reduce-overhead") run their warm-up calls uncaptured but allocating from the graph's private pool, so a
   buffer first cached there would belong to the pool while this module kept it ("tensor(s) in the cudagraph pool
   not tracked as outputs"); the capture flag cannot see that phase. Tensors a caller keeps for the process
-  (constants) are made through ``persistent``, outside that pool.
+  (constants) are made through ``persistent``, on a helper thread, outside that pool (the warm-up routes the
+  warming thread's allocations on every stream).
 * CPU tensors (tests): a fresh allocation per call; with ``CACHE_CPU`` (scripts/api_overhead.py's stubbed CPU
   run, to time the host path as a CUDA device runs it) one cached buffer, as for one CUDA stream.
 
@@ -107,17 +108,34 @@ def _uncached_now() -> bool:
 def persistent(device: torch.device, make: Callable[[], torch.Tensor]) -> torch.Tensor:
     """``make()``, for a tensor its caller keeps for the process (constants made once per device, e.g. the fp8
     quantisation pass's Hadamard signs): inside ``uncached()`` on a CUDA device, outside capture, it runs on a
-    side stream, which torch.compile's CUDA-graph warm-up does not route to the graph's private pool (that pool
-    takes the current stream's allocations only), then waits for that stream: the tensor never belongs to the
-    pool (module docstring). Elsewhere ``make()`` as it is."""
+    helper thread, on a side stream that first waits for the caller's current stream, and the helper waits for
+    that stream before returning. torch.compile's CUDA-graph warm-up routes the allocations of the warming thread
+    (every stream of it, torch ``_cuda_beginAllocateCurrentThreadToPool``) to the graph's private pool, so a
+    constant made on the caller's thread would belong to the pool ("tensor(s) in the cudagraph pool not tracked as
+    outputs"; a side stream alone is not enough: measured on the H200, session 9). Elsewhere ``make()`` as it is.
+    Errors raised by ``make`` are raised here."""
     if device.type != "cuda" or not _uncached_now() or capturing(device):
         return make()
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        made = make()
-    side.synchronize()
-    return made
+    caller = torch.cuda.current_stream(device)
+    box: dict = {}
+
+    def work():
+        try:
+            with torch.cuda.device(device):
+                side = torch.cuda.Stream(device)
+                side.wait_stream(caller)
+                with torch.cuda.stream(side):
+                    box["made"] = make()
+                side.synchronize()
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread
+            box["error"] = exc
+
+    helper = threading.Thread(target=work, name="fa_variants-persistent")
+    helper.start()
+    helper.join()
+    if "error" in box:
+        raise box["error"]
+    return box["made"]
 
 
 def views(device: torch.device, partials: int, counters: int, geometry, make: Callable[..., tuple],
