@@ -45,7 +45,7 @@ import torch
 E4M3 = torch.float8_e4m3fn
 # fa3_fp8.NO_LOOKAHEAD (not imported here: the kernel module loads the CuTe DSL): the head_dim 256 default's serial
 # steps (s_lookahead and s_halves off), for variants whose changes the lookahead refuses, and "old" in fp8d256
-NO_LOOKAHEAD = dict(s_lookahead=False, s_halves=False)
+NO_LOOKAHEAD = dict(s_lookahead=False, s_halves=False, fused_promote=False)
 # the head_dim 64 default before session 6's tn192s_c4 flip (192 x 128 tiles, intra-warpgroup overlap, one chain):
 # the base of the 64 variants named before it, so they keep timing what they did
 PRE64 = dict(tile_n=128, intra_wg_overlap=True, reduce_chains=1)
@@ -139,11 +139,11 @@ D256_VARIANTS: dict[int, dict[str, dict]] = {
 # cost in that schedule); single_overlap: one running accumulator with intra-warpgroup overlap (the two-level cost's
 # reference); single_overlap_halves: the same with S in two halves. The names and changes are tests/test_fa3_fp8_lookahead_gpu.py's.
 D256B_VARIANTS: dict[int, dict[str, dict]] = {
-    256: {"new": {}, "old": dict(NO_LOOKAHEAD), "old_halves": dict(s_lookahead=False, s_halves=True),
+    256: {"new": {}, "old": dict(NO_LOOKAHEAD), "old_halves": dict(s_lookahead=False, s_halves=True, fused_promote=False),
           "single": dict(two_level=False, pv_split=1, pv_buffers=1, **NO_LOOKAHEAD),
           "single_overlap": dict(D256_VARIANTS[256]["single_overlap"]),
           "single_overlap_halves": dict(two_level=False, pv_split=1, pv_buffers=1, intra_wg_overlap=True,
-                                        s_lookahead=False, s_halves=True)},
+                                        s_lookahead=False, s_halves=True, fused_promote=False)},
 }
 # --set fp8mid (scripts/fp8mid_gpu.sh, session 7): the P V GEMM of a warpgroup overlapped with its own softmax at head_dim
 # 128 and 64. ovNNN: intra-warpgroup overlap, tile_n NNN (the SASS has the P V GEMM's wait before the exponentials:
@@ -180,14 +180,15 @@ FP8D128_VARIANTS: dict[int, dict[str, dict]] = {
                                              skip_unit_rescale=True)},
 }
 # --set fp8two (scripts/fp8two_gpu.sh, session 8): the two-level cost at head_dim 256. new: the default (two-level,
-# s_lookahead with S in two halves, skip_unit_rescale); fused: fused_promote (O kept in units of v_descale, O *= alpha
-# folded into the promotion: O = alpha' O + tmp, one FFMA per element, no FMUL block before the turn); fused_c2: fused
-# with reduce_chains 2 (the row max / row sum chains 33 / 31 -> 18 / 16 deep, the same instructions; reduce_chains 4
-# spills 8 bytes in its causal build: not timed); single_overlap: one running accumulator with intra-warpgroup overlap
-# (the two-level cost's reference). The names and changes are tests/test_fa3_fp8_speed_gpu.py's FP8TWO_VARIANTS.
+# s_lookahead with S in two halves; since session 9 fused_promote with reduce_chains 2, session 8's "fused_c2": O kept
+# in units of v_descale, O *= alpha folded into the promotion, O = alpha' O + tmp, one FFMA per element, no FMUL block
+# before the turn; the row max / row sum chains 33 / 31 -> 18 / 16 deep); fused: fused_promote with one chain; old: the
+# default before session 9 (skip_unit_rescale, no fused_promote); single_overlap: one running accumulator with
+# intra-warpgroup overlap and one chain (the two-level cost's reference, the kernel session 8 timed). The names and
+# changes are tests/test_fa3_fp8_speed_gpu.py's FP8TWO_VARIANTS.
 FP8TWO_VARIANTS: dict[int, dict[str, dict]] = {
-    256: {"new": {}, "fused": dict(fused_promote=True), "fused_c2": dict(fused_promote=True, reduce_chains=2),
-          "single_overlap": dict(D256_VARIANTS[256]["single_overlap"])},
+    256: {"new": {}, "fused": dict(reduce_chains=1), "old": dict(fused_promote=False, reduce_chains=1),
+          "single_overlap": dict(D256_VARIANTS[256]["single_overlap"], reduce_chains=1)},
 }
 # bf16 fa3 variants timed beside "bf16_fa3" (its default) in --set fp8speed
 SPEED_BF16_VARIANTS: dict[int, dict[str, dict]] = {64: {"bf16_emu1": dict(exp2_emu=1)}}
@@ -234,9 +235,9 @@ LEGENDS = {
                 "(s_halves alone); single = one running accumulator, serial steps; single_overlap* = one running "
                 "accumulator with intra-warpgroup overlap; bf16_fa3 = ours; flash_attn_4 = flash-attn-4 bf16.",
     "fp8two": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs, head_dim 256, 128 x 128 tiles; new = "
-              "the default (two-level, four P V slices, s_lookahead with S in two halves, skip_unit_rescale); fused = "
-              "fused_promote (O in units of v_descale, O = alpha' O + tmp: one FFMA per element and tile); c2 = "
-              "reduce_chains 2; single_overlap = one running accumulator with intra-warpgroup overlap; bf16_fa3 = ours.",
+              "the default (two-level, four P V slices, s_lookahead with S in two halves, fused_promote: O in units of "
+              "v_descale, O = alpha' O + tmp, one FFMA per element and tile; reduce_chains 2); fused = fused_promote "
+              "with one chain; old = the default before session 9 (skip_unit_rescale, no fused_promote); single_overlap = one running accumulator with intra-warpgroup overlap; bf16_fa3 = ours.",
 }
 # issue 10's targets: (head_dim, seqlen, causal or None for both, what, threshold)
 TARGETS = [(256, 16384, False, "tflops", 1100.0), (128, None, False, "over_bf16", 1.4), (64, None, False, "over_bf16", 1.3),

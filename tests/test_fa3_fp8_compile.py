@@ -231,12 +231,13 @@ def test_q_tail_first_compiles_without_spills():
 
 
 def test_fused_promote():
-    """fused_promote (head_dim 256 default + the switch; session 8): O *= alpha folded into the promotion, O = alpha' O +
+    """fused_promote (head_dim 256 default since session 9, against the default before; session 8): O *= alpha folded into the promotion, O = alpha' O +
     tmp. Against the default's SASS: the FMUL block of O *= alpha (128 a thread, under the unit-alpha branch) is gone,
     the promotions are still >= 32 FFMAs between a slice's wait and the next issue, the QGMMAs are the same, and no
     spills (the first visited tile copies tmp into O: keeping alpha live across that step's turn spilled 80 bytes)."""
-    base = _sass(fa3_fp8.DEFAULT_CONFIGS[256], head_dim=256, causal=True)
-    s = _sass(dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[256], fused_promote=True), head_dim=256, causal=True)
+    base = _sass(dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[256], fused_promote=False, reduce_chains=1), head_dim=256,
+                 causal=True)  # the default before session 9's flip
+    s = _sass(fa3_fp8.DEFAULT_CONFIGS[256], head_dim=256, causal=True)  # fused_promote + reduce_chains 2 since session 9
     ops = cubin.SASS_OPCODES + ("FMUL",)
     counts, base_counts = cubin.count_sass(s, ops), cubin.count_sass(base, ops)
     assert counts["LDL"] == counts["STL"] == 0, counts

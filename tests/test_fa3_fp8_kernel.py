@@ -263,9 +263,9 @@ CONFIG_VARIANTS = {
     "promote-2": (128, dict(promote_every=2, tile_n=128, intra_wg_overlap=True)),  # 256-key tiles: no registers
     "promote-4-serial": (128, dict(promote_every=4, tile_n=128)),
     "promote-3-d64": (64, dict(PRE64, promote_every=3)),
-    "old-default-256": (256, dict(s_lookahead=False, s_halves=False, pv_split=2, pv_buffers=1)),
-    "pv4-d256": (256, dict(s_lookahead=False, s_halves=False, pv_split=4, pv_buffers=1)),
-    "single-acc-d256": (256, dict(s_lookahead=False, s_halves=False, two_level=False, pv_split=1, pv_buffers=1)),
+    "old-default-256": (256, dict(s_lookahead=False, s_halves=False, fused_promote=False, pv_split=2, pv_buffers=1)),
+    "pv4-d256": (256, dict(s_lookahead=False, s_halves=False, fused_promote=False, pv_split=4, pv_buffers=1)),
+    "single-acc-d256": (256, dict(s_lookahead=False, s_halves=False, fused_promote=False, two_level=False, pv_split=1, pv_buffers=1)),
     "old-default-64": (64, dict(PRE64, tile_m=128)),
     "pre-default-64": (64, dict(PRE64)),
     "tile-n-256-d64": (64, dict(PRE64, tile_m=128, tile_n=256)),  # K/V scale blocks of 256 keys (quantised to match)

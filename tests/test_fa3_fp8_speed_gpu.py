@@ -34,7 +34,7 @@ SHAPE_IDS = ["x".join(map(str, s)) for s in SHAPES]
 
 # (head_dim, config change) of the fa3-fp8 variants (scripts/fa3_fp8_speed_ab.py SPEED_VARIANTS, the same names)
 # fa3_fp8.NO_LOOKAHEAD: the head_dim 256 default's serial steps, for switches its lookahead refuses
-NO_LOOKAHEAD = dict(s_lookahead=False, s_halves=False)
+NO_LOOKAHEAD = dict(s_lookahead=False, s_halves=False, fused_promote=False)
 # scripts/fa3_fp8_speed_ab.py PRE64: the head_dim 64 default before session 6 (192 x 128, overlap, one chain), the
 # base of the 64 variants named before the tn192s_c4 flip
 PRE64 = dict(tile_n=128, intra_wg_overlap=True, reduce_chains=1)
@@ -106,10 +106,11 @@ FP8D128_VARIANTS = {
 }
 
 # session 8, head_dim 256 (scripts/fa3_fp8_speed_ab.py FP8TWO_VARIANTS, "fp8two-d256-<name>"): fused_promote (O in units
-# of the tile's v_descale, O *= alpha folded into the promotion), alone and with the row max / row sum in two chains
+# of the tile's v_descale, O *= alpha folded into the promotion) with one chain (the default since session 9 has it with
+# the row max / row sum in two chains), and the default before session 9 (no fused_promote)
 FP8TWO_VARIANTS = {
-    "fp8two-d256-fused": (256, dict(fused_promote=True)),
-    "fp8two-d256-fused_c2": (256, dict(fused_promote=True, reduce_chains=2)),
+    "fp8two-d256-fused": (256, dict(reduce_chains=1)),
+    "fp8two-d256-old": (256, dict(fused_promote=False, reduce_chains=1)),
 }
 
 

@@ -343,7 +343,7 @@ def test_fp8two_set_and_script():
     assert "--set fp8two --head-dims 256 --no-flash-attn" in text and "-k fp8two" in text
     assert '--drop-failed "$work/precompile.log" "$work/variant_tests.log"' in text
     ab = load_script("fa3_fp8_speed_ab")
-    assert list(ab.FP8TWO_VARIANTS[256]) == ["new", "fused", "fused_c2", "single_overlap"]
+    assert list(ab.FP8TWO_VARIANTS[256]) == ["new", "fused", "old", "single_overlap"]
     jobs = ab.compile_jobs([256], [False, True], variant_set="fp8two")
     assert len(jobs) == 12 and "12 kernels" in text and '"precompile: 12 jobs' in text
     tested = list(gpu_tests.FP8TWO_VARIANTS.values())

@@ -80,7 +80,7 @@ scales (one descale per 128 query rows and per ``tile_n`` keys, ``fa_variants.fp
   promoted, the last slice is promoted while half 0 runs, then half 1 is issued and the turn handed on. Without
   ``s_lookahead`` (session 7) ``s_halves`` only splits S's MMA, in any schedule: what the halves cost (each reads Q
   from shared memory again; bench/NOTES.md, session 7).
-* ``fused_promote`` (head_dim 256 lookahead, session 8, off): O kept in units of the last visited tile's v_descale
+* ``fused_promote`` (head_dim 256 lookahead, session 8; on by default at 256 since session 9): O kept in units of the last visited tile's v_descale
   (as the single accumulator keeps its own), so O *= alpha folds into the promotion: O = fma(alpha', O, tmp) with
   alpha' = alpha v_descale[n + 1] / v_descale[n] per row. Read in the SASS of the default: the FMUL block of
   O *= alpha (128 a thread) runs on every tile where a row max of any of the warp's 16 rows moved (the unit-alpha skip
@@ -149,7 +149,7 @@ class Fp8Config(Fa3Config):
         tiles with four slices at head_dim 256): half 0 is issued after the last slice, the last slice is promoted
         while it runs, then half 1 is issued. Without s_lookahead (session 7, any schedule; needs tile_n % 64 == 0) it
         changes only the S MMA's width: the measure of what the two 64-key halves cost beside one 128-key MMA.
-    fused_promote: (session 8, off; needs s_lookahead) O kept in units of the last visited tile's v_descale, as the
+    fused_promote: (session 8; the head_dim 256 default since session 9; needs s_lookahead) O kept in units of the last visited tile's v_descale, as the
         single accumulator keeps its own: O *= alpha is folded into the promotion, O = fma(alpha', O, tmp) with the
         per-row alpha' = alpha v_descale[n + 1] / v_descale[n] (one FFMA per element and tile; no FMUL block before
         the turn, no unit-alpha branch, no v_descale multiply), O *= v_descale[0] at the end. One fp32 rounding per
@@ -224,10 +224,17 @@ class Fp8Config(Fa3Config):
 #: refuses: one accumulator, early_pv_arrive, descale_prefetch, other slicings and tiles). At 64 (session 6,
 #: variant tn192s_c4: tile_n 192 from layout.KERNEL_TILES, serial steps in _default, reduce_chains 4): 570 / 499 /
 #: 658 / 627 TFLOP/s against 515 / 460 / 535 / 526 for the 192 x 128 default with overlap before, accuracy PASS.
+#: At 256 also fused_promote with reduce_chains 2 (session 9, --set fp8two, variant fused_c2, 6 rotated rounds on
+#: the H200, N 4k / 4k causal / 16k / 16k causal): 1118 / 947 / 1094 / 1013 TFLOP/s against 1050 / 890 / 1034 / 968
+#: for the default before (per-round medians 1.06 / 1.06 / 1.06 / 1.05x), rel-L2 vs the emulation as before
+#: (1.6e-3); skip_unit_rescale is then unused (no O *= alpha block left) and kept so the config is the one timed.
+#: Its limit (fused_promote's docstring): O / v_descale must stay finite, so where a V block is all zeros
+#: (descale 2^-110) |O| must stay below 2^18.
 DEFAULT_SWITCHES = {64: dict(reduce_chains=4), 96: {}, 128: {},
-                    256: dict(skip_unit_rescale=True, s_lookahead=True, s_halves=True)}
+                    256: dict(skip_unit_rescale=True, s_lookahead=True, s_halves=True, fused_promote=True,
+                              reduce_chains=2)}
 #: the changes that take the head_dim 256 default back to its serial steps (no lookahead, S in one MMA)
-NO_LOOKAHEAD = dict(s_lookahead=False, s_halves=False)
+NO_LOOKAHEAD = dict(s_lookahead=False, s_halves=False, fused_promote=False)
 
 
 def _default(head_dim: int) -> Fp8Config:
