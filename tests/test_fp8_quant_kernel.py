@@ -328,6 +328,72 @@ def test_once_protocol_model(heads, n_tiles, grid, stages):
         assert counter == [0] * heads, (seed, counter)
 
 
+@pytest.mark.parametrize("scale", [None, -0.7])
+def test_k_once_mean_after_k_launch(monkeypatch, scale):
+    """``V3_K_ONCE`` on the host, CPU (the passes replaced by a stand-in run in call order, as on one stream): K's
+    mean exists only once K's launch has run, so the negated mean of a negative softmax_scale (FP8Inputs.k_mean, and
+    the LSE shift's mean in Q's pass) must be taken after that launch. Taken before it (session 9's fault) it was
+    torch.empty's leftover bytes: -0.0 or garbage on the H200 while K's own bytes were right."""
+    calls = []
+
+    def fake_pass(x, *, role, block, mean=None, shift_mean=None, k_once=False, k_parts=None, k_count=None, **kw):
+        B, N, H, D = x.shape
+        if k_once:  # the launch writes K's mean (here: the float64 mean, rounded)
+            assert k_parts.shape == (B, H, -(-N // block), D) and k_count.shape == (B * H,)
+            mean.copy_(x.double().mean(dim=1))
+        calls.append((role, k_once, None if shift_mean is None else shift_mean.clone()))
+        return torch.empty(B, N, H, D, dtype=torch.uint8), torch.empty(B, H, -(-N // block))
+
+    monkeypatch.setattr(qk, "quantize_tensor", fake_pass)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    for name, on in (("V3_K_ONCE", True), ("V3_COALESCED", True), ("V3_STAGED_MEAN", True)):
+        monkeypatch.setattr(qk, name, on)
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 9, 4, 64, generator=g).to(torch.bfloat16)
+    k = (torch.randn(1, 300, 2, 64, generator=g) + 3).to(torch.bfloat16)
+    v = torch.randn(1, 300, 2, 64, generator=g).to(torch.bfloat16)
+    got = qk.quantize(q, k, v, softmax_scale=scale, pipeline="v3")
+    assert [c[:2] for c in calls] == [("v", False), ("qk", True), ("qk", False)]  # V, K (once), Q with the shift
+    want = k.double().mean(dim=1).float() * (1 if scale is None else -1)
+    assert torch.equal(got.k_mean, want) and torch.equal(calls[2][2], want)
+
+
+@pytest.mark.parametrize("head_dim", qk.HEAD_DIMS)
+@pytest.mark.parametrize("rows", [128, 192, 256])
+def test_once_sums_map(head_dim, rows):
+    """``QuantPass.once_sums``' reduction of one block, on the CPU for every thread: the warp butterfly (xor L << b,
+    b < log2(32 / L), L = head_dim / 64 lanes) adds exactly the warp's 32 / L tokens of the thread's lane; the
+    threads tidx % 32 < L write each warp's head_dim channel sums into sums[warp * head_dim + channel] once
+    (``chunk_of``: with and without the lane exchange); and ``mean_of``'s threads (g, c), g < G = threads / head_dim,
+    cover the head's tiles and channels once each."""
+    from fa_variants.fp8.quant_maps import VEC, SLOTS, exchange_chunk_in, thread_chunk, thread_token
+
+    L = head_dim // (VEC * SLOTS)
+    T = rows * head_dim // (VEC * SLOTS)
+    offsets = [L << b for b in range((32 // L).bit_length() - 1)]
+    for t in range(T):
+        group = {t}
+        for m in offsets:
+            group |= {u ^ m for u in group}
+        tokens = sorted(thread_token("qk", L, rows // 4, u, 0) for u in group)
+        warp_tokens = [thread_token("qk", L, rows // 4, u, 0) for u in range(t - t % 32, t - t % 32 + 32)
+                       if u % L == t % L]
+        assert tokens == sorted(warp_tokens) and len(tokens) == 32 // L, t
+    for exchange in ([False, True] if head_dim > 64 else [False]):
+        written = []
+        for t in range(T):
+            if t % 32 < L:
+                for j in range(SLOTS):
+                    chunk = exchange_chunk_in(L, t % L, j) if exchange else thread_chunk("qk", L, rows // 4, t, j)
+                    written += [(t // 32) * head_dim + chunk * VEC + i for i in range(VEC)]
+        assert sorted(written) == list(range(T // 32 * head_dim)), exchange
+        assert T // 32 * head_dim <= qk.PassConfig(rows=rows).once_sums_len(head_dim)
+    G = T // head_dim
+    for n_tiles in (1, 2, 5, 33):
+        cover = sorted((p, t % head_dim) for t in range(G * head_dim) for p in range(t // head_dim, n_tiles, G))
+        assert cover == [(p, c) for p in range(n_tiles) for c in range(head_dim)]
+
+
 @pytest.mark.parametrize("role", ["qk", "v"])
 @pytest.mark.parametrize("head_dim", qk.HEAD_DIMS)
 @pytest.mark.parametrize("rows", [128, 192, 256])
@@ -1124,7 +1190,8 @@ def test_v3_k_once(monkeypatch, head_dim):
     within ``assert_shift_close``), Q's e4m3 and V equal to the default's (they do not depend on the mean), the same
     bits on a second call (its counters were left at zero) and with the launch cut to 1 / 2 / 3 CTAs (``GRID_CAP``:
     the lag then exceeds the blocks, empty items; a CTA waits on its own earlier sums), GQA, batch 3, odd lengths, one
-    key, no key, a negative scale, NaN-poisoned memory."""
+    key, no key, a negative scale, NaN-poisoned memory. The default's mean is another summation order: compared with
+    k_once's only through float64 (``assert_k_mean_close``), never bit for bit."""
     monkeypatch.setattr(qk, "V3_STAGED_MEAN", True)
     rows = layout.tile_n(head_dim)
     g = torch.Generator(device="cuda").manual_seed(31 * head_dim)
@@ -1143,16 +1210,20 @@ def test_v3_k_once(monkeypatch, head_dim):
                 torch.full((1 << 24,), float("nan"), device="cuda")  # freed at once: torch.empty may hand it out
                 outs.append(qk.quantize(q, k, v, softmax_scale=scale, pipeline="v3"))
             monkeypatch.setattr(qk, "GRID_CAP", None)
+            depth = qk.once_sum_depth(head_dim, outs[0].block_n, -(-Nk // outs[0].block_n))
+            for out in outs:  # each run's mean vs float64 first: a wrong mean fails here, named as such
+                mean = out.k_mean if scale is None else -out.k_mean  # the unnegated mean (negation is exact)
+                assert_k_mean_close(mean, k, block_n=out.block_n, depth=depth)
             got = outs[0]
+            # bit for bit between the runs: one summation order (a block's sum and mean_of's order do not depend on
+            # the grid), so any difference is a fault, not rounding
             for other in outs[1:]:
                 for name in ("q", "k", "v_t"):
                     assert torch.equal(getattr(got, name).view(torch.uint8), getattr(other, name).view(torch.uint8)), \
                         name
                 for name in ("q_descale", "k_descale", "v_descale", "k_mean", "lse_shift"):
                     assert torch.equal(getattr(got, name), getattr(other, name)), name
-            mean = got.k_mean if scale is None else -got.k_mean  # the unnegated mean (negation is exact)
-            assert_k_mean_close(mean, k, block_n=got.block_n,
-                                depth=qk.once_sum_depth(head_dim, got.block_n, -(-Nk // got.block_n)))
+            mean = got.k_mean if scale is None else -got.k_mean
             ref = quantize_fp8_torch(q, k, v, softmax_scale=scale, k_mean=mean)
             for name in ("q", "k", "v_t"):
                 assert torch.equal(getattr(got, name).view(torch.uint8), getattr(ref, name).view(torch.uint8)), name

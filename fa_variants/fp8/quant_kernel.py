@@ -1635,7 +1635,10 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Co
                 mean = k_mean_from_parts(parts, Nk)
         else:  # subtracted from K before its signs (-s for a negative scale)
             mean = k_mean(k, config.smooth_k_blocks, tile_n)
-        mean_eff = -mean if scale < 0 else mean  # the mean of the K the kernel sees, unrotated
+        # the mean of the K the kernel sees, unrotated (-mean for a negative scale); k_once's mean exists only once K's
+        # launch below has run, so its negation is queued after that launch (taken here, it negated torch.empty's
+        # leftover bytes)
+        mean_eff = -mean if scale < 0 and not once else mean
         shift = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32, device=dev)
     if v_t is None:
         v_t, vd = quantize_tensor(v, role="v", block=tile_n, signs=None, mean=None, rotate=False, **common)
@@ -1643,6 +1646,8 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Co
     k8, kd = quantize_tensor(k, role="qk", block=tile_n, signs=k_signs, mean=mean, rotate=config.rotate,
                              reverse=staged and V2_REVERSE and config.smooth_k and not once, pdl=pdl, **k_once_args,
                              **k_common)
+    if once and scale < 0:  # k_once: K's launch just queued writes the mean; its negation queued after it
+        mean_eff = -mean
     q8, qd = quantize_tensor(q, role="qk", block=tile_m, signs=signs, mean=None, rotate=config.rotate, shift=shift,
                              shift_mean=mean_eff, shift_scale=abs(scale), pdl=pdl, **qk_common)
     if shift is not None and q.shape[0] * q.shape[1] * q.shape[2] == 0:
