@@ -490,7 +490,7 @@ def test_quant10_sets():
     """scripts/quant10_gpu.sh's pieces on the CPU: the bandwidth label defo (the current default + V3_K_ONCE), the
     precompile set (two knobs x the default recipe x three head_dims; every knob a quant_kernel switch), the sanitizer's
     set, K's second read counted in K's launch for defo (``pass_bytes``, ``pass_shares``), the timing gated on the GPU
-    tests, and the script's step limits within the cold-machine budget (<= 100 s)."""
+    tests, and the script's step limits within the cold-machine budget (<= 115 s of 120)."""
     import re
 
     bw = load_script("fp8_quant_bandwidth")
@@ -524,7 +524,7 @@ def test_quant10_sets():
     assert "--set quant10" in text and "pipes=def,defo,defo3" in text and '-k "test_v3_k_once"' in text
     assert "defo / defo3 left out of the timing" in text
     limits = [int(n) for n in re.findall(r"^step \w+ (\d+) ", text, re.M)]
-    assert len(limits) == 3 and sum(limits) <= 100, limits
+    assert len(limits) == 3 and sum(limits) <= 115, limits
     assert '"quant10"' in (ROOT / "scripts" / "quant_sanitize.py").read_text()
 
 
