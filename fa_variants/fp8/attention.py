@@ -3,8 +3,8 @@
 ``attention_fp8`` is what ``fa_variants.attention(q, k, v, backend="fa3-fp8")`` runs for 16-bit inputs (the
 default recipe: block scales + Hadamard + smoothed K + two-level accumulation); ``attention_from_fp8`` takes
 ``FP8Inputs`` (from ``quantize_fp8``, or built by the caller, e.g. an FP8 KV cache). Both call the kernel
-module's ``run_fp8(inputs, *, causal, out_dtype) -> (out, lse)`` (``KERNEL_MODULE``, the fp8kernel helper's,
-FP8_CONTRACT.md) and never fall back to anything else: where it cannot run they raise
+module's ``run_fp8(inputs, *, causal, out_dtype) -> (out, lse)`` (``KERNEL_MODULE``; its inputs: ``FP8Inputs``'
+docstring in fa_variants/fp8/quantize.py) and never fall back to anything else: where it cannot run they raise
 ``BackendUnavailableError`` saying why (not built yet; not a CUDA tensor; a GPU without FP8 WGMMA).
 """
 from __future__ import annotations
@@ -90,7 +90,7 @@ def attention_from_fp8(inputs: FP8Inputs, *, causal: bool = False, return_lse: b
     """The fa3-fp8 kernel on already-quantised inputs.
 
     Args:
-        inputs: FP8Inputs (shapes and meaning in its docstring and FP8_CONTRACT.md), CUDA tensors.
+        inputs: FP8Inputs (shapes and meaning in its docstring, fa_variants/fp8/quantize.py), CUDA tensors.
         causal: bottom-right causal mask (query i sees key j iff j <= i + seqlen_k - seqlen_q).
         return_lse: also return the LSE, of the unsmoothed logits (``inputs.lse_shift`` added when not None).
         out_dtype: torch.float16 or torch.bfloat16.
@@ -136,6 +136,10 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: 
 
     Returns:
         out in q's dtype (batch, seqlen_q, num_heads, head_dim) [, lse float32 (batch, num_heads, seqlen_q)].
+
+    Limits: the float32 accumulator holds O / v_descale with one running accumulator and, at head_dim 256
+    (``fused_promote``, the default there since session 9), with two-level accumulation: where a 128-key V
+    block is all zeros (descale 2^-110) after rows whose |O| >= 2^18, that overflows (inf / NaN out).
 
     Raises:
         TypeError / ValueError: as ``fa_variants.attention`` and ``quantize_fp8`` (naming the argument).

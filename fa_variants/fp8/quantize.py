@@ -288,7 +288,8 @@ class FP8Config:
 
 @dataclass(frozen=True)
 class FP8Inputs:
-    """What the fa3-fp8 kernel consumes (FP8_CONTRACT.md): quantised tensors, descales and the recipe.
+    """What the fa3-fp8 kernel consumes (the contract between the recipe and the kernel): quantised tensors, descales
+    and the recipe.
 
     q: e4m3 (batch, seqlen_q, num_heads, head_dim), rotated if config.rotate.
     k: e4m3 (batch, seqlen_k, num_heads_kv, head_dim), smoothed and rotated as the recipe says.
