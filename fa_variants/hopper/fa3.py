@@ -169,8 +169,8 @@ DECODE_PDL = env.flag("FA_VARIANTS_DECODE_PDL", False)
 DECODE_PDL_MAX_SPLITS = env.integer("FA_VARIANTS_DECODE_PDL_MAX_SPLITS", "8", 0)
 #: ... and from DECODE_PDL_MIN_SPLITS splits up (FA_VARIANTS_DECODE_PDL_MIN_SPLITS; default 2: split calls only). 1
 #: adds the unsplit packed seqlen_q = 1 calls (B 8-64: the kernel alone, no merge), whose launch and setup then
-#: overlap the tail of the kernel before them (off until the H200 A/B of scripts/decode9_gpu.sh; the s4 A/B's pdl2
-#: at unsplit B 64 Nk 1k, base tiles: 0.99x).
+#: overlap the tail of the kernel before them (off: scripts/decode9_gpu.sh measured it faster at 9 / 9 batch-64 shapes,
+#: geomean 0.994, short of its 0.98 rule; scripts/decode10_gpu.sh re-times it under a rule fit to one launch gap).
 DECODE_PDL_MIN_SPLITS = env.integer("FA_VARIANTS_DECODE_PDL_MIN_SPLITS", "2", 1)
 #: The fewest K/V tiles per split fa3's `auto` gives the heuristic (``common.split.num_splits_heuristic``'s
 #: min_tiles; FA_VARIANTS_SPLIT_MIN_TILES, which fa2 reads too with its own default 2): 1 from the same A/B
