@@ -2,8 +2,9 @@
 needs, so that its GPU steps only load them: the A/B plan of ``decode_ab.py --s10`` (its ``plan_items``; public
 variants worked out on meta tensors by ``decode_ab.public_entry``, entries equal to `auto` left out), what `auto`
 itself runs at its shapes, the configs of the tests of tests/test_decode_gpu.py the script selects (the D 64 wide
-packed tile with 192-key K/V tiles, split and not, causal and not; what `auto` runs with FA_VARIANTS_DECODE_PDL_MIN_SPLITS
-=1), and the D 64 merge kernels without PDL (the split wide calls at B 1 / 8). The compile jobs are scripts/decode_ab.py's.
+packed tile with 192-key K/V tiles, split and not, causal and not; what `auto` runs with
+FA_VARIANTS_DECODE_PDL_MIN_SPLITS=1), and the D 64 merge kernels without PDL (the split wide calls at B 1 / 8).
+The compile jobs are scripts/decode_ab.py's.
 
     python3 scripts/decode10_precompile.py --variants pdl1 w192 [--jobs 14] [--list]
 """
