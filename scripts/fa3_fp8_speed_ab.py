@@ -190,6 +190,13 @@ FP8TWO_VARIANTS: dict[int, dict[str, dict]] = {
     256: {"new": {}, "fused": dict(reduce_chains=1), "old": dict(fused_promote=False, reduce_chains=1),
           "single_overlap": dict(D256_VARIANTS[256]["single_overlap"], reduce_chains=1)},
 }
+# --set fp8emu (scripts/ex2emu_gpu.sh, session 9): exp2_emu 1 / 2 (1 / 2 of every 8 exponentials of a thread's row from
+# FMAs, common.exp2_poly) on the head_dim 64 default (192 x 192 serial, three warpgroups: 98 MUFU.EX2 + 48 F2FP per warp
+# and tile, the one fa3-fp8 kernel whose MUFU (+ F2FP, if they share a pipe) time is near its measured tile time). The
+# names and changes are tests/test_fa3_fp8_speed_gpu.py's FP8EMU_VARIANTS.
+FP8EMU_VARIANTS: dict[int, dict[str, dict]] = {
+    64: {"new": {}, "emu1": dict(exp2_emu=1), "emu2": dict(exp2_emu=2)},
+}
 # bf16 fa3 variants timed beside "bf16_fa3" (its default) in --set fp8speed
 SPEED_BF16_VARIANTS: dict[int, dict[str, dict]] = {64: {"bf16_emu1": dict(exp2_emu=1)}}
 # kernels tests/test_fa3_fp8_speed_gpu.py needs besides the timed ones (kind, head_dim, change), both causal modes
@@ -200,7 +207,8 @@ SPEED_TEST_KERNELS = [("fp8", 64, dict(exp2_emu=8)), ("bf16", 64, dict(exp2_emu=
 FP8D128_TEST_KERNELS = [("fp8", 64, FP8D128_VARIANTS[64]["tn128_tail"])]
 SETS = {"ab": (VARIANTS, {}), "fp8speed": (SPEED_VARIANTS, SPEED_BF16_VARIANTS), "fp8flip": (FLIP_VARIANTS, {}),
         "fp8small": (FP8SMALL_VARIANTS, {}), "fp8mid": (FP8MID_VARIANTS, {}), "fp8d128": (FP8D128_VARIANTS, {}),
-        "fp8d256": (D256_VARIANTS, {}), "fp8d256b": (D256B_VARIANTS, {}), "fp8two": (FP8TWO_VARIANTS, {})}
+        "fp8d256": (D256_VARIANTS, {}), "fp8d256b": (D256B_VARIANTS, {}), "fp8two": (FP8TWO_VARIANTS, {}),
+        "fp8emu": (FP8EMU_VARIANTS, {})}
 LEGENDS = {
     "fp8speed": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs; new = the default then; single* = one "
                 "running accumulator; early = early_pv_arrive; skip = skip_unit_rescale; emuN = exp2_emu=N; promote4 = "
@@ -234,6 +242,9 @@ LEGENDS = {
                 "two-level default before (S in one 128-key MMA); *_halves = the same with S in two 64-key MMAs "
                 "(s_halves alone); single = one running accumulator, serial steps; single_overlap* = one running "
                 "accumulator with intra-warpgroup overlap; bf16_fa3 = ours; flash_attn_4 = flash-attn-4 bf16.",
+    "fp8emu": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs; new = the default (64: 192 x 192 "
+              "serial, reduce_chains 4); emuN = exp2_emu N (N of every 8 exponentials of a thread's row from FMAs, "
+              "common.exp2_poly); bf16_fa3 = ours.",
     "fp8two": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs, head_dim 256, 128 x 128 tiles; new = "
               "the default (two-level, four P V slices, s_lookahead with S in two halves, fused_promote: O in units of "
               "v_descale, O = alpha' O + tmp, one FFMA per element and tile; reduce_chains 2); fused = fused_promote "
@@ -315,7 +326,8 @@ def compile_jobs(head_dims, causals, tests: bool = True, variant_set: str = "ab"
     work += [("fp8", D, c, ch) for D in head_dims for c in causals for ch in fp8_variants[D].values()]
     work += [("recipe", D, c, ("bfloat16", ("block", True, True, True))) for D in head_dims for c in (False, True)]
     # their tests run both causal modes of every timed variant
-    if tests and variant_set in ("fp8speed", "fp8flip", "fp8small", "fp8mid", "fp8d128", "fp8d256", "fp8d256b", "fp8two"):
+    if tests and variant_set in ("fp8speed", "fp8flip", "fp8small", "fp8mid", "fp8d128", "fp8d256", "fp8d256b", "fp8two",
+                                 "fp8emu"):
         work += [("fp8", D, c, ch) for D in head_dims for c in (False, True) for ch in fp8_variants[D].values()]
         work += [("bf16", D, c, ch) for D in head_dims for c in (False, True) for ch in bf16_variants.get(D, {}).values()]
         if variant_set == "fp8speed":
@@ -630,7 +642,7 @@ def speed_summary(speed_rows: list[dict], error_rows: list[dict], variant_set: s
                   f"- kernel vs float64 within 1.02x of the emulation's: worst "
                   f"{gap['kernel_vs_float64'] / gap['emulation_vs_float64']:.3f}x (d{gap['head_dim']} {gap['variant']}): "
                   f"{'PASS' if gap['kernel_vs_float64'] / gap['emulation_vs_float64'] <= 1.02 else 'FAIL'}"]
-        if variant_set in ("fp8mid", "fp8d128", "fp8two"):  # per variant: a failing one must not hide the others
+        if variant_set in ("fp8mid", "fp8d128", "fp8two", "fp8emu"):  # per variant: a failing one must not hide the others
             lines += ["", "kernel vs emulation rel-L2 per variant (causal 0 / 1):", ""]
             for D in sorted({r["head_dim"] for r in error_rows}):
                 for name in fp8_variants[D]:
@@ -817,7 +829,8 @@ def main() -> int:
                          "(FP8D128_VARIANTS, scripts/fp8d128_gpu.sh); "
                          "fp8d256: head_dim 256 two-level schedules (D256_VARIANTS, scripts/fp8d256_gpu.sh); "
                          "fp8d256b: what S in two 64-key halves costs (D256B_VARIANTS, scripts/fp8d256b_gpu.sh); "
-                         "fp8two: head_dim 256 fused_promote (FP8TWO_VARIANTS, scripts/fp8two_gpu.sh)")
+                         "fp8two: head_dim 256 fused_promote (FP8TWO_VARIANTS, scripts/fp8two_gpu.sh); fp8emu: exp2_emu 1 / 2 "
+                         "at head_dim 64 (FP8EMU_VARIANTS, scripts/ex2emu_gpu.sh)")
     ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128, 256], choices=[64, 128, 256])
     ap.add_argument("--seqlens", type=int, nargs="+", default=[4096, 16384])
     ap.add_argument("--causal", choices=["no", "yes", "both"], default="both")
@@ -848,7 +861,7 @@ def main() -> int:
     if args.quick:
         args.head_dims, args.seqlens, args.causal, args.rounds = [128], [4096], "no", 3
     args.causal = {"no": [False], "yes": [True], "both": [False, True]}[args.causal]
-    if args.set in ("fp8small", "fp8mid", "fp8d128"):  # head_dim 64 and 128 only
+    if args.set in ("fp8small", "fp8mid", "fp8d128", "fp8emu"):  # the head dims the set has (64 and 128; fp8emu 64)
         args.head_dims = [d for d in args.head_dims if d in SETS[args.set][0]]
     failed = []
     for log in args.drop_failed:
@@ -881,11 +894,11 @@ def main() -> int:
             return 1 if bad else 0
     speed_rows = speed(args, args.out)
     print(f"speed done at {time.time() - t0:.0f}s", flush=True)
-    if args.set in ("fp8speed", "fp8flip", "fp8small", "fp8mid", "fp8d128", "fp8d256", "fp8d256b", "fp8two"):
+    if args.set in ("fp8speed", "fp8flip", "fp8small", "fp8mid", "fp8d128", "fp8d256", "fp8d256b", "fp8two", "fp8emu"):
         text = speed_summary(speed_rows, variant_errors(args, args.out) if args.errors else [], args.set)
         if args.set == "fp8d256b":
             text += halves_cost_lines(speed_rows)
-        if args.set in ("fp8small", "fp8mid", "fp8d128", "fp8two"):
+        if args.set in ("fp8small", "fp8mid", "fp8d128", "fp8two", "fp8emu"):
             text += two_level_target_lines(speed_rows, args.set)
     else:
         error_rows = errors(args, args.out) if args.errors else []

@@ -16,7 +16,8 @@ basis-kv1, basis-256 beside pairs-256 and fa4-256; bench/NOTES.md, "Issue 12, SA
 persistent grid (`PERSIST`: `persistent`, Sm90Config.persistent at D 64/128/256; scripts/persist_gpu.sh);
 session 8's O rescale under the exponentials (`ALPHA`: `alpha`, Sm90Config.alpha_first, and `alpha-noskip` at D 64;
 scripts/fa3gap8_gpu.sh); session 8's D 64 / 256 comparison (`GAP9`: `early`, Sm90Config.rescale_first at D 64, and
-`alpha-256` beside pairs-256 / fa4-256; scripts/fa3gap9_gpu.sh). --shapes D:N:full|causal,... picks
+`alpha-256` beside pairs-256 / fa4-256; scripts/fa3gap9_gpu.sh); session 9's exponentials on the FMA pipe (`EX2EMU`:
+`emu1` / `emu2`, Sm90Config.exp2_emu 1 / 2 at D 64; scripts/ex2emu_gpu.sh). --shapes D:N:full|causal,... picks
 shapes one by one instead.
 The default run (--variants, --seqlens) is round 4's:
 old, new, pairs-256, fa4-256, n176, stages3, k-first at N 4k/16k (24 compiles, 72 entries, ~3 min on an H200); the
@@ -100,6 +101,10 @@ VARIANTS = {
     # exponentials (alpha_first, D 128's structure) instead of before the P V GEMM (fa4-256)
     "early": ((64,), dict(alpha_first=True, rescale_first=True)),
     "alpha-256": ((256,), dict(convert_pairs=True, exp2_ffma=True, reduce_chains=4, alpha_first=True)),
+    # session 9, D 64 (bench/NOTES.md, "Session 9 (2026-12-01): exp2 on the FMA pipe"): 1 / 2 of every 8 exponentials
+    # of a thread's row from FMAs instead of MUFU.EX2 (Sm90Config.exp2_emu, common.exp2_poly)
+    "emu1": ((64,), dict(exp2_emu=1)),
+    "emu2": ((64,), dict(exp2_emu=2)),
 }
 ROUND3 = ("old", "new", "o-before-pv")
 ROUND4 = ("old", "new", "pairs-256", "fa4-256", "n176", "stages3", "k-first")
@@ -107,6 +112,7 @@ FA3GAP = ("old", "new", "basis", "basis-kv1", "pairs-256", "fa4-256", "basis-256
 PERSIST = ("old", "new", "persistent")
 ALPHA = ("old", "new", "alpha", "alpha-noskip")
 GAP9 = ("old", "new", "early", "pairs-256", "fa4-256", "alpha-256")
+EX2EMU = ("old", "new", "emu1", "emu2")
 PEERS = ("flash-attn-4", "sdpa-cudnn")
 #: other spellings of the peers accepted by --peers (bench.runtime.build_impls knows only the canonical names)
 PEER_ALIASES = {"cudnn": "sdpa-cudnn", "fa4": "flash-attn-4", "flash": "sdpa-flash"}

@@ -20,6 +20,17 @@ def test_max_relative_error_is_the_documented_one():
     assert rel.max().item() >= 0.9 * exp2_poly.MAX_REL_ERROR
 
 
+def test_coefficients_are_the_minimax_fit():
+    """C1..C3 are what ``minimax_coefficients`` derives (numpy, Lawson's iteration; the constants rounded to float32
+    differ from its float64 result by < 1e-7), their error before rounding is the documented 1.013e-4, and the float32
+    constants through the model's steps keep the same maximum (no constant taken from elsewhere unchecked)."""
+    coef, err = exp2_poly.minimax_coefficients(3)
+    assert max(abs(a - b) for a, b in zip(coef, (exp2_poly.C1, exp2_poly.C2, exp2_poly.C3))) < 1e-7, coef
+    assert 1.010e-4 < err < 1.016e-4
+    _, err2 = exp2_poly.minimax_coefficients(2, iterations=1000)
+    assert err2 > 1.9e-3  # degree 2: ~bf16's half ulp (2^-9 = 1.95e-3), too coarse for bf16 P
+
+
 def test_special_values():
     """exp2(0) = 1 and integer powers exactly (c0 = 1, f = 0); -inf and everything <= -127 give +0 exactly (a
     masked score gets P = 0, so a row that sees no key keeps l = 0); NaN gives 0 (fmax drops NaN)."""

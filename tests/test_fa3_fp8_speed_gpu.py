@@ -5,6 +5,7 @@
 head_dim 64/128: ``FP8SMALL_VARIANTS``), the lookahead schedule at 128 (session 7:
 ``FP8MID_VARIANTS``), ``q_tail_first`` (the partial query tile first under causal masking; session 7: ``FP8D128_VARIANTS``),
 ``fused_promote`` at head_dim 256 (O *= alpha folded into the two-level promotion; session 8: ``FP8TWO_VARIANTS``),
+``exp2_emu`` 1 / 2 on the head_dim 64 default (session 9: ``FP8EMU_VARIANTS``),
 the defaults before session 5 ("old"), and the
 combinations scripts/fa3_fp8_speed_ab.py times (``--set fp8speed`` / ``fp8flip``, whose precompile builds these).
 
@@ -113,6 +114,13 @@ FP8TWO_VARIANTS = {
     "fp8two-d256-old": (256, dict(fused_promote=False, reduce_chains=1)),
 }
 
+# session 9, head_dim 64 (scripts/fa3_fp8_speed_ab.py FP8EMU_VARIANTS, "fp8emu-d<D>-<name>"): exp2_emu 1 / 2 on the 64
+# default (192 x 192 serial); causal tiles feed -inf to the emulated columns, Nq > Nk leaves rows with no key
+FP8EMU_VARIANTS = {
+    "fp8emu-d64-emu1": (64, dict(exp2_emu=1)),
+    "fp8emu-d64-emu2": (64, dict(exp2_emu=2)),
+}
+
 
 def _inputs(shape, head_dim, seed):
     B, Nq, Nk, H, Hkv = shape
@@ -124,7 +132,7 @@ def _inputs(shape, head_dim, seed):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
 @pytest.mark.parametrize("variant", [*FP8_VARIANTS, *FP8SMALL_VARIANTS, *FP8MID_VARIANTS, *FP8D128_VARIANTS,
-                                     *FP8TWO_VARIANTS])
+                                     *FP8TWO_VARIANTS, *FP8EMU_VARIANTS])
 def test_fp8_variant_vs_emulation(fp8_kernel, variant, shape, causal, request, nan_allocations):
     _check_variant(fp8_kernel, variant, shape, causal, zlib.crc32(request.node.nodeid.encode()), nan_allocations)
 
@@ -147,7 +155,8 @@ def _check_variant(fp8_kernel, variant, shape, causal, seed, nan_allocations):
     from fa_variants.fp8.quantize import quantize_fp8_torch
     from fa_variants.reference import attention_reference
 
-    D, change = {**FP8_VARIANTS, **FP8SMALL_VARIANTS, **FP8MID_VARIANTS, **FP8D128_VARIANTS, **FP8TWO_VARIANTS}[variant]
+    D, change = {**FP8_VARIANTS, **FP8SMALL_VARIANTS, **FP8MID_VARIANTS, **FP8D128_VARIANTS, **FP8TWO_VARIANTS,
+                 **FP8EMU_VARIANTS}[variant]
     cfg = dataclasses.replace(fp8_kernel.DEFAULT_CONFIGS[D], **change)
     q, k, v = _inputs(shape, D, seed)
     # the emulation's accumulation (two_level, interval) comes from the recipe; a variant with another tile_n gets
