@@ -1247,6 +1247,6 @@ def test_ex2emu_sets_and_script(capsys, monkeypatch):
     fa3ab = load_script("fa3_speed_ab")
     assert f"--variants {','.join(fa3ab.EX2EMU)} " in text and all(64 in fa3ab.VARIANTS[v][0] for v in fa3ab.EX2EMU)
     assert '-k "ex2emu_variants or fp8emu"' in text and "--set fp8emu" in text and "--head-dims 64" in text
-    assert '--drop-failed "$LOGS/precompile.log" "$LOGS/pytest.log"' in text
+    assert '--drop-failed "$LOGS/precompile.log" "$LOGS/pytest.log"' in text and "CUT=(--drop emu1 emu2)" in text
     limits = [int(m) for m in re.findall(r"^\s*step \w+ (\d+) ", text, re.M)]
     assert len(limits) == 4 and sum(limits) <= 120, limits
