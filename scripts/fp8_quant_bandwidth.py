@@ -12,8 +12,7 @@ launch, ``V3_FUSED_MEAN``; "v3ss": v3s with Q's / K's e4m3 stored through shared
 fused mean for a sampled mean only (``V3_FUSED_SAMPLED_MEAN``) and ``V3_OCCUPANCY``; "def": the current default
 (staged mean on, staged store at head_dim 64 only, the rest off); "deff": def with the fused mean counted per K block
 (``V3_FUSED_MEAN``); "defl": def with the fused mean counted after each CTA's loop (``V3_FUSED_MEAN_LATE``);
-"defx": def with Q's / K's Hadamard lane exchange (``V3_FWHT_EXCHANGE``); "defb": def with one barrier per Q / K block
-(``V3_ONE_BARRIER``); "defxb": both; "defo": def with K read once from DRAM (``V3_K_ONCE``: K's own launch sums and
+"defo": def with K read once from DRAM (``V3_K_ONCE``: K's own launch sums and
 then quantises each block, V's launch does not read K; 2 stages in K's launch, ``V3_K_ONCE_STAGES``); "defo3": defo with
 3 stages (a block's two reads ~1.5x further apart);
 ``quant_kernel``) and recipe (default:
@@ -213,12 +212,9 @@ PIPES = {"v1": ("v1", {}), "v2": ("v2", {}), "v3": ("v3", {"V3_STAGED_MEAN": Fal
          "v3sfo": ("v3", {**_V3S, "V3_FUSED_SAMPLED_MEAN": True, "V3_OCCUPANCY": True})}
 # session 8: the current default as it is (the staged store's auto rule included) and the two fused means beside it
 _DEF = {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": None, "V3_OCCUPANCY": False, "V3_FUSED_SAMPLED_MEAN": False,
-        "V3_FUSED_MEAN": False, "V3_FUSED_MEAN_LATE": False, "V3_FWHT_EXCHANGE": False, "V3_ONE_BARRIER": False,
-        "V3_K_ONCE": False}
+        "V3_FUSED_MEAN": False, "V3_FUSED_MEAN_LATE": False, "V3_K_ONCE": False}
 PIPES.update({"def": ("v3", _DEF), "deff": ("v3", {**_DEF, "V3_FUSED_MEAN": True}),
               "defl": ("v3", {**_DEF, "V3_FUSED_MEAN_LATE": True}),
-              "defx": ("v3", {**_DEF, "V3_FWHT_EXCHANGE": True}), "defb": ("v3", {**_DEF, "V3_ONE_BARRIER": True}),
-              "defxb": ("v3", {**_DEF, "V3_FWHT_EXCHANGE": True, "V3_ONE_BARRIER": True}),
               "defo": ("v3", {**_DEF, "V3_K_ONCE": True, "V3_K_ONCE_STAGES": 2}),
               "defo3": ("v3", {**_DEF, "V3_K_ONCE": True, "V3_K_ONCE_STAGES": 3})})
 

@@ -28,13 +28,10 @@ def tasks(which: str = "quant3") -> list[tuple[str, str, int, str]]:
     (which "quant3"), or what scripts/quant4_gpu.sh / quant5_gpu.sh / quant6_gpu.sh run (which "quant4" / "quant5" /
     "quant6": v3 as default, with and without the staged store, V3_STAGED_STORE; quant6 also with V3_OCCUPANCY), or
     scripts/quant8_gpu.sh's (which "quant8": the current default, + V3_FUSED_MEAN, + V3_FUSED_MEAN_LATE), or
-    scripts/quant9_gpu.sh's (which "quant9": the current default, + V3_FWHT_EXCHANGE, + V3_ONE_BARRIER, + both; the
-    default recipe at D 64 / 128 / 256: ~21 distinct passes, as quant8's), or scripts/quant10_gpu.sh's (which "quant10":
+    scripts/quant10_gpu.sh's (which "quant10":
     the current default and + V3_K_ONCE with 2 / 3 stages, the default recipe at D 64 / 128 / 256)."""
     if which == "quant10":  # the default recipe at every head_dim (bandwidth, tests, racecheck)
         return [("v3", "bf16", d, f"default+{knob}") for d in HEAD_DIMS for knob in QUANT10_KNOBS]
-    if which == "quant9":  # the default recipe at every head_dim (bandwidth, tests, racecheck)
-        return [("v3", "bf16", d, f"default+{knob}") for d in HEAD_DIMS for knob in QUANT9_KNOBS]
     if which == "quant8":  # the current default, the fused mean per K block and after each CTA's loop
         out = [("v3", "bf16", d, f"{r}+{knob}") for d in HEAD_DIMS for r in ("default", "sampled8")
                for knob in QUANT8_KNOBS]
@@ -93,14 +90,8 @@ _Q8 = {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": None, "V3_OCCUPANCY": False, "
        "V3_FUSED_MEAN": False, "V3_FUSED_MEAN_LATE": False}
 QUANT8_KNOBS = {"default8": _Q8, "fused8": {**_Q8, "V3_FUSED_MEAN": True},
                 "late8": {**_Q8, "V3_FUSED_MEAN": True, "V3_FUSED_MEAN_LATE": True}}
-
-# --set quant9: the current default (staged store auto), the lane exchange, one barrier per Q / K block, both
-_Q9 = {**_Q8, "V3_FWHT_EXCHANGE": False, "V3_ONE_BARRIER": False}
-QUANT9_KNOBS = {"default9": _Q9, "exchange9": {**_Q9, "V3_FWHT_EXCHANGE": True},
-                "barrier9": {**_Q9, "V3_ONE_BARRIER": True},
-                "both9": {**_Q9, "V3_FWHT_EXCHANGE": True, "V3_ONE_BARRIER": True}}
 # --set quant10: the current default and K read once from DRAM
-_Q10 = {**_Q9, "V3_K_ONCE": False}
+_Q10 = {**_Q8, "V3_K_ONCE": False}
 QUANT10_KNOBS = {"default10": _Q10, "once10": {**_Q10, "V3_K_ONCE": True, "V3_K_ONCE_STAGES": 2},
                  "once10s3": {**_Q10, "V3_K_ONCE": True, "V3_K_ONCE_STAGES": 3}}
 
@@ -122,8 +113,7 @@ def run(task: tuple[str, str, int, str]) -> str:
 
     pipeline, dtype, d, recipe = task
     recipe, _, knob = recipe.partition("+")  # knob: one of the KNOBS names (may hold a "+")
-    knobs = {**ABLATION_KNOBS, **QUANT5_KNOBS, **QUANT6_KNOBS, **QUANT8_KNOBS, **QUANT9_KNOBS,
-             **QUANT10_KNOBS}.get(knob, {})
+    knobs = {**ABLATION_KNOBS, **QUANT5_KNOBS, **QUANT6_KNOBS, **QUANT8_KNOBS, **QUANT10_KNOBS}.get(knob, {})
     saved = {name: getattr(quant_kernel, name) for name in knobs}
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     t0 = time.perf_counter()
@@ -181,7 +171,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=14)
     parser.add_argument("--plan", action="store_true", help="list the tasks and exit (no GPU needed)")
     parser.add_argument("--set", default="quant3",
-                        choices=("quant3", "quant4", "quant5", "quant6", "quant8", "quant9", "quant10"),
+                        choices=("quant3", "quant4", "quant5", "quant6", "quant8", "quant10"),
                         help="which script's passes (default quant3)")
     parser.add_argument("--unique", action="store_true",
                         help="record the tasks' passes first (no compile), then compile each distinct pass once")

@@ -10,9 +10,7 @@ synccheck look at those. Sets: "quant3" (default): v3 and v3 + fused mean; "quan
 mean, + the fused mean over the sample; "quant5": the staged store, default and sampled recipes; "quant6": more CTAs
 per SM (``V3_OCCUPANCY``), alone and with the staged store, default and sampled recipes, D 64 / 128 only; "quant8": the
 fused mean counted after each CTA's loop (``V3_FUSED_MEAN_LATE``; a shared-memory list of the heads a CTA finishes),
-exact and sampled mean, the launch cut to 2 CTAs (``GRID_CAP``: several heads per CTA), D 64 / 128; "quant9": one barrier
-per Q / K block (``V3_ONE_BARRIER``: the block max's barrier also publishes the next stage) with the lane exchange
-(``V3_FWHT_EXCHANGE``), the launch cut to 2 CTAs (many blocks per CTA through the 3 stages), D 128 / 256; "quant10": K
+exact and sampled mean, the launch cut to 2 CTAs (``GRID_CAP``: several heads per CTA), D 64 / 128; "quant10": K
 read once (``V3_K_ONCE``: the sums' shared-memory buffer and ticket, the poll's slot), the launch cut to 16 and to 2
 CTAs (several heads' sums and waits per CTA; every CTA resident under the tool), D 64 / 256. Shapes: GQA,
 batch 2, odd lengths (tails), D 64 / 128 / 256; each call checked against the torch recipe given the call's K mean.
@@ -26,7 +24,7 @@ def main() -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--set", default="quant3", choices=("quant3", "quant4", "quant5", "quant6", "quant8",
-                                                                   "quant9", "quant10"))
+                                                                   "quant10"))
     args = parser.parse_args()
     import torch
 
@@ -52,8 +50,6 @@ def main() -> int:
                             FP8Config(), 257),
                            ("fused_mean_late+sampled2", {"V3_STAGED_MEAN": True, "V3_FUSED_MEAN_LATE": True,
                                                          "GRID_CAP": 2}, FP8Config(smooth_k_blocks=2), 1100)],
-                "quant9": [("one_barrier+fwht_exchange", {"V3_STAGED_MEAN": True, "V3_ONE_BARRIER": True,
-                                                          "V3_FWHT_EXCHANGE": True, "GRID_CAP": 2}, FP8Config(), 257)],
                 # the grid cut to <= 16 CTAs: each fits an SM alone, so all are resident under the tool's
                 # instrumentation too (a quantised block may wait for another CTA's sums)
                 "quant10": [("k_once+grid16", {"V3_STAGED_MEAN": True, "V3_K_ONCE": True, "GRID_CAP": 16},
@@ -66,7 +62,7 @@ def main() -> int:
             setattr(qk, name, value)
         # quant6: the occupancy switch changes head_dim 64 / 128 only (``quant_kernel.OCCUPANCY``); quant8: two
         # head_dims keep racecheck (one small case per recipe) short
-        dims = {"quant6": (64, 128), "quant8": (64, 128), "quant9": (128, 256), "quant10": (64, 256)}
+        dims = {"quant6": (64, 128), "quant8": (64, 128), "quant10": (64, 256)}
         for d in dims.get(args.set, qk.HEAD_DIMS):
             g = torch.Generator(device="cuda").manual_seed(d)
             q = torch.randn(2, 300, 8, d, device="cuda", generator=g).to(torch.bfloat16)

@@ -364,9 +364,9 @@ def test_once_sums_map(head_dim, rows):
     """``QuantPass.once_sums``' reduction of one block, on the CPU for every thread: the warp butterfly (xor L << b,
     b < log2(32 / L), L = head_dim / 64 lanes) adds exactly the warp's 32 / L tokens of the thread's lane; the
     threads tidx % 32 < L write each warp's head_dim channel sums into sums[warp * head_dim + channel] once
-    (``chunk_of``: with and without the lane exchange); and ``mean_of``'s threads (g, c), g < G = threads / head_dim,
+    (``chunk_of``); and ``mean_of``'s threads (g, c), g < G = threads / head_dim,
     cover the head's tiles and channels once each."""
-    from fa_variants.fp8.quant_maps import VEC, SLOTS, exchange_chunk_in, thread_chunk, thread_token
+    from fa_variants.fp8.quant_maps import VEC, SLOTS, thread_chunk, thread_token
 
     L = head_dim // (VEC * SLOTS)
     T = rows * head_dim // (VEC * SLOTS)
@@ -379,15 +379,14 @@ def test_once_sums_map(head_dim, rows):
         warp_tokens = [thread_token("qk", L, rows // 4, u, 0) for u in range(t - t % 32, t - t % 32 + 32)
                        if u % L == t % L]
         assert tokens == sorted(warp_tokens) and len(tokens) == 32 // L, t
-    for exchange in ([False, True] if head_dim > 64 else [False]):
-        written = []
-        for t in range(T):
-            if t % 32 < L:
-                for j in range(SLOTS):
-                    chunk = exchange_chunk_in(L, t % L, j) if exchange else thread_chunk("qk", L, rows // 4, t, j)
-                    written += [(t // 32) * head_dim + chunk * VEC + i for i in range(VEC)]
-        assert sorted(written) == list(range(T // 32 * head_dim)), exchange
-        assert T // 32 * head_dim <= qk.PassConfig(rows=rows).once_sums_len(head_dim)
+    written = []
+    for t in range(T):
+        if t % 32 < L:
+            for j in range(SLOTS):
+                chunk = thread_chunk("qk", L, rows // 4, t, j)
+                written += [(t // 32) * head_dim + chunk * VEC + i for i in range(VEC)]
+    assert sorted(written) == list(range(T // 32 * head_dim))
+    assert T // 32 * head_dim <= qk.PassConfig(rows=rows).once_sums_len(head_dim)
     G = T // head_dim
     for n_tiles in (1, 2, 5, 33):
         cover = sorted((p, t % head_dim) for t in range(G * head_dim) for p in range(t // head_dim, n_tiles, G))
@@ -430,116 +429,6 @@ def test_coalesced_stage_map(role, head_dim, rows):
             for w in range(threads // 8):
                 banks = {qk.stage_piece(role, lanes, quads, head_dim, 8 * w + i, j, half) % 8 for i in range(8)}
                 assert len(banks) == 8, (w, j, half)
-
-
-@pytest.mark.parametrize("head_dim", [128, 256])
-@pytest.mark.parametrize("rows", [128, 192, 256])
-def test_fwht_exchange_maps(head_dim, rows):
-    """The lane exchange's maps (``PassConfig.fwht_exchange``) on the CPU: before it each thread's slots hold 64
-    contiguous channels of its token (``exchange_chunk_in``), read from the coalesced stage where the loads put them
-    (``exchange_piece`` = ``stage_load``'s piece of that (token, piece)), with no bank conflict per quarter warp; the
-    signs / K's mean sit where slot j of lane l reads position 4 l + j (``exchange_pos``, a permutation of the
-    channels keeping 4-channel groups); after it the token's lanes hold each chunk once (``exchange_chunk_out``,
-    partner lanes ``exchange_partner`` of one token), the same channels per thread as the default's map, and
-    ``exchange_store_slot`` is what the kernel's selects (``QuantPass.e4m3_slots``: a swap of slots k, k ^ 2^b where
-    lane bit b is 1, then tau) deliver for the default's slot d."""
-    if rows * head_dim > qk.MAX_BLOCK:
-        pytest.skip("block larger than one CTA holds")
-    from fa_variants.fp8 import quant_maps as qm
-
-    P, L, quads = head_dim // 8, head_dim // 64, rows // 4
-    threads = rows * head_dim // 64
-    where = {}
-    for m in range(8):
-        for t in range(threads):
-            row, q, piece = qk.stage_load(head_dim, rows, "qk", L, t, m)
-            where[(row, q)] = piece
-    for j in range(qk.SLOTS):
-        for half in range(2):
-            for t in range(threads):
-                q = 2 * qm.exchange_chunk_in(L, t % L, j) + half
-                assert qm.exchange_piece(L, head_dim, t, j, half) == where[(t // L, q)]
-            for w in range(threads // 8):
-                banks = {qm.exchange_piece(L, head_dim, 8 * w + i, j, half) % 8 for i in range(8)}
-                assert len(banks) == 8, (w, j, half)
-    pos = [qm.exchange_pos(c) for c in range(head_dim)]
-    assert sorted(pos) == list(range(head_dim)) and all(pos[c] == pos[c - c % 4] + c % 4 for c in range(head_dim))
-    for lane in range(L):
-        chunks_in = [qm.exchange_chunk_in(L, lane, j) for j in range(qk.SLOTS)]
-        assert sorted(chunks_in) == list(range(4 * lane, 4 * lane + 4))  # channels 64 lane .. 64 lane + 63
-        for j in range(qk.SLOTS):
-            assert [pos[16 * chunks_in[j] + i] for i in range(16)] == list(range(16 * (4 * lane + j),
-                                                                                 16 * (4 * lane + j) + 16))
-            partner = qm.exchange_partner(L, lane, j)
-            assert 0 <= partner < L and qm.exchange_partner(L, partner, j) == lane
-            assert qm.exchange_chunk_out(L, lane, j) == qm.exchange_chunk_in(L, partner, j)
-        out = [qm.exchange_chunk_out(L, lane, j) for j in range(qk.SLOTS)]
-        assert sorted(out) == sorted(qk.thread_chunk("qk", L, quads, lane, d) for d in range(qk.SLOTS))
-        slots = list(range(qk.SLOTS))  # the kernel's selects on slot ids
-        for b in range(L.bit_length() - 1):
-            if lane >> b & 1:
-                slots = [slots[k ^ (1 << b)] for k in range(qk.SLOTS)]
-        for d in range(qk.SLOTS):
-            src = slots[qm.exchange_store_slot(L, 0, d)]
-            assert src == qm.exchange_store_slot(L, lane, d)
-            assert out[src] == qk.thread_chunk("qk", L, quads, lane, d)
-
-
-@pytest.mark.parametrize("head_dim", [128, 256])
-def test_fwht_exchange_emulated_bitwise(head_dim):
-    """``QuantPass.fwht_exchanged`` emulated in float32 on the CPU, register by register (lanes of a token, slots,
-    the per-lane-sign FMAs of ``pair_stage``: s x exact, one rounding of the sum; the shuffles of the exchange), then
-    the e4m3 selects back to the default's slots: bit for bit ``quantize.fwht(x, normalise=False)`` (the torch
-    recipe's order), with signed zeros, ties, large and tiny values among the inputs."""
-    import numpy as np
-
-    from fa_variants.fp8 import quant_maps as qm
-    from fa_variants.fp8.quantize import fwht
-
-    L, S, V = head_dim // 64, qk.SLOTS, qk.VEC
-    g = torch.Generator().manual_seed(head_dim)
-    x = torch.randn(64, head_dim, generator=g) * torch.exp2(torch.randint(-20, 20, (64, head_dim), generator=g))
-    x[0] = 0.0
-    x[1, ::2] = -0.0
-    x[2] = torch.round(torch.randn(head_dim, generator=g) * 4)  # exact sums, signed-zero results
-    x[3] = 1.0
-    want = fwht(x, normalise=False).numpy()
-    xs = x.numpy().astype(np.float32)
-    f = np.float32
-    for tok in range(xs.shape[0]):
-        reg = [[[xs[tok, 16 * qm.exchange_chunk_in(L, l, k) + i] for k in range(S)] for i in range(V)]
-               for l in range(L)]  # reg[lane][i][slot]
-
-        def pair_stage(b, by_lane):
-            h = 1 << b
-            for l in range(L):
-                s_ = f(1 - 2 * (l >> b & 1)) if by_lane else f(1)
-                for k in range(S):
-                    if k & h == 0:
-                        for i in range(V):
-                            a, c = reg[l][i][k], reg[l][i][k + h]
-                            reg[l][i][k] = f(a * s_) + c if by_lane else a + c  # fma(a, s, c): a * s exact
-                            reg[l][i][k + h] = f(c * -s_) + a if by_lane else a - c
-
-        for l in range(L):
-            for b in range(4):  # h = 1 .. 8 inside a chunk
-                h = 1 << b
-                for k in range(S):
-                    for i in range(V):
-                        if i & h == 0:
-                            a, c = reg[l][i][k], reg[l][i + h][k]
-                            reg[l][i][k], reg[l][i + h][k] = a + c, a - c
-        for b in range(2):
-            pair_stage(b, b < L.bit_length() - 1)
-        reg = [[[reg[qm.exchange_partner(L, l, k)][i][k] for k in range(S)] for i in range(V)] for l in range(L)]
-        for b in range(L.bit_length() - 1):
-            pair_stage(b, True)
-        for l in range(L):
-            for d in range(S):
-                k = qm.exchange_store_slot(L, l, d)
-                c0 = 16 * qk.thread_chunk("qk", L, 4, l, d)
-                got = np.array([reg[l][i][k] for i in range(V)], dtype=np.float32)
-                assert got.tobytes() == want[tok, c0:c0 + V].astype(np.float32).tobytes(), (tok, l, d)
 
 
 @pytest.mark.parametrize("head_dim", qk.HEAD_DIMS)
@@ -664,95 +553,10 @@ def test_compiles_k_once(arch, head_dim, stages):
     threads = rows * head_dim // 64
     assert res["registers"] <= 65536 // (threads * once.min_blocks(head_dim)), res
     assert res["spill_bytes"] <= (8 if head_dim == 128 else 0) and ops["LDL"] <= 1 and ops["STL"] <= 1, (res, ops)
-    for bad in (dict(staged_mean=False), dict(one_barrier=True), dict(reverse=True), dict(smooth=False),
+    for bad in (dict(staged_mean=False), dict(reverse=True), dict(smooth=False),
                 dict(mode="amax")):
         with pytest.raises(ValueError, match="k_once"):
             dataclasses.replace(once, **bad).check(head_dim)
-
-
-# the Q / K passes of the default recipe (Q with the LSE shift, K smoothed) and a "given" launch (per-head baseline)
-EXCHANGE_PASSES = [(256, "q-shift", dict(rows=128, shift=True, staged_mean=True, pdl=True)),
-                   (256, "k-smooth", dict(rows=layout.tile_n(256), smooth=True, reverse=True, staged_mean=True,
-                                          pdl=True)),
-                   (128, "k-smooth", dict(rows=layout.tile_n(128), smooth=True, reverse=True, staged_mean=True,
-                                          pdl=True)),
-                   (256, "q-given", dict(rows=128, mode="given"))]
-
-
-@pytest.mark.compile
-@pytest.mark.parametrize("arch", ["sm_90a"], indirect=True)
-@pytest.mark.parametrize("head_dim,name,extra", EXCHANGE_PASSES, ids=[f"d{d}-{n}" for d, n, _ in EXCHANGE_PASSES])
-def test_compiles_fwht_exchange(arch, head_dim, name, extra):
-    """The lane exchange (``PassConfig.fwht_exchange``, sm_90a) against the same pass without it: the FWHT's shuffles
-    go from 64 per cross-lane stage (log2 L stages) to 16 per exchanged slot (L = 4: 3 slots, 48; L = 2: 2 slots, 32),
-    the float32 adds + FMAs are as many (each stage 64 per thread either way), barriers, cp.async loads, e4m3
-    conversions and 16-byte stores unchanged, the selects on the packed e4m3 at least 16 log2 L LOP3 more; registers
-    within the cap; K's pass without local memory, Q's with the shift within 48 bytes (40 on the CPU compile of
-    session 8, 8 without the exchange: the shift's products and the FWHT's registers together). And refused where it
-    has no cross-lane stage (head_dim 64) or nothing to rotate."""
-    cfg = qk.PassConfig(stages=3, coalesced=True, head_major=True, fwht_exchange=True, **extra)
-    base = dataclasses.replace(cfg, fwht_exchange=False)
-    c, c0 = (qk.VARIANT.compiled(qk.static_config(arch, torch.bfloat16, head_dim, x)) for x in (cfg, base))
-    names = ("SHFL.BFLY", "FADD", "FFMA", "LOP3", "BAR.SYNC", "LDGSTS", "F2FP", "STG.E.128", "LDL", "STL")
-    ops, ops0 = (cubin.count_sass(cubin.sass_of(x.cubin), names) for x in (c, c0))
-    L = head_dim // 64
-    bits = L.bit_length() - 1
-    assert ops0["SHFL.BFLY"] - ops["SHFL.BFLY"] == 64 * bits - 16 * (qk.SLOTS - qk.SLOTS // L), (ops, ops0)
-    assert ops["FADD"] + ops["FFMA"] == ops0["FADD"] + ops0["FFMA"], (ops, ops0)
-    assert all(ops[n] == ops0[n] for n in ("BAR.SYNC", "LDGSTS", "F2FP", "STG.E.128")), (ops, ops0)
-    assert ops["LOP3"] >= ops0["LOP3"] + 16 * bits, (ops, ops0)
-    res = cubin.cubin_resources(c.cubin)
-    assert res["registers"] <= 128 and res["spill_bytes"] <= (48 if cfg.shift else 0), res
-    with pytest.raises(ValueError, match="fwht_exchange"):
-        dataclasses.replace(cfg, rotate=False).check(head_dim)
-    with pytest.raises(ValueError, match="fwht_exchange"):
-        cfg.check(64)
-
-
-def loop_barriers(sass: str) -> int:
-    """BAR.SYNC inside the widest loop of a SASS listing (a branch back to a label defined before it)."""
-    import re
-
-    lines = sass.splitlines()
-    labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"\s*(\.L_x_\d+):", line))}
-    loops = [(labels[m.group(1)], i) for i, line in enumerate(lines)
-             if (m := re.search(r"BRA `\((\.L_x_\d+)\)", line)) and labels.get(m.group(1), i) < i]
-    lo, hi = max(loops, key=lambda span: span[1] - span[0])
-    return sum("BAR.SYNC" in line for line in lines[lo:hi])
-
-
-ONE_BARRIER_PASSES = [(256, "q-shift", dict(rows=128, shift=True, staged_mean=True, pdl=True)),
-                      (128, "k-smooth", dict(rows=layout.tile_n(128), smooth=True, reverse=True, staged_mean=True,
-                                             pdl=True)),
-                      (256, "q-shift-exchange", dict(rows=128, shift=True, staged_mean=True, pdl=True,
-                                                     fwht_exchange=True)),
-                      (64, "q-plain", dict(rows=128))]
-
-
-@pytest.mark.compile
-@pytest.mark.parametrize("arch", ["sm_90a"], indirect=True)
-@pytest.mark.parametrize("head_dim,name,extra", ONE_BARRIER_PASSES,
-                         ids=[f"d{d}-{n}" for d, n, _ in ONE_BARRIER_PASSES])
-def test_compiles_one_barrier(arch, head_dim, name, extra):
-    """One barrier per Q / K block (``PassConfig.one_barrier``, sm_90a) against the same pass without it: the loop
-    holds 1 BAR.SYNC instead of 2 (the prologue one more outside it), one cp.async wait more (the next block's, before
-    the block max's barrier), the same loads, shuffles, float32 arithmetic, conversions and stores, no more local
-    memory; refused with the staged store (which reads its stage after the block max) and for V."""
-    cfg = qk.PassConfig(stages=3, coalesced=True, head_major=True, one_barrier=True, **extra)
-    base = dataclasses.replace(cfg, one_barrier=False)
-    c, c0 = (qk.VARIANT.compiled(qk.static_config(arch, torch.bfloat16, head_dim, x)) for x in (cfg, base))
-    sass, sass0 = cubin.sass_of(c.cubin), cubin.sass_of(c0.cubin)
-    assert loop_barriers(sass0) == 2 and loop_barriers(sass) == 1
-    names = ("LDGSTS", "SHFL.BFLY", "FADD", "FFMA", "FMUL", "FMNMX", "F2FP", "STG.E.128", "DEPBAR", "BAR.SYNC")
-    ops, ops0 = cubin.count_sass(sass, names), cubin.count_sass(sass0, names)
-    assert ops["DEPBAR"] == ops0["DEPBAR"] + 1 and ops["BAR.SYNC"] == ops0["BAR.SYNC"], (ops, ops0)
-    assert all(ops[n] == ops0[n] for n in names[:8]), (ops, ops0)
-    res, res0 = cubin.cubin_resources(c.cubin), cubin.cubin_resources(c0.cubin)
-    assert res["registers"] <= 128 and res["spill_bytes"] <= res0["spill_bytes"], (res, res0)
-    with pytest.raises(ValueError, match="one_barrier"):
-        dataclasses.replace(cfg, staged_store=True).check(head_dim)
-    with pytest.raises(ValueError, match="one_barrier"):
-        qk.PassConfig(role="v", rotate=False, stages=3, coalesced=True, one_barrier=True).check(head_dim)
 
 
 # the passes the default recipe and no-smooth launch at OCCUPANCY's (head_dim, rows): K at 64 (192 rows), Q at 64 / 128
@@ -962,12 +766,10 @@ def test_v3_staged_mean_bitwise(monkeypatch, head_dim, config):
         assert torch.isfinite(b.lse_shift).all() and b.lse_shift.abs().max() > 0
 
 
-def assert_switch_bitwise(monkeypatch, switch: str, head_dim: int, config: str, seed: int, shift_exact: bool = True):
+def assert_switch_bitwise(monkeypatch, switch: str, head_dim: int, config: str, seed: int):
     """quant_kernel.``switch`` off vs on (the current default otherwise, staged mean on): every output equal bit for
     bit; GQA, odd lengths (tail tokens not stored), batch > 1, a negative scale, the per-head baseline (its "amax"
-    and "given" launches), fresh NaN-poisoned memory; and (scale None) the torch recipe given the pass's mean.
-    shift_exact False: the LSE shift (another float32 summation order with the switch) within ``assert_shift_close``
-    of the switch-off one instead of equal."""
+    and "given" launches), fresh NaN-poisoned memory; and (scale None) the torch recipe given the pass's mean."""
     monkeypatch.setattr(qk, "V3_STAGED_MEAN", True)
     cfg = FP8Config(smooth_k_blocks=8) if config == "sampled8" else CONFIGS[config]
     g = torch.Generator(device="cuda").manual_seed(seed * head_dim)
@@ -986,9 +788,6 @@ def assert_switch_bitwise(monkeypatch, switch: str, head_dim: int, config: str, 
             assert torch.equal(getattr(a, name).view(torch.uint8), getattr(b, name).view(torch.uint8)), name
         for name in ("q_descale", "k_descale", "v_descale", "k_mean", "lse_shift"):
             x, y = getattr(a, name), getattr(b, name)
-            if name == "lse_shift" and not shift_exact and x is not None:
-                assert_shift_close(y, x, q, a.k_mean, a.softmax_scale)
-                continue
             assert (x is None and y is None) or torch.equal(x, y), name
         assert not torch.isnan(b.q.float()).any() and not torch.isnan(b.k.float()).any()
         if scale is None:  # and the torch recipe given the pass's mean, bit for bit (the default's own check)
@@ -1016,29 +815,6 @@ def test_v3_occupancy_bitwise(monkeypatch, head_dim, config):
     every output equals v3's without it bit for bit (``assert_switch_bitwise``; staged store off)."""
     monkeypatch.setattr(qk, "V3_STAGED_STORE", False)
     assert_switch_bitwise(monkeypatch, "V3_OCCUPANCY", head_dim, config, 17)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("head_dim,exchange", [(128, False), (256, False), (256, True)])
-def test_v3_one_barrier_bitwise(monkeypatch, head_dim, exchange):
-    """One barrier per Q / K block (``V3_ONE_BARRIER``: synchronisation only) vs two, the default recipe (K smoothed,
-    Q with the LSE shift: their staged K means ride on the stages the merged barrier publishes): every output equal
-    bit for bit (``assert_switch_bitwise``: GQA, odd lengths, batch 3, a negative scale, NaN-poisoned memory, the torch
-    recipe given the pass's mean); exchange: both sides with ``V3_FWHT_EXCHANGE`` on. A missing wait or barrier shows
-    as a block read before its bytes landed (NaN-poisoned stages, other blocks' values), not as rounding."""
-    monkeypatch.setattr(qk, "V3_FWHT_EXCHANGE", exchange)
-    assert_switch_bitwise(monkeypatch, "V3_ONE_BARRIER", head_dim, "default", 29)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("head_dim", [128, 256])
-def test_v3_fwht_exchange_bitwise(monkeypatch, head_dim):
-    """Q's / K's Hadamard with the lane exchange (``V3_FWHT_EXCHANGE``: the same float32 operations on the same pairs
-    in the same stage order, other threads' registers) vs without: e4m3 bytes, descales, K's mean and V equal bit for
-    bit, and the torch recipe given the pass's mean (``assert_switch_bitwise``: GQA, odd lengths, batch 3, a negative
-    scale, NaN-poisoned memory); the LSE shift (Q's dot with K's mean summed over other channels per thread) within a
-    few float32 ulps of its sum of |terms|."""
-    assert_switch_bitwise(monkeypatch, "V3_FWHT_EXCHANGE", head_dim, "default", 23, shift_exact=False)
 
 
 @pytest.mark.gpu

@@ -432,8 +432,7 @@ def test_quant8_sets_and_pass_shares():
     the per-pass % of copy read from a breakdown (each launch's bytes / its us; the torch sum's us alone)."""
     bw = load_script("fp8_quant_bandwidth")
     base = {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": None, "V3_OCCUPANCY": False, "V3_FUSED_SAMPLED_MEAN": False,
-            "V3_FUSED_MEAN": False, "V3_FUSED_MEAN_LATE": False, "V3_FWHT_EXCHANGE": False, "V3_ONE_BARRIER": False,
-            "V3_K_ONCE": False}
+            "V3_FUSED_MEAN": False, "V3_FUSED_MEAN_LATE": False, "V3_K_ONCE": False}
     assert bw.PIPES["def"] == ("v3", base)
     assert bw.PIPES["defl"] == ("v3", {**base, "V3_FUSED_MEAN_LATE": True})
     assert bw.PIPES["deff"] == ("v3", {**base, "V3_FUSED_MEAN": True})
@@ -454,36 +453,6 @@ def test_quant8_sets_and_pass_shares():
             for p, ms in (("def", 0.126), ("defl", 0.120))]
     text = bw.ab_lines(rows, "def", "defl", copy_tbs=4.0)
     assert "  D=128       default   0.952" in text and "per pass (% of copy for its bytes): [V+Ksum" in text
-
-
-def test_quant9_sets():
-    """scripts/quant9_gpu.sh's pieces on the CPU: the bandwidth labels defx / defb / defxb (the current default + the
-    lane exchange, + one barrier per block, + both; every switch a quant_kernel name), the precompile set (four knobs x
-    the default recipe x three head_dims), the sanitizer's set, and the script's
-    step limits within the cold-machine budget (<= 100 s)."""
-    import re
-
-    bw = load_script("fp8_quant_bandwidth")
-    base = bw.PIPES["def"][1]
-    assert not base["V3_FWHT_EXCHANGE"] and not base["V3_ONE_BARRIER"]
-    assert bw.PIPES["defx"] == ("v3", {**base, "V3_FWHT_EXCHANGE": True})
-    assert bw.PIPES["defb"] == ("v3", {**base, "V3_ONE_BARRIER": True})
-    assert bw.PIPES["defxb"] == ("v3", {**base, "V3_FWHT_EXCHANGE": True, "V3_ONE_BARRIER": True})
-    from fa_variants.fp8 import quant_kernel
-
-    assert all(hasattr(quant_kernel, name) for name in bw.PIPES["defxb"][1])
-    assert quant_kernel.V3_FWHT_EXCHANGE is False and quant_kernel.V3_ONE_BARRIER is False  # off until measured
-    pre = load_script("quant_precompile")
-    tasks = pre.tasks("quant9")
-    assert len(tasks) == len(set(tasks)) == 12 and ("v3", "bf16", 256, "default+both9") in tasks
-    assert all(t[3].partition("+")[2] in pre.QUANT9_KNOBS for t in tasks)
-    assert all(hasattr(quant_kernel, n) for knobs in pre.QUANT9_KNOBS.values() for n in knobs)
-    text = (ROOT / "scripts" / "quant9_gpu.sh").read_text()
-    assert "--set quant9" in text and "--pipelines def,defx,defb,defxb" in text
-    assert "test_v3_fwht_exchange_bitwise or test_v3_one_barrier_bitwise" in text
-    limits = [int(n) for n in re.findall(r"^step \w+ (\d+) ", text, re.M)]
-    assert len(limits) == 3 and sum(limits) <= 100, limits
-    assert '"quant9"' in (ROOT / "scripts" / "quant_sanitize.py").read_text()
 
 
 def test_quant10_sets():

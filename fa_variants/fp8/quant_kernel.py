@@ -144,12 +144,6 @@ computed (its outputs equal v2's bit for bit):
   fewer stages where shared memory needs it): 18 / 20 / 24 warps, so more warps hide the latency of each other's
   dependent chains (the session-6 ncu at head_dim 64: 7.1 cycles per issued instruction at 23% occupancy). Same
   operations: outputs equal v3's bit for bit.
-* Lane exchange (``V3_FWHT_EXCHANGE``, off until measured; ``PassConfig.fwht_exchange``): Q's / K's Hadamard at head_dim
-  128 / 256 without its cross-lane shuffle stages: each thread first holds 64 contiguous channels of its token, swaps
-  chunks once with the token's other lanes, and does every stage in registers (``fwht_exchanged``; the maps in
-  ``quant_maps``). Same operations: e4m3 and descales bit for bit v3's (the LSE shift: another summation order).
-* One barrier (``V3_ONE_BARRIER``, off until measured; ``PassConfig.one_barrier``): Q's / K's block-max barrier also
-  publishes the next block's stage, so the loop's stage barrier goes (not with the staged store). Outputs bit for bit.
 
 Blocks of more than ``MAX_BLOCK`` values (rows * head_dim > 32768, e.g. tile_n 256 at head_dim 256) do not
 fit one CTA's registers: ``why_not`` says so and ``quantize_fp8`` uses the torch path there, as for head_dim
@@ -180,8 +174,7 @@ from fa_variants.fp8 import layout
 from fa_variants.fp8.quant_maps import (SLOTS, VEC, k_parts_per_block, k_sample_item, k_sample_slot, k_sum_group,
                                         late_first, late_item, piece_swizzle, stage_load, stage_piece, store_map,
                                         store_pitch, store_swizzle, store_unit, thread_chunk, thread_token,
-                                        exchange_chunk_in, exchange_partner, exchange_piece, exchange_pos,
-                                        exchange_store_slot, once_item, once_lag, once_total)
+                                        once_item, once_lag, once_total)
 from fa_variants.fp8.quantize import (E4M3, MIN_DESCALE_EXPONENT, FP8Config, FP8Inputs, HadamardRotation, _check,
                                       k_mean, k_sample_count, k_sample_tiles, tiles_for)
 
@@ -265,23 +258,6 @@ OCCUPANCY = {(64, 192): (3, 3), (64, 128): (5, 2), (128, 128): (3, 2)}
 GRID_CAP: int | None = None
 #: ``late_count``'s mean: partial sums loaded per batch (independent loads in flight per thread; the adds keep their order)
 MEAN_LOADS = 32
-#: v3: Q's / K's Hadamard at head_dim 128 / 256 with its cross-lane stages done in registers after a lane exchange
-#: (``PassConfig.fwht_exchange``, ``quant_maps.exchange_chunk_in`` ...): each thread first holds 64 contiguous
-#: channels of its token (stages h = 1 .. 32 in registers), then swaps 3 (head_dim 256) / 2 (128) of its 4 chunks
-#: with the token's other lanes (one shfl.bfly per value: 48 / 32 per thread instead of 128 / 64 shuffles + as many
-#: FMAs), and does h = 64 (.. 128) in registers; its e4m3 bytes are selected back into the default's slots by the
-#: lane's bits (LOP3 on the packed bytes) and stored as before. The same float32 operations on the same pairs in the
-#: same stage order: e4m3 bytes and descales bit for bit the default's; the LSE shift (Q's dot with K's mean over the
-#: thread's channels, then across lanes) sums other channels per thread: equal to float32 rounding, not bit for bit.
-#: Off until measured (scripts/quant9_gpu.sh); FA_VARIANTS_FP8_QUANT_FWHT_EXCHANGE=1 (read at import) turns it on
-V3_FWHT_EXCHANGE = _env.flag("FA_VARIANTS_FP8_QUANT_FWHT_EXCHANGE", False)
-#: v3: one barrier per Q / K block instead of two (``PassConfig.one_barrier``; not with the staged store, which reads
-#: its stage after the block max): each thread waits for the next block's cp.async group before the block max's
-#: barrier, which then also publishes that block's stage and K mean (and certifies the stage to refill read), so the
-#: loop's stage barrier goes. At head_dim 256 (512 threads, one CTA per SM) every barrier waits for the slowest of 16
-#: warps with no other CTA to fill the SM. Synchronisation only: outputs bit for bit the default's. Off until measured
-#: (scripts/quant9_gpu.sh); FA_VARIANTS_FP8_QUANT_ONE_BARRIER=1 (read at import) turns it on
-V3_ONE_BARRIER = _env.flag("FA_VARIANTS_FP8_QUANT_ONE_BARRIER", False)
 #: v3 with the exact K mean: K read once from DRAM (``PassConfig.k_once``): V's launch no longer sums K; K's own launch
 #: walks K's blocks twice in one order (``quant_maps.once_item``): a block's per-channel sums (one partial per block,
 #: its mean finished by the CTA that counts the head's last block), then, ``once_lag`` items later (~2 heads + 2 x the
@@ -327,11 +303,7 @@ class PassConfig:
     shift (Q with K smoothing): also write ``scale * q . mean`` per row (``quantize.smoothing_lse_shift``);
     staged_store (role "qk", coalesced, rows % 32 == 0): the e4m3 bytes stored through the stage just read
     (``store_qk_staged``); min_ctas: CTAs per SM asked of ptxas (0: 512 threads at 128 registers; ``min_blocks``);
-    late_count (with fused_mean): K's blocks counted after the CTA's loop, not per block (``count_late``);
-    fwht_exchange (role "qk", rotate, coalesced, head_dim 128 / 256): the Hadamard's cross-lane stages in registers
-    after a lane exchange (``fwht_exchanged``, ``V3_FWHT_EXCHANGE``); one_barrier (role "qk", coalesced, no
-    staged_store): one barrier per block, the block max's, which also publishes the next block's stage
-    (``block_max``, ``V3_ONE_BARRIER``)."""
+    late_count (with fused_mean): K's blocks counted after the CTA's loop, not per block (``count_late``)."""
 
     role: str = "qk"
     rotate: bool = True
@@ -351,8 +323,6 @@ class PassConfig:
     staged_store: bool = False
     min_ctas: int = 0
     late_count: bool = False
-    fwht_exchange: bool = False
-    one_barrier: bool = False
     k_once: bool = False
 
     def check(self, head_dim: int) -> None:
@@ -361,9 +331,9 @@ class PassConfig:
                 or not 1 <= self.stages <= MAX_STAGES or (self.coalesced and self.stages < 2)):
             raise ValueError(f"fp8-quant: bad pass config {self}")
         if self.k_once and not (self.role == "qk" and self.smooth and self.coalesced and self.staged_mean
-                                and self.mode == "block" and not (self.one_barrier or self.reverse or self.kmean)):
+                                and self.mode == "block" and not (self.reverse or self.kmean)):
             raise ValueError("fp8-quant: k_once sums and quantises a smoothed K in one launch (role 'qk', smooth, "
-                             "coalesced, staged_mean, mode 'block'; not one_barrier, reverse or kmean)")
+                             "coalesced, staged_mean, mode 'block'; not reverse or kmean)")
         if self.kmean and (self.role != "v" or self.mode == "given"):
             raise ValueError("fp8-quant: K's partial sums ride on V's pass (role 'v', mode 'block' or 'amax')")
         if self.fused_mean and not self.kmean:
@@ -379,12 +349,6 @@ class PassConfig:
                                       and self.rows % 32 == 0):
             raise ValueError("fp8-quant: the staged store writes Q's / K's e4m3 through a coalesced stage (role 'qk', "
                              "coalesced, mode 'block' or 'given', rows a multiple of 32)")
-        if self.fwht_exchange and not (self.role == "qk" and self.rotate and self.coalesced and head_dim > 64):
-            raise ValueError("fp8-quant: fwht_exchange swaps the rotated Q / K chunks of a coalesced pass across lanes "
-                             f"(role 'qk', rotate, coalesced, head_dim 128 / 256; got head_dim {head_dim})")
-        if self.one_barrier and not (self.role == "qk" and self.coalesced and not self.staged_store):
-            raise ValueError("fp8-quant: one_barrier merges a Q / K pass's stage barrier into its block-max barrier "
-                             "(role 'qk', coalesced, no staged_store: its stage is read again after that barrier)")
         if not 0 <= self.min_ctas <= 32:
             raise ValueError(f"fp8-quant: min_ctas must be 0 .. 32, got {self.min_ctas}")
         if self.role == "v" and (self.rotate or self.smooth or self.shift):
@@ -474,26 +438,7 @@ class QuantPass:
         return thread_token(self.cfg.role, self.lanes, self.quads, tidx, slot)
 
     def chunk_of(self, tidx: Int32, slot: int) -> Int32:
-        """Chunk (16 channels) of a slot as read (``thread_chunk``; ``fwht_exchange``: ``exchange_chunk_in``)."""
-        if const_expr(self.cfg.fwht_exchange):
-            return exchange_chunk_in(self.lanes, tidx % self.lanes, slot)
-        return thread_chunk(self.cfg.role, self.lanes, self.quads, tidx, slot)
-
-    def smem_chunk_of(self, tidx: Int32, slot: int) -> Int32:
-        """Chunk position of a slot's signs / K's mean in shared memory: ``chunk_of``, or with ``fwht_exchange``
-        4 lane + slot (``exchange_pos`` of ``exchange_chunk_in``)."""
-        if const_expr(self.cfg.fwht_exchange):
-            return SLOTS * (tidx % self.lanes) + slot
-        return self.chunk_of(tidx, slot)
-
-    def smem_pos(self, channel: Int32) -> Int32:
-        """Where a channel's sign / K's mean is written in shared memory (``exchange_pos`` with ``fwht_exchange``)."""
-        if const_expr(self.cfg.fwht_exchange):
-            return exchange_pos(channel)
-        return channel
-
-    def out_chunk_of(self, tidx: Int32, slot: int) -> Int32:
-        """Chunk of a slot as stored (``thread_chunk``: ``store_e4m3`` puts the exchanged slots back in this order)."""
+        """Chunk (16 channels) of a slot (``thread_chunk``)."""
         return thread_chunk(self.cfg.role, self.lanes, self.quads, tidx, slot)
 
     @cute.jit
@@ -561,7 +506,7 @@ class QuantPass:
         staged_mean = self.cfg.staged_mean
         if const_expr(self.cfg.role == "qk"):
             for c in cutlass.range(tidx, D, self.num_threads, unroll=1):
-                sSigns[self.smem_pos(c)] = mSigns[c]
+                sSigns[c] = mSigns[c]
             cute.arch.barrier()
         # the thread's 16-bit values in shared memory, S stages; 16-byte piece p of thread t at
         # (p * threads + t) * 16 bytes of its stage (conflict-free), written by its own cp.async and read back
@@ -610,30 +555,21 @@ class QuantPass:
                 if cta + s * grid < total:
                     pb, ph, _, _ = self.decode(cta + s * grid, heads, n_tiles, n_blocks, n_sample)
                     for c in cutlass.range(tidx, D, self.num_threads, unroll=1):
-                        sMean[self.smem_pos(c), s] = mMean[pb, self.mean_head(ph, heads, mMean), c]
-        if const_expr(self.cfg.one_barrier):
-            # the first item's pieces (and the prologue's K means) visible to every thread; later items' are
-            # published by the previous item's block-max barrier (``block_max``)
-            cute.arch.cp_async_wait_group(ahead - 1)
-            cute.arch.barrier()
+                        sMean[c, s] = mMean[pb, self.mean_head(ph, heads, mMean), c]
         step = Int32(0)  # the CTA's items so far: stage step % S of the loads, parity step % 2 of the maxima
         for blk in cutlass.range(cta, total, grid, unroll=1):
             stage = step % S
             parity = step % 2
             batch, head, tile, is_k = self.decode(blk, heads, n_tiles, n_blocks, n_sample)
-            if const_expr(not self.cfg.one_barrier):
-                cute.arch.cp_async_wait_group(ahead - 1)  # this item's group (the later ones may be in flight)
+            cute.arch.cp_async_wait_group(ahead - 1)  # this item's group (the later ones may be in flight)
             if const_expr(self.cfg.coalesced):
                 # every thread's pieces of this item have landed, and every read of the stage refilled here
                 # (read in the previous iteration) is done; the refill is issued before this item's values are
-                # read into registers (fewer live registers while its addresses are computed). one_barrier: both
-                # hold since the previous item's block-max barrier (every thread waited for this item's group and
-                # had read the previous item's stage before it)
+                # read into registers (fewer live registers while its addresses are computed)
                 if const_expr(self.cfg.k_once):  # the head's mean of the item prefetched below is written
                     self.once_wait(mCount, storage, blk + ahead * grid, heads, n_tiles, n_blocks, n_sample, total,
                                    tidx)
-                if const_expr(not self.cfg.one_barrier):
-                    cute.arch.barrier()
+                cute.arch.barrier()
                 if const_expr(self.cfg.k_once):  # the next iteration's poll, issued a whole item before its use
                     self.once_poll(mCount, storage, blk + (ahead + 1) * grid, heads, n_tiles, n_blocks, n_sample,
                                    total, tidx)
@@ -671,7 +607,7 @@ class QuantPass:
             if const_expr((self.cfg.smooth or self.cfg.shift) and not staged_mean):
                 # K's mean for this block, in shared memory (a global load and a barrier per block)
                 for c in cutlass.range(tidx, D, self.num_threads, unroll=1):
-                    sMean[self.smem_pos(c), parity] = mMean[batch, self.mean_head(head, heads, mMean), c]
+                    sMean[c, parity] = mMean[batch, self.mean_head(head, heads, mMean), c]
                 cute.arch.barrier()
             if const_expr(self.cfg.k_once):  # kind 0: the block's sums (16-bit values as read), 1: quantised, 2: none
                 if is_k == 0:
@@ -680,10 +616,7 @@ class QuantPass:
                 elif is_k == 1:
                     self.signs_and_smoothing(x, sSigns, sMean[None, mean_buf], tidx)
                     if const_expr(self.cfg.rotate):
-                        if const_expr(self.cfg.fwht_exchange):
-                            self.fwht_exchanged(x, tidx % L)
-                        else:
-                            self.fwht(x, tidx % L)
+                        self.fwht(x, tidx % L)
                     self.finish_block(x, mX, mY, mDescale, red, parity, batch, head, tile, tidx, sStage[None, stage])
             else:
                 if const_expr(self.cfg.shift):
@@ -691,10 +624,7 @@ class QuantPass:
                 if const_expr(self.cfg.role == "qk"):
                     self.signs_and_smoothing(x, sSigns, sMean[None, mean_buf], tidx)
                     if const_expr(self.cfg.rotate):
-                        if const_expr(self.cfg.fwht_exchange):
-                            self.fwht_exchanged(x, tidx % L)
-                        else:
-                            self.fwht(x, tidx % L)
+                        self.fwht(x, tidx % L)
                 if const_expr(self.cfg.kmean):
                     # a CTA's items ascend, so its K items follow all its V items: the amax buffers' alternation
                     # (one barrier per V block) is not broken by the K items, which have no barrier
@@ -732,10 +662,7 @@ class QuantPass:
                                    Float32, num_bits_per_copy=128)
         if tidx < self.head_dim // 4:
             src = cute.local_tile(mMean[batch, kv_head, None], (4,), (tidx,))
-            if const_expr(self.cfg.fwht_exchange):
-                cute.copy(atom, src, cute.local_tile(sMean, (4,), (exchange_pos(4 * tidx) // 4,)))
-            else:
-                cute.copy(atom, src, cute.local_tile(sMean, (4,), (tidx,)))
+            cute.copy(atom, src, cute.local_tile(sMean, (4,), (tidx,)))
 
     @cute.jit
     def k_partial_sums(self, x: cute.Tensor, mPart: cute.Tensor, inv_n: Float32, batch: Int32, head: Int32,
@@ -1014,10 +941,7 @@ class QuantPass:
         16 bytes each (8 threads of a quarter warp hit 8 distinct 16-byte bank groups: ``piece_swizzle``)."""
         for j in cutlass.range_constexpr(SLOTS):
             for p in cutlass.range_constexpr(2):
-                if const_expr(self.cfg.fwht_exchange):
-                    piece = exchange_piece(self.lanes, self.head_dim, tidx, j, p)
-                else:
-                    piece = stage_piece(self.cfg.role, self.lanes, self.quads, self.head_dim, tidx, j, p)
+                piece = stage_piece(self.cfg.role, self.lanes, self.quads, self.head_dim, tidx, j, p)
                 src = cute.local_tile(sStage, (8,), (piece,))
                 cute.copy(s2r, src, cute.zipped_divide(raw[None, j], (8,))[None, p])
 
@@ -1025,7 +949,7 @@ class QuantPass:
     def signs_and_smoothing(self, x: cute.Tensor, sSigns: cute.Tensor, sMean: cute.Tensor, tidx: Int32):
         """x = (x - mean) * sign per channel (smoothing, then the rotation's random signs / K's -1)."""
         for j in cutlass.range_constexpr(SLOTS):
-            c0 = self.smem_chunk_of(tidx, j) * VEC
+            c0 = self.chunk_of(tidx, j) * VEC
             sign = cute.make_rmem_tensor(VEC, Float32)
             cute.autovec_copy(cute.local_tile(sSigns, (VEC,), (c0 // VEC,)), sign)
             if const_expr(self.cfg.smooth):
@@ -1045,7 +969,7 @@ class QuantPass:
         acc = Float32(0.0)
         for j in cutlass.range_constexpr(SLOTS):
             mean = cute.make_rmem_tensor(VEC, Float32)
-            cute.autovec_copy(cute.local_tile(sMean, (VEC,), (self.smem_chunk_of(tidx, j),)), mean)
+            cute.autovec_copy(cute.local_tile(sMean, (VEC,), (self.chunk_of(tidx, j),)), mean)
             for i in cutlass.range_constexpr(VEC):
                 acc = _fma(x[i, j], mean[i], acc)
         for b in cutlass.range_constexpr(self.lanes.bit_length() - 1):
@@ -1076,27 +1000,8 @@ class QuantPass:
                         x[i, j + h] = a - c
 
     @cute.jit
-    def fwht_exchanged(self, x: cute.Tensor, lane: Int32):
-        """``fwht_exchange``: ``fwht``'s stages on the same pairs in the same order, none across lanes. The thread
-        holds chunks ``exchange_chunk_in`` (4 lane + (slot ^ lane)): h = 1 .. 8 inside a chunk, h = 16, 32 between
-        its slots k, k ^ (h / 16) (``pair_stage``); then slot k is swapped with lane lane ^ (k % L) (same slot;
-        ``exchange_partner``), and h = 64 (.. 128 at L = 4) pair its slots again (chunks ``exchange_chunk_out``)."""
-        L = self.lanes
-        bits = L.bit_length() - 1
-        self.chunk_stages(x)  # h = 1, 2, 4, 8: inside a chunk
-        for b in cutlass.range_constexpr(2):  # h = 16, 32: slot bit b (XOR lane bit b while b < log2 L)
-            self.pair_stage(x, lane, b, b < bits)
-        for j in cutlass.range_constexpr(1, SLOTS):  # the exchange: slot j with lane ^ (j % L)
-            if const_expr(j & (L - 1) != 0):
-                for i in cutlass.range_constexpr(VEC):
-                    x[i, j] = cute.arch.shuffle_sync_bfly(x[i, j], offset=j & (L - 1))
-        for b in cutlass.range_constexpr(bits):  # h = 64 (, 128): slot bit b, XOR lane bit b
-            self.pair_stage(x, lane, b, True)
-
-    @cute.jit
     def chunk_stages(self, x: cute.Tensor):
-        """The FWHT stages h = 1, 2, 4, 8 inside each of the thread's 16-channel chunks (``fwht`` and
-        ``fwht_exchanged`` alike)."""
+        """The FWHT stages h = 1, 2, 4, 8 inside each of the thread's 16-channel chunks (``fwht``'s first four)."""
         for j in cutlass.range_constexpr(SLOTS):
             for b in cutlass.range_constexpr(4):
                 h = 1 << b
@@ -1107,68 +1012,20 @@ class QuantPass:
                         x[i + h, j] = a - c
 
     @cute.jit
-    def pair_stage(self, x: cute.Tensor, lane: Int32, b: int, by_lane: bool):
-        """One FWHT stage between slots k and k ^ 2^b (k's bit b clear). by_lane: slot k holds the pair's lower
-        channel where lane's bit b is 0, its upper one where it is 1; with s = +-1 (1 - 2 bit), slot k gets
-        fma(x_k, s, x_k') and slot k' fma(x_k', -s, x_k): a + b and a - b, each one float32 rounding of the same exact
-        sum as ``fwht``'s (x - y is x + (-y); s x is exact). Otherwise slot k holds the lower one: a + b, a - b."""
-        h = 1 << b
-        s = Float32(1.0) - Float32(2.0) * Float32(lane >> b & 1)
-        for j in cutlass.range_constexpr(SLOTS):
-            if const_expr((j & h) == 0):
-                for i in cutlass.range_constexpr(VEC):
-                    a, c = x[i, j], x[i, j + h]
-                    if const_expr(by_lane):
-                        x[i, j] = _fma(a, s, c)
-                        x[i, j + h] = _fma(c, -s, a)
-                    else:
-                        x[i, j] = a + c
-                        x[i, j + h] = a - c
-
-    @cute.jit
     def e4m3_slots(self, x: cute.Tensor, tidx: Int32) -> cute.Tensor:
-        """The thread's values as e4m3 (saturating), (VEC, SLOTS), slot j = chunk ``out_chunk_of(tidx, j)``. With
-        ``fwht_exchange`` slot d is taken from slot ``exchange_store_slot`` = tau(d) ^ lane of the exchanged values:
-        per lane bit b, 32-bit words of slots k, k ^ 2^b swapped where the bit is 1 (w ^ ((w ^ w') & mask), one LOP3
-        each), then the static tau."""
+        """The thread's values as e4m3 (saturating), (VEC, SLOTS), slot j = chunk ``chunk_of(tidx, j)``."""
         y8 = cute.make_rmem_tensor(cute.make_layout((VEC, SLOTS)), cutlass.Float8E4M3FN)
         y8.store(x.load().to(cutlass.Float8E4M3FN))
-        if const_expr(not self.cfg.fwht_exchange):
-            return y8
-        L = self.lanes
-        lane = tidx % L
-        w = cute.recast_tensor(y8, Int32)  # (4, SLOTS): 16 e4m3 bytes of slot j = w[None, j]
-        W = VEC // 4
-        for b in cutlass.range_constexpr(L.bit_length() - 1):
-            h = 1 << b
-            mask = Int32(0) - (lane >> b & 1)
-            for j in cutlass.range_constexpr(SLOTS):
-                if const_expr((j & h) == 0):
-                    for r in cutlass.range_constexpr(W):
-                        a, c = w[r, j], w[r, j + h]
-                        t = (a ^ c) & mask
-                        w[r, j] = a ^ t
-                        w[r, j + h] = c ^ t
-        out = cute.make_rmem_tensor(cute.make_layout((VEC, SLOTS)), cutlass.Float8E4M3FN)
-        o = cute.recast_tensor(out, Int32)
-        for d in cutlass.range_constexpr(SLOTS):
-            src = exchange_store_slot(L, 0, d)  # tau(d); the lane's XOR is the selects above
-            for r in cutlass.range_constexpr(W):
-                o[r, d] = w[r, src]
-        return out
+        return y8
 
     @cute.jit
     def block_max(self, v: Float32, red: cute.Tensor, parity: Int32, tidx: Int32) -> Float32:
         """max of v over the CTA: warp butterfly, then the warps' maxima through shared memory (buffer
-        ``parity``: consecutive blocks alternate, so one barrier per block suffices). ``one_barrier``: each thread
-        first waits for the next item's cp.async group, so the barrier also publishes the next item's stage (and
-        K mean), and certifies every read of this item's stage done (its refill follows in the next iteration)."""
+        ``parity``: consecutive blocks alternate, so one barrier per block suffices)."""
         for b in cutlass.range_constexpr(5):
             v = cute.arch.fmax(v, cute.arch.shuffle_sync_bfly(v, offset=16 >> b))
         if tidx % 32 == 0:
             red[tidx // 32, parity] = v
-        if const_expr(self.cfg.one_barrier):
-            cute.arch.cp_async_wait_group(self.cfg.stages - 2)  # the next item's group (S - 1 ahead, one newer)
         cute.arch.barrier()
         out = red[0, parity]
         for w in cutlass.range_constexpr(1, self.num_threads // 32):
@@ -1229,7 +1086,7 @@ class QuantPass:
         tok = tile * self.cfg.rows + self.token_of(tidx, 0)
         if tok < mY.shape[1]:
             for j in cutlass.range_constexpr(SLOTS):
-                dst = cute.local_tile(mY[batch, tok, head, None], (VEC,), (self.out_chunk_of(tidx, j),))
+                dst = cute.local_tile(mY[batch, tok, head, None], (VEC,), (self.chunk_of(tidx, j),))
                 cute.copy(atom, cute.zipped_divide(y8[None, j], (VEC,)), cute.zipped_divide(dst, (VEC,)))
 
     @cute.jit
@@ -1420,9 +1277,7 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
                     head_major: bool = False, k_count: torch.Tensor | None = None,
                     k_mean_out: torch.Tensor | None = None, staged_mean: bool = False,
                     k_sample_tokens: int | None = None, staged_store: bool = False,
-                    occupancy: bool = False, late_count: bool = False,
-                    fwht_exchange: bool = False, one_barrier: bool = False,
-                    k_once: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                    occupancy: bool = False, late_count: bool = False, k_once: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """One tensor through the pass: (e4m3 data (like x, or v_t for role "v"), descale (B, H, T) float32).
 
     x: (B, N, H, D) float16 / bfloat16 CUDA; block: rows per scale block; signs: float32 (D,) on x's device
@@ -1443,10 +1298,7 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
     stored through the stage just read (``PassConfig.staged_store``; not in mode "amax"). occupancy (role "qk"):
     the CTAs per SM and stages of ``OCCUPANCY`` for (head_dim, block) where it has an entry (``PassConfig.min_ctas``;
     stages at most the given ones). late_count (with k_count): the fused mean's K blocks counted after each CTA's loop
-    (``PassConfig.late_count``; the same mean bit for bit). fwht_exchange (role "qk", rotate, coalesced, head_dim
-    128 / 256; ignored otherwise): the Hadamard's cross-lane stages after a lane exchange (``PassConfig.fwht_exchange``;
-    the same e4m3 bytes and descales). one_barrier (role "qk", coalesced, no staged store; ignored otherwise): one
-    barrier per block (``PassConfig.one_barrier``; the same outputs). k_once (role "qk", with mean, k_parts
+    (``PassConfig.late_count``; the same mean bit for bit). k_once (role "qk", with mean, k_parts
     (B, H, T, D) float32 scratch, k_count (B * H,) int32 zeros, coalesced, staged_mean): K's mean summed in this launch
     and written into ``mean`` before its blocks are quantised (``PassConfig.k_once``; the caller zeroes ``mean`` when
     B * N * H = 0; T < 2^(31 - ONCE_BITS))."""
@@ -1500,9 +1352,6 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
                          k_sample=kmean and k_sample_tokens is not None,
                          staged_store=staged_store and coalesced and role == "qk" and mode != "amax"
                          and block % 32 == 0, min_ctas=min_ctas, late_count=late_count and fused and kmean,
-                         fwht_exchange=fwht_exchange and role == "qk" and rotate and coalesced and D > 64,
-                         one_barrier=one_barrier and role == "qk" and coalesced and not (
-                             staged_store and mode != "amax" and block % 32 == 0) and not k_once,
                          k_once=k_once)
         fn, ctas = _pass(dev, x.dtype, D, cfg)
         # k_once: a grid no larger than what is resident (``_pass``: SMs x CTAs per SM), or it may deadlock
@@ -1573,8 +1422,7 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Co
     if pipe == "v3":
         common.update(coalesced=V3_COALESCED, head_major=V3_HEAD_MAJOR)
         smooth_common = dict(common, staged_mean=V3_STAGED_MEAN and V3_COALESCED)  # it rides on coalesced stages
-        qk_common = dict(smooth_common, staged_store=staged_store_for(D) and V3_COALESCED, occupancy=V3_OCCUPANCY,
-                         fwht_exchange=V3_FWHT_EXCHANGE, one_barrier=V3_ONE_BARRIER)
+        qk_common = dict(smooth_common, staged_store=staged_store_for(D) and V3_COALESCED, occupancy=V3_OCCUPANCY)
     else:
         smooth_common = qk_common = common
     # v2 launches V's pass first (plain launch), then K's and Q's with programmatic dependent launch, whose

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 __all__ = ["VEC", "SLOTS", "piece_swizzle", "thread_token", "thread_chunk", "stage_piece", "store_pitch",
            "store_swizzle", "store_unit", "store_map", "k_sum_group", "k_parts_per_block", "stage_load",
-           "k_sample_item", "k_sample_slot", "late_first", "late_item", "exchange_chunk_in", "exchange_chunk_out",
-           "exchange_partner", "exchange_store_slot", "exchange_piece", "exchange_pos", "once_lag", "once_total",
-           "once_item", "once_window"]
+           "k_sample_item", "k_sample_slot", "late_first", "late_item", "once_lag", "once_total", "once_item",
+           "once_window"]
 
 VEC = 16  # contiguous channels per slot: two 16-byte loads of 16-bit input, one 16-byte e4m3 store
 SLOTS = 4  # slots per thread: 4 chunks of one token (Q / K) or one chunk of 4 tokens (V)
@@ -167,64 +166,6 @@ def late_item(first, grid, threads: int, rnd, tidx):
     (the CTA's K items first, first + grid, ... dealt to its ``threads`` threads, ``threads`` per round); the caller
     skips items >= the launch's total."""
     return first + (rnd * threads + tidx) * grid
-
-
-# ------------------------------------------------------------------------------------------------------------------
-# The lane exchange of Q's / K's Hadamard (``PassConfig.fwht_exchange``, head_dim 128 / 256: L = head_dim / 64 > 1
-# lanes per token). Channel c of a token = 16 chunk + i (i < 16). Default: slot k of lane l holds chunk l + L k, so
-# the FWHT's stages h = 16 .. 8 L pair values of different lanes (a shuffle and an FMA per value and stage). With the
-# exchange, lane l first holds the chunks 4 l + (k ^ l) (``exchange_chunk_in``: its channels l * 64 .. l * 64 + 63,
-# slot bits XOR the lane bits), so the stages h = 1 .. 32 are all in its registers (h = 16, 32 pair slots k, k ^ h/16:
-# lane-dependent which one is the lower channel, taken by an FMA with a per-lane sign); then slot k goes to lane
-# l ^ (k % L) into the same slot (``exchange_partner``: one shfl.bfly per value of a slot with k % L != 0, 48 / 32 per
-# thread at head_dim 256 / 128 instead of 128 / 64 shuffles + as many FMAs); the thread then holds chunk
-# ``exchange_chunk_out``: the stages h = 64 (.. 128) pair its slots again. Its e4m3 bytes are the default thread's
-# (same token, same channels) in other slots: ``exchange_store_slot`` says which slot holds the default's slot d
-# (a select by the lane's bits on the packed bytes, then the default's stores).
-# ------------------------------------------------------------------------------------------------------------------
-def exchange_chunk_in(lanes: int, lane, slot: int):
-    """Chunk (16 channels) of slot ``slot`` of lane ``lane`` (< lanes) before the exchange: 4 lane + (slot ^ lane)
-    (``SLOTS`` = 4; at lanes 1 the default's chunk). Works on ints and Int32."""
-    return SLOTS * lane + (slot ^ lane)
-
-
-def exchange_partner(lanes: int, lane, slot: int):
-    """The lane whose slot ``slot`` this lane's slot ``slot`` is swapped with: lane ^ (slot % lanes) (itself for
-    slot % lanes == 0: no shuffle)."""
-    return lane ^ (slot & (lanes - 1))
-
-
-def exchange_chunk_out(lanes: int, lane, slot: int):
-    """Chunk of slot ``slot`` of lane ``lane`` after the exchange: the partner's slot's chunk before it,
-    4 (lane ^ e) + (slot ^ lane ^ e), e = slot % lanes."""
-    e = slot & (lanes - 1)
-    return SLOTS * (lane ^ e) + (slot ^ lane ^ e)
-
-
-def exchange_store_slot(lanes: int, lane, d: int):
-    """The slot that holds, after the exchange, the default thread's slot d (chunk lane + lanes d): tau(d) ^ lane with
-    tau the identity at lanes 1 / 4 and the swap of d's two bits at lanes 2."""
-    tau = ((d & 1) << 1) | (d >> 1) if lanes == 2 else d
-    return tau ^ lane
-
-
-def exchange_piece(lanes: int, head_dim: int, tidx, slot: int, half: int):
-    """Where a thread reads half ``half`` of its slot in a coalesced stage with the exchange (``stage_piece``'s
-    counterpart): piece q = 2 ``exchange_chunk_in`` + half of its token at q ^ ``piece_swizzle``; written as
-    token * head_dim / 8 + 8 lane + (c ^ h), c = 2 slot + half (compile-time), h = 2 lane ^ mask (one register),
-    the same number since 2 (slot ^ lane) + half = c ^ 2 lane and the mask < 8."""
-    P = head_dim // 8
-    row, lane = tidx // lanes, tidx % lanes
-    h = (2 * lane) ^ piece_swizzle("qk", lanes, row)
-    return row * P + 8 * lane + ((2 * slot + half) ^ h)
-
-
-def exchange_pos(channel):
-    """Where channel ``channel`` of the signs / K's mean sits in shared memory with the exchange: chunk c = channel /
-    16 at 4 (c / 4) + (c % 4 ^ c / 4), so that slot j of lane l (chunk ``exchange_chunk_in``) reads position 4 l + j:
-    one base address per thread plus constant offsets. An involution on chunks; 4-channel groups stay contiguous."""
-    c = channel >> 4
-    return ((SLOTS * (c >> 2) + ((c & 3) ^ (c >> 2))) << 4) | (channel & 15)
 
 
 # ------------------------------------------------------------------------------------------------------------------
