@@ -8,8 +8,7 @@ Per shape, pipeline ("v1": one launch per tensor, one block of loads in flight p
 coalesced loads through a swizzled shared-memory stage and the blocks walked head fastest; "v3s": v3 with K's
 mean staged with each block's loads, ``quant_kernel.V3_STAGED_MEAN``; "v3sf": v3s with K's mean finished in V's
 launch, ``V3_FUSED_MEAN``; "v3ss": v3s with Q's / K's e4m3 stored through shared memory, ``V3_STAGED_STORE``;
-"v3so": v3s with more CTAs per SM for the Q / K passes, ``V3_OCCUPANCY``; "v3sso": both; "v3sfo": v3s with the
-fused mean for a sampled mean only (``V3_FUSED_SAMPLED_MEAN``) and ``V3_OCCUPANCY``; "def": the current default
+"v3sfs": v3s with the fused mean for a sampled mean only (``V3_FUSED_SAMPLED_MEAN``); "def": the current default
 (staged mean on, staged store at head_dim 64 only, the rest off); "deff": def with the fused mean counted per K block
 (``V3_FUSED_MEAN``); "defl": def with the fused mean counted after each CTA's loop (``V3_FUSED_MEAN_LATE``);
 "defo": def with K read once from DRAM (``V3_K_ONCE``: K's own launch sums and
@@ -204,14 +203,13 @@ class Timer:
 
 # --pipelines label -> (quant_kernel pipeline, quant_kernel switches set for it)
 # ("v3": the staged mean off, as measured before it became the default in session 6; "v3s": on)
-_V3S = {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": False, "V3_OCCUPANCY": False, "V3_FUSED_SAMPLED_MEAN": False}
+_V3S = {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": False, "V3_FUSED_SAMPLED_MEAN": False}
 PIPES = {"v1": ("v1", {}), "v2": ("v2", {}), "v3": ("v3", {"V3_STAGED_MEAN": False}),
          "v3s": ("v3", _V3S), "v3sf": ("v3", {**_V3S, "V3_FUSED_MEAN": True}),
-         "v3ss": ("v3", {**_V3S, "V3_STAGED_STORE": True}), "v3so": ("v3", {**_V3S, "V3_OCCUPANCY": True}),
-         "v3sso": ("v3", {**_V3S, "V3_STAGED_STORE": True, "V3_OCCUPANCY": True}),
-         "v3sfo": ("v3", {**_V3S, "V3_FUSED_SAMPLED_MEAN": True, "V3_OCCUPANCY": True})}
+         "v3ss": ("v3", {**_V3S, "V3_STAGED_STORE": True}),
+         "v3sfs": ("v3", {**_V3S, "V3_FUSED_SAMPLED_MEAN": True})}
 # session 8: the current default as it is (the staged store's auto rule included) and the two fused means beside it
-_DEF = {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": None, "V3_OCCUPANCY": False, "V3_FUSED_SAMPLED_MEAN": False,
+_DEF = {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": None, "V3_FUSED_SAMPLED_MEAN": False,
         "V3_FUSED_MEAN": False, "V3_FUSED_MEAN_LATE": False, "V3_K_ONCE": False}
 PIPES.update({"def": ("v3", _DEF), "deff": ("v3", {**_DEF, "V3_FUSED_MEAN": True}),
               "defl": ("v3", {**_DEF, "V3_FUSED_MEAN_LATE": True}),

@@ -1,7 +1,7 @@
 """Compile every pass of the FP8 quantisation pass that tests/test_fp8_quant_kernel.py and
 scripts/fp8_quant_bandwidth.py use, in parallel processes, into the disk compile cache (on the GPU host).
 
-    source .gpu/env.sh && python3 scripts/quant_precompile.py [--jobs 14] [--plan] [--set quant6] [--unique]
+    source .gpu/env.sh && python3 scripts/quant_precompile.py [--jobs 14] [--plan] [--set quant8] [--unique]
 
 One task per (pipeline, dtype, head_dim, recipe): a tiny ``quant_kernel.quantize`` call (softmax_scale None
 and -0.3) on the GPU, which compiles what that recipe launches (the stage count depends on the device, so
@@ -25,8 +25,8 @@ HEAD_DIMS = (64, 128, 256)
 
 def tasks(which: str = "quant3") -> list[tuple[str, str, int, str]]:
     """(pipeline, dtype, head_dim, recipe): the superset of the test matrix (CASES) and the bandwidth script
-    (which "quant3"), or what scripts/quant4_gpu.sh / quant5_gpu.sh / quant6_gpu.sh run (which "quant4" / "quant5" /
-    "quant6": v3 as default, with and without the staged store, V3_STAGED_STORE; quant6 also with V3_OCCUPANCY), or
+    (which "quant3"), or what scripts/quant4_gpu.sh / quant5_gpu.sh run (which "quant4" / "quant5":
+    v3 as default, with and without the staged store, V3_STAGED_STORE), or
     scripts/quant8_gpu.sh's (which "quant8": the current default, + V3_FUSED_MEAN, + V3_FUSED_MEAN_LATE), or
     scripts/quant10_gpu.sh's (which "quant10":
     the current default and + V3_K_ONCE with 2 / 3 stages, the default recipe at D 64 / 128 / 256)."""
@@ -36,13 +36,6 @@ def tasks(which: str = "quant3") -> list[tuple[str, str, int, str]]:
         out = [("v3", "bf16", d, f"{r}+{knob}") for d in HEAD_DIMS for r in ("default", "sampled8")
                for knob in QUANT8_KNOBS]
         return out + [("v3", "bf16", 128, f"head-smooth+{knob}") for knob in QUANT8_KNOBS]  # the "amax" launch
-    if which == "quant6":  # the occupancy switch changes head_dim 64 / 128 only (``quant_kernel.OCCUPANCY``)
-        recipes = ("default", "no-smooth", "head-smooth", "sampled8")
-        out = [("v3", "bf16", d, f"{r}+{knob}") for d in HEAD_DIMS for r in recipes
-               for knob in ("default6", "stagedstore6", "occupancy") if d != 256 or knob != "occupancy"]
-        # both switches: the bandwidth rows only
-        out += [("v3", "bf16", d, f"{r}+occupancy+stagedstore") for d in (64, 128) for r in ("default", "sampled8")]
-        return out + [("v3", "bf16", d, "sampled8+fused6") for d in HEAD_DIMS]  # V's launch with the fused mean
     if which == "quant5":
         recipes = ("default", "no-smooth", "head-smooth", "sampled8")
         return [("v3", "bf16", d, f"{r}+{knob}") for d in HEAD_DIMS for r in recipes for knob in QUANT5_KNOBS]
@@ -79,14 +72,8 @@ ABLATION_KNOBS = {"unstaged": _UNSTAGED, "nocoalesced": {**_UNSTAGED, "V3_COALES
 # --set quant5: the current default (staged mean on) and the staged store on top (not ablation rows of quant3)
 QUANT5_KNOBS = {"default": {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": False},
                 "stagedstore": {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": True}}
-# --set quant6: the current default, more CTAs per SM (V3_OCCUPANCY), the staged store, both, the fused mean
-_Q6 = {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": False, "V3_OCCUPANCY": False}
-QUANT6_KNOBS = {"default6": _Q6, "occupancy": {**_Q6, "V3_OCCUPANCY": True},
-                "stagedstore6": {**_Q6, "V3_STAGED_STORE": True},
-                "occupancy+stagedstore": {**_Q6, "V3_OCCUPANCY": True, "V3_STAGED_STORE": True},
-                "fused6": {**_Q6, "V3_FUSED_MEAN": True}}
 # --set quant8: the current default as it is (staged store auto), the fused mean per K block, and counted late
-_Q8 = {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": None, "V3_OCCUPANCY": False, "V3_FUSED_SAMPLED_MEAN": False,
+_Q8 = {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": None, "V3_FUSED_SAMPLED_MEAN": False,
        "V3_FUSED_MEAN": False, "V3_FUSED_MEAN_LATE": False}
 QUANT8_KNOBS = {"default8": _Q8, "fused8": {**_Q8, "V3_FUSED_MEAN": True},
                 "late8": {**_Q8, "V3_FUSED_MEAN": True, "V3_FUSED_MEAN_LATE": True}}
@@ -113,7 +100,7 @@ def run(task: tuple[str, str, int, str]) -> str:
 
     pipeline, dtype, d, recipe = task
     recipe, _, knob = recipe.partition("+")  # knob: one of the KNOBS names (may hold a "+")
-    knobs = {**ABLATION_KNOBS, **QUANT5_KNOBS, **QUANT6_KNOBS, **QUANT8_KNOBS, **QUANT10_KNOBS}.get(knob, {})
+    knobs = {**ABLATION_KNOBS, **QUANT5_KNOBS, **QUANT8_KNOBS, **QUANT10_KNOBS}.get(knob, {})
     saved = {name: getattr(quant_kernel, name) for name in knobs}
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     t0 = time.perf_counter()
@@ -171,7 +158,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=14)
     parser.add_argument("--plan", action="store_true", help="list the tasks and exit (no GPU needed)")
     parser.add_argument("--set", default="quant3",
-                        choices=("quant3", "quant4", "quant5", "quant6", "quant8", "quant10"),
+                        choices=("quant3", "quant4", "quant5", "quant8", "quant10"),
                         help="which script's passes (default quant3)")
     parser.add_argument("--unique", action="store_true",
                         help="record the tasks' passes first (no compile), then compile each distinct pass once")

@@ -7,8 +7,7 @@ fused mean adds a cross-CTA counter, the staged mean (``V3_STAGED_MEAN``) a per-
 cp.async and by the prologue's plain stores, the sampled mean (``FP8Config(smooth_k_blocks=2)``) V's launch over
 K's sample tiles, the staged store (``V3_STAGED_STORE``) Q's / K's e4m3 through the stage just read: racecheck /
 synccheck look at those. Sets: "quant3" (default): v3 and v3 + fused mean; "quant4": v3 + staged mean, + the sampled
-mean, + the fused mean over the sample; "quant5": the staged store, default and sampled recipes; "quant6": more CTAs
-per SM (``V3_OCCUPANCY``), alone and with the staged store, default and sampled recipes, D 64 / 128 only; "quant8": the
+mean, + the fused mean over the sample; "quant5": the staged store, default and sampled recipes; "quant8": the
 fused mean counted after each CTA's loop (``V3_FUSED_MEAN_LATE``; a shared-memory list of the heads a CTA finishes),
 exact and sampled mean, the launch cut to 2 CTAs (``GRID_CAP``: several heads per CTA), D 64 / 128; "quant10": K
 read once (``V3_K_ONCE``: the sums' shared-memory buffer and ticket, the poll's slot), the launch cut to 16 and to 2
@@ -23,7 +22,7 @@ def main() -> int:
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--set", default="quant3", choices=("quant3", "quant4", "quant5", "quant6", "quant8",
+    parser.add_argument("--set", default="quant3", choices=("quant3", "quant4", "quant5", "quant8",
                                                                    "quant10"))
     args = parser.parse_args()
     import torch
@@ -42,10 +41,6 @@ def main() -> int:
                 "quant5": [("staged_store", {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": True}, FP8Config(), 257),
                            ("staged_store+sampled2", {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": True},
                             FP8Config(smooth_k_blocks=2), 1100)],
-                "quant6": [("occupancy", {"V3_STAGED_MEAN": True, "V3_OCCUPANCY": True}, FP8Config(), 257),
-                           ("occupancy+staged_store+sampled2", {"V3_STAGED_MEAN": True, "V3_OCCUPANCY": True,
-                                                                "V3_STAGED_STORE": True},
-                            FP8Config(smooth_k_blocks=2), 1100)],
                 "quant8": [("fused_mean_late", {"V3_STAGED_MEAN": True, "V3_FUSED_MEAN_LATE": True, "GRID_CAP": 2},
                             FP8Config(), 257),
                            ("fused_mean_late+sampled2", {"V3_STAGED_MEAN": True, "V3_FUSED_MEAN_LATE": True,
@@ -60,9 +55,9 @@ def main() -> int:
     for label, knobs, config, nk in variants[args.set]:
         for name, value in knobs.items():
             setattr(qk, name, value)
-        # quant6: the occupancy switch changes head_dim 64 / 128 only (``quant_kernel.OCCUPANCY``); quant8: two
+        # quant8: two
         # head_dims keep racecheck (one small case per recipe) short
-        dims = {"quant6": (64, 128), "quant8": (64, 128), "quant10": (64, 256)}
+        dims = {"quant8": (64, 128), "quant10": (64, 256)}
         for d in dims.get(args.set, qk.HEAD_DIMS):
             g = torch.Generator(device="cuda").manual_seed(d)
             q = torch.randn(2, 300, 8, d, device="cuda", generator=g).to(torch.bfloat16)

@@ -559,36 +559,6 @@ def test_compiles_k_once(arch, head_dim, stages):
             dataclasses.replace(once, **bad).check(head_dim)
 
 
-# the passes the default recipe and no-smooth launch at OCCUPANCY's (head_dim, rows): K at 64 (192 rows), Q at 64 / 128
-OCCUPANCY_PASSES = [((64, 192), "k-smooth", dict(smooth=True, reverse=True, staged_mean=True)),
-                    ((64, 192), "qk-plain", dict(reverse=True)),
-                    ((64, 128), "q-shift", dict(shift=True, staged_mean=True)), ((64, 128), "qk-plain", {}),
-                    ((128, 128), "q-shift", dict(shift=True, staged_mean=True)), ((128, 128), "qk-plain", {})]
-
-
-@pytest.mark.compile
-@pytest.mark.parametrize("arch", ["sm_90a"], indirect=True)
-@pytest.mark.parametrize("key,name,extra", OCCUPANCY_PASSES, ids=[f"d{k[0]}-rows{k[1]}-{n}" for k, n, _ in
-                                                                  OCCUPANCY_PASSES])
-def test_compiles_occupancy(arch, key, name, extra):
-    """``quant_kernel.OCCUPANCY``'s passes (sm_90a) fit the CTAs per SM they ask for: registers <= 65536 / (threads x
-    CTAs), the stages' shared memory x CTAs within an SM's, and local memory at most 64 bytes (head_dim 64: none;
-    head_dim 128 Q at 80 registers: 32-56 bytes on the CPU compile of session 7), with the same 16-byte cp.async,
-    e4m3 stores, shuffles and float32 arithmetic (FADD / FMUL / FFMA / FMNMX counts) as at the default cap."""
-    head_dim, rows = key
-    ctas, stages = qk.OCCUPANCY[key]
-    cfg = qk.PassConfig(rows=rows, stages=stages, pdl=True, coalesced=True, head_major=True, min_ctas=ctas, **extra)
-    base = dataclasses.replace(cfg, min_ctas=0)
-    c, c0 = (qk.VARIANT.compiled(qk.static_config(arch, torch.bfloat16, head_dim, x)) for x in (cfg, base))
-    res = cubin.cubin_resources(c.cubin)
-    threads = rows * head_dim // 64
-    assert res["registers"] <= 65536 // (threads * ctas), res
-    assert cfg.ctas_per_sm(head_dim) == ctas and ctas * (cfg.smem_bytes(head_dim) + 1024) <= 228 * 1024, cfg
-    assert res["spill_bytes"] <= (0 if head_dim == 64 else 64), res
-    names = ("LDGSTS", "STG.E.128", "SHFL.BFLY", "F2FP", "FADD", "FMUL", "FFMA", "FMNMX")
-    assert cubin.count_sass(cubin.sass_of(c.cubin), names) == cubin.count_sass(cubin.sass_of(c0.cubin), names)
-
-
 # ------------------------------------------------------------------------------------------------ GPU
 
 
@@ -804,17 +774,6 @@ def test_v3_staged_store_bitwise(monkeypatch, head_dim, config):
     bytes, not one operation: every output equals v3's without it bit for bit (``assert_switch_bitwise``; the per-head
     baseline's "given" launch stores through the stage too, its "amax" launch stores nothing)."""
     assert_switch_bitwise(monkeypatch, "V3_STAGED_STORE", head_dim, config, 13)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("head_dim", [d for d in qk.HEAD_DIMS if any(k[0] == d for k in qk.OCCUPANCY)])
-@pytest.mark.parametrize("config", ["default", "sampled8", "no-smooth", "head-smooth"])
-def test_v3_occupancy_bitwise(monkeypatch, head_dim, config):
-    """v3 with more CTAs per SM for the Q / K passes (``V3_OCCUPANCY``: fewer registers, 2 stages where
-    ``OCCUPANCY`` says so) changes the grid, the register allocation and the prefetch depth, not one operation:
-    every output equals v3's without it bit for bit (``assert_switch_bitwise``; staged store off)."""
-    monkeypatch.setattr(qk, "V3_STAGED_STORE", False)
-    assert_switch_bitwise(monkeypatch, "V3_OCCUPANCY", head_dim, config, 17)
 
 
 @pytest.mark.gpu

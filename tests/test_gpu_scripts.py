@@ -411,18 +411,12 @@ def test_fp8_quant_bandwidth_ab_and_quant5_sets():
     text = bw.ab_lines(rows, "v3s", "v3ss")
     assert "  D=64        default   0.900" in text and "AB v3ss/v3s: worst 1.010 (D=128 default), best 0.900" in text
     assert text.endswith("all matched: True")
-    off = {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": False, "V3_OCCUPANCY": False, "V3_FUSED_SAMPLED_MEAN": False}
+    off = {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": False, "V3_FUSED_SAMPLED_MEAN": False}
     assert bw.PIPES["v3ss"] == ("v3", {**off, "V3_STAGED_STORE": True})
-    assert bw.PIPES["v3so"] == ("v3", {**off, "V3_OCCUPANCY": True})
-    assert bw.PIPES["v3sfo"] == ("v3", {**off, "V3_FUSED_SAMPLED_MEAN": True, "V3_OCCUPANCY": True})
+    assert bw.PIPES["v3sfs"] == ("v3", {**off, "V3_FUSED_SAMPLED_MEAN": True})
     pre = load_script("quant_precompile")
     tasks = pre.tasks("quant5")
     assert len(tasks) == len(set(tasks)) == 24 and ("v3", "bf16", 64, "sampled8+stagedstore") in tasks
-    # quant6: occupancy at head_dim 64 / 128 only, every knob a known switch set, V's fused-mean launch once per D
-    tasks = pre.tasks("quant6")
-    assert len(tasks) == len(set(tasks)) == 39 and ("v3", "bf16", 64, "sampled8+occupancy+stagedstore") in tasks
-    assert not [t for t in tasks if t[2] == 256 and "occupancy" in t[3]]
-    assert all(t[3].partition("+")[2] in pre.QUANT6_KNOBS for t in tasks)
 
 
 def test_quant8_sets_and_pass_shares():
@@ -431,7 +425,7 @@ def test_quant8_sets_and_pass_shares():
     default, sampled8 x three head_dims, head-smooth at 128; every knob a known switch set), the sanitizer's set, and
     the per-pass % of copy read from a breakdown (each launch's bytes / its us; the torch sum's us alone)."""
     bw = load_script("fp8_quant_bandwidth")
-    base = {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": None, "V3_OCCUPANCY": False, "V3_FUSED_SAMPLED_MEAN": False,
+    base = {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": None, "V3_FUSED_SAMPLED_MEAN": False,
             "V3_FUSED_MEAN": False, "V3_FUSED_MEAN_LATE": False, "V3_K_ONCE": False}
     assert bw.PIPES["def"] == ("v3", base)
     assert bw.PIPES["defl"] == ("v3", {**base, "V3_FUSED_MEAN_LATE": True})

@@ -139,11 +139,6 @@ computed (its outputs equal v2's bit for bit):
   (``store_unit``), a barrier, then thread t stores units t, t + threads, ... (``store_map``), so a warp's store is
   512 contiguous bytes of whole token rows (at head_dim 64 a thread's own 16-byte stores fill half of each 32-byte
   sector). The same bytes: outputs equal v3's bit for bit.
-* Occupancy (``V3_OCCUPANCY``, off until measured; ``PassConfig.min_ctas``, ``OCCUPANCY``): the Q / K passes at
-  head_dim 64 (K 12, Q 16 warps per SM) and Q at head_dim 128 (16) ask ptxas for more CTAs per SM (fewer registers,
-  fewer stages where shared memory needs it): 18 / 20 / 24 warps, so more warps hide the latency of each other's
-  dependent chains (the session-6 ncu at head_dim 64: 7.1 cycles per issued instruction at 23% occupancy). Same
-  operations: outputs equal v3's bit for bit.
 
 Blocks of more than ``MAX_BLOCK`` values (rows * head_dim > 32768, e.g. tile_n 256 at head_dim 256) do not
 fit one CTA's registers: ``why_not`` says so and ``quantize_fp8`` uses the torch path there, as for head_dim
@@ -215,7 +210,7 @@ V3_FUSED_MEAN = False
 #: v3: the fused mean for a sampled K mean only (``FP8Config.smooth_k_blocks``; the exact mean as V3_FUSED_MEAN says):
 #: then only the m sample tiles per head pay the release fence (quant4 on the H200, sampled8: v3 + staged + fused
 #: 63.3 / 68.5 / 55.0 / 55.6% of copy against 60.7 / 65.8 / 53.7 / 52.3% at D 64 / 128 / 256 / GQA; with the exact
-#: mean 2-3 points slower). Off until the sampled mean is the default (scripts/quant6_gpu.sh times it: "v3sfo");
+#: mean 2-3 points slower). Off until the sampled mean is the default (scripts/fp8_quant_bandwidth.py's "v3sfs");
 #: FA_VARIANTS_FP8_QUANT_FUSED_SAMPLED_MEAN=1 (read at import) turns it on
 V3_FUSED_SAMPLED_MEAN = _env.flag("FA_VARIANTS_FP8_QUANT_FUSED_SAMPLED_MEAN", False)
 #: v3: the fused mean (exact or sampled) with its counting moved after each CTA's loop (``PassConfig.late_count``):
@@ -243,16 +238,6 @@ V3_STAGED_MEAN = _env.flag("FA_VARIANTS_FP8_QUANT_STAGED_MEAN", True)
 #: so on at head_dim 64 only (None = that rule; ``staged_store_for``). FA_VARIANTS_FP8_QUANT_STAGED_STORE (read at
 #: import): auto (that rule), 1 (every head_dim), 0 (none)
 V3_STAGED_STORE: bool | None = _env.auto_flag("FA_VARIANTS_FP8_QUANT_STAGED_STORE")
-#: v3: more resident CTAs per SM for the Q / K passes whose registers allow it without spilling much
-#: (``PassConfig.min_ctas``, ptxas' register cap 65536 / (threads x CTAs)): (head_dim, rows) -> (CTAs per SM,
-#: stages). head_dim 64 K (rows 192, 192 threads): 2 CTAs at 147 registers (12 warps per SM) -> 3 at 96 (18 warps,
-#: no spill, 3 stages: 3 x 74 KB); Q (rows 128, 128 threads): 4 at 128 -> 5 at 96 (20 warps, no spill; 2 stages to
-#: fit 5 x 34 KB); head_dim 128 Q (rows 128, 256 threads): 2 at 128 -> 3 at 80 (24 warps; 32 / 56 bytes of spill
-#: without / with the LSE shift; 2 stages). The same operations: outputs bit for bit v3's. Off: H200, session 7
-#: (scripts/quant6_gpu.sh), 0.998-1.012x the pass time at head_dim 64, 1.07-1.10x at 128 (bench/NOTES.md);
-#: FA_VARIANTS_FP8_QUANT_OCCUPANCY=1 (read at import) turns it on
-V3_OCCUPANCY = _env.flag("FA_VARIANTS_FP8_QUANT_OCCUPANCY", False)
-OCCUPANCY = {(64, 192): (3, 3), (64, 128): (5, 2), (128, 128): (3, 2)}
 #: tests only: at most this many CTAs per launch (None: the persistent grid), so that small inputs give a CTA many
 #: work items (``late_count``'s rounds: more K blocks per CTA than threads; several heads finished by one CTA)
 GRID_CAP: int | None = None
@@ -302,8 +287,8 @@ class PassConfig:
     rows: tokens per scale block (``layout.TILE_M`` for Q, ``layout.tile_n(head_dim)`` for K and V);
     shift (Q with K smoothing): also write ``scale * q . mean`` per row (``quantize.smoothing_lse_shift``);
     staged_store (role "qk", coalesced, rows % 32 == 0): the e4m3 bytes stored through the stage just read
-    (``store_qk_staged``); min_ctas: CTAs per SM asked of ptxas (0: 512 threads at 128 registers; ``min_blocks``);
-    late_count (with fused_mean): K's blocks counted after the CTA's loop, not per block (``count_late``)."""
+    (``store_qk_staged``); late_count (with fused_mean): K's blocks counted after the CTA's loop, not per block
+    (``count_late``)."""
 
     role: str = "qk"
     rotate: bool = True
@@ -321,7 +306,6 @@ class PassConfig:
     staged_mean: bool = False
     k_sample: bool = False
     staged_store: bool = False
-    min_ctas: int = 0
     late_count: bool = False
     k_once: bool = False
 
@@ -349,8 +333,6 @@ class PassConfig:
                                       and self.rows % 32 == 0):
             raise ValueError("fp8-quant: the staged store writes Q's / K's e4m3 through a coalesced stage (role 'qk', "
                              "coalesced, mode 'block' or 'given', rows a multiple of 32)")
-        if not 0 <= self.min_ctas <= 32:
-            raise ValueError(f"fp8-quant: min_ctas must be 0 .. 32, got {self.min_ctas}")
         if self.role == "v" and (self.rotate or self.smooth or self.shift):
             raise ValueError("fp8-quant: V is neither rotated nor smoothed")
         if self.shift and self.smooth:
@@ -383,10 +365,10 @@ class PassConfig:
         return max(2, self.stages) if self.staged_mean else 2
 
     def min_blocks(self, head_dim: int) -> int:
-        """CTAs per SM asked of ptxas (its register cap 65536 / (threads x this)): ``min_ctas``, else 512
-        resident threads at 128 registers (64 values + addresses)."""
+        """CTAs per SM asked of ptxas (its register cap 65536 / (threads x this)): 512 resident threads at 128
+        registers (64 values + addresses)."""
         threads = self.rows * head_dim // (VEC * SLOTS)
-        return self.min_ctas or max(1, 65536 // (threads * 128))
+        return max(1, 65536 // (threads * 128))
 
     def ctas_per_sm(self, head_dim: int) -> int:
         """Resident CTAs per SM: ``min_blocks`` (the registers), and the stages' shared memory."""
@@ -405,7 +387,6 @@ class QuantPass:
         self.smem_bytes = 0
         # a register cap of 128 per thread (64 values + 32 registers of prefetched 16-bit input + addresses),
         # stated to ptxas as CTAs per SM: 512 resident threads, so the host's persistent grid fills the GPU
-        # (``PassConfig.min_ctas``: more CTAs per SM at fewer registers)
         self.min_blocks = cfg.min_blocks(head_dim)
         self.sums_len = (cfg.once_sums_len(head_dim) if cfg.k_once else self.num_threads if cfg.fused_mean else 4)
 
@@ -1277,7 +1258,7 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
                     head_major: bool = False, k_count: torch.Tensor | None = None,
                     k_mean_out: torch.Tensor | None = None, staged_mean: bool = False,
                     k_sample_tokens: int | None = None, staged_store: bool = False,
-                    occupancy: bool = False, late_count: bool = False, k_once: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                    late_count: bool = False, k_once: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """One tensor through the pass: (e4m3 data (like x, or v_t for role "v"), descale (B, H, T) float32).
 
     x: (B, N, H, D) float16 / bfloat16 CUDA; block: rows per scale block; signs: float32 (D,) on x's device
@@ -1295,9 +1276,8 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
     with coalesced only, ignored otherwise). k_sample_tokens (with k_of, not the fused mean): K's sums over
     ``quantize.k_sample_tiles`` only, m = k_parts.shape[2] / k_parts_per_block(block) tiles, covering this many tokens
     (``PassConfig.k_sample``; m * cdiv(N, block) < 2^31). staged_store (role "qk", with coalesced): the e4m3 bytes
-    stored through the stage just read (``PassConfig.staged_store``; not in mode "amax"). occupancy (role "qk"):
-    the CTAs per SM and stages of ``OCCUPANCY`` for (head_dim, block) where it has an entry (``PassConfig.min_ctas``;
-    stages at most the given ones). late_count (with k_count): the fused mean's K blocks counted after each CTA's loop
+    stored through the stage just read (``PassConfig.staged_store``; not in mode "amax"). late_count (with k_count):
+    the fused mean's K blocks counted after each CTA's loop
     (``PassConfig.late_count``; the same mean bit for bit). k_once (role "qk", with mean, k_parts
     (B, H, T, D) float32 scratch, k_count (B * H,) int32 zeros, coalesced, staged_mean): K's mean summed in this launch
     and written into ``mean`` before its blocks are quantised (``PassConfig.k_once``; the caller zeroes ``mean`` when
@@ -1306,10 +1286,6 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
     T_blocks = -(-N // block)
     x = interop.aligned(x)
     dev = x.device
-    min_ctas = 0
-    if occupancy and role == "qk" and (D, block) in OCCUPANCY and stages > 1:
-        min_ctas, most = OCCUPANCY[D, block]
-        stages = min(stages, most)
     stages = stages_for(dev, D, block, stages) if stages > 1 else 1
     coalesced = coalesced and stages >= 2
     if role == "qk":
@@ -1351,7 +1327,7 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
                          staged_mean=staged_mean and coalesced and (smooth or with_shift),
                          k_sample=kmean and k_sample_tokens is not None,
                          staged_store=staged_store and coalesced and role == "qk" and mode != "amax"
-                         and block % 32 == 0, min_ctas=min_ctas, late_count=late_count and fused and kmean,
+                         and block % 32 == 0, late_count=late_count and fused and kmean,
                          k_once=k_once)
         fn, ctas = _pass(dev, x.dtype, D, cfg)
         # k_once: a grid no larger than what is resident (``_pass``: SMs x CTAs per SM), or it may deadlock
@@ -1422,7 +1398,7 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Co
     if pipe == "v3":
         common.update(coalesced=V3_COALESCED, head_major=V3_HEAD_MAJOR)
         smooth_common = dict(common, staged_mean=V3_STAGED_MEAN and V3_COALESCED)  # it rides on coalesced stages
-        qk_common = dict(smooth_common, staged_store=staged_store_for(D) and V3_COALESCED, occupancy=V3_OCCUPANCY)
+        qk_common = dict(smooth_common, staged_store=staged_store_for(D) and V3_COALESCED)
     else:
         smooth_common = qk_common = common
     # v2 launches V's pass first (plain launch), then K's and Q's with programmatic dependent launch, whose

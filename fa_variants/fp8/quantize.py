@@ -84,7 +84,7 @@ GRANULARITIES = ("block", "head", "tensor")
 #: evenly spaced K tiles (``k_sample_tiles``: the GPU pass then reads K once). FA_VARIANTS_FP8_SMOOTH_K_BLOCKS=m
 #: (0 or unset: None). On the emulation (scripts/quant6_accuracy.py, bench/NOTES.md session 7) m = 16 was within the
 #: paired noise of the exact mean on every input kind, m = 4 / 8 over all inputs but +2-3% on RoPE-biased K; the flip
-#: (NOTES' rule: 16, or 8) waits for the GPU pass's speed (scripts/quant6_gpu.sh)
+#: (NOTES' rule: 16, or 8) waits for the GPU pass's speed (scripts/fp8_quant_bandwidth.py --recipes sampled8)
 DEFAULT_SMOOTH_K_BLOCKS: int | None = (_env.integer("FA_VARIANTS_FP8_SMOOTH_K_BLOCKS", "0", 0, "K tiles; 0: every "
                                                     "token") or None)
 
