@@ -5,22 +5,23 @@
     python3 scripts/fa3_speed_ab.py --precompile 16              # the plan's kernels into the disk cache
 
 Variants are fa3's DEFAULT_CONFIGS with switches changed (``VARIANTS``): `old` is the config before issue 12's
-softmax switches (exact exponent, one serial reduction chain, O always rescaled), `new` the current default, and
+softmax switches (exact exponent, one serial reduction chain, O always rescaled; at D 256 P converted per value, the
+default before session 9), `new` the current default, and
 the structural switches of issue 12's second round (Sm90Config; the softmax switches were measured on
 2026-11-30, bench/h200-2026-11-30/session2/fa3_speed_ab.md): each alone at D = 128 (the ncu shape), and all
 of them together (`lean`) at every head dim (D = 256: without first_pv_overwrites, which spills there); issue 12's
 third round (`o-before-pv`: O rescaled under the next S GEMM, flash-attn-4's RescaleOBeforeGemm; bench/NOTES.md,
 "Issue 12, round 3"); issue 12's fourth round (bench/NOTES.md, "Issue 12, round 4":
 flash-attn-4's sm90 choices that ours lacked, and C++ FA3's); the per-tile instruction gap (`FA3GAP`: basis,
-basis-kv1, basis-256 beside pairs-256 and fa4-256; bench/NOTES.md, "Issue 12, SASS gap"); session 6's
+basis-kv1, basis-256 beside fa4-256; bench/NOTES.md, "Issue 12, SASS gap"); session 6's
 persistent grid (`PERSIST`: `persistent`, Sm90Config.persistent at D 64/128/256; scripts/persist_gpu.sh);
 session 8's O rescale under the exponentials (`ALPHA`: `alpha`, Sm90Config.alpha_first, and `alpha-noskip` at D 64;
-scripts/fa3gap8_gpu.sh); session 8's D 64 / 256 comparison (`GAP9`: `early`, Sm90Config.rescale_first at D 64, and
-`alpha-256` beside pairs-256 / fa4-256; scripts/fa3gap9_gpu.sh); session 9's exponentials on the FMA pipe (`EX2EMU`:
-`emu1` / `emu2`, Sm90Config.exp2_emu 1 / 2 at D 64; scripts/ex2emu_gpu.sh). --shapes D:N:full|causal,... picks
-shapes one by one instead.
+scripts/fa3gap8_gpu.sh); session 8's D 256 comparison (`GAP9`: `alpha-256` beside fa4-256; run in session 9 with
+pairs-256, which became the D 256 default); session 9's exponentials on the FMA pipe (`EX2EMU`: `emu1` / `emu2`,
+Sm90Config.exp2_emu 1 / 2 at D 64; scripts/ex2emu_gpu.sh). --shapes D:N:full|causal,... picks shapes one by one
+instead.
 The default run (--variants, --seqlens) is round 4's:
-old, new, pairs-256, fa4-256, n176, stages3, k-first at N 4k/16k (24 compiles, 72 entries, ~3 min on an H200); the
+old, new, fa4-256, n176, stages3, k-first at N 4k/16k; the
 earlier variants stay selectable. --peers takes the bench's peer names (flash-attn-4, sdpa-cudnn, ...) or the
 aliases cudnn / fa4 / flash; an unknown name is an error (before 2026-12-01 evening an unknown name such as
 `cudnn` ran flash-attn-4 under that label, and the SUMMARY's cuDNN column, which reads `sdpa-cudnn`, printed nan). Shapes: the
@@ -35,7 +36,8 @@ then, per shape, one of two protocols (--protocol; a comma list runs each in tur
   is the pair of cycles' times, its median over rounds and a bootstrap 95% interval are reported, and an A/A
   control (`old`'s callable timed again as entry AA) gives the noise band: a verdict "faster" / "slower" needs the
   interval to exclude 1 and the median to differ from 1 by more than the A/A band, else "same". Variants whose
-  configs are equal (old and new at D 256) are timed once and their ratio is the A/A control's, marked "A/A".
+  configs are equal (pairs-256 and new at D 256 since session 9) are timed once and their ratio is the A/A
+  control's, marked "A/A".
   The SM clock and power are read by NVML during every burst.
 - `rounds` (before 2026-12-01): each entry warmed up for --warmup-ms once per shape; --rounds rounds, each timing
   every entry once (triton do_bench median, --rep-ms), the order rotated by one entry per round; ratios are
@@ -60,7 +62,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's fa_variants, run from anywhere
 
 TOKENS, HIDDEN = 16384, 2048
-OLD = dict(exp2_ffma=False, reduce_chains=1, skip_unit_rescale=False, alpha_first=False)
+OLD = dict(exp2_ffma=False, reduce_chains=1, skip_unit_rescale=False, alpha_first=False, convert_pairs=False)
 #: name -> (head dims it runs at, changes to DEFAULT_CONFIGS[head_dim])
 LEAN = dict(shared_kv_state=True, first_pv_overwrites=True, epilogue_arrive=True)
 VARIANTS = {
@@ -75,7 +77,8 @@ VARIANTS = {
     "o-before-pv": ((64, 128, 256), dict(rescale_o_before_pv=True)),
     # issue 12, round 4 (bench/NOTES.md, "Issue 12, round 4"): flash-attn-4's D 256 choices one by one (P converted
     # in pairs; + one-FFMA exponent, 4 reduction chains and O rescaled before the P V GEMM), C++ FA3's 128 x 176
-    # tile at D 128, 3 stages, the first K tile loaded before Q
+    # tile at D 128, 3 stages, the first K tile loaded before Q. pairs-256 is the D 256 default since session 9 (equal
+    # to `new` there: timed once, as the A/A control; in no set)
     "pairs-256": ((256,), dict(convert_pairs=True)),
     "fa4-256": ((256,), dict(convert_pairs=True, exp2_ffma=True, reduce_chains=4, rescale_o_before_pv=True)),
     "n176": ((128,), dict(tile_n=176, convert_pairs=True)),
@@ -95,11 +98,9 @@ VARIANTS = {
     # without the skip (`alpha-noskip`)
     "alpha": ((64, 128), dict(alpha_first=True)),
     "alpha-noskip": ((64,), dict(alpha_first=True, skip_unit_rescale=False)),
-    # session 8, D 64 / 256 vs flash-attn-4 (bench/NOTES.md, "Session 8 (2026-12-01): fa3 vs flash-attn-4 at head_dim 64
-    # and 256"): at D 64 the P V wait and O's rescale (its unit-alpha skip branch kept) before the exponentials, so P's
-    # conversion runs under them (Sm90Config.rescale_first); at D 256 flash-attn-4's choices but O rescaled under the
-    # exponentials (alpha_first, D 128's structure) instead of before the P V GEMM (fa4-256)
-    "early": ((64,), dict(alpha_first=True, rescale_first=True)),
+    # session 8, D 256 vs flash-attn-4 (bench/NOTES.md, "Session 8 (2026-12-01): fa3 vs flash-attn-4 at head_dim 64
+    # and 256"): flash-attn-4's choices but O rescaled under the exponentials (alpha_first, D 128's structure) instead
+    # of before the P V GEMM (fa4-256)
     "alpha-256": ((256,), dict(convert_pairs=True, exp2_ffma=True, reduce_chains=4, alpha_first=True)),
     # session 9, D 64 (bench/NOTES.md, "Session 9 (2026-12-01): exp2 on the FMA pipe"): 1 / 2 of every 8 exponentials
     # of a thread's row from FMAs instead of MUFU.EX2 (Sm90Config.exp2_emu, common.exp2_poly)
@@ -107,11 +108,11 @@ VARIANTS = {
     "emu2": ((64,), dict(exp2_emu=2)),
 }
 ROUND3 = ("old", "new", "o-before-pv")
-ROUND4 = ("old", "new", "pairs-256", "fa4-256", "n176", "stages3", "k-first")
-FA3GAP = ("old", "new", "basis", "basis-kv1", "pairs-256", "fa4-256", "basis-256")
+ROUND4 = ("old", "new", "fa4-256", "n176", "stages3", "k-first")
+FA3GAP = ("old", "new", "basis", "basis-kv1", "fa4-256", "basis-256")
 PERSIST = ("old", "new", "persistent")
 ALPHA = ("old", "new", "alpha", "alpha-noskip")
-GAP9 = ("old", "new", "early", "pairs-256", "fa4-256", "alpha-256")
+GAP9 = ("old", "new", "fa4-256", "alpha-256")
 EX2EMU = ("old", "new", "emu1", "emu2")
 PEERS = ("flash-attn-4", "sdpa-cudnn")
 #: other spellings of the peers accepted by --peers (bench.runtime.build_impls knows only the canonical names)

@@ -175,12 +175,6 @@ class Sm90Config:
         the row maxima, before the exponentials, instead of after each row's exponentials (``common.softmax``, "Alpha
         first"): same values; ptxas then runs O's rescale under the exponentials instead of after the last of them (issue
         12, "Session 8: fa3 vs flash-attn-4 consumer loop").
-    rescale_first: (with alpha_first, intra_wg_overlap, not rescale_o_before_pv) each overlapped step waits for its P V
-        GEMM and rescales O (with skip_unit_rescale: in its branch) right after the alphas, before the huge-logit
-        branch and the exponentials, instead of after them (``common.softmax``, "Alpha first": ``before_exp``). Same
-        values. With skip_unit_rescale the default leaves P's 32 F2FP (and the taken branch's 32 FMULs) after the
-        last exponential (D 64: 48-80 instructions, flash-attn-4: 4); ptxas does not move the conversion above the
-        branch, whatever the source order (bench/NOTES.md, "Session 8: fa3 vs flash-attn-4 at head_dim 64 and 256").
     """
 
     tile_m: int = 128
@@ -210,7 +204,6 @@ class Sm90Config:
     first_row_only: bool = False
     q_tail_first: bool = False
     alpha_first: bool = False
-    rescale_first: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:
@@ -287,10 +280,6 @@ class Sm90Config:
         if not isinstance(self.alpha_first, bool) or (self.alpha_first and (not self.exp2_ffma or self.basis_alpha)):
             raise ValueError(f"alpha_first={self.alpha_first!r} must be a bool, True only with exp2_ffma=True and "
                              "basis_alpha=False")
-        if not isinstance(self.rescale_first, bool) or (self.rescale_first and (
-                not self.alpha_first or not self.intra_wg_overlap or self.rescale_o_before_pv)):
-            raise ValueError(f"rescale_first={self.rescale_first!r} must be a bool, True only with alpha_first=True, "
-                             "intra_wg_overlap=True and rescale_o_before_pv=False")
         if self.smem_bytes(head_dim) > smem_capacity(arch):
             raise ValueError(f"{self} needs {self.smem_bytes(head_dim)} B of shared memory at head_dim={head_dim} "
                              f"(max {smem_capacity(arch)})")

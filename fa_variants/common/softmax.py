@@ -47,9 +47,7 @@ huge-logit branch and the exponentials, instead of after each row's exponentials
 can then rescale O by alpha while the MUFU works through the exponentials (nvidia-cutlass-dsl 4.8.1: ptxas does not
 move the last row's alpha above that row's exponentials, so half of O's rescale otherwise runs after the last of them).
 flash-attn-4 computes each row's alpha from the row maxima alone, and ptxas issues both rows' first
-(Dao-AILab/flash-attention:flash_attn/cute/softmax.py::Softmax.online_softmax). ``before_exp`` (a callable set by the
-caller, fa3's ``rescale_first``) runs right there, with every alpha: O's rescale, and its unit-alpha skip branch, then
-precede the exponentials, so P's conversion follows the last exponential without a branch in between.
+(Dao-AILab/flash-attention:flash_attn/cute/softmax.py::Softmax.online_softmax).
 
 Row max and row sum reduce over ``chains`` independent accumulators and a small tree (`row_reduce`): a serial
 chain of dependent FMNMX (FADD) over a thread's 32-64 columns is latency-bound while the MUFU waits for m.
@@ -190,9 +188,6 @@ class OnlineSoftmax:
         # (exp2_ffma without basis_alpha or tile_scales) every row's alpha before any exponential of the tile, so that
         # O's rescale by it can run under the exponentials ("Alpha first" in the module docstring); same values
         self.alpha_first = alpha_first and exp2_ffma and not self.basis_alpha and not tile_scales
-        # (alpha_first) called with every row's alpha before the huge-logit branch and the exponentials, or None:
-        # the caller's O rescale there (``Sm90Config.rescale_first``; set and cleared around one ``update``)
-        self.before_exp = None
 
     def reset(self):
         """m = -inf, l = 0 (Algorithm 1 line 4)."""
@@ -235,8 +230,6 @@ class OnlineSoftmax:
             if const_expr(self.alpha_first and not is_first):  # every alpha now, before the exponentials
                 for r in cutlass.range_constexpr(self.active_rows):
                     alpha[r] = cute.math.exp2(self._log2_alpha_ffma(r, m_safe[r], err[r]), fastmath=True)
-                if const_expr(self.before_exp is not None):
-                    self.before_exp(alpha)
             if any_huge:  # those rows subtract m first: the exact form
                 for r in cutlass.range_constexpr(self.active_rows):
                     shift = m_safe[r] if huge[r] else 0.0

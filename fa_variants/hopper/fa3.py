@@ -79,13 +79,18 @@ Fa3Config = Sm90Config  # the FA3 family's config type (common/config.py)
 # 0.97-1.00x of none, so none. alpha_first at D 128 (every row's O rescale factor before the exponentials: the step's
 # 32-64 rescale multiplies no longer trail the last exponential): alpha/new 1.021 / 1.020 / 1.022 at N 4k / 4k causal
 # / 16k, paired, 6 rounds (bench/h200-2026-12-01-s8/fa3gap8_ab.md); D 64 0.998 (same), so off there.
+# convert_pairs at D 256 (P and O converted to 16 bits two values at a time: one packed F2FP per pair instead of an
+# F2FP per value and a PRMT per pair for tile_n 80's fragment): pairs-256/new 1.025 [1.017, 1.056] at N 4k and 1.020
+# [1.010, 1.030] at N 16k, paired, 6 rounds, one H200, session 9 (scripts/fa3_speed_ab.py; bench/NOTES.md, "Session 9
+# (2026-12-01): switches removed and the D 256 flip"); flash-attn-4's other D 256 choices on top were not faster
+# (fa4-256/new 0.995 / 0.983, alpha-256/new 0.963 / 0.955).
 _SOFTMAX = dict(exp2_ffma=True, reduce_chains=4, skip_unit_rescale=True)
 _SOFTMAX_NO_SKIP = dict(exp2_ffma=True, reduce_chains=4, skip_unit_rescale=False)
 DEFAULT_CONFIGS: dict[int, Sm90Config] = {
     64: Sm90Config(tile_m=192, tile_n=128, stages=2, **_SOFTMAX),
     96: Sm90Config(tile_m=128, tile_n=128, stages=2, **_SOFTMAX_NO_SKIP),
     128: Sm90Config(tile_m=128, tile_n=128, stages=2, **_SOFTMAX_NO_SKIP, alpha_first=True),
-    256: Sm90Config(tile_m=128, tile_n=80, stages=2, pingpong=False),
+    256: Sm90Config(tile_m=128, tile_n=80, stages=2, pingpong=False, convert_pairs=True),
 }
 # What `auto` runs when the split heuristic splits a shape (decode): the default tiles with the split count
 # chosen per call (one compile for every decode shape of a head dim).
@@ -94,8 +99,8 @@ _SPLIT_CONFIGS: dict[int, Sm90Config] = {d: dataclasses.replace(c, num_splits=0)
 # (one consumer warpgroup, no ping-pong): a group of 4-8 query heads fills few rows, and every row of the tile
 # costs tensor-core time (at B=64, Nk=4k, 32:8, D=128 the 128-row tile's MMAs take about as long as reading
 # K/V at full HBM bandwidth; 64 rows halve that, 192 at D=64 would triple it). Groups over 64 take more tiles.
-# alpha_first (timed on prefill tiles only) stays off there: decode keeps the softmax its A/Bs measured.
-_NARROW = dict(tile_m=64, pingpong=False, alpha_first=False)
+# alpha_first and convert_pairs (timed on prefill tiles only) stay off there: decode keeps the kernels its A/Bs measured.
+_NARROW = dict(tile_m=64, pingpong=False, alpha_first=False, convert_pairs=False)
 _PACKED_CONFIGS = {d: dataclasses.replace(c, pack_gqa=True, **_NARROW) for d, c in DEFAULT_CONFIGS.items()}
 _PACKED_SPLIT_CONFIGS = {d: dataclasses.replace(c, pack_gqa=True, **_NARROW) for d, c in _SPLIT_CONFIGS.items()}
 # Decode proper (seqlen_q = 1, packed from host views: only G of the 64 rows are real) streams K/V with almost

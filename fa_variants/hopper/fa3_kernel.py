@@ -986,32 +986,15 @@ class _StepContext:
         if const_expr(not shared):
             k_state.advance()
         self.mask(acc_S, n_block, causal=causal, seqlen_end=False)
-        early = const_expr(self.rescale_first())
-        if const_expr(early):  # P V wait and O *= alpha between the alphas and the exponentials (``rescale_first``)
-            self.softmax.before_exp = lambda alpha: self._wait_pv_and_rescale(alpha, n_block)
         alpha = self.softmax_step(acc_S, n_block)
-        if const_expr(early):
-            self.softmax.before_exp = None
-        else:
-            warpgroup.wait_group(0)  # PV done: O and P registers are free
+        warpgroup.wait_group(0)  # PV done: O and P registers are free
         self.pipe_v.consumer_release(v_state)
         if const_expr(not shared):
             v_state.advance()
         self.fold_pv(n_block + 1)
-        if const_expr(not early):
-            self.rescale_o(alpha, n_block)
+        self.rescale_o(alpha, n_block)
         self.to_p(acc_S)
         return k_state, (None if const_expr(shared) else v_state)
-
-    def rescale_first(self) -> bool:
-        """``Sm90Config.rescale_first``, with this class's P V hooks only (fa3-fp8 rejects the switch)."""
-        return (self.k.cfg.rescale_first and self.softmax.alpha_first and self.defer_mode() == 0
-                and type(self).fold_pv is _StepContext.fold_pv)
-
-    def _wait_pv_and_rescale(self, alpha, n_block):
-        """``rescale_first``: called by the softmax with every row's alpha, before the exponentials."""
-        warpgroup.wait_group(0)  # PV done: O is free
-        self.rescale_o(alpha, n_block)
 
     def last_pv(self, v_state, n_block=0, accumulate=True):
         """Overlap epilogue: O += P V for the first K/V tile of the range (n_block)."""
