@@ -1198,3 +1198,20 @@ def test_ex2emu_sets_and_script(capsys, monkeypatch):
     assert '--drop-failed "$LOGS/precompile.log" "$LOGS/pytest.log"' in text and "CUT=(--drop emu1 emu2)" in text
     limits = [int(m) for m in re.findall(r"^\s*step \w+ (\d+) ", text, re.M)]
     assert len(limits) == 4 and sum(limits) <= 120, limits
+
+
+def test_pending9_runs_named_scripts_and_the_changed_defaults_tests():
+    """scripts/pending9_gpu.sh (session 9's GPU work left for a later call): refuses a name without a script (exit 2,
+    before any GPU work), its default names and the ones its header names for the second call exist, and its defaults
+    step selects the torch.compile GPU tests and head_dim 256 GPU tests of fa3 and fa3-fp8 (both flipped at 256)."""
+    script = ROOT / "scripts" / "pending9_gpu.sh"
+    text = script.read_text()
+    bad = subprocess.run(["bash", str(script), "no_such_script"], capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 2 and "no scripts/no_such_script_gpu.sh" in bad.stderr
+    for name in ("quant10", "decode10", "ex2emu", "hadacore", "d64gap", "fp8two2"):
+        assert name in text
+    for name in ("quant10", "decode10", "ex2emu"):
+        assert (ROOT / "scripts" / f"{name}_gpu.sh").exists(), name
+    assert '-k "compile or 256"' in text
+    for path in ("tests/test_torch_compile.py", "tests/test_fa3_gpu.py", "tests/test_fa3_fp8_gpu.py"):
+        assert path in text
