@@ -158,6 +158,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 from cutlass._mlir.dialects import math as mlir_math
+from cutlass.cute.nvgpu import warp
 from cutlass.cutlass_dsl import dsl_user_op
 
 from fa_variants.common import env as _env
@@ -169,7 +170,8 @@ from fa_variants.fp8 import layout
 from fa_variants.fp8.quant_maps import (SLOTS, VEC, k_parts_per_block, k_sample_item, k_sample_slot, k_sum_group,
                                         late_first, late_item, piece_swizzle, stage_load, stage_piece, store_map,
                                         store_pitch, store_swizzle, store_unit, thread_chunk, thread_token,
-                                        once_item, once_lag, once_total)
+                                        once_item, once_lag, once_total, mma_b_entry, mma_channel, mma_row_value,
+                                        mma_swizzle)
 from fa_variants.fp8.quantize import (E4M3, MIN_DESCALE_EXPONENT, FP8Config, FP8Inputs, HadamardRotation, _check,
                                       k_mean, k_sample_count, k_sample_tiles, tiles_for)
 
@@ -252,6 +254,15 @@ MEAN_LOADS = 32
 #: Needs every CTA of the persistent grid resident (a quantised block may wait for another CTA's sums). Off until
 #: measured (scripts/quant10_gpu.sh); FA_VARIANTS_FP8_QUANT_K_ONCE=1 (read at import) turns it on
 V3_K_ONCE = _env.flag("FA_VARIANTS_FP8_QUANT_K_ONCE", False)
+#: v3: Q's / K's Hadamard at head_dim 256 on the tensor cores (``PassConfig.mma_fwht``, ``quant_maps.mma_channel``):
+#: H_256 = H_16 (x) H_16; the transform over a token's low 4 channel bits (the FWHT's h = 1 .. 8) as mma.sync m16n8k16
+#: with H_16 as the B operand (16 per warp and block, fp32 accumulate), the one over the high 4 bits (h = 16 .. 128) in
+#: registers (each lane holds all 16 rows of its 4 columns: no shuffle). The mma's A operand is the signed (smoothed)
+#: value rounded to the input dtype: exact for Q (x * sign is a 16-bit value), one rounding of (x - mean) * sign for a
+#: smoothed K; the mma's sum of 16 exact products replaces 4 float32 roundings. So not the torch recipe bit for bit:
+#: e4m3 within one step of it (tests/test_fp8_quant_kernel.py). Off until measured (scripts/hadacore_gpu.sh);
+#: FA_VARIANTS_FP8_QUANT_MMA_FWHT=1 (read at import) turns it on
+V3_MMA_FWHT = _env.flag("FA_VARIANTS_FP8_QUANT_MMA_FWHT", False)
 #: ``V3_K_ONCE``'s stages for K's launch: the lag grows with (stages - 1) x grid blocks (the mean is cp.async'd that far
 #: ahead), so 2 keeps a block's two reads ~22 / 32 / 43 MB apart at head_dim 64 / 128 / 256 (bandwidth shapes; 3 stages:
 #: 38 / 54 / 64 MB, past L2's 50 MB), at one block of loads in flight per CTA instead of two
@@ -308,6 +319,7 @@ class PassConfig:
     staged_store: bool = False
     late_count: bool = False
     k_once: bool = False
+    mma_fwht: bool = False
 
     def check(self, head_dim: int) -> None:
         """ValueError for a config or head_dim this pass is not built for."""
@@ -333,6 +345,11 @@ class PassConfig:
                                       and self.rows % 32 == 0):
             raise ValueError("fp8-quant: the staged store writes Q's / K's e4m3 through a coalesced stage (role 'qk', "
                              "coalesced, mode 'block' or 'given', rows a multiple of 32)")
+        if self.mma_fwht and not (self.role == "qk" and self.rotate and self.coalesced and head_dim == 256
+                                  and not self.staged_store):
+            raise ValueError("fp8-quant: mma_fwht runs the rotated Q / K Hadamard of a coalesced pass on the tensor "
+                             f"cores (role 'qk', rotate, coalesced, head_dim 256, no staged_store; "
+                             f"got head_dim {head_dim})")
         if self.role == "v" and (self.rotate or self.smooth or self.shift):
             raise ValueError("fp8-quant: V is neither rotated nor smoothed")
         if self.shift and self.smooth:
@@ -537,6 +554,9 @@ class QuantPass:
                     pb, ph, _, _ = self.decode(cta + s * grid, heads, n_tiles, n_blocks, n_sample)
                     for c in cutlass.range(tidx, D, self.num_threads, unroll=1):
                         sMean[c, s] = mMean[pb, self.mean_head(ph, heads, mMean), c]
+        hb0, hb1 = None, None
+        if const_expr(self.cfg.mma_fwht):  # H_16 as the mma's B operand, per lane (``mma_hadamard_b``)
+            hb0, hb1 = self.mma_hadamard_b(tidx)
         step = Int32(0)  # the CTA's items so far: stage step % S of the loads, parity step % 2 of the maxima
         for blk in cutlass.range(cta, total, grid, unroll=1):
             stage = step % S
@@ -597,7 +617,7 @@ class QuantPass:
                 elif is_k == 1:
                     self.signs_and_smoothing(x, sSigns, sMean[None, mean_buf], tidx)
                     if const_expr(self.cfg.rotate):
-                        self.fwht(x, tidx % L)
+                        self.hadamard(x, tidx, hb0, hb1)
                     self.finish_block(x, mX, mY, mDescale, red, parity, batch, head, tile, tidx, sStage[None, stage])
             else:
                 if const_expr(self.cfg.shift):
@@ -605,7 +625,7 @@ class QuantPass:
                 if const_expr(self.cfg.role == "qk"):
                     self.signs_and_smoothing(x, sSigns, sMean[None, mean_buf], tidx)
                     if const_expr(self.cfg.rotate):
-                        self.fwht(x, tidx % L)
+                        self.hadamard(x, tidx, hb0, hb1)
                 if const_expr(self.cfg.kmean):
                     # a CTA's items ascend, so its K items follow all its V items: the amax buffers' alternation
                     # (one barrier per V block) is not broken by the K items, which have no barrier
@@ -913,13 +933,19 @@ class QuantPass:
         mine = cute.make_tensor(first.iterator, cute.make_layout((8, 8), stride=(1, rows8 * mSrc.stride[1])))
         for m in cutlass.range_constexpr(8):
             if tok0 + m * rows8 < mSrc.shape[1]:
-                _, _, piece = stage_load(self.head_dim, self.cfg.rows, self.cfg.role, self.lanes, tidx, m)
+                row, pq, piece = stage_load(self.head_dim, self.cfg.rows, self.cfg.role, self.lanes, tidx, m)
+                if const_expr(self.cfg.mma_fwht):
+                    piece = row * P + (pq ^ mma_swizzle(row))
                 cute.copy(g2s, mine[None, m], cute.local_tile(sStage, (8,), (piece,)))
 
     @cute.jit
     def read_block(self, sStage: cute.Tensor, raw: cute.Tensor, tidx: Int32, s2r: cute.CopyAtom):
         """coalesced: the thread's two pieces per slot (its 16 channels of a token) from the swizzled stage,
-        16 bytes each (8 threads of a quarter warp hit 8 distinct 16-byte bank groups: ``piece_swizzle``)."""
+        16 bytes each (8 threads of a quarter warp hit 8 distinct 16-byte bank groups: ``piece_swizzle``).
+        ``mma_fwht``: 4 channels (8 bytes) per register group (``read_block_mma``)."""
+        if const_expr(self.cfg.mma_fwht):
+            self.read_block_mma(sStage, raw, tidx)
+            return
         for j in cutlass.range_constexpr(SLOTS):
             for p in cutlass.range_constexpr(2):
                 piece = stage_piece(self.cfg.role, self.lanes, self.quads, self.head_dim, tidx, j, p)
@@ -927,8 +953,96 @@ class QuantPass:
                 cute.copy(s2r, src, cute.zipped_divide(raw[None, j], (8,))[None, p])
 
     @cute.jit
+    def read_block_mma(self, sStage: cute.Tensor, raw: cute.Tensor, tidx: Int32):
+        """``mma_fwht``: registers (4 q .. 4 q + 3, s) = channels ``mma_channel`` 64 s + 16 q + 4 t .. + 3 of the
+        thread's token, 8 bytes each, from its piece (64 s + 16 q + 4 t) / 8 at ``mma_swizzle``."""
+        s2r = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=64)
+        t = tidx % self.lanes
+        row = self.token_of(tidx, 0)
+        base = row * (self.head_dim // 8)
+        mask = mma_swizzle(row)
+        for s in cutlass.range_constexpr(SLOTS):
+            for q in cutlass.range_constexpr(VEC // 4):
+                c = mma_channel(t, 4 * q, s)
+                at = (base + ((c // 8) ^ mask)) * 2 + (t % 2)  # in units of 4 channels
+                src = cute.local_tile(sStage, (4,), (at,))
+                cute.copy(s2r, src, cute.zipped_divide(raw[None, s], (4,))[None, q])
+
+    @cute.jit
+    def mma_hadamard_b(self, tidx: Int32) -> tuple:
+        """``mma_fwht``: the lane's B fragments of H_16 (``quant_maps.mma_b_entry``), one per n-half, +-1 in the
+        input dtype (exact), (4, 1, 1) in the PTX order b0..b3; built once per launch."""
+        lane = tidx % 32
+        t, g = lane % 4, lane // 4
+        frags = []
+        for h in cutlass.range_constexpr(2):
+            f = cute.make_rmem_tensor(cute.make_layout(((2, 2), 1, 1)), Float32)
+            for e in cutlass.range_constexpr(4):
+                f[e] = Float32(mma_b_entry(t, g, h, e))
+            b = cute.make_rmem_tensor(cute.make_layout(((2, 2), 1, 1)), self.dtype)
+            b.store(f.load().to(self.dtype))
+            frags.append(b)
+        return frags[0], frags[1]
+
+    @cute.jit
+    def mma_fwht(self, x: cute.Tensor, hb0: cute.Tensor, hb1: cute.Tensor):
+        """``mma_fwht``: the unnormalised Walsh-Hadamard transform of the thread's token with its 3 other lanes, the
+        layout of ``quant_maps.mma_channel``. Step 1 (h = 1 .. 8, over j): per r = 0..7, A = rows i = r, r + 8 of the
+        warp's 8 tokens (``mma_row_value``) in the input dtype, C = A H_16 per n-half (fp32 accumulate, from zero),
+        written back where A came from. Step 2 (h = 16 .. 128, over i = 4 s + v // 4): float32 a + b, a - b in
+        ``quantize.fwht``'s stage order."""
+        atom = cute.make_mma_atom(warp.MmaF16BF16Op(self.dtype, Float32, (16, 8, 16)))
+        for r in cutlass.range_constexpr(8):
+            af = cute.make_rmem_tensor(cute.make_layout(((2, 2, 2), 1, 1)), Float32)
+            for e in cutlass.range_constexpr(8):
+                v, s = mma_row_value(r, e)
+                af[e] = x[v, s]
+            a = cute.make_rmem_tensor(cute.make_layout(((2, 2, 2), 1, 1)), self.dtype)
+            a.store(af.load().to(self.dtype))
+            for h in cutlass.range_constexpr(2):
+                acc = cute.make_rmem_tensor(cute.make_layout(((2, 2), 1, 1)), Float32)
+                acc.fill(0.0)
+                cute.gemm(atom, acc, a, hb0 if const_expr(h == 0) else hb1, acc)
+                for e in cutlass.range_constexpr(4):
+                    v, s = mma_row_value(r, 4 * h + e)
+                    x[v, s] = acc[e]
+        for b in cutlass.range_constexpr(4):  # h = 16 << b: row bit b (v's bit 2 + b for b < 2, else s's bit b - 2)
+            for i in cutlass.range_constexpr(16):
+                if const_expr((i >> b) & 1 == 0):
+                    for e in cutlass.range_constexpr(4):
+                        v0, s0 = 4 * (i % 4) + e, i // 4
+                        v1, s1 = 4 * ((i + (1 << b)) % 4) + e, (i + (1 << b)) // 4
+                        a_, c_ = x[v0, s0], x[v1, s1]
+                        x[v0, s0] = a_ + c_
+                        x[v1, s1] = a_ - c_
+
+    @cute.jit
+    def hadamard(self, x: cute.Tensor, tidx: Int32, hb0, hb1):
+        """The pass's Hadamard on the thread's registers: ``fwht`` or ``mma_fwht``."""
+        if const_expr(self.cfg.mma_fwht):
+            self.mma_fwht(x, hb0, hb1)
+        else:
+            self.fwht(x, tidx % self.lanes)
+
+    @cute.jit
     def signs_and_smoothing(self, x: cute.Tensor, sSigns: cute.Tensor, sMean: cute.Tensor, tidx: Int32):
         """x = (x - mean) * sign per channel (smoothing, then the rotation's random signs / K's -1)."""
+        if const_expr(self.cfg.mma_fwht):
+            t = tidx % self.lanes
+            for s in cutlass.range_constexpr(SLOTS):
+                for q in cutlass.range_constexpr(VEC // 4):
+                    c0 = mma_channel(t, 4 * q, s)
+                    sign = cute.make_rmem_tensor(4, Float32)
+                    cute.autovec_copy(cute.local_tile(sSigns, (4,), (c0 // 4,)), sign)
+                    if const_expr(self.cfg.smooth):
+                        mean = cute.make_rmem_tensor(4, Float32)
+                        cute.autovec_copy(cute.local_tile(sMean, (4,), (c0 // 4,)), mean)
+                        for e in cutlass.range_constexpr(4):
+                            x[4 * q + e, s] = (x[4 * q + e, s] - mean[e]) * sign[e]
+                    else:
+                        for e in cutlass.range_constexpr(4):
+                            x[4 * q + e, s] = x[4 * q + e, s] * sign[e]
+            return
         for j in cutlass.range_constexpr(SLOTS):
             c0 = self.chunk_of(tidx, j) * VEC
             sign = cute.make_rmem_tensor(VEC, Float32)
@@ -948,7 +1062,15 @@ class QuantPass:
         """shift[batch, head, token] = scale * (q . mean of kv-head head // (H / H_kv)), float32 (the
         thread's 64 products in order, then a butterfly sum over the token's L lanes)."""
         acc = Float32(0.0)
-        for j in cutlass.range_constexpr(SLOTS):
+        if const_expr(self.cfg.mma_fwht):  # the thread's channels are ``mma_channel``'s
+            for s in cutlass.range_constexpr(SLOTS):
+                for q in cutlass.range_constexpr(VEC // 4):
+                    mean = cute.make_rmem_tensor(4, Float32)
+                    c0 = mma_channel(tidx % self.lanes, 4 * q, s)
+                    cute.autovec_copy(cute.local_tile(sMean, (4,), (c0 // 4,)), mean)
+                    for e in cutlass.range_constexpr(4):
+                        acc = _fma(x[4 * q + e, s], mean[e], acc)
+        for j in cutlass.range_constexpr(0 if const_expr(self.cfg.mma_fwht) else SLOTS):
             mean = cute.make_rmem_tensor(VEC, Float32)
             cute.autovec_copy(cute.local_tile(sMean, (VEC,), (self.chunk_of(tidx, j),)), mean)
             for i in cutlass.range_constexpr(VEC):
@@ -1061,11 +1183,20 @@ class QuantPass:
 
     @cute.jit
     def store_qk(self, x: cute.Tensor, mY: cute.Tensor, batch: Int32, head: Int32, tile: Int32, tidx: Int32):
-        """e4m3 (saturating) of the thread's token, one 16-byte store per chunk."""
+        """e4m3 (saturating) of the thread's token, one 16-byte store per chunk (``mma_fwht``: one 4-byte store per 4
+        channels ``mma_channel``; a warp's store covers 16 contiguous bytes of each of its 8 tokens)."""
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), cutlass.Float8E4M3FN, num_bits_per_copy=128)
         y8 = self.e4m3_slots(x, tidx)
         tok = tile * self.cfg.rows + self.token_of(tidx, 0)
-        if tok < mY.shape[1]:
+        if const_expr(self.cfg.mma_fwht):
+            atom4 = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), cutlass.Float8E4M3FN, num_bits_per_copy=32)
+            if tok < mY.shape[1]:
+                for s in cutlass.range_constexpr(SLOTS):
+                    for q in cutlass.range_constexpr(VEC // 4):
+                        c0 = mma_channel(tidx % self.lanes, 4 * q, s)
+                        dst = cute.local_tile(mY[batch, tok, head, None], (4,), (c0 // 4,))
+                        cute.copy(atom4, cute.zipped_divide(y8[None, s], (4,))[None, q], dst)
+        elif tok < mY.shape[1]:
             for j in cutlass.range_constexpr(SLOTS):
                 dst = cute.local_tile(mY[batch, tok, head, None], (VEC,), (self.chunk_of(tidx, j),))
                 cute.copy(atom, cute.zipped_divide(y8[None, j], (VEC,)), cute.zipped_divide(dst, (VEC,)))
@@ -1258,7 +1389,8 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
                     head_major: bool = False, k_count: torch.Tensor | None = None,
                     k_mean_out: torch.Tensor | None = None, staged_mean: bool = False,
                     k_sample_tokens: int | None = None, staged_store: bool = False,
-                    late_count: bool = False, k_once: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                    late_count: bool = False, k_once: bool = False,
+                    mma_fwht: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """One tensor through the pass: (e4m3 data (like x, or v_t for role "v"), descale (B, H, T) float32).
 
     x: (B, N, H, D) float16 / bfloat16 CUDA; block: rows per scale block; signs: float32 (D,) on x's device
@@ -1328,7 +1460,9 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
                          k_sample=kmean and k_sample_tokens is not None,
                          staged_store=staged_store and coalesced and role == "qk" and mode != "amax"
                          and block % 32 == 0, late_count=late_count and fused and kmean,
-                         k_once=k_once)
+                         k_once=k_once,
+                         mma_fwht=mma_fwht and role == "qk" and rotate and coalesced and D == 256
+                         and not (staged_store and mode != "amax" and block % 32 == 0))
         fn, ctas = _pass(dev, x.dtype, D, cfg)
         # k_once: a grid no larger than what is resident (``_pass``: SMs x CTAs per SM), or it may deadlock
         fn(x, y, descale, signs, mean_t, shift_t, k_t, parts_t, count_t, shift_scale,
@@ -1398,7 +1532,7 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Co
     if pipe == "v3":
         common.update(coalesced=V3_COALESCED, head_major=V3_HEAD_MAJOR)
         smooth_common = dict(common, staged_mean=V3_STAGED_MEAN and V3_COALESCED)  # it rides on coalesced stages
-        qk_common = dict(smooth_common, staged_store=staged_store_for(D) and V3_COALESCED)
+        qk_common = dict(smooth_common, staged_store=staged_store_for(D) and V3_COALESCED, mma_fwht=V3_MMA_FWHT)
     else:
         smooth_common = qk_common = common
     # v2 launches V's pass first (plain launch), then K's and Q's with programmatic dependent launch, whose

@@ -14,7 +14,7 @@ from __future__ import annotations
 __all__ = ["VEC", "SLOTS", "piece_swizzle", "thread_token", "thread_chunk", "stage_piece", "store_pitch",
            "store_swizzle", "store_unit", "store_map", "k_sum_group", "k_parts_per_block", "stage_load",
            "k_sample_item", "k_sample_slot", "late_first", "late_item", "once_lag", "once_total", "once_item",
-           "once_window"]
+           "once_window", "mma_channel", "mma_swizzle", "mma_row_value", "mma_b_entry", "hadamard_entry"]
 
 VEC = 16  # contiguous channels per slot: two 16-byte loads of 16-bit input, one 16-byte e4m3 store
 SLOTS = 4  # slots per thread: 4 chunks of one token (Q / K) or one chunk of 4 tokens (V)
@@ -218,3 +218,53 @@ def once_window(n_tiles: int, grid: int, stages: int, rows: int, head_dim: int) 
     ~2 lag items, half of them sums (read 2 bytes a value), half quantised (read 2, write 1)."""
     lag = once_lag(n_tiles, grid, stages)
     return lag * rows * head_dim * 2 + lag * rows * head_dim * 3
+
+
+# The Hadamard on the tensor cores (``PassConfig.mma_fwht``, head_dim 256, role "qk", coalesced): H_256 = H_16 (x) H_16.
+# A token's 256 channels c = 16 i + j as a 16 x 16 matrix X[i][j]; H_256 x = vec(H_16 X H_16). The token's 4 lanes
+# (lane t = tidx % 4, as today; a warp's 8 tokens are the mma's groups g = lane / 4) hold, per lane, all 16 rows i and
+# the 4 columns j = 4 t .. 4 t + 3: value (v, s) of the thread's (VEC, SLOTS) registers is channel ``mma_channel``
+# (i = 4 s + v // 4, j = 4 t + v % 4). Step 1 (the transform over j, the FWHT's stages h = 1 .. 8): 8 mma.sync
+# m16n8k16 per warp and n-half, the A rows g / g + 8 = (token g, row i = r / r + 8) for r = 0..7 (``mma_row_value``:
+# which register feeds A's element e), B = H_16 with its k rows and n columns permuted so that A's k columns 2t, 2t+1,
+# 2t+8, 2t+9 are the thread's own j = 4t .. 4t+3 and C's columns 2t, 2t+1 of n-half h are j = 4t + 2h + {0, 1}
+# (``mma_b_entry``): C lands in the registers A came from. Step 2 (h = 16 .. 128, over i) stays in registers, in the
+# FWHT's stage order.
+
+
+def mma_channel(t, v: int, s: int):
+    """Channel of register (v, s) of lane t of a token under ``mma_fwht``: 16 (4 s + v // 4) + 4 t + v % 4."""
+    return 64 * s + 16 * (v // 4) + 4 * t + v % 4
+
+
+def mma_swizzle(row):
+    """XOR mask of the 16-byte pieces of token ``row`` in a coalesced stage under ``mma_fwht`` (instead of
+    ``piece_swizzle``): a warp's 8-byte reads (``mma_channel``: lane t reads channels 16 i + 4 t .. + 3 of token g) cover
+    32 bytes per token, pieces {2 i, 2 i + 1}; the mask (row & 3) << 1 puts 4 consecutive tokens on 4 different pairs of
+    16-byte bank groups (a half warp's 128 bytes conflict-free). The cp.async writes (consecutive pieces of one token)
+    stay conflict-free under any mask < head_dim / 8."""
+    return (row & 3) << 1
+
+
+def mma_row_value(r: int, e: int) -> tuple[int, int]:
+    """Register (v, s) that feeds element e (0..7, the PTX a0..a7 order) of the A fragment of step-1 mma r (0..7):
+    a0, a1: row g = row i = r, k = 2t, 2t + 1 (j = 4t, 4t + 1); a2, a3: row g + 8 = i = r + 8, same j; a4, a5: i = r,
+    k = 2t + 8, 2t + 9 (j = 4t + 2, 4t + 3); a6, a7: i = r + 8, j = 4t + 2, 4t + 3. The C fragment of n-half h (c0, c1:
+    i = r, c2, c3: i = r + 8; columns j = 4t + 2h + {0, 1}) is A's elements 4h + {0, 1, 2, 3} again."""
+    i = r + 8 * ((e >> 1) & 1)
+    jj = (e & 1) + 2 * (e >> 2)  # j - 4 t
+    return 4 * (i % 4) + jj, i // 4
+
+
+def hadamard_entry(a, b):
+    """H_16[a][b] = (-1)^popcount(a & b) (Sylvester order, as ``quantize.fwht``), for 4-bit a, b; ints or Int32."""
+    p = a & b
+    p = p ^ (p >> 2)
+    p = p ^ (p >> 1)
+    return 1 - 2 * (p & 1)
+
+
+def mma_b_entry(t, g, h: int, e: int):
+    """Element e (0..3, PTX b0..b3) of lane (g, t)'s B fragment for n-half h: B[k][n] with k = 2t + (e & 1) + 8 (e >> 1)
+    standing for j' = 4t + e and n = g standing for j = 4 (g // 2) + 2 h + g % 2: H_16[4t + e][that j]."""
+    return hadamard_entry(4 * t + e, 4 * (g // 2) + 2 * h + g % 2)
