@@ -999,3 +999,185 @@ def test_staged_store_rule(monkeypatch):
     monkeypatch.setenv("FA_VARIANTS_FP8_QUANT_STAGED_STORE", "2")
     with pytest.raises(ValueError, match="FA_VARIANTS_FP8_QUANT_STAGED_STORE"):
         qk._env.auto_flag("FA_VARIANTS_FP8_QUANT_STAGED_STORE")
+
+
+# --------------------------------------------------------------------------------------------- the Hadamard on the MMA
+def _mma_fragments_product(frag_a, frag_b):
+    """One warp's mma.sync m16n8k16 from its lanes' fragments in the PTX order (a0..a7, b0..b3 -> c0..c3), in float64:
+    A[m][k] with m = g + 8 ((e >> 1) & 1), k = 2t + (e & 1) + 8 (e >> 2); B[k][n] with k = 2t + (e & 1) + 8 (e >> 1),
+    n = g; C[m][n] with m = g + 8 (e >> 1), n = 2t + (e & 1) (lane = 4 g + t)."""
+    A, Bm = torch.zeros(16, 16, dtype=torch.float64), torch.zeros(16, 8, dtype=torch.float64)
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        for e in range(8):
+            A[g + 8 * ((e >> 1) & 1), 2 * t + (e & 1) + 8 * (e >> 2)] = frag_a[lane][e]
+        for e in range(4):
+            Bm[2 * t + (e & 1) + 8 * (e >> 1), g] = frag_b[lane][e]
+    C = A @ Bm
+    return [[C[lane // 4 + 8 * (e >> 1), 2 * (lane % 4) + (e & 1)].item() for e in range(4)] for lane in range(32)]
+
+
+def test_mma_fwht_maps_emulated():
+    """``QuantPass.mma_fwht`` emulated lane by lane on the CPU with the PTX fragment layouts of mma.sync m16n8k16:
+    registers (v, s) of lane t of token g hold channel ``mma_channel`` (every channel of the warp's 8 tokens once),
+    step 1 = 8 mma per n-half with A from ``mma_row_value`` and B from ``mma_b_entry``, C written back where A came
+    from, step 2 the kernel's in-register stages: equals x @ H_256 exactly on integer inputs (float64, all sums exact),
+    so the maps are right; the LSE shift's and the store's channel sets are the same map."""
+    from fa_variants.fp8.quant_maps import mma_b_entry, mma_channel, mma_row_value
+    from fa_variants.fp8.quantize import fwht
+
+    g0 = torch.Generator().manual_seed(5)
+    X = torch.randint(-50, 51, (8, 256), generator=g0).double()
+    chans = sorted(mma_channel(t, v, s) for t in range(4) for v in range(16) for s in range(4))
+    assert chans == list(range(256))
+    regs = [[[X[lane // 4, mma_channel(lane % 4, v, s)].item() for s in range(4)] for v in range(16)]
+            for lane in range(32)]
+    hb = [[[mma_b_entry(lane % 4, lane // 4, h, e) for e in range(4)] for lane in range(32)] for h in range(2)]
+    for r in range(8):
+        frag_a = [[regs[lane][mma_row_value(r, e)[0]][mma_row_value(r, e)[1]] for e in range(8)] for lane in range(32)]
+        for h in range(2):
+            c = _mma_fragments_product(frag_a, hb[h])
+            for lane in range(32):
+                for e in range(4):
+                    v, s = mma_row_value(r, 4 * h + e)
+                    regs[lane][v][s] = c[lane][e]
+    for b in range(4):  # step 2, as the kernel: rows i = 4 s + v // 4, pairs (i, i + 2^b)
+        for lane in range(32):
+            x = regs[lane]
+            for i in range(16):
+                if (i >> b) & 1 == 0:
+                    for e in range(4):
+                        (v0, s0), (v1, s1) = (4 * (i % 4) + e, i // 4), (4 * ((i + (1 << b)) % 4) + e, (i + (1 << b)) // 4)
+                        x[v0][s0], x[v1][s1] = x[v0][s0] + x[v1][s1], x[v0][s0] - x[v1][s1]
+    want = fwht(X, normalise=False)
+    got = torch.zeros_like(X)
+    for lane in range(32):
+        for v in range(16):
+            for s in range(4):
+                got[lane // 4, mma_channel(lane % 4, v, s)] = regs[lane][v][s]
+    assert torch.equal(got, want)
+
+
+def test_mma_swizzle_conflict_free():
+    """``mma_swizzle``: a half warp's 8-byte reads of one register group (lanes 4 g + t: token g, channels 16 i + 4 t ..
+    + 3) hit 32 distinct banks for every (s, q) and token offset; the cp.async writes of one token (consecutive pieces)
+    stay a permutation of the token's pieces."""
+    from fa_variants.fp8.quant_maps import mma_channel, mma_swizzle
+
+    P = 256 // 8
+    for row0 in range(0, 128, 8):
+        for s in range(4):
+            for q in range(4):
+                for half in range(2):
+                    banks = []
+                    for lane in range(16 * half, 16 * half + 16):
+                        row, t = row0 + lane // 4, lane % 4
+                        c = mma_channel(t, 4 * q, s)
+                        byte = (row * P + ((c // 8) ^ mma_swizzle(row))) * 16 + 8 * (t % 2)
+                        banks += [(byte // 4) % 32, (byte // 4 + 1) % 32]
+                    assert sorted(banks) == list(range(32)), (row0, s, q, half)
+    for row in range(128):
+        assert sorted(p ^ mma_swizzle(row) for p in range(P)) == list(range(P))
+
+
+MMA_PASSES = [("q-shift", dict(rows=128, shift=True, staged_mean=True, pdl=True)),
+              ("k-smooth", dict(rows=layout.tile_n(256), smooth=True, reverse=True, staged_mean=True, pdl=True)),
+              ("q-given", dict(rows=128, mode="given"))]
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("arch", ["sm_90a"], indirect=True)
+@pytest.mark.parametrize("name,extra", MMA_PASSES, ids=[n for n, _ in MMA_PASSES])
+def test_compiles_mma_fwht(arch, name, extra):
+    """The Hadamard on the tensor cores (``PassConfig.mma_fwht``, sm_90a, head_dim 256) against the same pass without
+    it: 16 HMMA per block (8 row pairs x 2 n-halves), no FWHT shuffle (only the LSE shift's 2 and the block max's 5),
+    the float32 adds of step 2 (4 stages x 64) instead of the 6 stages' adds + FMAs, fewer instructions in all, loads
+    and barriers unchanged, 4-byte e4m3 stores (16 per thread) instead of 16-byte ones; registers within the cap, K
+    without local memory. Refused at head_dim 64 / 128, without rotation, with the staged store."""
+    cfg = qk.PassConfig(stages=3, coalesced=True, head_major=True, mma_fwht=True, **extra)
+    base = dataclasses.replace(cfg, mma_fwht=False)
+    c, c0 = (qk.VARIANT.compiled(qk.static_config(arch, torch.bfloat16, 256, x)) for x in (cfg, base))
+    names = ("HMMA", "SHFL.BFLY", "FADD", "FFMA", "BAR.SYNC", "LDGSTS", "STG.E.128", "LDL", "STL")
+    sass, sass0 = cubin.sass_of(c.cubin), cubin.sass_of(c0.cubin)
+    ops, ops0 = (cubin.count_sass(x, names) for x in (sass, sass0))
+    assert ops["HMMA"] == 16 and ops0["HMMA"] == 0, ops
+    assert ops["SHFL.BFLY"] == 5 + (2 if cfg.shift else 0), ops
+    assert ops["FADD"] + ops["FFMA"] < ops0["FADD"] + ops0["FFMA"] - 256, (ops, ops0)
+    assert all(ops[n] == ops0[n] for n in ("BAR.SYNC", "LDGSTS")), (ops, ops0)
+    assert ops["STG.E.128"] == 0 and ops0["STG.E.128"] > 0, (ops, ops0)
+    assert len(sass.splitlines()) < len(sass0.splitlines()), "no fewer instructions"
+    res = cubin.cubin_resources(c.cubin)
+    assert res["registers"] <= 128 and res["spill_bytes"] <= (64 if cfg.shift else 0), res
+    for bad, dim in ((dict(), 128), (dict(), 64), (dict(rotate=False), 256), (dict(staged_store=True), 256)):
+        with pytest.raises(ValueError, match="mma_fwht"):
+            dataclasses.replace(cfg, **bad).check(dim)
+
+
+def _e4m3_step(y: torch.Tensor) -> torch.Tensor:
+    """Spacing of e4m3 at |y| (float64): 2^(max(floor(log2 |y|), -6) - 3)."""
+    e = torch.floor(torch.log2(y.abs().clamp_min(2.0 ** -12))).clamp_min(-6)
+    return torch.exp2(e - 3)
+
+
+def assert_rotated_close(x8, descale, x, signs, mean, rows, flips_vs, max_flips):
+    """e4m3 x8 (B, N, H, D) with per-(B, H, block) descale against float64 R (x - mean): each dequantised value one of
+    the two e4m3 neighbours of the float64 value / descale (saturating at 448), the sum of squared errors within 1%
+    (+ a floor) of ``flips_vs``' (the switch-off pass, the torch recipe's bits), and at most ``max_flips`` of the bytes
+    different from it."""
+    from fa_variants.fp8.quantize import fwht
+
+    B, N, H, D = x.shape
+    y = x.double()
+    if mean is not None:
+        y = y - mean.double().repeat_interleave(H // mean.shape[1], dim=1)[:, None]
+    y = fwht(y * signs.double().cpu().to(y.device), normalise=False) / D ** 0.5
+    ds = descale.double().repeat_interleave(rows, dim=2)[:, :, :N].permute(0, 2, 1)[..., None]
+    want = (y / ds).clamp(-448, 448)
+    got = x8.double() if x8.dtype == torch.float64 else x8.float().double()
+    err = (got - want).abs()
+    assert (err <= _e4m3_step(want) * (1 + 1e-6)).all(), err.max()
+    ref = flips_vs.float().double()
+    assert (got - want).pow(2).sum() <= 1.01 * (ref - want).pow(2).sum() + 1e-6
+    flips = (x8.view(torch.uint8) != flips_vs.view(torch.uint8)).double().mean().item()
+    assert flips <= max_flips, flips
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config,dtype", [("default", torch.bfloat16), ("no-smooth", torch.bfloat16),
+                                          ("head-smooth", torch.bfloat16), ("default", torch.float16)],
+                         ids=["default-bf16", "no-smooth-bf16", "head-smooth-bf16", "default-fp16"])
+def test_v3_mma_fwht(monkeypatch, config, dtype):
+    """Q's / K's Hadamard on the tensor cores (``V3_MMA_FWHT``, head_dim 256) vs the default pass: V, its descales, K's
+    mean equal bit for bit; the LSE shift within float32 summation's bound (other channels per thread); Q / K e4m3 each
+    one of the two e4m3 neighbours of float64 R (x - mean) / descale, squared error within 1% of the default's, bytes
+    differing from the default's: Q <= 1e-4 (only the float32 sums' order differs), K <= 6% with smoothing (the mma's
+    input is (x - mean) * sign rounded to the input dtype), <= 1e-4 without; descales equal. GQA, odd lengths (tail
+    tokens not stored), batch 3, a negative scale, NaN-poisoned memory."""
+    monkeypatch.setattr(qk, "V3_STAGED_MEAN", True)
+    cfg = CONFIGS[config]
+    D = 256
+    g = torch.Generator(device="cuda").manual_seed(31)
+    q = (torch.randn(3, 517, 8, D, device="cuda", generator=g) * 2).to(dtype)
+    k = (torch.randn(3, 1001, 2, D, device="cuda", generator=g) - 1).to(dtype)
+    v = torch.randn(3, 1001, 2, D, device="cuda", generator=g).to(dtype)
+    k = k + torch.linspace(-4, 4, D, device="cuda").to(dtype)
+    for scale in (None, -0.7):
+        got = []
+        for on in (False, True):
+            monkeypatch.setattr(qk, "V3_MMA_FWHT", on)
+            torch.full((1 << 24,), float("nan"), device="cuda")  # freed at once: torch.empty may hand it out again
+            got.append(qk.quantize(q, k, v, config=cfg, softmax_scale=scale, pipeline="v3"))
+        a, b = got
+        assert torch.equal(a.v_t.view(torch.uint8), b.v_t.view(torch.uint8))
+        for name in ("q_descale", "k_descale", "v_descale", "k_mean"):
+            x, y = getattr(a, name), getattr(b, name)
+            assert (x is None and y is None) or torch.equal(x, y), name
+        if a.lse_shift is not None:
+            assert_shift_close(b.lse_shift, a.lse_shift, q, a.k_mean, a.softmax_scale)
+        signs = qk._signs(q.device, D, cfg.seed, False)
+        k_signs = qk._signs(q.device, D, cfg.seed, scale is not None and scale < 0)
+        assert_rotated_close(b.q, b.q_descale.expand(-1, -1, -(-517 // b.block_m)).contiguous(), q, signs, None,
+                             b.block_m, a.q, 1e-4)
+        kmean = None if b.k_mean is None else (b.k_mean * (-1 if scale is not None and scale < 0 else 1))
+        assert_rotated_close(b.k, b.k_descale.expand(-1, -1, -(-1001 // b.block_n)).contiguous(), k, k_signs, kmean,
+                             b.block_n, a.k, 0.06 if cfg.smooth_k else 1e-4)

@@ -299,7 +299,8 @@ class PassConfig:
     shift (Q with K smoothing): also write ``scale * q . mean`` per row (``quantize.smoothing_lse_shift``);
     staged_store (role "qk", coalesced, rows % 32 == 0): the e4m3 bytes stored through the stage just read
     (``store_qk_staged``); late_count (with fused_mean): K's blocks counted after the CTA's loop, not per block
-    (``count_late``)."""
+    (``count_late``); mma_fwht (role "qk", rotate, coalesced, head_dim 256): the Hadamard's low 4 channel bits on
+    mma.sync (``mma_fwht``, ``V3_MMA_FWHT``)."""
 
     role: str = "qk"
     rotate: bool = True
@@ -346,9 +347,10 @@ class PassConfig:
             raise ValueError("fp8-quant: the staged store writes Q's / K's e4m3 through a coalesced stage (role 'qk', "
                              "coalesced, mode 'block' or 'given', rows a multiple of 32)")
         if self.mma_fwht and not (self.role == "qk" and self.rotate and self.coalesced and head_dim == 256
-                                  and not self.staged_store):
+                                  and not (self.staged_store or self.k_once)):
             raise ValueError("fp8-quant: mma_fwht runs the rotated Q / K Hadamard of a coalesced pass on the tensor "
-                             f"cores (role 'qk', rotate, coalesced, head_dim 256, no staged_store; "
+                             f"cores (role 'qk', rotate, coalesced, head_dim 256, no staged_store / "
+                             f"k_once: their maps assume 16-channel chunks; "
                              f"got head_dim {head_dim})")
         if self.role == "v" and (self.rotate or self.smooth or self.shift):
             raise ValueError("fp8-quant: V is neither rotated nor smoothed")
@@ -1413,7 +1415,9 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
     (``PassConfig.late_count``; the same mean bit for bit). k_once (role "qk", with mean, k_parts
     (B, H, T, D) float32 scratch, k_count (B * H,) int32 zeros, coalesced, staged_mean): K's mean summed in this launch
     and written into ``mean`` before its blocks are quantised (``PassConfig.k_once``; the caller zeroes ``mean`` when
-    B * N * H = 0; T < 2^(31 - ONCE_BITS))."""
+    B * N * H = 0; T < 2^(31 - ONCE_BITS)). mma_fwht (role "qk", rotate, coalesced, head_dim 256, not with
+    k_once or the staged store; ignored otherwise): the Hadamard's low 4 channel bits on mma.sync
+    (``PassConfig.mma_fwht``; e4m3 within one step of the recipe, not bit for bit)."""
     B, N, H, D = x.shape
     T_blocks = -(-N // block)
     x = interop.aligned(x)
@@ -1462,7 +1466,7 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
                          and block % 32 == 0, late_count=late_count and fused and kmean,
                          k_once=k_once,
                          mma_fwht=mma_fwht and role == "qk" and rotate and coalesced and D == 256
-                         and not (staged_store and mode != "amax" and block % 32 == 0))
+                         and not (k_once or (staged_store and mode != "amax" and block % 32 == 0)))
         fn, ctas = _pass(dev, x.dtype, D, cfg)
         # k_once: a grid no larger than what is resident (``_pass``: SMs x CTAs per SM), or it may deadlock
         fn(x, y, descale, signs, mean_t, shift_t, k_t, parts_t, count_t, shift_scale,
