@@ -11,26 +11,27 @@
 #
 # 1. precompile (16 processes, --unique, into the disk cache): default / mma at D 256 (bf16: default, no-smooth,
 #    head-smooth recipes; fp16: default), the default at D 64 / 128 (scripts/quant_precompile.py --set hadacore)
-# 2. GPU tests (-n 3): test_v3_mma_fwht (bf16 default / no-smooth / head-smooth, fp16 default = 4): V, descales and K's mean
-#    equal to the default's bit for bit, the LSE shift within float32 summation's bound, Q / K e4m3 each one of the two
-#    e4m3 neighbours of float64 R (x - mean) / descale, squared error within 1% of the default's, bytes differing from
-#    the default's <= 1e-4 (Q; K unsmoothed) / <= 6% (K smoothed); GQA, odd lengths, batch 3, a negative scale,
-#    NaN-poisoned memory (the switch-off call in each test is the unchanged default path).
-#    No racecheck: the switch changes no synchronisation (same barriers, same stage life cycle; only the stage's
-#    swizzle and which channels a thread reads / writes).
+# 2. GPU tests (-n 3): test_v3_mma_fwht (bf16 default / no-smooth / head-smooth, fp16 default = 4): V and K's mean
+#    equal to the default's bit for bit, the LSE shift within float32 summation's bound, Q / K e4m3 each within one e4m3
+#    step of float64 R (x - mean) / descale (smoothed K: + 1.75 units = 2^-8 of the amax, the bf16 rounding of the mma's
+#    input), mean squared error within 2% of the default's, bytes differing from the default's <= 1e-4 (Q; K
+#    unsmoothed) / <= 10% (K smoothed; CPU emulation 6.0% bf16, 1.1% fp16), descales equal in >= 90% of the blocks;
+#    GQA, odd lengths, batch 3, a negative scale, NaN-poisoned memory (the switch-off call in each test is the
+#    unchanged default path). No racecheck: the switch changes no synchronisation (same barriers, same stage life
+#    cycle; only the stage's swizzle and which channels a thread reads / writes).
 # 3. scripts/fp8_quant_bandwidth.py: def (the current default) vs defm (+ V3_MMA_FWHT), the default recipe, B*N = 16k,
 #    H*D = 2048, D 64 / 128 / 256 + GQA D 128 (defm differs from def at D 256 only: the other rows are an A/A check of
-#    the protocol); 5 rotated rounds (median), per-kernel us and % of copy per pass; defm's Q / K checked within one e4m3
-#    step of the recipe (<= 6% of bytes, ``near_e4m3``), the rest bit for bit. If step 2 did not pass (4 passed, no
+#    the protocol); 5 rotated rounds (median), per-kernel us and % of copy per pass; defm's Q / K checked near the
+#    recipe (``near_e4m3``: <= 10% of bytes differ, each within one step + 1.75 units), the rest bit for bit. If step 2 did not pass (4 passed, no
 #    failure or error), defm is left out of the timing (def alone is timed).
 # Pass (correctness): "== gpu_tests: rc=0" (4 passed); every bandwidth row "ok", the A/B line "all matched: True".
 # Flip rule (the lead sets V3_MMA_FWHT = True): correctness passed, at D 256 defm's K and Q pass times both <= 0.95x
 # def's and the whole call <= 0.97x, and the A/A rows (D 64 / 128 / GQA) within 0.97-1.03 (else the run is too noisy
 # to decide: no flip).
 # Prediction (bench/NOTES.md, "Session 9 (2026-12-01): the Hadamard on the tensor cores; predictions before the run"):
-# D 256 K pass 47 -> 38-44 us, Q pass 49 -> 41-47 us (static loop -13% / -10% instructions, issue-bound at ~50% issue
-# efficiency), whole call 0.90-0.96x (47 -> 49-52% of copy); D 64 / 128 / GQA 1.00 +- 0.03. The 70% target stays
-# missed at D 256 (K read twice; V's launch unchanged).
+# D 256 K pass 46.5 -> 41-45 us, Q pass 48.7 -> 44-48 us (static SASS -13% / -10%, issue-bound at ~50% issue
+# efficiency), whole call 0.94-0.98x (47 -> 48-50% of copy); D 64 / 128 / GQA 1.00 +- 0.03. The 70% target stays missed
+# at D 256 (K read twice; V's launch unchanged).
 set -uo pipefail
 source "$(dirname "$0")/steps.sh"; help_from_header "$@"
 out="${OUT:-results}/hadacore"; session_setup "$out"
