@@ -29,7 +29,7 @@
 # def's and the whole call <= 0.97x, and the A/A rows (D 64 / 128 / GQA) within 0.97-1.03 (else the run is too noisy
 # to decide: no flip).
 # Prediction (bench/NOTES.md, "Session 9 (2026-12-01): the Hadamard on the tensor cores; predictions before the run"):
-# D 256 K pass 46.5 -> 36-44 us, Q pass 48.7 -> 41-47 us (main loop -25% / -16% SASS instructions; the passes
+# D 256 K pass 46.5 -> 36-44 us, Q pass 48.7 -> 41-47 us (main loop -22% / -16% SASS instructions; the passes
 # issue-bound at ~50% issue efficiency), whole call 0.88-0.96x (47 -> 49-53% of copy); D 64 / 128 / GQA 1.00 +- 0.03.
 # The 70% target stays missed at D 256 (K read twice; V's launch unchanged).
 set -uo pipefail
