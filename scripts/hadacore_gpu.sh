@@ -27,7 +27,9 @@
 # Pass (correctness): "== gpu_tests: rc=0" (4 passed); every bandwidth row "ok", the A/B line "all matched: True".
 # Flip rule (the lead sets V3_MMA_FWHT = True): correctness passed, at D 256 defm's K and Q pass times both <= 0.95x
 # def's and the whole call <= 0.97x, and the A/A rows (D 64 / 128 / GQA) within 0.97-1.03 (else the run is too noisy
-# to decide: no flip).
+# to decide: no flip), AND the exact smoothed-K path first (the MMA's A operand is (x - mean) * sign rounded to 16
+# bits: ~6% of smoothed K's bytes differ from the torch recipe in bf16, which the emulation and the accuracy study do
+# not model; NOTES: start the accumulator at the transformed mean instead). Until then a win here is a measurement.
 # Prediction (bench/NOTES.md, "Session 9 (2026-12-01): the Hadamard on the tensor cores; predictions before the run"):
 # D 256 K pass 46.5 -> 36-44 us, Q pass 48.7 -> 41-47 us (main loop -22% / -16% SASS instructions; the passes
 # issue-bound at ~50% issue efficiency), whole call 0.88-0.96x (47 -> 49-53% of copy); D 64 / 128 / GQA 1.00 +- 0.03.
