@@ -190,6 +190,18 @@ FP8TWO_VARIANTS: dict[int, dict[str, dict]] = {
     256: {"new": {}, "fused": dict(reduce_chains=1), "old": dict(fused_promote=False, reduce_chains=1),
           "single_overlap": dict(D256_VARIANTS[256]["single_overlap"], reduce_chains=1)},
 }
+# --set fp8turn (scripts/fp8two2_gpu.sh, session 9 round 2): what separates the head_dim 256 default from one running
+# accumulator, in the ping-pong turn. new: the default (two-level, s_lookahead with S in two halves, fused_promote,
+# reduce_chains 2); early: new + s_early_arrive (the turn handed on right after S half 0's issue: the last P V slice's
+# wait and promotion and S half 1's issue outside the turn); nopp: new without ping-pong (both consumer warpgroups issue
+# their GEMMs whenever ready, as bf16 fa3's head_dim 256 default); single_overlap: one running accumulator with
+# intra-warpgroup overlap and one chain (session 8's reference); single_overlap_c2: the same with reduce_chains 2 (the
+# default's chains: the fair reference). The names and changes are tests/test_fa3_fp8_speed_gpu.py's FP8TURN_VARIANTS.
+FP8TURN_VARIANTS: dict[int, dict[str, dict]] = {
+    256: {"new": {}, "early": dict(s_early_arrive=True), "nopp": dict(pingpong=False),
+          "single_overlap": dict(D256_VARIANTS[256]["single_overlap"], reduce_chains=1),
+          "single_overlap_c2": dict(D256_VARIANTS[256]["single_overlap"], reduce_chains=2)},
+}
 # --set fp8emu (scripts/ex2emu_gpu.sh, session 9): exp2_emu 1 / 2 (1 / 2 of every 8 exponentials of a thread's row from
 # FMAs, common.exp2_poly) on the head_dim 64 default (192 x 192 serial, three warpgroups: 98 MUFU.EX2 + 48 F2FP per warp
 # and tile, the one fa3-fp8 kernel whose MUFU (+ F2FP, if they share a pipe) time is near its measured tile time). The
@@ -208,7 +220,7 @@ FP8D128_TEST_KERNELS = [("fp8", 64, FP8D128_VARIANTS[64]["tn128_tail"])]
 SETS = {"ab": (VARIANTS, {}), "fp8speed": (SPEED_VARIANTS, SPEED_BF16_VARIANTS), "fp8flip": (FLIP_VARIANTS, {}),
         "fp8small": (FP8SMALL_VARIANTS, {}), "fp8mid": (FP8MID_VARIANTS, {}), "fp8d128": (FP8D128_VARIANTS, {}),
         "fp8d256": (D256_VARIANTS, {}), "fp8d256b": (D256B_VARIANTS, {}), "fp8two": (FP8TWO_VARIANTS, {}),
-        "fp8emu": (FP8EMU_VARIANTS, {})}
+        "fp8emu": (FP8EMU_VARIANTS, {}), "fp8turn": (FP8TURN_VARIANTS, {})}
 LEGENDS = {
     "fp8speed": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs; new = the default then; single* = one "
                 "running accumulator; early = early_pv_arrive; skip = skip_unit_rescale; emuN = exp2_emu=N; promote4 = "
@@ -249,6 +261,11 @@ LEGENDS = {
               "the default (two-level, four P V slices, s_lookahead with S in two halves, fused_promote: O in units of "
               "v_descale, O = alpha' O + tmp, one FFMA per element and tile; reduce_chains 2); fused = fused_promote "
               "with one chain; old = the default before session 9 (skip_unit_rescale, no fused_promote); single_overlap = one running accumulator with intra-warpgroup overlap; bf16_fa3 = ours.",
+    "fp8turn": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs, head_dim 256, 128 x 128 tiles; new = "
+               "the default (two-level, four P V slices, s_lookahead with S in two halves, fused_promote, reduce_chains "
+               "2); early = s_early_arrive (the ping-pong turn handed on after S half 0's issue); nopp = no ping-pong; "
+               "single_overlap = one running accumulator with intra-warpgroup overlap, one chain (_c2: two chains, "
+               "the fair reference); bf16_fa3 = ours.",
 }
 # issue 10's targets: (head_dim, seqlen, causal or None for both, what, threshold)
 TARGETS = [(256, 16384, False, "tflops", 1100.0), (128, None, False, "over_bf16", 1.4), (64, None, False, "over_bf16", 1.3),
@@ -327,7 +344,7 @@ def compile_jobs(head_dims, causals, tests: bool = True, variant_set: str = "ab"
     work += [("recipe", D, c, ("bfloat16", ("block", True, True, True))) for D in head_dims for c in (False, True)]
     # their tests run both causal modes of every timed variant
     if tests and variant_set in ("fp8speed", "fp8flip", "fp8small", "fp8mid", "fp8d128", "fp8d256", "fp8d256b", "fp8two",
-                                 "fp8emu"):
+                                 "fp8emu", "fp8turn"):
         work += [("fp8", D, c, ch) for D in head_dims for c in (False, True) for ch in fp8_variants[D].values()]
         work += [("bf16", D, c, ch) for D in head_dims for c in (False, True) for ch in bf16_variants.get(D, {}).values()]
         if variant_set == "fp8speed":
@@ -642,7 +659,7 @@ def speed_summary(speed_rows: list[dict], error_rows: list[dict], variant_set: s
                   f"- kernel vs float64 within 1.02x of the emulation's: worst "
                   f"{gap['kernel_vs_float64'] / gap['emulation_vs_float64']:.3f}x (d{gap['head_dim']} {gap['variant']}): "
                   f"{'PASS' if gap['kernel_vs_float64'] / gap['emulation_vs_float64'] <= 1.02 else 'FAIL'}"]
-        if variant_set in ("fp8mid", "fp8d128", "fp8two", "fp8emu"):  # per variant: a failing one must not hide the others
+        if variant_set in ("fp8mid", "fp8d128", "fp8two", "fp8emu", "fp8turn"):  # per variant: a failing one must not hide the others
             lines += ["", "kernel vs emulation rel-L2 per variant (causal 0 / 1):", ""]
             for D in sorted({r["head_dim"] for r in error_rows}):
                 for name in fp8_variants[D]:
@@ -699,6 +716,18 @@ def halves_cost_lines(speed_rows: list[dict]) -> str:
         verdict = "SUPPORTED" if mean >= HALVES_COST_HYPOTHESIS else "REJECTED"
         lines.append(f"- mean halves cost {mean:+.1%} over {len(costs)} pairs: "
                      f"hypothesis (>= {HALVES_COST_HYPOTHESIS:.0%}) {verdict}")
+    return "\n".join(lines) + "\n"
+
+
+def turn_cost_lines(speed_rows: list[dict]) -> str:
+    """--set fp8turn: per problem, the two-level cost (single / two-level - 1) of new and of each two-level variant
+    against single_overlap_c2 (the default's two chains: the fair reference) and single_overlap (one chain)."""
+    lines = ["", "## two-level cost per variant (fp8turn): against single_overlap_c2 / single_overlap", ""]
+    for (D, N, c), tf in sorted(_by_problem(speed_rows).items()):
+        refs = [tf.get("single_overlap_c2"), tf.get("single_overlap")]
+        cells = [f"{n} " + " / ".join("-" if not r else f"{r / tf[n] - 1:+.1%}" for r in refs)
+                 for n in tf if n in FP8TURN_VARIANTS.get(D, {}) and not n.startswith("single") and tf[n]]
+        lines.append(f"- d{D} N{N} causal={int(c)}: " + "; ".join(cells))
     return "\n".join(lines) + "\n"
 
 
@@ -830,7 +859,8 @@ def main() -> int:
                          "fp8d256: head_dim 256 two-level schedules (D256_VARIANTS, scripts/fp8d256_gpu.sh); "
                          "fp8d256b: what S in two 64-key halves costs (D256B_VARIANTS, scripts/fp8d256b_gpu.sh); "
                          "fp8two: head_dim 256 fused_promote (FP8TWO_VARIANTS, scripts/fp8two_gpu.sh); fp8emu: exp2_emu 1 / 2 "
-                         "at head_dim 64 (FP8EMU_VARIANTS, scripts/ex2emu_gpu.sh)")
+                         "at head_dim 64 (FP8EMU_VARIANTS, scripts/ex2emu_gpu.sh); fp8turn: head_dim 256 ping-pong turn "
+                         "(FP8TURN_VARIANTS, scripts/fp8two2_gpu.sh)")
     ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128, 256], choices=[64, 128, 256])
     ap.add_argument("--seqlens", type=int, nargs="+", default=[4096, 16384])
     ap.add_argument("--causal", choices=["no", "yes", "both"], default="both")
@@ -894,12 +924,15 @@ def main() -> int:
             return 1 if bad else 0
     speed_rows = speed(args, args.out)
     print(f"speed done at {time.time() - t0:.0f}s", flush=True)
-    if args.set in ("fp8speed", "fp8flip", "fp8small", "fp8mid", "fp8d128", "fp8d256", "fp8d256b", "fp8two", "fp8emu"):
+    if args.set in ("fp8speed", "fp8flip", "fp8small", "fp8mid", "fp8d128", "fp8d256", "fp8d256b", "fp8two", "fp8emu",
+                    "fp8turn"):
         text = speed_summary(speed_rows, variant_errors(args, args.out) if args.errors else [], args.set)
         if args.set == "fp8d256b":
             text += halves_cost_lines(speed_rows)
-        if args.set in ("fp8small", "fp8mid", "fp8d128", "fp8two", "fp8emu"):
+        if args.set in ("fp8small", "fp8mid", "fp8d128", "fp8two", "fp8emu", "fp8turn"):
             text += two_level_target_lines(speed_rows, args.set)
+        if args.set == "fp8turn":
+            text += turn_cost_lines(speed_rows)
     else:
         error_rows = errors(args, args.out) if args.errors else []
         stats = []

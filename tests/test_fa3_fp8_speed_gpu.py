@@ -5,7 +5,8 @@
 head_dim 64/128: ``FP8SMALL_VARIANTS``), the lookahead schedule at 128 (session 7:
 ``FP8MID_VARIANTS``), ``q_tail_first`` (the partial query tile first under causal masking; session 7: ``FP8D128_VARIANTS``),
 ``fused_promote`` at head_dim 256 (O *= alpha folded into the two-level promotion; session 8: ``FP8TWO_VARIANTS``),
-``exp2_emu`` 1 / 2 on the head_dim 64 default (session 9: ``FP8EMU_VARIANTS``),
+``exp2_emu`` 1 / 2 on the head_dim 64 default (session 9: ``FP8EMU_VARIANTS``), the head_dim 256 ping-pong turn
+(``s_early_arrive``, no ping-pong; session 9: ``FP8TURN_VARIANTS``),
 the defaults before session 5 ("old"), and the
 combinations scripts/fa3_fp8_speed_ab.py times (``--set fp8speed`` / ``fp8flip``, whose precompile builds these).
 
@@ -121,6 +122,14 @@ FP8EMU_VARIANTS = {
     "fp8emu-d64-emu2": (64, dict(exp2_emu=2)),
 }
 
+# session 9 round 2, head_dim 256 (scripts/fa3_fp8_speed_ab.py FP8TURN_VARIANTS, "fp8turn-d256-<name>"): the default with
+# the ping-pong turn handed on after S half 0's issue (s_early_arrive), and without ping-pong; same roundings as the
+# default (the emulation is unchanged)
+FP8TURN_VARIANTS = {
+    "fp8turn-d256-early": (256, dict(s_early_arrive=True)),
+    "fp8turn-d256-nopp": (256, dict(pingpong=False)),
+}
+
 
 def _inputs(shape, head_dim, seed):
     B, Nq, Nk, H, Hkv = shape
@@ -132,7 +141,7 @@ def _inputs(shape, head_dim, seed):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
 @pytest.mark.parametrize("variant", [*FP8_VARIANTS, *FP8SMALL_VARIANTS, *FP8MID_VARIANTS, *FP8D128_VARIANTS,
-                                     *FP8TWO_VARIANTS, *FP8EMU_VARIANTS])
+                                     *FP8TWO_VARIANTS, *FP8EMU_VARIANTS, *FP8TURN_VARIANTS])
 def test_fp8_variant_vs_emulation(fp8_kernel, variant, shape, causal, request, nan_allocations):
     _check_variant(fp8_kernel, variant, shape, causal, zlib.crc32(request.node.nodeid.encode()), nan_allocations)
 
@@ -156,7 +165,7 @@ def _check_variant(fp8_kernel, variant, shape, causal, seed, nan_allocations):
     from fa_variants.reference import attention_reference
 
     D, change = {**FP8_VARIANTS, **FP8SMALL_VARIANTS, **FP8MID_VARIANTS, **FP8D128_VARIANTS, **FP8TWO_VARIANTS,
-                 **FP8EMU_VARIANTS}[variant]
+                 **FP8EMU_VARIANTS, **FP8TURN_VARIANTS}[variant]
     cfg = dataclasses.replace(fp8_kernel.DEFAULT_CONFIGS[D], **change)
     q, k, v = _inputs(shape, D, seed)
     # the emulation's accumulation (two_level, interval) comes from the recipe; a variant with another tile_n gets

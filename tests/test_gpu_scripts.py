@@ -357,6 +357,40 @@ def test_fp8two_set_and_script():
     assert ab.failed_variants(log, "fp8two") == ["fused"]
 
 
+def test_fp8turn_set_and_script():
+    """scripts/fp8two2_gpu.sh (session 9 round 2, the head_dim 256 ping-pong turn): --set fp8turn times new, early,
+    nopp, single_overlap and single_overlap_c2 at head_dim 256 without flash-attn-4; its precompile covers every kernel
+    of its GPU tests (-k fp8turn: early and nopp in both causal modes), 14 jobs and 12 tests as its header says; limits
+    within the 120 s budget; the A/B gets both earlier logs through --drop-failed, and a failed test leaves its variant
+    out; -k fp8two (scripts/fp8two_gpu.sh) does not select these tests."""
+    import test_fa3_fp8_speed_gpu as gpu_tests
+
+    text = (ROOT / "scripts" / "fp8two2_gpu.sh").read_text()
+    assert "--set fp8turn --head-dims 256 --no-flash-attn" in text and "-k fp8turn" in text
+    assert '--drop-failed "$work/precompile.log" "$work/variant_tests.log"' in text and "CUT=(--drop early nopp)" in text
+    limits = [int(m) for m in re.findall(r"^\s*step \w+ (\d+) ", text, re.M)]
+    assert len(limits) == 3 and sum(limits) <= 120, limits
+    ab = load_script("fa3_fp8_speed_ab")
+    assert list(ab.FP8TURN_VARIANTS[256]) == ["new", "early", "nopp", "single_overlap", "single_overlap_c2"]
+    assert ab.FP8TURN_VARIANTS[256]["single_overlap"] == ab.FP8TWO_VARIANTS[256]["single_overlap"]
+    jobs = ab.compile_jobs([256], [False, True], variant_set="fp8turn")
+    assert len(jobs) == 14 and "14 jobs" in text
+    tested = list(gpu_tests.FP8TURN_VARIANTS.values())
+    assert len(tested) * 2 * len(gpu_tests.SHAPES) == 12 and '"12 passed"' in text
+    assert not any("fp8two" in name for name in gpu_tests.FP8TURN_VARIANTS)
+    for name, (D, change) in gpu_tests.FP8TURN_VARIANTS.items():
+        assert ab.FP8TURN_VARIANTS[D][name.split("-", 2)[2]] == change, name
+        for causal in (False, True):
+            assert ("fp8", D, causal, ab._freeze(change)) in jobs, (name, causal)
+    for change in ab.FP8TURN_VARIANTS[256].values():
+        ab.kernel_config(256, change).check(256)
+    log = "FAILED tests/test_fa3_fp8_speed_gpu.py::test_fp8_variant_vs_emulation[fp8turn-d256-nopp-1x113x113x4x2-causal] - x\n"
+    assert ab.failed_variants(log, "fp8turn") == ["nopp"]
+    rows = [dict(head_dim=256, seqlen=16384, causal=False, impl=n, tflops=t, spread=0.05)
+            for n, t in (("new", 1000.0), ("early", 1050.0), ("single_overlap", 1100.0), ("single_overlap_c2", 1150.0))]
+    assert "new +15.0% / +10.0%; early +9.5% / +4.8%" in ab.turn_cost_lines(rows)
+
+
 @pytest.mark.parametrize("backend", ["fa1", "fa2", "fa3", "fa3-fp8"])
 def test_sanitize_plan_reads_the_registry(backend):
     """The worker's (dtype, head_dims) come from the one registry (a renamed dispatch helper broke every pair

@@ -87,6 +87,13 @@ scales (one descale per 128 query rows and per ``tile_n`` keys, ``fa_variants.fp
   is per thread, the branch diverges), ~67% of the tiles at 32 K/V tiles and ~32% at 128 for iid scores; with the
   switch the main loop has 618 instructions a warp and tile (default 737 with the block, 609 without; single_overlap
   574: the same FP32 work, FMUL for FFMA, and 20 fewer QGMMA issues and descriptor adds).
+* The head_dim 256 ping-pong turn (session 9, round 2; both off, A/B ``scripts/fp8two2_gpu.sh``): read in the SASS, the
+  default's turn (BAR.SYNC .. BAR.ARV) holds the four P V slices with three waits and 3 x 32 promotion FFMAs, S half
+  0, the last slice's wait and promotion and S half 1, where single_overlap's turn only issues its 12 QGMMAs.
+  ``s_early_arrive`` hands the turn on right after S half 0's issue (the last slice's wait and promotion and S half 1
+  outside the turn, as the lookahead without s_halves does); ``pingpong=False`` (accepted by the lookahead) drops the
+  turn: both warpgroups issue whenever ready (bf16 fa3's head_dim 256 default has no ping-pong). Same operations and
+  roundings: the emulation is unchanged.
 * K/V tiles are walked from the last to the first (as fa3). Output in the caller's 16-bit dtype,
   LSE float32 natural log; rows that see no key give O = 0 and LSE = -inf.
 
@@ -156,6 +163,11 @@ class Fp8Config(Fa3Config):
         promotion instead of two (round(alpha O) then fma): the fused form the emulation's docstring already names
         (with power-of-two descales the unit change is exact). O / v_descale must stay finite: a V block of
         descale 2^-110 (all zeros) after O of magnitude >= 2^18 overflows (the single accumulator's limit too).
+    s_early_arrive: (session 9, round 2; off; needs s_lookahead with s_halves) the ping-pong turn handed on right after
+        S half 0's issue, before the wait for the last P V slice: that wait, the slice's promotion and S half 1's issue
+        run outside the turn (the lookahead without s_halves already hands it on before its last promotion), so the
+        other warpgroup's P V slices queue behind half 0 instead of behind half 1. Same operations and roundings: the
+        emulation is unchanged.
     """
 
     two_level: bool = True
@@ -167,6 +179,7 @@ class Fp8Config(Fa3Config):
     s_lookahead: bool = False
     s_halves: bool = False
     fused_promote: bool = False
+    s_early_arrive: bool = False
 
     def smem_bytes(self, head_dim: int, elem_bytes: int = 1) -> int:
         qo = self.tile_m * head_dim * 2  # Q (e4m3) shares its buffer with the 16-bit O
@@ -192,10 +205,10 @@ class Fp8Config(Fa3Config):
             raise ValueError(f"fa3-fp8: promote_every={self.promote_every} must be >= 1, and 1 with pv_split > 1 "
                              f"(the interval's temporary covers the whole of head_dim)")
         if self.s_lookahead and not (self.two_level and self.promote_every == 1 and self.pv_split > 1 and self.pv_buffers == 2
-                                     and self.pingpong and not self.intra_wg_overlap and not self.early_pv_arrive
+                                     and not self.intra_wg_overlap and not self.early_pv_arrive
                                      and not self.shared_kv_state and not self.descale_prefetch):
             raise ValueError("fa3-fp8: s_lookahead needs two_level, promote_every 1, pv_split > 1 with pv_buffers 2, "
-                             "pingpong, intra_wg_overlap, early_pv_arrive, shared_kv_state and descale_prefetch off")
+                             "intra_wg_overlap, early_pv_arrive, shared_kv_state and descale_prefetch off")
         halves_fit = self.tile_n * self.pv_split == 2 * head_dim and self.pv_split % 2 == 0
         if self.s_halves and self.s_lookahead and not halves_fit:
             raise ValueError(f"fa3-fp8: s_halves with s_lookahead needs tile_n * pv_split == 2 * head_dim with pv_split "
@@ -204,6 +217,9 @@ class Fp8Config(Fa3Config):
         if self.s_halves and self.tile_n % 64:
             raise ValueError(f"fa3-fp8: s_halves needs tile_n a multiple of 64 (two halves of whole 32-key k-blocks "
                              f"of P), got tile_n={self.tile_n}")
+        if self.s_early_arrive and not (self.s_lookahead and self.s_halves and self.pingpong):
+            raise ValueError("fa3-fp8: s_early_arrive needs s_lookahead with s_halves and pingpong (the turn ends after "
+                             "S half 0)")
         if self.fused_promote and not self.s_lookahead:
             raise ValueError("fa3-fp8: fused_promote needs s_lookahead (the head_dim 256 schedule it is built for)")
         if self.rescale_o_before_pv:
@@ -234,7 +250,7 @@ DEFAULT_SWITCHES = {64: dict(reduce_chains=4), 96: {}, 128: {},
                     256: dict(skip_unit_rescale=True, s_lookahead=True, s_halves=True, fused_promote=True,
                               reduce_chains=2)}
 #: the changes that take the head_dim 256 default back to its serial steps (no lookahead, S in one MMA)
-NO_LOOKAHEAD = dict(s_lookahead=False, s_halves=False, fused_promote=False)
+NO_LOOKAHEAD = dict(s_lookahead=False, s_halves=False, fused_promote=False, s_early_arrive=False)
 
 
 def _default(head_dim: int) -> Fp8Config:
@@ -498,13 +514,17 @@ class _Fp8StepContext(_StepContext):
             if const_expr(h > 0):
                 self._promote_step(h - 1, vd, alpha, bufs[(h - 1) % 2], seqlen_end)
         if const_expr(self.k.cfg.s_halves):  # S half 0 in the free temporary, the last slice promoted under it, half 1
+            early = const_expr(self.k.cfg.s_early_arrive)  # the turn ends after half 0's issue
             if const_expr(has_next):
                 wgmma(self.mma_qk, bufs[0], self.tSrQ, self._k_half(k_state.index, 0), zero_init=True, wait=-1)
+            if const_expr(early):
+                self.schedule_arrive()
             warpgroup.wait_group(1 if has_next else 0)
             self._promote_step(last, vd, alpha, bufs[last % 2], seqlen_end)
             if const_expr(has_next):
                 wgmma(self.mma_qk, bufs[1], self.tSrQ, self._k_half(k_state.index, 1), zero_init=True, wait=-1)
-            self.schedule_arrive()
+            if const_expr(not early):
+                self.schedule_arrive()
         else:
             if const_expr(has_next):
                 wgmma(self.mma_qk, acc_S, self.tSrQ, self.tSrK[None, None, None, k_state.index], zero_init=True, wait=-1)
