@@ -149,7 +149,7 @@ class Fp8Config(Fa3Config):
     s_lookahead: the next K/V tile's S GEMM issued inside this tile's ping-pong turn, after the last P V slice
         and before that slice's promotion (``_Fp8StepContext.lookahead_loop``; the field's default is off, but
         the head_dim 256 default config has it on with s_halves since session 6: ``DEFAULT_SWITCHES``, and
-        ``NO_LOOKAHEAD`` turns both off). Needs two_level, promote_every 1, pv_split > 1 with pv_buffers 2, serial steps, ping-pong,
+        ``NO_LOOKAHEAD`` turns both off). Needs two_level, promote_every 1, pv_split > 1 with pv_buffers 2, serial steps (ping-pong or not: session 9),
         descale_prefetch off (the step reads v_descale once itself).
     s_halves: the S GEMM as two warpgroup MMAs of tile_n / 2 keys (Q read from shared memory twice). With
         s_lookahead each half lives in one temporary's registers (needs tile_n * pv_split == 2 * head_dim: 128 x 128
