@@ -366,3 +366,30 @@ def test_ex2emu_variants(name, head_dim, config, causal):
         q, k, v = _qkv(*shape, head_dim, BF16)
         _check(q, k, v, causal, config=config, what=f"{name} D={head_dim} causal={causal} {shape}")
     _check_logit_shifts(name, head_dim, config, causal)
+
+
+D64GAP = _ab_variants("D64GAP")  # session 9, D 64: every exponential before the P V wait (Sm90Config.pv_wait_late)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("name, head_dim, config", D64GAP, ids=[f"{n}-d{d}" for n, d, _ in D64GAP])
+def test_d64gap_variants(name, head_dim, config, causal):
+    """scripts/d64gap_gpu.sh's variants (`pvlate`, `pvlate-noskip`: the P V wait after every exponential of the tile,
+    through a branch never taken on the row sums) vs float64 over ALPHA_SHAPES (one K/V tile and many, odd lengths,
+    Nq != Nk both ways, GQA and MQA), NaN-poisoned outputs, LSE checked; then EC-04's logit shifts (huge rows: the
+    exact form's branch, before the new one)."""
+    for shape in ALPHA_SHAPES:
+        q, k, v = _qkv(*shape, head_dim, BF16)
+        _check(q, k, v, causal, config=config, what=f"{name} D={head_dim} causal={causal} {shape}")
+    _check_logit_shifts(name, head_dim, config, causal)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_pv_wait_late_same_values(causal):
+    """pv_wait_late moves where the step waits for its P V GEMM, not what it computes (the same operations on the same
+    values, in the same reduction order): at D 64, O and LSE with it equal the default's bit for bit."""
+    default = fa3.DEFAULT_CONFIGS[64]
+    q, k, v = _qkv(2, 1023, 1023, 4, 2, 64, BF16)
+    want = fa3.run(q, k, v, causal=causal, softmax_scale=0.1, config=default)
+    got = fa3.run(q, k, v, causal=causal, softmax_scale=0.1, config=dataclasses.replace(default, pv_wait_late=True))
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

@@ -1249,3 +1249,61 @@ def test_pending9_runs_named_scripts_and_the_changed_defaults_tests():
     assert '-k "compile or 256"' in text
     for path in ("tests/test_torch_compile.py", "tests/test_fa3_gpu.py", "tests/test_fa3_fp8_gpu.py"):
         assert path in text
+
+
+def _d64gap_log(passed: list[str], failed: list[str] = (), summary: bool = True) -> str:
+    """A pytest -rfEp log of scripts/d64gap_gpu.sh's test step: PASSED / FAILED lines for the given test ids."""
+    lines = [f"PASSED tests/test_fa3_gpu.py::{t}" for t in passed] + [f"FAILED tests/test_fa3_gpu.py::{t} - x" for t in failed]
+    return "\n".join(lines + ([f"{len(failed)} failed, {len(passed)} passed in 9.0s"] if summary else [])) + "\n"
+
+
+_D64GAP_ALL = [f"test_d64gap_variants[{v}-d64-{c}]" for v in ("pvlate", "pvlate-noskip") for c in ("full", "causal")] + \
+    [f"test_pv_wait_late_same_values[{c}]" for c in ("full", "causal")]
+
+
+@pytest.mark.parametrize("log, timed", [
+    (_d64gap_log(_D64GAP_ALL), "old,new,pvlate,pvlate-noskip"),
+    (_d64gap_log([t for t in _D64GAP_ALL if "noskip-d64-causal" not in t], ["test_d64gap_variants[pvlate-noskip-d64-causal]"]),
+     "old,new,pvlate"),
+    (_d64gap_log([t for t in _D64GAP_ALL if "same_values[full]" not in t], ["test_pv_wait_late_same_values[full]"]),
+     "old,new,pvlate-noskip"),
+    (_d64gap_log(_D64GAP_ALL[:3], summary=False), "old,new,pvlate"),  # cut by the limit: noskip's causal test not run
+    (_d64gap_log([], ["test_d64gap_variants[pvlate-d64-full]", "test_d64gap_variants[pvlate-noskip-d64-full]"]), None),
+], ids=["all-passed", "noskip-failed", "same-values-failed", "cut", "none"])
+def test_d64gap_script_times_the_variants_whose_tests_passed(tmp_path, log, timed):
+    """scripts/d64gap_gpu.sh (session 9, Sm90Config.pv_wait_late at head_dim 64), run with a fake python3 and
+    nvidia-smi: it precompiles fa3_speed_ab.py's D64GAP variants, selects both GPU tests by name, and times a variant
+    only when both its tests PASSED and none of its tests failed (pvlate also needs its bit-for-bit test not failed),
+    old and new always; with no variant left the A/B is skipped. Its step limits stay within the 120 s budget."""
+    fa3ab = load_script("fa3_speed_ab")
+    assert fa3ab.D64GAP == ("old", "new", "pvlate", "pvlate-noskip") and all(64 in fa3ab.VARIANTS[v][0] for v in fa3ab.D64GAP)
+    for v in fa3ab.D64GAP[2:]:
+        assert fa3ab.variant_config(v, 64).check(64).pv_wait_late
+    bin_dir = _fake_bin(tmp_path / "bin", _FAKE_SMI)
+    (tmp_path / "pytest.log").write_text(log)
+    py = bin_dir / "python3"
+    py.write_text(f"""#!/usr/bin/env bash
+[[ "$1" == -c ]] && exit 1
+[[ "$1 $2" == "-m pytest" ]] && {{ echo "PYTEST $*"; cat {tmp_path}/pytest.log; exit 0; }}
+[[ " $* " == *" --precompile "* ]] && {{ echo "PRECOMPILE $*"; echo "precompiled 10 kernels + flash-attn-4 in 1 s"; exit 0; }}
+echo "AB $*"; echo "SUMMARY fake"
+""")
+    py.chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(tmp_path / "out"))
+    run = subprocess.run(["bash", str(ROOT / "scripts" / "d64gap_gpu.sh")], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+    logs = tmp_path / "out" / "logs"
+    assert "--variants old,new,pvlate,pvlate-noskip --shapes 64:4096:full,64:16384:full,64:4096:causal" in \
+        (logs / "precompile.log").read_text()
+    assert '-k d64gap_variants or pv_wait_late_same_values' in (logs / "pytest.log").read_text()
+    if timed is None:
+        assert not (logs / "fa3ab.log").exists() and "fa3ab: skipped" in run.stdout
+    else:
+        ab = (logs / "fa3ab.log").read_text()
+        assert f"AB scripts/fa3_speed_ab.py --variants {timed} --shapes 64:4096:full,64:16384:full,64:4096:causal" in ab
+        assert "--peers flash-attn-4" in ab and "SUMMARY fake" in run.stdout
+    for v in ("pvlate", "pvlate-noskip"):
+        assert (f"== {v} left out" in run.stdout) == (timed is None or v not in timed.split(",")), run.stdout
+    limits = [int(m) for m in re.findall(r"^\s*step \w+ (\d+) ", (ROOT / "scripts" / "d64gap_gpu.sh").read_text(), re.M)]
+    assert len(limits) == 3 and sum(limits) <= 120, limits

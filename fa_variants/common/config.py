@@ -175,6 +175,10 @@ class Sm90Config:
         the row maxima, before the exponentials, instead of after each row's exponentials (``common.softmax``, "Alpha
         first"): same values; ptxas then runs O's rescale under the exponentials instead of after the last of them (issue
         12, "Session 8: fa3 vs flash-attn-4 consumer loop").
+    pv_wait_late: (intra_wg_overlap, this kernel's own P V hooks) the overlapped step issues ``wgmma.fence`` right after
+        the softmax, before it waits for its P V GEMM: ptxas keeps the wait (WARPGROUP.DEPBAR) after that fence, so every
+        exponential of the tile is issued before the step waits for the P V GEMM, instead of ~5-10 of 66 (ptxas hoists
+        the wait above the rest otherwise; issue 12, "Session 9: fa3 at head_dim 64"). Same operations, same values.
     """
 
     tile_m: int = 128
@@ -204,6 +208,7 @@ class Sm90Config:
     first_row_only: bool = False
     q_tail_first: bool = False
     alpha_first: bool = False
+    pv_wait_late: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:
@@ -280,6 +285,8 @@ class Sm90Config:
         if not isinstance(self.alpha_first, bool) or (self.alpha_first and (not self.exp2_ffma or self.basis_alpha)):
             raise ValueError(f"alpha_first={self.alpha_first!r} must be a bool, True only with exp2_ffma=True and "
                              "basis_alpha=False")
+        if not isinstance(self.pv_wait_late, bool) or (self.pv_wait_late and not self.intra_wg_overlap):
+            raise ValueError(f"pv_wait_late={self.pv_wait_late!r} must be a bool, True only with intra_wg_overlap=True")
         if self.smem_bytes(head_dim) > smem_capacity(arch):
             raise ValueError(f"{self} needs {self.smem_bytes(head_dim)} B of shared memory at head_dim={head_dim} "
                              f"(max {smem_capacity(arch)})")
