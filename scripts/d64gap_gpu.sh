@@ -22,11 +22,13 @@
 #    shape; the SUMMARY of those done is printed). No variant left: the A/B is skipped.
 # Pass: (0) "precompiled" lines, no Traceback. (1) 6 passed, 0 failed / errors (rc 124 with no summary: cut by its
 #    limit, not a pass). (2) no "errors:"; each variant's max diff vs old equal to new's (same values).
-# Prediction (NOTES): pvlate/new 1.01-1.04 at N 4k, N 16k and N 4k causal (session 9's rescale_first moved the wait
-#    above all 66 exponentials and measured 0.975-0.981: the opposite move should gain at least as much);
-#    pvlate-noskip/new 0.99-1.03; pvlate/flash-attn-4 0.94-0.97 (new 0.925 / 0.941 / 0.933 this session).
-#    If pvlate/new is "same" everywhere, the exponentials do not wait on the P V GEMM in practice (its 256 tensor cycles
-#    are covered by the row-max phase) and the wait placement is not the D 64 gap.
+# Prediction (NOTES): pvlate/new 1.00-1.03 at N 4k, N 16k and N 4k causal (session 9's rescale_first moved the wait
+#    above all 66 exponentials, with O's rescale, and measured 0.975-0.981, where session 8's alpha-noskip, the same tail
+#    change without the wait's move, measured 1.004: the wait's place is worth ~2% one way); the gain is bounded by
+#    the tail it adds (P's 32 F2FP and the skip-branch FMULs stay after the wait: 56 -> 69 instructions after the last
+#    MUFU.EX2, 88 -> 101 when O is rescaled); pvlate-noskip/new 0.99-1.02; pvlate/flash-attn-4 0.93-0.96 (new 0.925 /
+#    0.941 / 0.933 this session). If pvlate/new is "same" everywhere, the exponentials do not wait on the P V GEMM in
+#    practice (its tensor time is covered by the row-max phase) and the wait placement is not the D 64 gap.
 # Flip rule: pv_wait_late on in fa3 DEFAULT_CONFIGS[64] if pvlate/new is "faster" at N 4k and N 16k and not "slower" at
 #    N 4k causal (and its tests are green); skip_unit_rescale off with it only if pvlate-noskip/pvlate > 1 at all three
 #    shapes. Else nothing (the switch stays off; a candidate for removal).
