@@ -49,7 +49,9 @@ step pytest 38 python3 -m pytest -q $NPROC -m gpu -p no:cacheprovider --tb=short
 VARIANTS="old,new"
 for v in "${CANDIDATES[@]}"; do
   ok=1
-  for c in full causal; do grep -qF "PASSED tests/test_fa3_gpu.py::test_d64gap_variants[$v-d64-$c]" "$LOGS/pytest.log" || ok=0; done
+  for c in full causal; do
+    grep -qF "PASSED tests/test_fa3_gpu.py::test_d64gap_variants[$v-d64-$c]" "$LOGS/pytest.log" || ok=0
+  done
   grep -qE "^(FAILED|ERROR) .*\[$v-d64-" "$LOGS/pytest.log" && ok=0
   [[ $v == pvlate ]] && grep -qE "^(FAILED|ERROR) .*test_pv_wait_late_same_values" "$LOGS/pytest.log" && ok=0
   if (( ok )); then VARIANTS+=",$v"; else echo "== $v left out of the A/B (its GPU tests did not all pass)"; fi

@@ -19,7 +19,8 @@ session 8's O rescale under the exponentials (`ALPHA`: `alpha`, Sm90Config.alpha
 scripts/fa3gap8_gpu.sh); session 8's D 256 comparison (`GAP9`: `alpha-256` beside fa4-256; run in session 9 with
 pairs-256, which became the D 256 default); session 9's exponentials on the FMA pipe (`EX2EMU`: `emu1` / `emu2`,
 Sm90Config.exp2_emu 1 / 2 at D 64; scripts/ex2emu_gpu.sh); session 9's P V wait after the exponentials (`D64GAP`:
-`pvlate`, `pvlate-noskip`, Sm90Config.pv_wait_late at D 64; scripts/d64gap_gpu.sh). --shapes D:N:full|causal,... picks shapes one by one
+`pvlate`, `pvlate-noskip`, Sm90Config.pv_wait_late at D 64; scripts/d64gap_gpu.sh).
+--shapes D:N:full|causal,... picks shapes one by one
 instead.
 The default run (--variants, --seqlens) is round 4's:
 old, new, fa4-256, n176, stages3, k-first at N 4k/16k; the

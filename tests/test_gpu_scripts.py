@@ -1253,7 +1253,8 @@ def test_pending9_runs_named_scripts_and_the_changed_defaults_tests():
 
 def _d64gap_log(passed: list[str], failed: list[str] = (), summary: bool = True) -> str:
     """A pytest -rfEp log of scripts/d64gap_gpu.sh's test step: PASSED / FAILED lines for the given test ids."""
-    lines = [f"PASSED tests/test_fa3_gpu.py::{t}" for t in passed] + [f"FAILED tests/test_fa3_gpu.py::{t} - x" for t in failed]
+    lines = [f"PASSED tests/test_fa3_gpu.py::{t}" for t in passed]
+    lines += [f"FAILED tests/test_fa3_gpu.py::{t} - x" for t in failed]
     return "\n".join(lines + ([f"{len(failed)} failed, {len(passed)} passed in 9.0s"] if summary else [])) + "\n"
 
 
@@ -1263,8 +1264,8 @@ _D64GAP_ALL = [f"test_d64gap_variants[{v}-d64-{c}]" for v in ("pvlate", "pvlate-
 
 @pytest.mark.parametrize("log, timed", [
     (_d64gap_log(_D64GAP_ALL), "old,new,pvlate,pvlate-noskip"),
-    (_d64gap_log([t for t in _D64GAP_ALL if "noskip-d64-causal" not in t], ["test_d64gap_variants[pvlate-noskip-d64-causal]"]),
-     "old,new,pvlate"),
+    (_d64gap_log([t for t in _D64GAP_ALL if "noskip-d64-causal" not in t],
+                 ["test_d64gap_variants[pvlate-noskip-d64-causal]"]), "old,new,pvlate"),
     (_d64gap_log([t for t in _D64GAP_ALL if "same_values[full]" not in t], ["test_pv_wait_late_same_values[full]"]),
      "old,new,pvlate-noskip"),
     (_d64gap_log(_D64GAP_ALL[:3], summary=False), "old,new,pvlate"),  # cut by the limit: noskip's causal test not run
@@ -1276,7 +1277,8 @@ def test_d64gap_script_times_the_variants_whose_tests_passed(tmp_path, log, time
     only when both its tests PASSED and none of its tests failed (pvlate also needs its bit-for-bit test not failed),
     old and new always; with no variant left the A/B is skipped. Its step limits stay within the 120 s budget."""
     fa3ab = load_script("fa3_speed_ab")
-    assert fa3ab.D64GAP == ("old", "new", "pvlate", "pvlate-noskip") and all(64 in fa3ab.VARIANTS[v][0] for v in fa3ab.D64GAP)
+    assert fa3ab.D64GAP == ("old", "new", "pvlate", "pvlate-noskip")
+    assert all(64 in fa3ab.VARIANTS[v][0] for v in fa3ab.D64GAP)
     for v in fa3ab.D64GAP[2:]:
         assert fa3ab.variant_config(v, 64).check(64).pv_wait_late
     bin_dir = _fake_bin(tmp_path / "bin", _FAKE_SMI)

@@ -100,7 +100,6 @@ def make_row_major_smem_layout(dtype, rows: int, cols: int, stages: int | None =
     return cute.tile_to_shape(atom, (rows, cols, stages), (0, 1, 2))
 
 
-
 # --------------------------------------------------------------------------------------------
 # Scheduling: a block boundary ptxas keeps
 # --------------------------------------------------------------------------------------------
@@ -117,7 +116,7 @@ def nanosleep0(*, loc=None, ip=None):
 @cute.jit
 def sleep_if_negative(x: cutlass.Float32):
     """A branch on x < 0 around ``nanosleep0``, for an x that is never negative (a sum of exponentials; NaN compares
-    false): nothing runs, but the branch ends a basic block after every instruction x depends on, and ptxas (CUDA 13,
+    false): nothing runs, but the branch ends a basic block after every instruction x depends on, and ptxas (as run by
     nvidia-cutlass-dsl 4.8.1) does not hoist a ``wgmma.wait_group`` of the next block above it
     (``Sm90Config.pv_wait_late``). Costs a compare and a branch not taken. (A ``trap`` there made ptxas serialise every
     WGMMA of the loop.)"""
