@@ -149,36 +149,10 @@ class FlashAttention1Sm80:
         sV = storage.sV.get_tensor(sKV_layout)
         sVt = transpose_view(sV)            # (D, Bc, kv_stages): V^T for O += P V
 
-        # global -> shared (cp.async) partitions, with coordinates for the row predicates
-        g2s = copy_g2s.get_slice(tidx)
-        ld = _bundle(
-            copy=copy_g2s, tQgQ=g2s.partition_S(gQ), tQsQ=g2s.partition_D(sQ),
-            tKgK=g2s.partition_S(gK), tKsK=g2s.partition_D(sK), tVgV=g2s.partition_S(gV),
-            tVsV=g2s.partition_D(sV), tQc=g2s.partition_S(cute.make_identity_tensor((Br, D))),
-            tKVc=g2s.partition_S(cute.make_identity_tensor((Bc, D))), seqlen_q=seqlen_q,
-            seqlen_k=seqlen_k)
-
-        # MMA partitions: register fragments, ldmatrix views of shared memory, and this thread's view
-        # of the HBM state (the accumulator layout: each thread reads back exactly what it wrote)
-        thr_mma, thr0 = mma.get_slice(tidx), mma.get_slice(0)  # thread 0's: static shapes and coords
-        s2r_Q = sm80.ldmatrix_copy_A(self.dtype, mma).get_slice(tidx)
-        s2r_K = sm80.ldmatrix_copy_B(self.dtype, mma).get_slice(tidx)
-        s2r_V = sm80.ldmatrix_copy_B(self.dtype, mma, transpose=True).get_slice(tidx)
-        cS = cute.make_identity_tensor((Br, Bc))
-        tScS = rows_cols(thr_mma.partition_C(cS))
-        mm = _bundle(
-            mma=mma, tSrQ=thr_mma.make_fragment_A(thr_mma.partition_A(sQ[None, None, 0])),
-            tSrK=thr_mma.make_fragment_B(thr_mma.partition_B(sK[None, None, 0])),
-            tOrVt=thr_mma.make_fragment_B(thr_mma.partition_B(sVt[None, None, 0])),
-            s2r_Q=s2r_Q, s2r_K=s2r_K, s2r_V=s2r_V, tSsQ=s2r_Q.partition_S(sQ),
-            tSsK=s2r_K.partition_S(sK), tOsVt=s2r_V.partition_S(sVt),
-            tOgOacc=thr_mma.partition_C(gOacc), tOgO=thr_mma.partition_C(gO),
-            tOcO=rows_cols(thr_mma.partition_C(cute.make_identity_tensor((Br, D)))),
-            tScS=tScS, t0ScS=rows_cols(thr0.partition_C(cS)),
-            quad_leader=tScS[0][1] == 0, leader_lane=cute.arch.lane_idx() // 4 * 4,
-            scale_log2=scale_log2, mL=mL[batch, head, None], mM=mM[batch, head, None],
-            mLSE=mLSE[batch, head, None], seqlen_q=seqlen_q, seqlen_k=seqlen_k,
-            mask=AttentionMask(seqlen_q, seqlen_k, select=False))
+        # this thread's partitions: its cp.async loads and its MMA fragments and views of the HBM state
+        ld = self.load_partitions(copy_g2s, tidx, gQ, gK, gV, sQ, sK, sV, seqlen_q, seqlen_k)
+        mm = self.mma_partitions(mma, tidx, sQ, sK, sVt, gO, gOacc, mL, mM, mLSE, batch, head, scale_log2,
+                                 seqlen_q, seqlen_k)
 
         # Line 2: O = 0, l = 0, m = -inf in HBM. A Q tile that sees no key at all (causal with
         # seqlen_q > seqlen_k) is never visited: its output is written now (O = 0, LSE = -inf).
@@ -204,14 +178,26 @@ class FlashAttention1Sm80:
         cute.arch.cp_async_wait_group(0)
         cute.arch.barrier()
 
+        # Lines 5-13: every (i, j) step, K/V tiles outer, Q tiles inner
+        self.sweep(ld, mm, acc_O, l_old, m_old, n_j, Tr, Tc)
+
+    # ------------------------------------------------------------------------------------------
+    # Algorithm 1 lines 5-13: the outer loop over K/V tiles, the inner one over the Q tiles that see them
+    # ------------------------------------------------------------------------------------------
+    @cute.jit
+    def sweep(self, ld: tuple, mm: tuple, acc_O: cute.Tensor, l_old: cute.Tensor, m_old: cute.Tensor, n_j: Int32,
+              Tr: Int32, Tc: Int32):
+        """Every (i, j) step in order, K/V tile j outer (line 5), Q tile i inner (line 7); on entry K_0, V_0 and the
+        first step's Q tile have landed and its O, l, m are in flight into acc_O, l_old, m_old. Each step loads
+        the next step's Q tile (and, with two K/V stages, the next K/V tile) while it computes."""
         step_count = Int32(0)  # (i, j) steps done: the Q buffer of the current step is its parity
         for j in cutlass.range(n_j, unroll=1):  # line 5: the outer loop over K/V tiles
             kv_stage = j % self.kv_stages
             if const_expr(self.kv_stages == 2):  # K_{j+1}, V_{j+1} into the other buffer
                 if j + 1 < n_j:
                     self.load_kv(ld, j + 1, 1 - kv_stage)
-            i_start = self.blocks.q_tile_start(j, seqlen_q, seqlen_k)
-            i_unmasked = self.blocks.q_tile_unmasked_start(j, seqlen_q, seqlen_k)
+            i_start = self.blocks.q_tile_start(j, mm.seqlen_q, mm.seqlen_k)
+            i_unmasked = self.blocks.q_tile_unmasked_start(j, mm.seqlen_q, mm.seqlen_k)
             is_tail = j == Tc - 1  # the only K/V tile that can pass seqlen_k
             for i in cutlass.range(i_start, Tr, unroll=1):  # line 7: the inner loop over Q tiles
                 q_stage = step_count % 2
@@ -219,28 +205,15 @@ class FlashAttention1Sm80:
                 i_next = i + 1
                 has_next = i_next < Tr
                 if not has_next:
-                    i_next = self.blocks.q_tile_start(j + 1, seqlen_q, seqlen_k)
+                    i_next = self.blocks.q_tile_start(j + 1, mm.seqlen_q, mm.seqlen_k)
                     has_next = j + 1 < n_j
                 if has_next:  # its Q tile into the other buffer, while this step computes
                     self.load_q(ld, i_next, 1 - q_stage)
                 cute.arch.cp_async_commit_group()
 
-                is_last = j == self.blocks.kv_tile_end(i, seqlen_q, seqlen_k) - 1
+                is_last = j == self.blocks.kv_tile_end(i, mm.seqlen_q, mm.seqlen_k) - 1
                 masked = i < i_unmasked  # always False when not causal
-                if is_tail:
-                    if masked:
-                        self.step(mm, acc_O, l_old, m_old, i, j, q_stage, kv_stage, is_last, True,
-                                  self.causal)
-                    else:
-                        self.step(mm, acc_O, l_old, m_old, i, j, q_stage, kv_stage, is_last, True,
-                                  False)
-                else:
-                    if masked:
-                        self.step(mm, acc_O, l_old, m_old, i, j, q_stage, kv_stage, is_last, False,
-                                  self.causal)
-                    else:
-                        self.step(mm, acc_O, l_old, m_old, i, j, q_stage, kv_stage, is_last, False,
-                                  False)
+                self.masked_step(mm, acc_O, l_old, m_old, i, j, q_stage, kv_stage, is_last, is_tail, masked)
 
                 # line 8 of the next step: read its O, l, m (this thread's own earlier writes)
                 if has_next:
@@ -255,6 +228,23 @@ class FlashAttention1Sm80:
                     cute.arch.cp_async_commit_group()
                     cute.arch.cp_async_wait_group(0)
                     cute.arch.barrier()
+
+    @cute.jit
+    def masked_step(self, mm: tuple, acc_O: cute.Tensor, l_old: cute.Tensor, m_old: cute.Tensor, i: Int32,
+                    j: Int32, q_stage: Int32, kv_stage: Int32, is_last: cutlass.Boolean, is_tail: cutlass.Boolean,
+                    masked: cutlass.Boolean):
+        """`step` with its masks picked at run time: the sequence-end mask on the last K/V tile (is_tail), the
+        causal one on a tile crossing the diagonal (masked); one compiled `step` per combination."""
+        if is_tail:
+            if masked:
+                self.step(mm, acc_O, l_old, m_old, i, j, q_stage, kv_stage, is_last, True, self.causal)
+            else:
+                self.step(mm, acc_O, l_old, m_old, i, j, q_stage, kv_stage, is_last, True, False)
+        else:
+            if masked:
+                self.step(mm, acc_O, l_old, m_old, i, j, q_stage, kv_stage, is_last, False, self.causal)
+            else:
+                self.step(mm, acc_O, l_old, m_old, i, j, q_stage, kv_stage, is_last, False, False)
 
     # ------------------------------------------------------------------------------------------
     # one (i, j) step: Algorithm 1 lines 9-13 (line 8's reads are already in flight)
@@ -319,6 +309,50 @@ class FlashAttention1Sm80:
                     row = i * Br + mm.tScS[r, 0][0]
                     mm.mL[row] = l_new[r]
                     mm.mM[row] = m_new[r]
+
+    # ------------------------------------------------------------------------------------------
+    # partitions (plain Python, run while the kernel is traced: no staged control flow)
+    # ------------------------------------------------------------------------------------------
+    def load_partitions(self, copy_g2s: cute.TiledCopy, tidx: Int32, gQ: cute.Tensor, gK: cute.Tensor,
+                        gV: cute.Tensor, sQ: cute.Tensor, sK: cute.Tensor, sV: cute.Tensor, seqlen_q: Int32,
+                        seqlen_k: Int32) -> tuple:
+        """This thread's global -> shared (cp.async) partitions of the Q, K, V tiles, with coordinates for the
+        row predicates (`load_q`, `load_kv`)."""
+        Br, Bc, D = self.Br, self.Bc, self.head_dim
+        g2s = copy_g2s.get_slice(tidx)
+        return _bundle(
+            copy=copy_g2s, tQgQ=g2s.partition_S(gQ), tQsQ=g2s.partition_D(sQ),
+            tKgK=g2s.partition_S(gK), tKsK=g2s.partition_D(sK), tVgV=g2s.partition_S(gV),
+            tVsV=g2s.partition_D(sV), tQc=g2s.partition_S(cute.make_identity_tensor((Br, D))),
+            tKVc=g2s.partition_S(cute.make_identity_tensor((Bc, D))), seqlen_q=seqlen_q,
+            seqlen_k=seqlen_k)
+
+    def mma_partitions(self, mma: cute.TiledMma, tidx: Int32, sQ: cute.Tensor, sK: cute.Tensor, sVt: cute.Tensor,
+                       gO: cute.Tensor, gOacc: cute.Tensor, mL: cute.Tensor, mM: cute.Tensor, mLSE: cute.Tensor,
+                       batch: Int32, head: Int32, scale_log2: Float32, seqlen_q: Int32, seqlen_k: Int32) -> tuple:
+        """This thread's MMA partitions: register fragments, ldmatrix views of shared memory, and its view of the
+        HBM state (the accumulator layout: each thread reads back exactly what it wrote), for `step` and the
+        loads and stores below."""
+        Br, Bc, D = self.Br, self.Bc, self.head_dim
+        thr_mma, thr0 = mma.get_slice(tidx), mma.get_slice(0)  # thread 0's: static shapes and coords
+        s2r_Q = sm80.ldmatrix_copy_A(self.dtype, mma).get_slice(tidx)
+        s2r_K = sm80.ldmatrix_copy_B(self.dtype, mma).get_slice(tidx)
+        s2r_V = sm80.ldmatrix_copy_B(self.dtype, mma, transpose=True).get_slice(tidx)
+        cS = cute.make_identity_tensor((Br, Bc))
+        tScS = rows_cols(thr_mma.partition_C(cS))
+        return _bundle(
+            mma=mma, tSrQ=thr_mma.make_fragment_A(thr_mma.partition_A(sQ[None, None, 0])),
+            tSrK=thr_mma.make_fragment_B(thr_mma.partition_B(sK[None, None, 0])),
+            tOrVt=thr_mma.make_fragment_B(thr_mma.partition_B(sVt[None, None, 0])),
+            s2r_Q=s2r_Q, s2r_K=s2r_K, s2r_V=s2r_V, tSsQ=s2r_Q.partition_S(sQ),
+            tSsK=s2r_K.partition_S(sK), tOsVt=s2r_V.partition_S(sVt),
+            tOgOacc=thr_mma.partition_C(gOacc), tOgO=thr_mma.partition_C(gO),
+            tOcO=rows_cols(thr_mma.partition_C(cute.make_identity_tensor((Br, D)))),
+            tScS=tScS, t0ScS=rows_cols(thr0.partition_C(cS)),
+            quad_leader=tScS[0][1] == 0, leader_lane=cute.arch.lane_idx() // 4 * 4,
+            scale_log2=scale_log2, mL=mL[batch, head, None], mM=mM[batch, head, None],
+            mLSE=mLSE[batch, head, None], seqlen_q=seqlen_q, seqlen_k=seqlen_k,
+            mask=AttentionMask(seqlen_q, seqlen_k, select=False))
 
     # ------------------------------------------------------------------------------------------
     # loads and stores
