@@ -80,20 +80,13 @@ class FlashAttention2Sm80:
                mma: cute.TiledMma, SharedStorage: cutlass.Constexpr):
         D, Br, Bc = self.head_dim, self.Br, self.Bc
         tidx, _, _ = cute.arch.thread_idx()
-        m_block, head, batch = cute.arch.block_idx()
-        num_m_blocks, split_idx, num_splits = cute.arch.grid_dim()[0], 0, 1
-        if const_expr(self.split):  # grid.x = query tiles x splits, the splits of a tile adjacent
-            num_splits = mO.shape[0] // mQ.shape[0]
-            num_m_blocks = num_m_blocks // num_splits
-            split_idx = m_block % num_splits
-            m_block = m_block // num_splits
-        if const_expr(self.causal):  # the longest rows first: better tail balance across SMs
-            m_block = num_m_blocks - 1 - m_block
+        m_block, head, batch, split_idx, num_splits = self.tile_coords(mQ, mO)
         seqlen_q, seqlen_k = mQ.shape[1], mK.shape[1]
         head_kv = head // (mQ.shape[2] // mK.shape[2])  # GQA / MQA
 
         # This CTA's Q tile (Br x D) and the K/V tiles (Bc x D x n) of its KV head.
         mK_bh, mV_bh = mK[batch, None, head_kv, None], mV[batch, None, head_kv, None]
+        kv_lo = kv_hi = 0  # split-KV: this CTA's K/V tiles [kv_lo, kv_hi); unused unsplit
         if const_expr(self.split):  # split s: tiles [s n // S, (s + 1) n // S) of the n its Q tile needs
             n_total = self.blocks.kv_tile_end(m_block, seqlen_q, seqlen_k)
             kv_lo = split_idx * n_total // num_splits
@@ -137,24 +130,8 @@ class FlashAttention2Sm80:
         tScS = rows_cols(thr_mma.partition_C(cS))
         t0ScS = rows_cols(mma.get_slice(0).partition_C(cS))
 
-        # K/V tiles this Q tile needs: n in [0, n_end), visited n_end-1 down to 0 (causal skipping)
-        n_end = self.blocks.kv_tile_end(m_block, seqlen_q, seqlen_k)
-        n_causal = n_end  # tiles n >= n_causal cross the diagonal and need the causal mask;
-        # only the last tile, ceil(seqlen_k / Bc) - 1, can pass seqlen_k, and if needed it comes first
-        if const_expr(self.causal):
-            n_causal = self.blocks.kv_tile_causal_start(m_block, seqlen_q, seqlen_k)
-        if const_expr(self.split):
-            # This CTA's tiles [kv_lo, kv_hi), numbered from 0 in the K/V views that start at tile kv_lo (above):
-            # key c of the view is key c + kv_lo Bc, so masking it against seqlen_k - kv_lo Bc keys (the
-            # sequence end and the bottom-right diagonal alike) masks the same keys, and the loop below is the
-            # unsplit one. An empty range (kv_hi == kv_lo) runs no step: O = 0, LSE = -inf.
-            n_end = kv_hi - kv_lo
-            if const_expr(self.causal):
-                n_causal = cutlass.max(n_causal - kv_lo, 0)
-            else:
-                n_causal = n_end
-            seqlen_k = seqlen_k - kv_lo * Bc
-
+        # the K/V tiles this Q tile visits (causal skipping; split-KV: its range, the keys renumbered)
+        n_end, n_causal, seqlen_k = self.kv_tile_range(m_block, kv_lo, kv_hi, seqlen_q, seqlen_k)
         kv = SimpleNamespace(copy=copy_g2s, tKgK=tKgK, tKsK=tKsK, tVgV=tVgV, tVsV=tVsV, tKVc=tKVc,
                              seqlen_k=seqlen_k)
         mm = SimpleNamespace(mma=mma, tSrQ=tSrQ, tSrK=tSrK, tOrVt=tOrVt, s2r_Q=s2r_Q, s2r_K=s2r_K,
@@ -162,10 +139,66 @@ class FlashAttention2Sm80:
                              tScS=tScS, t0ScS=t0ScS, softmax=softmax, m_block=m_block,
                              mask=AttentionMask(seqlen_q, seqlen_k, select=False))
 
-        # Prologue (line 6: load Q_i): cp.async groups [Q, K(n_end-1)], [V(n_end-1)], [K(n_end-2)] with two
-        # stages; [Q, K(n_end-1)] alone with one (its V tile is loaded by the step, under S = Q K^T)
-        sm80.copy_rows(copy_g2s, tQgQ, tQsQ, tQcQ, seqlen_q - m_block * Br, check_rows=True,
-                       zero_fill=True)
+        # Line 6: load Q_i (and the first K/V tiles); lines 7-11: the loop over K/V tiles
+        self.prologue(kv, tQgQ, tQsQ, tQcQ, seqlen_q - m_block * Br, n_end)
+        self.mainloop(mm, kv, n_end, n_causal)
+
+        # Lines 12-14: O /= l (deferred normalisation), LSE = m + log l; write O_i and L_i
+        inv_l, lse = softmax.finalize()
+        softmax.rescale(O, inv_l)
+        if const_expr(self.split):
+            self.store_partial(acc_O, lse, mO, mLSE, mma, tidx, m_block, head,
+                               split_idx * mQ.shape[0] + batch, seqlen_q)
+        else:
+            self.epilogue(acc_O, lse, sQ, mO, mLSE, mma, copy_s2g, tidx, m_block, head, batch, seqlen_q)
+
+    # ------------------------------------------------------------------------------------------
+    # the steps of `kernel`
+    # ------------------------------------------------------------------------------------------
+    def tile_coords(self, mQ: cute.Tensor, mO: cute.Tensor):
+        """(m_block, head, batch, split_idx, num_splits) of this CTA: its query tile (the longest rows first when
+        causal: better tail balance across SMs), head and batch; with split-KV (grid.x = query tiles x splits,
+        the splits of a tile adjacent) also its split of the num_splits read from mO's shape. Plain Python, run
+        while the kernel is traced."""
+        m_block, head, batch = cute.arch.block_idx()
+        num_m_blocks, split_idx, num_splits = cute.arch.grid_dim()[0], 0, 1
+        if const_expr(self.split):
+            num_splits = mO.shape[0] // mQ.shape[0]
+            num_m_blocks = num_m_blocks // num_splits
+            split_idx = m_block % num_splits
+            m_block = m_block // num_splits
+        if const_expr(self.causal):
+            m_block = num_m_blocks - 1 - m_block
+        return m_block, head, batch, split_idx, num_splits
+
+    def kv_tile_range(self, m_block: Int32, kv_lo: Int32, kv_hi: Int32, seqlen_q: Int32, seqlen_k: Int32):
+        """(n_end, n_causal, seqlen_k) of query tile m_block: the K/V tiles it needs are n in [0, n_end), visited
+        n_end - 1 down to 0 (causal skipping); tiles n >= n_causal cross the diagonal and need the causal mask;
+        only the last tile, ceil(seqlen_k / Bc) - 1, can pass seqlen_k, and if needed it comes first.
+        Split-KV: this CTA's tiles [kv_lo, kv_hi), numbered from 0 in the K/V views that start at tile kv_lo
+        (`kernel`): key c of the view is key c + kv_lo Bc, so masking it against seqlen_k - kv_lo Bc keys (the
+        sequence end and the bottom-right diagonal alike) masks the same keys, and `mainloop` is the unsplit
+        one. An empty range (kv_hi == kv_lo) runs no step: O = 0, LSE = -inf. Plain Python, run while traced."""
+        n_end = self.blocks.kv_tile_end(m_block, seqlen_q, seqlen_k)
+        n_causal = n_end
+        if const_expr(self.causal):
+            n_causal = self.blocks.kv_tile_causal_start(m_block, seqlen_q, seqlen_k)
+        if const_expr(self.split):
+            n_end = kv_hi - kv_lo
+            if const_expr(self.causal):
+                n_causal = cutlass.max(n_causal - kv_lo, 0)
+            else:
+                n_causal = n_end
+            seqlen_k = seqlen_k - kv_lo * self.Bc
+        return n_end, n_causal, seqlen_k
+
+    @cute.jit
+    def prologue(self, kv: SimpleNamespace, tQgQ: cute.Tensor, tQsQ: cute.Tensor, tQcQ: cute.Tensor,
+                 q_rows: Int32, n_end: Int32):
+        """Algorithm 1 line 6 (load Q_i; q_rows of its rows are real, the rest zero-filled) and the first K/V
+        loads: cp.async groups [Q, K(n_end-1)], [V(n_end-1)], [K(n_end-2)] with two stages; [Q, K(n_end-1)]
+        alone with one (its V tile is loaded by the step, under S = Q K^T)."""
+        sm80.copy_rows(kv.copy, tQgQ, tQsQ, tQcQ, q_rows, check_rows=True, zero_fill=True)
         if n_end > 0:
             self.load_kv(kv, kv.tKgK, kv.tKsK, n_end - 1, 0, tail=True)
         cute.arch.cp_async_commit_group()
@@ -177,27 +210,18 @@ class FlashAttention2Sm80:
                 self.load_kv(kv, kv.tKgK, kv.tKsK, n_end - 2, 1, tail=False)
             cute.arch.cp_async_commit_group()
 
-        # Lines 7-11: the first tile (the sequence-end tail and/or the diagonal), then the tiles
-        # crossing the diagonal, then the fully visible ones, without masks.
+    @cute.jit
+    def mainloop(self, mm: SimpleNamespace, kv: SimpleNamespace, n_end: Int32, n_causal: Int32):
+        """Algorithm 1 lines 7-11 over K/V tiles n_end - 1 down to 0: the first tile (the sequence-end tail and/or
+        the diagonal), then the tiles crossing the diagonal, then the fully visible ones, without masks."""
         if n_end > 0:
             self.step(mm, kv, n_end - 1, n_end, is_first=True, mask_seqlen=True, mask_causal=self.causal)
         if const_expr(self.causal):
             for i in cutlass.range(cutlass.max(n_end - 1 - n_causal, 0), unroll=1):
-                self.step(mm, kv, n_end - 2 - i, n_end, is_first=False, mask_seqlen=False,
-                          mask_causal=True)
+                self.step(mm, kv, n_end - 2 - i, n_end, is_first=False, mask_seqlen=False, mask_causal=True)
         n_plain = cutlass.max(cutlass.min(n_causal, n_end - 1), 0)
         for i in cutlass.range(n_plain, unroll=1):
-            self.step(mm, kv, n_plain - 1 - i, n_end, is_first=False, mask_seqlen=False,
-                      mask_causal=False)
-
-        # Lines 12-14: O /= l (deferred normalisation), LSE = m + log l; write O_i and L_i
-        inv_l, lse = softmax.finalize()
-        softmax.rescale(O, inv_l)
-        if const_expr(self.split):
-            self.store_partial(acc_O, lse, mO, mLSE, mma, tidx, m_block, head,
-                               split_idx * mQ.shape[0] + batch, seqlen_q)
-        else:
-            self.epilogue(acc_O, lse, sQ, mO, mLSE, mma, copy_s2g, tidx, m_block, head, batch, seqlen_q)
+            self.step(mm, kv, n_plain - 1 - i, n_end, is_first=False, mask_seqlen=False, mask_causal=False)
 
     @cute.jit
     def load_kv(self, kv: SimpleNamespace, tXgX: cute.Tensor, tXsX: cute.Tensor, n: Int32,
