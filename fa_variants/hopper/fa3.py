@@ -320,22 +320,14 @@ def _build(cfg: StaticConfig):
         return kernel, (q, k, v, o, lse, scale, Int32(1), Int32(1), stream)
     if not kernel.split:
         return kernel, (q, k, v, o, lse, scale, Int32(1), stream)  # + l2_heads (see l2_section_heads)
-    o_parts, lse_parts = _fake_partials(q, cfg.head_dim)  # fp32 partials of (num_splits * batch) batches (_plan_call)
+    # fp32 partials of (num_splits * batch) batches (_plan_call)
+    o_parts, lse_parts = split_combine.fake_partials(q, cfg.head_dim)
     if not fused:
         return kernel, (q, k, v, o_parts, lse_parts, scale, Int32(1), stream)
     import cutlass.cute as cute
 
     counters = interop.fake_tensor("int32", (cute.sym_int(),), 4)  # one per query tile (_plan_call)
     return kernel, (q, k, v, o_parts, lse_parts, scale, Int32(1), o, lse, counters, stream)
-
-
-def _fake_partials(q, head_dim: int):
-    import cutlass.cute as cute
-
-    splits_x_batch = cute.sym_int()
-    o = interop.fake_tensor("fp32", (splits_x_batch, q.shape[1], q.shape[2], head_dim))
-    lse = interop.fake_tensor("fp32", (splits_x_batch, q.shape[2], q.shape[1]), 4)
-    return o, lse
 
 
 # ----- split-KV (Flash-Decoding, common.split) ---------------------------------------------------
