@@ -12,10 +12,11 @@ from cutlass import Float32, Int32, const_expr
 from fa_variants.common.split_combine import LN_2, LOG2_E, PREFETCH
 
 
-class SplitMerge:
-    """``__call__`` (host, traced once per (out dtype, head_dim)): o_parts (S*B, Nq, H, D) float32,
-    lse_parts (S*B, H, Nq) float32 (split s of batch b at index s * B + b), out (B, Nq, H, D) 16-bit,
-    lse (B, H, Nq) float32; S = o_parts' first extent // out's."""
+class _Merge:
+    """The host side both merge kernels share: ``__call__`` (traced once per (out dtype, head_dim)) launches
+    ``kernel`` on ``grid(mO)`` with one thread per column of a row (head_dim threads), as a programmatic
+    dependent when ``pdl``. o_parts (S*B, Nq, H, D) float32, lse_parts (S*B, H, Nq) float32 (split s of batch b
+    at index s * B + b), out (B, Nq, H, D) 16-bit, lse (B, H, Nq) float32; S = o_parts' first extent // out's."""
 
     def __init__(self, out_dtype, head_dim: int, pdl: bool = False):
         self.out_dtype, self.head_dim, self.pdl = out_dtype, head_dim, pdl
@@ -23,9 +24,15 @@ class SplitMerge:
     @cute.jit
     def __call__(self, mOparts: cute.Tensor, mLSEparts: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
                  stream: cuda.CUstream):
-        grid = (mO.shape[0] * mO.shape[1] * mO.shape[2], 1, 1)
-        self.kernel(mOparts, mLSEparts, mO, mLSE).launch(grid=grid, block=[self.head_dim, 1, 1], stream=stream,
-                                                         use_pdl=self.pdl)
+        self.kernel(mOparts, mLSEparts, mO, mLSE).launch(grid=self.grid(mO), block=[self.head_dim, 1, 1],
+                                                         stream=stream, use_pdl=self.pdl)
+
+
+class SplitMerge(_Merge):
+    """The shared-memory merge (``_Merge``'s arguments): one CTA per (row, head, batch) on a 1-D grid, rows fastest."""
+
+    def grid(self, mO: cute.Tensor):
+        return (mO.shape[0] * mO.shape[1] * mO.shape[2], 1, 1)
 
     @cute.kernel
     def kernel(self, mOparts: cute.Tensor, mLSEparts: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor):
@@ -106,7 +113,7 @@ class SplitMerge:
         cute.arch.sync_threads()
 
 
-class SplitMergeWarp:
+class SplitMergeWarp(_Merge):
     """The same merge as ``SplitMerge`` (same arguments and maths) with the LSEs in registers instead of shared
     memory (``MergeConfig.warp``): grid (seqlen_q, heads, batch), no index division; every warp of the CTA holds
     the row's LSE_s, lane i split i (then i + 32, ...: a loop for more than 32 splits), and reduces the max and
@@ -118,15 +125,8 @@ class SplitMergeWarp:
     shared-memory values. An empty split (weight 0) is skipped (its O_s may be unwritten). Our own design (no
     source followed)."""
 
-    def __init__(self, out_dtype, head_dim: int, pdl: bool = False):
-        self.out_dtype, self.head_dim, self.pdl = out_dtype, head_dim, pdl
-
-    @cute.jit
-    def __call__(self, mOparts: cute.Tensor, mLSEparts: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
-                 stream: cuda.CUstream):
-        grid = (mO.shape[1], mO.shape[2], mO.shape[0])
-        self.kernel(mOparts, mLSEparts, mO, mLSE).launch(grid=grid, block=[self.head_dim, 1, 1], stream=stream,
-                                                         use_pdl=self.pdl)
+    def grid(self, mO: cute.Tensor):
+        return (mO.shape[1], mO.shape[2], mO.shape[0])
 
     @cute.kernel
     def kernel(self, mOparts: cute.Tensor, mLSEparts: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor):
