@@ -10,9 +10,7 @@ plain / PDL, shared-memory / warp). The compile jobs are scripts/decode_ab.py's 
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import os
 import sys
 from pathlib import Path
 
@@ -45,16 +43,9 @@ def items(variants, num_sms: int) -> list:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--variants", nargs="*", default=[], help="scripts/decode_ab.py variants of the --s7 A/B")
-    p.add_argument("--jobs", type=int, default=min(12, os.cpu_count() or 1))
-    p.add_argument("--list", action="store_true", help="print what would be compiled and exit")
-    a = p.parse_args()
-    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     import decode_ab
 
-    todo = items(a.variants, decode_ab.gpu_num_sms())
-    return decode_ab.precompile_or_list(todo, a.jobs, "decode7_precompile", a.list)
+    return decode_ab.precompile_main(__doc__.splitlines()[0], "--s7", items, "decode7_precompile")
 
 
 if __name__ == "__main__":

@@ -9,8 +9,6 @@ packed configs at 2 / 3 stages with and without first_row_only, and what `auto` 
 """
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -43,16 +41,9 @@ def items(variants, num_sms: int) -> list:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--variants", nargs="*", default=[], help="scripts/decode_ab.py variants of the --s9 A/B")
-    p.add_argument("--jobs", type=int, default=min(12, os.cpu_count() or 1))
-    p.add_argument("--list", action="store_true", help="print what would be compiled and exit")
-    a = p.parse_args()
-    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     import decode_ab
 
-    todo = items(a.variants, decode_ab.gpu_num_sms())
-    return decode_ab.precompile_or_list(todo, a.jobs, "decode9_precompile", a.list)
+    return decode_ab.precompile_main(__doc__.splitlines()[0], "--s9", items, "decode9_precompile")
 
 
 if __name__ == "__main__":

@@ -409,6 +409,18 @@ def precompile_or_list(todo, jobs: int, name: str, list_only: bool) -> int:
     return 0
 
 
+def precompile_main(description: str, ab_flag: str, items, name: str) -> int:
+    """The command line of the decode*_precompile scripts: --variants (this script's variants of the `ab_flag` A/B),
+    --jobs, --list; ``items(variants, num_sms)`` listed or compiled (``precompile_or_list``); exit status."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--variants", nargs="*", default=[], help=f"scripts/decode_ab.py variants of the {ab_flag} A/B")
+    p.add_argument("--jobs", type=int, default=min(12, os.cpu_count() or 1))
+    p.add_argument("--list", action="store_true", help="print what would be compiled and exit")
+    a = p.parse_args()
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    return precompile_or_list(items(a.variants, gpu_num_sms()), a.jobs, name, a.list)
+
+
 def precompile(rows, jobs: int) -> None:
     """Every kernel the plan needs, compiled in `jobs` processes into the disk cache (loaded later)."""
     compile_all(plan_items(rows), jobs)
