@@ -114,7 +114,6 @@ VARIANTS = {
     "pvlate": ((64,), dict(pv_wait_late=True)),
     "pvlate-noskip": ((64,), dict(pv_wait_late=True, skip_unit_rescale=False)),
 }
-ROUND3 = ("old", "new", "o-before-pv")
 ROUND4 = ("old", "new", "fa4-256", "n176", "stages3", "k-first")
 FA3GAP = ("old", "new", "basis", "basis-kv1", "fa4-256", "basis-256")
 PERSIST = ("old", "new", "persistent")
