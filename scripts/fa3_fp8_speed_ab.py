@@ -202,6 +202,22 @@ FP8TURN_VARIANTS: dict[int, dict[str, dict]] = {
           "single_overlap": dict(D256_VARIANTS[256]["single_overlap"], reduce_chains=1),
           "single_overlap_c2": dict(D256_VARIANTS[256]["single_overlap"], reduce_chains=2)},
 }
+# --set fp8fused128 (scripts/fp8d128b_gpu.sh, session 9 round 3): fused_promote at head_dim 128 in the serial steps (P V in
+# one MMA, pv_split 1; O kept in units of v_descale, O *= alpha folded into the promotion O = alpha' O + tmp: no FMUL
+# block before the turn). new: the default (128 x 256 serial); fused: new + fused_promote; fused_c2: fused with
+# reduce_chains 2 (row max / row sum chains 65 / 64 -> ~33 deep; head_dim 256's gain came with it); m192_c4_tail_skip:
+# 192 x 128 serial, three consumer warpgroups, reduce_chains 4, q_tail_first, skip_unit_rescale (the control: session
+# 6's m192_c4_skip with session 8's tail); m192_c4_tail_fused: the same with fused_promote for skip_unit_rescale;
+# m192_look128h_c4_tail_skip: session 8's best (192 x 128 lookahead; fused_promote spills 96 bytes in its loop there).
+# The names and changes are tests/test_fa3_fp8_speed_gpu.py's FP8FUSED128_VARIANTS (but the two controls, configs whose
+# code paths other tables test).
+_M192_SERIAL = dict(tile_m=192, tile_n=128, reduce_chains=4, q_tail_first=True)
+FP8FUSED128_VARIANTS: dict[int, dict[str, dict]] = {
+    128: {"new": {}, "fused": dict(fused_promote=True), "fused_c2": dict(fused_promote=True, reduce_chains=2),
+          "m192_c4_tail_skip": dict(_M192_SERIAL, skip_unit_rescale=True),
+          "m192_c4_tail_fused": dict(_M192_SERIAL, fused_promote=True),
+          "m192_look128h_c4_tail_skip": dict(FP8D128_VARIANTS[128]["m192_look128h_c4_tail_skip"])},
+}
 # --set fp8emu (scripts/ex2emu_gpu.sh, session 9): exp2_emu 1 / 2 (1 / 2 of every 8 exponentials of a thread's row from
 # FMAs, common.exp2_poly) on the head_dim 64 default (192 x 192 serial, three warpgroups: 98 MUFU.EX2 + 48 F2FP per warp
 # and tile, the one fa3-fp8 kernel whose MUFU (+ F2FP, if they share a pipe) time is near its measured tile time). The
@@ -220,7 +236,7 @@ FP8D128_TEST_KERNELS = [("fp8", 64, FP8D128_VARIANTS[64]["tn128_tail"])]
 SETS = {"ab": (VARIANTS, {}), "fp8speed": (SPEED_VARIANTS, SPEED_BF16_VARIANTS), "fp8flip": (FLIP_VARIANTS, {}),
         "fp8small": (FP8SMALL_VARIANTS, {}), "fp8mid": (FP8MID_VARIANTS, {}), "fp8d128": (FP8D128_VARIANTS, {}),
         "fp8d256": (D256_VARIANTS, {}), "fp8d256b": (D256B_VARIANTS, {}), "fp8two": (FP8TWO_VARIANTS, {}),
-        "fp8emu": (FP8EMU_VARIANTS, {}), "fp8turn": (FP8TURN_VARIANTS, {})}
+        "fp8emu": (FP8EMU_VARIANTS, {}), "fp8turn": (FP8TURN_VARIANTS, {}), "fp8fused128": (FP8FUSED128_VARIANTS, {})}
 LEGENDS = {
     "fp8speed": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs; new = the default then; single* = one "
                 "running accumulator; early = early_pv_arrive; skip = skip_unit_rescale; emuN = exp2_emu=N; promote4 = "
@@ -257,6 +273,12 @@ LEGENDS = {
     "fp8emu": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs; new = the default (64: 192 x 192 "
               "serial, reduce_chains 4); emuN = exp2_emu N (N of every 8 exponentials of a thread's row from FMAs, "
               "common.exp2_poly); bf16_fa3 = ours.",
+    "fp8fused128": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs (K/V scale blocks of the "
+                   "variant's tile_n), head_dim 128; new = the default (128 x 256 serial); fused = fused_promote (O in "
+                   "units of v_descale, O = alpha' O + tmp: no O *= alpha block; _c2: reduce_chains 2); m192_c4_tail = "
+                   "192 x 128 serial, reduce_chains 4, q_tail_first, with skip_unit_rescale (_skip) or fused_promote "
+                   "(_fused); m192_look128h_c4_tail_skip = session 8's best (192 x 128 lookahead, S in two halves); "
+                   "bf16_fa3 = ours.",
     "fp8two": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs, head_dim 256, 128 x 128 tiles; new = "
               "the default (two-level, four P V slices, s_lookahead with S in two halves, fused_promote: O in units of "
               "v_descale, O = alpha' O + tmp, one FFMA per element and tile; reduce_chains 2); fused = fused_promote "
@@ -344,7 +366,7 @@ def compile_jobs(head_dims, causals, tests: bool = True, variant_set: str = "ab"
     work += [("recipe", D, c, ("bfloat16", ("block", True, True, True))) for D in head_dims for c in (False, True)]
     # their tests run both causal modes of every timed variant
     if tests and variant_set in ("fp8speed", "fp8flip", "fp8small", "fp8mid", "fp8d128", "fp8d256", "fp8d256b", "fp8two",
-                                 "fp8emu", "fp8turn"):
+                                 "fp8emu", "fp8turn", "fp8fused128"):
         work += [("fp8", D, c, ch) for D in head_dims for c in (False, True) for ch in fp8_variants[D].values()]
         work += [("bf16", D, c, ch) for D in head_dims for c in (False, True) for ch in bf16_variants.get(D, {}).values()]
         if variant_set == "fp8speed":
@@ -659,7 +681,7 @@ def speed_summary(speed_rows: list[dict], error_rows: list[dict], variant_set: s
                   f"- kernel vs float64 within 1.02x of the emulation's: worst "
                   f"{gap['kernel_vs_float64'] / gap['emulation_vs_float64']:.3f}x (d{gap['head_dim']} {gap['variant']}): "
                   f"{'PASS' if gap['kernel_vs_float64'] / gap['emulation_vs_float64'] <= 1.02 else 'FAIL'}"]
-        if variant_set in ("fp8mid", "fp8d128", "fp8two", "fp8emu", "fp8turn"):  # per variant: a failing one must not hide the others
+        if variant_set in ("fp8mid", "fp8d128", "fp8two", "fp8emu", "fp8turn", "fp8fused128"):  # per variant: a failing one must not hide the others
             lines += ["", "kernel vs emulation rel-L2 per variant (causal 0 / 1):", ""]
             for D in sorted({r["head_dim"] for r in error_rows}):
                 for name in fp8_variants[D]:
@@ -860,7 +882,8 @@ def main() -> int:
                          "fp8d256b: what S in two 64-key halves costs (D256B_VARIANTS, scripts/fp8d256b_gpu.sh); "
                          "fp8two: head_dim 256 fused_promote (FP8TWO_VARIANTS, scripts/fp8two_gpu.sh); fp8emu: exp2_emu 1 / 2 "
                          "at head_dim 64 (FP8EMU_VARIANTS, scripts/ex2emu_gpu.sh); fp8turn: head_dim 256 ping-pong turn "
-                         "(FP8TURN_VARIANTS, scripts/fp8two2_gpu.sh)")
+                         "(FP8TURN_VARIANTS, scripts/fp8two2_gpu.sh); fp8fused128: head_dim 128 fused_promote in the serial "
+                         "steps (FP8FUSED128_VARIANTS, scripts/fp8d128b_gpu.sh)")
     ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128, 256], choices=[64, 128, 256])
     ap.add_argument("--seqlens", type=int, nargs="+", default=[4096, 16384])
     ap.add_argument("--causal", choices=["no", "yes", "both"], default="both")
@@ -891,7 +914,7 @@ def main() -> int:
     if args.quick:
         args.head_dims, args.seqlens, args.causal, args.rounds = [128], [4096], "no", 3
     args.causal = {"no": [False], "yes": [True], "both": [False, True]}[args.causal]
-    if args.set in ("fp8small", "fp8mid", "fp8d128", "fp8emu"):  # the head dims the set has (64 and 128; fp8emu 64)
+    if args.set in ("fp8small", "fp8mid", "fp8d128", "fp8emu", "fp8fused128"):  # the head dims the set has
         args.head_dims = [d for d in args.head_dims if d in SETS[args.set][0]]
     failed = []
     for log in args.drop_failed:
@@ -925,11 +948,11 @@ def main() -> int:
     speed_rows = speed(args, args.out)
     print(f"speed done at {time.time() - t0:.0f}s", flush=True)
     if args.set in ("fp8speed", "fp8flip", "fp8small", "fp8mid", "fp8d128", "fp8d256", "fp8d256b", "fp8two", "fp8emu",
-                    "fp8turn"):
+                    "fp8turn", "fp8fused128"):
         text = speed_summary(speed_rows, variant_errors(args, args.out) if args.errors else [], args.set)
         if args.set == "fp8d256b":
             text += halves_cost_lines(speed_rows)
-        if args.set in ("fp8small", "fp8mid", "fp8d128", "fp8two", "fp8emu", "fp8turn"):
+        if args.set in ("fp8small", "fp8mid", "fp8d128", "fp8two", "fp8emu", "fp8turn", "fp8fused128"):
             text += two_level_target_lines(speed_rows, args.set)
         if args.set == "fp8turn":
             text += turn_cost_lines(speed_rows)

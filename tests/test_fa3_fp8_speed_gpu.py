@@ -6,7 +6,8 @@ head_dim 64/128: ``FP8SMALL_VARIANTS``), the lookahead schedule at 128 (session 
 ``FP8MID_VARIANTS``), ``q_tail_first`` (the partial query tile first under causal masking; session 7: ``FP8D128_VARIANTS``),
 ``fused_promote`` at head_dim 256 (O *= alpha folded into the two-level promotion; session 8: ``FP8TWO_VARIANTS``),
 ``exp2_emu`` 1 / 2 on the head_dim 64 default (session 9: ``FP8EMU_VARIANTS``), the head_dim 256 ping-pong turn
-(``s_early_arrive``, no ping-pong; session 9: ``FP8TURN_VARIANTS``),
+(``s_early_arrive``, no ping-pong; session 9: ``FP8TURN_VARIANTS``), ``fused_promote`` in the serial steps at head_dim
+128 (session 9 round 3: ``FP8FUSED128_VARIANTS``),
 the defaults before session 5 ("old"), and the
 combinations scripts/fa3_fp8_speed_ab.py times (``--set fp8speed`` / ``fp8flip``, whose precompile builds these).
 
@@ -130,6 +131,18 @@ FP8TURN_VARIANTS = {
     "fp8turn-d256-nopp": (256, dict(pingpong=False)),
 }
 
+# session 9 round 3, head_dim 128 (scripts/fa3_fp8_speed_ab.py FP8FUSED128_VARIANTS, "fp8fused128-d128-<name>"): fused_promote
+# in the serial steps (pv_split 1: O in units of v_descale, O = alpha' O + tmp after the P V GEMM) on the 128 x 256 default
+# (with one and two reduction chains) and on 192 x 128 serial tiles with reduce_chains 4 and q_tail_first
+_M192_SERIAL = dict(tile_m=192, tile_n=128, reduce_chains=4, q_tail_first=True)
+FP8FUSED128_VARIANTS = {
+    "fp8fused128-d128-fused": (128, dict(fused_promote=True)),
+    "fp8fused128-d128-fused_c2": (128, dict(fused_promote=True, reduce_chains=2)),
+    "fp8fused128-d128-m192_c4_tail_fused": (128, dict(_M192_SERIAL, fused_promote=True)),
+}
+_ALL_TABLES = (FP8_VARIANTS, FP8SMALL_VARIANTS, FP8MID_VARIANTS, FP8D128_VARIANTS, FP8TWO_VARIANTS, FP8EMU_VARIANTS,
+               FP8TURN_VARIANTS, FP8FUSED128_VARIANTS)
+
 
 def _inputs(shape, head_dim, seed):
     B, Nq, Nk, H, Hkv = shape
@@ -140,8 +153,7 @@ def _inputs(shape, head_dim, seed):
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
-@pytest.mark.parametrize("variant", [*FP8_VARIANTS, *FP8SMALL_VARIANTS, *FP8MID_VARIANTS, *FP8D128_VARIANTS,
-                                     *FP8TWO_VARIANTS, *FP8EMU_VARIANTS, *FP8TURN_VARIANTS])
+@pytest.mark.parametrize("variant", [name for table in _ALL_TABLES for name in table])
 def test_fp8_variant_vs_emulation(fp8_kernel, variant, shape, causal, request, nan_allocations):
     _check_variant(fp8_kernel, variant, shape, causal, zlib.crc32(request.node.nodeid.encode()), nan_allocations)
 
@@ -153,7 +165,8 @@ TAIL_SHAPES = [(1, 300, 500, 2, 2), (2, 449, 449, 4, 1)]
 
 
 @pytest.mark.parametrize("shape", TAIL_SHAPES, ids=["x".join(map(str, s)) for s in TAIL_SHAPES])
-@pytest.mark.parametrize("variant", [n for n, (_, c) in FP8D128_VARIANTS.items() if c.get("q_tail_first")])
+@pytest.mark.parametrize("variant", [n for table in (FP8D128_VARIANTS, FP8FUSED128_VARIANTS)
+                                     for n, (_, c) in table.items() if c.get("q_tail_first")])
 def test_fp8_tail_first_shared_rows(fp8_kernel, variant, shape, request, nan_allocations):
     _check_variant(fp8_kernel, variant, shape, True, zlib.crc32(request.node.nodeid.encode()), nan_allocations)
 
@@ -164,8 +177,7 @@ def _check_variant(fp8_kernel, variant, shape, causal, seed, nan_allocations):
     from fa_variants.fp8.quantize import quantize_fp8_torch
     from fa_variants.reference import attention_reference
 
-    D, change = {**FP8_VARIANTS, **FP8SMALL_VARIANTS, **FP8MID_VARIANTS, **FP8D128_VARIANTS, **FP8TWO_VARIANTS,
-                 **FP8EMU_VARIANTS, **FP8TURN_VARIANTS}[variant]
+    D, change = {name: entry for table in _ALL_TABLES for name, entry in table.items()}[variant]
     cfg = dataclasses.replace(fp8_kernel.DEFAULT_CONFIGS[D], **change)
     q, k, v = _inputs(shape, D, seed)
     # the emulation's accumulation (two_level, interval) comes from the recipe; a variant with another tile_n gets
@@ -206,6 +218,37 @@ def test_fp8two_v_scales_spread(fp8_kernel, variant, shape, causal, nan_allocati
     emu32, emu_lse = fp8.emulate_fp8_attention(inp, causal=causal, tile_m=cfg.tile_m)
     exact, _ = attention_reference(q, k, v, causal=causal, dtype=torch.float64)
     assert_fp8_matches_emulation(out, lse, emu32, emu_lse, exact, variant=variant, seed=11 + causal)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", [(1, 300, 1000, 4, 2)], ids=["1x300x1000x4x2"])  # (the id scripts' --drop-failed reads)
+@pytest.mark.parametrize("variant", ["fp8fused128-d128-fused", "fp8fused128-d128-m192_c4_tail_fused"])  # (chains: no units)
+def test_fp8fused128_v_scales_spread(fp8_kernel, variant, shape, causal, nan_allocations):
+    """fused_promote in the serial steps keeps O in units of the tile's v_descale (the unit changed by v_descale[n + 1] /
+    v_descale[n] every tile, O = fma(1, 0, tmp) on the first visited one): V blocks of the variant's tile_n whose
+    magnitudes span 2^-8 .. 2^8 and one all-zero block (descale 2^-110, the quantiser's floor: O / v_descale ~ 2^110 |O|)
+    against the emulation and float64. Nk 1000: four 256-key or eight 128-key tiles, the last partial; every row visits
+    the zero block (causal: rows see 701..1000 keys)."""
+    from fa_variants import fp8
+    from fa_variants.fp8.quantize import quantize_fp8_torch
+    from fa_variants.reference import attention_reference
+
+    D, change = FP8FUSED128_VARIANTS[variant]
+    cfg = dataclasses.replace(fp8_kernel.DEFAULT_CONFIGS[D], **change)
+    bn = cfg.tile_n
+    q, k, v = _inputs(shape, D, 13 + causal)
+    exponents = torch.tensor([-8, 8, 0, -3, 5, 0, 2, -6], device="cuda")[:-(-1000 // bn)]  # per K/V tile
+    v = (v.float() * torch.exp2(exponents.repeat_interleave(bn)[:1000].float()).view(1, -1, 1, 1)).to(torch.bfloat16)
+    v[:, 2 * bn:3 * bn] = 0  # tile 2: all zeros
+    recipe = fp8.FP8Config(two_level=cfg.two_level, promote_every=cfg.promote_every)
+    inp = fp8.quantize_fp8(q, k, v, config=recipe) if bn == fp8.layout.tile_n(D) else \
+        quantize_fp8_torch(q, k, v, config=recipe, block_n=bn)
+    assert inp.v_descale[..., 2].max().item() < 2.0**-100  # the zero block's floor descale
+    with nan_allocations():
+        out, lse = fp8_kernel.run_fp8(inp, causal=causal, out_dtype=torch.bfloat16, config=cfg)
+    emu32, emu_lse = fp8.emulate_fp8_attention(inp, causal=causal, tile_m=cfg.tile_m)
+    exact, _ = attention_reference(q, k, v, causal=causal, dtype=torch.float64)
+    assert_fp8_matches_emulation(out, lse, emu32, emu_lse, exact, variant=variant, seed=13 + causal)
 
 
 def test_fp8_exp2_emu_every_score(fp8_kernel, nan_allocations):

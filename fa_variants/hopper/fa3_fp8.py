@@ -222,8 +222,11 @@ class Fp8Config(Fa3Config):
         if self.s_early_arrive and not (self.s_lookahead and self.s_halves and self.pingpong):
             raise ValueError("fa3-fp8: s_early_arrive needs s_lookahead with s_halves and pingpong (the turn ends after "
                              "S half 0)")
-        if self.fused_promote and not self.s_lookahead:
-            raise ValueError("fa3-fp8: fused_promote needs s_lookahead (the head_dim 256 schedule it is built for)")
+        serial_one = (self.two_level and self.promote_every == 1 and self.pv_split == 1 and not self.intra_wg_overlap
+                      and not self.early_pv_arrive)
+        if self.fused_promote and not (self.s_lookahead or serial_one):
+            raise ValueError("fa3-fp8: fused_promote needs s_lookahead, or serial steps (intra_wg_overlap and "
+                             "early_pv_arrive off) with two_level, promote_every 1 and pv_split 1")
         if self.rescale_o_before_pv:
             raise ValueError("fa3-fp8: rescale_o_before_pv is not built for the FP8 P V hooks (use False)")
         if self.num_splits != 1:
@@ -337,9 +340,20 @@ class _Fp8StepContext(_StepContext):
     def _interval(self) -> bool:
         return self.k.cfg.two_level and self.k.cfg.promote_every > 1
 
+    def _fused_serial(self) -> bool:
+        """``fused_promote`` in the serial steps (pv_split 1): O *= alpha waits for the promotion (``fold_pv``)."""
+        return self.k.cfg.fused_promote and not self.k.cfg.s_lookahead
+
     def rescale_o(self, alpha, n_block):
         if const_expr(self._interval()):
             self._rescale_interval(alpha, n_block)
+        elif const_expr(self._fused_serial()):
+            # O stays in units of v_descale[n_block + 1] until this tile's promotion: keep alpha' = alpha v_descale[n_block
+            # + 1] / v_descale[n_block] per row for it (the serial steps skip this call on the first visited tile,
+            # whose promotion finds O = 0 and o_alpha = 1: fma(1, 0, tmp) = tmp)
+            ratio = self.v_descale[n_block + 1] / self.v_descale[n_block]
+            for r in range(cute.size(alpha)):
+                self.o_alpha[r] = alpha[r] * ratio
         else:
             if const_expr(not self.k.cfg.two_level):  # O is kept in units of the current tile's v_descale
                 ratio = self.v_descale[n_block + 1] / self.v_descale[n_block]
@@ -432,6 +446,11 @@ class _Fp8StepContext(_StepContext):
     def fold_pv(self, n_block):
         if const_expr(self._interval()):
             self._fold_interval(n_block)
+        elif const_expr(self._fused_serial()):  # O = alpha' O + tmp: one FFMA per element, O in units of v_descale
+            o, t = acc_rows_cols(self.acc_O), acc_rows_cols(self.acc_tmp)
+            for r in range(cute.size(o, mode=[0])):
+                for c in range(cute.size(o, mode=[1])):
+                    o[r, c] = cute.math.fma(self.o_alpha[r], o[r, c], t[r, c])
         elif const_expr(self.k.cfg.two_level and self.k.cfg.pv_split == 1):
             self._promote(0, n_block)
 
@@ -642,6 +661,9 @@ class FlashAttention3Fp8Sm90(FlashAttention3Sm90):
         if const_expr(self.cfg.two_level and self.cfg.promote_every > 1):
             tiles_in_tmp = cute.make_rmem_tensor(1, Int32)
             tiles_in_tmp.fill(0)
+            o_alpha = cute.make_rmem_tensor(softmax.num_rows, Float32)
+            o_alpha.fill(1.0)
+        elif const_expr(self.cfg.fused_promote and not self.cfg.s_lookahead):  # alpha' of the tile, kept for its promotion
             o_alpha = cute.make_rmem_tensor(softmax.num_rows, Float32)
             o_alpha.fill(1.0)
         descales = cute.make_rmem_tensor(2, Float32) if const_expr(self.cfg.descale_prefetch) else None
