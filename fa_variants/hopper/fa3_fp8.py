@@ -86,7 +86,12 @@ scales (one descale per 128 query rows and per ``tile_n`` keys, ``fa_variants.fp
   O *= alpha (128 a thread) runs on every tile where a row max of any of the warp's 16 rows moved (the unit-alpha skip
   is per thread, the branch diverges), ~67% of the tiles at 32 K/V tiles and ~32% at 128 for iid scores; with the
   switch the main loop has 618 instructions a warp and tile (default 737 with the block, 609 without; single_overlap
-  574: the same FP32 work, FMUL for FFMA, and 20 fewer QGMMA issues and descriptor adds).
+  574: the same FP32 work, FMUL for FFMA, and 20 fewer QGMMA issues and descriptor adds). Since session 9 (round 3,
+  off; A/B ``scripts/fp8d128b_gpu.sh``) also in the serial steps with P V in one MMA (pv_split 1): alpha' is kept per
+  row from the softmax to the promotion after the P V GEMM's wait (``fold_pv``); the first visited tile's promotion is
+  fma(1, 0, tmp) = tmp. Read in the SASS of the head_dim 128 default (128 x 256): ptxas sinks O *= alpha into the
+  ping-pong turn after that wait (64 FMUL + 64 FFMA a thread before BAR.ARV); with the switch 64 FFMA, main loop 834
+  -> 800 instructions a warp and tile (192 x 128 serial with skip_unit_rescale 541 -> 491).
 * The head_dim 256 ping-pong turn (session 9, round 2; both off, A/B ``scripts/fp8two2_gpu.sh``): read in the SASS, the
   default's turn (BAR.SYNC .. BAR.ARV) holds the four P V slices with three waits and 3 x 32 promotion FFMAs, S half
   0, the last slice's wait and promotion and S half 1, where single_overlap's turn only issues its 12 QGMMAs.
@@ -156,7 +161,8 @@ class Fp8Config(Fa3Config):
         tiles with four slices at head_dim 256): half 0 is issued after the last slice, the last slice is promoted
         while it runs, then half 1 is issued. Without s_lookahead (session 7, any schedule; needs tile_n % 64 == 0) it
         changes only the S MMA's width: the measure of what the two 64-key halves cost beside one 128-key MMA.
-    fused_promote: (session 8; the head_dim 256 default since session 9; needs s_lookahead) O kept in units of the last visited tile's v_descale, as the
+    fused_promote: (session 8; the head_dim 256 default since session 9; needs s_lookahead, or since session 9 round 3
+        serial steps with two_level, promote_every 1 and pv_split 1) O kept in units of the last visited tile's v_descale, as the
         single accumulator keeps its own: O *= alpha is folded into the promotion, O = fma(alpha', O, tmp) with the
         per-row alpha' = alpha v_descale[n + 1] / v_descale[n] (one FFMA per element and tile; no FMUL block before
         the turn, no unit-alpha branch, no v_descale multiply), O *= v_descale[0] at the end. One fp32 rounding per
