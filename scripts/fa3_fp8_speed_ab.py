@@ -516,7 +516,7 @@ def speed(args, out_dir: str) -> list[dict]:
                         med = statistics.median(ts)
                         row = dict(head_dim=D, seqlen=N, batch=B, heads=H, causal=causal, impl=name,
                                    ms=round(med, 4), tflops=round(flops / med / 1e9, 1),
-                                   spread=round((max(ts) - min(ts)) / med, 3), rounds=len(ts),
+                                   spread=round((max(ts) - min(ts)) / med, 3), rounds=len(ts), round_ms=[round(t, 4) for t in ts],
                                    config=(dataclasses.asdict(kernel_config(D, fp8_variants[D][name]))
                                            if name in fp8_variants[D] else None))
                         rows.append(row)
@@ -753,6 +753,30 @@ def turn_cost_lines(speed_rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: --set fp8fused128: (variant, its reference) pairs whose per-round ratios the summary reports
+FUSED128_PAIRS = [("fused", "new"), ("fused_c2", "new"), ("fused_c2", "fused"), ("m192_c4_tail_fused", "m192_c4_tail_skip"),
+                  ("m192_c4_tail_fused", "new"), ("m192_c4_tail_fused", "m192_look128h_c4_tail_skip")]
+
+
+def paired_round_lines(speed_rows: list[dict], pairs: list[tuple[str, str]]) -> str:
+    """Per problem and pair (a, b): the median over rounds of time(b) / time(a) (> 1: a faster), with the rounds' min and
+    max: the impls of one round run back to back in rotated order, so a round's ratio cancels drifts between rounds
+    (clocks, temperature) that widen the medians' spreads. Rows without ``round_ms`` (older logs) are skipped."""
+    by = {(r["head_dim"], r["seqlen"], r["causal"], r["impl"]): r.get("round_ms") for r in speed_rows}
+    lines = ["", "## per-round ratios (time of the reference / time of the variant: > 1 is faster; median [min, max])", ""]
+    for D, N, c in sorted({k[:3] for k in by}):
+        cells = []
+        for a, b in pairs:
+            ta, tb = by.get((D, N, c, a)), by.get((D, N, c, b))
+            if not ta or not tb or len(ta) != len(tb):
+                continue
+            ratios = sorted(y / x for x, y in zip(ta, tb))
+            cells.append(f"{a}/{b} {statistics.median(ratios):.3f} [{ratios[0]:.3f}, {ratios[-1]:.3f}]")
+        if cells:
+            lines.append(f"- d{D} N{N} causal={int(c)}: " + "; ".join(cells))
+    return "\n".join(lines) + "\n"
+
+
 def two_level_target_lines(speed_rows: list[dict], variant_set: str = "fp8small") -> str:
     """--set fp8small / fp8mid: issue 10's head_dim 64 / 128 targets with two-level accumulation on (the summary's "best fp8"
     may be a single-accumulator baseline): per problem the best two-level variant / bf16 fa3 (1.4x at 128, 1.3x at
@@ -956,6 +980,8 @@ def main() -> int:
             text += two_level_target_lines(speed_rows, args.set)
         if args.set == "fp8turn":
             text += turn_cost_lines(speed_rows)
+        if args.set == "fp8fused128":
+            text += paired_round_lines(speed_rows, FUSED128_PAIRS)
     else:
         error_rows = errors(args, args.out) if args.errors else []
         stats = []

@@ -4,10 +4,11 @@
 # Fp8Config.fused_promote (head_dim 256's default since session 9, built for its lookahead) now also runs in the serial
 # steps with P V in one MMA (pv_split 1): O kept in units of the last visited tile's v_descale, O *= alpha folded into the
 # promotion after the P V GEMM, O = fma(alpha v_descale[n+1] / v_descale[n], O, tmp). SASS (CPU, main loop per consumer
-# warp and K/V tile, no spills causal or not): 128 x 256 default 834 -> 800 instructions (FMUL 67 -> 5, +16 PRMT: ptxas
-# packs P's second halves with PRMT instead of F2FP's merge), 192 x 128 serial c4 + tail 541 (skip_unit_rescale: the
-# 62-FMUL block under a per-warp branch, run on ~67% / ~32% of the tiles at N 4k / 16k) -> 491. On the 192 x 128
-# lookahead (session 8's best) fused_promote spills 96 bytes in the loop: not timed.
+# warp and K/V tile, no spills causal or not): the default's ptxas sinks O *= alpha into the ping-pong turn (64 FMUL + 64
+# FFMA between the P V wait and BAR.ARV; fused: 64 FFMA); 128 x 256 default 834 -> 800 instructions (FMUL 67 -> 5, +16
+# PRMT: ptxas packs half of P's pairs with PRMT instead of F2FP's merge), 192 x 128 serial c4 + tail 541
+# (skip_unit_rescale: the 62-FMUL block under a per-warp branch, run on ~67% / ~32% of the tiles at N 4k / 16k) -> 491.
+# On the 192 x 128 lookahead (session 8's best) fused_promote spills 96 bytes in the loop: not timed.
 #   new                         the default (128 x 256 serial steps, one reduction chain)
 #   fused                       new + fused_promote
 #   fused_c2                    fused + reduce_chains 2 (row max / row sum chains ~65 -> ~33 deep; 801 instructions)
@@ -22,8 +23,10 @@
 #      m192_c4_tail_fused vs the emulation (rel-L2 <= 6e-3, LSE <= 1.5e-3) and float64: seqlen 113 / 1023 tails, Nq != Nk,
 #      GQA/MQA, batch 2, causal and not, NaN-poisoned outputs; q_tail_first's shared rows (m192_c4_tail_fused); fused and
 #      m192_c4_tail_fused on V blocks spanning 2^-8..2^8 with an all-zero block (descale 2^-110: O / v_descale ~ 2^110 |O|)
-#   3. speed_ab: D 128 x N 4k/16k x causal and not (B*N = 16k, H*D = 2048), 6 rotated rounds, beside our bf16 fa3
-#      (flash-attn-4 left out: it compiles at its first call); accuracy of every variant (N(0,1), N 1024); summary.
+#   3. speed_ab: D 128 x N 4k/16k x causal and not (B*N = 16k, H*D = 2048), 6 rotated rounds of 20 calls, beside our
+#      bf16 fa3 (flash-attn-4 left out: it compiles at its first call); accuracy of every variant (N(0,1), N 1024);
+#      summary, with the per-round ratios of fused / new, fused_c2 / new and / fused, m192_c4_tail_fused / its control,
+#      / new and / session 8's best (median [min, max] over rounds: the spreads of the medians were 4-20% in session 8).
 #      A variant with a FAILED/ERROR line in steps 1-2 is left out (--drop-failed), and the fused variants also when
 #      the tests were cut by their limit (no pytest summary line)
 #
@@ -31,10 +34,10 @@
 # Pass: "precompile: 16 jobs ... 0 failed"; variant_tests "24 passed" with no FAILED/ERROR line; no "left out" line; the
 # summary's accuracy lines PASS for every variant.
 # Predicted (bench/NOTES.md, "Session 9 (2026-12-01): fa3-fp8 at head_dim 128, round 3"): fused / new 1.00-1.04 in every
-# problem (the softmax segment of each warpgroup's serial step loses ~60 issue slots of ~800, the promotion inside the turn
-# keeps its 64 FFMAs); fused_c2 / fused 0.98-1.03; m192_c4_tail_fused / m192_c4_tail_skip 1.01-1.05 at N 4k, 0.99-1.03 at
-# 16k; TFLOP/s (N 4k / 4k causal / 16k / 16k causal) new ~827 / 713 / 869 / 861 (session 8, spreads 4-20%), best of the
-# fused variants ~850 / 735 / 900 / 880; fa3-fp8 / bf16 fa3 at most 1.30-1.36x: issue 10's 1.4x at head_dim 128 NOT met.
+# problem (the turn's tail after the P V wait halves, 64 FFMA instead of 64 FMUL + 64 FFMA); fused_c2 / fused 0.96-1.03;
+# m192_c4_tail_fused / m192_c4_tail_skip 1.01-1.05 at N 4k, 0.99-1.03 at 16k; TFLOP/s (N 4k / 4k causal / 16k / 16k
+# causal) new ~827 / 713 / 869 / 861 (session 8, spreads 4-20%), m192_c4_tail_skip ~830 / 715 / 920 / 860, best fused
+# variant ~850 / 735 / 900-935 / 870-890; best / bf16 fa3 1.28-1.36x: issue 10's 1.4x at head_dim 128 NOT met.
 # Flip rule: of fused / fused_c2 / m192_c4_tail_fused listed under "candidates for a default flip" (>= 1.03x new in every
 # non-causal problem, >= 0.97x in every problem) with their tests passing, the one with the higher geometric mean over
 # the four problems: fused(_c2) -> DEFAULT_SWITCHES[128] = dict(fused_promote=True[, reduce_chains=2]);
@@ -50,7 +53,7 @@ step variant_tests 38 python3 -m pytest -q $NPROC -m gpu tests/test_fa3_fp8_spee
   -p no:cacheprovider --tb=line -rfE
 CUT=()  # no pytest summary line: the tests were cut by the limit (a hang?); the fused variants are the new kernel code
 grep -qE "[0-9]+ (passed|failed)" "$work/variant_tests.log" 2>/dev/null || CUT=(--drop fused fused_c2 m192_c4_tail_fused)
-step speed_ab 37 "${AB[@]}" --phase measure --rounds 6 --err-seqlen 1024 ${CUT[@]+"${CUT[@]}"} \
+step speed_ab 37 "${AB[@]}" --phase measure --rounds 6 --iters 20 --err-seqlen 1024 ${CUT[@]+"${CUT[@]}"} \
   --drop-failed "$work/precompile.log" "$work/variant_tests.log"
 pack_logs "$out/fp8d128b.tar.gz" && rm -rf "$work"
 echo; tar -xzOf "$out/fp8d128b.tar.gz" fp8d128b/precompile.log | grep -E "precompile:|FAILED" | head -8

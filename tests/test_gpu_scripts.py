@@ -427,6 +427,12 @@ def test_fp8fused128_set_and_script():
     assert ab.failed_variants(log, "fp8fused128") == ["m192_c4_tail_fused"]
     log = "FAILED tests/test_fa3_fp8_speed_gpu.py::test_fp8_variant_vs_emulation[fp8fused128-d128-fused-1x113x113x4x2-full]\n"
     assert ab.failed_variants(log, "fp8fused128") == ["fused"] and ab.failed_variants(log, "fp8d128") == []
+    # the per-round ratios: time(reference) / time(variant) per round, median and range; a pair missing a side is skipped
+    rows = [dict(head_dim=128, seqlen=4096, causal=False, impl="new", round_ms=[1.0, 1.2, 1.1]),
+            dict(head_dim=128, seqlen=4096, causal=False, impl="fused", round_ms=[0.96, 1.2, 1.0])]
+    text = ab.paired_round_lines(rows, ab.FUSED128_PAIRS)
+    assert "- d128 N4096 causal=0: fused/new 1.042 [1.000, 1.100]\n" in text and "m192" not in text
+    assert all(a in ab.FP8FUSED128_VARIANTS[128] and b in ab.FP8FUSED128_VARIANTS[128] for a, b in ab.FUSED128_PAIRS)
 
 
 @pytest.mark.parametrize("backend", ["fa1", "fa2", "fa3", "fa3-fp8"])
