@@ -19,7 +19,7 @@
 # Steps:
 #   1. precompile (16 workers, into the disk cache; each kernel run once at seqlen 256): 16 jobs (6 variants and bf16
 #      fa3 in both causal modes, the quantisation pass)
-#   2. variant_tests: tests/test_fa3_fp8_speed_gpu.py -k fp8fused128 (-n 8): 24 tests, fused / fused_c2 /
+#   2. variant_tests: tests/test_fa3_fp8_speed_gpu.py -k fp8fused128 (-n 12): 24 tests, fused / fused_c2 /
 #      m192_c4_tail_fused vs the emulation (rel-L2 <= 6e-3, LSE <= 1.5e-3) and float64: seqlen 113 / 1023 tails, Nq != Nk,
 #      GQA/MQA, batch 2, causal and not, NaN-poisoned outputs; q_tail_first's shared rows (m192_c4_tail_fused); fused and
 #      m192_c4_tail_fused on V blocks spanning 2^-8..2^8 with an all-zero block (descale 2^-110: O / v_descale ~ 2^110 |O|)
@@ -48,7 +48,7 @@ source "$(dirname "$0")/steps.sh"; help_from_header "$@"
 out="${OUT:-results}"; work="$out/fp8d128b"; session_setup "$work"
 AB=(python3 scripts/fa3_fp8_speed_ab.py --set fp8fused128 --head-dims 128 --no-flash-attn --out "$work/ab")
 step precompile 45 "${AB[@]}" --phase precompile --jobs 16
-NPROC=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8" || echo "")
+NPROC=$(python3 -c "import xdist" 2>/dev/null && echo "-n 12" || echo "")
 step variant_tests 38 python3 -m pytest -q $NPROC -m gpu tests/test_fa3_fp8_speed_gpu.py -k fp8fused128 \
   -p no:cacheprovider --tb=line -rfE
 CUT=()  # no pytest summary line: the tests were cut by the limit (a hang?); the fused variants are the new kernel code
