@@ -47,7 +47,8 @@ def test_default_interval_and_switches():
         assert cfg.promote_every == layout.promote_every(d) and cfg.skip_unit_rescale == (d == 256), (d, cfg)
     d64 = fa3_fp8.DEFAULT_CONFIGS[64]  # session 6's tn192s_c4: 192 x 192, serial steps, four softmax chains
     assert (d64.tile_m, d64.tile_n, d64.intra_wg_overlap, d64.reduce_chains) == (192, 192, False, 4)
-    assert all(fa3_fp8.DEFAULT_CONFIGS[d].reduce_chains == 1 for d in (96, 128, 256))
+    assert all(fa3_fp8.DEFAULT_CONFIGS[d].reduce_chains == 1 for d in (96, 128))
+    assert fa3_fp8.DEFAULT_CONFIGS[256].reduce_chains == 2  # session 9: fused_promote with two chains (--set fp8two)
     four = dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[64], promote_every=4)
     four.check(64)
     dataclasses.replace(four, two_level=False).check(64)  # the interval is ignored then
