@@ -393,3 +393,32 @@ def test_pv_wait_late_same_values(causal):
     want = fa3.run(q, k, v, causal=causal, softmax_scale=0.1, config=default)
     got = fa3.run(q, k, v, causal=causal, softmax_scale=0.1, config=dataclasses.replace(default, pv_wait_late=True))
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+PVLATE128 = _ab_variants("PVLATE128")  # session 9, D 128: Sm90Config.pv_wait_late (+ rescale_o_before_pv), o-before-pv
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("name, head_dim, config", [v for v in PVLATE128 if v[0] != "o-before-pv"],
+                         ids=[f"{n}-d{d}" for n, d, _ in PVLATE128 if n != "o-before-pv"])
+def test_pvlate128_variants(name, head_dim, config, causal):
+    """scripts/pvlate128_gpu.sh's variants at D 128 (`pvlate-128`: the default with the P V wait after every exponential
+    of the tile, O rescaled after the wait; `pvlate-128-obpv`: the same with O rescaled in the next step, under its S
+    GEMM) vs float64 over ALPHA_SHAPES (one K/V tile and many, odd lengths, Nq != Nk both ways, GQA and MQA),
+    NaN-poisoned outputs, LSE checked; then EC-04's logit shifts (huge rows: the exact form's branch, before the new
+    one)."""
+    for shape in ALPHA_SHAPES:
+        q, k, v = _qkv(*shape, head_dim, BF16)
+        _check(q, k, v, causal, config=config, what=f"{name} D={head_dim} causal={causal} {shape}")
+    _check_logit_shifts(name, head_dim, config, causal)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_pvlate128_same_values(causal):
+    """pv_wait_late moves where the step waits for its P V GEMM, not what it computes (the same operations on the same
+    values, in the same reduction order): at D 128, O and LSE with it equal the default's bit for bit."""
+    default = fa3.DEFAULT_CONFIGS[128]
+    q, k, v = _qkv(2, 1023, 1023, 4, 2, 128, BF16)
+    want = fa3.run(q, k, v, causal=causal, softmax_scale=0.1, config=default)
+    got = fa3.run(q, k, v, causal=causal, softmax_scale=0.1, config=dataclasses.replace(default, pv_wait_late=True))
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

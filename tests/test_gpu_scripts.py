@@ -1353,3 +1353,63 @@ echo "AB $*"; echo "SUMMARY fake"
         assert (f"== {v} left out" in run.stdout) == (timed is None or v not in timed.split(",")), run.stdout
     limits = [int(m) for m in re.findall(r"^\s*step \w+ (\d+) ", (ROOT / "scripts" / "d64gap_gpu.sh").read_text(), re.M)]
     assert len(limits) == 3 and sum(limits) <= 120, limits
+
+
+_PVLATE128_ALL = [f"test_pvlate128_variants[{v}-d128-{c}]" for v in ("pvlate-128", "pvlate-128-obpv")
+                  for c in ("full", "causal")] + [f"test_pvlate128_same_values[{c}]" for c in ("full", "causal")] + \
+    [f"test_ablation_configs[o-before-pv-{c}-{s}]" for c in ("full", "causal") for s in ("1023", "257x4224", "1x129")]
+
+
+@pytest.mark.parametrize("log, timed", [
+    (_d64gap_log(_PVLATE128_ALL), "old,new,o-before-pv,pvlate-128,pvlate-128-obpv"),
+    (_d64gap_log([t for t in _PVLATE128_ALL if "obpv-d128-causal" not in t],
+                 ["test_pvlate128_variants[pvlate-128-obpv-d128-causal]"]), "old,new,o-before-pv,pvlate-128"),
+    (_d64gap_log([t for t in _PVLATE128_ALL if "same_values[full]" not in t], ["test_pvlate128_same_values[full]"]),
+     "old,new,o-before-pv,pvlate-128-obpv"),
+    (_d64gap_log([t for t in _PVLATE128_ALL if "1x129" not in t], ["test_ablation_configs[o-before-pv-causal-1x129]"]),
+     "old,new,pvlate-128,pvlate-128-obpv"),
+    (_d64gap_log(_PVLATE128_ALL[:3], summary=False), "old,new,pvlate-128"),  # cut by the limit
+    (_d64gap_log([], ["test_pvlate128_variants[pvlate-128-d128-full]",
+                      "test_pvlate128_variants[pvlate-128-obpv-d128-full]"]), None),
+], ids=["all-passed", "obpv-failed", "same-values-failed", "o-before-pv-failed", "cut", "none"])
+def test_pvlate128_script_times_the_variants_whose_tests_passed(tmp_path, log, timed):
+    """scripts/pvlate128_gpu.sh (session 9, Sm90Config.pv_wait_late at head_dim 128), run with a fake python3 and
+    nvidia-smi: it precompiles fa3_speed_ab.py's PVLATE128 variants, selects its GPU tests by name, and times a variant
+    only when its tests PASSED and none of its tests failed (pvlate-128 also needs its bit-for-bit test not failed; the
+    control o-before-pv its test_ablation_configs), old and new always; with no variant left the A/B is skipped. Its
+    step limits stay within the 120 s budget."""
+    fa3ab = load_script("fa3_speed_ab")
+    assert fa3ab.PVLATE128 == ("old", "new", "o-before-pv", "pvlate-128", "pvlate-128-obpv")
+    assert all(128 in fa3ab.VARIANTS[v][0] for v in fa3ab.PVLATE128)
+    for v in ("pvlate-128", "pvlate-128-obpv"):
+        assert fa3ab.variant_config(v, 128).check(128).pv_wait_late
+    assert fa3ab.variant_config("pvlate-128-obpv", 128).rescale_o_before_pv
+    bin_dir = _fake_bin(tmp_path / "bin", _FAKE_SMI)
+    (tmp_path / "pytest.log").write_text(log)
+    py = bin_dir / "python3"
+    py.write_text(f"""#!/usr/bin/env bash
+[[ "$1" == -c ]] && exit 1
+[[ "$1 $2" == "-m pytest" ]] && {{ echo "PYTEST $*"; cat {tmp_path}/pytest.log; exit 0; }}
+[[ " $* " == *" --precompile "* ]] && {{ echo "PRECOMPILE $*"; echo "precompiled 10 kernels + flash-attn-4 in 1 s"; exit 0; }}
+echo "AB $*"; echo "SUMMARY fake"
+""")
+    py.chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(tmp_path / "out"))
+    run = subprocess.run(["bash", str(ROOT / "scripts" / "pvlate128_gpu.sh")], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+    logs = tmp_path / "out" / "logs"
+    shapes = "--shapes 128:4096:full,128:16384:full,128:4096:causal"
+    assert f"--variants old,new,o-before-pv,pvlate-128,pvlate-128-obpv {shapes}" in (logs / "precompile.log").read_text()
+    assert '-k pvlate128 or (ablation_configs and o-before-pv)' in (logs / "pytest.log").read_text()
+    if timed is None:
+        assert not (logs / "fa3ab.log").exists() and "fa3ab: skipped" in run.stdout
+    else:
+        ab = (logs / "fa3ab.log").read_text()
+        assert f"AB scripts/fa3_speed_ab.py --variants {timed} {shapes}" in ab
+        assert "--peers flash-attn-4" in ab and "SUMMARY fake" in run.stdout
+    for v in ("o-before-pv", "pvlate-128", "pvlate-128-obpv"):
+        assert (f"== {v} left out" in run.stdout) == (timed is None or v not in timed.split(",")), run.stdout
+    limits = [int(m) for m in re.findall(r"^\s*step \w+ (\d+) ", (ROOT / "scripts" / "pvlate128_gpu.sh").read_text(),
+                                         re.M)]
+    assert len(limits) == 3 and sum(limits) <= 120, limits

@@ -175,10 +175,13 @@ class Sm90Config:
         the row maxima, before the exponentials, instead of after each row's exponentials (``common.softmax``, "Alpha
         first"): same values; ptxas then runs O's rescale under the exponentials instead of after the last of them (issue
         12, "Session 8: fa3 vs flash-attn-4 consumer loop").
-    pv_wait_late: (intra_wg_overlap, this kernel's own P V hooks) the overlapped step issues ``wgmma.fence`` right after
-        the softmax, before it waits for its P V GEMM: ptxas keeps the wait (WARPGROUP.DEPBAR) after that fence, so every
-        exponential of the tile is issued before the step waits for the P V GEMM, instead of ~5-10 of 66 (ptxas hoists
-        the wait above the rest otherwise; issue 12, "Session 9: fa3 at head_dim 64"). Same operations, same values.
+    pv_wait_late: (intra_wg_overlap, this kernel's own P V hooks) the overlapped step (and the ``rescale_o_before_pv``
+        one) branches on the sum of its row sums (never negative: ``common.sm90.sleep_if_negative``, not taken) right
+        after the softmax, before it waits for its P V GEMM: ptxas does not hoist the wait (WARPGROUP.DEPBAR) above that
+        block boundary, so every exponential of the tile is issued before the step waits for the P V GEMM, instead of
+        7 of 66 at D 64 and 2 of 66 at D 128 (nvidia-cutlass-dsl 4.8.1; issue 12, "Session 9: fa3 at head_dim 64" and
+        "pv_wait_late at head_dim 128"). O's rescale then follows the wait, after the last exponential, also with
+        alpha_first. Same operations, same values.
     """
 
     tile_m: int = 128

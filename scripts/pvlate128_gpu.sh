@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# pvlate128_gpu.sh: issue 12, session 9, on one H200: bf16 fa3 at head_dim 128, the P V wait after the exponentials
+# (bench/NOTES.md, "Session 9 (2026-12-01): pv_wait_late at head_dim 128; predictions before the run").
+# Sm90Config.pv_wait_late (off by default; built at D 64 this session): the overlapped step branches on its row sums
+# (never negative: a compare and a branch not taken) before it waits for its P V GEMM. In the D 128 default ptxas
+# hoists that wait (WARPGROUP.DEPBAR.LE gsb0, 0x0) above 64 of the 66 MUFU.EX2 per consumer warp and K/V tile (causal
+# masked and unmasked loops too) and runs O's 64 rescale FMULs among the exponentials (alpha_first); with the switch
+# all 66 come before the wait, and O's rescale (which needs the P V GEMM done) trails the last one: 11 -> 129
+# instructions after it, 487 -> 493 per tile, no spills (alpha_first on or off: the same SASS). Variants at D 128:
+# `pvlate-128` (the default + the switch), `pvlate-128-obpv` (+ rescale_o_before_pv: O rescaled in the next step
+# under its S GEMM; 65 instructions after the last MUFU.EX2, P's conversion) and its control `o-before-pv` (the
+# default + rescale_o_before_pv, the wait hoisted as in the default). <= 120 s on a cold machine (limits 45 + 38 + 37).
+#
+#   source .gpu/env.sh; scripts/pvlate128_gpu.sh          (repository root; writes under $OUT; --help: this text)
+#
+# 0. scripts/fa3_speed_ab.py --precompile, 12 processes at once into the disk caches: old / new / o-before-pv /
+#    pvlate-128 / pvlate-128-obpv at D 128, full and causal (10 kernels), and flash-attn-4's 2 in its own cache.
+# 1. GPU tests (tests/test_fa3_gpu.py -k "pvlate128 or (ablation_configs and o-before-pv)"): both variants vs
+#    float64, causal and not, one K/V tile and many, odd lengths, Nq != Nk both ways, GQA and MQA, NaN-poisoned
+#    outputs, LSE, EC-04's huge logit shifts; pvlate-128's O and LSE equal to the default's bit for bit; o-before-pv
+#    at D 128 vs float64 (3 shapes, causal and not) (12 tests).
+# 2. scripts/fa3_speed_ab.py: old, new and each variant whose GPU tests PASSED (and none failed; for pvlate-128 the
+#    bit-for-bit test did not fail) beside flash-attn-4, bf16, B*N = 16k, H*D = 2048, paired protocol (6 rounds of 4
+#    cycles of 10 ms bursts, A/A band), shapes in this order: D 128 N 4k, D 128 N 16k, D 128 N 4k causal (the limit
+#    may cut the last shape; the SUMMARY of those done is printed). No variant left: the A/B is skipped.
+# Pass: (0) "precompiled" lines, no Traceback. (1) 12 passed, 0 failed / errors (rc 124 with no summary: cut by its
+#    limit, not a pass). (2) no "errors:"; each variant's max diff vs old equal to new's (same values; o-before-pv
+#    and pvlate-128-obpv may differ in the last bit: O rescaled before the P V GEMM is added, not after).
+# Prediction (NOTES): pvlate-128/new 0.98-1.02 at N 4k, N 16k and N 4k causal, most likely "same" or "slower": the
+#    exponentials no longer wait for the P V GEMM, but the 64 rescale FMULs that alpha_first put under them (+2%,
+#    session 8) trail them again, a longer tail than session 8's alpha-off one (32 FMULs). pvlate-128-obpv/new
+#    0.99-1.03, the better of the two if the wait matters (its tail keeps only P's conversion); pvlate-128-obpv vs
+#    o-before-pv (the wait's move alone, same rescale placement) > 1 if the exponentials wait on the P V GEMM in
+#    practice; o-before-pv/new 0.97-1.01. new/flash-attn-4 ~0.96 (session 9); a variant at >= 1.00 of flash-attn-4
+#    would close issue 12 at D 128.
+# Flip rule: pv_wait_late on in fa3 DEFAULT_CONFIGS[128] if pvlate-128/new is "faster" at N 4k and N 16k and not
+#    "slower" at N 4k causal (and its tests are green); with rescale_o_before_pv too if instead (or also, with the
+#    larger medians) pvlate-128-obpv/new meets that rule. Else nothing (the switch stays off at D 128).
+set -uo pipefail
+source "$(dirname "$0")/steps.sh"; help_from_header "$@"
+out="${OUT:-results/pvlate128}"; session_setup "$out/logs"
+SHAPES="--shapes 128:4096:full,128:16384:full,128:4096:causal"
+CANDIDATES=(o-before-pv pvlate-128 pvlate-128-obpv)
+export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR="$out/fa4cache"
+# 10 bf16 + 2 flash-attn-4 kernels: one round of compiles on 16 cores
+step precompile 45 python3 scripts/fa3_speed_ab.py --precompile 12 --precompile-fa4 \
+  --variants "old,new,$(IFS=,; echo "${CANDIDATES[*]}")" $SHAPES
+NPROC=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8" || echo "")
+step pytest 38 python3 -m pytest -q $NPROC -m gpu -p no:cacheprovider --tb=short -rfEp tests/test_fa3_gpu.py \
+  -k "pvlate128 or (ablation_configs and o-before-pv)"
+# a variant is timed only when its tests passed and none failed (a kernel that fails on the GPU, e.g. "illegal
+# instruction", would end the A/B's process and every figure with it)
+passed() { grep -qF "PASSED tests/test_fa3_gpu.py::$1" "$LOGS/pytest.log"; }
+VARIANTS="old,new"
+for v in "${CANDIDATES[@]}"; do
+  ok=1
+  for c in full causal; do
+    if [[ $v == o-before-pv ]]; then
+      passed "test_ablation_configs[o-before-pv-$c-1023]" || ok=0
+    else
+      passed "test_pvlate128_variants[$v-d128-$c]" || ok=0
+    fi
+  done
+  grep -qE "^(FAILED|ERROR) .*\[$v-(d128-|full|causal)" "$LOGS/pytest.log" && ok=0
+  [[ $v == pvlate-128 ]] && grep -qE "^(FAILED|ERROR) .*test_pvlate128_same_values" "$LOGS/pytest.log" && ok=0
+  if (( ok )); then VARIANTS+=",$v"; else echo "== $v left out of the A/B (its GPU tests did not all pass)"; fi
+done
+if [[ $VARIANTS == "old,new" ]]; then
+  echo "== fa3ab: skipped (no variant passed its GPU tests)"
+else
+  step fa3ab 37 python3 scripts/fa3_speed_ab.py --variants "$VARIANTS" $SHAPES --burst-ms 10 --peers flash-attn-4 \
+    --out "$out/fa3ab"
+fi
+echo "== precompile"; grep -E "^precompiled|Error|Traceback" "$LOGS/precompile.log" | head -n 12
+echo "== pytest"; grep -E "^(FAILED|ERROR)|passed|failed" "$LOGS/pytest.log" | tail -n 12
+if [[ -f "$LOGS/fa3ab.log" ]]; then
+  echo "== fa3ab ($VARIANTS)"; grep -E "errors:|Traceback|Error|INTERRUPTED" "$LOGS/fa3ab.log" | head -n 5
+  grep "^SUMMARY" "$LOGS/fa3ab.log"
+fi
