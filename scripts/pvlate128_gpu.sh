@@ -26,16 +26,16 @@
 # Pass: (0) "precompiled" lines, no Traceback. (1) 12 passed, 0 failed / errors (rc 124 with no summary: cut by its
 #    limit, not a pass). (2) no "errors:"; each variant's max diff vs old equal to new's (same values; o-before-pv
 #    and pvlate-128-obpv may differ in the last bit: O rescaled before the P V GEMM is added, not after).
-# Prediction (NOTES): pvlate-128/new 0.98-1.02 at N 4k, N 16k and N 4k causal, most likely "same" or "slower": the
-#    exponentials no longer wait for the P V GEMM, but the 64 rescale FMULs that alpha_first put under them (+2%,
-#    session 8) trail them again, a longer tail than session 8's alpha-off one (32 FMULs). pvlate-128-obpv/new
-#    0.99-1.03, the better of the two if the wait matters (its tail keeps only P's conversion); pvlate-128-obpv vs
-#    o-before-pv (the wait's move alone, same rescale placement) > 1 if the exponentials wait on the P V GEMM in
-#    practice; o-before-pv/new 0.97-1.01. new/flash-attn-4 ~0.96 (session 9); a variant at >= 1.00 of flash-attn-4
-#    would close issue 12 at D 128.
-# Flip rule: pv_wait_late on in fa3 DEFAULT_CONFIGS[128] if pvlate-128/new is "faster" at N 4k and N 16k and not
-#    "slower" at N 4k causal (and its tests are green); with rescale_o_before_pv too if instead (or also, with the
-#    larger medians) pvlate-128-obpv/new meets that rule. Else nothing (the switch stays off at D 128).
+# Prediction (NOTES): the path from the P V GEMM's end to the next turn shortens (default: ~64 exponentials after the
+#    wait, MUFU-bound; pvlate-128: 129 FMUL / F2FP after exponentials that started ~500 cycles earlier), and at D 128
+#    that path mattered (session 8's alpha_first, 32 FMULs off the tail: +2%). pvlate-128/new 1.00-1.03 at N 4k, N 16k
+#    and N 4k causal; pvlate-128-obpv/new 1.00-1.04, >= pvlate-128; o-before-pv/new 0.98-1.01 (pvlate-128-obpv over
+#    o-before-pv: the wait's move alone, > 1 if the exponentials wait on the P V GEMM in practice); best
+#    variant/flash-attn-4 0.96-0.99 (new 0.959 / 0.967 / 0.959 in session 8). "same" everywhere: the tensor pipe, not
+#    the softmax after the P V GEMM, sets D 128's pace; the wait's place is not the D 128 gap.
+# Flip rule (tests green): pv_wait_late and rescale_o_before_pv on in fa3 DEFAULT_CONFIGS[128] if pvlate-128-obpv/new
+#    is "faster" at N 4k and N 16k and not "slower" at N 4k causal and its median beats pvlate-128's at all three
+#    shapes; else pv_wait_late alone if pvlate-128/new meets that rule. Else nothing (the switch stays off at D 128).
 set -uo pipefail
 source "$(dirname "$0")/steps.sh"; help_from_header "$@"
 out="${OUT:-results/pvlate128}"; session_setup "$out/logs"
