@@ -12,10 +12,13 @@
 # 2. then scripts/NAME_gpu.sh for each NAME given (default: quant10 decode10 ex2emu), in order, each with the time
 #    left of CALL_BUDGET seconds (default 560) and skipped when fewer than 100 s are left; their logs under
 #    $OUT/pending9/NAME/, their output in $OUT/pending9/NAME.out. Each script's header has its pass and flip rules.
-#    A second call: `scripts/pending9_gpu.sh --no-defaults hadacore d64gap fp8two2` (the scripts written after the
-#    loan was paused); the whole GPU suite in a call of its own (`pytest -q -n 14 -m "gpu and not slow"`, ~500 s);
-#    and `python3 scripts/sanitize.py --backends fa3 fa3-fp8` (memcheck / racecheck / synccheck: both head_dim 256
-#    defaults changed in session 9; ~3-5 min).
+#    Plan for the next session's calls (30 min of device time; each call starts a cold machine, ~40-60 s more):
+#      A. scripts/pending9_gpu.sh                      (defaults + quant10 decode10 ex2emu, ~470 s)
+#      B. scripts/pending9_gpu.sh --no-defaults d64gap pvlate128 fp8two2 fp8d128b   (~480 s)
+#      C. the whole GPU suite: `python3 -m pytest -q -n 14 -m "gpu and not slow"` (~500 s)
+#      D. what is left: scripts/pending9_gpu.sh --no-defaults hadacore, and
+#         `python3 scripts/sanitize.py --backends fa3 fa3-fp8` (memcheck / racecheck / synccheck: both head_dim 256
+#         defaults changed in session 9; ~3-5 min).
 # Pass (step 1): 0 failed, 0 errors (an rc 124 after the "[100%]" line is xdist's teardown, not a failure).
 set -uo pipefail
 source "$(dirname "$0")/steps.sh"; help_from_header "$@"

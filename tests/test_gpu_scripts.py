@@ -1286,10 +1286,8 @@ def test_pending9_runs_named_scripts_and_the_changed_defaults_tests():
     text = script.read_text()
     bad = subprocess.run(["bash", str(script), "no_such_script"], capture_output=True, text=True, timeout=30)
     assert bad.returncode == 2 and "no scripts/no_such_script_gpu.sh" in bad.stderr
-    for name in ("quant10", "decode10", "ex2emu", "hadacore", "d64gap", "fp8two2"):
-        assert name in text
-    for name in ("quant10", "decode10", "ex2emu"):
-        assert (ROOT / "scripts" / f"{name}_gpu.sh").exists(), name
+    for name in ("quant10", "decode10", "ex2emu", "hadacore", "d64gap", "pvlate128", "fp8two2", "fp8d128b"):
+        assert f" {name}" in text and (ROOT / "scripts" / f"{name}_gpu.sh").exists(), name
     assert '-k "compile or 256"' in text
     for path in ("tests/test_torch_compile.py", "tests/test_fa3_gpu.py", "tests/test_fa3_fp8_gpu.py"):
         assert path in text
