@@ -107,7 +107,8 @@ def make_row_major_smem_layout(dtype, rows: int, cols: int, stages: int | None =
 
 @dsl_user_op
 def nanosleep0(*, loc=None, ip=None):
-    """PTX ``nanosleep.u32 0`` (a side effect the compilers keep; no other effect). Only on a path that never runs
+    """PTX ``nanosleep.u32 0`` (raw PTX: cute.arch of nvidia-cutlass-dsl 4.8.1 has no nanosleep; a side effect the
+    compilers keep, no other effect). Only on a path that never runs
     (``sleep_if_negative``)."""
     llvm.inline_asm(None, [], "nanosleep.u32 0;", "", has_side_effects=True, is_align_stack=False,
                     asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
