@@ -90,11 +90,11 @@ def mean_ok(got, k, block_n: int, blocks: int | None = None, once: bool = False)
     return bool(((got.double() - kd.mean(dim=1)).abs() <= bound).all())
 
 
-def near_e4m3(a, a_descale, b, b_descale, rows: int, max_flips: float = 0.10) -> bool:
+def near_e4m3(a, a_descale, b, b_descale, rows: int, max_flips: float = 1e-3) -> bool:
     """``V3_MMA_FWHT``'s Q / K (e4m3 a, descale (B, H, T)) against the recipe's (b, b_descale): same shape, at most
-    ``max_flips`` of the bytes differ, and every value within one e4m3 step of b's + 1.75 e4m3 units (2^-8 of the block
-    amax: the mma's input (x - mean) * sign rounded to the input dtype; tests/test_fp8_quant_kernel.py::test_v3_mma_fwht)
-    in b's descale units."""
+    ``max_flips`` of the bytes differ (only the float32 addition order differs, a smoothed K's mean included: CPU model
+    2e-5, tests/test_fp8_quant_kernel.py::test_mma_fwht_exact_k_emulated; 1e-3 leaves room for a block whose descale
+    crossed a power of two), and every value within one e4m3 step of b's in b's descale units."""
     import torch
 
     if a.shape != b.shape:
@@ -107,7 +107,7 @@ def near_e4m3(a, a_descale, b, b_descale, rows: int, max_flips: float = 0.10) ->
     x, y = a.float() * (per_token(a_descale) / per_token(b_descale)), b.float()
     step = torch.exp2(torch.floor(torch.log2(y.abs().clamp_min(2.0 ** -12))).clamp_min(-6) - 3)
     flips = (a.view(torch.uint8) != b.view(torch.uint8)).float().mean().item()
-    return flips <= max_flips and bool(((x - y).abs() <= step * 1.000001 + 1.75).all())
+    return flips <= max_flips and bool(((x - y).abs() <= step * 1.000001).all())
 
 
 def matches(gpu, ref, near: bool = False) -> str:

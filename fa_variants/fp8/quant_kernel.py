@@ -171,7 +171,7 @@ from fa_variants.fp8.quant_maps import (SLOTS, VEC, k_parts_per_block, k_sample_
                                         late_first, late_item, piece_swizzle, stage_load, stage_piece, store_map,
                                         store_pitch, store_swizzle, store_unit, thread_chunk, thread_token,
                                         once_item, once_lag, once_total, mma_b_entry, mma_channel, mma_row_value,
-                                        mma_swizzle)
+                                        mma_swizzle, mma_mean_offset, mma_offset_index)
 from fa_variants.fp8.quantize import (E4M3, MIN_DESCALE_EXPONENT, FP8Config, FP8Inputs, HadamardRotation, _check,
                                       k_mean, k_sample_count, k_sample_tiles, tiles_for)
 
@@ -257,10 +257,12 @@ V3_K_ONCE = _env.flag("FA_VARIANTS_FP8_QUANT_K_ONCE", False)
 #: v3: Q's / K's Hadamard at head_dim 256 on the tensor cores (``PassConfig.mma_fwht``, ``quant_maps.mma_channel``):
 #: H_256 = H_16 (x) H_16; the transform over a token's low 4 channel bits (the FWHT's h = 1 .. 8) as mma.sync m16n8k16
 #: with H_16 as the B operand (16 per warp and block, fp32 accumulate), the one over the high 4 bits (h = 16 .. 128) in
-#: registers (each lane holds all 16 rows of its 4 columns: no shuffle). The mma's A operand is the signed (smoothed)
-#: value rounded to the input dtype: exact for Q (x * sign is a 16-bit value), one rounding of (x - mean) * sign for a
-#: smoothed K; the mma's sum of 16 exact products replaces 4 float32 roundings. So not the torch recipe bit for bit:
-#: e4m3 within one step of it (tests/test_fp8_quant_kernel.py). Off until measured (scripts/hadacore_gpu.sh);
+#: registers (each lane holds all 16 rows of its 4 columns: no shuffle). The mma's A operand is the 16-bit input with
+#: its sign bit flipped per channel (x * sign, exact; no float32 round trip); a smoothed K's mean enters as the
+#: accumulator start -(mean * sign) H_16 per row (``quant_maps.mma_mean_offset``, one float32 matmul per call on the
+#: host, staged where the mean was). The mma's sum of 16 exact products (and the offset) replaces x - mean and 4
+#: float32 roundings: the torch recipe up to the float32 addition order, not bit for bit (CPU model: 2e-5 of a smoothed
+#: K's bytes differ, by one step; tests/test_fp8_quant_kernel.py). Off until measured (scripts/hadacore_gpu.sh);
 #: FA_VARIANTS_FP8_QUANT_MMA_FWHT=1 (read at import) turns it on
 V3_MMA_FWHT = _env.flag("FA_VARIANTS_FP8_QUANT_MMA_FWHT", False)
 #: ``V3_K_ONCE``'s stages for K's launch: the lag grows with (stages - 1) x grid blocks (the mean is cp.async'd that far
@@ -300,7 +302,8 @@ class PassConfig:
     staged_store (role "qk", coalesced, rows % 32 == 0): the e4m3 bytes stored through the stage just read
     (``store_qk_staged``); late_count (with fused_mean): K's blocks counted after the CTA's loop, not per block
     (``count_late``); mma_fwht (role "qk", rotate, coalesced, head_dim 256): the Hadamard's low 4 channel bits on
-    mma.sync (``mma_fwht``, ``V3_MMA_FWHT``)."""
+    mma.sync (``mma_fwht``, ``V3_MMA_FWHT``; with smooth the kernel's mean argument is ``quant_maps.mma_mean_offset``
+    of the mean)."""
 
     role: str = "qk"
     rotate: bool = True
@@ -504,7 +507,10 @@ class QuantPass:
         sSigns = storage.signs.get_tensor(cute.make_layout(D))
         sMean = storage.mean.get_tensor(cute.make_layout((D, self.cfg.mean_buffers)))
         staged_mean = self.cfg.staged_mean
-        if const_expr(self.cfg.role == "qk"):
+        if const_expr(self.cfg.mma_fwht):  # the signs as 16-bit sign-bit masks, two channels per word
+            self.sign_masks(sSigns, mSigns, tidx)
+            cute.arch.barrier()
+        elif const_expr(self.cfg.role == "qk"):
             for c in cutlass.range(tidx, D, self.num_threads, unroll=1):
                 sSigns[c] = mSigns[c]
             cute.arch.barrier()
@@ -595,7 +601,8 @@ class QuantPass:
             else:
                 for j in cutlass.range_constexpr(SLOTS):
                     cute.copy(s2r, sRaw[None, None, j, stage], cute.zipped_divide(raw[None, j], (8,)))
-            x.store(raw.load().to(Float32))
+            if const_expr(not self.cfg.mma_fwht or self.cfg.shift):  # mma_fwht: only the LSE shift reads x here
+                x.store(raw.load().to(Float32))
             if const_expr(self.cfg.role == "v"):  # tokens past seqlen_k: zeros (v_t's padding)
                 for j in cutlass.range_constexpr(SLOTS):
                     if tile * rows + self.token_of(tidx, j) >= mX.shape[1]:
@@ -619,7 +626,7 @@ class QuantPass:
                 elif is_k == 1:
                     self.signs_and_smoothing(x, sSigns, sMean[None, mean_buf], tidx)
                     if const_expr(self.cfg.rotate):
-                        self.hadamard(x, tidx, hb0, hb1)
+                        self.hadamard(x, tidx, hb0, hb1, raw, sSigns, sMean[None, mean_buf])
                     self.finish_block(x, mX, mY, mDescale, red, parity, batch, head, tile, tidx, sStage[None, stage])
             else:
                 if const_expr(self.cfg.shift):
@@ -627,7 +634,7 @@ class QuantPass:
                 if const_expr(self.cfg.role == "qk"):
                     self.signs_and_smoothing(x, sSigns, sMean[None, mean_buf], tidx)
                     if const_expr(self.cfg.rotate):
-                        self.hadamard(x, tidx, hb0, hb1)
+                        self.hadamard(x, tidx, hb0, hb1, raw, sSigns, sMean[None, mean_buf])
                 if const_expr(self.cfg.kmean):
                     # a CTA's items ascend, so its K items follow all its V items: the amax buffers' alternation
                     # (one barrier per V block) is not broken by the K items, which have no barrier
@@ -963,11 +970,12 @@ class QuantPass:
         row = self.token_of(tidx, 0)
         base = row * (self.head_dim // 8)
         mask = mma_swizzle(row)
-        for s in cutlass.range_constexpr(SLOTS):
-            for q in cutlass.range_constexpr(VEC // 4):
-                c = mma_channel(t, 4 * q, s)
-                at = (base + ((c // 8) ^ mask)) * 2 + (t % 2)  # in units of 4 channels
-                src = cute.local_tile(sStage, (4,), (at,))
+        for q in cutlass.range_constexpr(VEC // 4):
+            # c // 8 = 8 s + 2 q + t // 2 (c = mma_channel(t, 4 q, s)) and the mask < 8: (c // 8) ^ mask = 8 s + ((2 q +
+            # t // 2) ^ mask), one address per q and constant steps over s (4 registers, not 16)
+            at_q = (base + ((2 * q + t // 2) ^ mask)) * 2 + (t % 2)  # in units of 4 channels
+            for s in cutlass.range_constexpr(SLOTS):
+                src = cute.local_tile(sStage, (4,), (at_q + 16 * s,))
                 cute.copy(s2r, src, cute.zipped_divide(raw[None, s], (4,))[None, q])
 
     @cute.jit
@@ -987,23 +995,33 @@ class QuantPass:
         return frags[0], frags[1]
 
     @cute.jit
-    def mma_fwht(self, x: cute.Tensor, hb0: cute.Tensor, hb1: cute.Tensor):
+    def mma_fwht(self, x: cute.Tensor, hb0: cute.Tensor, hb1: cute.Tensor, raw: cute.Tensor, sMasks: cute.Tensor,
+                 sOffset: cute.Tensor):
         """``mma_fwht``: the unnormalised Walsh-Hadamard transform of the thread's token with its 3 other lanes, the
-        layout of ``quant_maps.mma_channel``. Step 1 (h = 1 .. 8, over j): per r = 0..7, A = rows i = r, r + 8 of the
-        warp's 8 tokens (``mma_row_value``) in the input dtype, C = A H_16 per n-half (fp32 accumulate, from zero),
-        written back where A came from. Step 2 (h = 16 .. 128, over i = 4 s + v // 4): float32 a + b, a - b in
-        ``quantize.fwht``'s stage order."""
+        layout of ``quant_maps.mma_channel``, into x. Step 1 (h = 1 .. 8, over j): per r = 0..7, A = rows i = r, r + 8
+        of the warp's 8 tokens (``mma_row_value``): the 16-bit input's words (two channels each) XOR their sign masks
+        (``sign_masks``: x * sign exactly, no float32 round trip), C = A H_16 + C0 per n-half (fp32 accumulate; C0 zero, or with smoothing the offset -(m s) H_16 of those rows' channels from ``sOffset``, the
+        stage's float32 ``quant_maps.mma_mean_offset``, 16 bytes per accumulator), written back where A came from. Step 2
+        (h = 16 .. 128, over i = 4 s + v // 4): float32 a + b, a - b in ``quantize.fwht``'s stage order."""
         atom = cute.make_mma_atom(warp.MmaF16BF16Op(self.dtype, Float32, (16, 8, 16)))
+        t = cute.arch.lane_idx() % 4
+        words = cute.recast_tensor(raw, Int32)  # word (v + 16 s) / 2: channels (v, s), (v + 1, s), v even
+        masks = cute.recast_tensor(sMasks, Int32)
         for r in cutlass.range_constexpr(8):
-            af = cute.make_rmem_tensor(cute.make_layout(((2, 2, 2), 1, 1)), Float32)
-            for e in cutlass.range_constexpr(8):
-                v, s = mma_row_value(r, e)
-                af[e] = x[v, s]
+            m = cute.make_rmem_tensor(cute.make_layout((2, 2)), Int32)  # rows i = r, r + 8: words 8 i + 2 t + {0, 1}
+            for k in cutlass.range_constexpr(2):
+                cute.autovec_copy(cute.local_tile(masks, (2,), (4 * (r + 8 * k) + t,)), m[None, k])
             a = cute.make_rmem_tensor(cute.make_layout(((2, 2, 2), 1, 1)), self.dtype)
-            a.store(af.load().to(self.dtype))
+            a32 = cute.recast_tensor(a, Int32)
+            for p in cutlass.range_constexpr(4):  # a0a1: row r, j = 4t, 4t+1; a2a3: row r + 8; a4a5, a6a7: j + 2
+                v, s = mma_row_value(r, 2 * p)
+                a32[p] = words[(v + 16 * s) // 2] ^ m[p >> 1, p & 1]
             for h in cutlass.range_constexpr(2):
                 acc = cute.make_rmem_tensor(cute.make_layout(((2, 2), 1, 1)), Float32)
-                acc.fill(0.0)
+                if const_expr(self.cfg.smooth):  # c0..c3 at mma_offset_index(r, t, h, 0 .. 3): one 16-byte load
+                    cute.autovec_copy(cute.local_tile(sOffset, (4,), (mma_offset_index(r, t, h, 0) // 4,)), acc)
+                else:
+                    acc.fill(0.0)
                 cute.gemm(atom, acc, a, hb0 if const_expr(h == 0) else hb1, acc)
                 for e in cutlass.range_constexpr(4):
                     v, s = mma_row_value(r, 4 * h + e)
@@ -1019,31 +1037,30 @@ class QuantPass:
                         x[v1, s1] = a_ - c_
 
     @cute.jit
-    def hadamard(self, x: cute.Tensor, tidx: Int32, hb0, hb1):
-        """The pass's Hadamard on the thread's registers: ``fwht`` or ``mma_fwht``."""
+    def sign_masks(self, sMasks: cute.Tensor, mSigns: cute.Tensor, tidx: Int32):
+        """``mma_fwht``: word w (w < D / 2) of sMasks (float32 storage read as Int32) = the sign bits of channels 2 w
+        (bit 15) and 2 w + 1 (bit 31) of mSigns (+-1 float32): XOR with a word of two 16-bit inputs multiplies them by
+        their signs exactly."""
+        words = cute.recast_tensor(sMasks, Int32)
+        for w in cutlass.range(tidx, self.head_dim // 2, self.num_threads, unroll=1):
+            lo, hi = f32_bits(mSigns[2 * w]), f32_bits(mSigns[2 * w + 1])
+            words[w] = ((lo >> 31) & 0x8000) | ((hi >> 31) << 31)
+
+    @cute.jit
+    def hadamard(self, x: cute.Tensor, tidx: Int32, hb0, hb1, raw: cute.Tensor, sSigns: cute.Tensor,
+                 sMean: cute.Tensor):
+        """The pass's Hadamard on the thread's registers: ``fwht`` or ``mma_fwht`` (from the 16-bit raw and the sign
+        masks in sSigns; sMean: the stage's mean buffer, ``mma_mean_offset`` for a smoothed K)."""
         if const_expr(self.cfg.mma_fwht):
-            self.mma_fwht(x, hb0, hb1)
+            self.mma_fwht(x, hb0, hb1, raw, sSigns, sMean)
         else:
             self.fwht(x, tidx % self.lanes)
 
     @cute.jit
     def signs_and_smoothing(self, x: cute.Tensor, sSigns: cute.Tensor, sMean: cute.Tensor, tidx: Int32):
-        """x = (x - mean) * sign per channel (smoothing, then the rotation's random signs / K's -1)."""
-        if const_expr(self.cfg.mma_fwht):
-            t = tidx % self.lanes
-            for s in cutlass.range_constexpr(SLOTS):
-                for q in cutlass.range_constexpr(VEC // 4):
-                    c0 = mma_channel(t, 4 * q, s)
-                    sign = cute.make_rmem_tensor(4, Float32)
-                    cute.autovec_copy(cute.local_tile(sSigns, (4,), (c0 // 4,)), sign)
-                    if const_expr(self.cfg.smooth):
-                        mean = cute.make_rmem_tensor(4, Float32)
-                        cute.autovec_copy(cute.local_tile(sMean, (4,), (c0 // 4,)), mean)
-                        for e in cutlass.range_constexpr(4):
-                            x[4 * q + e, s] = (x[4 * q + e, s] - mean[e]) * sign[e]
-                    else:
-                        for e in cutlass.range_constexpr(4):
-                            x[4 * q + e, s] = x[4 * q + e, s] * sign[e]
+        """x = (x - mean) * sign per channel (smoothing, then the rotation's random signs / K's -1). ``mma_fwht``:
+        nothing (the signs are sign-bit flips of the mma's 16-bit input, a smoothed K's mean its accumulator start)."""
+        if const_expr(self.cfg.mma_fwht):  # signs and mean applied inside ``mma_fwht``
             return
         for j in cutlass.range_constexpr(SLOTS):
             c0 = self.chunk_of(tidx, j) * VEC
@@ -1417,7 +1434,8 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
     and written into ``mean`` before its blocks are quantised (``PassConfig.k_once``; the caller zeroes ``mean`` when
     B * N * H = 0; T < 2^(31 - ONCE_BITS)). mma_fwht (role "qk", rotate, coalesced, head_dim 256, not with
     k_once or the staged store; ignored otherwise): the Hadamard's low 4 channel bits on mma.sync
-    (``PassConfig.mma_fwht``; e4m3 within one step of the recipe, not bit for bit)."""
+    (``PassConfig.mma_fwht``; a smoothed K's mean staged as ``quant_maps.mma_mean_offset``; the recipe up to the
+    float32 addition order, not bit for bit)."""
     B, N, H, D = x.shape
     T_blocks = -(-N // block)
     x = interop.aligned(x)
@@ -1468,8 +1486,10 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
                          mma_fwht=mma_fwht and role == "qk" and rotate and coalesced and D == 256
                          and not (k_once or (staged_store and mode != "amax" and block % 32 == 0)))
         fn, ctas = _pass(dev, x.dtype, D, cfg)
+        # a smoothed K's mean enters mma_fwht as the accumulator start (-(m s) H_16 per row, ``mma_mean_offset``)
+        mean_k = mma_mean_offset(mean_t, signs) if cfg.mma_fwht and smooth else mean_t
         # k_once: a grid no larger than what is resident (``_pass``: SMs x CTAs per SM), or it may deadlock
-        fn(x, y, descale, signs, mean_t, shift_t, k_t, parts_t, count_t, shift_scale,
+        fn(x, y, descale, signs, mean_k, shift_t, k_t, parts_t, count_t, shift_scale,
            min(ctas, total + (k_items if kmean else total if k_once else 0), GRID_CAP or ctas))
 
     with torch.cuda.device(dev):

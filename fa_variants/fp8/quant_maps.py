@@ -14,7 +14,8 @@ from __future__ import annotations
 __all__ = ["VEC", "SLOTS", "piece_swizzle", "thread_token", "thread_chunk", "stage_piece", "store_pitch",
            "store_swizzle", "store_unit", "store_map", "k_sum_group", "k_parts_per_block", "stage_load",
            "k_sample_item", "k_sample_slot", "late_first", "late_item", "once_lag", "once_total", "once_item",
-           "once_window", "mma_channel", "mma_swizzle", "mma_row_value", "mma_b_entry", "hadamard_entry"]
+           "once_window", "mma_channel", "mma_swizzle", "mma_row_value", "mma_b_entry", "hadamard_entry",
+           "mma_offset_index", "mma_mean_offset"]
 
 VEC = 16  # contiguous channels per slot: two 16-byte loads of 16-bit input, one 16-byte e4m3 store
 SLOTS = 4  # slots per thread: 4 chunks of one token (Q / K) or one chunk of 4 tokens (V)
@@ -268,3 +269,50 @@ def mma_b_entry(t, g, h: int, e: int):
     """Element e (0..3, PTX b0..b3) of lane (g, t)'s B fragment for n-half h: B[k][n] with k = 2t + (e & 1) + 8 (e >> 1)
     standing for j' = 4t + e and n = g standing for j = 4 (g // 2) + 2 h + g % 2: H_16[4t + e][that j]."""
     return hadamard_entry(4 * t + e, 4 * (g // 2) + 2 * h + g % 2)
+
+
+
+# The exact smoothed K under ``mma_fwht``: H_256 ((x - m) s) = H_256 (x s) - H_256 (m s), and the mma's step 1 is
+# linear, so its A operand is x * sign (the 16-bit input with its sign bit flipped: exact) and its accumulator starts at
+# -(m s) H_16 row by row (``mma_mean_offset``, float32, made once per call on the host and staged where the mean was,
+# in the order of the accumulator fragments: ``mma_offset_index``): the K pass's result is H_256 ((x - m) s) up to the
+# float32 addition order (the mma's sum of 16 exact products and the offset; the recipe: x - m, then 4 float32
+# stages), as Q's.
+_OFFSET_W: dict = {}
+
+
+def mma_offset_index(r: int, t, h: int, e: int):
+    """Position in ``mma_mean_offset``'s vector of element e (PTX c0..c3) of lane t's accumulator of step-1 mma r,
+    n-half h: ((r * 4 + t) * 2 + h) * 4 + e, so each accumulator is one 16-byte load. It stands for row i = r + 8 (e >>
+    1), column n = 4 t + 2 h + (e & 1) of -(m s) H_16 (channel 16 i + n)."""
+    return ((r * 4 + t) * 2 + h) * 4 + e
+
+
+def mma_mean_offset(mean, signs):
+    """The accumulator start of ``mma_fwht``'s step 1 for a smoothed K: float32 (..., 256) like mean (float32 (...,
+    256): K's mean; signs float32 (256,), the rotation's signs times K's -1 for a negative scale, on mean's device).
+    Position ``mma_offset_index(r, t, h, e)`` holds -sum_j m[16 i + j] s[16 i + j] H_16[j][n] (i = r + 8 (e >> 1),
+    n = 4 t + 2 h + (e & 1); ``hadamard_entry``): the products exact, their float32 sum in the matmul's order. One
+    float32 matmul with a (256, 256) matrix of -+1 / 0 (made once per signs tensor, which must not change) where
+    float32 matmuls are exact float32 (no TF32), else in float64. ValueError for other shapes."""
+    import torch
+
+    if mean.shape[-1] != 256 or tuple(signs.shape) != (256,):
+        raise ValueError(f"mma_mean_offset: mean (..., 256) and signs (256,), got {tuple(mean.shape)}, "
+                         f"{tuple(signs.shape)}")
+    key = (mean.device, signs.data_ptr())
+    hit = _OFFSET_W.get(key)
+    if hit is None or hit[0] is not signs:  # the signs tensor kept alive: its address stays its own
+        sv = signs.detach().cpu().tolist()
+        w = torch.zeros(256, 256, dtype=torch.float64)
+        for r in range(8):
+            for t in range(4):
+                for h in range(2):
+                    for e in range(4):
+                        i, n = r + 8 * (e >> 1), 4 * t + 2 * h + (e & 1)
+                        for j in range(16):
+                            w[16 * i + j, mma_offset_index(r, t, h, e)] = -sv[16 * i + j] * hadamard_entry(j, n)
+        hit = _OFFSET_W[key] = (signs, w.to(mean.device, torch.float32), w.to(mean.device))
+    exact = mean.device.type != "cuda" or (not torch.backends.cuda.matmul.allow_tf32
+                                           and torch.get_float32_matmul_precision() == "highest")
+    return torch.matmul(mean, hit[1]) if exact else torch.matmul(mean.double(), hit[2]).float()
