@@ -1065,7 +1065,7 @@ def test_mma_fwht_maps_emulated(smooth):
     assert chans == list(range(256))
     bits = X[0].to(torch.bfloat16).view(torch.int16).int()  # sign_masks: bit 15 of a word's low half, 31 of its high
     f32 = signs.view(torch.int32)
-    masks = torch.where(f32 < 0, 0x8000, 0)
+    masks = (f32 >> 16) & 0x8000  # the low half's mask, as ``sign_masks``
     assert torch.equal((bits ^ masks).short().view(torch.bfloat16), (X[0] * signs).to(torch.bfloat16))
     offset = None if mean is None else mma_mean_offset(mean, signs)
     regs = _mma_step1_emulated(X, signs, offset)

@@ -1044,7 +1044,7 @@ class QuantPass:
         words = cute.recast_tensor(sMasks, Int32)
         for w in cutlass.range(tidx, self.head_dim // 2, self.num_threads, unroll=1):
             lo, hi = f32_bits(mSigns[2 * w]), f32_bits(mSigns[2 * w + 1])
-            words[w] = ((lo >> 31) & 0x8000) | ((hi >> 31) << 31)
+            words[w] = ((lo >> 16) & 0x8000) | ((hi >> 31) << 31)  # either shift kind: bit 31 -> 15, -> 31
 
     @cute.jit
     def hadamard(self, x: cute.Tensor, tidx: Int32, hb0, hb1, raw: cute.Tensor, sSigns: cute.Tensor,
