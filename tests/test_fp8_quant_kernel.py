@@ -1068,6 +1068,8 @@ def test_mma_fwht_maps_emulated(smooth):
     masks = (f32 >> 16) & 0x8000  # the low half's mask, as ``sign_masks``
     assert torch.equal((bits ^ masks).short().view(torch.bfloat16), (X[0] * signs).to(torch.bfloat16))
     offset = None if mean is None else mma_mean_offset(mean, signs)
+    with pytest.raises(ValueError, match="mma_mean_offset: mean"):
+        mma_mean_offset(torch.zeros(2, 128), signs)
     regs = _mma_step1_emulated(X, signs, offset)
     for b in range(4):  # step 2, as the kernel: rows i = 4 s + v // 4, pairs (i, i + 2^b)
         for lane in range(32):

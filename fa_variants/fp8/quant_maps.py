@@ -288,6 +288,24 @@ def mma_offset_index(r: int, t, h: int, e: int):
     return ((r * 4 + t) * 2 + h) * 4 + e
 
 
+def _offset_pattern(device):
+    """float64 (256, 256) on device, made once: -H_16[j][n] at (16 i + j, ``mma_offset_index`` of (i, n)), else 0."""
+    import torch
+
+    pattern = _OFFSET_W.get(device)
+    if pattern is None:
+        cpu = torch.zeros(256, 256, dtype=torch.float64)
+        for r in range(8):
+            for t in range(4):
+                for h in range(2):
+                    for e in range(4):
+                        i, n = r + 8 * (e >> 1), 4 * t + 2 * h + (e & 1)
+                        for j in range(16):
+                            cpu[16 * i + j, mma_offset_index(r, t, h, e)] = -hadamard_entry(j, n)
+        pattern = _OFFSET_W[device] = cpu.to(device)
+    return pattern
+
+
 def mma_mean_offset(mean, signs):
     """The accumulator start of ``mma_fwht``'s step 1 for a smoothed K: float32 (..., 256) like mean (float32 (...,
     256): K's mean; signs float32 (256,), the rotation's signs times K's -1 for a negative scale, on mean's device).
@@ -303,16 +321,9 @@ def mma_mean_offset(mean, signs):
     key = (mean.device, signs.data_ptr())
     hit = _OFFSET_W.get(key)
     if hit is None or hit[0] is not signs:  # the signs tensor kept alive: its address stays its own
-        sv = signs.detach().cpu().tolist()
-        w = torch.zeros(256, 256, dtype=torch.float64)
-        for r in range(8):
-            for t in range(4):
-                for h in range(2):
-                    for e in range(4):
-                        i, n = r + 8 * (e >> 1), 4 * t + 2 * h + (e & 1)
-                        for j in range(16):
-                            w[16 * i + j, mma_offset_index(r, t, h, e)] = -sv[16 * i + j] * hadamard_entry(j, n)
-        hit = _OFFSET_W[key] = (signs, w.to(mean.device, torch.float32), w.to(mean.device))
+        pattern = _offset_pattern(mean.device)
+        w = pattern * signs.detach().to(pattern.dtype)[:, None]
+        hit = _OFFSET_W[key] = (signs, w.float(), w)
     exact = mean.device.type != "cuda" or (not torch.backends.cuda.matmul.allow_tf32
                                            and torch.get_float32_matmul_precision() == "highest")
     return torch.matmul(mean, hit[1]) if exact else torch.matmul(mean.double(), hit[2]).float()
