@@ -2,7 +2,7 @@
 thread holds, where it reads and writes its 16-byte pieces in a shared-memory stage, which units of the staged e4m3
 block it stores, and K's partial-sum groups and sample items of V's launch.
 
-Pure index arithmetic: each function works on Python ints (tests/test_fp8_quant_kernel.py checks them on the CPU:
+Pure index arithmetic (besides ``mma_mean_offset``, a torch matmul of K's mean): each function works on Python ints (tests/test_fp8_quant_kernel.py checks them on the CPU:
 test_coalesced_stage_map, test_staged_store_map, ...) and on the kernel's Int32 (the kernel calls them while it is
 traced). The terms (module docstring of ``quant_kernel``): a block is ``rows`` tokens x head_dim channels of one
 (batch, head); a chunk is ``VEC`` = 16 contiguous channels; a thread holds ``SLOTS`` = 4 chunks (Q / K: 4 chunks of
