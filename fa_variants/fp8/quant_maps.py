@@ -289,8 +289,11 @@ def mma_offset_index(r: int, t, h: int, e: int):
 
 
 def _offset_pattern(device):
-    """float64 (256, 256) on device, made once: -H_16[j][n] at (16 i + j, ``mma_offset_index`` of (i, n)), else 0."""
+    """float64 (256, 256) on device, made once (``workspace.persistent``: outside a CUDA-graph warm-up's pool):
+    -H_16[j][n] at (16 i + j, ``mma_offset_index`` of (i, n)), else 0."""
     import torch
+
+    from fa_variants.common import workspace
 
     pattern = _OFFSET_W.get(device)
     if pattern is None:
@@ -302,7 +305,7 @@ def _offset_pattern(device):
                         i, n = r + 8 * (e >> 1), 4 * t + 2 * h + (e & 1)
                         for j in range(16):
                             cpu[16 * i + j, mma_offset_index(r, t, h, e)] = -hadamard_entry(j, n)
-        pattern = _OFFSET_W[device] = cpu.to(device)
+        pattern = _OFFSET_W[device] = workspace.persistent(device, lambda: cpu.to(device))
     return pattern
 
 
@@ -311,9 +314,12 @@ def mma_mean_offset(mean, signs):
     256): K's mean; signs float32 (256,), the rotation's signs times K's -1 for a negative scale, on mean's device).
     Position ``mma_offset_index(r, t, h, e)`` holds -sum_j m[16 i + j] s[16 i + j] H_16[j][n] (i = r + 8 (e >> 1),
     n = 4 t + 2 h + (e & 1); ``hadamard_entry``): the products exact, their float32 sum in the matmul's order. One
-    float32 matmul with a (256, 256) matrix of -+1 / 0 (made once per signs tensor, which must not change) where
-    float32 matmuls are exact float32 (no TF32), else in float64. ValueError for other shapes."""
+    float32 matmul with a (256, 256) matrix of -+1 / 0 (made once per signs tensor, which must not change;
+    ``workspace.persistent``) where float32 matmuls are exact float32 (no TF32), else in float64. ValueError for other
+    shapes."""
     import torch
+
+    from fa_variants.common import workspace
 
     if mean.shape[-1] != 256 or tuple(signs.shape) != (256,):
         raise ValueError(f"mma_mean_offset: mean (..., 256) and signs (256,), got {tuple(mean.shape)}, "
@@ -322,8 +328,8 @@ def mma_mean_offset(mean, signs):
     hit = _OFFSET_W.get(key)
     if hit is None or hit[0] is not signs:  # the signs tensor kept alive: its address stays its own
         pattern = _offset_pattern(mean.device)
-        w = pattern * signs.detach().to(pattern.dtype)[:, None]
-        hit = _OFFSET_W[key] = (signs, w.float(), w)
+        w64 = workspace.persistent(mean.device, lambda: pattern * signs.detach().double()[:, None])
+        hit = _OFFSET_W[key] = (signs, workspace.persistent(mean.device, lambda: w64.float()), w64)
     exact = mean.device.type != "cuda" or (not torch.backends.cuda.matmul.allow_tf32
                                            and torch.get_float32_matmul_precision() == "highest")
     return torch.matmul(mean, hit[1]) if exact else torch.matmul(mean.double(), hit[2]).float()
