@@ -109,7 +109,10 @@ def dispatch_and_run(q, k, v, causal: bool, softmax_scale: float | None, backend
     ``attention``'s rules) and its plan is stored after its first run has returned outputs of the right
     shapes."""
     key = _call_key(q, k, v, causal, softmax_scale, backend)
-    plan = dispatch.PLANS.get(key)
+    try:
+        plan = dispatch.PLANS.get(key)
+    except TypeError:  # an unhashable argument (a list, a numpy array): validation below names it
+        plan = key = None
     if plan is not None:
         return plan(q, k, v, want_lse)
     _check_inputs(q, k, v)
@@ -133,7 +136,8 @@ def _call_key(q, k, v, causal, softmax_scale, backend) -> tuple | None:
     pointer modulo 16 bytes (the kernels' alignment) and requires_grad; causal, softmax_scale (value and
     type: 1, 1.0 and True must not share a plan), backend, grad mode and ``FA_VARIANTS_BACKEND`` (read for
     backend "auto" only: a named backend ignores it).
-    None for arguments that are not tensors of a strided layout (never planned)."""
+    None for arguments that are not tensors of a strided layout (never planned); a key holding an unhashable
+    argument (a list, a numpy array) cannot be looked up: the callers catch that TypeError and validate."""
     try:
         return (q.__class__, q.shape, q.stride(), q.dtype, q.device, q.data_ptr() % 16, q.requires_grad,
                 k.__class__, k.shape, k.stride(), k.dtype, k.device, k.data_ptr() % 16, k.requires_grad,
@@ -308,7 +312,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     """
     if seqlens_k is None and num_splits is None and pack_gqa is None and not torch.compiler.is_compiling() \
             and q.__class__ is torch.Tensor and return_lse.__class__ is bool:  # the fast path: a call of a kind seen before (dispatch_and_run)
-        plan = dispatch.PLANS.get(_call_key(q, k, v, causal, softmax_scale, backend))
+        try:
+            plan = dispatch.PLANS.get(_call_key(q, k, v, causal, softmax_scale, backend))
+        except TypeError:  # an unhashable argument (a list, a numpy array): validation below names it
+            plan = None
         if plan is not None:
             if return_lse:
                 return plan(q, k, v)

@@ -199,3 +199,21 @@ def test_warmup_that_cannot_write_the_disk_cache_fails(capsys, monkeypatch, tmp_
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 2
     assert "not written to the disk cache" in err[-1] and str(blocker) in err[-1]
+
+
+# ---------------------------------------------------------------------- session 9: unhashable arguments
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(softmax_scale=__import__("numpy").array(0.5)), r"^softmax_scale must be a real number or None, got"),
+    (dict(softmax_scale=[0.5]), r"^softmax_scale must be a real number or None, got \[0.5\]$"),
+    (dict(causal=[True]), r"^causal must be a bool, got \[True\]$"),
+    (dict(backend=["reference"]), r"^backend must be a str, got \['reference'\]$"),
+    (dict(backend={"reference": 1}), r"^backend must be a str, got"),
+])
+def test_an_unhashable_argument_is_named(kwargs, message):
+    """A list, dict or numpy array as softmax_scale / causal / backend: the plan lookup of the fast path hashed
+    the call's key first and raised "unhashable type: 'numpy.ndarray'", naming no argument."""
+    q, k, v = _qkv()
+    with pytest.raises(TypeError, match=message):
+        fa_variants.attention(q, k, v, **kwargs)
+
