@@ -202,8 +202,9 @@ def _with_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, se
     """attention with per-sequence KV lengths: the reference reads them itself; a kernel backend runs once
     per distinct length on the sequences of that length and k, v cut to it."""
     capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()
-    check_seqlens_k(seqlens_k, q.shape[0], k.shape[1], q.device, values=not capturing)
-    if _traced(q) or capturing:
+    traced = _traced(q)  # before reading the lengths back: under tracing that is a data-dependent guard
+    check_seqlens_k(seqlens_k, q.shape[0], k.shape[1], q.device, values=not (capturing or traced))
+    if traced or capturing:
         raise NotImplementedError("seqlens_k is not supported under torch.compile or CUDA-graph capture yet")
     selection = dispatch.select_backend(q, k, v, causal=causal, backend=backend)
     scale = default_softmax_scale(q.shape[-1]) if scale is None else scale

@@ -217,3 +217,20 @@ def test_an_unhashable_argument_is_named(kwargs, message):
     with pytest.raises(TypeError, match=message):
         fa_variants.attention(q, k, v, **kwargs)
 
+
+# ------------------------------------------------------------------ session 9: seqlens_k under compile
+
+def test_seqlens_k_under_torch_compile_fullgraph_says_it_is_unsupported():
+    """README: seqlens_k 'is not supported under torch.compile'. Under fullgraph=True the value check read the
+    lengths first (aminmax, int()) and Dynamo stopped with 'Could not guard on data-dependent expression u0 < 0'
+    (40 lines) instead of that sentence."""
+    torch._dynamo.reset()
+    q, k, v = _qkv()
+    seqlens_k = torch.tensor([3, 7], dtype=torch.int32)
+    compiled = torch.compile(lambda q, k, v, n: fa_variants.attention(q, k, v, seqlens_k=n), fullgraph=True,
+                             backend="aot_eager")
+    with pytest.raises(Exception) as error:
+        compiled(q, k, v, seqlens_k)
+    assert "seqlens_k is not supported under torch.compile" in str(error.value)
+    assert "data-dependent" not in str(error.value)
+
