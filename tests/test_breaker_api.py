@@ -234,3 +234,67 @@ def test_seqlens_k_under_torch_compile_fullgraph_says_it_is_unsupported():
     assert "seqlens_k is not supported under torch.compile" in str(error.value)
     assert "data-dependent" not in str(error.value)
 
+
+# ----------------------------------------------------------------------------- session 9: FP8 arguments
+
+def test_fp8_config_takes_numpy_ints_as_python_ints():
+    """FP8Config(seed=np.int64(3)) was accepted (numbers.Integral) and stored as is; quantize_fp8 then failed in
+    torch.Generator.manual_seed with 'an integer is required', naming nothing. The int fields now hold ints."""
+    import numpy as np
+    from fa_variants import fp8
+
+    config = fp8.FP8Config(seed=np.int64(3), promote_every=np.int32(2), smooth_k_blocks=np.uint8(1))
+    assert [type(getattr(config, f)) for f in ("seed", "promote_every", "smooth_k_blocks")] == [int, int, int]
+    q, k, v = _qkv(batch=1, seqlen_q=3, seqlen_k=5, heads=2, heads_kv=1, head_dim=64)
+    got = fp8.quantize_fp8(q, k, v, config=config, impl="torch")
+    want = fp8.quantize_fp8(q, k, v, config=fp8.FP8Config(seed=3, promote_every=2, smooth_k_blocks=1), impl="torch")
+    assert torch.equal(got.q.view(torch.uint8), want.q.view(torch.uint8)) and got.config == want.config
+
+
+@pytest.mark.parametrize("scale, exc, message", [
+    (1e39, ValueError, r"^softmax_scale 1e\+39 is out of range"),   # accepted before: the kernel's c overflows
+    ("0.5", TypeError, r"^softmax_scale must be a real number or None, got '0.5'$"),
+    (torch.tensor(0.5), TypeError, r"^softmax_scale must be a real number or None"),
+    (True, TypeError, r"^softmax_scale must be a real number or None, got True$"),
+    (math.inf, ValueError, r"^softmax_scale must be finite, got inf$"),
+])
+def test_quantize_fp8_checks_softmax_scale_as_attention_does(scale, exc, message):
+    """quantize_fp8 took |softmax_scale| > MAX_SOFTMAX_SCALE (the fa3-fp8 kernel folds it into log2 e in float32:
+    inf), and reported a string / tensor / bool as a ValueError; attention's rule and messages now apply."""
+    from fa_variants import fp8
+
+    q, k, v = _qkv(batch=1, seqlen_q=3, seqlen_k=5, heads=2, heads_kv=1, head_dim=64)
+    with pytest.raises(exc, match=message):
+        fp8.quantize_fp8(q, k, v, softmax_scale=scale)
+
+
+@pytest.mark.parametrize("change, exc, message", [
+    (dict(q=torch.float16), TypeError, r"^q has dtype torch.float16; from_e4m3 takes torch.float8_e4m3fn"),
+    (dict(v=torch.float32), TypeError, r"has dtype torch.float32"),
+    (dict(scale=torch.tensor(0.1)), TypeError, r"^softmax_scale must be a real number"),
+    (dict(scale=math.nan), ValueError, r"^softmax_scale must be finite"),
+    (dict(k_shape=(1, 7, 1, 64)), ValueError, r"^q has batch|^k has seqlen|seqlen"),
+])
+def test_from_e4m3_checks_its_inputs(change, exc, message):
+    """fp8.attention.from_e4m3 trusted its arguments: a bf16 q raised a RuntimeError from a shape expansion deep
+    in the V transpose, a 0-d tensor scale was silently read with float()."""
+    from fa_variants.fp8.attention import from_e4m3
+
+    e4m3 = torch.float8_e4m3fn
+    q = torch.randn(1, 3, 2, 64).to(change.get("q", e4m3))
+    k = torch.randn(1, 5, 1, 64).to(change.get("k", e4m3))
+    v = torch.randn(*change.get("k_shape", (1, 5, 1, 64))).to(change.get("v", e4m3))
+    with pytest.raises(exc, match=message):
+        from_e4m3(q, k, v, softmax_scale=change.get("scale", 0.125))
+
+
+def test_fp8_emulation_refuses_a_non_float_out_dtype():
+    """emulate_fp8_attention(out_dtype=torch.int8) returned O cast to int8 (every |O| < 1 became 0): a silent
+    wrong answer."""
+    from fa_variants import fp8
+
+    q, k, v = _qkv(batch=1, seqlen_q=3, seqlen_k=5, heads=2, heads_kv=1, head_dim=64)
+    inputs = fp8.quantize_fp8(q, k, v, impl="torch")
+    for dtype in (torch.int8, torch.bool, torch.complex64):
+        with pytest.raises(TypeError, match=r"^out_dtype must be a floating-point torch.dtype"):
+            fp8.emulate_fp8_attention(inputs, out_dtype=dtype)

@@ -16,6 +16,7 @@ import types
 
 import torch
 
+from fa_variants.common.scale import check_softmax_scale
 from fa_variants.dispatch import BackendUnavailableError, arch_name, device_capability
 from fa_variants.fp8.quantize import E4M3, FP8Config, FP8Inputs, quantize_fp8, tiles_for, transpose_v
 
@@ -160,7 +161,21 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: 
 
 def from_e4m3(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_scale: float) -> FP8Inputs:
     """FP8Inputs for e4m3 q, k, v taken as they are (descale 1, no rotation, no smoothing): V transposed and
-    padded for the kernel. Shapes as ``quantize_fp8``; a negative softmax_scale is folded into K."""
+    padded for the kernel. Shapes as ``quantize_fp8``; a negative softmax_scale is folded into K.
+
+    Raises:
+        TypeError: a non-tensor, a dtype other than torch.float8_e4m3fn, a softmax_scale that is not a real number.
+        ValueError: shapes, devices or GQA heads as ``fa_variants.attention`` checks them; a non-finite or
+            out-of-range softmax_scale (``common.scale.check_softmax_scale``).
+    """
+    from fa_variants.api import _LAYOUT, _check_inputs, _check_rank
+
+    _check_rank((q, k, v), ("q", "k", "v"), _LAYOUT)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dtype != E4M3:
+            raise TypeError(f"{name} has dtype {t.dtype}; from_e4m3 takes {E4M3} (quantize_fp8 quantises 16-bit inputs)")
+    _check_inputs(q, k, v)
+    softmax_scale = check_softmax_scale(softmax_scale)
     tile_m, tile_n = tiles_for(q.shape[-1])
     B, Nq, H, _ = q.shape
     Nk, Hkv = k.shape[1], k.shape[2]

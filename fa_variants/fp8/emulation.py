@@ -157,7 +157,7 @@ def emulate_fp8_attention(inputs: FP8Inputs, *, causal: bool = False, accumulato
         give 0 and -inf.
 
     Raises:
-        TypeError: inputs not FP8Inputs, causal not a bool, out_dtype not a torch.dtype.
+        TypeError: inputs not FP8Inputs, causal not a bool, out_dtype not a floating-point torch.dtype.
         ValueError: an unknown accumulator model.
     """
     if not isinstance(inputs, FP8Inputs):
@@ -166,6 +166,8 @@ def emulate_fp8_attention(inputs: FP8Inputs, *, causal: bool = False, accumulato
         raise TypeError(f"causal must be a bool, got {causal!r}")
     if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
         raise TypeError(f"out_dtype must be a torch.dtype or None, got {out_dtype!r}")
+    if out_dtype is not None and not out_dtype.is_floating_point:
+        raise TypeError(f"out_dtype must be a floating-point torch.dtype or None, got {out_dtype}")
     if accumulator not in ("truncate", "blockfp"):
         raise ValueError(f"accumulator must be 'truncate' or 'blockfp', got {accumulator!r}")
     cfg: FP8Config = inputs.config

@@ -55,6 +55,7 @@ from dataclasses import dataclass
 import torch
 
 from fa_variants.common import env as _env
+from fa_variants.common.scale import check_softmax_scale
 from fa_variants.fp8 import layout
 
 __all__ = [
@@ -272,6 +273,7 @@ class FP8Config:
                 raise TypeError(f"FP8Config.{name} must be an int{' or None' if optional else ''}, got {value!r}")
             if not low <= value <= high:
                 raise ValueError(f"FP8Config.{name} must be in [{low}, {high}], got {value}")
+            object.__setattr__(self, name, int(value))  # a numpy int is stored as an int (torch.Generator seeds)
 
     def promote_interval(self, head_dim: int) -> int:
         """K/V tiles per promotion at ``head_dim``: ``promote_every``, or the kernel's default there when None
@@ -390,10 +392,7 @@ def _check(q, k, v, config, softmax_scale) -> float:
         raise ValueError(f"q, k, v must be on one device; got {q.device}, {k.device}, {v.device}")
     if softmax_scale is None:
         return 1.0 / math.sqrt(D)
-    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real) or not math.isfinite(
-            float(softmax_scale)):
-        raise ValueError(f"softmax_scale must be a finite real number or None, got {softmax_scale!r}")
-    return float(softmax_scale)
+    return check_softmax_scale(softmax_scale)  # attention's rule: the kernel folds it into log2(e) in float32
 
 
 def k_sample_tiles(seqlen_k: int, block_n: int, blocks: int | None) -> list[int]:
@@ -529,8 +528,9 @@ def quantize_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: F
     Args:
         q: (batch, seqlen_q, num_heads, head_dim); k, v: (batch, seqlen_k, num_heads_kv, head_dim); float16,
             bfloat16, float32 or float64, one device, any strides. Not modified.
-        config: the recipe (FP8Config). softmax_scale: finite real or None (1 / sqrt(head_dim)); a negative
-            one is folded into K (FP8Inputs.softmax_scale = |softmax_scale|).
+        config: the recipe (FP8Config). softmax_scale: a finite real with |softmax_scale| <=
+            ``fa_variants.api.MAX_SOFTMAX_SCALE`` (attention's rule, ``common.scale.check_softmax_scale``) or None
+            (1 / sqrt(head_dim)); a negative one is folded into K (FP8Inputs.softmax_scale = |softmax_scale|).
         impl: "auto" (the CuTe DSL pass, ``fa_variants.fp8.quant_kernel``, for 16-bit CUDA inputs it serves;
             the torch implementation otherwise), "torch", or "kernel" (ValueError where it cannot run).
 
@@ -538,9 +538,11 @@ def quantize_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: F
         FP8Inputs (quantised q, k, transposed v, descales, scale, recipe).
 
     Raises:
-        TypeError: a non-tensor, a dtype other than those above, a bad config type.
+        TypeError: a non-tensor, a dtype other than those above, a bad config type, a softmax_scale that is not
+            a real number (a bool, a str, a tensor).
         ValueError: ranks, mismatched shapes or devices, num_heads not a multiple of num_heads_kv, a
-            non-finite softmax_scale, impl unknown or "kernel" where the GPU pass cannot serve the call.
+            non-finite or out-of-range softmax_scale, impl unknown or "kernel" where the GPU pass cannot serve
+            the call.
     """
     if impl not in ("auto", "torch", "kernel"):
         raise ValueError(f"impl must be 'auto', 'torch' or 'kernel', got {impl!r}")
