@@ -196,11 +196,16 @@ def zigzag_shard(x: torch.Tensor, dim: int, rank: int, world: int) -> torch.Tens
 def zigzag_unshard(shards: Sequence[torch.Tensor], dim: int) -> torch.Tensor:
     """The inverse of ``zigzag_shard``: the shards of ranks 0 .. world-1 back in sequence order (a copy).
 
-    Raises ValueError when a shard's length is not what ``zigzag_shard`` gives for the total length.
+    Raises ValueError when a shard's length is not what ``zigzag_shard`` gives for the total length, or dim is
+    out of range; TypeError for a shard that is not a tensor or a dim that is not an int.
     """
     shards = list(shards)
     if not shards:
         raise ValueError("shards is empty; pass the shards of ranks 0 .. world-1")
+    for rank, shard in enumerate(shards):
+        if not isinstance(shard, torch.Tensor):
+            raise TypeError(f"shards[{rank}] must be a torch.Tensor, got {type(shard).__name__}")
+    _check_shard_args(shards[0], dim, 0, 1)
     world = len(shards)
     sizes = _chunk_sizes(sum(s.shape[dim] for s in shards), 2 * world)
     chunks: list[torch.Tensor | None] = [None] * (2 * world)
@@ -276,6 +281,33 @@ def _merge_into(dst_out, dst_lse, out_a, lse_a, out_b, lse_b) -> None:
     _compiled("into", _merged_into, (dst_out, dst_lse, out_a, lse_a, out_b, lse_b), out_a.device.type)
 
 
+def _check_merge_operands(out, lse, out_part, lse_part) -> None:
+    """merge_partial_'s argument rules (its docstring): before anything is written."""
+    names = ("out", "lse", "out_part", "lse_part")
+    for name, t in zip(names, (out, lse, out_part, lse_part)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if out.dim() != 4:
+        raise ValueError(f"out must be 4-D (batch, seqlen_q, num_heads, head_dim), got shape {tuple(out.shape)}")
+    if out.dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"out has dtype {out.dtype}; the accumulator must be float32 or float64")
+    if lse.dtype != out.dtype:
+        raise TypeError(f"lse has dtype {lse.dtype} but out has {out.dtype}; they must match")
+    batch, seqlen_q, heads, _ = out.shape
+    for name, t, want in (("lse", lse, (batch, heads, seqlen_q)), ("lse_part", lse_part, (batch, heads, seqlen_q))):
+        if tuple(t.shape) != want:
+            raise ValueError(f"{name} has shape {tuple(t.shape)}; expected {want} (batch, num_heads, seqlen_q of out)")
+    if out_part.shape != out.shape:
+        raise ValueError(f"out_part has shape {tuple(out_part.shape)} but out has {tuple(out.shape)}; they must match")
+    for name, t in (("out_part", out_part), ("lse_part", lse_part)):
+        if not t.is_floating_point():
+            raise TypeError(f"{name} has dtype {t.dtype}; a partial result must be floating-point")
+        if t.device != out.device:
+            raise ValueError(f"{name} is on {t.device} but out is on {out.device}")
+    if lse.device != out.device:
+        raise ValueError(f"lse is on {lse.device} but out is on {out.device}")
+
+
 def merge_partial_(out: torch.Tensor, lse: torch.Tensor, out_part: torch.Tensor,
                    lse_part: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Adds one partial attention result to an accumulator, in place: attention over keys A and B from
@@ -291,7 +323,13 @@ def merge_partial_(out: torch.Tensor, lse: torch.Tensor, out_part: torch.Tensor,
     Source: FlashAttention (Dao et al. 2022), Algorithm 1, lines 10-12, for whole blocks of keys. This is the
     incremental two-operand form of ``fa_variants.common.split.merge`` (split-KV, all splits stacked at once):
     ring partials arrive one step at a time and may cover only some rows, so they are folded in as they come.
+
+    Raises:
+        TypeError: a non-tensor, an accumulator that is not float32 / float64 (lse's dtype must be out's), a
+            partial that is not floating-point.
+        ValueError: shapes other than those above (no broadcasting), operands on different devices.
     """
+    _check_merge_operands(out, lse, out_part, lse_part)
     new_out, new_lse = _merge(out, lse, out_part, lse_part, out.dtype)
     out.copy_(new_out)
     lse.copy_(new_lse)

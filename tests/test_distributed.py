@@ -433,3 +433,35 @@ def test_ring_in_one_process_every_small_length(world):
                 where = (world, seqlen, causal, layout, overlap_start)
                 assert out.shape == q.shape and not out.isnan().any() and not lse.isnan().any(), where
                 assert max_abs_error(out, want) <= 1e-5 and max_abs_error(lse, want_lse) <= 1e-5, where
+
+
+@pytest.mark.parametrize("change, exc, message", [
+    (dict(out_part=(1, 3, 4, 8)), ValueError, r"^out_part has shape \(1, 3, 4, 8\) but out has \(2, 3, 4, 8\)"),
+    (dict(lse_part=(2, 4, 1)), ValueError, r"^lse_part has shape \(2, 4, 1\); expected \(2, 4, 3\)"),
+    (dict(lse=(2, 3, 4)), ValueError, r"^lse has shape \(2, 3, 4\); expected \(2, 4, 3\)"),
+    (dict(dtype=torch.float16), TypeError, r"^out has dtype torch.float16; the accumulator must be float32 or float64"),
+    (dict(lse_dtype=torch.float64), TypeError, r"^lse has dtype torch.float64 but out has torch.float32"),
+    (dict(part_dtype=torch.int32), TypeError, r"^out_part has dtype torch.int32"),
+])
+def test_merge_partial_refuses_mismatched_operands(change, exc, message):
+    """merge_partial_ (public) broadcast a partial of batch 1, or an LSE of one row, over the accumulator and
+    returned a result: a silent wrong answer. A float16 accumulator was accepted against its docstring."""
+    out = torch.zeros(*(2, 3, 4, 8), dtype=change.get("dtype", F32))
+    lse = torch.full(change.get("lse", (2, 4, 3)), -math.inf, dtype=change.get("lse_dtype", out.dtype))
+    part = torch.randn(*change.get("out_part", (2, 3, 4, 8))).to(change.get("part_dtype", F32))
+    part_lse = torch.randn(*change.get("lse_part", (2, 4, 3)))
+    before = out.clone()
+    with pytest.raises(exc, match=message):
+        cp.merge_partial_(out, lse, part, part_lse)
+    assert torch.equal(out, before)
+
+
+@pytest.mark.parametrize("shards, dim, exc, message", [
+    ([torch.zeros(4, 2)], 5, ValueError, r"^dim 5 is out of range for a 2-D tensor"),
+    ([1, 2], 0, TypeError, r"^shards\[0\] must be a torch.Tensor, got int"),
+])
+def test_zigzag_unshard_names_a_bad_argument(shards, dim, exc, message):
+    """zigzag_unshard raised IndexError ('tuple index out of range') for a bad dim and AttributeError for a shard
+    that is not a tensor."""
+    with pytest.raises(exc, match=message):
+        cp.zigzag_unshard(shards, dim)
