@@ -252,6 +252,20 @@ def test_hf_refuses_what_it_cannot_express():
     assert weights is None and out.shape == (1, 4, 6, 16)
 
 
+@pytest.mark.parametrize("kwargs, exc, message", [
+    (dict(backend="FA2"), ValueError, r"^unknown backend 'FA2'; choose from auto, fa3"),
+    (dict(backend=None), TypeError, r"^backend must be a str, got None$"),
+    (dict(name=None), TypeError, r"^name must be a non-empty str, got None$"),
+    (dict(name=""), TypeError, r"^name must be a non-empty str, got ''$"),
+])
+def test_hf_register_checks_its_arguments(kwargs, exc, message):
+    """hf.register(backend="FA2") (or name=None) registered without a word; the mistake surfaced only at the
+    model's first forward, from inside a decoder layer (or never, for a name transformers cannot look up).
+    Checked before transformers is imported."""
+    with pytest.raises(exc, match=message):
+        hf.register(**kwargs)
+
+
 @needs_hf
 def test_hf_model_compiles_fullgraph(model, ids):
     """The whole tiny model with our attention under torch.compile(fullgraph=True): the custom op is a node."""

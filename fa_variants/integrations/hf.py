@@ -32,6 +32,7 @@ import functools
 import torch
 
 import fa_variants
+from fa_variants import dispatch
 from fa_variants.reference import causal_visible
 
 DEFAULT_NAME = "fa_variants"
@@ -158,8 +159,16 @@ def register(name: str = DEFAULT_NAME, *, backend: str = "auto") -> str:
         name, for ``attn_implementation=`` / ``model.set_attn_implementation``.
 
     Raises:
+        TypeError / ValueError: name not a non-empty str; backend not a str, or not "auto" or a backend name
+            (``fa_variants.dispatch.BACKENDS``); checked here, not at the model's first forward.
         ImportError: transformers is not installed (``pip install fa-variants[real]``).
     """
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name must be a non-empty str, got {name!r}")
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a str, got {backend!r}")
+    if backend != "auto" and backend not in dispatch.BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose from auto, {', '.join(dispatch.BACKENDS)}")
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
