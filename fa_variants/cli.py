@@ -5,8 +5,8 @@ Each sub-command lives in its own module, which exposes
 Only the module of the command being run is imported (`fa-variants --help` imports none, so it is
 fast), so `fa-variants info` works even where a heavy dependency (the CuTe DSL, matplotlib) is missing,
 and a missing piece gives a clear message. A ValueError or OSError from a sub-command (an input no backend
-serves, an unusable path) and an ImportError (a missing optional extra) are printed as one line, exit
-status 2.
+serves, an unusable path; a FA_VARIANTS_* switch with a bad value, also when a command's options import the
+module that reads it) and an ImportError (a missing optional extra) are printed as one line, exit status 2.
 """
 from __future__ import annotations
 
@@ -85,7 +85,13 @@ def _command(argv: list[str]) -> tuple[str, ...]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser(_command(argv)).parse_args(argv)
+    command = _command(argv)
+    try:
+        parser = build_parser(command)
+    except ValueError as exc:  # a FA_VARIANTS_* switch with a bad value (common.env.SwitchError), read by a module
+        print(f"fa-variants{''.join(' ' + c for c in command)}: error: {exc}", file=sys.stderr)  # the options import
+        return 2
+    args = parser.parse_args(argv)
     err = getattr(args, "_import_error", None)
     if err is not None:
         print(f"fa-variants {args.command}: unavailable here ({err})", file=sys.stderr)

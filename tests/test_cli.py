@@ -254,3 +254,21 @@ def test_tables_fit_80_columns(capsys, argv):
     cli.main(argv)
     out = capsys.readouterr().out
     assert max(map(len, out.splitlines())) <= 80
+
+
+def test_a_bad_switch_read_while_building_the_options_is_one_line(capsys, monkeypatch):
+    """A FA_VARIANTS_* switch with a bad value raises common.env.SwitchError when the module reading it is
+    imported. 'compile' imports every registered kernel module to list its --dtype choices, before main's
+    one-line handler: FA_VARIANTS_SPLIT_KV=zz fa-variants compile ... printed a 40-line traceback. Simulated
+    here (the kernel modules may already be imported in this process): registry.load raises as the import would."""
+    from fa_variants import registry
+    from fa_variants.common import env
+
+    def load(name):
+        raise env.SwitchError("FA_VARIANTS_SPLIT_KV='zz' must be 0 or 1 (or off/false/no, on/true/yes)")
+
+    monkeypatch.setattr(registry, "load", load)
+    status = cli.main(["compile", "--arch", "sm_90a", "--variant", "fa3", "--head-dim", "128", "--dtype", "bf16"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(err) == 1 and "Traceback" not in err[0]
+    assert err[0].startswith("fa-variants compile: error: FA_VARIANTS_SPLIT_KV='zz'")
