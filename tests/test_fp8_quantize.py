@@ -344,3 +344,24 @@ def test_quantize_validation_scale_impl_config():
 
 def test_k_mean_empty():
     assert torch.equal(k_mean(torch.randn(2, 0, 3, 8)), torch.zeros(2, 3, 8))
+
+
+def test_quantize_and_emulate_ignore_the_default_device():
+    """Model code often builds under ``with torch.device("cuda")`` (or "meta"). The rotation's signs, the
+    Paley matrix, the V token order and the sampled-mean indices were made on the default device: CPU inputs
+    failed with "Cannot copy out of meta tensor" (and a CPU generator on a CUDA default device would fail too).
+    They are made on the CPU and moved to the inputs' device."""
+    from fa_variants.fp8 import emulate_fp8_attention
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 9, 2, d, generator=g) for d in (96, 96, 96))
+    k = k[:, :, :1].repeat(1, 1, 1, 1)
+    v = v[:, :, :1].contiguous()
+    config = FP8Config(smooth_k_blocks=1)
+    want = emulate_fp8_attention(quantize_fp8(q, k, v, config=config, impl="torch"))
+    with torch.device("meta"):
+        inputs = quantize_fp8(q, k, v, config=config, impl="torch")
+        got = emulate_fp8_attention(inputs)
+        no_rotation = quantize_fp8(q, k, v, config=config.replace(rotate=False), impl="torch")
+    assert got[0].device.type == "cpu" and no_rotation.q.device.type == "cpu"
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

@@ -97,8 +97,8 @@ def v_token_order(n: int) -> torch.LongTensor:
     not an involution: invert it with ``torch.argsort``."""
     if n < 0 or n % V_TOKEN_GROUP:
         raise ValueError(f"v_token_order: n={n} must be a non-negative multiple of {V_TOKEN_GROUP}")
-    base = torch.arange(0, n, V_TOKEN_GROUP, dtype=torch.long).unsqueeze(1)
-    return (base + torch.tensor(V_GROUP_ORDER, dtype=torch.long)).reshape(-1)
+    base = torch.arange(0, n, V_TOKEN_GROUP, dtype=torch.long, device="cpu").unsqueeze(1)  # not the default device
+    return (base + torch.tensor(V_GROUP_ORDER, dtype=torch.long, device="cpu")).reshape(-1)
 
 
 def padded_seqlen_k(seqlen_k: int) -> int:

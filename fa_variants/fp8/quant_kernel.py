@@ -1385,7 +1385,7 @@ def _signs(device: torch.device, head_dim: int, seed: int | None, negate: bool) 
     key = (device, head_dim, seed, negate)
     hit = _CONSTANTS.get(key)
     if hit is None:
-        s = HadamardRotation(head_dim, seed).signs if seed is not None else torch.ones(head_dim)
+        s = HadamardRotation(head_dim, seed).signs if seed is not None else torch.ones(head_dim, device="cpu")
         hit = _CONSTANTS[key] = workspace.persistent(
             device, lambda: (-s if negate else s).to(device, torch.float32).contiguous())
     return hit

@@ -128,13 +128,13 @@ def paley_hadamard_12() -> torch.Tensor:
     q = 11
     residues = {(i * i) % q for i in range(1, q)}
     chi = [0] + [1 if r in residues else -1 for r in range(1, q)]
-    s = torch.zeros(12, 12)
+    s = torch.zeros(12, 12, device="cpu")  # never the default device (a model built under torch.device)
     s[0, 1:] = 1
     s[1:, 0] = -1
     for i in range(q):
         for j in range(q):
             s[1 + i, 1 + j] = chi[(j - i) % q]
-    return torch.eye(12) + s
+    return torch.eye(12, device="cpu") + s
 
 
 def hadamard_blocks(head_dim: int) -> tuple[int, ...]:
@@ -163,7 +163,7 @@ class HadamardRotation:
         self.head_dim = head_dim
         self.blocks = hadamard_blocks(head_dim)
         g = torch.Generator().manual_seed(seed)
-        self.signs = torch.randint(0, 2, (head_dim,), generator=g).float() * 2 - 1
+        self.signs = torch.randint(0, 2, (head_dim,), generator=g, device="cpu").float() * 2 - 1
 
     def __call__(self, x: torch.Tensor, signs: torch.Tensor | None = None) -> torch.Tensor:
         """x @ R; ``signs`` (optional) replaces s (the quantiser passes -s to fold a negative scale into K)."""
@@ -183,7 +183,7 @@ class HadamardRotation:
 
     def matrix(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """R as a dense (head_dim, head_dim) matrix: rows of the identity, rotated."""
-        return self(torch.eye(self.head_dim, dtype=dtype))
+        return self(torch.eye(self.head_dim, dtype=dtype, device="cpu"))
 
 
 def _h12_h8(x: torch.Tensor) -> torch.Tensor:
@@ -419,7 +419,7 @@ def k_mean(k: torch.Tensor, blocks: int | None = None, block_n: int = 128) -> to
     tiles = k_sample_tiles(k.shape[1], block_n, blocks)
     if len(tiles) == -(-k.shape[1] // block_n):
         return k.mean(dim=1, dtype=torch.float32)
-    idx = torch.cat([torch.arange(t * block_n, min((t + 1) * block_n, k.shape[1])) for t in tiles]).to(k.device)
+    idx = torch.cat([torch.arange(t * block_n, min((t + 1) * block_n, k.shape[1]), device=k.device) for t in tiles])
     return k.index_select(1, idx).mean(dim=1, dtype=torch.float32)
 
 
@@ -501,7 +501,7 @@ def quantize_fp8_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, con
         raise ValueError(f"k_mean must be a float32 tensor of shape {(k.shape[0], k.shape[2], D)}")
     qf, kf, vf = q.float(), k.float(), v.float()
     rot = HadamardRotation(D, config.seed)
-    signs = rot.signs if config.rotate else torch.ones(D)
+    signs = rot.signs if config.rotate else torch.ones(D, device="cpu")
     k_signs = -signs if scale < 0 else signs  # softmax(c Q K^T) = softmax(|c| Q (-K)^T)
     mean = shift = None
     if config.smooth_k:
