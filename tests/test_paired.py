@@ -134,16 +134,17 @@ def test_bad_arguments(kwargs, match):
 
 
 def test_fa3_speed_ab_paired_row_and_summary():
-    """scripts/fa3_speed_ab.py's paired protocol on a fake timer (no GPU): at head_dim 256 old and new share a
-    config, so `new` is reported as the A/A pair; the SUMMARY line keeps its leading columns and adds the A/A
-    interval and each ratio's interval and verdict."""
+    """scripts/fa3_speed_ab.py's paired protocol on a fake timer (no GPU): where old and new share a config (as
+    head_dim 256's did until session 9's convert_pairs flip: the keys are given equal here), `new` is reported as
+    the A/A pair; the SUMMARY line keeps its leading columns and adds the A/A interval and each ratio's interval and
+    verdict."""
     ab = load_script("fa3_speed_ab")
 
     class Args:
         rounds, cycles, burst_ms, warmup_ms = 4, 4, 20.0, 50
 
     fns = {"old": lambda: 1.0, "new": lambda: 1.0, "fa4-256": lambda: 0.97, "flash-attn-4": lambda: 0.95}
-    keys = {"old": ab.variant_config("old", 256), "new": ab.variant_config("new", 256),
+    keys = {"old": ab.variant_config("new", 256), "new": ab.variant_config("new", 256),  # old = new (see above)
             "fa4-256": ab.variant_config("fa4-256", 256), "flash-attn-4": None}
     gpu = FakeGpu(seed=4)
     shape = ab.plan((256,), (16384,), (False,), ["old", "new", "fa4-256"])[0]
@@ -226,7 +227,8 @@ def test_fa3_speed_ab_protocol_lines():
 
 def test_fa3_speed_ab_rounds_row(monkeypatch):
     """scripts/fa3_speed_ab.py --protocol rounds (the protocol before) still makes its row (do_bench faked: each
-    entry's fn returns its ms): per-round ratios, the equal configs named, no paired columns."""
+    entry's fn returns its ms): per-round ratios, the equal configs named (old's key given equal to new's), no
+    paired columns."""
     import triton.testing
 
     ab = load_script("fa3_speed_ab")
@@ -236,7 +238,7 @@ def test_fa3_speed_ab_rounds_row(monkeypatch):
         rounds, warmup_ms, rep_ms = 3, None, 40
 
     fns = {"old": lambda: 1.0, "new": lambda: 1.0, "flash-attn-4": lambda: 0.9}
-    keys = {"old": ab.variant_config("old", 256), "new": ab.variant_config("new", 256), "flash-attn-4": None}
+    keys = {"old": ab.variant_config("new", 256), "new": ab.variant_config("new", 256), "flash-attn-4": None}
     shape = ab.plan((256,), (16384,), (False,), ["old", "new"])[0]
     row = ab.time_shape(shape, "rounds", fns, keys, Args, "bf16", {}, {"old": 0.0, "new": 0.0})
     assert row["ratio_to_old"]["new"] == 1.0 and row["ratio_new_to"]["flash-attn-4"] == 0.9
