@@ -488,10 +488,60 @@ class QuantPass:
     def kernel(self, mX: cute.Tensor, mY: cute.Tensor, mDescale: cute.Tensor, mSigns: cute.Tensor,
                mMean: cute.Tensor, mShift: cute.Tensor, mK: cute.Tensor, mPart: cute.Tensor, mCount: cute.Tensor,
                scale: Float32, SharedStorage: cutlass.Constexpr):
-        D, rows, L, S = self.head_dim, self.cfg.rows, self.lanes, self.cfg.stages
+        """The persistent loop (module docstring): the CTA walks its work items cta, cta + grid, ... (``decode``);
+        each item's 16-bit values land in a stage ``ahead`` items before its turn (``prologue``, ``load_item``);
+        it is then transformed by its role and quantised and stored, or summed (``transform_item``,
+        ``once_item``); ``late_count`` counts the CTA's K blocks after its loop."""
+        S = self.cfg.stages
         tidx, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
         grid, _, _ = cute.arch.grid_dim()
+        heads, n_tiles, n_blocks, n_sample, total = self.work_items(mX, mDescale, mPart, grid)
+        storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
+        red, sSigns, sMean, sStage, sRaw = self.shared_tensors(storage, mSigns, tidx)
+        g2s = cute.make_copy_atom(cute.nvgpu.cpasync.CopyG2SOp(cache_mode=cute.nvgpu.cpasync.LoadCacheMode.GLOBAL),
+                                  self.dtype, num_bits_per_copy=128)
+        s2r = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
+
+        raw = cute.make_rmem_tensor(cute.make_layout((VEC, SLOTS)), self.dtype)  # 16-bit, slot-major
+        x = cute.make_rmem_tensor(cute.make_layout((VEC, SLOTS)), Float32)
+        # the loads of the CTA's first `ahead` work items; coalesced: S - 1 ahead (the stage to refill was read by
+        # other threads: refilled after the next barrier)
+        ahead = S - 1 if const_expr(self.cfg.coalesced) else S
+        self.prologue(sStage, sRaw, sMean, mX, mK, mMean, mCount, storage, cta, grid, ahead, heads, n_tiles, n_blocks,
+                      n_sample, total, tidx, g2s)
+        hb0, hb1 = None, None
+        if const_expr(self.cfg.mma_fwht):  # H_16 as the mma's B operand, per lane (``mma_hadamard_b``)
+            hb0, hb1 = self.mma_hadamard_b(tidx)
+        step = Int32(0)  # the CTA's items so far: stage step % S of the loads, parity step % 2 of the maxima
+        for blk in cutlass.range(cta, total, grid, unroll=1):
+            stage = step % S
+            parity = step % 2
+            batch, head, tile, is_k = self.decode(blk, heads, n_tiles, n_blocks, n_sample)
+            self.load_item(x, raw, sStage, sRaw, sMean, mX, mK, mMean, mCount, storage, blk, step, stage, tile, ahead,
+                           grid, heads, n_tiles, n_blocks, n_sample, total, tidx, g2s, s2r)
+            mean_buf = stage if const_expr(self.cfg.staged_mean) else parity
+            if const_expr((self.cfg.smooth or self.cfg.shift) and not self.cfg.staged_mean):
+                self.block_mean(sMean, mMean, batch, head, heads, parity, tidx)
+            if const_expr(self.cfg.k_once):
+                self.once_item(x, raw, mX, mY, mDescale, mPart, mMean, mCount, storage, red, sSigns, sMean, sStage,
+                               scale, batch, head, tile, is_k, heads, n_tiles, stage, parity, mean_buf, tidx, hb0,
+                               hb1)
+            else:
+                self.transform_item(x, raw, mX, mY, mDescale, mShift, mPart, mMean, mCount, storage, red, sSigns,
+                                    sMean, sStage, scale, batch, head, tile, is_k, heads, n_tiles, n_sample, stage,
+                                    parity, mean_buf, tidx, hb0, hb1)
+            step = step + 1
+        if const_expr(self.cfg.late_count):  # the CTA's K blocks counted once, after its loop
+            n_count = n_sample if const_expr(self.cfg.k_sample) else n_tiles
+            self.count_late(mPart, mMean, mCount, storage, heads, n_tiles, n_blocks, n_sample, total, n_count, tidx)
+
+    @cute.jit
+    def work_items(self, mX: cute.Tensor, mDescale: cute.Tensor, mPart: cute.Tensor, grid: Int32):
+        """(heads, n_tiles, n_blocks, n_sample, total): the launch's blocks n_blocks = B x H x n_tiles and its work
+        items total (``decode``): the blocks; with ``kmean`` also K's blocks (``k_sample``: n_sample tiles of each
+        (batch, head), from mPart's shape); ``k_once``: each block summed, then quantised n_sample = ``once_lag``
+        items later."""
         heads, n_tiles = mX.shape[2], mDescale.shape[2]
         n_blocks = mX.shape[0] * heads * n_tiles
         total = 2 * n_blocks if const_expr(self.cfg.kmean) else n_blocks
@@ -500,13 +550,19 @@ class QuantPass:
             n_sample = mPart.shape[2] // self.parts_per_block()
             total = n_blocks + mX.shape[0] * heads * n_sample
         if const_expr(self.cfg.k_once):  # K's blocks summed, then quantised once_lag items later (``decode``)
-            n_sample = once_lag(n_tiles, grid, S)
+            n_sample = once_lag(n_tiles, grid, self.cfg.stages)
             total = once_total(n_blocks, n_sample, _select_i32)
-        storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
+        return heads, n_tiles, n_blocks, n_sample, total
+
+    @cute.jit
+    def shared_tensors(self, storage, mSigns: cute.Tensor, tidx: Int32):
+        """(red, sSigns, sMean, sStage, sRaw): the CTA's shared memory as tensors (the block maxima, the signs, K's
+        mean buffers, the S stages of 16-bit input as a whole and as this thread's pieces); Q / K: the rotation's
+        signs copied in (one barrier)."""
+        D, rows, S = self.head_dim, self.cfg.rows, self.cfg.stages
         red = storage.red.get_tensor(cute.make_layout((32, 2)))
         sSigns = storage.signs.get_tensor(cute.make_layout(D))
         sMean = storage.mean.get_tensor(cute.make_layout((D, self.cfg.mean_buffers)))
-        staged_mean = self.cfg.staged_mean
         if const_expr(self.cfg.mma_fwht):  # the signs as 16-bit sign-bit masks, two channels per word
             self.sign_masks(sSigns, mSigns, tidx)
             cute.arch.barrier()
@@ -525,17 +581,18 @@ class QuantPass:
                                                        stride=((1, 8 * T_, 16 * T_), 8, 64 * T_)))
         sRaw = cute.make_tensor(sRaw[None, tidx, 0].iterator,
                                 cute.make_layout((8, 2, SLOTS, S), stride=(1, 8 * T_, 16 * T_, 64 * T_)))
-        g2s = cute.make_copy_atom(cute.nvgpu.cpasync.CopyG2SOp(cache_mode=cute.nvgpu.cpasync.LoadCacheMode.GLOBAL),
-                                  self.dtype, num_bits_per_copy=128)
-        s2r = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
+        return red, sSigns, sMean, sStage, sRaw
 
-        raw = cute.make_rmem_tensor(cute.make_layout((VEC, SLOTS)), self.dtype)  # 16-bit, slot-major
-        x = cute.make_rmem_tensor(cute.make_layout((VEC, SLOTS)), Float32)
+    @cute.jit
+    def prologue(self, sStage: cute.Tensor, sRaw: cute.Tensor, sMean: cute.Tensor, mX: cute.Tensor, mK: cute.Tensor,
+                 mMean: cute.Tensor, mCount: cute.Tensor, storage, cta: Int32, grid: Int32, ahead: int, heads: Int32,
+                 n_tiles: Int32, n_blocks: Int32, n_sample: Int32, total: Int32, tidx: Int32, g2s: cute.CopyAtom):
+        """Before the loop: (pdl) let the next grid launch; the loads of the CTA's first ``ahead`` work items, one
+        commit group each (empty past the end); (pdl) wait for the previous grid; then the reads of its output:
+        ``k_once``'s first poll, or (``staged_mean``) K's mean of those items into their stages' mean buffers."""
+        D = self.head_dim
         if const_expr(self.cfg.pdl):  # the next grid on the stream may launch now (its CTAs land as ours exit)
             cute.arch.griddepcontrol_launch_dependents()
-        # prologue: the loads of the CTA's first `ahead` work items, one commit group each (empty past the end);
-        # coalesced: S - 1 ahead (the stage to refill was read by other threads: refilled after the next barrier)
-        ahead = S - 1 if const_expr(self.cfg.coalesced) else S
         for s in cutlass.range_constexpr(ahead):
             if cta + s * grid < total:
                 pb, ph, pt, pk = self.decode(cta + s * grid, heads, n_tiles, n_blocks, n_sample)
@@ -554,7 +611,7 @@ class QuantPass:
             cute.arch.griddepcontrol_wait()
         if const_expr(self.cfg.k_once):  # thread 0's poll of the counter of the item prefetched next (``once_poll``)
             self.once_poll(mCount, storage, cta + ahead * grid, heads, n_tiles, n_blocks, n_sample, total, tidx)
-        if const_expr(staged_mean and not self.cfg.k_once):
+        if const_expr(self.cfg.staged_mean and not self.cfg.k_once):
             # K's mean of the prologue's items into their stages' mean buffers: plain loads after the wait (the
             # mean is the previous grid's output); item 0's stage barrier publishes them
             for s in cutlass.range_constexpr(ahead):
@@ -562,97 +619,128 @@ class QuantPass:
                     pb, ph, _, _ = self.decode(cta + s * grid, heads, n_tiles, n_blocks, n_sample)
                     for c in cutlass.range(tidx, D, self.num_threads, unroll=1):
                         sMean[c, s] = mMean[pb, self.mean_head(ph, heads, mMean), c]
-        hb0, hb1 = None, None
-        if const_expr(self.cfg.mma_fwht):  # H_16 as the mma's B operand, per lane (``mma_hadamard_b``)
-            hb0, hb1 = self.mma_hadamard_b(tidx)
-        step = Int32(0)  # the CTA's items so far: stage step % S of the loads, parity step % 2 of the maxima
-        for blk in cutlass.range(cta, total, grid, unroll=1):
-            stage = step % S
-            parity = step % 2
-            batch, head, tile, is_k = self.decode(blk, heads, n_tiles, n_blocks, n_sample)
-            cute.arch.cp_async_wait_group(ahead - 1)  # this item's group (the later ones may be in flight)
-            if const_expr(self.cfg.coalesced):
-                # every thread's pieces of this item have landed, and every read of the stage refilled here
-                # (read in the previous iteration) is done; the refill is issued before this item's values are
-                # read into registers (fewer live registers while its addresses are computed)
-                if const_expr(self.cfg.k_once):  # the head's mean of the item prefetched below is written
-                    self.once_wait(mCount, storage, blk + ahead * grid, heads, n_tiles, n_blocks, n_sample, total,
-                                   tidx)
-                cute.arch.barrier()
-                if const_expr(self.cfg.k_once):  # the next iteration's poll, issued a whole item before its use
-                    self.once_poll(mCount, storage, blk + (ahead + 1) * grid, heads, n_tiles, n_blocks, n_sample,
-                                   total, tidx)
-                if blk + ahead * grid < total:
-                    nb, nh, nt, nk = self.decode(blk + ahead * grid, heads, n_tiles, n_blocks, n_sample)
-                    if const_expr(self.cfg.k_once):
-                        if nk != 2:
-                            self.load_block_coalesced(sStage[None, (step + ahead) % S], mX, mK, nb, nh, nt, nk, tidx,
-                                                      g2s)
-                        if nk == 1:
-                            self.load_mean(sMean[None, (step + ahead) % S], mMean, nb, nh, tidx)
-                    else:
-                        self.load_block_coalesced(sStage[None, (step + ahead) % S], mX, mK, nb, nh, nt, nk, tidx,
-                                                  g2s)
-                    if const_expr(staged_mean and not self.cfg.k_once):  # its K mean rides in the same commit group
-                        self.load_mean(sMean[None, (step + ahead) % S], mMean, nb, self.mean_head(nh, heads, mMean),
-                                       tidx)
-                cute.arch.cp_async_commit_group()
-                self.read_block(sStage[None, stage], raw, tidx, s2r)
+
+    @cute.jit
+    def load_item(self, x: cute.Tensor, raw: cute.Tensor, sStage: cute.Tensor, sRaw: cute.Tensor, sMean: cute.Tensor,
+                  mX: cute.Tensor, mK: cute.Tensor, mMean: cute.Tensor, mCount: cute.Tensor, storage, blk: Int32,
+                  step: Int32, stage: Int32, tile: Int32, ahead: int, grid: Int32, heads: Int32, n_tiles: Int32,
+                  n_blocks: Int32, n_sample: Int32, total: Int32, tidx: Int32, g2s: cute.CopyAtom,
+                  s2r: cute.CopyAtom):
+        """Work item blk's 16-bit values into x (float32): wait for its commit group, read its stage back (coalesced:
+        after the barrier and the refill of the stage read in the previous iteration, ``refill_coalesced``; else the
+        thread's own pieces, then the refill of this stage with the item S ahead); V's tokens past seqlen_k zeros."""
+        S = self.cfg.stages
+        cute.arch.cp_async_wait_group(ahead - 1)  # this item's group (the later ones may be in flight)
+        if const_expr(self.cfg.coalesced):
+            self.refill_coalesced(sStage, sMean, mX, mK, mMean, mCount, storage, blk, step, ahead, grid, heads,
+                                  n_tiles, n_blocks, n_sample, total, tidx, g2s)
+            self.read_block(sStage[None, stage], raw, tidx, s2r)
+        else:
+            for j in cutlass.range_constexpr(SLOTS):
+                cute.copy(s2r, sRaw[None, None, j, stage], cute.zipped_divide(raw[None, j], (8,)))
+        if const_expr(not self.cfg.mma_fwht or self.cfg.shift):  # mma_fwht: only the LSE shift reads x here
+            x.store(raw.load().to(Float32))
+        if const_expr(self.cfg.role == "v"):  # tokens past seqlen_k: zeros (v_t's padding)
+            for j in cutlass.range_constexpr(SLOTS):
+                if tile * self.cfg.rows + self.token_of(tidx, j) >= mX.shape[1]:
+                    for i in cutlass.range_constexpr(VEC):
+                        x[i, j] = Float32(0.0)
+        if const_expr(not self.cfg.coalesced):
+            if blk + S * grid < total:  # the loads of the item S ahead, into the stage just read
+                nb, nh, nt, nk = self.decode(blk + S * grid, heads, n_tiles, n_blocks, n_sample)
+                self.load_block(sRaw[None, None, None, stage], mX, mK, nb, nh, nt, nk, tidx, g2s)
+            cute.arch.cp_async_commit_group()
+
+    @cute.jit
+    def refill_coalesced(self, sStage: cute.Tensor, sMean: cute.Tensor, mX: cute.Tensor, mK: cute.Tensor,
+                         mMean: cute.Tensor, mCount: cute.Tensor, storage, blk: Int32, step: Int32, ahead: int,
+                         grid: Int32, heads: Int32, n_tiles: Int32, n_blocks: Int32, n_sample: Int32, total: Int32,
+                         tidx: Int32, g2s: cute.CopyAtom):
+        """coalesced, before item blk is read: a barrier (every thread's pieces of this item have landed, and every
+        read of the stage refilled here, read in the previous iteration, is done), then the loads of the item
+        ``ahead`` items later into that stage (with its K mean: ``staged_mean``, ``k_once``), one commit group. The
+        refill is issued before this item's values are read into registers (fewer live registers while its
+        addresses are computed)."""
+        S = self.cfg.stages
+        if const_expr(self.cfg.k_once):  # the head's mean of the item prefetched below is written
+            self.once_wait(mCount, storage, blk + ahead * grid, heads, n_tiles, n_blocks, n_sample, total,
+                           tidx)
+        cute.arch.barrier()
+        if const_expr(self.cfg.k_once):  # the next iteration's poll, issued a whole item before its use
+            self.once_poll(mCount, storage, blk + (ahead + 1) * grid, heads, n_tiles, n_blocks, n_sample,
+                           total, tidx)
+        if blk + ahead * grid < total:
+            nb, nh, nt, nk = self.decode(blk + ahead * grid, heads, n_tiles, n_blocks, n_sample)
+            if const_expr(self.cfg.k_once):
+                if nk != 2:
+                    self.load_block_coalesced(sStage[None, (step + ahead) % S], mX, mK, nb, nh, nt, nk, tidx,
+                                              g2s)
+                if nk == 1:
+                    self.load_mean(sMean[None, (step + ahead) % S], mMean, nb, nh, tidx)
             else:
-                for j in cutlass.range_constexpr(SLOTS):
-                    cute.copy(s2r, sRaw[None, None, j, stage], cute.zipped_divide(raw[None, j], (8,)))
-            if const_expr(not self.cfg.mma_fwht or self.cfg.shift):  # mma_fwht: only the LSE shift reads x here
-                x.store(raw.load().to(Float32))
-            if const_expr(self.cfg.role == "v"):  # tokens past seqlen_k: zeros (v_t's padding)
-                for j in cutlass.range_constexpr(SLOTS):
-                    if tile * rows + self.token_of(tidx, j) >= mX.shape[1]:
-                        for i in cutlass.range_constexpr(VEC):
-                            x[i, j] = Float32(0.0)
-            if const_expr(not self.cfg.coalesced):
-                if blk + S * grid < total:  # the loads of the item S ahead, into the stage just read
-                    nb, nh, nt, nk = self.decode(blk + S * grid, heads, n_tiles, n_blocks, n_sample)
-                    self.load_block(sRaw[None, None, None, stage], mX, mK, nb, nh, nt, nk, tidx, g2s)
-                cute.arch.cp_async_commit_group()
-            mean_buf = stage if const_expr(staged_mean) else parity
-            if const_expr((self.cfg.smooth or self.cfg.shift) and not staged_mean):
-                # K's mean for this block, in shared memory (a global load and a barrier per block)
-                for c in cutlass.range(tidx, D, self.num_threads, unroll=1):
-                    sMean[c, parity] = mMean[batch, self.mean_head(head, heads, mMean), c]
-                cute.arch.barrier()
-            if const_expr(self.cfg.k_once):  # kind 0: the block's sums (16-bit values as read), 1: quantised, 2: none
-                if is_k == 0:
-                    self.once_sums(x, mX, mPart, mMean, mCount, storage, scale, batch, head, tile, heads, n_tiles,
-                                   tidx)
-                elif is_k == 1:
-                    self.signs_and_smoothing(x, sSigns, sMean[None, mean_buf], tidx)
-                    if const_expr(self.cfg.rotate):
-                        self.hadamard(x, tidx, hb0, hb1, raw, sSigns, sMean[None, mean_buf])
-                    self.finish_block(x, mX, mY, mDescale, red, parity, batch, head, tile, tidx, sStage[None, stage])
+                self.load_block_coalesced(sStage[None, (step + ahead) % S], mX, mK, nb, nh, nt, nk, tidx,
+                                          g2s)
+            if const_expr(self.cfg.staged_mean and not self.cfg.k_once):  # its K mean rides in the same group
+                self.load_mean(sMean[None, (step + ahead) % S], mMean, nb, self.mean_head(nh, heads, mMean),
+                               tidx)
+        cute.arch.cp_async_commit_group()
+
+    @cute.jit
+    def block_mean(self, sMean: cute.Tensor, mMean: cute.Tensor, batch: Int32, head: Int32, heads: Int32,
+                   parity: Int32, tidx: Int32):
+        """Without ``staged_mean``: K's mean for this block into mean buffer ``parity`` (a global load and a barrier
+        per block)."""
+        for c in cutlass.range(tidx, self.head_dim, self.num_threads, unroll=1):
+            sMean[c, parity] = mMean[batch, self.mean_head(head, heads, mMean), c]
+        cute.arch.barrier()
+
+    @cute.jit
+    def once_item(self, x: cute.Tensor, raw: cute.Tensor, mX: cute.Tensor, mY: cute.Tensor, mDescale: cute.Tensor,
+                  mPart: cute.Tensor, mMean: cute.Tensor, mCount: cute.Tensor, storage, red: cute.Tensor,
+                  sSigns: cute.Tensor, sMean: cute.Tensor, sStage: cute.Tensor, scale: Float32, batch: Int32,
+                  head: Int32, tile: Int32, is_k: Int32, heads: Int32, n_tiles: Int32, stage: Int32, parity: Int32,
+                  mean_buf: Int32, tidx: Int32, hb0, hb1):
+        """``k_once``'s item of kind is_k: 0 the block's sums (16-bit values as read, ``once_sums``), 1 the block
+        quantised as the default K pass does (smoothing and signs, Hadamard, ``finish_block``), 2 none."""
+        if is_k == 0:
+            self.once_sums(x, mX, mPart, mMean, mCount, storage, scale, batch, head, tile, heads, n_tiles,
+                           tidx)
+        elif is_k == 1:
+            self.signs_and_smoothing(x, sSigns, sMean[None, mean_buf], tidx)
+            if const_expr(self.cfg.rotate):
+                self.hadamard(x, tidx, hb0, hb1, raw, sSigns, sMean[None, mean_buf])
+            self.finish_block(x, mX, mY, mDescale, red, parity, batch, head, tile, tidx, sStage[None, stage])
+
+    @cute.jit
+    def transform_item(self, x: cute.Tensor, raw: cute.Tensor, mX: cute.Tensor, mY: cute.Tensor,
+                       mDescale: cute.Tensor, mShift: cute.Tensor, mPart: cute.Tensor, mMean: cute.Tensor,
+                       mCount: cute.Tensor, storage, red: cute.Tensor, sSigns: cute.Tensor, sMean: cute.Tensor,
+                       sStage: cute.Tensor, scale: Float32, batch: Int32, head: Int32, tile: Int32, is_k, heads: Int32,
+                       n_tiles: Int32, n_sample: Int32, stage: Int32, parity: Int32, mean_buf: Int32, tidx: Int32,
+                       hb0, hb1):
+        """A work item by role: Q's LSE shift (``shift``); Q / K: smoothing and signs, then the Hadamard; then the
+        block quantised and stored (``finish_block``), or (``kmean``, K's items) K's partial sums, and with the
+        fused mean the head's mean by the CTA that counts its last block."""
+        if const_expr(self.cfg.shift):
+            self.lse_shift(x, sMean[None, mean_buf], mShift, scale, batch, head, tile, tidx)
+        if const_expr(self.cfg.role == "qk"):
+            self.signs_and_smoothing(x, sSigns, sMean[None, mean_buf], tidx)
+            if const_expr(self.cfg.rotate):
+                self.hadamard(x, tidx, hb0, hb1, raw, sSigns, sMean[None, mean_buf])
+        if const_expr(self.cfg.kmean):
+            # a CTA's items ascend, so its K items follow all its V items: the amax buffers' alternation
+            # (one barrier per V block) is not broken by the K items, which have no barrier
+            if is_k:
+                self.k_partial_sums(x, mPart, scale, batch, head, tile, tidx, n_tiles, n_sample)
+                if const_expr(self.cfg.fused_mean and not self.cfg.late_count):
+                    # the last of the head's n_tiles blocks (k_sample: of its n_sample sample tiles)
+                    n_count = n_sample if const_expr(self.cfg.k_sample) else n_tiles
+                    self.mean_if_last(mPart, mMean, mCount, storage, batch, head, heads, n_count, tidx)
             else:
-                if const_expr(self.cfg.shift):
-                    self.lse_shift(x, sMean[None, mean_buf], mShift, scale, batch, head, tile, tidx)
-                if const_expr(self.cfg.role == "qk"):
-                    self.signs_and_smoothing(x, sSigns, sMean[None, mean_buf], tidx)
-                    if const_expr(self.cfg.rotate):
-                        self.hadamard(x, tidx, hb0, hb1, raw, sSigns, sMean[None, mean_buf])
-                if const_expr(self.cfg.kmean):
-                    # a CTA's items ascend, so its K items follow all its V items: the amax buffers' alternation
-                    # (one barrier per V block) is not broken by the K items, which have no barrier
-                    if is_k:
-                        self.k_partial_sums(x, mPart, scale, batch, head, tile, tidx, n_tiles, n_sample)
-                        if const_expr(self.cfg.fused_mean and not self.cfg.late_count):
-                            # the last of the head's n_tiles blocks (k_sample: of its n_sample sample tiles)
-                            n_count = n_sample if const_expr(self.cfg.k_sample) else n_tiles
-                            self.mean_if_last(mPart, mMean, mCount, storage, batch, head, heads, n_count, tidx)
-                    else:
-                        self.finish_block(x, mX, mY, mDescale, red, parity, batch, head, tile, tidx,
-                                          sStage[None, stage])
-                else:
-                    self.finish_block(x, mX, mY, mDescale, red, parity, batch, head, tile, tidx, sStage[None, stage])
-            step = step + 1
-        if const_expr(self.cfg.late_count):  # the CTA's K blocks counted once, after its loop
-            n_count = n_sample if const_expr(self.cfg.k_sample) else n_tiles
-            self.count_late(mPart, mMean, mCount, storage, heads, n_tiles, n_blocks, n_sample, total, n_count, tidx)
+                self.finish_block(x, mX, mY, mDescale, red, parity, batch, head, tile, tidx,
+                                  sStage[None, stage])
+        else:
+            self.finish_block(x, mX, mY, mDescale, red, parity, batch, head, tile, tidx, sStage[None, stage])
 
     def parts_per_block(self) -> int:
         """K's partial sums per block in V's launch (``k_partial_sums``): ``k_parts_per_block(rows)``."""
