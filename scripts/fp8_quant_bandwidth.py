@@ -6,7 +6,7 @@
 Per shape, pipeline ("v1": one launch per tensor, one block of loads in flight per CTA, K's mean by torch;
 "v2": three blocks in flight, K's mean summed in V's launch, K's blocks read last first; "v3": v2 with
 coalesced loads through a swizzled shared-memory stage and the blocks walked head fastest; "v3s": v3 with K's
-mean staged with each block's loads, ``quant_kernel.V3_STAGED_MEAN``; "v3sf": v3s with K's mean finished in V's
+mean staged with each block's loads, ``quant_host.V3_STAGED_MEAN``; "v3sf": v3s with K's mean finished in V's
 launch, ``V3_FUSED_MEAN``; "v3ss": v3s with Q's / K's e4m3 stored through shared memory, ``V3_STAGED_STORE``;
 "v3sfs": v3s with the fused mean for a sampled mean only (``V3_FUSED_SAMPLED_MEAN``); "def": the current default
 (staged mean on, staged store at head_dim 64 only, the rest off); "deff": def with the fused mean counted per K block
@@ -16,10 +16,10 @@ then quantises each block, V's launch does not read K; 2 stages in K's launch, `
 3 stages (a block's two reads ~1.5x further apart);
 "defm": def with Q's / K's Hadamard at head_dim 256 on the tensor cores (``V3_MMA_FWHT``; its Q / K and their descales
 checked near the recipe's, ``near_e4m3``, not bit for bit);
-``quant_kernel``) and recipe (default:
+``quant_host``) and recipe (default:
 block scales + Hadamard + K smoothing; "no-smooth": the same without smoothing; "sampled8": the default with
 K's mean over 8 evenly spaced K tiles, ``FP8Config(smooth_k_blocks=8)``; "sampled16": over 16), one
-call of ``quant_kernel.quantize(..., pipeline=...)`` (what ``quantize_fp8(..., impl="kernel")`` runs):
+call of ``quant_host.quantize(..., pipeline=...)`` (what ``quantize_fp8(..., impl="kernel")`` runs):
 
 * ``gpu ms``: GPU time per call with the host out of the way: a ``torch.cuda._sleep`` kernel holds the stream
   while the host enqueues ``--calls`` calls, and CUDA events time them back to back (launch gaps included);
@@ -226,7 +226,7 @@ class Timer:
         return start.elapsed_time(end) / calls, enqueue_ms < sleep_ms
 
 
-# --pipelines label -> (quant_kernel pipeline, quant_kernel switches set for it)
+# --pipelines label -> (quant_host pipeline, quant_host switches set for it)
 # ("v3": the staged mean off, as measured before it became the default in session 6; "v3s": on)
 _V3S = {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": False, "V3_FUSED_SAMPLED_MEAN": False}
 PIPES = {"v1": ("v1", {}), "v2": ("v2", {}), "v3": ("v3", {"V3_STAGED_MEAN": False}),
@@ -254,17 +254,17 @@ def recipes() -> dict:
 
 def run_with(pipe_label: str, fn):
     """fn() with the switches of PIPES[pipe_label] set (restored after)."""
-    from fa_variants.fp8 import quant_kernel
+    from fa_variants.fp8 import quant_host
 
     knobs = PIPES[pipe_label][1]
-    saved = {name: getattr(quant_kernel, name) for name in knobs}
+    saved = {name: getattr(quant_host, name) for name in knobs}
     try:
         for name, value in knobs.items():
-            setattr(quant_kernel, name, value)
+            setattr(quant_host, name, value)
         return fn()
     finally:
         for name, value in saved.items():
-            setattr(quant_kernel, name, value)
+            setattr(quant_host, name, value)
 
 
 def main() -> int:
@@ -304,7 +304,7 @@ def main() -> int:
 
     import torch
 
-    from fa_variants.fp8 import quant_kernel
+    from fa_variants.fp8 import quant_host
     from fa_variants.fp8.quantize import k_sample_count, quantize_fp8_torch
 
     timer = Timer()
@@ -324,22 +324,22 @@ def main() -> int:
         cells = [(p, r) for p in pipelines for r in recipe_names if (p, r) not in skip]
         times: dict[tuple, list] = {c: [] for c in cells}
         for pipe, recipe in cells:  # compile (or load) every pass before any timing
-            run_with(pipe, lambda: quant_kernel.quantize(q, k, v, config=recipes()[recipe], pipeline=PIPES[pipe][0]))
+            run_with(pipe, lambda: quant_host.quantize(q, k, v, config=recipes()[recipe], pipeline=PIPES[pipe][0]))
         torch.cuda.synchronize()
         for rnd in range(args.rounds):  # rotated: each round starts one (pipeline, recipe) later
             for pipe, recipe in cells[rnd % len(cells):] + cells[:rnd % len(cells)]:
                 cfg = recipes()[recipe]
-                fn = lambda: quant_kernel.quantize(q, k, v, config=cfg, pipeline=PIPES[pipe][0])  # noqa: E731
+                fn = lambda: quant_host.quantize(q, k, v, config=cfg, pipeline=PIPES[pipe][0])  # noqa: E731
                 times[pipe, recipe].append(run_with(pipe, lambda: timer.gpu_ms(fn, args.calls)))
         for pipe, recipe in cells:
             cfg = recipes()[recipe]
             base = PIPES[pipe][0]
 
             def fn():
-                return run_with(pipe, lambda: quant_kernel.quantize(q, k, v, config=cfg, pipeline=base))
+                return run_with(pipe, lambda: quant_host.quantize(q, k, v, config=cfg, pipeline=base))
 
             out = fn()
-            given = out.k_mean if quant_kernel.own_mean(base) and cfg.smooth_k else None
+            given = out.k_mean if quant_host.own_mean(base) and cfg.smooth_k else None
             match = matches(out, quantize_fp8_torch(q, k, v, config=cfg, k_mean=given),
                             near=bool(PIPES[pipe][1].get("V3_MMA_FWHT")))
             once = bool(PIPES[pipe][1].get("V3_K_ONCE"))
@@ -384,7 +384,7 @@ def main() -> int:
     return summarise(timed, copy_tbs, pipelines)
 
 
-# label -> (pipeline, quant_kernel switches changed): v3 with one part changed at a time, and v2 (not "no
+# label -> (pipeline, quant_host switches changed): v3 with one part changed at a time, and v2 (not "no
 # reverse": K's smoothed pass without it spills 16 bytes at head_dim 128 under the 128-register cap, which would
 # confound the comparison)
 # (relative to v3 without the staged mean, as before session 6: every entry but "+ staged mean" turns it off)
@@ -401,7 +401,7 @@ def ablation(timer, copy_tbs: float, rows: list[dict], calls: int) -> None:
     % of copy, appended to rows (``"ablation"``) and printed as one line."""
     import torch
 
-    from fa_variants.fp8 import FP8Config, quant_kernel
+    from fa_variants.fp8 import FP8Config, quant_host
     from fa_variants.fp8.quantize import quantize_fp8_torch
 
     g = torch.Generator(device="cuda").manual_seed(5)
@@ -410,11 +410,11 @@ def ablation(timer, copy_tbs: float, rows: list[dict], calls: int) -> None:
     v = torch.randn(1, 16384, 16, 128, device="cuda", dtype=torch.bfloat16, generator=g)
     cells = []
     for label, (pipe, knobs) in ABLATION.items():
-        saved = {name: getattr(quant_kernel, name) for name in knobs}
+        saved = {name: getattr(quant_host, name) for name in knobs}
         try:
             for name, value in knobs.items():
-                setattr(quant_kernel, name, value)
-            fn = lambda: quant_kernel.quantize(q, k, v, config=FP8Config(), pipeline=pipe)  # noqa: E731
+                setattr(quant_host, name, value)
+            fn = lambda: quant_host.quantize(q, k, v, config=FP8Config(), pipeline=pipe)  # noqa: E731
             out = fn()
             # the torch recipe's bytes, given the variant's own K mean (the fused mean sums in another order)
             same = matches(out, quantize_fp8_torch(q, k, v, config=FP8Config(), k_mean=out.k_mean))
@@ -422,7 +422,7 @@ def ablation(timer, copy_tbs: float, rows: list[dict], calls: int) -> None:
             frac = moved_bytes(q, k, out, True) / ms / 1e9 / copy_tbs
         finally:
             for name, value in saved.items():
-                setattr(quant_kernel, name, value)
+                setattr(quant_host, name, value)
         rows.append({"ablation": label, "gpu_ms": ms, "of_copy": frac, "queued": queued, "match": same})
         cells.append(f"{label} {100 * frac:.1f}%" + ("" if same == "ok" else f" ({same})"))
     print("ablation (D=128 default recipe, % of copy): " + ", ".join(cells), flush=True)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # quant8_gpu.sh: issue 10's quantisation pass, session 8, on one H200 (~65 s expected from a cold disk cache; step
 # limits 35 + 40 + 25 s): K's mean finished inside V's launch with its counting moved after each CTA's loop
-# (quant_kernel.V3_FUSED_MEAN_LATE, PassConfig.late_count; off) against the current default (v3, staged mean, staged
+# (quant_host.V3_FUSED_MEAN_LATE, PassConfig.late_count; off) against the current default (v3, staged mean, staged
 # store at head_dim 64, K's mean as torch's sum of V's partial sums) and the per-block fused mean (V3_FUSED_MEAN).
 #
 #   source .gpu/env.sh && scripts/quant8_gpu.sh          (repository root; logs under $OUT/quant8, else results/quant8)
@@ -21,7 +21,7 @@
 #    (V (+ K's sums), K, Q, for each launch's own bytes; the torch sum's us) and for the whole call.
 # Pass (correctness): "== gpu_tests: rc=0" (10 passed); racecheck rc=0 with "CALLS 4 FAILED 0" and 0 hazards; every
 # bandwidth row "ok", each A/B line "all matched: True".
-# Flip rule (the lead sets quant_kernel.V3_FUSED_MEAN_LATE = True): correctness passed, every "AB defl/def" ratio
+# Flip rule (the lead sets quant_host.V3_FUSED_MEAN_LATE = True): correctness passed, every "AB defl/def" ratio
 # <= 1.00 and the default-recipe rows' ratios <= 0.98 at D 64, 128 and 256.
 # Prediction (bench/NOTES.md, "Session 8 (2026-12-01): quantisation pass, where the time goes; the fused K mean
 # counted late; predictions before the run"): defl/def 0.95-0.97 on the default recipe (the torch sum's 6-9 us and its

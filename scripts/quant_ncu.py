@@ -22,7 +22,7 @@ def main() -> int:
     args = parser.parse_args()
     import torch
 
-    from fa_variants.fp8 import quant_kernel
+    from fa_variants.fp8 import quant_host
     from fp8_quant_bandwidth import PIPES, recipes, run_with
 
     d = args.head_dim
@@ -35,7 +35,7 @@ def main() -> int:
     for rnd in ("warm", "profiled"):
         for pipe, recipe in zip(pipelines, names):
             cfg = recipes()[recipe]
-            run_with(pipe, lambda: quant_kernel.quantize(q, k, v, config=cfg, pipeline=PIPES[pipe][0]))
+            run_with(pipe, lambda: quant_host.quantize(q, k, v, config=cfg, pipeline=PIPES[pipe][0]))
             torch.cuda.synchronize()
             print(f"{rnd} {pipe} {recipe} D={d}: 3 QuantPass launches", flush=True)
     return 0

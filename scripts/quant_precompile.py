@@ -3,7 +3,7 @@ scripts/fp8_quant_bandwidth.py use, in parallel processes, into the disk compile
 
     source .gpu/env.sh && python3 scripts/quant_precompile.py [--jobs 14] [--plan] [--set quant8] [--unique]
 
-One task per (pipeline, dtype, head_dim, recipe): a tiny ``quant_kernel.quantize`` call (softmax_scale None
+One task per (pipeline, dtype, head_dim, recipe): a tiny ``quant_host.quantize`` call (softmax_scale None
 and -0.3) on the GPU, which compiles what that recipe launches (the stage count depends on the device, so
 running is the simplest way to name the passes). Tasks sharing a pass may both compile it; the disk cache
 keeps one whole copy. --unique: the tasks' calls run first in this process with the compile replaced by a
@@ -65,7 +65,7 @@ def tasks(which: str = "quant3") -> list[tuple[str, str, int, str]]:
     return out
 
 
-# fp8_quant_bandwidth.py --ablation's variants of v3 (quant_kernel's module switches)
+# fp8_quant_bandwidth.py --ablation's variants of v3 (quant_host's module switches)
 # (relative to v3 without the staged mean, its default before session 6, as fp8_quant_bandwidth.py's ABLATION)
 _UNSTAGED = {"V3_STAGED_MEAN": False}
 ABLATION_KNOBS = {"unstaged": _UNSTAGED, "nocoalesced": {**_UNSTAGED, "V3_COALESCED": False},
@@ -105,12 +105,12 @@ def run(task: tuple[str, str, int, str]) -> str:
     import torch
 
     from fa_variants.common import cache
-    from fa_variants.fp8 import quant_kernel
+    from fa_variants.fp8 import quant_host
 
     pipeline, dtype, d, recipe = task
     recipe, _, knob = recipe.partition("+")  # knob: one of the KNOBS names (may hold a "+")
     knobs = {**ABLATION_KNOBS, **QUANT5_KNOBS, **QUANT8_KNOBS, **QUANT10_KNOBS, **HADACORE_KNOBS}.get(knob, {})
-    saved = {name: getattr(quant_kernel, name) for name in knobs}
+    saved = {name: getattr(quant_host, name) for name in knobs}
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     t0 = time.perf_counter()
     q = torch.randn(1, 130, 2, d, device="cuda").to(dt)
@@ -118,22 +118,22 @@ def run(task: tuple[str, str, int, str]) -> str:
     k = torch.randn(1, 2600 if recipe.startswith("sampled") else 300, 1, d, device="cuda").to(dt)
     try:
         for name, value in knobs.items():
-            setattr(quant_kernel, name, value)
+            setattr(quant_host, name, value)
         for scale in (None, -0.3):
-            quant_kernel.quantize(q, k, k, config=config_of(recipe), softmax_scale=scale, pipeline=pipeline)
+            quant_host.quantize(q, k, k, config=config_of(recipe), softmax_scale=scale, pipeline=pipeline)
         torch.cuda.synchronize()
     finally:  # a worker runs several tasks
         for name, value in saved.items():
-            setattr(quant_kernel, name, value)
+            setattr(quant_host, name, value)
     return f"{'/'.join(map(str, task))}: {time.perf_counter() - t0:.1f} s {cache.cache_info()} (this worker so far)"
 
 
 def record(todo: list[tuple[str, str, int, str]]) -> list[tuple]:
     """--unique, in this process (CUDA): the (arch, dtype, head_dim, PassConfig) of every pass the tasks' calls
-    launch, in first-use order, without compiling or launching any (``quant_kernel._pass`` replaced by a recorder
+    launch, in first-use order, without compiling or launching any (``quant_host._pass`` replaced by a recorder
     for the duration; the calls' outputs are garbage)."""
     from fa_variants.common import interop
-    from fa_variants.fp8 import quant_kernel
+    from fa_variants.fp8 import quant_host
 
     keys: dict[tuple, None] = {}
 
@@ -141,13 +141,13 @@ def record(todo: list[tuple[str, str, int, str]]) -> list[tuple]:
         keys[interop.device_arch(device), dtype, head_dim, cfg] = None
         return (lambda *args: None), 1
 
-    saved = quant_kernel._pass
-    quant_kernel._pass = recorder
+    saved = quant_host._pass
+    quant_host._pass = recorder
     try:
         for task in todo:
             run(task)
     finally:
-        quant_kernel._pass = saved
+        quant_host._pass = saved
     return list(keys)
 
 

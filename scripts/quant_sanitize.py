@@ -28,10 +28,10 @@ def main() -> int:
     import torch
 
     from fa_variants.fp8 import FP8Config
-    from fa_variants.fp8 import quant_kernel as qk
+    from fa_variants.fp8 import quant_host as qh
     from fa_variants.fp8.quantize import quantize_fp8_torch
 
-    # (label, quant_kernel switches, config, seqlen_k)
+    # (label, quant_host switches, config, seqlen_k)
     variants = {"quant3": [("fused_mean=False", {"V3_FUSED_MEAN": False}, FP8Config(), 257),
                            ("fused_mean=True", {"V3_FUSED_MEAN": True}, FP8Config(), 257)],
                 "quant4": [("staged_mean", {"V3_STAGED_MEAN": True}, FP8Config(), 257),
@@ -54,16 +54,16 @@ def main() -> int:
     calls = failed = 0
     for label, knobs, config, nk in variants[args.set]:
         for name, value in knobs.items():
-            setattr(qk, name, value)
+            setattr(qh, name, value)
         # quant8: two
         # head_dims keep racecheck (one small case per recipe) short
         dims = {"quant8": (64, 128), "quant10": (64, 256)}
-        for d in dims.get(args.set, qk.HEAD_DIMS):
+        for d in dims.get(args.set, qh.HEAD_DIMS):
             g = torch.Generator(device="cuda").manual_seed(d)
             q = torch.randn(2, 300, 8, d, device="cuda", generator=g).to(torch.bfloat16)
             k = (torch.randn(2, nk, 2, d, device="cuda", generator=g) + 1).to(torch.bfloat16)
             v = torch.randn(2, nk, 2, d, device="cuda", generator=g).to(torch.bfloat16)
-            got = qk.quantize(q, k, v, config=config, pipeline="v3")
+            got = qh.quantize(q, k, v, config=config, pipeline="v3")
             ref = quantize_fp8_torch(q, k, v, config=config, k_mean=got.k_mean)
             same = all(torch.equal(getattr(got, n).view(torch.uint8), getattr(ref, n).view(torch.uint8))
                        for n in ("q", "k", "v_t"))

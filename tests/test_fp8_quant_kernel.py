@@ -1,6 +1,6 @@
-"""The FP8 quantisation pass in the CuTe DSL (fa_variants.fp8.quant_kernel): compile-only checks (no GPU) and,
-on a GPU, the pass against the torch recipe on the same inputs, bit for bit (same operations in the same
-order: e4m3 bytes, descales, V layout).
+"""The FP8 quantisation pass in the CuTe DSL (fa_variants.fp8.quant_kernel; its host side quant_host):
+compile-only checks (no GPU) and, on a GPU, the pass against the torch recipe on the same inputs, bit for bit (same
+operations in the same order: e4m3 bytes, descales, V layout).
 
     source .gpu/env.sh && python3 -m pytest -m gpu tests/test_fp8_quant_kernel.py -q
 """
@@ -12,6 +12,7 @@ import torch
 from fa_variants import registry
 from fa_variants.common import cubin
 from fa_variants.fp8 import FP8Config, layout
+from fa_variants.fp8 import quant_host as qh
 from fa_variants.fp8 import quant_kernel as qk
 from fa_variants.fp8.quantize import quantize_fp8, quantize_fp8_torch
 
@@ -171,12 +172,12 @@ def test_compile_cli_and_refusals(compile_cli):
         with pytest.raises(ValueError, match="staged store writes"):
             qk.PassConfig(**bad).check(64)
     qk.PassConfig(rows=192, stages=3, coalesced=True, staged_store=True).check(64)
-    assert qk.pipeline_of(None) == qk.DEFAULT_PIPELINE and qk.pipeline_of("v3") == "v3"
-    assert qk.own_mean("v3") and qk.own_mean("v2") and not qk.own_mean("v1")
+    assert qh.pipeline_of(None) == qh.DEFAULT_PIPELINE and qh.pipeline_of("v3") == "v3"
+    assert qh.own_mean("v3") and qh.own_mean("v2") and not qh.own_mean("v1")
     with pytest.raises(ValueError, match="pipeline must be one of"):
-        qk.pipeline_of("v4")
+        qh.pipeline_of("v4")
     x = torch.zeros(1, 4, 2, 64)
-    assert "CUDA tensors" in qk.why_not(x, FP8Config())
+    assert "CUDA tensors" in qh.why_not(x, FP8Config())
 
 
 @pytest.mark.parametrize("seqlen_k,block_n,blocks", [(16384, 256, 8), (1000, 128, 3), (777, 128, 6), (300, 256, 1)])
@@ -344,15 +345,15 @@ def test_k_once_mean_after_k_launch(monkeypatch, scale):
         calls.append((role, k_once, None if shift_mean is None else shift_mean.clone()))
         return torch.empty(B, N, H, D, dtype=torch.uint8), torch.empty(B, H, -(-N // block))
 
-    monkeypatch.setattr(qk, "quantize_tensor", fake_pass)
+    monkeypatch.setattr(qh, "quantize_tensor", fake_pass)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
     for name, on in (("V3_K_ONCE", True), ("V3_COALESCED", True), ("V3_STAGED_MEAN", True)):
-        monkeypatch.setattr(qk, name, on)
+        monkeypatch.setattr(qh, name, on)
     g = torch.Generator().manual_seed(5)
     q = torch.randn(1, 9, 4, 64, generator=g).to(torch.bfloat16)
     k = (torch.randn(1, 300, 2, 64, generator=g) + 3).to(torch.bfloat16)
     v = torch.randn(1, 300, 2, 64, generator=g).to(torch.bfloat16)
-    got = qk.quantize(q, k, v, softmax_scale=scale, pipeline="v3")
+    got = qh.quantize(q, k, v, softmax_scale=scale, pipeline="v3")
     assert [c[:2] for c in calls] == [("v", False), ("qk", True), ("qk", False)]  # V, K (once), Q with the shift
     want = k.double().mean(dim=1).float() * (1 if scale is None else -1)
     assert torch.equal(got.k_mean, want) and torch.equal(calls[2][2], want)
@@ -540,7 +541,7 @@ def test_compiles_k_once(arch, head_dim, stages):
     quantised block, L1); configs it is not built for are refused."""
     rows = layout.tile_n(head_dim)
     base = qk.PassConfig(rows=rows, smooth=True, stages=stages, pdl=True, coalesced=True, head_major=True,
-                         staged_mean=True, staged_store=qk.staged_store_for(head_dim), reverse=True)
+                         staged_mean=True, staged_store=qh.staged_store_for(head_dim), reverse=True)
     once = dataclasses.replace(base, reverse=False, k_once=True)  # stages 2: ``V3_K_ONCE_STAGES``
     c, c0 = (qk.VARIANT.compiled(qk.static_config(arch, torch.bfloat16, head_dim, x)) for x in (once, base))
     names = ("LDGSTS", "SHFL.BFLY", "F2FP", "ATOMG", "LDL", "STL", "LDG.E")
@@ -595,9 +596,9 @@ def test_pass_matches_torch_bitwise(shape, head_dim, dtype, config, pipeline):
     k = (torch.randn(B, Nk, Hkv, head_dim, device="cuda", generator=g) + 2).to(dtype)
     v = torch.randn(B, Nk, Hkv, head_dim, device="cuda", generator=g).to(dtype)
     for scale in (None, -0.3):
-        gpu = qk.quantize(q, k, v, config=config, softmax_scale=scale, pipeline=pipeline)
+        gpu = qh.quantize(q, k, v, config=config, softmax_scale=scale, pipeline=pipeline)
         given = None
-        if config.smooth_k and qk.own_mean(pipeline):
+        if config.smooth_k and qh.own_mean(pipeline):
             given = gpu.k_mean if scale is None else -gpu.k_mean  # the unnegated mean (negation is exact)
             assert_k_mean_close(given, k, block_n=gpu.block_n)
         ref = quantize_fp8_torch(q, k, v, config=config, softmax_scale=scale, k_mean=given)
@@ -644,7 +645,7 @@ def assert_shift_close(got, want, q, mean, scale):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("pipeline", qk.PIPELINES)
+@pytest.mark.parametrize("pipeline", qh.PIPELINES)
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("block_n", [192, 256])
 def test_pass_block_height(monkeypatch, head_dim, pipeline, block_n):
@@ -658,10 +659,10 @@ def test_pass_block_height(monkeypatch, head_dim, pipeline, block_n):
     q = torch.randn(1, 300, 4, head_dim, device="cuda", generator=g).to(torch.bfloat16)
     k = (torch.randn(1, 777, 2, head_dim, device="cuda", generator=g) + 1).to(torch.bfloat16)
     v = torch.randn(1, 777, 2, head_dim, device="cuda", generator=g).to(torch.bfloat16)
-    gpu = qk.quantize(q, k, v, pipeline=pipeline)
-    ref = quantize_fp8_torch(q, k, v, k_mean=gpu.k_mean if qk.own_mean(pipeline) else None)
+    gpu = qh.quantize(q, k, v, pipeline=pipeline)
+    ref = quantize_fp8_torch(q, k, v, k_mean=gpu.k_mean if qh.own_mean(pipeline) else None)
     assert gpu.block_n == block_n and gpu.k_descale.shape[-1] == -(-777 // block_n)
-    if qk.own_mean(pipeline):
+    if qh.own_mean(pipeline):
         assert_k_mean_close(gpu.k_mean, k, block_n=block_n)
     for name in ("q", "k", "v_t"):
         assert torch.equal(getattr(gpu, name).view(torch.uint8), getattr(ref, name).view(torch.uint8)), name
@@ -670,7 +671,7 @@ def test_pass_block_height(monkeypatch, head_dim, pipeline, block_n):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("pipeline", qk.PIPELINES)
+@pytest.mark.parametrize("pipeline", qh.PIPELINES)
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_pass_zero_and_subnormal_blocks(pipeline, head_dim):
     """All-zero and subnormal blocks on the GPU: finite descales (2^-110), e4m3 zeros, like the torch path
@@ -681,8 +682,8 @@ def test_pass_zero_and_subnormal_blocks(pipeline, head_dim):
     x = torch.randn(1, 2 * tn + 44, 2, head_dim, device="cuda", dtype=torch.bfloat16)
     x[:, :tn, 0] = 0
     x[:, tn:2 * tn, 1] = torch.finfo(torch.bfloat16).tiny / 4
-    gpu = qk.quantize(x, x, x, pipeline=pipeline)
-    ref = quantize_fp8_torch(x, x, x, k_mean=gpu.k_mean if qk.own_mean(pipeline) else None)
+    gpu = qh.quantize(x, x, x, pipeline=pipeline)
+    ref = quantize_fp8_torch(x, x, x, k_mean=gpu.k_mean if qh.own_mean(pipeline) else None)
     for name in ("q_descale", "k_descale", "v_descale"):
         d = getattr(gpu, name)
         assert torch.isfinite(d).all() and (d > 0).all() and torch.equal(d, getattr(ref, name))
@@ -701,8 +702,8 @@ def test_v3_equals_v2_bitwise(head_dim):
     v = torch.randn(3, 1001, 2, head_dim, device="cuda", generator=g).to(torch.bfloat16)
     for scale in (None, -0.7):
         torch.full((1 << 24,), float("nan"), device="cuda")  # freed at once: torch.empty may hand it out again
-        a = qk.quantize(q, k, v, softmax_scale=scale, pipeline="v2")
-        b = qk.quantize(q, k, v, softmax_scale=scale, pipeline="v3")
+        a = qh.quantize(q, k, v, softmax_scale=scale, pipeline="v2")
+        b = qh.quantize(q, k, v, softmax_scale=scale, pipeline="v3")
         for name in ("q", "k", "v_t"):
             assert torch.equal(getattr(a, name).view(torch.uint8), getattr(b, name).view(torch.uint8)), name
         for name in ("q_descale", "k_descale", "v_descale", "k_mean", "lse_shift"):
@@ -725,9 +726,9 @@ def test_v3_staged_mean_bitwise(monkeypatch, head_dim, config):
     for scale in (None, -0.7):
         got = []
         for staged in (False, True):
-            monkeypatch.setattr(qk, "V3_STAGED_MEAN", staged)
+            monkeypatch.setattr(qh, "V3_STAGED_MEAN", staged)
             torch.full((1 << 24,), float("nan"), device="cuda")  # freed at once: torch.empty may hand it out again
-            got.append(qk.quantize(q, k, v, config=CONFIGS[config], softmax_scale=scale, pipeline="v3"))
+            got.append(qh.quantize(q, k, v, config=CONFIGS[config], softmax_scale=scale, pipeline="v3"))
         a, b = got
         for name in ("q", "k", "v_t"):
             assert torch.equal(getattr(a, name).view(torch.uint8), getattr(b, name).view(torch.uint8)), name
@@ -737,10 +738,10 @@ def test_v3_staged_mean_bitwise(monkeypatch, head_dim, config):
 
 
 def assert_switch_bitwise(monkeypatch, switch: str, head_dim: int, config: str, seed: int):
-    """quant_kernel.``switch`` off vs on (the current default otherwise, staged mean on): every output equal bit for
+    """quant_host.``switch`` off vs on (the current default otherwise, staged mean on): every output equal bit for
     bit; GQA, odd lengths (tail tokens not stored), batch > 1, a negative scale, the per-head baseline (its "amax"
     and "given" launches), fresh NaN-poisoned memory; and (scale None) the torch recipe given the pass's mean."""
-    monkeypatch.setattr(qk, "V3_STAGED_MEAN", True)
+    monkeypatch.setattr(qh, "V3_STAGED_MEAN", True)
     cfg = FP8Config(smooth_k_blocks=8) if config == "sampled8" else CONFIGS[config]
     g = torch.Generator(device="cuda").manual_seed(seed * head_dim)
     q = (torch.randn(3, 517, 8, head_dim, device="cuda", generator=g) * 2).to(torch.bfloat16)
@@ -750,9 +751,9 @@ def assert_switch_bitwise(monkeypatch, switch: str, head_dim: int, config: str, 
     for scale in (None, -0.7):
         got = []
         for on in (False, True):
-            monkeypatch.setattr(qk, switch, on)
+            monkeypatch.setattr(qh, switch, on)
             torch.full((1 << 24,), float("nan"), device="cuda")  # freed at once: torch.empty may hand it out again
-            got.append(qk.quantize(q, k, v, config=cfg, softmax_scale=scale, pipeline="v3"))
+            got.append(qh.quantize(q, k, v, config=cfg, softmax_scale=scale, pipeline="v3"))
         a, b = got
         for name in ("q", "k", "v_t"):
             assert torch.equal(getattr(a, name).view(torch.uint8), getattr(b, name).view(torch.uint8)), name
@@ -789,8 +790,8 @@ def test_sampled_k_mean(monkeypatch, head_dim, pipeline):
     row give the same mean, so the counters were left at zero)."""
     from fa_variants.fp8.quantize import k_sample_tiles
 
-    monkeypatch.setattr(qk, "V3_STAGED_MEAN", "+staged" in pipeline)
-    monkeypatch.setattr(qk, "V3_FUSED_MEAN", "+fused" in pipeline)
+    monkeypatch.setattr(qh, "V3_STAGED_MEAN", "+staged" in pipeline)
+    monkeypatch.setattr(qh, "V3_FUSED_MEAN", "+fused" in pipeline)
     pipe = pipeline.split("+")[0]
     g = torch.Generator(device="cuda").manual_seed(7 * head_dim)
     B, Nq, Nk, H, Hkv = 2, 300, 3001, 8, 2
@@ -801,8 +802,8 @@ def test_sampled_k_mean(monkeypatch, head_dim, pipeline):
     for blocks, scale in ((3, None), (5, -0.6), (1000, None)):
         config = FP8Config(smooth_k_blocks=blocks)
         torch.full((1 << 24,), float("nan"), device="cuda")  # freed at once: torch.empty may hand it out again
-        gpu = qk.quantize(q, k, v, config=config, softmax_scale=scale, pipeline=pipe)
-        again = qk.quantize(q, k, v, config=config, softmax_scale=scale, pipeline=pipe)
+        gpu = qh.quantize(q, k, v, config=config, softmax_scale=scale, pipeline=pipe)
+        again = qh.quantize(q, k, v, config=config, softmax_scale=scale, pipeline=pipe)
         assert torch.equal(gpu.k_mean, again.k_mean)  # deterministic (and the fused mean's counters reset)
         mean = gpu.k_mean if scale is None else -gpu.k_mean
         tiles = k_sample_tiles(Nk, gpu.block_n, blocks)
@@ -828,7 +829,7 @@ def test_v3_fused_mean(monkeypatch, head_dim):
     float64, every other output equal to the torch recipe's given that mean bit for bit, the same bits on
     every call (deterministic order; the counters left at zero for the next call), GQA, batch > 1, odd
     lengths, one key, no key."""
-    monkeypatch.setattr(qk, "V3_FUSED_MEAN", True)
+    monkeypatch.setattr(qh, "V3_FUSED_MEAN", True)
     g = torch.Generator(device="cuda").manual_seed(5 * head_dim)
     for B, Nq, Nk, H, Hkv in ((2, 300, 1001, 8, 2), (1, 7, 1, 2, 1), (1, 5, 0, 2, 2)):
         q = (torch.randn(B, Nq, H, head_dim, device="cuda", generator=g) * 2).to(torch.bfloat16)
@@ -836,7 +837,7 @@ def test_v3_fused_mean(monkeypatch, head_dim):
         v = torch.randn(B, Nk, Hkv, head_dim, device="cuda", generator=g).to(torch.bfloat16)
         first = None
         for call in range(3):
-            gpu = qk.quantize(q, k, v, pipeline="v3")
+            gpu = qh.quantize(q, k, v, pipeline="v3")
             assert_k_mean_close(gpu.k_mean, k, block_n=gpu.block_n)
             first = gpu if first is None else first
             assert torch.equal(gpu.k_mean, first.k_mean), call
@@ -858,7 +859,7 @@ def test_v3_fused_mean_late_bitwise(monkeypatch, head_dim, config):
     given the pass's mean; head-smooth: the per-head baseline's "amax" launch carries K's sums); the same with 21 K
     tiles (sampled8: then V's launch sums only the sample, ``k_sample``); and the mean within float32 summation's
     bound of float64 (over the sample for sampled8)."""
-    monkeypatch.setattr(qk, "V3_FUSED_MEAN", True)
+    monkeypatch.setattr(qh, "V3_FUSED_MEAN", True)
     assert_switch_bitwise(monkeypatch, "V3_FUSED_MEAN_LATE", head_dim, config, 19)
     # and with more K tiles than the sample (sampled8: V's launch sums the 8 sample tiles only, ``k_sample``)
     cfg = FP8Config(smooth_k_blocks=8) if config == "sampled8" else CONFIGS[config]
@@ -868,8 +869,8 @@ def test_v3_fused_mean_late_bitwise(monkeypatch, head_dim, config):
     q = torch.randn(2, 33, 4, head_dim, device="cuda", generator=g).to(torch.bfloat16)
     got = []
     for late in (False, True):
-        monkeypatch.setattr(qk, "V3_FUSED_MEAN_LATE", late)
-        got.append(qk.quantize(q, k, k, config=cfg, pipeline="v3"))
+        monkeypatch.setattr(qh, "V3_FUSED_MEAN_LATE", late)
+        got.append(qh.quantize(q, k, k, config=cfg, pipeline="v3"))
     for name in ("q", "k", "v_t"):
         assert torch.equal(getattr(got[0], name).view(torch.uint8), getattr(got[1], name).view(torch.uint8)), name
     for name in ("q_descale", "k_descale", "v_descale", "k_mean", "lse_shift"):
@@ -886,7 +887,7 @@ def test_v3_fused_mean_late_bitwise(monkeypatch, head_dim, config):
 @pytest.mark.gpu
 @pytest.mark.parametrize("head_dim,grid,many", [(64, 1, True), (128, 1, False), (256, 2, False)])
 def test_v3_fused_mean_late_rounds(monkeypatch, head_dim, grid, many):
-    """``V3_FUSED_MEAN_LATE`` with the launch cut to ``grid`` CTAs (``quant_kernel.GRID_CAP``): each CTA finishes
+    """``V3_FUSED_MEAN_LATE`` with the launch cut to ``grid`` CTAs (``quant_host.GRID_CAP``): each CTA finishes
     several heads' means, and (many; head_dim 64, whose 192 threads need the fewest blocks) counts more K blocks than
     it has threads (three rounds of ``count_late``): every output equal bit for bit to the per-block fused mean's on
     the same grid, the same on a second call (its counters were left at zero), and equal to the full grid's (the
@@ -900,14 +901,14 @@ def test_v3_fused_mean_late_rounds(monkeypatch, head_dim, grid, many):
     q = torch.randn(1, 64, 6, head_dim, device="cuda", generator=g).to(torch.bfloat16)
     k = (torch.randn(1, Nk, Hkv, head_dim, device="cuda", generator=g) - 0.5).to(torch.bfloat16)
     v = torch.randn(1, Nk, Hkv, head_dim, device="cuda", generator=g).to(torch.bfloat16)
-    monkeypatch.setattr(qk, "V3_STAGED_MEAN", True)
-    monkeypatch.setattr(qk, "V3_FUSED_MEAN", True)
-    full = qk.quantize(q, k, v, pipeline="v3")
-    monkeypatch.setattr(qk, "GRID_CAP", grid)
+    monkeypatch.setattr(qh, "V3_STAGED_MEAN", True)
+    monkeypatch.setattr(qh, "V3_FUSED_MEAN", True)
+    full = qh.quantize(q, k, v, pipeline="v3")
+    monkeypatch.setattr(qh, "GRID_CAP", grid)
     outs = []
     for late in (False, True, True):
-        monkeypatch.setattr(qk, "V3_FUSED_MEAN_LATE", late)
-        outs.append(qk.quantize(q, k, v, pipeline="v3"))
+        monkeypatch.setattr(qh, "V3_FUSED_MEAN_LATE", late)
+        outs.append(qh.quantize(q, k, v, pipeline="v3"))
     for other in (outs[1], outs[2], full):
         for name in ("q", "k", "v_t"):
             assert torch.equal(getattr(outs[0], name).view(torch.uint8), getattr(other, name).view(torch.uint8)), name
@@ -927,7 +928,7 @@ def test_v3_k_once(monkeypatch, head_dim):
     the lag then exceeds the blocks, empty items; a CTA waits on its own earlier sums), GQA, batch 3, odd lengths, one
     key, no key, a negative scale, NaN-poisoned memory. The default's mean is another summation order: compared with
     k_once's only through float64 (``assert_k_mean_close``), never bit for bit."""
-    monkeypatch.setattr(qk, "V3_STAGED_MEAN", True)
+    monkeypatch.setattr(qh, "V3_STAGED_MEAN", True)
     rows = layout.tile_n(head_dim)
     g = torch.Generator(device="cuda").manual_seed(31 * head_dim)
     for B, Nq, Nk, H, Hkv in ((3, 517, 1001, 8, 2), (1, 33, 21 * rows - 5, 6, 3), (1, 7, 1, 2, 1), (1, 5, 0, 2, 2)):
@@ -936,15 +937,15 @@ def test_v3_k_once(monkeypatch, head_dim):
         k = k + torch.linspace(-4, 4, head_dim, device="cuda").to(torch.bfloat16)
         v = torch.randn(B, Nk, Hkv, head_dim, device="cuda", generator=g).to(torch.bfloat16)
         for scale in (None, -0.7):
-            monkeypatch.setattr(qk, "V3_K_ONCE", False)
-            off = qk.quantize(q, k, v, softmax_scale=scale, pipeline="v3")
-            monkeypatch.setattr(qk, "V3_K_ONCE", True)
+            monkeypatch.setattr(qh, "V3_K_ONCE", False)
+            off = qh.quantize(q, k, v, softmax_scale=scale, pipeline="v3")
+            monkeypatch.setattr(qh, "V3_K_ONCE", True)
             outs = []
             for cap in (None, None, 1, 2, 3):
-                monkeypatch.setattr(qk, "GRID_CAP", cap)
+                monkeypatch.setattr(qh, "GRID_CAP", cap)
                 torch.full((1 << 24,), float("nan"), device="cuda")  # freed at once: torch.empty may hand it out
-                outs.append(qk.quantize(q, k, v, softmax_scale=scale, pipeline="v3"))
-            monkeypatch.setattr(qk, "GRID_CAP", None)
+                outs.append(qh.quantize(q, k, v, softmax_scale=scale, pipeline="v3"))
+            monkeypatch.setattr(qh, "GRID_CAP", None)
             depth = qk.once_sum_depth(head_dim, outs[0].block_n, -(-Nk // outs[0].block_n))
             for out in outs:  # each run's mean vs float64 first: a wrong mean fails here, named as such
                 mean = out.k_mean if scale is None else -out.k_mean  # the unnegated mean (negation is exact)
@@ -991,14 +992,14 @@ def test_default_entry_uses_the_pipeline_switch(monkeypatch):
 def test_staged_store_rule(monkeypatch):
     """The staged e4m3 store's default (``V3_STAGED_STORE`` None) is on at head_dim 64 only (the H200 A/B:
     faster there, slower at 128 / 256); 1 / 0 force it at every head_dim; the environment value is checked."""
-    monkeypatch.setattr(qk, "V3_STAGED_STORE", None)
-    assert [qk.staged_store_for(d) for d in (64, 128, 256)] == [True, False, False]
+    monkeypatch.setattr(qh, "V3_STAGED_STORE", None)
+    assert [qh.staged_store_for(d) for d in (64, 128, 256)] == [True, False, False]
     for forced in (True, False):
-        monkeypatch.setattr(qk, "V3_STAGED_STORE", forced)
-        assert [qk.staged_store_for(d) for d in (64, 128, 256)] == [forced] * 3
+        monkeypatch.setattr(qh, "V3_STAGED_STORE", forced)
+        assert [qh.staged_store_for(d) for d in (64, 128, 256)] == [forced] * 3
     monkeypatch.setenv("FA_VARIANTS_FP8_QUANT_STAGED_STORE", "2")
     with pytest.raises(ValueError, match="FA_VARIANTS_FP8_QUANT_STAGED_STORE"):
-        qk._env.auto_flag("FA_VARIANTS_FP8_QUANT_STAGED_STORE")
+        qh._env.auto_flag("FA_VARIANTS_FP8_QUANT_STAGED_STORE")
 
 
 # --------------------------------------------------------------------------------------------- the Hadamard on the MMA
@@ -1257,7 +1258,7 @@ def test_v3_mma_fwht(monkeypatch, config, dtype):
     1.8e-5 fp16, none by more than one step); descales equal in >= 90% of the blocks, a factor 2 off elsewhere
     (``assert_rotated_close``). GQA, odd lengths (tail
     tokens not stored), batch 3, a negative scale, NaN-poisoned memory."""
-    monkeypatch.setattr(qk, "V3_STAGED_MEAN", True)
+    monkeypatch.setattr(qh, "V3_STAGED_MEAN", True)
     cfg = CONFIGS[config]
     D = 256
     g = torch.Generator(device="cuda").manual_seed(31)
@@ -1268,9 +1269,9 @@ def test_v3_mma_fwht(monkeypatch, config, dtype):
     for scale in (None, -0.7):
         got = []
         for on in (False, True):
-            monkeypatch.setattr(qk, "V3_MMA_FWHT", on)
+            monkeypatch.setattr(qh, "V3_MMA_FWHT", on)
             torch.full((1 << 24,), float("nan"), device="cuda")  # freed at once: torch.empty may hand it out again
-            got.append(qk.quantize(q, k, v, config=cfg, softmax_scale=scale, pipeline="v3"))
+            got.append(qh.quantize(q, k, v, config=cfg, softmax_scale=scale, pipeline="v3"))
         a, b = got
         assert torch.equal(a.v_t.view(torch.uint8), b.v_t.view(torch.uint8))
         for name in ("v_descale", "k_mean"):  # (Q's / K's descales: ``assert_rotated_close``)
@@ -1278,8 +1279,8 @@ def test_v3_mma_fwht(monkeypatch, config, dtype):
             assert (x is None and y is None) or torch.equal(x, y), name
         if a.lse_shift is not None:
             assert_shift_close(b.lse_shift, a.lse_shift, q, a.k_mean, a.softmax_scale)
-        signs = qk._signs(q.device, D, cfg.seed, False)
-        k_signs = qk._signs(q.device, D, cfg.seed, scale is not None and scale < 0)
+        signs = qh._signs(q.device, D, cfg.seed, False)
+        k_signs = qh._signs(q.device, D, cfg.seed, scale is not None and scale < 0)
         T_q, T_k = -(-517 // b.block_m), -(-1001 // b.block_n)
         assert_rotated_close(b.q, b.q_descale.expand(-1, -1, T_q), a.q, a.q_descale.expand(-1, -1, T_q), q, signs,
                              None, b.block_m, 1e-4)

@@ -508,9 +508,9 @@ def test_quant8_sets_and_pass_shares():
     assert bw.PIPES["def"] == ("v3", base)
     assert bw.PIPES["defl"] == ("v3", {**base, "V3_FUSED_MEAN_LATE": True})
     assert bw.PIPES["deff"] == ("v3", {**base, "V3_FUSED_MEAN": True})
-    from fa_variants.fp8 import quant_kernel
+    from fa_variants.fp8 import quant_host
 
-    assert all(hasattr(quant_kernel, name) for name in base)
+    assert all(hasattr(quant_host, name) for name in base)
     pre = load_script("quant_precompile")
     tasks = pre.tasks("quant8")
     assert len(tasks) == len(set(tasks)) == 21 and ("v3", "bf16", 128, "head-smooth+late8") in tasks
@@ -529,7 +529,7 @@ def test_quant8_sets_and_pass_shares():
 
 def test_quant10_sets():
     """scripts/quant10_gpu.sh's pieces on the CPU: the bandwidth label defo (the current default + V3_K_ONCE), the
-    precompile set (two knobs x the default recipe x three head_dims; every knob a quant_kernel switch), the sanitizer's
+    precompile set (two knobs x the default recipe x three head_dims; every knob a quant_host switch), the sanitizer's
     set, K's second read counted in K's launch for defo (``pass_bytes``, ``pass_shares``), the timing gated on the GPU
     tests, and the script's step limits within the cold-machine budget (<= 115 s of 120)."""
     import re
@@ -537,13 +537,13 @@ def test_quant10_sets():
     bw = load_script("fp8_quant_bandwidth")
     assert bw.PIPES["defo"] == ("v3", {**bw.PIPES["def"][1], "V3_K_ONCE": True, "V3_K_ONCE_STAGES": 2})
     assert bw.PIPES["defo3"] == ("v3", {**bw.PIPES["defo"][1], "V3_K_ONCE_STAGES": 3})
-    from fa_variants.fp8 import quant_kernel
+    from fa_variants.fp8 import quant_host
 
-    assert quant_kernel.V3_K_ONCE is False  # off until measured
+    assert quant_host.V3_K_ONCE is False  # off until measured
     pre = load_script("quant_precompile")
     tasks = pre.tasks("quant10")
     assert len(tasks) == len(set(tasks)) == 9 and ("v3", "bf16", 256, "default+once10s3") in tasks
-    assert all(hasattr(quant_kernel, n) for knobs in pre.QUANT10_KNOBS.values() for n in knobs)
+    assert all(hasattr(quant_host, n) for knobs in pre.QUANT10_KNOBS.values() for n in knobs)
     row = {"kernels": "3 kernels, 100.0 us: pass 28.0, pass 40.0, pass 32.0", "pass_bytes": [100e6, 168e6, 101e6],
            "extra_bytes_read": 67e6, "once": True}
     assert bw.pass_shares(row, 4.0) == "V 28.0 us 89%, K+sum 40.0 us 105%, Q 32.0 us 79%", bw.pass_shares(row, 4.0)

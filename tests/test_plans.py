@@ -493,15 +493,15 @@ def test_persistent_tensors_are_made_off_the_current_stream(monkeypatch):
         assert workspace.persistent(torch.device("cpu"), make) == 7 and events == ["make"]
 
     pytest.importorskip("cutlass")
-    from fa_variants.fp8 import quant_kernel
+    from fa_variants.fp8 import quant_host
 
     seen = []
     monkeypatch.setattr(workspace, "persistent", lambda device, make: seen.append(device) or make())
-    monkeypatch.setattr(quant_kernel, "_CONSTANTS", {})
+    monkeypatch.setattr(quant_host, "_CONSTANTS", {})
     cpu = torch.device("cpu")
-    signs = quant_kernel._signs(cpu, 64, 0, True)
-    zeros = quant_kernel._zeros(cpu, (1, 1, 64))
-    assert seen == [cpu, cpu] and quant_kernel._signs(cpu, 64, 0, True) is signs and seen == [cpu, cpu]
+    signs = quant_host._signs(cpu, 64, 0, True)
+    zeros = quant_host._zeros(cpu, (1, 1, 64))
+    assert seen == [cpu, cpu] and quant_host._signs(cpu, 64, 0, True) is signs and seen == [cpu, cpu]
     assert signs.abs().eq(1).all() and not zeros.any()
 
 

@@ -214,9 +214,9 @@ def test_fp8_compile_reduce_overhead_first_call():
 
     if dispatch.device_capability(torch.device("cuda")) != (9, 0):
         pytest.skip("fa3-fp8 runs on sm90 only")
-    from fa_variants.fp8 import quant_kernel
+    from fa_variants.fp8 import quant_host
 
-    quant_kernel._CONSTANTS.clear()  # as in a fresh process (the split scratch: workspace.uncached, never cached)
+    quant_host._CONSTANTS.clear()  # as in a fresh process (the split scratch: workspace.uncached, never cached)
 
     def fn(q, k, v):
         return fa_variants.attention(q, k, v, causal=True, backend="fa3-fp8")

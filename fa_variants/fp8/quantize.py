@@ -531,7 +531,7 @@ def quantize_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: F
         config: the recipe (FP8Config). softmax_scale: a finite real with |softmax_scale| <=
             ``fa_variants.api.MAX_SOFTMAX_SCALE`` (attention's rule, ``common.scale.check_softmax_scale``) or None
             (1 / sqrt(head_dim)); a negative one is folded into K (FP8Inputs.softmax_scale = |softmax_scale|).
-        impl: "auto" (the CuTe DSL pass, ``fa_variants.fp8.quant_kernel``, for 16-bit CUDA inputs it serves;
+        impl: "auto" (the CuTe DSL pass, ``fa_variants.fp8.quant_host``, for 16-bit CUDA inputs it serves;
             the torch implementation otherwise), "torch", or "kernel" (ValueError where it cannot run).
 
     Returns:
@@ -549,15 +549,15 @@ def quantize_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: F
     if impl != "torch":
         _check(q, k, v, config, softmax_scale)
         try:
-            quant_kernel = importlib.import_module("fa_variants.fp8.quant_kernel")
+            quant_host = importlib.import_module("fa_variants.fp8.quant_host")
         except ModuleNotFoundError as exc:
-            if exc.name != "fa_variants.fp8.quant_kernel":
+            if exc.name != "fa_variants.fp8.quant_host":
                 raise
-            quant_kernel, problem = None, "the GPU quantisation pass is not built yet"
+            quant_host, problem = None, "the GPU quantisation pass is not built yet"
         else:
-            problem = quant_kernel.why_not(q, config)
+            problem = quant_host.why_not(q, config)
         if problem is None:
-            return quant_kernel.quantize(q, k, v, config=config, softmax_scale=softmax_scale)
+            return quant_host.quantize(q, k, v, config=config, softmax_scale=softmax_scale)
         if impl == "kernel":
             raise ValueError(f"impl='kernel': {problem}")
     return quantize_fp8_torch(q, k, v, config=config, softmax_scale=softmax_scale)

@@ -1,0 +1,419 @@
+"""The host side of the FP8 quantisation pass (the kernel, its design and its pipelines "v1" / "v2" / "v3":
+``fp8.quant_kernel``): the pipelines' switches (``PIPELINES``, ``DEFAULT_PIPELINE``, ``V2_*``, ``V3_*``; some read
+an environment variable at import, as their comments say), the per-process caches of compiled passes and device
+constants (``_pass``, ``_signs``, ``_zeros``), one tensor through a pass (``quantize_tensor``) and q, k, v through a
+pipeline (``quantize``: what ``quantize_fp8(..., impl="kernel")`` runs; ``why_not`` says when it cannot)."""
+from __future__ import annotations
+
+import torch
+
+from fa_variants.common import env as _env
+from fa_variants.common import interop, workspace
+from fa_variants.fp8 import layout
+from fa_variants.fp8.quant_kernel import (DTYPES, HEAD_DIMS, MAX_BLOCK, ONCE_BITS, SMEM_PER_CTA, VARIANT, PassConfig,
+                                          static_config)
+from fa_variants.fp8.quant_maps import k_parts_per_block, mma_mean_offset
+from fa_variants.fp8.quantize import (E4M3, FP8Config, FP8Inputs, HadamardRotation, _check, k_mean, k_sample_count,
+                                      k_sample_tiles, tiles_for)
+
+__all__ = ["PIPELINES", "DEFAULT_PIPELINE", "why_not", "quantize", "quantize_tensor", "pipeline_of", "own_mean",
+           "k_mean_from_parts", "stages_for", "staged_store_for"]
+
+#: the pipelines of ``quantize`` (``pipeline=`` or the environment variable FA_VARIANTS_FP8_QUANT_PIPELINE):
+#: "v1" one launch per tensor, one block of loads in flight per CTA, K's mean by torch; "v2" (see the module
+#: docstring) ``V2_STAGES`` blocks in flight, K's mean as partial sums in V's launch, K's blocks read back to
+#: front; "v3" v2 with coalesced loads and head-major order. Default "v3": faster than v1 in every row of the
+#: H200 run of scripts/quant3_gpu.sh (bench/NOTES.md, session 6; its GPU tests and sanitizers clean).
+PIPELINES = ("v1", "v2", "v3")
+DEFAULT_PIPELINE = "v3"
+V2_STAGES = 3
+#: v2's other two parts, switchable for an ablation (scripts/fp8_quant_bandwidth.py --ablation): programmatic
+#: dependent launch of K's and Q's passes (sm_90), K's blocks walked last to first after V's launch read them
+#: (off, K's smoothed pass spills 16 bytes at head_dim 128 with 3 stages: keep it on)
+V2_PDL = True
+V2_REVERSE = True
+#: pipeline "v3" (module docstring): v2 plus coalesced loads through a swizzled shared-memory stage
+#: (``PassConfig.coalesced``) and blocks walked head fastest (``PassConfig.head_major``); each switchable for the
+#: ablation of scripts/fp8_quant_bandwidth.py
+V3_COALESCED = True
+V3_HEAD_MAJOR = True
+#: v3: K's mean finished inside V's launch (``PassConfig.fused_mean``): the CTA that adds the last partial of a
+#: (batch, kv-head) sums its partials (no torch sum between V's launch and K's pass). Off: each K block's
+#: release fence (MEMBAR.GPU) may wait for the CTA's cp.async prefetches; the ablation measures it
+V3_FUSED_MEAN = False
+#: v3: the fused mean for a sampled K mean only (``FP8Config.smooth_k_blocks``; the exact mean as V3_FUSED_MEAN says):
+#: then only the m sample tiles per head pay the release fence (quant4 on the H200, sampled8: v3 + staged + fused
+#: 63.3 / 68.5 / 55.0 / 55.6% of copy against 60.7 / 65.8 / 53.7 / 52.3% at D 64 / 128 / 256 / GQA; with the exact
+#: mean 2-3 points slower). Off until the sampled mean is the default (scripts/fp8_quant_bandwidth.py's "v3sfs");
+#: FA_VARIANTS_FP8_QUANT_FUSED_SAMPLED_MEAN=1 (read at import) turns it on
+V3_FUSED_SAMPLED_MEAN = _env.flag("FA_VARIANTS_FP8_QUANT_FUSED_SAMPLED_MEAN", False)
+#: v3: the fused mean (exact or sampled) with its counting moved after each CTA's loop (``PassConfig.late_count``):
+#: one release fence per CTA and its K items' counts (one gpu-scope atomic each, the CTA's threads in parallel)
+#: after its last item, instead of a fence + barrier + atomic + barrier per K block; the CTA that counts a head's last
+#: block adds that head's partials as ``V3_FUSED_MEAN`` does (same partials, same order: outputs bit for bit the
+#: fused mean's). Turns the fused mean on for the exact mean too (no torch sum of the partials between V's launch and
+#: K's pass); the heads' sums load ``MEAN_LOADS`` partials at a time (``mean_of``). Off until measured (scripts/quant8_gpu.sh); FA_VARIANTS_FP8_QUANT_FUSED_MEAN_LATE=1 (read at import)
+V3_FUSED_MEAN_LATE = _env.flag("FA_VARIANTS_FP8_QUANT_FUSED_MEAN_LATE", False)
+#: v3: K's mean, which the smoothed K pass and Q's pass (the LSE shift) read per block, cp.async'd with the block's
+#: stage into a mean buffer per stage (``PassConfig.staged_mean``) instead of a global load + a barrier per block
+#: (the load's latency, ~1 us, is then exposed once per block in a CTA alone on its SM). The same operations:
+#: outputs bit for bit v3's. On since the H200 run of session 6 (scripts/quant4_gpu.sh; default recipe, % of copy
+#: bandwidth, staged vs not: D64 53.1 vs 51.3, D128 57.2 vs 51.4, D256 46.9 vs 42.9, D128 GQA 51.5 vs 47.3; its GPU
+#: tests equal v3 bit for bit, racecheck / synccheck clean); FA_VARIANTS_FP8_QUANT_STAGED_MEAN=0 (read at import)
+#: turns it off
+V3_STAGED_MEAN = _env.flag("FA_VARIANTS_FP8_QUANT_STAGED_MEAN", True)
+#: v3: Q's / K's e4m3 bytes stored through shared memory (``PassConfig.staged_store``): after the block amax's barrier
+#: each thread writes its 16-byte chunks into the stage it has just read (``store_unit``, swizzled), a barrier, then
+#: thread t stores units t, t + threads, ... of the block (``store_map``): a warp's store covers 512 contiguous bytes
+#: of whole token rows (whole 32-byte sectors at head_dim 64, where each thread's own 16-byte stores half-fill a
+#: sector) instead of 16 / 8 / 4 tokens' pieces. The same bytes: outputs bit for bit v3's. H200, session 7
+#: (scripts/quant5_gpu.sh, staged / not, gpu time): head_dim 64 0.785-0.845 (default recipe 50.9 -> 60.2% of copy,
+#: no-smooth 67.0 -> 85.3%), head_dim 128 1.015-1.020, 256 1.039-1.050 (their stores already cover whole sectors):
+#: so on at head_dim 64 only (None = that rule; ``staged_store_for``). FA_VARIANTS_FP8_QUANT_STAGED_STORE (read at
+#: import): auto (that rule), 1 (every head_dim), 0 (none)
+V3_STAGED_STORE: bool | None = _env.auto_flag("FA_VARIANTS_FP8_QUANT_STAGED_STORE")
+#: tests only: at most this many CTAs per launch (None: the persistent grid), so that small inputs give a CTA many
+#: work items (``late_count``'s rounds: more K blocks per CTA than threads; several heads finished by one CTA)
+GRID_CAP: int | None = None
+#: v3 with the exact K mean: K read once from DRAM (``PassConfig.k_once``): V's launch no longer sums K; K's own launch
+#: walks K's blocks twice in one order (``quant_maps.once_item``): a block's per-channel sums (one partial per block,
+#: its mean finished by the CTA that counts the head's last block), then, ``once_lag`` items later (~2 heads + 2 x the
+#: grid's blocks in flight: ``once_window`` bytes, from L2 while that is below its 50 MB), its quantisation after a
+#: poll of the head's counter (``QuantPass.once_poll``). Another summation order of the mean than the default's
+#: torch sum (stated in ``once_sums``): outputs equal the torch recipe given the pass's mean, not the default's bits.
+#: Needs every CTA of the persistent grid resident (a quantised block may wait for another CTA's sums). Off until
+#: measured (scripts/quant10_gpu.sh); FA_VARIANTS_FP8_QUANT_K_ONCE=1 (read at import) turns it on
+V3_K_ONCE = _env.flag("FA_VARIANTS_FP8_QUANT_K_ONCE", False)
+#: v3: Q's / K's Hadamard at head_dim 256 on the tensor cores (``PassConfig.mma_fwht``, ``quant_maps.mma_channel``):
+#: H_256 = H_16 (x) H_16; the transform over a token's low 4 channel bits (the FWHT's h = 1 .. 8) as mma.sync m16n8k16
+#: with H_16 as the B operand (16 per warp and block, fp32 accumulate), the one over the high 4 bits (h = 16 .. 128) in
+#: registers (each lane holds all 16 rows of its 4 columns: no shuffle). The mma's A operand is the 16-bit input with
+#: its sign bit flipped per channel (x * sign, exact; no float32 round trip); a smoothed K's mean enters as the
+#: accumulator start -(mean * sign) H_16 per row (``quant_maps.mma_mean_offset``, one float32 matmul per call on the
+#: host, staged where the mean was). The mma's sum of 16 exact products (and the offset) replaces x - mean and 4
+#: float32 roundings: the torch recipe up to the float32 addition order, not bit for bit (CPU model: 2e-5 of a smoothed
+#: K's bytes differ, by one step; tests/test_fp8_quant_kernel.py). Off until measured (scripts/hadacore_gpu.sh);
+#: FA_VARIANTS_FP8_QUANT_MMA_FWHT=1 (read at import) turns it on
+V3_MMA_FWHT = _env.flag("FA_VARIANTS_FP8_QUANT_MMA_FWHT", False)
+#: ``V3_K_ONCE``'s stages for K's launch: the lag grows with (stages - 1) x grid blocks (the mean is cp.async'd that far
+#: ahead), so 2 keeps a block's two reads ~22 / 32 / 43 MB apart at head_dim 64 / 128 / 256 (bandwidth shapes; 3 stages:
+#: 38 / 54 / 64 MB, past L2's 50 MB), at one block of loads in flight per CTA instead of two
+V3_K_ONCE_STAGES = 2
+
+
+def staged_store_for(head_dim: int) -> bool:
+    """Whether v3 stores Q's / K's e4m3 through shared memory at this head_dim (``V3_STAGED_STORE``; None: only
+    at head_dim 64, where a thread's own 16-byte stores half-fill each 32-byte sector)."""
+    return head_dim == 64 if V3_STAGED_STORE is None else bool(V3_STAGED_STORE)
+
+
+def why_not(q: torch.Tensor, config: FP8Config) -> str | None:
+    """Why the GPU pass cannot quantise these inputs (None if it can)."""
+    if not q.is_cuda:
+        return f"the GPU quantisation pass needs CUDA tensors; the inputs are on {q.device.type}"
+    if q.dtype not in DTYPES:
+        return f"the GPU quantisation pass takes float16 / bfloat16, got {q.dtype}"
+    D = q.shape[-1]
+    if D not in HEAD_DIMS:
+        return f"the GPU quantisation pass is built for head_dim {HEAD_DIMS}, not {D}"
+    if max(tiles_for(D)) * D > MAX_BLOCK:
+        return (f"the GPU quantisation pass holds a scale block in one CTA's registers: {max(tiles_for(D))} rows "
+                f"x head_dim {D} > {MAX_BLOCK} values")
+    if torch.cuda.get_device_capability(q.device) < (8, 9):
+        return "the GPU quantisation pass needs sm_89 or newer (the e4m3 conversion)"
+    return None
+
+
+# per process: (device, dtype, head_dim, PassConfig) -> (compiled function, CTAs per launch at most)
+_PASSES: dict[tuple, tuple] = {}
+# per process: (device, head_dim, seed, negate) -> float32 signs on the device; (device, head_dim) -> zeros
+# (``workspace.persistent``: never in a torch.compile CUDA graph's pool)
+_CONSTANTS: dict[tuple, torch.Tensor] = {}
+
+
+def _pass(device: torch.device, dtype: torch.dtype, head_dim: int, cfg: PassConfig) -> tuple:
+    key = (device, dtype, head_dim, cfg)
+    hit = _PASSES.get(key)
+    if hit is None:
+        fn = VARIANT.compiled(static_config(interop.device_arch(device), dtype, head_dim, cfg)).fn
+        props = torch.cuda.get_device_properties(device)
+        per_sm = cfg.ctas_per_sm(head_dim)
+        smem_sm = getattr(props, "shared_memory_per_multiprocessor", 0)
+        if smem_sm:
+            per_sm = max(1, min(per_sm, (smem_sm - 1024) // (cfg.smem_bytes(head_dim) + 1024)))
+        hit = _PASSES[key] = (fn, props.multi_processor_count * per_sm)
+    return hit
+
+
+def stages_for(device: torch.device, head_dim: int, rows: int, want: int) -> int:
+    """The most stages <= want whose shared memory one CTA may use on this device (sm_90: 227 KB; sm_89:
+    99 KB), at least 1."""
+    limit = SMEM_PER_CTA if torch.cuda.get_device_capability(device) >= (9, 0) else 99 * 1024
+    for s in range(want, 0, -1):
+        if PassConfig(rows=rows, stages=s).smem_bytes(head_dim) <= limit:
+            return s
+    return 1
+
+
+def own_mean(pipeline: str | None) -> bool:
+    """Whether the pipeline sums K's mean itself (v2, v3: ``k_mean_from_parts``) rather than taking torch's."""
+    return pipeline_of(pipeline) in ("v2", "v3")
+
+
+def pipeline_of(pipeline: str | None) -> str:
+    """The pipeline to use: ``pipeline``, else $FA_VARIANTS_FP8_QUANT_PIPELINE, else DEFAULT_PIPELINE (ValueError
+    naming the argument or the variable for an unknown name)."""
+    if pipeline is None:
+        return _env.choice("FA_VARIANTS_FP8_QUANT_PIPELINE", DEFAULT_PIPELINE, PIPELINES)
+    if pipeline not in PIPELINES:
+        raise ValueError(f"pipeline must be one of {PIPELINES}, got {pipeline!r}")
+    return pipeline
+
+
+def _signs(device: torch.device, head_dim: int, seed: int | None, negate: bool) -> torch.Tensor:
+    """The rotation's random signs (seed) or ones (seed None), negated for a negative softmax_scale, on the
+    device; made once per process (no host-to-device copy per call)."""
+    key = (device, head_dim, seed, negate)
+    hit = _CONSTANTS.get(key)
+    if hit is None:
+        s = HadamardRotation(head_dim, seed).signs if seed is not None else torch.ones(head_dim, device="cpu")
+        hit = _CONSTANTS[key] = workspace.persistent(
+            device, lambda: (-s if negate else s).to(device, torch.float32).contiguous())
+    return hit
+
+
+def _zeros(device: torch.device, shape: tuple, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A zeros tensor standing in for an unused argument (made once per process)."""
+    key = (device, shape, dtype)
+    hit = _CONSTANTS.get(key)
+    if hit is None:
+        hit = _CONSTANTS[key] = workspace.persistent(device, lambda: torch.zeros(shape, device=device, dtype=dtype))
+    return hit
+
+
+def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str, signs: torch.Tensor | None,
+                    mean: torch.Tensor | None, rotate: bool, shift: torch.Tensor | None = None,
+                    shift_mean: torch.Tensor | None = None, shift_scale: float = 0.0, stages: int = 1,
+                    reverse: bool = False, k_of: torch.Tensor | None = None,
+                    k_parts: torch.Tensor | None = None, pdl: bool = False, coalesced: bool = False,
+                    head_major: bool = False, k_count: torch.Tensor | None = None,
+                    k_mean_out: torch.Tensor | None = None, staged_mean: bool = False,
+                    k_sample_tokens: int | None = None, staged_store: bool = False,
+                    late_count: bool = False, k_once: bool = False,
+                    mma_fwht: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """One tensor through the pass: (e4m3 data (like x, or v_t for role "v"), descale (B, H, T) float32).
+
+    x: (B, N, H, D) float16 / bfloat16 CUDA; block: rows per scale block; signs: float32 (D,) on x's device
+    (None: ones); mean: float32 (B, H, D) subtracted before the signs (None: no smoothing); shift: float32
+    (B, H, N) written with shift_scale * x . shift_mean (shift_mean float32 (B, H_kv, D), H % H_kv == 0).
+    stages: blocks of loads in flight per CTA; reverse: walk the blocks last to first. k_of, k_parts (role
+    "v"): K (like x) and float32 (B, H, T * k_parts_per_block(block), D), written with K's per-channel sums over
+    each block's tokens (``QuantPass.k_partial_sums``) in the same launch. pdl (sm_90): programmatic
+    dependent launch; x (and k_of) must then have been ready before the previous kernel on the stream began
+    (``PassConfig.pdl``'s prologue reads them before griddepcontrol.wait). coalesced, head_major: the
+    ``PassConfig`` switches of pipeline v3 (coalesced needs 2 stages: off where the device's shared memory
+    holds only one). k_count, k_mean_out (with k_of): int32 (B * H,) zeros, left zero (``workspace``
+    counters), and float32 (B, H, D): K's mean finished in the same launch (``PassConfig.fused_mean``).
+    staged_mean: K's mean (smoothing or the shift) cp.async'd with each block's stage (``PassConfig.staged_mean``;
+    with coalesced only, ignored otherwise). k_sample_tokens (with k_of, not the fused mean): K's sums over
+    ``quantize.k_sample_tiles`` only, m = k_parts.shape[2] / k_parts_per_block(block) tiles, covering this many tokens
+    (``PassConfig.k_sample``; m * cdiv(N, block) < 2^31). staged_store (role "qk", with coalesced): the e4m3 bytes
+    stored through the stage just read (``PassConfig.staged_store``; not in mode "amax"). late_count (with k_count):
+    the fused mean's K blocks counted after each CTA's loop
+    (``PassConfig.late_count``; the same mean bit for bit). k_once (role "qk", with mean, k_parts
+    (B, H, T, D) float32 scratch, k_count (B * H,) int32 zeros, coalesced, staged_mean): K's mean summed in this launch
+    and written into ``mean`` before its blocks are quantised (``PassConfig.k_once``; the caller zeroes ``mean`` when
+    B * N * H = 0; T < 2^(31 - ONCE_BITS)). mma_fwht (role "qk", rotate, coalesced, head_dim 256, not with
+    k_once or the staged store; ignored otherwise): the Hadamard's low 4 channel bits on mma.sync
+    (``PassConfig.mma_fwht``; a smoothed K's mean staged as ``quant_maps.mma_mean_offset``; the recipe up to the
+    float32 addition order, not bit for bit)."""
+    B, N, H, D = x.shape
+    T_blocks = -(-N // block)
+    x = interop.aligned(x)
+    dev = x.device
+    stages = stages_for(dev, D, block, stages) if stages > 1 else 1
+    coalesced = coalesced and stages >= 2
+    if role == "qk":
+        y = torch.empty(B, N, H, D, dtype=E4M3, device=dev)
+    else:
+        y = torch.empty(B, H, D, layout.padded_seqlen_k(N), dtype=E4M3, device=dev)
+    descale = torch.empty(B, H, T_blocks, dtype=torch.float32, device=dev)
+    if B * N * H == 0:
+        if k_parts is not None:
+            k_parts.zero_()
+        return y.zero_(), descale
+    signs = _signs(dev, D, None, False) if signs is None else signs
+    mean_t = mean if mean is not None else shift_mean if shift is not None else _zeros(dev, (1, 1, D))
+    mean_t = mean_t.contiguous()
+    shift_t = _zeros(dev, (1, 1, 1)) if shift is None else shift
+    k_t = x if k_of is None else interop.aligned(k_of)
+    parts_t = _zeros(dev, (1, 1, 1, D)) if k_parts is None else k_parts
+    fused = k_of is not None and k_count is not None
+    count_t = k_count if fused else _zeros(dev, (1,), torch.int32)
+    if fused:
+        mean_t = k_mean_out
+    if k_of is not None:  # the kernel's scale argument: float32(1 / tokens summed) for K's partial sums
+        shift_scale = 1.0 / (N if k_sample_tokens is None else k_sample_tokens)
+    if k_once:
+        if not (role == "qk" and mean is not None and k_parts is not None and k_count is not None and coalesced
+                and staged_mean and T_blocks < 2 ** (31 - ONCE_BITS)):
+            raise ValueError("k_once: needs role 'qk', mean, k_parts, k_count, coalesced stages, staged_mean and "
+                             f"fewer than 2^{31 - ONCE_BITS} blocks per head")
+        parts_t, count_t, shift_scale = k_parts, k_count, 1.0 / N
+    total = B * H * T_blocks
+    k_items = total if k_sample_tokens is None else B * H * (k_parts.shape[2] // k_parts_per_block(block))
+
+    def launch(mode: str) -> None:
+        kmean = k_of is not None and mode != "given"
+        smooth, with_shift = mean is not None, shift is not None and mode != "given"
+        cfg = PassConfig(role=role, rotate=rotate, smooth=smooth, mode=mode, rows=block, shift=with_shift,
+                         stages=stages, kmean=kmean, reverse=reverse, pdl=pdl, coalesced=coalesced,
+                         head_major=head_major, fused_mean=fused and kmean,
+                         staged_mean=staged_mean and coalesced and (smooth or with_shift),
+                         k_sample=kmean and k_sample_tokens is not None,
+                         staged_store=staged_store and coalesced and role == "qk" and mode != "amax"
+                         and block % 32 == 0, late_count=late_count and fused and kmean,
+                         k_once=k_once,
+                         mma_fwht=mma_fwht and role == "qk" and rotate and coalesced and D == 256
+                         and not (k_once or (staged_store and mode != "amax" and block % 32 == 0)))
+        fn, ctas = _pass(dev, x.dtype, D, cfg)
+        # a smoothed K's mean enters mma_fwht as the accumulator start (-(m s) H_16 per row, ``mma_mean_offset``)
+        mean_k = mma_mean_offset(mean_t, signs) if cfg.mma_fwht and smooth else mean_t
+        # k_once: a grid no larger than what is resident (``_pass``: SMs x CTAs per SM), or it may deadlock
+        fn(x, y, descale, signs, mean_k, shift_t, k_t, parts_t, count_t, shift_scale,
+           min(ctas, total + (k_items if kmean else total if k_once else 0), GRID_CAP or ctas))
+
+    with torch.cuda.device(dev):
+        if granularity == "block":
+            launch("block")
+        else:  # baselines: the blocks' amaxes (and the shift), reduced by torch, then the pass with that descale
+            from fa_variants.fp8.quantize import _reduce_amax, descale_from_amax
+
+            launch("amax")
+            descale.copy_(descale_from_amax(_reduce_amax(descale, granularity))[0])
+            launch("given")
+    return y, descale
+
+
+def _fused_scratch(device: torch.device, B: int, Hkv: int, P: int, D: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """K's partial sums (B, Hkv, P, D) float32 and the (B * Hkv,) int32 counters of the fused mean, from the
+    per-(device, stream) scratch of ``common.workspace`` (counters zero and left zero by the kernel; the partials
+    are consumed inside the launch, so the stream's next user may reuse them)."""
+    n_parts, n_count = B * Hkv * P * D, B * Hkv
+
+    def make(partials, counters):
+        return partials[:n_parts].view(B, Hkv, P, D), counters[:n_count]
+
+    return workspace.views(device, n_parts, n_count, ("fp8-quant-kmean", B, Hkv, P, D), make)
+
+
+def k_mean_from_parts(parts: torch.Tensor, seqlen_k: int) -> torch.Tensor:
+    """K's mean (B, H_kv, D) float32 from the pass's partial sums (B, H_kv, P, D), each already divided by
+    seqlen_k: their float32 sum over P (one torch reduction, deterministic); zeros for seqlen_k = 0."""
+    if seqlen_k == 0:
+        return torch.zeros(parts.shape[0], parts.shape[1], parts.shape[3], device=parts.device)
+    return parts.sum(dim=2)
+
+
+def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Config = FP8Config(),
+             softmax_scale: float | None = None, pipeline: str | None = None) -> FP8Inputs:
+    """``quantize_fp8`` on the GPU (16-bit CUDA inputs, head_dim in HEAD_DIMS): the same FP8Inputs as
+    ``quantize_fp8_torch``, bit for bit on the e4m3 bytes and descales (same operations in the same order);
+    ``lse_shift`` is computed in the Q pass (float32, its own summation order: equal to torch's to rounding).
+
+    pipeline (``pipeline_of``): "v1" takes K's mean from torch (``quantize.k_mean``), so every output equals
+    ``quantize_fp8_torch``'s; "v2" and "v3" sum K in V's launch (``k_mean_from_parts``: another float32
+    summation order, equal to ``k_mean`` to rounding), and their outputs equal ``quantize_fp8_torch(...,
+    k_mean=that mean)``'s bit for bit (``FP8Inputs.k_mean`` holds it). v3 changes only which thread loads
+    which bytes and the order of the blocks, not the arithmetic: its outputs equal v2's."""
+    scale = _check(q, k, v, config, softmax_scale)
+    pipe = pipeline_of(pipeline)
+    D, dev = q.shape[-1], q.device
+    tile_m, tile_n = tiles_for(D)
+    seed = config.seed if config.rotate else None
+    signs = _signs(dev, D, seed, False)
+    k_signs = _signs(dev, D, seed, scale < 0)  # softmax(c Q K^T) = softmax(|c| Q (-K)^T)
+    staged = pipe in ("v2", "v3")  # v3 = v2 + coalesced loads + head-major order
+    common = dict(granularity=config.granularity, stages=V2_STAGES if staged else 1)
+    if pipe == "v3":
+        common.update(coalesced=V3_COALESCED, head_major=V3_HEAD_MAJOR)
+        smooth_common = dict(common, staged_mean=V3_STAGED_MEAN and V3_COALESCED)  # it rides on coalesced stages
+        qk_common = dict(smooth_common, staged_store=staged_store_for(D) and V3_COALESCED, mma_fwht=V3_MMA_FWHT)
+    else:
+        smooth_common = qk_common = common
+    # v2 launches V's pass first (plain launch), then K's and Q's with programmatic dependent launch, whose
+    # prologue loads run before griddepcontrol.wait: so every 16-bit input is made aligned (a copy if
+    # needed) before the first launch
+    pdl = staged and V2_PDL and torch.cuda.get_device_capability(dev) >= (9, 0)
+    if staged:
+        q, k, v = interop.aligned(q), interop.aligned(k), interop.aligned(v)
+    mean = mean_eff = shift = None
+    v_t = None
+    k_once_args = {}
+    once = False
+    if config.smooth_k:
+        B, Nk, Hkv, _ = k.shape
+        n_tiles = -(-Nk // tile_n)
+        tiles = k_sample_tiles(Nk, tile_n, config.smooth_k_blocks)
+        sampled = len(tiles) < n_tiles  # the mean over some of K's tiles (FP8Config.smooth_k_blocks)
+        once = (V3_K_ONCE and pipe == "v3" and not sampled and V3_COALESCED and V3_STAGED_MEAN
+                and n_tiles < 2 ** (31 - ONCE_BITS) and stages_for(dev, D, tile_n, V3_K_ONCE_STAGES) >= 2)
+        # v2 / v3 sum K's mean in V's launch, but for a sample too large for the kernel's int32 tile arithmetic
+        own = staged and not (sampled and len(tiles) * n_tiles >= 2**31)
+        if own and sampled:  # V's launch also sums K's sample tiles (m / T of one read of K)
+            P = len(tiles) * k_parts_per_block(tile_n)
+            sample = dict(k_sample_tokens=k_sample_count(Nk, tile_n, config.smooth_k_blocks))
+            if pipe == "v3" and (V3_FUSED_MEAN or V3_FUSED_SAMPLED_MEAN or V3_FUSED_MEAN_LATE):  # ... and finishes it
+                parts, counters = _fused_scratch(dev, B, Hkv, P, D)
+                mean = torch.empty(B, Hkv, D, dtype=torch.float32, device=dev)
+                v_t, vd = quantize_tensor(v, role="v", block=tile_n, signs=None, mean=None, rotate=False, k_of=k,
+                                          k_parts=parts, k_count=counters, k_mean_out=mean, **common, **sample,
+                                          late_count=V3_FUSED_MEAN_LATE)
+                if B * Hkv == 0:
+                    mean.zero_()
+            else:
+                parts = torch.empty(B, Hkv, P, D, dtype=torch.float32, device=dev)
+                v_t, vd = quantize_tensor(v, role="v", block=tile_n, signs=None, mean=None, rotate=False, k_of=k,
+                                          k_parts=parts, **common, **sample)
+                mean = k_mean_from_parts(parts, Nk)
+        elif own and once:  # K's launch sums its blocks and quantises them once_lag items later: no K read in V's
+            parts, counters = _fused_scratch(dev, B, Hkv, n_tiles, D)
+            mean = torch.empty(B, Hkv, D, dtype=torch.float32, device=dev)
+            if Nk == 0 or B * Hkv == 0:
+                mean.zero_()
+            k_once_args = dict(k_parts=parts, k_count=counters, k_once=True)
+        elif own:  # V's launch also sums K per block; K's launch then reads K last block first (L2)
+            P = n_tiles * k_parts_per_block(tile_n)
+            if pipe == "v3" and (V3_FUSED_MEAN or V3_FUSED_MEAN_LATE):  # the mean finished in V's launch (workspace)
+                parts, counters = _fused_scratch(dev, B, Hkv, P, D)
+                mean = torch.empty(B, Hkv, D, dtype=torch.float32, device=dev)
+                v_t, vd = quantize_tensor(v, role="v", block=tile_n, signs=None, mean=None, rotate=False, k_of=k,
+                                          k_parts=parts, k_count=counters, k_mean_out=mean, **common,
+                                          late_count=V3_FUSED_MEAN_LATE)
+                if Nk == 0 or B * Hkv == 0:
+                    mean.zero_()
+            else:
+                parts = torch.empty(B, Hkv, P, D, dtype=torch.float32, device=dev)
+                v_t, vd = quantize_tensor(v, role="v", block=tile_n, signs=None, mean=None, rotate=False, k_of=k,
+                                          k_parts=parts, **common)
+                mean = k_mean_from_parts(parts, Nk)
+        else:  # subtracted from K before its signs (-s for a negative scale)
+            mean = k_mean(k, config.smooth_k_blocks, tile_n)
+        # the mean of the K the kernel sees, unrotated (-mean for a negative scale); k_once's mean exists only once K's
+        # launch below has run, so its negation is queued after that launch (taken here, it negated torch.empty's
+        # leftover bytes)
+        mean_eff = -mean if scale < 0 and not once else mean
+        shift = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32, device=dev)
+    if v_t is None:
+        v_t, vd = quantize_tensor(v, role="v", block=tile_n, signs=None, mean=None, rotate=False, **common)
+    k_common = dict(qk_common, stages=V3_K_ONCE_STAGES) if once else qk_common
+    k8, kd = quantize_tensor(k, role="qk", block=tile_n, signs=k_signs, mean=mean, rotate=config.rotate,
+                             reverse=staged and V2_REVERSE and config.smooth_k and not once, pdl=pdl, **k_once_args,
+                             **k_common)
+    if once and scale < 0:  # k_once: K's launch just queued writes the mean; its negation queued after it
+        mean_eff = -mean
+    q8, qd = quantize_tensor(q, role="qk", block=tile_m, signs=signs, mean=None, rotate=config.rotate, shift=shift,
+                             shift_mean=mean_eff, shift_scale=abs(scale), pdl=pdl, **qk_common)
+    if shift is not None and q.shape[0] * q.shape[1] * q.shape[2] == 0:
+        shift.zero_()
+    return FP8Inputs(q8, k8, v_t, qd, kd, vd, abs(scale), k.shape[1], mean_eff, shift, config)
