@@ -487,6 +487,10 @@ def test_persistent_tensors_are_made_off_the_current_stream(monkeypatch):
         with pytest.raises(ValueError, match="made badly"):
             workspace.persistent(cuda, bad)
         events.clear()
+        # a device without an index: the caller's current device, not the helper thread's own (device 0)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+        assert workspace.persistent(torch.device("cuda"), make) == 7 and events[0] == ("device", 1)
+        events.clear()
         capture[0] = True
         assert workspace.persistent(cuda, make) == 7 and events == ["make"]
         events.clear()

@@ -113,9 +113,12 @@ def persistent(device: torch.device, make: Callable[[], torch.Tensor]) -> torch.
     (every stream of it, torch ``_cuda_beginAllocateCurrentThreadToPool``) to the graph's private pool, so a
     constant made on the caller's thread would belong to the pool ("tensor(s) in the cudagraph pool not tracked as
     outputs"; a side stream alone is not enough: measured on the H200, session 9). Elsewhere ``make()`` as it is.
-    Errors raised by ``make`` are raised here."""
+    A device without an index is the caller's current device (the helper thread's own starts at device 0). Errors
+    raised by ``make`` are raised here."""
     if device.type != "cuda" or not _uncached_now() or capturing(device):
         return make()
+    if device.index is None:  # the caller's current device: a new thread's own current device is device 0
+        device = torch.device("cuda", torch.cuda.current_device())
     caller = torch.cuda.current_stream(device)
     box: dict = {}
 
