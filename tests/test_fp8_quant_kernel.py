@@ -1266,12 +1266,19 @@ def test_v3_mma_fwht(monkeypatch, config, dtype):
     k = (torch.randn(3, 1001, 2, D, device="cuda", generator=g) - 1).to(dtype)
     v = torch.randn(3, 1001, 2, D, device="cuda", generator=g).to(dtype)
     k = k + torch.linspace(-4, 4, D, device="cuda").to(dtype)
+    built = []  # (role, mma_fwht) of every pass launched: the switch is dropped silently where another refuses it
+    real_pass = qh._pass
+    monkeypatch.setattr(qh, "_pass", lambda device, dt, head_dim, pc: built.append((pc.role, pc.mma_fwht))
+                        or real_pass(device, dt, head_dim, pc))
     for scale in (None, -0.7):
         got = []
         for on in (False, True):
             monkeypatch.setattr(qh, "V3_MMA_FWHT", on)
             torch.full((1 << 24,), float("nan"), device="cuda")  # freed at once: torch.empty may hand it out again
+            built.clear()
             got.append(qh.quantize(q, k, v, config=cfg, softmax_scale=scale, pipeline="v3"))
+            qk_passes = [m for role, m in built if role == "qk"]  # Q's and K's (amax and given for "head")
+            assert len(qk_passes) >= 2 and all(m == on for m in qk_passes), built
         a, b = got
         assert torch.equal(a.v_t.view(torch.uint8), b.v_t.view(torch.uint8))
         for name in ("v_descale", "k_mean"):  # (Q's / K's descales: ``assert_rotated_close``)
