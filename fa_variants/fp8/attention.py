@@ -139,8 +139,10 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: 
         out in q's dtype (batch, seqlen_q, num_heads, head_dim) [, lse float32 (batch, num_heads, seqlen_q)].
 
     Limits: the float32 accumulator holds O / v_descale with one running accumulator and, at head_dim 256
-    (``fused_promote``, the default there since session 9), with two-level accumulation: where a 128-key V
-    block is all zeros (descale 2^-110) after rows whose |O| >= 2^18, that overflows (inf / NaN out).
+    (``fused_promote``, the default there since session 9), with two-level accumulation: a 128-key V block of
+    descale 2^-110 (all zeros, or every |value| <= 448 x 2^-110) overflows it (inf / NaN out) in the rows whose
+    unnormalised O reached 2^18 before it (|O| l, l the row's softmax sum relative to its max, 1 <= l <= the keys seen;
+    key tiles are walked from the last to the first, so e.g. zero left-padding comes last).
 
     Raises:
         TypeError / ValueError: as ``fa_variants.attention`` and ``quantize_fp8`` (naming the argument).

@@ -168,7 +168,8 @@ class Fp8Config(Fa3Config):
         the turn, no unit-alpha branch, no v_descale multiply), O *= v_descale[0] at the end. One fp32 rounding per
         promotion instead of two (round(alpha O) then fma): the fused form the emulation's docstring already names
         (with power-of-two descales the unit change is exact). O / v_descale must stay finite: a V block of
-        descale 2^-110 (all zeros) after O of magnitude >= 2^18 overflows (the single accumulator's limit too).
+        descale 2^-110 (all zeros) visited after the unnormalised O (|O| l, 1 <= l <= keys seen) reached 2^18
+        overflows (the single accumulator's limit too).
     s_early_arrive: (session 9, round 2; off; needs s_lookahead with s_halves) the ping-pong turn handed on right after
         S half 0's issue, before the wait for the last P V slice: that wait, the slice's promotion and S half 1's issue
         run outside the turn (the lookahead without s_halves already hands it on before its last promotion), so the
@@ -256,7 +257,7 @@ class Fp8Config(Fa3Config):
 #: for the default before (per-round medians 1.06 / 1.06 / 1.06 / 1.05x), rel-L2 vs the emulation as before
 #: (1.6e-3); skip_unit_rescale is then unused (no O *= alpha block left) and kept so the config is the one timed.
 #: Its limit (fused_promote's docstring): O / v_descale must stay finite, so where a V block is all zeros
-#: (descale 2^-110) |O| must stay below 2^18.
+#: (descale 2^-110) the unnormalised O (|O| l, l the row sum) of the rows visited before it must stay below 2^18.
 DEFAULT_SWITCHES = {64: dict(reduce_chains=4), 96: {}, 128: {},
                     256: dict(skip_unit_rescale=True, s_lookahead=True, s_halves=True, fused_promote=True,
                               reduce_chains=2)}
