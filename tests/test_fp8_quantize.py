@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from fa_variants.fp8 import layout
-from fa_variants.fp8.quantize import (E4M3_MAX, MIN_DESCALE, FP8Config, FP8Inputs, HadamardRotation,
-                                      descale_from_amax, fwht, hadamard_blocks, k_mean, k_sample_count,
+from fa_variants.fp8.quantize import (E4M3_MAX, MIN_DESCALE, ZERO_BLOCK_DESCALE, FP8Config, FP8Inputs,
+                                      HadamardRotation, descale_from_amax, fwht, hadamard_blocks, k_mean, k_sample_count,
                                       k_sample_tiles, paley_hadamard_12,
                                       quantize_fp8, quantize_fp8_torch, tiles_for, transpose_v)
 
@@ -79,17 +79,58 @@ def test_descale_from_amax_is_the_smallest_power_of_two():
     e = torch.log2(descale)
     assert torch.equal(e, e.round()) and torch.equal(descale * inv, torch.ones_like(amax))
     assert (amax / descale <= E4M3_MAX).all()
-    above = amax > 2.0**-102  # below that the floor 2^-110 takes over
+    above = amax > 2.0**-102  # below that the floor 2^-110 takes over (amax 0: descale 1)
     assert (amax[above] / (descale[above] / 2) > E4M3_MAX).all()  # half of it would saturate
     assert descale[-1].item() == MIN_DESCALE and descale[0].item() == 1.0
 
 
-@pytest.mark.parametrize("amax", [0.0, 1e-44, 1e-40, float(torch.finfo(torch.float32).tiny), 1e-35])
-def test_descale_floor_for_zero_subnormal_tiny(amax):
-    """Was NaN for 1e-44 (amax / 448 underflowed): now a finite normal power of two >= 2^-110."""
+@pytest.mark.parametrize("amax", [1e-44, 1e-40, float(torch.finfo(torch.float32).tiny), 1e-35,
+                                  E4M3_MAX * MIN_DESCALE])
+def test_descale_floor_for_subnormal_tiny(amax):
+    """Was NaN for 1e-44 (amax / 448 underflowed): now a finite normal power of two >= 2^-110 (the floor for every
+    nonzero amax <= 448 x 2^-110)."""
     descale, inv = descale_from_amax(torch.tensor([amax]))
     assert descale.item() == MIN_DESCALE and inv.item() == 1 / MIN_DESCALE
     assert math.isfinite(inv.item())
+
+
+@pytest.mark.parametrize("amax", [0.0, -0.0])
+def test_descale_of_zero_block_is_one(amax):
+    """An all-zero block gets descale 1 and inverse 1 (session 9; the floor 2^-110 before, which made the kernel's O /
+    v_descale overflow on zero padding); the next power of two above the floor's range stays the floor's."""
+    descale, inv = descale_from_amax(torch.tensor([amax, 2.0**-149, E4M3_MAX * MIN_DESCALE * 1.5]))
+    assert descale[0].item() == ZERO_BLOCK_DESCALE == 1.0 and inv[0].item() == 1.0
+    assert descale[1].item() == MIN_DESCALE and descale[2].item() == 2 * MIN_DESCALE
+
+
+def test_zero_blocks_get_descale_one_per_granularity():
+    """Q, K and V blocks of zeros get descale 1 in the torch recipe, block by block, and a head (or the tensor) of
+    zeros under the "head" / "tensor" baselines; their e4m3 values are +-0; a tiny nonzero block keeps the floor."""
+    g = torch.Generator().manual_seed(11)
+    tn = tiles_for(64)[1]
+    x = torch.randn(1, 3 * tn, 2, 64, generator=g).to(torch.bfloat16)
+    x[:, :tn] = 0  # block 0 of every head
+    x[:, tn:2 * tn, 1] = 0
+    x[:, tn + 5, 1, 3] = 2.0**-120  # block 1 of head 1: one tiny value
+    for rotate in (False, True):
+        inp = quantize_fp8_torch(x, x, x, config=FP8Config(rotate=rotate, smooth_k=False))
+        for name in ("q_descale", "k_descale", "v_descale"):
+            d = getattr(inp, name)
+            assert (d[0, :, 0] == 1.0).all(), name
+        assert (inp.v_descale[0, 1, 1] == MIN_DESCALE).item()
+        assert (inp.v_t.float()[0, 0, :, :tn] == 0).all() and (inp.q.float()[0, :tn] == 0).all()  # +-0
+    z = x.clone()
+    z[:, :, 0] = 0
+    for gran in ("head", "tensor"):
+        inp = quantize_fp8_torch(z, z, z, config=FP8Config(granularity=gran, rotate=False, smooth_k=False))
+        if gran == "head":
+            assert (inp.v_descale[0, 0] == 1.0).all() and (inp.v_descale[0, 1] < 1).all()
+        else:
+            assert (inp.v_descale[0, 1] < 1).all()
+    zero = torch.zeros_like(x)
+    inp = quantize_fp8_torch(zero, zero, zero, config=FP8Config(granularity="tensor"))
+    for name in ("q_descale", "k_descale", "v_descale"):
+        assert (getattr(inp, name) == 1.0).all(), name
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])

@@ -40,9 +40,10 @@ Design:
   past seqlen_k are zeros (padding of ``v_t`` up to a multiple of 16); V is neither smoothed nor rotated.
 * The block amax: a thread's max, a warp butterfly, then across warps through shared memory (two buffers
   alternating per block: one barrier per block). descale = the power of two of
-  ``quantize.descale_from_amax`` (the same integer arithmetic on the float32 bits, so zero / subnormal
-  blocks get 2^-110); e4m3 = cvt.rn.satfinite(x * (1 / descale)) (saturating to +-448 as torch's clamp;
-  the Hadamard's 1 / sqrt(D) is folded into that multiply and into the amax: same bits, see finish_block).
+  ``quantize.descale_from_amax`` (the same integer arithmetic on the float32 bits, so subnormal and tiny
+  blocks get 2^-110, all-zero blocks 1; the float arithmetic keeps subnormals: no FTZ, as torch on the CPU);
+  e4m3 = cvt.rn.satfinite(x * (1 / descale)) (saturating to +-448 as torch's clamp; the Hadamard's
+  1 / sqrt(D) is folded into that multiply and into the amax: same bits, see finish_block).
 * Q with K smoothing (``shift``): the LSE shift softmax_scale * q . mean (``quantize.smoothing_lse_shift``)
   is computed in the Q pass from the float32 q it holds (no second read of Q, no float32 copy of it); its
   summation order is the kernel's own, so it equals torch's to float32 rounding, not bit for bit. K's mean
@@ -1188,6 +1189,8 @@ class QuantPass:
                 if (bits & 0x7FFFFF) > 0x600000:
                     field = field + 1
                 field = cutlass.min(cutlass.max(field, 127 + MIN_DESCALE_EXPONENT), 253)
+                if (bits & 0x7FFFFFFF) == 0:  # an all-zero block: descale 1, as descale_from_amax
+                    field = Int32(127)
                 if tidx == 0:
                     mDescale[batch, head, tile] = bits_f32(field << 23)
             inv = bits_f32((254 - field) << 23)

@@ -27,13 +27,18 @@ The recipe (``FP8Config``), in this order, per tensor:
    (batch, head) ("head", what FlashAttention-3's released code does) or per tensor ("tensor"); the last two
    are baselines and are stored expanded to the block shape, so the kernel has one path.
    A descale is the smallest power of two d with amax / d <= 448 (e4m3's largest finite value), and at least
-   2^-110. Powers of two because e4m3 is a floating-point format (the relative rounding error of a value
-   does not depend on the scale beyond < 1 bit of range at the bottom), and they make every scaling exact:
+   2^-110; an all-zero block (amax 0) gets descale 1 (``ZERO_BLOCK_DESCALE``). Powers of two because e4m3
+   is a floating-point format (the relative rounding error of a value does not depend on the scale beyond
+   < 1 bit of range at the bottom), and they make every scaling exact:
    x / d is exact, descale products in the kernel are exact, and the torch and GPU passes agree bit for bit.
-   The floor 2^-110 is the fix for all-zero, subnormal and tiny blocks (amax / 448 underflowed to 0 and
-   gave NaN before): every descale is finite, normal and > 0; an fp32-subnormal value (and anything a
-   Hadamard of such values produces) then maps below e4m3's smallest subnormal, so it quantises to 0
-   whether or not a GPU flushes subnormals.
+   The floor 2^-110 is the fix for subnormal and tiny blocks (amax / 448 underflowed to 0 and gave NaN
+   before): every descale is finite, normal and > 0; an fp32-subnormal value (and anything a Hadamard of
+   such values produces) then maps below e4m3's smallest subnormal, so it quantises to 0 whether or not a
+   GPU flushes subnormals. An all-zero block's e4m3 bytes are 0 whatever its descale; it gets 1 (session 9;
+   it had the floor before) because the kernel's accumulator holds O / v_descale (one accumulator, or
+   ``fused_promote``'s O in the current V block's units): 2^-110 made that overflow (inf / NaN) once the
+   unnormalised O reached ~2^18, e.g. on zero padding. The limit now needs a nonzero block amax below
+   448 x 2^-110 (~3.5e-31).
 4. e4m3 with saturation (round to nearest even, clamped to +-448 like PTX ``cvt.rn.satfinite``).
 5. V is stored transposed and padded for the kernel: ``v_t`` (batch, num_heads_kv, head_dim, seqlen_k_padded),
    tokens contiguous, padded with zeros to a multiple of ``layout.K_ALIGN_TOKENS``, tokens permuted inside
@@ -62,6 +67,7 @@ __all__ = [
     "E4M3",
     "E4M3_MAX",
     "MIN_DESCALE",
+    "ZERO_BLOCK_DESCALE",
     "GRANULARITIES",
     "fwht",
     "paley_hadamard_12",
@@ -80,6 +86,8 @@ E4M3_MAX = float(torch.finfo(E4M3).max)  # 448.0
 #: the smallest descale (2^-110): see the module docstring, item 3
 MIN_DESCALE_EXPONENT = -110
 MIN_DESCALE = 2.0 ** MIN_DESCALE_EXPONENT
+#: an all-zero block's descale (and inverse): 1, not the floor (see the module docstring, item 3)
+ZERO_BLOCK_DESCALE = 1.0
 GRANULARITIES = ("block", "head", "tensor")
 #: ``FP8Config.smooth_k_blocks``' default (read at import): None, K's mean over every token; an int m, over m
 #: evenly spaced K tiles (``k_sample_tiles``: the GPU pass then reads K once). FA_VARIANTS_FP8_SMOOTH_K_BLOCKS=m
@@ -205,14 +213,17 @@ def _h12_h8(x: torch.Tensor) -> torch.Tensor:
 
 def descale_from_amax(amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(descale, inverse) for float32 block maxima amax >= 0: the smallest power of two d >= 2^-110 with
-    amax / d <= 448, and 1 / d (exact). Computed on the float32 bits (exponent field E, mantissa M):
-    d = 2^(E - 135) if M <= 0x600000 (amax <= 448 * 2^(E-135)) else 2^(E - 134); the GPU pass uses the same
-    integer arithmetic. 0, subnormal and tiny maxima give 2^-110; inf / NaN give a finite descale (their
-    e4m3 values are undefined). Shapes as amax; float32."""
+    amax / d <= 448, and 1 / d (exact); amax 0 (an all-zero block; -0 too) gives d = 1, inverse 1. Computed
+    on the float32 bits (exponent field E, mantissa M): d = 2^(E - 135) if M <= 0x600000 (amax <= 448 *
+    2^(E-135)) else 2^(E - 134), clamped to [2^-110, 2^126], and the field 127 where the bits (sign dropped)
+    are 0; the GPU pass uses the same integer arithmetic. Subnormal and tiny nonzero maxima (<= 448 x
+    2^-110) give 2^-110; inf / NaN give a finite descale (their e4m3 values are undefined). Shapes as amax;
+    float32."""
     bits = amax.float().contiguous().view(torch.int32)
     exp_field = (bits >> 23) & 0xFF
     field = exp_field - 8 + ((bits & 0x7FFFFF) > 0x600000).to(torch.int32)
     field = field.clamp(127 + MIN_DESCALE_EXPONENT, 253)
+    field = torch.where((bits & 0x7FFFFFFF) == 0, 127, field)  # all zeros: descale 1 (ZERO_BLOCK_DESCALE)
     return (field << 23).view(torch.float32), ((254 - field) << 23).view(torch.float32)
 
 
@@ -299,7 +310,7 @@ class FP8Inputs:
         layout.K_ALIGN_TOKENS, tokens permuted by layout.v_token_order.
     q_descale: float32 (batch, num_heads, cdiv(seqlen_q, block_m)); k_descale, v_descale: float32
         (batch, num_heads_kv, cdiv(seqlen_k, block_n)); value = e4m3 * descale; all finite powers
-        of two >= 2^-110 (expanded views for "head" / "tensor").
+        of two >= 2^-110, 1 for an all-zero block (expanded views for "head" / "tensor").
     softmax_scale: >= 0 (a negative one was folded into k). seqlen_k: unpadded.
     k_mean: float32 (batch, num_heads_kv, head_dim), the mean subtracted from K (already negated when the
         scale was negative), unrotated; None without smoothing.
