@@ -22,7 +22,8 @@
 #   2. variant_tests: tests/test_fa3_fp8_speed_gpu.py -k fp8fused128 (-n 12): 24 tests, fused / fused_c2 /
 #      m192_c4_tail_fused vs the emulation (rel-L2 <= 6e-3, LSE <= 1.5e-3) and float64: seqlen 113 / 1023 tails, Nq != Nk,
 #      GQA/MQA, batch 2, causal and not, NaN-poisoned outputs; q_tail_first's shared rows (m192_c4_tail_fused); fused and
-#      m192_c4_tail_fused on V blocks spanning 2^-8..2^8 with an all-zero block (descale 2^-110: O / v_descale ~ 2^110 |O|)
+#      m192_c4_tail_fused on V blocks spanning 2^-8..2^8 with an all-zero block (descale 2^-110 when this ran; 1 since
+#      session 9, and a block of tiny values ~2^-120 now has the floor 2^-110: O / v_descale ~ 2^110 |O|)
 #   3. speed_ab: D 128 x N 4k/16k x causal and not (B*N = 16k, H*D = 2048), 6 rotated rounds of 20 calls, beside our
 #      bf16 fa3 (flash-attn-4 left out: it compiles at its first call); accuracy of every variant (N(0,1), N 1024);
 #      summary, with the per-round ratios of fused / new, fused_c2 / new and / fused, m192_c4_tail_fused / its control,

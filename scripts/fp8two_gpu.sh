@@ -15,8 +15,8 @@
 #      quantisation pass)
 #   2. variant_tests: tests/test_fa3_fp8_speed_gpu.py -k fp8two (-n 7): 14 tests, fused and fused_c2 vs the emulation
 #      (rel-L2 <= 6e-3, LSE <= 1.5e-3) and float64: seqlen 113 / 1023 tails, Nq != Nk, GQA/MQA, batch 2, causal and not,
-#      NaN-poisoned outputs; fused on V blocks spanning 2^-8..2^8 with an all-zero block (descale 2^-110: O / v_descale
-#      ~ 2^110 |O|)
+#      NaN-poisoned outputs; fused on V blocks spanning 2^-8..2^8 with an all-zero block (descale 2^-110 when this ran;
+#      1 since session 9, and a block of tiny values ~2^-120 now has the floor 2^-110: O / v_descale ~ 2^110 |O|)
 #   3. speed_ab: D 256 x N 4k/16k x causal and not (B*N = 16k, H*D = 2048), 6 rotated rounds, beside our bf16 fa3
 #      (flash-attn-4 left out: it compiles at its first call); accuracy of every variant (N(0,1), N 1024); summary.
 #      A variant with a FAILED/ERROR line in steps 1-2 is left out (--drop-failed), and fused / fused_c2 also when

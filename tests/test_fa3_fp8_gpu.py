@@ -150,6 +150,27 @@ def test_outliers_block_hadamard_vs_per_tensor(fp8_kernel):
     assert rmse["block+H"] <= 0.5 * rmse["tensor"], rmse
 
 
+@pytest.mark.parametrize("two_level", [True, False], ids=["2lvl1", "2lvl0"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_zero_v_blocks_long_rows_d256(fp8_kernel, causal, two_level, request, nan_allocations):
+    """The head_dim 256 default (fused_promote: O kept as O / v_descale of the current V tile) and the one
+    accumulator, on 4096 keys whose first and last 128-key V blocks are all zeros (zero padding; the first is visited
+    last) after rows whose unnormalised O reached ~2^20 (V ~ (N(0,1) + 1) 2^8, Q / 4: a near-uniform softmax, |O| ~
+    2^8, l ~ 4000). Those blocks get descale 1 (session 9; the floor 2^-110 before: O / v_descale overflowed to inf /
+    NaN, as tests/test_fp8_emulation.py shows for the one accumulator): finite output, the module's bounds vs the
+    emulation and float64."""
+    seed = seed_of(request)
+    q, k, v = inputs((1, 512, 4096, 2, 1), 256, seed)
+    q = (q.float() / 4).to(torch.bfloat16)
+    v = ((v.float() + 1) * 2.0**8).to(torch.bfloat16)
+    v[:, :128] = 0
+    v[:, -128:] = 0
+    config = FP8Config(two_level=two_level)
+    inp = fp8.quantize_fp8(q, k, v, config=config)
+    assert inp.block_n == 128 and (inp.v_descale[..., [0, -1]] == 1).all() and (inp.v_descale[..., 1:-1] > 1).all()
+    check(q, k, v, causal, config, seed, nan_allocations, case=f"zero-v-blocks-d256-causal{int(causal)}")
+
+
 def test_no_drift_with_length(fp8_kernel):
     """rel-L2 at seqlen_k 128k at most 1.5x that at 1k with two-level accumulation on (issue 10); the single
     accumulator's figures are printed beside it (the drift the two-level scheme removes)."""

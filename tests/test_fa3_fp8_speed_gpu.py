@@ -199,20 +199,22 @@ def _check_variant(fp8_kernel, variant, shape, causal, seed, nan_allocations):
 @pytest.mark.parametrize("variant", ["fp8two-d256-fused"])  # (reduce_chains does not touch the units)
 def test_fp8two_v_scales_spread(fp8_kernel, variant, shape, causal, nan_allocations):
     """fused_promote keeps O in units of the tile's v_descale (O / v_descale[n], the unit changed by v_descale[n + 1] /
-    v_descale[n] every tile): V blocks whose magnitudes span 2^-8 .. 2^8 and one all-zero block (descale 2^-110, the
-    quantiser's floor: O / v_descale ~ 2^110 |O|) against the emulation and float64. Nk 1000: eight 128-key tiles, the
-    last partial, every row visits the zero tile (causal: rows see 701..1000 keys)."""
+    v_descale[n] every tile): V blocks whose magnitudes span 2^-8 .. 2^8, one all-zero block (descale 1 since session
+    9) and one of tiny values ~2^-120 (descale 2^-110, the quantiser's floor: O / v_descale ~ 2^110 |O|, finite here as
+    |O| l < 2^18) against the emulation and float64. Nk 1000: eight 128-key tiles, the last partial, every row visits
+    the zero and the tiny tile (causal: rows see 701..1000 keys)."""
     from fa_variants import fp8
     from fa_variants.reference import attention_reference
 
     D, change = FP8TWO_VARIANTS[variant]
     cfg = dataclasses.replace(fp8_kernel.DEFAULT_CONFIGS[D], **change)
     q, k, v = _inputs(shape, D, 11 + causal)
-    exponents = torch.tensor([-8, 8, 0, -3, 5, 0, 2, -6], device="cuda")  # per 128-key tile
+    exponents = torch.tensor([-8, 8, -120, -3, 5, 0, 2, -6], device="cuda")  # per 128-key tile; 2: tiny values
     v = (v.float() * torch.exp2(exponents.repeat_interleave(128)[:1000].float()).view(1, -1, 1, 1)).to(torch.bfloat16)
     v[:, 640:768] = 0  # tile 5: all zeros
     inp = fp8.quantize_fp8(q, k, v)
-    assert inp.v_descale[..., 5].max().item() < 2.0**-100  # the zero block's floor descale
+    assert (inp.v_descale[..., 5] == 1).all()  # the zero block's descale (session 9; 2^-110 before)
+    assert (inp.v_descale[..., 2] == 2.0**-110).all()  # the tiny block's: the floor
     with nan_allocations():
         out, lse = fp8_kernel.run_fp8(inp, causal=causal, out_dtype=torch.bfloat16, config=cfg)
     emu32, emu_lse = fp8.emulate_fp8_attention(inp, causal=causal, tile_m=cfg.tile_m)
@@ -226,9 +228,10 @@ def test_fp8two_v_scales_spread(fp8_kernel, variant, shape, causal, nan_allocati
 def test_fp8fused128_v_scales_spread(fp8_kernel, variant, shape, causal, nan_allocations):
     """fused_promote in the serial steps keeps O in units of the tile's v_descale (the unit changed by v_descale[n + 1] /
     v_descale[n] every tile, O = fma(1, 0, tmp) on the first visited one): V blocks of the variant's tile_n whose
-    magnitudes span 2^-8 .. 2^8 and one all-zero block (descale 2^-110, the quantiser's floor: O / v_descale ~ 2^110 |O|)
-    against the emulation and float64. Nk 1000: four 256-key or eight 128-key tiles, the last partial; every row visits
-    the zero block (causal: rows see 701..1000 keys)."""
+    magnitudes span 2^-8 .. 2^8, one all-zero block (descale 1 since session 9) and one of tiny values ~2^-120
+    (descale 2^-110, the quantiser's floor: O / v_descale ~ 2^110 |O|) against the emulation and float64. Nk 1000: four
+    256-key or eight 128-key tiles, the last partial; every row visits the zero and the tiny block (causal: rows see
+    701..1000 keys)."""
     from fa_variants import fp8
     from fa_variants.fp8.quantize import quantize_fp8_torch
     from fa_variants.reference import attention_reference
@@ -237,13 +240,14 @@ def test_fp8fused128_v_scales_spread(fp8_kernel, variant, shape, causal, nan_all
     cfg = dataclasses.replace(fp8_kernel.DEFAULT_CONFIGS[D], **change)
     bn = cfg.tile_n
     q, k, v = _inputs(shape, D, 13 + causal)
-    exponents = torch.tensor([-8, 8, 0, -3, 5, 0, 2, -6], device="cuda")[:-(-1000 // bn)]  # per K/V tile
+    exponents = torch.tensor([-8, -120, 0, 8, 5, 0, 2, -6], device="cuda")[:-(-1000 // bn)]  # per K/V tile; 1: tiny
     v = (v.float() * torch.exp2(exponents.repeat_interleave(bn)[:1000].float()).view(1, -1, 1, 1)).to(torch.bfloat16)
     v[:, 2 * bn:3 * bn] = 0  # tile 2: all zeros
     recipe = fp8.FP8Config(two_level=cfg.two_level, promote_every=cfg.promote_every)
     inp = fp8.quantize_fp8(q, k, v, config=recipe) if bn == fp8.layout.tile_n(D) else \
         quantize_fp8_torch(q, k, v, config=recipe, block_n=bn)
-    assert inp.v_descale[..., 2].max().item() < 2.0**-100  # the zero block's floor descale
+    assert (inp.v_descale[..., 2] == 1).all()  # the zero block's descale (session 9; 2^-110 before)
+    assert (inp.v_descale[..., 1] == 2.0**-110).all()  # the tiny block's: the floor
     with nan_allocations():
         out, lse = fp8_kernel.run_fp8(inp, causal=causal, out_dtype=torch.bfloat16, config=cfg)
     emu32, emu_lse = fp8.emulate_fp8_attention(inp, causal=causal, tile_m=cfg.tile_m)

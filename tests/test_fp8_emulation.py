@@ -4,6 +4,7 @@ empty rows, smoothing invariance, the accumulator model (two-level vs one accumu
 paper's outlier inputs and docs/edge_cases.md EC-23 (a, b). The accuracy-vs-float64 tests use the cheap
 "truncate" accumulator model (the model moves that error by far less than their bounds; CPU time).
 """
+import dataclasses
 import math
 
 import pytest
@@ -12,7 +13,7 @@ import torch.nn.functional as F
 
 from fa_variants.fp8 import FP8Config, emulate_fp8_attention, fp8_attention_reference, fp8_error_bound
 from fa_variants.fp8.emulation import P_SHIFT
-from fa_variants.fp8.quantize import quantize_fp8_torch
+from fa_variants.fp8.quantize import MIN_DESCALE, quantize_fp8_torch
 from fa_variants.reference import attention_reference, rel_l2
 
 PLAIN = FP8Config(granularity="tensor", rotate=False, smooth_k=False)
@@ -159,6 +160,34 @@ def test_default_promotion_interval_is_the_kernels(monkeypatch):
         default = run(None)
         assert torch.equal(default, run(every))
         assert not torch.equal(default, run(3 if every == 1 else 1))
+
+
+def test_zero_v_blocks_on_long_rows_stay_finite():
+    """All-zero V blocks of 128 keys at both ends of 2048 keys at head_dim 256 (zero padding: key tiles are walked
+    last to first, so the first block comes last) after rows whose unnormalised O reached ~2^20 (V ~ (N(0,1) + 1)
+    2^9, near-uniform softmax: |O| ~ 2^9, l ~ 2000; the GPU test, tests/test_fa3_fp8_gpu.py, has 4096 keys): the
+    recipe gives those blocks descale 1 (session 9), so O /
+    v_descale (the one accumulator's units, fused_promote's) stays finite; the output is near float64 for the
+    default two-level scheme and the one accumulator, causal and not (fp32 accumulator model: the units are the point,
+    and CPU time). With the old floor 2^-110 on those blocks the one accumulator overflowed (checked here, so the
+    input does reach the limit)."""
+    g = torch.Generator().manual_seed(5)
+    D, nk = 256, 2048
+    q = torch.randn(1, 4, 1, D, generator=g) * 0.25
+    k = torch.randn(1, nk, 1, D, generator=g)
+    v = (torch.randn(1, nk, 1, D, generator=g) + 1) * 2.0**9
+    v[:, :128] = 0
+    v[:, -128:] = 0
+    for causal in (False, True):
+        ref, _ = attention_reference(q, k, v, causal=causal, dtype=torch.float64)
+        for two_level in (True, False):
+            inp = quantize_fp8_torch(q, k, v, config=FP8Config(two_level=two_level))
+            assert inp.block_n == 128 and inp.v_descale[0, 0, 0] == 1 and inp.v_descale[0, 0, -1] == 1
+            out = emulate_fp8_attention(inp, causal=causal, accumulator="truncate", accumulator_bits=None)[0]
+            assert torch.isfinite(out).all() and rel_l2(out, ref) < 4e-3, (causal, two_level, rel_l2(out, ref))
+    floor = dataclasses.replace(inp, v_descale=torch.where(inp.v_descale == 1, MIN_DESCALE, inp.v_descale))
+    assert not torch.isfinite(emulate_fp8_attention(floor, causal=True, accumulator="truncate",
+                                                    accumulator_bits=None)[0]).all()
 
 
 def test_one_accumulator_drifts_two_level_does_not():
@@ -327,7 +356,8 @@ def test_fused_promote_units_form():
     vd_prev / vd_n, U, acc) per tile, O = vd_last U at the end. With power-of-two descales that is the fused promotion
     O = round(alpha O + vd_n acc) in O's own units, bit for bit (scaling by 2^k commutes with rounding), and it stays
     within a few fp32 ulps of the emulation's two roundings (round(alpha O), then + vd_n acc) over 64 tiles, descales
-    2^-110 (an all-zero V block's floor) .. 2^2 included."""
+    2^-110 (the floor: a V block of fp32-subnormal values, e4m3 zeros; all-zero blocks get 1 since session 9) .. 2^2
+    included."""
     g = torch.Generator().manual_seed(3)
     rows, tiles = 256, 64
     exps = torch.randint(-12, 3, (tiles,), generator=g)
@@ -336,7 +366,7 @@ def test_fused_promote_units_form():
     alpha = torch.where(torch.rand(tiles, rows, generator=g) < 0.3,
                         torch.exp2(-4 * torch.rand(tiles, rows, generator=g)), torch.ones(tiles, rows))
     acc = torch.randn(tiles, rows, generator=g) * 64  # one tile's P V in e4m3 units
-    acc[17] = 0  # the zero block adds nothing
+    acc[17] = 0  # the subnormal block adds nothing
     emu = torch.zeros(rows)
     fused = torch.zeros(rows)
     units = torch.zeros(rows)

@@ -14,7 +14,7 @@ from fa_variants.common import cubin
 from fa_variants.fp8 import FP8Config, layout
 from fa_variants.fp8 import quant_host as qh
 from fa_variants.fp8 import quant_kernel as qk
-from fa_variants.fp8.quantize import quantize_fp8, quantize_fp8_torch
+from fa_variants.fp8.quantize import MIN_DESCALE, quantize_fp8, quantize_fp8_torch
 
 PASSES = [qk.PassConfig(shift=True), qk.PassConfig(smooth=True), qk.PassConfig(rotate=False),
           qk.PassConfig(mode="amax", shift=True), qk.PassConfig(mode="given"), qk.PassConfig(role="v", rotate=False),
@@ -114,6 +114,27 @@ def test_k_sum_groups(rows):
     for by_part in covered.values():
         assert sorted(by_part) == list(range(parts))
         assert sorted(t for toks in by_part.values() for t in toks) == list(range(rows))
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("arch", ["sm_90a"], indirect=True)
+@pytest.mark.parametrize("head_dim", qk.HEAD_DIMS)
+def test_zero_block_rule_compiles(arch, head_dim):
+    """The all-zero block rule (descale 1 where the amax bits, sign dropped, are 0; session 9) compiles at every
+    head_dim into the default v3 Q pass (rotated, the LSE shift) and V pass (K's sums, fused mean): one test of the
+    bits against 0x7fffffff each, no local memory beyond the Q pass's known <= 16 bytes; and the float arithmetic
+    keeps subnormals (no .FTZ on FMNMX / FMUL / FADD / FFMA), which the torch recipe's bit equality for subnormal
+    blocks (descale 2^-110, not 1) relies on."""
+    import re
+
+    for cfg in (qk.PassConfig(shift=True, stages=3, pdl=True, coalesced=True, head_major=True, staged_mean=True),
+                qk.PassConfig(role="v", rotate=False, stages=3, kmean=True, coalesced=True, head_major=True,
+                              fused_mean=True)):
+        c = qk.VARIANT.compiled(qk.static_config(arch, torch.bfloat16, head_dim, cfg))
+        sass = cubin.sass_of(c.cubin)
+        assert len(re.findall(r"LOP3\.LUT P\d, RZ, R\d+, 0x7fffffff, RZ", sass)) == 1, cfg
+        assert not re.search(r"\b(FMNMX|FMUL|FADD|FFMA)[A-Z0-9.]*\.FTZ", sass), cfg
+        assert cubin.cubin_resources(c.cubin)["spill_bytes"] <= (16 if cfg.role == "qk" else 0)
 
 
 @pytest.mark.compile
@@ -674,8 +695,9 @@ def test_pass_block_height(monkeypatch, head_dim, pipeline, block_n):
 @pytest.mark.parametrize("pipeline", qh.PIPELINES)
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_pass_zero_and_subnormal_blocks(pipeline, head_dim):
-    """All-zero and subnormal blocks on the GPU: finite descales (2^-110), e4m3 zeros, like the torch path
-    (the default block heights: K/V blocks of 192 tokens at head_dim 64)."""
+    """All-zero and subnormal blocks on the GPU: descale 1 for the zero block (session 9), 2^-110 for the subnormal
+    one, e4m3 zeros, like the torch path bit for bit (the default block heights: K/V blocks of 192 tokens at head_dim
+    64)."""
     from fa_variants.fp8 import layout
 
     tn = layout.tile_n(head_dim)
@@ -687,6 +709,8 @@ def test_pass_zero_and_subnormal_blocks(pipeline, head_dim):
     for name in ("q_descale", "k_descale", "v_descale"):
         d = getattr(gpu, name)
         assert torch.isfinite(d).all() and (d > 0).all() and torch.equal(d, getattr(ref, name))
+    assert gpu.v_descale[0, 0, 0].item() == 1.0 and gpu.v_descale[0, 1, 1].item() == MIN_DESCALE
+    assert gpu.q_descale[0, 0, 0].item() == 1.0
     assert torch.equal(gpu.q.view(torch.uint8), ref.q.view(torch.uint8))
 
 

@@ -140,9 +140,10 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: 
 
     Limits: the float32 accumulator holds O / v_descale with one running accumulator and, at head_dim 256
     (``fused_promote``, the default there since session 9), with two-level accumulation: a 128-key V block of
-    descale 2^-110 (all zeros, or every |value| <= 448 x 2^-110) overflows it (inf / NaN out) in the rows whose
+    descale 2^-110 (nonzero, every |value| <= 448 x 2^-110 ~ 3.5e-31) overflows it (inf / NaN out) in the rows whose
     unnormalised O reached 2^18 before it (|O| l, l the row's softmax sum relative to its max, 1 <= l <= the keys seen;
-    key tiles are walked from the last to the first, so e.g. zero left-padding comes last).
+    key tiles are walked from the last to the first). All-zero blocks (e.g. zero padding) get descale 1 since
+    session 9 (``quantize.ZERO_BLOCK_DESCALE``) and are safe.
 
     Raises:
         TypeError / ValueError: as ``fa_variants.attention`` and ``quantize_fp8`` (naming the argument).

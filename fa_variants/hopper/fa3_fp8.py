@@ -168,8 +168,10 @@ class Fp8Config(Fa3Config):
         the turn, no unit-alpha branch, no v_descale multiply), O *= v_descale[0] at the end. One fp32 rounding per
         promotion instead of two (round(alpha O) then fma): the fused form the emulation's docstring already names
         (with power-of-two descales the unit change is exact). O / v_descale must stay finite: a V block of
-        descale 2^-110 (all zeros) visited after the unnormalised O (|O| l, 1 <= l <= keys seen) reached 2^18
-        overflows (the single accumulator's limit too).
+        descale 2^-110 (nonzero, every |value| <= 448 x 2^-110 ~ 3.5e-31) visited after the unnormalised O (|O| l,
+        1 <= l <= keys seen) reached 2^18 overflows (the single accumulator's limit too); an all-zero block has
+        descale 1 since session 9 (``fp8.quantize.ZERO_BLOCK_DESCALE``: the floor 2^-110 before, which overflowed
+        on zero padding).
     s_early_arrive: (session 9, round 2; off; needs s_lookahead with s_halves) the ping-pong turn handed on right after
         S half 0's issue, before the wait for the last P V slice: that wait, the slice's promotion and S half 1's issue
         run outside the turn (the lookahead without s_halves already hands it on before its last promotion), so the
@@ -256,8 +258,9 @@ class Fp8Config(Fa3Config):
 #: the H200, N 4k / 4k causal / 16k / 16k causal): 1118 / 947 / 1094 / 1013 TFLOP/s against 1050 / 890 / 1034 / 968
 #: for the default before (per-round medians 1.06 / 1.06 / 1.06 / 1.05x), rel-L2 vs the emulation as before
 #: (1.6e-3); skip_unit_rescale is then unused (no O *= alpha block left) and kept so the config is the one timed.
-#: Its limit (fused_promote's docstring): O / v_descale must stay finite, so where a V block is all zeros
-#: (descale 2^-110) the unnormalised O (|O| l, l the row sum) of the rows visited before it must stay below 2^18.
+#: Its limit (fused_promote's docstring): O / v_descale must stay finite, so where a V block has descale 2^-110
+#: (nonzero, amax <= 448 x 2^-110 ~ 3.5e-31; all-zero blocks get descale 1 since session 9) the unnormalised O
+#: (|O| l, l the row sum) of the rows visited before it must stay below 2^18.
 DEFAULT_SWITCHES = {64: dict(reduce_chains=4), 96: {}, 128: {},
                     256: dict(skip_unit_rescale=True, s_lookahead=True, s_halves=True, fused_promote=True,
                               reduce_chains=2)}
