@@ -1281,7 +1281,8 @@ def test_ex2emu_sets_and_script(capsys, monkeypatch):
 def test_pending9_runs_named_scripts_and_the_changed_defaults_tests():
     """scripts/pending9_gpu.sh (session 9's GPU work left for a later call): refuses a name without a script (exit 2,
     before any GPU work), its default names and the ones its header names for the second call exist, and its defaults
-    step selects the torch.compile GPU tests and head_dim 256 GPU tests of fa3 and fa3-fp8 (both flipped at 256)."""
+    step selects the torch.compile GPU tests and head_dim 256 GPU tests of fa3 and fa3-fp8 (both flipped at 256), its
+    zeroblocks step the GPU tests of all-zero blocks' descale 1."""
     script = ROOT / "scripts" / "pending9_gpu.sh"
     text = script.read_text()
     bad = subprocess.run(["bash", str(script), "no_such_script"], capture_output=True, text=True, timeout=30)
@@ -1291,6 +1292,12 @@ def test_pending9_runs_named_scripts_and_the_changed_defaults_tests():
     assert '-k "compile or 256"' in text
     for path in ("tests/test_torch_compile.py", "tests/test_fa3_gpu.py", "tests/test_fa3_fp8_gpu.py"):
         assert path in text
+    # the zero-block fix (session 9): its d256 GPU test falls under "256"; the bitwise pass test and the kernel's
+    # spread test in their own step
+    assert '-k "zero_and_subnormal and v3 or fp8two_v_scales_spread"' in text and "step zeroblocks" in text
+    for path in ("tests/test_fp8_quant_kernel.py", "tests/test_fa3_fp8_speed_gpu.py"):
+        assert path in text
+    assert "def test_zero_v_blocks_long_rows_d256(" in (ROOT / "tests" / "test_fa3_fp8_gpu.py").read_text()
 
 
 def _d64gap_log(passed: list[str], failed: list[str] = (), summary: bool = True) -> str:
