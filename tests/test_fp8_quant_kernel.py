@@ -1072,6 +1072,27 @@ def _mma_step1_emulated(X, signs, offset):
     return regs
 
 
+def test_mma_mean_offset_cache_is_bounded(monkeypatch):
+    """quant_maps.mma_mean_offset keeps one (256, 256) matrix per signs tensor: a caller passing fresh signs every call
+    holds at most OFFSET_SIGNS_MAX of them (oldest dropped), the device pattern stays, and a dropped tensor's result
+    is made again, equal (the offset of a mean m: -sum_j m_j s_j H_16 per row, integer inputs: exact)."""
+    from fa_variants.fp8 import quant_maps
+
+    monkeypatch.setattr(quant_maps, "_OFFSET_W", {})
+    monkeypatch.setattr(quant_maps, "OFFSET_SIGNS_MAX", 3)
+    g = torch.Generator().manual_seed(7)
+    mean = torch.randint(-20, 21, (2, 256), generator=g).float()
+    all_signs = [(torch.randint(0, 2, (256,), generator=g) * 2 - 1).float() for _ in range(5)]
+    first = quant_maps.mma_mean_offset(mean, all_signs[0])
+    for signs in all_signs[1:]:
+        quant_maps.mma_mean_offset(mean, signs)
+    kept = [k for k in quant_maps._OFFSET_W if isinstance(k, tuple)]
+    assert len(kept) == 3 and torch.device("cpu") in quant_maps._OFFSET_W
+    assert kept == [(torch.device("cpu"), s.data_ptr()) for s in all_signs[2:]]
+    assert torch.equal(quant_maps.mma_mean_offset(mean, all_signs[0]), first)
+
+
+
 @pytest.mark.parametrize("smooth", [False, True], ids=["plain", "smooth"])
 def test_mma_fwht_maps_emulated(smooth):
     """``QuantPass.mma_fwht`` emulated lane by lane on the CPU (``_mma_step1_emulated``), step 2 the kernel's

@@ -279,6 +279,8 @@ def mma_b_entry(t, g, h: int, e: int):
 # float32 addition order (the mma's sum of 16 exact products and the offset; the recipe: x - m, then 4 float32
 # stages), as Q's.
 _OFFSET_W: dict = {}
+#: signs tensors whose (256, 256) matrices ``mma_mean_offset`` keeps at most (oldest dropped first)
+OFFSET_SIGNS_MAX = 16
 
 
 def mma_offset_index(r: int, t, h: int, e: int):
@@ -327,6 +329,9 @@ def mma_mean_offset(mean, signs):
     key = (mean.device, signs.data_ptr())
     hit = _OFFSET_W.get(key)
     if hit is None or hit[0] is not signs:  # the signs tensor kept alive: its address stays its own
+        signs_keys = [k for k in _OFFSET_W if isinstance(k, tuple)]
+        if len(signs_keys) >= OFFSET_SIGNS_MAX:  # bounded for callers passing fresh signs: the oldest goes
+            del _OFFSET_W[signs_keys[0]]
         pattern = _offset_pattern(mean.device)
         w64 = workspace.persistent(mean.device, lambda: pattern * signs.detach().double()[:, None])
         hit = _OFFSET_W[key] = (signs, workspace.persistent(mean.device, lambda: w64.float()), w64)
