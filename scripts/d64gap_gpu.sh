@@ -56,15 +56,4 @@ for v in "${CANDIDATES[@]}"; do
   [[ $v == pvlate ]] && grep -qE "^(FAILED|ERROR) .*test_pv_wait_late_same_values" "$LOGS/pytest.log" && ok=0
   if (( ok )); then VARIANTS+=",$v"; else echo "== $v left out of the A/B (its GPU tests did not all pass)"; fi
 done
-if [[ $VARIANTS == "old,new" ]]; then
-  echo "== fa3ab: skipped (no variant passed its GPU tests)"
-else
-  step fa3ab 37 python3 scripts/fa3_speed_ab.py --variants "$VARIANTS" $SHAPES --burst-ms 10 --peers flash-attn-4 \
-    --out "$out/fa3ab"
-fi
-echo "== precompile"; grep -E "^precompiled|Error|Traceback" "$LOGS/precompile.log" | head -n 12
-echo "== pytest"; grep -E "^(FAILED|ERROR)|passed|failed" "$LOGS/pytest.log" | tail -n 12
-if [[ -f "$LOGS/fa3ab.log" ]]; then
-  echo "== fa3ab ($VARIANTS)"; grep -E "errors:|Traceback|Error|INTERRUPTED" "$LOGS/fa3ab.log" | head -n 5
-  grep "^SUMMARY" "$LOGS/fa3ab.log"
-fi
+fa3ab_and_summary 37 "$out/fa3ab"

@@ -1300,6 +1300,33 @@ def test_pending9_runs_named_scripts_and_the_changed_defaults_tests():
     assert "def test_zero_v_blocks_long_rows_d256(" in (ROOT / "tests" / "test_fa3_fp8_gpu.py").read_text()
 
 
+def _run_fa3ab_script(tmp_path, script: str, log: str):
+    """scripts/<script> (an fa3 A/B script on steps.sh's fa3ab_and_summary) run with a fake nvidia-smi and a fake
+    python3 (its pytest step prints `log`; precompile and the A/B print stand-in lines): (the finished process, its
+    logs folder). Fails unless the script exits 0."""
+    bin_dir = _fake_bin(tmp_path / "bin", _FAKE_SMI)
+    (tmp_path / "pytest.log").write_text(log)
+    py = bin_dir / "python3"
+    py.write_text(f"""#!/usr/bin/env bash
+[[ "$1" == -c ]] && exit 1
+[[ "$1 $2" == "-m pytest" ]] && {{ echo "PYTEST $*"; cat {tmp_path}/pytest.log; exit 0; }}
+[[ " $* " == *" --precompile "* ]] && {{ echo "PRECOMPILE $*"; echo "precompiled 10 kernels + flash-attn-4 in 1 s"; exit 0; }}
+echo "AB $*"; echo "SUMMARY fake"
+""")
+    py.chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(tmp_path / "out"))
+    run = subprocess.run(["bash", str(ROOT / "scripts" / script)], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+    return run, tmp_path / "out" / "logs"
+
+
+def _step_limits(script: str) -> list[int]:
+    """The time limits of scripts/<script>'s steps: each `step NAME LIMIT` and `fa3ab_and_summary LIMIT` line."""
+    text = (ROOT / "scripts" / script).read_text()
+    return [int(m) for m in re.findall(r"^\s*(?:step \w+|fa3ab_and_summary) (\d+) ", text, re.M)]
+
+
 def _d64gap_log(passed: list[str], failed: list[str] = (), summary: bool = True) -> str:
     """A pytest -rfEp log of scripts/d64gap_gpu.sh's test step: PASSED / FAILED lines for the given test ids."""
     lines = [f"PASSED tests/test_fa3_gpu.py::{t}" for t in passed]
@@ -1330,21 +1357,7 @@ def test_d64gap_script_times_the_variants_whose_tests_passed(tmp_path, log, time
     assert all(64 in fa3ab.VARIANTS[v][0] for v in fa3ab.D64GAP)
     for v in fa3ab.D64GAP[2:]:
         assert fa3ab.variant_config(v, 64).check(64).pv_wait_late
-    bin_dir = _fake_bin(tmp_path / "bin", _FAKE_SMI)
-    (tmp_path / "pytest.log").write_text(log)
-    py = bin_dir / "python3"
-    py.write_text(f"""#!/usr/bin/env bash
-[[ "$1" == -c ]] && exit 1
-[[ "$1 $2" == "-m pytest" ]] && {{ echo "PYTEST $*"; cat {tmp_path}/pytest.log; exit 0; }}
-[[ " $* " == *" --precompile "* ]] && {{ echo "PRECOMPILE $*"; echo "precompiled 10 kernels + flash-attn-4 in 1 s"; exit 0; }}
-echo "AB $*"; echo "SUMMARY fake"
-""")
-    py.chmod(0o755)
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(tmp_path / "out"))
-    run = subprocess.run(["bash", str(ROOT / "scripts" / "d64gap_gpu.sh")], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=60)
-    assert run.returncode == 0, run.stdout + run.stderr
-    logs = tmp_path / "out" / "logs"
+    run, logs = _run_fa3ab_script(tmp_path, "d64gap_gpu.sh", log)
     assert "--variants old,new,pvlate,pvlate-noskip --shapes 64:4096:full,64:16384:full,64:4096:causal" in \
         (logs / "precompile.log").read_text()
     assert '-k d64gap_variants or pv_wait_late_same_values' in (logs / "pytest.log").read_text()
@@ -1356,7 +1369,7 @@ echo "AB $*"; echo "SUMMARY fake"
         assert "--peers flash-attn-4" in ab and "SUMMARY fake" in run.stdout
     for v in ("pvlate", "pvlate-noskip"):
         assert (f"== {v} left out" in run.stdout) == (timed is None or v not in timed.split(",")), run.stdout
-    limits = [int(m) for m in re.findall(r"^\s*step \w+ (\d+) ", (ROOT / "scripts" / "d64gap_gpu.sh").read_text(), re.M)]
+    limits = _step_limits("d64gap_gpu.sh")
     assert len(limits) == 3 and sum(limits) <= 120, limits
 
 
@@ -1389,21 +1402,7 @@ def test_pvlate128_script_times_the_variants_whose_tests_passed(tmp_path, log, t
     for v in ("pvlate-128", "pvlate-128-obpv"):
         assert fa3ab.variant_config(v, 128).check(128).pv_wait_late
     assert fa3ab.variant_config("pvlate-128-obpv", 128).rescale_o_before_pv
-    bin_dir = _fake_bin(tmp_path / "bin", _FAKE_SMI)
-    (tmp_path / "pytest.log").write_text(log)
-    py = bin_dir / "python3"
-    py.write_text(f"""#!/usr/bin/env bash
-[[ "$1" == -c ]] && exit 1
-[[ "$1 $2" == "-m pytest" ]] && {{ echo "PYTEST $*"; cat {tmp_path}/pytest.log; exit 0; }}
-[[ " $* " == *" --precompile "* ]] && {{ echo "PRECOMPILE $*"; echo "precompiled 10 kernels + flash-attn-4 in 1 s"; exit 0; }}
-echo "AB $*"; echo "SUMMARY fake"
-""")
-    py.chmod(0o755)
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(tmp_path / "out"))
-    run = subprocess.run(["bash", str(ROOT / "scripts" / "pvlate128_gpu.sh")], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=60)
-    assert run.returncode == 0, run.stdout + run.stderr
-    logs = tmp_path / "out" / "logs"
+    run, logs = _run_fa3ab_script(tmp_path, "pvlate128_gpu.sh", log)
     shapes = "--shapes 128:4096:full,128:16384:full,128:4096:causal"
     assert f"--variants old,new,o-before-pv,pvlate-128,pvlate-128-obpv {shapes}" in (logs / "precompile.log").read_text()
     assert '-k pvlate128 or (ablation_configs and o-before-pv)' in (logs / "pytest.log").read_text()
@@ -1415,6 +1414,5 @@ echo "AB $*"; echo "SUMMARY fake"
         assert "--peers flash-attn-4" in ab and "SUMMARY fake" in run.stdout
     for v in ("o-before-pv", "pvlate-128", "pvlate-128-obpv"):
         assert (f"== {v} left out" in run.stdout) == (timed is None or v not in timed.split(",")), run.stdout
-    limits = [int(m) for m in re.findall(r"^\s*step \w+ (\d+) ", (ROOT / "scripts" / "pvlate128_gpu.sh").read_text(),
-                                         re.M)]
+    limits = _step_limits("pvlate128_gpu.sh")
     assert len(limits) == 3 and sum(limits) <= 120, limits
