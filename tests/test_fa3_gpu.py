@@ -309,6 +309,22 @@ ALPHA_SHAPES = [(1, 1, 1, 2, 2), (2, 3, 3, 2, 2), (1, 113, 113, 3, 3), (1, 300, 
                 (1, 257, 4224, 2, 2), (2, 1023, 1023, 4, 2), (2, 255, 511, 6, 1)]
 
 
+def _check_alpha_shapes(name, head_dim, config, causal):
+    """A variant's config vs float64 (``_check``: NaN-poisoned outputs, LSE) over ALPHA_SHAPES in bf16."""
+    for shape in ALPHA_SHAPES:
+        q, k, v = _qkv(*shape, head_dim, BF16)
+        _check(q, k, v, causal, config=config, what=f"{name} D={head_dim} causal={causal} {shape}")
+
+
+def _assert_same_values(head_dim, causal, base, changed):
+    """fa3.run with config ``changed`` gives O and LSE equal to ``base``'s bit for bit (a switch that moves where
+    something is computed, not how: the same operations on the same values in the same order), 2 x 1023 x 4 heads."""
+    q, k, v = _qkv(2, 1023, 1023, 4, 2, head_dim, BF16)
+    want = fa3.run(q, k, v, causal=causal, softmax_scale=0.1, config=base)
+    got = fa3.run(q, k, v, causal=causal, softmax_scale=0.1, config=changed)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("name, head_dim, config", ALPHA, ids=[f"{n}-d{d}" for n, d, _ in ALPHA])
 def test_alpha_variants(name, head_dim, config, causal):
@@ -316,9 +332,7 @@ def test_alpha_variants(name, head_dim, config, causal):
     skip): the same maths as the default, so the same float64 bound, over ALPHA_SHAPES (one K/V tile and
     many, odd lengths, Nq != Nk both ways, GQA and MQA), fp16 once (D 128, non-causal), NaN-poisoned outputs, LSE
     checked; then EC-04's logit shifts, whose huge rows take the exact form's branch that alpha now precedes."""
-    for shape in ALPHA_SHAPES:
-        q, k, v = _qkv(*shape, head_dim, BF16)
-        _check(q, k, v, causal, config=config, what=f"{name} D={head_dim} causal={causal} {shape}")
+    _check_alpha_shapes(name, head_dim, config, causal)
     if head_dim == 128 and not causal:
         q, k, v = _qkv(2, 1023, 1023, 4, 2, head_dim, F16)
         _check(q, k, v, causal, config=config, what=f"{name} fp16 D={head_dim}")
@@ -330,10 +344,8 @@ def test_alpha_first_same_values(causal):
     """alpha_first changes where alpha is computed, not how (the same operations on the same values, in the same
     reduction order): at D 128 (its default since session 8), O and LSE with it equal those without it bit for bit."""
     default = fa3.DEFAULT_CONFIGS[128]  # passed: the default call may plan another kernel (split, packed rows)
-    q, k, v = _qkv(2, 1023, 1023, 4, 2, 128, BF16)
-    want = fa3.run(q, k, v, causal=causal, softmax_scale=0.1, config=dataclasses.replace(default, alpha_first=False))
-    got = fa3.run(q, k, v, causal=causal, softmax_scale=0.1, config=dataclasses.replace(default, alpha_first=True))
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    _assert_same_values(128, causal, dataclasses.replace(default, alpha_first=False),
+                        dataclasses.replace(default, alpha_first=True))
 
 
 GAP9 = _ab_variants("GAP9")  # session 8, D 256 vs flash-attn-4 (its choices, O rescaled under the exponentials)
@@ -345,9 +357,7 @@ def test_gap9_variants(name, head_dim, config, causal):
     """scripts/fa3_speed_ab.py's GAP9 variants: flash-attn-4's D 256 choices (`fa4-256`, and `alpha-256`: O rescaled
     under the exponentials) vs float64 over ALPHA_SHAPES (one K/V tile and many, odd lengths, Nq != Nk both ways, GQA
     and MQA), NaN-poisoned outputs, LSE checked; then EC-04's logit shifts (huge rows: the exact form's branch)."""
-    for shape in ALPHA_SHAPES:
-        q, k, v = _qkv(*shape, head_dim, BF16)
-        _check(q, k, v, causal, config=config, what=f"{name} D={head_dim} causal={causal} {shape}")
+    _check_alpha_shapes(name, head_dim, config, causal)
     _check_logit_shifts(name, head_dim, config, causal)
 
 
@@ -362,9 +372,7 @@ def test_ex2emu_variants(name, head_dim, config, causal):
     rule, over ALPHA_SHAPES (one K/V tile and many, odd lengths, Nq != Nk both ways: causal rows that see no key, whose
     emulated columns get -inf and must give P = +0 so that O = 0 and LSE = -inf; GQA and MQA), NaN-poisoned outputs,
     LSE checked; then EC-04's logit shifts (huge rows: the exact form, whose exponentials take the polynomial too)."""
-    for shape in ALPHA_SHAPES:
-        q, k, v = _qkv(*shape, head_dim, BF16)
-        _check(q, k, v, causal, config=config, what=f"{name} D={head_dim} causal={causal} {shape}")
+    _check_alpha_shapes(name, head_dim, config, causal)
     _check_logit_shifts(name, head_dim, config, causal)
 
 
@@ -378,9 +386,7 @@ def test_d64gap_variants(name, head_dim, config, causal):
     through a branch never taken on the row sums) vs float64 over ALPHA_SHAPES (one K/V tile and many, odd lengths,
     Nq != Nk both ways, GQA and MQA), NaN-poisoned outputs, LSE checked; then EC-04's logit shifts (huge rows: the
     exact form's branch, before the new one)."""
-    for shape in ALPHA_SHAPES:
-        q, k, v = _qkv(*shape, head_dim, BF16)
-        _check(q, k, v, causal, config=config, what=f"{name} D={head_dim} causal={causal} {shape}")
+    _check_alpha_shapes(name, head_dim, config, causal)
     _check_logit_shifts(name, head_dim, config, causal)
 
 
@@ -389,10 +395,7 @@ def test_pv_wait_late_same_values(causal):
     """pv_wait_late moves where the step waits for its P V GEMM, not what it computes (the same operations on the same
     values, in the same reduction order): at D 64, O and LSE with it equal the default's bit for bit."""
     default = fa3.DEFAULT_CONFIGS[64]
-    q, k, v = _qkv(2, 1023, 1023, 4, 2, 64, BF16)
-    want = fa3.run(q, k, v, causal=causal, softmax_scale=0.1, config=default)
-    got = fa3.run(q, k, v, causal=causal, softmax_scale=0.1, config=dataclasses.replace(default, pv_wait_late=True))
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    _assert_same_values(64, causal, default, dataclasses.replace(default, pv_wait_late=True))
 
 
 PVLATE128 = _ab_variants("PVLATE128")  # session 9, D 128: Sm90Config.pv_wait_late (+ rescale_o_before_pv), o-before-pv
@@ -407,9 +410,7 @@ def test_pvlate128_variants(name, head_dim, config, causal):
     GEMM) vs float64 over ALPHA_SHAPES (one K/V tile and many, odd lengths, Nq != Nk both ways, GQA and MQA),
     NaN-poisoned outputs, LSE checked; then EC-04's logit shifts (huge rows: the exact form's branch, before the new
     one)."""
-    for shape in ALPHA_SHAPES:
-        q, k, v = _qkv(*shape, head_dim, BF16)
-        _check(q, k, v, causal, config=config, what=f"{name} D={head_dim} causal={causal} {shape}")
+    _check_alpha_shapes(name, head_dim, config, causal)
     _check_logit_shifts(name, head_dim, config, causal)
 
 
@@ -418,7 +419,4 @@ def test_pvlate128_same_values(causal):
     """pv_wait_late moves where the step waits for its P V GEMM, not what it computes (the same operations on the same
     values, in the same reduction order): at D 128, O and LSE with it equal the default's bit for bit."""
     default = fa3.DEFAULT_CONFIGS[128]
-    q, k, v = _qkv(2, 1023, 1023, 4, 2, 128, BF16)
-    want = fa3.run(q, k, v, causal=causal, softmax_scale=0.1, config=default)
-    got = fa3.run(q, k, v, causal=causal, softmax_scale=0.1, config=dataclasses.replace(default, pv_wait_late=True))
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    _assert_same_values(128, causal, default, dataclasses.replace(default, pv_wait_late=True))
