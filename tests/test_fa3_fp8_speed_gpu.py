@@ -204,22 +204,12 @@ def test_fp8two_v_scales_spread(fp8_kernel, variant, shape, causal, nan_allocati
     |O| l < 2^18) against the emulation and float64. Nk 1000: eight 128-key tiles, the last partial, every row visits
     the zero and the tiny tile (causal: rows see 701..1000 keys)."""
     from fa_variants import fp8
-    from fa_variants.reference import attention_reference
 
     D, change = FP8TWO_VARIANTS[variant]
     cfg = dataclasses.replace(fp8_kernel.DEFAULT_CONFIGS[D], **change)
-    q, k, v = _inputs(shape, D, 11 + causal)
-    exponents = torch.tensor([-8, 8, -120, -3, 5, 0, 2, -6], device="cuda")  # per 128-key tile; 2: tiny values
-    v = (v.float() * torch.exp2(exponents.repeat_interleave(128)[:1000].float()).view(1, -1, 1, 1)).to(torch.bfloat16)
-    v[:, 640:768] = 0  # tile 5: all zeros
-    inp = fp8.quantize_fp8(q, k, v)
-    assert (inp.v_descale[..., 5] == 1).all()  # the zero block's descale (session 9; 2^-110 before)
-    assert (inp.v_descale[..., 2] == 2.0**-110).all()  # the tiny block's: the floor
-    with nan_allocations():
-        out, lse = fp8_kernel.run_fp8(inp, causal=causal, out_dtype=torch.bfloat16, config=cfg)
-    emu32, emu_lse = fp8.emulate_fp8_attention(inp, causal=causal, tile_m=cfg.tile_m)
-    exact, _ = attention_reference(q, k, v, causal=causal, dtype=torch.float64)
-    assert_fp8_matches_emulation(out, lse, emu32, emu_lse, exact, variant=variant, seed=11 + causal)
+    # per 128-key tile; tile 2: tiny values, tile 5: all zeros
+    _check_v_scales_spread(fp8_kernel, nan_allocations, variant, D, cfg, shape, causal, 11 + causal,
+                           [-8, 8, -120, -3, 5, 0, 2, -6], zero=5, tiny=2, quantise=fp8.quantize_fp8)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -234,25 +224,42 @@ def test_fp8fused128_v_scales_spread(fp8_kernel, variant, shape, causal, nan_all
     701..1000 keys)."""
     from fa_variants import fp8
     from fa_variants.fp8.quantize import quantize_fp8_torch
-    from fa_variants.reference import attention_reference
 
     D, change = FP8FUSED128_VARIANTS[variant]
     cfg = dataclasses.replace(fp8_kernel.DEFAULT_CONFIGS[D], **change)
-    bn = cfg.tile_n
-    q, k, v = _inputs(shape, D, 13 + causal)
-    exponents = torch.tensor([-8, -120, 0, 8, 5, 0, 2, -6], device="cuda")[:-(-1000 // bn)]  # per K/V tile; 1: tiny
-    v = (v.float() * torch.exp2(exponents.repeat_interleave(bn)[:1000].float()).view(1, -1, 1, 1)).to(torch.bfloat16)
-    v[:, 2 * bn:3 * bn] = 0  # tile 2: all zeros
     recipe = fp8.FP8Config(two_level=cfg.two_level, promote_every=cfg.promote_every)
-    inp = fp8.quantize_fp8(q, k, v, config=recipe) if bn == fp8.layout.tile_n(D) else \
-        quantize_fp8_torch(q, k, v, config=recipe, block_n=bn)
-    assert (inp.v_descale[..., 2] == 1).all()  # the zero block's descale (session 9; 2^-110 before)
-    assert (inp.v_descale[..., 1] == 2.0**-110).all()  # the tiny block's: the floor
+
+    def quantise(q, k, v):
+        if cfg.tile_n == fp8.layout.tile_n(D):
+            return fp8.quantize_fp8(q, k, v, config=recipe)
+        return quantize_fp8_torch(q, k, v, config=recipe, block_n=cfg.tile_n)
+
+    # per K/V tile of the variant's tile_n; tile 1: tiny values, tile 2: all zeros
+    _check_v_scales_spread(fp8_kernel, nan_allocations, variant, D, cfg, shape, causal, 13 + causal,
+                           [-8, -120, 0, 8, 5, 0, 2, -6], zero=2, tiny=1, quantise=quantise)
+
+
+def _check_v_scales_spread(fp8_kernel, nan_allocations, variant, D, cfg, shape, causal, seed, exponents, zero, tiny,
+                           quantise):
+    """V scaled by 2^exponents[t] per K/V tile t of cfg.tile_n keys, tile ``zero`` all zeros and tile ``tiny`` of
+    values ~2^-120, quantised by ``quantise(q, k, v)``: the zero block's descale is 1 (session 9; 2^-110 before), the
+    tiny block's the floor 2^-110, and the kernel (NaN-poisoned outputs) matches the emulation and float64."""
+    from fa_variants import fp8
+    from fa_variants.reference import attention_reference
+
+    bn, nk = cfg.tile_n, shape[2]
+    q, k, v = _inputs(shape, D, seed)
+    scale = torch.tensor(exponents[:-(-nk // bn)], device="cuda").repeat_interleave(bn)[:nk].float()
+    v = (v.float() * torch.exp2(scale).view(1, -1, 1, 1)).to(torch.bfloat16)
+    v[:, zero * bn:(zero + 1) * bn] = 0
+    inp = quantise(q, k, v)
+    assert (inp.v_descale[..., zero] == 1).all()
+    assert (inp.v_descale[..., tiny] == 2.0**-110).all()
     with nan_allocations():
         out, lse = fp8_kernel.run_fp8(inp, causal=causal, out_dtype=torch.bfloat16, config=cfg)
     emu32, emu_lse = fp8.emulate_fp8_attention(inp, causal=causal, tile_m=cfg.tile_m)
     exact, _ = attention_reference(q, k, v, causal=causal, dtype=torch.float64)
-    assert_fp8_matches_emulation(out, lse, emu32, emu_lse, exact, variant=variant, seed=13 + causal)
+    assert_fp8_matches_emulation(out, lse, emu32, emu_lse, exact, variant=variant, seed=seed)
 
 
 def test_fp8_exp2_emu_every_score(fp8_kernel, nan_allocations):
