@@ -55,8 +55,7 @@ stop_clocks; cat "$out/commit.txt" "$out/gpu.txt"
 grep -E "precompile:|FAILED" "$out/precompile.log" | head -6
 for t in gpu_tests gpu_tests_env; do echo "-- $t"; grep -E "^FAILED|passed|failed|error" "$out/$t.log" | tail -6; done
 grep -E "ERROR SUMMARY|RACECHECK SUMMARY|CALLS|DIFF|^rc=" "$out/sanitize.log"
-grep -E "^device copy|MISMATCH|DIFF" "$out/bandwidth.log" | head -10
-sed -n '/^A\/B /,$p' "$out/bandwidth.log" | grep . || tail -20 "$out/bandwidth.log"
+bandwidth_summary "$out/bandwidth.log"
 echo "== ncu (v3ss sampled8, D 64: V + K sample sums, K, Q)"
 grep -E "^  [A-Za-z_]+.*QuantPass|Duration|DRAM Throughput|L2 Hit Rate|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per Thread|Warp Cycles Per Issued|Store" \
   "$out/ncu_details.txt" | sed -E 's/kernel_cutlass_kernel_fa_variantsfp8quant_kernelQuantPass_object_at_[^ ]*/QuantPass/' \

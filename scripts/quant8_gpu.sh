@@ -45,5 +45,4 @@ stop_clocks; cat "$out/commit.txt" "$out/gpu.txt"
 grep -E "precompile:|FAILED" "$out/precompile.log" | head -6
 echo "-- gpu_tests"; grep -E "^FAILED|passed|failed|error" "$out/gpu_tests.log" | tail -8
 grep -E "RACECHECK SUMMARY|CALLS|DIFF|^rc=" "$out/sanitize.log"
-grep -E "^device copy|MISMATCH|DIFF" "$out/bandwidth.log" | head -10
-sed -n '/^A\/B /,$p' "$out/bandwidth.log" | grep . || tail -20 "$out/bandwidth.log"
+bandwidth_summary "$out/bandwidth.log"

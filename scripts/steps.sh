@@ -17,6 +17,7 @@
 #                             runs in a process group of its own (timeout's).
 #   fa3ab_and_summary LIMIT DIR  the fa3 A/B scripts' tail (d64gap, pvlate128): fa3_speed_ab.py on $VARIANTS / $SHAPES
 #                             beside flash-attn-4 unless $VARIANTS is "old,new", then the logs' summaries (below)
+#   bandwidth_summary LOG     the quantisation scripts' closing lines of an fp8_quant_bandwidth.py log (below)
 #   pack_logs ARCHIVE         stops the clock logger, then packs the folder $LOGS into ARCHIVE (tar.gz, the
 #                             folder's own name at the top).
 print_header() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
@@ -95,6 +96,13 @@ fa3ab_and_summary() { local limit=$1 dir=$2
     echo "== fa3ab ($VARIANTS)"; grep -E "errors:|Traceback|Error|INTERRUPTED" "$LOGS/fa3ab.log" | head -n 5
     grep "^SUMMARY" "$LOGS/fa3ab.log"
   fi
+}
+
+# bandwidth_summary LOG: the lines of a scripts/fp8_quant_bandwidth.py log the quantisation scripts print at their
+# end (the device copy's rate, any mismatch, then its A/B table; the log's last 20 lines when it has none)
+bandwidth_summary() {
+  grep -E "^device copy|MISMATCH|DIFF" "$1" | head -10
+  sed -n '/^A\/B /,$p' "$1" | grep . || tail -20 "$1"
 }
 
 pack_logs() {

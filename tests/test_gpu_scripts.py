@@ -1416,3 +1416,18 @@ def test_pvlate128_script_times_the_variants_whose_tests_passed(tmp_path, log, t
         assert (f"== {v} left out" in run.stdout) == (timed is None or v not in timed.split(",")), run.stdout
     limits = _step_limits("pvlate128_gpu.sh")
     assert len(limits) == 3 and sum(limits) <= 120, limits
+
+
+def test_steps_sh_bandwidth_summary(tmp_path):
+    """steps.sh bandwidth_summary (the quantisation scripts' closing lines): the device copy and mismatch lines, then
+    the log from its first "A/B " line on; a log without an A/B table gives its last 20 lines."""
+    with_ab = tmp_path / "ab.log"
+    with_ab.write_text("noise\ndevice copy (2 GiB read): 1.0 ms\nrow\nA/B defm vs def\n  D=256 0.9\n")
+    plain = tmp_path / "plain.log"
+    plain.write_text("".join(f"line {i}\n" for i in range(30)))
+    steps = ROOT / "scripts" / "steps.sh"
+    run = subprocess.run(["bash", "-c", f'source "{steps}"; bandwidth_summary "{with_ab}"; echo ==; '
+                          f'bandwidth_summary "{plain}"'], capture_output=True, text=True, timeout=30)
+    first, second = run.stdout.split("==\n")
+    assert first == "device copy (2 GiB read): 1.0 ms\nA/B defm vs def\n  D=256 0.9\n"
+    assert second.splitlines() == [f"line {i}" for i in range(10, 30)]
