@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["TILE_M", "KERNEL_TILES", "KERNEL_PROMOTE_EVERY", "promote_every", "tile_m", "tile_n", "V_TOKEN_GROUP", "V_GROUP_ORDER", "v_token_order", "K_ALIGN_TOKENS",
+__all__ = ["TILE_M", "q_scale_block", "KERNEL_TILES", "KERNEL_PROMOTE_EVERY", "promote_every", "tile_m", "tile_n", "V_TOKEN_GROUP", "V_GROUP_ORDER", "v_token_order", "K_ALIGN_TOKENS",
            "padded_seqlen_k", "kernel_tiles"]
 
 TILE_M = 128
@@ -99,6 +99,19 @@ def v_token_order(n: int) -> torch.LongTensor:
         raise ValueError(f"v_token_order: n={n} must be a non-negative multiple of {V_TOKEN_GROUP}")
     base = torch.arange(0, n, V_TOKEN_GROUP, dtype=torch.long, device="cpu").unsqueeze(1)  # not the default device
     return (base + torch.tensor(V_GROUP_ORDER, dtype=torch.long, device="cpu")).reshape(-1)
+
+
+def q_scale_block(first_row, num_q_blocks, _min=min):
+    """The Q scale block (index into q_descale's last dimension, ``cdiv(seqlen_q, TILE_M)`` blocks) whose descale a
+    64-row warpgroup of the fa3-fp8 kernel reads: its first row // TILE_M, clamped to the last block.
+
+    The clamp matters where the kernel's tile_m (192) is no multiple of TILE_M: the last query tile's last warpgroup
+    may start at or past cdiv(seqlen_q, TILE_M) TILE_M (seqlen_q 113: rows 128-191 of the one 192-row tile, block 1 of
+    1), one past q_descale's end, read out of bounds before (compute-sanitizer memcheck, session 10). Such a
+    warpgroup holds no row < seqlen_q (first_row >= cdiv(seqlen_q, TILE_M) TILE_M >= seqlen_q): its O and LSE are
+    never stored, so any finite descale will do; every warpgroup with a real row gets first_row // TILE_M unchanged.
+    first_row: int >= 0 (or a DSL Int32 with ``_min=cutlass.min``); num_q_blocks >= 1."""
+    return _min(first_row // TILE_M, num_q_blocks - 1)
 
 
 def padded_seqlen_k(seqlen_k: int) -> int:

@@ -200,6 +200,8 @@ class Fp8Config(Fa3Config):
         assert layout.TILE_M % WGMMA_M == 0
         if self.persistent:
             raise ValueError("fa3-fp8: persistent=True is not supported (only fa3's bf16/fp16 prefill kernel)")
+        if self.pack_gqa:  # the descales are indexed by query head and row: packed rows / KV heads would misread them
+            raise ValueError("fa3-fp8: pack_gqa=True is not supported (q_descale is per query head and 128 rows)")
         if self.alpha_first:  # not built or tested for fp8's own mainloop
             raise ValueError("fa3-fp8: alpha_first=True is not supported (only fa3's bf16/fp16 kernel)")
         if self.pv_wait_late:  # not built or tested for fp8's own mainloop
@@ -677,9 +679,12 @@ class FlashAttention3Fp8Sm90(FlashAttention3Sm90):
             o_alpha = cute.make_rmem_tensor(softmax.num_rows, Float32)
             o_alpha.fill(1.0)
         descales = cute.make_rmem_tensor(2, Float32) if const_expr(self.cfg.descale_prefetch) else None
-        q_block = (m_block * self.tile_m + wg * WGMMA_M) // layout.TILE_M  # this warpgroup's Q scale block
+        first_row = m_block * self.tile_m + wg * WGMMA_M  # this warpgroup's first query row
         if const_expr(self._tail_first()):  # args[14]: the tile's first row (a multiple of 64, >= 0)
-            q_block = (args[14] + wg * WGMMA_M) // layout.TILE_M
+            first_row = args[14] + wg * WGMMA_M
+        # its Q scale block, clamped to q_descale's last one (a 192-row tile's last warpgroup may lie wholly past
+        # seqlen_q and past the last block: layout.q_scale_block)
+        q_block = layout.q_scale_block(first_row, mQd.shape[2], _min=cutlass.min)
         qk_scale = mQd[batch, head, q_block] * softmax.scale_log2
         return _Fp8StepContext(*args, acc_tmp=tmp, acc_tmp2=tmp2, qk_scale=qk_scale,
                                k_descale=mKd[batch, kv_head, None], v_descale=mVd[batch, kv_head, None],
