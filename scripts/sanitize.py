@@ -2,6 +2,7 @@
 
     python3 scripts/sanitize.py                      # every tool x every kernel backend this GPU runs
     python3 scripts/sanitize.py --tools memcheck --backends fa2 --timeout 120
+    python3 scripts/sanitize.py --tools memcheck --backends fa3-fp8 --head-dims 64 96 128 256 --per-head-dim --precompile
 
 Each (tool, backend) pair is one process, ``compute-sanitizer --tool T --report-api-errors no
 --error-exitcode 9 python3 scripts/sanitize.py --worker --backend B``, all started at once (compiling the
@@ -14,7 +15,10 @@ against the float64 reference. PyTorch's caching allocator is turned off in the 
 (PYTORCH_NO_CUDA_MEMORY_CACHING=1) so that an out-of-bounds access leaves its own allocation and memcheck
 sees it. Summary line per pair: tool, backend, "clean" or the error count, the checked calls, seconds.
 Logs: one file per pair under --out ($OUT, else results/sanitize-<date>-<time>). Exit status 1 if any pair
-reported an error, failed a check or timed out.
+reported an error, failed a check or timed out. --head-dims limits the head dims; --per-head-dim runs one sanitized
+process per (tool, backend, head_dim) (logs TOOL-BACKEND-dD.log), side by side; --precompile first runs the same
+calls without the sanitizer, one process per (backend, head_dim, causal), all at once, so the kernels are in the
+disk compile cache before the sanitized processes start (a cold machine: compiling is most of the time).
 
 Expected time on an H200 (16 CPU cores): about 3-5 minutes for the 9 pairs (racecheck is the slowest).
 """
@@ -53,18 +57,21 @@ def plan(backend: str):
     return dtype, [d for d in (64, 96, 128, 256) if variant.head_dims is None or d in variant.head_dims]
 
 
-def worker(backend: str) -> int:
-    """Run the shapes on one backend; print one line per call and 'CALLS n FAILED m' last."""
+def worker(backend: str, head_dims: list[int] | None = None, causal_only: int | None = None) -> int:
+    """Run the shapes on one backend (its head dims, or those of ``head_dims`` it serves; ``causal_only`` 0 / 1: only
+    the non-causal / causal shapes); print one line per call and 'CALLS n FAILED m' last."""
     import torch
 
     import fa_variants
     from fa_variants import dispatch
     from fa_variants.reference import attention_reference, check_against_reference, rel_l2
 
-    dtype, head_dims = plan(backend)
+    dtype, served = plan(backend)
+    head_dims = [d for d in served if head_dims is None or d in head_dims]
+    keep = lambda shape: causal_only is None or shape[-1] == bool(causal_only)  # noqa: E731
     calls = failed = 0
     for head_dim in head_dims:
-        for batch, nq, nk, heads, heads_kv, causal in SHAPES:
+        for batch, nq, nk, heads, heads_kv, causal in filter(keep, SHAPES):
             make = lambda n, h: torch.randn(batch, n, h, head_dim, device="cuda").to(dtype)  # noqa: E731
             q, k, v = make(nq, heads), make(nk, heads_kv), make(nk, heads_kv)
             with torch.no_grad():
@@ -81,7 +88,7 @@ def worker(backend: str) -> int:
                 ok = check_against_reference(out, q, k, v, causal).ok
             failed += not ok
             print(f"{what}: {'ok' if ok else 'WRONG OUTPUT'}", flush=True)
-        for batch, nq, nk, heads, heads_kv, causal in SPLIT_SHAPES if backend in SPLIT_BACKENDS else ():
+        for batch, nq, nk, heads, heads_kv, causal in filter(keep, SPLIT_SHAPES if backend in SPLIT_BACKENDS else ()):
             for num_splits, pack_gqa in SPLIT_OPTIONS:
                 pack_gqa = pack_gqa and (backend == "fa3" or nq == 1)  # fa2 packs one query row only
                 make = lambda n, h: torch.randn(batch, n, h, head_dim, device="cuda").to(dtype)  # noqa: E731
@@ -136,6 +143,31 @@ def _summary(tool: str, backend: str, rc: int | None, log: str, seconds: float) 
     return f"{tool:9s} {backend:8s} {verdict} ({done}, {seconds:.0f} s)", ok
 
 
+def _precompile(out: Path, runs: list, timeout: float) -> bool:
+    """The runs' calls without the sanitizer, one process per (run, head_dim, causal), all at once (their kernels
+    into the disk compile cache); one summary line; False if one failed or timed out."""
+    start, procs = time.monotonic(), []
+    for name, backend, run_env, head_dims in runs:
+        for d in head_dims:
+            for causal in (0, 1):
+                label = name if name.endswith(f"-d{d}") else f"{name}-d{d}"  # --per-head-dim names carry it
+                log = open(out / f"precompile-{label}-c{causal}.log", "w")
+                cmd = [sys.executable, __file__, "--worker", "--backend", backend, "--head-dims", str(d),
+                       "--causal-only", str(causal)]
+                procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=run_env), log))
+    failed = 0
+    for proc, log in procs:
+        try:
+            failed += proc.wait(timeout=max(timeout - (time.monotonic() - start), 1)) != 0
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            failed += 1
+        log.close()
+    print(f"precompile: {len(procs)} processes, {failed} failed, {time.monotonic() - start:.0f} s", flush=True)
+    return failed == 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tools", nargs="+", choices=TOOLS, default=list(TOOLS))
@@ -145,11 +177,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--fused-merge", action="store_true",
                         help="also run fa3 with FA_VARIANTS_FUSED_MERGE=all (the split merge inside the kernel)")
+    parser.add_argument("--head-dims", nargs="+", type=int, default=None,
+                        help="only these head dims (of those each backend serves; default all)")
+    parser.add_argument("--per-head-dim", action="store_true",
+                        help="one sanitized process per (tool, backend, head_dim), side by side")
+    parser.add_argument("--precompile", action="store_true",
+                        help="first the same calls without the sanitizer, one process per (backend, head_dim, causal)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--backend", help=argparse.SUPPRESS)
+    parser.add_argument("--causal-only", type=int, choices=(0, 1), default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        return worker(args.backend)
+        return worker(args.backend, args.head_dims, args.causal_only)
 
     sanitizer = args.sanitizer or shutil.which("compute-sanitizer") or next(
         (str(p) for p in (Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "compute-sanitizer",)
@@ -165,19 +204,28 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1",
                PYTHONPATH=os.pathsep.join(filter(None, (str(Path(__file__).resolve().parents[1]),
                                                         os.environ.get("PYTHONPATH")))))
-    runs = [(backend, backend, env) for backend in backends]
+    dims = lambda backend: [d for d in plan(backend)[1] if args.head_dims is None or d in args.head_dims]  # noqa: E731
+    runs = [(backend, backend, env, None) for backend in backends]
     if args.fused_merge and "fa3" in backends:
-        runs.append(("fa3+fused", "fa3", dict(env, FA_VARIANTS_FUSED_MERGE="all")))
+        runs.append(("fa3+fused", "fa3", dict(env, FA_VARIANTS_FUSED_MERGE="all"), None))
+    if args.per_head_dim:
+        runs = [(f"{name}-d{d}", backend, run_env, [d]) for name, backend, run_env, _ in runs for d in dims(backend)]
+    elif args.head_dims:
+        runs = [(name, backend, run_env, args.head_dims) for name, backend, run_env, _ in runs]
+    all_ok = True
+    if args.precompile:
+        all_ok &= _precompile(out, [(name, backend, run_env, dims_ or dims(backend)) for name, backend, run_env, dims_
+                                    in runs], args.timeout)
     jobs = {}
     for tool in args.tools:
-        for name, backend, run_env in runs:
+        for name, backend, run_env, head_dims in runs:
             log = out / f"{tool}-{name}.log"
             cmd = [sanitizer, "--tool", tool, "--report-api-errors", "no", "--error-exitcode", "9",
                    sys.executable, __file__, "--worker", "--backend", backend]
+            cmd += ["--head-dims", *map(str, head_dims)] if head_dims else []
             handle = open(log, "w")
             jobs[(tool, name)] = (subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, env=run_env),
                                   handle, log, time.monotonic())
-    all_ok = True
     while jobs:
         for key, (proc, handle, log, start) in list(jobs.items()):
             elapsed = time.monotonic() - start

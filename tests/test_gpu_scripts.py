@@ -445,6 +445,30 @@ def test_sanitize_plan_reads_the_registry(backend):
     assert dtype in (torch.bfloat16, torch.float16) and head_dims and set(head_dims) <= {64, 96, 128, 256}
 
 
+def test_sanitize_per_head_dim_and_precompile(tmp_path, monkeypatch, capsys):
+    """scripts/oob_gpu.sh's sanitize call on the CPU (fake sanitizer and python, echoing their arguments): --head-dims
+    with --per-head-dim gives one sanitized process per head_dim (its own log, its --head-dims), --precompile first
+    one unsanitized worker per (head_dim, causal)."""
+    mod = _sanitize()
+    fake = tmp_path / "fake"
+    fake.write_text("#!/usr/bin/env bash\necho \"ARGS $*\"; echo 'CALLS 1 FAILED 0'; echo 'ERROR SUMMARY: 0 errors'\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(mod, "_runnable_backends", lambda names: (list(names), []))
+    monkeypatch.setattr(mod.sys, "executable", str(fake))
+    rc = mod.main(["--tools", "memcheck", "--backends", "fa3-fp8", "--head-dims", "64", "256", "--per-head-dim",
+                   "--precompile", "--sanitizer", str(fake), "--out", str(tmp_path / "out"), "--timeout", "30"])
+    printed = capsys.readouterr().out
+    assert rc == 0 and "precompile: 4 processes, 0 failed" in printed
+    for d in (64, 256):
+        assert f"memcheck  fa3-fp8-d{d} clean (1 calls" in printed
+        log = (tmp_path / "out" / f"memcheck-fa3-fp8-d{d}.log").read_text()
+        assert "--tool memcheck" in log and log.rstrip().count("--head-dims") == 1 and f"--head-dims {d}" in log
+        for causal in (0, 1):
+            pre = (tmp_path / "out" / f"precompile-fa3-fp8-d{d}-c{causal}.log").read_text()
+            assert f"--backend fa3-fp8 --head-dims {d} --causal-only {causal}" in pre and "--tool" not in pre
+    assert "--per-head-dim" in (ROOT / "scripts" / "oob_gpu.sh").read_text()
+
+
 def test_sanitize_reads_racecheck_summaries():
     """racecheck ends with 'RACECHECK SUMMARY: ... (n errors, ...)', not 'ERROR SUMMARY' (every clean racecheck
     pair read as FAILED on the H200)."""
