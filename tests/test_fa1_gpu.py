@@ -116,3 +116,30 @@ def test_strided_inputs(nan_allocations):
     q, k, v = qkv.unbind(dim=2)
     out, lse = run_poisoned(nan_allocations, q, k, v, causal=True)
     assert_passes(out, lse, q, k, v, True)
+
+
+def test_gqa_prefill_every_head_many_draws(nan_allocations):
+    """test_edge_cases.py::test_ec08b's shape (1 x 200 x 200, 8:2 GQA, D 64, causal, bf16) over 100 fresh draws, each
+    head against the rule on its own (800 heads), and beside fa2 on the same inputs. fa1 once rounded P / l_new to
+    bf16 (a rounding on each row's largest weight that fa2, whose P has row max 1, does not make): ~1.4x fa2's error
+    at the median and ~1 head in 1500 over the rule (scripts/fa1tol_model.py); in Algorithm 1 line 12's order its
+    error is fa2's (model: ratio 1.00, no head over the rule in 3000)."""
+    from fa_variants import attention
+    from fa_variants.reference import references
+
+    fails, ratios = [], []
+    for draw in range(100):
+        q, k, v = inputs(1, 200, 200, 8, 2, 64)
+        out, _ = run_poisoned(nan_allocations, q, k, v, causal=True)
+        out2 = attention(q, k, v, causal=True, backend="fa2")
+        refs = references(q, k, v, causal=True)
+        for h in range(8):
+            exact = refs.out[:, :, h].double()
+            err, err2, err_torch = ((x[:, :, h].double() - exact).abs().max().item()
+                                    for x in (out, out2, refs.out_torch))
+            if not err <= 2 * err_torch + 1e-5:
+                fails.append(f"draw {draw} head {h}: err {err:.3e} vs torch {err_torch:.3e}")
+            ratios.append(err / max(err2, 1e-30))
+    median = sorted(ratios)[len(ratios) // 2]
+    assert not fails, f"{len(fails)} of 800 heads over the rule: {fails[:5]}"
+    assert median <= 1.15, f"fa1's error is {median:.2f}x fa2's at the median (expected ~1.0; 1.4 = P / l rounded)"

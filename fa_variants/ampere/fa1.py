@@ -16,6 +16,9 @@ the tile ranges and the bottom-right causal and sequence-end masks), so that an 
   at every step: O_i <- diag(l_new)^-1 (diag(l_i) e^(m_i - m_new) O_i + e^(m~_ij - m_new) P~_ij V_j).
   m is kept as the max of the raw (unscaled) scores; P is computed directly relative to m_new
   (exp(S - m_new) = e^(m~ - m_new) P~, the same product as lines 10-11), exactly as common/softmax.py does.
+  P enters the MMA in fp16/bf16 unnormalised (its row max exactly 1) and diag(l_new)^-1 is applied to the
+  fp32 sum after the product: rounding P / l_new instead adds a rounding to the largest weight of each row
+  (scripts/fa1tol_model.py models both orders).
 * The last step of a Q tile (j = the last K/V tile it sees) writes its O straight into the output
   (converted to fp16/bf16) and LSE = m + log l instead of O, l, m: the same values Algorithm 1 would
   leave in HBM, without a separate conversion pass over the workspace.
@@ -280,18 +283,21 @@ class FlashAttention1Sm80:
         # l_new = e^(m_i - m_new) l_i + rowsum P
         alpha = softmax.update(S, is_first=False)
         l_new = softmax.resumed_sum(alpha)
+        # line 12: O_i = diag(l_new)^-1 (diag(l_i) e^(m_i - m_new) O_i + P V_j), in that order: P = exp(S - m_new)
+        # is rounded to fp16/bf16 unnormalised (its row max exactly 1, as in fa2) and the division comes after
+        # the product, in fp32 (P / l_new rounded to 16 bits carried ~1.4x fa2's error: scripts/fa1tol_model.py)
         for r in cutlass.range_constexpr(num_rows):
-            inv_l = 0.0 if l_new[r] == 0.0 else cute.arch.rcp_approx(l_new[r])
-            # line 12: O_i = diag(l_new)^-1 (diag(l_i) e^(m_i - m_new) O_i + P V_j)
-            o_scale = l_i[r] * alpha[r] * inv_l
+            o_scale = l_i[r] * alpha[r]
             for c in cutlass.range_constexpr(cute.size(O, mode=[1])):
                 O[r, c] = O[r, c] * o_scale
-            for c in cutlass.range_constexpr(cute.size(S, mode=[1])):
-                S[r, c] = S[r, c] * inv_l
         rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
         rP.store(acc_S.load().to(self.dtype))
         sm80.gemm_rs(mm.mma, acc_O, acc_as_operand_a(rP), mm.tOrVt,
                      mm.tOsVt[None, None, None, kv_stage], mm.s2r_V)
+        for r in cutlass.range_constexpr(num_rows):
+            inv_l = 0.0 if l_new[r] == 0.0 else cute.arch.rcp_approx(l_new[r])
+            for c in cutlass.range_constexpr(cute.size(O, mode=[1])):
+                O[r, c] = O[r, c] * inv_l
 
         # lines 12-13: write O_i, l_i, m_i back to HBM; after the last K/V tile this Q tile sees,
         # write the output and LSE = m + log l instead (what Algorithm 1 leaves in HBM, finished)
