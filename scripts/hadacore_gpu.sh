@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # hadacore_gpu.sh: issue 10's quantisation pass, session 9, on one H200 (~95 s expected from a cold disk cache; step
-# limits 45 + 38 + 25 s): Q's / K's Hadamard at head_dim 256 on the tensor cores, quant_host.V3_MMA_FWHT
+# limits 45 + 80 + 25 s; session 10: the tests ran past 38 s): Q's / K's Hadamard at head_dim 256 on the tensor cores, quant_host.V3_MMA_FWHT
 # (PassConfig.mma_fwht, off): H_256 = H_16 (x) H_16; the transform over a token's low 4 channel bits as 16 mma.sync
 # m16n8k16 per warp and block (H_16 as the B operand, fp32 accumulate), the high 4 bits in registers (each lane holds
 # all 16 rows of its 4 columns: no shuffle); e4m3 stored 4 bytes at a time. The exact path (built): the mma's A operand
@@ -42,7 +42,7 @@ source "$(dirname "$0")/steps.sh"; help_from_header "$@"
 out="${OUT:-results}/hadacore"; session_setup "$out"
 # under $out: commit.txt, gpu.txt, clocks.csv, the step logs, quant_bw.json
 step precompile 45 python3 scripts/quant_precompile.py --jobs 16 --set hadacore --unique
-step gpu_tests 38 python3 -m pytest -q -n 3 -m gpu -p no:cacheprovider --tb=short tests/test_fp8_quant_kernel.py \
+step gpu_tests 80 python3 -m pytest -q -n 3 -m gpu -p no:cacheprovider --tb=short tests/test_fp8_quant_kernel.py \
   -k "test_v3_mma_fwht"
 pipes=def,defm ab=(--ab def:defm)
 if ! grep -qE "^4 passed" "$out/gpu_tests.log" || grep -qE "failed|error" "$out/gpu_tests.log"; then
