@@ -274,3 +274,20 @@ def test_fused_promote_serial():
     assert any(f >= 64 and m == 0 for f, m in tails), tails
     assert any(f >= 64 and m >= 64 for f, m in base_tails), base_tails
     dataclasses.replace(base_cfg, tile_m=192, tile_n=128, reduce_chains=4, q_tail_first=True, fused_promote=True).check(128)
+
+
+@pytest.mark.parametrize("head_dim, change", [(256, {}), (128, dict(fused_promote=True))], ids=["d256-default", "d128-fused"])
+def test_bounded_units(head_dim, change):
+    """bounded_units (session 10, off; the fix of fused_promote's overflow, scripts/overflow_gpu.sh): compiles on top of
+    the fused configs with the same QGMMAs, no spills, and the branch that scales the temporary (FMULs) beside the
+    fused path's FFMA promotions."""
+    cfg = dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[head_dim], **change)
+    base = _sass(cfg, head_dim=head_dim, causal=True)
+    s = _sass(dataclasses.replace(cfg, bounded_units=True), head_dim=head_dim, causal=True)
+    ops = cubin.SASS_OPCODES + ("FMUL",)
+    counts, base_counts = cubin.count_sass(s, ops), cubin.count_sass(base, ops)
+    assert counts["LDL"] == counts["STL"] == 0, counts
+    assert counts["QGMMA"] == base_counts["QGMMA"], (counts["QGMMA"], base_counts["QGMMA"])
+    assert counts["FMUL"] >= base_counts["FMUL"] + 64, (counts["FMUL"], base_counts["FMUL"])  # the rare path's tmp *= s
+    with pytest.raises(ValueError, match="bounded_units needs fused_promote"):
+        dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], bounded_units=True).check(128)

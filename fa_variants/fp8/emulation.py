@@ -59,7 +59,7 @@ from fa_variants.common import exp2_poly
 from fa_variants.fp8 import layout
 from fa_variants.fp8.quantize import E4M3, FP8Config, FP8Inputs, quantize_fp8_torch
 
-__all__ = ["P_SHIFT", "ACCUMULATOR", "ACCUMULATOR_BITS", "BLOCKFP_FRAC_BITS", "KV_ORDER", "MMA_K", "kv_tile_end", "emulate_fp8_attention",
+__all__ = ["UNIT_SPAN", "bounded_unit", "P_SHIFT", "ACCUMULATOR", "ACCUMULATOR_BITS", "BLOCKFP_FRAC_BITS", "KV_ORDER", "MMA_K", "kv_tile_end", "emulate_fp8_attention",
            "fp8_attention_reference", "fp8_error_bound"]
 
 P_SHIFT = 8
@@ -70,6 +70,27 @@ MMA_K = 32  # k of one FP8 MMA instruction (PTX wgmma .e4m3: k = 32)
 BLOCKFP_FRAC_BITS = 13  # the block-floating-point model's fraction bits below the chunk's largest exponent
 C_MIN = 1.1754943508222875e-38  # the kernel floors c_n at the smallest normal float (softmax_scale = 0)
 LOG2_E = math.log2(math.e)
+
+
+#: "bounded" units: O' = O / u with u = max(v_descale, (largest v_descale visited) 2^-UNIT_SPAN) (``bounded_unit``)
+UNIT_SPAN = 64
+
+
+def bounded_unit(v_descale: torch.Tensor, visited_max: torch.Tensor) -> torch.Tensor:
+    """The unit of the fused O after a tile of descale v_descale, visited_max the largest v_descale seen so far
+    (both powers of two, float32): u = max(v_descale, visited_max 2^-UNIT_SPAN), a power of two.
+
+    Proof that O' = O_unnorm / u stays finite, O_unnorm = sum over the visited keys j of P8_j V_j (dequantised):
+    P8 <= 2^P_SHIFT = 256 and |V_j| <= 448 v_descale(j) <= 448 visited_max, so for Nk <= 2^31 keys
+    |O'| <= 2^8 * 448 * 2^31 * visited_max / u <= 2^47.9 * 2^UNIT_SPAN = 2^111.9 < 2^128 (the promotion's
+    intermediate alpha' O' is bounded the same way: alpha <= 1). With the kernel's unit u = v_descale (``"tile"``)
+    the bound is 2^47.9 visited_max / v_descale: up to 2^47.9 * 2^236 for descales 2^126 .. 2^-110, i.e.
+    overflow once |O_unnorm| >= 2^128 v_descale (2^18 for the floor 2^-110). The block's own P V (|acc| <=
+    2^8 * 448 * tile_n) enters scaled by v_descale / u <= 1, exact unless the product falls below 2^-126: a
+    nonzero acc >= 2^-18 (e4m3 products) times v_descale / u >= 2^-108 stays normal, so nothing is flushed
+    unless the row's V descales differ by more than 2^(UNIT_SPAN + 108) = 2^172 (and then only contributions
+    below 2^-126 u, against an O' that may hold up to 2^111.9 u)."""
+    return torch.maximum(v_descale, visited_max * 2.0 ** -UNIT_SPAN)
 
 
 def kv_tile_end(m_block: int, tile_m: int, tile_n: int, seqlen_q: int, seqlen_k: int, causal: bool) -> int:
@@ -133,7 +154,8 @@ def _mma(a: torch.Tensor, b: torch.Tensor, acc: torch.Tensor | None, bits: int |
 
 def emulate_fp8_attention(inputs: FP8Inputs, *, causal: bool = False, accumulator_bits: int | None = ACCUMULATOR_BITS,
                           out_dtype: torch.dtype | None = None, accumulator: str = ACCUMULATOR,
-                          tile_m: int | None = None, exp2_emu: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                          tile_m: int | None = None, exp2_emu: int = 0,
+                          units: str = "absolute") -> tuple[torch.Tensor, torch.Tensor]:
     """The fa3-fp8 kernel on already-quantised inputs, emulated (module docstring).
 
     Args:
@@ -150,6 +172,12 @@ def emulate_fp8_attention(inputs: FP8Inputs, *, causal: bool = False, accumulato
             (128 for head dims the kernel does not serve).
         exp2_emu: the kernel config's ``exp2_emu`` (0: every P from exp2): the scores whose exponential the kernel
             computes with FMAs (``common.exp2_poly.emulated_tile_columns``) get ``common.exp2_poly.exp2_poly``.
+        units: the units the two-level O is kept in between promotions, in float32 (the single accumulator,
+            two_level False, always keeps the current tile's v_descale units, as the kernel does): "absolute"
+            (default; O = A O + v_descale acc), "tile" (``fused_promote``: O / v_descale of the last visited tile,
+            which overflows where a tiny-descale block follows large unnormalised O; ``UNIT_SPAN``) or "bounded"
+            (``bounded_unit``: the fix, overflow-free). Equal to each other (power-of-two scalings) wherever
+            "tile" stays finite and normal. Needs promote_every 1 for "tile" / "bounded".
 
     Returns:
         (out (batch, seqlen_q, num_heads, head_dim) out_dtype or float32, lse float32 (batch, num_heads,
@@ -158,7 +186,7 @@ def emulate_fp8_attention(inputs: FP8Inputs, *, causal: bool = False, accumulato
 
     Raises:
         TypeError: inputs not FP8Inputs, causal not a bool, out_dtype not a floating-point torch.dtype.
-        ValueError: an unknown accumulator model.
+        ValueError: an unknown accumulator model or units, or units other than "absolute" with promote_every > 1.
     """
     if not isinstance(inputs, FP8Inputs):
         raise TypeError(f"inputs must be FP8Inputs (fa_variants.fp8.quantize_fp8), got {type(inputs).__name__}")
@@ -170,6 +198,8 @@ def emulate_fp8_attention(inputs: FP8Inputs, *, causal: bool = False, accumulato
         raise TypeError(f"out_dtype must be a floating-point torch.dtype or None, got {out_dtype}")
     if accumulator not in ("truncate", "blockfp"):
         raise ValueError(f"accumulator must be 'truncate' or 'blockfp', got {accumulator!r}")
+    if units not in ("absolute", "tile", "bounded"):
+        raise ValueError(f"units must be 'absolute', 'tile' or 'bounded', got {units!r}")
     cfg: FP8Config = inputs.config
     B, Nq, H, D = inputs.q.shape
     Nk, Hkv = inputs.seqlen_k, inputs.k.shape[2]
@@ -200,6 +230,10 @@ def emulate_fp8_attention(inputs: FP8Inputs, *, causal: bool = False, accumulato
     order = range(n_tiles - 1, -1, -1) if KV_ORDER == "last_to_first" else range(n_tiles)
     prev_vd = None
     every = cfg.promote_interval(D)  # None in the recipe: the kernel's default interval at this head_dim
+    if units != "absolute" and cfg.two_level and every != 1:
+        raise ValueError(f"units={units!r} needs promote_every 1 (the fused promotion), got {every}")
+    unit = torch.ones(B, H, Nq, 1, device=dev)  # units != "absolute": O's unit per row (its tile order)
+    vmax = torch.zeros(B, H, Nq, 1, device=dev)  # "bounded": the largest v_descale the row has visited
     emulated = exp2_poly.emulated_tile_columns(tile_n, exp2_poly.check_per8(exp2_emu), device=dev)
     for n in order:
         active = (n < n_blocks).view(1, 1, Nq)  # the row's query tile visits this K/V tile
@@ -224,18 +258,30 @@ def emulate_fp8_attention(inputs: FP8Inputs, *, causal: bool = False, accumulato
         l = torch.where(active, alpha * l + P.sum(dim=-1), l)
         P8 = P.clamp(max=448.0).to(E4M3).float()
         factor = alpha if prev_vd is None else alpha * (prev_vd / vd[:, :, n]).unsqueeze(-1)  # exact ratio
-        new_acc = _mma(P8, v8[:, :, c0:c1], acc * factor.unsqueeze(-1), accumulator_bits, accumulator)
+        # (promote_every 1: acc is 0 here and the kernel zero-initialises it; 0 * an overflowed ratio would be NaN)
+        acc_in = acc if cfg.two_level and every == 1 else acc * factor.unsqueeze(-1)
+        new_acc = _mma(P8, v8[:, :, c0:c1], acc_in, accumulator_bits, accumulator)
         o_alpha = torch.where(active, o_alpha * alpha, o_alpha)
         acc = torch.where(active.unsqueeze(-1), new_acc, acc)
         promote = active & is_last
         if cfg.two_level:
             promote = promote | (active & ((visited + 1) % every == 0).view(1, 1, Nq))
         o_alpha_now, promote = o_alpha, promote.unsqueeze(-1)
-        O = torch.where(promote, O * o_alpha_now.unsqueeze(-1) + vd[:, :, n].view(B, H, 1, 1) * acc, O)
+        vd_n = vd[:, :, n].view(B, H, 1, 1).expand(B, H, Nq, 1)
+        if units == "absolute" or not cfg.two_level:
+            O = torch.where(promote, O * o_alpha_now.unsqueeze(-1) + vd_n * acc, O)
+        else:  # O' = (A u_prev / u) O' + (v_descale / u) acc, power-of-two factors (exact while finite and normal)
+            act = active.view(1, 1, Nq, 1)
+            vmax = torch.where(act, torch.maximum(vmax, vd_n), vmax)
+            u = vd_n if units == "tile" else bounded_unit(vd_n, vmax)
+            O = torch.where(promote, O * (o_alpha_now.unsqueeze(-1) * (unit / u)) + (vd_n / u) * acc, O)
+            unit = torch.where(act, u, unit)
         o_alpha = torch.where(promote.squeeze(-1), torch.ones_like(o_alpha), o_alpha)
         acc = torch.where(promote, torch.zeros_like(acc), acc)
         m = torch.where(active, m_new, m)
         prev_vd = vd[:, :, n]
+    if units != "absolute" and cfg.two_level:
+        O = O * unit  # the kernel's O *= unit at the end (finalize)
     empty = l == 0
     out = torch.where(empty.unsqueeze(-1), torch.zeros_like(O), O / torch.where(empty, 1.0, l).unsqueeze(-1))
     lse = torch.where(empty, -math.inf, (m + torch.log2(torch.where(empty, 1.0, l)) - P_SHIFT) * math.log(2.0))

@@ -127,6 +127,7 @@ from fa_variants.common.layout import rows_cols as acc_rows_cols
 from fa_variants.common.sm90 import make_tiled_mma, wgmma
 from fa_variants.common.softmax import OnlineSoftmax
 from fa_variants.fp8 import layout
+from fa_variants.fp8.emulation import UNIT_SPAN
 from fa_variants.hopper.fa3 import LOG2_E, Fa3Config, FlashAttention3Sm90, _StepContext, _tma_operand, l2_section_heads
 
 HEAD_DIMS: tuple[int, ...] = (64, 96, 128, 256)
@@ -172,6 +173,15 @@ class Fp8Config(Fa3Config):
         1 <= l <= keys seen) reached 2^18 overflows (the single accumulator's limit too); an all-zero block has
         descale 1 since session 9 (``fp8.quantize.ZERO_BLOCK_DESCALE``: the floor 2^-110 before, which overflowed
         on zero padding).
+    bounded_units: (session 10; off; needs fused_promote) O kept in units u = max(v_descale[n], M 2^-UNIT_SPAN)
+        instead of v_descale[n], M the largest v_descale the warpgroup has visited (``fp8.emulation.bounded_unit``,
+        with the proof): |O / u| <= 2^112 for any finite V (|V| <= 448 M) and seqlen_k <= 2^31, where O / v_descale
+        overflows once the unnormalised O reaches 2^128 v_descale (2^18 behind a block at the 2^-110 floor; the
+        ratio v_descale[n + 1] / v_descale[n] itself overflows past 2^127). Per tile three scalar FMNMX/FMUL and a
+        division (alpha' = alpha u_prev / u); the temporary is multiplied by v_descale / u (a power of two, exact)
+        only where that is not 1, a branch uniform over the CTA (descales are per (batch, kv-head, tile)), so the
+        common path keeps one FFMA per element. Same values as fused_promote wherever that stays finite and normal
+        (emulation ``units="bounded"``).
     s_early_arrive: (session 9, round 2; off; needs s_lookahead with s_halves) the ping-pong turn handed on right after
         S half 0's issue, before the wait for the last P V slice: that wait, the slice's promotion and S half 1's issue
         run outside the turn (the lookahead without s_halves already hands it on before its last promotion), so the
@@ -189,6 +199,7 @@ class Fp8Config(Fa3Config):
     s_halves: bool = False
     fused_promote: bool = False
     s_early_arrive: bool = False
+    bounded_units: bool = False
 
     def smem_bytes(self, head_dim: int, elem_bytes: int = 1) -> int:
         qo = self.tile_m * head_dim * 2  # Q (e4m3) shares its buffer with the 16-bit O
@@ -238,6 +249,8 @@ class Fp8Config(Fa3Config):
         if self.fused_promote and not (self.s_lookahead or serial_one):
             raise ValueError("fa3-fp8: fused_promote needs s_lookahead, or serial steps (intra_wg_overlap and "
                              "early_pv_arrive off) with two_level, promote_every 1 and pv_split 1")
+        if self.bounded_units and not self.fused_promote:
+            raise ValueError("fa3-fp8: bounded_units needs fused_promote (the other promotions keep O in absolute units)")
         if self.rescale_o_before_pv:
             raise ValueError("fa3-fp8: rescale_o_before_pv is not built for the FP8 P V hooks (use False)")
         if self.num_splits != 1:
@@ -323,6 +336,7 @@ class _Fp8StepContext(_StepContext):
     tiles_in_tmp: cute.Tensor = None  # (1,) Int32: tiles accumulated in acc_tmp since the last promotion
     o_alpha: cute.Tensor = None  # per row: product of the alphas O has not been multiplied by yet
     descales: cute.Tensor = None  # descale_prefetch: (2,) Float32, k_descale of the next tile, v_descale of this one
+    units: cute.Tensor = None  # bounded_units: (2,) Float32, O's unit u and the largest v_descale visited M
 
     def softmax_step(self, acc_S, n_block, is_first: bool = False):
         # descale_prefetch: after the first tile the previous P V issue loaded this tile's k_descale (``pv``)
@@ -363,7 +377,8 @@ class _Fp8StepContext(_StepContext):
             # O stays in units of v_descale[n_block + 1] until this tile's promotion: keep alpha' = alpha v_descale[n_block
             # + 1] / v_descale[n_block] per row for it (the serial steps skip this call on the first visited tile,
             # whose promotion finds O = 0 and o_alpha = 1: fma(1, 0, tmp) = tmp)
-            ratio = self.v_descale[n_block + 1] / self.v_descale[n_block]
+            ratio = self._unit_ratio(n_block) if const_expr(self.k.cfg.bounded_units) else \
+                self.v_descale[n_block + 1] / self.v_descale[n_block]
             for r in range(cute.size(alpha)):
                 self.o_alpha[r] = alpha[r] * ratio
         else:
@@ -455,10 +470,38 @@ class _Fp8StepContext(_StepContext):
         if const_expr(early):
             self.pv_issued(wait)
 
+    # ----- bounded_units: O in units u = max(v_descale[n], M 2^-UNIT_SPAN) (fp8.emulation.bounded_unit) -------------
+
+    def _next_unit(self, n_block):
+        """(u, M) after tile n_block from the kept (u_prev, M_prev) (units[0], units[1]; M_prev 0 before the first
+        visited tile, which so gets u = v_descale)."""
+        vd = self.v_descale[n_block]
+        vmax = cute.arch.fmax(self.units[1], vd)
+        return cute.arch.fmax(vd, vmax * Float32(2.0 ** -UNIT_SPAN)), vmax
+
+    def _unit_ratio(self, n_block):
+        """u_prev / u of tile n_block (a power of two, exact), for alpha' (not on the first visited tile)."""
+        u, _ = self._next_unit(n_block)
+        return self.units[0] / u
+
+    @cute.jit
+    def _unit_commit(self, n_block: Int32, tmp: cute.Tensor):
+        """Before tile n_block's promotion: tmp *= v_descale / u where that is not 1 (uniform over the CTA), then keep
+        (u, M) for the next tile and for finalize."""
+        u, vmax = self._next_unit(n_block)
+        s = self.v_descale[n_block] / u
+        if s != Float32(1.0):
+            for i in cutlass.range_constexpr(cute.size(tmp)):
+                tmp[i] = tmp[i] * s
+        self.units[0] = u
+        self.units[1] = vmax
+
     def fold_pv(self, n_block):
         if const_expr(self._interval()):
             self._fold_interval(n_block)
         elif const_expr(self._fused_serial()):  # O = alpha' O + tmp: one FFMA per element, O in units of v_descale
+            if const_expr(self.k.cfg.bounded_units):
+                self._unit_commit(n_block, self.acc_tmp)
             o, t = acc_rows_cols(self.acc_O), acc_rows_cols(self.acc_tmp)
             for r in range(cute.size(o, mode=[0])):
                 for c in range(cute.size(o, mode=[1])):
@@ -571,11 +614,35 @@ class _Fp8StepContext(_StepContext):
     def _units_alpha(self, alpha: cute.Tensor, n_block: Int32, first: cutlass.Constexpr[bool]) -> cute.Tensor:
         """``fused_promote``: alpha v_descale[n_block + 1] / v_descale[n_block] per row (O's units move from the tile
         visited before, n_block + 1, to this one); the first visited tile keeps alpha (O = 0 there)."""
-        if const_expr(not first):
+        if const_expr(self.k.cfg.bounded_units):  # alpha u_prev / u; keep (u, M) for the slices and the next tile
+            u, vmax = self._next_unit(n_block)
+            if const_expr(not first):
+                ratio = self.units[0] / u
+                for r in range(cute.size(alpha)):
+                    alpha[r] = alpha[r] * ratio
+            self.units[0] = u
+            self.units[1] = vmax
+        elif const_expr(not first):
             ratio = self.v_descale[n_block + 1] / self.v_descale[n_block]
             for r in range(cute.size(alpha)):
                 alpha[r] = alpha[r] * ratio
         return alpha
+
+    @cute.jit
+    def _promote_bounded(self, h: cutlass.Constexpr[int], vd: Float32, alpha: cute.Tensor, tmp: cute.Tensor):
+        """bounded_units, lookahead, slice h: O = alpha' O + tmp, or O = alpha' O + s tmp with s = v_descale / u where
+        that is not 1 (a branch uniform over the CTA; rows view as ``_promote_step``)."""
+        o, t = acc_rows_cols(self.acc_O), acc_rows_cols(tmp)
+        w = cute.size(t, mode=[1])
+        s = vd / self.units[0]
+        if s != Float32(1.0):
+            for r in cutlass.range_constexpr(cute.size(t, mode=[0])):
+                for c in cutlass.range_constexpr(w):
+                    o[r, h * w + c] = cute.math.fma(alpha[r], o[r, h * w + c], s * t[r, c])
+        else:
+            for r in cutlass.range_constexpr(cute.size(t, mode=[0])):
+                for c in cutlass.range_constexpr(w):
+                    o[r, h * w + c] = cute.math.fma(alpha[r], o[r, h * w + c], t[r, c])
 
     def _promote_step(self, h: int, vd: Float32, alpha: cute.Tensor, tmp: cute.Tensor, first: bool):
         """Slice h's promotion in the lookahead steps: O += vd tmp, or with ``fused_promote`` O = alpha' O + tmp (rows
@@ -588,6 +655,8 @@ class _Fp8StepContext(_StepContext):
             o = self.acc_O[None, None, h]
             for i in range(cute.size(tmp)):
                 o[i] = tmp[i]
+        elif const_expr(self.k.cfg.bounded_units):  # (first above: u = v_descale, s = 1)
+            self._promote_bounded(h, vd, alpha, tmp)
         else:
             o, t = acc_rows_cols(self.acc_O), acc_rows_cols(tmp)
             w = cute.size(t, mode=[1])
@@ -598,7 +667,7 @@ class _Fp8StepContext(_StepContext):
     def finalize(self):
         inv_l, lse = self.softmax.finalize()
         if const_expr(not self.k.cfg.two_level or self.k.cfg.fused_promote):
-            vd = self.v_descale[0]  # the last tile's units
+            vd = self.units[0] if const_expr(self.k.cfg.bounded_units) else self.v_descale[0]  # the last tile's units
             for r in range(cute.size(inv_l)):
                 inv_l[r] = inv_l[r] * vd
         self.softmax.rescale(acc_rows_cols(self.acc_O), inv_l)
@@ -679,6 +748,11 @@ class FlashAttention3Fp8Sm90(FlashAttention3Sm90):
             o_alpha = cute.make_rmem_tensor(softmax.num_rows, Float32)
             o_alpha.fill(1.0)
         descales = cute.make_rmem_tensor(2, Float32) if const_expr(self.cfg.descale_prefetch) else None
+        units = None
+        if const_expr(self.cfg.bounded_units):  # u = 1 and M = 0 before the first visited tile (_next_unit)
+            units = cute.make_rmem_tensor(2, Float32)
+            units.fill(0.0)
+            units[0] = Float32(1.0)
         first_row = m_block * self.tile_m + wg * WGMMA_M  # this warpgroup's first query row
         if const_expr(self._tail_first()):  # args[14]: the tile's first row (a multiple of 64, >= 0)
             first_row = args[14] + wg * WGMMA_M
@@ -688,7 +762,7 @@ class FlashAttention3Fp8Sm90(FlashAttention3Sm90):
         qk_scale = mQd[batch, head, q_block] * softmax.scale_log2
         return _Fp8StepContext(*args, acc_tmp=tmp, acc_tmp2=tmp2, qk_scale=qk_scale,
                                k_descale=mKd[batch, kv_head, None], v_descale=mVd[batch, kv_head, None],
-                               tiles_in_tmp=tiles_in_tmp, o_alpha=o_alpha, descales=descales)
+                               tiles_in_tmp=tiles_in_tmp, o_alpha=o_alpha, descales=descales, units=units)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,87 @@
+"""The fused promotion's units in float32 (CPU): O kept in units of the last visited tile's v_descale ("tile",
+what ``fused_promote`` and the single accumulator do) overflows where a tiny-descale V block follows large
+unnormalised O; the bounded unit (``emulation.bounded_unit``) stays finite and gives the absolute result."""
+import math
+
+import pytest
+import torch
+
+from fa_variants.fp8 import emulation
+from fa_variants.fp8.emulation import UNIT_SPAN, bounded_unit, emulate_fp8_attention
+from fa_variants.fp8.quantize import FP8Config, quantize_fp8_torch
+from fa_variants.reference import attention_reference, rel_l2
+
+D, BN = 64, 128  # K/V tiles (and V scale blocks) of 128 keys
+
+
+def _inputs(exponents, tiny, seed, nq=40, hkv=1, h=2, tiny_exp=-120):
+    """V scaled by 2^exponents[t] per 128-key tile t, tiles in ``tiny`` of values ~2^tiny_exp."""
+    g = torch.Generator().manual_seed(seed)
+    nk = BN * len(exponents)
+    q, k, v = (torch.randn(1, n, hh, D, generator=g) for n, hh in ((nq, h), (nk, hkv), (nk, hkv)))
+    e = torch.tensor([tiny_exp if t in tiny else x for t, x in enumerate(exponents)], dtype=torch.float32)
+    v = v * torch.exp2(e.repeat_interleave(BN)).view(1, -1, 1, 1)
+    return q, k, v
+
+
+def _run(q, k, v, units, causal=False, two_level=True):
+    inp = quantize_fp8_torch(q, k, v, config=FP8Config(two_level=two_level, promote_every=1), block_n=BN)
+    return emulate_fp8_attention(inp, causal=causal, accumulator="truncate", units=units)
+
+
+# (exponents per tile, tiny tiles, causal): tiles are visited last to first, so a large tile late in the row and a
+# tiny one before it is the overflow; many tiny tiles, a tiny first / last tile, GQA (h 2 over one kv-head)
+CASES = [([0, 0, 0, 20], {0}, False), ([0, 0, 0, 20], {0}, True), ([0, 3, 0, 20, 8], {0, 2}, False),
+         ([8, 0, 0, 30], {0, 1, 2}, True), ([0, 40, 0, 0], {3}, False), ([100, -100, 0, 100], {1}, False)]
+
+
+@pytest.mark.parametrize("exponents, tiny, causal", CASES)
+def test_bounded_units_finite_and_equal_to_absolute(exponents, tiny, causal):
+    q, k, v = _inputs(exponents, tiny, seed=len(exponents) + causal)
+    ref, ref_lse = _run(q, k, v, "absolute", causal)
+    out, lse = _run(q, k, v, "bounded", causal)
+    assert torch.isfinite(out).all() and torch.equal(lse, ref_lse)
+    assert float(rel_l2(out, ref)) <= 1e-6
+    exact, _ = attention_reference(q, k, v, causal=causal, dtype=torch.float64)
+    assert float(rel_l2(out, exact)) <= 0.1
+
+
+def test_tile_units_overflow_before_the_fix():
+    """The kernel's units (and the single accumulator) give inf on the first case: the fault the fix removes."""
+    q, k, v = _inputs([0, 0, 0, 20], {0}, seed=4)
+    out, _ = _run(q, k, v, "tile")
+    assert not torch.isfinite(out).all()
+    single, _ = _run(q, k, v, "absolute", two_level=False)
+    assert not torch.isfinite(single).all()
+    # where "tile" stays finite (a tiny tile visited first: O' = 0 then), the three agree
+    q, k, v = _inputs([0, 8, 0, 0], {3}, seed=5)
+    assert float(rel_l2(_run(q, k, v, "tile")[0], _run(q, k, v, "absolute")[0])) <= 1e-6
+
+
+@pytest.mark.parametrize("units", ["absolute", "tile", "bounded"])
+def test_all_tiny_v_not_flushed(units):
+    """V entirely ~1e-35 (descales at the 2^-110 floor and above): O ~1e-35, as accurate as for V ~ 1."""
+    q, k, v = _inputs([0, 0, 0], set(), seed=7)
+    out, _ = _run(q, k, v * 1e-35, units)
+    ref, _ = _run(q, k, v, units)
+    exact, _ = attention_reference(q, k, v.double() * 1e-35, dtype=torch.float64)
+    assert torch.isfinite(out).all() and out.abs().max() > 1e-37
+    assert float(rel_l2(out.double(), exact)) <= 2 * float(rel_l2(ref.double() * 1e-35, exact)) + 1e-6
+
+
+def test_bounded_unit_bound():
+    """The proof's numbers: 2^8 * 448 * 2^31 * 2^UNIT_SPAN < 2^128, and u is a power of two in range."""
+    assert math.log2(256 * 448 * 2.0**31) + UNIT_SPAN < 127
+    vd = torch.tensor([2.0**-110, 1.0, 2.0**126])
+    u = bounded_unit(vd, torch.full_like(vd, 2.0**126))
+    assert torch.equal(u, torch.tensor([2.0**62, 2.0**62, 2.0**126]))
+    assert emulation.UNIT_SPAN + 108 >= 172
+
+
+def test_units_argument_errors():
+    q, k, v = _inputs([0], set(), seed=1)
+    inp = quantize_fp8_torch(q, k, v, config=FP8Config(promote_every=2))
+    with pytest.raises(ValueError, match="units"):
+        emulate_fp8_attention(inp, units="tile")
+    with pytest.raises(ValueError, match="units"):
+        emulate_fp8_attention(inp, units="relative")
