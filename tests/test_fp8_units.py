@@ -85,3 +85,25 @@ def test_units_argument_errors():
         emulate_fp8_attention(inp, units="tile")
     with pytest.raises(ValueError, match="units"):
         emulate_fp8_attention(inp, units="relative")
+
+
+def _spread(D, bn, exponents, zero, seed):
+    """tests/test_fa3_fp8_speed_gpu.py::_check_v_scales_spread's V on the CPU (1x300x1000x4x2, V scaled per tile)."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, n, h, D, generator=g).to(torch.bfloat16) for n, h in ((300, 4), (1000, 2), (1000, 2)))
+    scale = torch.tensor(exponents[:-(-1000 // bn)]).repeat_interleave(bn)[:1000].float()
+    v = (v.float() * torch.exp2(scale).view(1, -1, 1, 1)).to(torch.bfloat16)
+    v[:, zero * bn:(zero + 1) * bn] = 0
+    return quantize_fp8_torch(q, k, v, config=FP8Config(promote_every=1), block_n=bn)
+
+
+def test_v_scales_spread_head_dims():
+    """Why test_fp8fused128_v_scales_spread (head_dim 128, 256-key tiles) gave inf on the H200 and test_fp8two_v_scales_
+    spread (256, 128-key tiles) passed: at 128 the 2^8 tile is visited (last to first) before the tiny one, |O| l
+    reaches ~2^10 (2^18 in the kernel's P units, P <= 2^8) and O / 2^-110 overflows; at 256 the tiles before the tiny
+    one are <= 2^5 and the 2^8 tile comes after it. The float32 model of the units shows the same; bounded is finite."""
+    d128 = _spread(128, 256, [-8, -120, 0, 8], 2, 13)
+    assert not torch.isfinite(emulate_fp8_attention(d128, accumulator="truncate", units="tile")[0]).all()
+    assert torch.isfinite(emulate_fp8_attention(d128, accumulator="truncate", units="bounded")[0]).all()
+    d256 = _spread(256, 128, [-8, 8, -120, -3, 5, 0, 2, -6], 5, 11)
+    assert torch.isfinite(emulate_fp8_attention(d256, accumulator="truncate", units="tile")[0]).all()

@@ -1,0 +1,95 @@
+"""scripts/overflow_gpu.sh's Python steps (session 10): ``precompile`` compiles, in spawned processes into the disk cache,
+every fa3-fp8 kernel tests/test_fp8_overflow_gpu.py runs (``OVERFLOW_VARIANTS``, causal and not, and the two configs of
+its fault test) plus bf16 fa3 at head_dim 256; ``speed`` times the head_dim 256 default against it with
+``bounded_units`` (the fix of fused_promote's overflow) beside bf16 fa3: N 4k / 16k, causal and not, B N = 16k, H 8,
+rotated rounds (scripts/fa3_fp8_speed_ab.py's ``time_problem``), median TFLOP/s per problem and the per-round ratio
+bounded / default (median [min, max]). Compile and timing helpers are scripts/fa3_fp8_speed_ab.py's.
+
+    python3 scripts/overflow_check.py precompile [--jobs 14]
+    python3 scripts/overflow_check.py speed [--rounds 6 --iters 20]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts"), str(ROOT / "tests")]
+
+PROBLEMS = [(4096, False), (4096, True), (16384, False), (16384, True)]  # (N, causal); B = 16384 / N, H 8, D 256
+
+
+def jobs() -> list[tuple]:
+    """(kind, head_dim, causal, change) for fa3_fp8_speed_ab._compile_one: the GPU tests' kernels and bf16 fa3 at 256."""
+    from test_fp8_overflow_gpu import OVERFLOW_VARIANTS
+
+    out = [("fp8", D, c, change) for D, change in OVERFLOW_VARIANTS.values() for c in (False, True)]
+    out += [("fp8", 256, False, {}), ("fp8", 128, False, dict(fused_promote=True)), ("bf16", 256, False, {}),
+            ("bf16", 256, True, {})]
+    return out
+
+
+def precompile(n_jobs: int) -> int:
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    import fa3_fp8_speed_ab as ab
+
+    t0 = time.time()
+    with ProcessPoolExecutor(n_jobs, mp_context=mp.get_context("spawn")) as pool:
+        msgs = list(pool.map(ab._compile_one, jobs()))
+    bad = [m for m in msgs if not m.startswith("ok")]
+    print(f"precompile: {len(msgs)} jobs in {time.time() - t0:.0f}s with {n_jobs} workers; {len(bad)} failed", flush=True)
+    for m in bad:
+        print("  " + m, flush=True)
+    return 1 if bad else 0
+
+
+def speed(rounds: int, iters: int) -> int:
+    import torch
+
+    import fa3_fp8_speed_ab as ab
+    from fa_variants.hopper import fa3, fa3_fp8
+
+    D, H = 256, 8
+    print("problem              default  bounded  bf16-fa3  bounded/default per round: median [min, max]")
+    for N, causal in PROBLEMS:
+        B = 16384 // N
+        impls = {}
+        for name, change in (("default", {}), ("bounded", dict(bounded_units=True))):
+            cfg = ab.kernel_config(D, change)
+            args = ab.fp8_inputs(B, N, H, D, cfg.tile_n)
+            impls[name] = (lambda a=args, c=cfg: fa3_fp8.run_quantized(*a, softmax_scale=D ** -0.5, causal=causal,
+                                                                        config=c))
+        q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        impls["bf16-fa3"] = lambda: fa3.run(q, k, v, causal=causal, softmax_scale=D ** -0.5)
+        times = ab.time_problem(impls, rounds, iters)
+        flops = 4 * B * H * N * N * D / (2 if causal else 1)
+        tf = {n: flops / (statistics.median(t) * 1e-3) / 1e12 for n, t in times.items()}
+        ratios = sorted(d / b for d, b in zip(times["default"], times["bounded"]))
+        print(f"N {N:5d} {'causal' if causal else 'full  '}     {tf['default']:7.0f}  {tf['bounded']:7.0f}  "
+              f"{tf['bf16-fa3']:8.0f}  {statistics.median(ratios):.3f} [{ratios[0]:.3f}, {ratios[-1]:.3f}]", flush=True)
+    return 0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("phase", choices=["precompile", "speed", "list"])
+    p.add_argument("--jobs", type=int, default=min(14, os.cpu_count() or 1))
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--iters", type=int, default=20)
+    a = p.parse_args()
+    if a.phase == "list":
+        for j in jobs():
+            print(*j)
+        print(f"{len(jobs())} jobs")
+        return 0
+    return precompile(a.jobs) if a.phase == "precompile" else speed(a.rounds, a.iters)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
