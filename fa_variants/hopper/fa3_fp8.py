@@ -169,8 +169,9 @@ class Fp8Config(Fa3Config):
         the turn, no unit-alpha branch, no v_descale multiply), O *= v_descale[0] at the end. One fp32 rounding per
         promotion instead of two (round(alpha O) then fma): the fused form the emulation's docstring already names
         (with power-of-two descales the unit change is exact). O / v_descale must stay finite: a V block of
-        descale 2^-110 (nonzero, every |value| <= 448 x 2^-110 ~ 3.5e-31) visited after the unnormalised O (|O| l,
-        1 <= l <= keys seen) reached 2^18 overflows (the single accumulator's limit too); an all-zero block has
+        descale 2^-110 (nonzero, every |value| <= 448 x 2^-110 ~ 3.5e-31) visited after the unnormalised O (2^8 |O| l
+        in the kernel's P units, 1 <= l <= keys seen) reached 2^18 overflows, and so does any block 2^128 below the
+        one before it (the ratio overflows; the single accumulator's limits too); ``bounded_units`` removes both; an all-zero block has
         descale 1 since session 9 (``fp8.quantize.ZERO_BLOCK_DESCALE``: the floor 2^-110 before, which overflowed
         on zero padding).
     bounded_units: (session 10; off; needs fused_promote) O kept in units u = max(v_descale[n], M 2^-UNIT_SPAN)
@@ -275,7 +276,8 @@ class Fp8Config(Fa3Config):
 #: (1.6e-3); skip_unit_rescale is then unused (no O *= alpha block left) and kept so the config is the one timed.
 #: Its limit (fused_promote's docstring): O / v_descale must stay finite, so where a V block has descale 2^-110
 #: (nonzero, amax <= 448 x 2^-110 ~ 3.5e-31; all-zero blocks get descale 1 since session 9) the unnormalised O
-#: (|O| l, l the row sum) of the rows visited before it must stay below 2^18.
+#: (2^8 |O| l, l the row sum relative to its max) of the rows visited before it must stay below 2^18 (session 10:
+#: ``bounded_units`` removes the limit; off until scripts/overflow_gpu.sh runs).
 DEFAULT_SWITCHES = {64: dict(reduce_chains=4), 96: {}, 128: {},
                     256: dict(skip_unit_rescale=True, s_lookahead=True, s_halves=True, fused_promote=True,
                               reduce_chains=2)}
