@@ -361,7 +361,7 @@ def test_fp8turn_set_and_script():
     """scripts/fp8two2_gpu.sh (session 9 round 2, the head_dim 256 ping-pong turn): --set fp8turn times new, early,
     nopp, single_overlap and single_overlap_c2 at head_dim 256 without flash-attn-4; its precompile covers every kernel
     of its GPU tests (-k fp8turn: early and nopp in both causal modes), 14 jobs and 12 tests as its header says; limits
-    within the 120 s budget; the A/B gets both earlier logs through --drop-failed, and a failed test leaves its variant
+    within 160 s (session 10); the A/B gets both earlier logs through --drop-failed, and a failed test leaves its variant
     out; -k fp8two (scripts/fp8two_gpu.sh) does not select these tests."""
     import test_fa3_fp8_speed_gpu as gpu_tests
 
@@ -369,7 +369,8 @@ def test_fp8turn_set_and_script():
     assert "--set fp8turn --head-dims 256 --no-flash-attn" in text and "-k fp8turn" in text
     assert '--drop-failed "$work/precompile.log" "$work/variant_tests.log"' in text and "CUT=(--drop early nopp)" in text
     limits = [int(m) for m in re.findall(r"^\s*step \w+ (\d+) ", text, re.M)]
-    assert len(limits) == 3 and sum(limits) <= 120, limits
+    # session 10: its 37 s test step was cut on the H200 (early / nopp left out), so the tests get 75 s: 158 s in all
+    assert len(limits) == 3 and limits[1] >= 75 and sum(limits) <= 160, limits
     ab = load_script("fa3_fp8_speed_ab")
     assert list(ab.FP8TURN_VARIANTS[256]) == ["new", "early", "nopp", "single_overlap", "single_overlap_c2"]
     assert ab.FP8TURN_VARIANTS[256]["single_overlap"] == ab.FP8TWO_VARIANTS[256]["single_overlap"]
