@@ -12,6 +12,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -235,3 +236,36 @@ def test_fp8_compile_reduce_overhead_first_call():
     ref, _ = attention_reference(q.double(), k.double(), v.double(), causal=True)
     err = (expected.double() - ref).abs().mean()
     assert err < 0.1 * ref.abs().mean(), (err, ref.abs().mean())  # e4m3 inputs: loose, but not garbage
+
+
+# ------------------------------------------------------ session 10: numpy scalars as softmax_scale
+
+@pytest.mark.parametrize("make", [np.float32, np.float64, np.int64], ids=["float32", "float64", "int64"])
+def test_numpy_scalar_softmax_scale_eager_matches_float(make):
+    """SDPA takes a numpy scalar as ``scale``; so does ``attention`` eagerly (numpy registers its scalars as
+    numbers.Real): kept so, beside the traced case below."""
+    q, k, v = _qkv()
+    got = fa_variants.attention(q, k, v, softmax_scale=make(0.25 if make is not np.int64 else 1))
+    expected = fa_variants.attention(q, k, v, softmax_scale=float(make(0.25 if make is not np.int64 else 1)))
+    _close(got, expected)
+
+
+@pytest.mark.parametrize("make", [np.float32, np.float64, np.int64], ids=["float32", "float64", "int64"])
+def test_numpy_scalar_softmax_scale_under_fullgraph_names_the_fix(make):
+    """Under torch.compile a numpy scalar is traced as a tensor with an unbacked value: before, fullgraph stopped
+    with "Unsupported repr() on tensor" (the message's repr of the argument); now one TypeError naming it."""
+    q, k, v = _qkv()
+    torch._dynamo.reset()
+    scale = make(1)
+    fn = torch.compile(lambda q, k, v: fa_variants.attention(q, k, v, softmax_scale=scale), fullgraph=True,
+                       backend="aot_eager")
+    with pytest.raises(Exception, match=r"softmax_scale is a numpy value, which torch.compile traces as a "
+                                        r"tensor: pass float\(softmax_scale\)"):
+        fn(q, k, v)
+
+
+def test_tensor_softmax_scale_is_named():
+    q, k, v = _qkv()
+    with pytest.raises(TypeError, match=r"^softmax_scale must be a real number or None, got tensor\(0.5000\) "
+                                        r"\(a tensor: pass softmax_scale.item\(\)\)$"):
+        fa_variants.attention(q, k, v, softmax_scale=torch.tensor(0.5))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
@@ -31,11 +32,12 @@ def check_softmax_scale(softmax_scale, name: str = "softmax_scale") -> float:
     shapes (``q.size(-1) ** -0.5``, a ``torch.SymFloat``) is checked by guards instead of breaking the graph.
 
     Raises:
-        TypeError: not a real number (a bool counts as not).
+        TypeError: not a real number (a bool counts as not; a numpy scalar is one, except while traced by
+            torch.compile: `_not_real`).
         ValueError: not finite, an int beyond float range, or |softmax_scale| > MAX_SOFTMAX_SCALE.
     """
     if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
-        raise TypeError(f"{name} must be a real number or None, got {softmax_scale!r}")
+        raise _not_real(softmax_scale, name)
     try:
         scale = float(softmax_scale)
     except OverflowError:  # an int beyond float range
@@ -47,6 +49,25 @@ def check_softmax_scale(softmax_scale, name: str = "softmax_scale") -> float:
         raise ValueError(f"{name} {scale:g} is out of range: |{name}| must be <= "
                          f"{MAX_SOFTMAX_SCALE:.4g} (the kernels compute softmax_scale * log2(e) in float32)")
     return scale
+
+
+def _not_real(value, name: str) -> TypeError:
+    """The TypeError for a ``name`` that is not a real number. numpy real scalars are numbers.Real (numpy
+    registers them), as SDPA's ``scale`` takes them; but under torch.compile Dynamo traces a numpy scalar as a
+    0-d tensor whose value is an unbacked symbol that neither the range check nor the custom op's ``float?``
+    can take (and whose repr it cannot trace): then the message names the fix, ``float(name)``."""
+    np = sys.modules.get("numpy")  # never imported here: a numpy value implies numpy is loaded
+    if _tracing():
+        if np is not None and isinstance(value, np.ndarray):
+            return TypeError(f"{name} is a numpy value, which torch.compile traces as a tensor: pass float({name})")
+        return TypeError(f"{name} must be a real number or None, got {type(value).__name__}")
+    hint = f" (a tensor: pass {name}.item())" if type(value).__module__.startswith("torch") else ""
+    return TypeError(f"{name} must be a real number or None, got {value!r}{hint}")
+
+
+def _tracing() -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.compiler.is_compiling()
 
 
 def kernel_scale(softmax_scale: float) -> tuple[bool, float]:
