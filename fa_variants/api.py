@@ -109,10 +109,7 @@ def dispatch_and_run(q, k, v, causal: bool, softmax_scale: float | None, backend
     ``attention``'s rules) and its plan is stored after its first run has returned outputs of the right
     shapes."""
     key = _call_key(q, k, v, causal, softmax_scale, backend)
-    try:
-        plan = dispatch.PLANS.get(key)
-    except TypeError:  # an unhashable argument (a list, a numpy array): validation below names it
-        plan = key = None
+    plan = dispatch.PLANS.get(key)  # None for key None
     if plan is not None:
         return plan(q, k, v, want_lse)
     _check_inputs(q, k, v)
@@ -136,16 +133,23 @@ def _call_key(q, k, v, causal, softmax_scale, backend) -> tuple | None:
     pointer modulo 16 bytes (the kernels' alignment) and requires_grad; causal, softmax_scale (value and
     type: 1, 1.0 and True must not share a plan), backend, grad mode and ``FA_VARIANTS_BACKEND`` (read for
     backend "auto" only: a named backend ignores it).
-    None for arguments that are not tensors of a strided layout (never planned); a key holding an unhashable
-    argument (a list, a numpy array) cannot be looked up: the callers catch that TypeError and validate."""
+    None (never planned: the call is validated, then planned under its checked values) for arguments that are
+    not tensors of a strided layout, and for causal, softmax_scale or backend of any class but bool, float / int /
+    None and str (a list or a numpy array is unhashable; a numpy scalar is planned as the float it checks to),
+    so that a key always hashes."""
+    if causal.__class__ is not bool or backend.__class__ is not str or softmax_scale.__class__ not in _PLAIN_SCALE:
+        return None
     try:
         return (q.__class__, q.shape, q.stride(), q.dtype, q.device, q.data_ptr() % 16, q.requires_grad,
                 k.__class__, k.shape, k.stride(), k.dtype, k.device, k.data_ptr() % 16, k.requires_grad,
                 v.__class__, v.shape, v.stride(), v.dtype, v.device, v.data_ptr() % 16, v.requires_grad,
-                causal.__class__, causal, softmax_scale.__class__, softmax_scale, backend.__class__, backend,
+                causal, softmax_scale.__class__, softmax_scale, backend,  # causal a bool, backend a str (above)
                 torch.is_grad_enabled(), os.environ.get(dispatch.ENV_VAR) if backend == "auto" else None)
     except (AttributeError, TypeError, RuntimeError, NotImplementedError):  # not a tensor, sparse, nested
         return None
+
+
+_PLAIN_SCALE = frozenset((float, int, type(None)))  # the softmax_scale classes a plan key holds as they are
 
 
 def _run(selection: Selection, q, k, v, causal: bool, scale: float, config=None):
@@ -313,10 +317,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     """
     if seqlens_k is None and num_splits is None and pack_gqa is None and not torch.compiler.is_compiling() \
             and q.__class__ is torch.Tensor and return_lse.__class__ is bool:  # the fast path: a call of a kind seen before (dispatch_and_run)
-        try:
-            plan = dispatch.PLANS.get(_call_key(q, k, v, causal, softmax_scale, backend))
-        except TypeError:  # an unhashable argument (a list, a numpy array): validation below names it
-            plan = None
+        plan = dispatch.PLANS.get(_call_key(q, k, v, causal, softmax_scale, backend))  # key None: not planned
         if plan is not None:
             if return_lse:
                 return plan(q, k, v)

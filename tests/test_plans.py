@@ -527,3 +527,28 @@ def test_custom_op_runs_in_the_uncached_scope(monkeypatch):
     q, k, v = (torch.randn(1, 5, 2, 16) for _ in range(3))
     out, lse = custom_op.attention_op(q, k, v, True, None, "reference")
     assert seen == [True] and out.shape == q.shape and lse.shape == (1, 2, 5) and not workspace._uncached_now()
+
+
+# ------------------------------------------------- session 10: a key always hashes (no TypeError to catch)
+
+@pytest.mark.parametrize("kwargs", [dict(softmax_scale=[0.5]), dict(softmax_scale=__import__("numpy").float32(0.5)),
+                                    dict(causal=[True]), dict(causal=1), dict(backend=["reference"])])
+def test_a_key_is_none_unless_its_scalars_are_plain(kwargs):
+    """_call_key gave a tuple holding a list or array, whose lookup raised TypeError, caught in two places;
+    now such a call has no key (it is validated, then planned under its checked values)."""
+    from fa_variants import api
+    q = torch.randn(1, 3, 2, 8)
+    args = dict(causal=False, softmax_scale=None, backend="reference") | kwargs
+    assert api._call_key(q, q, q, **args) is None
+    plain = api._call_key(q, q, q, causal=False, softmax_scale=0.5, backend="reference")
+    assert hash(plain) is not None and plain != api._call_key(q, q, q, causal=False, softmax_scale=True,
+                                                              backend="reference")
+
+
+def test_a_numpy_scale_is_planned_as_its_float():
+    np = __import__("numpy")
+    dispatch.PLANS.clear()
+    q = torch.randn(1, 3, 2, 8)
+    out = fa_variants.attention(q, q, q, softmax_scale=np.float32(0.5), backend="reference")
+    assert [key[23] for key in dispatch.PLANS] == [0.5] and [key[22] for key in dispatch.PLANS] == [float]
+    torch.testing.assert_close(out, fa_variants.attention(q, q, q, softmax_scale=0.5, backend="reference"))
