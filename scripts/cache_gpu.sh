@@ -10,8 +10,8 @@
 # time per call ("host (enqueue)", SUMMARY lines) <= 25 us for fa3 and fa2 (eager, real kernel, B=1 Nq=1 Nk=4k
 # GQA 32:8 D=128), with the per-phase split (key, plan lookup, alloc, launch); every test passed.
 set -uo pipefail
-source "$(dirname "$0")/steps.sh"; help_from_header "$@"
-out="${OUT:-results/cache-gpu}"; session_setup "$out/logs"; logs=$LOGS
+source "$(dirname "$0")/steps.sh"
+out="${OUT:-results/cache-gpu}"; gpu_session "$out/logs" "$@"; logs=$LOGS
 cache=$(mktemp -d /tmp/fa_variants_cache_gpu.XXXX)
 {
   for backend in fa3 fa2; do

@@ -33,15 +33,15 @@
 #    N 4k causal (and its tests are green); skip_unit_rescale off with it only if pvlate-noskip/pvlate > 1 at all three
 #    shapes. Else nothing (the switch stays off; a candidate for removal).
 set -uo pipefail
-source "$(dirname "$0")/steps.sh"; help_from_header "$@"
-out="${OUT:-results/d64gap}"; session_setup "$out/logs"
+source "$(dirname "$0")/steps.sh"
+out="${OUT:-results/d64gap}"; gpu_session "$out/logs" "$@"
 SHAPES="--shapes 64:4096:full,64:16384:full,64:4096:causal"
 CANDIDATES=(pvlate pvlate-noskip)
 export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR="$out/fa4cache"
 # 8 bf16 + 2 flash-attn-4 kernels: one round of compiles on 16 cores
 step precompile 45 python3 scripts/fa3_speed_ab.py --precompile 10 --precompile-fa4 \
   --variants "old,new,$(IFS=,; echo "${CANDIDATES[*]}")" $SHAPES
-NPROC=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8" || echo "")
+NPROC=$(xdist_flag 8)
 step pytest 38 python3 -m pytest -q $NPROC -m gpu -p no:cacheprovider --tb=short -rfEp tests/test_fa3_gpu.py \
   -k "d64gap_variants or pv_wait_late_same_values"
 # a variant is timed only when both its tests passed and none of its tests failed (a kernel that fails on the GPU, e.g.

@@ -33,8 +33,8 @@
 #  - WIDE_TILE_N=192 (D 64) if its 21 tests pass, w192 / auto geomean over the three Nk 32k shapes <= 0.97 and worst
 #    over all six <= 1.02.
 set -uo pipefail
-source "$(dirname "$0")/steps.sh"; help_from_header "$@"
-out="${OUT:-results/decode10}"; session_setup "$out/logs"
+source "$(dirname "$0")/steps.sh"
+out="${OUT:-results/decode10}"; gpu_session "$out/logs" "$@"
 VARIANTS=(pdl1 w192)
 step precompile 45 python3 scripts/decode10_precompile.py --jobs 14 --variants "${VARIANTS[@]}"
 step pytest 40 python3 -m pytest -q -m gpu -p no:cacheprovider --tb=short -rfEp tests/test_decode_gpu.py \

@@ -14,8 +14,8 @@
 # pick the variant (or per-shape rule) to make default. If PDL fails in (1): FA_VARIANTS_MERGE_PDL and
 # FA_VARIANTS_DECODE_PDL stay off (default) and nothing else changes.
 set -uo pipefail
-source "$(dirname "$0")/steps.sh"; help_from_header "$@"
-out="${OUT:-results/decode2}"; session_setup "$out/logs"
+source "$(dirname "$0")/steps.sh"
+out="${OUT:-results/decode2}"; gpu_session "$out/logs" "$@"
 step pytest_new 150 python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider --tb=short -rfEX \
   tests/test_decode_gpu.py -k "pdl or decode_tiles or merge_kernel"
 step decode_ab 200 python3 scripts/decode_ab.py --out "$out/decode_ab"

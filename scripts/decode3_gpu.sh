@@ -18,11 +18,11 @@
 # Nq 4/16 rows). (3) fused fa3 host (enqueue) <= 25 us/call (38.4 us at 15c4a22); two-kernel host lower than
 # 38.4 too (no per-call workspace).
 set -uo pipefail
-source "$(dirname "$0")/steps.sh"; help_from_header "$@"
-out="${OUT:-results/decode3}"; session_setup "$out/logs"
+source "$(dirname "$0")/steps.sh"
+out="${OUT:-results/decode3}"; gpu_session "$out/logs" "$@"
 VARIANTS=(two fused dual+two+pdl2 dual+fused+pdl2)
 step precompile 120 python3 scripts/decode3_precompile.py --jobs 16 --wins --variants "${VARIANTS[@]}"
-NPROC=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4" || echo "")
+NPROC=$(xdist_flag 4)
 step pytest_fused 120 python3 -m pytest -q $NPROC -m gpu -p no:cacheprovider --tb=short -rfEX \
   tests/test_decode_fused_gpu.py tests/test_decode_gpu.py -k "fused or cuda_graph_replay_of or either_merge"
 step decode_ab 130 python3 scripts/decode_ab.py --wins --rounds 4 --variants "${VARIANTS[@]}" --out "$out/decode_ab"

@@ -27,12 +27,12 @@
 # auto (8.4 us): split kernel ~4 us (prologue 1.5-2 + 2 tiles 1.7 + epilogue), merge ~1 us, gaps ~3 us. Small gaps
 # would put the fixed cost inside the kernels (prologue), out of PDL's reach.
 set -uo pipefail
-source "$(dirname "$0")/steps.sh"; help_from_header "$@"
-out="${OUT:-results/decode4}"; session_setup "$out/logs"
+source "$(dirname "$0")/steps.sh"
+out="${OUT:-results/decode4}"; gpu_session "$out/logs" "$@"
 VARIANTS=(pdl2 min1 min1+pdl min1+pdl2)
 NK=1024,4096,32768
 step precompile 75 python3 scripts/decode4_precompile.py --jobs 16 --variants "${VARIANTS[@]}" --nk "$NK"
-NPROC=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4" || echo "")
+NPROC=$(xdist_flag 4)
 step pytest 40 python3 -m pytest -q $NPROC -m gpu -p no:cacheprovider --tb=short -rfEX \
   tests/test_decode_gpu.py tests/test_fa2_split_gpu.py -k "one_tile or narrow"
 step decode_ab 50 python3 scripts/decode_ab.py --short-nk --no-precompile --rounds 4 --variants "${VARIANTS[@]}" \

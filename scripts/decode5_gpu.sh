@@ -34,11 +34,11 @@
 #  PACK_WIDE (fa3.PACK_WIDE), DECODE_TILES auto (fa3.DECODE_TILES_CHOICE); if auto > old anywhere by > 3%,
 #  revert that shape class (FA_VARIANTS_DECODE_PDL_MAX_SPLITS / FA_VARIANTS_SPLIT_MIN_TILES give the old values).
 set -uo pipefail
-source "$(dirname "$0")/steps.sh"; help_from_header "$@"
-out="${OUT:-results/decode5}"; session_setup "$out/logs"
+source "$(dirname "$0")/steps.sh"
+out="${OUT:-results/decode5}"; gpu_session "$out/logs" "$@"
 VARIANTS=(old warp dualauto wide cand)
 step precompile 40 python3 scripts/decode5_precompile.py --jobs 16 --variants "${VARIANTS[@]}"
-NPROC=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4" || echo "")
+NPROC=$(xdist_flag 4)
 TESTS="merge_kernel_equals or merge_kernel_is_batch or auto_decode_defaults or wide_packed or auto_runs_wide"
 step pytest 45 python3 -m pytest -q $NPROC -m gpu -p no:cacheprovider --tb=short -rfEX tests/test_decode_gpu.py \
   -k "$TESTS or one_tile or dual_auto"

@@ -33,11 +33,11 @@
 #  DECODE_FIRST_ROW on (hopper/fa3.py) if row1 / auto geomean < 0.98 and worst <= 1.02; DECODE_PDL_MAX_SPLITS 16 if
 #  warp+pdl16 <= warp at every 16-split shape.
 set -uo pipefail
-source "$(dirname "$0")/steps.sh"; help_from_header "$@"
-out="${OUT:-results/decode7}"; session_setup "$out/logs"
+source "$(dirname "$0")/steps.sh"
+out="${OUT:-results/decode7}"; gpu_session "$out/logs" "$@"
 VARIANTS=(warp warp+pdl16 row1)
 step precompile 35 python3 scripts/decode7_precompile.py --jobs 16 --variants "${VARIANTS[@]}"
-NPROC=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4" || echo "")
+NPROC=$(xdist_flag 4)
 step pytest 32 python3 -m pytest -q $NPROC -m gpu -p no:cacheprovider --tb=short -rfEX tests/test_decode_gpu.py \
   -k "auto_decode_defaults or merge_warp_flip or first_row"
 step decode_ab 28 python3 scripts/decode_ab.py --s7 --no-precompile --rounds 5 --variants "${VARIANTS[@]}" \

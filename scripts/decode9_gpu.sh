@@ -29,8 +29,8 @@
 # auto geomean < 0.98 and worst <= 1.02 over the 9 shapes, or (with the grid flip) pers+pdl1 / X geomean < 0.98, worst <= 1.02.
 # Otherwise nothing flips (decode7: two group sizes running one kernel differed by up to 5%: a 2% effect needs the rule above).
 set -uo pipefail
-source "$(dirname "$0")/steps.sh"; help_from_header "$@"
-out="${OUT:-results/decode9}"; session_setup "$out/logs"
+source "$(dirname "$0")/steps.sh"
+out="${OUT:-results/decode9}"; gpu_session "$out/logs" "$@"
 VARIANTS=(pdl1 pers pers3 pers+pdl1)
 step precompile 50 python3 scripts/decode9_precompile.py --jobs 14 --variants "${VARIANTS[@]}"
 step pytest 40 python3 -m pytest -q -m gpu -p no:cacheprovider --tb=short -rfEp tests/test_decode_gpu.py \

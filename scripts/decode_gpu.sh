@@ -19,8 +19,8 @@
 # If packed rows fail: FA_VARIANTS_PACK_GQA=0 turns packing off in auto (Nq = 1 too); revert commit "fa3: packed
 # GQA at seqlen_q > 1" alone to keep Nq = 1 packing. If the merge kernel fails: FA_VARIANTS_MERGE_KERNEL=0.
 set -uo pipefail
-source "$(dirname "$0")/steps.sh"; help_from_header "$@"
-out="${OUT:-results/decode-gpu}"; session_setup "$out/logs"
+source "$(dirname "$0")/steps.sh"
+out="${OUT:-results/decode-gpu}"; gpu_session "$out/logs" "$@"
 NEW="packed_rows or auto_packs_query_rows or merge_kernel or seqlens_k"
 step pytest_new 120 python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider --tb=short -rfEX \
   tests/test_decode_gpu.py -k "$NEW"

@@ -35,8 +35,8 @@
 # paired verdict; fp8: >= 1.03x) at both N 4k and 16k non-causal and not slower (>= 0.97x / not "slower") at N 4k causal
 # (bf16), with its tests green. Else nothing (the switch stays off).
 set -uo pipefail
-source "$(dirname "$0")/steps.sh"; help_from_header "$@"
-out="${OUT:-results/ex2emu}"; session_setup "$out/logs"
+source "$(dirname "$0")/steps.sh"
+out="${OUT:-results/ex2emu}"; gpu_session "$out/logs" "$@"
 AB="--variants old,new,emu1,emu2 --shapes 64:4096:full,64:16384:full,64:4096:causal"
 FP8=(python3 scripts/fa3_fp8_speed_ab.py --set fp8emu --head-dims 64 --seqlens 4096 16384 --causal no --no-flash-attn
      --out "$out/fp8ab")
@@ -45,7 +45,7 @@ export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_D
 step precompile 45 bash -c "python3 scripts/fa3_speed_ab.py --precompile 10 --precompile-fa4 $AB & a=\$!; \
   ${FP8[*]} --phase precompile --jobs 9 & b=\$!; trap 'kill -INT \$a \$b' INT; wait \$a; ra=\$?; wait \$b; \
   exit \$(( ra | \$? ))"
-NPROC=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8" || echo "")
+NPROC=$(xdist_flag 8)
 step pytest 38 python3 -m pytest -q $NPROC -m gpu -p no:cacheprovider --tb=line -rfE \
   tests/test_fa3_gpu.py tests/test_fa3_fp8_speed_gpu.py -k "ex2emu_variants or fp8emu"
 # the bf16 A/B runs unless a bf16 test failed (a failed kernel can poison the process's CUDA context)

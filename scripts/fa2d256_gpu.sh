@@ -29,10 +29,10 @@
 # x default at N <= 1k (8 warps per SM, but one CTA: the prologue stays exposed) and 0.98-1.04 at 16k. Most likely:
 # s1 wins at N <= 2k; whether it also holds at 4k-16k is the open question.
 set -uo pipefail
-source "$(dirname "$0")/steps.sh"; help_from_header "$@"
-out="${OUT:-results/fa2d256}"; session_setup "$out/logs"
+source "$(dirname "$0")/steps.sh"
+out="${OUT:-results/fa2d256}"; gpu_session "$out/logs" "$@"
 step precompile 50 python3 scripts/fa2d256_ab.py --precompile 16 --dtypes bf16,fp16
-NPROC=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4" || echo "")
+NPROC=$(xdist_flag 4)
 step pytest 35 python3 -m pytest -q $NPROC -m gpu -p no:cacheprovider --tb=short -rfEX tests/test_fa2_gpu.py -k d256
 step ab 50 python3 scripts/fa2d256_ab.py --out "$out/ab"
 step ab_fp16 12 python3 scripts/fa2d256_ab.py --dtypes fp16 --seqlens 1024 --out "$out/ab_fp16"

@@ -14,8 +14,8 @@
 # per shape and their geomeans (nosplit/split > 1 where split-KV helps: B1 decode was 120 us at Nk 4k unsplit).
 # If (1) fails in the split kernel: fa2.SPLIT_KV_ENABLED's default to "0" turns fa2's split off (one line).
 set -uo pipefail
-source "$(dirname "$0")/steps.sh"; help_from_header "$@"
-out="${OUT:-results/fa2split}"; session_setup "$out/logs"
+source "$(dirname "$0")/steps.sh"
+out="${OUT:-results/fa2split}"; gpu_session "$out/logs" "$@"
 step pytest_fa2split 140 python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider --tb=short -rfEX \
   tests/test_fa2_split_gpu.py tests/test_fa2_gpu.py
 step bench 100 python3 scripts/fa2split_bench.py --out "$out/bench"

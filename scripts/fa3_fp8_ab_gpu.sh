@@ -10,8 +10,8 @@
 #   source .gpu/env.sh; scripts/fa3_fp8_ab_gpu.sh        (repository root; writes $OUT/fp8_ab.tar.gz + summary)
 # Pass: "== gpu_tests: rc=0" and every "PASS" line of the summary (the "targets" lines are reported, not pass).
 set -uo pipefail
-source "$(dirname "$0")/steps.sh"; help_from_header "$@"
-out="${OUT:-results}"; session_setup "$out/fp8_ab"
+source "$(dirname "$0")/steps.sh"
+out="${OUT:-results}"; gpu_session "$out/fp8_ab" "$@"
 step precompile 100 python3 scripts/fa3_fp8_speed_ab.py --phase precompile --jobs 14 --out "$LOGS/ab"
 rm -f "$LOGS/test_stats.jsonl"
 step gpu_tests 80 env FA_VARIANTS_FP8_STATS="$LOGS/test_stats.jsonl" python3 -m pytest -q -m gpu tests/test_fa3_fp8_gpu.py -p no:cacheprovider

@@ -25,8 +25,8 @@
 # if alpha/new is "faster" at both non-causal D 128 shapes and not "slower" at D 128 causal; at D 64 only if alpha or
 # alpha-noskip is "faster" there (alpha-noskip also turns the skip off).
 set -uo pipefail
-source "$(dirname "$0")/steps.sh"; help_from_header "$@"
-out="${OUT:-results/fa3gap8}"; session_setup "$out/logs"
+source "$(dirname "$0")/steps.sh"
+out="${OUT:-results/fa3gap8}"; gpu_session "$out/logs" "$@"
 AB="--variants old,new,alpha,alpha-noskip --shapes 128:4096:full,128:4096:causal,128:16384:full,64:4096:full"
 export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR="$out/fa4cache"
 # 10 bf16 + 3 flash-attn-4 + 2 causal D 64 + 1 fp16 kernels, all pools at once (16 processes on 16 cores)
@@ -34,7 +34,7 @@ step precompile 50 bash -c "python3 scripts/fa3_speed_ab.py --precompile 13 --pr
   python3 scripts/fa3_speed_ab.py --precompile 2 --variants alpha,alpha-noskip --shapes 64:4096:causal & b=\$!; \
   python3 scripts/fa3_speed_ab.py --precompile 1 --dtype fp16 --variants alpha --shapes 128:4096:full & c=\$!; \
   trap 'kill -INT \$a \$b \$c' INT; wait"
-NPROC=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8" || echo "")
+NPROC=$(xdist_flag 8)
 step pytest 35 python3 -m pytest -q $NPROC -m gpu -p no:cacheprovider --tb=short -rfEX tests/test_fa3_gpu.py \
   -k "alpha_variants or alpha_first"
 # the A/B runs unless a test failed (a pytest cut by its limit with none failed still leads to it: the A/B checks

@@ -18,8 +18,8 @@
 # round 4 (the default's trim is -10 of ~500 instructions per tile: within noise), basis/new 1.00-1.02 at D 64/128,
 # basis-256/fa4-256 1.00-1.03; a variant is worth a default if x/new >= 1.02 on every shape of its head dim.
 set -uo pipefail
-source "$(dirname "$0")/steps.sh"; help_from_header "$@"
-out="${OUT:-results/fa3gap}"; session_setup "$out/logs"
+source "$(dirname "$0")/steps.sh"
+out="${OUT:-results/fa3gap}"; gpu_session "$out/logs" "$@"
 AB="--variants old,new,basis,basis-kv1,pairs-256,fa4-256,basis-256"
 FP16="--dtype fp16 --variants new,basis,basis-kv1,basis-256 --seqlens 4096"  # (new: the fp16 matrix at D 128)
 # flash-attn-4's kernels too, into its own disk cache (compiled on fake tensors; the A/B then loads them)
@@ -27,7 +27,7 @@ export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_D
 # 24 bf16 + 6 flash-attn-4 + 14 fp16 kernels, both pools at once (20 processes on 16 cores)
 step precompile 80 bash -c "python3 scripts/fa3_speed_ab.py --precompile 12 --precompile-fa4 $AB & a=\$!; \
   python3 scripts/fa3_speed_ab.py --precompile 8 $FP16 & b=\$!; trap 'kill -INT \$a \$b' INT; wait"
-NPROC=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8" || echo "")
+NPROC=$(xdist_flag 8)
 # split-KV and GQA packing off: every default-config call runs the precompiled default kernel (no compile here)
 step pytest 40 env FA_VARIANTS_SPLIT_KV=0 FA_VARIANTS_PACK_GQA=0 python3 -m pytest -q $NPROC -m gpu -p no:cacheprovider \
   --tb=short -rfEX tests/test_fa3_gpu.py -k "fa3gap or matrix or rows_that_see_no_key or softmax_scales"

@@ -14,8 +14,8 @@
 # new/old new/fa4 new/cudnn (the cuDNN column is no longer nan) and x/new x/fa4 per variant: a variant is worth a
 # default if x/new >= 1.02 on every shape of its head dim (bench/NOTES.md, "Issue 12, round 4").
 set -uo pipefail
-source "$(dirname "$0")/steps.sh"; help_from_header "$@"
-out="${OUT:-results/fa3round4}"; session_setup "$out/logs"
+source "$(dirname "$0")/steps.sh"
+out="${OUT:-results/fa3round4}"; gpu_session "$out/logs" "$@"
 step pytest_round4 110 python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider --tb=short -rfEX \
   tests/test_fa3_gpu.py -k round4
 step fa3ab 210 python3 scripts/fa3_speed_ab.py --peers flash-attn-4,cudnn --out "$out/fa3ab"

@@ -37,11 +37,11 @@
 # _tail_skip / _tail 0.99-1.05. _tail(_skip) / new: 0.98-1.06 at N 4k (non-causal and causal), 1.10-1.15 at 16k: a flip
 # candidate only if the N 4k non-causal ratio reaches 1.03. Best / bf16 fa3 (~672 at 4k) 1.25-1.35x: 1.4x NOT met.
 set -uo pipefail
-source "$(dirname "$0")/steps.sh"; help_from_header "$@"
-out="${OUT:-results}"; work="$out/fp8d128"; session_setup "$work"
+source "$(dirname "$0")/steps.sh"
+out="${OUT:-results}"; work="$out/fp8d128"; gpu_session "$work" "$@"
 AB=(python3 scripts/fa3_fp8_speed_ab.py --set fp8d128 --head-dims 128 --no-flash-attn --out "$work/ab")
 step precompile 45 "${AB[@]}" --phase precompile --jobs 14
-NPROC=$(python3 -c "import xdist" 2>/dev/null && echo "-n 12" || echo "")
+NPROC=$(xdist_flag 12)
 step variant_tests 40 python3 -m pytest -q $NPROC -m gpu tests/test_fa3_fp8_speed_gpu.py -k "fp8d128 and tail" \
   -p no:cacheprovider --tb=line -rfE
 CUT=()  # no pytest summary line: the tests were cut by the limit (a hang?); the tail variants are the new kernel code

@@ -45,11 +45,11 @@
 # m192_c4_tail_fused -> layout.KERNEL_TILES[128] = (192, 128) (K/V scale blocks of 128 keys follow) with
 # DEFAULT_SWITCHES[128] = dict(reduce_chains=4, q_tail_first=True, fused_promote=True) (serial steps, as _default's 128).
 set -uo pipefail
-source "$(dirname "$0")/steps.sh"; help_from_header "$@"
-out="${OUT:-results}"; work="$out/fp8d128b"; session_setup "$work"
+source "$(dirname "$0")/steps.sh"
+out="${OUT:-results}"; work="$out/fp8d128b"; gpu_session "$work" "$@"
 AB=(python3 scripts/fa3_fp8_speed_ab.py --set fp8fused128 --head-dims 128 --no-flash-attn --out "$work/ab")
 step precompile 45 "${AB[@]}" --phase precompile --jobs 16
-NPROC=$(python3 -c "import xdist" 2>/dev/null && echo "-n 12" || echo "")
+NPROC=$(xdist_flag 12)
 step variant_tests 38 python3 -m pytest -q $NPROC -m gpu tests/test_fa3_fp8_speed_gpu.py -k fp8fused128 \
   -p no:cacheprovider --tb=line -rfE
 CUT=()  # no pytest summary line: the tests were cut by the limit (a hang?); the fused variants are the new kernel code

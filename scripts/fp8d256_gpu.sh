@@ -24,8 +24,8 @@
 # ~1200 (predicted only for look128_halves, 1100-1250). A variant is a flip candidate (the lead's
 # call) if >= 1.03x new in every non-causal problem and >= 0.97x in every problem (the summary's "candidates").
 set -uo pipefail
-source "$(dirname "$0")/steps.sh"; help_from_header "$@"
-out="${OUT:-results}"; work="$out/fp8d256"; session_setup "$work"
+source "$(dirname "$0")/steps.sh"
+out="${OUT:-results}"; work="$out/fp8d256"; gpu_session "$work" "$@"
 ab=(python3 scripts/fa3_fp8_speed_ab.py --set fp8d256 --head-dims 256 --out "$work/ab")
 step precompile 45 "${ab[@]}" --phase precompile --jobs 15
 step gpu_tests 40 python3 -m pytest -q -m gpu tests/test_fa3_fp8_lookahead_gpu.py -p no:cacheprovider

@@ -23,8 +23,8 @@
 # promotion's issue slots and in-turn waits instead. single / old (slicing + promotions, serial steps): +5..+21% as in
 # session 5. Nothing here is a flip candidate (diagnostic variants).
 set -uo pipefail
-source "$(dirname "$0")/steps.sh"; help_from_header "$@"
-out="${OUT:-results}"; work="$out/fp8d256b"; session_setup "$work"
+source "$(dirname "$0")/steps.sh"
+out="${OUT:-results}"; work="$out/fp8d256b"; gpu_session "$work" "$@"
 ab=(python3 scripts/fa3_fp8_speed_ab.py --set fp8d256b --head-dims 256 --out "$work/ab")
 step precompile 30 "${ab[@]}" --phase precompile --jobs 16
 step gpu_tests 38 python3 -m pytest -q -m gpu tests/test_fa3_fp8_lookahead_gpu.py -k halves -p no:cacheprovider

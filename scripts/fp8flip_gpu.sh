@@ -19,8 +19,8 @@
 # line of the summary, in particular "new defaults >= 0.97x old in every problem"; the speed tables, the prefetch
 # "candidates" and the "targets" lines are reported, not pass criteria.
 set -uo pipefail
-source "$(dirname "$0")/steps.sh"; help_from_header "$@"
-out="${OUT:-results}"; work="$out/fp8flip"; session_setup "$work"
+source "$(dirname "$0")/steps.sh"
+out="${OUT:-results}"; work="$out/fp8flip"; gpu_session "$work" "$@"
 step precompile 55 python3 scripts/fa3_fp8_speed_ab.py --set fp8flip --phase precompile --jobs 14 --out "$work/ab"
 rm -f "$work/test_stats.jsonl"
 step gpu_tests 60 env FA_VARIANTS_FP8_STATS="$work/test_stats.jsonl" python3 -m pytest -q -m gpu tests/test_fa3_fp8_gpu.py \

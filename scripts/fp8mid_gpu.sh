@@ -22,11 +22,11 @@
 # ov128_c4 0.80-0.95, look128h_c4 0.95-1.10, m192_look128h_c4 / m192_c4 1.00-1.10; best two-level / bf16 fa3
 # 1.30-1.45x (1.4x met in at most the two N 16k problems). 64: 1.3x bf16 fa3 not met (1.10-1.20x).
 set -uo pipefail
-source "$(dirname "$0")/steps.sh"; help_from_header "$@"
-out="${OUT:-results}"; work="$out/fp8mid"; session_setup "$work"
+source "$(dirname "$0")/steps.sh"
+out="${OUT:-results}"; work="$out/fp8mid"; gpu_session "$work" "$@"
 AB=(python3 scripts/fa3_fp8_speed_ab.py --set fp8mid --head-dims 128 64 --out "$work/ab")  # 128 first
 step precompile 28 "${AB[@]}" --phase precompile --jobs 14
-NPROC=$(python3 -c "import xdist" 2>/dev/null && echo "-n 12" || echo "")
+NPROC=$(xdist_flag 12)
 step variant_tests 30 python3 -m pytest -q $NPROC -m gpu tests/test_fa3_fp8_speed_gpu.py -k fp8mid \
   -p no:cacheprovider --tb=line -rfE
 step speed_ab 33 "${AB[@]}" --phase measure --rounds 6

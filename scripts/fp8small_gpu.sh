@@ -30,11 +30,11 @@
 # 64 1.10-1.20x (1.3x not met); c4_s2 / c4 1.00-1.06, m192_c4_early / m192_c4 0.92-1.05; two-level cost <= 5% at
 # 64, 0-7% at 128.
 set -uo pipefail
-source "$(dirname "$0")/steps.sh"; help_from_header "$@"
-out="${OUT:-results}"; work="$out/fp8small"; session_setup "$work"
+source "$(dirname "$0")/steps.sh"
+out="${OUT:-results}"; work="$out/fp8small"; gpu_session "$work" "$@"
 AB=(python3 scripts/fa3_fp8_speed_ab.py --set fp8small --head-dims 128 64 --out "$work/ab")  # 128 first
 step precompile 40 "${AB[@]}" --phase precompile --jobs 14
-NPROC=$(python3 -c "import xdist" 2>/dev/null && echo "-n 6" || echo "")
+NPROC=$(xdist_flag 6)
 step variant_tests 40 python3 -m pytest -q $NPROC -m gpu tests/test_fa3_fp8_speed_gpu.py -k "fp8small and not single" \
   -p no:cacheprovider --tb=short -rfE
 step speed_ab 60 "${AB[@]}" --phase measure --rounds 8

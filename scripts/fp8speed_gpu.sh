@@ -15,8 +15,8 @@
 # Pass: "== precompile: rc=0", "== gpu_tests: rc=0" and the "PASS" lines of the summary; the speed tables and
 # "targets" lines are the A/B (reported, not pass criteria).
 set -uo pipefail
-source "$(dirname "$0")/steps.sh"; help_from_header "$@"
-out="${OUT:-results}"; session_setup "$out/fp8speed"
+source "$(dirname "$0")/steps.sh"
+out="${OUT:-results}"; gpu_session "$out/fp8speed" "$@"
 step precompile 95 python3 scripts/fa3_fp8_speed_ab.py --set fp8speed --phase precompile --jobs 14 --out "$LOGS/ab"
 step gpu_tests 80 python3 -m pytest -q -m gpu tests/test_fa3_fp8_speed_gpu.py "tests/test_fa3_fp8_gpu.py::test_default_recipe" -p no:cacheprovider
 step speed_ab 65 python3 scripts/fa3_fp8_speed_ab.py --set fp8speed --phase measure --out "$LOGS/ab"

@@ -33,11 +33,11 @@
 # >= 0.97x in every problem) with their tests passing, the one with the higher geometric mean over the four problems:
 # DEFAULT_SWITCHES[256] gets s_early_arrive=True (early), or _default's head_dim 256 Fp8Config pingpong=False (nopp).
 set -uo pipefail
-source "$(dirname "$0")/steps.sh"; help_from_header "$@"
-out="${OUT:-results}"; work="$out/fp8two2"; session_setup "$work"
+source "$(dirname "$0")/steps.sh"
+out="${OUT:-results}"; work="$out/fp8two2"; gpu_session "$work" "$@"
 AB=(python3 scripts/fa3_fp8_speed_ab.py --set fp8turn --head-dims 256 --no-flash-attn --out "$work/ab")
 step precompile 45 "${AB[@]}" --phase precompile --jobs 14
-NPROC=$(python3 -c "import xdist" 2>/dev/null && echo "-n 7" || echo "")
+NPROC=$(xdist_flag 7)
 step variant_tests 75 python3 -m pytest -q $NPROC -m gpu tests/test_fa3_fp8_speed_gpu.py -k fp8turn \
   -p no:cacheprovider --tb=line -rfE
 CUT=()  # no pytest summary line: the tests were cut by the limit (a hang?); early / nopp are the new schedules

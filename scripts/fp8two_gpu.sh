@@ -33,11 +33,11 @@
 # >= 0.97x in every problem) with their tests passing, the one with the higher geometric mean over the four problems:
 # DEFAULT_SWITCHES[256] gets fused_promote=True (+ reduce_chains=2 for fused_c2; skip_unit_rescale then unused).
 set -uo pipefail
-source "$(dirname "$0")/steps.sh"; help_from_header "$@"
-out="${OUT:-results}"; work="$out/fp8two"; session_setup "$work"
+source "$(dirname "$0")/steps.sh"
+out="${OUT:-results}"; work="$out/fp8two"; gpu_session "$work" "$@"
 AB=(python3 scripts/fa3_fp8_speed_ab.py --set fp8two --head-dims 256 --no-flash-attn --out "$work/ab")
 step precompile 45 "${AB[@]}" --phase precompile --jobs 14
-NPROC=$(python3 -c "import xdist" 2>/dev/null && echo "-n 7" || echo "")
+NPROC=$(xdist_flag 7)
 step variant_tests 40 python3 -m pytest -q $NPROC -m gpu tests/test_fa3_fp8_speed_gpu.py -k fp8two \
   -p no:cacheprovider --tb=line -rfE
 CUT=()  # no pytest summary line: the tests were cut by the limit (a hang?); fused* is the new kernel code

@@ -38,8 +38,8 @@
 # about half the cut: D 256 K pass 46.5 -> 32-41 us, Q pass 48.7 -> 41-46 us, + one small matmul (2-4 us with its
 # gap), whole call 0.85-0.95x; D 64 / 128 / GQA 1.00 +- 0.03. The 70% target stays missed at D 256 (K read twice).
 set -uo pipefail
-source "$(dirname "$0")/steps.sh"; help_from_header "$@"
-out="${OUT:-results}/hadacore"; session_setup "$out"
+source "$(dirname "$0")/steps.sh"
+out="${OUT:-results}/hadacore"; gpu_session "$out" "$@"
 # under $out: commit.txt, gpu.txt, clocks.csv, the step logs, quant_bw.json
 step precompile 45 python3 scripts/quant_precompile.py --jobs 16 --set hadacore --unique
 step gpu_tests 80 python3 -m pytest -q -n 3 -m gpu -p no:cacheprovider --tb=short tests/test_fp8_quant_kernel.py \

@@ -14,9 +14,9 @@
 # Pass: (1) 0 failed / 0 errors. (2) the SUMMARY of both "after" runs: fa3 and fa2 host (enqueue) <= 25 us/call
 # (27.4 and 33.0 us on 2026-12-01); "before" for reference only.
 set -uo pipefail
-source "$(dirname "$0")/steps.sh"; help_from_header "$@"
-out="${OUT:-results/host13}"; session_setup "$out/logs"
-NPROC=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8" || echo "")
+source "$(dirname "$0")/steps.sh"
+out="${OUT:-results/host13}"; gpu_session "$out/logs" "$@"
+NPROC=$(xdist_flag 8)
 before="$out/before"
 rm -rf "$before"; mkdir -p "$before"
 git archive c386621 fa_variants scripts 2>/dev/null | tar -x -C "$before" 2>/dev/null || rm -rf "$before"

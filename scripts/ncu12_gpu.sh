@@ -25,8 +25,8 @@
 # and long scoreboard ~1.0. If barrier is still the largest excess, the next lever is the ping-pong turn (what ours
 # does between the scheduler barrier's sync and its arrive), not instruction count or L2.
 set -uo pipefail
-source "$(dirname "$0")/steps.sh"; help_from_header "$@"
-out="${OUT:-results/ncu12}"; session_setup "$out/logs"
+source "$(dirname "$0")/steps.sh"
+out="${OUT:-results/ncu12}"; gpu_session "$out/logs" "$@"
 export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR="$out/fa4cache"
 BEFORE=bench/h200-2026-11-30/session2
 step precompile 40 python3 scripts/fa3_speed_ab.py --precompile 4 --precompile-fa4 --variants new --head-dims 128 \

@@ -36,7 +36,7 @@ done
 out="${OUT:-results}/pending9"; session_setup "$out"
 budget=${CALL_BUDGET:-560}
 if (( defaults )); then
-  NPROC=$(python3 -c "import xdist" 2>/dev/null && echo "-n 14" || echo "")
+  NPROC=$(xdist_flag 14)
   step defaults 170 python3 -m pytest -q $NPROC -m gpu -p no:cacheprovider --tb=short -rfEX tests/test_torch_compile.py \
     tests/test_fa3_gpu.py tests/test_fa3_fp8_gpu.py -k "compile or 256"
   step zeroblocks 60 python3 -m pytest -q $NPROC -m gpu -p no:cacheprovider --tb=short -rfEX \

@@ -22,15 +22,15 @@
 # its Q load still waits for the epilogue). Worth a default where persistent/new >= 1.02 on every shape of a
 # head dim with new/old as in earlier runs (the A/A reference).
 set -uo pipefail
-source "$(dirname "$0")/steps.sh"; help_from_header "$@"
-out="${OUT:-results/persist}"; session_setup "$out/logs"
+source "$(dirname "$0")/steps.sh"
+out="${OUT:-results/persist}"; gpu_session "$out/logs" "$@"
 AB="--variants old,new,persistent"
 FP16="--dtype fp16 --variants persistent --seqlens 4096"
 export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR="$out/fa4cache"
 # 18 bf16 + 6 fp16 + flash-attn-4's kernels, both pools at once (16 processes on 16 cores)
 step precompile 45 bash -c "python3 scripts/fa3_speed_ab.py --precompile 12 --precompile-fa4 $AB --seqlens 4096,16384 & a=\$!; \
   python3 scripts/fa3_speed_ab.py --precompile 4 $FP16 & b=\$!; trap 'kill -INT \$a \$b' INT; wait"
-NPROC=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8" || echo "")
+NPROC=$(xdist_flag 8)
 step pytest 30 env FA_VARIANTS_SPLIT_KV=0 FA_VARIANTS_PACK_GQA=0 python3 -m pytest -q $NPROC -m gpu -p no:cacheprovider \
   --tb=short -rfEX tests/test_fa3_gpu.py -k "persistent or l2_sections or matrix_bf16"
 step fa3ab 50 python3 scripts/fa3_speed_ab.py $AB --seqlens 4096 --peers flash-attn-4 --out "$out/fa3ab"

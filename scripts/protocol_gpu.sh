@@ -16,8 +16,8 @@
 # (d) the D 128 new/old verdict is the same in all 3 paired repeats and in step 2; (e) the report lines show
 # "graph x N" for every entry (else the eager fallback's reason) and a clock in MHz (not nan).
 set -uo pipefail
-source "$(dirname "$0")/steps.sh"; help_from_header "$@"
-out="${OUT:-results/protocol}"; session_setup "$out/logs"
+source "$(dirname "$0")/steps.sh"
+out="${OUT:-results/protocol}"; gpu_session "$out/logs" "$@"
 SHAPES="--head-dims 128,256 --seqlens 16384 --causal no --variants old,new --peers flash-attn-4"
 export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR="$out/fa4cache"
 step precompile 90 python3 scripts/fa3_speed_ab.py --precompile 6 --precompile-fa4 $SHAPES

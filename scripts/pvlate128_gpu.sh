@@ -37,15 +37,15 @@
 #    is "faster" at N 4k and N 16k and not "slower" at N 4k causal and its median beats pvlate-128's at all three
 #    shapes; else pv_wait_late alone if pvlate-128/new meets that rule. Else nothing (the switch stays off at D 128).
 set -uo pipefail
-source "$(dirname "$0")/steps.sh"; help_from_header "$@"
-out="${OUT:-results/pvlate128}"; session_setup "$out/logs"
+source "$(dirname "$0")/steps.sh"
+out="${OUT:-results/pvlate128}"; gpu_session "$out/logs" "$@"
 SHAPES="--shapes 128:4096:full,128:16384:full,128:4096:causal"
 CANDIDATES=(o-before-pv pvlate-128 pvlate-128-obpv)
 export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR="$out/fa4cache"
 # 10 bf16 + 2 flash-attn-4 kernels: one round of compiles on 16 cores
 step precompile 45 python3 scripts/fa3_speed_ab.py --precompile 12 --precompile-fa4 \
   --variants "old,new,$(IFS=,; echo "${CANDIDATES[*]}")" $SHAPES
-NPROC=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8" || echo "")
+NPROC=$(xdist_flag 8)
 step pytest 38 python3 -m pytest -q $NPROC -m gpu -p no:cacheprovider --tb=short -rfEp tests/test_fa3_gpu.py \
   -k "pvlate128 or (ablation_configs and o-before-pv)"
 # a variant is timed only when its tests passed and none failed (a kernel that fails on the GPU, e.g. "illegal

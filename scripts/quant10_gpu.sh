@@ -36,8 +36,8 @@
 # mean: its negation was queued before K's launch that writes the mean); fixed in quant_kernel.quantize. Prediction:
 # gpu_tests 3 passed, racecheck clean, then the timing as predicted above.
 set -uo pipefail
-source "$(dirname "$0")/steps.sh"; help_from_header "$@"
-out="${OUT:-results}/quant10"; session_setup "$out"
+source "$(dirname "$0")/steps.sh"
+out="${OUT:-results}/quant10"; gpu_session "$out" "$@"
 # under $out: commit.txt, gpu.txt, clocks.csv, the step logs, sanitize.log, quant_bw.json
 step precompile 45 python3 scripts/quant_precompile.py --jobs 16 --set quant10 --unique
 racecheck_bg quant10 35

@@ -19,8 +19,8 @@
 # of copy; otherwise FAIL with the worst row), no "DIFF" in the ablation line. The ncu lines attribute what is
 # left (DRAM vs L2 vs issue).
 set -uo pipefail
-source "$(dirname "$0")/steps.sh"; help_from_header "$@"
-out="${OUT:-results}/quant3"; session_setup "$out"
+source "$(dirname "$0")/steps.sh"
+out="${OUT:-results}/quant3"; gpu_session "$out" "$@"
 # under $out: commit.txt, gpu.txt, clocks.csv, the 4 step logs, sanitize.log, quant_bw.json, ncu_details.txt
 step precompile 100 python3 scripts/quant_precompile.py --jobs 14
 # racecheck + synccheck of small v3 calls (shared stages, the fused mean's counter) beside the tests

@@ -29,8 +29,8 @@
 # -1 to +4% with the exact mean. Flip V3_STAGED_MEAN on if tests pass and v3s >= v3 - 2% in every default row;
 # V3_FUSED_MEAN likewise against v3s.
 set -uo pipefail
-source "$(dirname "$0")/steps.sh"; help_from_header "$@"
-out="${OUT:-results}/quant4"; session_setup "$out"
+source "$(dirname "$0")/steps.sh"
+out="${OUT:-results}/quant4"; gpu_session "$out" "$@"
 # under $out: commit.txt, gpu.txt, clocks.csv, the step logs, sanitize.log, quant_bw.json, ncu_details.txt
 step precompile 30 python3 scripts/quant_precompile.py --jobs 14 --set quant4
 san=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")

@@ -29,8 +29,8 @@
 # 0.97-1.03 (stores already whole sectors; one barrier and 8 shared accesses more per block). If D 64 does not move,
 # the half-sector stores are not the D 64 gap (then: 4 CTAs of 128 threads per SM; see ncu's stall reasons).
 set -uo pipefail
-source "$(dirname "$0")/steps.sh"; help_from_header "$@"
-out="${OUT:-results}/quant5"; session_setup "$out"
+source "$(dirname "$0")/steps.sh"
+out="${OUT:-results}/quant5"; gpu_session "$out" "$@"
 # under $out: commit.txt, gpu.txt, clocks.csv, the step logs, sanitize.log, quant_bw.json, ncu_details.txt
 step precompile 40 python3 scripts/quant_precompile.py --jobs 16 --set quant5
 san=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")

@@ -30,8 +30,8 @@
 # vs torch's sum in session 7; here against the same torch sum); deff/def 1.00-1.04 (its fence per K block); the
 # pass kernels (K, Q) unchanged within 3%. The 70% target stays missed with the exact mean (K read twice).
 set -uo pipefail
-source "$(dirname "$0")/steps.sh"; help_from_header "$@"
-out="${OUT:-results}/quant8"; session_setup "$out"
+source "$(dirname "$0")/steps.sh"
+out="${OUT:-results}/quant8"; gpu_session "$out" "$@"
 # under $out: commit.txt, gpu.txt, clocks.csv, the step logs, sanitize.log, quant_bw.json
 step precompile 35 python3 scripts/quant_precompile.py --jobs 16 --set quant8 --unique
 racecheck_bg quant8 40

@@ -11,8 +11,8 @@
 #   source .gpu/env.sh; scripts/quant_gpu.sh        (repository root; logs under $OUT/quant, else results/quant)
 # Pass: "== gpu_tests: rc=0", every row "ok" and "SUMMARY fp8_quant_bandwidth v2: PASS" (>= 70% of copy).
 set -uo pipefail
-source "$(dirname "$0")/steps.sh"; help_from_header "$@"
-out="${OUT:-results}/quant"; session_setup "$out"
+source "$(dirname "$0")/steps.sh"
+out="${OUT:-results}/quant"; gpu_session "$out" "$@"
 step precompile 110 python3 scripts/quant_precompile.py --jobs 14
 step gpu_tests 80 python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider --tb=short tests/test_fp8_quant_kernel.py
 step bandwidth 90 python3 scripts/fp8_quant_bandwidth.py --pipelines v1,v2 --breakdown --ablation --json "$out/quant_bw.json"

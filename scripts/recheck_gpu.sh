@@ -12,9 +12,9 @@
 #    20.2); the CPU-stubbed path was no slower, so the prediction is fa3 and fa2 back at 20-25 us.
 # Pass: (1) 0 failed / 0 errors; (2) both SUMMARY lines "meets 25 us".
 set -uo pipefail
-source "$(dirname "$0")/steps.sh"; help_from_header "$@"
-out="${OUT:-results/recheck}"; session_setup "$out/logs"
-NPROC=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8" || echo "")
+source "$(dirname "$0")/steps.sh"
+out="${OUT:-results/recheck}"; gpu_session "$out/logs" "$@"
+NPROC=$(xdist_flag 8)
 step overhead 45 python3 scripts/api_overhead.py --device cuda --backend fa3,fa2 --phases --rounds 9
 step pytest 110 python3 -m pytest -q $NPROC -m "gpu and not slow" -p no:cacheprovider --tb=short -rfEX \
   tests/test_fa3_fp8_kernel.py tests/test_fa2_gpu.py tests/test_fa3_fp8_lookahead_gpu.py tests/test_decode_gpu.py \

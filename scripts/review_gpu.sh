@@ -9,8 +9,8 @@
 #   source .gpu/env.sh && scripts/review_gpu.sh        (repository root; writes under $OUT; --help: this text)
 # Pass: the last line reads "PASS" (each check prints ok / FAIL before it).
 set -uo pipefail
-source "$(dirname "$0")/steps.sh"; help_from_header "$@"
-out="${OUT:-results/review}"; session_setup "$out/logs"
+source "$(dirname "$0")/steps.sh"
+out="${OUT:-results/review}"; gpu_session "$out/logs" "$@"
 child="$out/child"; mkdir -p "$child"
 cat > "$out/child.sh" <<'SH'
 set -uo pipefail

@@ -1,7 +1,13 @@
 # steps.sh: the pieces every GPU-host script (scripts/<name>.sh) shares; source it first:
-#   source "$(dirname "$0")/steps.sh"; help_from_header "$@"
-#   out="${OUT:-results/NAME}"; session_setup "$out/logs"
+#   set -uo pipefail
+#   source "$(dirname "$0")/steps.sh"
+#   out="${OUT:-results/NAME}"; gpu_session "$out/logs" "$@"
 #
+#   gpu_session DIR ARGS...   the scripts' preamble: help_from_header ARGS (--help: the header, exit 0, nothing
+#                             made), then session_setup DIR. A script that reads its own arguments first calls
+#                             help_from_header "$@" right after the source line and session_setup DIR later.
+#   xdist_flag N              prints "-n N" where pytest-xdist is installed, else nothing (pytest runs serially):
+#                             NPROC=$(xdist_flag 8); python3 -m pytest $NPROC ...
 #   help_from_header ARGS...  with --help or -h as the first argument: prints the script's header comment (the
 #                             "#" lines after the first line, "# " taken off) and exits 0; else does nothing.
 #   session_setup DIR         LOGS=DIR (created); writes DIR/commit.txt (git log --oneline -1), DIR/gpu.txt
@@ -25,6 +31,10 @@ print_header() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { e
 help_from_header() {
   if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then print_header; exit 0; fi
 }
+
+gpu_session() { local logs=$1; shift; help_from_header "$@"; session_setup "$logs"; }
+
+xdist_flag() { python3 -c "import xdist" 2>/dev/null && echo "-n $1" || echo ""; }
 
 session_setup() {
   LOGS=$1; mkdir -p "$LOGS"

@@ -12,8 +12,8 @@
 # Pass: 0 failed / 0 errors in both; logs.tgz holds commit.txt, gpu.txt (the H200's line) and clocks.csv (SM
 # clock samples, one a second), the summary prints gpu.txt and the clock samples' count.
 set -uo pipefail
-source "$(dirname "$0")/steps.sh"; help_from_header "$@"
-out="${OUT:-results/twins}"; session_setup "$out/logs"
+source "$(dirname "$0")/steps.sh"
+out="${OUT:-results/twins}"; gpu_session "$out/logs" "$@"
 PYTEST=(python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider --tb=short -rfEX)
 step decode 130 "${PYTEST[@]}" tests/test_decode_gpu.py -k "rows_that_see_no_key or cuda_graph_replay or seqlens_k \
 or (split_kv_matches_reference and splits3) or auto_splits_decode or auto_packs_decode or split_options"

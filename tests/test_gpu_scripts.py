@@ -53,6 +53,31 @@ def test_shell_script_help(script, tmp_path):
     assert "set -" not in run.stdout and list(work.iterdir()) == []
 
 
+#: GPU scripts that read their own arguments before session_setup (help_from_header first, session_setup later),
+#: and oob_gpu.sh (owned elsewhere this session)
+_OWN_PREAMBLE = {"pending9_gpu.sh", "study_gpu.sh", "oob_gpu.sh"}
+
+
+@pytest.mark.parametrize("script", [s for s in SHELL_SCRIPTS if s.endswith("_gpu.sh")])
+def test_gpu_script_preamble(script):
+    """Every GPU script runs under `set -uo pipefail`, sources steps.sh and, before its first step, answers --help
+    and sets up its session through steps.sh (gpu_session, or help_from_header first then session_setup); none
+    copies the xdist probe (steps.sh's xdist_flag)."""
+    lines = [line for line in (ROOT / "scripts" / script).read_text().splitlines() if not line.startswith("#")]
+    text = "\n".join(lines)
+    start = lines.index("set -uo pipefail")
+    assert lines[start + 1].startswith("source ") and "steps.sh" in lines[start + 1], script
+    first_step = next((i for i, line in enumerate(lines) if re.match(r"\s*step ", line)), len(lines))
+    if script in _OWN_PREAMBLE:
+        assert lines[start + 1].endswith('; help_from_header "$@"') or "help_from_header" in lines[start + 2]
+        assert any("session_setup" in line for line in lines[:first_step]), script
+    else:
+        assert re.fullmatch(r'out=.*; gpu_session "?\$(out|work)[^ ]*"? "\$@"(; .*)?', lines[start + 2]), lines[start + 2]
+        if script != "review_gpu.sh":  # it writes a child script on steps.sh, which calls session_setup
+            assert "help_from_header" not in text and "session_setup" not in text, script
+    assert "import xdist" not in text or script == "oob_gpu.sh", script
+
+
 def _fake_bin(folder, nvidia_smi):
     """A folder holding an executable `nvidia-smi` that runs the bash text NVIDIA_SMI."""
     folder.mkdir(exist_ok=True)
