@@ -232,7 +232,7 @@ def _with_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, se
 
 def _with_split_options(q, k, v, causal: bool, scale: float | None, backend: str, num_splits, pack_gqa, seqlens_k):
     """attention with the split count / GQA packing (fa3, fa2) fixed by the caller (no plan kept)."""
-    split.check_options(num_splits, pack_gqa)
+    num_splits = split.check_options(num_splits, pack_gqa)
     if seqlens_k is not None or _traced(q):
         raise NotImplementedError("num_splits / pack_gqa are not supported with seqlens_k or under tracing yet")
     selection = dispatch.select_backend(q, k, v, causal=causal, backend=backend)

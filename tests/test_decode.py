@@ -200,6 +200,20 @@ def test_split_options_are_validated(kwargs, error, match):
         fa_variants.attention(q, k, v, **kwargs)
 
 
+@pytest.mark.parametrize("value", [__import__("numpy").int64(2), __import__("numpy").int32(1)], ids=["int64", "int32"])
+def test_a_numpy_int_num_splits_is_taken_as_an_int(value):
+    """np.int64 is no Python int: num_splits=np.int64(2) raised 'must be an int'; now it is checked as int(value)
+    (np.bool_ and numpy floats stay refused)."""
+    import numpy as np
+
+    from fa_variants.common import split
+
+    assert split.check_options(value, None) == int(value) and type(split.check_options(value, None)) is int
+    for bad in (np.bool_(True), np.float32(2.0)):
+        with pytest.raises(TypeError, match="^num_splits must be an int >= 1 or None"):
+            split.check_options(bad, None)
+
+
 def test_split_options_need_fa3_and_no_seqlens_k():
     import fa_variants
 

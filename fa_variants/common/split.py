@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 
 import torch
 
@@ -79,17 +80,22 @@ def num_splits_heuristic(ctas: int, n_blocks: int, num_sms: int, max_splits: int
     return min(range(1, limit + 1), key=lambda s: (cost(s), s))
 
 
-def check_options(num_splits, pack_gqa) -> None:
+def check_options(num_splits, pack_gqa) -> int | None:
     """The public ``num_splits=`` / ``pack_gqa=`` options (``fa_variants.attention``): num_splits an int >= 1
-    or None (chosen per call), pack_gqa a bool or None (chosen per call). Raises TypeError / ValueError (one
-    line naming the argument)."""
+    (a numpy integer too, as a Python int) or None (chosen per call), pack_gqa a bool or None (chosen per
+    call). Returns num_splits as an int (or None). Raises TypeError / ValueError (one line naming the
+    argument)."""
     if num_splits is not None:
-        if not isinstance(num_splits, int) or isinstance(num_splits, bool):
-            raise TypeError(f"num_splits must be an int >= 1 or None (chosen per call), got {num_splits!r}")
+        if not isinstance(num_splits, numbers.Integral) or isinstance(num_splits, bool):
+            raise TypeError(f"num_splits must be an int >= 1 or None (chosen per call), got "
+                            f"{type(num_splits).__name__ if torch.compiler.is_compiling() else repr(num_splits)}")
+        num_splits = int(num_splits)
         if num_splits < 1:
             raise ValueError(f"num_splits must be >= 1 (1: no split) or None (chosen per call), got {num_splits}")
     if pack_gqa is not None and not isinstance(pack_gqa, bool):
-        raise TypeError(f"pack_gqa must be a bool or None (chosen per call), got {pack_gqa!r}")
+        raise TypeError(f"pack_gqa must be a bool or None (chosen per call), got "
+                        f"{type(pack_gqa).__name__ if torch.compiler.is_compiling() else repr(pack_gqa)}")
+    return num_splits
 
 
 @functools.lru_cache(maxsize=None)
