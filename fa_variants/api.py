@@ -270,7 +270,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
             (flash-attn >= 2.1). A query row that sees no key gives 0 and LSE -inf.
         softmax_scale: any finite real (0, negative and ints are fine) with |softmax_scale| <=
             ``MAX_SOFTMAX_SCALE`` (about 2.36e38: float32 max / log2 e); None means 1 / sqrt(head_dim).
-            On the kernels, a scale too small for float32 (|scale| log2 e < 1.2e-38) runs as 0.
+            On the kernels, a scale too small for float32 (|scale| log2 e < 1.2e-38) runs as 0. A numpy scalar
+            is taken eagerly (as by SDPA); under torch.compile it is refused (TypeError: pass a Python float).
         backend: "auto" (see ``fa_variants.dispatch``; env FA_VARIANTS_BACKEND overrides auto), or one of
             "fa3", "fa3-fp8", "fa2", "fa1", "reference".
         return_lse: also return the log-sum-exp of each query row.
