@@ -19,10 +19,10 @@
 # HBM round trip of the fp32 O tile); 0.95-1.0 at D 256 (128 FMULs instead of 32, and sm_80 spills grow from 40 to
 # 240 bytes a thread); max |after - before| ~1 bf16 ulp of O (the roundings differ).
 set -uo pipefail
-source "$(dirname "$0")/steps.sh"; help_from_header "$@"
-out="${OUT:-results/fa1tol}"; session_setup "$out/logs"
+source "$(dirname "$0")/steps.sh"
+out="${OUT:-results/fa1tol}"; gpu_session "$out/logs" "$@"
 step precompile 35 python3 scripts/fa1tol_precompile.py --jobs 14
-NPROC=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8" || echo "")
+NPROC=$(xdist_flag 8)
 step pytest 50 python3 -m pytest -q $NPROC -m gpu -p no:cacheprovider --tb=short -rfEX \
   tests/test_edge_cases.py tests/test_kernels_gpu.py tests/test_fa1_gpu.py -k fa1
 if grep -qE "^(FAILED|ERROR)| (failed|error)" "$out/logs/pytest.log" || ! grep -q " passed" "$out/logs/pytest.log"; then

@@ -18,8 +18,8 @@
 # Prediction: all four clean (before the fix d64 reported 128 errors on its first call, the 128 threads of warpgroup
 # 2 of the last CTA); precompile ~45-60 s, memcheck ~25-40 s per head_dim (side by side).
 set -uo pipefail
-source "$(dirname "$0")/steps.sh"; help_from_header "$@"
-out="${OUT:-results/oob}"; session_setup "$out/logs"
+source "$(dirname "$0")/steps.sh"
+out="${OUT:-results/oob}"; gpu_session "$out/logs" "$@"
 step memcheck 115 python3 scripts/sanitize.py --tools memcheck --backends fa3-fp8 --head-dims 64 96 128 256 \
   --per-head-dim --precompile --timeout 55 --out "$out/sanitize"
 echo "== memcheck"; grep -E "^(precompile|memcheck|fa3-fp8|logs)" "$out/logs/memcheck.log"

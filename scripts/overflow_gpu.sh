@@ -26,10 +26,10 @@
 # 1090 / 1010, N 4k / 4k causal / 16k / 16k causal). Flip rule: all pass and every median >= 0.98 ->
 # DEFAULT_SWITCHES[256] gains bounded_units=True (and fused_promote configs elsewhere take it with the flag).
 set -uo pipefail
-source "$(dirname "$0")/steps.sh"; help_from_header "$@"
-out="${OUT:-results}"; work="$out/overflow"; session_setup "$work"
+source "$(dirname "$0")/steps.sh"
+out="${OUT:-results}"; work="$out/overflow"; gpu_session "$work" "$@"
 step precompile 45 python3 scripts/overflow_check.py precompile --jobs 14
-NPROC=$(python3 -c "import xdist" 2>/dev/null && echo "-n 12" || echo "")
+NPROC=$(xdist_flag 12)
 step overflow_tests 40 python3 -m pytest -q $NPROC -m gpu tests/test_fp8_overflow_gpu.py -p no:cacheprovider --tb=line -rfE
 step speed 30 python3 scripts/overflow_check.py speed --rounds 6 --iters 20
 pack_logs "$out/overflow.tar.gz" && rm -rf "$work"

@@ -53,9 +53,8 @@ def test_shell_script_help(script, tmp_path):
     assert "set -" not in run.stdout and list(work.iterdir()) == []
 
 
-#: GPU scripts that read their own arguments before session_setup (help_from_header first, session_setup later),
-#: and oob_gpu.sh (owned elsewhere this session)
-_OWN_PREAMBLE = {"pending9_gpu.sh", "study_gpu.sh", "oob_gpu.sh"}
+#: GPU scripts that read their own arguments before session_setup (help_from_header first, session_setup later)
+_OWN_PREAMBLE = {"pending9_gpu.sh", "study_gpu.sh"}
 
 
 @pytest.mark.parametrize("script", [s for s in SHELL_SCRIPTS if s.endswith("_gpu.sh")])
@@ -75,7 +74,7 @@ def test_gpu_script_preamble(script):
         assert re.fullmatch(r'out=.*; gpu_session "?\$(out|work)[^ ]*"? "\$@"(; .*)?', lines[start + 2]), lines[start + 2]
         if script != "review_gpu.sh":  # it writes a child script on steps.sh, which calls session_setup
             assert "help_from_header" not in text and "session_setup" not in text, script
-    assert "import xdist" not in text or script == "oob_gpu.sh", script
+    assert "import xdist" not in text, script
 
 
 def _fake_bin(folder, nvidia_smi):
