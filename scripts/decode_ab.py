@@ -57,20 +57,13 @@ merge at >= 8 splits and first_row_only):
 
 * ``pdl16``         PDL up to 16 splits (``DECODE_PDL_MAX_SPLITS`` 16): seqlen_q 1 at B 1 Nk 4k / 32k.
 
-Session 8 (``--s9`` picks the shapes ``S9``, scripts/decode9_gpu.sh: the unsplit seqlen_q 1 shapes at batch 64, where
-`auto` runs the dual tiles at Nk <= 4k and the base tiles at 32k; D 64 B 64 Nk 1k was the last 1.01x SDPA):
+Session 8 (``--s9`` picks the shapes ``S9``: the unsplit seqlen_q 1 shapes at batch 64, where `auto` runs the dual
+tiles at Nk <= 4k and the base tiles at 32k; D 64 B 64 Nk 1k was the last 1.01x SDPA). Its ``pdl1`` (unsplit calls
+as programmatic dependents, ``DECODE_PDL_MIN_SPLITS`` 1) is the default since session 10, so the persistent grids
+below launch with PDL too:
 
-* ``pdl1``          unsplit packed seqlen_q 1 calls launch as programmatic dependents (``DECODE_PDL_MIN_SPLITS`` 1);
 * ``pers``          a persistent grid instead of the dual tiles (``DECODE_FULL_GRID`` "persistent": B x Hkv >= 512,
-                    Nk <= 4k), 2 K/V stages; ``pers3`` with 3;
-* ``pers+pdl1``     the persistent grid as a programmatic dependent.
-
-Session 9 (``--s10`` picks the shapes ``S10``, scripts/decode10_gpu.sh: the decode shapes still failing issue 13 after
-session 8 that a switch of this round changes, and guards):
-
-* ``pdl1``          as in session 8, re-timed for its flip rule (scripts/decode10_gpu.sh's header);
-* ``w192``          the 128-row packed tile at D 64 with 192-key K/V tiles (``WIDE_TILE_N`` 192,
-                    FA_VARIANTS_PACK_WIDE_TILE_N): 64:8 at seqlen_q 16.
+                    Nk <= 4k), 2 K/V stages; ``pers3`` with 3.
 
 With ``--s7`` (or ``--skip-same``) a public variant that runs at a shape what `auto` or a variant listed before it
 runs there (config and merge kernel) is not timed there: its cell reads "-".
@@ -151,11 +144,6 @@ S8 = ([(64, 64, 8, 1, 32768, 16), (128, 64, 8, 1, 32768, 16), (64, 32, 8, 1, 327
 # session 8 (--s9): seqlen_q 1 at batch 64 (unsplit): Nk 1k / 4k at D 64 / 128, 32:8 / 64:8 (the dual tiles, which the
 # persistent grid replaces; D 64 Nk 1k the two shapes > SDPA in s7), and Nk 32k D 64 32:8 (base tiles: pdl1 only)
 S9 = [(d, h, 8, 64, nk) for d in (64, 128) for h in (32, 64) for nk in (1024, 4096)] + [(64, 32, 8, 64, 32768)]
-# session 9 (--s10): the two seqlen_q 1 shapes > SDPA (D 64 B 64 Nk 1k, 32:8 / 64:8) with S9's other seven (pdl1's rule
-# counts all nine), and D 64 64:8 at seqlen_q 16 (the 128-row tile): the three Nk 32k shapes under 70% of HBM (B 1 / 8 /
-# 64) and three guards at shorter Nk (w192's)
-S10 = S9 + [(64, 64, 8, b, 32768, 16) for b in (1, 8, 64)] + [(64, 64, 8, 64, 1024, 16), (64, 64, 8, 1, 4096, 16),
-                                                               (64, 64, 8, 8, 1024, 16)]
 ALL_NQ1 = [(d, h, 8, b, nk) for d in (64, 128) for h in (32, 64) for b in (1, 8, 64)
            for nk in (1024, 4096, 32768, 131072)]
 
@@ -194,19 +182,15 @@ PUBLIC = {
     # session 7, second decode round (--s8)
     "pdl16": dict(DECODE_PDL_MAX_SPLITS=16),
     # session 8 (--s9)
-    "pdl1": dict(DECODE_PDL_MIN_SPLITS=1),
     "pers": dict(DECODE_FULL_GRID="persistent"),
     "pers3": dict(DECODE_FULL_GRID="persistent3"),
-    "pers+pdl1": dict(DECODE_FULL_GRID="persistent", DECODE_PDL_MIN_SPLITS=1),
-    # session 9 (--s10)
-    "w192": dict(WIDE_TILE_N=192),
     "shipped": dict(),  # the shipped switches (what `auto` runs when the environment sets none)
 }
 #: the switches PUBLIC sets, at their shipped values (a variant sets all of them, its own on top); MERGE_WARP is
 #: common.split_combine's, the rest fa3's
 SHIPPED = dict(FUSED_MERGE="off", DECODE_PDL=False, DECODE_TILES_CHOICE="auto", DECODE_PDL_MAX_SPLITS=8,
                SPLIT_MIN_TILES=1, PACK_WIDE=None, MERGE_WARP=None, DECODE_FIRST_ROW=True,
-               DECODE_PDL_MIN_SPLITS=2, DECODE_FULL_GRID="dual", WIDE_TILE_N=0)
+               DECODE_PDL_MIN_SPLITS=1, DECODE_FULL_GRID="dual", WIDE_TILE_N=0)
 NUM_SMS_DEFAULT = 132  # H100/H200 SXM, for --plan without a GPU
 REF_BATCHES = 8  # sequences of a shape each entry's output is checked on (the reference's cost)
 
@@ -661,7 +645,6 @@ def main() -> int:
     p.add_argument("--s7", action="store_true", help="the session-7 set S7 instead of the 32 misses (and --skip-same)")
     p.add_argument("--s8", action="store_true", help="the session-8 set S8 instead of the 32 misses (and --skip-same)")
     p.add_argument("--s9", action="store_true", help="the session-8 batch-64 set S9 instead of the 32 misses (and --skip-same)")
-    p.add_argument("--s10", action="store_true", help="the session-9 set S10 instead of the 32 misses (and --skip-same)")
     p.add_argument("--skip-same", action="store_true",
                    help="time no public variant where it runs the shipped config (same_as_shipped)")
     p.add_argument("--variants", nargs="+", default=[v for v in VARIANTS if not v.startswith("min1")],
@@ -675,7 +658,7 @@ def main() -> int:
                    else "results/decode2/decode_ab")
     a = p.parse_args()
     shapes = (ALL_NQ1 if a.all_nq1 else SHORT_NK + CONTROLS if a.short_nk else S6 if a.s6 else S7 if a.s7 else
-              S8 if a.s8 else S9 if a.s9 else S10 if a.s10 else MISSES) + (
+              S8 if a.s8 else S9 if a.s9 else MISSES) + (
         WINS if a.wins else [])
     gpu = not (a.plan or a.compile_only)
     if gpu:
@@ -688,7 +671,7 @@ def main() -> int:
     else:
         os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
         num_sms = NUM_SMS_DEFAULT
-    rows = plan(shapes, a.variants, num_sms, a.skip_same or a.s7 or a.s8 or a.s9 or a.s10)
+    rows = plan(shapes, a.variants, num_sms, a.skip_same or a.s7 or a.s8 or a.s9)
     for r in rows:
         if not r.get("public"):
             r["forced"] = entry(r["variant"], r["shape"], num_sms)[1]

@@ -104,7 +104,7 @@ def test_auto_packs_gqa_at_one_query_row(h200, split_enabled, monkeypatch):
     monkeypatch.setattr(fa3, "PACK_GQA_ENABLED", True)
     q, k = _qk(32, 1, 32, 8, 4096)
     cfg = fa3._problem_config(None, q, k, True)
-    assert cfg == fa3.first_row(fa3._PACKED_CONFIGS[128], 4) and cfg.pack_gqa and cfg.num_splits == 1 and cfg.tile_m == 64
+    assert cfg == fa3.first_row(dataclasses.replace(fa3._PACKED_CONFIGS[128], pdl=fa3.decode_pdl(1)), 4) and cfg.pack_gqa and cfg.num_splits == 1 and cfg.tile_m == 64
     assert cfg.first_row_only == fa3.DECODE_FIRST_ROW  # 4 query heads per KV head: the padding row's softmax skipped
     q, k = _qk(1, 1, 32, 8, 4096)  # 8 packed CTAs: split more than the 32 unpacked ones would be
     cfg = fa3._problem_config(None, q, k, True)
@@ -270,8 +270,8 @@ def test_decode_tiles_apply_to_one_query_row_only(h200, split_enabled, monkeypat
     monkeypatch.setattr(fa3, "DECODE_TILES_CHOICE", "deep")
     q, k = _qk(64, 1, 32, 8, 4096)  # not split: the whole packed config, 3 stages at D 128
     assert fa3._problem_config(None, q, k, True) == fa3.first_row(
-        dataclasses.replace(fa3._PACKED_CONFIGS[128], stages=3), 4)
-    assert dataclasses.replace(fa3._PACKED_CONFIGS[128], stages=3) in fa3._auto_configs(128)
+        dataclasses.replace(fa3._PACKED_CONFIGS[128], stages=3, pdl=fa3.decode_pdl(1)), 4)
+    assert dataclasses.replace(fa3._PACKED_CONFIGS[128], stages=3, pdl=fa3.decode_pdl(1)) in fa3._auto_configs(128)
 
 
 def test_merge_config_pdl_needs_sm90():
@@ -327,14 +327,15 @@ def test_decode_table_subset_and_summary(capsys):
 
 
 def test_decode_pdl_follows_the_split_count(h200, split_enabled, monkeypatch):
-    """Session 6 defaults: one-tile splits (B 1 Nk 1k: 8 splits) and PDL at 2..DECODE_PDL_MAX_SPLITS splits of a
-    packed seqlen_q = 1 call (not at 16 splits, not unsplit, not at seqlen_q > 1); 0 turns it off; the old
-    defaults (min tiles 2, no PDL) give 4 splits without PDL."""
+    """Session 6 defaults: one-tile splits (B 1 Nk 1k: 8 splits) and PDL at DECODE_PDL_MIN_SPLITS (1 since session
+    10: unsplit too)..DECODE_PDL_MAX_SPLITS splits of a packed seqlen_q = 1 call (not at 16 splits, not at
+    seqlen_q > 1); 0 turns it off; the old defaults (min tiles 2, no PDL) give 4 splits without PDL."""
     monkeypatch.setattr(fa3, "DECODE_PDL", False)
+    monkeypatch.setattr(fa3, "DECODE_PDL_MIN_SPLITS", 1)
     monkeypatch.setattr(fa3, "DECODE_PDL_MAX_SPLITS", 8)
     monkeypatch.setattr(fa3, "SPLIT_MIN_TILES", 1)
     cases = [((1, 1, 32, 8, 1024), 8, True), ((8, 1, 32, 8, 1024), 2, True), ((1, 1, 32, 8, 4096), 16, False),
-             ((64, 1, 32, 8, 1024), 1, False), ((1, 4, 32, 8, 1024), 8, False)]
+             ((64, 1, 32, 8, 1024), 1, True), ((1, 4, 32, 8, 1024), 8, False)]
     for shape, splits, pdl in cases:
         q, k = _qk(*shape)
         cfg = fa3._problem_config(None, q, k, True)
@@ -515,7 +516,8 @@ def test_full_grid_switch_runs_a_persistent_grid_unsplit_only(h200, split_enable
         monkeypatch.setattr(fa3, "DECODE_FULL_GRID", grid)
         got = [fa3._problem_config(None, *_qk(*s), True) for s in shapes]
         for (*_, d), c in zip(shapes[:2], got[:2]):
-            assert c == fa3.first_row(dataclasses.replace(fa3._PACKED_CONFIGS[d], persistent=True, stages=stages), 8)
+            assert c == fa3.first_row(dataclasses.replace(fa3._PACKED_CONFIGS[d], persistent=True, stages=stages,
+                                                       pdl=fa3.decode_pdl(1)), 8)
             assert c.check(d).first_row_only and fa3.auto_num_splits(*_qk(*shapes[0]), True) == 1
         assert got[2:] == before[2:]
         forced = fa3.decode_config(*_qk(*shapes[0]), True, num_splits=2)
@@ -541,27 +543,27 @@ def test_persistent_packed_decode_is_checked():
 
 
 def test_decode_pdl_min_splits_adds_unsplit_calls(h200, split_enabled, monkeypatch):
-    """fa3.DECODE_PDL_MIN_SPLITS (FA_VARIANTS_DECODE_PDL_MIN_SPLITS, default 2): 1 makes the unsplit packed
-    seqlen_q = 1 calls (B 64 Nk 1k dual, B 64 Nk 32k base) programmatic dependents; split calls (B 8 Nk 1k: 2
-    splits, PDL already; B 1 Nk 4k: 16, not) and seqlen_q > 1 calls as before; warmup plans the unsplit PDL configs; a bad value is a
-    one-line ValueError naming the variable."""
+    """fa3.DECODE_PDL_MIN_SPLITS (FA_VARIANTS_DECODE_PDL_MIN_SPLITS, default 1 since session 10): the unsplit packed
+    seqlen_q = 1 calls (B 64 Nk 1k dual, B 64 Nk 32k base) launch as programmatic dependents; 2 makes them plain
+    launches again; split calls (B 8 Nk 1k: 2 splits, PDL either way; B 1 Nk 4k: 16, not) and seqlen_q > 1 calls
+    as before; warmup plans the unsplit PDL configs; a bad value is a one-line ValueError naming the variable."""
     monkeypatch.setattr(fa3, "PACK_GQA_ENABLED", True)
     monkeypatch.setattr(fa3, "DECODE_PDL", False)
     monkeypatch.setattr(fa3, "DECODE_PDL_MAX_SPLITS", 8)
-    assert fa3.DECODE_PDL_MIN_SPLITS == 2 and not fa3.decode_pdl(1) and fa3.decode_pdl(2)
+    assert fa3.DECODE_PDL_MIN_SPLITS == 1 and fa3.decode_pdl(1) and fa3.decode_pdl(2)
     shapes = [(64, 1, 32, 8, 1024), (64, 1, 64, 8, 32768), (8, 1, 32, 8, 1024), (1, 1, 32, 8, 4096), (64, 4, 32, 8, 1024)]
-    before = [fa3._problem_config(None, *_qk(*s), True) for s in shapes]
-    assert [c.pdl for c in before] == [False, False, True, False, False]
-    monkeypatch.setattr(fa3, "DECODE_PDL_MIN_SPLITS", 1)
     got = [fa3._problem_config(None, *_qk(*s), True) for s in shapes]
-    assert got[:2] == [dataclasses.replace(c, pdl=True) for c in before[:2]] and got[2:] == before[2:]
+    assert [c.pdl for c in got] == [True, True, True, False, False]
     assert any(c.pdl and c.num_splits == 1 and c.ctas_per_sm == 2 for c in fa3._auto_configs(128))
+    monkeypatch.setattr(fa3, "DECODE_PDL_MIN_SPLITS", 2)
+    before = [fa3._problem_config(None, *_qk(*s), True) for s in shapes]
+    assert before[:2] == [dataclasses.replace(c, pdl=False) for c in got[:2]] and before[2:] == got[2:]
     monkeypatch.setattr(fa3, "DECODE_PDL_MIN_SPLITS", 3)  # split calls of 3..8 splits: their PDL kernel still warmed
     assert not fa3.decode_pdl(2) and fa3.decode_pdl(3)
     assert any(c.pdl and c.num_splits == 0 and c.pack_gqa and not c.pack_group for c in fa3._auto_configs(128))
     monkeypatch.setenv("FA_VARIANTS_DECODE_PDL_MIN_SPLITS", "0")
     with pytest.raises(ValueError, match="^FA_VARIANTS_DECODE_PDL_MIN_SPLITS must be an int >= 1"):
-        env.integer("FA_VARIANTS_DECODE_PDL_MIN_SPLITS", "2", 1)
+        env.integer("FA_VARIANTS_DECODE_PDL_MIN_SPLITS", "1", 1)
 
 
 def test_wide_tile_n_switch(h200, split_enabled, monkeypatch):

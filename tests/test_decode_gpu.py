@@ -533,14 +533,14 @@ def test_one_tile_splits_through_auto(shape, splits, merge_pdl, min_tiles_one, s
 @pytest.fixture
 def decode_defaults(monkeypatch):
     """fa3's session-6 decode defaults whatever the environment says: one-tile splits, PDL at 2-8 splits, dual
-    tiles at batch x heads_kv >= 512 (Nk <= 4k), 128-row packed tiles by ``fa3.wide_helps``; no PDL unsplit."""
+    tiles at batch x heads_kv >= 512 (Nk <= 4k), 128-row packed tiles by ``fa3.wide_helps``; PDL unsplit too (session 10)."""
     monkeypatch.setattr(fa3, "SPLIT_MIN_TILES", 1)
     monkeypatch.setattr(fa3, "DECODE_TILES_CHOICE", "auto")
     monkeypatch.setattr(fa3, "DUAL_MIN_CTAS", 512)
     monkeypatch.setattr(fa3, "PACK_WIDE", None)
     monkeypatch.setattr(fa3, "DECODE_PDL", False)
     monkeypatch.setattr(fa3, "DECODE_PDL_MAX_SPLITS", 8)
-    monkeypatch.setattr(fa3, "DECODE_PDL_MIN_SPLITS", 2)
+    monkeypatch.setattr(fa3, "DECODE_PDL_MIN_SPLITS", 1)
     monkeypatch.setattr(fa3, "DECODE_FULL_GRID", "dual")
     monkeypatch.setattr(fa3, "WIDE_TILE_N", 0)
     fa3._auto_splits.cache_clear()
@@ -624,7 +624,7 @@ def test_auto_runs_wide_packed_tiles(decode_defaults, split_kv, pack_gqa, monkey
 
 def test_dual_auto_tiles_through_auto(decode_defaults, split_kv, pack_gqa, monkeypatch):
     """FA_VARIANTS_DECODE_TILES=auto (fa3.DECODE_TILES_CHOICE "auto"): B 8 / 64 at Nk ~1k run two CTAs per SM
-    (split with PDL at B 8, unsplit at B 64), odd lengths; each call within the rule, O and LSE, three fresh Qs."""
+    (split at B 8, unsplit at B 64; both with PDL), odd lengths; each call within the rule, O and LSE, three fresh Qs."""
     import fa_variants
 
     monkeypatch.setattr(fa3, "DECODE_TILES_CHOICE", "auto")
@@ -632,7 +632,7 @@ def test_dual_auto_tiles_through_auto(decode_defaults, split_kv, pack_gqa, monke
     for d, h, hkv, b, nk in ((64, 32, 8, 8, 1023), (128, 64, 8, 8, 1024), (128, 32, 8, 64, 1000)):
         q, k, v = _qkv(b, 1, nk, h, hkv, d)
         cfg = fa3._problem_config(None, q, k, True)
-        assert cfg.ctas_per_sm == 2 and (cfg.num_splits == 1) == (b == 64) and cfg.pdl == (b == 8), cfg
+        assert cfg.ctas_per_sm == 2 and (cfg.num_splits == 1) == (b == 64) and cfg.pdl, cfg
         for _ in range(3):
             q.copy_(torch.randn_like(q))
             out, lse = fa_variants.attention(q, k, v, causal=True, backend="fa3", return_lse=True)
@@ -691,7 +691,7 @@ def test_first_row_only_matches_reference(shape, num_splits):
 @pytest.mark.parametrize("shape, splits, pdl, dual", [((1, 1024, 32, 8, 128), 8, True, False),
                                                       ((8, 1023, 32, 8, 64), 2, True, False),
                                                       ((1, 4097, 32, 8, 64), 11, False, False),
-                                                      ((64, 1000, 32, 8, 64), 1, False, True)],
+                                                      ((64, 1000, 32, 8, 64), 1, True, True)],
                          ids=lambda s: "x".join(map(str, s)) if isinstance(s, tuple) else str(s))
 def test_auto_runs_first_row(shape, splits, pdl, dual, decode_defaults, split_kv, pack_gqa, monkeypatch):
     """fa3.DECODE_FIRST_ROW through the public API: `auto`'s config takes first_row_only (base and dual tiles,
@@ -716,10 +716,9 @@ PDL_UNSPLIT_AUTO = [(64, 1024, 32, 8, 64, False, True), (64, 4097, 64, 8, 64, Fa
 
 @pytest.mark.parametrize("case", PDL_UNSPLIT_AUTO, ids=["x".join(map(str, s[:5])) for s in PDL_UNSPLIT_AUTO])
 def test_auto_pdl_unsplit(case, decode_defaults, split_kv, pack_gqa, monkeypatch):
-    """FA_VARIANTS_DECODE_PDL_MIN_SPLITS=1 through the public API: the unsplit B 64 calls (dual tiles at Nk <= 4k,
+    """FA_VARIANTS_DECODE_PDL_MIN_SPLITS=1 (the default since session 10) through the public API: the unsplit B 64 calls (dual tiles at Nk <= 4k,
     base at 4097) launch as programmatic dependents; five fresh Qs each within the rule (a call reading the previous
     call's Q would fail), then a CUDA-graph replay after a new Q."""
-    monkeypatch.setattr(fa3, "DECODE_PDL_MIN_SPLITS", 1)
     b, nk, h, hkv, d, _, pdl = case
     q, k, v = _qkv(b, 1, nk, h, hkv, d)
     cfg = fa3._problem_config(None, q, k, True)

@@ -1161,139 +1161,6 @@ def test_decode_model_full_grid_fits_the_s7_batch_64_rows():
         assert dual - model.WAVE_STEP_US - 1e-9 <= lo <= hi < dual, (d, h, nk, lo, hi, dual)
 
 
-def test_decode_ab_s9_plan_and_precompile():
-    """scripts/decode_ab.py --s9 (scripts/decode9_gpu.sh): pdl1 at all 9 batch-64 shapes (PDL, unsplit; the dual tiles at
-    Nk <= 4k, base at 32k), pers / pers3 / pers+pdl1 only at Nk <= 4k (persistent, 2 / 3 stages, one CTA per SM,
-    first_row_only, unsplit); the module switches untouched by planning; scripts/decode9_precompile.py lists every kernel
-    of the plan once, what auto runs at its shapes, and the GPU script runs both with the same variants and leaves a
-    variant whose GPU tests did not all pass out of the timing."""
-    from fa_variants.hopper import fa3
-
-    ab = load_script("decode_ab")
-    assert len(ab.S9) == 9 == len(set(ab.S9))
-    before = ab.get_flags(fa3)
-    variants = ["pdl1", "pers", "pers3", "pers+pdl1"]
-    rows = ab.plan(ab.S9, variants, 132, skip_same=True)
-    assert ab.get_flags(fa3) == before
-    by = {(r["shape"], r["variant"]): r for r in rows}
-    for shape in ab.S9:
-        cfg = by[(shape, "pdl1")]["config"]
-        assert cfg.pdl and cfg.num_splits == 1 and by[(shape, "pdl1")]["splits"] == 1
-        assert (cfg.ctas_per_sm == 2) == (shape[4] <= 4096) and cfg.first_row_only
-        for name, stages, pdl in (("pers", 2, False), ("pers3", 3, False), ("pers+pdl1", 2, True)):
-            if shape[4] > 4096:
-                assert (shape, name) not in by
-                continue
-            c = by[(shape, name)]["config"]
-            assert (c.persistent, c.stages, c.pdl, c.ctas_per_sm, c.num_splits, c.first_row_only) == (
-                True, stages, pdl, 1, 1, True), (shape, name, c)
-    pre = load_script("decode9_precompile")
-    listed = pre.items(variants, 132)
-    assert len(listed) == len(set(listed)) == 14
-    planned = {(kind, d, c, cfg) for kind, d, c, cfg in ab.plan_items(rows) if kind == "fa3"}
-    generic = {("fa3", d, True, c) for d in (64, 128) for c in (fa3._PACKED_CONFIGS[d], fa3._PACKED_SPLIT_CONFIGS[d])}
-    assert planned - generic <= set(listed), planned - generic - set(listed)
-    shipped = {("fa3", s[0], True, ab.public_entry("shipped", s, 132)[0]) for s in ab.S9}
-    assert shipped <= set(listed)
-    text = (ROOT / "scripts" / "decode9_gpu.sh").read_text()
-    assert "VARIANTS=(pdl1 pers pers3 pers+pdl1)" in text and "decode_ab.py --s9" in text
-    assert 'TIMED+=(pdl1)' in text and "$pdl_ok -eq 3 " in text and "$pers_ok -eq 14 " in text
-
-
-def test_decode9_gpu_test_counts_match_the_script():
-    """The GPU tests scripts/decode9_gpu.sh selects (-k "pdl_unsplit or persistent") number what it counts before timing
-    a variant: 3 pdl_unsplit and 14 persistent (a test added or removed must change the script's counts, or every
-    variant would be left out)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("decode_gpu_tables", ROOT / "tests" / "test_decode_gpu.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    names = sorted(n for n in vars(mod) if n.startswith("test_") and ("pdl_unsplit" in n or "persistent" in n))
-    assert names == ["test_auto_pdl_unsplit", "test_auto_runs_persistent_full_grid",
-                     "test_persistent_packed_decode_matches_reference"], names
-    assert len(mod.PDL_UNSPLIT_AUTO) == 3
-    assert 2 * len(mod.PERSISTENT_SHAPES) + len(mod.PERSISTENT_AUTO) == 14  # stages 2 and 3 per shape
-
-
-def test_decode_ab_s10_plan_precompile_and_script():
-    """scripts/decode_ab.py --s10 (scripts/decode10_gpu.sh): pdl1 at S9's 9 seqlen_q 1 batch-64 shapes only, w192 at the
-    6 D 64 64:8 seqlen_q 16 shapes only (the wide tile with 192-key K/V tiles, the group fixed); the module switches
-    untouched by planning; scripts/decode10_precompile.py lists every kernel of the plan and of `auto` at its shapes
-    once (14), the script runs both with the same variants and leaves a variant whose GPU tests did not all pass out."""
-    from fa_variants.hopper import fa3
-
-    ab = load_script("decode_ab")
-    assert len(ab.S10) == 15 == len(set(ab.S10)) and set(ab.S9) <= set(ab.S10)
-    before = ab.get_flags(fa3)
-    variants = ["pdl1", "w192"]
-    rows = ab.plan(ab.S10, variants, 132, skip_same=True)
-    assert ab.get_flags(fa3) == before
-    by = {(r["shape"], r["variant"]): r for r in rows}
-    assert {s for s, v in by if v == "pdl1"} == set(ab.S9)
-    wide = {s for s, v in by if v == "w192"}
-    assert wide == {s for s in ab.S10 if len(s) == 6} and all(s[:3] == (64, 64, 8) for s in wide)
-    for s in wide:
-        c = by[(s, "w192")]["config"]
-        assert (c.tile_m, c.tile_n, c.pack_group, c.pingpong) == (128, 192, 8, True), (s, c)
-    pre = load_script("decode10_precompile")
-    listed = pre.items(variants, 132)
-    assert len(listed) == len(set(listed)) == 14
-    planned = {(kind, d, c, cfg) for kind, d, c, cfg in ab.plan_items(rows) if kind == "fa3"}
-    generic = {("fa3", d, True, c) for d in (64, 128) for c in (fa3._PACKED_CONFIGS[d], fa3._PACKED_SPLIT_CONFIGS[d])}
-    assert planned - generic <= set(listed), planned - generic - set(listed)
-    shipped = {("fa3", s[0], True, ab.public_entry("shipped", s, 132)[0]) for s in ab.S10}
-    assert shipped <= set(listed)
-    merges = [i for i in listed if i[0] == "merge"]
-    assert len(merges) == 2 and all(i[1] == 64 and not i[3].pdl for i in merges)
-    text = (ROOT / "scripts" / "decode10_gpu.sh").read_text()
-    assert "VARIANTS=(pdl1 w192)" in text and "decode_ab.py --s10" in text and "decode10_verdict.py" in text
-    assert 'TIMED+=(pdl1)' in text and "$pdl_ok -eq 3 " in text and "$w_ok -eq 21 " in text
-
-
-def test_decode10_gpu_test_counts_match_the_script():
-    """The GPU tests scripts/decode10_gpu.sh selects (-k "pdl_unsplit or wide192") number what it and
-    decode10_verdict.py count before timing / flipping a variant: 3 pdl_unsplit, 21 wide192."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("decode_gpu_tables10", ROOT / "tests" / "test_decode_gpu.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    names = sorted(n for n in vars(mod) if n.startswith("test_") and ("pdl_unsplit" in n or "wide192" in n))
-    assert names == ["test_auto_pdl_unsplit", "test_auto_wide192", "test_wide192_packed_rows_match_reference"], names
-    assert len(mod.PDL_UNSPLIT_AUTO) == 3 and 2 * 2 * len(mod.WIDE192_SHAPES) + 1 == 21
-    verdict = load_script("decode10_verdict")
-    assert verdict.RULES["pdl1"]["tests"] == 3 and verdict.RULES["w192"]["tests"] == 21
-
-
-def test_decode10_verdict_rules():
-    """scripts/decode10_verdict.py: pdl1's rule on session 8's decode9 results (faster 9 / 9, geomean 0.994, worst 0.999,
-    <= SDPA 8 vs 7) flips; one shape 1% slower, or a failed GPU test, keeps it; w192's rule on made-up ratios: geomean
-    over the Nk 32k shapes and the worst guard decide; a BAD cell keeps it."""
-    import json
-
-    v = load_script("decode10_verdict")
-    s8 = json.loads((ROOT / "bench" / "h200-2026-12-01-s8" / "decode9_ab.json").read_text())["results"]
-    assert v.verdict("pdl1", s8, 3)[0] and not v.verdict("pdl1", s8, 2)[0]
-    slower = [dict(r, us=dict(r["us"])) for r in s8]
-    slower[0]["us"]["pdl1"] = slower[0]["us"]["auto"] * 1.01
-    assert not v.verdict("pdl1", slower, 3)[0]
-
-    def rows(ratios):
-        shapes = [(64, 64, 8, b, 32768, 16) for b in (1, 8, 64)] + [(64, 64, 8, 64, 1024, 16), (64, 64, 8, 1, 4096, 16),
-                                                                     (64, 64, 8, 8, 1024, 16)]
-        return [dict(shape=list(s), us=dict(auto=100.0, w192=100.0 * x, sdpa=500.0), err=dict(auto=1e-3, w192=1e-3))
-                for s, x in zip(shapes, ratios)]
-    assert v.verdict("w192", rows([0.95, 0.96, 0.97, 1.0, 1.02, 0.99]), 21)[0]
-    assert not v.verdict("w192", rows([0.95, 0.96, 0.97, 1.0, 1.03, 0.99]), 21)[0]  # a guard 3% slower
-    assert not v.verdict("w192", rows([0.97, 0.98, 0.99, 0.9, 0.9, 0.9]), 21)[0]  # Nk 32k geomean 0.98
-    bad = rows([0.9] * 6)
-    bad[2]["err"]["w192"] = 0.5
-    assert not v.verdict("w192", bad, 21)[0] and not v.verdict("w192", rows([0.9] * 6), 20)[0]
-    assert v.passed_tests("PASSED tests/x.py::test_auto_pdl_unsplit[a]\nFAILED tests/x.py::test_auto_pdl_unsplit[b]\n"
-                          "PASSED tests/x.py::test_wide192_packed_rows_match_reference[c]", "pdl_unsplit") == 1
-
-
 def test_ex2emu_sets_and_script(capsys, monkeypatch):
     """scripts/ex2emu_gpu.sh (session 9, exp2_emu at head_dim 64): fa3_fp8_speed_ab.py --set fp8emu plans head_dim 64
     only, compiles every timed variant in both causal modes (its GPU tests run both), each a valid config run by
@@ -1336,7 +1203,7 @@ def test_pending9_runs_named_scripts_and_the_changed_defaults_tests():
     text = script.read_text()
     bad = subprocess.run(["bash", str(script), "no_such_script"], capture_output=True, text=True, timeout=30)
     assert bad.returncode == 2 and "no scripts/no_such_script_gpu.sh" in bad.stderr
-    for name in ("quant10", "decode10", "ex2emu", "hadacore", "d64gap", "pvlate128", "fp8two2", "fp8d128b"):
+    for name in ("quant10", "ex2emu", "hadacore", "d64gap", "pvlate128", "fp8two2", "fp8d128b"):
         assert f" {name}" in text and (ROOT / "scripts" / f"{name}_gpu.sh").exists(), name
     assert '-k "compile or 256"' in text
     for path in ("tests/test_torch_compile.py", "tests/test_fa3_gpu.py", "tests/test_fa3_fp8_gpu.py"):

@@ -172,11 +172,11 @@ DECODE_PDL = env.flag("FA_VARIANTS_DECODE_PDL", False)
 #: 0.94-1.16x SDPA against 0.99-1.27x) and lost at 3 of the 4 B 1 Nk 4k shapes of 16 splits (1.19-1.37x against
 #: 1.01-1.12x).
 DECODE_PDL_MAX_SPLITS = env.integer("FA_VARIANTS_DECODE_PDL_MAX_SPLITS", "8", 0)
-#: ... and from DECODE_PDL_MIN_SPLITS splits up (FA_VARIANTS_DECODE_PDL_MIN_SPLITS; default 2: split calls only). 1
-#: adds the unsplit packed seqlen_q = 1 calls (B 8-64: the kernel alone, no merge), whose launch and setup then
-#: overlap the tail of the kernel before them (off: scripts/decode9_gpu.sh measured it faster at 9 / 9 batch-64 shapes,
-#: geomean 0.994, short of its 0.98 rule; scripts/decode10_gpu.sh re-times it under a rule fit to one launch gap).
-DECODE_PDL_MIN_SPLITS = env.integer("FA_VARIANTS_DECODE_PDL_MIN_SPLITS", "2", 1)
+#: ... and from DECODE_PDL_MIN_SPLITS splits up (FA_VARIANTS_DECODE_PDL_MIN_SPLITS; 2: split calls only). 1, the
+#: default since session 10, adds the unsplit packed seqlen_q = 1 calls (B 8-64: the kernel alone, no merge), whose
+#: launch and setup then overlap the tail of the kernel before them: in session 9's H200 A/B (scripts/decode_ab.py
+#: "pdl1") it was faster than 2 at 8 / 9 batch-64 shapes (geomean 0.993, worst 1.001; <= SDPA at 9 against 7).
+DECODE_PDL_MIN_SPLITS = env.integer("FA_VARIANTS_DECODE_PDL_MIN_SPLITS", "1", 1)
 #: The fewest K/V tiles per split fa3's `auto` gives the heuristic (``common.split.num_splits_heuristic``'s
 #: min_tiles; FA_VARIANTS_SPLIT_MIN_TILES, which fa2 reads too with its own default 2): 1 from the same A/B
 #: (min1 below `auto` at all four B 1 Nk 1k shapes, the only ones whose count changes: 8 one-tile splits
