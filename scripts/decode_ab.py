@@ -190,7 +190,7 @@ PUBLIC = {
 #: common.split_combine's, the rest fa3's
 SHIPPED = dict(FUSED_MERGE="off", DECODE_PDL=False, DECODE_TILES_CHOICE="auto", DECODE_PDL_MAX_SPLITS=8,
                SPLIT_MIN_TILES=1, PACK_WIDE=None, MERGE_WARP=None, DECODE_FIRST_ROW=True,
-               DECODE_PDL_MIN_SPLITS=1, DECODE_FULL_GRID="dual", WIDE_TILE_N=0)
+               DECODE_PDL_MIN_SPLITS=1, DECODE_FULL_GRID="dual")
 NUM_SMS_DEFAULT = 132  # H100/H200 SXM, for --plan without a GPU
 REF_BATCHES = 8  # sequences of a shape each entry's output is checked on (the reference's cost)
 

@@ -564,34 +564,3 @@ def test_decode_pdl_min_splits_adds_unsplit_calls(h200, split_enabled, monkeypat
     monkeypatch.setenv("FA_VARIANTS_DECODE_PDL_MIN_SPLITS", "0")
     with pytest.raises(ValueError, match="^FA_VARIANTS_DECODE_PDL_MIN_SPLITS must be an int >= 1"):
         env.integer("FA_VARIANTS_DECODE_PDL_MIN_SPLITS", "1", 1)
-
-
-def test_wide_tile_n_switch(h200, split_enabled, monkeypatch):
-    """fa3.WIDE_TILE_N (FA_VARIANTS_PACK_WIDE_TILE_N; 0, the default: the head dim's tile_n): at 192, `auto`'s 128-row
-    packed tile at D 64 (64:8 at Nq 16, B 1 / 8 / 64) has 192-key K/V tiles, its split count from them (171 tiles at
-    Nk 32k), the rest of the config as before; D 128's wide tile, the 64-row packed tiles and seqlen_q 1 unchanged;
-    warmup plans it; a value not a multiple of 16 (or over 256) is a one-line ValueError naming the variable."""
-    from fa_variants import registry
-    from fa_variants.commands import warmup
-
-    monkeypatch.setattr(fa3, "PACK_WIDE", None)
-    monkeypatch.setattr(fa3, "PACK_GQA_ENABLED", True)
-    wide = [(1, 16, 64, 8, 32768, 64), (8, 16, 64, 8, 32768, 64), (64, 16, 64, 8, 32768, 64)]
-    others = [(64, 16, 64, 8, 32768, 128), (1, 16, 32, 8, 32768, 64), (1, 1, 64, 8, 32768, 64)]
-    monkeypatch.setattr(fa3, "WIDE_TILE_N", 0)
-    before = {s: fa3._problem_config(None, *_qk(*s), True) for s in wide + others}
-    assert all(before[s].tile_n == 128 for s in wide)
-    monkeypatch.setattr(fa3, "WIDE_TILE_N", 192)
-    for s in wide:
-        q, k = _qk(*s)
-        cfg = fa3._problem_config(None, q, k, True)
-        assert cfg == dataclasses.replace(before[s], tile_n=192), s
-        assert fa3.auto_num_splits(q, k, True) == split.num_splits_heuristic(8 * s[0], 171, 132)
-        todo, _ = warmup.plan(["fa3"], "sm_90a", ["bf16"], [64], [True], groups=(8,))
-        assert registry.static_config("fa3", "sm_90a", "bf16", 64, True, cfg) in set(todo)
-    for s in others:
-        assert fa3._problem_config(None, *_qk(*s), True) == before[s], s
-    for bad in ("100", "272", "x"):
-        monkeypatch.setenv("FA_VARIANTS_PACK_WIDE_TILE_N", bad)
-        with pytest.raises(ValueError, match="FA_VARIANTS_PACK_WIDE_TILE_N"):
-            fa3.wide_tile_n_from_env()

@@ -183,18 +183,3 @@ def test_first_row_only_halves_the_softmax(head_dim):
     for op in ("MUFU.EX2", "FMNMX", "SHFL"):
         assert 2 * counts[True][op] <= counts[False][op] + 2, (op, counts)
     assert counts[True]["HGMMA"] == counts[False]["HGMMA"] and counts[True]["UTMALDG"] == counts[False]["UTMALDG"]
-
-
-@pytest.mark.parametrize("num_splits", [0, 1], ids=["split", "whole"])
-def test_fa3_wide_tile_n_192_compiles_without_spills(num_splits, monkeypatch):
-    """FA_VARIANTS_PACK_WIDE_TILE_N=192 (fa3.WIDE_TILE_N, head_dim 64): the 128-row packed tile with 192-key K/V
-    tiles builds causal, split and not, with no spills; ``wide_fields`` gives it at D 64 only; 2 stages fit."""
-    monkeypatch.setattr(fa3, "WIDE_TILE_N", 192)
-    assert fa3.wide_fields(128) == fa3._WIDE and fa3.wide_fields(64)["tile_n"] == 192
-    config = dataclasses.replace(fa3._PACKED_SPLIT_CONFIGS[64], **fa3.wide_fields(64), pack_group=8,
-                                 num_splits=num_splits)
-    c = registry.compiled(registry.static_config("fa3", "sm_90a", "bf16", 64, True, config.check(64)))
-    counts = cubin.count_sass(cubin.sass_of(c.cubin))
-    res = cubin.cubin_resources(c.cubin)
-    assert counts["LDL"] == counts["STL"] == 0 and res["spill_bytes"] == 0, (counts, res)
-    assert counts["HGMMA"] > 0 and counts["UTMALDG"] > 0

@@ -542,7 +542,6 @@ def decode_defaults(monkeypatch):
     monkeypatch.setattr(fa3, "DECODE_PDL_MAX_SPLITS", 8)
     monkeypatch.setattr(fa3, "DECODE_PDL_MIN_SPLITS", 1)
     monkeypatch.setattr(fa3, "DECODE_FULL_GRID", "dual")
-    monkeypatch.setattr(fa3, "WIDE_TILE_N", 0)
     fa3._auto_splits.cache_clear()
     yield
     fa3._auto_splits.cache_clear()
@@ -766,41 +765,3 @@ def test_auto_runs_persistent_full_grid(case, decode_defaults, split_kv, pack_gq
     cfg = fa3._problem_config(None, q, k, True)
     assert (cfg.persistent, cfg.num_splits, cfg.pdl, cfg.stages) == (True, 1, pdl, 3 if grid == "persistent3" else 2)
     _fresh_q_calls_then_graph_replay(q, k, v)
-
-
-# ----- issue 13, session 9: the 128-row packed tile with 192-key K/V tiles (FA_VARIANTS_PACK_WIDE_TILE_N=192) -----
-
-# (batch, seqlen_q, seqlen_k, heads, heads_kv): 64:8 at D 64; 128 / 104 / 72 packed rows; Nk a multiple of 192 plus
-# one (a one-key last tile), 300 (partial), 5 (one partial tile; causal rows that see no key), 191, 4097
-WIDE192_SHAPES = [(1, 16, 4097, 64, 8), (2, 13, 300, 64, 8), (3, 16, 5, 64, 8), (1, 9, 193, 64, 8), (2, 16, 191, 64, 8)]
-
-
-def wide192_config(num_splits: int):
-    """The D 64 wide packed tile as fa3.WIDE_TILE_N = 192 gives it (``fa3.wide_fields``), the group (8) fixed."""
-    return dataclasses.replace(fa3._PACKED_CONFIGS[64], tile_m=fa3.WIDE_TILE_M, pingpong=True, tile_n=192,
-                               pack_group=8, num_splits=num_splits)
-
-
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("num_splits", [1, 0], ids=lambda n: f"splits{n}")
-@pytest.mark.parametrize("shape", WIDE192_SHAPES, ids=["x".join(map(str, s)) for s in WIDE192_SHAPES])
-def test_wide192_packed_rows_match_reference(shape, num_splits, causal):
-    """The 128-row packed tile with 192-key K/V tiles (D 64): O and LSE within the rule of float64, causal
-    bottom-right per row, outputs poisoned with NaN first (``assert_attention_ok``), split (the heuristic's count)
-    and not."""
-    b, nq, nk, h, hkv = shape
-    q, k, v = _qkv(b, nq, nk, h, hkv, 64)
-    out, lse = fa3.run(q, k, v, causal=causal, softmax_scale=0.125, config=wide192_config(num_splits))
-    assert_attention_ok(out, lse, q, k, v, causal, 0.125)
-
-
-def test_auto_wide192(decode_defaults, split_kv, pack_gqa, monkeypatch):
-    """FA_VARIANTS_PACK_WIDE_TILE_N=192 through the public API: 64:8 at Nq 16, D 64, B 1 (split) and B 64 (not),
-    Nk 2047, runs the wide tile with 192-key K/V tiles; five fresh Qs each within the rule (O and LSE), then a
-    CUDA-graph replay after a new Q."""
-    monkeypatch.setattr(fa3, "WIDE_TILE_N", 192)
-    for b in (1, 64):
-        q, k, v = _qkv(b, 16, 2047, 64, 8, 64)
-        cfg = fa3._problem_config(None, q, k, True)
-        assert (cfg.tile_m, cfg.tile_n, cfg.pack_group) == (128, 192, 8) and (cfg.num_splits == 1) == (b == 64), cfg
-        _fresh_q_calls_then_graph_replay(q, k, v)

@@ -197,29 +197,6 @@ WIDE_ALWAYS_HEAD_DIMS = (64,)
 WIDE_SAME_SPLITS_HEAD_DIMS = (128,)
 WIDE_TILE_M = 128
 _WIDE = dict(tile_m=WIDE_TILE_M, pingpong=True)  # the 128-row packed tile's Sm90Config fields
-#: Keys per K/V tile of the 128-row packed tile at head dims WIDE_TILE_N_HEAD_DIMS (FA_VARIANTS_PACK_WIDE_TILE_N; 0,
-#: the default: the head dim's own tile_n, 128). Off until the H200 A/B of scripts/decode10_gpu.sh. Why (bench/NOTES.md,
-#: "Session 9 (2026-12-01): decode ..."): at D 64 64:8 seqlen_q 16 the wide tile is bound by its consumers, not by
-#: K/V bytes (1.41-1.56 us per 32 KiB tile where the bytes take ~0.95): each ping-pong step pays a fixed part (O's
-#: rescale, row max / sum shuffles, the turn's barriers, GEMM fences) whatever its key count; 192 keys a step spread
-#: it over 1.5x the scores (2 stages: 16 + 96 KiB of shared memory).
-def wide_tile_n_from_env() -> int:
-    """FA_VARIANTS_PACK_WIDE_TILE_N: 0 (unset) or a multiple of 16 up to 256; ValueError naming it otherwise."""
-    value = env.integer("FA_VARIANTS_PACK_WIDE_TILE_N", "0", 0, "keys per K/V tile of the wide packed tile")
-    if value % 16 or value > 256:
-        raise env.SwitchError(f"FA_VARIANTS_PACK_WIDE_TILE_N={value} must be 0 or a multiple of 16 up to 256")
-    return value
-
-
-WIDE_TILE_N = wide_tile_n_from_env()
-WIDE_TILE_N_HEAD_DIMS = (64,)
-
-
-def wide_fields(head_dim: int) -> dict:
-    """The Sm90Config fields of the 128-row packed tile at this head dim (_WIDE, and WIDE_TILE_N where set)."""
-    if WIDE_TILE_N and head_dim in WIDE_TILE_N_HEAD_DIMS:
-        return dict(_WIDE, tile_n=WIDE_TILE_N)
-    return _WIDE
 
 
 #: Whether `auto`'s packed seqlen_q = 1 calls with at most FIRST_ROW_MAX_GROUP query heads per KV head run
@@ -451,7 +428,7 @@ def wide_helps(q: torch.Tensor, k: torch.Tensor) -> bool:
     if head_dim not in WIDE_SAME_SPLITS_HEAD_DIMS:
         return False
     narrow = _PACKED_SPLIT_CONFIGS[head_dim]  # num_splits 0: the heuristic's count
-    wide = dataclasses.replace(narrow, **wide_fields(head_dim))
+    wide = dataclasses.replace(narrow, **_WIDE)
     return num_splits_for(wide, q, k, False) == num_splits_for(narrow, q, k, False)
 
 
@@ -465,7 +442,7 @@ def wide_rows(config: Sm90Config, q: torch.Tensor, k: torch.Tensor) -> Sm90Confi
         return config
     if PACK_WIDE is None and not wide_helps(q, k):
         return config
-    return dataclasses.replace(config, **wide_fields(q.shape[-1]))
+    return dataclasses.replace(config, **_WIDE)
 
 
 def _packed(config: Sm90Config, q: torch.Tensor, k: torch.Tensor, splits: int = 1) -> Sm90Config:
@@ -527,7 +504,7 @@ def _packed_rows_configs(head_dim: int, group: int) -> tuple[Sm90Config, ...]:
     wide = PACK_WIDE is not False and pack_gqa.packable(group, WIDE_TILE_M) and (
         PACK_WIDE or head_dim in WIDE_ALWAYS_HEAD_DIMS + WIDE_SAME_SPLITS_HEAD_DIMS) and \
         any(narrow < group * s <= WIDE_TILE_M for s in helps)
-    tiles = (dict(),) + ((wide_fields(head_dim),) if wide else ())
+    tiles = (dict(),) + ((_WIDE,) if wide else ())
     bases = (_PACKED_CONFIGS[head_dim],) + ((_PACKED_SPLIT_CONFIGS[head_dim],) if SPLIT_KV_ENABLED else ())
     configs = tuple(dataclasses.replace(c, pack_group=group, **t) for c in bases for t in tiles)
     return tuple(dict.fromkeys(_merge_mode(c) for c in configs))
@@ -635,7 +612,7 @@ VARIANT = Variant(
     check_config=lambda config, arch, head_dim: config.check(head_dim, arch), build=_build, plan_call=_plan_call,
     operand=_tma_operand, check_problem=_check_problem, problem_config=_problem_config,
     switches=lambda: (SPLIT_KV_ENABLED, PACK_GQA_ENABLED, MERGE_KERNEL, split_combine.MERGE_PDL, DECODE_TILES_CHOICE,
-                      DECODE_PDL, DECODE_PDL_MAX_SPLITS, DECODE_PDL_MIN_SPLITS, DECODE_FULL_GRID, SPLIT_MIN_TILES, PACK_WIDE, WIDE_TILE_N, DECODE_FIRST_ROW,
+                      DECODE_PDL, DECODE_PDL_MAX_SPLITS, DECODE_PDL_MIN_SPLITS, DECODE_FULL_GRID, SPLIT_MIN_TILES, PACK_WIDE, DECODE_FIRST_ROW,
                       split_combine.MERGE_WARP, FUSED_MERGE),
     warm_configs=lambda arch, head_dim, causal, groups=(): _auto_configs(head_dim, groups))
 
