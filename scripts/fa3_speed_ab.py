@@ -18,9 +18,7 @@ persistent grid (`PERSIST`: `persistent`, Sm90Config.persistent at D 64/128/256;
 session 8's O rescale under the exponentials (`ALPHA`: `alpha`, Sm90Config.alpha_first, and `alpha-noskip` at D 64;
 scripts/fa3gap8_gpu.sh); session 8's D 256 comparison (`GAP9`: `alpha-256` beside fa4-256; run in session 9 with
 pairs-256, which became the D 256 default); session 9's exponentials on the FMA pipe (`EX2EMU`: `emu1` / `emu2`,
-Sm90Config.exp2_emu 1 / 2 at D 64; scripts/ex2emu_gpu.sh); session 9's P V wait after the exponentials (`D64GAP`:
-`pvlate`, `pvlate-noskip`, Sm90Config.pv_wait_late at D 64; scripts/d64gap_gpu.sh) and at D 128 (`PVLATE128`:
-`pvlate-128`, `pvlate-128-obpv` beside `o-before-pv`; scripts/pvlate128_gpu.sh).
+Sm90Config.exp2_emu 1 / 2 at D 64; scripts/ex2emu_gpu.sh).
 --shapes D:N:full|causal,... picks shapes one by one
 instead.
 The default run (--variants, --seqlens) is round 4's:
@@ -109,16 +107,6 @@ VARIANTS = {
     # of a thread's row from FMAs instead of MUFU.EX2 (Sm90Config.exp2_emu, common.exp2_poly)
     "emu1": ((64,), dict(exp2_emu=1)),
     "emu2": ((64,), dict(exp2_emu=2)),
-    # session 9, D 64 (bench/NOTES.md, "Session 9 (2026-12-01): fa3 at head_dim 64; predictions before the run"): every
-    # exponential of the tile issued before the wait for the P V GEMM (Sm90Config.pv_wait_late: ptxas otherwise hoists
-    # that wait above 59 of the 66 MUFU.EX2), with the default's skip of O's unit rescale and without it
-    "pvlate": ((64,), dict(pv_wait_late=True)),
-    "pvlate-noskip": ((64,), dict(pv_wait_late=True, skip_unit_rescale=False)),
-    # session 9, D 128 (bench/NOTES.md, "Session 9 (2026-12-01): pv_wait_late at head_dim 128; predictions before the
-    # run"): the same switch (ptxas hoists the wait above 64 of the 66 MUFU.EX2 there); O's rescale then trails the
-    # last exponential (alpha_first on or off: the same SASS), or, with rescale_o_before_pv, runs under the next S GEMM
-    "pvlate-128": ((128,), dict(pv_wait_late=True)),
-    "pvlate-128-obpv": ((128,), dict(pv_wait_late=True, rescale_o_before_pv=True)),
 }
 ROUND4 = ("old", "new", "fa4-256", "n176", "stages3", "k-first")
 FA3GAP = ("old", "new", "basis", "basis-kv1", "fa4-256", "basis-256")
@@ -126,8 +114,6 @@ PERSIST = ("old", "new", "persistent")
 ALPHA = ("old", "new", "alpha", "alpha-noskip")
 GAP9 = ("old", "new", "fa4-256", "alpha-256")
 EX2EMU = ("old", "new", "emu1", "emu2")
-D64GAP = ("old", "new", "pvlate", "pvlate-noskip")
-PVLATE128 = ("old", "new", "o-before-pv", "pvlate-128", "pvlate-128-obpv")
 PEERS = ("flash-attn-4", "sdpa-cudnn")
 #: other spellings of the peers accepted by --peers (bench.runtime.build_impls knows only the canonical names)
 PEER_ALIASES = {"cudnn": "sdpa-cudnn", "fa4": "flash-attn-4", "flash": "sdpa-flash"}

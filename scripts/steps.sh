@@ -21,8 +21,6 @@
 #                             and prints "== NAME: rc=RC in Ts" (rc 124: timed out). With STEP_TAIL=N set, it
 #                             also prints "== NAME (limit LIMITs)" first and the log's last N lines after. CMD
 #                             runs in a process group of its own (timeout's).
-#   fa3ab_and_summary LIMIT DIR  the fa3 A/B scripts' tail (d64gap, pvlate128): fa3_speed_ab.py on $VARIANTS / $SHAPES
-#                             beside flash-attn-4 unless $VARIANTS is "old,new", then the logs' summaries (below)
 #   bandwidth_summary LOG     the quantisation scripts' closing lines of an fp8_quant_bandwidth.py log (below)
 #   pack_logs ARCHIVE         stops the clock logger, then packs the folder $LOGS into ARCHIVE (tar.gz, the
 #                             folder's own name at the top).
@@ -88,24 +86,6 @@ racecheck_bg() {
   local san; san=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
   { r=$(timeout -s INT "$2" "$san" --tool racecheck --error-exitcode 9 python3 scripts/quant_sanitize.py --set "$1" 2>&1)
     echo "rc=$? racecheck"; echo "$r" | tail -n 10; } > "$LOGS/sanitize.log" 2>&1 &
-}
-
-# fa3ab_and_summary LIMIT DIR: the paired A/B of scripts/fa3_speed_ab.py on $VARIANTS and $SHAPES beside flash-attn-4
-# (step fa3ab, LIMIT s, results under DIR), skipped when no candidate passed its tests ($VARIANTS is "old,new"), then
-# the short summary of the precompile, pytest and fa3ab logs (the fa3 A/B scripts' common tail)
-fa3ab_and_summary() { local limit=$1 dir=$2
-  if [[ $VARIANTS == "old,new" ]]; then
-    echo "== fa3ab: skipped (no variant passed its GPU tests)"
-  else
-    step fa3ab "$limit" python3 scripts/fa3_speed_ab.py --variants "$VARIANTS" $SHAPES --burst-ms 10 \
-      --peers flash-attn-4 --out "$dir"
-  fi
-  echo "== precompile"; grep -E "^precompiled|Error|Traceback" "$LOGS/precompile.log" | head -n 12
-  echo "== pytest"; grep -E "^(FAILED|ERROR)|passed|failed" "$LOGS/pytest.log" | tail -n 12
-  if [[ -f "$LOGS/fa3ab.log" ]]; then
-    echo "== fa3ab ($VARIANTS)"; grep -E "errors:|Traceback|Error|INTERRUPTED" "$LOGS/fa3ab.log" | head -n 5
-    grep "^SUMMARY" "$LOGS/fa3ab.log"
-  fi
 }
 
 # bandwidth_summary LOG: the lines of a scripts/fp8_quant_bandwidth.py log the quantisation scripts print at their

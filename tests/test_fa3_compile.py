@@ -75,9 +75,6 @@ def test_config_limits():
     for bad in (dict(exp2_ffma=False), dict(exp2_ffma=True, basis_alpha=True), dict(exp2_ffma=True, alpha_first=1)):
         with pytest.raises(ValueError, match="alpha_first"):  # session 8: alpha before the exponentials
             fa3.Fa3Config(**dict(dict(alpha_first=True), **bad)).check(128)
-    for bad in (dict(pv_wait_late=True, intra_wg_overlap=False), dict(pv_wait_late=1)):
-        with pytest.raises(ValueError, match="pv_wait_late"):  # session 9: the P V wait after the exponentials
-            fa3.Fa3Config(**bad).check(64)
 
 
 def test_d256_default_converts_p_in_pairs():
@@ -139,8 +136,7 @@ def _speed_ab():
     ("old", 256, False), ("fa4-256", 256, True), ("n176", 128, False), ("n176", 128, True),
     ("stages3", 64, True), ("stages3", 128, False), ("k-first", 128, True), ("basis", 128, False), ("basis-kv1", 128, True),
     ("basis-256", 256, True), ("alpha", 128, True), ("alpha-noskip", 64, True),
-    ("emu2", 64, True), ("pvlate", 64, True), ("pvlate-noskip", 64, True), ("pvlate-128", 128, True),
-    ("pvlate-128-obpv", 128, True)])
+    ("emu2", 64, True)])
 def test_speed_ab_variants_compile_without_spills(name, head_dim, causal):
     """scripts/fa3_speed_ab.py's variants build with no spills; `new` is the default and has no serial FMNMX
     chain (it runs 4 chains) and one FFMA per score instead of FADD + FMUL. `lean` (issue 12's structural
@@ -257,8 +253,6 @@ def test_alpha_first_refused_by_fa3_fp8():
 
     with pytest.raises(ValueError, match="alpha_first"):  # session 8's switch: fa3 only
         dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], alpha_first=True).check(128)
-    with pytest.raises(ValueError, match="pv_wait_late"):  # session 9's switch: fa3 only
-        dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], pv_wait_late=True).check(128)
 
 
 @pytest.mark.parametrize("change", [dict(num_splits=0), dict(num_splits=2), dict(pack_gqa=True, pack_group=2),
@@ -277,8 +271,8 @@ def test_speed_ab_plan(capsys):
     ab = _speed_ab()
     shapes = ab.plan([64, 128, 256], [1024, 4096, 16384], (False, True), list(ab.VARIANTS))
     assert len(shapes) == 18 and all(s["batch"] * s["seqlen"] >= 16384 and "old" in s["variants"] for s in shapes)
-    # session 9: - early, + emu1, emu2, pvlate, pvlate-noskip (D 64), pvlate-128, pvlate-128-obpv (D 128)
-    assert {s["head_dim"]: len(s["variants"]) for s in shapes} == {64: 13, 128: 16, 256: 9}
+    # session 9: - early, + emu1, emu2 (D 64)
+    assert {s["head_dim"]: len(s["variants"]) for s in shapes} == {64: 11, 128: 14, 256: 9}
     import sys
     argv, sys.argv = sys.argv, ["fa3_speed_ab.py", "--plan"]
     try:
@@ -347,33 +341,3 @@ def test_exp2_emu_per_tile_counts():
         assert mufu(emu) == mufu(base) - 8 * per8, (name, mufu(base), mufu(emu))
         assert len(emu) <= len(base) + 8 * 8 * per8, (name, len(base), len(emu))
         assert sum(t.startswith("FFMA") for t in emu) >= sum(t.startswith("FFMA") for t in base) + 3 * 8 * per8
-
-
-@pytest.mark.parametrize("name, head_dim", [("pvlate", 64), ("pvlate-noskip", 64), ("pvlate-128", 128),
-                                            ("pvlate-128-obpv", 128)])
-def test_pv_wait_late_keeps_every_exponential_above_the_pv_wait(name, head_dim):
-    """Sm90Config.pv_wait_late (scripts/fa3_speed_ab.py's `pvlate` at D 64, `pvlate-128` at D 128; bench/NOTES.md
-    "Session 9 (2026-12-01): fa3 at head_dim 64" and "pv_wait_late at head_dim 128"): in the default mainloop ptxas
-    hoists the wait for the P V GEMM (WARPGROUP.DEPBAR.LE gsb0, 0x0) above most exponentials (nvidia-cutlass-dsl
-    4.8.1: 7 of 66 MUFU.EX2 before it at D 64, 2 of 66 at D 128); with the branch on the row sums every one of them is
-    issued before it, for at most 8 more instructions per K/V tile (D 64 412 -> 418, D 128 487 -> 493), the same
-    MUFU.EX2 and HGMMA counts, no spills, and no WGMMA serialised (2 WARPGROUP.DEPBAR per tile, as the default). At
-    D 128 O's rescale then trails the last exponential (11 -> 129 instructions after it), unless it moves to the next
-    step's S GEMM (`pvlate-128-obpv`, rescale_o_before_pv: 65, P's conversion)."""
-    ab = _speed_ab()
-    wait = "WARPGROUP.DEPBAR.LE gsb0, 0x0"
-    before = lambda body: sum(t.startswith("MUFU.EX2") for t in body[:[i for i, t in enumerate(body)  # noqa: E731
-                                                                           if t.startswith(wait)][-1]])
-    after_last = lambda body: len(body) - 1 - max(i for i, t in enumerate(body)  # noqa: E731
-                                                  if t.startswith("MUFU.EX2"))
-    base = _hot_mainloop(head_dim, ab.variant_config("new", head_dim))
-    late = _hot_mainloop(head_dim, ab.variant_config(name, head_dim))
-    mufu = sum(t.startswith("MUFU.EX2") for t in base)
-    assert before(base) < mufu // 2, before(base)  # the cause: the wait sits among the first exponentials
-    assert before(late) == mufu == sum(t.startswith("MUFU.EX2") for t in late), (before(late), mufu)
-    for op in ("HGMMA", "WARPGROUP.DEPBAR", "WARPGROUP.ARRIVE"):
-        assert sum(t.startswith(op) for t in late) == sum(t.startswith(op) for t in base), op
-    if name in ("pvlate", "pvlate-128"):
-        assert len(late) <= len(base) + 8, (len(base), len(late))
-    if name == "pvlate-128-obpv":  # O's 64 rescale FMULs before the S GEMM's wait, not after the last exponential
-        assert after_last(late) <= after_last(_hot_mainloop(128, ab.variant_config("pvlate-128", 128))) - 32

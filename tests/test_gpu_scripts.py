@@ -1203,7 +1203,7 @@ def test_pending9_runs_named_scripts_and_the_changed_defaults_tests():
     text = script.read_text()
     bad = subprocess.run(["bash", str(script), "no_such_script"], capture_output=True, text=True, timeout=30)
     assert bad.returncode == 2 and "no scripts/no_such_script_gpu.sh" in bad.stderr
-    for name in ("quant10", "ex2emu", "hadacore", "d64gap", "pvlate128", "fp8two2", "fp8d128b"):
+    for name in ("quant10", "ex2emu", "hadacore", "fp8two2", "fp8d128b"):
         assert f" {name}" in text and (ROOT / "scripts" / f"{name}_gpu.sh").exists(), name
     assert '-k "compile or 256"' in text
     for path in ("tests/test_torch_compile.py", "tests/test_fa3_gpu.py", "tests/test_fa3_fp8_gpu.py"):
@@ -1214,124 +1214,6 @@ def test_pending9_runs_named_scripts_and_the_changed_defaults_tests():
     for path in ("tests/test_fp8_quant_kernel.py", "tests/test_fa3_fp8_speed_gpu.py"):
         assert path in text
     assert "def test_zero_v_blocks_long_rows_d256(" in (ROOT / "tests" / "test_fa3_fp8_gpu.py").read_text()
-
-
-def _run_fa3ab_script(tmp_path, script: str, log: str):
-    """scripts/<script> (an fa3 A/B script on steps.sh's fa3ab_and_summary) run with a fake nvidia-smi and a fake
-    python3 (its pytest step prints `log`; precompile and the A/B print stand-in lines): (the finished process, its
-    logs folder). Fails unless the script exits 0."""
-    bin_dir = _fake_bin(tmp_path / "bin", _FAKE_SMI)
-    (tmp_path / "pytest.log").write_text(log)
-    py = bin_dir / "python3"
-    py.write_text(f"""#!/usr/bin/env bash
-[[ "$1" == -c ]] && exit 1
-[[ "$1 $2" == "-m pytest" ]] && {{ echo "PYTEST $*"; cat {tmp_path}/pytest.log; exit 0; }}
-[[ " $* " == *" --precompile "* ]] && {{ echo "PRECOMPILE $*"; echo "precompiled 10 kernels + flash-attn-4 in 1 s"; exit 0; }}
-echo "AB $*"; echo "SUMMARY fake"
-""")
-    py.chmod(0o755)
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(tmp_path / "out"))
-    run = subprocess.run(["bash", str(ROOT / "scripts" / script)], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=60)
-    assert run.returncode == 0, run.stdout + run.stderr
-    return run, tmp_path / "out" / "logs"
-
-
-def _step_limits(script: str) -> list[int]:
-    """The time limits of scripts/<script>'s steps: each `step NAME LIMIT` and `fa3ab_and_summary LIMIT` line."""
-    text = (ROOT / "scripts" / script).read_text()
-    return [int(m) for m in re.findall(r"^\s*(?:step \w+|fa3ab_and_summary) (\d+) ", text, re.M)]
-
-
-def _d64gap_log(passed: list[str], failed: list[str] = (), summary: bool = True) -> str:
-    """A pytest -rfEp log of scripts/d64gap_gpu.sh's test step: PASSED / FAILED lines for the given test ids."""
-    lines = [f"PASSED tests/test_fa3_gpu.py::{t}" for t in passed]
-    lines += [f"FAILED tests/test_fa3_gpu.py::{t} - x" for t in failed]
-    return "\n".join(lines + ([f"{len(failed)} failed, {len(passed)} passed in 9.0s"] if summary else [])) + "\n"
-
-
-_D64GAP_ALL = [f"test_d64gap_variants[{v}-d64-{c}]" for v in ("pvlate", "pvlate-noskip") for c in ("full", "causal")] + \
-    [f"test_pv_wait_late_same_values[{c}]" for c in ("full", "causal")]
-
-
-@pytest.mark.parametrize("log, timed", [
-    (_d64gap_log(_D64GAP_ALL), "old,new,pvlate,pvlate-noskip"),
-    (_d64gap_log([t for t in _D64GAP_ALL if "noskip-d64-causal" not in t],
-                 ["test_d64gap_variants[pvlate-noskip-d64-causal]"]), "old,new,pvlate"),
-    (_d64gap_log([t for t in _D64GAP_ALL if "same_values[full]" not in t], ["test_pv_wait_late_same_values[full]"]),
-     "old,new,pvlate-noskip"),
-    (_d64gap_log(_D64GAP_ALL[:3], summary=False), "old,new,pvlate"),  # cut by the limit: noskip's causal test not run
-    (_d64gap_log([], ["test_d64gap_variants[pvlate-d64-full]", "test_d64gap_variants[pvlate-noskip-d64-full]"]), None),
-], ids=["all-passed", "noskip-failed", "same-values-failed", "cut", "none"])
-def test_d64gap_script_times_the_variants_whose_tests_passed(tmp_path, log, timed):
-    """scripts/d64gap_gpu.sh (session 9, Sm90Config.pv_wait_late at head_dim 64), run with a fake python3 and
-    nvidia-smi: it precompiles fa3_speed_ab.py's D64GAP variants, selects both GPU tests by name, and times a variant
-    only when both its tests PASSED and none of its tests failed (pvlate also needs its bit-for-bit test not failed),
-    old and new always; with no variant left the A/B is skipped. Its step limits stay within the 120 s budget."""
-    fa3ab = load_script("fa3_speed_ab")
-    assert fa3ab.D64GAP == ("old", "new", "pvlate", "pvlate-noskip")
-    assert all(64 in fa3ab.VARIANTS[v][0] for v in fa3ab.D64GAP)
-    for v in fa3ab.D64GAP[2:]:
-        assert fa3ab.variant_config(v, 64).check(64).pv_wait_late
-    run, logs = _run_fa3ab_script(tmp_path, "d64gap_gpu.sh", log)
-    assert "--variants old,new,pvlate,pvlate-noskip --shapes 64:4096:full,64:16384:full,64:4096:causal" in \
-        (logs / "precompile.log").read_text()
-    assert '-k d64gap_variants or pv_wait_late_same_values' in (logs / "pytest.log").read_text()
-    if timed is None:
-        assert not (logs / "fa3ab.log").exists() and "fa3ab: skipped" in run.stdout
-    else:
-        ab = (logs / "fa3ab.log").read_text()
-        assert f"AB scripts/fa3_speed_ab.py --variants {timed} --shapes 64:4096:full,64:16384:full,64:4096:causal" in ab
-        assert "--peers flash-attn-4" in ab and "SUMMARY fake" in run.stdout
-    for v in ("pvlate", "pvlate-noskip"):
-        assert (f"== {v} left out" in run.stdout) == (timed is None or v not in timed.split(",")), run.stdout
-    limits = _step_limits("d64gap_gpu.sh")
-    assert len(limits) == 3 and sum(limits) <= 120, limits
-
-
-_PVLATE128_ALL = [f"test_pvlate128_variants[{v}-d128-{c}]" for v in ("pvlate-128", "pvlate-128-obpv")
-                  for c in ("full", "causal")] + [f"test_pvlate128_same_values[{c}]" for c in ("full", "causal")] + \
-    [f"test_ablation_configs[o-before-pv-{c}-{s}]" for c in ("full", "causal") for s in ("1023", "257x4224", "1x129")]
-
-
-@pytest.mark.parametrize("log, timed", [
-    (_d64gap_log(_PVLATE128_ALL), "old,new,o-before-pv,pvlate-128,pvlate-128-obpv"),
-    (_d64gap_log([t for t in _PVLATE128_ALL if "obpv-d128-causal" not in t],
-                 ["test_pvlate128_variants[pvlate-128-obpv-d128-causal]"]), "old,new,o-before-pv,pvlate-128"),
-    (_d64gap_log([t for t in _PVLATE128_ALL if "same_values[full]" not in t], ["test_pvlate128_same_values[full]"]),
-     "old,new,o-before-pv,pvlate-128-obpv"),
-    (_d64gap_log([t for t in _PVLATE128_ALL if "1x129" not in t], ["test_ablation_configs[o-before-pv-causal-1x129]"]),
-     "old,new,pvlate-128,pvlate-128-obpv"),
-    (_d64gap_log(_PVLATE128_ALL[:3], summary=False), "old,new,pvlate-128"),  # cut by the limit
-    (_d64gap_log([], ["test_pvlate128_variants[pvlate-128-d128-full]",
-                      "test_pvlate128_variants[pvlate-128-obpv-d128-full]"]), None),
-], ids=["all-passed", "obpv-failed", "same-values-failed", "o-before-pv-failed", "cut", "none"])
-def test_pvlate128_script_times_the_variants_whose_tests_passed(tmp_path, log, timed):
-    """scripts/pvlate128_gpu.sh (session 9, Sm90Config.pv_wait_late at head_dim 128), run with a fake python3 and
-    nvidia-smi: it precompiles fa3_speed_ab.py's PVLATE128 variants, selects its GPU tests by name, and times a variant
-    only when its tests PASSED and none of its tests failed (pvlate-128 also needs its bit-for-bit test not failed; the
-    control o-before-pv its test_ablation_configs), old and new always; with no variant left the A/B is skipped. Its
-    step limits stay within the 120 s budget."""
-    fa3ab = load_script("fa3_speed_ab")
-    assert fa3ab.PVLATE128 == ("old", "new", "o-before-pv", "pvlate-128", "pvlate-128-obpv")
-    assert all(128 in fa3ab.VARIANTS[v][0] for v in fa3ab.PVLATE128)
-    for v in ("pvlate-128", "pvlate-128-obpv"):
-        assert fa3ab.variant_config(v, 128).check(128).pv_wait_late
-    assert fa3ab.variant_config("pvlate-128-obpv", 128).rescale_o_before_pv
-    run, logs = _run_fa3ab_script(tmp_path, "pvlate128_gpu.sh", log)
-    shapes = "--shapes 128:4096:full,128:16384:full,128:4096:causal"
-    assert f"--variants old,new,o-before-pv,pvlate-128,pvlate-128-obpv {shapes}" in (logs / "precompile.log").read_text()
-    assert '-k pvlate128 or (ablation_configs and o-before-pv)' in (logs / "pytest.log").read_text()
-    if timed is None:
-        assert not (logs / "fa3ab.log").exists() and "fa3ab: skipped" in run.stdout
-    else:
-        ab = (logs / "fa3ab.log").read_text()
-        assert f"AB scripts/fa3_speed_ab.py --variants {timed} {shapes}" in ab
-        assert "--peers flash-attn-4" in ab and "SUMMARY fake" in run.stdout
-    for v in ("o-before-pv", "pvlate-128", "pvlate-128-obpv"):
-        assert (f"== {v} left out" in run.stdout) == (timed is None or v not in timed.split(",")), run.stdout
-    limits = _step_limits("pvlate128_gpu.sh")
-    assert len(limits) == 3 and sum(limits) <= 120, limits
 
 
 def test_steps_sh_bandwidth_summary(tmp_path):

@@ -175,13 +175,6 @@ class Sm90Config:
         the row maxima, before the exponentials, instead of after each row's exponentials (``common.softmax``, "Alpha
         first"): same values; ptxas then runs O's rescale under the exponentials instead of after the last of them (issue
         12, "Session 8: fa3 vs flash-attn-4 consumer loop").
-    pv_wait_late: (intra_wg_overlap, this kernel's own P V hooks) the overlapped step (and the ``rescale_o_before_pv``
-        one) branches on the sum of its row sums (never negative: ``common.sm90.sleep_if_negative``, not taken) right
-        after the softmax, before it waits for its P V GEMM: ptxas does not hoist the wait (WARPGROUP.DEPBAR) above that
-        block boundary, so every exponential of the tile is issued before the step waits for the P V GEMM, instead of
-        7 of 66 at D 64 and 2 of 66 at D 128 (nvidia-cutlass-dsl 4.8.1; issue 12, "Session 9: fa3 at head_dim 64" and
-        "pv_wait_late at head_dim 128"). O's rescale then follows the wait, after the last exponential, also with
-        alpha_first. Same operations, same values.
     """
 
     tile_m: int = 128
@@ -211,7 +204,6 @@ class Sm90Config:
     first_row_only: bool = False
     q_tail_first: bool = False
     alpha_first: bool = False
-    pv_wait_late: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:
@@ -288,8 +280,6 @@ class Sm90Config:
         if not isinstance(self.alpha_first, bool) or (self.alpha_first and (not self.exp2_ffma or self.basis_alpha)):
             raise ValueError(f"alpha_first={self.alpha_first!r} must be a bool, True only with exp2_ffma=True and "
                              "basis_alpha=False")
-        if not isinstance(self.pv_wait_late, bool) or (self.pv_wait_late and not self.intra_wg_overlap):
-            raise ValueError(f"pv_wait_late={self.pv_wait_late!r} must be a bool, True only with intra_wg_overlap=True")
         if self.smem_bytes(head_dim) > smem_capacity(arch):
             raise ValueError(f"{self} needs {self.smem_bytes(head_dim)} B of shared memory at head_dim={head_dim} "
                              f"(max {smem_capacity(arch)})")

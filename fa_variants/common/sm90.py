@@ -18,8 +18,6 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import const_expr
-from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.cute.nvgpu import warpgroup
 from cutlass.utils import LayoutEnum
 
@@ -98,28 +96,3 @@ def make_row_major_smem_layout(dtype, rows: int, cols: int, stages: int | None =
     if stages is None:
         return cute.tile_to_shape(atom, (rows, cols), (0, 1))
     return cute.tile_to_shape(atom, (rows, cols, stages), (0, 1, 2))
-
-
-# --------------------------------------------------------------------------------------------
-# Scheduling: a block boundary ptxas keeps
-# --------------------------------------------------------------------------------------------
-
-
-@dsl_user_op
-def nanosleep0(*, loc=None, ip=None):
-    """PTX ``nanosleep.u32 0`` (raw PTX: cute.arch of nvidia-cutlass-dsl 4.8.1 has no nanosleep; a side effect the
-    compilers keep, no other effect). Only on a path that never runs
-    (``sleep_if_negative``)."""
-    llvm.inline_asm(None, [], "nanosleep.u32 0;", "", has_side_effects=True, is_align_stack=False,
-                    asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
-
-
-@cute.jit
-def sleep_if_negative(x: cutlass.Float32):
-    """A branch on x < 0 around ``nanosleep0``, for an x that is never negative (a sum of exponentials; NaN compares
-    false): nothing runs, but the branch ends a basic block after every instruction x depends on, and ptxas (as run by
-    nvidia-cutlass-dsl 4.8.1) does not hoist a ``wgmma.wait_group`` of the next block above it
-    (``Sm90Config.pv_wait_late``). Costs a compare and a branch not taken. (A ``trap`` there made ptxas serialise every
-    WGMMA of the loop.)"""
-    if x < cutlass.Float32(0.0):
-        nanosleep0()

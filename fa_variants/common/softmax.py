@@ -76,7 +76,7 @@ from cutlass import Float32, Int32, const_expr
 from cutlass._mlir.dialects import arith as mlir_arith
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from fa_variants.common import exp2_poly, sm90
+from fa_variants.common import exp2_poly
 from fa_variants.common.layout import quad_allreduce
 from fa_variants.common.scale import LN_2
 
@@ -373,15 +373,6 @@ class OnlineSoftmax:
         else:
             self.row_sum[r] = self.row_sum[r] * alpha[r] + row_sum
         self.row_max[r] = m_new
-
-    def row_sum_guard(self):
-        """A branch after this tile's exponentials (``common.sm90.sleep_if_negative`` on the sum of this thread's row
-        sums, never negative): the code after it starts a new basic block (``Sm90Config.pv_wait_late``). Trace-time
-        helper; one FADD per row after the first, a compare and a branch not taken."""
-        total = self.row_sum[0]
-        for r in range(1, self.active_rows):
-            total = total + self.row_sum[r]
-        sm90.sleep_if_negative(total)
 
     @cute.jit
     def rescale(self, o: cute.Tensor, alpha: cute.Tensor, skip_ones: cutlass.Constexpr[bool] = False):

@@ -952,8 +952,6 @@ class _StepContext:
         self.mask(acc_S, n_block, causal=causal, seqlen_end=False)
         alpha = self.softmax_step(acc_S, n_block)
         self.alpha_prev.store(alpha.load())
-        if const_expr(self.k.cfg.pv_wait_late):  # the exponentials above stay above the P V wait (Sm90Config)
-            self.softmax.row_sum_guard()
         warpgroup.wait_group(0)  # P V done: P and the V buffer are free
         self.pipe_v.consumer_release(v_state)
         v_state.advance()
@@ -989,8 +987,6 @@ class _StepContext:
             k_state.advance()
         self.mask(acc_S, n_block, causal=causal, seqlen_end=False)
         alpha = self.softmax_step(acc_S, n_block)
-        if const_expr(self.k.cfg.pv_wait_late):  # the exponentials above stay above the P V wait (Sm90Config)
-            self.softmax.row_sum_guard()
         warpgroup.wait_group(0)  # PV done: O and P registers are free
         self.pipe_v.consumer_release(v_state)
         if const_expr(not shared):
