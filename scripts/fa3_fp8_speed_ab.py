@@ -63,10 +63,10 @@ VARIANTS: dict[int, dict[str, dict]] = {
 # current default ("new") and the single accumulator ("single": the two-level cost). early: early_pv_arrive (the
 # ping-pong turn handed on right after the P V GEMM's issue: the drain and the promotion leave the turn); skip:
 # skip_unit_rescale (no O *= alpha when no row max of the thread moved: the promotion is one FFMA per element);
-# emuN: exp2_emu=N (N of every 8 exponentials from FMAs, common.exp2_poly); promote4: promote_every=4.
+# promote4: promote_every=4.
 SPEED_VARIANTS: dict[int, dict[str, dict]] = {
     64: {"new": {}, "single": dict(two_level=False), "skip": dict(skip_unit_rescale=True),
-         "promote4": dict(promote_every=4), "emu1": dict(exp2_emu=1), "emu2": dict(exp2_emu=2)},
+         "promote4": dict(promote_every=4)},
     128: {"new": {}, "single": dict(two_level=False), "early": dict(early_pv_arrive=True),
           "skip": dict(skip_unit_rescale=True), "early_skip": dict(early_pv_arrive=True, skip_unit_rescale=True)},
     256: {"new": {}, "single": dict(two_level=False, pv_split=1, pv_buffers=1, **NO_LOOKAHEAD),
@@ -91,7 +91,7 @@ FLIP_VARIANTS: dict[int, dict[str, dict]] = {
 # --set fp8small (scripts/fp8small_gpu.sh, session 6): head_dim 64 and 128 only. c4: reduce_chains=4 (the row max in
 # four FMNMX chains and, new in the block-scaled softmax, the row sum in four FADD chains: the loop's latency path,
 # read in the SASS, 562 -> 474 cycles at 64 and 694 -> 510 at 128, same instruction counts); pf: descale_prefetch;
-# emuN: exp2_emu=N; skip: skip_unit_rescale; tn192s (64): 192 x 192 tiles, serial steps (three warpgroups; with
+# skip: skip_unit_rescale; tn192s (64): 192 x 192 tiles, serial steps (three warpgroups; with
 # intra-warpgroup overlap, or with descale_prefetch when causal, that tile spills); m192 (128): 192 x 128 tiles,
 # serial steps, three consumer warpgroups of 160 registers (no spills: the two-level temporary fits because S is
 # dead during P V; with pv_split 2 it spills); early: early_pv_arrive; s2 (128): P V in two slices of d with two
@@ -101,13 +101,9 @@ FLIP_VARIANTS: dict[int, dict[str, dict]] = {
 FP8SMALL_VARIANTS: dict[int, dict[str, dict]] = {
     64: {"new": {}, "pre": dict(PRE64), "c4": dict(PRE64, reduce_chains=4),
          "c4_pf": dict(PRE64, reduce_chains=4, descale_prefetch=True),
-         "c4_pf_emu1": dict(PRE64, reduce_chains=4, descale_prefetch=True, exp2_emu=1),
-         "c4_pf_emu2": dict(PRE64, reduce_chains=4, descale_prefetch=True, exp2_emu=2),
-         "c4_pf_emu3": dict(PRE64, reduce_chains=4, descale_prefetch=True, exp2_emu=3),
          "tn192s_c4": dict(tile_n=192, intra_wg_overlap=False, reduce_chains=4),
          "single_c4_pf": dict(PRE64, two_level=False, reduce_chains=4, descale_prefetch=True)},
-    128: {"new": {}, "c4": dict(reduce_chains=4), "c4_emu1": dict(reduce_chains=4, exp2_emu=1),
-          "c4_emu2": dict(reduce_chains=4, exp2_emu=2),
+    128: {"new": {}, "c4": dict(reduce_chains=4),
           "m192_c4": dict(tile_m=192, tile_n=128, reduce_chains=4),
           "m192_c4_skip": dict(tile_m=192, tile_n=128, reduce_chains=4, skip_unit_rescale=True),
           "m192_c4_early": dict(tile_m=192, tile_n=128, reduce_chains=4, early_pv_arrive=True),
@@ -164,15 +160,14 @@ FP8MID_VARIANTS: dict[int, dict[str, dict]] = {
 # s_lookahead with S in two halves) lost at N 4k causal (694 against the default's 727 TFLOP/s) because 4096 is not a
 # multiple of 192: the last query tile holds 64 rows but, under causal masking, is the longest one (all 32 K/V tiles).
 # tail: q_tail_first (the partial tile first, where it is the shortest; causal only, a non-causal call is unchanged);
-# skip: skip_unit_rescale. 64: emu2 = exp2_emu 2 on the 192 x 192 default (session 6 timed exp2_emu only on the
-# 192 x 128 overlap base before it); m128_tn256 = 128 x 256 serial (two warpgroups); tn128_tail = 192 x 128 serial with
+# skip: skip_unit_rescale. 64: m128_tn256 = 128 x 256 serial (two warpgroups); tn128_tail = 192 x 128 serial with
 # q_tail_first (with tile_n = tile_m = 192 the shift gains nothing: the key tiles stay aligned at 0, so the diagonal
 # tiles after the shift waste what the partial tile did; at 192 x 128 the shifted diagonal falls on a key tile edge).
 # Session 8: q_tail_first's tile 0 starts at row 0 (session 7's started at row -shift: "illegal instruction" in every
 # causal call); scripts/fp8d128_gpu.sh now times head_dim 128 only (--head-dims 128) and GPU-tests tn128_tail beside it
 # (FP8D128_TEST_KERNELS).
 FP8D128_VARIANTS: dict[int, dict[str, dict]] = {
-    64: {"new": {}, "emu2": dict(exp2_emu=2), "m128_tn256": dict(tile_m=128, tile_n=256),
+    64: {"new": {}, "m128_tn256": dict(tile_m=128, tile_n=256),
          "tn128_tail": dict(tile_n=128, q_tail_first=True)},
     128: {"new": {}, "m192_look128h_c4": dict(FP8MID_VARIANTS[128]["m192_look128h_c4"]),
           "m192_look128h_c4_tail": dict(FP8MID_VARIANTS[128]["m192_look128h_c4"], q_tail_first=True),
@@ -218,36 +213,25 @@ FP8FUSED128_VARIANTS: dict[int, dict[str, dict]] = {
           "m192_c4_tail_fused": dict(_M192_SERIAL, fused_promote=True),
           "m192_look128h_c4_tail_skip": dict(FP8D128_VARIANTS[128]["m192_look128h_c4_tail_skip"])},
 }
-# --set fp8emu (scripts/ex2emu_gpu.sh, session 9): exp2_emu 1 / 2 (1 / 2 of every 8 exponentials of a thread's row from
-# FMAs, common.exp2_poly) on the head_dim 64 default (192 x 192 serial, three warpgroups: 98 MUFU.EX2 + 48 F2FP per warp
-# and tile, the one fa3-fp8 kernel whose MUFU (+ F2FP, if they share a pipe) time is near its measured tile time). The
-# names and changes are tests/test_fa3_fp8_speed_gpu.py's FP8EMU_VARIANTS.
-FP8EMU_VARIANTS: dict[int, dict[str, dict]] = {
-    64: {"new": {}, "emu1": dict(exp2_emu=1), "emu2": dict(exp2_emu=2)},
-}
-# bf16 fa3 variants timed beside "bf16_fa3" (its default) in --set fp8speed
-SPEED_BF16_VARIANTS: dict[int, dict[str, dict]] = {64: {"bf16_emu1": dict(exp2_emu=1)}}
 # kernels tests/test_fa3_fp8_speed_gpu.py needs besides the timed ones (kind, head_dim, change), both causal modes
-SPEED_TEST_KERNELS = [("fp8", 64, dict(exp2_emu=8)), ("bf16", 64, dict(exp2_emu=8)),
-                      ("bf16", 128, dict(intra_wg_overlap=False, early_pv_arrive=True))]
+SPEED_TEST_KERNELS = [("bf16", 128, dict(intra_wg_overlap=False, early_pv_arrive=True))]
 # kernels tests/test_fa3_fp8_speed_gpu.py -k "fp8d128 and tail" needs at any --head-dims (both causal modes): the serial
 # 192 x 128 schedule with q_tail_first at 64, the fix's second code path
 FP8D128_TEST_KERNELS = [("fp8", 64, FP8D128_VARIANTS[64]["tn128_tail"])]
-SETS = {"ab": (VARIANTS, {}), "fp8speed": (SPEED_VARIANTS, SPEED_BF16_VARIANTS), "fp8flip": (FLIP_VARIANTS, {}),
-        "fp8small": (FP8SMALL_VARIANTS, {}), "fp8mid": (FP8MID_VARIANTS, {}), "fp8d128": (FP8D128_VARIANTS, {}),
-        "fp8d256": (D256_VARIANTS, {}), "fp8d256b": (D256B_VARIANTS, {}), "fp8two": (FP8TWO_VARIANTS, {}),
-        "fp8emu": (FP8EMU_VARIANTS, {}), "fp8turn": (FP8TURN_VARIANTS, {}), "fp8fused128": (FP8FUSED128_VARIANTS, {})}
+SETS = {"ab": VARIANTS, "fp8speed": SPEED_VARIANTS, "fp8flip": FLIP_VARIANTS, "fp8small": FP8SMALL_VARIANTS,
+        "fp8mid": FP8MID_VARIANTS, "fp8d128": FP8D128_VARIANTS, "fp8d256": D256_VARIANTS, "fp8d256b": D256B_VARIANTS,
+        "fp8two": FP8TWO_VARIANTS, "fp8turn": FP8TURN_VARIANTS, "fp8fused128": FP8FUSED128_VARIANTS}
 LEGENDS = {
     "fp8speed": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs; new = the default then; single* = one "
-                "running accumulator; early = early_pv_arrive; skip = skip_unit_rescale; emuN = exp2_emu=N; promote4 = "
-                "promote_every=4; bf16_fa3 = ours (bf16_emu1: with exp2_emu=1); flash_attn_4 = flash-attn-4 bf16.",
+                "running accumulator; early = early_pv_arrive; skip = skip_unit_rescale; promote4 = "
+                "promote_every=4; bf16_fa3 = ours; flash_attn_4 = flash-attn-4 bf16.",
     "fp8flip": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs; new = the defaults (skip_unit_rescale "
                "on, promote_every 4 at head_dim 64); old = the defaults before (skip off, promote_every 1); prefetch = "
                "new + descale_prefetch; single* = one running accumulator (single_overlap: with intra-warpgroup "
                "overlap); bf16_fa3 = ours; flash_attn_4 = flash-attn-4 bf16.",
     "fp8small": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs; new = the default (64: tn192s_c4 "
                 "since session 6); pre = the 64 default before it (192 x 128, overlap), the base of 64's c4*; c4 = "
-                "reduce_chains=4 (row max and row sum in 4 chains); pf = descale_prefetch; emuN = exp2_emu=N; skip = "
+                "reduce_chains=4 (row max and row sum in 4 chains); pf = descale_prefetch; skip = "
                 "skip_unit_rescale; early = early_pv_arrive; s2 = P V in two slices of d, two temporaries; tn192s = "
                 "192 x 192 serial; m192 = 192 x 128 serial, three warpgroups; single* = one running accumulator with the "
                 "same switches; bf16_fa3 = ours; flash_attn_4 = flash-attn-4 bf16.",
@@ -258,7 +242,7 @@ LEGENDS = {
     "fp8d128": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs (K/V scale blocks of the variant's "
                "tile_n); new = the default (128: 128 x 256 serial; 64: 192 x 192 serial, reduce_chains 4); "
                "m192_look128h_c4 = 192 x 128, s_lookahead with S as two halves, reduce_chains 4; tail = q_tail_first "
-               "(causal: the partial query tile first); skip = skip_unit_rescale; emu2 = exp2_emu 2; m128_tn256 = "
+               "(causal: the partial query tile first); skip = skip_unit_rescale; m128_tn256 = "
                "128 x 256 serial; tn128 = tile_n 128 (192 x 128 serial); bf16_fa3 = ours.",
     "fp8d256": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs (K/V scale blocks of the variant's "
                "tile_n); new = the default (two-level, 128 x 128, four P V slices, s_lookahead with S in two halves); "
@@ -270,9 +254,6 @@ LEGENDS = {
                 "two-level default before (S in one 128-key MMA); *_halves = the same with S in two 64-key MMAs "
                 "(s_halves alone); single = one running accumulator, serial steps; single_overlap* = one running "
                 "accumulator with intra-warpgroup overlap; bf16_fa3 = ours; flash_attn_4 = flash-attn-4 bf16.",
-    "fp8emu": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs; new = the default (64: 192 x 192 "
-              "serial, reduce_chains 4); emuN = exp2_emu N (N of every 8 exponentials of a thread's row from FMAs, "
-              "common.exp2_poly); bf16_fa3 = ours.",
     "fp8fused128": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs (K/V scale blocks of the "
                    "variant's tile_n), head_dim 128; new = the default (128 x 256 serial); fused = fused_promote (O in "
                    "units of v_descale, O = alpha' O + tmp: no O *= alpha block; _c2: reduce_chains 2); m192_c4_tail = "
@@ -359,16 +340,14 @@ def compile_jobs(head_dims, causals, tests: bool = True, variant_set: str = "ab"
     """The kernels of the A/B (bf16 fa3, every FP8 variant) and, with tests, of tests/test_fa3_fp8_gpu.py
     (``variant_set`` "ab"), of tests/test_fa3_fp8_speed_gpu.py and test_fa3_fp8_gpu.py -k default_recipe
     ("fp8speed"), or of both files ("fp8flip")."""
-    fp8_variants, bf16_variants = SETS[variant_set]
+    fp8_variants = SETS[variant_set]
     work = [("bf16", D, c, {}) for D in head_dims for c in causals]
-    work += [("bf16", D, c, ch) for D in head_dims for c in causals for ch in bf16_variants.get(D, {}).values()]
     work += [("fp8", D, c, ch) for D in head_dims for c in causals for ch in fp8_variants[D].values()]
     work += [("recipe", D, c, ("bfloat16", ("block", True, True, True))) for D in head_dims for c in (False, True)]
     # their tests run both causal modes of every timed variant
     if tests and variant_set in ("fp8speed", "fp8flip", "fp8small", "fp8mid", "fp8d128", "fp8d256", "fp8d256b", "fp8two",
-                                 "fp8emu", "fp8turn", "fp8fused128"):
+                                 "fp8turn", "fp8fused128"):
         work += [("fp8", D, c, ch) for D in head_dims for c in (False, True) for ch in fp8_variants[D].values()]
-        work += [("bf16", D, c, ch) for D in head_dims for c in (False, True) for ch in bf16_variants.get(D, {}).values()]
         if variant_set == "fp8speed":
             work += [(kind, D, c, ch) for kind, D, ch in SPEED_TEST_KERNELS if D in head_dims for c in (False, True)]
         if variant_set == "fp8d128":
@@ -396,7 +375,7 @@ def failed_variants(log_text: str, variant_set: str) -> list[str]:
     the A/B leaves every such one out (--drop-failed). Sorted names."""
     import ast
 
-    variants = SETS[variant_set][0]
+    variants = SETS[variant_set]
     names = set()
     for line in log_text.splitlines():
         if (m := _TEST_ID.match(line)) and m["set"] == variant_set:
@@ -473,7 +452,7 @@ def time_problem(impls: dict, rounds: int, iters: int, protocol: str = "rounds",
 def speed(args, out_dir: str) -> list[dict]:
     from fa_variants.hopper import fa3, fa3_fp8
 
-    fp8_variants, bf16_variants = SETS[args.set]
+    fp8_variants = SETS[args.set]
     try:
         from flash_attn.cute.interface import flash_attn_func
     except Exception as exc:  # noqa: BLE001
@@ -500,9 +479,6 @@ def speed(args, out_dir: str) -> list[dict]:
                             *a, softmax_scale=scale, causal=causal, config=cfg))
                     q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
                     impls["bf16_fa3"] = lambda: fa3.run(q, k, v, causal=causal, softmax_scale=scale)
-                    for name, change in bf16_variants.get(D, {}).items():
-                        impls[name] = (lambda c=bf16_config(D, change): fa3.run(q, k, v, causal=causal, softmax_scale=scale,
-                                                                               config=c))
                     if flash_attn_func is not None and D in (64, 128, 256):
                         impls["flash_attn_4"] = lambda: flash_attn_func(q, k, v, causal=causal)
                     for name in list(impls):  # a variant that fails to run is reported, not fatal
@@ -576,14 +552,14 @@ def errors(args, out_dir: str) -> list[dict]:
 
 def variant_errors(args, out_dir: str) -> list[dict]:
     """--set fp8speed / fp8flip: every timed fa3-fp8 variant vs the emulation (told the variant's accumulation:
-    two_level and promotion interval, and its exp2_emu) and vs float64, on the inputs of ``errors`` (``error_cases``)."""
+    two_level and promotion interval) and vs float64, on the inputs of ``errors`` (``error_cases``)."""
     from fa_variants.fp8 import FP8Config, emulate_fp8_attention, layout, quantize_fp8
     from fa_variants.fp8.quantize import quantize_fp8_torch
     from fa_variants.hopper import fa3_fp8
     from fa_variants.reference import rel_l2
 
     rows = []
-    fp8_variants = SETS[args.set][0]
+    fp8_variants = SETS[args.set]
     with open(os.path.join(out_dir, "errors.jsonl"), "w") as f:
         for D, causal, q, k, v, exact in error_cases(args):
             emus = {}
@@ -591,13 +567,13 @@ def variant_errors(args, out_dir: str) -> list[dict]:
                 cfg = kernel_config(D, change)
                 # the emulation reads the accumulation (two_level, interval) from the recipe, the K/V tiles from the
                 # inputs' scale blocks (a variant with another tile_n: blocks of its tile_n, the PyTorch recipe)
-                key = (cfg.two_level, cfg.promote_every, cfg.exp2_emu, cfg.tile_n, cfg.tile_m)
+                key = (cfg.two_level, cfg.promote_every, cfg.tile_n, cfg.tile_m)
                 if key not in emus:
                     recipe = FP8Config(two_level=cfg.two_level, promote_every=cfg.promote_every)
                     inputs = (quantize_fp8(q, k, v, config=recipe) if cfg.tile_n == layout.tile_n(D) else
                               quantize_fp8_torch(q, k, v, config=recipe, block_n=cfg.tile_n))
                     emus[key] = inputs, *emulate_fp8_attention(inputs, causal=causal, out_dtype=torch.bfloat16,
-                                                               exp2_emu=cfg.exp2_emu, tile_m=cfg.tile_m)
+                                                               tile_m=cfg.tile_m)
                 inputs, emu, emu_lse = emus[key]
                 out, lse = fa3_fp8.run_fp8(inputs, causal=causal, out_dtype=torch.bfloat16, config=cfg)
                 seen = torch.isfinite(emu_lse)
@@ -617,14 +593,14 @@ def speed_summary(speed_rows: list[dict], error_rows: list[dict], variant_set: s
     """--set fp8speed / fp8flip: TFLOP/s per variant, the best fa3-fp8 variant per problem, the two-level cost of the
     best two-level variant against the best single accumulator, the issue's targets with the best variant,
     candidates for a default flip, and the variants' accuracy; fp8flip adds the new defaults against the old."""
-    fp8_variants, bf16_variants = SETS[variant_set]
+    fp8_variants = SETS[variant_set]
     probs = _by_problem(speed_rows)
     spread = {(r["head_dim"], r["seqlen"], r["causal"], r["impl"]): r["spread"] for r in speed_rows}
     lines = [f"# fa3-fp8 speed switches (issue 10): --set {variant_set}", "", LEGENDS[variant_set], ""]
     best_rows = []
     for D in sorted({p[0] for p in probs}):
         fp8_names = list(fp8_variants[D])
-        names = fp8_names + ["bf16_fa3", *bf16_variants.get(D, {}), "flash_attn_4"]
+        names = fp8_names + ["bf16_fa3", "flash_attn_4"]
         lines += [f"## head_dim {D}", "", "| N | causal | " + " | ".join(names) + " | best fp8 | best/new | best/bf16 | two-level cost |",
                   "|" + "---|" * (len(names) + 6)]
         for (d, N, c), tf in sorted(probs.items()):
@@ -681,7 +657,7 @@ def speed_summary(speed_rows: list[dict], error_rows: list[dict], variant_set: s
                   f"- kernel vs float64 within 1.02x of the emulation's: worst "
                   f"{gap['kernel_vs_float64'] / gap['emulation_vs_float64']:.3f}x (d{gap['head_dim']} {gap['variant']}): "
                   f"{'PASS' if gap['kernel_vs_float64'] / gap['emulation_vs_float64'] <= 1.02 else 'FAIL'}"]
-        if variant_set in ("fp8mid", "fp8d128", "fp8two", "fp8emu", "fp8turn", "fp8fused128"):  # per variant: a failing one must not hide the others
+        if variant_set in ("fp8mid", "fp8d128", "fp8two", "fp8turn", "fp8fused128"):  # per variant: a failing one must not hide the others
             lines += ["", "kernel vs emulation rel-L2 per variant (causal 0 / 1):", ""]
             for D in sorted({r["head_dim"] for r in error_rows}):
                 for name in fp8_variants[D]:
@@ -783,7 +759,7 @@ def two_level_target_lines(speed_rows: list[dict], variant_set: str = "fp8small"
     64) and the two-level cost of that pair, best single / best two-level - 1 (<= 5%)."""
     lines = ["", "## issue 10 targets with the best two-level variant (two_level on; all problems)", ""]
     for (D, N, c), tf in sorted(_by_problem(speed_rows).items()):
-        twos = {n: t for n, t in tf.items() if n in SETS[variant_set][0].get(D, {}) and not n.startswith("single")}
+        twos = {n: t for n, t in tf.items() if n in SETS[variant_set].get(D, {}) and not n.startswith("single")}
         singles = [t for n, t in tf.items() if n.startswith("single")]
         if not twos or not tf.get("bf16_fa3"):
             continue
@@ -884,8 +860,7 @@ def summary(speed_rows: list[dict], error_rows: list[dict], test_stats: list[dic
 def plan(args) -> str:
     jobs = compile_jobs(args.head_dims, args.causal, tests=True, variant_set=args.set)
     probs = [(D, N, c) for D in args.head_dims for N in args.seqlens for c in args.causal]
-    fp8_variants, bf16_variants = SETS[args.set]
-    impls = {D: [*fp8_variants[D], "bf16_fa3", *bf16_variants.get(D, {}), "flash_attn_4"] for D in args.head_dims}
+    impls = {D: [*SETS[args.set][D], "bf16_fa3", "flash_attn_4"] for D in args.head_dims}
     return "\n".join([f"set: {args.set}; precompile: {len(jobs)} jobs ({args.jobs} workers)",
                       f"speed: {len(probs)} problems x {args.rounds} rounds x {args.iters} calls; impls per head_dim: {impls}",
                       f"errors: {'on' if args.errors else 'off'} (head dims {args.head_dims}, N={args.err_seqlen}, causal {args.causal})",
@@ -898,14 +873,13 @@ def main() -> int:
                     help="ab: new vs old defaults (scripts/fa3_fp8_ab_gpu.sh); fp8speed: the speed switches "
                          "(SPEED_VARIANTS, scripts/fp8speed_gpu.sh); fp8flip: the session-5 defaults vs the previous "
                          "ones and descale_prefetch (FLIP_VARIANTS, scripts/fp8flip_gpu.sh); fp8small: head_dim 64/128 "
-                         "softmax chains, exp2_emu, prefetch (FP8SMALL_VARIANTS, scripts/fp8small_gpu.sh); fp8mid: "
+                         "softmax chains, prefetch (FP8SMALL_VARIANTS, scripts/fp8small_gpu.sh); fp8mid: "
                          "head_dim 64/128 P V overlap, lookahead (FP8MID_VARIANTS, scripts/fp8mid_gpu.sh); "
-                         "fp8d128: q_tail_first on the 192-row schedules, exp2_emu and 128 x 256 at 64 "
+                         "fp8d128: q_tail_first on the 192-row schedules, 128 x 256 at 64 "
                          "(FP8D128_VARIANTS, scripts/fp8d128_gpu.sh); "
                          "fp8d256: head_dim 256 two-level schedules (D256_VARIANTS, scripts/fp8d256_gpu.sh); "
                          "fp8d256b: what S in two 64-key halves costs (D256B_VARIANTS, scripts/fp8d256b_gpu.sh); "
-                         "fp8two: head_dim 256 fused_promote (FP8TWO_VARIANTS, scripts/fp8two_gpu.sh); fp8emu: exp2_emu 1 / 2 "
-                         "at head_dim 64 (FP8EMU_VARIANTS, scripts/ex2emu_gpu.sh); fp8turn: head_dim 256 ping-pong turn "
+                         "fp8two: head_dim 256 fused_promote (FP8TWO_VARIANTS, scripts/fp8two_gpu.sh); fp8turn: head_dim 256 ping-pong turn "
                          "(FP8TURN_VARIANTS, scripts/fp8two2_gpu.sh); fp8fused128: head_dim 128 fused_promote in the serial "
                          "steps (FP8FUSED128_VARIANTS, scripts/fp8d128b_gpu.sh)")
     ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128, 256], choices=[64, 128, 256])
@@ -938,8 +912,8 @@ def main() -> int:
     if args.quick:
         args.head_dims, args.seqlens, args.causal, args.rounds = [128], [4096], "no", 3
     args.causal = {"no": [False], "yes": [True], "both": [False, True]}[args.causal]
-    if args.set in ("fp8small", "fp8mid", "fp8d128", "fp8emu", "fp8fused128"):  # the head dims the set has
-        args.head_dims = [d for d in args.head_dims if d in SETS[args.set][0]]
+    if args.set in ("fp8small", "fp8mid", "fp8d128", "fp8fused128"):  # the head dims the set has
+        args.head_dims = [d for d in args.head_dims if d in SETS[args.set]]
     failed = []
     for log in args.drop_failed:
         if os.path.exists(log):
@@ -950,12 +924,10 @@ def main() -> int:
               flush=True)
         args.drop = sorted(set(args.drop) | set(failed))
     if args.drop:
-        unknown = set(args.drop) - {n for v in SETS[args.set][0].values() for n in v} | ({"new"} & set(args.drop))
+        unknown = set(args.drop) - {n for v in SETS[args.set].values() for n in v} | ({"new"} & set(args.drop))
         if unknown:
             ap.error(f"--drop: {sorted(unknown)} not a variant of --set {args.set} other than new")
-        fp8_variants, bf16_variants = SETS[args.set]
-        SETS[args.set] = ({D: {n: c for n, c in v.items() if n not in args.drop} for D, v in fp8_variants.items()},
-                          bf16_variants)
+        SETS[args.set] = {D: {n: c for n, c in v.items() if n not in args.drop} for D, v in SETS[args.set].items()}
     if args.plan:
         print(plan(args))
         return 0
@@ -971,12 +943,12 @@ def main() -> int:
             return 1 if bad else 0
     speed_rows = speed(args, args.out)
     print(f"speed done at {time.time() - t0:.0f}s", flush=True)
-    if args.set in ("fp8speed", "fp8flip", "fp8small", "fp8mid", "fp8d128", "fp8d256", "fp8d256b", "fp8two", "fp8emu",
+    if args.set in ("fp8speed", "fp8flip", "fp8small", "fp8mid", "fp8d128", "fp8d256", "fp8d256b", "fp8two",
                     "fp8turn", "fp8fused128"):
         text = speed_summary(speed_rows, variant_errors(args, args.out) if args.errors else [], args.set)
         if args.set == "fp8d256b":
             text += halves_cost_lines(speed_rows)
-        if args.set in ("fp8small", "fp8mid", "fp8d128", "fp8two", "fp8emu", "fp8turn", "fp8fused128"):
+        if args.set in ("fp8small", "fp8mid", "fp8d128", "fp8two", "fp8turn", "fp8fused128"):
             text += two_level_target_lines(speed_rows, args.set)
         if args.set == "fp8turn":
             text += turn_cost_lines(speed_rows)

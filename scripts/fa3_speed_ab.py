@@ -17,8 +17,7 @@ basis-kv1, basis-256 beside fa4-256; bench/NOTES.md, "Issue 12, SASS gap"); sess
 persistent grid (`PERSIST`: `persistent`, Sm90Config.persistent at D 64/128/256; scripts/persist_gpu.sh);
 session 8's O rescale under the exponentials (`ALPHA`: `alpha`, Sm90Config.alpha_first, and `alpha-noskip` at D 64;
 scripts/fa3gap8_gpu.sh); session 8's D 256 comparison (`GAP9`: `alpha-256` beside fa4-256; run in session 9 with
-pairs-256, which became the D 256 default); session 9's exponentials on the FMA pipe (`EX2EMU`: `emu1` / `emu2`,
-Sm90Config.exp2_emu 1 / 2 at D 64; scripts/ex2emu_gpu.sh).
+pairs-256, which became the D 256 default).
 --shapes D:N:full|causal,... picks shapes one by one
 instead.
 The default run (--variants, --seqlens) is round 4's:
@@ -103,17 +102,12 @@ VARIANTS = {
     # and 256"): flash-attn-4's choices but O rescaled under the exponentials (alpha_first, D 128's structure) instead
     # of before the P V GEMM (fa4-256)
     "alpha-256": ((256,), dict(convert_pairs=True, exp2_ffma=True, reduce_chains=4, alpha_first=True)),
-    # session 9, D 64 (bench/NOTES.md, "Session 9 (2026-12-01): exp2 on the FMA pipe"): 1 / 2 of every 8 exponentials
-    # of a thread's row from FMAs instead of MUFU.EX2 (Sm90Config.exp2_emu, common.exp2_poly)
-    "emu1": ((64,), dict(exp2_emu=1)),
-    "emu2": ((64,), dict(exp2_emu=2)),
 }
 ROUND4 = ("old", "new", "fa4-256", "n176", "stages3", "k-first")
 FA3GAP = ("old", "new", "basis", "basis-kv1", "fa4-256", "basis-256")
 PERSIST = ("old", "new", "persistent")
 ALPHA = ("old", "new", "alpha", "alpha-noskip")
 GAP9 = ("old", "new", "fa4-256", "alpha-256")
-EX2EMU = ("old", "new", "emu1", "emu2")
 PEERS = ("flash-attn-4", "sdpa-cudnn")
 #: other spellings of the peers accepted by --peers (bench.runtime.build_impls knows only the canonical names)
 PEER_ALIASES = {"cudnn": "sdpa-cudnn", "fa4": "flash-attn-4", "flash": "sdpa-flash"}

@@ -4,15 +4,15 @@
 # (scripts/fa3_fp8_speed_ab.py --set fp8small):
 #   c4     reduce_chains=4: row max in 4 FMNMX chains and (new) row sum in 4 FADD chains (SASS: same counts, the
 #          loop's register latency path 562 -> 474 cycles at 64, 694 -> 510 at 128)
-#   pf     descale_prefetch;  emuN  exp2_emu=N (N of 8 exponentials on the FMA pipe);  skip  skip_unit_rescale
+#   pf     descale_prefetch;  skip  skip_unit_rescale  (emuN, exp2_emu=N, removed in session 10)
 #   tn192s (64) 192 x 192 tiles, serial steps (3 consumer warpgroups; 3.16 instead of 3.63 instructions per key)
 #   m192   (128) 192 x 128 tiles, serial steps, 3 consumer warpgroups of 160 registers (two-level on, no spills)
 #   s2     (128) P V in two slices of d, two temporaries (slice 0 promoted while slice 1 runs);  early  early_pv_arrive
 #   single_* one running accumulator with the same switches: the two-level cost
 # Steps:
-#   1. precompile (14 workers, into the disk cache): the A/B's 36 fa3-fp8 kernels (18 variants x causal), bf16 fa3
-#   2. variant_tests: tests/test_fa3_fp8_speed_gpu.py -k "fp8small and not single": each new two-level variant (13) vs
-#      the emulation told its exp2_emu / accumulation / K/V blocks, and vs float64 (fp8_error_bound); tails, Nq > Nk
+#   1. precompile (14 workers, into the disk cache): the A/B's 26 fa3-fp8 kernels (13 variants x causal), bf16 fa3
+#   2. variant_tests: tests/test_fa3_fp8_speed_gpu.py -k "fp8small and not single": each new two-level variant (8) vs
+#      the emulation told its accumulation / K/V blocks, and vs float64 (fp8_error_bound); tails, Nq > Nk
 #      (rows with no key), GQA and MQA, causal and not, NaN-poisoned outputs (the single-accumulator baselines are
 #      checked by step 3's accuracy lines only)
 #   3. speed_ab: D 128/64 x N 4k/16k x causal and not (B*N = 16k, H*D = 2048), every variant beside our bf16 fa3 and

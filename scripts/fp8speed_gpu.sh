@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # fp8speed_gpu.sh: issue 10's speed switches of fa3-fp8 on one H200 (~3-4 min), every switch off by default:
 #   early_pv_arrive (D 128/256: the ping-pong turn handed on right after the P V GEMM's issue), skip_unit_rescale
-#   (fa3-fp8: O *= alpha skipped when no row max of the thread moved), exp2_emu (D 64: some exponentials on the
-#   FMA pipe, common.exp2_poly), promote_every 4 (D 64).
+#   (fa3-fp8: O *= alpha skipped when no row max of the thread moved), promote_every 4 (D 64). (exp2_emu, timed here
+#   in session 4, was removed in session 10.)
 #   1. precompile (parallel workers, into the disk cache): the A/B's kernels and those of the tests below
-#   2. tests/test_fa3_fp8_speed_gpu.py (every variant vs the emulation, told its exp2_emu; bf16 fa3 with the shared
+#   2. tests/test_fa3_fp8_speed_gpu.py (every variant vs the emulation; bf16 fa3 with the shared
 #      switches vs float64) and tests/test_fa3_fp8_gpu.py -k default_recipe (the defaults, unchanged)
 #   3. scripts/fa3_fp8_speed_ab.py --set fp8speed --phase measure: the variants beside the default, the single
-#      accumulator, our bf16 fa3 (and its exp2_emu=1 at D 64) and flash-attn-4; D 64/128/256, N 4k/16k, causal and
+#      accumulator, our bf16 fa3 and flash-attn-4; D 64/128/256, N 4k/16k, causal and
 #      not, 6 rotated rounds; every variant's accuracy vs the emulation; summary (best variant per problem, the
 #      issue's targets with it, candidates for a default flip)
 #

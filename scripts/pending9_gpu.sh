@@ -21,7 +21,7 @@
 #      A. scripts/pending9_gpu.sh                      (defaults + zeroblocks + quant10, ~450 s)
 #      B. scripts/pending9_gpu.sh --no-defaults fp8two2 fp8d128b   (~480 s)
 #      C. the whole GPU suite: `python3 -m pytest -q -n 14 -m "gpu and not slow"` (~500 s)
-#      D. what is left: scripts/pending9_gpu.sh --no-defaults hadacore ex2emu, and
+#      D. what is left: scripts/pending9_gpu.sh --no-defaults hadacore, and
 #         `python3 scripts/sanitize.py --backends fa3 fa3-fp8` (memcheck / racecheck / synccheck: both head_dim 256
 #         defaults changed in session 9; ~3-5 min).
 # Pass (step 1): 0 failed, 0 errors in both logs (an rc 124 after the "[100%]" line is xdist's teardown, not a failure).

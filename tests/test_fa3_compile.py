@@ -135,8 +135,7 @@ def _speed_ab():
     ("lean", 128, True), ("lean-256", 256, True), ("o-before-pv", 256, True),
     ("old", 256, False), ("fa4-256", 256, True), ("n176", 128, False), ("n176", 128, True),
     ("stages3", 64, True), ("stages3", 128, False), ("k-first", 128, True), ("basis", 128, False), ("basis-kv1", 128, True),
-    ("basis-256", 256, True), ("alpha", 128, True), ("alpha-noskip", 64, True),
-    ("emu2", 64, True)])
+    ("basis-256", 256, True), ("alpha", 128, True), ("alpha-noskip", 64, True)])
 def test_speed_ab_variants_compile_without_spills(name, head_dim, causal):
     """scripts/fa3_speed_ab.py's variants build with no spills; `new` is the default and has no serial FMNMX
     chain (it runs 4 chains) and one FFMA per score instead of FADD + FMUL. `lean` (issue 12's structural
@@ -271,8 +270,8 @@ def test_speed_ab_plan(capsys):
     ab = _speed_ab()
     shapes = ab.plan([64, 128, 256], [1024, 4096, 16384], (False, True), list(ab.VARIANTS))
     assert len(shapes) == 18 and all(s["batch"] * s["seqlen"] >= 16384 and "old" in s["variants"] for s in shapes)
-    # session 9: - early, + emu1, emu2 (D 64)
-    assert {s["head_dim"]: len(s["variants"]) for s in shapes} == {64: 11, 128: 14, 256: 9}
+    # session 9: - early
+    assert {s["head_dim"]: len(s["variants"]) for s in shapes} == {64: 9, 128: 14, 256: 9}
     import sys
     argv, sys.argv = sys.argv, ["fa3_speed_ab.py", "--plan"]
     try:
@@ -326,18 +325,3 @@ def test_alpha_first_moves_o_rescale_under_the_exponentials():
     for op in ("MUFU.EX2", "HGMMA", "FMUL"):
         assert sum(t.startswith(op) for t in first) == sum(t.startswith(op) for t in base), op
     assert len(first) <= len(base) + 2, (len(base), len(first))
-
-
-def test_exp2_emu_per_tile_counts():
-    """Sm90Config.exp2_emu at D 64 (scripts/fa3_speed_ab.py's `emu1` / `emu2`, bench/NOTES.md "Session 9 (2026-12-01):
-    exp2 on the FMA pipe"): on the path run when no logit is huge, per consumer warp and K/V tile, exactly 8 of the 64
-    score exponentials per emulated column of 8 leave the MUFU (66 -> 58 -> 50), and each costs at most 8 instructions
-    (FMNMX, 3 FADD, 3 FFMA, LEA) for the one MUFU.EX2 it replaces (nvidia-cutlass-dsl 4.8.1: 412 -> 469 -> 525); no spills."""
-    ab = _speed_ab()
-    base = _hot_mainloop(64, ab.variant_config("new", 64))
-    mufu = lambda body: sum(t.startswith("MUFU.EX2") for t in body)  # noqa: E731
-    for per8, name in ((1, "emu1"), (2, "emu2")):
-        emu = _hot_mainloop(64, ab.variant_config(name, 64))
-        assert mufu(emu) == mufu(base) - 8 * per8, (name, mufu(base), mufu(emu))
-        assert len(emu) <= len(base) + 8 * 8 * per8, (name, len(base), len(emu))
-        assert sum(t.startswith("FFMA") for t in emu) >= sum(t.startswith("FFMA") for t in base) + 3 * 8 * per8

@@ -359,18 +359,3 @@ def test_gap9_variants(name, head_dim, config, causal):
     and MQA), NaN-poisoned outputs, LSE checked; then EC-04's logit shifts (huge rows: the exact form's branch)."""
     _check_alpha_shapes(name, head_dim, config, causal)
     _check_logit_shifts(name, head_dim, config, causal)
-
-
-EX2EMU = _ab_variants("EX2EMU")  # session 9, D 64: exponentials on the FMA pipe (Sm90Config.exp2_emu 1 / 2)
-
-
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("name, head_dim, config", EX2EMU, ids=[f"{n}-d{d}" for n, d, _ in EX2EMU])
-def test_ex2emu_variants(name, head_dim, config, causal):
-    """scripts/ex2emu_gpu.sh's variants: 1 / 2 of every 8 exponentials of a thread's row from the degree-3 polynomial
-    (common.exp2_poly, relative error <= 1.02e-4, far below bf16's 2^-9 rounding of P) vs float64 under the project's
-    rule, over ALPHA_SHAPES (one K/V tile and many, odd lengths, Nq != Nk both ways: causal rows that see no key, whose
-    emulated columns get -inf and must give P = +0 so that O = 0 and LSE = -inf; GQA and MQA), NaN-poisoned outputs,
-    LSE checked; then EC-04's logit shifts (huge rows: the exact form, whose exponentials take the polynomial too)."""
-    _check_alpha_shapes(name, head_dim, config, causal)
-    _check_logit_shifts(name, head_dim, config, causal)

@@ -662,7 +662,6 @@ def test_fa3_fp8_speed_ab_fp8speed_set(capsys, monkeypatch):
         assert table[D][suffix] == change, name
         for causal in (False, True):
             assert ("fp8", D, causal, ab._freeze(change)) in its_jobs, (name, causal)
-    assert ("fp8", 64, True, ab._freeze(dict(exp2_emu=8))) in jobs
     assert ("bf16", 128, True, ab._freeze(dict(intra_wg_overlap=False, early_pv_arrive=True))) in jobs
     for D, variants in ab.SPEED_VARIANTS.items():  # every variant is a valid config (raises otherwise)
         for change in variants.values():
@@ -1161,39 +1160,6 @@ def test_decode_model_full_grid_fits_the_s7_batch_64_rows():
         assert dual - model.WAVE_STEP_US - 1e-9 <= lo <= hi < dual, (d, h, nk, lo, hi, dual)
 
 
-def test_ex2emu_sets_and_script(capsys, monkeypatch):
-    """scripts/ex2emu_gpu.sh (session 9, exp2_emu at head_dim 64): fa3_fp8_speed_ab.py --set fp8emu plans head_dim 64
-    only, compiles every timed variant in both causal modes (its GPU tests run both), each a valid config run by
-    tests/test_fa3_fp8_speed_gpu.py's FP8EMU_VARIANTS with the same change; a failed test id drops its variant; the
-    script times fa3_speed_ab.py's EX2EMU variants, selects both test files' tests by the names they carry, and hands
-    both logs to --drop-failed."""
-    import test_fa3_fp8_speed_gpu as gpu_tests
-
-    ab = load_script("fa3_fp8_speed_ab")
-    monkeypatch.setattr("sys.argv", ["fa3_fp8_speed_ab.py", "--plan", "--set", "fp8emu"])
-    assert ab.main() == 0
-    out = capsys.readouterr().out
-    assert "set: fp8emu" in out and "head dims [64]" in out
-    jobs = set(ab.compile_jobs([64], [False], variant_set="fp8emu"))
-    timed = ab.FP8EMU_VARIANTS
-    assert list(timed) == [64] and {"new", "emu1", "emu2"} == set(timed[64])
-    for name, change in timed[64].items():
-        ab.kernel_config(64, change).check(64)
-        assert name == "new" or (64, change) in gpu_tests.FP8EMU_VARIANTS.values(), name
-        assert all(("fp8", 64, c, ab._freeze(change)) in jobs for c in (False, True)), name
-    assert all(n.split("-", 2)[2] in timed[D] and n.startswith("fp8emu-") for n, (D, _) in gpu_tests.FP8EMU_VARIANTS.items())
-    log = ("FAILED tests/test_fa3_fp8_speed_gpu.py::test_fp8_variant_vs_emulation[fp8emu-d64-emu2-1x113x113x4x2-causal]"
-           " - AssertionError\nFAILED tests/test_fa3_gpu.py::test_ex2emu_variants[emu1-d64-full] - x\n")
-    assert ab.failed_variants(log, "fp8emu") == ["emu2"]
-    text = (ROOT / "scripts" / "ex2emu_gpu.sh").read_text()
-    fa3ab = load_script("fa3_speed_ab")
-    assert f"--variants {','.join(fa3ab.EX2EMU)} " in text and all(64 in fa3ab.VARIANTS[v][0] for v in fa3ab.EX2EMU)
-    assert '-k "ex2emu_variants or fp8emu"' in text and "--set fp8emu" in text and "--head-dims 64" in text
-    assert '--drop-failed "$LOGS/precompile.log" "$LOGS/pytest.log"' in text and "CUT=(--drop emu1 emu2)" in text
-    limits = [int(m) for m in re.findall(r"^\s*step \w+ (\d+) ", text, re.M)]
-    assert len(limits) == 4 and sum(limits) <= 120, limits
-
-
 def test_pending9_runs_named_scripts_and_the_changed_defaults_tests():
     """scripts/pending9_gpu.sh (session 9's GPU work left for a later call): refuses a name without a script (exit 2,
     before any GPU work), its default names and the ones its header names for the second call exist, and its defaults
@@ -1203,7 +1169,7 @@ def test_pending9_runs_named_scripts_and_the_changed_defaults_tests():
     text = script.read_text()
     bad = subprocess.run(["bash", str(script), "no_such_script"], capture_output=True, text=True, timeout=30)
     assert bad.returncode == 2 and "no scripts/no_such_script_gpu.sh" in bad.stderr
-    for name in ("quant10", "ex2emu", "hadacore", "fp8two2", "fp8d128b"):
+    for name in ("quant10", "hadacore", "fp8two2", "fp8d128b"):
         assert f" {name}" in text and (ROOT / "scripts" / f"{name}_gpu.sh").exists(), name
     assert '-k "compile or 256"' in text
     for path in ("tests/test_torch_compile.py", "tests/test_fa3_gpu.py", "tests/test_fa3_fp8_gpu.py"):

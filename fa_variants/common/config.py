@@ -133,9 +133,6 @@ class Sm90Config:
         right after issuing its P V GEMM instead of after the next tile's S = Q K^T GEMM, so the wait for the P V
         GEMM and what follows it (fa3-fp8: the promotion of the two-level temporary into O) run while the other
         warpgroup's GEMMs keep the tensor cores busy; its own next S GEMM is then issued outside the turn.
-    exp2_emu: of every 8 consecutive scores of a thread's row, the last exp2_emu (0..8) get their exponential from
-        FMAs and integer operations instead of MUFU.EX2 (``common.softmax.exp2_fma_pipe``; constants, accuracy and
-        the column choice in ``common.exp2_poly``): for kernels bound by the 16 exp2 per cycle and SM of the MUFU.
     basis_alpha: (with exp2_ffma) alpha = exp2(B_old - B_new) from the rounded bases B = m c kept per row: one FADD
         per row instead of two FADDs and an FFMA, no per-tile rounding error of the basis; that error is worked out
         only inside the rare branch of a row whose |m c| is or was >= 2^11 (``common.softmax``, "Alpha from the
@@ -198,7 +195,6 @@ class Sm90Config:
     k_before_q: bool = False
     fused_merge: bool = False
     early_pv_arrive: bool = False
-    exp2_emu: int = 0
     basis_alpha: bool = False
     persistent: bool = False
     first_row_only: bool = False
@@ -250,8 +246,6 @@ class Sm90Config:
             raise ValueError("k_before_q orders the separate K/V producer states: it needs shared_kv_state=False")
         if not isinstance(self.fused_merge, bool) or (self.fused_merge and self.num_splits == 1):
             raise ValueError(f"fused_merge={self.fused_merge!r} must be a bool, True only with split-KV (num_splits != 1)")
-        if not isinstance(self.exp2_emu, int) or isinstance(self.exp2_emu, bool) or not 0 <= self.exp2_emu <= 8:
-            raise ValueError(f"exp2_emu={self.exp2_emu!r} must be an int in [0, 8] (exp2 computed with FMAs per 8 scores)")
         if not isinstance(self.basis_alpha, bool) or (self.basis_alpha and not self.exp2_ffma):
             raise ValueError(f"basis_alpha={self.basis_alpha!r} must be a bool, True only with exp2_ffma=True")
         if self.early_pv_arrive and self.intra_wg_overlap:

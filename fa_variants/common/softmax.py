@@ -54,10 +54,6 @@ chain of dependent FMNMX (FADD) over a thread's 32-64 columns is latency-bound w
 Each chain of the row sum starts at its first P, not at 0 + P (the same bits, as exp2 never returns -0: one FADD
 less per chain and row, for every kernel).
 
-Exponentials on the FMA pipe (``exp2_emu``, for kernels bound by the 16 MUFU.EX2 per cycle and SM): of every 8
-consecutive scores of a thread's row, the last ``exp2_emu`` take `exp2_fma_pipe` (a degree-3 polynomial, relative
-error <= 1.02e-4; ``common.exp2_poly`` has the constants, the column choice and a PyTorch model).
-
 FA1 keeps O, l and m in HBM between steps: `resume(m, l)` starts a step from the saved state (l the whole
 row sum), `update` runs as above, and `resumed_sum(alpha)` gives the new whole row sum alpha l + rowsum(P_j).
 
@@ -76,7 +72,6 @@ from cutlass import Float32, Int32, const_expr
 from cutlass._mlir.dialects import arith as mlir_arith
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from fa_variants.common import exp2_poly
 from fa_variants.common.layout import quad_allreduce
 from fa_variants.common.scale import LN_2
 
@@ -103,21 +98,6 @@ def not_below(x: Float32, limit: float, *, loc=None, ip=None) -> cutlass.Boolean
 def bits_f32(x: Int32, *, loc=None, ip=None) -> Float32:
     """The float32 with these bits (a bitcast, no instruction)."""
     return Float32(mlir_arith.bitcast(T.f32(), x.ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
-
-
-def exp2_fma_pipe(x: Float32) -> Float32:
-    """2^x on the FMA and integer pipes, no MUFU (x <= 127; -inf and anything <= -127 give +0): a round-to-nearest
-    split by the 1.5 * 2^23 addition, a degree-3 polynomial of the fraction in three FMAs, the integer part added
-    into the exponent field. Constants, accuracy (relative error <= 1.02e-4) and a PyTorch model of the same steps:
-    ``common.exp2_poly``. Idea from FlashAttention-4's exp2 emulation (Dao-AILab/flash-attention
-    flash_attn/cute/utils.py), written with its own split and polynomial. Trace-time helper."""
-    x = cute.arch.fmax(x, Float32(exp2_poly.X_MIN))
-    r = x + Float32(exp2_poly.ROUND_MAGIC)
-    f = x - (r - Float32(exp2_poly.ROUND_MAGIC))
-    p = cute.math.fma(f, Float32(exp2_poly.C3), Float32(exp2_poly.C2))
-    p = cute.math.fma(p, f, Float32(exp2_poly.C1))
-    p = cute.math.fma(p, f, Float32(1.0))
-    return bits_f32(f32_bits(p) + (f32_bits(r) << 23))
 
 
 def row_reduce(s: cute.Tensor, r: int, op, chains: int, init=None):
@@ -151,7 +131,7 @@ class OnlineSoftmax:
     """Running (m, l) for the `num_rows` query rows this thread holds. Build inside a kernel."""
 
     def __init__(self, num_rows: int, scale_log2: Float32, exp2_ffma: bool = False, chains: int = 1,
-                 skip_unit_rescale: bool = False, tile_scales: bool = False, p_shift: float = 0.0, exp2_emu: int = 0,
+                 skip_unit_rescale: bool = False, tile_scales: bool = False, p_shift: float = 0.0,
                  basis_alpha: bool = False, active_rows: int | None = None, alpha_first: bool = False):
         self.num_rows = num_rows
         # the leading rows `update`, `rescale` and `finalize` work on (None: all): a kernel whose other rows are
@@ -161,9 +141,6 @@ class OnlineSoftmax:
         if not 1 <= self.active_rows <= num_rows or (self.active_rows < num_rows and (tile_scales or basis_alpha)):
             raise ValueError(f"active_rows={active_rows} must be in [1, num_rows={num_rows}] (and num_rows with "
                              "tile_scales or basis_alpha)")
-        # of every 8 consecutive scores of a thread's row, the last exp2_emu get their exponential from
-        # `exp2_fma_pipe` instead of MUFU.EX2 (common.exp2_poly); 0: every one on MUFU
-        self.exp2_emu = exp2_poly.check_per8(exp2_emu)
         self.scale_log2 = scale_log2
         # False (default): exp2((s - m) c), a subtract and a multiply per score, exact at the row max.
         # True: one FFMA per score, exp2(fma(s, c, -B)) against the basis B = round(m c) (module docstring,
@@ -301,7 +278,7 @@ class OnlineSoftmax:
             sums = [None] * self.chains
             bias = self.p_shift - m_safe
             for c in cutlass.range_constexpr(n_cols):
-                p = self._exp2(s[r, c] * tile_scale_log2 + bias, c)
+                p = cute.math.exp2(s[r, c] * tile_scale_log2 + bias, fastmath=True)
                 s[r, c] = p
                 k = c % self.chains
                 sums[k] = p if const_expr(sums[k] is None) else sums[k] + p
@@ -330,19 +307,13 @@ class OnlineSoftmax:
         sums = [None] * self.chains  # each chain starts at its first value: p, not 0 + p (the same bits, one
         for j in cutlass.range_constexpr(cute.size(s, mode=[1])):  # FADD less per chain; exp2 never gives -0)
             if const_expr(self.exp2_ffma):
-                p = self._exp2(cute.math.fma(s[r, j], c, -basis), j)
+                p = cute.math.exp2(cute.math.fma(s[r, j], c, -basis), fastmath=True)
             else:
-                p = self._exp2((s[r, j] - shift) * c, j)
+                p = cute.math.exp2((s[r, j] - shift) * c, fastmath=True)
             s[r, j] = p
             k = j % self.chains
             sums[k] = p if const_expr(sums[k] is None) else sums[k] + p
         return _tree([x for x in sums if x is not None], lambda x, y: x + y)
-
-    def _exp2(self, x: Float32, j: int) -> Float32:
-        """2^x for column j of a row: MUFU.EX2, or `exp2_fma_pipe` for the columns ``exp2_emu`` selects."""
-        if const_expr(exp2_poly.emulated_column(j, self.exp2_emu)):
-            return exp2_fma_pipe(x)
-        return cute.math.exp2(x, fastmath=True)
 
     @cute.jit
     def _fold(self, r: cutlass.Constexpr[int], alpha: cute.Tensor, row_sum: Float32, m_new: Float32, log2_alpha: Float32,

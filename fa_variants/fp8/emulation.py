@@ -13,8 +13,7 @@ tiles of ``FP8Inputs.block_n`` keys (its tile_n: the K/V scale blocks are its ti
                                              past seqlen_k or above the causal diagonal
     c_n   = max(float32(softmax_scale * log2 e) * q_descale[m] * k_descale[n], 2^-126)  (exact: powers of two)
     m'    = max(m, c_n rowmax S);  alpha = exp2(m - m')   (1 while the row has seen no key)
-    P     = exp2(S c_n + (P_SHIFT - m'))     one FFMA; P in [0, 2^P_SHIFT] = [0, 256] (e4m3's max is 448);
-                                             with the kernel's exp2_emu, some columns by common.exp2_poly
+    P     = exp2(S c_n + (P_SHIFT - m'))     one FFMA; P in [0, 2^P_SHIFT] = [0, 256] (e4m3's max is 448)
     l     = alpha l + rowsum(P)              from the unrounded fp32 P
     P8    = e4m3(P)                          round to nearest even
     accumulation of P8 V8_n:
@@ -55,7 +54,6 @@ import math
 
 import torch
 
-from fa_variants.common import exp2_poly
 from fa_variants.fp8 import layout
 from fa_variants.fp8.quantize import E4M3, FP8Config, FP8Inputs, quantize_fp8_torch
 
@@ -154,7 +152,7 @@ def _mma(a: torch.Tensor, b: torch.Tensor, acc: torch.Tensor | None, bits: int |
 
 def emulate_fp8_attention(inputs: FP8Inputs, *, causal: bool = False, accumulator_bits: int | None = ACCUMULATOR_BITS,
                           out_dtype: torch.dtype | None = None, accumulator: str = ACCUMULATOR,
-                          tile_m: int | None = None, exp2_emu: int = 0,
+                          tile_m: int | None = None,
                           units: str = "absolute") -> tuple[torch.Tensor, torch.Tensor]:
     """The fa3-fp8 kernel on already-quantised inputs, emulated (module docstring).
 
@@ -170,8 +168,6 @@ def emulate_fp8_attention(inputs: FP8Inputs, *, causal: bool = False, accumulato
         tile_m: query rows per CTA tile (which K/V tiles a query tile visits under causal masking; it matters
             for the promotion points of promote_every > 1 only); None: the kernel's, ``layout.tile_m(head_dim)``
             (128 for head dims the kernel does not serve).
-        exp2_emu: the kernel config's ``exp2_emu`` (0: every P from exp2): the scores whose exponential the kernel
-            computes with FMAs (``common.exp2_poly.emulated_tile_columns``) get ``common.exp2_poly.exp2_poly``.
         units: the units the two-level O is kept in between promotions, in float32 (the single accumulator,
             two_level False, always keeps the current tile's v_descale units, as the kernel does): "absolute"
             (default; O = A O + v_descale acc), "tile" (``fused_promote``: O / v_descale of the last visited tile,
@@ -234,7 +230,6 @@ def emulate_fp8_attention(inputs: FP8Inputs, *, causal: bool = False, accumulato
         raise ValueError(f"units={units!r} needs promote_every 1 (the fused promotion), got {every}")
     unit = torch.ones(B, H, Nq, 1, device=dev)  # units != "absolute": O's unit per row (its tile order)
     vmax = torch.zeros(B, H, Nq, 1, device=dev)  # "bounded": the largest v_descale the row has visited
-    emulated = exp2_poly.emulated_tile_columns(tile_n, exp2_poly.check_per8(exp2_emu), device=dev)
     for n in order:
         active = (n < n_blocks).view(1, 1, Nq)  # the row's query tile visits this K/V tile
         if KV_ORDER == "last_to_first":
@@ -253,8 +248,6 @@ def emulate_fp8_attention(inputs: FP8Inputs, *, causal: bool = False, accumulato
         # one FFMA, S * c + (P_SHIFT - m), rounded once (float64 holds the fp32 product exactly)
         x = (S.double() * c.double() + (P_SHIFT - m_safe).unsqueeze(-1).double()).float()
         P = torch.exp2(x)
-        if exp2_emu:  # the kernel's FMA-pipe exp2 on some columns of each tile
-            P = torch.where(emulated[: c1 - c0], exp2_poly.exp2_poly(x), P)
         l = torch.where(active, alpha * l + P.sum(dim=-1), l)
         P8 = P.clamp(max=448.0).to(E4M3).float()
         factor = alpha if prev_vd is None else alpha * (prev_vd / vd[:, :, n]).unsqueeze(-1)  # exact ratio

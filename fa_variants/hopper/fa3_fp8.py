@@ -61,8 +61,7 @@ scales (one descale per 128 query rows and per ``tile_n`` keys, ``fa_variants.fp
   O = fma(v_descale, tmp, O') with O' = round(alpha O) on a thread whose alphas moved, O where none did. With
   power-of-two descales (every quantiser's) v_descale tmp is exact: tiles where no max moved give bitwise the
   old O, the others one more fp32 rounding (of alpha O), the emulation's own order (``fp8.emulation``).
-  ``exp2_emu`` (``common.exp2_poly``) computes some of P's exponentials with FMAs instead of MUFU.EX2 (head_dim
-  64 is bound by the MUFU and the issue slots); the emulation models it. There is no second P buffer (to run the
+  There is no second P buffer (to run the
   P V GEMM under the softmax with intra-warpgroup overlap): tried, wrong (NaN) and slower on the H200 (bench/NOTES.md).
   A promotion interval (``promote_every``) needs a temporary for the whole of d that lives across the S GEMM and
   the softmax: at head_dim 256 (O 128 + temporary 128 registers per thread) it cannot fit, at 128 with 256-key
@@ -723,7 +722,7 @@ class FlashAttention3Fp8Sm90(FlashAttention3Sm90):
 
     def _make_softmax(self, num_rows: int, scale_log2: Float32):
         return OnlineSoftmax(num_rows, scale_log2, chains=self.cfg.reduce_chains, skip_unit_rescale=self.cfg.skip_unit_rescale,
-                             tile_scales=True, p_shift=P_SHIFT, exp2_emu=self.cfg.exp2_emu)
+                             tile_scales=True, p_shift=P_SHIFT)
 
     def _step_context(self, args: tuple, extras: tuple, m_block: Int32, head: Int32, batch: Int32):
         mQd, mKd, mVd = extras
