@@ -11,9 +11,6 @@ launch, ``V3_FUSED_MEAN``; "v3ss": v3s with Q's / K's e4m3 stored through shared
 "v3sfs": v3s with the fused mean for a sampled mean only (``V3_FUSED_SAMPLED_MEAN``); "def": the current default
 (staged mean on, staged store at head_dim 64 only, the rest off); "deff": def with the fused mean counted per K block
 (``V3_FUSED_MEAN``); "defl": def with the fused mean counted after each CTA's loop (``V3_FUSED_MEAN_LATE``);
-"defo": def with K read once from DRAM (``V3_K_ONCE``: K's own launch sums and
-then quantises each block, V's launch does not read K; 2 stages in K's launch, ``V3_K_ONCE_STAGES``); "defo3": defo with
-3 stages (a block's two reads ~1.5x further apart);
 "defm": def with Q's / K's Hadamard at head_dim 256 on the tensor cores (``V3_MMA_FWHT``; its Q / K and their descales
 checked near the recipe's, ``near_e4m3``, not bit for bit);
 ``quant_host``) and recipe (default:
@@ -69,11 +66,10 @@ def moved_bytes(q, k, fp8, smooth: bool) -> int:
     return must
 
 
-def mean_ok(got, k, block_n: int, blocks: int | None = None, once: bool = False) -> bool:
+def mean_ok(got, k, block_n: int, blocks: int | None = None) -> bool:
     """The v2 / v3 mean within float32 summation's bound of the float64 mean (the test's bound; see its
-    docstring) of the tokens it is taken over (``quantize.k_sample_tiles``: all of them unless ``blocks``); once
-    (``V3_K_ONCE``): at that mean's depth (``quant_kernel.once_sum_depth``) if larger."""
-    from fa_variants.fp8.quant_kernel import k_parts_per_block, once_sum_depth
+    docstring) of the tokens it is taken over (``quantize.k_sample_tiles``: all of them unless ``blocks``)."""
+    from fa_variants.fp8.quant_kernel import k_parts_per_block
     from fa_variants.fp8.quantize import k_sample_tiles
 
     tiles = k_sample_tiles(k.shape[1], block_n, blocks)
@@ -84,7 +80,7 @@ def mean_ok(got, k, block_n: int, blocks: int | None = None, once: bool = False)
         k = k[:, idx.to(k.device)]
     Nk = k.shape[1]
     parts = -(-Nk // block_n) * k_parts_per_block(block_n)
-    depth = max(parts + 10, once_sum_depth(k.shape[-1], block_n, -(-Nk // block_n)) if once else 0)
+    depth = parts + 10
     kd = k.double()
     bound = depth * 2.0 ** -24 * 1.01 * kd.abs().mean(dim=1)
     return bool(((got.double() - kd.mean(dim=1)).abs() <= bound).all())
@@ -129,15 +125,14 @@ def matches(gpu, ref, near: bool = False) -> str:
     return "ok" if not bad else "DIFF " + ",".join(bad)
 
 
-def pass_bytes(q, k, v, out, extra: int, once: bool = False) -> list[int]:
+def pass_bytes(q, k, v, out, extra: int) -> list[int]:
     """Bytes each launch of the pass moves, in launch order [V's (+ K's second read: ``extra``), K's, Q's]: its 16-bit
-    input read, its e4m3 output (v_t with its padding) and float32 descales written (Q: + the LSE shift). once
-    (``V3_K_ONCE``): K's second read in K's launch (from L2 where the order keeps it there), not V's."""
+    input read, its e4m3 output (v_t with its padding) and float32 descales written (Q: + the LSE shift)."""
     def nbytes(t):
         return 0 if t is None else t.numel() * t.element_size()
 
-    return [nbytes(v) + (0 if once else extra) + nbytes(out.v_t) + nbytes(out.v_descale),
-            nbytes(k) + (extra if once else 0) + nbytes(out.k) + nbytes(out.k_descale),
+    return [nbytes(v) + extra + nbytes(out.v_t) + nbytes(out.v_descale),
+            nbytes(k) + nbytes(out.k) + nbytes(out.k_descale),
             nbytes(q) + nbytes(out.q) + nbytes(out.q_descale) + nbytes(out.lse_shift)]
 
 
@@ -149,9 +144,7 @@ def pass_shares(row: dict, copy_tbs: float) -> str:
     passes = [float(t) for n, t in parts if n == "pass"]
     if len(passes) != 3 or "pass_bytes" not in row:
         return ""
-    once = row.get("once", False)
-    names = ("V+Ksum" if row.get("extra_bytes_read") and not once else "V",
-             "K+sum" if row.get("extra_bytes_read") and once else "K", "Q")
+    names = ("V+Ksum" if row.get("extra_bytes_read") else "V", "K", "Q")
     text = [f"{n} {us:.1f} us {100 * b / (us * 1e-6) / 1e12 / copy_tbs:.0f}%"
             for n, us, b in zip(names, passes, row["pass_bytes"])]
     text += [f"{n} {float(t):.1f} us" for n, t in parts if n != "pass"]
@@ -235,11 +228,9 @@ PIPES = {"v1": ("v1", {}), "v2": ("v2", {}), "v3": ("v3", {"V3_STAGED_MEAN": Fal
          "v3sfs": ("v3", {**_V3S, "V3_FUSED_SAMPLED_MEAN": True})}
 # session 8: the current default as it is (the staged store's auto rule included) and the two fused means beside it
 _DEF = {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": None, "V3_FUSED_SAMPLED_MEAN": False,
-        "V3_FUSED_MEAN": False, "V3_FUSED_MEAN_LATE": False, "V3_K_ONCE": False}
+        "V3_FUSED_MEAN": False, "V3_FUSED_MEAN_LATE": False}
 PIPES.update({"def": ("v3", _DEF), "deff": ("v3", {**_DEF, "V3_FUSED_MEAN": True}),
-              "defl": ("v3", {**_DEF, "V3_FUSED_MEAN_LATE": True}),
-              "defo": ("v3", {**_DEF, "V3_K_ONCE": True, "V3_K_ONCE_STAGES": 2}),
-              "defo3": ("v3", {**_DEF, "V3_K_ONCE": True, "V3_K_ONCE_STAGES": 3})})
+              "defl": ("v3", {**_DEF, "V3_FUSED_MEAN_LATE": True})})
 # session 9: Q's / K's Hadamard at head_dim 256 on the tensor cores (``V3_MMA_FWHT``; e4m3 within one step of the recipe)
 PIPES["defm"] = ("v3", {**_DEF, "V3_MMA_FWHT": True})  # "def" leaves it as imported: off
 
@@ -342,8 +333,7 @@ def main() -> int:
             given = out.k_mean if quant_host.own_mean(base) and cfg.smooth_k else None
             match = matches(out, quantize_fp8_torch(q, k, v, config=cfg, k_mean=given),
                             near=bool(PIPES[pipe][1].get("V3_MMA_FWHT")))
-            once = bool(PIPES[pipe][1].get("V3_K_ONCE"))
-            if given is not None and not mean_ok(given, k, out.block_n, cfg.smooth_k_blocks, once):
+            if given is not None and not mean_ok(given, k, out.block_n, cfg.smooth_k_blocks):
                 match = "DIFF k_mean" if match == "ok" else match + ",k_mean"
             ms = statistics.median(t for t, _ in times[pipe, recipe])
             queued = all(qd for _, qd in times[pipe, recipe])
@@ -358,7 +348,7 @@ def main() -> int:
             rows.append({"shape": name, "dims": [B, Nq, Nk, H, Hkv, D], "pipeline": pipe, "recipe": recipe,
                          "gpu_ms": ms, "eager_ms": eager, "bytes": moved, "extra_bytes_read": extra,
                          "tb_s": tbs, "of_copy": frac, "queued": queued, "match": match,
-                         "kernels": breakdown, "pass_bytes": pass_bytes(q, k, v, out, extra, once), "once": once})
+                         "kernels": breakdown, "pass_bytes": pass_bytes(q, k, v, out, extra)})
             print(f"{name:<11} {pipe:<4} {recipe:<9} {ms:7.4f} {eager:8.4f} {moved / 1e9:6.3f} {tbs:5.2f} "
                   f"{100 * frac:5.1f}% {extra / 1e9:5.3f}  {'yes' if queued else 'NO (host-bound)'}  {match}",
                   flush=True)

@@ -14,11 +14,11 @@
 #    (fp8/quantize.py ZERO_BLOCK_DESCALE; the floor 2^-110 before overflowed O / v_descale): the GPU pass against the
 #    torch recipe bit for bit on zero and subnormal blocks (pipeline v3, D 64 / 128: descale 1 and 2^-110), and the
 #    fp8two fused kernel on V blocks spanning 2^-8..2^8 with a zero block (descale 1) and a tiny one (2^-110).
-# 2. then scripts/NAME_gpu.sh for each NAME given (default: quant10), in order, each with the time
+# 2. then scripts/NAME_gpu.sh for each NAME given (default: none), in order, each with the time
 #    left of CALL_BUDGET seconds (default 560) and skipped when fewer than 100 s are left; their logs under
 #    $OUT/pending9/NAME/, their output in $OUT/pending9/NAME.out. Each script's header has its pass and flip rules.
 #    Plan for the next session's calls (30 min of device time; each call starts a cold machine, ~40-60 s more):
-#      A. scripts/pending9_gpu.sh                      (defaults + zeroblocks + quant10, ~450 s)
+#      A. scripts/pending9_gpu.sh                      (defaults + zeroblocks, ~300 s)
 #      B. scripts/pending9_gpu.sh --no-defaults fp8two2 fp8d128b   (~480 s)
 #      C. the whole GPU suite: `python3 -m pytest -q -n 14 -m "gpu and not slow"` (~500 s)
 #      D. what is left: scripts/pending9_gpu.sh --no-defaults hadacore, and
@@ -29,7 +29,7 @@
 set -uo pipefail
 source "$(dirname "$0")/steps.sh"; help_from_header "$@"
 defaults=1; [[ "${1:-}" == "--no-defaults" ]] && { defaults=0; shift; }
-names=("$@"); [[ ${#names[@]} -gt 0 ]] || names=(quant10)
+names=("$@")
 for n in "${names[@]}"; do
   [[ -f "$(dirname "$0")/${n}_gpu.sh" ]] || { echo "pending9: no scripts/${n}_gpu.sh" >&2; exit 2; }
 done

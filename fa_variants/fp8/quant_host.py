@@ -10,7 +10,7 @@ import torch
 from fa_variants.common import env as _env
 from fa_variants.common import interop, workspace
 from fa_variants.fp8 import layout
-from fa_variants.fp8.quant_kernel import (DTYPES, HEAD_DIMS, MAX_BLOCK, ONCE_BITS, SMEM_PER_CTA, VARIANT, PassConfig,
+from fa_variants.fp8.quant_kernel import (DTYPES, HEAD_DIMS, MAX_BLOCK, SMEM_PER_CTA, VARIANT, PassConfig,
                                           static_config)
 from fa_variants.fp8.quant_maps import k_parts_per_block, mma_mean_offset
 from fa_variants.fp8.quantize import (E4M3, FP8Config, FP8Inputs, HadamardRotation, _check, k_mean, k_sample_count,
@@ -75,15 +75,6 @@ V3_STAGED_STORE: bool | None = _env.auto_flag("FA_VARIANTS_FP8_QUANT_STAGED_STOR
 #: tests only: at most this many CTAs per launch (None: the persistent grid), so that small inputs give a CTA many
 #: work items (``late_count``'s rounds: more K blocks per CTA than threads; several heads finished by one CTA)
 GRID_CAP: int | None = None
-#: v3 with the exact K mean: K read once from DRAM (``PassConfig.k_once``): V's launch no longer sums K; K's own launch
-#: walks K's blocks twice in one order (``quant_maps.once_item``): a block's per-channel sums (one partial per block,
-#: its mean finished by the CTA that counts the head's last block), then, ``once_lag`` items later (~2 heads + 2 x the
-#: grid's blocks in flight: ``once_window`` bytes, from L2 while that is below its 50 MB), its quantisation after a
-#: poll of the head's counter (``QuantPass.once_poll``). Another summation order of the mean than the default's
-#: torch sum (stated in ``once_sums``): outputs equal the torch recipe given the pass's mean, not the default's bits.
-#: Needs every CTA of the persistent grid resident (a quantised block may wait for another CTA's sums). Off until
-#: measured (scripts/quant10_gpu.sh); FA_VARIANTS_FP8_QUANT_K_ONCE=1 (read at import) turns it on
-V3_K_ONCE = _env.flag("FA_VARIANTS_FP8_QUANT_K_ONCE", False)
 #: v3: Q's / K's Hadamard at head_dim 256 on the tensor cores (``PassConfig.mma_fwht``, ``quant_maps.mma_channel``):
 #: H_256 = H_16 (x) H_16; the transform over a token's low 4 channel bits (the FWHT's h = 1 .. 8) as mma.sync m16n8k16
 #: with H_16 as the B operand (16 per warp and block, fp32 accumulate), the one over the high 4 bits (h = 16 .. 128) in
@@ -95,10 +86,6 @@ V3_K_ONCE = _env.flag("FA_VARIANTS_FP8_QUANT_K_ONCE", False)
 #: K's bytes differ, by one step; tests/test_fp8_quant_kernel.py). Off until measured (scripts/hadacore_gpu.sh);
 #: FA_VARIANTS_FP8_QUANT_MMA_FWHT=1 (read at import) turns it on
 V3_MMA_FWHT = _env.flag("FA_VARIANTS_FP8_QUANT_MMA_FWHT", False)
-#: ``V3_K_ONCE``'s stages for K's launch: the lag grows with (stages - 1) x grid blocks (the mean is cp.async'd that far
-#: ahead), so 2 keeps a block's two reads ~22 / 32 / 43 MB apart at head_dim 64 / 128 / 256 (bandwidth shapes; 3 stages:
-#: 38 / 54 / 64 MB, past L2's 50 MB), at one block of loads in flight per CTA instead of two
-V3_K_ONCE_STAGES = 2
 
 
 def staged_store_for(head_dim: int) -> bool:
@@ -199,7 +186,7 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
                     head_major: bool = False, k_count: torch.Tensor | None = None,
                     k_mean_out: torch.Tensor | None = None, staged_mean: bool = False,
                     k_sample_tokens: int | None = None, staged_store: bool = False,
-                    late_count: bool = False, k_once: bool = False,
+                    late_count: bool = False,
                     mma_fwht: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """One tensor through the pass: (e4m3 data (like x, or v_t for role "v"), descale (B, H, T) float32).
 
@@ -220,11 +207,8 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
     (``PassConfig.k_sample``; m * cdiv(N, block) < 2^31). staged_store (role "qk", with coalesced): the e4m3 bytes
     stored through the stage just read (``PassConfig.staged_store``; not in mode "amax"). late_count (with k_count):
     the fused mean's K blocks counted after each CTA's loop
-    (``PassConfig.late_count``; the same mean bit for bit). k_once (role "qk", with mean, k_parts
-    (B, H, T, D) float32 scratch, k_count (B * H,) int32 zeros, coalesced, staged_mean): K's mean summed in this launch
-    and written into ``mean`` before its blocks are quantised (``PassConfig.k_once``; the caller zeroes ``mean`` when
-    B * N * H = 0; T < 2^(31 - ONCE_BITS)). mma_fwht (role "qk", rotate, coalesced, head_dim 256, not with
-    k_once or the staged store; ignored otherwise): the Hadamard's low 4 channel bits on mma.sync
+    (``PassConfig.late_count``; the same mean bit for bit). mma_fwht (role "qk", rotate, coalesced, head_dim 256, not
+    with the staged store; ignored otherwise): the Hadamard's low 4 channel bits on mma.sync
     (``PassConfig.mma_fwht``; a smoothed K's mean staged as ``quant_maps.mma_mean_offset``; the recipe up to the
     float32 addition order, not bit for bit)."""
     B, N, H, D = x.shape
@@ -254,12 +238,6 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
         mean_t = k_mean_out
     if k_of is not None:  # the kernel's scale argument: float32(1 / tokens summed) for K's partial sums
         shift_scale = 1.0 / (N if k_sample_tokens is None else k_sample_tokens)
-    if k_once:
-        if not (role == "qk" and mean is not None and k_parts is not None and k_count is not None and coalesced
-                and staged_mean and T_blocks < 2 ** (31 - ONCE_BITS)):
-            raise ValueError("k_once: needs role 'qk', mean, k_parts, k_count, coalesced stages, staged_mean and "
-                             f"fewer than 2^{31 - ONCE_BITS} blocks per head")
-        parts_t, count_t, shift_scale = k_parts, k_count, 1.0 / N
     total = B * H * T_blocks
     k_items = total if k_sample_tokens is None else B * H * (k_parts.shape[2] // k_parts_per_block(block))
 
@@ -273,15 +251,13 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
                          k_sample=kmean and k_sample_tokens is not None,
                          staged_store=staged_store and coalesced and role == "qk" and mode != "amax"
                          and block % 32 == 0, late_count=late_count and fused and kmean,
-                         k_once=k_once,
                          mma_fwht=mma_fwht and role == "qk" and rotate and coalesced and D == 256
-                         and not (k_once or (staged_store and mode != "amax" and block % 32 == 0)))
+                         and not (staged_store and mode != "amax" and block % 32 == 0))
         fn, ctas = _pass(dev, x.dtype, D, cfg)
         # a smoothed K's mean enters mma_fwht as the accumulator start (-(m s) H_16 per row, ``mma_mean_offset``)
         mean_k = mma_mean_offset(mean_t, signs) if cfg.mma_fwht and smooth else mean_t
-        # k_once: a grid no larger than what is resident (``_pass``: SMs x CTAs per SM), or it may deadlock
         fn(x, y, descale, signs, mean_k, shift_t, k_t, parts_t, count_t, shift_scale,
-           min(ctas, total + (k_items if kmean else total if k_once else 0), GRID_CAP or ctas))
+           min(ctas, total + (k_items if kmean else 0), GRID_CAP or ctas))
 
     with torch.cuda.device(dev):
         if granularity == "block":
@@ -349,15 +325,11 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Co
         q, k, v = interop.aligned(q), interop.aligned(k), interop.aligned(v)
     mean = mean_eff = shift = None
     v_t = None
-    k_once_args = {}
-    once = False
     if config.smooth_k:
         B, Nk, Hkv, _ = k.shape
         n_tiles = -(-Nk // tile_n)
         tiles = k_sample_tiles(Nk, tile_n, config.smooth_k_blocks)
         sampled = len(tiles) < n_tiles  # the mean over some of K's tiles (FP8Config.smooth_k_blocks)
-        once = (V3_K_ONCE and pipe == "v3" and not sampled and V3_COALESCED and V3_STAGED_MEAN
-                and n_tiles < 2 ** (31 - ONCE_BITS) and stages_for(dev, D, tile_n, V3_K_ONCE_STAGES) >= 2)
         # v2 / v3 sum K's mean in V's launch, but for a sample too large for the kernel's int32 tile arithmetic
         own = staged and not (sampled and len(tiles) * n_tiles >= 2**31)
         if own and sampled:  # V's launch also sums K's sample tiles (m / T of one read of K)
@@ -376,12 +348,6 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Co
                 v_t, vd = quantize_tensor(v, role="v", block=tile_n, signs=None, mean=None, rotate=False, k_of=k,
                                           k_parts=parts, **common, **sample)
                 mean = k_mean_from_parts(parts, Nk)
-        elif own and once:  # K's launch sums its blocks and quantises them once_lag items later: no K read in V's
-            parts, counters = _fused_scratch(dev, B, Hkv, n_tiles, D)
-            mean = torch.empty(B, Hkv, D, dtype=torch.float32, device=dev)
-            if Nk == 0 or B * Hkv == 0:
-                mean.zero_()
-            k_once_args = dict(k_parts=parts, k_count=counters, k_once=True)
         elif own:  # V's launch also sums K per block; K's launch then reads K last block first (L2)
             P = n_tiles * k_parts_per_block(tile_n)
             if pipe == "v3" and (V3_FUSED_MEAN or V3_FUSED_MEAN_LATE):  # the mean finished in V's launch (workspace)
@@ -399,19 +365,12 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Co
                 mean = k_mean_from_parts(parts, Nk)
         else:  # subtracted from K before its signs (-s for a negative scale)
             mean = k_mean(k, config.smooth_k_blocks, tile_n)
-        # the mean of the K the kernel sees, unrotated (-mean for a negative scale); k_once's mean exists only once K's
-        # launch below has run, so its negation is queued after that launch (taken here, it negated torch.empty's
-        # leftover bytes)
-        mean_eff = -mean if scale < 0 and not once else mean
+        mean_eff = -mean if scale < 0 else mean  # the mean of the K the kernel sees, unrotated (-mean for a negative scale)
         shift = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32, device=dev)
     if v_t is None:
         v_t, vd = quantize_tensor(v, role="v", block=tile_n, signs=None, mean=None, rotate=False, **common)
-    k_common = dict(qk_common, stages=V3_K_ONCE_STAGES) if once else qk_common
     k8, kd = quantize_tensor(k, role="qk", block=tile_n, signs=k_signs, mean=mean, rotate=config.rotate,
-                             reverse=staged and V2_REVERSE and config.smooth_k and not once, pdl=pdl, **k_once_args,
-                             **k_common)
-    if once and scale < 0:  # k_once: K's launch just queued writes the mean; its negation queued after it
-        mean_eff = -mean
+                             reverse=staged and V2_REVERSE and config.smooth_k, pdl=pdl, **qk_common)
     q8, qd = quantize_tensor(q, role="qk", block=tile_m, signs=signs, mean=None, rotate=config.rotate, shift=shift,
                              shift_mean=mean_eff, shift_scale=abs(scale), pdl=pdl, **qk_common)
     if shift is not None and q.shape[0] * q.shape[1] * q.shape[2] == 0:

@@ -118,14 +118,6 @@ computed (its outputs equal v2's bit for bit):
   after each CTA's loop: one release fence per CTA, then its K blocks' atomics (its threads at once) and the means of
   the heads it completes (``count_late``), instead of a fence, two barriers and an atomic per K block; the mean is
   the fused mean's bit for bit (same partials, same order). For the exact mean too: no torch sum of the partials.
-* K read once (``V3_K_ONCE``, off until measured; ``PassConfig.k_once``, exact mean only): V's launch does not read K;
-  K's launch walks 2 x its blocks (``quant_maps.once_item``): a block's per-channel sums (``QuantPass.once_sums``: one
-  partial per block; the CTA that counts a head's last block writes its mean, ``mean_of``, and marks the head's counter
-  ready), and ``once_lag`` items later the block quantised as the default K pass does, its mean cp.async'd with its
-  stage after thread 0 saw the counter ready (``once_poll`` one item ahead, ``once_wait``). The lag puts a block's two
-  reads ~22-43 MB apart (2 stages, ``V3_K_ONCE_STAGES``): the second from L2. Every CTA must be resident (a quantised
-  block may wait for other CTAs' sums; the order makes the lowest unfinished item never wait). Another summation order
-  of the mean than the default's torch sum: outputs equal the torch recipe given the pass's mean.
 * Staged mean (``V3_STAGED_MEAN``, on since session 6; ``PassConfig.staged_mean``): the smoothed K pass and Q's
   shift pass get K's mean with each block's stage (a 16-byte cp.async by D / 4 threads into a mean buffer per stage,
   committed with the block's loads; the prologue's blocks by plain loads after the PDL wait) instead of a global
@@ -173,8 +165,7 @@ from fa_variants.common.softmax import bits_f32, f32_bits
 from fa_variants.fp8.quant_maps import (SLOTS, VEC, k_parts_per_block, k_sample_item, k_sample_slot, k_sum_group,
                                         late_first, late_item, piece_swizzle, stage_load, stage_piece, store_map,
                                         store_pitch, store_swizzle, store_unit, thread_chunk, thread_token,
-                                        once_item, once_lag, once_total, mma_b_entry, mma_channel, mma_row_value,
-                                        mma_swizzle, mma_offset_index)
+                                        mma_b_entry, mma_channel, mma_row_value, mma_swizzle, mma_offset_index)
 from fa_variants.fp8.quantize import MIN_DESCALE_EXPONENT
 
 __all__ = ["HEAD_DIMS", "DTYPES", "PassConfig", "QuantPass", "VARIANT", "static_config", "piece_swizzle",
@@ -191,9 +182,6 @@ SMEM_PER_CTA = 227 * 1024  # sm_90's opt-in maximum per CTA (sm_89: 99 KB; the h
 SMEM_PER_SM = 228 * 1024 - 2048  # what resident CTAs may share (1 KB reserved per CTA by the driver)
 #: ``late_count``'s mean: partial sums loaded per batch (independent loads in flight per thread; the adds keep their order)
 MEAN_LOADS = 32
-#: ``k_once``'s counter per (batch, kv-head): sums count 1 each in its low ONCE_BITS bits (+ 1 when the mean is
-#: written: ready at n_tiles + 1), quantised blocks 2^ONCE_BITS each: n_tiles < 2^(31 - ONCE_BITS) (else the default)
-ONCE_BITS = 16
 
 
 @dsl_user_op
@@ -201,11 +189,6 @@ def _fma(a: Float32, b: Float32, c: Float32, *, loc=None, ip=None) -> Float32:
     """a * b + c with one rounding (fma.rn.f32)."""
     return Float32(mlir_math.fma(a.ir_value(loc=loc, ip=ip), b.ir_value(loc=loc, ip=ip), c.ir_value(loc=loc, ip=ip),
                                  loc=loc, ip=ip))
-
-
-def _select_i32(cond, a, b) -> Int32:
-    """``quant_maps``' select on the kernel's values: cond ? a : b as Int32."""
-    return Int32(cutlass.select_(cond, Int32(a), Int32(b)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,7 +221,6 @@ class PassConfig:
     k_sample: bool = False
     staged_store: bool = False
     late_count: bool = False
-    k_once: bool = False
     mma_fwht: bool = False
 
     def check(self, head_dim: int) -> None:
@@ -246,10 +228,6 @@ class PassConfig:
         if (self.role not in ("qk", "v") or self.mode not in MODES or self.rows < 16 or self.rows % 16
                 or not 1 <= self.stages <= MAX_STAGES or (self.coalesced and self.stages < 2)):
             raise ValueError(f"fp8-quant: bad pass config {self}")
-        if self.k_once and not (self.role == "qk" and self.smooth and self.coalesced and self.staged_mean
-                                and self.mode == "block" and not (self.reverse or self.kmean)):
-            raise ValueError("fp8-quant: k_once sums and quantises a smoothed K in one launch (role 'qk', smooth, "
-                             "coalesced, staged_mean, mode 'block'; not reverse or kmean)")
         if self.kmean and (self.role != "v" or self.mode == "given"):
             raise ValueError("fp8-quant: K's partial sums ride on V's pass (role 'v', mode 'block' or 'amax')")
         if self.fused_mean and not self.kmean:
@@ -266,11 +244,10 @@ class PassConfig:
             raise ValueError("fp8-quant: the staged store writes Q's / K's e4m3 through a coalesced stage (role 'qk', "
                              "coalesced, mode 'block' or 'given', rows a multiple of 32)")
         if self.mma_fwht and not (self.role == "qk" and self.rotate and self.coalesced and head_dim == 256
-                                  and not (self.staged_store or self.k_once)):
+                                  and not self.staged_store):
             raise ValueError("fp8-quant: mma_fwht runs the rotated Q / K Hadamard of a coalesced pass on the tensor "
-                             f"cores (role 'qk', rotate, coalesced, head_dim 256, no staged_store / "
-                             f"k_once: their maps assume 16-channel chunks; "
-                             f"got head_dim {head_dim})")
+                             f"cores (role 'qk', rotate, coalesced, head_dim 256, no staged_store: its maps assume "
+                             f"16-channel chunks; got head_dim {head_dim})")
         if self.role == "v" and (self.rotate or self.smooth or self.shift):
             raise ValueError("fp8-quant: V is neither rotated nor smoothed")
         if self.shift and self.smooth:
@@ -288,14 +265,7 @@ class PassConfig:
         """Shared memory of one CTA (bytes, an upper bound): the stages of 16-bit input, signs, mean, maxima."""
         fused = 4 * (self.rows * head_dim // (VEC * SLOTS)) + 16 if self.fused_mean else 0  # group sums, ticket
         fused += 4 * (self.rows * head_dim // (VEC * SLOTS)) if self.late_count else 0  # late_count's done slots
-        fused += 4 * self.once_sums_len(head_dim) + 16 if self.k_once else 0  # the warps' sums, ticket
         return 2 * self.stages * self.rows * head_dim + 4 * ((1 + self.mean_buffers) * head_dim + 64) + 512 + fused
-
-    def once_sums_len(self, head_dim: int) -> int:
-        """``k_once``: float32 slots of the group-sum buffer (the warps' per-channel sums of a block, and
-        ``mean_of``'s group sums): max(threads, warps x head_dim)."""
-        threads = self.rows * head_dim // (VEC * SLOTS)
-        return max(threads, threads // 32 * head_dim)
 
     @property
     def mean_buffers(self) -> int:
@@ -326,7 +296,7 @@ class QuantPass:
         # a register cap of 128 per thread (64 values + 32 registers of prefetched 16-bit input + addresses),
         # stated to ptxas as CTAs per SM: 512 resident threads, so the host's persistent grid fills the GPU
         self.min_blocks = cfg.min_blocks(head_dim)
-        self.sums_len = (cfg.once_sums_len(head_dim) if cfg.k_once else self.num_threads if cfg.fused_mean else 4)
+        self.sums_len = self.num_threads if cfg.fused_mean else 4
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mY: cute.Tensor, mDescale: cute.Tensor, mSigns: cute.Tensor,
@@ -365,19 +335,6 @@ class QuantPass:
         """(batch, head, tile, is_k) of work item blk: items 0 .. n_blocks - 1 are the tensor's blocks (tile
         fastest, or head fastest with ``head_major``; last to first with ``reverse``), then (``kmean``) the same
         blocks of K for its partial sums."""
-        if const_expr(self.cfg.k_once):  # n_sample carries the lag (``once_lag``); is_k the kind (``once_item``)
-            block, is_k = once_item(blk, n_blocks, n_sample, _select_i32)
-            tile = block % n_tiles
-            bh = block // n_tiles
-            batch = bh // heads
-            head = bh % heads
-        else:
-            batch, head, tile, is_k = self.decode_blocks(blk, heads, n_tiles, n_blocks, n_sample)
-        return batch, head, tile, is_k
-
-    @cute.jit
-    def decode_blocks(self, blk: Int32, heads: Int32, n_tiles: Int32, n_blocks: Int32, n_sample: Int32):
-        """``decode`` without ``k_once``."""
         is_k = blk >= n_blocks
         blk_k = blk
         if const_expr(self.cfg.kmean):
@@ -406,13 +363,13 @@ class QuantPass:
                scale: Float32, SharedStorage: cutlass.Constexpr):
         """The persistent loop (module docstring): the CTA walks its work items cta, cta + grid, ... (``decode``);
         each item's 16-bit values land in a stage ``ahead`` items before its turn (``prologue``, ``load_item``);
-        it is then transformed by its role and quantised and stored, or summed (``transform_item``,
-        ``once_item``); ``late_count`` counts the CTA's K blocks after its loop."""
+        it is then transformed by its role and quantised and stored, or summed (``transform_item``);
+        ``late_count`` counts the CTA's K blocks after its loop."""
         S = self.cfg.stages
         tidx, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
         grid, _, _ = cute.arch.grid_dim()
-        heads, n_tiles, n_blocks, n_sample, total = self.work_items(mX, mDescale, mPart, grid)
+        heads, n_tiles, n_blocks, n_sample, total = self.work_items(mX, mDescale, mPart)
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         red, sSigns, sMean, sStage, sRaw = self.shared_tensors(storage, mSigns, tidx)
         g2s = cute.make_copy_atom(cute.nvgpu.cpasync.CopyG2SOp(cache_mode=cute.nvgpu.cpasync.LoadCacheMode.GLOBAL),
@@ -424,8 +381,8 @@ class QuantPass:
         # the loads of the CTA's first `ahead` work items; coalesced: S - 1 ahead (the stage to refill was read by
         # other threads: refilled after the next barrier)
         ahead = S - 1 if const_expr(self.cfg.coalesced) else S
-        self.prologue(sStage, sRaw, sMean, mX, mK, mMean, mCount, storage, cta, grid, ahead, heads, n_tiles, n_blocks,
-                      n_sample, total, tidx, g2s)
+        self.prologue(sStage, sRaw, sMean, mX, mK, mMean, cta, grid, ahead, heads, n_tiles, n_blocks, n_sample, total,
+                      tidx, g2s)
         hb0, hb1 = None, None
         if const_expr(self.cfg.mma_fwht):  # H_16 as the mma's B operand, per lane (``mma_hadamard_b``)
             hb0, hb1 = self.mma_hadamard_b(tidx)
@@ -434,30 +391,24 @@ class QuantPass:
             stage = step % S
             parity = step % 2
             batch, head, tile, is_k = self.decode(blk, heads, n_tiles, n_blocks, n_sample)
-            self.load_item(x, raw, sStage, sRaw, sMean, mX, mK, mMean, mCount, storage, blk, step, stage, tile, ahead,
-                           grid, heads, n_tiles, n_blocks, n_sample, total, tidx, g2s, s2r)
+            self.load_item(x, raw, sStage, sRaw, sMean, mX, mK, mMean, blk, step, stage, tile, ahead, grid, heads,
+                           n_tiles, n_blocks, n_sample, total, tidx, g2s, s2r)
             mean_buf = stage if const_expr(self.cfg.staged_mean) else parity
             if const_expr((self.cfg.smooth or self.cfg.shift) and not self.cfg.staged_mean):
                 self.block_mean(sMean, mMean, batch, head, heads, parity, tidx)
-            if const_expr(self.cfg.k_once):
-                self.once_item(x, raw, mX, mY, mDescale, mPart, mMean, mCount, storage, red, sSigns, sMean, sStage,
-                               scale, batch, head, tile, is_k, heads, n_tiles, stage, parity, mean_buf, tidx, hb0,
-                               hb1)
-            else:
-                self.transform_item(x, raw, mX, mY, mDescale, mShift, mPart, mMean, mCount, storage, red, sSigns,
-                                    sMean, sStage, scale, batch, head, tile, is_k, heads, n_tiles, n_sample, stage,
-                                    parity, mean_buf, tidx, hb0, hb1)
+            self.transform_item(x, raw, mX, mY, mDescale, mShift, mPart, mMean, mCount, storage, red, sSigns, sMean,
+                                sStage, scale, batch, head, tile, is_k, heads, n_tiles, n_sample, stage, parity,
+                                mean_buf, tidx, hb0, hb1)
             step = step + 1
         if const_expr(self.cfg.late_count):  # the CTA's K blocks counted once, after its loop
             n_count = n_sample if const_expr(self.cfg.k_sample) else n_tiles
             self.count_late(mPart, mMean, mCount, storage, heads, n_tiles, n_blocks, n_sample, total, n_count, tidx)
 
     @cute.jit
-    def work_items(self, mX: cute.Tensor, mDescale: cute.Tensor, mPart: cute.Tensor, grid: Int32):
+    def work_items(self, mX: cute.Tensor, mDescale: cute.Tensor, mPart: cute.Tensor):
         """(heads, n_tiles, n_blocks, n_sample, total): the launch's blocks n_blocks = B x H x n_tiles and its work
         items total (``decode``): the blocks; with ``kmean`` also K's blocks (``k_sample``: n_sample tiles of each
-        (batch, head), from mPart's shape); ``k_once``: each block summed, then quantised n_sample = ``once_lag``
-        items later."""
+        (batch, head), from mPart's shape)."""
         heads, n_tiles = mX.shape[2], mDescale.shape[2]
         n_blocks = mX.shape[0] * heads * n_tiles
         total = 2 * n_blocks if const_expr(self.cfg.kmean) else n_blocks
@@ -465,9 +416,6 @@ class QuantPass:
         if const_expr(self.cfg.k_sample):  # K's items: n_sample tiles of each (batch, head), from mPart's shape
             n_sample = mPart.shape[2] // self.parts_per_block()
             total = n_blocks + mX.shape[0] * heads * n_sample
-        if const_expr(self.cfg.k_once):  # K's blocks summed, then quantised once_lag items later (``decode``)
-            n_sample = once_lag(n_tiles, grid, self.cfg.stages)
-            total = once_total(n_blocks, n_sample, _select_i32)
         return heads, n_tiles, n_blocks, n_sample, total
 
     @cute.jit
@@ -501,21 +449,18 @@ class QuantPass:
 
     @cute.jit
     def prologue(self, sStage: cute.Tensor, sRaw: cute.Tensor, sMean: cute.Tensor, mX: cute.Tensor, mK: cute.Tensor,
-                 mMean: cute.Tensor, mCount: cute.Tensor, storage, cta: Int32, grid: Int32, ahead: int, heads: Int32,
-                 n_tiles: Int32, n_blocks: Int32, n_sample: Int32, total: Int32, tidx: Int32, g2s: cute.CopyAtom):
+                 mMean: cute.Tensor, cta: Int32, grid: Int32, ahead: int, heads: Int32, n_tiles: Int32,
+                 n_blocks: Int32, n_sample: Int32, total: Int32, tidx: Int32, g2s: cute.CopyAtom):
         """Before the loop: (pdl) let the next grid launch; the loads of the CTA's first ``ahead`` work items, one
         commit group each (empty past the end); (pdl) wait for the previous grid; then the reads of its output:
-        ``k_once``'s first poll, or (``staged_mean``) K's mean of those items into their stages' mean buffers."""
+        (``staged_mean``) K's mean of those items into their stages' mean buffers."""
         D = self.head_dim
         if const_expr(self.cfg.pdl):  # the next grid on the stream may launch now (its CTAs land as ours exit)
             cute.arch.griddepcontrol_launch_dependents()
         for s in cutlass.range_constexpr(ahead):
             if cta + s * grid < total:
                 pb, ph, pt, pk = self.decode(cta + s * grid, heads, n_tiles, n_blocks, n_sample)
-                if const_expr(self.cfg.k_once):  # the lag puts only sums (or empty items) here: no mean
-                    if pk == 0:
-                        self.load_block_coalesced(sStage[None, s], mX, mK, pb, ph, pt, pk, tidx, g2s)
-                elif const_expr(self.cfg.coalesced):
+                if const_expr(self.cfg.coalesced):
                     self.load_block_coalesced(sStage[None, s], mX, mK, pb, ph, pt, pk, tidx, g2s)
                 else:
                     self.load_block(sRaw[None, None, None, s], mX, mK, pb, ph, pt, pk, tidx, g2s)
@@ -525,9 +470,7 @@ class QuantPass:
             # other global read or any global write; the prologue above read only the 16-bit input, which the
             # host made ready before the first, non-PDL launch of the pass (``quantize``)
             cute.arch.griddepcontrol_wait()
-        if const_expr(self.cfg.k_once):  # thread 0's poll of the counter of the item prefetched next (``once_poll``)
-            self.once_poll(mCount, storage, cta + ahead * grid, heads, n_tiles, n_blocks, n_sample, total, tidx)
-        if const_expr(self.cfg.staged_mean and not self.cfg.k_once):
+        if const_expr(self.cfg.staged_mean):
             # K's mean of the prologue's items into their stages' mean buffers: plain loads after the wait (the
             # mean is the previous grid's output); item 0's stage barrier publishes them
             for s in cutlass.range_constexpr(ahead):
@@ -538,18 +481,17 @@ class QuantPass:
 
     @cute.jit
     def load_item(self, x: cute.Tensor, raw: cute.Tensor, sStage: cute.Tensor, sRaw: cute.Tensor, sMean: cute.Tensor,
-                  mX: cute.Tensor, mK: cute.Tensor, mMean: cute.Tensor, mCount: cute.Tensor, storage, blk: Int32,
-                  step: Int32, stage: Int32, tile: Int32, ahead: int, grid: Int32, heads: Int32, n_tiles: Int32,
-                  n_blocks: Int32, n_sample: Int32, total: Int32, tidx: Int32, g2s: cute.CopyAtom,
-                  s2r: cute.CopyAtom):
+                  mX: cute.Tensor, mK: cute.Tensor, mMean: cute.Tensor, blk: Int32, step: Int32, stage: Int32,
+                  tile: Int32, ahead: int, grid: Int32, heads: Int32, n_tiles: Int32, n_blocks: Int32,
+                  n_sample: Int32, total: Int32, tidx: Int32, g2s: cute.CopyAtom, s2r: cute.CopyAtom):
         """Work item blk's 16-bit values into x (float32): wait for its commit group, read its stage back (coalesced:
         after the barrier and the refill of the stage read in the previous iteration, ``refill_coalesced``; else the
         thread's own pieces, then the refill of this stage with the item S ahead); V's tokens past seqlen_k zeros."""
         S = self.cfg.stages
         cute.arch.cp_async_wait_group(ahead - 1)  # this item's group (the later ones may be in flight)
         if const_expr(self.cfg.coalesced):
-            self.refill_coalesced(sStage, sMean, mX, mK, mMean, mCount, storage, blk, step, ahead, grid, heads,
-                                  n_tiles, n_blocks, n_sample, total, tidx, g2s)
+            self.refill_coalesced(sStage, sMean, mX, mK, mMean, blk, step, ahead, grid, heads, n_tiles, n_blocks,
+                                  n_sample, total, tidx, g2s)
             self.read_block(sStage[None, stage], raw, tidx, s2r)
         else:
             for j in cutlass.range_constexpr(SLOTS):
@@ -569,34 +511,20 @@ class QuantPass:
 
     @cute.jit
     def refill_coalesced(self, sStage: cute.Tensor, sMean: cute.Tensor, mX: cute.Tensor, mK: cute.Tensor,
-                         mMean: cute.Tensor, mCount: cute.Tensor, storage, blk: Int32, step: Int32, ahead: int,
-                         grid: Int32, heads: Int32, n_tiles: Int32, n_blocks: Int32, n_sample: Int32, total: Int32,
-                         tidx: Int32, g2s: cute.CopyAtom):
+                         mMean: cute.Tensor, blk: Int32, step: Int32, ahead: int, grid: Int32, heads: Int32,
+                         n_tiles: Int32, n_blocks: Int32, n_sample: Int32, total: Int32, tidx: Int32,
+                         g2s: cute.CopyAtom):
         """coalesced, before item blk is read: a barrier (every thread's pieces of this item have landed, and every
         read of the stage refilled here, read in the previous iteration, is done), then the loads of the item
-        ``ahead`` items later into that stage (with its K mean: ``staged_mean``, ``k_once``), one commit group. The
+        ``ahead`` items later into that stage (with its K mean: ``staged_mean``), one commit group. The
         refill is issued before this item's values are read into registers (fewer live registers while its
         addresses are computed)."""
         S = self.cfg.stages
-        if const_expr(self.cfg.k_once):  # the head's mean of the item prefetched below is written
-            self.once_wait(mCount, storage, blk + ahead * grid, heads, n_tiles, n_blocks, n_sample, total,
-                           tidx)
         cute.arch.barrier()
-        if const_expr(self.cfg.k_once):  # the next iteration's poll, issued a whole item before its use
-            self.once_poll(mCount, storage, blk + (ahead + 1) * grid, heads, n_tiles, n_blocks, n_sample,
-                           total, tidx)
         if blk + ahead * grid < total:
             nb, nh, nt, nk = self.decode(blk + ahead * grid, heads, n_tiles, n_blocks, n_sample)
-            if const_expr(self.cfg.k_once):
-                if nk != 2:
-                    self.load_block_coalesced(sStage[None, (step + ahead) % S], mX, mK, nb, nh, nt, nk, tidx,
-                                              g2s)
-                if nk == 1:
-                    self.load_mean(sMean[None, (step + ahead) % S], mMean, nb, nh, tidx)
-            else:
-                self.load_block_coalesced(sStage[None, (step + ahead) % S], mX, mK, nb, nh, nt, nk, tidx,
-                                          g2s)
-            if const_expr(self.cfg.staged_mean and not self.cfg.k_once):  # its K mean rides in the same group
+            self.load_block_coalesced(sStage[None, (step + ahead) % S], mX, mK, nb, nh, nt, nk, tidx, g2s)
+            if const_expr(self.cfg.staged_mean):  # its K mean rides in the same group
                 self.load_mean(sMean[None, (step + ahead) % S], mMean, nb, self.mean_head(nh, heads, mMean),
                                tidx)
         cute.arch.cp_async_commit_group()
@@ -609,23 +537,6 @@ class QuantPass:
         for c in cutlass.range(tidx, self.head_dim, self.num_threads, unroll=1):
             sMean[c, parity] = mMean[batch, self.mean_head(head, heads, mMean), c]
         cute.arch.barrier()
-
-    @cute.jit
-    def once_item(self, x: cute.Tensor, raw: cute.Tensor, mX: cute.Tensor, mY: cute.Tensor, mDescale: cute.Tensor,
-                  mPart: cute.Tensor, mMean: cute.Tensor, mCount: cute.Tensor, storage, red: cute.Tensor,
-                  sSigns: cute.Tensor, sMean: cute.Tensor, sStage: cute.Tensor, scale: Float32, batch: Int32,
-                  head: Int32, tile: Int32, is_k: Int32, heads: Int32, n_tiles: Int32, stage: Int32, parity: Int32,
-                  mean_buf: Int32, tidx: Int32, hb0, hb1):
-        """``k_once``'s item of kind is_k: 0 the block's sums (16-bit values as read, ``once_sums``), 1 the block
-        quantised as the default K pass does (smoothing and signs, Hadamard, ``finish_block``), 2 none."""
-        if is_k == 0:
-            self.once_sums(x, mX, mPart, mMean, mCount, storage, scale, batch, head, tile, heads, n_tiles,
-                           tidx)
-        elif is_k == 1:
-            self.signs_and_smoothing(x, sSigns, sMean[None, mean_buf], tidx)
-            if const_expr(self.cfg.rotate):
-                self.hadamard(x, tidx, hb0, hb1, raw, sSigns, sMean[None, mean_buf])
-            self.finish_block(x, mX, mY, mDescale, red, parity, batch, head, tile, tidx, sStage[None, stage])
 
     @cute.jit
     def transform_item(self, x: cute.Tensor, raw: cute.Tensor, mX: cute.Tensor, mY: cute.Tensor,
@@ -746,7 +657,7 @@ class QuantPass:
         c = tidx % D
         acc = Float32(0.0)
         P = mPart.shape[2]
-        if const_expr(self.cfg.late_count or self.cfg.k_once):
+        if const_expr(self.cfg.late_count):
             # MEAN_LOADS independent loads in flight, then their adds in p order (the same sum as the loop below,
             # whose loads ptxas issues one at a time, each waiting for the previous add: P / G L2 round trips)
             U = MEAN_LOADS
@@ -768,16 +679,8 @@ class QuantPass:
             for i in cutlass.range_constexpr(1, G):
                 total = total + sums[tidx + i * D]
             mMean[batch, head, tidx] = total
-            if const_expr(self.cfg.k_once):
-                cute.arch.fence_acq_rel_gpu()  # release: the mean before the ready mark
-        if const_expr(self.cfg.k_once):  # the mean written, then the head's counter ready: n_tiles + 1
-            cute.arch.barrier()
-            if tidx == 0:
-                cute.arch.atomic_add((mCount.iterator + batch * heads + head).llvm_ptr, Int32(1), sem="relaxed",
-                                     scope="gpu")
-        else:
-            if tidx == 0:
-                mCount[batch * heads + head] = Int32(0)
+        if tidx == 0:
+            mCount[batch * heads + head] = Int32(0)
 
     @cute.jit
     def count_late(self, mPart: cute.Tensor, mMean: cute.Tensor, mCount: cute.Tensor, storage, heads: Int32,
@@ -814,89 +717,6 @@ class QuantPass:
                     self.mean_of(mPart, mMean, mCount, storage, slot // heads, slot % heads, heads, tidx)
                     cute.arch.barrier()  # the group sums' buffer is free again
             cute.arch.barrier()  # done[] is rewritten by the next round
-
-    # ---------------------------------------------------------------------------- k_once: K read once from DRAM
-    @cute.jit
-    def once_sums(self, x: cute.Tensor, mX: cute.Tensor, mPart: cute.Tensor, mMean: cute.Tensor, mCount: cute.Tensor,
-                  storage, inv_n: Float32, batch: Int32, head: Int32, tile: Int32, heads: Int32, n_tiles: Int32,
-                  tidx: Int32):
-        """``k_once``, a sum item: K's float32 per-channel sum over the block's tokens (tokens past seqlen_k as 0), in
-        this order: a butterfly over the warp's 32 / L tokens of each lane class (xor L, 2L, .. 16), then thread c
-        (c < D) adds the warps' sums in warp order, times inv_n = float32(1 / seqlen_k): mPart[batch, head, tile, c].
-        Then the block is counted at its (batch, kv-head) counter (the D writers fence (release), a barrier, one
-        gpu-scope atomic; low ``ONCE_BITS`` bits count sums); the CTA that counts the head's last block writes its mean
-        (``mean_of``: thread (g, c) adds tiles g, g + G, ... in order, then the G group sums in order) and marks the
-        counter ready."""
-        D, T, L = self.head_dim, self.num_threads, self.lanes
-        W = T // 32
-        sums = storage.sums.get_tensor(cute.make_layout(self.sums_len))
-        ticket = storage.ticket.get_tensor(cute.make_layout(4))
-        if tile * self.cfg.rows + self.token_of(tidx, 0) >= mX.shape[1]:  # one token per thread (role "qk")
-            for j in cutlass.range_constexpr(SLOTS):
-                for i in cutlass.range_constexpr(VEC):
-                    x[i, j] = Float32(0.0)
-        for b in cutlass.range_constexpr((32 // L).bit_length() - 1):
-            for j in cutlass.range_constexpr(SLOTS):
-                for i in cutlass.range_constexpr(VEC):
-                    x[i, j] = x[i, j] + cute.arch.shuffle_sync_bfly(x[i, j], offset=L << b)
-        warp = tidx // 32
-        if tidx % 32 < L:
-            for j in cutlass.range_constexpr(SLOTS):
-                c0 = self.chunk_of(tidx, j) * VEC
-                for i in cutlass.range_constexpr(VEC):
-                    sums[warp * D + c0 + i] = x[i, j]
-        cute.arch.barrier()
-        if tidx < D:
-            acc = sums[tidx]
-            for w in cutlass.range_constexpr(1, W):
-                acc = acc + sums[w * D + tidx]
-            mPart[batch, head, tile, tidx] = acc * inv_n
-            cute.arch.fence_acq_rel_gpu()  # release: this thread's partial before the count (the writers only)
-        cute.arch.barrier()  # also: the warps' sums read before mean_of reuses the buffer
-        slot = batch * heads + head
-        if tidx == 0:
-            ticket[0] = cute.arch.atomic_add((mCount.iterator + slot).llvm_ptr, Int32(1), sem="acq_rel", scope="gpu")
-        cute.arch.barrier()
-        if ticket[0] & ((1 << ONCE_BITS) - 1) == n_tiles - 1:
-            self.mean_of(mPart, mMean, mCount, storage, batch, head, heads, tidx)
-        cute.arch.barrier()  # ticket[] and the sums' buffer are rewritten by the next sum item
-
-    @cute.jit
-    def once_poll(self, mCount: cute.Tensor, storage, blk: Int32, heads: Int32, n_tiles: Int32, n_blocks: Int32,
-                  lag: Int32, total: Int32, tidx: Int32):
-        """``k_once``: thread 0 counts item blk (if it quantises) at its head's counter (+2^ONCE_BITS, gpu-scope
-        acquire) and keeps the old value in shared memory (ticket[1], not a register live across the loop), which
-        ``once_wait`` reads one item later (the atomic's latency overlaps that item)."""
-        ticket = storage.ticket.get_tensor(cute.make_layout(4))
-        if tidx == 0 and blk < total:
-            b, h, _, kind = self.decode(blk, heads, n_tiles, n_blocks, lag)
-            if kind == 1:
-                ticket[1] = cute.arch.atomic_add((mCount.iterator + b * heads + h).llvm_ptr, Int32(1 << ONCE_BITS),
-                                                 sem="acquire", scope="gpu")
-
-    @cute.jit
-    def once_wait(self, mCount: cute.Tensor, storage, blk: Int32, heads: Int32, n_tiles: Int32, n_blocks: Int32,
-                  lag: Int32, total: Int32, tidx: Int32):
-        """``k_once``, before the barrier after which item blk's mean is cp.async'd: thread 0 waits until its head's
-        counter is ready (low bits n_tiles + 1: every sum counted and the mean written; the old value from
-        ``once_poll``, then gpu-scope acquire polls; or reset to 0, see below), then the head's last quantised block
-        resets the counter to 0 (release; ``workspace``'s counters are left zero). Deadlock-free when every CTA is resident (``quant_maps.once_lag``)."""
-        if tidx == 0 and blk < total:
-            b, h, _, kind = self.decode(blk, heads, n_tiles, n_blocks, lag)
-            if kind == 1:
-                old = storage.ticket.get_tensor(cute.make_layout(4))[1]
-                slot = b * heads + h
-                mask = (1 << ONCE_BITS) - 1
-                last = (old >> ONCE_BITS) == n_tiles - 1
-                # the counter with this block's count: >= 2^ONCE_BITS until the head's last quantised block resets it
-                # to 0, which it does only after it saw the head ready, so 0 means ready too (a block still polling
-                # then would otherwise wait forever)
-                cur = old + (1 << ONCE_BITS)
-                while cur & mask <= n_tiles and cur != 0:
-                    cur = cute.arch.atomic_add((mCount.iterator + slot).llvm_ptr, Int32(0), sem="acquire",
-                                               scope="gpu")
-                if last:  # release: a poller that reads the 0 sees what this thread saw (the mean)
-                    cute.arch.atomic_exch((mCount.iterator + slot).llvm_ptr, Int32(0), sem="release", scope="gpu")
 
     @cute.jit
     def load_block(self, sRaw: cute.Tensor, mX: cute.Tensor, mK: cute.Tensor, batch: Int32, head: Int32,
@@ -1320,12 +1140,3 @@ def static_config(arch: str, dtype: torch.dtype, head_dim: int, pass_cfg: PassCo
     from fa_variants import registry
 
     return registry.static_config("fp8-quant", arch, interop.dtype_name(dtype), head_dim, False, pass_cfg)
-
-
-def once_sum_depth(head_dim: int, rows: int, n_tiles: int) -> int:
-    """The float32 summation depth of ``k_once``'s mean (``QuantPass.once_sums``, ``mean_of``): the warp butterfly
-    (log2(32 / lanes) adds), the warps' sums (warps - 1), the times 1 / seqlen_k (1), the tiles per group (ceil(n_tiles
-    / G), G = threads / head_dim) and the group sums (G - 1)."""
-    threads = rows * head_dim // (VEC * SLOTS)
-    lanes, G = head_dim // (VEC * SLOTS), max(1, threads // head_dim)
-    return (32 // lanes).bit_length() - 1 + threads // 32 - 1 + 1 + -(-n_tiles // G) + G - 1

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 __all__ = ["VEC", "SLOTS", "piece_swizzle", "thread_token", "thread_chunk", "stage_piece", "store_pitch",
            "store_swizzle", "store_unit", "store_map", "k_sum_group", "k_parts_per_block", "stage_load",
-           "k_sample_item", "k_sample_slot", "late_first", "late_item", "once_lag", "once_total", "once_item",
-           "once_window", "mma_channel", "mma_swizzle", "mma_row_value", "mma_b_entry", "hadamard_entry",
-           "mma_offset_index", "mma_mean_offset"]
+           "k_sample_item", "k_sample_slot", "late_first", "late_item", "mma_channel", "mma_swizzle", "mma_row_value",
+           "mma_b_entry", "hadamard_entry", "mma_offset_index", "mma_mean_offset"]
 
 VEC = 16  # contiguous channels per slot: two 16-byte loads of 16-bit input, one 16-byte e4m3 store
 SLOTS = 4  # slots per thread: 4 chunks of one token (Q / K) or one chunk of 4 tokens (V)
@@ -167,58 +166,6 @@ def late_item(first, grid, threads: int, rnd, tidx):
     (the CTA's K items first, first + grid, ... dealt to its ``threads`` threads, ``threads`` per round); the caller
     skips items >= the launch's total."""
     return first + (rnd * threads + tidx) * grid
-
-
-# ------------------------------------------------------------------------------------------------------------------
-# K read once from DRAM (``PassConfig.k_once``): one launch for K whose 2 n_blocks work items are K's blocks twice,
-# a sum stream (the block's per-channel sums, for K's mean) and a quantise stream (the smoothed, rotated e4m3 block),
-# merged with a lag: items 0 .. lag - 1 sum blocks 0 .. lag - 1; then the streams alternate (sum lag + i, quantise i);
-# then the last lag blocks are quantised. Blocks in (batch, kv-head, tile) order, tile fastest, so a head's sums end
-# about lag items before its first quantised block and the bytes read between a block's two reads are ~2 lag blocks
-# (``once_window``): from L2 when that is below its size. A quantised block waits for its head's mean (a counter per
-# (batch, kv-head)) before the cp.async of that mean, issued (stages - 1) x grid items ahead of the block; the lag
-# ``once_lag`` puts every sum a quantised block needs more than that many items earlier, so with every CTA resident
-# (the persistent grid) and each CTA walking its items in ascending order no wait is on an item not yet reachable:
-# the lowest unfinished item never waits (tests/test_fp8_quant_kernel.py::test_once_order checks the rule).
-# ------------------------------------------------------------------------------------------------------------------
-def _select(cond, a, b):
-    return a if cond else b
-
-
-def once_lag(n_tiles: int, grid: int, stages: int) -> int:
-    """``k_once``'s lag in items: a head's tiles (its sums span them) + the (stages - 1) x grid items by which a
-    block's mean is loaded ahead of it (the coalesced pipeline's prefetch distance) + 1."""
-    return n_tiles + (stages - 1) * grid + 1
-
-
-def once_total(n_blocks, lag, select=_select):
-    """``k_once``'s work items: 2 n_blocks, or n_blocks + lag when lag >= n_blocks (items n_blocks .. lag - 1 are
-    empty: a launch too small for the alternation sums everything, idles, then quantises). select: as ``once_item``."""
-    return n_blocks + select(lag > n_blocks, lag, n_blocks)
-
-
-def once_item(p, n_blocks, lag, select=_select):
-    """(block, kind) of ``k_once``'s work item p (0 <= p < ``once_total``): kind 0 sums block, 1 quantises it, 2 is
-    empty; blocks 0 .. n_blocks - 1 in (batch, kv-head, tile) order. lag < n_blocks: sums 0 .. lag - 1, then
-    sum lag + i / quantise i alternating, then the last lag blocks quantised; lag >= n_blocks: every sum, lag -
-    n_blocks empty items, every quantisation. select(cond, a, b): Python's conditional on ints, ``cutlass.select_``
-    on the kernel's Int32 (both branches are evaluated: no division of a negative number is used)."""
-    r = p - lag
-    odd = r & 1
-    half = r >> 1  # r >= 0 where used
-    alt_block = select(p < lag, p, select(p >= 2 * n_blocks - lag, p - n_blocks, select(odd == 1, half, lag + half)))
-    alt_kind = select(p < lag, 0, select(p >= 2 * n_blocks - lag, 1, odd))
-    big_block = select(p < n_blocks, p, r)
-    big_kind = select(p < n_blocks, 0, select(p < lag, 2, 1))
-    small = lag >= n_blocks
-    return select(small, big_block, alt_block), select(small, big_kind, alt_kind)
-
-
-def once_window(n_tiles: int, grid: int, stages: int, rows: int, head_dim: int) -> int:
-    """Bytes of K read (16-bit) and written (e4m3) between a block's sum and its quantisation in ``k_once``'s order:
-    ~2 lag items, half of them sums (read 2 bytes a value), half quantised (read 2, write 1)."""
-    lag = once_lag(n_tiles, grid, stages)
-    return lag * rows * head_dim * 2 + lag * rows * head_dim * 3
 
 
 # The Hadamard on the tensor cores (``PassConfig.mma_fwht``, head_dim 256, role "qk", coalesced): H_256 = H_16 (x) H_16.
