@@ -197,22 +197,6 @@ FP8TURN_VARIANTS: dict[int, dict[str, dict]] = {
           "single_overlap": dict(D256_VARIANTS[256]["single_overlap"], reduce_chains=1),
           "single_overlap_c2": dict(D256_VARIANTS[256]["single_overlap"], reduce_chains=2)},
 }
-# --set fp8fused128 (scripts/fp8d128b_gpu.sh, session 9 round 3): fused_promote at head_dim 128 in the serial steps (P V in
-# one MMA, pv_split 1; O kept in units of v_descale, O *= alpha folded into the promotion O = alpha' O + tmp: no FMUL
-# block before the turn). new: the default (128 x 256 serial); fused: new + fused_promote; fused_c2: fused with
-# reduce_chains 2 (row max / row sum chains 65 / 64 -> ~33 deep; head_dim 256's gain came with it); m192_c4_tail_skip:
-# 192 x 128 serial, three consumer warpgroups, reduce_chains 4, q_tail_first, skip_unit_rescale (the control: session
-# 6's m192_c4_skip with session 8's tail); m192_c4_tail_fused: the same with fused_promote for skip_unit_rescale;
-# m192_look128h_c4_tail_skip: session 8's best (192 x 128 lookahead; fused_promote spills 96 bytes in its loop there).
-# The names and changes are tests/test_fa3_fp8_speed_gpu.py's FP8FUSED128_VARIANTS (but the two controls, configs whose
-# code paths other tables test).
-_M192_SERIAL = dict(tile_m=192, tile_n=128, reduce_chains=4, q_tail_first=True)
-FP8FUSED128_VARIANTS: dict[int, dict[str, dict]] = {
-    128: {"new": {}, "fused": dict(fused_promote=True), "fused_c2": dict(fused_promote=True, reduce_chains=2),
-          "m192_c4_tail_skip": dict(_M192_SERIAL, skip_unit_rescale=True),
-          "m192_c4_tail_fused": dict(_M192_SERIAL, fused_promote=True),
-          "m192_look128h_c4_tail_skip": dict(FP8D128_VARIANTS[128]["m192_look128h_c4_tail_skip"])},
-}
 # kernels tests/test_fa3_fp8_speed_gpu.py needs besides the timed ones (kind, head_dim, change), both causal modes
 SPEED_TEST_KERNELS = [("bf16", 128, dict(intra_wg_overlap=False, early_pv_arrive=True))]
 # kernels tests/test_fa3_fp8_speed_gpu.py -k "fp8d128 and tail" needs at any --head-dims (both causal modes): the serial
@@ -220,7 +204,7 @@ SPEED_TEST_KERNELS = [("bf16", 128, dict(intra_wg_overlap=False, early_pv_arrive
 FP8D128_TEST_KERNELS = [("fp8", 64, FP8D128_VARIANTS[64]["tn128_tail"])]
 SETS = {"ab": VARIANTS, "fp8speed": SPEED_VARIANTS, "fp8flip": FLIP_VARIANTS, "fp8small": FP8SMALL_VARIANTS,
         "fp8mid": FP8MID_VARIANTS, "fp8d128": FP8D128_VARIANTS, "fp8d256": D256_VARIANTS, "fp8d256b": D256B_VARIANTS,
-        "fp8two": FP8TWO_VARIANTS, "fp8turn": FP8TURN_VARIANTS, "fp8fused128": FP8FUSED128_VARIANTS}
+        "fp8two": FP8TWO_VARIANTS, "fp8turn": FP8TURN_VARIANTS}
 LEGENDS = {
     "fp8speed": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs; new = the default then; single* = one "
                 "running accumulator; early = early_pv_arrive; skip = skip_unit_rescale; promote4 = "
@@ -254,21 +238,6 @@ LEGENDS = {
                 "two-level default before (S in one 128-key MMA); *_halves = the same with S in two 64-key MMAs "
                 "(s_halves alone); single = one running accumulator, serial steps; single_overlap* = one running "
                 "accumulator with intra-warpgroup overlap; bf16_fa3 = ours; flash_attn_4 = flash-attn-4 bf16.",
-    "fp8fused128": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs (K/V scale blocks of the "
-                   "variant's tile_n), head_dim 128; new = the default (128 x 256 serial); fused = fused_promote (O in "
-                   "units of v_descale, O = alpha' O + tmp: no O *= alpha block; _c2: reduce_chains 2); m192_c4_tail = "
-                   "192 x 128 serial, reduce_chains 4, q_tail_first, with skip_unit_rescale (_skip) or fused_promote "
-                   "(_fused); m192_look128h_c4_tail_skip = session 8's best (192 x 128 lookahead, S in two halves); "
-                   "bf16_fa3 = ours.",
-    "fp8two": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs, head_dim 256, 128 x 128 tiles; new = "
-              "the default (two-level, four P V slices, s_lookahead with S in two halves, fused_promote: O in units of "
-              "v_descale, O = alpha' O + tmp, one FFMA per element and tile; reduce_chains 2); fused = fused_promote "
-              "with one chain; old = the default before session 9 (skip_unit_rescale, no fused_promote); single_overlap = one running accumulator with intra-warpgroup overlap; bf16_fa3 = ours.",
-    "fp8turn": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs, head_dim 256, 128 x 128 tiles; new = "
-               "the default (two-level, four P V slices, s_lookahead with S in two halves, fused_promote, reduce_chains "
-               "2); early = s_early_arrive (the ping-pong turn handed on after S half 0's issue); nopp = no ping-pong; "
-               "single_overlap = one running accumulator with intra-warpgroup overlap, one chain (_c2: two chains, "
-               "the fair reference); bf16_fa3 = ours.",
 }
 # issue 10's targets: (head_dim, seqlen, causal or None for both, what, threshold)
 TARGETS = [(256, 16384, False, "tflops", 1100.0), (128, None, False, "over_bf16", 1.4), (64, None, False, "over_bf16", 1.3),
@@ -346,7 +315,7 @@ def compile_jobs(head_dims, causals, tests: bool = True, variant_set: str = "ab"
     work += [("recipe", D, c, ("bfloat16", ("block", True, True, True))) for D in head_dims for c in (False, True)]
     # their tests run both causal modes of every timed variant
     if tests and variant_set in ("fp8speed", "fp8flip", "fp8small", "fp8mid", "fp8d128", "fp8d256", "fp8d256b", "fp8two",
-                                 "fp8turn", "fp8fused128"):
+                                 "fp8turn"):
         work += [("fp8", D, c, ch) for D in head_dims for c in (False, True) for ch in fp8_variants[D].values()]
         if variant_set == "fp8speed":
             work += [(kind, D, c, ch) for kind, D, ch in SPEED_TEST_KERNELS if D in head_dims for c in (False, True)]
@@ -657,7 +626,7 @@ def speed_summary(speed_rows: list[dict], error_rows: list[dict], variant_set: s
                   f"- kernel vs float64 within 1.02x of the emulation's: worst "
                   f"{gap['kernel_vs_float64'] / gap['emulation_vs_float64']:.3f}x (d{gap['head_dim']} {gap['variant']}): "
                   f"{'PASS' if gap['kernel_vs_float64'] / gap['emulation_vs_float64'] <= 1.02 else 'FAIL'}"]
-        if variant_set in ("fp8mid", "fp8d128", "fp8two", "fp8turn", "fp8fused128"):  # per variant: a failing one must not hide the others
+        if variant_set in ("fp8mid", "fp8d128", "fp8two", "fp8turn"):  # per variant: a failing one must not hide the others
             lines += ["", "kernel vs emulation rel-L2 per variant (causal 0 / 1):", ""]
             for D in sorted({r["head_dim"] for r in error_rows}):
                 for name in fp8_variants[D]:
@@ -726,30 +695,6 @@ def turn_cost_lines(speed_rows: list[dict]) -> str:
         cells = [f"{n} " + " / ".join("-" if not r else f"{r / tf[n] - 1:+.1%}" for r in refs)
                  for n in tf if n in FP8TURN_VARIANTS.get(D, {}) and not n.startswith("single") and tf[n]]
         lines.append(f"- d{D} N{N} causal={int(c)}: " + "; ".join(cells))
-    return "\n".join(lines) + "\n"
-
-
-#: --set fp8fused128: (variant, its reference) pairs whose per-round ratios the summary reports
-FUSED128_PAIRS = [("fused", "new"), ("fused_c2", "new"), ("fused_c2", "fused"), ("m192_c4_tail_fused", "m192_c4_tail_skip"),
-                  ("m192_c4_tail_fused", "new"), ("m192_c4_tail_fused", "m192_look128h_c4_tail_skip")]
-
-
-def paired_round_lines(speed_rows: list[dict], pairs: list[tuple[str, str]]) -> str:
-    """Per problem and pair (a, b): the median over rounds of time(b) / time(a) (> 1: a faster), with the rounds' min and
-    max: the impls of one round run back to back in rotated order, so a round's ratio cancels drifts between rounds
-    (clocks, temperature) that widen the medians' spreads. Rows without ``round_ms`` (older logs) are skipped."""
-    by = {(r["head_dim"], r["seqlen"], r["causal"], r["impl"]): r.get("round_ms") for r in speed_rows}
-    lines = ["", "## per-round ratios (time of the reference / time of the variant: > 1 is faster; median [min, max])", ""]
-    for D, N, c in sorted({k[:3] for k in by}):
-        cells = []
-        for a, b in pairs:
-            ta, tb = by.get((D, N, c, a)), by.get((D, N, c, b))
-            if not ta or not tb or len(ta) != len(tb):
-                continue
-            ratios = sorted(y / x for x, y in zip(ta, tb))
-            cells.append(f"{a}/{b} {statistics.median(ratios):.3f} [{ratios[0]:.3f}, {ratios[-1]:.3f}]")
-        if cells:
-            lines.append(f"- d{D} N{N} causal={int(c)}: " + "; ".join(cells))
     return "\n".join(lines) + "\n"
 
 
@@ -880,8 +825,7 @@ def main() -> int:
                          "fp8d256: head_dim 256 two-level schedules (D256_VARIANTS, scripts/fp8d256_gpu.sh); "
                          "fp8d256b: what S in two 64-key halves costs (D256B_VARIANTS, scripts/fp8d256b_gpu.sh); "
                          "fp8two: head_dim 256 fused_promote (FP8TWO_VARIANTS, scripts/fp8two_gpu.sh); fp8turn: head_dim 256 ping-pong turn "
-                         "(FP8TURN_VARIANTS, scripts/fp8two2_gpu.sh); fp8fused128: head_dim 128 fused_promote in the serial "
-                         "steps (FP8FUSED128_VARIANTS, scripts/fp8d128b_gpu.sh)")
+                         "(FP8TURN_VARIANTS, scripts/fp8two2_gpu.sh)")
     ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128, 256], choices=[64, 128, 256])
     ap.add_argument("--seqlens", type=int, nargs="+", default=[4096, 16384])
     ap.add_argument("--causal", choices=["no", "yes", "both"], default="both")
@@ -912,7 +856,7 @@ def main() -> int:
     if args.quick:
         args.head_dims, args.seqlens, args.causal, args.rounds = [128], [4096], "no", 3
     args.causal = {"no": [False], "yes": [True], "both": [False, True]}[args.causal]
-    if args.set in ("fp8small", "fp8mid", "fp8d128", "fp8fused128"):  # the head dims the set has
+    if args.set in ("fp8small", "fp8mid", "fp8d128"):  # the head dims the set has
         args.head_dims = [d for d in args.head_dims if d in SETS[args.set]]
     failed = []
     for log in args.drop_failed:
@@ -944,16 +888,14 @@ def main() -> int:
     speed_rows = speed(args, args.out)
     print(f"speed done at {time.time() - t0:.0f}s", flush=True)
     if args.set in ("fp8speed", "fp8flip", "fp8small", "fp8mid", "fp8d128", "fp8d256", "fp8d256b", "fp8two",
-                    "fp8turn", "fp8fused128"):
+                    "fp8turn"):
         text = speed_summary(speed_rows, variant_errors(args, args.out) if args.errors else [], args.set)
         if args.set == "fp8d256b":
             text += halves_cost_lines(speed_rows)
-        if args.set in ("fp8small", "fp8mid", "fp8d128", "fp8two", "fp8turn", "fp8fused128"):
+        if args.set in ("fp8small", "fp8mid", "fp8d128", "fp8two", "fp8turn"):
             text += two_level_target_lines(speed_rows, args.set)
         if args.set == "fp8turn":
             text += turn_cost_lines(speed_rows)
-        if args.set == "fp8fused128":
-            text += paired_round_lines(speed_rows, FUSED128_PAIRS)
     else:
         error_rows = errors(args, args.out) if args.errors else []
         stats = []

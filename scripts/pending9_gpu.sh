@@ -19,7 +19,7 @@
 #    $OUT/pending9/NAME/, their output in $OUT/pending9/NAME.out. Each script's header has its pass and flip rules.
 #    Plan for the next session's calls (30 min of device time; each call starts a cold machine, ~40-60 s more):
 #      A. scripts/pending9_gpu.sh                      (defaults + zeroblocks, ~300 s)
-#      B. scripts/pending9_gpu.sh --no-defaults fp8two2 fp8d128b   (~480 s)
+#      B. scripts/pending9_gpu.sh --no-defaults fp8two2   (~480 s)
 #      C. the whole GPU suite: `python3 -m pytest -q -n 14 -m "gpu and not slow"` (~500 s)
 #      D. what is left: scripts/pending9_gpu.sh --no-defaults hadacore, and
 #         `python3 scripts/sanitize.py --backends fa3 fa3-fp8` (memcheck / racecheck / synccheck: both head_dim 256

@@ -5,9 +5,7 @@ head_dim 64/128: ``FP8SMALL_VARIANTS``), the lookahead schedule at 128 (session 
 ``FP8MID_VARIANTS``), ``q_tail_first`` (the partial query tile first under causal masking; session 7: ``FP8D128_VARIANTS``),
 ``fused_promote`` at head_dim 256 (O *= alpha folded into the two-level promotion; session 8: ``FP8TWO_VARIANTS``),
 the head_dim 256 ping-pong turn
-(``s_early_arrive``, no ping-pong; session 9: ``FP8TURN_VARIANTS``), ``fused_promote`` in the serial steps at head_dim
-128 (session 9 round 3: ``FP8FUSED128_VARIANTS``),
-the defaults before session 5 ("old"), and the
+(``s_early_arrive``, no ping-pong; session 9: ``FP8TURN_VARIANTS``), the defaults before session 5 ("old"), and the
 combinations scripts/fa3_fp8_speed_ab.py times (``--set fp8speed`` / ``fp8flip``, whose precompile builds these).
 
 fa3-fp8: the kernel against its emulation on the same quantised inputs (default recipe; its two_level and
@@ -114,17 +112,7 @@ FP8TURN_VARIANTS = {
     "fp8turn-d256-nopp": (256, dict(pingpong=False)),
 }
 
-# session 9 round 3, head_dim 128 (scripts/fa3_fp8_speed_ab.py FP8FUSED128_VARIANTS, "fp8fused128-d128-<name>"): fused_promote
-# in the serial steps (pv_split 1: O in units of v_descale, O = alpha' O + tmp after the P V GEMM) on the 128 x 256 default
-# (with one and two reduction chains) and on 192 x 128 serial tiles with reduce_chains 4 and q_tail_first
-_M192_SERIAL = dict(tile_m=192, tile_n=128, reduce_chains=4, q_tail_first=True)
-FP8FUSED128_VARIANTS = {
-    "fp8fused128-d128-fused": (128, dict(fused_promote=True)),
-    "fp8fused128-d128-fused_c2": (128, dict(fused_promote=True, reduce_chains=2)),
-    "fp8fused128-d128-m192_c4_tail_fused": (128, dict(_M192_SERIAL, fused_promote=True)),
-}
-_ALL_TABLES = (FP8_VARIANTS, FP8SMALL_VARIANTS, FP8MID_VARIANTS, FP8D128_VARIANTS, FP8TWO_VARIANTS, FP8TURN_VARIANTS,
-               FP8FUSED128_VARIANTS)
+_ALL_TABLES = (FP8_VARIANTS, FP8SMALL_VARIANTS, FP8MID_VARIANTS, FP8D128_VARIANTS, FP8TWO_VARIANTS, FP8TURN_VARIANTS)
 
 
 def _inputs(shape, head_dim, seed):
@@ -148,8 +136,7 @@ TAIL_SHAPES = [(1, 300, 500, 2, 2), (2, 449, 449, 4, 1)]
 
 
 @pytest.mark.parametrize("shape", TAIL_SHAPES, ids=["x".join(map(str, s)) for s in TAIL_SHAPES])
-@pytest.mark.parametrize("variant", [n for table in (FP8D128_VARIANTS, FP8FUSED128_VARIANTS)
-                                     for n, (_, c) in table.items() if c.get("q_tail_first")])
+@pytest.mark.parametrize("variant", [n for n, (_, c) in FP8D128_VARIANTS.items() if c.get("q_tail_first")])
 def test_fp8_tail_first_shared_rows(fp8_kernel, variant, shape, request, nan_allocations):
     _check_variant(fp8_kernel, variant, shape, True, zlib.crc32(request.node.nodeid.encode()), nan_allocations)
 
@@ -186,46 +173,16 @@ def test_fp8two_v_scales_spread(fp8_kernel, variant, shape, causal, nan_allocati
     9) and one of tiny values ~2^-120 (descale 2^-110, the quantiser's floor: O / v_descale ~ 2^110 |O|, finite here as
     |O| l < 2^18) against the emulation and float64. Nk 1000: eight 128-key tiles, the last partial, every row visits
     the zero and the tiny tile (causal: rows see 701..1000 keys)."""
-    from fa_variants import fp8
-
     D, change = FP8TWO_VARIANTS[variant]
     cfg = dataclasses.replace(fp8_kernel.DEFAULT_CONFIGS[D], **change)
     # per 128-key tile; tile 2: tiny values, tile 5: all zeros
     _check_v_scales_spread(fp8_kernel, nan_allocations, variant, D, cfg, shape, causal, 11 + causal,
-                           [-8, 8, -120, -3, 5, 0, 2, -6], zero=5, tiny=2, quantise=fp8.quantize_fp8)
+                           [-8, 8, -120, -3, 5, 0, 2, -6], zero=5, tiny=2)
 
 
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("shape", [(1, 300, 1000, 4, 2)], ids=["1x300x1000x4x2"])  # (the id scripts' --drop-failed reads)
-@pytest.mark.parametrize("variant", ["fp8fused128-d128-fused", "fp8fused128-d128-m192_c4_tail_fused"])  # (chains: no units)
-def test_fp8fused128_v_scales_spread(fp8_kernel, variant, shape, causal, nan_allocations):
-    """fused_promote in the serial steps keeps O in units of the tile's v_descale (the unit changed by v_descale[n + 1] /
-    v_descale[n] every tile, O = fma(1, 0, tmp) on the first visited one): V blocks of the variant's tile_n whose
-    magnitudes span 2^-8 .. 2^8, one all-zero block (descale 1 since session 9) and one of tiny values ~2^-120
-    (descale 2^-110, the quantiser's floor: O / v_descale ~ 2^110 |O|) against the emulation and float64. Nk 1000: four
-    256-key or eight 128-key tiles, the last partial; every row visits the zero and the tiny block (causal: rows see
-    701..1000 keys)."""
-    from fa_variants import fp8
-    from fa_variants.fp8.quantize import quantize_fp8_torch
-
-    D, change = FP8FUSED128_VARIANTS[variant]
-    cfg = dataclasses.replace(fp8_kernel.DEFAULT_CONFIGS[D], **change)
-    recipe = fp8.FP8Config(two_level=cfg.two_level, promote_every=cfg.promote_every)
-
-    def quantise(q, k, v):
-        if cfg.tile_n == fp8.layout.tile_n(D):
-            return fp8.quantize_fp8(q, k, v, config=recipe)
-        return quantize_fp8_torch(q, k, v, config=recipe, block_n=cfg.tile_n)
-
-    # per K/V tile of the variant's tile_n; tile 1: tiny values, tile 2: all zeros
-    _check_v_scales_spread(fp8_kernel, nan_allocations, variant, D, cfg, shape, causal, 13 + causal,
-                           [-8, -120, 0, 8, 5, 0, 2, -6], zero=2, tiny=1, quantise=quantise)
-
-
-def _check_v_scales_spread(fp8_kernel, nan_allocations, variant, D, cfg, shape, causal, seed, exponents, zero, tiny,
-                           quantise):
+def _check_v_scales_spread(fp8_kernel, nan_allocations, variant, D, cfg, shape, causal, seed, exponents, zero, tiny):
     """V scaled by 2^exponents[t] per K/V tile t of cfg.tile_n keys, tile ``zero`` all zeros and tile ``tiny`` of
-    values ~2^-120, quantised by ``quantise(q, k, v)``: the zero block's descale is 1 (session 9; 2^-110 before), the
+    values ~2^-120, quantised by ``fp8.quantize_fp8``: the zero block's descale is 1 (session 9; 2^-110 before), the
     tiny block's the floor 2^-110, and the kernel (NaN-poisoned outputs) matches the emulation and float64."""
     from fa_variants import fp8
     from fa_variants.reference import attention_reference
@@ -235,7 +192,7 @@ def _check_v_scales_spread(fp8_kernel, nan_allocations, variant, D, cfg, shape, 
     scale = torch.tensor(exponents[:-(-nk // bn)], device="cuda").repeat_interleave(bn)[:nk].float()
     v = (v.float() * torch.exp2(scale).view(1, -1, 1, 1)).to(torch.bfloat16)
     v[:, zero * bn:(zero + 1) * bn] = 0
-    inp = quantise(q, k, v)
+    inp = fp8.quantize_fp8(q, k, v)
     assert (inp.v_descale[..., zero] == 1).all()
     assert (inp.v_descale[..., tiny] == 2.0**-110).all()
     with nan_allocations():

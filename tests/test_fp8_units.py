@@ -98,8 +98,8 @@ def _spread(D, bn, exponents, zero, seed):
 
 
 def test_v_scales_spread_head_dims():
-    """Why test_fp8fused128_v_scales_spread (head_dim 128, 256-key tiles) gave inf on the H200 and test_fp8two_v_scales_
-    spread (256, 128-key tiles) passed: at 128 the 2^8 tile is visited (last to first) before the tiny one, |O| l
+    """Why test_fp8fused128_v_scales_spread (head_dim 128, 256-key tiles; removed in session 10 with fused_promote's
+    serial steps) gave inf on the H200 and test_fp8two_v_scales_spread (256, 128-key tiles) passed: at 128 the 2^8 tile is visited (last to first) before the tiny one, |O| l
     reaches ~2^10 (2^18 in the kernel's P units, P <= 2^8) and O / 2^-110 overflows; at 256 the tiles before the tiny
     one are <= 2^5 and the 2^8 tile comes after it. The float32 model of the units shows the same; bounded is finite."""
     d128 = _spread(128, 256, [-8, -120, 0, 8], 2, 13)

@@ -416,50 +416,6 @@ def test_fp8turn_set_and_script():
     assert "new +15.0% / +10.0%; early +9.5% / +4.8%" in ab.turn_cost_lines(rows)
 
 
-def test_fp8fused128_set_and_script():
-    """scripts/fp8d128b_gpu.sh (session 9 round 3, fused_promote in the serial steps at head_dim 128): --set fp8fused128
-    times new, fused, fused_c2, the 192 x 128 serial pair and session 8's best at head_dim 128 without flash-attn-4; its
-    precompile covers every kernel of its GPU tests (-k fp8fused128: the fused variants in both causal modes), 16 jobs and
-    24 tests as its header says; limits within the 120 s budget; the A/B gets both earlier logs through --drop-failed,
-    and a failed test leaves its variant out; the older scripts' -k expressions do not select these tests."""
-    import test_fa3_fp8_speed_gpu as gpu_tests
-
-    text = (ROOT / "scripts" / "fp8d128b_gpu.sh").read_text()
-    assert "--set fp8fused128 --head-dims 128 --no-flash-attn" in text and "-k fp8fused128" in text
-    assert '--drop-failed "$work/precompile.log" "$work/variant_tests.log"' in text
-    assert "CUT=(--drop fused fused_c2 m192_c4_tail_fused)" in text
-    limits = [int(m) for m in re.findall(r"^\s*step \w+ (\d+) ", text, re.M)]
-    assert len(limits) == 3 and sum(limits) <= 120, limits
-    ab = load_script("fa3_fp8_speed_ab")
-    assert list(ab.FP8FUSED128_VARIANTS) == [128]
-    assert list(ab.FP8FUSED128_VARIANTS[128]) == ["new", "fused", "fused_c2", "m192_c4_tail_skip", "m192_c4_tail_fused",
-                                                  "m192_look128h_c4_tail_skip"]
-    assert ab.FP8FUSED128_VARIANTS[128]["m192_look128h_c4_tail_skip"] == ab.FP8D128_VARIANTS[128]["m192_look128h_c4_tail_skip"]
-    jobs = ab.compile_jobs([128], [False, True], variant_set="fp8fused128")
-    assert len(jobs) == 16 and "16 jobs" in text
-    tested = gpu_tests.FP8FUSED128_VARIANTS
-    n_tail = sum(bool(c.get("q_tail_first")) for _, c in tested.values())
-    assert len(tested) * 2 * len(gpu_tests.SHAPES) + 2 * n_tail + 2 * 2 == 24 and '"24 passed"' in text
-    for name, (D, change) in tested.items():
-        assert name.startswith("fp8fused128-d128-") and "fp8d128" not in name and "fp8two" not in name
-        assert ab.FP8FUSED128_VARIANTS[D][name.split("-", 2)[2]] == change, name
-        for causal in (False, True):
-            assert ("fp8", D, causal, ab._freeze(change)) in jobs, (name, causal)
-    for change in ab.FP8FUSED128_VARIANTS[128].values():
-        ab.kernel_config(128, change).check(128)
-    log = ("FAILED tests/test_fa3_fp8_speed_gpu.py::test_fp8fused128_v_scales_spread[fp8fused128-d128-m192_c4_tail_fused-"
-           "1x300x1000x4x2-causal] - x\n")
-    assert ab.failed_variants(log, "fp8fused128") == ["m192_c4_tail_fused"]
-    log = "FAILED tests/test_fa3_fp8_speed_gpu.py::test_fp8_variant_vs_emulation[fp8fused128-d128-fused-1x113x113x4x2-full]\n"
-    assert ab.failed_variants(log, "fp8fused128") == ["fused"] and ab.failed_variants(log, "fp8d128") == []
-    # the per-round ratios: time(reference) / time(variant) per round, median and range; a pair missing a side is skipped
-    rows = [dict(head_dim=128, seqlen=4096, causal=False, impl="new", round_ms=[1.0, 1.2, 1.1]),
-            dict(head_dim=128, seqlen=4096, causal=False, impl="fused", round_ms=[0.96, 1.2, 1.0])]
-    text = ab.paired_round_lines(rows, ab.FUSED128_PAIRS)
-    assert "- d128 N4096 causal=0: fused/new 1.042 [1.000, 1.100]\n" in text and "m192" not in text
-    assert all(a in ab.FP8FUSED128_VARIANTS[128] and b in ab.FP8FUSED128_VARIANTS[128] for a, b in ab.FUSED128_PAIRS)
-
-
 @pytest.mark.parametrize("backend", ["fa1", "fa2", "fa3", "fa3-fp8"])
 def test_sanitize_plan_reads_the_registry(backend):
     """The worker's (dtype, head_dims) come from the one registry (a renamed dispatch helper broke every pair
@@ -1140,7 +1096,7 @@ def test_pending9_runs_named_scripts_and_the_changed_defaults_tests():
     text = script.read_text()
     bad = subprocess.run(["bash", str(script), "no_such_script"], capture_output=True, text=True, timeout=30)
     assert bad.returncode == 2 and "no scripts/no_such_script_gpu.sh" in bad.stderr
-    for name in ("hadacore", "fp8two2", "fp8d128b"):
+    for name in ("hadacore", "fp8two2"):
         assert f" {name}" in text and (ROOT / "scripts" / f"{name}_gpu.sh").exists(), name
     assert '-k "compile or 256"' in text
     for path in ("tests/test_torch_compile.py", "tests/test_fa3_gpu.py", "tests/test_fa3_fp8_gpu.py"):

@@ -85,12 +85,7 @@ scales (one descale per 128 query rows and per ``tile_n`` keys, ``fa_variants.fp
   O *= alpha (128 a thread) runs on every tile where a row max of any of the warp's 16 rows moved (the unit-alpha skip
   is per thread, the branch diverges), ~67% of the tiles at 32 K/V tiles and ~32% at 128 for iid scores; with the
   switch the main loop has 618 instructions a warp and tile (default 737 with the block, 609 without; single_overlap
-  574: the same FP32 work, FMUL for FFMA, and 20 fewer QGMMA issues and descriptor adds). Since session 9 (round 3,
-  off; A/B ``scripts/fp8d128b_gpu.sh``) also in the serial steps with P V in one MMA (pv_split 1): alpha' is kept per
-  row from the softmax to the promotion after the P V GEMM's wait (``fold_pv``); the first visited tile's promotion is
-  fma(1, 0, tmp) = tmp. Read in the SASS of the head_dim 128 default (128 x 256): ptxas sinks O *= alpha into the
-  ping-pong turn after that wait (64 FMUL + 64 FFMA a thread before BAR.ARV); with the switch 64 FFMA, main loop 834
-  -> 800 instructions a warp and tile (192 x 128 serial with skip_unit_rescale 541 -> 491).
+  574: the same FP32 work, FMUL for FFMA, and 20 fewer QGMMA issues and descriptor adds).
 * The head_dim 256 ping-pong turn (session 9, round 2; both off, A/B ``scripts/fp8two2_gpu.sh``): read in the SASS, the
   default's turn (BAR.SYNC .. BAR.ARV) holds the four P V slices with three waits and 3 x 32 promotion FFMAs, S half
   0, the last slice's wait and promotion and S half 1, where single_overlap's turn only issues its 12 QGMMAs.
@@ -161,8 +156,7 @@ class Fp8Config(Fa3Config):
         tiles with four slices at head_dim 256): half 0 is issued after the last slice, the last slice is promoted
         while it runs, then half 1 is issued. Without s_lookahead (session 7, any schedule; needs tile_n % 64 == 0) it
         changes only the S MMA's width: the measure of what the two 64-key halves cost beside one 128-key MMA.
-    fused_promote: (session 8; the head_dim 256 default since session 9; needs s_lookahead, or since session 9 round 3
-        serial steps with two_level, promote_every 1 and pv_split 1) O kept in units of the last visited tile's v_descale, as the
+    fused_promote: (session 8; the head_dim 256 default since session 9; needs s_lookahead) O kept in units of the last visited tile's v_descale, as the
         single accumulator keeps its own: O *= alpha is folded into the promotion, O = fma(alpha', O, tmp) with the
         per-row alpha' = alpha v_descale[n + 1] / v_descale[n] (one FFMA per element and tile; no FMUL block before
         the turn, no unit-alpha branch, no v_descale multiply), O *= v_descale[0] at the end. One fp32 rounding per
@@ -242,11 +236,8 @@ class Fp8Config(Fa3Config):
         if self.s_early_arrive and not (self.s_lookahead and self.s_halves and self.pingpong):
             raise ValueError("fa3-fp8: s_early_arrive needs s_lookahead with s_halves and pingpong (the turn ends after "
                              "S half 0)")
-        serial_one = (self.two_level and self.promote_every == 1 and self.pv_split == 1 and not self.intra_wg_overlap
-                      and not self.early_pv_arrive)
-        if self.fused_promote and not (self.s_lookahead or serial_one):
-            raise ValueError("fa3-fp8: fused_promote needs s_lookahead, or serial steps (intra_wg_overlap and "
-                             "early_pv_arrive off) with two_level, promote_every 1 and pv_split 1")
+        if self.fused_promote and not self.s_lookahead:
+            raise ValueError("fa3-fp8: fused_promote needs s_lookahead (the head_dim 256 schedule it is built for)")
         if self.bounded_units and not self.fused_promote:
             raise ValueError("fa3-fp8: bounded_units needs fused_promote (the other promotions keep O in absolute units)")
         if self.rescale_o_before_pv:
@@ -365,21 +356,9 @@ class _Fp8StepContext(_StepContext):
     def _interval(self) -> bool:
         return self.k.cfg.two_level and self.k.cfg.promote_every > 1
 
-    def _fused_serial(self) -> bool:
-        """``fused_promote`` in the serial steps (pv_split 1): O *= alpha waits for the promotion (``fold_pv``)."""
-        return self.k.cfg.fused_promote and not self.k.cfg.s_lookahead
-
     def rescale_o(self, alpha, n_block):
         if const_expr(self._interval()):
             self._rescale_interval(alpha, n_block)
-        elif const_expr(self._fused_serial()):
-            # O stays in units of v_descale[n_block + 1] until this tile's promotion: keep alpha' = alpha v_descale[n_block
-            # + 1] / v_descale[n_block] per row for it (the serial steps skip this call on the first visited tile,
-            # whose promotion finds O = 0 and o_alpha = 1: fma(1, 0, tmp) = tmp)
-            ratio = self._unit_ratio(n_block) if const_expr(self.k.cfg.bounded_units) else \
-                self.v_descale[n_block + 1] / self.v_descale[n_block]
-            for r in range(cute.size(alpha)):
-                self.o_alpha[r] = alpha[r] * ratio
         else:
             if const_expr(not self.k.cfg.two_level):  # O is kept in units of the current tile's v_descale
                 ratio = self.v_descale[n_block + 1] / self.v_descale[n_block]
@@ -478,33 +457,9 @@ class _Fp8StepContext(_StepContext):
         vmax = cute.arch.fmax(self.units[1], vd)
         return cute.arch.fmax(vd, vmax * Float32(2.0 ** -UNIT_SPAN)), vmax
 
-    def _unit_ratio(self, n_block):
-        """u_prev / u of tile n_block (a power of two, exact), for alpha' (not on the first visited tile)."""
-        u, _ = self._next_unit(n_block)
-        return self.units[0] / u
-
-    @cute.jit
-    def _unit_commit(self, n_block: Int32, tmp: cute.Tensor):
-        """Before tile n_block's promotion: tmp *= v_descale / u where that is not 1 (uniform over the CTA), then keep
-        (u, M) for the next tile and for finalize."""
-        u, vmax = self._next_unit(n_block)
-        s = self.v_descale[n_block] / u
-        if s != Float32(1.0):
-            for i in cutlass.range_constexpr(cute.size(tmp)):
-                tmp[i] = tmp[i] * s
-        self.units[0] = u
-        self.units[1] = vmax
-
     def fold_pv(self, n_block):
         if const_expr(self._interval()):
             self._fold_interval(n_block)
-        elif const_expr(self._fused_serial()):  # O = alpha' O + tmp: one FFMA per element, O in units of v_descale
-            if const_expr(self.k.cfg.bounded_units):
-                self._unit_commit(n_block, self.acc_tmp)
-            o, t = acc_rows_cols(self.acc_O), acc_rows_cols(self.acc_tmp)
-            for r in range(cute.size(o, mode=[0])):
-                for c in range(cute.size(o, mode=[1])):
-                    o[r, c] = cute.math.fma(self.o_alpha[r], o[r, c], t[r, c])
         elif const_expr(self.k.cfg.two_level and self.k.cfg.pv_split == 1):
             self._promote(0, n_block)
 
@@ -741,9 +696,6 @@ class FlashAttention3Fp8Sm90(FlashAttention3Sm90):
         if const_expr(self.cfg.two_level and self.cfg.promote_every > 1):
             tiles_in_tmp = cute.make_rmem_tensor(1, Int32)
             tiles_in_tmp.fill(0)
-            o_alpha = cute.make_rmem_tensor(softmax.num_rows, Float32)
-            o_alpha.fill(1.0)
-        elif const_expr(self.cfg.fused_promote and not self.cfg.s_lookahead):  # alpha' of the tile, kept for its promotion
             o_alpha = cute.make_rmem_tensor(softmax.num_rows, Float32)
             o_alpha.fill(1.0)
         descales = cute.make_rmem_tensor(2, Float32) if const_expr(self.cfg.descale_prefetch) else None
