@@ -139,8 +139,8 @@ DECODE_TILES_CHOICE = env.choice("FA_VARIANTS_DECODE_TILES", "auto", (*DECODE_TI
 DUAL_MIN_CTAS = 512
 DUAL_MAX_SEQLEN_K = 4096
 #: The tile set "auto" runs for those grids of many short CTAs (B x Hkv >= DUAL_MIN_CTAS, Nk <= DUAL_MAX_SEQLEN_K):
-#: "dual" (the default), or "persistent" / "persistent3" (FA_VARIANTS_DECODE_FULL_GRID; off until the H200 A/B of
-#: scripts/decode9_gpu.sh). Why (bench/NOTES.md, "Session 8 (2026-12-01): decode ..."): at B 64 Nk 1k, 8 KV heads, the
+#: "dual" (the default), or "persistent" / "persistent3" (FA_VARIANTS_DECODE_FULL_GRID; off: timed in session 8's
+#: H200 A/B, scripts/decode_ab.py --s9 pers / pers3). Why (bench/NOTES.md, "Session 8 (2026-12-01): decode ..."): at B 64 Nk 1k, 8 KV heads, the
 #: dual grid is 512 CTAs of 8 K/V tiles on 264 slots, two waves in step (both CTAs of an SM start and end together),
 #: each wave paying the launch, the Q and first K/V latency and the drain of its last tiles with nothing else in flight
 #: on the SM: ~5 us of 35 (1.01x SDPA). A persistent CTA loads the next tile's Q and K/V under the current one's end.
