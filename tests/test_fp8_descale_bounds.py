@@ -96,3 +96,27 @@ def test_pack_gqa_refused():
     cfg = dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], pack_gqa=True)
     with pytest.raises(ValueError, match="pack_gqa=True is not supported"):
         cfg.check(128)
+
+
+def test_pack_gqa_refused_through_the_public_entries(monkeypatch):
+    """pack_gqa with fa3-fp8 is a one-line error naming the argument at every public entry: ``attention(...,
+    backend="fa3-fp8", pack_gqa=...)`` (the dispatcher's choice forced to fa3-fp8, as on an H200), ``attention_fp8`` and
+    ``attention_from_fp8`` (no such keyword), and the custom op (its schema has no such argument)."""
+    import torch
+
+    from fa_variants import api, dispatch
+    from fa_variants.fp8 import attention as fp8_attention
+
+    monkeypatch.setattr(dispatch, "select_backend", lambda *a, **kw: dispatch.Selection("fa3-fp8", "test", ("fa3-fp8",)))
+    q = torch.randn(1, 4, 2, 64, dtype=torch.bfloat16)
+    k = torch.randn(1, 4, 1, 64, dtype=torch.bfloat16)
+    for value in (True, False):
+        with pytest.raises(ValueError, match="pack_gqa") as err:
+            api.attention(q, k, k, backend="fa3-fp8", pack_gqa=value)
+        assert "\n" not in str(err.value) and "fa3-fp8" in str(err.value)
+    for fn, args in ((fp8_attention.attention_fp8, (q, k, k)), (fp8_attention.attention_from_fp8, (None,))):
+        with pytest.raises(TypeError, match="pack_gqa"):
+            fn(*args, pack_gqa=True)
+    op = pytest.importorskip("fa_variants.integrations.custom_op")
+    schema = str(op.attention_op._opoverload._schema)
+    assert "str backend" in schema and "pack_gqa" not in schema, schema

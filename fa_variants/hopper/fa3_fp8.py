@@ -12,8 +12,8 @@ scales (one descale per 128 query rows and per ``tile_n`` keys, ``fa_variants.fp
   quantisation reads too: K/V scale blocks are the kernel's tile_n, and ``run_fp8`` refuses inputs of other
   block heights.
 * S = Q8 K8^T is an FP8 WGMMA (SASS QGMMA), both operands K-major in shared memory.
-* Per-tile descales fold into the exponent: with c_n = q_descale[m_block] * k_descale[n] *
-  softmax_scale * log2(e), the running row max m is kept in log2 units (m = max_n c_n * rowmax(S_n)),
+* Per-tile descales fold into the exponent: with c_n = q_descale[q_block] * k_descale[n] *
+  softmax_scale * log2(e) (q_block: the 128-row Q scale block of the 64-row warpgroup, ``layout.q_scale_block``), the running row max m is kept in log2 units (m = max_n c_n * rowmax(S_n)),
   and P = exp2(S c_n - m + P_SHIFT) is one FFMA + one MUFU.EX2 per score. P_SHIFT = 8 puts P in
   [0, 256] (e4m3's largest finite value is 448: more of its range than [0, 1], as FA3's released FP8
   kernel does). The row sum l is taken from the fp32 P before rounding; LSE = (m + log2 l - 8) ln 2.
