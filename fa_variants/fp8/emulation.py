@@ -85,9 +85,16 @@ def bounded_unit(v_descale: torch.Tensor, visited_max: torch.Tensor) -> torch.Te
     the bound is 2^47.9 visited_max / v_descale: up to 2^47.9 * 2^236 for descales 2^126 .. 2^-110, i.e.
     overflow once |O_unnorm| >= 2^128 v_descale (2^18 for the floor 2^-110). The block's own P V (|acc| <=
     2^8 * 448 * tile_n) enters scaled by v_descale / u <= 1, exact unless the product falls below 2^-126: a
-    nonzero acc >= 2^-18 (e4m3 products) times v_descale / u >= 2^-108 stays normal, so nothing is flushed
-    unless the row's V descales differ by more than 2^(UNIT_SPAN + 108) = 2^172 (and then only contributions
-    below 2^-126 u, against an O' that may hold up to 2^111.9 u)."""
+    nonzero acc >= 2^-18 (e4m3 products) times v_descale / u >= 2^-108 stays normal, so the tile's own P V is not
+    flushed unless the row's V descales differ by more than 2^(UNIT_SPAN + 108) = 2^172 (and then only
+    contributions below 2^-126 u, against an O' that may hold up to 2^111.9 u).
+
+    Not covered: the unit change u_prev / u, a float32 scalar in alpha' = alpha u_prev / u, is subnormal where a
+    tile's descale exceeds u_prev by more than 2^126 and 0 past 2^149 (u_prev >= M_prev 2^-UNIT_SPAN: a descale
+    2^85 above every one visited before, behind a tile that lowered u to M_prev 2^-64): O' of the tiles visited
+    before is then dropped. It shows only in rows whose P on that tile rounds to 0 in e4m3 (P < 2^-18 of the row
+    max; otherwise that tile's own P V outweighs the lost part by ~2^19 or more); "tile" units drop it too (their
+    ratio is never larger), "absolute" does not (tests/test_fp8_units.py::test_bounded_units_unit_rise_past_2_149)."""
     return torch.maximum(v_descale, visited_max * 2.0 ** -UNIT_SPAN)
 
 

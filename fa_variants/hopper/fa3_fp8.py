@@ -175,7 +175,9 @@ class Fp8Config(Fa3Config):
         division (alpha' = alpha u_prev / u); the temporary is multiplied by v_descale / u (a power of two, exact)
         only where that is not 1, a branch uniform over the CTA (descales are per (batch, kv-head, tile)), so the
         common path keeps one FFMA per element. Same values as fused_promote wherever that stays finite and normal
-        (emulation ``units="bounded"``).
+        (emulation ``units="bounded"``). Not removed (nor by fused_promote): alpha' underflows where a tile's
+        descale lies > 2^149 above the unit (``bounded_unit``, "Not covered"), dropping the earlier tiles' O in rows
+        whose P on that tile rounds to 0.
     s_early_arrive: (session 9, round 2; off; needs s_lookahead with s_halves) the ping-pong turn handed on right after
         S half 0's issue, before the wait for the last P V slice: that wait, the slice's promotion and S half 1's issue
         run outside the turn (the lookahead without s_halves already hands it on before its last promotion), so the
