@@ -4,8 +4,11 @@
 #
 #   source .gpu/env.sh; scripts/fa1tol_gpu.sh          (repository root; writes under $OUT; --help: this text)
 #
-# 0. scripts/fa1tol_precompile.py: 21 kernels (fa1 fp16/bf16 x D 64/96/128/256 x causal and not, the 4 tile configs
-#    of test_fa1_gpu.py, fa2 bf16 D 64 causal) in 14 processes into the disk cache.
+# 0. scripts/ab_checkout.sh 446f785 .before (unless .before/fa_variants_before is there), then
+#    scripts/fa1tol_precompile.py: 21 kernels (fa1 fp16/bf16 x D 64/96/128/256 x causal and not, the 4 tile configs
+#    of test_fa1_gpu.py, fa2 bf16 D 64 causal) and step 2's two "before" kernels (446f785's fa1 bf16 D 128 / 256, not
+#    causal; ab_bench.py traced and compiled them one after the other inside its own limit before), D 256 first, in
+#    14 processes into the disk cache. Limits 45 + 50 + 20 s.
 # 1. GPU tests (-n 8), vs float64, NaN-poisoned outputs: tests/test_edge_cases.py, tests/test_kernels_gpu.py and
 #    tests/test_fa1_gpu.py, -k fa1 (1266 tests), which include the new test_gqa_prefill_every_head_many_draws:
 #    test_ec08b's shape (1 x 200 x 200, 8:2 GQA, D 64, causal, bf16) over 100 fresh draws = 800 heads, each against
@@ -21,14 +24,16 @@
 set -uo pipefail
 source "$(dirname "$0")/steps.sh"
 out="${OUT:-results/fa1tol}"; gpu_session "$out/logs" "$@"
-step precompile 35 python3 scripts/fa1tol_precompile.py --jobs 14
+before=()
+if [[ -d .before/fa_variants_before ]] || scripts/ab_checkout.sh 446f785 .before; then before=(--before .before); fi
+step precompile 45 python3 scripts/fa1tol_precompile.py --jobs 14 "${before[@]}"
 NPROC=$(xdist_flag 8)
 step pytest 50 python3 -m pytest -q $NPROC -m gpu -p no:cacheprovider --tb=short -rfEX \
   tests/test_edge_cases.py tests/test_kernels_gpu.py tests/test_fa1_gpu.py -k fa1
 if grep -qE "^(FAILED|ERROR)| (failed|error)" "$out/logs/pytest.log" || ! grep -q " passed" "$out/logs/pytest.log"; then
   echo "== ab: skipped (step 1 did not pass)"
-elif [[ -d .before/fa_variants_before ]] || scripts/ab_checkout.sh 446f785 .before; then
-  step ab 30 python3 scripts/ab_bench.py --before .before --backends fa1 --head-dims 128,256 --seqlens 4096 \
+elif [[ ${#before[@]} -gt 0 ]]; then
+  step ab 20 python3 scripts/ab_bench.py --before .before --backends fa1 --head-dims 128,256 --seqlens 4096 \
     --causal no --rounds 4 --warmup-ms 25 --rep-ms 50 --out "$out/ab"
 else
   echo "== ab: skipped (no git to check out 446f785)"

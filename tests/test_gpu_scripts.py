@@ -1122,3 +1122,26 @@ def test_steps_sh_bandwidth_summary(tmp_path):
     first, second = run.stdout.split("==\n")
     assert first == "device copy (2 GiB read): 1.0 ms\nA/B defm vs def\n  D=256 0.9\n"
     assert second.splitlines() == [f"line {i}" for i in range(10, 30)]
+
+
+def test_fa1tol_precompiles_the_ab_before_kernels(tmp_path):
+    """scripts/fa1tol_gpu.sh: the A/B's two "before" kernels (446f785's fa1 bf16 D 128 / 256, not causal) are compiled
+    in the precompile's pool (ab_bench.py traced and compiled them one after the other inside the A/B's limit), the
+    head_dim 256 kernels first; limits >= 45 s for the precompile and within the 120 s cold budget."""
+    text = (ROOT / "scripts" / "fa1tol_gpu.sh").read_text()
+    limits = dict(re.findall(r"^\s*step (\w+) (\d+) ", text, re.M))
+    assert set(limits) == {"precompile", "pytest", "ab"} and int(limits["precompile"]) >= 45, limits
+    assert sum(map(int, limits.values())) <= 120, limits
+    assert 'fa1tol_precompile.py --jobs 14 "${before[@]}"' in text
+    assert text.index("ab_checkout.sh 446f785") < text.index("step precompile")
+    (tmp_path / "fa_variants_before").mkdir()
+    listed = subprocess.run([sys.executable, "scripts/fa1tol_precompile.py", "--arch", "sm_90a", "--before",
+                             str(tmp_path), "--list"], cwd=ROOT, capture_output=True, text=True, check=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout.splitlines()
+    before = [line for line in listed if str(tmp_path) in line]
+    assert len(listed) == 23 and before == [f"('sm_90a', '{tmp_path}', 'fa1', 'bf16', {d}, False, None)" for d in (256, 128)]
+    assert all("256" in line for line in listed[:5]) and "256" not in listed[5]
+    bad = subprocess.run([sys.executable, "scripts/fa1tol_precompile.py", "--arch", "sm_90a", "--before",
+                          str(tmp_path / "missing"), "--list"], cwd=ROOT, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert bad.returncode != 0 and "no fa_variants_before" in bad.stderr
