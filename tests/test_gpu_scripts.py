@@ -54,7 +54,7 @@ def test_shell_script_help(script, tmp_path):
 
 
 #: GPU scripts that read their own arguments before session_setup (help_from_header first, session_setup later)
-_OWN_PREAMBLE = {"pending9_gpu.sh", "study_gpu.sh"}
+_OWN_PREAMBLE = {"pending_gpu.sh", "study_gpu.sh"}
 
 
 @pytest.mark.parametrize("script", [s for s in SHELL_SCRIPTS if s.endswith("_gpu.sh")])
@@ -1087,27 +1087,37 @@ def test_decode_model_full_grid_fits_the_s7_batch_64_rows():
         assert dual - model.WAVE_STEP_US - 1e-9 <= lo <= hi < dual, (d, h, nk, lo, hi, dual)
 
 
-def test_pending9_runs_named_scripts_and_the_changed_defaults_tests():
-    """scripts/pending9_gpu.sh (session 9's GPU work left for a later call): refuses a name without a script (exit 2,
-    before any GPU work), its default names and the ones its header names for the second call exist, and its defaults
-    step selects the torch.compile GPU tests and head_dim 256 GPU tests of fa3 and fa3-fp8 (both flipped at 256), its
-    zeroblocks step the GPU tests of all-zero blocks' descale 1."""
-    script = ROOT / "scripts" / "pending9_gpu.sh"
+def test_pending_runs_named_scripts_and_the_checks(tmp_path):
+    """scripts/pending_gpu.sh (a session's GPU work left for the next one's calls): refuses a name without a script
+    (exit 2, before any GPU work); every script its header plans exists; --checks selects GPU tests that exist (the
+    decode PDL rule flipped in session 10); a stub script named on the command line runs with OUT under pending/NAME
+    and its output is summarised."""
+    script = ROOT / "scripts" / "pending_gpu.sh"
     text = script.read_text()
     bad = subprocess.run(["bash", str(script), "no_such_script"], capture_output=True, text=True, timeout=30)
     assert bad.returncode == 2 and "no scripts/no_such_script_gpu.sh" in bad.stderr
-    for name in ("hadacore", "fp8two2"):
-        assert f" {name}" in text and (ROOT / "scripts" / f"{name}_gpu.sh").exists(), name
-    assert '-k "compile or 256"' in text
-    for path in ("tests/test_torch_compile.py", "tests/test_fa3_gpu.py", "tests/test_fa3_fp8_gpu.py"):
-        assert path in text
-    # the zero-block fix (session 9): its d256 GPU test falls under "256"; the bitwise pass test and the kernel's
-    # spread test in their own step
-    assert '-k "zero_and_subnormal and v3 or fp8two_v_scales_spread"' in text and "step zeroblocks" in text
-    for path in ("tests/test_fp8_quant_kernel.py", "tests/test_fa3_fp8_speed_gpu.py"):
-        assert path in text
-    assert "def test_zero_v_blocks_long_rows_d256(" in (ROOT / "tests" / "test_fa3_fp8_gpu.py").read_text()
-
+    plan = text.split("Plan for", 1)[1].split("Pass (step 1)", 1)[0]
+    planned = set(re.findall(r"pending_gpu\.sh(?: --checks)?((?: [a-z0-9]+)+)", plan))
+    names = {n for group in planned for n in group.split()}
+    assert {"oob", "fa1tol", "overflow", "fp8two2", "hadacore"} <= names, names
+    for name in names:
+        assert (ROOT / "scripts" / f"{name}_gpu.sh").exists(), name
+    assert 'CHECKS=(tests/test_decode_gpu.py -k "pdl or defaults or first_row or dual_auto or persistent")' in text
+    collect = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                              "tests/test_decode_gpu.py", "-k", "pdl or defaults or first_row or dual_auto or persistent"],
+                             capture_output=True, text=True, timeout=120, cwd=ROOT)
+    selected = re.search(r"(\d+)/\d+ tests collected", collect.stdout)
+    assert selected and int(selected.group(1)) >= 20, collect.stdout[-500:]
+    # a stub script run through the queue: its OUT, its output file, the summary
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    for f in ("pending_gpu.sh", "steps.sh"):
+        (scripts / f).write_text((ROOT / "scripts" / f).read_text())
+    (scripts / "stub_gpu.sh").write_text('#!/usr/bin/env bash\necho "stub ran with OUT=$OUT"\n')
+    run = subprocess.run(["bash", str(scripts / "pending_gpu.sh"), "stub"], capture_output=True, text=True,
+                         timeout=60, cwd=tmp_path, env={**os.environ, "OUT": str(tmp_path / "out")})
+    assert run.returncode == 0, run.stderr
+    assert "== stub: rc=0" in run.stdout and f"stub ran with OUT={tmp_path / 'out' / 'pending' / 'stub'}" in run.stdout
 
 def test_steps_sh_bandwidth_summary(tmp_path):
     """steps.sh bandwidth_summary (the quantisation scripts' closing lines): the device copy and mismatch lines, then
