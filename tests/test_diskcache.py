@@ -275,18 +275,22 @@ def test_warmup_plans_fa3s_split_config_too(monkeypatch):
     monkeypatch.setattr(fa3, "PACK_GQA_ENABLED", True)  # packed GQA (decode), unsplit and split, too
     configs, _ = warmup.plan(["fa3"], "sm_90a", ["bf16"], [128], (True,))
     assert [(c.config.num_splits, c.config.pack_gqa, c.config.pdl, c.config.ctas_per_sm) for c in configs] == [
-        (1, False, False, 1), (0, False, False, 1), (1, True, False, 1), (0, True, False, 1), (1, True, False, 2),
-        (0, True, True, 1), (0, True, True, 2), (0, True, False, 2)]  # PDL at 2-8 splits; dual tiles (DECODE_TILES auto)
+        (1, False, False, 1), (0, False, False, 1), (1, True, False, 1), (0, True, False, 1), (1, True, True, 1),
+        (1, True, True, 2), (0, True, True, 1), (0, True, True, 2), (0, True, False, 2)]
+    # PDL unsplit (DECODE_PDL_MIN_SPLITS 1 since session 10) and at 2-8 splits; dual tiles (DECODE_TILES auto)
     monkeypatch.setattr(fa3, "DECODE_TILES_CHOICE", "base")  # base tiles only: no two-CTA configs
     configs, _ = warmup.plan(["fa3"], "sm_90a", ["bf16"], [128], (True,))
     assert [(c.config.num_splits, c.config.pack_gqa, c.config.pdl) for c in configs] == [
-        (1, False, False), (0, False, False), (1, True, False), (0, True, False), (0, True, True)]
+        (1, False, False), (0, False, False), (1, True, False), (0, True, False), (1, True, True), (0, True, True)]
     monkeypatch.setattr(fa3, "DECODE_FIRST_ROW", True)  # the default: each packed decode config also with first_row_only
     with_first = warmup.plan(["fa3"], "sm_90a", ["bf16"], [128], (True,))[0]
     plain = [c.config for c in with_first if not c.config.first_row_only]
     first = [c.config for c in with_first if c.config.first_row_only]
     assert plain == [c.config for c in configs]
-    assert first and {dataclasses.replace(c, first_row_only=False) for c in first} == {c for c in plain if c.pack_gqa}
+    # seqlen_q-1 calls unsplit launch with PDL since session 10: the unsplit packed config without it serves seqlen_q > 1
+    # only, so it has no first-row twin
+    assert first and {dataclasses.replace(c, first_row_only=False) for c in first} == {
+        c for c in plain if c.pack_gqa and not (c.num_splits == 1 and not c.pdl)}
     monkeypatch.setattr(fa3, "SPLIT_KV_ENABLED", False)
     monkeypatch.setattr(fa3, "PACK_GQA_ENABLED", False)
     assert len(warmup.plan(["fa3"], "sm_90a", ["bf16"], [128], (True,))[0]) == 1
