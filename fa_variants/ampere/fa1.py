@@ -283,6 +283,12 @@ class FlashAttention1Sm80:
         # l_new = e^(m_i - m_new) l_i + rowsum P
         alpha = softmax.update(S, is_first=False)
         l_new = softmax.resumed_sum(alpha)
+        m_new = softmax.row_max
+        # line 13 for l and m: final now, so written back before the P V product (LSE = m + log l instead on the
+        # last K/V tile this Q tile sees); writing them here also finishes rowsum P before the product, so the
+        # fp32 P (Br x Bc) is dead once rounded, not kept live across it (at head_dim 256 that spilled)
+        self.write_row_state(mm, l_new, m_new, i, is_last)
+
         # line 12: O_i = diag(l_new)^-1 (diag(l_i) e^(m_i - m_new) O_i + P V_j), in that order: P = exp(S - m_new)
         # is rounded to fp16/bf16 unnormalised (its row max exactly 1, as in fa2) and the division comes after
         # the product, in fp32 (P / l_new rounded to 16 bits carried ~1.4x fa2's error: scripts/fa1tol_model.py)
@@ -299,22 +305,12 @@ class FlashAttention1Sm80:
             for c in cutlass.range_constexpr(cute.size(O, mode=[1])):
                 O[r, c] = O[r, c] * inv_l
 
-        # lines 12-13: write O_i, l_i, m_i back to HBM; after the last K/V tile this Q tile sees,
-        # write the output and LSE = m + log l instead (what Algorithm 1 leaves in HBM, finished)
-        m_new = softmax.row_max
+        # line 12's O_i back to HBM; after the last K/V tile this Q tile sees, the output instead (what
+        # Algorithm 1 leaves in HBM, finished)
         if is_last:
             self.write_output(mm, acc_O, i)
-            for r in cutlass.range_constexpr(num_rows):
-                row = i * Br + mm.tScS[r, 0][0]
-                if mm.quad_leader and row < mm.seqlen_q:
-                    mm.mLSE[row] = log_sum_exp(m_new[r], mm.scale_log2, l_new[r], l_new[r] == 0.0)
         else:
             cute.autovec_copy(acc_O, mm.tOgOacc[None, None, None, i])
-            if mm.quad_leader:
-                for r in cutlass.range_constexpr(num_rows):
-                    row = i * Br + mm.tScS[r, 0][0]
-                    mm.mL[row] = l_new[r]
-                    mm.mM[row] = m_new[r]
 
     # ------------------------------------------------------------------------------------------
     # partitions (plain Python, run while the kernel is traced: no staged control flow)
@@ -390,6 +386,21 @@ class FlashAttention1Sm80:
                 row = i * self.Br + mm.tScS[r, 0][0]
                 l_old[r] = mm.mL[row]
                 m_old[r] = mm.mM[row]
+
+    @cute.jit
+    def write_row_state(self, mm: tuple, l_new: cute.Tensor, m_new: cute.Tensor, i: Int32, is_last: cutlass.Boolean):
+        """Algorithm 1 line 13 for l and m of Q tile i (by the quad's leader lane, which reads them back): l_new,
+        m_new into HBM, or on the last K/V tile the tile sees LSE = m + log l (-inf for a row with no key) for
+        rows < seqlen_q."""
+        if mm.quad_leader:
+            for r in cutlass.range_constexpr(cute.size(l_new)):
+                row = i * self.Br + mm.tScS[r, 0][0]
+                if is_last:
+                    if row < mm.seqlen_q:
+                        mm.mLSE[row] = log_sum_exp(m_new[r], mm.scale_log2, l_new[r], l_new[r] == 0.0)
+                else:
+                    mm.mL[row] = l_new[r]
+                    mm.mM[row] = m_new[r]
 
     @cute.jit
     def init_state(self, mm: tuple, i: Int32):
