@@ -19,8 +19,9 @@
 # the rule (the old order put ~1 head in 3000 over it: test_ec08b failed once in the session-10 suite), and fa1/fa2
 # median error ratio ~1.0 (the old order: ~1.4; the test fails above 1.15). (2) informative: after/before
 # 0.98-1.02 at D 128 (per step the S * 1/l pass, 64 FMULs a thread, becomes an O * 1/l pass of 64, beside the step's
-# HBM round trip of the fp32 O tile); 0.95-1.0 at D 256 (128 FMULs instead of 32, and sm_80 spills grow from 40 to
-# 240 bytes a thread); max |after - before| ~1 bf16 ulp of O (the roundings differ).
+# HBM round trip of the fp32 O tile); 0.98-1.03 at D 256 (128 FMULs instead of 32, and local memory 0 bytes a thread
+# instead of 40, not causal, sm_80/sm_90a: `step` writes l, m back before the P V product, which keeps fp32 P from
+# living across it); max |after - before| ~1 bf16 ulp of O (the roundings differ).
 set -uo pipefail
 source "$(dirname "$0")/steps.sh"
 out="${OUT:-results/fa1tol}"; gpu_session "$out/logs" "$@"

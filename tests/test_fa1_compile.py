@@ -2,7 +2,7 @@
 
 * compile-only (marked `compile`): the kernel builds for sm80 with fake tensors, uses the tensor cores
   (HMMA), cp.async and ldmatrix, and does not spill (LDL = STL = 0, no stack frame) at head_dim 64 and
-  128, causal or not; 96 and 256 build too; `fa-variants compile --variant fa1` prints that report.
+  128, causal or not; 96 and 256 build too (256 spilling at most 40 bytes a thread); `fa-variants compile --variant fa1` prints that report.
 * the tile-range arithmetic (which (i, j) pairs run, which need the causal mask, which is a Q tile's
   last) against a brute-force enumeration of visible (query, key) pairs;
 * the kernel's schedule and per-step algebra, replayed in float64 torch on the CPU (the same loops,
@@ -61,9 +61,11 @@ def test_cli_reports_fa1(capsys):
 @pytest.mark.compile
 @pytest.mark.parametrize("head_dim", [96, 256])
 def test_other_head_dims_compile(head_dim):
-    """96 and 256 build and use the tensor cores (at 256 a few bytes may spill: not required)."""
+    """96 and 256 build and use the tensor cores; at 256 at most the 40 bytes a thread 446f785 spilled (a few
+    may spill: `step` writes l, m back before the P V product so that rowsum P is not kept live across it)."""
     r = compile_only("fa1", "sm_80", head_dim, "fp16", False, sass=True)
     assert r["HMMA"] > 0 and 0 < r["registers"] <= 255, r
+    assert r["spill_bytes"] <= 40, r
     assert r["smem_bytes"] <= 163 * 1024
 
 

@@ -467,8 +467,8 @@ def fake_args(dtype: str, head_dim: int, align: int = interop.DEFAULT_ALIGN):
 # wants tile_n large and tile_m may be small (the paper takes Bc = M / 4d >= Br = min(Bc, d), Algorithm 1
 # line 1). With 4 warps and mma.sync the registers hold tile_m x tile_n (S) + tile_m x D (O) fp32 values over
 # 128 threads, so 64 x 128 at D = 64 / 96 / 128 (128 x 128 at D = 64 spills a few bytes), and 64 x 64 (FA2's
-# tile) at D = 256, where K/V are single-buffered to fit shared memory (tens of bytes per thread spill there,
-# as compiled for sm80). Q is double-buffered (q_stages = 2: the next step's Q tile is prefetched).
+# tile) at D = 256, where K/V are single-buffered to fit shared memory (as compiled for sm80 / sm90a, 8 bytes a
+# thread spill there when causal, none otherwise). Q is double-buffered (q_stages = 2: the next step's Q tile is prefetched).
 CONFIGS = {64: Sm80Config(64, 128, 4, 2, 2), 96: Sm80Config(64, 128, 4, 2, 2),
            128: Sm80Config(64, 128, 4, 2, 2), 256: Sm80Config(64, 64, 4, 1, 2)}
 
