@@ -17,7 +17,8 @@
 #         on adversarial V and its A/B: flip it into DEFAULT_SWITCHES[256] if it passes)
 #      B. scripts/pending_gpu.sh fp8two2 hadacore               (~320 s: s_early_arrive / nopp at head_dim 256 and the
 #         tensor-core Hadamard, both cut by their test steps' limits in session 10)
-#      C. the whole GPU suite: `python3 -m pytest -q -n 14 -m "gpu and not slow" -p no:cacheprovider` (~500 s)
+#      C. the whole GPU suite: `python3 -m pytest -q -n 14 -m "gpu and not slow" -p no:cacheprovider --durations=40`
+#         (~500 s; the durations show where the suite's time goes, to shorten it)
 #      D. what is left: `python3 scripts/sanitize.py --backends fa1 fa3-fp8` (fa1's step changed; ~3-4 min)
 # Pass (step 1): 0 failed, 0 errors (an rc 124 after the "[100%]" line is xdist's teardown, not a failure).
 set -uo pipefail
