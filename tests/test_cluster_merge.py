@@ -1,0 +1,108 @@
+"""``Sm90Config.cluster_merge`` without a GPU: the config's rules, `auto`'s plumbing behind
+FA_VARIANTS_DECODE_CLUSTER_MERGE (off by default), and the kernel compiled for sm_90a (no spills, the cluster
+barriers and distributed shared-memory loads in its SASS, no global partials, its launch's cluster shape)."""
+import dataclasses
+import re
+import tempfile
+
+import pytest
+import torch
+
+from fa_variants import registry
+from fa_variants.common import cubin
+from fa_variants.common.config import MAX_CLUSTER_SPLITS, Sm90Config
+
+fa3 = pytest.importorskip("fa_variants.hopper.fa3")
+
+
+def _decode_split(d: int = 64):
+    return fa3.first_row(fa3.decode_tiles(fa3._PACKED_SPLIT_CONFIGS[d], d, "base", pdl=False), 8, True)
+
+
+@pytest.mark.parametrize("splits", [0, 1, MAX_CLUSTER_SPLITS + 1])
+def test_cluster_merge_needs_a_fixed_split_count_in_range(splits):
+    with pytest.raises(ValueError, match="cluster_merge"):
+        dataclasses.replace(_decode_split(), num_splits=splits, cluster_merge=True).check(64)
+
+
+def test_cluster_merge_refuses_fused_merge_sm80_and_small_k_stages():
+    cfg = dataclasses.replace(_decode_split(), num_splits=4, cluster_merge=True)
+    assert cfg.check(64) is cfg and dataclasses.replace(cfg, num_splits=16).check(128)
+    with pytest.raises(ValueError, match="cluster_merge"):
+        dataclasses.replace(cfg, fused_merge=True, first_row_only=False).check(64)
+    with pytest.raises(ValueError, match="cluster_merge"):
+        cfg.check(64, "sm_80")
+    with pytest.raises(ValueError, match="K stage buffers"):
+        dataclasses.replace(cfg, tile_n=32).check(64)
+    with pytest.raises(ValueError, match="cluster_merge"):
+        Sm90Config(cluster_merge=1, num_splits=4).check(64)
+
+
+def _meta(b, nq, nk, h, hkv, d):
+    return (torch.empty(b, nq, h, d, dtype=torch.bfloat16, device="meta"),
+            torch.empty(b, nk, hkv, d, dtype=torch.bfloat16, device="meta"))
+
+
+@pytest.fixture
+def heuristic(monkeypatch):
+    """`auto` may split and pack; the split heuristic with 132 SMs (an H100/H200 without the GPU)."""
+    from fa_variants.common import split
+
+    monkeypatch.setattr(fa3, "SPLIT_KV_ENABLED", True)
+    monkeypatch.setattr(fa3, "PACK_GQA_ENABLED", True)
+    monkeypatch.setattr(fa3, "_auto_splits", lambda ctas, n_blocks, index, min_tiles=None, per_sm=1:
+                        split.num_splits_heuristic(ctas, n_blocks, 132 * per_sm, min_tiles=min_tiles))
+
+
+@pytest.mark.parametrize("shape,splits", [((1, 1, 32768, 32, 8, 64), 16), ((1, 4, 32768, 64, 8, 64), 16),
+                                          ((1, 1, 1024, 32, 8, 64), 8)], ids=["nq1", "nq4", "nk1k"])
+def test_switch_makes_auto_split_decode_configs_cluster_merge(shape, splits, heuristic, monkeypatch):
+    """Off (the default): `auto`'s config as before; on: the same config with the count fixed and cluster_merge,
+    which plans like an unsplit call (the caller's O and LSE, no partials scratch, no merge step)."""
+    q, k = _meta(*shape)
+    assert fa3.DECODE_CLUSTER_MERGE is False or "FA_VARIANTS_DECODE_CLUSTER_MERGE" in __import__("os").environ
+    monkeypatch.setattr(fa3, "DECODE_CLUSTER_MERGE", False)
+    off = fa3._problem_config(None, q, k, True)
+    assert not off.cluster_merge and off.num_splits == 0 and fa3.num_splits_for(off, q, k, True) == splits
+    monkeypatch.setattr(fa3, "DECODE_CLUSTER_MERGE", True)
+    on = fa3._problem_config(None, q, k, True)
+    assert on == dataclasses.replace(off, num_splits=splits, cluster_merge=True)
+    assert fa3.auto_num_splits(q, k, True) == splits
+    prepare, finish = fa3._plan_call(on, q, k, k, 0.125)
+    assert finish is None
+
+
+def test_cluster_mode_leaves_unsplit_unpacked_and_fused_configs(heuristic):
+    packed = fa3._PACKED_SPLIT_CONFIGS[64]
+    assert fa3.cluster_mode(packed, 1, on=True) is packed
+    assert fa3.cluster_mode(packed, MAX_CLUSTER_SPLITS + 1, on=True) is packed
+    assert fa3.cluster_mode(packed, 16, on=False) is packed
+    assert fa3.cluster_mode(fa3._SPLIT_CONFIGS[64], 16, on=True) is fa3._SPLIT_CONFIGS[64]
+    fused = dataclasses.replace(packed, fused_merge=True)
+    assert fa3.cluster_mode(fused, 16, on=True) is fused
+    assert fa3.cluster_mode(packed, 16, on=True).cluster_merge
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("head_dim,splits,group", [(64, 16, 0), (64, 2, 8)], ids=["d64-16-nq1", "d64-2-g8"])
+def test_cluster_merge_compiles_with_cluster_barriers_and_dsmem_loads(head_dim, splits, group):
+    """sm_90a: no spills; two cluster barriers (UCGABAR_ARV / _WAIT) in each role; the merge's loads from the
+    peers' shared memory (ld.shared::cluster: LD.E through the cluster window, no LDG); no TMA store and no global
+    atomics (the partials never leave the cluster); the launch asks for a cluster of ``splits`` CTAs."""
+    import cutlass.cute as cute
+
+    base = _decode_split(head_dim) if not group else dataclasses.replace(fa3._PACKED_SPLIT_CONFIGS[head_dim],
+                                                                         pack_group=group)
+    cfg = registry.static_config("fa3", "sm_90a", "bf16", head_dim, True,
+                                 dataclasses.replace(base, num_splits=splits, cluster_merge=True))
+    kernel, args = fa3._build(cfg)
+    with tempfile.TemporaryDirectory(prefix="fa_variants_cubin_") as dump:
+        compiled = cute.compile(kernel, *args, options=f"--gpu-arch sm_90a --keep-cubin --dump-dir {dump}")
+    assert kernel.launch_cluster == [splits, 1, 1]
+    blob = compiled.artifacts.CUBIN
+    sass, res = cubin.sass_of(blob), cubin.cubin_resources(blob)
+    counts = cubin.count_sass(sass)
+    assert counts["LDL"] == counts["STL"] == 0 and res["spill_bytes"] == 0, (counts, res)
+    assert len(re.findall(r"UCGABAR_ARV", sass)) >= 4 and len(re.findall(r"UCGABAR_WAIT", sass)) >= 4
+    assert re.search(r"\bLD\.E\b", sass) and not re.search(r"\bLDG\.", sass) and "ATOMG" not in sass
+    assert counts["UTMASTG"] == 0 and counts["HGMMA"] > 0
