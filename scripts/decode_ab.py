@@ -65,6 +65,11 @@ below launch with PDL too:
 * ``pers``          a persistent grid instead of the dual tiles (``DECODE_FULL_GRID`` "persistent": B x Hkv >= 512,
                     Nk <= 4k), 2 K/V stages; ``pers3`` with 3.
 
+Session 10 (``--s10c`` picks the shapes ``S10C``: D 64 B 1 Nk 32k at seqlen_q 1 / 4 and guards):
+
+* ``cluster``       the split calls of `auto` merge inside one thread block cluster per query tile
+                    (``DECODE_CLUSTER_MERGE``, ``Sm90Config.cluster_merge``): no merge kernel, no global partials.
+
 With ``--s7`` (or ``--skip-same``) a public variant that runs at a shape what `auto` or a variant listed before it
 runs there (config and merge kernel) is not timed there: its cell reads "-".
 
@@ -144,6 +149,12 @@ S8 = ([(64, 64, 8, 1, 32768, 16), (128, 64, 8, 1, 32768, 16), (64, 32, 8, 1, 327
 # session 8 (--s9): seqlen_q 1 at batch 64 (unsplit): Nk 1k / 4k at D 64 / 128, 32:8 / 64:8 (the dual tiles, which the
 # persistent grid replaces; D 64 Nk 1k the two shapes > SDPA in s7), and Nk 32k D 64 32:8 (base tiles: pdl1 only)
 S9 = [(d, h, 8, 64, nk) for d in (64, 128) for h in (32, 64) for nk in (1024, 4096)] + [(64, 32, 8, 64, 32768)]
+# session 10 (--s10c): the D 64 B 1 Nk 32k shapes under 70% of HBM at seqlen_q 1 / 4 (16 splits: the fixed cost of a
+# split call), then guards the cluster merge changes: seqlen_q 16 (16 splits, 64 rows), Nk 4k (16 splits), Nk 1k (8
+# splits, PDL), B 8 Nk 1k (2 splits), D 128 B 1 Nk 32k (16 splits, the partial O fills both K stages)
+S10C = ([(64, h, 8, 1, 32768) for h in (32, 64)] + [(64, h, 8, 1, 32768, 4) for h in (32, 64)]
+        + [(64, 32, 8, 1, 32768, 16), (64, 32, 8, 1, 4096), (64, 32, 8, 1, 1024), (64, 32, 8, 8, 1024),
+           (128, 32, 8, 1, 32768)])
 ALL_NQ1 = [(d, h, 8, b, nk) for d in (64, 128) for h in (32, 64) for b in (1, 8, 64)
            for nk in (1024, 4096, 32768, 131072)]
 
@@ -184,13 +195,15 @@ PUBLIC = {
     # session 8 (--s9)
     "pers": dict(DECODE_FULL_GRID="persistent"),
     "pers3": dict(DECODE_FULL_GRID="persistent3"),
+    # session 10 (--s10c)
+    "cluster": dict(DECODE_CLUSTER_MERGE=True),
     "shipped": dict(),  # the shipped switches (what `auto` runs when the environment sets none)
 }
 #: the switches PUBLIC sets, at their shipped values (a variant sets all of them, its own on top); MERGE_WARP is
 #: common.split_combine's, the rest fa3's
 SHIPPED = dict(FUSED_MERGE="off", DECODE_PDL=False, DECODE_TILES_CHOICE="auto", DECODE_PDL_MAX_SPLITS=8,
                SPLIT_MIN_TILES=1, PACK_WIDE=None, MERGE_WARP=None, DECODE_FIRST_ROW=True,
-               DECODE_PDL_MIN_SPLITS=1, DECODE_FULL_GRID="dual")
+               DECODE_PDL_MIN_SPLITS=1, DECODE_FULL_GRID="dual", DECODE_CLUSTER_MERGE=False)
 NUM_SMS_DEFAULT = 132  # H100/H200 SXM, for --plan without a GPU
 REF_BATCHES = 8  # sequences of a shape each entry's output is checked on (the reference's cost)
 
@@ -645,6 +658,7 @@ def main() -> int:
     p.add_argument("--s7", action="store_true", help="the session-7 set S7 instead of the 32 misses (and --skip-same)")
     p.add_argument("--s8", action="store_true", help="the session-8 set S8 instead of the 32 misses (and --skip-same)")
     p.add_argument("--s9", action="store_true", help="the session-8 batch-64 set S9 instead of the 32 misses (and --skip-same)")
+    p.add_argument("--s10c", action="store_true", help="the session-10 cluster-merge set S10C (and --skip-same)")
     p.add_argument("--skip-same", action="store_true",
                    help="time no public variant where it runs the shipped config (same_as_shipped)")
     p.add_argument("--variants", nargs="+", default=[v for v in VARIANTS if not v.startswith("min1")],
@@ -658,7 +672,7 @@ def main() -> int:
                    else "results/decode2/decode_ab")
     a = p.parse_args()
     shapes = (ALL_NQ1 if a.all_nq1 else SHORT_NK + CONTROLS if a.short_nk else S6 if a.s6 else S7 if a.s7 else
-              S8 if a.s8 else S9 if a.s9 else MISSES) + (
+              S8 if a.s8 else S9 if a.s9 else S10C if a.s10c else MISSES) + (
         WINS if a.wins else [])
     gpu = not (a.plan or a.compile_only)
     if gpu:
@@ -671,7 +685,7 @@ def main() -> int:
     else:
         os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
         num_sms = NUM_SMS_DEFAULT
-    rows = plan(shapes, a.variants, num_sms, a.skip_same or a.s7 or a.s8 or a.s9)
+    rows = plan(shapes, a.variants, num_sms, a.skip_same or a.s7 or a.s8 or a.s9 or a.s10c)
     for r in rows:
         if not r.get("public"):
             r["forced"] = entry(r["variant"], r["shape"], num_sms)[1]

@@ -106,3 +106,28 @@ def test_cluster_merge_compiles_with_cluster_barriers_and_dsmem_loads(head_dim, 
     assert len(re.findall(r"UCGABAR_ARV", sass)) >= 4 and len(re.findall(r"UCGABAR_WAIT", sass)) >= 4
     assert re.search(r"\bLD\.E\b", sass) and not re.search(r"\bLDG\.", sass) and "ATOMG" not in sass
     assert counts["UTMASTG"] == 0 and counts["HGMMA"] > 0
+
+
+def test_cluster_gpu_script_plan():
+    """scripts/cluster_gpu.sh's pieces on the CPU (132 SMs): decode_ab --s10c times `cluster` at all 9 shapes, each
+    with a cluster config of the count `auto` splits into; the precompile list holds every kernel of that plan, the
+    GPU tests' explicit ones and `auto`'s with the switch, each once, within the cold budget (<= 32 kernels)."""
+    import sys
+
+    from helpers import load_script
+
+    ab = load_script("decode_ab")
+    rows = ab.plan(ab.S10C, ["cluster"], 132, skip_same=True)
+    assert len(rows) == len(ab.S10C) == 9
+    for r in rows:
+        auto_cfg, auto_splits = ab.public_entry("shipped", r["shape"], 132)
+        assert r["config"].cluster_merge and r["config"].num_splits == r["splits"] == auto_splits
+        assert r["config"] == dataclasses.replace(auto_cfg, num_splits=auto_splits, cluster_merge=True)
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    pre = load_script("cluster_precompile")
+    todo = pre.items(["cluster"], 132)
+    assert len(todo) == len(set(todo)) <= 32
+    assert {("fa3", r["shape"][0], True, r["config"]) for r in rows} <= set(todo)
+    import test_cluster_merge_gpu as gpu_tests
+
+    assert {("fa3", d, c, cfg) for d, c, cfg in gpu_tests.kernels()} <= set(todo)

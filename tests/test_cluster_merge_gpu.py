@@ -83,13 +83,13 @@ def test_cluster_merge_matches_reference(rows, splits, nk):
 def test_cluster_merge_head_dim_128_batch_2():
     """Two batches x 8 KV heads of 16-CTA clusters at head_dim 128 (the partial O fills both K stages)."""
     q, k, v = make_qkv(2, 1, 4099, 32, 8, 128, device="cuda")
-    out, lse = fa3.run(q, k, v, causal=False, softmax_scale=0.125, config=cluster_config(128, 16))
-    assert_attention_ok(out, lse, q, k, v, False, 0.125)
+    out, lse = fa3.run(q, k, v, causal=True, softmax_scale=0.125, config=cluster_config(128, 16))
+    assert_attention_ok(out, lse, q, k, v, True, 0.125)
 
 
 # (batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim) of `auto` with the switch: the A/B's B 1 Nk 32k shapes
 AUTO = [(1, 1, 32768, 32, 8, 64), (1, 1, 32768, 64, 8, 64), (1, 4, 32768, 32, 8, 64), (1, 4, 32768, 64, 8, 64),
-        (1, 1, 1024, 32, 8, 64)]
+        (1, 1, 1024, 32, 8, 64), (1, 16, 4097, 64, 8, 64)]  # the last: 128 packed rows, the wide ping-pong tile
 
 
 @pytest.mark.parametrize("shape", AUTO, ids=lambda s: "x".join(map(str, s)))
