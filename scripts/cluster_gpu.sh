@@ -9,8 +9,8 @@
 # head) are one 16-CTA cluster: each CTA keeps its partial O (fp32) and LSE in its own shared memory, a cluster barrier,
 # then every CTA merges a slice of the tile from its peers' shared memory (DSMEM) and writes O and LSE: no merge launch,
 # no global partials, no atomics.
-# 0. scripts/cluster_precompile.py: ~29 kernels (cluster configs of 2..16 splits, auto's, the merges) in 16 processes.
-# 1. scripts/cluster_occupancy.py: resident clusters of the D 64 kernel at cluster sizes 2 / 4 / 8 / 16
+# 0. scripts/cluster_precompile.py: 32 kernels (cluster configs of 2..16 splits, auto's, the merges) in 16 processes.
+# 1. scripts/cluster_occupancy.py: resident clusters of the D 64 kernel at cluster sizes 2 / 8 / 16
 #    (cuOccupancyMaxActiveClusters); a B 1 call with 8 KV heads launches 8 clusters: fewer resident = a second wave.
 # 2. GPU tests, tests/test_cluster_merge_gpu.py (-n 4): explicit clusters of 2 / 5 / 16 splits at Nk 5 / 193 / 4097 /
 #    32771, GQA 32:8 and 64:8, seqlen_q 1 and 4 (causal), D 128 B 2; `auto` with the switch at the A/B's shapes (fresh
@@ -21,7 +21,7 @@
 #    Left out unless step 2 passed with no failure or error (a variant whose GPU tests fail is not timed).
 # Pass: (0) precompile ends "kernels in"; (2) 0 failed / 0 errors; (3) no BAD/ERR cell.
 # Predictions (bench/NOTES.md, "Session 10 (2026-12-01): decode, the merge inside a thread block cluster"):
-#  - occupancy: clusters of 2-8 fit (>= 8 resident); 16: 7-8 resident (H200 GPCs of 16-18 SMs; one GPC short of 16
+#  - occupancy: clusters of 2 and 8 fit (>= 8 resident); 16: 7-8 resident (H200 GPCs of 16-18 SMs; one GPC short of 16
 #    would make it 7: then the 128-CTA grid runs in two waves and cluster loses badly at 16 splits).
 #  - with 8 resident 16-clusters: cluster / auto at D 64 B 1 Nk 32k seqlen_q 1 0.88-0.95 (21.7 -> 19.3-20.6 us,
 #    64 -> 67-72% of HBM: the 2.1 us merge launch and 0.5 us gap gone, +0.3-0.6 us for the in-cluster merge and the
@@ -34,7 +34,7 @@ set -uo pipefail
 source "$(dirname "$0")/steps.sh"
 out="${OUT:-results/cluster}"; gpu_session "$out/logs" "$@"
 step precompile 48 python3 scripts/cluster_precompile.py --jobs 16 --variants cluster
-step occupancy 10 python3 scripts/cluster_occupancy.py --head-dim 64 --splits 2 4 8 16
+step occupancy 10 python3 scripts/cluster_occupancy.py --head-dim 64 --splits 2 8 16
 NPROC=$(xdist_flag 4)
 step pytest 36 python3 -m pytest -q $NPROC -m gpu -p no:cacheprovider --tb=short -rfEX tests/test_cluster_merge_gpu.py
 if ! grep -qE "[0-9]+ passed" "$out/logs/pytest.log" || grep -qE "^(FAILED|ERROR)|[0-9]+ (failed|errors?)\b" "$out/logs/pytest.log"; then

@@ -1,9 +1,9 @@
 """How many thread block clusters of the cluster-merge decode kernel (``Sm90Config.cluster_merge``) one GPU holds at
 once (``cuOccupancyMaxActiveClusters`` on the compiled cubin, with its launch's block, shared memory and cluster
-shape), against what a B 1 call with 8 KV heads launches (8 clusters of num_splits CTAs): fewer than 8 resident
+shape; cluster sizes ``SIZES``), against what a B 1 call with 8 KV heads launches (8 clusters of num_splits CTAs): fewer than 8 resident
 16-CTA clusters means a second wave. Prints one line per cluster size; needs a GPU (scripts/cluster_gpu.sh).
 
-    python3 scripts/cluster_occupancy.py [--head-dim 64] [--splits 2 4 8 16]
+    python3 scripts/cluster_occupancy.py [--head-dim 64] [--splits 2 8 16]
 """
 from __future__ import annotations
 
@@ -53,22 +53,33 @@ def max_active_clusters(blob: bytes, smem: int, threads: int, cluster: int) -> i
     return int(_check(cu.cuOccupancyMaxActiveClusters(func, config)))
 
 
+#: cluster sizes scripts/cluster_gpu.sh probes (cluster_precompile.py compiles their kernels)
+SIZES = (2, 8, 16)
+
+
+def config(head_dim: int, splits: int):
+    """The seqlen_q 1 decode config `auto` splits with (base tiles, first_row_only, no PDL), merged in a cluster of
+    ``splits``."""
+    from fa_variants.hopper import fa3
+
+    base = fa3.first_row(fa3.decode_tiles(fa3._PACKED_SPLIT_CONFIGS[head_dim], head_dim, "base", pdl=False), 8, True)
+    return dataclasses.replace(base, num_splits=splits, cluster_merge=True)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--splits", type=int, nargs="+", default=[2, 4, 8, 16])
+    p.add_argument("--splits", type=int, nargs="+", default=list(SIZES))
     a = p.parse_args()
     import torch
 
     from fa_variants import registry
-    from fa_variants.hopper import fa3
 
     torch.zeros(1, device="cuda")  # the primary context, current
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     d = a.head_dim
-    base = fa3.first_row(fa3.decode_tiles(fa3._PACKED_SPLIT_CONFIGS[d], d, "base", pdl=False), 8, True)
     for n in a.splits:
-        cfg = dataclasses.replace(base, num_splits=n, cluster_merge=True)
+        cfg = config(d, n)
         c = registry.compiled(registry.static_config("fa3", "sm_90a", "bf16", d, True, cfg))
         threads = 128 * (1 + cfg.consumer_warpgroups)
         try:

@@ -2,7 +2,7 @@
 needs: the A/B plan of ``decode_ab.py --s10c`` (``plan_items``: `auto`'s configs and the cluster variant's, worked
 out on meta tensors), what `auto` runs with FA_VARIANTS_DECODE_CLUSTER_MERGE at the shapes of
 tests/test_cluster_merge_gpu.py (``AUTO``, and the seqlens_k test's lengths 193 / 4097), its explicit kernels
-(``kernels()``), and the merges (bf16, D 64 / 128).
+(``kernels()``), the occupancy probe's (``cluster_occupancy.SIZES``), and the merges (bf16, D 64 / 128).
 
     python3 scripts/cluster_precompile.py --variants cluster [--jobs 16] [--list]
 """
@@ -21,6 +21,7 @@ TEST_AUTO = [(64, 32, 8, 1, 32768), (64, 64, 8, 1, 32768), (64, 32, 8, 1, 32768,
 
 
 def items(variants, num_sms: int) -> list:
+    import cluster_occupancy
     import decode_ab
     import test_cluster_merge_gpu as gpu_tests
 
@@ -31,6 +32,7 @@ def items(variants, num_sms: int) -> list:
             if config is not None:
                 out.append(("fa3", shape[0], True, config))
     out += [("fa3", d, causal, cfg) for d, causal, cfg in gpu_tests.kernels()]
+    out += [("fa3", 64, True, cluster_occupancy.config(64, n)) for n in cluster_occupancy.SIZES]  # the probe's
     out += decode_ab.merge_items((64, 128))
     return list(dict.fromkeys(out))
 

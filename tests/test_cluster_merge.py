@@ -131,3 +131,5 @@ def test_cluster_gpu_script_plan():
     import test_cluster_merge_gpu as gpu_tests
 
     assert {("fa3", d, c, cfg) for d, c, cfg in gpu_tests.kernels()} <= set(todo)
+    occupancy = load_script("cluster_occupancy")
+    assert {("fa3", 64, True, occupancy.config(64, n)) for n in occupancy.SIZES} <= set(todo)
