@@ -1,6 +1,6 @@
 """How many thread block clusters of the cluster-merge decode kernel (``Sm90Config.cluster_merge``) one GPU holds at
 once (``cuOccupancyMaxActiveClusters`` on the compiled cubin, with its launch's block, shared memory and cluster
-shape; cluster sizes ``SIZES``), against what a B 1 call with 8 KV heads launches (8 clusters of num_splits CTAs): fewer than 8 resident
+shape; cluster sizes ``SIZES`` and the 16-CTA cluster at two CTAs per SM), against what a B 1 call with 8 KV heads launches (8 clusters of num_splits CTAs): fewer than 8 resident
 16-CTA clusters means a second wave. Prints one line per cluster size; needs a GPU (scripts/cluster_gpu.sh).
 
     python3 scripts/cluster_occupancy.py [--head-dim 64] [--splits 2 8 16]
@@ -57,13 +57,13 @@ def max_active_clusters(blob: bytes, smem: int, threads: int, cluster: int) -> i
 SIZES = (2, 8, 16)
 
 
-def config(head_dim: int, splits: int):
+def config(head_dim: int, splits: int, ctas_per_sm: int = 1):
     """The seqlen_q 1 decode config `auto` splits with (base tiles, first_row_only, no PDL), merged in a cluster of
-    ``splits``."""
+    ``splits``, launched for ``ctas_per_sm`` CTAs per SM (2: FA_VARIANTS_DECODE_CLUSTER_MERGE=dual)."""
     from fa_variants.hopper import fa3
 
     base = fa3.first_row(fa3.decode_tiles(fa3._PACKED_SPLIT_CONFIGS[head_dim], head_dim, "base", pdl=False), 8, True)
-    return dataclasses.replace(base, num_splits=splits, cluster_merge=True)
+    return dataclasses.replace(base, num_splits=splits, cluster_merge=True, ctas_per_sm=ctas_per_sm)
 
 
 def main() -> int:
@@ -78,17 +78,17 @@ def main() -> int:
     torch.zeros(1, device="cuda")  # the primary context, current
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     d = a.head_dim
-    for n in a.splits:
-        cfg = config(d, n)
+    for n, per_sm in [(n, 1) for n in a.splits] + [(16, 2)]:  # and the "dual" 16-CTA cluster
+        cfg = config(d, n, per_sm)
         c = registry.compiled(registry.static_config("fa3", "sm_90a", "bf16", d, True, cfg))
         threads = 128 * (1 + cfg.consumer_warpgroups)
         try:
             clusters = max_active_clusters(c.cubin, c.smem_dynamic_bytes, threads, n)
             verdict = "one wave" if clusters >= 8 else "TWO WAVES"
-            print(f"cluster {n:2d} (D {d}, {threads} threads, {c.smem_dynamic_bytes} B smem): {clusters} resident "
+            print(f"cluster {n:2d} (D {d}, {per_sm} CTA(s) per SM, {c.smem_dynamic_bytes} B smem): {clusters} resident "
                   f"clusters = {clusters * n} CTAs of {sms} SMs; B 1 x 8 KV heads needs 8: {verdict}", flush=True)
         except Exception as exc:  # noqa: BLE001 - one line per size, whatever the driver says
-            print(f"cluster {n:2d}: ERR {type(exc).__name__}: {exc}", flush=True)
+            print(f"cluster {n:2d} ({per_sm} CTA(s) per SM): ERR {type(exc).__name__}: {exc}", flush=True)
     return 0
 
 

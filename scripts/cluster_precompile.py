@@ -4,7 +4,7 @@ out on meta tensors), what `auto` runs with FA_VARIANTS_DECODE_CLUSTER_MERGE at 
 tests/test_cluster_merge_gpu.py (``AUTO``, and the seqlens_k test's lengths 193 / 4097), its explicit kernels
 (``kernels()``), the occupancy probe's (``cluster_occupancy.SIZES``), and the merges (bf16, D 64 / 128).
 
-    python3 scripts/cluster_precompile.py --variants cluster [--jobs 16] [--list]
+    python3 scripts/cluster_precompile.py --variants cluster clusterdual [--jobs 16] [--list]
 """
 from __future__ import annotations
 
@@ -27,12 +27,13 @@ def items(variants, num_sms: int) -> list:
 
     out = list(decode_ab.plan_items(decode_ab.plan(decode_ab.S10C, variants, num_sms, skip_same=True)))
     for shape in TEST_AUTO:
-        for name in ("cluster", "shipped"):
+        for name in ("cluster", "clusterdual", "shipped"):
             config, _ = decode_ab.public_entry(name, shape, num_sms)
             if config is not None:
                 out.append(("fa3", shape[0], True, config))
     out += [("fa3", d, causal, cfg) for d, causal, cfg in gpu_tests.kernels()]
     out += [("fa3", 64, True, cluster_occupancy.config(64, n)) for n in cluster_occupancy.SIZES]  # the probe's
+    out.append(("fa3", 64, True, cluster_occupancy.config(64, 16, 2)))
     out += decode_ab.merge_items((64, 128))
     return list(dict.fromkeys(out))
 

@@ -69,6 +69,8 @@ Session 10 (``--s10c`` picks the shapes ``S10C``: D 64 B 1 Nk 32k at seqlen_q 1 
 
 * ``cluster``       the split calls of `auto` merge inside one thread block cluster per query tile
                     (``DECODE_CLUSTER_MERGE``, ``Sm90Config.cluster_merge``): no merge kernel, no global partials.
+* ``clusterdual``   the same launched for two CTAs per SM (``DECODE_CLUSTER_MERGE`` "dual": the dual tiles' register
+                    cap), so that a 16-CTA cluster fits in 8 SMs of a GPC.
 
 With ``--s7`` (or ``--skip-same``) a public variant that runs at a shape what `auto` or a variant listed before it
 runs there (config and merge kernel) is not timed there: its cell reads "-".
@@ -197,6 +199,7 @@ PUBLIC = {
     "pers3": dict(DECODE_FULL_GRID="persistent3"),
     # session 10 (--s10c)
     "cluster": dict(DECODE_CLUSTER_MERGE=True),
+    "clusterdual": dict(DECODE_CLUSTER_MERGE="dual"),
     "shipped": dict(),  # the shipped switches (what `auto` runs when the environment sets none)
 }
 #: the switches PUBLIC sets, at their shipped values (a variant sets all of them, its own on top); MERGE_WARP is

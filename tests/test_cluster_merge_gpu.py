@@ -61,6 +61,7 @@ def kernels() -> list[tuple[int, bool, object]]:
     """(head_dim, causal, config) of every kernel these tests compile but `auto`'s (scripts/cluster_precompile.py
     adds those)."""
     out = [(d, True, cluster_config(d, n, _group(nq, h))) for nq, h, d in ROWS for n in SPLITS]
+    out += [(d, True, dataclasses.replace(cluster_config(d, 16, _group(nq, h)), ctas_per_sm=2)) for nq, h, d in ROWS]
     return list(dict.fromkeys(out + [(128, True, cluster_config(128, 16))]))
 
 
@@ -78,6 +79,18 @@ def test_cluster_merge_matches_reference(rows, splits, nk):
     q, k, v = make_qkv(1, nq, nk, h, 8, d, device="cuda")
     out, lse = fa3.run(q, k, v, causal=True, softmax_scale=d ** -0.5, config=cluster_config(d, splits, _group(nq, h)))
     _check(out, lse, q, k, v, True, (rows, splits, nk))
+
+
+@pytest.mark.parametrize("nk", (5, 4097, 32768 + 3), ids=lambda n: f"nk{n}")
+@pytest.mark.parametrize("rows", ROWS, ids=lambda r: "nq{}-h{}-d{}".format(*r))
+def test_cluster_merge_two_ctas_per_sm_matches_reference(rows, nk):
+    """FA_VARIANTS_DECODE_CLUSTER_MERGE=dual's kernels: 16-CTA clusters launched for two CTAs per SM (128 registers
+    at launch, the consumer 232)."""
+    nq, h, d = rows
+    q, k, v = make_qkv(1, nq, nk, h, 8, d, device="cuda")
+    cfg = dataclasses.replace(cluster_config(d, 16, _group(nq, h)), ctas_per_sm=2)
+    out, lse = fa3.run(q, k, v, causal=True, softmax_scale=d ** -0.5, config=cfg)
+    _check(out, lse, q, k, v, True, (rows, "dual", nk))
 
 
 def test_cluster_merge_head_dim_128_batch_2():

@@ -383,20 +383,31 @@ def _merge_mode(config: Sm90Config) -> Sm90Config:
 #: split calls (decode: seqlen_q 1 from host views, and packed seqlen_q > 1) whose split count is in
 #: [2, MAX_CLUSTER_SPLITS] run ``Sm90Config.cluster_merge`` (one thread block cluster of num_splits CTAs per query
 #: tile; the merge inside it through distributed shared memory; no merge kernel) with that count fixed in the
-#: config (one kernel per count). Read at import (``switches``).
-DECODE_CLUSTER_MERGE = env.flag("FA_VARIANTS_DECODE_CLUSTER_MERGE", False)
+#: config (one kernel per count). "dual": the same, launched for two CTAs per SM (``Sm90Config.ctas_per_sm`` 2, the
+#: register cap of the "dual" decode tiles) where the tile has one consumer warpgroup and fits twice, so that a
+#: 16-CTA cluster needs 8 SMs of a GPC, not 16 (the split count stays the one-CTA-per-SM heuristic's). Values: off
+#: (default), 0, 1, dual. Read at import (``switches``).
+DECODE_CLUSTER_MERGE: bool | str = {"off": False, "0": False, "1": True, "dual": "dual"}[
+    env.choice("FA_VARIANTS_DECODE_CLUSTER_MERGE", "off", ("off", "0", "1", "dual"))]
 
 
-def cluster_mode(config: Sm90Config, splits: int, on: bool | None = None) -> Sm90Config:
-    """config with ``cluster_merge`` and ``num_splits=splits`` when ``on`` (default DECODE_CLUSTER_MERGE), config
-    is a packed split config (pack_gqa, num_splits 0: the count per call), not fused_merge, 2 <= splits <=
-    MAX_CLUSTER_SPLITS, and its K stage buffers hold the fp32 partial O (``Sm90Config.check``); else config
-    unchanged."""
+def cluster_mode(config: Sm90Config, splits: int, head_dim: int, on: bool | str | None = None) -> Sm90Config:
+    """config with ``cluster_merge`` and ``num_splits=splits`` when ``on`` (default DECODE_CLUSTER_MERGE; "dual": and
+    ``ctas_per_sm=2`` where the config then still checks at ``head_dim``), config is a packed split config
+    (pack_gqa, num_splits 0: the count per call), not fused_merge, 2 <= splits <= MAX_CLUSTER_SPLITS, and its K
+    stage buffers hold the fp32 partial O (``Sm90Config.check``); else config unchanged."""
     on = DECODE_CLUSTER_MERGE if on is None else on
     if not (on and config.pack_gqa and config.num_splits == 0 and not config.fused_merge
             and 2 <= splits <= MAX_CLUSTER_SPLITS and config.stages * config.tile_n >= 2 * config.tile_m):
         return config
-    return dataclasses.replace(config, num_splits=splits, cluster_merge=True)
+    config = dataclasses.replace(config, num_splits=splits, cluster_merge=True)
+    if on == "dual" and config.consumer_warpgroups == 1:
+        dual = dataclasses.replace(config, ctas_per_sm=2)
+        try:
+            return dual.check(head_dim)
+        except ValueError:  # does not fit twice in the SM's shared memory
+            return config
+    return config
 
 
 def _problem_config(config: Sm90Config | None, q: torch.Tensor, k: torch.Tensor, causal: bool):
@@ -412,7 +423,7 @@ def _problem_config(config: Sm90Config | None, q: torch.Tensor, k: torch.Tensor,
         config = _PACKED_CONFIGS[q.shape[-1]]
     else:
         return None
-    return cluster_mode(_merge_mode(_packed(config, q, k, splits) if pack else config), splits)
+    return cluster_mode(_merge_mode(_packed(config, q, k, splits) if pack else config), splits, q.shape[-1])
 
 
 def pack_helps(seqlen_q: int, num_heads: int, num_heads_kv: int, head_dim: int) -> bool:
