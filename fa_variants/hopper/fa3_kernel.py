@@ -219,6 +219,9 @@ class FlashAttention3Sm90:
         if const_expr(self.cluster_merge) and kv_words * self.dtype.width // 8 < self.tile_m * self.head_dim * 4:
             raise ValueError(f"cluster_merge: the K stage buffers ({kv_words} elements) cannot hold the fp32 partial O "
                              f"of {self.tile_m} x {self.head_dim}")
+        if const_expr(self.cluster_merge) and q_words * out_bytes < self.tile_m * self.cfg.num_splits * 4:
+            raise ValueError(f"cluster_merge: Q's buffer ({q_words * out_bytes} B) cannot hold the {self.tile_m} x "
+                             f"{self.cfg.num_splits} fp32 split weights")
 
         @cute.struct
         class SharedStorage:
@@ -472,11 +475,12 @@ class FlashAttention3Sm90:
         partial O and LSE are in its shared memory (``store_partial``; an empty split wrote LSE -inf only).
 
         A cluster barrier (arrive: release; wait: acquire) makes every split's partials visible to the cluster;
-        each CTA then computes the merged LSE of every row from the num_splits LSEs (``_merge_tile``'s maths, sums
-        in split order) and merges its share of the tile's (row, MERGE_VEC columns) chunks, chunk u in the CTA of
-        cluster rank u % num_splits, reading the peers' partials through distributed shared memory
-        (``common.dsmem``), and stores O (rounded once to O's dtype); the CTA of cluster rank 0 stores LSE. A second
-        cluster barrier keeps every CTA's shared memory alive until the peers' reads of it are done."""
+        each CTA then computes, one thread per row, the merged LSE from the num_splits LSEs (``_merge_tile``'s maths,
+        sums in split order) and the split weights exp(LSE_s - LSE) into its Q buffer; then merges its share of the
+        tile's (row, MERGE_VEC columns) chunks, chunk u in the CTA of cluster rank u % num_splits, reading the peers'
+        partial O through distributed shared memory (``common.dsmem``), and stores O (rounded once to O's dtype); the
+        CTA of cluster rank 0 stores LSE. A second cluster barrier keeps every CTA's shared memory alive until the
+        peers' reads of it are done."""
         tidx = cute.arch.thread_idx()[0] - WARPGROUP_THREADS
         consumers = self.num_wg * WARPGROUP_THREADS
         splits = self.cfg.num_splits
@@ -486,23 +490,30 @@ class FlashAttention3Sm90:
         o_ptr = cute.recast_ptr(storage.sK.data_ptr(), dtype=Float32)
         lse_ptr = storage.part_lse.data_ptr()
         sLSE = storage.merge_lse.get_tensor(cute.make_layout(self.tile_m))
+        # each row's split weights exp(LSE_s - LSE) (0: an empty split), fp32 in Q's buffer (free after the main loop)
+        sW = cute.make_tensor(cute.recast_ptr(storage.sQ.data_ptr(), dtype=Float32),
+                              cute.make_layout((self.tile_m, splits), stride=(splits, 1)))
         row0 = m_block * self.tile_m
         n_rows = cutlass.min(rows - row0, self.tile_m)
         if tidx < n_rows:
+            xs = cute.make_rmem_tensor(cute.make_layout(splits), Float32)
+            for s in cutlass.range_constexpr(splits):  # all in flight at once
+                xs[s] = dsmem.load_f32(dsmem.peer_address(lse_ptr, s) + 4 * tidx)
             m = -Float32.inf
             for s in cutlass.range_constexpr(splits):
-                m = cutlass.max(m, dsmem.load_f32(dsmem.peer_address(lse_ptr, s) + 4 * tidx))
+                m = cutlass.max(m, xs[s])
             m_safe = m
             if m == -Float32.inf:
                 m_safe = Float32(0.0)
             total = Float32(0.0)
             for s in cutlass.range_constexpr(splits):
-                x = dsmem.load_f32(dsmem.peer_address(lse_ptr, s) + 4 * tidx)
-                total += cute.math.exp2((x - m_safe) * LOG2_E, fastmath=True)
+                total += cute.math.exp2((xs[s] - m_safe) * LOG2_E, fastmath=True)
             lse = -Float32.inf
             if total != Float32(0.0):
                 lse = m_safe + cute.math.log2(total, fastmath=True) * LN_2
-            sLSE[tidx] = lse
+            for s in cutlass.range_constexpr(splits):  # x != -inf implies a finite LSE
+                w = cute.math.exp2((xs[s] - lse) * LOG2_E, fastmath=True)
+                sW[tidx, s] = cutlass.select_(xs[s] != -Float32.inf, w, Float32(0.0))
             if rank == 0:
                 mLSE[row0 + tidx, head, batch] = lse
         cute.arch.barrier(barrier_id=int(NamedBarrier.EPILOGUE), number_of_threads=consumers)
@@ -512,18 +523,15 @@ class FlashAttention3Sm90:
             u = rank + v * splits
             i = u // chunks
             col = (u - i * chunks) * MERGE_VEC
-            lse = sLSE[i]
             acc = cute.make_rmem_tensor(cute.make_layout(MERGE_VEC), Float32)
             acc.fill(0.0)
-            if lse != -Float32.inf:
-                for s in cutlass.range_constexpr(splits):
-                    x = dsmem.load_f32(dsmem.peer_address(lse_ptr, s) + 4 * i)
-                    at = dsmem.peer_address(o_ptr, s) + 4 * (i * self.head_dim + col)
-                    # an empty split's O is stale K data: skipped through a select, never multiplied by 0
-                    w = cute.math.exp2((x - lse) * LOG2_E, fastmath=True)
-                    keep = x != -Float32.inf
-                    for j in cutlass.range_constexpr(MERGE_VEC):
-                        acc[j] = cutlass.select_(keep, acc[j] + w * dsmem.load_f32(at + 4 * j), acc[j])
+            for s in cutlass.range_constexpr(splits):
+                w = sW[i, s]
+                at = dsmem.peer_address(o_ptr, s) + 4 * (i * self.head_dim + col)
+                # loaded whatever the weight (all in flight together); an empty split's O is stale K data: skipped
+                # through a select, never multiplied by 0 (a split whose weight underflows to 0 adds 0 either way)
+                for j in cutlass.range_constexpr(MERGE_VEC):
+                    acc[j] = cutlass.select_(w != Float32(0.0), acc[j] + w * dsmem.load_f32(at + 4 * j), acc[j])
             dst = cute.local_tile(mO[row0 + i, None, head, batch], (MERGE_VEC,), (col // MERGE_VEC,))
             dst.store(acc.load().to(self.out_dtype))
         cute.arch.cluster_arrive_relaxed()  # this CTA's reads of its peers are done
