@@ -143,7 +143,7 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: 
     (inf / NaN out) in the rows where 2^8 |O| l >= 2^128 v_descale (l the row's softmax sum relative to its max,
     1 <= l <= the keys seen; the kernel's P is shifted by 2^8; key tiles are walked from the last to the first), i.e.
     |O| l >= 2^10 before a V block of descale 2^-110 (nonzero, every |value| <= 448 x 2^-110 ~ 3.5e-31), or a block
-    whose descale is 2^128 below the previous one. ``Fp8Config.bounded_units`` (session 10, off until its GPU run)
+    whose descale is 2^128 below the previous one. ``hopper.fa3_fp8.Fp8Config.bounded_units`` (session 10, off until its GPU run)
     removes it for fused_promote; the defaults at head_dim 64 / 96 / 128 keep O in absolute units (finite while
     2^8 |O| l < 2^128). All-zero blocks (e.g. zero padding) get descale 1 since session 9 (``quantize.ZERO_BLOCK_DESCALE``).
 

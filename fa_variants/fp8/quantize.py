@@ -39,7 +39,7 @@ The recipe (``FP8Config``), in this order, per tensor:
    ``fused_promote``'s O in the current V block's units): 2^-110 made that overflow (inf / NaN) once the
    unnormalised O reached 2^18 (in the kernel's P units, P <= 2^8: |O| l >= 2^10), e.g. on zero padding. The
    limit now needs a nonzero block amax below 448 x 2^-110 (~3.5e-31) or a block 2^128 below the one before it;
-   ``Fp8Config.bounded_units`` (session 10) removes it for fused_promote (``emulation.bounded_unit``).
+   ``hopper.fa3_fp8.Fp8Config.bounded_units`` (session 10) removes it for fused_promote (``emulation.bounded_unit``).
 4. e4m3 with saturation (round to nearest even, clamped to +-448 like PTX ``cvt.rn.satfinite``).
 5. V is stored transposed and padded for the kernel: ``v_t`` (batch, num_heads_kv, head_dim, seqlen_k_padded),
    tokens contiguous, padded with zeros to a multiple of ``layout.K_ALIGN_TOKENS``, tokens permuted inside
