@@ -101,7 +101,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=DTYPES, default="bf16")
     parser.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None,
                         help="causal mask (default: on, as in an LLM prefill; a captured input keeps its own)")
-    parser.add_argument("--backend", default="auto", help="auto (default), fa3, fa2, fa1, reference")
+    parser.add_argument("--backend", default="auto", help=f"auto (default), {', '.join(dispatch.BACKENDS)}")
     parser.add_argument("--repeats", type=positive_int, default=10, help="timed calls after the first (GPU)")
     parser.add_argument("--seed", type=int, help="random seed (default: fresh)")
     parser.add_argument("--random", action="store_true",

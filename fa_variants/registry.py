@@ -53,6 +53,10 @@ ENTRIES: dict[str, Entry] = {
 }
 #: the names a caller may ask for (backend=...), fastest first
 BACKENDS: tuple[str, ...] = ("fa3", "fa3-fp8", "fa2", "fa1", "reference")
+#: plain PyTorch variants (any device): nothing to compile
+PLAIN_PYTORCH: tuple[str, ...] = ("reference",)
+#: the variants with a kernel to compile (`fa-variants compile --variant`, warmup's --backends)
+KERNELS: tuple[str, ...] = tuple(name for name in ENTRIES if name not in PLAIN_PYTORCH)
 
 
 class UnknownVariantError(ValueError):

@@ -272,3 +272,38 @@ def test_a_bad_switch_read_while_building_the_options_is_one_line(capsys, monkey
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 2 and len(err) == 1 and "Traceback" not in err[0]
     assert err[0].startswith("fa-variants compile: error: FA_VARIANTS_SPLIT_KV='zz'")
+
+
+def test_demo_help_lists_every_backend(capsys):
+    """The --backend help comes from the registry (it once left out fa3-fp8, which demo accepts)."""
+    from fa_variants import registry
+
+    with pytest.raises(SystemExit):
+        cli.main(["demo", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"auto (default), {', '.join(registry.BACKENDS)}" in text
+
+
+def test_compile_errors_say_error(capsys):
+    """compile's own errors carry the "error:" prefix of the other sub-commands."""
+    rc = cli.main(["compile", "--arch", "sm_80", "--variant", "fa3", "--head-dim", "64", "--dtype", "bf16"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("fa-variants compile: error: variant 'fa3'"), err
+
+
+@pytest.mark.parametrize("arch,dtypes,expected", [
+    ("sm_90a", ["bf16"], ["fa3", "fa2", "fa1"]),       # auto never picks fa3-fp8 for 16-bit inputs
+    ("sm_90a", ["e4m3"], ["fa3-fp8"]),
+    ("sm_80", ["fp16", "bf16"], ["fa2", "fa1"]),
+])
+def test_warmup_default_backends_are_the_ones_auto_picks(arch, dtypes, expected):
+    from fa_variants.commands import warmup
+
+    assert warmup._auto_backends(arch, dtypes) == expected
+
+
+def test_warmup_nothing_to_compile_names_autos_backends(capsys, monkeypatch):
+    monkeypatch.delenv("FA_VARIANTS_DISK_CACHE", raising=False)
+    assert cli.main(["warmup", "--arch", "sm_90a", "--head-dims", "160"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("fa-variants warmup: error: nothing to compile for sm_90a (fa3, fa2, fa1;"), err

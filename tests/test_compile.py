@@ -33,12 +33,15 @@ def test_sass_counter_sees_instructions():
     assert counts["LDG"] >= 2 and counts["STG"] >= 2 and counts["EXIT"] >= 1
 
 
-def test_unknown_variant_is_rejected(capsys):
-    rc = cli.main(["compile", "--arch", "sm_80", "--variant", "no-such-kernel", "--head-dim", "64",
-                   "--dtype", "bf16"])
-    err = capsys.readouterr().err
-    assert rc == 2
-    assert "no-such-kernel" in err and "testkernel" in err  # names the known variants
+@pytest.mark.parametrize("name", ["no-such-kernel", "reference"])
+def test_unknown_variant_is_rejected(capsys, name):
+    """argparse's error (exit 2, "error:"), listing only the variants it compiles (not the plain-PyTorch one)."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["compile", "--arch", "sm_80", "--variant", name, "--head-dim", "64", "--dtype", "bf16"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exit_info.value.code == 2
+    assert err.startswith("fa-variants compile: error:") and name in err and "'testkernel'" in err
+    assert "'reference'" not in err.split("choose from", 1)[1]  # names only the compilable variants
     with pytest.raises(registry.UnknownVariantError, match="known variants"):
         registry.static_config("no-such-kernel", "sm_80", "bf16", 64, False)
 

@@ -53,7 +53,8 @@ def compile_only(variant: str, arch: str, head_dim: int, dtype: str, causal: boo
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arch", required=True, choices=ARCHS, help="target (no GPU needed)")
-    parser.add_argument("--variant", required=True, help="kernel variant, e.g. fa2, fa1, fa3, testkernel")
+    parser.add_argument("--variant", required=True, choices=registry.KERNELS, metavar="VARIANT",
+                        help=f"kernel variant: {', '.join(registry.KERNELS)}")
     parser.add_argument("--head-dim", type=int, required=True)
     # only the dtypes some registered variant takes (e4m3 appears once an FP8 variant is registered)
     offered = {interop.DTYPE_NAMES.get(d) for v in registry.ENTRIES
@@ -87,7 +88,7 @@ def run_cli(args: argparse.Namespace) -> int:
                                                                     args.causal, args.num_splits)
         report = compile_only(args.variant, args.arch, args.head_dim, args.dtype, args.causal, args.sass, config)
     except (registry.UnknownVariantError, registry.UnsupportedConfigError, ValueError) as exc:
-        print(f"fa-variants compile: {exc}", file=sys.stderr)
+        print(f"fa-variants compile: error: {exc}", file=sys.stderr)  # as cli.main prints the other commands
         return 2
     print(json.dumps(report))
     return 0

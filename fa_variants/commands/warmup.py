@@ -117,7 +117,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arch", help="compile target, e.g. sm_90a, sm_80 (default: this GPU's; no GPU needed "
                         "when given)")
     parser.add_argument("--backends", type=_csv(str), help="comma-separated (default: the kernel backends auto "
-                        "uses on the arch)")
+                        "may pick on the arch for the dtypes, e.g. fa3, fa2, fa1 on sm_90a for bf16; fa3-fp8 "
+                        "only when named)")
     parser.add_argument("--head-dims", type=_csv(int), help="comma-separated, e.g. 64,128")
     parser.add_argument("--dtypes", type=_csv(str), help="comma-separated: fp16, bf16 (default: bf16)")
     parser.add_argument("--gqa", type=_gqa, help="num_heads:num_heads_kv, checked; adds fa3's packed kernels "
@@ -159,7 +160,7 @@ def run_cli(args: argparse.Namespace) -> int:
     dtypes = dtypes or ["bf16"]
     if any(d not in interop.TORCH_DTYPES for d in dtypes):
         raise ValueError(f"--dtypes {','.join(dtypes)}: choose from {', '.join(interop.TORCH_DTYPES)}")
-    backends = args.backends or [b for b in _auto_backends(arch)]
+    backends = args.backends or _auto_backends(arch, dtypes)
     causal = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
     configs, notes = plan(backends, arch, dtypes, head_dims, causal, groups)
     for note in notes:
@@ -196,10 +197,19 @@ def _check_names(arch: str, backends: list[str] | None) -> None:
         raise ValueError(f"--backends {','.join(unknown)}: unknown; choose from {', '.join(KERNEL_BACKENDS)}")
 
 
-def _auto_backends(arch: str) -> list[str]:
-    """The kernel backends the dispatcher lists for an arch ('sm_90a' -> fa3, fa3-fp8, fa2, fa1)."""
+def _auto_backends(arch: str, dtypes: list[str]) -> list[str]:
+    """The kernel backends ``auto`` may pick on an arch for some of the dtypes (names of
+    ``interop.TORCH_DTYPES``), fastest first: the dispatcher's list for the arch without the backends that
+    serve these dtypes only on request (``registry.Entry.auto_dtypes``): ('sm_90a', ['bf16']) -> fa3, fa2, fa1."""
     from fa_variants import dispatch
+    from fa_variants.common.interop import TORCH_DTYPES
 
     digits = arch.removeprefix("sm_").rstrip("af")
     capability = (int(digits[:-1]), int(digits[-1]))
-    return [b for b in dispatch.backends_for(capability) if b in KERNEL_BACKENDS]
+    wanted = {str(TORCH_DTYPES[d]).removeprefix("torch.") for d in dtypes}
+
+    def auto_may_pick(name: str) -> bool:
+        entry = registry.ENTRIES[name]
+        return bool(wanted & set(entry.auto_dtypes or entry.dtypes))
+
+    return [b for b in dispatch.backends_for(capability) if b in KERNEL_BACKENDS and auto_may_pick(b)]
