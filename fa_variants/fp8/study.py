@@ -436,7 +436,7 @@ def _real_model(args, gpu: bool):
             model, tokenizer = load_smollm2()
             model, name = model.to("cuda" if gpu else "cpu"), MODEL_NAME
         except ImportError as exc:
-            print(f"fp8-study: no real model ({str(exc).split(':')[0]}; or pass --model-dir)", file=sys.stderr)
+            print(f"fp8-study: no real model ({exc}; or pass --model-dir)", file=sys.stderr)  # with the install hint
     if model is None or args.fixture is not None:
         fixture = load_real_input(args.fixture) if want_layers else None
         if want_layers and fixture is None:

@@ -206,7 +206,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="leave out the eager attention outputs (saves about 3 MiB)")
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    model, tokenizer = load_smollm2()
+    try:
+        model, tokenizer = load_smollm2()
+    except ImportError as exc:  # a missing [real] extra or model file: one line naming what to install
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2
     input_ids = tokenizer(TEXT, return_tensors="pt").input_ids
     fixture = capture_fixture(model, input_ids, text=TEXT, model_name=MODEL_NAME, e2e_layers=args.e2e_layers,
                               eager_out=not args.no_eager_out)
