@@ -19,6 +19,11 @@ from fa_variants.dispatch import Selection
 from fa_variants.common.scale import LOG2_E, MAX_SOFTMAX_SCALE, check_softmax_scale  # noqa: F401 (re-exported)
 from fa_variants.reference import check_seqlens_k, default_softmax_scale
 from fa_variants.reference import run as reference_run
+from fa_variants.common import switches
+
+# every FA_VARIANTS_* switch, also those only a kernel module's import reads (which the CPU never loads):
+# a bad value is a one-line env.SwitchError naming the variable here, at the first use of the API
+switches.check_all()
 
 _FLOAT32 = torch.finfo(torch.float32)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fa_variants.common import env
+from fa_variants.common import env, switches
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = sorted((ROOT / "fa_variants").rglob("*.py"))
@@ -118,3 +118,89 @@ def test_readme_table_lists_each_switch_once_with_its_default():
             assert re.search(r"\bauto\b", default[name]), (name, default[name])
             checked += 1
     assert checked >= 15
+
+
+# ----------------------------------------------------------------- every switch checked at the API's import
+
+
+def test_every_switch_read_is_checked_by_common_switches():
+    """A new FA_VARIANTS_* variable must join common.switches (checked when the API is imported) or be free-form:
+    else a bad value is silently accepted wherever its module does not load (a kernel module on the CPU)."""
+    read = _read_in_package()
+    listed = set(switches.SWITCHES) | set(switches.FREE_FORM)
+    assert read == listed, sorted(read ^ listed)
+
+
+@pytest.mark.parametrize("name", sorted(switches.SWITCHES))
+def test_each_switch_rejects_a_bad_value_with_one_line_naming_it(monkeypatch, name):
+    monkeypatch.setenv(name, "bogus-value")
+    with pytest.raises(env.SwitchError, match=f"^{name}[= ]") as info:
+        switches.check_all()
+    assert "\n" not in str(info.value)
+    monkeypatch.delenv(name)
+    switches.check_all()
+
+
+def test_the_checks_take_what_the_modules_take(monkeypatch):
+    """Each switch's kind and bounds as its module reads it (env.flag / auto_flag / integer): the spellings the
+    module takes pass common.switches, the ones it refuses fail there too."""
+    good_bad = {}
+    for path in SOURCES:
+        text = path.read_text()
+        for name in re.findall(r"env\.flag\(\"(FA_VARIANTS_\w+)\"", text):
+            good_bad[name] = (("0", "on", "False", "yes"), ("2", "maybe"))
+        for name in re.findall(r"env\.auto_flag\(\"(FA_VARIANTS_\w+)\"\)", text):
+            good_bad[name] = (("0", "1", "auto"), ("on", "x"))
+        for name, low in re.findall(r"env\.integer\(\"(FA_VARIANTS_\w+)\", \"\w+\", (\d+)", text):
+            good_bad[name] = ((low, "64"), (str(int(low) - 1), "huge", "1.5"))
+    assert len(good_bad) >= 20
+    for name, (good, bad) in good_bad.items():
+        for value in good:
+            monkeypatch.setenv(name, value)
+            switches.check_all()
+        for value in bad:
+            monkeypatch.setenv(name, value)
+            with pytest.raises(env.SwitchError, match=f"^{name}"):
+                switches.check_all()
+        monkeypatch.delenv(name)
+
+
+def test_the_choices_are_the_kernel_modules_own():
+    """common.switches repeats the choice tables so that checking needs no DSL: here they meet the modules'."""
+    from fa_variants import registry
+    from fa_variants.ampere import fa2
+    from fa_variants.common import diskcache
+    from fa_variants.fp8 import quant_host
+    from fa_variants.hopper import fa3
+
+    own = {"FA_VARIANTS_BACKEND": {"auto", *registry.BACKENDS},
+           "FA_VARIANTS_DECODE_TILES": {*fa3.DECODE_TILES, "auto"},
+           "FA_VARIANTS_FUSED_MERGE": set(fa3.FUSED_MERGE_MODES),
+           "FA_VARIANTS_FA2_D256": set(fa2.D256_CONFIGS),
+           "FA_VARIANTS_FP8_QUANT_PIPELINE": set(quant_host.PIPELINES)}
+    choice_call = re.compile(r"env\.choice\((\"FA_VARIANTS_\w+\"|ENV_LOADER), \"\w+\", \(([^)]*)\)\)")
+    for path in SOURCES:  # the literal choices of the other env.choice calls
+        for name, names in choice_call.findall(path.read_text()):
+            name = diskcache.ENV_LOADER if name == "ENV_LOADER" else name.strip('"')
+            own.setdefault(name, set(re.findall(r"\"([^\"]+)\"", names)))
+    assert set(own) == set(switches.CHOICES), set(own) ^ set(switches.CHOICES)
+    for name, names in own.items():
+        assert set(switches.CHOICES[name]) == names, name
+
+
+@pytest.mark.parametrize("setting", ["FA_VARIANTS_SPLIT_KV=2", "FA_VARIANTS_PACK_WIDE=x",
+                                     "FA_VARIANTS_DECODE_TILES=huge", "FA_VARIANTS_DISK_CACHE=maybe"])
+def test_attention_on_the_cpu_refuses_a_bad_kernel_switch(setting):
+    """Switches read at a kernel module's import were accepted by attention() on the CPU (no kernel module
+    loads there): now the API's import refuses them, with one line naming the variable, without the DSL."""
+    name, value = setting.split("=")
+    environ = dict(os.environ, PYTHONPATH=str(ROOT), **{name: value})
+    code = ("import sys, torch, fa_variants\n"
+            "q = torch.randn(1, 4, 2, 64)\n"
+            "try:\n"
+            "    fa_variants.attention(q, q, q)\n"
+            "finally:\n"
+            "    print('dsl', 'cutlass' in sys.modules)\n")
+    run = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0 and run.stdout.strip() == "dsl False", (run.stdout, run.stderr[-500:])
+    assert run.stderr.strip().splitlines()[-1].startswith(f"fa_variants.common.env.SwitchError: {name}='{value}' must")

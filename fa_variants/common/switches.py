@@ -1,0 +1,75 @@
+"""Every FA_VARIANTS_* switch (README.md's table) checked at once, without importing the CuTe DSL or a kernel
+module: ``check_all()`` raises ``env.SwitchError`` (a ValueError, one line naming the variable) for the first set
+variable whose value its switch does not take. ``fa_variants.api`` calls it when it is imported (the first use
+of ``fa_variants.attention`` and friends), so that a mistyped switch read at a kernel module's import
+(``FA_VARIANTS_SPLIT_KV=2``) is an error also where no kernel module loads (the CPU, the reference path).
+
+The kernel modules still read their switches themselves (``common.env``); this table repeats only what a value
+must look like. tests/test_env_switches.py checks that every variable the package reads is here (or free-form)
+and that the choices here are the kernel modules' own.
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+from fa_variants.common import env
+
+
+def _flag(name: str) -> Callable[[], object]:
+    return lambda: env.flag(name, False)
+
+
+def _auto(name: str) -> Callable[[], object]:
+    return lambda: env.auto_flag(name)
+
+
+def _int(name: str, low: int) -> Callable[[], object]:
+    return lambda: env.integer(name, str(low), low)
+
+
+def _choice(name: str, names: tuple[str, ...], lower: bool = False) -> Callable[[], object]:
+    def check():
+        value = os.environ.get(name, "").strip()
+        if value and (value.lower() if lower else value) not in names:
+            raise env.SwitchError(f"{name}={os.environ[name]!r} must be one of {', '.join(names)}")
+    return check
+
+
+_FLAGS = ("CP_COMPILE", "DECODE_FIRST_ROW", "DECODE_PDL", "DISK_CACHE", "FA2_NARROW_DECODE", "FA2_PACK_GQA",
+          "FP8_QUANT_FUSED_MEAN_LATE", "FP8_QUANT_FUSED_SAMPLED_MEAN", "FP8_QUANT_MMA_FWHT", "FP8_QUANT_STAGED_MEAN",
+          "LSE_SCRATCH", "MERGE_KERNEL", "MERGE_PDL", "PACK_GQA", "SPLIT_KV")
+_AUTO_FLAGS = ("FP8_QUANT_STAGED_STORE", "MERGE_WARP", "PACK_WIDE")
+#: int switches -> their lowest value
+_INTS = {"DECODE_PDL_MAX_SPLITS": 0, "DECODE_PDL_MIN_SPLITS": 1, "FA2_D256_MAX_SEQLEN_K": 0,
+         "FP8_SMOOTH_K_BLOCKS": 0, "SPLIT_MIN_TILES": 1}
+#: choice switches -> their spellings (the kernel modules' tables: hopper.fa3.DECODE_TILES and FUSED_MERGE_MODES,
+#: ampere.fa2.D256_CONFIGS, fp8.quant_host.PIPELINES, registry.BACKENDS; tests/test_env_switches.py compares)
+CHOICES: dict[str, tuple[str, ...]] = {
+    "FA_VARIANTS_BACKEND": ("auto", "fa3", "fa3-fp8", "fa2", "fa1", "reference"),
+    "FA_VARIANTS_DECODE_FULL_GRID": ("dual", "persistent", "persistent3"),
+    "FA_VARIANTS_DECODE_TILES": ("base", "deep", "wide", "dual", "persistent", "persistent3", "auto"),
+    "FA_VARIANTS_DISK_CACHE_LOADER": ("auto", "dsl"),
+    "FA_VARIANTS_FA2_D256": ("default", "s1", "s2", "n32", "m128w8s1", "m128w8"),
+    "FA_VARIANTS_FP8_QUANT_PIPELINE": ("v1", "v2", "v3"),
+    "FA_VARIANTS_FUSED_MERGE": ("0", "off", "decode", "1", "all"),
+}
+_LOWER_CASE = ("FA_VARIANTS_FUSED_MERGE",)  # read lower-cased
+
+#: variable -> a check that raises env.SwitchError for a value the switch does not take
+SWITCHES: dict[str, Callable[[], object]] = {
+    **{f"FA_VARIANTS_{n}": _flag(f"FA_VARIANTS_{n}") for n in _FLAGS},
+    **{f"FA_VARIANTS_{n}": _auto(f"FA_VARIANTS_{n}") for n in _AUTO_FLAGS},
+    **{f"FA_VARIANTS_{n}": _int(f"FA_VARIANTS_{n}", low) for n, low in _INTS.items()},
+    **{n: _choice(n, names, n in _LOWER_CASE) for n, names in CHOICES.items()},
+}
+#: variables whose value is free-form (a path): nothing to check
+FREE_FORM = ("FA_VARIANTS_CACHE_DIR", "FA_VARIANTS_FIXTURE")
+
+
+def check_all() -> None:
+    """Raise env.SwitchError (one line naming the variable) for the first set FA_VARIANTS_* switch with a value
+    it does not take. Unknown FA_VARIANTS_* names are left alone (other tools may share the prefix)."""
+    for name, check in SWITCHES.items():
+        if name in os.environ:
+            check()
