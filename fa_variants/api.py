@@ -43,8 +43,26 @@ def _check_rank(tensors, names, layout) -> None:
             raise ValueError(f"{name} must be 4-D {layout}, got {t.dim()}-D shape {tuple(t.shape)}")
 
 
-def _check_inputs(q, k, v, names=("q", "k", "v")) -> None:
-    """Shape, dtype and device rules shared by every entry point, on the (B, N, H, D) layout."""
+_ATTENTION_HINT = (f"; attention takes {_LAYOUT}: for {_SDPA_LAYOUT} use "
+                   "fa_variants.scaled_dot_product_attention")
+_SDPA_HINT = f"; scaled_dot_product_attention takes {_SDPA_LAYOUT}: for {_LAYOUT} use fa_variants.attention"
+
+
+def _shapes_fit(shapes) -> bool:
+    """True when 4-D (B, N, H, D) shapes of q, k, v pass the seqlen / head / head_dim rules of _check_inputs."""
+    (_, _, heads, d), (_, seqlen_k, heads_kv, dk), (_, seqlen_v, heads_v, dv) = shapes
+    return seqlen_k == seqlen_v and heads_kv == heads_v and heads_kv > 0 and heads % heads_kv == 0 and d == dk == dv
+
+
+def _layout_hint(q, k, v, hint: str) -> str:
+    """``hint`` where the inputs would pass the shape rules with seqlen and heads swapped (the other layout's
+    tensors), else ''."""
+    return hint if _shapes_fit([(t.shape[0], t.shape[2], t.shape[1], t.shape[3]) for t in (q, k, v)]) else ""
+
+
+def _check_inputs(q, k, v, names=("q", "k", "v"), hint: str = _ATTENTION_HINT) -> None:
+    """Shape, dtype and device rules shared by every entry point, on the (B, N, H, D) layout. The seqlen and
+    head errors end with ``hint`` (the other layout's entry point) where swapping seqlen and heads would fit."""
     _check_rank((q, k, v), names, _LAYOUT)
     nq, nk, nv = names
     for name, t in zip(names, (q, k, v)):
@@ -61,9 +79,10 @@ def _check_inputs(q, k, v, names=("q", "k", "v")) -> None:
         if b != batch:
             raise ValueError(f"{nq} has batch {batch} but {name} has batch {b}")
     if seqlen_v != seqlen_k:
-        raise ValueError(f"{nk} has seqlen {seqlen_k} but {nv} has seqlen {seqlen_v}")
+        raise ValueError(f"{nk} has seqlen {seqlen_k} but {nv} has seqlen {seqlen_v}" + _layout_hint(q, k, v, hint))
     if heads_v != heads_kv:
-        raise ValueError(f"{nk} has num_heads_kv {heads_kv} but {nv} has num_heads_kv {heads_v}")
+        raise ValueError(f"{nk} has num_heads_kv {heads_kv} but {nv} has num_heads_kv {heads_v}"
+                         + _layout_hint(q, k, v, hint))
     if dk != head_dim:
         raise ValueError(f"{nq} has head_dim {head_dim} but {nk} has head_dim {dk}")
     if dv != head_dim:
@@ -75,7 +94,7 @@ def _check_inputs(q, k, v, names=("q", "k", "v")) -> None:
         raise ValueError(f"num_heads_kv is 0 ({nk} has shape {tuple(k.shape)}) but num_heads is {heads}; "
                          "need at least one KV head")
     if heads_kv and heads % heads_kv != 0:
-        raise ValueError(f"num_heads {heads} not divisible by num_heads_kv {heads_kv}")
+        raise ValueError(f"num_heads {heads} not divisible by num_heads_kv {heads_kv}" + _layout_hint(q, k, v, hint))
 
 
 def _check_options(causal, softmax_scale, backend, return_lse) -> float | None:
@@ -369,7 +388,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     names = ("query", "key", "value")
     _check_rank((query, key, value), names, _SDPA_LAYOUT)
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))
-    _check_inputs(q, k, v, names)
+    _check_inputs(q, k, v, names, _SDPA_HINT)
     if attn_mask is not None:
         raise ValueError("attn_mask is not supported (only is_causal masking); use torch's SDPA for masks")
     if dropout_p != 0.0:
@@ -386,7 +405,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
                          "(bottom-right) to choose explicitly")
     if not enable_gqa and q.shape[2] != k.shape[2]:
         raise ValueError(f"query has {q.shape[2]} heads but key has {k.shape[2]}: pass enable_gqa=True "
-                         "for grouped-query attention")
+                         "for grouped-query attention" + _layout_hint(q, k, v, _SDPA_HINT))
     result = attention(q, k, v, causal=is_causal, softmax_scale=scale, backend=backend, return_lse=return_lse)
     if return_lse:
         return result[0].transpose(1, 2), result[1]

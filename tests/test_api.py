@@ -328,3 +328,22 @@ def test_reference_autograd_with_empty_inputs(dims):
     out.sum().backward()
     for t in (q, k, v):
         assert t.grad is not None and t.grad.shape == t.shape and not t.grad.any()
+
+
+def test_wrong_layout_errors_name_the_other_entry_point():
+    """PyTorch's (batch, heads, seqlen, head_dim) given to attention: the seqlens read as head counts; the error
+    says which entry point takes that layout. The mirror for scaled_dot_product_attention; no hint where swapping
+    seqlen and heads would not fit either."""
+    q, kv = torch.randn(1, 32, 16, 64), torch.randn(1, 8, 12, 64)  # (B, H, N, D): 32:8 heads, seqlens 16 and 12
+    with pytest.raises(ValueError, match=r"^num_heads 16 not divisible by num_heads_kv 12; attention takes \(batch, "
+                       r"seqlen, num_heads, head_dim\): for \(batch, num_heads, seqlen, head_dim\) use "
+                       r"fa_variants\.scaled_dot_product_attention$"):
+        fa_variants.attention(q, kv, kv)
+    assert fa_variants.scaled_dot_product_attention(q, kv, kv, enable_gqa=True).shape == q.shape
+    ql, kvl = q.transpose(1, 2).contiguous(), kv.transpose(1, 2).contiguous()  # (B, N, H, D) given to SDPA
+    for gqa in (True, False):
+        with pytest.raises(ValueError, match=r"; scaled_dot_product_attention takes \(batch, num_heads, seqlen, "
+                           r"head_dim\): for \(batch, seqlen, num_heads, head_dim\) use fa_variants\.attention$"):
+            fa_variants.scaled_dot_product_attention(ql, kvl, kvl, enable_gqa=gqa)
+    with pytest.raises(ValueError, match=r"^num_heads 16 not divisible by num_heads_kv 12$"):  # swapped: 5 % 3
+        fa_variants.attention(torch.randn(1, 5, 16, 64), torch.randn(1, 3, 12, 64), torch.randn(1, 3, 12, 64))
