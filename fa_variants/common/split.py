@@ -87,15 +87,19 @@ def check_options(num_splits, pack_gqa) -> int | None:
     argument)."""
     if num_splits is not None:
         if not isinstance(num_splits, numbers.Integral) or isinstance(num_splits, bool):
-            raise TypeError(f"num_splits must be an int >= 1 or None (chosen per call), got "
-                            f"{type(num_splits).__name__ if torch.compiler.is_compiling() else repr(num_splits)}")
+            raise TypeError(f"num_splits must be an int >= 1 or None (chosen per call), got {_shown(num_splits)}")
         num_splits = int(num_splits)
         if num_splits < 1:
             raise ValueError(f"num_splits must be >= 1 (1: no split) or None (chosen per call), got {num_splits}")
     if pack_gqa is not None and not isinstance(pack_gqa, bool):
-        raise TypeError(f"pack_gqa must be a bool or None (chosen per call), got "
-                        f"{type(pack_gqa).__name__ if torch.compiler.is_compiling() else repr(pack_gqa)}")
+        raise TypeError(f"pack_gqa must be a bool or None (chosen per call), got {_shown(pack_gqa)}")
     return num_splits
+
+
+def _shown(value) -> str:
+    """A rejected argument in an error message: its repr, or its type's name while torch.compile traces (a traced
+    value's repr cannot be traced)."""
+    return type(value).__name__ if torch.compiler.is_compiling() else repr(value)
 
 
 @functools.lru_cache(maxsize=None)

@@ -174,7 +174,7 @@ DECODE_PDL = env.flag("FA_VARIANTS_DECODE_PDL", False)
 DECODE_PDL_MAX_SPLITS = env.integer("FA_VARIANTS_DECODE_PDL_MAX_SPLITS", "8", 0)
 #: ... and from DECODE_PDL_MIN_SPLITS splits up (FA_VARIANTS_DECODE_PDL_MIN_SPLITS; 2: split calls only). 1, the
 #: default since session 10, adds the unsplit packed seqlen_q = 1 calls (B 8-64: the kernel alone, no merge), whose
-#: launch and setup then overlap the tail of the kernel before them: in session 9's H200 A/B (scripts/decode_ab.py
+#: launch and setup then overlap the tail of the kernel before them: in session 10's H200 A/B (scripts/decode_ab.py
 #: "pdl1") it was faster than 2 at 8 / 9 batch-64 shapes (geomean 0.993, worst 1.001; <= SDPA at 9 against 7).
 DECODE_PDL_MIN_SPLITS = env.integer("FA_VARIANTS_DECODE_PDL_MIN_SPLITS", "1", 1)
 #: The fewest K/V tiles per split fa3's `auto` gives the heuristic (``common.split.num_splits_heuristic``'s
@@ -387,8 +387,9 @@ def _merge_mode(config: Sm90Config) -> Sm90Config:
 #: register cap of the "dual" decode tiles) where the tile has one consumer warpgroup and fits twice, so that a
 #: 16-CTA cluster needs 8 SMs of a GPC, not 16 (the split count stays the one-CTA-per-SM heuristic's). Values: off
 #: (default), 0, 1, dual. Read at import (``switches``).
-DECODE_CLUSTER_MERGE: bool | str = {"off": False, "0": False, "1": True, "dual": "dual"}[
-    env.choice("FA_VARIANTS_DECODE_CLUSTER_MERGE", "off", ("off", "0", "1", "dual"))]
+CLUSTER_MERGE_MODES: dict[str, bool | str] = {"off": False, "0": False, "1": True, "dual": "dual"}
+DECODE_CLUSTER_MERGE = CLUSTER_MERGE_MODES[env.choice("FA_VARIANTS_DECODE_CLUSTER_MERGE", "off",
+                                                      tuple(CLUSTER_MERGE_MODES))]
 
 
 def cluster_mode(config: Sm90Config, splits: int, head_dim: int, on: bool | str | None = None) -> Sm90Config:

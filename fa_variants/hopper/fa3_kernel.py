@@ -214,7 +214,7 @@ class FlashAttention3Sm90:
         q_words = max(q_bytes, cute.cosize(sO_layout) * out_bytes) // out_bytes
         kv_words, v_words = cute.cosize(sKV_layout), cute.cosize(sV_layout)
 
-        merge_rows = self.tile_m if const_expr(self.fused_merge or self.cluster_merge) else 1
+        merge_rows = self.tile_m if const_expr(self.fused_merge) else 1
         part_rows = self.tile_m if const_expr(self.cluster_merge) else 1
         if const_expr(self.cluster_merge) and kv_words * self.dtype.width // 8 < self.tile_m * self.head_dim * 4:
             raise ValueError(f"cluster_merge: the K stage buffers ({kv_words} elements) cannot hold the fp32 partial O "
@@ -489,7 +489,6 @@ class FlashAttention3Sm90:
         cute.arch.cluster_wait()  # acquire: every split's
         o_ptr = cute.recast_ptr(storage.sK.data_ptr(), dtype=Float32)
         lse_ptr = storage.part_lse.data_ptr()
-        sLSE = storage.merge_lse.get_tensor(cute.make_layout(self.tile_m))
         # each row's split weights exp(LSE_s - LSE) (0: an empty split), fp32 in Q's buffer (free after the main loop)
         sW = cute.make_tensor(cute.recast_ptr(storage.sQ.data_ptr(), dtype=Float32),
                               cute.make_layout((self.tile_m, splits), stride=(splits, 1)))
