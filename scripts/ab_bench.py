@@ -1,6 +1,7 @@
 """A/B timing of two checkouts of fa_variants in one process: before/after a change, same GPU, same inputs.
 
-    scripts/ab_checkout.sh REV            # writes .before/fa_variants_before (REV's package, renamed)
+    scripts/ab_checkout.sh REV            # writes .before/fa_variants_before (REV's package, renamed) and
+                                          # .before.tar.xz (carry [".gpu", ".before.tar.xz"] to the GPU host)
     python3 scripts/ab_bench.py --before .before --backends fa3,fa2 --head-dims 64,128,256 \
         --seqlens 4096,16384 --causal both --rounds 6 --out $OUT/ab
 
@@ -25,6 +26,9 @@ from triton.testing import do_bench
 
 from fa_variants.bench import core
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import before_pkg  # noqa: E402  (scripts/before_pkg.py)
+
 TOKENS, HIDDEN = 16384, 2048
 
 
@@ -34,7 +38,8 @@ def tflops(batch: int, heads: int, seqlen: int, head_dim: int, causal: bool, ms:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--before", required=True, help="folder holding the package fa_variants_before")
+    ap.add_argument("--before", required=True, help="folder holding the package fa_variants_before, unpacked from "
+                    "FOLDER.tar.xz when missing (scripts/before_pkg.py)")
     ap.add_argument("--backends", default="fa3")
     ap.add_argument("--head-dims", default="64,128,256")
     ap.add_argument("--seqlens", default="4096,16384")
@@ -46,7 +51,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
-    sys.path.insert(0, str(Path(a.before).resolve()))
+    sys.path.insert(0, str(before_pkg.before_dir(a.before, "ab_bench").resolve()))
     versions = {"before": importlib.import_module("fa_variants_before"), "after": importlib.import_module("fa_variants")}
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[a.dtype]
     causals = {"both": (False, True), "yes": (True,), "no": (False,)}[a.causal]

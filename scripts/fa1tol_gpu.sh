@@ -4,7 +4,8 @@
 #
 #   source .gpu/env.sh; scripts/fa1tol_gpu.sh          (repository root; writes under $OUT; --help: this text)
 #
-# 0. scripts/ab_checkout.sh 446f785 .before (unless .before/fa_variants_before is there), then
+# 0. scripts/ab_checkout.sh 446f785 .before (unless .before/fa_variants_before is there, or .before.tar.xz: carry
+#    [".gpu", ".before.tar.xz"]; steps.sh's unpack_before unpacks it), then
 #    scripts/fa1tol_precompile.py: 21 kernels (fa1 fp16/bf16 x D 64/96/128/256 x causal and not, the 4 tile configs
 #    of test_fa1_gpu.py, fa2 bf16 D 64 causal) and step 2's two "before" kernels (446f785's fa1 bf16 D 128 / 256, not
 #    causal; ab_bench.py traced and compiled them one after the other inside its own limit before), D 256 first, in
@@ -26,7 +27,7 @@ set -uo pipefail
 source "$(dirname "$0")/steps.sh"
 out="${OUT:-results/fa1tol}"; gpu_session "$out/logs" "$@"
 before=()
-if [[ -d .before/fa_variants_before ]] || scripts/ab_checkout.sh 446f785 .before; then before=(--before .before); fi
+if unpack_before .before || scripts/ab_checkout.sh 446f785 .before; then before=(--before .before); fi
 step precompile 45 python3 scripts/fa1tol_precompile.py --jobs 14 "${before[@]}"
 NPROC=$(xdist_flag 8)
 step pytest 50 python3 -m pytest -q $NPROC -m gpu -p no:cacheprovider --tb=short -rfEX \

@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
+import before_pkg  # noqa: E402  (scripts/before_pkg.py)
 
 
 def jobs(before: str | None = None) -> list[tuple]:
@@ -53,15 +54,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=14)
     ap.add_argument("--arch", help="compile target (default: this GPU's)")
-    ap.add_argument("--before", help="folder holding fa_variants_before (scripts/ab_checkout.sh): its A/B kernels too")
+    ap.add_argument("--before", help="folder holding fa_variants_before (scripts/ab_checkout.sh; FOLDER.tar.xz "
+                    "unpacked into it when missing): its A/B kernels too")
     ap.add_argument("--list", action="store_true", help="print the jobs and exit")
     a = ap.parse_args()
     if a.arch is None:
         from fa_variants.common import interop
 
         a.arch = interop.device_arch(0)
-    if a.before is not None and not (Path(a.before) / "fa_variants_before").is_dir():
-        raise SystemExit(f"fa1tol_precompile: --before {a.before}: no fa_variants_before there (scripts/ab_checkout.sh)")
+    if a.before is not None:  # .before.tar.xz unpacked into .before when only the archive was carried
+        a.before = str(before_pkg.before_dir(a.before, "fa1tol_precompile"))
     todo = [(a.arch, *job) for job in jobs(a.before)]
     if a.list:
         print("\n".join(map(str, todo)))

@@ -11,7 +11,9 @@
 #    skipped when fewer than 100 s are left; logs under $OUT/pending/NAME/, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
 #    Plan for session 11's calls (30 min of device time; each call starts a cold machine, ~40-60 s more; carry
-#    [".gpu", ".before"] after `scripts/ab_checkout.sh 446f785 .before`, which fa1tol's A/B needs):
+#    [".gpu", ".before.tar.xz"] after `scripts/ab_checkout.sh 446f785 .before`, which fa1tol's A/B needs: the
+#    archive, not the folder: the call's 64 MiB holds .gpu/ (~60 MB), the working tree and ~0.25 MB more;
+#    tests/test_ci.py keeps the tracked tree within its budget):
 #      A. scripts/pending_gpu.sh --checks oob fa1tol overflow   (~420 s: fa3-fp8 memcheck at every head_dim after the
 #         q_descale clamp; fa1's P rounding (GPU tests over 800 heads, A/B vs 446f785); bounded_units at head_dim 256
 #         on adversarial V and its A/B: flip it into DEFAULT_SWITCHES[256] if it passes)

@@ -22,6 +22,9 @@
 #                             also prints "== NAME (limit LIMITs)" first and the log's last N lines after. CMD
 #                             runs in a process group of its own (timeout's).
 #   bandwidth_summary LOG     the quantisation scripts' closing lines of an fp8_quant_bandwidth.py log (below)
+#   unpack_before [DIR]       DIR (default .before) holds fa_variants_before (scripts/ab_checkout.sh): unpacked from
+#                             DIR.tar.xz (what a GPU call carries: [".gpu", ".before.tar.xz"]) when DIR lacks it;
+#                             rc 1 when neither is there (scripts/before_pkg.py).
 #   pack_logs ARCHIVE         stops the clock logger, then packs the folder $LOGS into ARCHIVE (tar.gz, the
 #                             folder's own name at the top).
 print_header() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
@@ -31,6 +34,8 @@ help_from_header() {
 }
 
 gpu_session() { local logs=$1; shift; help_from_header "$@"; session_setup "$logs"; }
+
+unpack_before() { python3 "$(dirname "${BASH_SOURCE[0]}")/before_pkg.py" "${1:-.before}" > /dev/null; }
 
 xdist_flag() { python3 -c "import xdist" 2>/dev/null && echo "-n $1" || echo ""; }
 

@@ -1155,3 +1155,51 @@ def test_fa1tol_precompiles_the_ab_before_kernels(tmp_path):
                           str(tmp_path / "missing"), "--list"], cwd=ROOT, capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert bad.returncode != 0 and "no fa_variants_before" in bad.stderr
+
+
+def test_before_archive_packs_and_unpacks_where_only_it_was_carried(tmp_path):
+    """scripts/before_pkg.py (scripts/ab_checkout.sh's archive of .before, what a GPU call carries): --pack writes
+    DIR.tar.xz without __pycache__, the same bytes twice; steps.sh's unpack_before and before_dir (ab_bench.py,
+    fa1tol_precompile.py) restore DIR from it when DIR is gone, given DIR or DIR.tar.xz; neither there: rc 1 /
+    SystemExit naming the argument."""
+    bp = load_script("before_pkg")
+    pkg = tmp_path / ".before" / "fa_variants_before"
+    (pkg / "hopper").mkdir(parents=True)
+    (pkg / "__pycache__").mkdir()
+    (pkg / "__init__.py").write_text("from fa_variants_before import hopper\n")
+    (pkg / "hopper" / "fa3.py").write_text("TILE_M = 128\n")
+    (pkg / "__pycache__" / "x.pyc").write_bytes(b"\0")
+    archive = bp.pack(tmp_path / ".before")
+    assert archive == tmp_path / ".before.tar.xz"
+    first = archive.read_bytes()
+    assert bp.pack(str(tmp_path / ".before") + "/").read_bytes() == first
+    subprocess.run(["rm", "-r", str(tmp_path / ".before")], check=True)
+    steps = ROOT / "scripts" / "steps.sh"
+    run = subprocess.run(["bash", "-c", f'source "{steps}"; unpack_before "{tmp_path}/.before"; echo "rc=$?"'],
+                         capture_output=True, text=True, timeout=30)
+    assert run.stdout == "rc=0\n", run.stdout + run.stderr
+    got = sorted(p.relative_to(pkg).as_posix() for p in pkg.rglob("*") if p.is_file())
+    assert got == ["__init__.py", "hopper/fa3.py"] and (pkg / "hopper" / "fa3.py").read_text() == "TILE_M = 128\n"
+    subprocess.run(["rm", "-r", str(tmp_path / ".before")], check=True)
+    assert bp.before_dir(archive, "ab_bench") == tmp_path / ".before" and (pkg / "__init__.py").is_file()
+    archive.unlink()
+    assert bp.before_dir(tmp_path / ".before") == tmp_path / ".before"  # the folder alone
+    with pytest.raises(SystemExit, match=r"^ab_bench: --before .*missing: no fa_variants_before in"):
+        bp.before_dir(tmp_path / "missing", "ab_bench")
+    run = subprocess.run(["bash", "-c", f'source "{steps}"; unpack_before "{tmp_path}/missing"; echo "rc=$?"'],
+                         capture_output=True, text=True, timeout=30)
+    assert run.stdout == "rc=1\n", run.stdout + run.stderr
+
+
+def test_the_before_archive_is_what_gpu_calls_carry():
+    """.before.tar.xz is git-ignored (it travels by carry); fa1tol_gpu.sh unpacks it before checking out 446f785;
+    pending_gpu.sh's and ab_checkout.sh's help name the carry [".gpu", ".before.tar.xz"], not the folder."""
+    ignored = subprocess.run(["git", "check-ignore", ".before.tar.xz", ".before/x.py"], cwd=ROOT, capture_output=True,
+                             text=True).stdout.split()
+    assert ignored == [".before.tar.xz", ".before/x.py"], ignored
+    fa1tol = (ROOT / "scripts" / "fa1tol_gpu.sh").read_text()
+    assert "if unpack_before .before || scripts/ab_checkout.sh 446f785 .before; then" in fa1tol
+    for name in ("pending_gpu.sh", "ab_checkout.sh"):
+        help_text = subprocess.run(["bash", str(ROOT / "scripts" / name), "--help"], cwd=ROOT, capture_output=True,
+                                   text=True, timeout=30).stdout
+        assert '[".gpu", ".before.tar.xz"]' in help_text and '".before"]' not in help_text, name
