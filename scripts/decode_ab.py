@@ -4,7 +4,7 @@
     python3 scripts/decode_ab.py --plan                   # print the plan (no GPU needed)
 
 Shapes (``MISSES``): the 32 cases of the decode matrix (bf16, causal, seqlen_q = 1) where ours (auto) was slower
-than SDPA (auto) on 2026-12-01 (bench/h200-2026-12-01/decode_packed.json); ``--all-nq1`` adds the 16 others.
+than SDPA (auto) on 2026-12-01 (bench/h200-2026-12-01/raw.tar.xz:decode_packed.json); ``--all-nq1`` adds the 16 others.
 Variants (``VARIANTS``), each fa3 through ``hopper.fa3.run`` with an explicit packed config:
 
 * ``auto``      the public path, ``fa_variants.attention(causal=True)``, as shipped (the reference row);

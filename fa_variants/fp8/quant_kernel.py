@@ -57,7 +57,7 @@ signs, smoothing, log2(D) butterflies, amax, scale, e4m3; ~16-19 SASS instructio
 D = 128 from the compiled code, shuffles 0-2 per value) is ~85% of the SM's issue rate at the full copy
 rate, ~60% at 70% of it, overlapped with the memory traffic of the other warps. One launch per tensor;
 the default recipe adds torch's K mean (K read once more: the mean must be known before any K block is
-quantised). Measured on the H200 (bench/h200-2026-12-01/quant_bw_new.txt): 45-48% of copy for the kernels
+quantised). Measured on the H200 (bench/h200-2026-12-01/raw.tar.xz:quant_bw_new.txt): 45-48% of copy for the kernels
 alone, 32-36% with torch's K mean: pipeline "v1" below.
 
 Pipeline "v2" (``quantize(pipeline="v2")``; ``DEFAULT_PIPELINE`` says which one ``quantize_fp8`` runs):

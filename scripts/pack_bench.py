@@ -1,0 +1,198 @@
+"""Pack an old session's raw bench logs into one raw.tar.xz per folder, to keep the tracked tree small.
+
+    python3 scripts/pack_bench.py bench/h200-2026-12-01-s8 [bench/...] [--min-bytes N] [--dry-run]
+    git add -A bench/h200-2026-12-01-s8          # the archive in, the packed files out
+
+Every GPU call copies the working tree to the device (64 MiB with the carried .gpu/ and .before.tar.xz), so the
+raw logs of sessions that NOTES.md has already summarised go into DIR/raw.tar.xz (xz -9e, members named
+relative to DIR, sorted, mtime 0: the same files give the same bytes). Packed: tracked files ending in
+.log, .json, .jsonl, .csv, .out or .txt of at least --min-bytes (default 0), sub-folders included, except those
+in KEEP (read by tests or scripts). Kept: Markdown summaries, images, KEEP. An existing raw.tar.xz is extended.
+The folder's README.md gets one closing line that says where the raw files went (once), and every path to a
+packed file in the tracked text files (bench/RUN/x.json, or RUN/x.json in bench/NOTES.md) becomes
+bench/RUN/raw.tar.xz:x.json (a Markdown link's target: the archive). tests/test_bench_archive.py checks that every
+such path names a file, a folder or an archive member that is there (stale_references).
+
+Unpack (restores the original paths): tar -xJf DIR/raw.tar.xz -C DIR
+Exit status: 0 done (or nothing to pack), 2 a bad folder.
+"""
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import io
+import lzma
+import re
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ARCHIVE = "raw.tar.xz"
+RAW_SUFFIXES = (".log", ".json", ".jsonl", ".csv", ".out", ".txt")
+#: files tests or scripts read in place (tests/test_gpu_scripts.py and scripts/decode_model.py: decode_ab.json;
+#: tests/test_ncu_table.py and scripts/ncu12_gpu.sh: the ncu details pages)
+KEEP = frozenset({
+    "bench/h200-2026-12-01-s4/decode_ab.json",
+    "bench/h200-2026-11-30/session2/ncu_fa3_d128_n4k.txt",
+    "bench/h200-2026-11-30/session2/ncu_flash-attn-4_d128_n4k.txt",
+})
+TEXT_SUFFIXES = (".md", ".py", ".sh", ".txt", ".toml")
+#: a path into a bench run folder, from the repository root (bench/RUN/...) or from bench/ (NOTES.md: RUN/...),
+#: optionally into an archive (bench/RUN/raw.tar.xz:MEMBER); a * stands for any characters (a glob)
+REF = re.compile(r"(?<![\w/.-])((?:bench/)?(?:h200|cpu)-[\w.-]+(?:/[\w.*-]*[\w*])+)(?::([\w.*-]+(?:/[\w.*-]+)*))?")
+LINK = re.compile(r"\[([^\]\n]*)\]\(([^)\s]+)\)")
+README_NOTE = ("Raw logs ({n} file{s}) packed in `raw.tar.xz`: `tar -xJf raw.tar.xz` here restores them "
+               "(bench/README.md).")
+
+
+def tracked(folder: Path) -> list[Path]:
+    out = subprocess.run(["git", "ls-files", "-z", "--", str(folder)], cwd=ROOT, check=True, capture_output=True)
+    return [ROOT / p for p in out.stdout.decode().split("\0") if p]
+
+
+def to_pack(folder: Path, min_bytes: int) -> list[Path]:
+    """Tracked raw files under folder (sorted) that are present, not in KEEP and at least min_bytes long."""
+    return sorted(p for p in tracked(folder)
+                  if p.suffix in RAW_SUFFIXES and p.is_file() and p.relative_to(ROOT).as_posix() not in KEEP
+                  and p.stat().st_size >= min_bytes)
+
+
+def members(archive: Path) -> dict[str, bytes]:
+    """name -> bytes of an existing archive's files (empty when there is none)."""
+    if not archive.exists():
+        return {}
+    with tarfile.open(archive, "r:xz") as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+
+
+def write_archive(archive: Path, files: dict[str, bytes]) -> None:
+    """files (name -> bytes) into archive, sorted, owner and mtime zeroed: reproducible bytes."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:xz", preset=9 | lzma.PRESET_EXTREME, format=tarfile.PAX_FORMAT) as tar:
+        for name in sorted(files):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(files[name]), 0o644, 0
+            tar.addfile(info, io.BytesIO(files[name]))
+    archive.write_bytes(buf.getvalue())
+
+
+def note_in_readme(folder: Path, count: int) -> None:
+    readme = folder / "README.md"
+    text = readme.read_text() if readme.exists() else f"# {folder.name}\n"
+    lines = [ln for ln in text.rstrip("\n").split("\n") if not ln.startswith("Raw logs (")]
+    readme.write_text("\n".join(lines) + "\n\n" + README_NOTE.format(n=count, s="" if count == 1 else "s") + "\n")
+
+
+def pack(folder: Path, min_bytes: int, dry_run: bool) -> int:
+    """Packs folder's raw files; returns the bytes the tracked tree shrinks by (a dry run: the raw bytes)."""
+    files = to_pack(folder, min_bytes)
+    raw = sum(p.stat().st_size for p in files)
+    print(f"{folder.relative_to(ROOT)}: {len(files)} files, {raw} bytes" + (" (dry run)" if dry_run else ""))
+    if dry_run or not files:
+        return raw if dry_run else 0
+    archive = folder / ARCHIVE
+    before = archive.stat().st_size if archive.exists() else 0
+    content = members(archive)
+    content.update({p.relative_to(folder).as_posix(): p.read_bytes() for p in files})
+    write_archive(archive, content)
+    for p in files:
+        p.unlink()
+    note_in_readme(folder, len(content))
+    after = archive.stat().st_size
+    print(f"  -> {archive.relative_to(ROOT)}: {after} bytes ({len(content)} members)")
+    return raw - (after - before)
+
+
+def _members(archive: Path, cache: dict) -> list[str]:
+    if archive not in cache:
+        with tarfile.open(archive, "r:xz") as tar:
+            cache[archive] = [m.name for m in tar.getmembers()]
+    return cache[archive]
+
+
+def resolve(ref: str, member: str | None, cache: dict) -> tuple[str, str, str] | None:
+    """None when ref (and member, for ref an archive) names what is there; else (where, archive, member): where
+    "packed" (ref's file is a member of the archive of a folder above it, both spelt as ref is) or "missing"."""
+    path = ref if ref.startswith("bench/") else "bench/" + ref
+    if member is not None:
+        full = ROOT / path
+        ok = full.name == ARCHIVE and full.is_file() and any(fnmatch.fnmatch(n, member) for n in _members(full, cache))
+        return None if ok else ("missing", ref, member)
+    if (ROOT / path).exists() or ("*" in path and any(ROOT.glob(path))):
+        return None
+    parts = path.split("/")
+    for i in range(len(parts) - 1, 1, -1):
+        archive = ROOT.joinpath(*parts[:i], ARCHIVE)
+        if archive.is_file():
+            rest = "/".join(parts[i:])
+            if any(fnmatch.fnmatch(n, rest) for n in _members(archive, cache)):
+                spelt = ref.split("/")  # without the leading bench/ when ref has none
+                return "packed", "/".join(spelt[: i - (len(parts) - len(spelt))] + [ARCHIVE]), rest
+            break
+    return "missing", ref, ""
+
+
+def text_files() -> list[Path]:
+    out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, check=True, capture_output=True).stdout.decode()
+    return [ROOT / p for p in out.split("\0") if p.endswith(TEXT_SUFFIXES) and (ROOT / p).is_file()]
+
+
+def fix_references(text: str, cache: dict) -> str:
+    """text with every path to a packed file rewritten (a Markdown link: its target the archive; its text too,
+    when that was the path)."""
+    def link(m: re.Match) -> str:
+        ref = REF.fullmatch(m.group(2))
+        found = ref and resolve(ref.group(1), ref.group(2), cache)
+        if not found or found[0] != "packed":
+            return m.group(0)
+        label = f"{found[1]}:{found[2]}" if m.group(1) == m.group(2) else m.group(1)
+        return f"[{label}]({found[1]})"
+
+    def plain(m: re.Match) -> str:
+        found = resolve(m.group(1), m.group(2), cache)
+        return f"{found[1]}:{found[2]}" if found and found[0] == "packed" else m.group(0)
+
+    return REF.sub(plain, LINK.sub(link, text))
+
+
+def stale_references() -> list[str]:
+    """'FILE: REF' for every path into a bench run folder, in the tracked text files, that names nothing there."""
+    cache: dict = {}
+    out = []
+    for path in text_files():
+        for m in REF.finditer(path.read_text(errors="replace")):
+            if resolve(m.group(1), m.group(2), cache):
+                out.append(f"{path.relative_to(ROOT)}: {m.group(0)}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("folders", nargs="+", type=Path, help="bench/<run> folders (an old session's)")
+    ap.add_argument("--min-bytes", type=int, default=0, help="pack only raw files at least this long (default 0)")
+    ap.add_argument("--dry-run", action="store_true", help="list what would be packed; change nothing")
+    args = ap.parse_args(argv)
+    if args.min_bytes < 0:
+        ap.error(f"--min-bytes must be >= 0, got {args.min_bytes}")
+    folders = [f.resolve() for f in args.folders]
+    for f in folders:
+        if not f.is_dir() or ROOT / "bench" not in f.parents:
+            print(f"pack_bench: {f} is not a folder under bench/", file=sys.stderr)
+            return 2
+    saved = sum(pack(f, args.min_bytes, args.dry_run) for f in folders)
+    if not args.dry_run:
+        cache: dict = {}
+        for path in text_files():
+            text = path.read_text(errors="replace")
+            new = fix_references(text, cache)
+            if new != text:
+                path.write_text(new)
+                print(f"pack_bench: references to packed files rewritten in {path.relative_to(ROOT)}")
+    print(f"pack_bench: tracked tree {'would shrink by at most' if args.dry_run else 'shrinks by'} {saved} bytes")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""bench/'s packed raw logs (scripts/pack_bench.py): every path to a bench run file in the tracked text names a
+file, folder or archive member that is there; the archives hold raw files only, none also tracked unpacked; the
+files tests and scripts read in place are unpacked; and pack_bench itself on a small git repository."""
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+from helpers import load_script
+
+ROOT = Path(__file__).resolve().parents[1]
+#: the small repository's run folder, spelt in pieces so that this file holds no path to a bench run
+RUN = "h200" + "-x"
+
+
+@pytest.fixture(scope="module")
+def pb():
+    return load_script("pack_bench")
+
+
+def archives() -> list[Path]:
+    out = subprocess.run(["git", "ls-files", "-z", "bench"], cwd=ROOT, capture_output=True, check=True).stdout
+    return [ROOT / p for p in out.decode().split("\0") if p.endswith("/raw.tar.xz")]
+
+
+def test_every_bench_path_in_the_docs_names_what_is_there(pb):
+    """bench/RUN/x.json (RUN/x.json in bench/NOTES.md) is a file, bench/RUN/raw.tar.xz:x.json a member."""
+    assert pb.stale_references() == [], "unpack, or write packed files as bench/RUN/raw.tar.xz:FILE (bench/README.md)"
+
+
+def test_archives_hold_raw_files_that_are_not_also_tracked(pb):
+    found = archives()
+    assert len(found) >= 10, found  # the runs before session 10
+    for archive in found:
+        with tarfile.open(archive, "r:xz") as tar:
+            members = tar.getmembers()
+        names = [m.name for m in members]
+        assert all(m.isfile() and m.name.endswith(pb.RAW_SUFFIXES) for m in members), (archive, names)
+        assert not any(n.startswith("/") or ".." in n.split("/") for n in names), (archive, names)
+        assert not any((archive.parent / n).exists() for n in names), (archive, "packed and unpacked both")
+        note = pb.README_NOTE.format(n=len(names), s="" if len(names) == 1 else "s")
+        assert note in (archive.parent / "README.md").read_text(), archive
+
+
+def test_files_read_in_place_stay_unpacked(pb):
+    assert all((ROOT / p).is_file() for p in pb.KEEP), sorted(pb.KEEP)
+
+
+def git(repo: Path, *argv: str) -> str:
+    return subprocess.run(["git", *argv], cwd=repo, capture_output=True, text=True, check=True).stdout
+
+
+def test_pack_bench_packs_a_run_and_rewrites_the_paths_to_it(pb, tmp_path, monkeypatch, capsys):
+    """A run folder of a small repository: its raw files (a sub-folder's too) into raw.tar.xz, Markdown and images
+    kept, the paths in NOTES.md / README.md / a script rewritten (a link's target: the archive), the README's note;
+    unpacking restores the bytes; packing again adds nothing and the archive's bytes are the same."""
+    run = tmp_path / "bench" / RUN
+    (run / "sub").mkdir(parents=True)
+    raw = {"a.json": '{"ms": 1.5}\n' * 50, "b.log": "step ok\n", "sub/c.txt": "ncu page\n"}
+    for name, text in raw.items():
+        (run / name).write_text(text)
+    (run / "summary.md").write_text(f"# {RUN}\n")
+    (run / "chart.png").write_bytes(b"\x89PNG")
+    (tmp_path / "bench" / "NOTES.md").write_text(f"see {RUN}/a.json and [b.log]({RUN}/b.log), "
+                                                 f"[{RUN}/sub/c.txt]({RUN}/sub/c.txt); {RUN}/summary.md\n")
+    (tmp_path / "README.md").write_text(f"(bench/{RUN}/sub/c.txt).\n")
+    (tmp_path / "tool.py").write_text(f"# bench/{RUN}/b.log\n")
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "add", "-A")
+    monkeypatch.setattr(pb, "ROOT", tmp_path)
+    assert pb.main([str(run)]) == 0
+    archive = run / "raw.tar.xz"
+    assert sorted(p.name for p in run.rglob("*") if p.is_file()) == ["README.md", "chart.png", "raw.tar.xz",
+                                                                   "summary.md"]
+    assert (tmp_path / "bench" / "NOTES.md").read_text() == (
+        f"see {RUN}/raw.tar.xz:a.json and [b.log]({RUN}/raw.tar.xz), "
+        f"[{RUN}/raw.tar.xz:sub/c.txt]({RUN}/raw.tar.xz); {RUN}/summary.md\n")
+    assert (tmp_path / "README.md").read_text() == f"(bench/{RUN}/raw.tar.xz:sub/c.txt).\n"
+    assert (tmp_path / "tool.py").read_text() == f"# bench/{RUN}/raw.tar.xz:b.log\n"
+    assert (run / "README.md").read_text().endswith(pb.README_NOTE.format(n=3, s="s") + "\n")
+    git(tmp_path, "add", "-A")
+    assert pb.stale_references() == []
+    (tmp_path / "README.md").write_text(f"bench/{RUN}/raw.tar.xz:gone.json, bench/{RUN}/gone.md\n")
+    assert pb.stale_references() == [f"README.md: bench/{RUN}/raw.tar.xz:gone.json", f"README.md: bench/{RUN}/gone.md"]
+    packed = archive.read_bytes()
+    with tarfile.open(archive, "r:xz") as tar:
+        assert {m.name: tar.extractfile(m).read().decode() for m in tar.getmembers()} == raw
+    assert pb.main([str(run)]) == 0 and archive.read_bytes() == packed
+    assert pb.main([str(tmp_path / "README.md")]) == 2
+    assert "not a folder under bench/" in capsys.readouterr().err
