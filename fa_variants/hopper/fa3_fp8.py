@@ -171,10 +171,14 @@ class Fp8Config(Fa3Config):
         instead of v_descale[n], M the largest v_descale the warpgroup has visited (``fp8.emulation.bounded_unit``,
         with the proof): |O / u| <= 2^112 for any finite V (|V| <= 448 M) and seqlen_k <= 2^31, where O / v_descale
         overflows once the unnormalised O reaches 2^128 v_descale (2^18 behind a block at the 2^-110 floor; the
-        ratio v_descale[n + 1] / v_descale[n] itself overflows past 2^127). Per tile three scalar FMNMX/FMUL and a
-        division (alpha' = alpha u_prev / u); the temporary is multiplied by v_descale / u (a power of two, exact)
-        only where that is not 1, a branch uniform over the CTA (descales are per (batch, kv-head, tile)), so the
-        common path keeps one FFMA per element. Same values as fused_promote wherever that stays finite and normal
+        ratio v_descale[n + 1] / v_descale[n] itself overflows past 2^127). Only M is carried from tile to tile (u_prev
+        recomputed from v_descale[n + 1]); per tile a few scalar FMNMX/FMUL, the division alpha' = alpha u_prev / u
+        (where fused_promote divides the descales) and one branch, uniform over the CTA (descales are per (batch,
+        kv-head, tile)), taken before the ping-pong turn: the turn is compiled twice, the common copy the
+        fused_promote turn itself (one FFMA per element), the rare one (u != v_descale) multiplying the temporaries
+        by s = v_descale / u (a power of two, exact). Session 10's form branched on s before every slice's promotion
+        inside the turn, with the division s there too: 2-4.5 % slower than the default on the H200 (session 11).
+        Same values as fused_promote wherever that stays finite and normal
         (emulation ``units="bounded"``). Not removed (nor by fused_promote): alpha' underflows where a tile's
         descale lies > 2^149 above the unit (``bounded_unit``, "Not covered"), dropping the earlier tiles' O in rows
         whose P on that tile rounds to 0.
@@ -328,7 +332,7 @@ class _Fp8StepContext(_StepContext):
     tiles_in_tmp: cute.Tensor = None  # (1,) Int32: tiles accumulated in acc_tmp since the last promotion
     o_alpha: cute.Tensor = None  # per row: product of the alphas O has not been multiplied by yet
     descales: cute.Tensor = None  # descale_prefetch: (2,) Float32, k_descale of the next tile, v_descale of this one
-    units: cute.Tensor = None  # bounded_units: (2,) Float32, O's unit u and the largest v_descale visited M
+    vmax: cute.Tensor = None  # bounded_units: (1,) Float32, M the largest v_descale visited (0 before the first)
 
     def softmax_step(self, acc_S, n_block, is_first: bool = False):
         # descale_prefetch: after the first tile the previous P V issue loaded this tile's k_descale (``pv``)
@@ -452,12 +456,11 @@ class _Fp8StepContext(_StepContext):
 
     # ----- bounded_units: O in units u = max(v_descale[n], M 2^-UNIT_SPAN) (fp8.emulation.bounded_unit) -------------
 
-    def _next_unit(self, n_block):
-        """(u, M) after tile n_block from the kept (u_prev, M_prev) (units[0], units[1]; M_prev 0 before the first
-        visited tile, which so gets u = v_descale)."""
-        vd = self.v_descale[n_block]
-        vmax = cute.arch.fmax(self.units[1], vd)
-        return cute.arch.fmax(vd, vmax * Float32(2.0 ** -UNIT_SPAN)), vmax
+    def _unit(self, vd: Float32, vmax: Float32) -> Float32:
+        """O's unit after a tile of v_descale vd, vmax the largest v_descale visited up to it (that tile
+        included): u = max(vd, vmax 2^-UNIT_SPAN) (``fp8.emulation.bounded_unit``). Only M is carried from tile to
+        tile (one register): the previous tile's unit is recomputed from its v_descale, as fused_promote reads it."""
+        return cute.arch.fmax(vd, vmax * Float32(2.0 ** -UNIT_SPAN))
 
     def fold_pv(self, n_block):
         if const_expr(self._interval()):
@@ -526,8 +529,9 @@ class _Fp8StepContext(_StepContext):
         self.mask(acc_S, n_block, causal=causal, seqlen_end=seqlen_end)
         alpha = self.softmax_step(acc_S, n_block)  # the first tile too (lookahead_loop)
         fused = const_expr(self.k.cfg.fused_promote)
+        plain = True  # bounded_units: False where O's unit is not this tile's v_descale (_units_alpha)
         if const_expr(fused):  # O *= alpha folded into the promotions, O in units of v_descale (units_alpha)
-            alpha = self._units_alpha(alpha, n_block, seqlen_end)
+            alpha, plain = self._units_alpha(alpha, n_block, seqlen_end)
         else:
             self.rescale_o(alpha, n_block)
         self.to_p(acc_S)
@@ -538,13 +542,34 @@ class _Fp8StepContext(_StepContext):
         if const_expr(has_next):
             self.pipe_k.consumer_wait(k_state)
         self.schedule_sync()
+        if const_expr(self.k.cfg.bounded_units and not seqlen_end):  # (the first visited tile: u = v_descale)
+            # one branch per tile, before the turn's first WGMMA: O's unit u is v_descale (s = 1: the fused turn)
+            # except behind a descale > 2^UNIT_SPAN larger (s = v_descale / u < 1); the turn is compiled for both
+            if plain:
+                self._pv_turn(acc_S, k_state, v_state, vd, alpha, seqlen_end, has_next, None)
+            else:  # (v_descale read again here: not kept live across the softmax for the rare path)
+                vmax = self.vmax[0]  # u = vmax 2^-UNIT_SPAN here
+                self._pv_turn(acc_S, k_state, v_state, vd, alpha, seqlen_end, has_next,
+                              self.v_descale[n_block] / (vmax * Float32(2.0 ** -UNIT_SPAN)))
+        else:
+            self._pv_turn(acc_S, k_state, v_state, vd, alpha, seqlen_end, has_next, None)
+        self.pipe_v.consumer_release(v_state)
+        v_state.advance()
+        return k_state, v_state
+
+    def _pv_turn(self, acc_S: cute.Tensor, k_state, v_state, vd: Float32, alpha: cute.Tensor,
+                 seqlen_end: bool, has_next: bool, s):
+        """The ping-pong turn of ``_lookahead_step`` (after its schedule_sync): the P V slices, slice h promoted
+        while slice h + 1 runs, S of the next tile (``has_next``) issued after the last slice, the turn handed on,
+        the last slice promoted. s: None, or (``bounded_units``, the rare path) the Float32 v_descale / u that
+        scales each temporary in its promotion (``_promote_step``)."""
         bufs = (self.acc_tmp, self.acc_tmp2)
         last = self.k.cfg.pv_split - 1
-        for h in cutlass.range_constexpr(self.k.cfg.pv_split):
+        for h in range(self.k.cfg.pv_split):  # (not cute.jit: Python loops unroll)
             wgmma(self.mma_pv, bufs[h % 2], self.tOrP, self._v_slice(v_state.index, h), zero_init=True,
                   wait=-1 if h == 0 else 1)
             if const_expr(h > 0):
-                self._promote_step(h - 1, vd, alpha, bufs[(h - 1) % 2], seqlen_end)
+                self._promote_step(h - 1, vd, alpha, bufs[(h - 1) % 2], seqlen_end, s)
         if const_expr(self.k.cfg.s_halves):  # S half 0 in the free temporary, the last slice promoted under it, half 1
             early = const_expr(self.k.cfg.s_early_arrive)  # the turn ends after half 0's issue
             if const_expr(has_next):
@@ -552,7 +577,7 @@ class _Fp8StepContext(_StepContext):
             if const_expr(early):
                 self.schedule_arrive()
             warpgroup.wait_group(1 if has_next else 0)
-            self._promote_step(last, vd, alpha, bufs[last % 2], seqlen_end)
+            self._promote_step(last, vd, alpha, bufs[last % 2], seqlen_end, s)
             if const_expr(has_next):
                 wgmma(self.mma_qk, bufs[1], self.tSrQ, self._k_half(k_state.index, 1), zero_init=True, wait=-1)
             if const_expr(not early):
@@ -562,68 +587,57 @@ class _Fp8StepContext(_StepContext):
                 wgmma(self.mma_qk, acc_S, self.tSrQ, self.tSrK[None, None, None, k_state.index], zero_init=True, wait=-1)
             self.schedule_arrive()
             warpgroup.wait_group(1 if has_next else 0)  # the last slice (S of the next tile may still run)
-            self._promote_step(last, vd, alpha, bufs[last % 2], seqlen_end)
-        self.pipe_v.consumer_release(v_state)
-        v_state.advance()
-        return k_state, v_state
+            self._promote_step(last, vd, alpha, bufs[last % 2], seqlen_end, s)
 
-    def _units_alpha(self, alpha: cute.Tensor, n_block: Int32, first: cutlass.Constexpr[bool]) -> cute.Tensor:
+    def _units_alpha(self, alpha: cute.Tensor, n_block: Int32, first: cutlass.Constexpr[bool]):
         """``fused_promote``: alpha v_descale[n_block + 1] / v_descale[n_block] per row (O's units move from the tile
-        visited before, n_block + 1, to this one); the first visited tile keeps alpha (O = 0 there)."""
-        if const_expr(self.k.cfg.bounded_units):  # alpha u_prev / u; keep (u, M) for the slices and the next tile
-            u, vmax = self._next_unit(n_block)
+        visited before, n_block + 1, to this one); the first visited tile keeps alpha (O = 0 there). With
+        ``bounded_units`` alpha u_prev / u (both from ``_unit``), M kept for the next tile. Returns (alpha,
+        plain): plain False where u is not v_descale[n_block] (the turn then scales the temporaries by
+        v_descale / u), True (a Python bool) without bounded_units and on the first visited tile."""
+        plain = True
+        if const_expr(self.k.cfg.bounded_units):  # alpha u_prev / u; M kept for the next tile
+            vd = self.v_descale[n_block]
+            vmax = cute.arch.fmax(self.vmax[0], vd)
             if const_expr(not first):
-                ratio = self.units[0] / u
+                u = self._unit(vd, vmax)
+                ratio = self._unit(self.v_descale[n_block + 1], self.vmax[0]) / u
                 for r in range(cute.size(alpha)):
                     alpha[r] = alpha[r] * ratio
-            self.units[0] = u
-            self.units[1] = vmax
+                plain = u != vmax * Float32(2.0 ** -UNIT_SPAN)  # u = vd; else (rare) vd / u may still be 1
+            self.vmax[0] = vmax
         elif const_expr(not first):
             ratio = self.v_descale[n_block + 1] / self.v_descale[n_block]
             for r in range(cute.size(alpha)):
                 alpha[r] = alpha[r] * ratio
-        return alpha
+        return alpha, plain
 
-    @cute.jit
-    def _promote_bounded(self, h: cutlass.Constexpr[int], vd: Float32, alpha: cute.Tensor, tmp: cute.Tensor):
-        """bounded_units, lookahead, slice h: O = alpha' O + tmp, or O = alpha' O + s tmp with s = v_descale / u where
-        that is not 1 (a branch uniform over the CTA; rows view as ``_promote_step``)."""
-        o, t = acc_rows_cols(self.acc_O), acc_rows_cols(tmp)
-        w = cute.size(t, mode=[1])
-        s = vd / self.units[0]
-        if s != Float32(1.0):
-            for r in cutlass.range_constexpr(cute.size(t, mode=[0])):
-                for c in cutlass.range_constexpr(w):
-                    o[r, h * w + c] = cute.math.fma(alpha[r], o[r, h * w + c], s * t[r, c])
-        else:
-            for r in cutlass.range_constexpr(cute.size(t, mode=[0])):
-                for c in cutlass.range_constexpr(w):
-                    o[r, h * w + c] = cute.math.fma(alpha[r], o[r, h * w + c], t[r, c])
-
-    def _promote_step(self, h: int, vd: Float32, alpha: cute.Tensor, tmp: cute.Tensor, first: bool):
+    def _promote_step(self, h: int, vd: Float32, alpha: cute.Tensor, tmp: cute.Tensor, first: bool, s=None):
         """Slice h's promotion in the lookahead steps: O += vd tmp, or with ``fused_promote`` O = alpha' O + tmp (rows
-        view: slice h is columns [h w, (h + 1) w) of O's rows, w the temporary's columns). On the first visited tile
-        (``first``) O is 0 and alpha finite: O = tmp, the same bits, without keeping alpha live across the turn
-        (which spilled 80 bytes in that step)."""
+        view: slice h is columns [h w, (h + 1) w) of O's rows, w the temporary's columns), or with ``bounded_units``
+        on its rare path (s, a Float32: v_descale / u) O = alpha' O + s tmp. On the first visited tile (``first``)
+        O is 0 and alpha finite: O = tmp, the same bits, without keeping alpha live across the turn (which spilled
+        80 bytes in that step)."""
         if const_expr(not self.k.cfg.fused_promote):
             self._promote_slice(h, vd, tmp)
         elif const_expr(first):
             o = self.acc_O[None, None, h]
             for i in range(cute.size(tmp)):
                 o[i] = tmp[i]
-        elif const_expr(self.k.cfg.bounded_units):  # (first above: u = v_descale, s = 1)
-            self._promote_bounded(h, vd, alpha, tmp)
         else:
             o, t = acc_rows_cols(self.acc_O), acc_rows_cols(tmp)
             w = cute.size(t, mode=[1])
             for r in range(cute.size(t, mode=[0])):
                 for c in range(w):
-                    o[r, h * w + c] = cute.math.fma(alpha[r], o[r, h * w + c], t[r, c])
+                    x = t[r, c] if const_expr(s is None) else s * t[r, c]
+                    o[r, h * w + c] = cute.math.fma(alpha[r], o[r, h * w + c], x)
 
     def finalize(self):
         inv_l, lse = self.softmax.finalize()
         if const_expr(not self.k.cfg.two_level or self.k.cfg.fused_promote):
-            vd = self.units[0] if const_expr(self.k.cfg.bounded_units) else self.v_descale[0]  # the last tile's units
+            vd = self.v_descale[0]  # the last tile's units
+            if const_expr(self.k.cfg.bounded_units):
+                vd = self._unit(vd, self.vmax[0])
             for r in range(cute.size(inv_l)):
                 inv_l[r] = inv_l[r] * vd
         self.softmax.rescale(acc_rows_cols(self.acc_O), inv_l)
@@ -701,11 +715,10 @@ class FlashAttention3Fp8Sm90(FlashAttention3Sm90):
             o_alpha = cute.make_rmem_tensor(softmax.num_rows, Float32)
             o_alpha.fill(1.0)
         descales = cute.make_rmem_tensor(2, Float32) if const_expr(self.cfg.descale_prefetch) else None
-        units = None
-        if const_expr(self.cfg.bounded_units):  # u = 1 and M = 0 before the first visited tile (_next_unit)
-            units = cute.make_rmem_tensor(2, Float32)
-            units.fill(0.0)
-            units[0] = Float32(1.0)
+        vmax = None
+        if const_expr(self.cfg.bounded_units):  # M = 0 before the first visited tile (_units_alpha)
+            vmax = cute.make_rmem_tensor(1, Float32)
+            vmax.fill(0.0)
         first_row = m_block * self.tile_m + wg * WGMMA_M  # this warpgroup's first query row
         if const_expr(self._tail_first()):  # args[14]: the tile's first row (a multiple of 64, >= 0)
             first_row = args[14] + wg * WGMMA_M
@@ -715,7 +728,7 @@ class FlashAttention3Fp8Sm90(FlashAttention3Sm90):
         qk_scale = mQd[batch, head, q_block] * softmax.scale_log2
         return _Fp8StepContext(*args, acc_tmp=tmp, acc_tmp2=tmp2, qk_scale=qk_scale,
                                k_descale=mKd[batch, kv_head, None], v_descale=mVd[batch, kv_head, None],
-                               tiles_in_tmp=tiles_in_tmp, o_alpha=o_alpha, descales=descales, units=units)
+                               tiles_in_tmp=tiles_in_tmp, o_alpha=o_alpha, descales=descales, vmax=vmax)
 
 
 # ---------------------------------------------------------------------------------------------
