@@ -1203,3 +1203,22 @@ def test_the_before_archive_is_what_gpu_calls_carry():
         help_text = subprocess.run(["bash", str(ROOT / "scripts" / name), "--help"], cwd=ROOT, capture_output=True,
                                    text=True, timeout=30).stdout
         assert '[".gpu", ".before.tar.xz"]' in help_text and '".before"]' not in help_text, name
+
+
+def test_bounded_script_precompiles_what_its_steps_run():
+    """scripts/bounded_gpu.sh: its precompile (overflow_check.py --head-dim 256) holds every kernel its test selection
+    and its speed step run (the D 256 default with and without bounded_units, causal and not; bf16 fa3 at 256) and
+    no other head_dim's; its -k selects the 10 D 256 bounded cases and the fault test, not the other head_dims'
+    ("default" contains "fault": the plain word would select all 41)."""
+    text = (ROOT / "scripts" / "bounded_gpu.sh").read_text()
+    assert "overflow_check.py precompile --jobs 6 --head-dim 256" in text and "speed --rounds 8" in text
+    jobs = load_script("overflow_check").jobs(256)
+    want = {("fp8", 256, c, ch) for c in (False, True) for ch in ((), (("bounded_units", True),))}
+    want |= {("bf16", 256, c, ()) for c in (False, True)}
+    assert {(k, d, c, tuple(sorted(ch.items()))) for k, d, c, ch in jobs} == want, jobs
+    expr = re.search(r'-k "([^"]+)"', text).group(1)
+    collect = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                              "tests/test_fp8_overflow_gpu.py", "-k", expr], capture_output=True, text=True,
+                             timeout=120, cwd=ROOT)
+    ids = [line for line in collect.stdout.splitlines() if "::" in line]
+    assert len(ids) == 11 and all("d256-default-bounded" in i or i.endswith("test_fused_units_fault") for i in ids), ids
