@@ -271,7 +271,7 @@ class Fp8Config(Fa3Config):
 #: Its limit (fused_promote's docstring): O / v_descale must stay finite, so where a V block has descale 2^-110
 #: (nonzero, amax <= 448 x 2^-110 ~ 3.5e-31; all-zero blocks get descale 1 since session 9) the unnormalised O
 #: (2^8 |O| l, l the row sum relative to its max) of the rows visited before it must stay below 2^18 (session 10:
-#: ``bounded_units`` removes the limit; off until scripts/overflow_gpu.sh runs).
+#: ``bounded_units`` removes the limit; off: 2-4.5 % slower in session 11, cheaper form timed by scripts/bounded_gpu.sh).
 DEFAULT_SWITCHES = {64: dict(reduce_chains=4), 96: {}, 128: {},
                     256: dict(skip_unit_rescale=True, s_lookahead=True, s_halves=True, fused_promote=True,
                               reduce_chains=2)}
@@ -544,7 +544,8 @@ class _Fp8StepContext(_StepContext):
         self.schedule_sync()
         if const_expr(self.k.cfg.bounded_units and not seqlen_end):  # (the first visited tile: u = v_descale)
             # one branch per tile, before the turn's first WGMMA: O's unit u is v_descale (s = 1: the fused turn)
-            # except behind a descale > 2^UNIT_SPAN larger (s = v_descale / u < 1); the turn is compiled for both
+            # except behind a descale over 2^UNIT_SPAN larger (u = M 2^-UNIT_SPAN, s = v_descale / u <= 1); the
+            # turn is compiled for both
             if plain:
                 self._pv_turn(acc_S, k_state, v_state, vd, alpha, seqlen_end, has_next, None)
             else:  # (v_descale read again here: not kept live across the softmax for the rare path)
