@@ -593,6 +593,162 @@ def test_v3_staged_store_bitwise(monkeypatch, head_dim, config):
     assert_switch_bitwise(monkeypatch, "V3_STAGED_STORE", head_dim, config, 13)
 
 
+@pytest.mark.parametrize("lanes", [2, 4])
+def test_fwht_transpose_maps(lanes):
+    """``PassConfig.fwht_transpose``'s maps (head_dim 64 L, L lanes per token, 32 / L tokens per warp): the float4 units
+    of a slot's transpose (``xpose_perm``) a bijection per token, a lane's writes (units 4 l + q) and reads (4 k + (4 /
+    L) l + h) conflict-free (8 threads of a 16-byte access hit 8 distinct 16-byte bank groups); the e4m3 staging
+    (``xpose_store_unit``): the writes (16 / L bytes per lane) hit 32 distinct 4-byte banks per phase, the 16-byte reads
+    8 distinct groups, and the stores put channel c of token t at unit c // 16, byte c % 16 of t's row (channels from
+    ``xpose_channel``)."""
+    from fa_variants.fp8.quant_maps import xpose_channel, xpose_perm, xpose_store_unit
+
+    L, T, U = lanes, 32 // lanes, 4 * lanes
+    per = 16 // L
+    for t in range(T):
+        assert sorted(xpose_perm(L, t, v) for v in range(U)) == list(range(U))
+    addr = [[t * U + xpose_perm(L, t, v) for v in range(U)] for t in range(T)]
+    for q in range(4):  # writes: lane (t, l) writes unit 4 l + q
+        units = [addr[tid // L][4 * (tid % L) + q] for tid in range(32)]
+        assert all(len({u % 8 for u in units[8 * p:8 * p + 8]}) == 8 for p in range(4)), q
+    for k in range(L):  # reads: lane (t, l) reads unit 4 k + (4 / L) l + h
+        for h in range(4 // L):
+            units = [addr[tid // L][4 * k + (4 // L) * (tid % L) + h] for tid in range(32)]
+            assert all(len({u % 8 for u in units[8 * p:8 * p + 8]}) == 8 for p in range(4)), (k, h)
+    # a lane's registers after the transpose: (i, j) <- unit 4 k + (4 / L) l + i % per // 4, element i % 4
+    for t in range(T):
+        for lane in range(L):
+            for j in range(4):
+                for i in range(16):
+                    v = 4 * (i // per) + (4 // L) * lane + (i % per) // 4
+                    assert 4 * v + i % 4 == xpose_channel(L, lane, i, j) - 16 * L * j
+    # e4m3 staging: bytes of (slot j, k) of lane l at unit L j + k, offset per * l of the row's swizzled unit
+    row_bytes = {}
+    phases = 2 if per == 8 else 1  # 64-bit shared accesses: two phases of 16 threads
+    for j in range(4):
+        for k in range(L):
+            banks = []
+            for tid in range(32):
+                t, lane = tid // L, tid % L
+                byte = 16 * xpose_store_unit(L, t, L * j + k) + per * lane
+                banks.append([(byte // 4 + w) % 32 for w in range(per // 4)])
+                for e in range(per):
+                    row_bytes[16 * xpose_store_unit(L, t, L * j + k) + per * lane + e] = \
+                        (t, xpose_channel(L, lane, per * k + e, j))
+            for p in range(phases):
+                flat = [b for bs in banks[32 // phases * p:32 // phases * (p + 1)] for b in bs]
+                assert len(set(flat)) == len(flat) == 32, (j, k)
+    for r in range(4):  # reads: lane32 reads unit lane32 % U of token lane32 // U + r (32 / U)
+        units = []
+        for lane32 in range(32):
+            t, u = lane32 // U + r * (32 // U), lane32 % U
+            src = xpose_store_unit(L, t, u)
+            units.append(src)
+            assert [row_bytes[16 * src + e] for e in range(16)] == [(t, 16 * u + e) for e in range(16)]
+        assert all(len({u % 8 for u in units[8 * p:8 * p + 8]}) == 8 for p in range(4))
+
+
+@pytest.mark.parametrize("lanes", [2, 4])
+def test_fwht_transpose_emulated_bitwise(lanes):
+    """A float32 emulation of ``fwht_transposed`` (the chunk stages per lane, the slot's units through the scratch at
+    ``xpose_perm``, the in-register stages h = 16 .. D / 8 as lower + upper / lower - upper, the slot stages) equals
+    ``quantize.fwht`` (unnormalised) bit for bit at the channels ``xpose_channel`` says, on values whose sums round."""
+    from fa_variants.fp8.quant_maps import xpose_channel, xpose_perm
+    from fa_variants.fp8.quantize import fwht
+
+    L, D = lanes, 64 * lanes
+    per, U = 16 // L, 4 * L
+    x = torch.randn(37, D, generator=torch.Generator().manual_seed(L)) * torch.logspace(-3, 3, D)
+    regs = [x[:, [16 * (lane + j * L) + i for j in range(4) for i in range(16)]].reshape(-1, 4, 16).clone()
+            for lane in range(L)]  # regs[lane][:, j, i]
+    for r in regs:  # chunk stages h = 1..8
+        for b in range(4):
+            h = 1 << b
+            for i in range(16):
+                if not i & h:
+                    a, c = r[:, :, i].clone(), r[:, :, i + h].clone()
+                    r[:, :, i], r[:, :, i + h] = a + c, a - c
+    for j in range(4):
+        scratch = {}
+        for lane in range(L):
+            for q in range(4):
+                scratch[xpose_perm(L, 0, 4 * lane + q)] = regs[lane][:, j, 4 * q:4 * q + 4].clone()
+        for lane in range(L):
+            for k in range(L):
+                for h in range(4 // L):
+                    unit = scratch[xpose_perm(L, 0, 4 * k + (4 // L) * lane + h)]
+                    regs[lane][:, j, per * k + 4 * h:per * k + 4 * h + 4] = unit
+            r = regs[lane]
+            for b in range(L.bit_length() - 1):
+                for i in range(16):
+                    if not (i // per) >> b & 1:
+                        a, c = r[:, j, i].clone(), r[:, j, i + per * (1 << b)].clone()
+                        r[:, j, i], r[:, j, i + per * (1 << b)] = a + c, a - c
+    for r in regs:  # slot stages
+        for h in (1, 2):
+            for j in range(4):
+                if not j & h:
+                    a, c = r[:, j, :].clone(), r[:, j + h, :].clone()
+                    r[:, j, :], r[:, j + h, :] = a + c, a - c
+    want = fwht(x, normalise=False)
+    got = torch.empty_like(x)
+    for lane in range(L):
+        for j in range(4):
+            for i in range(16):
+                got[:, xpose_channel(L, lane, i, j)] = regs[lane][:, j, i]
+    assert torch.equal(got, want)
+    assert not torch.equal(fwht(x.double(), normalise=False).float(), want)  # the sums do round: the order matters
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("arch", ["sm_90a"], indirect=True)
+@pytest.mark.parametrize("head_dim", [128, 256])
+@pytest.mark.parametrize("name,extra", [("k-smooth", dict(smooth=True, reverse=True)), ("q-shift", dict(shift=True))])
+def test_compiles_fwht_transpose(arch, head_dim, name, extra):
+    """``fwht_transpose`` against the same pass without it: no FWHT shuffle (the block max's 5 and the LSE shift's
+    log2(L) remain), the 64 log2(L) cross-lane FMAs become FADDs, 16 STS.128 + 16 LDS.128 (the
+    transposes) and 16 STS.32 / 8 STS.64 + 4 LDS.128 (the staged e4m3) more, the same 4 STG.128, cp.async loads and
+    barriers; registers within the cap, spills <= 32 bytes (the Q pass with the shift: 16 / 32 bytes at 256 / 128,
+    against 8 / 16). Refused at head_dim 64, without rotation, for V, with the staged store."""
+    rows = layout.tile_n(head_dim) if name == "k-smooth" else 128
+    cfg = qk.PassConfig(rows=rows, stages=3, coalesced=True, head_major=True, staged_mean=True, pdl=True,
+                        fwht_transpose=True, **extra)
+    base = dataclasses.replace(cfg, fwht_transpose=False)
+    c, c0 = (qk.VARIANT.compiled(qk.static_config(arch, torch.bfloat16, head_dim, x)) for x in (cfg, base))
+    names = ("SHFL.BFLY", "FADD", "FFMA", "STS.128", "LDS.128", "STG.E.128", "LDGSTS", "BAR.SYNC")
+    ops, ops0 = (cubin.count_sass(cubin.sass_of(x.cubin), names) for x in (c, c0))
+    L = head_dim // 64
+    stages = L.bit_length() - 1
+    assert ops["SHFL.BFLY"] == ops0["SHFL.BFLY"] - 64 * stages == 5 + (stages if cfg.shift else 0), (ops, ops0)
+    # (ptxas folds one or two of the new adds into neighbouring instructions)
+    assert ops["FFMA"] == ops0["FFMA"] - 64 * stages, (ops, ops0)
+    assert 64 * stages - 4 <= ops["FADD"] - ops0["FADD"] <= 64 * stages, (ops, ops0)
+    assert ops["STS.128"] == ops0["STS.128"] + 16 and ops["LDS.128"] == ops0["LDS.128"] + 20, (ops, ops0)
+    assert all(ops[n] == ops0[n] for n in ("STG.E.128", "LDGSTS", "BAR.SYNC")), (ops, ops0)
+    res = cubin.cubin_resources(c.cubin)
+    assert res["registers"] <= 128 and res["spill_bytes"] <= 32, res
+    for bad, dim in ((dict(), 64), (dict(rotate=False), head_dim), (dict(staged_store=True), head_dim),
+                     (dict(coalesced=False), head_dim)):
+        with pytest.raises(ValueError, match="fwht_transpose"):
+            dataclasses.replace(cfg, **bad).check(dim)
+    with pytest.raises(ValueError):
+        qk.PassConfig(role="v", rotate=False, fwht_transpose=True).check(head_dim)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [128, 256])
+@pytest.mark.parametrize("config,grid", [("default", None), ("default", 5), ("no-smooth", None),
+                                         ("head-smooth", 7)])
+def test_v3_fwht_transpose_bitwise(monkeypatch, head_dim, config, grid):
+    """v3 with the Hadamard's cross-lane stages in registers after a lane transpose through the stage
+    (``V3_FWHT_TRANSPOSE``) changes where values travel, not one operation: every output equals the default's bit for
+    bit, and the torch recipe's given the pass's mean (``assert_switch_bitwise``: GQA, odd lengths, batch 3, a negative
+    scale, the per-head baseline's "amax" and "given" launches, NaN-poisoned memory); grid 5 / 7 CTAs: each CTA walks
+    many blocks, so a stage is reused as the scratch after its refills."""
+    monkeypatch.setattr(qh, "GRID_CAP", grid)
+    assert_switch_bitwise(monkeypatch, "V3_FWHT_TRANSPOSE", head_dim, config, 17)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("head_dim", qk.HEAD_DIMS)
 @pytest.mark.parametrize("pipeline", ["v1", "v3", "v3+staged", "v3+staged+fused"])
