@@ -735,10 +735,12 @@ def test_compiles_fwht_transpose(arch, head_dim, name, extra):
         qk.PassConfig(role="v", rotate=False, fwht_transpose=True).check(head_dim)
 
 
+XPOSE_CASES = [(256, "default", None), (256, "default", 5), (256, "no-smooth", None), (256, "head-smooth", 7),
+               (128, "default", 5)]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("head_dim", [128, 256])
-@pytest.mark.parametrize("config,grid", [("default", None), ("default", 5), ("no-smooth", None),
-                                         ("head-smooth", 7)])
+@pytest.mark.parametrize("head_dim,config,grid", XPOSE_CASES, ids=[f"{d}-{c}-g{g}" for d, c, g in XPOSE_CASES])
 def test_v3_fwht_transpose_bitwise(monkeypatch, head_dim, config, grid):
     """v3 with the Hadamard's cross-lane stages in registers after a lane transpose through the stage
     (``V3_FWHT_TRANSPOSE``) changes where values travel, not one operation: every output equals the default's bit for
