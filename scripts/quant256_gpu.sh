@@ -23,6 +23,11 @@
 # 3. scripts/fp8_quant_bandwidth.py: def (the current default) vs deft (+ V3_FWHT_TRANSPOSE), default recipe, B*N = 16k,
 #    H*D = 2048, D 64 / 128 / 256 + GQA D 128 (D 64 is an A/A row: no change there); 5 rotated rounds (median), per-pass
 #    us and % of copy; every row checked against the torch recipe. If step 2 did not pass, deft is left out.
+# 4. (only if started by 72 s, limit up to 92 s in all) Nsight Compute on one default-recipe call per pipeline at D 256
+#    (scripts/quant_ncu.py: V + K sums, K, Q): SpeedOfLight and WarpStateStats; scripts/ncu_stalls.py prints per kernel
+#    the cycles per issued instruction and the largest stall reasons (mio_throttle / short_scoreboard: the shuffle and
+#    shared-memory pipe; barrier: the CTA's lockstep; long_scoreboard: the loads; math_pipe_throttle / not_selected:
+#    issue-bound). Diagnostic: why the K / Q passes run at ~50% of copy at D 256, whatever the A/B says.
 # Pass (correctness): "== gpu_tests: rc=0" (5 passed), racecheck "RACECHECK SUMMARY: 0 hazards" and "CALLS 2 FAILED 0",
 # every bandwidth row "ok", "all matched: True".
 # Flip rule (the lead sets V3_FWHT_TRANSPOSE = True): correctness passed; deft/def at D 256 <= 0.97 with its K and Q
@@ -46,9 +51,21 @@ if ! grep -qE "^5 passed" "$out/gpu_tests.log" || grep -qE "failed|error" "$out/
 fi
 step bandwidth 25 python3 scripts/fp8_quant_bandwidth.py --pipelines "$pipes" --recipes default \
   --rounds 5 --breakdown "${ab[@]}" --json "$out/quant_bw.json"
+if (( SECONDS < 72 )); then
+  n=$(( ${#pipes} > 3 ? 6 : 3 ))  # QuantPass launches per profiled round: 3 per pipeline
+  step ncu $((92 - SECONDS)) ncu --kernel-name regex:QuantPass --launch-skip "$n" --launch-count "$n" \
+    --section SpeedOfLight --section WarpStateStats -f -o /tmp/quant256_ncu \
+    python3 scripts/quant_ncu.py --pipelines "$pipes" --head-dim 256
+  ncu --import /tmp/quant256_ncu.ncu-rep --page raw --csv > "$out/ncu_raw.csv" 2>/dev/null
+else
+  echo "ncu skipped: $SECONDS s used"
+fi
 echo
 stop_clocks; cat "$out/commit.txt" "$out/gpu.txt"
 grep -E "precompile:|FAILED" "$out/precompile.log" | head -6
 echo "-- gpu_tests"; grep -E "^FAILED|passed|failed|error" "$out/gpu_tests.log" | tail -8
 grep -E "RACECHECK SUMMARY|CALLS|DIFF|^rc=" "$out/sanitize.log"
 bandwidth_summary "$out/bandwidth.log"
+if [[ -f $out/ncu_raw.csv ]]; then
+  echo "== ncu (D 256, $pipes: V + K sums, K, Q each)"; python3 scripts/ncu_stalls.py "$out/ncu_raw.csv"
+fi

@@ -1222,3 +1222,18 @@ def test_bounded_script_precompiles_what_its_steps_run():
                              timeout=120, cwd=ROOT)
     ids = [line for line in collect.stdout.splitlines() if "::" in line]
     assert len(ids) == 11 and all("d256-default-bounded" in i or i.endswith("test_fused_units_fault") for i in ids), ids
+
+
+def test_ncu_stalls_summary():
+    """scripts/ncu_stalls.py (scripts/quant256_gpu.sh's ncu step): per kernel row of ncu's raw CSV (the units row
+    skipped) the largest stall reasons first, at most --top of them, non-numeric cells ignored."""
+    mod = load_script("ncu_stalls")
+    stall = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
+    rows = [{"ID": "", "Kernel Name": "", "gpu__time_duration.sum": "usecond", stall.format("barrier"): "ratio"},
+            {"ID": "0", "Kernel Name": "kernel_QuantPass_0", "gpu__time_duration.sum": "45.7",
+             "smsp__average_warp_latency_per_inst_issued.ratio": "7.08", stall.format("barrier"): "1.5",
+             stall.format("mio_throttle"): "2,500.0", stall.format("short_scoreboard"): "0.4",
+             stall.format("wait"): "n/a"}]
+    lines = mod.summarise(rows, 2)
+    assert len(lines) == 1 and "45.7" in lines[0] and "7.08 cycles/issue" in lines[0], lines
+    assert lines[0].endswith("mio_throttle 2500.00, barrier 1.50"), lines
