@@ -30,9 +30,10 @@
 #    issue-bound). Diagnostic: why the K / Q passes run at ~50% of copy at D 256, whatever the A/B says.
 # Pass (correctness): "== gpu_tests: rc=0" (5 passed), racecheck "RACECHECK SUMMARY: 0 hazards" and "CALLS 2 FAILED 0",
 # every bandwidth row "ok", "all matched: True".
-# Flip rule (the lead sets V3_FWHT_TRANSPOSE = True): correctness passed; deft/def at D 256 <= 0.97 with its K and Q
-# passes both faster; every other row <= 1.01 (D 64 within 0.98-1.02, else the run is too noisy to decide). If D 256
-# gains but D 128 / GQA are slower than 1.01: not flipped as is (a head_dim-256-only rule is the follow-up).
+# Flip rule (the lead sets V3_FWHT_TRANSPOSE = True and V3_FWHT_TRANSPOSE_DIMS to the head_dims that gained; each row's
+# passes are that head_dim's only, so the rows decide apart): correctness passed and the D 64 A/A row within 0.98-1.02
+# (else the run is too noisy to decide); D 256 in if its row <= 0.97 with its K and Q passes both faster; D 128 in if
+# both D 128 rows (plain and GQA) are <= 0.99. Neither: not flipped (then the ncu step says what limits the passes).
 # Prediction (bench/NOTES.md, "Session 11 (2026-12-02): fp8 quant pass at head_dim 256; predictions before the run"):
 # D 256 K pass 45.7 -> 38-42 us, Q 49.1 -> 42-46 us, whole call 0.90-0.95x (47.0 -> 50-52% of copy); D 128 / GQA
 # 0.97-1.01 (one shuffle stage only); D 64 1.00 +- 0.02. The 70% target stays missed (K read twice; V's launch unchanged).

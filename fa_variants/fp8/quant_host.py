@@ -82,6 +82,8 @@ V3_STAGED_STORE: bool | None = _env.auto_flag("FA_VARIANTS_FP8_QUANT_STAGED_STOR
 #: 16 bytes (8 before). Off until measured (scripts/quant256_gpu.sh); FA_VARIANTS_FP8_QUANT_FWHT_TRANSPOSE=1 (read at
 #: import) turns it on
 V3_FWHT_TRANSPOSE = _env.flag("FA_VARIANTS_FP8_QUANT_FWHT_TRANSPOSE", False)
+#: the head_dims ``V3_FWHT_TRANSPOSE`` applies to (a subset of 128, 256; scripts/quant256_gpu.sh times each row apart)
+V3_FWHT_TRANSPOSE_DIMS = (128, 256)
 #: tests only: at most this many CTAs per launch (None: the persistent grid), so that small inputs give a CTA many
 #: work items (``late_count``'s rounds: more K blocks per CTA than threads; several heads finished by one CTA)
 GRID_CAP: int | None = None
@@ -335,7 +337,7 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Co
     # prologue loads run before griddepcontrol.wait: so every 16-bit input is made aligned (a copy if
     # needed) before the first launch
     pdl = staged and V2_PDL and torch.cuda.get_device_capability(dev) >= (9, 0)
-    if pipe == "v3" and V3_FWHT_TRANSPOSE:  # Q's / K's cross-lane Hadamard stages in registers (head_dim 128 / 256)
+    if pipe == "v3" and V3_FWHT_TRANSPOSE and D in V3_FWHT_TRANSPOSE_DIMS:  # cross-lane FWHT stages in registers
         qk_common = dict(qk_common, fwht_transpose=True)
     if staged:
         q, k, v = interop.aligned(q), interop.aligned(k), interop.aligned(v)
