@@ -735,6 +735,32 @@ def test_compiles_fwht_transpose(arch, head_dim, name, extra):
         qk.PassConfig(role="v", rotate=False, fwht_transpose=True).check(head_dim)
 
 
+def test_fwht_transpose_host_rule(monkeypatch):
+    """quantize asks for ``fwht_transpose`` in Q's and K's passes (never V's) only with ``V3_FWHT_TRANSPOSE`` on,
+    pipeline v3 and head_dim in ``V3_FWHT_TRANSPOSE_DIMS`` (the passes replaced by a recorder: CPU only)."""
+    calls = []
+
+    def recorder(x, *, role, block, **kw):
+        calls.append((role, x.shape[-1], kw.get("fwht_transpose", False)))
+        B, N, H, D = x.shape
+        y = torch.zeros(B, N, H, D) if role == "qk" else torch.zeros(B, H, D, layout.padded_seqlen_k(N))
+        return y.to(torch.float8_e4m3fn), torch.ones(B, H, -(-N // block))
+
+    monkeypatch.setattr(qh, "quantize_tensor", recorder)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    config = FP8Config(smooth_k=False)
+    for on, dims, pipeline in ((False, (128, 256), "v3"), (True, (128, 256), "v3"), (True, (256,), "v3"),
+                               (True, (128, 256), "v2")):
+        monkeypatch.setattr(qh, "V3_FWHT_TRANSPOSE", on)
+        monkeypatch.setattr(qh, "V3_FWHT_TRANSPOSE_DIMS", dims)
+        for d in qk.HEAD_DIMS:
+            calls.clear()
+            q, k = torch.randn(1, 40, 2, d).to(torch.bfloat16), torch.randn(1, 40, 1, d).to(torch.bfloat16)
+            qh.quantize(q, k, k, config=config, pipeline=pipeline)
+            want = on and pipeline == "v3" and d in dims
+            assert sorted(calls) == sorted([("v", d, False), ("qk", d, want), ("qk", d, want)]), (on, dims, d, calls)
+
+
 XPOSE_CASES = [(256, "default", None), (256, "default", 5), (256, "no-smooth", None), (256, "head-smooth", 7),
                (128, "default", 5)]
 
