@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# quant256_gpu.sh: issue 10's quantisation pass at head_dim 256, session 11, on one H200 (~75 s expected from a cold
-# disk cache; step limits 35 + 40 + 25 s): Q's / K's Hadamard with its cross-lane stages in registers,
+# quant256_gpu.sh: issue 10's quantisation pass at head_dim 256, session 11, on one H200 (~80 s expected from a cold
+# disk cache; step limits 30 + 40 + 25 s, < 100 s in all): Q's / K's Hadamard with its cross-lane stages in registers,
 # quant_host.V3_FWHT_TRANSPOSE (PassConfig.fwht_transpose, off; head_dim 128 / 256). After the in-chunk stages
 # (h = 1..8) the L = head_dim / 64 lanes of a token swap their float32 values through the warp's own part of the
 # shared-memory stage it has just read (16 STS.128 + 16 LDS.128 per thread, conflict-free by quant_maps.xpose_perm;
@@ -18,16 +18,17 @@
 # 2. GPU tests (-n 5): test_v3_fwht_transpose_bitwise (5 cases: D 256 default, default with 5 CTAs, no-smooth,
 #    head-smooth with 7 CTAs (its "amax" and "given" launches); D 128 default with 5 CTAs): every output of the switch on equal to the switch
 #    off bit for bit (q, k, v_t, descales, K mean, LSE shift) and to the torch recipe given the pass's K mean; GQA, odd
-#    lengths, batch 3, negative scale, NaN-poisoned memory. Beside it compute-sanitizer racecheck
+#    lengths, batch 3, negative scale, NaN-poisoned memory. Beside it (limit 35 s) compute-sanitizer racecheck
 #    (scripts/quant_sanitize.py --set quant256: the transpose with 3 CTAs, D 128 / 256, checked against the recipe).
 # 3. scripts/fp8_quant_bandwidth.py: def (the current default) vs deft (+ V3_FWHT_TRANSPOSE), default recipe, B*N = 16k,
 #    H*D = 2048, D 64 / 128 / 256 + GQA D 128 (D 64 is an A/A row: no change there); 5 rotated rounds (median), per-pass
 #    us and % of copy; every row checked against the torch recipe. If step 2 did not pass, deft is left out.
-# 4. (only if started by 72 s, limit up to 92 s in all) Nsight Compute on one default-recipe call per pipeline at D 256
-#    (scripts/quant_ncu.py: V + K sums, K, Q): SpeedOfLight and WarpStateStats; scripts/ncu_stalls.py prints per kernel
-#    the cycles per issued instruction and the largest stall reasons (mio_throttle / short_scoreboard: the shuffle and
-#    shared-memory pipe; barrier: the CTA's lockstep; long_scoreboard: the loads; math_pipe_throttle / not_selected:
-#    issue-bound). Diagnostic: why the K / Q passes run at ~50% of copy at D 256, whatever the A/B says.
+# Beside step 2 (background, limit 35 s): Nsight Compute on one default-recipe call of def and one of deft at D 256
+#    (scripts/quant_ncu.py: V + K sums, K, Q each): SpeedOfLight and WarpStateStats; scripts/ncu_stalls.py prints per
+#    kernel the cycles per issued instruction and the largest stall reasons (mio_throttle / short_scoreboard: the
+#    shuffle and shared-memory pipe; barrier: the CTA's lockstep; long_scoreboard: the loads; math_pipe_throttle /
+#    not_selected: issue-bound). Diagnostic only (its durations are not timings: the tests share the GPU): why the K / Q
+#    passes run at ~50% of copy at D 256, whatever the A/B says.
 # Pass (correctness): "== gpu_tests: rc=0" (5 passed), racecheck "RACECHECK SUMMARY: 0 hazards" and "CALLS 2 FAILED 0",
 # every bandwidth row "ok", "all matched: True".
 # Flip rule (the lead sets V3_FWHT_TRANSPOSE = True and V3_FWHT_TRANSPOSE_DIMS to the head_dims that gained; each row's
@@ -41,26 +42,22 @@ set -uo pipefail
 source "$(dirname "$0")/steps.sh"
 out="${OUT:-results}/quant256"; gpu_session "$out" "$@"
 # under $out: commit.txt, gpu.txt, clocks.csv, the step logs, sanitize.log, quant_bw.json
-step precompile 35 python3 scripts/quant_precompile.py --jobs 16 --set quant256 --unique
-racecheck_bg quant256 40
+step precompile 30 python3 scripts/quant_precompile.py --jobs 16 --set quant256 --unique
+racecheck_bg quant256 35
+# the ncu diagnostic beside the tests (its own limit; the report read after the wait)
+timeout -k 5 -s INT 35 ncu --kernel-name regex:QuantPass --launch-skip 6 --launch-count 6 --section SpeedOfLight \
+  --section WarpStateStats -f -o /tmp/quant256_ncu python3 scripts/quant_ncu.py --pipelines def,deft --head-dim 256 \
+  > "$out/ncu.log" 2>&1 &
 step gpu_tests 40 python3 -m pytest -q $(xdist_flag 5) -m gpu -p no:cacheprovider --tb=short \
   tests/test_fp8_quant_kernel.py -k "test_v3_fwht_transpose_bitwise"
 wait
+[[ -f /tmp/quant256_ncu.ncu-rep ]] && ncu --import /tmp/quant256_ncu.ncu-rep --page raw --csv > "$out/ncu_raw.csv" 2>/dev/null
 pipes=def,deft ab=(--ab def:deft)
 if ! grep -qE "^5 passed" "$out/gpu_tests.log" || grep -qE "failed|error" "$out/gpu_tests.log"; then
   pipes=def ab=(); echo "fwht_transpose's GPU tests did not pass: deft left out of the timing"
 fi
 step bandwidth 25 python3 scripts/fp8_quant_bandwidth.py --pipelines "$pipes" --recipes default \
   --rounds 5 --breakdown "${ab[@]}" --json "$out/quant_bw.json"
-if (( SECONDS < 72 )); then
-  n=$(( ${#pipes} > 3 ? 6 : 3 ))  # QuantPass launches per profiled round: 3 per pipeline
-  step ncu $((92 - SECONDS)) ncu --kernel-name regex:QuantPass --launch-skip "$n" --launch-count "$n" \
-    --section SpeedOfLight --section WarpStateStats -f -o /tmp/quant256_ncu \
-    python3 scripts/quant_ncu.py --pipelines "$pipes" --head-dim 256
-  ncu --import /tmp/quant256_ncu.ncu-rep --page raw --csv > "$out/ncu_raw.csv" 2>/dev/null
-else
-  echo "ncu skipped: $SECONDS s used"
-fi
 echo
 stop_clocks; cat "$out/commit.txt" "$out/gpu.txt"
 grep -E "precompile:|FAILED" "$out/precompile.log" | head -6
@@ -68,5 +65,5 @@ echo "-- gpu_tests"; grep -E "^FAILED|passed|failed|error" "$out/gpu_tests.log" 
 grep -E "RACECHECK SUMMARY|CALLS|DIFF|^rc=" "$out/sanitize.log"
 bandwidth_summary "$out/bandwidth.log"
 if [[ -f $out/ncu_raw.csv ]]; then
-  echo "== ncu (D 256, $pipes: V + K sums, K, Q each)"; python3 scripts/ncu_stalls.py "$out/ncu_raw.csv"
+  echo "== ncu (D 256, def then deft: V + K sums, K, Q each)"; python3 scripts/ncu_stalls.py "$out/ncu_raw.csv"
 fi
