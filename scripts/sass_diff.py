@@ -16,10 +16,20 @@ LABEL`` (``-b``) names the label that a forward branch over it targets: the inst
 are left out (the path executed when the branch is taken); ``--skip-jumps N`` does it for every forward branch
 over N or more instructions, in both. ``--list`` prints the compared loops' instructions.
 
+``--stalls`` (listings with encodings: nvdisasm -hex, ``scripts/sass_dump.py --hex``) adds, per compared loop, the
+sum of the compiler's stall counts over the instructions compared: the cycles one warp spends issuing that path when
+nothing else holds it (no scoreboard wait, no other warp taking the issue slot), a static latency, not a measurement;
+and the part of it after the last MUFU.EX2 (the step's tail). The stall count is the low 4 of the 21 control bits
+that the second 64-bit word of each instruction carries from bit 41 (then: yield, write and read scoreboard, wait
+mask, reuse), the layout described for Volta onwards (Jia et al., "Dissecting the NVIDIA Volta GPU Architecture via
+Microbenchmarking", 2018) and what sm_90a listings show: 7 = no scoreboard, a wait-mask bit set on the instruction
+that reads a variable-latency result (MUFU, S2R) whose producer set that scoreboard.
+
 SASS from nvdisasm -c: scripts/sass_dump.py writes ours and flash-attn-4's (or ``fa_variants.common.cubin.sass_of``,
 or CUTE_DSL_KEEP=sass). Pure Python, no GPU.
 
     python3 scripts/sass_diff.py ours.sass fa4.sass [--min-size 200] [--pair 0:0] [--labels ours fa4] [--skip-jumps 32]
+                                 [--stalls]
 """
 from __future__ import annotations
 
@@ -32,6 +42,7 @@ _LABEL = re.compile(r"\s*\.(L_x_\d+):")
 _INSTR = re.compile(r"\s*/\*([0-9a-f]+)\*/\s+(.*?)\s*;")
 _TARGET = re.compile(r"\bBRA\b(?:\.\w+)*\s+(?:\w+\s*,\s*)?`\(\.(L_x_\d+)\)")
 _PRED = re.compile(r"^@!?U?P[T\d]+\s+")
+_WORD = re.compile(r"/\*\s*(0x[0-9a-f]{16})\s*\*/")
 # opcode families whose first modifier names the operation (kept in the class by default)
 _KEEP_FIRST = ("MUFU", "SYNCS", "WARPGROUP", "BAR", "DEPBAR", "UTMALDG", "UTMASTG", "SHFL", "VOTE", "F2FP")
 
@@ -53,6 +64,31 @@ def parse(text: str) -> tuple[list[tuple[int, str]], dict[str, int]]:
         pending = []
         instrs.append((addr, m.group(2)))
     return instrs, labels
+
+
+def control_words(text: str) -> dict[int, int]:
+    """address -> the second 64-bit word of each instruction of a listing with encodings (nvdisasm -hex: the first
+    word after the instruction on its line, the second alone on the next line); empty without encodings."""
+    out, lines = {}, text.splitlines()
+    for i, line in enumerate(lines[:-1]):
+        m = _INSTR.match(line)
+        if m and _WORD.search(line[m.end():]):
+            second = _WORD.search(lines[i + 1])
+            if second and not _INSTR.match(lines[i + 1]):
+                out[int(m.group(1), 16)] = int(second.group(1), 16)
+    return out
+
+
+def stall(word: int) -> int:
+    """The stall count (cycles before the warp may issue its next instruction) of a control word (module docstring)."""
+    return (word >> 41) & 0xF
+
+
+def stall_cycles(body: list[tuple[int, str]], words: dict[int, int]) -> tuple[int, int]:
+    """(sum of the stall counts over body, the part after its last MUFU.EX2; 0 without one)."""
+    counts = [stall(words[a]) for a, _ in body]
+    last = max((i for i, (_, t) in enumerate(body) if opcode(t).startswith("MUFU.EX2")), default=len(body) - 1)
+    return sum(counts), sum(counts[last + 1:])
 
 
 def opcode(instr: str) -> str:
@@ -142,6 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="in both, leave out every block of >= N instructions that a forward branch jumps over "
                         "(0: none; e.g. 32 drops ours' huge-logit path)")
     p.add_argument("--list", action="store_true", help="print each compared loop's instructions too")
+    p.add_argument("--stalls", action="store_true",
+                   help="static stall cycles of each compared loop (listings with encodings: sass_dump.py --hex)")
     return p
 
 
@@ -150,10 +188,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.min_size < 1:
         print("sass_diff.py: --min-size must be >= 1", file=sys.stderr)
         return 2
-    sides = []
+    sides, words = [], []
     for path, cold in ((args.a, args.skip_cold_a), (args.b, args.skip_cold_b)):
         with open(path) as f:
-            instrs, labels = parse(f.read())
+            text = f.read()
+        instrs, labels = parse(text)
+        words.append(control_words(text))
+        if args.stalls and len(words[-1]) < len(instrs):
+            print(f"sass_diff.py: --stalls needs a listing with encodings (nvdisasm -hex, sass_dump.py --hex): {path}",
+                  file=sys.stderr)
+            return 2
         found = [drop_cold(body, labels, cold + (long_jumps(body, labels, args.skip_jumps) if args.skip_jumps else []))
                  for body in loops(instrs, labels, args.min_size)]
         sides.append(found)
@@ -178,6 +222,10 @@ def main(argv: list[str] | None = None) -> int:
                 print("\n".join(f"{name} {a:#06x} {t}" for a, t in body))
         print("\n".join(table(classes(sides[0][i], args.modifiers), classes(sides[1][j], args.modifiers),
                               tuple(args.labels))))
+        if args.stalls:
+            (ta, ea), (tb, eb) = stall_cycles(sides[0][i], words[0]), stall_cycles(sides[1][j], words[1])
+            print(f"stall cycles (static): {args.labels[0]} {ta} (after the last MUFU.EX2 {ea}), "
+                  f"{args.labels[1]} {tb} (after the last MUFU.EX2 {eb})")
     return 0
 
 

@@ -5,6 +5,8 @@ scripts/sass_diff.py (issue 12; bench/NOTES.md, "Issue 12, SASS gap").
     python3 scripts/sass_dump.py ours --head-dim 128 --out ours.sass [--causal] [--dtype fp16] [--set basis_alpha=True]
     python3 scripts/sass_dump.py fa4 --head-dim 128 --out fa4.sass  [--causal] [--dtype fp16]
     python3 scripts/sass_diff.py ours.sass fa4.sass --skip-jumps 32
+    (--hex on both dumps: the listings carry each instruction's encoding, and sass_diff.py --stalls reads its
+    scheduling control bits)
 
 fp8: fa3-fp8 (e4m3, ``hopper.fa3_fp8.DEFAULT_CONFIGS[head_dim]`` with the ``--set`` changes; --dtype is ignored).
 ours: ``hopper.fa3.DEFAULT_CONFIGS[head_dim]`` with the ``--set`` changes (Sm90Config fields; True/False, ints;
@@ -110,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="ours / fp8: Sm90Config / Fp8Config change")
     ap.add_argument("--fa4-path", type=Path, help="fa4: a folder with flash_attn, quack and einops")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--hex", action="store_true", help="with the instruction encodings (nvdisasm -hex), for "
+                                                        "scripts/sass_diff.py --stalls")
     a = ap.parse_args(argv)
     try:
         changes = parse_changes(a.set)
@@ -129,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         blob = fa4_cubin(a.head_dim, a.causal, a.dtype)
     print(cb.cubin_resources(blob))
-    a.out.write_text(cb.sass_of(blob))
+    a.out.write_text(cb.sass_of(blob, encodings=a.hex))
     return 0
 
 

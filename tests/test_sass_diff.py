@@ -80,3 +80,38 @@ def test_sass_dump_changes():
     for bad in ["basis_alpha", "=1", "basis_alpha=yes"]:
         with pytest.raises(ValueError, match="--set"):
             dump.parse_changes([bad])
+
+
+def _hex_listing(instrs):
+    """A listing in nvdisasm -c -hex's layout: each instruction with its first 64-bit word on its line and the
+    second (stall count in bits 41-44, here with no scoreboard: write/read barrier 7) alone on the next line."""
+    lines = [".L_x_5:"]
+    for addr, (text, stall_count) in enumerate(instrs):
+        second = (stall_count << 41) | (7 << 46) | (7 << 49) | 0x000FE2
+        lines.append(f"        /*{addr * 16:04x}*/                   {text} ;   /* 0x000000000000{addr:04x} */")
+        lines.append(f"                                                             /* 0x{second:016x} */")
+    return "\n".join(lines) + "\n"
+
+
+def test_stall_cycles_from_encodings(tmp_path, capsys):
+    """--stalls: the stall counts (bits 41-44 of each instruction's second word) summed over the compared loop, and
+    the part after its last MUFU.EX2; the instruction parse is the plain listing's; a listing without encodings is
+    refused with --stalls."""
+    loop = [("FFMA R3, R4, R5, -R6", 1), ("MUFU.EX2 R3, R3", 2), ("F2FP.BF16.F32.PACK_AB R8, R3, R3", 2),
+            ("HGMMA.64x128x16.F32.BF16 R24, gdesc[UR8], R24, gsb0", 9), ("@P2 BRA `(.L_x_5)", 5), ("EXIT", 1)]
+    text = _hex_listing(loop)
+    instrs, labels = sd.parse(text)
+    assert [t for _, t in instrs] == [t for t, _ in loop]
+    words = sd.control_words(text)
+    assert [sd.stall(words[a]) for a, _ in instrs] == [s for _, s in loop]
+    body = sd.loops(instrs, labels)[0]
+    assert sd.stall_cycles(body, words) == (1 + 2 + 2 + 9 + 5, 2 + 9 + 5)
+    assert sd.control_words(B) == {}
+    a, b = tmp_path / "a.sass", tmp_path / "b.sass"
+    a.write_text(text)
+    b.write_text(B)
+    assert sd.main([str(a), str(a), "--min-size", "2", "--stalls"]) == 0
+    assert "stall cycles (static): A 19 (after the last MUFU.EX2 16), B 19 (after the last MUFU.EX2 16)" in \
+        capsys.readouterr().out
+    assert sd.main([str(a), str(b), "--min-size", "2", "--stalls"]) == 2
+    assert "--stalls needs a listing with encodings" in capsys.readouterr().err

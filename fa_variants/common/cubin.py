@@ -80,13 +80,16 @@ def _nvdisasm() -> str:
                           f" ({type(exc).__name__}: {exc})") from exc
 
 
-def sass_of(cubin: bytes) -> str:
-    """SASS text of a cubin (nvdisasm, the binary the DSL itself uses for CUTE_DSL_KEEP=sass)."""
+def sass_of(cubin: bytes, encodings: bool = False) -> str:
+    """SASS text of a cubin (nvdisasm, the binary the DSL itself uses for CUTE_DSL_KEEP=sass); ``encodings``: with
+    each instruction's two 64-bit words (nvdisasm -hex; the second holds the scheduling control bits that
+    scripts/sass_diff.py --stalls reads)."""
     with tempfile.TemporaryDirectory(prefix="fa_variants_sass_") as d:
         path = os.path.join(d, "k.cubin")
         with open(path, "wb") as f:
             f.write(cubin)
-        res = subprocess.run([_nvdisasm(), "-c", path], capture_output=True, text=True, check=True)
+        res = subprocess.run([_nvdisasm(), "-c", *(["-hex"] if encodings else []), path], capture_output=True,
+                             text=True, check=True)
     return res.stdout
 
 
