@@ -270,8 +270,8 @@ def test_speed_ab_plan(capsys):
     ab = _speed_ab()
     shapes = ab.plan([64, 128, 256], [1024, 4096, 16384], (False, True), list(ab.VARIANTS))
     assert len(shapes) == 18 and all(s["batch"] * s["seqlen"] >= 16384 and "old" in s["variants"] for s in shapes)
-    # session 9: - early
-    assert {s["head_dim"]: len(s["variants"]) for s in shapes} == {64: 9, 128: 14, 256: 9}
+    # session 9: - early; session 11: + elect (D 64)
+    assert {s["head_dim"]: len(s["variants"]) for s in shapes} == {64: 10, 128: 14, 256: 9}
     import sys
     argv, sys.argv = sys.argv, ["fa3_speed_ab.py", "--plan"]
     try:
