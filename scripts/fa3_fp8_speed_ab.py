@@ -39,6 +39,7 @@ import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
+from typing import NamedTuple
 
 import torch
 
@@ -185,16 +186,12 @@ FP8TWO_VARIANTS: dict[int, dict[str, dict]] = {
     256: {"new": {}, "fused": dict(reduce_chains=1), "old": dict(fused_promote=False, reduce_chains=1),
           "single_overlap": dict(D256_VARIANTS[256]["single_overlap"], reduce_chains=1)},
 }
-# --set fp8turn (scripts/fp8two2_gpu.sh, session 9 round 2): what separates the head_dim 256 default from one running
-# accumulator, in the ping-pong turn. new: the default (two-level, s_lookahead with S in two halves, fused_promote,
-# reduce_chains 2); early: new + s_early_arrive (the turn handed on right after S half 0's issue: the last P V slice's
-# wait and promotion and S half 1's issue outside the turn); nopp: new without ping-pong (both consumer warpgroups issue
-# their GEMMs whenever ready, as bf16 fa3's head_dim 256 default); single_overlap: one running accumulator with
-# intra-warpgroup overlap and one chain (session 8's reference); single_overlap_c2: the same with reduce_chains 2 (the
-# default's chains: the fair reference). The names and changes are tests/test_fa3_fp8_speed_gpu.py's FP8TURN_VARIANTS.
+# --set fp8turn (session 9 round 2; its two ping-pong-turn variants measured slower and were removed in session 11): the
+# head_dim 256 two-level cost against both references. new: the default (two-level, s_lookahead with S in two halves,
+# fused_promote, reduce_chains 2); single_overlap: one running accumulator with intra-warpgroup overlap and one chain
+# (session 8's reference); single_overlap_c2: the same with reduce_chains 2 (the default's chains: the fair reference).
 FP8TURN_VARIANTS: dict[int, dict[str, dict]] = {
-    256: {"new": {}, "early": dict(s_early_arrive=True), "nopp": dict(pingpong=False),
-          "single_overlap": dict(D256_VARIANTS[256]["single_overlap"], reduce_chains=1),
+    256: {"new": {}, "single_overlap": dict(D256_VARIANTS[256]["single_overlap"], reduce_chains=1),
           "single_overlap_c2": dict(D256_VARIANTS[256]["single_overlap"], reduce_chains=2)},
 }
 # kernels tests/test_fa3_fp8_speed_gpu.py needs besides the timed ones (kind, head_dim, change), both causal modes
@@ -202,43 +199,123 @@ SPEED_TEST_KERNELS = [("bf16", 128, dict(intra_wg_overlap=False, early_pv_arrive
 # kernels tests/test_fa3_fp8_speed_gpu.py -k "fp8d128 and tail" needs at any --head-dims (both causal modes): the serial
 # 192 x 128 schedule with q_tail_first at 64, the fix's second code path
 FP8D128_TEST_KERNELS = [("fp8", 64, FP8D128_VARIANTS[64]["tn128_tail"])]
-SETS = {"ab": VARIANTS, "fp8speed": SPEED_VARIANTS, "fp8flip": FLIP_VARIANTS, "fp8small": FP8SMALL_VARIANTS,
-        "fp8mid": FP8MID_VARIANTS, "fp8d128": FP8D128_VARIANTS, "fp8d256": D256_VARIANTS, "fp8d256b": D256B_VARIANTS,
-        "fp8two": FP8TWO_VARIANTS, "fp8turn": FP8TURN_VARIANTS}
-LEGENDS = {
-    "fp8speed": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs; new = the default then; single* = one "
-                "running accumulator; early = early_pv_arrive; skip = skip_unit_rescale; promote4 = "
-                "promote_every=4; bf16_fa3 = ours; flash_attn_4 = flash-attn-4 bf16.",
-    "fp8flip": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs; new = the defaults (skip_unit_rescale "
-               "on, promote_every 4 at head_dim 64); old = the defaults before (skip off, promote_every 1); prefetch = "
-               "new + descale_prefetch; single* = one running accumulator (single_overlap: with intra-warpgroup "
-               "overlap); bf16_fa3 = ours; flash_attn_4 = flash-attn-4 bf16.",
-    "fp8small": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs; new = the default (64: tn192s_c4 "
-                "since session 6); pre = the 64 default before it (192 x 128, overlap), the base of 64's c4*; c4 = "
-                "reduce_chains=4 (row max and row sum in 4 chains); pf = descale_prefetch; skip = "
-                "skip_unit_rescale; early = early_pv_arrive; s2 = P V in two slices of d, two temporaries; tn192s = "
-                "192 x 192 serial; m192 = 192 x 128 serial, three warpgroups; single* = one running accumulator with the "
-                "same switches; bf16_fa3 = ours; flash_attn_4 = flash-attn-4 bf16.",
-    "fp8mid": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs (K/V scale blocks of the variant's "
-              "tile_n); new = the default (128: 128 x 256 serial; 64: 192 x 192 serial, reduce_chains 4); ovNNN = "
-              "intra-warpgroup overlap with tile_n NNN; m192 = 192 query rows; lookNNNh = s_lookahead, S as two halves; "
-              "c4 = reduce_chains=4; single* = one running accumulator; bf16_fa3 = ours; flash_attn_4 = flash-attn-4 bf16.",
-    "fp8d128": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs (K/V scale blocks of the variant's "
-               "tile_n); new = the default (128: 128 x 256 serial; 64: 192 x 192 serial, reduce_chains 4); "
-               "m192_look128h_c4 = 192 x 128, s_lookahead with S as two halves, reduce_chains 4; tail = q_tail_first "
-               "(causal: the partial query tile first); skip = skip_unit_rescale; m128_tn256 = "
-               "128 x 256 serial; tn128 = tile_n 128 (192 x 128 serial); bf16_fa3 = ours.",
-    "fp8d256": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs (K/V scale blocks of the variant's "
-               "tile_n); new = the default (two-level, 128 x 128, four P V slices, s_lookahead with S in two halves); "
-               "old = the serial default before; lookNN = s_lookahead with tile_n NN (_p8: eight P V slices, _stK: K "
-               "stages); serial64 = tile_n 64, old schedule; single* = "
-               "one running accumulator with intra-warpgroup overlap; bf16_fa3 = ours; flash_attn_4 = flash-attn-4 bf16.",
-    "fp8d256b": "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs, head_dim 256, 128 x 128 tiles; new = "
-                "the default (two-level, four P V slices, s_lookahead with S in two 64-key halves); old = the serial "
-                "two-level default before (S in one 128-key MMA); *_halves = the same with S in two 64-key MMAs "
-                "(s_halves alone); single = one running accumulator, serial steps; single_overlap* = one running "
-                "accumulator with intra-warpgroup overlap; bf16_fa3 = ours; flash_attn_4 = flash-attn-4 bf16.",
+
+
+class VariantSet(NamedTuple):
+    """One ``--set``: its fa3-fp8 variants (head_dim -> name -> changes to fa3_fp8.DEFAULT_CONFIGS[head_dim]), the
+    legend its summary.md starts with (names the variants), and what it times and which GPU script runs it (--help).
+    speed: summarised by ``speed_summary`` (every set but "ab"); its GPU tests (tests/test_fa3_fp8_speed_gpu.py) run
+    every timed variant in both causal modes, so its precompile builds those. per_variant_errors: the summary lists
+    every variant's kernel-vs-emulation rel-L2 (a failing variant must not hide the others); two_level_targets: adds
+    issue 10's targets with the best two-level variant. --head-dims is cut to the head dims of ``variants``."""
+
+    variants: dict
+    legend: str
+    help: str
+    speed: bool = True
+    per_variant_errors: bool = False
+    two_level_targets: bool = False
+
+
+#: every --set: the argparser's choices, the summaries' legends and the per-set steps read this one table
+SETS: dict[str, VariantSet] = {
+    "ab": VariantSet(
+        VARIANTS,
+        "TFLOP/s, median of rounds (spread = (max - min) / median over rounds). new / old / single: fa3-fp8 "
+        "(quantised inputs); bf16_fa3: ours; flash_attn_4: flash-attn-4 bf16.",
+        "new vs old defaults (scripts/fa3_fp8_ab_gpu.sh)",
+        speed=False),
+    "fp8speed": VariantSet(
+        SPEED_VARIANTS,
+        "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs; new = the default then; single* = "
+        "one running accumulator; early = early_pv_arrive; skip = skip_unit_rescale; promote4 = "
+        "promote_every=4; bf16_fa3 = ours; flash_attn_4 = flash-attn-4 bf16.",
+        "the speed switches (SPEED_VARIANTS, scripts/fp8speed_gpu.sh)"),
+    "fp8flip": VariantSet(
+        FLIP_VARIANTS,
+        "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs; new = the defaults "
+        "(skip_unit_rescale on, promote_every 4 at head_dim 64); old = the defaults before (skip off, "
+        "promote_every 1); prefetch = new + descale_prefetch; single* = one running accumulator "
+        "(single_overlap: with intra-warpgroup overlap); bf16_fa3 = ours; flash_attn_4 = flash-attn-4 bf16.",
+        "the session-5 defaults vs the previous ones and descale_prefetch (FLIP_VARIANTS, "
+        "scripts/fp8flip_gpu.sh)"),
+    "fp8small": VariantSet(
+        FP8SMALL_VARIANTS,
+        "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs; new = the default (64: tn192s_c4 "
+        "since session 6); pre = the 64 default before it (192 x 128, overlap), the base of 64's c4*; c4 = "
+        "reduce_chains=4 (row max and row sum in 4 chains); pf = descale_prefetch; skip = skip_unit_rescale; "
+        "early = early_pv_arrive; s2 = P V in two slices of d, two temporaries; tn192s = 192 x 192 serial; "
+        "m192 = 192 x 128 serial, three warpgroups; single* = one running accumulator with the same switches; "
+        "bf16_fa3 = ours; flash_attn_4 = flash-attn-4 bf16.",
+        "head_dim 64/128 softmax chains, prefetch (FP8SMALL_VARIANTS, scripts/fp8small_gpu.sh)",
+        two_level_targets=True),
+    "fp8mid": VariantSet(
+        FP8MID_VARIANTS,
+        "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs (K/V scale blocks of the variant's "
+        "tile_n); new = the default (128: 128 x 256 serial; 64: 192 x 192 serial, reduce_chains 4); ovNNN = "
+        "intra-warpgroup overlap with tile_n NNN; m192 = 192 query rows; lookNNNh = s_lookahead, S as two "
+        "halves; c4 = reduce_chains=4; single* = one running accumulator; bf16_fa3 = ours; flash_attn_4 = "
+        "flash-attn-4 bf16.",
+        "head_dim 64/128 P V overlap, lookahead (FP8MID_VARIANTS, scripts/fp8mid_gpu.sh)",
+        per_variant_errors=True, two_level_targets=True),
+    "fp8d128": VariantSet(
+        FP8D128_VARIANTS,
+        "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs (K/V scale blocks of the variant's "
+        "tile_n); new = the default (128: 128 x 256 serial; 64: 192 x 192 serial, reduce_chains 4); "
+        "m192_look128h_c4 = 192 x 128, s_lookahead with S as two halves, reduce_chains 4; tail = q_tail_first "
+        "(causal: the partial query tile first); skip = skip_unit_rescale; m128_tn256 = 128 x 256 serial; "
+        "tn128 = tile_n 128 (192 x 128 serial); bf16_fa3 = ours.",
+        "q_tail_first on the 192-row schedules, 128 x 256 at 64 (FP8D128_VARIANTS, "
+        "scripts/fp8d128_gpu.sh)",
+        per_variant_errors=True, two_level_targets=True),
+    "fp8d256": VariantSet(
+        D256_VARIANTS,
+        "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs (K/V scale blocks of the variant's "
+        "tile_n); new = the default (two-level, 128 x 128, four P V slices, s_lookahead with S in two "
+        "halves); old = the serial default before; lookNN = s_lookahead with tile_n NN (_p8: eight P V "
+        "slices, _stK: K stages); serial64 = tile_n 64, old schedule; single* = one running accumulator with "
+        "intra-warpgroup overlap; bf16_fa3 = ours; flash_attn_4 = flash-attn-4 bf16.",
+        "head_dim 256 two-level schedules (D256_VARIANTS, scripts/fp8d256_gpu.sh)"),
+    "fp8d256b": VariantSet(
+        D256B_VARIANTS,
+        "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs, head_dim 256, 128 x 128 tiles; new "
+        "= the default (two-level, four P V slices, s_lookahead with S in two 64-key halves); old = the "
+        "serial two-level default before (S in one 128-key MMA); *_halves = the same with S in two 64-key "
+        "MMAs (s_halves alone); single = one running accumulator, serial steps; single_overlap* = one running "
+        "accumulator with intra-warpgroup overlap; bf16_fa3 = ours; flash_attn_4 = flash-attn-4 bf16.",
+        "what S in two 64-key halves costs (D256B_VARIANTS, scripts/fp8d256b_gpu.sh)"),
+    "fp8two": VariantSet(
+        FP8TWO_VARIANTS,
+        "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs, head_dim 256, 128 x 128 tiles; new "
+        "= the default (two-level, four P V slices, s_lookahead with S in two halves, fused_promote: O in "
+        "units of v_descale, O = alpha' O + tmp, one FFMA per element and tile; reduce_chains 2); fused = "
+        "fused_promote with one chain; old = the default before session 9 (skip_unit_rescale, no fused_promote); "
+        "single_overlap = one running accumulator with intra-warpgroup overlap; bf16_fa3 = ours.",
+        "head_dim 256 fused_promote (FP8TWO_VARIANTS, scripts/fp8two_gpu.sh)",
+        per_variant_errors=True, two_level_targets=True),
+    "fp8turn": VariantSet(
+        FP8TURN_VARIANTS,
+        "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs, head_dim 256, 128 x 128 tiles; new "
+        "= the default (two-level, four P V slices, s_lookahead with S in two halves, fused_promote, "
+        "reduce_chains 2); single_overlap = one running accumulator with intra-warpgroup overlap, one chain (_c2: two "
+        "chains, the fair reference); bf16_fa3 = ours.",
+        "head_dim 256 two-level cost against one running accumulator with one / two chains (FP8TURN_VARIANTS; no "
+        "GPU script since session 11)",
+        per_variant_errors=True, two_level_targets=True),
 }
+
+
+def check_sets(sets: dict) -> None:
+    """ValueError naming the first set without variants, a legend or a help text (checked when the script loads)."""
+    for name, vs in sets.items():
+        for field in ("legend", "help"):
+            if not isinstance(getattr(vs, field), str) or not getattr(vs, field).strip():
+                raise ValueError(f"SETS[{name!r}]: {field} is empty")
+        if not vs.variants:
+            raise ValueError(f"SETS[{name!r}]: variants is empty")
+
+
+check_sets(SETS)
 # issue 10's targets: (head_dim, seqlen, causal or None for both, what, threshold)
 TARGETS = [(256, 16384, False, "tflops", 1100.0), (128, None, False, "over_bf16", 1.4), (64, None, False, "over_bf16", 1.3),
            (None, None, None, "two_level_cost", 0.05)]
@@ -309,13 +386,12 @@ def compile_jobs(head_dims, causals, tests: bool = True, variant_set: str = "ab"
     """The kernels of the A/B (bf16 fa3, every FP8 variant) and, with tests, of tests/test_fa3_fp8_gpu.py
     (``variant_set`` "ab"), of tests/test_fa3_fp8_speed_gpu.py and test_fa3_fp8_gpu.py -k default_recipe
     ("fp8speed"), or of both files ("fp8flip")."""
-    fp8_variants = SETS[variant_set]
+    fp8_variants = SETS[variant_set].variants
     work = [("bf16", D, c, {}) for D in head_dims for c in causals]
     work += [("fp8", D, c, ch) for D in head_dims for c in causals for ch in fp8_variants[D].values()]
     work += [("recipe", D, c, ("bfloat16", ("block", True, True, True))) for D in head_dims for c in (False, True)]
     # their tests run both causal modes of every timed variant
-    if tests and variant_set in ("fp8speed", "fp8flip", "fp8small", "fp8mid", "fp8d128", "fp8d256", "fp8d256b", "fp8two",
-                                 "fp8turn"):
+    if tests and SETS[variant_set].speed:
         work += [("fp8", D, c, ch) for D in head_dims for c in (False, True) for ch in fp8_variants[D].values()]
         if variant_set == "fp8speed":
             work += [(kind, D, c, ch) for kind, D, ch in SPEED_TEST_KERNELS if D in head_dims for c in (False, True)]
@@ -344,7 +420,7 @@ def failed_variants(log_text: str, variant_set: str) -> list[str]:
     the A/B leaves every such one out (--drop-failed). Sorted names."""
     import ast
 
-    variants = SETS[variant_set]
+    variants = SETS[variant_set].variants
     names = set()
     for line in log_text.splitlines():
         if (m := _TEST_ID.match(line)) and m["set"] == variant_set:
@@ -421,7 +497,7 @@ def time_problem(impls: dict, rounds: int, iters: int, protocol: str = "rounds",
 def speed(args, out_dir: str) -> list[dict]:
     from fa_variants.hopper import fa3, fa3_fp8
 
-    fp8_variants = SETS[args.set]
+    fp8_variants = SETS[args.set].variants
     try:
         from flash_attn.cute.interface import flash_attn_func
     except Exception as exc:  # noqa: BLE001
@@ -528,7 +604,7 @@ def variant_errors(args, out_dir: str) -> list[dict]:
     from fa_variants.reference import rel_l2
 
     rows = []
-    fp8_variants = SETS[args.set]
+    fp8_variants = SETS[args.set].variants
     with open(os.path.join(out_dir, "errors.jsonl"), "w") as f:
         for D, causal, q, k, v, exact in error_cases(args):
             emus = {}
@@ -562,10 +638,10 @@ def speed_summary(speed_rows: list[dict], error_rows: list[dict], variant_set: s
     """--set fp8speed / fp8flip: TFLOP/s per variant, the best fa3-fp8 variant per problem, the two-level cost of the
     best two-level variant against the best single accumulator, the issue's targets with the best variant,
     candidates for a default flip, and the variants' accuracy; fp8flip adds the new defaults against the old."""
-    fp8_variants = SETS[variant_set]
+    fp8_variants = SETS[variant_set].variants
     probs = _by_problem(speed_rows)
     spread = {(r["head_dim"], r["seqlen"], r["causal"], r["impl"]): r["spread"] for r in speed_rows}
-    lines = [f"# fa3-fp8 speed switches (issue 10): --set {variant_set}", "", LEGENDS[variant_set], ""]
+    lines = [f"# fa3-fp8 speed switches (issue 10): --set {variant_set}", "", SETS[variant_set].legend, ""]
     best_rows = []
     for D in sorted({p[0] for p in probs}):
         fp8_names = list(fp8_variants[D])
@@ -626,7 +702,7 @@ def speed_summary(speed_rows: list[dict], error_rows: list[dict], variant_set: s
                   f"- kernel vs float64 within 1.02x of the emulation's: worst "
                   f"{gap['kernel_vs_float64'] / gap['emulation_vs_float64']:.3f}x (d{gap['head_dim']} {gap['variant']}): "
                   f"{'PASS' if gap['kernel_vs_float64'] / gap['emulation_vs_float64'] <= 1.02 else 'FAIL'}"]
-        if variant_set in ("fp8mid", "fp8d128", "fp8two", "fp8turn"):  # per variant: a failing one must not hide the others
+        if SETS[variant_set].per_variant_errors:  # per variant: a failing one must not hide the others
             lines += ["", "kernel vs emulation rel-L2 per variant (causal 0 / 1):", ""]
             for D in sorted({r["head_dim"] for r in error_rows}):
                 for name in fp8_variants[D]:
@@ -693,7 +769,7 @@ def turn_cost_lines(speed_rows: list[dict]) -> str:
     for (D, N, c), tf in sorted(_by_problem(speed_rows).items()):
         refs = [tf.get("single_overlap_c2"), tf.get("single_overlap")]
         cells = [f"{n} " + " / ".join("-" if not r else f"{r / tf[n] - 1:+.1%}" for r in refs)
-                 for n in tf if n in FP8TURN_VARIANTS.get(D, {}) and not n.startswith("single") and tf[n]]
+                 for n in tf if n in SETS["fp8turn"].variants.get(D, {}) and not n.startswith("single") and tf[n]]
         lines.append(f"- d{D} N{N} causal={int(c)}: " + "; ".join(cells))
     return "\n".join(lines) + "\n"
 
@@ -704,7 +780,7 @@ def two_level_target_lines(speed_rows: list[dict], variant_set: str = "fp8small"
     64) and the two-level cost of that pair, best single / best two-level - 1 (<= 5%)."""
     lines = ["", "## issue 10 targets with the best two-level variant (two_level on; all problems)", ""]
     for (D, N, c), tf in sorted(_by_problem(speed_rows).items()):
-        twos = {n: t for n, t in tf.items() if n in SETS[variant_set].get(D, {}) and not n.startswith("single")}
+        twos = {n: t for n, t in tf.items() if n in SETS[variant_set].variants.get(D, {}) and not n.startswith("single")}
         singles = [t for n, t in tf.items() if n.startswith("single")]
         if not twos or not tf.get("bf16_fa3"):
             continue
@@ -774,9 +850,7 @@ def verdicts(speed_rows, error_rows, test_stats) -> list[str]:
 
 
 def summary(speed_rows: list[dict], error_rows: list[dict], test_stats: list[dict] | None = None) -> str:
-    lines = ["# fa3-fp8 A/B: new defaults vs old", "",
-             "TFLOP/s, median of rounds (spread = (max - min) / median over rounds). new / old / single: fa3-fp8 "
-             "(quantised inputs); bf16_fa3: ours; flash_attn_4: flash-attn-4 bf16.", ""]
+    lines = ["# fa3-fp8 A/B: new defaults vs old", "", SETS["ab"].legend, ""]
     probs = _by_problem(speed_rows)
     spread = {(r["head_dim"], r["seqlen"], r["causal"], r["impl"]): r["spread"] for r in speed_rows}
     names = ["new", "old", "single", "bf16_fa3", "flash_attn_4"]
@@ -805,27 +879,18 @@ def summary(speed_rows: list[dict], error_rows: list[dict], test_stats: list[dic
 def plan(args) -> str:
     jobs = compile_jobs(args.head_dims, args.causal, tests=True, variant_set=args.set)
     probs = [(D, N, c) for D in args.head_dims for N in args.seqlens for c in args.causal]
-    impls = {D: [*SETS[args.set][D], "bf16_fa3", "flash_attn_4"] for D in args.head_dims}
+    impls = {D: [*SETS[args.set].variants[D], "bf16_fa3", "flash_attn_4"] for D in args.head_dims}
     return "\n".join([f"set: {args.set}; precompile: {len(jobs)} jobs ({args.jobs} workers)",
                       f"speed: {len(probs)} problems x {args.rounds} rounds x {args.iters} calls; impls per head_dim: {impls}",
                       f"errors: {'on' if args.errors else 'off'} (head dims {args.head_dims}, N={args.err_seqlen}, causal {args.causal})",
                       f"out: {args.out}"])
 
 
-def main() -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line; ``--set`` accepts exactly the names of ``SETS``."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--set", choices=list(SETS), default="ab",
-                    help="ab: new vs old defaults (scripts/fa3_fp8_ab_gpu.sh); fp8speed: the speed switches "
-                         "(SPEED_VARIANTS, scripts/fp8speed_gpu.sh); fp8flip: the session-5 defaults vs the previous "
-                         "ones and descale_prefetch (FLIP_VARIANTS, scripts/fp8flip_gpu.sh); fp8small: head_dim 64/128 "
-                         "softmax chains, prefetch (FP8SMALL_VARIANTS, scripts/fp8small_gpu.sh); fp8mid: "
-                         "head_dim 64/128 P V overlap, lookahead (FP8MID_VARIANTS, scripts/fp8mid_gpu.sh); "
-                         "fp8d128: q_tail_first on the 192-row schedules, 128 x 256 at 64 "
-                         "(FP8D128_VARIANTS, scripts/fp8d128_gpu.sh); "
-                         "fp8d256: head_dim 256 two-level schedules (D256_VARIANTS, scripts/fp8d256_gpu.sh); "
-                         "fp8d256b: what S in two 64-key halves costs (D256B_VARIANTS, scripts/fp8d256b_gpu.sh); "
-                         "fp8two: head_dim 256 fused_promote (FP8TWO_VARIANTS, scripts/fp8two_gpu.sh); fp8turn: head_dim 256 ping-pong turn "
-                         "(FP8TURN_VARIANTS, scripts/fp8two2_gpu.sh)")
+                    help="; ".join(f"{name}: {vs.help}" for name, vs in SETS.items()))
     ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128, 256], choices=[64, 128, 256])
     ap.add_argument("--seqlens", type=int, nargs="+", default=[4096, 16384])
     ap.add_argument("--causal", choices=["no", "yes", "both"], default="both")
@@ -852,12 +917,18 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="D=128, N=4k, non-causal, 3 rounds")
     ap.add_argument("--plan", action="store_true", help="print what would run and exit (no GPU needed)")
     ap.add_argument("--out", default=os.environ.get("OUT", "results") + "/fa3_fp8_ab")
+    return ap
+
+
+def main() -> int:
+    ap = parser()
     args = ap.parse_args()
     if args.quick:
         args.head_dims, args.seqlens, args.causal, args.rounds = [128], [4096], "no", 3
     args.causal = {"no": [False], "yes": [True], "both": [False, True]}[args.causal]
-    if args.set in ("fp8small", "fp8mid", "fp8d128"):  # the head dims the set has
-        args.head_dims = [d for d in args.head_dims if d in SETS[args.set]]
+    given, args.head_dims = args.head_dims, [d for d in args.head_dims if d in SETS[args.set].variants]
+    if not args.head_dims:  # the head dims the set has (fp8d256's, fp8two's: 256 only)
+        ap.error(f"--head-dims {given}: --set {args.set} has head_dim {sorted(SETS[args.set].variants)} only")
     failed = []
     for log in args.drop_failed:
         if os.path.exists(log):
@@ -868,10 +939,11 @@ def main() -> int:
               flush=True)
         args.drop = sorted(set(args.drop) | set(failed))
     if args.drop:
-        unknown = set(args.drop) - {n for v in SETS[args.set].values() for n in v} | ({"new"} & set(args.drop))
+        unknown = set(args.drop) - {n for v in SETS[args.set].variants.values() for n in v} | ({"new"} & set(args.drop))
         if unknown:
             ap.error(f"--drop: {sorted(unknown)} not a variant of --set {args.set} other than new")
-        SETS[args.set] = {D: {n: c for n, c in v.items() if n not in args.drop} for D, v in SETS[args.set].items()}
+        SETS[args.set] = SETS[args.set]._replace(variants={
+            D: {n: c for n, c in v.items() if n not in args.drop} for D, v in SETS[args.set].variants.items()})
     if args.plan:
         print(plan(args))
         return 0
@@ -887,12 +959,11 @@ def main() -> int:
             return 1 if bad else 0
     speed_rows = speed(args, args.out)
     print(f"speed done at {time.time() - t0:.0f}s", flush=True)
-    if args.set in ("fp8speed", "fp8flip", "fp8small", "fp8mid", "fp8d128", "fp8d256", "fp8d256b", "fp8two",
-                    "fp8turn"):
+    if SETS[args.set].speed:
         text = speed_summary(speed_rows, variant_errors(args, args.out) if args.errors else [], args.set)
         if args.set == "fp8d256b":
             text += halves_cost_lines(speed_rows)
-        if args.set in ("fp8small", "fp8mid", "fp8d128", "fp8two", "fp8turn"):
+        if SETS[args.set].two_level_targets:
             text += two_level_target_lines(speed_rows, args.set)
         if args.set == "fp8turn":
             text += turn_cost_lines(speed_rows)

@@ -94,58 +94,13 @@ def test_default_is_look128_halves():
 
 
 @pytest.mark.parametrize("bad", [dict(pv_buffers=1), dict(pv_split=1, pv_buffers=1), dict(promote_every=2),
-                                 dict(two_level=False), dict(early_pv_arrive=True),
+                                 dict(two_level=False), dict(early_pv_arrive=True), dict(pingpong=False),
                                  dict(shared_kv_state=True), dict(descale_prefetch=True),
                                  dict(s_halves=True, tile_n=64)])
 def test_lookahead_config_errors(bad):
     cfg = dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[256], **{**fa3_fp8.NO_LOOKAHEAD, "s_lookahead": True, **bad})
     with pytest.raises(ValueError):
         cfg.check(256)
-
-
-def test_early_arrive_configs():
-    """s_early_arrive (session 9) needs the lookahead with S in two halves and ping-pong; the lookahead itself runs
-    without ping-pong (both warpgroups issue whenever ready)."""
-    base = fa3_fp8.DEFAULT_CONFIGS[256]
-    for bad in (dict(pingpong=False), dict(s_halves=False, pv_split=8), dict(**fa3_fp8.NO_LOOKAHEAD)):
-        with pytest.raises(ValueError, match="s_early_arrive"):
-            dataclasses.replace(base, **{**bad, "s_early_arrive": True}).check(256)
-    dataclasses.replace(base, s_early_arrive=True).check(256)
-    dataclasses.replace(base, pingpong=False).check(256)
-    assert not base.s_early_arrive and base.pingpong
-
-
-def _default_sass(change, causal):
-    """SASS of the head_dim 256 default (the lookahead with S in two halves, fused_promote) with change."""
-    cfg = dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[256], **change)
-    return cubin.sass_of(registry.compiled(registry.static_config("fa3-fp8", "sm_90a", "e4m3", 256, causal, cfg)).cubin)
-
-
-def test_early_arrive_hands_the_turn_on_after_half_0():
-    """s_early_arrive (causal build, the larger): in every step with a next tile the ping-pong arrive follows S half 0's
-    issue (a 64-key SS QGMMA group) with no wait between, then the wait for the last slice (DEPBAR 1), its promotion
-    (>= 32 FFMA) and half 1's issue; no spills."""
-    s = _default_sass(dict(s_early_arrive=True), causal=True)
-    counts = cubin.count_sass(s)
-    assert counts["LDL"] == counts["STL"] == 0, counts
-    ss = r"QGMMA\.64x64x32\.F32\.E4M3\.E4M3 R(\d+), gdesc\[UR\d+\], RZ, !UPT"
-    seq = (ss + r"(?:(?!DEPBAR|BAR\.ARV).)*?BAR\.ARV[^\n]*\n(?:(?!QGMMA|BAR\.).)*?WARPGROUP\.DEPBAR\.LE gsb0, 0x1 ;"
-           r"((?:(?!QGMMA|BAR\.).)*?)" + ss)
-    found = re.findall(seq, s, re.S)
-    assert len(found) >= 3, len(found)  # the first step's, the masked and the free loop's
-    assert all(a != b for a, _, b in found), found
-    # the loops' promotions are FFMAs (the first step's is a copy, O = tmp)
-    assert sum(len(re.findall(r"\bFFMA\b", between)) >= 32 for _, between, _ in found) >= 2
-
-
-def test_lookahead_without_pingpong():
-    """pingpong=False on the head_dim 256 lookahead (causal build): no turn barriers, no spills, the S halves still
-    issued under the last slice."""
-    s = _default_sass(dict(pingpong=False), causal=True)
-    counts = cubin.count_sass(s)
-    assert counts["LDL"] == counts["STL"] == 0, counts
-    assert "BAR.ARV" not in s and "BAR.SYNC.DEFER_BLOCKING R" not in s
-    assert len(re.findall(r"QGMMA\.64x64x32\.F32\.E4M3\.E4M3 R\d+, gdesc\[UR\d+\], RZ, !UPT", s)) >= 6
 
 
 def test_halves_configs():

@@ -4,8 +4,7 @@
 head_dim 64/128: ``FP8SMALL_VARIANTS``), the lookahead schedule at 128 (session 7:
 ``FP8MID_VARIANTS``), ``q_tail_first`` (the partial query tile first under causal masking; session 7: ``FP8D128_VARIANTS``),
 ``fused_promote`` at head_dim 256 (O *= alpha folded into the two-level promotion; session 8: ``FP8TWO_VARIANTS``),
-the head_dim 256 ping-pong turn
-(``s_early_arrive``, no ping-pong; session 9: ``FP8TURN_VARIANTS``), the defaults before session 5 ("old"), and the
+the defaults before session 5 ("old"), and the
 combinations scripts/fa3_fp8_speed_ab.py times (``--set fp8speed`` / ``fp8flip``, whose precompile builds these).
 
 fa3-fp8: the kernel against its emulation on the same quantised inputs (default recipe; its two_level and
@@ -104,15 +103,7 @@ FP8TWO_VARIANTS = {
     "fp8two-d256-old": (256, dict(fused_promote=False, reduce_chains=1)),
 }
 
-# session 9 round 2, head_dim 256 (scripts/fa3_fp8_speed_ab.py FP8TURN_VARIANTS, "fp8turn-d256-<name>"): the default with
-# the ping-pong turn handed on after S half 0's issue (s_early_arrive), and without ping-pong; same roundings as the
-# default (the emulation is unchanged)
-FP8TURN_VARIANTS = {
-    "fp8turn-d256-early": (256, dict(s_early_arrive=True)),
-    "fp8turn-d256-nopp": (256, dict(pingpong=False)),
-}
-
-_ALL_TABLES = (FP8_VARIANTS, FP8SMALL_VARIANTS, FP8MID_VARIANTS, FP8D128_VARIANTS, FP8TWO_VARIANTS, FP8TURN_VARIANTS)
+_ALL_TABLES = (FP8_VARIANTS, FP8SMALL_VARIANTS, FP8MID_VARIANTS, FP8D128_VARIANTS, FP8TWO_VARIANTS)
 
 
 def _inputs(shape, head_dim, seed):

@@ -86,13 +86,11 @@ scales (one descale per 128 query rows and per ``tile_n`` keys, ``fa_variants.fp
   is per thread, the branch diverges), ~67% of the tiles at 32 K/V tiles and ~32% at 128 for iid scores; with the
   switch the main loop has 618 instructions a warp and tile (default 737 with the block, 609 without; single_overlap
   574: the same FP32 work, FMUL for FFMA, and 20 fewer QGMMA issues and descriptor adds).
-* The head_dim 256 ping-pong turn (session 9, round 2; both off, A/B ``scripts/fp8two2_gpu.sh``): read in the SASS, the
-  default's turn (BAR.SYNC .. BAR.ARV) holds the four P V slices with three waits and 3 x 32 promotion FFMAs, S half
-  0, the last slice's wait and promotion and S half 1, where single_overlap's turn only issues its 12 QGMMAs.
-  ``s_early_arrive`` hands the turn on right after S half 0's issue (the last slice's wait and promotion and S half 1
-  outside the turn, as the lookahead without s_halves does); ``pingpong=False`` (accepted by the lookahead) drops the
-  turn: both warpgroups issue whenever ready (bf16 fa3's head_dim 256 default has no ping-pong). Same operations and
-  roundings: the emulation is unchanged.
+* The head_dim 256 ping-pong turn: read in the SASS, the default's turn (BAR.SYNC .. BAR.ARV) holds the four P V
+  slices with three waits and 3 x 32 promotion FFMAs, S half 0, the last slice's wait and promotion and S half 1, where
+  single_overlap's turn only issues its 12 QGMMAs. Handing the turn on right after S half 0's issue, and the lookahead
+  without ping-pong, were built in session 9 and measured slower at every shape on the H200 (bench/NOTES.md, session
+  11): removed.
 * K/V tiles are walked from the last to the first (as fa3). Output in the caller's 16-bit dtype,
   LSE float32 natural log; rows that see no key give O = 0 and LSE = -inf.
 
@@ -149,7 +147,7 @@ class Fp8Config(Fa3Config):
     s_lookahead: the next K/V tile's S GEMM issued inside this tile's ping-pong turn, after the last P V slice
         and before that slice's promotion (``_Fp8StepContext.lookahead_loop``; the field's default is off, but
         the head_dim 256 default config has it on with s_halves since session 6: ``DEFAULT_SWITCHES``, and
-        ``NO_LOOKAHEAD`` turns both off). Needs two_level, promote_every 1, pv_split > 1 with pv_buffers 2, serial steps (ping-pong or not: session 9),
+        ``NO_LOOKAHEAD`` turns both off). Needs two_level, promote_every 1, pv_split > 1 with pv_buffers 2, serial steps with ping-pong,
         descale_prefetch off (the step reads v_descale once itself).
     s_halves: the S GEMM as two warpgroup MMAs of tile_n / 2 keys (Q read from shared memory twice). With
         s_lookahead each half lives in one temporary's registers (needs tile_n * pv_split == 2 * head_dim: 128 x 128
@@ -182,11 +180,6 @@ class Fp8Config(Fa3Config):
         (emulation ``units="bounded"``). Not removed (nor by fused_promote): alpha' underflows where a tile's
         descale lies > 2^149 above the unit (``bounded_unit``, "Not covered"), dropping the earlier tiles' O in rows
         whose P on that tile rounds to 0.
-    s_early_arrive: (session 9, round 2; off; needs s_lookahead with s_halves) the ping-pong turn handed on right after
-        S half 0's issue, before the wait for the last P V slice: that wait, the slice's promotion and S half 1's issue
-        run outside the turn (the lookahead without s_halves already hands it on before its last promotion), so the
-        other warpgroup's P V slices queue behind half 0 instead of behind half 1. Same operations and roundings: the
-        emulation is unchanged.
     """
 
     two_level: bool = True
@@ -198,7 +191,6 @@ class Fp8Config(Fa3Config):
     s_lookahead: bool = False
     s_halves: bool = False
     fused_promote: bool = False
-    s_early_arrive: bool = False
     bounded_units: bool = False
 
     def smem_bytes(self, head_dim: int, elem_bytes: int = 1) -> int:
@@ -229,10 +221,10 @@ class Fp8Config(Fa3Config):
             raise ValueError(f"fa3-fp8: promote_every={self.promote_every} must be >= 1, and 1 with pv_split > 1 "
                              f"(the interval's temporary covers the whole of head_dim)")
         if self.s_lookahead and not (self.two_level and self.promote_every == 1 and self.pv_split > 1 and self.pv_buffers == 2
-                                     and not self.intra_wg_overlap and not self.early_pv_arrive
+                                     and self.pingpong and not self.intra_wg_overlap and not self.early_pv_arrive
                                      and not self.shared_kv_state and not self.descale_prefetch):
             raise ValueError("fa3-fp8: s_lookahead needs two_level, promote_every 1, pv_split > 1 with pv_buffers 2, "
-                             "intra_wg_overlap, early_pv_arrive, shared_kv_state and descale_prefetch off")
+                             "pingpong, intra_wg_overlap, early_pv_arrive, shared_kv_state and descale_prefetch off")
         halves_fit = self.tile_n * self.pv_split == 2 * head_dim and self.pv_split % 2 == 0
         if self.s_halves and self.s_lookahead and not halves_fit:
             raise ValueError(f"fa3-fp8: s_halves with s_lookahead needs tile_n * pv_split == 2 * head_dim with pv_split "
@@ -241,9 +233,6 @@ class Fp8Config(Fa3Config):
         if self.s_halves and self.tile_n % 64:
             raise ValueError(f"fa3-fp8: s_halves needs tile_n a multiple of 64 (two halves of whole 32-key k-blocks "
                              f"of P), got tile_n={self.tile_n}")
-        if self.s_early_arrive and not (self.s_lookahead and self.s_halves and self.pingpong):
-            raise ValueError("fa3-fp8: s_early_arrive needs s_lookahead with s_halves and pingpong (the turn ends after "
-                             "S half 0)")
         if self.fused_promote and not self.s_lookahead:
             raise ValueError("fa3-fp8: fused_promote needs s_lookahead (the head_dim 256 schedule it is built for)")
         if self.bounded_units and not self.fused_promote:
@@ -278,7 +267,7 @@ DEFAULT_SWITCHES = {64: dict(reduce_chains=4), 96: {}, 128: {},
                     256: dict(skip_unit_rescale=True, s_lookahead=True, s_halves=True, fused_promote=True,
                               reduce_chains=2)}
 #: the changes that take the head_dim 256 default back to its serial steps (no lookahead, S in one MMA)
-NO_LOOKAHEAD = dict(s_lookahead=False, s_halves=False, fused_promote=False, s_early_arrive=False)
+NO_LOOKAHEAD = dict(s_lookahead=False, s_halves=False, fused_promote=False)
 
 
 def _default(head_dim: int) -> Fp8Config:
@@ -574,17 +563,13 @@ class _Fp8StepContext(_StepContext):
             if const_expr(h > 0):
                 self._promote_step(h - 1, vd, alpha, bufs[(h - 1) % 2], seqlen_end, s)
         if const_expr(self.k.cfg.s_halves):  # S half 0 in the free temporary, the last slice promoted under it, half 1
-            early = const_expr(self.k.cfg.s_early_arrive)  # the turn ends after half 0's issue
             if const_expr(has_next):
                 wgmma(self.mma_qk, bufs[0], self.tSrQ, self._k_half(k_state.index, 0), zero_init=True, wait=-1)
-            if const_expr(early):
-                self.schedule_arrive()
             warpgroup.wait_group(1 if has_next else 0)
             self._promote_step(last, vd, alpha, bufs[last % 2], seqlen_end, s)
             if const_expr(has_next):
                 wgmma(self.mma_qk, bufs[1], self.tSrQ, self._k_half(k_state.index, 1), zero_init=True, wait=-1)
-            if const_expr(not early):
-                self.schedule_arrive()
+            self.schedule_arrive()
         else:
             if const_expr(has_next):
                 wgmma(self.mma_qk, acc_S, self.tSrQ, self.tSrK[None, None, None, k_state.index], zero_init=True, wait=-1)
