@@ -28,11 +28,7 @@ def tasks(which: str = "quant3") -> list[tuple[str, str, int, str]]:
     (which "quant3"), or what scripts/quant4_gpu.sh / quant5_gpu.sh run (which "quant4" / "quant5":
     v3 as default, with and without the staged store, V3_STAGED_STORE), or
     scripts/quant8_gpu.sh's (which "quant8": the current default, + V3_FUSED_MEAN, + V3_FUSED_MEAN_LATE), or
-    scripts/hadacore_gpu.sh's (which "hadacore")."""
-    if which == "hadacore":
-        return [("v3", dt, 256, f"{r}+{knob}") for dt, r in (("bf16", "default"), ("fp16", "default"),
-                                                              ("bf16", "no-smooth"), ("bf16", "head-smooth"))
-                for knob in HADACORE_KNOBS] + [("v3", "bf16", d, "default+defaulth") for d in (64, 128)]
+    scripts/quant256_gpu.sh's (which "quant256": the current default and + V3_FWHT_TRANSPOSE)."""
     if which == "quant8":  # the current default, the fused mean per K block and after each CTA's loop
         out = [("v3", "bf16", d, f"{r}+{knob}") for d in HEAD_DIMS for r in ("default", "sampled8")
                for knob in QUANT8_KNOBS]
@@ -85,11 +81,6 @@ _Q8 = {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": None, "V3_FUSED_SAMPLED_MEAN":
        "V3_FUSED_MEAN": False, "V3_FUSED_MEAN_LATE": False}
 QUANT8_KNOBS = {"default8": _Q8, "fused8": {**_Q8, "V3_FUSED_MEAN": True},
                 "late8": {**_Q8, "V3_FUSED_MEAN": True, "V3_FUSED_MEAN_LATE": True}}
-# --set hadacore: the current default and Q's / K's Hadamard on the tensor cores (V3_MMA_FWHT, head_dim 256 only: the
-# default recipe in bf16 and fp16, no-smooth and head-smooth in bf16: what test_v3_mma_fwht and the bandwidth rows run;
-# the default at D 64 / 128 for the bandwidth script's other rows)
-_QH = {**_Q8, "V3_MMA_FWHT": False}
-HADACORE_KNOBS = {"defaulth": _QH, "mmah": {**_QH, "V3_MMA_FWHT": True}}
 
 
 def config_of(recipe: str):
@@ -109,7 +100,7 @@ def run(task: tuple[str, str, int, str]) -> str:
 
     pipeline, dtype, d, recipe = task
     recipe, _, knob = recipe.partition("+")  # knob: one of the KNOBS names (may hold a "+")
-    knobs = {**ABLATION_KNOBS, **QUANT5_KNOBS, **QUANT8_KNOBS, **HADACORE_KNOBS, **QUANT256_KNOBS}.get(knob, {})
+    knobs = {**ABLATION_KNOBS, **QUANT5_KNOBS, **QUANT8_KNOBS, **QUANT256_KNOBS}.get(knob, {})
     saved = {name: getattr(quant_host, name) for name in knobs}
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     t0 = time.perf_counter()
@@ -167,7 +158,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=14)
     parser.add_argument("--plan", action="store_true", help="list the tasks and exit (no GPU needed)")
     parser.add_argument("--set", default="quant3",
-                        choices=("quant3", "quant4", "quant5", "quant8", "hadacore", "quant256"),
+                        choices=("quant3", "quant4", "quant5", "quant8", "quant256"),
                         help="which script's passes (default quant3)")
     parser.add_argument("--unique", action="store_true",
                         help="record the tasks' passes first (no compile), then compile each distinct pass once")

@@ -1100,7 +1100,7 @@ def test_pending_runs_named_scripts_and_the_checks(tmp_path):
     plan = text.split("Plan for", 1)[1].split("Pass (step 1)", 1)[0]
     planned = set(re.findall(r"pending_gpu\.sh(?: --checks)?((?: [a-z0-9]+)+)", plan))
     names = {n for group in planned for n in group.split()}
-    assert {"oob", "fa1tol", "overflow", "hadacore", "cluster"} <= names, names
+    assert {"oob", "fa1tol", "overflow", "cluster"} <= names, names
     for name in names:
         assert (ROOT / "scripts" / f"{name}_gpu.sh").exists(), name
     assert 'CHECKS=(tests/test_decode_gpu.py -k "pdl or defaults or first_row or dual_auto or persistent")' in text
@@ -1124,14 +1124,14 @@ def test_steps_sh_bandwidth_summary(tmp_path):
     """steps.sh bandwidth_summary (the quantisation scripts' closing lines): the device copy and mismatch lines, then
     the log from its first "A/B " line on; a log without an A/B table gives its last 20 lines."""
     with_ab = tmp_path / "ab.log"
-    with_ab.write_text("noise\ndevice copy (2 GiB read): 1.0 ms\nrow\nA/B defm vs def\n  D=256 0.9\n")
+    with_ab.write_text("noise\ndevice copy (2 GiB read): 1.0 ms\nrow\nA/B deff vs def\n  D=256 0.9\n")
     plain = tmp_path / "plain.log"
     plain.write_text("".join(f"line {i}\n" for i in range(30)))
     steps = ROOT / "scripts" / "steps.sh"
     run = subprocess.run(["bash", "-c", f'source "{steps}"; bandwidth_summary "{with_ab}"; echo ==; '
                           f'bandwidth_summary "{plain}"'], capture_output=True, text=True, timeout=30)
     first, second = run.stdout.split("==\n")
-    assert first == "device copy (2 GiB read): 1.0 ms\nA/B defm vs def\n  D=256 0.9\n"
+    assert first == "device copy (2 GiB read): 1.0 ms\nA/B deff vs def\n  D=256 0.9\n"
     assert second.splitlines() == [f"line {i}" for i in range(10, 30)]
 
 

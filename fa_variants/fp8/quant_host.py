@@ -12,7 +12,7 @@ from fa_variants.common import interop, workspace
 from fa_variants.fp8 import layout
 from fa_variants.fp8.quant_kernel import (DTYPES, HEAD_DIMS, MAX_BLOCK, SMEM_PER_CTA, VARIANT, PassConfig,
                                           static_config)
-from fa_variants.fp8.quant_maps import k_parts_per_block, mma_mean_offset
+from fa_variants.fp8.quant_maps import k_parts_per_block
 from fa_variants.fp8.quantize import (E4M3, FP8Config, FP8Inputs, HadamardRotation, _check, k_mean, k_sample_count,
                                       k_sample_tiles, tiles_for)
 
@@ -87,17 +87,6 @@ V3_FWHT_TRANSPOSE_DIMS = (128, 256)
 #: tests only: at most this many CTAs per launch (None: the persistent grid), so that small inputs give a CTA many
 #: work items (``late_count``'s rounds: more K blocks per CTA than threads; several heads finished by one CTA)
 GRID_CAP: int | None = None
-#: v3: Q's / K's Hadamard at head_dim 256 on the tensor cores (``PassConfig.mma_fwht``, ``quant_maps.mma_channel``):
-#: H_256 = H_16 (x) H_16; the transform over a token's low 4 channel bits (the FWHT's h = 1 .. 8) as mma.sync m16n8k16
-#: with H_16 as the B operand (16 per warp and block, fp32 accumulate), the one over the high 4 bits (h = 16 .. 128) in
-#: registers (each lane holds all 16 rows of its 4 columns: no shuffle). The mma's A operand is the 16-bit input with
-#: its sign bit flipped per channel (x * sign, exact; no float32 round trip); a smoothed K's mean enters as the
-#: accumulator start -(mean * sign) H_16 per row (``quant_maps.mma_mean_offset``, one float32 matmul per call on the
-#: host, staged where the mean was). The mma's sum of 16 exact products (and the offset) replaces x - mean and 4
-#: float32 roundings: the torch recipe up to the float32 addition order, not bit for bit (CPU model: 2e-5 of a smoothed
-#: K's bytes differ, by one step; tests/test_fp8_quant_kernel.py). Off until measured (scripts/hadacore_gpu.sh);
-#: FA_VARIANTS_FP8_QUANT_MMA_FWHT=1 (read at import) turns it on
-V3_MMA_FWHT = _env.flag("FA_VARIANTS_FP8_QUANT_MMA_FWHT", False)
 
 
 def staged_store_for(head_dim: int) -> bool:
@@ -198,8 +187,7 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
                     head_major: bool = False, k_count: torch.Tensor | None = None,
                     k_mean_out: torch.Tensor | None = None, staged_mean: bool = False,
                     k_sample_tokens: int | None = None, staged_store: bool = False, fwht_transpose: bool = False,
-                    late_count: bool = False,
-                    mma_fwht: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                    late_count: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """One tensor through the pass: (e4m3 data (like x, or v_t for role "v"), descale (B, H, T) float32).
 
     x: (B, N, H, D) float16 / bfloat16 CUDA; block: rows per scale block; signs: float32 (D,) on x's device
@@ -221,10 +209,7 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
     the fused mean's K blocks counted after each CTA's loop
     (``PassConfig.late_count``; the same mean bit for bit). fwht_transpose (role "qk", rotate, coalesced, head_dim 128 /
     256, not with the staged store; ignored otherwise): the Hadamard's cross-lane stages in registers after a lane
-    transpose through the stage (``PassConfig.fwht_transpose``; bit for bit). mma_fwht (role "qk", rotate, coalesced, head_dim 256, not
-    with the staged store; ignored otherwise): the Hadamard's low 4 channel bits on mma.sync
-    (``PassConfig.mma_fwht``; a smoothed K's mean staged as ``quant_maps.mma_mean_offset``; the recipe up to the
-    float32 addition order, not bit for bit)."""
+    transpose through the stage (``PassConfig.fwht_transpose``; bit for bit)."""
     B, N, H, D = x.shape
     T_blocks = -(-N // block)
     x = interop.aligned(x)
@@ -266,13 +251,9 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
                          staged_mean=staged_mean and coalesced and (smooth or with_shift),
                          k_sample=kmean and k_sample_tokens is not None,
                          staged_store=staged_store and coalesced and role == "qk" and mode != "amax"
-                         and block % 32 == 0, late_count=late_count and fused and kmean,
-                         mma_fwht=mma_fwht and role == "qk" and rotate and coalesced and D == 256
-                         and not (staged_store and mode != "amax" and block % 32 == 0))
+                         and block % 32 == 0, late_count=late_count and fused and kmean)
         fn, ctas = _pass(dev, x.dtype, D, cfg)
-        # a smoothed K's mean enters mma_fwht as the accumulator start (-(m s) H_16 per row, ``mma_mean_offset``)
-        mean_k = mma_mean_offset(mean_t, signs) if cfg.mma_fwht and smooth else mean_t
-        fn(x, y, descale, signs, mean_k, shift_t, k_t, parts_t, count_t, shift_scale,
+        fn(x, y, descale, signs, mean_t, shift_t, k_t, parts_t, count_t, shift_scale,
            min(ctas, total + (k_items if kmean else 0), GRID_CAP or ctas))
 
     with torch.cuda.device(dev):
@@ -330,7 +311,7 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Co
     if pipe == "v3":
         common.update(coalesced=V3_COALESCED, head_major=V3_HEAD_MAJOR)
         smooth_common = dict(common, staged_mean=V3_STAGED_MEAN and V3_COALESCED)  # it rides on coalesced stages
-        qk_common = dict(smooth_common, staged_store=staged_store_for(D) and V3_COALESCED, mma_fwht=V3_MMA_FWHT)
+        qk_common = dict(smooth_common, staged_store=staged_store_for(D) and V3_COALESCED)
     else:
         smooth_common = qk_common = common
     # v2 launches V's pass first (plain launch), then K's and Q's with programmatic dependent launch, whose

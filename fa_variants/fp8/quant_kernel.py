@@ -155,7 +155,6 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 from cutlass._mlir.dialects import math as mlir_math
-from cutlass.cute.nvgpu import warp
 from cutlass.cutlass_dsl import dsl_user_op
 
 from fa_variants.common import interop
@@ -165,8 +164,7 @@ from fa_variants.common.softmax import bits_f32, f32_bits
 from fa_variants.fp8.quant_maps import (SLOTS, VEC, k_parts_per_block, k_sample_item, k_sample_slot, k_sum_group,
                                         late_first, late_item, piece_swizzle, stage_load, stage_piece, store_map,
                                         store_pitch, store_swizzle, store_unit, thread_chunk, thread_token,
-                                        xpose_perm, xpose_store_unit,
-                                        mma_b_entry, mma_channel, mma_row_value, mma_swizzle, mma_offset_index)
+                                        xpose_perm, xpose_store_unit)
 from fa_variants.fp8.quantize import MIN_DESCALE_EXPONENT
 
 __all__ = ["HEAD_DIMS", "DTYPES", "PassConfig", "QuantPass", "VARIANT", "static_config", "piece_swizzle",
@@ -201,9 +199,7 @@ class PassConfig:
     shift (Q with K smoothing): also write ``scale * q . mean`` per row (``quantize.smoothing_lse_shift``);
     staged_store (role "qk", coalesced, rows % 32 == 0): the e4m3 bytes stored through the stage just read
     (``store_qk_staged``); late_count (with fused_mean): K's blocks counted after the CTA's loop, not per block
-    (``count_late``); mma_fwht (role "qk", rotate, coalesced, head_dim 256): the Hadamard's low 4 channel bits on
-    mma.sync (``mma_fwht``, ``V3_MMA_FWHT``; with smooth the kernel's mean argument is ``quant_maps.mma_mean_offset``
-    of the mean)."""
+    (``count_late``)."""
 
     role: str = "qk"
     rotate: bool = True
@@ -223,7 +219,6 @@ class PassConfig:
     k_sample: bool = False
     staged_store: bool = False
     late_count: bool = False
-    mma_fwht: bool = False
 
     def check(self, head_dim: int) -> None:
         """ValueError for a config or head_dim this pass is not built for."""
@@ -239,9 +234,9 @@ class PassConfig:
         if self.k_sample and not self.kmean:
             raise ValueError("fp8-quant: a sampled K mean rides on V's launch (kmean)")
         if self.fwht_transpose and not (self.role == "qk" and self.rotate and self.coalesced and head_dim in (128, 256)
-                                        and not self.staged_store and not getattr(self, "mma_fwht", False)):
+                                        and not self.staged_store):
             raise ValueError("fp8-quant: fwht_transpose swaps a rotated Q / K token's lanes through its coalesced stage "
-                             f"(role 'qk', rotate, coalesced, head_dim 128 / 256, not with staged_store or mma_fwht; got "
+                             f"(role 'qk', rotate, coalesced, head_dim 128 / 256, not with staged_store; got "
                              f"head_dim {head_dim})")
         if self.staged_mean and not (self.coalesced and (self.smooth or self.shift)):
             raise ValueError("fp8-quant: the staged mean rides on the coalesced stages of a pass that reads K's "
@@ -250,11 +245,6 @@ class PassConfig:
                                       and self.rows % 32 == 0):
             raise ValueError("fp8-quant: the staged store writes Q's / K's e4m3 through a coalesced stage (role 'qk', "
                              "coalesced, mode 'block' or 'given', rows a multiple of 32)")
-        if self.mma_fwht and not (self.role == "qk" and self.rotate and self.coalesced and head_dim == 256
-                                  and not self.staged_store):
-            raise ValueError("fp8-quant: mma_fwht runs the rotated Q / K Hadamard of a coalesced pass on the tensor "
-                             f"cores (role 'qk', rotate, coalesced, head_dim 256, no staged_store: its maps assume "
-                             f"16-channel chunks; got head_dim {head_dim})")
         if self.role == "v" and (self.rotate or self.smooth or self.shift):
             raise ValueError("fp8-quant: V is neither rotated nor smoothed")
         if self.shift and self.smooth:
@@ -390,9 +380,6 @@ class QuantPass:
         ahead = S - 1 if const_expr(self.cfg.coalesced) else S
         self.prologue(sStage, sRaw, sMean, mX, mK, mMean, cta, grid, ahead, heads, n_tiles, n_blocks, n_sample, total,
                       tidx, g2s)
-        hb0, hb1 = None, None
-        if const_expr(self.cfg.mma_fwht):  # H_16 as the mma's B operand, per lane (``mma_hadamard_b``)
-            hb0, hb1 = self.mma_hadamard_b(tidx)
         step = Int32(0)  # the CTA's items so far: stage step % S of the loads, parity step % 2 of the maxima
         for blk in cutlass.range(cta, total, grid, unroll=1):
             stage = step % S
@@ -403,9 +390,9 @@ class QuantPass:
             mean_buf = stage if const_expr(self.cfg.staged_mean) else parity
             if const_expr((self.cfg.smooth or self.cfg.shift) and not self.cfg.staged_mean):
                 self.block_mean(sMean, mMean, batch, head, heads, parity, tidx)
-            self.transform_item(x, raw, mX, mY, mDescale, mShift, mPart, mMean, mCount, storage, red, sSigns, sMean,
+            self.transform_item(x, mX, mY, mDescale, mShift, mPart, mMean, mCount, storage, red, sSigns, sMean,
                                 sStage, scale, batch, head, tile, is_k, heads, n_tiles, n_sample, stage, parity,
-                                mean_buf, tidx, hb0, hb1)
+                                mean_buf, tidx)
             step = step + 1
         if const_expr(self.cfg.late_count):  # the CTA's K blocks counted once, after its loop
             n_count = n_sample if const_expr(self.cfg.k_sample) else n_tiles
@@ -434,10 +421,7 @@ class QuantPass:
         red = storage.red.get_tensor(cute.make_layout((32, 2)))
         sSigns = storage.signs.get_tensor(cute.make_layout(D))
         sMean = storage.mean.get_tensor(cute.make_layout((D, self.cfg.mean_buffers)))
-        if const_expr(self.cfg.mma_fwht):  # the signs as 16-bit sign-bit masks, two channels per word
-            self.sign_masks(sSigns, mSigns, tidx)
-            cute.arch.barrier()
-        elif const_expr(self.cfg.role == "qk"):
+        if const_expr(self.cfg.role == "qk"):
             for c in cutlass.range(tidx, D, self.num_threads, unroll=1):
                 sSigns[c] = mSigns[c]
             cute.arch.barrier()
@@ -503,8 +487,7 @@ class QuantPass:
         else:
             for j in cutlass.range_constexpr(SLOTS):
                 cute.copy(s2r, sRaw[None, None, j, stage], cute.zipped_divide(raw[None, j], (8,)))
-        if const_expr(not self.cfg.mma_fwht or self.cfg.shift):  # mma_fwht: only the LSE shift reads x here
-            x.store(raw.load().to(Float32))
+        x.store(raw.load().to(Float32))
         if const_expr(self.cfg.role == "v"):  # tokens past seqlen_k: zeros (v_t's padding)
             for j in cutlass.range_constexpr(SLOTS):
                 if tile * self.cfg.rows + self.token_of(tidx, j) >= mX.shape[1]:
@@ -546,12 +529,11 @@ class QuantPass:
         cute.arch.barrier()
 
     @cute.jit
-    def transform_item(self, x: cute.Tensor, raw: cute.Tensor, mX: cute.Tensor, mY: cute.Tensor,
+    def transform_item(self, x: cute.Tensor, mX: cute.Tensor, mY: cute.Tensor,
                        mDescale: cute.Tensor, mShift: cute.Tensor, mPart: cute.Tensor, mMean: cute.Tensor,
                        mCount: cute.Tensor, storage, red: cute.Tensor, sSigns: cute.Tensor, sMean: cute.Tensor,
                        sStage: cute.Tensor, scale: Float32, batch: Int32, head: Int32, tile: Int32, is_k, heads: Int32,
-                       n_tiles: Int32, n_sample: Int32, stage: Int32, parity: Int32, mean_buf: Int32, tidx: Int32,
-                       hb0, hb1):
+                       n_tiles: Int32, n_sample: Int32, stage: Int32, parity: Int32, mean_buf: Int32, tidx: Int32):
         """A work item by role: Q's LSE shift (``shift``); Q / K: smoothing and signs, then the Hadamard; then the
         block quantised and stored (``finish_block``), or (``kmean``, K's items) K's partial sums, and with the
         fused mean the head's mean by the CTA that counts its last block."""
@@ -562,7 +544,7 @@ class QuantPass:
             if const_expr(self.cfg.rotate and self.cfg.fwht_transpose):  # the lanes swapped through the stage
                 self.fwht_transposed(x, tidx, sStage[None, stage])
             elif const_expr(self.cfg.rotate):
-                self.hadamard(x, tidx, hb0, hb1, raw, sSigns, sMean[None, mean_buf])
+                self.fwht(x, tidx % self.lanes)
         if const_expr(self.cfg.kmean):
             # a CTA's items ascend, so its K items follow all its V items: the amax buffers' alternation
             # (one barrier per V block) is not broken by the K items, which have no barrier
@@ -775,19 +757,13 @@ class QuantPass:
         mine = cute.make_tensor(first.iterator, cute.make_layout((8, 8), stride=(1, rows8 * mSrc.stride[1])))
         for m in cutlass.range_constexpr(8):
             if tok0 + m * rows8 < mSrc.shape[1]:
-                row, pq, piece = stage_load(self.head_dim, self.cfg.rows, self.cfg.role, self.lanes, tidx, m)
-                if const_expr(self.cfg.mma_fwht):
-                    piece = row * P + (pq ^ mma_swizzle(row))
+                _, _, piece = stage_load(self.head_dim, self.cfg.rows, self.cfg.role, self.lanes, tidx, m)
                 cute.copy(g2s, mine[None, m], cute.local_tile(sStage, (8,), (piece,)))
 
     @cute.jit
     def read_block(self, sStage: cute.Tensor, raw: cute.Tensor, tidx: Int32, s2r: cute.CopyAtom):
         """coalesced: the thread's two pieces per slot (its 16 channels of a token) from the swizzled stage,
-        16 bytes each (8 threads of a quarter warp hit 8 distinct 16-byte bank groups: ``piece_swizzle``).
-        ``mma_fwht``: 4 channels (8 bytes) per register group (``read_block_mma``)."""
-        if const_expr(self.cfg.mma_fwht):
-            self.read_block_mma(sStage, raw, tidx)
-            return
+        16 bytes each (8 threads of a quarter warp hit 8 distinct 16-byte bank groups: ``piece_swizzle``)."""
         for j in cutlass.range_constexpr(SLOTS):
             for p in cutlass.range_constexpr(2):
                 piece = stage_piece(self.cfg.role, self.lanes, self.quads, self.head_dim, tidx, j, p)
@@ -795,106 +771,8 @@ class QuantPass:
                 cute.copy(s2r, src, cute.zipped_divide(raw[None, j], (8,))[None, p])
 
     @cute.jit
-    def read_block_mma(self, sStage: cute.Tensor, raw: cute.Tensor, tidx: Int32):
-        """``mma_fwht``: registers (4 q .. 4 q + 3, s) = channels ``mma_channel`` 64 s + 16 q + 4 t .. + 3 of the
-        thread's token, 8 bytes each, from its piece (64 s + 16 q + 4 t) / 8 at ``mma_swizzle``."""
-        s2r = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=64)
-        t = tidx % self.lanes
-        row = self.token_of(tidx, 0)
-        base = row * (self.head_dim // 8)
-        mask = mma_swizzle(row)
-        for q in cutlass.range_constexpr(VEC // 4):
-            # c // 8 = 8 s + 2 q + t // 2 (c = mma_channel(t, 4 q, s)) and the mask < 8: (c // 8) ^ mask = 8 s + ((2 q +
-            # t // 2) ^ mask), one address per q and constant steps over s (4 registers, not 16)
-            at_q = (base + ((2 * q + t // 2) ^ mask)) * 2 + (t % 2)  # in units of 4 channels
-            for s in cutlass.range_constexpr(SLOTS):
-                src = cute.local_tile(sStage, (4,), (at_q + 16 * s,))
-                cute.copy(s2r, src, cute.zipped_divide(raw[None, s], (4,))[None, q])
-
-    @cute.jit
-    def mma_hadamard_b(self, tidx: Int32) -> tuple:
-        """``mma_fwht``: the lane's B fragments of H_16 (``quant_maps.mma_b_entry``), one per n-half, +-1 in the
-        input dtype (exact), (4, 1, 1) in the PTX order b0..b3; built once per launch."""
-        lane = tidx % 32
-        t, g = lane % 4, lane // 4
-        frags = []
-        for h in cutlass.range_constexpr(2):
-            f = cute.make_rmem_tensor(cute.make_layout(((2, 2), 1, 1)), Float32)
-            for e in cutlass.range_constexpr(4):
-                f[e] = Float32(mma_b_entry(t, g, h, e))
-            b = cute.make_rmem_tensor(cute.make_layout(((2, 2), 1, 1)), self.dtype)
-            b.store(f.load().to(self.dtype))
-            frags.append(b)
-        return frags[0], frags[1]
-
-    @cute.jit
-    def mma_fwht(self, x: cute.Tensor, hb0: cute.Tensor, hb1: cute.Tensor, raw: cute.Tensor, sMasks: cute.Tensor,
-                 sOffset: cute.Tensor):
-        """``mma_fwht``: the unnormalised Walsh-Hadamard transform of the thread's token with its 3 other lanes, the
-        layout of ``quant_maps.mma_channel``, into x. Step 1 (h = 1 .. 8, over j): per r = 0..7, A = rows i = r, r + 8
-        of the warp's 8 tokens (``mma_row_value``): the 16-bit input's words (two channels each) XOR their sign masks
-        (``sign_masks``: x * sign exactly, no float32 round trip), C = A H_16 + C0 per n-half (fp32 accumulate; C0 zero, or with smoothing the offset -(m s) H_16 of those rows' channels from ``sOffset``, the
-        stage's float32 ``quant_maps.mma_mean_offset``, 16 bytes per accumulator), written back where A came from. Step 2
-        (h = 16 .. 128, over i = 4 s + v // 4): float32 a + b, a - b in ``quantize.fwht``'s stage order."""
-        atom = cute.make_mma_atom(warp.MmaF16BF16Op(self.dtype, Float32, (16, 8, 16)))
-        t = cute.arch.lane_idx() % 4
-        words = cute.recast_tensor(raw, Int32)  # word (v + 16 s) / 2: channels (v, s), (v + 1, s), v even
-        masks = cute.recast_tensor(sMasks, Int32)
-        for r in cutlass.range_constexpr(8):
-            m = cute.make_rmem_tensor(cute.make_layout((2, 2)), Int32)  # rows i = r, r + 8: words 8 i + 2 t + {0, 1}
-            for k in cutlass.range_constexpr(2):
-                cute.autovec_copy(cute.local_tile(masks, (2,), (4 * (r + 8 * k) + t,)), m[None, k])
-            a = cute.make_rmem_tensor(cute.make_layout(((2, 2, 2), 1, 1)), self.dtype)
-            a32 = cute.recast_tensor(a, Int32)
-            for p in cutlass.range_constexpr(4):  # a0a1: row r, j = 4t, 4t+1; a2a3: row r + 8; a4a5, a6a7: j + 2
-                v, s = mma_row_value(r, 2 * p)
-                a32[p] = words[(v + 16 * s) // 2] ^ m[p >> 1, p & 1]
-            for h in cutlass.range_constexpr(2):
-                acc = cute.make_rmem_tensor(cute.make_layout(((2, 2), 1, 1)), Float32)
-                if const_expr(self.cfg.smooth):  # c0..c3 at mma_offset_index(r, t, h, 0 .. 3): one 16-byte load
-                    cute.autovec_copy(cute.local_tile(sOffset, (4,), (mma_offset_index(r, t, h, 0) // 4,)), acc)
-                else:
-                    acc.fill(0.0)
-                cute.gemm(atom, acc, a, hb0 if const_expr(h == 0) else hb1, acc)
-                for e in cutlass.range_constexpr(4):
-                    v, s = mma_row_value(r, 4 * h + e)
-                    x[v, s] = acc[e]
-        for b in cutlass.range_constexpr(4):  # h = 16 << b: row bit b (v's bit 2 + b for b < 2, else s's bit b - 2)
-            for i in cutlass.range_constexpr(16):
-                if const_expr((i >> b) & 1 == 0):
-                    for e in cutlass.range_constexpr(4):
-                        v0, s0 = 4 * (i % 4) + e, i // 4
-                        v1, s1 = 4 * ((i + (1 << b)) % 4) + e, (i + (1 << b)) // 4
-                        a_, c_ = x[v0, s0], x[v1, s1]
-                        x[v0, s0] = a_ + c_
-                        x[v1, s1] = a_ - c_
-
-    @cute.jit
-    def sign_masks(self, sMasks: cute.Tensor, mSigns: cute.Tensor, tidx: Int32):
-        """``mma_fwht``: word w (w < D / 2) of sMasks (float32 storage read as Int32) = the sign bits of channels 2 w
-        (bit 15) and 2 w + 1 (bit 31) of mSigns (+-1 float32): XOR with a word of two 16-bit inputs multiplies them by
-        their signs exactly."""
-        words = cute.recast_tensor(sMasks, Int32)
-        for w in cutlass.range(tidx, self.head_dim // 2, self.num_threads, unroll=1):
-            lo, hi = f32_bits(mSigns[2 * w]), f32_bits(mSigns[2 * w + 1])
-            words[w] = ((lo >> 16) & 0x8000) | ((hi >> 31) << 31)  # either shift kind: bit 31 -> 15, -> 31
-
-    @cute.jit
-    def hadamard(self, x: cute.Tensor, tidx: Int32, hb0, hb1, raw: cute.Tensor, sSigns: cute.Tensor,
-                 sMean: cute.Tensor):
-        """The pass's Hadamard on the thread's registers: ``fwht`` or ``mma_fwht`` (from the 16-bit raw and the sign
-        masks in sSigns; sMean: the stage's mean buffer, ``mma_mean_offset`` for a smoothed K)."""
-        if const_expr(self.cfg.mma_fwht):
-            self.mma_fwht(x, hb0, hb1, raw, sSigns, sMean)
-        else:
-            self.fwht(x, tidx % self.lanes)
-
-    @cute.jit
     def signs_and_smoothing(self, x: cute.Tensor, sSigns: cute.Tensor, sMean: cute.Tensor, tidx: Int32):
-        """x = (x - mean) * sign per channel (smoothing, then the rotation's random signs / K's -1). ``mma_fwht``:
-        nothing (the signs are sign-bit flips of the mma's 16-bit input, a smoothed K's mean its accumulator start)."""
-        if const_expr(self.cfg.mma_fwht):  # signs and mean applied inside ``mma_fwht``
-            return
+        """x = (x - mean) * sign per channel (smoothing, then the rotation's random signs / K's -1)."""
         for j in cutlass.range_constexpr(SLOTS):
             c0 = self.chunk_of(tidx, j) * VEC
             sign = cute.make_rmem_tensor(VEC, Float32)
@@ -914,15 +792,7 @@ class QuantPass:
         """shift[batch, head, token] = scale * (q . mean of kv-head head // (H / H_kv)), float32 (the
         thread's 64 products in order, then a butterfly sum over the token's L lanes)."""
         acc = Float32(0.0)
-        if const_expr(self.cfg.mma_fwht):  # the thread's channels are ``mma_channel``'s
-            for s in cutlass.range_constexpr(SLOTS):
-                for q in cutlass.range_constexpr(VEC // 4):
-                    mean = cute.make_rmem_tensor(4, Float32)
-                    c0 = mma_channel(tidx % self.lanes, 4 * q, s)
-                    cute.autovec_copy(cute.local_tile(sMean, (4,), (c0 // 4,)), mean)
-                    for e in cutlass.range_constexpr(4):
-                        acc = _fma(x[4 * q + e, s], mean[e], acc)
-        for j in cutlass.range_constexpr(0 if const_expr(self.cfg.mma_fwht) else SLOTS):
+        for j in cutlass.range_constexpr(SLOTS):
             mean = cute.make_rmem_tensor(VEC, Float32)
             cute.autovec_copy(cute.local_tile(sMean, (VEC,), (self.chunk_of(tidx, j),)), mean)
             for i in cutlass.range_constexpr(VEC):
@@ -1120,20 +990,11 @@ class QuantPass:
 
     @cute.jit
     def store_qk(self, x: cute.Tensor, mY: cute.Tensor, batch: Int32, head: Int32, tile: Int32, tidx: Int32):
-        """e4m3 (saturating) of the thread's token, one 16-byte store per chunk (``mma_fwht``: one 4-byte store per 4
-        channels ``mma_channel``; a warp's store covers 16 contiguous bytes of each of its 8 tokens)."""
+        """e4m3 (saturating) of the thread's token, one 16-byte store per chunk."""
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), cutlass.Float8E4M3FN, num_bits_per_copy=128)
         y8 = self.e4m3_slots(x, tidx)
         tok = tile * self.cfg.rows + self.token_of(tidx, 0)
-        if const_expr(self.cfg.mma_fwht):
-            atom4 = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), cutlass.Float8E4M3FN, num_bits_per_copy=32)
-            if tok < mY.shape[1]:
-                for s in cutlass.range_constexpr(SLOTS):
-                    for q in cutlass.range_constexpr(VEC // 4):
-                        c0 = mma_channel(tidx % self.lanes, 4 * q, s)
-                        dst = cute.local_tile(mY[batch, tok, head, None], (4,), (c0 // 4,))
-                        cute.copy(atom4, cute.zipped_divide(y8[None, s], (4,))[None, q], dst)
-        elif tok < mY.shape[1]:
+        if tok < mY.shape[1]:
             for j in cutlass.range_constexpr(SLOTS):
                 dst = cute.local_tile(mY[batch, tok, head, None], (VEC,), (self.chunk_of(tidx, j),))
                 cute.copy(atom, cute.zipped_divide(y8[None, j], (VEC,)), cute.zipped_divide(dst, (VEC,)))

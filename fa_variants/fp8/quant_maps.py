@@ -2,7 +2,7 @@
 thread holds, where it reads and writes its 16-byte pieces in a shared-memory stage, which units of the staged e4m3
 block it stores, and K's partial-sum groups and sample items of V's launch.
 
-Pure index arithmetic (besides ``mma_mean_offset``, a torch matmul of K's mean): each function works on Python ints (tests/test_fp8_quant_kernel.py checks them on the CPU:
+Pure index arithmetic: each function works on Python ints (tests/test_fp8_quant_kernel.py checks them on the CPU:
 test_coalesced_stage_map, test_staged_store_map, ...) and on the kernel's Int32 (the kernel calls them while it is
 traced). The terms (module docstring of ``quant_kernel``): a block is ``rows`` tokens x head_dim channels of one
 (batch, head); a chunk is ``VEC`` = 16 contiguous channels; a thread holds ``SLOTS`` = 4 chunks (Q / K: 4 chunks of
@@ -13,9 +13,8 @@ from __future__ import annotations
 
 __all__ = ["VEC", "SLOTS", "piece_swizzle", "thread_token", "thread_chunk", "stage_piece", "store_pitch",
            "store_swizzle", "store_unit", "store_map", "k_sum_group", "k_parts_per_block", "stage_load",
-           "k_sample_item", "k_sample_slot", "xpose_channel", "xpose_perm",
-           "xpose_store_unit", "late_first", "late_item", "mma_channel", "mma_swizzle", "mma_row_value",
-           "mma_b_entry", "hadamard_entry", "mma_offset_index", "mma_mean_offset"]
+           "k_sample_item", "k_sample_slot", "xpose_channel", "xpose_perm", "xpose_store_unit", "late_first",
+           "late_item"]
 
 VEC = 16  # contiguous channels per slot: two 16-byte loads of 16-bit input, one 16-byte e4m3 store
 SLOTS = 4  # slots per thread: 4 chunks of one token (Q / K) or one chunk of 4 tokens (V)
@@ -199,122 +198,3 @@ def late_item(first, grid, threads: int, rnd, tidx):
     (the CTA's K items first, first + grid, ... dealt to its ``threads`` threads, ``threads`` per round); the caller
     skips items >= the launch's total."""
     return first + (rnd * threads + tidx) * grid
-
-
-# The Hadamard on the tensor cores (``PassConfig.mma_fwht``, head_dim 256, role "qk", coalesced): H_256 = H_16 (x) H_16.
-# A token's 256 channels c = 16 i + j as a 16 x 16 matrix X[i][j]; H_256 x = vec(H_16 X H_16). The token's 4 lanes
-# (lane t = tidx % 4, as today; a warp's 8 tokens are the mma's groups g = lane / 4) hold, per lane, all 16 rows i and
-# the 4 columns j = 4 t .. 4 t + 3: value (v, s) of the thread's (VEC, SLOTS) registers is channel ``mma_channel``
-# (i = 4 s + v // 4, j = 4 t + v % 4). Step 1 (the transform over j, the FWHT's stages h = 1 .. 8): 8 mma.sync
-# m16n8k16 per warp and n-half, the A rows g / g + 8 = (token g, row i = r / r + 8) for r = 0..7 (``mma_row_value``:
-# which register feeds A's element e), B = H_16 with its k rows and n columns permuted so that A's k columns 2t, 2t+1,
-# 2t+8, 2t+9 are the thread's own j = 4t .. 4t+3 and C's columns 2t, 2t+1 of n-half h are j = 4t + 2h + {0, 1}
-# (``mma_b_entry``): C lands in the registers A came from. Step 2 (h = 16 .. 128, over i) stays in registers, in the
-# FWHT's stage order.
-
-
-def mma_channel(t, v: int, s: int):
-    """Channel of register (v, s) of lane t of a token under ``mma_fwht``: 16 (4 s + v // 4) + 4 t + v % 4."""
-    return 64 * s + 16 * (v // 4) + 4 * t + v % 4
-
-
-def mma_swizzle(row):
-    """XOR mask of the 16-byte pieces of token ``row`` in a coalesced stage under ``mma_fwht`` (instead of
-    ``piece_swizzle``): a warp's 8-byte reads (``mma_channel``: lane t reads channels 16 i + 4 t .. + 3 of token g) cover
-    32 bytes per token, pieces {2 i, 2 i + 1}; the mask (row & 3) << 1 puts 4 consecutive tokens on 4 different pairs of
-    16-byte bank groups (a half warp's 128 bytes conflict-free). The cp.async writes (consecutive pieces of one token)
-    stay conflict-free under any mask < head_dim / 8."""
-    return (row & 3) << 1
-
-
-def mma_row_value(r: int, e: int) -> tuple[int, int]:
-    """Register (v, s) that feeds element e (0..7, the PTX a0..a7 order) of the A fragment of step-1 mma r (0..7):
-    a0, a1: row g = row i = r, k = 2t, 2t + 1 (j = 4t, 4t + 1); a2, a3: row g + 8 = i = r + 8, same j; a4, a5: i = r,
-    k = 2t + 8, 2t + 9 (j = 4t + 2, 4t + 3); a6, a7: i = r + 8, j = 4t + 2, 4t + 3. The C fragment of n-half h (c0, c1:
-    i = r, c2, c3: i = r + 8; columns j = 4t + 2h + {0, 1}) is A's elements 4h + {0, 1, 2, 3} again."""
-    i = r + 8 * ((e >> 1) & 1)
-    jj = (e & 1) + 2 * (e >> 2)  # j - 4 t
-    return 4 * (i % 4) + jj, i // 4
-
-
-def hadamard_entry(a, b):
-    """H_16[a][b] = (-1)^popcount(a & b) (Sylvester order, as ``quantize.fwht``), for 4-bit a, b; ints or Int32."""
-    p = a & b
-    p = p ^ (p >> 2)
-    p = p ^ (p >> 1)
-    return 1 - 2 * (p & 1)
-
-
-def mma_b_entry(t, g, h: int, e: int):
-    """Element e (0..3, PTX b0..b3) of lane (g, t)'s B fragment for n-half h: B[k][n] with k = 2t + (e & 1) + 8 (e >> 1)
-    standing for j' = 4t + e and n = g standing for j = 4 (g // 2) + 2 h + g % 2: H_16[4t + e][that j]."""
-    return hadamard_entry(4 * t + e, 4 * (g // 2) + 2 * h + g % 2)
-
-
-
-# The exact smoothed K under ``mma_fwht``: H_256 ((x - m) s) = H_256 (x s) - H_256 (m s), and the mma's step 1 is
-# linear, so its A operand is x * sign (the 16-bit input with its sign bit flipped: exact) and its accumulator starts at
-# -(m s) H_16 row by row (``mma_mean_offset``, float32, made once per call on the host and staged where the mean was,
-# in the order of the accumulator fragments: ``mma_offset_index``): the K pass's result is H_256 ((x - m) s) up to the
-# float32 addition order (the mma's sum of 16 exact products and the offset; the recipe: x - m, then 4 float32
-# stages), as Q's.
-_OFFSET_W: dict = {}
-#: signs tensors whose (256, 256) matrices ``mma_mean_offset`` keeps at most (oldest dropped first)
-OFFSET_SIGNS_MAX = 16
-
-
-def mma_offset_index(r: int, t, h: int, e: int):
-    """Position in ``mma_mean_offset``'s vector of element e (PTX c0..c3) of lane t's accumulator of step-1 mma r,
-    n-half h: ((r * 4 + t) * 2 + h) * 4 + e, so each accumulator is one 16-byte load. It stands for row i = r + 8 (e >>
-    1), column n = 4 t + 2 h + (e & 1) of -(m s) H_16 (channel 16 i + n)."""
-    return ((r * 4 + t) * 2 + h) * 4 + e
-
-
-def _offset_pattern(device):
-    """float64 (256, 256) on device, made once (``workspace.persistent``: outside a CUDA-graph warm-up's pool):
-    -H_16[j][n] at (16 i + j, ``mma_offset_index`` of (i, n)), else 0."""
-    import torch
-
-    from fa_variants.common import workspace
-
-    pattern = _OFFSET_W.get(device)
-    if pattern is None:
-        cpu = torch.zeros(256, 256, dtype=torch.float64)
-        for r in range(8):
-            for t in range(4):
-                for h in range(2):
-                    for e in range(4):
-                        i, n = r + 8 * (e >> 1), 4 * t + 2 * h + (e & 1)
-                        for j in range(16):
-                            cpu[16 * i + j, mma_offset_index(r, t, h, e)] = -hadamard_entry(j, n)
-        pattern = _OFFSET_W[device] = workspace.persistent(device, lambda: cpu.to(device))
-    return pattern
-
-
-def mma_mean_offset(mean, signs):
-    """The accumulator start of ``mma_fwht``'s step 1 for a smoothed K: float32 (..., 256) like mean (float32 (...,
-    256): K's mean; signs float32 (256,), the rotation's signs times K's -1 for a negative scale, on mean's device).
-    Position ``mma_offset_index(r, t, h, e)`` holds -sum_j m[16 i + j] s[16 i + j] H_16[j][n] (i = r + 8 (e >> 1),
-    n = 4 t + 2 h + (e & 1); ``hadamard_entry``): the products exact, their float32 sum in the matmul's order. One
-    float32 matmul with a (256, 256) matrix of -+1 / 0 (made once per signs tensor, which must not change;
-    ``workspace.persistent``) where float32 matmuls are exact float32 (no TF32), else in float64. ValueError for other
-    shapes."""
-    import torch
-
-    from fa_variants.common import workspace
-
-    if mean.shape[-1] != 256 or tuple(signs.shape) != (256,):
-        raise ValueError(f"mma_mean_offset: mean (..., 256) and signs (256,), got {tuple(mean.shape)}, "
-                         f"{tuple(signs.shape)}")
-    key = (mean.device, signs.data_ptr())
-    hit = _OFFSET_W.get(key)
-    if hit is None or hit[0] is not signs:  # the signs tensor kept alive: its address stays its own
-        signs_keys = [k for k in _OFFSET_W if isinstance(k, tuple)]
-        if len(signs_keys) >= OFFSET_SIGNS_MAX:  # bounded for callers passing fresh signs: the oldest goes
-            del _OFFSET_W[signs_keys[0]]
-        pattern = _offset_pattern(mean.device)
-        w64 = workspace.persistent(mean.device, lambda: pattern * signs.detach().double()[:, None])
-        hit = _OFFSET_W[key] = (signs, workspace.persistent(mean.device, lambda: w64.float()), w64)
-    exact = mean.device.type != "cuda" or (not torch.backends.cuda.matmul.allow_tf32
-                                           and torch.get_float32_matmul_precision() == "highest")
-    return torch.matmul(mean, hit[1]) if exact else torch.matmul(mean.double(), hit[2]).float()
