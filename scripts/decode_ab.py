@@ -65,12 +65,8 @@ below launch with PDL too:
 * ``pers``          a persistent grid instead of the dual tiles (``DECODE_FULL_GRID`` "persistent": B x Hkv >= 512,
                     Nk <= 4k), 2 K/V stages; ``pers3`` with 3.
 
-Session 10 (``--s10c`` picks the shapes ``S10C``: D 64 B 1 Nk 32k at seqlen_q 1 / 4 and guards):
-
-* ``cluster``       the split calls of `auto` merge inside one thread block cluster per query tile
-                    (``DECODE_CLUSTER_MERGE``, ``Sm90Config.cluster_merge``): no merge kernel, no global partials.
-* ``clusterdual``   the same launched for two CTAs per SM (``DECODE_CLUSTER_MERGE`` "dual": the dual tiles' register
-                    cap), so that a 16-CTA cluster fits in 8 SMs of a GPC.
+Session 10 (``--s10c`` picks the shapes ``S10C``: D 64 B 1 Nk 32k at seqlen_q 1 / 4 and guards; its variants, the
+split merge inside a thread block cluster, measured slower and were removed in session 11).
 
 With ``--s7`` (or ``--skip-same``) a public variant that runs at a shape what `auto` or a variant listed before it
 runs there (config and merge kernel) is not timed there: its cell reads "-".
@@ -152,8 +148,8 @@ S8 = ([(64, 64, 8, 1, 32768, 16), (128, 64, 8, 1, 32768, 16), (64, 32, 8, 1, 327
 # persistent grid replaces; D 64 Nk 1k the two shapes > SDPA in s7), and Nk 32k D 64 32:8 (base tiles: pdl1 only)
 S9 = [(d, h, 8, 64, nk) for d in (64, 128) for h in (32, 64) for nk in (1024, 4096)] + [(64, 32, 8, 64, 32768)]
 # session 10 (--s10c): the D 64 B 1 Nk 32k shapes under 70% of HBM at seqlen_q 1 / 4 (16 splits: the fixed cost of a
-# split call), then guards the cluster merge changes: seqlen_q 16 (16 splits, 64 rows), Nk 4k (16 splits), Nk 1k (8
-# splits, PDL), B 8 Nk 1k (2 splits), D 128 B 1 Nk 32k (16 splits, the partial O fills both K stages)
+# split call), then guards for a change to the split calls: seqlen_q 16 (16 splits, 64 rows), Nk 4k (16 splits), Nk 1k
+# (8 splits, PDL), B 8 Nk 1k (2 splits), D 128 B 1 Nk 32k (16 splits)
 S10C = ([(64, h, 8, 1, 32768) for h in (32, 64)] + [(64, h, 8, 1, 32768, 4) for h in (32, 64)]
         + [(64, 32, 8, 1, 32768, 16), (64, 32, 8, 1, 4096), (64, 32, 8, 1, 1024), (64, 32, 8, 8, 1024),
            (128, 32, 8, 1, 32768)])
@@ -197,16 +193,13 @@ PUBLIC = {
     # session 8 (--s9)
     "pers": dict(DECODE_FULL_GRID="persistent"),
     "pers3": dict(DECODE_FULL_GRID="persistent3"),
-    # session 10 (--s10c)
-    "cluster": dict(DECODE_CLUSTER_MERGE=True),
-    "clusterdual": dict(DECODE_CLUSTER_MERGE="dual"),
     "shipped": dict(),  # the shipped switches (what `auto` runs when the environment sets none)
 }
 #: the switches PUBLIC sets, at their shipped values (a variant sets all of them, its own on top); MERGE_WARP is
 #: common.split_combine's, the rest fa3's
 SHIPPED = dict(FUSED_MERGE="off", DECODE_PDL=False, DECODE_TILES_CHOICE="auto", DECODE_PDL_MAX_SPLITS=8,
                SPLIT_MIN_TILES=1, PACK_WIDE=None, MERGE_WARP=None, DECODE_FIRST_ROW=True,
-               DECODE_PDL_MIN_SPLITS=1, DECODE_FULL_GRID="dual", DECODE_CLUSTER_MERGE=False)
+               DECODE_PDL_MIN_SPLITS=1, DECODE_FULL_GRID="dual")
 NUM_SMS_DEFAULT = 132  # H100/H200 SXM, for --plan without a GPU
 REF_BATCHES = 8  # sequences of a shape each entry's output is checked on (the reference's cost)
 
@@ -661,7 +654,7 @@ def main() -> int:
     p.add_argument("--s7", action="store_true", help="the session-7 set S7 instead of the 32 misses (and --skip-same)")
     p.add_argument("--s8", action="store_true", help="the session-8 set S8 instead of the 32 misses (and --skip-same)")
     p.add_argument("--s9", action="store_true", help="the session-8 batch-64 set S9 instead of the 32 misses (and --skip-same)")
-    p.add_argument("--s10c", action="store_true", help="the session-10 cluster-merge set S10C (and --skip-same)")
+    p.add_argument("--s10c", action="store_true", help="the session-10 set S10C, D 64 B 1 Nk 32k and guards (and --skip-same)")
     p.add_argument("--skip-same", action="store_true",
                    help="time no public variant where it runs the shipped config (same_as_shipped)")
     p.add_argument("--variants", nargs="+", default=[v for v in VARIANTS if not v.startswith("min1")],

@@ -17,9 +17,8 @@
 #      A. scripts/pending_gpu.sh --checks oob fa1tol overflow   (~420 s: fa3-fp8 memcheck at every head_dim after the
 #         q_descale clamp; fa1's P rounding (GPU tests over 800 heads, A/B vs 446f785); bounded_units at head_dim 256
 #         on adversarial V and its A/B: flip it into DEFAULT_SWITCHES[256] if it passes)
-#      B. scripts/pending_gpu.sh cluster                        (~440 s: the split-KV merge inside a thread block
-#         cluster (FA_VARIANTS_DECODE_CLUSTER_MERGE, off): decode at B 1 Nk 32k; session 11 also ran the head_dim 256
-#         ping-pong-turn A/B and the tensor-core Hadamard here, since removed)
+#      B. (ran: the head_dim 256 ping-pong-turn A/B, the tensor-core Hadamard and the split-KV merge inside a thread
+#         block cluster; each measured slower than its default and was removed with its script in session 11)
 #      C. the whole GPU suite: `python3 -m pytest -q -n 14 -m "gpu and not slow" -p no:cacheprovider --durations=40`
 #         (~500 s; the durations show where the suite's time goes, to shorten it)
 #      D. what is left: `python3 scripts/sanitize.py --backends fa1 fa3-fp8` (fa1's step changed; ~3-4 min)

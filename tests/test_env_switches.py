@@ -176,7 +176,6 @@ def test_the_choices_are_the_kernel_modules_own():
     own = {"FA_VARIANTS_BACKEND": {"auto", *registry.BACKENDS},
            "FA_VARIANTS_DECODE_TILES": {*fa3.DECODE_TILES, "auto"},
            "FA_VARIANTS_FUSED_MERGE": set(fa3.FUSED_MERGE_MODES),
-           "FA_VARIANTS_DECODE_CLUSTER_MERGE": set(fa3.CLUSTER_MERGE_MODES),
            "FA_VARIANTS_FA2_D256": set(fa2.D256_CONFIGS),
            "FA_VARIANTS_FP8_QUANT_PIPELINE": set(quant_host.PIPELINES)}
     choice_call = re.compile(r"env\.choice\((\"FA_VARIANTS_\w+\"|ENV_LOADER), \"\w+\", \(([^)]*)\)\)")

@@ -1100,7 +1100,7 @@ def test_pending_runs_named_scripts_and_the_checks(tmp_path):
     plan = text.split("Plan for", 1)[1].split("Pass (step 1)", 1)[0]
     planned = set(re.findall(r"pending_gpu\.sh(?: --checks)?((?: [a-z0-9]+)+)", plan))
     names = {n for group in planned for n in group.split()}
-    assert {"oob", "fa1tol", "overflow", "cluster"} <= names, names
+    assert {"oob", "fa1tol", "overflow"} <= names, names
     for name in names:
         assert (ROOT / "scripts" / f"{name}_gpu.sh").exists(), name
     assert 'CHECKS=(tests/test_decode_gpu.py -k "pdl or defaults or first_row or dual_auto or persistent")' in text

@@ -20,9 +20,6 @@ SMEM_CAPACITY = {"sm_80": 163 * 1024, "sm_86": 99 * 1024, "sm_89": 99 * 1024, "s
 
 # Shared memory of one SM (all its CTAs together; 1 KiB of it reserved per CTA), bytes (same source).
 SM_SMEM = {"sm_90a": 228 * 1024, "sm_100a": 228 * 1024}
-#: The largest thread block cluster an sm90 kernel may launch with (16: non-portable, above the portable 8);
-#: ``Sm90Config.cluster_merge`` runs one CTA per split in one cluster.
-MAX_CLUSTER_SPLITS = 16
 
 
 def smem_capacity(arch: str) -> int:
@@ -132,13 +129,6 @@ class Sm90Config:
         the CTA that arrives last merges the query tile into the caller's O and LSE and resets the counter
         (``hopper.fa3_kernel.FlashAttention3Sm90._merge_if_last``). False: a second kernel merges
         (``common.split_combine``).
-    cluster_merge: (split-KV with a fixed count, 2 <= num_splits <= MAX_CLUSTER_SPLITS) the splits of one query
-        tile launch as one thread block cluster of num_splits CTAs; each CTA keeps its partial O (fp32, tile_m x
-        head_dim, in its K stage buffers after the main loop) and LSE in its own shared memory, and after a cluster
-        barrier every CTA merges a slice of the tile's (row, 4 columns) chunks from its peers' shared memory
-        (distributed shared memory) into the caller's O and LSE: no second launch, no global partials, no atomics
-        (``hopper.fa3_kernel.FlashAttention3Sm90._cluster_merge``). Off by default (an experiment:
-        FA_VARIANTS_DECODE_CLUSTER_MERGE). A cluster of 16 is non-portable: its CTAs must fit in one GPC at once.
     early_pv_arrive: (serial steps, intra_wg_overlap False, with pingpong) a warpgroup hands the ping-pong turn on
         right after issuing its P V GEMM instead of after the next tile's S = Q K^T GEMM, so the wait for the P V
         GEMM and what follows it (fa3-fp8: the promotion of the two-level temporary into O) run while the other
@@ -209,7 +199,6 @@ class Sm90Config:
     convert_pairs: bool = False
     k_before_q: bool = False
     fused_merge: bool = False
-    cluster_merge: bool = False
     early_pv_arrive: bool = False
     basis_alpha: bool = False
     persistent: bool = False
@@ -263,13 +252,6 @@ class Sm90Config:
             raise ValueError("k_before_q orders the separate K/V producer states: it needs shared_kv_state=False")
         if not isinstance(self.fused_merge, bool) or (self.fused_merge and self.num_splits == 1):
             raise ValueError(f"fused_merge={self.fused_merge!r} must be a bool, True only with split-KV (num_splits != 1)")
-        if not isinstance(self.cluster_merge, bool) or (self.cluster_merge and (
-                not 2 <= self.num_splits <= MAX_CLUSTER_SPLITS or self.fused_merge or not arch.startswith("sm_9"))):
-            raise ValueError(f"cluster_merge={self.cluster_merge!r} must be a bool, True only on sm_90a with a fixed "
-                             f"num_splits in [2, {MAX_CLUSTER_SPLITS}] (got {self.num_splits}) and without fused_merge")
-        if self.cluster_merge and self.stages * self.tile_n < 2 * self.tile_m:  # 16-bit K stages hold fp32 O
-            raise ValueError(f"cluster_merge keeps the fp32 partial O ({self.tile_m} rows) in the K stage buffers: "
-                             f"stages x tile_n = {self.stages * self.tile_n} must be >= 2 x tile_m")
         if not isinstance(self.basis_alpha, bool) or (self.basis_alpha and not self.exp2_ffma):
             raise ValueError(f"basis_alpha={self.basis_alpha!r} must be a bool, True only with exp2_ffma=True")
         if self.early_pv_arrive and self.intra_wg_overlap:

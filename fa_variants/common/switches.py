@@ -43,12 +43,10 @@ _AUTO_FLAGS = ("FP8_QUANT_STAGED_STORE", "MERGE_WARP", "PACK_WIDE")
 #: int switches -> their lowest value
 _INTS = {"DECODE_PDL_MAX_SPLITS": 0, "DECODE_PDL_MIN_SPLITS": 1, "FA2_D256_MAX_SEQLEN_K": 0,
          "FP8_SMOOTH_K_BLOCKS": 0, "SPLIT_MIN_TILES": 1}
-#: choice switches -> their spellings (the kernel modules' tables: hopper.fa3.DECODE_TILES, FUSED_MERGE_MODES and
-#: CLUSTER_MERGE_MODES, ampere.fa2.D256_CONFIGS, fp8.quant_host.PIPELINES, registry.BACKENDS; tests/test_env_switches.py
-#: compares)
+#: choice switches -> their spellings (the kernel modules' tables: hopper.fa3.DECODE_TILES and FUSED_MERGE_MODES,
+#: ampere.fa2.D256_CONFIGS, fp8.quant_host.PIPELINES, registry.BACKENDS; tests/test_env_switches.py compares)
 CHOICES: dict[str, tuple[str, ...]] = {
     "FA_VARIANTS_BACKEND": ("auto", "fa3", "fa3-fp8", "fa2", "fa1", "reference"),
-    "FA_VARIANTS_DECODE_CLUSTER_MERGE": ("off", "0", "1", "dual"),
     "FA_VARIANTS_DECODE_FULL_GRID": ("dual", "persistent", "persistent3"),
     "FA_VARIANTS_DECODE_TILES": ("base", "deep", "wide", "dual", "persistent", "persistent3", "auto"),
     "FA_VARIANTS_DISK_CACHE_LOADER": ("auto", "dsl"),

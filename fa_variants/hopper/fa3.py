@@ -55,7 +55,7 @@ import torch
 
 from fa_variants.common import env, interop, pack_gqa, split, split_combine
 from fa_variants.common.cache import StaticConfig
-from fa_variants.common.config import MAX_CLUSTER_SPLITS, Sm90Config
+from fa_variants.common.config import Sm90Config
 from fa_variants.common.launch import Variant
 from fa_variants.common.scale import LOG2_E
 
@@ -295,7 +295,7 @@ def _build(cfg: StaticConfig):
     q, k, v, o, lse, scale, stream = interop.fake_attention_args(cfg.dtype, cfg.head_dim, cfg.align)
     if cfg.config.persistent:  # + l2_heads, the grid's CTA count (_plan_call)
         return kernel, (q, k, v, o, lse, scale, Int32(1), Int32(1), stream)
-    if not kernel.split or kernel.cluster_merge:  # cluster merge: the caller's O and LSE, as unsplit
+    if not kernel.split:
         return kernel, (q, k, v, o, lse, scale, Int32(1), stream)  # + l2_heads (see l2_section_heads)
     # fp32 partials of (num_splits * batch) batches (_plan_call)
     o_parts, lse_parts = split_combine.fake_partials(q, cfg.head_dim)
@@ -379,38 +379,6 @@ def _merge_mode(config: Sm90Config) -> Sm90Config:
     return dataclasses.replace(config, fused_merge=fused, first_row_only=first)
 
 
-#: FA_VARIANTS_DECODE_CLUSTER_MERGE=1 (off by default; an experiment, scripts/cluster_gpu.sh): `auto`'s packed
-#: split calls (decode: seqlen_q 1 from host views, and packed seqlen_q > 1) whose split count is in
-#: [2, MAX_CLUSTER_SPLITS] run ``Sm90Config.cluster_merge`` (one thread block cluster of num_splits CTAs per query
-#: tile; the merge inside it through distributed shared memory; no merge kernel) with that count fixed in the
-#: config (one kernel per count). "dual": the same, launched for two CTAs per SM (``Sm90Config.ctas_per_sm`` 2, the
-#: register cap of the "dual" decode tiles) where the tile has one consumer warpgroup and fits twice, so that a
-#: 16-CTA cluster needs 8 SMs of a GPC, not 16 (the split count stays the one-CTA-per-SM heuristic's). Values: off
-#: (default), 0, 1, dual. Read at import (``switches``).
-CLUSTER_MERGE_MODES: dict[str, bool | str] = {"off": False, "0": False, "1": True, "dual": "dual"}
-DECODE_CLUSTER_MERGE = CLUSTER_MERGE_MODES[env.choice("FA_VARIANTS_DECODE_CLUSTER_MERGE", "off",
-                                                      tuple(CLUSTER_MERGE_MODES))]
-
-
-def cluster_mode(config: Sm90Config, splits: int, head_dim: int, on: bool | str | None = None) -> Sm90Config:
-    """config with ``cluster_merge`` and ``num_splits=splits`` when ``on`` (default DECODE_CLUSTER_MERGE; "dual": and
-    ``ctas_per_sm=2`` where the config then still checks at ``head_dim``), config is a packed split config
-    (pack_gqa, num_splits 0: the count per call), not fused_merge, 2 <= splits <= MAX_CLUSTER_SPLITS, and its K
-    stage buffers hold the fp32 partial O (``Sm90Config.check``); else config unchanged."""
-    on = DECODE_CLUSTER_MERGE if on is None else on
-    if not (on and config.pack_gqa and config.num_splits == 0 and not config.fused_merge
-            and 2 <= splits <= MAX_CLUSTER_SPLITS and config.stages * config.tile_n >= 2 * config.tile_m):
-        return config
-    config = dataclasses.replace(config, num_splits=splits, cluster_merge=True)
-    if on == "dual" and config.consumer_warpgroups == 1:
-        dual = dataclasses.replace(config, ctas_per_sm=2)
-        try:
-            return dual.check(head_dim)
-        except ValueError:  # does not fit twice in the SM's shared memory
-            return config
-    return config
-
-
 def _problem_config(config: Sm90Config | None, q: torch.Tensor, k: torch.Tensor, causal: bool):
     """``config`` when given; else the default config, packed (PACK_GQA_ENABLED, seqlen_q = 1 and GQA) and
     switched to split-KV (count per call) when the heuristic splits this shape (and SPLIT_KV_ENABLED), or
@@ -424,7 +392,7 @@ def _problem_config(config: Sm90Config | None, q: torch.Tensor, k: torch.Tensor,
         config = _PACKED_CONFIGS[q.shape[-1]]
     else:
         return None
-    return cluster_mode(_merge_mode(_packed(config, q, k, splits) if pack else config), splits, q.shape[-1])
+    return _merge_mode(_packed(config, q, k, splits) if pack else config)
 
 
 def pack_helps(seqlen_q: int, num_heads: int, num_heads_kv: int, head_dim: int) -> bool:
@@ -606,9 +574,8 @@ def _plan_call(config: Sm90Config, q, k, v, scale: float) -> tuple:
     q_view = o_view = lse_view = None
     if pack:  # views of the same memory: O and LSE land where the unpacked call puts them
         q_view, o_view, lse_view = pack_gqa.call_geometry(q, heads_kv)
-    # a kernel compiled for split-KV (num_splits != 1) writes fp32 partials even when this shape gets one split;
-    # the cluster merge's kernel writes out and LSE itself, from partials in its own shared memory
-    if config.num_splits == 1 or config.cluster_merge:
+    # a kernel compiled for split-KV (num_splits != 1) writes fp32 partials even when this shape gets one split
+    if config.num_splits == 1:
         if not pack:
             return (lambda q, k, v, out, lse: (q, k, v, out, lse, *tail)), None
         return (lambda q, k, v, out, lse: (q.as_strided(*q_view), k, v, out.as_strided(*o_view),
@@ -646,7 +613,7 @@ VARIANT = Variant(
     operand=_tma_operand, check_problem=_check_problem, problem_config=_problem_config,
     switches=lambda: (SPLIT_KV_ENABLED, PACK_GQA_ENABLED, MERGE_KERNEL, split_combine.MERGE_PDL, DECODE_TILES_CHOICE,
                       DECODE_PDL, DECODE_PDL_MAX_SPLITS, DECODE_PDL_MIN_SPLITS, DECODE_FULL_GRID, SPLIT_MIN_TILES, PACK_WIDE, DECODE_FIRST_ROW,
-                      split_combine.MERGE_WARP, DECODE_CLUSTER_MERGE, FUSED_MERGE),
+                      split_combine.MERGE_WARP, FUSED_MERGE),
     warm_configs=lambda arch, head_dim, causal, groups=(): _auto_configs(head_dim, groups))
 
 

@@ -14,7 +14,7 @@ import cutlass.pipeline as pipeline
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from fa_variants.common import dsmem, pack_gqa, tile_scheduler
+from fa_variants.common import pack_gqa, tile_scheduler
 from fa_variants.common.config import Sm90Config
 from fa_variants.common.layout import acc_as_operand_a, convert_in_pairs, transpose_view
 from fa_variants.common.layout import rows_cols as acc_rows_cols
@@ -67,9 +67,6 @@ class FlashAttention3Sm90:
         # Split-KV with the merge in the same kernel (``Sm90Config.fused_merge``, ``_merge_if_last``): the last CTA
         # of a query tile to finish merges the partials into the caller's O and LSE (no second launch).
         self.fused_merge = self.split and getattr(config, "fused_merge", False)
-        # Split-KV with the merge inside one thread block cluster per query tile (``Sm90Config.cluster_merge``,
-        # ``_cluster_merge``): O and LSE are the caller's; the split count is the (static) cluster size.
-        self.cluster_merge = self.split and getattr(config, "cluster_merge", False)
         # Persistent grid (``Sm90Config.persistent``, ``_roles_persistent``): O in its own buffer where it fits.
         self.persistent = getattr(config, "persistent", False)
         self.separate_o = self.persistent and config.separate_o(head_dim)
@@ -181,11 +178,6 @@ class FlashAttention3Sm90:
         if const_expr(self.split):  # x num_splits; O partials are stored from registers, not by TMA
             grid = (num_m_blocks * mQ.shape[2] * mO.shape[3], 1, 1)
             tO, tma_o = mO, tma_q
-        cluster = {}
-        if const_expr(self.cluster_merge):  # O is the caller's: x the static count, one cluster per query tile
-            grid = (num_m_blocks * mQ.shape[2] * mQ.shape[3] * self.cfg.num_splits, 1, 1)
-            cluster = dict(cluster=[self.cfg.num_splits, 1, 1])
-        self.launch_cluster = cluster.get("cluster")  # checked by the compile tests (no GPU to query the launch)
         if const_expr(self.persistent):  # one CTA per SM (fewer for fewer tiles), each walking several tiles
             grid = (tile_scheduler.persistent_ctas(num_m_blocks * mQ.shape[2] * mQ.shape[3], ctas), 1, 1)
         self.kernel(
@@ -193,7 +185,7 @@ class FlashAttention3Sm90:
             tiled_mma_qk, tiled_mma_pv, sQ_layout, sO_layout, sKV_layout, sV_layout,
             softmax_scale_log2, num_m_blocks, qhead_per_kvhead, l2_heads, extras, merge,
         ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=self.cfg.ctas_per_sm,
-                                          use_pdl=self.cfg.pdl, **self._carveout(), **cluster)
+                                          use_pdl=self.cfg.pdl, **self._carveout())
 
     def _convert(self, src: cute.Tensor, dst: cute.Tensor):
         """dst (16-bit registers) = src (fp32 registers): in pairs with ``convert_pairs``, else in one conversion."""
@@ -215,13 +207,6 @@ class FlashAttention3Sm90:
         kv_words, v_words = cute.cosize(sKV_layout), cute.cosize(sV_layout)
 
         merge_rows = self.tile_m if const_expr(self.fused_merge) else 1
-        part_rows = self.tile_m if const_expr(self.cluster_merge) else 1
-        if const_expr(self.cluster_merge) and kv_words * self.dtype.width // 8 < self.tile_m * self.head_dim * 4:
-            raise ValueError(f"cluster_merge: the K stage buffers ({kv_words} elements) cannot hold the fp32 partial O "
-                             f"of {self.tile_m} x {self.head_dim}")
-        if const_expr(self.cluster_merge) and q_words * out_bytes < self.tile_m * self.cfg.num_splits * 4:
-            raise ValueError(f"cluster_merge: Q's buffer ({q_words * out_bytes} B) cannot hold the {self.tile_m} x "
-                             f"{self.cfg.num_splits} fp32 split weights")
 
         @cute.struct
         class SharedStorage:
@@ -232,8 +217,6 @@ class FlashAttention3Sm90:
             # this CTA's atomic returned (both inside the first 1 KiB, before sQ's alignment)
             merge_lse: cute.struct.MemRange[Float32, merge_rows]
             merge_ticket: cute.struct.MemRange[Int32, 1]
-            # cluster merge: this split's LSE per row (read by the cluster's other CTAs)
-            part_lse: cute.struct.MemRange[Float32, part_rows]
             sQ: cute.struct.Align[cute.struct.MemRange[self.out_dtype, q_words], 1024]  # also O
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, kv_words], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, v_words], 1024]
@@ -296,13 +279,11 @@ class FlashAttention3Sm90:
 
         seqlen_q, seqlen_k = self._seqlen_q(mQ), mK.shape[0]
         if const_expr(self.split):
-            if const_expr(not self.cfg.pdl and not self.fused_merge and not self.cluster_merge):
+            if const_expr(not self.cfg.pdl and not self.fused_merge):
                 # The merge kernel that follows may start now (it waits for this grid before reading the
                 # partials; common.split_combine, programmatic dependent launch): its launch hides under this grid.
                 cute.arch.griddepcontrol_launch_dependents()
             num_splits = mO.shape[3] // mQ.shape[3]
-            if const_expr(self.cluster_merge):
-                num_splits = Int32(self.cfg.num_splits)
             m_block, head, batch, split_idx = self._split_coords(num_m_blocks, mQ.shape[2], num_splits)
             n_start, n_blocks = self._split_range(m_block, split_idx, num_splits, seqlen_q, seqlen_k)
             out_batch = split_idx * mQ.shape[3] + batch  # partials are (num_splits * batch) batches
@@ -312,23 +293,13 @@ class FlashAttention3Sm90:
             if const_expr(self.fused_merge):
                 last = (storage, merge, (batch * mQ.shape[2] + head) * num_m_blocks + m_block, num_splits,
                         cute.size(mQ.shape[0]))
-            if const_expr(self.cluster_merge):
-                last = (storage, cute.size(mQ.shape[0]))
             if n_blocks > 0:
                 self._roles(mQ, mK, mV, mO, mLSE, sQ, sK, sV, sO, tma_q, tma_k, tma_v, tma_o, tiled_mma_qk,
                             tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2, qhead_per_kvhead, extras, warp_idx,
                             m_block, head, batch, out_batch, n_start, n_blocks, seqlen_q, seqlen_k, last)
             else:  # no K/V tile for this split: LSE -inf tells the merge to ignore its (unwritten) O
                 row = cute.arch.thread_idx()[0] - WARPGROUP_THREADS  # consumer thread i: query row i of the tile
-                if const_expr(self.cluster_merge):
-                    if row >= 0 and row < self.tile_m:
-                        sLSE = storage.part_lse.get_tensor(cute.make_layout(self.tile_m))
-                        sLSE[row] = -Float32.inf
-                    if row >= 0:
-                        self._cluster_merge(mO, mLSE, m_block, head, batch, *last)
-                    else:
-                        self._cluster_idle()
-                elif row >= 0:
+                if row >= 0:
                     if row < self.tile_m and m_block * self.tile_m + row < cute.size(mQ.shape[0]):
                         mLSE[m_block * self.tile_m + row, head, out_batch] = -Float32.inf
                     if const_expr(self.fused_merge):
@@ -361,22 +332,15 @@ class FlashAttention3Sm90:
                     mV[None, None, head // qhead_per_kvhead, batch],
                     sQ, sK, sV, tma_q, tma_k, tma_v, pipe_q, pipe_k, pipe_v, m_block, n_blocks, n_start,
                 )
-            if const_expr(self.cluster_merge):
-                self._cluster_idle()
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
-            # the partials' destination: global (fp32 batches), or this CTA's shared memory (cluster merge)
-            dst = self._partials_smem(last[0]) if const_expr(self.cluster_merge) else \
-                (mO[None, None, head, out_batch], mLSE[None, head, out_batch])
             self.consumer(
-                dst[0], dst[1], sQ, sK, sV, sO, tma_o,
+                mO[None, None, head, out_batch], mLSE[None, head, out_batch], sQ, sK, sV, sO, tma_o,
                 tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2,
                 m_block, n_blocks, seqlen_q, seqlen_k, extras, head, batch, n_start,
             )
             if const_expr(self.fused_merge):
                 self._merge_if_last(mO, mLSE, m_block, head, batch, *last)
-            if const_expr(self.cluster_merge):
-                self._cluster_merge(mO, mLSE, m_block, head, batch, *last)
 
     @cute.jit
     def _roles_persistent(self, mQ, mK, mV, mO, mLSE, sQ, sK, sV, sO, tma_q, tma_k, tma_v, tma_o, tiled_mma_qk,
@@ -452,89 +416,6 @@ class FlashAttention3Sm90:
             self._merge_tile(mO, mLSE, mOut, mLSEout, sLSE, tidx, consumers, m_block, head, batch, num_splits, rows)
             if tidx == 0:
                 mCount[tile] = Int32(0)
-
-    def _partials_smem(self, storage) -> tuple:
-        """Cluster merge: this split's partial O (tile_m x head_dim fp32, row-major, in the K stage buffers, free
-        after the main loop) and LSE (tile_m fp32) in this CTA's shared memory."""
-        o = cute.make_tensor(cute.recast_ptr(storage.sK.data_ptr(), dtype=Float32),
-                             cute.make_layout((self.tile_m, self.head_dim), stride=(self.head_dim, 1)))
-        return o, storage.part_lse.get_tensor(cute.make_layout(self.tile_m))
-
-    @cute.jit
-    def _cluster_idle(self):
-        """The cluster merge's two cluster barriers for threads that merge nothing (the producer warpgroup), so
-        that every thread of the cluster arrives at both."""
-        cute.arch.cluster_arrive_relaxed()  # nothing of theirs for the peers to see
-        cute.arch.cluster_wait()
-        cute.arch.cluster_arrive_relaxed()
-        cute.arch.cluster_wait()
-
-    @cute.jit
-    def _cluster_merge(self, mO, mLSE, m_block: Int32, head: Int32, batch: Int32, storage, rows: Int32):
-        """Cluster merge (``Sm90Config.cluster_merge``), run by the consumer threads of every split CTA once its
-        partial O and LSE are in its shared memory (``store_partial``; an empty split wrote LSE -inf only).
-
-        A cluster barrier (arrive: release; wait: acquire) makes every split's partials visible to the cluster;
-        each CTA then computes, one thread per row, the merged LSE from the num_splits LSEs (``_merge_tile``'s maths,
-        sums in split order) and the split weights exp(LSE_s - LSE) into its Q buffer; then merges its share of the
-        tile's (row, MERGE_VEC columns) chunks, chunk u in the CTA of cluster rank u % num_splits, reading the peers'
-        partial O through distributed shared memory (``common.dsmem``), and stores O (rounded once to O's dtype); the
-        CTA of cluster rank 0 stores LSE. A second cluster barrier keeps every CTA's shared memory alive until the
-        peers' reads of it are done."""
-        tidx = cute.arch.thread_idx()[0] - WARPGROUP_THREADS
-        consumers = self.num_wg * WARPGROUP_THREADS
-        splits = self.cfg.num_splits
-        rank = cute.arch.block_idx_in_cluster()
-        cute.arch.cluster_arrive()  # release: this thread's partial stores
-        cute.arch.cluster_wait()  # acquire: every split's
-        o_ptr = cute.recast_ptr(storage.sK.data_ptr(), dtype=Float32)
-        lse_ptr = storage.part_lse.data_ptr()
-        # each row's split weights exp(LSE_s - LSE) (0: an empty split), fp32 in Q's buffer (free after the main loop)
-        sW = cute.make_tensor(cute.recast_ptr(storage.sQ.data_ptr(), dtype=Float32),
-                              cute.make_layout((self.tile_m, splits), stride=(splits, 1)))
-        row0 = m_block * self.tile_m
-        n_rows = cutlass.min(rows - row0, self.tile_m)
-        if tidx < n_rows:
-            xs = cute.make_rmem_tensor(cute.make_layout(splits), Float32)
-            for s in cutlass.range_constexpr(splits):  # all in flight at once
-                xs[s] = dsmem.load_f32(dsmem.peer_address(lse_ptr, s) + 4 * tidx)
-            m = -Float32.inf
-            for s in cutlass.range_constexpr(splits):
-                m = cutlass.max(m, xs[s])
-            m_safe = m
-            if m == -Float32.inf:
-                m_safe = Float32(0.0)
-            total = Float32(0.0)
-            for s in cutlass.range_constexpr(splits):
-                total += cute.math.exp2((xs[s] - m_safe) * LOG2_E, fastmath=True)
-            lse = -Float32.inf
-            if total != Float32(0.0):
-                lse = m_safe + cute.math.log2(total, fastmath=True) * LN_2
-            for s in cutlass.range_constexpr(splits):  # x != -inf implies a finite LSE
-                w = cute.math.exp2((xs[s] - lse) * LOG2_E, fastmath=True)
-                sW[tidx, s] = cutlass.select_(xs[s] != -Float32.inf, w, Float32(0.0))
-            if rank == 0:
-                mLSE[row0 + tidx, head, batch] = lse
-        cute.arch.barrier(barrier_id=int(NamedBarrier.EPILOGUE), number_of_threads=consumers)
-        chunks = self.head_dim // MERGE_VEC
-        # chunk u = rank + splits v: the chunks of a row spread over the cluster (a decode tile has few rows)
-        for v in cutlass.range(tidx, (n_rows * chunks - rank + splits - 1) // splits, consumers, unroll=1):
-            u = rank + v * splits
-            i = u // chunks
-            col = (u - i * chunks) * MERGE_VEC
-            acc = cute.make_rmem_tensor(cute.make_layout(MERGE_VEC), Float32)
-            acc.fill(0.0)
-            for s in cutlass.range_constexpr(splits):
-                w = sW[i, s]
-                at = dsmem.peer_address(o_ptr, s) + 4 * (i * self.head_dim + col)
-                # loaded whatever the weight (all in flight together); an empty split's O is stale K data: skipped
-                # through a select, never multiplied by 0 (a split whose weight underflows to 0 adds 0 either way)
-                for j in cutlass.range_constexpr(MERGE_VEC):
-                    acc[j] = cutlass.select_(w != Float32(0.0), acc[j] + w * dsmem.load_f32(at + 4 * j), acc[j])
-            dst = cute.local_tile(mO[row0 + i, None, head, batch], (MERGE_VEC,), (col // MERGE_VEC,))
-            dst.store(acc.load().to(self.out_dtype))
-        cute.arch.cluster_arrive_relaxed()  # this CTA's reads of its peers are done
-        cute.arch.cluster_wait()  # and theirs of it: its shared memory may go
 
     @cute.jit
     def _merge_tile(self, mO, mLSE, mOut, mLSEout, sLSE, tidx: Int32, consumers: int, m_block: Int32, head: Int32,
@@ -856,18 +737,13 @@ class FlashAttention3Sm90:
         thr_mma = tiled_mma_pv.get_slice(tidx)
         tOcO = acc_rows_cols(thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim))))
         o = acc_rows_cols(acc_O)
-        base = 0
-        if const_expr(self.cluster_merge):  # this CTA's shared memory, indexed by the tile's own rows
-            base = m_block * self.tile_m
-            # every warpgroup's last K / V reads (WGMMA, waited) are done before the K buffers take the partial O
-            cute.arch.barrier(barrier_id=int(NamedBarrier.EPILOGUE), number_of_threads=self.num_wg * WARPGROUP_THREADS)
         for r in cutlass.range_constexpr(cute.size(o, mode=[0])):
             row = m_block * self.tile_m + tOcO[r, 0][0]
             if row < seqlen_q:
                 for c in cutlass.range_constexpr(cute.size(o, mode=[1])):
-                    mO[row - base, tOcO[r, c][1]] = o[r, c]
+                    mO[row, tOcO[r, c][1]] = o[r, c]
                 if tOcO[0, 0][1] == 0:
-                    mLSE[row - base] = lse[r]
+                    mLSE[row] = lse[r]
 
     @cute.jit
     def epilogue(self, acc_O, lse, mO, mLSE, sO, tma_o, tiled_mma_pv, tidx: Int32, m_block: Int32, seqlen_q: Int32):
