@@ -54,3 +54,4 @@ for line in open(sys.argv[1]):
 PY
 echo "== host time per call (us)"; grep -E "^#|us/call|  [a-z]|SUMMARY" "$logs/overhead.log"
 echo "== pytest"; grep -E "passed|failed|FAILED|ERROR" "$logs/pytest.log" | tail -n 20
+steps_exit

@@ -21,3 +21,4 @@ step pytest_new 150 python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider --tb=sh
 step decode_ab 200 python3 scripts/decode_ab.py --out "$out/decode_ab"
 echo "== pytest_new"; grep -E "^(FAILED|ERROR)|passed|failed" "$out/logs/pytest_new.log" | tail -n 15
 echo "== decode_ab"; tail -n 50 "$out/logs/decode_ab.log"
+steps_exit

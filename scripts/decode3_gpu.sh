@@ -32,3 +32,4 @@ echo "== pytest_fused"; grep -E "^(FAILED|ERROR)|passed|failed" "$out/logs/pytes
 echo "== decode_ab"; grep -E "^\| D|geomean|counters of captured" "$out/logs/decode_ab.log" | cut -c1-150 | tail -n 46
 echo "== overhead (two kernels)"; grep -E "host \(enqueue\)|^  (key|alloc|launch)|^    [a-z]|^gpu|SUMMARY" "$out/logs/overhead.log"
 echo "== overhead (fused)"; grep -E "host \(enqueue\)|^  (key|alloc|launch)|^    [a-z]|^gpu|SUMMARY" "$out/logs/overhead_fused.log"
+steps_exit

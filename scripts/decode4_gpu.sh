@@ -47,3 +47,4 @@ echo "== decode_ab"; grep -E "^\| D|geomean|compiles" "$out/logs/decode_ab.log" 
 echo "== fa2narrow"; grep -A14 "^fa2 narrow" "$out/logs/fa2narrow.log"
 echo "== bench_decode"; grep -E "^interrupted|^summary|^  " "$out/logs/bench_decode.log" | tail -n 6
 echo "== profile"; grep -E "^PROFILE|Error" "$out/logs/profile.log" | cut -c1-230
+steps_exit

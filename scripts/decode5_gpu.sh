@@ -49,3 +49,4 @@ echo "== precompile"; tail -n 2 "$out/logs/precompile.log"
 echo "== pytest"; grep -E "^(FAILED|ERROR)|passed|failed" "$out/logs/pytest.log" | tail -n 12
 echo "== decode_ab"; grep -E "^\| D|geomean|compiles|^HBM|^  D" "$out/logs/decode_ab.log" | cut -c1-150 | tail -n 56
 echo "== profile"; grep -E "^PROFILE|Error" "$out/logs/profile.log" | cut -c1-230
+steps_exit

@@ -45,3 +45,4 @@ step decode_ab 28 python3 scripts/decode_ab.py --s7 --no-precompile --rounds 5 -
 echo "== precompile"; tail -n 2 "$out/logs/precompile.log"
 echo "== pytest"; grep -E "^(FAILED|ERROR)|passed|failed" "$out/logs/pytest.log" | tail -n 12
 echo "== decode_ab"; grep -E "^\| D|geomean|compiles|^HBM|^  D|^GPU time|vs auto" "$out/logs/decode_ab.log" | cut -c1-170 | tail -n 50
+steps_exit

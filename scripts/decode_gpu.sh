@@ -32,3 +32,4 @@ for s in pytest_new pytest_rest; do
   echo "== $s"; grep -E "^(FAILED|ERROR|XPASS|XFAIL)|passed|failed" "$out/logs/$s.log" | tail -n 15
 done
 echo "== decode"; cat "$out"/logs/decode/*.md 2>/dev/null || tail -n 40 "$out/logs/decode.log"
+steps_exit

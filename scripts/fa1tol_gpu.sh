@@ -43,4 +43,4 @@ fi
 echo "== precompile"; tail -n 1 "$out/logs/precompile.log"
 echo "== pytest"; grep -E "^(FAILED|ERROR)|passed|failed" "$out/logs/pytest.log" | cut -c1-250 | tail -n 12
 [[ -f $out/logs/ab.log ]] && { echo "== ab"; grep -E "^\| fa1|Error" "$out/logs/ab.log"; }
-exit 0
+steps_exit

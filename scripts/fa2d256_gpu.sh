@@ -42,3 +42,4 @@ for ab in ab ab_fp16; do
   echo "== $ab"; grep -E "errors:|Traceback|Error|INTERRUPTED" "$out/logs/$ab.log" | head -n 5
   grep -E "^(SUMMARY|WINS)" "$out/logs/$ab.log"
 done
+steps_exit

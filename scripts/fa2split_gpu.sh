@@ -21,3 +21,4 @@ step pytest_fa2split 140 python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider --
 step bench 100 python3 scripts/fa2split_bench.py --out "$out/bench"
 echo "== pytest_fa2split"; grep -E "^(FAILED|ERROR)|passed|failed" "$out/logs/pytest_fa2split.log" | tail -n 15
 echo "== bench"; tail -n 40 "$out/logs/bench.log"
+steps_exit

@@ -20,3 +20,4 @@ pack_logs "$out/fp8_ab.tar.gz" && rm -rf "$LOGS"
 echo; tar -xzOf "$out/fp8_ab.tar.gz" fp8_ab/precompile.log | grep -E "precompile:|FAILED" | head -8
 tar -xzOf "$out/fp8_ab.tar.gz" fp8_ab/gpu_tests.log | grep -E "^FAILED|passed|failed" | tail -6
 tar -xzOf "$out/fp8_ab.tar.gz" fp8_ab/ab/summary.md 2>/dev/null || { echo "(no summary.md)"; tar -xzOf "$out/fp8_ab.tar.gz" fp8_ab/speed_ab.log | tail -20; }
+steps_exit

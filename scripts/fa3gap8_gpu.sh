@@ -50,3 +50,4 @@ if [[ -f "$out/logs/fa3ab.log" ]]; then
   echo "== fa3ab"; grep -E "errors:|Traceback|Error|INTERRUPTED" "$out/logs/fa3ab.log" | head -n 5
   grep "^SUMMARY" "$out/logs/fa3ab.log"
 fi
+steps_exit

@@ -35,3 +35,4 @@ step fa3ab 115 python3 scripts/fa3_speed_ab.py $AB --peers flash-attn-4,cudnn --
 echo "== precompile"; grep -E "^precompiled|Error|Traceback" "$out/logs/precompile.log"
 echo "== pytest"; grep -E "^(FAILED|ERROR)|passed|failed" "$out/logs/pytest.log" | tail -n 15
 echo "== fa3ab"; grep -E "errors:|Traceback|Error|INTERRUPTED" "$out/logs/fa3ab.log" | head -n 5; grep "^SUMMARY" "$out/logs/fa3ab.log"
+steps_exit

@@ -21,3 +21,4 @@ step pytest_round4 110 python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider --tb
 step fa3ab 210 python3 scripts/fa3_speed_ab.py --peers flash-attn-4,cudnn --out "$out/fa3ab"
 echo "== pytest_round4"; grep -E "^(FAILED|ERROR)|passed|failed" "$out/logs/pytest_round4.log" | tail -n 15
 echo "== fa3ab"; grep -E "errors:|Traceback|Error" "$out/logs/fa3ab.log" | head -n 5; grep "^SUMMARY" "$out/logs/fa3ab.log"
+steps_exit

@@ -57,3 +57,4 @@ tar -xzOf "$out/fp8d128.tar.gz" fp8d128/speed_ab.log | grep -E "^left out" || ec
 [[ ${#CUT[@]} -gt 0 ]] && echo "left out (variant_tests cut by its limit): ${CUT[*]:1}"
 tar -xzOf "$out/fp8d128.tar.gz" fp8d128/ab/summary.md 2>/dev/null || {
   echo "(no summary.md)"; tar -xzOf "$out/fp8d128.tar.gz" fp8d128/speed_ab.log | tail -20; }
+steps_exit

@@ -38,3 +38,4 @@ echo "-- gpu_tests"; tar -xzOf "$out/fp8d256.tar.gz" fp8d256/gpu_tests.log | gre
 tar -xzOf "$out/fp8d256.tar.gz" fp8d256/ab/summary.md 2>/dev/null || { echo "(no summary.md)"; tar -xzOf "$out/fp8d256.tar.gz" fp8d256/speed_ab.log | tail -20; }
 echo "-- paired, N 16k non-causal (ratios to new)"
 tar -xzOf "$out/fp8d256.tar.gz" fp8d256/paired.log | grep -E "A/A|/new:|^\s+[a-zA-Z0-9_]+: [0-9.]+ ms|Error|error" | head -24
+steps_exit

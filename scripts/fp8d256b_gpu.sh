@@ -33,3 +33,4 @@ pack_logs "$out/fp8d256b.tar.gz" && rm -rf "$work"
 echo; tar -xzOf "$out/fp8d256b.tar.gz" fp8d256b/precompile.log | grep -E "precompile:|FAILED" | head -8
 echo "-- gpu_tests"; tar -xzOf "$out/fp8d256b.tar.gz" fp8d256b/gpu_tests.log | grep -E "^FAILED|passed|failed|error" | tail -8
 tar -xzOf "$out/fp8d256b.tar.gz" fp8d256b/ab/summary.md 2>/dev/null || { echo "(no summary.md)"; tar -xzOf "$out/fp8d256b.tar.gz" fp8d256b/speed_ab.log | tail -20; }
+steps_exit

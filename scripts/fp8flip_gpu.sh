@@ -34,3 +34,4 @@ for t in gpu_tests variant_tests; do
   echo "-- $t"; tar -xzOf "$out/fp8flip.tar.gz" "fp8flip/$t.log" | grep -E "^FAILED|passed|failed|error" | tail -6
 done
 tar -xzOf "$out/fp8flip.tar.gz" fp8flip/ab/summary.md 2>/dev/null || { echo "(no summary.md)"; tar -xzOf "$out/fp8flip.tar.gz" fp8flip/speed_ab.log | tail -20; }
+steps_exit

@@ -36,3 +36,4 @@ echo "-- variant_tests"
 tar -xzOf "$out/fp8mid.tar.gz" fp8mid/variant_tests.log | grep -E "^FAILED|passed|failed|error" | tail -14
 tar -xzOf "$out/fp8mid.tar.gz" fp8mid/ab/summary.md 2>/dev/null || {
   echo "(no summary.md)"; tar -xzOf "$out/fp8mid.tar.gz" fp8mid/speed_ab.log | tail -20; }
+steps_exit

@@ -44,3 +44,4 @@ echo "-- variant_tests"
 tar -xzOf "$out/fp8small.tar.gz" fp8small/variant_tests.log | grep -E "^FAILED|passed|failed|error" | tail -8
 tar -xzOf "$out/fp8small.tar.gz" fp8small/ab/summary.md 2>/dev/null || {
   echo "(no summary.md)"; tar -xzOf "$out/fp8small.tar.gz" fp8small/speed_ab.log | tail -20; }
+steps_exit

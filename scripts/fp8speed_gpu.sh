@@ -24,3 +24,4 @@ pack_logs "$out/fp8speed.tar.gz" && rm -rf "$LOGS"
 echo; tar -xzOf "$out/fp8speed.tar.gz" fp8speed/precompile.log | grep -E "precompile:|FAILED" | head -8
 tar -xzOf "$out/fp8speed.tar.gz" fp8speed/gpu_tests.log | grep -E "^FAILED|passed|failed" | tail -8
 tar -xzOf "$out/fp8speed.tar.gz" fp8speed/ab/summary.md 2>/dev/null || { echo "(no summary.md)"; tar -xzOf "$out/fp8speed.tar.gz" fp8speed/speed_ab.log | tail -20; }
+steps_exit

@@ -52,3 +52,4 @@ tar -xzOf "$out/fp8two.tar.gz" fp8two/speed_ab.log | grep -E "^left out" || echo
 [[ ${#CUT[@]} -gt 0 ]] && echo "left out (variant_tests cut by its limit): ${CUT[*]:1}"
 tar -xzOf "$out/fp8two.tar.gz" fp8two/ab/summary.md 2>/dev/null || {
   echo "(no summary.md)"; tar -xzOf "$out/fp8two.tar.gz" fp8two/speed_ab.log | tail -20; }
+steps_exit

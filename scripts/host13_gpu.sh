@@ -52,3 +52,4 @@ for run in overhead_before overhead_after overhead_after2; do
   [[ -f "$out/logs/$run.log" ]] || continue
   echo "== $run"; grep -E "host \(enqueue\)|^  (key|plan lookup|alloc|launch)|^    [a-z]|^gpu|SUMMARY|Error" "$out/logs/$run.log"
 done
+steps_exit

@@ -82,3 +82,4 @@ for name in ncu_full ncu_causal; do
   grep -E "^profiled|max \|O difference|==ERROR==|Traceback|Error" "$LOGS/$name.log" | head -n 8
   echo "== $name table"; cat "$LOGS/${name}_table.log" 2>/dev/null || echo "(no table)"
 done
+steps_exit

@@ -24,3 +24,4 @@ step memcheck 115 python3 scripts/sanitize.py --tools memcheck --backends fa3-fp
   --per-head-dim --precompile --timeout 55 --out "$out/sanitize"
 echo "== memcheck"; grep -E "^(precompile|memcheck|fa3-fp8|logs)" "$out/logs/memcheck.log"
 grep -h -m 3 -E "Invalid|WRONG|Error" "$out"/sanitize/memcheck-*.log 2>/dev/null | head -n 9
+steps_exit

@@ -38,3 +38,4 @@ echo "-- overflow_tests"
 tar -xzOf "$out/overflow.tar.gz" overflow/overflow_tests.log | grep -E "^(FAILED|ERROR)|passed|failed|error" | tail -12
 echo "-- speed (TFLOP/s, median of rounds)"
 tar -xzOf "$out/overflow.tar.gz" overflow/speed.log | tail -6
+steps_exit

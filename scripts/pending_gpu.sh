@@ -23,6 +23,8 @@
 #         (~500 s; the durations show where the suite's time goes, to shorten it)
 #      D. what is left: `python3 scripts/sanitize.py --backends fa1 fa3-fp8` (fa1's step changed; ~3-4 min)
 # Pass (step 1): 0 failed, 0 errors (an rc 124 after the "[100%]" line is xdist's teardown, not a failure).
+# Exit code: 1 when the checks step or a named script did not exit 0 (rc 124 included) or a script was skipped for
+# time (the last line names them: steps.sh steps_exit), else 0.
 set -uo pipefail
 source "$(dirname "$0")/steps.sh"; help_from_header "$@"
 CHECKS=(tests/test_decode_gpu.py -k "pdl or defaults or first_row or dual_auto or persistent")
@@ -39,11 +41,11 @@ fi
 stop_clocks
 for n in ${names[@]+"${names[@]}"}; do
   left=$((budget - SECONDS))
-  if (( left < 100 )); then echo "== $n: skipped (${left}s left)"; continue; fi
+  if (( left < 100 )); then echo "== $n: skipped (${left}s left)"; step_failed "$n" skipped; continue; fi
   mkdir -p "$out/$n"
   OUT="$out/$n" timeout -k 5 -s INT $((left - 5)) bash "$(dirname "$0")/${n}_gpu.sh" > "$out/$n.out" 2>&1
-  echo "== $n: rc=$? at ${SECONDS}s"
+  rc=$?; echo "== $n: rc=$rc at ${SECONDS}s"; (( rc == 0 )) || step_failed "$n" "rc=$rc"
 done
 if (( checks )); then echo "-- checks"; grep -E "^(FAILED|ERROR)|passed|failed|\[100%\]" "$LOGS/checks.log" | tail -n 12; fi
 for n in ${names[@]+"${names[@]}"}; do [[ -f "$out/$n.out" ]] && { echo "-- $n"; tail -n 30 "$out/$n.out"; }; done
-exit 0
+steps_exit

@@ -41,3 +41,4 @@ for ab in fa3ab fa3ab16k; do
   echo "== $ab"; grep -E "errors:|Traceback|Error|INTERRUPTED" "$out/logs/$ab.log" | head -n 5
   grep "^SUMMARY" "$out/logs/$ab.log"
 done
+steps_exit

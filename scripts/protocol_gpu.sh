@@ -31,3 +31,4 @@ for s in ab long; do
   grep -E "^    (A/A|new/|  )" "$out/logs/$s.log" | head -n 40
   grep -E "^(SUMMARY|PROTOCOL)" "$out/logs/$s.log"
 done
+steps_exit

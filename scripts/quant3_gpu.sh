@@ -51,3 +51,4 @@ echo "== ncu (per QuantPass launch: v1 V, K, Q then v3 V+K sums, K, Q)"
 grep -E "^  [A-Za-z_]+.*QuantPass|Duration|DRAM Throughput|Memory Throughput|L1/TEX Hit|L2 Hit Rate|Mem Busy|Max Bandwidth|Compute \(SM\) Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per Thread|Grid Size|Block Size|Dynamic Shared Memory Per Block" \
   "$out/ncu_details.txt" | sed -E 's/kernel_cutlass_kernel_fa_variantsfp8quant_kernelQuantPass_object_at_[^ ]*/QuantPass/' \
   | head -120 || tail -20 "$out/ncu.log"
+steps_exit

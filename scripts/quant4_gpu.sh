@@ -61,3 +61,4 @@ echo "== ncu (v3s sampled8, D 64: V + K sample sums, K, Q)"
 grep -E "^  [A-Za-z_]+.*QuantPass|Duration|DRAM Throughput|L2 Hit Rate|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per Thread|Warp Cycles Per Issued|stalled|Sectors|Store" \
   "$out/ncu_details.txt" | sed -E 's/kernel_cutlass_kernel_fa_variantsfp8quant_kernelQuantPass_object_at_[^ ]*/QuantPass/' \
   | head -60 || tail -20 "$out/ncu.log"
+steps_exit

@@ -46,3 +46,4 @@ grep -E "precompile:|FAILED" "$out/precompile.log" | head -6
 echo "-- gpu_tests"; grep -E "^FAILED|passed|failed|error" "$out/gpu_tests.log" | tail -8
 grep -E "RACECHECK SUMMARY|CALLS|DIFF|^rc=" "$out/sanitize.log"
 bandwidth_summary "$out/bandwidth.log"
+steps_exit

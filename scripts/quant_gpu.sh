@@ -21,3 +21,4 @@ grep -E "precompile:|FAILED" "$out/precompile.log" | head -6
 grep -E "^FAILED|passed|failed|error" "$out/gpu_tests.log" | tail -6
 sed -n '/^% of copy/,$p' "$out/bandwidth.log" | grep . || tail -20 "$out/bandwidth.log"
 grep -E "^ablation" "$out/bandwidth.log"
+steps_exit

@@ -21,3 +21,4 @@ step pytest 110 python3 -m pytest -q $NPROC -m "gpu and not slow" -p no:cachepro
   -k "d256 or lookahead or defaults or wide or dual"
 echo "== overhead"; grep -E "host \(enqueue\)|SUMMARY|Error" "$out/logs/overhead.log"
 echo "== pytest"; grep -E "^(FAILED|ERROR)|passed|failed" "$out/logs/pytest.log" | tail -n 12
+steps_exit

@@ -46,4 +46,4 @@ check "the child's clocks.csv has samples" '[[ $(grep -c MHz "$child/logs/clocks
 [[ -n $step_pid ]] && ! gone "$step_pid" && kill -9 "$step_pid"  # never leave it to load the next script's GPU
 pack_logs "$out/logs.tgz"
 echo "== compute apps after: ${apps:-none}"
-[[ $fail == 0 ]] && echo PASS || echo FAIL
+if [[ $fail == 0 ]]; then echo PASS; else echo FAIL; exit 1; fi  # its own checks (the child's step is cut on purpose)

@@ -2,6 +2,8 @@
 #   set -uo pipefail
 #   source "$(dirname "$0")/steps.sh"
 #   out="${OUT:-results/NAME}"; gpu_session "$out/logs" "$@"
+#   step ...; ...; (the summary lines)
+#   steps_exit
 #
 #   gpu_session DIR ARGS...   the scripts' preamble: help_from_header ARGS (--help: the header, exit 0, nothing
 #                             made), then session_setup DIR. A script that reads its own arguments first calls
@@ -20,7 +22,12 @@
 #   step NAME LIMIT CMD...    runs CMD with a time limit (SIGINT at LIMIT seconds), its output in $LOGS/NAME.log,
 #                             and prints "== NAME: rc=RC in Ts" (rc 124: timed out). With STEP_TAIL=N set, it
 #                             also prints "== NAME (limit LIMITs)" first and the log's last N lines after. CMD
-#                             runs in a process group of its own (timeout's).
+#                             runs in a process group of its own (timeout's). An rc other than 0 is noted for
+#                             steps_exit (from a background step too).
+#   step_failed NAME WHAT     notes NAME (WHAT: its rc, "skipped", ...) as not passed, for steps_exit
+#   steps_exit                a GPU script's last command: exit 1 after "== not passed: NAME (WHAT) ..." when a
+#                             step was noted, else exit 0. So the script's exit code is its steps', never its
+#                             closing summary's (a grep that found nothing exits 1, a tail 0 whatever happened).
 #   bandwidth_summary LOG     the quantisation scripts' closing lines of an fp8_quant_bandwidth.py log (below)
 #   unpack_before [DIR]       DIR (default .before) holds fa_variants_before (scripts/ab_checkout.sh): unpacked from
 #                             DIR.tar.xz (what a GPU call carries: [".gpu", ".before.tar.xz"]) when DIR lacks it;
@@ -42,6 +49,7 @@ xdist_flag() { python3 -c "import xdist" 2>/dev/null && echo "-n $1" || echo "";
 session_setup() {
   LOGS=$1; mkdir -p "$LOGS"
   STEP_GROUPS=$(mktemp)  # the process group (timeout's pid) of every step started: stop_steps
+  STEP_FAILED=$(mktemp)  # "NAME (WHAT)" of every step that did not pass, one a line: step_failed, steps_exit
   git log --oneline -1 > "$LOGS/commit.txt" 2>&1
   nvidia-smi --query-gpu=index,name,compute_cap,driver_version,clocks.max.sm,memory.total --format=csv \
     > "$LOGS/gpu.txt" 2>&1
@@ -70,7 +78,8 @@ stop_steps() {
   rm -f "$STEP_GROUPS"
 }
 
-end_session() { trap '' INT TERM HUP; stop_steps; stop_clocks; }  # not cut short by a second signal
+end_session() {  # not cut short by a second signal
+  trap '' INT TERM HUP; stop_steps; stop_clocks; [[ -z ${STEP_FAILED:-} ]] || rm -f "$STEP_FAILED"; }
 
 step() { local name=$1 limit=$2; shift 2; local t0=$SECONDS
   [[ -n ${STEP_TAIL:-} ]] && echo "== $name (limit ${limit}s)"
@@ -83,14 +92,27 @@ step() { local name=$1 limit=$2; shift 2; local t0=$SECONDS
   [[ -z ${STEP_GROUPS:-} ]] || echo "$pid" >> "$STEP_GROUPS"
   wait "$pid"; local rc=$?
   echo "== $name: rc=$rc in $((SECONDS - t0))s"
+  (( rc == 0 )) || step_failed "$name" "rc=$rc"
   [[ -z ${STEP_TAIL:-} ]] || tail -n "$STEP_TAIL" "$LOGS/$name.log"; }
 
+# a file, not a variable: a step run in the background (a subshell) is noted too
+step_failed() { [[ -z ${STEP_FAILED:-} ]] || echo "$1 ($2)" >> "$STEP_FAILED"; }
+
+steps_exit() {
+  local failed=""
+  [[ -n ${STEP_FAILED:-} && -s $STEP_FAILED ]] && failed=$(paste -sd ' ' "$STEP_FAILED")
+  if [[ -n $failed ]]; then echo "== not passed: $failed"; exit 1; fi
+  exit 0
+}
+
 # racecheck_bg SET LIMIT: scripts/quant_sanitize.py --set SET under compute-sanitizer's racecheck in the background
-# (the caller's `wait` joins it; the GPU tests run beside it), its rc and last lines in $LOGS/sanitize.log
+# (the caller's `wait` joins it; the GPU tests run beside it), its rc and last lines in $LOGS/sanitize.log; an rc other
+# than 0 is noted for steps_exit as "racecheck"
 racecheck_bg() {
   local san; san=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
   { r=$(timeout -s INT "$2" "$san" --tool racecheck --error-exitcode 9 python3 scripts/quant_sanitize.py --set "$1" 2>&1)
-    echo "rc=$? racecheck"; echo "$r" | tail -n 10; } > "$LOGS/sanitize.log" 2>&1 &
+    rc=$?; echo "rc=$rc racecheck"; echo "$r" | tail -n 10; (( rc == 0 )) || step_failed racecheck "rc=$rc"
+  } > "$LOGS/sanitize.log" 2>&1 &
 }
 
 # bandwidth_summary LOG: the lines of a scripts/fp8_quant_bandwidth.py log the quantisation scripts print at their

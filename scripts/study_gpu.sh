@@ -45,3 +45,4 @@ pack_logs "$out/study.tgz"
   [[ -f $out/fp8_study.md ]] && grep -A 14 -E "^## (Table 3|RMSE vs head_dim|End to end)" "$out/fp8_study.md"
 } > "$out/summary.txt" 2>&1
 cat "$out/summary.txt"
+steps_exit

@@ -22,3 +22,4 @@ step fused 90 "${PYTEST[@]}" tests/test_decode_fused_gpu.py tests/test_fa2_split
 pack_logs "$out/logs.tgz"
 for s in decode fused; do echo "== $s"; grep -E "^(FAILED|ERROR)|passed|failed" "$LOGS/$s.log" | tail -n 12; done
 echo "== gpu.txt"; cat "$LOGS/gpu.txt"; echo "== clocks.csv: $(grep -c MHz "$LOGS/clocks.csv") samples"
+steps_exit

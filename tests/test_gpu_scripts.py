@@ -61,7 +61,9 @@ _OWN_PREAMBLE = {"pending_gpu.sh", "study_gpu.sh"}
 def test_gpu_script_preamble(script):
     """Every GPU script runs under `set -uo pipefail`, sources steps.sh and, before its first step, answers --help
     and sets up its session through steps.sh (gpu_session, or help_from_header first then session_setup); none
-    copies the xdist probe (steps.sh's xdist_flag)."""
+    copies the xdist probe (steps.sh's xdist_flag); its last command is steps_exit, so its exit code is its steps'
+    and not its closing summary's (session 11: oob_gpu.sh exited 1 with memcheck clean, its last grep found nothing);
+    review_gpu.sh, whose child step is cut on purpose, exits 1 by its own checks."""
     lines = [line for line in (ROOT / "scripts" / script).read_text().splitlines() if not line.startswith("#")]
     text = "\n".join(lines)
     start = lines.index("set -uo pipefail")
@@ -75,6 +77,39 @@ def test_gpu_script_preamble(script):
         if script != "review_gpu.sh":  # it writes a child script on steps.sh, which calls session_setup
             assert "help_from_header" not in text and "session_setup" not in text, script
     assert "import xdist" not in text, script
+    last = [line.strip() for line in lines if line.strip()][-1]
+    if script == "review_gpu.sh":
+        assert last.startswith("if [[ $fail == 0 ]]; then echo PASS; else echo FAIL; exit 1; fi"), last
+    else:
+        assert last == "steps_exit", (script, last)
+
+
+def test_steps_sh_exit_code_is_the_steps(tmp_path):
+    """steps.sh steps_exit: exit 1 naming every step whose rc was not 0 (a background step's and step_failed's
+    too), whatever the summary commands after them returned; exit 0 when every step passed, even after a grep that
+    found nothing."""
+    env = dict(os.environ, PATH=f"{_fake_bin(tmp_path / 'bin', _FAKE_SMI)}:{os.environ['PATH']}")
+    driver = tmp_path / "driver.sh"
+    driver.write_text(f"""set -uo pipefail
+source {ROOT}/scripts/steps.sh
+session_setup "$1/logs"
+step first 5 true
+if [[ $2 == fail ]]; then
+  step bad 5 bash -c 'exit 3'
+  ( step behind 5 false ) &
+  wait
+  step_failed later skipped
+fi
+echo "== summary"; grep -q "no such line" "$LOGS/first.log"
+steps_exit
+""")
+    runs = {mode: subprocess.run(["bash", str(driver), str(tmp_path / mode), mode], cwd=ROOT, env=env,
+                                 capture_output=True, text=True, timeout=30) for mode in ("pass", "fail")}
+    assert runs["pass"].returncode == 0, runs["pass"].stdout + runs["pass"].stderr
+    assert "not passed" not in runs["pass"].stdout
+    fail = runs["fail"]
+    assert fail.returncode == 1 and fail.stdout.splitlines()[-1] == \
+        "== not passed: bad (rc=3) behind (rc=1) later (skipped)", fail.stdout + fail.stderr
 
 
 def _fake_bin(folder, nvidia_smi):
@@ -1119,6 +1154,12 @@ def test_pending_runs_named_scripts_and_the_checks(tmp_path):
                          timeout=60, cwd=tmp_path, env={**os.environ, "OUT": str(tmp_path / "out")})
     assert run.returncode == 0, run.stderr
     assert "== stub: rc=0" in run.stdout and f"stub ran with OUT={tmp_path / 'out' / 'pending' / 'stub'}" in run.stdout
+    # a named script that fails: the queue goes on, then exits 1 naming it (steps.sh steps_exit)
+    (scripts / "bad_gpu.sh").write_text('#!/usr/bin/env bash\nexit 3\n')
+    run = subprocess.run(["bash", str(scripts / "pending_gpu.sh"), "bad", "stub"], capture_output=True, text=True,
+                         timeout=60, cwd=tmp_path, env={**os.environ, "OUT": str(tmp_path / "out2")})
+    assert run.returncode == 1 and "== bad: rc=3" in run.stdout and "== stub: rc=0" in run.stdout, run.stdout
+    assert run.stdout.splitlines()[-1] == "== not passed: bad (rc=3)", run.stdout
 
 def test_steps_sh_bandwidth_summary(tmp_path):
     """steps.sh bandwidth_summary (the quantisation scripts' closing lines): the device copy and mismatch lines, then
