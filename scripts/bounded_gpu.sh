@@ -42,3 +42,4 @@ echo "-- bounded_tests"
 tar -xzOf "$out/bounded.tar.gz" bounded/bounded_tests.log | grep -E "^(FAILED|ERROR)|passed|failed|error" | tail -12
 echo "-- speed (TFLOP/s, median of rounds; ratios: default time / other, per round)"
 tar -xzOf "$out/bounded.tar.gz" bounded/speed.log | tail -6
+steps_exit

@@ -39,7 +39,7 @@ step pytest 30 python3 -m pytest -q $NPROC -m gpu -p no:cacheprovider --tb=short
 # the A/B runs unless a test failed (a pytest cut by its limit with none failed still leads to it: the A/B checks
 # each variant against old itself, and its own limit bounds a hang)
 if grep -qE "^(FAILED|ERROR)|[0-9]+ (failed|errors?)\b" "$LOGS/pytest.log"; then
-  echo "== fa3ab: skipped (a GPU test failed)"
+  echo "== fa3ab: skipped (a GPU test failed)"; step_failed fa3ab skipped
 else
   step fa3ab 38 python3 scripts/fa3_speed_ab.py $AB --burst-ms 10 --peers flash-attn-4 --out "$out/fa3ab"
 fi
@@ -49,3 +49,4 @@ if [[ -f "$out/logs/fa3ab.log" ]]; then
   echo "== fa3ab"; grep -E "errors:|Traceback|Error|INTERRUPTED" "$out/logs/fa3ab.log" | head -n 5
   grep "^SUMMARY" "$out/logs/fa3ab.log"
 fi
+steps_exit

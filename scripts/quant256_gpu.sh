@@ -55,6 +55,7 @@ wait
 pipes=def,deft ab=(--ab def:deft)
 if ! grep -qE "^5 passed" "$out/gpu_tests.log" || grep -qE "failed|error" "$out/gpu_tests.log"; then
   pipes=def ab=(); echo "fwht_transpose's GPU tests did not pass: deft left out of the timing"
+  step_failed gpu_tests "not 5 passed; deft left out"
 fi
 step bandwidth 25 python3 scripts/fp8_quant_bandwidth.py --pipelines "$pipes" --recipes default \
   --rounds 5 --breakdown "${ab[@]}" --json "$out/quant_bw.json"
@@ -67,3 +68,4 @@ bandwidth_summary "$out/bandwidth.log"
 if [[ -f $out/ncu_raw.csv ]]; then
   echo "== ncu (D 256, def then deft: V + K sums, K, Q each)"; python3 scripts/ncu_stalls.py "$out/ncu_raw.csv"
 fi
+steps_exit
