@@ -189,10 +189,13 @@ FP8TWO_VARIANTS: dict[int, dict[str, dict]] = {
 # --set fp8turn (session 9 round 2; its two ping-pong-turn variants measured slower and were removed in session 11): the
 # head_dim 256 two-level cost against both references. new: the default (two-level, s_lookahead with S in two halves,
 # fused_promote, reduce_chains 2); single_overlap: one running accumulator with intra-warpgroup overlap and one chain
-# (session 8's reference); single_overlap_c2: the same with reduce_chains 2 (the default's chains: the fair reference).
+# (session 8's reference); single_overlap_c2: the same with reduce_chains 2 (the default's chains: the fair reference);
+# single_overlap_noskip (session 11, scripts/twolevel_gpu.sh): single_overlap with skip_unit_rescale off (O *= alpha on
+# every tile, as the default's promotion FFMA is: is the skip the two-level cost?).
 FP8TURN_VARIANTS: dict[int, dict[str, dict]] = {
     256: {"new": {}, "single_overlap": dict(D256_VARIANTS[256]["single_overlap"], reduce_chains=1),
-          "single_overlap_c2": dict(D256_VARIANTS[256]["single_overlap"], reduce_chains=2)},
+          "single_overlap_c2": dict(D256_VARIANTS[256]["single_overlap"], reduce_chains=2),
+          "single_overlap_noskip": dict(D256_VARIANTS[256]["single_overlap"], reduce_chains=1, skip_unit_rescale=False)},
 }
 # kernels tests/test_fa3_fp8_speed_gpu.py needs besides the timed ones (kind, head_dim, change), both causal modes
 SPEED_TEST_KERNELS = [("bf16", 128, dict(intra_wg_overlap=False, early_pv_arrive=True))]
@@ -298,9 +301,9 @@ SETS: dict[str, VariantSet] = {
         "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs, head_dim 256, 128 x 128 tiles; new "
         "= the default (two-level, four P V slices, s_lookahead with S in two halves, fused_promote, "
         "reduce_chains 2); single_overlap = one running accumulator with intra-warpgroup overlap, one chain (_c2: two "
-        "chains, the fair reference); bf16_fa3 = ours.",
-        "head_dim 256 two-level cost against one running accumulator with one / two chains (FP8TURN_VARIANTS; no "
-        "GPU script since session 11)",
+        "chains, the fair reference; _noskip: skip_unit_rescale off, O *= alpha on every tile); bf16_fa3 = ours.",
+        "head_dim 256 two-level cost against one running accumulator with one / two chains, with and without the "
+        "unit-rescale skip (FP8TURN_VARIANTS, scripts/twolevel_gpu.sh)",
         per_variant_errors=True, two_level_targets=True),
 }
 

@@ -421,8 +421,14 @@ def test_fp8turn_set():
     accumulator with one and two chains (the two-level cost's references), every variant a valid config; the cost
     lines name new against both references."""
     ab = load_script("fa3_fp8_speed_ab")
-    assert list(ab.FP8TURN_VARIANTS[256]) == ["new", "single_overlap", "single_overlap_c2"]
+    assert list(ab.FP8TURN_VARIANTS[256]) == ["new", "single_overlap", "single_overlap_c2", "single_overlap_noskip"]
     assert ab.FP8TURN_VARIANTS[256]["single_overlap"] == ab.FP8TWO_VARIANTS[256]["single_overlap"]
+    assert ab.kernel_config(256, ab.FP8TURN_VARIANTS[256]["single_overlap"]).skip_unit_rescale  # what _noskip turns off
+    assert ab.FP8TURN_VARIANTS[256]["single_overlap_noskip"] == dict(ab.FP8TURN_VARIANTS[256]["single_overlap"],
+                                                                     skip_unit_rescale=False)
+    import test_fa3_fp8_speed_gpu as gpu_tests  # the GPU test of _noskip runs the timed config
+    for name, (D, change) in gpu_tests.FP8TURN_VARIANTS.items():
+        assert ab.kernel_config(D, ab.FP8TURN_VARIANTS[D][name.split("-", 2)[2]]) == ab.kernel_config(D, change), name
     for change in ab.FP8TURN_VARIANTS[256].values():
         ab.kernel_config(256, change).check(256)
     rows = [dict(head_dim=256, seqlen=16384, causal=False, impl=n, tflops=t, spread=0.05)
