@@ -318,23 +318,61 @@ def before_values(before_md: str | None, before_details: list[str] | None) -> di
     return values
 
 
+def _address(cell: str):
+    """A source-page address cell ("0x7f3a..." or decimal) as an int, else None."""
+    cell = cell.strip().strip("`")
+    try:
+        return int(cell, 16) if cell.lower().startswith("0x") else int(cell) if cell.isdigit() else None
+    except ValueError:
+        return None
+
+
+def source_groups(text: str) -> list[dict]:
+    """The kernels of an ``ncu --import R --page source --csv --print-source sass`` text, in order, as
+    {"kernel": name, "header": [column names], "rows": [[cells], ...]}. ncu prints per kernel a row
+    "Kernel Name",NAME, then the header row (first cell "Address"; then "Source", "Warp Stall Sampling (All
+    Samples)", "Instructions Executed", per-reason "stall_*" columns, ...), then one row per SASS instruction
+    (first cell its address). A header without a kernel-name row before it opens a group named "". Other lines
+    (ncu's ==PROF== / ==WARNING== lines, program output) are skipped. Session 7's ncu12 run lost every source
+    page by reading the kernel-name row as the header."""
+    groups: list[dict] = []
+    for row in csv.reader(io.StringIO(text)):
+        first = row[0].strip().lstrip("#").strip() if row else ""
+        if first == "Kernel Name" and len(row) >= 2:
+            groups.append({"kernel": row[1].strip(), "header": None, "rows": []})
+        elif first == "Address" and len(row) >= 2:
+            if not groups or groups[-1]["header"] is not None:
+                groups.append({"kernel": "", "header": None, "rows": []})
+            groups[-1]["header"] = [c.strip() for c in row]
+        elif groups and groups[-1]["header"] and _address(first) is not None:
+            groups[-1]["rows"].append(row)
+    return [g for g in groups if g["header"]]
+
+
 def source_top(text: str, n: int = 12) -> list[str]:
     """The ``n`` SASS instructions with the most stall samples in an ``ncu --page source --csv --print-source sass``
-    text (columns: an address, the source line, "Warp Stall Sampling (All Samples)"; other columns ignored), as
-    "address  samples  share%  instruction" lines; one line saying so when those columns are not there."""
-    rows = list(csv.reader(io.StringIO("\n".join(ln for ln in text.splitlines() if ln.startswith('"')))))
-    head = rows[0] if rows else []
-    find = lambda word: next((i for i, c in enumerate(head) if word in c), None)  # noqa: E731
-    at, src, samp = find("Address"), find("Source"), find("Warp Stall Sampling (All")
-    if None in (at, src, samp):
+    text (``source_groups``; columns used: Address, Source, "Warp Stall Sampling (All Samples)"; with several
+    kernels, the one with the most samples), as "address  samples  share%  instruction" lines; one line saying so
+    when those columns are not there."""
+    best, best_total = None, -1.0
+    for g in source_groups(text):
+        head = g["header"]
+        find = lambda word: next((i for i, c in enumerate(head) if word in c), None)  # noqa: E731
+        at, src, samp = find("Address"), find("Source"), find("Warp Stall Sampling (All")
+        if None in (at, src, samp):
+            continue
+        got = []
+        for r in g["rows"]:
+            value = _number(r[samp]) if len(r) > max(at, src, samp) else ""
+            if isinstance(value, float):
+                got.append((value, r[at], r[src].strip()))
+        total = sum(v for v, _, _ in got)
+        if total > best_total:
+            best, best_total = got, total
+    if best is None:
         return ["(source page: no Address / Source / Warp Stall Sampling (All Samples) columns)"]
-    got = []
-    for r in rows[1:]:
-        value = _number(r[samp]) if len(r) > samp else ""
-        if isinstance(value, float):
-            got.append((value, r[at], r[src].strip()))
-    total = sum(v for v, _, _ in got) or 1.0
-    return [f"{a:>8} {v:>9,.0f} {100 * v / total:5.1f}%  {s[:80]}" for v, a, s in sorted(got, reverse=True)[:n]]
+    total = best_total or 1.0
+    return [f"{a:>8} {v:>9,.0f} {100 * v / total:5.1f}%  {s[:80]}" for v, a, s in sorted(best, reverse=True)[:n]]
 
 
 def main(argv: list[str] | None = None) -> int:
