@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# d64ncu_gpu.sh: issue 12, session 11, on one H200: where our fa3's warps stall at head_dim 64 that flash-attn-4's do not
+# d64ncu_gpu.sh: issue 12, session 11, on one H200: where our fa3's warps stall at head_dim 64 and flash-attn-4's don't
 # (Nsight Compute, per-SASS-line warp stall sampling). No kernel change; <= 100 s cold (limits 35 + 40, then 30 if
 # <= 52 s have passed). The static comparison found no cause (bench/NOTES.md, "Session 11 (2026-12-02): fa3 head_dim
 # 64 vs flash-attn-4"); this is the dynamic one (same NOTES, "... dynamic stall comparison vs flash-attn-4").
@@ -16,21 +16,23 @@
 #    InstructionStats, MemoryWorkloadAnalysis, SourceCounters (PC sampling, --warp-sampling-interval 7: every 2^12
 #    cycles, the same for both kernels), the pipes' metrics where `ncu --query-metrics` lists them, --import-source
 #    no; ncu locks the clocks to base (its default, as session 7). Exports (ncu --import, in parallel): the details
-#    page (text), the raw page (CSV), the source page (CSV, SASS, both kernels; per kernel and without --print-source
-#    too when it has no Address header). Then scripts/ncu_compare.py: side-by-side summary, WarpStateStats stall
-#    reasons, the top 15 SASS lines by stall samples of each kernel, stall samples by opcode class / mnemonic / reason /
-#    loop vs outside, each with ours - fa4 in % of fa4's warp time -> $out/d64ncu_compare.md (and the log).
+#    page (text), the raw page (CSV), the source page (CSV, SASS: both kernels in one file, and one file per kernel;
+#    per kernel without --print-source too when none has an Address header). Then scripts/ncu_compare.py: summary
+#    side by side, WarpStateStats stall reasons, the top 15 SASS lines by stall samples of each kernel, stall samples
+#    by opcode class / mnemonic / reason / executed count (hot, warm, cold), each with ours - fa4 in % of fa4's warp
+#    time -> $out/d64ncu_compare.md (and the log).
 # 2. The same at N 4k (B 4) if <= 52 s have passed (else skipped, not failed; a cut run is noted as rc=124).
-# A run that leaves no report (an option this ncu refused) is run once more with the sections only (if <= 60 s).
+# A run that leaves no report (an option this ncu refused) is run once more with the sections only (if <= 60 s; the
+# first run's rc stays noted).
 # Pass: (0) a "precompiled" line, no Traceback; (1) both "profiled" lines, "max |O difference|" <= 2e-2 (same
 # attention, bf16 outputs), ncu_compare exit 0 (both kernels in the summary AND both with stall samples on the source
 # page: session 7's source pages were lost to a parser bug, fixed in scripts/ncu_table.py). The report files
 # ($out/logs/ncu16k.ncu-rep, ncu4k.ncu-rep) open in the Nsight Compute GUI for the source view.
-# Prediction (bench/NOTES.md): elapsed cycles ours / fa4 1.04-1.08 (timed 0.938 at N 16k: 1.066); instructions 0.95-1.00;
-# achieved occupancy and registers equal; tensor pipe active 0.92-0.96 of fa4's; source-page diff over all classes
-# +4..+8% of fa4's warp time, >= half of it in the GMMA waits (WARPGROUP.DEPBAR / HGMMA) and the ping-pong BAR.SYNC
-# together, MUFU / FFMA / FMNMX / conversions each within +-1, outside the loops <= 1 at N 16k. What each outcome
-# points to: NOTES, same section.
+# Prediction (bench/NOTES.md): elapsed cycles ours / fa4 1.04-1.08 (timed 0.938 at N 16k: 1.066); instructions
+# 0.95-1.00; achieved occupancy and registers equal; tensor pipe active 0.92-0.96 of fa4's; source-page diff over all
+# classes +4..+8% of fa4's warp time, >= half of it in the GMMA waits (WARPGROUP.DEPBAR / HGMMA) and the ping-pong
+# BAR.SYNC together, MUFU / FFMA / FMNMX / conversions each within +-1, cold rows (prologue, epilogue) <= 1 at N 16k.
+# What each outcome points to: NOTES, same section.
 set -uo pipefail
 source "$(dirname "$0")/steps.sh"
 out="${OUT:-results/d64ncu}"; gpu_session "$out/logs" "$@"
@@ -53,16 +55,18 @@ METRICS=${METRICS%,}
 SECTIONS=(--section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats
           --section WarpStateStats --section ComputeWorkloadAnalysis --section InstructionStats
           --section MemoryWorkloadAnalysis --section SourceCounters)
-pages() {  # pages REP: the report's details / raw / source pages, in parallel, each bounded
+pages() {  # pages REP: the report's details / raw / source pages (both kernels, and per kernel), in parallel, bounded
   local rep=$1 impl
   timeout -s INT 20 ncu --import "$rep.ncu-rep" --page details > "$rep.txt" 2>&1 &
   timeout -s INT 20 ncu --import "$rep.ncu-rep" --page raw --csv > "$rep.csv" 2>&1 &
   timeout -s INT 20 ncu --import "$rep.ncu-rep" --page source --csv --print-source sass > "${rep}_source.csv" 2>&1 &
-  wait
-  grep -qE '^"?(# )?Address"?,' "${rep}_source.csv" && return 0
-  for impl in fa_variants flash_attn; do  # what this ncu gives per kernel, with and without --print-source
-    timeout -s INT 15 ncu --import "$rep.ncu-rep" --kernel-name "regex:$impl" --page source --csv --print-source sass \
+  for impl in fa_variants flash_attn; do
+    timeout -s INT 20 ncu --import "$rep.ncu-rep" --kernel-name "regex:$impl" --page source --csv --print-source sass \
       > "${rep}_source_$impl.csv" 2>&1 &
+  done
+  wait
+  grep -qE '^"?(# )?Address"?,' "${rep}"_source*.csv && return 0
+  for impl in fa_variants flash_attn; do  # no Address header anywhere: what this ncu gives without --print-source
     timeout -s INT 15 ncu --import "$rep.ncu-rep" --kernel-name "regex:$impl" --page source --csv \
       > "${rep}_plain_$impl.csv" 2>&1 &
   done
@@ -83,7 +87,8 @@ profile() {  # profile NAME LIMIT SEQLEN: the report (once more with the section
   if [[ ! -f $rep.ncu-rep ]]; then step_failed "${name}_report" missing; return 1; fi
   pages "$rep"
   diff=$(sed -n 's/^max |O difference|.*: //p' "$LOGS/$name.log")
-  awk -v d="${diff:-nan}" 'BEGIN { exit !(d + 0 == d && d <= 2e-2) }' || step_failed "${name}_O_difference" "${diff:-none}"
+  awk -v d="${diff:-nan}" 'BEGIN { exit !(d + 0 == d && d <= 2e-2) }' ||
+    step_failed "${name}_O_difference" "${diff:-none}"
   local sources; shopt -s nullglob; sources=("$rep"_source*.csv "$rep"_plain_*.csv); shopt -u nullglob
   step "${name}_compare" 15 python3 scripts/ncu_compare.py --details "$rep.txt" --raw "$rep.csv" \
     --source "${sources[@]}" --out "$out/d64ncu_compare.md" \

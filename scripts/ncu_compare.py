@@ -37,7 +37,6 @@ missing). A missing input file is an argparse error naming its flag.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 
@@ -333,7 +332,7 @@ def report(pair: dict, src: dict, sections: list[str], top: int) -> list[str]:
         lines += stalls_table(pair) + [""]
     if not ("ours" in src and "fa4" in src):
         missing = [t for t in ("ours", "fa4") if t not in src]
-        return lines + [f"(source page: no stall samples of {', '.join(missing)}: the per-instruction tables need both)"]
+        return lines + [f"(source page: no stall samples of {', '.join(missing)}: the per-line tables need both)"]
     scale, how = diff_scale(pair, src)
     if "top" in sections:
         for tag, name in (("ours", "fa3 (ours)"), ("fa4", "flash-attn-4")):

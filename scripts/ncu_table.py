@@ -330,15 +330,15 @@ def _address(cell: str):
 def source_groups(text: str) -> list[dict]:
     """The kernels of an ``ncu --import R --page source --csv --print-source sass`` text, in order, as
     {"kernel": name, "header": [column names], "rows": [[cells], ...]}. ncu prints per kernel a row
-    "Kernel Name",NAME, then the header row (first cell "Address"; then "Source", "Warp Stall Sampling (All
-    Samples)", "Instructions Executed", per-reason "stall_*" columns, ...), then one row per SASS instruction
-    (first cell its address). A header without a kernel-name row before it opens a group named "". Other lines
-    (ncu's ==PROF== / ==WARNING== lines, program output) are skipped. Session 7's ncu12 run lost every source
-    page by reading the kernel-name row as the header."""
+    "Kernel Name",NAME ("Function Name" read alike), then the header row (first cell "Address"; then "Source",
+    "Warp Stall Sampling (All Samples)", "Instructions Executed", per-reason "stall_*" columns, ...), then one row
+    per SASS instruction (first cell its address). A header without a kernel-name row before it opens a group named
+    "". Other lines (ncu's ==PROF== / ==WARNING== lines, program output) are skipped. Session 7's ncu12 run lost
+    every source table by reading the kernel-name row as the header."""
     groups: list[dict] = []
     for row in csv.reader(io.StringIO(text)):
         first = row[0].strip().lstrip("#").strip() if row else ""
-        if first == "Kernel Name" and len(row) >= 2:
+        if first in ("Kernel Name", "Function Name") and len(row) >= 2:
             groups.append({"kernel": row[1].strip(), "header": None, "rows": []})
         elif first == "Address" and len(row) >= 2:
             if not groups or groups[-1]["header"] is not None:

@@ -82,8 +82,8 @@ def _rows(base: int, bar: int) -> list[list[str]]:
              ("SHFL.BFLY PT, R5, R4, 0x1, 0x1f ;", 100, 8500, 0, 100, 0, 0, 0),
              ("@P0 BRA 0x7f0000001010 ;", 90, 8500, 0, 90, 0, 0, 0),
              ("EXIT ;", 0, 100, 0, 0, 0, 0, 0)]
-    return [[hex(base + 16 * n), t, str(s), str(s // 2), f"{e:,}", str(b), str(b // 2), str(w), str(lsb), str(m), str(sel)]
-            for n, (t, s, e, b, w, lsb, m, sel) in enumerate(lines)]
+    return [[hex(base + 16 * n), t, str(s), str(s // 2), f"{e:,}", str(b), str(b // 2), str(w), str(lsb), str(m),
+             str(sel)] for n, (t, s, e, b, w, lsb, m, sel) in enumerate(lines)]
 
 
 def _csv(rows) -> str:
@@ -239,12 +239,13 @@ def _fake(folder: Path, name: str, body: str) -> None:
     (folder / name).chmod(0o755)
 
 
-@pytest.mark.parametrize("diff", ["3.9e-03", "nan"])
-def test_d64ncu_script_with_a_fake_ncu(tmp_path, diff):
+@pytest.mark.parametrize("diff, print_source", [("3.9e-03", True), ("nan", True), ("3.9e-03", False)])
+def test_d64ncu_script_with_a_fake_ncu(tmp_path, diff, print_source):
     """scripts/d64ncu_gpu.sh with fake ncu / nvidia-smi / python3 (ncu_compare runs for real): both precompiles, one
     ncu run per shape over both implementations with the sections, the sampling interval and the metrics the query
-    lists, the three pages exported, ncu_compare's tables printed and appended to d64ncu_compare.md; exit 0, or 1
-    when the two kernels' outputs differ (a NaN)."""
+    lists, the pages exported, ncu_compare's tables printed and appended to d64ncu_compare.md; exit 0, or 1 when the
+    two kernels' outputs differ (a NaN). An ncu whose --print-source pages have no Address header: the source pages
+    exported per kernel without it, and read."""
     bin_ = tmp_path / "bin"
     bin_.mkdir()
     for name, text in (("d.txt", DETAILS), ("r.csv", RAW), ("s.csv", SOURCE)):
@@ -258,6 +259,7 @@ case " $* " in
                          printf 'smsp__inst_issued   issued\\n';;
   *" --page details "*) cat {tmp_path / 'd.txt'};;
   *" --page raw "*) cat {tmp_path / 'r.csv'};;
+  *" --print-source "*) {'cat ' + str(tmp_path / 's.csv') if print_source else 'echo "==ERROR== no such view"'};;
   *" --page source "*) cat {tmp_path / 's.csv'};;
   *) while [[ $# -gt 0 && $1 != -o ]]; do shift; done; touch "$2.ncu-rep"
      echo "profiled fa3 D=64 N=16384"; echo "profiled flash-attn-4 D=64 N=16384"
@@ -282,8 +284,11 @@ esac""")
         assert "--section SourceCounters" in ln and "--section SchedulerStats" in ln and "--section Occupancy" in ln
         assert "--warp-sampling-interval 7" in ln
         assert "--metrics sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,smsp__inst_issued.sum " in ln
-    assert sum("--page source --csv --print-source sass" in ln for ln in log) == 2  # one per report, both kernels
-    assert not any("_plain_" in ln for ln in log)
+    sources = [ln for ln in log if "--page source --csv --print-source sass" in ln]
+    assert len(sources) == 6  # per report: both kernels, then each alone
+    assert sum("--kernel-name regex:flash_attn --page source" in ln for ln in sources) == 2
+    plain = [ln for ln in log if "--page source --csv" in ln and "--print-source" not in ln]
+    assert len(plain) == (0 if print_source else 4)  # per report and kernel, when no Address header came
     tables = (tmp_path / "out" / "d64ncu_compare.md").read_text()
     assert tables.count("### D 64, N ") == 2 and "### D 64, N 4096, bf16, non-causal" in tables
     assert "| BAR (named barriers: ping-pong turn, epilogue) | 2,000 | 35.1 | 1,400 | 27.5 | +11.76 |" in run.stdout
