@@ -17,8 +17,7 @@ basis-kv1, basis-256 beside fa4-256; bench/NOTES.md, "Issue 12, SASS gap"); sess
 persistent grid (`PERSIST`: `persistent`, Sm90Config.persistent at D 64/128/256; scripts/persist_gpu.sh);
 session 8's O rescale under the exponentials (`ALPHA`: `alpha`, Sm90Config.alpha_first, and `alpha-noskip` at D 64;
 scripts/fa3gap8_gpu.sh); session 8's D 256 comparison (`GAP9`: `alpha-256` beside fa4-256; run in session 9 with
-pairs-256, which became the D 256 default); session 11's K/V releases by an elected lane at D 64 (`ELECT`: `elect`,
-Sm90Config.elect_release; scripts/d64_gpu.sh).
+pairs-256, which became the D 256 default).
 --shapes D:N:full|causal,... picks shapes one by one
 instead.
 The default run (--variants, --seqlens) is round 4's:
@@ -103,16 +102,12 @@ VARIANTS = {
     # and 256"): flash-attn-4's choices but O rescaled under the exponentials (alpha_first, D 128's structure) instead
     # of before the P V GEMM (fa4-256)
     "alpha-256": ((256,), dict(convert_pairs=True, exp2_ffma=True, reduce_chains=4, alpha_first=True)),
-    # session 11, D 64 vs flash-attn-4 (bench/NOTES.md, "Session 11 (2026-12-02): fa3 head_dim 64 vs flash-attn-4"):
-    # the K/V buffer releases from an elect.sync lane, so no thread-index read (S2R) waits inside the ping-pong turn
-    "elect": ((64,), dict(elect_release=True)),
 }
 ROUND4 = ("old", "new", "fa4-256", "n176", "stages3", "k-first")
 FA3GAP = ("old", "new", "basis", "basis-kv1", "fa4-256", "basis-256")
 PERSIST = ("old", "new", "persistent")
 ALPHA = ("old", "new", "alpha", "alpha-noskip")
 GAP9 = ("old", "new", "fa4-256", "alpha-256")
-ELECT = ("old", "new", "elect")
 PEERS = ("flash-attn-4", "sdpa-cudnn")
 #: other spellings of the peers accepted by --peers (bench.runtime.build_impls knows only the canonical names)
 PEER_ALIASES = {"cudnn": "sdpa-cudnn", "fa4": "flash-attn-4", "flash": "sdpa-flash"}

@@ -270,8 +270,8 @@ def test_speed_ab_plan(capsys):
     ab = _speed_ab()
     shapes = ab.plan([64, 128, 256], [1024, 4096, 16384], (False, True), list(ab.VARIANTS))
     assert len(shapes) == 18 and all(s["batch"] * s["seqlen"] >= 16384 and "old" in s["variants"] for s in shapes)
-    # session 9: - early; session 11: + elect (D 64)
-    assert {s["head_dim"]: len(s["variants"]) for s in shapes} == {64: 10, 128: 14, 256: 9}
+    # session 9: - early
+    assert {s["head_dim"]: len(s["variants"]) for s in shapes} == {64: 9, 128: 14, 256: 9}
     import sys
     argv, sys.argv = sys.argv, ["fa3_speed_ab.py", "--plan"]
     try:
@@ -325,31 +325,3 @@ def test_alpha_first_moves_o_rescale_under_the_exponentials():
     for op in ("MUFU.EX2", "HGMMA", "FMUL"):
         assert sum(t.startswith(op) for t in first) == sum(t.startswith(op) for t in base), op
     assert len(first) <= len(base) + 2, (len(base), len(first))
-
-
-def test_elect_release_reads_no_thread_index_in_the_turn():
-    """Sm90Config.elect_release (session 11, D 64 vs flash-attn-4): by default ptxas rematerialises the thread index
-    (S2R) of the K/V releases' lane-0 test inside the ping-pong turn (BAR.SYNC .. BAR.ARV), where a WGMMA of the P V
-    GEMM waits for it; with the releases from an elect.sync lane the mainloop reads no thread index, the same number
-    of mbarrier arrives, WGMMAs and exponentials, at most 2 more instructions, no spills (D 64 non-causal)."""
-    base = _hot_mainloop(64, fa3.DEFAULT_CONFIGS[64])
-    elect = _hot_mainloop(64, _speed_ab().variant_config("elect", 64))
-
-    def turn(lines):
-        start = next(i for i, t in enumerate(lines) if t.startswith("BAR.SYNC"))
-        return lines[start:next(i for i, t in enumerate(lines) if t.startswith("BAR.ARV"))]
-
-    assert any(t.startswith("S2R") for t in turn(base)), "default: the S2R left the turn (nothing to remove)"
-    assert not any(t.startswith("S2R") for t in elect) and sum(t.startswith("ELECT") for t in elect) == 2
-    for op in ("SYNCS.ARRIVE", "HGMMA", "MUFU.EX2", "BAR."):
-        assert sum(t.startswith(op) for t in elect) == sum(t.startswith(op) for t in base), op
-    assert len(elect) <= len(base) + 2, (len(base), len(elect))
-
-
-def test_elect_release_checked():
-    from fa_variants.hopper import fa3_fp8
-
-    with pytest.raises(ValueError, match="elect_release"):
-        dataclasses.replace(fa3.DEFAULT_CONFIGS[64], elect_release=1).check(64)
-    with pytest.raises(ValueError, match="elect_release"):  # fa3's bf16/fp16 step context only
-        dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], elect_release=True).check(128)

@@ -359,27 +359,3 @@ def test_gap9_variants(name, head_dim, config, causal):
     and MQA), NaN-poisoned outputs, LSE checked; then EC-04's logit shifts (huge rows: the exact form's branch)."""
     _check_alpha_shapes(name, head_dim, config, causal)
     _check_logit_shifts(name, head_dim, config, causal)
-
-
-ELECT = _ab_variants("ELECT")  # session 11: K/V releases from an elect.sync lane (Sm90Config.elect_release), D 64
-
-
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("name, head_dim, config", ELECT, ids=[f"{n}-d{d}" for n, d, _ in ELECT])
-def test_elect_variants(name, head_dim, config, causal):
-    """Sm90Config.elect_release (which lane of a consumer warp arrives on a K or V buffer's empty barrier; one arrive
-    per warp either way) vs float64 over ALPHA_SHAPES: one K/V tile and 33 (both ring slots, many phase flips: a
-    missing or doubled arrive shows as a hang or stale K/V), odd lengths, Nq != Nk both ways (causal rows that see no
-    key), GQA and MQA, NaN-poisoned outputs, LSE checked; fp16 once."""
-    _check_alpha_shapes(name, head_dim, config, causal)
-    if not causal:
-        q, k, v = _qkv(2, 1023, 1023, 4, 2, head_dim, F16)
-        _check(q, k, v, causal, config=config, what=f"{name} fp16 D={head_dim}")
-
-
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_elect_release_same_values(causal):
-    """elect_release changes which lane signals a free buffer, not the maths: O and LSE equal the default's bit for
-    bit at D 64."""
-    default = fa3.DEFAULT_CONFIGS[64]
-    _assert_same_values(64, causal, default, dataclasses.replace(default, elect_release=True))

@@ -1286,25 +1286,3 @@ def test_ncu_stalls_summary():
     assert len(lines) == 1 and "45.7" in lines[0] and "7.08 cycles/issue" in lines[0], lines
     assert lines[0].endswith("mio_throttle 2500.00, barrier 1.50"), lines
 
-
-def test_d64_script_elect_set():
-    """scripts/d64_gpu.sh (session 11): old, new and elect (Sm90Config.elect_release, D 64 only) at the four D 64
-    shapes, 6 kernels (the seqlen does not change one) plus the fp16 one its GPU tests use, each config passing the
-    check; cold-machine limits within the 100 s this session's late call allows."""
-    import dataclasses
-
-    from fa_variants.hopper import fa3
-
-    ab = load_script("fa3_speed_ab")
-    assert ab.ELECT == ("old", "new", "elect") and ab.VARIANTS["elect"][0] == (64,)
-    cfg = ab.variant_config("elect", 64)
-    assert cfg == dataclasses.replace(fa3.DEFAULT_CONFIGS[64], elect_release=True)
-    cfg.check(64)
-    text = (ROOT / "scripts" / "d64_gpu.sh").read_text()
-    spec = "64:4096:full,64:16384:full,64:4096:causal,64:16384:causal"
-    assert f'AB="--variants old,new,elect --shapes {spec}"' in text
-    shapes = ab.shapes_plan(spec, list(ab.ELECT))
-    assert [len(s["variants"]) for s in shapes] == [3, 3, 3, 3] and len(ab.compile_items(shapes, "bf16")) == 6
-    assert "--dtype fp16 --variants elect --shapes 64:4096:full" in text and "-k elect" in text
-    limits = [int(n) for n in re.findall(r"^\s*step \w+ (\d+) ", text, re.M)]
-    assert len(limits) == 3 and sum(limits) <= 100, limits

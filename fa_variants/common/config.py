@@ -172,11 +172,6 @@ class Sm90Config:
         the row maxima, before the exponentials, instead of after each row's exponentials (``common.softmax``, "Alpha
         first"): same values; ptxas then runs O's rescale under the exponentials instead of after the last of them (issue
         12, "Session 8: fa3 vs flash-attn-4 consumer loop").
-    elect_release: the consumer warps signal a K or V buffer free (one mbarrier arrive per warp) from the lane that
-        ``elect.sync`` picks, instead of the pipeline's lane-0 test. That test reads the thread index (S2R), which
-        ptxas rematerialises inside every step's ping-pong turn, between the P V GEMM's WGMMAs, where the next WGMMA
-        waits for it (issue 12, bench/NOTES.md "Session 11 (2026-12-02): fa3 head_dim 64 vs flash-attn-4"). Same
-        arrivals, same results; only fa3's bf16/fp16 step context (fa3-fp8 refuses it).
     """
 
     tile_m: int = 128
@@ -205,7 +200,6 @@ class Sm90Config:
     first_row_only: bool = False
     q_tail_first: bool = False
     alpha_first: bool = False
-    elect_release: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:
@@ -280,8 +274,6 @@ class Sm90Config:
         if not isinstance(self.alpha_first, bool) or (self.alpha_first and (not self.exp2_ffma or self.basis_alpha)):
             raise ValueError(f"alpha_first={self.alpha_first!r} must be a bool, True only with exp2_ffma=True and "
                              "basis_alpha=False")
-        if not isinstance(self.elect_release, bool):
-            raise ValueError(f"elect_release={self.elect_release!r} must be a bool")
         if self.smem_bytes(head_dim) > smem_capacity(arch):
             raise ValueError(f"{self} needs {self.smem_bytes(head_dim)} B of shared memory at head_dim={head_dim} "
                              f"(max {smem_capacity(arch)})")

@@ -884,16 +884,6 @@ class _StepContext:
         if const_expr(wait >= 0):
             warpgroup.wait_group(wait)
 
-    def release(self, pipe, state):
-        """This warp is done with the K or V buffer of ``state``: one mbarrier arrive per warp, from lane 0 (the
-        pipeline's own test) or, with ``Sm90Config.elect_release``, from the lane ``elect.sync`` picks (no thread
-        index read, which ptxas otherwise places inside the ping-pong turn)."""
-        if const_expr(getattr(self.k.cfg, "elect_release", False)):
-            with cute.arch.elect_one():
-                pipe.sync_object_empty.arrive(state.index, pipe.consumer_mask)
-        else:
-            pipe.consumer_release(state)
-
     def overwrites_o(self) -> bool:
         """Whether the first P V GEMM overwrites O (``first_pv_overwrites``), so O needs no zero fill: only
         with this class's ``pv`` (a subclass's own P V hook, fa3-fp8's, keeps the fill)."""
@@ -924,7 +914,7 @@ class _StepContext:
         acc_S = self.new_scores()
         self.pipe_k.consumer_wait(k_state)
         wgmma(self.mma_qk, acc_S, self.tSrQ, self.tSrK[None, None, None, k_state.index], zero_init=True, wait=0)
-        self.release(self.pipe_k, k_state)
+        self.pipe_k.consumer_release(k_state)
         if const_expr(not self.k.cfg.shared_kv_state):
             k_state.advance()
         self.mask(acc_S, n_block, causal=self.k.causal, seqlen_end=True)
@@ -957,13 +947,13 @@ class _StepContext:
         self._pv(v_state, n_block + 1, wait=-1, accumulate=accumulate)
         self.schedule_arrive()
         warpgroup.wait_group(1)  # S is ready; P V may still run
-        self.release(self.pipe_k, k_state)
+        self.pipe_k.consumer_release(k_state)
         k_state.advance()
         self.mask(acc_S, n_block, causal=causal, seqlen_end=False)
         alpha = self.softmax_step(acc_S, n_block)
         self.alpha_prev.store(alpha.load())
         warpgroup.wait_group(0)  # P V done: P and the V buffer are free
-        self.release(self.pipe_v, v_state)
+        self.pipe_v.consumer_release(v_state)
         v_state.advance()
         self.to_p(acc_S)
         return k_state, v_state
@@ -974,7 +964,7 @@ class _StepContext:
         self.rescale_o(self.alpha_prev, n_block)
         self.pipe_v.consumer_wait(v_state)
         self._pv(v_state, n_block, wait=0, accumulate=accumulate)
-        self.release(self.pipe_v, v_state)
+        self.pipe_v.consumer_release(v_state)
         v_state.advance()
 
     def overlapped_step(self, k_state, v_state, n_block, causal: bool, accumulate=True):
@@ -992,13 +982,13 @@ class _StepContext:
         self._pv(v_state, n_block + 1, wait=-1, accumulate=accumulate)
         self.schedule_arrive()
         warpgroup.wait_group(1)  # S_next is ready; PV may still run
-        self.release(self.pipe_k, k_state)
+        self.pipe_k.consumer_release(k_state)
         if const_expr(not shared):
             k_state.advance()
         self.mask(acc_S, n_block, causal=causal, seqlen_end=False)
         alpha = self.softmax_step(acc_S, n_block)
         warpgroup.wait_group(0)  # PV done: O and P registers are free
-        self.release(self.pipe_v, v_state)
+        self.pipe_v.consumer_release(v_state)
         if const_expr(not shared):
             v_state.advance()
         self.fold_pv(n_block + 1)
@@ -1010,7 +1000,7 @@ class _StepContext:
         """Overlap epilogue: O += P V for the first K/V tile of the range (n_block)."""
         self.pipe_v.consumer_wait(v_state)
         self._pv(v_state, n_block, wait=0, accumulate=accumulate)
-        self.release(self.pipe_v, v_state)
+        self.pipe_v.consumer_release(v_state)
         v_state.advance()
         self.fold_pv(n_block)
         return v_state
@@ -1026,7 +1016,7 @@ class _StepContext:
         if const_expr(is_first or not self.k.cfg.early_pv_arrive):  # else the turn ended with the P V GEMM's issue
             self.schedule_arrive()
         warpgroup.wait_group(0)
-        self.release(self.pipe_k, k_state)
+        self.pipe_k.consumer_release(k_state)
         if const_expr(shared):
             v_state = k_state
         else:
@@ -1039,7 +1029,7 @@ class _StepContext:
         self.pipe_v.consumer_wait(v_state)
         self.schedule_sync()
         self._pv(v_state, n_block, wait=0, accumulate=not is_first)
-        self.release(self.pipe_v, v_state)
+        self.pipe_v.consumer_release(v_state)
         v_state.advance()
         self.fold_pv(n_block)
         return (v_state, None) if const_expr(shared) else (k_state, v_state)
