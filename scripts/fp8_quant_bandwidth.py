@@ -11,8 +11,6 @@ launch, ``V3_FUSED_MEAN``; "v3ss": v3s with Q's / K's e4m3 stored through shared
 "v3sfs": v3s with the fused mean for a sampled mean only (``V3_FUSED_SAMPLED_MEAN``); "def": the current default
 (staged mean on, staged store at head_dim 64 only, the rest off); "deff": def with the fused mean counted per K block
 (``V3_FUSED_MEAN``); "defl": def with the fused mean counted after each CTA's loop (``V3_FUSED_MEAN_LATE``);
-"deft": def with Q's / K's cross-lane Hadamard stages in registers after a lane transpose through the stage at head_dim
-128 / 256 (``V3_FWHT_TRANSPOSE``, bit for bit);
 ``quant_host``) and recipe (default:
 block scales + Hadamard + K smoothing; "no-smooth": the same without smoothing; "sampled8": the default with
 K's mean over 8 evenly spaced K tiles, ``FP8Config(smooth_k_blocks=8)``; "sampled16": over 16), one
@@ -216,11 +214,6 @@ def recipes() -> dict:
 
     return {"default": FP8Config(), "no-smooth": FP8Config(smooth_k=False),
             "sampled8": FP8Config(smooth_k_blocks=8), "sampled16": FP8Config(smooth_k_blocks=16)}
-
-
-# session 11: Q's / K's Hadamard cross-lane stages in registers after a lane transpose through the stage
-# (``V3_FWHT_TRANSPOSE``, head_dim 128 / 256; bit for bit the default, so checked as "def")
-PIPES["deft"] = ("v3", {**_DEF, "V3_FWHT_TRANSPOSE": True})
 
 
 def run_with(pipe_label: str, fn):

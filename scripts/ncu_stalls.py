@@ -1,6 +1,11 @@
-"""Warp stall reasons per kernel from an Nsight Compute report's raw page (scripts/quant256_gpu.sh).
+"""Warp stall reasons per kernel from an Nsight Compute report's raw page.
 
     ncu --import REPORT.ncu-rep --page raw --csv > RAW.csv; python3 scripts/ncu_stalls.py RAW.csv [--top 8]
+
+e.g. the quantisation passes at head_dim 256 (one default-recipe call; V + K sums, K, Q):
+
+    ncu --kernel-name regex:QuantPass --launch-skip 3 --launch-count 3 --section SpeedOfLight \
+        --section WarpStateStats -f -o REPORT python3 scripts/quant_ncu.py --pipelines def --head-dim 256
 
 For each profiled kernel (in report order): its duration, warp cycles per issued instruction, and the ``--top``
 largest stall reasons of WarpStateStats (``smsp__average_warps_issue_stalled_<reason>_per_issue_active.ratio``:

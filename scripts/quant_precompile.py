@@ -27,15 +27,11 @@ def tasks(which: str = "quant3") -> list[tuple[str, str, int, str]]:
     """(pipeline, dtype, head_dim, recipe): the superset of the test matrix (CASES) and the bandwidth script
     (which "quant3"), or what scripts/quant4_gpu.sh / quant5_gpu.sh run (which "quant4" / "quant5":
     v3 as default, with and without the staged store, V3_STAGED_STORE), or
-    scripts/quant8_gpu.sh's (which "quant8": the current default, + V3_FUSED_MEAN, + V3_FUSED_MEAN_LATE), or
-    scripts/quant256_gpu.sh's (which "quant256": the current default and + V3_FWHT_TRANSPOSE)."""
+    scripts/quant8_gpu.sh's (which "quant8": the current default, + V3_FUSED_MEAN, + V3_FUSED_MEAN_LATE)."""
     if which == "quant8":  # the current default, the fused mean per K block and after each CTA's loop
         out = [("v3", "bf16", d, f"{r}+{knob}") for d in HEAD_DIMS for r in ("default", "sampled8")
                for knob in QUANT8_KNOBS]
         return out + [("v3", "bf16", 128, f"head-smooth+{knob}") for knob in QUANT8_KNOBS]  # the "amax" launch
-    if which == "quant256":  # the current default and V3_FWHT_TRANSPOSE: the bandwidth rows and the GPU tests' recipes
-        out = [("v3", "bf16", d, f"default+{knob}") for d in HEAD_DIMS for knob in QUANT256_KNOBS]
-        return out + [("v3", "bf16", 256, f"{r}+{knob}") for r in ("no-smooth", "head-smooth") for knob in QUANT256_KNOBS]
     if which == "quant5":
         recipes = ("default", "no-smooth", "head-smooth", "sampled8")
         return [("v3", "bf16", d, f"{r}+{knob}") for d in HEAD_DIMS for r in recipes for knob in QUANT5_KNOBS]
@@ -72,10 +68,6 @@ ABLATION_KNOBS = {"unstaged": _UNSTAGED, "nocoalesced": {**_UNSTAGED, "V3_COALES
 # --set quant5: the current default (staged mean on) and the staged store on top (not ablation rows of quant3)
 QUANT5_KNOBS = {"default": {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": False},
                 "stagedstore": {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": True}}
-# --set quant256: the current default (staged store auto) and the Hadamard's lane transpose (V3_FWHT_TRANSPOSE)
-_Q256 = {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": None, "V3_FUSED_SAMPLED_MEAN": False, "V3_FUSED_MEAN": False,
-         "V3_FUSED_MEAN_LATE": False, "V3_FWHT_TRANSPOSE": False}
-QUANT256_KNOBS = {"default256": _Q256, "xpose256": {**_Q256, "V3_FWHT_TRANSPOSE": True}}
 # --set quant8: the current default as it is (staged store auto), the fused mean per K block, and counted late
 _Q8 = {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": None, "V3_FUSED_SAMPLED_MEAN": False,
        "V3_FUSED_MEAN": False, "V3_FUSED_MEAN_LATE": False}
@@ -100,7 +92,7 @@ def run(task: tuple[str, str, int, str]) -> str:
 
     pipeline, dtype, d, recipe = task
     recipe, _, knob = recipe.partition("+")  # knob: one of the KNOBS names (may hold a "+")
-    knobs = {**ABLATION_KNOBS, **QUANT5_KNOBS, **QUANT8_KNOBS, **QUANT256_KNOBS}.get(knob, {})
+    knobs = {**ABLATION_KNOBS, **QUANT5_KNOBS, **QUANT8_KNOBS}.get(knob, {})
     saved = {name: getattr(quant_host, name) for name in knobs}
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     t0 = time.perf_counter()
@@ -158,7 +150,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=14)
     parser.add_argument("--plan", action="store_true", help="list the tasks and exit (no GPU needed)")
     parser.add_argument("--set", default="quant3",
-                        choices=("quant3", "quant4", "quant5", "quant8", "quant256"),
+                        choices=("quant3", "quant4", "quant5", "quant8"),
                         help="which script's passes (default quant3)")
     parser.add_argument("--unique", action="store_true",
                         help="record the tasks' passes first (no compile), then compile each distinct pass once")

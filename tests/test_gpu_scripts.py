@@ -1273,7 +1273,7 @@ def test_bounded_script_precompiles_what_its_steps_run():
 
 
 def test_ncu_stalls_summary():
-    """scripts/ncu_stalls.py (scripts/quant256_gpu.sh's ncu step): per kernel row of ncu's raw CSV (the units row
+    """scripts/ncu_stalls.py (stall reasons from an ncu report's raw page): per kernel row of ncu's raw CSV (the units row
     skipped) the largest stall reasons first, at most --top of them, non-numeric cells ignored."""
     mod = load_script("ncu_stalls")
     stall = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"

@@ -72,18 +72,6 @@ V3_STAGED_MEAN = _env.flag("FA_VARIANTS_FP8_QUANT_STAGED_MEAN", True)
 #: so on at head_dim 64 only (None = that rule; ``staged_store_for``). FA_VARIANTS_FP8_QUANT_STAGED_STORE (read at
 #: import): auto (that rule), 1 (every head_dim), 0 (none)
 V3_STAGED_STORE: bool | None = _env.auto_flag("FA_VARIANTS_FP8_QUANT_STAGED_STORE")
-#: v3: Q's / K's Hadamard at head_dim 128 / 256 with its cross-lane stages in registers (``PassConfig.fwht_transpose``):
-#: after the in-chunk stages the L = head_dim / 64 lanes of a token swap their values through the warp's part of the
-#: shared-memory stage just read (float4 units, ``quant_maps.xpose_perm``), so h = 16 .. head_dim / 8 pair registers
-#: (FADD) instead of ``shfl.bfly`` + FMA, and the e4m3 bytes are stored through the same part of the stage in token-row
-#: order (512 contiguous bytes per warp store). Same pairs, stage order and roundings: outputs bit for bit the
-#: default's. SASS at head_dim 256 (K smoothed / Q with the shift): SHFL.BFLY 133 / 135 -> 5 / 7, +32 STS / +20 LDS
-#: (16 + 16 STS.128 / LDS.128 for the transposes, 16 STS.32 + 4 LDS.128 for the store), FFMA -128, FADD +128; Q spills
-#: 16 bytes (8 before). Off until measured (scripts/quant256_gpu.sh); FA_VARIANTS_FP8_QUANT_FWHT_TRANSPOSE=1 (read at
-#: import) turns it on
-V3_FWHT_TRANSPOSE = _env.flag("FA_VARIANTS_FP8_QUANT_FWHT_TRANSPOSE", False)
-#: the head_dims ``V3_FWHT_TRANSPOSE`` applies to (a subset of 128, 256; scripts/quant256_gpu.sh times each row apart)
-V3_FWHT_TRANSPOSE_DIMS = (128, 256)
 #: tests only: at most this many CTAs per launch (None: the persistent grid), so that small inputs give a CTA many
 #: work items (``late_count``'s rounds: more K blocks per CTA than threads; several heads finished by one CTA)
 GRID_CAP: int | None = None
@@ -186,7 +174,7 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
                     k_parts: torch.Tensor | None = None, pdl: bool = False, coalesced: bool = False,
                     head_major: bool = False, k_count: torch.Tensor | None = None,
                     k_mean_out: torch.Tensor | None = None, staged_mean: bool = False,
-                    k_sample_tokens: int | None = None, staged_store: bool = False, fwht_transpose: bool = False,
+                    k_sample_tokens: int | None = None, staged_store: bool = False,
                     late_count: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """One tensor through the pass: (e4m3 data (like x, or v_t for role "v"), descale (B, H, T) float32).
 
@@ -207,9 +195,7 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
     (``PassConfig.k_sample``; m * cdiv(N, block) < 2^31). staged_store (role "qk", with coalesced): the e4m3 bytes
     stored through the stage just read (``PassConfig.staged_store``; not in mode "amax"). late_count (with k_count):
     the fused mean's K blocks counted after each CTA's loop
-    (``PassConfig.late_count``; the same mean bit for bit). fwht_transpose (role "qk", rotate, coalesced, head_dim 128 /
-    256, not with the staged store; ignored otherwise): the Hadamard's cross-lane stages in registers after a lane
-    transpose through the stage (``PassConfig.fwht_transpose``; bit for bit)."""
+    (``PassConfig.late_count``; the same mean bit for bit)."""
     B, N, H, D = x.shape
     T_blocks = -(-N // block)
     x = interop.aligned(x)
@@ -246,8 +232,6 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
         cfg = PassConfig(role=role, rotate=rotate, smooth=smooth, mode=mode, rows=block, shift=with_shift,
                          stages=stages, kmean=kmean, reverse=reverse, pdl=pdl, coalesced=coalesced,
                          head_major=head_major, fused_mean=fused and kmean,
-                         fwht_transpose=fwht_transpose and role == "qk" and rotate and coalesced and D in (128, 256)
-                         and not (staged_store and mode != "amax" and block % 32 == 0),
                          staged_mean=staged_mean and coalesced and (smooth or with_shift),
                          k_sample=kmean and k_sample_tokens is not None,
                          staged_store=staged_store and coalesced and role == "qk" and mode != "amax"
@@ -318,8 +302,6 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Co
     # prologue loads run before griddepcontrol.wait: so every 16-bit input is made aligned (a copy if
     # needed) before the first launch
     pdl = staged and V2_PDL and torch.cuda.get_device_capability(dev) >= (9, 0)
-    if pipe == "v3" and V3_FWHT_TRANSPOSE and D in V3_FWHT_TRANSPOSE_DIMS:  # cross-lane FWHT stages in registers
-        qk_common = dict(qk_common, fwht_transpose=True)
     if staged:
         q, k, v = interop.aligned(q), interop.aligned(k), interop.aligned(v)
     mean = mean_eff = shift = None

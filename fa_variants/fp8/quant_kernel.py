@@ -163,8 +163,7 @@ from fa_variants.common.launch import Variant
 from fa_variants.common.softmax import bits_f32, f32_bits
 from fa_variants.fp8.quant_maps import (SLOTS, VEC, k_parts_per_block, k_sample_item, k_sample_slot, k_sum_group,
                                         late_first, late_item, piece_swizzle, stage_load, stage_piece, store_map,
-                                        store_pitch, store_swizzle, store_unit, thread_chunk, thread_token,
-                                        xpose_perm, xpose_store_unit)
+                                        store_pitch, store_swizzle, store_unit, thread_chunk, thread_token)
 from fa_variants.fp8.quantize import MIN_DESCALE_EXPONENT
 
 __all__ = ["HEAD_DIMS", "DTYPES", "PassConfig", "QuantPass", "VARIANT", "static_config", "piece_swizzle",
@@ -213,7 +212,6 @@ class PassConfig:
     pdl: bool = False
     coalesced: bool = False
     head_major: bool = False
-    fwht_transpose: bool = False
     fused_mean: bool = False
     staged_mean: bool = False
     k_sample: bool = False
@@ -233,11 +231,6 @@ class PassConfig:
             raise ValueError("fp8-quant: late_count counts the fused mean's K blocks (fused_mean)")
         if self.k_sample and not self.kmean:
             raise ValueError("fp8-quant: a sampled K mean rides on V's launch (kmean)")
-        if self.fwht_transpose and not (self.role == "qk" and self.rotate and self.coalesced and head_dim in (128, 256)
-                                        and not self.staged_store):
-            raise ValueError("fp8-quant: fwht_transpose swaps a rotated Q / K token's lanes through its coalesced stage "
-                             f"(role 'qk', rotate, coalesced, head_dim 128 / 256, not with staged_store; got "
-                             f"head_dim {head_dim})")
         if self.staged_mean and not (self.coalesced and (self.smooth or self.shift)):
             raise ValueError("fp8-quant: the staged mean rides on the coalesced stages of a pass that reads K's "
                              "mean (smooth or shift)")
@@ -541,9 +534,7 @@ class QuantPass:
             self.lse_shift(x, sMean[None, mean_buf], mShift, scale, batch, head, tile, tidx)
         if const_expr(self.cfg.role == "qk"):
             self.signs_and_smoothing(x, sSigns, sMean[None, mean_buf], tidx)
-            if const_expr(self.cfg.rotate and self.cfg.fwht_transpose):  # the lanes swapped through the stage
-                self.fwht_transposed(x, tidx, sStage[None, stage])
-            elif const_expr(self.cfg.rotate):
+            if const_expr(self.cfg.rotate):
                 self.fwht(x, tidx % self.lanes)
         if const_expr(self.cfg.kmean):
             # a CTA's items ascend, so its K items follow all its V items: the amax buffers' alternation
@@ -825,87 +816,6 @@ class QuantPass:
                         x[i, j + h] = a - c
 
     @cute.jit
-    def fwht_transposed(self, x: cute.Tensor, tidx: Int32, sStage: cute.Tensor):
-        """``fwht_transpose``: ``fwht`` with its cross-lane stages (h = 16 .. D / 8) in registers. After the chunk stages
-        the L lanes of a token swap each slot's values through the warp's part of the stage just read (its 32 / L tokens'
-        rows, 4 KB, read only by this warp since ``read_block``; refilled only after the next item's barrier): lane l
-        writes its 16 float32 of slot j as float4 units 4 l + q, reads units 4 k + (4 / L) l + h back
-        (``quant_maps.xpose_perm``: conflict-free), and then holds channels ``xpose_channel`` (register i = the old
-        lane i // (16 / L)'s channel 16 L j + (16 / L) l + i % (16 / L)): the stage h = 16 . 2^b pairs registers i, i +
-        (16 / L) 2^b (lower + upper, lower - upper: the default's FMA x * (+-1) + other, the same rounding). The slot
-        stages (h = D / 4, D / 2) as ``fwht``. Slot j uses half j % 2 of the warp's 4 KB (one __syncwarp between a
-        slot's writes and its reads also orders the reads of slot j - 1 before the writes of slot j + 1). Per value the
-        same pairs in the same stage order: bit for bit ``fwht``. MIO traffic per thread: 32 16-byte shared accesses
-        instead of 64 log2(L) shuffles."""
-        L = self.lanes
-        per = VEC // L
-        lane, row, warp = tidx % L, (tidx % 32) // L, tidx // 32
-        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=128)
-        sF = cute.make_tensor(cute.recast_ptr(sStage.iterator, dtype=Float32),
-                              cute.make_layout(self.cfg.rows * self.head_dim // 2))
-        self.chunk_stages(x)  # h = 1, 2, 4, 8: inside a chunk
-        cute.arch.sync_warp()  # every lane of the warp has read its pieces of the stage (``read_block``)
-        for j in cutlass.range_constexpr(SLOTS):
-            base = warp * 256 + (j % 2) * 128 + row * 4 * L  # float4 units: the warp's 4 KB, the slot's half
-            for q in cutlass.range_constexpr(4):
-                dst = cute.local_tile(sF, (4,), (base + xpose_perm(L, row, 4 * lane + q),))
-                cute.copy(atom, cute.zipped_divide(cute.local_tile(x[None, j], (4,), (q,)), (4,)),
-                          cute.zipped_divide(dst, (4,)))
-            cute.arch.sync_warp()
-            for k in cutlass.range_constexpr(L):
-                for h in cutlass.range_constexpr(4 // L):
-                    src = cute.local_tile(sF, (4,), (base + xpose_perm(L, row, 4 * k + (4 // L) * lane + h),))
-                    cute.copy(atom, cute.zipped_divide(src, (4,)),
-                              cute.zipped_divide(cute.local_tile(x[None, j], (4,), ((per // 4) * k + h,)), (4,)))
-            for b in cutlass.range_constexpr(L.bit_length() - 1):  # h = 16 << b: registers i, i + per 2^b
-                for i in cutlass.range_constexpr(VEC):
-                    if const_expr(((i // per) >> b) & 1 == 0):
-                        a, c = x[i, j], x[i + per * (1 << b), j]
-                        x[i, j] = a + c
-                        x[i + per * (1 << b), j] = a - c
-        for b in cutlass.range_constexpr(2):  # h = D / 4, D / 2: across the thread's slots
-            h = 1 << b
-            for j in cutlass.range_constexpr(SLOTS):
-                if const_expr((j & h) == 0):
-                    for i in cutlass.range_constexpr(VEC):
-                        a, c = x[i, j], x[i, j + h]
-                        x[i, j] = a + c
-                        x[i, j + h] = a - c
-
-    @cute.jit
-    def store_qk_transposed(self, x: cute.Tensor, mY: cute.Tensor, sStage: cute.Tensor, batch: Int32, head: Int32,
-                            tile: Int32, tidx: Int32):
-        """``fwht_transpose``'s store: e4m3 (saturating) of the thread's registers (channels ``xpose_channel``: 16 / L
-        contiguous bytes per (slot, k)) into the warp's part of the stage in token-row order (``xpose_store_unit``: its
-        32 / L rows, 2 KB; free: the block amax's barrier came after every lane's last transpose read), a __syncwarp,
-        then each lane stores 16-byte units lane + 32 r (r = 0..3) of those rows: a warp's store is 512 contiguous bytes
-        of 2 (L = 4) or 4 (L = 2) whole token rows. Tokens past seqlen are not stored."""
-        L = self.lanes
-        per = VEC // L
-        lane, row, warp, lane32 = tidx % L, (tidx % 32) // L, tidx // 32, tidx % 32
-        y8 = self.e4m3_slots(x, tidx)
-        sY = cute.make_tensor(cute.recast_ptr(sStage.iterator, dtype=cutlass.Float8E4M3FN),
-                              cute.make_layout(self.cfg.rows * self.head_dim * 2))
-        part = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), cutlass.Float8E4M3FN, num_bits_per_copy=8 * per)
-        for j in cutlass.range_constexpr(SLOTS):
-            for k in cutlass.range_constexpr(L):
-                unit = cute.local_tile(sY, (VEC,), (warp * 256 + xpose_store_unit(L, row, L * j + k),))
-                cute.copy(part, cute.zipped_divide(y8[None, j], (per,))[None, k],
-                          cute.zipped_divide(unit, (per,))[None, lane])
-        cute.arch.sync_warp()
-        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), cutlass.Float8E4M3FN, num_bits_per_copy=128)
-        units = 4 * L  # 16-byte units per e4m3 token row
-        out = cute.make_rmem_tensor(VEC, cutlass.Float8E4M3FN)
-        for r in cutlass.range_constexpr(SLOTS):
-            t = lane32 // units + r * (32 // units)  # the warp's token; unit lane32 % units of its row
-            tok = tile * self.cfg.rows + warp * (32 // L) + t
-            if tok < mY.shape[1]:
-                src = cute.local_tile(sY, (VEC,), (warp * 256 + xpose_store_unit(L, t, lane32 % units),))
-                cute.copy(atom, cute.zipped_divide(src, (VEC,)), cute.zipped_divide(out, (VEC,)))
-                dst = cute.local_tile(mY[batch, tok, head, None], (VEC,), (lane32 % units,))
-                cute.copy(atom, cute.zipped_divide(out, (VEC,)), cute.zipped_divide(dst, (VEC,)))
-
-    @cute.jit
     def chunk_stages(self, x: cute.Tensor):
         """The FWHT stages h = 1, 2, 4, 8 inside each of the thread's 16-channel chunks (``fwht``'s first four)."""
         for j in cutlass.range_constexpr(SLOTS):
@@ -981,8 +891,6 @@ class QuantPass:
                     x[i, j] = x[i, j] * inv
             if const_expr(self.cfg.staged_store):
                 self.store_qk_staged(x, mY, sStage, batch, head, tile, tidx)
-            elif const_expr(self.cfg.fwht_transpose):  # registers hold ``xpose_channel``'s channels
-                self.store_qk_transposed(x, mY, sStage, batch, head, tile, tidx)
             elif const_expr(self.cfg.role == "qk"):
                 self.store_qk(x, mY, batch, head, tile, tidx)
             else:

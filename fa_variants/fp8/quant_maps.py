@@ -13,8 +13,7 @@ from __future__ import annotations
 
 __all__ = ["VEC", "SLOTS", "piece_swizzle", "thread_token", "thread_chunk", "stage_piece", "store_pitch",
            "store_swizzle", "store_unit", "store_map", "k_sum_group", "k_parts_per_block", "stage_load",
-           "k_sample_item", "k_sample_slot", "xpose_channel", "xpose_perm", "xpose_store_unit", "late_first",
-           "late_item"]
+           "k_sample_item", "k_sample_slot", "late_first", "late_item"]
 
 VEC = 16  # contiguous channels per slot: two 16-byte loads of 16-bit input, one 16-byte e4m3 store
 SLOTS = 4  # slots per thread: 4 chunks of one token (Q / K) or one chunk of 4 tokens (V)
@@ -139,38 +138,6 @@ def stage_load(head_dim: int, rows: int, role: str, lanes: int, tidx, m: int):
     row = tidx // P + m * (rows // 8)
     q = tidx % P
     return row, q, row * P + (q ^ piece_swizzle(role, lanes, row))
-
-
-# The lane transpose of the Q / K Hadamard (``PassConfig.fwht_transpose``, head_dim 128 / 256, L = head_dim / 64 lanes
-# per token): after the chunk stages (h = 1..8), the L lanes of a token swap their slot-j values through the warp's own
-# part of the stage it has just read (32 channels x 4 bytes per thread and slot, float32), so that each thread holds
-# all L values of the token's channel bits 4 .. 3 + log2(L) (the default's cross-lane stages, ``shfl.bfly``) in its
-# registers: register i of slot j holds channel ``xpose_channel``. A float4 unit is 4 float32 (16 bytes).
-
-def xpose_channel(lanes: int, lane, i: int, slot: int):
-    """Channel of register (i, slot) of lane ``lane`` of a token after the lane transpose: 16 L slot + 16 k + (16 / L)
-    lane + i % (16 / L), k = i // (16 / L) (before it: 16 L slot + 16 lane + i). Works on ints and Int32."""
-    per = VEC // lanes
-    return VEC * lanes * slot + VEC * (i // per) + per * lane + i % per
-
-
-def xpose_perm(lanes: int, row, v):
-    """Where float4 unit v (channels 4 v .. 4 v + 3 of a slot's 16 L) of warp-token ``row`` (the token's index in its
-    warp, 0 .. 32 / L - 1) sits among the token's 4 L units of the transpose scratch: a bijection of v per row, chosen
-    (by a search over XOR masks) so that the writes (lanes l write v = 4 l + q, q fixed) and the reads (lanes l read
-    v = 4 k + (4 / L) l + h, k and h fixed) of a warp hit 8 distinct 16-byte bank groups per 8 threads
-    (tests/test_fp8_quant_kernel.py::test_fwht_transpose_maps). Works on ints and Int32."""
-    if lanes == 4:
-        return v ^ ((v >> 3) & 1) ^ (6 * (row & 1))
-    return v ^ (row & 1) ^ (6 * ((row >> 1) & 1))
-
-
-def xpose_store_unit(lanes: int, row, unit):
-    """The staged e4m3 row's 16-byte unit ``unit`` (channels 16 unit .. + 15, 4 L units per row) of warp-token ``row``
-    in the warp's scratch (``fwht_transpose``'s store): row 4 L + (unit ^ (row % 8)): a lane's 16 / L-byte writes (one
-    per (slot, k): unit L slot + k, offset (16 / L) lane) and the 16-byte reads of 8 consecutive units of one row hit
-    distinct banks. Works on ints and Int32."""
-    return row * 4 * lanes + (unit ^ (row & 7))
 
 
 def k_sample_item(j, heads, n_tiles, n_sample):
