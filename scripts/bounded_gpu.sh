@@ -11,6 +11,9 @@
 # P V slice's promotion. Now one branch per tile before the turn (the turn compiled twice; the common copy is the
 # default's), u_prev recomputed from v_descale[n + 1] (only M carried), no division or branch inside the turn. SASS on
 # the CPU (D 256, not causal): the common path = the default's loop + 11 scalar instructions, 0 spills.
+# Since session 11 (this script's flip, bench/NOTES.md) bounded_units is the head_dim 256 default: the tests run the
+# default, the fault test and the speed step's "fused" set bounded_units=False (scripts/overflow_check.py), whose
+# table now reads fused / bounded / bf16-fa3 and bounded/fused (was default / bounded, bounded/default).
 # Steps:
 #   1. precompile (6 workers, disk cache): fa3-fp8 D 256 with bounded_units and the default, causal and not; bf16 fa3 D 256
 #      causal and not (scripts/overflow_check.py precompile --head-dim 256)

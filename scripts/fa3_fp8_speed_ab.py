@@ -46,7 +46,7 @@ import torch
 E4M3 = torch.float8_e4m3fn
 # fa3_fp8.NO_LOOKAHEAD (not imported here: the kernel module loads the CuTe DSL): the head_dim 256 default's serial
 # steps (s_lookahead and s_halves off), for variants whose changes the lookahead refuses, and "old" in fp8d256
-NO_LOOKAHEAD = dict(s_lookahead=False, s_halves=False, fused_promote=False)
+NO_LOOKAHEAD = dict(s_lookahead=False, s_halves=False, fused_promote=False, bounded_units=False)
 # the head_dim 64 default before session 6's tn192s_c4 flip (192 x 128 tiles, intra-warpgroup overlap, one chain):
 # the base of the 64 variants named before it, so they keep timing what they did
 PRE64 = dict(tile_n=128, intra_wg_overlap=True, reduce_chains=1)
@@ -136,11 +136,11 @@ D256_VARIANTS: dict[int, dict[str, dict]] = {
 # cost in that schedule); single_overlap: one running accumulator with intra-warpgroup overlap (the two-level cost's
 # reference); single_overlap_halves: the same with S in two halves. The names and changes are tests/test_fa3_fp8_lookahead_gpu.py's.
 D256B_VARIANTS: dict[int, dict[str, dict]] = {
-    256: {"new": {}, "old": dict(NO_LOOKAHEAD), "old_halves": dict(s_lookahead=False, s_halves=True, fused_promote=False),
+    256: {"new": {}, "old": dict(NO_LOOKAHEAD), "old_halves": dict(NO_LOOKAHEAD, s_halves=True),
           "single": dict(two_level=False, pv_split=1, pv_buffers=1, **NO_LOOKAHEAD),
           "single_overlap": dict(D256_VARIANTS[256]["single_overlap"]),
           "single_overlap_halves": dict(two_level=False, pv_split=1, pv_buffers=1, intra_wg_overlap=True,
-                                        s_lookahead=False, s_halves=True, fused_promote=False)},
+                                        **{**NO_LOOKAHEAD, "s_halves": True})},
 }
 # --set fp8mid (scripts/fp8mid_gpu.sh, session 7): the P V GEMM of a warpgroup overlapped with its own softmax at head_dim
 # 128 and 64. ovNNN: intra-warpgroup overlap, tile_n NNN (the SASS has the P V GEMM's wait before the exponentials:
@@ -183,7 +183,7 @@ FP8D128_VARIANTS: dict[int, dict[str, dict]] = {
 # intra-warpgroup overlap and one chain (the two-level cost's reference, the kernel session 8 timed). The names and
 # changes are tests/test_fa3_fp8_speed_gpu.py's FP8TWO_VARIANTS.
 FP8TWO_VARIANTS: dict[int, dict[str, dict]] = {
-    256: {"new": {}, "fused": dict(reduce_chains=1), "old": dict(fused_promote=False, reduce_chains=1),
+    256: {"new": {}, "fused": dict(reduce_chains=1), "old": dict(fused_promote=False, bounded_units=False, reduce_chains=1),
           "single_overlap": dict(D256_VARIANTS[256]["single_overlap"], reduce_chains=1)},
 }
 # --set fp8turn (session 9 round 2; its two ping-pong-turn variants measured slower and were removed in session 11): the

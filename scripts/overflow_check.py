@@ -1,12 +1,14 @@
 """scripts/overflow_gpu.sh's Python steps (session 10): ``precompile`` compiles, in spawned processes into the disk cache,
 every fa3-fp8 kernel tests/test_fp8_overflow_gpu.py runs (``OVERFLOW_VARIANTS``, causal and not, and the config of
-its fault test, the head_dim 256 default, causal and not for the speed step) plus bf16 fa3 at head_dim 256; ``speed``
-times the head_dim 256 default against it with ``bounded_units`` (the fix of fused_promote's overflow) beside bf16 fa3: N 4k / 16k, causal and not, B N = 16k, H 8,
-rotated rounds (scripts/fa3_fp8_speed_ab.py's ``time_problem``), median TFLOP/s per problem and the per-round ratio
-bounded / default (median [min, max]). Compile and timing helpers are scripts/fa3_fp8_speed_ab.py's.
+its fault test, the head_dim 256 default with bounded_units=False, causal and not for the speed step) plus bf16 fa3 at
+head_dim 256; ``speed`` times "fused" (the head_dim 256 default with bounded_units=False: fused_promote alone, the
+default of sessions 9-10) against "bounded" (the default since session 11: with ``bounded_units``, the fix of
+fused_promote's overflow) beside bf16 fa3: N 4k / 16k, causal and not, B N = 16k, H 8, rotated rounds
+(scripts/fa3_fp8_speed_ab.py's ``time_problem``), median TFLOP/s per problem and the per-round ratio bounded / fused
+(fused time / bounded time, median [min, max]). Compile and timing helpers are scripts/fa3_fp8_speed_ab.py's.
 ``--head-dim 256`` (precompile): only the head_dim 256 kernels (scripts/bounded_gpu.sh, whose GPU tests are the head_dim
-256 ones); ``--aa`` (speed): a second instance of the default (its own inputs, the same kernel) timed in the same
-rounds, its ratio default / default-aa the A/A control of the bounded / default ratio.
+256 ones); ``--aa`` (speed): a second instance of "fused" (its own inputs, the same kernel) timed in the same rounds,
+its ratio fused / fused-aa the A/A control of the bounded / fused ratio.
 
     python3 scripts/overflow_check.py precompile [--jobs 14] [--head-dim 256]
     python3 scripts/overflow_check.py speed [--rounds 6 --iters 20] [--aa]
@@ -34,7 +36,8 @@ def jobs(head_dim: int | None = None) -> list[tuple]:
     out = [("fp8", D, c, change) for D, change in OVERFLOW_VARIANTS.values() for c in (False, True)
            if head_dim is None or D == head_dim]
     # the head_dim 256 default without bounded_units: the fault test's (not causal) and the speed step's (both)
-    out += [("fp8", 256, False, {}), ("fp8", 256, True, {}), ("bf16", 256, False, {}), ("bf16", 256, True, {})]
+    out += [("fp8", 256, c, {"bounded_units": False}) for c in (False, True)]
+    out += [("bf16", 256, False, {}), ("bf16", 256, True, {})]
     return out
 
 
@@ -61,12 +64,13 @@ def speed(rounds: int, iters: int, aa: bool = False) -> int:
     from fa_variants.hopper import fa3, fa3_fp8
 
     D, H = 256, 8
-    print("problem              default  bounded  bf16-fa3  bounded/default per round: median [min, max]"
-          + ("   A/A default/default-aa" if aa else ""))
+    print("problem                fused  bounded  bf16-fa3  bounded/fused per round: median [min, max]"
+          + ("     A/A fused/fused-aa" if aa else ""))
     for N, causal in PROBLEMS:
         B = 16384 // N
         impls = {}
-        variants = [("default", {}), ("bounded", dict(bounded_units=True))] + ([("default-aa", {})] if aa else [])
+        fused = dict(bounded_units=False)
+        variants = [("fused", fused), ("bounded", {})] + ([("fused-aa", fused)] if aa else [])
         for name, change in variants:
             cfg = ab.kernel_config(D, change)
             args = ab.fp8_inputs(B, N, H, D, cfg.tile_n)
@@ -80,17 +84,17 @@ def speed(rounds: int, iters: int, aa: bool = False) -> int:
         ratios = _ratios(times, "bounded")
         control = ""
         if aa:
-            r = _ratios(times, "default-aa")
+            r = _ratios(times, "fused-aa")
             control = f"   {statistics.median(r):.3f} [{r[0]:.3f}, {r[-1]:.3f}]"
-        print(f"N {N:5d} {'causal' if causal else 'full  '}     {tf['default']:7.0f}  {tf['bounded']:7.0f}  "
+        print(f"N {N:5d} {'causal' if causal else 'full  '}     {tf['fused']:7.0f}  {tf['bounded']:7.0f}  "
               f"{tf['bf16-fa3']:8.0f}  {statistics.median(ratios):.3f} [{ratios[0]:.3f}, {ratios[-1]:.3f}]{control}",
               flush=True)
     return 0
 
 
 def _ratios(times: dict[str, list[float]], name: str) -> list[float]:
-    """Per round, the default's time over ``name``'s (speed of name relative to the default), sorted."""
-    return sorted(d / b for d, b in zip(times["default"], times[name]))
+    """Per round, "fused"'s time over ``name``'s (speed of name relative to fused), sorted."""
+    return sorted(d / b for d, b in zip(times["fused"], times[name]))
 
 
 def main() -> int:
@@ -101,7 +105,7 @@ def main() -> int:
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--head-dim", type=int, choices=[64, 96, 128, 256], default=None,
                    help="precompile / list: only the GPU tests' kernels at this head_dim (and the 256 speed kernels)")
-    p.add_argument("--aa", action="store_true", help="speed: time a second default instance (A/A control)")
+    p.add_argument("--aa", action="store_true", help="speed: time a second fused instance (A/A control)")
     a = p.parse_args()
     if a.phase == "list":
         for j in jobs(a.head_dim):

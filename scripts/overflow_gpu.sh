@@ -5,6 +5,10 @@
 # <= 2^112 for any finite V and seqlen_k <= 2^31; the temporary scaled only on tiles where v_descale / u != 1, a
 # CTA-uniform branch). fused_promote runs only in the head_dim 256 default's lookahead steps (its serial-step form at
 # head_dim 128 was removed in session 10). One H200, <= 120 s on a cold machine (step limits 45 + 40 + 30 s).
+# Since session 11 (scripts/bounded_gpu.sh's flip, bench/NOTES.md) bounded_units is the head_dim 256 default: the
+# tests run the default, the fault test and the speed step's "fused" set bounded_units=False
+# (scripts/overflow_check.py), whose table now reads fused / bounded / bf16-fa3 and bounded/fused (was default /
+# bounded, bounded/default).
 # Steps:
 #   1. precompile (14 workers, disk cache): 12 jobs (tests/test_fp8_overflow_gpu.py's 4 variants causal and not, the
 #      head_dim 256 default causal and not (the fault test, the speed step), bf16 fa3 at 256 causal and not)

@@ -217,9 +217,10 @@ def test_fused_promote():
     tmp. Against the default's SASS: the FMUL block of O *= alpha (128 a thread, under the unit-alpha branch) is gone,
     the promotions are still >= 32 FFMAs between a slice's wait and the next issue, the QGMMAs are the same, and no
     spills (the first visited tile copies tmp into O: keeping alpha live across that step's turn spilled 80 bytes)."""
-    base = _sass(dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[256], fused_promote=False, reduce_chains=1), head_dim=256,
+    fused = dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[256], bounded_units=False)  # the default of sessions 9-11
+    base = _sass(dataclasses.replace(fused, fused_promote=False, reduce_chains=1), head_dim=256,
                  causal=True)  # the default before session 9's flip
-    s = _sass(fa3_fp8.DEFAULT_CONFIGS[256], head_dim=256, causal=True)  # fused_promote + reduce_chains 2 since session 9
+    s = _sass(fused, head_dim=256, causal=True)  # fused_promote + reduce_chains 2 since session 9
     ops = cubin.SASS_OPCODES + ("FMUL",)
     counts, base_counts = cubin.count_sass(s, ops), cubin.count_sass(base, ops)
     assert counts["LDL"] == counts["STL"] == 0, counts
@@ -242,16 +243,18 @@ def _turn_heads(sass: str) -> list[str]:
 
 
 def test_bounded_units():
-    """bounded_units (session 10, off; the fix of fused_promote's overflow; scripts/bounded_gpu.sh): compiles on top
-    of the head_dim 256 default (lookahead, fused_promote) with no spills and the turn as lean as the default's:
+    """bounded_units (session 10; the fix of fused_promote's overflow; the head_dim 256 default since session 11,
+    scripts/bounded_gpu.sh): the default against itself without the switch (lookahead, fused_promote): no spills
+    and the turn as lean as fused_promote's alone:
     session 10's form branched on s = v_descale / u before every slice's promotion and divided inside the turn
     (2-4.5 % slower on the H200); since session 11 the branch is taken once a tile before the turn (compiled
     twice: the rare copy scales the temporaries, FMULs and more QGMMAs), no branch, call, FCHK or MUFU between a
     slice's wait and the next issue, and no more divisions than the default's between a turn's start and its
     first WGMMA."""
     cfg = fa3_fp8.DEFAULT_CONFIGS[256]
-    base = _sass(cfg, head_dim=256, causal=True)
-    s = _sass(dataclasses.replace(cfg, bounded_units=True), head_dim=256, causal=True)
+    assert cfg.bounded_units and cfg.fused_promote  # session 11's flip
+    base = _sass(dataclasses.replace(cfg, bounded_units=False), head_dim=256, causal=True)
+    s = _sass(cfg, head_dim=256, causal=True)
     ops = cubin.SASS_OPCODES + ("FMUL",)
     counts, base_counts = cubin.count_sass(s, ops), cubin.count_sass(base, ops)
     assert counts["LDL"] == counts["STL"] == 0, counts

@@ -153,10 +153,10 @@ def test_outliers_block_hadamard_vs_per_tensor(fp8_kernel):
 @pytest.mark.parametrize("two_level", [True, False], ids=["2lvl1", "2lvl0"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_zero_v_blocks_long_rows_d256(fp8_kernel, causal, two_level, request, nan_allocations):
-    """The head_dim 256 default (fused_promote: O kept as O / v_descale of the current V tile) and the one
-    accumulator, on 4096 keys whose first and last 128-key V blocks are all zeros (zero padding; the first is visited
-    last) after rows whose unnormalised O reached ~2^20 (V ~ (N(0,1) + 1) 2^8, Q / 4: a near-uniform softmax, |O| ~
-    2^8, l ~ 4000). Those blocks get descale 1 (session 9; the floor 2^-110 before: O / v_descale overflowed to inf /
+    """The head_dim 256 default (fused_promote: O kept in units of the V tiles' descales, bounded_units since session
+    11) and the one accumulator (O / v_descale of the current V tile), on 4096 keys whose first and last 128-key V
+    blocks are all zeros (zero padding; the first is visited last) after rows whose unnormalised O reached ~2^20
+    (V ~ (N(0,1) + 1) 2^8, Q / 4: a near-uniform softmax, |O| ~ 2^8, l ~ 4000). Those blocks get descale 1 (session 9; the floor 2^-110 before: O / v_descale overflowed to inf /
     NaN, as tests/test_fp8_emulation.py shows for the one accumulator): finite output, the module's bounds vs the
     emulation and float64."""
     seed = seed_of(request)

@@ -257,15 +257,17 @@ def test_kernel_vs_model(shape, head_dim, causal, nan_allocations):
 # defaults before layout.KERNEL_TILES moved (old-default-*); inputs quantised with the variant's tile_n. PRE64: the
 # head_dim 64 default before session 6 (192 x 128, intra-warpgroup overlap, one softmax chain), the base of the 64 ones
 PRE64 = dict(tile_n=128, intra_wg_overlap=True, reduce_chains=1)
+# fa3_fp8.NO_LOOKAHEAD (not imported at collection): the head_dim 256 default's serial steps, O in absolute units
+NO_LOOKAHEAD_256 = dict(s_lookahead=False, s_halves=False, fused_promote=False, bounded_units=False)
 CONFIG_VARIANTS = {
     "single-acc": (128, dict(two_level=False)),
     "old-default-128": (128, dict(tile_n=128, intra_wg_overlap=True)),
     "promote-2": (128, dict(promote_every=2, tile_n=128, intra_wg_overlap=True)),  # 256-key tiles: no registers
     "promote-4-serial": (128, dict(promote_every=4, tile_n=128)),
     "promote-3-d64": (64, dict(PRE64, promote_every=3)),
-    "old-default-256": (256, dict(s_lookahead=False, s_halves=False, fused_promote=False, pv_split=2, pv_buffers=1)),
-    "pv4-d256": (256, dict(s_lookahead=False, s_halves=False, fused_promote=False, pv_split=4, pv_buffers=1)),
-    "single-acc-d256": (256, dict(s_lookahead=False, s_halves=False, fused_promote=False, two_level=False, pv_split=1, pv_buffers=1)),
+    "old-default-256": (256, dict(NO_LOOKAHEAD_256, pv_split=2, pv_buffers=1)),
+    "pv4-d256": (256, dict(NO_LOOKAHEAD_256, pv_split=4, pv_buffers=1)),
+    "single-acc-d256": (256, dict(NO_LOOKAHEAD_256, two_level=False, pv_split=1, pv_buffers=1)),
     "old-default-64": (64, dict(PRE64, tile_m=128)),
     "pre-default-64": (64, dict(PRE64)),
     "tile-n-256-d64": (64, dict(PRE64, tile_m=128, tile_n=256)),  # K/V scale blocks of 256 keys (quantised to match)

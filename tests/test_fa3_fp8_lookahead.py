@@ -88,8 +88,9 @@ def test_default_is_look128_halves():
     c256 = fa3_fp8.DEFAULT_CONFIGS[256]
     assert c256.s_lookahead and c256.s_halves and c256.skip_unit_rescale and (c256.tile_m, c256.tile_n) == (128, 128)
     assert c256 == dataclasses.replace(c256, **{**fa3_fp8.NO_LOOKAHEAD, "s_lookahead": True, "s_halves": True,
-                                                "fused_promote": True})
+                                                "fused_promote": True, "bounded_units": True})
     assert c256.fused_promote and c256.reduce_chains == 2  # session 9's flip (--set fp8two, fused_c2)
+    assert c256.bounded_units  # session 11's flip (scripts/bounded_gpu.sh)
     assert not any(c.s_lookahead or c.s_halves for d, c in fa3_fp8.DEFAULT_CONFIGS.items() if d != 256)
 
 
@@ -108,8 +109,9 @@ def test_halves_configs():
     with pytest.raises(ValueError, match="s_halves"):
         dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[256], pv_split=8).check(256)
     with pytest.raises(ValueError, match="s_halves"):
-        dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[256], s_lookahead=False, fused_promote=False, tile_n=96).check(256)
-    dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[256], s_lookahead=False, fused_promote=False).check(256)
+        dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[256], s_lookahead=False, fused_promote=False, bounded_units=False,
+                            tile_n=96).check(256)
+    dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[256], s_lookahead=False, fused_promote=False, bounded_units=False).check(256)
     dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[256], s_halves=False, pv_split=8).check(256)
     dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[256], **fa3_fp8.NO_LOOKAHEAD).check(256)
 

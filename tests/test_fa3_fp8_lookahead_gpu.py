@@ -27,7 +27,8 @@ pytestmark = pytest.mark.gpu
 
 SHAPES = [(1, 40, 40, 2, 1), (1, 113, 113, 4, 2), (2, 113, 1023, 4, 1), (1, 1023, 113, 3, 3)]
 SHAPE_IDS = ["x".join(map(str, s)) for s in SHAPES]
-NO_LOOKAHEAD = dict(s_lookahead=False, s_halves=False, fused_promote=False)  # fa3_fp8.NO_LOOKAHEAD: the serial default before
+# fa3_fp8.NO_LOOKAHEAD: the serial default before
+NO_LOOKAHEAD = dict(s_lookahead=False, s_halves=False, fused_promote=False, bounded_units=False)
 VARIANTS = {
     "old": dict(NO_LOOKAHEAD),
     "look64": dict(tile_n=64, s_lookahead=True, s_halves=False),
@@ -40,9 +41,9 @@ VARIANTS = {
 # session 7 (scripts/fa3_fp8_speed_ab.py --set fp8d256b): S as two 64-key MMAs without the lookahead (s_halves alone), in
 # the serial two-level schedule and in the single accumulator with intra-warpgroup overlap
 HALVES_VARIANTS = {
-    "old_halves": dict(s_lookahead=False, s_halves=True, fused_promote=False),
+    "old_halves": dict(s_lookahead=False, s_halves=True, fused_promote=False, bounded_units=False),
     "single_overlap_halves": dict(two_level=False, pv_split=1, pv_buffers=1, intra_wg_overlap=True, s_lookahead=False,
-                                  s_halves=True, fused_promote=False),
+                                  s_halves=True, fused_promote=False, bounded_units=False),
 }
 
 

@@ -32,7 +32,7 @@ SHAPE_IDS = ["x".join(map(str, s)) for s in SHAPES]
 
 # (head_dim, config change) of the fa3-fp8 variants (scripts/fa3_fp8_speed_ab.py SPEED_VARIANTS, the same names)
 # fa3_fp8.NO_LOOKAHEAD: the head_dim 256 default's serial steps, for switches its lookahead refuses
-NO_LOOKAHEAD = dict(s_lookahead=False, s_halves=False, fused_promote=False)
+NO_LOOKAHEAD = dict(s_lookahead=False, s_halves=False, fused_promote=False, bounded_units=False)
 # scripts/fa3_fp8_speed_ab.py PRE64: the head_dim 64 default before session 6 (192 x 128, overlap, one chain), the
 # base of the 64 variants named before the tn192s_c4 flip
 PRE64 = dict(tile_n=128, intra_wg_overlap=True, reduce_chains=1)
@@ -100,7 +100,7 @@ FP8D128_VARIANTS = {
 # the row max / row sum in two chains), and the default before session 9 (no fused_promote)
 FP8TWO_VARIANTS = {
     "fp8two-d256-fused": (256, dict(reduce_chains=1)),
-    "fp8two-d256-old": (256, dict(fused_promote=False, reduce_chains=1)),
+    "fp8two-d256-old": (256, dict(fused_promote=False, bounded_units=False, reduce_chains=1)),
 }
 
 # session 11, head_dim 256 (scripts/fa3_fp8_speed_ab.py FP8TURN_VARIANTS, "fp8turn-d256-<name>"; scripts/twolevel_gpu.sh):

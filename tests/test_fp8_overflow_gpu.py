@@ -1,9 +1,11 @@
 """fa3-fp8 on adversarial V (session 10, scripts/overflow_gpu.sh): per-K/V-tile scales from 2^-120 (descale at the
 quantiser's floor 2^-110) to 2^20, zero blocks, tiny blocks first / last / many, V entirely ~1e-35, seqlen_k 4500,
-GQA, causal and not, at head_dims 64 / 96 / 128 / 256 (``OVERFLOW_VARIANTS``: the defaults, the head_dim 256 one,
-the only fused_promote config, with ``bounded_units``). Every output finite, against the emulation (O in absolute units, the fixed kernel's
-values) and float64 with the bounds of tests/test_fa3_fp8_gpu.py. ``test_fused_units_fault`` pins the fault the switch
-removes: the head_dim 256 default (fused_promote) without it gives inf on "late_large", as the float32 model (emulation ``units="tile"``) does."""
+GQA, causal and not, at head_dims 64 / 96 / 128 / 256 (``OVERFLOW_VARIANTS``: the defaults; the head_dim 256 one, the
+only fused_promote config, has ``bounded_units`` since session 11). Every output finite, against the emulation (O in
+absolute units, the bounded kernel's values) and float64 with the bounds of tests/test_fa3_fp8_gpu.py.
+``test_fused_units_fault`` pins the fault the switch removes: the head_dim 256 default with bounded_units=False
+(fused_promote alone, the default of sessions 9-10) gives inf on "late_large", as the float32 model of its units
+(emulation ``units="tile"``) does."""
 import dataclasses
 
 import pytest
@@ -14,11 +16,9 @@ from helpers import assert_fp8_matches_emulation
 pytestmark = pytest.mark.gpu
 
 # name: (head_dim, switches on DEFAULT_CONFIGS[head_dim]); the head_dim 256 default has fused_promote (with
-# s_lookahead: the only schedule that takes it since session 10)
-OVERFLOW_VARIANTS = {
-    "d64-default": (64, {}), "d96-default": (96, {}), "d128-default": (128, {}),
-    "d256-default-bounded": (256, dict(bounded_units=True)),
-}
+# s_lookahead: the only schedule that takes it since session 10) and bounded_units (since session 11): the defaults
+# must all be finite
+OVERFLOW_VARIANTS = {"d64-default": (64, {}), "d96-default": (96, {}), "d128-default": (128, {}), "d256-default": (256, {})}
 SHAPE = (1, 300, 4500, 4, 2)  # (B, Nq, Nk, H, Hkv): GQA, a partial last tile; causal rows see 4201..4500 keys
 
 
@@ -88,9 +88,10 @@ def test_adversarial_v(fp8_kernel, nan_allocations, name, case, causal):
 
 def test_fused_units_fault(fp8_kernel, nan_allocations):
     """Without bounded_units, fused_promote's O / v_descale overflows on "late_large" (a 2^20 tile visited first, a tiny
-    one last): the head_dim 256 default gives non-finite O where the float32 model of its units (emulation
-    units="tile") does."""
+    one last): the head_dim 256 default with bounded_units=False gives non-finite O where the float32 model of its
+    units (emulation units="tile") does (the default itself: test_adversarial_v[d256-default-late_large-*])."""
     D = 256
+    assert fp8_kernel.DEFAULT_CONFIGS[D].bounded_units  # the default since session 11; the fault needs it off
     cfg = dataclasses.replace(fp8_kernel.DEFAULT_CONFIGS[D], bounded_units=False)
     q, k, v = _inputs(D, cfg.tile_n, "late_large", seed=17)
     _, out, _, emu_tile, _ = _run(fp8_kernel, nan_allocations, cfg, q, k, v, False, units="tile")

@@ -35,3 +35,34 @@ def _entries():
 @pytest.mark.parametrize("head_dim, change", list(_entries()))
 def test_gpu_test_variants_are_valid_configs(head_dim, change):
     dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[head_dim], **change).check(head_dim)
+
+
+def _speed_ab():
+    path = TESTS.parent / "scripts" / "fa3_fp8_speed_ab.py"
+    spec = importlib.util.spec_from_file_location("_tables_fa3_fp8_speed_ab", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_speed_ab_sets_are_valid_configs():
+    """scripts/fa3_fp8_speed_ab.py's --set variants, on top of the current defaults, are configs the kernel accepts (the
+    GPU run would otherwise stop at its precompile)."""
+    bad = []
+    for set_name, vs in _speed_ab().SETS.items():
+        for head_dim, names in vs.variants.items():
+            for variant, change in names.items():
+                try:
+                    dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[head_dim], **change).check(head_dim)
+                except ValueError as exc:
+                    bad.append(f"{set_name} d{head_dim} {variant}: {exc}")
+    assert not bad, bad
+
+
+def test_no_lookahead_copies():
+    """The copies of ``fa3_fp8.NO_LOOKAHEAD`` in files that do not import the kernel module (it loads the CuTe DSL)
+    are the module's (session 11: it gained bounded_units=False with the head_dim 256 flip)."""
+    assert _speed_ab().NO_LOOKAHEAD == fa3_fp8.NO_LOOKAHEAD
+    for module_file in ("test_fa3_fp8_speed_gpu.py", "test_fa3_fp8_lookahead_gpu.py"):
+        assert _table(module_file, "NO_LOOKAHEAD") == fa3_fp8.NO_LOOKAHEAD, module_file
+    assert _table("test_fa3_fp8_kernel.py", "NO_LOOKAHEAD_256") == fa3_fp8.NO_LOOKAHEAD

@@ -1255,13 +1255,13 @@ def test_the_before_archive_is_what_gpu_calls_carry():
 
 def test_bounded_script_precompiles_what_its_steps_run():
     """scripts/bounded_gpu.sh: its precompile (overflow_check.py --head-dim 256) holds every kernel its test selection
-    and its speed step run (the D 256 default with and without bounded_units, causal and not; bf16 fa3 at 256) and
-    no other head_dim's; its -k selects the 10 D 256 bounded cases and the fault test, not the other head_dims'
-    ("default" contains "fault": the plain word would select all 41)."""
+    and its speed step run (the D 256 default, bounded_units since session 11, and it with bounded_units=False, causal
+    and not; bf16 fa3 at 256) and no other head_dim's; its -k selects the 10 D 256 default cases and the fault test,
+    not the other head_dims' ("default" contains "fault": the plain word would select all 41)."""
     text = (ROOT / "scripts" / "bounded_gpu.sh").read_text()
     assert "overflow_check.py precompile --jobs 6 --head-dim 256" in text and "speed --rounds 8" in text
     jobs = load_script("overflow_check").jobs(256)
-    want = {("fp8", 256, c, ch) for c in (False, True) for ch in ((), (("bounded_units", True),))}
+    want = {("fp8", 256, c, ch) for c in (False, True) for ch in ((), (("bounded_units", False),))}
     want |= {("bf16", 256, c, ()) for c in (False, True)}
     assert {(k, d, c, tuple(sorted(ch.items()))) for k, d, c, ch in jobs} == want, jobs
     expr = re.search(r'-k "([^"]+)"', text).group(1)
@@ -1269,7 +1269,7 @@ def test_bounded_script_precompiles_what_its_steps_run():
                               "tests/test_fp8_overflow_gpu.py", "-k", expr], capture_output=True, text=True,
                              timeout=120, cwd=ROOT)
     ids = [line for line in collect.stdout.splitlines() if "::" in line]
-    assert len(ids) == 11 and all("d256-default-bounded" in i or i.endswith("test_fused_units_fault") for i in ids), ids
+    assert len(ids) == 11 and all("[d256-default-" in i or i.endswith("test_fused_units_fault") for i in ids), ids
 
 
 def test_ncu_stalls_summary():

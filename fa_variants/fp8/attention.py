@@ -138,14 +138,17 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: 
     Returns:
         out in q's dtype (batch, seqlen_q, num_heads, head_dim) [, lse float32 (batch, num_heads, seqlen_q)].
 
-    Limits: the float32 accumulator holds O / v_descale (the current V block's) with one running accumulator and, at
-    head_dim 256 (``fused_promote``, the default there since session 9), with two-level accumulation: it overflows
-    (inf / NaN out) in the rows where 2^8 |O| l >= 2^128 v_descale (l the row's softmax sum relative to its max,
-    1 <= l <= the keys seen; the kernel's P is shifted by 2^8; key tiles are walked from the last to the first), i.e.
-    |O| l >= 2^10 before a V block of descale 2^-110 (nonzero, every |value| <= 448 x 2^-110 ~ 3.5e-31), or a block
-    whose descale is 2^128 below the previous one. ``hopper.fa3_fp8.Fp8Config.bounded_units`` (session 10, off until its GPU run)
-    removes it for fused_promote; the defaults at head_dim 64 / 96 / 128 keep O in absolute units (finite while
-    2^8 |O| l < 2^128). All-zero blocks (e.g. zero padding) get descale 1 since session 9 (``quantize.ZERO_BLOCK_DESCALE``).
+    Limits: with the default recipe O stays finite for any finite V and seqlen_k <= 2^31: at head_dim 64 / 96 / 128 the
+    kernel keeps O in absolute units (finite while 2^8 |O| l < 2^128, l the row's softmax sum relative to its max,
+    1 <= l <= the keys seen; the kernel's P is shifted by 2^8); at 256 (``fused_promote``) in units max(v_descale,
+    M 2^-64), M the largest V descale visited (``hopper.fa3_fp8.Fp8Config.bounded_units``, the default there since
+    session 11; ``emulation.bounded_unit``). That unit's one limit: behind a V block whose descale is > 2^149 above
+    the current unit, rows whose P on that block rounds to 0 in e4m3 lose the earlier blocks' O. ``config.two_level``
+    False (one running accumulator) keeps O / v_descale (the current V block's) and overflows (inf / NaN out) in the
+    rows where 2^8 |O| l >= 2^128 v_descale (key tiles are walked from the last to the first), i.e. |O| l >= 2^10
+    before a V block of descale 2^-110 (nonzero, every |value| <= 448 x 2^-110 ~ 3.5e-31), or a block whose descale
+    is 2^128 below the previous one. All-zero blocks (e.g. zero padding) get descale 1 since session 9
+    (``quantize.ZERO_BLOCK_DESCALE``).
 
     Raises:
         TypeError / ValueError: as ``fa_variants.attention`` and ``quantize_fp8`` (naming the argument).

@@ -179,8 +179,10 @@ def emulate_fp8_attention(inputs: FP8Inputs, *, causal: bool = False, accumulato
             two_level False, always keeps the current tile's v_descale units, as the kernel does): "absolute"
             (default; O = A O + v_descale acc), "tile" (``fused_promote``: O / v_descale of the last visited tile,
             which overflows where a tiny-descale block follows large unnormalised O; ``UNIT_SPAN``) or "bounded"
-            (``bounded_unit``: the fix, overflow-free). Equal to each other (power-of-two scalings) wherever
-            "tile" stays finite and normal. Needs promote_every 1 for "tile" / "bounded".
+            (``bounded_unit``: the fix, overflow-free; the kernel's head_dim 256 default, fused_promote with
+            bounded_units since session 11). Equal to each other (power-of-two scalings) wherever "tile" stays
+            finite and normal, so the GPU tests compare every default with "absolute" (tests/test_fp8_units.py
+            checks "bounded" against it). Needs promote_every 1 for "tile" / "bounded".
 
     Returns:
         (out (batch, seqlen_q, num_heads, head_dim) out_dtype or float32, lse float32 (batch, num_heads,

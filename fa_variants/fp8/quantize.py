@@ -38,8 +38,10 @@ The recipe (``FP8Config``), in this order, per tensor:
    it had the floor before) because the kernel's accumulator holds O / v_descale (one accumulator, or
    ``fused_promote``'s O in the current V block's units): 2^-110 made that overflow (inf / NaN) once the
    unnormalised O reached 2^18 (in the kernel's P units, P <= 2^8: |O| l >= 2^10), e.g. on zero padding. The
-   limit now needs a nonzero block amax below 448 x 2^-110 (~3.5e-31) or a block 2^128 below the one before it;
-   ``hopper.fa3_fp8.Fp8Config.bounded_units`` (session 10) removes it for fused_promote (``emulation.bounded_unit``).
+   limit now needs a nonzero block amax below 448 x 2^-110 (~3.5e-31) or a block 2^128 below the one before it, and
+   holds only for the one accumulator (``two_level=False``) and fused_promote with bounded_units=False:
+   ``hopper.fa3_fp8.Fp8Config.bounded_units`` (session 10; with fused_promote in the head_dim 256 default since
+   session 11) removes it (``emulation.bounded_unit``).
 4. e4m3 with saturation (round to nearest even, clamped to +-448 like PTX ``cvt.rn.satfinite``).
 5. V is stored transposed and padded for the kernel: ``v_t`` (batch, num_heads_kv, head_dim, seqlen_k_padded),
    tokens contiguous, padded with zeros to a multiple of ``layout.K_ALIGN_TOKENS``, tokens permuted inside
@@ -252,7 +254,8 @@ class FP8Config:
         pass instead of twice. Default ``DEFAULT_SMOOTH_K_BLOCKS`` (None unless FA_VARIANTS_FP8_SMOOTH_K_BLOCKS).
     two_level: the kernel accumulates each K/V tile's P V in a fresh accumulator and adds it into the fp32 O
         every ``promote_every`` tiles (True), or keeps one running accumulator for O (False; the FP8 tensor
-        core's accumulator keeps fewer mantissa bits than fp32, so O drifts with seqlen_k).
+        core's accumulator keeps fewer mantissa bits than fp32, so O drifts with seqlen_k; it holds O / v_descale,
+        which overflows behind a V block of tiny descale: module docstring, item 3).
     promote_every: tiles per promotion (>= 1; used only with two_level), or None (default): the fa3-fp8 kernel's
         default interval at the inputs' head_dim (``layout.KERNEL_PROMOTE_EVERY``), resolved by
         ``promote_interval``; the kernel and the emulation both follow it.

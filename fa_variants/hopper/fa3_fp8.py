@@ -162,10 +162,11 @@ class Fp8Config(Fa3Config):
         (with power-of-two descales the unit change is exact). O / v_descale must stay finite: a V block of
         descale 2^-110 (nonzero, every |value| <= 448 x 2^-110 ~ 3.5e-31) visited after the unnormalised O (2^8 |O| l
         in the kernel's P units, 1 <= l <= keys seen) reached 2^18 overflows, and so does any block 2^128 below the
-        one before it (the ratio overflows; the single accumulator's limits too); ``bounded_units`` removes both; an all-zero block has
-        descale 1 since session 9 (``fp8.quantize.ZERO_BLOCK_DESCALE``: the floor 2^-110 before, which overflowed
-        on zero padding).
-    bounded_units: (session 10; off; needs fused_promote) O kept in units u = max(v_descale[n], M 2^-UNIT_SPAN)
+        one before it (the ratio overflows; the single accumulator's limits too); ``bounded_units`` (on with it in the
+        head_dim 256 default since session 11) removes both; an all-zero block has descale 1 since session 9
+        (``fp8.quantize.ZERO_BLOCK_DESCALE``: the floor 2^-110 before, which overflowed on zero padding).
+    bounded_units: (session 10; the head_dim 256 default since session 11, ``DEFAULT_SWITCHES``; the field's default is
+        off; needs fused_promote) O kept in units u = max(v_descale[n], M 2^-UNIT_SPAN)
         instead of v_descale[n], M the largest v_descale the warpgroup has visited (``fp8.emulation.bounded_unit``,
         with the proof): |O / u| <= 2^112 for any finite V (|V| <= 448 M) and seqlen_k <= 2^31, where O / v_descale
         overflows once the unnormalised O reaches 2^128 v_descale (2^18 behind a block at the 2^-110 floor; the
@@ -175,7 +176,8 @@ class Fp8Config(Fa3Config):
         kv-head, tile)), taken before the ping-pong turn: the turn is compiled twice, the common copy the
         fused_promote turn itself (one FFMA per element), the rare one (u != v_descale) multiplying the temporaries
         by s = v_descale / u (a power of two, exact). Session 10's form branched on s before every slice's promotion
-        inside the turn, with the division s there too: 2-4.5 % slower than the default on the H200 (session 11).
+        inside the turn, with the division s there too: 2-4.5 % slower than the default on the H200 (session 11);
+        this form's speed / the default's 0.998-1.016 (session 11, scripts/bounded_gpu.sh), so it became the default.
         Same values as fused_promote wherever that stays finite and normal
         (emulation ``units="bounded"``). Not removed (nor by fused_promote): alpha' underflows where a tile's
         descale lies > 2^149 above the unit (``bounded_unit``, "Not covered"), dropping the earlier tiles' O in rows
@@ -257,15 +259,21 @@ class Fp8Config(Fa3Config):
 #: the H200, N 4k / 4k causal / 16k / 16k causal): 1118 / 947 / 1094 / 1013 TFLOP/s against 1050 / 890 / 1034 / 968
 #: for the default before (per-round medians 1.06 / 1.06 / 1.06 / 1.05x), rel-L2 vs the emulation as before
 #: (1.6e-3); skip_unit_rescale is then unused (no O *= alpha block left) and kept so the config is the one timed.
-#: Its limit (fused_promote's docstring): O / v_descale must stay finite, so where a V block has descale 2^-110
-#: (nonzero, amax <= 448 x 2^-110 ~ 3.5e-31; all-zero blocks get descale 1 since session 9) the unnormalised O
-#: (2^8 |O| l, l the row sum relative to its max) of the rows visited before it must stay below 2^18 (session 10:
-#: ``bounded_units`` removes the limit; off: 2-4.5 % slower in session 11, cheaper form timed by scripts/bounded_gpu.sh).
+#: fused_promote alone keeps O / v_descale, which overflows behind a V block of descale 2^-110 (nonzero, amax <= 448 x
+#: 2^-110 ~ 3.5e-31) once the unnormalised O (2^8 |O| l, l the row sum relative to its max) of the rows visited before
+#: it reaches 2^18, and behind any block 2^128 below the one before it (fused_promote's docstring). At 256 also
+#: bounded_units since session 11 (O in units max(v_descale, M 2^-64): finite for any finite V; its one limit, a
+#: descale > 2^149 above the unit, in its docstring): session 10's form was 2-4.5 % slower; the one-branch-per-tile
+#: form (scripts/bounded_gpu.sh, H200, 8 rotated rounds, N 4k / 4k causal / 16k / 16k causal) per-round medians of
+#: default time / bounded time 0.998 / 1.003 / 1.016 / 1.010 (TFLOP/s 1024 / 922 / 1086 / 1038 against 1011 / 920
+#: / 1046 / 1029), 11 GPU tests passed (adversarial V finite, vs the emulation and float64). bounded_units=False
+#: brings the limit back.
 DEFAULT_SWITCHES = {64: dict(reduce_chains=4), 96: {}, 128: {},
                     256: dict(skip_unit_rescale=True, s_lookahead=True, s_halves=True, fused_promote=True,
-                              reduce_chains=2)}
-#: the changes that take the head_dim 256 default back to its serial steps (no lookahead, S in one MMA)
-NO_LOOKAHEAD = dict(s_lookahead=False, s_halves=False, fused_promote=False)
+                              reduce_chains=2, bounded_units=True)}
+#: the changes that take the head_dim 256 default back to its serial steps (no lookahead, S in one MMA; O in absolute
+#: units: bounded_units goes with fused_promote)
+NO_LOOKAHEAD = dict(s_lookahead=False, s_halves=False, fused_promote=False, bounded_units=False)
 
 
 def _default(head_dim: int) -> Fp8Config:
