@@ -3,6 +3,9 @@
 #
 #   source .gpu/env.sh && scripts/pending_gpu.sh [--checks] [NAME ...]    (repository root; writes under $OUT; --help)
 #
+# Before each call, here: `git log --oneline -1 > .gpu/commit.txt` (carried; steps.sh writes it into commit.txt
+# labelled "(from .gpu/commit.txt)": the copied tree's git metadata on the GPU host can be older than the tree).
+#
 # 1. --checks: the GPU tests of defaults changed without a script of their own (~60-90 s cold), CHECKS below:
 #    session 10 made programmatic dependent launch the rule for unsplit packed seqlen_q-1 decode calls
 #    (FA_VARIANTS_DECODE_PDL_MIN_SPLITS 1, measured faster at 8 / 9 shapes in its A/B) and changed the decode tests

@@ -12,13 +12,18 @@
 #                             NPROC=$(xdist_flag 8); python3 -m pytest $NPROC ...
 #   help_from_header ARGS...  with --help or -h as the first argument: prints the script's header comment (the
 #                             "#" lines after the first line, "# " taken off) and exits 0; else does nothing.
-#   session_setup DIR         LOGS=DIR (created); writes DIR/commit.txt (git log --oneline -1), DIR/gpu.txt
+#   session_setup DIR         LOGS=DIR (created); writes DIR/commit.txt (write_commit), DIR/gpu.txt
 #                             (index, name, compute capability, driver, max SM clock, memory of each GPU) and starts
 #                             DIR/clocks.csv (SM clock, power, temperature of each GPU every second), stopped when
 #                             the script exits (a trap) or by pack_logs. The logger is not a job of the script: a
 #                             bare `wait` does not wait for it. When the script ends (normally, by a signal, or
 #                             SIGKILLed: a watchdog then acts within a second), a step still running is stopped
 #                             too (SIGTERM to its process group): nothing the script started outlives it.
+#   write_commit FILE         the tree's commit, one line, labelled with its source: .gpu/commit.txt's first line
+#                             "+ (from .gpu/commit.txt)" when that file is there and not empty (the caller writes it
+#                             before a GPU call: `git log --oneline -1 > .gpu/commit.txt`; .gpu/ is carried and
+#                             git-ignored), else `git log --oneline -1` + " (git on this host)": the copied tree's
+#                             git metadata on a GPU host can be older than the tree (session 11: 813a508 for c8a3a0a).
 #   step NAME LIMIT CMD...    runs CMD with a time limit (SIGINT at LIMIT seconds), its output in $LOGS/NAME.log,
 #                             and prints "== NAME: rc=RC in Ts" (rc 124: timed out). With STEP_TAIL=N set, it
 #                             also prints "== NAME (limit LIMITs)" first and the log's last N lines after. CMD
@@ -50,7 +55,7 @@ session_setup() {
   LOGS=$1; mkdir -p "$LOGS"
   STEP_GROUPS=$(mktemp)  # the process group (timeout's pid) of every step started: stop_steps
   STEP_FAILED=$(mktemp)  # "NAME (WHAT)" of every step that did not pass, one a line: step_failed, steps_exit
-  git log --oneline -1 > "$LOGS/commit.txt" 2>&1
+  write_commit "$LOGS/commit.txt"
   nvidia-smi --query-gpu=index,name,compute_cap,driver_version,clocks.max.sm,memory.total --format=csv \
     > "$LOGS/gpu.txt" 2>&1
   # the logger, and a watchdog that stops it and the running steps within a second of the script's end when the
@@ -61,6 +66,14 @@ session_setup() {
      mapfile -d '' argv < "/proc/$smi/cmdline" && [[ " ${argv[*]} " == *" -lms "* ]] && kill "$smi") > /dev/null 2>&1 &
     echo "$smi")
   trap end_session EXIT
+}
+
+write_commit() {
+  local root given
+  root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+  given=$(head -n 1 "$root/.gpu/commit.txt" 2>/dev/null)
+  if [[ -n $given ]]; then echo "$given (from .gpu/commit.txt)"
+  else echo "$(git -C "$root" log --oneline -1 2>&1 | head -n 1) (git on this host)"; fi > "$1"
 }
 
 stop_clocks() { [[ -z ${CLOCKS_PID:-} ]] || kill "$CLOCKS_PID" 2>/dev/null; CLOCKS_PID=""; }

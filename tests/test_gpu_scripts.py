@@ -181,8 +181,7 @@ echo "after $CLOCKS_PID"
         run.stdout + run.stderr
     logs = tmp_path / "out" / "logs"
     assert (logs / "ok.log").read_text() == "hello\n" and (logs / "tailed.log").read_text() == "a\nb\n"
-    head = subprocess.run(["git", "log", "--oneline", "-1"], cwd=ROOT, capture_output=True, text=True).stdout
-    assert (logs / "commit.txt").read_text() == head and "FAKE H200" in (logs / "gpu.txt").read_text()
+    assert (logs / "commit.txt").read_text() == _expected_commit(ROOT) and "FAKE H200" in (logs / "gpu.txt").read_text()
     assert _gone_within(pid, 5.0) and "now, 0, 1980 MHz" in (logs / "clocks.csv").read_text()
     with tarfile.open(tmp_path / "out" / "logs.tgz") as tar:
         assert {"logs/ok.log", "logs/slow.log", "logs/commit.txt", "logs/gpu.txt", "logs/clocks.csv"} <= set(tar.getnames())
@@ -191,6 +190,44 @@ echo "after $CLOCKS_PID"
                          text=True, timeout=30)
     pid = int(run.stdout.split()[1])
     assert _gone_within(pid, 5.0) and not (tmp_path / "out2" / "logs.tgz").exists()
+
+
+def _expected_commit(root) -> str:
+    """What steps.sh write_commit writes for the tree at root (test_steps_sh_commit_label)."""
+    given = root / ".gpu" / "commit.txt"
+    first = given.read_text().splitlines()[0] if given.is_file() and given.read_text().strip() else ""
+    if first:
+        return f"{first} (from .gpu/commit.txt)\n"
+    head = subprocess.run(["git", "log", "--oneline", "-1"], cwd=root, capture_output=True, text=True).stdout.strip()
+    return f"{head} (git on this host)\n"
+
+
+def test_steps_sh_commit_label(tmp_path):
+    """steps.sh write_commit (session_setup's commit.txt): the first line of .gpu/commit.txt labelled "(from
+    .gpu/commit.txt)" when the caller wrote one (a GPU host's copied git metadata can be older than the tree: session
+    11 said 813a508 for c8a3a0a), else the tree's `git log --oneline -1` labelled "(git on this host)"; an empty file
+    counts as none. pending_gpu.sh's help says to write it before a call."""
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    (scripts / "steps.sh").write_text((ROOT / "scripts" / "steps.sh").read_text())
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    subprocess.run(git + ["commit", "-q", "--allow-empty", "-m", "stale metadata"], cwd=tmp_path, check=True)
+    stale = subprocess.run(["git", "log", "--oneline", "-1"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+
+    def label():
+        out = tmp_path / "commit.txt"
+        subprocess.run(["bash", "-c", f'source "{scripts}/steps.sh"; write_commit "{out}"'], cwd=tmp_path, check=True,
+                       timeout=30)
+        return out.read_text()
+
+    assert label() == f"{stale} (git on this host)\n" == _expected_commit(tmp_path)
+    (tmp_path / ".gpu").mkdir()
+    (tmp_path / ".gpu" / "commit.txt").write_text("")
+    assert label() == f"{stale} (git on this host)\n"
+    (tmp_path / ".gpu" / "commit.txt").write_text("c8a3a0a fa3-fp8 head_dim 256: variant\n")
+    assert label() == "c8a3a0a fa3-fp8 head_dim 256: variant (from .gpu/commit.txt)\n" == _expected_commit(tmp_path)
+    assert "git log --oneline -1 > .gpu/commit.txt" in (ROOT / "scripts" / "pending_gpu.sh").read_text()
 
 
 def test_fp8flip_plan_and_verdict():
