@@ -1,5 +1,6 @@
 """The GPU-host scripts' CPU-side logic: scripts/sanitize.py's summary lines, the shell scripts (they parse, their
 --help, scripts/steps.sh's shared pieces with a fake nvidia-smi), the Python scripts' plans and summaries."""
+import collections
 import sys
 import dataclasses
 import os
@@ -1168,25 +1169,38 @@ def test_decode_model_full_grid_fits_the_s7_batch_64_rows():
 
 def test_pending_runs_named_scripts_and_the_checks(tmp_path):
     """scripts/pending_gpu.sh (a session's GPU work left for the next one's calls): refuses a name without a script
-    (exit 2, before any GPU work); every script its header plans exists; --checks selects GPU tests that exist (the
-    decode PDL rule flipped in session 10); a stub script named on the command line runs with OUT under pending/NAME
-    and its output is summarised."""
+    (exit 2, before any GPU work); every script its header plans exists and the plan starts with --checks; --checks
+    selects the 31 GPU tests of the head_dim 256 fa3-fp8 default (bounded_units flipped in session 11) its header
+    counts, after scripts/checks_precompile.py's 11 jobs (the kernels of those tests: the default recipe's bf16 kernel
+    causal and not, the two-level recipes' fp16 causal one, the fault test's bounded_units=False); a stub script named
+    on the command line runs with OUT under pending/NAME and its output is summarised."""
     script = ROOT / "scripts" / "pending_gpu.sh"
     text = script.read_text()
     bad = subprocess.run(["bash", str(script), "no_such_script"], capture_output=True, text=True, timeout=30)
     assert bad.returncode == 2 and "no scripts/no_such_script_gpu.sh" in bad.stderr
     plan = text.split("Plan for", 1)[1].split("Pass (step 1)", 1)[0]
+    assert "A. scripts/pending_gpu.sh --checks" in plan and '-m "gpu and not slow"' in plan, plan
     planned = set(re.findall(r"pending_gpu\.sh(?: --checks)?((?: [a-z0-9]+)+)", plan))
     names = {n for group in planned for n in group.split()}
-    assert {"oob", "fa1tol", "overflow"} <= names, names
     for name in names:
         assert (ROOT / "scripts" / f"{name}_gpu.sh").exists(), name
-    assert 'CHECKS=(tests/test_decode_gpu.py -k "pdl or defaults or first_row or dual_auto or persistent")' in text
-    collect = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                              "tests/test_decode_gpu.py", "-k", "pdl or defaults or first_row or dual_auto or persistent"],
-                             capture_output=True, text=True, timeout=120, cwd=ROOT)
-    selected = re.search(r"(\d+)/\d+ tests collected", collect.stdout)
-    assert selected and int(selected.group(1)) >= 20, collect.stdout[-500:]
+    files = ["tests/test_fp8_overflow_gpu.py", "tests/test_fa3_fp8_gpu.py"]
+    assert f'CHECKS=({" ".join(files)} -k "$CHECKS_K")' in text
+    expr = "".join(re.findall(r'^CHECKS_K\+?="([^"]+)"', text, re.M))
+    collect = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *files,
+                              "-k", expr], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    ids = [line for line in collect.stdout.splitlines() if "::" in line]
+    kinds = collections.Counter(re.sub(r"\[.*", "", i.split("::")[1]) for i in ids)
+    assert kinds == {"test_adversarial_v": 10, "test_fused_units_fault": 1, "test_default_recipe": 12,
+                     "test_every_recipe": 6, "test_zero_v_blocks_long_rows_d256": 2}, ids
+    assert all("256" in i or i.endswith("test_fused_units_fault") for i in ids), ids
+    assert all("2lvl0" not in i and "d64" not in i for i in ids), ids
+    assert "31 tests" in text and "11 jobs" in text and "step checks_precompile" in text
+    jobs = load_script("checks_precompile").JOBS
+    assert len(jobs) == 11 and {(k, c) for k, _, c, _ in jobs} == {("recipe", False), ("recipe", True), ("fp8", False),
+                                                                    ("fp8", True)}
+    assert ("fp8", 256, False, (("bounded_units", False),)) in jobs
+    assert {ch[0] for k, _, c, ch in jobs if k == "recipe"} == {"bfloat16", "float16"}
     # a stub script run through the queue: its OUT, its output file, the summary
     scripts = tmp_path / "scripts"
     scripts.mkdir()
