@@ -11,6 +11,8 @@ launch, ``V3_FUSED_MEAN``; "v3ss": v3s with Q's / K's e4m3 stored through shared
 "v3sfs": v3s with the fused mean for a sampled mean only (``V3_FUSED_SAMPLED_MEAN``); "def": the current default
 (staged mean on, staged store at head_dim 64 only, the rest off); "deff": def with the fused mean counted per K block
 (``V3_FUSED_MEAN``); "defl": def with the fused mean counted after each CTA's loop (``V3_FUSED_MEAN_LATE``);
+"defw": def with Q's / K's pass at head_dim 256 holding 8 chunks of a token per thread (``V3_WIDE``: 2 lanes per
+token, one cross-lane Hadamard stage; bit for bit);
 ``quant_host``) and recipe (default:
 block scales + Hadamard + K smoothing; "no-smooth": the same without smoothing; "sampled8": the default with
 K's mean over 8 evenly spaced K tiles, ``FP8Config(smooth_k_blocks=8)``; "sampled16": over 16), one
@@ -206,6 +208,9 @@ _DEF = {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": None, "V3_FUSED_SAMPLED_MEAN"
         "V3_FUSED_MEAN": False, "V3_FUSED_MEAN_LATE": False}
 PIPES.update({"def": ("v3", _DEF), "deff": ("v3", {**_DEF, "V3_FUSED_MEAN": True}),
               "defl": ("v3", {**_DEF, "V3_FUSED_MEAN_LATE": True})})
+# session 11: Q's / K's pass at head_dim 256 with 8 chunks of a token per thread (``V3_WIDE``: one cross-lane Hadamard
+# stage instead of two; bit for bit the default, so checked as "def"; D 64 / 128 rows run the default's passes)
+PIPES["defw"] = ("v3", {**_DEF, "V3_WIDE": True})
 
 
 def recipes() -> dict:

@@ -9,7 +9,9 @@ K's sample tiles, the staged store (``V3_STAGED_STORE``) Q's / K's e4m3 through 
 synccheck look at those. Sets: "quant3" (default): v3 and v3 + fused mean; "quant4": v3 + staged mean, + the sampled
 mean, + the fused mean over the sample; "quant5": the staged store, default and sampled recipes; "quant8": the
 fused mean counted after each CTA's loop (``V3_FUSED_MEAN_LATE``; a shared-memory list of the heads a CTA finishes),
-exact and sampled mean, the launch cut to 2 CTAs (``GRID_CAP``: several heads per CTA), D 64 / 128. Shapes: GQA,
+exact and sampled mean, the launch cut to 2 CTAs (``GRID_CAP``: several heads per CTA), D 64 / 128; "quantlanes": 8
+chunks of a token per thread (``V3_WIDE``: 16 cp.async and 16 reads of the stage per thread), 3 CTAs, D 256, default
+and no-smooth recipes. Shapes: GQA,
 batch 2, odd lengths (tails), D 64 / 128 / 256; each call checked against the torch recipe given the call's K mean.
 Prints "CALLS n FAILED m"; exit status 1 if a call differed.
 """
@@ -20,7 +22,8 @@ def main() -> int:
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--set", default="quant3", choices=("quant3", "quant4", "quant5", "quant8"))
+    parser.add_argument("--set", default="quant3", choices=("quant3", "quant4", "quant5", "quant8",
+                                                           "quantlanes"))
     args = parser.parse_args()
     import torch
 
@@ -41,14 +44,17 @@ def main() -> int:
                 "quant8": [("fused_mean_late", {"V3_STAGED_MEAN": True, "V3_FUSED_MEAN_LATE": True, "GRID_CAP": 2},
                             FP8Config(), 257),
                            ("fused_mean_late+sampled2", {"V3_STAGED_MEAN": True, "V3_FUSED_MEAN_LATE": True,
-                                                         "GRID_CAP": 2}, FP8Config(smooth_k_blocks=2), 1100)]}
+                                                         "GRID_CAP": 2}, FP8Config(smooth_k_blocks=2), 1100)],
+                "quantlanes": [("wide", {"V3_STAGED_MEAN": True, "V3_WIDE": True, "GRID_CAP": 3}, FP8Config(), 257),
+                               ("wide+no-smooth", {"V3_STAGED_MEAN": True, "V3_WIDE": True, "GRID_CAP": 3},
+                                FP8Config(smooth_k=False), 257)]}
     calls = failed = 0
     for label, knobs, config, nk in variants[args.set]:
         for name, value in knobs.items():
             setattr(qh, name, value)
         # quant8: two
         # head_dims keep racecheck (one small case per recipe) short
-        dims = {"quant8": (64, 128)}
+        dims = {"quant8": (64, 128), "quantlanes": (256,)}
         for d in dims.get(args.set, qh.HEAD_DIMS):
             g = torch.Generator(device="cuda").manual_seed(d)
             q = torch.randn(2, 300, 8, d, device="cuda", generator=g).to(torch.bfloat16)

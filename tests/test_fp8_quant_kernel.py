@@ -762,3 +762,179 @@ def test_staged_store_rule(monkeypatch):
     monkeypatch.setenv("FA_VARIANTS_FP8_QUANT_STAGED_STORE", "2")
     with pytest.raises(ValueError, match="FA_VARIANTS_FP8_QUANT_STAGED_STORE"):
         qh._env.auto_flag("FA_VARIANTS_FP8_QUANT_STAGED_STORE")
+
+
+# ----------------------------------------------------------------------------- wide: 8 chunks of a token per thread
+def _emulated_fwht(x: torch.Tensor, slots: int) -> list[torch.Tensor]:
+    """``QuantPass.fwht``'s data flow in float32 for a token of D = x.shape[1] channels held by L = D / (16 slots)
+    lanes: regs[lane][:, j, i] = channel 16 (lane + j L) + i; the chunk stages, the cross-lane stages (x * sign + the
+    partner's value, one rounding: x * (+-1) is exact), the slot stages."""
+    D = x.shape[1]
+    L = D // (16 * slots)
+    regs = [x[:, [16 * (lane + j * L) + i for j in range(slots) for i in range(16)]].reshape(-1, slots, 16).clone()
+            for lane in range(L)]
+    for r in regs:  # h = 1..8
+        for b in range(4):
+            h = 1 << b
+            for i in range(16):
+                if not i & h:
+                    a, c = r[:, :, i].clone(), r[:, :, i + h].clone()
+                    r[:, :, i], r[:, :, i + h] = a + c, a - c
+    for b in range(L.bit_length() - 1):  # h = 16 .. 8 L: shfl.bfly(offset 2^b) + FMA
+        before = [r.clone() for r in regs]
+        for lane in range(L):
+            sign = 1.0 - 2.0 * (lane >> b & 1)
+            regs[lane] = before[lane] * sign + before[lane ^ (1 << b)]
+    for r in regs:  # h = 16 L .. D / 2: the thread's slots
+        for b in range(slots.bit_length() - 1):
+            h = 1 << b
+            for j in range(slots):
+                if not j & h:
+                    a, c = r[:, j, :].clone(), r[:, j + h, :].clone()
+                    r[:, j, :], r[:, j + h, :] = a + c, a - c
+    return regs
+
+
+def _emulated_shift(x: torch.Tensor, mean: torch.Tensor, slots: int) -> torch.Tensor:
+    """``QuantPass.lse_shift``'s sum (before the scale) in float32 for L = D / (16 slots) lanes per token, with fma
+    emulated (one rounding to float32 of the float64 product + sum): the default (4 slots) sums its 64 products in
+    order then a butterfly over the lanes; ``wide`` (8 slots) two accumulators (even / odd slots), the butterfly on
+    both, then even + odd. Returns lane 0's value (the one written)."""
+    D = x.shape[1]
+    L = D // (16 * slots)
+    fma = lambda a, b, c: (a.double() * b.double() + c.double()).float()  # noqa: E731
+    acc = [[torch.zeros(x.shape[0]) for _ in range(2)] for _ in range(L)]
+    for lane in range(L):
+        for j in range(slots):
+            which = j % 2 if slots == 8 else 0
+            for i in range(16):
+                c = 16 * (lane + j * L) + i
+                acc[lane][which] = fma(x[:, c], mean[c].expand(x.shape[0]), acc[lane][which])
+    for b in range(L.bit_length() - 1):
+        acc = [[acc[lane][w] + acc[lane ^ (1 << b)][w] for w in range(2)] for lane in range(L)]
+    return acc[0][0] + acc[0][1] if slots == 8 else acc[0][0]
+
+
+def test_wide_emulated_bitwise():
+    """``PassConfig.wide`` at head_dim 256 (2 lanes of 8 chunks per token, one cross-lane stage) emulated in float32:
+    the Hadamard equals ``quantize.fwht`` (unnormalised) bit for bit, as the default's data flow (4 lanes of 4
+    chunks) does, on values whose sums round (float64 differs); the LSE shift's sum equals the default's bit for bit
+    (the same additions in the same order), and a plain in-order float32 sum differs (the order matters)."""
+    from fa_variants.fp8.quantize import fwht
+
+    D = 256
+    x = torch.randn(41, D, generator=torch.Generator().manual_seed(3)) * torch.logspace(-3, 3, D)
+    want = fwht(x, normalise=False)
+    assert not torch.equal(fwht(x.double(), normalise=False).float(), want)
+    for slots in (4, 8):
+        L = D // (16 * slots)
+        regs = _emulated_fwht(x, slots)
+        got = torch.empty_like(x)
+        for lane in range(L):
+            for j in range(slots):
+                got[:, 16 * (lane + j * L):16 * (lane + j * L) + 16] = regs[lane][:, j, :]
+        assert torch.equal(got, want), slots
+    mean = torch.randn(D, generator=torch.Generator().manual_seed(4)) * torch.logspace(2, -2, D)
+    default, wide = _emulated_shift(x, mean, 4), _emulated_shift(x, mean, 8)
+    assert torch.equal(default, wide)
+    plain = torch.zeros(x.shape[0])
+    for c in range(D):
+        plain = (x[:, c].double() * mean[c].double() + plain.double()).float()
+    assert not torch.equal(plain, default)
+
+
+@pytest.mark.parametrize("rows", [128, 192])
+def test_wide_stage_map(rows):
+    """``wide``'s coalesced stage (head_dim 256, 2 lanes per token, 16 cp.async per thread at token step rows / 16):
+    the pieces cover the block once, a warp's loads are 512 contiguous bytes, each thread reads back its 8 chunks'
+    16 channels, and every quarter warp's writes and reads hit 8 distinct 16-byte bank groups."""
+    D, lanes, slots = 256, 2, 8
+    P, threads = D // 8, rows * D // (16 * slots)
+    where = {}
+    for m in range(2 * slots):
+        for t in range(threads):
+            row, q, piece = qk.stage_load(D, rows, "qk", lanes, t, m, 2 * slots)
+            assert (row, q) not in where and piece not in where.values()
+            where[(row, q)] = piece
+        for w in range(threads // 8):
+            assert len({qk.stage_load(D, rows, "qk", lanes, 8 * w + i, m, 2 * slots)[2] % 8 for i in range(8)}) == 8
+        for w in range(threads // 32):
+            got = sorted(qk.stage_load(D, rows, "qk", lanes, 32 * w + i, m, 2 * slots)[:2] for i in range(32))
+            flat = [r * P + q for r, q in got]
+            assert flat == list(range(flat[0], flat[0] + 32))
+    assert len(where) == rows * P
+    for j in range(slots):
+        for half in range(2):
+            for t in range(threads):
+                q = 2 * qk.thread_chunk("qk", lanes, 0, t, j) + half
+                assert qk.stage_piece("qk", lanes, 0, D, t, j, half) == where[(t // lanes, q)]
+            for w in range(threads // 8):
+                assert len({qk.stage_piece("qk", lanes, 0, D, 8 * w + i, j, half) % 8 for i in range(8)}) == 8
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("arch", ["sm_90a"], indirect=True)
+@pytest.mark.parametrize("name,extra", [("k-smooth", dict(smooth=True, reverse=True)), ("q-shift", dict(shift=True))])
+def test_compiles_wide(arch, name, extra):
+    """``wide`` at head_dim 256 (K smoothed, Q with the LSE shift) against the default pass: half the threads (256),
+    one CTA per SM asked of ptxas (<= 255 registers), no spill (the default Q: 8 bytes); per thread twice the values:
+    the FWHT's shuffles stay 128 (one stage of 128 values instead of two of 64: per block 1024 warp shuffles instead
+    of 2048), the block max's 5 and the shift's 1 + 1 (two accumulators); 2x the cp.async, 16-byte reads, STG.128 and
+    F2FP; the same barriers. Refused at head_dim 64 / 128, for V, with the staged store, without the coalesced stage."""
+    cfg = qk.PassConfig(rows=128, stages=3, coalesced=True, head_major=True, staged_mean=True, pdl=True, wide=True,
+                        **extra)
+    base = dataclasses.replace(cfg, wide=False)
+    assert cfg.threads(256) == 256 and base.threads(256) == 512 and cfg.min_blocks(256) == cfg.ctas_per_sm(256) == 1
+    c, c0 = (qk.VARIANT.compiled(qk.static_config(arch, torch.bfloat16, 256, x)) for x in (cfg, base))
+    names = ("SHFL.BFLY", "STG.E.128", "LDGSTS", "BAR.SYNC", "F2FP", "LDL", "STL")
+    ops, ops0 = (cubin.count_sass(cubin.sass_of(x.cubin), names) for x in (c, c0))
+    assert ops["SHFL.BFLY"] == 128 + 5 + (2 if cfg.shift else 0), ops
+    assert ops0["SHFL.BFLY"] == 128 + 5 + (2 if cfg.shift else 0), ops0
+    assert ops["STG.E.128"] == 2 * ops0["STG.E.128"] == 8 and ops["F2FP"] == 2 * ops0["F2FP"] == 64, (ops, ops0)
+    assert ops["LDGSTS"] - 1 == 2 * (ops0["LDGSTS"] - 1) == 48 and ops["BAR.SYNC"] == ops0["BAR.SYNC"], (ops, ops0)
+    res = cubin.cubin_resources(c.cubin)
+    assert res["registers"] <= 255 and res["spill_bytes"] == 0 and ops["LDL"] == ops["STL"] == 0, (res, ops)
+    for bad, dim in ((dict(), 128), (dict(), 64), (dict(staged_store=True), 256), (dict(coalesced=False), 256)):
+        with pytest.raises(ValueError, match="wide"):
+            dataclasses.replace(cfg, **bad).check(dim)
+    with pytest.raises(ValueError, match="wide"):
+        qk.PassConfig(role="v", rotate=False, stages=3, coalesced=True, wide=True).check(256)
+
+
+def test_wide_host_rule(monkeypatch):
+    """quantize asks for ``wide`` in Q's and K's passes (never V's) only with ``V3_WIDE`` on, pipeline v3 and head_dim
+    256 (the passes replaced by a recorder: CPU only)."""
+    calls = []
+
+    def recorder(x, *, role, block, **kw):
+        calls.append((role, x.shape[-1], kw.get("wide", False)))
+        B, N, H, D = x.shape
+        y = torch.zeros(B, N, H, D) if role == "qk" else torch.zeros(B, H, D, layout.padded_seqlen_k(N))
+        return y.to(torch.float8_e4m3fn), torch.ones(B, H, -(-N // block))
+
+    monkeypatch.setattr(qh, "quantize_tensor", recorder)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    config = FP8Config(smooth_k=False)
+    for on, pipeline in ((False, "v3"), (True, "v3"), (True, "v2")):
+        monkeypatch.setattr(qh, "V3_WIDE", on)
+        for d in qk.HEAD_DIMS:
+            calls.clear()
+            q, k = torch.randn(1, 40, 2, d).to(torch.bfloat16), torch.randn(1, 40, 1, d).to(torch.bfloat16)
+            qh.quantize(q, k, k, config=config, pipeline=pipeline)
+            want = on and pipeline == "v3" and d == 256
+            assert sorted(calls) == sorted([("v", d, False), ("qk", d, want), ("qk", d, want)]), (on, d, calls)
+
+
+WIDE_CASES = [("default", None), ("default", 5), ("no-smooth", None), ("head-smooth", 7)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config,grid", WIDE_CASES, ids=[f"{c}-g{g}" for c, g in WIDE_CASES])
+def test_v3_wide_bitwise(monkeypatch, config, grid):
+    """v3 with 8 chunks of a token per thread at head_dim 256 (``V3_WIDE``) changes which thread holds which values,
+    not one operation: every output (the LSE shift too) equals the default's bit for bit, and the torch recipe's given
+    the pass's mean (``assert_switch_bitwise``: GQA, odd lengths, batch 3, a negative scale, the per-head baseline's
+    "amax" and "given" launches, NaN-poisoned memory); grid 5 / 7 CTAs: each CTA walks many blocks through its
+    stages."""
+    monkeypatch.setattr(qh, "GRID_CAP", grid)
+    assert_switch_bitwise(monkeypatch, "V3_WIDE", 256, config, 19)

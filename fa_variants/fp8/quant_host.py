@@ -72,6 +72,13 @@ V3_STAGED_MEAN = _env.flag("FA_VARIANTS_FP8_QUANT_STAGED_MEAN", True)
 #: so on at head_dim 64 only (None = that rule; ``staged_store_for``). FA_VARIANTS_FP8_QUANT_STAGED_STORE (read at
 #: import): auto (that rule), 1 (every head_dim), 0 (none)
 V3_STAGED_STORE: bool | None = _env.auto_flag("FA_VARIANTS_FP8_QUANT_STAGED_STORE")
+#: v3: Q's / K's pass at head_dim 256 with 8 chunks of a token per thread (``PassConfig.wide``): 2 lanes per token
+#: instead of 4, so the Hadamard has one cross-lane stage (shfl.bfly + FMA) instead of two: half the shuffles per block
+#: (1024 warp shuffles instead of 2048, the MIO queue ncu found saturated: mio_throttle 1.7-2.1 per issue), half the
+#: threads (256, 8 warps: one CTA per SM as before), up to 255 registers (0 spills, K and Q). Same pairs, stage order
+#: and roundings, the LSE shift summed in the default's order: outputs bit for bit the default's. Off until measured
+#: (scripts/quantlanes_gpu.sh); FA_VARIANTS_FP8_QUANT_WIDE=1 (read at import) turns it on
+V3_WIDE = _env.flag("FA_VARIANTS_FP8_QUANT_WIDE", False)
 #: tests only: at most this many CTAs per launch (None: the persistent grid), so that small inputs give a CTA many
 #: work items (``late_count``'s rounds: more K blocks per CTA than threads; several heads finished by one CTA)
 GRID_CAP: int | None = None
@@ -175,7 +182,7 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
                     head_major: bool = False, k_count: torch.Tensor | None = None,
                     k_mean_out: torch.Tensor | None = None, staged_mean: bool = False,
                     k_sample_tokens: int | None = None, staged_store: bool = False,
-                    late_count: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                    late_count: bool = False, wide: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """One tensor through the pass: (e4m3 data (like x, or v_t for role "v"), descale (B, H, T) float32).
 
     x: (B, N, H, D) float16 / bfloat16 CUDA; block: rows per scale block; signs: float32 (D,) on x's device
@@ -195,7 +202,8 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
     (``PassConfig.k_sample``; m * cdiv(N, block) < 2^31). staged_store (role "qk", with coalesced): the e4m3 bytes
     stored through the stage just read (``PassConfig.staged_store``; not in mode "amax"). late_count (with k_count):
     the fused mean's K blocks counted after each CTA's loop
-    (``PassConfig.late_count``; the same mean bit for bit)."""
+    (``PassConfig.late_count``; the same mean bit for bit). wide (role "qk", rotate, coalesced, head_dim 256, not with
+    the staged store; ignored otherwise): 8 chunks of a token per thread (``PassConfig.wide``; bit for bit)."""
     B, N, H, D = x.shape
     T_blocks = -(-N // block)
     x = interop.aligned(x)
@@ -235,7 +243,9 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
                          staged_mean=staged_mean and coalesced and (smooth or with_shift),
                          k_sample=kmean and k_sample_tokens is not None,
                          staged_store=staged_store and coalesced and role == "qk" and mode != "amax"
-                         and block % 32 == 0, late_count=late_count and fused and kmean)
+                         and block % 32 == 0, late_count=late_count and fused and kmean,
+                         wide=wide and role == "qk" and rotate and coalesced and D == 256
+                         and not (staged_store and mode != "amax" and block % 32 == 0))
         fn, ctas = _pass(dev, x.dtype, D, cfg)
         fn(x, y, descale, signs, mean_t, shift_t, k_t, parts_t, count_t, shift_scale,
            min(ctas, total + (k_items if kmean else 0), GRID_CAP or ctas))
@@ -302,6 +312,8 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Co
     # prologue loads run before griddepcontrol.wait: so every 16-bit input is made aligned (a copy if
     # needed) before the first launch
     pdl = staged and V2_PDL and torch.cuda.get_device_capability(dev) >= (9, 0)
+    if pipe == "v3" and V3_WIDE and D == 256:  # 8 chunks of a token per thread (one cross-lane FWHT stage)
+        qk_common = dict(qk_common, wide=True)
     if staged:
         q, k, v = interop.aligned(q), interop.aligned(k), interop.aligned(v)
     mean = mean_eff = shift = None

@@ -198,7 +198,13 @@ class PassConfig:
     shift (Q with K smoothing): also write ``scale * q . mean`` per row (``quantize.smoothing_lse_shift``);
     staged_store (role "qk", coalesced, rows % 32 == 0): the e4m3 bytes stored through the stage just read
     (``store_qk_staged``); late_count (with fused_mean): K's blocks counted after the CTA's loop, not per block
-    (``count_late``)."""
+    (``count_late``); wide (role "qk", coalesced, head_dim 256, not with staged_store): a thread holds 8 chunks of its
+    token (128 channels) instead of 4, so 2 lanes per token instead of 4 and one cross-lane FWHT stage instead of two
+    (128 ``shfl.bfly`` per thread as before, for twice the values: half the shuffles per block), half the threads, up
+    to 255 registers; the same FWHT pairs, stage order and roundings, the LSE shift's sums in the default's order:
+    outputs bit for bit the default's. (head_dim 128 would need L = 1: Q's pass spills 40 bytes at 255 registers and
+    a warp's 16-byte stores half-fill each 32-byte sector, the pattern ``staged_store`` fixed at head_dim 64: not
+    built.)"""
 
     role: str = "qk"
     rotate: bool = True
@@ -217,6 +223,7 @@ class PassConfig:
     k_sample: bool = False
     staged_store: bool = False
     late_count: bool = False
+    wide: bool = False
 
     def check(self, head_dim: int) -> None:
         """ValueError for a config or head_dim this pass is not built for."""
@@ -231,6 +238,9 @@ class PassConfig:
             raise ValueError("fp8-quant: late_count counts the fused mean's K blocks (fused_mean)")
         if self.k_sample and not self.kmean:
             raise ValueError("fp8-quant: a sampled K mean rides on V's launch (kmean)")
+        if self.wide and not (self.role == "qk" and self.coalesced and head_dim == 256 and not self.staged_store):
+            raise ValueError("fp8-quant: wide (8 chunks of a token per thread) is built for Q / K through a coalesced "
+                             f"stage at head_dim 256, not with staged_store (got head_dim {head_dim})")
         if self.staged_mean and not (self.coalesced and (self.smooth or self.shift)):
             raise ValueError("fp8-quant: the staged mean rides on the coalesced stages of a pass that reads K's "
                              "mean (smooth or shift)")
@@ -262,11 +272,19 @@ class PassConfig:
         """Buffers of K's mean in shared memory: one per stage (``staged_mean``), else two alternating."""
         return max(2, self.stages) if self.staged_mean else 2
 
+    @property
+    def slots(self) -> int:
+        """Chunks of 16 channels a thread holds: ``SLOTS``, twice that with ``wide`` (Q / K: 8 chunks of one token)."""
+        return 2 * SLOTS if self.wide else SLOTS
+
+    def threads(self, head_dim: int) -> int:
+        """Threads of one CTA: rows x head_dim / (16 x ``slots``)."""
+        return self.rows * head_dim // (VEC * self.slots)
+
     def min_blocks(self, head_dim: int) -> int:
         """CTAs per SM asked of ptxas (its register cap 65536 / (threads x this)): 512 resident threads at 128
-        registers (64 values + addresses)."""
-        threads = self.rows * head_dim // (VEC * SLOTS)
-        return max(1, 65536 // (threads * 128))
+        registers (64 values + addresses); ``wide``: 255 registers (128 values + addresses)."""
+        return max(1, 65536 // (self.threads(head_dim) * (256 if self.wide else 128)))
 
     def ctas_per_sm(self, head_dim: int) -> int:
         """Resident CTAs per SM: ``min_blocks`` (the registers), and the stages' shared memory."""
@@ -279,9 +297,10 @@ class QuantPass:
     def __init__(self, head_dim: int, dtype, cfg: PassConfig):
         cfg.check(head_dim)
         self.head_dim, self.dtype, self.cfg = head_dim, dtype, cfg
-        self.lanes = head_dim // (VEC * SLOTS)  # Q / K: lanes per token (1, 2, 4)
+        self.slots = cfg.slots  # chunks per thread: 4 (8 with ``wide``)
+        self.lanes = head_dim // (VEC * self.slots)  # Q / K: lanes per token (1, 2, 4; ``wide``: 1, 2)
         self.quads = cfg.rows // SLOTS  # V: token quads per block (one warp of them per 16 channels at rows 128)
-        self.num_threads = cfg.rows * head_dim // (VEC * SLOTS)
+        self.num_threads = cfg.threads(head_dim)
         self.smem_bytes = 0
         # a register cap of 128 per thread (64 values + 32 registers of prefetched 16-bit input + addresses),
         # stated to ptxas as CTAs per SM: 512 resident threads, so the host's persistent grid fills the GPU
@@ -366,8 +385,8 @@ class QuantPass:
                                   self.dtype, num_bits_per_copy=128)
         s2r = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
 
-        raw = cute.make_rmem_tensor(cute.make_layout((VEC, SLOTS)), self.dtype)  # 16-bit, slot-major
-        x = cute.make_rmem_tensor(cute.make_layout((VEC, SLOTS)), Float32)
+        raw = cute.make_rmem_tensor(cute.make_layout((VEC, self.slots)), self.dtype)  # 16-bit, slot-major
+        x = cute.make_rmem_tensor(cute.make_layout((VEC, self.slots)), Float32)
         # the loads of the CTA's first `ahead` work items; coalesced: S - 1 ahead (the stage to refill was read by
         # other threads: refilled after the next barrier)
         ahead = S - 1 if const_expr(self.cfg.coalesced) else S
@@ -739,23 +758,24 @@ class QuantPass:
     def copy_pieces(self, sStage: cute.Tensor, mSrc: cute.Tensor, batch: Int32, head: Int32, tile: Int32,
                     tidx: Int32, g2s: cute.CopyAtom):
         """``load_block_coalesced``'s cp.async from one source tensor."""
-        P, rows8 = self.head_dim // 8, self.cfg.rows // 8  # 16-byte pieces per token; token step between loads
+        n = 2 * self.slots  # the thread's pieces (8; 16 with ``wide``)
+        P, rows8 = self.head_dim // 8, self.cfg.rows // n  # 16-byte pieces per token; token step between loads
         q = tidx % P
         r0 = tidx // P
         tok0 = tile * self.cfg.rows + r0
-        # the thread's 8 pieces: (8 channels, m) at token tok0 + m * rows8 (one address, then constant steps)
+        # the thread's n pieces: (8 channels, m) at token tok0 + m * rows8 (one address, then constant steps)
         first = cute.local_tile(mSrc[batch, tok0, head, None], (8,), (q,))
-        mine = cute.make_tensor(first.iterator, cute.make_layout((8, 8), stride=(1, rows8 * mSrc.stride[1])))
-        for m in cutlass.range_constexpr(8):
+        mine = cute.make_tensor(first.iterator, cute.make_layout((8, n), stride=(1, rows8 * mSrc.stride[1])))
+        for m in cutlass.range_constexpr(n):
             if tok0 + m * rows8 < mSrc.shape[1]:
-                _, _, piece = stage_load(self.head_dim, self.cfg.rows, self.cfg.role, self.lanes, tidx, m)
+                _, _, piece = stage_load(self.head_dim, self.cfg.rows, self.cfg.role, self.lanes, tidx, m, n)
                 cute.copy(g2s, mine[None, m], cute.local_tile(sStage, (8,), (piece,)))
 
     @cute.jit
     def read_block(self, sStage: cute.Tensor, raw: cute.Tensor, tidx: Int32, s2r: cute.CopyAtom):
         """coalesced: the thread's two pieces per slot (its 16 channels of a token) from the swizzled stage,
         16 bytes each (8 threads of a quarter warp hit 8 distinct 16-byte bank groups: ``piece_swizzle``)."""
-        for j in cutlass.range_constexpr(SLOTS):
+        for j in cutlass.range_constexpr(self.slots):
             for p in cutlass.range_constexpr(2):
                 piece = stage_piece(self.cfg.role, self.lanes, self.quads, self.head_dim, tidx, j, p)
                 src = cute.local_tile(sStage, (8,), (piece,))
@@ -764,7 +784,7 @@ class QuantPass:
     @cute.jit
     def signs_and_smoothing(self, x: cute.Tensor, sSigns: cute.Tensor, sMean: cute.Tensor, tidx: Int32):
         """x = (x - mean) * sign per channel (smoothing, then the rotation's random signs / K's -1)."""
-        for j in cutlass.range_constexpr(SLOTS):
+        for j in cutlass.range_constexpr(self.slots):
             c0 = self.chunk_of(tidx, j) * VEC
             sign = cute.make_rmem_tensor(VEC, Float32)
             cute.autovec_copy(cute.local_tile(sSigns, (VEC,), (c0 // VEC,)), sign)
@@ -781,15 +801,26 @@ class QuantPass:
     def lse_shift(self, x: cute.Tensor, sMean: cute.Tensor, mShift: cute.Tensor, scale: Float32, batch: Int32,
                   head: Int32, tile: Int32, tidx: Int32):
         """shift[batch, head, token] = scale * (q . mean of kv-head head // (H / H_kv)), float32 (the
-        thread's 64 products in order, then a butterfly sum over the token's L lanes)."""
+        thread's 64 products in order, then a butterfly sum over the token's L lanes). ``wide``: the same sums in the
+        same order (bit for bit): the thread holds the default's lanes l (even slots) and l + L (odd slots), one
+        accumulator each, the butterfly over the L lanes on both, then the default's last butterfly step (lanes l and
+        l + L) as one add."""
         acc = Float32(0.0)
-        for j in cutlass.range_constexpr(SLOTS):
+        odd = Float32(0.0)  # wide: the default's lane l + L
+        for j in cutlass.range_constexpr(self.slots):
             mean = cute.make_rmem_tensor(VEC, Float32)
             cute.autovec_copy(cute.local_tile(sMean, (VEC,), (self.chunk_of(tidx, j),)), mean)
             for i in cutlass.range_constexpr(VEC):
-                acc = _fma(x[i, j], mean[i], acc)
+                if const_expr(self.cfg.wide and j % 2 == 1):
+                    odd = _fma(x[i, j], mean[i], odd)
+                else:
+                    acc = _fma(x[i, j], mean[i], acc)
         for b in cutlass.range_constexpr(self.lanes.bit_length() - 1):
             acc = acc + cute.arch.shuffle_sync_bfly(acc, offset=1 << b)
+            if const_expr(self.cfg.wide):
+                odd = odd + cute.arch.shuffle_sync_bfly(odd, offset=1 << b)
+        if const_expr(self.cfg.wide):
+            acc = acc + odd
         tok = tile * self.cfg.rows + self.token_of(tidx, 0)
         if tidx % self.lanes == 0 and tok < mShift.shape[2]:
             mShift[batch, head, tok] = acc * scale
@@ -799,16 +830,16 @@ class QuantPass:
         """Unnormalised Walsh-Hadamard transform of the thread's token (with its L lanes) in the stage order
         of ``quantize.fwht``; the normalisation is folded into the quantisation (``finish_block``)."""
         self.chunk_stages(x)  # h = 1, 2, 4, 8: inside a chunk
-        for b in cutlass.range_constexpr(self.lanes.bit_length() - 1):  # h = 16 .. D / 8: across lanes
+        for b in cutlass.range_constexpr(self.lanes.bit_length() - 1):  # h = 16 .. 8 L: across lanes
             m = 1 << b
             sign = Float32(1.0) - Float32(2.0) * Float32(lane >> b & 1)  # +1: a + other, -1: other - b
-            for j in cutlass.range_constexpr(SLOTS):
+            for j in cutlass.range_constexpr(self.slots):
                 for i in cutlass.range_constexpr(VEC):
                     other = cute.arch.shuffle_sync_bfly(x[i, j], offset=m)
                     x[i, j] = _fma(x[i, j], sign, other)
-        for b in cutlass.range_constexpr(2):  # h = D / 4, D / 2: across the thread's chunks
+        for b in cutlass.range_constexpr(self.slots.bit_length() - 1):  # h = 16 L .. D / 2: the thread's chunks
             h = 1 << b
-            for j in cutlass.range_constexpr(SLOTS):
+            for j in cutlass.range_constexpr(self.slots):
                 if const_expr((j & h) == 0):
                     for i in cutlass.range_constexpr(VEC):
                         a, c = x[i, j], x[i, j + h]
@@ -818,7 +849,7 @@ class QuantPass:
     @cute.jit
     def chunk_stages(self, x: cute.Tensor):
         """The FWHT stages h = 1, 2, 4, 8 inside each of the thread's 16-channel chunks (``fwht``'s first four)."""
-        for j in cutlass.range_constexpr(SLOTS):
+        for j in cutlass.range_constexpr(self.slots):
             for b in cutlass.range_constexpr(4):
                 h = 1 << b
                 for i in cutlass.range_constexpr(VEC):
@@ -829,8 +860,8 @@ class QuantPass:
 
     @cute.jit
     def e4m3_slots(self, x: cute.Tensor, tidx: Int32) -> cute.Tensor:
-        """The thread's values as e4m3 (saturating), (VEC, SLOTS), slot j = chunk ``chunk_of(tidx, j)``."""
-        y8 = cute.make_rmem_tensor(cute.make_layout((VEC, SLOTS)), cutlass.Float8E4M3FN)
+        """The thread's values as e4m3 (saturating), (VEC, slots), slot j = chunk ``chunk_of(tidx, j)``."""
+        y8 = cute.make_rmem_tensor(cute.make_layout((VEC, self.slots)), cutlass.Float8E4M3FN)
         y8.store(x.load().to(cutlass.Float8E4M3FN))
         return y8
 
@@ -856,7 +887,7 @@ class QuantPass:
         sStage, the stage this block was read from, with ``staged_store``)."""
         seqlen = mX.shape[1]
         amax = Float32(0.0)
-        for j in cutlass.range_constexpr(SLOTS):
+        for j in cutlass.range_constexpr(self.slots):
             if tile * self.cfg.rows + self.token_of(tidx, j) < seqlen:
                 for i in cutlass.range_constexpr(VEC):
                     amax = cute.arch.fmax(amax, cute.arch.fmax(x[i, j], -x[i, j]))
@@ -886,7 +917,7 @@ class QuantPass:
             inv = bits_f32((254 - field) << 23)
             if const_expr(self.cfg.rotate):
                 inv = inv * norm
-            for j in cutlass.range_constexpr(SLOTS):
+            for j in cutlass.range_constexpr(self.slots):
                 for i in cutlass.range_constexpr(VEC):
                     x[i, j] = x[i, j] * inv
             if const_expr(self.cfg.staged_store):
@@ -903,7 +934,7 @@ class QuantPass:
         y8 = self.e4m3_slots(x, tidx)
         tok = tile * self.cfg.rows + self.token_of(tidx, 0)
         if tok < mY.shape[1]:
-            for j in cutlass.range_constexpr(SLOTS):
+            for j in cutlass.range_constexpr(self.slots):
                 dst = cute.local_tile(mY[batch, tok, head, None], (VEC,), (self.chunk_of(tidx, j),))
                 cute.copy(atom, cute.zipped_divide(y8[None, j], (VEC,)), cute.zipped_divide(dst, (VEC,)))
 

@@ -131,11 +131,12 @@ def k_parts_per_block(rows: int) -> int:
     return rows // SLOTS // k_sum_group(rows)
 
 
-def stage_load(head_dim: int, rows: int, role: str, lanes: int, tidx, m: int):
+def stage_load(head_dim: int, rows: int, role: str, lanes: int, tidx, m: int, loads: int = 8):
     """(token, piece q of the token, piece index in the stage) of a thread's m-th 16-byte cp.async
-    (m = 0..7) in a coalesced stage: piece tidx % (head_dim / 8) of token tidx / (head_dim / 8) + m rows / 8."""
+    (m = 0 .. loads - 1; loads = 2 x the thread's slots: 8, 16 with ``PassConfig.wide``) in a coalesced stage: piece
+    tidx % (head_dim / 8) of token tidx / (head_dim / 8) + m rows / loads."""
     P = head_dim // 8
-    row = tidx // P + m * (rows // 8)
+    row = tidx // P + m * (rows // loads)
     q = tidx % P
     return row, q, row * P + (q ^ piece_swizzle(role, lanes, row))
 
