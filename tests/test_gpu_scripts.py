@@ -1337,3 +1337,29 @@ def test_ncu_stalls_summary():
     assert len(lines) == 1 and "45.7" in lines[0] and "7.08 cycles/issue" in lines[0], lines
     assert lines[0].endswith("mio_throttle 2500.00, barrier 1.50"), lines
 
+
+def test_quantlanes_script_sets():
+    """scripts/quantlanes_gpu.sh's pieces on the CPU: the bandwidth label defw (the current default + V3_WIDE, a real
+    quant_host switch), the precompile set (the default at D 64 / 128, default and wide at 256 for the default,
+    no-smooth and head-smooth recipes: what its bandwidth rows and GPU tests run), the sanitizer's set, its -k selecting
+    the 4 test_v3_wide_bitwise cases, and its bandwidth step's rc being whether every row matched (not the 70% target)."""
+    from fa_variants.fp8 import quant_host
+
+    bw = load_script("fp8_quant_bandwidth")
+    assert bw.PIPES["defw"] == ("v3", {**bw.PIPES["def"][1], "V3_WIDE": True}) and hasattr(quant_host, "V3_WIDE")
+    pre = load_script("quant_precompile")
+    tasks = pre.tasks("quantlanes")
+    assert len(tasks) == len(set(tasks)) == 8 and ("v3", "bf16", 256, "head-smooth+wide") in tasks
+    assert all(t[3].partition("+")[2] in pre.QUANTLANES_KNOBS for t in tasks)
+    assert pre.QUANTLANES_KNOBS["wide"] == {**pre.QUANTLANES_KNOBS["defaultql"], "V3_WIDE": True}
+    assert all(hasattr(quant_host, n) for n in pre.QUANTLANES_KNOBS["wide"])
+    assert '"quantlanes": [("wide"' in (ROOT / "scripts" / "quant_sanitize.py").read_text()
+    text = (ROOT / "scripts" / "quantlanes_gpu.sh").read_text()
+    assert "--set quantlanes" in text and "--ab def:defw" in text and "racecheck_bg quantlanes" in text
+    expr = re.search(r'-k "([^"]+)"', text).group(1)
+    collect = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                              "tests/test_fp8_quant_kernel.py", "-k", expr], capture_output=True, text=True,
+                             timeout=120, cwd=ROOT)
+    ids = [line for line in collect.stdout.splitlines() if "::" in line]
+    assert len(ids) == 4 and all("test_v3_wide_bitwise" in i for i in ids), ids
+    assert 'grep -q "match the torch recipe: True"' in text and '! grep -q "match the torch recipe: False"' in text
