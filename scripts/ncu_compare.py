@@ -41,8 +41,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import ncu_stalls  # noqa: E402  (scripts/ncu_stalls.py: WarpStateStats' per-reason metric names)
-import ncu_table  # noqa: E402  (scripts/ncu_table.py: the details / raw parsers, pick, the shared rows)
+import ncu_table  # noqa: E402  (scripts/ncu_table.py: the details / raw / source parsers, pick, the shared rows)
 
 SECTIONS = ("summary", "stalls", "top", "classes", "opcodes", "reasons", "loop")
 SAMPLES = "Warp Stall Sampling (All Samples)"
@@ -107,7 +106,7 @@ def parse_source(texts: list[tuple[str, str]]) -> dict[str, list[Instr]]:
     best: dict[str, tuple[float, list[Instr]]] = {}
     for hint, text in texts:
         for g in ncu_table.source_groups(text):
-            impl = _impl(g["kernel"]) or _impl(hint)
+            impl = ncu_table.impl_of(g["kernel"]) or ncu_table.impl_of(hint)
             head = g["header"]
             if impl is None or SAMPLES not in head or "Source" not in head:
                 continue
@@ -131,10 +130,6 @@ def parse_source(texts: list[tuple[str, str]]) -> dict[str, list[Instr]]:
 def _signed(v: float) -> str:
     """A diff with its sign, 2 decimals; -0.00 printed as +0.00."""
     return f"{(v if abs(v) >= 0.005 else 0.0):+.2f}"
-
-
-def _impl(name: str) -> str | None:
-    return "ours" if "fa_variants" in name else "fa4" if "flash_attn" in name else None
 
 
 # ------------------------------------------------------------------------------------------------ the summary
@@ -190,16 +185,6 @@ def summary_table(pair: dict) -> list[str]:
     return lines
 
 
-def warp_stall_ratios(k) -> dict[str, float]:
-    """{reason: warp cycles per issued instruction} of WarpStateStats (raw page's per-reason ratio metrics)."""
-    out = {}
-    for key, (_, v) in k.metrics.items():
-        m = ncu_stalls.STALL.fullmatch(key)
-        if m and isinstance(v, float):
-            out[m.group(1)] = v
-    return out
-
-
 def _issued(k):
     return k.value("smsp__inst_issued.sum", "Instruction Statistics/Issued Instructions") or ncu_table.instructions(k)
 
@@ -209,7 +194,7 @@ def stalls_table(pair: dict) -> list[str]:
     ours, fa4 = pair.get("ours"), pair.get("fa4")
     if ours is None or fa4 is None:
         return ["(stalls: a kernel is missing)"]
-    ro, rf = warp_stall_ratios(ours), warp_stall_ratios(fa4)
+    ro, rf = ncu_table.warp_stall_ratios(ours), ncu_table.warp_stall_ratios(fa4)
     if not ro and not rf:
         return ["(stalls: no WarpStateStats per-reason metrics on the raw page)"]
     io, if_ = _issued(ours), _issued(fa4)

@@ -15,31 +15,22 @@ diagnostic): a missing column is left out.
 from __future__ import annotations
 
 import argparse
-import csv
-import re
+import sys
+from pathlib import Path
 
-STALL = re.compile(r"smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import ncu_table  # noqa: E402  (scripts/ncu_table.py: the raw page's parser and WarpStateStats' reasons)
 
 
-def summarise(rows: list[dict], top: int) -> list[str]:
-    """One line per kernel row of ncu's raw CSV (the header row, then a units row, then the kernels)."""
+def summarise(kernels: list, top: int) -> list[str]:
+    """One line per kernel of ncu's raw CSV (``ncu_table.parse_raw_csv``: the header row, a units row, the kernels)."""
     out = []
-    for n, row in enumerate(r for r in rows if r.get("Kernel Name") and r.get("ID", "").strip().isdigit()):
-        stalls = []
-        for col, val in row.items():
-            m = STALL.fullmatch(col or "")
-            if not m:
-                continue
-            try:
-                stalls.append((float(str(val).replace(",", "")), m.group(1)))
-            except ValueError:
-                pass
-        stalls.sort(reverse=True)
-        dur = row.get("gpu__time_duration.sum", "?")
-        cpi = row.get("smsp__average_warp_latency_per_inst_issued.ratio", "?")
-        name = row.get("Kernel Name", "?")[:24]
+    for n, k in enumerate(kernels):
+        stalls = sorted(((v, r) for r, v in ncu_table.warp_stall_ratios(k).items()), reverse=True)
+        unit, dur = k.metrics.get("gpu__time_duration.sum", ("", "?"))
+        cpi = k.metrics.get("smsp__average_warp_latency_per_inst_issued.ratio", ("", "?"))[1]
         text = ", ".join(f"{r} {v:.2f}" for v, r in stalls[:top]) or "no stall columns"
-        out.append(f"  kernel {n} {name}: {dur} (duration), {cpi} cycles/issue; stalls per issue: {text}")
+        out.append(f"  kernel {n} {k.name[:24]}: {dur} {unit} (duration), {cpi} cycles/issue; stalls per issue: {text}")
     return out
 
 
@@ -49,9 +40,8 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=8)
     args = parser.parse_args()
     try:
-        with open(args.csv, newline="") as f:
-            rows = list(csv.DictReader(f))
-        print("\n".join(summarise(rows, args.top)) or "  (no kernels in the report)")
+        kernels = ncu_table.parse_raw_csv(Path(args.csv).read_text(errors="replace"))
+        print("\n".join(summarise(kernels, args.top)) or "  (no kernels in the report)")
     except Exception as exc:  # noqa: BLE001 - a diagnostic must not fail its caller
         print(f"  (no stall summary: {type(exc).__name__}: {exc})")
     return 0

@@ -38,6 +38,9 @@ STALLS = [("wait", "wait"), ("selected", "selected"), ("barrier", "barrier"), ("
           ("dispatch", "dispatch_stall"), ("warpgroup arrive", "warpgroup_arrive"), ("not selected", "not_selected"),
           ("short scoreboard", "short_scoreboard")]
 PCSAMP = "smsp__pcsamp_warps_issue_stalled_"
+#: WarpStateStats' per-reason metric of the raw page (all cycles, not sampled): warp cycles per issued instruction
+#: spent stalled for the reason (group 1)
+WARP_STALL = re.compile(r"smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio")
 
 
 class Kernel:
@@ -136,11 +139,17 @@ def merge(details: list[Kernel], raw: list[Kernel]) -> list[Kernel]:
     return details
 
 
+def impl_of(name: str) -> str | None:
+    """"ours" for a kernel (or file) name holding ``fa_variants``, "fa4" for one holding ``flash_attn``, else None."""
+    return "ours" if "fa_variants" in name else "fa4" if "flash_attn" in name else None
+
+
 def pick(kernels: list[Kernel]) -> dict[str, Kernel]:
-    """{"ours": kernel, "fa4": kernel}: per implementation the kernel with the most executed instructions."""
+    """{"ours": kernel, "fa4": kernel}: per implementation (``impl_of``) the kernel with the most executed
+    instructions."""
     chosen: dict[str, Kernel] = {}
     for k in kernels:
-        impl = "ours" if "fa_variants" in k.name else "fa4" if "flash_attn" in k.name else None
+        impl = impl_of(k.name)
         if impl is None:
             continue
         if impl not in chosen or (instructions(k) or 0) > (instructions(chosen[impl]) or 0):
@@ -200,6 +209,16 @@ def stall_ratio(reason: str):
     """Warp cycles per issued instruction spent in one stall reason (WarpStateStats, all cycles, not sampled)."""
     return lambda k: k.value(f"smsp__average_warps_issue_stalled_{reason}_per_issue_active.ratio",
                              f"smsp__average_warp_latency_issue_stalled_{reason}.ratio")
+
+
+def warp_stall_ratios(k: Kernel) -> dict[str, float]:
+    """{reason: warp cycles per issued instruction} of WarpStateStats (the raw page's ``WARP_STALL`` metrics)."""
+    out = {}
+    for key, (_, v) in k.metrics.items():
+        m = WARP_STALL.fullmatch(key)
+        if m and isinstance(v, float):
+            out[m.group(1)] = v
+    return out
 
 
 def stall_reasons(kernels: list[Kernel]) -> list[tuple[str, str]]:

@@ -1323,19 +1323,26 @@ def test_bounded_script_precompiles_what_its_steps_run():
     assert len(ids) == 11 and all("[d256-default-" in i or i.endswith("test_fused_units_fault") for i in ids), ids
 
 
-def test_ncu_stalls_summary():
-    """scripts/ncu_stalls.py (stall reasons from an ncu report's raw page): per kernel row of ncu's raw CSV (the units row
-    skipped) the largest stall reasons first, at most --top of them, non-numeric cells ignored."""
+def test_ncu_stalls_summary(tmp_path, capsys, monkeypatch):
+    """scripts/ncu_stalls.py (stall reasons from an ncu report's raw page, parsed by ncu_table.parse_raw_csv): per
+    kernel row of ncu's raw CSV (the units row and ncu's ==PROF== lines skipped) the largest stall reasons first, at
+    most --top of them, non-numeric cells ignored; an unreadable file prints a line and exits 0 (a diagnostic)."""
     mod = load_script("ncu_stalls")
     stall = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
-    rows = [{"ID": "", "Kernel Name": "", "gpu__time_duration.sum": "usecond", stall.format("barrier"): "ratio"},
-            {"ID": "0", "Kernel Name": "kernel_QuantPass_0", "gpu__time_duration.sum": "45.7",
-             "smsp__average_warp_latency_per_inst_issued.ratio": "7.08", stall.format("barrier"): "1.5",
-             stall.format("mio_throttle"): "2,500.0", stall.format("short_scoreboard"): "0.4",
-             stall.format("wait"): "n/a"}]
-    lines = mod.summarise(rows, 2)
-    assert len(lines) == 1 and "45.7" in lines[0] and "7.08 cycles/issue" in lines[0], lines
+    cols = ["ID", "Kernel Name", "gpu__time_duration.sum", "smsp__average_warp_latency_per_inst_issued.ratio",
+            *(stall.format(r) for r in ("barrier", "mio_throttle", "short_scoreboard", "wait"))]
+    rows = [cols, ["", "", "usecond", "", "ratio", "ratio", "ratio", "ratio"],
+            ["0", "kernel_QuantPass_0", "45.7", "7.08", "1.5", "2,500.0", "0.4", "n/a"]]
+    text = "==PROF== Disconnected\n" + "\n".join(",".join(f'"{c}"' for c in r) for r in rows) + "\n"
+    lines = mod.summarise(mod.ncu_table.parse_raw_csv(text), 2)
+    assert len(lines) == 1 and "45.7 usecond" in lines[0] and "7.08 cycles/issue" in lines[0], lines
     assert lines[0].endswith("mio_throttle 2500.00, barrier 1.50"), lines
+    raw = tmp_path / "raw.csv"
+    raw.write_text(text)
+    monkeypatch.setattr(sys, "argv", ["ncu_stalls.py", str(raw), "--top", "1"])
+    assert mod.main() == 0 and capsys.readouterr().out.rstrip().endswith("stalls per issue: mio_throttle 2500.00")
+    monkeypatch.setattr(sys, "argv", ["ncu_stalls.py", str(tmp_path / "missing.csv")])
+    assert mod.main() == 0 and "no stall summary: FileNotFoundError" in capsys.readouterr().out
 
 
 def test_quantlanes_script_sets():
