@@ -12,7 +12,6 @@ before_dir() on their --before; GPU scripts call steps.sh's unpack_before.
 from __future__ import annotations
 
 import argparse
-import io
 import sys
 import tarfile
 from pathlib import Path
@@ -34,14 +33,9 @@ def pack(arg: str | Path) -> Path:
     files = sorted(p for p in (folder / PACKAGE).rglob("*") if p.is_file() and "__pycache__" not in p.parts)
     if not files:
         raise SystemExit(f"before_pkg: {folder}: no {PACKAGE} there (scripts/ab_checkout.sh REV {folder})")
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:xz", preset=9, format=tarfile.PAX_FORMAT) as tar:
-        for path in files:
-            data = path.read_bytes()
-            info = tarfile.TarInfo(path.relative_to(folder).as_posix())
-            info.size, info.mode, info.mtime = len(data), 0o644, 0
-            tar.addfile(info, io.BytesIO(data))
-    archive.write_bytes(buf.getvalue())
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from pack_bench import write_archive  # (scripts/pack_bench.py: sorted, owner and mtime zeroed)
+    write_archive(archive, {p.relative_to(folder).as_posix(): p.read_bytes() for p in files}, preset=9)
     return archive
 
 

@@ -67,10 +67,11 @@ def members(archive: Path) -> dict[str, bytes]:
         return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
 
 
-def write_archive(archive: Path, files: dict[str, bytes]) -> None:
-    """files (name -> bytes) into archive, sorted, owner and mtime zeroed: reproducible bytes."""
+def write_archive(archive: Path, files: dict[str, bytes], preset: int = 9 | lzma.PRESET_EXTREME) -> None:
+    """files (name -> bytes) into archive, sorted, owner and mtime zeroed: reproducible bytes (also
+    scripts/before_pkg.py's archive, at xz preset 9)."""
     buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:xz", preset=9 | lzma.PRESET_EXTREME, format=tarfile.PAX_FORMAT) as tar:
+    with tarfile.open(fileobj=buf, mode="w:xz", preset=preset, format=tarfile.PAX_FORMAT) as tar:
         for name in sorted(files):
             info = tarfile.TarInfo(name)
             info.size, info.mode, info.mtime = len(files[name]), 0o644, 0
