@@ -587,8 +587,9 @@ class _Fp8StepContext(_StepContext):
         """``fused_promote``: alpha v_descale[n_block + 1] / v_descale[n_block] per row (O's units move from the tile
         visited before, n_block + 1, to this one); the first visited tile keeps alpha (O = 0 there). With
         ``bounded_units`` alpha u_prev / u (both from ``_unit``), M kept for the next tile. Returns (alpha,
-        plain): plain False where u is not v_descale[n_block] (the turn then scales the temporaries by
-        v_descale / u), True (a Python bool) without bounded_units and on the first visited tile."""
+        plain): plain False where u = M 2^-UNIT_SPAN (the rare path: the turn's copy that scales the temporaries by
+        s = v_descale / u, which may still be 1 there), else True (a Python bool without bounded_units and on the
+        first visited tile)."""
         plain = True
         if const_expr(self.k.cfg.bounded_units):  # alpha u_prev / u; M kept for the next tile
             vd = self.v_descale[n_block]
