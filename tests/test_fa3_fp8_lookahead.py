@@ -94,13 +94,17 @@ def test_default_is_look128_halves():
     assert not any(c.s_lookahead or c.s_halves for d, c in fa3_fp8.DEFAULT_CONFIGS.items() if d != 256)
 
 
-@pytest.mark.parametrize("bad", [dict(pv_buffers=1), dict(pv_split=1, pv_buffers=1), dict(promote_every=2),
-                                 dict(two_level=False), dict(early_pv_arrive=True), dict(pingpong=False),
-                                 dict(shared_kv_state=True), dict(descale_prefetch=True),
-                                 dict(s_halves=True, tile_n=64)])
-def test_lookahead_config_errors(bad):
+@pytest.mark.parametrize("bad, why", [
+    (dict(pv_buffers=1), "s_lookahead needs"), (dict(pv_split=1, pv_buffers=1), "s_lookahead needs"),
+    (dict(promote_every=2), "promote_every=2 must be"), (dict(two_level=False), "pv_split > 1 needs two_level"),
+    (dict(early_pv_arrive=True), "s_lookahead needs"), (dict(pingpong=False), "s_lookahead needs"),
+    (dict(shared_kv_state=True), "s_lookahead needs"), (dict(descale_prefetch=True), "s_lookahead needs"),
+    (dict(s_halves=True, tile_n=64), "s_halves with s_lookahead needs")])
+def test_lookahead_config_errors(bad, why):
+    """Each of the lookahead's needs, broken alone, is refused, by the rule named in ``why`` (promote_every 2 and
+    two_level off by the general rules of pv_split > 1, which the lookahead's needs imply)."""
     cfg = dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[256], **{**fa3_fp8.NO_LOOKAHEAD, "s_lookahead": True, **bad})
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=why):
         cfg.check(256)
 
 

@@ -223,8 +223,8 @@ class Fp8Config(Fa3Config):
         if self.s_lookahead and not (self.two_level and self.promote_every == 1 and self.pv_split > 1 and self.pv_buffers == 2
                                      and self.pingpong and not self.intra_wg_overlap and not self.early_pv_arrive
                                      and not self.shared_kv_state and not self.descale_prefetch):
-            raise ValueError("fa3-fp8: s_lookahead needs two_level, promote_every 1, pv_split > 1 with pv_buffers 2, "
-                             "pingpong, intra_wg_overlap, early_pv_arrive, shared_kv_state and descale_prefetch off")
+            raise ValueError("fa3-fp8: s_lookahead needs two_level, promote_every 1, pv_split > 1 with pv_buffers 2 and "
+                             "pingpong on; intra_wg_overlap, early_pv_arrive, shared_kv_state and descale_prefetch off")
         halves_fit = self.tile_n * self.pv_split == 2 * head_dim and self.pv_split % 2 == 0
         if self.s_halves and self.s_lookahead and not halves_fit:
             raise ValueError(f"fa3-fp8: s_halves with s_lookahead needs tile_n * pv_split == 2 * head_dim with pv_split "
