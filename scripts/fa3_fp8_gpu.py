@@ -8,7 +8,6 @@ B*N = 16k, H*D = 2048 (the project's benchmark shape), triton.testing.do_bench m
 import argparse
 import dataclasses
 import json
-import math
 import sys
 
 import torch

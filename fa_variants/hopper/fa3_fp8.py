@@ -109,7 +109,7 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
-from cutlass.cute.nvgpu import OperandMajorMode, warpgroup
+from cutlass.cute.nvgpu import warpgroup
 
 from fa_variants.common import interop
 from fa_variants.common.cache import StaticConfig
