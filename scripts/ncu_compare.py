@@ -1,7 +1,8 @@
 """Issue 12: where our fa3's warps stall that flash-attn-4's do not, from one Nsight Compute report of both (no GPU).
 
     python3 scripts/ncu_compare.py --details R.txt --raw R.csv --source R_source.csv [more source CSVs]
-        [--top 15] [--title T] [--out TABLES.md] [--sections summary,stalls,top,classes,opcodes,reasons,loop]
+        [--top 15] [--title T] [--out TABLES.md] [--sections summary,stalls,top,classes,opcodes,reasons,loop,turn]
+        [--ref-details R2.txt --ref-raw R2.csv --ref-source R2_source.csv --labels new,noskip]
 
 Inputs (scripts/d64ncu_gpu.sh writes them): ``ncu --import R.ncu-rep --page details`` (text), ``--page raw --csv``
 and ``--page source --csv --print-source sass`` (one file with both kernels, or one file per kernel). Ours is the
@@ -31,6 +32,16 @@ from WarpStateStats (reason's cycles per issue x issued instructions, over fa4's
 instructions). Both kernels have the same warps per CTA and one CTA per SM (bench/NOTES.md, session 11), so warp time
 compares as kernel time.
 
+- turn: per kernel its ping-pong turn in the hot lines (the first BAR.SYNC whose next BAR is a BAR.ARV): the
+  BAR.SYNC (waiting for the turn), each WARPGROUP.DEPBAR (a GMMA wait) and BAR.ARV on a row of their own, the runs
+  between them as one row each (instruction count, the commonest opcodes); samples in % of fa4's warp time; then the
+  turn, its waits, the BAR.SYNC and the rest of the kernel side by side with their diffs (scripts/ncu256_gpu.sh: the
+  fa3-fp8 two-level turn's DEPBAR.LE 1 links).
+
+Two configs of one kernel (names ncu cannot tell apart) come from two reports: --ref-details / --ref-raw /
+--ref-source give the second report, whose kernel (ours or fa4 by name) takes the fa4 side; --labels A,B names the
+two sides in the output (A for "fa3 (ours)" / "ours", B for "flash-attn-4" / "fa4").
+
 Exit 0 when both kernels are in the summary and both have stall samples on the source page, else 1 (saying what is
 missing). A missing input file is an argparse error naming its flag.
 """
@@ -43,7 +54,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ncu_table  # noqa: E402  (scripts/ncu_table.py: the details / raw / source parsers, pick, the shared rows)
 
-SECTIONS = ("summary", "stalls", "top", "classes", "opcodes", "reasons", "loop")
+SECTIONS = ("summary", "stalls", "top", "classes", "opcodes", "reasons", "loop", "turn")
 SAMPLES = "Warp Stall Sampling (All Samples)"
 EXECUTED = "Instructions Executed"
 
@@ -164,7 +175,17 @@ EXTRA_ROWS = [
                                     "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed"), 1),
     ("L1/TEX hit rate (%)", _getter("Memory Workload Analysis/L1/TEX Hit Rate", "l1tex__t_sector_hit_rate.pct"), 1),
     ("mem pipes busy (%)", _getter("Memory Workload Analysis/Mem Pipes Busy"), 1),
+    ("tensor pipe busy (cycles per SM)", lambda k: tensor_busy(k), 0),
 ]
+
+
+def tensor_busy(k) -> float | None:
+    """Tensor (GMMA) pipe busy cycles per SM: the metric where collected, else its % of elapsed x elapsed cycles."""
+    got = k.value("sm__pipe_tensor_op_gmma_cycles_active.avg")
+    if got is not None:
+        return got
+    pct, c = ncu_table.tensor_pct(k), cycles(k)
+    return pct * c / 100 if pct is not None and c else None
 
 
 def cycles(k) -> float | None:
@@ -305,6 +326,96 @@ def heat_key(instrs: list[Instr]):
     return lambda i: next(label for label, low in HEAT if (i.executed or 0.0) >= hottest * low)
 
 
+# ---------------------------------------------------------------------------------------------------- the turn
+_ANCHORS = ("BAR.SYNC", "WARPGROUP.DEPBAR", "BAR.ARV")
+
+
+def turn_lines(instrs: list[Instr]) -> list[Instr] | None:
+    """The hot SASS lines (heat_key's hot rows; all lines without executed counts) from the first BAR.SYNC whose next
+    BAR is a BAR.ARV to that BAR.ARV, in address order; None when there is no such pair."""
+    hot_label = HEAT[0][0]
+    key = heat_key(instrs) if all(i.executed is not None for i in instrs) else (lambda i: hot_label)
+    hot = sorted((i for i in instrs if key(i) == hot_label), key=lambda i: i.offset)
+    bars = [n for n, i in enumerate(hot) if i.mnemonic.startswith("BAR.")]
+    for a, b in zip(bars, bars[1:]):
+        if hot[a].mnemonic.startswith("BAR.SYNC") and hot[b].mnemonic.startswith("BAR.ARV"):
+            return hot[a:b + 1]
+    return None
+
+
+def turn_segments(turn: list[Instr]) -> list[tuple[str, list[Instr]]]:
+    """[(label, lines)]: each anchor (BAR.SYNC, WARPGROUP.DEPBAR, BAR.ARV) alone, the runs between them as one."""
+    segs: list[tuple[str, list[Instr]]] = []
+    for i in turn:
+        if i.mnemonic.startswith(_ANCHORS):
+            segs.append((i.text.rstrip(" ;")[:48], [i]))
+        elif segs and segs[-1][0] == "run":
+            segs[-1][1].append(i)
+        else:
+            segs.append(("run", [i]))
+    return segs
+
+
+def _opcounts(lines: list[Instr], n: int = 4) -> str:
+    counts: dict = {}
+    for i in lines:
+        op = i.mnemonic.split(".")[0]
+        counts[op] = counts.get(op, 0) + 1
+    return ", ".join(f"{op} {c}" for op, c in sorted(counts.items(), key=lambda kv: -kv[1])[:n])
+
+
+def turn_table(src: dict, scale: float) -> list[str]:
+    """Each kernel's turn segment by segment, then turn / waits / BAR.SYNC / rest side by side (% of fa4's warp time)."""
+    lines, parts = [], {}
+    for tag, name in (("ours", "fa3 (ours)"), ("fa4", "flash-attn-4")):
+        instrs, k = src[tag], (scale if tag == "ours" else 1.0)
+        total = sum(i.samples for i in instrs) or 1.0
+        pct = lambda ls: 100 * k * sum(i.samples for i in ls) / total  # noqa: E731
+        turn = turn_lines(instrs)
+        if turn is None:
+            lines += [f"(turn: no hot BAR.SYNC .. BAR.ARV in {name})", ""]
+            continue
+        lines += [f"turn of {name} (+0x{turn[0].offset:05x} .. +0x{turn[-1].offset:05x}), samples in % of fa4's warp "
+                  "time:", "", "| segment | offset | instructions | samples | % of fa4 warp time | reasons |",
+                  "|---|---|---|---|---|---|"]
+        for label, seg in turn_segments(turn):
+            what = f"run: {_opcounts(seg)}" if label == "run" else label
+            reasons: dict = {}
+            for i in seg:
+                for r, v in i.reasons.items():
+                    reasons[r] = reasons.get(r, 0.0) + v
+            samples = sum(i.samples for i in seg)
+            lines.append(f"| {what} | +0x{seg[0].offset:05x} | {len(seg)} | {samples:,.0f} | {pct(seg):.2f} | "
+                         f"{_top_reasons(reasons, samples)} |")
+        inside = set(map(id, turn[1:]))
+        parts[tag] = {"turn wait (its BAR.SYNC)": pct(turn[:1]),
+                      "turn after BAR.SYNC .. BAR.ARV": pct(turn[1:]),
+                      "  of it: WARPGROUP.DEPBAR lines": pct([i for i in turn[1:] if i.mnemonic.startswith(_ANCHORS[1])]),
+                      "  of it: the rest (issue, promotion, ARRIVE)": pct(
+                          [i for i in turn[1:] if not i.mnemonic.startswith(_ANCHORS[1])]),
+                      "outside the turn (the rest of the kernel)": pct(
+                          [i for i in instrs if id(i) not in inside and i is not turn[0]])}
+        lines.append("")
+    if len(parts) == 2:
+        lines += ["| region (% of fa4 warp time) | ours | fa4 | diff |", "|---|---|---|---|"]
+        for region in parts["ours"]:
+            a, b = parts["ours"][region], parts["fa4"][region]
+            lines.append(f"| {region} | {a:.2f} | {b:.2f} | {_signed(a - b)} |")
+        a = sum(v for r, v in parts["ours"].items() if not r.startswith("  "))
+        b = sum(v for r, v in parts["fa4"].items() if not r.startswith("  "))
+        lines += [f"| all | {a:.2f} | {b:.2f} | {_signed(a - b)} |", ""]
+    return lines
+
+
+def relabel(text: str, labels: tuple[str, str]) -> str:
+    """The output with ``labels`` (ours', fa4's) for "fa3 (ours)" / "ours" and "flash-attn-4" / "fa4"."""
+    import re
+
+    ours, ref = labels
+    text = text.replace("fa3 (ours)", ours).replace("flash-attn-4", ref)
+    return re.sub(r"\bfa4\b", ref, re.sub(r"\bours\b", ours, text))
+
+
 # ---------------------------------------------------------------------------------------------------- main
 def report(pair: dict, src: dict, sections: list[str], top: int) -> list[str]:
     lines: list[str] = []
@@ -336,6 +447,8 @@ def report(pair: dict, src: dict, sections: list[str], top: int) -> list[str]:
             lines += grouped_table("where (by executed count)", src, scale, keys, [h for h, _ in HEAT]) + [""]
         else:
             lines += ["(loop: the source page has no Instructions Executed column)", ""]
+    if "turn" in sections:
+        lines += turn_table(src, scale)
     return lines
 
 
@@ -349,8 +462,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--title", default="")
     ap.add_argument("--out", help="markdown file the tables are appended to")
     ap.add_argument("--sections", default=",".join(SECTIONS), help=f"comma list of {', '.join(SECTIONS)}")
+    ap.add_argument("--ref-details", help="a second report's details page: its kernel is the reference (fa4 side)")
+    ap.add_argument("--ref-raw", help="the second report's raw page")
+    ap.add_argument("--ref-source", nargs="+", metavar="CSV", default=[], help="the second report's source pages")
+    ap.add_argument("--labels", help="OURS,REF: the two sides' names in the output (default fa3 (ours),flash-attn-4)")
     a = ap.parse_args(argv)
-    for flag, path in (("--details", a.details), ("--raw", a.raw), *(("--source", p) for p in a.source)):
+    labels = tuple(x.strip() for x in a.labels.split(",")) if a.labels else None
+    if labels is not None and (len(labels) != 2 or not all(labels)):
+        ap.error(f"--labels: expected two comma-separated names; got {a.labels!r}")
+    if (a.ref_raw or a.ref_source) and not a.ref_details:
+        ap.error("--ref-raw / --ref-source: need --ref-details")
+    for flag, path in (("--details", a.details), ("--raw", a.raw), *(("--source", p) for p in a.source),
+                       ("--ref-details", a.ref_details), ("--ref-raw", a.ref_raw),
+                       *(("--ref-source", p) for p in a.ref_source)):
         if path is not None and not Path(path).is_file():
             ap.error(f"{flag}: no such file {path}")
     sections = [s.strip() for s in a.sections.split(",") if s.strip()]
@@ -363,8 +487,12 @@ def main(argv: list[str] | None = None) -> int:
         kernels = ncu_table.merge(kernels, ncu_table.parse_raw_csv(Path(a.raw).read_text(errors="replace")))
     pair = ncu_table.pick(kernels)
     src = parse_source([(Path(p).name, Path(p).read_text(errors="replace")) for p in a.source])
+    if a.ref_details:  # two reports: the second one's kernel is the reference, whatever its name
+        pair, src = _with_reference(pair, src, a)
     lines = ([f"### {a.title}", ""] if a.title else []) + report(pair, src, sections, a.top)
     text = "\n".join(lines) + "\n"
+    if labels:
+        text = relabel(text, labels)
     print(text, end="")
     if a.out:
         with open(a.out, "a") as f:
@@ -374,6 +502,18 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print("incomplete: " + "; ".join(missing))
     return 1 if missing else 0
+
+
+def _with_reference(pair: dict, src: dict, a) -> tuple[dict, dict]:
+    """(pair, src) with the fa4 side taken from --ref-details / --ref-raw / --ref-source (its ours, else its fa4)."""
+    ref = ncu_table.parse_details(Path(a.ref_details).read_text(errors="replace"))
+    if a.ref_raw:
+        ref = ncu_table.merge(ref, ncu_table.parse_raw_csv(Path(a.ref_raw).read_text(errors="replace")))
+    ref_pair = ncu_table.pick(ref)
+    ref_src = parse_source([(Path(p).name, Path(p).read_text(errors="replace")) for p in a.ref_source])
+    pair = {k: v for k, v in {"ours": pair.get("ours"), "fa4": ref_pair.get("ours", ref_pair.get("fa4"))}.items() if v}
+    src = {k: v for k, v in {"ours": src.get("ours"), "fa4": ref_src.get("ours", ref_src.get("fa4"))}.items() if v}
+    return pair, src
 
 
 if __name__ == "__main__":

@@ -26,8 +26,9 @@
 #      B. scripts/pending_gpu.sh quantlanes d64ncu   (~75 + ~95 s: the quant pass with 2 lanes per token at head_dim
 #         256 (FA_VARIANTS_FP8_QUANT_WIDE, off; flip rule in its header); Nsight Compute stall sampling of fa3 vs
 #         flash-attn-4 at head_dim 64 (issue 12: where the ~6 % gap's cycles go), then scripts/ncu_compare.py)
-#      C. next: an ncu source view of fa3-fp8's head_dim 256 ping-pong turn (the two-level schedule's flat ~5.5 %,
-#         bench/NOTES.md "Session 11 ... two-level schedule at head_dim 256"): not scripted yet
+#      C. scripts/pending_gpu.sh ncu256   (~70-90 s: an ncu source view of fa3-fp8's head_dim 256 ping-pong turn, new
+#         vs single_overlap_noskip, the two-level schedule's flat ~5.5 %; bench/NOTES.md "Session 11 ... head_dim 256
+#         turn under ncu; plan for the next run")
 # Pass (step 1): "precompile: 11 jobs ... 0 failed"; checks 31 passed, 0 failed, 0 errors (an rc 124 after the
 # "[100%]" line is xdist's teardown, not a failure). Prediction: 31 passed (the flip's own run: 11 passed).
 # Exit code: 1 when a checks step or a named script did not exit 0 (rc 124 included) or a script was skipped for

@@ -1385,3 +1385,24 @@ def test_quantlanes_script_sets():
     ids = [line for line in collect.stdout.splitlines() if "::" in line]
     assert len(ids) == 4 and all("test_v3_wide_bitwise" in i for i in ids), ids
     assert 'grep -q "match the torch recipe: True"' in text and '! grep -q "match the torch recipe: False"' in text
+
+
+def test_ncu256_script_names_fp8turn_variants():
+    """scripts/ncu256_gpu.sh profiles fa3-fp8 configs by name: every fa3-fp8:NAME it runs is a head_dim 256 variant of
+    scripts/fa3_fp8_speed_ab.py's SETS["fp8turn"] (new: the default; single_overlap_noskip: one accumulator, no skip),
+    and scripts/ncu_attribution.py's --impl accepts exactly those names (an unknown one: ValueError naming --impl)."""
+    text = (ROOT / "scripts" / "ncu256_gpu.sh").read_text()
+    names = set(re.findall(r"fa3-fp8:([a-z0-9_]+)", text))
+    assert names == {"new", "single_overlap_noskip"}, names
+    variants = load_script("fa3_fp8_speed_ab").SETS["fp8turn"].variants[256]
+    assert names <= set(variants) and variants["new"] == {}
+    assert variants["single_overlap_noskip"]["skip_unit_rescale"] is False
+    assert variants["single_overlap_noskip"]["two_level"] is False
+    att = load_script("ncu_attribution")
+    assert att.fp8_variants("fp8turn", 256) == variants and "--fp8-set" not in text  # the default set
+    spec = "fa3-fp8:new,fa3-fp8:single_overlap_noskip"
+    assert att.impl_list(spec, variants) == ["fa3-fp8:new", "fa3-fp8:single_overlap_noskip"]
+    for bad in ("fa3-fp8:nope", "fa3-fp8:new,fa3-fp8:new", "fa3-fp8:new"):
+        with pytest.raises(ValueError, match="^--impl: "):
+            att.impl_list(bad, variants if bad != "fa3-fp8:new" else None)
+    assert att.impl_list("fa3,flash-attn-4") == ["fa3", "flash-attn-4"]

@@ -295,3 +295,126 @@ esac""")
     assert "max |O difference|" in run.stdout and "Version 2099.1" in run.stdout
     if diff == "nan":
         assert "== not passed: ncu16k_O_difference (nan) ncu4k_O_difference (nan)" in run.stdout
+
+
+def _turn_source(lines) -> str:
+    """One kernel's source page (the "Kernel Name" row, then SOURCE_HEAD's columns) from (text, samples, executed):
+    every sample a "wait" one but BAR's, which are "barrier"."""
+    rows = []
+    for n, (text, s, e) in enumerate(lines):
+        bar = s if text.startswith("BAR") else 0
+        rows.append([hex(0x7F0000001000 + 16 * n), text, str(s), "0", f"{e:,}", str(bar), "0", str(s - bar), "0", "0",
+                     "0"])
+    return _csv([["Kernel Name", OURS], SOURCE_HEAD, *rows])
+
+
+# new-like: the turn holds a GMMA wait and a promotion (3,000 samples); noskip-like: its waits after the turn (2,500)
+TURN_NEW = [("MOV R1, c[0x0][0x28] ;", 10, 100), ("BAR.SYNC.DEFER_BLOCKING R8, 0x100 ;", 300, 8500),
+            ("WARPGROUP.ARRIVE ;", 20, 8500), ("QGMMA.64x64x32.F32.E4M3.E4M3 R56, R216, gdesc[UR8], RZ, !UPT ;", 50, 8500),
+            ("WARPGROUP.DEPBAR.LE gsb0, 0x1 ;", 600, 8500), ("FFMA R88, R2, R88, R56 ;", 200, 8500),
+            ("FFMA R89, R2, R89, R57 ;", 100, 8500), ("WARPGROUP.ARRIVE ;", 100, 8500),
+            ("QGMMA.64x64x32.F32.E4M3.E4M3 R24, R216, gdesc[UR8], RZ, !UPT ;", 50, 8500), ("BAR.ARV R0, 0x100 ;", 30, 8500),
+            ("WARPGROUP.DEPBAR.LE gsb0, 0x0 ;", 500, 8500), ("MUFU.EX2 R40, R40 ;", 1040, 8500), ("EXIT ;", 0, 100)]
+TURN_NOSKIP = [("MOV R1, c[0x0][0x28] ;", 10, 100), ("BAR.SYNC.DEFER_BLOCKING R7, 0x100 ;", 300, 8500),
+               ("WARPGROUP.ARRIVE ;", 20, 8500), ("QGMMA.64x256x32.F32.E4M3.E4M3 R24, R216, gdesc[UR8], R24 ;", 50, 8500),
+               ("BAR.ARV R10, 0x100 ;", 30, 8500), ("WARPGROUP.DEPBAR.LE gsb0, 0x1 ;", 400, 8500),
+               ("WARPGROUP.DEPBAR.LE gsb0, 0x0 ;", 300, 8500), ("FMUL R24, R24, R3 ;", 200, 8500),
+               ("MUFU.EX2 R40, R40 ;", 1190, 8500), ("EXIT ;", 0, 100)]
+
+
+def test_two_reports_turn_and_labels(nc, tmp_path, capsys):
+    """Two configs of one kernel (the same name) from two reports (--ref-*): the second is the reference; --labels
+    names both sides everywhere; the turn tables (BAR.SYNC .. BAR.ARV of the hot lines, each DEPBAR on its own row)
+    and the regions: new 1,100,000 cycles / noskip 1,000,000 (scale 1.1), samples 3,000 / 2,500."""
+    files = {"new.txt": _details(OURS, "(1024, 1, 1)", "1,100,000", "18.7", "30.0"),
+             "noskip.txt": _details(OURS, "(1024, 1, 1)", "1,000,000", "18.7", "31.0"),
+             "new_source_fa_variants.csv": _turn_source(TURN_NEW),
+             "noskip_source_fa_variants.csv": _turn_source(TURN_NOSKIP)}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    rc = nc.main(["--details", str(tmp_path / "new.txt"), "--source", str(tmp_path / "new_source_fa_variants.csv"),
+                  "--ref-details", str(tmp_path / "noskip.txt"), "--ref-source",
+                  str(tmp_path / "noskip_source_fa_variants.csv"), "--labels", "new,noskip"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "| metric | new | noskip | new / noskip |" in out and "fa4" not in out and "ours" not in out
+    assert _table(out, "metric")["elapsed cycles"] == ["1,100,000", "1,000,000", "1.10"]
+    assert "new / noskip elapsed cycles 1.1000" in out
+    assert "turn of new (+0x00010 .. +0x00090)" in out and "turn of noskip (+0x00010 .. +0x00040)" in out
+    new_turn = out.split("turn of new")[1].split("turn of noskip")[0]
+    assert "| WARPGROUP.DEPBAR.LE gsb0, 0x1 | +0x00040 | 1 | 600 | 22.00 | wait 100% |" in new_turn
+    assert "| run: FFMA 2, WARPGROUP 1, QGMMA 1 | +0x00050 | 4 | 450 | 16.50 |" in new_turn
+    assert "| BAR.SYNC.DEFER_BLOCKING R8, 0x100 | +0x00010 | 1 | 300 | 11.00 | barrier 100% |" in new_turn
+    regions = _table(out, "region (% of noskip warp time)")
+    assert regions["turn wait (its BAR.SYNC)"] == ["11.00", "12.00", "-1.00"]
+    assert regions["turn after BAR.SYNC .. BAR.ARV"] == ["42.17", "4.00", "+38.17"]
+    assert regions["of it: WARPGROUP.DEPBAR lines"] == ["22.00", "0.00", "+22.00"]
+    assert regions["of it: the rest (issue, promotion, ARRIVE)"] == ["20.17", "4.00", "+16.17"]
+    assert regions["outside the turn (the rest of the kernel)"] == ["56.83", "84.00", "-27.17"]
+    assert regions["all"] == ["110.00", "100.00", "+10.00"]
+    assert _table(out, "opcode class")["all"][4] == "+10.00"  # the classes' diff: the same total
+
+
+def test_turn_missing_and_reference_flags(nc, tmp_path, capsys):
+    """No BAR.SYNC .. BAR.ARV in the hot lines: a line saying so (d64ncu's fixture); --ref-source without
+    --ref-details and a bad --labels are argparse errors naming the flag."""
+    out = _run(nc, tmp_path, capsys, extra=["--sections", "turn"])[1]
+    assert "(turn: no hot BAR.SYNC .. BAR.ARV in fa3 (ours))" in out
+    (tmp_path / "d.txt").write_text(DETAILS)
+    for bad, message in ((["--ref-source", str(tmp_path / "d.txt")], "--ref-raw / --ref-source: need --ref-details"),
+                         (["--labels", "a"], "--labels: expected two")):
+        with pytest.raises(SystemExit):
+            nc.main(["--details", str(tmp_path / "d.txt"), *bad])
+        assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("rel", ["3.1e-03", "nan"])
+def test_ncu256_script_with_a_fake_ncu(tmp_path, rel):
+    """scripts/ncu256_gpu.sh with fake ncu / nvidia-smi / python3 (ncu_compare runs for real): the precompile of both
+    fa3-fp8 configs, one ncu run per config (one report each: --profile names it, --launch-count 1), the sections,
+    the sampling interval, the metrics the query lists, the pages, ncu_compare new vs noskip with the turn tables in
+    the output and in ncu256_compare.md; exit 0, or 1 when the configs' outputs differ (a NaN rel-L2)."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    pages = {"new.txt": _details(OURS, "(1024, 1, 1)", "1,100,000", "18.7", "30.0"),
+             "noskip.txt": _details(OURS, "(1024, 1, 1)", "1,000,000", "18.7", "31.0"),
+             "new.csv": _turn_source(TURN_NEW), "noskip.csv": _turn_source(TURN_NOSKIP)}
+    for name, text in pages.items():
+        (tmp_path / name).write_text(text)
+    calls = tmp_path / "calls.txt"
+    _fake(bin_, "nvidia-smi", 'if [[ " $* " == *" -lms "* ]]; then sleep 30; fi; echo "0, FAKE H200"')
+    _fake(bin_, "ncu", f"""echo "ncu $*" >> {calls}
+rep=new; [[ " $* " == *"noskip.ncu-rep"* ]] && rep=noskip
+case " $* " in
+  *" --version "*) echo "Version 2099.1";;
+  *" --query-metrics "*) printf 'Metric Name   Metric Description\\nsm__pipe_tensor_op_gmma_cycles_active   t\\n';;
+  *" --page details "*) cat {tmp_path}/$rep.txt;;
+  *" --page raw "*) echo '"ID","Kernel Name"';;
+  *" --page source "*) cat {tmp_path}/$rep.csv;;
+  *) while [[ $# -gt 0 && $1 != -o ]]; do shift; done; touch "$2.ncu-rep"
+     echo "profiled fa3-fp8:x D=256 N=16384"; echo "O difference rel-L2 between a, b causal=False: {rel}";;
+esac""")
+    _fake(bin_, "python3", f'echo "python3 $*" >> {calls}\n'
+                           f'if [[ $1 == scripts/ncu_compare.py ]]; then exec {sys.executable} "$@"; fi\n'
+                           'echo "precompiled 2 of 2 fa3-fp8 kernels"')
+    env = dict(os.environ, PATH=f"{bin_}:{os.environ['PATH']}", OUT=str(tmp_path / "out"))
+    run = subprocess.run(["bash", "scripts/ncu256_gpu.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=120)
+    log = calls.read_text().splitlines()
+    assert run.returncode == (0 if rel != "nan" else 1), run.stdout + run.stderr
+    impl = "--impl fa3-fp8:new,fa3-fp8:single_overlap_noskip --head-dim 256 --seqlen 16384 --causal no"
+    assert any(ln.startswith(f"python3 scripts/ncu_attribution.py {impl} --precompile") for ln in log), log
+    profiled = [ln for ln in log if ln.startswith("ncu ") and "ncu_attribution.py" in ln]
+    assert len(profiled) == 2 and profiled[0].endswith(f"{impl} --profile fa3-fp8:new")
+    assert profiled[1].endswith("--profile fa3-fp8:single_overlap_noskip")
+    for ln in profiled:
+        assert "--kernel-name regex:fa_variants --launch-count 1 --import-source no" in ln
+        for section in ("SourceCounters", "WarpStateStats", "SchedulerStats", "SpeedOfLight", "ComputeWorkloadAnalysis"):
+            assert f"--section {section}" in ln
+        assert "--warp-sampling-interval 7 --metrics sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_" \
+               "elapsed,sm__pipe_tensor_op_gmma_cycles_active.avg " in ln
+    tables = (tmp_path / "out" / "ncu256_compare.md").read_text()
+    assert "new vs single_overlap_noskip" in tables and "| turn after BAR.SYNC .. BAR.ARV | 42.17 | 4.00 | +38.17 |" in tables
+    assert "| all | 110.00 | 100.00 | +10.00 |" in run.stdout and "Version 2099.1" in run.stdout
+    if rel == "nan":
+        assert "== not passed: new_O_difference (nan) noskip_O_difference (nan)" in run.stdout
