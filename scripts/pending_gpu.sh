@@ -21,7 +21,7 @@
 #    [".gpu"], or [".gpu", ".before.tar.xz"] after `scripts/ab_checkout.sh 446f785 .before` for a script that A/Bs
 #    against an older tree: the archive, not the folder: the call's 64 MiB holds .gpu/ (~60 MB), the working tree
 #    and ~0.25 MB more; tests/test_ci.py keeps the tracked tree within its budget):
-#      A. scripts/pending_gpu.sh --checks   (~90 s), then in the same call if time allows, else the next: the whole GPU
+#      A. scripts/pending_gpu.sh --checks   (~90 s; 31 passed in session 11's call F after the flip), then in the same call if time allows, else the next: the whole GPU
 #         suite: `python3 -m pytest -q -n 14 -m "gpu and not slow" -p no:cacheprovider --durations=40` (~500 s)
 #      B. scripts/pending_gpu.sh quantlanes d64ncu   (~75 + ~95 s: the quant pass with 2 lanes per token at head_dim
 #         256 (FA_VARIANTS_FP8_QUANT_WIDE, off; flip rule in its header); Nsight Compute stall sampling of fa3 vs
