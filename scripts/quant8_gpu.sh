@@ -41,9 +41,5 @@ wait
 step bandwidth 25 python3 scripts/fp8_quant_bandwidth.py --pipelines def,defl,deff --recipes default,sampled8 \
   --skip deff:sampled8 --rounds 5 --breakdown --ab def:defl,def:deff --json "$out/quant_bw.json"
 echo
-stop_clocks; cat "$out/commit.txt" "$out/gpu.txt"
-grep -E "precompile:|FAILED" "$out/precompile.log" | head -6
-echo "-- gpu_tests"; grep -E "^FAILED|passed|failed|error" "$out/gpu_tests.log" | tail -8
-grep -E "RACECHECK SUMMARY|CALLS|DIFF|^rc=" "$out/sanitize.log"
-bandwidth_summary "$out/bandwidth.log"
+quant_summary "$out"
 steps_exit

@@ -62,11 +62,7 @@ step bandwidth 25 bash -c 'python3 scripts/fp8_quant_bandwidth.py "$@" | tee "$0
   "$out/bandwidth.txt" --pipelines "$pipes" --recipes default --rounds 5 --breakdown "${ab[@]}" \
   --json "$out/quant_bw.json"
 echo
-stop_clocks; cat "$out/commit.txt" "$out/gpu.txt"
-grep -E "precompile:|FAILED" "$out/precompile.log" | head -6
-echo "-- gpu_tests"; grep -E "^FAILED|passed|failed|error" "$out/gpu_tests.log" | tail -8
-grep -E "RACECHECK SUMMARY|CALLS|DIFF|^rc=" "$out/sanitize.log"
-bandwidth_summary "$out/bandwidth.log"
+quant_summary "$out"
 if [[ -f $out/ncu_raw.csv && -f scripts/ncu_stalls.py ]]; then
   echo "== ncu (D 256, def then defw: V + K sums, K, Q each)"; python3 scripts/ncu_stalls.py "$out/ncu_raw.csv"
 fi

@@ -135,6 +135,16 @@ bandwidth_summary() {
   sed -n '/^A\/B /,$p' "$1" | grep . || tail -20 "$1"
 }
 
+# quant_summary DIR: the closing lines of the quantisation scripts (quant8, quantlanes): commit and GPU, the
+# precompile's result, the GPU tests' result, the racecheck summary, then bandwidth_summary; logs under DIR
+quant_summary() {
+  stop_clocks; cat "$1/commit.txt" "$1/gpu.txt"
+  grep -E "precompile:|FAILED" "$1/precompile.log" | head -6
+  echo "-- gpu_tests"; grep -E "^FAILED|passed|failed|error" "$1/gpu_tests.log" | tail -8
+  grep -E "RACECHECK SUMMARY|CALLS|DIFF|^rc=" "$1/sanitize.log"
+  bandwidth_summary "$1/bandwidth.log"
+}
+
 pack_logs() {
   stop_clocks
   tar -C "$(dirname "$LOGS")" -czf "$1" "$(basename "$LOGS")"
