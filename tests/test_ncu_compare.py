@@ -239,6 +239,24 @@ def _fake(folder: Path, name: str, body: str) -> None:
     (folder / name).chmod(0o755)
 
 
+def _run_with_fakes(tmp_path: Path, script: str, ncu_case: str, precompiled: str):
+    """Runs scripts/SCRIPT with fake nvidia-smi, ncu (its arguments logged, then the bash NCU_CASE)
+    and python3 (logged; scripts/ncu_compare.py runs for real, anything else prints PRECOMPILED). Returns the
+    completed process and the logged calls, one a line."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    calls = tmp_path / "calls.txt"
+    _fake(bin_, "nvidia-smi", 'if [[ " $* " == *" -lms "* ]]; then sleep 30; fi; echo "0, FAKE H200"')
+    _fake(bin_, "ncu", f'echo "ncu $*" >> {calls}\n' + ncu_case)
+    _fake(bin_, "python3", f'echo "python3 $*" >> {calls}\n'
+                           f'if [[ $1 == scripts/ncu_compare.py ]]; then exec {sys.executable} "$@"; fi\n'
+                           f'echo "{precompiled}"')
+    env = dict(os.environ, PATH=f"{bin_}:{os.environ['PATH']}", OUT=str(tmp_path / "out"))
+    run = subprocess.run(["bash", f"scripts/{script}"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=120)
+    return run, calls.read_text().splitlines()
+
+
 @pytest.mark.parametrize("diff, print_source", [("3.9e-03", True), ("nan", True), ("3.9e-03", False)])
 def test_d64ncu_script_with_a_fake_ncu(tmp_path, diff, print_source):
     """scripts/d64ncu_gpu.sh with fake ncu / nvidia-smi / python3 (ncu_compare runs for real): both precompiles, one
@@ -246,14 +264,9 @@ def test_d64ncu_script_with_a_fake_ncu(tmp_path, diff, print_source):
     lists, the pages exported, ncu_compare's tables printed and appended to d64ncu_compare.md; exit 0, or 1 when the
     two kernels' outputs differ (a NaN). An ncu whose --print-source pages have no Address header: the source pages
     exported per kernel without it, and read."""
-    bin_ = tmp_path / "bin"
-    bin_.mkdir()
     for name, text in (("d.txt", DETAILS), ("r.csv", RAW), ("s.csv", SOURCE)):
         (tmp_path / name).write_text(text)
-    calls = tmp_path / "calls.txt"
-    _fake(bin_, "nvidia-smi", 'if [[ " $* " == *" -lms "* ]]; then sleep 30; fi; echo "0, FAKE H200"')
-    _fake(bin_, "ncu", f"""echo "ncu $*" >> {calls}
-case " $* " in
+    run, log = _run_with_fakes(tmp_path, "d64ncu_gpu.sh", f"""case " $* " in
   *" --version "*) echo "Version 2099.1";;
   *" --query-metrics "*) printf 'Metric Name   Metric Description\\nsm__inst_executed_pipe_xu   xu\\n'
                          printf 'smsp__inst_issued   issued\\n';;
@@ -264,14 +277,8 @@ case " $* " in
   *) while [[ $# -gt 0 && $1 != -o ]]; do shift; done; touch "$2.ncu-rep"
      echo "profiled fa3 D=64 N=16384"; echo "profiled flash-attn-4 D=64 N=16384"
      echo "max |O difference| between fa3, flash-attn-4 causal=False: {diff}";;
-esac""")
-    _fake(bin_, "python3", f'echo "python3 $*" >> {calls}\n'
-                           f'if [[ $1 == scripts/ncu_compare.py ]]; then exec {sys.executable} "$@"; fi\n'
-                           'echo "precompiled 1 kernels + flash-attn-4 in 1 s"')
-    env = dict(os.environ, PATH=f"{bin_}:{os.environ['PATH']}", OUT=str(tmp_path / "out"))
-    run = subprocess.run(["bash", "scripts/d64ncu_gpu.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=120)
-    log = calls.read_text().splitlines()
+esac""",
+                               "precompiled 1 kernels + flash-attn-4 in 1 s")
     assert run.returncode == (0 if diff != "nan" else 1), run.stdout + run.stderr
     pre = [ln for ln in log if "--precompile" in ln]
     assert len(pre) == 2 and all("--precompile-fa4 --variants new" in ln for ln in pre)
@@ -374,17 +381,12 @@ def test_ncu256_script_with_a_fake_ncu(tmp_path, rel):
     fa3-fp8 configs, one ncu run per config (one report each: --profile names it, --launch-count 1), the sections,
     the sampling interval, the metrics the query lists, the pages, ncu_compare new vs noskip with the turn tables in
     the output and in ncu256_compare.md; exit 0, or 1 when the configs' outputs differ (a NaN rel-L2)."""
-    bin_ = tmp_path / "bin"
-    bin_.mkdir()
     pages = {"new.txt": _details(OURS, "(1024, 1, 1)", "1,100,000", "18.7", "30.0"),
              "noskip.txt": _details(OURS, "(1024, 1, 1)", "1,000,000", "18.7", "31.0"),
              "new.csv": _turn_source(TURN_NEW), "noskip.csv": _turn_source(TURN_NOSKIP)}
     for name, text in pages.items():
         (tmp_path / name).write_text(text)
-    calls = tmp_path / "calls.txt"
-    _fake(bin_, "nvidia-smi", 'if [[ " $* " == *" -lms "* ]]; then sleep 30; fi; echo "0, FAKE H200"')
-    _fake(bin_, "ncu", f"""echo "ncu $*" >> {calls}
-rep=new; [[ " $* " == *"noskip.ncu-rep"* ]] && rep=noskip
+    run, log = _run_with_fakes(tmp_path, "ncu256_gpu.sh", f"""rep=new; [[ " $* " == *"noskip.ncu-rep"* ]] && rep=noskip
 case " $* " in
   *" --version "*) echo "Version 2099.1";;
   *" --query-metrics "*) printf 'Metric Name   Metric Description\\nsm__pipe_tensor_op_gmma_cycles_active   t\\n';;
@@ -393,14 +395,8 @@ case " $* " in
   *" --page source "*) cat {tmp_path}/$rep.csv;;
   *) while [[ $# -gt 0 && $1 != -o ]]; do shift; done; touch "$2.ncu-rep"
      echo "profiled fa3-fp8:x D=256 N=16384"; echo "O difference rel-L2 between a, b causal=False: {rel}";;
-esac""")
-    _fake(bin_, "python3", f'echo "python3 $*" >> {calls}\n'
-                           f'if [[ $1 == scripts/ncu_compare.py ]]; then exec {sys.executable} "$@"; fi\n'
-                           'echo "precompiled 2 of 2 fa3-fp8 kernels"')
-    env = dict(os.environ, PATH=f"{bin_}:{os.environ['PATH']}", OUT=str(tmp_path / "out"))
-    run = subprocess.run(["bash", "scripts/ncu256_gpu.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=120)
-    log = calls.read_text().splitlines()
+esac""",
+                               "precompiled 2 of 2 fa3-fp8 kernels")
     assert run.returncode == (0 if rel != "nan" else 1), run.stdout + run.stderr
     impl = "--impl fa3-fp8:new,fa3-fp8:single_overlap_noskip --head-dim 256 --seqlen 16384 --causal no"
     assert any(ln.startswith(f"python3 scripts/ncu_attribution.py {impl} --precompile") for ln in log), log
