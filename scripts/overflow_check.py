@@ -1,4 +1,4 @@
-"""scripts/overflow_gpu.sh's Python steps (session 10): ``precompile`` compiles, in spawned processes into the disk cache,
+"""scripts/bounded_gpu.sh's Python steps: ``precompile`` compiles, in spawned processes into the disk cache,
 every fa3-fp8 kernel tests/test_fp8_overflow_gpu.py runs (``OVERFLOW_VARIANTS``, causal and not, and the config of
 its fault test, the head_dim 256 default with bounded_units=False, causal and not for the speed step) plus bf16 fa3 at
 head_dim 256; ``speed`` times "fused" (the head_dim 256 default with bounded_units=False: fused_promote alone, the

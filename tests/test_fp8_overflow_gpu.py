@@ -1,4 +1,4 @@
-"""fa3-fp8 on adversarial V (session 10, scripts/overflow_gpu.sh): per-K/V-tile scales from 2^-120 (descale at the
+"""fa3-fp8 on adversarial V (session 10; scripts/bounded_gpu.sh): per-K/V-tile scales from 2^-120 (descale at the
 quantiser's floor 2^-110) to 2^20, zero blocks, tiny blocks first / last / many, V entirely ~1e-35, seqlen_k 4500,
 GQA, causal and not, at head_dims 64 / 96 / 128 / 256 (``OVERFLOW_VARIANTS``: the defaults; the head_dim 256 one, the
 only fused_promote config, has ``bounded_units`` since session 11). Every output finite, against the emulation (O in
