@@ -362,8 +362,7 @@ def plan_items(rows) -> set:
 
 def compile_all(items, jobs: int, name: str = "precompile") -> int:
     """Every item (``compile_item``'s) compiled in `jobs` spawned processes into the disk cache, once each (the GPU
-    run then loads them); prints "<name>: N kernels in T s". Returns N (0: the disk cache is off, nothing done).
-    scripts/decode3_precompile.py runs its list through this too."""
+    run then loads them); prints "<name>: N kernels in T s". Returns N (0: the disk cache is off, nothing done)."""
     from fa_variants.common import diskcache
 
     if not diskcache.enabled():

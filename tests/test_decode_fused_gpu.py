@@ -54,19 +54,6 @@ def splits(monkeypatch):
     return pin
 
 
-def kernels() -> list[tuple[int, bool, object]]:
-    """(head_dim, causal, config) of every fused kernel these tests compile (scripts/decode3_precompile.py compiles
-    them in parallel first, into the disk cache)."""
-    out = []
-    for d in (64, 96, 128, 256):
-        out += [(d, True, _config(d, 0, True))] + [(d, causal, _config(d, 0, False)) for causal in (False, True)]
-    out.append((128, False, _config(128, 0, True)))
-    out += [(128, c, _config(128, 0, True, pack_group=4)) for c in (False, True)]
-    out += [(64, True, _config(64, 0, True, pack_group=8)),
-            (96, True, _config(96, 0, True, pack_group=4)), (128, True, _config(128, 0, True, pdl=True))]
-    return out
-
-
 def _check(out, lse, q, k, v, causal, scale, what):
     assert_attention_ok(out, lse, q, k, v, causal, scale, what=str(what))
 

@@ -5,7 +5,7 @@ CUDA-graph replay, two streams at once, the split scratch shared with fa3, batch
 and the fp32 partials are poisoned with NaN (``nan_allocations``, here emptying the cached split scratch of
 ``common.workspace`` first, so that each checked call's partials are a fresh poisoned allocation): a partial the
 kernel never writes, or an empty split the merge reads, fails.
-Run on the GPU host: ``python -m pytest -q tests/test_fa2_split_gpu.py`` (scripts/fa2split_gpu.sh).
+Run on the GPU host: ``python -m pytest -q tests/test_fa2_split_gpu.py``.
 """
 from __future__ import annotations
 
