@@ -783,7 +783,7 @@ def test_decode_compile_jobs_are_one_piece(monkeypatch, capsys):
 
 
 def test_fa3_speed_ab_fa3gap_plan(capsys, monkeypatch):
-    """scripts/fa3_speed_ab.py on the CPU: the fa3gap plan (scripts/fa3gap_gpu.sh; pairs-256 left out since session 9) compiles 22 kernels, each once,
+    """scripts/fa3_speed_ab.py on the CPU: the fa3gap plan (pairs-256 left out since session 9) compiles 22 kernels, each once,
     basis_alpha only where exp2_ffma is on; --precompile and --plan need no 'old'; unknown variants are refused."""
     ab = load_script("fa3_speed_ab")
     shapes = ab.plan((64, 128, 256), (4096, 16384), (False, True), list(ab.FA3GAP))
@@ -805,7 +805,7 @@ def test_fa3_speed_ab_fa3gap_plan(capsys, monkeypatch):
 
 
 def test_fa3_speed_ab_persist_plan():
-    """scripts/persist_gpu.sh's A/B plan: old, new and persistent at D 64/128/256, 18 kernels each compiled once;
+    """scripts/fa3_speed_ab.py's PERSIST plan: old, new and persistent at D 64/128/256, 18 kernels each compiled once;
     persistent is the default config with the switch on (and passes the config check)."""
     from fa_variants.hopper import fa3
 
@@ -817,20 +817,17 @@ def test_fa3_speed_ab_persist_plan():
         cfg = ab.variant_config("persistent", d)
         assert cfg.persistent and cfg == dataclasses.replace(fa3.DEFAULT_CONFIGS[d], persistent=True)
         cfg.check(d)
-    assert "--variants old,new,persistent" in (ROOT / "scripts" / "persist_gpu.sh").read_text()
 
 
 def test_fa3_speed_ab_alpha_plan():
-    """scripts/fa3gap8_gpu.sh's A/B plan (--shapes): D 128 N 4k, D 128 N 4k causal, D 128 N 16k, D 64 N 4k in that
-    order; alpha at D 64/128 and alpha-noskip at D 64 only, 10 kernels each compiled once; alpha is the default with
-    alpha_first on (alpha-noskip also without the unit-alpha skip), both pass the config check; the tests' causal D 64
-    and fp16 kernels are precompiled too; a malformed --shapes item is a ValueError naming --shapes."""
+    """scripts/fa3_speed_ab.py's ALPHA plan by --shapes: D 128 N 4k, D 128 N 4k causal, D 128 N 16k, D 64 N 4k in
+    that order; alpha at D 64/128 and alpha-noskip at D 64 only, 10 kernels each compiled once; alpha is the default
+    with alpha_first on (alpha-noskip also without the unit-alpha skip), both pass the config check; a malformed
+    --shapes item is a ValueError naming --shapes."""
     from fa_variants.hopper import fa3
 
     ab = load_script("fa3_speed_ab")
-    text = (ROOT / "scripts" / "fa3gap8_gpu.sh").read_text()
     spec = "128:4096:full,128:4096:causal,128:16384:full,64:4096:full"
-    assert f'AB="--variants old,new,alpha,alpha-noskip --shapes {spec}"' in text
     shapes = ab.shapes_plan(spec, ["old", "new", "alpha", "alpha-noskip"])
     assert [(s["head_dim"], s["seqlen"], s["causal"]) for s in shapes] == [
         (128, 4096, False), (128, 4096, True), (128, 16384, False), (64, 4096, False)]
@@ -844,13 +841,9 @@ def test_fa3_speed_ab_alpha_plan():
     noskip = ab.variant_config("alpha-noskip", 64)
     assert noskip == dataclasses.replace(fa3.DEFAULT_CONFIGS[64], alpha_first=True, skip_unit_rescale=False)
     noskip.check(64)
-    assert "--variants alpha,alpha-noskip --shapes 64:4096:causal" in text
-    assert "--dtype fp16 --variants alpha --shapes 128:4096:full" in text
     for bad in ("128:4096", "128:4096:both", "x:4096:full", ""):
         with pytest.raises(ValueError, match="--shapes"):
             ab.parse_shapes(bad)
-    limits = [int(n) for n in re.findall(r"step \w+ (\d+) ", text)]
-    assert sum(limits) <= 130, limits  # cold-machine limits (session 8: 25 s cut a pytest step before any test ran)
 
 
 def test_fa3_speed_ab_gap9_set():
@@ -1046,7 +1039,7 @@ def test_decode_ab_s7_plan_skips_entries_equal_to_auto(monkeypatch):
 def test_fa2d256_ab_plan_protocol_and_summary():
     """scripts/fa2d256_ab.py on the CPU with a fake burst timer: 20 precompile items (5 configs x causal x dtype),
     per-round ratios, the SUMMARY and WINS lines (a variant faster than default and SDPA flash on every shape says
-    so; one slower does not); scripts/fa2d256_gpu.sh runs it."""
+    so; one slower does not)."""
     import types
 
     from fa_variants.ampere import fa2
@@ -1087,7 +1080,6 @@ def test_fa2d256_ab_plan_protocol_and_summary():
     # equal speed to default: verdict "same" everywhere, no FLIP
     assert ("WINS m128w8s1: vs default faster on 0/4 shapes, slower on 0/4 (verdicts), median > 1 on 0/4; "
             ">= sdpa-flash on 0/4") in lines
-    assert "scripts/fa2d256_ab.py --out" in (ROOT / "scripts" / "fa2d256_gpu.sh").read_text()
 
 
 def test_decode_ab_s8_plan():
