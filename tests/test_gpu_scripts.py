@@ -558,7 +558,7 @@ def test_fp8_quant_bandwidth_ab_and_quant5_sets():
 
 
 def test_quant8_sets_and_pass_shares():
-    """scripts/quant8_gpu.sh's pieces on the CPU: the bandwidth labels def / defl / deff (the current default with the
+    """The quant8 set's pieces on the CPU: the bandwidth labels def / defl / deff (the current default with the
     staged store's auto rule, + V3_FUSED_MEAN_LATE, + V3_FUSED_MEAN), the precompile set (default / fused / late x
     default, sampled8 x three head_dims, head-smooth at 128; every knob a known switch set), the sanitizer's set, and
     the per-pass % of copy read from a breakdown (each launch's bytes / its us; the torch sum's us alone)."""
