@@ -3,8 +3,8 @@
 # so that scripts/ab_bench.py can time it beside the working tree's package in one process; and DIR.tar.xz, its
 # archive (~0.25 MB against the folder's ~1.1 MB; scripts/before_pkg.py --pack).
 # A GPU call carries [".gpu", ".before.tar.xz"] (both git-ignored; the call's 64 MiB limit has no room for the
-# folder beside .gpu/ and the tracked tree): there scripts/ab_bench.py --before .before, scripts/fa1tol_precompile.py
-# and steps.sh's unpack_before (the GPU scripts) unpack DIR.tar.xz into DIR when DIR is missing.
+# folder beside .gpu/ and the tracked tree): there scripts/ab_bench.py --before .before and steps.sh's
+# unpack_before (the GPU scripts) unpack DIR.tar.xz into DIR when DIR is missing.
 set -euo pipefail
 source "$(dirname "$0")/steps.sh"; help_from_header "$@"
 rev=${1:?usage: ab_checkout.sh REV [DIR]}; dir=${2:-.before}

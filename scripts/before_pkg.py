@@ -6,8 +6,8 @@ DIR.tar.xz, what a GPU call carries (the folder is ~1.1 MB, the archive ~0.25 MB
     python3 scripts/before_pkg.py [DIR]           # DIR, unpacked from DIR.tar.xz if DIR lacks fa_variants_before
 
 DIR defaults to .before; DIR.tar.xz may be given for DIR. The second form prints DIR; exit status 1 when neither
-DIR/fa_variants_before nor DIR.tar.xz is there. scripts/ab_bench.py and scripts/fa1tol_precompile.py call
-before_dir() on their --before; GPU scripts call steps.sh's unpack_before.
+DIR/fa_variants_before nor DIR.tar.xz is there. scripts/ab_bench.py calls before_dir() on its --before; GPU scripts
+call steps.sh's unpack_before.
 """
 from __future__ import annotations
 

@@ -63,8 +63,7 @@ def test_gpu_script_preamble(script):
     """Every GPU script runs under `set -uo pipefail`, sources steps.sh and, before its first step, answers --help
     and sets up its session through steps.sh (gpu_session, or help_from_header first then session_setup); none
     copies the xdist probe (steps.sh's xdist_flag); its last command is steps_exit, so its exit code is its steps'
-    and not its closing summary's (session 11: oob_gpu.sh exited 1 with memcheck clean, its last grep found nothing);
-    review_gpu.sh, whose child step is cut on purpose, exits 1 by its own checks."""
+    and not its closing summary's (session 11: oob_gpu.sh exited 1 with memcheck clean, its last grep found nothing)."""
     lines = [line for line in (ROOT / "scripts" / script).read_text().splitlines() if not line.startswith("#")]
     text = "\n".join(lines)
     start = lines.index("set -uo pipefail")
@@ -75,14 +74,10 @@ def test_gpu_script_preamble(script):
         assert any("session_setup" in line for line in lines[:first_step]), script
     else:
         assert re.fullmatch(r'out=.*; gpu_session "?\$(out|work)[^ ]*"? "\$@"(; .*)?', lines[start + 2]), lines[start + 2]
-        if script != "review_gpu.sh":  # it writes a child script on steps.sh, which calls session_setup
-            assert "help_from_header" not in text and "session_setup" not in text, script
+        assert "help_from_header" not in text and "session_setup" not in text, script
     assert "import xdist" not in text, script
     last = [line.strip() for line in lines if line.strip()][-1]
-    if script == "review_gpu.sh":
-        assert last.startswith("if [[ $fail == 0 ]]; then echo PASS; else echo FAIL; exit 1; fi"), last
-    else:
-        assert last == "steps_exit", (script, last)
+    assert last == "steps_exit", (script, last)
 
 
 def test_steps_sh_exit_code_is_the_steps(tmp_path):
@@ -1177,33 +1172,10 @@ def test_steps_sh_bandwidth_summary(tmp_path):
     assert second.splitlines() == [f"line {i}" for i in range(10, 30)]
 
 
-def test_fa1tol_precompiles_the_ab_before_kernels(tmp_path):
-    """scripts/fa1tol_gpu.sh: the A/B's two "before" kernels (446f785's fa1 bf16 D 128 / 256, not causal) are compiled
-    in the precompile's pool (ab_bench.py traced and compiled them one after the other inside the A/B's limit), the
-    head_dim 256 kernels first; limits >= 45 s for the precompile and within the 120 s cold budget."""
-    text = (ROOT / "scripts" / "fa1tol_gpu.sh").read_text()
-    limits = dict(re.findall(r"^\s*step (\w+) (\d+) ", text, re.M))
-    assert set(limits) == {"precompile", "pytest", "ab"} and int(limits["precompile"]) >= 45, limits
-    assert sum(map(int, limits.values())) <= 120, limits
-    assert 'fa1tol_precompile.py --jobs 14 "${before[@]}"' in text
-    assert text.index("ab_checkout.sh 446f785") < text.index("step precompile")
-    (tmp_path / "fa_variants_before").mkdir()
-    listed = subprocess.run([sys.executable, "scripts/fa1tol_precompile.py", "--arch", "sm_90a", "--before",
-                             str(tmp_path), "--list"], cwd=ROOT, capture_output=True, text=True, check=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout.splitlines()
-    before = [line for line in listed if str(tmp_path) in line]
-    assert len(listed) == 23 and before == [f"('sm_90a', '{tmp_path}', 'fa1', 'bf16', {d}, False, None)" for d in (256, 128)]
-    assert all("256" in line for line in listed[:5]) and "256" not in listed[5]
-    bad = subprocess.run([sys.executable, "scripts/fa1tol_precompile.py", "--arch", "sm_90a", "--before",
-                          str(tmp_path / "missing"), "--list"], cwd=ROOT, capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert bad.returncode != 0 and "no fa_variants_before" in bad.stderr
-
-
 def test_before_archive_packs_and_unpacks_where_only_it_was_carried(tmp_path):
     """scripts/before_pkg.py (scripts/ab_checkout.sh's archive of .before, what a GPU call carries): --pack writes
-    DIR.tar.xz without __pycache__, the same bytes twice; steps.sh's unpack_before and before_dir (ab_bench.py,
-    fa1tol_precompile.py) restore DIR from it when DIR is gone, given DIR or DIR.tar.xz; neither there: rc 1 /
+    DIR.tar.xz without __pycache__, the same bytes twice; steps.sh's unpack_before and before_dir (ab_bench.py)
+    restore DIR from it when DIR is gone, given DIR or DIR.tar.xz; neither there: rc 1 /
     SystemExit naming the argument."""
     bp = load_script("before_pkg")
     pkg = tmp_path / ".before" / "fa_variants_before"
@@ -1235,13 +1207,10 @@ def test_before_archive_packs_and_unpacks_where_only_it_was_carried(tmp_path):
 
 
 def test_the_before_archive_is_what_gpu_calls_carry():
-    """.before.tar.xz is git-ignored (it travels by carry); fa1tol_gpu.sh unpacks it before checking out 446f785;
-    pending_gpu.sh's and ab_checkout.sh's help name the carry [".gpu", ".before.tar.xz"], not the folder."""
+    """.before.tar.xz is git-ignored (it travels by carry); pending_gpu.sh's and ab_checkout.sh's help name the carry [".gpu", ".before.tar.xz"], not the folder."""
     ignored = subprocess.run(["git", "check-ignore", ".before.tar.xz", ".before/x.py"], cwd=ROOT, capture_output=True,
                              text=True).stdout.split()
     assert ignored == [".before.tar.xz", ".before/x.py"], ignored
-    fa1tol = (ROOT / "scripts" / "fa1tol_gpu.sh").read_text()
-    assert "if unpack_before .before || scripts/ab_checkout.sh 446f785 .before; then" in fa1tol
     for name in ("pending_gpu.sh", "ab_checkout.sh"):
         help_text = subprocess.run(["bash", str(ROOT / "scripts" / name), "--help"], cwd=ROOT, capture_output=True,
                                    text=True, timeout=30).stdout
