@@ -47,6 +47,16 @@ README_NOTE = ("Raw logs ({n} file{s}) packed in `raw.tar.xz`: `tar -xJf raw.tar
                "(bench/README.md).")
 
 
+def read_text(path: Path) -> str:
+    """path's text; bytes that are not UTF-8 become lone surrogates, so that write_text puts them back unchanged."""
+    return path.read_bytes().decode("utf-8", "surrogateescape")
+
+
+def write_text(path: Path, text: str) -> None:
+    """text (read_text's) written as UTF-8, its non-UTF-8 bytes as they were read."""
+    path.write_bytes(text.encode("utf-8", "surrogateescape"))
+
+
 def tracked(folder: Path) -> list[Path]:
     out = subprocess.run(["git", "ls-files", "-z", "--", str(folder)], cwd=ROOT, check=True, capture_output=True)
     return [ROOT / p for p in out.stdout.decode().split("\0") if p]
@@ -81,9 +91,9 @@ def write_archive(archive: Path, files: dict[str, bytes], preset: int = 9 | lzma
 
 def note_in_readme(folder: Path, count: int) -> None:
     readme = folder / "README.md"
-    text = readme.read_text() if readme.exists() else f"# {folder.name}\n"
+    text = read_text(readme) if readme.exists() else f"# {folder.name}\n"
     lines = [ln for ln in text.rstrip("\n").split("\n") if not ln.startswith("Raw logs (")]
-    readme.write_text("\n".join(lines) + "\n\n" + README_NOTE.format(n=count, s="" if count == 1 else "s") + "\n")
+    write_text(readme, "\n".join(lines) + "\n\n" + README_NOTE.format(n=count, s="" if count == 1 else "s") + "\n")
 
 
 def pack(folder: Path, min_bytes: int, dry_run: bool) -> int:
@@ -163,7 +173,7 @@ def stale_references() -> list[str]:
     cache: dict = {}
     out = []
     for path in text_files():
-        for m in REF.finditer(path.read_text(errors="replace")):
+        for m in REF.finditer(read_text(path)):
             if resolve(m.group(1), m.group(2), cache):
                 out.append(f"{path.relative_to(ROOT)}: {m.group(0)}")
     return out
@@ -186,10 +196,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.dry_run:
         cache: dict = {}
         for path in text_files():
-            text = path.read_text(errors="replace")
+            text = read_text(path)
             new = fix_references(text, cache)
             if new != text:
-                path.write_text(new)
+                write_text(path, new)
                 print(f"pack_bench: references to packed files rewritten in {path.relative_to(ROOT)}")
     print(f"pack_bench: tracked tree {'would shrink by at most' if args.dry_run else 'shrinks by'} {saved} bytes")
     return 0

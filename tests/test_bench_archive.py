@@ -88,3 +88,21 @@ def test_pack_bench_packs_a_run_and_rewrites_the_paths_to_it(pb, tmp_path, monke
     assert pb.main([str(run)]) == 0 and archive.read_bytes() == packed
     assert pb.main([str(tmp_path / "README.md")]) == 2
     assert "not a folder under bench/" in capsys.readouterr().err
+
+
+def test_pack_bench_keeps_the_bytes_of_a_text_file_that_is_not_utf8(pb, tmp_path, monkeypatch):
+    """A tracked text file with a path to a packed log and bytes that are not UTF-8 (a Latin-1 e-acute, a lone 0xff):
+    only the path changes; every other byte stays as it was (no replacement characters); its README too."""
+    run = tmp_path / "bench" / RUN
+    run.mkdir(parents=True)
+    (run / "b.log").write_text("step ok\n")
+    (run / "README.md").write_bytes(b"# run caf\xe9\n")
+    (tmp_path / "notes.txt").write_bytes(b"caf\xe9 \xff bench/" + RUN.encode() + b"/b.log \xc3\xa9\n")
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "add", "-A")
+    monkeypatch.setattr(pb, "ROOT", tmp_path)
+    assert pb.main([str(run)]) == 0
+    assert (tmp_path / "notes.txt").read_bytes() == (
+        b"caf\xe9 \xff bench/" + RUN.encode() + b"/raw.tar.xz:b.log \xc3\xa9\n")
+    assert (run / "README.md").read_bytes().startswith(b"# run caf\xe9\n\nRaw logs (1 file)")
+    assert pb.stale_references() == []
