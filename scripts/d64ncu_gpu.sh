@@ -26,8 +26,9 @@
 # first run's rc stays noted).
 # Pass: (0) a "precompiled" line, no Traceback; (1) both "profiled" lines, "max |O difference|" <= 2e-2 (same
 # attention, bf16 outputs), ncu_compare exit 0 (both kernels in the summary AND both with stall samples on the source
-# page: session 7's source pages were lost to a parser bug, fixed in scripts/ncu_table.py). The report files
-# ($out/logs/ncu16k.ncu-rep, ncu4k.ncu-rep) open in the Nsight Compute GUI for the source view.
+# page: session 7's source pages were lost to a parser bug, fixed in scripts/ncu_table.py). The logs, pages and
+# reports end packed in $out/d64ncu_logs.tar.gz (logs/ncu16k.ncu-rep, logs/ncu4k.ncu-rep open in the Nsight Compute GUI
+# for the source view); $out keeps d64ncu_compare.md beside it.
 # Prediction (bench/NOTES.md): elapsed cycles ours / fa4 1.04-1.08 (timed 0.938 at N 16k: 1.066); instructions
 # 0.95-1.00; achieved occupancy and registers equal; tensor pipe active 0.92-0.96 of fa4's; source-page diff over all
 # classes +4..+8% of fa4's warp time, >= half of it in the GMMA waits (WARPGROUP.DEPBAR / HGMMA) and the ping-pong
@@ -109,4 +110,5 @@ for name in ncu16k ncu4k; do
   if [[ $name == ncu16k ]]; then cat "$LOGS/${name}_compare.log"; else  # N 4k: the tables after the top lines
     sed -n '/^diff columns/,$p' "$LOGS/${name}_compare.log"; fi
 done
+pack_logs "$out/d64ncu_logs.tar.gz" && rm -rf "$LOGS" "$out/fa4cache"
 steps_exit

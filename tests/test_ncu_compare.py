@@ -4,6 +4,7 @@ row before each kernel's header), built so that every figure of the tables is kn
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -302,6 +303,10 @@ esac""",
     assert "max |O difference|" in run.stdout and "Version 2099.1" in run.stdout
     if diff == "nan":
         assert "== not passed: ncu16k_O_difference (nan) ncu4k_O_difference (nan)" in run.stdout
+    with tarfile.open(tmp_path / "out" / "d64ncu_logs.tar.gz") as tar:  # packed: no loose logs left under $OUT
+        names = tar.getnames()
+    assert {"logs/ncu16k.log", "logs/ncu4k.ncu-rep", "logs/ncu16k_compare.log", "logs/commit.txt"} <= set(names), names
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["d64ncu_compare.md", "d64ncu_logs.tar.gz"]
 
 
 def _turn_source(lines) -> str:
