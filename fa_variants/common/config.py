@@ -172,6 +172,12 @@ class Sm90Config:
         the row maxima, before the exponentials, instead of after each row's exponentials (``common.softmax``, "Alpha
         first"): same values; ptxas then runs O's rescale under the exponentials instead of after the last of them (issue
         12, "Session 8: fa3 vs flash-attn-4 consumer loop").
+    p_before_rescale: (intra-warpgroup overlapped steps) P is converted to 16 bits right after the wait for the
+        previous P V GEMM, before O's rescale, instead of after it. With ``skip_unit_rescale`` the rescale is a branch,
+        and ptxas keeps the conversions on their side of it: after it they run as one burst after the last
+        exponential (their pipe throttles, the next turn waits); before it they share the exponentials' block and
+        ptxas can interleave them with the exponentials, as flash-attn-4's are (issue 12, bench/NOTES.md "Session 12
+        (2026-12-02): the P conversion"). Same values; only fa3's bf16/fp16 step context (fa3-fp8 refuses it).
     """
 
     tile_m: int = 128
@@ -200,6 +206,7 @@ class Sm90Config:
     first_row_only: bool = False
     q_tail_first: bool = False
     alpha_first: bool = False
+    p_before_rescale: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:
@@ -274,6 +281,8 @@ class Sm90Config:
         if not isinstance(self.alpha_first, bool) or (self.alpha_first and (not self.exp2_ffma or self.basis_alpha)):
             raise ValueError(f"alpha_first={self.alpha_first!r} must be a bool, True only with exp2_ffma=True and "
                              "basis_alpha=False")
+        if not isinstance(self.p_before_rescale, bool):
+            raise ValueError(f"p_before_rescale={self.p_before_rescale!r} must be a bool")
         if self.smem_bytes(head_dim) > smem_capacity(arch):
             raise ValueError(f"{self} needs {self.smem_bytes(head_dim)} B of shared memory at head_dim={head_dim} "
                              f"(max {smem_capacity(arch)})")

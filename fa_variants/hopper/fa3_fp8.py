@@ -209,6 +209,8 @@ class Fp8Config(Fa3Config):
             raise ValueError("fa3-fp8: pack_gqa=True is not supported (q_descale is per query head and 128 rows)")
         if self.alpha_first:  # not built or tested for fp8's own mainloop
             raise ValueError("fa3-fp8: alpha_first=True is not supported (only fa3's bf16/fp16 kernel)")
+        if self.p_before_rescale:  # fa3-fp8's own to_p / fold_pv hooks (not built or timed)
+            raise ValueError("fa3-fp8: p_before_rescale=True is not supported (only fa3's bf16/fp16 kernel)")
         if self.tile_n % 32:
             raise ValueError(f"fa3-fp8: tile_n={self.tile_n} must be a multiple of 32 (k of the FP8 P V WGMMA)")
         if self.pv_split not in (1, 2, 4, 8) or head_dim % (16 * self.pv_split):

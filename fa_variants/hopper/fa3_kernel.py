@@ -16,7 +16,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from fa_variants.common import pack_gqa, tile_scheduler
 from fa_variants.common.config import Sm90Config
-from fa_variants.common.layout import acc_as_operand_a, convert_in_pairs, transpose_view
+from fa_variants.common.layout import acc_as_operand_a, convert_in_pairs, convert_pairs_pinned, transpose_view
 from fa_variants.common.layout import rows_cols as acc_rows_cols
 from fa_variants.common.mask import AttentionMask, BlockInfo
 from fa_variants.common.sm90 import WARPGROUP_THREADS, NamedBarrier, make_row_major_smem_layout, make_tiled_mma, wgmma
@@ -865,8 +865,12 @@ class _StepContext:
         self.softmax.rescale(acc_rows_cols(self.acc_O), alpha, skip_ones=True)
 
     def to_p(self, acc_S):
-        """P (fp32 accumulator) -> 16-bit A operand of the PV GEMM, in registers."""
-        self.k._convert(acc_as_operand_a(acc_S), self.tOrP)
+        """P (fp32 accumulator) -> 16-bit A operand of the PV GEMM, in registers (``p_before_rescale``: pinned where
+        the step calls this, before O's rescale; same bits)."""
+        if const_expr(self.k.cfg.p_before_rescale):
+            convert_pairs_pinned(acc_as_operand_a(acc_S), self.tOrP)
+        else:
+            self.k._convert(acc_as_operand_a(acc_S), self.tOrP)
 
     def pv(self, v_state, n_block, wait: int, accumulate=None):
         """Issue O += P V_n (one WGMMA group; ``wait`` as in ``common.sm90.wgmma``); O = P V_n where the
@@ -992,8 +996,12 @@ class _StepContext:
         if const_expr(not shared):
             v_state.advance()
         self.fold_pv(n_block + 1)
-        self.rescale_o(alpha, n_block)
-        self.to_p(acc_S)
+        if const_expr(self.k.cfg.p_before_rescale):  # P's conversion beside the exponentials, not after the branch
+            self.to_p(acc_S)
+            self.rescale_o(alpha, n_block)
+        else:
+            self.rescale_o(alpha, n_block)
+            self.to_p(acc_S)
         return k_state, (None if const_expr(shared) else v_state)
 
     def last_pv(self, v_state, n_block=0, accumulate=True):
