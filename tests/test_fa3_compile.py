@@ -270,8 +270,8 @@ def test_speed_ab_plan(capsys):
     ab = _speed_ab()
     shapes = ab.plan([64, 128, 256], [1024, 4096, 16384], (False, True), list(ab.VARIANTS))
     assert len(shapes) == 18 and all(s["batch"] * s["seqlen"] >= 16384 and "old" in s["variants"] for s in shapes)
-    # session 9: - early
-    assert {s["head_dim"]: len(s["variants"]) for s in shapes} == {64: 9, 128: 14, 256: 9}
+    # session 9: - early; session 12: + pconv (D 64, 128)
+    assert {s["head_dim"]: len(s["variants"]) for s in shapes} == {64: 10, 128: 15, 256: 9}
     import sys
     argv, sys.argv = sys.argv, ["fa3_speed_ab.py", "--plan"]
     try:
@@ -325,3 +325,32 @@ def test_alpha_first_moves_o_rescale_under_the_exponentials():
     for op in ("MUFU.EX2", "HGMMA", "FMUL"):
         assert sum(t.startswith(op) for t in first) == sum(t.startswith(op) for t in base), op
     assert len(first) <= len(base) + 2, (len(base), len(first))
+
+
+def test_p_before_rescale_interleaves_the_p_conversion():
+    """Sm90Config.p_before_rescale (session 12, D 64 vs flash-attn-4 under ncu: the F2FP burst after O's rescale
+    branch stalls on its pipe): by default LLVM sinks P's 32 conversions past the skip_unit_rescale branch, so all of
+    them follow the last MUFU.EX2 of the K/V step; converted before the branch and pinned there, at most 4 do
+    (flash-attn-4: 2), with the same instruction count (+-2), conversions, exponentials, HGMMAs and FMULs, no spills
+    (nvidia-cutlass-dsl 4.8.1, D 64 non-causal: 412 either way, 32 -> 2 after the last exponential)."""
+    base = _hot_mainloop(64, fa3.DEFAULT_CONFIGS[64])
+    pconv = _hot_mainloop(64, dataclasses.replace(fa3.DEFAULT_CONFIGS[64], p_before_rescale=True))
+
+    def after_last_exp(lines):
+        last = max(i for i, t in enumerate(lines) if t.startswith("MUFU.EX2"))
+        return sum(t.startswith("F2FP") for t in lines[last:])
+
+    assert after_last_exp(base) >= 30, "default: the F2FP burst left the end (nothing to move)"
+    assert after_last_exp(pconv) <= 4, after_last_exp(pconv)
+    for op in ("F2FP", "MUFU.EX2", "HGMMA", "FMUL", "BAR."):
+        assert sum(t.startswith(op) for t in pconv) == sum(t.startswith(op) for t in base), op
+    assert abs(len(pconv) - len(base)) <= 2, (len(base), len(pconv))
+
+
+def test_p_before_rescale_checked():
+    from fa_variants.hopper import fa3_fp8
+
+    with pytest.raises(ValueError, match="p_before_rescale"):
+        dataclasses.replace(fa3.DEFAULT_CONFIGS[64], p_before_rescale=1).check(64)
+    with pytest.raises(ValueError, match="p_before_rescale"):  # fa3's bf16/fp16 step context only
+        dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], p_before_rescale=True).check(128)

@@ -359,3 +359,28 @@ def test_gap9_variants(name, head_dim, config, causal):
     and MQA), NaN-poisoned outputs, LSE checked; then EC-04's logit shifts (huge rows: the exact form's branch)."""
     _check_alpha_shapes(name, head_dim, config, causal)
     _check_logit_shifts(name, head_dim, config, causal)
+
+
+PCONV = _ab_variants("PCONV")  # session 12: P converted before O's rescale branch (Sm90Config.p_before_rescale)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("name, head_dim, config", PCONV, ids=[f"{n}-d{d}" for n, d, _ in PCONV])
+def test_pconv_variants(name, head_dim, config, causal):
+    """Sm90Config.p_before_rescale (P's 16-bit conversion, pinned by inline PTX, before O's rescale branch) vs float64
+    over ALPHA_SHAPES (one K/V tile and many: both ring slots, rows whose max moves and rows whose max stays, i.e. both
+    sides of the skip branch; odd lengths, Nq != Nk both ways, GQA and MQA), NaN-poisoned outputs, LSE checked; fp16
+    once at D 64 (the f16x2 conversion); then EC-04's logit shifts (the exact form's branch)."""
+    _check_alpha_shapes(name, head_dim, config, causal)
+    if head_dim == 64 and not causal:
+        q, k, v = _qkv(2, 1023, 1023, 4, 2, head_dim, F16)
+        _check(q, k, v, causal, config=config, what=f"{name} fp16 D={head_dim}")
+    _check_logit_shifts(name, head_dim, config, causal)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_p_before_rescale_same_values(causal):
+    """p_before_rescale moves P's conversion (same round-to-nearest pairs) ahead of O's rescale, which touch different
+    registers: O and LSE equal the default's bit for bit at D 64."""
+    default = fa3.DEFAULT_CONFIGS[64]
+    _assert_same_values(64, causal, default, dataclasses.replace(default, p_before_rescale=True))
