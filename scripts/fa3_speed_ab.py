@@ -104,7 +104,8 @@ VARIANTS = {
     # of before the P V GEMM (fa4-256)
     "alpha-256": ((256,), dict(convert_pairs=True, exp2_ffma=True, reduce_chains=4, alpha_first=True)),
     # session 12, D 64 vs flash-attn-4 under ncu (bench/NOTES.md, "Session 12 (2026-12-02): fa3 head_dim 64, the P
-    # conversion"): P converted before O's rescale branch, pinned there, so its F2FPs interleave with the exponentials
+    # conversion beside the exponentials"): P converted before O's rescale branch, pinned there, so its F2FPs
+    # interleave with the exponentials
     "pconv": ((64, 128), dict(p_before_rescale=True)),
 }
 ROUND4 = ("old", "new", "fa4-256", "n176", "stages3", "k-first")

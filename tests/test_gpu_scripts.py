@@ -814,6 +814,29 @@ def test_fa3_speed_ab_persist_plan():
         cfg.check(d)
 
 
+def test_d64gap2_script_pconv_set():
+    """scripts/d64gap2_gpu.sh (session 12): old, new and pconv (Sm90Config.p_before_rescale, D 64 and 128) at the four
+    D 64 shapes and D 128 N 4k, 9 kernels (the seqlen does not change one) plus the two its GPU tests add (pconv D 128
+    causal, pconv fp16 D 64), each config passing the check; cold-machine limits within 100 s."""
+    from fa_variants.hopper import fa3
+
+    ab = load_script("fa3_speed_ab")
+    assert ab.PCONV == ("old", "new", "pconv") and ab.VARIANTS["pconv"][0] == (64, 128)
+    for d in (64, 128):
+        cfg = ab.variant_config("pconv", d)
+        assert cfg == dataclasses.replace(fa3.DEFAULT_CONFIGS[d], p_before_rescale=True)
+        cfg.check(d)
+    text = (ROOT / "scripts" / "d64gap2_gpu.sh").read_text()
+    spec = "64:4096:full,64:16384:full,64:4096:causal,64:16384:causal,128:4096:full"
+    assert f'AB="--variants old,new,pconv --shapes {spec}"' in text
+    shapes = ab.shapes_plan(spec, list(ab.PCONV))
+    assert [len(s["variants"]) for s in shapes] == [3] * 5 and len(ab.compile_items(shapes, "bf16")) == 9
+    assert "--variants pconv --shapes 128:4096:causal" in text
+    assert "--dtype fp16 --variants pconv --shapes 64:4096:full" in text and '-k "pconv or p_before_rescale"' in text
+    limits = [int(n) for n in re.findall(r"^\s*step \w+ (\d+) ", text, re.M)]
+    assert len(limits) == 3 and sum(limits) <= 100, limits
+
+
 def test_fa3_speed_ab_alpha_plan():
     """scripts/fa3_speed_ab.py's ALPHA plan by --shapes: D 128 N 4k, D 128 N 4k causal, D 128 N 16k, D 64 N 4k in
     that order; alpha at D 64/128 and alpha-noskip at D 64 only, 10 kernels each compiled once; alpha is the default

@@ -175,9 +175,11 @@ class Sm90Config:
     p_before_rescale: (intra-warpgroup overlapped steps) P is converted to 16 bits right after the wait for the
         previous P V GEMM, before O's rescale, instead of after it. With ``skip_unit_rescale`` the rescale is a branch,
         and ptxas keeps the conversions on their side of it: after it they run as one burst after the last
-        exponential (their pipe throttles, the next turn waits); before it they share the exponentials' block and
-        ptxas can interleave them with the exponentials, as flash-attn-4's are (issue 12, bench/NOTES.md "Session 12
-        (2026-12-02): the P conversion"). Same values; only fa3's bf16/fp16 step context (fa3-fp8 refuses it).
+        exponential (their pipe throttles, the next turn waits); before it (pinned there by
+        ``common.layout.convert_pairs_pinned``: LLVM sinks plain conversions past the branch) they share the
+        exponentials' block and ptxas interleaves them with the exponentials, as flash-attn-4's are (issue 12,
+        bench/NOTES.md "Session 12 (2026-12-02): fa3 head_dim 64, the P conversion beside the exponentials"). Same
+        values; only fa3's bf16/fp16 step context (fa3-fp8 refuses it).
     """
 
     tile_m: int = 128
