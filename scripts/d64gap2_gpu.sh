@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # d64gap2_gpu.sh: issue 12, session 12, fa3 head_dim 64 vs flash-attn-4 on one H200: P converted before O's rescale
 # branch (Sm90Config.p_before_rescale, off by default; variant `pconv`). Session 12's reading of call A's ncu run
-# (bench/NOTES.md, "Session 12 (2026-12-02): fa3 head_dim 64 vs flash-attn-4 under ncu, analysis") put the D 64 gap in
+# (bench/NOTES.md, "Session 12 (2026-12-02): d64gap, fa3 head_dim 64 vs flash-attn-4 under ncu") put the D 64 gap in
 # the consumer loop's softmax: P's 32 F2FP run as one burst after the skip_unit_rescale branch (LLVM sinks them past
 # it), after the last exponential, stalling on their pipe; flash-attn-4 interleaves them with the exponentials. The
 # switch converts P before the branch, each pair pinned there by inline PTX (common.layout.convert_pairs_pinned), so
