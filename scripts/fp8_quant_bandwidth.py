@@ -1,7 +1,7 @@
 """Bandwidth of the FP8 quantisation pass (fa_variants.fp8.quant_kernel) beside a device copy, on the GPU.
 
     source .gpu/env.sh && python3 scripts/fp8_quant_bandwidth.py [--json OUT] [--calls 20] [--pipelines v1,v3]
-        [--recipes default,no-smooth] [--rounds 1]
+        [--recipes default,no-smooth] [--rounds 1] [--shapes D=256] [--graph] [--b2b] [--host-profile]
 
 Per shape, pipeline ("v1": one launch per tensor, one block of loads in flight per CTA, K's mean by torch;
 "v2": three blocks in flight, K's mean summed in V's launch, K's blocks read last first; "v3": v2 with
@@ -12,7 +12,8 @@ launch, ``V3_FUSED_MEAN``; "v3ss": v3s with Q's / K's e4m3 stored through shared
 (staged mean on, staged store at head_dim 64 only, the rest off); "deff": def with the fused mean counted per K block
 (``V3_FUSED_MEAN``); "defl": def with the fused mean counted after each CTA's loop (``V3_FUSED_MEAN_LATE``);
 "defw": def with Q's / K's pass at head_dim 256 holding 8 chunks of a token per thread (``V3_WIDE``: 2 lanes per
-token, one cross-lane Hadamard stage; bit for bit);
+token, one cross-lane Hadamard stage; bit for bit); "defn" / "defwn": def / defw without programmatic dependent launch
+(``V2_PDL`` off);
 ``quant_host``) and recipe (default:
 block scales + Hadamard + K smoothing; "no-smooth": the same without smoothing; "sampled8": the default with
 K's mean over 8 evenly spaced K tiles, ``FP8Config(smooth_k_blocks=8)``; "sampled16": over 16), one
@@ -24,6 +25,14 @@ call of ``quant_host.quantize(..., pipeline=...)`` (what ``quantize_fp8(..., imp
   The check that the host finished enqueuing before the sleep ended is printed (``queued``); if it did not,
   the figure is the host's, and says so.
 * ``eager ms``: one call timed alone (events around it, then a sync): what a caller sees, host work included.
+* ``host ms/call``: the host's time to enqueue one call (from the ``gpu ms`` timing: its enqueue time / calls, the
+  GPU held, no call syncs); when it exceeds ``gpu ms`` an eager caller is host-bound (``eager ms`` ~ host ms).
+* ``graph ms`` (--graph): ``--calls`` calls captured in one CUDA graph and replayed back to back: GPU time with no
+  host work at all (``Timer.graph_ms``); its % of copy beside ``gpu ms``'s.
+* --breakdown: each kernel of a call (torch.profiler) from host-bound calls (each kernel mostly starts on an idle
+  GPU); --b2b: the same kernels back to back as ``gpu ms`` runs them (the stream held while the host enqueues), with
+  the start-to-start period per call and the gaps / PDL overlaps before each kernel (``b2b_breakdown``);
+  --host-profile: the host's own time per call by function (cProfile).
 * ``GB`` (the byte model, printed by the script): the bytes the pass must move: q, k, v read once in 16 bits,
   e4m3 q, k, v_t (with its padding) written, the float32 descales and (default recipe) the float32 LSE shift
   written. Not counted: the second read of K that smoothing needs (the mean must be known before any K
@@ -113,11 +122,12 @@ def pass_bytes(q, k, v, out, extra: int) -> list[int]:
             nbytes(q) + nbytes(out.q) + nbytes(out.q_descale) + nbytes(out.lse_shift)]
 
 
-def pass_shares(row: dict, copy_tbs: float) -> str:
+def pass_shares(row: dict, copy_tbs: float, key: str = "kernels") -> str:
     """Per launch of the pass (V (+ K's sums), K, Q; from the row's breakdown, the kernels named "pass" in order): us
     and % of copy for its own bytes (``pass_bytes``); other kernels (torch's sum of K's partials) with their us.
-    Empty without a breakdown of three passes."""
-    parts = [p.rsplit(" ", 1) for p in row.get("kernels", "").split(": ", 1)[-1].split(", ") if " " in p]
+    Empty without a breakdown of three passes. key: which breakdown ("kernels": ``kernel_breakdown``'s host-bound
+    calls; "kernels_b2b": ``b2b_breakdown``'s back-to-back calls)."""
+    parts = [p.rsplit(" ", 1) for p in row.get(key, "").split(": ", 1)[-1].split(", ") if " " in p]
     passes = [float(t) for n, t in parts if n == "pass"]
     if len(passes) != 3 or "pass_bytes" not in row:
         return ""
@@ -150,6 +160,78 @@ def kernel_breakdown(fn, calls: int = 5) -> str:
         return f"{per_call} kernels, {sum(us):.1f} us: {parts}"
     except Exception as exc:  # noqa: BLE001 - a diagnostic must not stop the measurement
         return f"(no breakdown: {type(exc).__name__}: {exc})"
+
+
+def b2b_breakdown(fn, timer, calls: int = 8) -> tuple[str, str]:
+    """The kernels of ``calls`` calls run back to back (torch.profiler; the stream held by a sleep kernel while the
+    host enqueues, as ``Timer.gpu_ms``), for the calls 2 .. calls - 1: (kernels, gaps). kernels: "N kernels, S us:
+    name us, ..." (``kernel_breakdown``'s format, per-position medians, so ``pass_shares`` reads it); gaps: "period
+    P us, gaps G us (before each: ...)": P = median start-to-start time of consecutive calls (the GPU time per call),
+    G = P - S (negative: kernels overlapped, PDL), and the median time from each kernel's predecessor's end to its
+    start. ("", why) when the profile has no clean pattern. Unlike ``kernel_breakdown`` (whose calls are host-bound:
+    each kernel starts on an idle GPU) these are the kernels as ``gpu ms`` times them."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        torch.cuda.synchronize()
+        hold = 3.0 * calls * getattr(timer, "host_ms", 0.5) + 5.0  # the profiler slows the host
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            torch.cuda._sleep(int(hold * timer.cycles_per_ms))
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            queued = (time.perf_counter() - t0) * 1e3 < hold
+            torch.cuda.synchronize()
+        events = sorted((e for e in prof.events() if str(getattr(e, "device_type", "")).endswith("CUDA")),
+                        key=lambda e: e.time_range.start)[1:]  # [0]: the sleep kernel
+        kernels, gaps = b2b_pattern([(e.name, e.time_range.start, e.time_range.end) for e in events], calls)
+        return kernels, gaps + ("" if queued or not kernels else " HOST-BOUND (not queued)")
+    except Exception as exc:  # noqa: BLE001 - a diagnostic must not stop the measurement
+        return "", f"(no back-to-back breakdown: {type(exc).__name__}: {exc})"
+
+
+def b2b_pattern(events: list[tuple[str, float, float]], calls: int) -> tuple[str, str]:
+    """``b2b_breakdown``'s reading of (name, start us, end us) kernels of ``calls`` back-to-back calls in start order
+    (the same kernels per call): per kernel position the median duration over calls 2 .. calls - 1, the median
+    start-to-start period of consecutive calls, and the median time from each kernel's predecessor's end to its
+    start (negative: overlap); ("", why) without that pattern."""
+    per_call = len(events) // calls
+    if calls < 4 or per_call == 0 or len(events) != per_call * calls:
+        return "", f"(no back-to-back pattern: {len(events)} kernels for {calls} calls)"
+    middle = range(1, calls - 1)
+    med = statistics.median
+    dur = [med(events[i * per_call + j][2] - events[i * per_call + j][1] for i in middle) for j in range(per_call)]
+    period = med(events[(i + 1) * per_call][1] - events[i * per_call][1] for i in middle)
+    before = [med(events[i * per_call + j][1] - events[i * per_call + j - 1][2] for i in middle)
+              for j in range(per_call)]
+    names = [("pass" if "quant" in n.lower() else n[:24]) for n, _, _ in events[:per_call]]
+    kernels = f"{per_call} kernels, {sum(dur):.1f} us: " + ", ".join(f"{n} {t:.1f}" for n, t in zip(names, dur))
+    gaps = (f"period {period:.1f} us, gaps {period - sum(dur):+.1f} us (before each: "
+            + ", ".join(f"{b:+.1f}" for b in before) + ")")
+    return kernels, gaps
+
+
+def host_profile(fn, calls: int = 20, top: int = 6) -> str:
+    """The host's time per call of fn (the enqueue, no GPU wait: no call syncs) and its ``top`` functions by own time
+    (cProfile over ``calls`` calls; profiled, so larger than unprofiled), as one line."""
+    import cProfile
+    import pstats
+
+    import torch
+
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    stats = pstats.Stats(prof).stats  # (file, line, name) -> (cc, nc, tottime, cumtime, callers)
+    total = sum(v[2] for v in stats.values())
+    rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
+    parts = [f"{os.path.basename(f)}:{name} {1e6 * v[2] / calls:.1f}" for (f, _, name), v in rows]
+    return f"profiled {1e6 * total / calls:.0f} us/call; own us/call: " + ", ".join(parts)
 
 
 class Timer:
@@ -193,7 +275,39 @@ class Timer:
         end.record()
         enqueue_ms = (time.perf_counter() - t0) * 1e3
         end.synchronize()
+        self.host_ms = enqueue_ms / calls  # the host's time per call (enqueue only: the GPU was held)
+        self.hold_ms = sleep_ms
         return start.elapsed_time(end) / calls, enqueue_ms < sleep_ms
+
+    def graph_ms(self, fn, calls: int, reps: int = 3) -> tuple[float, str]:
+        """(ms per call, "" or why not): ``calls`` calls of fn captured in one CUDA graph (after two warm-up calls
+        on a side stream), replayed ``reps`` times back to back between CUDA events: GPU time with no host work
+        at all (the launches, PDL edges included, are the graph's). NaN and the error when capture fails."""
+        torch = self.torch
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    fn()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for _ in range(calls):
+                    fn()
+            graph.replay()
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(reps):
+                graph.replay()
+            end.record()
+            end.synchronize()
+            del graph
+            return start.elapsed_time(end) / (reps * calls), ""
+        except Exception as exc:  # noqa: BLE001 - reported in the row, the other measures stand
+            torch.cuda.synchronize()
+            return float("nan"), f"{type(exc).__name__}: {exc}"[:160]
 
 
 # --pipelines label -> (quant_host pipeline, quant_host switches set for it)
@@ -211,6 +325,10 @@ PIPES.update({"def": ("v3", _DEF), "deff": ("v3", {**_DEF, "V3_FUSED_MEAN": True
 # session 11: Q's / K's pass at head_dim 256 with 8 chunks of a token per thread (``V3_WIDE``: one cross-lane Hadamard
 # stage instead of two; bit for bit the default, so checked as "def"; D 64 / 128 rows run the default's passes)
 PIPES["defw"] = ("v3", {**_DEF, "V3_WIDE": True})
+# session 12: the same two without programmatic dependent launch (``V2_PDL``: K's and Q's passes wait for the previous
+# kernel's end): whether back-to-back calls lose wide's per-pass gain to the PDL overlap (scripts/quantbw_gpu.sh)
+PIPES["defn"] = ("v3", {**_DEF, "V2_PDL": False})
+PIPES["defwn"] = ("v3", {**_DEF, "V3_WIDE": True, "V2_PDL": False})
 
 
 def recipes() -> dict:
@@ -247,12 +365,22 @@ def main() -> int:
     parser.add_argument("--recipes", default="default,no-smooth",
                         help="comma-separated of default, no-smooth, sampled8, sampled16 (default default,no-smooth)")
     parser.add_argument("--rounds", type=int, default=1, help="timings per row, rotated order (median; default 1)")
-    parser.add_argument("--skip", default="", help="comma-separated pipeline:recipe cells to leave out")
+    parser.add_argument("--skip", default="", help="comma-separated pipeline:recipe cells to leave out (every shape), "
+                        "or pipeline:recipe:shape (that shape only)")
     parser.add_argument("--ablation", action="store_true",
                         help="also v3 with one part changed at a time (no coalescing, tile-major order, stages 2, "
                              "no PDL, the fused K mean) and v2, D = 128")
     parser.add_argument("--breakdown", action="store_true",
                         help="also each call's kernels and their durations (torch.profiler; diagnostic)")
+    parser.add_argument("--graph", action="store_true",
+                        help="also GPU time per call by CUDA graph replay (``Timer.graph_ms``: no host work at all)")
+    parser.add_argument("--b2b", action="store_true",
+                        help="also each call's kernels back to back (``b2b_breakdown``: durations, gaps, period)")
+    parser.add_argument("--host-profile", action="store_true",
+                        help="also the host's own time per call by function (cProfile, ``host_profile``)")
+    parser.add_argument("--shapes", default="",
+                        help="comma-separated shape names to run (default all: " + ", ".join(n for n, _ in shapes())
+                        + ")")
     parser.add_argument("--plan", action="store_true", help="print the shapes and exit (no GPU needed)")
     args = parser.parse_args()
     pipelines = args.pipelines.split(",")
@@ -263,10 +391,13 @@ def main() -> int:
         parser.error(f"--recipes: each of default, no-smooth, sampled8, sampled16, got {args.recipes!r}")
     if args.rounds < 1:
         parser.error("--rounds must be >= 1")
-    skip = {tuple(c.split(":", 1)) for c in args.skip.split(",") if c}
+    skip = {tuple(c.split(":", 2)) for c in args.skip.split(",") if c}
+    chosen = [(n, shape) for n, shape in shapes() if not args.shapes or n in args.shapes.split(",")]
+    if args.shapes and len(chosen) != len(args.shapes.split(",")):
+        parser.error(f"--shapes: each of {', '.join(n for n, _ in shapes())}, got {args.shapes!r}")
     print(BYTE_MODEL)
     if args.plan:
-        for name, shape in shapes():
+        for name, shape in chosen:
             print(name, "(batch, seqlen_q, seqlen_k, num_heads, num_heads_kv, head_dim) =", shape)
         print("pipelines:", ", ".join(pipelines), "x recipes:", ", ".join(recipe_names), "x rounds:", args.rounds)
         return 0
@@ -284,14 +415,17 @@ def main() -> int:
     print(f"device copy (2 GiB read + 2 GiB written): {copy_ms:.3f} ms, {copy_tbs:.2f} TB/s", flush=True)
     rows: list[dict] = [{"what": "copy", "ms": copy_ms, "tb_s": copy_tbs}]
     print(f"{'shape':<11} {'pipe':<4} {'recipe':<9} {'gpu ms':>7} {'eager ms':>8} {'GB':>6} {'TB/s':>5} "
-          f"{'% copy':>6} {'+K GB':>5}  queued  match")
-    for name, (B, Nq, Nk, H, Hkv, D) in shapes():
+          f"{'% copy':>6} {'+K GB':>5}  queued  match" + ("  graph ms (% copy)" if args.graph else "")
+          + "  host ms/call")
+    for name, (B, Nq, Nk, H, Hkv, D) in chosen:
         g = torch.Generator(device="cuda").manual_seed(D + Nk)
         q = torch.randn(B, Nq, H, D, device="cuda", dtype=torch.bfloat16, generator=g)
         k = (torch.randn(B, Nk, Hkv, D, device="cuda", generator=g) + 1).to(torch.bfloat16)
         v = torch.randn(B, Nk, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
-        cells = [(p, r) for p in pipelines for r in recipe_names if (p, r) not in skip]
+        cells = [(p, r) for p in pipelines for r in recipe_names if (p, r) not in skip and (p, r, name) not in skip]
         times: dict[tuple, list] = {c: [] for c in cells}
+        hosts: dict[tuple, list] = {c: [] for c in cells}
+        graphs: dict[tuple, list] = {c: [] for c in cells}
         for pipe, recipe in cells:  # compile (or load) every pass before any timing
             run_with(pipe, lambda: quant_host.quantize(q, k, v, config=recipes()[recipe], pipeline=PIPES[pipe][0]))
         torch.cuda.synchronize()
@@ -300,6 +434,9 @@ def main() -> int:
                 cfg = recipes()[recipe]
                 fn = lambda: quant_host.quantize(q, k, v, config=cfg, pipeline=PIPES[pipe][0])  # noqa: E731
                 times[pipe, recipe].append(run_with(pipe, lambda: timer.gpu_ms(fn, args.calls)))
+                hosts[pipe, recipe].append(timer.host_ms)
+                if args.graph:
+                    graphs[pipe, recipe].append(run_with(pipe, lambda: timer.graph_ms(fn, args.calls)))
         for pipe, recipe in cells:
             cfg = recipes()[recipe]
             base = PIPES[pipe][0]
@@ -322,16 +459,35 @@ def main() -> int:
             tbs = moved / ms / 1e9
             frac = tbs / copy_tbs
             breakdown = kernel_breakdown(fn) if args.breakdown else ""
+            b2b, b2b_gaps = b2b_breakdown(fn, timer) if args.b2b else ("", "")
+            host_ms = statistics.median(hosts[pipe, recipe])
+            graph_ms, graph_why = float("nan"), ""
+            if graphs[pipe, recipe]:
+                ok = [t for t, why in graphs[pipe, recipe] if not why]
+                graph_ms = statistics.median(ok) if ok else float("nan")
+                graph_why = "" if ok else graphs[pipe, recipe][0][1]
+            graph_frac = moved_bytes(q, k, out, cfg.smooth_k) / graph_ms / 1e9 / copy_tbs
             rows.append({"shape": name, "dims": [B, Nq, Nk, H, Hkv, D], "pipeline": pipe, "recipe": recipe,
                          "gpu_ms": ms, "eager_ms": eager, "bytes": moved, "extra_bytes_read": extra,
                          "tb_s": tbs, "of_copy": frac, "queued": queued, "match": match,
-                         "kernels": breakdown, "pass_bytes": pass_bytes(q, k, v, out, extra)})
+                         "kernels": breakdown, "pass_bytes": pass_bytes(q, k, v, out, extra),
+                         "host_ms": host_ms, "eager_of_copy": moved / eager / 1e9 / copy_tbs,
+                         "graph_ms": graph_ms, "graph_of_copy": graph_frac, "graph_error": graph_why,
+                         "kernels_b2b": b2b, "b2b_gaps": b2b_gaps})
+            graph_text = (f"  {graph_ms:7.4f} ({100 * graph_frac:5.1f}%)" if graph_ms == graph_ms
+                          else f"  no graph: {graph_why}") if args.graph else ""
             print(f"{name:<11} {pipe:<4} {recipe:<9} {ms:7.4f} {eager:8.4f} {moved / 1e9:6.3f} {tbs:5.2f} "
-                  f"{100 * frac:5.1f}% {extra / 1e9:5.3f}  {'yes' if queued else 'NO (host-bound)'}  {match}",
-                  flush=True)
+                  f"{100 * frac:5.1f}% {extra / 1e9:5.3f}  {'yes' if queued else 'NO (host-bound)'}  {match}"
+                  f"{graph_text}  {host_ms:.4f}", flush=True)
             if breakdown:
-                print(f"    kernels (us, launch order): {breakdown}", flush=True)
+                print(f"    kernels (us, launch order, host-bound calls): {breakdown}", flush=True)
                 print(f"    per pass: {pass_shares(rows[-1], copy_tbs)}", flush=True)
+            if b2b or b2b_gaps:
+                print(f"    back to back: {b2b}; {b2b_gaps}", flush=True)
+                if b2b:
+                    print(f"    per pass back to back: {pass_shares(rows[-1], copy_tbs, 'kernels_b2b')}", flush=True)
+            if args.host_profile:
+                print(f"    host: {host_profile(fn)}", flush=True)
         del q, k, v
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
@@ -401,9 +557,10 @@ BYTE_MODEL = ("byte model: q, k, v read once in 16 bits + e4m3 q, k, v_t (padded
 
 
 def ab_lines(rows: list[dict], old: str, new: str, copy_tbs: float = 0.0) -> str:
-    """Per (shape, recipe) timed by both: NEW's gpu ms / OLD's (< 1: NEW faster), % of copy of each, and (with
-    --breakdown) each launch's us, OLD -> NEW (with copy_tbs: and each launch's % of copy, ``pass_shares``). A last
-    line: the worst and best ratio."""
+    """Per (shape, recipe) timed by both: NEW's gpu ms / OLD's (< 1: NEW faster), % of copy of each, (with --graph)
+    the same ratio by CUDA graph replay, the host's ms per call of each, and (with --breakdown) each launch's us, OLD
+    -> NEW (with copy_tbs: and each launch's % of copy, ``pass_shares``; with --b2b: back to back, with the period and
+    gaps). A last line: the worst and best ratio."""
     by = {(r["shape"], r["recipe"], r["pipeline"]): r for r in rows}
     lines, ratios = [f"\nA/B {new} vs {old} (gpu ms ratio, < 1 = {new} faster; % of copy; kernels us)"], []
     for shape, recipe in dict.fromkeys((r["shape"], r["recipe"]) for r in rows):
@@ -413,11 +570,18 @@ def ab_lines(rows: list[dict], old: str, new: str, copy_tbs: float = 0.0) -> str
         ratio = b["gpu_ms"] / a["gpu_ms"]
         ratios.append((ratio, shape, recipe))
         ka, kb = a.get("kernels", ""), b.get("kernels", "")
+        g_ratio = b.get("graph_ms", float("nan")) / a.get("graph_ms", float("nan"))
         lines.append(f"  {shape:<11} {recipe:<9} {ratio:.3f}  {100 * a['of_copy']:5.1f}% -> {100 * b['of_copy']:5.1f}%"
+                     + (f"  graph {g_ratio:.3f}" if g_ratio == g_ratio else "")
+                     + (f"  host ms {a['host_ms']:.3f} -> {b['host_ms']:.3f}" if "host_ms" in a and "host_ms" in b
+                        else "")
                      + (f"  [{ka.split(': ', 1)[-1]}] -> [{kb.split(': ', 1)[-1]}]" if ka and kb else ""))
         if copy_tbs and pass_shares(a, copy_tbs) and pass_shares(b, copy_tbs):
             lines.append(f"    per pass (% of copy for its bytes): [{pass_shares(a, copy_tbs)}] -> "
                          f"[{pass_shares(b, copy_tbs)}]")
+        if copy_tbs and pass_shares(a, copy_tbs, "kernels_b2b") and pass_shares(b, copy_tbs, "kernels_b2b"):
+            lines.append(f"    back to back: [{pass_shares(a, copy_tbs, 'kernels_b2b')}; {a.get('b2b_gaps', '')}] -> "
+                         f"[{pass_shares(b, copy_tbs, 'kernels_b2b')}; {b.get('b2b_gaps', '')}]")
     if ratios:
         lines.append(f"AB {new}/{old}: worst {max(ratios)[0]:.3f} ({' '.join(max(ratios)[1:])}), best "
                      f"{min(ratios)[0]:.3f} ({' '.join(min(ratios)[1:])}), all matched: "
@@ -436,6 +600,15 @@ def summarise(rows: list[dict], copy_tbs: float, pipelines: list[str]) -> int:
         text = " -> ".join((f"{c['pipeline']} " if missing else "") + f"{100 * c['of_copy']:5.1f}%"
                            + ("" if c["match"] == "ok" else " MISMATCH") for c in cells if c)
         print(f"  {shape:<11} {recipe:<9} {text}")
+    for key, what in (("graph_of_copy", "by CUDA graph replay (GPU only)"),
+                      ("eager_of_copy", "end to end (one eager call: host work included)")):
+        if not any(key in r and r[key] == r[key] for r in rows):
+            continue
+        print(f"% of copy {what}, {' -> '.join(pipelines)}; host ms per call")
+        for shape, recipe in dict.fromkeys((r["shape"], r["recipe"]) for r in rows):
+            cells = [c for c in (by.get((shape, recipe, p)) for p in pipelines) if c]
+            print(f"  {shape:<11} {recipe:<9} " + " -> ".join(f"{100 * c.get(key, float('nan')):5.1f}%" for c in cells)
+                  + "; " + " -> ".join(f"{c.get('host_ms', float('nan')):.3f}" for c in cells))
     rc = 0
     for p in pipelines:
         mine = [r for r in rows if r["pipeline"] == p]

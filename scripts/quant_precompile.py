@@ -28,11 +28,14 @@ def tasks(which: str = "quant3") -> list[tuple[str, str, int, str]]:
     (which "quant3"), or what scripts/quant4_gpu.sh / quant5_gpu.sh run (which "quant4" / "quant5":
     v3 as default, with and without the staged store, V3_STAGED_STORE), or
     scripts/quant8_gpu.sh's (which "quant8": the current default, + V3_FUSED_MEAN, + V3_FUSED_MEAN_LATE), or
-    scripts/quantlanes_gpu.sh's (which "quantlanes": the current default and + V3_WIDE at head_dim 256)."""
+    scripts/quantlanes_gpu.sh's (which "quantlanes": the current default and + V3_WIDE at head_dim 256), or
+    scripts/quantbw_gpu.sh's (which "quantbw": quantlanes' and both at head_dim 256 with V2_PDL off)."""
     if which == "quant8":  # the current default, the fused mean per K block and after each CTA's loop
         out = [("v3", "bf16", d, f"{r}+{knob}") for d in HEAD_DIMS for r in ("default", "sampled8")
                for knob in QUANT8_KNOBS]
         return out + [("v3", "bf16", 128, f"head-smooth+{knob}") for knob in QUANT8_KNOBS]  # the "amax" launch
+    if which == "quantbw":  # quantlanes' passes + the default recipe at 256 without PDL (fp8_quant_bandwidth's defn, defwn)
+        return tasks("quantlanes") + [("v3", "bf16", 256, f"default+{knob}") for knob in QUANTBW_KNOBS]
     if which == "quantlanes":  # the default at D 64 / 128 (the A/B's other rows); default and V3_WIDE at 256 (the
         # bandwidth row and the GPU tests' recipes: default, no-smooth, head-smooth's "amax" / "given" launches)
         out = [("v3", "bf16", d, "default+defaultql") for d in (64, 128)]
@@ -78,6 +81,8 @@ QUANT5_KNOBS = {"default": {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": False},
 _QL = {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": None, "V3_FUSED_SAMPLED_MEAN": False, "V3_FUSED_MEAN": False,
        "V3_FUSED_MEAN_LATE": False, "V3_WIDE": False}
 QUANTLANES_KNOBS = {"defaultql": _QL, "wide": {**_QL, "V3_WIDE": True}}
+# --set quantbw: quantlanes' passes, and the default / wide at head_dim 256 without programmatic dependent launch
+QUANTBW_KNOBS = {"nopdlql": {**_QL, "V2_PDL": False}, "widenopdl": {**_QL, "V3_WIDE": True, "V2_PDL": False}}
 # --set quant8: the current default as it is (staged store auto), the fused mean per K block, and counted late
 _Q8 = {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": None, "V3_FUSED_SAMPLED_MEAN": False,
        "V3_FUSED_MEAN": False, "V3_FUSED_MEAN_LATE": False}
@@ -102,7 +107,7 @@ def run(task: tuple[str, str, int, str]) -> str:
 
     pipeline, dtype, d, recipe = task
     recipe, _, knob = recipe.partition("+")  # knob: one of the KNOBS names (may hold a "+")
-    knobs = {**ABLATION_KNOBS, **QUANT5_KNOBS, **QUANT8_KNOBS, **QUANTLANES_KNOBS}.get(knob, {})
+    knobs = {**ABLATION_KNOBS, **QUANT5_KNOBS, **QUANT8_KNOBS, **QUANTLANES_KNOBS, **QUANTBW_KNOBS}.get(knob, {})
     saved = {name: getattr(quant_host, name) for name in knobs}
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     t0 = time.perf_counter()
@@ -160,7 +165,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=14)
     parser.add_argument("--plan", action="store_true", help="list the tasks and exit (no GPU needed)")
     parser.add_argument("--set", default="quant3",
-                        choices=("quant3", "quant4", "quant5", "quant8", "quantlanes"),
+                        choices=("quant3", "quant4", "quant5", "quant8", "quantlanes", "quantbw"),
                         help="which script's passes (default quant3)")
     parser.add_argument("--unique", action="store_true",
                         help="record the tasks' passes first (no compile), then compile each distinct pass once")
