@@ -1308,6 +1308,54 @@ def test_quantlanes_script_sets():
     assert 'grep -q "match the torch recipe: True"' in text and '! grep -q "match the torch recipe: False"' in text
 
 
+
+def test_quantbw_script_and_measures():
+    """scripts/quantbw_gpu.sh's pieces on the CPU: fp8_quant_bandwidth.py's back-to-back reading (per-position median
+    durations, start-to-start period, the gap before each kernel; no pattern when the kernels do not divide into
+    calls), the per-pass shares read from it, the A/B line with the graph ratio and host ms, the graph / end-to-end
+    tables, the defn / defwn labels (V2_PDL off), --skip PIPE:RECIPE:SHAPE and --shapes in --plan, the precompile
+    set (quantlanes' passes + both at D 256 without PDL), and the script's flags and correctness grep."""
+    bw = load_script("fp8_quant_bandwidth")
+    events, t = [], 0.0
+    for call in range(6):  # V+Ksum, torch's sum, K, Q; K and Q start 1 us before their predecessor's end (PDL)
+        for name, dur, gap in (("kernel_QuantPass_0", 48.0, 2.0), ("void at::native::reduce_kernel<512>", 6.0, 1.0),
+                               ("kernel_QuantPass_1", 36.0 + call, -1.0), ("kernel_QuantPass_2", 39.0, -1.0)):
+            t += gap
+            events.append((name, t, t + dur))
+            t += dur
+    kernels, gaps = bw.b2b_pattern(events, 6)
+    assert kernels == "4 kernels, 131.5 us: pass 48.0, void at::native::reduce_ 6.0, pass 38.5, pass 39.0", kernels
+    assert gaps == "period 132.5 us, gaps +1.0 us (before each: +2.0, +1.0, -1.0, -1.0)", gaps
+    assert bw.b2b_pattern(events[:-1], 6)[0] == "" and "23 kernels for 6 calls" in bw.b2b_pattern(events[:-1], 6)[1]
+    row = {"kernels_b2b": kernels, "pass_bytes": [168e6, 100e6, 101e6], "extra_bytes_read": 67e6, "kernels": ""}
+    assert bw.pass_shares(row, 4.0, "kernels_b2b").startswith("V+Ksum 48.0 us 88%, K 38.5 us 65%, Q 39.0 us 65%")
+    assert bw.pass_shares(row, 4.0) == ""
+    rows = [dict(shape="D=256", pipeline=p, recipe="default", gpu_ms=ms, of_copy=0.5, match="ok", queued=True,
+                 host_ms=h, graph_ms=g, graph_of_copy=0.6, eager_of_copy=0.3)
+            for p, ms, h, g in (("def", 0.150, 0.210, 0.150), ("defw", 0.147, 0.220, 0.135))]
+    text = bw.ab_lines(rows, "def", "defw")
+    assert "  D=256       default   0.980   50.0% ->  50.0%  graph 0.900  host ms 0.210 -> 0.220" in text, text
+    assert bw.PIPES["defn"] == ("v3", {**bw.PIPES["def"][1], "V2_PDL": False})
+    assert bw.PIPES["defwn"] == ("v3", {**bw.PIPES["defw"][1], "V2_PDL": False})
+    from fa_variants.fp8 import quant_host
+
+    assert all(hasattr(quant_host, n) for n in bw.PIPES["defwn"][1])
+    pre = load_script("quant_precompile")
+    tasks = pre.tasks("quantbw")
+    assert tasks[:8] == pre.tasks("quantlanes") and len(tasks) == len(set(tasks)) == 10
+    assert pre.QUANTBW_KNOBS["widenopdl"] == {**pre.QUANTLANES_KNOBS["wide"], "V2_PDL": False}
+    text = (ROOT / "scripts" / "quantbw_gpu.sh").read_text()
+    for flag in ("--set quantbw", "--graph", "--b2b", "--host-profile", "--ab def:defw,def:defn,defn:defwn",
+                 'grep -q "match the torch recipe: True"', '-k "test_v3_wide_bitwise"'):
+        assert flag in text, flag
+    proc = subprocess.run([sys.executable, "scripts/fp8_quant_bandwidth.py", "--plan", "--shapes", "D=256,D=128 GQA",
+                           "--pipelines", "def,defwn", "--skip", "defwn:default:D=128 GQA"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0 and "D=256 (batch" in proc.stdout and "D=64 (batch" not in proc.stdout, proc.stderr
+    bad = subprocess.run([sys.executable, "scripts/fp8_quant_bandwidth.py", "--plan", "--shapes", "D=96"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert bad.returncode == 2 and "--shapes" in bad.stderr
+
 def test_ncu256_script_names_fp8turn_variants():
     """scripts/ncu256_gpu.sh profiles fa3-fp8 configs by name: every fa3-fp8:NAME it runs is a head_dim 256 variant of
     scripts/fa3_fp8_speed_ab.py's SETS["fp8turn"] (new: the default; single_overlap_noskip: one accumulator, no skip),
