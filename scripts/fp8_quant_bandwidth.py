@@ -212,7 +212,7 @@ def b2b_pattern(events: list[tuple[str, float, float]], calls: int) -> tuple[str
     return kernels, gaps
 
 
-def host_profile(fn, calls: int = 20, top: int = 6) -> str:
+def host_profile(fn, calls: int = 20, top: int = 8) -> str:
     """The host's time per call of fn (the enqueue, no GPU wait: no call syncs) and its ``top`` functions by own time
     (cProfile over ``calls`` calls; profiled, so larger than unprofiled), as one line."""
     import cProfile
