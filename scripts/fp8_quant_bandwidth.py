@@ -13,7 +13,7 @@ launch, ``V3_FUSED_MEAN``; "v3ss": v3s with Q's / K's e4m3 stored through shared
 (``V3_FUSED_MEAN``); "defl": def with the fused mean counted after each CTA's loop (``V3_FUSED_MEAN_LATE``);
 "defw": def with Q's / K's pass at head_dim 256 holding 8 chunks of a token per thread (``V3_WIDE``: 2 lanes per
 token, one cross-lane Hadamard stage; bit for bit); "defn" / "defwn": def / defw without programmatic dependent launch
-(``V2_PDL`` off);
+(``V2_PDL`` off); "defp": def with cached launch plans (``QUANT_PLANS``: host work only);
 ``quant_host``) and recipe (default:
 block scales + Hadamard + K smoothing; "no-smooth": the same without smoothing; "sampled8": the default with
 K's mean over 8 evenly spaced K tiles, ``FP8Config(smooth_k_blocks=8)``; "sampled16": over 16), one
@@ -329,6 +329,8 @@ PIPES["defw"] = ("v3", {**_DEF, "V3_WIDE": True})
 # kernel's end): whether back-to-back calls lose wide's per-pass gain to the PDL overlap (scripts/quantbw_gpu.sh)
 PIPES["defn"] = ("v3", {**_DEF, "V2_PDL": False})
 PIPES["defwn"] = ("v3", {**_DEF, "V3_WIDE": True, "V2_PDL": False})
+# session 12: def with cached launch plans (``quant_host.QUANT_PLANS``: the same launches, less host work per call)
+PIPES["defp"] = ("v3", {**_DEF, "QUANT_PLANS": True})
 
 
 def recipes() -> dict:

@@ -139,13 +139,13 @@ def record(todo: list[tuple[str, str, int, str]]) -> list[tuple]:
         keys[interop.device_arch(device), dtype, head_dim, cfg] = None
         return (lambda *args: None), 1
 
-    saved = quant_host._pass
-    quant_host._pass = recorder
+    saved, plans = quant_host._pass, quant_host.QUANT_PLANS
+    quant_host._pass, quant_host.QUANT_PLANS = recorder, False  # (no plan may keep the recorder's functions)
     try:
         for task in todo:
             run(task)
     finally:
-        quant_host._pass = saved
+        quant_host._pass, quant_host.QUANT_PLANS = saved, plans
     return list(keys)
 
 

@@ -938,3 +938,69 @@ def test_v3_wide_bitwise(monkeypatch, config, grid):
     stages."""
     monkeypatch.setattr(qh, "GRID_CAP", grid)
     assert_switch_bitwise(monkeypatch, "V3_WIDE", 256, config, 19)
+
+
+def _recorded_launches(monkeypatch, calls) -> list:
+    """quant_host with the device queries stubbed (an sm_90 device of 132 SMs) and every compiled pass replaced by a
+    recorder of (PassConfig, its arguments: tensors as (shape, dtype, stride), the rest as they are): the launches
+    ``calls()`` makes, on the CPU."""
+    import contextlib
+    import types
+
+    log = []
+
+    class Recorder:
+        def __init__(self, cfg):
+            self.cfg = cfg.config
+
+        def fn(self, *args):
+            log.append((self.cfg, tuple((tuple(a.shape), a.dtype, a.stride()) if isinstance(a, torch.Tensor) else a
+                                        for a in args)))
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *a, **k: types.SimpleNamespace(
+        multi_processor_count=132, shared_memory_per_multiprocessor=233472))
+    monkeypatch.setattr(torch.cuda, "device", lambda *a, **k: contextlib.nullcontext())
+    monkeypatch.setattr(qh, "_PASSES", {})
+    monkeypatch.setattr(qh, "_PLANS", {})
+    monkeypatch.setattr(qh, "_CONSTANTS", {})
+    object.__setattr__(qk.VARIANT, "compiled", Recorder)  # a frozen dataclass: its method shadowed, then restored
+    try:
+        calls()
+    finally:
+        object.__delattr__(qk.VARIANT, "compiled")
+    return log
+
+
+@pytest.mark.parametrize("plans", [False, True])
+def test_quant_plans_same_launches(monkeypatch, plans):
+    """quant_host.QUANT_PLANS (cached launch plans): every launch of quantize (pipelines v1 / v3, the default,
+    no-smooth, head-smooth and sampled recipes, head_dim 64 / 128 / 256, GQA with odd lengths, a negative scale, the
+    wide and late-count switches, a grid cap) is the same compiled pass with the same arguments as with the plans off,
+    on the first call and on the cached second (the plans key on everything a launch depends on)."""
+    cases = [("v3", 64, "default", {}), ("v3", 128, "no-smooth", {}), ("v3", 256, "default", {"V3_WIDE": True}),
+             ("v3", 128, "head-smooth", {}), ("v3", 64, "sampled", {"V3_FUSED_MEAN_LATE": True}),
+             ("v1", 128, "default", {}), ("v3", 256, "default", {"GRID_CAP": 5})]
+    recipes = {"default": FP8Config(), "no-smooth": FP8Config(smooth_k=False),
+               "head-smooth": FP8Config(granularity="head"), "sampled": FP8Config(smooth_k_blocks=2)}
+
+    def run():
+        for pipe, d, recipe, knobs in cases:
+            saved = {name: getattr(qh, name) for name in knobs}
+            for name, value in knobs.items():
+                setattr(qh, name, value)
+            q = torch.zeros(2, 77, 4, d, dtype=torch.bfloat16)
+            k = torch.zeros(2, 700, 2, d, dtype=torch.bfloat16)
+            try:
+                for scale in (None, -0.5):
+                    qh.quantize(q, k, k.clone(), config=recipes[recipe], softmax_scale=scale, pipeline=pipe)
+            finally:
+                for name, value in saved.items():
+                    setattr(qh, name, value)
+
+    monkeypatch.setattr(qh, "QUANT_PLANS", False)
+    reference = _recorded_launches(monkeypatch, run)
+    monkeypatch.setattr(qh, "QUANT_PLANS", plans)
+    got = _recorded_launches(monkeypatch, lambda: (run(), run()))
+    assert len(reference) > 20 and got == reference + reference
+    assert bool(qh._PLANS) == plans

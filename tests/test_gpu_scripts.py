@@ -1313,7 +1313,7 @@ def test_quantbw_script_and_measures():
     """scripts/quantbw_gpu.sh's pieces on the CPU: fp8_quant_bandwidth.py's back-to-back reading (per-position median
     durations, start-to-start period, the gap before each kernel; no pattern when the kernels do not divide into
     calls), the per-pass shares read from it, the A/B line with the graph ratio and host ms, the graph / end-to-end
-    tables, the defn / defwn labels (V2_PDL off), --skip PIPE:RECIPE:SHAPE and --shapes in --plan, the precompile
+    tables, the defn / defwn labels (V2_PDL off), defp (QUANT_PLANS), --skip PIPE:RECIPE:SHAPE and --shapes in --plan, the precompile
     set (quantlanes' passes + both at D 256 without PDL), and the script's flags and correctness grep."""
     bw = load_script("fp8_quant_bandwidth")
     events, t = [], 0.0
@@ -1337,15 +1337,16 @@ def test_quantbw_script_and_measures():
     assert "  D=256       default   0.980   50.0% ->  50.0%  graph 0.900  host ms 0.210 -> 0.220" in text, text
     assert bw.PIPES["defn"] == ("v3", {**bw.PIPES["def"][1], "V2_PDL": False})
     assert bw.PIPES["defwn"] == ("v3", {**bw.PIPES["defw"][1], "V2_PDL": False})
+    assert bw.PIPES["defp"] == ("v3", {**bw.PIPES["def"][1], "QUANT_PLANS": True})
     from fa_variants.fp8 import quant_host
 
-    assert all(hasattr(quant_host, n) for n in bw.PIPES["defwn"][1])
+    assert all(hasattr(quant_host, n) for p in ("defwn", "defp") for n in bw.PIPES[p][1])
     pre = load_script("quant_precompile")
     tasks = pre.tasks("quantbw")
     assert tasks[:8] == pre.tasks("quantlanes") and len(tasks) == len(set(tasks)) == 10
     assert pre.QUANTBW_KNOBS["widenopdl"] == {**pre.QUANTLANES_KNOBS["wide"], "V2_PDL": False}
     text = (ROOT / "scripts" / "quantbw_gpu.sh").read_text()
-    for flag in ("--set quantbw", "--graph", "--b2b", "--host-profile", "--ab def:defw,def:defn,defn:defwn",
+    for flag in ("--set quantbw", "--graph", "--b2b", "--host-profile", "--ab def:defw,def:defn,defn:defwn,def:defp",
                  'grep -q "match the torch recipe: True"', '-k "test_v3_wide_bitwise"'):
         assert flag in text, flag
     proc = subprocess.run([sys.executable, "scripts/fp8_quant_bandwidth.py", "--plan", "--shapes", "D=256,D=128 GQA",

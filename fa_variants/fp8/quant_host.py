@@ -1,7 +1,8 @@
 """The host side of the FP8 quantisation pass (the kernel, its design and its pipelines "v1" / "v2" / "v3":
-``fp8.quant_kernel``): the pipelines' switches (``PIPELINES``, ``DEFAULT_PIPELINE``, ``V2_*``, ``V3_*``; some read
-an environment variable at import, as their comments say), the per-process caches of compiled passes and device
-constants (``_pass``, ``_signs``, ``_zeros``), one tensor through a pass (``quantize_tensor``) and q, k, v through a
+``fp8.quant_kernel``): the pipelines' switches (``PIPELINES``, ``DEFAULT_PIPELINE``, ``V2_*``, ``V3_*``, ``QUANT_PLANS``;
+some read an environment variable at import, as their comments say), the per-process caches of compiled passes, launch
+plans and device constants (``_pass``, ``launch_plan``, ``_signs``, ``_zeros``), one tensor through a pass
+(``quantize_tensor``) and q, k, v through a
 pipeline (``quantize``: what ``quantize_fp8(..., impl="kernel")`` runs; ``why_not`` says when it cannot)."""
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from fa_variants.fp8.quantize import (E4M3, FP8Config, FP8Inputs, HadamardRotati
                                       k_sample_tiles, tiles_for)
 
 __all__ = ["PIPELINES", "DEFAULT_PIPELINE", "why_not", "quantize", "quantize_tensor", "pipeline_of", "own_mean",
-           "k_mean_from_parts", "stages_for", "staged_store_for"]
+           "k_mean_from_parts", "stages_for", "staged_store_for", "launch_plan"]
 
 #: the pipelines of ``quantize`` (``pipeline=`` or the environment variable FA_VARIANTS_FP8_QUANT_PIPELINE):
 #: "v1" one launch per tensor, one block of loads in flight per CTA, K's mean by torch; "v2" (see the module
@@ -79,6 +80,13 @@ V3_STAGED_STORE: bool | None = _env.auto_flag("FA_VARIANTS_FP8_QUANT_STAGED_STOR
 #: and roundings, the LSE shift summed in the default's order: outputs bit for bit the default's. Off until measured
 #: (scripts/quantlanes_gpu.sh); FA_VARIANTS_FP8_QUANT_WIDE=1 (read at import) turns it on
 V3_WIDE = _env.flag("FA_VARIANTS_FP8_QUANT_WIDE", False)
+#: per-kind launch plans (``launch_plan``): the compiled pass and grid of each launch of ``quantize_tensor`` cached per
+#: (device, dtype, shape, block, switches) instead of worked out per call (the stage count for the device, a
+#: ``PassConfig``, the compiled-pass lookup): the same launches with the same arguments, less host work per call (an
+#: eager call is host-bound: ~0.2 ms of host per call against 0.07-0.15 ms of GPU, session 12). Off until measured
+#: (scripts/quantbw_gpu.sh, "defp": host ms per call); FA_VARIANTS_FP8_QUANT_PLANS=1 (read at import) turns it on
+QUANT_PLANS = _env.flag("FA_VARIANTS_FP8_QUANT_PLANS", False)
+_PLANS: dict[tuple, tuple] = {}
 #: tests only: at most this many CTAs per launch (None: the persistent grid), so that small inputs give a CTA many
 #: work items (``late_count``'s rounds: more K blocks per CTA than threads; several heads finished by one CTA)
 GRID_CAP: int | None = None
@@ -208,8 +216,6 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
     T_blocks = -(-N // block)
     x = interop.aligned(x)
     dev = x.device
-    stages = stages_for(dev, D, block, stages) if stages > 1 else 1
-    coalesced = coalesced and stages >= 2
     if role == "qk":
         y = torch.empty(B, N, H, D, dtype=E4M3, device=dev)
     else:
@@ -233,33 +239,64 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
         shift_scale = 1.0 / (N if k_sample_tokens is None else k_sample_tokens)
     total = B * H * T_blocks
     k_items = total if k_sample_tokens is None else B * H * (k_parts.shape[2] // k_parts_per_block(block))
-
-    def launch(mode: str) -> None:
-        kmean = k_of is not None and mode != "given"
-        smooth, with_shift = mean is not None, shift is not None and mode != "given"
-        cfg = PassConfig(role=role, rotate=rotate, smooth=smooth, mode=mode, rows=block, shift=with_shift,
-                         stages=stages, kmean=kmean, reverse=reverse, pdl=pdl, coalesced=coalesced,
-                         head_major=head_major, fused_mean=fused and kmean,
-                         staged_mean=staged_mean and coalesced and (smooth or with_shift),
-                         k_sample=kmean and k_sample_tokens is not None,
-                         staged_store=staged_store and coalesced and role == "qk" and mode != "amax"
-                         and block % 32 == 0, late_count=late_count and fused and kmean,
-                         wide=wide and role == "qk" and rotate and coalesced and D == 256
-                         and not (staged_store and mode != "amax" and block % 32 == 0))
-        fn, ctas = _pass(dev, x.dtype, D, cfg)
-        fn(x, y, descale, signs, mean_t, shift_t, k_t, parts_t, count_t, shift_scale,
-           min(ctas, total + (k_items if kmean else 0), GRID_CAP or ctas))
-
+    plan = launch_plan(dev, x.dtype, D, granularity != "block", total, k_items, role=role, rotate=rotate,
+                       smooth=mean is not None, shift=shift is not None, block=block, stages=stages,
+                       kmean=k_of is not None, reverse=reverse, pdl=pdl, coalesced=coalesced, head_major=head_major,
+                       fused=fused, staged_mean=staged_mean, k_sample=k_sample_tokens is not None,
+                       staged_store=staged_store, late_count=late_count, wide=wide)
+    args = (x, y, descale, signs, mean_t, shift_t, k_t, parts_t, count_t, shift_scale)
     with torch.cuda.device(dev):
         if granularity == "block":
-            launch("block")
+            fn, grid = plan[0]
+            fn(*args, grid)
         else:  # baselines: the blocks' amaxes (and the shift), reduced by torch, then the pass with that descale
             from fa_variants.fp8.quantize import _reduce_amax, descale_from_amax
 
-            launch("amax")
+            (fn, grid), (fn_given, grid_given) = plan
+            fn(*args, grid)
             descale.copy_(descale_from_amax(_reduce_amax(descale, granularity))[0])
-            launch("given")
+            fn_given(*args, grid_given)
     return y, descale
+
+
+def launch_plan(dev: torch.device, dtype: torch.dtype, head_dim: int, two_launches: bool, total: int, k_items: int,
+                **kind) -> tuple:
+    """((compiled pass, grid), ...) of ``quantize_tensor``'s launches: one (mode "block"), or two (``two_launches``:
+    "amax" then "given"), for ``total`` work items (+ ``k_items`` K items with ``kind["kmean"]``) and ``kind``:
+    ``quantize_tensor``'s switches as booleans (role, rotate, smooth, shift, block, stages, kmean, reverse, pdl,
+    coalesced, head_major, fused, staged_mean, k_sample, staged_store, late_count, wide). With ``QUANT_PLANS`` cached
+    per (device, dtype, head_dim, two_launches, total, k_items, GRID_CAP, kind); the same result either way."""
+    if not QUANT_PLANS:
+        return _launch_plan(dev, dtype, head_dim, two_launches, total, k_items, kind)
+    key = (dev, dtype, head_dim, two_launches, total, k_items, GRID_CAP, *kind.items())
+    hit = _PLANS.get(key)
+    if hit is None:
+        hit = _PLANS[key] = _launch_plan(dev, dtype, head_dim, two_launches, total, k_items, kind)
+    return hit
+
+
+def _launch_plan(dev: torch.device, dtype: torch.dtype, D: int, two_launches: bool, total: int, k_items: int,
+                 kind: dict) -> tuple:
+    """``launch_plan`` worked out: the device's stage count, each launch's ``PassConfig``, its compiled pass and grid."""
+    stages = stages_for(dev, D, kind["block"], kind["stages"]) if kind["stages"] > 1 else 1
+    coalesced = kind["coalesced"] and stages >= 2
+    role, block, fused, smooth = kind["role"], kind["block"], kind["fused"], kind["smooth"]
+    out = []
+    for mode in ("amax", "given") if two_launches else ("block",):
+        kmean = kind["kmean"] and mode != "given"
+        with_shift = kind["shift"] and mode != "given"
+        staged_store = kind["staged_store"] and coalesced and role == "qk" and mode != "amax" and block % 32 == 0
+        cfg = PassConfig(role=role, rotate=kind["rotate"], smooth=smooth, mode=mode, rows=block, shift=with_shift,
+                         stages=stages, kmean=kmean, reverse=kind["reverse"], pdl=kind["pdl"], coalesced=coalesced,
+                         head_major=kind["head_major"], fused_mean=fused and kmean,
+                         staged_mean=kind["staged_mean"] and coalesced and (smooth or with_shift),
+                         k_sample=kmean and kind["k_sample"], staged_store=staged_store,
+                         late_count=kind["late_count"] and fused and kmean,
+                         wide=kind["wide"] and role == "qk" and kind["rotate"] and coalesced and D == 256
+                         and not (kind["staged_store"] and mode != "amax" and block % 32 == 0))
+        fn, ctas = _pass(dev, dtype, D, cfg)
+        out.append((fn, min(ctas, total + (k_items if kmean else 0), GRID_CAP or ctas)))
+    return tuple(out)
 
 
 def _fused_scratch(device: torch.device, B: int, Hkv: int, P: int, D: int) -> tuple[torch.Tensor, torch.Tensor]:
