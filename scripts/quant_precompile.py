@@ -34,7 +34,7 @@ def tasks(which: str = "quant3") -> list[tuple[str, str, int, str]]:
         out = [("v3", "bf16", d, f"{r}+{knob}") for d in HEAD_DIMS for r in ("default", "sampled8")
                for knob in QUANT8_KNOBS]
         return out + [("v3", "bf16", 128, f"head-smooth+{knob}") for knob in QUANT8_KNOBS]  # the "amax" launch
-    if which == "quantbw":  # quantlanes' passes + the default recipe at 256 without PDL (fp8_quant_bandwidth's defn, defwn)
+    if which == "quantbw":  # quantlanes' passes + the default recipe at 256 without PDL (the bandwidth's defn, defwn)
         return tasks("quantlanes") + [("v3", "bf16", 256, f"default+{knob}") for knob in QUANTBW_KNOBS]
     if which == "quantlanes":  # the default at D 64 / 128 (the A/B's other rows); default and V3_WIDE at 256 (the
         # bandwidth row and the GPU tests' recipes: default, no-smooth, head-smooth's "amax" / "given" launches)

@@ -1313,8 +1313,8 @@ def test_quantbw_script_and_measures():
     """scripts/quantbw_gpu.sh's pieces on the CPU: fp8_quant_bandwidth.py's back-to-back reading (per-position median
     durations, start-to-start period, the gap before each kernel; no pattern when the kernels do not divide into
     calls), the per-pass shares read from it, the A/B line with the graph ratio and host ms, the graph / end-to-end
-    tables, the defn / defwn labels (V2_PDL off), defp (QUANT_PLANS), --skip PIPE:RECIPE:SHAPE and --shapes in --plan, the precompile
-    set (quantlanes' passes + both at D 256 without PDL), and the script's flags and correctness grep."""
+    tables, the defn / defwn labels (V2_PDL off), defp (QUANT_PLANS), --skip PIPE:RECIPE:SHAPE and --shapes in --plan,
+    the precompile set (quantlanes' passes + both at D 256 without PDL), and the script's flags and correctness grep."""
     bw = load_script("fp8_quant_bandwidth")
     events, t = [], 0.0
     for call in range(6):  # V+Ksum, torch's sum, K, Q; K and Q start 1 us before their predecessor's end (PDL)

@@ -1,9 +1,9 @@
 """The host side of the FP8 quantisation pass (the kernel, its design and its pipelines "v1" / "v2" / "v3":
-``fp8.quant_kernel``): the pipelines' switches (``PIPELINES``, ``DEFAULT_PIPELINE``, ``V2_*``, ``V3_*``, ``QUANT_PLANS``;
-some read an environment variable at import, as their comments say), the per-process caches of compiled passes, launch
-plans and device constants (``_pass``, ``launch_plan``, ``_signs``, ``_zeros``), one tensor through a pass
-(``quantize_tensor``) and q, k, v through a
-pipeline (``quantize``: what ``quantize_fp8(..., impl="kernel")`` runs; ``why_not`` says when it cannot)."""
+``fp8.quant_kernel``): the pipelines' switches (``PIPELINES``, ``DEFAULT_PIPELINE``, ``V2_*``, ``V3_*``,
+``QUANT_PLANS``; some read an environment variable at import, as their comments say), the per-process caches of
+compiled passes, launch plans and device constants (``_pass``, ``launch_plan``, ``_signs``, ``_zeros``), one tensor
+through a pass (``quantize_tensor``) and q, k, v through a pipeline (``quantize``: what ``quantize_fp8(...,
+impl="kernel")`` runs; ``why_not`` says when it cannot)."""
 from __future__ import annotations
 
 import torch
@@ -277,7 +277,7 @@ def launch_plan(dev: torch.device, dtype: torch.dtype, head_dim: int, two_launch
 
 def _launch_plan(dev: torch.device, dtype: torch.dtype, D: int, two_launches: bool, total: int, k_items: int,
                  kind: dict) -> tuple:
-    """``launch_plan`` worked out: the device's stage count, each launch's ``PassConfig``, its compiled pass and grid."""
+    """``launch_plan`` worked out: the device's stage count, each launch's ``PassConfig``, compiled pass and grid."""
     stages = stages_for(dev, D, kind["block"], kind["stages"]) if kind["stages"] > 1 else 1
     coalesced = kind["coalesced"] and stages >= 2
     role, block, fused, smooth = kind["role"], kind["block"], kind["fused"], kind["smooth"]
