@@ -111,6 +111,17 @@ def _list_type(kind: type, allowed: tuple | None = None, check: Callable | None 
     return parse
 
 
+def _positive_int(text: str) -> int:
+    """argparse type: an int >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an int")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be >= 1")
+    return value
+
+
 def _check_head_dim(d: int) -> str | None:
     if d <= 0 or d > 256 or d % 8 or HIDDEN % d:
         return f"head_dim must be a multiple of 8 in 8..256 that divides {HIDDEN} (num_heads * head_dim)"
@@ -166,6 +177,16 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                         "(writes compare.md; exit status 1 on a regression). With --report-from: no GPU needed")
     c.add_argument("--threshold", type=float, default=100 * bench_compare.DEFAULT_THRESHOLD, metavar="PCT",
                    help="slowdown in percent that --compare flags (default 3)")
+    f = p.add_argument_group("fp8 status (issue 10; fa_variants.bench.fp8status)")
+    f.add_argument("--fp8-status", choices=("auto", "off", "only"), default="auto",
+                   help="issue 10's table (fa3-fp8 kernel alone, quantisation pass, pass + kernel, single accumulator, "
+                        "bf16 fa3, flash-attn-4; paired rounds; PASS/MISS per target): auto = after the sweep when "
+                        "--dtypes has e4m3; only = that table alone (no sweep, no memory table). Seqlens default "
+                        "4096,16384 there")
+    f.add_argument("--fp8-rounds", type=_positive_int, default=6, metavar="N",
+                   help="rounds of the paired run (default 6)")
+    f.add_argument("--fp8-budget", type=float, default=0.0, metavar="S",
+                   help="seconds of measuring after which no new problem starts (core problems first; 0: none)")
     from fa_variants.bench import decode  # stdlib-only at import
 
     decode.configure_parser(p)
@@ -193,6 +214,48 @@ def make_plan(args: argparse.Namespace) -> Plan:
                          quick=bool(args.quick), dtypes=dtypes, head_dims=head_dims, seqlens=seqlens,
                          causal=args.causal, ours=ours, peers=peers, memory_seqlens=memory)
     return plan
+
+
+def fp8_status_problems(args: argparse.Namespace) -> list:
+    """Issue 10's problems when the fp8 status table runs (``--fp8-status only``, or auto with e4m3 in --dtypes and
+    fa3-fp8 among our backends), else []: --head-dims (default: the plan's), --seqlens (default 4096,16384),
+    --causal, core first (``fp8status.order``)."""
+    from fa_variants.bench import fp8status
+
+    dtypes = args.dtypes or ()
+    wanted = args.fp8_status == "only" or (args.fp8_status == "auto" and "e4m3" in dtypes and not args.peers_only
+                                           and "fa3-fp8" in (args.backends or OURS) and not args.memory_only)
+    if not wanted:
+        return []
+    causals = {"true": (True,), "false": (False,), "both": (False, True)}[args.causal]
+    head_dims = args.head_dims or (QUICK if args.quick else FULL)["head_dims"]
+    return fp8status.problems(head_dims, sorted(args.seqlens or fp8status.SEQLENS), causals)
+
+
+def fp8_status_settings(args: argparse.Namespace) -> dict:
+    """The paired protocol's settings of the fp8 status run (rounds from --fp8-rounds)."""
+    return dict(rounds=args.fp8_rounds, cycles=4, burst_ms=10.0, warmup_ms=500.0)
+
+
+def run_fp8_status(args: argparse.Namespace, outdir: Path, measure_one: Callable | None = None) -> int:
+    """The fp8 status table: measured (``fp8status.measure``, or ``measure_one``: tests), printed, written to
+    fp8_status.md / fp8_status.json in ``outdir``. 0 when every measured problem's sanity is ok, else 1."""
+    import json
+
+    from fa_variants.bench import fp8status
+
+    items, settings = fp8_status_problems(args), fp8_status_settings(args)
+    measure_one = measure_one or (lambda p: fp8status.measure(p, **settings))
+    print(f"fp8 status: {len(items)} problems, core first: " + ", ".join(p.label for p in items), flush=True)
+    rows, skipped = fp8status.run(items, measure_one, budget_s=args.fp8_budget,
+                                  log=lambda m: print(m, flush=True))
+    text = fp8status.report(rows, skipped, settings)
+    outdir.mkdir(parents=True, exist_ok=True)
+    (outdir / "fp8_status.md").write_text(text)
+    (outdir / "fp8_status.json").write_text(json.dumps(dict(settings=settings, rows=rows,
+                                                            skipped=[p.label for p in skipped]), indent=1))
+    print(text, flush=True)
+    return 0 if rows and all(fp8status.sanity_ok(r) for r in rows) else 1
 
 
 def runnable_here(plan: Plan) -> tuple[list[str], list[str], list[str]]:
@@ -310,13 +373,27 @@ def run_cli(args: argparse.Namespace) -> int:
     if args.report_from:
         return _rebuild(args, saved)
     plan = make_plan(args)
+    status = fp8_status_problems(args)
+    if args.fp8_status == "only":
+        plan.cases, plan.memory_seqlens = [], []
     if args.dry_run:
         print(describe_plan(plan, *runnable_here(plan)))
+        if status:
+            print(f"fp8 status (issue 10), {args.fp8_rounds} paired rounds, core first: "
+                  + ", ".join(p.label for p in status))
         return 0
     if not _cuda_available():
         print("fa-variants bench: no CUDA GPU found here; the benchmark needs one. "
               "(`--dry-run` shows the plan; `--report-from FILE` rebuilds a saved report.)", file=sys.stderr)
         return 2
+    if args.fp8_status == "only":
+        import torch
+
+        if torch.cuda.get_device_capability()[0] != 9:
+            print("fa-variants bench: --fp8-status needs an sm90 GPU (fa3-fp8)", file=sys.stderr)
+            return 2
+        name = torch.cuda.get_device_name()
+        return run_fp8_status(args, Path(args.out) if args.out else default_outdir(name))
     runtime = make_runtime(plan)
     gpu = runtime.meta()
     impls, notes = build_impls(plan.ours, plan.peers, gpu["cc"])
@@ -345,4 +422,7 @@ def run_cli(args: argparse.Namespace) -> int:
             report["memory"] = memory_sweep(plan.memory_seqlens, impls, runtime.memory, dtype=plan.memory_dtype,
                                             head_dim=plan.memory_head_dim, log=bar.log, step=bar.step,
                                             on_row=lambda rows: save(memory=rows))
-    return _write_and_summarise(report, outdir, charts=not args.no_charts, saved=saved)
+    code = _write_and_summarise(report, outdir, charts=not args.no_charts, saved=saved)
+    if status and any(i.name == "fa3-fp8" for i in impls):
+        code = max(code, run_fp8_status(args, outdir))
+    return code
