@@ -127,6 +127,20 @@ def test_run_keeps_to_the_budget():
     assert len(rows) == 12 and not skipped
 
 
+def test_a_problem_that_raises_is_a_failed_row_and_the_rest_run(capsys):
+    def measure(p):
+        if p.head_dim == 128:
+            raise RuntimeError("bf16 fa3 did not run")
+        return rows_for({(p.head_dim, p.seqlen, p.causal): 600}, 1.3, 0.05, 1.1)[0]
+
+    items = fp8status.problems((64, 128), (16384,), (False,))
+    rows, _ = fp8status.run(items, measure, log=print)
+    assert [r["failed"] for r in rows] == [{}, {"problem": "RuntimeError: bf16 fa3 did not run"}]
+    text = fp8status.report(rows, [], {})
+    assert "| 128 | 16384 | 0 | - |" in text and "BAD at D128 N16384 c0" in text
+    assert "not timed: problem: RuntimeError: bf16 fa3 did not run" in text
+
+
 def test_single_accumulator_configs_are_the_scripts():
     """The two-level cost's references are the configs scripts/fa3_fp8_speed_ab.py times under these names (64 / 128:
     "single"; 256: "single_overlap" of its FP8TURN set, session 11's twolevel run)."""

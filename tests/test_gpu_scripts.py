@@ -1376,3 +1376,26 @@ def test_ncu256_script_names_fp8turn_variants():
         with pytest.raises(ValueError, match="^--impl: "):
             att.impl_list(bad, variants if bad != "fa3-fp8:new" else None)
     assert att.impl_list("fa3,flash-attn-4") == ["fa3", "flash-attn-4"]
+
+
+def test_fp8status_script_precompiles_what_its_status_runs():
+    """scripts/fp8status_gpu.sh: its precompile (fp8status_precompile.py) holds, per head_dim 64 / 128 / 256 and causal
+    mode, the default kernel with the quantisation pass (a default-recipe call), the single-accumulator kernel of the
+    table (fp8status.SINGLE_ACCUMULATOR), bf16 fa3 and flash-attn-4; the status step asks for those head dims; its -k
+    selects the 12 default-recipe GPU tests it counts."""
+    from fa_variants.bench import fp8status
+
+    text = (ROOT / "scripts" / "fp8status_gpu.sh").read_text()
+    assert "--fp8-status only --head-dims 64,128,256" in text and "--fp8-rounds 6" in text
+    jobs = load_script("fp8status_precompile").jobs()
+    want = {(kind, d, c) for kind in ("fa4", "recipe", "fp8", "bf16") for d in (64, 128, 256) for c in (False, True)}
+    assert {(k, d, c) for k, d, c, _ in jobs} == want and len(jobs) == 24
+    assert all(ch == fp8status.SINGLE_ACCUMULATOR[d] for k, d, _, ch in jobs if k == "fp8")
+    assert all(ch == ("bfloat16", ("block", True, True, True)) for k, _, _, ch in jobs if k == "recipe")
+    assert jobs[0][:2] == ("fa4", 256)
+    expr = re.search(r'-k "([^"]+)"', text).group(1)
+    collect = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                              "tests/test_fa3_fp8_gpu.py", "-k", expr], capture_output=True, text=True,
+                             timeout=120, cwd=ROOT)
+    ids = [line for line in collect.stdout.splitlines() if "::test_default_recipe[" in line]
+    assert len(ids) == 12 and "^12 passed" in text, collect.stdout[-500:]

@@ -29,7 +29,7 @@ import time
 from typing import Callable
 
 from fa_variants.bench import paired
-from fa_variants.bench.core import HIDDEN, TOKENS, attention_flops, tflops
+from fa_variants.bench.core import HIDDEN, TOKENS, attention_flops, short_error, tflops
 
 HEAD_DIMS = (64, 96, 128, 256)  # fa3-fp8's (hopper.fa3_fp8.HEAD_DIMS; not imported: it loads the DSL)
 SEQLENS = (4096, 16384)  # the default when --seqlens is not given: issue 10's "N >= 4k" and its N 16k
@@ -259,11 +259,21 @@ def report(rows: list[dict], skipped: list[Problem], settings: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def failed_row(problem: Problem, error: str) -> dict:
+    """The row of a problem whose measurement raised: nothing measured, ``failed`` = {"problem": error} (so its
+    sanity is not ok)."""
+    return dict(head_dim=problem.head_dim, seqlen=problem.seqlen, causal=problem.causal, batch=problem.batch,
+                heads=problem.heads, flops=problem.flops, ms={}, clocks={}, failed={"problem": error}, sanity={},
+                tflops={}, fp8_tflops=None, quant_us=None, ratios={}, fp8_over_bf16=None, call_over_bf16=None,
+                fp8_over_fa4=None, two_level_cost=None, aa_band=None)
+
+
 def run(items: list[Problem], measure_one: Callable[[Problem], dict], budget_s: float = 0.0,
         log: Callable[[str], None] = print, clock: Callable[[], float] = time.monotonic
         ) -> tuple[list[dict], list[Problem]]:
-    """(rows, skipped): ``measure_one`` on each problem in order; with ``budget_s`` > 0 a problem is started only
-    while the time spent plus the longest problem so far stays within it (the rest are skipped, reported)."""
+    """(rows, skipped): ``measure_one`` on each problem in order (one that raises gets ``failed_row``); with
+    ``budget_s`` > 0 a problem is started only while the time spent plus the longest problem so far stays within
+    it (the rest are skipped, reported)."""
     rows, skipped, t0, longest = [], [], clock(), 0.0
     for p in items:
         spent = clock() - t0
@@ -271,7 +281,10 @@ def run(items: list[Problem], measure_one: Callable[[Problem], dict], budget_s: 
             skipped.append(p)
             continue
         start = clock()
-        rows.append(measure_one(p))
+        try:
+            rows.append(measure_one(p))
+        except Exception as exc:  # noqa: BLE001 - reported as the problem's row; the others still run
+            rows.append(failed_row(p, f"{type(exc).__name__}: {short_error(exc)[:200]}"))
         longest = max(longest, clock() - start)
         log(f"fp8 status {p.label}: " + " ".join(f"{n} {v:.0f}" for n, v in rows[-1]["tflops"].items())
             + (f" quant {rows[-1]['quant_us']:.1f} us" if rows[-1]["quant_us"] is not None else "")
@@ -283,8 +296,6 @@ def run(items: list[Problem], measure_one: Callable[[Problem], dict], budget_s: 
 def entry_fns(problem: Problem, seed: int = 0) -> tuple[dict[str, Callable], dict[str, str]]:
     """name -> a call of that entry on this problem's inputs (bf16 q, k, v ~ N(0, 1), seeded; the kernel entries on
     their default-recipe quantisation), returning its output; and name -> why an entry cannot run here."""
-    import dataclasses as dc
-
     import torch
 
     import fa_variants
@@ -295,7 +306,7 @@ def entry_fns(problem: Problem, seed: int = 0) -> tuple[dict[str, Callable], dic
     q, k, v = (torch.randn(problem.batch, problem.seqlen, problem.heads, problem.head_dim, device="cuda",
                            generator=g, dtype=torch.bfloat16) for _ in range(3))
     inputs = quantize_fp8(q, k, v)
-    single = dc.replace(fa3_fp8.DEFAULT_CONFIGS[problem.head_dim], **SINGLE_ACCUMULATOR[problem.head_dim])
+    single = dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[problem.head_dim], **SINGLE_ACCUMULATOR[problem.head_dim])
     scale, causal = problem.head_dim ** -0.5, problem.causal
     fns = {FP8: lambda: fa3_fp8.run_fp8(inputs, causal=causal)[0],
            SINGLE: lambda: fa3_fp8.run_fp8(inputs, causal=causal, config=single)[0],
@@ -319,8 +330,6 @@ def _first(x):
 def first_outputs(fns: dict[str, Callable]) -> tuple[dict, dict[str, str]]:
     """Each entry called once (its compile or load included): name -> output tensor, and name -> the error of
     those that failed (removed from ``fns``)."""
-    from fa_variants.bench.core import short_error
-
     outs, failed = {}, {}
     for name in list(fns):
         try:
