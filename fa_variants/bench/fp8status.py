@@ -4,7 +4,9 @@
 CUDA-graph bursts back to back, per-round ratios, an A/A control, SM clock and power per entry) of
 
 * ``fp8``: the fa3-fp8 kernel alone (``hopper.fa3_fp8.run_fp8``) on inputs quantised by the default recipe;
-* ``fp8_single``: the same kernel with one running accumulator (``SINGLE_ACCUMULATOR``: the two-level cost);
+* ``fp8_single``: the same kernel with one running accumulator (``SINGLE_ACCUMULATOR``: the two-level cost's
+  reference; at head_dim 256 the fastest one measured, with intra-warpgroup overlap, not the serial one that the
+  recipe ``FP8Config(two_level=False)`` runs);
 * ``quant``: the quantisation pass alone (``fp8.quantize_fp8``, default recipe);
 * ``fp8_call``: pass + kernel, as ``fa_variants.attention(q, k, v, backend="fa3-fp8")`` runs them on bf16 inputs;
 * ``bf16_fa3``: our bf16 fa3 (``hopper.fa3.run``), the baseline of every ratio;
