@@ -17,7 +17,8 @@ inject synthetic timings), `runtime` (the implementations and `GpuRuntime`, the 
 GPU), `report` (markdown, JSON and charts from the saved report dictionary), `cli` (arguments, plan,
 progress bar, `run_cli`), `paired` (the paired A/B protocol of the A/B scripts: CUDA-graph bursts of the entries
 alternated back to back, ratios of paired cycles with a bootstrap interval and an A/A control; its GPU timer is
-`runtime.GraphBurstTimer`).
+`runtime.GraphBurstTimer`), `fp8status` (issue 10's fa3-fp8 status table, `--fp8-status`: kernel alone, quantisation
+pass, pass + kernel, single accumulator, bf16 fa3, flash-attn-4, in paired runs, with a PASS / MISS line per target).
 """
 from fa_variants.bench.cli import configure_parser, run_cli
 
