@@ -272,10 +272,9 @@ class Sm90Config:
             raise ValueError(f"persistent={self.persistent!r} must be a bool, True only without split-KV "
                              "(num_splits=1), pack_group, shared_kv_state, epilogue_arrive and with ctas_per_sm=1")
         if not isinstance(self.first_row_only, bool) or (self.first_row_only and not (
-                self.pack_gqa and not self.pack_group and self.tile_m == WGMMA_M and not self.fused_merge
-                and not self.basis_alpha)):
+                self.pack_gqa and not self.pack_group and self.tile_m == WGMMA_M and not self.basis_alpha)):
             raise ValueError(f"first_row_only={self.first_row_only!r} must be a bool, True only for packed seqlen_q = 1 "
-                             "decode (pack_gqa, pack_group 0, tile_m 64) without fused_merge or basis_alpha")
+                             "decode (pack_gqa, pack_group 0, tile_m 64) without basis_alpha")
         if not isinstance(self.q_tail_first, bool) or (self.q_tail_first and (
                 self.num_splits != 1 or self.pack_gqa or self.persistent)):
             raise ValueError(f"q_tail_first={self.q_tail_first!r} must be a bool, True only without split-KV "
