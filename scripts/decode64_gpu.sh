@@ -10,7 +10,7 @@
 # K/V tiles on 128 SMs, streaming at ~4.47 TB/s plus a fixed ~6.7 us; 70% (20.0 us for 67 MB) needs ~5.0. The s6
 # profile's pieces at 16 splits: split kernel ~4 us not streaming, gap 0.56 us, warp merge kernel 2.11 us. The fused
 # tail (gpu fence + atomic ~1.1 us, one load latency ~0.5, compute + store ~0.2) replaces the gap and the merge kernel.
-# 0. scripts/decode64_precompile.py: 24 kernels (the A/B's, `auto`'s at its shapes, the tests', 8 merges), 16 processes.
+# 0. scripts/decode64_precompile.py: 27 kernels (the A/B's, `auto`'s at its shapes, the tests', 8 merges), 16 processes.
 # 1. GPU tests (-n 8, 45), tests/test_decode_fused_gpu.py vs float64 (O and LSE, outputs and split scratch NaN-poisoned):
 #    D 64 through `auto` with FUSED_MERGE decode (32:8, 64:8, MQA; Nk 129 - 32768, odd; split counts 1 / 5 (PDL) /
 #    16 (one pass) / 17 (two pass) / the heuristic's; empty splits; seqlens_k with lengths 0 and 1, causal and not;

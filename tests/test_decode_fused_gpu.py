@@ -57,10 +57,11 @@ def splits(monkeypatch):
 def decode64_kernels() -> list[tuple[int, bool, object]]:
     """(head_dim, causal, config) of the kernels the session-12 D 64 tests run through `auto` with FUSED_MERGE
     "decode" (scripts/decode64_gpu.sh precompiles them): packed seqlen_q = 1 split, fused, first_row_only, with
-    and without PDL (2..8 splits launch with it), and the unsplit packed one (a count of 1)."""
+    and without PDL (2..8 splits launch with it), and the unsplit packed one (a count of 1); causal and not (the
+    seqlens_k test's `full` calls compile the non-causal kernels)."""
     fused = fa3.first_row(_config(64, 0, True), 8)
     unsplit = fa3.first_row(dataclasses.replace(fa3._PACKED_CONFIGS[64], pdl=True), 8)
-    return [(64, True, fused), (64, True, dataclasses.replace(fused, pdl=True)), (64, True, unsplit)]
+    return [(64, c, cfg) for c in (True, False) for cfg in (fused, dataclasses.replace(fused, pdl=True), unsplit)]
 
 
 def _check(out, lse, q, k, v, causal, scale, what):
