@@ -162,8 +162,11 @@ S10C = ([(64, h, 8, 1, 32768) for h in (32, 64)] + [(64, h, 8, 1, 32768, 4) for 
 # session 12 (--s12): issue 13's D 64 Nk >= 32k shapes (B 1 / 8, Nk 32k / 128k, seqlen_q 1 / 16, 32:8 / 64:8: B 1 Nk 32k
 # seqlen_q 1 is at 62-64% of HBM, a fixed cost of ~6.7 us per call), then guards: D 128 B 1 Nk 32k, and the split
 # seqlen_q 1 shapes at short Nk a fused-merge flip would change (B 1 Nk 4k: 16 splits, Nk 1k: 8 with PDL; B 8 Nk 1k: 2)
-S12 = ([(64, h, 8, b, nk, nq) for b in (1, 8) for nk in (32768, 131072) for nq in (1, 16) for h in (32, 64)]
-       + [(128, 32, 8, 1, 32768, 1), (64, 32, 8, 1, 4096, 1), (64, 64, 8, 1, 1024, 1), (64, 32, 8, 8, 1024, 1)])
+# (in this order: the targets first, then the shapes the variant changes, then seqlen_q 16, auto vs SDPA only)
+S12 = ([(64, h, 8, 1, 32768, 1) for h in (32, 64)]
+       + [(128, 32, 8, 1, 32768, 1), (64, 32, 8, 1, 4096, 1), (64, 64, 8, 1, 1024, 1), (64, 32, 8, 8, 1024, 1)]
+       + [(64, h, 8, b, nk, 1) for b, nk in ((1, 131072), (8, 32768), (8, 131072)) for h in (32, 64)]
+       + [(64, h, 8, b, nk, 16) for b in (1, 8) for nk in (32768, 131072) for h in (32, 64)])
 ALL_NQ1 = [(d, h, 8, b, nk) for d in (64, 128) for h in (32, 64) for b in (1, 8, 64)
            for nk in (1024, 4096, 32768, 131072)]
 
@@ -556,6 +559,7 @@ def run(a, shapes, rows) -> int:
         set_flags(fa3, shipped)
         res["us"] = {n: statistics.median(t) for n, t in per_round.items() if t}
         results.append(res)
+        _write_json(a.out, torch, a, results)  # after every shape: a run cut by its time limit keeps what it timed
         best = min(res["us"], key=res["us"].get) if res["us"] else "-"
         print(f"[{i + 1}/{len(shapes)}] {label(shape)}: sdpa {res['us'].get('sdpa', math.nan):.1f} "
               f"auto {res['us'].get('auto', math.nan):.1f} best {best} {res['us'].get(best, math.nan):.1f} us", flush=True)
@@ -572,12 +576,17 @@ def run(a, shapes, rows) -> int:
     print(f"fused-merge counters of captured calls: {len(workspace._CAPTURED)} capture slices, arena ints used {used} "
           f"of {workspace.ARENA_COUNTERS} (a full arena means memsets in the graphs: fused timings too slow)")
     print(text)
-    out = Path(a.out)
+    _write_json(a.out, torch, a, results)
+    (Path(a.out) / "decode_ab.md").write_text(text + "\n")
+    return 0
+
+
+def _write_json(out_dir, torch, a, results) -> None:
+    """decode_ab.json under out_dir: the run's meta and the results so far."""
+    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, rounds=a.rounds, reps=a.reps)
     (out / "decode_ab.json").write_text(json.dumps(dict(meta=meta, results=results), indent=1, default=str))
-    (out / "decode_ab.md").write_text(text + "\n")
-    return 0
 
 
 def label(shape) -> str:
