@@ -20,6 +20,9 @@
 #    32:8 / 64:8; D 128 B 1 Nk 32k; B 1 Nk 4k / 1k and B 8 Nk 1k split guards); fused1 is not timed where it runs what
 #    auto runs (seqlen_q 16: "-"). CUDA graphs, 5 rotated rounds, median; HBM % at Nk >= 32k.
 # 3. scripts/decode64_verdict.py: fused1 / auto per shape, HBM %, FLIP or KEEP.
+# 4. if >= 8 s of the 100 are left: scripts/decode_profile.py --s12 (D 64 32:8 B 1 Nk 32k / 4k; auto, fused1, sdpa: the
+#    kernels of one call, their sum and the span per call, torch.profiler on a graph replay): the model's pieces;
+#    information only (an rc other than 0 there shows in "not passed" but is not a pass line).
 # Pass: (1) 0 failed / 0 errors; (2) no BAD/ERR cell, "compiles" 0; (3) prints a verdict line.
 # Flip rule (for the lead): FUSED_MERGE default "decode" if (1) passes, fused1 / auto geomean <= 0.97 at D 64 B 1 Nk 32k
 # seqlen_q 1 (both group sizes) and <= 1.02 at every shape fused1 ran; else KEEP (and the switch goes).
@@ -37,9 +40,13 @@ step pytest 27 python3 -m pytest -q $NPROC -m gpu -p no:cacheprovider --tb=short
 step decode_ab 30 python3 scripts/decode_ab.py --s12 --no-precompile --rounds 5 --variants "${VARIANTS[@]}" \
   --out "$out/decode_ab"
 step verdict 3 python3 scripts/decode64_verdict.py "$out/decode_ab/decode_ab.json"
+left=$((97 - SECONDS))  # the profile only inside the 100 s: information for the model, not a pass line
+if (( left >= 8 )); then step profile $(( left < 15 ? left : 15 )) python3 scripts/decode_profile.py --s12 --out "$out/profile"
+else echo "== profile: skipped (${left}s left of the budget)"; fi
 echo "== precompile"; tail -n 2 "$out/logs/precompile.log"
 echo "== pytest"; grep -E "^(FAILED|ERROR)|passed|failed" "$out/logs/pytest.log" | tail -n 12
 echo "== decode_ab"; grep -E "^\| D|geomean|compiles|counters|vs auto" "$out/logs/decode_ab.log" | cut -c1-170 | tail -n 30
 grep -qE "BAD|ERR" "$out/decode_ab/decode_ab.md" 2>/dev/null && step_failed decode_ab "BAD/ERR cell"
 echo "== verdict"; cat "$out/logs/verdict.log"
+[[ -f $out/logs/profile.log ]] && { echo "== profile"; grep -E "^PROFILE" "$out/logs/profile.log" | cut -c1-220; }
 steps_exit
