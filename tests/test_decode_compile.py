@@ -206,3 +206,14 @@ def test_fused_merge_one_pass_loads_every_split_at_once():
     assert sum("LDG.E.128.STRONG" in lines[i] for i in loads) == n, [lines[i] for i in loads]
     between = lines[first:loads[-1] + 1]
     assert not [ln for ln in between if re.search(r"\b(F[A-Z]+|MUFU)[.\s]", ln)], between
+
+
+def test_fused_merge_two_cta_tiles_keep_the_two_pass_merge():
+    """The two-CTA decode tiles (consumers of 232 registers) with fused_merge and first_row_only: the two-pass merge
+    (the one-pass form spilled 176 B there), no spills, no strong vector loads."""
+    config = fa3.first_row(dataclasses.replace(fa3.decode_tiles(fa3._PACKED_SPLIT_CONFIGS[64], 64, "dual"),
+                                               fused_merge=True), 8).check(64)
+    assert config.ctas_per_sm == 2 and config.first_row_only
+    c = registry.compiled(registry.static_config("fa3", "sm_90a", "bf16", 64, True, config))
+    sass = cubin.sass_of(c.cubin)
+    assert cubin.cubin_resources(c.cubin)["spill_bytes"] == 0 and "LDG.E.128.STRONG" not in sass

@@ -128,7 +128,7 @@ class Sm90Config:
         partial O and LSE, then counts its arrival at a per-query-tile counter (gpu-scope fence and atomic);
         the CTA that arrives last merges the query tile into the caller's O and LSE and resets the counter
         (``hopper.fa3_kernel.FlashAttention3Sm90._merge_if_last``; up to 16 splits in one memory latency where
-        the consumers hold >= 232 registers, ``_merge_tile_one_pass``). Allowed with first_row_only. False: a
+        the consumers hold 240 registers, ``_merge_tile_one_pass``). Allowed with first_row_only. False: a
         second kernel merges (``common.split_combine``).
     early_pv_arrive: (serial steps, intra_wg_overlap False, with pingpong) a warpgroup hands the ping-pong turn on
         right after issuing its P V GEMM instead of after the next tile's S = Q K^T GEMM, so the wait for the P V

@@ -33,7 +33,7 @@ REGISTERS_TWO_CTAS = (24, 232)
 MERGE_VEC = 4
 #: fused merge (``_merge_tile``): up to this many splits, a thread loads every split's LSE and O columns at once
 MERGE_ONE_PASS_SPLITS = 16
-MERGE_ONE_PASS_MIN_REGS = 232
+MERGE_ONE_PASS_MIN_REGS = 240
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
 
@@ -426,7 +426,7 @@ class FlashAttention3Sm90:
                     batch: Int32, num_splits: Int32, rows: Int32):
         """O and LSE of the query tile's rows from the num_splits partials: ``_merge_tile_one_pass`` up to
         MERGE_ONE_PASS_SPLITS splits in a kernel whose consumers hold >= MERGE_ONE_PASS_MIN_REGS registers (its
-        80 loaded values; the 3-warpgroup tiles' 160 spilled), else ``_merge_tile_two_pass`` (num_splits is the
+        80 loaded values; the 3-warpgroup tiles' 160 spilled 136 B, the two-CTA tiles' 232 176 B), else ``_merge_tile_two_pass`` (num_splits is the
         same for every thread)."""
         if const_expr(self.consumer_regs >= MERGE_ONE_PASS_MIN_REGS):
             if num_splits <= MERGE_ONE_PASS_SPLITS:
