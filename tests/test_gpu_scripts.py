@@ -1116,6 +1116,13 @@ def test_decode_ab_s8_plan():
     assert not any(len(s) == 6 for s, v in by if v == "pdl16")  # seqlen_q > 1: not PDL calls
 
 
+def ab_merge(cfg):
+    """decode_ab's plan items name a merge by its PDL flag or its MergeConfig: the MergeConfig either way."""
+    from fa_variants.common import split_combine
+
+    return cfg if isinstance(cfg, split_combine.MergeConfig) else split_combine.MergeConfig(pdl=cfg)
+
+
 def test_decode64_plan_precompile_and_verdict():
     """scripts/decode64_gpu.sh: decode_ab.py --s12 times fused1 (FUSED_MERGE decode) at the packed seqlen_q 1 split
     shapes only, with first_row_only and the fused merge in its config (seqlen_q 16: not timed, it runs auto's);
