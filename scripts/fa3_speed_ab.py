@@ -18,7 +18,8 @@ persistent grid (`PERSIST`: `persistent`, Sm90Config.persistent at D 64/128/256;
 session 8's O rescale under the exponentials (`ALPHA`: `alpha`, Sm90Config.alpha_first, and `alpha-noskip` at D 64;
 scripts/fa3gap8_gpu.sh); session 8's D 256 comparison (`GAP9`: `alpha-256` beside fa4-256; run in session 9 with
 pairs-256, which became the D 256 default); session 12's P conversion before O's rescale branch at D 64 / 128 (`PCONV`:
-`pconv`, Sm90Config.p_before_rescale; scripts/d64gap2_gpu.sh).
+`pconv`, Sm90Config.p_before_rescale; scripts/d64gap2_gpu.sh); session 12's descriptors built once per tile, out of
+the ping-pong turn (`TURN`: `turn`, Sm90Config.hoisted_descriptors, and `pconv-turn` at D 64; scripts/turnbf16_gpu.sh).
 --shapes D:N:full|causal,... picks shapes one by one
 instead.
 The default run (--variants, --seqlens) is round 4's:
@@ -107,6 +108,11 @@ VARIANTS = {
     # conversion beside the exponentials"): P converted before O's rescale branch, pinned there, so its F2FPs
     # interleave with the exponentials
     "pconv": ((64, 128), dict(p_before_rescale=True)),
+    # session 12, fa3's ping-pong turn (bench/NOTES.md, "Session 12 (2026-12-02): fa3's ping-pong turn"): the K/V
+    # ring's WGMMA descriptors built once per tile instead of in every step's turn (Sm90Config.hoisted_descriptors);
+    # and on top of pconv at D 64 (both pending GPU proof)
+    "turn": ((64, 128), dict(hoisted_descriptors=True)),
+    "pconv-turn": ((64,), dict(p_before_rescale=True, hoisted_descriptors=True)),
 }
 ROUND4 = ("old", "new", "fa4-256", "n176", "stages3", "k-first")
 FA3GAP = ("old", "new", "basis", "basis-kv1", "fa4-256", "basis-256")
@@ -114,6 +120,7 @@ PERSIST = ("old", "new", "persistent")
 ALPHA = ("old", "new", "alpha", "alpha-noskip")
 GAP9 = ("old", "new", "fa4-256", "alpha-256")
 PCONV = ("old", "new", "pconv")
+TURN = ("old", "new", "turn", "pconv-turn")
 PEERS = ("flash-attn-4", "sdpa-cudnn")
 #: other spellings of the peers accepted by --peers (bench.runtime.build_impls knows only the canonical names)
 PEER_ALIASES = {"cudnn": "sdpa-cudnn", "fa4": "flash-attn-4", "flash": "sdpa-flash"}

@@ -270,8 +270,8 @@ def test_speed_ab_plan(capsys):
     ab = _speed_ab()
     shapes = ab.plan([64, 128, 256], [1024, 4096, 16384], (False, True), list(ab.VARIANTS))
     assert len(shapes) == 18 and all(s["batch"] * s["seqlen"] >= 16384 and "old" in s["variants"] for s in shapes)
-    # session 9: - early; session 12: + pconv (D 64, 128)
-    assert {s["head_dim"]: len(s["variants"]) for s in shapes} == {64: 10, 128: 15, 256: 9}
+    # session 9: - early; session 12: + pconv (D 64, 128), + turn (D 64, 128), + pconv-turn (D 64)
+    assert {s["head_dim"]: len(s["variants"]) for s in shapes} == {64: 12, 128: 16, 256: 9}
     import sys
     argv, sys.argv = sys.argv, ["fa3_speed_ab.py", "--plan"]
     try:
@@ -345,6 +345,52 @@ def test_p_before_rescale_interleaves_the_p_conversion():
     for op in ("F2FP", "MUFU.EX2", "HGMMA", "FMUL", "BAR."):
         assert sum(t.startswith(op) for t in pconv) == sum(t.startswith(op) for t in base), op
     assert abs(len(pconv) - len(base)) <= 2, (len(base), len(pconv))
+
+
+def _turns(sass: str) -> list[list[str]]:
+    """The ping-pong turns of a SASS listing: each BAR.SYNC on a warpgroup's schedule barrier (``BAR.SYNC... Rn,
+    0x100``: 256 threads, the id in a register) up to the next BAR.ARV on one, both included, in address order."""
+    import re
+
+    out, cur = [], None
+    for line in sass.splitlines():
+        m = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s*(.*?)\s*;", line)
+        if not m:
+            continue
+        text = m.group(1)
+        if re.search(r"BAR\.SYNC\S* R\d+, 0x100$", text):
+            cur = [text]
+        elif cur is not None:
+            cur.append(text)
+            if re.search(r"BAR\.ARV R\d+, 0x100$", text):
+                out.append(cur)
+                cur = None
+    return out
+
+
+def test_hoisted_descriptors_shorten_the_turn():
+    """Sm90Config.hoisted_descriptors (session 12: the ping-pong turn, BAR.SYNC .. BAR.ARV, held 51 instructions vs
+    flash-attn-4's 46 under ncu at D 64): the K/V ring's descriptors are no longer rebuilt from the shared-memory
+    address in the turn (USHF and the ULOP3 masks go), so the turn is >= 8 instructions shorter with the same 12
+    HGMMAs, the hot loop >= 6 shorter, no spills (nvidia-cutlass-dsl 4.8.1, D 64 non-causal: turn 55 -> 45, loop
+    412 -> 404)."""
+    default = fa3.DEFAULT_CONFIGS[64]
+    hoisted = dataclasses.replace(default, hoisted_descriptors=True)
+    (base,), (turn,) = (_turns(cubin.sass_of(_compiled(64, False, c).cubin)) for c in (default, hoisted))
+    assert any(t.startswith("USHF") for t in base), "default: no descriptor arithmetic in the turn (nothing to move)"
+    assert not any(t.startswith("USHF") for t in turn), turn
+    assert len(turn) <= len(base) - 8, (len(base), len(turn))
+    assert sum(t.startswith("HGMMA") for t in turn) == sum(t.startswith("HGMMA") for t in base) == 12
+    assert len(_hot_mainloop(64, hoisted)) <= len(_hot_mainloop(64, default)) - 6  # (no spills: checked there)
+
+
+def test_hoisted_descriptors_checked():
+    from fa_variants.hopper import fa3_fp8
+
+    with pytest.raises(ValueError, match="hoisted_descriptors"):
+        dataclasses.replace(fa3.DEFAULT_CONFIGS[64], hoisted_descriptors=1).check(64)
+    with pytest.raises(ValueError, match="hoisted_descriptors"):  # fa3's bf16/fp16 kernel only
+        dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], hoisted_descriptors=True).check(128)
 
 
 def test_p_before_rescale_checked():

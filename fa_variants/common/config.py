@@ -181,6 +181,14 @@ class Sm90Config:
         exponentials' block and ptxas interleaves them with the exponentials, as flash-attn-4's are (issue 12,
         bench/NOTES.md "Session 12 (2026-12-02): fa3 head_dim 64, the P conversion beside the exponentials"). Same
         values; only fa3's bf16/fp16 step context (fa3-fp8 refuses it).
+    hoisted_descriptors: the WGMMA descriptors of the K and V ring (``common.sm90.hoisted_descriptors``) are built
+        once per tile, before the K/V loop, from stage 0's shared-memory address, and each GEMM adds its stage's offset
+        (one uniform ULEA); by default the DSL rebuilds them from the address in every step (add, shift, mask, the
+        LBO bit: ~4 uniform instructions per operand, neither LLVM nor ptxas hoists them), inside the ping-pong turn,
+        where the other warpgroup waits (issue 12: the turn held 51 instructions vs flash-attn-4's 46 under ncu at
+        D 64; SASS, nvidia-cutlass-dsl 4.8.1, BAR.SYNC .. BAR.ARV: D 64 55 -> 45, D 128 71 -> 61; causal 56 -> 52 and
+        45 -> 45 / 63 -> 59 and 55 -> 52 (masked and unmasked loops); bench/NOTES.md "Session 12 (2026-12-02): fa3's
+        ping-pong turn"). Same descriptors, same values; only fa3's bf16/fp16 kernel (fa3-fp8 refuses it).
     """
 
     tile_m: int = 128
@@ -210,6 +218,7 @@ class Sm90Config:
     q_tail_first: bool = False
     alpha_first: bool = False
     p_before_rescale: bool = False
+    hoisted_descriptors: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:
@@ -285,6 +294,8 @@ class Sm90Config:
                              "basis_alpha=False")
         if not isinstance(self.p_before_rescale, bool):
             raise ValueError(f"p_before_rescale={self.p_before_rescale!r} must be a bool")
+        if not isinstance(self.hoisted_descriptors, bool):
+            raise ValueError(f"hoisted_descriptors={self.hoisted_descriptors!r} must be a bool")
         if self.smem_bytes(head_dim) > smem_capacity(arch):
             raise ValueError(f"{self} needs {self.smem_bytes(head_dim)} B of shared memory at head_dim={head_dim} "
                              f"(max {smem_capacity(arch)})")

@@ -4,6 +4,7 @@ Small, kernel-agnostic pieces on top of the CuTe DSL (nvidia-cutlass-dsl 4.8.1) 
 views, shared with sm80, are in `common.layout`):
 
 * one call that issues a warpgroup GEMM (fence, the k-blocks, commit, optional wait);
+* operand fragments whose shared-memory descriptors are built once, outside the K/V loop;
 * the named-barrier ids the kernels use (id 0 is ``__syncthreads`` and is never used here);
 * shared-memory layouts made of the Hopper swizzle atoms.
 
@@ -17,8 +18,11 @@ import enum
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import const_expr
+from cutlass import Int64, const_expr
+from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import warpgroup
+from cutlass.cute.nvgpu.tcgen05 import int_to_smem_descriptor, smem_descriptor_to_int
+from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.utils import LayoutEnum
 
 from fa_variants.common.config import WGMMA_M
@@ -64,6 +68,26 @@ def wgmma(
     warpgroup.commit_group()
     if const_expr(wait >= 0):
         warpgroup.wait_group(wait)
+
+
+@dsl_user_op
+def _opaque_i64(x, *, loc=None, ip=None) -> Int64:
+    """x through one ``mov.b64`` of inline PTX (no side effects): LLVM cannot trace the value back to how it was
+    computed, so it cannot rebuild it where it is used."""
+    return Int64(llvm.inline_asm(T.i64(), [Int64(x).ir_value(loc=loc, ip=ip)], "mov.b64 $0, $1;", "=l,l",
+                                 has_side_effects=False, loc=loc, ip=ip))
+
+
+def hoisted_descriptors(frag: cute.Tensor) -> cute.Tensor:
+    """``frag`` (a WGMMA operand fragment in shared memory: 64-bit descriptors, e.g. (MMA, N, K, stage) from
+    ``make_fragment_B``) with its first descriptor built here, once, and kept as an opaque 64-bit value; indexing
+    the result (a stage, a k-block) adds the layout's offset (16-byte units, the descriptor's start-address field) to
+    it. Indexing ``frag`` itself makes the DSL rebuild the descriptor from the shared-memory address (add, shift,
+    mask, the leading-byte-offset bit) at every GEMM, inside the K/V loop, where neither LLVM nor ptxas hoists it.
+    Same descriptors: the layout's offsets are what ``frag`` adds too. Call it outside the loop. (The descriptor <->
+    Int64 casts are the DSL's own, ``cute.nvgpu.tcgen05``'s; sm90's descriptor views take the same type.)"""
+    desc = _opaque_i64(smem_descriptor_to_int(frag.iterator))
+    return cute.make_tensor(int_to_smem_descriptor(desc), frag.layout)
 
 
 def make_tiled_mma(dtype, num_warpgroups: int, n: int, b_mn_major: bool, a_in_registers: bool) -> cute.TiledMma:

@@ -211,6 +211,8 @@ class Fp8Config(Fa3Config):
             raise ValueError("fa3-fp8: alpha_first=True is not supported (only fa3's bf16/fp16 kernel)")
         if self.p_before_rescale:  # fa3-fp8's own to_p / fold_pv hooks (not built or timed)
             raise ValueError("fa3-fp8: p_before_rescale=True is not supported (only fa3's bf16/fp16 kernel)")
+        if self.hoisted_descriptors:  # fp8's K/V operands (V transposed in shared memory, pv_split) not built or timed
+            raise ValueError("fa3-fp8: hoisted_descriptors=True is not supported (only fa3's bf16/fp16 kernel)")
         if self.tile_n % 32:
             raise ValueError(f"fa3-fp8: tile_n={self.tile_n} must be a multiple of 32 (k of the FP8 P V WGMMA)")
         if self.pv_split not in (1, 2, 4, 8) or head_dim % (16 * self.pv_split):

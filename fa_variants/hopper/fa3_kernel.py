@@ -20,7 +20,8 @@ from fa_variants.common.config import Sm90Config
 from fa_variants.common.layout import acc_as_operand_a, convert_in_pairs, convert_pairs_pinned, transpose_view
 from fa_variants.common.layout import rows_cols as acc_rows_cols
 from fa_variants.common.mask import AttentionMask, BlockInfo
-from fa_variants.common.sm90 import WARPGROUP_THREADS, NamedBarrier, make_row_major_smem_layout, make_tiled_mma, wgmma
+from fa_variants.common.sm90 import (WARPGROUP_THREADS, NamedBarrier, hoisted_descriptors, make_row_major_smem_layout,
+                                    make_tiled_mma, wgmma)
 from fa_variants.common.softmax import OnlineSoftmax
 
 # Register split per consumer-warpgroup count: (producer warpgroup, each consumer warpgroup);
@@ -726,6 +727,8 @@ class FlashAttention3Sm90:
         tSrQ = wg_qk.make_fragment_A(wg_qk.partition_A(sQ))
         tSrK = wg_qk.make_fragment_B(wg_qk.partition_B(sK))  # (MMA, N, K, stage)
         tOrV = wg_pv.make_fragment_B(wg_pv.partition_B(self._v_operand(sV)))  # V^T: (MMA, D, tile_n, stage)
+        if const_expr(self.cfg.hoisted_descriptors):  # stage descriptors: base once, + stage offset per GEMM
+            tSrK, tOrV = hoisted_descriptors(tSrK), hoisted_descriptors(tOrV)
         tOrP = wg_pv.make_fragment_A(wg_pv.partition_shape_A((self.tile_m, self.tile_n)))
         acc_O = cute.make_rmem_tensor(wg_pv.partition_shape_C((self.tile_m, self.head_dim)), Float32)
 
