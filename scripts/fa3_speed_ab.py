@@ -108,9 +108,9 @@ VARIANTS = {
     # conversion beside the exponentials"): P converted before O's rescale branch, pinned there, so its F2FPs
     # interleave with the exponentials
     "pconv": ((64, 128), dict(p_before_rescale=True)),
-    # session 12, fa3's ping-pong turn (bench/NOTES.md, "Session 12 (2026-12-02): fa3's ping-pong turn"): the K/V
-    # ring's WGMMA descriptors built once per tile instead of in every step's turn (Sm90Config.hoisted_descriptors);
-    # and on top of pconv at D 64 (both pending GPU proof)
+    # session 12, fa3's ping-pong turn (bench/NOTES.md, "Session 12 (2026-12-02): fa3's ping-pong turn, descriptors
+    # built once per tile; ..."): the K/V ring's WGMMA descriptors built once per tile instead of in every step's
+    # turn (Sm90Config.hoisted_descriptors); and on top of pconv at D 64 (both pending GPU proof)
     "turn": ((64, 128), dict(hoisted_descriptors=True)),
     "pconv-turn": ((64,), dict(p_before_rescale=True, hoisted_descriptors=True)),
 }

@@ -837,6 +837,34 @@ def test_d64gap2_script_pconv_set():
     assert len(limits) == 3 and sum(limits) <= 100, limits
 
 
+def test_turnbf16_script_turn_set():
+    """scripts/turnbf16_gpu.sh (session 12): old, new, turn (Sm90Config.hoisted_descriptors, D 64 and 128) and
+    pconv-turn (with p_before_rescale, D 64) at the four D 64 shapes, 8 kernels, plus the three its GPU tests add
+    (turn D 128 causal and not, turn fp16 D 64), each config passing the check; cold-machine limits within 100 s."""
+    from fa_variants.hopper import fa3
+
+    ab = load_script("fa3_speed_ab")
+    assert ab.TURN == ("old", "new", "turn", "pconv-turn")
+    assert ab.VARIANTS["turn"][0] == (64, 128) and ab.VARIANTS["pconv-turn"][0] == (64,)
+    for d in (64, 128):
+        cfg = ab.variant_config("turn", d)
+        assert cfg == dataclasses.replace(fa3.DEFAULT_CONFIGS[d], hoisted_descriptors=True)
+        cfg.check(d)
+    both = ab.variant_config("pconv-turn", 64)
+    assert both == dataclasses.replace(fa3.DEFAULT_CONFIGS[64], hoisted_descriptors=True, p_before_rescale=True)
+    both.check(64)
+    text = (ROOT / "scripts" / "turnbf16_gpu.sh").read_text()
+    spec = "64:4096:full,64:16384:full,64:4096:causal,64:16384:causal"
+    assert f'AB="--variants old,new,turn,pconv-turn --shapes {spec}"' in text
+    shapes = ab.shapes_plan(spec, list(ab.TURN))
+    assert [len(s["variants"]) for s in shapes] == [4] * 4 and len(ab.compile_items(shapes, "bf16")) == 8
+    assert "--variants turn --shapes 128:4096:full,128:4096:causal" in text
+    assert "--dtype fp16 --variants turn --shapes 64:4096:full" in text
+    assert '-k "turn_variants or hoisted_descriptors"' in text
+    limits = [int(n) for n in re.findall(r"^\s*step \w+ (\d+) ", text, re.M)]
+    assert len(limits) == 3 and sum(limits) <= 100, limits
+
+
 def test_fa3_speed_ab_alpha_plan():
     """scripts/fa3_speed_ab.py's ALPHA plan by --shapes: D 128 N 4k, D 128 N 4k causal, D 128 N 16k, D 64 N 4k in
     that order; alpha at D 64/128 and alpha-noskip at D 64 only, 10 kernels each compiled once; alpha is the default

@@ -186,9 +186,10 @@ class Sm90Config:
         (one uniform ULEA); by default the DSL rebuilds them from the address in every step (add, shift, mask, the
         LBO bit: ~4 uniform instructions per operand, neither LLVM nor ptxas hoists them), inside the ping-pong turn,
         where the other warpgroup waits (issue 12: the turn held 51 instructions vs flash-attn-4's 46 under ncu at
-        D 64; SASS, nvidia-cutlass-dsl 4.8.1, BAR.SYNC .. BAR.ARV: D 64 55 -> 45, D 128 71 -> 61; causal 56 -> 52 and
-        45 -> 45 / 63 -> 59 and 55 -> 52 (masked and unmasked loops); bench/NOTES.md "Session 12 (2026-12-02): fa3's
-        ping-pong turn"). Same descriptors, same values; only fa3's bf16/fp16 kernel (fa3-fp8 refuses it).
+        D 64). SASS, nvidia-cutlass-dsl 4.8.1, BAR.SYNC .. BAR.ARV: D 64 55 -> 45, D 128 71 -> 61; causal (masked,
+        unmasked loop) 56 -> 52, 45 -> 45 at D 64 and 63 -> 59, 55 -> 52 at D 128 (bench/NOTES.md, "Session 12
+        (2026-12-02): fa3's ping-pong turn, descriptors built once per tile; ..."). Same descriptors, same values;
+        only fa3's bf16/fp16 kernel (fa3-fp8 refuses it).
     """
 
     tile_m: int = 128
