@@ -1338,6 +1338,47 @@ def test_bounded_script_precompiles_what_its_steps_run():
     assert len(ids) == 11 and all("[d256-default-" in i or i.endswith("test_fused_units_fault") for i in ids), ids
 
 
+
+
+
+def test_twolevel_script_tests_what_it_times():
+    """scripts/twolevel_gpu.sh: its noskip_test -k selects exactly the 2 causal GPU tests of the timed
+    single_overlap_noskip (the script's pass line: "2 passed"; test_fp8turn_set checks that their config is the
+    A/B's)."""
+    text = (ROOT / "scripts" / "twolevel_gpu.sh").read_text()
+    assert "--set fp8turn --head-dims 256" in text and "--drop single_overlap_c2" in text
+    expr = re.search(r'-k "([^"]+)"', text).group(1)
+    collect = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                              "tests/test_fa3_fp8_speed_gpu.py", "-k", expr], capture_output=True, text=True,
+                             timeout=120, cwd=ROOT)
+    ids = [line for line in collect.stdout.splitlines() if "::" in line]
+    assert len(ids) == 2 and all("fp8turn-d256-single_overlap_noskip-" in i and i.endswith("-causal]") for i in ids), \
+        ids
+
+
+def test_turn256_script_tests_what_it_times():
+    """scripts/turn256_gpu.sh: its osm_tests -k selects exactly the 8 GPU tests of the timed o_slice_smem variant
+    (6 vs the emulation and float64, 2 on spread V scales; the script's pass line "8 passed"), and the A/B's osm is
+    that config: the head_dim 256 default with o_slice_smem, a valid config; new is the default."""
+    text = (ROOT / "scripts" / "turn256_gpu.sh").read_text()
+    assert "--set turn256 --head-dims 256" in text and '"^8 passed"' in text
+    expr = re.search(r'-k "([^"]+)"', text).group(1)
+    collect = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                              "tests/test_fa3_fp8_speed_gpu.py", "-k", expr], capture_output=True, text=True,
+                             timeout=120, cwd=ROOT)
+    ids = [line for line in collect.stdout.splitlines() if "::" in line]
+    assert len(ids) == 8 and all("turn256-d256-osm" in i for i in ids), ids
+    ab = load_script("fa3_fp8_speed_ab")
+    variants = ab.TURN256_VARIANTS[256]
+    assert list(variants) == ["new", "osm", "single_overlap_noskip"] and variants["new"] == {}
+    assert variants["single_overlap_noskip"] == ab.FP8TURN_VARIANTS[256]["single_overlap_noskip"]
+    import test_fa3_fp8_speed_gpu as gpu_tests
+    assert ab.kernel_config(256, variants["osm"]) == ab.kernel_config(256, gpu_tests.TURN256_VARIANTS["turn256-d256-osm"][1])
+    assert ab.kernel_config(256, variants["osm"]).o_slice_smem
+    for change in variants.values():
+        ab.kernel_config(256, change).check(256)
+
+
 def test_ncu_stalls_summary(tmp_path, capsys, monkeypatch):
     """scripts/ncu_stalls.py (stall reasons from an ncu report's raw page, parsed by ncu_table.parse_raw_csv): per
     kernel row of ncu's raw CSV (the units row and ncu's ==PROF== lines skipped) the largest stall reasons first, at

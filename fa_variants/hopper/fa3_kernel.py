@@ -212,6 +212,7 @@ class FlashAttention3Sm90:
         kv_words, v_words = cute.cosize(sKV_layout), cute.cosize(sV_layout)
 
         merge_rows = self.tile_m if const_expr(self.fused_merge) else 1
+        extra_words = self._smem_floats_extra()
 
         @cute.struct
         class SharedStorage:
@@ -227,8 +228,15 @@ class FlashAttention3Sm90:
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, v_words], 1024]
             if const_expr(self.separate_o):  # persistent: O's own buffer (Q's is loaded with the next tile's Q)
                 sO: cute.struct.Align[cute.struct.MemRange[self.out_dtype, cute.cosize(sO_layout)], 1024]
+            if const_expr(extra_words > 0):  # _smem_floats_extra: fp32 words the consumer threads keep for themselves
+                extra: cute.struct.Align[cute.struct.MemRange[Float32, extra_words], 128]
 
         return SharedStorage
+
+    def _smem_floats_extra(self) -> int:
+        """fp32 words of shared memory the consumer's step context gets as the last element of ``extras`` (a 1-D
+        tensor); 0 (the default): none, extras unchanged. A subclass hook (fa3-fp8's ``o_slice_smem``)."""
+        return 0
 
     # ---------------------------------------------------------------------------------------
     # Device side
@@ -281,6 +289,8 @@ class FlashAttention3Sm90:
             sQ = cute.make_tensor(cute.recast_ptr(storage.sQ.data_ptr(), sQ_layout.inner, dtype=self.dtype), sQ_layout.outer)
         sK = storage.sK.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        if const_expr(self._smem_floats_extra() > 0):  # the subclass's own buffer travels with its extras
+            extras = extras + (storage.extra.get_tensor(cute.make_layout(self._smem_floats_extra())),)
 
         seqlen_q, seqlen_k = self._seqlen_q(mQ), mK.shape[0]
         if const_expr(self.split):
