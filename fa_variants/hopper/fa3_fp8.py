@@ -91,6 +91,8 @@ scales (one descale per 128 query rows and per ``tile_n`` keys, ``fa_variants.fp
   single_overlap's turn only issues its 12 QGMMAs. Handing the turn on right after S half 0's issue, and the lookahead
   without ping-pong, were built in session 9 and measured slower at every shape on the H200 (bench/NOTES.md, session
   11): removed.
+* ``o_slice_smem`` (head_dim 256, session 12; off): O's last slice in shared memory, so its registers hold a third
+  temporary and the last slice's promotion leaves the turn (``Fp8Config``; scripts/turn256_gpu.sh).
 * K/V tiles are walked from the last to the first (as fa3). Output in the caller's 16-bit dtype,
   LSE float32 natural log; rows that see no key give O = 0 and LSE = -inf.
 
@@ -632,8 +634,9 @@ class _Fp8StepContext(_StepContext):
     def _promote_smem(self, alpha: cute.Tensor, tmp: cute.Tensor, first: bool):
         """``o_slice_smem``: O's last slice (in shared memory, ``o_smem``) = alpha' O + tmp (``_promote_step``'s
         fused form; the rare path scaled tmp by s before), or tmp on the first visited tile: 8 LDS.128, 32 FFMA, 8
-        STS.128 a thread at 128 x 128, head_dim 256. (Loading and promoting in parts with a fence between them
-        saved 16 of the 72 spilled bytes for a MEMBAR in the loop: not kept.)"""
+        STS.128 a thread at 128 x 128, head_dim 256. Tried on the CPU (spills, D 256 non-causal; this form 56 bytes):
+        the slice promoted in parts with a fence between them (a MEMBAR in the loop), S half 1 issued before the
+        promotion of the slice before the last (128 bytes)."""
         o = cute.make_rmem_tensor(tmp.layout.shape, Float32)
         flat = cute.make_tensor(o.iterator, cute.make_layout(self.o_smem.shape))
         if const_expr(not first):
@@ -761,13 +764,13 @@ class FlashAttention3Fp8Sm90(FlashAttention3Sm90):
         return OnlineSoftmax(num_rows, scale_log2, chains=self.cfg.reduce_chains, skip_unit_rescale=self.cfg.skip_unit_rescale,
                              tile_scales=True, p_shift=P_SHIFT)
 
-    def _o_smem_view(self, sStash: cute.Tensor, values: int) -> cute.Tensor:
-        """``o_slice_smem``: this consumer thread's words of the shared buffer (O's last slice), ((4, values / 4)) with value 4 j + i at
-        word (j * threads + thread) * 4 + i: each group of four is one 16-byte store, a warp's 32 lanes write 512
-        contiguous bytes (no bank conflict)."""
+    def _o_smem_view(self, sbuf: cute.Tensor, values: int) -> cute.Tensor:
+        """``o_slice_smem``: this consumer thread's words of sbuf (O's last slice), ((4, values / 4)) with value
+        4 j + i at word (j * threads + thread) * 4 + i: each group of four is one 16-byte access, a warp's 32 lanes
+        touch 512 contiguous bytes (no bank conflict)."""
         threads = self.num_wg * WARPGROUP_THREADS
         tidx = cute.arch.thread_idx()[0] - WARPGROUP_THREADS  # consumer threads follow the producer warpgroup
-        whole = cute.make_tensor(sStash.iterator, cute.make_layout(((4, values // 4), threads), stride=((1, 4 * threads), 4)))
+        whole = cute.make_tensor(sbuf.iterator, cute.make_layout(((4, values // 4), threads), stride=((1, 4 * threads), 4)))
         mine = whole[None, tidx]
         return cute.make_tensor(mine.iterator, cute.make_layout((4, values // 4), stride=(1, 4 * threads)))
 
