@@ -1338,24 +1338,6 @@ def test_bounded_script_precompiles_what_its_steps_run():
     assert len(ids) == 11 and all("[d256-default-" in i or i.endswith("test_fused_units_fault") for i in ids), ids
 
 
-
-
-
-def test_twolevel_script_tests_what_it_times():
-    """scripts/twolevel_gpu.sh: its noskip_test -k selects exactly the 2 causal GPU tests of the timed
-    single_overlap_noskip (the script's pass line: "2 passed"; test_fp8turn_set checks that their config is the
-    A/B's)."""
-    text = (ROOT / "scripts" / "twolevel_gpu.sh").read_text()
-    assert "--set fp8turn --head-dims 256" in text and "--drop single_overlap_c2" in text
-    expr = re.search(r'-k "([^"]+)"', text).group(1)
-    collect = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                              "tests/test_fa3_fp8_speed_gpu.py", "-k", expr], capture_output=True, text=True,
-                             timeout=120, cwd=ROOT)
-    ids = [line for line in collect.stdout.splitlines() if "::" in line]
-    assert len(ids) == 2 and all("fp8turn-d256-single_overlap_noskip-" in i and i.endswith("-causal]") for i in ids), \
-        ids
-
-
 def test_turn256_script_tests_what_it_times():
     """scripts/turn256_gpu.sh: its osm_tests -k selects exactly the 8 GPU tests of the timed o_slice_smem variant
     (6 vs the emulation and float64, 2 on spread V scales; the script's pass line "8 passed"), and the A/B's osm is
