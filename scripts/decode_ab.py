@@ -65,12 +65,6 @@ below launch with PDL too:
 * ``pers``          a persistent grid instead of the dual tiles (``DECODE_FULL_GRID`` "persistent": B x Hkv >= 512,
                     Nk <= 4k), 2 K/V stages; ``pers3`` with 3.
 
-Session 12 (``--s12`` picks the shapes ``S12``: D 64 at B 1 / 8, Nk 32k / 128k, seqlen_q 1 / 16, GQA 32:8 / 64:8, the
-D 128 B 1 Nk 32k guard and the short-Nk split guards the variant changes):
-
-* ``fused1``        the merge inside the split kernel for packed seqlen_q = 1 split calls (``FUSED_MERGE`` "decode"),
-                    now with first_row_only and the last CTA's one-pass merge (``_merge_tile_one_pass``).
-
 Session 10 (``--s10c`` picks the shapes ``S10C``: D 64 B 1 Nk 32k at seqlen_q 1 / 4 and guards; its variants, the
 split merge inside a thread block cluster, measured slower and were removed in session 11).
 
@@ -159,14 +153,6 @@ S9 = [(d, h, 8, 64, nk) for d in (64, 128) for h in (32, 64) for nk in (1024, 40
 S10C = ([(64, h, 8, 1, 32768) for h in (32, 64)] + [(64, h, 8, 1, 32768, 4) for h in (32, 64)]
         + [(64, 32, 8, 1, 32768, 16), (64, 32, 8, 1, 4096), (64, 32, 8, 1, 1024), (64, 32, 8, 8, 1024),
            (128, 32, 8, 1, 32768)])
-# session 12 (--s12): issue 13's D 64 Nk >= 32k shapes (B 1 / 8, Nk 32k / 128k, seqlen_q 1 / 16, 32:8 / 64:8: B 1 Nk 32k
-# seqlen_q 1 is at 62-64% of HBM, a fixed cost of ~6.7 us per call), then guards: D 128 B 1 Nk 32k, and the split
-# seqlen_q 1 shapes at short Nk a fused-merge flip would change (B 1 Nk 4k: 16 splits, Nk 1k: 8 with PDL; B 8 Nk 1k: 2)
-# (in this order: the targets first, then the shapes the variant changes, then seqlen_q 16, auto vs SDPA only)
-S12 = ([(64, h, 8, 1, 32768, 1) for h in (32, 64)]
-       + [(128, 32, 8, 1, 32768, 1), (64, 32, 8, 1, 4096, 1), (64, 64, 8, 1, 1024, 1), (64, 32, 8, 8, 1024, 1)]
-       + [(64, h, 8, b, nk, 1) for b, nk in ((1, 131072), (8, 32768), (8, 131072)) for h in (32, 64)]
-       + [(64, h, 8, b, nk, 16) for b in (1, 8) for nk in (32768, 131072) for h in (32, 64)])
 ALL_NQ1 = [(d, h, 8, b, nk) for d in (64, 128) for h in (32, 64) for b in (1, 8, 64)
            for nk in (1024, 4096, 32768, 131072)]
 
@@ -207,8 +193,6 @@ PUBLIC = {
     # session 8 (--s9)
     "pers": dict(DECODE_FULL_GRID="persistent"),
     "pers3": dict(DECODE_FULL_GRID="persistent3"),
-    # session 12 (--s12)
-    "fused1": dict(FUSED_MERGE="decode"),
     "shipped": dict(),  # the shipped switches (what `auto` runs when the environment sets none)
 }
 #: the switches PUBLIC sets, at their shipped values (a variant sets all of them, its own on top); MERGE_WARP is
@@ -676,7 +660,6 @@ def main() -> int:
     p.add_argument("--s8", action="store_true", help="the session-8 set S8 instead of the 32 misses (and --skip-same)")
     p.add_argument("--s9", action="store_true", help="the session-8 batch-64 set S9 instead of the 32 misses (and --skip-same)")
     p.add_argument("--s10c", action="store_true", help="the session-10 set S10C, D 64 B 1 Nk 32k and guards (and --skip-same)")
-    p.add_argument("--s12", action="store_true", help="the session-12 set S12, D 64 Nk >= 32k and guards (and --skip-same)")
     p.add_argument("--skip-same", action="store_true",
                    help="time no public variant where it runs the shipped config (same_as_shipped)")
     p.add_argument("--variants", nargs="+", default=[v for v in VARIANTS if not v.startswith("min1")],
@@ -690,7 +673,7 @@ def main() -> int:
                    else "results/decode2/decode_ab")
     a = p.parse_args()
     shapes = (ALL_NQ1 if a.all_nq1 else SHORT_NK + CONTROLS if a.short_nk else S6 if a.s6 else S7 if a.s7 else
-              S8 if a.s8 else S9 if a.s9 else S10C if a.s10c else S12 if a.s12 else MISSES) + (
+              S8 if a.s8 else S9 if a.s9 else S10C if a.s10c else MISSES) + (
         WINS if a.wins else [])
     gpu = not (a.plan or a.compile_only)
     if gpu:
@@ -703,7 +686,7 @@ def main() -> int:
     else:
         os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
         num_sms = NUM_SMS_DEFAULT
-    rows = plan(shapes, a.variants, num_sms, a.skip_same or a.s7 or a.s8 or a.s9 or a.s10c or a.s12)
+    rows = plan(shapes, a.variants, num_sms, a.skip_same or a.s7 or a.s8 or a.s9 or a.s10c)
     for r in rows:
         if not r.get("public"):
             r["forced"] = entry(r["variant"], r["shape"], num_sms)[1]

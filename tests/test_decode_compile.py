@@ -183,37 +183,3 @@ def test_first_row_only_halves_the_softmax(head_dim):
     for op in ("MUFU.EX2", "FMNMX", "SHFL"):
         assert 2 * counts[True][op] <= counts[False][op] + 2, (op, counts)
     assert counts[True]["HGMMA"] == counts[False]["HGMMA"] and counts[True]["UTMALDG"] == counts[False]["UTMALDG"]
-
-
-def test_fused_merge_one_pass_loads_every_split_at_once():
-    """The fused merge with first_row_only (FA_VARIANTS_FUSED_MERGE=decode, D 64 packed seqlen_q = 1): no spills,
-    and its one-pass merge (``_merge_tile_one_pass``, up to MERGE_ONE_PASS_SPLITS splits) issues the 16 O loads
-    (LDG.E.128.STRONG.GPU) and the 16 LSE loads back to back, with no floating-point instruction between them (a
-    second memory latency otherwise: with plain loads ptxas sank the O loads below the LSEs' max chain)."""
-    import re
-
-    from fa_variants.hopper import fa3_kernel
-
-    config = dataclasses.replace(fa3._PACKED_SPLIT_CONFIGS[64], fused_merge=True, first_row_only=True).check(64)
-    c = registry.compiled(registry.static_config("fa3", "sm_90a", "bf16", 64, True, config))
-    sass = cubin.sass_of(c.cubin)
-    counts, res = cubin.count_sass(sass), cubin.cubin_resources(c.cubin)
-    assert counts["LDL"] == counts["STL"] == 0 and res["spill_bytes"] == 0, (counts, res)
-    lines = [ln for ln in sass.splitlines() if re.search(r"/\*[0-9a-f]{4,}\*/", ln)]
-    first = next(i for i, ln in enumerate(lines) if "LDG.E.128.STRONG.GPU" in ln)
-    n = fa3_kernel.MERGE_ONE_PASS_SPLITS
-    loads = [i for i, ln in enumerate(lines[first:], first) if "LDG.E" in ln and "STRONG.GPU" in ln][:2 * n]
-    assert sum("LDG.E.128.STRONG" in lines[i] for i in loads) == n, [lines[i] for i in loads]
-    between = lines[first:loads[-1] + 1]
-    assert not [ln for ln in between if re.search(r"\b(F[A-Z]+|MUFU)[.\s]", ln)], between
-
-
-def test_fused_merge_two_cta_tiles_keep_the_two_pass_merge():
-    """The two-CTA decode tiles (consumers of 232 registers) with fused_merge and first_row_only: the two-pass merge
-    (the one-pass form spilled 176 B there), no spills, no strong vector loads."""
-    config = fa3.first_row(dataclasses.replace(fa3.decode_tiles(fa3._PACKED_SPLIT_CONFIGS[64], 64, "dual"),
-                                               fused_merge=True), 8).check(64)
-    assert config.ctas_per_sm == 2 and config.first_row_only
-    c = registry.compiled(registry.static_config("fa3", "sm_90a", "bf16", 64, True, config))
-    sass = cubin.sass_of(c.cubin)
-    assert cubin.cubin_resources(c.cubin)["spill_bytes"] == 0 and "LDG.E.128.STRONG" not in sass

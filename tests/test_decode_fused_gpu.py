@@ -54,16 +54,6 @@ def splits(monkeypatch):
     return pin
 
 
-def decode64_kernels() -> list[tuple[int, bool, object]]:
-    """(head_dim, causal, config) of the kernels the session-12 D 64 tests run through `auto` with FUSED_MERGE
-    "decode" (scripts/decode64_gpu.sh precompiles them): packed seqlen_q = 1 split, fused, first_row_only, with
-    and without PDL (2..8 splits launch with it), and the unsplit packed one (a count of 1); causal and not (the
-    seqlens_k test's `full` calls compile the non-causal kernels)."""
-    fused = fa3.first_row(_config(64, 0, True), 8)
-    unsplit = fa3.first_row(dataclasses.replace(fa3._PACKED_CONFIGS[64], pdl=True), 8)
-    return [(64, c, cfg) for c in (True, False) for cfg in (fused, dataclasses.replace(fused, pdl=True), unsplit)]
-
-
 def _check(out, lse, q, k, v, causal, scale, what):
     assert_attention_ok(out, lse, q, k, v, causal, scale, what=str(what))
 
@@ -230,52 +220,4 @@ def test_two_streams_at_once():
         for out, lse in outs:
             _check(out, lse, q, k, v, True, 0.088, "two streams")
     assert len(workspace._STREAMS) >= 2
-    _counters_are_zero()
-
-
-# session 12, FA_VARIANTS_FUSED_MERGE=decode at head_dim 64 through `auto` (first_row_only kept, the one-pass merge up
-# to 16 splits, the two-pass form above): (batch, seqlen_k, heads, heads_kv) at seqlen_q 1; odd lengths, MQA with more
-# splits than K/V tiles (empty splits)
-DECODE64 = [(1, 32768, 32, 8), (1, 32768, 64, 8), (3, 1023, 64, 8), (2, 4097, 32, 8), (1, 129, 8, 1)]
-
-
-@pytest.fixture
-def fused_decode(monkeypatch):
-    """`auto` splits, packs, and merges packed seqlen_q = 1 calls in the split kernel (FUSED_MERGE "decode")."""
-    monkeypatch.setattr(fa3, "SPLIT_KV_ENABLED", True)
-    monkeypatch.setattr(fa3, "PACK_GQA_ENABLED", True)
-    monkeypatch.setattr(fa3, "FUSED_MERGE", "decode")
-
-
-@pytest.mark.parametrize("num_splits", [1, 5, 16, 17, 0], ids=lambda n: f"splits{n or 'auto'}")
-@pytest.mark.parametrize("shape", DECODE64, ids=lambda s: "x".join(map(str, s)))
-def test_decode64_fused_first_row(shape, num_splits, splits, fused_decode):
-    """D 64 seqlen_q 1 through the public path: a split call runs fused_merge with first_row_only (one-pass merge
-    up to 16 splits, two-pass at 17; 5 splits with PDL), a count of 1 the unsplit kernel; O and LSE against
-    float64, the counters back at 0."""
-    import fa_variants
-
-    b, nk, h, hkv = shape
-    q, k, v = _qkv(b, 1, nk, h, hkv, 64)
-    if num_splits:
-        splits(num_splits)
-    cfg = fa3._problem_config(None, q, k, True)
-    split = fa3.num_splits_for(cfg, q, k, True) != 1
-    assert cfg.first_row_only and cfg.fused_merge == split and split == (num_splits != 1), cfg
-    out, lse = fa_variants.attention(q, k, v, causal=True, backend="fa3", return_lse=True)
-    _check(out, lse, q, k, v, True, 64 ** -0.5, shape)
-    torch.cuda.synchronize()
-    _counters_are_zero()
-
-
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_decode64_fused_seqlens_k_with_lengths_0_and_1(causal, fused_decode):
-    """D 64, 64:8, per-sequence lengths 0, 1, odd and full (padding NaN, never read) with the fused merge."""
-    import fa_variants
-
-    q, k, v, seqlens_k = padded_kv_cache([0, 1, 113, 4097, 1, 2500], 1, 4097, 64, 8, 64, device="cuda")
-    assert fa3._problem_config(None, q, k, causal).fused_merge
-    out, lse = fa_variants.attention(q, k, v, causal=causal, backend="fa3", return_lse=True, seqlens_k=seqlens_k)
-    assert_attention_ok(out, lse, q, k, v, causal, seqlens_k=seqlens_k)
-    torch.cuda.synchronize()
     _counters_are_zero()

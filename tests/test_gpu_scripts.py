@@ -1144,57 +1144,6 @@ def test_decode_ab_s8_plan():
     assert not any(len(s) == 6 for s, v in by if v == "pdl16")  # seqlen_q > 1: not PDL calls
 
 
-def ab_merge(cfg):
-    """decode_ab's plan items name a merge by its PDL flag or its MergeConfig: the MergeConfig either way."""
-    from fa_variants.common import split_combine
-
-    return cfg if isinstance(cfg, split_combine.MergeConfig) else split_combine.MergeConfig(pdl=cfg)
-
-
-def test_decode64_plan_precompile_and_verdict():
-    """scripts/decode64_gpu.sh: decode_ab.py --s12 times fused1 (FUSED_MERGE decode) at the packed seqlen_q 1 split
-    shapes only, with first_row_only and the fused merge in its config (seqlen_q 16: not timed, it runs auto's);
-    scripts/decode64_precompile.py lists that plan, what auto runs at its shapes and every kernel the test step's
-    -k runs (the test module's own list); scripts/decode64_verdict.py flips only by its rule."""
-    from fa_variants.hopper import fa3
-
-    ab = load_script("decode_ab")
-    assert len(ab.S12) == 20 == len(set(ab.S12))
-    before = ab.get_flags(fa3)
-    rows = ab.plan(ab.S12, ["fused1"], 132, skip_same=True)
-    assert ab.get_flags(fa3) == before
-    by = {(r["shape"], r["variant"]): r for r in rows}
-    b1 = (64, 32, 8, 1, 32768, 1)
-    assert by[(b1, "fused1")]["splits"] == 16
-    cfg = by[(b1, "fused1")]["config"]
-    assert cfg.fused_merge and cfg.first_row_only and not cfg.pdl
-    assert by[((64, 32, 8, 8, 32768, 1), "fused1")]["config"].pdl  # 2 splits: PDL as auto's
-    assert not any(s[5] == 16 for s, v in by)
-    pre = load_script("decode64_precompile")
-    listed = set(pre.items(["fused1"], 132))
-    items = {("merge", d, c, ab_merge(cfg)) if kind == "merge" else (kind, d, c, cfg) for kind, d, c, cfg in
-             ab.plan_items(rows)}
-    assert items <= listed, items - listed
-    assert {("fa3", s[0], True, ab.public_entry("shipped", s, 132)[0]) for s in ab.S12} <= listed
-    import test_decode_fused_gpu as t
-
-    assert {("fa3", d, c, cfg) for d, c, cfg in t.decode64_kernels()} <= listed
-    verdict = load_script("decode64_verdict")
-
-    def result(shape, auto, fused1, err=0.001):
-        us = dict(sdpa=22.5, auto=auto) | ({} if fused1 is None else dict(fused1=fused1))
-        return dict(shape=list(shape), us=us, err={n: err for n in us})
-
-    target = [result((64, h, 8, 1, 32768, 1), 22.0, 21.0) for h in (32, 64)]
-    guard = result((64, 32, 8, 1, 4096, 1), 7.0, 7.1)
-    assert verdict.verdict(target + [guard, result((64, 32, 8, 1, 32768, 16), 24.0, None)])[0] == "FLIP"
-    assert verdict.verdict(target + [result((64, 32, 8, 1, 4096, 1), 7.0, 7.2)])[0] == "KEEP"  # a guard > 1.02
-    assert verdict.verdict([result((64, h, 8, 1, 32768, 1), 22.0, 21.5) for h in (32, 64)])[0] == "KEEP"  # 0.977
-    assert verdict.verdict(target + [result((64, 32, 8, 8, 1024, 1), 8.0, 7.0, err="ERR: x")])[0] == "KEEP"
-    lines = verdict.verdict(target)[1]
-    assert lines[0] == "D64 32:8 B1 Nk32768 Nq1: auto 22.0 us, fused1/auto 0.955  HBM sdpa 62% auto 64% fused1 67%"
-
-
 def test_decode_model_full_grid_fits_the_s7_batch_64_rows():
     """scripts/decode_model.py --full-grid: the dual-wave model is within 3% of each batch-64 seqlen_q 1 row at Nk <= 4k
     of the s7 decode table (8 rows, D 64 / 128), and predicts the persistent grid faster by at most the waves' cost."""

@@ -127,9 +127,8 @@ class Sm90Config:
     fused_merge: (split-KV, num_splits != 1) the split kernel merges its partials itself: every CTA stores its
         partial O and LSE, then counts its arrival at a per-query-tile counter (gpu-scope fence and atomic);
         the CTA that arrives last merges the query tile into the caller's O and LSE and resets the counter
-        (``hopper.fa3_kernel.FlashAttention3Sm90._merge_if_last``; up to 16 splits in one memory latency where
-        the consumers hold 240 registers, ``_merge_tile_one_pass``). Allowed with first_row_only. False: a
-        second kernel merges (``common.split_combine``).
+        (``hopper.fa3_kernel.FlashAttention3Sm90._merge_if_last``). False: a second kernel merges
+        (``common.split_combine``).
     early_pv_arrive: (serial steps, intra_wg_overlap False, with pingpong) a warpgroup hands the ping-pong turn on
         right after issuing its P V GEMM instead of after the next tile's S = Q K^T GEMM, so the wait for the P V
         GEMM and what follows it (fa3-fp8: the promotion of the two-level temporary into O) run while the other
@@ -283,9 +282,10 @@ class Sm90Config:
             raise ValueError(f"persistent={self.persistent!r} must be a bool, True only without split-KV "
                              "(num_splits=1), pack_group, shared_kv_state, epilogue_arrive and with ctas_per_sm=1")
         if not isinstance(self.first_row_only, bool) or (self.first_row_only and not (
-                self.pack_gqa and not self.pack_group and self.tile_m == WGMMA_M and not self.basis_alpha)):
+                self.pack_gqa and not self.pack_group and self.tile_m == WGMMA_M and not self.fused_merge
+                and not self.basis_alpha)):
             raise ValueError(f"first_row_only={self.first_row_only!r} must be a bool, True only for packed seqlen_q = 1 "
-                             "decode (pack_gqa, pack_group 0, tile_m 64) without basis_alpha")
+                             "decode (pack_gqa, pack_group 0, tile_m 64) without fused_merge or basis_alpha")
         if not isinstance(self.q_tail_first, bool) or (self.q_tail_first and (
                 self.num_splits != 1 or self.pack_gqa or self.persistent)):
             raise ValueError(f"q_tail_first={self.q_tail_first!r} must be a bool, True only without split-KV "

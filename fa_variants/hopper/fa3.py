@@ -211,9 +211,10 @@ FIRST_ROW_MAX_GROUP = 8  # rows 0-7 of warp 0: the first row of lanes 0-31 (comm
 
 def first_row(config: Sm90Config, group: int, on: bool | None = None) -> Sm90Config:
     """config with ``first_row_only`` when ``on`` (default DECODE_FIRST_ROW) and the packed seqlen_q = 1 tile holds
-    at most FIRST_ROW_MAX_GROUP rows (``group`` query heads per KV head); else config unchanged. A fused merge
-    keeps it (since session 12: its merge reads the stored rows only, all first rows)."""
-    if not (DECODE_FIRST_ROW if on is None else on) or group > FIRST_ROW_MAX_GROUP or config.tile_m != 64:
+    at most FIRST_ROW_MAX_GROUP rows (``group`` query heads per KV head) and no fused merge (which has no
+    first_row_only); else config unchanged."""
+    if (not (DECODE_FIRST_ROW if on is None else on) or group > FIRST_ROW_MAX_GROUP or config.tile_m != 64
+            or config.fused_merge):
         return config
     return dataclasses.replace(config, first_row_only=True)
 
@@ -367,12 +368,15 @@ if FUSED_MERGE is None:
 
 def _merge_mode(config: Sm90Config) -> Sm90Config:
     """config with ``fused_merge`` as FUSED_MERGE says for it: split configs only (num_splits != 1), and with
-    "decode" only packed seqlen_q = 1 ones (host views: pack_gqa without pack_group); others unchanged
-    (``first_row_only`` included: the fused kernel runs it too)."""
+    "decode" only packed seqlen_q = 1 ones (host views: pack_gqa without pack_group); others unchanged. The fused
+    kernel has no ``first_row_only`` (its config check refuses the pair): a fused config runs the whole tile."""
     if config.num_splits == 1:
         return config
     fused = FUSED_MERGE == "all" or (FUSED_MERGE == "decode" and config.pack_gqa and not config.pack_group)
-    return config if config.fused_merge == fused else dataclasses.replace(config, fused_merge=fused)
+    first = config.first_row_only and not fused
+    if config.fused_merge == fused and config.first_row_only == first:
+        return config
+    return dataclasses.replace(config, fused_merge=fused, first_row_only=first)
 
 
 def _problem_config(config: Sm90Config | None, q: torch.Tensor, k: torch.Tensor, causal: bool):

@@ -11,7 +11,6 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-from cutlass._mlir import ir
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
@@ -32,9 +31,6 @@ REGISTERS = {1: (24, 240), 2: (24, 240), 3: (32, 160)}
 REGISTERS_TWO_CTAS = (24, 232)
 # Fused split merge: fp32 columns of a row each thread merges at a time (one 16-byte load per split)
 MERGE_VEC = 4
-#: fused merge (``_merge_tile``): up to this many splits, a thread loads every split's LSE and O columns at once
-MERGE_ONE_PASS_SPLITS = 16
-MERGE_ONE_PASS_MIN_REGS = 240
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
 
@@ -435,82 +431,7 @@ class FlashAttention3Sm90:
     @cute.jit
     def _merge_tile(self, mO, mLSE, mOut, mLSEout, sLSE, tidx: Int32, consumers: int, m_block: Int32, head: Int32,
                     batch: Int32, num_splits: Int32, rows: Int32):
-        """O and LSE of the query tile's rows from the num_splits partials: ``_merge_tile_one_pass`` up to
-        MERGE_ONE_PASS_SPLITS splits in a kernel whose consumers hold >= MERGE_ONE_PASS_MIN_REGS registers (its
-        80 loaded values; the 3-warpgroup tiles' 160 spilled 136 B, the two-CTA tiles' 232 176 B), else ``_merge_tile_two_pass`` (num_splits is the
-        same for every thread)."""
-        if const_expr(self.consumer_regs >= MERGE_ONE_PASS_MIN_REGS):
-            if num_splits <= MERGE_ONE_PASS_SPLITS:
-                self._merge_tile_one_pass(mO, mLSE, mOut, mLSEout, tidx, consumers, m_block, head, batch, num_splits,
-                                          rows)
-            else:
-                self._merge_tile_two_pass(mO, mLSE, mOut, mLSEout, sLSE, tidx, consumers, m_block, head, batch,
-                                          num_splits, rows)
-        else:
-            self._merge_tile_two_pass(mO, mLSE, mOut, mLSEout, sLSE, tidx, consumers, m_block, head, batch,
-                                      num_splits, rows)
-
-    @cute.jit
-    def _merge_tile_one_pass(self, mO, mLSE, mOut, mLSEout, tidx: Int32, consumers: int, m_block: Int32, head: Int32,
-                             batch: Int32, num_splits: Int32, rows: Int32):
-        """The fused merge of at most MERGE_ONE_PASS_SPLITS splits with one memory latency: each thread takes 4
-        columns of a row (work item u: row u // chunks, columns 4 (u % chunks) ..) and loads the row's LSE_s and
-        its O_s columns of every split at once (straight-line loads of split min(s, num_splits - 1); a slot past
-        the last split gets LSE -inf and so no weight), then computes LSE = m' + log sum_s exp(LSE_s - m') (m' the
-        max, 0 if every split is empty; -inf when the sum is 0) and O = sum over splits with LSE_s != -inf of
-        exp(LSE_s - LSE) O_s in split order, rounded once to O's dtype (``_merge_tile_two_pass``'s maths, without
-        its barrier and its row pass: every thread of a row computes the row's LSE itself; the one at column 0
-        stores it). An empty split's O_s (unwritten scratch) is loaded but only ever passed through a select."""
-        batches = mOut.shape[3]
-        row0 = m_block * self.tile_m
-        n_rows = cutlass.min(rows - row0, self.tile_m)
-        chunks = self.head_dim // MERGE_VEC
-        last = num_splits - 1
-        for u in cutlass.range(tidx, n_rows * chunks, consumers, unroll=1):
-            i = u // chunks
-            r = row0 + i
-            c = u - i * chunks
-            # the O columns first, then the LSEs, nothing using either in between: every load in flight together
-            idxs = [cutlass.min(Int32(s), last) * batches + batch for s in range(MERGE_ONE_PASS_SPLITS)]
-            # (gpu-scope relaxed loads: ptxas keeps them in this order; plain loads had the O loads sunk below
-            # the LSEs' max chain, a second memory latency)
-            vec = ir.VectorType.get([MERGE_VEC], Float32.mlir_type)
-            os_ = []
-            for s in cutlass.range_constexpr(MERGE_ONE_PASS_SPLITS):
-                src = cute.local_tile(mO[r, None, head, idxs[s]], (MERGE_VEC,), (c,))
-                o = cute.make_rmem_tensor(cute.make_layout(MERGE_VEC), Float32)
-                o.store(cute.TensorSSA(cute.arch.load(src.iterator, vec, sem="relaxed", scope="gpu"), (MERGE_VEC,),
-                                       Float32))
-                os_.append(o)
-            loaded = [cute.arch.load(mLSE[r, head, None].iterator + idxs[s] * mLSE.stride[2], Float32, sem="relaxed",
-                                     scope="gpu") for s in range(MERGE_ONE_PASS_SPLITS)]
-            xs = [cutlass.select_(Int32(s) < num_splits, loaded[s], -Float32.inf) for s in range(MERGE_ONE_PASS_SPLITS)]
-            m = xs[0]
-            for s in cutlass.range_constexpr(1, MERGE_ONE_PASS_SPLITS):
-                m = cutlass.max(m, xs[s])
-            m_safe = cutlass.select_(m == -Float32.inf, Float32(0.0), m)
-            l = Float32(0.0)
-            for s in cutlass.range_constexpr(MERGE_ONE_PASS_SPLITS):
-                l += cute.math.exp2((xs[s] - m_safe) * LOG2_E, fastmath=True)
-            lse = -Float32.inf
-            if l != Float32(0.0):
-                lse = m_safe + cute.math.log2(l, fastmath=True) * LN_2
-            acc = cute.make_rmem_tensor(cute.make_layout(MERGE_VEC), Float32)
-            acc.fill(0.0)
-            for s in cutlass.range_constexpr(MERGE_ONE_PASS_SPLITS):
-                w = cute.math.exp2((xs[s] - lse) * LOG2_E, fastmath=True)
-                keep = xs[s] != -Float32.inf
-                for j in cutlass.range_constexpr(MERGE_VEC):
-                    acc[j] = cutlass.select_(keep, acc[j] + w * os_[s][j], acc[j])
-            if c == 0:
-                mLSEout[r, head, batch] = lse
-            dst = cute.local_tile(mOut[r, None, head, batch], (MERGE_VEC,), (c,))
-            dst.store(acc.load().to(self.out_dtype))
-
-    @cute.jit
-    def _merge_tile_two_pass(self, mO, mLSE, mOut, mLSEout, sLSE, tidx: Int32, consumers: int, m_block: Int32, head: Int32,
-                    batch: Int32, num_splits: Int32, rows: Int32):
-        """``_merge_tile`` for more than MERGE_ONE_PASS_SPLITS splits (``common.split_combine``'s maths, sums
+        """O and LSE of the query tile's rows from the num_splits partials (``common.split_combine``'s maths, sums
         in split order): one thread per row computes LSE = m' + log sum_s exp(LSE_s - m') (m' the max, 0 if every
         split is empty; -inf when the sum is 0) into shared memory and the caller's LSE; then each thread merges
         4 columns of a row at a time, O = sum over splits with LSE_s != -inf of exp(LSE_s - LSE) O_s, rounded
