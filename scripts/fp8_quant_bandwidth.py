@@ -9,7 +9,9 @@ coalesced loads through a swizzled shared-memory stage and the blocks walked hea
 mean staged with each block's loads, ``quant_host.V3_STAGED_MEAN``; "v3sf": v3s with K's mean finished in V's
 launch, ``V3_FUSED_MEAN``; "v3ss": v3s with Q's / K's e4m3 stored through shared memory, ``V3_STAGED_STORE``;
 "v3sfs": v3s with the fused mean for a sampled mean only (``V3_FUSED_SAMPLED_MEAN``); "def": the current default
-(staged mean on, staged store at head_dim 64 only, the rest off); "deff": def with the fused mean counted per K block
+(staged mean on, staged store at head_dim 64 only, since session 12 ``V3_WIDE`` and ``QUANT_PLANS`` on, the rest off);
+"def11": session 11's default (def with ``V3_WIDE`` and ``QUANT_PLANS`` off: session 12's def, against which
+scripts/quantlanes_gpu.sh / quantbw_gpu.sh's defw / defp were measured; with def now they are A/A rows); "deff": def with the fused mean counted per K block
 (``V3_FUSED_MEAN``); "defl": def with the fused mean counted after each CTA's loop (``V3_FUSED_MEAN_LATE``);
 "defw": def with Q's / K's pass at head_dim 256 holding 8 chunks of a token per thread (``V3_WIDE``: 2 lanes per
 token, one cross-lane Hadamard stage; bit for bit); "defn" / "defwn": def / defw without programmatic dependent launch
@@ -331,6 +333,8 @@ PIPES["defn"] = ("v3", {**_DEF, "V2_PDL": False})
 PIPES["defwn"] = ("v3", {**_DEF, "V3_WIDE": True, "V2_PDL": False})
 # session 12: def with cached launch plans (``quant_host.QUANT_PLANS``: the same launches, less host work per call)
 PIPES["defp"] = ("v3", {**_DEF, "QUANT_PLANS": True})
+# session 12's default before its flips (V3_WIDE, QUANT_PLANS on since then: "def" runs them)
+PIPES["def11"] = ("v3", {**_DEF, "V3_WIDE": False, "QUANT_PLANS": False})
 
 
 def recipes() -> dict:

@@ -29,7 +29,13 @@ def tasks(which: str = "quant3") -> list[tuple[str, str, int, str]]:
     v3 as default, with and without the staged store, V3_STAGED_STORE), or
     scripts/quant8_gpu.sh's (which "quant8": the current default, + V3_FUSED_MEAN, + V3_FUSED_MEAN_LATE), or
     scripts/quantlanes_gpu.sh's (which "quantlanes": the current default and + V3_WIDE at head_dim 256), or
-    scripts/quantbw_gpu.sh's (which "quantbw": quantlanes' and both at head_dim 256 with V2_PDL off)."""
+    scripts/quantbw_gpu.sh's (which "quantbw": quantlanes' and both at head_dim 256 with V2_PDL off), or
+    the GPU check of session 12's quant defaults (which "quantdef": the default recipe in bf16 at head_dim 64 / 128 /
+    256 with the module's defaults, V3_WIDE on since then, and the narrow pass at 256 beside it: the passes of
+    tests/test_fp8_quant_kernel.py -k "(test_pass_matches_torch_bitwise and v3-bfloat16-default) or
+    (test_v3_wide_bitwise and default-g)")."""
+    if which == "quantdef":  # the defaults as the module has them (no knob) + the narrow pass at 256 (test_v3_wide)
+        return [("v3", "bf16", d, "default") for d in HEAD_DIMS] + [("v3", "bf16", 256, "default+narrow")]
     if which == "quant8":  # the current default, the fused mean per K block and after each CTA's loop
         out = [("v3", "bf16", d, f"{r}+{knob}") for d in HEAD_DIMS for r in ("default", "sampled8")
                for knob in QUANT8_KNOBS]
@@ -83,6 +89,8 @@ _QL = {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": None, "V3_FUSED_SAMPLED_MEAN":
 QUANTLANES_KNOBS = {"defaultql": _QL, "wide": {**_QL, "V3_WIDE": True}}
 # --set quantbw: quantlanes' passes, and the default / wide at head_dim 256 without programmatic dependent launch
 QUANTBW_KNOBS = {"nopdlql": {**_QL, "V2_PDL": False}, "widenopdl": {**_QL, "V3_WIDE": True, "V2_PDL": False}}
+# --set quantdef: the narrow pass at head_dim 256 (V3_WIDE off), the wide default's bit-for-bit reference
+QUANTDEF_KNOBS = {"narrow": {"V3_WIDE": False}}
 # --set quant8: the current default as it is (staged store auto), the fused mean per K block, and counted late
 _Q8 = {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": None, "V3_FUSED_SAMPLED_MEAN": False,
        "V3_FUSED_MEAN": False, "V3_FUSED_MEAN_LATE": False}
@@ -107,7 +115,8 @@ def run(task: tuple[str, str, int, str]) -> str:
 
     pipeline, dtype, d, recipe = task
     recipe, _, knob = recipe.partition("+")  # knob: one of the KNOBS names (may hold a "+")
-    knobs = {**ABLATION_KNOBS, **QUANT5_KNOBS, **QUANT8_KNOBS, **QUANTLANES_KNOBS, **QUANTBW_KNOBS}.get(knob, {})
+    knobs = {**ABLATION_KNOBS, **QUANT5_KNOBS, **QUANT8_KNOBS, **QUANTLANES_KNOBS, **QUANTBW_KNOBS,
+             **QUANTDEF_KNOBS}.get(knob, {})
     saved = {name: getattr(quant_host, name) for name in knobs}
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     t0 = time.perf_counter()
@@ -165,7 +174,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=14)
     parser.add_argument("--plan", action="store_true", help="list the tasks and exit (no GPU needed)")
     parser.add_argument("--set", default="quant3",
-                        choices=("quant3", "quant4", "quant5", "quant8", "quantlanes", "quantbw"),
+                        choices=("quant3", "quant4", "quant5", "quant8", "quantlanes", "quantbw", "quantdef"),
                         help="which script's passes (default quant3)")
     parser.add_argument("--unique", action="store_true",
                         help="record the tasks' passes first (no compile), then compile each distinct pass once")

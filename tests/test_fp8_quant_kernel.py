@@ -925,6 +925,24 @@ def test_wide_host_rule(monkeypatch):
             assert sorted(calls) == sorted([("v", d, False), ("qk", d, want), ("qk", d, want)]), (on, d, calls)
 
 
+def test_wide_and_plans_on_by_default():
+    """Since session 12's H200 run (scripts/quantbw_gpu.sh) ``V3_WIDE`` and ``QUANT_PLANS`` are on by default; their
+    variables (read at import) turn them off with 0 / off and keep every other value's check."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    names = ("FA_VARIANTS_FP8_QUANT_WIDE", "FA_VARIANTS_FP8_QUANT_PLANS")
+    if not any(os.environ.get(n, "").strip() for n in names):
+        assert qh.V3_WIDE is True and qh.QUANT_PLANS is True
+    root = str(Path(__file__).resolve().parents[1])
+    code = "from fa_variants.fp8 import quant_host as q; print(q.V3_WIDE, q.QUANT_PLANS)"
+    environ = dict(os.environ, PYTHONPATH=root, FA_VARIANTS_FP8_QUANT_WIDE="0", FA_VARIANTS_FP8_QUANT_PLANS="off")
+    run = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout.split() == ["False", "False"], run.stderr[-500:]
+
+
 WIDE_CASES = [("default", None), ("default", 5), ("no-smooth", None), ("head-smooth", 7)]
 
 

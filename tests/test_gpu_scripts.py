@@ -1360,6 +1360,29 @@ def test_quantlanes_script_sets():
 
 
 
+def test_quantdef_set_and_check_selection():
+    """The GPU check of session 12's quant defaults (V3_WIDE, QUANT_PLANS on): quant_precompile.py --set quantdef holds
+    the default recipe at head_dim 64 / 128 / 256 with the module's defaults (no knob) and the narrow pass at 256
+    (V3_WIDE off, a real switch); the check's -k selects the 12 default-recipe v3 bf16 cases against the torch recipe
+    (GQA, odd lengths) and the 2 default-recipe wide / narrow cases; fp8_quant_bandwidth.py's def11 is def with both
+    off (session 11's default)."""
+    from fa_variants.fp8 import quant_host
+
+    pre = load_script("quant_precompile")
+    tasks = pre.tasks("quantdef")
+    assert tasks == [("v3", "bf16", d, "default") for d in (64, 128, 256)] + [("v3", "bf16", 256, "default+narrow")]
+    assert pre.QUANTDEF_KNOBS == {"narrow": {"V3_WIDE": False}} and quant_host.V3_WIDE and quant_host.QUANT_PLANS
+    expr = re.search(r'-k "([^"]+)"', pre.tasks.__doc__.replace("\n    ", " ")).group(1)
+    collect = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                              "tests/test_fp8_quant_kernel.py", "-k", expr], capture_output=True, text=True,
+                             timeout=120, cwd=ROOT)
+    ids = [line for line in collect.stdout.splitlines() if "::" in line]
+    assert len(ids) == 14 and sum("v3-bfloat16-default-" in i for i in ids) == 12, ids
+    assert sum("test_v3_wide_bitwise[default-g" in i for i in ids) == 2, ids
+    bw = load_script("fp8_quant_bandwidth")
+    assert bw.PIPES["def11"] == ("v3", {**bw.PIPES["def"][1], "V3_WIDE": False, "QUANT_PLANS": False})
+
+
 def test_quantbw_script_and_measures():
     """scripts/quantbw_gpu.sh's pieces on the CPU: fp8_quant_bandwidth.py's back-to-back reading (per-position median
     durations, start-to-start period, the gap before each kernel; no pattern when the kernels do not divide into

@@ -77,15 +77,19 @@ V3_STAGED_STORE: bool | None = _env.auto_flag("FA_VARIANTS_FP8_QUANT_STAGED_STOR
 #: instead of 4, so the Hadamard has one cross-lane stage (shfl.bfly + FMA) instead of two: half the shuffles per block
 #: (1024 warp shuffles instead of 2048, the MIO queue ncu found saturated: mio_throttle 1.7-2.1 per issue), half the
 #: threads (256, 8 warps: one CTA per SM as before), up to 255 registers (0 spills, K and Q). Same pairs, stage order
-#: and roundings, the LSE shift summed in the default's order: outputs bit for bit the default's. Off until measured
-#: (scripts/quantlanes_gpu.sh); FA_VARIANTS_FP8_QUANT_WIDE=1 (read at import) turns it on
-V3_WIDE = _env.flag("FA_VARIANTS_FP8_QUANT_WIDE", False)
+#: and roundings, the LSE shift summed in the default's order: outputs bit for bit the narrow pass's. On since the H200 run
+#: of session 12 (scripts/quantbw_gpu.sh, default recipe, wide / narrow gpu time (graph): D 256 0.868 (0.879), back to
+#: back K 46.2 -> 36.9 us, Q 52.5 -> 40.8 us; D 64 / 128 / GQA run the same passes: 1.004 / 1.006 / 0.988; every row
+#: equal to the torch recipe; session 12's GPU tests bit for bit, racecheck clean); FA_VARIANTS_FP8_QUANT_WIDE=0 (read
+#: at import) turns it off
+V3_WIDE = _env.flag("FA_VARIANTS_FP8_QUANT_WIDE", True)
 #: per-kind launch plans (``launch_plan``): the compiled pass and grid of each launch of ``quantize_tensor`` cached per
 #: (device, dtype, shape, block, switches) instead of worked out per call (the stage count for the device, a
 #: ``PassConfig``, the compiled-pass lookup): the same launches with the same arguments, less host work per call (an
-#: eager call is host-bound: ~0.2 ms of host per call against 0.07-0.15 ms of GPU, session 12). Off until measured
-#: (scripts/quantbw_gpu.sh, "defp": host ms per call); FA_VARIANTS_FP8_QUANT_PLANS=1 (read at import) turns it on
-QUANT_PLANS = _env.flag("FA_VARIANTS_FP8_QUANT_PLANS", False)
+#: eager call is host-bound: ~0.2 ms of host per call against 0.07-0.15 ms of GPU, session 12). On since the H200 run
+#: of session 12 (scripts/quantbw_gpu.sh, "defp", D 256 default recipe: host ms per call 0.338 -> 0.246, gpu time
+#: 1.003 (graph 1.000), outputs equal to the torch recipe); FA_VARIANTS_FP8_QUANT_PLANS=0 (read at import) turns it off
+QUANT_PLANS = _env.flag("FA_VARIANTS_FP8_QUANT_PLANS", True)
 _PLANS: dict[tuple, tuple] = {}
 #: tests only: at most this many CTAs per launch (None: the persistent grid), so that small inputs give a CTA many
 #: work items (``late_count``'s rounds: more K blocks per CTA than threads; several heads finished by one CTA)
