@@ -990,6 +990,15 @@ def _recorded_launches(monkeypatch, calls) -> list:
     return log
 
 
+def test_default_recipe_launches_wide_at_256_only(monkeypatch):
+    """With the module's defaults (V3_WIDE on since session 12) the default recipe's Q and K passes are wide at
+    head_dim 256 and only there (V's pass never): what quant_precompile.py --set quantdef and the checks compile."""
+    for d in qk.HEAD_DIMS:
+        q, k = torch.zeros(2, 77, 4, d, dtype=torch.bfloat16), torch.zeros(2, 300, 2, d, dtype=torch.bfloat16)
+        log = _recorded_launches(monkeypatch, lambda: qh.quantize(q, k, k.clone(), config=FP8Config()))
+        assert [(cfg.role, cfg.wide) for cfg, _ in log] == [("v", False), ("qk", d == 256), ("qk", d == 256)], (d, log)
+
+
 @pytest.mark.parametrize("plans", [False, True])
 def test_quant_plans_same_launches(monkeypatch, plans):
     """quant_host.QUANT_PLANS (cached launch plans): every launch of quantize (pipelines v1 / v3, the default,
