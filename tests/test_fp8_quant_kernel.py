@@ -4,6 +4,7 @@ operations in the same order: e4m3 bytes, descales, V layout).
 
     source .gpu/env.sh && python3 -m pytest -m gpu tests/test_fp8_quant_kernel.py -q
 """
+import contextlib
 import dataclasses
 
 import pytest
@@ -914,6 +915,7 @@ def test_wide_host_rule(monkeypatch):
 
     monkeypatch.setattr(qh, "quantize_tensor", recorder)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setattr(torch.cuda, "device", lambda *a, **k: contextlib.nullcontext())
     config = FP8Config(smooth_k=False)
     for on, pipeline in ((False, "v3"), (True, "v3"), (True, "v2")):
         monkeypatch.setattr(qh, "V3_WIDE", on)
@@ -997,6 +999,30 @@ def test_default_recipe_launches_wide_at_256_only(monkeypatch):
         q, k = torch.zeros(2, 77, 4, d, dtype=torch.bfloat16), torch.zeros(2, 300, 2, d, dtype=torch.bfloat16)
         log = _recorded_launches(monkeypatch, lambda: qh.quantize(q, k, k.clone(), config=FP8Config()))
         assert [(cfg.role, cfg.wide) for cfg, _ in log] == [("v", False), ("qk", d == 256), ("qk", d == 256)], (d, log)
+
+
+def test_prepared_passes_same_launches(monkeypatch):
+    """quantize's v2 / v3 passes run ``prepared`` (q, k, v aligned once, one device context per call): the same
+    compiled passes with the same arguments (shapes, dtypes, strides) as with every pass aligning its inputs itself,
+    on unaligned inputs (a K / V slice of a wider buffer: strides not 16-byte multiples), GQA, odd lengths, a negative
+    scale, at head_dim 64 / 128 / 256, v1 / v2 / v3 and the default / no-smooth / head-smooth recipes."""
+    cases = [("v3", 64, FP8Config()), ("v3", 256, FP8Config()), ("v2", 128, FP8Config(smooth_k=False)),
+             ("v3", 128, FP8Config(granularity="head")), ("v1", 128, FP8Config())]
+
+    def run():
+        for pipe, d, config in cases:
+            q = torch.zeros(2, 77, 4, d, dtype=torch.bfloat16)
+            kv = torch.zeros(2, 301, 2, 2 * d + 8, dtype=torch.bfloat16)
+            k, v = kv[..., :d], kv[..., d + 8:]  # rows 2 d + 8 elements apart: not 16-byte aligned strides
+            for scale in (None, -0.5):
+                qh.quantize(q, k, v, config=config, softmax_scale=scale, pipeline=pipe)
+
+    got = _recorded_launches(monkeypatch, run)
+    plain = qh.quantize_tensor
+    monkeypatch.setattr(qh, "quantize_tensor", lambda x, **kw: plain(x, **{**kw, "prepared": False}))
+    want = _recorded_launches(monkeypatch, run)
+    assert len(got) > 20 and got == want
+    assert all(args[0][2][-1] == 1 and args[0][2][-2] % 8 == 0 for _, args in got)  # x aligned in every launch
 
 
 @pytest.mark.parametrize("plans", [False, True])

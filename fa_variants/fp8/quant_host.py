@@ -6,6 +6,8 @@ through a pass (``quantize_tensor``) and q, k, v through a pipeline (``quantize`
 impl="kernel")`` runs; ``why_not`` says when it cannot)."""
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from fa_variants.common import env as _env
@@ -194,7 +196,8 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
                     head_major: bool = False, k_count: torch.Tensor | None = None,
                     k_mean_out: torch.Tensor | None = None, staged_mean: bool = False,
                     k_sample_tokens: int | None = None, staged_store: bool = False,
-                    late_count: bool = False, wide: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                    late_count: bool = False, wide: bool = False,
+                    prepared: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """One tensor through the pass: (e4m3 data (like x, or v_t for role "v"), descale (B, H, T) float32).
 
     x: (B, N, H, D) float16 / bfloat16 CUDA; block: rows per scale block; signs: float32 (D,) on x's device
@@ -215,10 +218,13 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
     stored through the stage just read (``PassConfig.staged_store``; not in mode "amax"). late_count (with k_count):
     the fused mean's K blocks counted after each CTA's loop
     (``PassConfig.late_count``; the same mean bit for bit). wide (role "qk", rotate, coalesced, head_dim 256, not with
-    the staged store; ignored otherwise): 8 chunks of a token per thread (``PassConfig.wide``; bit for bit)."""
+    the staged store; ignored otherwise): 8 chunks of a token per thread (``PassConfig.wide``; bit for bit).
+    prepared (``quantize``'s calls): x and k_of are already ``interop.aligned`` and x's device is the current one, so
+    neither is done again (the same launches with the same arguments, less host work per call)."""
     B, N, H, D = x.shape
     T_blocks = -(-N // block)
-    x = interop.aligned(x)
+    if not prepared:
+        x = interop.aligned(x)
     dev = x.device
     if role == "qk":
         y = torch.empty(B, N, H, D, dtype=E4M3, device=dev)
@@ -233,7 +239,7 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
     mean_t = mean if mean is not None else shift_mean if shift is not None else _zeros(dev, (1, 1, D))
     mean_t = mean_t.contiguous()
     shift_t = _zeros(dev, (1, 1, 1)) if shift is None else shift
-    k_t = x if k_of is None else interop.aligned(k_of)
+    k_t = x if k_of is None else k_of if prepared else interop.aligned(k_of)
     parts_t = _zeros(dev, (1, 1, 1, D)) if k_parts is None else k_parts
     fused = k_of is not None and k_count is not None
     count_t = k_count if fused else _zeros(dev, (1,), torch.int32)
@@ -249,7 +255,7 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
                        fused=fused, staged_mean=staged_mean, k_sample=k_sample_tokens is not None,
                        staged_store=staged_store, late_count=late_count, wide=wide)
     args = (x, y, descale, signs, mean_t, shift_t, k_t, parts_t, count_t, shift_scale)
-    with torch.cuda.device(dev):
+    with contextlib.nullcontext() if prepared else torch.cuda.device(dev):
         if granularity == "block":
             fn, grid = plan[0]
             fn(*args, grid)
@@ -336,13 +342,21 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Co
     which bytes and the order of the blocks, not the arithmetic: its outputs equal v2's."""
     scale = _check(q, k, v, config, softmax_scale)
     pipe = pipeline_of(pipeline)
+    with torch.cuda.device(q.device):  # one device context for the call's launches (``quantize_tensor``'s prepared)
+        return _quantize(q, k, v, config, scale, pipe)
+
+
+def _quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: FP8Config, scale: float,
+              pipe: str) -> FP8Inputs:
+    """``quantize`` after its checks, with q's device current: v2 / v3 align q, k, v once and run their passes
+    ``prepared``; v1 aligns in each pass as before."""
     D, dev = q.shape[-1], q.device
     tile_m, tile_n = tiles_for(D)
     seed = config.seed if config.rotate else None
     signs = _signs(dev, D, seed, False)
     k_signs = _signs(dev, D, seed, scale < 0)  # softmax(c Q K^T) = softmax(|c| Q (-K)^T)
     staged = pipe in ("v2", "v3")  # v3 = v2 + coalesced loads + head-major order
-    common = dict(granularity=config.granularity, stages=V2_STAGES if staged else 1)
+    common = dict(granularity=config.granularity, stages=V2_STAGES if staged else 1, prepared=staged)
     if pipe == "v3":
         common.update(coalesced=V3_COALESCED, head_major=V3_HEAD_MAJOR)
         smooth_common = dict(common, staged_mean=V3_STAGED_MEAN and V3_COALESCED)  # it rides on coalesced stages
