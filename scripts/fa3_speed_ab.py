@@ -17,9 +17,9 @@ basis-kv1, basis-256 beside fa4-256; bench/NOTES.md, "Issue 12, SASS gap"); sess
 persistent grid (`PERSIST`: `persistent`, Sm90Config.persistent at D 64/128/256; scripts/persist_gpu.sh);
 session 8's O rescale under the exponentials (`ALPHA`: `alpha`, Sm90Config.alpha_first, and `alpha-noskip` at D 64;
 scripts/fa3gap8_gpu.sh); session 8's D 256 comparison (`GAP9`: `alpha-256` beside fa4-256; run in session 9 with
-pairs-256, which became the D 256 default); session 12's P conversion before O's rescale branch at D 64 / 128 (`PCONV`:
-`pconv`, Sm90Config.p_before_rescale; scripts/d64gap2_gpu.sh); session 12's descriptors built once per tile, out of
-the ping-pong turn (`TURN`: `turn`, Sm90Config.hoisted_descriptors, and `pconv-turn` at D 64; scripts/turnbf16_gpu.sh).
+pairs-256, which became the D 256 default); session 12's descriptors built once per tile, out of the ping-pong turn
+(`TURN`: `turn`, Sm90Config.hoisted_descriptors at D 128; on in D 64's default since session 12, where it was timed;
+`noturn` there is the default before).
 --shapes D:N:full|causal,... picks shapes one by one
 instead.
 The default run (--variants, --seqlens) is round 4's:
@@ -104,23 +104,19 @@ VARIANTS = {
     # and 256"): flash-attn-4's choices but O rescaled under the exponentials (alpha_first, D 128's structure) instead
     # of before the P V GEMM (fa4-256)
     "alpha-256": ((256,), dict(convert_pairs=True, exp2_ffma=True, reduce_chains=4, alpha_first=True)),
-    # session 12, D 64 vs flash-attn-4 under ncu (bench/NOTES.md, "Session 12 (2026-12-02): fa3 head_dim 64, the P
-    # conversion beside the exponentials"): P converted before O's rescale branch, pinned there, so its F2FPs
-    # interleave with the exponentials
-    "pconv": ((64, 128), dict(p_before_rescale=True)),
     # session 12, fa3's ping-pong turn (bench/NOTES.md, "Session 12 (2026-12-02): fa3's ping-pong turn, descriptors
     # built once per tile; ..."): the K/V ring's WGMMA descriptors built once per tile instead of in every step's
-    # turn (Sm90Config.hoisted_descriptors); and on top of pconv at D 64 (both pending GPU proof)
-    "turn": ((64, 128), dict(hoisted_descriptors=True)),
-    "pconv-turn": ((64,), dict(p_before_rescale=True, hoisted_descriptors=True)),
+    # turn (Sm90Config.hoisted_descriptors); on in D 64's default since session 12 (turn/new 1.000-1.012), D 128
+    # not timed yet
+    "turn": ((128,), dict(hoisted_descriptors=True)),
+    "noturn": ((64,), dict(hoisted_descriptors=False)),  # D 64's default before session 12 (the GPU tests' reference)
 }
 ROUND4 = ("old", "new", "fa4-256", "n176", "stages3", "k-first")
 FA3GAP = ("old", "new", "basis", "basis-kv1", "fa4-256", "basis-256")
 PERSIST = ("old", "new", "persistent")
 ALPHA = ("old", "new", "alpha", "alpha-noskip")
 GAP9 = ("old", "new", "fa4-256", "alpha-256")
-PCONV = ("old", "new", "pconv")
-TURN = ("old", "new", "turn", "pconv-turn")
+TURN = ("old", "new", "turn")
 PEERS = ("flash-attn-4", "sdpa-cudnn")
 #: other spellings of the peers accepted by --peers (bench.runtime.build_impls knows only the canonical names)
 PEER_ALIASES = {"cudnn": "sdpa-cudnn", "fa4": "flash-attn-4", "flash": "sdpa-flash"}

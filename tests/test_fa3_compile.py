@@ -270,8 +270,8 @@ def test_speed_ab_plan(capsys):
     ab = _speed_ab()
     shapes = ab.plan([64, 128, 256], [1024, 4096, 16384], (False, True), list(ab.VARIANTS))
     assert len(shapes) == 18 and all(s["batch"] * s["seqlen"] >= 16384 and "old" in s["variants"] for s in shapes)
-    # session 9: - early; session 12: + pconv (D 64, 128), + turn (D 64, 128), + pconv-turn (D 64)
-    assert {s["head_dim"]: len(s["variants"]) for s in shapes} == {64: 12, 128: 16, 256: 9}
+    # session 9: - early; session 12: + turn (D 128; on in D 64's default), + noturn (D 64)
+    assert {s["head_dim"]: len(s["variants"]) for s in shapes} == {64: 10, 128: 15, 256: 9}
     import sys
     argv, sys.argv = sys.argv, ["fa3_speed_ab.py", "--plan"]
     try:
@@ -327,26 +327,6 @@ def test_alpha_first_moves_o_rescale_under_the_exponentials():
     assert len(first) <= len(base) + 2, (len(base), len(first))
 
 
-def test_p_before_rescale_interleaves_the_p_conversion():
-    """Sm90Config.p_before_rescale (session 12, D 64 vs flash-attn-4 under ncu: the F2FP burst after O's rescale
-    branch stalls on its pipe): by default LLVM sinks P's 32 conversions past the skip_unit_rescale branch, so all of
-    them follow the last MUFU.EX2 of the K/V step; converted before the branch and pinned there, at most 4 do
-    (flash-attn-4: 2), with the same instruction count (+-2), conversions, exponentials, HGMMAs and FMULs, no spills
-    (nvidia-cutlass-dsl 4.8.1, D 64 non-causal: 412 either way, 32 -> 2 after the last exponential)."""
-    base = _hot_mainloop(64, fa3.DEFAULT_CONFIGS[64])
-    pconv = _hot_mainloop(64, dataclasses.replace(fa3.DEFAULT_CONFIGS[64], p_before_rescale=True))
-
-    def after_last_exp(lines):
-        last = max(i for i, t in enumerate(lines) if t.startswith("MUFU.EX2"))
-        return sum(t.startswith("F2FP") for t in lines[last:])
-
-    assert after_last_exp(base) >= 30, "default: the F2FP burst left the end (nothing to move)"
-    assert after_last_exp(pconv) <= 4, after_last_exp(pconv)
-    for op in ("F2FP", "MUFU.EX2", "HGMMA", "FMUL", "BAR."):
-        assert sum(t.startswith(op) for t in pconv) == sum(t.startswith(op) for t in base), op
-    assert abs(len(pconv) - len(base)) <= 2, (len(base), len(pconv))
-
-
 def _turns(sass: str) -> list[list[str]]:
     """The ping-pong turns of a SASS listing: each BAR.SYNC on a warpgroup's schedule barrier (``BAR.SYNC... Rn,
     0x100``: 256 threads, the id in a register) up to the next BAR.ARV on one, both included, in address order."""
@@ -370,18 +350,19 @@ def _turns(sass: str) -> list[list[str]]:
 
 def test_hoisted_descriptors_shorten_the_turn():
     """Sm90Config.hoisted_descriptors (session 12: the ping-pong turn, BAR.SYNC .. BAR.ARV, held 51 instructions vs
-    flash-attn-4's 46 under ncu at D 64): the K/V ring's descriptors are no longer rebuilt from the shared-memory
-    address in the turn (USHF and the ULOP3 masks go), so the turn is >= 8 instructions shorter with the same 12
-    HGMMAs, the hot loop >= 6 shorter, no spills (nvidia-cutlass-dsl 4.8.1, D 64 non-causal: turn 55 -> 45, loop
-    412 -> 404)."""
-    default = fa3.DEFAULT_CONFIGS[64]
-    hoisted = dataclasses.replace(default, hoisted_descriptors=True)
-    (base,), (turn,) = (_turns(cubin.sass_of(_compiled(64, False, c).cubin)) for c in (default, hoisted))
-    assert any(t.startswith("USHF") for t in base), "default: no descriptor arithmetic in the turn (nothing to move)"
+    flash-attn-4's 46 under ncu at D 64; on in D 64's default since session 12): the K/V ring's descriptors are no
+    longer rebuilt from the shared-memory address in the turn (USHF and the ULOP3 masks go), so the default's turn is
+    >= 8 instructions shorter than with the switch off, with the same 12 HGMMAs, the hot loop >= 6 shorter, no spills
+    (nvidia-cutlass-dsl 4.8.1, D 64 non-causal: turn 55 -> 45, loop 412 -> 404)."""
+    hoisted = fa3.DEFAULT_CONFIGS[64]
+    assert hoisted.hoisted_descriptors, "D 64's default: hoisted_descriptors on since session 12"
+    off = dataclasses.replace(hoisted, hoisted_descriptors=False)
+    (base,), (turn,) = (_turns(cubin.sass_of(_compiled(64, False, c).cubin)) for c in (off, hoisted))
+    assert any(t.startswith("USHF") for t in base), "switch off: no descriptor arithmetic in the turn (nothing moved)"
     assert not any(t.startswith("USHF") for t in turn), turn
     assert len(turn) <= len(base) - 8, (len(base), len(turn))
     assert sum(t.startswith("HGMMA") for t in turn) == sum(t.startswith("HGMMA") for t in base) == 12
-    assert len(_hot_mainloop(64, hoisted)) <= len(_hot_mainloop(64, default)) - 6  # (no spills: checked there)
+    assert len(_hot_mainloop(64, hoisted)) <= len(_hot_mainloop(64, off)) - 6  # (no spills: checked there)
 
 
 def test_hoisted_descriptors_checked():
@@ -391,12 +372,3 @@ def test_hoisted_descriptors_checked():
         dataclasses.replace(fa3.DEFAULT_CONFIGS[64], hoisted_descriptors=1).check(64)
     with pytest.raises(ValueError, match="hoisted_descriptors"):  # fa3's bf16/fp16 kernel only
         dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], hoisted_descriptors=True).check(128)
-
-
-def test_p_before_rescale_checked():
-    from fa_variants.hopper import fa3_fp8
-
-    with pytest.raises(ValueError, match="p_before_rescale"):
-        dataclasses.replace(fa3.DEFAULT_CONFIGS[64], p_before_rescale=1).check(64)
-    with pytest.raises(ValueError, match="p_before_rescale"):  # fa3's bf16/fp16 step context only
-        dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], p_before_rescale=True).check(128)

@@ -122,7 +122,6 @@ def test_pv_slices_pipelined():
                                         (dict(num_splits=2), "num_splits=2"),
                                         (dict(fused_promote=True), "fused_promote needs s_lookahead"),
                                         (dict(bounded_units=True), "bounded_units needs fused_promote"),
-                                        (dict(o_slice_smem=True), "o_slice_smem needs fused_promote with s_halves"),
                                         (dict(rescale_o_before_pv=True, intra_wg_overlap=True, tile_n=128),
                                          "rescale_o_before_pv")])
 def test_config_errors(bad, match):
@@ -267,26 +266,3 @@ def test_bounded_units():
         assert not re.search(r"\b(BRA|CALL|FCHK|MUFU)\b", gap), gap[:400]
     divisions = [sum(len(re.findall(r"\b(MUFU\.RCP|FCHK)\b", h)) for h in _turn_heads(x)) for x in (s, base)]
     assert divisions[0] <= divisions[1], divisions
-
-
-def test_o_slice_smem():
-    """o_slice_smem (session 12, off; scripts/turn256_gpu.sh): O's last slice in shared memory (32 KB more, within the
-    227 KB), the last P V slice in its registers: fewer promotions between a slice's wait and the next issue or
-    hand-on inside the turn (the last one now after BAR.ARV, behind a wait that lets both S halves run: DEPBAR.LE 2),
-    and that promotion reads and writes shared memory with 16-byte accesses (LDS.128 / STS.128, 8 each a tile). The default's SASS does not change (its turn keeps four). Spills are not asserted: 56
-    bytes (causal 88) with the switch, loop-carried scalars and barrier ids, ~6 local accesses a tile on the common path
-    (bench/NOTES.md, session 12)."""
-    cfg = fa3_fp8.DEFAULT_CONFIGS[256]
-    osm = dataclasses.replace(cfg, o_slice_smem=True)
-    assert osm.smem_bytes(256) - cfg.smem_bytes(256) == 128 * 64 * 4 and osm.smem_bytes(256) <= 227 * 1024
-    base, s = _sass(cfg, head_dim=256), _sass(osm, head_dim=256)
-    counts, base_counts = cubin.count_sass(s), cubin.count_sass(base)
-    assert base_counts["LDL"] == base_counts["STL"] == 0, base_counts
-    # the hand-on, then (no WGMMA between) a wait that lets both S halves run: the last slice's, before its promotion
-    waits = re.findall(r"BAR\.ARV[^;]*;(?:(?!QGMMA|BAR\.SYNC|WARPGROUP\.DEPBAR).)*WARPGROUP\.DEPBAR\.LE gsb0, 0x2", s, re.S)
-    assert len(waits) >= 3, len(waits)  # the first step, the masked and the free loop (ptxas joins the rare copy's tail)
-    for op in ("LDS.128", "STS.128"):  # 8 a promotion (the first visited tile's step stores only), the epilogue's load
-        assert len(re.findall(op, s)) >= 8 * 3 + len(re.findall(op, base)), (op, len(re.findall(op, s)))
-    in_turn = [len(re.findall(r"\bFFMA\b", g)) >= 32 for g in _promotion_gaps(s)]
-    in_turn_base = [len(re.findall(r"\bFFMA\b", g)) >= 32 for g in _promotion_gaps(base)]
-    assert sum(in_turn) < sum(in_turn_base), (sum(in_turn), sum(in_turn_base))

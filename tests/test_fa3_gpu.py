@@ -361,16 +361,20 @@ def test_gap9_variants(name, head_dim, config, causal):
     _check_logit_shifts(name, head_dim, config, causal)
 
 
-PCONV = _ab_variants("PCONV")  # session 12: P converted before O's rescale branch (Sm90Config.p_before_rescale)
+# session 12: K/V descriptors built once per tile (Sm90Config.hoisted_descriptors): D 64's default (on there since
+# session 12) and scripts/fa3_speed_ab.py's TURN variant at D 128
+TURN = [("default", 64, fa3.DEFAULT_CONFIGS[64]), *_ab_variants("TURN")]
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("name, head_dim, config", PCONV, ids=[f"{n}-d{d}" for n, d, _ in PCONV])
-def test_pconv_variants(name, head_dim, config, causal):
-    """Sm90Config.p_before_rescale (P's 16-bit conversion, pinned by inline PTX, before O's rescale branch) vs float64
-    over ALPHA_SHAPES (one K/V tile and many: both ring slots, rows whose max moves and rows whose max stays, i.e. both
-    sides of the skip branch; odd lengths, Nq != Nk both ways, GQA and MQA), NaN-poisoned outputs, LSE checked; fp16
-    once at D 64 (the f16x2 conversion); then EC-04's logit shifts (the exact form's branch)."""
+@pytest.mark.parametrize("name, head_dim, config", TURN, ids=[f"{n}-d{d}" for n, d, _ in TURN])
+def test_turn_variants(name, head_dim, config, causal):
+    """Sm90Config.hoisted_descriptors (the K/V ring's WGMMA descriptors from one base + each stage's offset; D 64's
+    default, `turn` at D 128) vs float64 over ALPHA_SHAPES (one K/V tile and 33: both ring slots, each wrapped
+    several times; odd lengths, Nq != Nk both ways, GQA and MQA), NaN-poisoned outputs, LSE checked; fp16 once (D 64,
+    non-causal); then EC-04's logit shifts. A wrong stage offset reads the other slot's K or V tile: O far off
+    float64."""
+    assert config.hoisted_descriptors, (name, head_dim)
     _check_alpha_shapes(name, head_dim, config, causal)
     if head_dim == 64 and not causal:
         q, k, v = _qkv(2, 1023, 1023, 4, 2, head_dim, F16)
@@ -379,34 +383,9 @@ def test_pconv_variants(name, head_dim, config, causal):
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_p_before_rescale_same_values(causal):
-    """p_before_rescale moves P's conversion (same round-to-nearest pairs) ahead of O's rescale, which touch different
-    registers: O and LSE equal the default's bit for bit at D 64."""
-    default = fa3.DEFAULT_CONFIGS[64]
-    _assert_same_values(64, causal, default, dataclasses.replace(default, p_before_rescale=True))
-
-
-TURN = _ab_variants("TURN")  # session 12: K/V descriptors built once per tile (Sm90Config.hoisted_descriptors)
-
-
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("name, head_dim, config", TURN, ids=[f"{n}-d{d}" for n, d, _ in TURN])
-def test_turn_variants(name, head_dim, config, causal):
-    """Sm90Config.hoisted_descriptors (the K/V ring's WGMMA descriptors from one base + each stage's offset; alone at
-    D 64 and 128, with p_before_rescale at D 64) vs float64 over ALPHA_SHAPES (one K/V tile and 33: both ring
-    slots, each wrapped several times; odd lengths, Nq != Nk both ways, GQA and MQA), NaN-poisoned outputs, LSE
-    checked; fp16 once (`turn`, D 64, non-causal); then EC-04's logit shifts. A wrong stage offset reads the other
-    slot's K or V tile: O far off float64."""
-    _check_alpha_shapes(name, head_dim, config, causal)
-    if name == "turn" and head_dim == 64 and not causal:
-        q, k, v = _qkv(2, 1023, 1023, 4, 2, head_dim, F16)
-        _check(q, k, v, causal, config=config, what=f"{name} fp16 D={head_dim}")
-    _check_logit_shifts(name, head_dim, config, causal)
-
-
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_hoisted_descriptors_same_values(causal):
-    """hoisted_descriptors builds the same descriptors another way (same GEMMs, same order): O and LSE equal the
-    default's bit for bit at D 64."""
+    """hoisted_descriptors builds the same descriptors another way (same GEMMs, same order): at D 64 (its default
+    since session 12) O and LSE with it equal those without it bit for bit."""
     default = fa3.DEFAULT_CONFIGS[64]
-    _assert_same_values(64, causal, default, dataclasses.replace(default, hoisted_descriptors=True))
+    _assert_same_values(64, causal, dataclasses.replace(default, hoisted_descriptors=False),
+                        dataclasses.replace(default, hoisted_descriptors=True))

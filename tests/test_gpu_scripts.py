@@ -814,55 +814,24 @@ def test_fa3_speed_ab_persist_plan():
         cfg.check(d)
 
 
-def test_d64gap2_script_pconv_set():
-    """scripts/d64gap2_gpu.sh (session 12): old, new and pconv (Sm90Config.p_before_rescale, D 64 and 128) at the four
-    D 64 shapes and D 128 N 4k, 9 kernels (the seqlen does not change one) plus the two its GPU tests add (pconv D 128
-    causal, pconv fp16 D 64), each config passing the check; cold-machine limits within 100 s."""
+def test_fa3_speed_ab_turn_set():
+    """scripts/fa3_speed_ab.py's TURN set (session 12): old, new and turn (Sm90Config.hoisted_descriptors) at D 128
+    only, the default config with the switch on (passing the check); at D 64 the switch is in the default (flipped
+    after session 12's turnbf16 run; `noturn` is the default before), at the other head dims it is off."""
     from fa_variants.hopper import fa3
 
     ab = load_script("fa3_speed_ab")
-    assert ab.PCONV == ("old", "new", "pconv") and ab.VARIANTS["pconv"][0] == (64, 128)
-    for d in (64, 128):
-        cfg = ab.variant_config("pconv", d)
-        assert cfg == dataclasses.replace(fa3.DEFAULT_CONFIGS[d], p_before_rescale=True)
-        cfg.check(d)
-    text = (ROOT / "scripts" / "d64gap2_gpu.sh").read_text()
-    spec = "64:4096:full,64:16384:full,64:4096:causal,64:16384:causal,128:4096:full"
-    assert f'AB="--variants old,new,pconv --shapes {spec}"' in text
-    shapes = ab.shapes_plan(spec, list(ab.PCONV))
-    assert [len(s["variants"]) for s in shapes] == [3] * 5 and len(ab.compile_items(shapes, "bf16")) == 9
-    assert "--variants pconv --shapes 128:4096:causal" in text
-    assert "--dtype fp16 --variants pconv --shapes 64:4096:full" in text and '-k "pconv or p_before_rescale"' in text
-    limits = [int(n) for n in re.findall(r"^\s*step \w+ (\d+) ", text, re.M)]
-    assert len(limits) == 3 and sum(limits) <= 100, limits
-
-
-def test_turnbf16_script_turn_set():
-    """scripts/turnbf16_gpu.sh (session 12): old, new, turn (Sm90Config.hoisted_descriptors, D 64 and 128) and
-    pconv-turn (with p_before_rescale, D 64) at the four D 64 shapes, 8 kernels, plus the three its GPU tests add
-    (turn D 128 causal and not, turn fp16 D 64), each config passing the check; cold-machine limits within 100 s."""
-    from fa_variants.hopper import fa3
-
-    ab = load_script("fa3_speed_ab")
-    assert ab.TURN == ("old", "new", "turn", "pconv-turn")
-    assert ab.VARIANTS["turn"][0] == (64, 128) and ab.VARIANTS["pconv-turn"][0] == (64,)
-    for d in (64, 128):
-        cfg = ab.variant_config("turn", d)
-        assert cfg == dataclasses.replace(fa3.DEFAULT_CONFIGS[d], hoisted_descriptors=True)
-        cfg.check(d)
-    both = ab.variant_config("pconv-turn", 64)
-    assert both == dataclasses.replace(fa3.DEFAULT_CONFIGS[64], hoisted_descriptors=True, p_before_rescale=True)
-    both.check(64)
-    text = (ROOT / "scripts" / "turnbf16_gpu.sh").read_text()
-    spec = "64:4096:full,64:16384:full,64:4096:causal,64:16384:causal"
-    assert f'AB="--variants old,new,turn,pconv-turn --shapes {spec}"' in text
-    shapes = ab.shapes_plan(spec, list(ab.TURN))
-    assert [len(s["variants"]) for s in shapes] == [4] * 4 and len(ab.compile_items(shapes, "bf16")) == 8
-    assert "--variants turn --shapes 128:4096:full,128:4096:causal" in text
-    assert "--dtype fp16 --variants turn --shapes 64:4096:full" in text
-    assert '-k "turn_variants or hoisted_descriptors"' in text
-    limits = [int(n) for n in re.findall(r"^\s*step \w+ (\d+) ", text, re.M)]
-    assert len(limits) == 3 and sum(limits) <= 100, limits
+    assert ab.TURN == ("old", "new", "turn") and ab.VARIANTS["turn"][0] == (128,)
+    cfg = ab.variant_config("turn", 128)
+    assert cfg == dataclasses.replace(fa3.DEFAULT_CONFIGS[128], hoisted_descriptors=True)
+    cfg.check(128)
+    assert {d: c.hoisted_descriptors for d, c in fa3.DEFAULT_CONFIGS.items()} == {64: True, 96: False, 128: False,
+                                                                                  256: False}
+    shapes = ab.shapes_plan("128:4096:full,128:4096:causal", list(ab.TURN))
+    assert [len(s["variants"]) for s in shapes] == [3] * 2 and len(ab.compile_items(shapes, "bf16")) == 6
+    # noturn: D 64's default with the switch off (tests/test_fa3_gpu.py's same-values reference; precompiled by name)
+    assert ab.VARIANTS["noturn"][0] == (64,) and "noturn" not in ab.TURN
+    assert ab.variant_config("noturn", 64) == dataclasses.replace(fa3.DEFAULT_CONFIGS[64], hoisted_descriptors=False)
 
 
 def test_fa3_speed_ab_alpha_plan():
@@ -1285,29 +1254,6 @@ def test_bounded_script_precompiles_what_its_steps_run():
                              timeout=120, cwd=ROOT)
     ids = [line for line in collect.stdout.splitlines() if "::" in line]
     assert len(ids) == 11 and all("[d256-default-" in i or i.endswith("test_fused_units_fault") for i in ids), ids
-
-
-def test_turn256_script_tests_what_it_times():
-    """scripts/turn256_gpu.sh: its osm_tests -k selects exactly the 8 GPU tests of the timed o_slice_smem variant
-    (6 vs the emulation and float64, 2 on spread V scales; the script's pass line "8 passed"), and the A/B's osm is
-    that config: the head_dim 256 default with o_slice_smem, a valid config; new is the default."""
-    text = (ROOT / "scripts" / "turn256_gpu.sh").read_text()
-    assert "--set turn256 --head-dims 256" in text and '"^8 passed"' in text
-    expr = re.search(r'-k "([^"]+)"', text).group(1)
-    collect = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                              "tests/test_fa3_fp8_speed_gpu.py", "-k", expr], capture_output=True, text=True,
-                             timeout=120, cwd=ROOT)
-    ids = [line for line in collect.stdout.splitlines() if "::" in line]
-    assert len(ids) == 8 and all("turn256-d256-osm" in i for i in ids), ids
-    ab = load_script("fa3_fp8_speed_ab")
-    variants = ab.TURN256_VARIANTS[256]
-    assert list(variants) == ["new", "osm", "single_overlap_noskip"] and variants["new"] == {}
-    assert variants["single_overlap_noskip"] == ab.FP8TURN_VARIANTS[256]["single_overlap_noskip"]
-    import test_fa3_fp8_speed_gpu as gpu_tests
-    assert ab.kernel_config(256, variants["osm"]) == ab.kernel_config(256, gpu_tests.TURN256_VARIANTS["turn256-d256-osm"][1])
-    assert ab.kernel_config(256, variants["osm"]).o_slice_smem
-    for change in variants.values():
-        ab.kernel_config(256, change).check(256)
 
 
 def test_ncu_stalls_summary(tmp_path, capsys, monkeypatch):

@@ -172,23 +172,16 @@ class Sm90Config:
         the row maxima, before the exponentials, instead of after each row's exponentials (``common.softmax``, "Alpha
         first"): same values; ptxas then runs O's rescale under the exponentials instead of after the last of them (issue
         12, "Session 8: fa3 vs flash-attn-4 consumer loop").
-    p_before_rescale: (intra-warpgroup overlapped steps) P is converted to 16 bits right after the wait for the
-        previous P V GEMM, before O's rescale, instead of after it. With ``skip_unit_rescale`` the rescale is a branch,
-        and ptxas keeps the conversions on their side of it: after it they run as one burst after the last
-        exponential (their pipe throttles, the next turn waits); before it (pinned there by
-        ``common.layout.convert_pairs_pinned``: LLVM sinks plain conversions past the branch) they share the
-        exponentials' block and ptxas interleaves them with the exponentials, as flash-attn-4's are (issue 12,
-        bench/NOTES.md "Session 12 (2026-12-02): fa3 head_dim 64, the P conversion beside the exponentials"). Same
-        values; only fa3's bf16/fp16 step context (fa3-fp8 refuses it).
     hoisted_descriptors: the WGMMA descriptors of the K and V ring (``common.sm90.hoisted_descriptors``) are built
         once per tile, before the K/V loop, from stage 0's shared-memory address, and each GEMM adds its stage's offset
-        (one uniform ULEA); by default the DSL rebuilds them from the address in every step (add, shift, mask, the
+        (one uniform ULEA); off, the DSL rebuilds them from the address in every step (add, shift, mask, the
         LBO bit: ~4 uniform instructions per operand, neither LLVM nor ptxas hoists them), inside the ping-pong turn,
         where the other warpgroup waits (issue 12: the turn held 51 instructions vs flash-attn-4's 46 under ncu at
         D 64). SASS, nvidia-cutlass-dsl 4.8.1, BAR.SYNC .. BAR.ARV: D 64 55 -> 45, D 128 71 -> 61; causal (masked,
         unmasked loop) 56 -> 52, 45 -> 45 at D 64 and 63 -> 59, 55 -> 52 at D 128 (bench/NOTES.md, "Session 12
         (2026-12-02): fa3's ping-pong turn, descriptors built once per tile; ..."). Same descriptors, same values;
-        only fa3's bf16/fp16 kernel (fa3-fp8 refuses it).
+        only fa3's bf16/fp16 kernel (fa3-fp8 refuses it). On at head_dim 64 (``hopper.fa3.DEFAULT_CONFIGS[64]``;
+        session 12: turnbf16, on/off 1.000-1.012x, paired, one H200); off at the other head dims (D 128 not timed).
     """
 
     tile_m: int = 128
@@ -217,7 +210,6 @@ class Sm90Config:
     first_row_only: bool = False
     q_tail_first: bool = False
     alpha_first: bool = False
-    p_before_rescale: bool = False
     hoisted_descriptors: bool = False
 
     @property
@@ -293,8 +285,6 @@ class Sm90Config:
         if not isinstance(self.alpha_first, bool) or (self.alpha_first and (not self.exp2_ffma or self.basis_alpha)):
             raise ValueError(f"alpha_first={self.alpha_first!r} must be a bool, True only with exp2_ffma=True and "
                              "basis_alpha=False")
-        if not isinstance(self.p_before_rescale, bool):
-            raise ValueError(f"p_before_rescale={self.p_before_rescale!r} must be a bool")
         if not isinstance(self.hoisted_descriptors, bool):
             raise ValueError(f"hoisted_descriptors={self.hoisted_descriptors!r} must be a bool")
         if self.smem_bytes(head_dim) > smem_capacity(arch):

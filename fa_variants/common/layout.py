@@ -20,10 +20,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, const_expr
-from cutlass._mlir import ir
-from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import T, dsl_user_op
+from cutlass import Float32, const_expr
 
 
 def rows_cols(acc: cute.Tensor) -> cute.Tensor:
@@ -69,38 +66,6 @@ def quad_allreduce(x: Float32, op: cutlass.Constexpr) -> Float32:
     x = op(x, cute.arch.shuffle_sync_bfly(x, offset=2))
     x = op(x, cute.arch.shuffle_sync_bfly(x, offset=1))
     return x
-
-
-@dsl_user_op
-def _cvt_pair_pinned(lo: Float32, hi: Float32, op: str, *, loc=None, ip=None) -> Int32:
-    """One ``cvt.rn.{bf16x2,f16x2}.f32``: lo in the low half, hi in the high half, as inline PTX with side effects."""
-    return Int32(llvm.inline_asm(T.i32(), [Float32(lo).ir_value(loc=loc, ip=ip), Float32(hi).ir_value(loc=loc, ip=ip)],
-                                 f"{op} $0, $2, $1;", "=r,f,f", has_side_effects=True, loc=loc, ip=ip))
-
-
-#: the packed conversion of ``convert_pairs_pinned`` per 16-bit element type
-PINNED_CVT = {cutlass.BFloat16: "cvt.rn.bf16x2.f32", cutlass.Float16: "cvt.rn.f16x2.f32"}
-
-
-def convert_pairs_pinned(src: cute.Tensor, dst: cute.Tensor) -> None:
-    """``convert_in_pairs`` (same pairs, same round-to-nearest rounding, so the same bits) with each packed conversion
-    emitted as inline PTX marked as having side effects: LLVM then keeps the conversions where the source puts them
-    (in order with the other side effects) instead of sinking them past a branch that follows (e.g. O's rescale,
-    skipped when no row max moved), so ptxas can schedule them among the instructions before that branch. dst's
-    element type must be bf16 or fp16 (TypeError otherwise)."""
-    op = PINNED_CVT.get(dst.element_type)
-    if op is None:
-        raise TypeError(f"convert_pairs_pinned: dst element type {dst.element_type} must be bf16 or fp16")
-    n = cute.size(dst)
-    if n % 2 != 0 or cute.size(src) != n:
-        raise ValueError(f"convert_pairs_pinned: {n} and {cute.size(src)} values; needs the same even count")
-    pairs = cute.make_layout((2, n // 2), stride=(1, 2))
-    src2 = cute.make_tensor(src.iterator, cute.composition(src.layout, pairs))
-    dst2 = cute.make_tensor(dst.iterator, cute.composition(dst.layout, pairs))
-    vec2 = ir.VectorType.get([2], dst.element_type.mlir_type)
-    for i in range(n // 2):  # unrolled at trace time (a static fragment)
-        packed = _cvt_pair_pinned(src2[0, i], src2[1, i], op)
-        dst2[None, i].store(cute.TensorSSA(llvm.bitcast(vec2, packed.ir_value()), (2,), dst.element_type))
 
 
 def convert_in_pairs(src: cute.Tensor, dst: cute.Tensor) -> None:

@@ -84,10 +84,14 @@ Fa3Config = Sm90Config  # the FA3 family's config type (common/config.py)
 # [1.010, 1.030] at N 16k, paired, 6 rounds, one H200, session 9 (scripts/fa3_speed_ab.py; bench/NOTES.md, "Session 9
 # (2026-12-01): switches removed and the D 256 flip"); flash-attn-4's other D 256 choices on top were not faster
 # (fa4-256/new 0.995 / 0.983, alpha-256/new 0.963 / 0.955).
+# hoisted_descriptors at D 64 (the K/V ring's WGMMA descriptors built once per tile, out of the ping-pong turn: its
+# BAR.SYNC .. BAR.ARV 55 -> 45 instructions): turn/new 1.011 / 1.012 / 1.001 / 1.000 at N 4k / 16k / 4k causal / 16k
+# causal, paired, 6 rounds, one H200, session 12 (scripts/fa3_speed_ab.py --variants old,new,turn; bench/NOTES.md,
+# "Session 12 (2026-12-02): fa3's ping-pong turn, ..."); D 128 (71 -> 61) not timed, so off there.
 _SOFTMAX = dict(exp2_ffma=True, reduce_chains=4, skip_unit_rescale=True)
 _SOFTMAX_NO_SKIP = dict(exp2_ffma=True, reduce_chains=4, skip_unit_rescale=False)
 DEFAULT_CONFIGS: dict[int, Sm90Config] = {
-    64: Sm90Config(tile_m=192, tile_n=128, stages=2, **_SOFTMAX),
+    64: Sm90Config(tile_m=192, tile_n=128, stages=2, **_SOFTMAX, hoisted_descriptors=True),
     96: Sm90Config(tile_m=128, tile_n=128, stages=2, **_SOFTMAX_NO_SKIP),
     128: Sm90Config(tile_m=128, tile_n=128, stages=2, **_SOFTMAX_NO_SKIP, alpha_first=True),
     256: Sm90Config(tile_m=128, tile_n=80, stages=2, pingpong=False, convert_pairs=True),

@@ -91,8 +91,6 @@ scales (one descale per 128 query rows and per ``tile_n`` keys, ``fa_variants.fp
   single_overlap's turn only issues its 12 QGMMAs. Handing the turn on right after S half 0's issue, and the lookahead
   without ping-pong, were built in session 9 and measured slower at every shape on the H200 (bench/NOTES.md, session
   11): removed.
-* ``o_slice_smem`` (head_dim 256, session 12; off): O's last slice in shared memory, so its registers hold a third
-  temporary and the last slice's promotion leaves the turn (``Fp8Config``; scripts/turn256_gpu.sh).
 * K/V tiles are walked from the last to the first (as fa3). Output in the caller's 16-bit dtype,
   LSE float32 natural log; rows that see no key give O = 0 and LSE = -inf.
 
@@ -118,7 +116,7 @@ from fa_variants.common.cache import StaticConfig
 from fa_variants.common.config import WGMMA_M
 from fa_variants.common.launch import Variant
 from fa_variants.common.layout import rows_cols as acc_rows_cols
-from fa_variants.common.sm90 import WARPGROUP_THREADS, make_tiled_mma, wgmma
+from fa_variants.common.sm90 import make_tiled_mma, wgmma
 from fa_variants.common.softmax import OnlineSoftmax
 from fa_variants.fp8 import layout
 from fa_variants.fp8.emulation import UNIT_SPAN
@@ -184,16 +182,6 @@ class Fp8Config(Fa3Config):
         (emulation ``units="bounded"``). Not removed (nor by fused_promote): alpha' underflows where a tile's
         descale lies > 2^149 above the unit (``bounded_unit``, "Not covered"), dropping the earlier tiles' O in rows
         whose P on that tile rounds to 0.
-    o_slice_smem: (session 12, issue 10; off; needs fused_promote with s_halves, the head_dim 256 turn) the last of O's
-        pv_split slices lives in shared memory (fp32, each consumer thread's own words: no barrier, conflict-free
-        16-byte accesses) instead of registers, and its 32 registers a thread hold a third temporary: the last P V
-        slice is issued into it, the S halves right after the slice before it is promoted, the turn handed on, and
-        the last slice waited for and promoted into shared memory (load, FFMA, store) after the turn, while the S
-        GEMM runs. The turn loses its last link (wait for the last slice, 32 promotion FFMAs, then S half 1): the ncu
-        source view of the head_dim 256 default (session 12, new vs single_overlap_noskip, bench/NOTES.md) put the
-        cost in the turn's promotion runs (FFMA dispatch stalls), not its waits. finalize() reads the slice back into
-        O's registers. Shared memory: tile_m x head_dim / pv_split fp32 more (32 KB at 128 x 128, head_dim 256: 225
-        of the 227 KB). Same values and roundings (O's slice stored and reloaded exactly): the emulation is unchanged.
     """
 
     two_level: bool = True
@@ -206,16 +194,10 @@ class Fp8Config(Fa3Config):
     s_halves: bool = False
     fused_promote: bool = False
     bounded_units: bool = False
-    o_slice_smem: bool = False
-
-    def o_smem_floats(self, head_dim: int) -> int:
-        """fp32 words of ``o_slice_smem``'s shared-memory buffer (0 without it): O's last slice, tile_m x
-        head_dim / pv_split."""
-        return self.tile_m * head_dim // self.pv_split if self.o_slice_smem else 0
 
     def smem_bytes(self, head_dim: int, elem_bytes: int = 1) -> int:
         qo = self.tile_m * head_dim * 2  # Q (e4m3) shares its buffer with the 16-bit O
-        return qo + 2 * self.stages * self.tile_n * head_dim * elem_bytes + 1024 + 4 * self.o_smem_floats(head_dim)
+        return qo + 2 * self.stages * self.tile_n * head_dim * elem_bytes + 1024
 
     def check(self, head_dim: int) -> None:
         super().check(head_dim)
@@ -227,8 +209,6 @@ class Fp8Config(Fa3Config):
             raise ValueError("fa3-fp8: pack_gqa=True is not supported (q_descale is per query head and 128 rows)")
         if self.alpha_first:  # not built or tested for fp8's own mainloop
             raise ValueError("fa3-fp8: alpha_first=True is not supported (only fa3's bf16/fp16 kernel)")
-        if self.p_before_rescale:  # fa3-fp8's own to_p / fold_pv hooks (not built or timed)
-            raise ValueError("fa3-fp8: p_before_rescale=True is not supported (only fa3's bf16/fp16 kernel)")
         if self.hoisted_descriptors:  # fp8's K/V operands (V transposed in shared memory, pv_split) not built or timed
             raise ValueError("fa3-fp8: hoisted_descriptors=True is not supported (only fa3's bf16/fp16 kernel)")
         if self.tile_n % 32:
@@ -257,8 +237,6 @@ class Fp8Config(Fa3Config):
                              f"of P), got tile_n={self.tile_n}")
         if self.fused_promote and not self.s_lookahead:
             raise ValueError("fa3-fp8: fused_promote needs s_lookahead (the head_dim 256 schedule it is built for)")
-        if self.o_slice_smem and not (self.fused_promote and self.s_halves):
-            raise ValueError("fa3-fp8: o_slice_smem needs fused_promote with s_halves (the head_dim 256 lookahead turn)")
         if self.bounded_units and not self.fused_promote:
             raise ValueError("fa3-fp8: bounded_units needs fused_promote (the other promotions keep O in absolute units)")
         if self.rescale_o_before_pv:
@@ -354,8 +332,6 @@ class _Fp8StepContext(_StepContext):
     o_alpha: cute.Tensor = None  # per row: product of the alphas O has not been multiplied by yet
     descales: cute.Tensor = None  # descale_prefetch: (2,) Float32, k_descale of the next tile, v_descale of this one
     vmax: cute.Tensor = None  # bounded_units: (1,) Float32, M the largest v_descale visited (0 before the first)
-    acc_tmp3: cute.Tensor = None  # o_slice_smem: the third temporary (the last slice), in O's last slice's registers
-    o_smem: cute.Tensor = None  # o_slice_smem: this thread's ((4, values / 4)) fp32 words of O's last slice
 
     def softmax_step(self, acc_S, n_block, is_first: bool = False):
         # descale_prefetch: after the first tile the previous P V issue loaded this tile's k_descale (``pv``)
@@ -589,16 +565,12 @@ class _Fp8StepContext(_StepContext):
         scales each temporary in its promotion (``_promote_step``)."""
         bufs = (self.acc_tmp, self.acc_tmp2)
         last = self.k.cfg.pv_split - 1
-        if const_expr(self.k.cfg.o_slice_smem):  # _pv_turn_smem issues the last slice itself
-            last = last - 1
-        for h in range(last + 1):  # (not cute.jit: Python loops unroll)
+        for h in range(self.k.cfg.pv_split):  # (not cute.jit: Python loops unroll)
             wgmma(self.mma_pv, bufs[h % 2], self.tOrP, self._v_slice(v_state.index, h), zero_init=True,
                   wait=-1 if h == 0 else 1)
             if const_expr(h > 0):
                 self._promote_step(h - 1, vd, alpha, bufs[(h - 1) % 2], seqlen_end, s)
-        if const_expr(self.k.cfg.o_slice_smem):
-            self._pv_turn_smem(k_state, v_state, vd, alpha, seqlen_end, has_next, s)
-        elif const_expr(self.k.cfg.s_halves):  # S half 0 in the free temporary, the last slice promoted under it, half 1
+        if const_expr(self.k.cfg.s_halves):  # S half 0 in the free temporary, the last slice promoted under it, half 1
             if const_expr(has_next):
                 wgmma(self.mma_qk, bufs[0], self.tSrQ, self._k_half(k_state.index, 0), zero_init=True, wait=-1)
             warpgroup.wait_group(1 if has_next else 0)
@@ -612,45 +584,6 @@ class _Fp8StepContext(_StepContext):
             self.schedule_arrive()
             warpgroup.wait_group(1 if has_next else 0)  # the last slice (S of the next tile may still run)
             self._promote_step(last, vd, alpha, bufs[last % 2], seqlen_end, s)
-
-    def _pv_turn_smem(self, k_state, v_state, vd: Float32, alpha: cute.Tensor, seqlen_end: bool, has_next: bool, s):
-        """``o_slice_smem``, the rest of ``_pv_turn`` after slices 0 .. pv_split - 2 were issued (the one before the
-        last still running): the last slice into the third temporary, the one before it waited for and promoted, both
-        S halves issued, the turn handed on; then the last slice waited for (the S halves may still run) and promoted
-        into O's slice in shared memory (``_promote_smem``)."""
-        bufs, last = (self.acc_tmp, self.acc_tmp2), self.k.cfg.pv_split - 1
-        wgmma(self.mma_pv, self.acc_tmp3, self.tOrP, self._v_slice(v_state.index, last), zero_init=True, wait=1)
-        self._promote_step(last - 1, vd, alpha, bufs[(last - 1) % 2], seqlen_end, s)
-        if const_expr(has_next):
-            wgmma(self.mma_qk, bufs[0], self.tSrQ, self._k_half(k_state.index, 0), zero_init=True, wait=-1)
-            wgmma(self.mma_qk, bufs[1], self.tSrQ, self._k_half(k_state.index, 1), zero_init=True, wait=-1)
-        self.schedule_arrive()
-        warpgroup.wait_group(2 if has_next else 0)
-        if const_expr(s is not None):  # the rare path: the temporary scaled in place (exact: s is a power of two)
-            for i in range(cute.size(self.acc_tmp3)):
-                self.acc_tmp3[i] = s * self.acc_tmp3[i]
-        self._promote_smem(alpha, self.acc_tmp3, seqlen_end)
-
-    def _promote_smem(self, alpha: cute.Tensor, tmp: cute.Tensor, first: bool):
-        """``o_slice_smem``: O's last slice (in shared memory, ``o_smem``) = alpha' O + tmp (``_promote_step``'s
-        fused form; the rare path scaled tmp by s before), or tmp on the first visited tile: 8 LDS.128, 32 FFMA, 8
-        STS.128 a thread at 128 x 128, head_dim 256. Tried on the CPU (spills, D 256 non-causal; this form 56 bytes):
-        the slice promoted in parts with a fence between them (a MEMBAR in the loop), S half 1 issued before the
-        promotion of the slice before the last (128 bytes)."""
-        o = cute.make_rmem_tensor(tmp.layout.shape, Float32)
-        flat = cute.make_tensor(o.iterator, cute.make_layout(self.o_smem.shape))
-        if const_expr(not first):
-            cute.autovec_copy(self.o_smem, flat)
-        ov, tv = acc_rows_cols(o), acc_rows_cols(tmp)
-        for r in range(cute.size(tv, mode=[0])):
-            for c in range(cute.size(tv, mode=[1])):
-                ov[r, c] = tv[r, c] if const_expr(first) else cute.math.fma(alpha[r], ov[r, c], tv[r, c])
-        cute.autovec_copy(flat, self.o_smem)
-
-    def _load_o_smem(self):
-        """``o_slice_smem``, after the main loop: O's last slice from shared memory back into O's registers."""
-        o = self.acc_O[None, None, self.k.cfg.pv_split - 1]
-        cute.autovec_copy(self.o_smem, cute.make_tensor(o.iterator, cute.make_layout(self.o_smem.shape)))
 
     def _units_alpha(self, alpha: cute.Tensor, n_block: Int32, first: cutlass.Constexpr[bool]):
         """``fused_promote``: alpha v_descale[n_block + 1] / v_descale[n_block] per row (O's units move from the tile
@@ -697,8 +630,6 @@ class _Fp8StepContext(_StepContext):
                     o[r, h * w + c] = cute.math.fma(alpha[r], o[r, h * w + c], x)
 
     def finalize(self):
-        if const_expr(self.k.cfg.o_slice_smem):
-            self._load_o_smem()
         inv_l, lse = self.softmax.finalize()
         if const_expr(not self.k.cfg.two_level or self.k.cfg.fused_promote):
             vd = self.v_descale[0]  # the last tile's units
@@ -744,9 +675,6 @@ class FlashAttention3Fp8Sm90(FlashAttention3Sm90):
     def _qk_mma_n(self) -> int:
         return self.tile_n // 2 if const_expr(self.cfg.s_halves) else self.tile_n
 
-    def _smem_floats_extra(self) -> int:
-        return self.cfg.o_smem_floats(self.head_dim)
-
     def _v_view(self, mVt: cute.Tensor) -> cute.Tensor:
         # (batch, heads_kv, head_dim, tokens) -> (head_dim, tokens, heads_kv, batch)
         return cute.make_tensor(mVt.iterator, cute.select(mVt.layout, mode=[2, 3, 1, 0]))
@@ -764,18 +692,8 @@ class FlashAttention3Fp8Sm90(FlashAttention3Sm90):
         return OnlineSoftmax(num_rows, scale_log2, chains=self.cfg.reduce_chains, skip_unit_rescale=self.cfg.skip_unit_rescale,
                              tile_scales=True, p_shift=P_SHIFT)
 
-    def _o_smem_view(self, sbuf: cute.Tensor, values: int) -> cute.Tensor:
-        """``o_slice_smem``: this consumer thread's words of sbuf (O's last slice), ((4, values / 4)) with value
-        4 j + i at word (j * threads + thread) * 4 + i: each group of four is one 16-byte access, a warp's 32 lanes
-        touch 512 contiguous bytes (no bank conflict)."""
-        threads = self.num_wg * WARPGROUP_THREADS
-        tidx = cute.arch.thread_idx()[0] - WARPGROUP_THREADS  # consumer threads follow the producer warpgroup
-        whole = cute.make_tensor(sbuf.iterator, cute.make_layout(((4, values // 4), threads), stride=((1, 4 * threads), 4)))
-        mine = whole[None, tidx]
-        return cute.make_tensor(mine.iterator, cute.make_layout((4, values // 4), stride=(1, 4 * threads)))
-
     def _step_context(self, args: tuple, extras: tuple, m_block: Int32, head: Int32, batch: Int32):
-        mQd, mKd, mVd = extras[:3]
+        mQd, mKd, mVd = extras
         kv_head = head // (mQd.shape[1] // mKd.shape[1])
         mma_pv = args[3]
         wg_pv = mma_pv.get_slice(0)
@@ -805,14 +723,9 @@ class FlashAttention3Fp8Sm90(FlashAttention3Sm90):
         # seqlen_q and past the last block: layout.q_scale_block)
         q_block = layout.q_scale_block(first_row, mQd.shape[2], _min=cutlass.min)
         qk_scale = mQd[batch, head, q_block] * softmax.scale_log2
-        o_smem, tmp3 = None, None
-        if const_expr(self.cfg.o_slice_smem):
-            o_smem = self._o_smem_view(extras[3], cute.size(tmp_shape))
-            o_last = args[8][None, None, self.cfg.pv_split - 1]  # acc_O's last slice: its registers, dead in the loop
-            tmp3 = cute.make_tensor(o_last.iterator, cute.make_layout(tmp_shape))
         return _Fp8StepContext(*args, acc_tmp=tmp, acc_tmp2=tmp2, qk_scale=qk_scale,
                                k_descale=mKd[batch, kv_head, None], v_descale=mVd[batch, kv_head, None],
-                               tiles_in_tmp=tiles_in_tmp, o_alpha=o_alpha, descales=descales, vmax=vmax, acc_tmp3=tmp3, o_smem=o_smem)
+                               tiles_in_tmp=tiles_in_tmp, o_alpha=o_alpha, descales=descales, vmax=vmax)
 
 
 # ---------------------------------------------------------------------------------------------

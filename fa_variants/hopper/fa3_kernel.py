@@ -16,7 +16,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from fa_variants.common import pack_gqa, tile_scheduler
 from fa_variants.common.config import Sm90Config
-from fa_variants.common.layout import acc_as_operand_a, convert_in_pairs, convert_pairs_pinned, transpose_view
+from fa_variants.common.layout import acc_as_operand_a, convert_in_pairs, transpose_view
 from fa_variants.common.layout import rows_cols as acc_rows_cols
 from fa_variants.common.mask import AttentionMask, BlockInfo
 from fa_variants.common.sm90 import (WARPGROUP_THREADS, NamedBarrier, hoisted_descriptors, make_row_major_smem_layout,
@@ -208,7 +208,6 @@ class FlashAttention3Sm90:
         kv_words, v_words = cute.cosize(sKV_layout), cute.cosize(sV_layout)
 
         merge_rows = self.tile_m if const_expr(self.fused_merge) else 1
-        extra_words = self._smem_floats_extra()
 
         @cute.struct
         class SharedStorage:
@@ -224,15 +223,8 @@ class FlashAttention3Sm90:
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, v_words], 1024]
             if const_expr(self.separate_o):  # persistent: O's own buffer (Q's is loaded with the next tile's Q)
                 sO: cute.struct.Align[cute.struct.MemRange[self.out_dtype, cute.cosize(sO_layout)], 1024]
-            if const_expr(extra_words > 0):  # _smem_floats_extra: fp32 words the consumer threads keep for themselves
-                extra: cute.struct.Align[cute.struct.MemRange[Float32, extra_words], 128]
 
         return SharedStorage
-
-    def _smem_floats_extra(self) -> int:
-        """fp32 words of shared memory the consumer's step context gets as the last element of ``extras`` (a 1-D
-        tensor); 0 (the default): none, extras unchanged. A subclass hook (fa3-fp8's ``o_slice_smem``)."""
-        return 0
 
     # ---------------------------------------------------------------------------------------
     # Device side
@@ -285,8 +277,6 @@ class FlashAttention3Sm90:
             sQ = cute.make_tensor(cute.recast_ptr(storage.sQ.data_ptr(), sQ_layout.inner, dtype=self.dtype), sQ_layout.outer)
         sK = storage.sK.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
-        if const_expr(self._smem_floats_extra() > 0):  # the subclass's own buffer travels with its extras
-            extras = extras + (storage.extra.get_tensor(cute.make_layout(self._smem_floats_extra())),)
 
         seqlen_q, seqlen_k = self._seqlen_q(mQ), mK.shape[0]
         if const_expr(self.split):
@@ -878,12 +868,8 @@ class _StepContext:
         self.softmax.rescale(acc_rows_cols(self.acc_O), alpha, skip_ones=True)
 
     def to_p(self, acc_S):
-        """P (fp32 accumulator) -> 16-bit A operand of the PV GEMM, in registers (``p_before_rescale``: pinned where
-        the step calls this, before O's rescale; same bits)."""
-        if const_expr(self.k.cfg.p_before_rescale):
-            convert_pairs_pinned(acc_as_operand_a(acc_S), self.tOrP)
-        else:
-            self.k._convert(acc_as_operand_a(acc_S), self.tOrP)
+        """P (fp32 accumulator) -> 16-bit A operand of the PV GEMM, in registers."""
+        self.k._convert(acc_as_operand_a(acc_S), self.tOrP)
 
     def pv(self, v_state, n_block, wait: int, accumulate=None):
         """Issue O += P V_n (one WGMMA group; ``wait`` as in ``common.sm90.wgmma``); O = P V_n where the
@@ -1009,12 +995,8 @@ class _StepContext:
         if const_expr(not shared):
             v_state.advance()
         self.fold_pv(n_block + 1)
-        if const_expr(self.k.cfg.p_before_rescale):  # P's conversion beside the exponentials, not after the branch
-            self.to_p(acc_S)
-            self.rescale_o(alpha, n_block)
-        else:
-            self.rescale_o(alpha, n_block)
-            self.to_p(acc_S)
+        self.rescale_o(alpha, n_block)
+        self.to_p(acc_S)
         return k_state, (None if const_expr(shared) else v_state)
 
     def last_pv(self, v_state, n_block=0, accumulate=True):
