@@ -960,10 +960,10 @@ def test_v3_wide_bitwise(monkeypatch, config, grid):
     assert_switch_bitwise(monkeypatch, "V3_WIDE", 256, config, 19)
 
 
-def _recorded_launches(monkeypatch, calls) -> list:
+def _recorded_launches(monkeypatch, calls, keys: list | None = None) -> list:
     """quant_host with the device queries stubbed (an sm_90 device of 132 SMs) and every compiled pass replaced by a
     recorder of (PassConfig, its arguments: tensors as (shape, dtype, stride), the rest as they are): the launches
-    ``calls()`` makes, on the CPU."""
+    ``calls()`` makes, on the CPU. keys: also gets each static config looked up (the disk cache's key)."""
     import contextlib
     import types
 
@@ -972,6 +972,8 @@ def _recorded_launches(monkeypatch, calls) -> list:
     class Recorder:
         def __init__(self, cfg):
             self.cfg = cfg.config
+            if keys is not None:
+                keys.append(cfg)
 
         def fn(self, *args):
             log.append((self.cfg, tuple((tuple(a.shape), a.dtype, a.stride()) if isinstance(a, torch.Tensor) else a
@@ -999,6 +1001,38 @@ def test_default_recipe_launches_wide_at_256_only(monkeypatch):
         q, k = torch.zeros(2, 77, 4, d, dtype=torch.bfloat16), torch.zeros(2, 300, 2, d, dtype=torch.bfloat16)
         log = _recorded_launches(monkeypatch, lambda: qh.quantize(q, k, k.clone(), config=FP8Config()))
         assert [(cfg.role, cfg.wide) for cfg, _ in log] == [("v", False), ("qk", d == 256), ("qk", d == 256)], (d, log)
+
+
+def test_warmup_compiles_the_passes_a_call_looks_up(monkeypatch):
+    """``fa-variants warmup`` for fa3-fp8 on 16-bit inputs (``warmup.plan`` -> ``quant_host.planned_passes``, no GPU)
+    plans exactly the static configs (disk-cache keys) that the default recipe's quantize call looks up, recorded with
+    stubbed launches on an sm_90 device: head_dim 64 / 128 / 256 (wide at 256), bf16 / fp16, GQA 4 with odd lengths
+    and a negative scale; a sampled K mean (both its launches); the module's switches left as they were."""
+    from fa_variants.commands import warmup
+
+    for dtype, d in (("bf16", 64), ("bf16", 128), ("bf16", 256), ("fp16", 128)):
+        planned, _ = warmup.plan(["fa3-fp8"], "sm_90a", [dtype], [d], (False, True), (4,))
+        planned = [c for c in planned if c.variant == "fp8-quant"]
+        dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+        looked_up = []
+        for heads, seqlen_q, seqlen_k, scale in ((8, 77, 301, None), (2, 1, 1000, -0.5)):
+            q = torch.randn(2, seqlen_q, heads, d).to(dt)
+            k, v = torch.randn(2, seqlen_k, 2, d).to(dt), torch.randn(2, seqlen_k, 2, d).to(dt)
+            _recorded_launches(monkeypatch, lambda: qh.quantize(q, k, v, softmax_scale=scale), looked_up)
+        assert len(planned) == 3 and set(planned) == set(looked_up), (dtype, d, planned, looked_up)
+        assert [c.config.wide for c in planned] == [False, d == 256, d == 256]
+    config = FP8Config(smooth_k_blocks=2)
+    saved = (qh._pass, qh._capability, qh.QUANT_PLANS, qh._CONSTANTS)
+    planned = qh.planned_passes("sm_90a", torch.bfloat16, 128, config)
+    assert all(a is b for a, b in zip((qh._pass, qh._capability, qh.QUANT_PLANS, qh._CONSTANTS), saved))
+    looked_up = []
+    for seqlen_k in (100, 2000):  # one K tile (the sample covers it) and many
+        k = torch.randn(1, seqlen_k, 1, 128).to(torch.bfloat16)
+        _recorded_launches(monkeypatch, lambda: qh.quantize(k[:, :50], k, k, config=config), looked_up)
+    assert len(set(planned)) == 4 and set(planned) == set(looked_up)
+    assert warmup.plan(["fa3-fp8"], "sm_90a", ["e4m3"], [128], (False,))[0][-1].variant == "fa3-fp8"  # no quantising
+    with pytest.raises(ValueError, match="sm_80"):
+        qh.planned_passes("sm_80", torch.bfloat16, 128)
 
 
 def test_prepared_passes_same_launches(monkeypatch):

@@ -7,7 +7,10 @@ no process pays a compile at its first call.
 
 Per (backend, dtype, head_dim, causal): the static configurations a call would compile (`registry.static_config`
 with the variant's default config, and those its calls may switch to, ``Variant.warm_configs``: fa3's
-split-KV config for decode shapes), exactly the keys `common.launch` looks up.
+split-KV config for decode shapes), exactly the keys `common.launch` looks up. fa3-fp8 on fp16 / bf16 inputs also
+gets the FP8 quantisation passes its calls launch first (``quant_passes``: the default recipe, worked out on the
+CPU by ``quant_host.planned_passes``; the FA_VARIANTS_FP8_QUANT_* switches of this process, so warm up with the
+environment of the runs).
 Batch, sequence lengths, head counts and strides are runtime values, but for one thing: fa3 packs the query
 heads of a KV head into its tile rows at seqlen_q > 1 (decode of a few query rows with GQA) in kernels that fix
 the group (num_heads / num_heads_kv; 64-row tiles, and 128-row ones where ``hopper.fa3.wide_rows`` takes them).
@@ -80,9 +83,24 @@ def plan(backends, arch: str, dtypes, head_dims, causal, groups: tuple[int, ...]
                         extra = registry.variant(name).warm_configs  # e.g. fa3's split-KV config (decode)
                         todo += [registry.static_config(name, arch, dtype, head_dim, c, config)
                                  for config in (extra(arch, head_dim, c, groups) if extra else ())]
+                    if name == "fa3-fp8" and dtype in QUANTISED:  # quantised first: the default recipe's passes
+                        todo += quant_passes(arch, dtype, head_dim, groups)
                 except (registry.UnknownVariantError, registry.UnsupportedConfigError) as exc:
                     notes.append(f"skipped {name} {dtype} head_dim {head_dim}: {exc}")
     return todo, notes
+
+
+QUANTISED = ("fp16", "bf16")  # fa3-fp8's inputs that ``attention`` quantises with the default FP8Config
+
+
+def quant_passes(arch: str, dtype: str, head_dim: int, groups: tuple[int, ...] = ()) -> list:
+    """The FP8 quantisation passes (``fp8-quant`` static configs) that ``attention(q, k, v, backend="fa3-fp8")`` on
+    ``dtype`` inputs launches before the kernel (the default ``FP8Config``, this process's pipeline and switches), for
+    query heads per KV head 1 and ``groups``: ``quant_host.planned_passes``, worked out on the CPU."""
+    from fa_variants.common.interop import TORCH_DTYPES
+    from fa_variants.fp8 import quant_host
+
+    return quant_host.planned_passes(arch, TORCH_DTYPES[dtype], head_dim, groups=tuple(dict.fromkeys((1, *groups))))
 
 
 def warmup(configs, progress: bool = True) -> list[dict]:
@@ -97,6 +115,8 @@ def warmup(configs, progress: bool = True) -> list[dict]:
         task = bar.add_task("warmup", total=len(configs))
         for cfg in configs:
             label = f"{cfg.variant} {cfg.dtype} d{cfg.head_dim}{' causal' if cfg.causal else ''}"
+            if cfg.variant == "fp8-quant":  # a pass of fa3-fp8's quantisation: which tensor
+                label += f" {cfg.config.role} {cfg.config.mode}"
             bar.update(task, description=label)
             before = cache.cache_info()
             t0 = time.perf_counter()

@@ -20,7 +20,7 @@ from fa_variants.fp8.quantize import (E4M3, FP8Config, FP8Inputs, HadamardRotati
                                       k_sample_tiles, tiles_for)
 
 __all__ = ["PIPELINES", "DEFAULT_PIPELINE", "why_not", "quantize", "quantize_tensor", "pipeline_of", "own_mean",
-           "k_mean_from_parts", "stages_for", "staged_store_for", "launch_plan"]
+           "k_mean_from_parts", "stages_for", "staged_store_for", "launch_plan", "planned_passes"]
 
 #: the pipelines of ``quantize`` (``pipeline=`` or the environment variable FA_VARIANTS_FP8_QUANT_PIPELINE):
 #: "v1" one launch per tensor, one block of loads in flight per CTA, K's mean by torch; "v2" (see the module
@@ -142,10 +142,15 @@ def _pass(device: torch.device, dtype: torch.dtype, head_dim: int, cfg: PassConf
     return hit
 
 
+def _capability(device: torch.device) -> tuple[int, int]:
+    """The device's compute capability (``planned_passes`` answers it for an arch instead)."""
+    return torch.cuda.get_device_capability(device)
+
+
 def stages_for(device: torch.device, head_dim: int, rows: int, want: int) -> int:
     """The most stages <= want whose shared memory one CTA may use on this device (sm_90: 227 KB; sm_89:
     99 KB), at least 1."""
-    limit = SMEM_PER_CTA if torch.cuda.get_device_capability(device) >= (9, 0) else 99 * 1024
+    limit = SMEM_PER_CTA if _capability(device) >= (9, 0) else 99 * 1024
     for s in range(want, 0, -1):
         if PassConfig(rows=rows, stages=s).smem_bytes(head_dim) <= limit:
             return s
@@ -255,7 +260,7 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
                        fused=fused, staged_mean=staged_mean, k_sample=k_sample_tokens is not None,
                        staged_store=staged_store, late_count=late_count, wide=wide)
     args = (x, y, descale, signs, mean_t, shift_t, k_t, parts_t, count_t, shift_scale)
-    with contextlib.nullcontext() if prepared else torch.cuda.device(dev):
+    with contextlib.nullcontext() if prepared or dev.type != "cuda" else torch.cuda.device(dev):
         if granularity == "block":
             fn, grid = plan[0]
             fn(*args, grid)
@@ -366,7 +371,7 @@ def _quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: FP8Conf
     # v2 launches V's pass first (plain launch), then K's and Q's with programmatic dependent launch, whose
     # prologue loads run before griddepcontrol.wait: so every 16-bit input is made aligned (a copy if
     # needed) before the first launch
-    pdl = staged and V2_PDL and torch.cuda.get_device_capability(dev) >= (9, 0)
+    pdl = staged and V2_PDL and _capability(dev) >= (9, 0)
     if pipe == "v3" and V3_WIDE and D == 256:  # 8 chunks of a token per thread (one cross-lane FWHT stage)
         qk_common = dict(qk_common, wide=True)
     if staged:
@@ -424,3 +429,46 @@ def _quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: FP8Conf
     if shift is not None and q.shape[0] * q.shape[1] * q.shape[2] == 0:
         shift.zero_()
     return FP8Inputs(q8, k8, v_t, qd, kd, vd, abs(scale), k.shape[1], mean_eff, shift, config)
+
+
+def planned_passes(arch: str, dtype: torch.dtype, head_dim: int, config: FP8Config = FP8Config(), *,
+                   pipeline: str | None = None, groups: tuple[int, ...] = (1,)) -> list:
+    """The compile keys (``quant_kernel.static_config``) of the passes ``quantize(q, k, v, config=config,
+    pipeline=pipeline)`` launches on a GPU of ``arch`` ("sm_89", "sm_90a") for float16 / bfloat16 inputs of this
+    head_dim with ``groups`` query heads per KV head, in first-launch order, without a GPU and without compiling
+    (what ``fa-variants warmup`` compiles for fa3-fp8): ``_quantize`` itself runs on small CPU tensors, the device's
+    compute capability answered from arch, each pass recorded instead of compiled and launched (outputs discarded),
+    ``QUANT_PLANS`` off meanwhile (no plan keeps the recorder). Batch, lengths and heads are runtime values but for
+    a sampled K mean (``FP8Config.smooth_k_blocks``), which launches otherwise when K has more tiles than the sample:
+    both lengths are run (not the torch mean of a sample beyond the pass's int32 tile arithmetic). The switches
+    (module globals, FA_VARIANTS_FP8_QUANT_*) are this process's: warm up with the environment of the runs. Swaps
+    module globals for the duration: not while another thread quantises. ValueError (registry's
+    UnsupportedConfigError) for an arch, dtype or head_dim the pass is not built for."""
+    static_config(arch, dtype, head_dim, PassConfig())  # the arch / dtype / head_dim checks
+    digits = arch.removeprefix("sm_").rstrip("af")
+    capability = (int(digits[:-1]), int(digits[-1]))
+    keys: dict = {}
+
+    def record(device, dt, d, cfg):
+        keys[static_config(arch, dt, d, cfg)] = None
+        return (lambda *args: None), 1
+
+    tile_n = tiles_for(head_dim)[1]
+    lengths = [tile_n + 3]
+    if config.smooth_k and config.smooth_k_blocks is not None:  # more tiles than the sample: its own launch
+        lengths.append((config.smooth_k_blocks + 1) * tile_n + 3)
+    pipe = pipeline_of(pipeline)
+    names = ("_pass", "_capability", "QUANT_PLANS", "_CONSTANTS")
+    saved = {name: globals()[name] for name in names}
+    globals().update(_pass=record, _capability=lambda device: capability, QUANT_PLANS=False, _CONSTANTS={})
+    try:
+        for group in groups:
+            for seqlen_k in lengths:
+                q = torch.zeros(1, 5, group, head_dim, dtype=dtype)
+                k = torch.zeros(1, seqlen_k, 1, head_dim, dtype=dtype)
+                for softmax_scale in (None, -0.5):
+                    scale = _check(q, k, k, config, softmax_scale)
+                    _quantize(q, k, k.clone(), config, scale, pipe)
+    finally:
+        globals().update(saved)
+    return list(keys)
