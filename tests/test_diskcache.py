@@ -262,6 +262,37 @@ def test_warmup_needs_an_arch_without_a_gpu(capsys, monkeypatch):
     assert "--head-dims or --model" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "e4m3"])
+def test_warmup_plans_the_fp8_kernel_a_call_looks_up(monkeypatch, dtype):
+    """fa3-fp8 on 16-bit inputs runs the e4m3 kernel writing O in their dtype: warmup plans the key that
+    ``hopper.fa3_fp8._kernel`` looks up (dtype e4m3, out_dtype the inputs'), as e4m3 inputs (out bf16) do, at head_dim
+    64 / 128 / 256, causal and not (stubbed sm_90 device, the compile recorded)."""
+    import torch
+
+    from fa_variants.commands import warmup
+    from fa_variants.common.interop import TORCH_DTYPES
+    from fa_variants.hopper import fa3_fp8
+
+    looked_up = []
+
+    class Recorder:
+        def __init__(self, cfg):
+            looked_up.append(cfg)
+            self.fn = None
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: (9, 0))
+    object.__setattr__(fa3_fp8.VARIANT, "compiled", Recorder)  # a frozen dataclass: its method shadowed, then restored
+    try:
+        for d in (64, 128, 256):
+            for causal in (False, True):
+                out_dtype = torch.bfloat16 if dtype == "e4m3" else TORCH_DTYPES[dtype]
+                fa3_fp8._kernel.__wrapped__(torch.device("cuda", 0), d, causal, out_dtype, None)
+    finally:
+        object.__delattr__(fa3_fp8.VARIANT, "compiled")
+    planned, notes = warmup.plan(["fa3-fp8"], "sm_90a", [dtype], [64, 128, 256], (False, True))
+    assert not notes and [c for c in planned if c.variant == "fa3-fp8"] == looked_up
+
+
 def test_warmup_plans_fa3s_split_config_too(monkeypatch):
     """A decode call may switch fa3 to its split-KV config (Variant.warm_configs): warmup compiles it as well."""
     from fa_variants.commands import warmup

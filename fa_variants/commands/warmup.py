@@ -7,8 +7,8 @@ no process pays a compile at its first call.
 
 Per (backend, dtype, head_dim, causal): the static configurations a call would compile (`registry.static_config`
 with the variant's default config, and those its calls may switch to, ``Variant.warm_configs``: fa3's
-split-KV config for decode shapes), exactly the keys `common.launch` looks up. fa3-fp8 on fp16 / bf16 inputs also
-gets the FP8 quantisation passes its calls launch first (``quant_passes``: the default recipe, worked out on the
+split-KV config for decode shapes), exactly the keys `common.launch` looks up. fa3-fp8 on fp16 / bf16 inputs: the
+e4m3 kernel writing O in that dtype (``kernel_config``), and the FP8 quantisation passes its calls launch first (``quant_passes``: the default recipe, worked out on the
 CPU by ``quant_host.planned_passes``; the FA_VARIANTS_FP8_QUANT_* switches of this process, so warm up with the
 environment of the runs).
 Batch, sequence lengths, head counts and strides are runtime values, but for one thing: fa3 packs the query
@@ -23,6 +23,7 @@ unknown --backends name, a run with nothing to compile, or kernels whose disk-ca
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -79,9 +80,9 @@ def plan(backends, arch: str, dtypes, head_dims, causal, groups: tuple[int, ...]
             for head_dim in head_dims:
                 try:
                     for c in causal:
-                        todo.append(registry.static_config(name, arch, dtype, head_dim, c))
+                        todo.append(kernel_config(name, arch, dtype, head_dim, c))
                         extra = registry.variant(name).warm_configs  # e.g. fa3's split-KV config (decode)
-                        todo += [registry.static_config(name, arch, dtype, head_dim, c, config)
+                        todo += [kernel_config(name, arch, dtype, head_dim, c, config)
                                  for config in (extra(arch, head_dim, c, groups) if extra else ())]
                     if name == "fa3-fp8" and dtype in QUANTISED:  # quantised first: the default recipe's passes
                         todo += quant_passes(arch, dtype, head_dim, groups)
@@ -91,6 +92,16 @@ def plan(backends, arch: str, dtypes, head_dims, causal, groups: tuple[int, ...]
 
 
 QUANTISED = ("fp16", "bf16")  # fa3-fp8's inputs that ``attention`` quantises with the default FP8Config
+
+
+def kernel_config(name: str, arch: str, dtype: str, head_dim: int, causal: bool, config=None):
+    """``registry.static_config``, but for fa3-fp8 on fp16 / bf16 inputs: the kernel runs on their e4m3 quantisation
+    and writes O in their dtype, so the key a call looks up (``hopper.fa3_fp8._kernel``) is dtype "e4m3" with the
+    config's ``out_dtype`` = dtype."""
+    if name == "fa3-fp8" and dtype in QUANTISED:
+        config = config or registry.variant(name).default_config(arch, head_dim, causal)
+        return registry.static_config(name, arch, "e4m3", head_dim, causal, dataclasses.replace(config, out_dtype=dtype))
+    return registry.static_config(name, arch, dtype, head_dim, causal, config)
 
 
 def quant_passes(arch: str, dtype: str, head_dim: int, groups: tuple[int, ...] = ()) -> list:
