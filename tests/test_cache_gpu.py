@@ -45,6 +45,26 @@ def test_fresh_process_with_a_warm_disk_cache_calls_within_a_second(backend, gpu
     assert warm["first_call_s"] <= FIRST_CALL_BUDGET_S
 
 
+def test_warmup_leaves_a_fresh_processs_first_fp8_call_nothing_to_compile(gpu_variant, tmp_path):
+    """`fa-variants warmup --backends fa3-fp8` (this GPU's arch, bf16, head_dim 128, GQA 32:8, causal) into an empty
+    disk cache, then a fresh process's first ``attention(q, k, v, backend="fa3-fp8")`` on bf16 inputs
+    (scripts/first_call.py's decode step): no compile at all, the e4m3 kernel and the FP8 quantisation passes of the
+    default recipe (3 at head_dim 128) loaded from disk."""
+    gpu_variant("fa3-fp8")
+    pythonpath = os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
+    env = {**os.environ, "PYTHONPATH": pythonpath, "FA_VARIANTS_CACHE_DIR": str(tmp_path)}
+    env.pop("FA_VARIANTS_DISK_CACHE", None)
+    r = subprocess.run([sys.executable, "-m", "fa_variants.cli", "warmup", "--backends", "fa3-fp8", "--dtypes", "bf16",
+                        "--head-dims", "128", "--gqa", "32:8", "--causal", "yes", "--no-progress"],
+                       capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    warmed = json.loads(r.stdout.strip().splitlines()[-1])
+    assert warmed["compiled"] == 4 and [k["variant"] for k in warmed["kernels"]] == ["fa3-fp8"] + ["fp8-quant"] * 3
+    warm = first_call("fa3-fp8", 128, tmp_path)
+    print(f"fa3-fp8 after warmup: first call {warm['first_call_s']:.3f} s (by phase: {warm['phases']})")
+    assert warm["compiles"] == 0 and warm["disk_loads"] == 4, warm
+
+
 @pytest.mark.parametrize("backend", ["fa3", "fa2"])
 def test_decode_step_in_a_cuda_graph_replays_the_eager_result(backend, gpu_variant):
     """GQA 32:8, head_dim 128, one query row per sequence against a 4095-key cache, causal, with LSE:
