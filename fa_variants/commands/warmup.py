@@ -8,9 +8,9 @@ no process pays a compile at its first call.
 Per (backend, dtype, head_dim, causal): the static configurations a call would compile (`registry.static_config`
 with the variant's default config, and those its calls may switch to, ``Variant.warm_configs``: fa3's
 split-KV config for decode shapes), exactly the keys `common.launch` looks up. fa3-fp8 on fp16 / bf16 inputs: the
-e4m3 kernel writing O in that dtype (``kernel_config``), and the FP8 quantisation passes its calls launch first (``quant_passes``: the default recipe, worked out on the
-CPU by ``quant_host.planned_passes``; the FA_VARIANTS_FP8_QUANT_* switches of this process, so warm up with the
-environment of the runs).
+e4m3 kernel writing O in that dtype (``kernel_config``), and the FP8 quantisation passes its calls launch first
+(``quant_passes``: the default recipe, worked out on the CPU by ``quant_host.planned_passes``; the
+FA_VARIANTS_FP8_QUANT_* switches of this process, so warm up with the environment of the runs).
 Batch, sequence lengths, head counts and strides are runtime values, but for one thing: fa3 packs the query
 heads of a KV head into its tile rows at seqlen_q > 1 (decode of a few query rows with GQA) in kernels that fix
 the group (num_heads / num_heads_kv; 64-row tiles, and 128-row ones where ``hopper.fa3.wide_rows`` takes them).
@@ -100,7 +100,8 @@ def kernel_config(name: str, arch: str, dtype: str, head_dim: int, causal: bool,
     config's ``out_dtype`` = dtype."""
     if name == "fa3-fp8" and dtype in QUANTISED:
         config = config or registry.variant(name).default_config(arch, head_dim, causal)
-        return registry.static_config(name, arch, "e4m3", head_dim, causal, dataclasses.replace(config, out_dtype=dtype))
+        config = dataclasses.replace(config, out_dtype=dtype)
+        return registry.static_config(name, arch, "e4m3", head_dim, causal, config)
     return registry.static_config(name, arch, dtype, head_dim, causal, config)
 
 
