@@ -1143,18 +1143,30 @@ def test_pending_runs_named_scripts_and_the_checks(tmp_path):
     names = {n for group in planned for n in group.split()}
     for name in names:
         assert (ROOT / "scripts" / f"{name}_gpu.sh").exists(), name
-    files = ["tests/test_fp8_overflow_gpu.py", "tests/test_fa3_fp8_gpu.py"]
-    assert f'CHECKS=({" ".join(files)} -k "$CHECKS_K")' in text
+    files = ["tests/test_fp8_overflow_gpu.py", "tests/test_fa3_fp8_gpu.py", "tests/test_fp8_quant_kernel.py",
+             "tests/test_fa3_gpu.py", "tests/test_decode_gpu.py"]
+    assert f'CHECKS=({" ".join(files[:4])}\n        {files[4]} -k "$CHECKS_K")' in text
     expr = "".join(re.findall(r'^CHECKS_K\+?="([^"]+)"', text, re.M))
-    collect = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *files,
-                              "-k", expr], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    collect = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                              "-m", "gpu", *files, "-k", expr], capture_output=True, text=True, timeout=120, cwd=ROOT)
     ids = [line for line in collect.stdout.splitlines() if "::" in line]
-    kinds = collections.Counter(re.sub(r"\[.*", "", i.split("::")[1]) for i in ids)
+    by_file = collections.defaultdict(list)
+    for i in ids:
+        by_file[i.split("::")[0]].append(i)
+    fp8 = by_file["tests/test_fp8_overflow_gpu.py"] + by_file["tests/test_fa3_fp8_gpu.py"]
+    kinds = collections.Counter(re.sub(r"\[.*", "", i.split("::")[1]) for i in fp8)
     assert kinds == {"test_adversarial_v": 10, "test_fused_units_fault": 1, "test_default_recipe": 12,
-                     "test_every_recipe": 6, "test_zero_v_blocks_long_rows_d256": 2}, ids
-    assert all("256" in i or i.endswith("test_fused_units_fault") for i in ids), ids
-    assert all("2lvl0" not in i and "d64" not in i for i in ids), ids
+                     "test_every_recipe": 6, "test_zero_v_blocks_long_rows_d256": 2}, fp8
+    assert all("256" in i or i.endswith("test_fused_units_fault") for i in fp8), fp8
+    assert all("2lvl0" not in i and "d64" not in i for i in fp8), fp8
+    quant = collections.Counter(re.sub(r"\[.*", "", i.split("::")[1])
+                                for i in by_file["tests/test_fp8_quant_kernel.py"])
+    assert quant == {"test_pass_matches_torch_bitwise": 12, "test_v3_wide_bitwise": 2}, quant
+    fa3_64 = by_file["tests/test_fa3_gpu.py"] + by_file["tests/test_decode_gpu.py"]
+    assert len(fa3_64) >= 100 and all("64" in i or "hoisted" in i for i in fa3_64), len(fa3_64)
+    assert any("hoisted_descriptors_same_values" in i for i in fa3_64)
     assert "31 tests" in text and "11 jobs" in text and "step checks_precompile" in text
+    assert "--set quantdef" in text and "--variants new,noturn" in text
     jobs = load_script("checks_precompile").JOBS
     assert len(jobs) == 11 and {(k, c) for k, _, c, _ in jobs} == {("recipe", False), ("recipe", True), ("fp8", False),
                                                                     ("fp8", True)}
