@@ -266,3 +266,46 @@ def test_bounded_units():
         assert not re.search(r"\b(BRA|CALL|FCHK|MUFU)\b", gap), gap[:400]
     divisions = [sum(len(re.findall(r"\b(MUFU\.RCP|FCHK)\b", h)) for h in _turn_heads(x)) for x in (s, base)]
     assert divisions[0] <= divisions[1], divisions
+
+
+def _pingpong_turns(sass: str) -> list[list[str]]:
+    """Each ping-pong turn's instructions: after a named-barrier wait on a register id (``BAR.SYNC R.., 0x100``)
+    up to its hand-on (``BAR.ARV``), opcodes with their operands, in listing order."""
+    out, cur = [], None
+    for line in sass.splitlines():
+        m = re.search(r"/\*[0-9a-f]{4,}\*/\s+([^;]+);", line)
+        if not m:
+            continue
+        text = m.group(1).strip()
+        if re.match(r"BAR\.SYNC\S* R\d+", text):
+            cur = []
+        elif cur is not None:
+            if text.startswith("BAR.ARV"):
+                out.append(cur)
+                cur = None
+            else:
+                cur.append(text)
+    return out
+
+
+def test_hoisted_descriptors_at_256():
+    """hoisted_descriptors on the head_dim 256 default (session 12, twolvl3; off, scripts/twolvl3_gpu.sh): the K / V
+    descriptors are no longer rebuilt inside the ping-pong turn, so the hot turn (the one with the 4 x 32 promotion
+    FFMAs and 32 QGMMAs: the common copy of the loop) is shorter with the same FFMAs and QGMMAs, and nothing spills
+    (nvidia-cutlass-dsl 4.8.1, D 256 non-causal: 255 -> 247 instructions)."""
+    cfg = fa3_fp8.DEFAULT_CONFIGS[256]
+    assert not cfg.hoisted_descriptors
+    hd = dataclasses.replace(cfg, hoisted_descriptors=True)
+    base, s = _sass(cfg, head_dim=256), _sass(hd, head_dim=256)
+    counts = cubin.count_sass(s)
+    assert counts["LDL"] == counts["STL"] == 0, counts
+
+    def hot(sass):
+        turns = [t for t in _pingpong_turns(sass) if sum(x.startswith("FFMA") for x in t) == 128]
+        assert turns, "no turn with the four slices' 128 promotion FFMAs"
+        return max(turns, key=len)
+
+    (b, h) = hot(base), hot(s)
+    for op in ("QGMMA", "FFMA"):
+        assert sum(x.startswith(op) for x in h) == sum(x.startswith(op) for x in b), op
+    assert len(h) <= len(b) - 6, (len(b), len(h))

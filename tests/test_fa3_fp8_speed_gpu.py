@@ -110,7 +110,14 @@ FP8TURN_VARIANTS = {
                                                      reduce_chains=1, skip_unit_rescale=False, **NO_LOOKAHEAD)),
 }
 
-_ALL_TABLES = (FP8_VARIANTS, FP8SMALL_VARIANTS, FP8MID_VARIANTS, FP8D128_VARIANTS, FP8TWO_VARIANTS, FP8TURN_VARIANTS)
+# session 12, head_dim 256 (scripts/fa3_fp8_speed_ab.py TWOLVL3_VARIANTS, "twolvl3-d256-<name>"; scripts/twolvl3_gpu.sh):
+# the K / V descriptors built once before the loop, not in the ping-pong turn
+TWOLVL3_VARIANTS = {
+    "twolvl3-d256-hd": (256, dict(hoisted_descriptors=True)),
+}
+
+_ALL_TABLES = (FP8_VARIANTS, FP8SMALL_VARIANTS, FP8MID_VARIANTS, FP8D128_VARIANTS, FP8TWO_VARIANTS, FP8TURN_VARIANTS,
+               TWOLVL3_VARIANTS)
 
 
 def _inputs(shape, head_dim, seed):
@@ -175,6 +182,19 @@ def test_fp8two_v_scales_spread(fp8_kernel, variant, shape, causal, nan_allocati
     cfg = dataclasses.replace(fp8_kernel.DEFAULT_CONFIGS[D], **change)
     # per 128-key tile; tile 2: tiny values, tile 5: all zeros
     _check_v_scales_spread(fp8_kernel, nan_allocations, variant, D, cfg, shape, causal, 11 + causal,
+                           [-8, 8, -120, -3, 5, 0, 2, -6], zero=5, tiny=2)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", [(1, 300, 1000, 4, 2)], ids=["1x300x1000x4x2"])
+@pytest.mark.parametrize("variant", list(TWOLVL3_VARIANTS))
+def test_twolvl3_v_scales_spread(fp8_kernel, variant, shape, causal, nan_allocations):
+    """hoisted_descriptors on the head_dim 256 default (bounded_units on): V blocks spanning 2^-8 .. 2^8, an all-zero
+    block and a tiny one (descale 2^-110, over 2^64 below the largest: the turn's rare copy, whose GEMMs read the
+    hoisted descriptors too) against the emulation and float64."""
+    D, change = TWOLVL3_VARIANTS[variant]
+    cfg = dataclasses.replace(fp8_kernel.DEFAULT_CONFIGS[D], **change)
+    _check_v_scales_spread(fp8_kernel, nan_allocations, variant, D, cfg, shape, causal, 31 + causal,
                            [-8, 8, -120, -3, 5, 0, 2, -6], zero=5, tiny=2)
 
 

@@ -91,6 +91,12 @@ scales (one descale per 128 query rows and per ``tile_n`` keys, ``fa_variants.fp
   single_overlap's turn only issues its 12 QGMMAs. Handing the turn on right after S half 0's issue, and the lookahead
   without ping-pong, were built in session 9 and measured slower at every shape on the H200 (bench/NOTES.md, session
   11): removed.
+* ``hoisted_descriptors`` (the Sm90Config field, off here; session 12, ``scripts/twolvl3_gpu.sh``): the K and V ring's
+  WGMMA descriptors built once before the K/V loop (``common.sm90.hoisted_descriptors``), so the head_dim 256 turn's
+  six GEMM groups (four P V slices, two S halves) add a stage / slice offset instead of rebuilding each descriptor.
+  Same descriptors and values (the emulation is unchanged). SASS (CPU, D 256 non-causal, BAR.SYNC .. BAR.ARV): the
+  loop's common turn 255 -> 247 instructions, its 128 promotion FFMAs unchanged; no spills. The promotions themselves
+  cannot leave the turn without registers (bench/NOTES.md, session 12 "twolvl3").
 * K/V tiles are walked from the last to the first (as fa3). Output in the caller's 16-bit dtype,
   LSE float32 natural log; rows that see no key give O = 0 and LSE = -inf.
 
@@ -209,8 +215,6 @@ class Fp8Config(Fa3Config):
             raise ValueError("fa3-fp8: pack_gqa=True is not supported (q_descale is per query head and 128 rows)")
         if self.alpha_first:  # not built or tested for fp8's own mainloop
             raise ValueError("fa3-fp8: alpha_first=True is not supported (only fa3's bf16/fp16 kernel)")
-        if self.hoisted_descriptors:  # fp8's K/V operands (V transposed in shared memory, pv_split) not built or timed
-            raise ValueError("fa3-fp8: hoisted_descriptors=True is not supported (only fa3's bf16/fp16 kernel)")
         if self.tile_n % 32:
             raise ValueError(f"fa3-fp8: tile_n={self.tile_n} must be a multiple of 32 (k of the FP8 P V WGMMA)")
         if self.pv_split not in (1, 2, 4, 8) or head_dim % (16 * self.pv_split):
