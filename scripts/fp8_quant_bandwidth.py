@@ -10,9 +10,9 @@ mean staged with each block's loads, ``quant_host.V3_STAGED_MEAN``; "v3sf": v3s 
 launch, ``V3_FUSED_MEAN``; "v3ss": v3s with Q's / K's e4m3 stored through shared memory, ``V3_STAGED_STORE``;
 "v3sfs": v3s with the fused mean for a sampled mean only (``V3_FUSED_SAMPLED_MEAN``); "def": the current default
 (staged mean on, staged store at head_dim 64 only, since session 12 ``V3_WIDE`` and ``QUANT_PLANS`` on, the rest off);
-"def11": session 11's default (def with ``V3_WIDE`` and ``QUANT_PLANS`` off: session 12's def, against which
-scripts/quantlanes_gpu.sh / quantbw_gpu.sh's defw / defp were measured; with def now they are A/A rows); "deff": def with the fused mean counted per K block
-(``V3_FUSED_MEAN``); "defl": def with the fused mean counted after each CTA's loop (``V3_FUSED_MEAN_LATE``);
+"def11": session 11's default (def with ``V3_WIDE`` and ``QUANT_PLANS`` off: the def against which session 12's
+quantlanes / quantbw runs measured defw / defp; with def now they are A/A rows); "deff": def with the fused mean
+counted per K block (``V3_FUSED_MEAN``); "defl": def with the fused mean counted after each CTA's loop (``V3_FUSED_MEAN_LATE``);
 "defw": def with Q's / K's pass at head_dim 256 holding 8 chunks of a token per thread (``V3_WIDE``: 2 lanes per
 token, one cross-lane Hadamard stage; bit for bit); "defn" / "defwn": def / defw without programmatic dependent launch
 (``V2_PDL`` off); "defp": def with cached launch plans (``QUANT_PLANS``: host work only);
@@ -328,7 +328,7 @@ PIPES.update({"def": ("v3", _DEF), "deff": ("v3", {**_DEF, "V3_FUSED_MEAN": True
 # stage instead of two; bit for bit the default, so checked as "def"; D 64 / 128 rows run the default's passes)
 PIPES["defw"] = ("v3", {**_DEF, "V3_WIDE": True})
 # session 12: the same two without programmatic dependent launch (``V2_PDL``: K's and Q's passes wait for the previous
-# kernel's end): whether back-to-back calls lose wide's per-pass gain to the PDL overlap (scripts/quantbw_gpu.sh)
+# kernel's end): whether back-to-back calls lose wide's per-pass gain to the PDL overlap (session 12's quantbw run)
 PIPES["defn"] = ("v3", {**_DEF, "V2_PDL": False})
 PIPES["defwn"] = ("v3", {**_DEF, "V3_WIDE": True, "V2_PDL": False})
 # session 12: def with cached launch plans (``quant_host.QUANT_PLANS``: the same launches, less host work per call)

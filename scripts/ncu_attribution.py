@@ -11,7 +11,7 @@ scripts/fa3_fp8_speed_ab.py's SETS table (``fa3-fp8:NAME``, NAME a variant of --
 quantised once before any call (random e4m3, block descales 0.05: scripts/fa3_fp8_gpu.py's fp8_inputs), so only the
 attention kernel runs in the profiled range. --profile: the --impl names whose third call is profiled (default all);
 the others are called as often outside any range (their outputs join the O comparison), so two configs of one kernel,
-whose names ncu cannot tell apart, go to two reports (scripts/ncu256_gpu.sh). --precompile: compile the fa3-fp8
+whose names ncu cannot tell apart, go to two reports (session 12's ncu256 run). --precompile: compile the fa3-fp8
 configs into the disk cache, one process each, on tiny inputs, and exit (run it without ncu). --causal: no (default), yes, or both (one
 profiled call each, non-causal first). Every call is made twice before its range (compile or disk-cache load, warm
 caches); only the third call is profiled, so under ``--profile-from-start off`` each implementation and causal mode

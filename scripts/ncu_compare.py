@@ -35,7 +35,7 @@ compares as kernel time.
 - turn: per kernel its ping-pong turn in the hot lines (the first BAR.SYNC whose next BAR is a BAR.ARV): the
   BAR.SYNC (waiting for the turn), each WARPGROUP.DEPBAR (a GMMA wait) and BAR.ARV on a row of their own, the runs
   between them as one row each (instruction count, the commonest opcodes); samples in % of fa4's warp time; then the
-  turn, its waits, the BAR.SYNC and the rest of the kernel side by side with their diffs (scripts/ncu256_gpu.sh: the
+  turn, its waits, the BAR.SYNC and the rest of the kernel side by side with their diffs (session 12's ncu256 run: the
   fa3-fp8 two-level turn's DEPBAR.LE 1 links).
 
 Two configs of one kernel (names ncu cannot tell apart) come from two reports: --ref-details / --ref-raw /

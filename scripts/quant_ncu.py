@@ -1,4 +1,4 @@
-"""One default-recipe quantisation call per pipeline under Nsight Compute (run by scripts/quantlanes_gpu.sh).
+"""One default-recipe quantisation call per pipeline under Nsight Compute (session 12's quantlanes run).
 
     ncu --kernel-name regex:QuantPass --launch-skip 6 --launch-count 6 ... python3 scripts/quant_ncu.py
 

@@ -1,4 +1,4 @@
-"""Small quantisation calls of pipeline v3 (and its variants) for compute-sanitizer (scripts/quantlanes_gpu.sh):
+"""Small quantisation calls of pipeline v3 (and its variants) for compute-sanitizer:
 
     compute-sanitizer --tool racecheck --error-exitcode 9 python3 scripts/quant_sanitize.py [--set quant4]
 

@@ -33,7 +33,6 @@
 #   steps_exit                a GPU script's last command: exit 1 after "== not passed: NAME (WHAT) ..." when a
 #                             step was noted, else exit 0. So the script's exit code is its steps', never its
 #                             closing summary's (a grep that found nothing exits 1, a tail 0 whatever happened).
-#   bandwidth_summary LOG     the quantisation scripts' closing lines of an fp8_quant_bandwidth.py log (below)
 #   unpack_before [DIR]       DIR (default .before) holds fa_variants_before (scripts/ab_checkout.sh): unpacked from
 #                             DIR.tar.xz (what a GPU call carries: [".gpu", ".before.tar.xz"]) when DIR lacks it;
 #                             rc 1 when neither is there (scripts/before_pkg.py).
@@ -116,33 +115,6 @@ steps_exit() {
   [[ -n ${STEP_FAILED:-} && -s $STEP_FAILED ]] && failed=$(paste -sd ' ' "$STEP_FAILED")
   if [[ -n $failed ]]; then echo "== not passed: $failed"; exit 1; fi
   exit 0
-}
-
-# racecheck_bg SET LIMIT: scripts/quant_sanitize.py --set SET under compute-sanitizer's racecheck in the background
-# (the caller's `wait` joins it; the GPU tests run beside it), its rc and last lines in $LOGS/sanitize.log; an rc other
-# than 0 is noted for steps_exit as "racecheck"
-racecheck_bg() {
-  local san; san=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
-  { r=$(timeout -s INT "$2" "$san" --tool racecheck --error-exitcode 9 python3 scripts/quant_sanitize.py --set "$1" 2>&1)
-    rc=$?; echo "rc=$rc racecheck"; echo "$r" | tail -n 10; (( rc == 0 )) || step_failed racecheck "rc=$rc"
-  } > "$LOGS/sanitize.log" 2>&1 &
-}
-
-# bandwidth_summary LOG: the lines of a scripts/fp8_quant_bandwidth.py log the quantisation scripts print at their
-# end (the device copy's rate, any mismatch, then its A/B table; the log's last 20 lines when it has none)
-bandwidth_summary() {
-  grep -E "^device copy|MISMATCH|DIFF" "$1" | head -10
-  sed -n '/^A\/B /,$p' "$1" | grep . || tail -20 "$1"
-}
-
-# quant_summary DIR: the closing lines of the quantisation scripts (quant8, quantlanes): commit and GPU, the
-# precompile's result, the GPU tests' result, the racecheck summary, then bandwidth_summary; logs under DIR
-quant_summary() {
-  stop_clocks; cat "$1/commit.txt" "$1/gpu.txt"
-  grep -E "precompile:|FAILED" "$1/precompile.log" | head -6
-  echo "-- gpu_tests"; grep -E "^FAILED|passed|failed|error" "$1/gpu_tests.log" | tail -8
-  grep -E "RACECHECK SUMMARY|CALLS|DIFF|^rc=" "$1/sanitize.log"
-  bandwidth_summary "$1/bandwidth.log"
 }
 
 pack_logs() {

@@ -1189,21 +1189,6 @@ def test_pending_runs_named_scripts_and_the_checks(tmp_path):
     assert run.returncode == 1 and "== bad: rc=3" in run.stdout and "== stub: rc=0" in run.stdout, run.stdout
     assert run.stdout.splitlines()[-1] == "== not passed: bad (rc=3)", run.stdout
 
-def test_steps_sh_bandwidth_summary(tmp_path):
-    """steps.sh bandwidth_summary (the quantisation scripts' closing lines): the device copy and mismatch lines, then
-    the log from its first "A/B " line on; a log without an A/B table gives its last 20 lines."""
-    with_ab = tmp_path / "ab.log"
-    with_ab.write_text("noise\ndevice copy (2 GiB read): 1.0 ms\nrow\nA/B deff vs def\n  D=256 0.9\n")
-    plain = tmp_path / "plain.log"
-    plain.write_text("".join(f"line {i}\n" for i in range(30)))
-    steps = ROOT / "scripts" / "steps.sh"
-    run = subprocess.run(["bash", "-c", f'source "{steps}"; bandwidth_summary "{with_ab}"; echo ==; '
-                          f'bandwidth_summary "{plain}"'], capture_output=True, text=True, timeout=30)
-    first, second = run.stdout.split("==\n")
-    assert first == "device copy (2 GiB read): 1.0 ms\nA/B deff vs def\n  D=256 0.9\n"
-    assert second.splitlines() == [f"line {i}" for i in range(10, 30)]
-
-
 def test_before_archive_packs_and_unpacks_where_only_it_was_carried(tmp_path):
     """scripts/before_pkg.py (scripts/ab_checkout.sh's archive of .before, what a GPU call carries): --pack writes
     DIR.tar.xz without __pycache__, the same bytes twice; steps.sh's unpack_before and before_dir (ab_bench.py)
@@ -1314,11 +1299,11 @@ def test_ncu_stalls_summary(tmp_path, capsys, monkeypatch):
     assert mod.main() == 0 and "no stall summary: FileNotFoundError" in capsys.readouterr().out
 
 
-def test_quantlanes_script_sets():
-    """scripts/quantlanes_gpu.sh's pieces on the CPU: the bandwidth label defw (the current default + V3_WIDE, a real
-    quant_host switch), the precompile set (the default at D 64 / 128, default and wide at 256 for the default,
-    no-smooth and head-smooth recipes: what its bandwidth rows and GPU tests run), the sanitizer's set, its -k selecting
-    the 4 test_v3_wide_bitwise cases, and its bandwidth step's rc being whether every row matched (not the 70% target)."""
+def test_quantlanes_set():
+    """quant_precompile.py --set quantlanes (session 12's V3_WIDE A/B; bench/NOTES.md, Session 12 outcomes): the
+    bandwidth label defw (the module's default, V3_WIDE on), the precompile set (the default at D 64 / 128, default and
+    wide at 256 for the default, no-smooth and head-smooth recipes) with real quant_host switches, and
+    quant_sanitize.py's set of the same name."""
     from fa_variants.fp8 import quant_host
 
     bw = load_script("fp8_quant_bandwidth")
@@ -1330,16 +1315,6 @@ def test_quantlanes_script_sets():
     assert pre.QUANTLANES_KNOBS["wide"] == {**pre.QUANTLANES_KNOBS["defaultql"], "V3_WIDE": True}
     assert all(hasattr(quant_host, n) for n in pre.QUANTLANES_KNOBS["wide"])
     assert '"quantlanes": [("wide"' in (ROOT / "scripts" / "quant_sanitize.py").read_text()
-    text = (ROOT / "scripts" / "quantlanes_gpu.sh").read_text()
-    assert "--set quantlanes" in text and "--ab def:defw" in text and "racecheck_bg quantlanes" in text
-    expr = re.search(r'-k "([^"]+)"', text).group(1)
-    collect = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                              "tests/test_fp8_quant_kernel.py", "-k", expr], capture_output=True, text=True,
-                             timeout=120, cwd=ROOT)
-    ids = [line for line in collect.stdout.splitlines() if "::" in line]
-    assert len(ids) == 4 and all("test_v3_wide_bitwise" in i for i in ids), ids
-    assert 'grep -q "match the torch recipe: True"' in text and '! grep -q "match the torch recipe: False"' in text
-
 
 
 def test_quantdef_set_and_check_selection():
@@ -1365,12 +1340,12 @@ def test_quantdef_set_and_check_selection():
     assert bw.PIPES["def11"] == ("v3", {**bw.PIPES["def"][1], "V3_WIDE": False, "QUANT_PLANS": False})
 
 
-def test_quantbw_script_and_measures():
-    """scripts/quantbw_gpu.sh's pieces on the CPU: fp8_quant_bandwidth.py's back-to-back reading (per-position median
+def test_quantbw_set_and_measures():
+    """fp8_quant_bandwidth.py's measures (session 12's quantbw run; bench/NOTES.md, Session 12 outcomes) on the CPU: fp8_quant_bandwidth.py's back-to-back reading (per-position median
     durations, start-to-start period, the gap before each kernel; no pattern when the kernels do not divide into
     calls), the per-pass shares read from it, the A/B line with the graph ratio and host ms, the graph / end-to-end
     tables, the defn / defwn labels (V2_PDL off), defp (QUANT_PLANS), --skip PIPE:RECIPE:SHAPE and --shapes in --plan,
-    the precompile set (quantlanes' passes + both at D 256 without PDL), and the script's flags and correctness grep."""
+    and quant_precompile.py --set quantbw (quantlanes' passes + both at D 256 without PDL)."""
     bw = load_script("fp8_quant_bandwidth")
     events, t = [], 0.0
     for call in range(6):  # V+Ksum, torch's sum, K, Q; K and Q start 1 us before their predecessor's end (PDL)
@@ -1401,10 +1376,6 @@ def test_quantbw_script_and_measures():
     tasks = pre.tasks("quantbw")
     assert tasks[:8] == pre.tasks("quantlanes") and len(tasks) == len(set(tasks)) == 10
     assert pre.QUANTBW_KNOBS["widenopdl"] == {**pre.QUANTLANES_KNOBS["wide"], "V2_PDL": False}
-    text = (ROOT / "scripts" / "quantbw_gpu.sh").read_text()
-    for flag in ("--set quantbw", "--graph", "--b2b", "--host-profile", "--ab def:defw,def:defn,defn:defwn,def:defp",
-                 'grep -q "match the torch recipe: True"', '-k "test_v3_wide_bitwise"'):
-        assert flag in text, flag
     proc = subprocess.run([sys.executable, "scripts/fp8_quant_bandwidth.py", "--plan", "--shapes", "D=256,D=128 GQA",
                            "--pipelines", "def,defwn", "--skip", "defwn:default:D=128 GQA"],
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
@@ -1413,19 +1384,19 @@ def test_quantbw_script_and_measures():
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert bad.returncode == 2 and "--shapes" in bad.stderr
 
-def test_ncu256_script_names_fp8turn_variants():
-    """scripts/ncu256_gpu.sh profiles fa3-fp8 configs by name: every fa3-fp8:NAME it runs is a head_dim 256 variant of
-    scripts/fa3_fp8_speed_ab.py's SETS["fp8turn"] (new: the default; single_overlap_noskip: one accumulator, no skip),
-    and scripts/ncu_attribution.py's --impl accepts exactly those names (an unknown one: ValueError naming --impl)."""
-    text = (ROOT / "scripts" / "ncu256_gpu.sh").read_text()
-    names = set(re.findall(r"fa3-fp8:([a-z0-9_]+)", text))
-    assert names == {"new", "single_overlap_noskip"}, names
+def test_ncu_attribution_names_fp8turn_variants():
+    """scripts/ncu_attribution.py profiles fa3-fp8 configs by name (session 12's ncu256 run: new vs
+    single_overlap_noskip at head_dim 256): its default set is scripts/fa3_fp8_speed_ab.py's SETS["fp8turn"] (new: the
+    default; single_overlap_noskip: one accumulator, no skip), and --impl accepts exactly those names (an unknown or
+    repeated one, or a name without a set: ValueError naming --impl)."""
+    names = {"new", "single_overlap_noskip"}
     variants = load_script("fa3_fp8_speed_ab").SETS["fp8turn"].variants[256]
     assert names <= set(variants) and variants["new"] == {}
     assert variants["single_overlap_noskip"]["skip_unit_rescale"] is False
     assert variants["single_overlap_noskip"]["two_level"] is False
     att = load_script("ncu_attribution")
-    assert att.fp8_variants("fp8turn", 256) == variants and "--fp8-set" not in text  # the default set
+    assert att.fp8_variants("fp8turn", 256) == variants
+    assert '"--fp8-set", default="fp8turn"' in (ROOT / "scripts" / "ncu_attribution.py").read_text()
     spec = "fa3-fp8:new,fa3-fp8:single_overlap_noskip"
     assert att.impl_list(spec, variants) == ["fa3-fp8:new", "fa3-fp8:single_overlap_noskip"]
     for bad in ("fa3-fp8:nope", "fa3-fp8:new,fa3-fp8:new", "fa3-fp8:new"):
