@@ -21,7 +21,6 @@ N=2048, causal and not: rel-L2 of the kernel vs ``emulate_fp8_attention`` (defau
 emulation vs float64 with the old 128-key K/V scale blocks (what the 256-key blocks cost in accuracy).
 ``--test-stats FILE``: the JSON lines tests/test_fa3_fp8_gpu.py wrote (FA_VARIANTS_FP8_STATS), summarised.
 
-    scripts/fa3_fp8_ab_gpu.sh            (the whole run: precompile, GPU tests, A/B; ~3-4 min on one H200)
     python3 scripts/fa3_fp8_speed_ab.py --plan       (what would run; no GPU needed)
     python3 scripts/fa3_fp8_speed_ab.py --quick      (D=128, N=4k, non-causal, 3 rounds: a smoke run)
 
@@ -60,7 +59,7 @@ VARIANTS: dict[int, dict[str, dict]] = {
     256: {"new": {}, "old": dict(pv_split=2, pv_buffers=1, **NO_LOOKAHEAD),
           "single": dict(two_level=False, pv_split=1, pv_buffers=1, **NO_LOOKAHEAD)},
 }
-# --set fp8speed (scripts/fp8speed_gpu.sh): the speed switches of issue 10, each off by default, beside the
+# --set fp8speed (session 4): the speed switches of issue 10, each off by default, beside the
 # current default ("new") and the single accumulator ("single": the two-level cost). early: early_pv_arrive (the
 # ping-pong turn handed on right after the P V GEMM's issue: the drain and the promotion leave the turn); skip:
 # skip_unit_rescale (no O *= alpha when no row max of the thread moved: the promotion is one FFMA per element);
@@ -75,7 +74,7 @@ SPEED_VARIANTS: dict[int, dict[str, dict]] = {
           "early": dict(early_pv_arrive=True, **NO_LOOKAHEAD), "skip": dict(skip_unit_rescale=True),
           "early_skip": dict(early_pv_arrive=True, skip_unit_rescale=True, **NO_LOOKAHEAD)},
 }
-# --set fp8flip (scripts/fp8flip_gpu.sh): the session-5 defaults ("new": skip_unit_rescale on everywhere,
+# --set fp8flip (session 5): the session-5 defaults ("new": skip_unit_rescale on everywhere,
 # promote_every 4 at head_dim 64) against the previous ones ("old"), the descale_prefetch switch (off), and the single
 # accumulator (the two-level cost); at 256 also the single accumulator with intra-warpgroup overlap (its registers
 # fit without a temporary: how fast the shared part of the kernel gets).
@@ -89,7 +88,7 @@ FLIP_VARIANTS: dict[int, dict[str, dict]] = {
           "single": dict(two_level=False, pv_split=1, pv_buffers=1, **NO_LOOKAHEAD),
           "single_overlap": dict(two_level=False, pv_split=1, pv_buffers=1, intra_wg_overlap=True, **NO_LOOKAHEAD)},
 }
-# --set fp8small (scripts/fp8small_gpu.sh, session 6): head_dim 64 and 128 only. c4: reduce_chains=4 (the row max in
+# --set fp8small (session 6): head_dim 64 and 128 only. c4: reduce_chains=4 (the row max in
 # four FMNMX chains and, new in the block-scaled softmax, the row sum in four FADD chains: the loop's latency path,
 # read in the SASS, 562 -> 474 cycles at 64 and 694 -> 510 at 128, same instruction counts); pf: descale_prefetch;
 # skip: skip_unit_rescale; tn192s (64): 192 x 192 tiles, serial steps (three warpgroups; with
@@ -112,7 +111,7 @@ FP8SMALL_VARIANTS: dict[int, dict[str, dict]] = {
           "single_c4": dict(two_level=False, reduce_chains=4),
           "single_m192_c4": dict(two_level=False, tile_m=192, tile_n=128, reduce_chains=4)},
 }
-# --set fp8d256 (scripts/fp8d256_gpu.sh, session 6): head_dim 256 schedules that keep two-level accumulation. new: the
+# --set fp8d256 (session 6): head_dim 256 schedules that keep two-level accumulation. new: the
 # default since that run (128 x 128, s_lookahead with s_halves: S as two 64-key halves in the two temporaries'
 # registers, half 0 issued after the slice before the last, the last slice promoted under it; the run's
 # "look128_halves"); old: the serial default before (NO_LOOKAHEAD). lookNN: s_lookahead (the next S GEMM issued in the
@@ -129,7 +128,7 @@ D256_VARIANTS: dict[int, dict[str, dict]] = {
           "single64_overlap": dict(tile_n=64, two_level=False, pv_split=1, pv_buffers=1, intra_wg_overlap=True,
                                    **NO_LOOKAHEAD)},
 }
-# --set fp8d256b (scripts/fp8d256b_gpu.sh, session 7): what the S GEMM as two 64-key MMAs costs (the default's s_halves:
+# --set fp8d256b (session 7): what the S GEMM as two 64-key MMAs costs (the default's s_halves:
 # Q read from shared memory twice, 128 B/clk of operand reads per k32 step against 96 for one 128-key MMA). new: the
 # default; old: the serial two-level default before it (S in one MMA); old_halves: old with S in two halves;
 # single: one running accumulator, serial steps (old without the slices and promotions: with old, what the promotions
@@ -142,7 +141,7 @@ D256B_VARIANTS: dict[int, dict[str, dict]] = {
           "single_overlap_halves": dict(two_level=False, pv_split=1, pv_buffers=1, intra_wg_overlap=True,
                                         **{**NO_LOOKAHEAD, "s_halves": True})},
 }
-# --set fp8mid (scripts/fp8mid_gpu.sh, session 7): the P V GEMM of a warpgroup overlapped with its own softmax at head_dim
+# --set fp8mid (session 7): the P V GEMM of a warpgroup overlapped with its own softmax at head_dim
 # 128 and 64. ovNNN: intra-warpgroup overlap, tile_n NNN (the SASS has the P V GEMM's wait before the exponentials:
 # no overlap); m192: 192 query rows; lookNNNh: the head_dim 256 lookahead schedule (s_lookahead with S as two halves
 # in the two P V temporaries); c4: reduce_chains=4; m192_c4: session 6's serial 192 x 128; single*: one running
@@ -157,7 +156,7 @@ FP8MID_VARIANTS: dict[int, dict[str, dict]] = {
           "m192_look128h_c4": dict(_LOOK, tile_m=192, tile_n=128),
           "single_m192_c4": dict(two_level=False, tile_m=192, tile_n=128, reduce_chains=4)},
 }
-# --set fp8d128 (scripts/fp8d128_gpu.sh, session 7): the best two-level 128 schedule of fp8mid (m192_look128h_c4: 192 x 128,
+# --set fp8d128 (session 7): the best two-level 128 schedule of fp8mid (m192_look128h_c4: 192 x 128,
 # s_lookahead with S in two halves) lost at N 4k causal (694 against the default's 727 TFLOP/s) because 4096 is not a
 # multiple of 192: the last query tile holds 64 rows but, under causal masking, is the longest one (all 32 K/V tiles).
 # tail: q_tail_first (the partial tile first, where it is the shortest; causal only, a non-causal call is unchanged);
@@ -165,7 +164,7 @@ FP8MID_VARIANTS: dict[int, dict[str, dict]] = {
 # q_tail_first (with tile_n = tile_m = 192 the shift gains nothing: the key tiles stay aligned at 0, so the diagonal
 # tiles after the shift waste what the partial tile did; at 192 x 128 the shifted diagonal falls on a key tile edge).
 # Session 8: q_tail_first's tile 0 starts at row 0 (session 7's started at row -shift: "illegal instruction" in every
-# causal call); scripts/fp8d128_gpu.sh now times head_dim 128 only (--head-dims 128) and GPU-tests tn128_tail beside it
+# causal call); session 8's fp8d128 run timed head_dim 128 only (--head-dims 128) and GPU-tested tn128_tail beside it
 # (FP8D128_TEST_KERNELS).
 FP8D128_VARIANTS: dict[int, dict[str, dict]] = {
     64: {"new": {}, "m128_tn256": dict(tile_m=128, tile_n=256),
@@ -175,7 +174,7 @@ FP8D128_VARIANTS: dict[int, dict[str, dict]] = {
           "m192_look128h_c4_tail_skip": dict(FP8MID_VARIANTS[128]["m192_look128h_c4"], q_tail_first=True,
                                              skip_unit_rescale=True)},
 }
-# --set fp8two (scripts/fp8two_gpu.sh, session 8): the two-level cost at head_dim 256. new: the default (two-level,
+# --set fp8two (session 8): the two-level cost at head_dim 256. new: the default (two-level,
 # s_lookahead with S in two halves; since session 9 fused_promote with reduce_chains 2, session 8's "fused_c2": O kept
 # in units of v_descale, O *= alpha folded into the promotion, O = alpha' O + tmp, one FFMA per element, no FMUL block
 # before the turn; the row max / row sum chains 33 / 31 -> 18 / 16 deep); fused: fused_promote with one chain; old: the
@@ -190,7 +189,7 @@ FP8TWO_VARIANTS: dict[int, dict[str, dict]] = {
 # head_dim 256 two-level cost against both references. new: the default (two-level, s_lookahead with S in two halves,
 # fused_promote, reduce_chains 2); single_overlap: one running accumulator with intra-warpgroup overlap and one chain
 # (session 8's reference); single_overlap_c2: the same with reduce_chains 2 (the default's chains: the fair reference);
-# single_overlap_noskip (session 11, scripts/twolevel_gpu.sh): single_overlap with skip_unit_rescale off (O *= alpha on
+# single_overlap_noskip (session 11): single_overlap with skip_unit_rescale off (O *= alpha on
 # every tile, as the default's promotion FFMA is: is the skip the two-level cost?).
 FP8TURN_VARIANTS: dict[int, dict[str, dict]] = {
     256: {"new": {}, "single_overlap": dict(D256_VARIANTS[256]["single_overlap"], reduce_chains=1),
@@ -233,14 +232,14 @@ SETS: dict[str, VariantSet] = {
         VARIANTS,
         "TFLOP/s, median of rounds (spread = (max - min) / median over rounds). new / old / single: fa3-fp8 "
         "(quantised inputs); bf16_fa3: ours; flash_attn_4: flash-attn-4 bf16.",
-        "new vs old defaults (scripts/fa3_fp8_ab_gpu.sh)",
+        "new vs old defaults (session 4)",
         speed=False),
     "fp8speed": VariantSet(
         SPEED_VARIANTS,
         "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs; new = the default then; single* = "
         "one running accumulator; early = early_pv_arrive; skip = skip_unit_rescale; promote4 = "
         "promote_every=4; bf16_fa3 = ours; flash_attn_4 = flash-attn-4 bf16.",
-        "the speed switches (SPEED_VARIANTS, scripts/fp8speed_gpu.sh)"),
+        "the speed switches (SPEED_VARIANTS, session 4)"),
     "fp8flip": VariantSet(
         FLIP_VARIANTS,
         "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs; new = the defaults "
@@ -248,7 +247,7 @@ SETS: dict[str, VariantSet] = {
         "promote_every 1); prefetch = new + descale_prefetch; single* = one running accumulator "
         "(single_overlap: with intra-warpgroup overlap); bf16_fa3 = ours; flash_attn_4 = flash-attn-4 bf16.",
         "the session-5 defaults vs the previous ones and descale_prefetch (FLIP_VARIANTS, "
-        "scripts/fp8flip_gpu.sh)"),
+        "session 5)"),
     "fp8small": VariantSet(
         FP8SMALL_VARIANTS,
         "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs; new = the default (64: tn192s_c4 "
@@ -257,7 +256,7 @@ SETS: dict[str, VariantSet] = {
         "early = early_pv_arrive; s2 = P V in two slices of d, two temporaries; tn192s = 192 x 192 serial; "
         "m192 = 192 x 128 serial, three warpgroups; single* = one running accumulator with the same switches; "
         "bf16_fa3 = ours; flash_attn_4 = flash-attn-4 bf16.",
-        "head_dim 64/128 softmax chains, prefetch (FP8SMALL_VARIANTS, scripts/fp8small_gpu.sh)",
+        "head_dim 64/128 softmax chains, prefetch (FP8SMALL_VARIANTS, session 6)",
         two_level_targets=True),
     "fp8mid": VariantSet(
         FP8MID_VARIANTS,
@@ -266,7 +265,7 @@ SETS: dict[str, VariantSet] = {
         "intra-warpgroup overlap with tile_n NNN; m192 = 192 query rows; lookNNNh = s_lookahead, S as two "
         "halves; c4 = reduce_chains=4; single* = one running accumulator; bf16_fa3 = ours; flash_attn_4 = "
         "flash-attn-4 bf16.",
-        "head_dim 64/128 P V overlap, lookahead (FP8MID_VARIANTS, scripts/fp8mid_gpu.sh)",
+        "head_dim 64/128 P V overlap, lookahead (FP8MID_VARIANTS, session 7)",
         per_variant_errors=True, two_level_targets=True),
     "fp8d128": VariantSet(
         FP8D128_VARIANTS,
@@ -276,7 +275,7 @@ SETS: dict[str, VariantSet] = {
         "(causal: the partial query tile first); skip = skip_unit_rescale; m128_tn256 = 128 x 256 serial; "
         "tn128 = tile_n 128 (192 x 128 serial); bf16_fa3 = ours.",
         "q_tail_first on the 192-row schedules, 128 x 256 at 64 (FP8D128_VARIANTS, "
-        "scripts/fp8d128_gpu.sh)",
+        "session 7)",
         per_variant_errors=True, two_level_targets=True),
     "fp8d256": VariantSet(
         D256_VARIANTS,
@@ -285,7 +284,7 @@ SETS: dict[str, VariantSet] = {
         "halves); old = the serial default before; lookNN = s_lookahead with tile_n NN (_p8: eight P V "
         "slices, _stK: K stages); serial64 = tile_n 64, old schedule; single* = one running accumulator with "
         "intra-warpgroup overlap; bf16_fa3 = ours; flash_attn_4 = flash-attn-4 bf16.",
-        "head_dim 256 two-level schedules (D256_VARIANTS, scripts/fp8d256_gpu.sh)"),
+        "head_dim 256 two-level schedules (D256_VARIANTS, session 6)"),
     "fp8d256b": VariantSet(
         D256B_VARIANTS,
         "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs, head_dim 256, 128 x 128 tiles; new "
@@ -293,7 +292,7 @@ SETS: dict[str, VariantSet] = {
         "serial two-level default before (S in one 128-key MMA); *_halves = the same with S in two 64-key "
         "MMAs (s_halves alone); single = one running accumulator, serial steps; single_overlap* = one running "
         "accumulator with intra-warpgroup overlap; bf16_fa3 = ours; flash_attn_4 = flash-attn-4 bf16.",
-        "what S in two 64-key halves costs (D256B_VARIANTS, scripts/fp8d256b_gpu.sh)"),
+        "what S in two 64-key halves costs (D256B_VARIANTS, session 7)"),
     "fp8two": VariantSet(
         FP8TWO_VARIANTS,
         "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs, head_dim 256, 128 x 128 tiles; new "
@@ -301,7 +300,7 @@ SETS: dict[str, VariantSet] = {
         "units of v_descale, O = alpha' O + tmp, one FFMA per element and tile; reduce_chains 2); fused = "
         "fused_promote with one chain; old = the default before session 9 (skip_unit_rescale, no fused_promote); "
         "single_overlap = one running accumulator with intra-warpgroup overlap; bf16_fa3 = ours.",
-        "head_dim 256 fused_promote (FP8TWO_VARIANTS, scripts/fp8two_gpu.sh)",
+        "head_dim 256 fused_promote (FP8TWO_VARIANTS, session 8)",
         per_variant_errors=True, two_level_targets=True),
     "fp8turn": VariantSet(
         FP8TURN_VARIANTS,
@@ -310,7 +309,7 @@ SETS: dict[str, VariantSet] = {
         "reduce_chains 2); single_overlap = one running accumulator with intra-warpgroup overlap, one chain (_c2: two "
         "chains, the fair reference; _noskip: skip_unit_rescale off, O *= alpha on every tile); bf16_fa3 = ours.",
         "head_dim 256 two-level cost against one running accumulator with one / two chains, with and without the "
-        "unit-rescale skip (FP8TURN_VARIANTS, scripts/twolevel_gpu.sh)",
+        "unit-rescale skip (FP8TURN_VARIANTS, session 11)",
         per_variant_errors=True, two_level_targets=True),
     "twolvl3": VariantSet(
         TWOLVL3_VARIANTS,
@@ -421,7 +420,7 @@ def compile_jobs(head_dims, causals, tests: bool = True, variant_set: str = "ab"
         work += [("recipe", 128, False, ("bfloat16", spec)) for spec in (("tensor", False, False, True),
                                                                           ("block", True, False, True),
                                                                           ("block", True, True, False))]
-    elif tests and variant_set == "fp8flip":  # scripts/fp8flip_gpu.sh runs test_every_recipe at head_dim 64 only
+    elif tests and variant_set == "fp8flip":  # session 5's fp8flip run: test_every_recipe at D 64 only
         work += [("recipe", 64, True, ("float16", spec)) for spec in TEST_RECIPES]
     return list(dict.fromkeys((kind, d, c, _freeze(ch)) for kind, d, c, ch in work))  # unique, in order
 

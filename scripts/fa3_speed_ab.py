@@ -14,9 +14,9 @@ third round (`o-before-pv`: O rescaled under the next S GEMM, flash-attn-4's Res
 "Issue 12, round 3"); issue 12's fourth round (bench/NOTES.md, "Issue 12, round 4":
 flash-attn-4's sm90 choices that ours lacked, and C++ FA3's); the per-tile instruction gap (`FA3GAP`: basis,
 basis-kv1, basis-256 beside fa4-256; bench/NOTES.md, "Issue 12, SASS gap"); session 6's
-persistent grid (`PERSIST`: `persistent`, Sm90Config.persistent at D 64/128/256; scripts/persist_gpu.sh);
-session 8's O rescale under the exponentials (`ALPHA`: `alpha`, Sm90Config.alpha_first, and `alpha-noskip` at D 64;
-scripts/fa3gap8_gpu.sh); session 8's D 256 comparison (`GAP9`: `alpha-256` beside fa4-256; run in session 9 with
+persistent grid (`PERSIST`: `persistent`, Sm90Config.persistent at D 64/128/256);
+session 8's O rescale under the exponentials (`ALPHA`: `alpha`, Sm90Config.alpha_first, and `alpha-noskip` at D 64);
+session 8's D 256 comparison (`GAP9`: `alpha-256` beside fa4-256; run in session 9 with
 pairs-256, which became the D 256 default); session 12's descriptors built once per tile, out of the ping-pong turn
 (`TURN`: `turn`, Sm90Config.hoisted_descriptors at D 128; on in D 64's default since session 12, where it was timed;
 `noturn` there is the default before).

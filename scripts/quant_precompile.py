@@ -17,7 +17,7 @@ import concurrent.futures as cf
 import time
 
 RECIPES = ("default", "no-smooth", "head", "head-smooth", "tensor-plain")
-# scripts/quant4_gpu.sh's set (--set quant4): v3 (the new default) and v1 (the old) in the bandwidth table and the
+# --set quant4 (session 6's v3 flip): v3 (the new default) and v1 (the old) in the bandwidth table and the
 # tests it runs, v3 with the staged mean (V3_STAGED_MEAN, + the fused mean) and the sampled mean
 # (FP8Config(smooth_k_blocks=8))
 HEAD_DIMS = (64, 128, 256)
@@ -25,11 +25,10 @@ HEAD_DIMS = (64, 128, 256)
 
 def tasks(which: str = "quant3") -> list[tuple[str, str, int, str]]:
     """(pipeline, dtype, head_dim, recipe): the superset of the test matrix (CASES) and the bandwidth script
-    (which "quant3"), or what scripts/quant4_gpu.sh / quant5_gpu.sh run (which "quant4" / "quant5":
-    v3 as default, with and without the staged store, V3_STAGED_STORE), or
-    scripts/quant8_gpu.sh's (which "quant8": the current default, + V3_FUSED_MEAN, + V3_FUSED_MEAN_LATE), or
-    scripts/quantlanes_gpu.sh's (which "quantlanes": the current default and + V3_WIDE at head_dim 256), or
-    scripts/quantbw_gpu.sh's (which "quantbw": quantlanes' and both at head_dim 256 with V2_PDL off), or
+    (which "quant3"), or the sets of the finished experiments named after them (bench/NOTES.md, Sessions 6-8 and 12):
+    "quant4" / "quant5" (v3 as default, with and without the staged store, V3_STAGED_STORE), "quant8" (the
+    then default, + V3_FUSED_MEAN, + V3_FUSED_MEAN_LATE), "quantlanes" (the then default and + V3_WIDE at head_dim
+    256), "quantbw" (quantlanes' and both at head_dim 256 with V2_PDL off), or
     the GPU check of session 12's quant defaults (which "quantdef": the default recipe in bf16 at head_dim 64 / 128 /
     256 with the module's defaults, V3_WIDE on since then, and the narrow pass at 256 beside it: the passes of
     tests/test_fp8_quant_kernel.py -k "(test_pass_matches_torch_bitwise and v3-bfloat16-default) or
@@ -61,7 +60,7 @@ def tasks(which: str = "quant3") -> list[tuple[str, str, int, str]]:
     out = []
     for d in HEAD_DIMS:
         # v2: the default recipe only (tests/test_fp8_quant_kernel.py::test_v3_equals_v2_bitwise, the ablation;
-        # scripts/quant3_gpu.sh skips v2's other test cases, unchanged since their last GPU run)
+        # session 6's quant3 run skipped v2's other test cases, unchanged since their last GPU run)
         out += [("v2", "bf16", d, "default")]
         out += [("v3", "bf16", d, r) for r in RECIPES if r != "head"] + [("v3", "fp16", d, "default")]
         out += [("v1", "bf16", d, r) for r in RECIPES if r != "head-smooth"] + [("v1", "fp16", d, "default"),

@@ -1,6 +1,6 @@
 """fa2's head_dim 256 tile variants (``fa2.D256_CONFIGS``, FA_VARIANTS_FA2_D256) on the CPU: the switch picks the
 tiles, bad names fail with one line, the one-stage K/V pipeline is accepted, and the one-stage variant compiles for
-sm_80 without register spills (the GPU checks: tests/test_fa2_gpu.py -k d256, scripts/fa2d256_gpu.sh)."""
+sm_80 without register spills (the GPU checks: tests/test_fa2_gpu.py -k d256; timing: scripts/fa2d256_ab.py)."""
 import pytest
 
 from fa_variants.ampere import fa2

@@ -137,7 +137,7 @@ def test_grid_limit_raises_before_launch():
         fa2.run(q, k, v, causal=False, softmax_scale=0.125)
 
 
-# ----- head_dim 256 tile variants (fa2.D256_CONFIGS; scripts/fa2d256_gpu.sh) --------------------------------------
+# ----- head_dim 256 tile variants (fa2.D256_CONFIGS; scripts/fa2d256_ab.py) ---------------------------------------
 D256_SHAPES = [(2, 113, 113, 4, 4), (1, 300, 77, 4, 2), (2, 65, 1000, 4, 1), (1, 1023, 1023, 2, 2)]
 
 

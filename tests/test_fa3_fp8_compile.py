@@ -205,7 +205,8 @@ def test_block_scaled_softmax_chains_and_three_warpgroups():
 def test_q_tail_first_compiles_without_spills():
     """q_tail_first (causal: tiles 1.. moved back by the shift, tile 0 from row 0 sharing the shift rows with tile 1;
     session 8: no TMA coordinate below row 0, common.mask.BlockInfo.q_row_start) on the head_dim 64 192 x 128 serial
-    tiles GPU-tested by scripts/fp8d128_gpu.sh: no spills, both TMA directions, both mainloops (masked and free)."""
+    tiles GPU-tested beside fa3_fp8_speed_ab.py --set fp8d128: no spills, both TMA directions, both mainloops (masked
+    and free)."""
     cfg = dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[64], tile_n=128, q_tail_first=True)
     counts = cubin.count_sass(_sass(cfg, head_dim=64, causal=True))
     assert counts["LDL"] == counts["STL"] == 0 and counts["UTMALDG"] > 0 and counts["UTMASTG"] > 0, counts

@@ -152,7 +152,7 @@ def test_d256_set_covers_the_gpu_tests():
 
 
 def test_d256b_set_covers_the_gpu_tests():
-    """--set fp8d256b (scripts/fp8d256b_gpu.sh): the session-7 halves variants of tests/test_fa3_fp8_lookahead_gpu.py
+    """--set fp8d256b: the session-7 halves variants of tests/test_fa3_fp8_lookahead_gpu.py
     timed under the same names, beside the default, single_overlap and the serial two-level schedule they modify."""
     from helpers import load_script
     import test_fa3_fp8_lookahead_gpu as gpu_tests

@@ -5,7 +5,7 @@ A/B (tests/test_fa3_fp8_gpu.py runs it), so here "old" is the serial default bef
 the A/B times beside them (the old schedule, the single accumulator with intra-warpgroup overlap). The names are those of scripts/fa3_fp8_speed_ab.py ``D256_VARIANTS``.
 
 Session 7 (``HALVES_VARIANTS``): S as two 64-key MMAs without the lookahead, in the serial two-level schedule and in
-the single accumulator with intra-warpgroup overlap (what the halves cost; scripts/fp8d256b_gpu.sh).
+the single accumulator with intra-warpgroup overlap (what the halves cost; fa3_fp8_speed_ab.py --set fp8d256b).
 
 The kernel against its emulation on the same quantised inputs (default recipe, K/V scale blocks of the variant's
 tile_n, its accumulation told to the emulation), bounds of tests/test_fa3_fp8_gpu.py (rel-L2 <= 6e-3, LSE <= 1.5e-3

@@ -103,7 +103,7 @@ FP8TWO_VARIANTS = {
     "fp8two-d256-old": (256, dict(fused_promote=False, bounded_units=False, reduce_chains=1)),
 }
 
-# session 11, head_dim 256 (scripts/fa3_fp8_speed_ab.py FP8TURN_VARIANTS, "fp8turn-d256-<name>"; scripts/twolevel_gpu.sh):
+# session 11, head_dim 256 (scripts/fa3_fp8_speed_ab.py FP8TURN_VARIANTS, "fp8turn-d256-<name>", --set fp8turn):
 # the single accumulator with intra-warpgroup overlap and one chain, skip_unit_rescale off (O *= alpha on every tile)
 FP8TURN_VARIANTS = {
     "fp8turn-d256-single_overlap_noskip": (256, dict(two_level=False, pv_split=1, pv_buffers=1, intra_wg_overlap=True,

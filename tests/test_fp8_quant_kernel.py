@@ -385,7 +385,7 @@ CONFIGS = {"default": FP8Config(), "no-smooth": FP8Config(smooth_k=False),
            "tensor-plain": FP8Config(granularity="tensor", rotate=False, smooth_k=False)}
 # (pipeline, dtype, config): v1 as before (+ no-smooth, timed by scripts/fp8_quant_bandwidth.py); v2 in bf16
 # every config but "head" (its launches are head-smooth's without the mean), the default recipe in fp16 (the
-# dtype only changes the load's element type; fewer compiles keep scripts/quant_gpu.sh short)
+# dtype only changes the load's element type; fewer compiles keep the GPU tests' precompile short)
 CASES = ([("v1", dt, c) for dt in (torch.bfloat16, torch.float16) for c in ("default", "head", "tensor-plain")]
          + [("v1", torch.bfloat16, "no-smooth")]
          + [("v2", torch.bfloat16, c) for c in CONFIGS if c != "head"] + [("v2", torch.float16, "default")]
@@ -928,8 +928,8 @@ def test_wide_host_rule(monkeypatch):
 
 
 def test_wide_and_plans_on_by_default():
-    """Since session 12's H200 run (scripts/quantbw_gpu.sh) ``V3_WIDE`` and ``QUANT_PLANS`` are on by default; their
-    variables (read at import) turn them off with 0 / off and keep every other value's check."""
+    """Since session 12's H200 run (bench/NOTES.md, Session 12 outcomes) ``V3_WIDE`` and ``QUANT_PLANS`` are on by
+    default; their variables (read at import) turn them off with 0 / off and keep every other value's check."""
     import os
     import subprocess
     import sys

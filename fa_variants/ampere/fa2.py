@@ -83,7 +83,7 @@ SMALL_SMEM_CONFIGS = {256: Sm80Config(64, 32)}
 # two K/V stages ("s2") take 160 KiB of shared memory, so one SM holds one 4-warp CTA; at N <= 1k (8-16 K/V tiles
 # per CTA) its prologue (Q, the first K/V) and epilogue (O) run with nothing to hide them. Every variant below has
 # no spills (ptxas of nvidia-cutlass-dsl 4.8.1, sm_80 and sm_90a: 231-245 registers, LDL = STL = 0) and 8 warps
-# per SM. "default" is CONFIGS[256] (s1 since the H200 A/B of 2026-12-01, scripts/fa2d256_gpu.sh: s1 / SDPA flash
+# per SM. "default" is CONFIGS[256] (s1 since the H200 A/B of 2026-12-01, scripts/fa2d256_ab.py: s1 / SDPA flash
 # 1.045-1.211 on the 10 bf16 shapes N 512-16k, causal or not, 1.052 / 1.063 fp16 N 1k; s1 / s2 1.116-1.221).
 #   s1        64 x 64, 4 warps, one K/V stage (96 KiB): two CTAs per SM; FlashAttention-2 C++'s choice where an SM
 #             has >= 192 KiB (sm90), i.e. SDPA flash's own kernel shape on the H200. The default.
@@ -193,7 +193,7 @@ MAX_CTAS_PER_SM = 2
 SPLIT_KV_ENABLED = env.flag("FA_VARIANTS_SPLIT_KV", True)
 
 #: Whether a call without ``config=`` packs GQA at seqlen_q = 1 (``Sm80Config.pack_gqa``): on since the H200 run
-#: of 2026-12-01 (scripts/fa2split_gpu.sh, bf16 32:8 D128: packed 1.01-1.30x SDPA's GPU time at one query row,
+#: of 2026-12-01 (scripts/fa2split_bench.py, bf16 32:8 D128: packed 1.01-1.30x SDPA's GPU time at one query row,
 #: unpacked split 1.42-6.39x); FA_VARIANTS_FA2_PACK_GQA=0 turns it off, ``attention(pack_gqa=...)`` decides one call.
 PACK_GQA_ENABLED = env.flag("FA_VARIANTS_FA2_PACK_GQA", True)
 
@@ -203,7 +203,8 @@ PACK_GQA_ENABLED = env.flag("FA_VARIANTS_FA2_PACK_GQA", True)
 #: CTA's MMAs run on tile_m rows whatever seqlen_q is, so 64-row tiles halve the tensor-core work there. Model
 #: (bench/NOTES.md, "fa2 at seqlen_q 4 / 16"): B 8 Nq 4 Nk 1k 32:8 D 128 is 256 CTAs x 32 tiles x 2.1 MFLOP of
 #: 128-row MMAs, 53 us at ~330 TFLOP/s (measured 53.4); 64-row tiles 27-35 us (SDPA 31.8). Off
-#: (FA_VARIANTS_FA2_NARROW_DECODE=1: on) until an H200 A/B shows it (scripts/decode4_gpu.sh).
+#: (FA_VARIANTS_FA2_NARROW_DECODE=1: on); session 6's H200 run (scripts/fa2split_bench.py ``narrow``,
+#: bench/h200-2026-12-01-s6/fa2narrow.md): narrow / split 0.55-0.59, narrow / SDPA 0.96-1.12 (<= SDPA at 2 of 8 shapes).
 NARROW_DECODE = env.flag("FA_VARIANTS_FA2_NARROW_DECODE", False)
 NARROW_MAX_ROWS = 64
 

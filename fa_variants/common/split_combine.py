@@ -51,7 +51,7 @@ MERGE_PDL = env.flag("FA_VARIANTS_MERGE_PDL", False)
 #: Whether the merge runs as ``SplitMergeWarp`` (LSEs in registers, warp shuffles, no barrier: ``MergeConfig.warp``)
 #: instead of ``SplitMerge`` (LSEs staged in shared memory): None (FA_VARIANTS_MERGE_WARP=auto, the default) at
 #: MERGE_WARP_MIN_SPLITS splits or more (``warp_merge_for``), True / False (=1 / =0) always / never. H200, session 7
-#: (scripts/decode7_gpu.sh, fa3 decode, warp / shared-memory merge GPU time): 0.94-0.99 at 16 splits (8 shapes),
+#: (scripts/decode_ab.py --s7, fa3 decode, warp / shared-memory merge GPU time): 0.94-0.99 at 16 splits (8 shapes),
 #: 0.93 at 8, 1.07-1.10 at 2 (the warp kernel's extra loads cost more than the barrier it saves with few splits).
 #: Read at each call.
 MERGE_WARP: bool | None = env.auto_flag("FA_VARIANTS_MERGE_WARP")

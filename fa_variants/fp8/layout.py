@@ -48,9 +48,9 @@ KERNEL_TILES = {64: (192, 192), 96: (128, 128), 128: (128, 256), 256: (128, 128)
 
 # Tiles per promotion of the two-level accumulator in the kernel's default config by head_dim (the default
 # recipe's interval, ``FP8Config.promote_every=None``). 1 everywhere. At 64, every 4 tiles measured 1.04 / 0.99 /
-# 1.15 / 1.10x of every tile (H200, scripts/fp8speed_gpu.sh, N 4k / 4k causal / 16k / 16k causal) and then 1.03 /
-# 0.98 / 1.00 / 0.95x in the next session's A/B (scripts/fa3_fp8_speed_ab.py --set fp8flip): not shown, so not
-# the default. 128 (256-key tiles) and 256: an interval's temporary for the whole of head_dim does not fit in
+# 1.15 / 1.10x of every tile (H200, scripts/fa3_fp8_speed_ab.py --set fp8speed, N 4k / 4k causal / 16k / 16k
+# causal) and then 1.03 / 0.98 / 1.00 / 0.95x in the next session's A/B (--set fp8flip): not shown, so not the
+# default. 128 (256-key tiles) and 256: an interval's temporary for the whole of head_dim does not fit in
 # registers beside O and S there. The table is the one place to change it (kernel, recipe and emulation follow).
 KERNEL_PROMOTE_EVERY = {64: 1, 96: 1, 128: 1, 256: 1}
 

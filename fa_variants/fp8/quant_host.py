@@ -26,7 +26,8 @@ __all__ = ["PIPELINES", "DEFAULT_PIPELINE", "why_not", "quantize", "quantize_ten
 #: "v1" one launch per tensor, one block of loads in flight per CTA, K's mean by torch; "v2" (see the module
 #: docstring) ``V2_STAGES`` blocks in flight, K's mean as partial sums in V's launch, K's blocks read back to
 #: front; "v3" v2 with coalesced loads and head-major order. Default "v3": faster than v1 in every row of the
-#: H200 run of scripts/quant3_gpu.sh (bench/NOTES.md, session 6; its GPU tests and sanitizers clean).
+#: H200 run of session 6 (quant3: scripts/fp8_quant_bandwidth.py; bench/NOTES.md, Session 6 outcomes; its GPU tests
+#: and sanitizers clean).
 PIPELINES = ("v1", "v2", "v3")
 DEFAULT_PIPELINE = "v3"
 V2_STAGES = 3
@@ -55,12 +56,15 @@ V3_FUSED_SAMPLED_MEAN = _env.flag("FA_VARIANTS_FP8_QUANT_FUSED_SAMPLED_MEAN", Fa
 #: after its last item, instead of a fence + barrier + atomic + barrier per K block; the CTA that counts a head's last
 #: block adds that head's partials as ``V3_FUSED_MEAN`` does (same partials, same order: outputs bit for bit the
 #: fused mean's). Turns the fused mean on for the exact mean too (no torch sum of the partials between V's launch and
-#: K's pass); the heads' sums load ``MEAN_LOADS`` partials at a time (``mean_of``). Off until measured (scripts/quant8_gpu.sh); FA_VARIANTS_FP8_QUANT_FUSED_MEAN_LATE=1 (read at import)
+#: K's pass); the heads' sums load ``MEAN_LOADS`` partials at a time (``mean_of``). Off: session 8's H200 A/B
+#: (scripts/fp8_quant_bandwidth.py, def / defl; bench/NOTES.md, Session 8 outcomes) measured late / default 1.024 /
+#: 1.008 / 0.998 / 0.956 on the default recipe at D 64 / 128 / 256 / GQA, not faster everywhere;
+#: FA_VARIANTS_FP8_QUANT_FUSED_MEAN_LATE=1 (read at import)
 V3_FUSED_MEAN_LATE = _env.flag("FA_VARIANTS_FP8_QUANT_FUSED_MEAN_LATE", False)
 #: v3: K's mean, which the smoothed K pass and Q's pass (the LSE shift) read per block, cp.async'd with the block's
 #: stage into a mean buffer per stage (``PassConfig.staged_mean``) instead of a global load + a barrier per block
 #: (the load's latency, ~1 us, is then exposed once per block in a CTA alone on its SM). The same operations:
-#: outputs bit for bit v3's. On since the H200 run of session 6 (scripts/quant4_gpu.sh; default recipe, % of copy
+#: outputs bit for bit v3's. On since the H200 run of session 6 (quant4; default recipe, % of copy
 #: bandwidth, staged vs not: D64 53.1 vs 51.3, D128 57.2 vs 51.4, D256 46.9 vs 42.9, D128 GQA 51.5 vs 47.3; its GPU
 #: tests equal v3 bit for bit, racecheck / synccheck clean); FA_VARIANTS_FP8_QUANT_STAGED_MEAN=0 (read at import)
 #: turns it off
@@ -70,7 +74,7 @@ V3_STAGED_MEAN = _env.flag("FA_VARIANTS_FP8_QUANT_STAGED_MEAN", True)
 #: thread t stores units t, t + threads, ... of the block (``store_map``): a warp's store covers 512 contiguous bytes
 #: of whole token rows (whole 32-byte sectors at head_dim 64, where each thread's own 16-byte stores half-fill a
 #: sector) instead of 16 / 8 / 4 tokens' pieces. The same bytes: outputs bit for bit v3's. H200, session 7
-#: (scripts/quant5_gpu.sh, staged / not, gpu time): head_dim 64 0.785-0.845 (default recipe 50.9 -> 60.2% of copy,
+#: (quant5, staged / not, gpu time): head_dim 64 0.785-0.845 (default recipe 50.9 -> 60.2% of copy,
 #: no-smooth 67.0 -> 85.3%), head_dim 128 1.015-1.020, 256 1.039-1.050 (their stores already cover whole sectors):
 #: so on at head_dim 64 only (None = that rule; ``staged_store_for``). FA_VARIANTS_FP8_QUANT_STAGED_STORE (read at
 #: import): auto (that rule), 1 (every head_dim), 0 (none)
@@ -80,7 +84,7 @@ V3_STAGED_STORE: bool | None = _env.auto_flag("FA_VARIANTS_FP8_QUANT_STAGED_STOR
 #: (1024 warp shuffles instead of 2048, the MIO queue ncu found saturated: mio_throttle 1.7-2.1 per issue), half the
 #: threads (256, 8 warps: one CTA per SM as before), up to 255 registers (0 spills, K and Q). Same pairs, stage order
 #: and roundings, the LSE shift summed in the default's order: outputs bit for bit the narrow pass's. On since the H200 run
-#: of session 12 (scripts/quantbw_gpu.sh, default recipe, wide / narrow gpu time (graph): D 256 0.868 (0.879), back to
+#: of session 12 (quantbw, default recipe, wide / narrow gpu time (graph): D 256 0.868 (0.879), back to
 #: back K 46.2 -> 36.9 us, Q 52.5 -> 40.8 us; D 64 / 128 / GQA run the same passes: 1.004 / 1.006 / 0.988; every row
 #: equal to the torch recipe; session 12's GPU tests bit for bit, racecheck clean); FA_VARIANTS_FP8_QUANT_WIDE=0 (read
 #: at import) turns it off
@@ -89,7 +93,7 @@ V3_WIDE = _env.flag("FA_VARIANTS_FP8_QUANT_WIDE", True)
 #: (device, dtype, shape, block, switches) instead of worked out per call (the stage count for the device, a
 #: ``PassConfig``, the compiled-pass lookup): the same launches with the same arguments, less host work per call (an
 #: eager call is host-bound: ~0.2 ms of host per call against 0.07-0.15 ms of GPU, session 12). On since the H200 run
-#: of session 12 (scripts/quantbw_gpu.sh, "defp", D 256 default recipe: host ms per call 0.338 -> 0.246, gpu time
+#: of session 12 (quantbw, "defp", D 256 default recipe: host ms per call 0.338 -> 0.246, gpu time
 #: 1.003 (graph 1.000), outputs equal to the torch recipe); FA_VARIANTS_FP8_QUANT_PLANS=0 (read at import) turns it off
 QUANT_PLANS = _env.flag("FA_VARIANTS_FP8_QUANT_PLANS", True)
 _PLANS: dict[tuple, tuple] = {}

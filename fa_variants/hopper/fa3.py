@@ -134,8 +134,8 @@ UNSPLIT_ONLY_TILES = ("persistent", "persistent3")
 # "auto" (``decode_choice``): "dual" for calls of many short CTAs, "base" otherwise.
 DECODE_TILES_CHOICE = env.choice("FA_VARIANTS_DECODE_TILES", "auto", (*DECODE_TILES, "auto"))
 #: `auto` (the default since session 6; FA_VARIANTS_DECODE_TILES=base: never "dual") runs "dual" when batch x
-#: heads_kv >= DUAL_MIN_CTAS and seqlen_k <= DUAL_MAX_SEQLEN_K. 512 from the s6 H200 A/B (scripts/decode5_gpu.sh,
-#: decode_ab "dualauto" at the old threshold 64): at B 64 x 8 KV heads Nk 1k (512 CTAs, unsplit with either
+#: heads_kv >= DUAL_MIN_CTAS and seqlen_k <= DUAL_MAX_SEQLEN_K. 512 from the s6 H200 A/B (scripts/decode_ab.py
+#: --s6, "dualauto" at the old threshold 64): at B 64 x 8 KV heads Nk 1k (512 CTAs, unsplit with either
 #: tile set) dual beat base, D 64 32:8 1.14 -> 1.03x SDPA and D 128 64:8 1.01 -> 0.98x; at B 8 x 8 (64 CTAs)
 #: dual's doubled CTA slots double the split count (2 -> 4) and it lost at all six B 8 shapes (D 64 32:8 Nk 1k
 #: 1.08 -> 1.13x, Nk 4k 0.98 -> 1.01x; D 128 32:8 and 64:8 Nk 1k 0.95 -> 1.01x, 0.94 -> 1.00x). 512 is the smallest measured
@@ -216,7 +216,7 @@ SPLIT_MIN_TILES = env.integer("FA_VARIANTS_SPLIT_MIN_TILES", "1", 1, "K/V tiles 
 #: Packed GQA at 1 < seqlen_q in 128-row tiles (two consumer warpgroups, ping-pong) when a KV head's G x seqlen_q
 #: rows exceed one 64-row tile but fit 128 (64:8 at Nq 16: 128 rows): K/V read once per KV head instead of
 #: twice. FA_VARIANTS_PACK_WIDE=1: always (True); 0: never (False); unset or "auto" (None, the default since
-#: session 6): ``wide_helps``. From the s6 H200 A/B (scripts/decode5_gpu.sh, decode_ab "wide"): at D 64 wide won
+#: session 6): ``wide_helps``. From the s6 H200 A/B (scripts/decode_ab.py --s6, "wide"): at D 64 wide won
 #: at all 4 shapes it changed (64:8 Nq 16: B 1 Nk 32k 0.13 -> 0.11x SDPA, B 8 0.20 -> 0.16x, B 64 0.21 -> 0.15x,
 #: B 64 Nk 1k 0.25 -> 0.18x; HBM share 39 -> 45, 51 -> 64, 48 -> 67%); at D 128 it won where the split count
 #: stayed (B 64 Nk 32k 0.22 -> 0.16x, split 1) and lost at B 8 Nk 4k (0.23 -> 0.30x) where the halved CTA count
@@ -231,7 +231,7 @@ _WIDE = dict(tile_m=WIDE_TILE_M, pingpong=True)  # the 128-row packed tile's Sm9
 
 
 #: Whether `auto`'s packed seqlen_q = 1 calls with at most FIRST_ROW_MAX_GROUP query heads per KV head run
-#: ``Sm90Config.first_row_only`` (on since the H200 A/B of session 7, scripts/decode7_gpu.sh: GPU time / before
+#: ``Sm90Config.first_row_only`` (on since the H200 A/B of session 7, scripts/decode_ab.py --s7: GPU time / before
 #: 0.93-1.01 over 11 seqlen_q 1 shapes, geomean 0.975; FA_VARIANTS_DECODE_FIRST_ROW=0 turns it off): the 64-row tile holds G <= 8 real rows, all in the first of the two rows each thread owns, so the softmax of the
 #: second (padding) is skipped. Why (bench/NOTES.md, "Session 7 (2026-12-01): decode"): at short Nk a split CTA's
 #: time per K/V tile is its consumer's (the s4 A/B's 4-stage "deep" tiles did not help B 8 Nk 1k), ~0.65 us at D 64
@@ -389,7 +389,8 @@ MERGE_KERNEL = env.flag("FA_VARIANTS_MERGE_KERNEL", True)
 #: the merge kernel after it: "off"; "decode", packed seqlen_q = 1 calls only (a tile of G <= 64 real rows: the
 #: last CTA reads G x head_dim x splits partials); "all", every split call (a 64-128-row tile's merge runs in one
 #: CTA, where the merge kernel spreads it over the GPU). FA_VARIANTS_FUSED_MERGE = 0 / off, decode, 1 / all; off by
-#: default until the H200 A/B (scripts/decode3_gpu.sh) shows it faster. Read at each call (``switches``).
+#: default: slower at one query row on the H200 (bench/NOTES.md, Session 2 of 2026-12-01: geomean ours / SDPA 0.964
+#: against 0.904 with the merge kernel). Read at each call (``switches``).
 FUSED_MERGE_MODES = {"0": "off", "off": "off", "decode": "decode", "1": "all", "all": "all"}
 FUSED_MERGE = FUSED_MERGE_MODES.get(os.environ.get("FA_VARIANTS_FUSED_MERGE", "off").strip().lower())
 if FUSED_MERGE is None:

@@ -45,8 +45,8 @@ scales (one descale per 128 query rows and per ``tile_n`` keys, ``fa_variants.fp
   promotes per tile, ~20% of a tile's 1024 MMA cycles: the 9-20% the H200 showed. ``pv_buffers = 2``
   with ``pv_split = 4`` (two 32-register temporaries) issues slice h + 1 before promoting slice h
   (DEPBAR 1): only the last slice's promote and one drain stay exposed.
-* Speed switches (issue 10; the A/B is ``scripts/fp8speed_gpu.sh``), off by default but ``skip_unit_rescale`` (and, at
-  head_dim 256, ``s_lookahead`` with ``s_halves``).
+* Speed switches (issue 10; the A/B is ``scripts/fa3_fp8_speed_ab.py --set fp8speed``), off by default but
+  ``skip_unit_rescale`` (and, at head_dim 256, ``s_lookahead`` with ``s_halves``).
   Read in the SASS of the head_dim 256 default: ptxas sinks O *= alpha (issued before the P V GEMM) into the
   promotion, which becomes O = alpha O + (v_descale tmp), an FMUL and an FFMA per element; after the last slice's wait (DEPBAR 0) ~128 of
   them plus the loop's top run before the next S GEMM is issued and the turn handed on, with this warpgroup's
