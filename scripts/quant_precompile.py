@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import contextlib
 import time
 
 RECIPES = ("default", "no-smooth", "head", "head-smooth", "tensor-plain")
@@ -106,66 +107,71 @@ def config_of(recipe: str):
             "sampled8": FP8Config(smooth_k_blocks=8)}[recipe]
 
 
+@contextlib.contextmanager
+def knobs_set(knob: str):
+    """quant_host's module switches of one KNOBS name ("" or an unknown name: none) set for the duration."""
+    from fa_variants.fp8 import quant_host
+
+    knobs = {**ABLATION_KNOBS, **QUANT5_KNOBS, **QUANT8_KNOBS, **QUANTLANES_KNOBS, **QUANTBW_KNOBS,
+             **QUANTDEF_KNOBS}.get(knob, {})
+    saved = {name: getattr(quant_host, name) for name in knobs}
+    try:
+        for name, value in knobs.items():
+            setattr(quant_host, name, value)
+        yield
+    finally:  # a worker runs several tasks
+        for name, value in saved.items():
+            setattr(quant_host, name, value)
+
+
 def run(task: tuple[str, str, int, str]) -> str:
     import torch
 
     from fa_variants.common import cache
+    from fa_variants.common.interop import TORCH_DTYPES
     from fa_variants.fp8 import quant_host
 
     pipeline, dtype, d, recipe = task
     recipe, _, knob = recipe.partition("+")  # knob: one of the KNOBS names (may hold a "+")
-    knobs = {**ABLATION_KNOBS, **QUANT5_KNOBS, **QUANT8_KNOBS, **QUANTLANES_KNOBS, **QUANTBW_KNOBS,
-             **QUANTDEF_KNOBS}.get(knob, {})
-    saved = {name: getattr(quant_host, name) for name in knobs}
-    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     t0 = time.perf_counter()
-    q = torch.randn(1, 130, 2, d, device="cuda").to(dt)
+    q = torch.randn(1, 130, 2, d, device="cuda").to(TORCH_DTYPES[dtype])
     # a sampled mean takes V's sample-only launch when the tiles outnumber the sample (8 of >= 11 tiles here)
-    k = torch.randn(1, 2600 if recipe.startswith("sampled") else 300, 1, d, device="cuda").to(dt)
-    try:
-        for name, value in knobs.items():
-            setattr(quant_host, name, value)
+    k = torch.randn(1, 2600 if recipe.startswith("sampled") else 300, 1, d, device="cuda").to(TORCH_DTYPES[dtype])
+    with knobs_set(knob):
         for scale in (None, -0.3):
             quant_host.quantize(q, k, k, config=config_of(recipe), softmax_scale=scale, pipeline=pipeline)
         torch.cuda.synchronize()
-    finally:  # a worker runs several tasks
-        for name, value in saved.items():
-            setattr(quant_host, name, value)
     return f"{'/'.join(map(str, task))}: {time.perf_counter() - t0:.1f} s {cache.cache_info()} (this worker so far)"
 
 
-def record(todo: list[tuple[str, str, int, str]]) -> list[tuple]:
-    """--unique, in this process (CUDA): the (arch, dtype, head_dim, PassConfig) of every pass the tasks' calls
-    launch, in first-use order, without compiling or launching any (``quant_host._pass`` replaced by a recorder
-    for the duration; the calls' outputs are garbage)."""
+def record(todo: list[tuple[str, str, int, str]], arch: str | None = None) -> list:
+    """--unique: the compile keys (``quant_kernel.static_config``) of every pass the tasks' calls launch, in
+    first-use order, without compiling or launching any: ``quant_host.planned_passes`` per task (2 query heads per
+    KV head, as ``run``), the task's knobs set meanwhile. ``arch``: the compile target (default: this host's GPU)."""
     from fa_variants.common import interop
+    from fa_variants.common.interop import TORCH_DTYPES
     from fa_variants.fp8 import quant_host
 
-    keys: dict[tuple, None] = {}
-
-    def recorder(device, dtype, head_dim, cfg):
-        keys[interop.device_arch(device), dtype, head_dim, cfg] = None
-        return (lambda *args: None), 1
-
-    saved, plans = quant_host._pass, quant_host.QUANT_PLANS
-    quant_host._pass, quant_host.QUANT_PLANS = recorder, False  # (no plan may keep the recorder's functions)
-    try:
-        for task in todo:
-            run(task)
-    finally:
-        quant_host._pass, quant_host.QUANT_PLANS = saved, plans
+    arch = arch or interop.device_arch()
+    keys: dict = {}
+    for pipeline, dtype, d, recipe in todo:
+        recipe, _, knob = recipe.partition("+")
+        with knobs_set(knob):
+            planned = quant_host.planned_passes(arch, TORCH_DTYPES[dtype], d, config_of(recipe), pipeline=pipeline,
+                                                groups=(2,))
+        keys.update(dict.fromkeys(planned))
     return list(keys)
 
 
-def compile_key(key: tuple) -> str:
-    """--unique's worker: one pass compiled into the disk cache (no GPU needed)."""
+def compile_key(key) -> str:
+    """--unique's worker: one pass (a ``quant_kernel.static_config`` key) compiled into the disk cache (no GPU
+    needed)."""
     from fa_variants.common import cache
     from fa_variants.fp8 import quant_kernel
 
-    arch, dtype, head_dim, cfg = key
     t0 = time.perf_counter()
-    quant_kernel.VARIANT.compiled(quant_kernel.static_config(arch, dtype, head_dim, cfg))
-    return f"{head_dim} {cfg}: {time.perf_counter() - t0:.1f} s {cache.cache_info()}"
+    quant_kernel.VARIANT.compiled(key)
+    return f"{key.head_dim} {key.config}: {time.perf_counter() - t0:.1f} s {cache.cache_info()}"
 
 
 def main() -> int:

@@ -1329,6 +1329,12 @@ def test_quantdef_set_and_check_selection():
     tasks = pre.tasks("quantdef")
     assert tasks == [("v3", "bf16", d, "default") for d in (64, 128, 256)] + [("v3", "bf16", 256, "default+narrow")]
     assert pre.QUANTDEF_KNOBS == {"narrow": {"V3_WIDE": False}} and quant_host.V3_WIDE and quant_host.QUANT_PLANS
+    # --unique's recording (quant_host.planned_passes per task, on the CPU here): Q's / K's passes at 256 wide with the
+    # defaults and narrow with the knob, no key twice, the knob undone afterwards
+    keys = pre.record(tasks, arch="sm_90a")
+    assert len(keys) == len(set(keys)) and {k.arch for k in keys} == {"sm_90a"} and quant_host.V3_WIDE
+    qk256 = [k.config.wide for k in keys if k.head_dim == 256 and k.config.role == "qk"]
+    assert True in qk256 and False in qk256 and not any(k.config.wide for k in keys if k.head_dim != 256)
     expr = re.search(r'-k "([^"]+)"', pre.tasks.__doc__.replace("\n    ", " ")).group(1)
     collect = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
                               "tests/test_fp8_quant_kernel.py", "-k", expr], capture_output=True, text=True,
