@@ -12,7 +12,8 @@ launch, ``V3_FUSED_MEAN``; "v3ss": v3s with Q's / K's e4m3 stored through shared
 (staged mean on, staged store at head_dim 64 only, since session 12 ``V3_WIDE`` and ``QUANT_PLANS`` on, the rest off);
 "def11": session 11's default (def with ``V3_WIDE`` and ``QUANT_PLANS`` off: the def against which session 12's
 quantlanes / quantbw runs measured defw / defp; with def now they are A/A rows); "deff": def with the fused mean
-counted per K block (``V3_FUSED_MEAN``); "defl": def with the fused mean counted after each CTA's loop (``V3_FUSED_MEAN_LATE``);
+counted per K block (``V3_FUSED_MEAN``); "defl": def with the fused mean counted after each CTA's loop
+(``V3_FUSED_MEAN_LATE``);
 "defw": def with Q's / K's pass at head_dim 256 holding 8 chunks of a token per thread (``V3_WIDE``: 2 lanes per
 token, one cross-lane Hadamard stage; bit for bit); "defn" / "defwn": def / defw without programmatic dependent launch
 (``V2_PDL`` off); "defp": def with cached launch plans (``QUANT_PLANS``: host work only);
@@ -360,7 +361,70 @@ def run_with(pipe_label: str, fn):
             setattr(quant_host, name, value)
 
 
-def main() -> int:
+def report_cell(name: str, q, k, v, pipe: str, recipe: str, cell_times: list, cell_hosts: list, cell_graphs: list,
+                timer: Timer, copy_tbs: float, args: argparse.Namespace) -> dict:
+    """One timed (shape, pipeline, recipe) cell: its output checked against the torch recipe, its row (the
+    medians of the rounds' (gpu ms, queued), host ms and graph timings; bytes, % of copy, the optional breakdowns)
+    printed and returned."""
+    from fa_variants.fp8 import quant_host
+    from fa_variants.fp8.quantize import k_sample_count, quantize_fp8_torch
+
+    B, Nq, Nk, H, Hkv, D = (*q.shape[:2], k.shape[1], q.shape[2], k.shape[2], q.shape[3])
+    cfg = recipes()[recipe]
+    base = PIPES[pipe][0]
+
+    def fn():
+        return run_with(pipe, lambda: quant_host.quantize(q, k, v, config=cfg, pipeline=base))
+
+    out = fn()
+    given = out.k_mean if quant_host.own_mean(base) and cfg.smooth_k else None
+    match = matches(out, quantize_fp8_torch(q, k, v, config=cfg, k_mean=given))
+    if given is not None and not mean_ok(given, k, out.block_n, cfg.smooth_k_blocks):
+        match = "DIFF k_mean" if match == "ok" else match + ",k_mean"
+    ms = statistics.median(t for t, _ in cell_times)
+    queued = all(qd for _, qd in cell_times)
+    eager = timer.eager_ms(fn)
+    moved = moved_bytes(q, k, out, cfg.smooth_k)
+    # K's second read: all of K for the exact mean, the sample tiles for a sampled one (v1: torch's read)
+    extra = 2 * k.numel() * k_sample_count(Nk, out.block_n, cfg.smooth_k_blocks) // max(1, Nk) \
+        if cfg.smooth_k else 0
+    tbs = moved / ms / 1e9
+    frac = tbs / copy_tbs
+    breakdown = kernel_breakdown(fn) if args.breakdown else ""
+    b2b, b2b_gaps = b2b_breakdown(fn, timer) if args.b2b else ("", "")
+    host_ms = statistics.median(cell_hosts)
+    graph_ms, graph_why = float("nan"), ""
+    if cell_graphs:
+        ok = [t for t, why in cell_graphs if not why]
+        graph_ms = statistics.median(ok) if ok else float("nan")
+        graph_why = "" if ok else cell_graphs[0][1]
+    graph_frac = moved_bytes(q, k, out, cfg.smooth_k) / graph_ms / 1e9 / copy_tbs
+    row = {"shape": name, "dims": [B, Nq, Nk, H, Hkv, D], "pipeline": pipe, "recipe": recipe,
+           "gpu_ms": ms, "eager_ms": eager, "bytes": moved, "extra_bytes_read": extra,
+           "tb_s": tbs, "of_copy": frac, "queued": queued, "match": match,
+           "kernels": breakdown, "pass_bytes": pass_bytes(q, k, v, out, extra),
+           "host_ms": host_ms, "eager_of_copy": moved / eager / 1e9 / copy_tbs,
+           "graph_ms": graph_ms, "graph_of_copy": graph_frac, "graph_error": graph_why,
+           "kernels_b2b": b2b, "b2b_gaps": b2b_gaps}
+    graph_text = (f"  {graph_ms:7.4f} ({100 * graph_frac:5.1f}%)" if graph_ms == graph_ms
+                  else f"  no graph: {graph_why}") if args.graph else ""
+    print(f"{name:<11} {pipe:<4} {recipe:<9} {ms:7.4f} {eager:8.4f} {moved / 1e9:6.3f} {tbs:5.2f} "
+          f"{100 * frac:5.1f}% {extra / 1e9:5.3f}  {'yes' if queued else 'NO (host-bound)'}  {match}"
+          f"{graph_text}  {host_ms:.4f}", flush=True)
+    if breakdown:
+        print(f"    kernels (us, launch order, host-bound calls): {breakdown}", flush=True)
+        print(f"    per pass: {pass_shares(row, copy_tbs)}", flush=True)
+    if b2b or b2b_gaps:
+        print(f"    back to back: {b2b}; {b2b_gaps}", flush=True)
+        if b2b:
+            print(f"    per pass back to back: {pass_shares(row, copy_tbs, 'kernels_b2b')}", flush=True)
+    if args.host_profile:
+        print(f"    host: {host_profile(fn)}", flush=True)
+    return row
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", default=None, help="write the rows to this file")
     parser.add_argument("--calls", type=int, default=20, help="calls per timing (default 20)")
@@ -388,6 +452,11 @@ def main() -> int:
                         help="comma-separated shape names to run (default all: " + ", ".join(n for n, _ in shapes())
                         + ")")
     parser.add_argument("--plan", action="store_true", help="print the shapes and exit (no GPU needed)")
+    return parser
+
+
+def main() -> int:
+    parser = build_parser()
     args = parser.parse_args()
     pipelines = args.pipelines.split(",")
     if any(p not in PIPES for p in pipelines):
@@ -411,7 +480,6 @@ def main() -> int:
     import torch
 
     from fa_variants.fp8 import quant_host
-    from fa_variants.fp8.quantize import k_sample_count, quantize_fp8_torch
 
     timer = Timer()
     big = torch.empty(2**30, dtype=torch.bfloat16, device="cuda")
@@ -444,56 +512,8 @@ def main() -> int:
                 if args.graph:
                     graphs[pipe, recipe].append(run_with(pipe, lambda: timer.graph_ms(fn, args.calls)))
         for pipe, recipe in cells:
-            cfg = recipes()[recipe]
-            base = PIPES[pipe][0]
-
-            def fn():
-                return run_with(pipe, lambda: quant_host.quantize(q, k, v, config=cfg, pipeline=base))
-
-            out = fn()
-            given = out.k_mean if quant_host.own_mean(base) and cfg.smooth_k else None
-            match = matches(out, quantize_fp8_torch(q, k, v, config=cfg, k_mean=given))
-            if given is not None and not mean_ok(given, k, out.block_n, cfg.smooth_k_blocks):
-                match = "DIFF k_mean" if match == "ok" else match + ",k_mean"
-            ms = statistics.median(t for t, _ in times[pipe, recipe])
-            queued = all(qd for _, qd in times[pipe, recipe])
-            eager = timer.eager_ms(fn)
-            moved = moved_bytes(q, k, out, cfg.smooth_k)
-            # K's second read: all of K for the exact mean, the sample tiles for a sampled one (v1: torch's read)
-            extra = 2 * k.numel() * k_sample_count(Nk, out.block_n, cfg.smooth_k_blocks) // max(1, Nk) \
-                if cfg.smooth_k else 0
-            tbs = moved / ms / 1e9
-            frac = tbs / copy_tbs
-            breakdown = kernel_breakdown(fn) if args.breakdown else ""
-            b2b, b2b_gaps = b2b_breakdown(fn, timer) if args.b2b else ("", "")
-            host_ms = statistics.median(hosts[pipe, recipe])
-            graph_ms, graph_why = float("nan"), ""
-            if graphs[pipe, recipe]:
-                ok = [t for t, why in graphs[pipe, recipe] if not why]
-                graph_ms = statistics.median(ok) if ok else float("nan")
-                graph_why = "" if ok else graphs[pipe, recipe][0][1]
-            graph_frac = moved_bytes(q, k, out, cfg.smooth_k) / graph_ms / 1e9 / copy_tbs
-            rows.append({"shape": name, "dims": [B, Nq, Nk, H, Hkv, D], "pipeline": pipe, "recipe": recipe,
-                         "gpu_ms": ms, "eager_ms": eager, "bytes": moved, "extra_bytes_read": extra,
-                         "tb_s": tbs, "of_copy": frac, "queued": queued, "match": match,
-                         "kernels": breakdown, "pass_bytes": pass_bytes(q, k, v, out, extra),
-                         "host_ms": host_ms, "eager_of_copy": moved / eager / 1e9 / copy_tbs,
-                         "graph_ms": graph_ms, "graph_of_copy": graph_frac, "graph_error": graph_why,
-                         "kernels_b2b": b2b, "b2b_gaps": b2b_gaps})
-            graph_text = (f"  {graph_ms:7.4f} ({100 * graph_frac:5.1f}%)" if graph_ms == graph_ms
-                          else f"  no graph: {graph_why}") if args.graph else ""
-            print(f"{name:<11} {pipe:<4} {recipe:<9} {ms:7.4f} {eager:8.4f} {moved / 1e9:6.3f} {tbs:5.2f} "
-                  f"{100 * frac:5.1f}% {extra / 1e9:5.3f}  {'yes' if queued else 'NO (host-bound)'}  {match}"
-                  f"{graph_text}  {host_ms:.4f}", flush=True)
-            if breakdown:
-                print(f"    kernels (us, launch order, host-bound calls): {breakdown}", flush=True)
-                print(f"    per pass: {pass_shares(rows[-1], copy_tbs)}", flush=True)
-            if b2b or b2b_gaps:
-                print(f"    back to back: {b2b}; {b2b_gaps}", flush=True)
-                if b2b:
-                    print(f"    per pass back to back: {pass_shares(rows[-1], copy_tbs, 'kernels_b2b')}", flush=True)
-            if args.host_profile:
-                print(f"    host: {host_profile(fn)}", flush=True)
+            rows.append(report_cell(name, q, k, v, pipe, recipe, times[pipe, recipe], hosts[pipe, recipe],
+                                    graphs[pipe, recipe], timer, copy_tbs, args))
         del q, k, v
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)

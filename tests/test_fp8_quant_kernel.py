@@ -1091,3 +1091,32 @@ def test_quant_plans_same_launches(monkeypatch, plans):
     got = _recorded_launches(monkeypatch, lambda: (run(), run()))
     assert len(reference) > 20 and got == reference + reference
     assert bool(qh._PLANS) == plans
+
+
+def test_bandwidth_report_cell_on_the_cpu(monkeypatch, capsys):
+    """scripts/fp8_quant_bandwidth.py's report_cell (one timed cell's row, printed) on the CPU with the launches
+    recorded (outputs unwritten, so the comparison with the torch recipe is stubbed): the row carries the rounds'
+    medians, the bytes and % of copy derived from them, and the printed line names the shape, pipeline and recipe."""
+    import argparse
+    import types
+
+    from helpers import load_script
+
+    bw = load_script("fp8_quant_bandwidth")
+    monkeypatch.setattr(bw, "matches", lambda out, ref: "ok")
+    monkeypatch.setattr(bw, "mean_ok", lambda *a: True)
+    q = torch.randn(1, 300, 4, 128).to(torch.bfloat16)
+    k, v = (torch.randn(1, 300, 2, 128).to(torch.bfloat16) for _ in range(2))
+    timer = types.SimpleNamespace(eager_ms=lambda fn: 0.5)
+    args = argparse.Namespace(breakdown=False, b2b=False, graph=True, host_profile=False)
+    rows = []
+    _recorded_launches(monkeypatch, lambda: rows.append(bw.report_cell(
+        "D=128 GQA", q, k, v, "def", "default", [(0.2, True), (0.1, True), (0.3, False)], [0.05, 0.07],
+        [(0.09, ""), (0.5, "capture failed")], timer, 2.0, args)))
+    row = rows[0]
+    assert row["gpu_ms"] == 0.2 and row["queued"] is False and row["host_ms"] == pytest.approx(0.06)
+    assert row["graph_ms"] == 0.09 and row["graph_error"] == ""  # the failed capture left out
+    assert row["dims"] == [1, 300, 300, 4, 2, 128] and row["of_copy"] == row["tb_s"] / 2.0
+    assert row["tb_s"] == pytest.approx(row["bytes"] / 0.2 / 1e9) and row["extra_bytes_read"] == 2 * k.numel()
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert line.startswith("D=128 GQA   def  default    0.2000   0.5000") and "NO (host-bound)  ok" in line

@@ -196,8 +196,8 @@ def test_cli_status_problems_and_dry_run(capsys, monkeypatch):
 
     assert len(bench_cli.fp8_status_problems(parse("--dtypes", "bf16,e4m3"))) == 12
     assert len(bench_cli.fp8_status_problems(parse("--dtypes", "e4m3", "--quick"))) == 8  # D 64, 128
-    for argv in (("--dtypes", "bf16"), ("--dtypes", "e4m3", "--fp8-status", "off"), ("--dtypes", "e4m3", "--peers-only"),
-                 ("--dtypes", "e4m3", "--backends", "fa3")):
+    for argv in (("--dtypes", "bf16"), ("--dtypes", "e4m3", "--fp8-status", "off"),
+                 ("--dtypes", "e4m3", "--peers-only"), ("--dtypes", "e4m3", "--backends", "fa3")):
         assert bench_cli.fp8_status_problems(parse(*argv)) == [], argv
     monkeypatch.setattr(bench_cli, "_cuda_available", lambda: False)
     assert top_cli.main(["bench", "--dtypes", "e4m3", "--fp8-status", "only", "--dry-run"]) == 0

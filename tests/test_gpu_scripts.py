@@ -778,8 +778,8 @@ def test_decode_compile_jobs_are_one_piece(monkeypatch, capsys):
 
 
 def test_fa3_speed_ab_fa3gap_plan(capsys, monkeypatch):
-    """scripts/fa3_speed_ab.py on the CPU: the fa3gap plan (pairs-256 left out since session 9) compiles 22 kernels, each once,
-    basis_alpha only where exp2_ffma is on; --precompile and --plan need no 'old'; unknown variants are refused."""
+    """scripts/fa3_speed_ab.py on the CPU: the fa3gap plan (pairs-256 left out since session 9) compiles 22 kernels,
+    each once, basis_alpha only where exp2_ffma is on; --precompile and --plan need no 'old'; unknown variants are refused."""
     ab = load_script("fa3_speed_ab")
     shapes = ab.plan((64, 128, 256), (4096, 16384), (False, True), list(ab.FA3GAP))
     items = ab.compile_items(shapes, "bf16")
@@ -1224,7 +1224,8 @@ def test_before_archive_packs_and_unpacks_where_only_it_was_carried(tmp_path):
 
 
 def test_the_before_archive_is_what_gpu_calls_carry():
-    """.before.tar.xz is git-ignored (it travels by carry); pending_gpu.sh's and ab_checkout.sh's help name the carry [".gpu", ".before.tar.xz"], not the folder."""
+    """.before.tar.xz is git-ignored (it travels by carry); pending_gpu.sh's and ab_checkout.sh's help name the carry
+    [".gpu", ".before.tar.xz"], not the folder."""
     ignored = subprocess.run(["git", "check-ignore", ".before.tar.xz", ".before/x.py"], cwd=ROOT, capture_output=True,
                              text=True).stdout.split()
     assert ignored == [".before.tar.xz", ".before/x.py"], ignored
@@ -1347,8 +1348,8 @@ def test_quantdef_set_and_check_selection():
 
 
 def test_quantbw_set_and_measures():
-    """fp8_quant_bandwidth.py's measures (session 12's quantbw run; bench/NOTES.md, Session 12 outcomes) on the CPU: fp8_quant_bandwidth.py's back-to-back reading (per-position median
-    durations, start-to-start period, the gap before each kernel; no pattern when the kernels do not divide into
+    """fp8_quant_bandwidth.py's measures of session 12's quantbw run (bench/NOTES.md, Session 12 outcomes) on the
+    CPU: the back-to-back reading (per-position median durations, start-to-start period, the gap before each kernel; no pattern when the kernels do not divide into
     calls), the per-pass shares read from it, the A/B line with the graph ratio and host ms, the graph / end-to-end
     tables, the defn / defwn labels (V2_PDL off), defp (QUANT_PLANS), --skip PIPE:RECIPE:SHAPE and --shapes in --plan,
     and quant_precompile.py --set quantbw (quantlanes' passes + both at D 256 without PDL)."""

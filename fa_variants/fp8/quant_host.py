@@ -83,8 +83,8 @@ V3_STAGED_STORE: bool | None = _env.auto_flag("FA_VARIANTS_FP8_QUANT_STAGED_STOR
 #: instead of 4, so the Hadamard has one cross-lane stage (shfl.bfly + FMA) instead of two: half the shuffles per block
 #: (1024 warp shuffles instead of 2048, the MIO queue ncu found saturated: mio_throttle 1.7-2.1 per issue), half the
 #: threads (256, 8 warps: one CTA per SM as before), up to 255 registers (0 spills, K and Q). Same pairs, stage order
-#: and roundings, the LSE shift summed in the default's order: outputs bit for bit the narrow pass's. On since the H200 run
-#: of session 12 (quantbw, default recipe, wide / narrow gpu time (graph): D 256 0.868 (0.879), back to
+#: and roundings, the LSE shift summed in the default's order: outputs bit for bit the narrow pass's. On since the
+#: H200 run of session 12 (quantbw, default recipe, wide / narrow gpu time (graph): D 256 0.868 (0.879), back to
 #: back K 46.2 -> 36.9 us, Q 52.5 -> 40.8 us; D 64 / 128 / GQA run the same passes: 1.004 / 1.006 / 0.988; every row
 #: equal to the torch recipe; session 12's GPU tests bit for bit, racecheck clean); FA_VARIANTS_FP8_QUANT_WIDE=0 (read
 #: at import) turns it off
