@@ -876,14 +876,17 @@ def test_wide_stage_map(rows):
 @pytest.mark.compile
 @pytest.mark.parametrize("arch", ["sm_90a"], indirect=True)
 @pytest.mark.parametrize("name,extra", [("k-smooth", dict(smooth=True, reverse=True)), ("q-shift", dict(shift=True))])
-def test_compiles_wide(arch, name, extra):
-    """``wide`` at head_dim 256 (K smoothed, Q with the LSE shift) against the default pass: half the threads (256),
-    one CTA per SM asked of ptxas (<= 255 registers), no spill (the default Q: 8 bytes); per thread twice the values:
+def test_compiles_wide(arch, name, extra, monkeypatch):
+    """``wide`` at head_dim 256 (K smoothed, Q with the LSE shift: the default recipe's passes there, ``V3_WIDE`` on
+    since session 12) against the narrow pass: half the threads (256), one CTA per SM asked of ptxas (<= 255
+    registers), no spill (the narrow Q: 8 bytes); per thread twice the values:
     the FWHT's shuffles stay 128 (one stage of 128 values instead of two of 64: per block 1024 warp shuffles instead
     of 2048), the block max's 5 and the shift's 1 + 1 (two accumulators); 2x the cp.async, 16-byte reads, STG.128 and
     F2FP; the same barriers. Refused at head_dim 64 / 128, for V, with the staged store, without the coalesced stage."""
     cfg = qk.PassConfig(rows=128, stages=3, coalesced=True, head_major=True, staged_mean=True, pdl=True, wide=True,
                         **extra)
+    monkeypatch.setattr(qh, "V3_WIDE", True)  # (the default, whatever this process's environment says)
+    assert cfg in [key.config for key in qh.planned_passes(arch, torch.bfloat16, 256)]
     base = dataclasses.replace(cfg, wide=False)
     assert cfg.threads(256) == 256 and base.threads(256) == 512 and cfg.min_blocks(256) == cfg.ctas_per_sm(256) == 1
     c, c0 = (qk.VARIANT.compiled(qk.static_config(arch, torch.bfloat16, 256, x)) for x in (cfg, base))

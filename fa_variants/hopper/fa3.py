@@ -193,9 +193,6 @@ def decode_choice(batch: int, heads_kv: int, seqlen_k: int, choice: str | None =
 #: always; else as DECODE_PDL_MAX_SPLITS says).
 DECODE_PDL = env.flag("FA_VARIANTS_DECODE_PDL", False)
 
-
-
-
 #: `auto`'s packed seqlen_q = 1 split calls of 2..DECODE_PDL_MAX_SPLITS splits launch the split kernel and the
 #: merge as programmatic dependents (FA_VARIANTS_DECODE_PDL_MAX_SPLITS; 0: never by itself, the default before
 #: session 6). 8 from the 2026-12-01 s6 H200 A/B (bench/NOTES.md, "Session 6 (2026-12-01): decode at Nq 1 and
