@@ -258,6 +258,17 @@ def run_fp8_status(args: argparse.Namespace, outdir: Path, measure_one: Callable
     return 0 if rows and all(fp8status.sanity_ok(r) for r in rows) else 1
 
 
+def _fp8_status_only(args: argparse.Namespace) -> int:
+    """``--fp8-status only`` on this machine's GPU: the table alone, into --out (default: the GPU's dated folder);
+    exit status 2 with one line on stderr when the GPU is not sm90 (fa3-fp8's arch)."""
+    import torch
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        print("fa-variants bench: --fp8-status needs an sm90 GPU (fa3-fp8)", file=sys.stderr)
+        return 2
+    return run_fp8_status(args, Path(args.out) if args.out else default_outdir(torch.cuda.get_device_name()))
+
+
 def runnable_here(plan: Plan) -> tuple[list[str], list[str], list[str]]:
     """(ours, peers, notes): the plan's implementations that can run on this machine, and one line for each
     that cannot, saying why (once: no GPU at all is one line)."""
@@ -387,13 +398,7 @@ def run_cli(args: argparse.Namespace) -> int:
               "(`--dry-run` shows the plan; `--report-from FILE` rebuilds a saved report.)", file=sys.stderr)
         return 2
     if args.fp8_status == "only":
-        import torch
-
-        if torch.cuda.get_device_capability()[0] != 9:
-            print("fa-variants bench: --fp8-status needs an sm90 GPU (fa3-fp8)", file=sys.stderr)
-            return 2
-        name = torch.cuda.get_device_name()
-        return run_fp8_status(args, Path(args.out) if args.out else default_outdir(name))
+        return _fp8_status_only(args)
     runtime = make_runtime(plan)
     gpu = runtime.meta()
     impls, notes = build_impls(plan.ours, plan.peers, gpu["cc"])
