@@ -7,7 +7,8 @@
     out, lse = fp8.emulate_fp8_attention(inputs, causal=True)            # the kernel's arithmetic, any device
 
 Modules: ``quantize`` (recipe, FP8Config, FP8Inputs, the torch quantiser), ``quant_kernel`` (the CuTe DSL
-quantisation pass; ``quant_host`` launches it), ``emulation`` (the kernel mirrored in torch), ``attention``
+quantisation pass; its pieces in ``quant_config``, ``quant_staging``, ``quant_rotation``, ``quant_kmean``,
+``quant_store``, ``quant_maps``; ``quant_host`` launches it), ``emulation`` (the kernel mirrored in torch), ``attention``
 (entry points), ``fa3_fp8`` (the dispatcher's backend), ``layout`` (what the kernel needs of the data),
 ``study`` (`fa-variants fp8-study`).
 """

@@ -1,0 +1,106 @@
+"""The Q / K transform of the FP8 quantisation pass, in registers (mixed into ``fp8.quant_kernel.QuantPass``):
+K smoothing and the rotation's random signs (``signs_and_smoothing``), the Walsh-Hadamard transform of a token held by
+``lanes`` threads (``fwht``: stages inside a 16-channel chunk, across lanes with ``shfl.bfly``, then across the
+thread's chunks, in ``quantize.fwht``'s stage order), and Q's LSE shift of K smoothing (``lse_shift``). The recipe is
+the incoherent processing of FlashAttention-3 (Shah et al. 2024, section 3.3: a random-sign Hadamard before block
+quantisation) with SageAttention's K smoothing; the shuffle FWHT idea from QuaRot and FlashAttention-3's Hadamard
+kernels (``fp8.quant_kernel``'s module docstring, docs/design.md FP8 notes).
+"""
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, const_expr
+from cutlass._mlir.dialects import math as mlir_math
+from cutlass.cutlass_dsl import dsl_user_op
+
+from fa_variants.fp8.quant_maps import VEC
+
+
+@dsl_user_op
+def _fma(a: Float32, b: Float32, c: Float32, *, loc=None, ip=None) -> Float32:
+    """a * b + c with one rounding (fma.rn.f32)."""
+    return Float32(mlir_math.fma(a.ir_value(loc=loc, ip=ip), b.ir_value(loc=loc, ip=ip), c.ir_value(loc=loc, ip=ip),
+                                 loc=loc, ip=ip))
+
+
+class RotationMixin:
+    """``QuantPass``'s smoothing, signs, FWHT and LSE shift (needs ``cfg``, ``slots``, ``lanes``, ``chunk_of``,
+    ``token_of`` from the pass)."""
+
+    @cute.jit
+    def signs_and_smoothing(self, x: cute.Tensor, sSigns: cute.Tensor, sMean: cute.Tensor, tidx: Int32):
+        """x = (x - mean) * sign per channel (smoothing, then the rotation's random signs / K's -1)."""
+        for j in cutlass.range_constexpr(self.slots):
+            c0 = self.chunk_of(tidx, j) * VEC
+            sign = cute.make_rmem_tensor(VEC, Float32)
+            cute.autovec_copy(cute.local_tile(sSigns, (VEC,), (c0 // VEC,)), sign)
+            if const_expr(self.cfg.smooth):
+                mean = cute.make_rmem_tensor(VEC, Float32)
+                cute.autovec_copy(cute.local_tile(sMean, (VEC,), (c0 // VEC,)), mean)
+                for i in cutlass.range_constexpr(VEC):
+                    x[i, j] = (x[i, j] - mean[i]) * sign[i]
+            else:
+                for i in cutlass.range_constexpr(VEC):
+                    x[i, j] = x[i, j] * sign[i]
+
+    @cute.jit
+    def lse_shift(self, x: cute.Tensor, sMean: cute.Tensor, mShift: cute.Tensor, scale: Float32, batch: Int32,
+                  head: Int32, tile: Int32, tidx: Int32):
+        """shift[batch, head, token] = scale * (q . mean of kv-head head // (H / H_kv)), float32 (the
+        thread's 64 products in order, then a butterfly sum over the token's L lanes). ``wide``: the same sums in the
+        same order (bit for bit): the thread holds the default's lanes l (even slots) and l + L (odd slots), one
+        accumulator each, the butterfly over the L lanes on both, then the default's last butterfly step (lanes l and
+        l + L) as one add."""
+        acc = Float32(0.0)
+        odd = Float32(0.0)  # wide: the default's lane l + L
+        for j in cutlass.range_constexpr(self.slots):
+            mean = cute.make_rmem_tensor(VEC, Float32)
+            cute.autovec_copy(cute.local_tile(sMean, (VEC,), (self.chunk_of(tidx, j),)), mean)
+            for i in cutlass.range_constexpr(VEC):
+                if const_expr(self.cfg.wide and j % 2 == 1):
+                    odd = _fma(x[i, j], mean[i], odd)
+                else:
+                    acc = _fma(x[i, j], mean[i], acc)
+        for b in cutlass.range_constexpr(self.lanes.bit_length() - 1):
+            acc = acc + cute.arch.shuffle_sync_bfly(acc, offset=1 << b)
+            if const_expr(self.cfg.wide):
+                odd = odd + cute.arch.shuffle_sync_bfly(odd, offset=1 << b)
+        if const_expr(self.cfg.wide):
+            acc = acc + odd
+        tok = tile * self.cfg.rows + self.token_of(tidx, 0)
+        if tidx % self.lanes == 0 and tok < mShift.shape[2]:
+            mShift[batch, head, tok] = acc * scale
+
+    @cute.jit
+    def fwht(self, x: cute.Tensor, lane: Int32):
+        """Unnormalised Walsh-Hadamard transform of the thread's token (with its L lanes) in the stage order
+        of ``quantize.fwht``; the normalisation is folded into the quantisation (``finish_block``)."""
+        self.chunk_stages(x)  # h = 1, 2, 4, 8: inside a chunk
+        for b in cutlass.range_constexpr(self.lanes.bit_length() - 1):  # h = 16 .. 8 L: across lanes
+            m = 1 << b
+            sign = Float32(1.0) - Float32(2.0) * Float32(lane >> b & 1)  # +1: a + other, -1: other - b
+            for j in cutlass.range_constexpr(self.slots):
+                for i in cutlass.range_constexpr(VEC):
+                    other = cute.arch.shuffle_sync_bfly(x[i, j], offset=m)
+                    x[i, j] = _fma(x[i, j], sign, other)
+        for b in cutlass.range_constexpr(self.slots.bit_length() - 1):  # h = 16 L .. D / 2: the thread's chunks
+            h = 1 << b
+            for j in cutlass.range_constexpr(self.slots):
+                if const_expr((j & h) == 0):
+                    for i in cutlass.range_constexpr(VEC):
+                        a, c = x[i, j], x[i, j + h]
+                        x[i, j] = a + c
+                        x[i, j + h] = a - c
+
+    @cute.jit
+    def chunk_stages(self, x: cute.Tensor):
+        """The FWHT stages h = 1, 2, 4, 8 inside each of the thread's 16-channel chunks (``fwht``'s first four)."""
+        for j in cutlass.range_constexpr(self.slots):
+            for b in cutlass.range_constexpr(4):
+                h = 1 << b
+                for i in cutlass.range_constexpr(VEC):
+                    if const_expr((i & h) == 0):
+                        a, c = x[i, j], x[i + h, j]
+                        x[i, j] = a + c
+                        x[i + h, j] = a - c

@@ -1,0 +1,149 @@
+"""The block scale and the e4m3 stores of the FP8 quantisation pass (mixed into ``fp8.quant_kernel.QuantPass``):
+the block amax over the CTA (``block_max``), the power-of-two descale of ``quantize.descale_from_amax`` on the float32
+bits with the Hadamard's 1 / sqrt(D) folded in (``finish_block``), the saturating e4m3 conversion (``e4m3_slots``),
+and the stores: Q / K per thread (``store_qk``) or through the stage (``store_qk_staged``, ``fp8.quant_maps``'
+``store_unit`` / ``store_map``), V transposed into ``v_t`` in ``layout.v_token_order`` (``store_v_t``). Block
+quantisation as in FlashAttention-3 (Shah et al. 2024, section 3.3).
+"""
+from __future__ import annotations
+
+import math
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, const_expr
+
+from fa_variants.common.softmax import bits_f32, f32_bits
+from fa_variants.fp8.quant_maps import SLOTS, VEC, store_map, store_pitch, store_unit
+from fa_variants.fp8.quantize import MIN_DESCALE_EXPONENT
+
+
+class ScaleStoreMixin:
+    """``QuantPass``'s block amax, descale and e4m3 stores (needs ``cfg``, ``head_dim``, ``slots``, ``quads``,
+    ``num_threads``, ``token_of``, ``chunk_of``)."""
+
+    @cute.jit
+    def e4m3_slots(self, x: cute.Tensor, tidx: Int32) -> cute.Tensor:
+        """The thread's values as e4m3 (saturating), (VEC, slots), slot j = chunk ``chunk_of(tidx, j)``."""
+        y8 = cute.make_rmem_tensor(cute.make_layout((VEC, self.slots)), cutlass.Float8E4M3FN)
+        y8.store(x.load().to(cutlass.Float8E4M3FN))
+        return y8
+
+    @cute.jit
+    def block_max(self, v: Float32, red: cute.Tensor, parity: Int32, tidx: Int32) -> Float32:
+        """max of v over the CTA: warp butterfly, then the warps' maxima through shared memory (buffer
+        ``parity``: consecutive blocks alternate, so one barrier per block suffices)."""
+        for b in cutlass.range_constexpr(5):
+            v = cute.arch.fmax(v, cute.arch.shuffle_sync_bfly(v, offset=16 >> b))
+        if tidx % 32 == 0:
+            red[tidx // 32, parity] = v
+        cute.arch.barrier()
+        out = red[0, parity]
+        for w in cutlass.range_constexpr(1, self.num_threads // 32):
+            out = cute.arch.fmax(out, red[w, parity])
+        return out
+
+    @cute.jit
+    def finish_block(self, x: cute.Tensor, mX: cute.Tensor, mY: cute.Tensor, mDescale: cute.Tensor,
+                     red: cute.Tensor, parity: Int32, batch: Int32, head: Int32, tile: Int32, tidx: Int32,
+                     sStage: cute.Tensor):
+        """amax over the block's existing tokens -> descale (or amax / the given descale) -> e4m3, stored (through
+        sStage, the stage this block was read from, with ``staged_store``)."""
+        seqlen = mX.shape[1]
+        amax = Float32(0.0)
+        for j in cutlass.range_constexpr(self.slots):
+            if tile * self.cfg.rows + self.token_of(tidx, j) < seqlen:
+                for i in cutlass.range_constexpr(VEC):
+                    amax = cute.arch.fmax(amax, cute.arch.fmax(x[i, j], -x[i, j]))
+        amax = self.block_max(amax, red, parity, tidx)
+        # torch normalises first (x * n, n = float32(1 / sqrt(D))) and takes the amax of that; rounding is
+        # monotonic, so max |fl(x n)| = fl(max |x| n); and fl(x n) * inv = fl(x (n inv)) as inv is a power of
+        # two and n * inv stays normal (inv >= 2^-120 for any finite amax): one multiply per value, same bits
+        norm = Float32(1.0 / math.sqrt(self.head_dim)) if const_expr(self.cfg.rotate) else None
+        if const_expr(self.cfg.rotate):
+            amax = amax * norm
+        if const_expr(self.cfg.mode == "amax"):
+            if tidx == 0:
+                mDescale[batch, head, tile] = amax
+        else:
+            if const_expr(self.cfg.mode == "given"):
+                field = f32_bits(mDescale[batch, head, tile]) >> 23
+            else:
+                bits = f32_bits(amax)
+                field = ((bits >> 23) & 0xFF) - 8
+                if (bits & 0x7FFFFF) > 0x600000:
+                    field = field + 1
+                field = cutlass.min(cutlass.max(field, 127 + MIN_DESCALE_EXPONENT), 253)
+                if (bits & 0x7FFFFFFF) == 0:  # an all-zero block: descale 1, as descale_from_amax
+                    field = Int32(127)
+                if tidx == 0:
+                    mDescale[batch, head, tile] = bits_f32(field << 23)
+            inv = bits_f32((254 - field) << 23)
+            if const_expr(self.cfg.rotate):
+                inv = inv * norm
+            for j in cutlass.range_constexpr(self.slots):
+                for i in cutlass.range_constexpr(VEC):
+                    x[i, j] = x[i, j] * inv
+            if const_expr(self.cfg.staged_store):
+                self.store_qk_staged(x, mY, sStage, batch, head, tile, tidx)
+            elif const_expr(self.cfg.role == "qk"):
+                self.store_qk(x, mY, batch, head, tile, tidx)
+            else:
+                self.store_v_t(x, mY, batch, head, tile, tidx)
+
+    @cute.jit
+    def store_qk(self, x: cute.Tensor, mY: cute.Tensor, batch: Int32, head: Int32, tile: Int32, tidx: Int32):
+        """e4m3 (saturating) of the thread's token, one 16-byte store per chunk."""
+        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), cutlass.Float8E4M3FN, num_bits_per_copy=128)
+        y8 = self.e4m3_slots(x, tidx)
+        tok = tile * self.cfg.rows + self.token_of(tidx, 0)
+        if tok < mY.shape[1]:
+            for j in cutlass.range_constexpr(self.slots):
+                dst = cute.local_tile(mY[batch, tok, head, None], (VEC,), (self.chunk_of(tidx, j),))
+                cute.copy(atom, cute.zipped_divide(y8[None, j], (VEC,)), cute.zipped_divide(dst, (VEC,)))
+
+    @cute.jit
+    def store_qk_staged(self, x: cute.Tensor, mY: cute.Tensor, sStage: cute.Tensor, batch: Int32, head: Int32,
+                        tile: Int32, tidx: Int32):
+        """``staged_store``: e4m3 (saturating) of the thread's token into the stage it was read from (every
+        thread read its values before ``block_max``'s barrier, and the stage is refilled only after the next
+        item's barrier), 16 bytes per chunk at ``store_unit``; a barrier; then thread t stores units t + r *
+        threads (``store_map``, r = 0..3) of the block to global memory: a warp 512 contiguous bytes of whole
+        token rows. Tokens past seqlen are not stored."""
+        D, T = self.head_dim, self.num_threads
+        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), cutlass.Float8E4M3FN, num_bits_per_copy=128)
+        y8 = self.e4m3_slots(x, tidx)
+        sY = cute.make_tensor(cute.recast_ptr(sStage.iterator, dtype=cutlass.Float8E4M3FN),
+                              cute.make_layout(self.cfg.rows * store_pitch(D) * VEC))
+        for j in cutlass.range_constexpr(SLOTS):
+            sDst = cute.local_tile(sY, (VEC,), (store_unit(D, tidx, j),))
+            cute.copy(atom, cute.zipped_divide(y8[None, j], (VEC,)), cute.zipped_divide(sDst, (VEC,)))
+        cute.arch.barrier()
+        # thread t's 4 units: token t / (D / 16) + r rows / 4, chunk t % (D / 16) (``store_map``): one shared and
+        # one global address, then constant steps
+        pitch, step = store_pitch(D), self.cfg.rows // SLOTS
+        row0, chunk, unit0 = store_map(D, T, tidx, 0)
+        tok0 = tile * self.cfg.rows + row0
+        first = cute.local_tile(mY[batch, tok0, head, None], (VEC,), (chunk,))
+        gDst = cute.make_tensor(first.iterator, cute.make_layout((VEC, SLOTS), stride=(1, step * mY.stride[1])))
+        sSrc = cute.make_tensor(cute.local_tile(sY, (VEC,), (unit0,)).iterator,
+                                cute.make_layout((VEC, SLOTS), stride=(1, step * pitch * VEC)))
+        out = cute.make_rmem_tensor(VEC, cutlass.Float8E4M3FN)  # one unit at a time: 4 registers live, not 16
+        for r in cutlass.range_constexpr(SLOTS):
+            if tok0 + r * step < mY.shape[1]:
+                cute.copy(atom, cute.zipped_divide(sSrc[None, r], (VEC,)), cute.zipped_divide(out, (VEC,)))
+                cute.copy(atom, cute.zipped_divide(out, (VEC,)), cute.zipped_divide(gDst[None, r], (VEC,)))
+
+    @cute.jit
+    def store_v_t(self, x: cute.Tensor, mVt: cute.Tensor, batch: Int32, head: Int32, tile: Int32, tidx: Int32):
+        """V: per channel, the e4m3 bytes of the thread's 4 tokens are positions 4t .. 4t + 3 of their group
+        in v_t (layout.v_token_order): one 32-bit store each, a warp's 32 quads 128 contiguous bytes."""
+        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), cutlass.Float8E4M3FN, num_bits_per_copy=32)
+        y8 = cute.make_rmem_tensor(cute.make_layout((VEC, SLOTS), stride=(SLOTS, 1)), cutlass.Float8E4M3FN)
+        y8.store(x.load().to(cutlass.Float8E4M3FN))
+        quad = tidx % self.quads
+        if tile * self.cfg.rows + 16 * (quad // 4) < mVt.shape[3]:  # the group exists in v_t (padded to 16)
+            c0 = self.chunk_of(tidx, 0) * VEC
+            for i in cutlass.range_constexpr(VEC):
+                dst = cute.local_tile(mVt[batch, head, c0 + i, None], (SLOTS,), (tile * self.quads + quad,))
+                cute.copy(atom, cute.zipped_divide(y8[i, None], (SLOTS,)), cute.zipped_divide(dst, (SLOTS,)))
