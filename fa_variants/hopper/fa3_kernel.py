@@ -3,25 +3,43 @@ docstring). Imported only to compile (``hopper.fa3._build``): a process that loa
 cache (``common.diskcache``) never imports the DSL. Adapted from Dao-AILab/flash-attention:
 flash_attn/cute/flash_fwd_sm90.py::FlashAttentionForwardSm90 and NVIDIA/cutlass:
 examples/python/CuTeDSL/cute/hopper/kernel/attention/fmha.py.
-"""
-import math
-from dataclasses import dataclass
 
+This module reads top-down like FA3's forward (FA3 paper, Algorithm 1): the host side (TMA descriptors, shared
+memory, grid), the kernel (pipelines, then the producer warp and the consumer warpgroups with their register
+split, section 3.1), the consumer (Q K^T, softmax, P V over the K/V tiles from the last to the first, then the
+epilogue). Its pieces live beside it:
+
+    hopper/fa3_producer.py   Fa3Producer: mbarrier pipelines and the producer warp's TMA loads
+    hopper/fa3_mainloop.py   _StepContext: one consumer warpgroup's K/V tile steps (ping-pong, intra-warpgroup
+                             overlap: sections 3.1-3.2)
+    hopper/fa3_schedule.py   Fa3Schedule: tile coordinates, K/V tile ranges, the persistent grid's roles
+    hopper/fa3_split.py      Fa3SplitKV: split-KV coordinates, partial epilogue, fused merge
+
+``FlashAttention3Sm90Persistent`` and ``FlashAttention3Sm90FusedMerge`` (their ``__call__``) are here too; the
+kernel classes stay in this module (the DSL names a kernel after its object's module and class).
+"""
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 from cutlass import Float32, Int32, const_expr
-from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cute.nvgpu import cpasync
 
 from fa_variants.common import pack_gqa, tile_scheduler
 from fa_variants.common.config import Sm90Config
-from fa_variants.common.layout import acc_as_operand_a, convert_in_pairs, transpose_view
+from fa_variants.common.layout import convert_in_pairs, transpose_view
 from fa_variants.common.layout import rows_cols as acc_rows_cols
 from fa_variants.common.mask import AttentionMask, BlockInfo
 from fa_variants.common.sm90 import (WARPGROUP_THREADS, NamedBarrier, hoisted_descriptors, make_row_major_smem_layout,
-                                    make_tiled_mma, wgmma)
+                                    make_tiled_mma)
 from fa_variants.common.softmax import OnlineSoftmax
+from fa_variants.hopper.fa3_mainloop import _StepContext
+from fa_variants.hopper.fa3_producer import Fa3Producer
+from fa_variants.hopper.fa3_schedule import Fa3Schedule
+from fa_variants.hopper.fa3_split import LN_2, LOG2_E, MERGE_VEC, Fa3SplitKV
+
+__all__ = ["FlashAttention3Sm90", "FlashAttention3Sm90Persistent", "FlashAttention3Sm90FusedMerge", "REGISTERS",
+           "REGISTERS_TWO_CTAS", "MERGE_VEC", "LOG2_E", "LN_2", "_StepContext"]
 
 # Register split per consumer-warpgroup count: (producer warpgroup, each consumer warpgroup);
 # 128 * (producer + n * consumer) <= 64K registers per SM.
@@ -29,13 +47,9 @@ REGISTERS = {1: (24, 240), 2: (24, 240), 3: (32, 160)}
 # Two CTAs per SM (Sm90Config.ctas_per_sm = 2, one consumer warpgroup): 2 x 256 threads x 128 registers at launch;
 # the producer gives 104 back, the consumer takes them: 24 + 232 = 2 x 128.
 REGISTERS_TWO_CTAS = (24, 232)
-# Fused split merge: fp32 columns of a row each thread merges at a time (one 16-byte load per split)
-MERGE_VEC = 4
-LOG2_E = math.log2(math.e)
-LN_2 = math.log(2.0)
 
 
-class FlashAttention3Sm90:
+class FlashAttention3Sm90(Fa3Schedule, Fa3SplitKV, Fa3Producer):
     """FA3 forward for one (dtype, head_dim, causal, Sm90Config); see the module docstring.
 
     ``__call__`` (host, traced once per config) takes q (B, Nq, H, D), k and v (B, Nk, Hkv, D),
@@ -343,290 +357,6 @@ class FlashAttention3Sm90:
             if const_expr(self.fused_merge):
                 self._merge_if_last(mO, mLSE, m_block, head, batch, *last)
 
-    @cute.jit
-    def _roles_persistent(self, mQ, mK, mV, mO, mLSE, sQ, sK, sV, sO, tma_q, tma_k, tma_v, tma_o, tiled_mma_qk,
-                          tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2: Float32, qhead_per_kvhead: Int32,
-                          extras: tuple, warp_idx: Int32, num_m_blocks: Int32, l2_heads: Int32, seqlen_q: Int32,
-                          seqlen_k: Int32):
-        """``_roles`` of a persistent CTA (``Sm90Config.persistent``): the producer warp and the consumer
-        warpgroups each walk this CTA's tiles of the static schedule (``common.tile_scheduler``) with their
-        pipeline states carried from tile to tile (the Q, K and V mbarrier phases run on), so the producer's loads
-        of the next tile wait only for free buffers, not for the previous tile's epilogue (but Q's, when O reuses
-        Q's buffer). The ping-pong turn is handed to warpgroup 0 once: each tile ends with the last warpgroup's
-        arrive on warpgroup 0's barrier, which is the next tile's first turn."""
-        heads, batches = mQ.shape[2], mQ.shape[3]
-        first, stride = tile_scheduler.persistent_tiles()
-        total = num_m_blocks * heads * batches
-        if warp_idx < WARPGROUP_THREADS // 32:
-            cute.arch.setmaxregister_decrease(self.producer_regs)
-            if warp_idx == 0:
-                q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-                k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-                v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-                for tile in cutlass.range(first, total, stride, unroll=1):
-                    m_block, head, batch = tile_scheduler.tile_coords(tile, num_m_blocks, heads, batches, l2_heads,
-                                                                      self.causal)
-                    n_blocks = self._num_kv_blocks(m_block, seqlen_q, seqlen_k)
-                    q_state, k_state, v_state = self.producer(
-                        mQ[None, None, head, batch], mK[None, None, head // qhead_per_kvhead, batch],
-                        mV[None, None, head // qhead_per_kvhead, batch], sQ, sK, sV, tma_q, tma_k, tma_v,
-                        pipe_q, pipe_k, pipe_v, m_block, n_blocks, 0, states=(q_state, k_state, v_state))
-        else:
-            cute.arch.setmaxregister_increase(self.consumer_regs)
-            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-            k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-            v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-            if const_expr(self.pingpong):
-                if warp_idx < 2 * WARPGROUP_THREADS // 32:  # warpgroup 0 takes the first turn
-                    cute.arch.barrier_arrive(barrier_id=int(NamedBarrier.SCHEDULE_WG0),
-                                             number_of_threads=2 * WARPGROUP_THREADS)
-            for tile in cutlass.range(first, total, stride, unroll=1):
-                m_block, head, batch = tile_scheduler.tile_coords(tile, num_m_blocks, heads, batches, l2_heads,
-                                                                  self.causal)
-                n_blocks = self._num_kv_blocks(m_block, seqlen_q, seqlen_k)
-                q_state, k_state, v_state = self.consumer(
-                    mO[None, None, head, batch], mLSE[None, head, batch], sQ, sK, sV, sO, tma_o,
-                    tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2,
-                    m_block, n_blocks, seqlen_q, seqlen_k, extras, head, batch, 0,
-                    states=(q_state, k_state, v_state))
-
-    @cute.jit
-    def _merge_if_last(self, mO, mLSE, m_block: Int32, head: Int32, batch: Int32, storage, merge: tuple, tile: Int32,
-                       num_splits: Int32, rows: Int32):
-        """Fused split merge, run by the consumer threads of every split CTA after its partials are stored:
-        count this split's arrival at the query tile's counter; the CTA that arrives last merges the tile.
-
-        Memory ordering (PTX memory model, release / acquire through fences and one atomic): each thread's
-        partial stores, then a gpu-scope acq_rel fence (release), then a barrier of the consumer threads, then one
-        thread's gpu-scope acq_rel atomic add on the counter; the thread that reads num_splits - 1 (the last
-        split) shares it through shared memory and a barrier, and every thread fences (acquire) before reading
-        the other CTAs' partials. The last CTA sets the counter back to 0 (self-cleaning: the buffer is zeroed
-        once and reused by every later call on the stream)."""
-        mOut, mLSEout, mCount = merge
-        tidx = cute.arch.thread_idx()[0] - WARPGROUP_THREADS
-        consumers = self.num_wg * WARPGROUP_THREADS
-        ticket = storage.merge_ticket.get_tensor(cute.make_layout(1))
-        cute.arch.fence_acq_rel_gpu()  # release: this thread's partial O / LSE stores before the count
-        cute.arch.barrier(barrier_id=int(NamedBarrier.EPILOGUE), number_of_threads=consumers)
-        if tidx == 0:
-            ticket[0] = cute.arch.atomic_add((mCount.iterator + tile).llvm_ptr, Int32(1), sem="acq_rel", scope="gpu")
-        cute.arch.barrier(barrier_id=int(NamedBarrier.EPILOGUE), number_of_threads=consumers)
-        if ticket[0] == num_splits - 1:
-            cute.arch.fence_acq_rel_gpu()  # acquire: the other splits' partials, before reading them
-            sLSE = storage.merge_lse.get_tensor(cute.make_layout(self.tile_m))
-            self._merge_tile(mO, mLSE, mOut, mLSEout, sLSE, tidx, consumers, m_block, head, batch, num_splits, rows)
-            if tidx == 0:
-                mCount[tile] = Int32(0)
-
-    @cute.jit
-    def _merge_tile(self, mO, mLSE, mOut, mLSEout, sLSE, tidx: Int32, consumers: int, m_block: Int32, head: Int32,
-                    batch: Int32, num_splits: Int32, rows: Int32):
-        """O and LSE of the query tile's rows from the num_splits partials (``common.split_combine``'s maths, sums
-        in split order): one thread per row computes LSE = m' + log sum_s exp(LSE_s - m') (m' the max, 0 if every
-        split is empty; -inf when the sum is 0) into shared memory and the caller's LSE; then each thread merges
-        4 columns of a row at a time, O = sum over splits with LSE_s != -inf of exp(LSE_s - LSE) O_s, rounded
-        once to O's dtype. Partials: (rows, head_dim, heads, num_splits * batch), split s of batch b at s B + b."""
-        batches = mOut.shape[3]
-        row0 = m_block * self.tile_m
-        n_rows = cutlass.min(rows - row0, self.tile_m)
-        if tidx < n_rows:
-            r = row0 + tidx
-            m = -Float32.inf
-            for s in cutlass.range(num_splits, unroll=8):
-                m = cutlass.max(m, mLSE[r, head, s * batches + batch])
-            m_safe = m
-            if m == -Float32.inf:
-                m_safe = Float32(0.0)
-            l = Float32(0.0)
-            for s in cutlass.range(num_splits, unroll=8):
-                l += cute.math.exp2((mLSE[r, head, s * batches + batch] - m_safe) * LOG2_E, fastmath=True)
-            lse = -Float32.inf
-            if l != Float32(0.0):
-                lse = m_safe + cute.math.log2(l, fastmath=True) * LN_2
-            sLSE[tidx] = lse
-            mLSEout[r, head, batch] = lse
-        cute.arch.barrier(barrier_id=int(NamedBarrier.EPILOGUE), number_of_threads=consumers)
-        chunks = self.head_dim // MERGE_VEC
-        for u in cutlass.range(tidx, n_rows * chunks, consumers, unroll=1):
-            i = u // chunks
-            r = row0 + i
-            lse = sLSE[i]
-            acc = cute.make_rmem_tensor(cute.make_layout(MERGE_VEC), Float32)
-            acc.fill(0.0)
-            o = cute.make_rmem_tensor(cute.make_layout(MERGE_VEC), Float32)
-            if lse != -Float32.inf:
-                for s in cutlass.range(num_splits, unroll=8):
-                    x = mLSE[r, head, s * batches + batch]
-                    # loaded whether or not the split saw a key and used through a select (an empty split's O is
-                    # unwritten scratch: skipped, never multiplied by 0), so that the loads of the unrolled splits
-                    # do not wait for their LSE: all in flight together
-                    o.store(cute.local_tile(mO[r, None, head, s * batches + batch], (MERGE_VEC,), (u - i * chunks,)).load())
-                    w = cute.math.exp2((x - lse) * LOG2_E, fastmath=True)
-                    keep = x != -Float32.inf
-                    for j in cutlass.range_constexpr(MERGE_VEC):
-                        acc[j] = cutlass.select_(keep, acc[j] + w * o[j], acc[j])
-            dst = cute.local_tile(mOut[r, None, head, batch], (MERGE_VEC,), (u - i * chunks,))
-            dst.store(acc.load().to(self.out_dtype))
-
-    @cute.jit
-    def _tile_coords(self, num_m_blocks: Int32, num_heads: Int32, batches: Int32, l2_heads: Int32):
-        """(query tile, head, batch) of this CTA. Non-causal tiles cost the same: query tiles of one head
-        run side by side (they share K/V in L2). Causal tiles differ in cost, so the order is longest
-        first (LPT) within sections of ``l2_heads`` (batch, head) pairs whose K and V fit in L2
-        together; the short tiles then fill the tail of the grid."""
-        bid, _, _ = cute.arch.block_idx()
-        return tile_scheduler.tile_coords(bid, num_m_blocks, num_heads, batches, l2_heads, self.causal)
-
-    @cute.jit
-    def _num_kv_blocks(self, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32) -> Int32:
-        """K/V tiles [0, n_blocks) that the Q tile m_block sees (``common.mask.kv_tile_end``: causal
-        skips the tiles past the diagonal of its last row). A tile whose rows see no key still runs
-        tile 0, all masked, which gives O = 0 and LSE = -inf without a special path."""
-        if const_expr(self._tail_first()):
-            return cutlass.max(self.blocks.kv_tile_end(m_block, seqlen_q, seqlen_k, self._q_start(m_block, seqlen_q)), 1)
-        return cutlass.max(self.blocks.kv_tile_end(m_block, seqlen_q, seqlen_k), 1)
-
-    def _tail_first(self) -> bool:
-        """``Sm90Config.q_tail_first`` in effect (causal kernels only; a non-causal kernel compiles without it)."""
-        return self.causal and self.cfg.q_tail_first
-
-    def _q_start(self, m_block, seqlen_q):
-        """First query row of tile m_block (``common.mask.BlockInfo.q_row_start``): m_block tile_m, or under
-        q_tail_first max(m_block tile_m - shift, 0), never negative, so the partial tile's waste sits in tile 0 (the
-        shortest under causal masking) as the shift rows it shares with tile 1."""
-        return self.blocks.q_row_start(m_block, seqlen_q, self._tail_first())
-
-    def _q_tile(self, m_tensor, m_block, seqlen_q):
-        """The (tile_m, head_dim) TMA coordinate tile of Q or O for query tile m_block (its first row ``_q_start``,
-        0 or more: TMA clips rows past seqlen_q on load and store)."""
-        if const_expr(self._tail_first()):
-            m_tensor = cute.domain_offset((self._q_start(m_block, seqlen_q), 0), m_tensor)
-            return cute.local_tile(m_tensor, (self.tile_m, self.head_dim), (0, 0))
-        return cute.local_tile(m_tensor, (self.tile_m, self.head_dim), (m_block, 0))
-
-    @cute.jit
-    def _split_coords(self, num_m_blocks: Int32, num_heads: Int32, num_splits: Int32):
-        """(query tile, head, batch, split) of this CTA: the splits of one query tile side by side."""
-        bid, _, _ = cute.arch.block_idx()
-        split = bid % num_splits
-        rest = bid // num_splits
-        hb = rest // num_m_blocks
-        return rest % num_m_blocks, hb % num_heads, hb // num_heads, split
-
-    @cute.jit
-    def _split_range(self, m_block: Int32, split: Int32, num_splits: Int32, seqlen_q: Int32, seqlen_k: Int32):
-        """(first tile, tile count) of this split: tiles [s n // S, (s + 1) n // S) of the n the query tile
-        needs (``common.split.split_ranges``); the count is <= 0 for an empty split."""
-        n_total = self._num_kv_blocks(m_block, seqlen_q, seqlen_k)
-        n_start = split * n_total // num_splits
-        return n_start, (split + 1) * n_total // num_splits - n_start
-
-    def _seqlen_q(self, mQ: cute.Tensor):
-        """Query positions of the problem: mode 0 of Q, or its second part when packed ((G, seqlen_q))."""
-        return mQ.shape[0][1] if const_expr(self.pack_group) else mQ.shape[0]
-
-    def _tile(self, n_start, n):
-        """Absolute K/V tile index of the n-th tile of this CTA's range (the range starts at 0 unless split)."""
-        return n_start + n if const_expr(self.split) else n
-
-    def _make_pipelines(self, storage):
-        cta = cute.make_layout((1, 1, 1, 1))
-        tma_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
-        consumer_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_wg * 4)  # one arrive per warp
-
-        def make(mbar, stages, tx):
-            return pipeline.PipelineTmaAsync.create(
-                barrier_storage=mbar.data_ptr(), num_stages=stages, producer_group=tma_thread,
-                consumer_group=consumer_warps, tx_count=tx, cta_layout_vmnk=cta, defer_sync=True,
-            )
-
-        return make(storage.mbar_q, 1, self.bytes_q), make(storage.mbar_k, self.stages, self.bytes_kv), make(storage.mbar_v, self.stages, self.bytes_kv)
-
-    def _pipeline_states(self, user_type, states: tuple) -> tuple:
-        """(Q, K, V) pipeline states of a producer or consumer (``user_type``): ``states`` when carried from the
-        previous tile (persistent), else fresh ones (Q one stage, K and V ``stages``; V None under
-        ``shared_kv_state``, where K's state serves both rings)."""
-        if const_expr(len(states) > 0):
-            return states
-        v_state = None
-        if const_expr(not self.cfg.shared_kv_state):
-            v_state = pipeline.make_pipeline_state(user_type, self.stages)
-        return (pipeline.make_pipeline_state(user_type, 1), pipeline.make_pipeline_state(user_type, self.stages),
-                v_state)
-
-    # ----- producer warp: TMA only ----------------------------------------------------------
-
-    @cute.jit
-    def producer(self, mQ, mK, mV, sQ, sK, sV, tma_q, tma_k, tma_v, pipe_q, pipe_k, pipe_v, m_block: Int32, n_blocks: Int32,
-                 n_start, states: tuple = ()):
-        """Load Q once, then K_j and V_j for j = n_blocks-1 .. 0 in the order the consumers use them.
-        ``states``: (Q, K, V) producer states carried from the previous tile (persistent), returned advanced;
-        the first K tile then goes out before Q (Q's buffer may still hold the previous tile's O)."""
-        D = self.head_dim
-        gQ = self._q_tile(mQ, m_block, cute.size(mQ.shape[0]))
-        gK = cute.local_tile(mK, (self.tile_n, D), (None, 0))  # (tile_n, D, n_kv_tiles)
-        gV = self._v_tiles(mV)  # (V tile, n_kv_tiles)
-        one = cute.make_layout(1)
-        tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, one, cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
-        tKsK, tKgK = cpasync.tma_partition(tma_k, 0, one, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
-        tVsV, tVgV = cpasync.tma_partition(tma_v, 0, one, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
-
-        carried = const_expr(len(states) > 0)
-        q_state, k_state, v_state = self._pipeline_states(pipeline.PipelineUserType.Producer, states)
-        first_k = (self.cfg.k_before_q or carried) and not self.cfg.shared_kv_state
-        if const_expr(first_k):  # the first K tile's load goes out before Q's (flash-attn-4's order)
-            k_state = self._load(tma_k, tKgK, tKsK, pipe_k, k_state, self._tile(n_start, n_blocks - 1))
-        pipe_q.producer_acquire(q_state)
-        cute.copy(tma_q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
-        if const_expr(carried):
-            q_state.advance()
-
-        if const_expr(self.cfg.shared_kv_state):
-            self._produce_shared(tKgK, tKsK, tVgV, tVsV, tma_k, tma_v, pipe_k, pipe_v, k_state, n_blocks, n_start)
-            return
-        if const_expr(not first_k):
-            k_state = self._load(tma_k, tKgK, tKsK, pipe_k, k_state, self._tile(n_start, n_blocks - 1))
-        for i in cutlass.range(n_blocks - 1, unroll=1):
-            n = self._tile(n_start, n_blocks - 2 - i)
-            if const_expr(self.overlap):  # consumers want K_n before V_{n+1}
-                k_state = self._load(tma_k, tKgK, tKsK, pipe_k, k_state, n)
-                v_state = self._load(tma_v, tVgV, tVsV, pipe_v, v_state, n + 1)
-            else:
-                v_state = self._load(tma_v, tVgV, tVsV, pipe_v, v_state, n + 1)
-                k_state = self._load(tma_k, tKgK, tKsK, pipe_k, k_state, n)
-        v_state = self._load(tma_v, tVgV, tVsV, pipe_v, v_state, self._tile(n_start, 0))
-        return q_state, k_state, v_state
-
-    @cute.jit
-    def _produce_shared(self, tKgK, tKsK, tVgV, tVsV, tma_k, tma_v, pipe_k, pipe_v, state, n_blocks: Int32, n_start):
-        """``producer`` with one state for both rings (``shared_kv_state``): the i-th K/V tile of the range
-        goes to slot i of each ring, so K_n uses the state one past V_{n+1}'s."""
-        self._issue(tma_k, tKgK, tKsK, pipe_k, state, self._tile(n_start, n_blocks - 1))
-        for i in cutlass.range(n_blocks - 1, unroll=1):
-            n = self._tile(n_start, n_blocks - 2 - i)
-            v_state = state.clone()
-            state.advance()
-            if const_expr(self.overlap):  # consumers want K_n before V_{n+1}
-                self._issue(tma_k, tKgK, tKsK, pipe_k, state, n)
-                self._issue(tma_v, tVgV, tVsV, pipe_v, v_state, n + 1)
-            else:
-                self._issue(tma_v, tVgV, tVsV, pipe_v, v_state, n + 1)
-                self._issue(tma_k, tKgK, tKsK, pipe_k, state, n)
-        self._issue(tma_v, tVgV, tVsV, pipe_v, state, self._tile(n_start, 0))
-
-    @staticmethod
-    def _issue(tma_atom, g_tiles, s_buffers, pipe, state, block):
-        """Wait for a free buffer, arm its mbarrier with the byte count, issue the TMA load."""
-        pipe.producer_acquire(state)
-        cute.copy(tma_atom, g_tiles[None, block], s_buffers[None, state.index], tma_bar_ptr=pipe.producer_get_barrier(state))
-
-    @staticmethod
-    def _load(tma_atom, g_tiles, s_buffers, pipe, state, block):
-        """``_issue``, then advance the state."""
-        FlashAttention3Sm90._issue(tma_atom, g_tiles, s_buffers, pipe, state, block)
-        state.advance()
-        return state
-
     # ----- consumer warpgroups: GEMMs, softmax, epilogue ---------------------------------------
 
     @cute.jit
@@ -734,21 +464,6 @@ class FlashAttention3Sm90:
             return q_state, k_state, v_state
 
     @cute.jit
-    def store_partial(self, acc_O, lse, mO, mLSE, tiled_mma_pv, tidx: Int32, m_block: Int32, seqlen_q: Int32):
-        """Split-KV epilogue: this split's O (fp32, normalised by its own row sum) and LSE straight from
-        registers to the partial buffers (a few rows in decode: no shared-memory staging)."""
-        thr_mma = tiled_mma_pv.get_slice(tidx)
-        tOcO = acc_rows_cols(thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim))))
-        o = acc_rows_cols(acc_O)
-        for r in cutlass.range_constexpr(cute.size(o, mode=[0])):
-            row = m_block * self.tile_m + tOcO[r, 0][0]
-            if row < seqlen_q:
-                for c in cutlass.range_constexpr(cute.size(o, mode=[1])):
-                    mO[row, tOcO[r, c][1]] = o[r, c]
-                if tOcO[0, 0][1] == 0:
-                    mLSE[row] = lse[r]
-
-    @cute.jit
     def epilogue(self, acc_O, lse, mO, mLSE, sO, tma_o, tiled_mma_pv, tidx: Int32, m_block: Int32, seqlen_q: Int32):
         """O: registers -> shared memory (stmatrix) -> global memory (one TMA store, clipped at
         seqlen_q). LSE: straight from registers, by the thread holding column 0 of each row."""
@@ -810,229 +525,3 @@ class FlashAttention3Sm90FusedMerge(FlashAttention3Sm90):
                  softmax_scale_log2: Float32, l2_heads: Int32, mOut: cute.Tensor, mLSEout: cute.Tensor,
                  mCount: cute.Tensor, stream: cuda.CUstream):
         self.launch(mQ, mK, mV, mO, mLSE, softmax_scale_log2, l2_heads, (), stream, merge=(mOut, mLSEout, mCount))
-
-
-@dataclass(frozen=True)
-class _StepContext:
-    """One consumer warpgroup's mainloop steps (trace-time helper holding its fragments; frozen so
-    that the DSL passes it into run-time loops as read-only)."""
-
-    k: "FlashAttention3Sm90"
-    wg: Int32
-    mma_qk: cute.TiledMma
-    mma_pv: cute.TiledMma
-    tSrQ: cute.Tensor
-    tSrK: cute.Tensor
-    tOrV: cute.Tensor
-    tOrP: cute.Tensor
-    acc_O: cute.Tensor
-    tScS: cute.Tensor
-    t0ScS: cute.Tensor
-    softmax: OnlineSoftmax
-    pipe_k: pipeline.PipelineTmaAsync
-    pipe_v: pipeline.PipelineTmaAsync
-    row0: Int32
-    mask_s: AttentionMask
-    alpha_prev: cute.Tensor  # (rows,) alpha of the tile whose P V GEMM is issued next (defer_mode > 0), else None
-
-    # ping-pong: warpgroup w waits on its own barrier, then hands the turn to w + 1
-    def schedule_sync(self):
-        if const_expr(self.k.pingpong):
-            cute.arch.barrier(barrier_id=int(NamedBarrier.SCHEDULE_WG0) + self.wg, number_of_threads=2 * WARPGROUP_THREADS)
-
-    def schedule_arrive(self):
-        if const_expr(self.k.pingpong):
-            nxt = self.wg + 1
-            if const_expr(self.k.num_wg == 2):
-                nxt = 1 - self.wg
-            else:
-                nxt = nxt % self.k.num_wg
-            cute.arch.barrier_arrive(barrier_id=int(NamedBarrier.SCHEDULE_WG0) + nxt, number_of_threads=2 * WARPGROUP_THREADS)
-
-    def new_scores(self):
-        return cute.make_rmem_tensor(self.mma_qk.get_slice(0).partition_shape_C((self.k.tile_m, self.k.tile_n)), Float32)
-
-    def mask(self, acc_S, n_block, causal: bool, seqlen_end: bool):
-        if const_expr(causal or seqlen_end):
-            self.mask_s.apply(acc_rows_cols(acc_S), acc_rows_cols(self.tScS), acc_rows_cols(self.t0ScS), self.row0,
-                              n_block * self.k.tile_n, seqlen_end, causal)
-
-    # Hooks of the kernel family (fa3_fp8 overrides them): how S becomes P, how a tile's P V reaches O.
-
-    def softmax_step(self, acc_S, n_block, is_first: bool = False):
-        """S (tile n_block) -> P in place; returns the per-row factor O must be rescaled by."""
-        return self.softmax.update(acc_rows_cols(acc_S), is_first)
-
-    def rescale_o(self, alpha, n_block):
-        """O *= alpha, before the P V GEMM of tile n_block is issued."""
-        self.softmax.rescale(acc_rows_cols(self.acc_O), alpha, skip_ones=True)
-
-    def to_p(self, acc_S):
-        """P (fp32 accumulator) -> 16-bit A operand of the PV GEMM, in registers."""
-        self.k._convert(acc_as_operand_a(acc_S), self.tOrP)
-
-    def pv(self, v_state, n_block, wait: int, accumulate=None):
-        """Issue O += P V_n (one WGMMA group; ``wait`` as in ``common.sm90.wgmma``); O = P V_n where the
-        run-time ``accumulate`` is False (only passed when ``overwrites_o``)."""
-        early = const_expr(self.k.cfg.early_pv_arrive)
-        wgmma(self.mma_pv, self.acc_O, self.tOrP, self.tOrV[None, None, None, v_state.index],
-              wait=-1 if early else wait, accumulate=accumulate)
-        if const_expr(early):
-            self.pv_issued(wait)
-
-    def pv_issued(self, wait: int):
-        """``early_pv_arrive``: called by ``pv`` once the last WGMMA group of the P V GEMM is committed: hand the
-        ping-pong turn on, then wait until at most ``wait`` groups are in flight (-1: no wait)."""
-        self.schedule_arrive()
-        if const_expr(wait >= 0):
-            warpgroup.wait_group(wait)
-
-    def overwrites_o(self) -> bool:
-        """Whether the first P V GEMM overwrites O (``first_pv_overwrites``), so O needs no zero fill: only
-        with this class's ``pv`` (a subclass's own P V hook, fa3-fp8's, keeps the fill)."""
-        return self.k.cfg.first_pv_overwrites and type(self).pv is _StepContext.pv
-
-    def _pv(self, v_state, n_block, wait: int, accumulate):
-        """``pv``, passing ``accumulate`` (first tile: False) only when ``overwrites_o``."""
-        if const_expr(self.overwrites_o()):
-            self.pv(v_state, n_block, wait=wait, accumulate=accumulate)
-        else:
-            self.pv(v_state, n_block, wait=wait)
-
-    def fold_pv(self, n_block):
-        """After the P V GEMM of tile n_block completed: nothing here (it accumulated into O)."""
-
-    def finalize(self):
-        """Deferred normalisation: O /= l once; returns LSE = m * scale + ln(l) per row."""
-        inv_l, lse = self.softmax.finalize()
-        self.softmax.rescale(acc_rows_cols(self.acc_O), inv_l)
-        return lse
-
-    # Pipeline states: separate K and V states (v_state given), or one (``shared_kv_state``, v_state None):
-    # the state of the K tile last consumed, whose V is consumed next under overlap (fa4 keeps one state too,
-    # adapted from Dao-AILab/flash-attention:flash_attn/cute/flash_fwd_sm90.py::mma_one_n_block_intrawg_overlap).
-
-    def first_scores(self, k_state, n_block):
-        """Overlap prologue: S for the last K/V tile, masked, softmax (no PV yet)."""
-        acc_S = self.new_scores()
-        self.pipe_k.consumer_wait(k_state)
-        wgmma(self.mma_qk, acc_S, self.tSrQ, self.tSrK[None, None, None, k_state.index], zero_init=True, wait=0)
-        self.pipe_k.consumer_release(k_state)
-        if const_expr(not self.k.cfg.shared_kv_state):
-            k_state.advance()
-        self.mask(acc_S, n_block, causal=self.k.causal, seqlen_end=True)
-        alpha = self.softmax_step(acc_S, n_block, is_first=True)
-        if const_expr(self.defer_mode() > 0):
-            self.alpha_prev.store(alpha.load())  # ones: the first P V GEMM finds O at zero (or overwrites it)
-        self.to_p(acc_S)
-        return k_state
-
-    def defer_mode(self) -> int:
-        """0: O rescaled and P written at the end of each overlapped step, after waiting for its P V GEMM;
-        1: ``rescale_o_before_pv``. Only with this class's P V hooks (fa3-fp8's own hooks keep 0; its config
-        rejects the switch)."""
-        own = all(getattr(type(self), h) is getattr(_StepContext, h) for h in ("pv", "to_p", "rescale_o", "fold_pv"))
-        return 1 if own and self.k._defers() else 0
-
-    @cute.jit
-    def deferred_step(self, k_state, v_state, n_block, causal: cutlass.Constexpr[bool], accumulate=True):
-        """``overlapped_step`` for defer_mode > 0 (``rescale_o_before_pv``), with O *= alpha of tile n_block + 1
-        applied in this step instead of at the end of the previous one: right after the S GEMM of tile n_block
-        is issued (the previous P V GEMM was waited for at the end of the previous step; the S GEMM runs
-        meanwhile). ``accumulate``: False on the first step (no P V GEMM before it; O's first-P V overwrite,
-        ``_pv``). Returns (k_state, v_state)."""
-        acc_S = self.new_scores()
-        self.pipe_k.consumer_wait(k_state)
-        self.schedule_sync()
-        wgmma(self.mma_qk, acc_S, self.tSrQ, self.tSrK[None, None, None, k_state.index], zero_init=True, wait=-1)
-        self.rescale_o(self.alpha_prev, n_block + 1)
-        self.pipe_v.consumer_wait(v_state)
-        self._pv(v_state, n_block + 1, wait=-1, accumulate=accumulate)
-        self.schedule_arrive()
-        warpgroup.wait_group(1)  # S is ready; P V may still run
-        self.pipe_k.consumer_release(k_state)
-        k_state.advance()
-        self.mask(acc_S, n_block, causal=causal, seqlen_end=False)
-        alpha = self.softmax_step(acc_S, n_block)
-        self.alpha_prev.store(alpha.load())
-        warpgroup.wait_group(0)  # P V done: P and the V buffer are free
-        self.pipe_v.consumer_release(v_state)
-        v_state.advance()
-        self.to_p(acc_S)
-        return k_state, v_state
-
-    @cute.jit
-    def deferred_last_pv(self, v_state, n_block, accumulate=True):
-        """``last_pv`` for defer_mode > 0: O *= alpha of tile n_block, then O += P V_{n_block}."""
-        self.rescale_o(self.alpha_prev, n_block)
-        self.pipe_v.consumer_wait(v_state)
-        self._pv(v_state, n_block, wait=0, accumulate=accumulate)
-        self.pipe_v.consumer_release(v_state)
-        v_state.advance()
-
-    def overlapped_step(self, k_state, v_state, n_block, causal: bool, accumulate=True):
-        """Algorithm 2 body: issue S_next = Q K_n^T and O += P V_prev together; softmax(S_next)
-        runs while the PV GEMM is still in flight. ``accumulate``: False for the first PV (``_pv``)."""
-        shared = const_expr(v_state is None)
-        if const_expr(shared):  # V of the previous K tile, K one slot on
-            v_state = k_state.clone()
-            k_state.advance()
-        acc_S = self.new_scores()
-        self.pipe_k.consumer_wait(k_state)
-        self.schedule_sync()
-        wgmma(self.mma_qk, acc_S, self.tSrQ, self.tSrK[None, None, None, k_state.index], zero_init=True, wait=-1)
-        self.pipe_v.consumer_wait(v_state)
-        self._pv(v_state, n_block + 1, wait=-1, accumulate=accumulate)
-        self.schedule_arrive()
-        warpgroup.wait_group(1)  # S_next is ready; PV may still run
-        self.pipe_k.consumer_release(k_state)
-        if const_expr(not shared):
-            k_state.advance()
-        self.mask(acc_S, n_block, causal=causal, seqlen_end=False)
-        alpha = self.softmax_step(acc_S, n_block)
-        warpgroup.wait_group(0)  # PV done: O and P registers are free
-        self.pipe_v.consumer_release(v_state)
-        if const_expr(not shared):
-            v_state.advance()
-        self.fold_pv(n_block + 1)
-        self.rescale_o(alpha, n_block)
-        self.to_p(acc_S)
-        return k_state, (None if const_expr(shared) else v_state)
-
-    def last_pv(self, v_state, n_block=0, accumulate=True):
-        """Overlap epilogue: O += P V for the first K/V tile of the range (n_block)."""
-        self.pipe_v.consumer_wait(v_state)
-        self._pv(v_state, n_block, wait=0, accumulate=accumulate)
-        self.pipe_v.consumer_release(v_state)
-        v_state.advance()
-        self.fold_pv(n_block)
-        return v_state
-
-    def serial_step(self, k_state, v_state, n_block, causal: bool, seqlen_end: bool = False, is_first: bool = False):
-        """Algorithm 1 body without intra-warpgroup overlap; the turn (ping-pong) covers
-        [O += P V_n, S_{n-1} = Q K_{n-1}^T], the softmax runs outside it. With ``early_pv_arrive`` the turn
-        covers the issue of O += P V_n only (``pv_issued``; the first step's turn: its S GEMM)."""
-        shared = const_expr(v_state is None)  # one state: K and V of this tile share it
-        acc_S = self.new_scores()
-        self.pipe_k.consumer_wait(k_state)
-        wgmma(self.mma_qk, acc_S, self.tSrQ, self.tSrK[None, None, None, k_state.index], zero_init=True, wait=-1)
-        if const_expr(is_first or not self.k.cfg.early_pv_arrive):  # else the turn ended with the P V GEMM's issue
-            self.schedule_arrive()
-        warpgroup.wait_group(0)
-        self.pipe_k.consumer_release(k_state)
-        if const_expr(shared):
-            v_state = k_state
-        else:
-            k_state.advance()
-        self.mask(acc_S, n_block, causal=causal, seqlen_end=seqlen_end)
-        alpha = self.softmax_step(acc_S, n_block, is_first=is_first)
-        if const_expr(not is_first):
-            self.rescale_o(alpha, n_block)
-        self.to_p(acc_S)
-        self.pipe_v.consumer_wait(v_state)
-        self.schedule_sync()
-        self._pv(v_state, n_block, wait=0, accumulate=not is_first)
-        self.pipe_v.consumer_release(v_state)
-        v_state.advance()
-        self.fold_pv(n_block)
-        return (v_state, None) if const_expr(shared) else (k_state, v_state)
