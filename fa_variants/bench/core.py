@@ -25,12 +25,10 @@ def tflops(flops: float, ms: float) -> float:
     return flops / (ms * 1e-3) / 1e12
 
 
-@dataclass(frozen=True)
-class Case:
-    """One benchmark shape: q, k, v of shape (batch, seqlen, heads, head_dim), batch * seqlen = TOKENS
-    (at least 1) and heads * head_dim = HIDDEN."""
+class BenchShape:
+    """The benchmark's shape rule for a class with ``head_dim``, ``seqlen`` and ``causal`` fields: q, k, v of shape
+    (batch, seqlen, heads, head_dim), batch * seqlen = TOKENS (at least 1) and heads * head_dim = HIDDEN."""
 
-    dtype: str
     head_dim: int
     seqlen: int
     causal: bool
@@ -46,6 +44,16 @@ class Case:
     @property
     def flops(self) -> float:
         return attention_flops(self.batch, self.heads, self.seqlen, self.seqlen, self.head_dim, self.causal)
+
+
+@dataclass(frozen=True)
+class Case(BenchShape):
+    """One benchmark shape in one dtype (BenchShape's rule)."""
+
+    dtype: str
+    head_dim: int
+    seqlen: int
+    causal: bool
 
     @property
     def label(self) -> str:

@@ -31,7 +31,7 @@ import time
 from typing import Callable
 
 from fa_variants.bench import paired
-from fa_variants.bench.core import HIDDEN, TOKENS, attention_flops, short_error, tflops
+from fa_variants.bench.core import HIDDEN, TOKENS, BenchShape, short_error, tflops
 
 HEAD_DIMS = (64, 96, 128, 256)  # fa3-fp8's (hopper.fa3_fp8.HEAD_DIMS; not imported: it loads the DSL)
 SEQLENS = (4096, 16384)  # the default when --seqlens is not given: issue 10's "N >= 4k" and its N 16k
@@ -49,25 +49,13 @@ SANITY_REL_L2 = 0.1  # fa3-fp8 vs float64 on N(0, 1): 4.7e-2 .. 5.4e-2 (session 
 
 
 @dataclasses.dataclass(frozen=True)
-class Problem:
-    """One shape of the project's benchmark: (batch, seqlen, heads, head_dim) with batch * seqlen = 16k tokens
-    (at least 1) and heads * head_dim = 2048."""
+class Problem(BenchShape):
+    """One shape of the project's benchmark (BenchShape's rule: batch * seqlen = 16k tokens, heads * head_dim =
+    2048)."""
 
     head_dim: int
     seqlen: int
     causal: bool
-
-    @property
-    def batch(self) -> int:
-        return max(1, TOKENS // self.seqlen)
-
-    @property
-    def heads(self) -> int:
-        return HIDDEN // self.head_dim
-
-    @property
-    def flops(self) -> float:
-        return attention_flops(self.batch, self.heads, self.seqlen, self.seqlen, self.head_dim, self.causal)
 
     @property
     def label(self) -> str:
