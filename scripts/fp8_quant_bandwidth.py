@@ -286,6 +286,8 @@ class Timer:
         """(ms per call, "" or why not): ``calls`` calls of fn captured in one CUDA graph (after two warm-up calls
         on a side stream), replayed ``reps`` times back to back between CUDA events: GPU time with no host work
         at all (the launches, PDL edges included, are the graph's). NaN and the error when capture fails."""
+        from fa_variants.bench.decode import cuda_graph_of
+
         torch = self.torch
         try:
             side = torch.cuda.Stream()
@@ -294,10 +296,7 @@ class Timer:
                 for _ in range(2):
                     fn()
             torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                for _ in range(calls):
-                    fn()
+            graph = cuda_graph_of(fn, calls)
             graph.replay()
             torch.cuda.synchronize()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
