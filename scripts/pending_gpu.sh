@@ -20,20 +20,11 @@
 # 2. then scripts/NAME_gpu.sh for each NAME, in order, each with the time left of CALL_BUDGET seconds (default 560),
 #    skipped when fewer than 100 s are left; logs under $OUT/pending/NAME/, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
-#    Plan for session 13's calls (30 min of device time; each call starts a cold machine, ~60-85 s more; carry
-#    [".gpu"], or [".gpu", ".before.tar.xz"] after `scripts/ab_checkout.sh 446f785 .before` for a script that A/Bs
-#    against an older tree: the archive, not the folder: the call's 64 MiB holds .gpu/ (~60 MB), the working tree
-#    and ~0.25 MB more; tests/test_ci.py keeps the tracked tree within its budget):
-#      A. scripts/pending_gpu.sh --checks   (~220 s; run in session 12's last call: see bench/NOTES.md), then the
-#         whole GPU suite on a warm machine: `python3 -m pytest -q -n 14 -m "gpu and not slow" -p no:cacheprovider
-#         --durations=40` (~390 s warm)
-#      B. scripts/pending_gpu.sh splits32 twolvl3   (~100 + ~90 s: decode at D 64 B 1 Nk >= 32k with 32 splits on
-#         two CTAs per SM (FA_VARIANTS_DECODE_LONG_DUAL, off; flip rule in its header); fa3-fp8 D 256 with the K / V
-#         descriptors built once per tile (hoisted_descriptors in the fp8 kernel, off; flip rule in its header))
-#      C. scripts/pending_gpu.sh fp8status   (~145 s: issue 10's table; session 12 reached only the N 16k rows in its
-#         45 s budget: give it more), and a D 128 A/B of fa3's hoisted_descriptors: `python3 scripts/fa3_speed_ab.py
-#         --variants new,turn --shapes 128:4096:full,128:16384:full,128:4096:causal,128:16384:causal` (after its
-#         --precompile; flip at D 128 if turn / new is faster at >= 2 shapes and slower at none)
+#    Plan: empty until the lead adds scripts (lines "X. scripts/pending_gpu.sh [--checks] NAME ..."). Each call
+#    starts a cold machine (~60-85 s more); carry [".gpu"], or [".gpu", ".before.tar.xz"] after
+#    `scripts/ab_checkout.sh COMMIT .before` for a script that A/Bs against an older tree: the archive, not the folder:
+#    the call's 64 MiB holds .gpu/ (~60 MB), the working tree and ~0.25 MB more; tests/test_ci.py keeps the tracked
+#    tree within its budget.
 # Pass (step 1): every precompile line "0 failed" (checks_precompile's 11 jobs, quant_precompile's tasks, fa3's
 # kernels); checks: 0 failed, 0 errors (an rc 124 after the "[100%]" line is xdist's teardown, not a failure).
 # Exit code: 1 when a checks step or a named script did not exit 0 (rc 124 included) or a script was skipped for

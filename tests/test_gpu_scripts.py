@@ -1128,7 +1128,7 @@ def test_decode_model_full_grid_fits_the_s7_batch_64_rows():
 
 def test_pending_runs_named_scripts_and_the_checks(tmp_path):
     """scripts/pending_gpu.sh (a session's GPU work left for the next one's calls): refuses a name without a script
-    (exit 2, before any GPU work); every script its header plans exists and the plan starts with --checks; --checks
+    (exit 2, before any GPU work); every script its header plans exists (the plan may be empty); --checks
     selects the 31 GPU tests of the head_dim 256 fa3-fp8 default (bounded_units flipped in session 11) its header
     counts, after scripts/checks_precompile.py's 11 jobs (the kernels of those tests: the default recipe's bf16 kernel
     causal and not, the two-level recipes' fp16 causal one, the fault test's bounded_units=False); a stub script named
@@ -1137,8 +1137,7 @@ def test_pending_runs_named_scripts_and_the_checks(tmp_path):
     text = script.read_text()
     bad = subprocess.run(["bash", str(script), "no_such_script"], capture_output=True, text=True, timeout=30)
     assert bad.returncode == 2 and "no scripts/no_such_script_gpu.sh" in bad.stderr
-    plan = text.split("Plan for", 1)[1].split("Pass (step 1)", 1)[0]
-    assert "A. scripts/pending_gpu.sh --checks" in plan and '-m "gpu and not slow"' in plan, plan
+    plan = text.split("#    Plan", 1)[1].split("Pass (step 1)", 1)[0]
     planned = set(re.findall(r"pending_gpu\.sh(?: --checks)?((?: [a-z0-9]+)+)", plan))
     names = {n for group in planned for n in group.split()}
     for name in names:
