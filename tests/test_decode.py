@@ -457,49 +457,6 @@ def test_decode_tiles_auto_picks_dual_for_many_short_ctas(h200, split_enabled, m
     assert fa3._problem_config(None, *_qk(64, 1, 32, 8, 1024), True).ctas_per_sm == 1
 
 
-def test_long_dual_is_off_by_default_and_picks_32_splits_when_on(h200, split_enabled, monkeypatch):
-    """FA_VARIANTS_DECODE_LONG_DUAL (fa3.LONG_DUAL, default "off"; issue 13, session 12): "64" moves `auto`'s packed
-    seqlen_q = 1 calls at batch x heads_kv <= 16 and Nk >= 32k at head_dim 64 to the dual tiles, whose doubled CTA
-    slots give 32 splits at B 1 x 8 KV heads (Nk 32k and 128k) where the base tiles take 16, 16 at B 2 (base 8);
-    head_dim 128, Nk < 32k, seqlen_q > 1 and B 8 x 8 keep their plans; "all" takes head_dim 128 too (64-key tiles)."""
-    assert fa3.LONG_DUAL == "off" and fa3.DECODE_TILES_CHOICE == "auto"
-    cases = {(1, 32, 8, 32768, 64): (32, 16), (1, 64, 8, 131072, 64): (32, 16), (2, 32, 8, 32768, 64): (16, 8),
-             (1, 32, 8, 32767, 64): (16, 16), (8, 32, 8, 32768, 64): (2, 2), (1, 32, 8, 32768, 128): (16, 16)}
-    for (b, h, hkv, nk, d), (on, off) in cases.items():
-        q, k = _qk(b, 1, h, hkv, nk, d)
-        for mode, want in (("off", off), ("64", on)):
-            monkeypatch.setattr(fa3, "LONG_DUAL", mode)
-            cfg = fa3._problem_config(None, q, k, True)
-            assert (cfg.ctas_per_sm == 2) == (want != off), (b, h, nk, d, mode, cfg)
-            assert fa3.auto_num_splits(q, k, True) == want, (b, h, nk, d, mode)
-            assert cfg.first_row_only and cfg.pdl == (want <= 8)  # PDL at 2-8 splits (DECODE_PDL_MAX_SPLITS)
-    monkeypatch.setattr(fa3, "LONG_DUAL", "all")
-    q, k = _qk(1, 1, 32, 8, 32768, 128)
-    cfg = fa3._problem_config(None, q, k, True)
-    assert cfg.ctas_per_sm == 2 and cfg.tile_n == 64 and fa3.auto_num_splits(q, k, True) == 32
-    q, k = _qk(1, 4, 32, 8, 32768, 64)  # seqlen_q 4: packed rows, not the decode tiles
-    assert fa3._problem_config(None, q, k, True).ctas_per_sm == 1
-    assert any(c.ctas_per_sm == 2 and c.num_splits == 0 for c in fa3._auto_configs(64))  # warmup plans it
-    monkeypatch.setattr(fa3, "DECODE_TILES_CHOICE", "base")  # an explicit tile set wins over the switch
-    assert fa3._problem_config(None, *_qk(1, 1, 32, 8, 32768, 64), True).ctas_per_sm == 1
-
-
-def test_long_dual_rule_and_switch_values(monkeypatch):
-    """fa3.long_dual's bounds (batch x heads_kv <= 16, seqlen_k >= 32768, head_dim 64 for "64", any for "all",
-    never for "off"); FA_VARIANTS_DECODE_LONG_DUAL takes off / 64 / all only (one-line error naming it)."""
-    from fa_variants.common import env, switches
-
-    assert fa3.long_dual(1, 8, 32768, 64, "64") and fa3.long_dual(2, 8, 10 ** 6, 64, "64")
-    assert not fa3.long_dual(1, 8, 32768, 128, "64") and fa3.long_dual(1, 8, 32768, 128, "all")
-    assert not fa3.long_dual(1, 8, 32767, 64, "all") and not fa3.long_dual(3, 8, 32768, 64, "all")
-    assert not fa3.long_dual(1, 8, 32768, None, "64") and not fa3.long_dual(1, 8, 32768, 64, "off")
-    monkeypatch.setenv("FA_VARIANTS_DECODE_LONG_DUAL", "on")
-    with pytest.raises(env.SwitchError, match="FA_VARIANTS_DECODE_LONG_DUAL='on' must be one of off, 64, all"):
-        switches.check_all()
-    monkeypatch.setenv("FA_VARIANTS_DECODE_LONG_DUAL", "64")
-    switches.check_all()
-
-
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_warmup_plans_every_kernel_auto_runs_for_a_gqa_model(h200, split_enabled, monkeypatch, head_dim):
     """`fa-variants warmup --gqa H:H_kv` (or --model) plans every kernel `auto` runs for that model's decode

@@ -151,40 +151,13 @@ DUAL_MAX_SEQLEN_K = 4096
 DECODE_FULL_GRID = env.choice("FA_VARIANTS_DECODE_FULL_GRID", "dual", ("dual", "persistent", "persistent3"))
 
 
-#: Issue 13 (session 12, off until its H200 A/B, scripts/splits32_gpu.sh): FA_VARIANTS_DECODE_LONG_DUAL=64 (head_dim
-#: 64 only) or all lets `auto` run the "dual" tiles (two CTAs per SM) at few CTAs and long K/V: batch x heads_kv <=
-#: LONG_DUAL_MAX_CTAS and seqlen_k >= LONG_DUAL_MIN_SEQLEN_K. The split heuristic then counts 2 x 132 CTA slots: B 1 x 8
-#: KV heads Nk 32k splits 32 ways (256 CTAs of 8 128-key tiles at D 64, 2 per SM) instead of 16 (128 CTAs of 16, 4 SMs
-#: idle), so each SM keeps two CTAs' K/V stages in flight (128 KiB at D 64 instead of 64) and the last tiles of one CTA
-#: drain under the other's; the merge then reads 32 partials (the warp merge waits for memory once up to 32).
-#: Why (bench/NOTES.md, "Session 12 (2026-12-02): decode at head_dim 64, 32 splits ..."): at D 64 B 1 Nk 32k the
-#: split kernel alone streams 67 MB at ~3.5 TB/s (~74% of HBM). Not measured before at seqlen_q 1: s4's dual ran 16
-#: splits (before the heuristic counted its slots), s7's rowsdual (32 splits, seqlen_q 4 / 16 packed rows) lost 2-10%.
-LONG_DUAL = env.choice("FA_VARIANTS_DECODE_LONG_DUAL", "off", ("off", "64", "all"))
-LONG_DUAL_MAX_CTAS = 16      # batch x heads_kv: the grids whose base count is >= 16 splits (B 1-2 x 8 KV heads)
-LONG_DUAL_MIN_SEQLEN_K = 32768
-
-
-def long_dual(batch: int, heads_kv: int, seqlen_k: int, head_dim: int | None, mode: str | None = None) -> bool:
-    """Whether `auto` runs the "dual" tiles for a long, narrow packed seqlen_q = 1 call: ``mode`` (default
-    LONG_DUAL: "off", "64" or "all") allows it at this head_dim (None: unknown, only "all" allows), batch x heads_kv
-    <= LONG_DUAL_MAX_CTAS and seqlen_k >= LONG_DUAL_MIN_SEQLEN_K."""
-    mode = mode or LONG_DUAL
-    if mode == "off" or (mode == "64" and head_dim != 64):
-        return False
-    return batch * heads_kv <= LONG_DUAL_MAX_CTAS and seqlen_k >= LONG_DUAL_MIN_SEQLEN_K
-
-
-def decode_choice(batch: int, heads_kv: int, seqlen_k: int, choice: str | None = None,
-                  head_dim: int | None = None) -> str:
+def decode_choice(batch: int, heads_kv: int, seqlen_k: int, choice: str | None = None) -> str:
     """The decode tile set a packed seqlen_q = 1 call runs: ``choice`` (default DECODE_TILES_CHOICE), with "auto"
     resolved by the shape: DECODE_FULL_GRID ("dual" by default) when batch x heads_kv >= DUAL_MIN_CTAS and seqlen_k
-    <= DUAL_MAX_SEQLEN_K, "dual" where ``long_dual`` says (FA_VARIANTS_DECODE_LONG_DUAL, ``head_dim``), else "base"."""
+    <= DUAL_MAX_SEQLEN_K, else "base"."""
     choice = choice or DECODE_TILES_CHOICE
     if choice != "auto":
         return choice
-    if long_dual(batch, heads_kv, seqlen_k, head_dim):
-        return "dual"
     return DECODE_FULL_GRID if batch * heads_kv >= DUAL_MIN_CTAS and seqlen_k <= DUAL_MAX_SEQLEN_K else "base"
 
 
@@ -478,7 +451,7 @@ def _packed(config: Sm90Config, q: torch.Tensor, k: torch.Tensor, splits: int = 
     """A packed config for this call: seqlen_q = 1 with the decode tiles (``decode_tiles``; host views) and PDL
     as ``decode_pdl(splits)`` says; seqlen_q > 1 with the group fixed (in wider tiles: ``wide_rows``)."""
     if q.shape[1] == 1:
-        choice = decode_choice(q.shape[0], k.shape[2], k.shape[1], head_dim=q.shape[-1])
+        choice = decode_choice(q.shape[0], k.shape[2], k.shape[1])
         return first_row(decode_tiles(config, q.shape[-1], choice, pdl=decode_pdl(splits)), q.shape[2] // k.shape[2])
     group = q.shape[2] // k.shape[2]
     return dataclasses.replace(wide_rows(config, q, k), pack_group=group)
@@ -490,8 +463,7 @@ def _auto_choice(q: torch.Tensor, k: torch.Tensor, causal: bool, pack: bool | No
         pack = PACK_GQA_ENABLED and pack_helps(q.shape[1], q.shape[2], k.shape[2], q.shape[-1])
     probe = (_PACKED_SPLIT_CONFIGS if pack else _SPLIT_CONFIGS)[q.shape[-1]]
     if pack:  # the split count follows the decode tiles' tile_n (seqlen_q = 1) or the wide tile's rows
-        probe = decode_tiles(probe, q.shape[-1], decode_choice(q.shape[0], k.shape[2], k.shape[1],
-                                                               head_dim=q.shape[-1])) \
+        probe = decode_tiles(probe, q.shape[-1], decode_choice(q.shape[0], k.shape[2], k.shape[1])) \
             if q.shape[1] == 1 else \
             wide_rows(probe, q, k)
     return pack, num_splits_for(probe, q, k, causal) if SPLIT_KV_ENABLED else 1
@@ -549,8 +521,6 @@ def _auto_configs(head_dim: int, groups: tuple[int, ...] = ()) -> tuple[Sm90Conf
     # PDL on and off: the fewest splits that may launch with it (DECODE_PDL_MIN_SPLITS, from 2) and the most
     counts = lambda c: (1,) if c.num_splits == 1 else (max(DECODE_PDL_MIN_SPLITS, 2), split.MAX_SPLITS)  # noqa: E731
     choices = ("base", DECODE_FULL_GRID) if DECODE_TILES_CHOICE == "auto" else (DECODE_TILES_CHOICE,)
-    if DECODE_TILES_CHOICE == "auto" and long_dual(1, 1, LONG_DUAL_MIN_SEQLEN_K, head_dim):
-        choices = tuple(dict.fromkeys(choices + ("dual",)))  # FA_VARIANTS_DECODE_LONG_DUAL's long, narrow calls
     first = (False, True) if DECODE_FIRST_ROW else (False,)  # first_row_only: groups <= 8 (first_row)
     decode = tuple(_merge_mode(first_row(decode_tiles(c, head_dim, t, pdl=decode_pdl(n)), 1, f))
                    for c in packed for n in counts(c) for t in choices for f in first)
@@ -644,7 +614,7 @@ VARIANT = Variant(
     check_config=lambda config, arch, head_dim: config.check(head_dim, arch), build=_build, plan_call=_plan_call,
     operand=_tma_operand, check_problem=_check_problem, problem_config=_problem_config,
     switches=lambda: (SPLIT_KV_ENABLED, PACK_GQA_ENABLED, MERGE_KERNEL, split_combine.MERGE_PDL, DECODE_TILES_CHOICE,
-                      LONG_DUAL, DECODE_PDL, DECODE_PDL_MAX_SPLITS, DECODE_PDL_MIN_SPLITS, DECODE_FULL_GRID,
+                      DECODE_PDL, DECODE_PDL_MAX_SPLITS, DECODE_PDL_MIN_SPLITS, DECODE_FULL_GRID,
                       SPLIT_MIN_TILES, PACK_WIDE, DECODE_FIRST_ROW,
                       split_combine.MERGE_WARP, FUSED_MERGE),
     warm_configs=lambda arch, head_dim, causal, groups=(): _auto_configs(head_dim, groups))
