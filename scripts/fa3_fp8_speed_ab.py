@@ -196,13 +196,6 @@ FP8TURN_VARIANTS: dict[int, dict[str, dict]] = {
           "single_overlap_c2": dict(D256_VARIANTS[256]["single_overlap"], reduce_chains=2),
           "single_overlap_noskip": dict(D256_VARIANTS[256]["single_overlap"], reduce_chains=1, skip_unit_rescale=False)},
 }
-# --set twolvl3 (session 12, scripts/twolvl3_gpu.sh): hoisted_descriptors (the K / V descriptors built once before the
-# loop, not in the head_dim 256 ping-pong turn; fa_variants/hopper/fa3_fp8.py) against the default and
-# single_overlap_noskip
-TWOLVL3_VARIANTS: dict[int, dict[str, dict]] = {
-    256: {"new": {}, "hd": dict(hoisted_descriptors=True),
-          "single_overlap_noskip": dict(FP8TURN_VARIANTS[256]["single_overlap_noskip"])},
-}
 # kernels tests/test_fa3_fp8_speed_gpu.py needs besides the timed ones (kind, head_dim, change), both causal modes
 SPEED_TEST_KERNELS = [("bf16", 128, dict(intra_wg_overlap=False, early_pv_arrive=True))]
 # kernels tests/test_fa3_fp8_speed_gpu.py -k "fp8d128 and tail" needs at any --head-dims (both causal modes): the serial
@@ -310,15 +303,6 @@ SETS: dict[str, VariantSet] = {
         "chains, the fair reference; _noskip: skip_unit_rescale off, O *= alpha on every tile); bf16_fa3 = ours.",
         "head_dim 256 two-level cost against one running accumulator with one / two chains, with and without the "
         "unit-rescale skip (FP8TURN_VARIANTS, session 11)",
-        per_variant_errors=True, two_level_targets=True),
-    "twolvl3": VariantSet(
-        TWOLVL3_VARIANTS,
-        "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs, head_dim 256, 128 x 128 tiles; new = the "
-        "default (two-level, four P V slices promoted inside the ping-pong turn); hd = new with hoisted_descriptors "
-        "(K / V descriptors built once before the loop, not in the turn); single_overlap_noskip = one running "
-        "accumulator, intra-warpgroup overlap, O *= alpha on every tile; bf16_fa3 = ours.",
-        "head_dim 256: the turn without descriptor arithmetic (hoisted_descriptors) against the default and "
-        "single_overlap_noskip (TWOLVL3_VARIANTS, scripts/twolvl3_gpu.sh)",
         per_variant_errors=True, two_level_targets=True),
 }
 

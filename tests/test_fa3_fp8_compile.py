@@ -290,7 +290,7 @@ def _pingpong_turns(sass: str) -> list[list[str]]:
 
 
 def test_hoisted_descriptors_at_256():
-    """hoisted_descriptors on the head_dim 256 default (session 12, twolvl3; off, scripts/twolvl3_gpu.sh): the K / V
+    """hoisted_descriptors on the head_dim 256 default (session 12, twolvl3; off: the same speed in session 13): the K / V
     descriptors are no longer rebuilt inside the ping-pong turn, so the hot turn (the one with the 4 x 32 promotion
     FFMAs and 32 QGMMAs: the common copy of the loop) is shorter with the same FFMAs and QGMMAs, and nothing spills
     (nvidia-cutlass-dsl 4.8.1, D 256 non-causal: 255 -> 247 instructions)."""

@@ -91,12 +91,13 @@ scales (one descale per 128 query rows and per ``tile_n`` keys, ``fa_variants.fp
   single_overlap's turn only issues its 12 QGMMAs. Handing the turn on right after S half 0's issue, and the lookahead
   without ping-pong, were built in session 9 and measured slower at every shape on the H200 (bench/NOTES.md, session
   11): removed.
-* ``hoisted_descriptors`` (the Sm90Config field, off here; session 12, ``scripts/twolvl3_gpu.sh``): the K and V ring's
-  WGMMA descriptors built once before the K/V loop (``common.sm90.hoisted_descriptors``), so the head_dim 256 turn's
-  six GEMM groups (four P V slices, two S halves) add a stage / slice offset instead of rebuilding each descriptor.
-  Same descriptors and values (the emulation is unchanged). SASS (CPU, D 256 non-causal, BAR.SYNC .. BAR.ARV): the
-  loop's common turn 255 -> 247 instructions, its 128 promotion FFMAs unchanged; no spills. The promotions themselves
-  cannot leave the turn without registers (bench/NOTES.md, session 12 "twolvl3").
+* ``hoisted_descriptors`` (the Sm90Config field, accepted, off here; session 12): the K and V ring's WGMMA
+  descriptors built once before the K/V loop (``common.sm90.hoisted_descriptors``), so the head_dim 256 turn's six
+  GEMM groups (four P V slices, two S halves) add a stage / slice offset instead of rebuilding each descriptor. Same
+  descriptors and values (the emulation is unchanged). SASS (CPU, D 256 non-causal, BAR.SYNC .. BAR.ARV): the loop's
+  common turn 255 -> 247 instructions, its 128 promotion FFMAs unchanged; no spills. The promotions themselves cannot
+  leave the turn without registers (bench/NOTES.md, session 12 "twolvl3"). Measured the same at head_dim 256 (session
+  13, H200, paired: hd / new 1.004 / 0.995 / 0.999 at N 16k / 4k / 8k), so it is left off.
 * K/V tiles are walked from the last to the first (as fa3). Output in the caller's 16-bit dtype,
   LSE float32 natural log; rows that see no key give O = 0 and LSE = -inf.
 
