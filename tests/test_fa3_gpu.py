@@ -389,3 +389,53 @@ def test_hoisted_descriptors_same_values(causal):
     default = fa3.DEFAULT_CONFIGS[64]
     _assert_same_values(64, causal, dataclasses.replace(default, hoisted_descriptors=False),
                         dataclasses.replace(default, hoisted_descriptors=True))
+
+
+# session 13: no branch between the row maxima and the exponentials (Sm90Config.late_huge_fix): scripts/fa3_speed_ab.py's
+# LATE variants at D 128 (late, late-obpv)
+LATE = [(n, d, c) for n, d, c in _ab_variants("LATE") if c.late_huge_fix]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("name, head_dim, config", LATE, ids=[f"{n}-d{d}" for n, d, _ in LATE])
+def test_late_variants(name, head_dim, config, causal):
+    """Sm90Config.late_huge_fix (huge rows fixed after P's conversion; `late-obpv` with O rescaled under the next S
+    GEMM) vs float64 over ALPHA_SHAPES (one K/V tile and 33, odd lengths, Nq != Nk both ways, GQA and MQA),
+    NaN-poisoned outputs, LSE checked; fp16 once (non-causal); then EC-04's logit shifts (|m c| up to ~1.3e5: the rows
+    take c_low and the fix branch; under causal masking row 0, key 0 alone, returns V exactly)."""
+    assert config.late_huge_fix, (name, head_dim)
+    _check_alpha_shapes(name, head_dim, config, causal)
+    if not causal:
+        q, k, v = _qkv(2, 1023, 1023, 4, 2, head_dim, F16)
+        _check(q, k, v, causal, config=config, what=f"{name} fp16 D={head_dim}")
+    _check_logit_shifts(name, head_dim, config, causal)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_late_huge_fix_same_values(causal):
+    """Without huge logits late_huge_fix runs the same operations on the same values in the same order (only the
+    huge-logit branch moved): at D 128 O and LSE equal the default's bit for bit."""
+    default = fa3.DEFAULT_CONFIGS[128]
+    _assert_same_values(128, causal, default, dataclasses.replace(default, late_huge_fix=True))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_late_huge_fix_extreme_logits(causal):
+    """Rows whose |m c| is ~2^29 and ~2^31 (a constant channel 2^16 x 2^16 / 2^17 x 2^17; float32 S then rounds the
+    rest of each score away, so float64 is no reference): late_huge_fix's c_low path and fix give the default's exact
+    form (S - m first) within the MUFU's approximation: no NaN, O within 1e-2 relative L2 and LSE within 1e-5
+    relative of the default's, and under causal masking row 0 (key 0 alone) returns V exactly."""
+    from fa_variants.reference import rel_l2
+
+    default = fa3.DEFAULT_CONFIGS[128]
+    late = dataclasses.replace(default, late_huge_fix=True)
+    for a in (2.0**16, 2.0**17):
+        q, k, v = _qkv(1, 257, 257, 2, 2, 128, BF16)
+        q[..., 0], k[..., 0] = a, a
+        want = fa3.run(q, k, v, causal=causal, softmax_scale=128**-0.5, config=default)
+        got = fa3.run(q, k, v, causal=causal, softmax_scale=128**-0.5, config=late)
+        assert not torch.isnan(got[0]).any() and not torch.isnan(got[1]).any(), a
+        assert rel_l2(got[0], want[0]) < 1e-2, (a, rel_l2(got[0], want[0]))
+        assert torch.allclose(got[1], want[1], rtol=1e-5, atol=0), (a, (got[1] - want[1]).abs().max())
+        if causal:
+            assert torch.equal(got[0][:, 0], v[:, 0]), a
