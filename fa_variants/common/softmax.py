@@ -49,6 +49,17 @@ move the last row's alpha above that row's exponentials, so half of O's rescale 
 flash-attn-4 computes each row's alpha from the row maxima alone, and ptxas issues both rows' first
 (Dao-AILab/flash-attention:flash_attn/cute/softmax.py::Softmax.online_softmax).
 
+Huge rows after the exponentials (``late_huge``, with exp2_ffma, not basis_alpha): the branch for rows with
+|m c| >= FFMA_LIMIT would sit between the row maxima and the exponentials, a block boundary that ptxas schedules
+around (it puts the caller's wait for the previous P V GEMM at its join, ahead of almost every exponential). Instead
+every row takes the one FFMA per score, a huge row against c_low = the power of two <= min(c, 1) and the basis
+m c_low, both exact (a power-of-two scaling), so its values are P' = 2^((s - m) c_low), 1 at the max and no overflow,
+no underflow that P itself would not have (c_low >= c / 2 when c <= 2; for c > 2, P' >= P); its err is 0 as in the
+exact form. After P's conversion the caller branches (rarely) on those rows and `late_fix` makes P = 2^(log2(P') c /
+c_low) (c / c_low exact; the MUFU's lg2 and ex2 approximations, ~2^-21 relative near the max; the max stays exactly 1,
+so a one-key row still returns V exactly), adds the fixed minus the unfixed part to the row sum (one float32 rounding
+of l more) and the caller re-converts those rows. Rows below the limit are computed as without the switch, bit for bit.
+
 Row max and row sum reduce over ``chains`` independent accumulators and a small tree (`row_reduce`): a serial
 chain of dependent FMNMX (FADD) over a thread's 32-64 columns is latency-bound while the MUFU waits for m.
 Each chain of the row sum starts at its first P, not at 0 + P (the same bits, as exp2 never returns -0: one FADD
