@@ -1413,44 +1413,6 @@ def test_fp8status_script_precompiles_what_its_status_runs():
 
 
 
-def test_splits32_plan_precompile_and_verdict(monkeypatch):
-    """scripts/splits32_gpu.sh's pieces: decode_ab.py --s12l times `ldual` (fa3.LONG_DUAL "all") where it changes the
-    plan (32 splits at B 1 x 8 KV heads, 16 at B 2; the B 8 guards skipped as equal to auto), restoring the switches;
-    splits32_precompile.py lists the dual configs of the A/B and of tests/test_long_dual_gpu.py (causal and not) and
-    the unsplit configs of its length-1 calls; splits32_verdict.py's rule ("64" / "all" / "off", BAD cells)."""
-    from fa_variants.hopper import fa3
-
-    ab = load_script("decode_ab")
-    before = ab.get_flags(fa3)
-    rows = ab.plan(ab.S12L, ["ldual"], 132, skip_same=True)
-    assert ab.get_flags(fa3) == before and before["LONG_DUAL"] == "off"
-    by = {r["shape"]: r for r in rows}
-    assert {s for s in ab.S12L if s[3] == 8}.isdisjoint(by) and len(by) == 6
-    assert by[(64, 32, 8, 1, 32768)]["splits"] == by[(128, 32, 8, 1, 32768)]["splits"] == 32
-    assert by[(64, 32, 8, 2, 32768)]["splits"] == 16 and all(r["config"].ctas_per_sm == 2 for r in rows)
-    pre = load_script("splits32_precompile")
-    items = pre.items(["ldual"], 132)
-    dual = {(d, causal) for kind, d, causal, cfg in items if kind == "fa3" and cfg.ctas_per_sm == 2}
-    assert dual == {(64, False), (64, True), (128, False), (128, True)}
-    assert any(kind == "fa3" and cfg.num_splits == 1 and not causal for kind, d, causal, cfg in items)
-    assert sum(kind == "merge" for kind, *_ in items) == 8 and len(items) == len(set(items))
-
-    verdict = load_script("splits32_verdict").verdict
-
-    def result(shape, ldual, auto=22.0, err=0.004):
-        us = dict(sdpa=21.6, auto=auto) | ({"ldual": ldual} if ldual else {})
-        return dict(shape=list(shape), us=us, err=dict(sdpa=0.001, auto=0.004, ldual=err), splits={})
-
-    wins = [result((64, h, 8, 1, 32768), 20.9) for h in (32, 64)] + [
-        result((64, h, 8, 1, 131072), 66.0, 67.0) for h in (32, 64)]
-    assert verdict(wins + [result((128, 32, 8, 1, 32768), 36.0, 36.6)])[0] == "all"
-    assert verdict(wins + [result((128, 32, 8, 1, 32768), 36.6, 36.6)])[0] == "64"
-    assert verdict(wins[:2] + [result((64, 32, 8, 1, 131072), 67.5, 67.0), wins[3]])[0] == "off"
-    assert verdict([result((64, 32, 8, 1, 32768), 20.9, err=0.5)] + wins[1:])[0] == "off"
-    decision, lines = verdict([result((64, 32, 8, 1, 32768), 22.5)] + wins[1:])
-    assert decision == "off" and "ldual/auto 1.023 (-)  HBM sdpa 65% auto 64% ldual 62%" in lines[0], lines[0]
-
-
 def test_fa3gap_script_tests_and_times_the_late_set():
     """scripts/fa3gap_gpu.sh (session 13): its pytest -k selects exactly the 10 GPU tests its pass line counts (late
     and late-obpv vs float64, late's same values and extreme logits, turn at D 128), and its A/B times fa3_speed_ab.py's
