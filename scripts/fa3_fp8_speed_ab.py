@@ -196,6 +196,19 @@ FP8TURN_VARIANTS: dict[int, dict[str, dict]] = {
           "single_overlap_c2": dict(D256_VARIANTS[256]["single_overlap"], reduce_chains=2),
           "single_overlap_noskip": dict(D256_VARIANTS[256]["single_overlap"], reduce_chains=1, skip_unit_rescale=False)},
 }
+# --set fp8d64 (session 13, scripts/fp8d64_gpu.sh): head_dim 64, the 192 x 192 serial default's ping-pong turn. Read in
+# its SASS (CPU, sm_90a): a consumer warp's 607 instructions per K/V tile hold 98 MUFU.EX2, 48 F2FP and 101 FMNMX, and
+# ptxas sinks O *= alpha (32 FMUL) past the P V GEMM's wait, so the turn (BAR.SYNC .. BAR.ARV) runs the drain, 32 FMUL,
+# the 32 promotion FFMAs and the next S GEMM's issue while the other two warpgroups wait for it. 192 x 224 / 192 x 256
+# do not compile (Fp8Config.check). skip: skip_unit_rescale (O *= alpha in a branch before the turn, taken only where a
+# row max of the thread moved: the turn keeps the 32 FFMAs); early_skip: + early_pv_arrive (the turn is the P V GEMM's
+# issue only; drain, promotion and the next S GEMM's issue after it); nopp_skip: skip without ping-pong (no turn: the
+# three warpgroups' GEMMs queue in the order they are issued).
+FP8D64_VARIANTS: dict[int, dict[str, dict]] = {
+    64: {"new": {}, "skip": dict(skip_unit_rescale=True),
+         "early_skip": dict(skip_unit_rescale=True, early_pv_arrive=True),
+         "nopp_skip": dict(skip_unit_rescale=True, pingpong=False)},
+}
 # kernels tests/test_fa3_fp8_speed_gpu.py needs besides the timed ones (kind, head_dim, change), both causal modes
 SPEED_TEST_KERNELS = [("bf16", 128, dict(intra_wg_overlap=False, early_pv_arrive=True))]
 # kernels tests/test_fa3_fp8_speed_gpu.py -k "fp8d128 and tail" needs at any --head-dims (both causal modes): the serial
@@ -303,6 +316,14 @@ SETS: dict[str, VariantSet] = {
         "chains, the fair reference; _noskip: skip_unit_rescale off, O *= alpha on every tile); bf16_fa3 = ours.",
         "head_dim 256 two-level cost against one running accumulator with one / two chains, with and without the "
         "unit-rescale skip (FP8TURN_VARIANTS, session 11)",
+        per_variant_errors=True, two_level_targets=True),
+    "fp8d64": VariantSet(
+        FP8D64_VARIANTS,
+        "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs, head_dim 64, 192 x 192 serial tiles, "
+        "reduce_chains 4; new = the default; skip = skip_unit_rescale (O *= alpha only where a row max moved, before "
+        "the ping-pong turn); early_skip = skip + early_pv_arrive (the turn is the P V GEMM's issue only); nopp_skip = "
+        "skip without ping-pong; bf16_fa3 = ours.",
+        "head_dim 64: the ping-pong turn of the 192 x 192 serial default (FP8D64_VARIANTS, scripts/fp8d64_gpu.sh)",
         per_variant_errors=True, two_level_targets=True),
 }
 

@@ -116,8 +116,17 @@ TWOLVL3_VARIANTS = {
     "twolvl3-d256-hd": (256, dict(hoisted_descriptors=True)),
 }
 
+# session 13, head_dim 64 (scripts/fa3_fp8_speed_ab.py FP8D64_VARIANTS, "fp8d64-d64-<name>"; scripts/fp8d64_gpu.sh): the
+# 192 x 192 serial default's ping-pong turn: O *= alpha skipped where no row max moved (out of the turn), the turn handed
+# on after the P V GEMM's issue, no ping-pong
+FP8D64_VARIANTS = {
+    "fp8d64-d64-skip": (64, dict(skip_unit_rescale=True)),
+    "fp8d64-d64-early_skip": (64, dict(skip_unit_rescale=True, early_pv_arrive=True)),
+    "fp8d64-d64-nopp_skip": (64, dict(skip_unit_rescale=True, pingpong=False)),
+}
+
 _ALL_TABLES = (FP8_VARIANTS, FP8SMALL_VARIANTS, FP8MID_VARIANTS, FP8D128_VARIANTS, FP8TWO_VARIANTS, FP8TURN_VARIANTS,
-               TWOLVL3_VARIANTS)
+               TWOLVL3_VARIANTS, FP8D64_VARIANTS)
 
 
 def _inputs(shape, head_dim, seed):

@@ -132,6 +132,8 @@ from fa_variants.hopper.fa3 import LOG2_E, Fa3Config, FlashAttention3Sm90, _Step
 HEAD_DIMS: tuple[int, ...] = (64, 96, 128, 256)
 OUT_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16)
 P_SHIFT = 8.0  # P = exp2(. + 8) in [0, 256]; e4m3 max 448
+#: the widest K/V tile of a 192-row (three consumer warpgroup) config: 192 x 224 and 192 x 256 fail in ptxas (Fp8Config.check)
+MAX_TILE_N_192 = 192
 E4M3 = torch.float8_e4m3fn
 
 
@@ -220,6 +222,12 @@ class Fp8Config(Fa3Config):
             raise ValueError("fa3-fp8: late_huge_fix=True is not supported (only fa3's bf16/fp16 kernel)")
         if self.tile_n % 32:
             raise ValueError(f"fa3-fp8: tile_n={self.tile_n} must be a multiple of 32 (k of the FP8 P V WGMMA)")
+        if self.tile_m == 3 * WGMMA_M and self.tile_n > MAX_TILE_N_192:
+            # 512 threads launch with 128 registers each, and ptxas (CUDA 13, sm_90a) sizes the first S GEMM's
+            # QGMMA against those 128, not the consumers' setmaxnreg 160: m64n224 asks for 138, m64n256 for 154
+            # ("Insufficient registers (128) to compile instruction"), so 192 x 224 / 192 x 256 never build
+            raise ValueError(f"fa3-fp8: tile_n={self.tile_n} with tile_m=192 (three consumer warpgroups) does not "
+                             f"compile: at most {MAX_TILE_N_192} (the S accumulator must fit 128 registers a thread)")
         if self.pv_split not in (1, 2, 4, 8) or head_dim % (16 * self.pv_split):
             raise ValueError(f"fa3-fp8: pv_split={self.pv_split} must be 1, 2, 4 or 8 and divide head_dim={head_dim} into multiples of 16")
         if self.pv_split > 1 and (self.intra_wg_overlap or not self.two_level):
