@@ -14,10 +14,11 @@
 #   nopp_skip   skip without ping-pong: no turn, the three warpgroups' GEMMs queue as issued
 # Steps:
 #   1. precompile (14 workers, disk cache): the 4 fa3-fp8 configs and bf16 fa3 in both causal modes, the quant pass
+#      (the tests and the accuracy lines quantise on the GPU: without it they would compile it per worker)
 #   2. tests: tests/test_fa3_fp8_speed_gpu.py -k fp8d64 (18 tests: each candidate vs the emulation, rel-L2 <= 6e-3,
 #      LSE <= 1.5e-3, and vs float64; causal and not; seqlen 113 / 1023 tails, Nq > Nk, GQA 2:1 / MQA, batch 2,
 #      NaN-poisoned outputs)
-#   3. speed_ab: D 64, N 4k / 16k, causal and not (B*N 16k, H*D 2048), 6 paired rounds (CUDA-graph bursts, order
+#   3. speed_ab: D 64, N 4k / 16k, causal and not (B*N 16k, H*D 2048), 6 paired rounds (15 ms CUDA-graph bursts, order
 #      rotated, A/A control of new; SM clock and power per entry) beside bf16 fa3; then every variant vs the emulation
 #      and float64 (N 1024): the summary's accuracy lines
 #   4. verdict: FLIP / KEEP per candidate by the rule below
@@ -37,12 +38,12 @@ set -uo pipefail
 source "$(dirname "$0")/steps.sh"
 out="${OUT:-results}"; work="$out/fp8d64"; gpu_session "$work" "$@"
 AB=(python3 scripts/fa3_fp8_speed_ab.py --set fp8d64 --head-dims 64 --no-flash-attn)
-step precompile 40 "${AB[@]}" --causal both --phase precompile --jobs 14 --out "$work/ab"
-NPROC=$(xdist_flag 4)
-step tests 25 python3 -m pytest -q -m gpu $NPROC tests/test_fa3_fp8_speed_gpu.py -p no:cacheprovider --tb=line -rfE \
+step precompile 50 "${AB[@]}" --causal both --phase precompile --jobs 14 --out "$work/ab"
+NPROC=$(xdist_flag 6)
+step tests 22 python3 -m pytest -q -m gpu $NPROC tests/test_fa3_fp8_speed_gpu.py -p no:cacheprovider --tb=line -rfE \
   -k "fp8d64"
-left=$((97 - SECONDS)); lim=$((left > 45 ? 45 : left)); ((lim < 15)) && lim=15
-step speed_ab "$lim" "${AB[@]}" --phase measure --protocol paired --rounds 6 --causal both --seqlens 16384 4096 \
+left=$((99 - SECONDS)); lim=$((left > 45 ? 45 : left)); ((lim < 20)) && lim=20
+step speed_ab "$lim" "${AB[@]}" --phase measure --protocol paired --rounds 6 --burst-ms 15 --causal both --seqlens 16384 4096 \
   --err-seqlen 1024 --drop-failed "$work/precompile.log" "$work/tests.log" --out "$work/ab"
 verdict() {  # the flip rule above, on speed_ab.log: "x/new: med [lo, hi] verdict" lines, then "d64 N.. causal=c:"
   python3 - "$work/speed_ab.log" <<'EOF'
