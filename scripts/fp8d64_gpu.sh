@@ -43,8 +43,8 @@ NPROC=$(xdist_flag 6)
 step tests 22 python3 -m pytest -q -m gpu $NPROC tests/test_fa3_fp8_speed_gpu.py -p no:cacheprovider --tb=line -rfE \
   -k "fp8d64"
 left=$((99 - SECONDS)); lim=$((left > 45 ? 45 : left)); ((lim < 20)) && lim=20
-step speed_ab "$lim" "${AB[@]}" --phase measure --protocol paired --rounds 6 --burst-ms 15 --causal both --seqlens 16384 4096 \
-  --err-seqlen 1024 --drop-failed "$work/precompile.log" "$work/tests.log" --out "$work/ab"
+step speed_ab "$lim" "${AB[@]}" --phase measure --protocol paired --rounds 6 --burst-ms 15 --causal both \
+  --seqlens 16384 4096 --err-seqlen 1024 --drop-failed "$work/precompile.log" "$work/tests.log" --out "$work/ab"
 verdict() {  # the flip rule above, on speed_ab.log: "x/new: med [lo, hi] verdict" lines, then "d64 N.. causal=c:"
   python3 - "$work/speed_ab.log" <<'EOF'
 import math, re, sys
@@ -74,7 +74,8 @@ log() { tar -xzOf "$out/fp8d64.tar.gz" "fp8d64/$1" 2>/dev/null; }
 echo; log precompile.log | grep -E "precompile:|FAILED" | head -6
 echo "-- tests"; log tests.log | grep -E "^(FAILED|ERROR)|passed|failed|error" | tail -8
 log tests.log | grep -qE "^18 passed" || step_failed tests "not 18 passed"
-echo "-- speed_ab"; log speed_ab.log | grep -E "^left out|^d64 N|A/A|/new:|^ +(new|skip|early|nopp|bf16)[a-z_]*: .* MHz|FAILED"
+echo "-- speed_ab"
+log speed_ab.log | grep -E "^left out|^d64 N|A/A|/new:|^ +(new|skip|early|nopp|bf16)[a-z_]*: .* MHz|FAILED"
 log speed_ab.log | grep -qE "skip/new:" || step_failed speed_ab "no skip/new line"
 echo "-- summary"; log ab/summary.md | grep -E "^\| [0-9]|PASS|FAIL|NOT met|met$" || echo "(no summary.md)"
 log ab/summary.md | grep -qE "rel-L2 .*: PASS" || step_failed speed_ab "accuracy lines not PASS"
