@@ -40,7 +40,7 @@ out="${OUT:-results}"; work="$out/fp8d64"; gpu_session "$work" "$@"
 AB=(python3 scripts/fa3_fp8_speed_ab.py --set fp8d64 --head-dims 64 --no-flash-attn)
 step precompile 50 "${AB[@]}" --causal both --phase precompile --jobs 14 --out "$work/ab"
 NPROC=$(xdist_flag 6)
-step tests 22 python3 -m pytest -q -m gpu $NPROC tests/test_fa3_fp8_speed_gpu.py -p no:cacheprovider --tb=line -rfE \
+step tests 25 python3 -m pytest -q -m gpu $NPROC tests/test_fa3_fp8_speed_gpu.py -p no:cacheprovider --tb=line -rfE \
   -k "fp8d64"
 left=$((99 - SECONDS)); lim=$((left > 45 ? 45 : left)); ((lim < 20)) && lim=20
 step speed_ab "$lim" "${AB[@]}" --phase measure --protocol paired --rounds 6 --burst-ms 15 --causal both \
