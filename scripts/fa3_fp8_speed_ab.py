@@ -198,12 +198,13 @@ FP8TURN_VARIANTS: dict[int, dict[str, dict]] = {
 }
 # --set fp8d64 (session 13, scripts/fp8d64_gpu.sh): head_dim 64, the 192 x 192 serial default's ping-pong turn. Read in
 # its SASS (CPU, sm_90a): a consumer warp's 607 instructions per K/V tile hold 98 MUFU.EX2, 48 F2FP and 101 FMNMX, and
-# ptxas sinks O *= alpha (32 FMUL) past the P V GEMM's wait, so the turn (BAR.SYNC .. BAR.ARV) runs the drain, 32 FMUL,
-# the 32 promotion FFMAs and the next S GEMM's issue while the other two warpgroups wait for it. 192 x 224 / 192 x 256
-# do not compile (Fp8Config.check). skip: skip_unit_rescale (O *= alpha in a branch before the turn, taken only where a
-# row max of the thread moved: the turn keeps the 32 FFMAs); early_skip: + early_pv_arrive (the turn is the P V GEMM's
-# issue only; drain, promotion and the next S GEMM's issue after it); nopp_skip: skip without ping-pong (no turn: the
-# three warpgroups' GEMMs queue in the order they are issued).
+# O *= alpha is fused into the promotion after the P V GEMM's wait (32 FMUL v_descale tmp + 32 FFMA alpha O + that),
+# so the turn (BAR.SYNC .. BAR.ARV) runs the drain, those 64 and the next S GEMM's issue while the other two warpgroups
+# wait. 192 x 224 / 192 x 256 do not compile (Fp8Config.check). skip: skip_unit_rescale (O *= alpha in a branch before
+# the turn, taken only where a row max of the thread moved: the turn keeps 32 FFMAs, O = fma(v_descale, tmp, O));
+# early_skip: + early_pv_arrive (the turn is the P V GEMM's issue only; drain, promotion and the next S GEMM's issue
+# after it); nopp_skip: skip without ping-pong (no turn: the three warpgroups' GEMMs queue in the order they are
+# issued).
 FP8D64_VARIANTS: dict[int, dict[str, dict]] = {
     64: {"new": {}, "skip": dict(skip_unit_rescale=True),
          "early_skip": dict(skip_unit_rescale=True, early_pv_arrive=True),

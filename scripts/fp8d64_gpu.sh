@@ -3,14 +3,16 @@
 # the ping-pong turn of the 192 x 192 serial default (one H200, <= 100 s cold; bench/NOTES.md "Session 13 (2026-12-02):
 # fa3-fp8 head_dim 64, the ping-pong turn; predictions before the run").
 # Why: read in the SASS (CPU, sm_90a), a consumer warp runs 607 instructions per K/V tile (98 MUFU.EX2, 48 F2FP, 101
-# FMNMX), and ptxas sinks O *= alpha (32 FMUL) past the P V GEMM's wait into the ping-pong turn, which then holds the
-# drain, 32 FMUL, 32 promotion FFMAs and the next S GEMM's issue (112 instructions) while two warpgroups wait for it.
+# FMNMX), and O *= alpha is fused into the two-level promotion after the P V GEMM's wait (32 FMUL v_descale tmp, 32 FFMA
+# alpha O + that), so the ping-pong turn holds the drain, those 64 and the next S GEMM's issue (112 instructions) while
+# the two other warpgroups wait for it.
 # Wider K/V tiles (the lever that gave +11..+23 % in session 6) stop at 192: 192 x 224 / 256 fail in ptxas.
 # Variants (scripts/fa3_fp8_speed_ab.py --set fp8d64, on top of the default; the emulation is unchanged: skip's
 # promotion is its order, O' = round(alpha O), O = fma(v_descale, tmp, O'), where the default fuses alpha O into the
 # FFMA (one rounding less on tiles where a row max moved); early_skip and nopp_skip run skip's arithmetic):
-#   skip        skip_unit_rescale: O *= alpha in a branch before the turn, only where a row max of the thread moved
-#               (turn 112 -> 79 instructions, no FMUL in it; the common tile runs 575 instead of 607)
+#   skip        skip_unit_rescale: O *= alpha in a branch before the turn, only where a row max of the thread moved;
+#               the promotion one FFMA per element (turn 112 -> 79 instructions, no FMUL in it; a tile where nothing
+#               moved runs ~575 instructions instead of 607)
 #   early_skip  + early_pv_arrive: the turn is the P V GEMM's issue (23 instructions); drain, promotion and the next S
 #               GEMM's issue after it
 #   nopp_skip   skip without ping-pong: no turn, the three warpgroups' GEMMs queue as issued

@@ -313,9 +313,9 @@ def test_hoisted_descriptors_at_256():
 
 
 # session 13, head_dim 64 (scripts/fa3_fp8_speed_ab.py --set fp8d64, scripts/fp8d64_gpu.sh): the 192 x 192 serial
-# default's turn. Read on the CPU (nvidia-cutlass-dsl 4.8.1, non-causal): the loop's turn holds the P V drain, O *= alpha
-# (32 FMUL, sunk there by ptxas) and the 32 promotion FFMAs, 112 instructions; skip 79 (no FMUL), early_skip 23 (the P V
-# GEMM's issue only), nopp_skip none.
+# default's turn. Read on the CPU (nvidia-cutlass-dsl 4.8.1, non-causal): the loop's turn holds the P V drain and the
+# promotion with O *= alpha fused in (32 FMUL v_descale tmp, 32 FFMA alpha O + that), 112 instructions; skip 79 (no
+# FMUL), early_skip 23 (the P V GEMM's issue only), nopp_skip none.
 D64_TURN = {"skip": dict(skip_unit_rescale=True), "early_skip": dict(skip_unit_rescale=True, early_pv_arrive=True),
             "nopp_skip": dict(skip_unit_rescale=True, pingpong=False)}
 
@@ -344,8 +344,8 @@ def test_d64_turn_candidates(name, causal):
 
 
 def test_d64_default_turn_has_the_alpha_multiplies():
-    """The control of ``test_d64_turn_candidates``: the head_dim 64 default's loop turn holds both the 32 FMUL of
-    O *= alpha and the 32 promotion FFMAs (what the fp8d64 candidates take out of it)."""
+    """The control of ``test_d64_turn_candidates``: the head_dim 64 default's loop turn holds the promotion with
+    O *= alpha fused in, 32 FMUL (v_descale tmp) and 32 FFMA (alpha O + that): what the fp8d64 candidates take out."""
     s = _sass(fa3_fp8.DEFAULT_CONFIGS[64], head_dim=64)
     both = [t for t in _pingpong_turns(s) if sum(x.startswith("FMUL") for x in t) == 32
             and sum(x.startswith("FFMA") for x in t) == 32]
