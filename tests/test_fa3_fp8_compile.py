@@ -362,3 +362,66 @@ def test_192_row_tiles_refuse_wider_kv_tiles(tile_n):
         dataclasses.replace(base, tile_n=tile_n).check(64)
     dataclasses.replace(base, tile_n=192).check(64)
     dataclasses.replace(base, tile_m=128, tile_n=tile_n).check(64)
+
+
+def _look128_variants() -> dict:
+    """scripts/fa3_fp8_speed_ab.py's --set fp8look128 at head_dim 128 (session 13), loaded from the script (it imports
+    no DSL at load time)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "fa3_fp8_speed_ab.py"
+    spec = importlib.util.spec_from_file_location("_fp8look128_ab", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.FP8LOOK128_VARIANTS[128]
+
+
+@pytest.mark.parametrize("name, causal", [("look192", False), ("look192", True), ("look192_fused", True),
+                                          ("look128h_fb", True)])
+def test_look128_candidates_compile_without_spills(name, causal):
+    """The head_dim 128 lookahead candidates (session 13, scripts/fp8d128_gpu.sh): accepted by ``Fp8Config.check``,
+    compiled (nvidia-cutlass-dsl 4.8.1, sm_90a) with no local memory, FP8 MMAs for both GEMMs, the P V GEMM in slices of
+    d (QGMMA n = 128 / pv_split) and S in tile_n-key MMAs (or two halves). Read on the CPU in the same compiles: the
+    free loop per warp and K/V tile (scripts/sass_diff.py --skip-jumps 100) 834 instructions / 256 keys for the default,
+    753 / 192 for look192, 698 / 192 for look192_fused, 595 / 128 for look128h_fb."""
+    change = _look128_variants()[name]
+    cfg = dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], **change)
+    cfg.check(128)
+    s = _sass(cfg, causal=causal)
+    counts = cubin.count_sass(s)
+    assert counts["LDL"] == counts["STL"] == 0 and counts["QGMMA"] > 0 and counts["HGMMA"] == 0, counts
+    assert counts["USETMAXREG"] >= 2 and counts["MUFU.EX2"] > 0, counts
+    assert f"QGMMA.64x{128 // cfg.pv_split}x32.F32.E4M3.E4M3" in s, name  # the P V slices
+    s_n = cfg.tile_n // 2 if cfg.s_halves else cfg.tile_n
+    assert f"QGMMA.64x{s_n}x32.F32.E4M3.E4M3" in s, name  # S = Q K^T
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(s_halves=True), "s_halves with s_lookahead needs tile_n \\* pv_split == 2 \\* head_dim"),  # 192 x 4 != 256
+    (dict(pv_split=1, pv_buffers=1), "s_lookahead needs"),
+    (dict(intra_wg_overlap=True), "pv_split > 1 needs two_level on and intra_wg_overlap off"),
+    (dict(descale_prefetch=True), "s_lookahead needs"),
+    (dict(tile_n=176), "multiple of 32"),
+    (dict(s_lookahead=False, fused_promote=True), "fused_promote needs s_lookahead"),
+    (dict(bounded_units=True), "bounded_units needs fused_promote")])
+def test_look128_refusals(bad, match):
+    """What the head_dim 128 lookahead refuses on top of look192 (one-line ValueErrors of ``Fp8Config.check``): S halves
+    that do not fill the two temporaries, one P V slice, intra-warpgroup overlap, descale_prefetch, a tile_n that is no
+    multiple of 32, fused_promote without the lookahead, bounded_units without fused_promote."""
+    cfg = dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], **_look128_variants()["look192"])
+    with pytest.raises(ValueError, match=match):
+        dataclasses.replace(cfg, **bad).check(128)
+
+
+def test_look128_inputs_need_the_tiles_blocks():
+    """A 128 x 192 candidate reads one K/V descale per 192 keys: ``run_fp8`` refuses inputs quantised with the default's
+    256-key blocks, naming the block heights; the default recipe's blocks follow ``layout.KERNEL_TILES`` (unchanged
+    here: 256)."""
+    import types
+
+    cfg = dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], **_look128_variants()["look192"])
+    assert layout.tile_n(128) == 256 and cfg.tile_n == 192
+    inputs = types.SimpleNamespace(head_dim=128, block_m=layout.TILE_M, block_n=256)
+    with pytest.raises(ValueError, match="blocks of 128 query rows and 256 keys.*tile_n=192"):
+        fa3_fp8.run_fp8(inputs, causal=False, config=cfg)
