@@ -16,16 +16,18 @@
 #   look128h_fb    the head_dim 256 default's schedule at 128 x 128: S halves in the two temporaries, fused_promote,
 #                  bounded_units, reduce_chains 2 (595 / 128 keys)
 # Steps:
-#   1. precompile (12 workers, disk cache): the 4 variants and bf16 fa3 in both causal modes, the quantisation pass
-#   2. tests: tests/test_fa3_fp8_speed_gpu.py -k fp8look128 (22 tests, kernels from the disk cache): each candidate vs
+#   1. tests (background, six pytest processes: one per candidate and causal mode, each compiling its one kernel into
+#      the tests' own disk cache): tests/test_fa3_fp8_speed_gpu.py -k fp8look128 (22 tests): each candidate vs
 #      the emulation (rel-L2 <= 6e-3, LSE <= 1.5e-3) and float64, causal and not, seqlen 113 / 1023 tails, Nq > Nk,
 #      GQA / MQA, batch 2, NaN-poisoned outputs; look192 and look128h_fb also with V blocks spanning 2^-8 .. 2^8, an
 #      all-zero and a tiny block (look192_fused keeps fused_promote's overflow there by design: not run)
+#   2. precompile (10 workers, beside the tests; the A/B's disk cache): the 4 variants and bf16 fa3 in both causal modes,
+#      the quantisation pass
 #   3. speed_ab: D 128, N 16k / 4k (B*N 16k, H*D 2048), causal and not, paired (CUDA-graph bursts, order rotated per
 #      round, A/A control of new), 6 rounds, beside bf16 fa3; then every variant vs the emulation and float64 (N 1024)
 #
 #   source .gpu/env.sh && scripts/fp8d128_gpu.sh      (repository root; writes $OUT/fp8d128.tar.gz + summary)
-# Pass: "precompile: ... 0 failed"; tests "22 passed"; the summary's accuracy lines PASS; a "look192/new" line per problem.
+# Pass: "precompile: ... 0 failed"; "tests: 22 passed"; the summary's accuracy lines PASS; a "look192/new" line per problem.
 # Flip rule: of look192 and look128h_fb with their tests passing, one whose paired ratio X/new is >= 1.03 at N 4k and
 # N 16k non-causal and >= 0.98 at both causal problems; of two, the higher geometric mean over the four. look192 ->
 # layout.KERNEL_TILES[128] = (128, 192) (the default recipe's K/V blocks follow: 192 keys) and fa3_fp8.DEFAULT_SWITCHES[128]
@@ -40,17 +42,26 @@ set -uo pipefail
 source "$(dirname "$0")/steps.sh"
 out="${OUT:-results}"; work="$out/fp8d128"; gpu_session "$work" "$@"
 AB=(python3 scripts/fa3_fp8_speed_ab.py --set fp8look128 --head-dims 128 --no-flash-attn)
-MEASURE=(--phase measure --protocol paired --rounds 6 --drop-failed "$work/precompile.log" "$work/tests.log")
-step precompile 45 "${AB[@]}" --causal both --phase precompile --jobs 12 --out "$work/ab"
-step tests 28 python3 -m pytest -q -m gpu $(xdist_flag 8) tests/test_fa3_fp8_speed_gpu.py -p no:cacheprovider --tb=line \
-  -rfE -k "fp8look128"
-left=$((97 - SECONDS)); lim=$((left > 55 ? 55 : left)); ((lim < 15)) && lim=15
-step speed_ab "$lim" "${AB[@]}" "${MEASURE[@]}" --causal both --seqlens 16384 4096 --err-seqlen 1024 --out "$work/ab"
+# the GPU tests compile into a disk cache of their own (tests/conftest.py): one pytest per candidate and causal mode, so
+# each process compiles one kernel, beside the A/B's precompile
+for v in look192 look192_fused look128h_fb; do
+  for c in full causal; do
+    step "tests_${v}_$c" 60 python3 -m pytest -q -m gpu tests/test_fa3_fp8_speed_gpu.py -p no:cacheprovider --tb=line \
+      -rfE -k "fp8look128-d128-$v- and $c" &
+  done
+done
+step precompile 50 "${AB[@]}" --causal both --phase precompile --jobs 10 --out "$work/ab"
+wait
+left=$((98 - SECONDS)); lim=$((left > 55 ? 55 : left)); ((lim < 20)) && lim=20
+step speed_ab "$lim" "${AB[@]}" --phase measure --protocol paired --rounds 6 --drop-failed "$work/precompile.log" \
+  "$work"/tests_*.log --causal both --seqlens 16384 4096 --err-seqlen 1024 --out "$work/ab"
 pack_logs "$out/fp8d128.tar.gz" && rm -rf "$work"
 log() { tar -xzOf "$out/fp8d128.tar.gz" "fp8d128/$1" 2>/dev/null; }
 echo; log precompile.log | grep -E "precompile:|FAILED" | head -6
-echo "-- tests"; log tests.log | grep -E "^(FAILED|ERROR)|passed|failed|error" | tail -8
-log tests.log | grep -qE "^22 passed" || step_failed tests "not 22 passed"
+echo "-- tests"; tests=$(tar -xzOf "$out/fp8d128.tar.gz" --wildcards "fp8d128/tests_*.log" 2>/dev/null)
+grep -E "^(FAILED|ERROR)" <<< "$tests" | head -12
+passed=$(grep -oE "^[0-9]+ passed" <<< "$tests" | awk '{n += $1} END {print n + 0}'); echo "tests: $passed passed"
+((passed == 22)) || step_failed tests "$passed of 22 passed"
 echo "-- speed_ab"; log speed_ab.log | grep -E "^left out|^d128 N|A/A|/new:|^ +(new|look|bf16)[a-z0-9_]*: .* MHz|FAILED"
 log speed_ab.log | grep -qE "look192/new:" || step_failed speed_ab "no look192/new line"
 echo "-- summary"; log ab/summary.md | grep -E "^\| [0-9]|PASS|FAIL|NOT met|met|^- d128" || echo "(no summary.md)"

@@ -1281,18 +1281,25 @@ def test_twolvl3_script_tests_what_it_times():
 
 
 def test_fp8d128_script_tests_what_it_times():
-    """scripts/fp8d128_gpu.sh (session 13): its tests -k selects exactly the 22 GPU tests of the three timed head_dim 128
-    lookahead candidates (18 vs the emulation and float64, 4 on spread V scales; the script's pass line "22 passed"),
-    and the A/B's variants are those configs (same names, same changes), valid, new the default; the flip candidates'
-    tile_n (192 / 128) are not the default's (K/V scale blocks of their own height, the PyTorch recipe)."""
+    """scripts/fp8d128_gpu.sh (session 13): its six test processes (one per candidate and causal mode, -k "...-$v- and $c")
+    select, together and without overlap, exactly the 22 GPU tests of the three timed head_dim 128 lookahead candidates
+    (18 vs the emulation and float64, 4 on spread V scales; the script's pass count 22), each process one kernel; the
+    A/B's variants are those configs (same names, same changes), valid, new the default; the candidates' tile_n (192 /
+    128) are not the default's (K/V scale blocks of their own height, the PyTorch recipe)."""
     text = (ROOT / "scripts" / "fp8d128_gpu.sh").read_text()
-    assert "--set fp8look128 --head-dims 128" in text and '"^22 passed"' in text
+    assert "--set fp8look128 --head-dims 128" in text and "((passed == 22))" in text
+    assert "for v in look192 look192_fused look128h_fb; do" in text and "for c in full causal; do" in text
     expr = re.search(r'-k "([^"]+)"', text).group(1)
-    collect = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                              "tests/test_fa3_fp8_speed_gpu.py", "-k", expr], capture_output=True, text=True,
-                             timeout=120, cwd=ROOT)
-    ids = [line for line in collect.stdout.splitlines() if "::" in line]
-    assert len(ids) == 22 and all("fp8look128-d128-" in i for i in ids), ids
+    ids = []
+    for v in ("look192", "look192_fused", "look128h_fb"):
+        for c in ("full", "causal"):
+            collect = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                                      "tests/test_fa3_fp8_speed_gpu.py", "-k", expr.replace("$v", v).replace("$c", c)],
+                                     capture_output=True, text=True, timeout=120, cwd=ROOT)
+            mine = [line for line in collect.stdout.splitlines() if "::" in line]
+            assert mine and all(f"fp8look128-d128-{v}-" in i and i.endswith(f"-{c}]") for i in mine), (v, c, mine)
+            ids += mine
+    assert len(ids) == len(set(ids)) == 22, ids
     ab = load_script("fa3_fp8_speed_ab")
     variants = ab.FP8LOOK128_VARIANTS[128]
     assert list(variants) == ["new", "look192", "look192_fused", "look128h_fb"] and variants["new"] == {}
