@@ -1256,28 +1256,6 @@ def test_bounded_script_precompiles_what_its_steps_run():
 
 
 
-def test_twolvl3_script_tests_what_it_times():
-    """scripts/twolvl3_gpu.sh: its hd_tests -k selects exactly the 8 GPU tests of the timed hoisted_descriptors variant
-    (6 vs the emulation and float64, 2 on spread V scales; the script's pass line "8 passed"), and the A/B's hd is that
-    config: the head_dim 256 default with hoisted_descriptors, a valid config; new is the default."""
-    text = (ROOT / "scripts" / "twolvl3_gpu.sh").read_text()
-    assert "--set twolvl3 --head-dims 256" in text and '"^8 passed"' in text
-    expr = re.search(r'-k "([^"]+)"', text).group(1)
-    collect = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                              "tests/test_fa3_fp8_speed_gpu.py", "-k", expr], capture_output=True, text=True,
-                             timeout=120, cwd=ROOT)
-    ids = [line for line in collect.stdout.splitlines() if "::" in line]
-    assert len(ids) == 8 and all("twolvl3-d256-hd" in i for i in ids), ids
-    ab = load_script("fa3_fp8_speed_ab")
-    variants = ab.TWOLVL3_VARIANTS[256]
-    assert list(variants) == ["new", "hd", "single_overlap_noskip"] and variants["new"] == {}
-    assert variants["single_overlap_noskip"] == ab.FP8TURN_VARIANTS[256]["single_overlap_noskip"]
-    import test_fa3_fp8_speed_gpu as gpu_tests
-    assert ab.kernel_config(256, variants["hd"]) == ab.kernel_config(256, gpu_tests.TWOLVL3_VARIANTS["twolvl3-d256-hd"][1])
-    assert ab.kernel_config(256, variants["hd"]).hoisted_descriptors
-    assert not ab.kernel_config(256, variants["new"]).hoisted_descriptors
-    for change in variants.values():
-        ab.kernel_config(256, change).check(256)
 
 
 def test_fp8d128_script_tests_what_it_times():
