@@ -963,14 +963,15 @@ def test_v3_wide_bitwise(monkeypatch, config, grid):
     assert_switch_bitwise(monkeypatch, "V3_WIDE", 256, config, 19)
 
 
-def _recorded_launches(monkeypatch, calls, keys: list | None = None) -> list:
+def _recorded_launches(monkeypatch, calls, keys: list | None = None, raw: bool = False, log: list | None = None) -> list:
     """quant_host with the device queries stubbed (an sm_90 device of 132 SMs) and every compiled pass replaced by a
     recorder of (PassConfig, its arguments: tensors as (shape, dtype, stride), the rest as they are): the launches
-    ``calls()`` makes, on the CPU. keys: also gets each static config looked up (the disk cache's key)."""
+    ``calls()`` makes, on the CPU. keys: also gets each static config looked up (the disk cache's key). raw: the
+    arguments as passed (the tensors themselves); log: the list to record into (read while ``calls`` runs)."""
     import contextlib
     import types
 
-    log = []
+    log = [] if log is None else log
 
     class Recorder:
         def __init__(self, cfg):
@@ -979,8 +980,8 @@ def _recorded_launches(monkeypatch, calls, keys: list | None = None) -> list:
                 keys.append(cfg)
 
         def fn(self, *args):
-            log.append((self.cfg, tuple((tuple(a.shape), a.dtype, a.stride()) if isinstance(a, torch.Tensor) else a
-                                        for a in args)))
+            log.append((self.cfg, args if raw else tuple(
+                (tuple(a.shape), a.dtype, a.stride()) if isinstance(a, torch.Tensor) else a for a in args)))
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: (9, 0))
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *a, **k: types.SimpleNamespace(
@@ -1123,3 +1124,71 @@ def test_bandwidth_report_cell_on_the_cpu(monkeypatch, capsys):
     assert row["tb_s"] == pytest.approx(row["bytes"] / 0.2 / 1e9) and row["extra_bytes_read"] == 2 * k.numel()
     line = capsys.readouterr().out.splitlines()[-1]
     assert line.startswith("D=128 GQA   def  default    0.2000   0.5000") and "NO (host-bound)  ok" in line
+
+
+
+def _named_launches(calls: list) -> list:
+    """Per quantize call (``calls``: its inputs, its FP8Inputs and the raw launches it made): its launches with each
+    tensor named by what it is in the call (q / k / v, an output field, else (shape, dtype, stride); the other
+    arguments as they are), then the FP8Inputs' fields (tensors as shape, dtype, stride)."""
+    fields = ("q", "k", "v_t", "q_descale", "k_descale", "v_descale", "k_mean", "lse_shift")
+    per_call = []
+    for (q, k, v), out, launches in calls:
+        named = []
+        per_call.append(named)
+        names = {id(q): "q", id(k): "k", id(v): "v"}
+        names.update({id(getattr(out, f)): f for f in fields if getattr(out, f) is not None})
+        for cfg, args in launches:
+            named.append((cfg, tuple(names.get(id(a), (tuple(a.shape), a.dtype, a.stride()))
+                                     if isinstance(a, torch.Tensor) else a for a in args)))
+        named.append(tuple((f, tuple(t.shape), t.dtype, t.stride()) if isinstance(t, torch.Tensor) else (f, t)
+                           for f in fields + ("softmax_scale", "seqlen_k", "config", "block_m", "block_n")
+                           for t in [getattr(out, f)]))
+    return per_call
+
+
+def test_call_plans_same_launches(monkeypatch):
+    """quant_host.QUANT_CALL_PLANS (fp8.quant_call): every launch of quantize is the same compiled pass with the same
+    arguments (q, k, v and the outputs in the same places, the rest equal by shape, dtype, stride or value) and the
+    FP8Inputs alike, as with the plans off, on the first (planning) call and on the cached second, over head_dim
+    64 / 128 / 256, the default / no-smooth / no-rotate recipes, GQA with odd lengths, a negative scale, the fused
+    mean (per block and late), the wide pass off; per-head scales and a sampled mean take the uncached path."""
+    from fa_variants.fp8 import quant_call as qc
+
+    monkeypatch.setattr(qc, "_device_ok", lambda q, config: True)
+    monkeypatch.setattr(qc, "_CALLS", {})
+    cases = [(64, "default", {}), (128, "no-smooth", {}), (256, "default", {}), (256, "no-rotate", {"V3_WIDE": False}),
+             (128, "default", {"V3_FUSED_MEAN_LATE": True}), (64, "default", {"V3_FUSED_MEAN": True}),
+             (128, "head-smooth", {}), (128, "sampled", {})]
+    recipes = {"default": FP8Config(), "no-smooth": FP8Config(smooth_k=False), "no-rotate": FP8Config(rotate=False),
+               "head-smooth": FP8Config(granularity="head"), "sampled": FP8Config(smooth_k_blocks=2)}
+    defaults = {name: getattr(qh, name) for case in cases for name in case[2]}
+
+    def run(calls: list, log: list, repeat: int) -> None:
+        for d, recipe, knobs in cases:
+            for name, value in knobs.items():
+                setattr(qh, name, value)
+            q = torch.zeros(2, 77, 4, d, dtype=torch.bfloat16)
+            k = torch.zeros(2, 700, 2, d, dtype=torch.bfloat16)
+            v = k.clone()
+            try:
+                for scale in (None, -0.5):
+                    for _ in range(repeat):
+                        start = len(log)
+                        out = qh.quantize(q, k, v, config=recipes[recipe], softmax_scale=scale)
+                        calls.append(((q, k, v), out, log[start:]))
+            finally:
+                for name in knobs:
+                    setattr(qh, name, defaults[name])
+
+    named = {}
+    for plans in (False, True):
+        monkeypatch.setattr(qh, "QUANT_CALL_PLANS", plans)
+        calls, log = [], []
+        _recorded_launches(monkeypatch, lambda: run(calls, log, 1 + plans), raw=True, log=log)
+        named[plans] = _named_launches(calls)
+    reference = named[False]
+    assert len(reference) == 2 * len(cases) and sum(len(call) - 1 for call in reference) == 3 * 2 * len(cases) + 3 * 2
+    assert named[True] == [call for call in reference for _ in range(2)]
+    planned = [plan for plan in qc._CALLS.values() if plan is not None]
+    assert len(planned) == 2 * (len(cases) - 2) and len(qc._CALLS) == 2 * len(cases)

@@ -97,6 +97,12 @@ V3_WIDE = _env.flag("FA_VARIANTS_FP8_QUANT_WIDE", True)
 #: 1.003 (graph 1.000), outputs equal to the torch recipe); FA_VARIANTS_FP8_QUANT_PLANS=0 (read at import) turns it off
 QUANT_PLANS = _env.flag("FA_VARIANTS_FP8_QUANT_PLANS", True)
 _PLANS: dict[tuple, tuple] = {}
+#: whole-call plans (``fp8.quant_call``): pipeline v3 with block scales (exact or no K mean) replays a per-(shapes,
+#: strides, dtypes, devices, recipe, softmax_scale, pipeline, switches) plan: no ``_check``, device context,
+#: ``interop.aligned``, ``quantize_tensor`` defaults or ``launch_plan`` key per call; the same launches with the same
+#: arguments (outputs bit for bit; CPU: test_call_plans_same_launches). Off until its H200 A/B (session 13,
+#: scripts/quantbw2_gpu.sh); FA_VARIANTS_FP8_QUANT_CALL_PLANS=1 (read at import) turns it on
+QUANT_CALL_PLANS = _env.flag("FA_VARIANTS_FP8_QUANT_CALL_PLANS", False)
 #: tests only: at most this many CTAs per launch (None: the persistent grid), so that small inputs give a CTA many
 #: work items (``late_count``'s rounds: more K blocks per CTA than threads; several heads finished by one CTA)
 GRID_CAP: int | None = None
@@ -348,7 +354,12 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Co
     ``quantize_fp8_torch``'s; "v2" and "v3" sum K in V's launch (``k_mean_from_parts``: another float32
     summation order, equal to ``k_mean`` to rounding), and their outputs equal ``quantize_fp8_torch(...,
     k_mean=that mean)``'s bit for bit (``FP8Inputs.k_mean`` holds it). v3 changes only which thread loads
-    which bytes and the order of the blocks, not the arithmetic: its outputs equal v2's."""
+    which bytes and the order of the blocks, not the arithmetic: its outputs equal v2's. With ``QUANT_CALL_PLANS``
+    a repeated call runs its cached plan (``fp8.quant_call``: the same launches)."""
+    if QUANT_CALL_PLANS:
+        out = quant_call.quantize_planned(q, k, v, config, softmax_scale, pipeline)
+        if out is not None:
+            return out
     scale = _check(q, k, v, config, softmax_scale)
     pipe = pipeline_of(pipeline)
     with torch.cuda.device(q.device):  # one device context for the call's launches (``quantize_tensor``'s prepared)
@@ -476,3 +487,6 @@ def planned_passes(arch: str, dtype: torch.dtype, head_dim: int, config: FP8Conf
     finally:
         globals().update(saved)
     return list(keys)
+
+
+from fa_variants.fp8 import quant_call  # noqa: E402 - it reads this module's switches (import cycle)
