@@ -16,7 +16,9 @@ counted per K block (``V3_FUSED_MEAN``); "defl": def with the fused mean counted
 (``V3_FUSED_MEAN_LATE``);
 "defw": def with Q's / K's pass at head_dim 256 holding 8 chunks of a token per thread (``V3_WIDE``: 2 lanes per
 token, one cross-lane Hadamard stage; bit for bit); "defn" / "defwn": def / defw without programmatic dependent launch
-(``V2_PDL`` off); "defp": def with cached launch plans (``QUANT_PLANS``: host work only);
+(``V2_PDL`` off); "defp": def with cached launch plans (``QUANT_PLANS``: host work only); "defc": def with whole-call
+plans (``QUANT_CALL_PLANS``, ``fp8.quant_call``: host work only, the same launches); "defcl": defc with the fused mean
+counted late (``V3_FUSED_MEAN_LATE``: no torch sum of K's partials, one kernel fewer per call);
 ``quant_host``) and recipe (default:
 block scales + Hadamard + K smoothing; "no-smooth": the same without smoothing; "sampled8": the default with
 K's mean over 8 evenly spaced K tiles, ``FP8Config(smooth_k_blocks=8)``; "sampled16": over 16), one
@@ -333,6 +335,11 @@ PIPES["defn"] = ("v3", {**_DEF, "V2_PDL": False})
 PIPES["defwn"] = ("v3", {**_DEF, "V3_WIDE": True, "V2_PDL": False})
 # session 12: def with cached launch plans (``quant_host.QUANT_PLANS``: the same launches, less host work per call)
 PIPES["defp"] = ("v3", {**_DEF, "QUANT_PLANS": True})
+# session 13: def with whole-call plans (``quant_host.QUANT_CALL_PLANS``: the same launches, the per-call Python of
+# _check / device context / aligned / quantize_tensor / launch_plan done once per geometry), and with the fused mean
+# counted late beside it (``V3_FUSED_MEAN_LATE``: torch's sum of K's partials, a kernel and a host op, gone)
+PIPES["defc"] = ("v3", {**_DEF, "QUANT_CALL_PLANS": True})
+PIPES["defcl"] = ("v3", {**_DEF, "QUANT_CALL_PLANS": True, "V3_FUSED_MEAN_LATE": True})
 # session 12's default before its flips (V3_WIDE, QUANT_PLANS on since then: "def" runs them)
 PIPES["def11"] = ("v3", {**_DEF, "V3_WIDE": False, "QUANT_PLANS": False})
 

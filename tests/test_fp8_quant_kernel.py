@@ -1192,3 +1192,49 @@ def test_call_plans_same_launches(monkeypatch):
     assert named[True] == [call for call in reference for _ in range(2)]
     planned = [plan for plan in qc._CALLS.values() if plan is not None]
     assert len(planned) == 2 * (len(cases) - 2) and len(qc._CALLS) == 2 * len(cases)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", qk.HEAD_DIMS)
+@pytest.mark.parametrize("late", [False, True], ids=["sum", "late"])
+def test_call_plans_bitwise(monkeypatch, head_dim, late):
+    """``QUANT_CALL_PLANS`` (fp8.quant_call) on, with torch's sum of K's partials (sum) or the fused mean counted late
+    (late: ``V3_FUSED_MEAN_LATE``, no torch kernel between the passes): on fresh random inputs of one geometry (GQA, odd
+    lengths, batch 3) for the planning call and then a cached call on new inputs, after NaN-poisoned memory, every
+    output equals the uncached path's (same switches) bit for bit and the torch recipe's given the pass's K mean (e4m3
+    bytes, descales, v_t); the mean within float32 summation's bound of float64; lse_shift within float32 rounding of
+    torch's; a negative softmax_scale alike (its own plan). The default recipe only (the passes of
+    quant_precompile.py --set quantbw2); the other recipes' launches: test_call_plans_same_launches."""
+    from fa_variants.fp8 import quant_call
+
+    monkeypatch.setattr(quant_call, "_CALLS", {})
+    monkeypatch.setattr(qh, "V3_FUSED_MEAN_LATE", late)
+    g = torch.Generator(device="cuda").manual_seed(31 * head_dim + late)
+    config = FP8Config()
+    for scale in (None, -0.6):
+        for call in range(2):
+            q = (torch.randn(3, 517, 8, head_dim, device="cuda", generator=g) * 2).to(torch.bfloat16)
+            k = (torch.randn(3, 1001, 2, head_dim, device="cuda", generator=g) + 1.5 - call).to(torch.bfloat16)
+            v = torch.randn(3, 1001, 2, head_dim, device="cuda", generator=g).to(torch.bfloat16)
+            got = []
+            for plans in (False, True):
+                monkeypatch.setattr(qh, "QUANT_CALL_PLANS", plans)
+                torch.full((1 << 24,), float("nan"), device="cuda")  # freed at once: torch.empty may hand it out again
+                got.append(qh.quantize(q, k, v, config=config, softmax_scale=scale, pipeline="v3"))
+            a, b = got
+            for name in ("q", "k", "v_t"):
+                x, y = getattr(a, name), getattr(b, name)
+                assert x.shape == y.shape and torch.equal(x.view(torch.uint8), y.view(torch.uint8)), name
+            for name in ("q_descale", "k_descale", "v_descale", "k_mean", "lse_shift"):
+                x, y = getattr(a, name), getattr(b, name)
+                assert (x is None and y is None) or torch.equal(x, y), name
+            given = b.k_mean if scale is None else -b.k_mean  # the unnegated mean (negation is exact)
+            assert_k_mean_close(given, k, block_n=b.block_n)
+            ref = quantize_fp8_torch(q, k, v, config=config, softmax_scale=scale, k_mean=given)
+            for name in ("q", "k", "v_t"):
+                assert torch.equal(getattr(b, name).view(torch.uint8), getattr(ref, name).view(torch.uint8)), name
+            for name in ("q_descale", "k_descale", "v_descale"):
+                assert torch.equal(getattr(b, name), getattr(ref, name)), name
+            assert torch.equal(b.k_mean, ref.k_mean)
+            assert_shift_close(b.lse_shift, ref.lse_shift, q, ref.k_mean, ref.softmax_scale)
+    assert sum(plan is not None for plan in quant_call._CALLS.values()) == 2  # one per softmax_scale, both planned
