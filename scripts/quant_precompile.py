@@ -184,7 +184,8 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=14)
     parser.add_argument("--plan", action="store_true", help="list the tasks and exit (no GPU needed)")
     parser.add_argument("--set", default="quant3",
-                        choices=("quant3", "quant4", "quant5", "quant8", "quantlanes", "quantbw", "quantdef", "quantbw2"),
+                        choices=("quant3", "quant4", "quant5", "quant8", "quantlanes", "quantbw", "quantdef",
+                                 "quantbw2"),
                         help="which script's passes (default quant3)")
     parser.add_argument("--unique", action="store_true",
                         help="record the tasks' passes first (no compile), then compile each distinct pass once")

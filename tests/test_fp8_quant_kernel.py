@@ -963,7 +963,8 @@ def test_v3_wide_bitwise(monkeypatch, config, grid):
     assert_switch_bitwise(monkeypatch, "V3_WIDE", 256, config, 19)
 
 
-def _recorded_launches(monkeypatch, calls, keys: list | None = None, raw: bool = False, log: list | None = None) -> list:
+def _recorded_launches(monkeypatch, calls, keys: list | None = None, raw: bool = False,
+                       log: list | None = None) -> list:
     """quant_host with the device queries stubbed (an sm_90 device of 132 SMs) and every compiled pass replaced by a
     recorder of (PassConfig, its arguments: tensors as (shape, dtype, stride), the rest as they are): the launches
     ``calls()`` makes, on the CPU. keys: also gets each static config looked up (the disk cache's key). raw: the
