@@ -6,6 +6,7 @@ operations in the same order: e4m3 bytes, descales, V layout).
 """
 import contextlib
 import dataclasses
+import types
 
 import pytest
 import torch
@@ -1239,3 +1240,41 @@ def test_call_plans_bitwise(monkeypatch, head_dim, late):
             assert torch.equal(b.k_mean, ref.k_mean)
             assert_shift_close(b.lse_shift, ref.lse_shift, q, ref.k_mean, ref.softmax_scale)
     assert sum(plan is not None for plan in quant_call._CALLS.values()) == 2  # one per softmax_scale, both planned
+
+
+def test_call_plans_fall_back(monkeypatch):
+    """fp8.quant_call.plan_for (CPU, the device check stubbed): a plan for plain aligned inputs, cached per geometry
+    and scale; None (the uncached path) for a pointer that is not 16-byte aligned, a tensor subclass, a per-head recipe
+    or a sampled mean, a bool scale; bad arguments raise what quantize raises (ValueError naming them); the cache is
+    emptied when it reaches MAX_PLANS."""
+    from fa_variants.fp8 import quant_call as qc
+
+    monkeypatch.setattr(qc, "_device_ok", lambda q, config: True)
+    monkeypatch.setattr(qc, "_CALLS", {})
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: (9, 0))
+    object.__setattr__(qk.VARIANT, "compiled", lambda cfg: types.SimpleNamespace(fn=None))
+    monkeypatch.setattr(qh, "_PASSES", {})
+    monkeypatch.setattr(qh, "_PLANS", {})
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *a, **k: types.SimpleNamespace(
+        multi_processor_count=132, shared_memory_per_multiprocessor=233472))
+    try:
+        q, k = torch.zeros(1, 70, 4, 128, dtype=torch.bfloat16), torch.zeros(1, 300, 2, 128, dtype=torch.bfloat16)
+        plan = qc.plan_for(q, k, k.clone(), FP8Config(), None, None)
+        assert isinstance(plan, qc.CallPlan) and qc.plan_for(q, k, k.clone(), FP8Config(), None, None) is plan
+        assert qc.plan_for(q, k, k, FP8Config(), -0.5, None) not in (None, plan) and len(qc._CALLS) == 2
+        shifted = torch.zeros(q.numel() + 1, dtype=torch.bfloat16)[1:].view(q.shape)  # 2 bytes off
+        assert qc.plan_for(shifted, k, k, FP8Config(), None, None) is None
+        assert qc.plan_for(torch.nn.Parameter(q, requires_grad=False), k, k, FP8Config(), None, None) is None
+        assert qc.plan_for(q, k, k, FP8Config(granularity="head"), None, None) is None
+        long_k = torch.zeros(1, 2600, 2, 128, dtype=torch.bfloat16)
+        assert qc.plan_for(q, long_k, long_k, FP8Config(smooth_k_blocks=4), None, None) is None
+        assert qc.plan_for(q, k, k, FP8Config(), True, None) is None
+        with pytest.raises(ValueError, match="pipeline"):
+            qc.plan_for(q, k, k, FP8Config(), None, "v9")
+        with pytest.raises(ValueError, match="v has shape"):
+            qc.plan_for(q, k, k[:, :7], FP8Config(), None, None)
+        monkeypatch.setattr(qc, "MAX_PLANS", len(qc._CALLS))
+        qc.plan_for(q[:, :9], k, k, FP8Config(), None, None)
+        assert len(qc._CALLS) == 1
+    finally:
+        object.__delattr__(qk.VARIANT, "compiled")
