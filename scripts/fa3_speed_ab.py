@@ -19,8 +19,7 @@ session 8's O rescale under the exponentials (`ALPHA`: `alpha`, Sm90Config.alpha
 session 8's D 256 comparison (`GAP9`: `alpha-256` beside fa4-256; run in session 9 with
 pairs-256, which became the D 256 default); session 12's descriptors built once per tile, out of the ping-pong turn
 (`TURN`: `turn`, Sm90Config.hoisted_descriptors at D 128; on in D 64's default since session 12, where it was timed;
-`noturn` there is the default before); session 13's exponentials before the P V GEMM's wait (`LATE`: `late`,
-Sm90Config.late_huge_fix at D 128, `late-obpv` with rescale_o_before_pv, beside `turn`).
+`noturn` there is the default before).
 --shapes D:N:full|causal,... picks shapes one by one
 instead.
 The default run (--variants, --seqlens) is round 4's:
@@ -111,12 +110,6 @@ VARIANTS = {
     # not timed yet
     "turn": ((128,), dict(hoisted_descriptors=True)),
     "noturn": ((64,), dict(hoisted_descriptors=False)),  # D 64's default before session 12 (the GPU tests' reference)
-    # session 13, no branch between the row maxima and the exponentials (Sm90Config.late_huge_fix; bench/NOTES.md,
-    # "Session 13 (2026-12-02): fa3gap ..."): huge rows fixed after P's conversion, so ptxas issues exponentials before
-    # the P V GEMM's wait (flash-attn-4's schedule); O's rescale then trails the exponentials, so also with it moved
-    # under the next S GEMM (`late-obpv`, rescale_o_before_pv)
-    "late": ((128,), dict(late_huge_fix=True)),
-    "late-obpv": ((128,), dict(late_huge_fix=True, rescale_o_before_pv=True)),
 }
 ROUND4 = ("old", "new", "fa4-256", "n176", "stages3", "k-first")
 FA3GAP = ("old", "new", "basis", "basis-kv1", "fa4-256", "basis-256")
@@ -124,7 +117,6 @@ PERSIST = ("old", "new", "persistent")
 ALPHA = ("old", "new", "alpha", "alpha-noskip")
 GAP9 = ("old", "new", "fa4-256", "alpha-256")
 TURN = ("old", "new", "turn")
-LATE = ("old", "new", "late", "late-obpv", "turn")
 PEERS = ("flash-attn-4", "sdpa-cudnn")
 #: other spellings of the peers accepted by --peers (bench.runtime.build_impls knows only the canonical names)
 PEER_ALIASES = {"cudnn": "sdpa-cudnn", "fa4": "flash-attn-4", "flash": "sdpa-flash"}

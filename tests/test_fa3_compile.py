@@ -270,9 +270,8 @@ def test_speed_ab_plan(capsys):
     ab = _speed_ab()
     shapes = ab.plan([64, 128, 256], [1024, 4096, 16384], (False, True), list(ab.VARIANTS))
     assert len(shapes) == 18 and all(s["batch"] * s["seqlen"] >= 16384 and "old" in s["variants"] for s in shapes)
-    # session 9: - early; session 12: + turn (D 128; on in D 64's default), + noturn (D 64); session 13: + late,
-    # late-obpv (D 128)
-    assert {s["head_dim"]: len(s["variants"]) for s in shapes} == {64: 10, 128: 17, 256: 9}
+    # session 9: - early; session 12: + turn (D 128; on in D 64's default), + noturn (D 64)
+    assert {s["head_dim"]: len(s["variants"]) for s in shapes} == {64: 10, 128: 15, 256: 9}
     import sys
     argv, sys.argv = sys.argv, ["fa3_speed_ab.py", "--plan"]
     try:
@@ -373,39 +372,3 @@ def test_hoisted_descriptors_checked():
         dataclasses.replace(fa3.DEFAULT_CONFIGS[64], hoisted_descriptors=1).check(64)
     for d in (128, 256):  # fa3-fp8 takes it too since session 12 (twolvl3: the head_dim 256 turn)
         dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[d], hoisted_descriptors=True).check(d)
-
-
-@pytest.mark.parametrize("bad", [dict(exp2_ffma=False), dict(basis_alpha=True, alpha_first=False),
-                                 dict(late_huge_fix=1)])
-def test_late_huge_fix_config_limits(bad):
-    """Sm90Config.late_huge_fix (session 13) needs the one-FFMA exponent without basis_alpha (whose own branch keeps
-    the exact basis error) and a bool; fa3-fp8 (its tile-scaled softmax has no huge-logit branch) refuses it."""
-    from fa_variants.hopper import fa3_fp8
-
-    config = dataclasses.replace(fa3.DEFAULT_CONFIGS[128], late_huge_fix=True)
-    config.check(128)
-    changed = dict(bad, alpha_first=False) if "exp2_ffma" in bad else bad
-    with pytest.raises(ValueError, match="late_huge_fix"):
-        dataclasses.replace(config, **changed).check(128)
-    with pytest.raises(ValueError, match="late_huge_fix"):
-        dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], late_huge_fix=True).check(128)
-
-
-def _mufu_before_pv_wait(lines: list[str]) -> int:
-    """MUFU.EX2 of a K/V step before its last WARPGROUP.DEPBAR (the wait for the step's P V GEMM)."""
-    wait = max(i for i, t in enumerate(lines) if t.startswith("WARPGROUP.DEPBAR"))
-    return sum(t.startswith("MUFU.EX2") for t in lines[:wait])
-
-
-def test_late_huge_fix_issues_exponentials_before_the_pv_wait():
-    """Sm90Config.late_huge_fix (session 13): with the huge-logit branch after P's conversion instead of between the
-    row maxima and the exponentials, ptxas issues exponentials before the P V GEMM's wait (nvidia-cutlass-dsl 4.8.1, D
-    128 non-causal: 9 of 66, the default 2, flash-attn-4 ~11), with the same MUFU.EX2, HGMMA and F2FP counts, a few
-    more instructions (493 vs 487 per K/V step) and no spills."""
-    base = _hot_mainloop(128, fa3.DEFAULT_CONFIGS[128])
-    late = _hot_mainloop(128, _speed_ab().variant_config("late", 128))
-    assert _mufu_before_pv_wait(base) <= 3 and _mufu_before_pv_wait(late) >= 6, (_mufu_before_pv_wait(base),
-                                                                                  _mufu_before_pv_wait(late))
-    for op in ("MUFU.EX2", "HGMMA", "F2FP"):
-        assert sum(t.startswith(op) for t in late) == sum(t.startswith(op) for t in base), op
-    assert len(late) <= len(base) + 10, (len(base), len(late))

@@ -1450,34 +1450,6 @@ def test_fp8status_script_precompiles_what_its_status_runs():
     assert len(ids) == 12 and "^12 passed" in text, collect.stdout[-500:]
 
 
-
-
-
-def test_fa3gap_script_tests_and_times_the_late_set():
-    """scripts/fa3gap_gpu.sh (session 13): its pytest -k selects exactly the 10 GPU tests its pass line counts (late
-    and late-obpv vs float64, late's same values and extreme logits, turn at D 128), and its A/B times fa3_speed_ab.py's
-    LATE set at D 128: late = the default + late_huge_fix, late-obpv = + rescale_o_before_pv, valid configs."""
-    from fa_variants.hopper import fa3
-
-    text = (ROOT / "scripts" / "fa3gap_gpu.sh").read_text()
-    expr = re.search(r'-k "([^"]+)"', text).group(1)
-    collect = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                              "tests/test_fa3_gpu.py", "-k", expr], capture_output=True, text=True, timeout=120,
-                             cwd=ROOT)
-    ids = [line for line in collect.stdout.splitlines() if "::" in line]
-    assert len(ids) == 10 and "10 passed" in text, ids
-    ab = load_script("fa3_speed_ab")
-    assert f"--variants {','.join(ab.LATE)} " in text
-    assert ab.LATE == ("old", "new", "late", "late-obpv", "turn")
-    default = fa3.DEFAULT_CONFIGS[128]
-    assert ab.variant_config("late", 128) == dataclasses.replace(default, late_huge_fix=True)
-    assert ab.variant_config("late-obpv", 128) == dataclasses.replace(default, late_huge_fix=True,
-                                                                       rescale_o_before_pv=True)
-    for name in ab.LATE:
-        ab.variant_config(name, 128).check(128)
-    assert not any(c.late_huge_fix for c in fa3.DEFAULT_CONFIGS.values())
-
-
 def test_quantbw2_set_and_pipes():
     """Session 13's quantbw2 run: fp8_quant_bandwidth.py's defc (whole-call plans) and defcl (+ the fused mean counted
     late) are def with those switches only, and quant_precompile.py --set quantbw2 records the 12 passes they and the

@@ -21,20 +21,11 @@ def _fma(a, b, c):
     return _f32(a.double() * b.double() + c.double())
 
 
-def _c_low(c):
-    """Sm90Config.late_huge_fix's coefficient of huge rows: the power of two <= min(c, 1) (c's exponent bits)."""
-    bits = torch.tensor([c], dtype=torch.float32).view(torch.int32) & -(1 << 23)
-    return min(bits.view(torch.float32).item(), 1.0)
-
-
-def online_softmax_pv(s, v, c, tile_n, consistent=True, limit=FFMA_LIMIT, p_dtype=torch.bfloat16, basis_alpha=False,
-                      late_huge=False):
+def online_softmax_pv(s, v, c, tile_n, consistent=True, limit=FFMA_LIMIT, p_dtype=torch.bfloat16, basis_alpha=False):
     """O = softmax(s c) v row by row over key tiles (last to first, as fa3), float32 state; returns O float64.
     ``basis_alpha`` (Sm90Config.basis_alpha): alpha = exp2(B_old - B_new) from the kept rounded bases, the basis
     error e only for huge rows (common.softmax, "Alpha from the bases"); the kernel's rare branch adds
-    e_old - e_new only when a row of the thread is or was huge, which for every other row adds 0 - 0: the same.
-    ``late_huge`` (Sm90Config.late_huge_fix): a huge row's P' = exp2(fma(S, c_low, -m c_low)), then
-    P = exp2(log2(P') (c / c_low)) (common.softmax, "Huge rows after the exponentials"; exact exp2 / log2 here)."""
+    e_old - e_new only when a row of the thread is or was huge, which for every other row adds 0 - 0: the same."""
     c = torch.tensor(c, dtype=torch.float32)
     rows, n = s.shape
     m = torch.full((rows,), -math.inf)
@@ -57,11 +48,6 @@ def online_softmax_pv(s, v, c, tile_n, consistent=True, limit=FFMA_LIMIT, p_dtyp
         shift = torch.where(huge, m_safe, torch.zeros(()))
         basis = torch.where(huge, torch.zeros(()), basis)
         p = torch.exp2(_fma(_f32(st - shift[:, None]), c.expand_as(st), -basis[:, None].expand_as(st)))
-        if late_huge:
-            c_low = torch.tensor(_c_low(c.item()), dtype=torch.float32)
-            low = torch.exp2(_fma(st, c_low.expand_as(st), -_f32(m_safe * c_low)[:, None].expand_as(st)))
-            fixed = torch.exp2(_f32(torch.log2(low) * _f32(c / c_low)))
-            p = torch.where(huge[:, None], fixed, p)
         if basis_alpha:
             pass  # log2_alpha above
         elif consistent:
@@ -185,27 +171,3 @@ def test_one_key_row_check_can_fail():
         out = online_softmax_pv(s, v, c, tile_n=128, limit=2.0**20, p_dtype=torch.float16).to(torch.float16)
         bad += not torch.equal(out.float(), v)
     assert bad > 0
-
-
-@pytest.mark.parametrize("scale", [128 ** -0.5, 1.0, 4.0], ids=["d128", "one", "four"])
-@pytest.mark.parametrize("shift", [-1e6, 3e6, -4e9])
-def test_late_huge_rows_match_float64(shift, scale):
-    """Sm90Config.late_huge_fix's huge rows (c_low path, fixed by 2^(log2(P') c / c_low)) at logits near -1e6, 3e6 and
-    -4e9 (|m c| up to ~2^32) with the max moving on many tiles, for c below 1, between 1 and 2 and above 2 (c_low = 1
-    < c / 2: P' >= P, no extra underflow): as close to float64 as the exact form's model (bf16 P)."""
-    g = torch.Generator().manual_seed(5)
-    rows, n, d = 32, 1024, 64
-    c = scale * math.log2(math.e)
-    s = torch.randn(rows, n, generator=g, dtype=torch.float64) * 2 / scale
-    s = _f32(s + torch.linspace(4, 0, n, dtype=torch.float64) / scale + shift)
-    v = torch.randn(n, d, generator=g).to(torch.bfloat16).float()
-    ref = _reference(s, v, c)
-    exact = (online_softmax_pv(s, v, c, 128) - ref).abs().max().item()
-    late = (online_softmax_pv(s, v, c, 128, late_huge=True) - ref).abs().max().item()
-    assert late < max(5e-3, 2 * exact), (late, exact)
-
-
-def test_c_low_is_a_power_of_two_at_most_min_c_1():
-    for c in (1e-3, 0.1275, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 1e3):
-        low = _c_low(c)
-        assert low <= min(c, 1.0) and math.log2(low).is_integer() and (c > 1 or low > c / 2), (c, low)

@@ -183,15 +183,6 @@ class Sm90Config:
         fa3-fp8 takes it too (off there: the same speed at head_dim 256, session 13; ``hopper.fa3_fp8``). On at
         head_dim 64 (``hopper.fa3.DEFAULT_CONFIGS[64]``; session 12: turnbf16, on/off 1.000-1.012x, paired, one H200);
         off at the other head dims (D 128 not timed).
-    late_huge_fix: (with exp2_ffma, not basis_alpha) no branch between the row maxima and the exponentials: a row
-        whose |m c| >= 2^11 (``common.softmax.FFMA_LIMIT``) takes its one FFMA per score against a power-of-two
-        coefficient c2 <= c (basis m c2, exact), and a rare branch after P's conversion turns those rows' values
-        2^((s - m) c2) into exp2((s - m) c) (log2, times c / c2, exp2), fixes their row sums and converts P again
-        (``common.softmax``, "Huge rows after the exponentials"). Off, the huge-logit branch sits between the row
-        maxima and the exponentials, a block boundary ptxas schedules around: the P V GEMM's wait lands at its join,
-        before all but 2 of 66 exponentials per warp and K/V tile at head_dim 128, where flash-attn-4 (no branch)
-        issues ~11 before it (issue 12, bench/NOTES.md "Session 13 (2026-12-02): fa3gap ..."). Same values within
-        the MUFU's approximation for huge rows, the same bits for the others. Not with fa3-fp8.
     """
 
     tile_m: int = 128
@@ -221,7 +212,6 @@ class Sm90Config:
     q_tail_first: bool = False
     alpha_first: bool = False
     hoisted_descriptors: bool = False
-    late_huge_fix: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:
@@ -298,9 +288,6 @@ class Sm90Config:
                              "basis_alpha=False")
         if not isinstance(self.hoisted_descriptors, bool):
             raise ValueError(f"hoisted_descriptors={self.hoisted_descriptors!r} must be a bool")
-        if not isinstance(self.late_huge_fix, bool) or (self.late_huge_fix and (not self.exp2_ffma or self.basis_alpha)):
-            raise ValueError(f"late_huge_fix={self.late_huge_fix!r} must be a bool, True only with exp2_ffma=True and "
-                             "basis_alpha=False")
         if self.smem_bytes(head_dim) > smem_capacity(arch):
             raise ValueError(f"{self} needs {self.smem_bytes(head_dim)} B of shared memory at head_dim={head_dim} "
                              f"(max {smem_capacity(arch)})")

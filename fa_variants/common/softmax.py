@@ -49,17 +49,6 @@ move the last row's alpha above that row's exponentials, so half of O's rescale 
 flash-attn-4 computes each row's alpha from the row maxima alone, and ptxas issues both rows' first
 (Dao-AILab/flash-attention:flash_attn/cute/softmax.py::Softmax.online_softmax).
 
-Huge rows after the exponentials (``late_huge``, with exp2_ffma, not basis_alpha): the branch for rows with
-|m c| >= FFMA_LIMIT would sit between the row maxima and the exponentials, a block boundary that ptxas schedules
-around (it puts the caller's wait for the previous P V GEMM at its join, ahead of almost every exponential). Instead
-every row takes the one FFMA per score, a huge row against c_low = the power of two <= min(c, 1) and the basis
-m c_low, both exact (a power-of-two scaling), so its values are P' = 2^((s - m) c_low), 1 at the max and no overflow,
-no underflow that P itself would not have (c_low >= c / 2 when c <= 2; for c > 2, P' >= P); its err is 0 as in the
-exact form. After P's conversion the caller branches (rarely) on those rows and `late_fix` makes P = 2^(log2(P') c /
-c_low) (c / c_low exact; the MUFU's lg2 and ex2 approximations, ~2^-21 relative near the max; the max stays exactly 1,
-so a one-key row still returns V exactly), adds the fixed minus the unfixed part to the row sum (one float32 rounding
-of l more) and the caller re-converts those rows. Rows below the limit are computed as without the switch, bit for bit.
-
 Row max and row sum reduce over ``chains`` independent accumulators and a small tree (`row_reduce`): a serial
 chain of dependent FMNMX (FADD) over a thread's 32-64 columns is latency-bound while the MUFU waits for m.
 Each chain of the row sum starts at its first P, not at 0 + P (the same bits, as exp2 never returns -0: one FADD
@@ -90,8 +79,6 @@ from fa_variants.common.scale import LN_2
 #: most 2^-14 (half an ulp of 2^11), so the row max gets P = 2^(+-2^-14), which rounds to exactly 1 in fp16 and
 #: bf16 (module docstring: a one-key row returns V exactly).
 FFMA_LIMIT = 2.0**11
-#: sign and exponent bits of a float32: x & EXPONENT_MASK is the power of two <= |x| (normal x), as an int32
-EXPONENT_MASK = -(1 << 23)
 
 
 @dsl_user_op
@@ -145,8 +132,7 @@ class OnlineSoftmax:
 
     def __init__(self, num_rows: int, scale_log2: Float32, exp2_ffma: bool = False, chains: int = 1,
                  skip_unit_rescale: bool = False, tile_scales: bool = False, p_shift: float = 0.0,
-                 basis_alpha: bool = False, active_rows: int | None = None, alpha_first: bool = False,
-                 late_huge: bool = False):
+                 basis_alpha: bool = False, active_rows: int | None = None, alpha_first: bool = False):
         self.num_rows = num_rows
         # the leading rows `update`, `rescale` and `finalize` work on (None: all): a kernel whose other rows are
         # padding never read back (fa3's packed decode with <= 8 query rows: ``Sm90Config.first_row_only``) skips
@@ -179,13 +165,6 @@ class OnlineSoftmax:
         # (exp2_ffma without basis_alpha or tile_scales) every row's alpha before any exponential of the tile, so that
         # O's rescale by it can run under the exponentials ("Alpha first" in the module docstring); same values
         self.alpha_first = alpha_first and exp2_ffma and not self.basis_alpha and not tile_scales
-        # (exp2_ffma without basis_alpha or tile_scales) huge rows take the one-FFMA form against the power-of-two
-        # coefficient c_low and are fixed after the exponentials (`late_fix`; "Huge rows after the exponentials")
-        self.late_huge = late_huge and exp2_ffma and not self.basis_alpha and not tile_scales
-        if self.late_huge:
-            self.huge_rows = cute.make_rmem_tensor(num_rows, Int32)  # 1: the row took c_low on this tile
-            self.c_low = cute.arch.fmin(bits_f32(f32_bits(scale_log2) & Int32(EXPONENT_MASK)), Float32(1.0))
-            self.c_ratio = scale_log2 / self.c_low  # c / c_low: a power-of-two scaling, exact
 
     def reset(self):
         """m = -inf, l = 0 (Algorithm 1 line 4)."""
@@ -218,31 +197,23 @@ class OnlineSoftmax:
             err = cute.make_rmem_tensor(self.num_rows, Float32)
             huge = cute.make_rmem_tensor(self.num_rows, cutlass.Boolean)
             any_huge = False
-            coef = cute.make_rmem_tensor(self.num_rows, Float32)  # the exponent's coefficient per row
             for r in cutlass.range_constexpr(self.active_rows):
                 m_new[r], m_safe[r] = self._row_max(s, r, is_first)
                 b = m_safe[r] * c
                 huge[r] = not_below(cute.math.absf(b), FFMA_LIMIT)  # |b| >= 2^11 or NaN
                 any_huge = any_huge or huge[r]
-                coef[r] = c
-                if const_expr(self.late_huge):  # huge: basis m c_low (exact), fixed after the exponentials
-                    coef[r] = self.c_low if huge[r] else c
-                    basis[r] = m_safe[r] * self.c_low if huge[r] else b
-                    self.huge_rows[r] = Int32(1) if huge[r] else Int32(0)
-                else:
-                    basis[r] = 0.0 if huge[r] else b
+                basis[r] = 0.0 if huge[r] else b
                 err[r] = 0.0 if huge[r] else cute.math.fma(m_safe[r], c, -b)  # m c - basis, exactly
             if const_expr(self.alpha_first and not is_first):  # every alpha now, before the exponentials
                 for r in cutlass.range_constexpr(self.active_rows):
                     alpha[r] = cute.math.exp2(self._log2_alpha_ffma(r, m_safe[r], err[r]), fastmath=True)
-            if const_expr(not self.late_huge):
-                if any_huge:  # those rows subtract m first: the exact form
-                    for r in cutlass.range_constexpr(self.active_rows):
-                        shift = m_safe[r] if huge[r] else 0.0
-                        for j in cutlass.range_constexpr(cute.size(s, mode=[1])):
-                            s[r, j] = s[r, j] - shift
+            if any_huge:  # those rows subtract m first: the exact form
+                for r in cutlass.range_constexpr(self.active_rows):
+                    shift = m_safe[r] if huge[r] else 0.0
+                    for j in cutlass.range_constexpr(cute.size(s, mode=[1])):
+                        s[r, j] = s[r, j] - shift
             for r in cutlass.range_constexpr(self.active_rows):
-                row_sum = self._exp_row(s, r, 0.0, coef[r], basis[r])
+                row_sum = self._exp_row(s, r, 0.0, c, basis[r])
                 if const_expr(self.alpha_first):
                     self._fold_alpha(r, alpha, row_sum, m_new[r], is_first)
                 else:
@@ -373,32 +344,6 @@ class OnlineSoftmax:
         else:
             self.row_sum[r] = self.row_sum[r] * alpha[r] + row_sum
         self.row_max[r] = m_new
-
-    def any_late_huge(self):
-        """(``late_huge``) whether a row of this thread took c_low on the last `update` (the rare case)."""
-        found = self.huge_rows[0] != 0
-        for r in range(1, self.active_rows):
-            found = found | (self.huge_rows[r] != 0)
-        return found
-
-    @cute.jit
-    def late_fix(self, p: cute.Tensor):
-        """(``late_huge``; the caller branches on `any_late_huge`) P of the rows that took c_low on the last
-        `update`, 2^((s - m) c_low), becomes exp2((s - m) c) = 2^(log2(P) c / c_low), and their row sums follow
-        (+ the fixed part's sum - the unfixed part's, summed in the same order); other rows are left as they are."""
-        for r in cutlass.range_constexpr(self.active_rows):
-            huge = self.huge_rows[r] != 0
-            old_sums, new_sums = [None] * self.chains, [None] * self.chains
-            for j in cutlass.range_constexpr(cute.size(p, mode=[1])):
-                x = p[r, j]
-                y = cute.math.exp2(cute.math.log2(x, fastmath=True) * self.c_ratio, fastmath=True)
-                y = y if huge else x
-                p[r, j] = y
-                k = j % self.chains
-                old_sums[k] = x if const_expr(old_sums[k] is None) else old_sums[k] + x
-                new_sums[k] = y if const_expr(new_sums[k] is None) else new_sums[k] + y
-            add = lambda a, b: a + b  # noqa: E731
-            self.row_sum[r] = self.row_sum[r] + (_tree(new_sums, add) - _tree(old_sums, add))
 
     @cute.jit
     def rescale(self, o: cute.Tensor, alpha: cute.Tensor, skip_ones: cutlass.Constexpr[bool] = False):

@@ -81,32 +81,6 @@ class _StepContext:
         """P (fp32 accumulator) -> 16-bit A operand of the PV GEMM, in registers."""
         self.k._convert(acc_as_operand_a(acc_S), self.tOrP)
 
-    @cute.jit
-    def late_fix(self, acc_S):
-        """After ``to_p``: with ``late_huge_fix``, a rare branch fixes the rows whose |m c| was huge on this tile
-        (``OnlineSoftmax.late_fix``) and replaces their 16-bit P values; without it, nothing. The replacement selects
-        per value between the fixed conversion and the one ``to_p`` made: reading that one in the branch keeps it
-        before the branch (LLVM sinks a conversion that a branch overwrites past the branch, into one burst after
-        the last exponential)."""
-        if const_expr(getattr(self.k.cfg, "late_huge_fix", False)):
-            if self.softmax.any_late_huge():
-                self._late_replace(acc_S)
-
-    @cute.jit
-    def _late_replace(self, acc_S):
-        """``late_fix``'s branch body: fix the huge rows of S, then select their new 16-bit P values."""
-        self.softmax.late_fix(acc_rows_cols(acc_S))
-        fixed = cute.make_rmem_tensor_like(self.tOrP)
-        self.k._convert(acc_as_operand_a(acc_S), fixed)
-        marks = cute.make_rmem_tensor_like(acc_S)  # 1 on the values of a fixed row, per S position
-        marks_rc = acc_rows_cols(marks)
-        for r in cutlass.range_constexpr(cute.size(marks_rc, mode=[0])):
-            for c in cutlass.range_constexpr(cute.size(marks_rc, mode=[1])):
-                marks_rc[r, c] = Float32(1.0) if self.softmax.huge_rows[r] != 0 else Float32(0.0)
-        marks_a = acc_as_operand_a(marks)  # the same positions in P's operand order
-        for i in cutlass.range_constexpr(cute.size(self.tOrP)):
-            self.tOrP[i] = fixed[i] if marks_a[i] != 0.0 else self.tOrP[i]
-
     def pv(self, v_state, n_block, wait: int, accumulate=None):
         """Issue O += P V_n (one WGMMA group; ``wait`` as in ``common.sm90.wgmma``); O = P V_n where the
         run-time ``accumulate`` is False (only passed when ``overwrites_o``)."""
@@ -161,7 +135,6 @@ class _StepContext:
         if const_expr(self.defer_mode() > 0):
             self.alpha_prev.store(alpha.load())  # ones: the first P V GEMM finds O at zero (or overwrites it)
         self.to_p(acc_S)
-        self.late_fix(acc_S)
         return k_state
 
     def defer_mode(self) -> int:
@@ -196,7 +169,6 @@ class _StepContext:
         self.pipe_v.consumer_release(v_state)
         v_state.advance()
         self.to_p(acc_S)
-        self.late_fix(acc_S)
         return k_state, v_state
 
     @cute.jit
@@ -235,7 +207,6 @@ class _StepContext:
         self.fold_pv(n_block + 1)
         self.rescale_o(alpha, n_block)
         self.to_p(acc_S)
-        self.late_fix(acc_S)
         return k_state, (None if const_expr(shared) else v_state)
 
     def last_pv(self, v_state, n_block=0, accumulate=True):
@@ -268,7 +239,6 @@ class _StepContext:
         if const_expr(not is_first):
             self.rescale_o(alpha, n_block)
         self.to_p(acc_S)
-        self.late_fix(acc_S)
         self.pipe_v.consumer_wait(v_state)
         self.schedule_sync()
         self._pv(v_state, n_block, wait=0, accumulate=not is_first)
