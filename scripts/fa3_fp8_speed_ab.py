@@ -196,20 +196,6 @@ FP8TURN_VARIANTS: dict[int, dict[str, dict]] = {
           "single_overlap_c2": dict(D256_VARIANTS[256]["single_overlap"], reduce_chains=2),
           "single_overlap_noskip": dict(D256_VARIANTS[256]["single_overlap"], reduce_chains=1, skip_unit_rescale=False)},
 }
-# --set fp8d64 (session 13, scripts/fp8d64_gpu.sh): head_dim 64, the 192 x 192 serial default's ping-pong turn. Read in
-# its SASS (CPU, sm_90a): a consumer warp's 607 instructions per K/V tile hold 98 MUFU.EX2, 48 F2FP and 101 FMNMX, and
-# O *= alpha is fused into the promotion after the P V GEMM's wait (32 FMUL v_descale tmp + 32 FFMA alpha O + that),
-# so the turn (BAR.SYNC .. BAR.ARV) runs the drain, those 64 and the next S GEMM's issue while the other two warpgroups
-# wait. 192 x 224 / 192 x 256 do not compile (Fp8Config.check). skip: skip_unit_rescale (O *= alpha in a branch before
-# the turn, taken only where a row max of the thread moved: the turn keeps 32 FFMAs, O = fma(v_descale, tmp, O));
-# early_skip: + early_pv_arrive (the turn is the P V GEMM's issue only; drain, promotion and the next S GEMM's issue
-# after it); nopp_skip: skip without ping-pong (no turn: the three warpgroups' GEMMs queue in the order they are
-# issued).
-FP8D64_VARIANTS: dict[int, dict[str, dict]] = {
-    64: {"new": {}, "skip": dict(skip_unit_rescale=True),
-         "early_skip": dict(skip_unit_rescale=True, early_pv_arrive=True),
-         "nopp_skip": dict(skip_unit_rescale=True, pingpong=False)},
-}
 # --set fp8look128 (session 13, scripts/fp8d128_gpu.sh): head_dim 128 with the head_dim 256 default's lookahead (the next
 # S GEMM issued inside this tile's P V turn, before the last slice's promotion: the promotion leaves the warpgroup's
 # serial chain S -> softmax -> P V -> promotion). look192: 128 x 192 (K/V scale blocks of 192 keys), P V in four slices
@@ -331,14 +317,6 @@ SETS: dict[str, VariantSet] = {
         "chains, the fair reference; _noskip: skip_unit_rescale off, O *= alpha on every tile); bf16_fa3 = ours.",
         "head_dim 256 two-level cost against one running accumulator with one / two chains, with and without the "
         "unit-rescale skip (FP8TURN_VARIANTS, session 11)",
-        per_variant_errors=True, two_level_targets=True),
-    "fp8d64": VariantSet(
-        FP8D64_VARIANTS,
-        "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs, head_dim 64, 192 x 192 serial tiles, "
-        "reduce_chains 4; new = the default; skip = skip_unit_rescale (O *= alpha only where a row max moved, before "
-        "the ping-pong turn); early_skip = skip + early_pv_arrive (the turn is the P V GEMM's issue only); nopp_skip = "
-        "skip without ping-pong; bf16_fa3 = ours.",
-        "head_dim 64: the ping-pong turn of the 192 x 192 serial default (FP8D64_VARIANTS, scripts/fp8d64_gpu.sh)",
         per_variant_errors=True, two_level_targets=True),
     "fp8look128": VariantSet(
         FP8LOOK128_VARIANTS,

@@ -312,46 +312,6 @@ def test_hoisted_descriptors_at_256():
     assert len(h) <= len(b) - 6, (len(b), len(h))
 
 
-# session 13, head_dim 64 (scripts/fa3_fp8_speed_ab.py --set fp8d64, scripts/fp8d64_gpu.sh): the 192 x 192 serial
-# default's turn. Read on the CPU (nvidia-cutlass-dsl 4.8.1, non-causal): the loop's turn holds the P V drain and the
-# promotion with O *= alpha fused in (32 FMUL v_descale tmp, 32 FFMA alpha O + that), 112 instructions; skip 79 (no
-# FMUL), early_skip 23 (the P V GEMM's issue only), nopp_skip none.
-D64_TURN = {"skip": dict(skip_unit_rescale=True), "early_skip": dict(skip_unit_rescale=True, early_pv_arrive=True),
-            "nopp_skip": dict(skip_unit_rescale=True, pingpong=False)}
-
-
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("name", list(D64_TURN))
-def test_d64_turn_candidates(name, causal):
-    """Each fp8d64 candidate on the head_dim 64 default compiles without spills (QGMMA, TMA, setmaxnreg as the default)
-    and its turns are what it claims: no FMUL in any turn (O *= alpha left the turn), with early_pv_arrive no FFMA
-    either (the promotion runs after the turn) and every turn at most 60 instructions but the first step's, without
-    ping-pong no turn at all."""
-    cfg = dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[64], **D64_TURN[name])
-    s = _sass(cfg, head_dim=64, causal=causal)
-    r = cubin.count_sass(s)
-    assert r["QGMMA"] > 0 and r["UTMALDG"] > 0 and r["USETMAXREG"] >= 2 and r["LDL"] == r["STL"] == 0, r
-    turns = _pingpong_turns(s)
-    if not cfg.pingpong:
-        assert turns == [] and "BAR.ARV" not in s
-        return
-    assert turns and all(not any(x.startswith("FMUL") for x in t) for t in turns), [len(t) for t in turns]
-    ffma = [sum(x.startswith("FFMA") for x in t) for t in turns]
-    if cfg.early_pv_arrive:
-        assert max(ffma) == 0 and sorted(map(len, turns))[-2] <= 60, (ffma, [len(t) for t in turns])
-    else:
-        assert max(ffma) == 32, ffma
-
-
-def test_d64_default_turn_has_the_alpha_multiplies():
-    """The control of ``test_d64_turn_candidates``: the head_dim 64 default's loop turn holds the promotion with
-    O *= alpha fused in, 32 FMUL (v_descale tmp) and 32 FFMA (alpha O + that): what the fp8d64 candidates take out."""
-    s = _sass(fa3_fp8.DEFAULT_CONFIGS[64], head_dim=64)
-    both = [t for t in _pingpong_turns(s) if sum(x.startswith("FMUL") for x in t) == 32
-            and sum(x.startswith("FFMA") for x in t) == 32]
-    assert both, [len(t) for t in _pingpong_turns(s)]
-
-
 @pytest.mark.parametrize("tile_n", [224, 256])
 def test_192_row_tiles_refuse_wider_kv_tiles(tile_n):
     """192 query rows (three consumer warpgroups, 128 registers a thread at launch): tile_n 224 / 256 fail in ptxas
