@@ -196,20 +196,6 @@ FP8TURN_VARIANTS: dict[int, dict[str, dict]] = {
           "single_overlap_c2": dict(D256_VARIANTS[256]["single_overlap"], reduce_chains=2),
           "single_overlap_noskip": dict(D256_VARIANTS[256]["single_overlap"], reduce_chains=1, skip_unit_rescale=False)},
 }
-# --set fp8look128 (session 13, scripts/fp8d128_gpu.sh): head_dim 128 with the head_dim 256 default's lookahead (the next
-# S GEMM issued inside this tile's P V turn, before the last slice's promotion: the promotion leaves the warpgroup's
-# serial chain S -> softmax -> P V -> promotion). look192: 128 x 192 (K/V scale blocks of 192 keys), P V in four slices
-# of d with two 16-register temporaries, skip_unit_rescale, reduce_chains 2 (fused_promote with bounded_units spills
-# 80 bytes there); look192_fused: + fused_promote without bounded_units (no spill; O / v_descale keeps fused_promote's
-# tiny-V-block limit: measured, not a flip candidate); look128h_fb: the head_dim 256 default's whole schedule at 128 x
-# 128 (S as two halves in the two temporaries, fused_promote with bounded_units, reduce_chains 2). The names and changes
-# are tests/test_fa3_fp8_speed_gpu.py's FP8LOOK128_VARIANTS.
-_LOOK192 = dict(tile_n=192, s_lookahead=True, pv_split=4, pv_buffers=2, skip_unit_rescale=True, reduce_chains=2)
-FP8LOOK128_VARIANTS: dict[int, dict[str, dict]] = {
-    128: {"new": {}, "look192": dict(_LOOK192), "look192_fused": dict(_LOOK192, fused_promote=True),
-          "look128h_fb": dict(tile_n=128, s_lookahead=True, s_halves=True, pv_split=2, pv_buffers=2,
-                              skip_unit_rescale=True, fused_promote=True, bounded_units=True, reduce_chains=2)},
-}
 # kernels tests/test_fa3_fp8_speed_gpu.py needs besides the timed ones (kind, head_dim, change), both causal modes
 SPEED_TEST_KERNELS = [("bf16", 128, dict(intra_wg_overlap=False, early_pv_arrive=True))]
 # kernels tests/test_fa3_fp8_speed_gpu.py -k "fp8d128 and tail" needs at any --head-dims (both causal modes): the serial
@@ -317,16 +303,6 @@ SETS: dict[str, VariantSet] = {
         "chains, the fair reference; _noskip: skip_unit_rescale off, O *= alpha on every tile); bf16_fa3 = ours.",
         "head_dim 256 two-level cost against one running accumulator with one / two chains, with and without the "
         "unit-rescale skip (FP8TURN_VARIANTS, session 11)",
-        per_variant_errors=True, two_level_targets=True),
-    "fp8look128": VariantSet(
-        FP8LOOK128_VARIANTS,
-        "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs (K/V scale blocks of the variant's tile_n), "
-        "head_dim 128; new = the default (128 x 256, serial steps); look192 = 128 x 192, s_lookahead (the next S GEMM "
-        "issued in the P V turn), P V in four slices with two temporaries, skip_unit_rescale, reduce_chains 2; "
-        "look192_fused = look192 + fused_promote (no bounded_units); look128h_fb = the head_dim 256 default's schedule "
-        "at 128 x 128 (S halves, fused_promote, bounded_units); bf16_fa3 = ours.",
-        "head_dim 128: the lookahead schedule with 192- and 128-key tiles against the 128 x 256 serial default "
-        "(FP8LOOK128_VARIANTS, scripts/fp8d128_gpu.sh)",
         per_variant_errors=True, two_level_targets=True),
 }
 

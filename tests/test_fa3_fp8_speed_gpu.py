@@ -116,20 +116,8 @@ TWOLVL3_VARIANTS = {
     "twolvl3-d256-hd": (256, dict(hoisted_descriptors=True)),
 }
 
-# session 13, head_dim 128 (scripts/fa3_fp8_speed_ab.py FP8LOOK128_VARIANTS, "fp8look128-d128-<name>"; scripts/fp8d128_gpu.sh):
-# the lookahead schedule (next S GEMM issued inside the P V turn) with 128 x 192 tiles (four P V slices; plain, and with
-# fused_promote) and the head_dim 256 default's schedule at 128 x 128
-_LOOK192 = dict(tile_n=192, s_lookahead=True, pv_split=4, pv_buffers=2, skip_unit_rescale=True, reduce_chains=2)
-FP8LOOK128_VARIANTS = {
-    "fp8look128-d128-look192": (128, dict(_LOOK192)),
-    "fp8look128-d128-look192_fused": (128, dict(_LOOK192, fused_promote=True)),
-    "fp8look128-d128-look128h_fb": (128, dict(tile_n=128, s_lookahead=True, s_halves=True, pv_split=2, pv_buffers=2,
-                                              skip_unit_rescale=True, fused_promote=True, bounded_units=True,
-                                              reduce_chains=2)),
-}
-
 _ALL_TABLES = (FP8_VARIANTS, FP8SMALL_VARIANTS, FP8MID_VARIANTS, FP8D128_VARIANTS, FP8TWO_VARIANTS, FP8TURN_VARIANTS,
-               TWOLVL3_VARIANTS, FP8LOOK128_VARIANTS)
+               TWOLVL3_VARIANTS)
 
 
 def _inputs(shape, head_dim, seed):
@@ -210,26 +198,9 @@ def test_twolvl3_v_scales_spread(fp8_kernel, variant, shape, causal, nan_allocat
                            [-8, 8, -120, -3, 5, 0, 2, -6], zero=5, tiny=2)
 
 
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("shape", [(1, 300, 1000, 4, 2)], ids=["1x300x1000x4x2"])
-@pytest.mark.parametrize("variant", [n for n, (_, c) in FP8LOOK128_VARIANTS.items()
-                                     if c.get("bounded_units") or not c.get("fused_promote")])
-def test_fp8look128_v_scales_spread(fp8_kernel, variant, shape, causal, nan_allocations):
-    """The head_dim 128 lookahead candidates that may become the default (session 13; look192_fused, fused_promote
-    without bounded_units, keeps O / v_descale, which overflows behind a tiny V block by design: not run here): V blocks
-    spanning 2^-8 .. 2^8, an all-zero block and a tiny one (descale 2^-110; with bounded_units over 2^64 below the
-    largest: the turn's rare copy) against the emulation and float64, K/V blocks of the variant's tile_n (Nk 1000: six
-    192-key or eight 128-key tiles, the last partial)."""
-    D, change = FP8LOOK128_VARIANTS[variant]
-    cfg = dataclasses.replace(fp8_kernel.DEFAULT_CONFIGS[D], **change)
-    _check_v_scales_spread(fp8_kernel, nan_allocations, variant, D, cfg, shape, causal, 41 + causal,
-                           [-8, 8, -120, -3, 5, 0, 2, -6], zero=5, tiny=2)
-
-
 def _check_v_scales_spread(fp8_kernel, nan_allocations, variant, D, cfg, shape, causal, seed, exponents, zero, tiny):
     """V scaled by 2^exponents[t] per K/V tile t of cfg.tile_n keys, tile ``zero`` all zeros and tile ``tiny`` of
-    values ~2^-120, quantised by ``fp8.quantize_fp8`` (the PyTorch recipe with blocks of cfg.tile_n keys where that is not
-    the default's): the zero block's descale is 1 (session 9; 2^-110 before), the
+    values ~2^-120, quantised by ``fp8.quantize_fp8``: the zero block's descale is 1 (session 9; 2^-110 before), the
     tiny block's the floor 2^-110, and the kernel (NaN-poisoned outputs) matches the emulation and float64."""
     from fa_variants import fp8
     from fa_variants.reference import attention_reference
@@ -239,12 +210,7 @@ def _check_v_scales_spread(fp8_kernel, nan_allocations, variant, D, cfg, shape, 
     scale = torch.tensor(exponents[:-(-nk // bn)], device="cuda").repeat_interleave(bn)[:nk].float()
     v = (v.float() * torch.exp2(scale).view(1, -1, 1, 1)).to(torch.bfloat16)
     v[:, zero * bn:(zero + 1) * bn] = 0
-    if cfg.tile_n == fp8.layout.tile_n(D):
-        inp = fp8.quantize_fp8(q, k, v)
-    else:  # another tile_n: K/V scale blocks of its height (the PyTorch recipe, as _check_variant)
-        from fa_variants.fp8.quantize import quantize_fp8_torch
-
-        inp = quantize_fp8_torch(q, k, v, block_n=cfg.tile_n)
+    inp = fp8.quantize_fp8(q, k, v)
     assert (inp.v_descale[..., zero] == 1).all()
     assert (inp.v_descale[..., tiny] == 2.0**-110).all()
     with nan_allocations():

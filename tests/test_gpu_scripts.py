@@ -1253,46 +1253,6 @@ def test_bounded_script_precompiles_what_its_steps_run():
     assert len(ids) == 11 and all("[d256-default-" in i or i.endswith("test_fused_units_fault") for i in ids), ids
 
 
-
-
-
-
-
-def test_fp8d128_script_tests_what_it_times():
-    """scripts/fp8d128_gpu.sh (session 13): its six test processes (one per candidate and causal mode, -k "...-$v- and $c")
-    select, together and without overlap, exactly the 22 GPU tests of the three timed head_dim 128 lookahead candidates
-    (18 vs the emulation and float64, 4 on spread V scales; the script's pass count 22), each process one kernel; the
-    A/B's variants are those configs (same names, same changes), valid, new the default; the candidates' tile_n (192 /
-    128) are not the default's (K/V scale blocks of their own height, the PyTorch recipe)."""
-    text = (ROOT / "scripts" / "fp8d128_gpu.sh").read_text()
-    assert "--set fp8look128 --head-dims 128" in text and "((passed == 22))" in text
-    assert "for v in look192 look192_fused look128h_fb; do" in text and "for c in full causal; do" in text
-    expr = re.search(r'-k "([^"]+)"', text).group(1)
-    ids = []
-    for v in ("look192", "look192_fused", "look128h_fb"):
-        for c in ("full", "causal"):
-            collect = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                                      "tests/test_fa3_fp8_speed_gpu.py", "-k", expr.replace("$v", v).replace("$c", c)],
-                                     capture_output=True, text=True, timeout=120, cwd=ROOT)
-            mine = [line for line in collect.stdout.splitlines() if "::" in line]
-            assert mine and all(f"fp8look128-d128-{v}-" in i and i.endswith(f"-{c}]") for i in mine), (v, c, mine)
-            ids += mine
-    assert len(ids) == len(set(ids)) == 22, ids
-    ab = load_script("fa3_fp8_speed_ab")
-    variants = ab.FP8LOOK128_VARIANTS[128]
-    assert list(variants) == ["new", "look192", "look192_fused", "look128h_fb"] and variants["new"] == {}
-    import test_fa3_fp8_speed_gpu as gpu_tests
-    for name in ("look192", "look192_fused", "look128h_fb"):
-        cfg = ab.kernel_config(128, variants[name])
-        assert cfg == ab.kernel_config(128, gpu_tests.FP8LOOK128_VARIANTS[f"fp8look128-d128-{name}"][1]), name
-        assert cfg.s_lookahead and cfg.two_level and cfg.tile_n != ab.kernel_config(128, {}).tile_n, name
-        cfg.check(128)
-        assert any(f"fp8look128-d128-{name}-" in i for i in ids), name
-    assert not ab.kernel_config(128, variants["new"]).s_lookahead
-    assert ab.failed_variants("FAILED tests/test_fa3_fp8_speed_gpu.py::test_fp8look128_v_scales_spread"
-                              "[fp8look128-d128-look192-1x300x1000x4x2-causal] - AssertionError", "fp8look128") == ["look192"]
-
-
 def test_ncu_stalls_summary(tmp_path, capsys, monkeypatch):
     """scripts/ncu_stalls.py (stall reasons from an ncu report's raw page, parsed by ncu_table.parse_raw_csv): per
     kernel row of ncu's raw CSV (the units row and ncu's ==PROF== lines skipped) the largest stall reasons first, at
