@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 ARCHIVE = "raw.tar.xz"
 RAW_SUFFIXES = (".log", ".json", ".jsonl", ".csv", ".out", ".txt")
-#: files tests or scripts read in place (tests/test_gpu_scripts.py and scripts/decode_model.py: decode_ab.json;
+#: files tests or scripts read in place (tests/test_gpu_scripts_decode.py and scripts/decode_model.py: decode_ab.json;
 #: tests/test_ncu_table.py and scripts/ncu12_gpu.sh: the ncu details pages)
 KEEP = frozenset({
     "bench/h200-2026-12-01-s4/decode_ab.json",

@@ -1,5 +1,6 @@
 """Helpers shared by the test files: fresh inputs (a padded KV cache among them), the correctness check of one
-attention result, and the marks of the sm90-only GPU files. Imported as ``from helpers import ...`` (pytest puts tests/ on sys.path:
+attention result, the marks of the sm90-only GPU files, and for the tests of scripts/: the repository root, a script
+imported as a module, the test ids a pytest selection collects. Imported as ``from helpers import ...`` (pytest puts tests/ on sys.path:
 the folder has no ``__init__.py``).
 
 The check is the project's rule (docs/design.md): err(x) <= 2 * err(PyTorch, same maths in the input dtype)
@@ -10,12 +11,17 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from fa_variants.reference import References, check_against_reference, check_lse, references
+
+#: the repository root (tests/..)
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def make_qkv(batch: int, seqlen_q: int, seqlen_k: int, num_heads: int, num_heads_kv: int, head_dim: int, *,
@@ -108,8 +114,16 @@ def sm90_only(what: str) -> list:
 
 def load_script(name: str):
     """scripts/<name>.py imported as a module (the scripts folder is not a package), for tests of its pieces."""
-    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    path = ROOT / "scripts" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def collected_ids(*args: str) -> list[str]:
+    """The test ids (``file::test[params]``) that ``pytest --collect-only -q ARGS`` lists, run from the repository root
+    without the cache: how the tests of a GPU script check its test selection (its files, -k, -m) on the CPU."""
+    run = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    return [line for line in run.stdout.splitlines() if "::" in line]
