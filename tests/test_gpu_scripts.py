@@ -381,3 +381,292 @@ def test_the_before_archive_is_what_gpu_calls_carry():
         help_text = subprocess.run(["bash", str(ROOT / "scripts" / name), "--help"], cwd=ROOT, capture_output=True,
                                    text=True, timeout=30).stdout
         assert '[".gpu", ".before.tar.xz"]' in help_text and '".before"]' not in help_text, name
+
+
+
+
+
+def test_bounded_script_precompiles_what_its_steps_run():
+    """scripts/bounded_gpu.sh: its precompile (overflow_check.py --head-dim 256) holds every kernel its test selection
+    and its speed step run (the D 256 default, bounded_units since session 11, and it with bounded_units=False, causal
+    and not; bf16 fa3 at 256) and no other head_dim's; its -k selects the 10 D 256 default cases and the fault test,
+    not the other head_dims' ("default" contains "fault": the plain word would select all 41)."""
+    text = (ROOT / "scripts" / "bounded_gpu.sh").read_text()
+    assert "overflow_check.py precompile --jobs 6 --head-dim 256" in text and "speed --rounds 8" in text
+    jobs = load_script("overflow_check").jobs(256)
+    want = {("fp8", 256, c, ch) for c in (False, True) for ch in ((), (("bounded_units", False),))}
+    want |= {("bf16", 256, c, ()) for c in (False, True)}
+    assert {(k, d, c, tuple(sorted(ch.items()))) for k, d, c, ch in jobs} == want, jobs
+    expr = re.search(r'-k "([^"]+)"', text).group(1)
+    collect = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                              "tests/test_fp8_overflow_gpu.py", "-k", expr], capture_output=True, text=True,
+                             timeout=120, cwd=ROOT)
+    ids = [line for line in collect.stdout.splitlines() if "::" in line]
+    assert len(ids) == 11 and all("[d256-default-" in i or i.endswith("test_fused_units_fault") for i in ids), ids
+
+
+
+
+
+
+
+def test_fp8d128_script_tests_what_it_times():
+    """scripts/fp8d128_gpu.sh (session 13): its six test processes (one per candidate and causal mode, -k "...-$v- and $c")
+    select, together and without overlap, exactly the 22 GPU tests of the three timed head_dim 128 lookahead candidates
+    (18 vs the emulation and float64, 4 on spread V scales; the script's pass count 22), each process one kernel; the
+    A/B's variants are those configs (same names, same changes), valid, new the default; the candidates' tile_n (192 /
+    128) are not the default's (K/V scale blocks of their own height, the PyTorch recipe)."""
+    text = (ROOT / "scripts" / "fp8d128_gpu.sh").read_text()
+    assert "--set fp8look128 --head-dims 128" in text and "((passed == 22))" in text
+    assert "for v in look192 look192_fused look128h_fb; do" in text and "for c in full causal; do" in text
+    expr = re.search(r'-k "([^"]+)"', text).group(1)
+    ids = []
+    for v in ("look192", "look192_fused", "look128h_fb"):
+        for c in ("full", "causal"):
+            collect = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                                      "tests/test_fa3_fp8_speed_gpu.py", "-k", expr.replace("$v", v).replace("$c", c)],
+                                     capture_output=True, text=True, timeout=120, cwd=ROOT)
+            mine = [line for line in collect.stdout.splitlines() if "::" in line]
+            assert mine and all(f"fp8look128-d128-{v}-" in i and i.endswith(f"-{c}]") for i in mine), (v, c, mine)
+            ids += mine
+    assert len(ids) == len(set(ids)) == 22, ids
+    ab = load_script("fa3_fp8_speed_ab")
+    variants = ab.FP8LOOK128_VARIANTS[128]
+    assert list(variants) == ["new", "look192", "look192_fused", "look128h_fb"] and variants["new"] == {}
+    import test_fa3_fp8_speed_gpu as gpu_tests
+    for name in ("look192", "look192_fused", "look128h_fb"):
+        cfg = ab.kernel_config(128, variants[name])
+        assert cfg == ab.kernel_config(128, gpu_tests.FP8LOOK128_VARIANTS[f"fp8look128-d128-{name}"][1]), name
+        assert cfg.s_lookahead and cfg.two_level and cfg.tile_n != ab.kernel_config(128, {}).tile_n, name
+        cfg.check(128)
+        assert any(f"fp8look128-d128-{name}-" in i for i in ids), name
+    assert not ab.kernel_config(128, variants["new"]).s_lookahead
+    assert ab.failed_variants("FAILED tests/test_fa3_fp8_speed_gpu.py::test_fp8look128_v_scales_spread"
+                              "[fp8look128-d128-look192-1x300x1000x4x2-causal] - AssertionError", "fp8look128") == ["look192"]
+
+
+def test_ncu_stalls_summary(tmp_path, capsys, monkeypatch):
+    """scripts/ncu_stalls.py (stall reasons from an ncu report's raw page, parsed by ncu_table.parse_raw_csv): per
+    kernel row of ncu's raw CSV (the units row and ncu's ==PROF== lines skipped) the largest stall reasons first, at
+    most --top of them, non-numeric cells ignored; an unreadable file prints a line and exits 0 (a diagnostic)."""
+    mod = load_script("ncu_stalls")
+    stall = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
+    cols = ["ID", "Kernel Name", "gpu__time_duration.sum", "smsp__average_warp_latency_per_inst_issued.ratio",
+            *(stall.format(r) for r in ("barrier", "mio_throttle", "short_scoreboard", "wait"))]
+    rows = [cols, ["", "", "usecond", "", "ratio", "ratio", "ratio", "ratio"],
+            ["0", "kernel_QuantPass_0", "45.7", "7.08", "1.5", "2,500.0", "0.4", "n/a"]]
+    text = "==PROF== Disconnected\n" + "\n".join(",".join(f'"{c}"' for c in r) for r in rows) + "\n"
+    lines = mod.summarise(mod.ncu_table.parse_raw_csv(text), 2)
+    assert len(lines) == 1 and "45.7 usecond" in lines[0] and "7.08 cycles/issue" in lines[0], lines
+    assert lines[0].endswith("mio_throttle 2500.00, barrier 1.50"), lines
+    raw = tmp_path / "raw.csv"
+    raw.write_text(text)
+    monkeypatch.setattr(sys, "argv", ["ncu_stalls.py", str(raw), "--top", "1"])
+    assert mod.main() == 0 and capsys.readouterr().out.rstrip().endswith("stalls per issue: mio_throttle 2500.00")
+    monkeypatch.setattr(sys, "argv", ["ncu_stalls.py", str(tmp_path / "missing.csv")])
+    assert mod.main() == 0 and "no stall summary: FileNotFoundError" in capsys.readouterr().out
+
+
+def test_quantlanes_set():
+    """quant_precompile.py --set quantlanes (session 12's V3_WIDE A/B; bench/NOTES.md, Session 12 outcomes): the
+    bandwidth label defw (the module's default, V3_WIDE on), the precompile set (the default at D 64 / 128, default and
+    wide at 256 for the default, no-smooth and head-smooth recipes) with real quant_host switches, and
+    quant_sanitize.py's set of the same name."""
+    from fa_variants.fp8 import quant_host
+
+    bw = load_script("fp8_quant_bandwidth")
+    assert bw.PIPES["defw"] == ("v3", {**bw.PIPES["def"][1], "V3_WIDE": True}) and hasattr(quant_host, "V3_WIDE")
+    pre = load_script("quant_precompile")
+    tasks = pre.tasks("quantlanes")
+    assert len(tasks) == len(set(tasks)) == 8 and ("v3", "bf16", 256, "head-smooth+wide") in tasks
+    assert all(t[3].partition("+")[2] in pre.QUANTLANES_KNOBS for t in tasks)
+    assert pre.QUANTLANES_KNOBS["wide"] == {**pre.QUANTLANES_KNOBS["defaultql"], "V3_WIDE": True}
+    assert all(hasattr(quant_host, n) for n in pre.QUANTLANES_KNOBS["wide"])
+    assert '"quantlanes": [("wide"' in (ROOT / "scripts" / "quant_sanitize.py").read_text()
+
+
+def test_quantdef_set_and_check_selection():
+    """The GPU check of session 12's quant defaults (V3_WIDE, QUANT_PLANS on): quant_precompile.py --set quantdef holds
+    the default recipe at head_dim 64 / 128 / 256 with the module's defaults (no knob) and the narrow pass at 256
+    (V3_WIDE off, a real switch); the check's -k selects the 12 default-recipe v3 bf16 cases against the torch recipe
+    (GQA, odd lengths) and the 2 default-recipe wide / narrow cases; fp8_quant_bandwidth.py's def11 is def with both
+    off (session 11's default)."""
+    from fa_variants.fp8 import quant_host
+
+    pre = load_script("quant_precompile")
+    tasks = pre.tasks("quantdef")
+    assert tasks == [("v3", "bf16", d, "default") for d in (64, 128, 256)] + [("v3", "bf16", 256, "default+narrow")]
+    assert pre.QUANTDEF_KNOBS == {"narrow": {"V3_WIDE": False}} and quant_host.V3_WIDE and quant_host.QUANT_PLANS
+    # --unique's recording (quant_host.planned_passes per task, on the CPU here): Q's / K's passes at 256 wide with the
+    # defaults and narrow with the knob, no key twice, the knob undone afterwards
+    keys = pre.record(tasks, arch="sm_90a")
+    assert len(keys) == len(set(keys)) and {k.arch for k in keys} == {"sm_90a"} and quant_host.V3_WIDE
+    qk256 = [k.config.wide for k in keys if k.head_dim == 256 and k.config.role == "qk"]
+    assert True in qk256 and False in qk256 and not any(k.config.wide for k in keys if k.head_dim != 256)
+    expr = re.search(r'-k "([^"]+)"', pre.tasks.__doc__.replace("\n    ", " ")).group(1)
+    collect = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                              "tests/test_fp8_quant_kernel.py", "-k", expr], capture_output=True, text=True,
+                             timeout=120, cwd=ROOT)
+    ids = [line for line in collect.stdout.splitlines() if "::" in line]
+    assert len(ids) == 14 and sum("v3-bfloat16-default-" in i for i in ids) == 12, ids
+    assert sum("test_v3_wide_bitwise[default-g" in i for i in ids) == 2, ids
+    bw = load_script("fp8_quant_bandwidth")
+    assert bw.PIPES["def11"] == ("v3", {**bw.PIPES["def"][1], "V3_WIDE": False, "QUANT_PLANS": False})
+
+
+def test_quantbw_set_and_measures():
+    """fp8_quant_bandwidth.py's measures of session 12's quantbw run (bench/NOTES.md, Session 12 outcomes) on the
+    CPU: the back-to-back reading (per-position median durations, start-to-start period, the gap before each kernel; no pattern when the kernels do not divide into
+    calls), the per-pass shares read from it, the A/B line with the graph ratio and host ms, the graph / end-to-end
+    tables, the defn / defwn labels (V2_PDL off), defp (QUANT_PLANS), --skip PIPE:RECIPE:SHAPE and --shapes in --plan,
+    and quant_precompile.py --set quantbw (quantlanes' passes + both at D 256 without PDL)."""
+    bw = load_script("fp8_quant_bandwidth")
+    events, t = [], 0.0
+    for call in range(6):  # V+Ksum, torch's sum, K, Q; K and Q start 1 us before their predecessor's end (PDL)
+        for name, dur, gap in (("kernel_QuantPass_0", 48.0, 2.0), ("void at::native::reduce_kernel<512>", 6.0, 1.0),
+                               ("kernel_QuantPass_1", 36.0 + call, -1.0), ("kernel_QuantPass_2", 39.0, -1.0)):
+            t += gap
+            events.append((name, t, t + dur))
+            t += dur
+    kernels, gaps = bw.b2b_pattern(events, 6)
+    assert kernels == "4 kernels, 131.5 us: pass 48.0, void at::native::reduce_ 6.0, pass 38.5, pass 39.0", kernels
+    assert gaps == "period 132.5 us, gaps +1.0 us (before each: +2.0, +1.0, -1.0, -1.0)", gaps
+    assert bw.b2b_pattern(events[:-1], 6)[0] == "" and "23 kernels for 6 calls" in bw.b2b_pattern(events[:-1], 6)[1]
+    row = {"kernels_b2b": kernels, "pass_bytes": [168e6, 100e6, 101e6], "extra_bytes_read": 67e6, "kernels": ""}
+    assert bw.pass_shares(row, 4.0, "kernels_b2b").startswith("V+Ksum 48.0 us 88%, K 38.5 us 65%, Q 39.0 us 65%")
+    assert bw.pass_shares(row, 4.0) == ""
+    rows = [dict(shape="D=256", pipeline=p, recipe="default", gpu_ms=ms, of_copy=0.5, match="ok", queued=True,
+                 host_ms=h, graph_ms=g, graph_of_copy=0.6, eager_of_copy=0.3)
+            for p, ms, h, g in (("def", 0.150, 0.210, 0.150), ("defw", 0.147, 0.220, 0.135))]
+    text = bw.ab_lines(rows, "def", "defw")
+    assert "  D=256       default   0.980   50.0% ->  50.0%  graph 0.900  host ms 0.210 -> 0.220" in text, text
+    assert bw.PIPES["defn"] == ("v3", {**bw.PIPES["def"][1], "V2_PDL": False})
+    assert bw.PIPES["defwn"] == ("v3", {**bw.PIPES["defw"][1], "V2_PDL": False})
+    assert bw.PIPES["defp"] == ("v3", {**bw.PIPES["def"][1], "QUANT_PLANS": True})
+    from fa_variants.fp8 import quant_host
+
+    assert all(hasattr(quant_host, n) for p in ("defwn", "defp") for n in bw.PIPES[p][1])
+    pre = load_script("quant_precompile")
+    tasks = pre.tasks("quantbw")
+    assert tasks[:8] == pre.tasks("quantlanes") and len(tasks) == len(set(tasks)) == 10
+    assert pre.QUANTBW_KNOBS["widenopdl"] == {**pre.QUANTLANES_KNOBS["wide"], "V2_PDL": False}
+    proc = subprocess.run([sys.executable, "scripts/fp8_quant_bandwidth.py", "--plan", "--shapes", "D=256,D=128 GQA",
+                           "--pipelines", "def,defwn", "--skip", "defwn:default:D=128 GQA"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0 and "D=256 (batch" in proc.stdout and "D=64 (batch" not in proc.stdout, proc.stderr
+    bad = subprocess.run([sys.executable, "scripts/fp8_quant_bandwidth.py", "--plan", "--shapes", "D=96"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert bad.returncode == 2 and "--shapes" in bad.stderr
+
+def test_ncu_attribution_names_fp8turn_variants():
+    """scripts/ncu_attribution.py profiles fa3-fp8 configs by name (session 12's ncu256 run: new vs
+    single_overlap_noskip at head_dim 256): its default set is scripts/fa3_fp8_speed_ab.py's SETS["fp8turn"] (new: the
+    default; single_overlap_noskip: one accumulator, no skip), and --impl accepts exactly those names (an unknown or
+    repeated one, or a name without a set: ValueError naming --impl)."""
+    names = {"new", "single_overlap_noskip"}
+    variants = load_script("fa3_fp8_speed_ab").SETS["fp8turn"].variants[256]
+    assert names <= set(variants) and variants["new"] == {}
+    assert variants["single_overlap_noskip"]["skip_unit_rescale"] is False
+    assert variants["single_overlap_noskip"]["two_level"] is False
+    att = load_script("ncu_attribution")
+    assert att.fp8_variants("fp8turn", 256) == variants
+    assert '"--fp8-set", default="fp8turn"' in (ROOT / "scripts" / "ncu_attribution.py").read_text()
+    spec = "fa3-fp8:new,fa3-fp8:single_overlap_noskip"
+    assert att.impl_list(spec, variants) == ["fa3-fp8:new", "fa3-fp8:single_overlap_noskip"]
+    for bad in ("fa3-fp8:nope", "fa3-fp8:new,fa3-fp8:new", "fa3-fp8:new"):
+        with pytest.raises(ValueError, match="^--impl: "):
+            att.impl_list(bad, variants if bad != "fa3-fp8:new" else None)
+    assert att.impl_list("fa3,flash-attn-4") == ["fa3", "flash-attn-4"]
+
+
+def test_fp8status_script_precompiles_what_its_status_runs():
+    """scripts/fp8status_gpu.sh: its precompile (fp8status_precompile.py) holds, per head_dim 64 / 128 / 256 and causal
+    mode, the default kernel with the quantisation pass (a default-recipe call), the single-accumulator kernel of the
+    table (fp8status.SINGLE_ACCUMULATOR), bf16 fa3 and flash-attn-4; the status step asks for those head dims; its -k
+    selects the 12 default-recipe GPU tests it counts."""
+    from fa_variants.bench import fp8status
+
+    text = (ROOT / "scripts" / "fp8status_gpu.sh").read_text()
+    assert "--fp8-status only --head-dims 64,128,256" in text and "--fp8-rounds 6" in text
+    jobs = load_script("fp8status_precompile").jobs()
+    want = {(kind, d, c) for kind in ("fa4", "recipe", "fp8", "bf16") for d in (64, 128, 256) for c in (False, True)}
+    assert {(k, d, c) for k, d, c, _ in jobs} == want and len(jobs) == 24
+    assert all(ch == fp8status.SINGLE_ACCUMULATOR[d] for k, d, _, ch in jobs if k == "fp8")
+    assert all(ch == ("bfloat16", ("block", True, True, True)) for k, _, _, ch in jobs if k == "recipe")
+    assert jobs[0][:2] == ("fa4", 256)
+    expr = re.search(r'-k "([^"]+)"', text).group(1)
+    collect = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                              "tests/test_fa3_fp8_gpu.py", "-k", expr], capture_output=True, text=True,
+                             timeout=120, cwd=ROOT)
+    ids = [line for line in collect.stdout.splitlines() if "::test_default_recipe[" in line]
+    assert len(ids) == 12 and "^12 passed" in text, collect.stdout[-500:]
+
+
+
+
+
+def test_fa3gap_script_tests_and_times_the_late_set():
+    """scripts/fa3gap_gpu.sh (session 13): its pytest -k selects exactly the 10 GPU tests its pass line counts (late
+    and late-obpv vs float64, late's same values and extreme logits, turn at D 128), and its A/B times fa3_speed_ab.py's
+    LATE set at D 128: late = the default + late_huge_fix, late-obpv = + rescale_o_before_pv, valid configs."""
+    from fa_variants.hopper import fa3
+
+    text = (ROOT / "scripts" / "fa3gap_gpu.sh").read_text()
+    expr = re.search(r'-k "([^"]+)"', text).group(1)
+    collect = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                              "tests/test_fa3_gpu.py", "-k", expr], capture_output=True, text=True, timeout=120,
+                             cwd=ROOT)
+    ids = [line for line in collect.stdout.splitlines() if "::" in line]
+    assert len(ids) == 10 and "10 passed" in text, ids
+    ab = load_script("fa3_speed_ab")
+    assert f"--variants {','.join(ab.LATE)} " in text
+    assert ab.LATE == ("old", "new", "late", "late-obpv", "turn")
+    default = fa3.DEFAULT_CONFIGS[128]
+    assert ab.variant_config("late", 128) == dataclasses.replace(default, late_huge_fix=True)
+    assert ab.variant_config("late-obpv", 128) == dataclasses.replace(default, late_huge_fix=True,
+                                                                       rescale_o_before_pv=True)
+    for name in ab.LATE:
+        ab.variant_config(name, 128).check(128)
+    assert not any(c.late_huge_fix for c in fa3.DEFAULT_CONFIGS.values())
+
+
+def test_quantbw2_set_and_pipes():
+    """Session 13's quantbw2 run: fp8_quant_bandwidth.py's defc (whole-call plans) and defcl (+ the fused mean counted
+    late) are def with those switches only, and quant_precompile.py --set quantbw2 records the 12 passes they and the
+    GPU tests launch (V, K, Q at D 64 / 128 / 256 + V's late-count pass), without a GPU."""
+    bw = load_script("fp8_quant_bandwidth")
+    assert bw.PIPES["defc"] == ("v3", {**bw.PIPES["def"][1], "QUANT_CALL_PLANS": True})
+    assert bw.PIPES["defcl"] == ("v3", {**bw.PIPES["defc"][1], "V3_FUSED_MEAN_LATE": True})
+    from fa_variants.fp8 import quant_host
+
+    assert all(hasattr(quant_host, name) for name in bw.PIPES["defcl"][1])
+    pre = load_script("quant_precompile")
+    keys = pre.record(pre.tasks("quantbw2"), arch="sm_90a")
+    assert len(keys) == 12 and sum(key.config.late_count for key in keys) == 3
+    assert "--set quantbw2 --unique" in (ROOT / "scripts" / "quantbw2_gpu.sh").read_text()
+
+
+def test_quantq_set_and_pipes():
+    """Session 13's quantq run: fp8_quant_bandwidth.py's defq is def with ``V3_CURSOR`` only; quant_precompile.py --set
+    quantq records the 15 passes its tests, A/B and ncu launch (V, K, Q at D 64 / 128 / 256, and K, Q with the cursor),
+    without a GPU; the script's test selection is the 16 GPU cases its pass rule counts (12 "v3+cursor" default-recipe
+    cases of test_pass_matches_torch_bitwise, 4 of test_v3_cursor_bitwise)."""
+    bw = load_script("fp8_quant_bandwidth")
+    assert bw.PIPES["defq"] == ("v3", {**bw.PIPES["def"][1], "V3_CURSOR": True})
+    from fa_variants.fp8 import quant_host
+
+    assert all(hasattr(quant_host, name) for name in bw.PIPES["defq"][1])
+    pre = load_script("quant_precompile")
+    keys = pre.record(pre.tasks("quantq"), arch="sm_90a")
+    assert len(keys) == 15 and sum(key.config.cursor for key in keys) == 6
+    assert all(key.config.role == "qk" for key in keys if key.config.cursor)
+    text = (ROOT / "scripts" / "quantq_gpu.sh").read_text()
+    assert "--set quantq --unique" in text and '-k "cursor and not head"' in text and '"^16 passed"' in text
+    assert "--pipelines def,defq" in text and "pipes=def,defq" in text
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tfqk", ROOT / "tests" / "test_fp8_quant_kernel.py")
+    tests = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tests)
+    matches = sum(p == "v3+cursor" and c == "default" for p, _, c in tests.CASES) * len(tests.SHAPES) * 3
+    assert matches + sum(c == "default" for _, c, _ in tests.CURSOR_CASES) == 16

@@ -188,8 +188,9 @@ def cursor_step(cur, deltas, heads, n_tiles, group, hkv, reverse: bool):
     i (of i counted from the end with ``reverse``: ``QuantPass.decode``'s digits) moved to those of i + grid (i - grid
     with ``reverse``): an add with carries, no division (``cursor_deltas``). kv_head = head // group is the
     (kv-)head of K's mean Q's LSE shift reads (``QuantPass.mean_head``); group None (no shift): kv_head = head, the
-    last digit unchanged. Exact while the index stays in [0, B H T); past the end the digits are garbage, never used (the caller
-    checks the index). Works on ints and Int32 (tests/test_fp8_quant_kernel.py::test_cursor_matches_decode)."""
+    last digit unchanged. Exact while the index stays in [0, B H T); past the end the digits are garbage, never used
+    (the caller checks the index). Works on ints and Int32 (tests/test_fp8_quant_kernel.py::
+    test_cursor_matches_decode)."""
     batch, head, tile, kvh, hr = cur
     dh, dt, db, dgq, dgr = deltas
     if reverse:
