@@ -138,6 +138,13 @@ computed (its outputs equal v2's bit for bit):
   the warp shuffles per block), 256 threads at up to 255 registers. The same operations in the same order (the LSE
   shift's sum in two accumulators, the narrow pass's lanes l and l + 2): outputs equal v3's bit for bit.
 
+* Cursor (``V3_CURSOR``, off until measured; ``PassConfig.cursor``; Q / K): the loop keeps the digits (batch, head,
+  tile, and for Q's shift the kv-head of K's mean) of its current item and of the item its refill loads, and steps
+  both by the grid with carries (``cursor_step``) instead of ``decode``'s signed divisions by heads and n_tiles (and
+  head // (H / H_kv)) per item. sm_90a loop per thread per block: Q 1209 / 1244 / 2315 -> 982 / 1077 / 2106
+  instructions at head_dim 64 / 128 / 256 (Q 128's 16 spilled bytes gone), K 930 / 1066 / 2082 -> 915 / 1047 / 2068
+  (its decode was already on the uniform datapath). The same items: outputs bit for bit.
+
 Blocks of more than ``MAX_BLOCK`` values (rows * head_dim > 32768, e.g. tile_n 256 at head_dim 256) do not
 fit one CTA's registers: ``why_not`` says so and ``quantize_fp8`` uses the torch path there, as for head_dim
 96 (H12 x H8, not built here). Not sm_80 / 86: their PTX has no e4m3 conversion (``cvt.rn.satfinite.e4m3x2
