@@ -20,7 +20,11 @@
 # 2. then scripts/NAME_gpu.sh for each NAME, in order, each with the time left of CALL_BUDGET seconds (default 560),
 #    skipped when fewer than 100 s are left; logs under $OUT/pending/NAME/, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
-#    Plan: empty until the lead adds scripts (lines "X. scripts/pending_gpu.sh [--checks] NAME ..."). Each call
+#    Plan for session 14: no script is queued (session 13 ran and retired every one). A. the whole GPU suite on the
+#    final tree (`python3 -m pytest -q -n 14 -m "gpu and not slow" -p no:cacheprovider --durations=40`, ~410 s warm;
+#    last run on eaf0f29, before session 13's QUANT_CALL_PLANS flip, whose 308 + 114 GPU tests passed in calls E-F);
+#    B. the leads in bench/NOTES.md "Session 13 ...: the last calls": the Q / K quantisation passes latency-bound at
+#    16 warps per SM (issue 10). New lines "X. scripts/pending_gpu.sh [--checks] NAME ..." as scripts land. Each call
 #    starts a cold machine (~60-85 s more); carry [".gpu"], or [".gpu", ".before.tar.xz"] after
 #    `scripts/ab_checkout.sh COMMIT .before` for a script that A/Bs against an older tree: the archive, not the folder:
 #    the call's 64 MiB holds .gpu/ (~60 MB), the working tree and ~0.25 MB more; tests/test_ci.py keeps the tracked
