@@ -18,8 +18,7 @@ counted per K block (``V3_FUSED_MEAN``); "defl": def with the fused mean counted
 token, one cross-lane Hadamard stage; bit for bit); "defn" / "defwn": def / defw without programmatic dependent launch
 (``V2_PDL`` off); "defp": def with cached launch plans (``QUANT_PLANS``: host work only); "defc": def with whole-call
 plans (``QUANT_CALL_PLANS``, ``fp8.quant_call``: host work only, the same launches); "defcl": defc with the fused mean
-counted late (``V3_FUSED_MEAN_LATE``: no torch sum of K's partials, one kernel fewer per call); "defq": def with Q's /
-K's passes stepping their work items without integer divisions (``V3_CURSOR``; bit for bit);
+counted late (``V3_FUSED_MEAN_LATE``: no torch sum of K's partials, one kernel fewer per call);
 ``quant_host``) and recipe (default:
 block scales + Hadamard + K smoothing; "no-smooth": the same without smoothing; "sampled8": the default with
 K's mean over 8 evenly spaced K tiles, ``FP8Config(smooth_k_blocks=8)``; "sampled16": over 16), one
@@ -341,9 +340,6 @@ PIPES["defp"] = ("v3", {**_DEF, "QUANT_PLANS": True})
 # counted late beside it (``V3_FUSED_MEAN_LATE``: torch's sum of K's partials, a kernel and a host op, gone)
 PIPES["defc"] = ("v3", {**_DEF, "QUANT_CALL_PLANS": True})
 PIPES["defcl"] = ("v3", {**_DEF, "QUANT_CALL_PLANS": True, "V3_FUSED_MEAN_LATE": True})
-# session 13: Q's / K's passes stepping their work items with a cursor (``V3_CURSOR``: no integer division per item;
-# bit for bit the default, so checked as "def")
-PIPES["defq"] = ("v3", {**_DEF, "V3_CURSOR": True})
 # session 12's default before its flips (V3_WIDE, QUANT_PLANS on since then: "def" runs them)
 PIPES["def11"] = ("v3", {**_DEF, "V3_WIDE": False, "QUANT_PLANS": False})
 

@@ -20,18 +20,21 @@ def main() -> int:
     parser.add_argument("--recipes", default=None, help="one recipe per pipeline (default: default for each)")
     parser.add_argument("--head-dim", type=int, default=128)
     args = parser.parse_args()
-    import torch
-
-    from fa_variants.fp8 import quant_host
     from fp8_quant_bandwidth import PIPES, recipes, run_with
 
-    d = args.head_dim
-    g = torch.Generator(device="cuda").manual_seed(1)
-    q, k, v = (torch.randn(1, 16384, 2048 // d, d, device="cuda", generator=g).to(torch.bfloat16) for _ in range(3))
     pipelines = args.pipelines.split(",")
     names = args.recipes.split(",") if args.recipes else ["default"] * len(pipelines)
     if len(names) != len(pipelines):
         parser.error("--recipes: one per pipeline")
+    if unknown := [p for p in pipelines if p not in PIPES] + [r for r in names if r not in recipes()]:
+        parser.error(f"--pipelines / --recipes: unknown {unknown} (fp8_quant_bandwidth.py's PIPES and recipes)")
+    import torch
+
+    from fa_variants.fp8 import quant_host
+
+    d = args.head_dim
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q, k, v = (torch.randn(1, 16384, 2048 // d, d, device="cuda", generator=g).to(torch.bfloat16) for _ in range(3))
     for rnd in ("warm", "profiled"):
         for pipe, recipe in zip(pipelines, names):
             cfg = recipes()[recipe]

@@ -30,14 +30,11 @@ def tasks(which: str = "quant3") -> list[tuple[str, str, int, str]]:
     "quant4" / "quant5" (v3 as default, with and without the staged store, V3_STAGED_STORE), "quant8" (the
     then default, + V3_FUSED_MEAN, + V3_FUSED_MEAN_LATE), "quantlanes" (the then default and + V3_WIDE at head_dim
     256), "quantbw" (quantlanes' and both at head_dim 256 with V2_PDL off), "quantbw2" (session 13: the default
-    recipe at head_dim 64 / 128 / 256 as the module has it and with V3_FUSED_MEAN_LATE), "quantq" (session 13: the
-    same default recipe and with V3_CURSOR: the passes of scripts/quantq_gpu.sh's tests, A/B and ncu), or
+    recipe at head_dim 64 / 128 / 256 as the module has it and with V3_FUSED_MEAN_LATE), or
     the GPU check of session 12's quant defaults (which "quantdef": the default recipe in bf16 at head_dim 64 / 128 /
     256 with the module's defaults, V3_WIDE on since then, and the narrow pass at 256 beside it: the passes of
     tests/test_fp8_quant_kernel.py -k "(test_pass_matches_torch_bitwise and v3-bfloat16-default) or
     (test_v3_wide_bitwise and default-g)")."""
-    if which == "quantq":  # the default recipe as the module has it and with Q's / K's cursor (V3_CURSOR)
-        return [("v3", "bf16", d, f"default{knob}") for d in HEAD_DIMS for knob in ("", "+cursorq")]
     if which == "quantbw2":  # the default recipe with the module's defaults and with the fused mean counted late
         return [("v3", "bf16", d, f"default{knob}") for d in HEAD_DIMS for knob in ("", "+bw2late")]
     if which == "quantdef":  # the defaults as the module has them (no knob) + the narrow pass at 256 (test_v3_wide)
@@ -99,8 +96,6 @@ QUANTBW_KNOBS = {"nopdlql": {**_QL, "V2_PDL": False}, "widenopdl": {**_QL, "V3_W
 QUANTDEF_KNOBS = {"narrow": {"V3_WIDE": False}}
 # --set quantbw2 (session 13): the default recipe with the fused mean counted after each CTA's loop (V's launch)
 QUANTBW2_KNOBS = {"bw2late": {"V3_FUSED_MEAN_LATE": True}}
-# --set quantq (session 13): Q's / K's work items stepped by a cursor (no integer division per item)
-QUANTQ_KNOBS = {"cursorq": {"V3_CURSOR": True}}
 # --set quant8: the current default as it is (staged store auto), the fused mean per K block, and counted late
 _Q8 = {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": None, "V3_FUSED_SAMPLED_MEAN": False,
        "V3_FUSED_MEAN": False, "V3_FUSED_MEAN_LATE": False}
@@ -123,7 +118,7 @@ def knobs_set(knob: str):
     from fa_variants.fp8 import quant_host
 
     knobs = {**ABLATION_KNOBS, **QUANT5_KNOBS, **QUANT8_KNOBS, **QUANTLANES_KNOBS, **QUANTBW_KNOBS,
-             **QUANTDEF_KNOBS, **QUANTBW2_KNOBS, **QUANTQ_KNOBS}.get(knob, {})
+             **QUANTDEF_KNOBS, **QUANTBW2_KNOBS}.get(knob, {})
     saved = {name: getattr(quant_host, name) for name in knobs}
     try:
         for name, value in knobs.items():
@@ -190,7 +185,7 @@ def main() -> int:
     parser.add_argument("--plan", action="store_true", help="list the tasks and exit (no GPU needed)")
     parser.add_argument("--set", default="quant3",
                         choices=("quant3", "quant4", "quant5", "quant8", "quantlanes", "quantbw", "quantdef",
-                                 "quantbw2", "quantq"),
+                                 "quantbw2"),
                         help="which script's passes (default quant3)")
     parser.add_argument("--unique", action="store_true",
                         help="record the tasks' passes first (no compile), then compile each distinct pass once")

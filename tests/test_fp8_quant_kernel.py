@@ -6,7 +6,6 @@ operations in the same order: e4m3 bytes, descales, V layout).
 """
 import contextlib
 import dataclasses
-import re
 import types
 
 import pytest
@@ -391,9 +390,7 @@ CONFIGS = {"default": FP8Config(), "no-smooth": FP8Config(smooth_k=False),
 CASES = ([("v1", dt, c) for dt in (torch.bfloat16, torch.float16) for c in ("default", "head", "tensor-plain")]
          + [("v1", torch.bfloat16, "no-smooth")]
          + [("v2", torch.bfloat16, c) for c in CONFIGS if c != "head"] + [("v2", torch.float16, "default")]
-         + [("v3", torch.bfloat16, c) for c in CONFIGS if c != "head"] + [("v3", torch.float16, "default")]
-         # v3 with Q's / K's work items stepped by a cursor (``V3_CURSOR``), 7 CTAs per launch (each steps many items)
-         + [("v3+cursor", torch.bfloat16, c) for c in ("default", "head-smooth")])
+         + [("v3", torch.bfloat16, c) for c in CONFIGS if c != "head"] + [("v3", torch.float16, "default")])
 
 
 @pytest.mark.gpu
@@ -401,18 +398,13 @@ CASES = ([("v1", dt, c) for dt in (torch.bfloat16, torch.float16) for c in ("def
 @pytest.mark.parametrize("shape", SHAPES, ids=["x".join(map(str, s)) for s in SHAPES])
 @pytest.mark.parametrize("pipeline,dtype,config", CASES,
                          ids=[f"{p}-{str(dt)[6:]}-{c}" for p, dt, c in CASES])
-def test_pass_matches_torch_bitwise(monkeypatch, shape, head_dim, dtype, config, pipeline):
+def test_pass_matches_torch_bitwise(shape, head_dim, dtype, config, pipeline):
     """The same FP8Inputs from the GPU pass and from the torch recipe on the same CUDA inputs: e4m3 bytes,
     descales and V layout equal bit for bit (the same float32 operations in the same order; inputs are
     normal numbers, so subnormal flushing cannot differ); lse_shift (the kernel's own float32 dot product in
     the Q pass) equals torch's to float32 rounding. K's mean: pipeline v1 takes it from the same torch code
     (equal); v2 sums K in V's launch (another order: checked against float64 within its rounding bound),
-    and the torch recipe is given that mean, so the rest still compares bit for bit. "v3+cursor": v3 with
-    ``V3_CURSOR`` and at most 7 CTAs per launch (``GRID_CAP``), so each CTA steps its cursor over many items."""
-    if pipeline == "v3+cursor":
-        monkeypatch.setattr(qh, "V3_CURSOR", True)
-        monkeypatch.setattr(qh, "GRID_CAP", 7)
-        pipeline = "v3"
+    and the torch recipe is given that mean, so the rest still compares bit for bit."""
     config = CONFIGS[config]
     B, Nq, Nk, H, Hkv = shape
     g = torch.Generator(device="cuda").manual_seed(head_dim + Nq)
@@ -853,63 +845,6 @@ def test_wide_emulated_bitwise():
     assert not torch.equal(plain, default)
 
 
-def test_cursor_matches_decode():
-    """``quant_maps.cursor_step`` (``PassConfig.cursor``) walks a CTA's items cta, cta + grid, ... exactly as
-    ``QuantPass.decode`` divides them (head-major digits, forward and ``reverse``), with the kv-head h // (H / H_kv) of
-    Q's shift, over random geometries and grids (grid below, equal to and above the item count)."""
-    from fa_variants.fp8.quant_maps import cursor_deltas, cursor_step
-
-    def decode(i, heads, n_tiles, n_blocks, reverse, group):
-        i = n_blocks - 1 - i if reverse else i
-        head, rest = i % heads, i // heads
-        return rest // n_tiles, head, rest % n_tiles, head // group, head % group
-
-    rng = __import__("random").Random(5)
-    for case in range(600):
-        hkv, group, B, T = rng.randint(1, 5), rng.randint(1, 4), rng.randint(1, 3), rng.randint(1, 7)
-        heads, reverse, shift = hkv * group, case % 2 == 1, case % 3 != 0
-        n_blocks = B * heads * T
-        grid = rng.choice([1, 2, n_blocks, n_blocks + 3, rng.randint(1, 2 * n_blocks)])
-        deltas = cursor_deltas(grid, heads, T, group if shift else 1)
-        for cta in range(min(grid, n_blocks)):
-            cur, i = decode(cta, heads, T, n_blocks, reverse, group if shift else 1), cta
-            while i < n_blocks:
-                want = decode(i, heads, T, n_blocks, reverse, group if shift else 1)
-                assert cur[:3] == want[:3] and (not shift or cur == want), (case, cta, i, cur, want)
-                cur = cursor_step(cur, deltas, heads, T, group if shift else None, hkv, reverse)
-                i += grid
-
-
-@pytest.mark.compile
-@pytest.mark.parametrize("arch", ["sm_90a"], indirect=True)
-@pytest.mark.parametrize("head_dim", qk.HEAD_DIMS)
-@pytest.mark.parametrize("name,extra", [("k-smooth", dict(smooth=True, reverse=True)), ("q-shift", dict(shift=True))])
-def test_compiles_cursor(arch, head_dim, name, extra):
-    """``cursor`` (the default recipe's Q / K passes with ``V3_CURSOR``) against the same pass without it: the same
-    cp.async, shuffles, e4m3 conversions, stores and barriers, no more spill; its per-item loop (the one with the e4m3
-    conversions) has no integer division left (no I2F / MUFU.RCP / IABS: ``decode``'s and the shift's kv-head) and
-    fewer instructions. Refused for V and without head-major order."""
-    cfg = qk.PassConfig(rows=128 if name == "q-shift" else layout.tile_n(head_dim), stages=3, coalesced=True,
-                        head_major=True, staged_mean=True, pdl=True, staged_store=head_dim == 64,
-                        wide=head_dim == 256, cursor=True, **extra)
-    base = dataclasses.replace(cfg, cursor=False)
-    c, c0 = (qk.VARIANT.compiled(qk.static_config(arch, torch.bfloat16, head_dim, x)) for x in (cfg, base))
-    names = ("LDGSTS", "SHFL.BFLY", "F2FP", "STG.E", "BAR.SYNC")
-    sass, sass0 = cubin.sass_of(c.cubin), cubin.sass_of(c0.cubin)
-    assert cubin.count_sass(sass, names) == cubin.count_sass(sass0, names)
-    res, res0 = cubin.cubin_resources(c.cubin), cubin.cubin_resources(c0.cubin)
-    assert res["spill_bytes"] <= res0["spill_bytes"], (res, res0)
-    loop, loop0 = cubin.main_loop(sass, "F2FP"), cubin.main_loop(sass0, "F2FP")
-    assert cubin.count_sass(loop, ("F2FP",))["F2FP"] == cubin.count_sass(loop0, ("F2FP",))["F2FP"] > 0
-    assert not any(cubin.count_sass(loop, ("I2F", "MUFU.RCP", "IABS")).values()), loop
-    n, n0 = (len(re.findall(r"/\*[0-9a-f]{4,}\*/\s+\S", x)) for x in (loop, loop0))
-    assert n < n0, (n, n0)
-    for bad in (dict(role="v", rotate=False, smooth=False, shift=False, reverse=False, wide=False),
-                dict(head_major=False)):
-        with pytest.raises(ValueError, match="cursor"):
-            dataclasses.replace(cfg, **bad).check(head_dim)
-
-
 @pytest.mark.parametrize("rows", [128, 192])
 def test_wide_stage_map(rows):
     """``wide``'s coalesced stage (head_dim 256, 2 lanes per token, 16 cp.async per thread at token step rows / 16):
@@ -1027,22 +962,6 @@ def test_v3_wide_bitwise(monkeypatch, config, grid):
     stages."""
     monkeypatch.setattr(qh, "GRID_CAP", grid)
     assert_switch_bitwise(monkeypatch, "V3_WIDE", 256, config, 19)
-
-
-CURSOR_CASES = [(64, "default", 5), (128, "default", 7), (256, "default", 5), (128, "head-smooth", 7),
-                (128, "default", None)]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("head_dim,config,grid", CURSOR_CASES, ids=[f"{d}-{c}-g{g}" for d, c, g in CURSOR_CASES])
-def test_v3_cursor_bitwise(monkeypatch, head_dim, config, grid):
-    """v3 with Q's / K's work items stepped by a cursor (``V3_CURSOR``) changes how a CTA finds its items, not one
-    operation: every output equals the default's bit for bit and the torch recipe's given the pass's mean
-    (``assert_switch_bitwise``: batch 3, GQA 8 / 2 (Q's shift reads kv-head h // 4), odd lengths, a negative scale, the
-    per-head baseline's "amax" and "given" launches); grid 5 / 7 CTAs: a CTA's items cross heads, tiles and batches
-    (K's last to first), with the refill's cursor ``ahead`` items in front."""
-    monkeypatch.setattr(qh, "GRID_CAP", grid)
-    assert_switch_bitwise(monkeypatch, "V3_CURSOR", head_dim, config, 23)
 
 
 def _recorded_launches(monkeypatch, calls, keys: list | None = None, raw: bool = False,

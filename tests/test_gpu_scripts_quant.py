@@ -198,27 +198,21 @@ def test_quantbw2_set_and_pipes():
     assert "--set quantbw2 --unique" in (ROOT / "scripts" / "quantbw2_gpu.sh").read_text()
 
 
-def test_quantq_set_and_pipes():
-    """Session 13's quantq run: fp8_quant_bandwidth.py's defq is def with ``V3_CURSOR`` only; quant_precompile.py --set
-    quantq records the 15 passes its tests, A/B and ncu launch (V, K, Q at D 64 / 128 / 256, and K, Q with the cursor),
-    without a GPU; the script's test selection is the 16 GPU cases its pass rule counts (12 "v3+cursor" default-recipe
-    cases of test_pass_matches_torch_bitwise, 4 of test_v3_cursor_bitwise)."""
-    bw = load_script("fp8_quant_bandwidth")
-    assert bw.PIPES["defq"] == ("v3", {**bw.PIPES["def"][1], "V3_CURSOR": True})
-    from fa_variants.fp8 import quant_host
 
-    assert all(hasattr(quant_host, name) for name in bw.PIPES["defq"][1])
-    pre = load_script("quant_precompile")
-    keys = pre.record(pre.tasks("quantq"), arch="sm_90a")
-    assert len(keys) == 15 and sum(key.config.cursor for key in keys) == 6
-    assert all(key.config.role == "qk" for key in keys if key.config.cursor)
-    text = (ROOT / "scripts" / "quantq_gpu.sh").read_text()
-    assert "--set quantq --unique" in text and '-k "cursor and not head"' in text and '"^16 passed"' in text
-    assert "--pipelines def,defq" in text and "pipes=def,defq" in text
-    import importlib.util
+def test_quant_ncu_help_and_names(tmp_path):
+    """scripts/quant_ncu.py (the ncu driver of the quantisation passes) on the CPU: --help answers; its default
+    pipelines are labels of fp8_quant_bandwidth.py's PIPES; an unknown pipeline or recipe is refused in one line
+    naming the option before any CUDA work (exit 2)."""
+    import os
 
-    spec = importlib.util.spec_from_file_location("tfqk", ROOT / "tests" / "test_fp8_quant_kernel.py")
-    tests = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tests)
-    matches = sum(p == "v3+cursor" and c == "default" for p, _, c in tests.CASES) * len(tests.SHAPES) * 3
-    assert matches + sum(c == "default" for _, c, _ in tests.CURSOR_CASES) == 16
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    script = str(ROOT / "scripts" / "quant_ncu.py")
+    ok = subprocess.run([sys.executable, script, "--help"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                        timeout=60)
+    assert ok.returncode == 0 and "--pipelines" in ok.stdout and "Nsight Compute" in ok.stdout
+    default = re.search(r'"--pipelines", default="([^"]+)"', (ROOT / "scripts" / "quant_ncu.py").read_text())
+    assert default and all(p in load_script("fp8_quant_bandwidth").PIPES for p in default.group(1).split(","))
+    for bad, word in ((["--pipelines", "v3,nope"], "'nope'"), (["--pipelines", "v3", "--recipes", "odd"], "'odd'")):
+        run = subprocess.run([sys.executable, script, *bad], cwd=tmp_path, env=env, capture_output=True, text=True,
+                             timeout=120)
+        assert run.returncode == 2 and "--pipelines / --recipes: unknown" in run.stderr and word in run.stderr, run

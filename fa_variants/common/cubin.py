@@ -106,21 +106,3 @@ def count_sass(sass: str, opcodes: tuple[str, ...] = SASS_OPCODES) -> dict[str, 
             if op == want or op.startswith(want + "."):
                 counts[want] += 1
     return counts
-
-
-def main_loop(sass: str, marker: str) -> str:
-    """The SASS of the loop (a backward branch and the instructions from its target label to it) holding the most
-    instructions whose opcode starts with ``marker`` (the shortest such loop on a tie): e.g. a persistent kernel's
-    per-item loop by its e4m3 conversions ("F2FP"). Empty if no loop holds one."""
-    lines = sass.splitlines()
-    labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"\s*\.(L_x_\d+):", line))}
-    marks = [i for i, line in enumerate(lines) if re.search(r"\*/\s+(?:@!?U?P\w+\s+)?" + re.escape(marker), line)]
-    best, key = (0, -1), (0, 0)
-    for i, line in enumerate(lines):
-        m = re.search(r"BRA `\(\.(L_x_\d+)\)", line)
-        if m and labels.get(m.group(1), i) < i:
-            start = labels[m.group(1)]
-            k = (sum(start <= j <= i for j in marks), start - i)
-            if k[0] and k > key:
-                best, key = (start, i), k
-    return "\n".join(lines[best[0]:best[1] + 1])

@@ -34,7 +34,7 @@ _SCALAR_TYPES = (type(None), float, int)
 def _switches() -> tuple:
     """The module switches of ``quant_host`` a v3 call's launches depend on (part of a plan's key)."""
     return (qh.V2_STAGES, qh.V2_PDL, qh.V2_REVERSE, qh.V3_COALESCED, qh.V3_HEAD_MAJOR, qh.V3_FUSED_MEAN,
-            qh.V3_FUSED_MEAN_LATE, qh.V3_STAGED_MEAN, qh.V3_STAGED_STORE, qh.V3_WIDE, qh.V3_CURSOR, qh.GRID_CAP)
+            qh.V3_FUSED_MEAN_LATE, qh.V3_STAGED_MEAN, qh.V3_STAGED_STORE, qh.V3_WIDE, qh.GRID_CAP)
 
 
 class CallPlan:
@@ -64,14 +64,13 @@ class CallPlan:
         pdl = qh.V2_PDL and qh._capability(dev) >= (9, 0)
         common = dict(block=0, stages=qh.V2_STAGES, reverse=False, pdl=False, coalesced=coalesced,
                       head_major=head_major, fused=False, staged_mean=False, k_sample=False, staged_store=False,
-                      late_count=False, wide=False, cursor=False)
+                      late_count=False, wide=False)
         v_items = B * Hkv * -(-Nk // tile_n)
         self.v_launch = qh.launch_plan(dev, q.dtype, D, False, v_items, v_items, **dict(
             common, role="v", rotate=False, smooth=False, shift=False, block=tile_n, kmean=self.smooth,
             fused=self.fused, late_count=qh.V3_FUSED_MEAN_LATE and self.fused))[0]
         qk = dict(common, role="qk", rotate=config.rotate, pdl=pdl, staged_store=qh.staged_store_for(D) and coalesced,
-                  staged_mean=qh.V3_STAGED_MEAN and coalesced, wide=qh.V3_WIDE and D == 256, kmean=False,
-                  cursor=qh.V3_CURSOR)
+                  staged_mean=qh.V3_STAGED_MEAN and coalesced, wide=qh.V3_WIDE and D == 256, kmean=False)
         self.k_launch = qh.launch_plan(dev, q.dtype, D, False, v_items, v_items, **dict(
             qk, smooth=self.smooth, shift=False, block=tile_n, reverse=qh.V2_REVERSE and self.smooth))[0]
         q_items = B * H * -(-Nq // tile_m)

@@ -40,10 +40,7 @@ class PassConfig:
     to 255 registers; the same FWHT pairs, stage order and roundings, the LSE shift's sums in the default's order:
     outputs bit for bit the default's. (head_dim 128 would need L = 1: Q's pass spills 40 bytes at 255 registers and
     a warp's 16-byte stores half-fill each 32-byte sector, the pattern ``staged_store`` fixed at head_dim 64: not
-    built.) cursor (role "qk", coalesced, head_major): the loop's work items (the current one and the one its refill
-    loads) as digits (batch, head, tile, and Q's kv-head for the shift's mean) stepped by the grid with carries
-    (``quant_maps.cursor_step``) instead of ``decode``'s integer divisions per item; the same items: outputs bit for
-    bit the default's."""
+    built.)"""
 
     role: str = "qk"
     rotate: bool = True
@@ -63,7 +60,6 @@ class PassConfig:
     staged_store: bool = False
     late_count: bool = False
     wide: bool = False
-    cursor: bool = False
 
     def check(self, head_dim: int) -> None:
         """ValueError for a config or head_dim this pass is not built for."""
@@ -81,9 +77,6 @@ class PassConfig:
         if self.wide and not (self.role == "qk" and self.coalesced and head_dim == 256 and not self.staged_store):
             raise ValueError("fp8-quant: wide (8 chunks of a token per thread) is built for Q / K through a coalesced "
                              f"stage at head_dim 256, not with staged_store (got head_dim {head_dim})")
-        if self.cursor and not (self.role == "qk" and self.coalesced and self.head_major):
-            raise ValueError("fp8-quant: the cursor steps Q's / K's head-major work items through coalesced stages "
-                             "(role 'qk', coalesced, head_major)")
         if self.staged_mean and not (self.coalesced and (self.smooth or self.shift)):
             raise ValueError("fp8-quant: the staged mean rides on the coalesced stages of a pass that reads K's "
                              "mean (smooth or shift)")

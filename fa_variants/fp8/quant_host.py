@@ -89,14 +89,6 @@ V3_STAGED_STORE: bool | None = _env.auto_flag("FA_VARIANTS_FP8_QUANT_STAGED_STOR
 #: equal to the torch recipe; session 12's GPU tests bit for bit, racecheck clean); FA_VARIANTS_FP8_QUANT_WIDE=0 (read
 #: at import) turns it off
 V3_WIDE = _env.flag("FA_VARIANTS_FP8_QUANT_WIDE", True)
-#: v3: Q's / K's passes step their work items with a cursor (``PassConfig.cursor``): the digits (batch, head, tile,
-#: and Q's kv-head of K's mean for the LSE shift) of the current item and of the item its refill loads advanced by the
-#: grid with carries (``quant_maps.cursor_step``) instead of ``decode``'s signed integer divisions per item (sm_90a
-#: SASS, main loop per thread per block, default -> cursor: Q 1209 / 1244 / 2315 -> 982 / 1077 / 2106 instructions at
-#: head_dim 64 / 128 / 256, Q's 16 spilled bytes at 128 gone; K 930 / 1066 / 2082 -> 915 / 1047 / 2068, its decode
-#: was already on the uniform datapath). The same items: outputs bit for bit the default's. Off until its H200 A/B
-#: (session 13, scripts/quantq_gpu.sh); FA_VARIANTS_FP8_QUANT_CURSOR=1 (read at import) turns it on
-V3_CURSOR = _env.flag("FA_VARIANTS_FP8_QUANT_CURSOR", False)
 #: per-kind launch plans (``launch_plan``): the compiled pass and grid of each launch of ``quantize_tensor`` cached per
 #: (device, dtype, shape, block, switches) instead of worked out per call (the stage count for the device, a
 #: ``PassConfig``, the compiled-pass lookup): the same launches with the same arguments, less host work per call (an
@@ -221,7 +213,7 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
                     head_major: bool = False, k_count: torch.Tensor | None = None,
                     k_mean_out: torch.Tensor | None = None, staged_mean: bool = False,
                     k_sample_tokens: int | None = None, staged_store: bool = False,
-                    late_count: bool = False, wide: bool = False, cursor: bool = False,
+                    late_count: bool = False, wide: bool = False,
                     prepared: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """One tensor through the pass: (e4m3 data (like x, or v_t for role "v"), descale (B, H, T) float32).
 
@@ -243,9 +235,7 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
     stored through the stage just read (``PassConfig.staged_store``; not in mode "amax"). late_count (with k_count):
     the fused mean's K blocks counted after each CTA's loop
     (``PassConfig.late_count``; the same mean bit for bit). wide (role "qk", rotate, coalesced, head_dim 256, not with
-    the staged store; ignored otherwise): 8 chunks of a token per thread (``PassConfig.wide``; bit for bit). cursor
-    (role "qk", coalesced, head_major; ignored otherwise): work items stepped without divisions (``PassConfig.cursor``;
-    bit for bit).
+    the staged store; ignored otherwise): 8 chunks of a token per thread (``PassConfig.wide``; bit for bit).
     prepared (``quantize``'s calls): x and k_of are already ``interop.aligned`` and x's device is the current one, so
     neither is done again (the same launches with the same arguments, less host work per call)."""
     B, N, H, D = x.shape
@@ -280,7 +270,7 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
                        smooth=mean is not None, shift=shift is not None, block=block, stages=stages,
                        kmean=k_of is not None, reverse=reverse, pdl=pdl, coalesced=coalesced, head_major=head_major,
                        fused=fused, staged_mean=staged_mean, k_sample=k_sample_tokens is not None,
-                       staged_store=staged_store, late_count=late_count, wide=wide, cursor=cursor)
+                       staged_store=staged_store, late_count=late_count, wide=wide)
     args = (x, y, descale, signs, mean_t, shift_t, k_t, parts_t, count_t, shift_scale)
     with contextlib.nullcontext() if prepared or dev.type != "cuda" else torch.cuda.device(dev):
         if granularity == "block":
@@ -301,7 +291,7 @@ def launch_plan(dev: torch.device, dtype: torch.dtype, head_dim: int, two_launch
     """((compiled pass, grid), ...) of ``quantize_tensor``'s launches: one (mode "block"), or two (``two_launches``:
     "amax" then "given"), for ``total`` work items (+ ``k_items`` K items with ``kind["kmean"]``) and ``kind``:
     ``quantize_tensor``'s switches as booleans (role, rotate, smooth, shift, block, stages, kmean, reverse, pdl,
-    coalesced, head_major, fused, staged_mean, k_sample, staged_store, late_count, wide, cursor). With ``QUANT_PLANS`` cached
+    coalesced, head_major, fused, staged_mean, k_sample, staged_store, late_count, wide). With ``QUANT_PLANS`` cached
     per (device, dtype, head_dim, two_launches, total, k_items, GRID_CAP, kind); the same result either way."""
     if not QUANT_PLANS:
         return _launch_plan(dev, dtype, head_dim, two_launches, total, k_items, kind)
@@ -330,8 +320,7 @@ def _launch_plan(dev: torch.device, dtype: torch.dtype, D: int, two_launches: bo
                          k_sample=kmean and kind["k_sample"], staged_store=staged_store,
                          late_count=kind["late_count"] and fused and kmean,
                          wide=kind["wide"] and role == "qk" and kind["rotate"] and coalesced and D == 256
-                         and not (kind["staged_store"] and mode != "amax" and block % 32 == 0),
-                         cursor=kind["cursor"] and role == "qk" and coalesced and kind["head_major"])
+                         and not (kind["staged_store"] and mode != "amax" and block % 32 == 0))
         fn, ctas = _pass(dev, dtype, D, cfg)
         out.append((fn, min(ctas, total + (k_items if kmean else 0), GRID_CAP or ctas)))
     return tuple(out)
@@ -402,8 +391,6 @@ def _quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: FP8Conf
     pdl = staged and V2_PDL and _capability(dev) >= (9, 0)
     if pipe == "v3" and V3_WIDE and D == 256:  # 8 chunks of a token per thread (one cross-lane FWHT stage)
         qk_common = dict(qk_common, wide=True)
-    if pipe == "v3" and V3_CURSOR:  # Q's / K's work items stepped without divisions
-        qk_common = dict(qk_common, cursor=True)
     if staged:
         q, k, v = interop.aligned(q), interop.aligned(k), interop.aligned(v)
     mean = mean_eff = shift = None

@@ -138,13 +138,6 @@ computed (its outputs equal v2's bit for bit):
   the warp shuffles per block), 256 threads at up to 255 registers. The same operations in the same order (the LSE
   shift's sum in two accumulators, the narrow pass's lanes l and l + 2): outputs equal v3's bit for bit.
 
-* Cursor (``V3_CURSOR``, off until measured; ``PassConfig.cursor``; Q / K): the loop keeps the digits (batch, head,
-  tile, and for Q's shift the kv-head of K's mean) of its current item and of the item its refill loads, and steps
-  both by the grid with carries (``cursor_step``) instead of ``decode``'s signed divisions by heads and n_tiles (and
-  head // (H / H_kv)) per item. sm_90a loop per thread per block: Q 1209 / 1244 / 2315 -> 982 / 1077 / 2106
-  instructions at head_dim 64 / 128 / 256 (Q 128's 16 spilled bytes gone), K 930 / 1066 / 2082 -> 915 / 1047 / 2068
-  (its decode was already on the uniform datapath). The same items: outputs bit for bit.
-
 Blocks of more than ``MAX_BLOCK`` values (rows * head_dim > 32768, e.g. tile_n 256 at head_dim 256) do not
 fit one CTA's registers: ``why_not`` says so and ``quantize_fp8`` uses the torch path there, as for head_dim
 96 (H12 x H8, not built here). Not sm_80 / 86: their PTX has no e4m3 conversion (``cvt.rn.satfinite.e4m3x2
@@ -177,8 +170,7 @@ from fa_variants.fp8.quant_config import (DTYPES, HEAD_DIMS, MAX_BLOCK, MAX_STAG
                                           SMEM_PER_CTA, SMEM_PER_SM, PassConfig)
 from fa_variants.fp8.quant_kmean import KMeanMixin
 from fa_variants.fp8.quant_maps import (SLOTS, VEC, k_parts_per_block, k_sample_item, k_sample_slot, k_sum_group,
-                                        cursor_deltas, cursor_step, late_first, late_item,
-                                        piece_swizzle, stage_load, stage_piece, store_map,
+                                        late_first, late_item, piece_swizzle, stage_load, stage_piece, store_map,
                                         store_pitch, store_swizzle, store_unit, thread_chunk, thread_token)
 from fa_variants.fp8.quant_rotation import RotationMixin
 from fa_variants.fp8.quant_staging import StagingMixin
@@ -291,23 +283,12 @@ class QuantPass(StagingMixin, RotationMixin, KMeanMixin, ScaleStoreMixin):
         self.prologue(sStage, sRaw, sMean, mX, mK, mMean, cta, grid, ahead, heads, n_tiles, n_blocks, n_sample, total,
                       tidx, g2s)
         step = Int32(0)  # the CTA's items so far: stage step % S of the loads, parity step % 2 of the maxima
-        # ``cursor``: the digits of the current item (c*) and of the item its refill loads (n*), stepped per item
-        cb, ch, ct, ck, cr, nb, nh, nt, nk, nr = (Int32(0),) * 10
-        deltas, group, hkv = None, None, heads
-        if const_expr(self.cfg.cursor):
-            deltas, group, hkv, (cb, ch, ct, ck, cr), (nb, nh, nt, nk, nr) = self.cursor_init(
-                cta, grid, ahead, heads, n_tiles, n_blocks, n_sample, mMean)
         for blk in cutlass.range(cta, total, grid, unroll=1):
             stage = step % S
             parity = step % 2
-            nxt = None
-            if const_expr(self.cfg.cursor):
-                batch, head, tile, is_k = cb, ch, ct, False
-                nxt = (nb, nh, nt, nk)
-            else:
-                batch, head, tile, is_k = self.decode(blk, heads, n_tiles, n_blocks, n_sample)
+            batch, head, tile, is_k = self.decode(blk, heads, n_tiles, n_blocks, n_sample)
             self.load_item(x, raw, sStage, sRaw, sMean, mX, mK, mMean, blk, step, stage, tile, ahead, grid, heads,
-                           n_tiles, n_blocks, n_sample, total, tidx, g2s, s2r, nxt)
+                           n_tiles, n_blocks, n_sample, total, tidx, g2s, s2r)
             mean_buf = stage if const_expr(self.cfg.staged_mean) else parity
             if const_expr((self.cfg.smooth or self.cfg.shift) and not self.cfg.staged_mean):
                 self.block_mean(sMean, mMean, batch, head, heads, parity, tidx)
@@ -315,34 +296,9 @@ class QuantPass(StagingMixin, RotationMixin, KMeanMixin, ScaleStoreMixin):
                                 sStage, scale, batch, head, tile, is_k, heads, n_tiles, n_sample, stage, parity,
                                 mean_buf, tidx)
             step = step + 1
-            if const_expr(self.cfg.cursor):
-                rev = self.cfg.reverse
-                cb, ch, ct, ck, cr = cursor_step((cb, ch, ct, ck, cr), deltas, heads, n_tiles, group, hkv, rev)
-                nb, nh, nt, nk, nr = cursor_step((nb, nh, nt, nk, nr), deltas, heads, n_tiles, group, hkv, rev)
         if const_expr(self.cfg.late_count):  # the CTA's K blocks counted once, after its loop
             n_count = n_sample if const_expr(self.cfg.k_sample) else n_tiles
             self.count_late(mPart, mMean, mCount, storage, heads, n_tiles, n_blocks, n_sample, total, n_count, tidx)
-
-    @cute.jit
-    def cursor_init(self, cta: Int32, grid: Int32, ahead: int, heads: Int32, n_tiles: Int32, n_blocks: Int32,
-                    n_sample: Int32, mMean: cute.Tensor):
-        """``cursor``: (deltas, group, hkv, current, next): ``cursor_deltas`` of the grid, Q's heads per kv-head
-        (None without the shift) and kv-heads, and the digits (batch, head, tile, kv_head, head % group) of the CTA's
-        first item and of the item ``ahead`` items later (its first refill), by ``decode`` (the divisions once per
-        CTA, before the loop)."""
-        group, hkv = None, heads
-        if const_expr(self.cfg.shift):
-            hkv = mMean.shape[1]
-            group = heads // hkv
-        deltas = cursor_deltas(grid, heads, n_tiles, group if const_expr(self.cfg.shift) else 1)
-        digits = []
-        for first in (cta, cta + ahead * grid):
-            batch, head, tile, _ = self.decode(first, heads, n_tiles, n_blocks, n_sample)
-            if const_expr(self.cfg.shift):
-                digits.append((batch, head, tile, head // group, head % group))
-            else:
-                digits.append((batch, head, tile, head, Int32(0)))
-        return deltas, group, hkv, digits[0], digits[1]
 
     @cute.jit
     def work_items(self, mX: cute.Tensor, mDescale: cute.Tensor, mPart: cute.Tensor):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 __all__ = ["VEC", "SLOTS", "piece_swizzle", "thread_token", "thread_chunk", "stage_piece", "store_pitch",
            "store_swizzle", "store_unit", "store_map", "k_sum_group", "k_parts_per_block", "stage_load",
-           "k_sample_item", "k_sample_slot", "late_first", "late_item", "cursor_deltas", "cursor_step"]
+           "k_sample_item", "k_sample_slot", "late_first", "late_item"]
 
 VEC = 16  # contiguous channels per slot: two 16-byte loads of 16-bit input, one 16-byte e4m3 store
 SLOTS = 4  # slots per thread: 4 chunks of one token (Q / K) or one chunk of 4 tokens (V)
@@ -166,43 +166,3 @@ def late_item(first, grid, threads: int, rnd, tidx):
     (the CTA's K items first, first + grid, ... dealt to its ``threads`` threads, ``threads`` per round); the caller
     skips items >= the launch's total."""
     return first + (rnd * threads + tidx) * grid
-
-
-def cursor_deltas(grid, heads, n_tiles, group):
-    """``PassConfig.cursor``: the step of a CTA's work items (``grid``) in the digits of the head-major block index
-    (head fastest, then tile, then batch; ``QuantPass.decode``), and the head's step in (kv-head, head within its
-    group of ``group`` = H / H_kv query heads): (dh, dt, db, dgq, dgr) with grid = (db n_tiles + dt) heads + dh and
-    dh = dgq group + dgr. Computed once per CTA (its divisions outside the loop). Works on ints and Int32."""
-    dh, dq = grid % heads, grid // heads
-    return dh, dq % n_tiles, dq // n_tiles, dh // group, dh % group
-
-
-def _wrap(v, radix):
-    """(v mod radix, 1 if v < 0 else 0) for -radix <= v < radix, branch-free (an arithmetic shift of the sign)."""
-    neg = (v >> 31) & 1
-    return v + radix * neg, neg
-
-
-def cursor_step(cur, deltas, heads, n_tiles, group, hkv, reverse: bool):
-    """``PassConfig.cursor``: the digits cur = (batch, head, tile, kv_head, head % group) of a head-major block index
-    i (of i counted from the end with ``reverse``: ``QuantPass.decode``'s digits) moved to those of i + grid (i - grid
-    with ``reverse``): an add with carries, no division (``cursor_deltas``). kv_head = head // group is the
-    (kv-)head of K's mean Q's LSE shift reads (``QuantPass.mean_head``); group None (no shift): kv_head = head, the
-    last digit unchanged. Exact while the index stays in [0, B H T); past the end the digits are garbage, never used
-    (the caller checks the index). Works on ints and Int32 (tests/test_fp8_quant_kernel.py::
-    test_cursor_matches_decode)."""
-    batch, head, tile, kvh, hr = cur
-    dh, dt, db, dgq, dgr = deltas
-    if reverse:
-        h, bh = _wrap(head - dh, heads)
-        t, bt = _wrap(tile - dt - bh, n_tiles)
-        if group is None:
-            return batch - db - bt, h, t, h, hr
-        r, b1 = _wrap(hr - dgr, group)
-        return batch - db - bt, h, t, kvh - dgq - b1 + hkv * bh, r
-    h, bh = _wrap(head + dh - heads, heads)  # bh = 1: no carry (head + dh < heads)
-    t, bt = _wrap(tile + dt + 1 - bh - n_tiles, n_tiles)
-    if group is None:
-        return batch + db + 1 - bt, h, t, h, hr
-    r, b1 = _wrap(hr + dgr - group, group)
-    return batch + db + 1 - bt, h, t, kvh + dgq + 1 - b1 - hkv * (1 - bh), r

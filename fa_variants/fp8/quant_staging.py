@@ -54,16 +54,15 @@ class StagingMixin:
     def load_item(self, x: cute.Tensor, raw: cute.Tensor, sStage: cute.Tensor, sRaw: cute.Tensor, sMean: cute.Tensor,
                   mX: cute.Tensor, mK: cute.Tensor, mMean: cute.Tensor, blk: Int32, step: Int32, stage: Int32,
                   tile: Int32, ahead: int, grid: Int32, heads: Int32, n_tiles: Int32, n_blocks: Int32,
-                  n_sample: Int32, total: Int32, tidx: Int32, g2s: cute.CopyAtom, s2r: cute.CopyAtom, nxt=None):
+                  n_sample: Int32, total: Int32, tidx: Int32, g2s: cute.CopyAtom, s2r: cute.CopyAtom):
         """Work item blk's 16-bit values into x (float32): wait for its commit group, read its stage back (coalesced:
         after the barrier and the refill of the stage read in the previous iteration, ``refill_coalesced``; else the
-        thread's own pieces, then the refill of this stage with the item S ahead); V's tokens past seqlen_k zeros.
-        nxt (``cursor``): (batch, head, tile, kv_head) of the item the refill loads, instead of ``decode``."""
+        thread's own pieces, then the refill of this stage with the item S ahead); V's tokens past seqlen_k zeros."""
         S = self.cfg.stages
         cute.arch.cp_async_wait_group(ahead - 1)  # this item's group (the later ones may be in flight)
         if const_expr(self.cfg.coalesced):
             self.refill_coalesced(sStage, sMean, mX, mK, mMean, blk, step, ahead, grid, heads, n_tiles, n_blocks,
-                                  n_sample, total, tidx, g2s, nxt)
+                                  n_sample, total, tidx, g2s)
             self.read_block(sStage[None, stage], raw, tidx, s2r)
         else:
             for j in cutlass.range_constexpr(SLOTS):
@@ -84,24 +83,20 @@ class StagingMixin:
     def refill_coalesced(self, sStage: cute.Tensor, sMean: cute.Tensor, mX: cute.Tensor, mK: cute.Tensor,
                          mMean: cute.Tensor, blk: Int32, step: Int32, ahead: int, grid: Int32, heads: Int32,
                          n_tiles: Int32, n_blocks: Int32, n_sample: Int32, total: Int32, tidx: Int32,
-                         g2s: cute.CopyAtom, nxt=None):
+                         g2s: cute.CopyAtom):
         """coalesced, before item blk is read: a barrier (every thread's pieces of this item have landed, and every
         read of the stage refilled here, read in the previous iteration, is done), then the loads of the item
         ``ahead`` items later into that stage (with its K mean: ``staged_mean``), one commit group. The
         refill is issued before this item's values are read into registers (fewer live registers while its
-        addresses are computed). nxt (``cursor``): that item's (batch, head, tile, kv_head), not decoded here."""
+        addresses are computed)."""
         S = self.cfg.stages
         cute.arch.barrier()
         if blk + ahead * grid < total:
-            if const_expr(nxt is not None):
-                nb, nh, nt, kv_head = nxt
-                nk = False
-            else:
-                nb, nh, nt, nk = self.decode(blk + ahead * grid, heads, n_tiles, n_blocks, n_sample)
-                kv_head = self.mean_head(nh, heads, mMean) if const_expr(self.cfg.staged_mean) else nh
+            nb, nh, nt, nk = self.decode(blk + ahead * grid, heads, n_tiles, n_blocks, n_sample)
             self.load_block_coalesced(sStage[None, (step + ahead) % S], mX, mK, nb, nh, nt, nk, tidx, g2s)
             if const_expr(self.cfg.staged_mean):  # its K mean rides in the same group
-                self.load_mean(sMean[None, (step + ahead) % S], mMean, nb, kv_head, tidx)
+                self.load_mean(sMean[None, (step + ahead) % S], mMean, nb, self.mean_head(nh, heads, mMean),
+                               tidx)
         cute.arch.cp_async_commit_group()
 
     @cute.jit
