@@ -61,13 +61,19 @@ def device_arch(device: torch.device | int | None = None) -> str:
     return arch_of_capability(*torch.cuda.get_device_capability(device))
 
 
-def is_aligned(t: torch.Tensor, align: int = DEFAULT_ALIGN) -> bool:
-    """True when t has unit last stride, an `align`-byte aligned pointer and every other stride a
-    multiple of align bytes (stride 0, a broadcast, counts as aligned)."""
-    if t.dim() == 0 or t.stride(-1) != 1 or t.data_ptr() % align:
+def strides_aligned(t: torch.Tensor, align: int = DEFAULT_ALIGN) -> bool:
+    """`is_aligned`'s stride rule alone (not the pointer): t has unit last stride and every other stride a multiple
+    of align bytes (stride 0, a broadcast, counts as aligned); False for a 0-d tensor."""
+    if t.dim() == 0 or t.stride(-1) != 1:
         return False
     elems = max(1, align // t.element_size())
     return all(s % elems == 0 for s in t.stride()[:-1])
+
+
+def is_aligned(t: torch.Tensor, align: int = DEFAULT_ALIGN) -> bool:
+    """True when t has unit last stride, an `align`-byte aligned pointer and every other stride a
+    multiple of align bytes (stride 0, a broadcast, counts as aligned)."""
+    return strides_aligned(t, align) and t.data_ptr() % align == 0
 
 
 def aligned(t: torch.Tensor, align: int = DEFAULT_ALIGN) -> torch.Tensor:

@@ -134,14 +134,7 @@ def _plannable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: FP8Con
         return False
     if config.smooth_k and len(k_sample_tiles(Nk, tile_n, config.smooth_k_blocks)) < -(-Nk // tile_n):
         return False  # a sampled mean: its own launch arithmetic (quant_host._quantize)
-    return all(_strides_aligned(t) for t in (q, k, v))
-
-
-def _strides_aligned(t: torch.Tensor) -> bool:
-    """``interop.is_aligned``'s stride rule (unit last stride, every other stride a multiple of 16 bytes); the pointer
-    is checked per call (``plan_for``)."""
-    elems = interop.DEFAULT_ALIGN // t.element_size()
-    return t.stride(-1) == 1 and all(s % elems == 0 for s in t.stride()[:-1])
+    return all(interop.strides_aligned(t) for t in (q, k, v))  # the pointers: per call (``plan_for``)
 
 
 def plan_for(q, k, v, config, softmax_scale, pipeline) -> CallPlan | None:
