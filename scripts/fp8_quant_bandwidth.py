@@ -404,7 +404,7 @@ def report_cell(name: str, q, k, v, pipe: str, recipe: str, cell_times: list, ce
         ok = [t for t, why in cell_graphs if not why]
         graph_ms = statistics.median(ok) if ok else float("nan")
         graph_why = "" if ok else cell_graphs[0][1]
-    graph_frac = moved_bytes(q, k, out, cfg.smooth_k) / graph_ms / 1e9 / copy_tbs
+    graph_frac = moved / graph_ms / 1e9 / copy_tbs
     row = {"shape": name, "dims": [B, Nq, Nk, H, Hkv, D], "pipeline": pipe, "recipe": recipe,
            "gpu_ms": ms, "eager_ms": eager, "bytes": moved, "extra_bytes_read": extra,
            "tb_s": tbs, "of_copy": frac, "queued": queued, "match": match,
