@@ -1245,8 +1245,9 @@ def test_call_plans_bitwise(monkeypatch, head_dim, late):
 def test_call_plans_fall_back(monkeypatch):
     """fp8.quant_call.plan_for (CPU, the device check stubbed): a plan for plain aligned inputs, cached per geometry
     and scale; None (the uncached path) for a pointer that is not 16-byte aligned, a tensor subclass, a per-head recipe
-    or a sampled mean, a bool scale; bad arguments raise what quantize raises (ValueError naming them); the cache is
-    emptied when it reaches MAX_PLANS."""
+    or a sampled mean, a bool scale; bad arguments raise what quantize raises (ValueError naming them); a change of
+    the block heights (``layout.KERNEL_TILES``) is a new plan, not the old one replayed; the cache is emptied when it
+    reaches MAX_PLANS."""
     from fa_variants.fp8 import quant_call as qc
 
     monkeypatch.setattr(qc, "_device_ok", lambda q, config: True)
@@ -1273,6 +1274,10 @@ def test_call_plans_fall_back(monkeypatch):
             qc.plan_for(q, k, k, FP8Config(), None, "v9")
         with pytest.raises(ValueError, match="v has shape"):
             qc.plan_for(q, k, k[:, :7], FP8Config(), None, None)
+        from fa_variants.fp8 import layout
+        monkeypatch.setitem(layout.KERNEL_TILES, 128, (layout.KERNEL_TILES[128][0], 192))  # the block heights read
+        other = qc.plan_for(q, k, k.clone(), FP8Config(), None, None)
+        assert other is not plan and (plan.block_n, other.block_n) == (256, 192)
         monkeypatch.setattr(qc, "MAX_PLANS", len(qc._CALLS))
         qc.plan_for(q[:, :9], k, k, FP8Config(), None, None)
         assert len(qc._CALLS) == 1

@@ -140,13 +140,14 @@ def _plannable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: FP8Con
 def plan_for(q, k, v, config, softmax_scale, pipeline) -> CallPlan | None:
     """The cached ``CallPlan`` of this call (built on its first call), or None where the uncached path runs (the
     module docstring). Raises what ``quant_host.quantize`` raises for bad arguments (its checks run when a plan is
-    built; a cached plan's key holds everything they read)."""
+    built; a cached plan's key holds everything they and ``CallPlan`` read: the module switches and the block
+    heights of ``layout.KERNEL_TILES``, whose change is a new plan)."""
     if not (type(q) is type(k) is type(v) is torch.Tensor and type(config) is FP8Config
             and type(softmax_scale) in _SCALAR_TYPES):
         return None
     pipe = qh.pipeline_of(pipeline)
     key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype, q.device,
-           k.device, v.device, config, softmax_scale, pipe, _switches())
+           k.device, v.device, config, softmax_scale, pipe, _switches(), tiles_for(q.shape[-1]))
     try:
         plan = _CALLS[key]
     except KeyError:
