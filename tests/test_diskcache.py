@@ -265,7 +265,7 @@ def test_warmup_needs_an_arch_without_a_gpu(capsys, monkeypatch):
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "e4m3"])
 def test_warmup_plans_the_fp8_kernel_a_call_looks_up(monkeypatch, dtype):
     """fa3-fp8 on 16-bit inputs runs the e4m3 kernel writing O in their dtype: warmup plans the key that
-    ``hopper.fa3_fp8._kernel`` looks up (dtype e4m3, out_dtype the inputs'), as e4m3 inputs (out bf16) do, at head_dim
+    ``hopper.fa3_fp8._compiled_kernel`` looks up (dtype e4m3, out_dtype the inputs'), as e4m3 inputs (out bf16) do, at head_dim
     64 / 128 / 256, causal and not (stubbed sm_90 device, the compile recorded)."""
     import torch
 
@@ -286,7 +286,8 @@ def test_warmup_plans_the_fp8_kernel_a_call_looks_up(monkeypatch, dtype):
         for d in (64, 128, 256):
             for causal in (False, True):
                 out_dtype = torch.bfloat16 if dtype == "e4m3" else TORCH_DTYPES[dtype]
-                fa3_fp8._kernel.__wrapped__(torch.device("cuda", 0), d, causal, out_dtype, None)
+                fa3_fp8._compiled_kernel.__wrapped__(torch.device("cuda", 0), d, causal, out_dtype,
+                                                        fa3_fp8.DEFAULT_CONFIGS[d])
     finally:
         object.__delattr__(fa3_fp8.VARIANT, "compiled")
     planned, notes = warmup.plan(["fa3-fp8"], "sm_90a", [dtype], [64, 128, 256], (False, True))

@@ -776,9 +776,15 @@ VARIANT = Variant(
     check_config=lambda config, arch, head_dim: config.check(head_dim) or config, build=_build)
 
 
-@functools.lru_cache(maxsize=None)
 def _kernel(device: torch.device, head_dim: int, causal: bool, out_dtype: torch.dtype, config: Fp8Config | None):
-    tiles = dataclasses.replace(config or DEFAULT_CONFIGS[head_dim], out_dtype=interop.dtype_name(out_dtype))
+    """The compiled kernel and its config; config None: the head dim's default, resolved before the cache so that
+    the cache's key holds the config it compiles (not None for whatever DEFAULT_CONFIGS held first)."""
+    return _compiled_kernel(device, head_dim, causal, out_dtype, config or DEFAULT_CONFIGS[head_dim])
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_kernel(device: torch.device, head_dim: int, causal: bool, out_dtype: torch.dtype, config: Fp8Config):
+    tiles = dataclasses.replace(config, out_dtype=interop.dtype_name(out_dtype))
     cfg = VARIANT.static_config(interop.device_arch(device), "e4m3", head_dim, causal, tiles)
     return VARIANT.compiled(cfg).fn, tiles
 
