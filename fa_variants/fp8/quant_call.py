@@ -34,7 +34,8 @@ _SCALAR_TYPES = (type(None), float, int)
 def _switches() -> tuple:
     """The module switches of ``quant_host`` a v3 call's launches depend on (part of a plan's key)."""
     return (qh.V2_STAGES, qh.V2_PDL, qh.V2_REVERSE, qh.V3_COALESCED, qh.V3_HEAD_MAJOR, qh.V3_FUSED_MEAN,
-            qh.V3_FUSED_MEAN_LATE, qh.V3_STAGED_MEAN, qh.V3_STAGED_STORE, qh.V3_WIDE, qh.GRID_CAP)
+            qh.V3_FUSED_MEAN_LATE, qh.V3_STAGED_MEAN, qh.V3_STAGED_STORE, qh.V3_WIDE, qh.V3_WIDE128,
+            qh.GRID_CAP)
 
 
 class CallPlan:
@@ -70,7 +71,7 @@ class CallPlan:
             common, role="v", rotate=False, smooth=False, shift=False, block=tile_n, kmean=self.smooth,
             fused=self.fused, late_count=qh.V3_FUSED_MEAN_LATE and self.fused))[0]
         qk = dict(common, role="qk", rotate=config.rotate, pdl=pdl, staged_store=qh.staged_store_for(D) and coalesced,
-                  staged_mean=qh.V3_STAGED_MEAN and coalesced, wide=qh.V3_WIDE and D == 256, kmean=False)
+                  staged_mean=qh.V3_STAGED_MEAN and coalesced, wide=qh.wide_for(D), kmean=False)
         self.k_launch = qh.launch_plan(dev, q.dtype, D, False, v_items, v_items, **dict(
             qk, smooth=self.smooth, shift=False, block=tile_n, reverse=qh.V2_REVERSE and self.smooth))[0]
         q_items = B * H * -(-Nq // tile_m)

@@ -34,13 +34,14 @@ class PassConfig:
     shift (Q with K smoothing): also write ``scale * q . mean`` per row (``quantize.smoothing_lse_shift``);
     staged_store (role "qk", coalesced, rows % 32 == 0): the e4m3 bytes stored through the stage just read
     (``store_qk_staged``); late_count (with fused_mean): K's blocks counted after the CTA's loop, not per block
-    (``count_late``); wide (role "qk", coalesced, head_dim 256, not with staged_store): a thread holds 8 chunks of its
-    token (128 channels) instead of 4, so 2 lanes per token instead of 4 and one cross-lane FWHT stage instead of two
-    (128 ``shfl.bfly`` per thread as before, for twice the values: half the shuffles per block), half the threads, up
-    to 255 registers; the same FWHT pairs, stage order and roundings, the LSE shift's sums in the default's order:
-    outputs bit for bit the default's. (head_dim 128 would need L = 1: Q's pass spills 40 bytes at 255 registers and
-    a warp's 16-byte stores half-fill each 32-byte sector, the pattern ``staged_store`` fixed at head_dim 64: not
-    built.)"""
+    (``count_late``); wide (role "qk", coalesced, head_dim 256 without staged_store, or 128): a thread holds 8
+    chunks of its token (128 channels) instead of 4. At head_dim 256: 2 lanes per token instead of 4 and one
+    cross-lane FWHT stage instead of two (128 ``shfl.bfly`` per thread as before, for twice the values: half the
+    shuffles per block), half the threads, up to 255 registers. At head_dim 128 (``quant_host.V3_WIDE128``, session
+    14, off): one lane per token, no cross-lane stage at all; a warp's own 16-byte stores would half-fill each 32-byte
+    sector there (the pattern ``staged_store`` fixed at head_dim 64), so the host pairs it with ``staged_store`` (8
+    units per thread: ``store_unit`` / ``store_map`` with 8 slots). Both: the same FWHT pairs, stage order and
+    roundings, the LSE shift's sums in the default's order: outputs bit for bit the default's."""
 
     role: str = "qk"
     rotate: bool = True
@@ -74,9 +75,10 @@ class PassConfig:
             raise ValueError("fp8-quant: late_count counts the fused mean's K blocks (fused_mean)")
         if self.k_sample and not self.kmean:
             raise ValueError("fp8-quant: a sampled K mean rides on V's launch (kmean)")
-        if self.wide and not (self.role == "qk" and self.coalesced and head_dim == 256 and not self.staged_store):
+        if self.wide and not (self.role == "qk" and self.coalesced
+                              and (head_dim == 128 or (head_dim == 256 and not self.staged_store))):
             raise ValueError("fp8-quant: wide (8 chunks of a token per thread) is built for Q / K through a coalesced "
-                             f"stage at head_dim 256, not with staged_store (got head_dim {head_dim})")
+                             f"stage at head_dim 128 and 256 (not with staged_store at 256; got head_dim {head_dim})")
         if self.staged_mean and not (self.coalesced and (self.smooth or self.shift)):
             raise ValueError("fp8-quant: the staged mean rides on the coalesced stages of a pass that reads K's "
                              "mean (smooth or shift)")

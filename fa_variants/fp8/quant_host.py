@@ -20,7 +20,7 @@ from fa_variants.fp8.quantize import (E4M3, FP8Config, FP8Inputs, HadamardRotati
                                       k_sample_tiles, tiles_for)
 
 __all__ = ["PIPELINES", "DEFAULT_PIPELINE", "why_not", "quantize", "quantize_tensor", "pipeline_of", "own_mean",
-           "k_mean_from_parts", "stages_for", "staged_store_for", "launch_plan", "planned_passes"]
+           "k_mean_from_parts", "stages_for", "staged_store_for", "wide_for", "launch_plan", "planned_passes"]
 
 #: the pipelines of ``quantize`` (``pipeline=`` or the environment variable FA_VARIANTS_FP8_QUANT_PIPELINE):
 #: "v1" one launch per tensor, one block of loads in flight per CTA, K's mean by torch; "v2" (see the module
@@ -89,6 +89,15 @@ V3_STAGED_STORE: bool | None = _env.auto_flag("FA_VARIANTS_FP8_QUANT_STAGED_STOR
 #: equal to the torch recipe; session 12's GPU tests bit for bit, racecheck clean); FA_VARIANTS_FP8_QUANT_WIDE=0 (read
 #: at import) turns it off
 V3_WIDE = _env.flag("FA_VARIANTS_FP8_QUANT_WIDE", True)
+#: v3: Q's / K's pass at head_dim 128 with a token's 128 channels in one thread (``PassConfig.wide`` at 128, one lane
+#: per token): the Hadamard has no cross-lane stage at all (no ``shfl.bfly`` of values: 1024 warp shuffles fewer per
+#: K block), the per-thread work of a block (item decode, refill addresses, block max, descale) is shared by twice the
+#: values, 8 warps per SM (K: one 256-thread CTA, Q: two 128-thread CTAs) at up to 255 registers; its e4m3 bytes go
+#: through the stage (``staged_store_for``: a thread's own 16-byte stores would half-fill each 32-byte sector, as at
+#: head_dim 64). Same pairs, stage order and roundings, the LSE shift summed in the default's order: outputs bit for
+#: bit the default's. Off until measured (session 14, scripts/quantocc_gpu.sh); FA_VARIANTS_FP8_QUANT_WIDE128=1 (read
+#: at import) turns it on
+V3_WIDE128 = _env.flag("FA_VARIANTS_FP8_QUANT_WIDE128", False)
 #: per-kind launch plans (``launch_plan``): the compiled pass and grid of each launch of ``quantize_tensor`` cached per
 #: (device, dtype, shape, block, switches) instead of worked out per call (the stage count for the device, a
 #: ``PassConfig``, the compiled-pass lookup): the same launches with the same arguments, less host work per call (an
@@ -111,9 +120,17 @@ GRID_CAP: int | None = None
 
 
 def staged_store_for(head_dim: int) -> bool:
-    """Whether v3 stores Q's / K's e4m3 through shared memory at this head_dim (``V3_STAGED_STORE``; None: only
-    at head_dim 64, where a thread's own 16-byte stores half-fill each 32-byte sector)."""
-    return head_dim == 64 if V3_STAGED_STORE is None else bool(V3_STAGED_STORE)
+    """Whether v3 stores Q's / K's e4m3 through shared memory at this head_dim (``V3_STAGED_STORE``; None: at
+    head_dim 64, and at 128 with ``V3_WIDE128``: where a thread's own 16-byte stores half-fill each 32-byte sector)."""
+    if V3_STAGED_STORE is None:
+        return head_dim == 64 or (head_dim == 128 and V3_WIDE128)
+    return bool(V3_STAGED_STORE)
+
+
+def wide_for(head_dim: int) -> bool:
+    """Whether v3's Q / K passes hold 8 chunks of a token per thread at this head_dim (``PassConfig.wide``):
+    ``V3_WIDE`` at 256, ``V3_WIDE128`` at 128."""
+    return (V3_WIDE and head_dim == 256) or (V3_WIDE128 and head_dim == 128)
 
 
 def why_not(q: torch.Tensor, config: FP8Config) -> str | None:
@@ -234,8 +251,8 @@ def quantize_tensor(x: torch.Tensor, *, role: str, block: int, granularity: str,
     (``PassConfig.k_sample``; m * cdiv(N, block) < 2^31). staged_store (role "qk", with coalesced): the e4m3 bytes
     stored through the stage just read (``PassConfig.staged_store``; not in mode "amax"). late_count (with k_count):
     the fused mean's K blocks counted after each CTA's loop
-    (``PassConfig.late_count``; the same mean bit for bit). wide (role "qk", rotate, coalesced, head_dim 256, not with
-    the staged store; ignored otherwise): 8 chunks of a token per thread (``PassConfig.wide``; bit for bit).
+    (``PassConfig.late_count``; the same mean bit for bit). wide (role "qk", rotate, coalesced, head_dim 128, or 256
+    without the staged store; ignored otherwise): 8 chunks of a token per thread (``PassConfig.wide``; bit for bit).
     prepared (``quantize``'s calls): x and k_of are already ``interop.aligned`` and x's device is the current one, so
     neither is done again (the same launches with the same arguments, less host work per call)."""
     B, N, H, D = x.shape
@@ -319,8 +336,9 @@ def _launch_plan(dev: torch.device, dtype: torch.dtype, D: int, two_launches: bo
                          staged_mean=kind["staged_mean"] and coalesced and (smooth or with_shift),
                          k_sample=kmean and kind["k_sample"], staged_store=staged_store,
                          late_count=kind["late_count"] and fused and kmean,
-                         wide=kind["wide"] and role == "qk" and kind["rotate"] and coalesced and D == 256
-                         and not (kind["staged_store"] and mode != "amax" and block % 32 == 0))
+                         wide=kind["wide"] and role == "qk" and kind["rotate"] and coalesced
+                         and (D == 128 or (D == 256 and not (kind["staged_store"] and mode != "amax"
+                                                             and block % 32 == 0))))
         fn, ctas = _pass(dev, dtype, D, cfg)
         out.append((fn, min(ctas, total + (k_items if kmean else 0), GRID_CAP or ctas)))
     return tuple(out)
@@ -389,7 +407,7 @@ def _quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: FP8Conf
     # prologue loads run before griddepcontrol.wait: so every 16-bit input is made aligned (a copy if
     # needed) before the first launch
     pdl = staged and V2_PDL and _capability(dev) >= (9, 0)
-    if pipe == "v3" and V3_WIDE and D == 256:  # 8 chunks of a token per thread (one cross-lane FWHT stage)
+    if pipe == "v3" and wide_for(D):  # 8 chunks of a token per thread (one / no cross-lane FWHT stage)
         qk_common = dict(qk_common, wide=True)
     if staged:
         q, k, v = interop.aligned(q), interop.aligned(k), interop.aligned(v)

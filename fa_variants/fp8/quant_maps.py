@@ -71,11 +71,11 @@ def stage_piece(role: str, lanes: int, quads: int, head_dim: int, tidx, slot: in
     return row * P + (q ^ piece_swizzle(role, lanes, row))
 
 
-def store_pitch(head_dim: int) -> int:
+def store_pitch(head_dim: int, slots: int = SLOTS) -> int:
     """16-byte units per token row in a staged store (``PassConfig.staged_store``): head_dim / 16, plus L =
-    head_dim / 64 units of padding at head_dim >= 128 (``store_swizzle``); rows x pitch x 16 bytes <= 1.25 x the
-    block's e4m3 bytes, inside its 16-bit stage."""
-    return head_dim // VEC + (head_dim // (VEC * SLOTS) if head_dim >= 128 else 0)
+    head_dim / (16 slots) units of padding at head_dim >= 128 (``store_swizzle``; L = 1 for ``PassConfig.wide`` at
+    head_dim 128, 8 slots); rows x pitch x 16 bytes <= 1.25 x the block's e4m3 bytes, inside its 16-bit stage."""
+    return head_dim // VEC + (head_dim // (VEC * slots) if head_dim >= 128 else 0)
 
 
 def store_swizzle(head_dim: int, row):
@@ -94,16 +94,19 @@ def store_swizzle(head_dim: int, row):
     return 0
 
 
-def store_unit(head_dim: int, tidx, slot: int):
+def store_unit(head_dim: int, tidx, slot: int, slots: int = SLOTS):
     """The 16-byte unit of the staged e4m3 block (``PassConfig.staged_store``) where thread tidx writes its slot
-    (chunk lane + slot L of its token tidx / L, role "qk"): token * ``store_pitch`` + (chunk ^ store_swizzle(token))."""
-    lanes = head_dim // (VEC * SLOTS)
+    (chunk lane + slot L of its token tidx / L, L = head_dim / (16 slots), role "qk"): token * ``store_pitch`` +
+    (chunk ^ store_swizzle(token)). slots: 8 with ``PassConfig.wide`` (head_dim 128: L = 1, a thread's 8 units
+    of one token; the row's 1 unit of padding puts 8 consecutive tokens' unit j on 8 bank groups)."""
+    lanes = head_dim // (VEC * slots)
     row = tidx // lanes
-    return row * store_pitch(head_dim) + ((tidx % lanes + slot * lanes) ^ store_swizzle(head_dim, row))
+    return row * store_pitch(head_dim, slots) + ((tidx % lanes + slot * lanes) ^ store_swizzle(head_dim, row))
 
 
-def store_map(head_dim: int, threads: int, tidx, r: int):
-    """(token, chunk, unit in the stage) of thread tidx's r-th global store (r = 0..3) in a staged store: unit
+def store_map(head_dim: int, threads: int, tidx, r: int, slots: int = SLOTS):
+    """(token, chunk, unit in the stage) of thread tidx's r-th global store (r = 0 .. slots - 1; slots 8 with
+    ``PassConfig.wide``, threads = rows * head_dim / 128, a step of rows / 8 tokens) in a staged store: unit
     u = tidx + r * threads of the block in (token, chunk) order, token u / (head_dim / 16), chunk u % (head_dim /
     16), read from token * ``store_pitch`` + (chunk ^ store_swizzle(token)). threads = rows * head_dim / 64 is
     (rows / 4) x head_dim / 16, so the token is tidx / (head_dim / 16) + r rows / 4 and the chunk tidx % (head_dim
@@ -111,9 +114,9 @@ def store_map(head_dim: int, threads: int, tidx, r: int):
     leaves ``store_swizzle`` unchanged: one address plus constant steps (tests/test_fp8_quant_kernel.py::
     test_staged_store_map checks this form against the units written). Works on ints and Int32."""
     per = head_dim // VEC
-    step = threads // per  # rows / 4 tokens
+    step = threads // per  # rows / slots tokens
     row0, chunk = tidx // per, tidx % per
-    pitch = store_pitch(head_dim)
+    pitch = store_pitch(head_dim, slots)
     return row0 + r * step, chunk, row0 * pitch + (chunk ^ store_swizzle(head_dim, row0)) + r * step * pitch
 
 

@@ -114,22 +114,22 @@ class ScaleStoreMixin:
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), cutlass.Float8E4M3FN, num_bits_per_copy=128)
         y8 = self.e4m3_slots(x, tidx)
         sY = cute.make_tensor(cute.recast_ptr(sStage.iterator, dtype=cutlass.Float8E4M3FN),
-                              cute.make_layout(self.cfg.rows * store_pitch(D) * VEC))
-        for j in cutlass.range_constexpr(SLOTS):
-            sDst = cute.local_tile(sY, (VEC,), (store_unit(D, tidx, j),))
+                              cute.make_layout(self.cfg.rows * store_pitch(D, self.slots) * VEC))
+        for j in cutlass.range_constexpr(self.slots):
+            sDst = cute.local_tile(sY, (VEC,), (store_unit(D, tidx, j, self.slots),))
             cute.copy(atom, cute.zipped_divide(y8[None, j], (VEC,)), cute.zipped_divide(sDst, (VEC,)))
         cute.arch.barrier()
-        # thread t's 4 units: token t / (D / 16) + r rows / 4, chunk t % (D / 16) (``store_map``): one shared and
-        # one global address, then constant steps
-        pitch, step = store_pitch(D), self.cfg.rows // SLOTS
-        row0, chunk, unit0 = store_map(D, T, tidx, 0)
+        # thread t's 4 units (8 with ``wide``): token t / (D / 16) + r rows / slots, chunk t % (D / 16)
+        # (``store_map``): one shared and one global address, then constant steps
+        pitch, step = store_pitch(D, self.slots), self.cfg.rows // self.slots
+        row0, chunk, unit0 = store_map(D, T, tidx, 0, self.slots)
         tok0 = tile * self.cfg.rows + row0
         first = cute.local_tile(mY[batch, tok0, head, None], (VEC,), (chunk,))
-        gDst = cute.make_tensor(first.iterator, cute.make_layout((VEC, SLOTS), stride=(1, step * mY.stride[1])))
+        gDst = cute.make_tensor(first.iterator, cute.make_layout((VEC, self.slots), stride=(1, step * mY.stride[1])))
         sSrc = cute.make_tensor(cute.local_tile(sY, (VEC,), (unit0,)).iterator,
-                                cute.make_layout((VEC, SLOTS), stride=(1, step * pitch * VEC)))
+                                cute.make_layout((VEC, self.slots), stride=(1, step * pitch * VEC)))
         out = cute.make_rmem_tensor(VEC, cutlass.Float8E4M3FN)  # one unit at a time: 4 registers live, not 16
-        for r in cutlass.range_constexpr(SLOTS):
+        for r in cutlass.range_constexpr(self.slots):
             if tok0 + r * step < mY.shape[1]:
                 cute.copy(atom, cute.zipped_divide(sSrc[None, r], (VEC,)), cute.zipped_divide(out, (VEC,)))
                 cute.copy(atom, cute.zipped_divide(out, (VEC,)), cute.zipped_divide(gDst[None, r], (VEC,)))
