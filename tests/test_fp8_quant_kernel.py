@@ -817,14 +817,15 @@ def _emulated_shift(x: torch.Tensor, mean: torch.Tensor, slots: int) -> torch.Te
     return acc[0][0] + acc[0][1] if slots == 8 else acc[0][0]
 
 
-def test_wide_emulated_bitwise():
-    """``PassConfig.wide`` at head_dim 256 (2 lanes of 8 chunks per token, one cross-lane stage) emulated in float32:
-    the Hadamard equals ``quantize.fwht`` (unnormalised) bit for bit, as the default's data flow (4 lanes of 4
-    chunks) does, on values whose sums round (float64 differs); the LSE shift's sum equals the default's bit for bit
-    (the same additions in the same order), and a plain in-order float32 sum differs (the order matters)."""
+@pytest.mark.parametrize("D", [128, 256])
+def test_wide_emulated_bitwise(D):
+    """``PassConfig.wide`` emulated in float32, at head_dim 256 (2 lanes of 8 chunks per token, one cross-lane stage)
+    and 128 (``V3_WIDE128``: 1 lane of 8 chunks, no cross-lane stage): the Hadamard equals ``quantize.fwht``
+    (unnormalised) bit for bit, as the default's data flow (4 chunks per lane: 4 / 2 lanes) does, on values whose sums
+    round (float64 differs); the LSE shift's sum equals the default's bit for bit (the same additions in the same
+    order), and a plain in-order float32 sum differs (the order matters)."""
     from fa_variants.fp8.quantize import fwht
 
-    D = 256
     x = torch.randn(41, D, generator=torch.Generator().manual_seed(3)) * torch.logspace(-3, 3, D)
     want = fwht(x, normalise=False)
     assert not torch.equal(fwht(x.double(), normalise=False).float(), want)
@@ -845,12 +846,13 @@ def test_wide_emulated_bitwise():
     assert not torch.equal(plain, default)
 
 
-@pytest.mark.parametrize("rows", [128, 192])
-def test_wide_stage_map(rows):
-    """``wide``'s coalesced stage (head_dim 256, 2 lanes per token, 16 cp.async per thread at token step rows / 16):
-    the pieces cover the block once, a warp's loads are 512 contiguous bytes, each thread reads back its 8 chunks'
-    16 channels, and every quarter warp's writes and reads hit 8 distinct 16-byte bank groups."""
-    D, lanes, slots = 256, 2, 8
+@pytest.mark.parametrize("D,rows", [(256, 128), (256, 192), (128, 128), (128, 256)])
+def test_wide_stage_map(D, rows):
+    """``wide``'s coalesced stage (head_dim 256: 2 lanes per token; 128: 1 lane, ``V3_WIDE128``; 16 cp.async per thread
+    at token step rows / 16): the pieces cover the block once, a warp's loads are 512 contiguous bytes, each thread
+    reads back its 8 chunks' 16 channels, and every quarter warp's writes and reads hit 8 distinct 16-byte bank
+    groups."""
+    lanes, slots = D // 128, 8
     P, threads = D // 8, rows * D // (16 * slots)
     where = {}
     for m in range(2 * slots):
@@ -883,7 +885,8 @@ def test_compiles_wide(arch, name, extra, monkeypatch):
     registers), no spill (the narrow Q: 8 bytes); per thread twice the values:
     the FWHT's shuffles stay 128 (one stage of 128 values instead of two of 64: per block 1024 warp shuffles instead
     of 2048), the block max's 5 and the shift's 1 + 1 (two accumulators); 2x the cp.async, 16-byte reads, STG.128 and
-    F2FP; the same barriers. Refused at head_dim 64 / 128, for V, with the staged store, without the coalesced stage."""
+    F2FP; the same barriers. Refused at head_dim 64, for V, with the staged store at 256, without the coalesced stage
+    (head_dim 128: ``test_compiles_wide128``)."""
     cfg = qk.PassConfig(rows=128, stages=3, coalesced=True, head_major=True, staged_mean=True, pdl=True, wide=True,
                         **extra)
     monkeypatch.setattr(qh, "V3_WIDE", True)  # (the default, whatever this process's environment says)
@@ -899,11 +902,107 @@ def test_compiles_wide(arch, name, extra, monkeypatch):
     assert ops["LDGSTS"] - 1 == 2 * (ops0["LDGSTS"] - 1) == 48 and ops["BAR.SYNC"] == ops0["BAR.SYNC"], (ops, ops0)
     res = cubin.cubin_resources(c.cubin)
     assert res["registers"] <= 255 and res["spill_bytes"] == 0 and ops["LDL"] == ops["STL"] == 0, (res, ops)
-    for bad, dim in ((dict(), 128), (dict(), 64), (dict(staged_store=True), 256), (dict(coalesced=False), 256)):
+    for bad, dim in ((dict(), 64), (dict(staged_store=True), 256), (dict(coalesced=False), 256),
+                     (dict(coalesced=False), 128)):
         with pytest.raises(ValueError, match="wide"):
             dataclasses.replace(cfg, **bad).check(dim)
     with pytest.raises(ValueError, match="wide"):
         qk.PassConfig(role="v", rotate=False, stages=3, coalesced=True, wide=True).check(256)
+
+
+@pytest.mark.parametrize("rows", [128, 256])
+def test_wide128_staged_store_map(rows):
+    """``V3_WIDE128``'s staged e4m3 store (head_dim 128, 8 slots: one lane per token, threads = rows) on the CPU: each
+    thread's 8 units (its token's chunks 0..7) land at distinct units of the block (pitch 9: 1 unit of padding), the
+    global stores (``store_map``, 8 per thread at token step rows / 8) read each (token, chunk) back once from where it
+    was written, a warp's stores are 512 contiguous bytes, and every quarter warp's shared writes and reads hit 8
+    distinct 16-byte bank groups (the default's pitch 10 would not: 2-way on the writes)."""
+    D, slots, per = 128, 8, 8
+    threads = rows * D // (16 * slots)
+    assert qk.store_pitch(D, slots) == 9 and qk.store_pitch(D) == 10
+    written = {}
+    for j in range(slots):
+        for t in range(threads):
+            unit = qk.store_unit(D, t, j, slots)
+            assert 0 <= unit < rows * qk.store_pitch(D, slots) and unit not in written.values()
+            written[(qk.thread_token("qk", 1, 0, t, j), qk.thread_chunk("qk", 1, 0, t, j))] = unit
+        for w in range(threads // 8):
+            assert len({qk.store_unit(D, 8 * w + i, j, slots) % 8 for i in range(8)}) == 8, (w, j)
+            assert len({(t * 10 + j) % 8 for t in range(8 * w, 8 * w + 8)}) == 4  # pitch 10: 2-way conflicts
+    assert len(written) == rows * per
+    seen = set()
+    for r in range(slots):
+        for t in range(threads):
+            row, chunk, unit = qk.store_map(D, threads, t, r, slots)
+            assert written[(row, chunk)] == unit and (row, chunk) not in seen
+            seen.add((row, chunk))
+        for w in range(threads // 8):
+            assert len({qk.store_map(D, threads, 8 * w + i, r, slots)[2] % 8 for i in range(8)}) == 8, (w, r)
+        for w in range(threads // 32):
+            flat = [row * per + chunk for row, chunk, _ in (qk.store_map(D, threads, 32 * w + i, r, slots)
+                                                            for i in range(32))]
+            assert flat == list(range(flat[0], flat[0] + 32))
+    assert len(seen) == rows * per
+    assert rows * qk.store_pitch(D, slots) * 16 <= 2 * rows * D  # inside the block's 16-bit stage
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("arch", ["sm_90a"], indirect=True)
+@pytest.mark.parametrize("name,rows,extra", [("k-smooth", 256, dict(smooth=True, reverse=True)),
+                                             ("q-shift", 128, dict(shift=True))])
+def test_compiles_wide128(arch, name, rows, extra, monkeypatch):
+    """``V3_WIDE128``'s passes (the default recipe's K and Q at head_dim 128 with ``wide`` and ``staged_store``, what
+    quantize plans with the switch on) against the default's: half the threads (K 256, Q 128: two CTAs per SM), <= 255
+    registers, K without spill (Q: 40 bytes, 10 STL + 10 LDL per block); the Hadamard without cross-lane stage: 5
+    SHFL.BFLY (the block max's) instead of 69 / 70; per thread 8 e4m3 units through the stage (STG.E.128 8, F2FP 64),
+    one barrier more (the staged store's)."""
+    cfg = qk.PassConfig(rows=rows, stages=3, coalesced=True, head_major=True, staged_mean=True, pdl=True, wide=True,
+                        staged_store=True, **extra)
+    monkeypatch.setattr(qh, "V3_WIDE128", True)
+    monkeypatch.setattr(qh, "V3_STAGED_STORE", None)
+    assert cfg in [key.config for key in qh.planned_passes(arch, torch.bfloat16, 128)]
+    monkeypatch.setattr(qh, "V3_WIDE128", False)
+    base = dataclasses.replace(cfg, wide=False, staged_store=False)
+    assert base in [key.config for key in qh.planned_passes(arch, torch.bfloat16, 128)]
+    assert cfg.threads(128) == rows and base.threads(128) == 2 * rows
+    assert cfg.ctas_per_sm(128) == base.ctas_per_sm(128) == 512 // (2 * rows)
+    c, c0 = (qk.VARIANT.compiled(qk.static_config(arch, torch.bfloat16, 128, x)) for x in (cfg, base))
+    names = ("SHFL.BFLY", "STG.E.128", "BAR.SYNC", "F2FP", "LDL", "STL")
+    ops, ops0 = (cubin.count_sass(cubin.sass_of(x.cubin), names) for x in (c, c0))
+    assert ops["SHFL.BFLY"] == 5 and ops0["SHFL.BFLY"] == 64 + 5 + (1 if cfg.shift else 0), (ops, ops0)
+    assert ops["STG.E.128"] == 2 * ops0["STG.E.128"] == 8 and ops["F2FP"] == 2 * ops0["F2FP"] == 64, (ops, ops0)
+    assert ops["BAR.SYNC"] == ops0["BAR.SYNC"] + 1, (ops, ops0)
+    res = cubin.cubin_resources(c.cubin)
+    assert res["registers"] <= 255 and res["spill_bytes"] <= (40 if cfg.shift else 0), res
+
+
+def test_wide128_host_rule(monkeypatch):
+    """quantize asks for ``wide`` and the staged store in Q's and K's passes at head_dim 128 only with ``V3_WIDE128`` on
+    (pipeline v3; V never; 256 keeps ``V3_WIDE``'s rule, 64 the staged store alone), and ``V3_STAGED_STORE``'s auto rule
+    grows to 128 only then (the passes replaced by a recorder: CPU only)."""
+    calls = []
+
+    def recorder(x, *, role, block, **kw):
+        calls.append((role, x.shape[-1], kw.get("wide", False), kw.get("staged_store", False)))
+        B, N, H, D = x.shape
+        y = torch.zeros(B, N, H, D) if role == "qk" else torch.zeros(B, H, D, layout.padded_seqlen_k(N))
+        return y.to(torch.float8_e4m3fn), torch.ones(B, H, -(-N // block))
+
+    monkeypatch.setattr(qh, "quantize_tensor", recorder)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setattr(torch.cuda, "device", lambda *a, **k: contextlib.nullcontext())
+    monkeypatch.setattr(qh, "V3_WIDE", True)
+    monkeypatch.setattr(qh, "V3_STAGED_STORE", None)
+    for on in (False, True):
+        monkeypatch.setattr(qh, "V3_WIDE128", on)
+        assert [qh.staged_store_for(d) for d in qk.HEAD_DIMS] == [True, on, False]
+        assert [qh.wide_for(d) for d in qk.HEAD_DIMS] == [False, on, True]
+        for d in qk.HEAD_DIMS:
+            calls.clear()
+            q, k = torch.randn(1, 40, 2, d).to(torch.bfloat16), torch.randn(1, 40, 1, d).to(torch.bfloat16)
+            qh.quantize(q, k, k, config=FP8Config(smooth_k=False), pipeline="v3")
+            w, ss = (on and d == 128) or d == 256, d == 64 or (on and d == 128)
+            assert sorted(calls) == sorted([("v", d, False, False), ("qk", d, w, ss), ("qk", d, w, ss)]), (on, d, calls)
 
 
 def test_wide_host_rule(monkeypatch):
@@ -962,6 +1061,22 @@ def test_v3_wide_bitwise(monkeypatch, config, grid):
     stages."""
     monkeypatch.setattr(qh, "GRID_CAP", grid)
     assert_switch_bitwise(monkeypatch, "V3_WIDE", 256, config, 19)
+
+
+WIDE128_CASES = [("default", None), ("default", 5), ("sampled8", 7), ("no-smooth", None), ("head-smooth", 3)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config,grid", WIDE128_CASES, ids=[f"{c}-g{g}" for c, g in WIDE128_CASES])
+def test_v3_wide128_bitwise(monkeypatch, config, grid):
+    """v3 with a token's 128 channels in one thread at head_dim 128 (``V3_WIDE128``: wide + the staged store) changes
+    which thread holds and stores which values, not one operation: every output (the LSE shift too) equals the
+    default's bit for bit, and the torch recipe's given the pass's mean (``assert_switch_bitwise``: GQA, odd lengths,
+    batch 3, a negative scale, the per-head baseline's "amax" and "given" launches, NaN-poisoned memory); grid 3 / 5 /
+    7 CTAs: each CTA walks many blocks through its stages."""
+    monkeypatch.setattr(qh, "GRID_CAP", grid)
+    monkeypatch.setattr(qh, "V3_STAGED_STORE", None)  # the auto rule (128 with the switch on), whatever the environment
+    assert_switch_bitwise(monkeypatch, "V3_WIDE128", 128, config, 23)
 
 
 def _recorded_launches(monkeypatch, calls, keys: list | None = None, raw: bool = False,
