@@ -18,7 +18,9 @@ counted per K block (``V3_FUSED_MEAN``); "defl": def with the fused mean counted
 token, one cross-lane Hadamard stage; bit for bit); "defn" / "defwn": def / defw without programmatic dependent launch
 (``V2_PDL`` off); "defp": def with cached launch plans (``QUANT_PLANS``: host work only); "defc": def with whole-call
 plans (``QUANT_CALL_PLANS``, ``fp8.quant_call``: host work only, the same launches); "defcl": defc with the fused mean
-counted late (``V3_FUSED_MEAN_LATE``: no torch sum of K's partials, one kernel fewer per call);
+counted late (``V3_FUSED_MEAN_LATE``: no torch sum of K's partials, one kernel fewer per call); "defw128": def with
+Q's / K's pass at head_dim 128 holding a token's 128 channels per thread and storing through the stage
+(``V3_WIDE128``; bit for bit), "defw128n" the same without the staged store (head_dim 128 rows only);
 ``quant_host``) and recipe (default:
 block scales + Hadamard + K smoothing; "no-smooth": the same without smoothing; "sampled8": the default with
 K's mean over 8 evenly spaced K tiles, ``FP8Config(smooth_k_blocks=8)``; "sampled16": over 16), one
@@ -340,6 +342,12 @@ PIPES["defp"] = ("v3", {**_DEF, "QUANT_PLANS": True})
 # counted late beside it (``V3_FUSED_MEAN_LATE``: torch's sum of K's partials, a kernel and a host op, gone)
 PIPES["defc"] = ("v3", {**_DEF, "QUANT_CALL_PLANS": True})
 PIPES["defcl"] = ("v3", {**_DEF, "QUANT_CALL_PLANS": True, "V3_FUSED_MEAN_LATE": True})
+# session 14: Q's / K's pass at head_dim 128 with a token's 128 channels in one thread (``V3_WIDE128``: no cross-lane
+# Hadamard stage, the e4m3 through the stage by the staged store's auto rule; bit for bit the default, so checked as
+# "def"; other head_dims run the default's passes), and without its staged store (an ablation at head_dim 128 only:
+# V3_STAGED_STORE 0 also turns the head_dim 64 default's off)
+PIPES["defw128"] = ("v3", {**_DEF, "V3_WIDE128": True})
+PIPES["defw128n"] = ("v3", {**_DEF, "V3_WIDE128": True, "V3_STAGED_STORE": False})
 # session 12's default before its flips (V3_WIDE, QUANT_PLANS on since then: "def" runs them)
 PIPES["def11"] = ("v3", {**_DEF, "V3_WIDE": False, "QUANT_PLANS": False})
 

@@ -24,11 +24,12 @@
 #    final tree (`python3 -m pytest -q -n 14 -m "gpu and not slow" -p no:cacheprovider --durations=40`, ~410 s warm;
 #    last run on eaf0f29, before session 13's QUANT_CALL_PLANS flip, whose 308 + 114 GPU tests passed in calls E-F);
 #    B. the leads in bench/NOTES.md "Session 13 ...: the last calls": the Q / K quantisation passes latency-bound at
-#    16 warps per SM (issue 10). New lines "X. scripts/pending_gpu.sh [--checks] NAME ..." as scripts land. Each call
-#    starts a cold machine (~60-85 s more); carry [".gpu"], or [".gpu", ".before.tar.xz"] after
-#    `scripts/ab_checkout.sh COMMIT .before` for a script that A/Bs against an older tree: the archive, not the folder:
-#    the call's 64 MiB holds .gpu/ (~60 MB), the working tree and ~0.25 MB more; tests/test_ci.py keeps the tracked
-#    tree within its budget.
+#    16 warps per SM (issue 10); C. scripts/pending_gpu.sh quantocc (session 14: V3_WIDE128, Q's / K's pass at head_dim
+#    128 with one thread per token, ~85 s; its rules in its header). New lines "X. scripts/pending_gpu.sh [--checks]
+#    NAME ..." as scripts land. Each call starts a cold machine (~60-85 s more); carry [".gpu"], or
+#    [".gpu", ".before.tar.xz"] after `scripts/ab_checkout.sh COMMIT .before` for a script that A/Bs against an older
+#    tree: the archive, not the folder: the call's 64 MiB holds .gpu/ (~60 MB), the working tree and ~0.25 MB more;
+#    tests/test_ci.py keeps the tracked tree within its budget.
 # Pass (step 1): every precompile line "0 failed" (checks_precompile's 11 jobs, quant_precompile's tasks, fa3's
 # kernels); checks: 0 failed, 0 errors (an rc 124 after the "[100%]" line is xdist's teardown, not a failure).
 # Exit code: 1 when a checks step or a named script did not exit 0 (rc 124 included) or a script was skipped for

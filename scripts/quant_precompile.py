@@ -35,6 +35,11 @@ def tasks(which: str = "quant3") -> list[tuple[str, str, int, str]]:
     256 with the module's defaults, V3_WIDE on since then, and the narrow pass at 256 beside it: the passes of
     tests/test_fp8_quant_kernel.py -k "(test_pass_matches_torch_bitwise and v3-bfloat16-default) or
     (test_v3_wide_bitwise and default-g)")."""
+    if which == "quantocc":  # session 14: the default recipe at 128 as it is, with V3_WIDE128 (+ without its staged
+        # store: the bandwidth's ablation) and the GPU tests' recipes of test_v3_wide128_bitwise with it
+        out = [("v3", "bf16", 128, f"default+{knob}") for knob in QUANTOCC_KNOBS]
+        return out + [("v3", "bf16", 128, f"{r}+{knob}") for r in ("sampled8", "no-smooth", "head-smooth")
+                      for knob in ("def128", "w128")]
     if which == "quantbw2":  # the default recipe with the module's defaults and with the fused mean counted late
         return [("v3", "bf16", d, f"default{knob}") for d in HEAD_DIMS for knob in ("", "+bw2late")]
     if which == "quantdef":  # the defaults as the module has them (no knob) + the narrow pass at 256 (test_v3_wide)
@@ -96,6 +101,10 @@ QUANTBW_KNOBS = {"nopdlql": {**_QL, "V2_PDL": False}, "widenopdl": {**_QL, "V3_W
 QUANTDEF_KNOBS = {"narrow": {"V3_WIDE": False}}
 # --set quantbw2 (session 13): the default recipe with the fused mean counted after each CTA's loop (V's launch)
 QUANTBW2_KNOBS = {"bw2late": {"V3_FUSED_MEAN_LATE": True}}
+# --set quantocc (session 14): the default, V3_WIDE128 (its staged store by the auto rule) and V3_WIDE128 without it
+QUANTOCC_KNOBS = {"def128": {"V3_WIDE128": False, "V3_STAGED_STORE": None},
+                  "w128": {"V3_WIDE128": True, "V3_STAGED_STORE": None},
+                  "w128n": {"V3_WIDE128": True, "V3_STAGED_STORE": False}}
 # --set quant8: the current default as it is (staged store auto), the fused mean per K block, and counted late
 _Q8 = {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": None, "V3_FUSED_SAMPLED_MEAN": False,
        "V3_FUSED_MEAN": False, "V3_FUSED_MEAN_LATE": False}
@@ -118,7 +127,7 @@ def knobs_set(knob: str):
     from fa_variants.fp8 import quant_host
 
     knobs = {**ABLATION_KNOBS, **QUANT5_KNOBS, **QUANT8_KNOBS, **QUANTLANES_KNOBS, **QUANTBW_KNOBS,
-             **QUANTDEF_KNOBS, **QUANTBW2_KNOBS}.get(knob, {})
+             **QUANTDEF_KNOBS, **QUANTBW2_KNOBS, **QUANTOCC_KNOBS}.get(knob, {})
     saved = {name: getattr(quant_host, name) for name in knobs}
     try:
         for name, value in knobs.items():
@@ -185,7 +194,7 @@ def main() -> int:
     parser.add_argument("--plan", action="store_true", help="list the tasks and exit (no GPU needed)")
     parser.add_argument("--set", default="quant3",
                         choices=("quant3", "quant4", "quant5", "quant8", "quantlanes", "quantbw", "quantdef",
-                                 "quantbw2"),
+                                 "quantbw2", "quantocc"),
                         help="which script's passes (default quant3)")
     parser.add_argument("--unique", action="store_true",
                         help="record the tasks' passes first (no compile), then compile each distinct pass once")

@@ -198,6 +198,41 @@ def test_quantbw2_set_and_pipes():
 
 
 
+def test_quantocc_set_and_pipes():
+    """Session 14's quantocc run (scripts/quantocc_gpu.sh, ``V3_WIDE128``): fp8_quant_bandwidth.py's defw128 is def
+    with the switch only and defw128n the same without the staged store; quant_precompile.py --set quantocc records,
+    without a GPU, the wide passes at head_dim 128 (K smoothed and Q with the shift, with and without the staged
+    store; the per-head baseline's "amax" / "given" launches) beside the default's, nothing at another head_dim; the
+    script's test selection is the 5 cases of test_v3_wide128_bitwise its pass count names, and its A/B pairs are
+    those labels."""
+    bw = load_script("fp8_quant_bandwidth")
+    assert bw.PIPES["defw128"] == ("v3", {**bw.PIPES["def"][1], "V3_WIDE128": True})
+    assert bw.PIPES["defw128n"] == ("v3", {**bw.PIPES["defw128"][1], "V3_STAGED_STORE": False})
+    assert "V3_WIDE128" not in bw.PIPES["def"][1]  # def: the module's default (off)
+    from fa_variants.fp8 import quant_host
+
+    assert all(hasattr(quant_host, name) for name in bw.PIPES["defw128n"][1])
+    pre = load_script("quant_precompile")
+    keys = pre.record(pre.tasks("quantocc"), arch="sm_90a")
+    assert {key.head_dim for key in keys} == {128} and len(keys) == len(set(keys))
+    wide = {(k.config.rows, k.config.shift, k.config.smooth, k.config.staged_store, k.config.mode)
+            for k in keys if k.config.wide}
+    assert {(256, False, True, True, "block"), (128, True, False, True, "block"), (256, False, True, False, "block"),
+            (128, True, False, False, "block"), (256, False, True, False, "amax"),
+            (256, False, True, True, "given")} <= wide, wide
+    assert any(not k.config.wide and k.config.role == "qk" and k.config.smooth and k.config.mode == "block"
+               for k in keys)
+    text = (ROOT / "scripts" / "quantocc_gpu.sh").read_text()
+    assert "--set quantocc --unique" in text and 'grep -qE "^5 passed"' in text
+    assert "--pipelines def,defw128,defw128n" in text and "--ab def:defw128,def:defw128n" in text
+    expr = re.search(r'-k "([^"]+)"', text).group(1)
+    collect = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m",
+                              "gpu", "tests/test_fp8_quant_kernel.py", "-k", expr], capture_output=True, text=True,
+                             timeout=120, cwd=ROOT)
+    ids = [line for line in collect.stdout.splitlines() if "::" in line]
+    assert len(ids) == 5 and all("test_v3_wide128_bitwise" in i for i in ids), ids
+
+
 def test_quant_ncu_help_and_names(tmp_path):
     """scripts/quant_ncu.py (the ncu driver of the quantisation passes) on the CPU: --help answers; its default
     pipelines are labels of fp8_quant_bandwidth.py's PIPES; an unknown pipeline or recipe is refused in one line
