@@ -36,7 +36,7 @@
 # 256 gave 0.80 / 0.78 per pass; the wide pass's issue efficiency at 256, 47 % of slots at 8 warps, applied to these
 # instruction counts gives ~0.97); whole call defw128 / def 0.90-0.99 by gpu ms and graph (most likely ~0.95); % of
 # copy 56.2 -> 57-62 at D 128 (70 % missed); defw128n's K / Q passes 5-15 % slower than defw128's (half-sector stores).
-# ncu (D 128): defw128's K / Q passes with ~93 % fewer SHFL executed, ~15 % fewer instructions, achieved
+# ncu (D 128): defw128's K / Q passes with ~96 % fewer SHFL executed, 12-17 % fewer instructions, achieved
 # occupancy ~12.5 % (8 of 64 warps), no mio_throttle / short_scoreboard to speak of; V's launch the same within 2 %.
 set -uo pipefail
 source "$(dirname "$0")/steps.sh"
