@@ -9,7 +9,8 @@
 Modules: ``quantize`` (recipe, FP8Config, FP8Inputs, the torch quantiser), ``quant_kernel`` (the CuTe DSL
 quantisation pass; its pieces in ``quant_config``, ``quant_staging``, ``quant_rotation``, ``quant_kmean``,
 ``quant_store``, ``quant_maps``; ``quant_host`` launches it, ``quant_call`` caches whole calls), ``emulation``
-(the kernel mirrored in torch), ``attention`` (entry points), ``fa3_fp8`` (the dispatcher's backend), ``layout``
+(the kernel mirrored in torch), ``attention`` (entry points), ``contract`` (FP8Inputs checked in full where
+caller-built inputs enter), ``fa3_fp8`` (the dispatcher's backend), ``layout``
 (what the kernel needs of the data), ``study`` (`fa-variants fp8-study`).
 """
 from fa_variants.fp8.attention import attention_fp8, attention_from_fp8

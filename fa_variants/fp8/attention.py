@@ -18,6 +18,7 @@ import torch
 
 from fa_variants.common.scale import check_softmax_scale
 from fa_variants.dispatch import BackendUnavailableError, arch_name, device_capability
+from fa_variants.fp8.contract import check_fp8_inputs
 from fa_variants.fp8.quantize import E4M3, FP8Config, FP8Inputs, quantize_fp8, tiles_for, transpose_v
 
 __all__ = ["KERNEL_MODULE", "kernel_module", "why_not", "attention_fp8", "attention_from_fp8", "from_e4m3"]
@@ -101,13 +102,20 @@ def attention_from_fp8(inputs: FP8Inputs, *, causal: bool = False, return_lse: b
         (batch, num_heads, seqlen_q), natural log. Rows that see no key (and seqlen_k = 0) give 0 and -inf.
 
     Raises:
-        TypeError: inputs not FP8Inputs, causal / return_lse not bools, out_dtype not 16-bit.
+        TypeError: inputs not FP8Inputs, causal / return_lse not bools, out_dtype not 16-bit; a field of inputs of
+            the wrong type or dtype.
         ValueError: a recipe the kernel does not build (FP8Config.promote_every other than 1 or None with two_level
-            at head_dim 128 or 256).
+            at head_dim 128 or 256); inputs that break FP8Inputs' contract (shapes, seqlen_k, v_t's padding,
+            devices, softmax_scale, k_mean / lse_shift against config.smooth_k: ``contract.check_fp8_inputs``).
         BackendUnavailableError: the kernel is not built, the inputs are not on an sm_90 GPU.
     """
-    if not isinstance(inputs, FP8Inputs):
-        raise TypeError(f"inputs must be FP8Inputs (fa_variants.fp8.quantize_fp8), got {type(inputs).__name__}")
+    check_fp8_inputs(inputs)  # built or changed by the caller: the whole contract, before the kernel reads it
+    return _from_fp8(inputs, causal=causal, return_lse=return_lse, out_dtype=out_dtype)
+
+
+def _from_fp8(inputs: FP8Inputs, *, causal: bool, return_lse: bool, out_dtype: torch.dtype):
+    """attention_from_fp8 on inputs our quantisers made (their contract holds by construction: not re-checked, so
+    the host time of ``attention_fp8`` and of the fa3-fp8 backend is unchanged)."""
     for name, flag in (("causal", causal), ("return_lse", return_lse)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be a bool, got {flag!r}")
@@ -164,7 +172,7 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: 
     _check_recipe(config, q.shape[-1])
     _require_kernel(q.device)
     inputs = quantize_fp8(q, k, v, config=config, softmax_scale=softmax_scale)
-    return attention_from_fp8(inputs, causal=causal, return_lse=return_lse, out_dtype=q.dtype)
+    return _from_fp8(inputs, causal=causal, return_lse=return_lse, out_dtype=q.dtype)
 
 
 def from_e4m3(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_scale: float) -> FP8Inputs:

@@ -51,10 +51,12 @@ in the same place.
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
 from fa_variants.fp8 import layout
+from fa_variants.fp8.contract import check_accumulator_bits, check_fp8_inputs, check_tile_m
 from fa_variants.fp8.quantize import E4M3, FP8Config, FP8Inputs, quantize_fp8_torch
 
 __all__ = ["UNIT_SPAN", "bounded_unit", "P_SHIFT", "ACCUMULATOR", "ACCUMULATOR_BITS", "BLOCKFP_FRAC_BITS", "KV_ORDER", "MMA_K", "kv_tile_end", "emulate_fp8_attention",
@@ -190,13 +192,18 @@ def emulate_fp8_attention(inputs: FP8Inputs, *, causal: bool = False, accumulato
         give 0 and -inf.
 
     Raises:
-        TypeError: inputs not FP8Inputs, causal not a bool, out_dtype not a floating-point torch.dtype.
-        ValueError: an unknown accumulator model or units, or units other than "absolute" with promote_every > 1.
+        TypeError: inputs not FP8Inputs, causal not a bool, out_dtype not a floating-point torch.dtype,
+            accumulator_bits / tile_m not ints (or None); a field of inputs of the wrong type or dtype.
+        ValueError: an unknown accumulator model or units, or units other than "absolute" with promote_every > 1;
+            accumulator_bits < 0, tile_m < 1; inputs that break FP8Inputs' contract (shapes, seqlen_k, v_t's
+            padding, devices, a softmax_scale < 0 or not finite, k_mean / lse_shift not matching
+            config.smooth_k: ``contract.check_fp8_inputs``).
     """
-    if not isinstance(inputs, FP8Inputs):
-        raise TypeError(f"inputs must be FP8Inputs (fa_variants.fp8.quantize_fp8), got {type(inputs).__name__}")
+    check_fp8_inputs(inputs)  # a caller-built FP8Inputs in full (contract.py): shapes, dtypes, devices, scale, recipe
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {causal!r}")
+    check_accumulator_bits(accumulator_bits)
+    check_tile_m(tile_m)
     if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
         raise TypeError(f"out_dtype must be a torch.dtype or None, got {out_dtype!r}")
     if out_dtype is not None and not out_dtype.is_floating_point:
@@ -315,6 +322,18 @@ def fp8_error_bound(out_emulated: torch.Tensor, out_exact: torch.Tensor, atol: f
 
     The project's testing rule with this emulation (run with the kernel's own recipe) in the place of "torch
     in the same dtype"; out_exact is float64 attention on the high-precision inputs. NaN in either gives NaN.
+    Raises TypeError (not tensors; atol not a real number) or ValueError (shapes differ: no broadcasting;
+    atol negative or not finite).
     """
+    for name, t in (("out_emulated", out_emulated), ("out_exact", out_exact)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if out_emulated.shape != out_exact.shape:
+        raise ValueError(f"out_emulated has shape {tuple(out_emulated.shape)} but out_exact has "
+                         f"{tuple(out_exact.shape)}; they must match (no broadcasting)")
+    if isinstance(atol, bool) or not isinstance(atol, numbers.Real):
+        raise TypeError(f"atol must be a real number, got {atol!r}")
+    if not 0 <= atol < math.inf:
+        raise ValueError(f"atol must be finite and >= 0, got {atol}")
     diff = (out_emulated.double() - out_exact.double()).abs()
     return 2.0 * (diff.max().item() if diff.numel() else 0.0) + atol

@@ -42,7 +42,7 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, soft
     """(out, lse) of FP8 attention; arguments already validated by ``fa_variants.attention``."""
     if q.dtype == torch.float8_e4m3fn:
         inputs = _attention.from_e4m3(q, k, v, softmax_scale=softmax_scale)
-        return _attention.attention_from_fp8(inputs, causal=causal, return_lse=True)
+        return _attention._from_fp8(inputs, causal=causal, return_lse=True, out_dtype=torch.bfloat16)
     return _attention.attention_fp8(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True)
 
 

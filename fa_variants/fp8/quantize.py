@@ -325,7 +325,10 @@ class FP8Inputs:
     block_m: query rows per Q descale (``layout.TILE_M``). block_n: keys per K / V descale; None (the default)
         means ``tiles_for(head_dim)[1]``, the kernel's tile_n at this head_dim (``layout.KERNEL_TILES``). The
         fa3-fp8 kernel needs block_n equal to its tile_n and refuses other heights (ValueError).
-    Raises ValueError (naming the field) when a descale's shape does not match its block height.
+    Raises ValueError (naming the field) when a descale's shape does not match its block height (TypeError: q or a
+    descale not a tensor). The rest of the contract is checked where caller-built inputs enter
+    (``emulate_fp8_attention``, ``attention_from_fp8``: ``fa_variants.fp8.contract.check_fp8_inputs``), not here:
+    construction is on every quantise call's host path.
     """
 
     q: torch.Tensor
@@ -343,6 +346,9 @@ class FP8Inputs:
     block_n: int | None = None
 
     def __post_init__(self) -> None:
+        for name in ("q", "q_descale", "k_descale", "v_descale"):  # read below (the rest: contract.check_fp8_inputs)
+            if not isinstance(getattr(self, name), torch.Tensor):
+                raise TypeError(f"FP8Inputs.{name} must be a torch.Tensor, got {type(getattr(self, name)).__name__}")
         if self.block_n is None:
             object.__setattr__(self, "block_n", tiles_for(self.head_dim)[1])
         for name in ("block_m", "block_n"):

@@ -1,0 +1,115 @@
+"""The FP8Inputs contract checked in full, for inputs a caller built or changed (an FP8 KV cache,
+``dataclasses.replace``): what ``emulate_fp8_attention`` and ``attention_from_fp8`` read, before they read it.
+
+``FP8Inputs.__post_init__`` checks only the block heights against the descales' last dim (it runs on every
+quantise call, whose host time is measured); the quantisers build inputs that pass ``check_fp8_inputs`` by
+construction. Without this check a malformed FP8Inputs gave a wrong answer without an error (a bf16 ``q``
+read as if quantised, a (B, 1, T) ``q_descale`` broadcast over the heads, a ``seqlen_k`` below ``k``'s length
+cutting keys, an NaN or negative ``softmax_scale``, an ``lse_shift`` of another shape broadcast into the LSE)
+or a broadcasting error from deep inside the emulation.
+"""
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+from fa_variants.common.scale import check_softmax_scale
+from fa_variants.fp8 import layout
+from fa_variants.fp8.quantize import E4M3, FP8Config, FP8Inputs
+
+__all__ = ["check_fp8_inputs", "check_accumulator_bits", "check_tile_m"]
+
+
+def _tensor(name: str, t) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"FP8Inputs.{name} must be a torch.Tensor, got {type(t).__name__}")
+    return t
+
+
+def check_fp8_inputs(inputs: FP8Inputs) -> None:
+    """Raises TypeError / ValueError (one line naming the field) unless ``inputs`` keeps FP8Inputs' contract
+    (its docstring, fa_variants/fp8/quantize.py): q, k, v_t e4m3, 4-D, of matching batch / heads / head_dim
+    (num_heads a multiple of num_heads_kv >= 1); seqlen_k an int equal to k's length; v_t (batch,
+    num_heads_kv, head_dim, n) with n >= seqlen_k a multiple of ``layout.K_ALIGN_TOKENS``; descales float32 of
+    shape (batch, num_heads, cdiv(seqlen_q, block_m)) and (batch, num_heads_kv, cdiv(seqlen_k, block_n));
+    softmax_scale a finite real >= 0 (``common.scale.check_softmax_scale``); k_mean float32 (batch,
+    num_heads_kv, head_dim) and lse_shift float32 (batch, num_heads, seqlen_q), both given iff config.smooth_k;
+    config an FP8Config; every tensor on q's device. Shapes and dtypes only: no value is read (no device sync)."""
+    if not isinstance(inputs, FP8Inputs):
+        raise TypeError(f"inputs must be FP8Inputs (fa_variants.fp8.quantize_fp8), got {type(inputs).__name__}")
+    if not isinstance(inputs.config, FP8Config):
+        raise TypeError(f"FP8Inputs.config must be an FP8Config, got {type(inputs.config).__name__}")
+    for name in ("q", "k", "v_t"):
+        t = _tensor(name, getattr(inputs, name))
+        if t.dtype != E4M3:
+            raise TypeError(f"FP8Inputs.{name} has dtype {t.dtype}; it must be {E4M3} (quantize_fp8 makes it)")
+        if t.dim() != 4:
+            raise ValueError(f"FP8Inputs.{name} must be 4-D, got shape {tuple(t.shape)}")
+    (B, Nq, H, D), (Bk, Nk, Hkv, Dk) = inputs.q.shape, inputs.k.shape
+    if Bk != B or Dk != D:
+        raise ValueError(f"FP8Inputs.k has shape {tuple(inputs.k.shape)} but q has {tuple(inputs.q.shape)}: "
+                         "batch and head_dim must match")
+    if Hkv < 1 or H % Hkv:
+        raise ValueError(f"FP8Inputs: num_heads {H} (q) must be a multiple of num_heads_kv {Hkv} (k), "
+                         "which must be >= 1")
+    seqlen_k = inputs.seqlen_k
+    if isinstance(seqlen_k, bool) or not isinstance(seqlen_k, numbers.Integral):
+        raise TypeError(f"FP8Inputs.seqlen_k must be an int, got {seqlen_k!r}")
+    if seqlen_k != Nk:
+        raise ValueError(f"FP8Inputs.seqlen_k is {seqlen_k} but k holds {Nk} keys; they must be equal")
+    n_pad = inputs.v_t.shape[3]
+    if inputs.v_t.shape[:3] != (B, Hkv, D) or n_pad < Nk or n_pad % layout.K_ALIGN_TOKENS:
+        raise ValueError(f"FP8Inputs.v_t must be (batch, num_heads_kv, head_dim, seqlen_k padded to a multiple of "
+                         f"{layout.K_ALIGN_TOKENS}) = ({B}, {Hkv}, {D}, {layout.padded_seqlen_k(Nk)}), "
+                         f"got {tuple(inputs.v_t.shape)}")
+    for name, heads, rows, block in (("q_descale", H, Nq, "block_m"), ("k_descale", Hkv, Nk, "block_n"),
+                                     ("v_descale", Hkv, Nk, "block_n")):
+        t = _tensor(name, getattr(inputs, name))
+        want = (B, heads, -(-rows // getattr(inputs, block)))
+        if t.dtype != torch.float32:
+            raise TypeError(f"FP8Inputs.{name} has dtype {t.dtype}; descales are float32")
+        if tuple(t.shape) != want:
+            raise ValueError(f"FP8Inputs.{name} must have shape {want} (batch, heads, blocks of {block}="
+                             f"{getattr(inputs, block)}), got {tuple(t.shape)}")
+    if inputs.softmax_scale is None:  # check_softmax_scale's message would say None is fine (attention's default)
+        raise TypeError("FP8Inputs.softmax_scale must be a real number >= 0, got None")
+    scale = check_softmax_scale(inputs.softmax_scale, "FP8Inputs.softmax_scale")
+    if scale < 0:
+        raise ValueError(f"FP8Inputs.softmax_scale must be >= 0 (quantize_fp8 folds a negative scale into k), "
+                         f"got {scale}")
+    smooth = inputs.config.smooth_k
+    for name, want in (("k_mean", (B, Hkv, D)), ("lse_shift", (B, H, Nq))):
+        t = getattr(inputs, name)
+        if t is None:
+            if smooth:
+                raise ValueError(f"FP8Inputs.{name} is None but config.smooth_k is True (K was smoothed: the "
+                                 f"{name} is needed); quantise with this config, or pass smooth_k=False")
+            continue
+        _tensor(name, t)
+        if not smooth:
+            raise ValueError(f"FP8Inputs.{name} is given but config.smooth_k is False; pass None, or the config "
+                             "the inputs were quantised with")
+        if t.dtype != torch.float32 or tuple(t.shape) != want:
+            raise ValueError(f"FP8Inputs.{name} must be float32 of shape {want}, got {t.dtype} {tuple(t.shape)}")
+    device = inputs.q.device
+    for name in ("k", "v_t", "q_descale", "k_descale", "v_descale", "k_mean", "lse_shift"):
+        t = getattr(inputs, name)
+        if t is not None and t.device != device:
+            raise ValueError(f"FP8Inputs.{name} is on {t.device} but q is on {device}; they must be on one device")
+
+
+def check_accumulator_bits(bits) -> None:
+    """``emulate_fp8_attention``'s accumulator_bits: None (float32) or an int >= 0 (mantissa bits kept)."""
+    if bits is not None and (isinstance(bits, bool) or not isinstance(bits, numbers.Integral)):
+        raise TypeError(f"accumulator_bits must be an int or None, got {bits!r}")
+    if bits is not None and bits < 0:
+        raise ValueError(f"accumulator_bits must be >= 0 (mantissa bits kept) or None (float32), got {bits}")
+
+
+def check_tile_m(tile_m) -> None:
+    """``emulate_fp8_attention``'s tile_m: None (the kernel's) or an int >= 1 (query rows per CTA tile)."""
+    if tile_m is not None and (isinstance(tile_m, bool) or not isinstance(tile_m, numbers.Integral)):
+        raise TypeError(f"tile_m must be an int or None, got {tile_m!r}")
+    if tile_m is not None and tile_m < 1:
+        raise ValueError(f"tile_m must be >= 1 (query rows per CTA tile) or None (the kernel's), got {tile_m}")

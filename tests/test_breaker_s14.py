@@ -1,0 +1,104 @@
+"""Regressions of session 14's breaker pass (the public surface driven as a user would, on the CPU): each test
+failed before its fix. Seconds: the reference backend, the FP8 emulation, the shard helpers (no process group).
+"""
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from fa_variants import fp8
+from fa_variants.fp8 import attention as fp8_attention
+
+
+def _quantised(smooth_k=True):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(1, 40, 4, 64, generator=g), torch.randn(1, 40, 2, 64, generator=g), \
+        torch.randn(1, 40, 2, 64, generator=g)
+    return fp8.quantize_fp8(q, k, v, config=fp8.FP8Config(smooth_k=smooth_k), impl="torch")
+
+
+# ------------------------------------------------------------------------ FP8Inputs built by the caller
+
+# (field -> a function of the good inputs giving the bad value, exception, message). Before the fix each ran
+# (a wrong answer: the bf16 q read as if quantised, one head's descale broadcast, keys cut, an NaN or negative
+# scale, an lse_shift broadcast into the LSE, a recipe's shift dropped) or failed deep in the emulation.
+BAD_FP8_INPUTS = [
+    ("q", lambda i: i.q.float().bfloat16(), TypeError, r"^FP8Inputs.q has dtype torch.bfloat16; it must be"),
+    ("k", lambda i: i.k[0], ValueError, r"^FP8Inputs.k must be 4-D"),
+    ("k", lambda i: torch.cat([i.k, i.k[:, :, :1]], 2), ValueError, r"^FP8Inputs: num_heads 4 \(q\) must be a"),
+    ("q_descale", lambda i: i.q_descale[:, :1], ValueError, r"^FP8Inputs.q_descale must have shape \(1, 4, 1\)"),
+    ("q_descale", lambda i: i.q_descale.repeat(2, 1, 1), ValueError, r"^FP8Inputs.q_descale must have shape"),
+    ("k_descale", lambda i: i.k_descale.repeat(1, 2, 1), ValueError, r"^FP8Inputs.k_descale must have shape \(1, 2,"),
+    ("v_descale", lambda i: i.v_descale.half(), TypeError, r"^FP8Inputs.v_descale has dtype torch.float16"),
+    ("v_descale", lambda i: i.v_descale.to("meta"), ValueError, r"^FP8Inputs.v_descale is on meta but q is on cpu"),
+    ("seqlen_k", lambda i: 20, ValueError, r"^FP8Inputs.seqlen_k is 20 but k holds 40 keys"),
+    ("seqlen_k", lambda i: 40.0, TypeError, r"^FP8Inputs.seqlen_k must be an int"),
+    ("v_t", lambda i: i.v_t[..., :40], ValueError, r"^FP8Inputs.v_t must be \(batch, num_heads_kv, head_dim"),
+    ("softmax_scale", lambda i: -0.1, ValueError, r"^FP8Inputs.softmax_scale must be >= 0"),
+    ("softmax_scale", lambda i: math.nan, ValueError, r"^FP8Inputs.softmax_scale must be finite"),
+    ("softmax_scale", lambda i: None, TypeError, r"^FP8Inputs.softmax_scale must be a real number >= 0, got None$"),
+    ("lse_shift", lambda i: torch.zeros(3), ValueError, r"^FP8Inputs.lse_shift must be float32 of shape \(1, 4, 40\)"),
+    ("lse_shift", lambda i: None, ValueError, r"^FP8Inputs.lse_shift is None but config.smooth_k is True"),
+    ("config", lambda i: fp8.FP8Config(smooth_k=False), ValueError, r"^FP8Inputs.k_mean is given but config.smooth_k"),
+    ("config", lambda i: None, TypeError, r"^FP8Inputs.config must be an FP8Config, got NoneType$"),
+]
+
+
+@pytest.mark.parametrize("field, bad, exc, message", BAD_FP8_INPUTS,
+                         ids=[f"{f}-{m[1:40]}" for f, _, _, m in BAD_FP8_INPUTS])
+def test_fp8_inputs_built_by_the_caller_are_checked_in_full(field, bad, exc, message):
+    """emulate_fp8_attention and attention_from_fp8 take FP8Inputs "from quantize_fp8, or built by the caller"
+    but read them unchecked (FP8Inputs itself checks only its descales' block counts). Now the whole contract
+    (contract.check_fp8_inputs) is checked first, one line naming the field; attention_from_fp8 says so before
+    it says the kernel needs a GPU."""
+    good = _quantised()
+    inputs = dataclasses.replace(good, **{field: bad(good)})
+    with pytest.raises(exc, match=message):
+        fp8.emulate_fp8_attention(inputs)
+    with pytest.raises(exc, match=message):
+        fp8.attention_from_fp8(inputs)
+
+
+def test_fp8_inputs_that_keep_the_contract_still_run():
+    """The check refuses nothing the quantisers make: smoothed and not, from_e4m3's, no keys, no query rows."""
+    for inputs in (_quantised(), _quantised(smooth_k=False), fp8_attention.from_e4m3(
+            *(torch.randn(1, n, 2, 64).to(torch.float8_e4m3fn) for n in (3, 5, 5)), softmax_scale=-0.5)):
+        fp8.emulate_fp8_attention(inputs)
+    q, k = torch.randn(1, 0, 2, 64), torch.randn(1, 0, 1, 64)
+    fp8.emulate_fp8_attention(fp8.quantize_fp8(q, k, k, impl="torch"))
+    fp8.emulate_fp8_attention(fp8.quantize_fp8(torch.randn(1, 3, 2, 64), k, k, impl="torch"))
+
+
+def test_fp8_inputs_field_not_a_tensor_is_named():
+    """FP8Inputs(q=None, ...) failed with "'NoneType' object has no attribute 'shape'" in __post_init__."""
+    good = _quantised()
+    for field in ("q", "q_descale", "k_descale", "v_descale"):
+        with pytest.raises(TypeError, match=rf"^FP8Inputs.{field} must be a torch.Tensor, got NoneType$"):
+            dataclasses.replace(good, **{field: None})
+
+
+@pytest.mark.parametrize("kwargs, exc, message", [
+    (dict(accumulator="truncate", accumulator_bits=-1), ValueError, r"^accumulator_bits must be >= 0"),  # ran: garbage
+    (dict(accumulator="truncate", accumulator_bits="12"), TypeError, r"^accumulator_bits must be an int or None"),
+    (dict(accumulator="truncate", accumulator_bits=True), TypeError, r"^accumulator_bits must be an int or None"),
+    (dict(tile_m=0), ValueError, r"^tile_m must be >= 1"),            # range() arg 3 must not be zero
+    (dict(tile_m=-1, causal=True), ValueError, r"^tile_m must be >= 1"),  # Repeats must be non-negative
+    (dict(tile_m=7.5), TypeError, r"^tile_m must be an int or None, got 7.5$"),
+])
+def test_fp8_emulation_checks_its_keywords(kwargs, exc, message):
+    with pytest.raises(exc, match=message):
+        fp8.emulate_fp8_attention(_quantised(), **kwargs)
+
+
+def test_fp8_error_bound_does_not_broadcast():
+    """fp8_error_bound(out, exact) broadcast shapes that differ (an (B, 1, H, D) exact against (B, N, H, D) gave a
+    bound for the wrong comparison) and took a negative or NaN atol."""
+    out = torch.randn(1, 4, 2, 8)
+    for exact in (out[:, :1], out[:, :3], out.transpose(1, 2)):
+        with pytest.raises(ValueError, match=r"^out_emulated has shape \(1, 4, 2, 8\) but out_exact has"):
+            fp8.fp8_error_bound(out, exact)
+    for atol, exc in ((-1e-4, ValueError), (math.nan, ValueError), ("1e-4", TypeError)):
+        with pytest.raises(exc, match=r"^atol must be"):
+            fp8.fp8_error_bound(out, out, atol=atol)
+    assert fp8.fp8_error_bound(out, out + 1, atol=0.5) == pytest.approx(2.5)
