@@ -176,9 +176,40 @@ def contiguous_shard(x: torch.Tensor, dim: int, rank: int, world: int) -> torch.
     return x.tensor_split(world, dim)[rank]
 
 
+def _check_shards(shards, dim) -> tuple[list[torch.Tensor], int]:
+    """(the shards as a list, dim in [0, rank)) for the unshard helpers: a sequence (not one tensor, which
+    ``list`` would cut along its first dim) of one or more tensors of one rank, dtype and device, whose sizes
+    agree except along ``dim``. Raises TypeError / ValueError naming the shard and what differs."""
+    if isinstance(shards, torch.Tensor):
+        raise TypeError(f"shards must be a sequence of tensors (ranks 0 .. world-1), got one tensor of shape "
+                        f"{tuple(shards.shape)}; pass a list, e.g. [shard_0, shard_1]")
+    shards = list(shards)
+    if not shards:
+        raise ValueError("shards is empty; pass the shards of ranks 0 .. world-1")
+    for rank, shard in enumerate(shards):
+        if not isinstance(shard, torch.Tensor):
+            raise TypeError(f"shards[{rank}] must be a torch.Tensor, got {type(shard).__name__}")
+    first = shards[0]
+    dim = _check_shard_args(first, dim, 0, 1)
+    for rank, shard in enumerate(shards[1:], 1):
+        other = [size for d, size in enumerate(shard.shape) if d != dim] if shard.dim() == first.dim() else None
+        if other != [size for d, size in enumerate(first.shape) if d != dim]:
+            raise ValueError(f"shards[{rank}] has shape {tuple(shard.shape)} but shards[0] has {tuple(first.shape)}; "
+                             f"they must agree except along dim {dim}")
+        if shard.dtype != first.dtype or shard.device != first.device:
+            raise ValueError(f"shards[{rank}] is {shard.dtype} on {shard.device} but shards[0] is {first.dtype} on "
+                             f"{first.device}; every shard must have one dtype and device")
+    return shards, dim
+
+
 def contiguous_unshard(shards: Sequence[torch.Tensor], dim: int) -> torch.Tensor:
-    """The inverse of ``contiguous_shard``: the shards of ranks 0 .. world-1 joined along ``dim`` (a copy)."""
-    return torch.cat(list(shards), dim)
+    """The inverse of ``contiguous_shard``: the shards of ranks 0 .. world-1 joined along ``dim`` (a copy).
+
+    Raises TypeError / ValueError (naming the shard) for one tensor instead of a sequence, an empty sequence, a
+    shard that is not a tensor, a dim that is not an int or out of range, or shards whose rank, sizes other
+    than along dim, dtype or device differ."""
+    shards, dim = _check_shards(shards, dim)
+    return torch.cat(shards, dim)
 
 
 def zigzag_shard(x: torch.Tensor, dim: int, rank: int, world: int) -> torch.Tensor:
@@ -196,16 +227,10 @@ def zigzag_shard(x: torch.Tensor, dim: int, rank: int, world: int) -> torch.Tens
 def zigzag_unshard(shards: Sequence[torch.Tensor], dim: int) -> torch.Tensor:
     """The inverse of ``zigzag_shard``: the shards of ranks 0 .. world-1 back in sequence order (a copy).
 
-    Raises ValueError when a shard's length is not what ``zigzag_shard`` gives for the total length, or dim is
-    out of range; TypeError for a shard that is not a tensor or a dim that is not an int.
+    Raises ValueError when a shard's length is not what ``zigzag_shard`` gives for the total length, and as
+    ``contiguous_unshard`` (one tensor instead of a sequence, empty, not tensors, dim, shards that differ).
     """
-    shards = list(shards)
-    if not shards:
-        raise ValueError("shards is empty; pass the shards of ranks 0 .. world-1")
-    for rank, shard in enumerate(shards):
-        if not isinstance(shard, torch.Tensor):
-            raise TypeError(f"shards[{rank}] must be a torch.Tensor, got {type(shard).__name__}")
-    _check_shard_args(shards[0], dim, 0, 1)
+    shards, dim = _check_shards(shards, dim)
     world = len(shards)
     sizes = _chunk_sizes(sum(s.shape[dim] for s in shards), 2 * world)
     chunks: list[torch.Tensor | None] = [None] * (2 * world)

@@ -102,3 +102,44 @@ def test_fp8_error_bound_does_not_broadcast():
         with pytest.raises(exc, match=r"^atol must be"):
             fp8.fp8_error_bound(out, out, atol=atol)
     assert fp8.fp8_error_bound(out, out + 1, atol=0.5) == pytest.approx(2.5)
+
+
+# ------------------------------------------------------------------------------- shard / unshard helpers
+
+def _shards(unshard):
+    from fa_variants import distributed
+
+    shard = distributed.zigzag_shard if unshard.__name__ == "zigzag_unshard" else distributed.contiguous_shard
+    x = torch.arange(2 * 10 * 3 * 4, dtype=torch.float32).view(2, 10, 3, 4)
+    return x, [shard(x, 1, rank, 2) for rank in range(2)]
+
+
+@pytest.mark.parametrize("name", ["contiguous_unshard", "zigzag_unshard"])
+def test_unshard_takes_a_sequence_of_matching_shards(name):
+    """One tensor passed as ``shards`` was cut by list() along its batch dim and joined into a tensor of another
+    shape without an error (contiguous_unshard(x, 1) on x (2, 10, 3, 4) gave (10, 6, 4)); contiguous_unshard
+    checked nothing else either (torch.cat's errors, not naming shards), and both joined shards of different
+    dtypes by promotion."""
+    from fa_variants import distributed
+
+    unshard = getattr(distributed, name)
+    x, shards = _shards(unshard)
+    assert torch.equal(unshard(shards, 1), x) and torch.equal(unshard(tuple(shards), -3), x)
+    with pytest.raises(TypeError, match=r"^shards must be a sequence of tensors .* got one tensor of shape"):
+        unshard(x, 1)
+    with pytest.raises(TypeError, match=r"^shards must be a sequence of tensors"):
+        unshard(torch.stack(shards[:1]), 1)
+    with pytest.raises(ValueError, match=r"^shards is empty"):
+        unshard([], 1)
+    with pytest.raises(TypeError, match=r"^shards\[1\] must be a torch.Tensor, got NoneType$"):
+        unshard([shards[0], None], 1)
+    with pytest.raises(TypeError, match=r"^dim must be an int"):
+        unshard(shards, "1")
+    with pytest.raises(ValueError, match=r"^dim 4 is out of range"):
+        unshard(shards, 4)
+    with pytest.raises(ValueError, match=r"^shards\[1\] has shape \(2, 5, 2, 4\) but shards\[0\] has \(2, 5, 3, 4\)"):
+        unshard([shards[0], shards[1][:, :, :2]], 1)
+    with pytest.raises(ValueError, match=r"^shards\[1\] has shape \(5, 3, 4\)"):
+        unshard([shards[0], shards[1][0]], 1)
+    with pytest.raises(ValueError, match=r"^shards\[1\] is torch.float64 on cpu but shards\[0\] is torch.float32"):
+        unshard([shards[0], shards[1].double()], 1)
