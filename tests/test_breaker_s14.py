@@ -143,3 +143,44 @@ def test_unshard_takes_a_sequence_of_matching_shards(name):
         unshard([shards[0], shards[1][0]], 1)
     with pytest.raises(ValueError, match=r"^shards\[1\] is torch.float64 on cpu but shards\[0\] is torch.float32"):
         unshard([shards[0], shards[1].double()], 1)
+
+
+# ------------------------------------------------------------------------------ FP8: non-finite inputs
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("config", [fp8.FP8Config(), fp8.FP8Config(rotate=False, smooth_k=False)],
+                         ids=["default", "plain"])
+def test_fp8_a_non_finite_q_value_spoils_its_row_only(value, config):
+    """An inf / NaN in Q set its Q block's descale (2^120 and more): the other rows of the block quantised to 0 and
+    came out as the uniform average of V (error ~1 on N(0,1) inputs) with no NaN anywhere for an inf: a silently
+    wrong O. Now that row is non-finite, as the maths says, and every other row keeps FP8's usual error."""
+    g = torch.Generator().manual_seed(1)
+    q, k, v = torch.randn(1, 40, 2, 64, generator=g), torch.randn(1, 40, 2, 64, generator=g), \
+        torch.randn(1, 40, 2, 64, generator=g)
+    exact = torch.nn.functional.scaled_dot_product_attention(*(x.double().transpose(1, 2) for x in (q, k, v)))
+    q[0, 5, 1, 3] = value
+    out, lse = fp8.fp8_attention_reference(q, k, v, config=config)
+    bad = ~torch.isfinite(out).all(-1)
+    assert bad[0, 5, 1] and bad.sum() == 1 and not torch.isfinite(lse[0, 1, 5])
+    # the other rows (their block's descale now from its finite values only): FP8's usual error, ~0.05 here
+    assert (out - exact.transpose(1, 2))[~bad].abs().max() < 0.2
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf])
+@pytest.mark.parametrize("name", ["k", "v"])
+def test_fp8_a_non_finite_k_or_v_value_is_never_a_finite_wrong_answer(name, value):
+    """An inf in K or V saturated to 448 (a finite wrong value) and set its block's descale, zeroing the block's
+    finite values. Now a row is either within the FP8 bound of the float64 answer or non-finite; rows that read the
+    value are non-finite."""
+    g = torch.Generator().manual_seed(2)
+    q, k, v = torch.randn(1, 40, 2, 64, generator=g), torch.randn(1, 40, 2, 64, generator=g), \
+        torch.randn(1, 40, 2, 64, generator=g)
+    t = {"k": k, "v": v}[name]
+    t[0, 7, 0, 3] = value
+    for config in (fp8.FP8Config(), fp8.FP8Config(rotate=False, smooth_k=False)):
+        out, _ = fp8.fp8_attention_reference(q, k, v, causal=True, config=config)
+        exact = torch.nn.functional.scaled_dot_product_attention(
+            *(x.double().transpose(1, 2) for x in (q, k, v)), is_causal=True).transpose(1, 2)
+        finite = torch.isfinite(out).all(-1)
+        assert not finite[0, 7:, 0].any()  # causal rows 7.. read key 7 (head 0)
+        assert (out - exact)[finite].abs().max() < 0.2  # N(0,1) inputs: the FP8 error is ~0.05

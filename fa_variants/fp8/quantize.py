@@ -48,8 +48,18 @@ The recipe (``FP8Config``), in this order, per tensor:
    each group of ``layout.V_TOKEN_GROUP`` by ``layout.v_token_order``.
 
 A negative softmax_scale is folded into K (softmax(c Q K^T) = softmax(|c| Q (-K)^T); negation is exact), so
-``FP8Inputs.softmax_scale`` is always >= 0. Non-finite inputs are not supported (their e4m3 values are
-undefined, their descales finite). Conventions: q (batch, seqlen_q, num_heads, head_dim), k, v (batch,
+``FP8Inputs.softmax_scale`` is always >= 0.
+
+Non-finite inputs (session 14). The torch quantiser (CPU, ``impl="torch"``, the emulation's front half) takes each
+block's descale from its finite values and stores an inf or NaN as e4m3 NaN, so the rows that read one come out
+non-finite and no other value changes: a NaN / inf in Q makes its row NaN (the rotation spreads it over that row
+only); in V, the rows of the query tiles whose K/V tile holds it (the kernels' documented V behaviour, P = 0 times
+NaN); in K with smoothing (the default), every row (K's mean over tokens is NaN), without smoothing the rows that
+see it. Before, an inf / NaN set its block's descale (2^120 or more), which quantised the block's finite values
+to 0 (a silently wrong O for up to block_m - 1 other query rows, or a block of keys), and an inf saturated to 448.
+The GPU pass (``quant_kernel``, kernel code, unchanged) takes the amax with fmax, which skips a NaN, so a NaN
+should fare as here (read from the code, not run on a GPU); an inf still sets its block's descale there and
+saturates to 448: on CUDA keep Q, K, V free of inf, or quantise with ``impl="torch"``. Conventions: q (batch, seqlen_q, num_heads, head_dim), k, v (batch,
 seqlen_k, num_heads_kv, head_dim); GQA: query head h reads kv-head h // (num_heads // num_heads_kv).
 """
 from __future__ import annotations
@@ -457,11 +467,13 @@ def smoothing_lse_shift(q: torch.Tensor, mean: torch.Tensor, softmax_scale: floa
 
 
 def _amax_blocks(x: torch.Tensor, block: int) -> torch.Tensor:
-    """max |x| over each (batch, head, block of rows): x (B, N, H, D) float32 -> (B, H, cdiv(N, block))."""
+    """max |x| over the finite values of each (batch, head, block of rows): x (B, N, H, D) float32 -> (B, H,
+    cdiv(N, block)). An inf / NaN does not set the block's descale (it would scale its finite values to 0: module
+    docstring, "Non-finite inputs")."""
     B, N, H, D = x.shape
     T = -(-N // block)
     pad = x.new_zeros(B, T * block, H, D)
-    pad[:, :N] = x.abs()
+    pad[:, :N] = x.abs().nan_to_num_(nan=0.0, posinf=0.0)
     return pad.view(B, T, block, H, D).amax(dim=(2, 4)).transpose(1, 2).contiguous()
 
 
@@ -475,9 +487,10 @@ def _reduce_amax(amax: torch.Tensor, granularity: str) -> torch.Tensor:
 
 
 def _to_e4m3(x: torch.Tensor, inv: torch.Tensor, block: int) -> torch.Tensor:
-    """e4m3(x / descale): x (B, N, H, D) float32, inv (B, H, T) = 1 / descale; RNE, saturating."""
+    """e4m3(x / descale): x (B, N, H, D) float32, inv (B, H, T) = 1 / descale; RNE, saturating finite values; an
+    inf or NaN becomes e4m3's NaN (e4m3fn has no inf; saturating inf to 448 would make it a finite wrong value)."""
     scaled = x * _per_row(inv, block, x.shape[1])
-    return scaled.clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
+    return scaled.clamp(-E4M3_MAX, E4M3_MAX).masked_fill_(scaled.isinf(), math.nan).to(E4M3)
 
 
 def _quantize_rows(x: torch.Tensor, block: int, granularity: str):
