@@ -111,11 +111,11 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
         ``fa_variants.attention``).
 
     Raises:
-        ValueError: not 4-D, or num_heads not a multiple of num_heads_kv (full checks live in api.py).
+        TypeError: q, k or v not a floating-point tensor; dtype not a floating-point torch.dtype.
+        ValueError: not 4-D; batch, seqlen_k, num_heads_kv (k against v) or head_dim (q against k) that differ;
+            num_heads not a multiple of num_heads_kv; tensors on different devices (``_check_reference_inputs``).
     """
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"q, k, v must be 4-D (batch, seqlen, heads, head_dim); got shapes "
-                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    _check_reference_inputs(q, k, v, dtype)
     batch, seqlen_q, num_heads, head_dim = q.shape
     seqlen_k, num_heads_kv, head_dim_v = k.shape[1], k.shape[2], v.shape[3]
     if seqlens_k is not None:
@@ -163,6 +163,30 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
         out[:, r0:r1] = o.reshape(batch, r1 - r0, num_heads, head_dim_v)
         lse[:, :, r0:r1] = m.reshape(batch, num_heads, r1 - r0).to(lse_dtype)
     return out, lse
+
+
+def _check_reference_inputs(q, k, v, dtype) -> None:
+    """attention_reference's argument rules (its docstring), one line naming the argument: before, a k of batch 1
+    was broadcast over q's batch by einsum without a word, and other mismatches failed inside einsum / reshape."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            what = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
+            raise TypeError(f"{name} must be a floating-point tensor, got {what}")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"q, k, v must be 4-D (batch, seqlen, heads, head_dim); got shapes "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if not q.device == k.device == v.device:
+        raise ValueError(f"q, k, v must be on one device; got {q.device}, {k.device}, {v.device}")
+    if not q.shape[0] == k.shape[0] == v.shape[0]:
+        raise ValueError(f"q, k, v must have one batch; got shapes {tuple(q.shape)}, {tuple(k.shape)}, "
+                         f"{tuple(v.shape)}")
+    if k.shape[1:3] != v.shape[1:3]:
+        raise ValueError(f"k has shape {tuple(k.shape)} but v has {tuple(v.shape)}: seqlen_k and num_heads_kv "
+                         "must match")
+    if k.shape[3] != q.shape[3]:
+        raise ValueError(f"q has head_dim {q.shape[3]} but k has {k.shape[3]}; they must match (v's may differ)")
 
 
 def _per_sequence(q, k, v, lengths: list[int], **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -325,7 +349,10 @@ def max_abs_error(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def rel_l2(x: torch.Tensor, ref: torch.Tensor) -> float:
-    """||x - ref||_2 / ||ref||_2 in float64 (0 when both are zero)."""
+    """||x - ref||_2 / ||ref||_2 in float64 (0 when both are zero). Raises ValueError for shapes that differ (as
+    ``max_abs_error``; it broadcast them before)."""
+    if x.shape != ref.shape:
+        raise ValueError(f"shape {tuple(x.shape)} differs from the reference's {tuple(ref.shape)}")
     x64, r64 = x.double(), ref.double()
     denom = r64.norm().item()
     num = (x64 - r64).norm().item()

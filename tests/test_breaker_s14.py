@@ -184,3 +184,34 @@ def test_fp8_a_non_finite_k_or_v_value_is_never_a_finite_wrong_answer(name, valu
         finite = torch.isfinite(out).all(-1)
         assert not finite[0, 7:, 0].any()  # causal rows 7.. read key 7 (head 0)
         assert (out - exact)[finite].abs().max() < 0.2  # N(0,1) inputs: the FP8 error is ~0.05
+
+
+# ------------------------------------------------------------------- the reference and the tolerance helpers
+
+def test_reference_names_a_bad_argument_and_never_broadcasts():
+    """reference.attention_reference (the documented float64 reference) broadcast a k / v of batch 1 over q's
+    batch 2 without a word (einsum broadcasts size-1 dims), failed inside einsum / reshape for other mismatches
+    and for an int dtype; rel_l2 broadcast shapes that differ (max_abs_error already refused them)."""
+    from fa_variants import reference
+
+    q, k = torch.randn(2, 3, 2, 8), torch.randn(2, 4, 1, 8)
+    cases = [
+        ((q, k[:1], k[:1]), {}, ValueError, r"^q, k, v must have one batch"),
+        ((q, k, k[..., :4]), {}, None, None),  # v's own head_dim: documented, still fine
+        ((q, k[..., :4], k), {}, ValueError, r"^q has head_dim 8 but k has 4"),
+        ((q, k, k[:, :2]), {}, ValueError, r"^k has shape \(2, 4, 1, 8\) but v has \(2, 2, 1, 8\)"),
+        ((q, k, k.to("meta")), {}, ValueError, r"^q, k, v must be on one device"),
+        ((q.int(), k, k), {}, TypeError, r"^q must be a floating-point tensor, got torch.int32$"),
+        ((q, k, k), dict(dtype=torch.int32), TypeError, r"^dtype must be a floating-point torch.dtype"),
+    ]
+    for args, kwargs, exc, message in cases:
+        if exc is None:
+            reference.attention_reference(*args, **kwargs)
+            continue
+        with pytest.raises(exc, match=message):
+            reference.attention_reference(*args, **kwargs)
+    x = torch.randn(1, 4, 2, 8)
+    for other in (x[:, :1], x.transpose(1, 2)):
+        with pytest.raises(ValueError, match=r"^shape \(1, 4, 2, 8\) differs from the reference's"):
+            reference.rel_l2(x, other)
+    assert reference.rel_l2(2 * x, x) == pytest.approx(1.0)
