@@ -33,10 +33,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import numbers
 from collections import Counter
 from typing import NamedTuple
 
 import torch
+
+from fa_variants.common.scale import check_softmax_scale
 
 __all__ = [
     "HBM",
@@ -106,21 +109,22 @@ class Emulation(NamedTuple):
 # ----------------------------------------------------------------------------------------------- helpers
 
 
-def _prepare(q, k, v, softmax_scale):
-    """Validate shapes; return (q, k, v) as (B, H*, N, D) views in the compute dtype, the index of the K/V head
-    each query head reads (GQA: h // group) and the scale."""
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"q, k, v must be 4-D (batch, seqlen, heads, head_dim); got {q.shape}, {k.shape}, {v.shape}")
+def _prepare(q, k, v, softmax_scale, causal):
+    """Validate the arguments as ``fa_variants.attention`` does (one line naming the argument: before, an int q ran
+    in float32, a str scale was parsed, a truthy non-bool causal was taken, a meta k failed inside torch); return
+    (q, k, v) as (B, H*, N, D) views in the compute dtype, the index of the K/V head each query head reads (GQA:
+    h // group) and the scale."""
+    from fa_variants import api  # not at import: `fa-variants io` without the API's set-up
+
+    api._check_inputs(q, k, v, hint="")  # its rules and messages, without the layout hint of attention's
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {causal!r}")
     B, _, H, D = q.shape
-    if k.shape != v.shape or k.shape[0] != B or k.shape[3] != D:
-        raise ValueError(f"k and v must be (batch={B}, seqlen_k, num_heads_kv, head_dim={D}); got {k.shape}, {v.shape}")
     Hkv = k.shape[2]
-    if Hkv == 0 or H % Hkv != 0:
-        raise ValueError(f"num_heads ({H}) must be a multiple of num_heads_kv ({Hkv})")
+    if Hkv == 0:
+        raise ValueError(f"num_heads_kv is 0 (k has shape {tuple(k.shape)}); need at least one KV head")
     dtype = torch.promote_types(q.dtype, torch.float32)
-    scale = 1.0 / math.sqrt(D) if softmax_scale is None else float(softmax_scale)
-    if not math.isfinite(scale):
-        raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
+    scale = 1.0 / math.sqrt(D) if softmax_scale is None else check_softmax_scale(softmax_scale)
     to = lambda t: t.to(dtype).transpose(1, 2).contiguous()  # noqa: E731  (B, heads, N, D)
     return to(q), to(k), to(v), torch.arange(H) // (H // Hkv), scale
 
@@ -148,7 +152,13 @@ def causal_kv_tiles(row_end: int, Nq: int, Nk: int, Bc: int) -> int:
 
 
 def _tile_counts(Nq: int, Nk: int, Br: int, Bc: int) -> tuple[int, int]:
-    """(Tr, Tc) = (ceil(Nq / Br), ceil(Nk / Bc)): the Q tiles and K/V tiles. Raises ValueError for a size < 1."""
+    """(Tr, Tc) = (ceil(Nq / Br), ceil(Nk / Bc)): the Q tiles and K/V tiles. Raises TypeError for a size that is
+    not an int, ValueError for a tile size < 1 or a seqlen < 0."""
+    for name, value in (("Nq", Nq), ("Nk", Nk), ("Br", Br), ("Bc", Bc)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{name} must be an int, got {value!r}")
+    if Nq < 0 or Nk < 0:
+        raise ValueError(f"seqlens must be >= 0, got Nq={Nq}, Nk={Nk}")
     if Br < 1 or Bc < 1:
         raise ValueError(f"tile sizes must be >= 1, got Br={Br}, Bc={Bc}")
     return -(-Nq // Br), -(-Nk // Bc)
@@ -165,7 +175,7 @@ def standard_attention(q, k, v, *, causal: bool = False, softmax_scale: float | 
     reads = (Nq + 2 Nk) d + 2 Nq Nk and writes = 2 Nq Nk + Nq d + Nq per (batch, head): Theta(N d + N^2).
     Shapes as in the module docstring; returns :class:`Emulation`.
     """
-    q, k, v, kvh, scale = _prepare(q, k, v, softmax_scale)
+    q, k, v, kvh, scale = _prepare(q, k, v, softmax_scale, causal)
     (B, H, Nq, D), Nk = q.shape, k.shape[2]
     hbm = HBM()
     S = q.new_empty(B, H, Nq, Nk)
@@ -195,7 +205,7 @@ def flash_attention_1(q, k, v, *, causal: bool = False, softmax_scale: float | N
     wholly above the diagonal are skipped; diagonal tiles are masked.
     Shapes as in the module docstring; Br x Bc is the S tile; returns :class:`Emulation`.
     """
-    q, k, v, kvh, scale = _prepare(q, k, v, softmax_scale)
+    q, k, v, kvh, scale = _prepare(q, k, v, softmax_scale, causal)
     (B, H, Nq, D), Nk = q.shape, k.shape[2]
     Tr, Tc = _tile_counts(Nq, Nk, Br, Bc)
     hbm = HBM()
@@ -246,7 +256,7 @@ def flash_attention_2(q, k, v, *, causal: bool = False, softmax_scale: float | N
     first causal_kv_tiles(...) K/V tiles are visited; a Q tile that sees no key writes O = 0, LSE = -inf
     without reading Q. Shapes as in the module docstring; returns :class:`Emulation`.
     """
-    q, k, v, kvh, scale = _prepare(q, k, v, softmax_scale)
+    q, k, v, kvh, scale = _prepare(q, k, v, softmax_scale, causal)
     (B, H, Nq, D), Nk = q.shape, k.shape[2]
     Tr, Tc = _tile_counts(Nq, Nk, Br, Bc)
     hbm = HBM()

@@ -215,3 +215,30 @@ def test_reference_names_a_bad_argument_and_never_broadcasts():
         with pytest.raises(ValueError, match=r"^shape \(1, 4, 2, 8\) differs from the reference's"):
             reference.rel_l2(x, other)
     assert reference.rel_l2(2 * x, x) == pytest.approx(1.0)
+
+
+# ------------------------------------------------------------- fa_variants.emulate (the FA1 / FA2 tile loops)
+
+@pytest.mark.parametrize("algorithm", ["standard", "fa1", "fa2"])
+def test_tile_emulators_check_arguments_as_attention_does(algorithm):
+    """emulate(...) ran an int32 q in float32, parsed a str softmax_scale, took causal="no" as True (truthy), and
+    failed inside torch for a k on another device; hbm_counts gave negative traffic for a negative seqlen."""
+    from fa_variants import emulate
+
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 5, 2, 8, generator=g), torch.randn(1, 7, 1, 8, generator=g)
+    cases = [
+        ((q.int(), k.int(), k.int()), {}, TypeError, r"^q has dtype torch.int32; attention needs a floating-point"),
+        ((q, k, k), dict(softmax_scale="0.1"), TypeError, r"^softmax_scale must be a real number"),
+        ((q, k, k), dict(softmax_scale=math.inf), ValueError, r"^softmax_scale must be finite"),
+        ((q, k, k), dict(causal="no"), TypeError, r"^causal must be a bool, got 'no'$"),
+        ((q, k, k.to("meta")), {}, ValueError, r"^q is on cpu but v is on meta"),
+        ((q, k, k.double()), {}, TypeError, r"^q has dtype torch.float32 but v has dtype torch.float64"),
+    ]
+    if algorithm != "standard":
+        cases.append(((q, k, k), dict(Bc=2.5), TypeError, r"^Bc must be an int, got 2.5$"))
+    for args, kwargs, exc, message in cases:
+        with pytest.raises(exc, match=message):
+            emulate.emulate(algorithm, *args, **kwargs)
+    with pytest.raises(ValueError, match=r"^seqlens must be >= 0, got Nq=-4"):
+        emulate.hbm_counts(algorithm, 1, 1, -4, 4, 8)
