@@ -117,7 +117,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from fa_variants import api
+from fa_variants import api, dispatch
 from fa_variants.common import env
 from fa_variants.reference import default_softmax_scale
 
@@ -638,6 +638,9 @@ def _local_error(q, k, v, causal, softmax_scale, backend, return_lse, layout):
                                       "call it under torch.no_grad() / torch.inference_mode()")
         if q.device.type not in _DEVICE_TYPES:
             raise ValueError(f"q is on {q.device}; context parallelism supports {_DEVICE_TYPES}")
+        # the backend every step uses, chosen here: an unknown or unavailable one (on this rank only, say) is this
+        # rank's error before the exchange, not an exception out of a step that leaves the other ranks waiting
+        dispatch.select_backend(q, k, v, causal=causal, backend=backend)
         return None, scale
     except (TypeError, ValueError, NotImplementedError) as error:
         return error, 0.0
@@ -710,7 +713,10 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         RuntimeError: torch.distributed is not initialized.
         ValueError: this process is not in ``group``; any error of ``fa_variants.attention`` on this rank's
             inputs; causal with seqlen_q != seqlen_k; an unknown layout; shards that do not fit together
-            across ranks (raised on every rank, naming the rank and the field).
+            across ranks (raised on every rank, naming the rank and the field); an unknown backend or one that
+            cannot serve this rank's inputs (``BackendUnavailableError``), found before the exchange: that rank
+            raises it, the others "rank r rejected its inputs". An exception from the own step's first piece
+            (``OVERLAP_START``) is raised the same way, after the exchange.
         TypeError: as ``fa_variants.attention``.
         NotImplementedError: an input requires grad (forward only).
 
@@ -741,8 +747,11 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
             ready.record(torch.cuda.current_stream(q.device))
     pieces = _own_pieces(q.shape[1], k.shape[1], causal, layout) if error is None and OVERLAP_START else None
     if pieces is not None:  # needs nothing from the other ranks: the GPU computes it while the host checks and posts
-        with _region("own step: first piece"):
-            early = (pieces, *_own_piece(q, k, v, pieces[0], causal, scale, backend))
+        try:
+            with _region("own step: first piece"):
+                early = (pieces, *_own_piece(q, k, v, pieces[0], causal, scale, backend))
+        except Exception as exc:  # raised after the exchange: every rank raises, none waits for this one's row
+            error, row, early = exc, [0] * len(_FIELDS), None
     with _region("shape check: start"):
         exchange = _RowExchange(group, row, world)
     with _region("shape check: wait"):

@@ -110,6 +110,11 @@ def _bad_cases(world: int, gen) -> list:
         # the own step's head is launched before the check's answer: computed, then the same error on every rank
         dict(name="bad_zigzag_lengths", args=skewed, kwargs=[base] * world, group="world"),
         dict(name="bad_causal_cross", args=[cross] * world, kwargs=[base] * world, group="world"),
+        # a backend only rank 1 cannot use (fa2 needs a GPU; an unknown name): before, rank 1 raised from the own
+        # step's first piece, before the shape check's all-gather, and the other ranks paired that all-gather with
+        # rank 1's next call (a result from mismatched calls, then a hang or a closed peer)
+        dict(name="bad_backend", **with_rank1(good[1], dict(base, backend="fa2"))),
+        dict(name="bad_backend_name", **with_rank1(good[1], dict(base, backend="fa9"))),
     ]
 
 
@@ -180,6 +185,8 @@ def test_group_of_one_is_plain_attention(ring):
     ("bad_local", "rank 1 rejected its inputs", "k must be 4-D"),
     ("bad_zigzag_lengths", "rank 0 holds 10 tokens, but zig-zag sharding of", None),
     ("bad_causal_cross", None, None),
+    ("bad_backend", "rank 1 rejected its inputs", "fa2 runs on sm_80"),
+    ("bad_backend_name", "rank 1 rejected its inputs", "unknown backend 'fa9'"),
 ])
 def test_bad_input_raises_on_every_rank(ring, name, every_rank, rank1):
     """Every rank raises a one-line ValueError (none hangs), and the group stays usable afterwards."""
@@ -187,7 +194,7 @@ def test_bad_input_raises_on_every_rank(ring, name, every_rank, rank1):
     for rank, result in enumerate(results):
         assert result[name][0] == "error", f"rank {rank} did not raise"
         _, kind, message = result[name]
-        assert kind == "ValueError" and "\n" not in message, (rank, kind, message)
+        assert kind in ("ValueError", "BackendUnavailableError") and "\n" not in message, (rank, kind, message)
         if rank == 1 and rank1 is not None:
             assert rank1 in message, message
         elif every_rank is not None:
