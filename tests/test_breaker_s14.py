@@ -242,3 +242,53 @@ def test_tile_emulators_check_arguments_as_attention_does(algorithm):
             emulate.emulate(algorithm, *args, **kwargs)
     with pytest.raises(ValueError, match=r"^seqlens must be >= 0, got Nq=-4"):
         emulate.hbm_counts(algorithm, 1, 1, -4, 4, 8)
+
+
+# ----------------------------------------------------------------------- files: the fixture, a model folder
+
+def _write_fixture_like(path, payload):
+    import io
+    import lzma
+
+    if isinstance(payload, bytes):
+        path.write_bytes(payload)
+        return path
+    buf = io.BytesIO()
+    torch.save(payload, buf)
+    path.write_bytes(lzma.compress(buf.getvalue()))
+    return path
+
+
+@pytest.mark.parametrize("payload, message", [
+    (b"not lzma", r"not a fixture file \(not lzma-compressed\)"),                      # LZMAError
+    (__import__("lzma").compress(b"not a pickle"), r"not a fixture file \(not a torch.save"),  # UnpicklingError
+    ([1, 2], r"not a fixture file \(holds a list, not a dict\)"),                      # 'list' has no 'get'
+    ({"format": 1, "text": "x"}, r"fixture fields missing: model_name, input_ids"),   # TypeError from __init__
+])
+def test_a_corrupt_fixture_is_one_line_naming_the_file(tmp_path, monkeypatch, capsys, payload, message):
+    """Fixture.load of a file that is not a fixture raised lzma's / pickle's / a dict lookup's error, and
+    `fa-variants demo` (which loads $FA_VARIANTS_FIXTURE when it exists) printed a traceback, exit 1."""
+    from fa_variants import cli
+    from fa_variants.integrations import fixture
+
+    path = _write_fixture_like(tmp_path / "bad.pt.xz", payload)
+    with pytest.raises(ValueError, match=rf"^{path}: {message}"):
+        fixture.load_real_input(path)
+    monkeypatch.setenv(fixture.ENV_VAR, str(path))
+    assert cli.main(["demo", "--seqlen", "8"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"fa-variants demo: error: {path}: ") and "\n" not in err, err
+
+
+@pytest.mark.parametrize("manifest", ["{", "[]", '{"bytes": 1, "sha256": "x"}',
+                                      '{"bytes": 1, "sha256": "x", "parts": "p"}',
+                                      '{"bytes": 1, "sha256": "x", "parts": [{"name": "p"}]}',
+                                      '{"bytes": 1, "sha256": "x", "parts": [{"name": "../p", "bytes": 1}]}'])
+def test_a_malformed_model_folder_manifest_is_one_line(tmp_path, manifest):
+    """read_weights (fp8-study --model-dir) took chunks.json as it came: json's error, a KeyError 'parts' or
+    'bytes', a TypeError for a list; a piece name with a folder part was joined to the folder."""
+    from fa_variants.integrations import model_dir
+
+    (tmp_path / model_dir.MANIFEST).write_text(manifest)
+    with pytest.raises(ValueError, match=rf"^model_dir {tmp_path}: chunks.json is not"):
+        model_dir.read_weights(tmp_path)

@@ -23,7 +23,8 @@ from __future__ import annotations
 import io
 import lzma
 import os
-from dataclasses import asdict, dataclass, field, fields
+import pickle
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -73,9 +74,25 @@ class Fixture:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Fixture":
-        """Read a fixture written by :meth:`save`. Raises ValueError for another format version."""
-        data = torch.load(io.BytesIO(lzma.decompress(Path(path).expanduser().read_bytes())),
-                          weights_only=True)
+        """Read a fixture written by :meth:`save`. Raises ValueError naming the file for another format version
+        and for a file that is not a fixture (not lzma, not a torch.save of a dict, fields missing): before, such a
+        file gave lzma's / pickle's / a dict lookup's error and ``fa-variants demo`` a traceback. OSError (a
+        missing file, a folder) as ``Path.read_bytes``."""
+        raw = Path(path).expanduser().read_bytes()
+        regenerate = "regenerate it with python -m fa_variants.integrations.capture"
+        try:
+            data = torch.load(io.BytesIO(lzma.decompress(raw)), weights_only=True)
+        except lzma.LZMAError:
+            raise ValueError(f"{path}: not a fixture file (not lzma-compressed); {regenerate}") from None
+        except (EOFError, pickle.UnpicklingError, RuntimeError):  # torch's message would suggest weights_only=False
+            raise ValueError(f"{path}: not a fixture file (not a torch.save of plain data that torch.load "
+                             f"reads with weights_only=True); {regenerate}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: not a fixture file (holds a {type(data).__name__}, not a dict); {regenerate}")
+        missing = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING
+                   and f.name not in data]
+        if data.get("format") == FORMAT and missing:
+            raise ValueError(f"{path}: fixture fields missing: {', '.join(missing)}; {regenerate}")
         if data.get("format") != FORMAT:
             raise ValueError(f"{path}: fixture format {data.get('format')}, expected {FORMAT}; "
                              "regenerate it with python -m fa_variants.integrations.capture")

@@ -64,6 +64,25 @@ def save_model_dir(model, folder: str | os.PathLike, *, tokenizer=None, chunk_mi
     return written
 
 
+def _manifest(folder: Path) -> dict:
+    """chunks.json, checked: {"bytes": int, "sha256": str, "parts": [{"name": str, "bytes": int}, ...]}; a piece's
+    name a plain file name (no folder part). ValueError naming the folder otherwise (before: json's, a KeyError or
+    a TypeError from deep in read_weights)."""
+    where = f"model_dir {folder}: {MANIFEST}"
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{where} is not JSON ({exc}); write the folder with scripts/pack_model_chunks.py") from None
+    ok = (isinstance(manifest, dict) and isinstance(manifest.get("bytes"), int)
+          and isinstance(manifest.get("sha256"), str) and isinstance(manifest.get("parts"), list) and all(
+              isinstance(p, dict) and isinstance(p.get("name"), str) and Path(p["name"]).name == p["name"]
+              and p["name"] not in ("", ".", "..") and isinstance(p.get("bytes"), int) for p in manifest["parts"]))
+    if not ok:
+        raise ValueError(f"{where} is not a manifest of save_model_dir (bytes, sha256, parts of name and bytes); "
+                         "write the folder with scripts/pack_model_chunks.py")
+    return manifest
+
+
 def read_weights(folder: str | os.PathLike) -> dict[str, torch.Tensor]:
     """The state dict of a folder written by :func:`save_model_dir` (tensors in the stored dtype, CPU).
 
@@ -74,7 +93,7 @@ def read_weights(folder: str | os.PathLike) -> dict[str, torch.Tensor]:
     folder = Path(folder)
     if not (folder / MANIFEST).is_file():
         raise ValueError(f"model_dir {folder}: no {MANIFEST} (write the folder with scripts/pack_model_chunks.py)")
-    manifest = json.loads((folder / MANIFEST).read_text())
+    manifest = _manifest(folder)
     pieces = []
     for part in manifest["parts"]:
         path = folder / part["name"]
