@@ -292,3 +292,19 @@ def test_a_malformed_model_folder_manifest_is_one_line(tmp_path, manifest):
     (tmp_path / model_dir.MANIFEST).write_text(manifest)
     with pytest.raises(ValueError, match=rf"^model_dir {tmp_path}: chunks.json is not"):
         model_dir.read_weights(tmp_path)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{", r"not JSON \("),
+    ("[1, 2]", r"not an fp8_study.json of `fa-variants fp8-study`"),           # TypeError traceback before
+    ('{"meta": {}, "results": []}', r"not an fp8_study.json of `fa-variants fp8-study`"),  # KeyError 'setup'
+])
+def test_fp8_study_merge_names_a_file_that_is_not_a_study(tmp_path, capsys, text, message):
+    from fa_variants import cli
+
+    bad = tmp_path / "other.json"
+    bad.write_text(text)
+    assert cli.main(["fp8-study", "--merge", str(bad), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith(f"fa-variants fp8-study: error: --merge {bad}: "), err
+    assert __import__("re").search(message, err), err

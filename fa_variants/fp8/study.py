@@ -459,9 +459,26 @@ def _write(args, rows: list[dict], meta: dict, e2e: dict | None, gpu: bool) -> N
     print(f"wrote {args.out / 'fp8_study.json'}, fp8_study.md and {len(written)} plots", file=sys.stderr)
 
 
+def _read_run(path: Path) -> dict:
+    """One fp8_study.json for --merge: {"setup": {"command", "cases", "fp8_source", ...}, "rows": [{...}], "e2e"}.
+    ValueError naming the file otherwise (before: json's message without the file, or a KeyError / TypeError
+    traceback for another JSON, e.g. a bench report)."""
+    try:
+        run = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--merge {path}: not JSON ({exc})") from None
+    setup = run.get("setup") if isinstance(run, dict) else None
+    if not (isinstance(setup, dict) and isinstance(setup.get("command"), str) and isinstance(setup.get("cases"), list)
+            and isinstance(setup.get("fp8_source"), str) and isinstance(run.get("rows"), list)
+            and all(isinstance(row, dict) for row in run["rows"])):
+        raise ValueError(f"--merge {path}: not an fp8_study.json of `fa-variants fp8-study` (a setup with command, "
+                         "cases and fp8_source; rows)")
+    return run
+
+
 def merge_cli(args: argparse.Namespace) -> int:
     """--merge: one report from the JSON of several runs (rows concatenated, the first end-to-end result)."""
-    runs = [json.loads(p.read_text()) for p in args.merge]
+    runs = [_read_run(p) for p in args.merge]
     meta = dict(runs[0]["setup"], command=" ; ".join(r["setup"]["command"] for r in runs),
                 cases=[c for r in runs for c in r["setup"]["cases"]])
     if len({r["setup"]["fp8_source"] for r in runs}) > 1:
