@@ -308,3 +308,14 @@ def test_fp8_study_merge_names_a_file_that_is_not_a_study(tmp_path, capsys, text
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and err.startswith(f"fa-variants fp8-study: error: --merge {bad}: "), err
     assert __import__("re").search(message, err), err
+
+
+def test_quantize_fp8_takes_one_dtype():
+    """quantize_fp8 took q, k, v of different dtypes (attention and attention_fp8 refuse them): harmless on the
+    torch path, but the GPU pass compiles V's pass, which also reads K for its mean, for V's dtype."""
+    q, k = torch.randn(1, 3, 2, 64, dtype=torch.float16), torch.randn(1, 5, 1, 64, dtype=torch.float16)
+    for impl in ("torch", "auto"):
+        with pytest.raises(TypeError, match=r"^q has dtype torch.float16 but k has dtype torch.bfloat16; they must"):
+            fp8.quantize_fp8(q, k.bfloat16(), k, impl=impl)
+        with pytest.raises(TypeError, match=r"^q has dtype torch.float16 but v has dtype torch.float32"):
+            fp8.quantize_fp8(q, k, k.float(), impl=impl)

@@ -410,6 +410,9 @@ def _check(q, k, v, config, softmax_scale) -> float:
             raise ValueError(f"{name} must be 4-D (batch, seqlen, heads, head_dim), got shape {tuple(t.shape)}")
         if t.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
             raise TypeError(f"{name} has dtype {t.dtype}; quantize_fp8 takes float16, bfloat16, float32 or float64")
+    for name, t in (("k", k), ("v", v)):  # as attention: the GPU pass compiles for one dtype (V's pass reads K too)
+        if t.dtype != q.dtype:
+            raise TypeError(f"q has dtype {q.dtype} but {name} has dtype {t.dtype}; they must match")
     if not isinstance(config, FP8Config):
         raise TypeError(f"config must be an FP8Config, got {type(config).__name__}")
     (B, _, H, D), (Bk, Nk, Hkv, Dk) = q.shape, k.shape
@@ -561,7 +564,7 @@ def quantize_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: F
 
     Args:
         q: (batch, seqlen_q, num_heads, head_dim); k, v: (batch, seqlen_k, num_heads_kv, head_dim); float16,
-            bfloat16, float32 or float64, one device, any strides. Not modified.
+            bfloat16, float32 or float64 (one dtype), one device, any strides. Not modified.
         config: the recipe (FP8Config). softmax_scale: a finite real with |softmax_scale| <=
             ``fa_variants.api.MAX_SOFTMAX_SCALE`` (attention's rule, ``common.scale.check_softmax_scale``) or None
             (1 / sqrt(head_dim)); a negative one is folded into K (FP8Inputs.softmax_scale = |softmax_scale|).
@@ -572,8 +575,8 @@ def quantize_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: F
         FP8Inputs (quantised q, k, transposed v, descales, scale, recipe).
 
     Raises:
-        TypeError: a non-tensor, a dtype other than those above, a bad config type, a softmax_scale that is not
-            a real number (a bool, a str, a tensor).
+        TypeError: a non-tensor, a dtype other than those above, q, k, v of different dtypes, a bad config type, a
+            softmax_scale that is not a real number (a bool, a str, a tensor).
         ValueError: ranks, mismatched shapes or devices, num_heads not a multiple of num_heads_kv, a
             non-finite or out-of-range softmax_scale, impl unknown or "kernel" where the GPU pass cannot serve
             the call.
