@@ -1,5 +1,6 @@
-"""Regressions of session 14's breaker pass (the public surface driven as a user would, on the CPU): each test
-failed before its fix. Seconds: the reference backend, the FP8 emulation, the shard helpers (no process group).
+"""Input contracts of the public surface beyond attention() itself (caller-built FP8Inputs, the FP8 quantiser on
+non-finite values, the reference and emulators' argument checks, the shard helpers, corrupt fixture / report
+files), driven as a user would on the CPU: each test failed before its fix (session 14). Seconds: the reference backend, the FP8 emulation, the shard helpers (no process group).
 """
 import dataclasses
 import math
