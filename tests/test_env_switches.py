@@ -64,6 +64,15 @@ def test_flag_integer_choice(monkeypatch):
     monkeypatch.setenv("FA_VARIANTS_TEST", "on")
     with pytest.raises(ValueError, match="^FA_VARIANTS_TEST='on' must be one of 0, 1, auto$"):
         env.auto_flag("FA_VARIANTS_TEST")
+    for value, expected in (("", False), ("0", False), ("off", False), ("1", True), ("Yes", True), ("k", "k"),
+                            (" K ", "k")):
+        monkeypatch.setenv("FA_VARIANTS_TEST", value)
+        assert env.flag_or("FA_VARIANTS_TEST", False, ("k",)) == expected, value
+        assert type(env.flag_or("FA_VARIANTS_TEST", False, ("k",))) is type(expected), value
+    for bad in ("q", "kq", "2"):
+        monkeypatch.setenv("FA_VARIANTS_TEST", bad)
+        with pytest.raises(ValueError, match=f"^FA_VARIANTS_TEST='{bad}' must be 0 or 1 .* or k$"):
+            env.flag_or("FA_VARIANTS_TEST", False, ("k",))
 
 
 def test_every_switch_is_read_through_common_env():
@@ -117,6 +126,9 @@ def test_readme_table_lists_each_switch_once_with_its_default():
         for name in re.findall(r"env\.auto_flag\(\"(FA_VARIANTS_\w+)\"\)", text):
             assert re.search(r"\bauto\b", default[name]), (name, default[name])
             checked += 1
+        for name, on in re.findall(r"env\.flag_or\(\"(FA_VARIANTS_\w+)\", (True|False),", text):
+            assert default[name] == ("on" if on == "True" else "off"), (name, default[name])
+            checked += 1
     assert checked >= 15
 
 
@@ -151,6 +163,8 @@ def test_the_checks_take_what_the_modules_take(monkeypatch):
             good_bad[name] = (("0", "on", "False", "yes"), ("2", "maybe"))
         for name in re.findall(r"env\.auto_flag\(\"(FA_VARIANTS_\w+)\"\)", text):
             good_bad[name] = (("0", "1", "auto"), ("on", "x"))
+        for name, names in re.findall(r"env\.flag_or\(\"(FA_VARIANTS_\w+)\", \w+, \(([^)]*)\)\)", text):
+            good_bad[name] = (("0", "on", "False", *re.findall(r"\"([^\"]+)\"", names)), ("2", "maybe"))
         for name, low in re.findall(r"env\.integer\(\"(FA_VARIANTS_\w+)\", \"\w+\", (\d+)", text):
             good_bad[name] = ((low, "64"), (str(int(low) - 1), "huge", "1.5"))
     assert len(good_bad) >= 20

@@ -555,8 +555,9 @@ def test_v3_staged_mean_bitwise(monkeypatch, head_dim, config):
         assert torch.isfinite(b.lse_shift).all() and b.lse_shift.abs().max() > 0
 
 
-def assert_switch_bitwise(monkeypatch, switch: str, head_dim: int, config: str, seed: int):
-    """quant_host.``switch`` off vs on (the current default otherwise, staged mean on): every output equal bit for
+def assert_switch_bitwise(monkeypatch, switch: str, head_dim: int, config: str, seed: int, on_value=True):
+    """quant_host.``switch`` off (False) vs on (``on_value``; the current default otherwise, staged mean on): every
+    output equal bit for
     bit; GQA, odd lengths (tail tokens not stored), batch > 1, a negative scale, the per-head baseline (its "amax"
     and "given" launches), fresh NaN-poisoned memory; and (scale None) the torch recipe given the pass's mean."""
     monkeypatch.setattr(qh, "V3_STAGED_MEAN", True)
@@ -568,7 +569,7 @@ def assert_switch_bitwise(monkeypatch, switch: str, head_dim: int, config: str, 
     k = k + torch.linspace(-4, 4, head_dim, device="cuda").to(torch.bfloat16)
     for scale in (None, -0.7):
         got = []
-        for on in (False, True):
+        for on in (False, on_value):
             monkeypatch.setattr(qh, switch, on)
             torch.full((1 << 24,), float("nan"), device="cuda")  # freed at once: torch.empty may hand it out again
             got.append(qh.quantize(q, k, v, config=cfg, softmax_scale=scale, pipeline="v3"))
@@ -757,10 +758,14 @@ def test_staged_store_rule(monkeypatch):
     """The staged e4m3 store's default (``V3_STAGED_STORE`` None) is on at head_dim 64 only (the H200 A/B:
     faster there, slower at 128 / 256); 1 / 0 force it at every head_dim; the environment value is checked."""
     monkeypatch.setattr(qh, "V3_STAGED_STORE", None)
-    assert [qh.staged_store_for(d) for d in (64, 128, 256)] == [True, False, False]
+    monkeypatch.setattr(qh, "V3_WIDE128", False)
+    for t in ("k", "q"):
+        assert [qh.staged_store_for(d, t) for d in (64, 128, 256)] == [True, False, False]
     for forced in (True, False):
         monkeypatch.setattr(qh, "V3_STAGED_STORE", forced)
-        assert [qh.staged_store_for(d) for d in (64, 128, 256)] == [forced] * 3
+        assert [qh.staged_store_for(d, t) for d in (64, 128, 256) for t in "kq"] == [forced] * 6
+    with pytest.raises(ValueError, match="'q' or 'k'"):
+        qh.staged_store_for(128, "v")
     monkeypatch.setenv("FA_VARIANTS_FP8_QUANT_STAGED_STORE", "2")
     with pytest.raises(ValueError, match="FA_VARIANTS_FP8_QUANT_STAGED_STORE"):
         qh._env.auto_flag("FA_VARIANTS_FP8_QUANT_STAGED_STORE")
@@ -978,12 +983,14 @@ def test_compiles_wide128(arch, name, rows, extra, monkeypatch):
 
 def test_wide128_host_rule(monkeypatch):
     """quantize asks for ``wide`` and the staged store in Q's and K's passes at head_dim 128 only with ``V3_WIDE128`` on
-    (pipeline v3; V never; 256 keeps ``V3_WIDE``'s rule, 64 the staged store alone), and ``V3_STAGED_STORE``'s auto rule
-    grows to 128 only then (the passes replaced by a recorder: CPU only)."""
+    (pipeline v3; V never; 256 keeps ``V3_WIDE``'s rule, 64 the staged store alone), in K's pass alone with "k", and
+    ``V3_STAGED_STORE``'s auto rule grows to 128 only for the passes it takes (the passes replaced by a recorder: CPU
+    only; Q has 2 heads, K 1)."""
     calls = []
 
     def recorder(x, *, role, block, **kw):
-        calls.append((role, x.shape[-1], kw.get("wide", False), kw.get("staged_store", False)))
+        name = "v" if role == "v" else "q" if x.shape[2] == 2 else "k"
+        calls.append((name, x.shape[-1], kw.get("wide", False), kw.get("staged_store", False)))
         B, N, H, D = x.shape
         y = torch.zeros(B, N, H, D) if role == "qk" else torch.zeros(B, H, D, layout.padded_seqlen_k(N))
         return y.to(torch.float8_e4m3fn), torch.ones(B, H, -(-N // block))
@@ -993,16 +1000,21 @@ def test_wide128_host_rule(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device", lambda *a, **k: contextlib.nullcontext())
     monkeypatch.setattr(qh, "V3_WIDE", True)
     monkeypatch.setattr(qh, "V3_STAGED_STORE", None)
-    for on in (False, True):
+    for on in (False, True, "k"):
         monkeypatch.setattr(qh, "V3_WIDE128", on)
-        assert [qh.staged_store_for(d) for d in qk.HEAD_DIMS] == [True, on, False]
-        assert [qh.wide_for(d) for d in qk.HEAD_DIMS] == [False, on, True]
+        k_on, q_on = bool(on), on is True
+        assert [qh.staged_store_for(d, "k") for d in qk.HEAD_DIMS] == [True, k_on, False]
+        assert [qh.staged_store_for(d, "q") for d in qk.HEAD_DIMS] == [True, q_on, False]
+        assert [qh.wide_for(d, "k") for d in qk.HEAD_DIMS] == [False, k_on, True]
+        assert [qh.wide_for(d, "q") for d in qk.HEAD_DIMS] == [False, q_on, True]
         for d in qk.HEAD_DIMS:
             calls.clear()
             q, k = torch.randn(1, 40, 2, d).to(torch.bfloat16), torch.randn(1, 40, 1, d).to(torch.bfloat16)
             qh.quantize(q, k, k, config=FP8Config(smooth_k=False), pipeline="v3")
-            w, ss = (on and d == 128) or d == 256, d == 64 or (on and d == 128)
-            assert sorted(calls) == sorted([("v", d, False, False), ("qk", d, w, ss), ("qk", d, w, ss)]), (on, d, calls)
+            want = [("v", d, False, False)]
+            for name, this in (("k", k_on), ("q", q_on)):
+                want.append((name, d, (this and d == 128) or d == 256, d == 64 or (this and d == 128)))
+            assert sorted(calls) == sorted(want), (on, d, calls)
 
 
 def test_wide_host_rule(monkeypatch):
@@ -1064,19 +1076,22 @@ def test_v3_wide_bitwise(monkeypatch, config, grid):
 
 
 WIDE128_CASES = [("default", None), ("default", 5), ("sampled8", 7), ("no-smooth", None), ("head-smooth", 3)]
+WIDE128_MODES = {"both": True, "konly": "k"}  # V3_WIDE128's "on" values: Q's and K's passes, K's alone
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("mode", list(WIDE128_MODES))
 @pytest.mark.parametrize("config,grid", WIDE128_CASES, ids=[f"{c}-g{g}" for c, g in WIDE128_CASES])
-def test_v3_wide128_bitwise(monkeypatch, config, grid):
-    """v3 with a token's 128 channels in one thread at head_dim 128 (``V3_WIDE128``: wide + the staged store) changes
-    which thread holds and stores which values, not one operation: every output (the LSE shift too) equals the
-    default's bit for bit, and the torch recipe's given the pass's mean (``assert_switch_bitwise``: GQA, odd lengths,
-    batch 3, a negative scale, the per-head baseline's "amax" and "given" launches, NaN-poisoned memory); grid 3 / 5 /
-    7 CTAs: each CTA walks many blocks through its stages."""
+def test_v3_wide128_bitwise(monkeypatch, config, grid, mode):
+    """v3 with a token's 128 channels in one thread at head_dim 128 (``V3_WIDE128``: wide + the staged store; mode
+    "both": Q's and K's passes, "konly": K's alone, ``V3_WIDE128 = "k"``) changes which thread holds and stores which
+    values, not one operation: every output (the LSE shift too) equals the default's bit for bit, and the torch
+    recipe's given the pass's mean (``assert_switch_bitwise``: GQA, odd lengths, batch 3, a negative scale, the
+    per-head baseline's "amax" and "given" launches, NaN-poisoned memory); grid 3 / 5 / 7 CTAs: each CTA walks many
+    blocks through its stages."""
     monkeypatch.setattr(qh, "GRID_CAP", grid)
     monkeypatch.setattr(qh, "V3_STAGED_STORE", None)  # the auto rule (128 with the switch on), whatever the environment
-    assert_switch_bitwise(monkeypatch, "V3_WIDE128", 128, config, 23)
+    assert_switch_bitwise(monkeypatch, "V3_WIDE128", 128, config, 23, WIDE128_MODES[mode])
 
 
 def _recorded_launches(monkeypatch, calls, keys: list | None = None, raw: bool = False,
@@ -1154,6 +1169,51 @@ def test_warmup_compiles_the_passes_a_call_looks_up(monkeypatch):
     assert warmup.plan(["fa3-fp8"], "sm_90a", ["e4m3"], [128], (False,))[0][-1].variant == "fa3-fp8"  # no quantising
     with pytest.raises(ValueError, match="sm_80"):
         qh.planned_passes("sm_80", torch.bfloat16, 128)
+
+
+@pytest.mark.parametrize("on", [True, "k"], ids=["both", "konly"])
+def test_wide128_warmup_and_call_plans(monkeypatch, on):
+    """``V3_WIDE128`` on (both passes) or "k" (K's alone): ``fa-variants warmup`` for fa3-fp8 (``planned_passes``, no
+    GPU) plans exactly the static configs the default recipe's quantize call looks up at head_dim 128 (stubbed launches
+    on an sm_90 device: GQA 4 with odd lengths, a negative scale), with the whole-call plans off and on: V's pass
+    narrow, K's wide with the staged store, Q's the same as K's with True and the default's with "k". The call plans'
+    key holds the switch: the same geometry after a change of it (False -> on -> False) launches the passes of the
+    new value, not a replayed plan."""
+    from fa_variants.commands import warmup
+    from fa_variants.fp8 import quant_call as qc
+
+    monkeypatch.setattr(qh, "V3_STAGED_STORE", None)
+    monkeypatch.setattr(qh, "V3_WIDE128", on)
+    planned, _ = warmup.plan(["fa3-fp8"], "sm_90a", ["bf16"], [128], (False, True), (4,))
+    planned = [c for c in planned if c.variant == "fp8-quant"]
+    assert [(c.config.role, c.config.wide, c.config.staged_store) for c in planned] == [
+        ("v", False, False), ("qk", True, True), ("qk", on is True, on is True)], planned
+    monkeypatch.setattr(qc, "_CALLS", {})
+    for plans in (False, True):
+        monkeypatch.setattr(qc, "_device_ok", lambda q, config: plans)
+        looked_up = []
+        for heads, seqlen_q, seqlen_k, scale in ((8, 77, 301, None), (2, 1, 1000, -0.5)):
+            q = torch.randn(2, seqlen_q, heads, 128).to(torch.bfloat16)
+            k = torch.randn(2, seqlen_k, 2, 128).to(torch.bfloat16)
+            v = torch.randn(2, seqlen_k, 2, 128).to(torch.bfloat16)
+            for _ in range(2):
+                _recorded_launches(monkeypatch, lambda: qh.quantize(q, k, v, softmax_scale=scale), looked_up)
+        assert set(planned) == set(looked_up), (plans, planned, looked_up)
+    assert len(qc._CALLS) == 2
+    keys = set()
+    for value in (False, True, "k"):
+        monkeypatch.setattr(qh, "V3_WIDE128", value)
+        keys.add(qc._switches())
+    assert len(keys) == 3
+    monkeypatch.setattr(qc, "_device_ok", lambda q, config: True)
+    q, k = torch.zeros(1, 70, 4, 128, dtype=torch.bfloat16), torch.zeros(1, 300, 2, 128, dtype=torch.bfloat16)
+    seen, log = [], []  # one log: a replayed plan's recorders write into the log of the call that built them
+    for value in (False, on, False, on):
+        monkeypatch.setattr(qh, "V3_WIDE128", value)
+        start = len(log)
+        _recorded_launches(monkeypatch, lambda: qh.quantize(q, k, k.clone()), log=log)
+        seen.append([cfg.wide for cfg, _ in log[start:]])
+    assert seen == [[False] * 3, [False, True, on is True]] * 2, seen
 
 
 def test_prepared_passes_same_launches(monkeypatch):
@@ -1269,14 +1329,15 @@ def test_call_plans_same_launches(monkeypatch):
     arguments (q, k, v and the outputs in the same places, the rest equal by shape, dtype, stride or value) and the
     FP8Inputs alike, as with the plans off, on the first (planning) call and on the cached second, over head_dim
     64 / 128 / 256, the default / no-smooth / no-rotate recipes, GQA with odd lengths, a negative scale, the fused
-    mean (per block and late), the wide pass off; per-head scales and a sampled mean take the uncached path."""
+    mean (per block and late), the wide pass off, the wide pass at 128 for K only (``V3_WIDE128 = "k"``); per-head
+    scales and a sampled mean take the uncached path."""
     from fa_variants.fp8 import quant_call as qc
 
     monkeypatch.setattr(qc, "_device_ok", lambda q, config: True)
     monkeypatch.setattr(qc, "_CALLS", {})
     cases = [(64, "default", {}), (128, "no-smooth", {}), (256, "default", {}), (256, "no-rotate", {"V3_WIDE": False}),
              (128, "default", {"V3_FUSED_MEAN_LATE": True}), (64, "default", {"V3_FUSED_MEAN": True}),
-             (128, "head-smooth", {}), (128, "sampled", {})]
+             (128, "default", {"V3_WIDE128": "k"}), (128, "head-smooth", {}), (128, "sampled", {})]
     recipes = {"default": FP8Config(), "no-smooth": FP8Config(smooth_k=False), "no-rotate": FP8Config(rotate=False),
                "head-smooth": FP8Config(granularity="head"), "sampled": FP8Config(smooth_k_blocks=2)}
     defaults = {name: getattr(qh, name) for case in cases for name in case[2]}

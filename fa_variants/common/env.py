@@ -3,6 +3,7 @@ one of the switch's spellings raises a one-line ValueError naming the variable, 
 default (``FA_VARIANTS_SPLIT_KV=false`` used to leave splitting on) or failing deep inside a call.
 
     flag(name, default)          0 / off / false / no, 1 / on / true / yes (unset or empty: default)
+    flag_or(name, default, names) a flag, or one of names (a partial "on": e.g. one pass of several)
     integer(name, default, low)  an int >= low
     choice(name, default, names) one of names (case as given)
 
@@ -31,6 +32,18 @@ def flag(name: str, default: bool) -> bool:
     if value not in OFF + ON:
         raise SwitchError(f"{name}={os.environ[name]!r} must be 0 or 1 (or off/false/no, on/true/yes)")
     return value in ON
+
+
+def flag_or(name: str, default: bool, names: tuple[str, ...]) -> bool | str:
+    """The switch ``name`` as ``flag`` reads it, or one of ``names`` (lower-cased, returned as that string: a
+    partial "on", e.g. one pass of several); ValueError naming the variable and every spelling otherwise."""
+    value = os.environ.get(name, "").strip().lower()
+    if value in names:
+        return value
+    if value and value not in OFF + ON:
+        raise SwitchError(f"{name}={os.environ[name]!r} must be 0 or 1 (or off/false/no, on/true/yes) or "
+                          f"{' / '.join(names)}")
+    return flag(name, default)
 
 
 def int_value(name: str, value: str, low: int, what: str = "") -> int:

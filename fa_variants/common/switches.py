@@ -24,6 +24,10 @@ def _auto(name: str) -> Callable[[], object]:
     return lambda: env.auto_flag(name)
 
 
+def _flag_or(name: str, names: tuple[str, ...]) -> Callable[[], object]:
+    return lambda: env.flag_or(name, False, names)
+
+
 def _int(name: str, low: int) -> Callable[[], object]:
     return lambda: env.integer(name, str(low), low)
 
@@ -38,8 +42,9 @@ def _choice(name: str, names: tuple[str, ...], lower: bool = False) -> Callable[
 
 _FLAGS = ("CP_COMPILE", "DECODE_FIRST_ROW", "DECODE_PDL", "DISK_CACHE", "FA2_NARROW_DECODE", "FA2_PACK_GQA",
           "FP8_QUANT_FUSED_MEAN_LATE", "FP8_QUANT_FUSED_SAMPLED_MEAN", "FP8_QUANT_STAGED_MEAN", "FP8_QUANT_WIDE",
-          "FP8_QUANT_WIDE128", "FP8_QUANT_PLANS", "FP8_QUANT_CALL_PLANS", "LSE_SCRATCH", "MERGE_KERNEL", "MERGE_PDL",
-          "PACK_GQA", "SPLIT_KV")
+          "FP8_QUANT_PLANS", "FP8_QUANT_CALL_PLANS", "LSE_SCRATCH", "MERGE_KERNEL", "MERGE_PDL", "PACK_GQA", "SPLIT_KV")
+#: flags that also take a partial "on" -> its spellings (fp8.quant_host.V3_WIDE128: "k", K's pass only)
+_FLAGS_OR = {"FP8_QUANT_WIDE128": ("k",)}
 _AUTO_FLAGS = ("FP8_QUANT_STAGED_STORE", "MERGE_WARP", "PACK_WIDE")
 #: int switches -> their lowest value
 _INTS = {"DECODE_PDL_MAX_SPLITS": 0, "DECODE_PDL_MIN_SPLITS": 1, "FA2_D256_MAX_SEQLEN_K": 0,
@@ -60,6 +65,7 @@ _LOWER_CASE = ("FA_VARIANTS_FUSED_MERGE",)  # read lower-cased
 #: variable -> a check that raises env.SwitchError for a value the switch does not take
 SWITCHES: dict[str, Callable[[], object]] = {
     **{f"FA_VARIANTS_{n}": _flag(f"FA_VARIANTS_{n}") for n in _FLAGS},
+    **{f"FA_VARIANTS_{n}": _flag_or(f"FA_VARIANTS_{n}", names) for n, names in _FLAGS_OR.items()},
     **{f"FA_VARIANTS_{n}": _auto(f"FA_VARIANTS_{n}") for n in _AUTO_FLAGS},
     **{f"FA_VARIANTS_{n}": _int(f"FA_VARIANTS_{n}", low) for n, low in _INTS.items()},
     **{n: _choice(n, names, n in _LOWER_CASE) for n, names in CHOICES.items()},

@@ -70,13 +70,15 @@ class CallPlan:
         self.v_launch = qh.launch_plan(dev, q.dtype, D, False, v_items, v_items, **dict(
             common, role="v", rotate=False, smooth=False, shift=False, block=tile_n, kmean=self.smooth,
             fused=self.fused, late_count=qh.V3_FUSED_MEAN_LATE and self.fused))[0]
-        qk = dict(common, role="qk", rotate=config.rotate, pdl=pdl, staged_store=qh.staged_store_for(D) and coalesced,
-                  staged_mean=qh.V3_STAGED_MEAN and coalesced, wide=qh.wide_for(D), kmean=False)
+        qk = dict(common, role="qk", rotate=config.rotate, pdl=pdl, staged_mean=qh.V3_STAGED_MEAN and coalesced,
+                  kmean=False)
         self.k_launch = qh.launch_plan(dev, q.dtype, D, False, v_items, v_items, **dict(
-            qk, smooth=self.smooth, shift=False, block=tile_n, reverse=qh.V2_REVERSE and self.smooth))[0]
+            qk, smooth=self.smooth, shift=False, block=tile_n, reverse=qh.V2_REVERSE and self.smooth,
+            staged_store=qh.staged_store_for(D, "k") and coalesced, wide=qh.wide_for(D, "k")))[0]
         q_items = B * H * -(-Nq // tile_m)
         self.q_launch = qh.launch_plan(dev, q.dtype, D, False, q_items, q_items, **dict(
-            qk, smooth=False, shift=self.smooth, block=tile_m, reverse=False))[0]
+            qk, smooth=False, shift=self.smooth, block=tile_m, reverse=False,
+            staged_store=qh.staged_store_for(D, "q") and coalesced, wide=qh.wide_for(D, "q")))[0]
 
     def _v_pass(self, k: torch.Tensor, v: torch.Tensor, v_t: torch.Tensor, vd: torch.Tensor) -> torch.Tensor | None:
         """V's launch (with K's partial sums when smoothing); K's mean (None without smoothing)."""

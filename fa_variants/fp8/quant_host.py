@@ -96,8 +96,10 @@ V3_WIDE = _env.flag("FA_VARIANTS_FP8_QUANT_WIDE", True)
 #: through the stage (``staged_store_for``: a thread's own 16-byte stores would half-fill each 32-byte sector, as at
 #: head_dim 64). Same pairs, stage order and roundings, the LSE shift summed in the default's order: outputs bit for
 #: bit the default's. Off until measured (session 14, scripts/quantocc_gpu.sh); FA_VARIANTS_FP8_QUANT_WIDE128=1 (read
-#: at import) turns it on
-V3_WIDE128 = _env.flag("FA_VARIANTS_FP8_QUANT_WIDE128", False)
+#: at import) turns it on for both passes. "k" (FA_VARIANTS_FP8_QUANT_WIDE128=k): K's pass only, Q's as the default
+#: (session 14 quantocc, H200, D 128: K 34.2 -> 29.9 us without spill, Q 38.5 -> 38.1 us with its 40 bytes of spill;
+#: scripts/quantk_gpu.sh measures K's alone)
+V3_WIDE128: bool | str = _env.flag_or("FA_VARIANTS_FP8_QUANT_WIDE128", False, ("k",))
 #: per-kind launch plans (``launch_plan``): the compiled pass and grid of each launch of ``quantize_tensor`` cached per
 #: (device, dtype, shape, block, switches) instead of worked out per call (the stage count for the device, a
 #: ``PassConfig``, the compiled-pass lookup): the same launches with the same arguments, less host work per call (an
@@ -119,18 +121,27 @@ QUANT_CALL_PLANS = _env.flag("FA_VARIANTS_FP8_QUANT_CALL_PLANS", True)
 GRID_CAP: int | None = None
 
 
-def staged_store_for(head_dim: int) -> bool:
-    """Whether v3 stores Q's / K's e4m3 through shared memory at this head_dim (``V3_STAGED_STORE``; None: at
-    head_dim 64, and at 128 with ``V3_WIDE128``: where a thread's own 16-byte stores half-fill each 32-byte sector)."""
+def _wide128(tensor: str) -> bool:
+    """Whether ``V3_WIDE128`` takes this tensor's pass ("q" or "k"): True both, "k" K's only."""
+    if tensor not in ("q", "k"):
+        raise ValueError(f"fp8-quant: tensor must be 'q' or 'k', got {tensor!r}")
+    return V3_WIDE128 is True or (V3_WIDE128 == "k" and tensor == "k")
+
+
+def staged_store_for(head_dim: int, tensor: str) -> bool:
+    """Whether v3 stores this tensor's ("q" or "k") e4m3 through shared memory at this head_dim
+    (``V3_STAGED_STORE``; None: at head_dim 64, and at 128 where ``V3_WIDE128`` takes the pass: where a thread's own
+    16-byte stores half-fill each 32-byte sector)."""
+    wide128 = _wide128(tensor)
     if V3_STAGED_STORE is None:
-        return head_dim == 64 or (head_dim == 128 and V3_WIDE128)
+        return head_dim == 64 or (head_dim == 128 and wide128)
     return bool(V3_STAGED_STORE)
 
 
-def wide_for(head_dim: int) -> bool:
-    """Whether v3's Q / K passes hold 8 chunks of a token per thread at this head_dim (``PassConfig.wide``):
-    ``V3_WIDE`` at 256, ``V3_WIDE128`` at 128."""
-    return (V3_WIDE and head_dim == 256) or (V3_WIDE128 and head_dim == 128)
+def wide_for(head_dim: int, tensor: str) -> bool:
+    """Whether v3's pass of this tensor ("q" or "k") holds 8 chunks of a token per thread at this head_dim
+    (``PassConfig.wide``): ``V3_WIDE`` at 256, ``V3_WIDE128`` at 128 (True: both passes, "k": K's only)."""
+    return (V3_WIDE and head_dim == 256) or (head_dim == 128 and _wide128(tensor))
 
 
 def why_not(q: torch.Tensor, config: FP8Config) -> str | None:
@@ -400,15 +411,18 @@ def _quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: FP8Conf
     if pipe == "v3":
         common.update(coalesced=V3_COALESCED, head_major=V3_HEAD_MAJOR)
         smooth_common = dict(common, staged_mean=V3_STAGED_MEAN and V3_COALESCED)  # it rides on coalesced stages
-        qk_common = dict(smooth_common, staged_store=staged_store_for(D) and V3_COALESCED)
+        k_common, q_common = (dict(smooth_common, staged_store=staged_store_for(D, t) and V3_COALESCED)
+                              for t in ("k", "q"))
     else:
-        smooth_common = qk_common = common
+        smooth_common = k_common = q_common = common
     # v2 launches V's pass first (plain launch), then K's and Q's with programmatic dependent launch, whose
     # prologue loads run before griddepcontrol.wait: so every 16-bit input is made aligned (a copy if
     # needed) before the first launch
     pdl = staged and V2_PDL and _capability(dev) >= (9, 0)
-    if pipe == "v3" and wide_for(D):  # 8 chunks of a token per thread (one / no cross-lane FWHT stage)
-        qk_common = dict(qk_common, wide=True)
+    if pipe == "v3" and wide_for(D, "k"):  # 8 chunks of a token per thread (one / no cross-lane FWHT stage)
+        k_common = dict(k_common, wide=True)
+    if pipe == "v3" and wide_for(D, "q"):
+        q_common = dict(q_common, wide=True)
     if staged:
         q, k, v = interop.aligned(q), interop.aligned(k), interop.aligned(v)
     mean = mean_eff = shift = None
@@ -458,9 +472,9 @@ def _quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: FP8Conf
     if v_t is None:
         v_t, vd = quantize_tensor(v, role="v", block=tile_n, signs=None, mean=None, rotate=False, **common)
     k8, kd = quantize_tensor(k, role="qk", block=tile_n, signs=k_signs, mean=mean, rotate=config.rotate,
-                             reverse=staged and V2_REVERSE and config.smooth_k, pdl=pdl, **qk_common)
+                             reverse=staged and V2_REVERSE and config.smooth_k, pdl=pdl, **k_common)
     q8, qd = quantize_tensor(q, role="qk", block=tile_m, signs=signs, mean=None, rotate=config.rotate, shift=shift,
-                             shift_mean=mean_eff, shift_scale=abs(scale), pdl=pdl, **qk_common)
+                             shift_mean=mean_eff, shift_scale=abs(scale), pdl=pdl, **q_common)
     if shift is not None and q.shape[0] * q.shape[1] * q.shape[2] == 0:
         shift.zero_()
     return FP8Inputs(q8, k8, v_t, qd, kd, vd, abs(scale), k.shape[1], mean_eff, shift, config)
