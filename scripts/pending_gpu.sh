@@ -25,8 +25,10 @@
 #    last run on eaf0f29, before session 13's QUANT_CALL_PLANS flip, whose 308 + 114 GPU tests passed in calls E-F);
 #    B. the leads in bench/NOTES.md "Session 13 ...: the last calls": the Q / K quantisation passes latency-bound at
 #    16 warps per SM (issue 10); C. scripts/pending_gpu.sh quantocc (session 14: V3_WIDE128, Q's / K's pass at head_dim
-#    128 with one thread per token, ~85 s; its rules in its header). New lines "X. scripts/pending_gpu.sh [--checks]
-#    NAME ..." as scripts land. Each call starts a cold machine (~60-85 s more); carry [".gpu"], or
+#    128 with one thread per token, ~85 s; its rules in its header); D. scripts/pending_gpu.sh quantk (session 14:
+#    V3_WIDE128 = "k", K's pass alone at head_dim 128 with one thread per token, Q's the default's, ~70 s; its rules
+#    in its header). New lines "X. scripts/pending_gpu.sh [--checks] NAME ..." as scripts land. Each call starts a
+#    cold machine (~60-85 s more); carry [".gpu"], or
 #    [".gpu", ".before.tar.xz"] after `scripts/ab_checkout.sh COMMIT .before` for a script that A/Bs against an older
 #    tree: the archive, not the folder: the call's 64 MiB holds .gpu/ (~60 MB), the working tree and ~0.25 MB more;
 #    tests/test_ci.py keeps the tracked tree within its budget.

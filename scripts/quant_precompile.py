@@ -30,7 +30,8 @@ def tasks(which: str = "quant3") -> list[tuple[str, str, int, str]]:
     "quant4" / "quant5" (v3 as default, with and without the staged store, V3_STAGED_STORE), "quant8" (the
     then default, + V3_FUSED_MEAN, + V3_FUSED_MEAN_LATE), "quantlanes" (the then default and + V3_WIDE at head_dim
     256), "quantbw" (quantlanes' and both at head_dim 256 with V2_PDL off), "quantbw2" (session 13: the default
-    recipe at head_dim 64 / 128 / 256 as the module has it and with V3_FUSED_MEAN_LATE), or
+    recipe at head_dim 64 / 128 / 256 as the module has it and with V3_FUSED_MEAN_LATE), "quantocc" / "quantk"
+    (session 14: V3_WIDE128 on / for K's pass only, at head_dim 128), or
     the GPU check of session 12's quant defaults (which "quantdef": the default recipe in bf16 at head_dim 64 / 128 /
     256 with the module's defaults, V3_WIDE on since then, and the narrow pass at 256 beside it: the passes of
     tests/test_fp8_quant_kernel.py -k "(test_pass_matches_torch_bitwise and v3-bfloat16-default) or
@@ -40,6 +41,10 @@ def tasks(which: str = "quant3") -> list[tuple[str, str, int, str]]:
         out = [("v3", "bf16", 128, f"default+{knob}") for knob in QUANTOCC_KNOBS]
         return out + [("v3", "bf16", 128, f"{r}+{knob}") for r in ("sampled8", "no-smooth", "head-smooth")
                       for knob in ("def128", "w128")]
+    if which == "quantk":  # session 14: the default recipe at 128 as it is and with V3_WIDE128 = "k" (K's pass wide,
+        # Q's the default's), and the GPU tests' recipes of test_v3_wide128_bitwise's K-only mode with it
+        return [("v3", "bf16", 128, f"{r}+{knob}") for r in ("default", "sampled8", "no-smooth", "head-smooth")
+                for knob in QUANTK_KNOBS]
     if which == "quantbw2":  # the default recipe with the module's defaults and with the fused mean counted late
         return [("v3", "bf16", d, f"default{knob}") for d in HEAD_DIMS for knob in ("", "+bw2late")]
     if which == "quantdef":  # the defaults as the module has them (no knob) + the narrow pass at 256 (test_v3_wide)
@@ -105,6 +110,8 @@ QUANTBW2_KNOBS = {"bw2late": {"V3_FUSED_MEAN_LATE": True}}
 QUANTOCC_KNOBS = {"def128": {"V3_WIDE128": False, "V3_STAGED_STORE": None},
                   "w128": {"V3_WIDE128": True, "V3_STAGED_STORE": None},
                   "w128n": {"V3_WIDE128": True, "V3_STAGED_STORE": False}}
+# --set quantk (session 14): the default and V3_WIDE128 for K's pass only (its staged store by the auto rule)
+QUANTK_KNOBS = {"def128": QUANTOCC_KNOBS["def128"], "w128k": {"V3_WIDE128": "k", "V3_STAGED_STORE": None}}
 # --set quant8: the current default as it is (staged store auto), the fused mean per K block, and counted late
 _Q8 = {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": None, "V3_FUSED_SAMPLED_MEAN": False,
        "V3_FUSED_MEAN": False, "V3_FUSED_MEAN_LATE": False}
@@ -127,7 +134,7 @@ def knobs_set(knob: str):
     from fa_variants.fp8 import quant_host
 
     knobs = {**ABLATION_KNOBS, **QUANT5_KNOBS, **QUANT8_KNOBS, **QUANTLANES_KNOBS, **QUANTBW_KNOBS,
-             **QUANTDEF_KNOBS, **QUANTBW2_KNOBS, **QUANTOCC_KNOBS}.get(knob, {})
+             **QUANTDEF_KNOBS, **QUANTBW2_KNOBS, **QUANTOCC_KNOBS, **QUANTK_KNOBS}.get(knob, {})
     saved = {name: getattr(quant_host, name) for name in knobs}
     try:
         for name, value in knobs.items():
@@ -194,7 +201,7 @@ def main() -> int:
     parser.add_argument("--plan", action="store_true", help="list the tasks and exit (no GPU needed)")
     parser.add_argument("--set", default="quant3",
                         choices=("quant3", "quant4", "quant5", "quant8", "quantlanes", "quantbw", "quantdef",
-                                 "quantbw2", "quantocc"),
+                                 "quantbw2", "quantocc", "quantk"),
                         help="which script's passes (default quant3)")
     parser.add_argument("--unique", action="store_true",
                         help="record the tasks' passes first (no compile), then compile each distinct pass once")

@@ -20,9 +20,10 @@
 # 2. ncu in the background (its own limit 45 s): scripts/quant_ncu.py --pipelines def,defw128 --head-dim 128, the
 #    second call of each (V + K sums, K, Q), sections SpeedOfLight, MemoryWorkloadAnalysis, LaunchStats, Occupancy,
 #    WarpStateStats, InstructionStats; raw csv to $out/ncu_raw.csv, stalls by scripts/ncu_stalls.py.
-# 3. GPU tests (-n 6, beside the ncu): tests/test_fp8_quant_kernel.py -k wide128: 5 cases of test_v3_wide128_bitwise
-#    (off vs on, every output bit for bit, and = the torch recipe given the pass's mean; default / sampled8 /
-#    no-smooth / head-smooth, grids 3 / 5 / 7 / full, GQA 4:1, odd lengths, a negative scale, NaN-poisoned memory).
+# 3. GPU tests (-n 6, beside the ncu): tests/test_fp8_quant_kernel.py -k "wide128 and both": 5 cases of
+#    test_v3_wide128_bitwise (off vs on, every output bit for bit, and = the torch recipe given the pass's mean;
+#    default / sampled8 / no-smooth / head-smooth, grids 3 / 5 / 7 / full, GQA 4:1, odd lengths, a negative scale,
+#    NaN-poisoned memory).
 # 4. scripts/fp8_quant_bandwidth.py, default recipe, B*N = 16k, H*D = 2048, D 128 only (the switch changes no other
 #    head_dim), 5 rotated rounds, def vs defw128 vs defw128n (no staged store): % of copy by GPU time and by CUDA-graph
 #    replay, the kernels per call (--breakdown: V + K sums, torch's sum, K, Q); every row checked against the torch
@@ -50,7 +51,7 @@ timeout -k 5 -s INT 45 ncu --kernel-name regex:QuantPass --launch-skip 6 --launc
   python3 scripts/quant_ncu.py --pipelines def,defw128 --head-dim 128 > "$out/ncu.log" 2>&1 &
 ncu_pid=$!
 step gpu_tests 45 python3 -m pytest -q $(xdist_flag 6) -m gpu -p no:cacheprovider --tb=short \
-  tests/test_fp8_quant_kernel.py -k "wide128"
+  tests/test_fp8_quant_kernel.py -k "wide128 and both"
 wait "$ncu_pid"
 if [[ -f $rep.ncu-rep ]]; then
   ncu --import "$rep.ncu-rep" --page raw --csv > "$out/ncu_raw.csv" 2>/dev/null

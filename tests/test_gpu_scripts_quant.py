@@ -225,12 +225,44 @@ def test_quantocc_set_and_pipes():
     text = (ROOT / "scripts" / "quantocc_gpu.sh").read_text()
     assert "--set quantocc --unique" in text and 'grep -qE "^5 passed"' in text
     assert "--pipelines def,defw128,defw128n" in text and "--ab def:defw128,def:defw128n" in text
-    expr = re.search(r'-k "([^"]+)"', text).group(1)
+    ids = _collected(re.search(r'-k "([^"]+)"', text).group(1))
+    assert len(ids) == 5 and all("test_v3_wide128_bitwise" in i and "both" in i for i in ids), ids
+
+
+def _collected(expr: str) -> list[str]:
+    """The GPU test ids of tests/test_fp8_quant_kernel.py that ``-k expr`` selects (collected on the CPU)."""
     collect = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m",
                               "gpu", "tests/test_fp8_quant_kernel.py", "-k", expr], capture_output=True, text=True,
                              timeout=120, cwd=ROOT)
-    ids = [line for line in collect.stdout.splitlines() if "::" in line]
-    assert len(ids) == 5 and all("test_v3_wide128_bitwise" in i for i in ids), ids
+    return [line for line in collect.stdout.splitlines() if "::" in line]
+
+
+def test_quantk_set_and_pipes():
+    """Session 14's quantk run (scripts/quantk_gpu.sh, ``V3_WIDE128 = "k"``): fp8_quant_bandwidth.py's defw128k is
+    def with the switch at "k" only; quant_precompile.py --set quantk records, without a GPU, K's wide pass at head_dim
+    128 (smoothed and not, with the staged store; the per-head baseline's "amax" / "given" launches) and Q's passes
+    only as the default's (no wide Q pass, nothing at another head_dim): passes quantocc's set already holds; the
+    script's test selection is the 5 K-only cases of test_v3_wide128_bitwise its pass count names, and its A/B pair is
+    those labels."""
+    bw = load_script("fp8_quant_bandwidth")
+    assert bw.PIPES["defw128k"] == ("v3", {**bw.PIPES["def"][1], "V3_WIDE128": "k"})
+    pre = load_script("quant_precompile")
+    keys = pre.record(pre.tasks("quantk"), arch="sm_90a")
+    assert {key.head_dim for key in keys} == {128} and len(keys) == len(set(keys)) == 17
+    wide = {(k.config.rows, k.config.shift, k.config.smooth, k.config.staged_store, k.config.mode)
+            for k in keys if k.config.wide}
+    assert wide == {(256, False, True, True, "block"), (256, False, False, True, "block"),
+                    (256, False, True, False, "amax"), (256, False, True, True, "given")}, wide
+    q_passes = {(k.config.shift, k.config.staged_store, k.config.mode) for k in keys
+                if k.config.role == "qk" and k.config.rows == 128}
+    assert q_passes == {(True, False, "block"), (False, False, "block"), (True, False, "amax"),
+                        (False, False, "given")}, q_passes
+    assert set(keys) <= set(pre.record(pre.tasks("quantocc"), arch="sm_90a"))
+    text = (ROOT / "scripts" / "quantk_gpu.sh").read_text()
+    assert "--set quantk --unique" in text and 'grep -qE "^5 passed"' in text
+    assert "--pipelines def,defw128k " in text and "--ab def:defw128k " in text and "--graph" in text
+    ids = _collected(re.search(r'-k "([^"]+)"', text).group(1))
+    assert len(ids) == 5 and all("test_v3_wide128_bitwise" in i and "konly" in i for i in ids), ids
 
 
 def test_quant_ncu_help_and_names(tmp_path):
