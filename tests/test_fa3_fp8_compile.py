@@ -322,3 +322,62 @@ def test_192_row_tiles_refuse_wider_kv_tiles(tile_n):
         dataclasses.replace(base, tile_n=tile_n).check(64)
     dataclasses.replace(base, tile_n=192).check(64)
     dataclasses.replace(base, tile_m=128, tile_n=tile_n).check(64)
+
+
+def _turn_counts(turn: list[str]) -> dict:
+    """Opcode counts of one ping-pong turn (``_pingpong_turns``), and the position of its first P V QGMMA (register
+    A operand) and of its last MUFU.EX2."""
+    pv = [i for i, t in enumerate(turn) if re.match(r"QGMMA\.64x\d+x32\.F32\.E4M3\.E4M3 R\d+, R\d+, gdesc", t)]
+    ex2 = [i for i, t in enumerate(turn) if t.startswith("MUFU.EX2")]
+    return dict(pv=len(pv), ex2=len(ex2), ldg=sum(t.startswith("LDG") for t in turn),
+                first_pv=pv[0] if pv else None, last_ex2=ex2[-1] if ex2 else None)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_pv_pieces(causal):
+    """pv_pieces 2 (session 14; scripts/fp8d128_gpu.sh) at head_dim 128: no spills causal and not, the same QGMMAs and
+    exponentials as the default; in every turn that issues the P V GEMM, its first piece's QGMMAs come before the
+    exponentials of the second piece (>= 60 MUFU.EX2 after the first P V QGMMA, inside the turn) and no v_descale load
+    (read before the turn), where the default's turns hold no exponential and load v_descale after the P V wait.
+    pv_max_chains 4: the row max's FMNMX chain shortens (program order, two tiles' worth: >= 63 -> <= 40), the row
+    sum's FADD chain does not (its order is the bits)."""
+    base = _sass(fa3_fp8.DEFAULT_CONFIGS[128], causal=causal)
+    base_counts = cubin.count_sass(base)
+    for change in (dict(pv_pieces=2), dict(pv_pieces=2, pv_max_chains=4)):
+        s = _sass(dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], **change), causal=causal)
+        counts = cubin.count_sass(s)
+        assert counts["LDL"] == counts["STL"] == 0 and counts["QGMMA"] == base_counts["QGMMA"], (change, counts)
+        assert counts["MUFU.EX2"] == base_counts["MUFU.EX2"], (change, counts)
+        turns = [_turn_counts(t) for t in _pingpong_turns(s)]
+        pv_turns = [t for t in turns if t["pv"]]
+        assert pv_turns and all(t["pv"] == 8 and t["ldg"] == 0 and t["ex2"] >= 60 and t["first_pv"] < t["last_ex2"]
+                                for t in pv_turns), (change, turns)
+        if change.get("pv_max_chains"):
+            assert _chain_depth(s, "FMNMX") <= 40 and _chain_depth(s, "FADD") >= 63, change
+    base_turns = [_turn_counts(t) for t in _pingpong_turns(base)]
+    assert all(t["ex2"] == 0 for t in base_turns) and any(t["pv"] and t["ldg"] for t in base_turns), base_turns
+    assert _chain_depth(base, "FMNMX") >= 63
+
+
+def test_pv_pieces_at_64():
+    """pv_pieces 2 on the head_dim 64 default (192 x 192, three consumer warpgroups, six k-blocks of P: three per
+    piece): no spills causal and not; 3 (two k-blocks a piece) spills and is not built into a variant."""
+    for causal in (False, True):
+        s = _sass(dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[64], pv_pieces=2), head_dim=64, causal=causal)
+        counts = cubin.count_sass(s)
+        assert counts["LDL"] == counts["STL"] == 0 and counts["QGMMA"] > 0, (causal, counts)
+
+
+@pytest.mark.parametrize("bad, match", [(dict(pv_pieces=3), "pv_pieces=3"),
+                                        (dict(pv_pieces=2, two_level=False), "two_level"),
+                                        (dict(pv_pieces=2, tile_n=128, intra_wg_overlap=True), "serial steps"),
+                                        (dict(pv_pieces=2, pv_split=2, pv_buffers=2), "pv_split 1"),
+                                        (dict(pv_pieces=2, early_pv_arrive=True), "early_pv_arrive"),
+                                        (dict(pv_pieces=2, descale_prefetch=True), "descale_prefetch"),
+                                        (dict(pv_max_chains=4), "pv_max_chains=4"),
+                                        (dict(pv_pieces=2, pv_max_chains=3), "pv_max_chains=3")])
+def test_pv_pieces_config_errors(bad, match):
+    with pytest.raises(ValueError, match=match):
+        dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], **bad).check(128)
+    dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], pv_pieces=2, pv_max_chains=4).check(128)
+    dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[64], pv_pieces=2).check(64)

@@ -345,3 +345,42 @@ def test_fp8status_script_precompiles_what_its_status_runs():
     expr = re.search(r'-k "([^"]+)"', text).group(1)
     ids = [i for i in collected_ids("tests/test_fa3_fp8_gpu.py", "-k", expr) if "::test_default_recipe[" in i]
     assert len(ids) == 12 and "^12 passed" in text, ids
+
+
+def test_fp8d128_script_tests_what_it_times():
+    """scripts/fp8d128_gpu.sh (session 14, --set fp8pieces): its six test processes (one per variant and causal mode,
+    -k "fp8pieces-$v- and $c") select, together and without overlap, exactly the 24 GPU tests of the three timed
+    variants (18 vs the emulation and float64, 6 bits-equal-to-the-default; the script's pass count 24); the A/B's
+    variants are those configs (same names, same changes), valid, new the default; the precompile holds each in both
+    causal modes; --drop-failed maps a failed test id to its variant."""
+    import test_fa3_fp8_speed_gpu as gpu_tests
+
+    text = (ROOT / "scripts" / "fp8d128_gpu.sh").read_text()
+    assert "--set fp8pieces --head-dims 128 64" in text and "((passed == 24))" in text
+    assert "for v in d128-pq2 d128-pq2m4 d64-pq2; do" in text and "for c in full causal; do" in text
+    expr = re.search(r'-k "([^"]+)"', text).group(1)
+    ids = []
+    for v in ("d128-pq2", "d128-pq2m4", "d64-pq2"):
+        for c in ("full", "causal"):
+            mine = collected_ids("tests/test_fa3_fp8_speed_gpu.py", "-k", expr.replace("$v", v).replace("$c", c))
+            assert len(mine) == 4 and all(f"fp8pieces-{v}-" in i and i.endswith(f"-{c}]") for i in mine), (v, c, mine)
+            ids += mine
+    assert len(ids) == len(set(ids)) == 24, ids
+    ab = load_script("fa3_fp8_speed_ab")
+    assert set(ab.FP8PIECES_VARIANTS) == {128, 64}
+    jobs = set(ab.compile_jobs([128, 64], [False], tests=True, variant_set="fp8pieces"))
+    for D, variants in ab.FP8PIECES_VARIANTS.items():
+        assert variants["new"] == {} and ab.kernel_config(D, {}).pv_pieces == 1
+        for name, change in variants.items():
+            cfg = ab.kernel_config(D, change)
+            cfg.check(D)
+            for causal in (False, True):
+                assert ("fp8", D, causal, ab._freeze(change)) in jobs, (D, name, causal)
+            if name != "new":
+                assert cfg == ab.kernel_config(D, gpu_tests.FP8PIECES_VARIANTS[f"fp8pieces-d{D}-{name}"][1]), name
+                assert cfg.pv_pieces == 2 and cfg.tile_n == ab.kernel_config(D, {}).tile_n, name
+    assert set(gpu_tests.FP8PIECES_VARIANTS) == {f"fp8pieces-d{D}-{n}" for D, vs in ab.FP8PIECES_VARIANTS.items()
+                                                 for n in vs if n != "new"}
+    failed = ("FAILED tests/test_fa3_fp8_speed_gpu.py::test_fp8pieces_same_bits"
+              "[fp8pieces-d128-pq2m4-2x1000x1500x4x2-causal] - AssertionError")
+    assert ab.failed_variants(failed, "fp8pieces") == ["pq2m4"]

@@ -121,6 +121,12 @@ def _tree(vals: list, op):
 
 
 @cute.jit
+def _m_safe(m: Float32) -> Float32:
+    """m_safe of a row: 0 while the row has seen no key (m = -inf), else m (as ``OnlineSoftmax._row_max``)."""
+    return 0.0 if m == -Float32.inf else m
+
+
+@cute.jit
 def log_sum_exp(m: Float32, scale_log2: Float32, l: Float32, empty) -> Float32:
     """Natural-log LSE of a row from its max m of raw scores and whole row sum l: (m c + log2 l) ln 2;
     -inf when `empty` (the row saw no key)."""
@@ -291,6 +297,63 @@ class OnlineSoftmax:
                 alpha[r] = a
                 self.row_sum[r] = self.row_sum[r] * a + row_sum
             self.row_max[r] = m_new
+
+    # ----- block-scaled update in column pieces (fa3-fp8's ``pv_pieces``): the same operations and roundings as
+    # ``_update_tile_scaled``, split so that the caller can hand each piece of P on (convert it, issue its part of
+    # the P V GEMM) before the exponentials of the next piece: maxima first, then exponentials piece by piece, then
+    # the row sums folded in. Each chain of the row sum still adds its columns in column order, so P, l and m get the
+    # bits ``update`` gives.
+
+    def tile_scaled_part_max(self, s: cute.Tensor, chains: int) -> list:
+        """Each row's max of raw scores over the thread's columns in ``chains`` accumulators and a tree (``row_reduce``
+        with its own chain count): a max is exact in any order, so this gives the bits of ``row_reduce`` with the
+        softmax's ``chains`` while its dependency depth is about cols / chains. Trace-time helper."""
+        return [row_reduce(s, r, cute.arch.fmax, chains) for r in range(self.num_rows)]
+
+    def tile_scaled_maxima(self, s: cute.Tensor, is_first: bool, tile_scale_log2: Float32, part: list | None = None):
+        """Every row's new max (m in log2 units) and the exponent's bias p_shift - m_safe; m is not stored yet
+        (``tile_scaled_fold``). ``part``: the thread's raw row maxima already taken (``tile_scaled_part_max``), else
+        taken here over every column. Returns (m_new, bias), register tensors of num_rows. Trace-time helper."""
+        m_new = cute.make_rmem_tensor(self.num_rows, Float32)
+        bias = cute.make_rmem_tensor(self.num_rows, Float32)
+        for r in range(self.num_rows):
+            raw = row_reduce(s, r, cute.arch.fmax, self.chains) if part is None else part[r]
+            m = quad_allreduce(raw, cute.arch.fmax) * tile_scale_log2
+            if const_expr(not is_first):
+                m = cute.arch.fmax(m, self.row_max[r])
+            m_new[r] = m
+            bias[r] = self.p_shift - _m_safe(m)
+        return m_new, bias
+
+    def tile_scaled_exps(self, s: cute.Tensor, cols: range, tile_scale_log2: Float32, bias: cute.Tensor, sums: list):
+        """P = exp2(S c + bias) in place over the columns ``cols`` of every row, each added to its row's chain
+        (``sums[r][col % chains]``, None before the chain's first value). Trace-time helper."""
+        for r in range(self.num_rows):
+            for c in cols:
+                p = cute.math.exp2(s[r, c] * tile_scale_log2 + bias[r], fastmath=True)
+                s[r, c] = p
+                k = c % self.chains
+                sums[r][k] = p if const_expr(sums[r][k] is None) else sums[r][k] + p
+
+    def tile_scaled_fold(self, m_new: cute.Tensor, sums: list, is_first: bool) -> cute.Tensor:
+        """After every piece's exponentials: alpha per row (1 on the first tile), l = alpha l + rowsum(P), m = m_new.
+        Returns alpha. Trace-time helper."""
+        alpha = cute.make_rmem_tensor(self.num_rows, Float32)
+        for r in range(self.num_rows):
+            row_sum = _tree([x for x in sums[r] if x is not None], lambda x, y: x + y)
+            if const_expr(is_first):
+                alpha[r] = 1.0
+                self.row_sum[r] = row_sum
+            else:
+                a = self.tile_scaled_alpha(r, m_new)
+                alpha[r] = a
+                self.row_sum[r] = self.row_sum[r] * a + row_sum
+            self.row_max[r] = m_new[r]
+        return alpha
+
+    def tile_scaled_alpha(self, r: int, m_new: cute.Tensor) -> Float32:
+        """alpha of row r, exp2(m_old - m_safe) as ``_update_tile_scaled`` (m_old: row_max before the fold)."""
+        return cute.math.exp2(self.row_max[r] - _m_safe(m_new[r]), fastmath=True)
 
     @cute.jit
     def _row_max(self, s: cute.Tensor, r: cutlass.Constexpr[int], is_first: cutlass.Constexpr[bool]):

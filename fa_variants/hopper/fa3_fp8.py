@@ -191,6 +191,19 @@ class Fp8Config(Fa3Config):
         (emulation ``units="bounded"``). Not removed (nor by fused_promote): alpha' underflows where a tile's
         descale lies > 2^149 above the unit (``bounded_unit``, "Not covered"), dropping the earlier tiles' O in rows
         whose P on that tile rounds to 0.
+    pv_pieces: (session 14, off = 1) serial steps: the P V GEMM issued in this many pieces of the tile's keys
+        (k-blocks of the e4m3 P), each as soon as its part of P is exponentiated and converted, so piece q runs on
+        the tensor cores under the exponentials of the pieces after it and only the last piece's GEMM (tile_n /
+        pv_pieces keys) stays between the softmax and the promotion (``_Fp8StepContext.pieces_step``). The turn
+        (ping-pong) then starts before piece 0's issue. The row maxima come first (every row), the exponentials
+        and row sums piece by piece in column order: the same operations and roundings as the serial step (same
+        bits). v_descale is read before the turn. Needs two_level, pv_split 1, promote_every 1, serial steps
+        (intra_wg_overlap, s_lookahead, early_pv_arrive, descale_prefetch, shared_kv_state off) and
+        (tile_n / 32) % pv_pieces == 0.
+    pv_max_chains: (session 14, 0 = off; needs pv_pieces > 1) the step's row maxima in this many chains whatever
+        ``reduce_chains`` (which then orders the row sums only): a max is exact in any order, so the bits stay the
+        serial step's while the FMNMX chain between the S GEMM's wait and the first exponential shortens (65 -> ~18
+        deep at 256 keys and 4 chains).
     """
 
     two_level: bool = True
@@ -203,6 +216,8 @@ class Fp8Config(Fa3Config):
     s_halves: bool = False
     fused_promote: bool = False
     bounded_units: bool = False
+    pv_pieces: int = 1
+    pv_max_chains: int = 0
 
     def smem_bytes(self, head_dim: int, elem_bytes: int = 1) -> int:
         qo = self.tile_m * head_dim * 2  # Q (e4m3) shares its buffer with the 16-bit O
@@ -252,6 +267,16 @@ class Fp8Config(Fa3Config):
             raise ValueError("fa3-fp8: fused_promote needs s_lookahead (the head_dim 256 schedule it is built for)")
         if self.bounded_units and not self.fused_promote:
             raise ValueError("fa3-fp8: bounded_units needs fused_promote (the other promotions keep O in absolute units)")
+        if self.pv_pieces != 1 and (self.pv_pieces < 1 or (self.tile_n // 32) % self.pv_pieces or not self.two_level
+                                    or self.pv_split != 1 or self.promote_every != 1 or self.intra_wg_overlap
+                                    or self.s_lookahead or self.early_pv_arrive or self.descale_prefetch
+                                    or self.shared_kv_state):
+            raise ValueError(f"fa3-fp8: pv_pieces={self.pv_pieces} needs (tile_n / 32) % pv_pieces == 0, two_level, "
+                             f"pv_split 1, promote_every 1 and serial steps (intra_wg_overlap, s_lookahead, "
+                             f"early_pv_arrive, descale_prefetch, shared_kv_state off)")
+        if self.pv_max_chains and (self.pv_pieces == 1 or self.pv_max_chains not in (1, 2, 4, 8)):
+            raise ValueError(f"fa3-fp8: pv_max_chains={self.pv_max_chains} must be 0, or 1, 2, 4 or 8 with "
+                             f"pv_pieces > 1")
         if self.rescale_o_before_pv:
             raise ValueError("fa3-fp8: rescale_o_before_pv is not built for the FP8 P V hooks (use False)")
         if self.num_splits != 1:
@@ -332,6 +357,19 @@ def acc_as_fp8_operand_a(acc: cute.Tensor) -> cute.Tensor:
     return cute.make_tensor(acc.iterator, cute.composition(acc.layout, frg))
 
 
+def _wgmma_k_blocks(tiled_mma: cute.TiledMma, acc: cute.Tensor, frag_a: cute.Tensor, frag_b: cute.Tensor,
+                    k_blocks: range, zero_first: bool) -> None:
+    """``common.sm90.wgmma`` over the k-blocks ``k_blocks`` only, committed as one group, no wait (``pv_pieces``):
+    acc = A B over them when ``zero_first`` (the first k-block's scale-d 0), else acc += A B. Trace-time helper."""
+    warpgroup.fence()  # P's new k-blocks written before the MMA reads them
+    atom = cute.make_mma_atom(tiled_mma.op)
+    atom.set(warpgroup.Field.ACCUMULATE, not zero_first)
+    for k in k_blocks:
+        cute.gemm(atom, acc, frag_a[None, None, k], frag_b[None, None, k], acc)
+        atom.set(warpgroup.Field.ACCUMULATE, True)
+    warpgroup.commit_group()
+
+
 @dataclass(frozen=True)
 class _Fp8StepContext(_StepContext):
     """The fa3 mainloop steps with FP8 hooks: per-tile scales, e4m3 P, two-level accumulation."""
@@ -366,10 +404,14 @@ class _Fp8StepContext(_StepContext):
 
     def to_p(self, acc_S):
         """fp32 P -> e4m3 A operand in registers (RNE, satfinite; pairs packed in-thread)."""
-        if const_expr(self.k.cfg.s_halves):  # ((2, 2, V), 1, 2) -> ((2, 2, 2V), 1, 1): the N tiles are contiguous
+        self.tOrP.store(acc_as_fp8_operand_a(self._one_n_tile(acc_S)).load().to(cutlass.Float8E4M3FN))
+
+    def _one_n_tile(self, acc_S):
+        """acc_S as one N tile: with ``s_halves`` ((2, 2, V), 1, 2) -> ((2, 2, 2V), 1, 1) (contiguous N tiles)."""
+        if const_expr(self.k.cfg.s_halves):
             v = acc_S.layout.shape[0][2] * acc_S.layout.shape[2]
             acc_S = cute.make_tensor(acc_S.iterator, cute.make_layout(((2, 2, v), 1, 1)))
-        self.tOrP.store(acc_as_fp8_operand_a(acc_S).load().to(cutlass.Float8E4M3FN))
+        return acc_S
 
     def _interval(self) -> bool:
         return self.k.cfg.two_level and self.k.cfg.promote_every > 1
@@ -465,6 +507,58 @@ class _Fp8StepContext(_StepContext):
             return
         if const_expr(early):
             self.pv_issued(wait)
+
+    # ----- pv_pieces: the P V GEMM issued piece by piece under the exponentials of the pieces after it ------------
+
+    def serial_step(self, k_state, v_state, n_block, causal: bool, seqlen_end: bool = False, is_first: bool = False):
+        if const_expr(self.k.cfg.pv_pieces == 1):
+            return super().serial_step(k_state, v_state, n_block, causal, seqlen_end=seqlen_end, is_first=is_first)
+        return self.pieces_step(k_state, v_state, n_block, causal, seqlen_end, is_first)
+
+    def pieces_step(self, k_state, v_state, n_block, causal: bool, seqlen_end: bool, is_first: bool):
+        """``serial_step`` with ``pv_pieces`` (Fp8Config): S GEMM (in the turn), handed on, waited for; mask; the row
+        maxima of every row; then per piece of the tile's keys its exponentials (row sums in column order), its
+        e4m3 P (k-blocks of the A operand) and its part of the P V GEMM into the temporary (the first piece zeroes
+        it; the turn is taken before it); alpha and l once every piece is issued; O *= alpha; the drain; O +=
+        v_descale tmp. Same operations and roundings as ``serial_step`` (the emulation is unchanged). Returns
+        (k_state, v_state)."""
+        acc_S = self.new_scores()
+        s, sm, pieces = acc_rows_cols(acc_S), self.softmax, self.k.cfg.pv_pieces
+        n_cols = cute.size(s, mode=[1])
+        self.pipe_k.consumer_wait(k_state)
+        wgmma(self.mma_qk, acc_S, self.tSrQ, self.tSrK[None, None, None, k_state.index], zero_init=True, wait=-1)
+        self.schedule_arrive()
+        warpgroup.wait_group(0)
+        self.pipe_k.consumer_release(k_state)
+        k_state.advance()
+        self.mask(acc_S, n_block, causal=causal, seqlen_end=seqlen_end)
+        c = cute.arch.fmax(self.qk_scale * self.k_descale[n_block], Float32(1.1754943508222875e-38))  # softmax_step's
+        vd = self.v_descale[n_block]  # before the turn: the promotion finds it in a register
+        part = None  # pv_max_chains: the raw row maxima in more chains than the row sums (a max is exact in any order)
+        if const_expr(self.k.cfg.pv_max_chains):
+            part = sm.tile_scaled_part_max(s, self.k.cfg.pv_max_chains)
+        m_new, bias = sm.tile_scaled_maxima(s, is_first, c, part)
+        sums = [[None] * sm.chains for _ in range(sm.num_rows)]
+        n_kb = cute.size(self.tOrP, mode=[2])
+        p8 = acc_as_fp8_operand_a(self._one_n_tile(acc_S))  # k-block kb: columns [kb w, (kb + 1) w), w = n_cols / n_kb
+        v_op = self._v_slice(v_state.index, 0)
+        for q in range(pieces):
+            sm.tile_scaled_exps(s, range(q * n_cols // pieces, (q + 1) * n_cols // pieces), c, bias, sums)
+            kbs = range(q * n_kb // pieces, (q + 1) * n_kb // pieces)
+            for kb in kbs:
+                self.tOrP[None, None, kb].store(p8[None, None, kb].load().to(cutlass.Float8E4M3FN))
+            if q == 0:
+                self.pipe_v.consumer_wait(v_state)
+                self.schedule_sync()
+            _wgmma_k_blocks(self.mma_pv, self.acc_tmp, self.tOrP, v_op, kbs, zero_first=q == 0)
+        alpha = sm.tile_scaled_fold(m_new, sums, is_first)
+        if const_expr(not is_first):
+            self.rescale_o(alpha, n_block)
+        warpgroup.wait_group(0)
+        self.pipe_v.consumer_release(v_state)
+        v_state.advance()
+        self._promote_slice(0, vd, self.acc_tmp)
+        return k_state, v_state
 
     # ----- bounded_units: O in units u = max(v_descale[n], M 2^-UNIT_SPAN) (fp8.emulation.bounded_unit) -------------
 
