@@ -10,8 +10,8 @@
 # runs under the exponentials of the other 128 keys; only the second piece's 256 cycles stay in the chain.
 # Variants (scripts/fa3_fp8_speed_ab.py --set fp8pieces, all off by default; the default's bits, by construction and by
 # test):
-#   new     the default (128: 128 x 256 serial, 820-834 instructions per warp and tile; 64: 192 x 192 serial, 3 WGs)
-#   pq2     pv_pieces 2 (v_descale read before the turn; SASS: 8 P V QGMMAs, no spills causal and not, the turn holds
+#   new     the default (128: 128 x 256 serial, 834 instructions per warp and tile; 64: 192 x 192 serial, 3 WGs)
+#   pq2     pv_pieces 2 (818; v_descale read before the turn; 8 P V QGMMAs, no spills causal and not, the turn holds
 #           the second piece's 64 MUFU.EX2 after the first piece's QGMMAs)
 #   pq2m4   (128) + pv_max_chains 4: the row max in four FMNMX chains (a max is exact in any order; the sums keep one)
 # Steps:

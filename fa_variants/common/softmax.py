@@ -311,11 +311,14 @@ class OnlineSoftmax:
         return [row_reduce(s, r, cute.arch.fmax, chains) for r in range(self.num_rows)]
 
     def tile_scaled_maxima(self, s: cute.Tensor, is_first: bool, tile_scale_log2: Float32, part: list | None = None):
-        """Every row's new max (m in log2 units) and the exponent's bias p_shift - m_safe; m is not stored yet
-        (``tile_scaled_fold``). ``part``: the thread's raw row maxima already taken (``tile_scaled_part_max``), else
-        taken here over every column. Returns (m_new, bias), register tensors of num_rows. Trace-time helper."""
+        """Every row's new max (m in log2 units), the exponent's bias p_shift - m_safe and alpha = exp2(m_old - m_safe)
+        (1 on the first tile; from the maxima alone, so it is ready long before the promotion needs it); m is not
+        stored yet (``tile_scaled_fold``). ``part``: the thread's raw row maxima already taken
+        (``tile_scaled_part_max``), else taken here over every column. Returns (m_new, bias, alpha), register tensors
+        of num_rows. Trace-time helper."""
         m_new = cute.make_rmem_tensor(self.num_rows, Float32)
         bias = cute.make_rmem_tensor(self.num_rows, Float32)
+        alpha = cute.make_rmem_tensor(self.num_rows, Float32)
         for r in range(self.num_rows):
             raw = row_reduce(s, r, cute.arch.fmax, self.chains) if part is None else part[r]
             m = quad_allreduce(raw, cute.arch.fmax) * tile_scale_log2
@@ -323,7 +326,11 @@ class OnlineSoftmax:
                 m = cute.arch.fmax(m, self.row_max[r])
             m_new[r] = m
             bias[r] = self.p_shift - _m_safe(m)
-        return m_new, bias
+            if const_expr(is_first):
+                alpha[r] = 1.0
+            else:  # (as _update_tile_scaled: exp2(m_old - m_safe))
+                alpha[r] = cute.math.exp2(self.row_max[r] - _m_safe(m), fastmath=True)
+        return m_new, bias, alpha
 
     def tile_scaled_exps(self, s: cute.Tensor, cols: range, tile_scale_log2: Float32, bias: cute.Tensor, sums: list):
         """P = exp2(S c + bias) in place over the columns ``cols`` of every row, each added to its row's chain
@@ -335,25 +342,16 @@ class OnlineSoftmax:
                 k = c % self.chains
                 sums[r][k] = p if const_expr(sums[r][k] is None) else sums[r][k] + p
 
-    def tile_scaled_fold(self, m_new: cute.Tensor, sums: list, is_first: bool) -> cute.Tensor:
-        """After every piece's exponentials: alpha per row (1 on the first tile), l = alpha l + rowsum(P), m = m_new.
-        Returns alpha. Trace-time helper."""
-        alpha = cute.make_rmem_tensor(self.num_rows, Float32)
+    def tile_scaled_fold(self, m_new: cute.Tensor, alpha: cute.Tensor, sums: list, is_first: bool) -> None:
+        """After every piece's exponentials: l = alpha l + rowsum(P) (rowsum(P) on the first tile), m = m_new.
+        Trace-time helper."""
         for r in range(self.num_rows):
             row_sum = _tree([x for x in sums[r] if x is not None], lambda x, y: x + y)
             if const_expr(is_first):
-                alpha[r] = 1.0
                 self.row_sum[r] = row_sum
             else:
-                a = self.tile_scaled_alpha(r, m_new)
-                alpha[r] = a
-                self.row_sum[r] = self.row_sum[r] * a + row_sum
+                self.row_sum[r] = self.row_sum[r] * alpha[r] + row_sum
             self.row_max[r] = m_new[r]
-        return alpha
-
-    def tile_scaled_alpha(self, r: int, m_new: cute.Tensor) -> Float32:
-        """alpha of row r, exp2(m_old - m_safe) as ``_update_tile_scaled`` (m_old: row_max before the fold)."""
-        return cute.math.exp2(self.row_max[r] - _m_safe(m_new[r]), fastmath=True)
 
     @cute.jit
     def _row_max(self, s: cute.Tensor, r: cutlass.Constexpr[int], is_first: cutlass.Constexpr[bool]):

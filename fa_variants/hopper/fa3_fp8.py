@@ -517,9 +517,9 @@ class _Fp8StepContext(_StepContext):
 
     def pieces_step(self, k_state, v_state, n_block, causal: bool, seqlen_end: bool, is_first: bool):
         """``serial_step`` with ``pv_pieces`` (Fp8Config): S GEMM (in the turn), handed on, waited for; mask; the row
-        maxima of every row; then per piece of the tile's keys its exponentials (row sums in column order), its
-        e4m3 P (k-blocks of the A operand) and its part of the P V GEMM into the temporary (the first piece zeroes
-        it; the turn is taken before it); alpha and l once every piece is issued; O *= alpha; the drain; O +=
+        maxima and alphas of every row; then per piece of the tile's keys its exponentials (row sums in column
+        order), its e4m3 P (k-blocks of the A operand) and its part of the P V GEMM into the temporary (the first
+        piece zeroes it; the turn is taken before it); l once every piece is issued; O *= alpha; the drain; O +=
         v_descale tmp. Same operations and roundings as ``serial_step`` (the emulation is unchanged). Returns
         (k_state, v_state)."""
         acc_S = self.new_scores()
@@ -537,7 +537,7 @@ class _Fp8StepContext(_StepContext):
         part = None  # pv_max_chains: the raw row maxima in more chains than the row sums (a max is exact in any order)
         if const_expr(self.k.cfg.pv_max_chains):
             part = sm.tile_scaled_part_max(s, self.k.cfg.pv_max_chains)
-        m_new, bias = sm.tile_scaled_maxima(s, is_first, c, part)
+        m_new, bias, alpha = sm.tile_scaled_maxima(s, is_first, c, part)
         sums = [[None] * sm.chains for _ in range(sm.num_rows)]
         n_kb = cute.size(self.tOrP, mode=[2])
         p8 = acc_as_fp8_operand_a(self._one_n_tile(acc_S))  # k-block kb: columns [kb w, (kb + 1) w), w = n_cols / n_kb
@@ -551,7 +551,7 @@ class _Fp8StepContext(_StepContext):
                 self.pipe_v.consumer_wait(v_state)
                 self.schedule_sync()
             _wgmma_k_blocks(self.mma_pv, self.acc_tmp, self.tOrP, v_op, kbs, zero_first=q == 0)
-        alpha = sm.tile_scaled_fold(m_new, sums, is_first)
+        sm.tile_scaled_fold(m_new, alpha, sums, is_first)
         if const_expr(not is_first):
             self.rescale_o(alpha, n_block)
         warpgroup.wait_group(0)
