@@ -384,3 +384,19 @@ def test_fp8d128_script_tests_what_it_times():
     failed = ("FAILED tests/test_fa3_fp8_speed_gpu.py::test_fp8pieces_same_bits"
               "[fp8pieces-d128-pq2m4-2x1000x1500x4x2-causal] - AssertionError")
     assert ab.failed_variants(failed, "fp8pieces") == ["pq2m4"]
+
+
+def test_fp8_chain_model(capsys):
+    """scripts/fp8_chain_model.py (session 14's fp8d128 prediction): calibrated to the measured default period it gives
+    that period back; pv_pieces 2 takes the first piece's GEMM (256 cycles) and the LDG's latency off a chain-bound
+    period (x/new 1.05-1.10 at 4290 cycles), more with the shorter row max; where the softmax is short the turns bind
+    (two per period) and the pieces, whose turn holds half the exponentials, stop gaining."""
+    model = load_script("fp8_chain_model")
+    exps = model.calibrate(4290.0, 250.0)
+    assert abs(model.period(1, exps, 250.0) - 4290.0) < 1.0
+    pq2 = model.period(2, exps, 250.0, promo=255.0)
+    assert 1.05 < 4290.0 / pq2 < 1.10
+    assert model.period(2, exps, 130.0, promo=255.0) < pq2
+    short = 600.0  # turn-bound: the period is two turns, and pq2's turn is longer by the exponentials it holds
+    assert model.period(2, short, 250.0, promo=255.0) >= model.period(1, short, 250.0) - 100
+    assert model.main([]) == 0 and "pq2: period" in capsys.readouterr().out
