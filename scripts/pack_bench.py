@@ -131,7 +131,7 @@ def resolve(ref: str, member: str | None, cache: dict) -> tuple[str, str, str] |
         full = ROOT / path
         ok = full.name == ARCHIVE and full.is_file() and any(fnmatch.fnmatch(n, member) for n in _members(full, cache))
         return None if ok else ("missing", ref, member)
-    if (ROOT / path).exists() or ("*" in path and any(ROOT.glob(path))):
+    if _there(ROOT / path) or ("*" in path and any(_there(p) for p in ROOT.glob(path))):
         return None
     parts = path.split("/")
     for i in range(len(parts) - 1, 1, -1):
@@ -143,6 +143,12 @@ def resolve(ref: str, member: str | None, cache: dict) -> tuple[str, str, str] |
                 return "packed", "/".join(spelt[: i - (len(parts) - len(spelt))] + [ARCHIVE]), rest
             break
     return "missing", ref, ""
+
+
+def _there(path: Path) -> bool:
+    """A file, or a folder holding one at any depth: an empty folder (left behind here once its files are packed)
+    is not in a clean clone, so a reference to it is stale."""
+    return path.is_file() or (path.is_dir() and any(p.is_file() for p in path.rglob("*")))
 
 
 def text_files() -> list[Path]:

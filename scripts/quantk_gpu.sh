@@ -5,7 +5,7 @@
 #   source .gpu/env.sh && scripts/quantk_gpu.sh        (repository root; logs under $OUT/quantk, else results/)
 #
 # Why (bench/NOTES.md, "Session 14 (2026-12-02): fp8 quant pass at head_dim 128, K's pass only; predictions before
-# the run"): quantocc's run (bench/h200-2026-12-02-s14/callB, D 128, default recipe, B*N 16k, H*D 2048, 5 rounds)
+# the run"): quantocc's run (bench/h200-2026-12-02-s14/raw.tar.xz:callB/*, D 128, default recipe, B*N 16k, H*D 2048, 5 rounds)
 # gave V3_WIDE128 (both passes) / def 0.982 by gpu ms, 0.969 by graph: K's pass 34.2 -> 29.9 us (255 registers, no
 # spill), Q's 38.5 -> 38.1 (its 40 bytes of spill at 255 registers ate the gain), V + K sums 50.5 -> 49.0 (the same
 # kernel). "k" keeps K's wide pass and Q's default one (16 warps per SM, no spill): the same compiled passes as
