@@ -265,8 +265,8 @@ def test_warmup_needs_an_arch_without_a_gpu(capsys, monkeypatch):
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "e4m3"])
 def test_warmup_plans_the_fp8_kernel_a_call_looks_up(monkeypatch, dtype):
     """fa3-fp8 on 16-bit inputs runs the e4m3 kernel writing O in their dtype: warmup plans the key that
-    ``hopper.fa3_fp8._compiled_kernel`` looks up (dtype e4m3, out_dtype the inputs'), as e4m3 inputs (out bf16) do, at head_dim
-    64 / 128 / 256, causal and not (stubbed sm_90 device, the compile recorded)."""
+    ``hopper.fa3_fp8._compiled_kernel`` looks up (dtype e4m3, out_dtype the inputs'), as e4m3 inputs (out bf16)
+    do, at head_dim 64 / 128 / 256, causal and not (stubbed sm_90 device, the compile recorded)."""
     import torch
 
     from fa_variants.commands import warmup

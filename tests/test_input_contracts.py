@@ -1,9 +1,13 @@
 """Input contracts of the public surface beyond attention() itself (caller-built FP8Inputs, the FP8 quantiser on
 non-finite values, the reference and emulators' argument checks, the shard helpers, corrupt fixture / report
-files), driven as a user would on the CPU: each test failed before its fix (session 14). Seconds: the reference backend, the FP8 emulation, the shard helpers (no process group).
+files), driven as a user would on the CPU: each test failed before its fix (session 14). CPU only, seconds: the
+reference backend, the FP8 emulation, the shard helpers (no process group).
 """
 import dataclasses
+import io
+import lzma
 import math
+import re
 
 import pytest
 import torch
@@ -248,9 +252,6 @@ def test_tile_emulators_check_arguments_as_attention_does(algorithm):
 # ----------------------------------------------------------------------- files: the fixture, a model folder
 
 def _write_fixture_like(path, payload):
-    import io
-    import lzma
-
     if isinstance(payload, bytes):
         path.write_bytes(payload)
         return path
@@ -262,7 +263,7 @@ def _write_fixture_like(path, payload):
 
 @pytest.mark.parametrize("payload, message", [
     (b"not lzma", r"not a fixture file \(not lzma-compressed\)"),                      # LZMAError
-    (__import__("lzma").compress(b"not a pickle"), r"not a fixture file \(not a torch.save"),  # UnpicklingError
+    (lzma.compress(b"not a pickle"), r"not a fixture file \(not a torch.save"),  # UnpicklingError
     ([1, 2], r"not a fixture file \(holds a list, not a dict\)"),                      # 'list' has no 'get'
     ({"format": 1, "text": "x"}, r"fixture fields missing: model_name, input_ids"),   # TypeError from __init__
 ])
@@ -308,7 +309,7 @@ def test_fp8_study_merge_names_a_file_that_is_not_a_study(tmp_path, capsys, text
     assert cli.main(["fp8-study", "--merge", str(bad), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and err.startswith(f"fa-variants fp8-study: error: --merge {bad}: "), err
-    assert __import__("re").search(message, err), err
+    assert re.search(message, err), err
 
 
 def test_quantize_fp8_takes_one_dtype():

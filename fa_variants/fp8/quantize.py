@@ -59,8 +59,10 @@ see it. Before, an inf / NaN set its block's descale (2^120 or more), which quan
 to 0 (a silently wrong O for up to block_m - 1 other query rows, or a block of keys), and an inf saturated to 448.
 The GPU pass (``quant_kernel``, kernel code, unchanged) takes the amax with fmax, which skips a NaN, so a NaN
 should fare as here (read from the code, not run on a GPU); an inf still sets its block's descale there and
-saturates to 448: on CUDA keep Q, K, V free of inf, or quantise with ``impl="torch"``. Conventions: q (batch, seqlen_q, num_heads, head_dim), k, v (batch,
-seqlen_k, num_heads_kv, head_dim); GQA: query head h reads kv-head h // (num_heads // num_heads_kv).
+saturates to 448: on CUDA keep Q, K, V free of inf, or quantise with ``impl="torch"``.
+
+Conventions: q (batch, seqlen_q, num_heads, head_dim), k, v (batch, seqlen_k, num_heads_kv, head_dim); GQA: query
+head h reads kv-head h // (num_heads // num_heads_kv).
 """
 from __future__ import annotations
 
