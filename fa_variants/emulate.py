@@ -39,8 +39,6 @@ from typing import NamedTuple
 
 import torch
 
-from fa_variants.common.scale import check_softmax_scale
-
 __all__ = [
     "HBM",
     "Emulation",
@@ -117,14 +115,13 @@ def _prepare(q, k, v, softmax_scale, causal):
     from fa_variants import api  # not at import: `fa-variants io` without the API's set-up
 
     api._check_inputs(q, k, v, hint="")  # its rules and messages, without the layout hint of attention's
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {causal!r}")
+    softmax_scale = api._check_options(causal, softmax_scale, backend="reference", return_lse=False)
     B, _, H, D = q.shape
     Hkv = k.shape[2]
-    if Hkv == 0:
+    if Hkv == 0:  # attention lets num_heads = num_heads_kv = 0 through (an empty call); the loops need a KV head
         raise ValueError(f"num_heads_kv is 0 (k has shape {tuple(k.shape)}); need at least one KV head")
     dtype = torch.promote_types(q.dtype, torch.float32)
-    scale = 1.0 / math.sqrt(D) if softmax_scale is None else check_softmax_scale(softmax_scale)
+    scale = 1.0 / math.sqrt(D) if softmax_scale is None else softmax_scale
     to = lambda t: t.to(dtype).transpose(1, 2).contiguous()  # noqa: E731  (B, heads, N, D)
     return to(q), to(k), to(v), torch.arange(H) // (H // Hkv), scale
 

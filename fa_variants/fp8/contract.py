@@ -17,14 +17,22 @@ import torch
 from fa_variants.common.scale import check_softmax_scale
 from fa_variants.fp8 import layout
 from fa_variants.fp8.quantize import E4M3, FP8Config, FP8Inputs
+from fa_variants.fp8.quantize import _field_tensor as _tensor
 
 __all__ = ["check_fp8_inputs", "check_accumulator_bits", "check_tile_m"]
 
 
-def _tensor(name: str, t) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"FP8Inputs.{name} must be a torch.Tensor, got {type(t).__name__}")
-    return t
+def _is_int(value) -> bool:
+    """An int (a numpy integer too), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _optional_int(name: str, value, low: int, what: str) -> None:
+    """None, or an int >= low; ``what``: the unit and what None means, for the ValueError."""
+    if value is not None and not _is_int(value):
+        raise TypeError(f"{name} must be an int or None, got {value!r}")
+    if value is not None and value < low:
+        raise ValueError(f"{name} must be >= {low} {what}, got {value}")
 
 
 def check_fp8_inputs(inputs: FP8Inputs) -> None:
@@ -54,7 +62,7 @@ def check_fp8_inputs(inputs: FP8Inputs) -> None:
         raise ValueError(f"FP8Inputs: num_heads {H} (q) must be a multiple of num_heads_kv {Hkv} (k), "
                          "which must be >= 1")
     seqlen_k = inputs.seqlen_k
-    if isinstance(seqlen_k, bool) or not isinstance(seqlen_k, numbers.Integral):
+    if not _is_int(seqlen_k):
         raise TypeError(f"FP8Inputs.seqlen_k must be an int, got {seqlen_k!r}")
     if seqlen_k != Nk:
         raise ValueError(f"FP8Inputs.seqlen_k is {seqlen_k} but k holds {Nk} keys; they must be equal")
@@ -101,15 +109,9 @@ def check_fp8_inputs(inputs: FP8Inputs) -> None:
 
 def check_accumulator_bits(bits) -> None:
     """``emulate_fp8_attention``'s accumulator_bits: None (float32) or an int >= 0 (mantissa bits kept)."""
-    if bits is not None and (isinstance(bits, bool) or not isinstance(bits, numbers.Integral)):
-        raise TypeError(f"accumulator_bits must be an int or None, got {bits!r}")
-    if bits is not None and bits < 0:
-        raise ValueError(f"accumulator_bits must be >= 0 (mantissa bits kept) or None (float32), got {bits}")
+    _optional_int("accumulator_bits", bits, 0, "(mantissa bits kept) or None (float32)")
 
 
 def check_tile_m(tile_m) -> None:
     """``emulate_fp8_attention``'s tile_m: None (the kernel's) or an int >= 1 (query rows per CTA tile)."""
-    if tile_m is not None and (isinstance(tile_m, bool) or not isinstance(tile_m, numbers.Integral)):
-        raise TypeError(f"tile_m must be an int or None, got {tile_m!r}")
-    if tile_m is not None and tile_m < 1:
-        raise ValueError(f"tile_m must be >= 1 (query rows per CTA tile) or None (the kernel's), got {tile_m}")
+    _optional_int("tile_m", tile_m, 1, "(query rows per CTA tile) or None (the kernel's)")

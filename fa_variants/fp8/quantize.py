@@ -315,6 +315,14 @@ class FP8Config:
 # ---------------------------------------------------------------------------------------------- inputs
 
 
+def _field_tensor(name: str, value) -> torch.Tensor:
+    """``value`` (FP8Inputs' field ``name``) if it is a torch.Tensor, else a TypeError naming the field
+    (FP8Inputs' own check and ``contract.check_fp8_inputs``'s)."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"FP8Inputs.{name} must be a torch.Tensor, got {type(value).__name__}")
+    return value
+
+
 @dataclass(frozen=True)
 class FP8Inputs:
     """What the fa3-fp8 kernel consumes (the contract between the recipe and the kernel): quantised tensors, descales
@@ -359,8 +367,7 @@ class FP8Inputs:
 
     def __post_init__(self) -> None:
         for name in ("q", "q_descale", "k_descale", "v_descale"):  # read below (the rest: contract.check_fp8_inputs)
-            if not isinstance(getattr(self, name), torch.Tensor):
-                raise TypeError(f"FP8Inputs.{name} must be a torch.Tensor, got {type(getattr(self, name)).__name__}")
+            _field_tensor(name, getattr(self, name))
         if self.block_n is None:
             object.__setattr__(self, "block_n", tiles_for(self.head_dim)[1])
         for name in ("block_m", "block_n"):

@@ -87,9 +87,8 @@ def read_weights(folder: str | os.PathLike) -> dict[str, torch.Tensor]:
     """The state dict of a folder written by :func:`save_model_dir` (tensors in the stored dtype, CPU).
 
     Raises ValueError naming the folder and the piece when chunks.json or a piece is missing, or the joined
-    file's size or sha256 differs from the manifest."""
-    from safetensors.torch import load
-
+    file's size or sha256 differs from the manifest (checked before safetensors, an optional dependency, is
+    imported)."""
     folder = Path(folder)
     if not (folder / MANIFEST).is_file():
         raise ValueError(f"model_dir {folder}: no {MANIFEST} (write the folder with scripts/pack_model_chunks.py)")
@@ -106,6 +105,8 @@ def read_weights(folder: str | os.PathLike) -> dict[str, torch.Tensor]:
     blob = b"".join(pieces)
     if len(blob) != manifest["bytes"] or hashlib.sha256(blob).hexdigest() != manifest["sha256"]:
         raise ValueError(f"model_dir {folder}: the joined weights differ from {MANIFEST} (size or sha256)")
+    from safetensors.torch import load
+
     return load(blob)
 
 
