@@ -27,8 +27,8 @@ def period(pieces: int, exps: float, max_cycles: float, pv: float = 512, s: floa
         t = max(ready[wg], turn_free)  # BAR.SYNC: this warpgroup's softmax part 0 done and the turn handed to it
         starts.append((wg, t))
         done = t
-        for q in range(pieces):
-            issue = t + q * exps / pieces  # piece q after the exponentials of pieces < q + 1 (piece 0 at the turn)
+        for piece in range(pieces):
+            issue = t + piece * exps / pieces  # after its exponentials and the earlier pieces' (piece 0's before the turn)
             begin = max(issue, tensor_free)
             tensor_free = begin + pv / pieces
             done = tensor_free + latency
@@ -55,8 +55,8 @@ def calibrate(target: float, max_cycles: float, **kw) -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--period", type=float, default=4290.0, help="measured default cycles per CTA tile")
-    ap.add_argument("--pv", type=float, default=512.0)
-    ap.add_argument("--s", type=float, default=512.0)
+    ap.add_argument("--pv", type=float, default=512.0, help="tensor-pipe cycles of one tile's P V GEMM")
+    ap.add_argument("--s", type=float, default=512.0, help="tensor-pipe cycles of one tile's S = Q K^T GEMM")
     ap.add_argument("--max", type=float, default=250.0, help="S wait to the first exponential")
     ap.add_argument("--max-chains4", type=float, default=130.0, help="the same with the row max in four chains")
     ap.add_argument("--promo", type=float, default=290.0, help="drain to S issue: LDG, promotion, loop top")

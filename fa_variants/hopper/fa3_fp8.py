@@ -542,15 +542,15 @@ class _Fp8StepContext(_StepContext):
         n_kb = cute.size(self.tOrP, mode=[2])
         p8 = acc_as_fp8_operand_a(self._one_n_tile(acc_S))  # k-block kb: columns [kb w, (kb + 1) w), w = n_cols / n_kb
         v_op = self._v_slice(v_state.index, 0)
-        for q in range(pieces):
-            sm.tile_scaled_exps(s, range(q * n_cols // pieces, (q + 1) * n_cols // pieces), c, bias, sums)
-            kbs = range(q * n_kb // pieces, (q + 1) * n_kb // pieces)
+        for piece in range(pieces):  # its keys: columns and k-blocks [piece / pieces, (piece + 1) / pieces) of the tile
+            sm.tile_scaled_exps(s, range(piece * n_cols // pieces, (piece + 1) * n_cols // pieces), c, bias, sums)
+            kbs = range(piece * n_kb // pieces, (piece + 1) * n_kb // pieces)
             for kb in kbs:
                 self.tOrP[None, None, kb].store(p8[None, None, kb].load().to(cutlass.Float8E4M3FN))
-            if q == 0:
+            if piece == 0:  # the turn (ping-pong) before the first P V issue, once V has landed
                 self.pipe_v.consumer_wait(v_state)
                 self.schedule_sync()
-            _wgmma_k_blocks(self.mma_pv, self.acc_tmp, self.tOrP, v_op, kbs, zero_first=q == 0)
+            _wgmma_k_blocks(self.mma_pv, self.acc_tmp, self.tOrP, v_op, kbs, zero_first=piece == 0)
         sm.tile_scaled_fold(m_new, alpha, sums, is_first)
         if const_expr(not is_first):
             self.rescale_o(alpha, n_block)
