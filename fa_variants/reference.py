@@ -29,6 +29,8 @@ from typing import NamedTuple
 
 import torch
 
+from fa_variants.common.scale import check_softmax_scale
+
 #: the reference backend serves any head_dim (``None`` = no restriction; kernels list a tuple)
 HEAD_DIMS: tuple[int, ...] | None = None
 #: dtypes the reference backend accepts
@@ -43,7 +45,10 @@ _FULL_PRECISION = (torch.float32, torch.float64)
 
 
 def default_softmax_scale(head_dim: int) -> float:
-    """1 / sqrt(head_dim), the scale of Vaswani et al. (2017), eq. (1)."""
+    """1 / sqrt(head_dim), the scale of Vaswani et al. (2017), eq. (1). ValueError for head_dim < 1."""
+    if head_dim < 1:
+        raise ValueError(f"head_dim is {head_dim}: the default softmax_scale 1 / sqrt(head_dim) needs head_dim >= 1; "
+                         "pass softmax_scale")
     return 1.0 / math.sqrt(head_dim)
 
 
@@ -91,7 +96,7 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
         k, v: (batch, seqlen_k, num_heads_kv, head_dim); num_heads % num_heads_kv == 0. v may have its
             own head_dim (the output then has it).
         causal: bottom-right aligned causal mask (query i sees key j iff j <= i + seqlen_k - seqlen_q).
-        softmax_scale: any finite real (0 and negative allowed); None means 1 / sqrt(head_dim).
+        softmax_scale: any finite real (0 and negative allowed); None means 1 / sqrt(head_dim) (head_dim >= 1).
         seqlens_k: optional int32 (batch,) per-sequence KV lengths (a KV cache padded to seqlen_k): sequence
             b attends to its first seqlens_k[b] keys only, as if k, v were k[b, :seqlens_k[b]] (causal is
             bottom-right against that length: query i sees key j iff j <= i + seqlens_k[b] - seqlen_q);
@@ -111,11 +116,13 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
         ``fa_variants.attention``).
 
     Raises:
-        TypeError: q, k or v not a floating-point tensor; dtype not a floating-point torch.dtype.
-        ValueError: not 4-D; batch, seqlen_k, num_heads_kv (k against v) or head_dim (q against k) that differ;
-            num_heads not a multiple of num_heads_kv; tensors on different devices (``_check_reference_inputs``).
+        TypeError: q, k or v not a floating-point tensor; dtype not a floating-point torch.dtype; softmax_scale not
+            a real number.
+        ValueError: softmax_scale not finite, or None with head_dim 0; not 4-D; batch, seqlen_k, num_heads_kv
+            (k against v) or head_dim (q against k) that differ; num_heads not a multiple of num_heads_kv; tensors
+            on different devices (``_check_reference_inputs``).
     """
-    _check_reference_inputs(q, k, v, dtype)
+    _check_reference_inputs(q, k, v, dtype, softmax_scale)
     batch, seqlen_q, num_heads, head_dim = q.shape
     seqlen_k, num_heads_kv, head_dim_v = k.shape[1], k.shape[2], v.shape[3]
     if seqlens_k is not None:
@@ -165,9 +172,14 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
     return out, lse
 
 
-def _check_reference_inputs(q, k, v, dtype) -> None:
+def _check_reference_inputs(q, k, v, dtype, softmax_scale) -> None:
     """attention_reference's argument rules (its docstring), one line naming the argument: before, a k of batch 1
-    was broadcast over q's batch by einsum without a word, and other mismatches failed inside einsum / reshape."""
+    was broadcast over q's batch by einsum without a word, other mismatches failed inside einsum / reshape, and a
+    str or NaN softmax_scale was taken. Not ``api._check_inputs`` (api imports this module), whose rules differ
+    on purpose: here q, k, v may have different dtypes, v its own head_dim, head_dim may be 0, and the scale any
+    finite float (``check_softmax_scale(kernel_range=False)``)."""
+    if softmax_scale is not None:
+        check_softmax_scale(softmax_scale, kernel_range=False)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or not t.is_floating_point():
             what = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__

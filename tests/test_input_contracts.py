@@ -196,7 +196,8 @@ def test_fp8_a_non_finite_k_or_v_value_is_never_a_finite_wrong_answer(name, valu
 def test_reference_names_a_bad_argument_and_never_broadcasts():
     """reference.attention_reference (the documented float64 reference) broadcast a k / v of batch 1 over q's
     batch 2 without a word (einsum broadcasts size-1 dims), failed inside einsum / reshape for other mismatches
-    and for an int dtype; rel_l2 broadcast shapes that differ (max_abs_error already refused them)."""
+    and for an int dtype; a str softmax_scale was parsed, a NaN one taken, head_dim 0 without one was a
+    ZeroDivisionError; rel_l2 broadcast shapes that differ (max_abs_error already refused them)."""
     from fa_variants import reference
 
     q, k = torch.randn(2, 3, 2, 8), torch.randn(2, 4, 1, 8)
@@ -208,6 +209,11 @@ def test_reference_names_a_bad_argument_and_never_broadcasts():
         ((q, k, k.to("meta")), {}, ValueError, r"^q, k, v must be on one device"),
         ((q.int(), k, k), {}, TypeError, r"^q must be a floating-point tensor, got torch.int32$"),
         ((q, k, k), dict(dtype=torch.int32), TypeError, r"^dtype must be a floating-point torch.dtype"),
+        ((q, k, k), dict(softmax_scale="0.1"), TypeError, r"^softmax_scale must be a real number"),  # was parsed
+        ((q, k, k), dict(softmax_scale=math.nan), ValueError, r"^softmax_scale must be finite"),  # NaN out
+        ((q, k, k), dict(softmax_scale=1e300), None, None),  # beyond the kernels' range: the reference takes it
+        ((q[..., :0], k[..., :0], k), {}, ValueError, r"^head_dim is 0: the default softmax_scale"),  # ZeroDivision
+        ((q[..., :0], k[..., :0], k), dict(softmax_scale=0.5), None, None),  # head_dim 0 with a scale: V's mean
     ]
     for args, kwargs, exc, message in cases:
         if exc is None:

@@ -25,8 +25,9 @@ FLOAT32_TINY = 1.1754943508222875e-38  # smallest normal float32
 MAX_SOFTMAX_SCALE = FLOAT32_MAX / LOG2_E
 
 
-def check_softmax_scale(softmax_scale, name: str = "softmax_scale") -> float:
-    """``softmax_scale`` as a float, if legal; ``name``: the argument the messages name (SDPA's ``scale``).
+def check_softmax_scale(softmax_scale, name: str = "softmax_scale", kernel_range: bool = True) -> float:
+    """``softmax_scale`` as a float, if legal; ``name``: the argument the messages name (SDPA's ``scale``);
+    ``kernel_range`` False: any finite float (the float64 reference, ``reference.attention_reference``).
 
     Plain comparisons only (no ``math.isfinite``), so that a symbolic float of torch.compile with dynamic
     shapes (``q.size(-1) ** -0.5``, a ``torch.SymFloat``) is checked by guards instead of breaking the graph.
@@ -34,7 +35,7 @@ def check_softmax_scale(softmax_scale, name: str = "softmax_scale") -> float:
     Raises:
         TypeError: not a real number (a bool counts as not; a numpy scalar is one, except while traced by
             torch.compile: `_not_real`).
-        ValueError: not finite, an int beyond float range, or |softmax_scale| > MAX_SOFTMAX_SCALE.
+        ValueError: not finite, an int beyond float range, or |softmax_scale| > MAX_SOFTMAX_SCALE (kernel_range).
     """
     if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
         raise _not_real(softmax_scale, name)
@@ -45,7 +46,7 @@ def check_softmax_scale(softmax_scale, name: str = "softmax_scale") -> float:
                          "digits") from None
     if not -math.inf < scale < math.inf:  # False for inf and NaN
         raise ValueError(f"{name} must be finite, got {scale}")
-    if abs(scale) > MAX_SOFTMAX_SCALE:
+    if kernel_range and abs(scale) > MAX_SOFTMAX_SCALE:
         raise ValueError(f"{name} {scale:g} is out of range: |{name}| must be <= "
                          f"{MAX_SOFTMAX_SCALE:.4g} (the kernels compute softmax_scale * log2(e) in float32)")
     return scale
