@@ -48,6 +48,22 @@ def check_fp8_inputs(inputs: FP8Inputs) -> None:
         raise TypeError(f"inputs must be FP8Inputs (fa_variants.fp8.quantize_fp8), got {type(inputs).__name__}")
     if not isinstance(inputs.config, FP8Config):
         raise TypeError(f"FP8Inputs.config must be an FP8Config, got {type(inputs.config).__name__}")
+    B, Nq, H, D, Nk, Hkv = _check_operands(inputs)
+    for name, want in (("q_descale", (B, H, Nq, "block_m")), ("k_descale", (B, Hkv, Nk, "block_n")),
+                       ("v_descale", (B, Hkv, Nk, "block_n"))):
+        _check_descale(inputs, name, *want)
+    _check_scale(inputs.softmax_scale)
+    _check_smoothing(inputs, k_mean=(B, Hkv, D), lse_shift=(B, H, Nq))
+    device = inputs.q.device
+    for name in ("k", "v_t", "q_descale", "k_descale", "v_descale", "k_mean", "lse_shift"):
+        t = getattr(inputs, name)
+        if t is not None and t.device != device:
+            raise ValueError(f"FP8Inputs.{name} is on {t.device} but q is on {device}; they must be on one device")
+
+
+def _check_operands(inputs: FP8Inputs) -> tuple[int, ...]:
+    """q, k, v_t (e4m3, 4-D, matching shapes) and seqlen_k; returns (batch, seqlen_q, num_heads, head_dim,
+    seqlen_k, num_heads_kv)."""
     for name in ("q", "k", "v_t"):
         t = _tensor(name, getattr(inputs, name))
         if t.dtype != E4M3:
@@ -71,23 +87,34 @@ def check_fp8_inputs(inputs: FP8Inputs) -> None:
         raise ValueError(f"FP8Inputs.v_t must be (batch, num_heads_kv, head_dim, seqlen_k padded to a multiple of "
                          f"{layout.K_ALIGN_TOKENS}) = ({B}, {Hkv}, {D}, {layout.padded_seqlen_k(Nk)}), "
                          f"got {tuple(inputs.v_t.shape)}")
-    for name, heads, rows, block in (("q_descale", H, Nq, "block_m"), ("k_descale", Hkv, Nk, "block_n"),
-                                     ("v_descale", Hkv, Nk, "block_n")):
-        t = _tensor(name, getattr(inputs, name))
-        want = (B, heads, -(-rows // getattr(inputs, block)))
-        if t.dtype != torch.float32:
-            raise TypeError(f"FP8Inputs.{name} has dtype {t.dtype}; descales are float32")
-        if tuple(t.shape) != want:
-            raise ValueError(f"FP8Inputs.{name} must have shape {want} (batch, heads, blocks of {block}="
-                             f"{getattr(inputs, block)}), got {tuple(t.shape)}")
-    if inputs.softmax_scale is None:  # check_softmax_scale's message would say None is fine (attention's default)
+    return B, Nq, H, D, Nk, Hkv
+
+
+def _check_descale(inputs: FP8Inputs, name: str, batch: int, heads: int, rows: int, block: str) -> None:
+    """Descale ``name``: float32 (batch, heads, cdiv(rows, inputs.<block>))."""
+    t = _tensor(name, getattr(inputs, name))
+    want = (batch, heads, -(-rows // getattr(inputs, block)))
+    if t.dtype != torch.float32:
+        raise TypeError(f"FP8Inputs.{name} has dtype {t.dtype}; descales are float32")
+    if tuple(t.shape) != want:
+        raise ValueError(f"FP8Inputs.{name} must have shape {want} (batch, heads, blocks of {block}="
+                         f"{getattr(inputs, block)}), got {tuple(t.shape)}")
+
+
+def _check_scale(softmax_scale) -> None:
+    """FP8Inputs.softmax_scale: a finite real >= 0 (quantize_fp8 folds a negative one into K)."""
+    if softmax_scale is None:  # check_softmax_scale's message would say None is fine (attention's default)
         raise TypeError("FP8Inputs.softmax_scale must be a real number >= 0, got None")
-    scale = check_softmax_scale(inputs.softmax_scale, "FP8Inputs.softmax_scale")
+    scale = check_softmax_scale(softmax_scale, "FP8Inputs.softmax_scale")
     if scale < 0:
         raise ValueError(f"FP8Inputs.softmax_scale must be >= 0 (quantize_fp8 folds a negative scale into k), "
                          f"got {scale}")
+
+
+def _check_smoothing(inputs: FP8Inputs, **shapes: tuple[int, ...]) -> None:
+    """k_mean and lse_shift (``shapes``: their float32 shapes): both given iff config.smooth_k."""
     smooth = inputs.config.smooth_k
-    for name, want in (("k_mean", (B, Hkv, D)), ("lse_shift", (B, H, Nq))):
+    for name, want in shapes.items():
         t = getattr(inputs, name)
         if t is None:
             if smooth:
@@ -100,11 +127,6 @@ def check_fp8_inputs(inputs: FP8Inputs) -> None:
                              "the inputs were quantised with")
         if t.dtype != torch.float32 or tuple(t.shape) != want:
             raise ValueError(f"FP8Inputs.{name} must be float32 of shape {want}, got {t.dtype} {tuple(t.shape)}")
-    device = inputs.q.device
-    for name in ("k", "v_t", "q_descale", "k_descale", "v_descale", "k_mean", "lse_shift"):
-        t = getattr(inputs, name)
-        if t is not None and t.device != device:
-            raise ValueError(f"FP8Inputs.{name} is on {t.device} but q is on {device}; they must be on one device")
 
 
 def check_accumulator_bits(bits) -> None:
