@@ -17,6 +17,7 @@ import os
 
 OFF = ("0", "off", "false", "no")
 ON = ("1", "on", "true", "yes")
+_FLAG_SPELLINGS = "0 or 1 (or off/false/no, on/true/yes)"  # flag's and flag_or's messages
 
 
 class SwitchError(ValueError):
@@ -30,7 +31,7 @@ def flag(name: str, default: bool) -> bool:
     if not value:
         return default
     if value not in OFF + ON:
-        raise SwitchError(f"{name}={os.environ[name]!r} must be 0 or 1 (or off/false/no, on/true/yes)")
+        raise SwitchError(f"{name}={os.environ[name]!r} must be {_FLAG_SPELLINGS}")
     return value in ON
 
 
@@ -41,8 +42,7 @@ def flag_or(name: str, default: bool, names: tuple[str, ...]) -> bool | str:
     if value in names:
         return value
     if value and value not in OFF + ON:
-        raise SwitchError(f"{name}={os.environ[name]!r} must be 0 or 1 (or off/false/no, on/true/yes) or "
-                          f"{' / '.join(names)}")
+        raise SwitchError(f"{name}={os.environ[name]!r} must be {_FLAG_SPELLINGS} or {' / '.join(names)}")
     return flag(name, default)
 
 
