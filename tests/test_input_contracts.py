@@ -272,6 +272,7 @@ def _write_fixture_like(path, payload):
     (lzma.compress(b"not a pickle"), r"not a fixture file \(not a torch.save"),  # UnpicklingError
     ([1, 2], r"not a fixture file \(holds a list, not a dict\)"),                      # 'list' has no 'get'
     ({"format": 1, "text": "x"}, r"fixture fields missing: model_name, input_ids"),   # TypeError from __init__
+    ({"format": -1}, r"fixture format -1, expected \d+; regenerate it with python -m"),  # another version
 ])
 def test_a_corrupt_fixture_is_one_line_naming_the_file(tmp_path, monkeypatch, capsys, payload, message):
     """Fixture.load of a file that is not a fixture raised lzma's / pickle's / a dict lookup's error, and

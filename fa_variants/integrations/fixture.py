@@ -94,8 +94,7 @@ class Fixture:
         if data.get("format") == FORMAT and missing:
             raise ValueError(f"{path}: fixture fields missing: {', '.join(missing)}; {regenerate}")
         if data.get("format") != FORMAT:
-            raise ValueError(f"{path}: fixture format {data.get('format')}, expected {FORMAT}; "
-                             "regenerate it with python -m fa_variants.integrations.capture")
+            raise ValueError(f"{path}: fixture format {data.get('format')}, expected {FORMAT}; {regenerate}")
         return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
 
     def attention_inputs(self, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float16,
