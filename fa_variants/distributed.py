@@ -177,8 +177,8 @@ def contiguous_shard(x: torch.Tensor, dim: int, rank: int, world: int) -> torch.
 
 
 def _check_shards(shards, dim) -> tuple[list[torch.Tensor], int]:
-    """(the shards as a list, dim in [0, rank)) for the unshard helpers: a sequence (not one tensor, which
-    ``list`` would cut along its first dim) of one or more tensors of one rank, dtype and device, whose sizes
+    """(the shards as a list, dim in [0, ndim)) for the unshard helpers: a sequence (not one tensor, which
+    ``list`` would cut along its first dim) of one or more tensors of one ndim, dtype and device, whose sizes
     agree except along ``dim``. Raises TypeError / ValueError naming the shard and what differs."""
     if isinstance(shards, torch.Tensor):
         raise TypeError(f"shards must be a sequence of tensors (ranks 0 .. world-1), got one tensor of shape "
@@ -206,7 +206,7 @@ def contiguous_unshard(shards: Sequence[torch.Tensor], dim: int) -> torch.Tensor
     """The inverse of ``contiguous_shard``: the shards of ranks 0 .. world-1 joined along ``dim`` (a copy).
 
     Raises TypeError / ValueError (naming the shard) for one tensor instead of a sequence, an empty sequence, a
-    shard that is not a tensor, a dim that is not an int or out of range, or shards whose rank, sizes other
+    shard that is not a tensor, a dim that is not an int or out of range, or shards whose ndim, sizes other
     than along dim, dtype or device differ."""
     shards, dim = _check_shards(shards, dim)
     return torch.cat(shards, dim)
