@@ -368,15 +368,24 @@ def test_pv_pieces_at_64():
         assert counts["LDL"] == counts["STL"] == 0 and counts["QGMMA"] > 0, (causal, counts)
 
 
-@pytest.mark.parametrize("bad, match", [(dict(pv_pieces=3), "pv_pieces=3"),
-                                        (dict(pv_pieces=2, two_level=False), "two_level"),
-                                        (dict(pv_pieces=2, tile_n=128, intra_wg_overlap=True), "serial steps"),
-                                        (dict(pv_pieces=2, pv_split=2, pv_buffers=2), "pv_split 1"),
-                                        (dict(pv_pieces=2, early_pv_arrive=True), "early_pv_arrive"),
-                                        (dict(pv_pieces=2, descale_prefetch=True), "descale_prefetch"),
-                                        (dict(pv_max_chains=4), "pv_max_chains=4"),
-                                        (dict(pv_pieces=2, pv_max_chains=3), "pv_max_chains=3")])
+_NEEDS = r"^fa3-fp8: pv_pieces=\d+ needs "  # then the first need the config lacks
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(pv_pieces=3), _NEEDS + r"\(tile_n / 32\) % pv_pieces == 0 \(tile_n 256\)"),
+    (dict(pv_pieces=0), _NEEDS + r"\(tile_n / 32\)"),
+    (dict(pv_pieces=2, two_level=False), _NEEDS + r"two_level \("),
+    (dict(pv_pieces=2, tile_n=128, intra_wg_overlap=True), _NEEDS + r"serial steps \(intra_wg_overlap off\)"),
+    (dict(pv_pieces=2, pv_split=2, pv_buffers=2), _NEEDS + r"pv_split 1 \(got 2\)"),
+    (dict(pv_pieces=2, promote_every=2), _NEEDS + r"promote_every 1 \(got 2\)"),
+    (dict(pv_pieces=2, early_pv_arrive=True), _NEEDS + r"serial steps \(early_pv_arrive off\)"),
+    (dict(pv_pieces=2, descale_prefetch=True), _NEEDS + r"serial steps \(descale_prefetch off\)"),
+    (dict(pv_pieces=2, shared_kv_state=True), _NEEDS + r"serial steps \(shared_kv_state off\)"),
+    (dict(pv_max_chains=4), "pv_max_chains=4"),
+    (dict(pv_pieces=2, pv_max_chains=3), "pv_max_chains=3")])
 def test_pv_pieces_config_errors(bad, match):
+    """Each refusal names the need the config lacks (before, one message listed every need, so a test matching
+    any of them could not tell which check fired)."""
     with pytest.raises(ValueError, match=match):
         dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], **bad).check(128)
     dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], pv_pieces=2, pv_max_chains=4).check(128)

@@ -219,6 +219,16 @@ class Fp8Config(Fa3Config):
     pv_pieces: int = 1
     pv_max_chains: int = 0
 
+    def _pv_pieces_need(self) -> str | None:
+        """The first thing ``pv_pieces`` > 1 needs that this config lacks (for its error), or None."""
+        needs = [(self.pv_pieces >= 1 and (self.tile_n // 32) % self.pv_pieces == 0,
+                  f"(tile_n / 32) % pv_pieces == 0 (tile_n {self.tile_n})"),
+                 (self.two_level, "two_level"), (self.pv_split == 1, f"pv_split 1 (got {self.pv_split})"),
+                 (self.promote_every == 1, f"promote_every 1 (got {self.promote_every})")]
+        needs += [(not getattr(self, name), f"serial steps ({name} off)") for name in
+                  ("intra_wg_overlap", "s_lookahead", "early_pv_arrive", "descale_prefetch", "shared_kv_state")]
+        return next((need for ok, need in needs if not ok), None)
+
     def smem_bytes(self, head_dim: int, elem_bytes: int = 1) -> int:
         qo = self.tile_m * head_dim * 2  # Q (e4m3) shares its buffer with the 16-bit O
         return qo + 2 * self.stages * self.tile_n * head_dim * elem_bytes + 1024
@@ -267,13 +277,9 @@ class Fp8Config(Fa3Config):
             raise ValueError("fa3-fp8: fused_promote needs s_lookahead (the head_dim 256 schedule it is built for)")
         if self.bounded_units and not self.fused_promote:
             raise ValueError("fa3-fp8: bounded_units needs fused_promote (the other promotions keep O in absolute units)")
-        if self.pv_pieces != 1 and (self.pv_pieces < 1 or (self.tile_n // 32) % self.pv_pieces or not self.two_level
-                                    or self.pv_split != 1 or self.promote_every != 1 or self.intra_wg_overlap
-                                    or self.s_lookahead or self.early_pv_arrive or self.descale_prefetch
-                                    or self.shared_kv_state):
-            raise ValueError(f"fa3-fp8: pv_pieces={self.pv_pieces} needs (tile_n / 32) % pv_pieces == 0, two_level, "
-                             f"pv_split 1, promote_every 1 and serial steps (intra_wg_overlap, s_lookahead, "
-                             f"early_pv_arrive, descale_prefetch, shared_kv_state off)")
+        if self.pv_pieces != 1 and (need := self._pv_pieces_need()):
+            raise ValueError(f"fa3-fp8: pv_pieces={self.pv_pieces} needs {need} (all it needs: (tile_n / 32) % "
+                             "pv_pieces == 0, two_level, pv_split 1, promote_every 1, serial steps)")
         if self.pv_max_chains and (self.pv_pieces == 1 or self.pv_max_chains not in (1, 2, 4, 8)):
             raise ValueError(f"fa3-fp8: pv_max_chains={self.pv_max_chains} must be 0, or 1, 2, 4 or 8 with "
                              f"pv_pieces > 1")
