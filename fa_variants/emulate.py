@@ -115,6 +115,7 @@ def _prepare(q, k, v, softmax_scale, causal):
     from fa_variants import api  # not at import: `fa-variants io` without the API's set-up
 
     api._check_inputs(q, k, v, hint="")  # its rules and messages, without the layout hint of attention's
+    # causal and softmax_scale by attention's rules (the emulators take no backend / return_lse: valid stand-ins)
     softmax_scale = api._check_options(causal, softmax_scale, backend="reference", return_lse=False)
     B, _, H, D = q.shape
     Hkv = k.shape[2]
