@@ -161,6 +161,13 @@ def _check_shard_args(x: torch.Tensor, dim: int, rank: int, world: int) -> int:
         raise ValueError(f"world must be >= 1, got {world}")
     if not 0 <= rank < world:
         raise ValueError(f"rank must be in [0, {world}), got {rank}")
+    return _check_dim(x, dim)
+
+
+def _check_dim(x: torch.Tensor, dim) -> int:
+    """``dim`` of ``x`` in [0, x.dim()) (a negative one counted from the end); TypeError / ValueError naming it."""
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise TypeError(f"dim must be an int, got {dim!r}")
     if not -x.dim() <= dim < x.dim():
         raise ValueError(f"dim {dim} is out of range for a {x.dim()}-D tensor")
     return dim % x.dim()
@@ -190,7 +197,7 @@ def _check_shards(shards, dim) -> tuple[list[torch.Tensor], int]:
         if not isinstance(shard, torch.Tensor):
             raise TypeError(f"shards[{rank}] must be a torch.Tensor, got {type(shard).__name__}")
     first = shards[0]
-    dim = _check_shard_args(first, dim, 0, 1)
+    dim = _check_dim(first, dim)
     for rank, shard in enumerate(shards[1:], 1):
         other = [size for d, size in enumerate(shard.shape) if d != dim] if shard.dim() == first.dim() else None
         if other != [size for d, size in enumerate(first.shape) if d != dim]:
