@@ -28,7 +28,7 @@ def period(pieces: int, exps: float, max_cycles: float, pv: float = 512, s: floa
         starts.append((wg, t))
         done = t
         for piece in range(pieces):
-            issue = t + piece * exps / pieces  # after its exponentials and the earlier pieces' (piece 0's before the turn)
+            issue = t + piece * exps / pieces  # after its and the earlier pieces' exponentials (piece 0's: pre-turn)
             begin = max(issue, tensor_free)
             tensor_free = begin + pv / pieces
             done = tensor_free + latency
