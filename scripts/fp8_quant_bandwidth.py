@@ -21,7 +21,8 @@ plans (``QUANT_CALL_PLANS``, ``fp8.quant_call``: host work only, the same launch
 counted late (``V3_FUSED_MEAN_LATE``: no torch sum of K's partials, one kernel fewer per call); "defw128": def with
 Q's / K's pass at head_dim 128 holding a token's 128 channels per thread and storing through the stage
 (``V3_WIDE128``; bit for bit), "defw128n" the same without the staged store (head_dim 128 rows only), "defw128k"
-defw128 for K's pass only (``V3_WIDE128 = "k"``, Q's pass def's);
+defw128 for K's pass only (``V3_WIDE128 = "k"``, Q's pass def's); "definf": def with the non-finite rule
+(``NONFINITE``: finite inputs bit for bit);
 ``quant_host``) and recipe (default:
 block scales + Hadamard + K smoothing; "no-smooth": the same without smoothing; "sampled8": the default with
 K's mean over 8 evenly spaced K tiles, ``FP8Config(smooth_k_blocks=8)``; "sampled16": over 16), one
@@ -352,6 +353,9 @@ PIPES["defw128n"] = ("v3", {**_DEF, "V3_WIDE128": True, "V3_STAGED_STORE": False
 # session 14: the same at head_dim 128 for K's pass only (``V3_WIDE128 = "k"``: Q's pass as def's, whose wide form
 # spills 40 bytes and gained nothing in quantocc's run; bit for bit the default)
 PIPES["defw128k"] = ("v3", {**_DEF, "V3_WIDE128": "k"})
+# session 14: def with the passes' non-finite rule (``quant_host.NONFINITE``: one uniform test per block, a slow path
+# behind it never taken on finite inputs; bit for bit the default there, so checked as "def")
+PIPES["definf"] = ("v3", {**_DEF, "NONFINITE": True})
 # session 12's default before its flips (V3_WIDE, QUANT_PLANS on since then: "def" runs them)
 PIPES["def11"] = ("v3", {**_DEF, "V3_WIDE": False, "QUANT_PLANS": False})
 

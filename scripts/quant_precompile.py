@@ -36,6 +36,10 @@ def tasks(which: str = "quant3") -> list[tuple[str, str, int, str]]:
     256 with the module's defaults, V3_WIDE on since then, and the narrow pass at 256 beside it: the passes of
     tests/test_fp8_quant_kernel.py -k "(test_pass_matches_torch_bitwise and v3-bfloat16-default) or
     (test_v3_wide_bitwise and default-g)")."""
+    if which == "quantinf":  # session 14: the default recipe with NONFINITE off / on at every head_dim, and the GPU
+        # tests' other recipes with it on at 128 (K unsmoothed; the per-head baseline's "amax" + "given" launches)
+        out = [("v3", "bf16", d, f"default+{knob}") for d in HEAD_DIMS for knob in QUANTINF_KNOBS]
+        return out + [("v3", "bf16", 128, f"{r}+nf") for r in ("no-smooth", "head-smooth")]
     if which == "quantocc":  # session 14: the default recipe at 128 as it is, with V3_WIDE128 (+ without its staged
         # store: the bandwidth's ablation) and the GPU tests' recipes of test_v3_wide128_bitwise with it
         out = [("v3", "bf16", 128, f"default+{knob}") for knob in QUANTOCC_KNOBS]
@@ -112,6 +116,8 @@ QUANTOCC_KNOBS = {"def128": {"V3_WIDE128": False, "V3_STAGED_STORE": None},
                   "w128n": {"V3_WIDE128": True, "V3_STAGED_STORE": False}}
 # --set quantk (session 14): the default and V3_WIDE128 for K's pass only (its staged store by the auto rule)
 QUANTK_KNOBS = {"def128": QUANTOCC_KNOBS["def128"], "w128k": {"V3_WIDE128": "k", "V3_STAGED_STORE": None}}
+# --set quantinf (session 14): the passes' non-finite rule (quant_host.NONFINITE) off and on
+QUANTINF_KNOBS = {"nf0": {"NONFINITE": False}, "nf": {"NONFINITE": True}}
 # --set quant8: the current default as it is (staged store auto), the fused mean per K block, and counted late
 _Q8 = {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": None, "V3_FUSED_SAMPLED_MEAN": False,
        "V3_FUSED_MEAN": False, "V3_FUSED_MEAN_LATE": False}
@@ -134,7 +140,8 @@ def knobs_set(knob: str):
     from fa_variants.fp8 import quant_host
 
     knobs = {**ABLATION_KNOBS, **QUANT5_KNOBS, **QUANT8_KNOBS, **QUANTLANES_KNOBS, **QUANTBW_KNOBS,
-             **QUANTDEF_KNOBS, **QUANTBW2_KNOBS, **QUANTOCC_KNOBS, **QUANTK_KNOBS}.get(knob, {})
+             **QUANTDEF_KNOBS, **QUANTBW2_KNOBS, **QUANTOCC_KNOBS, **QUANTK_KNOBS,
+             **QUANTINF_KNOBS}.get(knob, {})
     saved = {name: getattr(quant_host, name) for name in knobs}
     try:
         for name, value in knobs.items():
@@ -201,7 +208,7 @@ def main() -> int:
     parser.add_argument("--plan", action="store_true", help="list the tasks and exit (no GPU needed)")
     parser.add_argument("--set", default="quant3",
                         choices=("quant3", "quant4", "quant5", "quant8", "quantlanes", "quantbw", "quantdef",
-                                 "quantbw2", "quantocc", "quantk"),
+                                 "quantbw2", "quantocc", "quantk", "quantinf"),
                         help="which script's passes (default quant3)")
     parser.add_argument("--unique", action="store_true",
                         help="record the tasks' passes first (no compile), then compile each distinct pass once")

@@ -265,6 +265,36 @@ def test_quantk_set_and_pipes():
     assert len(ids) == 5 and all("test_v3_wide128_bitwise" in i and "konly" in i for i in ids), ids
 
 
+def test_quantinf_set_and_pipes():
+    """Session 14's quantinf run (scripts/quantinf_gpu.sh, ``NONFINITE``): fp8_quant_bandwidth.py's definf is def with
+    the switch only; quant_precompile.py --set quantinf records, without a GPU, the default recipe's passes with the
+    switch off and on at every head_dim and the GPU tests' no-smooth / head-smooth ("amax" + "given") passes with it on
+    at 128; the script's test selection is the 12 GPU tests its pass count names, its A/B pair those labels."""
+    bw = load_script("fp8_quant_bandwidth")
+    assert bw.PIPES["definf"] == ("v3", {**bw.PIPES["def"][1], "NONFINITE": True})
+    assert "NONFINITE" not in bw.PIPES["def"][1]  # def: the module's default (off)
+    from fa_variants.fp8 import quant_host
+
+    assert hasattr(quant_host, "NONFINITE") and quant_host.NONFINITE is False
+    pre = load_script("quant_precompile")
+    keys = pre.record(pre.tasks("quantinf"), arch="sm_90a")
+    assert len(keys) == len(set(keys))
+    for d in (64, 128, 256):
+        for on in (False, True):
+            roles = {(k.config.role, k.config.shift) for k in keys if k.head_dim == d and k.config.nonfinite is on
+                     and k.config.mode == "block" and (k.config.smooth or k.config.role == "v" or k.config.shift)}
+            assert {("v", False), ("qk", False), ("qk", True)} <= roles, (d, on, roles)
+    modes = {k.config.mode for k in keys if k.config.nonfinite and k.head_dim == 128}
+    assert modes == {"block", "amax", "given"}
+    assert any(k.config.nonfinite and k.config.role == "qk" and not k.config.smooth and not k.config.shift
+               and k.config.mode == "block" for k in keys)  # no-smooth's K
+    text = (ROOT / "scripts" / "quantinf_gpu.sh").read_text()
+    assert "--set quantinf --unique" in text and 'grep -qE "^12 passed"' in text
+    assert "--pipelines def,definf" in text and "--ab def:definf" in text
+    ids = collected_ids("-m", "gpu", "tests/test_fp8_quant_nonfinite.py")
+    assert len(ids) == 12, ids
+
+
 def test_quant_ncu_help_and_names(tmp_path):
     """scripts/quant_ncu.py (the ncu driver of the quantisation passes) on the CPU: --help answers; its default
     pipelines are labels of fp8_quant_bandwidth.py's PIPES; an unknown pipeline or recipe is refused in one line

@@ -41,7 +41,9 @@ class PassConfig:
     14, off): one lane per token, no cross-lane stage at all; a warp's own 16-byte stores would half-fill each 32-byte
     sector there (the pattern ``staged_store`` fixed at head_dim 64), so the host pairs it with ``staged_store`` (8
     units per thread: ``store_unit`` / ``store_map`` with 8 slots). Both: the same FWHT pairs, stage order and
-    roundings, the LSE shift's sums in the default's order: outputs bit for bit the default's."""
+    roundings, the LSE shift's sums in the default's order: outputs bit for bit the default's. nonfinite (session 14,
+    ``quant_host.NONFINITE``): a block whose max is inf takes its descale from its finite values and stores each inf as
+    e4m3 NaN (``finite_block``; the torch recipe's rule), one uniform test per block otherwise."""
 
     role: str = "qk"
     rotate: bool = True
@@ -61,6 +63,7 @@ class PassConfig:
     staged_store: bool = False
     late_count: bool = False
     wide: bool = False
+    nonfinite: bool = False
 
     def check(self, head_dim: int) -> None:
         """ValueError for a config or head_dim this pass is not built for."""

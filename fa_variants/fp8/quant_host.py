@@ -100,6 +100,14 @@ V3_WIDE = _env.flag("FA_VARIANTS_FP8_QUANT_WIDE", True)
 #: (session 14 quantocc, H200, D 128: K 34.2 -> 29.9 us without spill, Q 38.5 -> 38.1 us with its 40 bytes of spill;
 #: scripts/quantk_gpu.sh measures K's alone)
 V3_WIDE128: bool | str = _env.flag_or("FA_VARIANTS_FP8_QUANT_WIDE128", False, ("k",))
+#: the passes' non-finite rule (``PassConfig.nonfinite``, every pipeline and pass kind: Q, K, V, wide, staged store,
+#: the per-head / per-tensor baselines' "amax" and "given" launches): a block whose max is inf (only an inf makes it
+#: so: fmax skips a NaN) takes its descale from its finite values and stores each inf as e4m3 NaN, as the torch recipe
+#: (``quantize._amax_blocks`` / ``_to_e4m3``), so the rows that read it come out non-finite instead of a finite wrong
+#: answer (an inf saturated to 448, the block's finite values quantised to 0); one uniform test per block, the slow
+#: path only behind it. Finite inputs: outputs bit for bit as without it. Off until its cost is measured (session 14,
+#: scripts/quantinf_gpu.sh); FA_VARIANTS_FP8_QUANT_NONFINITE=1 (read at import) turns it on
+NONFINITE = _env.flag("FA_VARIANTS_FP8_QUANT_NONFINITE", False)
 #: per-kind launch plans (``launch_plan``): the compiled pass and grid of each launch of ``quantize_tensor`` cached per
 #: (device, dtype, shape, block, switches) instead of worked out per call (the stage count for the device, a
 #: ``PassConfig``, the compiled-pass lookup): the same launches with the same arguments, less host work per call (an
@@ -320,10 +328,11 @@ def launch_plan(dev: torch.device, dtype: torch.dtype, head_dim: int, two_launch
     "amax" then "given"), for ``total`` work items (+ ``k_items`` K items with ``kind["kmean"]``) and ``kind``:
     ``quantize_tensor``'s switches as booleans (role, rotate, smooth, shift, block, stages, kmean, reverse, pdl,
     coalesced, head_major, fused, staged_mean, k_sample, staged_store, late_count, wide). With ``QUANT_PLANS`` cached
-    per (device, dtype, head_dim, two_launches, total, k_items, GRID_CAP, kind); the same result either way."""
+    per (device, dtype, head_dim, two_launches, total, k_items, GRID_CAP, NONFINITE, kind); the same result either
+    way."""
     if not QUANT_PLANS:
         return _launch_plan(dev, dtype, head_dim, two_launches, total, k_items, kind)
-    key = (dev, dtype, head_dim, two_launches, total, k_items, GRID_CAP, *kind.items())
+    key = (dev, dtype, head_dim, two_launches, total, k_items, GRID_CAP, NONFINITE, *kind.items())
     hit = _PLANS.get(key)
     if hit is None:
         hit = _PLANS[key] = _launch_plan(dev, dtype, head_dim, two_launches, total, k_items, kind)
@@ -349,7 +358,8 @@ def _launch_plan(dev: torch.device, dtype: torch.dtype, D: int, two_launches: bo
                          late_count=kind["late_count"] and fused and kmean,
                          wide=kind["wide"] and role == "qk" and kind["rotate"] and coalesced
                          and (D == 128 or (D == 256 and not (kind["staged_store"] and mode != "amax"
-                                                             and block % 32 == 0))))
+                                                             and block % 32 == 0))),
+                         nonfinite=NONFINITE)
         fn, ctas = _pass(dev, dtype, D, cfg)
         out.append((fn, min(ctas, total + (k_items if kmean else 0), GRID_CAP or ctas)))
     return tuple(out)

@@ -50,12 +50,11 @@ class ScaleStoreMixin:
         """amax over the block's existing tokens -> descale (or amax / the given descale) -> e4m3, stored (through
         sStage, the stage this block was read from, with ``staged_store``)."""
         seqlen = mX.shape[1]
-        amax = Float32(0.0)
-        for j in cutlass.range_constexpr(self.slots):
-            if tile * self.cfg.rows + self.token_of(tidx, j) < seqlen:
-                for i in cutlass.range_constexpr(VEC):
-                    amax = cute.arch.fmax(amax, cute.arch.fmax(x[i, j], -x[i, j]))
-        amax = self.block_max(amax, red, parity, tidx)
+        amax = self.block_max(self.thread_max(x, tile, seqlen, tidx), red, parity, tidx)
+        if const_expr(self.cfg.nonfinite):
+            # only an inf makes the block max inf (fmax skips a NaN); the same value in every thread: a uniform branch
+            if amax == Float32(math.inf):
+                amax = self.finite_block(x, red, parity, tile, seqlen, tidx, amax)
         # torch normalises first (x * n, n = float32(1 / sqrt(D))) and takes the amax of that; rounding is
         # monotonic, so max |fl(x n)| = fl(max |x| n); and fl(x n) * inv = fl(x (n inv)) as inv is a power of
         # two and n * inv stays normal (inv >= 2^-120 for any finite amax): one multiply per value, same bits
@@ -90,6 +89,37 @@ class ScaleStoreMixin:
                 self.store_qk(x, mY, batch, head, tile, tidx)
             else:
                 self.store_v_t(x, mY, batch, head, tile, tidx)
+
+    @cute.jit
+    def finite_block(self, x: cute.Tensor, red: cute.Tensor, parity: Int32, tile: Int32, seqlen: Int32, tidx: Int32,
+                     amax: Float32) -> Float32:
+        """``nonfinite``'s slow path, for a block whose max is inf (the torch recipe's ``_amax_blocks`` / ``_to_e4m3``):
+        each inf becomes NaN (e4m3 NaN after the conversion, not a saturated 448; a NaN is skipped by fmax), and
+        (modes "block" / "amax") the block max is taken again by the fast path's own code (``thread_max``, then
+        ``block_max``): over the finite values of the block's existing tokens. A barrier first (every thread has read
+        the maxima of ``parity``); ``block_max``'s barrier after; the next write of that buffer is two items on, after
+        the next item's barrier. Mode "given" keeps its descale: only the infs change. Tail tokens (not stored; V's
+        are zeros) may become NaN: nothing reads them. Reusing ``thread_max`` keeps the fast path's loop as it was
+        (sm_90a: +1 to +5 instructions per block and thread; a separate finite-max loop cost +19 to +43)."""
+        for j in cutlass.range_constexpr(self.slots):
+            for i in cutlass.range_constexpr(VEC):
+                if cute.arch.fmax(x[i, j], -x[i, j]) == Float32(math.inf):
+                    x[i, j] = Float32(math.nan)
+        out = amax
+        if const_expr(self.cfg.mode != "given"):
+            cute.arch.barrier()
+            out = self.block_max(self.thread_max(x, tile, seqlen, tidx), red, parity, tidx)
+        return out
+
+    @cute.jit
+    def thread_max(self, x: cute.Tensor, tile: Int32, seqlen: Int32, tidx: Int32) -> Float32:
+        """max |x| over the thread's values of the block's existing tokens (fmax: a NaN is skipped)."""
+        amax = Float32(0.0)
+        for j in cutlass.range_constexpr(self.slots):
+            if tile * self.cfg.rows + self.token_of(tidx, j) < seqlen:
+                for i in cutlass.range_constexpr(VEC):
+                    amax = cute.arch.fmax(amax, cute.arch.fmax(x[i, j], -x[i, j]))
+        return amax
 
     @cute.jit
     def store_qk(self, x: cute.Tensor, mY: cute.Tensor, batch: Int32, head: Int32, tile: Int32, tidx: Int32):
