@@ -30,7 +30,7 @@
 #    in its header); E. `scripts/pending_gpu.sh fp8d128` (session 14, issue 10: fa3-fp8's P V GEMM in pieces under
 #    the exponentials at head_dim 128 / 64, --set fp8pieces; ~90 s cold; prediction and flip rule in its header);
 #    F. scripts/pending_gpu.sh quantinf (session 14: NONFINITE, the pass on inf / NaN inputs as the torch recipe,
-#    ~80 s; its rules in its header).
+#    ~90 s; its rules in its header).
 #    New lines "X. scripts/pending_gpu.sh [--checks] NAME ..." as scripts land. Each call starts a
 #    cold machine (~60-85 s more); carry [".gpu"], or
 #    [".gpu", ".before.tar.xz"] after `scripts/ab_checkout.sh COMMIT .before` for a script that A/Bs against an older
