@@ -17,13 +17,13 @@
 # spills D 64 Q 0 -> 8 bytes (2 LDL + 2 STL per block), D 128 Q 16 -> 0; the whole passes +184-392 instructions
 # (the slow path, out of the fast path's way).
 # 1. precompile (14 processes, --unique, --set quantinf: the default recipe at D 64 / 128 / 256 with NONFINITE off and
-#    on, no-smooth with it on and head-smooth off and on at 128; 33 passes) beside the fa3-fp8 default kernel at D 128,
-#    causal, as the end-to-end tests call it.
+#    on, no-smooth with it on and head-smooth off and on at 128, tensor-plain with it on at 64; 39 passes) beside the
+#    fa3-fp8 default kernel at D 128, causal, as the end-to-end tests call it.
 # 2. GPU tests (-n 6): tests/test_fp8_quant_nonfinite.py -m gpu, 12 tests: the pass = the torch recipe given the
 #    pass's mean on inf / -inf / NaN in Q, K, V (a value, a token, a block of a head; a finite token whose Hadamard
-#    overflows) at D 64 / 128 / 256, K unsmoothed and the per-head baseline at 128; finite inputs bit for bit with the
-#    switch off and on; fa3-fp8 end to end at D 128 (rows that read the value non-finite, the others finite within
-#    fp8_error_bound).
+#    overflows) at D 64 / 128 / 256, K unsmoothed and the per-head baseline at 128, the per-tensor one unrotated at 64;
+#    finite inputs bit for bit with the switch off and on; fa3-fp8 end to end at D 128 (rows that read the value
+#    non-finite, the others finite within fp8_error_bound).
 # 3. scripts/fp8_quant_bandwidth.py, default recipe, D 64 / 128 / 256, 5 rotated rounds, def vs definf: GPU time and
 #    CUDA-graph replay per call, every row checked against the torch recipe.
 # Pass (correctness): "12 passed" and every bandwidth row "ok" ("match the torch recipe: True").
