@@ -38,10 +38,8 @@ def tasks(which: str = "quant3") -> list[tuple[str, str, int, str]]:
     (test_v3_wide_bitwise and default-g)")."""
     if which == "quantinf":  # session 14: the default recipe with NONFINITE off / on at every head_dim, and the GPU
         # tests' other recipes at 128 (K unsmoothed, on; the per-head baseline's "amax" + "given" launches, off / on)
-        # and the per-tensor one without rotation at 64 (on)
         out = [("v3", "bf16", d, f"default+{knob}") for d in HEAD_DIMS for knob in QUANTINF_KNOBS]
-        out += [("v3", "bf16", 128, r) for r in ("no-smooth+nf", "head-smooth+nf", "head-smooth+nf0")]
-        return out + [("v3", "bf16", 64, "tensor-plain+nf")]
+        return out + [("v3", "bf16", 128, r) for r in ("no-smooth+nf", "head-smooth+nf", "head-smooth+nf0")]
     if which == "quantocc":  # session 14: the default recipe at 128 as it is, with V3_WIDE128 (+ without its staged
         # store: the bandwidth's ablation) and the GPU tests' recipes of test_v3_wide128_bitwise with it
         out = [("v3", "bf16", 128, f"default+{knob}") for knob in QUANTOCC_KNOBS]

@@ -25,12 +25,10 @@ from fa_variants.fp8 import quant_host as qh
 from fa_variants.fp8 import quant_kernel as qk
 from fa_variants.fp8.quantize import quantize_fp8_torch, tiles_for
 
-RECIPES = {"default": FP8Config(), "no-smooth": FP8Config(smooth_k=False), "head-smooth": FP8Config(granularity="head"),
-           "tensor-plain": FP8Config(granularity="tensor", rotate=False, smooth_k=False)}
+RECIPES = {"default": FP8Config(), "no-smooth": FP8Config(smooth_k=False), "head-smooth": FP8Config(granularity="head")}
 # (recipe, head_dim): the default at every head_dim (V, smoothed K, Q with the shift; staged store at 64, wide at
-# 256); K unsmoothed (its inf stays in its block) and the per-head / per-tensor baselines ("amax" + "given") at 128
-CASES = [("default", 64), ("default", 128), ("default", 256), ("no-smooth", 128), ("head-smooth", 128),
-         ("tensor-plain", 64)]
+# 256); K unsmoothed (its inf stays in its block) and the per-head baseline ("amax" + "given") at 128
+CASES = [("default", 64), ("default", 128), ("default", 256), ("no-smooth", 128), ("head-smooth", 128)]
 BAD = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
 
 
