@@ -20,17 +20,13 @@
 # 2. then scripts/NAME_gpu.sh for each NAME, in order, each with the time left of CALL_BUDGET seconds (default 560),
 #    skipped when fewer than 100 s are left; logs under $OUT/pending/NAME/, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
-#    Plan for session 14: no script is queued (session 13 ran and retired every one). A. the whole GPU suite on the
-#    final tree (`python3 -m pytest -q -n 14 -m "gpu and not slow" -p no:cacheprovider --durations=40`, ~410 s warm;
-#    last run on eaf0f29, before session 13's QUANT_CALL_PLANS flip, whose 308 + 114 GPU tests passed in calls E-F);
-#    B. the leads in bench/NOTES.md "Session 13 ...: the last calls": the Q / K quantisation passes latency-bound at
-#    16 warps per SM (issue 10); C. scripts/pending_gpu.sh quantocc (session 14: V3_WIDE128, Q's / K's pass at head_dim
-#    128 with one thread per token, ~85 s; its rules in its header); D. scripts/pending_gpu.sh quantk (session 14:
-#    V3_WIDE128 = "k", K's pass alone at head_dim 128 with one thread per token, Q's the default's, ~70 s; its rules
-#    in its header); E. `scripts/pending_gpu.sh fp8d128` (session 14, issue 10: fa3-fp8's P V GEMM in pieces under
-#    the exponentials at head_dim 128 / 64, --set fp8pieces; ~90 s cold; prediction and flip rule in its header);
-#    F. scripts/pending_gpu.sh quantinf (session 14: NONFINITE, the pass on inf / NaN inputs as the torch recipe,
-#    ~90 s; its rules in its header).
+#    Plan for session 15 (session 14 ran quantocc, quantk, fp8d128 and quantinf: bench/NOTES.md "Session 14 ...").
+#    A. the whole GPU suite on the final tree first (`python3 -m pytest -q -n 14 -m "gpu and not slow" -p
+#    no:cacheprovider --durations=40`, ~450 s cold): session 14 flipped quant_host.NONFINITE on after its own 11 GPU
+#    tests and tests/test_fp8_quant_kernel.py (289 passed with it on); the rest of the suite last ran on d8960b2.
+#    B. optional second runs of the two near misses, whose switches stay off: scripts/pending_gpu.sh quantk (V3_WIDE128
+#    = "k": 0.985 by gpu ms, 0.978 by graph; rule <= 0.98 by both; ~70 s) and fp8d128 (pv_pieces + pv_max_chains at
+#    head_dim 128: 1.024 / 0.985 / 1.030 / 1.008, geomean 1.012; rule >= 1.02 and faster at N 4k and 16k; ~90 s).
 #    New lines "X. scripts/pending_gpu.sh [--checks] NAME ..." as scripts land. Each call starts a
 #    cold machine (~60-85 s more); carry [".gpu"], or
 #    [".gpu", ".before.tar.xz"] after `scripts/ab_checkout.sh COMMIT .before` for a script that A/Bs against an older

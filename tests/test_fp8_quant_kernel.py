@@ -895,6 +895,7 @@ def test_compiles_wide(arch, name, extra, monkeypatch):
     cfg = qk.PassConfig(rows=128, stages=3, coalesced=True, head_major=True, staged_mean=True, pdl=True, wide=True,
                         **extra)
     monkeypatch.setattr(qh, "V3_WIDE", True)  # (the default, whatever this process's environment says)
+    monkeypatch.setattr(qh, "NONFINITE", False)  # the fast path's geometry (the slow path: test_fp8_quant_nonfinite)
     assert cfg in [key.config for key in qh.planned_passes(arch, torch.bfloat16, 256)]
     base = dataclasses.replace(cfg, wide=False)
     assert cfg.threads(256) == 256 and base.threads(256) == 512 and cfg.min_blocks(256) == cfg.ctas_per_sm(256) == 1
@@ -965,6 +966,7 @@ def test_compiles_wide128(arch, name, rows, extra, monkeypatch):
                         staged_store=True, **extra)
     monkeypatch.setattr(qh, "V3_WIDE128", True)
     monkeypatch.setattr(qh, "V3_STAGED_STORE", None)
+    monkeypatch.setattr(qh, "NONFINITE", False)  # the fast path's geometry (the slow path: test_fp8_quant_nonfinite)
     assert cfg in [key.config for key in qh.planned_passes(arch, torch.bfloat16, 128)]
     monkeypatch.setattr(qh, "V3_WIDE128", False)
     base = dataclasses.replace(cfg, wide=False, staged_store=False)

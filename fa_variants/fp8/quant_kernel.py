@@ -45,7 +45,7 @@ Design:
   e4m3 = cvt.rn.satfinite(x * (1 / descale)) (saturating to +-448 as torch's clamp; the Hadamard's
   1 / sqrt(D) is folded into that multiply and into the amax: same bits, see finish_block). A NaN is skipped by
   fmax and converts to e4m3 NaN; an inf makes the block max inf and saturates to 448 unless ``PassConfig.nonfinite``
-  (``quant_host.NONFINITE``, session 14, off until measured): then one uniform test per block and, for a block
+  (``quant_host.NONFINITE``, on since session 14): then one uniform test per block and, for a block
   whose max is inf, ``finite_block`` (infs to NaN, the max again over the finite values: the torch recipe's rule).
 * Q with K smoothing (``shift``): the LSE shift softmax_scale * q . mean (``quantize.smoothing_lse_shift``)
   is computed in the Q pass from the float32 q it holds (no second read of Q, no float32 copy of it); its

@@ -58,12 +58,12 @@ NaN); in K with smoothing (the default), every row (K's mean over tokens is NaN)
 see it. Before, an inf / NaN set its block's descale (2^120 or more), which quantised the block's finite values
 to 0 (a silently wrong O for up to block_m - 1 other query rows, or a block of keys), and an inf saturated to 448.
 The GPU pass (``quant_kernel``) takes the amax with fmax, which skips a NaN, so a NaN fares as here; an inf sets
-its block's max to inf, and with ``quant_host.NONFINITE`` (FA_VARIANTS_FP8_QUANT_NONFINITE=1; session 14, off until
-its cost is measured) that block takes the slow path ``quant_store.finite_block``: the infs become NaN and the max
+its block's max to inf, and with ``quant_host.NONFINITE`` (FA_VARIANTS_FP8_QUANT_NONFINITE; on since session 14)
+that block takes the slow path ``quant_store.finite_block``: the infs become NaN and the max
 is taken again over the finite values, as here (the same masking of the same float32 values: after the K mean, the
 signs and the Hadamard; the LSE shift is not masked, here either), bit for bit the torch recipe given the pass's K
-mean (tests/test_fp8_quant_nonfinite.py). Without the switch an inf still sets its block's descale there and
-saturates to 448: on CUDA keep Q, K, V free of inf, set the switch, or quantise with ``impl="torch"``.
+mean (tests/test_fp8_quant_nonfinite.py). With the switch at 0 an inf sets its block's descale there and
+saturates to 448 (a finite wrong O).
 
 Conventions: q (batch, seqlen_q, num_heads, head_dim), k, v (batch, seqlen_k, num_heads_kv, head_dim); GQA: query
 head h reads kv-head h // (num_heads // num_heads_kv).
