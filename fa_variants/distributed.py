@@ -119,6 +119,7 @@ import torch.distributed as dist
 
 from fa_variants import api, dispatch
 from fa_variants.common import env
+from fa_variants.common.checks import is_int
 from fa_variants.reference import default_softmax_scale
 
 #: how the sequence was cut over the ranks; it matters only when causal
@@ -151,26 +152,27 @@ def _chunk_sizes(seqlen: int, chunks: int) -> list[int]:
     return [base + (i < extra) for i in range(chunks)]
 
 
-def _check_shard_args(x: torch.Tensor, dim: int, rank: int, world: int) -> int:
+def _check_shard_args(x: torch.Tensor, dim: int, rank: int, world: int) -> tuple[int, int, int]:
+    """(dim in [0, x.dim()), rank, world) as Python ints; TypeError / ValueError naming the argument."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     for name, value in (("dim", dim), ("rank", rank), ("world", world)):
-        if isinstance(value, bool) or not isinstance(value, int):
+        if not is_int(value):
             raise TypeError(f"{name} must be an int, got {value!r}")
     if world < 1:
         raise ValueError(f"world must be >= 1, got {world}")
     if not 0 <= rank < world:
         raise ValueError(f"rank must be in [0, {world}), got {rank}")
-    return _check_dim(x, dim)
+    return _check_dim(x, dim), int(rank), int(world)
 
 
 def _check_dim(x: torch.Tensor, dim) -> int:
     """``dim`` of ``x`` in [0, x.dim()) (a negative one counted from the end); TypeError / ValueError naming it."""
-    if isinstance(dim, bool) or not isinstance(dim, int):
+    if not is_int(dim):
         raise TypeError(f"dim must be an int, got {dim!r}")
     if not -x.dim() <= dim < x.dim():
         raise ValueError(f"dim {dim} is out of range for a {x.dim()}-D tensor")
-    return dim % x.dim()
+    return int(dim) % x.dim()
 
 
 def contiguous_shard(x: torch.Tensor, dim: int, rank: int, world: int) -> torch.Tensor:
@@ -179,7 +181,7 @@ def contiguous_shard(x: torch.Tensor, dim: int, rank: int, world: int) -> torch.
     Lengths follow ``torch.tensor_split``: with N = x.shape[dim], the first N mod world pieces are one longer.
     Raises TypeError / ValueError for a non-tensor, non-int arguments, rank outside [0, world), a bad dim.
     """
-    dim = _check_shard_args(x, dim, rank, world)
+    dim, rank, world = _check_shard_args(x, dim, rank, world)
     return x.tensor_split(world, dim)[rank]
 
 
@@ -226,7 +228,7 @@ def zigzag_shard(x: torch.Tensor, dim: int, rank: int, world: int) -> torch.Tens
 
     Raises TypeError / ValueError as ``contiguous_shard``.
     """
-    dim = _check_shard_args(x, dim, rank, world)
+    dim, rank, world = _check_shard_args(x, dim, rank, world)
     chunks = x.tensor_split(2 * world, dim)
     return torch.cat((chunks[rank], chunks[2 * world - 1 - rank]), dim)
 

@@ -33,11 +33,12 @@ from __future__ import annotations
 
 import argparse
 import math
-import numbers
 from collections import Counter
 from typing import NamedTuple
 
 import torch
+
+from fa_variants.common.checks import is_int
 
 __all__ = [
     "HBM",
@@ -153,7 +154,7 @@ def _tile_counts(Nq: int, Nk: int, Br: int, Bc: int) -> tuple[int, int]:
     """(Tr, Tc) = (ceil(Nq / Br), ceil(Nk / Bc)): the Q tiles and K/V tiles. Raises TypeError for a size that is
     not an int, ValueError for a tile size < 1 or a seqlen < 0."""
     for name, value in (("Nq", Nq), ("Nk", Nk), ("Br", Br), ("Bc", Bc)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        if not is_int(value):
             raise TypeError(f"{name} must be an int, got {value!r}")
     if Nq < 0 or Nk < 0:
         raise ValueError(f"seqlens must be >= 0, got Nq={Nq}, Nk={Nk}")

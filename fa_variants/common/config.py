@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from fa_variants.common.checks import is_int
+
 # Shared memory one CTA may use (the opt-in maximum), bytes (CUDA programming guide, "Features and
 # Technical Specifications" per compute capability). An arch not listed gets the smallest.
 SMEM_CAPACITY = {"sm_80": 163 * 1024, "sm_86": 99 * 1024, "sm_89": 99 * 1024, "sm_90a": 227 * 1024,
@@ -63,8 +65,9 @@ class Sm80Config:
             raise ValueError(f"{self}: tile_m must be a multiple of 16 * warps, tile_n and head_dim of 16")
         if self.stages not in (1, 2) or self.q_stages not in (1, 2):
             raise ValueError(f"{self}: stages and q_stages must be 1 or 2")
-        if not isinstance(self.num_splits, int) or isinstance(self.num_splits, bool) or self.num_splits < 0:
+        if not is_int(self.num_splits) or self.num_splits < 0:
             raise ValueError(f"num_splits={self.num_splits!r} must be an int >= 0 (1: off, 0: chosen per call)")
+        object.__setattr__(self, "num_splits", int(self.num_splits))  # a numpy int kept as an int (compile key)
         if not isinstance(self.pack_gqa, bool):
             raise ValueError(f"pack_gqa={self.pack_gqa!r} must be a bool")
         return self
@@ -241,13 +244,15 @@ class Sm90Config:
             raise ValueError(f"head_dim={head_dim} must be a multiple of 16 and at most 256")
         if self.reduce_chains not in (1, 2, 4, 8):
             raise ValueError(f"reduce_chains={self.reduce_chains!r} must be 1, 2, 4 or 8")
-        if not isinstance(self.num_splits, int) or self.num_splits < 0:
+        if not is_int(self.num_splits) or self.num_splits < 0:
             raise ValueError(f"num_splits={self.num_splits!r} must be an int >= 0 (1: off, 0: chosen per call)")
+        object.__setattr__(self, "num_splits", int(self.num_splits))  # a numpy int kept as an int (compile key)
         if not isinstance(self.pack_gqa, bool):
             raise ValueError(f"pack_gqa={self.pack_gqa!r} must be a bool")
         g = self.pack_group
-        if not isinstance(g, int) or g < 0 or (g and not self.pack_gqa):
+        if not is_int(g) or g < 0 or (g and not self.pack_gqa):
             raise ValueError(f"pack_group={g!r} must be 0, or an int >= 1 with pack_gqa=True")
+        object.__setattr__(self, "pack_group", g := int(g))
         if g and self.tile_m % g and g % self.tile_m:
             raise ValueError(f"pack_group={g} must divide tile_m={self.tile_m} or be a multiple of it")
         if self.rescale_o_before_pv and not self.intra_wg_overlap:

@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import functools
 import math
-import numbers
 
 import torch
 
 from fa_variants.common import env
+from fa_variants.common.checks import is_int
 
 MAX_SPLITS = 64
 
@@ -86,7 +86,7 @@ def check_options(num_splits, pack_gqa) -> int | None:
     call). Returns num_splits as an int (or None). Raises TypeError / ValueError (one line naming the
     argument)."""
     if num_splits is not None:
-        if not isinstance(num_splits, numbers.Integral) or isinstance(num_splits, bool):
+        if not is_int(num_splits):
             raise TypeError(f"num_splits must be an int >= 1 or None (chosen per call), got {_shown(num_splits)}")
         num_splits = int(num_splits)
         if num_splits < 1:

@@ -10,10 +10,10 @@ or a broadcasting error from deep inside the emulation.
 """
 from __future__ import annotations
 
-import numbers
 
 import torch
 
+from fa_variants.common.checks import is_int
 from fa_variants.common.scale import check_softmax_scale
 from fa_variants.fp8 import layout
 from fa_variants.fp8.quantize import E4M3, FP8Config, FP8Inputs
@@ -22,14 +22,9 @@ from fa_variants.fp8.quantize import _field_tensor as _tensor
 __all__ = ["check_fp8_inputs", "check_accumulator_bits", "check_tile_m"]
 
 
-def _is_int(value) -> bool:
-    """An int (a numpy integer too), not a bool."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
 def _optional_int(name: str, value, low: int, what: str) -> None:
     """None, or an int >= low; ``what``: the unit and what None means, for the ValueError."""
-    if value is not None and not _is_int(value):
+    if value is not None and not is_int(value):
         raise TypeError(f"{name} must be an int or None, got {value!r}")
     if value is not None and value < low:
         raise ValueError(f"{name} must be >= {low} {what}, got {value}")
@@ -78,7 +73,7 @@ def _check_operands(inputs: FP8Inputs) -> tuple[int, ...]:
         raise ValueError(f"FP8Inputs: num_heads {H} (q) must be a multiple of num_heads_kv {Hkv} (k), "
                          "which must be >= 1")
     seqlen_k = inputs.seqlen_k
-    if not _is_int(seqlen_k):
+    if not is_int(seqlen_k):
         raise TypeError(f"FP8Inputs.seqlen_k must be an int, got {seqlen_k!r}")
     if seqlen_k != Nk:
         raise ValueError(f"FP8Inputs.seqlen_k is {seqlen_k} but k holds {Nk} keys; they must be equal")

@@ -73,12 +73,12 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import math
-import numbers
 from dataclasses import dataclass
 
 import torch
 
 from fa_variants.common import env as _env
+from fa_variants.common.checks import is_int
 from fa_variants.common.scale import check_softmax_scale
 from fa_variants.fp8 import layout
 
@@ -300,7 +300,7 @@ class FP8Config:
             optional = name in ("promote_every", "smooth_k_blocks")
             if optional and value is None:
                 continue
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            if not is_int(value):
                 raise TypeError(f"FP8Config.{name} must be an int{' or None' if optional else ''}, got {value!r}")
             if not low <= value <= high:
                 raise ValueError(f"FP8Config.{name} must be in [{low}, {high}], got {value}")
@@ -376,8 +376,9 @@ class FP8Inputs:
             object.__setattr__(self, "block_n", tiles_for(self.head_dim)[1])
         for name in ("block_m", "block_n"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not is_int(value) or value < 1:
                 raise ValueError(f"FP8Inputs.{name} must be a positive int, got {value!r}")
+            object.__setattr__(self, name, int(value))
         for name, blocks in (("q_descale", -(-self.q.shape[1] // self.block_m)),
                              ("k_descale", -(-self.seqlen_k // self.block_n)),
                              ("v_descale", -(-self.seqlen_k // self.block_n))):
@@ -542,9 +543,9 @@ def quantize_fp8_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, con
     D = q.shape[-1]
     tile_m, tile_n = tiles_for(D)
     if block_n is not None:
-        if isinstance(block_n, bool) or not isinstance(block_n, int) or block_n < 1 or block_n % layout.V_TOKEN_GROUP:
+        if not is_int(block_n) or block_n < 1 or block_n % layout.V_TOKEN_GROUP:
             raise ValueError(f"block_n must be a positive multiple of {layout.V_TOKEN_GROUP}, got {block_n!r}")
-        tile_n = block_n
+        tile_n = int(block_n)
     given_mean = k_mean
     if given_mean is not None and (not isinstance(given_mean, torch.Tensor) or given_mean.dtype != torch.float32
                                    or given_mean.shape != (k.shape[0], k.shape[2], D)):

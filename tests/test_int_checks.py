@@ -1,0 +1,89 @@
+"""One integer rule for every public entry (fa_variants.common.checks.is_int): a Python int or a numpy integer is
+accepted (and stored as a Python int), a bool is refused with the entry's own error text. CPU only."""
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from fa_variants import distributed, emulate
+from fa_variants.common.checks import is_int
+from fa_variants.common.config import Sm80Config, Sm90Config
+from fa_variants.common.split import check_options
+from fa_variants.fp8 import contract
+from fa_variants.fp8.quantize import FP8Config, quantize_fp8_torch
+
+
+def test_is_int():
+    for value in (0, 3, -2, 2**70, np.int64(3), np.int32(-1), np.uint8(7)):
+        assert is_int(value), value
+    for value in (True, False, np.bool_(True), 3.0, np.float64(3), "3", None, torch.tensor(3)):
+        assert not is_int(value), value
+
+
+@pytest.mark.parametrize("shard", [distributed.contiguous_shard, distributed.zigzag_shard])
+def test_shard_numpy_int_and_bool(shard):
+    x = torch.arange(24.0).reshape(2, 12)
+    assert torch.equal(shard(x, np.int64(1), np.int32(1), np.int64(3)), shard(x, 1, 1, 3))
+    for name, args in (("dim", (True, 0, 2)), ("rank", (1, False, 2)), ("world", (1, 0, True))):
+        with pytest.raises(TypeError, match=f"{name} must be an int, got (True|False)"):
+            shard(x, *args)
+
+
+def test_unshard_numpy_int_and_bool():
+    x = torch.arange(12.0)
+    shards = [distributed.contiguous_shard(x, 0, r, 3) for r in range(3)]
+    assert torch.equal(distributed.contiguous_unshard(shards, np.int64(0)), x)
+    with pytest.raises(TypeError, match="dim must be an int, got False"):
+        distributed.contiguous_unshard(shards, False)
+
+
+def test_config_numpy_int_and_bool():
+    cfg = Sm80Config(128, 32, num_splits=np.int64(2)).check("sm_80", 128)
+    assert cfg.num_splits == 2 and type(cfg.num_splits) is int
+    with pytest.raises(ValueError, match="num_splits=True must be an int >= 0"):
+        Sm80Config(128, 32, num_splits=True).check("sm_80", 128)
+    cfg = Sm90Config(num_splits=np.int64(2)).check(128)
+    assert cfg.num_splits == 2 and type(cfg.num_splits) is int
+    with pytest.raises(ValueError, match="num_splits=True must be an int >= 0"):  # was accepted as 1
+        Sm90Config(num_splits=True).check(128)
+    with pytest.raises(ValueError, match="pack_group=True must be 0, or an int >= 1"):  # was accepted as 1
+        Sm90Config(pack_gqa=True, pack_group=True).check(128)
+    cfg = Sm90Config(pack_gqa=True, pack_group=np.int64(4)).check(128)
+    assert cfg.pack_group == 4 and type(cfg.pack_group) is int
+
+
+def test_split_options_numpy_int_and_bool():
+    assert check_options(np.int64(3), None) == 3 and type(check_options(np.int64(3), None)) is int
+    with pytest.raises(TypeError, match="num_splits must be an int >= 1 or None"):
+        check_options(True, None)
+
+
+def test_emulate_tile_sizes_numpy_int_and_bool():
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 8, 1, 16), torch.randn(1, 8, 1, 16), torch.randn(1, 8, 1, 16)
+    got = emulate.flash_attention_2(q, k, v, Br=np.int64(4), Bc=np.int32(4))
+    want = emulate.flash_attention_2(q, k, v, Br=4, Bc=4)
+    assert torch.equal(got.out, want.out) and got.hbm.reads == want.hbm.reads
+    with pytest.raises(TypeError, match="Br must be an int, got True"):
+        emulate.flash_attention_2(q, k, v, Br=True, Bc=4)
+
+
+def test_fp8_numpy_int_and_bool():
+    assert type(FP8Config(seed=np.int64(5)).seed) is int
+    with pytest.raises(TypeError, match="FP8Config.seed must be an int, got True"):
+        FP8Config(seed=True)
+    contract.check_tile_m(np.int64(64))
+    contract.check_accumulator_bits(np.int32(13))
+    with pytest.raises(TypeError, match="tile_m must be an int or None, got True"):
+        contract.check_tile_m(True)
+    torch.manual_seed(1)
+    q, k, v = torch.randn(1, 64, 2, 64), torch.randn(1, 96, 2, 64), torch.randn(1, 96, 2, 64)
+    inp = quantize_fp8_torch(q, k, v, block_n=np.int64(64))  # newly accepted (was ValueError)
+    assert inp.block_n == 64 and type(inp.block_n) is int
+    with pytest.raises(ValueError, match="block_n must be a positive multiple of"):
+        quantize_fp8_torch(q, k, v, block_n=True)
+    inp = dataclasses.replace(inp, block_m=np.int64(inp.block_m))  # newly accepted (was ValueError)
+    assert type(inp.block_m) is int
+    with pytest.raises(ValueError, match="FP8Inputs.block_m must be a positive int, got True"):
+        dataclasses.replace(inp, block_m=True)
