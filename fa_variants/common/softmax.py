@@ -120,9 +120,21 @@ def _tree(vals: list, op):
     return vals[0]
 
 
+def _chain_add(sums: list, j: int, p):
+    """Adds column j's P to its chain of the row sum, sums[j % len(sums)]; a chain starts at its first P, not at
+    0 + P (the same bits, as exp2 never returns -0: one FADD less per chain). Trace time."""
+    k = j % len(sums)
+    sums[k] = p if sums[k] is None else sums[k] + p
+
+
+def _chain_sum(sums: list):
+    """The row sum of the chains `_chain_add` filled (a pairwise tree; trace time)."""
+    return _tree([x for x in sums if x is not None], lambda x, y: x + y)
+
+
 @cute.jit
 def _m_safe(m: Float32) -> Float32:
-    """m_safe of a row: 0 while the row has seen no key (m = -inf), else m (as ``OnlineSoftmax._row_max``)."""
+    """m_safe of a row: 0 while the row has seen no key (m = -inf), else m (``OnlineSoftmax._row_max`` returns it)."""
     return 0.0 if m == -Float32.inf else m
 
 
@@ -271,38 +283,29 @@ class OnlineSoftmax:
     @cute.jit
     def _update_tile_scaled(self, s: cute.Tensor, is_first: cutlass.Constexpr[bool], tile_scale_log2: Float32,
                             alpha: cute.Tensor):
-        """`update` for block-scaled scores (m in log2 units, see ``__init__``)."""
-        n_cols = cute.size(s, mode=[1])
+        """`update` for block-scaled scores (m in log2 units, see ``__init__``), row by row: the row max, P = exp2(S c_n
+        + p_shift - m_safe) over every column, then alpha = exp2(m_old - m_safe), l and m (``_fold``)."""
+        cols = range(cute.size(s, mode=[1]))
         for r in cutlass.range_constexpr(self.num_rows):
-            m_old = self.row_max[r]
-            m_new = quad_allreduce(row_reduce(s, r, cute.arch.fmax, self.chains), cute.arch.fmax) * tile_scale_log2
-            if const_expr(not is_first):
-                m_new = cute.arch.fmax(m_new, m_old)
-            m_safe = 0.0 if m_new == -Float32.inf else m_new
-            # `chains` accumulators of the row sum, each starting at its first P (as `_exp_row`: the same bits as
-            # 0 + P, one FADD less); chains 1 is the serial sum in column order
+            m_new, m_safe = self._row_max(s, r, is_first, tile_scale_log2)
             sums = [None] * self.chains
-            bias = self.p_shift - m_safe
-            for c in cutlass.range_constexpr(n_cols):
-                p = cute.math.exp2(s[r, c] * tile_scale_log2 + bias, fastmath=True)
-                s[r, c] = p
-                k = c % self.chains
-                sums[k] = p if const_expr(sums[k] is None) else sums[k] + p
-            row_sum = _tree([x for x in sums if x is not None], lambda x, y: x + y)
-            if const_expr(is_first):
-                alpha[r] = 1.0
-                self.row_sum[r] = row_sum
-            else:
-                a = cute.math.exp2(m_old - m_safe, fastmath=True)
-                alpha[r] = a
-                self.row_sum[r] = self.row_sum[r] * a + row_sum
-            self.row_max[r] = m_new
+            self._tile_scaled_exp_row(s, r, cols, tile_scale_log2, self.p_shift - m_safe, sums)
+            self._fold(r, alpha, _chain_sum(sums), m_new, self.row_max[r] - m_safe, is_first)
 
-    # ----- block-scaled update in column pieces (fa3-fp8's ``pv_pieces``): the same operations and roundings as
-    # ``_update_tile_scaled``, split so that the caller can hand each piece of P on (convert it, issue its part of
-    # the P V GEMM) before the exponentials of the next piece: maxima first, then exponentials piece by piece, then
-    # the row sums folded in. Each chain of the row sum still adds its columns in column order, so P, l and m get the
-    # bits ``update`` gives.
+    def _tile_scaled_exp_row(self, s: cute.Tensor, r: int, cols: range, tile_scale_log2: Float32, bias: Float32,
+                             sums: list):
+        """P = exp2(S c_n + bias) in place over the columns ``cols`` of row r, each added to its chain of the row sum
+        (``_chain_add``: each chain adds its columns in column order). Trace-time helper."""
+        for j in cols:
+            p = cute.math.exp2(s[r, j] * tile_scale_log2 + bias, fastmath=True)
+            s[r, j] = p
+            _chain_add(sums, j, p)
+
+    # ----- block-scaled update in column pieces (fa3-fp8's ``pv_pieces``): ``_update_tile_scaled``'s helpers
+    # (``_row_max``, ``_tile_scaled_exp_row``, the fold) called so that the caller can hand each piece of P on (convert
+    # it, issue its part of the P V GEMM) before the exponentials of the next piece: maxima first, then exponentials
+    # piece by piece, then the row sums folded in. Each chain of the row sum still adds its columns in column order, so
+    # P, l and m get the bits ``update`` gives.
 
     def tile_scaled_part_max(self, s: cute.Tensor, chains: int) -> list:
         """Each row's max of raw scores over the thread's columns in ``chains`` accumulators and a tree (``row_reduce``
@@ -320,61 +323,54 @@ class OnlineSoftmax:
         bias = cute.make_rmem_tensor(self.num_rows, Float32)
         alpha = cute.make_rmem_tensor(self.num_rows, Float32)
         for r in range(self.num_rows):
-            raw = row_reduce(s, r, cute.arch.fmax, self.chains) if part is None else part[r]
-            m = quad_allreduce(raw, cute.arch.fmax) * tile_scale_log2
-            if const_expr(not is_first):
-                m = cute.arch.fmax(m, self.row_max[r])
-            m_new[r] = m
-            bias[r] = self.p_shift - _m_safe(m)
+            m_new[r], m_safe = self._row_max(s, r, is_first, tile_scale_log2, None if part is None else part[r])
+            bias[r] = self.p_shift - m_safe
             if const_expr(is_first):
                 alpha[r] = 1.0
             else:  # (as _update_tile_scaled: exp2(m_old - m_safe))
-                alpha[r] = cute.math.exp2(self.row_max[r] - _m_safe(m), fastmath=True)
+                alpha[r] = cute.math.exp2(self.row_max[r] - m_safe, fastmath=True)
         return m_new, bias, alpha
 
     def tile_scaled_exps(self, s: cute.Tensor, cols: range, tile_scale_log2: Float32, bias: cute.Tensor, sums: list):
         """P = exp2(S c + bias) in place over the columns ``cols`` of every row, each added to its row's chain
         (``sums[r][col % chains]``, None before the chain's first value). Trace-time helper."""
         for r in range(self.num_rows):
-            for c in cols:
-                p = cute.math.exp2(s[r, c] * tile_scale_log2 + bias[r], fastmath=True)
-                s[r, c] = p
-                k = c % self.chains
-                sums[r][k] = p if const_expr(sums[r][k] is None) else sums[r][k] + p
+            self._tile_scaled_exp_row(s, r, cols, tile_scale_log2, bias[r], sums[r])
 
     def tile_scaled_fold(self, m_new: cute.Tensor, alpha: cute.Tensor, sums: list, is_first: bool) -> None:
         """After every piece's exponentials: l = alpha l + rowsum(P) (rowsum(P) on the first tile), m = m_new.
         Trace-time helper."""
         for r in range(self.num_rows):
-            row_sum = _tree([x for x in sums[r] if x is not None], lambda x, y: x + y)
-            if const_expr(is_first):
-                self.row_sum[r] = row_sum
-            else:
-                self.row_sum[r] = self.row_sum[r] * alpha[r] + row_sum
-            self.row_max[r] = m_new[r]
+            self._fold_alpha(r, alpha, _chain_sum(sums[r]), m_new[r], is_first)
 
     @cute.jit
-    def _row_max(self, s: cute.Tensor, r: cutlass.Constexpr[int], is_first: cutlass.Constexpr[bool]):
-        """(m_new, m_safe) of row r: max(m, rowmax(S_j)) over the quad; m_safe = 0 for a row with no key yet."""
-        m_new = quad_allreduce(row_reduce(s, r, cute.arch.fmax, self.chains), cute.arch.fmax)
+    def _row_max(self, s: cute.Tensor, r: cutlass.Constexpr[int], is_first: cutlass.Constexpr[bool],
+                 tile_scale_log2: Float32 = None, raw: Float32 = None):
+        """(m_new, m_safe) of row r: max(m, rowmax(S_j)) over the quad (with ``tile_scale_log2`` c_n: max(m, c_n
+        rowmax(S_n)), m in log2 units); m_safe = 0 for a row with no key yet (``_m_safe``). ``raw``: this thread's
+        row max of S already taken (``tile_scaled_part_max``), else taken here (``row_reduce`` in ``chains``)."""
+        if const_expr(raw is None):
+            raw = row_reduce(s, r, cute.arch.fmax, self.chains)
+        m_new = quad_allreduce(raw, cute.arch.fmax)
+        if const_expr(tile_scale_log2 is not None):
+            m_new = m_new * tile_scale_log2
         if const_expr(not is_first):
             m_new = cute.arch.fmax(m_new, self.row_max[r])
-        return m_new, (0.0 if m_new == -Float32.inf else m_new)
+        return m_new, _m_safe(m_new)
 
     @cute.jit
     def _exp_row(self, s: cute.Tensor, r: cutlass.Constexpr[int], shift: Float32, c: Float32, basis: Float32):
         """S[r, :] -> P[r, :] = exp2((S - shift) c) (exact form) or exp2(fma(S, c, -basis)) (exp2_ffma);
         returns this thread's part of the row sum (`chains` accumulators)."""
-        sums = [None] * self.chains  # each chain starts at its first value: p, not 0 + p (the same bits, one
-        for j in cutlass.range_constexpr(cute.size(s, mode=[1])):  # FADD less per chain; exp2 never gives -0)
+        sums = [None] * self.chains
+        for j in cutlass.range_constexpr(cute.size(s, mode=[1])):
             if const_expr(self.exp2_ffma):
                 p = cute.math.exp2(cute.math.fma(s[r, j], c, -basis), fastmath=True)
             else:
                 p = cute.math.exp2((s[r, j] - shift) * c, fastmath=True)
             s[r, j] = p
-            k = j % self.chains
-            sums[k] = p if const_expr(sums[k] is None) else sums[k] + p
-        return _tree([x for x in sums if x is not None], lambda x, y: x + y)
+            _chain_add(sums, j, p)
+        return _chain_sum(sums)
 
     @cute.jit
     def _fold(self, r: cutlass.Constexpr[int], alpha: cute.Tensor, row_sum: Float32, m_new: Float32, log2_alpha: Float32,

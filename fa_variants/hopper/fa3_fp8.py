@@ -123,6 +123,7 @@ from fa_variants.common.cache import StaticConfig
 from fa_variants.common.config import WGMMA_M
 from fa_variants.common.launch import Variant
 from fa_variants.common.layout import rows_cols as acc_rows_cols
+from fa_variants.common.scale import FLOAT32_TINY
 from fa_variants.common.sm90 import make_tiled_mma, wgmma
 from fa_variants.common.softmax import OnlineSoftmax
 from fa_variants.fp8 import layout
@@ -393,9 +394,12 @@ class _Fp8StepContext(_StepContext):
     def softmax_step(self, acc_S, n_block, is_first: bool = False):
         # descale_prefetch: after the first tile the previous P V issue loaded this tile's k_descale (``pv``)
         kd = self.descales[0] if const_expr(self.k.cfg.descale_prefetch and not is_first) else self.k_descale[n_block]
-        # floor at the smallest normal: a zero softmax_scale must give the mean of V, not -inf * 0 = NaN
-        c = cute.arch.fmax(self.qk_scale * kd, Float32(1.1754943508222875e-38))
-        return self.softmax.update(acc_rows_cols(acc_S), is_first, tile_scale_log2=c)
+        return self.softmax.update(acc_rows_cols(acc_S), is_first, tile_scale_log2=self._tile_scale(kd))
+
+    def _tile_scale(self, k_descale):
+        """c_n = q_descale k_descale[n] softmax_scale log2 e of this tile, floored at the smallest normal float32: a
+        zero softmax_scale must give the mean of V, not -inf * 0 = NaN."""
+        return cute.arch.fmax(self.qk_scale * k_descale, Float32(FLOAT32_TINY))
 
     def _prefetch_descales(self, n_block):
         """descale_prefetch, before tile n_block's P V GEMM: v_descale[n_block] (its promotion) and k_descale of the
@@ -538,7 +542,7 @@ class _Fp8StepContext(_StepContext):
         self.pipe_k.consumer_release(k_state)
         k_state.advance()
         self.mask(acc_S, n_block, causal=causal, seqlen_end=seqlen_end)
-        c = cute.arch.fmax(self.qk_scale * self.k_descale[n_block], Float32(1.1754943508222875e-38))  # softmax_step's
+        c = self._tile_scale(self.k_descale[n_block])
         vd = self.v_descale[n_block]  # before the turn: the promotion finds it in a register
         part = None  # pv_max_chains: the raw row maxima in more chains than the row sums (a max is exact in any order)
         if const_expr(self.k.cfg.pv_max_chains):
