@@ -74,11 +74,10 @@ class CallPlan:
                   kmean=False)
         self.k_launch = qh.launch_plan(dev, q.dtype, D, False, v_items, v_items, **dict(
             qk, smooth=self.smooth, shift=False, block=tile_n, reverse=qh.V2_REVERSE and self.smooth,
-            staged_store=qh.staged_store_for(D, "k") and coalesced, wide=qh.wide_for(D, "k")))[0]
+            **qh.qk_layout(D, "k", coalesced)))[0]
         q_items = B * H * -(-Nq // tile_m)
         self.q_launch = qh.launch_plan(dev, q.dtype, D, False, q_items, q_items, **dict(
-            qk, smooth=False, shift=self.smooth, block=tile_m, reverse=False,
-            staged_store=qh.staged_store_for(D, "q") and coalesced, wide=qh.wide_for(D, "q")))[0]
+            qk, smooth=False, shift=self.smooth, block=tile_m, reverse=False, **qh.qk_layout(D, "q", coalesced)))[0]
 
     def _v_pass(self, k: torch.Tensor, v: torch.Tensor, v_t: torch.Tensor, vd: torch.Tensor) -> torch.Tensor | None:
         """V's launch (with K's partial sums when smoothing); K's mean (None without smoothing)."""

@@ -20,7 +20,8 @@ from fa_variants.fp8.quantize import (E4M3, FP8Config, FP8Inputs, HadamardRotati
                                       k_sample_tiles, tiles_for)
 
 __all__ = ["PIPELINES", "DEFAULT_PIPELINE", "why_not", "quantize", "quantize_tensor", "pipeline_of", "own_mean",
-           "k_mean_from_parts", "stages_for", "staged_store_for", "wide_for", "launch_plan", "planned_passes"]
+           "k_mean_from_parts", "stages_for", "staged_store_for", "wide_for", "qk_layout", "launch_plan",
+           "planned_passes"]
 
 #: the pipelines of ``quantize`` (``pipeline=`` or the environment variable FA_VARIANTS_FP8_QUANT_PIPELINE):
 #: "v1" one launch per tensor, one block of loads in flight per CTA, K's mean by torch; "v2" (see the module
@@ -154,6 +155,13 @@ def wide_for(head_dim: int, tensor: str) -> bool:
     """Whether v3's pass of this tensor ("q" or "k") holds 8 chunks of a token per thread at this head_dim
     (``PassConfig.wide``): ``V3_WIDE`` at 256, ``V3_WIDE128`` at 128 (True: both passes, "k": K's only)."""
     return (V3_WIDE and head_dim == 256) or (head_dim == 128 and _wide128(tensor))
+
+
+def qk_layout(head_dim: int, tensor: str, coalesced: bool) -> dict:
+    """The v3 layout switches of this tensor's ("q" or "k") pass, as ``quantize_tensor`` takes them: staged_store
+    (``staged_store_for``, with the coalesced stage it rides on) and wide (``wide_for``); one rule for ``_quantize``
+    and ``quant_call.CallPlan``."""
+    return dict(staged_store=staged_store_for(head_dim, tensor) and coalesced, wide=wide_for(head_dim, tensor))
 
 
 def why_not(q: torch.Tensor, config: FP8Config) -> str | None:
@@ -425,18 +433,13 @@ def _quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: FP8Conf
     if pipe == "v3":
         common.update(coalesced=V3_COALESCED, head_major=V3_HEAD_MAJOR)
         smooth_common = dict(common, staged_mean=V3_STAGED_MEAN and V3_COALESCED)  # it rides on coalesced stages
-        k_common, q_common = (dict(smooth_common, staged_store=staged_store_for(D, t) and V3_COALESCED)
-                              for t in ("k", "q"))
+        k_common, q_common = (dict(smooth_common, **qk_layout(D, t, V3_COALESCED)) for t in ("k", "q"))
     else:
         smooth_common = k_common = q_common = common
     # v2 launches V's pass first (plain launch), then K's and Q's with programmatic dependent launch, whose
     # prologue loads run before griddepcontrol.wait: so every 16-bit input is made aligned (a copy if
     # needed) before the first launch
     pdl = staged and V2_PDL and _capability(dev) >= (9, 0)
-    if pipe == "v3" and wide_for(D, "k"):  # 8 chunks of a token per thread (one / no cross-lane FWHT stage)
-        k_common = dict(k_common, wide=True)
-    if pipe == "v3" and wide_for(D, "q"):
-        q_common = dict(q_common, wide=True)
     if staged:
         q, k, v = interop.aligned(q), interop.aligned(k), interop.aligned(v)
     mean = mean_eff = shift = None
