@@ -983,16 +983,13 @@ def test_compiles_wide128(arch, name, rows, extra, monkeypatch):
     assert res["registers"] <= 255 and res["spill_bytes"] <= (40 if cfg.shift else 0), res
 
 
-def test_wide128_host_rule(monkeypatch):
-    """quantize asks for ``wide`` and the staged store in Q's and K's passes at head_dim 128 only with ``V3_WIDE128`` on
-    (pipeline v3; V never; 256 keeps ``V3_WIDE``'s rule, 64 the staged store alone), in K's pass alone with "k", and
-    ``V3_STAGED_STORE``'s auto rule grows to 128 only for the passes it takes (the passes replaced by a recorder: CPU
-    only; Q has 2 heads, K 1)."""
+def _record_passes(monkeypatch, entry) -> list:
+    """quant_host.quantize_tensor replaced by a recorder (CPU only; an sm_90 device answered): each launch appends
+    ``entry(x, role, kwargs)`` to the returned list and returns zero e4m3 and unit descales of the right shapes."""
     calls = []
 
     def recorder(x, *, role, block, **kw):
-        name = "v" if role == "v" else "q" if x.shape[2] == 2 else "k"
-        calls.append((name, x.shape[-1], kw.get("wide", False), kw.get("staged_store", False)))
+        calls.append(entry(x, role, kw))
         B, N, H, D = x.shape
         y = torch.zeros(B, N, H, D) if role == "qk" else torch.zeros(B, H, D, layout.padded_seqlen_k(N))
         return y.to(torch.float8_e4m3fn), torch.ones(B, H, -(-N // block))
@@ -1000,6 +997,17 @@ def test_wide128_host_rule(monkeypatch):
     monkeypatch.setattr(qh, "quantize_tensor", recorder)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
     monkeypatch.setattr(torch.cuda, "device", lambda *a, **k: contextlib.nullcontext())
+    return calls
+
+
+def test_wide128_host_rule(monkeypatch):
+    """quantize asks for ``wide`` and the staged store in Q's and K's passes at head_dim 128 only with ``V3_WIDE128`` on
+    (pipeline v3; V never; 256 keeps ``V3_WIDE``'s rule, 64 the staged store alone), in K's pass alone with "k", and
+    ``V3_STAGED_STORE``'s auto rule grows to 128 only for the passes it takes (the passes replaced by a recorder: CPU
+    only; Q has 2 heads, K 1)."""
+    calls = _record_passes(monkeypatch, lambda x, role, kw: (
+        "v" if role == "v" else "q" if x.shape[2] == 2 else "k", x.shape[-1], kw.get("wide", False),
+        kw.get("staged_store", False)))
     monkeypatch.setattr(qh, "V3_WIDE", True)
     monkeypatch.setattr(qh, "V3_STAGED_STORE", None)
     for on in (False, True, "k"):
@@ -1022,17 +1030,7 @@ def test_wide128_host_rule(monkeypatch):
 def test_wide_host_rule(monkeypatch):
     """quantize asks for ``wide`` in Q's and K's passes (never V's) only with ``V3_WIDE`` on, pipeline v3 and head_dim
     256 (the passes replaced by a recorder: CPU only)."""
-    calls = []
-
-    def recorder(x, *, role, block, **kw):
-        calls.append((role, x.shape[-1], kw.get("wide", False)))
-        B, N, H, D = x.shape
-        y = torch.zeros(B, N, H, D) if role == "qk" else torch.zeros(B, H, D, layout.padded_seqlen_k(N))
-        return y.to(torch.float8_e4m3fn), torch.ones(B, H, -(-N // block))
-
-    monkeypatch.setattr(qh, "quantize_tensor", recorder)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
-    monkeypatch.setattr(torch.cuda, "device", lambda *a, **k: contextlib.nullcontext())
+    calls = _record_passes(monkeypatch, lambda x, role, kw: (role, x.shape[-1], kw.get("wide", False)))
     config = FP8Config(smooth_k=False)
     for on, pipeline in ((False, "v3"), (True, "v3"), (True, "v2")):
         monkeypatch.setattr(qh, "V3_WIDE", on)
