@@ -19,7 +19,8 @@ session 8's O rescale under the exponentials (`ALPHA`: `alpha`, Sm90Config.alpha
 session 8's D 256 comparison (`GAP9`: `alpha-256` beside fa4-256; run in session 9 with
 pairs-256, which became the D 256 default); session 12's descriptors built once per tile, out of the ping-pong turn
 (`TURN`: `turn`, Sm90Config.hoisted_descriptors at D 128; on in D 64's default since session 12, where it was timed;
-`noturn` there is the default before).
+`noturn` there is the default before); session 15's `BASIS` (basis, turn and both, `basis-turn`, at D 128; basis at
+D 64).
 --shapes D:N:full|causal,... picks shapes one by one
 instead.
 The default run (--variants, --seqlens) is round 4's:
@@ -110,6 +111,8 @@ VARIANTS = {
     # not timed yet
     "turn": ((128,), dict(hoisted_descriptors=True)),
     "noturn": ((64,), dict(hoisted_descriptors=False)),  # D 64's default before session 12 (the GPU tests' reference)
+    # session 15: basis (never timed before) with the turn's descriptors built once per tile (scripts/basis_gpu.sh)
+    "basis-turn": ((128,), dict(basis_alpha=True, alpha_first=False, hoisted_descriptors=True)),
 }
 ROUND4 = ("old", "new", "fa4-256", "n176", "stages3", "k-first")
 FA3GAP = ("old", "new", "basis", "basis-kv1", "fa4-256", "basis-256")
@@ -117,6 +120,7 @@ PERSIST = ("old", "new", "persistent")
 ALPHA = ("old", "new", "alpha", "alpha-noskip")
 GAP9 = ("old", "new", "fa4-256", "alpha-256")
 TURN = ("old", "new", "turn")
+BASIS = ("old", "new", "basis", "turn", "basis-turn")
 PEERS = ("flash-attn-4", "sdpa-cudnn")
 #: other spellings of the peers accepted by --peers (bench.runtime.build_impls knows only the canonical names)
 PEER_ALIASES = {"cudnn": "sdpa-cudnn", "fa4": "flash-attn-4", "flash": "sdpa-flash"}

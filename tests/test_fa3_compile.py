@@ -135,6 +135,7 @@ def _speed_ab():
     ("lean", 128, True), ("lean-256", 256, True), ("o-before-pv", 256, True),
     ("old", 256, False), ("fa4-256", 256, True), ("n176", 128, False), ("n176", 128, True),
     ("stages3", 64, True), ("stages3", 128, False), ("k-first", 128, True), ("basis", 128, False), ("basis-kv1", 128, True),
+    ("basis-turn", 128, True), ("basis", 64, True),
     ("basis-256", 256, True), ("alpha", 128, True), ("alpha-noskip", 64, True)])
 def test_speed_ab_variants_compile_without_spills(name, head_dim, causal):
     """scripts/fa3_speed_ab.py's variants build with no spills; `new` is the default and has no serial FMNMX

@@ -140,7 +140,7 @@ def test_round4_variants(name, head_dim, config, causal):
         _check(q, k, v, causal, config=config, what=f"{name} fp16 D={head_dim} causal={causal}")
 
 
-FA3GAP = _ab_variants("FA3GAP")  # the per-tile gap variants
+FA3GAP = _ab_variants("FA3GAP") + [v for v in _ab_variants("BASIS") if v[0] == "basis-turn"]  # the per-tile gap
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
