@@ -5,7 +5,7 @@
 # 476 instructions per K/V tile vs the default's 487 and flash-attn-4's 457), alone and with the turn's descriptors
 # built once per tile (`turn`, Sm90Config.hoisted_descriptors: turn / new 1.001-1.014 in two runs of session 13, never
 # slower; `basis-turn` = both) at D 128, and alone at D 64 (whose default has hoisted_descriptors on).
-# <= 110 s on a cold machine (limits 45 + 20 + 28 + 20).
+# <= 110 s on a cold machine (limits 45 + 45 + 28 + 20; xdist start-up took 21 s).
 #
 #   source .gpu/env.sh; scripts/basis_gpu.sh          (repository root; writes under $OUT; --help: this text)
 #
@@ -39,7 +39,7 @@ step precompile 45 bash -c "python3 scripts/fa3_speed_ab.py --precompile 10 --pr
   python3 scripts/fa3_speed_ab.py --precompile 3 --dtype fp16 --variants basis,basis-turn \
     --shapes 128:4096:full,64:4096:full & c=\$!; trap 'kill -INT \$a \$b \$c' INT; wait"
 NPROC=$(xdist_flag 6)
-step pytest 20 python3 -m pytest -q $NPROC -m gpu -p no:cacheprovider --tb=short -rfEX tests/test_fa3_gpu.py \
+step pytest 45 python3 -m pytest -q $NPROC -m gpu -p no:cacheprovider --tb=short -rfEX tests/test_fa3_gpu.py \
   -k "fa3gap_variants and (basis-d64 or basis-d128 or basis-turn)"
 if grep -qE "^(FAILED|ERROR)|[0-9]+ (failed|errors?)\b" "$LOGS/pytest.log"; then
   echo "== fa3ab: skipped (a GPU test failed)"; step_failed fa3ab skipped

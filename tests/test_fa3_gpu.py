@@ -383,9 +383,10 @@ def test_turn_variants(name, head_dim, config, causal):
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_hoisted_descriptors_same_values(causal):
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_hoisted_descriptors_same_values(head_dim, causal):
     """hoisted_descriptors builds the same descriptors another way (same GEMMs, same order): at D 64 (its default
-    since session 12) O and LSE with it equal those without it bit for bit."""
-    default = fa3.DEFAULT_CONFIGS[64]
-    _assert_same_values(64, causal, dataclasses.replace(default, hoisted_descriptors=False),
+    since session 12) and D 128 (`turn`) O and LSE with it equal those without it bit for bit."""
+    default = fa3.DEFAULT_CONFIGS[head_dim]
+    _assert_same_values(head_dim, causal, dataclasses.replace(default, hoisted_descriptors=False),
                         dataclasses.replace(default, hoisted_descriptors=True))
