@@ -107,11 +107,12 @@ VARIANTS = {
     "alpha-256": ((256,), dict(convert_pairs=True, exp2_ffma=True, reduce_chains=4, alpha_first=True)),
     # session 12, fa3's ping-pong turn (bench/NOTES.md, "Session 12 (2026-12-02): fa3's ping-pong turn, descriptors
     # built once per tile; ..."): the K/V ring's WGMMA descriptors built once per tile instead of in every step's
-    # turn (Sm90Config.hoisted_descriptors); on in D 64's default since session 12 (turn/new 1.000-1.012), D 128
-    # not timed yet
+    # turn (Sm90Config.hoisted_descriptors); on in D 64's default since session 12 (turn/new 1.000-1.012), in D 128's
+    # since session 15 (1.008-1.015): `turn` equals `new` there now (timed once, as the A/A control)
     "turn": ((128,), dict(hoisted_descriptors=True)),
     "noturn": ((64,), dict(hoisted_descriptors=False)),  # D 64's default before session 12 (the GPU tests' reference)
-    # session 15: basis (never timed before) with the turn's descriptors built once per tile (scripts/basis_gpu.sh)
+    # session 15: basis (never timed before) with the turn's descriptors built once per tile (scripts/basis_gpu.sh);
+    # equal to `basis` at D 128 since hoisted_descriptors joined that default (session 15)
     "basis-turn": ((128,), dict(basis_alpha=True, alpha_first=False, hoisted_descriptors=True)),
 }
 ROUND4 = ("old", "new", "fa4-256", "n176", "stages3", "k-first")

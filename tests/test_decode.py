@@ -240,9 +240,10 @@ def test_split_options_reach_the_fa3_launch(h200, split_enabled, monkeypatch):
     fa_variants.attention(q, k, v, causal=True, pack_gqa=False)
     fa_variants.attention(q, k, v, causal=True, num_splits=1, pack_gqa=False)
     base = fa3.DEFAULT_CONFIGS[128]
-    assert seen == [dataclasses.replace(base, num_splits=3, pack_gqa=True, **fa3._NARROW,  # packed
+    keep = fa3._DECODE_KEEPS.get(128, {})  # what split / decode kernels keep of the prefill default's past
+    assert seen == [dataclasses.replace(base, num_splits=3, pack_gqa=True, **fa3._NARROW, **keep,  # packed
                                         pdl=fa3.decode_pdl(3), first_row_only=fa3.DECODE_FIRST_ROW),  # 3 splits: PDL by default (DECODE_PDL_MAX_SPLITS)
-                    dataclasses.replace(base, num_splits=0),  # split as auto would (32 CTAs leave SMs idle)
+                    dataclasses.replace(base, num_splits=0, **keep),  # split as auto would (32 CTAs leave SMs idle)
                     base]
     assert fa3.decode_config(q, k, True) == fa3._problem_config(None, q, k, True)
 

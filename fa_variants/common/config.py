@@ -184,8 +184,9 @@ class Sm90Config:
         unmasked loop) 56 -> 52, 45 -> 45 at D 64 and 63 -> 59, 55 -> 52 at D 128 (bench/NOTES.md, "Session 12
         (2026-12-02): fa3's ping-pong turn, descriptors built once per tile; ..."). Same descriptors, same values;
         fa3-fp8 takes it too (off there: the same speed at head_dim 256, session 13; ``hopper.fa3_fp8``). On at
-        head_dim 64 (``hopper.fa3.DEFAULT_CONFIGS[64]``; session 12: turnbf16, on/off 1.000-1.012x, paired, one H200);
-        off at the other head dims (D 128 not timed).
+        head_dim 64 (``hopper.fa3.DEFAULT_CONFIGS[64]``; session 12: turnbf16, on/off 1.000-1.012x, paired, one H200)
+        and in head_dim 128's prefill config (session 15: on/off 1.008-1.015x, "faster" at 3 shapes, paired, one
+        H200; its split and decode configs keep it off); off at the other head dims.
     """
 
     tile_m: int = 128

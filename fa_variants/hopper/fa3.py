@@ -87,25 +87,33 @@ Fa3Config = Sm90Config  # the FA3 family's config type (common/config.py)
 # hoisted_descriptors at D 64 (the K/V ring's WGMMA descriptors built once per tile, out of the ping-pong turn: its
 # BAR.SYNC .. BAR.ARV 55 -> 45 instructions): turn/new 1.011 / 1.012 / 1.001 / 1.000 at N 4k / 16k / 4k causal / 16k
 # causal, paired, 6 rounds, one H200, session 12 (scripts/fa3_speed_ab.py --variants old,new,turn; bench/NOTES.md,
-# "Session 12 (2026-12-02): fa3's ping-pong turn, ..."); D 128 (71 -> 61) not timed, so off there.
+# "Session 12 (2026-12-02): fa3's ping-pong turn, ..."). At D 128 (its turn 71 -> 61 instructions), session 15:
+# turn/new 1.008 / 1.012 / 1.015 at N 16k causal / 4k / 16k, "faster" at each (paired, 6 rounds, one H200; N 4k causal
+# cut by the run's limit, 1.002-1.007 in three earlier runs, never slower), so on for D 128's prefill config
+# (bench/NOTES.md, "Session 15 (2026-12-02): outcome of the turn128 run"); its split and packed (decode) configs keep
+# it off, the kernels their A/Bs measured (_DECODE_KEEPS).
 _SOFTMAX = dict(exp2_ffma=True, reduce_chains=4, skip_unit_rescale=True)
 _SOFTMAX_NO_SKIP = dict(exp2_ffma=True, reduce_chains=4, skip_unit_rescale=False)
 DEFAULT_CONFIGS: dict[int, Sm90Config] = {
     64: Sm90Config(tile_m=192, tile_n=128, stages=2, **_SOFTMAX, hoisted_descriptors=True),
     96: Sm90Config(tile_m=128, tile_n=128, stages=2, **_SOFTMAX_NO_SKIP),
-    128: Sm90Config(tile_m=128, tile_n=128, stages=2, **_SOFTMAX_NO_SKIP, alpha_first=True),
+    128: Sm90Config(tile_m=128, tile_n=128, stages=2, **_SOFTMAX_NO_SKIP, alpha_first=True, hoisted_descriptors=True),
     256: Sm90Config(tile_m=128, tile_n=80, stages=2, pingpong=False, convert_pairs=True),
 }
 # What `auto` runs when the split heuristic splits a shape (decode): the default tiles with the split count
 # chosen per call (one compile for every decode shape of a head dim).
-_SPLIT_CONFIGS: dict[int, Sm90Config] = {d: dataclasses.replace(c, num_splits=0) for d, c in DEFAULT_CONFIGS.items()}
+# Switches flipped on a head dim's prefill config after the split / decode A/Bs that those kernels keep (above).
+_DECODE_KEEPS: dict[int, dict] = {128: dict(hoisted_descriptors=False)}
+_SPLIT_CONFIGS: dict[int, Sm90Config] = {d: dataclasses.replace(c, num_splits=0, **_DECODE_KEEPS.get(d, {}))
+                                         for d, c in DEFAULT_CONFIGS.items()}
 # ... and with the query heads of a KV head packed into the tile rows (decode, seqlen_q = 1), in 64-row tiles
 # (one consumer warpgroup, no ping-pong): a group of 4-8 query heads fills few rows, and every row of the tile
 # costs tensor-core time (at B=64, Nk=4k, 32:8, D=128 the 128-row tile's MMAs take about as long as reading
 # K/V at full HBM bandwidth; 64 rows halve that, 192 at D=64 would triple it). Groups over 64 take more tiles.
 # alpha_first and convert_pairs (timed on prefill tiles only) stay off there: decode keeps the kernels its A/Bs measured.
 _NARROW = dict(tile_m=64, pingpong=False, alpha_first=False, convert_pairs=False)
-_PACKED_CONFIGS = {d: dataclasses.replace(c, pack_gqa=True, **_NARROW) for d, c in DEFAULT_CONFIGS.items()}
+_PACKED_CONFIGS = {d: dataclasses.replace(c, pack_gqa=True, **_NARROW, **_DECODE_KEEPS.get(d, {}))
+                   for d, c in DEFAULT_CONFIGS.items()}
 _PACKED_SPLIT_CONFIGS = {d: dataclasses.replace(c, pack_gqa=True, **_NARROW) for d, c in _SPLIT_CONFIGS.items()}
 # Decode proper (seqlen_q = 1, packed from host views: only G of the 64 rows are real) streams K/V with almost
 # no tensor-core work per byte, so its speed is the bytes in flight per SM: 2 stages of K and V tiles are 64 KiB
@@ -487,7 +495,8 @@ def decode_config(q: torch.Tensor, k: torch.Tensor, causal: bool, *, num_splits:
         if q.shape[1] == 1:  # the tile set follows the call's split count (UNSPLIT_ONLY_TILES)
             base = dataclasses.replace(base, num_splits=num_splits)
         return _merge_mode(dataclasses.replace(_packed(base, q, k, num_splits or splits), num_splits=num_splits))
-    return _merge_mode(dataclasses.replace(DEFAULT_CONFIGS[q.shape[-1]], num_splits=num_splits))
+    base = (DEFAULT_CONFIGS if num_splits == 1 else _SPLIT_CONFIGS)[q.shape[-1]]  # (a split runs the split kernels)
+    return _merge_mode(dataclasses.replace(base, num_splits=num_splits))
 
 
 def pack_gqa_fits(group: int) -> bool:
