@@ -12,15 +12,15 @@ the structural switches of issue 12's second round (Sm90Config; the softmax swit
 of them together (`lean`) at every head dim (D = 256: without first_pv_overwrites, which spills there); issue 12's
 third round (`o-before-pv`: O rescaled under the next S GEMM, flash-attn-4's RescaleOBeforeGemm; bench/NOTES.md,
 "Issue 12, round 3"); issue 12's fourth round (bench/NOTES.md, "Issue 12, round 4":
-flash-attn-4's sm90 choices that ours lacked, and C++ FA3's); the per-tile instruction gap (`FA3GAP`: basis,
-basis-kv1, basis-256 beside fa4-256; bench/NOTES.md, "Issue 12, SASS gap"); session 6's
+flash-attn-4's sm90 choices that ours lacked, and C++ FA3's); the per-tile instruction gap (`FA3GAP`: fa4-256; its
+alpha-from-the-bases variants were removed with that switch in session 15: slower on the H200; bench/NOTES.md, "Issue
+12, SASS gap"); session 6's
 persistent grid (`PERSIST`: `persistent`, Sm90Config.persistent at D 64/128/256);
 session 8's O rescale under the exponentials (`ALPHA`: `alpha`, Sm90Config.alpha_first, and `alpha-noskip` at D 64);
 session 8's D 256 comparison (`GAP9`: `alpha-256` beside fa4-256; run in session 9 with
 pairs-256, which became the D 256 default); session 12's descriptors built once per tile, out of the ping-pong turn
 (`TURN`: `turn`, Sm90Config.hoisted_descriptors at D 128; on in D 64's default since session 12, where it was timed;
-`noturn` there is the default before); session 15's `BASIS` (basis, turn and both, `basis-turn`, at D 128; basis at
-D 64).
+`noturn` there is the default before).
 --shapes D:N:full|causal,... picks shapes one by one
 instead.
 The default run (--variants, --seqlens) is round 4's:
@@ -87,12 +87,6 @@ VARIANTS = {
     "n176": ((128,), dict(tile_n=176, convert_pairs=True)),
     "stages3": ((64, 128), dict(stages=3)),
     "k-first": ((128,), dict(k_before_q=True)),
-    # issue 12, per-tile instruction gap (bench/NOTES.md, "Issue 12, SASS gap"; scripts/sass_diff.py): alpha from the
-    # kept bases (Sm90Config.basis_alpha); with one K/V pipeline state at D 128; at D 256 on flash-attn-4's choices
-    "basis": ((64, 128), dict(basis_alpha=True, alpha_first=False)),  # (alpha_first: D 128 default since s8)
-    "basis-kv1": ((128,), dict(basis_alpha=True, shared_kv_state=True, alpha_first=False)),
-    "basis-256": ((256,), dict(convert_pairs=True, exp2_ffma=True, reduce_chains=4, rescale_o_before_pv=True,
-                               basis_alpha=True)),
     # session 6: the persistent grid (Sm90Config.persistent; bench/NOTES.md, "Session 6 (2026-12-01): persistent")
     "persistent": ((64, 128, 256), dict(persistent=True)),
     # session 8: every row's alpha before the exponentials, so O's rescale runs under them as in flash-attn-4
@@ -111,17 +105,13 @@ VARIANTS = {
     # since session 15 (1.008-1.015): `turn` equals `new` there now (timed once, as the A/A control)
     "turn": ((128,), dict(hoisted_descriptors=True)),
     "noturn": ((64,), dict(hoisted_descriptors=False)),  # D 64's default before session 12 (the GPU tests' reference)
-    # session 15: basis (never timed before) with the turn's descriptors built once per tile (scripts/basis_gpu.sh);
-    # equal to `basis` at D 128 since hoisted_descriptors joined that default (session 15)
-    "basis-turn": ((128,), dict(basis_alpha=True, alpha_first=False, hoisted_descriptors=True)),
 }
 ROUND4 = ("old", "new", "fa4-256", "n176", "stages3", "k-first")
-FA3GAP = ("old", "new", "basis", "basis-kv1", "fa4-256", "basis-256")
+FA3GAP = ("old", "new", "fa4-256")  # basis, basis-kv1, basis-256 removed in session 15 (alpha from the bases: slower)
 PERSIST = ("old", "new", "persistent")
 ALPHA = ("old", "new", "alpha", "alpha-noskip")
 GAP9 = ("old", "new", "fa4-256", "alpha-256")
 TURN = ("old", "new", "turn")
-BASIS = ("old", "new", "basis", "turn", "basis-turn")
 PEERS = ("flash-attn-4", "sdpa-cudnn")
 #: other spellings of the peers accepted by --peers (bench.runtime.build_impls knows only the canonical names)
 PEER_ALIASES = {"cudnn": "sdpa-cudnn", "fa4": "flash-attn-4", "flash": "sdpa-flash"}

@@ -2,15 +2,14 @@
 """SASS of the fa3 forward (ours) or of flash-attn-4's sm90 forward, compiled on the CPU (no GPU), for
 scripts/sass_diff.py (issue 12; bench/NOTES.md, "Issue 12, SASS gap").
 
-    python3 scripts/sass_dump.py ours --head-dim 128 --out ours.sass [--causal] [--dtype fp16] [--set basis_alpha=True]
+    python3 scripts/sass_dump.py ours --head-dim 128 --out ours.sass [--causal] [--dtype fp16] [--set alpha_first=False]
     python3 scripts/sass_dump.py fa4 --head-dim 128 --out fa4.sass  [--causal] [--dtype fp16]
     python3 scripts/sass_diff.py ours.sass fa4.sass --skip-jumps 32
     (--hex on both dumps: the listings carry each instruction's encoding, and sass_diff.py --stalls reads its
     scheduling control bits)
 
 fp8: fa3-fp8 (e4m3, ``hopper.fa3_fp8.DEFAULT_CONFIGS[head_dim]`` with the ``--set`` changes; --dtype is ignored).
-ours: ``hopper.fa3.DEFAULT_CONFIGS[head_dim]`` with the ``--set`` changes (Sm90Config fields; True/False, ints;
-basis_alpha=True at D 128 also needs alpha_first=False, D 128's default since session 8),
+ours: ``hopper.fa3.DEFAULT_CONFIGS[head_dim]`` with the ``--set`` changes (Sm90Config fields; True/False, ints),
 through the compile cache (``registry.compiled``). fa4: flash-attn-4 (4.0.0b36 was read; with quack-kernels, and
 einops for its import) must be importable (``--fa4-path DIR`` is put first on sys.path, e.g. a ``pip install
 --target DIR --no-deps flash-attn-4==4.0.0b36 quack-kernels==0.6.5 einops``); its ``_flash_attn_fwd`` runs under

@@ -37,19 +37,19 @@ def test_bench_build_impls_rejects_unknown_peers():
 
 
 def test_fa3_speed_ab_fa3gap_plan(capsys, monkeypatch):
-    """scripts/fa3_speed_ab.py on the CPU: the fa3gap plan (pairs-256 left out since session 9) compiles 22 kernels,
-    each once, basis_alpha only where exp2_ffma is on; --precompile and --plan need no 'old'; unknown variants are refused."""
+    """scripts/fa3_speed_ab.py on the CPU: the fa3gap plan (pairs-256 left out since session 9) compiles 14 kernels,
+    each once; --precompile and --plan need no 'old'; unknown variants are refused."""
     ab = load_script("fa3_speed_ab")
     shapes = ab.plan((64, 128, 256), (4096, 16384), (False, True), list(ab.FA3GAP))
     items = ab.compile_items(shapes, "bf16")
-    assert len(items) == 22 == len(set(items))
+    # old and new at D 64 / 128 / 256 (12) + fa4-256 (2), causal and not; 22 until session 15 removed basis (D 64,
+    # 128), basis-kv1 (D 128) and basis-256 (D 256) with alpha from the kept bases (8 kernels)
+    assert len(items) == 14 == len(set(items))
     for name, d, _causal, _dtype in items:
-        cfg = ab.variant_config(name, d)
-        assert not cfg.basis_alpha or cfg.exp2_ffma, (name, d)
-        cfg.check(d)
-    monkeypatch.setattr("sys.argv", ["fa3_speed_ab.py", "--plan", "--variants", "basis,basis-256"])
+        ab.variant_config(name, d).check(d)
+    monkeypatch.setattr("sys.argv", ["fa3_speed_ab.py", "--plan", "--variants", "fa4-256"])
     assert ab.main() == 0
-    assert "basis_alpha=True" in capsys.readouterr().out
+    assert "rescale_o_before_pv=True" in capsys.readouterr().out
     monkeypatch.setattr("sys.argv", ["fa3_speed_ab.py", "--out", "x", "--variants", "new,nope"])
     with pytest.raises(SystemExit):
         ab.main()

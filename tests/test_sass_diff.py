@@ -75,9 +75,9 @@ def test_sass_dump_changes():
     import pytest
 
     dump = load_script("sass_dump")
-    assert dump.parse_changes(["basis_alpha=True", "tile_n=176", "pingpong=False"]) == dict(
-        basis_alpha=True, tile_n=176, pingpong=False)
-    for bad in ["basis_alpha", "=1", "basis_alpha=yes"]:
+    assert dump.parse_changes(["alpha_first=True", "tile_n=176", "pingpong=False"]) == dict(
+        alpha_first=True, tile_n=176, pingpong=False)
+    for bad in ["alpha_first", "=1", "alpha_first=yes"]:
         with pytest.raises(ValueError, match="--set"):
             dump.parse_changes([bad])
 

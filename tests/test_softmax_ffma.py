@@ -21,17 +21,13 @@ def _fma(a, b, c):
     return _f32(a.double() * b.double() + c.double())
 
 
-def online_softmax_pv(s, v, c, tile_n, consistent=True, limit=FFMA_LIMIT, p_dtype=torch.bfloat16, basis_alpha=False):
-    """O = softmax(s c) v row by row over key tiles (last to first, as fa3), float32 state; returns O float64.
-    ``basis_alpha`` (Sm90Config.basis_alpha): alpha = exp2(B_old - B_new) from the kept rounded bases, the basis
-    error e only for huge rows (common.softmax, "Alpha from the bases"); the kernel's rare branch adds
-    e_old - e_new only when a row of the thread is or was huge, which for every other row adds 0 - 0: the same."""
+def online_softmax_pv(s, v, c, tile_n, consistent=True, limit=FFMA_LIMIT, p_dtype=torch.bfloat16):
+    """O = softmax(s c) v row by row over key tiles (last to first, as fa3), float32 state; returns O float64."""
     c = torch.tensor(c, dtype=torch.float32)
     rows, n = s.shape
     m = torch.full((rows,), -math.inf)
     l = torch.zeros(rows)
     err = torch.zeros(rows)
-    kept = torch.full((rows,), -math.inf)  # basis_alpha: m c, -inf while the row has seen no key
     o = torch.zeros(rows, v.shape[1])
     for start in reversed(range(0, n, tile_n)):
         st, vt = s[:, start:start + tile_n], v[start:start + tile_n]
@@ -39,24 +35,16 @@ def online_softmax_pv(s, v, c, tile_n, consistent=True, limit=FFMA_LIMIT, p_dtyp
         m_safe = torch.where(m_new == -math.inf, torch.zeros(()), m_new)
         basis = _f32(m_safe * c)
         huge = ~(basis.abs() < limit)  # |B| >= limit or NaN
-        if basis_alpha:
-            e_new = torch.where(huge, _fma(m_safe, c, -basis), torch.zeros(()))  # the exact error, huge rows only
-            log2_alpha = _f32(_f32(kept - basis) + _f32(err - e_new))
-            kept = _f32(m_new * c)
-        else:
-            e_new = torch.where(huge, torch.zeros(()), _fma(m_safe, c, -basis))
+        e_new = torch.where(huge, torch.zeros(()), _fma(m_safe, c, -basis))
         shift = torch.where(huge, m_safe, torch.zeros(()))
         basis = torch.where(huge, torch.zeros(()), basis)
         p = torch.exp2(_fma(_f32(st - shift[:, None]), c.expand_as(st), -basis[:, None].expand_as(st)))
-        if basis_alpha:
-            pass  # log2_alpha above
-        elif consistent:
+        if consistent:
             log2_alpha = _fma(_f32(m - m_safe), c.expand(rows), _f32(e_new - err))
         else:  # the previous exp2_ffma: alpha from exact (m_old - m_new) c, P against the rounded m c
             log2_alpha = _f32(_f32(m - m_safe) * c)
         alpha = torch.exp2(log2_alpha)
-        if not basis_alpha:  # (basis_alpha: exp2(-inf - B) = 0 by itself while m is -inf)
-            alpha = torch.where(m == -math.inf, torch.zeros(()), alpha)
+        alpha = torch.where(m == -math.inf, torch.zeros(()), alpha)
         l = alpha * l + p.sum(dim=1)
         o = alpha[:, None] * o + p.to(p_dtype).float() @ vt
         m, err = m_new, e_new
@@ -67,12 +55,8 @@ def _reference(s, v, c):
     return torch.softmax(s.double() * (c * math.log(2.0)), dim=1) @ v.double()  # exp2(s c)
 
 
-BASIS_ALPHA = pytest.mark.parametrize("basis_alpha", [False, True], ids=["err-alpha", "basis-alpha"])
-
-
-@BASIS_ALPHA
 @pytest.mark.parametrize("shift", [0.0, -1e6, 3e6])
-def test_consistent_basis_matches_float64(shift, basis_alpha):
+def test_consistent_basis_matches_float64(shift):
     g = torch.Generator().manual_seed(7)
     rows, n, d = 64, 1024, 64
     c = 128 ** -0.5 * math.log2(math.e)
@@ -80,11 +64,10 @@ def test_consistent_basis_matches_float64(shift, basis_alpha):
     s[:, 5] += torch.linspace(0, 40, rows)  # some rows' max moves late (tiles run last to first)
     v = torch.randn(n, d, generator=g).to(torch.bfloat16).float()
     ref = _reference(s, v, c)
-    assert (online_softmax_pv(s, v, c, tile_n=128, basis_alpha=basis_alpha) - ref).abs().max().item() < 2e-2  # bf16 P
+    assert (online_softmax_pv(s, v, c, tile_n=128) - ref).abs().max().item() < 2e-2  # bf16 P, as in the kernel
 
 
-@BASIS_ALPHA
-def test_huge_logits_consistent_vs_previous_form(basis_alpha):
+def test_huge_logits_consistent_vs_previous_form():
     """Logits near -5e5 at softmax_scale 1 with the FFMA form forced up to |m c| < 2^20 (basis rounded by up to
     2^-5; the kernel's limit is lower, this tests the consistent basis itself): it must not leak into O. The previous switch's alpha leaks it (measured on this model:
     2.2e-3 vs 1.0e-2 max error, |O| ~ 0.9)."""
@@ -95,28 +78,25 @@ def test_huge_logits_consistent_vs_previous_form(basis_alpha):
     s = _f32(s + torch.linspace(4, 0, n, dtype=torch.float64) - 5e5)  # the max moves on many tiles
     v = torch.randn(n, d, generator=g).to(torch.bfloat16).float()
     ref = _reference(s, v, c)
-    good = (online_softmax_pv(s, v, c, 128, limit=2.0**20, basis_alpha=basis_alpha) - ref).abs().max().item()
+    good = (online_softmax_pv(s, v, c, 128, limit=2.0**20) - ref).abs().max().item()
     bad = (online_softmax_pv(s, v, c, 128, consistent=False, limit=2.0**20) - ref).abs().max().item()
     assert good < 5e-3 and good < bad / 3, (good, bad)
 
 
-@BASIS_ALPHA
-def test_huge_rows_whose_max_moves(basis_alpha):
+def test_huge_rows_whose_max_moves():
     """Logits near -1e6 (|m c| ~ 1.4e6, past FFMA_LIMIT: the exact form) with the max moving on many tiles, old
-    tiles still weighing: alpha must carry the bases' rounding errors (up to 2^-4 here), which basis_alpha keeps
-    for huge rows only (without them: 1.4e-2 max error, measured on this model)."""
+    tiles still weighing: O within 5e-3 of float64's."""
     g = torch.Generator().manual_seed(4)
     rows, n, d = 32, 2048, 64
     c = math.log2(math.e)
     s = torch.randn(rows, n, generator=g, dtype=torch.float64) * 2
     s = _f32(s + torch.linspace(4, 0, n, dtype=torch.float64) - 1e6)
     v = torch.randn(n, d, generator=g).to(torch.bfloat16).float()
-    err = (online_softmax_pv(s, v, c, 128, basis_alpha=basis_alpha) - _reference(s, v, c)).abs().max().item()
+    err = (online_softmax_pv(s, v, c, 128) - _reference(s, v, c)).abs().max().item()
     assert err < 5e-3, err
 
 
-@BASIS_ALPHA
-def test_basis_crossing_the_limit_mid_row(basis_alpha):
+def test_basis_crossing_the_limit_mid_row():
     """A row whose |m c| crosses FFMA_LIMIT between tiles switches from the FFMA form to the exact form."""
     g = torch.Generator().manual_seed(5)
     rows, n, d = 16, 512, 32
@@ -124,15 +104,14 @@ def test_basis_crossing_the_limit_mid_row(basis_alpha):
     s = _f32(torch.randn(rows, n, generator=g, dtype=torch.float64) + FFMA_LIMIT - 8)
     s[:, :64] += 16.0  # first tile (processed last) lifts m c past the limit
     v = torch.randn(n, d, generator=g).to(torch.bfloat16).float()
-    err = (online_softmax_pv(s, v, c, 64, basis_alpha=basis_alpha) - _reference(s, v, c)).abs().max().item()
+    err = (online_softmax_pv(s, v, c, 64) - _reference(s, v, c)).abs().max().item()
     assert err < 2e-2, err
 
 
-@BASIS_ALPHA
-def test_basis_leaving_the_limit_mid_row(basis_alpha):
-    """The other way: m c from below -2^11 (exact form, basis error e kept by basis_alpha) up to small values (the
-    FFMA form), with rows whose first tile (processed first: the last keys) is fully masked (-inf) before logits
-    near -3000: alpha = exp2(-inf - B) must give 0 there, not exp2(+3000) = inf (0 * inf = NaN)."""
+def test_basis_leaving_the_limit_mid_row():
+    """The other way: m c from below -2^11 (exact form) up to small values (the FFMA form), with rows whose first
+    tile (processed first: the last keys) is fully masked (-inf) before logits near -3000: alpha must give 0 there,
+    not exp2(+3000) = inf (0 * inf = NaN)."""
     g = torch.Generator().manual_seed(9)
     rows, n, d = 16, 512, 32
     c = 1.0
@@ -140,15 +119,14 @@ def test_basis_leaving_the_limit_mid_row(basis_alpha):
     s[:, :128] += torch.linspace(0, FFMA_LIMIT + 900, rows, dtype=torch.float64)[:, None]  # late tiles: small m c
     s[: rows // 2, 448:] = -math.inf  # the first tile processed: nothing to see for half the rows
     v = torch.randn(n, d, generator=g).to(torch.bfloat16).float()
-    out = online_softmax_pv(s, v, c, 64, basis_alpha=basis_alpha)
+    out = online_softmax_pv(s, v, c, 64)
     err = (out - _reference(s, v, c)).abs().max().item()
     assert torch.isfinite(out).all() and err < 2e-2, err
 
 
-@BASIS_ALPHA
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("logit", [-1e4, -1300.0, -700.0, -3.0, 900.0])
-def test_one_key_row_returns_v_exactly(dtype, logit, basis_alpha):
+def test_one_key_row_returns_v_exactly(dtype, logit):
     """EC-04: a row that sees one key has weight exactly 1, so O rounded to the input dtype is that key's V,
     on both sides of FFMA_LIMIT (|m c| here from 4 to 1.4e4 at softmax_scale 1)."""
     g = torch.Generator().manual_seed(11)
@@ -156,7 +134,7 @@ def test_one_key_row_returns_v_exactly(dtype, logit, basis_alpha):
     c = math.log2(math.e)
     for jitter in torch.linspace(0, 1, 97).tolist():  # many roundings of the basis m c
         s = _f32(torch.tensor([[logit + jitter]], dtype=torch.float64))
-        out = online_softmax_pv(s, v, c, tile_n=128, p_dtype=dtype, basis_alpha=basis_alpha).to(dtype)
+        out = online_softmax_pv(s, v, c, tile_n=128, p_dtype=dtype).to(dtype)
         assert torch.equal(out.float(), v), (logit + jitter, (out.float() - v).abs().max().item())
 
 

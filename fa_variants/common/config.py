@@ -136,11 +136,6 @@ class Sm90Config:
         right after issuing its P V GEMM instead of after the next tile's S = Q K^T GEMM, so the wait for the P V
         GEMM and what follows it (fa3-fp8: the promotion of the two-level temporary into O) run while the other
         warpgroup's GEMMs keep the tensor cores busy; its own next S GEMM is then issued outside the turn.
-    basis_alpha: (with exp2_ffma) alpha = exp2(B_old - B_new) from the rounded bases B = m c kept per row: one FADD
-        per row instead of two FADDs and an FFMA, no per-tile rounding error of the basis; that error is worked out
-        only inside the rare branch of a row whose |m c| is or was >= 2^11 (``common.softmax``, "Alpha from the
-        bases"). alpha's argument is rounded once (half an ulp of B_old - B_new) instead of exact up to
-        m_old - m_new's rounding: a different last bit, not a worse bound (issue 12, scripts/sass_diff.py).
     pack_group: 0, or (with pack_gqa) the group G = num_heads / num_heads_kv fixed at compile time, for any
         seqlen_q: the kernel itself packs row r of a Q tile as query head r % G (of the KV head) at query
         position r // G (``common.pack_gqa``), masking each row causally by its own position. G must divide
@@ -171,7 +166,7 @@ class Sm90Config:
         same rows from the same K/V tiles: tile 1's extra ones are wholly masked for them); the LSE of a row is
         stored by its owner (``q_row_end``). Only the plain prefill path: not with split-KV, packed GQA or
         persistent.
-    alpha_first: (with exp2_ffma, not basis_alpha) the softmax computes every row's alpha (O's rescale factor) right after
+    alpha_first: (with exp2_ffma) the softmax computes every row's alpha (O's rescale factor) right after
         the row maxima, before the exponentials, instead of after each row's exponentials (``common.softmax``, "Alpha
         first"): same values; ptxas then runs O's rescale under the exponentials instead of after the last of them (issue
         12, "Session 8: fa3 vs flash-attn-4 consumer loop").
@@ -210,7 +205,6 @@ class Sm90Config:
     k_before_q: bool = False
     fused_merge: bool = False
     early_pv_arrive: bool = False
-    basis_alpha: bool = False
     persistent: bool = False
     first_row_only: bool = False
     q_tail_first: bool = False
@@ -264,8 +258,6 @@ class Sm90Config:
             raise ValueError("k_before_q orders the separate K/V producer states: it needs shared_kv_state=False")
         if not isinstance(self.fused_merge, bool) or (self.fused_merge and self.num_splits == 1):
             raise ValueError(f"fused_merge={self.fused_merge!r} must be a bool, True only with split-KV (num_splits != 1)")
-        if not isinstance(self.basis_alpha, bool) or (self.basis_alpha and not self.exp2_ffma):
-            raise ValueError(f"basis_alpha={self.basis_alpha!r} must be a bool, True only with exp2_ffma=True")
         if self.early_pv_arrive and self.intra_wg_overlap:
             raise ValueError(f"early_pv_arrive needs intra_wg_overlap=False (serial steps) ({self})")
         if not isinstance(self.pdl, bool) or (self.pdl and not arch.startswith("sm_9")):
@@ -281,17 +273,15 @@ class Sm90Config:
             raise ValueError(f"persistent={self.persistent!r} must be a bool, True only without split-KV "
                              "(num_splits=1), pack_group, shared_kv_state, epilogue_arrive and with ctas_per_sm=1")
         if not isinstance(self.first_row_only, bool) or (self.first_row_only and not (
-                self.pack_gqa and not self.pack_group and self.tile_m == WGMMA_M and not self.fused_merge
-                and not self.basis_alpha)):
+                self.pack_gqa and not self.pack_group and self.tile_m == WGMMA_M and not self.fused_merge)):
             raise ValueError(f"first_row_only={self.first_row_only!r} must be a bool, True only for packed seqlen_q = 1 "
-                             "decode (pack_gqa, pack_group 0, tile_m 64) without fused_merge or basis_alpha")
+                             "decode (pack_gqa, pack_group 0, tile_m 64) without fused_merge")
         if not isinstance(self.q_tail_first, bool) or (self.q_tail_first and (
                 self.num_splits != 1 or self.pack_gqa or self.persistent)):
             raise ValueError(f"q_tail_first={self.q_tail_first!r} must be a bool, True only without split-KV "
                              "(num_splits=1), pack_gqa and persistent")
-        if not isinstance(self.alpha_first, bool) or (self.alpha_first and (not self.exp2_ffma or self.basis_alpha)):
-            raise ValueError(f"alpha_first={self.alpha_first!r} must be a bool, True only with exp2_ffma=True and "
-                             "basis_alpha=False")
+        if not isinstance(self.alpha_first, bool) or (self.alpha_first and not self.exp2_ffma):
+            raise ValueError(f"alpha_first={self.alpha_first!r} must be a bool, True only with exp2_ffma=True")
         if not isinstance(self.hoisted_descriptors, bool):
             raise ValueError(f"hoisted_descriptors={self.hoisted_descriptors!r} must be a bool")
         if self.smem_bytes(head_dim) > smem_capacity(arch):

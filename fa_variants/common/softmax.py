@@ -34,14 +34,6 @@ P(max) = 2^(+-2^-14) rounds to exactly 1 in fp16/bf16 and O = 1 * V / l differs 
 output's half ulp: a row that sees one key returns that key's V exactly (EC-04), as the exact form does. A
 limit of 2^20 broke that in fp16 at logits near -1e4 (H200). Real logits stay far below 2^11 / c.
 
-Alpha from the bases (``basis_alpha``, with exp2_ffma): the rounded basis B = m c is kept per row and alpha =
-exp2(B_old - B_new), one FADD per row instead of the exact error's FFMA and two FADDs. B - B_old is rounded once
-(half an ulp of alpha's argument x <= 0: alpha = 2^x is off by at most ~4e-8 |x| relative, ~2.2e-8 absolute at
-worst, as x 2^x peaks at x = -1/ln 2); P(max) = 2^(m c - B) as above. A huge row (exact form) has the basis m c = B + e,
-e = fma(m, c, -B) exactly: the rare branch, taken when a row of the thread is huge now or was on the last tile,
-adds e_old - e_new to alpha's argument and keeps e (0 for every other row). The kept basis is -inf while a row has
-seen no key (its m), so the first real tile's alpha is exp2(-inf) = 0 however negative its logits (not 2^(-B)).
-
 Alpha first (``alpha_first``, with exp2_ffma): every row's alpha is computed right after the row maxima, before the
 huge-logit branch and the exponentials, instead of after each row's exponentials. The values are the same; the caller
 can then rescale O by alpha while the MUFU works through the exponentials (nvidia-cutlass-dsl 4.8.1: ptxas does not
@@ -150,15 +142,15 @@ class OnlineSoftmax:
 
     def __init__(self, num_rows: int, scale_log2: Float32, exp2_ffma: bool = False, chains: int = 1,
                  skip_unit_rescale: bool = False, tile_scales: bool = False, p_shift: float = 0.0,
-                 basis_alpha: bool = False, active_rows: int | None = None, alpha_first: bool = False):
+                 active_rows: int | None = None, alpha_first: bool = False):
         self.num_rows = num_rows
         # the leading rows `update`, `rescale` and `finalize` work on (None: all): a kernel whose other rows are
         # padding never read back (fa3's packed decode with <= 8 query rows: ``Sm90Config.first_row_only``) skips
         # their exponentials; the rows past it keep S (masked) as P, their O unscaled, inv_l 0 and LSE -inf
         self.active_rows = num_rows if active_rows is None else active_rows
-        if not 1 <= self.active_rows <= num_rows or (self.active_rows < num_rows and (tile_scales or basis_alpha)):
+        if not 1 <= self.active_rows <= num_rows or (self.active_rows < num_rows and tile_scales):
             raise ValueError(f"active_rows={active_rows} must be in [1, num_rows={num_rows}] (and num_rows with "
-                             "tile_scales or basis_alpha)")
+                             "tile_scales)")
         self.scale_log2 = scale_log2
         # False (default): exp2((s - m) c), a subtract and a multiply per score, exact at the row max.
         # True: one FFMA per score, exp2(fma(s, c, -B)) against the basis B = round(m c) (module docstring,
@@ -174,23 +166,14 @@ class OnlineSoftmax:
         self.row_sum = cute.make_rmem_tensor(num_rows, Float32)
         # m c - B per row (the exact rounding error of the basis; 0 where the exact form ran)
         self.row_err = cute.make_rmem_tensor(num_rows, Float32) if exp2_ffma else None
-        # basis_alpha (needs exp2_ffma): alpha = exp2(B_old - B_new) from the rounded bases B = m c kept per row,
-        # e = m c - B of huge rows only (row_err: 0 for the others), was_huge: a row of this thread was huge
-        # on the last tile (module docstring, "Alpha from the bases")
-        self.basis_alpha = basis_alpha and exp2_ffma and not tile_scales
-        self.row_basis = cute.make_rmem_tensor(num_rows, Float32) if self.basis_alpha else None
-        self.was_huge = cute.make_rmem_tensor(1, Int32) if self.basis_alpha else None
-        # (exp2_ffma without basis_alpha or tile_scales) every row's alpha before any exponential of the tile, so that
+        # (exp2_ffma without tile_scales) every row's alpha before any exponential of the tile, so that
         # O's rescale by it can run under the exponentials ("Alpha first" in the module docstring); same values
-        self.alpha_first = alpha_first and exp2_ffma and not self.basis_alpha and not tile_scales
+        self.alpha_first = alpha_first and exp2_ffma and not tile_scales
 
     def reset(self):
         """m = -inf, l = 0 (Algorithm 1 line 4)."""
         self.row_max.fill(-Float32.inf)
         self.row_sum.fill(0.0)
-        if const_expr(self.basis_alpha):
-            self.row_err.fill(0.0)
-            self.was_huge[0] = 0
 
     @cute.jit
     def update(self, s: cute.Tensor, is_first: cutlass.Constexpr[bool], tile_scale_log2: Float32 = None) -> cute.Tensor:
@@ -206,8 +189,6 @@ class OnlineSoftmax:
                 m_new, m_safe = self._row_max(s, r, is_first)
                 row_sum = self._exp_row(s, r, m_safe, c, 0.0)
                 self._fold(r, alpha, row_sum, m_new, (self.row_max[r] - m_safe) * c, is_first)
-        elif const_expr(self.basis_alpha):
-            self._update_basis_alpha(s, is_first, alpha)
         else:  # every row's max first (their chains overlap), then one rare branch for huge |m c|
             m_new = cute.make_rmem_tensor(self.num_rows, Float32)
             m_safe = cute.make_rmem_tensor(self.num_rows, Float32)
@@ -238,47 +219,6 @@ class OnlineSoftmax:
                     self._fold(r, alpha, row_sum, m_new[r], self._log2_alpha_ffma(r, m_safe[r], err[r]), is_first)
                 self.row_err[r] = err[r]
         return alpha
-
-    @cute.jit
-    def _update_basis_alpha(self, s: cute.Tensor, is_first: cutlass.Constexpr[bool], alpha: cute.Tensor):
-        """`update` with ``basis_alpha`` (module docstring, "Alpha from the bases"): B = m c rounded is kept per
-        row and alpha = exp2(B_old - B_new), one FADD per row; the exact basis error e of a huge row (and of a row
-        that was huge on the previous tile) is only worked out inside the rare branch."""
-        m_new = cute.make_rmem_tensor(self.num_rows, Float32)
-        m_safe = cute.make_rmem_tensor(self.num_rows, Float32)
-        basis = cute.make_rmem_tensor(self.num_rows, Float32)  # what the exponent subtracts (0 for a huge row)
-        log2_alpha = cute.make_rmem_tensor(self.num_rows, Float32)
-        huge = cute.make_rmem_tensor(self.num_rows, cutlass.Boolean)
-        any_huge = self.was_huge[0] != 0
-        for r in cutlass.range_constexpr(self.num_rows):
-            m_new[r], m_safe[r] = self._row_max(s, r, is_first)
-            b_kept = m_new[r] * self.scale_log2  # -inf while the row has seen no key: next alpha = exp2(-inf) = 0
-            b = 0.0 if m_new[r] == -Float32.inf else b_kept  # = m_safe c
-            huge[r] = not_below(cute.math.absf(b), FFMA_LIMIT)  # |b| >= 2^11 or NaN
-            any_huge = any_huge or huge[r]
-            basis[r] = b
-            log2_alpha[r] = self.row_basis[r] - b
-            self.row_basis[r] = b_kept
-        # (locals: what the run-time branch below writes must not be reached through self)
-        row_err, was_huge, c = self.row_err, self.was_huge, self.scale_log2
-        n_rows, n_cols = self.num_rows, cute.size(s, mode=[1])
-        if any_huge:  # a row is huge now or was on the last tile: exact form, alpha with the bases' errors
-            now = huge[0]
-            for r in cutlass.range_constexpr(n_rows):
-                b = basis[r]
-                e = cute.math.fma(m_safe[r], c, -b) if huge[r] else Float32(0.0)  # m c - B, exactly
-                log2_alpha[r] = log2_alpha[r] + (row_err[r] - e)  # (B_old + e_old) - (B_new + e_new)
-                row_err[r] = e
-                basis[r] = 0.0 if huge[r] else b
-                shift = m_safe[r] if huge[r] else 0.0
-                for j in cutlass.range_constexpr(n_cols):
-                    s[r, j] = s[r, j] - shift
-                if const_expr(r > 0):
-                    now = now or huge[r]
-            was_huge[0] = Int32(1) if now else Int32(0)
-        for r in cutlass.range_constexpr(self.num_rows):
-            row_sum = self._exp_row(s, r, 0.0, self.scale_log2, basis[r])
-            self._fold(r, alpha, row_sum, m_new[r], log2_alpha[r], is_first)
 
     @cute.jit
     def _update_tile_scaled(self, s: cute.Tensor, is_first: cutlass.Constexpr[bool], tile_scale_log2: Float32,

@@ -131,7 +131,6 @@ class FlashAttention3Sm90(Fa3Schedule, Fa3SplitKV, Fa3Producer):
 
     def _make_softmax(self, num_rows: int, scale_log2: Float32):
         return OnlineSoftmax(num_rows, scale_log2, self.cfg.exp2_ffma, self.cfg.reduce_chains, self.cfg.skip_unit_rescale,
-                             basis_alpha=self.cfg.basis_alpha,
                              active_rows=1 if self.cfg.first_row_only else None,  # padding rows: Sm90Config
                              alpha_first=self.cfg.alpha_first)
 
