@@ -76,7 +76,8 @@ def test_fa3_speed_ab_persist_plan():
 def test_fa3_speed_ab_turn_set():
     """scripts/fa3_speed_ab.py's TURN set (session 12): old, new and turn (Sm90Config.hoisted_descriptors) at D 128
     only, the default config with the switch on (passing the check); at D 64 the switch is in the default (flipped
-    after session 12's turnbf16 run; `noturn` is the default before), at the other head dims it is off."""
+    after session 12's turnbf16 run; `noturn` is the default before), at D 128 too (session 15's turn128 run: `turn`
+    equals `new` there now), at the other head dims it is off."""
     from fa_variants.hopper import fa3
 
     ab = load_script("fa3_speed_ab")
@@ -84,7 +85,7 @@ def test_fa3_speed_ab_turn_set():
     cfg = ab.variant_config("turn", 128)
     assert cfg == dataclasses.replace(fa3.DEFAULT_CONFIGS[128], hoisted_descriptors=True)
     cfg.check(128)
-    assert {d: c.hoisted_descriptors for d, c in fa3.DEFAULT_CONFIGS.items()} == {64: True, 96: False, 128: False,
+    assert {d: c.hoisted_descriptors for d, c in fa3.DEFAULT_CONFIGS.items()} == {64: True, 96: False, 128: True,
                                                                                   256: False}
     shapes = ab.shapes_plan("128:4096:full,128:4096:causal", list(ab.TURN))
     assert [len(s["variants"]) for s in shapes] == [3] * 2 and len(ab.compile_items(shapes, "bf16")) == 6
