@@ -20,10 +20,11 @@
 # 2. then scripts/NAME_gpu.sh for each NAME, in order, each with the time left of CALL_BUDGET seconds (default 560),
 #    skipped when fewer than 100 s are left; logs under $OUT/pending/NAME/, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
-#    Plan for session 15 (session 14 ran quantocc, quantk, fp8d128 and quantinf: bench/NOTES.md "Session 14 ...").
-#    A. the whole GPU suite on the final tree first (`python3 -m pytest -q -n 14 -m "gpu and not slow" -p
-#    no:cacheprovider --durations=40`, ~450 s cold): session 14 flipped quant_host.NONFINITE on after its own 11 GPU
-#    tests and tests/test_fp8_quant_kernel.py (289 passed with it on); the rest of the suite last ran on d8960b2.
+#    Plan for session 16 (session 15 ran the whole suite, basis and turn128: bench/NOTES.md "Session 15 ...").
+#    A. the fp8 and fa1 / fa2 GPU files on the final tree (call D of session 15 ran the rest after the D 128 flip;
+#    basis_alpha's removal left the default SASS identical): `python3 -m pytest -q -n 14 -m "gpu and not slow" -p
+#    no:cacheprovider tests/test_fa3_fp8*.py tests/test_fp8_*.py tests/test_fa1_gpu.py tests/test_fa2_gpu.py
+#    tests/test_fa2_split_gpu.py` (~250-300 s cold), or the whole suite (~520 s) when a call can hold it.
 #    B. optional second runs of the two near misses, whose switches stay off: scripts/pending_gpu.sh quantk (V3_WIDE128
 #    = "k": 0.985 by gpu ms, 0.978 by graph; rule <= 0.98 by both; ~70 s) and fp8d128 (pv_pieces + pv_max_chains at
 #    head_dim 128: 1.024 / 0.985 / 1.030 / 1.008, geomean 1.012; rule >= 1.02 and faster at N 4k and 16k; ~90 s).
