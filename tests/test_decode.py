@@ -565,3 +565,23 @@ def test_decode_pdl_min_splits_adds_unsplit_calls(h200, split_enabled, monkeypat
     monkeypatch.setenv("FA_VARIANTS_DECODE_PDL_MIN_SPLITS", "0")
     with pytest.raises(ValueError, match="^FA_VARIANTS_DECODE_PDL_MIN_SPLITS must be an int >= 1"):
         env.integer("FA_VARIANTS_DECODE_PDL_MIN_SPLITS", "1", 1)
+
+
+def test_l2_prefetch_config_and_switch(monkeypatch):
+    """Sm90Config.l2_prefetch takes 0..8 (not with shared_kv_state); fa3.SPLIT_L2_PREFETCH (the environment's
+    FA_VARIANTS_SPLIT_L2_PREFETCH) reaches `auto`'s split configs only, through _merge_mode, and the call caches'
+    switch key."""
+    import dataclasses
+
+    base = fa3._PACKED_SPLIT_CONFIGS[64]
+    for bad in (-1, 9, 2.0, True, "2"):
+        with pytest.raises(ValueError, match="l2_prefetch"):
+            dataclasses.replace(base, l2_prefetch=bad).check(64)
+    with pytest.raises(ValueError, match="l2_prefetch"):
+        dataclasses.replace(fa3.DEFAULT_CONFIGS[128], shared_kv_state=True, l2_prefetch=2).check(128)
+    assert dataclasses.replace(base, l2_prefetch=8).check(64).l2_prefetch == 8
+    assert fa3.SPLIT_L2_PREFETCH == 0 and fa3._merge_mode(base).l2_prefetch == 0
+    monkeypatch.setattr(fa3, "SPLIT_L2_PREFETCH", 4)
+    assert fa3._merge_mode(base).l2_prefetch == 4
+    assert fa3._merge_mode(fa3._PACKED_CONFIGS[64]).l2_prefetch == 0  # unsplit: unchanged
+    assert 4 in fa3.VARIANT.switches()

@@ -71,8 +71,14 @@ class Fa3Producer:
             return
         if const_expr(not first_k):
             k_state = self._load(tma_k, tKgK, tKsK, pipe_k, k_state, self._tile(n_start, n_blocks - 1))
+        ahead = self.cfg.l2_prefetch
+        if const_expr(ahead > 0):  # the tiles 1 .. ahead of the walk (tile 0's loads are out already)
+            for j in cutlass.range_constexpr(1, ahead + 1):
+                self._prefetch_tile(tma_k, tKgK, tma_v, tVgV, n_start, n_blocks, j)
         for i in cutlass.range(n_blocks - 1, unroll=1):
             n = self._tile(n_start, n_blocks - 2 - i)
+            if const_expr(ahead > 0):  # this step loads tile i + 1 of the walk: tile i + 1 + ahead into L2
+                self._prefetch_tile(tma_k, tKgK, tma_v, tVgV, n_start, n_blocks, i + 1 + ahead)
             if const_expr(self.overlap):  # consumers want K_n before V_{n+1}
                 k_state = self._load(tma_k, tKgK, tKsK, pipe_k, k_state, n)
                 v_state = self._load(tma_v, tVgV, tVsV, pipe_v, v_state, n + 1)
@@ -98,6 +104,15 @@ class Fa3Producer:
                 self._issue(tma_v, tVgV, tVsV, pipe_v, v_state, n + 1)
                 self._issue(tma_k, tKgK, tKsK, pipe_k, state, n)
         self._issue(tma_v, tVgV, tVsV, pipe_v, state, self._tile(n_start, 0))
+
+    @cute.jit
+    def _prefetch_tile(self, tma_k, tKgK, tma_v, tVgV, n_start, n_blocks: Int32, j):
+        """``l2_prefetch``: K and V of the j-th tile of the walk (j = 0: the last K/V tile, the first loaded) into
+        L2 by the TMA unit, when the walk has one."""
+        if j < n_blocks:
+            n = self._tile(n_start, n_blocks - 1 - j)
+            cute.prefetch(tma_k, tKgK[None, n])
+            cute.prefetch(tma_v, tVgV[None, n])
 
     @staticmethod
     def _issue(tma_atom, g_tiles, s_buffers, pipe, state, block):
