@@ -19,8 +19,8 @@ persistent grid (`PERSIST`: `persistent`, Sm90Config.persistent at D 64/128/256)
 session 8's O rescale under the exponentials (`ALPHA`: `alpha`, Sm90Config.alpha_first, and `alpha-noskip` at D 64);
 session 8's D 256 comparison (`GAP9`: `alpha-256` beside fa4-256; run in session 9 with
 pairs-256, which became the D 256 default); session 12's descriptors built once per tile, out of the ping-pong turn
-(`TURN`: `turn`, Sm90Config.hoisted_descriptors at D 128; on in D 64's default since session 12, where it was timed;
-`noturn` there is the default before).
+(`TURN`: `turn`, Sm90Config.hoisted_descriptors at D 128; on in D 64's default since session 12 and in D 128's since
+session 15; `noturn` is each default before its flip).
 --shapes D:N:full|causal,... picks shapes one by one
 instead.
 The default run (--variants, --seqlens) is round 4's:
@@ -104,7 +104,8 @@ VARIANTS = {
     # turn (Sm90Config.hoisted_descriptors); on in D 64's default since session 12 (turn/new 1.000-1.012), in D 128's
     # since session 15 (1.008-1.015): `turn` equals `new` there now (timed once, as the A/A control)
     "turn": ((128,), dict(hoisted_descriptors=True)),
-    "noturn": ((64,), dict(hoisted_descriptors=False)),  # D 64's default before session 12 (the GPU tests' reference)
+    # the default before the flip: D 64's before session 12 (the GPU tests' reference), D 128's before session 15
+    "noturn": ((64, 128), dict(hoisted_descriptors=False)),
 }
 ROUND4 = ("old", "new", "fa4-256", "n176", "stages3", "k-first")
 FA3GAP = ("old", "new", "fa4-256")  # basis, basis-kv1, basis-256 removed in session 15 (alpha from the bases: slower)

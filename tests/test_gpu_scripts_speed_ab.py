@@ -90,8 +90,9 @@ def test_fa3_speed_ab_turn_set():
     shapes = ab.shapes_plan("128:4096:full,128:4096:causal", list(ab.TURN))
     assert [len(s["variants"]) for s in shapes] == [3] * 2 and len(ab.compile_items(shapes, "bf16")) == 6
     # noturn: D 64's default with the switch off (tests/test_fa3_gpu.py's same-values reference; precompiled by name)
-    assert ab.VARIANTS["noturn"][0] == (64,) and "noturn" not in ab.TURN
-    assert ab.variant_config("noturn", 64) == dataclasses.replace(fa3.DEFAULT_CONFIGS[64], hoisted_descriptors=False)
+    assert ab.VARIANTS["noturn"][0] == (64, 128) and "noturn" not in ab.TURN
+    for d in (64, 128):  # the defaults before their flips (sessions 12 and 15)
+        assert ab.variant_config("noturn", d) == dataclasses.replace(fa3.DEFAULT_CONFIGS[d], hoisted_descriptors=False)
 
 
 def test_fa3_speed_ab_alpha_plan():
