@@ -30,6 +30,9 @@
 #    head_dim 128: 1.024 / 0.985 / 1.030 / 1.008, geomean 1.012; rule >= 1.02 and faster at N 4k and 16k; ~90 s).
 #    C. scripts/pending_gpu.sh l2pf (issue 13, ~150 s cold): the split calls with the producer's L2 prefetch
 #    (FA_VARIANTS_SPLIT_L2_PREFETCH 2 / 4 / 8) beside auto and SDPA at D 64 / 128 B 1 Nk 32k-128k and guards.
+#    D. optional: the D 128 flip's fourth shape (hoisted_descriptors; N 4k causal was cut in session 15's run):
+#    `python3 scripts/fa3_speed_ab.py --variants old,new,noturn --shapes 128:4096:causal,128:4096:full --peers
+#    flash-attn-4 --burst-ms 10 --out $OUT/noturn128` (~60 s with its compiles); noturn / new > 1.00 is the flip's loss.
 #    New lines "X. scripts/pending_gpu.sh [--checks] NAME ..." as scripts land. Each call starts a
 #    cold machine (~60-85 s more); carry [".gpu"], or
 #    [".gpu", ".before.tar.xz"] after `scripts/ab_checkout.sh COMMIT .before` for a script that A/Bs against an older
