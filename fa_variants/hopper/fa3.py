@@ -635,7 +635,7 @@ VARIANT = Variant(
     switches=lambda: (SPLIT_KV_ENABLED, PACK_GQA_ENABLED, MERGE_KERNEL, split_combine.MERGE_PDL, DECODE_TILES_CHOICE,
                       DECODE_PDL, DECODE_PDL_MAX_SPLITS, DECODE_PDL_MIN_SPLITS, DECODE_FULL_GRID,
                       SPLIT_MIN_TILES, PACK_WIDE, DECODE_FIRST_ROW,
-                      split_combine.MERGE_WARP, FUSED_MERGE, SPLIT_L2_PREFETCH),
+                      split_combine.MERGE_WARP, SPLIT_L2_PREFETCH, FUSED_MERGE),
     warm_configs=lambda arch, head_dim, causal, groups=(): _auto_configs(head_dim, groups))
 
 
