@@ -28,7 +28,7 @@
 #    B. optional second runs of the two near misses, whose switches stay off: scripts/pending_gpu.sh quantk (V3_WIDE128
 #    = "k": 0.985 by gpu ms, 0.978 by graph; rule <= 0.98 by both; ~70 s) and fp8d128 (pv_pieces + pv_max_chains at
 #    head_dim 128: 1.024 / 0.985 / 1.030 / 1.008, geomean 1.012; rule >= 1.02 and faster at N 4k and 16k; ~90 s).
-#    C. scripts/pending_gpu.sh l2pf (issue 13, ~150 s cold): the split calls with the producer's L2 prefetch
+#    C. scripts/pending_gpu.sh l2pf (issue 13, ~200-260 s cold): the split calls with the producer's L2 prefetch
 #    (FA_VARIANTS_SPLIT_L2_PREFETCH 2 / 4 / 8) beside auto and SDPA at D 64 / 128 B 1 Nk 32k-128k and guards.
 #    D. optional: the D 128 flip's fourth shape (hoisted_descriptors; N 4k causal was cut in session 15's run):
 #    `python3 scripts/fa3_speed_ab.py --variants old,new,noturn --shapes 128:4096:causal,128:4096:full --peers

@@ -585,3 +585,31 @@ def test_l2_prefetch_config_and_switch(monkeypatch):
     assert fa3._merge_mode(base).l2_prefetch == 4
     assert fa3._merge_mode(fa3._PACKED_CONFIGS[64]).l2_prefetch == 0  # unsplit: unchanged
     assert 4 in fa3.VARIANT.switches()
+
+
+@pytest.mark.parametrize("ahead", [1, 2, 4, 8])
+def test_l2_prefetch_walk(ahead):
+    """The producer's prefetch arithmetic (``hopper.fa3_producer``: l2_prefetch_first, l2_prefetch_at_step, the
+    walk_tile of ``_prefetch_tile`` and its bound j < n_blocks), against the producer's loads (K of walk tile 0 first,
+    then at step i K of walk tile i + 1 and V of tile i; walk tile j is K/V tile n_blocks - 1 - j): every tile but the
+    first is prefetched exactly once, `ahead` tiles before its K load (or before the loop, if it is one of tiles
+    1..ahead), and no prefetch leaves [0, n_blocks)."""
+    pytest.importorskip("cutlass")
+    from fa_variants.hopper import fa3_producer as prod
+
+    for n_blocks in range(1, 21):
+        events = [("load", 0)]  # (what, walk index) in issue order
+        events += [("prefetch", j) for j in range(*prod.l2_prefetch_first(ahead)) if j < n_blocks]
+        for i in range(n_blocks - 1):
+            j = prod.l2_prefetch_at_step(i, ahead)
+            events += [("prefetch", j)] if j < n_blocks else []
+            events += [("load", i + 1)]
+        fetched = [j for what, j in events if what == "prefetch"]
+        assert sorted(fetched) == list(range(1, n_blocks)), (n_blocks, fetched)
+        assert all(0 <= prod.walk_tile(n_blocks, j) < n_blocks for j in fetched)
+        loads = [j for what, j in events if what == "load"]
+        assert loads == list(range(n_blocks))
+        for j in fetched:  # the loads issued between a tile's prefetch and its own load: `ahead` (j - 1 before the loop)
+            start, end = events.index(("prefetch", j)), events.index(("load", j))
+            gap = sum(1 for what, _ in events[start:end] if what == "load")
+            assert start < end and gap == (j - 1 if j <= ahead else ahead), (n_blocks, j, gap)
