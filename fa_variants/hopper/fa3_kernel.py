@@ -104,7 +104,7 @@ class FlashAttention3Sm90(Fa3Schedule, Fa3SplitKV, Fa3Producer):
     ):
         self.launch(mQ, mK, mV, mO, mLSE, softmax_scale_log2, l2_heads, (), stream)
 
-    # Hooks a subclass with other operand types overrides (fa3_fp8.FlashAttention3Fp8Sm90): the
+    # Hooks a subclass with other operand types overrides (fa3_fp8_kernel.FlashAttention3Fp8Sm90): the
     # bf16/fp16 kernel's V is (seqlen_k, head_dim) tiles read MN-major by the P V GEMM.
 
     def _make_mma_pv(self) -> cute.TiledMma:
@@ -420,7 +420,7 @@ class FlashAttention3Sm90(Fa3Schedule, Fa3SplitKV, Fa3Producer):
         n_free = n_blocks - 1 - n_masked
         last = self._tile(n_start, n_blocks - 1)
 
-        if const_expr(getattr(self.cfg, "s_lookahead", False)):  # fa3-fp8's own loop (hopper/fa3_fp8.py)
+        if const_expr(getattr(self.cfg, "s_lookahead", False)):  # fa3-fp8's own loop (hopper/fa3_fp8_kernel.py)
             ctx.lookahead_loop(k_state, v_state, n_blocks, n_masked, n_free)
         elif const_expr(self.overlap and ctx.defer_mode() > 0):
             k_state = ctx.first_scores(k_state, last)

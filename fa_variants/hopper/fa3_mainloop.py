@@ -3,7 +3,7 @@ S = Q K^T GEMM, masking, online softmax, O rescale and P V GEMM, in the three sc
 ``hopper.fa3_kernel.FlashAttention3Sm90.consumer``: serial steps with inter-warpgroup ping-pong (FA3 paper,
 section 3.1: warpgroup w waits on its own named barrier, then hands the turn to w + 1), the intra-warpgroup
 overlap of the softmax of tile j with the P V GEMM of tile j + 1 (section 3.2, Algorithm 2), and its deferred
-form (``Sm90Config.rescale_o_before_pv``). ``hopper.fa3_fp8._Fp8StepContext`` overrides the hooks (how S becomes
+form (``Sm90Config.rescale_o_before_pv``). ``hopper.fa3_fp8_kernel._Fp8StepContext`` overrides the hooks (how S becomes
 P, how a tile's P V reaches O). Adapted from Dao-AILab/flash-attention:
 flash_attn/cute/flash_fwd_sm90.py::FlashAttentionForwardSm90 (mma_one_n_block_intrawg_overlap).
 """
