@@ -22,7 +22,8 @@
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
 #    Plan for session 16 (session 15 ran the whole suite, basis and turn128: bench/NOTES.md "Session 15 ...").
 #    A. the fp8 and fa1 / fa2 GPU files on the final tree (call D of session 15 ran the rest after the D 128 flip;
-#    basis_alpha's removal left the default SASS identical): `python3 -m pytest -q -n 14 -m "gpu and not slow" -p
+#    basis_alpha's removal left the default SASS identical; hopper/fa3_fp8.py's split into fa3_fp8_kernel.py changed
+#    only the fa3-fp8 kernel's symbol name, so these files are its first GPU run): `python3 -m pytest -q -n 14 -m "gpu and not slow" -p
 #    no:cacheprovider tests/test_fa3_fp8*.py tests/test_fp8_*.py tests/test_fa1_gpu.py tests/test_fa2_gpu.py
 #    tests/test_fa2_split_gpu.py` (~250-300 s cold), or the whole suite (~520 s) when a call can hold it.
 #    B. optional second runs of the two near misses, whose switches stay off: scripts/pending_gpu.sh quantk (V3_WIDE128
