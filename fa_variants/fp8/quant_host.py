@@ -96,7 +96,7 @@ V3_WIDE = _env.flag("FA_VARIANTS_FP8_QUANT_WIDE", True)
 #: values, 8 warps per SM (K: one 256-thread CTA, Q: two 128-thread CTAs) at up to 255 registers; its e4m3 bytes go
 #: through the stage (``staged_store_for``: a thread's own 16-byte stores would half-fill each 32-byte sector, as at
 #: head_dim 64). Same pairs, stage order and roundings, the LSE shift summed in the default's order: outputs bit for
-#: bit the default's. Off until measured (session 14, scripts/quantocc_gpu.sh); FA_VARIANTS_FP8_QUANT_WIDE128=1 (read
+#: bit the default's. Off (session 14's quantocc run: missed its flip rule); FA_VARIANTS_FP8_QUANT_WIDE128=1 (read
 #: at import) turns it on for both passes. "k" (FA_VARIANTS_FP8_QUANT_WIDE128=k): K's pass only, Q's as the default
 #: (session 14 quantocc, H200, D 128: K 34.2 -> 29.9 us without spill, Q 38.5 -> 38.1 us with its 40 bytes of spill;
 #: scripts/quantk_gpu.sh measures K's alone)
