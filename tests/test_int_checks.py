@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fa_variants import distributed, emulate
-from fa_variants.common.checks import is_int
+from fa_variants.common.checks import is_int, is_real
 from fa_variants.common.config import Sm80Config, Sm90Config
 from fa_variants.common.split import check_options
 from fa_variants.fp8 import contract
@@ -19,6 +19,23 @@ def test_is_int():
         assert is_int(value), value
     for value in (True, False, np.bool_(True), 3.0, np.float64(3), "3", None, torch.tensor(3)):
         assert not is_int(value), value
+
+
+def test_is_real():
+    """The real-number rule (softmax_scale, fp8_error_bound's atol): numbers.Real, never a bool."""
+    from fa_variants.common.scale import check_softmax_scale
+    from fa_variants.fp8.emulation import fp8_error_bound
+
+    for value in (0, 3, -2.5, float("inf"), np.float32(0.5), np.int64(2)):
+        assert is_real(value), value
+    for value in (True, np.bool_(False), "1.0", None, 1j, torch.tensor(1.0)):
+        assert not is_real(value), value
+    with pytest.raises(TypeError, match="softmax_scale must be a real number"):
+        check_softmax_scale(True)
+    out = torch.zeros(2, 3)
+    with pytest.raises(TypeError, match="atol must be a real number"):
+        fp8_error_bound(out, out, atol=True)
+    assert fp8_error_bound(out, out, atol=np.float32(0.25)) == 0.25
 
 
 @pytest.mark.parametrize("shard", [distributed.contiguous_shard, distributed.zigzag_shard])

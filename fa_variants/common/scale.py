@@ -14,8 +14,9 @@ Pure Python (no CuTe DSL), so the public API validates with the same rule the ke
 from __future__ import annotations
 
 import math
-import numbers
 import sys
+
+from fa_variants.common.checks import is_real
 
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
@@ -37,7 +38,7 @@ def check_softmax_scale(softmax_scale, name: str = "softmax_scale", kernel_range
             torch.compile: `_not_real`).
         ValueError: not finite, an int beyond float range, or |softmax_scale| > MAX_SOFTMAX_SCALE (kernel_range).
     """
-    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
+    if not is_real(softmax_scale):
         raise _not_real(softmax_scale, name)
     try:
         scale = float(softmax_scale)

@@ -51,10 +51,10 @@ in the same place.
 from __future__ import annotations
 
 import math
-import numbers
 
 import torch
 
+from fa_variants.common.checks import is_real
 from fa_variants.fp8 import layout
 from fa_variants.fp8.contract import check_accumulator_bits, check_fp8_inputs, check_tile_m
 from fa_variants.fp8.quantize import E4M3, FP8Config, FP8Inputs, quantize_fp8_torch
@@ -331,7 +331,7 @@ def fp8_error_bound(out_emulated: torch.Tensor, out_exact: torch.Tensor, atol: f
     if out_emulated.shape != out_exact.shape:
         raise ValueError(f"out_emulated has shape {tuple(out_emulated.shape)} but out_exact has "
                          f"{tuple(out_exact.shape)}; they must match (no broadcasting)")
-    if isinstance(atol, bool) or not isinstance(atol, numbers.Real):
+    if not is_real(atol):
         raise TypeError(f"atol must be a real number, got {atol!r}")
     if not 0 <= atol < math.inf:
         raise ValueError(f"atol must be finite and >= 0, got {atol}")
