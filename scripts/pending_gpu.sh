@@ -20,20 +20,9 @@
 # 2. then scripts/NAME_gpu.sh for each NAME, in order, each with the time left of CALL_BUDGET seconds (default 560),
 #    skipped when fewer than 100 s are left; logs under $OUT/pending/NAME/, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
-#    Plan for session 16 (session 15 ran the whole suite, basis and turn128: bench/NOTES.md "Session 15 ...").
-#    A. the fp8 and fa1 / fa2 GPU files on the final tree (call D of session 15 ran the rest after the D 128 flip;
-#    basis_alpha's removal left the default SASS identical; hopper/fa3_fp8.py's split into fa3_fp8_kernel.py changed
-#    only the fa3-fp8 kernel's symbol name, so these files are its first GPU run): `python3 -m pytest -q -n 14 -m "gpu and not slow" -p
-#    no:cacheprovider tests/test_fa3_fp8*.py tests/test_fp8_*.py tests/test_fa1_gpu.py tests/test_fa2_gpu.py
-#    tests/test_fa2_split_gpu.py` (~250-300 s cold), or the whole suite (~520 s) when a call can hold it.
-#    B. optional second runs of the two near misses, whose switches stay off: scripts/pending_gpu.sh quantk (V3_WIDE128
-#    = "k": 0.985 by gpu ms, 0.978 by graph; rule <= 0.98 by both; ~70 s) and fp8d128 (pv_pieces + pv_max_chains at
-#    head_dim 128: 1.024 / 0.985 / 1.030 / 1.008, geomean 1.012; rule >= 1.02 and faster at N 4k and 16k; ~90 s).
-#    C. scripts/pending_gpu.sh l2pf (issue 13, ~200-260 s cold): the split calls with the producer's L2 prefetch
-#    (FA_VARIANTS_SPLIT_L2_PREFETCH 2 / 4 / 8) beside auto and SDPA at D 64 / 128 B 1 Nk 32k-128k and guards.
-#    D. optional: the D 128 flip's fourth shape (hoisted_descriptors; N 4k causal was cut in session 15's run):
-#    `python3 scripts/fa3_speed_ab.py --variants old,new,noturn --shapes 128:4096:causal,128:4096:full --peers
-#    flash-attn-4 --burst-ms 10 --out $OUT/noturn128` (~60 s with its compiles); noturn / new > 1.00 is the flip's loss.
+#    Plan for session 17 (session 16 ran plan A, l2pf, quantk, fp8d128 and noturn128: bench/NOTES.md "Session 16 ...").
+#    A. the whole GPU suite on the final tree (~520 s): `python3 -m pytest -q -n 14 -m "gpu and not slow" -p
+#    no:cacheprovider --durations=40`; quant_host.V3_WIDE128 = "k" (flipped in session 16) is in its default recipe.
 #    New lines "X. scripts/pending_gpu.sh [--checks] NAME ..." as scripts land. Each call starts a
 #    cold machine (~60-85 s more); carry [".gpu"], or
 #    [".gpu", ".before.tar.xz"] after `scripts/ab_checkout.sh COMMIT .before` for a script that A/Bs against an older

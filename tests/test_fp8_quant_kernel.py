@@ -1029,9 +1029,11 @@ def test_wide128_host_rule(monkeypatch):
 
 def test_wide_host_rule(monkeypatch):
     """quantize asks for ``wide`` in Q's and K's passes (never V's) only with ``V3_WIDE`` on, pipeline v3 and head_dim
-    256 (the passes replaced by a recorder: CPU only)."""
+    256, with ``V3_WIDE128`` off (its rule at 128: test_wide128_host_rule; the passes replaced by a recorder: CPU
+    only)."""
     calls = _record_passes(monkeypatch, lambda x, role, kw: (role, x.shape[-1], kw.get("wide", False)))
     config = FP8Config(smooth_k=False)
+    monkeypatch.setattr(qh, "V3_WIDE128", False)
     for on, pipeline in ((False, "v3"), (True, "v3"), (True, "v2")):
         monkeypatch.setattr(qh, "V3_WIDE", on)
         for d in qk.HEAD_DIMS:
@@ -1130,19 +1132,21 @@ def _recorded_launches(monkeypatch, calls, keys: list | None = None, raw: bool =
     return log
 
 
-def test_default_recipe_launches_wide_at_256_only(monkeypatch):
-    """With the module's defaults (V3_WIDE on since session 12) the default recipe's Q and K passes are wide at
-    head_dim 256 and only there (V's pass never): what quant_precompile.py --set quantdef and the checks compile."""
+def test_default_recipe_launches_wide_where_the_defaults_say(monkeypatch):
+    """With the module's defaults the default recipe's Q and K passes are wide at head_dim 256 (V3_WIDE, on since
+    session 12) and K's alone at 128 (V3_WIDE128 = "k", since session 16), V's pass never and nothing at 64: what
+    quant_precompile.py --set quantdef and the checks compile."""
     for d in qk.HEAD_DIMS:
         q, k = torch.zeros(2, 77, 4, d, dtype=torch.bfloat16), torch.zeros(2, 300, 2, d, dtype=torch.bfloat16)
         log = _recorded_launches(monkeypatch, lambda: qh.quantize(q, k, k.clone(), config=FP8Config()))
-        assert [(cfg.role, cfg.wide) for cfg, _ in log] == [("v", False), ("qk", d == 256), ("qk", d == 256)], (d, log)
+        want = [("v", False), ("qk", d in (128, 256)), ("qk", d == 256)]  # V, K, Q in launch order
+        assert [(cfg.role, cfg.wide) for cfg, _ in log] == want, (d, log)
 
 
 def test_warmup_compiles_the_passes_a_call_looks_up(monkeypatch):
     """``fa-variants warmup`` for fa3-fp8 on 16-bit inputs (``warmup.plan`` -> ``quant_host.planned_passes``, no GPU)
     plans exactly the static configs (disk-cache keys) that the default recipe's quantize call looks up, recorded with
-    stubbed launches on an sm_90 device: head_dim 64 / 128 / 256 (wide at 256), bf16 / fp16, GQA 4 with odd lengths
+    stubbed launches on an sm_90 device: head_dim 64 / 128 / 256 (wide at 256, K's at 128), bf16 / fp16, GQA 4 with odd lengths
     and a negative scale; a sampled K mean (both its launches); the module's switches left as they were."""
     from fa_variants.commands import warmup
 
@@ -1156,7 +1160,7 @@ def test_warmup_compiles_the_passes_a_call_looks_up(monkeypatch):
             k, v = torch.randn(2, seqlen_k, 2, d).to(dt), torch.randn(2, seqlen_k, 2, d).to(dt)
             _recorded_launches(monkeypatch, lambda: qh.quantize(q, k, v, softmax_scale=scale), looked_up)
         assert len(planned) == 3 and set(planned) == set(looked_up), (dtype, d, planned, looked_up)
-        assert [c.config.wide for c in planned] == [False, d == 256, d == 256]
+        assert [c.config.wide for c in planned] == [False, d in (128, 256), d == 256]
     config = FP8Config(smooth_k_blocks=2)
     saved = (qh._pass, qh._capability, qh.QUANT_PLANS, qh._CONSTANTS)
     planned = qh.planned_passes("sm_90a", torch.bfloat16, 128, config)

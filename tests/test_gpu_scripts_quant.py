@@ -124,11 +124,14 @@ def test_quantdef_set_and_check_selection():
     assert tasks == [("v3", "bf16", d, "default") for d in (64, 128, 256)] + [("v3", "bf16", 256, "default+narrow")]
     assert pre.QUANTDEF_KNOBS == {"narrow": {"V3_WIDE": False}} and quant_host.V3_WIDE and quant_host.QUANT_PLANS
     # --unique's recording (quant_host.planned_passes per task, on the CPU here): Q's / K's passes at 256 wide with the
-    # defaults and narrow with the knob, no key twice, the knob undone afterwards
+    # defaults and narrow with the knob, K's at 128 wide, no key twice, the knob undone afterwards
     keys = pre.record(tasks, arch="sm_90a")
     assert len(keys) == len(set(keys)) and {k.arch for k in keys} == {"sm_90a"} and quant_host.V3_WIDE
     qk256 = [k.config.wide for k in keys if k.head_dim == 256 and k.config.role == "qk"]
-    assert True in qk256 and False in qk256 and not any(k.config.wide for k in keys if k.head_dim != 256)
+    assert True in qk256 and False in qk256 and not any(k.config.wide for k in keys if k.head_dim == 64)
+    # head_dim 128 (V3_WIDE128 = "k" since session 16): K's pass (256-row blocks) wide, Q's (128 rows) narrow
+    assert {(k.config.rows, k.config.wide) for k in keys if k.head_dim == 128 and k.config.role == "qk"} == {
+        (256, True), (128, False)}
     expr = re.search(r'-k "([^"]+)"', pre.tasks.__doc__.replace("\n    ", " ")).group(1)
     ids = collected_ids("tests/test_fp8_quant_kernel.py", "-k", expr)
     assert len(ids) == 14 and sum("v3-bfloat16-default-" in i for i in ids) == 12, ids
@@ -207,7 +210,7 @@ def test_quantocc_set_and_pipes():
     bw = load_script("fp8_quant_bandwidth")
     assert bw.PIPES["defw128"] == ("v3", {**bw.PIPES["def"][1], "V3_WIDE128": True})
     assert bw.PIPES["defw128n"] == ("v3", {**bw.PIPES["defw128"][1], "V3_STAGED_STORE": False})
-    assert "V3_WIDE128" not in bw.PIPES["def"][1]  # def: the module's default (off)
+    assert "V3_WIDE128" not in bw.PIPES["def"][1]  # def: the module's default ("k" since session 16)
     from fa_variants.fp8 import quant_host
 
     assert all(hasattr(quant_host, name) for name in bw.PIPES["defw128n"][1])
@@ -223,21 +226,12 @@ def test_quantocc_set_and_pipes():
                for k in keys)
 
 
-def _collected(expr: str) -> list[str]:
-    """The GPU test ids of tests/test_fp8_quant_kernel.py that ``-k expr`` selects (collected on the CPU)."""
-    collect = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m",
-                              "gpu", "tests/test_fp8_quant_kernel.py", "-k", expr], capture_output=True, text=True,
-                             timeout=120, cwd=ROOT)
-    return [line for line in collect.stdout.splitlines() if "::" in line]
-
-
 def test_quantk_set_and_pipes():
-    """Session 14's quantk run (scripts/quantk_gpu.sh, ``V3_WIDE128 = "k"``): fp8_quant_bandwidth.py's defw128k is
+    """Sessions 14 and 16's quantk runs (``V3_WIDE128 = "k"``, the default since session 16; the script retired, the
+    runs in bench/h200-2026-12-02-s14 and -s16): fp8_quant_bandwidth.py's defw128k is
     def with the switch at "k" only; quant_precompile.py --set quantk records, without a GPU, K's wide pass at head_dim
     128 (smoothed and not, with the staged store; the per-head baseline's "amax" / "given" launches) and Q's passes
-    only as the default's (no wide Q pass, nothing at another head_dim): passes quantocc's set already holds; the
-    script's test selection is the 5 K-only cases of test_v3_wide128_bitwise its pass count names, and its A/B pair is
-    those labels."""
+    only as the default's (no wide Q pass, nothing at another head_dim): passes quantocc's set already holds."""
     bw = load_script("fp8_quant_bandwidth")
     assert bw.PIPES["defw128k"] == ("v3", {**bw.PIPES["def"][1], "V3_WIDE128": "k"})
     pre = load_script("quant_precompile")
@@ -252,11 +246,6 @@ def test_quantk_set_and_pipes():
     assert q_passes == {(True, False, "block"), (False, False, "block"), (True, False, "amax"),
                         (False, False, "given")}, q_passes
     assert set(keys) <= set(pre.record(pre.tasks("quantocc"), arch="sm_90a"))
-    text = (ROOT / "scripts" / "quantk_gpu.sh").read_text()
-    assert "--set quantk --unique" in text and 'grep -qE "^5 passed"' in text
-    assert "--pipelines def,defw128k " in text and "--ab def:defw128k " in text and "--graph" in text
-    ids = _collected(re.search(r'-k "([^"]+)"', text).group(1))
-    assert len(ids) == 5 and all("test_v3_wide128_bitwise" in i and "konly" in i for i in ids), ids
 
 
 def test_quantinf_set_and_pipes():

@@ -35,7 +35,7 @@ def flag(name: str, default: bool) -> bool:
     return value in ON
 
 
-def flag_or(name: str, default: bool, names: tuple[str, ...]) -> bool | str:
+def flag_or(name: str, default: bool | str, names: tuple[str, ...]) -> bool | str:
     """The switch ``name`` as ``flag`` reads it, or one of ``names`` (lower-cased, returned as that string: a
     partial "on", e.g. one pass of several); ValueError naming the variable and every spelling otherwise."""
     value = os.environ.get(name, "").strip().lower()

@@ -96,11 +96,12 @@ V3_WIDE = _env.flag("FA_VARIANTS_FP8_QUANT_WIDE", True)
 #: values, 8 warps per SM (K: one 256-thread CTA, Q: two 128-thread CTAs) at up to 255 registers; its e4m3 bytes go
 #: through the stage (``staged_store_for``: a thread's own 16-byte stores would half-fill each 32-byte sector, as at
 #: head_dim 64). Same pairs, stage order and roundings, the LSE shift summed in the default's order: outputs bit for
-#: bit the default's. Off (session 14's quantocc run: missed its flip rule); FA_VARIANTS_FP8_QUANT_WIDE128=1 (read
-#: at import) turns it on for both passes. "k" (FA_VARIANTS_FP8_QUANT_WIDE128=k): K's pass only, Q's as the default
-#: (session 14 quantocc, H200, D 128: K 34.2 -> 29.9 us without spill, Q 38.5 -> 38.1 us with its 40 bytes of spill;
-#: scripts/quantk_gpu.sh measures K's alone)
-V3_WIDE128: bool | str = _env.flag_or("FA_VARIANTS_FP8_QUANT_WIDE128", False, ("k",))
+#: bit the default's. "k" by default: K's pass only, Q's as before (session 16's quantk run, H200, D 128, the second:
+#: K 36.9 -> 29.4 us, Q 39.1 -> 39.3 us, the whole call 0.979 by gpu ms and 0.970 by CUDA graph, flip rule <= 0.98 by
+#: both met; session 14's first run: K 33.8 -> 30.9 us, 0.985 / 0.978). Both passes (Q's wide form spills 40 bytes)
+#: missed in session 14's quantocc run. FA_VARIANTS_FP8_QUANT_WIDE128 (read at import): 0 off, 1 both passes, k K's
+#: pass only (the default)
+V3_WIDE128: bool | str = _env.flag_or("FA_VARIANTS_FP8_QUANT_WIDE128", "k", ("k",))
 #: the passes' non-finite rule (``PassConfig.nonfinite``, every pipeline and pass kind: Q, K, V, wide, staged store,
 #: the per-head / per-tensor baselines' "amax" and "given" launches): a block whose max is inf (only an inf makes it
 #: so: fmax skips a NaN) takes its descale from its finite values and stores each inf as e4m3 NaN, as the torch recipe
