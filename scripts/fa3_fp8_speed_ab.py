@@ -196,16 +196,6 @@ FP8TURN_VARIANTS: dict[int, dict[str, dict]] = {
           "single_overlap_c2": dict(D256_VARIANTS[256]["single_overlap"], reduce_chains=2),
           "single_overlap_noskip": dict(D256_VARIANTS[256]["single_overlap"], reduce_chains=1, skip_unit_rescale=False)},
 }
-# --set fp8pieces (session 14, scripts/fp8d128_gpu.sh): the serial step's P V GEMM in two pieces of the tile's keys, the
-# first issued (in the ping-pong turn) right after its half of P is exponentiated and converted, so it runs under the
-# second half's exponentials and only the second piece's GEMM stays between the softmax and the promotion (pv_pieces 2;
-# v_descale read before the turn); pq2m4: + the row max in four chains (pv_max_chains, the row sums' order unchanged).
-# Both give the default's bits (tests/test_fa3_fp8_speed_gpu.py::test_fp8pieces_same_bits). The names and changes are
-# tests/test_fa3_fp8_speed_gpu.py's FP8PIECES_VARIANTS.
-FP8PIECES_VARIANTS: dict[int, dict[str, dict]] = {
-    128: {"new": {}, "pq2": dict(pv_pieces=2), "pq2m4": dict(pv_pieces=2, pv_max_chains=4)},
-    64: {"new": {}, "pq2": dict(pv_pieces=2)},
-}
 # kernels tests/test_fa3_fp8_speed_gpu.py needs besides the timed ones (kind, head_dim, change), both causal modes
 SPEED_TEST_KERNELS = [("bf16", 128, dict(intra_wg_overlap=False, early_pv_arrive=True))]
 # kernels tests/test_fa3_fp8_speed_gpu.py -k "fp8d128 and tail" needs at any --head-dims (both causal modes): the serial
@@ -313,14 +303,6 @@ SETS: dict[str, VariantSet] = {
         "chains, the fair reference; _noskip: skip_unit_rescale off, O *= alpha on every tile); bf16_fa3 = ours.",
         "head_dim 256 two-level cost against one running accumulator with one / two chains, with and without the "
         "unit-rescale skip (FP8TURN_VARIANTS, session 11)",
-        per_variant_errors=True, two_level_targets=True),
-    "fp8pieces": VariantSet(
-        FP8PIECES_VARIANTS,
-        "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs; new = the default (128: 128 x 256 serial; "
-        "64: 192 x 192 serial, reduce_chains 4); pq2 = pv_pieces 2 (the P V GEMM in two pieces of the tile's keys, "
-        "the first under the second's exponentials; the same bits); pq2m4 = + pv_max_chains 4 (the row max in four "
-        "chains); bf16_fa3 = ours.",
-        "head_dim 128 / 64: the P V GEMM issued in pieces under the exponentials (FP8PIECES_VARIANTS, session 14)",
         per_variant_errors=True, two_level_targets=True),
 }
 

@@ -116,18 +116,8 @@ TWOLVL3_VARIANTS = {
     "twolvl3-d256-hd": (256, dict(hoisted_descriptors=True)),
 }
 
-# session 14, head_dim 128 / 64 (scripts/fa3_fp8_speed_ab.py FP8PIECES_VARIANTS, "fp8pieces-d<D>-<name>";
-# scripts/fp8d128_gpu.sh): the P V GEMM in two pieces of the tile's keys, the first issued under the exponentials of the
-# second (pv_pieces), at 128 also the row max in four chains (pv_max_chains): the serial step's arithmetic in the same
-# order, so O and LSE must equal the default's bit for bit (test_fp8pieces_same_bits)
-FP8PIECES_VARIANTS = {
-    "fp8pieces-d128-pq2": (128, dict(pv_pieces=2)),
-    "fp8pieces-d128-pq2m4": (128, dict(pv_pieces=2, pv_max_chains=4)),
-    "fp8pieces-d64-pq2": (64, dict(pv_pieces=2)),
-}
-
 _ALL_TABLES = (FP8_VARIANTS, FP8SMALL_VARIANTS, FP8MID_VARIANTS, FP8D128_VARIANTS, FP8TWO_VARIANTS, FP8TURN_VARIANTS,
-               TWOLVL3_VARIANTS, FP8PIECES_VARIANTS)
+               TWOLVL3_VARIANTS)
 
 
 def _inputs(shape, head_dim, seed):
@@ -206,29 +196,6 @@ def test_twolvl3_v_scales_spread(fp8_kernel, variant, shape, causal, nan_allocat
     cfg = dataclasses.replace(fp8_kernel.DEFAULT_CONFIGS[D], **change)
     _check_v_scales_spread(fp8_kernel, nan_allocations, variant, D, cfg, shape, causal, 31 + causal,
                            [-8, 8, -120, -3, 5, 0, 2, -6], zero=5, tiny=2)
-
-
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("shape", [(2, 1000, 1500, 4, 2)], ids=["2x1000x1500x4x2"])  # (the id --drop-failed reads)
-@pytest.mark.parametrize("variant", list(FP8PIECES_VARIANTS))
-def test_fp8pieces_same_bits(fp8_kernel, variant, shape, causal, nan_allocations):
-    """pv_pieces (and pv_max_chains) against the default on the same quantised inputs: O and LSE equal bit for bit.
-    The per-thread arithmetic is the serial step's in the same order (a max is exact in any order; each row-sum chain
-    adds its columns in column order), and the P V GEMM's k32 MMAs accumulate into the same temporary in the same
-    order, only committed as two groups. Batch 2, GQA 4:2, Nq 1000 / Nk 1500: 6 / 8 K/V tiles at 256 / 192 keys (the
-    last partial), several query tiles, causal rows that see no key's tiles skipped; NaN-poisoned outputs."""
-    from fa_variants import fp8
-
-    D, change = FP8PIECES_VARIANTS[variant]
-    q, k, v = _inputs(shape, D, 51 + causal)
-    inp = fp8.quantize_fp8(q, k, v)
-    base = fp8_kernel.DEFAULT_CONFIGS[D]
-    with nan_allocations():
-        out0, lse0 = fp8_kernel.run_fp8(inp, causal=causal, out_dtype=torch.bfloat16, config=base)
-        out1, lse1 = fp8_kernel.run_fp8(inp, causal=causal, out_dtype=torch.bfloat16,
-                                        config=dataclasses.replace(base, **change))
-    assert not out0.isnan().any() and torch.equal(out1, out0), (out1.float() - out0.float()).abs().max()
-    assert torch.equal(lse1, lse0), (lse1 - lse0).abs().nan_to_num().max()
 
 
 def _check_v_scales_spread(fp8_kernel, nan_allocations, variant, D, cfg, shape, causal, seed, exponents, zero, tiny):

@@ -24,8 +24,7 @@ def _entries():
     for module_file, name in [("test_fa3_fp8_kernel.py", "CONFIG_VARIANTS"), ("test_fa3_fp8_speed_gpu.py", "FP8_VARIANTS"),
                               ("test_fa3_fp8_speed_gpu.py", "FP8SMALL_VARIANTS"), ("test_fa3_fp8_speed_gpu.py", "FP8MID_VARIANTS"),
                               ("test_fa3_fp8_speed_gpu.py", "FP8D128_VARIANTS"), ("test_fa3_fp8_speed_gpu.py", "FP8TWO_VARIANTS"),
-                              ("test_fa3_fp8_speed_gpu.py", "FP8TURN_VARIANTS"),
-                              ("test_fa3_fp8_speed_gpu.py", "FP8PIECES_VARIANTS")]:
+                              ("test_fa3_fp8_speed_gpu.py", "FP8TURN_VARIANTS")]:
         for variant, (head_dim, change) in _table(module_file, name).items():
             yield pytest.param(head_dim, change, id=f"{name}-{variant}")
     for name in ("VARIANTS", "HALVES_VARIANTS"):

@@ -225,73 +225,27 @@ class OnlineSoftmax:
                             alpha: cute.Tensor):
         """`update` for block-scaled scores (m in log2 units, see ``__init__``), row by row: the row max, P = exp2(S c_n
         + p_shift - m_safe) over every column, then alpha = exp2(m_old - m_safe), l and m (``_fold``)."""
-        cols = range(cute.size(s, mode=[1]))
         for r in cutlass.range_constexpr(self.num_rows):
             m_new, m_safe = self._row_max(s, r, is_first, tile_scale_log2)
-            sums = [None] * self.chains
-            self._tile_scaled_exp_row(s, r, cols, tile_scale_log2, self.p_shift - m_safe, sums)
-            self._fold(r, alpha, _chain_sum(sums), m_new, self.row_max[r] - m_safe, is_first)
+            row_sum = self._tile_scaled_exp_row(s, r, tile_scale_log2, self.p_shift - m_safe)
+            self._fold(r, alpha, row_sum, m_new, self.row_max[r] - m_safe, is_first)
 
-    def _tile_scaled_exp_row(self, s: cute.Tensor, r: int, cols: range, tile_scale_log2: Float32, bias: Float32,
-                             sums: list):
-        """P = exp2(S c_n + bias) in place over the columns ``cols`` of row r, each added to its chain of the row sum
-        (``_chain_add``: each chain adds its columns in column order). Trace-time helper."""
-        for j in cols:
+    def _tile_scaled_exp_row(self, s: cute.Tensor, r: int, tile_scale_log2: Float32, bias: Float32):
+        """P = exp2(S c_n + bias) in place over every column of row r; returns this thread's part of the row sum
+        (``chains`` accumulators, ``_chain_add``: each chain adds its columns in column order). Trace-time helper."""
+        sums = [None] * self.chains
+        for j in range(cute.size(s, mode=[1])):
             p = cute.math.exp2(s[r, j] * tile_scale_log2 + bias, fastmath=True)
             s[r, j] = p
             _chain_add(sums, j, p)
-
-    # ----- block-scaled update in column pieces (fa3-fp8's ``pv_pieces``): ``_update_tile_scaled``'s helpers
-    # (``_row_max``, ``_tile_scaled_exp_row``, the fold) called so that the caller can hand each piece of P on (convert
-    # it, issue its part of the P V GEMM) before the exponentials of the next piece: maxima first, then exponentials
-    # piece by piece, then the row sums folded in. Each chain of the row sum still adds its columns in column order, so
-    # P, l and m get the bits ``update`` gives.
-
-    def tile_scaled_part_max(self, s: cute.Tensor, chains: int) -> list:
-        """Each row's max of raw scores over the thread's columns in ``chains`` accumulators and a tree (``row_reduce``
-        with its own chain count): a max is exact in any order, so this gives the bits of ``row_reduce`` with the
-        softmax's ``chains`` while its dependency depth is about cols / chains. Trace-time helper."""
-        return [row_reduce(s, r, cute.arch.fmax, chains) for r in range(self.num_rows)]
-
-    def tile_scaled_maxima(self, s: cute.Tensor, is_first: bool, tile_scale_log2: Float32, part: list | None = None):
-        """Every row's new max (m in log2 units), the exponent's bias p_shift - m_safe and alpha = exp2(m_old - m_safe)
-        (1 on the first tile; from the maxima alone, so it is ready long before the promotion needs it); m is not
-        stored yet (``tile_scaled_fold``). ``part``: the thread's raw row maxima already taken
-        (``tile_scaled_part_max``), else taken here over every column. Returns (m_new, bias, alpha), register tensors
-        of num_rows. Trace-time helper."""
-        m_new = cute.make_rmem_tensor(self.num_rows, Float32)
-        bias = cute.make_rmem_tensor(self.num_rows, Float32)
-        alpha = cute.make_rmem_tensor(self.num_rows, Float32)
-        for r in range(self.num_rows):
-            m_new[r], m_safe = self._row_max(s, r, is_first, tile_scale_log2, None if part is None else part[r])
-            bias[r] = self.p_shift - m_safe
-            if const_expr(is_first):
-                alpha[r] = 1.0
-            else:  # (as _update_tile_scaled: exp2(m_old - m_safe))
-                alpha[r] = cute.math.exp2(self.row_max[r] - m_safe, fastmath=True)
-        return m_new, bias, alpha
-
-    def tile_scaled_exps(self, s: cute.Tensor, cols: range, tile_scale_log2: Float32, bias: cute.Tensor, sums: list):
-        """P = exp2(S c + bias) in place over the columns ``cols`` of every row, each added to its row's chain
-        (``sums[r][col % chains]``, None before the chain's first value). Trace-time helper."""
-        for r in range(self.num_rows):
-            self._tile_scaled_exp_row(s, r, cols, tile_scale_log2, bias[r], sums[r])
-
-    def tile_scaled_fold(self, m_new: cute.Tensor, alpha: cute.Tensor, sums: list, is_first: bool) -> None:
-        """After every piece's exponentials: l = alpha l + rowsum(P) (rowsum(P) on the first tile), m = m_new.
-        Trace-time helper."""
-        for r in range(self.num_rows):
-            self._fold_alpha(r, alpha, _chain_sum(sums[r]), m_new[r], is_first)
+        return _chain_sum(sums)
 
     @cute.jit
     def _row_max(self, s: cute.Tensor, r: cutlass.Constexpr[int], is_first: cutlass.Constexpr[bool],
-                 tile_scale_log2: Float32 = None, raw: Float32 = None):
+                 tile_scale_log2: Float32 = None):
         """(m_new, m_safe) of row r: max(m, rowmax(S_j)) over the quad (with ``tile_scale_log2`` c_n: max(m, c_n
-        rowmax(S_n)), m in log2 units); m_safe = 0 for a row with no key yet (``_m_safe``). ``raw``: this thread's
-        row max of S already taken (``tile_scaled_part_max``), else taken here (``row_reduce`` in ``chains``)."""
-        if const_expr(raw is None):
-            raw = row_reduce(s, r, cute.arch.fmax, self.chains)
-        m_new = quad_allreduce(raw, cute.arch.fmax)
+        rowmax(S_n)), m in log2 units); m_safe = 0 for a row with no key yet (``_m_safe``)."""
+        m_new = quad_allreduce(row_reduce(s, r, cute.arch.fmax, self.chains), cute.arch.fmax)
         if const_expr(tile_scale_log2 is not None):
             m_new = m_new * tile_scale_log2
         if const_expr(not is_first):

@@ -188,19 +188,6 @@ class Fp8Config(Fa3Config):
         (emulation ``units="bounded"``). Not removed (nor by fused_promote): alpha' underflows where a tile's
         descale lies > 2^149 above the unit (``bounded_unit``, "Not covered"), dropping the earlier tiles' O in rows
         whose P on that tile rounds to 0.
-    pv_pieces: (session 14, off = 1) serial steps: the P V GEMM issued in this many pieces of the tile's keys
-        (k-blocks of the e4m3 P), each as soon as its part of P is exponentiated and converted, so piece q runs on
-        the tensor cores under the exponentials of the pieces after it and only the last piece's GEMM (tile_n /
-        pv_pieces keys) stays between the softmax and the promotion (``_Fp8StepContext.pieces_step``). The turn
-        (ping-pong) then starts before piece 0's issue. The row maxima come first (every row), the exponentials
-        and row sums piece by piece in column order: the same operations and roundings as the serial step (same
-        bits). v_descale is read before the turn. Needs two_level, pv_split 1, promote_every 1, serial steps
-        (intra_wg_overlap, s_lookahead, early_pv_arrive, descale_prefetch, shared_kv_state off) and
-        (tile_n / 32) % pv_pieces == 0.
-    pv_max_chains: (session 14, 0 = off; needs pv_pieces > 1) the step's row maxima in this many chains whatever
-        ``reduce_chains`` (which then orders the row sums only): a max is exact in any order, so the bits stay the
-        serial step's while the FMNMX chain between the S GEMM's wait and the first exponential shortens (65 -> ~18
-        deep at 256 keys and 4 chains).
     """
 
     two_level: bool = True
@@ -213,18 +200,6 @@ class Fp8Config(Fa3Config):
     s_halves: bool = False
     fused_promote: bool = False
     bounded_units: bool = False
-    pv_pieces: int = 1
-    pv_max_chains: int = 0
-
-    def _pv_pieces_need(self) -> str | None:
-        """The first thing ``pv_pieces`` > 1 needs that this config lacks (for its error), or None."""
-        needs = [(self.pv_pieces >= 1 and (self.tile_n // 32) % self.pv_pieces == 0,
-                  f"(tile_n / 32) % pv_pieces == 0 (tile_n {self.tile_n})"),
-                 (self.two_level, "two_level"), (self.pv_split == 1, f"pv_split 1 (got {self.pv_split})"),
-                 (self.promote_every == 1, f"promote_every 1 (got {self.promote_every})")]
-        needs += [(not getattr(self, name), f"serial steps ({name} off)") for name in
-                  ("intra_wg_overlap", "s_lookahead", "early_pv_arrive", "descale_prefetch", "shared_kv_state")]
-        return next((need for ok, need in needs if not ok), None)
 
     def smem_bytes(self, head_dim: int, elem_bytes: int = 1) -> int:
         qo = self.tile_m * head_dim * 2  # Q (e4m3) shares its buffer with the 16-bit O
@@ -274,12 +249,6 @@ class Fp8Config(Fa3Config):
             raise ValueError("fa3-fp8: fused_promote needs s_lookahead (the head_dim 256 schedule it is built for)")
         if self.bounded_units and not self.fused_promote:
             raise ValueError("fa3-fp8: bounded_units needs fused_promote (the other promotions keep O in absolute units)")
-        if self.pv_pieces != 1 and (need := self._pv_pieces_need()):
-            raise ValueError(f"fa3-fp8: pv_pieces={self.pv_pieces} needs {need} (all it needs: (tile_n / 32) % "
-                             "pv_pieces == 0, two_level, pv_split 1, promote_every 1, serial steps)")
-        if self.pv_max_chains and (self.pv_pieces == 1 or self.pv_max_chains not in (1, 2, 4, 8)):
-            raise ValueError(f"fa3-fp8: pv_max_chains={self.pv_max_chains} must be 0, or 1, 2, 4 or 8 with "
-                             f"pv_pieces > 1")
         if self.rescale_o_before_pv:
             raise ValueError("fa3-fp8: rescale_o_before_pv is not built for the FP8 P V hooks (use False)")
         if self.num_splits != 1:

@@ -3,7 +3,6 @@
 to compile (``hopper.fa3_fp8._build``). It holds:
 
     acc_as_fp8_operand_a   the fp32 S accumulator viewed as the k32 e4m3 A operand of the P V WGMMA
-    _wgmma_k_blocks        the P V WGMMA over some k-blocks only (``pv_pieces``)
     _Fp8StepContext        fa3's mainloop steps (``hopper.fa3_mainloop._StepContext``) with the FP8 hooks: per-tile
                            descales, e4m3 P, two-level accumulation, the head_dim 256 lookahead loop
     FlashAttention3Fp8Sm90 fa3's kernel (``hopper.fa3_kernel.FlashAttention3Sm90``) with FP8 operands: K-major V,
@@ -48,19 +47,6 @@ def acc_as_fp8_operand_a(acc: cute.Tensor) -> cute.Tensor:
     frg = cute.make_layout((((2, 2), 2, 2), c.shape[1], v // 4),
                            stride=(((sc, sv), sr, 2 * sv), c.stride[1], 4 * sv))
     return cute.make_tensor(acc.iterator, cute.composition(acc.layout, frg))
-
-
-def _wgmma_k_blocks(tiled_mma: cute.TiledMma, acc: cute.Tensor, frag_a: cute.Tensor, frag_b: cute.Tensor,
-                    k_blocks: range, zero_first: bool) -> None:
-    """``common.sm90.wgmma`` over the k-blocks ``k_blocks`` only, committed as one group, no wait (``pv_pieces``):
-    acc = A B over them when ``zero_first`` (the first k-block's scale-d 0), else acc += A B. Trace-time helper."""
-    warpgroup.fence()  # P's new k-blocks written before the MMA reads them
-    atom = cute.make_mma_atom(tiled_mma.op)
-    atom.set(warpgroup.Field.ACCUMULATE, not zero_first)
-    for k in k_blocks:
-        cute.gemm(atom, acc, frag_a[None, None, k], frag_b[None, None, k], acc)
-        atom.set(warpgroup.Field.ACCUMULATE, True)
-    warpgroup.commit_group()
 
 
 @dataclass(frozen=True)
@@ -203,58 +189,6 @@ class _Fp8StepContext(_StepContext):
             return
         if const_expr(early):
             self.pv_issued(wait)
-
-    # ----- pv_pieces: the P V GEMM issued piece by piece under the exponentials of the pieces after it ------------
-
-    def serial_step(self, k_state, v_state, n_block, causal: bool, seqlen_end: bool = False, is_first: bool = False):
-        if const_expr(self.k.cfg.pv_pieces == 1):
-            return super().serial_step(k_state, v_state, n_block, causal, seqlen_end=seqlen_end, is_first=is_first)
-        return self.pieces_step(k_state, v_state, n_block, causal, seqlen_end, is_first)
-
-    def pieces_step(self, k_state, v_state, n_block, causal: bool, seqlen_end: bool, is_first: bool):
-        """``serial_step`` with ``pv_pieces`` (Fp8Config): S GEMM (in the turn), handed on, waited for; mask; the row
-        maxima and alphas of every row; then per piece of the tile's keys its exponentials (row sums in column
-        order), its e4m3 P (k-blocks of the A operand) and its part of the P V GEMM into the temporary (the first
-        piece zeroes it; the turn is taken before it); l once every piece is issued; O *= alpha; the drain; O +=
-        v_descale tmp. Same operations and roundings as ``serial_step`` (the emulation is unchanged). Returns
-        (k_state, v_state)."""
-        acc_S = self.new_scores()
-        s, sm, pieces = acc_rows_cols(acc_S), self.softmax, self.k.cfg.pv_pieces
-        n_cols = cute.size(s, mode=[1])
-        self.pipe_k.consumer_wait(k_state)
-        wgmma(self.mma_qk, acc_S, self.tSrQ, self.tSrK[None, None, None, k_state.index], zero_init=True, wait=-1)
-        self.schedule_arrive()
-        warpgroup.wait_group(0)
-        self.pipe_k.consumer_release(k_state)
-        k_state.advance()
-        self.mask(acc_S, n_block, causal=causal, seqlen_end=seqlen_end)
-        c = self._tile_scale(self.k_descale[n_block])
-        vd = self.v_descale[n_block]  # before the turn: the promotion finds it in a register
-        part = None  # pv_max_chains: the raw row maxima in more chains than the row sums (a max is exact in any order)
-        if const_expr(self.k.cfg.pv_max_chains):
-            part = sm.tile_scaled_part_max(s, self.k.cfg.pv_max_chains)
-        m_new, bias, alpha = sm.tile_scaled_maxima(s, is_first, c, part)
-        sums = [[None] * sm.chains for _ in range(sm.num_rows)]
-        n_kb = cute.size(self.tOrP, mode=[2])
-        p8 = acc_as_fp8_operand_a(self._one_n_tile(acc_S))  # k-block kb: columns [kb w, (kb + 1) w), w = n_cols / n_kb
-        v_op = self._v_slice(v_state.index, 0)
-        for piece in range(pieces):  # its keys: columns and k-blocks [piece / pieces, (piece + 1) / pieces) of the tile
-            sm.tile_scaled_exps(s, range(piece * n_cols // pieces, (piece + 1) * n_cols // pieces), c, bias, sums)
-            kbs = range(piece * n_kb // pieces, (piece + 1) * n_kb // pieces)
-            for kb in kbs:
-                self.tOrP[None, None, kb].store(p8[None, None, kb].load().to(cutlass.Float8E4M3FN))
-            if piece == 0:  # the turn (ping-pong) before the first P V issue, once V has landed
-                self.pipe_v.consumer_wait(v_state)
-                self.schedule_sync()
-            _wgmma_k_blocks(self.mma_pv, self.acc_tmp, self.tOrP, v_op, kbs, zero_first=piece == 0)
-        sm.tile_scaled_fold(m_new, alpha, sums, is_first)
-        if const_expr(not is_first):
-            self.rescale_o(alpha, n_block)
-        warpgroup.wait_group(0)
-        self.pipe_v.consumer_release(v_state)
-        v_state.advance()
-        self._promote_slice(0, vd, self.acc_tmp)
-        return k_state, v_state
 
     # ----- bounded_units: O in units u = max(v_descale[n], M 2^-UNIT_SPAN) (fp8.emulation.bounded_unit) -------------
 
