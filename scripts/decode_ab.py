@@ -68,11 +68,12 @@ below launch with PDL too:
 Session 10 (``--s10c`` picks the shapes ``S10C``: D 64 B 1 Nk 32k at seqlen_q 1 / 4 and guards; its variants, the
 split merge inside a thread block cluster, measured slower and were removed in session 11).
 
-Session 15 (``--s15`` picks the shapes ``S15``; variants ``pf2`` / ``pf4`` / ``pf8``: FA_VARIANTS_SPLIT_L2_PREFETCH, the
-split kernel's producer prefetching the K and V tiles 2 / 4 / 8 tiles ahead into L2, ``Sm90Config.l2_prefetch``).
-
 Session 12 (``--s12l``; its variant ``ldual``, FA_VARIANTS_DECODE_LONG_DUAL: the dual tiles at batch x heads_kv <= 16
 and Nk >= 32k, 32 splits at B 1 x 8 KV heads) measured slower in session 13 and was removed with the switch.
+
+Session 15 (``--s15``; its variants ``pf2`` / ``pf4`` / ``pf8``: the split kernel's producer prefetching the K and V
+tiles 2 / 4 / 8 tiles ahead into L2 with TMA prefetches) measured slower in session 16 (faster at none of its 9
+shapes) and was removed with the switch.
 
 With ``--s7`` (or ``--skip-same``) a public variant that runs at a shape what `auto` or a variant listed before it
 runs there (config and merge kernel) is not timed there: its cell reads "-".
@@ -159,11 +160,6 @@ S9 = [(d, h, 8, 64, nk) for d in (64, 128) for h in (32, 64) for nk in (1024, 40
 S10C = ([(64, h, 8, 1, 32768) for h in (32, 64)] + [(64, h, 8, 1, 32768, 4) for h in (32, 64)]
         + [(64, 32, 8, 1, 32768, 16), (64, 32, 8, 1, 4096), (64, 32, 8, 1, 1024), (64, 32, 8, 8, 1024),
            (128, 32, 8, 1, 32768)])
-# session 15 (--s15): split calls with the producer's L2 prefetch (pf2 / pf4 / pf8): the D 64 / 128 B 1 shapes at Nk
-# 32k / 128k (issue 13's >= 70 % of HBM), seqlen_q 4, B 8 Nk 32k, and guards at Nk 4k / 1k (16 / 8 splits)
-S15 = ([(64, h, 8, 1, 32768) for h in (32, 64)] + [(64, 32, 8, 1, 131072), (128, 32, 8, 1, 32768),
-       (128, 32, 8, 1, 131072), (64, 32, 8, 1, 32768, 4), (64, 32, 8, 8, 32768), (64, 32, 8, 1, 4096),
-       (64, 32, 8, 1, 1024)])
 ALL_NQ1 = [(d, h, 8, b, nk) for d in (64, 128) for h in (32, 64) for b in (1, 8, 64)
            for nk in (1024, 4096, 32768, 131072)]
 
@@ -205,16 +201,12 @@ PUBLIC = {
     "pers": dict(DECODE_FULL_GRID="persistent"),
     "pers3": dict(DECODE_FULL_GRID="persistent3"),
     "shipped": dict(),  # the shipped switches (what `auto` runs when the environment sets none)
-    # session 15 (--s15): the split kernel's producer prefetching K/V tiles 2 / 4 / 8 tiles ahead into L2
-    "pf2": dict(SPLIT_L2_PREFETCH=2),
-    "pf4": dict(SPLIT_L2_PREFETCH=4),
-    "pf8": dict(SPLIT_L2_PREFETCH=8),
 }
 #: the switches PUBLIC sets, at their shipped values (a variant sets all of them, its own on top); MERGE_WARP is
 #: common.split_combine's, the rest fa3's
 SHIPPED = dict(FUSED_MERGE="off", DECODE_PDL=False, DECODE_TILES_CHOICE="auto", DECODE_PDL_MAX_SPLITS=8,
                SPLIT_MIN_TILES=1, PACK_WIDE=None, MERGE_WARP=None, DECODE_FIRST_ROW=True,
-               DECODE_PDL_MIN_SPLITS=1, DECODE_FULL_GRID="dual", SPLIT_L2_PREFETCH=0)
+               DECODE_PDL_MIN_SPLITS=1, DECODE_FULL_GRID="dual")
 NUM_SMS_DEFAULT = 132  # H100/H200 SXM, for --plan without a GPU
 REF_BATCHES = 8  # sequences of a shape each entry's output is checked on (the reference's cost)
 
@@ -675,7 +667,6 @@ def main() -> int:
     p.add_argument("--s8", action="store_true", help="the session-8 set S8 instead of the 32 misses (and --skip-same)")
     p.add_argument("--s9", action="store_true", help="the session-8 batch-64 set S9 instead of the 32 misses (and --skip-same)")
     p.add_argument("--s10c", action="store_true", help="the session-10 set S10C, D 64 B 1 Nk 32k and guards (and --skip-same)")
-    p.add_argument("--s15", action="store_true", help="the session-15 set S15, split calls at Nk 1k-128k (and --skip-same)")
     p.add_argument("--skip-same", action="store_true",
                    help="time no public variant where it runs the shipped config (same_as_shipped)")
     p.add_argument("--variants", nargs="+", default=[v for v in VARIANTS if not v.startswith("min1")],
@@ -689,7 +680,7 @@ def main() -> int:
                    else "results/decode2/decode_ab")
     a = p.parse_args()
     shapes = (ALL_NQ1 if a.all_nq1 else SHORT_NK + CONTROLS if a.short_nk else S6 if a.s6 else S7 if a.s7 else
-              S8 if a.s8 else S9 if a.s9 else S10C if a.s10c else S15 if a.s15 else MISSES) + (
+              S8 if a.s8 else S9 if a.s9 else S10C if a.s10c else MISSES) + (
         WINS if a.wins else [])
     gpu = not (a.plan or a.compile_only)
     if gpu:
@@ -702,7 +693,7 @@ def main() -> int:
     else:
         os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
         num_sms = NUM_SMS_DEFAULT
-    rows = plan(shapes, a.variants, num_sms, a.skip_same or a.s7 or a.s8 or a.s9 or a.s10c or a.s15)
+    rows = plan(shapes, a.variants, num_sms, a.skip_same or a.s7 or a.s8 or a.s9 or a.s10c)
     for r in rows:
         if not r.get("public"):
             r["forced"] = entry(r["variant"], r["shape"], num_sms)[1]

@@ -183,20 +183,3 @@ def test_first_row_only_halves_the_softmax(head_dim):
     for op in ("MUFU.EX2", "FMNMX", "SHFL"):
         assert 2 * counts[True][op] <= counts[False][op] + 2, (op, counts)
     assert counts[True]["HGMMA"] == counts[False]["HGMMA"] and counts[True]["UTMALDG"] == counts[False]["UTMALDG"]
-
-
-@pytest.mark.parametrize("head_dim,ahead", [(64, 4), (128, 2)])
-def test_l2_prefetch_compiles_to_tma_prefetches(head_dim, ahead):
-    """Sm90Config.l2_prefetch (session 15): the producer's TMA prefetches into L2 (UTMAPF.L2) of K and V, `ahead`
-    tiles of the walk before its loop and one tile per step in it (2 x (ahead + 1) tiles, each in head_dim / 64
-    boxes of 128-byte rows, as its loads), no spills, the same TMA loads and GEMMs; off (the shipped configs), none."""
-    base = dataclasses.replace(fa3._PACKED_SPLIT_CONFIGS[head_dim], first_row_only=True)
-    ops = cubin.SASS_OPCODES + ("UTMAPF", "UTMALDG")
-    counts = {}
-    for n in (0, ahead):
-        c = registry.compiled(registry.static_config("fa3", "sm_90a", "bf16", head_dim, True,
-                                                     dataclasses.replace(base, l2_prefetch=n)))
-        counts[n] = cubin.count_sass(cubin.sass_of(c.cubin), ops)
-        assert counts[n]["LDL"] == counts[n]["STL"] == 0 and cubin.cubin_resources(c.cubin)["spill_bytes"] == 0
-    assert counts[0]["UTMAPF"] == 0 and counts[ahead]["UTMAPF"] == 2 * (ahead + 1) * (head_dim // 64), counts
-    assert counts[ahead]["UTMALDG"] == counts[0]["UTMALDG"] and counts[ahead]["HGMMA"] == counts[0]["HGMMA"]

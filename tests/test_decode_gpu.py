@@ -765,32 +765,3 @@ def test_auto_runs_persistent_full_grid(case, decode_defaults, split_kv, pack_gq
     cfg = fa3._problem_config(None, q, k, True)
     assert (cfg.persistent, cfg.num_splits, cfg.pdl, cfg.stages) == (True, 1, pdl, 3 if grid == "persistent3" else 2)
     _fresh_q_calls_then_graph_replay(q, k, v)
-
-
-# ----- the split kernel's producer prefetching K/V tiles into L2 (Sm90Config.l2_prefetch; session 15) ------
-
-L2PF_SHAPES = [  # (batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim): walks shorter and longer than the distance
-    (1, 1, 32768, 32, 8, 64), (1, 1, 4096, 32, 8, 128), (3, 4, 1023, 32, 8, 128), (2, 1, 129, 4, 4, 96),
-    (1, 1, 5, 9, 3, 64), (2, 113, 4224, 8, 2, 256),
-]
-
-
-@pytest.mark.parametrize("ahead", [2, 4])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_l2_prefetch_changes_no_value(ahead, causal, split_kv, pack_gqa, monkeypatch):
-    """FA_VARIANTS_SPLIT_L2_PREFETCH (fa3.SPLIT_L2_PREFETCH): `auto`'s split calls run with the producer also
-    prefetching K/V tiles `ahead` tiles into L2 (a hint: it moves no bytes into shared memory), so O and LSE equal
-    the calls without it bit for bit (same kernels otherwise, same split counts) and pass the reference check; a
-    prefetch past the walk's end (walks of 1-2 tiles) is skipped."""
-    import fa_variants
-
-    for b, nq, nk, h, hkv, d in L2PF_SHAPES:
-        q, k, v = _qkv(b, nq, nk, h, hkv, d)
-        monkeypatch.setattr(fa3, "SPLIT_L2_PREFETCH", 0)
-        want = fa_variants.attention(q, k, v, causal=causal, backend="fa3", return_lse=True)
-        monkeypatch.setattr(fa3, "SPLIT_L2_PREFETCH", ahead)
-        config = fa3._problem_config(None, q, k, causal)
-        assert config is None or config.num_splits == 1 or config.l2_prefetch == ahead, config
-        got = fa_variants.attention(q, k, v, causal=causal, backend="fa3", return_lse=True)
-        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (b, nq, nk, h, hkv, d)
-        assert_attention_ok(got[0], got[1], q, k, v, causal)

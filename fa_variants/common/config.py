@@ -182,13 +182,6 @@ class Sm90Config:
         head_dim 64 (``hopper.fa3.DEFAULT_CONFIGS[64]``; session 12: turnbf16, on/off 1.000-1.012x, paired, one H200)
         and in head_dim 128's prefill config (session 15: on/off 1.008-1.015x, "faster" at 3 shapes, paired, one
         H200; its split and decode configs keep it off); off at the other head dims.
-    l2_prefetch: 0 (off), or P in 1..8: the producer also asks the TMA unit to prefetch into L2 the K and V tiles
-        P tiles ahead of the ones it loads (``cp.async.bulk.prefetch.tensor``, ``cute.prefetch`` with the load
-        atoms: no shared memory, no mbarrier), tiles 1 .. P of its walk before its loop. The shared-memory ring
-        bounds the bytes in flight to stages x (K + V) tiles (64 KiB at head_dim 64 with 2 stages of 128 keys); a tile
-        prefetched ahead is then read from L2 when its stage frees, so a memory-bound walk (decode) waits on L2's
-        latency instead of HBM's (issue 13: D 64 B 1 Nk 32k at 63 % of HBM with 64 KiB in flight, D 128 with 128
-        KiB at 75 %). Session 15; off until measured.
     """
 
     tile_m: int = 128
@@ -217,7 +210,6 @@ class Sm90Config:
     q_tail_first: bool = False
     alpha_first: bool = False
     hoisted_descriptors: bool = False
-    l2_prefetch: int = 0
 
     @property
     def consumer_warpgroups(self) -> int:
@@ -292,10 +284,6 @@ class Sm90Config:
             raise ValueError(f"alpha_first={self.alpha_first!r} must be a bool, True only with exp2_ffma=True")
         if not isinstance(self.hoisted_descriptors, bool):
             raise ValueError(f"hoisted_descriptors={self.hoisted_descriptors!r} must be a bool")
-        ahead = self.l2_prefetch
-        if not is_int(ahead) or not 0 <= ahead <= 8 or (ahead and self.shared_kv_state):
-            raise ValueError(f"l2_prefetch={self.l2_prefetch!r} must be an int in 0..8 (tiles ahead), 0 with "
-                             "shared_kv_state")
         if self.smem_bytes(head_dim) > smem_capacity(arch):
             raise ValueError(f"{self} needs {self.smem_bytes(head_dim)} B of shared memory at head_dim={head_dim} "
                              f"(max {smem_capacity(arch)})")

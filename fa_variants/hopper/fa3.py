@@ -376,27 +376,17 @@ if FUSED_MERGE is None:
                      f"{sorted(FUSED_MERGE_MODES)}")
 
 
-#: Split calls (decode) with the producer prefetching K/V tiles this many tiles ahead into L2
-#: (``Sm90Config.l2_prefetch``; FA_VARIANTS_SPLIT_L2_PREFETCH=N, 1..8; 0, the default: off). Session 15, not measured
-#: yet (scripts/l2pf_gpu.sh): D 64 B 1 Nk 32k decode moves K/V at 63 % of HBM with 64 KiB in flight per SM.
-SPLIT_L2_PREFETCH = env.integer("FA_VARIANTS_SPLIT_L2_PREFETCH", "0", 0, "tiles ahead")
-if SPLIT_L2_PREFETCH > 8:
-    raise env.SwitchError(f"FA_VARIANTS_SPLIT_L2_PREFETCH={SPLIT_L2_PREFETCH} must be at most 8 (tiles ahead)")
-
-
 def _merge_mode(config: Sm90Config) -> Sm90Config:
-    """config with the split-call switches: ``fused_merge`` as FUSED_MERGE says for it: split configs only
-    (num_splits != 1), and with "decode" only packed seqlen_q = 1 ones (host views: pack_gqa without pack_group);
-    others unchanged. The fused kernel has no ``first_row_only`` (its config check refuses the pair): a fused config
-    runs the whole tile. ``l2_prefetch`` as SPLIT_L2_PREFETCH says (split configs without shared_kv_state)."""
+    """config with ``fused_merge`` as FUSED_MERGE says for it: split configs only (num_splits != 1), and with
+    "decode" only packed seqlen_q = 1 ones (host views: pack_gqa without pack_group); others unchanged. The fused
+    kernel has no ``first_row_only`` (its config check refuses the pair): a fused config runs the whole tile."""
     if config.num_splits == 1:
         return config
     fused = FUSED_MERGE == "all" or (FUSED_MERGE == "decode" and config.pack_gqa and not config.pack_group)
     first = config.first_row_only and not fused
-    ahead = config.l2_prefetch if config.shared_kv_state else (SPLIT_L2_PREFETCH or config.l2_prefetch)
-    if config.fused_merge == fused and config.first_row_only == first and config.l2_prefetch == ahead:
+    if config.fused_merge == fused and config.first_row_only == first:
         return config
-    return dataclasses.replace(config, fused_merge=fused, first_row_only=first, l2_prefetch=ahead)
+    return dataclasses.replace(config, fused_merge=fused, first_row_only=first)
 
 
 def _problem_config(config: Sm90Config | None, q: torch.Tensor, k: torch.Tensor, causal: bool):
@@ -635,7 +625,7 @@ VARIANT = Variant(
     switches=lambda: (SPLIT_KV_ENABLED, PACK_GQA_ENABLED, MERGE_KERNEL, split_combine.MERGE_PDL, DECODE_TILES_CHOICE,
                       DECODE_PDL, DECODE_PDL_MAX_SPLITS, DECODE_PDL_MIN_SPLITS, DECODE_FULL_GRID,
                       SPLIT_MIN_TILES, PACK_WIDE, DECODE_FIRST_ROW,
-                      split_combine.MERGE_WARP, SPLIT_L2_PREFETCH, FUSED_MERGE),
+                      split_combine.MERGE_WARP, FUSED_MERGE),
     warm_configs=lambda arch, head_dim, causal, groups=(): _auto_configs(head_dim, groups))
 
 
