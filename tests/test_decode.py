@@ -565,3 +565,28 @@ def test_decode_pdl_min_splits_adds_unsplit_calls(h200, split_enabled, monkeypat
     monkeypatch.setenv("FA_VARIANTS_DECODE_PDL_MIN_SPLITS", "0")
     with pytest.raises(ValueError, match="^FA_VARIANTS_DECODE_PDL_MIN_SPLITS must be an int >= 1"):
         env.integer("FA_VARIANTS_DECODE_PDL_MIN_SPLITS", "1", 1)
+
+
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
+def test_short_seqlen_k_runs_the_persistent_grid(h200, split_enabled, monkeypatch, head_dim):
+    """Session 16: an unsplit, unpacked call with 0 < seqlen_k <= SHORT_MAX_SEQLEN_K runs the head dim's default
+    with the persistent grid at SHORT_HEAD_DIMS (64, 128) and the plain default elsewhere; longer seqlen_k, split or
+    packed calls, an explicit config and FA_VARIANTS_SHORT_PERSISTENT=0 keep what they had; `fa-variants warmup`
+    compiles it."""
+    short = head_dim in (64, 128)
+    want = dataclasses.replace(fa3.DEFAULT_CONFIGS[head_dim], persistent=True) if short else None
+    for seqlen_q, seqlen_k, causal in ((512, 512, False), (1024, 1024, True), (4096, 1000, True), (3, 3, False)):
+        q, k = _qk(32, seqlen_q, 16, 16, seqlen_k, head_dim)
+        assert fa3._problem_config(None, q, k, causal) == want, (seqlen_q, seqlen_k)
+        assert fa3.auto_num_splits(q, k, causal) == 1
+    q, k = _qk(32, 1025, 16, 16, 1025, head_dim)
+    assert fa3._problem_config(None, q, k, False) is None
+    q, k = _qk(1, 1, 32, 8, 1024, head_dim)  # decode: packed (and split), never the short grid
+    cfg = fa3._problem_config(None, q, k, True)
+    assert cfg is not None and cfg.pack_gqa and not cfg.persistent
+    q, k = _qk(32, 512, 16, 16, 512, head_dim)
+    assert fa3._problem_config(fa3.DEFAULT_CONFIGS[head_dim], q, k, False) is fa3.DEFAULT_CONFIGS[head_dim]
+    assert (want in fa3._auto_configs(head_dim)) if short else not any(c.persistent for c in fa3._auto_configs(head_dim))
+    monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K", 0)
+    assert fa3._problem_config(None, q, k, False) is None
+    assert not any(c.persistent for c in fa3._auto_configs(head_dim))

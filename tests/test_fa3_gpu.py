@@ -386,3 +386,23 @@ def test_hoisted_descriptors_same_values(head_dim, causal):
     default = fa3.DEFAULT_CONFIGS[head_dim]
     _assert_same_values(head_dim, causal, dataclasses.replace(default, hoisted_descriptors=False),
                         dataclasses.replace(default, hoisted_descriptors=True))
+
+
+# session 16: `auto` runs the persistent grid for short seqlen_k at D 64 / 128 (fa3.short_config)
+SHORT_SHAPES = [(2, 1023, 1023, 4, 2), (4, 512, 512, 16, 16), (1, 113, 1024, 2, 2), (3, 1024, 300, 48, 8),
+                (2, 3, 3, 2, 2)]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", fa3.SHORT_HEAD_DIMS)
+def test_short_calls_run_persistent(head_dim, causal):
+    """A call without ``config=`` at seqlen_k <= SHORT_MAX_SEQLEN_K runs the persistent grid (the problem config is
+    short_config's) and gives O and LSE equal bit for bit to the one-CTA-per-tile default's (the same tile maths;
+    grids of 1 to ~10 tiles per SM, odd lengths, Nq != Nk both ways, GQA), and within the float64 bound."""
+    for shape in SHORT_SHAPES:
+        q, k, v = _qkv(*shape, head_dim, BF16)
+        assert fa3._problem_config(None, q, k, causal) == fa3._SHORT_CONFIGS[head_dim], shape
+        got = _check(q, k, v, causal, what=f"short D={head_dim} causal={causal} {shape}")
+        want = fa3.run(q, k, v, causal=causal, softmax_scale=1.0 / math.sqrt(head_dim),
+                       config=fa3.DEFAULT_CONFIGS[head_dim])
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), shape

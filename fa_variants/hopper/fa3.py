@@ -100,6 +100,27 @@ DEFAULT_CONFIGS: dict[int, Sm90Config] = {
     128: Sm90Config(tile_m=128, tile_n=128, stages=2, **_SOFTMAX_NO_SKIP, alpha_first=True, hoisted_descriptors=True),
     256: Sm90Config(tile_m=128, tile_n=80, stages=2, pingpong=False, convert_pairs=True),
 }
+# Short sequences: a CTA of the default grid walks only seqlen_k / tile_n K/V tiles (4 at N 512), so its fixed cost
+# (launch, set-up, Q and first K/V latency, epilogue) is a third of its time. The persistent grid (one CTA per SM
+# walking several tiles, the next tile's loads under the current one's epilogue) pays it once per SM: persistent / new
+# at N 512 / 1k, paired, 6 rounds, one H200, session 16 (scripts/fa3_speed_ab.py --variants old,new,persistent;
+# bench/NOTES.md, "Session 16 (2026-12-02): short sequences ..."): D 64 1.123 / 1.063 (causal 1.202 / 1.105), D 128
+# 1.195 / 1.108 (causal 1.256 / 1.077), "faster" at each; D 256 1.010 / 0.986 (Q waits for O's store there): not
+# taken. At N 2k: D 64 1.034 (causal 1.027), D 128 1.037 (causal 0.977); N 4k D 128 1.003. So `auto` runs it for
+# unsplit, unpacked calls with seqlen_k <= SHORT_MAX_SEQLEN_K at SHORT_HEAD_DIMS (FA_VARIANTS_SHORT_PERSISTENT=N sets
+# the length, 0 turns it off).
+SHORT_HEAD_DIMS: tuple[int, ...] = (64, 128)
+SHORT_MAX_SEQLEN_K = env.integer("FA_VARIANTS_SHORT_PERSISTENT", "1024", 0, "largest seqlen_k; 0: off")
+_SHORT_CONFIGS: dict[int, Sm90Config] = {d: dataclasses.replace(DEFAULT_CONFIGS[d], persistent=True)
+                                         for d in SHORT_HEAD_DIMS}
+
+
+def short_config(head_dim: int, seqlen_k: int) -> Sm90Config | None:
+    """The persistent config `auto` runs an unsplit, unpacked call of this head dim and seqlen_k with, or None (the
+    head dim's default)."""
+    return _SHORT_CONFIGS.get(head_dim) if 0 < seqlen_k <= SHORT_MAX_SEQLEN_K else None
+
+
 # What `auto` runs when the split heuristic splits a shape (decode): the default tiles with the split count
 # chosen per call (one compile for every decode shape of a head dim).
 # Switches flipped on a head dim's prefill config after the split / decode A/Bs that those kernels keep (above).
@@ -391,8 +412,8 @@ def _merge_mode(config: Sm90Config) -> Sm90Config:
 
 def _problem_config(config: Sm90Config | None, q: torch.Tensor, k: torch.Tensor, causal: bool):
     """``config`` when given; else the default config, packed (PACK_GQA_ENABLED, seqlen_q = 1 and GQA) and
-    switched to split-KV (count per call) when the heuristic splits this shape (and SPLIT_KV_ENABLED), or
-    None (the default: unpacked, unsplit)."""
+    switched to split-KV (count per call) when the heuristic splits this shape (and SPLIT_KV_ENABLED), the
+    persistent grid for short seqlen_k (``short_config``), or None (the default: unpacked, unsplit)."""
     if config is not None:
         return config
     pack, splits = _auto_choice(q, k, causal)
@@ -401,7 +422,7 @@ def _problem_config(config: Sm90Config | None, q: torch.Tensor, k: torch.Tensor,
     elif pack:
         config = _PACKED_CONFIGS[q.shape[-1]]
     else:
-        return None
+        return short_config(q.shape[-1], k.shape[1])
     return _merge_mode(_packed(config, q, k, splits) if pack else config)
 
 
@@ -522,7 +543,8 @@ def _packed_rows_configs(head_dim: int, group: int) -> tuple[Sm90Config, ...]:
 
 
 def _auto_configs(head_dim: int, groups: tuple[int, ...] = ()) -> tuple[Sm90Config, ...]:
-    """The configs besides the default that `auto` may switch a call to (for `fa-variants warmup`); ``groups``:
+    """The configs besides the default that `auto` may switch a call to (for `fa-variants warmup`: short seqlen_k's
+    persistent grid, split, packed); ``groups``:
     query heads per KV head of the model (--gqa / --model), whose packed seqlen_q > 1 kernels fix the group
     (``_packed_rows_configs``; seqlen_q = 1 packs through host views, one kernel for every group)."""
     rows = tuple(c for g in dict.fromkeys(groups) for c in _packed_rows_configs(head_dim, g))
@@ -533,7 +555,8 @@ def _auto_configs(head_dim: int, groups: tuple[int, ...] = ()) -> tuple[Sm90Conf
     first = (False, True) if DECODE_FIRST_ROW else (False,)  # first_row_only: groups <= 8 (first_row)
     decode = tuple(_merge_mode(first_row(decode_tiles(c, head_dim, t, pdl=decode_pdl(n)), 1, f))
                    for c in packed for n in counts(c) for t in choices for f in first)
-    return ((_merge_mode(_SPLIT_CONFIGS[head_dim]),) if SPLIT_KV_ENABLED else ()) + (
+    short = (_SHORT_CONFIGS[head_dim],) if SHORT_MAX_SEQLEN_K and head_dim in _SHORT_CONFIGS else ()
+    return short + ((_merge_mode(_SPLIT_CONFIGS[head_dim]),) if SPLIT_KV_ENABLED else ()) + (
         tuple(dict.fromkeys(packed + decode + rows)) if PACK_GQA_ENABLED else ())
 
 
@@ -624,7 +647,7 @@ VARIANT = Variant(
     operand=_tma_operand, check_problem=_check_problem, problem_config=_problem_config,
     switches=lambda: (SPLIT_KV_ENABLED, PACK_GQA_ENABLED, MERGE_KERNEL, split_combine.MERGE_PDL, DECODE_TILES_CHOICE,
                       DECODE_PDL, DECODE_PDL_MAX_SPLITS, DECODE_PDL_MIN_SPLITS, DECODE_FULL_GRID,
-                      SPLIT_MIN_TILES, PACK_WIDE, DECODE_FIRST_ROW,
+                      SPLIT_MIN_TILES, PACK_WIDE, DECODE_FIRST_ROW, SHORT_MAX_SEQLEN_K,
                       split_combine.MERGE_WARP, FUSED_MERGE),
     warm_configs=lambda arch, head_dim, causal, groups=(): _auto_configs(head_dim, groups))
 
