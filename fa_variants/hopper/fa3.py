@@ -34,9 +34,10 @@ with Asynchrony and Low-precision" (2024), sections 3.1 and 3.2:
   the merge kernel (``common.split_combine``) combines them, or, with ``Sm90Config.fused_merge``, the last CTA
   of each query tile to finish does (an arrival counter per tile, gpu-scope fences and atomic; one launch).
 
-* Persistent grid (``Sm90Config.persistent``, off by default): one CTA per SM walks several (query tile, head,
-  batch) tiles in ``common.tile_scheduler``'s order with its pipeline states carried, loading the next tile's K/V
-  (and Q, where O has a buffer of its own) during the previous tile's epilogue. Plain prefill only.
+* Persistent grid (``Sm90Config.persistent``): one CTA per SM walks several (query tile, head, batch) tiles in
+  ``common.tile_scheduler``'s order with its pipeline states carried, loading the next tile's K/V (and Q, where O
+  has a buffer of its own) during the previous tile's epilogue. Plain prefill only; `auto` runs it for short
+  seqlen_k at head_dim 64 and 128 (``short_config``), where a CTA's fixed cost is a large share of its time.
 
 The output goes registers -> shared memory (reusing Q's buffer) -> global memory by a TMA store.
 Ping-pong and intra-warpgroup overlap are switches of the config (``common.config.Sm90Config``, the FA3
