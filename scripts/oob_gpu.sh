@@ -10,11 +10,11 @@
 # index on the CPU).
 # 1. scripts/sanitize.py --tools memcheck --backends fa3-fp8 --head-dims 64 96 128 256 --per-head-dim --precompile:
 #    the same calls first without the sanitizer (8 processes, one per head_dim x causal: the kernels and quantisation
-#    passes into the disk cache), then one memcheck process per head_dim side by side, each over the 5 sanitize
+#    passes into the disk cache), then one memcheck process per head_dim side by side, each over the sanitize
 #    shapes (tile tails, seqlen_q != seqlen_k both ways, decode, GQA and MQA, causal and not) with bf16 inputs
 #    quantised on the GPU (so the quantisation kernels are checked too), each output vs float64 (rel-L2 < 0.1).
 #    Every head_dim, every shape of the sanitize set: no shape was left out for time.
-# Pass: "memcheck  fa3-fp8-dD clean (5 calls, ...)" for D = 64, 96, 128, 256 and "precompile: 8 processes, 0 failed".
+# Pass: "memcheck  fa3-fp8-dD clean (N calls, ...)" for D = 64, 96, 128, 256 and "precompile: 8 processes, 0 failed".
 # Prediction: all four clean (before the fix d64 reported 128 errors on its first call, the 128 threads of warpgroup
 # 2 of the last CTA); precompile ~45-60 s, memcheck ~25-40 s per head_dim (side by side).
 set -uo pipefail

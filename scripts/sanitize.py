@@ -35,9 +35,10 @@ from pathlib import Path
 
 TOOLS = ("memcheck", "racecheck", "synccheck")
 KERNELS = ("fa1", "fa2", "fa3", "fa3-fp8")
-# (batch, seqlen_q, seqlen_k, num_heads, num_heads_kv, causal): tails, Nq != Nk both ways, decode, GQA, MQA
+# (batch, seqlen_q, seqlen_k, num_heads, num_heads_kv, causal): tails, Nq != Nk both ways, decode, GQA, MQA; the last
+# two fill the GPU's SMs with short rows, so fa3 runs its persistent grid there at head_dim 64 / 128 (short_config)
 SHAPES = ((2, 113, 203, 6, 2, True), (2, 113, 203, 6, 2, False), (1, 300, 129, 4, 1, True),
-          (3, 1, 65, 8, 2, False), (1, 67, 67, 2, 2, True))
+          (3, 1, 65, 8, 2, False), (1, 67, 67, 2, 2, True), (2, 300, 257, 48, 16, True), (2, 300, 257, 48, 16, False))
 # split-KV (Flash-Decoding) and packed GQA on the backends that have them, forced with num_splits / pack_gqa:
 # one to a few query rows against odd K/V lengths, splits that leave the last one short or empty
 SPLIT_BACKENDS = ("fa2", "fa3")

@@ -381,3 +381,21 @@ def test_the_before_archive_is_what_gpu_calls_carry():
         help_text = subprocess.run(["bash", str(ROOT / "scripts" / name), "--help"], cwd=ROOT, capture_output=True,
                                    text=True, timeout=30).stdout
         assert '[".gpu", ".before.tar.xz"]' in help_text and '".before"]' not in help_text, name
+
+
+def test_short_script_selects_its_tests_and_shapes():
+    """scripts/short_gpu.sh (session 16's short-prefill flip): its pytest -k selects the 12 tests its pass line names
+    (auto's short calls x 4, the persistent variants at D 64 / 128 x 8), its A/B shapes are fa3_speed_ab.py shapes
+    at the flip's head dims with the causal N 1k pair and the boundary past 1024, and pending_gpu.sh's plan runs it."""
+    text = (ROOT / "scripts" / "short_gpu.sh").read_text()
+    expr = re.search(r'-k "([^"]+)"', text).group(1)
+    ids = collected_ids("-m", "gpu", "tests/test_fa3_gpu.py", "-k", expr)
+    assert len(ids) == 12 and sum("short_calls_run_persistent" in i for i in ids) == 4, ids
+    assert 'grep -qE "(^|[^0-9])12 passed"' in text
+    shapes = "".join(re.findall(r"SHAPES=(?:\$SHAPES,)?(\S+)", text)).split(",")
+    from fa_variants.hopper import fa3
+
+    assert {int(s.split(":")[0]) for s in shapes} == set(fa3.SHORT_HEAD_DIMS)
+    assert {"64:1024:causal", "128:1024:causal"} <= set(shapes)
+    assert all(int(s.split(":")[1]) > fa3.SHORT_MAX_SEQLEN_K for s in shapes if s.split(":")[2] == "full")
+    assert "pending_gpu.sh short" in (ROOT / "scripts" / "pending_gpu.sh").read_text()
