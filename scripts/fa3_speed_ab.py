@@ -106,10 +106,15 @@ VARIANTS = {
     "turn": ((128,), dict(hoisted_descriptors=True)),
     # the default before the flip: D 64's before session 12 (the GPU tests' reference), D 128's before session 15
     "noturn": ((64, 128), dict(hoisted_descriptors=False)),
+    # session 16, short prefill (bench/NOTES.md, "Session 16 (2026-12-02): outcome of the short-sequence run"): at D 64
+    # the 192-row tile leaves a third of its last query tile empty at N 512 / 1k (576 / 1152 rows for 512 / 1024);
+    # 128-row tiles fit those lengths exactly, in the persistent grid `auto` runs there
+    "persistent-m128": ((64,), dict(persistent=True, tile_m=128)),
 }
 ROUND4 = ("old", "new", "fa4-256", "n176", "stages3", "k-first")
 FA3GAP = ("old", "new", "fa4-256")  # basis, basis-kv1, basis-256 removed in session 15 (alpha from the bases: slower)
 PERSIST = ("old", "new", "persistent")
+SHORT = ("old", "new", "persistent", "persistent-m128")  # session 16's short prefill (scripts/short_gpu.sh)
 ALPHA = ("old", "new", "alpha", "alpha-noskip")
 GAP9 = ("old", "new", "fa4-256", "alpha-256")
 TURN = ("old", "new", "turn")

@@ -240,6 +240,19 @@ def test_persistent_compiles_without_spills(head_dim, causal):
     assert compiled.smem_dynamic_bytes == config.smem_bytes(head_dim)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_persistent_m128_compiles_without_spills(causal):
+    """scripts/fa3_speed_ab.py's `persistent-m128` (session 16, short prefill at D 64: 128-row tiles in the persistent
+    grid): no spills, the Hopper features, O in its own buffer."""
+    config = _speed_ab().variant_config("persistent-m128", 64)
+    assert config == dataclasses.replace(fa3.DEFAULT_CONFIGS[64], persistent=True, tile_m=128)
+    compiled = _compiled(64, causal, config)
+    sass = cubin.sass_of(compiled.cubin)
+    _assert_hopper_kernel(dict(cubin.count_sass(sass), smem_bytes=compiled.smem_dynamic_bytes,
+                               spill_bytes=cubin.cubin_resources(compiled.cubin)["spill_bytes"]))
+    assert config.separate_o(64) and compiled.smem_dynamic_bytes == config.smem_bytes(64)
+
+
 def test_persistent_fp16_compiles():
     config = dataclasses.replace(fa3.DEFAULT_CONFIGS[128], persistent=True)
     c = registry.compiled(registry.static_config("fa3", "sm_90a", "fp16", 128, True, config))

@@ -175,6 +175,7 @@ def _check_logit_shifts(name, head_dim, config, causal):
 
 
 PERSIST = _ab_variants("PERSIST")  # the persistent grid (Sm90Config.persistent) at D 64/128/256
+PERSIST += [v for v in _ab_variants("SHORT") if v[0] == "persistent-m128"]  # session 16: 128-row tiles at D 64
 # (batch, seqlen_q, seqlen_k, heads, heads_kv): odd lengths, one K/V tile and several, Nq != Nk both ways (causal rows
 # that see no key), GQA and MQA, and grids of many more tiles than SMs (each CTA walks several tiles; causal tiles of
 # different lengths; more than one L2 section)

@@ -384,18 +384,21 @@ def test_the_before_archive_is_what_gpu_calls_carry():
 
 
 def test_short_script_selects_its_tests_and_shapes():
-    """scripts/short_gpu.sh (session 16's short-prefill flip): its pytest -k selects the 12 tests its pass line names
-    (auto's short calls x 4, the persistent variants at D 64 / 128 x 8), its A/B shapes are fa3_speed_ab.py shapes
-    at the flip's head dims with the causal N 1k pair and the boundary past 1024, and pending_gpu.sh's plan runs it."""
+    """scripts/short_gpu.sh (session 16's short-prefill flip): its pytest -k selects the 16 tests its pass line names
+    (auto's short calls x 4, the persistent variants at D 64 / 128 and persistent-m128 x 12), its A/B shapes are
+    fa3_speed_ab.py shapes at the flip's head dims with the causal N 1k pair, the boundary past 1024 (causal and not)
+    and D 64's N 512 / 1k for the 128-row tile, and pending_gpu.sh's plan runs it."""
     text = (ROOT / "scripts" / "short_gpu.sh").read_text()
     expr = re.search(r'-k "([^"]+)"', text).group(1)
     ids = collected_ids("-m", "gpu", "tests/test_fa3_gpu.py", "-k", expr)
-    assert len(ids) == 12 and sum("short_calls_run_persistent" in i for i in ids) == 4, ids
-    assert 'grep -qE "(^|[^0-9])12 passed"' in text
-    shapes = "".join(re.findall(r"SHAPES=(?:\$SHAPES,)?(\S+)", text)).split(",")
+    assert len(ids) == 16 and sum("short_calls_run_persistent" in i for i in ids) == 4, ids
+    assert sum("persistent-m128-d64" in i for i in ids) == 4, ids
+    assert 'grep -qE "(^|[^0-9])16 passed"' in text and "VARIANTS=old,new,persistent,persistent-m128\n" in text
+    shapes = ",".join(re.findall(r"SHAPES=(?:\$SHAPES,)?(\S+)", text)).split(",")
     from fa_variants.hopper import fa3
 
     assert {int(s.split(":")[0]) for s in shapes} == set(fa3.SHORT_HEAD_DIMS)
     assert {"64:1024:causal", "128:1024:causal"} <= set(shapes)
-    assert all(int(s.split(":")[1]) > fa3.SHORT_MAX_SEQLEN_K for s in shapes if s.split(":")[2] == "full")
+    past = {s.split(":")[2] for s in shapes if int(s.split(":")[1]) > fa3.SHORT_MAX_SEQLEN_K}
+    assert past == {"full", "causal"} and {"64:512:full", "64:1024:full"} <= set(shapes)
     assert "pending_gpu.sh short" in (ROOT / "scripts" / "pending_gpu.sh").read_text()
