@@ -590,3 +590,18 @@ def test_short_seqlen_k_runs_the_persistent_grid(h200, split_enabled, monkeypatc
     monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K", 0)
     assert fa3._problem_config(None, q, k, False) is None
     assert not any(c.persistent for c in fa3._auto_configs(head_dim))
+
+
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
+def test_fixed_split_options_keep_the_short_persistent_grid(h200, split_enabled, head_dim):
+    """decode_config (``attention(..., num_splits=1)`` / ``pack_gqa=False``) of an unsplit, unpacked call runs the
+    grid `auto` runs: the persistent one at short seqlen_k (short_config), the default elsewhere; before, a fixed
+    option fell back to the one-CTA-per-tile default where `auto` ran the persistent grid."""
+    q, k = _qk(32, 512, 16, 16, 512, head_dim)
+    want = fa3._problem_config(None, q, k, False)
+    assert (want is not None and want.persistent) is (head_dim in fa3.SHORT_HEAD_DIMS)
+    for options in (dict(), dict(num_splits=1), dict(pack_gqa=False), dict(num_splits=1, pack_gqa=False)):
+        assert fa3.decode_config(q, k, False, **options) == (want or fa3.DEFAULT_CONFIGS[head_dim]), options
+    assert not fa3.decode_config(q, k, False, num_splits=2).persistent  # split: the split kernels
+    q, k = _qk(32, 512, 16, 16, 1025, head_dim)
+    assert fa3.decode_config(q, k, False, num_splits=1) == fa3.DEFAULT_CONFIGS[head_dim]

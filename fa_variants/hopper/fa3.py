@@ -504,7 +504,8 @@ def decode_config(q: torch.Tensor, k: torch.Tensor, causal: bool, *, num_splits:
     """The config of a call whose split count and/or GQA packing the caller fixes (``fa_variants.attention``'s
     ``num_splits=`` / ``pack_gqa=``, checked by ``common.split.check_options``); None leaves that choice to
     `auto` (the heuristic, SPLIT_KV_ENABLED, PACK_GQA_ENABLED). Other fields: the head dim's default (packed:
-    its 64-row tile, as `auto` runs it)."""
+    its 64-row tile; unsplit and unpacked at short seqlen_k: the persistent grid, ``short_config``), as `auto`
+    runs it."""
     pack, splits = _auto_choice(q, k, causal, pack_gqa)
     if num_splits is None:
         num_splits = 0 if splits > 1 else 1
@@ -517,7 +518,10 @@ def decode_config(q: torch.Tensor, k: torch.Tensor, causal: bool, *, num_splits:
         if q.shape[1] == 1:  # the tile set follows the call's split count (UNSPLIT_ONLY_TILES)
             base = dataclasses.replace(base, num_splits=num_splits)
         return _merge_mode(dataclasses.replace(_packed(base, q, k, num_splits or splits), num_splits=num_splits))
-    base = (DEFAULT_CONFIGS if num_splits == 1 else _SPLIT_CONFIGS)[q.shape[-1]]  # (a split runs the split kernels)
+    if num_splits == 1:  # unsplit: the grid `auto` runs (short seqlen_k: the persistent one, short_config)
+        base = short_config(q.shape[-1], k.shape[1]) or DEFAULT_CONFIGS[q.shape[-1]]
+    else:  # a split runs the split kernels
+        base = _SPLIT_CONFIGS[q.shape[-1]]
     return _merge_mode(dataclasses.replace(base, num_splits=num_splits))
 
 
