@@ -552,3 +552,27 @@ def test_a_numpy_scale_is_planned_as_its_float():
     out = fa_variants.attention(q, q, q, softmax_scale=np.float32(0.5), backend="reference")
     assert [key[23] for key in dispatch.PLANS] == [0.5] and [key[22] for key in dispatch.PLANS] == [float]
     torch.testing.assert_close(out, fa_variants.attention(q, q, q, softmax_scale=0.5, backend="reference"))
+
+
+def test_fa3_short_persistent_switch_replans(monkeypatch):
+    """fa3.SHORT_MAX_SEQLEN_K (FA_VARIANTS_SHORT_PERSISTENT) is one of the launcher's switches: a launcher planned
+    with the persistent grid (short seqlen_k at D 128) launches the default grid after the switch goes to 0 and the
+    persistent one again after it comes back; the persistent launch gets the grid's CTA count last (132 on the CPU)."""
+    from fa_variants.hopper import fa3
+
+    monkeypatch.setattr(fa3, "_auto_splits", lambda ctas, n_blocks, index, min_tiles=None, per_sm=1: 1)
+    looked, launched = [], []
+    compiled = cache.Compiled(None, lambda *args: launched.append(args), 0.0, None, 0)
+    q = torch.randn(2, 130, 4, 128, dtype=F16)
+    k = v = torch.randn(2, 300, 4, 128, dtype=F16)
+    with mock.patch.object(launch.cache, "get_compiled", lambda cfg, build: looked.append(cfg.config) or compiled), \
+            mock.patch.object(launch.interop, "device_arch", lambda d=None: "sm_90a"):
+        launch._KERNELS.clear()
+        run = launch.launcher(fa3.VARIANT, q, k, v, causal=True, softmax_scale=0.1)
+        for limit in (1024, 0, 1024):
+            monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K", limit)
+            run(q, k, v)
+        launch._KERNELS.clear()
+    short, default = fa3._SHORT_CONFIGS[128], fa3.DEFAULT_CONFIGS[128]
+    assert looked == [short, default]  # one lookup per config: the third call reuses the first plan
+    assert [len(args) for args in launched] == [8, 7, 8] and launched[0][-1] == 132
