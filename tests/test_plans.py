@@ -576,3 +576,16 @@ def test_fa3_short_persistent_switch_replans(monkeypatch):
     short, default = fa3._SHORT_CONFIGS[128], fa3.DEFAULT_CONFIGS[128]
     assert looked == [short, default]  # one lookup per config: the third call reuses the first plan
     assert [len(args) for args in launched] == [8, 7, 8] and launched[0][-1] == 132
+
+
+def test_nan_allocations_reach_the_launchers_outputs(stub_launcher, nan_allocations):
+    """conftest's nan_allocations (the GPU tests' poisoning: test_fa3_gpu, test_decode_gpu) reaches the O and LSE
+    the launcher allocates per call, so an element a kernel never writes is NaN; the stub kernel writes nothing."""
+    make, launched = stub_launcher
+    q = torch.randn(2, 3, 4, 16, dtype=F16)
+    k = v = torch.randn(2, 5, 2, 16, dtype=F16)
+    run = make(q, k, v)
+    with nan_allocations():
+        out, lse = run(q, k, v)
+    assert launched[-1][3] is out and launched[-1][4] is lse
+    assert torch.isnan(out).all() and torch.isnan(lse).all()
