@@ -104,7 +104,7 @@ DEFAULT_CONFIGS: dict[int, Sm90Config] = {
 # Short sequences: a CTA of the default grid walks only seqlen_k / tile_n K/V tiles (4 at N 512), so its fixed cost
 # (launch, set-up, Q and first K/V latency, epilogue) is a third of its time. The persistent grid (one CTA per SM
 # walking several tiles, the next tile's loads under the current one's epilogue) pays it once per SM: persistent / new
-# at N 512 / 1k, paired, 6 rounds, one H200, session 16 (scripts/fa3_speed_ab.py --variants old,new,persistent;
+# at N 512 / 1k, paired, 6 rounds, one H200, session 16 (scripts/fa3_speed_ab.py --variants new,persistent;
 # bench/NOTES.md, "Session 16 (2026-12-02): short sequences ..."): D 64 1.123 / 1.063 (causal 1.202 / 1.105), D 128
 # 1.195 / 1.108 (causal 1.256 / 1.077), "faster" at each; D 256 1.010 / 0.986 (Q waits for O's store there): not
 # taken. At N 2k: D 64 1.034 (causal 1.027), D 128 1.037 (causal 0.977); N 4k D 128 1.003. So `auto` runs it for
