@@ -573,6 +573,7 @@ def test_short_seqlen_k_runs_the_persistent_grid(h200, split_enabled, monkeypatc
     with the persistent grid at SHORT_HEAD_DIMS (64, 128) and the plain default elsewhere; longer seqlen_k, split or
     packed calls, an explicit config and FA_VARIANTS_SHORT_PERSISTENT=0 keep what they had; `fa-variants warmup`
     compiles it."""
+    monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K", 1024)  # the default, whatever FA_VARIANTS_SHORT_PERSISTENT says
     short = head_dim in (64, 128)
     want = dataclasses.replace(fa3.DEFAULT_CONFIGS[head_dim], persistent=True) if short else None
     for seqlen_q, seqlen_k, causal in ((512, 512, False), (1024, 1024, True), (4096, 1000, True), (3, 3, False)):
@@ -593,10 +594,11 @@ def test_short_seqlen_k_runs_the_persistent_grid(h200, split_enabled, monkeypatc
 
 
 @pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
-def test_fixed_split_options_keep_the_short_persistent_grid(h200, split_enabled, head_dim):
+def test_fixed_split_options_keep_the_short_persistent_grid(h200, split_enabled, monkeypatch, head_dim):
     """decode_config (``attention(..., num_splits=1)`` / ``pack_gqa=False``) of an unsplit, unpacked call runs the
     grid `auto` runs: the persistent one at short seqlen_k (short_config), the default elsewhere; before, a fixed
     option fell back to the one-CTA-per-tile default where `auto` ran the persistent grid."""
+    monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K", 1024)
     q, k = _qk(32, 512, 16, 16, 512, head_dim)
     want = fa3._problem_config(None, q, k, False)
     assert (want is not None and want.persistent) is (head_dim in fa3.SHORT_HEAD_DIMS)

@@ -561,6 +561,7 @@ def test_fa3_short_persistent_switch_replans(monkeypatch):
     from fa_variants.hopper import fa3
 
     monkeypatch.setattr(fa3, "_auto_splits", lambda ctas, n_blocks, index, min_tiles=None, per_sm=1: 1)
+    monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K", 1024)  # the default, whatever FA_VARIANTS_SHORT_PERSISTENT says
     looked, launched = [], []
     compiled = cache.Compiled(None, lambda *args: launched.append(args), 0.0, None, 0)
     q = torch.randn(2, 130, 4, 128, dtype=F16)
