@@ -392,11 +392,12 @@ SHORT_SHAPES = [(4, 1023, 1023, 16, 4), (4, 512, 512, 16, 16), (2, 113, 1024, 96
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", fa3.SHORT_HEAD_DIMS)
-def test_short_calls_run_persistent(head_dim, causal):
+def test_short_calls_run_persistent(head_dim, causal, monkeypatch):
     """A call without ``config=`` at seqlen_k <= SHORT_MAX_SEQLEN_K runs the persistent grid (the problem config is
     short_config's) and gives O and LSE equal bit for bit to the one-CTA-per-tile default's (the same tile maths;
     grids of 1 to ~8 tiles per SM, odd lengths, Nq != Nk both ways, GQA), and within the float64 bound. Shapes whose
     grid would not fill the GPU are split instead (test_decode.py covers that routing)."""
+    monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K", 1024)  # the default, whatever FA_VARIANTS_SHORT_PERSISTENT says
     for shape in SHORT_SHAPES:
         q, k, v = _qkv(*shape, head_dim, BF16)
         assert fa3._problem_config(None, q, k, causal) == fa3._SHORT_CONFIGS[head_dim], shape
