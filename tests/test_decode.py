@@ -569,8 +569,9 @@ def test_decode_pdl_min_splits_adds_unsplit_calls(h200, split_enabled, monkeypat
 
 @pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
 def test_short_seqlen_k_runs_the_persistent_grid(h200, split_enabled, monkeypatch, head_dim):
-    """Session 16: an unsplit, unpacked call with 0 < seqlen_k <= SHORT_MAX_SEQLEN_K runs the head dim's default
-    with the persistent grid at SHORT_HEAD_DIMS (64, 128) and the plain default elsewhere; longer seqlen_k, split or
+    """Session 16: an unsplit, unpacked call with 0 < seqlen_k <= SHORT_MAX_SEQLEN_K and more query tiles than SMs
+    runs the head dim's default with the persistent grid at SHORT_HEAD_DIMS (64, 128) and the plain default elsewhere
+    (and on grids of one tile per SM); longer seqlen_k, split or
     packed calls, an explicit config and FA_VARIANTS_SHORT_PERSISTENT=0 keep what they had; `fa-variants warmup`
     compiles it."""
     monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K", 1024)  # the default, whatever FA_VARIANTS_SHORT_PERSISTENT says
@@ -582,6 +583,10 @@ def test_short_seqlen_k_runs_the_persistent_grid(h200, split_enabled, monkeypatc
         assert fa3.auto_num_splits(q, k, causal) == 1
     q, k = _qk(32, 1025, 16, 16, 1025, head_dim)
     assert fa3._problem_config(None, q, k, False) is None
+    # one K/V tile (never split): the short grid only where the query tiles outnumber the 132 SMs
+    for batch, want_here in ((8, None), (9, want)):  # 1 query tile x 16 heads x batch: 128 / 144 tiles
+        q, k = _qk(batch, 100, 16, 16, 100, head_dim)
+        assert fa3.auto_num_splits(q, k, False) == 1 and fa3._problem_config(None, q, k, False) == want_here, batch
     q, k = _qk(1, 1, 32, 8, 1024, head_dim)  # decode: packed (and split), never the short grid
     cfg = fa3._problem_config(None, q, k, True)
     assert cfg is not None and cfg.pack_gqa and not cfg.persistent

@@ -564,8 +564,8 @@ def test_fa3_short_persistent_switch_replans(monkeypatch):
     monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K", 1024)  # the default, whatever FA_VARIANTS_SHORT_PERSISTENT says
     looked, launched = [], []
     compiled = cache.Compiled(None, lambda *args: launched.append(args), 0.0, None, 0)
-    q = torch.randn(2, 130, 4, 128, dtype=F16)
-    k = v = torch.randn(2, 300, 4, 128, dtype=F16)
+    q = torch.randn(2, 130, 40, 128, dtype=F16)  # 2 x 40 x 2 = 160 query tiles: more than the 132 SMs
+    k = v = torch.randn(2, 300, 40, 128, dtype=F16)
     with mock.patch.object(launch.cache, "get_compiled", lambda cfg, build: looked.append(cfg.config) or compiled), \
             mock.patch.object(launch.interop, "device_arch", lambda d=None: "sm_90a"):
         launch._KERNELS.clear()

@@ -104,22 +104,33 @@ DEFAULT_CONFIGS: dict[int, Sm90Config] = {
 # Short sequences: a CTA of the default grid walks only seqlen_k / tile_n K/V tiles (4 at N 512), so its fixed cost
 # (launch, set-up, Q and first K/V latency, epilogue) is a third of its time. The persistent grid (one CTA per SM
 # walking several tiles, the next tile's loads under the current one's epilogue) pays it once per SM: persistent / new
-# at N 512 / 1k, paired, 6 rounds, one H200, session 16 (scripts/fa3_speed_ab.py --variants new,persistent;
+# at N 512 / 1k, paired, 6 rounds, one H200, session 16 (scripts/fa3_speed_ab.py --variants old,new,persistent;
 # bench/NOTES.md, "Session 16 (2026-12-02): short sequences ..."): D 64 1.123 / 1.063 (causal 1.202 / 1.105), D 128
 # 1.195 / 1.108 (causal 1.256 / 1.077), "faster" at each; D 256 1.010 / 0.986 (Q waits for O's store there): not
 # taken. At N 2k: D 64 1.034 (causal 1.027), D 128 1.037 (causal 0.977); N 4k D 128 1.003. So `auto` runs it for
 # unsplit, unpacked calls with seqlen_k <= SHORT_MAX_SEQLEN_K at SHORT_HEAD_DIMS (FA_VARIANTS_SHORT_PERSISTENT=N sets
-# the length, 0 turns it off).
+# the length, 0 turns it off), when the query tiles outnumber the SMs (one tile per CTA has nothing to overlap).
 SHORT_HEAD_DIMS: tuple[int, ...] = (64, 128)
 SHORT_MAX_SEQLEN_K = env.integer("FA_VARIANTS_SHORT_PERSISTENT", "1024", 0, "largest seqlen_k; 0: off")
 _SHORT_CONFIGS: dict[int, Sm90Config] = {d: dataclasses.replace(DEFAULT_CONFIGS[d], persistent=True)
                                          for d in SHORT_HEAD_DIMS}
 
 
-def short_config(head_dim: int, seqlen_k: int) -> Sm90Config | None:
-    """The persistent config `auto` runs an unsplit, unpacked call of this head dim and seqlen_k with, or None (the
-    head dim's default)."""
-    return _SHORT_CONFIGS.get(head_dim) if 0 < seqlen_k <= SHORT_MAX_SEQLEN_K else None
+def short_config(q: torch.Tensor, k: torch.Tensor) -> Sm90Config | None:
+    """The persistent config `auto` runs an unsplit, unpacked call of q, k with, or None (the head dim's default):
+    at SHORT_HEAD_DIMS, 0 < seqlen_k <= SHORT_MAX_SEQLEN_K and more query tiles (x heads x batch) than the GPU has
+    SMs, so that some CTA walks two tiles (a grid of one tile per CTA gains nothing; the A/B timed 15-60 waves)."""
+    batch, seqlen_q, heads, head_dim = q.shape
+    config = _SHORT_CONFIGS.get(head_dim)
+    if config is None or not 0 < k.shape[1] <= SHORT_MAX_SEQLEN_K:
+        return None
+    tiles = -(-seqlen_q // config.tile_m) * heads * batch
+    return config if tiles > _sm_count(q) else None
+
+
+def _sm_count(q: torch.Tensor) -> int:
+    """The SMs of q's GPU (132, an H100 / H200's, for tensors elsewhere: the CPU tests' launches)."""
+    return split.sm_count(q.device.index or 0) if q.is_cuda else 132
 
 
 # What `auto` runs when the split heuristic splits a shape (decode): the default tiles with the split count
@@ -423,7 +434,7 @@ def _problem_config(config: Sm90Config | None, q: torch.Tensor, k: torch.Tensor,
     elif pack:
         config = _PACKED_CONFIGS[q.shape[-1]]
     else:
-        return short_config(q.shape[-1], k.shape[1])
+        return short_config(q, k)
     return _merge_mode(_packed(config, q, k, splits) if pack else config)
 
 
@@ -519,7 +530,7 @@ def decode_config(q: torch.Tensor, k: torch.Tensor, causal: bool, *, num_splits:
             base = dataclasses.replace(base, num_splits=num_splits)
         return _merge_mode(dataclasses.replace(_packed(base, q, k, num_splits or splits), num_splits=num_splits))
     if num_splits == 1:  # unsplit: the grid `auto` runs (short seqlen_k: the persistent one, short_config)
-        base = short_config(q.shape[-1], k.shape[1]) or DEFAULT_CONFIGS[q.shape[-1]]
+        base = short_config(q, k) or DEFAULT_CONFIGS[q.shape[-1]]
     else:  # a split runs the split kernels
         base = _SPLIT_CONFIGS[q.shape[-1]]
     return _merge_mode(dataclasses.replace(base, num_splits=num_splits))
@@ -608,7 +619,7 @@ def _plan_call(config: Sm90Config, q, k, v, scale: float) -> tuple:
     heads_kv = k.shape[2]
     tail = (scale * LOG2_E, l2_section_heads(k.shape[1], head_dim))
     if config.persistent:  # the persistent grid: one CTA per SM (Sm90Config.persistent)
-        tail += (split.sm_count(q.device.index or 0) if q.is_cuda else 132,)
+        tail += (_sm_count(q),)
     pack = config.pack_gqa and not config.pack_group  # pack_group: the kernel packs the rows itself
     q_view = o_view = lse_view = None
     if pack:  # views of the same memory: O and LSE land where the unpacked call puts them
