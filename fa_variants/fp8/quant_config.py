@@ -38,9 +38,9 @@ class PassConfig:
     chunks of its token (128 channels) instead of 4. At head_dim 256: 2 lanes per token instead of 4 and one
     cross-lane FWHT stage instead of two (128 ``shfl.bfly`` per thread as before, for twice the values: half the
     shuffles per block), half the threads, up to 255 registers. At head_dim 128 (``quant_host.V3_WIDE128``, session
-    14; K's pass by default since session 16): one lane per token, no cross-lane stage at all; a warp's own 16-byte stores would half-fill each 32-byte
-    sector there (the pattern ``staged_store`` fixed at head_dim 64), so the host pairs it with ``staged_store`` (8
-    units per thread: ``store_unit`` / ``store_map`` with 8 slots). Both: the same FWHT pairs, stage order and
+    14; K's pass by default since session 16): one lane per token, no cross-lane stage at all; a warp's own 16-byte
+    stores would half-fill each 32-byte sector there (the pattern ``staged_store`` fixed at head_dim 64), so the host
+    pairs it with ``staged_store`` (8 units per thread: ``store_unit`` / ``store_map`` with 8 slots). Both: the same FWHT pairs, stage order and
     roundings, the LSE shift's sums in the default's order: outputs bit for bit the default's. nonfinite (session 14,
     ``quant_host.NONFINITE``): a block whose max is inf takes its descale from its finite values and stores each inf as
     e4m3 NaN (``finite_block``; the torch recipe's rule), one uniform test per block otherwise."""

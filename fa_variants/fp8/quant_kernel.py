@@ -140,9 +140,9 @@ computed (its outputs equal v2's bit for bit):
   holds 8 chunks of its token (chunk lane + 2 slot), 2 lanes per token: the Hadamard's cross-lane stages 2 -> 1 (half
   the warp shuffles per block), 256 threads at up to 255 registers. The same operations in the same order (the LSE
   shift's sum in two accumulators, the narrow pass's lanes l and l + 2): outputs equal v3's bit for bit. At head_dim
-  128 (``V3_WIDE128``, session 14; K's pass by default since session 16's H200 run): one lane per token holds all 128 channels, no cross-lane stage
-  at all (the block max's 5 shuffles remain), K 256 / Q 128 threads per CTA, the e4m3 bytes through the stage
-  (``staged_store`` with 8 units per thread): bit for bit as well.
+  128 (``V3_WIDE128``, session 14; K's pass by default since session 16's H200 run): one lane per token holds all
+  128 channels, no cross-lane stage at all (the block max's 5 shuffles remain), K 256 / Q 128 threads per CTA, the
+  e4m3 bytes through the stage (``staged_store`` with 8 units per thread): bit for bit as well.
 
 Blocks of more than ``MAX_BLOCK`` values (rows * head_dim > 32768, e.g. tile_n 256 at head_dim 256) do not
 fit one CTA's registers: ``why_not`` says so and ``quantize_fp8`` uses the torch path there, as for head_dim

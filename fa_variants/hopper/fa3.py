@@ -36,7 +36,7 @@ with Asynchrony and Low-precision" (2024), sections 3.1 and 3.2:
 
 * Persistent grid (``Sm90Config.persistent``): one CTA per SM walks several (query tile, head, batch) tiles in
   ``common.tile_scheduler``'s order with its pipeline states carried, loading the next tile's K/V (and Q, where O
-  has a buffer of its own) during the previous tile's epilogue. Plain prefill only; `auto` runs it for short
+  has a buffer of its own) during the previous tile's epilogue. Without split-KV; `auto` runs it for short
   seqlen_k at head_dim 64 and 128 (``short_config``), where a CTA's fixed cost is a large share of its time.
 
 The output goes registers -> shared memory (reusing Q's buffer) -> global memory by a TMA store.
