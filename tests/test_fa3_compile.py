@@ -285,8 +285,8 @@ def test_speed_ab_plan(capsys):
     assert len(shapes) == 18 and all(s["batch"] * s["seqlen"] >= 16384 and "old" in s["variants"] for s in shapes)
     # session 9: - early; session 12: + turn (D 128; on in D 64's default), + noturn (D 64); session 15: + basis-turn,
     # then - basis (D 64, 128), basis-kv1, basis-turn (D 128), basis-256 (D 256) with alpha from the kept bases,
-    # + noturn at D 128 (its default before session 15's flip)
-    assert {s["head_dim"]: len(s["variants"]) for s in shapes} == {64: 9, 128: 14, 256: 8}
+    # + noturn at D 128 (its default before session 15's flip); session 16: + persistent-m128 (D 64)
+    assert {s["head_dim"]: len(s["variants"]) for s in shapes} == {64: 10, 128: 14, 256: 8}
     import sys
     argv, sys.argv = sys.argv, ["fa3_speed_ab.py", "--plan"]
     try:
