@@ -32,7 +32,7 @@ SHAPE_IDS = ["x".join(map(str, s)) for s in SHAPES]
 @pytest.fixture(autouse=True)
 def poisoned(poisoned_workspace):
     """NaN-filled allocations (out and LSE included: an element the kernel never writes fails) and a fresh split
-    scratch for every test (conftest.poisoned_workspace). Before, this fixture patched interop.new_outputs, which
+    scratch for every test (conftest.poisoned_workspace). Before, this fixture patched a helper (new_outputs) that
     the launcher (common.launch) no longer calls since the cached plans (4a88b4e): outputs were not poisoned."""
 
 

@@ -89,15 +89,6 @@ def aligned(t: torch.Tensor, align: int = DEFAULT_ALIGN) -> torch.Tensor:
     return c
 
 
-def new_outputs(q: torch.Tensor, num_heads: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse) for q (B, Nq, H, D): out contiguous (B, Nq, H, D) in q's dtype, lse float32
-    (B, H, Nq). Both poisoned with NaN would be the tests' job; these are plain torch.empty."""
-    b, nq, h, d = q.shape
-    out = torch.empty((b, nq, h, d), dtype=q.dtype, device=q.device)
-    lse = torch.empty((b, h, nq), dtype=torch.float32, device=q.device)
-    return out, lse
-
-
 # ----------------------------------------------------------------------------------------------
 # Fake tensors (compile time, no GPU)
 # ----------------------------------------------------------------------------------------------
