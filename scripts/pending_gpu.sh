@@ -20,13 +20,14 @@
 # 2. then scripts/NAME_gpu.sh for each NAME, in order, each with the time left of CALL_BUDGET seconds (default 560),
 #    skipped when fewer than 100 s are left; logs under $OUT/pending/NAME/, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
-#    Plan for session 17 (session 16 ran plan A, l2pf, quantk, fp8d128, noturn128, the whole suite (5260 passed on
-#    999566c), the slow GPU tests and the short-sequence A/B: bench/NOTES.md "Session 16 ...").
-#    A. scripts/pending_gpu.sh short (~200-260 s cold): the short-prefill flip's GPU proof (auto's short calls bit for
-#    bit vs the one-CTA-per-tile grid, sanitizers on the persistent grid) and its boundary (N 1k causal, 1536, 2k).
-#    B. the whole GPU suite on the final tree (~360-520 s on an H200; on an H100 use -n 8, its 80 GB ran out of
-#    memory in the float64 reference with 15 workers): `python3 -m pytest -q -n 14 -m "gpu and not slow" -p
-#    no:cacheprovider --durations=40`: the first full run with the short-prefill flip (08558bb) and V3_WIDE128 "k".
+#    Plan for session 17's second call (its first ran session 16's short script, 16 tests passed, memcheck / synccheck
+#    clean, racecheck past its limit, and the whole GPU suite on 212f296: 5268 passed; bench/NOTES.md "Session 17 ...").
+#    A. scripts/pending_gpu.sh short (~200-260 s cold): the new limits' GPU proof (auto's calls at seqlen_k 1536 / 2048
+#    bit for bit vs the one-CTA-per-tile grid, racecheck on the persistent grid), D 64's 128-row tile for short causal
+#    calls and each limit's next step.
+#    B. after a kernel or default change: the whole GPU suite (~460 s on an H200; on an H100 use -n 8, its 80 GB ran out
+#    of memory in the float64 reference with 15 workers): `python3 -m pytest -q -n 14 -m "gpu and not slow" -p
+#    no:cacheprovider --durations=40`.
 #    New lines "X. scripts/pending_gpu.sh [--checks] NAME ..." as scripts land. Each call starts a
 #    cold machine (~60-85 s more); carry [".gpu"], or
 #    [".gpu", ".before.tar.xz"] after `scripts/ab_checkout.sh COMMIT .before` for a script that A/Bs against an older

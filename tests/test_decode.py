@@ -569,20 +569,29 @@ def test_decode_pdl_min_splits_adds_unsplit_calls(h200, split_enabled, monkeypat
 
 @pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
 def test_short_seqlen_k_runs_the_persistent_grid(h200, split_enabled, monkeypatch, head_dim):
-    """Session 16: an unsplit, unpacked call with 0 < seqlen_k <= SHORT_MAX_SEQLEN_K and more query tiles than SMs
-    runs the head dim's default with the persistent grid at SHORT_HEAD_DIMS (64, 128) and the plain default elsewhere
-    (and on grids of one tile per SM); longer seqlen_k, split or
-    packed calls, an explicit config and FA_VARIANTS_SHORT_PERSISTENT=0 keep what they had; `fa-variants warmup`
-    compiles it."""
-    monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K", 1024)  # the default, whatever FA_VARIANTS_SHORT_PERSISTENT says
+    """Session 16: an unsplit, unpacked call with 0 < seqlen_k <= SHORT_MAX_SEQLEN_K (causal: and <=
+    SHORT_MAX_SEQLEN_K_CAUSAL, session 17) and more query tiles than SMs runs the head dim's default with the
+    persistent grid at SHORT_HEAD_DIMS (64, 128) and the plain default elsewhere (and on grids of one tile per SM);
+    longer seqlen_k, split or packed calls, an explicit config and FA_VARIANTS_SHORT_PERSISTENT=0 keep what they had;
+    `fa-variants warmup` compiles it."""
+    monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K", 2048)  # the defaults, whatever the environment says
+    monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K_CAUSAL", 1536)
     short = head_dim in (64, 128)
     want = dataclasses.replace(fa3.DEFAULT_CONFIGS[head_dim], persistent=True) if short else None
-    for seqlen_q, seqlen_k, causal in ((512, 512, False), (1024, 1024, True), (4096, 1000, True), (3, 3, False)):
+    cases = ((512, 512, False, want), (1024, 1024, True, want), (4096, 1000, True, want), (3, 3, False, want),
+             (1536, 1536, True, want), (1537, 1537, True, None), (2048, 1537, True, None), (1537, 1537, False, want),
+             (2048, 2048, False, want), (2049, 2049, False, None), (512, 2049, False, None))
+    for seqlen_q, seqlen_k, causal, want_here in cases:
         q, k = _qk(32, seqlen_q, 16, 16, seqlen_k, head_dim)
-        assert fa3._problem_config(None, q, k, causal) == want, (seqlen_q, seqlen_k)
+        assert fa3._problem_config(None, q, k, causal) == want_here, (seqlen_q, seqlen_k, causal)
         assert fa3.auto_num_splits(q, k, causal) == 1
-    q, k = _qk(32, 1025, 16, 16, 1025, head_dim)
-    assert fa3._problem_config(None, q, k, False) is None
+    monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K_CAUSAL", 0)  # causal calls only leave the short grid
+    q, k = _qk(32, 512, 16, 16, 512, head_dim)
+    assert fa3._problem_config(None, q, k, True) is None and fa3._problem_config(None, q, k, False) == want
+    monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K_CAUSAL", 4096)  # a causal limit above the limit: the limit
+    q, k = _qk(32, 512, 16, 16, 2049, head_dim)
+    assert fa3._problem_config(None, q, k, True) is None
+    monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K_CAUSAL", 1536)
     # one K/V tile (never split): the short grid only where the query tiles outnumber the 132 SMs
     for batch, want_here in ((8, None), (9, want)):  # 1 query tile x 16 heads x batch: 128 / 144 tiles
         q, k = _qk(batch, 100, 16, 16, 100, head_dim)
@@ -603,12 +612,16 @@ def test_fixed_split_options_keep_the_short_persistent_grid(h200, split_enabled,
     """decode_config (``attention(..., num_splits=1)`` / ``pack_gqa=False``) of an unsplit, unpacked call runs the
     grid `auto` runs: the persistent one at short seqlen_k (short_config), the default elsewhere; before, a fixed
     option fell back to the one-CTA-per-tile default where `auto` ran the persistent grid."""
-    monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K", 1024)
+    monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K", 2048)
+    monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K_CAUSAL", 1536)
     q, k = _qk(32, 512, 16, 16, 512, head_dim)
     want = fa3._problem_config(None, q, k, False)
     assert (want is not None and want.persistent) is (head_dim in fa3.SHORT_HEAD_DIMS)
     for options in (dict(), dict(num_splits=1), dict(pack_gqa=False), dict(num_splits=1, pack_gqa=False)):
         assert fa3.decode_config(q, k, False, **options) == (want or fa3.DEFAULT_CONFIGS[head_dim]), options
     assert not fa3.decode_config(q, k, False, num_splits=2).persistent  # split: the split kernels
-    q, k = _qk(32, 512, 16, 16, 1025, head_dim)
+    q, k = _qk(32, 512, 16, 16, 2049, head_dim)
     assert fa3.decode_config(q, k, False, num_splits=1) == fa3.DEFAULT_CONFIGS[head_dim]
+    q, k = _qk(32, 512, 16, 16, 1537, head_dim)  # causal: its own limit
+    assert fa3.decode_config(q, k, True, num_splits=1) == fa3.DEFAULT_CONFIGS[head_dim]
+    assert fa3.decode_config(q, k, False, num_splits=1) == (want or fa3.DEFAULT_CONFIGS[head_dim])

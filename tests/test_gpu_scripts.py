@@ -384,21 +384,33 @@ def test_the_before_archive_is_what_gpu_calls_carry():
 
 
 def test_short_script_selects_its_tests_and_shapes():
-    """scripts/short_gpu.sh (session 16's short-prefill flip): its pytest -k selects the 16 tests its pass line names
-    (auto's short calls x 4, the persistent variants at D 64 / 128 and persistent-m128 x 12), its A/B shapes are
-    fa3_speed_ab.py shapes at the flip's head dims with the causal N 1k pair, the boundary past 1024 (causal and not)
-    and D 64's N 512 / 1k for the 128-row tile, and pending_gpu.sh's plan runs it."""
+    """scripts/short_gpu.sh (session 17's short-prefill limits): its pytest -k selects the 4 tests its pass line names
+    (auto's short calls), its A/B shapes are fa3_speed_ab.py shapes at the short head dims with D 64's N 512 / 1k
+    causal pair (the 128-row tile), each limit's next step (causal N 2k, non-causal N 3072) at both head dims, and
+    pending_gpu.sh's plan runs it."""
     text = (ROOT / "scripts" / "short_gpu.sh").read_text()
     expr = re.search(r'-k "([^"]+)"', text).group(1)
     ids = collected_ids("-m", "gpu", "tests/test_fa3_gpu.py", "-k", expr)
-    assert len(ids) == 16 and sum("short_calls_run_persistent" in i for i in ids) == 4, ids
-    assert sum("persistent-m128-d64" in i for i in ids) == 4, ids
-    assert 'grep -qE "(^|[^0-9])16 passed"' in text and "VARIANTS=old,new,persistent,persistent-m128\n" in text
+    assert len(ids) == 4 and all("short_calls_run_persistent" in i for i in ids), ids
+    assert 'grep -qE "(^|[^0-9])4 passed"' in text and "VARIANTS=old,new,persistent,persistent-m128\n" in text
     shapes = ",".join(re.findall(r"SHAPES=(?:\$SHAPES,)?(\S+)", text)).split(",")
     from fa_variants.hopper import fa3
 
     assert {int(s.split(":")[0]) for s in shapes} == set(fa3.SHORT_HEAD_DIMS)
-    assert {"64:1024:causal", "128:1024:causal"} <= set(shapes)
-    past = {s.split(":")[2] for s in shapes if int(s.split(":")[1]) > fa3.SHORT_MAX_SEQLEN_K}
-    assert past == {"full", "causal"} and {"64:512:full", "64:1024:full"} <= set(shapes)
+    assert {"64:512:causal", "64:1024:causal"} <= set(shapes)
+    for d in fa3.SHORT_HEAD_DIMS:
+        assert f"{d}:{fa3.SHORT_MAX_SEQLEN_K_CAUSAL + 512}:causal" in shapes  # 2048
+        assert f"{d}:{fa3.SHORT_MAX_SEQLEN_K + 1024}:full" in shapes  # 3072
     assert "pending_gpu.sh short" in (ROOT / "scripts" / "pending_gpu.sh").read_text()
+
+
+def test_fa4_precompile_scripts_turn_its_disk_cache_on():
+    """A script that precompiles flash-attn-4 (fa3_speed_ab.py --precompile-fa4, which refuses to run without it)
+    exports FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 before that step, so the timed process loads those kernels (session
+    17's first call lost its precompile step to this)."""
+    users = [p for p in sorted((ROOT / "scripts").glob("*.sh")) if "--precompile-fa4" in p.read_text()]
+    assert users
+    for path in users:
+        text = path.read_text()
+        export = text.find("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1")
+        assert 0 <= export < text.index("--precompile-fa4"), path.name

@@ -555,13 +555,15 @@ def test_a_numpy_scale_is_planned_as_its_float():
 
 
 def test_fa3_short_persistent_switch_replans(monkeypatch):
-    """fa3.SHORT_MAX_SEQLEN_K (FA_VARIANTS_SHORT_PERSISTENT) is one of the launcher's switches: a launcher planned
-    with the persistent grid (short seqlen_k at D 128) launches the default grid after the switch goes to 0 and the
-    persistent one again after it comes back; the persistent launch gets the grid's CTA count last (132 on the CPU)."""
+    """fa3.SHORT_MAX_SEQLEN_K and SHORT_MAX_SEQLEN_K_CAUSAL (FA_VARIANTS_SHORT_PERSISTENT(_CAUSAL)) are launcher
+    switches: a launcher planned with the persistent grid (short seqlen_k at D 128, causal) launches the default grid
+    after either goes to 0 and the persistent one again after it comes back; the persistent launch gets the grid's CTA
+    count last (132 on the CPU)."""
     from fa_variants.hopper import fa3
 
     monkeypatch.setattr(fa3, "_auto_splits", lambda ctas, n_blocks, index, min_tiles=None, per_sm=1: 1)
-    monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K", 1024)  # the default, whatever FA_VARIANTS_SHORT_PERSISTENT says
+    monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K", 2048)  # the defaults, whatever the environment says
+    monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K_CAUSAL", 1536)
     looked, launched = [], []
     compiled = cache.Compiled(None, lambda *args: launched.append(args), 0.0, None, 0)
     q = torch.randn(2, 130, 40, 128, dtype=F16)  # 2 x 40 x 2 = 160 query tiles: more than the 132 SMs
@@ -570,13 +572,14 @@ def test_fa3_short_persistent_switch_replans(monkeypatch):
             mock.patch.object(launch.interop, "device_arch", lambda d=None: "sm_90a"):
         launch._KERNELS.clear()
         run = launch.launcher(fa3.VARIANT, q, k, v, causal=True, softmax_scale=0.1)
-        for limit in (1024, 0, 1024):
-            monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K", limit)
+        for name, limit in (("SHORT_MAX_SEQLEN_K", 2048), ("SHORT_MAX_SEQLEN_K", 0), ("SHORT_MAX_SEQLEN_K", 2048),
+                            ("SHORT_MAX_SEQLEN_K_CAUSAL", 0), ("SHORT_MAX_SEQLEN_K_CAUSAL", 1536)):
+            monkeypatch.setattr(fa3, name, limit)
             run(q, k, v)
         launch._KERNELS.clear()
     short, default = fa3._SHORT_CONFIGS[128], fa3.DEFAULT_CONFIGS[128]
-    assert looked == [short, default]  # one lookup per config: the third call reuses the first plan
-    assert [len(args) for args in launched] == [8, 7, 8] and launched[0][-1] == 132
+    assert looked == [short, default]  # one lookup per config: later calls reuse the first two plans
+    assert [len(args) for args in launched] == [8, 7, 8, 7, 8] and launched[0][-1] == 132
 
 
 def test_nan_allocations_reach_the_launchers_outputs(stub_launcher, nan_allocations):

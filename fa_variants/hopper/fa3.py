@@ -107,22 +107,29 @@ DEFAULT_CONFIGS: dict[int, Sm90Config] = {
 # at N 512 / 1k, paired, 6 rounds, one H200, session 16 (scripts/fa3_speed_ab.py --variants old,new,persistent;
 # bench/NOTES.md, "Session 16 (2026-12-02): short sequences ..."): D 64 1.123 / 1.063 (causal 1.202 / 1.105), D 128
 # 1.195 / 1.108 (causal 1.256 / 1.077), "faster" at each; D 256 1.010 / 0.986 (Q waits for O's store there): not
-# taken. At N 2k: D 64 1.034 (causal 1.027), D 128 1.037 (causal 0.977); N 4k D 128 1.003. So `auto` runs it for
-# unsplit, unpacked calls with seqlen_k <= SHORT_MAX_SEQLEN_K at SHORT_HEAD_DIMS (FA_VARIANTS_SHORT_PERSISTENT=N sets
-# the length, 0 turns it off), when the query tiles outnumber the SMs (one tile per CTA has nothing to overlap).
+# taken. At N 2k: D 64 1.034 (causal 1.027), D 128 1.037 (causal 0.977); N 4k D 128 1.003. Session 17 (the same
+# A/B at the boundary, bench/NOTES.md "Session 17 ..."): N 1536 non-causal 1.048 / 1.057 (D 64 / 128), causal 1.084 /
+# 1.036; N 2k non-causal 1.033 / 1.033; N 1k causal 1.102 / 1.064. So `auto` runs it for unsplit, unpacked calls at
+# SHORT_HEAD_DIMS with seqlen_k <= SHORT_MAX_SEQLEN_K (2048; FA_VARIANTS_SHORT_PERSISTENT=N, 0: off), causal ones with
+# seqlen_k <= SHORT_MAX_SEQLEN_K_CAUSAL too (1536, D 128's N 2k causal lost; FA_VARIANTS_SHORT_PERSISTENT_CAUSAL=N),
+# when the query tiles outnumber the SMs (one tile per CTA has nothing to overlap).
 SHORT_HEAD_DIMS: tuple[int, ...] = (64, 128)
-SHORT_MAX_SEQLEN_K = env.integer("FA_VARIANTS_SHORT_PERSISTENT", "1024", 0, "largest seqlen_k; 0: off")
+SHORT_MAX_SEQLEN_K = env.integer("FA_VARIANTS_SHORT_PERSISTENT", "2048", 0, "largest seqlen_k; 0: off")
+SHORT_MAX_SEQLEN_K_CAUSAL = env.integer("FA_VARIANTS_SHORT_PERSISTENT_CAUSAL", "1536", 0,
+                                        "largest seqlen_k of a causal call; 0: off")
 _SHORT_CONFIGS: dict[int, Sm90Config] = {d: dataclasses.replace(DEFAULT_CONFIGS[d], persistent=True)
                                          for d in SHORT_HEAD_DIMS}
 
 
-def short_config(q: torch.Tensor, k: torch.Tensor) -> Sm90Config | None:
+def short_config(q: torch.Tensor, k: torch.Tensor, causal: bool) -> Sm90Config | None:
     """The persistent config `auto` runs an unsplit, unpacked call of q, k with, or None (the head dim's default):
-    at SHORT_HEAD_DIMS, 0 < seqlen_k <= SHORT_MAX_SEQLEN_K and more query tiles (x heads x batch) than the GPU has
-    SMs, so that some CTA walks two tiles (a grid of one tile per CTA gains nothing; the A/B timed 15-60 waves)."""
+    at SHORT_HEAD_DIMS, 0 < seqlen_k <= SHORT_MAX_SEQLEN_K (causal: and <= SHORT_MAX_SEQLEN_K_CAUSAL) and more query
+    tiles (x heads x batch) than the GPU has SMs, so that some CTA walks two tiles (a grid of one tile per CTA gains
+    nothing; the A/B timed 15-60 waves)."""
     batch, seqlen_q, heads, head_dim = q.shape
     config = _SHORT_CONFIGS.get(head_dim)
-    if config is None or not 0 < k.shape[1] <= SHORT_MAX_SEQLEN_K:
+    limit = min(SHORT_MAX_SEQLEN_K, SHORT_MAX_SEQLEN_K_CAUSAL) if causal else SHORT_MAX_SEQLEN_K
+    if config is None or not 0 < k.shape[1] <= limit:
         return None
     tiles = -(-seqlen_q // config.tile_m) * heads * batch
     return config if tiles > _sm_count(q) else None
@@ -434,7 +441,7 @@ def _problem_config(config: Sm90Config | None, q: torch.Tensor, k: torch.Tensor,
     elif pack:
         config = _PACKED_CONFIGS[q.shape[-1]]
     else:
-        return short_config(q, k)
+        return short_config(q, k, causal)
     return _merge_mode(_packed(config, q, k, splits) if pack else config)
 
 
@@ -530,7 +537,7 @@ def decode_config(q: torch.Tensor, k: torch.Tensor, causal: bool, *, num_splits:
             base = dataclasses.replace(base, num_splits=num_splits)
         return _merge_mode(dataclasses.replace(_packed(base, q, k, num_splits or splits), num_splits=num_splits))
     if num_splits == 1:  # unsplit: the grid `auto` runs (short seqlen_k: the persistent one, short_config)
-        base = short_config(q, k) or DEFAULT_CONFIGS[q.shape[-1]]
+        base = short_config(q, k, causal) or DEFAULT_CONFIGS[q.shape[-1]]
     else:  # a split runs the split kernels
         base = _SPLIT_CONFIGS[q.shape[-1]]
     return _merge_mode(dataclasses.replace(base, num_splits=num_splits))
@@ -663,7 +670,7 @@ VARIANT = Variant(
     operand=_tma_operand, check_problem=_check_problem, problem_config=_problem_config,
     switches=lambda: (SPLIT_KV_ENABLED, PACK_GQA_ENABLED, MERGE_KERNEL, split_combine.MERGE_PDL, DECODE_TILES_CHOICE,
                       DECODE_PDL, DECODE_PDL_MAX_SPLITS, DECODE_PDL_MIN_SPLITS, DECODE_FULL_GRID,
-                      SPLIT_MIN_TILES, PACK_WIDE, DECODE_FIRST_ROW, SHORT_MAX_SEQLEN_K,
+                      SPLIT_MIN_TILES, PACK_WIDE, DECODE_FIRST_ROW, SHORT_MAX_SEQLEN_K, SHORT_MAX_SEQLEN_K_CAUSAL,
                       split_combine.MERGE_WARP, FUSED_MERGE),
     warm_configs=lambda arch, head_dim, causal, groups=(): _auto_configs(head_dim, groups))
 
