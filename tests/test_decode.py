@@ -574,22 +574,27 @@ def test_short_seqlen_k_runs_the_persistent_grid(h200, split_enabled, monkeypatc
     persistent grid at SHORT_HEAD_DIMS (64, 128) and the plain default elsewhere (and on grids of one tile per SM);
     longer seqlen_k, split or packed calls, an explicit config and FA_VARIANTS_SHORT_PERSISTENT=0 keep what they had;
     `fa-variants warmup` compiles it."""
-    monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K", 2048)  # the defaults, whatever the environment says
+    monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K", 3072)  # the defaults, whatever the environment says
     monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K_CAUSAL", 1536)
+    monkeypatch.setattr(fa3, "SHORT_NARROW_MAX_SEQLEN_K", 1024)
     short = head_dim in (64, 128)
     want = dataclasses.replace(fa3.DEFAULT_CONFIGS[head_dim], persistent=True) if short else None
-    cases = ((512, 512, False, want), (1024, 1024, True, want), (4096, 1000, True, want), (3, 3, False, want),
-             (1536, 1536, True, want), (1537, 1537, True, None), (2048, 1537, True, None), (1537, 1537, False, want),
-             (2048, 2048, False, want), (2049, 2049, False, None), (512, 2049, False, None))
+    narrow = dataclasses.replace(want, tile_m=128) if head_dim == 64 else want  # D 64 causal, seqlen_k <= 1024
+    cases = ((512, 512, False, want), (1024, 1024, True, narrow), (4096, 1000, True, narrow), (3, 3, False, want),
+             (1025, 1025, True, want), (1536, 1536, True, want), (1537, 1537, True, None), (2048, 1537, True, None),
+             (1537, 1537, False, want), (3072, 3072, False, want), (3073, 3073, False, None), (512, 3073, False, None))
     for seqlen_q, seqlen_k, causal, want_here in cases:
         q, k = _qk(32, seqlen_q, 16, 16, seqlen_k, head_dim)
         assert fa3._problem_config(None, q, k, causal) == want_here, (seqlen_q, seqlen_k, causal)
         assert fa3.auto_num_splits(q, k, causal) == 1
-    monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K_CAUSAL", 0)  # causal calls only leave the short grid
     q, k = _qk(32, 512, 16, 16, 512, head_dim)
+    monkeypatch.setattr(fa3, "SHORT_NARROW_MAX_SEQLEN_K", 0)  # D 64's causal calls keep the 192-row tile
+    assert fa3._problem_config(None, q, k, True) == want
+    monkeypatch.setattr(fa3, "SHORT_NARROW_MAX_SEQLEN_K", 1024)
+    monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K_CAUSAL", 0)  # causal calls only leave the short grid
     assert fa3._problem_config(None, q, k, True) is None and fa3._problem_config(None, q, k, False) == want
     monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K_CAUSAL", 4096)  # a causal limit above the limit: the limit
-    q, k = _qk(32, 512, 16, 16, 2049, head_dim)
+    q, k = _qk(32, 512, 16, 16, 3073, head_dim)
     assert fa3._problem_config(None, q, k, True) is None
     monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K_CAUSAL", 1536)
     # one K/V tile (never split): the short grid only where the query tiles outnumber the 132 SMs
@@ -601,7 +606,8 @@ def test_short_seqlen_k_runs_the_persistent_grid(h200, split_enabled, monkeypatc
     assert cfg is not None and cfg.pack_gqa and not cfg.persistent
     q, k = _qk(32, 512, 16, 16, 512, head_dim)
     assert fa3._problem_config(fa3.DEFAULT_CONFIGS[head_dim], q, k, False) is fa3.DEFAULT_CONFIGS[head_dim]
-    assert (want in fa3._auto_configs(head_dim)) if short else not any(c.persistent for c in fa3._auto_configs(head_dim))
+    assert ({want, narrow} <= set(fa3._auto_configs(head_dim))) if short else not any(
+        c.persistent for c in fa3._auto_configs(head_dim))
     monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K", 0)
     assert fa3._problem_config(None, q, k, False) is None
     assert not any(c.persistent for c in fa3._auto_configs(head_dim))
@@ -612,7 +618,7 @@ def test_fixed_split_options_keep_the_short_persistent_grid(h200, split_enabled,
     """decode_config (``attention(..., num_splits=1)`` / ``pack_gqa=False``) of an unsplit, unpacked call runs the
     grid `auto` runs: the persistent one at short seqlen_k (short_config), the default elsewhere; before, a fixed
     option fell back to the one-CTA-per-tile default where `auto` ran the persistent grid."""
-    monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K", 2048)
+    monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K", 3072)
     monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K_CAUSAL", 1536)
     q, k = _qk(32, 512, 16, 16, 512, head_dim)
     want = fa3._problem_config(None, q, k, False)
@@ -620,7 +626,7 @@ def test_fixed_split_options_keep_the_short_persistent_grid(h200, split_enabled,
     for options in (dict(), dict(num_splits=1), dict(pack_gqa=False), dict(num_splits=1, pack_gqa=False)):
         assert fa3.decode_config(q, k, False, **options) == (want or fa3.DEFAULT_CONFIGS[head_dim]), options
     assert not fa3.decode_config(q, k, False, num_splits=2).persistent  # split: the split kernels
-    q, k = _qk(32, 512, 16, 16, 2049, head_dim)
+    q, k = _qk(32, 512, 16, 16, 3073, head_dim)
     assert fa3.decode_config(q, k, False, num_splits=1) == fa3.DEFAULT_CONFIGS[head_dim]
     q, k = _qk(32, 512, 16, 16, 1537, head_dim)  # causal: its own limit
     assert fa3.decode_config(q, k, True, num_splits=1) == fa3.DEFAULT_CONFIGS[head_dim]

@@ -243,9 +243,11 @@ def test_persistent_compiles_without_spills(head_dim, causal):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_persistent_m128_compiles_without_spills(causal):
     """scripts/fa3_speed_ab.py's `persistent-m128` (session 16, short prefill at D 64: 128-row tiles in the persistent
-    grid): no spills, the Hopper features, O in its own buffer."""
+    grid; since session 17 what `auto` runs for D 64 causal calls up to 1024 keys): no spills, the Hopper features, O
+    in its own buffer."""
     config = _speed_ab().variant_config("persistent-m128", 64)
     assert config == dataclasses.replace(fa3.DEFAULT_CONFIGS[64], persistent=True, tile_m=128)
+    assert config == fa3._SHORT_NARROW_CONFIGS[64]
     compiled = _compiled(64, causal, config)
     sass = cubin.sass_of(compiled.cubin)
     _assert_hopper_kernel(dict(cubin.count_sass(sass), smem_bytes=compiled.smem_dynamic_bytes,

@@ -562,7 +562,7 @@ def test_fa3_short_persistent_switch_replans(monkeypatch):
     from fa_variants.hopper import fa3
 
     monkeypatch.setattr(fa3, "_auto_splits", lambda ctas, n_blocks, index, min_tiles=None, per_sm=1: 1)
-    monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K", 2048)  # the defaults, whatever the environment says
+    monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K", 3072)  # the defaults, whatever the environment says
     monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K_CAUSAL", 1536)
     looked, launched = [], []
     compiled = cache.Compiled(None, lambda *args: launched.append(args), 0.0, None, 0)
@@ -572,7 +572,7 @@ def test_fa3_short_persistent_switch_replans(monkeypatch):
             mock.patch.object(launch.interop, "device_arch", lambda d=None: "sm_90a"):
         launch._KERNELS.clear()
         run = launch.launcher(fa3.VARIANT, q, k, v, causal=True, softmax_scale=0.1)
-        for name, limit in (("SHORT_MAX_SEQLEN_K", 2048), ("SHORT_MAX_SEQLEN_K", 0), ("SHORT_MAX_SEQLEN_K", 2048),
+        for name, limit in (("SHORT_MAX_SEQLEN_K", 3072), ("SHORT_MAX_SEQLEN_K", 0), ("SHORT_MAX_SEQLEN_K", 3072),
                             ("SHORT_MAX_SEQLEN_K_CAUSAL", 0), ("SHORT_MAX_SEQLEN_K_CAUSAL", 1536)):
             monkeypatch.setattr(fa3, name, limit)
             run(q, k, v)

@@ -49,7 +49,7 @@ _FLAGS_OR = {"FP8_QUANT_WIDE128": ("k",)}
 _AUTO_FLAGS = ("FP8_QUANT_STAGED_STORE", "MERGE_WARP", "PACK_WIDE")
 #: int switches -> their lowest value
 _INTS = {"DECODE_PDL_MAX_SPLITS": 0, "DECODE_PDL_MIN_SPLITS": 1, "FA2_D256_MAX_SEQLEN_K": 0,
-         "FP8_SMOOTH_K_BLOCKS": 0, "SHORT_PERSISTENT": 0, "SHORT_PERSISTENT_CAUSAL": 0,
+         "FP8_SMOOTH_K_BLOCKS": 0, "SHORT_NARROW_CAUSAL": 0, "SHORT_PERSISTENT": 0, "SHORT_PERSISTENT_CAUSAL": 0,
          "SPLIT_MIN_TILES": 1}
 #: choice switches -> their spellings (the kernel modules' tables: hopper.fa3.DECODE_TILES and FUSED_MERGE_MODES,
 #: ampere.fa2.D256_CONFIGS, fp8.quant_host.PIPELINES, registry.BACKENDS; tests/test_env_switches.py compares)

@@ -108,29 +108,41 @@ DEFAULT_CONFIGS: dict[int, Sm90Config] = {
 # bench/NOTES.md, "Session 16 (2026-12-02): short sequences ..."): D 64 1.123 / 1.063 (causal 1.202 / 1.105), D 128
 # 1.195 / 1.108 (causal 1.256 / 1.077), "faster" at each; D 256 1.010 / 0.986 (Q waits for O's store there): not
 # taken. At N 2k: D 64 1.034 (causal 1.027), D 128 1.037 (causal 0.977); N 4k D 128 1.003. Session 17 (the same
-# A/B at the boundary, bench/NOTES.md "Session 17 ..."): N 1536 non-causal 1.048 / 1.057 (D 64 / 128), causal 1.084 /
-# 1.036; N 2k non-causal 1.033 / 1.033; N 1k causal 1.102 / 1.064. So `auto` runs it for unsplit, unpacked calls at
-# SHORT_HEAD_DIMS with seqlen_k <= SHORT_MAX_SEQLEN_K (2048; FA_VARIANTS_SHORT_PERSISTENT=N, 0: off), causal ones with
-# seqlen_k <= SHORT_MAX_SEQLEN_K_CAUSAL too (1536, D 128's N 2k causal lost; FA_VARIANTS_SHORT_PERSISTENT_CAUSAL=N),
-# when the query tiles outnumber the SMs (one tile per CTA has nothing to overlap).
+# A/B at the boundary, bench/NOTES.md "Session 17 (2026-12-02): short prefill, the boundary"): persistent / new at
+# D 64 / 128, N 1536 non-causal 1.048 / 1.057, causal 1.084 / 1.036; N 2k non-causal 1.033 / 1.033, causal 1.022 /
+# 0.975; N 3072 non-causal 1.023 / 1.015; D 64 N 4k 1.007. So `auto` runs it for unsplit, unpacked calls at
+# SHORT_HEAD_DIMS with seqlen_k <= SHORT_MAX_SEQLEN_K (3072; FA_VARIANTS_SHORT_PERSISTENT=N, 0: off), causal ones with
+# seqlen_k <= SHORT_MAX_SEQLEN_K_CAUSAL too (1536; FA_VARIANTS_SHORT_PERSISTENT_CAUSAL=N), when the query tiles
+# outnumber the SMs (one tile per CTA has nothing to overlap). At D 64, causal calls with seqlen_k <=
+# SHORT_NARROW_MAX_SEQLEN_K (1024; FA_VARIANTS_SHORT_NARROW_CAUSAL=N, 0: off) take 128-row tiles instead of 192: twice
+# as many query tiles spread the causal triangle's uneven work over the SMs; persistent-m128 / persistent (session 17)
+# 1.123 at N 512, 1.125 at N 1k causal, but 0.92 at N 1536 causal, 0.99 at N 2k causal, 0.83-0.97 non-causal.
 SHORT_HEAD_DIMS: tuple[int, ...] = (64, 128)
-SHORT_MAX_SEQLEN_K = env.integer("FA_VARIANTS_SHORT_PERSISTENT", "2048", 0, "largest seqlen_k; 0: off")
+SHORT_MAX_SEQLEN_K = env.integer("FA_VARIANTS_SHORT_PERSISTENT", "3072", 0, "largest seqlen_k; 0: off")
 SHORT_MAX_SEQLEN_K_CAUSAL = env.integer("FA_VARIANTS_SHORT_PERSISTENT_CAUSAL", "1536", 0,
                                         "largest seqlen_k of a causal call; 0: off")
+SHORT_NARROW_MAX_SEQLEN_K = env.integer("FA_VARIANTS_SHORT_NARROW_CAUSAL", "1024", 0,
+                                        "largest seqlen_k of a causal head_dim 64 call on 128-row tiles; 0: off")
 _SHORT_CONFIGS: dict[int, Sm90Config] = {d: dataclasses.replace(DEFAULT_CONFIGS[d], persistent=True)
                                          for d in SHORT_HEAD_DIMS}
+#: head dim -> the short causal config on narrower query tiles (SHORT_NARROW_MAX_SEQLEN_K)
+_SHORT_NARROW_CONFIGS: dict[int, Sm90Config] = {64: dataclasses.replace(_SHORT_CONFIGS[64], tile_m=128)}
 
 
 def short_config(q: torch.Tensor, k: torch.Tensor, causal: bool) -> Sm90Config | None:
     """The persistent config `auto` runs an unsplit, unpacked call of q, k with, or None (the head dim's default):
     at SHORT_HEAD_DIMS, 0 < seqlen_k <= SHORT_MAX_SEQLEN_K (causal: and <= SHORT_MAX_SEQLEN_K_CAUSAL) and more query
     tiles (x heads x batch) than the GPU has SMs, so that some CTA walks two tiles (a grid of one tile per CTA gains
-    nothing; the A/B timed 15-60 waves)."""
+    nothing; the A/B timed 15-60 waves); a causal call at head_dim 64 with seqlen_k <= SHORT_NARROW_MAX_SEQLEN_K on
+    128-row tiles (_SHORT_NARROW_CONFIGS)."""
     batch, seqlen_q, heads, head_dim = q.shape
+    seqlen_k = k.shape[1]
     config = _SHORT_CONFIGS.get(head_dim)
     limit = min(SHORT_MAX_SEQLEN_K, SHORT_MAX_SEQLEN_K_CAUSAL) if causal else SHORT_MAX_SEQLEN_K
-    if config is None or not 0 < k.shape[1] <= limit:
+    if config is None or not 0 < seqlen_k <= limit:
         return None
+    if causal and seqlen_k <= SHORT_NARROW_MAX_SEQLEN_K:
+        config = _SHORT_NARROW_CONFIGS.get(head_dim, config)
     tiles = -(-seqlen_q // config.tile_m) * heads * batch
     return config if tiles > _sm_count(q) else None
 
@@ -579,6 +591,8 @@ def _auto_configs(head_dim: int, groups: tuple[int, ...] = ()) -> tuple[Sm90Conf
     decode = tuple(_merge_mode(first_row(decode_tiles(c, head_dim, t, pdl=decode_pdl(n)), 1, f))
                    for c in packed for n in counts(c) for t in choices for f in first)
     short = (_SHORT_CONFIGS[head_dim],) if SHORT_MAX_SEQLEN_K and head_dim in _SHORT_CONFIGS else ()
+    if short and SHORT_MAX_SEQLEN_K_CAUSAL and SHORT_NARROW_MAX_SEQLEN_K and head_dim in _SHORT_NARROW_CONFIGS:
+        short += (_SHORT_NARROW_CONFIGS[head_dim],)
     return short + ((_merge_mode(_SPLIT_CONFIGS[head_dim]),) if SPLIT_KV_ENABLED else ()) + (
         tuple(dict.fromkeys(packed + decode + rows)) if PACK_GQA_ENABLED else ())
 
@@ -671,7 +685,7 @@ VARIANT = Variant(
     switches=lambda: (SPLIT_KV_ENABLED, PACK_GQA_ENABLED, MERGE_KERNEL, split_combine.MERGE_PDL, DECODE_TILES_CHOICE,
                       DECODE_PDL, DECODE_PDL_MAX_SPLITS, DECODE_PDL_MIN_SPLITS, DECODE_FULL_GRID,
                       SPLIT_MIN_TILES, PACK_WIDE, DECODE_FIRST_ROW, SHORT_MAX_SEQLEN_K, SHORT_MAX_SEQLEN_K_CAUSAL,
-                      split_combine.MERGE_WARP, FUSED_MERGE),
+                      SHORT_NARROW_MAX_SEQLEN_K, split_combine.MERGE_WARP, FUSED_MERGE),
     warm_configs=lambda arch, head_dim, causal, groups=(): _auto_configs(head_dim, groups))
 
 
