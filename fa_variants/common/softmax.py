@@ -224,21 +224,12 @@ class OnlineSoftmax:
     def _update_tile_scaled(self, s: cute.Tensor, is_first: cutlass.Constexpr[bool], tile_scale_log2: Float32,
                             alpha: cute.Tensor):
         """`update` for block-scaled scores (m in log2 units, see ``__init__``), row by row: the row max, P = exp2(S c_n
-        + p_shift - m_safe) over every column, then alpha = exp2(m_old - m_safe), l and m (``_fold``)."""
+        - (m_safe - p_shift)) over every column (one FFMA, `_exp_row`), then alpha = exp2(m_old - m_safe), l and m
+        (``_fold``)."""
         for r in cutlass.range_constexpr(self.num_rows):
             m_new, m_safe = self._row_max(s, r, is_first, tile_scale_log2)
-            row_sum = self._tile_scaled_exp_row(s, r, tile_scale_log2, self.p_shift - m_safe)
+            row_sum = self._exp_row(s, r, 0.0, tile_scale_log2, m_safe - self.p_shift)
             self._fold(r, alpha, row_sum, m_new, self.row_max[r] - m_safe, is_first)
-
-    def _tile_scaled_exp_row(self, s: cute.Tensor, r: int, tile_scale_log2: Float32, bias: Float32):
-        """P = exp2(S c_n + bias) in place over every column of row r; returns this thread's part of the row sum
-        (``chains`` accumulators, ``_chain_add``: each chain adds its columns in column order). Trace-time helper."""
-        sums = [None] * self.chains
-        for j in range(cute.size(s, mode=[1])):
-            p = cute.math.exp2(s[r, j] * tile_scale_log2 + bias, fastmath=True)
-            s[r, j] = p
-            _chain_add(sums, j, p)
-        return _chain_sum(sums)
 
     @cute.jit
     def _row_max(self, s: cute.Tensor, r: cutlass.Constexpr[int], is_first: cutlass.Constexpr[bool],
@@ -254,11 +245,12 @@ class OnlineSoftmax:
 
     @cute.jit
     def _exp_row(self, s: cute.Tensor, r: cutlass.Constexpr[int], shift: Float32, c: Float32, basis: Float32):
-        """S[r, :] -> P[r, :] = exp2((S - shift) c) (exact form) or exp2(fma(S, c, -basis)) (exp2_ffma);
-        returns this thread's part of the row sum (`chains` accumulators)."""
+        """S[r, :] -> P[r, :] = exp2((S - shift) c) (exact form) or exp2(fma(S, c, -basis)) (exp2_ffma, and
+        tile_scales with c = c_n); returns this thread's part of the row sum (`chains` accumulators, ``_chain_add``:
+        each chain adds its columns in column order)."""
         sums = [None] * self.chains
         for j in cutlass.range_constexpr(cute.size(s, mode=[1])):
-            if const_expr(self.exp2_ffma):
+            if const_expr(self.exp2_ffma or self.tile_scales):
                 p = cute.math.exp2(cute.math.fma(s[r, j], c, -basis), fastmath=True)
             else:
                 p = cute.math.exp2((s[r, j] - shift) * c, fastmath=True)
