@@ -29,6 +29,9 @@
 #    B. after a kernel or default change: the whole GPU suite (~460 s on an H200; on an H100 use -n 8, its 80 GB ran out
 #    of memory in the float64 reference with 15 workers): `python3 -m pytest -q -n 14 -m "gpu and not slow" -p
 #    no:cacheprovider --durations=40`.
+#    C. README's results table (bench/h200-2026-11-29, before every default of sessions 4-17, e.g. fa3 423 TFLOP/s at
+#    D 128 N 512 where session 16 measured 470 with the short grid): rerun its command (bench/h200-2026-11-29/bench.md,
+#    first line; ~8-10 min, one call on its own) and replace the table.
 #    New lines "X. scripts/pending_gpu.sh [--checks] NAME ..." as scripts land. Each call starts a
 #    cold machine (~60-85 s more); carry [".gpu"], or
 #    [".gpu", ".before.tar.xz"] after `scripts/ab_checkout.sh COMMIT .before` for a script that A/Bs against an older
