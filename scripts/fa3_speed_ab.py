@@ -110,11 +110,16 @@ VARIANTS = {
     # the 192-row tile leaves a third of its last query tile empty at N 512 / 1k (576 / 1152 rows for 512 / 1024);
     # 128-row tiles fit those lengths exactly, in the persistent grid `auto` runs there
     "persistent-m128": ((64,), dict(persistent=True, tile_m=128)),
+    # session 17, the persistent grid's causal balance (bench/NOTES.md, "Session 17 (2026-12-02): the persistent grid
+    # dealt by load; predictions before the run"): the tiles of each round of the static schedule dealt to the CTAs by
+    # their load so far (Sm90Config.balanced, common.tile_order.balanced_order)
+    "balanced": ((64, 128, 256), dict(persistent=True, balanced=True)),
 }
 ROUND4 = ("old", "new", "fa4-256", "n176", "stages3", "k-first")
 FA3GAP = ("old", "new", "fa4-256")  # basis, basis-kv1, basis-256 removed in session 15 (alpha from the bases: slower)
 PERSIST = ("old", "new", "persistent")
 SHORT = ("old", "new", "persistent", "persistent-m128")  # session 16's short prefill (scripts/short_gpu.sh)
+BALANCED = ("old", "new", "persistent", "balanced")  # session 17 (scripts/balanced_gpu.sh)
 ALPHA = ("old", "new", "alpha", "alpha-noskip")
 GAP9 = ("old", "new", "fa4-256", "alpha-256")
 TURN = ("old", "new", "turn")

@@ -20,12 +20,15 @@
 # 2. then scripts/NAME_gpu.sh for each NAME, in order, each with the time left of CALL_BUDGET seconds (default 560),
 #    skipped when fewer than 100 s are left; logs under $OUT/pending/NAME/, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
-#    Plan for session 18: nothing of session 17 is left unproven (its four calls: the short-prefill limits 3072 /
-#    causal 1536 and D 64's 128-row short causal tiles, each with its GPU tests and sanitizers; the whole GPU suite on
-#    212f296, fa3's GPU tests on 1da4a7e; bench/NOTES.md "Session 17 ..."). Open: issue 10's speed targets, 12's
-#    fa3 / flash-attn-4 >= 1.00, 13's 70 % of HBM at D 64 decode, 16 (two GPUs).
-#    A. scripts/pending_gpu.sh short (~150-200 s cold) reproves the short grid after a change to fa3's persistent
-#    path or to short_config.
+#    Plan for session 18: of session 17's work only Sm90Config.balanced is unproven (its calls proved the short-prefill
+#    limits 3072 / causal 1536 and D 64's 128-row short causal tiles, each with its GPU tests and sanitizers; the whole
+#    GPU suite ran on 212f296, fa3's GPU tests on 1da4a7e, fa3-fp8's on 4f0fac8; bench/NOTES.md "Session 17 ...").
+#    Open: issue 10's speed targets, 12's fa3 / flash-attn-4 >= 1.00, 13's 70 % of HBM at D 64 decode, 16 (two GPUs).
+#    A. scripts/pending_gpu.sh balanced (~200-260 s cold): Sm90Config.balanced (session 17, CPU only so far: the
+#    persistent grid's tiles dealt by load from a host table): its 13 GPU tests and the causal A/B, with its flip rules
+#    (its header; bench/NOTES.md "Session 17 (2026-12-02): the persistent grid dealt by load").
+#    A2. scripts/pending_gpu.sh short (~150-200 s cold) reproves the short grid after a change to fa3's persistent
+#    path or to short_config (e.g. a flip from A).
 #    B. after a kernel or default change: the whole GPU suite (~460 s on an H200; on an H100 use -n 8, its 80 GB ran out
 #    of memory in the float64 reference with 15 workers): `python3 -m pytest -q -n 14 -m "gpu and not slow" -p
 #    no:cacheprovider --durations=40`.

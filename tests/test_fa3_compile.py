@@ -255,6 +255,24 @@ def test_persistent_m128_compiles_without_spills(causal):
     assert config.separate_o(64) and compiled.smem_dynamic_bytes == config.smem_bytes(64)
 
 
+@pytest.mark.parametrize("head_dim, causal", [(64, False), (128, True), (256, True)])
+def test_balanced_compiles_without_spills(head_dim, causal):
+    """scripts/fa3_speed_ab.py's `balanced` (session 17: the persistent grid reading its tiles from the host's table,
+    Sm90Config.balanced): no spills, the Hopper features, and the table read once per role before the loop and once
+    per tile in it (4 LDG: the producer warp and the consumers; the persistent grid has none); the static persistent
+    kernel is the same code as before the table (its SASS did not change, checked when the table came in)."""
+    config = _speed_ab().variant_config("balanced", head_dim)
+    assert config == dataclasses.replace(fa3.DEFAULT_CONFIGS[head_dim], persistent=True, balanced=True)
+    compiled = _compiled(head_dim, causal, config)
+    sass = cubin.sass_of(compiled.cubin)
+    _assert_hopper_kernel(dict(cubin.count_sass(sass), smem_bytes=compiled.smem_dynamic_bytes,
+                               spill_bytes=cubin.cubin_resources(compiled.cubin)["spill_bytes"]))
+    loads = [line for line in sass.splitlines() if " LDG." in line]
+    assert len(loads) == 4, loads
+    static = cubin.sass_of(_compiled(head_dim, causal, dataclasses.replace(config, balanced=False)).cubin)
+    assert not [line for line in static.splitlines() if " LDG." in line]
+
+
 def test_persistent_fp16_compiles():
     config = dataclasses.replace(fa3.DEFAULT_CONFIGS[128], persistent=True)
     c = registry.compiled(registry.static_config("fa3", "sm_90a", "fp16", 128, True, config))
@@ -287,8 +305,9 @@ def test_speed_ab_plan(capsys):
     assert len(shapes) == 18 and all(s["batch"] * s["seqlen"] >= 16384 and "old" in s["variants"] for s in shapes)
     # session 9: - early; session 12: + turn (D 128; on in D 64's default), + noturn (D 64); session 15: + basis-turn,
     # then - basis (D 64, 128), basis-kv1, basis-turn (D 128), basis-256 (D 256) with alpha from the kept bases,
-    # + noturn at D 128 (its default before session 15's flip); session 16: + persistent-m128 (D 64)
-    assert {s["head_dim"]: len(s["variants"]) for s in shapes} == {64: 10, 128: 14, 256: 8}
+    # + noturn at D 128 (its default before session 15's flip); session 16: + persistent-m128 (D 64); session 17:
+    # + balanced (D 64, 128, 256)
+    assert {s["head_dim"]: len(s["variants"]) for s in shapes} == {64: 11, 128: 15, 256: 9}
     import sys
     argv, sys.argv = sys.argv, ["fa3_speed_ab.py", "--plan"]
     try:

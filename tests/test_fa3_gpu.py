@@ -170,6 +170,7 @@ def _check_logit_shifts(name, head_dim, config, causal):
 
 PERSIST = _ab_variants("PERSIST")  # the persistent grid (Sm90Config.persistent) at D 64/128/256
 PERSIST += [v for v in _ab_variants("SHORT") if v[0] == "persistent-m128"]  # session 16: 128-row tiles at D 64
+PERSIST += [v for v in _ab_variants("BALANCED") if v[0] == "balanced"]  # session 17: tiles dealt by load
 # (batch, seqlen_q, seqlen_k, heads, heads_kv): odd lengths, one K/V tile and several, Nq != Nk both ways (causal rows
 # that see no key), GQA and MQA, and grids of many more tiles than SMs (each CTA walks several tiles; causal tiles of
 # different lengths; more than one L2 section)
@@ -190,14 +191,20 @@ def test_persistent_variants(name, head_dim, config, causal, dtype):
         _check(q, k, v, causal, config=config, what=f"{name} {dtype} D={head_dim} causal={causal} {shape}")
 
 
-def test_persistent_l2_sections(monkeypatch):
+@pytest.mark.parametrize("balanced", [False, True], ids=["static", "balanced"])
+def test_persistent_l2_sections(monkeypatch, balanced):
     """The persistent grid keeps the causal longest-first order in L2 sections: sections of 2 (batch, head) pairs with
-    a short last one, several tiles per CTA; every tile must run exactly once."""
-    config = dataclasses.replace(fa3.DEFAULT_CONFIGS[128], persistent=True)
+    a short last one, several tiles per CTA; every tile must run exactly once (static schedule, and the tiles dealt by
+    load: Sm90Config.balanced, whose O and LSE equal the static schedule's bit for bit: the same tile maths)."""
+    config = dataclasses.replace(fa3.DEFAULT_CONFIGS[128], persistent=True, balanced=balanced)
     monkeypatch.setattr(fa3, "l2_section_heads", lambda *args: 2)
     for batch, heads in ((1, 5), (3, 7), (5, 41)):
         q, k, v = _qkv(batch, 1000, 1000, heads, 1, 128, BF16)
-        _check(q, k, v, True, config=config, what=f"persistent, sections of 2, B={batch} H={heads}")
+        got = _check(q, k, v, True, config=config, what=f"persistent, sections of 2, B={batch} H={heads}")
+        if balanced:
+            want = fa3.run(q, k, v, causal=True, softmax_scale=1.0 / math.sqrt(128),
+                           config=dataclasses.replace(config, balanced=False))
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (batch, heads)
 
 
 def test_two_consumer_warpgroups_d64():

@@ -399,6 +399,23 @@ def test_short_script_selects_its_tests_and_shapes():
     assert "pending_gpu.sh short" in (ROOT / "scripts" / "pending_gpu.sh").read_text()
 
 
+def test_balanced_script_selects_its_tests_and_shapes():
+    """scripts/balanced_gpu.sh (session 17, Sm90Config.balanced): its pytest -k selects the 13 tests its pass line
+    names (the persistent variants' matrix with balanced at D 64 / 128 / 256, and the L2-section test's balanced
+    case), its A/B times the balanced variant beside persistent at causal shapes of each head dim it runs at, plus a
+    non-causal control; pending_gpu.sh's plan runs it."""
+    text = (ROOT / "scripts" / "balanced_gpu.sh").read_text()
+    expr = re.search(r'-k "([^"]+)"', text).group(1)
+    ids = collected_ids("-m", "gpu", "tests/test_fa3_gpu.py", "-k", expr)
+    assert len(ids) == 13 and sum("persistent_variants[balanced" in i for i in ids) == 12, ids
+    assert 'grep -qE "(^|[^0-9])13 passed"' in text and "VARIANTS=old,new,persistent,balanced\n" in text
+    shapes = ",".join(re.findall(r"SHAPES=(?:\$SHAPES,)?(\S+)", text)).split(",")
+    ab = load_script("fa3_speed_ab")
+    assert {int(s.split(":")[0]) for s in shapes if s.endswith(":causal")} == set(ab.VARIANTS["balanced"][0])
+    assert any(s.endswith(":full") for s in shapes) and ab.BALANCED == ("old", "new", "persistent", "balanced")
+    assert "pending_gpu.sh balanced" in (ROOT / "scripts" / "pending_gpu.sh").read_text()
+
+
 def test_fa4_precompile_scripts_turn_its_disk_cache_on():
     """A script that precompiles flash-attn-4 (fa3_speed_ab.py --precompile-fa4, which refuses to run without it)
     exports FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 before that step, so the timed process loads those kernels (session

@@ -133,7 +133,7 @@ def test_the_launcher_keeps_its_config_until_a_switch_changes():
         decided.append(switch[0])
         return ("config", switch[0])
 
-    def plan_call(config, q, k, v, scale):
+    def plan_call(config, q, k, v, scale, causal):
         planned.append(config)
         return (lambda q, k, v, out, lse: prepared.append(config) or (q, k, v, out, lse, config)), None
 
@@ -163,7 +163,7 @@ def test_a_switch_read_only_by_plan_call_replans_an_equal_config():
     reused: decode5's "warp" A/B entry ran the shared-memory merge."""
     switch, planned, launched = ["smem"], [], []
 
-    def plan_call(config, q, k, v, scale):
+    def plan_call(config, q, k, v, scale, causal):
         merge = switch[0]  # bound while planning, as fa3._plan_call binds its merge function
         planned.append(merge)
         return (lambda q, k, v, out, lse: (q, k, v, out, lse, merge)), None

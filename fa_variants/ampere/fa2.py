@@ -328,13 +328,13 @@ def auto_num_splits(q: torch.Tensor, k: torch.Tensor, causal: bool) -> int:
     return 1 if config is None else num_splits_for(config, q, k)
 
 
-def _plan_call(config: Sm80Config, q, k, v, scale: float) -> tuple:
+def _plan_call(config: Sm80Config, q, k, v, scale: float, causal: bool = False) -> tuple:
     """(prepare, finish) for tensors of q, k, v's kind (``common.launch.Variant.plan_call``): the standard
     arguments, or for a split kernel the fp32 partials (``split_combine.partials_scratch``: the per-stream scratch
     fa3 uses, no allocation per call on a CUDA device) in place of out, lse, and `finish` merging them into out,
     lse (the merge kernel, one launch; ``split_combine.split_steps``). Packed GQA: q and the outputs (or the
     partials) as ``common.pack_gqa.views`` of the same memory (their geometry worked out once here,
-    ``common.pack_gqa.call_geometry``)."""
+    ``common.pack_gqa.call_geometry``). ``causal``: unused (the plan is the same either way)."""
     heads_kv = k.shape[2]
     pack = config.pack_gqa
     q_view, o_view, lse_view = pack_gqa.call_geometry(q, heads_kv) if pack else (None, None, None)

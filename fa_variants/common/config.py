@@ -154,6 +154,11 @@ class Sm90Config:
         seqlen_q = 1 decode from host views (pack_gqa without pack_group: the kernel runs it as MHA, unmasked;
         ``hopper.fa3.DECODE_FULL_GRID``); not with split-KV, pack_group, shared_kv_state, epilogue_arrive or two
         CTAs per SM.
+    balanced: (with persistent, not pack_gqa) the CTAs read their tiles from a table the host deals round by round,
+        the longest tile of a round to the CTA with the least work so far (``common.tile_scheduler.balanced_order``,
+        causal costs), instead of the static b, b + grid, ...: causal query tiles differ in cost, and the static
+        schedule leaves some CTAs 10-15 % above the mean (its model at D 128); each round keeps its tiles, so the L2
+        order stays. One int32 per work tile, made once per launcher plan (``hopper.fa3._plan_call``).
     q_tail_first: (causal calls; a non-causal kernel compiles without it) when seqlen_q is not a multiple of tile_m,
         the rows a partial tile wastes are moved from the last query tile (the longest under causal masking: with
         192-row tiles at seqlen_q 4096 its 64 rows cost a full walk over all K/V tiles, ~6% of the work) to the
@@ -206,6 +211,7 @@ class Sm90Config:
     fused_merge: bool = False
     early_pv_arrive: bool = False
     persistent: bool = False
+    balanced: bool = False
     first_row_only: bool = False
     q_tail_first: bool = False
     alpha_first: bool = False
@@ -272,6 +278,9 @@ class Sm90Config:
                 or self.ctas_per_sm != 1)):
             raise ValueError(f"persistent={self.persistent!r} must be a bool, True only without split-KV "
                              "(num_splits=1), pack_group, shared_kv_state, epilogue_arrive and with ctas_per_sm=1")
+        if not isinstance(self.balanced, bool) or (self.balanced and (not self.persistent or self.pack_gqa)):
+            raise ValueError(f"balanced={self.balanced!r} must be a bool, True only with persistent=True and "
+                             "pack_gqa=False")
         if not isinstance(self.first_row_only, bool) or (self.first_row_only and not (
                 self.pack_gqa and not self.pack_group and self.tile_m == WGMMA_M and not self.fused_merge)):
             raise ValueError(f"first_row_only={self.first_row_only!r} must be a bool, True only for packed seqlen_q = 1 "

@@ -72,9 +72,10 @@ class Variant:
     switches: () -> a hashable value of the module switches `problem_config` and `plan_call` read besides
         the tensors' kind (fa3: split-KV, packed GQA, merge kernel). With it, a launcher decides the config
         once and replays it while the value is unchanged; without it, `problem_config` runs per call.
-    plan_call: (config, q, k, v, scale) -> (prepare(q, k, v, out, lse) -> runtime args, finish(args, out, lse)
-        or None): `prepare` and `finish` specialised once for tensors of q, k, v's kind (view geometry,
-        workspace sizes, the merge kernel looked up), instead of `prepare` / `finish` per call. A `prepare` with
+    plan_call: (config, q, k, v, scale, causal) -> (prepare(q, k, v, out, lse) -> runtime args, finish(args, out,
+        lse) or None): `prepare` and `finish` specialised once for tensors of q, k, v's kind (view geometry,
+        workspace sizes, the merge kernel looked up, fa3's balanced tile table), instead of `prepare` / `finish` per
+        call. A `prepare` with
         an attribute ``launch_with(fn) -> launch(q, k, v, out, lse)`` gives the launch itself as one function
         (``common.split_combine.split_steps``: no argument tuple carrying the split scratch to `finish`).
     """
@@ -291,7 +292,7 @@ class _Steps:
         fn, cfg = _kernel(variant, q.device, q.dtype, q.shape[-1], bool(causal), config)
         if variant.plan_call is not None:
             sample = operands(q, k, v) if operands is not None else (q, k, v)
-            prepare, finish = variant.plan_call(cfg, *sample, scale)
+            prepare, finish = variant.plan_call(cfg, *sample, scale, causal)
         elif variant.prepare is standard_args and variant.finish is None:
             prepare, finish = (lambda q, k, v, out, lse: (q, k, v, out, lse, scale)), None
         else:

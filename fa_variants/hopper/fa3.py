@@ -54,7 +54,7 @@ import os
 
 import torch
 
-from fa_variants.common import env, interop, pack_gqa, split, split_combine
+from fa_variants.common import env, interop, pack_gqa, split, split_combine, tile_order
 from fa_variants.common.cache import StaticConfig
 from fa_variants.common.config import Sm90Config
 from fa_variants.common.launch import Variant
@@ -145,6 +145,20 @@ def short_config(q: torch.Tensor, k: torch.Tensor, causal: bool) -> Sm90Config |
         config = _SHORT_NARROW_CONFIGS.get(head_dim, config)
     tiles = -(-seqlen_q // config.tile_m) * heads * batch
     return config if tiles > _sm_count(q) else None
+
+
+def balanced_table(config: Sm90Config, q: torch.Tensor, k: torch.Tensor, causal: bool) -> torch.Tensor:
+    """The tile table of ``Sm90Config.balanced`` for q, k (int32 on q's device, one entry per work tile:
+    ``common.tile_scheduler.balanced_order`` over the causal costs of ``tile_coords``'s order; equal costs when not
+    causal: the static schedule's own order)."""
+    batch, seqlen_q, heads, head_dim = q.shape
+    num_m_blocks = -(-seqlen_q // config.tile_m)
+    m_blocks = tile_order.tile_m_blocks(num_m_blocks, heads, batch, l2_section_heads(k.shape[1], head_dim), causal)
+    if causal:
+        costs = tile_order.causal_tile_costs(m_blocks, config.tile_m, config.tile_n, seqlen_q, k.shape[1])
+    else:
+        costs = torch.ones(len(m_blocks), dtype=torch.float64)
+    return tile_order.balanced_order(costs, _sm_count(q)).to(q.device)
 
 
 def _sm_count(q: torch.Tensor) -> int:
@@ -346,14 +360,21 @@ def default_config(arch: str, head_dim: int, causal: bool) -> Sm90Config:
 def _build(cfg: StaticConfig):
     from cutlass import Int32  # the DSL: only to compile
 
-    from fa_variants.hopper.fa3_kernel import (FlashAttention3Sm90, FlashAttention3Sm90FusedMerge,
-                                               FlashAttention3Sm90Persistent)
+    from fa_variants.hopper.fa3_kernel import (FlashAttention3Sm90, FlashAttention3Sm90Balanced,
+                                               FlashAttention3Sm90FusedMerge, FlashAttention3Sm90Persistent)
 
     fused = cfg.config.fused_merge and cfg.config.num_splits != 1
     kind = FlashAttention3Sm90Persistent if cfg.config.persistent else FlashAttention3Sm90
+    if cfg.config.balanced:
+        kind = FlashAttention3Sm90Balanced
     kernel = (FlashAttention3Sm90FusedMerge if fused else kind)(
         interop.cute_dtype(cfg.dtype), cfg.head_dim, cfg.causal, cfg.config)
     q, k, v, o, lse, scale, stream = interop.fake_attention_args(cfg.dtype, cfg.head_dim, cfg.align)
+    if cfg.config.balanced:  # + l2_heads, the grid's CTA count, the tile table (_plan_call)
+        import cutlass.cute as cute
+
+        order = interop.fake_tensor("int32", (cute.sym_int(),), 4)
+        return kernel, (q, k, v, o, lse, scale, Int32(1), Int32(1), order, stream)
     if cfg.config.persistent:  # + l2_heads, the grid's CTA count (_plan_call)
         return kernel, (q, k, v, o, lse, scale, Int32(1), Int32(1), stream)
     if not kernel.split:
@@ -627,7 +648,7 @@ def _check_problem(config: Sm90Config | None, q: torch.Tensor, k: torch.Tensor) 
 pack_gqa_views = pack_gqa.views
 
 
-def _plan_call(config: Sm90Config, q, k, v, scale: float) -> tuple:
+def _plan_call(config: Sm90Config, q, k, v, scale: float, causal: bool = False) -> tuple:
     """(prepare, finish) for tensors of q, k, v's kind (shapes and strides fixed; ``common.launch.Variant.plan_call``):
     the runtime arguments ``(q, k, v, out, lse, scale * log2 e, l2_section_heads)``, with packed GQA views of q,
     out and LSE (``pack_gqa_views``; not with ``pack_group``, packed inside the kernel). Split: fp32 partials of
@@ -635,12 +656,15 @@ def _plan_call(config: Sm90Config, q, k, v, scale: float) -> tuple:
     per-call allocation on a CUDA device, a buffer per stream, its views cached) in place of out and LSE; then
     either the kernel merges them itself (``config.fused_merge``: out, LSE and the per-query-tile counters follow
     as arguments) or `finish` does (``split_combine.split_steps``: the merge kernel, or ``split.merge`` on the CPU
-    / with MERGE_KERNEL off). The view geometry is worked out once here (``common.pack_gqa.call_geometry``)."""
+    / with MERGE_KERNEL off). The view geometry is worked out once here (``common.pack_gqa.call_geometry``);
+    ``config.balanced``: the persistent grid's tile table too (``balanced_table``, for ``causal`` costs)."""
     batch, seqlen_q, heads, head_dim = q.shape
     heads_kv = k.shape[2]
     tail = (scale * LOG2_E, l2_section_heads(k.shape[1], head_dim))
     if config.persistent:  # the persistent grid: one CTA per SM (Sm90Config.persistent)
         tail += (_sm_count(q),)
+    if config.balanced:  # its tile table, made once per plan
+        tail += (balanced_table(config, q, k, causal),)
     pack = config.pack_gqa and not config.pack_group  # pack_group: the kernel packs the rows itself
     q_view = o_view = lse_view = None
     if pack:  # views of the same memory: O and LSE land where the unpacked call puts them

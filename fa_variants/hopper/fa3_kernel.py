@@ -143,10 +143,11 @@ class FlashAttention3Sm90(Fa3Schedule, Fa3SplitKV, Fa3Producer):
 
     @cute.jit
     def launch(self, mQ, mK, mV, mO, mLSE, softmax_scale_log2: Float32, l2_heads: Int32, extras: tuple,
-               stream: cuda.CUstream, merge: tuple = (), ctas=None):
+               stream: cuda.CUstream, merge: tuple = (), ctas=None, order: tuple = ()):
         """Host side shared by the kernel family; ``extras`` (tensors) go unchanged to the device side.
         ``merge``: (out, lse, counters) of the fused split merge (``FlashAttention3Sm90FusedMerge``), else ().
-        ``ctas``: the persistent grid's CTA count (``FlashAttention3Sm90Persistent``), else None."""
+        ``ctas``: the persistent grid's CTA count (``FlashAttention3Sm90Persistent``), else None; ``order``: (its
+        tile table,) with ``Sm90Config.balanced``, else ()."""
         # (batch, seqlen, heads, head_dim) -> (seqlen, head_dim, heads, batch): TMA boxes and
         # MMA tiles cover the first two modes; LSE (batch, heads, seqlen) -> (seqlen, heads, batch).
         mQ, mK, mO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0])) for t in (mQ, mK, mO)]
@@ -197,7 +198,7 @@ class FlashAttention3Sm90(Fa3Schedule, Fa3SplitKV, Fa3Producer):
         self.kernel(
             tQ, tK, tV, tO, mLSE, tma_q, tma_k, tma_v, tma_o,
             tiled_mma_qk, tiled_mma_pv, sQ_layout, sO_layout, sKV_layout, sV_layout,
-            softmax_scale_log2, num_m_blocks, qhead_per_kvhead, l2_heads, extras, merge,
+            softmax_scale_log2, num_m_blocks, qhead_per_kvhead, l2_heads, extras, merge, order,
         ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=self.cfg.ctas_per_sm,
                                           use_pdl=self.cfg.pdl, **self._carveout())
 
@@ -267,6 +268,7 @@ class FlashAttention3Sm90(Fa3Schedule, Fa3SplitKV, Fa3Producer):
         l2_heads: Int32,
         extras: tuple,
         merge: tuple,
+        order: tuple,
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
@@ -321,7 +323,7 @@ class FlashAttention3Sm90(Fa3Schedule, Fa3SplitKV, Fa3Producer):
         elif const_expr(self.persistent):
             self._roles_persistent(mQ, mK, mV, mO, mLSE, sQ, sK, sV, sO, tma_q, tma_k, tma_v, tma_o, tiled_mma_qk,
                                    tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2, qhead_per_kvhead, extras,
-                                   warp_idx, num_m_blocks, l2_heads, seqlen_q, seqlen_k)
+                                   warp_idx, num_m_blocks, l2_heads, seqlen_q, seqlen_k, order)
         else:
             m_block, head, batch = self._tile_coords(num_m_blocks, mQ.shape[2], mQ.shape[3], l2_heads)
             n_blocks = self._num_kv_blocks(m_block, seqlen_q, seqlen_k)
@@ -511,6 +513,17 @@ class FlashAttention3Sm90Persistent(FlashAttention3Sm90):
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
                  softmax_scale_log2: Float32, l2_heads: Int32, ctas: Int32, stream: cuda.CUstream):
         self.launch(mQ, mK, mV, mO, mLSE, softmax_scale_log2, l2_heads, (), stream, ctas=ctas)
+
+
+class FlashAttention3Sm90Balanced(FlashAttention3Sm90Persistent):
+    """``FlashAttention3Sm90Persistent`` with ``Sm90Config.balanced``: ``__call__`` takes, after ``ctas``, the tile
+    table ``mOrder`` (int32, one entry per work tile: ``common.tile_scheduler.balanced_order``)."""
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+                 softmax_scale_log2: Float32, l2_heads: Int32, ctas: Int32, mOrder: cute.Tensor,
+                 stream: cuda.CUstream):
+        self.launch(mQ, mK, mV, mO, mLSE, softmax_scale_log2, l2_heads, (), stream, ctas=ctas, order=(mOrder,))
 
 
 class FlashAttention3Sm90FusedMerge(FlashAttention3Sm90):

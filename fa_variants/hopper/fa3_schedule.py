@@ -60,6 +60,20 @@ class Fa3Schedule:
         """Query positions of the problem: mode 0 of Q, or its second part when packed ((G, seqlen_q))."""
         return mQ.shape[0][1] if const_expr(self.pack_group) else mQ.shape[0]
 
+    def _scheduled_tile(self, slot: Int32, total: Int32, order: tuple, upcoming: Int32):
+        """(work tile of slot ``slot`` of the persistent schedule, ``upcoming`` for the next slot). Static: the slot
+        itself. ``Sm90Config.balanced`` (``order`` = (table,)): ``upcoming``, the tile read from table[slot] one slot
+        earlier (so that the read's latency hides under the previous tile), and table[slot + stride] read now
+        (clamped to the last entry past the end; start the loop with ``upcoming`` = table[first])."""
+        if const_expr(len(order) > 0):
+            _, stride = tile_scheduler.persistent_tiles()
+            return upcoming, order[0][cutlass.min(slot + stride, total - 1)]
+        return slot, upcoming
+
+    def _first_scheduled(self, first: Int32, order: tuple) -> Int32:
+        """The ``upcoming`` that ``_scheduled_tile`` starts from: table[first] (balanced), else first (unused)."""
+        return order[0][first] if const_expr(len(order) > 0) else first
+
     def _tile(self, n_start, n):
         """Absolute K/V tile index of the n-th tile of this CTA's range (the range starts at 0 unless split)."""
         return n_start + n if const_expr(self.split) else n
@@ -68,13 +82,15 @@ class Fa3Schedule:
     def _roles_persistent(self, mQ, mK, mV, mO, mLSE, sQ, sK, sV, sO, tma_q, tma_k, tma_v, tma_o, tiled_mma_qk,
                           tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2: Float32, qhead_per_kvhead: Int32,
                           extras: tuple, warp_idx: Int32, num_m_blocks: Int32, l2_heads: Int32, seqlen_q: Int32,
-                          seqlen_k: Int32):
+                          seqlen_k: Int32, order: tuple = ()):
         """``_roles`` of a persistent CTA (``Sm90Config.persistent``): the producer warp and the consumer
         warpgroups each walk this CTA's tiles of the static schedule (``common.tile_scheduler``) with their
         pipeline states carried from tile to tile (the Q, K and V mbarrier phases run on), so the producer's loads
         of the next tile wait only for free buffers, not for the previous tile's epilogue (but Q's, when O reuses
         Q's buffer). The ping-pong turn is handed to warpgroup 0 once: each tile ends with the last warpgroup's
-        arrive on warpgroup 0's barrier, which is the next tile's first turn."""
+        arrive on warpgroup 0's barrier, which is the next tile's first turn. ``order``: (the tile table,) of
+        ``Sm90Config.balanced``: the i-th slot of the static schedule runs tile table[i] (``_scheduled_tile``, which
+        reads each entry one tile ahead)."""
         heads, batches = mQ.shape[2], mQ.shape[3]
         first, stride = tile_scheduler.persistent_tiles()
         total = num_m_blocks * heads * batches
@@ -84,7 +100,9 @@ class Fa3Schedule:
                 q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
                 k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
                 v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-                for tile in cutlass.range(first, total, stride, unroll=1):
+                upcoming = self._first_scheduled(first, order)
+                for slot in cutlass.range(first, total, stride, unroll=1):
+                    tile, upcoming = self._scheduled_tile(slot, total, order, upcoming)
                     m_block, head, batch = tile_scheduler.tile_coords(tile, num_m_blocks, heads, batches, l2_heads,
                                                                       self.causal)
                     n_blocks = self._num_kv_blocks(m_block, seqlen_q, seqlen_k)
@@ -101,7 +119,9 @@ class Fa3Schedule:
                 if warp_idx < 2 * WARPGROUP_THREADS // 32:  # warpgroup 0 takes the first turn
                     cute.arch.barrier_arrive(barrier_id=int(NamedBarrier.SCHEDULE_WG0),
                                              number_of_threads=2 * WARPGROUP_THREADS)
-            for tile in cutlass.range(first, total, stride, unroll=1):
+            upcoming = self._first_scheduled(first, order)
+            for slot in cutlass.range(first, total, stride, unroll=1):
+                tile, upcoming = self._scheduled_tile(slot, total, order, upcoming)
                 m_block, head, batch = tile_scheduler.tile_coords(tile, num_m_blocks, heads, batches, l2_heads,
                                                                   self.causal)
                 n_blocks = self._num_kv_blocks(m_block, seqlen_q, seqlen_k)
