@@ -597,6 +597,15 @@ def test_short_seqlen_k_runs_the_persistent_grid(h200, split_enabled, monkeypatc
     q, k = _qk(32, 512, 16, 16, 3073, head_dim)
     assert fa3._problem_config(None, q, k, True) is None
     monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K_CAUSAL", 1536)
+    monkeypatch.setattr(fa3, "SHORT_BALANCED", True)  # FA_VARIANTS_SHORT_BALANCED=1: causal calls deal tiles by load
+    q, k = _qk(32, 1024, 16, 16, 1024, head_dim)
+    got = fa3._problem_config(None, q, k, True)
+    assert (got == dataclasses.replace(narrow, balanced=True)) if short else got is None
+    assert fa3._problem_config(None, q, k, False) == want  # non-causal tiles cost the same: the static schedule
+    assert fa3.decode_config(q, k, True, num_splits=1) == (got or fa3.DEFAULT_CONFIGS[head_dim])
+    if short:
+        assert got is fa3._problem_config(None, q, k, True) and got in fa3._auto_configs(head_dim)
+    monkeypatch.setattr(fa3, "SHORT_BALANCED", False)
     # one K/V tile (never split): the short grid only where the query tiles outnumber the 132 SMs
     for batch, want_here in ((8, None), (9, want)):  # 1 query tile x 16 heads x batch: 128 / 144 tiles
         q, k = _qk(batch, 100, 16, 16, 100, head_dim)

@@ -402,8 +402,9 @@ def test_short_script_selects_its_tests_and_shapes():
 def test_balanced_script_selects_its_tests_and_shapes():
     """scripts/balanced_gpu.sh (session 17, Sm90Config.balanced): its pytest -k selects the 13 tests its pass line
     names (the persistent variants' matrix with balanced at D 64 / 128 / 256, and the L2-section test's balanced
-    case), its A/B times the balanced variant beside persistent at causal shapes of each head dim it runs at, plus a
-    non-causal control; pending_gpu.sh's plan runs it."""
+    case), the sanitizers run with FA_VARIANTS_SHORT_BALANCED=1 (sanitize.py's short causal shapes then take the
+    balanced grid), its A/B times the balanced variant beside persistent at causal shapes of each head dim it runs at,
+    plus a non-causal control; pending_gpu.sh's plan runs it."""
     text = (ROOT / "scripts" / "balanced_gpu.sh").read_text()
     expr = re.search(r'-k "([^"]+)"', text).group(1)
     ids = collected_ids("-m", "gpu", "tests/test_fa3_gpu.py", "-k", expr)
@@ -413,6 +414,7 @@ def test_balanced_script_selects_its_tests_and_shapes():
     ab = load_script("fa3_speed_ab")
     assert {int(s.split(":")[0]) for s in shapes if s.endswith(":causal")} == set(ab.VARIANTS["balanced"][0])
     assert any(s.endswith(":full") for s in shapes) and ab.BALANCED == ("old", "new", "persistent", "balanced")
+    assert "env FA_VARIANTS_SHORT_BALANCED=1 python3 scripts/sanitize.py --tools memcheck racecheck" in text
     assert "pending_gpu.sh balanced" in (ROOT / "scripts" / "pending_gpu.sh").read_text()
 
 

@@ -123,6 +123,9 @@ SHORT_MAX_SEQLEN_K_CAUSAL = env.integer("FA_VARIANTS_SHORT_PERSISTENT_CAUSAL", "
                                         "largest seqlen_k of a causal call; 0: off")
 SHORT_NARROW_MAX_SEQLEN_K = env.integer("FA_VARIANTS_SHORT_NARROW_CAUSAL", "1024", 0,
                                         "largest seqlen_k of a causal head_dim 64 call on 128-row tiles; 0: off")
+# FA_VARIANTS_SHORT_BALANCED=1 (off; session 17, not yet timed: scripts/balanced_gpu.sh): short causal calls run the
+# persistent grid with its tiles dealt by load (Sm90Config.balanced, common.tile_order) instead of the static schedule
+SHORT_BALANCED = env.flag("FA_VARIANTS_SHORT_BALANCED", False)
 _SHORT_CONFIGS: dict[int, Sm90Config] = {d: dataclasses.replace(DEFAULT_CONFIGS[d], persistent=True)
                                          for d in SHORT_HEAD_DIMS}
 #: head dim -> the short causal config on narrower query tiles (SHORT_NARROW_MAX_SEQLEN_K)
@@ -134,7 +137,7 @@ def short_config(q: torch.Tensor, k: torch.Tensor, causal: bool) -> Sm90Config |
     at SHORT_HEAD_DIMS, 0 < seqlen_k <= SHORT_MAX_SEQLEN_K (causal: and <= SHORT_MAX_SEQLEN_K_CAUSAL) and more query
     tiles (x heads x batch) than the GPU has SMs, so that some CTA walks two tiles (a grid of one tile per CTA gains
     nothing; the A/B timed 15-60 waves); a causal call at head_dim 64 with seqlen_k <= SHORT_NARROW_MAX_SEQLEN_K on
-    128-row tiles (_SHORT_NARROW_CONFIGS)."""
+    128-row tiles (_SHORT_NARROW_CONFIGS); causal calls with the tiles dealt by load under SHORT_BALANCED."""
     batch, seqlen_q, heads, head_dim = q.shape
     seqlen_k = k.shape[1]
     config = _SHORT_CONFIGS.get(head_dim)
@@ -144,7 +147,15 @@ def short_config(q: torch.Tensor, k: torch.Tensor, causal: bool) -> Sm90Config |
     if causal and seqlen_k <= SHORT_NARROW_MAX_SEQLEN_K:
         config = _SHORT_NARROW_CONFIGS.get(head_dim, config)
     tiles = -(-seqlen_q // config.tile_m) * heads * batch
-    return config if tiles > _sm_count(q) else None
+    if tiles <= _sm_count(q):
+        return None
+    return _balanced(config) if causal and SHORT_BALANCED else config
+
+
+@functools.cache
+def _balanced(config: Sm90Config) -> Sm90Config:
+    """config with its tiles dealt by load (``Sm90Config.balanced``; one object per config: the launcher's keys)."""
+    return dataclasses.replace(config, balanced=True)
 
 
 def balanced_table(config: Sm90Config, q: torch.Tensor, k: torch.Tensor, causal: bool) -> torch.Tensor:
@@ -614,6 +625,8 @@ def _auto_configs(head_dim: int, groups: tuple[int, ...] = ()) -> tuple[Sm90Conf
     short = (_SHORT_CONFIGS[head_dim],) if SHORT_MAX_SEQLEN_K and head_dim in _SHORT_CONFIGS else ()
     if short and SHORT_MAX_SEQLEN_K_CAUSAL and SHORT_NARROW_MAX_SEQLEN_K and head_dim in _SHORT_NARROW_CONFIGS:
         short += (_SHORT_NARROW_CONFIGS[head_dim],)
+    if short and SHORT_MAX_SEQLEN_K_CAUSAL and SHORT_BALANCED:
+        short += tuple(_balanced(c) for c in short)
     return short + ((_merge_mode(_SPLIT_CONFIGS[head_dim]),) if SPLIT_KV_ENABLED else ()) + (
         tuple(dict.fromkeys(packed + decode + rows)) if PACK_GQA_ENABLED else ())
 
@@ -709,7 +722,7 @@ VARIANT = Variant(
     switches=lambda: (SPLIT_KV_ENABLED, PACK_GQA_ENABLED, MERGE_KERNEL, split_combine.MERGE_PDL, DECODE_TILES_CHOICE,
                       DECODE_PDL, DECODE_PDL_MAX_SPLITS, DECODE_PDL_MIN_SPLITS, DECODE_FULL_GRID,
                       SPLIT_MIN_TILES, PACK_WIDE, DECODE_FIRST_ROW, SHORT_MAX_SEQLEN_K, SHORT_MAX_SEQLEN_K_CAUSAL,
-                      SHORT_NARROW_MAX_SEQLEN_K, split_combine.MERGE_WARP, FUSED_MERGE),
+                      SHORT_NARROW_MAX_SEQLEN_K, SHORT_BALANCED, split_combine.MERGE_WARP, FUSED_MERGE),
     warm_configs=lambda arch, head_dim, causal, groups=(): _auto_configs(head_dim, groups))
 
 
