@@ -201,7 +201,7 @@ def test_plan_workspace_and_merge(monkeypatch, seqlen_q, seqlen_k, num_splits, c
     q = torch.randn(batch, seqlen_q, heads, d, generator=g)
     k, v = (torch.randn(batch, seqlen_k, heads_kv, d, generator=g) for _ in range(2))
     scale = d ** -0.5
-    prepare, finish = fa2._plan_call(config, q, k, v, scale)
+    prepare, finish = fa2._plan_call(config, q, k, v, scale, False)
     out = torch.full((batch, seqlen_q, heads, d), math.nan)
     lse = torch.full((batch, heads, seqlen_q), math.nan)
     args = prepare(q, k, v, out, lse)
@@ -234,7 +234,7 @@ def test_plan_workspace_and_merge(monkeypatch, seqlen_q, seqlen_k, num_splits, c
 
 def test_unsplit_plan_passes_out_and_lse():
     q, k = torch.randn(1, 3, 2, 64), torch.randn(1, 5, 2, 64)
-    prepare, finish = fa2._plan_call(fa2.CONFIGS[64], q, k, k, 0.5)
+    prepare, finish = fa2._plan_call(fa2.CONFIGS[64], q, k, k, 0.5, False)
     out, lse = torch.empty(1, 3, 2, 64), torch.empty(1, 2, 3)
     assert finish is None and prepare(q, k, k, out, lse) == (q, k, k, out, lse, 0.5)
 
@@ -259,7 +259,7 @@ def test_split_scratch_is_the_workspace_fa3_uses(cached_cpu_scratch, monkeypatch
     monkeypatch.setattr(split_combine, "merge_function", lambda *a, **kw: lambda *args: merged.extend(args))
     q, k = torch.randn(2, 1, 32, 128), torch.randn(2, 999, 8, 128)
     out, lse = torch.empty(2, 1, 32, 128), torch.empty(2, 32, 1)
-    prepare, finish = fa2._plan_call(fa2.split_config("sm_90a", 128, 5, pack=True), q, k, k, 0.1)
+    prepare, finish = fa2._plan_call(fa2.split_config("sm_90a", 128, 5, pack=True), q, k, k, 0.1, False)
     first = prepare(q, k, k, out, lse)
     with mock.patch.object(torch, "empty", side_effect=AssertionError("allocated per call")):
         second = prepare(q, k, k, out, lse)
@@ -278,7 +278,7 @@ def test_split_scratch_is_the_workspace_fa3_uses(cached_cpu_scratch, monkeypatch
     assert kernel_args[0].shape == second[0].shape and kernel_args[0].stride() == second[0].stride()
     assert kernel_args[5] == 0.1 and merged[0] is o_parts and merged[1] is lse_parts and merged[2] is out
     fa3_prepare, _ = fa3._plan_call(dataclasses.replace(fa3._PACKED_SPLIT_CONFIGS[128], num_splits=5),
-                                    q.bfloat16(), k.bfloat16(), k.bfloat16(), 0.1)
+                                    q.bfloat16(), k.bfloat16(), k.bfloat16(), 0.1, False)
     fa3_args = fa3_prepare(q.bfloat16(), k.bfloat16(), k.bfloat16(), out, lse)
     assert fa3_args[3] is first[3] and fa3_args[4] is first[4]
 
@@ -288,7 +288,7 @@ def test_split_scratch_under_capture_is_fresh_per_call(cached_cpu_scratch, monke
     monkeypatch.setattr(split_combine, "merge_function", lambda *a, **kw: None)
     q, k = torch.randn(1, 1, 16, 64), torch.randn(1, 700, 4, 64)
     out, lse = torch.empty(1, 1, 16, 64), torch.empty(1, 16, 1)
-    prepare, _ = fa2._plan_call(fa2.split_config("sm_90a", 64, 3), q, k, k, 0.1)
+    prepare, _ = fa2._plan_call(fa2.split_config("sm_90a", 64, 3), q, k, k, 0.1, False)
     eager = prepare(q, k, k, out, lse)
     monkeypatch.setattr(cached_cpu_scratch, "capturing", lambda device: True)
     captured = [prepare(q, k, k, out, lse) for _ in range(2)]
@@ -304,7 +304,7 @@ def test_unsplit_packed_plan_passes_packed_views():
 
     q = torch.randn(2, 1, 16, 64)[:, :, ::2]  # strides (1024, 1024, 128, 1)
     k = torch.randn(2, 5, 2, 64)
-    prepare, finish = fa2._plan_call(fa2.split_config("sm_80", 64, 1, pack=True), q, k, k, 0.5)
+    prepare, finish = fa2._plan_call(fa2.split_config("sm_80", 64, 1, pack=True), q, k, k, 0.5, False)
     out, lse = torch.empty(2, 1, 8, 64), torch.empty(2, 8, 1)
     args = prepare(q, k, k, out, lse)
     assert finish is None and len(args) == 6 and args[1] is k and args[2] is k and args[5] == 0.5

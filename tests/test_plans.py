@@ -127,14 +127,15 @@ def test_the_launcher_decides_once_and_replays_per_call():
 def test_the_launcher_keeps_its_config_until_a_switch_changes():
     """With Variant.switches the config is chosen once per kind (problem_config, plan_call run while planning)
     and again only when a switch flips; each call still gets fresh outputs and its own prepare."""
-    switch, decided, planned, prepared, launched = [1], [], [], [], []
+    switch, decided, planned, prepared, launched, causals = [1], [], [], [], [], []
 
     def problem_config(given, q, k, causal):
         decided.append(switch[0])
         return ("config", switch[0])
 
-    def plan_call(config, q, k, v, scale, causal):
+    def plan_call(config, q, k, v, scale, causal):  # causal: the launcher's (fa3's balanced tile table needs it)
         planned.append(config)
+        causals.append(causal)
         return (lambda q, k, v, out, lse: prepared.append(config) or (q, k, v, out, lse, config)), None
 
     variant = Variant("stub", archs=("sm_90a",), dtypes=(F16,), head_dims=(16,), build=lambda cfg: None,
@@ -153,7 +154,12 @@ def test_the_launcher_keeps_its_config_until_a_switch_changes():
         run(q, k, v)
         launch._KERNELS.clear()
     assert decided == [1, 2] and planned[-1] == ("config", 2) and launched[-1][-1] == ("config", 2)
-    assert len({o.data_ptr() for o in outs}) == 3
+    assert len({o.data_ptr() for o in outs}) == 3 and causals == [False, False]
+    with mock.patch.object(launch.cache, "get_compiled", lambda cfg, build: compiled), \
+            mock.patch.object(launch.interop, "device_arch", lambda d=None: "sm_90a"):
+        launch.launcher(variant, q, k, v, causal=True, softmax_scale=0.5)(q, k, v)
+        launch._KERNELS.clear()
+    assert causals[-1] is True
 
 
 def test_a_switch_read_only_by_plan_call_replans_an_equal_config():
@@ -209,7 +215,7 @@ def test_fa3_plan_call_views_one_workspace_and_merges_it():
 
     q, k = torch.randn(2, 1, 8, 64, dtype=F16), torch.randn(2, 300, 2, 64, dtype=F16)
     config = dataclasses.replace(fa3._PACKED_SPLIT_CONFIGS[64], num_splits=3)
-    prepare, finish = fa3._plan_call(config, q, k, k, 0.125)
+    prepare, finish = fa3._plan_call(config, q, k, k, 0.125, False)
     out, lse = torch.empty(2, 1, 8, 64, dtype=F16), torch.empty(2, 8, 1)
     args = prepare(q, k, k, out, lse)
     o_parts, lse_parts = torch.empty(6, 1, 8, 64), torch.empty(6, 8, 1)
@@ -238,7 +244,7 @@ def test_fa3_plan_call_fused_merge_arguments(monkeypatch):
 
     q, k = torch.randn(2, 1, 8, 64, dtype=F16), torch.randn(2, 300, 2, 64, dtype=F16)
     config = dataclasses.replace(fa3._PACKED_SPLIT_CONFIGS[64], num_splits=3, fused_merge=True)
-    prepare, finish = fa3._plan_call(config, q, k, k, 0.125)
+    prepare, finish = fa3._plan_call(config, q, k, k, 0.125, False)
     assert finish is None
     out, lse = torch.empty(2, 1, 8, 64, dtype=F16), torch.empty(2, 8, 1)
     args = prepare(q, k, k, out, lse)

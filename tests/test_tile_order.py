@@ -82,8 +82,40 @@ def test_plan_call_appends_the_table(monkeypatch):
     prepare, finish = fa3._plan_call(config, q, k, v, 0.1, True)
     args = prepare(q, k, v, None, None)
     assert finish is None and args[7] == 7 and len(args) == 9
-    assert torch.equal(args[8], fa3.balanced_table(config, q, k, True)) and prepare(q, k, v, None, None)[8] is args[8]
+    assert fa3.balanced_table(config, q, k, True) is args[8] and prepare(q, k, v, None, None)[8] is args[8]
     assert sorted(args[8].tolist()) == list(range(3 * 4 * 2))
+
+
+def test_the_table_is_made_outside_graph_capture(monkeypatch):
+    """A table is made once per device and geometry and kept for the process (a captured graph keeps its address);
+    its first use inside CUDA graph capture raises a one-line ValueError (its host copy cannot be captured), a made
+    one serves captured calls; auto's short causal calls first seen in capture keep the static schedule."""
+    from fa_variants.common import workspace
+
+    monkeypatch.setattr(fa3, "_sm_count", lambda q: 5)
+    config = dataclasses.replace(fa3.DEFAULT_CONFIGS[128], persistent=True, balanced=True)
+    q = torch.randn(1, 517, 3, 128, dtype=torch.float16)
+    k = torch.randn(1, 517, 3, 128, dtype=torch.float16)
+    monkeypatch.setattr(workspace, "capturing", lambda device: True)
+    with pytest.raises(ValueError, match=r"^config\.balanced=True: .*run the call once before capturing$"):
+        fa3.balanced_table(config, q, k, True)
+    monkeypatch.setattr(workspace, "capturing", lambda device: False)
+    made = fa3.balanced_table(config, q, k, True)
+    assert fa3.balanced_table(config, q, k, False) is not made  # causal is part of the key (its costs)
+    monkeypatch.setattr(workspace, "capturing", lambda device: True)
+    assert fa3.balanced_table(config, q, k, True) is made
+
+
+def test_short_balanced_is_not_chosen_in_capture(monkeypatch):
+    from fa_variants.common import workspace
+
+    monkeypatch.setattr(fa3, "SHORT_BALANCED", True)
+    monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K", 3072)
+    monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K_CAUSAL", 1536)
+    q = k = torch.randn(32, 1024, 16, 128, dtype=torch.float16)
+    assert fa3.short_config(q, k, True).balanced and not fa3.short_config(q, k, False).balanced
+    monkeypatch.setattr(workspace, "capturing", lambda device: True)
+    assert fa3.short_config(q, k, True) == fa3._SHORT_CONFIGS[128]
 
 
 def test_balanced_needs_the_persistent_grid():

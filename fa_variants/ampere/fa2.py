@@ -328,7 +328,7 @@ def auto_num_splits(q: torch.Tensor, k: torch.Tensor, causal: bool) -> int:
     return 1 if config is None else num_splits_for(config, q, k)
 
 
-def _plan_call(config: Sm80Config, q, k, v, scale: float, causal: bool = False) -> tuple:
+def _plan_call(config: Sm80Config, q, k, v, scale: float, causal: bool) -> tuple:
     """(prepare, finish) for tensors of q, k, v's kind (``common.launch.Variant.plan_call``): the standard
     arguments, or for a split kernel the fp32 partials (``split_combine.partials_scratch``: the per-stream scratch
     fa3 uses, no allocation per call on a CUDA device) in place of out, lse, and `finish` merging them into out,

@@ -158,7 +158,8 @@ class Sm90Config:
         the longest tile of a round to the CTA with the least work so far (``common.tile_scheduler.balanced_order``,
         causal costs), instead of the static b, b + grid, ...: causal query tiles differ in cost, and the static
         schedule leaves some CTAs 10-15 % above the mean (its model at D 128); each round keeps its tiles, so the L2
-        order stays. One int32 per work tile, made once per launcher plan (``hopper.fa3._plan_call``).
+        order stays. One int32 per work tile, made once per device and shape and kept for the process
+        (``hopper.fa3.balanced_table``; ValueError when a shape's first call is inside CUDA graph capture).
     q_tail_first: (causal calls; a non-causal kernel compiles without it) when seqlen_q is not a multiple of tile_m,
         the rows a partial tile wastes are moved from the last query tile (the longest under causal masking: with
         192-row tiles at seqlen_q 4096 its 64 rows cost a full walk over all K/V tiles, ~6% of the work) to the

@@ -54,7 +54,7 @@ import os
 
 import torch
 
-from fa_variants.common import env, interop, pack_gqa, split, split_combine, tile_order
+from fa_variants.common import env, interop, pack_gqa, split, split_combine, tile_order, workspace
 from fa_variants.common.cache import StaticConfig
 from fa_variants.common.config import Sm90Config
 from fa_variants.common.launch import Variant
@@ -149,7 +149,8 @@ def short_config(q: torch.Tensor, k: torch.Tensor, causal: bool) -> Sm90Config |
     tiles = -(-seqlen_q // config.tile_m) * heads * batch
     if tiles <= _sm_count(q):
         return None
-    return _balanced(config) if causal and SHORT_BALANCED else config
+    # balanced: not for a kind of call first seen in CUDA graph capture (its table cannot be made there)
+    return _balanced(config) if causal and SHORT_BALANCED and not workspace.capturing(q.device) else config
 
 
 @functools.cache
@@ -158,18 +159,36 @@ def _balanced(config: Sm90Config) -> Sm90Config:
     return dataclasses.replace(config, balanced=True)
 
 
+#: (device, table geometry) -> the tile table of ``Sm90Config.balanced`` on that device, kept for the process (a
+#: CUDA graph captured with it keeps its address after the launcher's plan is gone): 4 bytes per work tile per shape
+_TABLES: dict[tuple, torch.Tensor] = {}
+
+
 def balanced_table(config: Sm90Config, q: torch.Tensor, k: torch.Tensor, causal: bool) -> torch.Tensor:
     """The tile table of ``Sm90Config.balanced`` for q, k (int32 on q's device, one entry per work tile:
-    ``common.tile_scheduler.balanced_order`` over the causal costs of ``tile_coords``'s order; equal costs when not
-    causal: the static schedule's own order)."""
+    ``common.tile_order.balanced_order`` over the causal costs of ``tile_coords``'s order; equal costs when not
+    causal: the static schedule's own order), made once per device and geometry outside any graph's memory pool
+    (``workspace.persistent``). Raises ValueError when it is first needed during CUDA graph capture (a host copy
+    cannot be captured): run the call once before capturing."""
     batch, seqlen_q, heads, head_dim = q.shape
     num_m_blocks = -(-seqlen_q // config.tile_m)
-    m_blocks = tile_order.tile_m_blocks(num_m_blocks, heads, batch, l2_section_heads(k.shape[1], head_dim), causal)
+    l2_heads, ctas = l2_section_heads(k.shape[1], head_dim), _sm_count(q)
+    key = (q.device, num_m_blocks, heads, batch, l2_heads, causal, config.tile_m, config.tile_n, seqlen_q, k.shape[1],
+           ctas)
+    table = _TABLES.get(key)
+    if table is not None:
+        return table
+    if workspace.capturing(q.device):
+        raise ValueError("config.balanced=True: its tile table is made on the first call of a shape, which cannot "
+                         "be captured in a CUDA graph; run the call once before capturing")
+    m_blocks = tile_order.tile_m_blocks(num_m_blocks, heads, batch, l2_heads, causal)
     if causal:
         costs = tile_order.causal_tile_costs(m_blocks, config.tile_m, config.tile_n, seqlen_q, k.shape[1])
     else:
         costs = torch.ones(len(m_blocks), dtype=torch.float64)
-    return tile_order.balanced_order(costs, _sm_count(q)).to(q.device)
+    host = tile_order.balanced_order(costs, ctas)
+    table = _TABLES[key] = workspace.persistent(q.device, lambda: host.to(q.device))
+    return table
 
 
 def _sm_count(q: torch.Tensor) -> int:
@@ -661,7 +680,7 @@ def _check_problem(config: Sm90Config | None, q: torch.Tensor, k: torch.Tensor) 
 pack_gqa_views = pack_gqa.views
 
 
-def _plan_call(config: Sm90Config, q, k, v, scale: float, causal: bool = False) -> tuple:
+def _plan_call(config: Sm90Config, q, k, v, scale: float, causal: bool) -> tuple:
     """(prepare, finish) for tensors of q, k, v's kind (shapes and strides fixed; ``common.launch.Variant.plan_call``):
     the runtime arguments ``(q, k, v, out, lse, scale * log2 e, l2_section_heads)``, with packed GQA views of q,
     out and LSE (``pack_gqa_views``; not with ``pack_group``, packed inside the kernel). Split: fp32 partials of
