@@ -67,10 +67,22 @@ def test_costs_follow_the_kernels_tile_ranges():
 
 
 def test_tile_order_is_the_schedulers():
-    """tile_m_blocks: non-causal m fastest; causal longest first within L2 sections (a short last section too)."""
+    """tile_m_blocks: non-causal m fastest; causal longest first within L2 sections (a short last section too); and
+    the kernel's own tile_coords (its Python body, run on ints) gives the same query tile for every work tile."""
+    import random
+
+    from fa_variants.common import tile_scheduler
+
     assert tile_order.tile_m_blocks(3, 2, 1, 1, False).tolist() == [0, 1, 2, 0, 1, 2]
     # 3 query tiles x 5 (batch, head) pairs, sections of 2: [2 2 1 1 0 0] [2 2 1 1 0 0] [2 1 0]
     assert tile_order.tile_m_blocks(3, 5, 1, 2, True).tolist() == [2, 2, 1, 1, 0, 0] * 2 + [2, 1, 0]
+    coords = tile_scheduler.tile_coords.__wrapped__  # the traced function's body: plain ints in, plain ints out
+    rng = random.Random()
+    for _ in range(20):
+        m, heads, batches, l2 = rng.randint(1, 9), rng.randint(1, 7), rng.randint(1, 3), 2 ** rng.randint(0, 3)
+        for causal in (False, True):
+            want = [coords(t, m, heads, batches, l2, causal)[0] for t in range(m * heads * batches)]
+            assert tile_order.tile_m_blocks(m, heads, batches, l2, causal).tolist() == want, (m, heads, batches, l2)
 
 
 def test_plan_call_appends_the_table(monkeypatch):
