@@ -155,7 +155,7 @@ class Sm90Config:
         ``hopper.fa3.DECODE_FULL_GRID``); not with split-KV, pack_group, shared_kv_state, epilogue_arrive or two
         CTAs per SM.
     balanced: (with persistent, not pack_gqa) the CTAs read their tiles from a table the host deals round by round,
-        the longest tile of a round to the CTA with the least work so far (``common.tile_scheduler.balanced_order``,
+        the longest tile of a round to the CTA with the least work so far (``common.tile_order.balanced_order``,
         causal costs), instead of the static b, b + grid, ...: causal query tiles differ in cost, and the static
         schedule leaves some CTAs 10-15 % above the mean (its model at D 128); each round keeps its tiles, so the L2
         order stays. One int32 per work tile, made once per device and shape and kept for the process

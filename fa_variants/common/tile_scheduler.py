@@ -14,11 +14,11 @@ stride keeps the CTAs of a wave in the same L2 section. The section order is ada
 Dao-AILab/flash-attention:flash_attn/cute/tile_scheduler.py (its L2-swizzled LPT order).
 
 Under causal masking that static schedule is unbalanced: CTA 0 takes the longest tile of every round of G, and the
-section boundaries make the costs a sawtooth, so some CTAs end 10-15 % after the mean (``balanced_order``'s model,
-D 128 N 1k-16k). ``common.tile_order.balanced_order`` (``Sm90Config.balanced``, made on the host) keeps the rounds (the same G tiles run side by side, so
-the L2 order is unchanged) but deals each round's tiles to the CTAs by their load so far, the longest tile to the
-least-loaded CTA (LPT list scheduling by rounds): 1-2 % over the mean in the same model. The kernel reads CTA b's
-r-th tile from the table instead of computing r G + b.
+section boundaries make the costs a sawtooth, so some CTAs end 10-15 % after the mean (the cost model of
+``common.tile_order``, D 128 N 1k-16k). ``common.tile_order.balanced_order`` (``Sm90Config.balanced``, made on the
+host) keeps the rounds (the same G tiles run side by side, so the L2 order is unchanged) but deals each round's tiles
+to the CTAs by their load so far, the longest tile to the least-loaded CTA (LPT list scheduling by rounds): 1-2 % over
+the mean in the same model. The kernel reads CTA b's r-th tile from the table instead of computing r G + b.
 """
 import cutlass
 import cutlass.cute as cute
@@ -50,4 +50,3 @@ def persistent_ctas(num_tiles, ctas):
 def persistent_tiles():
     """(first tile, stride) of this CTA in the static persistent schedule: tiles first, first + stride, ..."""
     return cute.arch.block_idx()[0], cute.arch.grid_dim()[0]
-

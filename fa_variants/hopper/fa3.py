@@ -171,17 +171,16 @@ def balanced_table(config: Sm90Config, q: torch.Tensor, k: torch.Tensor, causal:
     (``workspace.persistent``). Raises ValueError when it is first needed during CUDA graph capture (a host copy
     cannot be captured): run the call once before capturing."""
     batch, seqlen_q, heads, head_dim = q.shape
-    num_m_blocks = -(-seqlen_q // config.tile_m)
-    l2_heads, ctas = l2_section_heads(k.shape[1], head_dim), _sm_count(q)
-    key = (q.device, num_m_blocks, heads, batch, l2_heads, causal, config.tile_m, config.tile_n, seqlen_q, k.shape[1],
-           ctas)
+    ctas = _sm_count(q)
+    key = (q.device, tuple(q.shape), k.shape[1], causal, config.tile_m, config.tile_n, ctas)
     table = _TABLES.get(key)
     if table is not None:
         return table
     if workspace.capturing(q.device):
         raise ValueError("config.balanced=True: its tile table is made on the first call of a shape, which cannot "
                          "be captured in a CUDA graph; run the call once before capturing")
-    m_blocks = tile_order.tile_m_blocks(num_m_blocks, heads, batch, l2_heads, causal)
+    num_m_blocks = -(-seqlen_q // config.tile_m)
+    m_blocks = tile_order.tile_m_blocks(num_m_blocks, heads, batch, l2_section_heads(k.shape[1], head_dim), causal)
     if causal:
         costs = tile_order.causal_tile_costs(m_blocks, config.tile_m, config.tile_n, seqlen_q, k.shape[1])
     else:
@@ -695,7 +694,7 @@ def _plan_call(config: Sm90Config, q, k, v, scale: float, causal: bool) -> tuple
     tail = (scale * LOG2_E, l2_section_heads(k.shape[1], head_dim))
     if config.persistent:  # the persistent grid: one CTA per SM (Sm90Config.persistent)
         tail += (_sm_count(q),)
-    if config.balanced:  # its tile table, made once per plan
+    if config.balanced:  # its tile table (made once per device and shape: balanced_table)
         tail += (balanced_table(config, q, k, causal),)
     pack = config.pack_gqa and not config.pack_group  # pack_group: the kernel packs the rows itself
     q_view = o_view = lse_view = None

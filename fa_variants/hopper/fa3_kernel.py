@@ -517,7 +517,7 @@ class FlashAttention3Sm90Persistent(FlashAttention3Sm90):
 
 class FlashAttention3Sm90Balanced(FlashAttention3Sm90Persistent):
     """``FlashAttention3Sm90Persistent`` with ``Sm90Config.balanced``: ``__call__`` takes, after ``ctas``, the tile
-    table ``mOrder`` (int32, one entry per work tile: ``common.tile_scheduler.balanced_order``)."""
+    table ``mOrder`` (int32, one entry per work tile: ``common.tile_order.balanced_order``)."""
 
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,

@@ -60,13 +60,12 @@ class Fa3Schedule:
         """Query positions of the problem: mode 0 of Q, or its second part when packed ((G, seqlen_q))."""
         return mQ.shape[0][1] if const_expr(self.pack_group) else mQ.shape[0]
 
-    def _scheduled_tile(self, slot: Int32, total: Int32, order: tuple, upcoming: Int32):
+    def _scheduled_tile(self, slot: Int32, stride: Int32, total: Int32, order: tuple, upcoming: Int32):
         """(work tile of slot ``slot`` of the persistent schedule, ``upcoming`` for the next slot). Static: the slot
         itself. ``Sm90Config.balanced`` (``order`` = (table,)): ``upcoming``, the tile read from table[slot] one slot
         earlier (so that the read's latency hides under the previous tile), and table[slot + stride] read now
         (clamped to the last entry past the end; start the loop with ``upcoming`` = table[first])."""
         if const_expr(len(order) > 0):
-            _, stride = tile_scheduler.persistent_tiles()
             return upcoming, order[0][cutlass.min(slot + stride, total - 1)]
         return slot, upcoming
 
@@ -102,7 +101,7 @@ class Fa3Schedule:
                 v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
                 upcoming = self._first_scheduled(first, order)
                 for slot in cutlass.range(first, total, stride, unroll=1):
-                    tile, upcoming = self._scheduled_tile(slot, total, order, upcoming)
+                    tile, upcoming = self._scheduled_tile(slot, stride, total, order, upcoming)
                     m_block, head, batch = tile_scheduler.tile_coords(tile, num_m_blocks, heads, batches, l2_heads,
                                                                       self.causal)
                     n_blocks = self._num_kv_blocks(m_block, seqlen_q, seqlen_k)
@@ -121,7 +120,7 @@ class Fa3Schedule:
                                              number_of_threads=2 * WARPGROUP_THREADS)
             upcoming = self._first_scheduled(first, order)
             for slot in cutlass.range(first, total, stride, unroll=1):
-                tile, upcoming = self._scheduled_tile(slot, total, order, upcoming)
+                tile, upcoming = self._scheduled_tile(slot, stride, total, order, upcoming)
                 m_block, head, batch = tile_scheduler.tile_coords(tile, num_m_blocks, heads, batches, l2_heads,
                                                                   self.causal)
                 n_blocks = self._num_kv_blocks(m_block, seqlen_q, seqlen_k)
