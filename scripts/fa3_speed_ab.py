@@ -114,6 +114,9 @@ VARIANTS = {
     # dealt by load; predictions before the run"): the tiles of each round of the static schedule dealt to the CTAs by
     # their load so far (Sm90Config.balanced, common.tile_order.balanced_order)
     "balanced": ((64, 128, 256), dict(persistent=True, balanced=True)),
+    # session 18: D 64's 128-row short causal tile (session 17's narrow flip, timed on the static schedule) dealt by
+    # load too (bench/NOTES.md, "Session 18 (2026-12-03): the balanced grid's reach; predictions before the run")
+    "balanced-m128": ((64,), dict(persistent=True, balanced=True, tile_m=128)),
 }
 ROUND4 = ("old", "new", "fa4-256", "n176", "stages3", "k-first")
 FA3GAP = ("old", "new", "fa4-256")  # basis, basis-kv1, basis-256 removed in session 15 (alpha from the bases: slower)
