@@ -11,14 +11,14 @@
 # non-causal (D 64 / 128), 0.975 at D 128 N 2k causal; `auto` follows (cc9a758 and the next commit).
 # 0. precompile: scripts/fa3_speed_ab.py --precompile for old / new / persistent at the A/B's shapes, with
 #    flash-attn-4's kernels (its disk cache on: FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED, below).
-# 1. GPU tests: tests/test_fa3_gpu.py -k short_calls_run_persistent (4 tests: auto's calls up to the limits, odd
-#    lengths, Nq != Nk, GQA, equal the one-CTA-per-tile grid on the same tiles bit for bit and pass the float64 bound;
+# 1. GPU tests: tests/test_fa3_gpu.py -k short_calls_run_persistent (6, D 64 / 128 / 256: auto's calls up to the
+#    limits, odd lengths, Nq != Nk, GQA, equal the one-CTA-per-tile grid on the same tiles bit for bit and pass the float64 bound;
 #    calls past the limits run the default grid).
 # 2. compute-sanitizer memcheck and racecheck on fa3 at head_dim 64 (scripts/sanitize.py: its last two shapes run
 #    the persistent grid, causal on 128-row tiles).
 # 3. scripts/fa3_speed_ab.py, paired, 6 rounds: old / new / persistent beside flash-attn-4 and cuDNN at N 4k
 #    non-causal, D 64 and 128 (the limit's next step; session 16 had D 128 1.003, session 17 D 64 1.007).
-# Pass: (1) "4 passed"; (2) "clean" for both tools; (3) no ERR.
+# Pass: (1) "6 passed"; (2) "clean" for both tools; (3) no ERR.
 # Prediction: persistent / new 0.99-1.02 at N 4k.
 # Flip rule: the non-causal limit rises to 4096 if N 4k is "faster" at both head dims.
 set -uo pipefail
@@ -36,7 +36,7 @@ step sanitize 120 python3 scripts/sanitize.py --tools memcheck racecheck --backe
 step speed_ab 60 python3 scripts/fa3_speed_ab.py --variants $VARIANTS --shapes "$SHAPES" \
   --peers flash-attn-4,sdpa-cudnn --burst-ms 10 --out "$out/ab"
 echo "== pytest"; grep -E "^(FAILED|ERROR)|passed|failed" "$out/logs/pytest.log" | tail -n 12
-grep -qE "(^|[^0-9])4 passed" "$out/logs/pytest.log" || step_failed pytest "not 4 passed"
+grep -qE "(^|[^0-9])6 passed" "$out/logs/pytest.log" || step_failed pytest "not 6 passed"
 echo "== sanitize"; grep -E "clean|error|WRONG|FAILED" "$out/logs/sanitize.log" | head -n 12
 echo "== speed_ab"; grep -E "^SUMMARY D|persistent/new" "$out/logs/speed_ab.log" | head -n 36
 steps_exit

@@ -62,8 +62,11 @@ def test_auto_splits_decode_not_prefill(h200, split_enabled, head_dim):
     assert cfg is not None and cfg.num_splits == 0 and cfg.tile_m == fa3.DEFAULT_CONFIGS[head_dim].tile_m
     q, k = _qk(1, 1, 32, 8, 4096, head_dim)
     assert fa3.num_splits_for(cfg, q, k, True) > 1
-    q, k = _qk(8, 4096, 32, 8, 4096, head_dim)  # prefill fills the GPU: the tuned default, unsplit
-    assert fa3._problem_config(None, q, k, True) is None
+    q, k = _qk(8, 8192, 32, 8, 8192, head_dim)  # prefill fills the GPU: the tuned default, unsplit
+    assert fa3._problem_config(None, q, k, False) is None and fa3.auto_num_splits(q, k, False) == 1
+    q, k = _qk(8, 4096, 32, 8, 4096, head_dim)  # causal at 4k keys: unsplit, the persistent grid dealt by load
+    assert fa3._problem_config(None, q, k, True) == dataclasses.replace(
+        fa3.DEFAULT_CONFIGS[head_dim], persistent=True, balanced=True)
     q, k = _qk(64, 1, 64, 8, 128, head_dim)  # 64 x 64 CTAs (packed: 64 x 8): already full
     assert _unsplit(fa3._problem_config(None, q, k, False))
 
@@ -577,6 +580,7 @@ def test_short_seqlen_k_runs_the_persistent_grid(h200, split_enabled, monkeypatc
     monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K", 3072)  # the defaults, whatever the environment says
     monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K_CAUSAL", 1536)
     monkeypatch.setattr(fa3, "SHORT_NARROW_MAX_SEQLEN_K", 1024)
+    monkeypatch.setattr(fa3, "SHORT_BALANCED", False)  # the static schedule (the balanced one: the next test)
     short = head_dim in (64, 128)
     want = dataclasses.replace(fa3.DEFAULT_CONFIGS[head_dim], persistent=True) if short else None
     narrow = dataclasses.replace(want, tile_m=128) if head_dim == 64 else want  # D 64 causal, seqlen_k <= 1024
@@ -597,15 +601,6 @@ def test_short_seqlen_k_runs_the_persistent_grid(h200, split_enabled, monkeypatc
     q, k = _qk(32, 512, 16, 16, 3073, head_dim)
     assert fa3._problem_config(None, q, k, True) is None
     monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K_CAUSAL", 1536)
-    monkeypatch.setattr(fa3, "SHORT_BALANCED", True)  # FA_VARIANTS_SHORT_BALANCED=1: causal calls deal tiles by load
-    q, k = _qk(32, 1024, 16, 16, 1024, head_dim)
-    got = fa3._problem_config(None, q, k, True)
-    assert (got == dataclasses.replace(narrow, balanced=True)) if short else got is None
-    assert fa3._problem_config(None, q, k, False) == want  # non-causal tiles cost the same: the static schedule
-    assert fa3.decode_config(q, k, True, num_splits=1) == (got or fa3.DEFAULT_CONFIGS[head_dim])
-    if short:
-        assert got is fa3._problem_config(None, q, k, True) and got in fa3._auto_configs(head_dim)
-    monkeypatch.setattr(fa3, "SHORT_BALANCED", False)
     # one K/V tile (never split): the short grid only where the query tiles outnumber the 132 SMs
     for batch, want_here in ((8, None), (9, want)):  # 1 query tile x 16 heads x batch: 128 / 144 tiles
         q, k = _qk(batch, 100, 16, 16, 100, head_dim)
@@ -623,12 +618,59 @@ def test_short_seqlen_k_runs_the_persistent_grid(h200, split_enabled, monkeypatc
 
 
 @pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
+def test_short_causal_calls_deal_tiles_by_load(h200, split_enabled, monkeypatch, head_dim):
+    """Session 18: an unsplit, unpacked causal call with two or more query tiles per head, seqlen_k <=
+    BALANCED_MAX_SEQLEN_K[head_dim] (4096 at D 64 / 128, 8192 at D 256, none at D 96) and more query tiles than SMs runs
+    the persistent grid with its tiles dealt by load (D 64 up to 1024 keys on 128-row tiles); one query tile per head
+    (equal costs), non-causal calls, CUDA graph capture before the shape's table exists and FA_VARIANTS_SHORT_BALANCED=0
+    keep the static rules (session 17's limits); FA_VARIANTS_SHORT_PERSISTENT(_CAUSAL)=0 turn it off too."""
+    from fa_variants.common import workspace
+
+    for name, value in (("SHORT_MAX_SEQLEN_K", 3072), ("SHORT_MAX_SEQLEN_K_CAUSAL", 1536),
+                        ("SHORT_NARROW_MAX_SEQLEN_K", 1024), ("SHORT_BALANCED", True)):
+        monkeypatch.setattr(fa3, name, value)  # the defaults, whatever the environment says
+    monkeypatch.setattr(fa3, "_TABLES", {})
+    limit = {64: 4096, 128: 4096, 256: 8192}.get(head_dim, 0)
+    persistent = dataclasses.replace(fa3.DEFAULT_CONFIGS[head_dim], persistent=True)
+    balanced = dataclasses.replace(persistent, balanced=True)
+    narrow = dataclasses.replace(balanced, tile_m=128) if head_dim == 64 else balanced
+    static = (dataclasses.replace(persistent, tile_m=128) if head_dim == 64 else persistent) if head_dim in (
+        64, 128) else None  # session 17's: one query tile of 100 rows at 1024 keys
+    cases = ((1024, 1024, narrow), (1025, 1025, balanced), (3000, 4096, balanced), (limit, limit, balanced),
+             (limit + 1, limit + 1, None), (8192, 8193, None), (100, 1024, static), (100, 2048, None))
+    for seqlen_q, seqlen_k, want in cases:
+        q, k = _qk(32, seqlen_q, 16, 16, seqlen_k, head_dim)
+        got = fa3._problem_config(None, q, k, True)
+        assert got == (want if limit else None) and fa3.auto_num_splits(q, k, True) == 1, (seqlen_q, seqlen_k)
+        assert (got is None) or got is fa3.short_config(q, k, True)  # one object per config: the launcher's keys
+    if not limit:
+        return
+    q, k = _qk(32, 2048, 16, 16, 2048, head_dim)
+    assert fa3._problem_config(None, q, k, False) == (persistent if head_dim != 256 else None)  # not causal
+    assert fa3.decode_config(q, k, True, num_splits=1) == balanced
+    assert {balanced, narrow} <= set(fa3._auto_configs(head_dim))  # `fa-variants warmup` compiles it
+    q, k = _qk(1, 2048, 8, 8, 2048, head_dim)  # 16 (D 64: 11) x 8 tiles: not more than the SMs (auto splits it)
+    assert fa3.short_config(q, k, True) is None
+    q, k = _qk(32, 1536, 16, 16, 1536, head_dim)  # within session 17's static causal limit
+    monkeypatch.setattr(workspace, "capturing", lambda device: True)  # capture, the table not made yet
+    assert fa3._problem_config(None, q, k, True) == (static and persistent)
+    fa3._TABLES[fa3._table_key(balanced, q, k, True)] = torch.zeros(1)  # made before the capture: the same grid
+    assert fa3._problem_config(None, q, k, True) == balanced
+    monkeypatch.setattr(workspace, "capturing", lambda device: False)
+    for name in ("SHORT_BALANCED", "SHORT_MAX_SEQLEN_K_CAUSAL", "SHORT_MAX_SEQLEN_K"):
+        monkeypatch.setattr(fa3, name, 0)
+        assert fa3._problem_config(None, q, k, True) == (static and persistent if name == "SHORT_BALANCED" else None)
+        assert not any(c.balanced for c in fa3._auto_configs(head_dim)), name
+
+
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
 def test_fixed_split_options_keep_the_short_persistent_grid(h200, split_enabled, monkeypatch, head_dim):
     """decode_config (``attention(..., num_splits=1)`` / ``pack_gqa=False``) of an unsplit, unpacked call runs the
     grid `auto` runs: the persistent one at short seqlen_k (short_config), the default elsewhere; before, a fixed
     option fell back to the one-CTA-per-tile default where `auto` ran the persistent grid."""
     monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K", 3072)
     monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K_CAUSAL", 1536)
+    monkeypatch.setattr(fa3, "SHORT_BALANCED", True)
     q, k = _qk(32, 512, 16, 16, 512, head_dim)
     want = fa3._problem_config(None, q, k, False)
     assert (want is not None and want.persistent) is (head_dim in fa3.SHORT_HEAD_DIMS)
@@ -637,6 +679,9 @@ def test_fixed_split_options_keep_the_short_persistent_grid(h200, split_enabled,
     assert not fa3.decode_config(q, k, False, num_splits=2).persistent  # split: the split kernels
     q, k = _qk(32, 512, 16, 16, 3073, head_dim)
     assert fa3.decode_config(q, k, False, num_splits=1) == fa3.DEFAULT_CONFIGS[head_dim]
-    q, k = _qk(32, 512, 16, 16, 1537, head_dim)  # causal: its own limit
+    q, k = _qk(32, 512, 16, 16, 1537, head_dim)  # causal: its own limits (static schedule 1536, balanced 4096 / 8192)
+    balanced = dataclasses.replace(fa3.DEFAULT_CONFIGS[head_dim], persistent=True, balanced=True)
+    assert fa3.decode_config(q, k, True, num_splits=1) == (balanced if head_dim != 96 else fa3.DEFAULT_CONFIGS[96])
+    monkeypatch.setattr(fa3, "SHORT_BALANCED", False)
     assert fa3.decode_config(q, k, True, num_splits=1) == fa3.DEFAULT_CONFIGS[head_dim]
     assert fa3.decode_config(q, k, False, num_splits=1) == (want or fa3.DEFAULT_CONFIGS[head_dim])

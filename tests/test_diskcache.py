@@ -327,7 +327,13 @@ def test_warmup_plans_fa3s_split_config_too(monkeypatch):
     monkeypatch.setattr(fa3, "SPLIT_KV_ENABLED", False)
     monkeypatch.setattr(fa3, "PACK_GQA_ENABLED", False)
     assert len(warmup.plan(["fa3"], "sm_90a", ["bf16"], [128], (True,))[0]) == 1
-    # FA_VARIANTS_SHORT_PERSISTENT (3072 by default): short seqlen_k's persistent grid right after the default
+    # FA_VARIANTS_SHORT_PERSISTENT (3072 by default): short seqlen_k's persistent grid right after the default, and
+    # (FA_VARIANTS_SHORT_BALANCED, on by default) the same with its causal tiles dealt by load
     monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K", 3072)
+    monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K_CAUSAL", 1536)
+    monkeypatch.setattr(fa3, "SHORT_BALANCED", True)
+    assert [c.config for c in warmup.plan(["fa3"], "sm_90a", ["bf16"], [128], (True,))[0]] == [
+        fa3.DEFAULT_CONFIGS[128], fa3._SHORT_CONFIGS[128], dataclasses.replace(fa3._SHORT_CONFIGS[128], balanced=True)]
+    monkeypatch.setattr(fa3, "SHORT_BALANCED", False)
     assert [c.config for c in warmup.plan(["fa3"], "sm_90a", ["bf16"], [128], (True,))[0]] == [
         fa3.DEFAULT_CONFIGS[128], fa3._SHORT_CONFIGS[128]]

@@ -391,39 +391,45 @@ def test_hoisted_descriptors_same_values(head_dim, causal):
 
 
 # session 16: `auto` runs the persistent grid for short seqlen_k at D 64 / 128 (fa3.short_config); session 17: up to
-# seqlen_k 3072, causal 1536, D 64 causal up to 1024 on 128-row tiles
+# seqlen_k 3072, causal 1536, D 64 causal up to 1024 on 128-row tiles; session 18: causal calls with two or more query
+# tiles per head on the balanced grid up to 4096 keys (D 256: 8192)
 # (batch, seqlen_q, seqlen_k, heads, heads_kv): grids of 192 to ~1000 tiles (fewer would be split), odd lengths, Nq !=
-# Nk both ways (causal rows that see no key), GQA not packed, MHA; the last three past the causal limit (the default
-# grid when causal)
+# Nk both ways (causal rows that see no key), GQA not packed, MHA; one query tile per head (64, 3, 3); past the static
+# causal limit but on the balanced grid (2, 1999, 2048), (1, 3000, 1537), (1, 3072, 3000), (2, 4000, 4096); past
+# every limit but D 256's causal one (1, 5000, 5000)
 SHORT_SHAPES = [(4, 1023, 1023, 16, 4), (4, 512, 512, 16, 16), (2, 113, 1024, 96, 24), (3, 1024, 300, 48, 8),
                 (64, 3, 3, 4, 4), (2, 1536, 1536, 32, 8), (2, 1999, 2048, 16, 16), (1, 3000, 1537, 16, 2),
-                (1, 3072, 3000, 16, 16)]
+                (1, 3072, 3000, 16, 16), (2, 4000, 4096, 16, 4), (1, 5000, 5000, 16, 16)]
 
 
-def _short_want(head_dim, causal, seqlen_k):
-    """The config short_config gives at the session-17 defaults (None past the limit)."""
-    if seqlen_k > (1536 if causal else 3072):
-        return None
-    config = fa3._SHORT_CONFIGS[head_dim]
-    return dataclasses.replace(config, tile_m=128) if causal and head_dim == 64 and seqlen_k <= 1024 else config
+def _short_want(head_dim, causal, seqlen_q, seqlen_k):
+    """The config short_config gives at the session-18 defaults (None: the default grid)."""
+    config = fa3._SHORT_CONFIGS.get(head_dim)
+    if config and causal and head_dim == 64 and seqlen_k <= 1024:
+        config = dataclasses.replace(config, tile_m=128)
+    if causal and seqlen_q > 128 and seqlen_k <= {64: 4096, 128: 4096, 256: 8192}.get(head_dim, 0):
+        return dataclasses.replace(config, balanced=True)
+    return config if head_dim in (64, 128) and seqlen_k <= (1536 if causal else 3072) else None
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("head_dim", fa3.SHORT_HEAD_DIMS)
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_short_calls_run_persistent(head_dim, causal, monkeypatch):
-    """A call without ``config=`` at seqlen_k <= SHORT_MAX_SEQLEN_K (causal: <= SHORT_MAX_SEQLEN_K_CAUSAL) runs the
-    persistent grid (the problem config is short_config's; D 64 causal up to 1024 keys: 128-row tiles) and gives O
-    and LSE equal bit for bit to the one-CTA-per-tile grid's on the same tiles (the same tile maths; grids of 1 to ~8
-    tiles per SM, odd lengths, Nq != Nk both ways, GQA), and within the float64 bound; calls past their limit run the
-    default. Shapes whose grid would not fill the GPU are split instead (test_decode.py covers that routing)."""
-    monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K", 3072)  # the defaults, whatever the environment says
-    monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K_CAUSAL", 1536)
-    monkeypatch.setattr(fa3, "SHORT_NARROW_MAX_SEQLEN_K", 1024)
+    """A call without ``config=`` at seqlen_k <= SHORT_MAX_SEQLEN_K (causal: <= SHORT_MAX_SEQLEN_K_CAUSAL, or the
+    balanced grid's BALANCED_MAX_SEQLEN_K) runs the persistent grid (the problem config is short_config's; D 64 causal
+    up to 1024 keys: 128-row tiles; causal calls with two or more query tiles per head: the tiles dealt by load) and
+    gives O and LSE equal bit for bit to the one-CTA-per-tile grid's on the same tiles (the same tile maths; grids of
+    1 to ~8 tiles per SM, odd lengths, Nq != Nk both ways, GQA), and within the float64 bound; calls past their limit
+    run the default. Shapes whose grid would not fill the GPU are split instead (test_decode.py covers that routing)."""
+    for name, value in (("SHORT_MAX_SEQLEN_K", 3072), ("SHORT_MAX_SEQLEN_K_CAUSAL", 1536),
+                        ("SHORT_NARROW_MAX_SEQLEN_K", 1024), ("SHORT_BALANCED", True)):
+        monkeypatch.setattr(fa3, name, value)  # the defaults, whatever the environment says
     for shape in SHORT_SHAPES:
         q, k, v = _qkv(*shape, head_dim, BF16)
-        config = _short_want(head_dim, causal, shape[2])
+        config = _short_want(head_dim, causal, shape[1], shape[2])
         assert fa3._problem_config(None, q, k, causal) == config, shape
         got = _check(q, k, v, causal, what=f"short D={head_dim} causal={causal} {shape}")
-        grid = dataclasses.replace(config, persistent=False) if config else fa3.DEFAULT_CONFIGS[head_dim]
+        grid = dataclasses.replace(config, persistent=False, balanced=False) if config else fa3.DEFAULT_CONFIGS[
+            head_dim]
         want = fa3.run(q, k, v, causal=causal, softmax_scale=1.0 / math.sqrt(head_dim), config=grid)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), shape

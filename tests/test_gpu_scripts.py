@@ -384,14 +384,14 @@ def test_the_before_archive_is_what_gpu_calls_carry():
 
 
 def test_short_script_selects_its_tests_and_shapes():
-    """scripts/short_gpu.sh (session 17's short-prefill limits): its pytest -k selects the 4 tests its pass line names
-    (auto's short calls), its A/B shapes are fa3_speed_ab.py shapes at the short head dims and the non-causal limit's
-    next step at both, and pending_gpu.sh's plan runs it."""
+    """scripts/short_gpu.sh (session 17's short-prefill limits): its pytest -k selects the 6 tests its pass line names
+    (auto's short calls at D 64 / 128 / 256), its A/B shapes are fa3_speed_ab.py shapes at the short head dims and the
+    non-causal limit's next step at both, and pending_gpu.sh's plan runs it."""
     text = (ROOT / "scripts" / "short_gpu.sh").read_text()
     expr = re.search(r'-k "([^"]+)"', text).group(1)
     ids = collected_ids("-m", "gpu", "tests/test_fa3_gpu.py", "-k", expr)
-    assert len(ids) == 4 and all("short_calls_run_persistent" in i for i in ids), ids
-    assert 'grep -qE "(^|[^0-9])4 passed"' in text and "VARIANTS=old,new,persistent\n" in text
+    assert len(ids) == 6 and all("short_calls_run_persistent" in i for i in ids), ids
+    assert 'grep -qE "(^|[^0-9])6 passed"' in text and "VARIANTS=old,new,persistent\n" in text
     shapes = re.search(r"SHAPES=(\S+)", text).group(1).split(",")
     from fa_variants.hopper import fa3
 

@@ -570,6 +570,7 @@ def test_fa3_short_persistent_switch_replans(monkeypatch):
     monkeypatch.setattr(fa3, "_auto_splits", lambda ctas, n_blocks, index, min_tiles=None, per_sm=1: 1)
     monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K", 3072)  # the defaults, whatever the environment says
     monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K_CAUSAL", 1536)
+    monkeypatch.setattr(fa3, "SHORT_BALANCED", False)  # the static schedule (balanced: one more argument, its table)
     looked, launched = [], []
     compiled = cache.Compiled(None, lambda *args: launched.append(args), 0.0, None, 0)
     q = torch.randn(2, 130, 40, 128, dtype=F16)  # 2 x 40 x 2 = 160 query tiles: more than the 132 SMs

@@ -118,16 +118,24 @@ def test_the_table_is_made_outside_graph_capture(monkeypatch):
     assert fa3.balanced_table(config, q, k, True) is made
 
 
-def test_short_balanced_is_not_chosen_in_capture(monkeypatch):
+def test_short_balanced_in_capture_only_with_its_table(monkeypatch):
+    """A short causal call first seen inside CUDA graph capture keeps the static schedule (its table cannot be made
+    there); once the shape's table exists (an eager call before the capture) the capture runs the balanced grid."""
     from fa_variants.common import workspace
 
     monkeypatch.setattr(fa3, "SHORT_BALANCED", True)
     monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K", 3072)
     monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K_CAUSAL", 1536)
+    monkeypatch.setattr(fa3, "_TABLES", {})
     q = k = torch.randn(32, 1024, 16, 128, dtype=torch.float16)
-    assert fa3.short_config(q, k, True).balanced and not fa3.short_config(q, k, False).balanced
+    config = fa3.short_config(q, k, True)
+    assert config.balanced and not fa3.short_config(q, k, False).balanced
     monkeypatch.setattr(workspace, "capturing", lambda device: True)
     assert fa3.short_config(q, k, True) == fa3._SHORT_CONFIGS[128]
+    monkeypatch.setattr(workspace, "capturing", lambda device: False)
+    fa3.balanced_table(config, q, k, True)
+    monkeypatch.setattr(workspace, "capturing", lambda device: True)
+    assert fa3.short_config(q, k, True) is config
 
 
 def test_balanced_needs_the_persistent_grid():

@@ -37,7 +37,9 @@ with Asynchrony and Low-precision" (2024), sections 3.1 and 3.2:
 * Persistent grid (``Sm90Config.persistent``): one CTA per SM walks several (query tile, head, batch) tiles in
   ``common.tile_scheduler``'s order with its pipeline states carried, loading the next tile's K/V (and Q, where O
   has a buffer of its own) during the previous tile's epilogue. Without split-KV; `auto` runs it for short
-  seqlen_k at head_dim 64 and 128 (``short_config``), where a CTA's fixed cost is a large share of its time.
+  seqlen_k at head_dim 64 and 128 (``short_config``), where a CTA's fixed cost is a large share of its time, and
+  for causal calls up to 4k keys (head_dim 256: 8k) with its tiles dealt by load from a host table
+  (``Sm90Config.balanced``, ``common.tile_order``), which evens out the causal triangle's uneven tiles.
 
 The output goes registers -> shared memory (reusing Q's buffer) -> global memory by a TMA store.
 Ping-pong and intra-warpgroup overlap are switches of the config (``common.config.Sm90Config``, the FA3
@@ -123,34 +125,53 @@ SHORT_MAX_SEQLEN_K_CAUSAL = env.integer("FA_VARIANTS_SHORT_PERSISTENT_CAUSAL", "
                                         "largest seqlen_k of a causal call; 0: off")
 SHORT_NARROW_MAX_SEQLEN_K = env.integer("FA_VARIANTS_SHORT_NARROW_CAUSAL", "1024", 0,
                                         "largest seqlen_k of a causal head_dim 64 call on 128-row tiles; 0: off")
-# FA_VARIANTS_SHORT_BALANCED=1 (off; session 17, not yet timed: scripts/balanced_gpu.sh): short causal calls run the
-# persistent grid with its tiles dealt by load (Sm90Config.balanced, common.tile_order) instead of the static schedule
-SHORT_BALANCED = env.flag("FA_VARIANTS_SHORT_BALANCED", False)
+# Causal calls deal their tiles by load (Sm90Config.balanced, common.tile_order: each round's tiles to the CTAs with
+# the least work so far, from a host table made once per shape) instead of the static schedule, whose most loaded
+# CTA runs 10-15 % past the mean under the causal triangle (D 256: 13-38 %). balanced / new (the one-CTA-per-tile
+# grid), paired, 6 rounds, one H200, session 18 (bench/NOTES.md, "Session 18 (2026-12-03): ..."): D 128 N 1k / 2k /
+# 4k / 8k / 16k causal 1.181 / 1.098 / 1.036 / 0.997 / 0.964; D 64 N 512 / 1k (128-row tiles) 1.351 / 1.246, N 2k /
+# 4k / 8k 1.084 / 1.035 / 0.999; D 256 N 1k / 2k / 4k / 8k 1.044 / 1.048 / 1.053 / 1.040 (where the static persistent
+# grid lost: 0.774 at N 4k); non-causal (equal costs: the static order) 1.007 at D 128 N 4k. So `auto` runs it for
+# causal calls with seqlen_k <= BALANCED_MAX_SEQLEN_K[head_dim] (FA_VARIANTS_SHORT_BALANCED=0: off, causal calls
+# then take the static schedule up to SHORT_MAX_SEQLEN_K_CAUSAL), except a kind of call first seen inside CUDA
+# graph capture (its table cannot be made there: the static schedule, or the default grid past its limit).
+SHORT_BALANCED = env.flag("FA_VARIANTS_SHORT_BALANCED", True)
+#: head dim -> the largest seqlen_k of a causal call on the balanced grid (the longest N "faster" in session 18)
+BALANCED_MAX_SEQLEN_K: dict[int, int] = {64: 4096, 128: 4096, 256: 8192}
+#: head dim -> its default on the persistent grid (SHORT_HEAD_DIMS: the static schedule's; BALANCED_MAX_SEQLEN_K's)
 _SHORT_CONFIGS: dict[int, Sm90Config] = {d: dataclasses.replace(DEFAULT_CONFIGS[d], persistent=True)
-                                         for d in SHORT_HEAD_DIMS}
+                                         for d in sorted({*SHORT_HEAD_DIMS, *BALANCED_MAX_SEQLEN_K})}
 #: head dim -> the short causal config on narrower query tiles (SHORT_NARROW_MAX_SEQLEN_K)
 _SHORT_NARROW_CONFIGS: dict[int, Sm90Config] = {64: dataclasses.replace(_SHORT_CONFIGS[64], tile_m=128)}
 
 
 def short_config(q: torch.Tensor, k: torch.Tensor, causal: bool) -> Sm90Config | None:
-    """The persistent config `auto` runs an unsplit, unpacked call of q, k with, or None (the head dim's default):
-    at SHORT_HEAD_DIMS, 0 < seqlen_k <= SHORT_MAX_SEQLEN_K (causal: and <= SHORT_MAX_SEQLEN_K_CAUSAL) and more query
-    tiles (x heads x batch) than the GPU has SMs, so that some CTA walks two tiles (a grid of one tile per CTA gains
-    nothing; the A/B timed 15-60 waves); a causal call at head_dim 64 with seqlen_k <= SHORT_NARROW_MAX_SEQLEN_K on
-    128-row tiles (_SHORT_NARROW_CONFIGS); causal calls with the tiles dealt by load under SHORT_BALANCED."""
+    """The persistent config `auto` runs an unsplit, unpacked call of q, k with, or None (the head dim's default),
+    when there are more query tiles (x heads x batch) than the GPU has SMs, so that some CTA walks two tiles (a grid of
+    one tile per CTA gains nothing; the A/B timed 15-60 waves):
+    - causal, seqlen_k <= BALANCED_MAX_SEQLEN_K[head_dim] and two or more query tiles per head (their costs differ;
+      one query tile, e.g. decode rows: all cost the same, the static schedule's case) (SHORT_BALANCED): the tiles
+      dealt by load (``balanced``); in CUDA graph capture only when the shape's table was made before;
+    - otherwise at SHORT_HEAD_DIMS, 0 < seqlen_k <= SHORT_MAX_SEQLEN_K (causal: and <= SHORT_MAX_SEQLEN_K_CAUSAL):
+      the static schedule;
+    and at head_dim 64 a causal call with seqlen_k <= SHORT_NARROW_MAX_SEQLEN_K on 128-row tiles
+    (_SHORT_NARROW_CONFIGS). SHORT_MAX_SEQLEN_K = 0 turns all of it off; SHORT_MAX_SEQLEN_K_CAUSAL = 0 its causal
+    calls."""
     batch, seqlen_q, heads, head_dim = q.shape
     seqlen_k = k.shape[1]
+    if seqlen_k <= 0 or not SHORT_MAX_SEQLEN_K or (causal and not SHORT_MAX_SEQLEN_K_CAUSAL):
+        return None
     config = _SHORT_CONFIGS.get(head_dim)
-    limit = min(SHORT_MAX_SEQLEN_K, SHORT_MAX_SEQLEN_K_CAUSAL) if causal else SHORT_MAX_SEQLEN_K
-    if config is None or not 0 < seqlen_k <= limit:
-        return None
-    if causal and seqlen_k <= SHORT_NARROW_MAX_SEQLEN_K:
+    if config is not None and causal and seqlen_k <= SHORT_NARROW_MAX_SEQLEN_K:
         config = _SHORT_NARROW_CONFIGS.get(head_dim, config)
-    tiles = -(-seqlen_q // config.tile_m) * heads * batch
-    if tiles <= _sm_count(q):
+    if config is None or -(-seqlen_q // config.tile_m) * heads * batch <= _sm_count(q):
         return None
-    # balanced: not for a kind of call first seen in CUDA graph capture (its table cannot be made there)
-    return _balanced(config) if causal and SHORT_BALANCED and not workspace.capturing(q.device) else config
+    if causal and SHORT_BALANCED and seqlen_q > config.tile_m and seqlen_k <= BALANCED_MAX_SEQLEN_K.get(head_dim, 0):
+        balanced = _balanced(config)
+        if not workspace.capturing(q.device) or _table_key(balanced, q, k, causal) in _TABLES:
+            return balanced
+    limit = min(SHORT_MAX_SEQLEN_K, SHORT_MAX_SEQLEN_K_CAUSAL) if causal else SHORT_MAX_SEQLEN_K
+    return config if head_dim in SHORT_HEAD_DIMS and seqlen_k <= limit else None
 
 
 @functools.cache
@@ -172,7 +193,7 @@ def balanced_table(config: Sm90Config, q: torch.Tensor, k: torch.Tensor, causal:
     cannot be captured): run the call once before capturing."""
     batch, seqlen_q, heads, head_dim = q.shape
     ctas = _sm_count(q)
-    key = (q.device, tuple(q.shape), k.shape[1], causal, config.tile_m, config.tile_n, ctas)
+    key = _table_key(config, q, k, causal)
     table = _TABLES.get(key)
     if table is not None:
         return table
@@ -188,6 +209,11 @@ def balanced_table(config: Sm90Config, q: torch.Tensor, k: torch.Tensor, causal:
     host = tile_order.balanced_order(costs, ctas)
     table = _TABLES[key] = workspace.persistent(q.device, lambda: host.to(q.device))
     return table
+
+
+def _table_key(config: Sm90Config, q: torch.Tensor, k: torch.Tensor, causal: bool) -> tuple:
+    """balanced_table's key: the device, the call's shape, its tiles and the grid's CTA count."""
+    return (q.device, tuple(q.shape), k.shape[1], causal, config.tile_m, config.tile_n, _sm_count(q))
 
 
 def _sm_count(q: torch.Tensor) -> int:
@@ -640,13 +666,22 @@ def _auto_configs(head_dim: int, groups: tuple[int, ...] = ()) -> tuple[Sm90Conf
     first = (False, True) if DECODE_FIRST_ROW else (False,)  # first_row_only: groups <= 8 (first_row)
     decode = tuple(_merge_mode(first_row(decode_tiles(c, head_dim, t, pdl=decode_pdl(n)), 1, f))
                    for c in packed for n in counts(c) for t in choices for f in first)
-    short = (_SHORT_CONFIGS[head_dim],) if SHORT_MAX_SEQLEN_K and head_dim in _SHORT_CONFIGS else ()
-    if short and SHORT_MAX_SEQLEN_K_CAUSAL and SHORT_NARROW_MAX_SEQLEN_K and head_dim in _SHORT_NARROW_CONFIGS:
-        short += (_SHORT_NARROW_CONFIGS[head_dim],)
-    if short and SHORT_MAX_SEQLEN_K_CAUSAL and SHORT_BALANCED:
-        short += tuple(_balanced(c) for c in short)
+    short = _short_configs(head_dim) if SHORT_MAX_SEQLEN_K else ()
     return short + ((_merge_mode(_SPLIT_CONFIGS[head_dim]),) if SPLIT_KV_ENABLED else ()) + (
         tuple(dict.fromkeys(packed + decode + rows)) if PACK_GQA_ENABLED else ())
+
+
+def _short_configs(head_dim: int) -> tuple[Sm90Config, ...]:
+    """The persistent configs short_config may give at head_dim (its default tile, D 64's narrow causal one; the
+    static schedule at SHORT_HEAD_DIMS, the balanced one for causal calls at BALANCED_MAX_SEQLEN_K's head dims)."""
+    if head_dim not in _SHORT_CONFIGS:
+        return ()
+    causal = SHORT_MAX_SEQLEN_K_CAUSAL > 0
+    narrow = causal and SHORT_NARROW_MAX_SEQLEN_K and head_dim in _SHORT_NARROW_CONFIGS
+    tiles = (_SHORT_CONFIGS[head_dim],) + ((_SHORT_NARROW_CONFIGS[head_dim],) if narrow else ())
+    static = tiles if head_dim in SHORT_HEAD_DIMS else ()
+    balanced = causal and SHORT_BALANCED and head_dim in BALANCED_MAX_SEQLEN_K
+    return static + (tuple(_balanced(c) for c in tiles) if balanced else ())
 
 
 def auto_num_splits(q: torch.Tensor, k: torch.Tensor, causal: bool) -> int:
