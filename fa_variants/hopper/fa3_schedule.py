@@ -175,8 +175,8 @@ class Fa3Schedule:
                 taken = Int32(0)
                 if lane == 0:
                     taken = cute.arch.atomic_add(mCount.iterator.llvm_ptr, Int32(1), sem="relaxed", scope="gpu")
+                states = work(tile, operands, geometry, states)  # first: the atomic's result is read after it
                 upcoming = cute.arch.shuffle_sync(taken, 0) + stride
-                states = work(tile, operands, geometry, states)
                 pipe_tile.producer_acquire(state)
                 if lane == 0:
                     ring[state.index] = upcoming
