@@ -117,18 +117,12 @@ VARIANTS = {
     # session 18: D 64's 128-row short causal tile (session 17's narrow flip, timed on the static schedule) dealt by
     # load too (bench/NOTES.md, "Session 18 (2026-12-03): the balanced grid's reach; predictions before the run")
     "balanced-m128": ((64,), dict(persistent=True, balanced=True, tile_m=128)),
-    # session 18: each CTA takes its next tile from a global counter (Sm90Config.dynamic_schedule: list scheduling
-    # at run time, no host table; bench/NOTES.md, "Session 18 (2026-12-03): tiles taken from a counter; predictions
-    # before the run")
-    "dynamic": ((64, 128, 256), dict(persistent=True, dynamic_schedule=True)),
-    "dynamic-m128": ((64,), dict(persistent=True, dynamic_schedule=True, tile_m=128)),
 }
 ROUND4 = ("old", "new", "fa4-256", "n176", "stages3", "k-first")
 FA3GAP = ("old", "new", "fa4-256")  # basis, basis-kv1, basis-256 removed in session 15 (alpha from the bases: slower)
 PERSIST = ("old", "new", "persistent")
 SHORT = ("old", "new", "persistent", "persistent-m128")  # session 16's short prefill (scripts/short_gpu.sh)
 BALANCED = ("old", "new", "persistent", "balanced")  # session 17 (scripts/balanced_gpu.sh)
-DYNAMIC = ("new", "balanced", "dynamic")  # session 18 (scripts/dynamic_gpu.sh)
 ALPHA = ("old", "new", "alpha", "alpha-noskip")
 GAP9 = ("old", "new", "fa4-256", "alpha-256")
 TURN = ("old", "new", "turn")

@@ -273,23 +273,6 @@ def test_balanced_compiles_without_spills(head_dim, causal):
     assert not [line for line in static.splitlines() if " LDG." in line]
 
 
-@pytest.mark.parametrize("head_dim, causal", [(64, False), (128, True), (256, True)])
-def test_dynamic_schedule_compiles_without_spills(head_dim, causal):
-    """scripts/fa3_speed_ab.py's `dynamic` (session 18: each CTA takes its next tile from a global counter,
-    Sm90Config.dynamic_schedule): no spills, the Hopper features, two global atomics (the producer's take per tile
-    and its count-out) and the ring's one shared-memory store and load; the static persistent kernel has none."""
-    config = _speed_ab().variant_config("dynamic", head_dim)
-    assert config == dataclasses.replace(fa3.DEFAULT_CONFIGS[head_dim], persistent=True, dynamic_schedule=True)
-    compiled = _compiled(head_dim, causal, config)
-    sass = cubin.sass_of(compiled.cubin)
-    counts = cubin.count_sass(sass, cubin.SASS_OPCODES + ("ATOMG",))
-    _assert_hopper_kernel(dict(counts, smem_bytes=compiled.smem_dynamic_bytes,
-                               spill_bytes=cubin.cubin_resources(compiled.cubin)["spill_bytes"]))
-    assert counts["ATOMG"] == 2, counts
-    static = cubin.sass_of(_compiled(head_dim, causal, dataclasses.replace(config, dynamic_schedule=False)).cubin)
-    assert cubin.count_sass(static, ("ATOMG",))["ATOMG"] == 0
-
-
 def test_persistent_fp16_compiles():
     config = dataclasses.replace(fa3.DEFAULT_CONFIGS[128], persistent=True)
     c = registry.compiled(registry.static_config("fa3", "sm_90a", "fp16", 128, True, config))

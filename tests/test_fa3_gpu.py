@@ -171,7 +171,6 @@ def _check_logit_shifts(name, head_dim, config, causal):
 PERSIST = _ab_variants("PERSIST")  # the persistent grid (Sm90Config.persistent) at D 64/128/256
 PERSIST += [v for v in _ab_variants("SHORT") if v[0] == "persistent-m128"]  # session 16: 128-row tiles at D 64
 PERSIST += [v for v in _ab_variants("BALANCED") if v[0] == "balanced"]  # session 17: tiles dealt by load
-PERSIST += [v for v in _ab_variants("DYNAMIC") if v[0] == "dynamic"]  # session 18: tiles taken from a counter
 # (batch, seqlen_q, seqlen_k, heads, heads_kv): odd lengths, one K/V tile and several, Nq != Nk both ways (causal rows
 # that see no key), GQA and MQA, and grids of many more tiles than SMs (each CTA walks several tiles; causal tiles of
 # different lengths; more than one L2 section)
@@ -192,56 +191,20 @@ def test_persistent_variants(name, head_dim, config, causal, dtype):
         _check(q, k, v, causal, config=config, what=f"{name} {dtype} D={head_dim} causal={causal} {shape}")
 
 
-@pytest.mark.parametrize("schedule", ["static", "balanced", "dynamic_schedule"])
-def test_persistent_l2_sections(monkeypatch, schedule):
+@pytest.mark.parametrize("balanced", [False, True], ids=["static", "balanced"])
+def test_persistent_l2_sections(monkeypatch, balanced):
     """The persistent grid keeps the causal longest-first order in L2 sections: sections of 2 (batch, head) pairs with
-    a short last one, several tiles per CTA; every tile must run exactly once (static schedule, the tiles dealt by
-    load: Sm90Config.balanced, and taken from a counter: dynamic_schedule, whose O and LSE equal the static
-    schedule's bit for bit: the same tile maths)."""
-    change = {schedule: True} if schedule != "static" else {}
-    config = dataclasses.replace(fa3.DEFAULT_CONFIGS[128], persistent=True, **change)
+    a short last one, several tiles per CTA; every tile must run exactly once (static schedule, and the tiles dealt by
+    load: Sm90Config.balanced, whose O and LSE equal the static schedule's bit for bit: the same tile maths)."""
+    config = dataclasses.replace(fa3.DEFAULT_CONFIGS[128], persistent=True, balanced=balanced)
     monkeypatch.setattr(fa3, "l2_section_heads", lambda *args: 2)
     for batch, heads in ((1, 5), (3, 7), (5, 41)):
         q, k, v = _qkv(batch, 1000, 1000, heads, 1, 128, BF16)
         got = _check(q, k, v, True, config=config, what=f"persistent, sections of 2, B={batch} H={heads}")
-        if change:
+        if balanced:
             want = fa3.run(q, k, v, causal=True, softmax_scale=1.0 / math.sqrt(128),
-                           config=dataclasses.replace(config, **{schedule: False}))
+                           config=dataclasses.replace(config, balanced=False))
             assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (batch, heads)
-
-
-@pytest.mark.parametrize("head_dim", [64, 128])
-def test_dynamic_schedule_counters_reset(head_dim):
-    """Sm90Config.dynamic_schedule leaves its two tile counters at 0 (the last CTA out resets them), so calls of
-    different shapes back to back on one stream, and a CUDA graph replayed many times, each run every tile once:
-    O and LSE equal the static persistent grid's bit for bit every time (a counter left non-zero would skip tiles,
-    whose NaN-poisoned outputs then fail)."""
-    from fa_variants.common import workspace
-
-    config = dataclasses.replace(fa3.DEFAULT_CONFIGS[head_dim], persistent=True, dynamic_schedule=True)
-    static = dataclasses.replace(config, dynamic_schedule=False)
-    scale = 1.0 / math.sqrt(head_dim)
-    shapes = [(4, 1023, 1023, 16, 4), (1, 5000, 5000, 8, 8), (7, 300, 900, 12, 3), (4, 1023, 1023, 16, 4)]
-    for shape in shapes + shapes:
-        q, k, v = _qkv(*shape, head_dim, BF16)
-        got = fa3.run(q, k, v, causal=True, softmax_scale=scale, config=config)
-        want = fa3.run(q, k, v, causal=True, softmax_scale=scale, config=static)
-        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), shape
-    counters = workspace.views(q.device, 0, 2, ("tile counters",), lambda _, count: count[:2])
-    assert counters.tolist() == [0, 0]
-    q, k, v = _qkv(4, 2048, 2048, 16, 4, head_dim, BF16)
-    want = fa3.run(q, k, v, causal=True, softmax_scale=scale, config=static)
-    fa3.run(q, k, v, causal=True, softmax_scale=scale, config=config)  # compiled and planned before the capture
-    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        out = fa3.run(q, k, v, causal=True, softmax_scale=scale, config=config)
-    torch.cuda.current_stream().wait_stream(stream)
-    for _ in range(20):
-        out[0].fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out[0], want[0]) and torch.equal(out[1], want[1])
 
 
 def test_two_consumer_warpgroups_d64():

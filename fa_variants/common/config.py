@@ -160,14 +160,6 @@ class Sm90Config:
         schedule leaves some CTAs 10-15 % above the mean (its model at D 128); each round keeps its tiles, so the L2
         order stays. One int32 per work tile, made once per device and shape and kept for the process
         (``hopper.fa3.balanced_table``; ValueError when a shape's first call is inside CUDA graph capture).
-    dynamic_schedule: (with persistent, not pack_gqa or balanced) each CTA takes its next tile from a counter in
-        global memory (one atomic add per tile, issued a tile ahead by the producer warp and handed to the consumer
-        warpgroups through a two-slot shared-memory ring with its mbarriers), in the static schedule's order
-        (causal: longest first within L2 sections): list scheduling, so a CTA whose tiles ran short takes more of
-        them, whatever made them short (causal costs, clocks, L2 misses), with no host table. Its two int32
-        counters come from ``common.workspace`` (zero before the launch; the last CTA to finish sets them back to
-        0), like the fused merge's. After flash-attn's C++ FA3 (hopper/tile_scheduler.hpp, its dynamic persistent
-        scheduler).
     q_tail_first: (causal calls; a non-causal kernel compiles without it) when seqlen_q is not a multiple of tile_m,
         the rows a partial tile wastes are moved from the last query tile (the longest under causal masking: with
         192-row tiles at seqlen_q 4096 its 64 rows cost a full walk over all K/V tiles, ~6% of the work) to the
@@ -221,7 +213,6 @@ class Sm90Config:
     early_pv_arrive: bool = False
     persistent: bool = False
     balanced: bool = False
-    dynamic_schedule: bool = False
     first_row_only: bool = False
     q_tail_first: bool = False
     alpha_first: bool = False
@@ -291,10 +282,6 @@ class Sm90Config:
         if not isinstance(self.balanced, bool) or (self.balanced and (not self.persistent or self.pack_gqa)):
             raise ValueError(f"balanced={self.balanced!r} must be a bool, True only with persistent=True and "
                              "pack_gqa=False")
-        if not isinstance(self.dynamic_schedule, bool) or (self.dynamic_schedule and (
-                not self.persistent or self.pack_gqa or self.balanced)):
-            raise ValueError(f"dynamic_schedule={self.dynamic_schedule!r} must be a bool, True only with "
-                             "persistent=True, pack_gqa=False and balanced=False")
         if not isinstance(self.first_row_only, bool) or (self.first_row_only and not (
                 self.pack_gqa and not self.pack_group and self.tile_m == WGMMA_M and not self.fused_merge)):
             raise ValueError(f"first_row_only={self.first_row_only!r} must be a bool, True only for packed seqlen_q = 1 "

@@ -416,19 +416,16 @@ def _build(cfg: StaticConfig):
     from cutlass import Int32  # the DSL: only to compile
 
     from fa_variants.hopper.fa3_kernel import (FlashAttention3Sm90, FlashAttention3Sm90Balanced,
-                                               FlashAttention3Sm90Dynamic, FlashAttention3Sm90FusedMerge,
-                                               FlashAttention3Sm90Persistent)
+                                               FlashAttention3Sm90FusedMerge, FlashAttention3Sm90Persistent)
 
     fused = cfg.config.fused_merge and cfg.config.num_splits != 1
     kind = FlashAttention3Sm90Persistent if cfg.config.persistent else FlashAttention3Sm90
     if cfg.config.balanced:
         kind = FlashAttention3Sm90Balanced
-    if cfg.config.dynamic_schedule:
-        kind = FlashAttention3Sm90Dynamic
     kernel = (FlashAttention3Sm90FusedMerge if fused else kind)(
         interop.cute_dtype(cfg.dtype), cfg.head_dim, cfg.causal, cfg.config)
     q, k, v, o, lse, scale, stream = interop.fake_attention_args(cfg.dtype, cfg.head_dim, cfg.align)
-    if cfg.config.balanced or cfg.config.dynamic_schedule:  # + l2_heads, CTAs, the tile table / counters (_plan_call)
+    if cfg.config.balanced:  # + l2_heads, the grid's CTA count, the tile table (_plan_call)
         import cutlass.cute as cute
 
         order = interop.fake_tensor("int32", (cute.sym_int(),), 4)
@@ -726,8 +723,7 @@ def _plan_call(config: Sm90Config, q, k, v, scale: float, causal: bool) -> tuple
     either the kernel merges them itself (``config.fused_merge``: out, LSE and the per-query-tile counters follow
     as arguments) or `finish` does (``split_combine.split_steps``: the merge kernel, or ``split.merge`` on the CPU
     / with MERGE_KERNEL off). The view geometry is worked out once here (``common.pack_gqa.call_geometry``);
-    ``config.balanced``: the persistent grid's tile table too (``balanced_table``, for ``causal`` costs);
-    ``config.dynamic_schedule``: its two tile counters (``common.workspace``), fetched per call."""
+    ``config.balanced``: the persistent grid's tile table too (``balanced_table``, for ``causal`` costs)."""
     batch, seqlen_q, heads, head_dim = q.shape
     heads_kv = k.shape[2]
     tail = (scale * LOG2_E, l2_section_heads(k.shape[1], head_dim))
@@ -735,9 +731,6 @@ def _plan_call(config: Sm90Config, q, k, v, scale: float, causal: bool) -> tuple
         tail += (_sm_count(q),)
     if config.balanced:  # its tile table (made once per device and shape: balanced_table)
         tail += (balanced_table(config, q, k, causal),)
-    if config.dynamic_schedule:  # its two counters, per call (common.workspace: per stream, or the capture's)
-        counters = workspace.function(q.device, 0, 2, ("tile counters",), lambda _, count: count[:2])
-        return (lambda q, k, v, out, lse: (q, k, v, out, lse, *tail, counters())), None
     pack = config.pack_gqa and not config.pack_group  # pack_group: the kernel packs the rows itself
     q_view = o_view = lse_view = None
     if pack:  # views of the same memory: O and LSE land where the unpacked call puts them

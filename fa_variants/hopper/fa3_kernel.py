@@ -85,7 +85,6 @@ class FlashAttention3Sm90(Fa3Schedule, Fa3SplitKV, Fa3Producer):
         # Persistent grid (``Sm90Config.persistent``, ``_roles_persistent``): O in its own buffer where it fits.
         self.persistent = getattr(config, "persistent", False)
         self.separate_o = self.persistent and config.separate_o(head_dim)
-        self.dynamic = getattr(config, "dynamic_schedule", False)  # persistent tiles from a global counter
 
     # ---------------------------------------------------------------------------------------
     # Host side
@@ -148,7 +147,7 @@ class FlashAttention3Sm90(Fa3Schedule, Fa3SplitKV, Fa3Producer):
         """Host side shared by the kernel family; ``extras`` (tensors) go unchanged to the device side.
         ``merge``: (out, lse, counters) of the fused split merge (``FlashAttention3Sm90FusedMerge``), else ().
         ``ctas``: the persistent grid's CTA count (``FlashAttention3Sm90Persistent``), else None; ``order``: (its
-        tile table,) with ``Sm90Config.balanced``, (its two counters,) with ``dynamic_schedule``, else ()."""
+        tile table,) with ``Sm90Config.balanced``, else ()."""
         # (batch, seqlen, heads, head_dim) -> (seqlen, head_dim, heads, batch): TMA boxes and
         # MMA tiles cover the first two modes; LSE (batch, heads, seqlen) -> (seqlen, heads, batch).
         mQ, mK, mO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0])) for t in (mQ, mK, mO)]
@@ -238,9 +237,6 @@ class FlashAttention3Sm90(Fa3Schedule, Fa3SplitKV, Fa3Producer):
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, v_words], 1024]
             if const_expr(self.separate_o):  # persistent: O's own buffer (Q's is loaded with the next tile's Q)
                 sO: cute.struct.Align[cute.struct.MemRange[self.out_dtype, cute.cosize(sO_layout)], 1024]
-            if const_expr(self.dynamic):  # dynamic_schedule: the next tiles, a ring of 2 and its full / empty mbarriers
-                mbar_tile: cute.struct.MemRange[cutlass.Int64, 2 * 2]
-                next_tile: cute.struct.MemRange[Int32, 2]
 
         return SharedStorage
 
@@ -282,8 +278,6 @@ class FlashAttention3Sm90(Fa3Schedule, Fa3SplitKV, Fa3Producer):
         # Shared memory and the mbarrier pipelines, created by every thread before the roles split.
         storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
         pipe_q, pipe_k, pipe_v = self._make_pipelines(storage)
-        if const_expr(self.dynamic):  # (ring, its pipeline) of the tiles the producer takes (_roles_persistent)
-            order = (order[0], storage.next_tile.get_tensor(cute.make_layout(2)), self._make_tile_pipeline(storage))
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
         if const_expr(self.cfg.pdl):  # launched early (programmatic dependent launch): the grid before this one on
@@ -530,18 +524,6 @@ class FlashAttention3Sm90Balanced(FlashAttention3Sm90Persistent):
                  softmax_scale_log2: Float32, l2_heads: Int32, ctas: Int32, mOrder: cute.Tensor,
                  stream: cuda.CUstream):
         self.launch(mQ, mK, mV, mO, mLSE, softmax_scale_log2, l2_heads, (), stream, ctas=ctas, order=(mOrder,))
-
-
-class FlashAttention3Sm90Dynamic(FlashAttention3Sm90Persistent):
-    """``FlashAttention3Sm90Persistent`` with ``Sm90Config.dynamic_schedule``: ``__call__`` takes, after ``ctas``,
-    ``mCount``: int32, at least 2, zero before the launch and left at zero after it (``common.workspace``'s
-    counters): the next tile to hand out (past the first ``ctas``) and the CTAs that have finished."""
-
-    @cute.jit
-    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
-                 softmax_scale_log2: Float32, l2_heads: Int32, ctas: Int32, mCount: cute.Tensor,
-                 stream: cuda.CUstream):
-        self.launch(mQ, mK, mV, mO, mLSE, softmax_scale_log2, l2_heads, (), stream, ctas=ctas, order=(mCount,))
 
 
 class FlashAttention3Sm90FusedMerge(FlashAttention3Sm90):

@@ -29,14 +29,6 @@ class Fa3Producer:
 
         return make(storage.mbar_q, 1, self.bytes_q), make(storage.mbar_k, self.stages, self.bytes_kv), make(storage.mbar_v, self.stages, self.bytes_kv)
 
-    def _make_tile_pipeline(self, storage):
-        """``Sm90Config.dynamic_schedule``: the two-slot ring of next tiles, written by the producer warp (all 32
-        lanes arrive; lane 0 writes) and read by every consumer thread (each arrives when it has read its slot)."""
-        return pipeline.PipelineAsync.create(
-            barrier_storage=storage.mbar_tile.data_ptr(), num_stages=2,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 32),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_wg * 128), defer_sync=True)
-
     def _pipeline_states(self, user_type, states: tuple) -> tuple:
         """(Q, K, V) pipeline states of a producer or consumer (``user_type``): ``states`` when carried from the
         previous tile (persistent), else fresh ones (Q one stage, K and V ``stages``; V None under

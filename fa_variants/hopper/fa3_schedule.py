@@ -89,114 +89,43 @@ class Fa3Schedule:
         Q's buffer). The ping-pong turn is handed to warpgroup 0 once: each tile ends with the last warpgroup's
         arrive on warpgroup 0's barrier, which is the next tile's first turn. ``order``: (the tile table,) of
         ``Sm90Config.balanced``: the i-th slot of the static schedule runs tile table[i] (``_scheduled_tile``, which
-        reads each entry one tile ahead); (counters, ring, its pipeline) of ``dynamic_schedule``: the tiles come
-        from ``_walk_dynamic``."""
+        reads each entry one tile ahead)."""
         heads, batches = mQ.shape[2], mQ.shape[3]
         first, stride = tile_scheduler.persistent_tiles()
         total = num_m_blocks * heads * batches
-        geometry = (num_m_blocks, heads, batches, l2_heads, seqlen_q, seqlen_k)
         if warp_idx < WARPGROUP_THREADS // 32:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
-                states = (pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1),
-                          pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages),
-                          pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages))
-                operands = (mQ, mK, mV, sQ, sK, sV, tma_q, tma_k, tma_v, pipe_q, pipe_k, pipe_v, qhead_per_kvhead)
-                if const_expr(self.dynamic):
-                    self._walk_dynamic(True, first, stride, total, order, self._produce_tile, operands, geometry,
-                                       states)
-                else:
-                    upcoming = self._first_scheduled(first, order)
-                    for slot in cutlass.range(first, total, stride, unroll=1):
-                        tile, upcoming = self._scheduled_tile(slot, stride, total, order, upcoming)
-                        states = self._produce_tile(tile, operands, geometry, states)
+                q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+                k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+                v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+                upcoming = self._first_scheduled(first, order)
+                for slot in cutlass.range(first, total, stride, unroll=1):
+                    tile, upcoming = self._scheduled_tile(slot, stride, total, order, upcoming)
+                    m_block, head, batch = tile_scheduler.tile_coords(tile, num_m_blocks, heads, batches, l2_heads,
+                                                                      self.causal)
+                    n_blocks = self._num_kv_blocks(m_block, seqlen_q, seqlen_k)
+                    q_state, k_state, v_state = self.producer(
+                        mQ[None, None, head, batch], mK[None, None, head // qhead_per_kvhead, batch],
+                        mV[None, None, head // qhead_per_kvhead, batch], sQ, sK, sV, tma_q, tma_k, tma_v,
+                        pipe_q, pipe_k, pipe_v, m_block, n_blocks, 0, states=(q_state, k_state, v_state))
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
-            states = (pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1),
-                      pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages),
-                      pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages))
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+            k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
             if const_expr(self.pingpong):
                 if warp_idx < 2 * WARPGROUP_THREADS // 32:  # warpgroup 0 takes the first turn
                     cute.arch.barrier_arrive(barrier_id=int(NamedBarrier.SCHEDULE_WG0),
                                              number_of_threads=2 * WARPGROUP_THREADS)
-            operands = (mO, mLSE, sQ, sK, sV, sO, tma_o, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v,
-                        scale_log2, extras)
-            if const_expr(self.dynamic):
-                self._walk_dynamic(False, first, stride, total, order, self._consume_tile, operands, geometry, states)
-            else:
-                upcoming = self._first_scheduled(first, order)
-                for slot in cutlass.range(first, total, stride, unroll=1):
-                    tile, upcoming = self._scheduled_tile(slot, stride, total, order, upcoming)
-                    states = self._consume_tile(tile, operands, geometry, states)
-
-    @cute.jit
-    def _produce_tile(self, tile: Int32, operands: tuple, geometry: tuple, states: tuple) -> tuple:
-        """The producer's loads for work tile ``tile`` of the persistent grid; returns its states advanced."""
-        mQ, mK, mV, sQ, sK, sV, tma_q, tma_k, tma_v, pipe_q, pipe_k, pipe_v, qhead_per_kvhead = operands
-        num_m_blocks, heads, batches, l2_heads, seqlen_q, seqlen_k = geometry
-        m_block, head, batch = tile_scheduler.tile_coords(tile, num_m_blocks, heads, batches, l2_heads, self.causal)
-        n_blocks = self._num_kv_blocks(m_block, seqlen_q, seqlen_k)
-        return self.producer(mQ[None, None, head, batch], mK[None, None, head // qhead_per_kvhead, batch],
-                             mV[None, None, head // qhead_per_kvhead, batch], sQ, sK, sV, tma_q, tma_k, tma_v,
-                             pipe_q, pipe_k, pipe_v, m_block, n_blocks, 0, states=states)
-
-    @cute.jit
-    def _consume_tile(self, tile: Int32, operands: tuple, geometry: tuple, states: tuple) -> tuple:
-        """The consumer warpgroups' work on work tile ``tile`` of the persistent grid; returns their states."""
-        mO, mLSE, sQ, sK, sV, sO, tma_o, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2, extras = (
-            operands)
-        num_m_blocks, heads, batches, l2_heads, seqlen_q, seqlen_k = geometry
-        m_block, head, batch = tile_scheduler.tile_coords(tile, num_m_blocks, heads, batches, l2_heads, self.causal)
-        n_blocks = self._num_kv_blocks(m_block, seqlen_q, seqlen_k)
-        return self.consumer(mO[None, None, head, batch], mLSE[None, head, batch], sQ, sK, sV, sO, tma_o,
-                             tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2, m_block, n_blocks,
-                             seqlen_q, seqlen_k, extras, head, batch, 0, states=states)
-
-    @cute.jit
-    def _walk_dynamic(self, producer: cutlass.Constexpr[bool], first: Int32, stride: Int32, total: Int32,
-                      order: tuple, work, operands: tuple, geometry: tuple, states: tuple):
-        """``Sm90Config.dynamic_schedule``: run ``work(tile, operands, geometry, states)`` on the tiles this CTA
-        takes, in list-scheduling order. Its first tile is its block index; the producer warp takes each next one
-        with an atomic add on counter 0 (tile = ticket + grid size) as it starts the tile before, so the atomic's
-        round trip hides under that tile's loads, and puts it in the ring for the consumers (tile >= total: no
-        more tiles; every role then leaves). The producer then counts the CTA out on counter 1; the last CTA out
-        sets both counters back to 0 for the next launch (its acquire orders every other CTA's last take first)."""
-        mCount, ring, pipe_tile = order
-        tile = first
-        if const_expr(producer):
-            lane = cute.arch.lane_idx()
-            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 2)
-            pipe_tile.producer_acquire(state)
-            if lane == 0:
-                ring[state.index] = tile
-            pipe_tile.producer_commit(state)
-            state.advance()
-            while tile < total:
-                taken = Int32(0)
-                if lane == 0:
-                    taken = cute.arch.atomic_add(mCount.iterator.llvm_ptr, Int32(1), sem="relaxed", scope="gpu")
-                states = work(tile, operands, geometry, states)  # first: the atomic's result is read after it
-                upcoming = cute.arch.shuffle_sync(taken, 0) + stride
-                pipe_tile.producer_acquire(state)
-                if lane == 0:
-                    ring[state.index] = upcoming
-                pipe_tile.producer_commit(state)
-                state.advance()
-                tile = upcoming
-            if lane == 0:
-                out = cute.arch.atomic_add((mCount.iterator + 1).llvm_ptr, Int32(1), sem="acq_rel", scope="gpu")
-                if out == stride - 1:
-                    mCount[0] = Int32(0)
-                    mCount[1] = Int32(0)
-        else:
-            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 2)
-            pipe_tile.consumer_wait(state)
-            tile = ring[state.index]
-            pipe_tile.consumer_release(state)
-            state.advance()
-            while tile < total:
-                states = work(tile, operands, geometry, states)
-                pipe_tile.consumer_wait(state)
-                tile = ring[state.index]
-                pipe_tile.consumer_release(state)
-                state.advance()
+            upcoming = self._first_scheduled(first, order)
+            for slot in cutlass.range(first, total, stride, unroll=1):
+                tile, upcoming = self._scheduled_tile(slot, stride, total, order, upcoming)
+                m_block, head, batch = tile_scheduler.tile_coords(tile, num_m_blocks, heads, batches, l2_heads,
+                                                                  self.causal)
+                n_blocks = self._num_kv_blocks(m_block, seqlen_q, seqlen_k)
+                q_state, k_state, v_state = self.consumer(
+                    mO[None, None, head, batch], mLSE[None, head, batch], sQ, sK, sV, sO, tma_o,
+                    tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2,
+                    m_block, n_blocks, seqlen_q, seqlen_k, extras, head, batch, 0,
+                    states=(q_state, k_state, v_state))
