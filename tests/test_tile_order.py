@@ -138,6 +138,27 @@ def test_short_balanced_in_capture_only_with_its_table(monkeypatch):
     assert fa3.short_config(q, k, True) is config
 
 
+def test_short_balanced_tables_are_bounded(monkeypatch):
+    """The tables kept for the process are bounded (TABLES_MAX_BYTES): past the bound a new shape takes the static
+    rules (here within the static causal limit: the static persistent grid), a shape whose table exists still gets
+    its balanced grid, and each table made counts its bytes."""
+    monkeypatch.setattr(fa3, "SHORT_BALANCED", True)
+    monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K", 3072)
+    monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K_CAUSAL", 1536)
+    monkeypatch.setattr(fa3, "_TABLES", {})
+    monkeypatch.setattr(fa3, "_TABLE_BYTES", [0])
+    q = k = torch.randn(32, 1024, 16, 128, dtype=torch.float16)  # 8 x 16 x 32 = 4096 tiles: 16 KiB
+    config = fa3.short_config(q, k, True)
+    assert config.balanced and fa3.balanced_table(config, q, k, True).numel() == 4096
+    assert fa3._TABLE_BYTES == [4 * 4096]
+    monkeypatch.setattr(fa3, "TABLES_MAX_BYTES", 4 * 4096 + 4 * 4095)
+    assert fa3.short_config(q, k, True) is config  # made already
+    q2 = k2 = torch.randn(32, 1000, 16, 128, dtype=torch.float16)  # a new shape of 4096 tiles: past the bound
+    assert fa3.short_config(q2, k2, True) == fa3._SHORT_CONFIGS[128]
+    monkeypatch.setattr(fa3, "TABLES_MAX_BYTES", 64 << 20)
+    assert fa3.short_config(q2, k2, True).balanced
+
+
 def test_balanced_needs_the_persistent_grid():
     base = fa3.DEFAULT_CONFIGS[128]
     for bad in (dict(balanced=True), dict(balanced=True, persistent=True, pack_gqa=True), dict(balanced=1)):

@@ -151,7 +151,8 @@ def short_config(q: torch.Tensor, k: torch.Tensor, causal: bool) -> Sm90Config |
     one tile per CTA gains nothing; the A/B timed 15-60 waves):
     - causal, seqlen_k <= BALANCED_MAX_SEQLEN_K[head_dim] and two or more query tiles per head (their costs differ;
       one query tile, e.g. decode rows: all cost the same, the static schedule's case) (SHORT_BALANCED): the tiles
-      dealt by load (``balanced``); in CUDA graph capture only when the shape's table was made before;
+      dealt by load (``balanced``); in CUDA graph capture only when the shape's table was made before, and for a
+      new shape only while the tables kept take less than TABLES_MAX_BYTES;
     - otherwise at SHORT_HEAD_DIMS, 0 < seqlen_k <= SHORT_MAX_SEQLEN_K (causal: and <= SHORT_MAX_SEQLEN_K_CAUSAL):
       the static schedule;
     and at head_dim 64 a causal call with seqlen_k <= SHORT_NARROW_MAX_SEQLEN_K on 128-row tiles
@@ -164,11 +165,15 @@ def short_config(q: torch.Tensor, k: torch.Tensor, causal: bool) -> Sm90Config |
     config = _SHORT_CONFIGS.get(head_dim)
     if config is not None and causal and seqlen_k <= SHORT_NARROW_MAX_SEQLEN_K:
         config = _SHORT_NARROW_CONFIGS.get(head_dim, config)
-    if config is None or -(-seqlen_q // config.tile_m) * heads * batch <= _sm_count(q):
+    if config is None:
+        return None
+    tiles = -(-seqlen_q // config.tile_m) * heads * batch
+    if tiles <= _sm_count(q):
         return None
     if causal and SHORT_BALANCED and seqlen_q > config.tile_m and seqlen_k <= BALANCED_MAX_SEQLEN_K.get(head_dim, 0):
         balanced = _balanced(config)
-        if not workspace.capturing(q.device) or _table_key(balanced, q, k, causal) in _TABLES:
+        if _table_key(balanced, q, k, causal) in _TABLES or (
+                not workspace.capturing(q.device) and _TABLE_BYTES[0] + 4 * tiles <= TABLES_MAX_BYTES):
             return balanced
     limit = min(SHORT_MAX_SEQLEN_K, SHORT_MAX_SEQLEN_K_CAUSAL) if causal else SHORT_MAX_SEQLEN_K
     return config if head_dim in SHORT_HEAD_DIMS and seqlen_k <= limit else None
@@ -183,6 +188,10 @@ def _balanced(config: Sm90Config) -> Sm90Config:
 #: (device, table geometry) -> the tile table of ``Sm90Config.balanced`` on that device, kept for the process (a
 #: CUDA graph captured with it keeps its address after the launcher's plan is gone): 4 bytes per work tile per shape
 _TABLES: dict[tuple, torch.Tensor] = {}
+#: the bytes of the tables kept, and their bound: a process that sees many shapes (a server's prompt lengths) stops
+#: making tables at 64 MiB (~16 Ki shapes of 1024 tiles) and runs its later new shapes on the static schedule
+_TABLE_BYTES = [0]
+TABLES_MAX_BYTES = 64 << 20
 
 
 def balanced_table(config: Sm90Config, q: torch.Tensor, k: torch.Tensor, causal: bool) -> torch.Tensor:
@@ -208,6 +217,7 @@ def balanced_table(config: Sm90Config, q: torch.Tensor, k: torch.Tensor, causal:
         costs = torch.ones(len(m_blocks), dtype=torch.float64)
     host = tile_order.balanced_order(costs, ctas)
     table = _TABLES[key] = workspace.persistent(q.device, lambda: host.to(q.device))
+    _TABLE_BYTES[0] += 4 * table.numel()
     return table
 
 
