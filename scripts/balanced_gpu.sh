@@ -5,6 +5,10 @@
 #
 #   source .gpu/env.sh; scripts/balanced_gpu.sh       (repository root; writes under $OUT; --help: this text)
 #
+# Session 18 ran it (bench/h200-2026-12-03-s18/callA: 13 passed, sanitizers clean, balanced / new 1.04-1.18 at
+# N 1k-4k causal) and flipped the balanced grid on (FA_VARIANTS_SHORT_BALANCED, on by default since); it now reproves
+# that grid after a change to fa3's persistent path.
+#
 # Why (bench/NOTES.md, "Session 17 (2026-12-02): the persistent grid dealt by load; predictions before the run"):
 # the persistent grid's static schedule (CTA b takes tiles b, b + G, ...) loses under causal masking (session 6:
 # 0.76-0.97 at N 4k causal; session 17: 0.975 at D 128 N 2k causal) while it gains 1-3 % without masking. Its model

@@ -20,21 +20,22 @@
 # 2. then scripts/NAME_gpu.sh for each NAME, in order, each with the time left of CALL_BUDGET seconds (default 560),
 #    skipped when fewer than 100 s are left; logs under $OUT/pending/NAME/, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
-#    Plan for session 18: of session 17's work only Sm90Config.balanced is unproven (its calls proved the short-prefill
-#    limits 3072 / causal 1536 and D 64's 128-row short causal tiles, each with its GPU tests and sanitizers; the whole
-#    GPU suite ran on 212f296, fa3's GPU tests on 1da4a7e, fa3-fp8's on 4f0fac8; bench/NOTES.md "Session 17 ...").
-#    Open: issue 10's speed targets, 12's fa3 / flash-attn-4 >= 1.00, 13's 70 % of HBM at D 64 decode, 16 (two GPUs).
-#    A. scripts/pending_gpu.sh balanced (~200-260 s cold): Sm90Config.balanced (session 17, CPU only so far: the
-#    persistent grid's tiles dealt by load from a host table): its 13 GPU tests and the causal A/B, with its flip rules
-#    (its header; bench/NOTES.md "Session 17 (2026-12-02): the persistent grid dealt by load").
-#    A2. scripts/pending_gpu.sh short (~150-200 s cold) reproves the short grid after a change to fa3's persistent
-#    path or to short_config (e.g. a flip from A).
-#    B. after a kernel or default change: the whole GPU suite (~460 s on an H200; on an H100 use -n 8, its 80 GB ran out
-#    of memory in the float64 reference with 15 workers): `python3 -m pytest -q -n 14 -m "gpu and not slow" -p
-#    no:cacheprovider --durations=40`.
-#    C. README's results table (bench/h200-2026-11-29, before every default of sessions 4-17, e.g. fa3 423 TFLOP/s at
-#    D 128 N 512 where session 16 measured 470 with the short grid): rerun its command (bench/h200-2026-11-29/bench.md,
-#    first line; ~8-10 min, one call on its own) and replace the table.
+#    Plan for session 19: session 18 proved and flipped Sm90Config.balanced (causal calls with two or more query
+#    tiles per head, seqlen_k <= 4096 at D 64 / 128 and <= 8192 at D 256; whole GPU suite green at 30d8727), reran
+#    README's results table, and timed and removed dynamic_schedule (bench/NOTES.md "Session 18 ..."). Since 30d8727
+#    only host code changed (the balanced tables bounded at 64 MiB: hopper.fa3.TABLES_MAX_BYTES), CPU-tested.
+#    Open: issue 10's speed targets, 12's fa3 / flash-attn-4 >= 1.00 (D 256 0.90-0.96, D 64 0.93-0.97, long
+#    non-causal D 128 ~0.97) and >= cuDNN at N 512-1k (D 64 causal 0.85-0.90), 13's 70 % of HBM at D 64 decode, 16
+#    (two GPUs).
+#    A. the whole GPU suite on the session's final tree (~520 s on an H200, a call of its own): `python3 -m pytest -q
+#    -n 14 -m "gpu and not slow" -p no:cacheprovider --durations=40` (on an H100 use -n 8: its 80 GB ran out of
+#    memory in the float64 reference with 15 workers).
+#    B. scripts/pending_gpu.sh balanced, scripts/pending_gpu.sh short (~200-260 s cold each) reprove the balanced and
+#    short grids after a change to fa3's persistent path or to short_config.
+#    C. open questions for A/Bs (scripts/fa3_speed_ab.py, variants persistent / balanced): why both persistent
+#    schedules lose ~2.5 % to the one-CTA-per-tile grid at D 128 N 16k causal (not the balance: session 18's
+#    counter-based list scheduling lost the same), e.g. under ncu (L2 hit rate, the carried pipelines' waits);
+#    cuDNN's lead at D 64 N 512 / 1k causal (269 / 340 TFLOP/s vs 226 / 301 for the balanced 128-row grid).
 #    New lines "X. scripts/pending_gpu.sh [--checks] NAME ..." as scripts land. Each call starts a
 #    cold machine (~60-85 s more); carry [".gpu"], or
 #    [".gpu", ".before.tar.xz"] after `scripts/ab_checkout.sh COMMIT .before` for a script that A/Bs against an older
