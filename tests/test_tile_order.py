@@ -141,16 +141,15 @@ def test_short_balanced_in_capture_only_with_its_table(monkeypatch):
 def test_short_balanced_tables_are_bounded(monkeypatch):
     """The tables kept for the process are bounded (TABLES_MAX_BYTES): past the bound a new shape takes the static
     rules (here within the static causal limit: the static persistent grid), a shape whose table exists still gets
-    its balanced grid, and each table made counts its bytes."""
+    its balanced grid, and the bytes counted are those of the tables kept."""
     monkeypatch.setattr(fa3, "SHORT_BALANCED", True)
     monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K", 3072)
     monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K_CAUSAL", 1536)
     monkeypatch.setattr(fa3, "_TABLES", {})
-    monkeypatch.setattr(fa3, "_TABLE_BYTES", [0])
     q = k = torch.randn(32, 1024, 16, 128, dtype=torch.float16)  # 8 x 16 x 32 = 4096 tiles: 16 KiB
     config = fa3.short_config(q, k, True)
     assert config.balanced and fa3.balanced_table(config, q, k, True).numel() == 4096
-    assert fa3._TABLE_BYTES == [4 * 4096]
+    assert [t.numel() for t in fa3._TABLES.values()] == [4096]
     monkeypatch.setattr(fa3, "TABLES_MAX_BYTES", 4 * 4096 + 4 * 4095)
     assert fa3.short_config(q, k, True) is config  # made already
     q2 = k2 = torch.randn(32, 1000, 16, 128, dtype=torch.float16)  # a new shape of 4096 tiles: past the bound

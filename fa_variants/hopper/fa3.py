@@ -163,17 +163,17 @@ def short_config(q: torch.Tensor, k: torch.Tensor, causal: bool) -> Sm90Config |
     if seqlen_k <= 0 or not SHORT_MAX_SEQLEN_K or (causal and not SHORT_MAX_SEQLEN_K_CAUSAL):
         return None
     config = _SHORT_CONFIGS.get(head_dim)
-    if config is not None and causal and seqlen_k <= SHORT_NARROW_MAX_SEQLEN_K:
-        config = _SHORT_NARROW_CONFIGS.get(head_dim, config)
     if config is None:
         return None
+    if causal and seqlen_k <= SHORT_NARROW_MAX_SEQLEN_K:
+        config = _SHORT_NARROW_CONFIGS.get(head_dim, config)
     tiles = -(-seqlen_q // config.tile_m) * heads * batch
     if tiles <= _sm_count(q):
         return None
     if causal and SHORT_BALANCED and seqlen_q > config.tile_m and seqlen_k <= BALANCED_MAX_SEQLEN_K.get(head_dim, 0):
         balanced = _balanced(config)
-        if _table_key(balanced, q, k, causal) in _TABLES or (
-                not workspace.capturing(q.device) and _TABLE_BYTES[0] + 4 * tiles <= TABLES_MAX_BYTES):
+        if _table_key(balanced, q, k, causal) in _TABLES or (not workspace.capturing(q.device) and 4 * (
+                tiles + sum(t.numel() for t in _TABLES.values())) <= TABLES_MAX_BYTES):
             return balanced
     limit = min(SHORT_MAX_SEQLEN_K, SHORT_MAX_SEQLEN_K_CAUSAL) if causal else SHORT_MAX_SEQLEN_K
     return config if head_dim in SHORT_HEAD_DIMS and seqlen_k <= limit else None
@@ -188,9 +188,8 @@ def _balanced(config: Sm90Config) -> Sm90Config:
 #: (device, table geometry) -> the tile table of ``Sm90Config.balanced`` on that device, kept for the process (a
 #: CUDA graph captured with it keeps its address after the launcher's plan is gone): 4 bytes per work tile per shape
 _TABLES: dict[tuple, torch.Tensor] = {}
-#: the bytes of the tables kept, and their bound: a process that sees many shapes (a server's prompt lengths) stops
-#: making tables at 64 MiB (~16 Ki shapes of 1024 tiles) and runs its later new shapes on the static schedule
-_TABLE_BYTES = [0]
+#: the bound on the tables' bytes: a process that sees many shapes (a server's prompt lengths) stops making tables at
+#: 64 MiB (~16 Ki shapes of 1024 tiles) and runs its later new shapes on the static schedule (short_config)
 TABLES_MAX_BYTES = 64 << 20
 
 
@@ -217,7 +216,6 @@ def balanced_table(config: Sm90Config, q: torch.Tensor, k: torch.Tensor, causal:
         costs = torch.ones(len(m_blocks), dtype=torch.float64)
     host = tile_order.balanced_order(costs, ctas)
     table = _TABLES[key] = workspace.persistent(q.device, lambda: host.to(q.device))
-    _TABLE_BYTES[0] += 4 * table.numel()
     return table
 
 
@@ -688,10 +686,10 @@ def _short_configs(head_dim: int) -> tuple[Sm90Config, ...]:
         return ()
     causal = SHORT_MAX_SEQLEN_K_CAUSAL > 0
     narrow = causal and SHORT_NARROW_MAX_SEQLEN_K and head_dim in _SHORT_NARROW_CONFIGS
-    tiles = (_SHORT_CONFIGS[head_dim],) + ((_SHORT_NARROW_CONFIGS[head_dim],) if narrow else ())
-    static = tiles if head_dim in SHORT_HEAD_DIMS else ()
+    configs = (_SHORT_CONFIGS[head_dim],) + ((_SHORT_NARROW_CONFIGS[head_dim],) if narrow else ())
+    static = configs if head_dim in SHORT_HEAD_DIMS else ()
     balanced = causal and SHORT_BALANCED and head_dim in BALANCED_MAX_SEQLEN_K
-    return static + (tuple(_balanced(c) for c in tiles) if balanced else ())
+    return static + (tuple(_balanced(c) for c in configs) if balanced else ())
 
 
 def auto_num_splits(q: torch.Tensor, k: torch.Tensor, causal: bool) -> int:
