@@ -117,7 +117,14 @@ VARIANTS = {
     # session 18: D 64's 128-row short causal tile (session 17's narrow flip, timed on the static schedule) dealt by
     # load too (bench/NOTES.md, "Session 18 (2026-12-03): the balanced grid's reach; predictions before the run")
     "balanced-m128": ((64,), dict(persistent=True, balanced=True, tile_m=128)),
+    # session 19: the persistent kernel on the one-CTA-per-tile grid (the static schedule with as many CTAs as tiles:
+    # CTA b runs tile b only, the order `new`'s hardware dispatch gives), to tell the persistent code's cost at long N
+    # from its schedule's (bench/NOTES.md, "Session 19 ..."); a measurement, not a config: ONE_TILE_GRID runs it
+    "persistent-1tile": ((64, 128, 256), dict(persistent=True)),
 }
+#: variants run with the persistent grid's CTA count raised past the tile count (``one_tile_grid``); each must be the
+#: only variant of its config in a run
+ONE_TILE_GRID = ("persistent-1tile",)
 ROUND4 = ("old", "new", "fa4-256", "n176", "stages3", "k-first")
 FA3GAP = ("old", "new", "fa4-256")  # basis, basis-kv1, basis-256 removed in session 15 (alpha from the bases: slower)
 PERSIST = ("old", "new", "persistent")
@@ -412,6 +419,10 @@ def shape_entries(shape, peers, dtype, torch) -> tuple[dict, dict, dict, dict]:
     for name in shape["variants"]:
         cfg = keys[name] = variant_config(name, d)
         fns[name] = lambda cfg=cfg: fa3.run(q, k, v, causal=causal, softmax_scale=scale, config=cfg)
+        if name in ONE_TILE_GRID:
+            if any(variant_config(other, d) == cfg for other in shape["variants"] if other != name):
+                raise SystemExit(f"{name} shares its config with another variant of this run: run it alone")
+            fns[name] = one_tile_grid(fns[name], fa3)
     for p in peers:
         fns[p.name], keys[p.name] = (lambda p=p: p.fn(q, k, v, causal)), None
     outs, errors = {}, {}
@@ -426,6 +437,19 @@ def shape_entries(shape, peers, dtype, torch) -> tuple[dict, dict, dict, dict]:
     fns = {k_: f for k_, f in fns.items() if k_ not in errors}
     diffs = {name: (o - outs["old"]).abs().max().item() for name, o in outs.items()}
     return fns, keys, errors, diffs
+
+
+def one_tile_grid(fn, fa3):
+    """fn run on a GPU that seems to have more SMs than the shape has tiles (``fa3._sm_count`` patched around each
+    call: ``fa3.run`` plans every call, and the CTA count is a runtime argument of the launch), so the persistent
+    grid gets one CTA per tile. Host-side only; a CUDA graph of fn keeps the launch as planned."""
+    def call():
+        real, fa3._sm_count = fa3._sm_count, (lambda q: 1 << 30)
+        try:
+            return fn()
+        finally:
+            fa3._sm_count = real
+    return call
 
 
 def time_rounds(fns: dict, a) -> dict[str, list[float]]:

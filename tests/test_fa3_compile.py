@@ -306,8 +306,8 @@ def test_speed_ab_plan(capsys):
     # session 9: - early; session 12: + turn (D 128; on in D 64's default), + noturn (D 64); session 15: + basis-turn,
     # then - basis (D 64, 128), basis-kv1, basis-turn (D 128), basis-256 (D 256) with alpha from the kept bases,
     # + noturn at D 128 (its default before session 15's flip); session 16: + persistent-m128 (D 64); session 17:
-    # + balanced (D 64, 128, 256); session 18: + balanced-m128 (D 64)
-    assert {s["head_dim"]: len(s["variants"]) for s in shapes} == {64: 12, 128: 15, 256: 9}
+    # + balanced (D 64, 128, 256); session 18: + balanced-m128 (D 64); session 19: + persistent-1tile (D 64, 128, 256)
+    assert {s["head_dim"]: len(s["variants"]) for s in shapes} == {64: 13, 128: 16, 256: 10}
     import sys
     argv, sys.argv = sys.argv, ["fa3_speed_ab.py", "--plan"]
     try:
@@ -315,6 +315,26 @@ def test_speed_ab_plan(capsys):
     finally:
         sys.argv = argv
     assert "12 shapes, 22 compiles, 68 entries" in capsys.readouterr().out  # the default: round 4 (pairs-256 out), N 4k/16k
+
+
+def test_speed_ab_one_tile_grid():
+    """persistent-1tile's wrapper: every call sees more SMs than tiles, the real SM count is back after each call
+    (also when the call raises)."""
+    ab = _speed_ab()
+    from fa_variants.hopper import fa3
+
+    real, seen = fa3._sm_count, []
+    fn = ab.one_tile_grid(lambda: seen.append(fa3._sm_count(None)), fa3)
+    fn()
+    fn()
+    assert seen == [1 << 30, 1 << 30] and fa3._sm_count is real
+
+    def boom():
+        raise RuntimeError("launch failed")
+    with pytest.raises(RuntimeError):
+        ab.one_tile_grid(boom, fa3)()
+    assert fa3._sm_count is real
+    assert ab.VARIANTS["persistent-1tile"][1] == dict(persistent=True) and "persistent-1tile" in ab.ONE_TILE_GRID
 
 
 def _hot_mainloop(head_dim, config) -> list[str]:
