@@ -121,6 +121,9 @@ VARIANTS = {
     # CTA b runs tile b only, the order `new`'s hardware dispatch gives), to tell the persistent code's cost at long N
     # from its schedule's (bench/NOTES.md, "Session 19 ..."); a measurement, not a config: ONE_TILE_GRID runs it
     "persistent-1tile": ((64, 128, 256), dict(persistent=True)),
+    # session 19: D 256 causal ran 7-8 % faster with P converted per value (`old` there) than with convert_pairs (the
+    # default since session 9, timed non-causal then): the balanced grid without it
+    "balanced-nopairs": ((256,), dict(persistent=True, balanced=True, convert_pairs=False)),
 }
 #: variants run with the persistent grid's CTA count raised past the tile count (``one_tile_grid``); each must be the
 #: only variant of its config in a run
