@@ -144,10 +144,12 @@ PROTOCOLS = ("paired", "rounds")
 WARMUP_MS = {"paired": 500, "rounds": 100}
 
 
-def variant_config(name: str, head_dim: int):
+def variant_config(name: str, head_dim: int, causal: bool = False):
+    """The variant's config: the default a call of that head dim (and causality: ``fa3.default_config``, D 256 causal
+    without convert_pairs since session 19) runs with the variant's changes."""
     from fa_variants.hopper import fa3
 
-    return dataclasses.replace(fa3.DEFAULT_CONFIGS[head_dim], **VARIANTS[name][1])
+    return dataclasses.replace(fa3.default_config("sm_90a", head_dim, causal), **VARIANTS[name][1])
 
 
 def plan(head_dims, seqlens, causals, variants) -> list[dict]:
@@ -297,7 +299,7 @@ def _compile_one(item) -> str:
 
     name, d, causal, dtype = item
     t = time.time()
-    registry.compiled(registry.static_config("fa3", "sm_90a", dtype, d, causal, variant_config(name, d)))
+    registry.compiled(registry.static_config("fa3", "sm_90a", dtype, d, causal, variant_config(name, d, causal)))
     return f"{name} D={d} {'causal' if causal else 'full'} {dtype}: {time.time() - t:.0f} s"
 
 
@@ -420,10 +422,10 @@ def shape_entries(shape, peers, dtype, torch) -> tuple[dict, dict, dict, dict]:
     scale = d ** -0.5
     fns, keys = {}, {}
     for name in shape["variants"]:
-        cfg = keys[name] = variant_config(name, d)
+        cfg = keys[name] = variant_config(name, d, causal)
         fns[name] = lambda cfg=cfg: fa3.run(q, k, v, causal=causal, softmax_scale=scale, config=cfg)
         if name in ONE_TILE_GRID:
-            if any(variant_config(other, d) == cfg for other in shape["variants"] if other != name):
+            if any(variant_config(other, d, causal) == cfg for other in shape["variants"] if other != name):
                 raise SystemExit(f"{name} shares its config with another variant of this run: run it alone")
             fns[name] = one_tile_grid(fns[name], fa3)
     for p in peers:

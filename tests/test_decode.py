@@ -66,7 +66,7 @@ def test_auto_splits_decode_not_prefill(h200, split_enabled, head_dim):
     assert fa3._problem_config(None, q, k, False) is None and fa3.auto_num_splits(q, k, False) == 1
     q, k = _qk(8, 4096, 32, 8, 4096, head_dim)  # causal at 4k keys: unsplit, the persistent grid dealt by load
     assert fa3._problem_config(None, q, k, True) == dataclasses.replace(
-        fa3.DEFAULT_CONFIGS[head_dim], persistent=True, balanced=True)
+        fa3.CAUSAL_CONFIGS[head_dim], persistent=True, balanced=True)  # causal: D 256 without convert_pairs
     q, k = _qk(64, 1, 64, 8, 128, head_dim)  # 64 x 64 CTAs (packed: 64 x 8): already full
     assert _unsplit(fa3._problem_config(None, q, k, False))
 
@@ -631,7 +631,7 @@ def test_short_causal_calls_deal_tiles_by_load(h200, split_enabled, monkeypatch,
         monkeypatch.setattr(fa3, name, value)  # the defaults, whatever the environment says
     monkeypatch.setattr(fa3, "_TABLES", {})
     limit = {64: 4096, 128: 4096, 256: 8192}.get(head_dim, 0)
-    persistent = dataclasses.replace(fa3.DEFAULT_CONFIGS[head_dim], persistent=True)
+    persistent = dataclasses.replace(fa3.CAUSAL_CONFIGS[head_dim], persistent=True)  # = DEFAULT_CONFIGS but at D 256
     balanced = dataclasses.replace(persistent, balanced=True)
     narrow = dataclasses.replace(balanced, tile_m=128) if head_dim == 64 else balanced
     static = (dataclasses.replace(persistent, tile_m=128) if head_dim == 64 else persistent) if head_dim in (
@@ -680,8 +680,8 @@ def test_fixed_split_options_keep_the_short_persistent_grid(h200, split_enabled,
     q, k = _qk(32, 512, 16, 16, 3073, head_dim)
     assert fa3.decode_config(q, k, False, num_splits=1) == fa3.DEFAULT_CONFIGS[head_dim]
     q, k = _qk(32, 512, 16, 16, 1537, head_dim)  # causal: its own limits (static schedule 1536, balanced 4096 / 8192)
-    balanced = dataclasses.replace(fa3.DEFAULT_CONFIGS[head_dim], persistent=True, balanced=True)
-    assert fa3.decode_config(q, k, True, num_splits=1) == (balanced if head_dim != 96 else fa3.DEFAULT_CONFIGS[96])
+    balanced = dataclasses.replace(fa3.CAUSAL_CONFIGS[head_dim], persistent=True, balanced=True)
+    assert fa3.decode_config(q, k, True, num_splits=1) == (balanced if head_dim != 96 else fa3.CAUSAL_CONFIGS[96])
     monkeypatch.setattr(fa3, "SHORT_BALANCED", False)
-    assert fa3.decode_config(q, k, True, num_splits=1) == fa3.DEFAULT_CONFIGS[head_dim]
+    assert fa3.decode_config(q, k, True, num_splits=1) == fa3.CAUSAL_CONFIGS[head_dim]
     assert fa3.decode_config(q, k, False, num_splits=1) == (want or fa3.DEFAULT_CONFIGS[head_dim])

@@ -332,8 +332,9 @@ def test_warmup_plans_fa3s_split_config_too(monkeypatch):
     monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K", 3072)
     monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K_CAUSAL", 1536)
     monkeypatch.setattr(fa3, "SHORT_BALANCED", True)
+    short = fa3._SHORT_CONFIGS[128, True]
     assert [c.config for c in warmup.plan(["fa3"], "sm_90a", ["bf16"], [128], (True,))[0]] == [
-        fa3.DEFAULT_CONFIGS[128], fa3._SHORT_CONFIGS[128], dataclasses.replace(fa3._SHORT_CONFIGS[128], balanced=True)]
+        fa3.DEFAULT_CONFIGS[128], short, dataclasses.replace(short, balanced=True)]
     monkeypatch.setattr(fa3, "SHORT_BALANCED", False)
     assert [c.config for c in warmup.plan(["fa3"], "sm_90a", ["bf16"], [128], (True,))[0]] == [
-        fa3.DEFAULT_CONFIGS[128], fa3._SHORT_CONFIGS[128]]
+        fa3.DEFAULT_CONFIGS[128], short]

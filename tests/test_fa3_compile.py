@@ -78,18 +78,27 @@ def test_config_limits():
 
 
 def test_d256_default_converts_p_in_pairs():
-    """Session 9's flip (pairs-256/new 1.025 / 1.020 at N 4k / 16k on an H200): what a plain call compiles at D 256
-    (the registry's key with no config: the variant's default_config), and what `auto` runs when it splits the shape,
-    converts P and O in pairs; the other head dims and the packed decode tiles (not timed) keep the per-value
-    conversion; scripts/fa3_speed_ab.py's `old` keeps the pre-flip D 256 kernel and `pairs-256` now equals `new`."""
-    for causal in (False, True):
-        key = registry.static_config("fa3", "sm_90a", "bf16", 256, causal)
-        assert key.config.convert_pairs and key.config.tile_n == 80, key.config
+    """Session 9's flip (pairs-256/new 1.025 / 1.020 at N 4k / 16k non-causal on an H200) and session 19's causal
+    exception (old / new 1.035-1.089 at causal N 2k-16k): what a plain call compiles at D 256 (the registry's key with
+    no config: the variant's default_config) converts P and O in pairs when not causal, per value when causal, and so
+    do the persistent configs `auto` gives causal D 256 calls; a split call keeps pairs; the other head dims and the
+    packed decode tiles (not timed) keep the per-value conversion; scripts/fa3_speed_ab.py's `old` keeps the pre-flip
+    D 256 kernel, its `new` follows the call's causality, `pairs-256` is the non-causal default."""
+    key = registry.static_config("fa3", "sm_90a", "bf16", 256, False)
+    assert key.config.convert_pairs and key.config.tile_n == 80, key.config
+    causal = registry.static_config("fa3", "sm_90a", "bf16", 256, True).config
+    assert causal == dataclasses.replace(key.config, convert_pairs=False) == fa3.CAUSAL_CONFIGS[256]
+    assert not fa3._SHORT_CONFIGS[256, True].convert_pairs and (256, False) not in fa3._SHORT_CONFIGS
+    assert all(not c.convert_pairs for c in fa3._short_configs(256, True)) and fa3._short_configs(256, False) == ()
     for d in (64, 96, 128):
-        assert not registry.static_config("fa3", "sm_90a", "bf16", d, False).config.convert_pairs, d
+        assert fa3.CAUSAL_CONFIGS[d] == fa3.DEFAULT_CONFIGS[d], d
+        for c in (False, True):
+            assert not registry.static_config("fa3", "sm_90a", "bf16", d, c).config.convert_pairs, d
     assert fa3._SPLIT_CONFIGS[256].convert_pairs and not fa3._PACKED_CONFIGS[256].convert_pairs
     ab = _speed_ab()
     assert ab.variant_config("pairs-256", 256) == fa3.DEFAULT_CONFIGS[256]
+    assert ab.variant_config("pairs-256", 256, True) == fa3.DEFAULT_CONFIGS[256]
+    assert ab.variant_config("new", 256, True) == fa3.CAUSAL_CONFIGS[256] == ab.variant_config("old", 256, True)
     old = ab.variant_config("old", 256)
     assert old == dataclasses.replace(fa3.DEFAULT_CONFIGS[256], convert_pairs=False)  # exp2 etc. were off at D 256
     assert all(ab.variant_config("old", d) == dataclasses.replace(fa3.DEFAULT_CONFIGS[d], **ab.OLD) for d in (64, 128))

@@ -404,7 +404,7 @@ SHORT_SHAPES = [(4, 1023, 1023, 16, 4), (4, 512, 512, 16, 16), (2, 113, 1024, 96
 
 def _short_want(head_dim, causal, seqlen_q, seqlen_k):
     """The config short_config gives at the session-18 defaults (None: the default grid)."""
-    config = fa3._SHORT_CONFIGS.get(head_dim)
+    config = fa3._SHORT_CONFIGS.get((head_dim, causal))
     if config and causal and head_dim == 64 and seqlen_k <= 1024:
         config = dataclasses.replace(config, tile_m=128)
     if causal and seqlen_q > 128 and seqlen_k <= {64: 4096, 128: 4096, 256: 8192}.get(head_dim, 0):

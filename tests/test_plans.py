@@ -584,7 +584,7 @@ def test_fa3_short_persistent_switch_replans(monkeypatch):
             monkeypatch.setattr(fa3, name, limit)
             run(q, k, v)
         launch._KERNELS.clear()
-    short, default = fa3._SHORT_CONFIGS[128], fa3.DEFAULT_CONFIGS[128]
+    short, default = fa3._SHORT_CONFIGS[128, True], fa3.DEFAULT_CONFIGS[128]
     assert looked == [short, default]  # one lookup per config: later calls reuse the first two plans
     assert [len(args) for args in launched] == [8, 7, 8, 7, 8] and launched[0][-1] == 132
 

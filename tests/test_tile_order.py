@@ -131,7 +131,7 @@ def test_short_balanced_in_capture_only_with_its_table(monkeypatch):
     config = fa3.short_config(q, k, True)
     assert config.balanced and not fa3.short_config(q, k, False).balanced
     monkeypatch.setattr(workspace, "capturing", lambda device: True)
-    assert fa3.short_config(q, k, True) == fa3._SHORT_CONFIGS[128]
+    assert fa3.short_config(q, k, True) == fa3._SHORT_CONFIGS[128, True]
     monkeypatch.setattr(workspace, "capturing", lambda device: False)
     fa3.balanced_table(config, q, k, True)
     monkeypatch.setattr(workspace, "capturing", lambda device: True)
@@ -153,7 +153,7 @@ def test_short_balanced_tables_are_bounded(monkeypatch):
     monkeypatch.setattr(fa3, "TABLES_MAX_BYTES", 4 * 4096 + 4 * 4095)
     assert fa3.short_config(q, k, True) is config  # made already
     q2 = k2 = torch.randn(32, 1000, 16, 128, dtype=torch.float16)  # a new shape of 4096 tiles: past the bound
-    assert fa3.short_config(q2, k2, True) == fa3._SHORT_CONFIGS[128]
+    assert fa3.short_config(q2, k2, True) == fa3._SHORT_CONFIGS[128, True]
     monkeypatch.setattr(fa3, "TABLES_MAX_BYTES", 64 << 20)
     assert fa3.short_config(q2, k2, True).balanced
 

@@ -103,6 +103,15 @@ DEFAULT_CONFIGS: dict[int, Sm90Config] = {
     128: Sm90Config(tile_m=128, tile_n=128, stages=2, **_SOFTMAX_NO_SKIP, alpha_first=True, hoisted_descriptors=True),
     256: Sm90Config(tile_m=128, tile_n=80, stages=2, pingpong=False, convert_pairs=True),
 }
+# Causal calls differ from DEFAULT_CONFIGS where a causal A/B said so. D 256 converts P per value (convert_pairs
+# off): old / new 1.006 / 1.035 / 1.064 / 1.070 / 1.089 at causal N 1k / 2k / 4k / 8k / 16k (old = the default
+# without convert_pairs there; "faster" at N 2k-16k, "same" at 1k), but pairs stay faster non-causal (new / old 1.022 /
+# 1.017 at N 4k / 16k); the balanced grid without it: balanced-nopairs / flash-attn-4 0.995 / 0.994 / 0.985 / 0.970 at
+# N 1k-8k. Paired, 6 rounds, one H200, session 19 (scripts/fa3_speed_ab.py --variants old,new,balanced,
+# balanced-nopairs; bench/NOTES.md, "Session 19 (2026-12-03): D 256's P conversion, causal and not").
+_CAUSAL_CHANGES: dict[int, dict] = {256: dict(convert_pairs=False)}
+CAUSAL_CONFIGS: dict[int, Sm90Config] = {d: dataclasses.replace(c, **_CAUSAL_CHANGES.get(d, {}))
+                                         for d, c in DEFAULT_CONFIGS.items()}
 # Short sequences: a CTA of the default grid walks only seqlen_k / tile_n K/V tiles (4 at N 512), so its fixed cost
 # (launch, set-up, Q and first K/V latency, epilogue) is a third of its time. The persistent grid (one CTA per SM
 # walking several tiles, the next tile's loads under the current one's epilogue) pays it once per SM: persistent / new
@@ -138,11 +147,14 @@ SHORT_NARROW_MAX_SEQLEN_K = env.integer("FA_VARIANTS_SHORT_NARROW_CAUSAL", "1024
 SHORT_BALANCED = env.flag("FA_VARIANTS_SHORT_BALANCED", True)
 #: head dim -> the largest seqlen_k of a causal call on the balanced grid (the longest N "faster" in session 18)
 BALANCED_MAX_SEQLEN_K: dict[int, int] = {64: 4096, 128: 4096, 256: 8192}
-#: head dim -> its default on the persistent grid (SHORT_HEAD_DIMS: the static schedule's; BALANCED_MAX_SEQLEN_K's)
-_SHORT_CONFIGS: dict[int, Sm90Config] = {d: dataclasses.replace(DEFAULT_CONFIGS[d], persistent=True)
-                                         for d in sorted({*SHORT_HEAD_DIMS, *BALANCED_MAX_SEQLEN_K})}
+#: (head dim, causal) -> its default on the persistent grid (SHORT_HEAD_DIMS: the static schedule's;
+#: BALANCED_MAX_SEQLEN_K's, causal only)
+_SHORT_CONFIGS: dict[tuple[int, bool], Sm90Config] = {
+    (d, causal): dataclasses.replace((CAUSAL_CONFIGS if causal else DEFAULT_CONFIGS)[d], persistent=True)
+    for d in sorted({*SHORT_HEAD_DIMS, *BALANCED_MAX_SEQLEN_K}) for causal in (False, True)
+    if causal or d in SHORT_HEAD_DIMS}
 #: head dim -> the short causal config on narrower query tiles (SHORT_NARROW_MAX_SEQLEN_K)
-_SHORT_NARROW_CONFIGS: dict[int, Sm90Config] = {64: dataclasses.replace(_SHORT_CONFIGS[64], tile_m=128)}
+_SHORT_NARROW_CONFIGS: dict[int, Sm90Config] = {64: dataclasses.replace(_SHORT_CONFIGS[64, True], tile_m=128)}
 
 
 def short_config(q: torch.Tensor, k: torch.Tensor, causal: bool) -> Sm90Config | None:
@@ -162,7 +174,7 @@ def short_config(q: torch.Tensor, k: torch.Tensor, causal: bool) -> Sm90Config |
     seqlen_k = k.shape[1]
     if seqlen_k <= 0 or not SHORT_MAX_SEQLEN_K or (causal and not SHORT_MAX_SEQLEN_K_CAUSAL):
         return None
-    config = _SHORT_CONFIGS.get(head_dim)
+    config = _SHORT_CONFIGS.get((head_dim, causal))
     if config is None:
         return None
     if causal and seqlen_k <= SHORT_NARROW_MAX_SEQLEN_K:
@@ -416,8 +428,8 @@ def _tma_operand(t: torch.Tensor) -> torch.Tensor:
 
 
 def default_config(arch: str, head_dim: int, causal: bool) -> Sm90Config:
-    """The tuned config of a head dim (DEFAULT_CONFIGS)."""
-    return DEFAULT_CONFIGS[head_dim]
+    """The tuned config of a head dim (DEFAULT_CONFIGS; causal: CAUSAL_CONFIGS)."""
+    return (CAUSAL_CONFIGS if causal else DEFAULT_CONFIGS)[head_dim]
 
 
 def _build(cfg: StaticConfig):
@@ -633,7 +645,7 @@ def decode_config(q: torch.Tensor, k: torch.Tensor, causal: bool, *, num_splits:
             base = dataclasses.replace(base, num_splits=num_splits)
         return _merge_mode(dataclasses.replace(_packed(base, q, k, num_splits or splits), num_splits=num_splits))
     if num_splits == 1:  # unsplit: the grid `auto` runs (short seqlen_k: the persistent one, short_config)
-        base = short_config(q, k, causal) or DEFAULT_CONFIGS[q.shape[-1]]
+        base = short_config(q, k, causal) or default_config("sm_90a", q.shape[-1], causal)
     else:  # a split runs the split kernels
         base = _SPLIT_CONFIGS[q.shape[-1]]
     return _merge_mode(dataclasses.replace(base, num_splits=num_splits))
@@ -661,9 +673,9 @@ def _packed_rows_configs(head_dim: int, group: int) -> tuple[Sm90Config, ...]:
     return tuple(dict.fromkeys(_merge_mode(c) for c in configs))
 
 
-def _auto_configs(head_dim: int, groups: tuple[int, ...] = ()) -> tuple[Sm90Config, ...]:
+def _auto_configs(head_dim: int, groups: tuple[int, ...] = (), causal: bool | None = None) -> tuple[Sm90Config, ...]:
     """The configs besides the default that `auto` may switch a call to (for `fa-variants warmup`: short seqlen_k's
-    persistent grid, split, packed); ``groups``:
+    persistent grid for a causal or non-causal call (None: both), split, packed); ``groups``:
     query heads per KV head of the model (--gqa / --model), whose packed seqlen_q > 1 kernels fix the group
     (``_packed_rows_configs``; seqlen_q = 1 packs through host views, one kernel for every group)."""
     rows = tuple(c for g in dict.fromkeys(groups) for c in _packed_rows_configs(head_dim, g))
@@ -674,19 +686,22 @@ def _auto_configs(head_dim: int, groups: tuple[int, ...] = ()) -> tuple[Sm90Conf
     first = (False, True) if DECODE_FIRST_ROW else (False,)  # first_row_only: groups <= 8 (first_row)
     decode = tuple(_merge_mode(first_row(decode_tiles(c, head_dim, t, pdl=decode_pdl(n)), 1, f))
                    for c in packed for n in counts(c) for t in choices for f in first)
-    short = _short_configs(head_dim) if SHORT_MAX_SEQLEN_K else ()
+    short = _short_configs(head_dim, causal) if SHORT_MAX_SEQLEN_K else ()
     return short + ((_merge_mode(_SPLIT_CONFIGS[head_dim]),) if SPLIT_KV_ENABLED else ()) + (
         tuple(dict.fromkeys(packed + decode + rows)) if PACK_GQA_ENABLED else ())
 
 
-def _short_configs(head_dim: int) -> tuple[Sm90Config, ...]:
-    """The persistent configs short_config may give at head_dim (its default tile, D 64's narrow causal one; the
-    static schedule at SHORT_HEAD_DIMS, the balanced one for causal calls at BALANCED_MAX_SEQLEN_K's head dims)."""
-    if head_dim not in _SHORT_CONFIGS:
+def _short_configs(head_dim: int, causal: bool | None = None) -> tuple[Sm90Config, ...]:
+    """The persistent configs short_config may give a call at head_dim, causal or not (None: both kinds): the static
+    schedule at SHORT_HEAD_DIMS (causal calls while SHORT_MAX_SEQLEN_K_CAUSAL is on, D 64's narrow tile too), the
+    balanced grid for causal calls at BALANCED_MAX_SEQLEN_K's head dims."""
+    if causal is None:
+        return tuple(dict.fromkeys(_short_configs(head_dim, False) + _short_configs(head_dim, True)))
+    base = _SHORT_CONFIGS.get((head_dim, causal))
+    if base is None or (causal and not SHORT_MAX_SEQLEN_K_CAUSAL):
         return ()
-    causal = SHORT_MAX_SEQLEN_K_CAUSAL > 0
     narrow = causal and SHORT_NARROW_MAX_SEQLEN_K and head_dim in _SHORT_NARROW_CONFIGS
-    configs = (_SHORT_CONFIGS[head_dim],) + ((_SHORT_NARROW_CONFIGS[head_dim],) if narrow else ())
+    configs = (base,) + ((_SHORT_NARROW_CONFIGS[head_dim],) if narrow else ())
     static = configs if head_dim in SHORT_HEAD_DIMS else ()
     balanced = causal and SHORT_BALANCED and head_dim in BALANCED_MAX_SEQLEN_K
     return static + (tuple(_balanced(c) for c in configs) if balanced else ())
@@ -784,7 +799,7 @@ VARIANT = Variant(
                       DECODE_PDL, DECODE_PDL_MAX_SPLITS, DECODE_PDL_MIN_SPLITS, DECODE_FULL_GRID,
                       SPLIT_MIN_TILES, PACK_WIDE, DECODE_FIRST_ROW, SHORT_MAX_SEQLEN_K, SHORT_MAX_SEQLEN_K_CAUSAL,
                       SHORT_NARROW_MAX_SEQLEN_K, SHORT_BALANCED, split_combine.MERGE_WARP, FUSED_MERGE),
-    warm_configs=lambda arch, head_dim, causal, groups=(): _auto_configs(head_dim, groups))
+    warm_configs=lambda arch, head_dim, causal, groups=(): _auto_configs(head_dim, groups, causal))
 
 
 def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, softmax_scale: float,
