@@ -124,6 +124,10 @@ VARIANTS = {
     # session 19: D 256 causal ran 7-8 % faster with P converted per value (`old` there) than with convert_pairs (the
     # default since session 9, timed non-causal then): the balanced grid without it
     "balanced-nopairs": ((256,), dict(persistent=True, balanced=True, convert_pairs=False)),
+    # session 19: the softmax switches at D 256 (one FFMA per score, 4 reduction chains; off there since 2026-11-30,
+    # timed before convert_pairs and causal D 256's per-value conversion), on the call's default (causal: per value)
+    "ffma-256": ((256,), dict(exp2_ffma=True, reduce_chains=4)),
+    "ffma-balanced-256": ((256,), dict(exp2_ffma=True, reduce_chains=4, persistent=True, balanced=True)),
 }
 #: variants run with the persistent grid's CTA count raised past the tile count (``one_tile_grid``); each must be the
 #: only variant of its config in a run
