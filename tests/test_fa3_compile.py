@@ -33,7 +33,7 @@ def test_cli_sass_bf16(compile_cli, head_dim, causal):
     r = compile_cli("--arch", "sm_90a", "--variant", "fa3", "--head-dim", str(head_dim), "--dtype", "bf16", "--sass",
                   *(["--causal"] if causal else []))
     assert r["variant"] == "fa3" and r["head_dim"] == head_dim and r["causal"] == causal
-    assert r["tiles"] == dataclasses.asdict(fa3.DEFAULT_CONFIGS[head_dim])
+    assert r["tiles"] == dataclasses.asdict(fa3.default_config("sm_90a", head_dim, causal))  # D 256 causal: its own
     _assert_hopper_kernel(r)
 
 
