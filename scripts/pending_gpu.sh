@@ -20,22 +20,23 @@
 # 2. then scripts/NAME_gpu.sh for each NAME, in order, each with the time left of CALL_BUDGET seconds (default 560),
 #    skipped when fewer than 100 s are left; logs under $OUT/pending/NAME/, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
-#    Plan for session 19: session 18 proved and flipped Sm90Config.balanced (causal calls with two or more query
-#    tiles per head, seqlen_k <= 4096 at D 64 / 128 and <= 8192 at D 256; whole GPU suite green at 30d8727), reran
-#    README's results table, and timed and removed dynamic_schedule (bench/NOTES.md "Session 18 ..."). Since 30d8727
-#    only host code changed (the balanced tables bounded at 64 MiB: hopper.fa3.TABLES_MAX_BYTES), CPU-tested.
-#    Open: issue 10's speed targets, 12's fa3 / flash-attn-4 >= 1.00 (D 256 0.90-0.96, D 64 0.93-0.97, long
-#    non-causal D 128 ~0.97) and >= cuDNN at N 512-1k (D 64 causal 0.85-0.90), 13's 70 % of HBM at D 64 decode, 16
-#    (two GPUs).
+#    Plan for session 20: session 19 found D 256 causal 7-9 % faster with P converted per value and made it causal
+#    D 256's default (hopper.fa3.CAUSAL_CONFIGS; whole GPU suite green at ea58ef8, later commits tests / docs only),
+#    measured that decode's K/V layout does not cap its HBM share, and that the persistent kernel's code (not its
+#    schedule) costs ~3 % at D 128 (scripts/fa3_speed_ab.py's persistent-1tile; bench/NOTES.md "Session 19 ...").
+#    Open: issue 10's speed targets, 12's fa3 / flash-attn-4 >= 1.00 (D 64 0.96-0.97, D 128 non-causal long ~0.96,
+#    D 256 non-causal 0.98, causal 8k-16k ~0.96-0.98) and >= cuDNN at N 512-1k (D 64 causal 0.85-0.90), 13's 70 % of
+#    HBM at D 64 decode (61-65 %; the fixed ~8 us of a split call), 16 (two GPUs).
 #    A. the whole GPU suite on the session's final tree (~520 s on an H200, a call of its own): `python3 -m pytest -q
 #    -n 14 -m "gpu and not slow" -p no:cacheprovider --durations=40` (on an H100 use -n 8: its 80 GB ran out of
 #    memory in the float64 reference with 15 workers).
-#    B. scripts/pending_gpu.sh balanced, scripts/pending_gpu.sh short (~200-260 s cold each) reprove the balanced and
-#    short grids after a change to fa3's persistent path or to short_config.
-#    C. open questions for A/Bs (scripts/fa3_speed_ab.py, variants persistent / balanced): why both persistent
-#    schedules lose ~2.5 % to the one-CTA-per-tile grid at D 128 N 16k causal (not the balance: session 18's
-#    counter-based list scheduling lost the same), e.g. under ncu (L2 hit rate, the carried pipelines' waits);
-#    cuDNN's lead at D 64 N 512 / 1k causal (269 / 340 TFLOP/s vs 226 / 301 for the balanced 128-row grid).
+#    B. README's results table rerun (the `fa-variants bench ...` command at the top of its linked bench.md, ~175 s):
+#    its D 256 causal rows predate session 19's change.
+#    C. A/Bs (scripts/fa3_speed_ab.py): D 256 split / packed (decode) configs without convert_pairs at causal shapes
+#    (not timed; `_SPLIT_CONFIGS[256]` keeps pairs); any kernel change that makes the persistent consumer's K/V loop
+#    compile like the one-CTA-per-tile kernel's (session 19's SASS: +20 instructions; opaque Q descriptors, per tile or
+#    hoisted out of the tile loop, made it worse: +28 / +29), then `persistent-1tile` / new >= 0.995 and the balanced
+#    limits past 4096 at D 64 / 128; cuDNN's lead at D 64 N 512 / 1k causal.
 #    New lines "X. scripts/pending_gpu.sh [--checks] NAME ..." as scripts land. Each call starts a
 #    cold machine (~60-85 s more); carry [".gpu"], or
 #    [".gpu", ".before.tar.xz"] after `scripts/ab_checkout.sh COMMIT .before` for a script that A/Bs against an older
