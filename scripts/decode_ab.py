@@ -471,18 +471,11 @@ def gpu_us(fn, reps: int, torch) -> float:
     t1.record()
     t1.synchronize()
     calls = max(5, min(50, int(1000 / max(t0.elapsed_time(t1) * 1e3, 1.0))))
-    from fa_variants.bench.decode import cuda_graph_of
+    from fa_variants.bench.decode import cuda_graph_of, median_ms
 
     graph = cuda_graph_of(fn, calls)
     graph.replay()
-    times = []
-    for _ in range(reps):
-        t0.record()
-        graph.replay()
-        t1.record()
-        t1.synchronize()
-        times.append(t0.elapsed_time(t1) * 1e3 / calls)
-    return statistics.median(times)
+    return median_ms(graph.replay, calls, reps) * 1e3
 
 
 def run(a, shapes, rows) -> int:

@@ -42,22 +42,14 @@ def make_kv(layout, b, nk, hkv, d, torch, g):
 
 def gpu_us(calls_fn, calls, reps, torch):
     """GPU us per call: ``calls`` calls in one CUDA graph, replayed ``reps`` times, median."""
-    from fa_variants.bench.decode import cuda_graph_of
+    from fa_variants.bench.decode import cuda_graph_of, median_ms
 
     calls_fn()
     torch.cuda.synchronize()
     graph = cuda_graph_of(calls_fn, 1)
     graph.replay()
     torch.cuda.synchronize()
-    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        t0.record()
-        graph.replay()
-        t1.record()
-        t1.synchronize()
-        times.append(t0.elapsed_time(t1) * 1e3 / calls)
-    return statistics.median(times)
+    return median_ms(graph.replay, calls, reps) * 1e3
 
 
 def main() -> int:

@@ -229,3 +229,34 @@ def test_decode_model_full_grid_fits_the_s7_batch_64_rows():
         lo, hi = model.full_grid_us(d, hkv, b, nk, "persistent")
         assert 0.97 <= dual / ours <= 1.03, (d, h, nk, dual, ours)
         assert dual - model.WAVE_STEP_US - 1e-9 <= lo <= hi < dual, (d, h, nk, lo, hi, dual)
+
+
+def test_median_ms_is_the_median_time_per_call(monkeypatch):
+    """fa_variants.bench.decode.median_ms (decode_ab's and kvlayout_probe's graph timing, bench --decode's): the median
+    over reps of a run's event time divided by the calls it holds; each rep records, runs, records, synchronises."""
+    import torch
+
+    from fa_variants.bench import decode
+
+    clock, runs = [0.0], []
+
+    class Event:  # CUDA events on the CPU: record() stamps a fake clock, elapsed_time in ms
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+            self.t = None
+
+        def record(self):
+            self.t = clock[0]
+
+        def synchronize(self):
+            assert self.t is not None
+
+        def elapsed_time(self, end):
+            return end.t - self.t
+
+    def run():  # reps take 10, 40, 20, 30, 50 ms
+        runs.append(1)
+        clock[0] += (10.0, 40.0, 20.0, 30.0, 50.0)[len(runs) - 1]
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    assert decode.median_ms(run, calls=10, reps=5) == 3.0 and len(runs) == 5

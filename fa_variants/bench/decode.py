@@ -99,6 +99,22 @@ def cuda_graph_of(fn, calls: int):
     return capture_graph(fn, calls)[0]
 
 
+def median_ms(run, calls: int, reps: int) -> float:
+    """Median over ``reps`` runs of ``run()`` (e.g. a CUDA graph's replay holding ``calls`` calls) of its GPU time
+    (CUDA events) per call, in ms."""
+    import torch
+
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / calls)
+    return statistics.median(times)
+
+
 def _gpu_ms(fn) -> tuple[float, str]:
     import torch
 
@@ -115,15 +131,7 @@ def _gpu_ms(fn) -> tuple[float, str]:
             for _ in range(calls):
                 fn()
         how = "loop"
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / calls)
-    return statistics.median(times), how
+    return median_ms(run, calls, 5), how
 
 
 def _host_us(fn, calls: int = 200) -> float:
