@@ -9,8 +9,8 @@ scripts/sass_diff.py (issue 12; bench/NOTES.md, "Issue 12, SASS gap").
     scheduling control bits)
 
 fp8: fa3-fp8 (e4m3, ``hopper.fa3_fp8.DEFAULT_CONFIGS[head_dim]`` with the ``--set`` changes; --dtype is ignored).
-ours: ``hopper.fa3.DEFAULT_CONFIGS[head_dim]`` with the ``--set`` changes (Sm90Config fields; True/False, ints),
-through the compile cache (``registry.compiled``). fa4: flash-attn-4 (4.0.0b36 was read; with quack-kernels, and
+ours: the default a call runs (``hopper.fa3.default_config``: D 256 causal converts P per value) with the ``--set``
+changes (Sm90Config fields; True/False, ints), through the compile cache (``registry.compiled``). fa4: flash-attn-4 (4.0.0b36 was read; with quack-kernels, and
 einops for its import) must be importable (``--fa4-path DIR`` is put first on sys.path, e.g. a ``pip install
 --target DIR --no-deps flash-attn-4==4.0.0b36 quack-kernels==0.6.5 einops``); its ``_flash_attn_fwd`` runs under
 torch's FakeTensorMode with FLASH_ATTENTION_ARCH=sm_90, every ``cute.compile`` asked to keep its cubin; batch 2,
@@ -49,7 +49,7 @@ def ours_cubin(head_dim: int, causal: bool, dtype: str, changes: dict) -> bytes:
     from fa_variants import registry
     from fa_variants.hopper import fa3
 
-    config = dataclasses.replace(fa3.DEFAULT_CONFIGS[head_dim], **changes)
+    config = dataclasses.replace(fa3.default_config("sm_90a", head_dim, causal), **changes)
     return registry.compiled(registry.static_config("fa3", "sm_90a", dtype, head_dim, causal, config)).cubin
 
 

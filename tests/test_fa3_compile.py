@@ -151,12 +151,12 @@ def test_speed_ab_variants_compile_without_spills(name, head_dim, causal):
     switches): O is never zero-filled (no CS2R) and only the storing warp waits at the epilogue's second
     barrier (one more BAR.ARV than the default)."""
     ab = _speed_ab()
-    config = ab.variant_config(name, head_dim)
+    config = ab.variant_config(name, head_dim, causal)
     ops = cubin.SASS_OPCODES + ("FFMA", "FMUL", "CS2R", "BAR.ARV")
     counts = cubin.count_sass(cubin.sass_of(_compiled(head_dim, causal, config).cubin), ops)
     assert counts["LDL"] == counts["STL"] == 0 and counts["HGMMA"] > 0, counts
     if name == "new":
-        assert config == fa3.DEFAULT_CONFIGS[head_dim]
+        assert config == fa3.default_config("sm_90a", head_dim, causal)
     if config.exp2_ffma:  # (the D 256 default keeps the exact form: measured faster there)
         assert counts["FFMA"] >= counts["MUFU.EX2"] - 8, counts  # one FFMA per exponent (+ a few per row)
     if name.startswith("lean"):

@@ -7,6 +7,7 @@ does not write fails), inputs are fresh N(0, 1) draws. Runs on an sm90 GPU only:
     source .gpu/env.sh && python3 -m pytest -m gpu tests/test_fa3_gpu.py
 """
 import dataclasses
+import functools
 import math
 
 import pytest
@@ -117,6 +118,15 @@ def _ab_variants(round_name: str):
             for d in ab.VARIANTS[name][0]]
 
 
+@functools.cache
+def _causal_config(name: str, head_dim: int, config, causal: bool):
+    """A variant's config for a call of that causality, as scripts/fa3_speed_ab.py times it (``variant_config``: on
+    the call's default, D 256 causal converting P per value since session 19); ``config`` is the non-causal one."""
+    from helpers import load_script
+
+    return load_script("fa3_speed_ab").variant_config(name, head_dim, True) if causal else config
+
+
 ROUND4 = _ab_variants("ROUND4")
 
 
@@ -126,6 +136,7 @@ def test_round4_variants(name, head_dim, config, causal):
     """Issue 12, round 4 (P converted in pairs, flash-attn-4's D 256 softmax and O rescale, 128 x 176 tiles, 3 stages,
     K before Q): one K/V tile, several (176 does not divide 1023 or 4224: a partial last tile), Nq != Nk both ways,
     causal rows that see no key (Nq > Nk), GQA."""
+    config = _causal_config(name, head_dim, config, causal)
     for shape in [(2, 1023, 1023, 4, 2), (1, 257, 4224, 2, 2), (1, 77, 77, 2, 2), (1, 300, 129, 2, 1)]:
         q, k, v = _qkv(*shape, head_dim, BF16)
         _check(q, k, v, causal, config=config, what=f"{name} D={head_dim} causal={causal} {shape}")
@@ -144,6 +155,7 @@ def test_fa3gap_variants(name, head_dim, config, causal):
     with their switch in session 15): odd lengths, one K/V tile and several, Nq != Nk both ways (causal rows that see
     no key), GQA (fp16 in round 4's test); then EC-04's logit shifts (``_check_logit_shifts``: |m c| from ~500, the
     one-FFMA form, to +-1.3e5, the exact form's rare branch)."""
+    config = _causal_config(name, head_dim, config, causal)
     for shape in [(2, 1023, 1023, 4, 2), (1, 257, 4224, 2, 2), (1, 77, 77, 2, 2), (1, 300, 129, 2, 1)]:
         q, k, v = _qkv(*shape, head_dim, BF16)
         _check(q, k, v, causal, config=config, what=f"{name} D={head_dim} causal={causal} {shape}")
@@ -186,6 +198,7 @@ def test_persistent_variants(name, head_dim, config, causal, dtype):
     """Sm90Config.persistent: every CTA walks several (query tile, head, batch) tiles with its pipeline states carried;
     odd lengths, Nq != Nk both ways (rows that see no key: O = 0, LSE = -inf), GQA/MQA, bf16 and fp16, grids of 2-7
     tiles per SM; outputs NaN-poisoned (a tile that no CTA runs fails)."""
+    config = _causal_config(name, head_dim, config, causal)
     for shape in PERSIST_SHAPES:
         q, k, v = _qkv(*shape, head_dim, dtype)
         _check(q, k, v, causal, config=config, what=f"{name} {dtype} D={head_dim} causal={causal} {shape}")
@@ -330,6 +343,7 @@ def test_alpha_variants(name, head_dim, config, causal):
     skip): the same maths as the default, so the same float64 bound, over ALPHA_SHAPES (one K/V tile and
     many, odd lengths, Nq != Nk both ways, GQA and MQA), fp16 once (D 128, non-causal), NaN-poisoned outputs, LSE
     checked; then EC-04's logit shifts, whose huge rows take the exact form's branch that alpha now precedes."""
+    config = _causal_config(name, head_dim, config, causal)
     _check_alpha_shapes(name, head_dim, config, causal)
     if head_dim == 128 and not causal:
         q, k, v = _qkv(2, 1023, 1023, 4, 2, head_dim, F16)
@@ -355,6 +369,7 @@ def test_gap9_variants(name, head_dim, config, causal):
     """scripts/fa3_speed_ab.py's GAP9 variants: flash-attn-4's D 256 choices (`fa4-256`, and `alpha-256`: O rescaled
     under the exponentials) vs float64 over ALPHA_SHAPES (one K/V tile and many, odd lengths, Nq != Nk both ways, GQA
     and MQA), NaN-poisoned outputs, LSE checked; then EC-04's logit shifts (huge rows: the exact form's branch)."""
+    config = _causal_config(name, head_dim, config, causal)
     _check_alpha_shapes(name, head_dim, config, causal)
     _check_logit_shifts(name, head_dim, config, causal)
 
@@ -429,7 +444,7 @@ def test_short_calls_run_persistent(head_dim, causal, monkeypatch):
         config = _short_want(head_dim, causal, shape[1], shape[2])
         assert fa3._problem_config(None, q, k, causal) == config, shape
         got = _check(q, k, v, causal, what=f"short D={head_dim} causal={causal} {shape}")
-        grid = dataclasses.replace(config, persistent=False, balanced=False) if config else fa3.DEFAULT_CONFIGS[
-            head_dim]
+        grid = dataclasses.replace(config, persistent=False, balanced=False) if config else fa3.default_config(
+            "sm_90a", head_dim, causal)
         want = fa3.run(q, k, v, causal=causal, softmax_scale=1.0 / math.sqrt(head_dim), config=grid)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), shape
