@@ -11,11 +11,12 @@ scripts/sass_diff.py (issue 12; bench/NOTES.md, "Issue 12, SASS gap").
 fp8: fa3-fp8 (e4m3, ``hopper.fa3_fp8.DEFAULT_CONFIGS[head_dim]`` with the ``--set`` changes; --dtype is ignored).
 ours: the default a call runs (``hopper.fa3.default_config``: D 256 causal converts P per value) with the ``--set``
 changes (Sm90Config fields; True/False, ints), through the compile cache (``registry.compiled``). fa4: flash-attn-4
-(4.0.0b36 was read; with quack-kernels, and einops for its import) must be importable (``--fa4-path DIR`` is put first on sys.path, e.g. a ``pip install
---target DIR --no-deps flash-attn-4==4.0.0b36 quack-kernels==0.6.5 einops``); its ``_flash_attn_fwd`` runs under
-torch's FakeTensorMode with FLASH_ATTENTION_ARCH=sm_90, every ``cute.compile`` asked to keep its cubin; batch 2,
-seqlen 4096, heads * head_dim = 2048 (the shapes only pick the kernel: one per head dim, causal, dtype). Both use
-CUTE_DSL_ARCH=sm_90a and nvdisasm (``common.cubin.sass_of``). Prints the cubin's resources.
+(4.0.0b36 was read; with quack-kernels, and einops for its import) must be importable (``--fa4-path DIR`` is put
+first on sys.path, e.g. a ``pip install --target DIR --no-deps flash-attn-4==4.0.0b36 quack-kernels==0.6.5
+einops``); its ``_flash_attn_fwd`` runs under torch's FakeTensorMode with FLASH_ATTENTION_ARCH=sm_90, every
+``cute.compile`` asked to keep its cubin; batch 2, seqlen 4096, heads * head_dim = 2048 (the shapes only pick the
+kernel: one per head dim, causal, dtype). Both use CUTE_DSL_ARCH=sm_90a and nvdisasm (``common.cubin.sass_of``).
+Prints the cubin's resources.
 """
 from __future__ import annotations
 
