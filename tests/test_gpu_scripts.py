@@ -386,7 +386,7 @@ def test_the_before_archive_is_what_gpu_calls_carry():
 def test_short_script_selects_its_tests_and_shapes():
     """scripts/short_gpu.sh (session 17's short-prefill limits): its pytest -k selects the 6 tests its pass line names
     (auto's short calls at D 64 / 128 / 256), its A/B shapes are fa3_speed_ab.py shapes at the short head dims and the
-    non-causal limit's next step at both, and pending_gpu.sh's plan runs it."""
+    non-causal limit's next step at both."""
     text = (ROOT / "scripts" / "short_gpu.sh").read_text()
     expr = re.search(r'-k "([^"]+)"', text).group(1)
     ids = collected_ids("-m", "gpu", "tests/test_fa3_gpu.py", "-k", expr)
@@ -396,7 +396,6 @@ def test_short_script_selects_its_tests_and_shapes():
     from fa_variants.hopper import fa3
 
     assert sorted(shapes) == sorted(f"{d}:{fa3.SHORT_MAX_SEQLEN_K + 1024}:full" for d in fa3.SHORT_HEAD_DIMS)
-    assert "pending_gpu.sh short" in (ROOT / "scripts" / "pending_gpu.sh").read_text()
 
 
 def test_balanced_script_selects_its_tests_and_shapes():
@@ -404,7 +403,7 @@ def test_balanced_script_selects_its_tests_and_shapes():
     names (the persistent variants' matrix with balanced at D 64 / 128 / 256, and the L2-section test's balanced
     case), the sanitizers run with FA_VARIANTS_SHORT_BALANCED=1 (sanitize.py's short causal shapes then take the
     balanced grid), its A/B times the balanced variant beside persistent at causal shapes of each head dim it runs at,
-    plus a non-causal control; pending_gpu.sh's plan runs it."""
+    plus a non-causal control."""
     text = (ROOT / "scripts" / "balanced_gpu.sh").read_text()
     expr = re.search(r'-k "([^"]+)"', text).group(1)
     ids = collected_ids("-m", "gpu", "tests/test_fa3_gpu.py", "-k", expr)
@@ -415,7 +414,6 @@ def test_balanced_script_selects_its_tests_and_shapes():
     assert {int(s.split(":")[0]) for s in shapes if s.endswith(":causal")} == set(ab.VARIANTS["balanced"][0])
     assert any(s.endswith(":full") for s in shapes) and ab.BALANCED == ("old", "new", "persistent", "balanced")
     assert "env FA_VARIANTS_SHORT_BALANCED=1 python3 scripts/sanitize.py --tools memcheck racecheck" in text
-    assert "pending_gpu.sh balanced" in (ROOT / "scripts" / "pending_gpu.sh").read_text()
 
 
 def test_fa4_precompile_scripts_turn_its_disk_cache_on():
