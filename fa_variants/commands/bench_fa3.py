@@ -45,7 +45,7 @@ def _ours(change: dict | None):
     ``change``; None: no config, what `auto` runs (short seqlen_k: the persistent grid)."""
     def run(q, k, v, causal):
         config = None if change is None else dataclasses.replace(
-            fa3.default_config("sm_90a", q.shape[-1], causal), **change)
+            fa3.default_config(fa3.ARCH, q.shape[-1], causal), **change)
         return fa3.run(q, k, v, causal=causal, softmax_scale=q.shape[-1] ** -0.5, config=config)[0]
     return run
 

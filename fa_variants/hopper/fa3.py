@@ -62,6 +62,7 @@ from fa_variants.common.config import Sm90Config
 from fa_variants.common.launch import Variant
 from fa_variants.common.scale import LOG2_E
 
+ARCH = "sm_90a"  # the one compile target of fa3 (TMA, WGMMA, setmaxnreg)
 HEAD_DIMS: tuple[int, ...] = (64, 96, 128, 256)
 DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16)
 
@@ -645,7 +646,7 @@ def decode_config(q: torch.Tensor, k: torch.Tensor, causal: bool, *, num_splits:
             base = dataclasses.replace(base, num_splits=num_splits)
         return _merge_mode(dataclasses.replace(_packed(base, q, k, num_splits or splits), num_splits=num_splits))
     if num_splits == 1:  # unsplit: the grid `auto` runs (short seqlen_k: the persistent one, short_config)
-        base = short_config(q, k, causal) or default_config("sm_90a", q.shape[-1], causal)
+        base = short_config(q, k, causal) or default_config(ARCH, q.shape[-1], causal)
     else:  # a split runs the split kernels
         base = _SPLIT_CONFIGS[q.shape[-1]]
     return _merge_mode(dataclasses.replace(base, num_splits=num_splits))
@@ -792,7 +793,7 @@ def _plan_call(config: Sm90Config, q, k, v, scale: float, causal: bool) -> tuple
 
 
 VARIANT = Variant(
-    "fa3", archs=("sm_90a",), dtypes=DTYPES, head_dims=HEAD_DIMS, default_config=default_config,
+    "fa3", archs=(ARCH,), dtypes=DTYPES, head_dims=HEAD_DIMS, default_config=default_config,
     check_config=lambda config, arch, head_dim: config.check(head_dim, arch), build=_build, plan_call=_plan_call,
     operand=_tma_operand, check_problem=_check_problem, problem_config=_problem_config,
     switches=lambda: (SPLIT_KV_ENABLED, PACK_GQA_ENABLED, MERGE_KERNEL, split_combine.MERGE_PDL, DECODE_TILES_CHOICE,
