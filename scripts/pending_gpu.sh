@@ -20,10 +20,13 @@
 # 2. then scripts/NAME_gpu.sh for each NAME, in order, each with the time left of CALL_BUDGET seconds (default 560),
 #    skipped when fewer than 100 s are left; logs under $OUT/pending/NAME/, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
-#    Plan for session 20: session 19 found D 256 causal 7-9 % faster with P converted per value and made it causal
-#    D 256's default (hopper.fa3.CAUSAL_CONFIGS; whole GPU suite green at ea58ef8, later commits tests / docs only),
-#    measured that decode's K/V layout does not cap its HBM share, and that the persistent kernel's code (not its
-#    schedule) costs ~3 % at D 128 (scripts/fa3_speed_ab.py's persistent-1tile; bench/NOTES.md "Session 19 ...").
+#    Plan for session 21: session 20 had no GPU time (its device budget was the rest of session 19's, a retry of the
+#    same work after CI failed on a test that required this plan to name older scripts); it fixed that test and read
+#    the persistent consumer's K/V loop at the PTX level (bench/NOTES.md "Session 20 ...": NVVM rematerialises
+#    descriptors there because every S fragment stays live around the tile loop; the fixes tried made ptxas's SASS
+#    worse). Session 19 found D 256 causal 7-9 % faster with P converted per value and made it causal D 256's default
+#    (hopper.fa3.CAUSAL_CONFIGS; whole GPU suite green at ea58ef8; tests/test_fa3_gpu.py's A/B variant tests changed
+#    after that, not yet run on a GPU).
 #    Open: issue 10's speed targets, 12's fa3 / flash-attn-4 >= 1.00 (D 64 0.96-0.97, D 128 non-causal long ~0.96,
 #    D 256 non-causal 0.98, causal 8k-16k ~0.96-0.98) and >= cuDNN at N 512-1k (D 64 causal 0.85-0.90), 13's 70 % of
 #    HBM at D 64 decode (61-65 %; the fixed ~8 us of a split call), 16 (two GPUs).
