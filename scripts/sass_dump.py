@@ -6,7 +6,7 @@ scripts/sass_diff.py (issue 12; bench/NOTES.md, "Issue 12, SASS gap").
     python3 scripts/sass_dump.py fa4 --head-dim 128 --out fa4.sass  [--causal] [--dtype fp16]
     python3 scripts/sass_diff.py ours.sass fa4.sass --skip-jumps 32
     (--hex on both dumps: the listings carry each instruction's encoding, and sass_diff.py --stalls reads its
-    scheduling control bits)
+    scheduling control bits; --ptx FILE, ours / fp8: also the PTX NVVM made, for scripts/ptx_loops.py)
 
 fp8: fa3-fp8 (e4m3, ``hopper.fa3_fp8.DEFAULT_CONFIGS[head_dim]`` with the ``--set`` changes; --dtype is ignored).
 ours: the default a call runs (``hopper.fa3.default_config``: D 256 causal converts P per value) with the ``--set``
@@ -46,21 +46,34 @@ def parse_changes(items: list[str]) -> dict:
     return out
 
 
-def ours_cubin(head_dim: int, causal: bool, dtype: str, changes: dict) -> bytes:
+def ours_static(head_dim: int, causal: bool, dtype: str, changes: dict):
+    """(fa3's Variant, the static config of its default for this call with the ``--set`` changes)."""
     from fa_variants import registry
     from fa_variants.hopper import fa3
 
-    config = dataclasses.replace(fa3.default_config("sm_90a", head_dim, causal), **changes)
-    return registry.compiled(registry.static_config("fa3", "sm_90a", dtype, head_dim, causal, config)).cubin
+    config = dataclasses.replace(fa3.default_config(fa3.ARCH, head_dim, causal), **changes)
+    return fa3.VARIANT, registry.static_config("fa3", fa3.ARCH, dtype, head_dim, causal, config)
 
 
-def fp8_cubin(head_dim: int, causal: bool, changes: dict) -> bytes:
-    """fa3-fp8's cubin: ``hopper.fa3_fp8.DEFAULT_CONFIGS[head_dim]`` with the ``--set`` changes (Fp8Config fields)."""
+def fp8_static(head_dim: int, causal: bool, changes: dict):
+    """(fa3-fp8's Variant, the static config of ``hopper.fa3_fp8.DEFAULT_CONFIGS[head_dim]`` with the ``--set``
+    changes, Fp8Config fields)."""
     from fa_variants.hopper import fa3_fp8
 
     config = dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[head_dim], **changes)
-    variant = fa3_fp8.VARIANT
-    return variant.compiled(variant.static_config("sm_90a", "e4m3", head_dim, causal, config)).cubin
+    return fa3_fp8.VARIANT, fa3_fp8.VARIANT.static_config("sm_90a", "e4m3", head_dim, causal, config)
+
+
+def ptx_of(variant, cfg) -> str:
+    """The PTX that NVVM makes of a static config (compiled here, outside the compile cache, which keeps no PTX),
+    with the compile options ``common.cache`` uses."""
+    import cutlass.cute as cute
+
+    fn, args = variant.build(cfg)
+    with tempfile.TemporaryDirectory(prefix="fa_variants_ptx_") as dump:
+        cute.compile(fn, *args, options=f"--enable-tvm-ffi --gpu-arch {cfg.arch} --keep-ptx --dump-dir {dump}")
+        (ptx,) = Path(dump).glob("*.ptx")
+        return ptx.read_text()
 
 
 def fa4_compile(head_dim: int, causal: bool, dtype: str, batch: int = 2, seqlen: int = 4096,
@@ -114,24 +127,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--hex", action="store_true", help="with the instruction encodings (nvdisasm -hex), for "
                                                         "scripts/sass_diff.py --stalls")
+    ap.add_argument("--ptx", type=Path, help="ours / fp8: also write the kernel's PTX here (for scripts/ptx_loops.py)")
     a = ap.parse_args(argv)
     try:
         changes = parse_changes(a.set)
     except ValueError as exc:
         ap.error(str(exc))
-    if changes and a.impl == "fa4":
-        ap.error("--set applies to ours only")
+    if a.impl == "fa4" and (changes or a.ptx):
+        ap.error("--set and --ptx apply to ours and fp8 only")
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     if a.fa4_path:
         sys.path.insert(0, str(a.fa4_path))
     from fa_variants.common import cubin as cb
 
-    if a.impl == "ours":
-        blob = ours_cubin(a.head_dim, a.causal, a.dtype, changes)
-    elif a.impl == "fp8":
-        blob = fp8_cubin(a.head_dim, a.causal, changes)
-    else:
+    if a.impl == "fa4":
         blob = fa4_cubin(a.head_dim, a.causal, a.dtype)
+    else:
+        variant, cfg = (ours_static(a.head_dim, a.causal, a.dtype, changes) if a.impl == "ours"
+                        else fp8_static(a.head_dim, a.causal, changes))
+        blob = variant.compiled(cfg).cubin
+        if a.ptx:
+            a.ptx.write_text(ptx_of(variant, cfg))
     print(cb.cubin_resources(blob))
     a.out.write_text(cb.sass_of(blob, encodings=a.hex))
     return 0

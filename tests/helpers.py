@@ -117,6 +117,7 @@ def load_script(name: str):
     path = ROOT / "scripts" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # as an import does: dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 

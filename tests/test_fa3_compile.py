@@ -440,3 +440,20 @@ def test_hoisted_descriptors_checked():
         dataclasses.replace(fa3.DEFAULT_CONFIGS[64], hoisted_descriptors=1).check(64)
     for d in (128, 256):  # fa3-fp8 takes it too since session 12 (twolvl3: the head_dim 256 turn)
         dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[d], hoisted_descriptors=True).check(d)
+
+
+def test_sass_dump_writes_the_ptx_of_the_kernel(tmp_path):
+    """scripts/sass_dump.py --ptx (session 20): the PTX NVVM made of the same static config as the SASS (compiled
+    outside the compile cache, which keeps no PTX), in whose K/V loops scripts/ptx_loops.py finds exponentials,
+    WGMMAs and live registers at the head; fa4 refuses --ptx."""
+    from helpers import load_script
+
+    dump, loops = load_script("sass_dump"), load_script("ptx_loops")
+    sass, ptx = tmp_path / "k.sass", tmp_path / "k.ptx"
+    assert dump.main(["ours", "--head-dim", "64", "--out", str(sass), "--ptx", str(ptx)]) == 0
+    text = ptx.read_text()
+    assert ".target sm_90a" in text and "wgmma.mma_async" in text and "HGMMA" in sass.read_text()
+    hot = [lp for lp in loops.analyse(text, live=True) if lp.ex2 and lp.wgmma]
+    assert hot and all(lp.live_in > 0 for lp in hot), hot
+    with pytest.raises(SystemExit):
+        dump.main(["fa4", "--head-dim", "64", "--out", str(sass), "--ptx", str(ptx)])
