@@ -404,7 +404,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--elem-bytes", type=positive_int, default=2, help="bytes per element to turn KiB into M (fp16: 2)")
     parser.add_argument("--causal", action="store_true", help="bottom-right causal with tile skipping")
     parser.add_argument("--emulate-max", type=int, default=2048,
-                        help="run the emulators for N up to this (else use the closed form hbm_counts)")
+                        help="run the emulators for N up to this, else use the closed form hbm_counts (default "
+                             "%(default)s; the emulators are Python tile loops: at large d, whose tiles are small, "
+                             "they take minutes, and 0 keeps to the closed form)")
     parser.add_argument("--fa2-tiles", type=positive_int, nargs=2, metavar=("BR", "BC"), default=None,
                         help="FA2's own Br, Bc (e.g. 128 64 as a sm80 kernel); default: FA1's choice")
 

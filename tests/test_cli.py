@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from fa_variants import cli, demo, info
+from fa_variants.fp8 import study
 
 
 def test_info_tables(capsys):
@@ -85,6 +86,8 @@ def test_attention_flops():
 
 # ------------------------------------------------------------------------------- bad arguments: one line
 
+FP8_KERNEL = study.kernels_available()  # the fa3-fp8 kernel runs here (an sm_90 GPU)
+
 @pytest.mark.parametrize("argv, message", [
     (["demo", "--backend", "bogus", "--seqlen", "16"], "fa-variants demo: error: unknown backend 'bogus'"),
     (["demo", "--backend", "fa2", "--seqlen", "16"] if not torch.cuda.is_available() else
@@ -92,13 +95,44 @@ def test_attention_flops():
     (["io", "--N", "64", "--sram-kb", "0.001"], "fa-variants io: error: M and d must be >= 1"),
     (["fp8-study", "--quick", "--sweeps", "inputs", "--seqlens", "16", "--out", "/proc/no/such/dir"],
      "fa-variants fp8-study: error: .*No such file or directory"),
+    # asked for by name where it cannot run: an error, not the emulation in its place (session 20's walkthrough)
+    (["fp8-study", "--backend", "kernel", "--sweeps", "p", "--no-e2e", "--out", "{tmp}"] if not FP8_KERNEL else
+     ["fp8-study", "--backend", "kernel", "--sweeps", "bogus", "--no-e2e", "--out", "{tmp}"],
+     "fa-variants fp8-study: error: --backend 'kernel' needs the fa3-fp8 kernel" if not FP8_KERNEL else
+     "fa-variants fp8-study: error: unknown sweep 'bogus'"),
 ])
-def test_a_sub_command_value_error_is_one_line(capsys, argv, message):
+def test_a_sub_command_value_error_is_one_line(capsys, tmp_path, argv, message):
     """A ValueError / OSError inside a sub-command: one stderr line, exit status 2, no traceback."""
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "Traceback" not in err
     assert __import__("re").match(message, err)
+
+
+def test_fp8_study_sweeps_without_a_case_are_an_error(capsys, monkeypatch, tmp_path):
+    """The layer sweep with no real model and no fixture gives no case: one error line, exit 2, nothing written
+    (was an empty report, "0 plots", exit 0)."""
+    monkeypatch.setattr(study, "_real_model", lambda args, gpu: (None, None, None, None))
+    assert cli.main(["fp8-study", "--backend", "emulation", "--sweeps", "layer", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("fa-variants fp8-study: error: --sweeps layer: no case to run here"), err
+    assert not (tmp_path / "fp8_study.json").exists()
+
+
+def test_warmup_model_that_is_not_json_is_named(capsys, tmp_path):
+    """`warmup --model FILE` with a file that is not JSON: the error names the file (was json's message alone)."""
+    bad = tmp_path / "config.json"
+    bad.write_text("not json")
+    assert cli.main(["warmup", "--arch", "sm_90a", "--model", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith(f"fa-variants warmup: error: {bad}: not a JSON config.json"), err
+
+
+def test_python_m_fa_variants_is_the_cli():
+    done = subprocess.run([sys.executable, "-m", "fa_variants", "--version"], capture_output=True, text=True,
+                          timeout=120, check=True)
+    assert done.stdout.startswith("fa-variants 0.")
 
 
 @pytest.mark.parametrize("argv, flag", [
@@ -107,6 +141,7 @@ def test_a_sub_command_value_error_is_one_line(capsys, argv, message):
     (["io", "--sram-kb", "0"], "--sram-kb"), (["io", "--fa2-tiles", "0", "64"], "--fa2-tiles"),
     (["fp8-study", "--quick", "--head-dim", "0"], "--head-dim"), (["fp8-study", "--heads", "0"], "--heads"),
     (["fp8-study", "--seqlens", "0"], "--seqlens"),
+    (["fp8-study", "--head-dims", "100"], "--head-dims"),  # was an empty report and exit 0
 ])
 def test_sizes_must_be_positive(capsys, argv, flag):
     """Sizes of 0 or below are argparse errors (were ZeroDivisionError / RuntimeError tracebacks, or, for

@@ -58,7 +58,10 @@ def _gqa(text: str) -> tuple[int, int]:
 def model_shape(path: str) -> dict:
     """head_dim, heads, heads_kv and dtype of a Hugging Face style config.json (head_dim, or hidden_size /
     num_attention_heads; num_key_value_heads defaults to num_attention_heads; torch_dtype / dtype)."""
-    cfg = json.loads(Path(path).read_text())
+    try:
+        cfg = json.loads(Path(path).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not a JSON config.json ({exc})") from None
     if not isinstance(cfg, dict):
         raise ValueError(f"{path}: a config.json holds a JSON object, got a {type(cfg).__name__}")
     cfg = cfg.get("text_config", cfg)
@@ -152,7 +155,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                         "may pick on the arch for the dtypes, e.g. fa3, fa2, fa1 on sm_90a for bf16; fa3-fp8 "
                         "only when named)")
     parser.add_argument("--head-dims", type=_csv(int), help="comma-separated, e.g. 64,128")
-    parser.add_argument("--dtypes", type=_csv(str), help="comma-separated: fp16, bf16 (default: bf16)")
+    parser.add_argument("--dtypes", type=_csv(str), help="comma-separated: fp16, bf16, e4m3 (fa3-fp8's kernels; default: bf16)")
     parser.add_argument("--gqa", type=_gqa, help="num_heads:num_heads_kv, checked; adds fa3's packed kernels "
                         "for decode of a few query rows, which fix the group")
     parser.add_argument("--model", help="a Hugging Face style config.json: head_dim, heads and dtype from it")

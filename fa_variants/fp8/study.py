@@ -163,7 +163,7 @@ def sweep_cases(sweeps, *, quick: bool, gpu: bool, seed: int = 0, heads: int | N
         elif sweep == "seqlen":  # 128 query rows (one Q tile) that see every key: the drift is along seqlen_k
             out += [Case("seqlen", "outlier", 128, nk, 1 if not gpu else h, head_dim) for nk in lens]
         elif sweep == "head_dim":
-            out += [Case("head_dim", "outlier", n, n, h, d, causal=c) for d in (64, 128, 256) for c in (False, True)]
+            out += [Case("head_dim", "outlier", n, n, h, d, causal=c) for d in SWEEP_HEAD_DIMS for c in (False, True)]
         elif sweep == "inputs":
             out += [Case("inputs", d, n, n, h, head_dim) for d in ("normal", "channel", "large")]
         elif sweep == "layer":
@@ -177,6 +177,7 @@ def sweep_cases(sweeps, *, quick: bool, gpu: bool, seed: int = 0, heads: int | N
 
 
 SWEEPS = ("p", "seqlen", "head_dim", "inputs", "layer")
+SWEEP_HEAD_DIMS = (64, 128, 256)  # the head_dim sweep's
 SEED_OFFSET = {"p": 0, "seqlen": 100, "head_dim": 200, "inputs": 300, "layer": 400}
 
 
@@ -195,6 +196,12 @@ def kernels_available() -> bool:
     return torch.cuda.is_available() and fp8_attention.why_not(torch.device("cuda")) is None
 
 
+def _no_kernel() -> str:
+    """Why ``backend="kernel"`` cannot run here (the message of its ValueError)."""
+    why = fp8_attention.why_not(torch.device("cuda")) if torch.cuda.is_available() else "there is no GPU"
+    return f"backend 'kernel' needs the fa3-fp8 kernel on an sm_90 GPU: {why} (--backend emulation or auto runs here)"
+
+
 def run_study(cases: list[Case], *, methods=None, backend: str = "auto", fixture=None, progress=None) -> list[dict]:
     """Every method on every case. Returns one dict per (case, method): the case's fields, method, backend
     ("torch", "kernel", "emulation", or "not run: ..."), seconds, and rmse, rel_l2, max_abs, cos against
@@ -203,8 +210,7 @@ def run_study(cases: list[Case], *, methods=None, backend: str = "auto", fixture
     (ValueError if "kernel" is asked for where it cannot run)."""
     kernel = backend in ("auto", "kernel") and kernels_available()
     if backend == "kernel" and not kernel:
-        why = fp8_attention.why_not(torch.device("cuda")) if torch.cuda.is_available() else "there is no GPU"
-        raise ValueError(f"backend 'kernel' needs the fa3-fp8 kernel on an sm_90 GPU: {why}")
+        raise ValueError(_no_kernel())
     device = "cuda" if kernel else "cpu"
     from fa_variants import attention
     from fa_variants.reference import attention_reference
@@ -397,7 +403,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--backend", choices=("auto", "emulation", "kernel"), default="auto",
                         help="FP8 numbers from the emulation (CPU), the fa3-fp8 kernel (GPU), or auto")
-    parser.add_argument("--head-dims", type=positive_int, nargs="+", default=None,
+    parser.add_argument("--head-dims", type=int, nargs="+", default=None, choices=SWEEP_HEAD_DIMS,
                         help="only these head dims of the head_dim sweep (e.g. one per process; seeds unchanged)")
     parser.add_argument("--model-dir", type=Path, default=None,
                         help="the real model as a folder of pieces (scripts/pack_model_chunks.py): the per-layer "
@@ -497,6 +503,8 @@ def run_cli(args: argparse.Namespace) -> int:
     if args.merge:
         return merge_cli(args)
     gpu = args.backend != "emulation" and kernels_available()
+    if args.backend == "kernel" and not gpu:  # asked for by name: not the emulation in its place
+        raise ValueError("--" + _no_kernel())
     quick = args.quick
     if not quick and not gpu and args.seqlens is None and args.heads is None:
         quick = True  # the full CPU sizes take many minutes on 2 cores
@@ -506,6 +514,9 @@ def run_cli(args: argparse.Namespace) -> int:
                                        else (None, None, None, None))
     cases = sweep_cases(args.sweeps, quick=quick, gpu=gpu, seed=args.seed, heads=args.heads,
                         head_dim=args.head_dim, seqlens=args.seqlens, fixture=fixture, head_dims=args.head_dims)
+    if not cases:
+        raise ValueError(f"--sweeps {' '.join(args.sweeps)}: no case to run here (the layer sweep needs a real model "
+                         "or a real-input fixture)")
     with tqdm(total=len(cases) * len(METHODS), desc="fp8-study", leave=False, disable=False, file=sys.stderr,
               mininterval=1.0) as bar:
         rows = run_study(cases, backend="kernel" if gpu else "emulation", fixture=fixture, progress=bar.update)
