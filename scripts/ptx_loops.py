@@ -6,14 +6,16 @@ ptxas's own scheduling; bench/NOTES.md, "Session 20 ... read at the PTX level").
     python3 scripts/ptx_loops.py pers.ptx [--min-size 200] [--live]
 
 A loop is a branch to a label earlier in the listing (its head); its body is the listing from the head to that
-branch, counted in instructions (directives, labels and inline-assembly braces left out), with its ``ex2`` and
-``wgmma.mma_async`` counts. ``--live``: the registers live at each loop's head, in 32-bit units (a 64-bit ``%rd`` /
-``%fd`` counts 2, predicates 0), from a plain backward dataflow over the listing's blocks: an instruction's first
-register operand (or every register of a ``{...}`` destination) is its definition, the rest are uses; stores,
-barriers, fences, branches and ``mbarrier`` arrives define nothing; a WGMMA's accumulators are used and defined (it
-reads them even when it zero-initialises them); a predicated definition does not end a live range. Branches inside
-inline assembly (labels without ``$L__``) stay inside their block. A count to compare two builds of one kernel,
-not ptxas's register allocation.
+branch, counted in instructions (directives, labels, including those inside inline assembly, and the assembly's
+braces left out), with its ``ex2`` and ``wgmma.mma_async`` counts. ``--live``: the registers live at each loop's
+head, in 32-bit units (a 64-bit ``%rd`` / ``%fd`` counts 2, predicates 0), from a plain backward dataflow over the
+listing's blocks (a block ends at a label and after a branch to one): an instruction's first operand is its
+definition (both registers of ``%r|%p``, every register of a ``{...}`` destination), unless it is a memory
+operand ``[...]`` or the sink ``_``, and the rest are uses; barriers, fences, branches and the like define
+nothing; a WGMMA's accumulators are used and defined (it reads them even when it zero-initialises them); a
+predicated definition does not end a live range. Branches inside inline assembly (labels without ``$L__``) stay
+inside their block. The PTX of one kernel (``sass_dump.py --ptx``; a second ``.entry`` ends the listing read). A
+count to compare two builds of one kernel, not ptxas's register allocation.
 """
 from __future__ import annotations
 
@@ -26,8 +28,9 @@ from pathlib import Path
 LABEL = re.compile(r"^(\$L__\w+):")
 BRANCH = re.compile(r"\bbra(?:\.uni)?\s+(\$L__\w+)\s*;")
 REG = re.compile(r"%(?:rd|fd|rs|r|f|p)\d+\b")
-NO_DEF = ("st.", "bar.", "barrier.", "wgmma.fence", "wgmma.commit", "wgmma.wait", "fence.", "bra", "ret", "red.",
-          "mbarrier.arrive", "mbarrier.init", "cp.async.bulk", "setmaxnreg", "griddepcontrol", "prefetch", "elect")
+# instructions whose first operand is not a destination (stores, whose first operand is [...], need no entry)
+NO_DEF = ("bar.", "barrier.", "wgmma.fence", "wgmma.commit", "wgmma.wait", "fence.", "bra", "ret", "exit",
+          "setmaxnreg", "griddepcontrol", "prefetch", "trap")
 
 
 @dataclass
@@ -42,10 +45,13 @@ class Loop:
 
 
 def _instructions(lines: list[str]) -> list[tuple[int, str]]:
-    """(line index, text) of the instructions and labels of the listing's first kernel body."""
-    out = []
+    """(line index, text) of the instructions and labels of the listing, up to a second ``.entry``."""
+    out, entries = [], 0
     for i, raw in enumerate(lines):
         s = raw.split("//", 1)[0].strip()
+        entries += ".entry" in s.split()
+        if entries > 1:
+            break
         if not s or s in ("{", "}") or s.startswith((".", ")", "(")):
             continue
         out.append((i, s))
@@ -54,7 +60,9 @@ def _instructions(lines: list[str]) -> list[tuple[int, str]]:
 
 def _opcode(s: str) -> str:
     parts = s.split()
-    return parts[1] if parts[0].startswith("@") and len(parts) > 1 else parts[0]
+    if not parts:
+        return ""
+    return (parts[1] if parts[0].startswith("@") and len(parts) > 1 else parts[0]).rstrip(";")
 
 
 def defs_uses(s: str) -> tuple[set[str], set[str], bool]:
@@ -66,14 +74,16 @@ def defs_uses(s: str) -> tuple[set[str], set[str], bool]:
     body = s.split(None, 2)[2] if predicated and len(s.split(None, 2)) > 2 else s.split(None, 1)[-1]
     if op.startswith(NO_DEF) or not regs:
         return set(), set(regs), predicated
-    if body.startswith("{"):
-        dst = set(REG.findall(body[:body.index("}")]))
-        src = set(REG.findall(body[body.index("}"):])) | set(pred)
-        if op.startswith("wgmma.mma_async"):
-            src |= dst
-        return dst, src, predicated
-    operands = REG.findall(body)
-    return set(operands[:1]), set(operands[1:]) | set(pred), predicated
+    if body.startswith("{"):  # a vector destination
+        first, rest = body[:body.index("}") + 1], body[body.index("}") + 1:]
+    else:
+        first, _, rest = body.partition(",")
+    if first.lstrip().startswith(("[", "_")):  # a store's address, or the sink: no destination
+        return set(), set(regs), predicated
+    dst, src = set(REG.findall(first)), set(REG.findall(rest)) | set(pred)
+    if op.startswith("wgmma.mma_async"):
+        src |= dst
+    return dst, src, predicated
 
 
 def analyse(text: str, live: bool = False) -> list[Loop]:
@@ -90,6 +100,9 @@ def analyse(text: str, live: bool = False) -> list[Loop]:
             blocks[m.group(1)] = []
             label_line[m.group(1)] = i
         else:
+            if blocks[order[-1]] and BRANCH.search(blocks[order[-1]][-1][1]):  # a block ends after a branch
+                order.append(f"{order[-1]}+{i}")
+                blocks[order[-1]] = []
             blocks[order[-1]].append((i, s))
     loops = []
     for b in order:
@@ -97,7 +110,7 @@ def analyse(text: str, live: bool = False) -> list[Loop]:
             m = BRANCH.search(s)
             if m and m.group(1) in label_line and label_line[m.group(1)] < i:
                 head = m.group(1)
-                body = [t for j, t in items if label_line[head] <= j <= i and not LABEL.match(t)]
+                body = [t for j, t in items if label_line[head] <= j <= i and not t.endswith(":")]
                 ops = [_opcode(t) for t in body]
                 loops.append(Loop(head, label_line[head] + 1, i + 1, len(body), sum(o.startswith("ex2") for o in ops),
                                   sum(o.startswith("wgmma.mma_async") for o in ops)))
@@ -114,7 +127,7 @@ def _liveness(blocks: dict, order: list[str]) -> dict[str, set[str]]:
     for n, b in enumerate(order):
         out = [m.group(1) for _, s in blocks[b] for m in [BRANCH.search(s)] if m and m.group(1) in blocks]
         last = blocks[b][-1][1] if blocks[b] else ""
-        unconditional = not last.startswith("@") and (_opcode(last).startswith("bra") or _opcode(last) == "ret")
+        unconditional = not last.startswith("@") and (_opcode(last).startswith("bra") or _opcode(last) in ("ret", "exit"))
         if not unconditional and n + 1 < len(order):
             out.append(order[n + 1])
         succ[b] = out

@@ -59,8 +59,15 @@ def test_live_at_the_head():
 @pytest.mark.parametrize("line, defs, uses", [
     ("add.s32 \t%r5, %r2, %r3;", {"%r5"}, {"%r2", "%r3"}),
     ("st.global.u32 \t[%rd1], %r5;", set(), {"%rd1", "%r5"}),
+    ("stmatrix.sync.aligned.m8n8.x4.shared.b16 \t[%r9], {%r1, %r2, %r3, %r4};", set(), {"%r9", "%r1", "%r2", "%r3",
+                                                                                       "%r4"}),
     ("mov.b64 \t{%r1, %r2}, %rd4;", {"%r1", "%r2"}, {"%rd4"}),
     ("@%p1 mov.u32 \t%r8, 1;", {"%r8"}, {"%p1"}),
+    ("elect.sync \t%r794|%p104, -1;", {"%r794", "%p104"}, set()),           # both halves are written
+    ("mbarrier.arrive.expect_tx.shared.b64 \t%rd71, [%r5], 16384;", {"%rd71"}, {"%r5"}),  # the state is written
+    ("mbarrier.arrive.shared.b64 \t_, [%r5];", set(), {"%r5"}),            # the sink: nothing written
+    ("mbarrier.try_wait.parity.shared.b64 P1, [%r678], %r1683, 10000000;", set(), {"%r678", "%r1683"}),
+    ("bar.sync \t%r43, 256;", set(), {"%r43"}),
 ])
 def test_defs_and_uses(line, defs, uses):
     d, u, predicated = pl.defs_uses(line)
@@ -73,3 +80,79 @@ def test_cli_table(tmp_path, capsys):
     assert pl.main([str(path), "--live"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].endswith("live at head |") and out[2] == "| $L__BB0_1 | 14-27 | 7 | 1 | 1 | 12 |"
+
+
+def _loop_with(tail: str) -> str:
+    """A one-block loop (head $L__BB0_1) using %r1, %r2, whose exit runs ``tail``; $L__BB0_3 stores %r9."""
+    return f"""
+.visible .entry k()
+{{
+\tmov.u32 \t%r2, 0;
+\t@%p3 bra \t$L__BB0_3;
+$L__BB0_1:
+\tadd.s32 \t%r2, %r2, %r1;
+\tsetp.lt.s32 \t%p1, %r2, 100;
+\t@%p1 bra \t$L__BB0_1;
+{tail}
+$L__BB0_3:
+\tst.global.u32 \t[%rd1], %r9;
+\tret;
+}}
+"""
+
+
+def test_ret_ends_a_block():
+    """A block that ends in ``ret;`` does not fall through into the next label: %r9, used only past it, is not live
+    at the loop's head (%r1, %r2 are; %rd1 only on the path past ret)."""
+    (loop,) = pl.analyse(_loop_with("\tret;"), live=True)
+    assert loop.live_in == 2
+    (loop,) = pl.analyse(_loop_with(""), live=True)  # falling through: %r9 and %rd1 live too
+    assert loop.live_in == 5
+
+
+def test_a_side_exit_ends_a_block():
+    """A conditional branch ends its block even without a label after it: %r1, redefined after the side exit that
+    leads to its use, is still live at the head."""
+    ptx = """
+.visible .entry k()
+{
+$L__BB0_1:
+\tadd.s32 \t%r3, %r3, 1;
+\t@%p1 bra \t$L__BB0_2;
+\tmov.u32 \t%r1, %r2;
+\tbra.uni \t$L__BB0_1;
+$L__BB0_2:
+\tst.global.u32 \t[%rd1], %r1;
+\tret;
+}
+"""
+    (loop,) = pl.analyse(ptx, live=True)
+    assert loop.live_in == 1 + 1 + 1 + 2  # %r1, %r2, %r3, %rd1
+
+
+def test_empty_blocks_and_asm_labels():
+    """An empty entry block and a label right after a label do not break --live; labels inside inline assembly are
+    not counted as instructions; a second kernel in the file is not read."""
+    ptx = """
+.visible .entry k()
+{
+$L__BB0_1:
+$L__BB0_2:
+\t{
+\tLAB_WAIT:
+\tmbarrier.try_wait.parity.shared.b64 P1, [%r5], %r6, 1000;
+\t@P1 bra.uni DONE;
+\tbra.uni LAB_WAIT;
+\tDONE:
+\t}
+\t@%p1 bra \t$L__BB0_1;
+\tret;
+}
+.visible .entry other()
+{
+$L__BB1_1:
+\t@%p2 bra \t$L__BB1_1;
+}
+"""
+    (loop,) = pl.analyse(ptx, live=True)
+    assert loop.head == "$L__BB0_1" and loop.instructions == 4 and loop.live_in == 2  # %r5, %r6
