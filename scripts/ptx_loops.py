@@ -127,7 +127,8 @@ def _liveness(blocks: dict, order: list[str]) -> dict[str, set[str]]:
     for n, b in enumerate(order):
         out = [m.group(1) for _, s in blocks[b] for m in [BRANCH.search(s)] if m and m.group(1) in blocks]
         last = blocks[b][-1][1] if blocks[b] else ""
-        unconditional = not last.startswith("@") and (_opcode(last).startswith("bra") or _opcode(last) in ("ret", "exit"))
+        op = _opcode(last)
+        unconditional = not last.startswith("@") and (op.startswith("bra") or op in ("ret", "exit"))
         if not unconditional and n + 1 < len(order):
             out.append(order[n + 1])
         succ[b] = out

@@ -155,7 +155,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                         "may pick on the arch for the dtypes, e.g. fa3, fa2, fa1 on sm_90a for bf16; fa3-fp8 "
                         "only when named)")
     parser.add_argument("--head-dims", type=_csv(int), help="comma-separated, e.g. 64,128")
-    parser.add_argument("--dtypes", type=_csv(str), help="comma-separated: fp16, bf16, e4m3 (fa3-fp8's kernels; default: bf16)")
+    parser.add_argument("--dtypes", type=_csv(str),
+                        help="comma-separated: fp16, bf16, e4m3 (fa3-fp8's kernels; default: bf16)")
     parser.add_argument("--gqa", type=_gqa, help="num_heads:num_heads_kv, checked; adds fa3's packed kernels "
                         "for decode of a few query rows, which fix the group")
     parser.add_argument("--model", help="a Hugging Face style config.json: head_dim, heads and dtype from it")
