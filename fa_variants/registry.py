@@ -44,7 +44,8 @@ ENTRIES: dict[str, Entry] = {
     "fa2": Entry("fa_variants.ampere.fa2", "FlashAttention-2: Q outer loop, mma.sync, cp.async",
                  _HALF, _HEAD_DIMS),
     "fa1": Entry("fa_variants.ampere.fa1", "FlashAttention-1: K/V outer loop", _HALF, _HEAD_DIMS),
-    "reference": Entry("fa_variants.reference", "plain PyTorch, float32 maths (float64 for float64 inputs), any device (slow)"),
+    "reference": Entry("fa_variants.reference", "plain PyTorch, float32 maths (float64 for float64 inputs), any "
+                       "device (slow)"),
     "testkernel": Entry("fa_variants.testkernel", "internal test kernel: out = q * scale + v[row], lse = scale"),
     "fp8-quant": Entry("fa_variants.fp8.quant_kernel", "FP8 quantisation pass (not attention): Hadamard, block "
                        "scales, e4m3, V transposed"),

@@ -64,16 +64,18 @@ def fp8_static(head_dim: int, causal: bool, changes: dict):
     return fa3_fp8.VARIANT, fa3_fp8.VARIANT.static_config("sm_90a", "e4m3", head_dim, causal, config)
 
 
-def ptx_of(variant, cfg) -> str:
-    """The PTX that NVVM makes of a static config (compiled here, outside the compile cache, which keeps no PTX),
-    with the compile options ``common.cache`` uses."""
+def ptx_and_cubin(variant, cfg) -> tuple[str, bytes]:
+    """(the PTX that NVVM makes of a static config, its cubin): compiled here, outside the compile cache, which keeps
+    no PTX, with ``common.cache.compile_options``."""
     import cutlass.cute as cute
+
+    from fa_variants.common.cache import compile_options
 
     fn, args = variant.build(cfg)
     with tempfile.TemporaryDirectory(prefix="fa_variants_ptx_") as dump:
-        cute.compile(fn, *args, options=f"--enable-tvm-ffi --gpu-arch {cfg.arch} --keep-ptx --dump-dir {dump}")
+        compiled = cute.compile(fn, *args, options=compile_options(cfg.arch, dump, "--keep-cubin --keep-ptx"))
         (ptx,) = Path(dump).glob("*.ptx")
-        return ptx.read_text()
+        return ptx.read_text(), compiled.artifacts.CUBIN
 
 
 def fa4_compile(head_dim: int, causal: bool, dtype: str, batch: int = 2, seqlen: int = 4096,
@@ -127,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--hex", action="store_true", help="with the instruction encodings (nvdisasm -hex), for "
                                                         "scripts/sass_diff.py --stalls")
-    ap.add_argument("--ptx", type=Path, help="ours / fp8: also write the kernel's PTX here (for scripts/ptx_loops.py)")
+    ap.add_argument("--ptx", type=Path,
+                    help="ours / fp8: also write the kernel's PTX here (for scripts/ptx_loops.py)")
     a = ap.parse_args(argv)
     try:
         changes = parse_changes(a.set)
@@ -145,9 +148,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         variant, cfg = (ours_static(a.head_dim, a.causal, a.dtype, changes) if a.impl == "ours"
                         else fp8_static(a.head_dim, a.causal, changes))
-        blob = variant.compiled(cfg).cubin
-        if a.ptx:
-            a.ptx.write_text(ptx_of(variant, cfg))
+        if a.ptx:  # one compile for both
+            ptx, blob = ptx_and_cubin(variant, cfg)
+            a.ptx.write_text(ptx)
+        else:
+            blob = variant.compiled(cfg).cubin
     print(cb.cubin_resources(blob))
     a.out.write_text(cb.sass_of(blob, encodings=a.hex))
     return 0

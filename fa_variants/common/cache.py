@@ -69,6 +69,12 @@ def cache_info() -> dict:
     return {"entries": len(_CACHE), "compiles": compile_count, "disk_loads": diskcache.loads}
 
 
+def compile_options(arch: str, dump_dir: str, keep: str = "--keep-cubin") -> str:
+    """The ``cute.compile`` options of every kernel here: TVM-FFI calls, the target, the artifacts ``keep`` asks
+    for (e.g. "--keep-cubin --keep-ptx") written under ``dump_dir``."""
+    return f"--enable-tvm-ffi --gpu-arch {arch} {keep} --dump-dir {dump_dir}"
+
+
 def _compile(cfg: StaticConfig, build: Callable[[StaticConfig], tuple]) -> Compiled:
     """The kernel from the disk cache (`common.diskcache`) if it holds a usable entry, else compiled (and
     stored there)."""
@@ -83,7 +89,7 @@ def _compile(cfg: StaticConfig, build: Callable[[StaticConfig], tuple]) -> Compi
 
     fn, args = build(cfg)
     with tempfile.TemporaryDirectory(prefix="fa_variants_cubin_") as dump:
-        options = f"--enable-tvm-ffi --gpu-arch {cfg.arch} --keep-cubin --dump-dir {dump}"
+        options = compile_options(cfg.arch, dump)
         t0 = time.perf_counter()
         compiled = cute.compile(fn, *args, options=options)
         compile_s = time.perf_counter() - t0
