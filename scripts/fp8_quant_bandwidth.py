@@ -22,7 +22,8 @@ counted late (``V3_FUSED_MEAN_LATE``: no torch sum of K's partials, one kernel f
 Q's / K's pass at head_dim 128 holding a token's 128 channels per thread and storing through the stage
 (``V3_WIDE128``; bit for bit), "defw128n" the same without the staged store (head_dim 128 rows only), "defw128k"
 defw128 for K's pass only (``V3_WIDE128 = "k"``, Q's pass def's); "definf": def with the non-finite rule
-(``NONFINITE``: finite inputs bit for bit);
+(``NONFINITE``: finite inputs bit for bit); "defs": def with a sampled mean finished in V's launch
+(``V3_FUSED_SAMPLED_MEAN``; the exact mean's rows are def's);
 ``quant_host``) and recipe (default:
 block scales + Hadamard + K smoothing; "no-smooth": the same without smoothing; "sampled8": the default with
 K's mean over 8 evenly spaced K tiles, ``FP8Config(smooth_k_blocks=8)``; "sampled16": over 16), one
@@ -357,6 +358,8 @@ PIPES["defw128k"] = ("v3", {**_DEF, "V3_WIDE128": "k"})
 # behind it never taken on finite inputs; bit for bit the default there, so checked as "def")
 PIPES["definf"] = ("v3", {**_DEF, "NONFINITE": True})
 # session 12's default before its flips (V3_WIDE, QUANT_PLANS on since then: "def" runs them)
+# session 21: def with the sampled mean finished in V's launch (``V3_FUSED_SAMPLED_MEAN``; the exact mean: def's)
+PIPES["defs"] = ("v3", {**_DEF, "V3_FUSED_SAMPLED_MEAN": True})
 PIPES["def11"] = ("v3", {**_DEF, "V3_WIDE": False, "QUANT_PLANS": False})
 
 

@@ -36,6 +36,10 @@ def tasks(which: str = "quant3") -> list[tuple[str, str, int, str]]:
     256 with the module's defaults, V3_WIDE on since then, and the narrow pass at 256 beside it: the passes of
     tests/test_fp8_quant_kernel.py -k "(test_pass_matches_torch_bitwise and v3-bfloat16-default) or
     (test_v3_wide_bitwise and default-g)")."""
+    if which == "quantsamp":  # session 21: the default recipe, the sampled mean (16 tiles) as it runs today, with
+        # the fused sampled mean and with the late count, and the unsmoothed recipe (the ceiling), at every head_dim
+        out = [("v3", "bf16", d, r) for d in HEAD_DIMS for r in ("default", "no-smooth", "sampled16")]
+        return out + [("v3", "bf16", d, f"sampled16+{knob}") for d in HEAD_DIMS for knob in QUANTSAMP_KNOBS]
     if which == "quantinf":  # session 14: the default recipe with NONFINITE off / on at every head_dim, and the GPU
         # tests' other recipes at 128 (K unsmoothed, on; the per-head baseline's "amax" + "given" launches, off / on)
         out = [("v3", "bf16", d, f"default+{knob}") for d in HEAD_DIMS for knob in QUANTINF_KNOBS]
@@ -118,6 +122,8 @@ QUANTOCC_KNOBS = {"def128": {"V3_WIDE128": False, "V3_STAGED_STORE": None},
 QUANTK_KNOBS = {"def128": QUANTOCC_KNOBS["def128"], "w128k": {"V3_WIDE128": "k", "V3_STAGED_STORE": None}}
 # --set quantinf (session 14): the passes' non-finite rule (quant_host.NONFINITE) off and on
 QUANTINF_KNOBS = {"nf0": {"NONFINITE": False}, "nf": {"NONFINITE": True}}
+# --set quantsamp (session 21): the sampled K mean finished in V's launch, per sample block or counted late
+QUANTSAMP_KNOBS = {"fs": {"V3_FUSED_SAMPLED_MEAN": True}, "fsl": {"V3_FUSED_MEAN_LATE": True}}
 # --set quant8: the current default as it is (staged store auto), the fused mean per K block, and counted late
 _Q8 = {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": None, "V3_FUSED_SAMPLED_MEAN": False,
        "V3_FUSED_MEAN": False, "V3_FUSED_MEAN_LATE": False}
@@ -131,7 +137,7 @@ def config_of(recipe: str):
     return {"default": FP8Config(), "no-smooth": FP8Config(smooth_k=False),
             "head": FP8Config(granularity="head", smooth_k=False), "head-smooth": FP8Config(granularity="head"),
             "tensor-plain": FP8Config(granularity="tensor", rotate=False, smooth_k=False),
-            "sampled8": FP8Config(smooth_k_blocks=8)}[recipe]
+            "sampled8": FP8Config(smooth_k_blocks=8), "sampled16": FP8Config(smooth_k_blocks=16)}[recipe]
 
 
 @contextlib.contextmanager
@@ -141,7 +147,7 @@ def knobs_set(knob: str):
 
     knobs = {**ABLATION_KNOBS, **QUANT5_KNOBS, **QUANT8_KNOBS, **QUANTLANES_KNOBS, **QUANTBW_KNOBS,
              **QUANTDEF_KNOBS, **QUANTBW2_KNOBS, **QUANTOCC_KNOBS, **QUANTK_KNOBS,
-             **QUANTINF_KNOBS}.get(knob, {})
+             **QUANTINF_KNOBS, **QUANTSAMP_KNOBS}.get(knob, {})
     saved = {name: getattr(quant_host, name) for name in knobs}
     try:
         for name, value in knobs.items():
@@ -163,8 +169,8 @@ def run(task: tuple[str, str, int, str]) -> str:
     recipe, _, knob = recipe.partition("+")  # knob: one of the KNOBS names (may hold a "+")
     t0 = time.perf_counter()
     q = torch.randn(1, 130, 2, d, device="cuda").to(TORCH_DTYPES[dtype])
-    # a sampled mean takes V's sample-only launch when the tiles outnumber the sample (8 of >= 11 tiles here)
-    k = torch.randn(1, 2600 if recipe.startswith("sampled") else 300, 1, d, device="cuda").to(TORCH_DTYPES[dtype])
+    # a sampled mean takes V's sample-only launch when the tiles outnumber the sample (16 of >= 21 tiles here)
+    k = torch.randn(1, 4100 if recipe.startswith("sampled") else 300, 1, d, device="cuda").to(TORCH_DTYPES[dtype])
     with knobs_set(knob):
         for scale in (None, -0.3):
             quant_host.quantize(q, k, k, config=config_of(recipe), softmax_scale=scale, pipeline=pipeline)
@@ -208,7 +214,7 @@ def main() -> int:
     parser.add_argument("--plan", action="store_true", help="list the tasks and exit (no GPU needed)")
     parser.add_argument("--set", default="quant3",
                         choices=("quant3", "quant4", "quant5", "quant8", "quantlanes", "quantbw", "quantdef",
-                                 "quantbw2", "quantocc", "quantk", "quantinf"),
+                                 "quantbw2", "quantocc", "quantk", "quantinf", "quantsamp"),
                         help="which script's passes (default quant3)")
     parser.add_argument("--unique", action="store_true",
                         help="record the tasks' passes first (no compile), then compile each distinct pass once")

@@ -291,3 +291,23 @@ def test_quant_ncu_help_and_names(tmp_path):
         run = subprocess.run([sys.executable, script, *bad], cwd=tmp_path, env=env, capture_output=True, text=True,
                              timeout=120)
         assert run.returncode == 2 and "--pipelines / --recipes: unknown" in run.stderr and word in run.stderr, run
+
+
+def test_quantsamp_set_and_pipes():
+    """Session 21's quantsamp run (scripts/quantsamp_gpu.sh): fp8_quant_bandwidth.py's defs is def with the sampled
+    mean finished in V's launch; quant_precompile.py --set quantsamp records, without a GPU, a V launch that sums
+    only K's sample tiles (``k_sample``) at every head_dim, per sample block (fused) and counted late, beside the
+    default recipe's exact-mean launch; the script names only pipelines and recipes the bandwidth script has."""
+    bw = load_script("fp8_quant_bandwidth")
+    assert bw.PIPES["defs"] == ("v3", {**bw.PIPES["def"][1], "V3_FUSED_SAMPLED_MEAN": True})
+    pre = load_script("quant_precompile")
+    keys = pre.record(pre.tasks("quantsamp"), arch="sm_90a")
+    assert len(keys) == len(set(keys))
+    for d in (64, 128, 256):
+        v = [k.config for k in keys if k.head_dim == d and k.config.role == "v" and k.config.kmean]
+        assert {(c.k_sample, c.fused_mean, c.late_count) for c in v} >= {(False, False, False), (True, False, False),
+                                                                        (True, True, False), (True, True, True)}, v
+    text = (ROOT / "scripts" / "quantsamp_gpu.sh").read_text()
+    pipes = re.search(r"--pipelines (\S+)", text).group(1).split(",")
+    recipes = re.search(r"--recipes (\S+)", text).group(1).split(",")
+    assert set(pipes) <= set(bw.PIPES) and set(recipes) <= set(bw.recipes())
