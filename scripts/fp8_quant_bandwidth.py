@@ -23,7 +23,7 @@ Q's / K's pass at head_dim 128 holding a token's 128 channels per thread and sto
 (``V3_WIDE128``; bit for bit), "defw128n" the same without the staged store (head_dim 128 rows only), "defw128k"
 defw128 for K's pass only (``V3_WIDE128 = "k"``, Q's pass def's); "definf": def with the non-finite rule
 (``NONFINITE``: finite inputs bit for bit); "defs": def with a sampled mean finished in V's launch
-(``V3_FUSED_SAMPLED_MEAN``; the exact mean's rows are def's);
+(``V3_FUSED_SAMPLED_MEAN``; the exact mean's rows are def's); "defw128l": defw128 with the fused mean counted late;
 ``quant_host``) and recipe (default:
 block scales + Hadamard + K smoothing; "no-smooth": the same without smoothing; "sampled8": the default with
 K's mean over 8 evenly spaced K tiles, ``FP8Config(smooth_k_blocks=8)``; "sampled16": over 16), one
@@ -360,6 +360,8 @@ PIPES["definf"] = ("v3", {**_DEF, "NONFINITE": True})
 # session 12's default before its flips (V3_WIDE, QUANT_PLANS on since then: "def" runs them)
 # session 21: def with the sampled mean finished in V's launch (``V3_FUSED_SAMPLED_MEAN``; the exact mean: def's)
 PIPES["defs"] = ("v3", {**_DEF, "V3_FUSED_SAMPLED_MEAN": True})
+# session 21: defw128 (both passes wide at head_dim 128) with the fused mean counted late
+PIPES["defw128l"] = ("v3", {**_DEF, "V3_WIDE128": True, "V3_FUSED_MEAN_LATE": True})
 PIPES["def11"] = ("v3", {**_DEF, "V3_WIDE": False, "QUANT_PLANS": False})
 
 

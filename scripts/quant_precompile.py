@@ -39,7 +39,10 @@ def tasks(which: str = "quant3") -> list[tuple[str, str, int, str]]:
     if which == "quantsamp":  # session 21: the default recipe, the sampled mean (16 tiles) as it runs today, with
         # the fused sampled mean and with the late count, and the unsmoothed recipe (the ceiling), at every head_dim
         out = [("v3", "bf16", d, r) for d in HEAD_DIMS for r in ("default", "no-smooth", "sampled16")]
-        return out + [("v3", "bf16", d, f"sampled16+{knob}") for d in HEAD_DIMS for knob in QUANTSAMP_KNOBS]
+        out += [("v3", "bf16", d, f"sampled16+{knob}") for d in HEAD_DIMS for knob in QUANTSAMP_KNOBS]
+        # and (quantq128) Q's pass wide at head_dim 128 too (V3_WIDE128 = True: 174 registers, no spill since the
+        # non-finite rule's default), with the default recipe and with the sampled mean counted late
+        return out + [("v3", "bf16", 128, "default+w128q"), ("v3", "bf16", 128, "sampled16+w128ql")]
     if which == "quantinf":  # session 14: the default recipe with NONFINITE off / on at every head_dim, and the GPU
         # tests' other recipes at 128 (K unsmoothed, on; the per-head baseline's "amax" + "given" launches, off / on)
         out = [("v3", "bf16", d, f"default+{knob}") for d in HEAD_DIMS for knob in QUANTINF_KNOBS]
@@ -124,6 +127,7 @@ QUANTK_KNOBS = {"def128": QUANTOCC_KNOBS["def128"], "w128k": {"V3_WIDE128": "k",
 QUANTINF_KNOBS = {"nf0": {"NONFINITE": False}, "nf": {"NONFINITE": True}}
 # --set quantsamp (session 21): the sampled K mean finished in V's launch, per sample block or counted late
 QUANTSAMP_KNOBS = {"fs": {"V3_FUSED_SAMPLED_MEAN": True}, "fsl": {"V3_FUSED_MEAN_LATE": True}}
+QUANTQ128_KNOBS = {"w128q": {"V3_WIDE128": True}, "w128ql": {"V3_WIDE128": True, "V3_FUSED_MEAN_LATE": True}}
 # --set quant8: the current default as it is (staged store auto), the fused mean per K block, and counted late
 _Q8 = {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": None, "V3_FUSED_SAMPLED_MEAN": False,
        "V3_FUSED_MEAN": False, "V3_FUSED_MEAN_LATE": False}
@@ -147,7 +151,7 @@ def knobs_set(knob: str):
 
     knobs = {**ABLATION_KNOBS, **QUANT5_KNOBS, **QUANT8_KNOBS, **QUANTLANES_KNOBS, **QUANTBW_KNOBS,
              **QUANTDEF_KNOBS, **QUANTBW2_KNOBS, **QUANTOCC_KNOBS, **QUANTK_KNOBS,
-             **QUANTINF_KNOBS, **QUANTSAMP_KNOBS}.get(knob, {})
+             **QUANTINF_KNOBS, **QUANTSAMP_KNOBS, **QUANTQ128_KNOBS}.get(knob, {})
     saved = {name: getattr(quant_host, name) for name in knobs}
     try:
         for name, value in knobs.items():

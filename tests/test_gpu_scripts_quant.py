@@ -307,7 +307,13 @@ def test_quantsamp_set_and_pipes():
         v = [k.config for k in keys if k.head_dim == d and k.config.role == "v" and k.config.kmean]
         assert {(c.k_sample, c.fused_mean, c.late_count) for c in v} >= {(False, False, False), (True, False, False),
                                                                         (True, True, False), (True, True, True)}, v
-    text = (ROOT / "scripts" / "quantsamp_gpu.sh").read_text()
-    pipes = re.search(r"--pipelines (\S+)", text).group(1).split(",")
-    recipes = re.search(r"--recipes (\S+)", text).group(1).split(",")
-    assert set(pipes) <= set(bw.PIPES) and set(recipes) <= set(bw.recipes())
+    for script in ("quantsamp", "quantq128"):
+        text = (ROOT / "scripts" / f"{script}_gpu.sh").read_text()
+        pipes = re.search(r"--pipelines (\S+)", text).group(1).split(",")
+        recipes = re.search(r"--recipes (\S+)", text).group(1).split(",")
+        assert set(pipes) <= set(bw.PIPES) and set(recipes) <= set(bw.recipes()), script
+    # quantq128: Q's pass wide at 128 (V3_WIDE128 = True) with the default and the sampled mean counted late
+    assert bw.PIPES["defw128l"] == ("v3", {**bw.PIPES["def"][1], "V3_WIDE128": True, "V3_FUSED_MEAN_LATE": True})
+    wide_q = {(k.config.k_sample, k.config.late_count) for k in keys if k.head_dim == 128 and k.config.wide
+              and k.config.shift}
+    assert wide_q and all(k.config.nonfinite for k in keys if k.config.wide and k.config.shift), wide_q
