@@ -25,8 +25,8 @@ out="${OUT:-results}/quantsamp"; gpu_session "$out/logs" "$@"
 step precompile 60 python3 scripts/quant_precompile.py --set quantsamp --unique --jobs 14
 step pytest 70 python3 -m pytest -q $(xdist_flag 6) -m gpu -p no:cacheprovider --tb=short -rfE \
   tests/test_fp8_quant_kernel.py -k "sampled"
-step bandwidth 90 python3 scripts/fp8_quant_bandwidth.py --pipelines def,defs,defl --recipes default,sampled16,no-smooth \
-  --skip defs:default,defs:no-smooth,defl:default,defl:no-smooth --rounds 5 --graph --breakdown \
+step bandwidth 90 python3 scripts/fp8_quant_bandwidth.py --pipelines def,defs,defl \
+  --recipes default,sampled16,no-smooth --skip defs:default,defs:no-smooth,defl:default,defl:no-smooth --rounds 5 --graph --breakdown \
   --ab def:defs,def:defl --json "$out/quantsamp.json"
 echo; stop_clocks; cat "$LOGS/commit.txt"
 grep -E "precompile:|FAILED" "$LOGS/precompile.log" | head -6
