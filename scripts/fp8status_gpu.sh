@@ -11,7 +11,8 @@
 #    bf16 fa3 and flash-attn-4 (its own disk cache), each D x causal (scripts/fp8status_precompile.py, 24 jobs).
 # 2. status: per problem, core first (N 16k non-causal at D 64 / 128 / 256, then N 16k causal at 128; the other 8
 #    while --fp8-budget 45 s lasts, FP8_BUDGET=S: S s), one paired run (fa_variants.bench.paired, CUDA-graph
-#    bursts of 10 ms, warm-up 500 ms, 6 rounds x 4 cycles, order rotated, A/A control, SM clock and power per entry) of: fa3-fp8 kernel alone
+#    bursts of 10 ms, warm-up 500 ms, 6 rounds x 4 cycles, order rotated, A/A control, SM clock and power per
+#    entry) of: fa3-fp8 kernel alone
 #    (on default-recipe inputs), the same with one accumulator, the quantisation pass alone, pass + kernel
 #    (attention(..., backend="fa3-fp8") on bf16), bf16 fa3 (the baseline), flash-attn-4. Prints the table (TFLOP/s,
 #    quant us, pass+kernel TFLOP/s of the same FLOPs, fp8/bf16 for kernel alone and pass+kernel, fp8/fa4, two-level
@@ -33,8 +34,9 @@ source "$(dirname "$0")/steps.sh"
 out="${OUT:-results}/fp8status"; gpu_session "$out/logs" "$@"
 export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR="${TMPDIR:-/tmp}/fp8status_fa4cache"
 step precompile 50 python3 scripts/fp8status_precompile.py --jobs 16
-step status $((${FP8_BUDGET:-45} + 25)) python3 -m fa_variants.cli bench --dtypes e4m3 --fp8-status only \
-  --head-dims 64,128,256   --seqlens 4096,16384 --causal both --fp8-rounds 6 --fp8-budget ${FP8_BUDGET:-45} --no-progress --out "$out"
+step status $((${FP8_BUDGET:-45} + 25)) python3 -m fa_variants.cli bench --dtypes e4m3 \
+  --fp8-status only --head-dims 64,128,256 --seqlens 4096,16384 --causal both --fp8-rounds 6 \
+  --fp8-budget ${FP8_BUDGET:-45} --no-progress --out "$out"
 grep -q "^## issue 10 targets" "$LOGS/status.log" && grep -q "^sanity (.*): ok" "$LOGS/status.log" ||
   step_failed status "no table or sanity not ok"
 step accuracy 60 python3 -m pytest -q $(xdist_flag 4) -m gpu -p no:cacheprovider --tb=short tests/test_fa3_fp8_gpu.py \

@@ -26,8 +26,8 @@ step precompile 60 python3 scripts/quant_precompile.py --set quantsamp --unique 
 step pytest 70 python3 -m pytest -q $(xdist_flag 6) -m gpu -p no:cacheprovider --tb=short -rfE \
   tests/test_fp8_quant_kernel.py -k "sampled"
 step bandwidth 90 python3 scripts/fp8_quant_bandwidth.py --pipelines def,defs,defl \
-  --recipes default,sampled16,no-smooth --skip defs:default,defs:no-smooth,defl:default,defl:no-smooth --rounds 5 --graph --breakdown \
-  --ab def:defs,def:defl --json "$out/quantsamp.json"
+  --recipes default,sampled16,no-smooth --skip defs:default,defs:no-smooth,defl:default,defl:no-smooth \
+  --rounds 5 --graph --breakdown --ab def:defs,def:defl --json "$out/quantsamp.json"
 echo; stop_clocks; cat "$LOGS/commit.txt"
 grep -E "precompile:|FAILED" "$LOGS/precompile.log" | head -6
 echo "== pytest"; grep -E "^(FAILED|ERROR)|passed|failed" "$LOGS/pytest.log" | tail -n 8
