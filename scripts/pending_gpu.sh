@@ -20,26 +20,22 @@
 # 2. then scripts/NAME_gpu.sh for each NAME, in order, each with the time left of CALL_BUDGET seconds (default 560),
 #    skipped when fewer than 100 s are left; logs under $OUT/pending/NAME/, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
-#    Plan for session 21: session 20 had no GPU time (its device budget was the rest of session 19's, a retry of the
-#    same work after CI failed on a test that required this plan to name older scripts); it fixed that test and read
-#    the persistent consumer's K/V loop at the PTX level (bench/NOTES.md "Session 20 ...": NVVM rematerialises
-#    descriptors there because every S fragment stays live around the tile loop; the fixes tried made ptxas's SASS
-#    worse). Session 19 found D 256 causal 7-9 % faster with P converted per value and made it causal D 256's default
-#    (hopper.fa3.CAUSAL_CONFIGS; whole GPU suite green at ea58ef8; tests/test_fa3_gpu.py's A/B variant tests changed
-#    after that, not yet run on a GPU).
-#    Open: issue 10's speed targets, 12's fa3 / flash-attn-4 >= 1.00 (D 64 0.96-0.97, D 128 non-causal long ~0.96,
-#    D 256 non-causal 0.98, causal 8k-16k ~0.96-0.98) and >= cuDNN at N 512-1k (D 64 causal 0.85-0.90), 13's 70 % of
-#    HBM at D 64 decode (61-65 %; the fixed ~8 us of a split call), 16 (two GPUs).
-#    A. the whole GPU suite on the session's final tree (~520 s on an H200, a call of its own): `python3 -m pytest -q
-#    -n 14 -m "gpu and not slow" -p no:cacheprovider --durations=40` (on an H100 use -n 8: its 80 GB ran out of
-#    memory in the float64 reference with 15 workers).
-#    B. README's results table rerun (the `fa-variants bench ...` command at the top of its linked bench.md, ~175 s):
-#    its D 256 causal rows predate session 19's change.
-#    C. A/Bs (scripts/fa3_speed_ab.py): D 256 split / packed (decode) configs without convert_pairs at causal shapes
-#    (not timed; `_SPLIT_CONFIGS[256]` keeps pairs); any kernel change that makes the persistent consumer's K/V loop
-#    compile like the one-CTA-per-tile kernel's (session 19's SASS: +20 instructions; opaque Q descriptors, per tile or
-#    hoisted out of the tile loop, made it worse: +28 / +29), then `persistent-1tile` / new >= 0.995 and the balanced
-#    limits past 4096 at D 64 / 128; cuDNN's lead at D 64 N 512 / 1k causal.
+#    Plan for session 22: session 21 ran the whole GPU suite on its tree (f09ad63: 5283 passed, 3 skipped, 0 failed;
+#    no kernel source changed after it), the README's bench and decode tables, issue 10's status table over all 12
+#    problems, and two quantisation-pass experiments: the sampled K mean (scripts/quantsamp_gpu.sh: 66-71 % of copy at
+#    D 64 / 128, rule missed) and Q's wide pass at D 128 (scripts/quantq128_gpu.sh: not faster). bench/NOTES.md,
+#    "Session 21 ...", has the figures and a bound: at N 4k causal (D 64 / 128) no separate pass can make pass +
+#    kernel beat bf16 fa3; the fp8 kernel itself must gain there (1.08-1.12x bf16 today).
+#    Open: issue 10 (1100 TFLOP/s at D 256: 1072; 1.4x at 128: 1.12-1.23x; 1.3x at 64: 1.08-1.12x; two-level <= 5 %
+#    at 256: 4-10 %; the pass at 70 % of copy: 49-58 %), 12 (fa3 / flash-attn-4 >= 1.00 everywhere; >= cuDNN at D 64
+#    causal 512 / 1k: 0.85 / 0.90), 13 (70 % of HBM at D 64 B 1 Nk 32k: 61-65 %), 16 (two GPUs).
+#    A. Q's pass at D 128 (37-40 us; K's wide pass 32 us for the same bytes): no-smooth's Q pass in the same run
+#    separates the LSE shift's cost; then the shift's sum in independent chains (its order is the kernel's own, equal
+#    to torch's within float32 rounding) or folded into the Hadamard's last stage.
+#    B. fa3-fp8 at N 4k causal (1.08-1.12x bf16 at D 64 / 128): the cells no pass can rescue.
+#    C. As before: D 256 split / packed configs without convert_pairs at causal shapes; cuDNN's lead at D 64 N 512 /
+#    1k causal; the persistent consumer's K/V loop (bench/NOTES.md "Session 20 ...").
+#    D. The whole GPU suite on the session's final tree if a kernel changed (~530 s, a call of its own).
 #    New lines "X. scripts/pending_gpu.sh [--checks] NAME ..." as scripts land. Each call starts a
 #    cold machine (~60-85 s more); carry [".gpu"], or
 #    [".gpu", ".before.tar.xz"] after `scripts/ab_checkout.sh COMMIT .before` for a script that A/Bs against an older
