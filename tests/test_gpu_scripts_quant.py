@@ -307,7 +307,7 @@ def test_quantsamp_set_and_pipes():
         v = [k.config for k in keys if k.head_dim == d and k.config.role == "v" and k.config.kmean]
         assert {(c.k_sample, c.fused_mean, c.late_count) for c in v} >= {(False, False, False), (True, False, False),
                                                                         (True, True, False), (True, True, True)}, v
-    for script in ("quantsamp", "quantq128"):
+    for script in ("quantsamp", "quantq128", "quantqncu"):
         text = (ROOT / "scripts" / f"{script}_gpu.sh").read_text()
         pipes = re.search(r"--pipelines (\S+)", text).group(1).split(",")
         recipes = re.search(r"--recipes (\S+)", text).group(1).split(",")
