@@ -24,6 +24,8 @@ Q's / K's pass at head_dim 128 holding a token's 128 channels per thread and sto
 defw128 for K's pass only (``V3_WIDE128 = "k"``, Q's pass def's); "definf": def with the non-finite rule
 (``NONFINITE``: finite inputs bit for bit); "defs": def with a sampled mean finished in V's launch
 (``V3_FUSED_SAMPLED_MEAN``; the exact mean's rows are def's); "defw128l": defw128 with the fused mean counted late;
+"defc2" / "defc8": def with Q's LSE shift summed in 2 / 8 chains (``SHIFT_CHAINS``), "defw128c8" defc8 with Q's pass
+wide at head_dim 128 (``V3_WIDE128`` True);
 ``quant_host``) and recipe (default:
 block scales + Hadamard + K smoothing; "no-smooth": the same without smoothing; "sampled8": the default with
 K's mean over 8 evenly spaced K tiles, ``FP8Config(smooth_k_blocks=8)``; "sampled16": over 16), one
@@ -362,6 +364,10 @@ PIPES["definf"] = ("v3", {**_DEF, "NONFINITE": True})
 PIPES["defs"] = ("v3", {**_DEF, "V3_FUSED_SAMPLED_MEAN": True})
 # session 21: defw128 (both passes wide at head_dim 128) with the fused mean counted late
 PIPES["defw128l"] = ("v3", {**_DEF, "V3_WIDE128": True, "V3_FUSED_MEAN_LATE": True})
+# session 21: Q's LSE shift summed in 2 / 8 chains (``SHIFT_CHAINS``), and 8 chains with Q's pass wide at 128 as well
+PIPES["defc2"] = ("v3", {**_DEF, "SHIFT_CHAINS": 2})
+PIPES["defc8"] = ("v3", {**_DEF, "SHIFT_CHAINS": 8})
+PIPES["defw128c8"] = ("v3", {**_DEF, "V3_WIDE128": True, "SHIFT_CHAINS": 8})
 PIPES["def11"] = ("v3", {**_DEF, "V3_WIDE": False, "QUANT_PLANS": False})
 
 

@@ -29,9 +29,8 @@
 #    Open: issue 10 (1100 TFLOP/s at D 256: 1072; 1.4x at 128: 1.12-1.23x; 1.3x at 64: 1.08-1.12x; two-level <= 5 %
 #    at 256: 4-10 %; the pass at 70 % of copy: 49-58 %), 12 (fa3 / flash-attn-4 >= 1.00 everywhere; >= cuDNN at D 64
 #    causal 512 / 1k: 0.85 / 0.90), 13 (70 % of HBM at D 64 B 1 Nk 32k: 61-65 %), 16 (two GPUs).
-#    A. Q's pass at D 128 (37-40 us; K's wide pass 32 us for the same bytes): no-smooth's Q pass in the same run
-#    separates the LSE shift's cost; then the shift's sum in independent chains (its order is the kernel's own, equal
-#    to torch's within float32 rounding) or folded into the Hadamard's last stage.
+#    A. scripts/pending_gpu.sh quantchains: Q's LSE shift summed in 2 / 8 chains (quant_host.SHIFT_CHAINS, built and
+#    CPU-tested in session 21; ncu had the shift costing Q's pass 8 us at D 128, its sum a serial FMA chain).
 #    B. fa3-fp8 at N 4k causal (1.08-1.12x bf16 at D 64 / 128): the cells no pass can rescue.
 #    C. As before: D 256 split / packed configs without convert_pairs at causal shapes; cuDNN's lead at D 64 N 512 /
 #    1k causal; the persistent consumer's K/V loop (bench/NOTES.md "Session 20 ...").

@@ -36,6 +36,10 @@ def tasks(which: str = "quant3") -> list[tuple[str, str, int, str]]:
     256 with the module's defaults, V3_WIDE on since then, and the narrow pass at 256 beside it: the passes of
     tests/test_fp8_quant_kernel.py -k "(test_pass_matches_torch_bitwise and v3-bfloat16-default) or
     (test_v3_wide_bitwise and default-g)")."""
+    if which == "quantchains":  # session 21: the default recipe with Q's shift in 2 / 8 chains, and 8 chains with Q's
+        # pass wide at head_dim 128 (fp8_quant_bandwidth.py's defc2 / defc8 / defw128c8), beside the default
+        out = [("v3", "bf16", d, f"default{knob}") for d in HEAD_DIMS for knob in ("", "+c2", "+c8")]
+        return out + [("v3", "bf16", 128, "default+w128c8")]
     if which == "quantsamp":  # session 21: the default recipe, the sampled mean (16 tiles) as it runs today, with
         # the fused sampled mean and with the late count, and the unsmoothed recipe (the ceiling), at every head_dim
         out = [("v3", "bf16", d, r) for d in HEAD_DIMS for r in ("default", "no-smooth", "sampled16")]
@@ -127,6 +131,8 @@ QUANTK_KNOBS = {"def128": QUANTOCC_KNOBS["def128"], "w128k": {"V3_WIDE128": "k",
 QUANTINF_KNOBS = {"nf0": {"NONFINITE": False}, "nf": {"NONFINITE": True}}
 # --set quantsamp (session 21): the sampled K mean finished in V's launch, per sample block or counted late
 QUANTSAMP_KNOBS = {"fs": {"V3_FUSED_SAMPLED_MEAN": True}, "fsl": {"V3_FUSED_MEAN_LATE": True}}
+QUANTCHAINS_KNOBS = {"c2": {"SHIFT_CHAINS": 2}, "c8": {"SHIFT_CHAINS": 8},
+                     "w128c8": {"V3_WIDE128": True, "SHIFT_CHAINS": 8}}
 QUANTQ128_KNOBS = {"w128q": {"V3_WIDE128": True}, "w128ql": {"V3_WIDE128": True, "V3_FUSED_MEAN_LATE": True}}
 # --set quant8: the current default as it is (staged store auto), the fused mean per K block, and counted late
 _Q8 = {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": None, "V3_FUSED_SAMPLED_MEAN": False,
@@ -151,7 +157,8 @@ def knobs_set(knob: str):
 
     knobs = {**ABLATION_KNOBS, **QUANT5_KNOBS, **QUANT8_KNOBS, **QUANTLANES_KNOBS, **QUANTBW_KNOBS,
              **QUANTDEF_KNOBS, **QUANTBW2_KNOBS, **QUANTOCC_KNOBS, **QUANTK_KNOBS,
-             **QUANTINF_KNOBS, **QUANTSAMP_KNOBS, **QUANTQ128_KNOBS}.get(knob, {})
+             **QUANTINF_KNOBS, **QUANTSAMP_KNOBS, **QUANTQ128_KNOBS,
+             **QUANTCHAINS_KNOBS}.get(knob, {})
     saved = {name: getattr(quant_host, name) for name in knobs}
     try:
         for name, value in knobs.items():
@@ -218,7 +225,7 @@ def main() -> int:
     parser.add_argument("--plan", action="store_true", help="list the tasks and exit (no GPU needed)")
     parser.add_argument("--set", default="quant3",
                         choices=("quant3", "quant4", "quant5", "quant8", "quantlanes", "quantbw", "quantdef",
-                                 "quantbw2", "quantocc", "quantk", "quantinf", "quantsamp"),
+                                 "quantbw2", "quantocc", "quantk", "quantinf", "quantsamp", "quantchains"),
                         help="which script's passes (default quant3)")
     parser.add_argument("--unique", action="store_true",
                         help="record the tasks' passes first (no compile), then compile each distinct pass once")

@@ -16,6 +16,7 @@ from fa_variants.common import cubin
 from fa_variants.fp8 import FP8Config, layout
 from fa_variants.fp8 import quant_host as qh
 from fa_variants.fp8 import quant_kernel as qk
+from fa_variants.fp8 import quant_rotation as qr
 from fa_variants.fp8.quantize import MIN_DESCALE, quantize_fp8, quantize_fp8_torch
 
 PASSES = [qk.PassConfig(shift=True), qk.PassConfig(smooth=True), qk.PassConfig(rotate=False),
@@ -802,24 +803,26 @@ def _emulated_fwht(x: torch.Tensor, slots: int) -> list[torch.Tensor]:
     return regs
 
 
-def _emulated_shift(x: torch.Tensor, mean: torch.Tensor, slots: int) -> torch.Tensor:
+def _emulated_shift(x: torch.Tensor, mean: torch.Tensor, slots: int, chains: int = 1) -> torch.Tensor:
     """``QuantPass.lse_shift``'s sum (before the scale) in float32 for L = D / (16 slots) lanes per token, with fma
     emulated (one rounding to float32 of the float64 product + sum): the default (4 slots) sums its 64 products in
-    order then a butterfly over the lanes; ``wide`` (8 slots) two accumulators (even / odd slots), the butterfly on
+    ``chains`` interleaved chains (product i of a chunk into chain i % chains, in order), adds the chains pairwise,
+    then a butterfly over the lanes; ``wide`` (8 slots) the same per group of even / odd slots, the butterfly on
     both, then even + odd. Returns lane 0's value (the one written)."""
     D = x.shape[1]
     L = D // (16 * slots)
     fma = lambda a, b, c: (a.double() * b.double() + c.double()).float()  # noqa: E731
-    acc = [[torch.zeros(x.shape[0]) for _ in range(2)] for _ in range(L)]
+    acc = [[[torch.zeros(x.shape[0]) for _ in range(chains)] for _ in range(2)] for _ in range(L)]
     for lane in range(L):
         for j in range(slots):
-            which = j % 2 if slots == 8 else 0
+            group = acc[lane][j % 2 if slots == 8 else 0]
             for i in range(16):
                 c = 16 * (lane + j * L) + i
-                acc[lane][which] = fma(x[:, c], mean[c].expand(x.shape[0]), acc[lane][which])
+                group[i % chains] = fma(x[:, c], mean[c].expand(x.shape[0]), group[i % chains])
+    sums = [[qr.pairwise_sum(acc[lane][w]) for w in range(2)] for lane in range(L)]
     for b in range(L.bit_length() - 1):
-        acc = [[acc[lane][w] + acc[lane ^ (1 << b)][w] for w in range(2)] for lane in range(L)]
-    return acc[0][0] + acc[0][1] if slots == 8 else acc[0][0]
+        sums = [[sums[lane][w] + sums[lane ^ (1 << b)][w] for w in range(2)] for lane in range(L)]
+    return sums[0][0] + sums[0][1] if slots == 8 else sums[0][0]
 
 
 @pytest.mark.parametrize("D", [128, 256])

@@ -317,3 +317,24 @@ def test_quantsamp_set_and_pipes():
     wide_q = {(k.config.k_sample, k.config.late_count) for k in keys if k.head_dim == 128 and k.config.wide
               and k.config.shift}
     assert wide_q and all(k.config.nonfinite for k in keys if k.config.wide and k.config.shift), wide_q
+
+
+def test_quantchains_set_and_pipes():
+    """scripts/quantchains_gpu.sh (session 21, ``SHIFT_CHAINS``): fp8_quant_bandwidth.py's defc2 / defc8 / defw128c8
+    are def with the shift's chains (and Q's pass wide at 128); quant_precompile.py --set quantchains records Q's
+    shift pass with 1, 2 and 8 chains at every head_dim and the wide 8-chain pass at 128, without a GPU; the script
+    names only pipelines the bandwidth script has and counts the GPU tests tests/test_fp8_quant_shift.py holds."""
+    bw = load_script("fp8_quant_bandwidth")
+    assert bw.PIPES["defc2"] == ("v3", {**bw.PIPES["def"][1], "SHIFT_CHAINS": 2})
+    assert bw.PIPES["defw128c8"] == ("v3", {**bw.PIPES["def"][1], "V3_WIDE128": True, "SHIFT_CHAINS": 8})
+    pre = load_script("quant_precompile")
+    keys = pre.record(pre.tasks("quantchains"), arch="sm_90a")
+    shift = {(k.head_dim, k.config.wide, k.config.shift_chains) for k in keys if k.config.shift}
+    assert {(d, c) for d, _, c in shift} == {(d, c) for d in (64, 128, 256) for c in (1, 2, 8)}, shift
+    assert (128, True, 8) in shift
+    assert all(k.config.shift_chains == 1 for k in keys if not k.config.shift)
+    text = (ROOT / "scripts" / "quantchains_gpu.sh").read_text()
+    pipes = re.search(r"--pipelines (\S+)", text).group(1).split(",")
+    assert set(pipes) <= set(bw.PIPES)
+    count = int(re.search(r'grep -qE "\(\^\|\[\^0-9\]\)(\d+) passed"', text).group(1))
+    assert len(collected_ids("-m", "gpu", "tests/test_fp8_quant_shift.py")) == count

@@ -18,6 +18,7 @@ MAX_THREADS = 512
 MAX_BLOCK = MAX_THREADS * VEC * SLOTS  # 32768 values: the largest rows * head_dim one CTA holds
 MODES = ("block", "amax", "given")
 MAX_STAGES = 4
+SHIFT_CHAINS = (1, 2, 4, 8, 16)  # PassConfig.shift_chains: chains of the LSE shift's sum (16 products per chunk)
 SMEM_PER_CTA = 227 * 1024  # sm_90's opt-in maximum per CTA (sm_89: 99 KB; the host checks the device)
 SMEM_PER_SM = 228 * 1024 - 2048  # what resident CTAs may share (1 KB reserved per CTA by the driver)
 #: ``late_count``'s mean: partial sums loaded per batch (independent loads in flight per thread; the adds keep their order)
@@ -43,7 +44,10 @@ class PassConfig:
     pairs it with ``staged_store`` (8 units per thread: ``store_unit`` / ``store_map`` with 8 slots). Both: the same FWHT pairs, stage order and
     roundings, the LSE shift's sums in the default's order: outputs bit for bit the default's. nonfinite (session 14,
     ``quant_host.NONFINITE``): a block whose max is inf takes its descale from its finite values and stores each inf as
-    e4m3 NaN (``finite_block``; the torch recipe's rule), one uniform test per block otherwise."""
+    e4m3 NaN (``finite_block``; the torch recipe's rule), one uniform test per block otherwise. shift_chains (with
+    shift; session 21, ``quant_host.SHIFT_CHAINS``): the LSE shift's products summed in that many interleaved chains
+    added pairwise at the end instead of one serial chain of dependent FMAs (``lse_shift``); another float32
+    summation order, the kernel's own either way (torch's sum within float32 rounding), bit for bit across wide."""
 
     role: str = "qk"
     rotate: bool = True
@@ -64,6 +68,7 @@ class PassConfig:
     late_count: bool = False
     wide: bool = False
     nonfinite: bool = False
+    shift_chains: int = 1
 
     def check(self, head_dim: int) -> None:
         """ValueError for a config or head_dim this pass is not built for."""
@@ -91,6 +96,9 @@ class PassConfig:
                              "coalesced, mode 'block' or 'given', rows a multiple of 32)")
         if self.role == "v" and (self.rotate or self.smooth or self.shift):
             raise ValueError("fp8-quant: V is neither rotated nor smoothed")
+        if self.shift_chains not in SHIFT_CHAINS or (self.shift_chains > 1 and not self.shift):
+            raise ValueError(f"fp8-quant: shift_chains is the LSE shift's chain count, one of {SHIFT_CHAINS} (with "
+                             f"shift; got {self.shift_chains})")
         if self.shift and self.smooth:
             raise ValueError("fp8-quant: the LSE shift is Q's (unsmoothed) dot with K's mean")
         if head_dim not in HEAD_DIMS:

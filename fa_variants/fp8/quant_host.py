@@ -114,6 +114,11 @@ V3_WIDE128: bool | str = _env.flag_or("FA_VARIANTS_FP8_QUANT_WIDE128", "k", ("k"
 #: tests/test_fp8_quant_kernel.py 289 passed, tests/test_fp8_quant_nonfinite.py 11 passed (GPU).
 #: FA_VARIANTS_FP8_QUANT_NONFINITE=0 (read at import) turns it off
 NONFINITE = _env.flag("FA_VARIANTS_FP8_QUANT_NONFINITE", True)
+#: Q's pass: the LSE shift's products summed in this many interleaved chains (``PassConfig.shift_chains``, one of
+#: ``quant_config.SHIFT_CHAINS``) instead of one serial chain of 64 dependent FMAs per thread (session 21's ncu of Q's
+#: pass at head_dim 128: the shift costs it 8 us, its wide form stalls on fixed-latency dependencies; bench/NOTES.md
+#: "Session 21"). 1 (the default until an H200 A/B says otherwise) keeps the default's order and SASS
+SHIFT_CHAINS = 1
 #: per-kind launch plans (``launch_plan``): the compiled pass and grid of each launch of ``quantize_tensor`` cached per
 #: (device, dtype, shape, block, switches) instead of worked out per call (the stage count for the device, a
 #: ``PassConfig``, the compiled-pass lookup): the same launches with the same arguments, less host work per call (an
@@ -341,11 +346,11 @@ def launch_plan(dev: torch.device, dtype: torch.dtype, head_dim: int, two_launch
     "amax" then "given"), for ``total`` work items (+ ``k_items`` K items with ``kind["kmean"]``) and ``kind``:
     ``quantize_tensor``'s switches as booleans (role, rotate, smooth, shift, block, stages, kmean, reverse, pdl,
     coalesced, head_major, fused, staged_mean, k_sample, staged_store, late_count, wide). With ``QUANT_PLANS`` cached
-    per (device, dtype, head_dim, two_launches, total, k_items, GRID_CAP, NONFINITE, kind); the same result either
-    way."""
+    per (device, dtype, head_dim, two_launches, total, k_items, GRID_CAP, NONFINITE, SHIFT_CHAINS, kind); the same
+    result either way."""
     if not QUANT_PLANS:
         return _launch_plan(dev, dtype, head_dim, two_launches, total, k_items, kind)
-    key = (dev, dtype, head_dim, two_launches, total, k_items, GRID_CAP, NONFINITE, *kind.items())
+    key = (dev, dtype, head_dim, two_launches, total, k_items, GRID_CAP, NONFINITE, SHIFT_CHAINS, *kind.items())
     hit = _PLANS.get(key)
     if hit is None:
         hit = _PLANS[key] = _launch_plan(dev, dtype, head_dim, two_launches, total, k_items, kind)
@@ -372,7 +377,7 @@ def _launch_plan(dev: torch.device, dtype: torch.dtype, D: int, two_launches: bo
                          wide=kind["wide"] and role == "qk" and kind["rotate"] and coalesced
                          and (D == 128 or (D == 256 and not (kind["staged_store"] and mode != "amax"
                                                              and block % 32 == 0))),
-                         nonfinite=NONFINITE)
+                         nonfinite=NONFINITE, shift_chains=SHIFT_CHAINS if with_shift else 1)
         fn, ctas = _pass(dev, dtype, D, cfg)
         out.append((fn, min(ctas, total + (k_items if kmean else 0), GRID_CAP or ctas)))
     return tuple(out)

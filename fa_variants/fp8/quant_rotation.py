@@ -24,6 +24,13 @@ def _fma(a: Float32, b: Float32, c: Float32, *, loc=None, ip=None) -> Float32:
                                  loc=loc, ip=ip))
 
 
+def pairwise_sum(values: list):
+    """values[0] + values[1] + ... added pairwise ((a + b) + (c + d), ...), a power-of-two count; one value: itself."""
+    while len(values) > 1:
+        values = [values[k] + values[k + 1] for k in range(0, len(values), 2)]
+    return values[0]
+
+
 class RotationMixin:
     """``QuantPass``'s smoothing, signs, FWHT and LSE shift (needs ``cfg``, ``slots``, ``lanes``, ``chunk_of``,
     ``token_of`` from the pass)."""
@@ -47,27 +54,24 @@ class RotationMixin:
     @cute.jit
     def lse_shift(self, x: cute.Tensor, sMean: cute.Tensor, mShift: cute.Tensor, scale: Float32, batch: Int32,
                   head: Int32, tile: Int32, tidx: Int32):
-        """shift[batch, head, token] = scale * (q . mean of kv-head head // (H / H_kv)), float32 (the
-        thread's 64 products in order, then a butterfly sum over the token's L lanes). ``wide``: the same sums in the
-        same order (bit for bit): the thread holds the default's lanes l (even slots) and l + L (odd slots), one
-        accumulator each, the butterfly over the L lanes on both, then the default's last butterfly step (lanes l and
-        l + L) as one add."""
-        acc = Float32(0.0)
-        odd = Float32(0.0)  # wide: the default's lane l + L
+        """shift[batch, head, token] = scale * (q . mean of kv-head head // (H / H_kv)), float32: the thread's 64
+        products in ``shift_chains`` = C interleaved chains (product i of each 16-channel chunk into chain i % C, in
+        order; C = 1: one serial chain), the chains added pairwise (``pairwise_sum``), then a butterfly sum over the
+        token's L lanes. ``wide``: the same sums in the same order (bit for bit): the thread holds the default's
+        lanes l (even slots) and l + L (odd slots), C chains each, the butterfly over the L lanes on both, then the
+        default's last butterfly step (lanes l and l + L) as one add."""
+        C = self.cfg.shift_chains
+        chains = [[Float32(0.0) for _ in range(C)] for _ in range(2 if self.cfg.wide else 1)]
         for j in cutlass.range_constexpr(self.slots):
             mean = cute.make_rmem_tensor(VEC, Float32)
             cute.autovec_copy(cute.local_tile(sMean, (VEC,), (self.chunk_of(tidx, j),)), mean)
+            group = chains[j % 2] if const_expr(self.cfg.wide) else chains[0]
             for i in cutlass.range_constexpr(VEC):
-                if const_expr(self.cfg.wide and j % 2 == 1):
-                    odd = _fma(x[i, j], mean[i], odd)
-                else:
-                    acc = _fma(x[i, j], mean[i], acc)
+                group[i % C] = _fma(x[i, j], mean[i], group[i % C])
+        sums = [pairwise_sum(group) for group in chains]
         for b in cutlass.range_constexpr(self.lanes.bit_length() - 1):
-            acc = acc + cute.arch.shuffle_sync_bfly(acc, offset=1 << b)
-            if const_expr(self.cfg.wide):
-                odd = odd + cute.arch.shuffle_sync_bfly(odd, offset=1 << b)
-        if const_expr(self.cfg.wide):
-            acc = acc + odd
+            sums = [s + cute.arch.shuffle_sync_bfly(s, offset=1 << b) for s in sums]
+        acc = sums[0] + sums[1] if const_expr(self.cfg.wide) else sums[0]
         tok = tile * self.cfg.rows + self.token_of(tidx, 0)
         if tidx % self.lanes == 0 and tok < mShift.shape[2]:
             mShift[batch, head, tok] = acc * scale
