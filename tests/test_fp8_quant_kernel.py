@@ -556,6 +556,16 @@ def test_v3_staged_mean_bitwise(monkeypatch, head_dim, config):
         assert torch.isfinite(b.lse_shift).all() and b.lse_shift.abs().max() > 0
 
 
+def switch_inputs(head_dim: int, seed: int) -> tuple:
+    """The switch A/Bs' bf16 q, k, v on the GPU: batch 3, GQA 8:2, odd lengths (517 queries, 1001 keys: tail tokens),
+    K off-centre with a per-channel bias (what smoothing removes)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = (torch.randn(3, 517, 8, head_dim, device="cuda", generator=g) * 2).to(torch.bfloat16)
+    k = (torch.randn(3, 1001, 2, head_dim, device="cuda", generator=g) - 1).to(torch.bfloat16)
+    v = torch.randn(3, 1001, 2, head_dim, device="cuda", generator=g).to(torch.bfloat16)
+    return q, k + torch.linspace(-4, 4, head_dim, device="cuda").to(torch.bfloat16), v
+
+
 def assert_switch_bitwise(monkeypatch, switch: str, head_dim: int, config: str, seed: int, on_value=True):
     """quant_host.``switch`` off (False) vs on (``on_value``; the current default otherwise, staged mean on): every
     output equal bit for
@@ -563,11 +573,7 @@ def assert_switch_bitwise(monkeypatch, switch: str, head_dim: int, config: str, 
     and "given" launches), fresh NaN-poisoned memory; and (scale None) the torch recipe given the pass's mean."""
     monkeypatch.setattr(qh, "V3_STAGED_MEAN", True)
     cfg = FP8Config(smooth_k_blocks=8) if config == "sampled8" else CONFIGS[config]
-    g = torch.Generator(device="cuda").manual_seed(seed * head_dim)
-    q = (torch.randn(3, 517, 8, head_dim, device="cuda", generator=g) * 2).to(torch.bfloat16)
-    k = (torch.randn(3, 1001, 2, head_dim, device="cuda", generator=g) - 1).to(torch.bfloat16)
-    v = torch.randn(3, 1001, 2, head_dim, device="cuda", generator=g).to(torch.bfloat16)
-    k = k + torch.linspace(-4, 4, head_dim, device="cuda").to(torch.bfloat16)
+    q, k, v = switch_inputs(head_dim, seed * head_dim)
     for scale in (None, -0.7):
         got = []
         for on in (False, on_value):

@@ -21,7 +21,7 @@ from fa_variants.fp8 import quant_host as qh
 from fa_variants.fp8 import quant_kernel as qk
 from fa_variants.fp8.quant_config import SHIFT_CHAINS
 from fa_variants.fp8.quantize import quantize_fp8_torch
-from test_fp8_quant_kernel import _emulated_shift, assert_shift_close
+from test_fp8_quant_kernel import _emulated_shift, assert_shift_close, switch_inputs
 
 
 @pytest.fixture
@@ -123,11 +123,7 @@ def test_chained_shift_matches(monkeypatch, head_dim, wide128, chains):
     for bit; the shift within float32 rounding of torch's (``assert_shift_close``); GQA, odd lengths, batch 3, a
     negative scale, NaN-poisoned memory; at head_dim 128 with Q's pass narrow ("k") and wide (True)."""
     monkeypatch.setattr(qh, "V3_WIDE128", wide128)
-    g = torch.Generator(device="cuda").manual_seed(31 * head_dim + chains)
-    q = (torch.randn(3, 517, 8, head_dim, device="cuda", generator=g) * 2).to(torch.bfloat16)
-    k = (torch.randn(3, 1001, 2, head_dim, device="cuda", generator=g) - 1).to(torch.bfloat16)
-    v = torch.randn(3, 1001, 2, head_dim, device="cuda", generator=g).to(torch.bfloat16)
-    k = k + torch.linspace(-4, 4, head_dim, device="cuda").to(torch.bfloat16)
+    q, k, v = switch_inputs(head_dim, 31 * head_dim + chains)
     for scale in (None, -0.7):
         got = []
         for value in (1, chains):
