@@ -364,11 +364,11 @@ PIPES["definf"] = ("v3", {**_DEF, "NONFINITE": True})
 PIPES["defs"] = ("v3", {**_DEF, "V3_FUSED_SAMPLED_MEAN": True})
 # session 21: defw128 (both passes wide at head_dim 128) with the fused mean counted late
 PIPES["defw128l"] = ("v3", {**_DEF, "V3_WIDE128": True, "V3_FUSED_MEAN_LATE": True})
+PIPES["def11"] = ("v3", {**_DEF, "V3_WIDE": False, "QUANT_PLANS": False})
 # session 21: Q's LSE shift summed in 2 / 8 chains (``SHIFT_CHAINS``), and 8 chains with Q's pass wide at 128 as well
 PIPES["defc2"] = ("v3", {**_DEF, "SHIFT_CHAINS": 2})
 PIPES["defc8"] = ("v3", {**_DEF, "SHIFT_CHAINS": 8})
 PIPES["defw128c8"] = ("v3", {**_DEF, "V3_WIDE128": True, "SHIFT_CHAINS": 8})
-PIPES["def11"] = ("v3", {**_DEF, "V3_WIDE": False, "QUANT_PLANS": False})
 
 
 def recipes() -> dict:

@@ -21,7 +21,7 @@
 #    skipped when fewer than 100 s are left; logs under $OUT/pending/NAME/, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
 #    Plan for session 22: session 21 ran the whole GPU suite on its tree (f09ad63: 5283 passed, 3 skipped, 0 failed;
-#    no kernel source changed after it), the README's bench and decode tables, issue 10's status table over all 12
+#    after it only the off switch SHIFT_CHAINS, default SASS identical), the README's bench and decode tables, issue 10's status table over all 12
 #    problems, and two quantisation-pass experiments: the sampled K mean (scripts/quantsamp_gpu.sh: 66-71 % of copy at
 #    D 64 / 128, rule missed) and Q's wide pass at D 128 (scripts/quantq128_gpu.sh: not faster). bench/NOTES.md,
 #    "Session 21 ...", has the figures and a bound: at N 4k causal (D 64 / 128) no separate pass can make pass +
@@ -34,7 +34,7 @@
 #    B. fa3-fp8 at N 4k causal (1.08-1.12x bf16 at D 64 / 128): the cells no pass can rescue.
 #    C. As before: D 256 split / packed configs without convert_pairs at causal shapes; cuDNN's lead at D 64 N 512 /
 #    1k causal; the persistent consumer's K/V loop (bench/NOTES.md "Session 20 ...").
-#    D. The whole GPU suite on the session's final tree if a kernel changed (~530 s, a call of its own).
+#    D. The whole GPU suite on the session's final tree if a default kernel changed (~530 s, a call of its own).
 #    New lines "X. scripts/pending_gpu.sh [--checks] NAME ..." as scripts land. Each call starts a
 #    cold machine (~60-85 s more); carry [".gpu"], or
 #    [".gpu", ".before.tar.xz"] after `scripts/ab_checkout.sh COMMIT .before` for a script that A/Bs against an older

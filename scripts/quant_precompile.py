@@ -39,6 +39,8 @@ def tasks(which: str = "quant3") -> list[tuple[str, str, int, str]]:
     if which == "quantchains":  # session 21: the default recipe with Q's shift in 2 / 8 chains, and 8 chains with Q's
         # pass wide at head_dim 128 (fp8_quant_bandwidth.py's defc2 / defc8 / defw128c8), beside the default
         out = [("v3", "bf16", d, f"default{knob}") for d in HEAD_DIMS for knob in ("", "+c2", "+c8")]
+        # and the narrow pass at 256 (V3_WIDE off) with 2 / 8 chains: tests/test_fp8_quant_shift.py's wide = narrow
+        out += [("v3", "bf16", 256, f"default+n{c}") for c in ("c2", "c8")]
         return out + [("v3", "bf16", 128, "default+w128c8")]
     if which == "quantsamp":  # session 21: the default recipe, the sampled mean (16 tiles) as it runs today, with
         # the fused sampled mean and with the late count, and the unsmoothed recipe (the ceiling), at every head_dim
@@ -132,7 +134,8 @@ QUANTINF_KNOBS = {"nf0": {"NONFINITE": False}, "nf": {"NONFINITE": True}}
 # --set quantsamp (session 21): the sampled K mean finished in V's launch, per sample block or counted late
 QUANTSAMP_KNOBS = {"fs": {"V3_FUSED_SAMPLED_MEAN": True}, "fsl": {"V3_FUSED_MEAN_LATE": True}}
 QUANTCHAINS_KNOBS = {"c2": {"SHIFT_CHAINS": 2}, "c8": {"SHIFT_CHAINS": 8},
-                     "w128c8": {"V3_WIDE128": True, "SHIFT_CHAINS": 8}}
+                     "w128c8": {"V3_WIDE128": True, "SHIFT_CHAINS": 8},
+                     "nc2": {"V3_WIDE": False, "SHIFT_CHAINS": 2}, "nc8": {"V3_WIDE": False, "SHIFT_CHAINS": 8}}
 QUANTQ128_KNOBS = {"w128q": {"V3_WIDE128": True}, "w128ql": {"V3_WIDE128": True, "V3_FUSED_MEAN_LATE": True}}
 # --set quant8: the current default as it is (staged store auto), the fused mean per K block, and counted late
 _Q8 = {"V3_STAGED_MEAN": True, "V3_STAGED_STORE": None, "V3_FUSED_SAMPLED_MEAN": False,

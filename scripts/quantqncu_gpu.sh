@@ -28,6 +28,8 @@ step ncu 75 ncu --kernel-name regex:QuantPass --launch-skip 9 --launch-count 9 -
 if [[ -f $rep.ncu-rep ]]; then
   ncu --import "$rep.ncu-rep" --page raw --csv > "$out/ncu_raw.csv" 2>/dev/null
   ncu --import "$rep.ncu-rep" --page details > "$out/ncu_details.txt" 2>/dev/null
+  n=$(python3 scripts/ncu_stalls.py "$out/ncu_raw.csv" | grep -c "^  kernel ")
+  (( n == 9 )) || step_failed ncu "$n kernels in the report, not 9"
 else
   step_failed ncu "no report"
 fi

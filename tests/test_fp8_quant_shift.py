@@ -19,7 +19,7 @@ from fa_variants.common import cubin
 from fa_variants.fp8 import FP8Config, quant_call
 from fa_variants.fp8 import quant_host as qh
 from fa_variants.fp8 import quant_kernel as qk
-from fa_variants.fp8.quant_config import SHIFT_CHAINS
+from fa_variants.fp8.quant_config import SHIFT_CHAIN_COUNTS
 from fa_variants.fp8.quantize import quantize_fp8_torch
 from test_fp8_quant_kernel import _emulated_shift, assert_shift_close, switch_inputs
 
@@ -35,7 +35,7 @@ def test_switch_reaches_q_pass_only(monkeypatch):
     """``SHIFT_CHAINS`` goes into Q's shift pass of the default recipe at every head_dim (narrow and wide) and into
     no other pass; 1 (the default) plans the configs of before; the launch plans' and call plans' keys hold it."""
     assert qh.SHIFT_CHAINS == 1 and qk.PassConfig().shift_chains == 1
-    for chains in SHIFT_CHAINS:
+    for chains in SHIFT_CHAIN_COUNTS:
         monkeypatch.setattr(qh, "SHIFT_CHAINS", chains)
         for d in (64, 128, 256):
             for wide128 in ("k", True):
@@ -66,7 +66,7 @@ def test_launch_plan_key_holds_the_switch(monkeypatch):
 
 @pytest.mark.parametrize("bad", [0, 3, 32, -2])
 def test_bad_chain_count_refused(bad):
-    """A chain count outside ``SHIFT_CHAINS``, or chains on a pass without the shift, is refused in one line."""
+    """A chain count outside ``SHIFT_CHAIN_COUNTS``, or chains on a pass without the shift, is refused in one line."""
     with pytest.raises(ValueError, match="shift_chains"):
         qk.PassConfig(shift=True, shift_chains=bad).check(128)
     with pytest.raises(ValueError, match="shift_chains"):
@@ -140,3 +140,24 @@ def test_chained_shift_matches(monkeypatch, head_dim, wide128, chains):
         if scale is None:  # and torch's shift given the pass's mean
             ref = quantize_fp8_torch(q, k, v, k_mean=b.k_mean)
             assert_shift_close(b.lse_shift, ref.lse_shift, q, b.k_mean, b.softmax_scale)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("chains", [2, 8])
+@pytest.mark.parametrize("switch,head_dim,narrow", [("V3_WIDE128", 128, "k"), ("V3_WIDE", 256, False)])
+def test_chained_shift_wide_equals_narrow(monkeypatch, switch, head_dim, narrow, chains):
+    """With the same chain count, Q's wide pass (head_dim 128: ``V3_WIDE128`` True; 256: ``V3_WIDE``) writes the
+    shift of the narrow pass bit for bit (the emulated claim of test_emulated_order, on the GPU), and every other
+    output too."""
+    monkeypatch.setattr(qh, "SHIFT_CHAINS", chains)
+    q, k, v = switch_inputs(head_dim, 37 * head_dim + chains)
+    got = []
+    for value in (narrow, True):
+        monkeypatch.setattr(qh, switch, value)
+        torch.full((1 << 24,), float("nan"), device="cuda")  # freed at once: torch.empty may hand it out again
+        got.append(qh.quantize(q, k, v, softmax_scale=-0.7, pipeline="v3"))
+    a, b = got
+    for name in ("q", "k", "v_t"):
+        assert torch.equal(getattr(a, name).view(torch.uint8), getattr(b, name).view(torch.uint8)), name
+    for name in ("q_descale", "k_descale", "v_descale", "k_mean", "lse_shift"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name

@@ -18,7 +18,7 @@ MAX_THREADS = 512
 MAX_BLOCK = MAX_THREADS * VEC * SLOTS  # 32768 values: the largest rows * head_dim one CTA holds
 MODES = ("block", "amax", "given")
 MAX_STAGES = 4
-SHIFT_CHAINS = (1, 2, 4, 8, 16)  # PassConfig.shift_chains: chains of the LSE shift's sum (16 products per chunk)
+SHIFT_CHAIN_COUNTS = (1, 2, 4, 8, 16)  # PassConfig.shift_chains: chains of the LSE shift's sum (16 per chunk)
 SMEM_PER_CTA = 227 * 1024  # sm_90's opt-in maximum per CTA (sm_89: 99 KB; the host checks the device)
 SMEM_PER_SM = 228 * 1024 - 2048  # what resident CTAs may share (1 KB reserved per CTA by the driver)
 #: ``late_count``'s mean: partial sums loaded per batch (independent loads in flight per thread; the adds keep their order)
@@ -96,9 +96,9 @@ class PassConfig:
                              "coalesced, mode 'block' or 'given', rows a multiple of 32)")
         if self.role == "v" and (self.rotate or self.smooth or self.shift):
             raise ValueError("fp8-quant: V is neither rotated nor smoothed")
-        if self.shift_chains not in SHIFT_CHAINS or (self.shift_chains > 1 and not self.shift):
-            raise ValueError(f"fp8-quant: shift_chains is the LSE shift's chain count, one of {SHIFT_CHAINS} (with "
-                             f"shift; got {self.shift_chains})")
+        if self.shift_chains not in SHIFT_CHAIN_COUNTS or (self.shift_chains > 1 and not self.shift):
+            raise ValueError(f"fp8-quant: shift_chains is the LSE shift's chain count, one of "
+                             f"{SHIFT_CHAIN_COUNTS} (with shift; got {self.shift_chains})")
         if self.shift and self.smooth:
             raise ValueError("fp8-quant: the LSE shift is Q's (unsmoothed) dot with K's mean")
         if head_dim not in HEAD_DIMS:

@@ -115,9 +115,9 @@ V3_WIDE128: bool | str = _env.flag_or("FA_VARIANTS_FP8_QUANT_WIDE128", "k", ("k"
 #: FA_VARIANTS_FP8_QUANT_NONFINITE=0 (read at import) turns it off
 NONFINITE = _env.flag("FA_VARIANTS_FP8_QUANT_NONFINITE", True)
 #: Q's pass: the LSE shift's products summed in this many interleaved chains (``PassConfig.shift_chains``, one of
-#: ``quant_config.SHIFT_CHAINS``) instead of one serial chain of 64 dependent FMAs per thread (session 21's ncu of Q's
-#: pass at head_dim 128: the shift costs it 8 us, its wide form stalls on fixed-latency dependencies; bench/NOTES.md
-#: "Session 21"). 1 (the default until an H200 A/B says otherwise) keeps the default's order and SASS
+#: ``quant_config.SHIFT_CHAIN_COUNTS``) instead of one serial chain of 64 dependent FMAs per thread (session 21's
+#: ncu of Q's pass at head_dim 128: the shift costs it 8 us, its wide form stalls on fixed-latency dependencies;
+#: bench/NOTES.md "Session 21"). 1 (the default until an H200 A/B says otherwise) keeps the default's order and SASS
 SHIFT_CHAINS = 1
 #: per-kind launch plans (``launch_plan``): the compiled pass and grid of each launch of ``quantize_tensor`` cached per
 #: (device, dtype, shape, block, switches) instead of worked out per call (the stage count for the device, a
