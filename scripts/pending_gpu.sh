@@ -31,7 +31,9 @@
 #    causal 512 / 1k: 0.85 / 0.90), 13 (70 % of HBM at D 64 B 1 Nk 32k: 61-65 %), 16 (two GPUs).
 #    A. scripts/pending_gpu.sh quantchains: Q's LSE shift summed in 2 / 8 chains (quant_host.SHIFT_CHAINS, built and
 #    CPU-tested in session 21; ncu had the shift costing Q's pass 8 us at D 128, its sum a serial FMA chain).
-#    B. fa3-fp8 at N 4k causal (1.08-1.12x bf16 at D 64 / 128): the cells no pass can rescue.
+#    B. fa3-fp8 at N 4k causal (1.08-1.12x bf16 at D 64 / 128): the cells no pass can rescue. Lead: fa3-fp8 runs one
+#    CTA per tile (it refuses persistent=True) while bf16 fa3's causal calls run the balanced persistent grid since
+#    session 18; causal / non-causal TFLOP/s at N 4k is 0.84 for fa3-fp8 at D 128 against 0.91 for bf16 fa3.
 #    C. As before: D 256 split / packed configs without convert_pairs at causal shapes; cuDNN's lead at D 64 N 512 /
 #    1k causal; the persistent consumer's K/V loop (bench/NOTES.md "Session 20 ...").
 #    D. The whole GPU suite on the session's final tree if a default kernel changed (~530 s, a call of its own).
