@@ -21,9 +21,10 @@
 #    skipped when fewer than 100 s are left; logs under $OUT/pending/NAME/, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
 #    Plan for session 22: session 21 ran the whole GPU suite on its tree (f09ad63: 5283 passed, 3 skipped, 0 failed;
-#    after it only the off switch SHIFT_CHAINS, default SASS identical), the README's bench and decode tables, issue 10's status table over all 12
-#    problems, and two quantisation-pass experiments: the sampled K mean (scripts/quantsamp_gpu.sh: 66-71 % of copy at
-#    D 64 / 128, rule missed) and Q's wide pass at D 128 (scripts/quantq128_gpu.sh: not faster). bench/NOTES.md,
+#    after it only the off switch SHIFT_CHAINS, default SASS identical), the README's bench and decode tables, issue
+#    10's status table over all 12 problems, and two quantisation-pass experiments: the sampled K mean
+#    (scripts/quantsamp_gpu.sh: 66-71 % of copy at D 64 / 128, rule missed) and Q's wide pass at D 128
+#    (scripts/quantq128_gpu.sh: not faster). bench/NOTES.md,
 #    "Session 21 ...", has the figures and a bound: at N 4k causal (D 64 / 128) no separate pass can make pass +
 #    kernel beat bf16 fa3; the fp8 kernel itself must gain there (1.08-1.12x bf16 today).
 #    Open: issue 10 (1100 TFLOP/s at D 256: 1072; 1.4x at 128: 1.12-1.23x; 1.3x at 64: 1.08-1.12x; two-level <= 5 %

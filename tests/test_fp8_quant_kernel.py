@@ -5,6 +5,7 @@ operations in the same order: e4m3 bytes, descales, V layout).
     source .gpu/env.sh && python3 -m pytest -m gpu tests/test_fp8_quant_kernel.py -q
 """
 import contextlib
+import operator
 import dataclasses
 import types
 
@@ -13,10 +14,10 @@ import torch
 
 from fa_variants import registry
 from fa_variants.common import cubin
+from fa_variants.common.softmax import tree_reduce
 from fa_variants.fp8 import FP8Config, layout
 from fa_variants.fp8 import quant_host as qh
 from fa_variants.fp8 import quant_kernel as qk
-from fa_variants.fp8 import quant_rotation as qr
 from fa_variants.fp8.quantize import MIN_DESCALE, quantize_fp8, quantize_fp8_torch
 
 PASSES = [qk.PassConfig(shift=True), qk.PassConfig(smooth=True), qk.PassConfig(rotate=False),
@@ -825,7 +826,7 @@ def _emulated_shift(x: torch.Tensor, mean: torch.Tensor, slots: int, chains: int
             for i in range(16):
                 c = 16 * (lane + j * L) + i
                 group[i % chains] = fma(x[:, c], mean[c].expand(x.shape[0]), group[i % chains])
-    sums = [[qr.pairwise_sum(acc[lane][w]) for w in range(2)] for lane in range(L)]
+    sums = [[tree_reduce(acc[lane][w], operator.add) for w in range(2)] for lane in range(L)]
     for b in range(L.bit_length() - 1):
         sums = [[sums[lane][w] + sums[lane ^ (1 << b)][w] for w in range(2)] for lane in range(L)]
     return sums[0][0] + sums[0][1] if slots == 8 else sums[0][0]

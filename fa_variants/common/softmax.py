@@ -58,6 +58,8 @@ Adapted from Dao-AILab/flash-attention:flash_attn/cute/softmax.py::Softmax (onli
 """
 from __future__ import annotations
 
+import operator
+
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
@@ -102,11 +104,12 @@ def row_reduce(s: cute.Tensor, r: int, op, chains: int, init=None):
     acc = [s[r, c] for c in range(min(chains, n_cols))]
     for c in range(len(acc), n_cols):
         acc[c % chains] = op(acc[c % chains], s[r, c])
-    return _tree(acc, op) if init is None else op(_tree(acc, op), init)
+    return tree_reduce(acc, op) if init is None else op(tree_reduce(acc, op), init)
 
 
-def _tree(vals: list, op):
-    """Pairwise op-reduction of a list of values (trace time)."""
+def tree_reduce(vals: list, op):
+    """Pairwise op-reduction of a list of values ((a op b) op (c op d), ...; an odd one out carried up; trace
+    time)."""
     while len(vals) > 1:
         vals = [op(vals[i], vals[i + 1]) if i + 1 < len(vals) else vals[i] for i in range(0, len(vals), 2)]
     return vals[0]
@@ -121,7 +124,7 @@ def _chain_add(sums: list, j: int, p):
 
 def _chain_sum(sums: list):
     """The row sum of the chains `_chain_add` filled (a pairwise tree; trace time)."""
-    return _tree([x for x in sums if x is not None], lambda x, y: x + y)
+    return tree_reduce([x for x in sums if x is not None], operator.add)
 
 
 @cute.jit

@@ -8,12 +8,15 @@ kernels (``fp8.quant_kernel``'s module docstring, docs/design.md FP8 notes).
 """
 from __future__ import annotations
 
+import operator
+
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 from cutlass._mlir.dialects import math as mlir_math
 from cutlass.cutlass_dsl import dsl_user_op
 
+from fa_variants.common.softmax import tree_reduce
 from fa_variants.fp8.quant_maps import VEC
 
 
@@ -22,13 +25,6 @@ def _fma(a: Float32, b: Float32, c: Float32, *, loc=None, ip=None) -> Float32:
     """a * b + c with one rounding (fma.rn.f32)."""
     return Float32(mlir_math.fma(a.ir_value(loc=loc, ip=ip), b.ir_value(loc=loc, ip=ip), c.ir_value(loc=loc, ip=ip),
                                  loc=loc, ip=ip))
-
-
-def pairwise_sum(values: list):
-    """values[0] + values[1] + ... added pairwise ((a + b) + (c + d), ...), a power-of-two count; one value: itself."""
-    while len(values) > 1:
-        values = [values[k] + values[k + 1] for k in range(0, len(values), 2)]
-    return values[0]
 
 
 class RotationMixin:
@@ -56,10 +52,10 @@ class RotationMixin:
                   head: Int32, tile: Int32, tidx: Int32):
         """shift[batch, head, token] = scale * (q . mean of kv-head head // (H / H_kv)), float32: the thread's 64
         products in ``shift_chains`` = C interleaved chains (product i of each 16-channel chunk into chain i % C, in
-        order; C = 1: one serial chain), the chains added pairwise (``pairwise_sum``), then a butterfly sum over the
-        token's L lanes. ``wide``: the same sums in the same order (bit for bit): the thread holds the default's
-        lanes l (even slots) and l + L (odd slots), C chains each, the butterfly over the L lanes on both, then the
-        default's last butterfly step (lanes l and l + L) as one add."""
+        order; C = 1: one serial chain), the chains added pairwise (``common.softmax.tree_reduce``), then a
+        butterfly sum over the token's L lanes. ``wide``: the same sums in the same order (bit for bit): the thread
+        holds the default's lanes l (even slots) and l + L (odd slots), C chains each, the butterfly over the L lanes
+        on both, then the default's last butterfly step (lanes l and l + L) as one add."""
         C = self.cfg.shift_chains
         chains = [[Float32(0.0) for _ in range(C)] for _ in range(2 if self.cfg.wide else 1)]
         for j in cutlass.range_constexpr(self.slots):
@@ -68,7 +64,7 @@ class RotationMixin:
             group = chains[j % 2] if const_expr(self.cfg.wide) else chains[0]
             for i in cutlass.range_constexpr(VEC):
                 group[i % C] = _fma(x[i, j], mean[i], group[i % C])
-        sums = [pairwise_sum(group) for group in chains]
+        sums = [tree_reduce(group, operator.add) for group in chains]
         for b in cutlass.range_constexpr(self.lanes.bit_length() - 1):
             sums = [s + cute.arch.shuffle_sync_bfly(s, offset=1 << b) for s in sums]
         acc = sums[0] + sums[1] if const_expr(self.cfg.wide) else sums[0]
