@@ -196,6 +196,13 @@ FP8TURN_VARIANTS: dict[int, dict[str, dict]] = {
           "single_overlap_c2": dict(D256_VARIANTS[256]["single_overlap"], reduce_chains=2),
           "single_overlap_noskip": dict(D256_VARIANTS[256]["single_overlap"], reduce_chains=1, skip_unit_rescale=False)},
 }
+# --set fp8persist (session 22): fa3-fp8 on fa3's persistent grid. new: the default (one CTA per query tile);
+# persist: persistent=True (one CTA per SM walks tiles b, b + G, ...: the next tile's Q/K/V loads under this tile's
+# epilogue); balanced: persistent with the tiles dealt by load (Sm90Config.balanced; causal costs from the host's table,
+# the bf16 causal default up to BALANCED_MAX_SEQLEN_K since session 18).
+PERSIST = dict(persistent=True)
+FP8PERSIST_VARIANTS: dict[int, dict[str, dict]] = {
+    D: {"new": {}, "persist": PERSIST, "balanced": dict(PERSIST, balanced=True)} for D in (64, 128, 256)}
 # kernels tests/test_fa3_fp8_speed_gpu.py needs besides the timed ones (kind, head_dim, change), both causal modes
 SPEED_TEST_KERNELS = [("bf16", 128, dict(intra_wg_overlap=False, early_pv_arrive=True))]
 # kernels tests/test_fa3_fp8_speed_gpu.py -k "fp8d128 and tail" needs at any --head-dims (both causal modes): the serial
@@ -304,6 +311,14 @@ SETS: dict[str, VariantSet] = {
         "head_dim 256 two-level cost against one running accumulator with one / two chains, with and without the "
         "unit-rescale skip (FP8TURN_VARIANTS, session 11)",
         per_variant_errors=True, two_level_targets=True),
+    "fp8persist": VariantSet(
+        FP8PERSIST_VARIANTS,
+        "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs; new = the default (one CTA per query "
+        "tile); persist = the persistent grid (one CTA per SM, static order); balanced = the persistent grid with the "
+        "tiles dealt by load (causal costs); bf16_fa3 = ours (its default for the shape: the balanced grid at short "
+        "causal calls); flash_attn_4 = flash-attn-4 bf16.",
+        "fa3-fp8 on the persistent grid, static and balanced (FP8PERSIST_VARIANTS, session 22)",
+        per_variant_errors=True),
 }
 
 
@@ -337,6 +352,24 @@ def bf16_config(head_dim: int, change: dict):
     from fa_variants.hopper import fa3
 
     return dataclasses.replace(fa3.DEFAULT_CONFIGS[head_dim], **change)
+
+
+def bf16_shape_changes(D: int, causal: bool, seqlens) -> list[dict]:
+    """The changes to fa3.DEFAULT_CONFIGS[D] of the configs bf16 fa3 picks by itself at the A/B's shapes (B*N = 16k,
+    H*D = 2048; ``fa3._problem_config`` on empty CUDA tensors), without repeats; [] without seqlens."""
+    if not seqlens:
+        return []
+    from fa_variants.hopper import fa3
+
+    base = dataclasses.asdict(fa3.DEFAULT_CONFIGS[D])
+    out = []
+    for N in seqlens:
+        q = torch.empty(max(1, 16384 // N), N, 2048 // D, D, device="cuda", dtype=torch.bfloat16)
+        cfg = fa3._problem_config(None, q, q, causal) or fa3.default_config(fa3.ARCH, D, causal)
+        change = {f: v for f, v in dataclasses.asdict(cfg).items() if v != base[f]}
+        if change not in out:
+            out.append(change)
+    return out
 
 
 def fp8_inputs(B: int, N: int, H: int, D: int, tile_n: int):
@@ -384,12 +417,14 @@ def _compile_one(job: tuple) -> str:
 TEST_RECIPES = [(g, r, r, t) for g in ("block", "head", "tensor") for r in (True, False) for t in (True, False)]
 
 
-def compile_jobs(head_dims, causals, tests: bool = True, variant_set: str = "ab") -> list[tuple]:
+def compile_jobs(head_dims, causals, tests: bool = True, variant_set: str = "ab", seqlens=()) -> list[tuple]:
     """The kernels of the A/B (bf16 fa3, every FP8 variant) and, with tests, of tests/test_fa3_fp8_gpu.py
     (``variant_set`` "ab"), of tests/test_fa3_fp8_speed_gpu.py and test_fa3_fp8_gpu.py -k default_recipe
-    ("fp8speed"), or of both files ("fp8flip")."""
+    ("fp8speed"), or of both files ("fp8flip"). ``seqlens`` (on a GPU only): bf16 fa3's own config at each A/B shape
+    too (``bf16_shape_changes``: the persistent grids of its short calls)."""
     fp8_variants = SETS[variant_set].variants
     work = [("bf16", D, c, {}) for D in head_dims for c in causals]
+    work += [("bf16", D, c, ch) for D in head_dims for c in causals for ch in bf16_shape_changes(D, c, seqlens)]
     work += [("fp8", D, c, ch) for D in head_dims for c in causals for ch in fp8_variants[D].values()]
     work += [("recipe", D, c, ("bfloat16", ("block", True, True, True))) for D in head_dims for c in (False, True)]
     # their tests run both causal modes of every timed variant
@@ -446,8 +481,8 @@ def _thaw(job):
     return kind, D, causal, (dict(change) if kind in ("fp8", "bf16") else change)
 
 
-def precompile(head_dims, causals, jobs: int, tests: bool = True, variant_set: str = "ab") -> list[str]:
-    work = [_thaw(j) for j in compile_jobs(head_dims, causals, tests, variant_set)]
+def precompile(head_dims, causals, jobs: int, tests: bool = True, variant_set: str = "ab", seqlens=()) -> list[str]:
+    work = [_thaw(j) for j in compile_jobs(head_dims, causals, tests, variant_set, seqlens)]
     t0 = time.time()
     if jobs <= 0:
         msgs = [_compile_one(w) for w in work]
@@ -956,7 +991,8 @@ def main() -> int:
     t0 = time.time()
     print(f"{torch.cuda.get_device_name()} | torch {torch.__version__}", flush=True)
     if args.phase in ("all", "precompile"):
-        bad = precompile(args.head_dims, args.causal, args.jobs, tests=not args.quick, variant_set=args.set)
+        bad = precompile(args.head_dims, args.causal, args.jobs, tests=not args.quick, variant_set=args.set,
+                         seqlens=args.seqlens)
         if args.phase == "precompile":
             return 1 if bad else 0
     speed_rows = speed(args, args.out)

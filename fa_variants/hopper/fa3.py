@@ -185,8 +185,7 @@ def short_config(q: torch.Tensor, k: torch.Tensor, causal: bool) -> Sm90Config |
         return None
     if causal and SHORT_BALANCED and seqlen_q > config.tile_m and seqlen_k <= BALANCED_MAX_SEQLEN_K.get(head_dim, 0):
         balanced = _balanced(config)
-        if _table_key(balanced, q, k, causal) in _TABLES or (not workspace.capturing(q.device) and 4 * (
-                tiles + sum(t.numel() for t in _TABLES.values())) <= TABLES_MAX_BYTES):
+        if table_allowed(balanced, q, k, causal, tiles):
             return balanced
     limit = min(SHORT_MAX_SEQLEN_K, SHORT_MAX_SEQLEN_K_CAUSAL) if causal else SHORT_MAX_SEQLEN_K
     return config if head_dim in SHORT_HEAD_DIMS and seqlen_k <= limit else None
@@ -206,15 +205,26 @@ _TABLES: dict[tuple, torch.Tensor] = {}
 TABLES_MAX_BYTES = 64 << 20
 
 
-def balanced_table(config: Sm90Config, q: torch.Tensor, k: torch.Tensor, causal: bool) -> torch.Tensor:
+def table_allowed(config: Sm90Config, q: torch.Tensor, k: torch.Tensor, causal: bool, tiles: int,
+                  l2_heads: int | None = None) -> bool:
+    """Whether a call of ``tiles`` work tiles may run on the balanced grid: its table exists already, or it can be
+    made now (not inside CUDA graph capture) within TABLES_MAX_BYTES (``balanced_table``'s arguments)."""
+    return _table_key(config, q, k, causal, l2_heads) in _TABLES or (not workspace.capturing(q.device) and 4 * (
+        tiles + sum(t.numel() for t in _TABLES.values())) <= TABLES_MAX_BYTES)
+
+
+def balanced_table(config: Sm90Config, q: torch.Tensor, k: torch.Tensor, causal: bool,
+                   l2_heads: int | None = None) -> torch.Tensor:
     """The tile table of ``Sm90Config.balanced`` for q, k (int32 on q's device, one entry per work tile:
     ``common.tile_order.balanced_order`` over the causal costs of ``tile_coords``'s order; equal costs when not
     causal: the static schedule's own order), made once per device and geometry outside any graph's memory pool
     (``workspace.persistent``). Raises ValueError when it is first needed during CUDA graph capture (a host copy
-    cannot be captured): run the call once before capturing."""
+    cannot be captured): run the call once before capturing. ``l2_heads``: the L2 section the kernel is launched with
+    (default ``l2_section_heads`` of 16-bit K/V; fa3-fp8 passes its own, of e4m3 K/V), which orders the tiles."""
     batch, seqlen_q, heads, head_dim = q.shape
     ctas = _sm_count(q)
-    key = _table_key(config, q, k, causal)
+    l2_heads = l2_section_heads(k.shape[1], head_dim) if l2_heads is None else l2_heads
+    key = _table_key(config, q, k, causal, l2_heads)
     table = _TABLES.get(key)
     if table is not None:
         return table
@@ -222,7 +232,7 @@ def balanced_table(config: Sm90Config, q: torch.Tensor, k: torch.Tensor, causal:
         raise ValueError("config.balanced=True: its tile table is made on the first call of a shape, which cannot "
                          "be captured in a CUDA graph; run the call once before capturing")
     num_m_blocks = -(-seqlen_q // config.tile_m)
-    m_blocks = tile_order.tile_m_blocks(num_m_blocks, heads, batch, l2_section_heads(k.shape[1], head_dim), causal)
+    m_blocks = tile_order.tile_m_blocks(num_m_blocks, heads, batch, l2_heads, causal)
     if causal:
         costs = tile_order.causal_tile_costs(m_blocks, config.tile_m, config.tile_n, seqlen_q, k.shape[1])
     else:
@@ -232,9 +242,10 @@ def balanced_table(config: Sm90Config, q: torch.Tensor, k: torch.Tensor, causal:
     return table
 
 
-def _table_key(config: Sm90Config, q: torch.Tensor, k: torch.Tensor, causal: bool) -> tuple:
-    """balanced_table's key: the device, the call's shape, its tiles and the grid's CTA count."""
-    return (q.device, tuple(q.shape), k.shape[1], causal, config.tile_m, config.tile_n, _sm_count(q))
+def _table_key(config: Sm90Config, q: torch.Tensor, k: torch.Tensor, causal: bool, l2_heads: int | None = None) -> tuple:
+    """balanced_table's key: the device, the call's shape, its tiles, the L2 section and the grid's CTA count."""
+    l2_heads = l2_section_heads(k.shape[1], q.shape[3]) if l2_heads is None else l2_heads
+    return (q.device, tuple(q.shape), k.shape[1], causal, config.tile_m, config.tile_n, l2_heads, _sm_count(q))
 
 
 def _sm_count(q: torch.Tensor) -> int:

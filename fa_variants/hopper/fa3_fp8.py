@@ -119,11 +119,12 @@ import torch
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
-from fa_variants.common import interop
+from fa_variants.common import env, interop
 from fa_variants.common.cache import StaticConfig
-from fa_variants.common.config import WGMMA_M
+from fa_variants.common.config import WGMMA_M, smem_capacity
 from fa_variants.common.launch import Variant
 from fa_variants.fp8 import layout
+from fa_variants.hopper import fa3
 from fa_variants.hopper.fa3 import LOG2_E, Fa3Config, _tma_operand, l2_section_heads
 
 HEAD_DIMS: tuple[int, ...] = (64, 96, 128, 256)
@@ -202,15 +203,22 @@ class Fp8Config(Fa3Config):
     bounded_units: bool = False
 
     def smem_bytes(self, head_dim: int, elem_bytes: int = 1) -> int:
-        qo = self.tile_m * head_dim * 2  # Q (e4m3) shares its buffer with the 16-bit O
-        return qo + 2 * self.stages * self.tile_n * head_dim * elem_bytes + 1024
+        qo = self.tile_m * head_dim * 2  # Q (e4m3) shares its buffer with the 16-bit O (but with separate_o)
+        return qo * (2 if self.separate_o(head_dim, elem_bytes) else 1) + self._kv_bytes(head_dim, elem_bytes) + 1024
+
+    def separate_o(self, head_dim: int, elem_bytes: int = 1, arch: str = "sm_90a") -> bool:
+        """Whether the persistent kernel's 16-bit O has a buffer of its own beside Q's (which is sized for O): two
+        O tiles and the e4m3 K/V ring + 1 KiB fit the CTA's shared memory (head_dim 64 and 128, not 256)."""
+        o = self.tile_m * head_dim * 2
+        return self.persistent and 2 * o + self._kv_bytes(head_dim, elem_bytes) + 1024 <= smem_capacity(arch)
+
+    def _kv_bytes(self, head_dim: int, elem_bytes: int) -> int:
+        return 2 * self.stages * self.tile_n * head_dim * elem_bytes
 
     def check(self, head_dim: int) -> None:
         super().check(head_dim)
         # tile_m 128 or 192 (Sm90Config.check): each 64-row warpgroup lies in one Q scale block of TILE_M rows
         assert layout.TILE_M % WGMMA_M == 0
-        if self.persistent:
-            raise ValueError("fa3-fp8: persistent=True is not supported (only fa3's bf16/fp16 prefill kernel)")
         if self.pack_gqa:  # the descales are indexed by query head and row: packed rows / KV heads would misread them
             raise ValueError("fa3-fp8: pack_gqa=True is not supported (q_descale is per query head and 128 rows)")
         if self.alpha_first:  # not built or tested for fp8's own mainloop
@@ -307,6 +315,47 @@ def _default(head_dim: int) -> Fp8Config:
 
 DEFAULT_CONFIGS: dict[int, Fp8Config] = {d: _default(d) for d in HEAD_DIMS}
 
+#: head dim -> the largest seqlen_k of a causal call that runs, without ``config=``, on the persistent grid with the
+#: tiles dealt by load (``Sm90Config.balanced``; fa3's rule for its causal calls, ``hopper.fa3.short_config``): when
+#: there are more query tiles (x heads x batch) than SMs and two or more query tiles per head. A head dim not listed:
+#: one CTA per query tile. FA_VARIANTS_FP8_BALANCED=0 turns it off; =all takes it at every head dim and seqlen_k
+#: (tests, sanitizers).
+BALANCED_MAX_SEQLEN_K: dict[int, int] = {}
+BALANCED = env.flag_or("FA_VARIANTS_FP8_BALANCED", True, ("all",))
+_BALANCED_CONFIGS: dict[int, Fp8Config] = {d: dataclasses.replace(c, persistent=True, balanced=True)
+                                           for d, c in DEFAULT_CONFIGS.items()}
+
+
+def call_config(q8: torch.Tensor, k8: torch.Tensor, causal: bool, config: Fp8Config | None = None) -> Fp8Config:
+    """The config a call of q8 (batch, seqlen_q, num_heads, head_dim), k8 runs: ``config``, else the head dim's
+    default, on the balanced persistent grid where ``BALANCED_MAX_SEQLEN_K`` says so (and its tile table exists or
+    can be made: not first inside CUDA graph capture)."""
+    if config is not None:
+        return config
+    batch, seqlen_q, heads, head_dim = q8.shape
+    seqlen_k = k8.shape[1]
+    base = DEFAULT_CONFIGS[head_dim]
+    limit = seqlen_k if BALANCED == "all" else BALANCED_MAX_SEQLEN_K.get(head_dim, 0)
+    if not (causal and BALANCED and 0 < seqlen_k <= limit and seqlen_q > base.tile_m):
+        return base
+    tiles = -(-seqlen_q // base.tile_m) * heads * batch
+    balanced = _BALANCED_CONFIGS[head_dim]
+    l2_heads = l2_section_heads(seqlen_k, head_dim, elem_bytes=1)
+    if tiles <= fa3._sm_count(q8) or not fa3.table_allowed(balanced, q8, k8, causal, tiles, l2_heads):
+        return base
+    return balanced
+
+
+def _launch_tail(config: Fp8Config, q8: torch.Tensor, k8: torch.Tensor, causal: bool, l2_heads: int) -> tuple:
+    """The kernel's arguments after l2_heads: the persistent grid's CTA count (the SMs) and the balanced tile
+    table (``hopper.fa3.balanced_table`` with this kernel's L2 section of e4m3 K/V)."""
+    tail = ()
+    if config.persistent:
+        tail += (fa3._sm_count(q8),)
+    if config.balanced:
+        tail += (fa3.balanced_table(config, q8, k8, causal, l2_heads),)
+    return tail
+
 
 # ---------------------------------------------------------------------------------------------
 # Registration with the compile cache, and the backend entry point (the kernel: hopper/fa3_fp8_kernel.py)
@@ -330,11 +379,20 @@ def fake_fp8_args(head_dim: int, out_dtype: str, align: int = 16):
 
 
 def _build(cfg: StaticConfig):
-    from fa_variants.hopper.fa3_fp8_kernel import FlashAttention3Fp8Sm90  # imports this module (P_SHIFT, Fp8Config)
+    from fa_variants.hopper import fa3_fp8_kernel  # imports this module (P_SHIFT, Fp8Config)
 
     config = cfg.config
-    kernel = FlashAttention3Fp8Sm90(interop.cute_dtype(config.out_dtype), cfg.head_dim, cfg.causal, config)
-    return kernel, fake_fp8_args(cfg.head_dim, config.out_dtype, cfg.align)
+    kind = fa3_fp8_kernel.FlashAttention3Fp8Sm90
+    if config.persistent:
+        kind = fa3_fp8_kernel.FlashAttention3Fp8Sm90Balanced if config.balanced else fa3_fp8_kernel.FlashAttention3Fp8Sm90Persistent
+    kernel = kind(interop.cute_dtype(config.out_dtype), cfg.head_dim, cfg.causal, config)
+    args = fake_fp8_args(cfg.head_dim, config.out_dtype, cfg.align)
+    if config.persistent:  # + the grid's CTA count after l2_heads (and the balanced tile table): _launch_tail
+        extra = (Int32(1),)
+        if config.balanced:
+            extra += (interop.fake_tensor("int32", (cute.sym_int(),), 4),)
+        args = args[:-1] + extra + args[-1:]
+    return kernel, args
 
 
 # How to compile the kernel (`fa-variants compile --variant fa3-fp8`); the registry's fa3-fp8 record
@@ -379,7 +437,8 @@ def run_quantized(q8: torch.Tensor, k8: torch.Tensor, v_t8: torch.Tensor, q_desc
             one descale per kernel tile; finite and > 0 (expanded views fine).
             Dequantised x = x8 * descale of its block.
         softmax_scale: finite; causal: bottom-right; out_dtype: torch.float16 or torch.bfloat16.
-        config: tile/switch override (tests, ablation: two_level); default ``DEFAULT_CONFIGS[head_dim]``.
+        config: tile/switch override (tests, ablation: two_level); default ``call_config``'s (the head dim's default, or it
+            on the balanced persistent grid for the causal calls ``BALANCED_MAX_SEQLEN_K`` names).
     Returns:
         (out, lse): out (batch, seqlen_q, num_heads, head_dim) out_dtype; lse float32 (batch, num_heads,
         seqlen_q), natural log of sum_j exp(softmax_scale * q_i . k_j) (dequantised); a row that sees
@@ -409,7 +468,7 @@ def run_quantized(q8: torch.Tensor, k8: torch.Tensor, v_t8: torch.Tensor, q_desc
         raise ValueError(f"fa3-fp8: out_dtype {out_dtype} is not supported; supported: {OUT_DTYPES}")
     if not math.isfinite(softmax_scale):
         raise ValueError(f"fa3-fp8: softmax_scale must be finite, got {softmax_scale}")
-    cfg = config or DEFAULT_CONFIGS[head_dim]
+    cfg = call_config(q8, k8, causal, config)
     bn = cfg.tile_n
     for name, t, shape, rows in (("q_descale", q_descale, (batch, heads, -(-seqlen_q // layout.TILE_M)), f"{layout.TILE_M} query rows"),
                                  ("k_descale", k_descale, (batch, heads_kv, -(-seqlen_k // bn)), f"tile_n={bn} keys"),
@@ -417,7 +476,7 @@ def run_quantized(q8: torch.Tensor, k8: torch.Tensor, v_t8: torch.Tensor, q_desc
         if t.dtype != torch.float32 or tuple(t.shape) != shape:
             raise ValueError(f"fa3-fp8: {name} must be float32 of shape {shape} (one descale per {rows}), "
                              f"got {t.dtype} {tuple(t.shape)}")
-    kernel, _ = _kernel(q8.device, head_dim, bool(causal), out_dtype, config)
+    kernel, _ = _kernel(q8.device, head_dim, bool(causal), out_dtype, cfg)
     out = torch.empty((batch, seqlen_q, heads, head_dim), dtype=out_dtype, device=q8.device)
     lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q8.device)
     if out.numel() == 0:
@@ -429,8 +488,9 @@ def run_quantized(q8: torch.Tensor, k8: torch.Tensor, v_t8: torch.Tensor, q_desc
     if softmax_scale < 0:  # the kernel's row max of raw scores needs a scale >= 0: softmax(c Q K^T) = softmax(|c| Q (-K)^T)
         k8, softmax_scale = _flip_sign(k8), -softmax_scale
     q8, k8, v_t8 = (_tma_operand(t) for t in (q8, k8, v_t8))
-    kernel(q8, k8, v_t8, out, lse, q_descale, k_descale, v_descale, softmax_scale * LOG2_E,
-           l2_section_heads(seqlen_k, head_dim, elem_bytes=1))
+    l2_heads = l2_section_heads(seqlen_k, head_dim, elem_bytes=1)
+    kernel(q8, k8, v_t8, out, lse, q_descale, k_descale, v_descale, softmax_scale * LOG2_E, l2_heads,
+           *_launch_tail(cfg, q8, k8, causal, l2_heads))
     return out, lse
 
 

@@ -7,6 +7,8 @@ to compile (``hopper.fa3_fp8._build``). It holds:
                            descales, e4m3 P, two-level accumulation, the head_dim 256 lookahead loop
     FlashAttention3Fp8Sm90 fa3's kernel (``hopper.fa3_kernel.FlashAttention3Sm90``) with FP8 operands: K-major V,
                            the P V MMA, the step context
+    FlashAttention3Fp8Sm90Persistent, FlashAttention3Fp8Sm90Balanced
+                           the same on fa3's persistent grid (static order, or the host's balanced tile table)
 
 The kernel class stays in this module (the DSL names a kernel after its object's module and class). Follows
 (ideas, not code) Dao-AILab/flash-attention hopper/ (the FP8 P shift and descale placement of the released
@@ -215,7 +217,8 @@ class _Fp8StepContext(_StepContext):
         a free tile), so that the steps with and without a next S GEMM are each compiled once per mask kind. The
         first tile takes the softmax's general update too, against the reset state (m = -inf, l = 0, O = 0): alpha =
         exp2(-inf) = 0, so P, l and O get the same bits as with the first-tile update, whose code (with s_halves)
-        spills 29 registers' worth; a row that sees no key keeps m = -inf as before."""
+        spills 29 registers' worth; a row that sees no key keeps m = -inf as before. Returns (k_state, v_state)
+        advanced past this tile's K/V tiles (the persistent grid carries them to its next tile)."""
         last = n_blocks - 1
         acc_S = self._lookahead_scores()
         self.schedule_sync()
@@ -224,14 +227,15 @@ class _Fp8StepContext(_StepContext):
         self.schedule_arrive()
         causal = self.k.causal
         if n_blocks == 1:
-            self._lookahead_step(acc_S, k_state, v_state, last, causal, True, False)
+            k_state, v_state = self._lookahead_step(acc_S, k_state, v_state, last, causal, True, False)
         else:
             k_state, v_state = self._lookahead_step(acc_S, k_state, v_state, last, causal, True, True)
             for i in cutlass.range(last - cutlass.max(n_free, 1), unroll=1):  # masked tiles but tile 0
                 k_state, v_state = self._lookahead_step(acc_S, k_state, v_state, last - 1 - i, True, False, True)
             for i in cutlass.range(cutlass.max(n_free, 1) - 1, unroll=1):  # free tiles but tile 0
                 k_state, v_state = self._lookahead_step(acc_S, k_state, v_state, n_free - 1 - i, False, False, True)
-            self._lookahead_step(acc_S, k_state, v_state, 0, causal, False, False)
+            k_state, v_state = self._lookahead_step(acc_S, k_state, v_state, 0, causal, False, False)
+        return k_state, v_state
 
     def _lookahead_scores(self) -> cute.Tensor:
         """S's accumulator for ``lookahead_loop``: the first temporary's registers when S has its size (tile_n 64
@@ -463,3 +467,27 @@ class FlashAttention3Fp8Sm90(FlashAttention3Sm90):
         return _Fp8StepContext(*args, acc_tmp=tmp, acc_tmp2=tmp2, qk_scale=qk_scale,
                                k_descale=mKd[batch, kv_head, None], v_descale=mVd[batch, kv_head, None],
                                tiles_in_tmp=tiles_in_tmp, o_alpha=o_alpha, descales=descales, vmax=vmax)
+
+
+class FlashAttention3Fp8Sm90Persistent(FlashAttention3Fp8Sm90):
+    """``FlashAttention3Fp8Sm90`` on the persistent grid (``Sm90Config.persistent``, fa3's ``_roles_persistent``: one
+    CTA per SM walks several (query tile, head, batch) tiles, its pipeline states carried from tile to tile):
+    ``__call__`` takes, after l2_heads, ``ctas`` (Int32 > 0, the grid's CTA count)."""
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mVt: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+                 mQd: cute.Tensor, mKd: cute.Tensor, mVd: cute.Tensor, softmax_scale_log2: Float32,
+                 l2_heads: Int32, ctas: Int32, stream: cuda.CUstream):
+        self.launch(mQ, mK, mVt, mO, mLSE, softmax_scale_log2, l2_heads, (mQd, mKd, mVd), stream, ctas=ctas)
+
+
+class FlashAttention3Fp8Sm90Balanced(FlashAttention3Fp8Sm90Persistent):
+    """``FlashAttention3Fp8Sm90Persistent`` with ``Sm90Config.balanced``: ``__call__`` takes, after ``ctas``, the tile
+    table ``mOrder`` (int32, one entry per work tile: ``common.tile_order.balanced_order``)."""
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mVt: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+                 mQd: cute.Tensor, mKd: cute.Tensor, mVd: cute.Tensor, softmax_scale_log2: Float32,
+                 l2_heads: Int32, ctas: Int32, mOrder: cute.Tensor, stream: cuda.CUstream):
+        self.launch(mQ, mK, mVt, mO, mLSE, softmax_scale_log2, l2_heads, (mQd, mKd, mVd), stream, ctas=ctas,
+                    order=(mOrder,))

@@ -423,7 +423,7 @@ class FlashAttention3Sm90(Fa3Schedule, Fa3SplitKV, Fa3Producer):
         last = self._tile(n_start, n_blocks - 1)
 
         if const_expr(getattr(self.cfg, "s_lookahead", False)):  # fa3-fp8's own loop (hopper/fa3_fp8_kernel.py)
-            ctx.lookahead_loop(k_state, v_state, n_blocks, n_masked, n_free)
+            k_state, v_state = ctx.lookahead_loop(k_state, v_state, n_blocks, n_masked, n_free)
         elif const_expr(self.overlap and ctx.defer_mode() > 0):
             k_state = ctx.first_scores(k_state, last)
             for i in cutlass.range(n_masked, unroll=1):

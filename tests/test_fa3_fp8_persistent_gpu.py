@@ -1,0 +1,76 @@
+"""fa3-fp8 on fa3's persistent grid (session 22, sm90 GPU): ``persistent=True`` (one CTA per SM walks query tiles
+b, b + G, ... with its pipeline states carried from tile to tile) and ``balanced=True`` (the tiles dealt by load from
+the host's table, ``hopper.fa3.balanced_table`` with fa3-fp8's L2 section of e4m3 K/V).
+
+Each tile runs the same code as on the default grid (one CTA per tile), so O and LSE must equal the default kernel's
+bit for bit on the same quantised inputs; they are also checked against the emulation and float64 (the bounds of
+tests/test_fa3_fp8_gpu.py), with NaN-poisoned outputs. Shapes: more work tiles than SMs (so CTAs walk several tiles:
+the carried K/V/Q phases, O's own buffer at head_dim 64 / 128, Q's buffer reused for O at 256), GQA, Nq != Nk with
+rows that see no key under causal masking, odd lengths; and fewer tiles than SMs (the grid clamped to the tiles).
+Plus ``call_config``'s default: the balanced grid where ``BALANCED_MAX_SEQLEN_K`` names it, same results.
+
+    source .gpu/env.sh && python3 -m pytest -m gpu tests/test_fa3_fp8_persistent_gpu.py -q
+"""
+import dataclasses
+import zlib
+
+import pytest
+import torch
+
+from helpers import assert_fp8_matches_emulation
+
+pytestmark = pytest.mark.gpu
+
+# (batch, seqlen_q, seqlen_k, num_heads, num_heads_kv): 2 x 8 x 24 = 384 tiles of 128 rows (D 128 / 256; 288 of 192
+# at D 64); 6 x 40 = 240 tiles, Nq < Nk (causal: bottom-right); Nq > Nk: causal rows 0..886 see no key; 1 x 4 tiles
+SHAPES = [(2, 1000, 1000, 24, 8), (1, 701, 1900, 40, 8), (3, 1023, 137, 16, 16), (1, 113, 300, 4, 2)]
+SHAPE_IDS = ["x".join(map(str, s)) for s in SHAPES]
+VARIANTS = {"persist": dict(persistent=True), "balanced": dict(persistent=True, balanced=True)}
+
+
+def _inputs(fp8, shape, head_dim, seed):
+    B, Nq, Nk, H, Hkv = shape
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v = (torch.randn(B, n, h, head_dim, device="cuda", generator=g).to(torch.bfloat16)
+               for n, h in ((Nq, H), (Nk, Hkv), (Nk, Hkv)))
+    return q, k, v, fp8.quantize_fp8(q, k, v)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_persistent_grid_equals_default(fp8_kernel, variant, head_dim, shape, causal, request, nan_allocations):
+    from fa_variants import fp8
+    from fa_variants.reference import attention_reference
+
+    seed = zlib.crc32(request.node.nodeid.encode())
+    q, k, v, inp = _inputs(fp8, shape, head_dim, seed)
+    base = fp8_kernel.DEFAULT_CONFIGS[head_dim]
+    cfg = dataclasses.replace(base, **VARIANTS[variant])
+    with nan_allocations():  # an output element the kernel does not write stays NaN
+        ref_out, ref_lse = fp8_kernel.run_fp8(inp, causal=causal, config=base)
+        out, lse = fp8_kernel.run_fp8(inp, causal=causal, config=cfg)
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse), (
+        f"{variant} differs from the default grid: max |dO| {(out.float() - ref_out.float()).abs().max().item():.3g}")
+    emu32, emu_lse = fp8.emulate_fp8_attention(inp, causal=causal, tile_m=cfg.tile_m)
+    exact, _ = attention_reference(q, k, v, causal=causal, dtype=torch.float64)
+    assert_fp8_matches_emulation(out, lse, emu32, emu_lse, exact, variant=variant, seed=seed)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_default_takes_the_balanced_grid(fp8_kernel, head_dim, monkeypatch, request, nan_allocations):
+    """With BALANCED_MAX_SEQLEN_K naming the head dim, a causal call without config= runs the balanced grid (its
+    config from ``call_config``) and gives the default grid's bits; a non-causal call keeps the default."""
+    from fa_variants import fp8
+
+    monkeypatch.setitem(fp8_kernel.BALANCED_MAX_SEQLEN_K, head_dim, 4096)
+    shape = SHAPES[0]
+    _, _, _, inp = _inputs(fp8, shape, head_dim, zlib.crc32(request.node.nodeid.encode()))
+    picked = fp8_kernel.call_config(inp.q, inp.k, True)
+    assert picked.persistent and picked.balanced, picked
+    assert fp8_kernel.call_config(inp.q, inp.k, False) == fp8_kernel.DEFAULT_CONFIGS[head_dim]
+    with nan_allocations():
+        out, lse = fp8_kernel.run_fp8(inp, causal=True)
+        ref_out, ref_lse = fp8_kernel.run_fp8(inp, causal=True, config=fp8_kernel.DEFAULT_CONFIGS[head_dim])
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
