@@ -38,29 +38,63 @@ def _q8(batch, seqlen, heads, head_dim=128):
     return torch.zeros(batch, seqlen, heads, head_dim, dtype=E4M3)
 
 
-def test_call_config_takes_the_balanced_grid_where_named(monkeypatch):
+def test_call_config_takes_the_persistent_grid_where_named(monkeypatch):
     monkeypatch.setattr(fa3, "_sm_count", lambda q: 132)
     monkeypatch.setattr(fa3, "_TABLES", {})
+    monkeypatch.setattr(fa3_fp8, "PERSISTENT", True)
     default = fa3_fp8.DEFAULT_CONFIGS[128]
+    balanced = dataclasses.replace(default, persistent=True, balanced=True)
+    static = dataclasses.replace(default, persistent=True)
     q, k = _q8(4, 4096, 16), _q8(4, 4096, 16)
-    monkeypatch.setattr(fa3_fp8, "BALANCED_MAX_SEQLEN_K", {})
-    assert fa3_fp8.call_config(q, k, True) is default  # no head dim named: one CTA per tile
+    for table in ("BALANCED_MAX_SEQLEN_K", "PERSISTENT_MAX_SEQLEN_K"):
+        monkeypatch.setattr(fa3_fp8, table, {})
+    assert fa3_fp8.call_config(q, k, True) is default and fa3_fp8.call_config(q, k, False) is default  # none named
     monkeypatch.setattr(fa3_fp8, "BALANCED_MAX_SEQLEN_K", {128: 4096})
-    picked = fa3_fp8.call_config(q, k, True)
-    assert picked == dataclasses.replace(default, persistent=True, balanced=True)
-    assert fa3_fp8.call_config(q, k, False) is default  # not causal: equal costs, nothing to deal
-    assert fa3_fp8.call_config(q, _q8(4, 4097, 16), True) is default  # past the limit
-    assert fa3_fp8.call_config(_q8(1, 4096, 1), _q8(1, 4096, 1), True) is default  # 32 tiles <= 132 SMs
-    assert fa3_fp8.call_config(_q8(64, 128, 16), _q8(64, 4096, 16), True) is default  # one query tile per head
-    assert fa3_fp8.call_config(q, _q8(4, 0, 16), True) is default  # no key
+    assert fa3_fp8.call_config(q, k, True) == balanced
+    assert fa3_fp8.call_config(q, k, False) is default  # the non-causal table does not name 128
+    monkeypatch.setattr(fa3_fp8, "PERSISTENT_MAX_SEQLEN_K", {128: 4096})
+    assert fa3_fp8.call_config(q, k, False) == static  # not causal: equal costs, the static order
+    assert fa3_fp8.call_config(_q8(64, 128, 16), _q8(64, 4096, 16), False) == static  # one query tile a head: fine
+    assert fa3_fp8.call_config(_q8(64, 128, 16), _q8(64, 4096, 16), True) is default  # causal: nothing to deal
+    for causal in (False, True):
+        assert fa3_fp8.call_config(q, _q8(4, 4097, 16), causal) is default  # past the limit
+        assert fa3_fp8.call_config(_q8(1, 4096, 1), _q8(1, 4096, 1), causal) is default  # 32 tiles <= 132 SMs
+        assert fa3_fp8.call_config(q, _q8(4, 0, 16), causal) is default  # no key
     mine = dataclasses.replace(default, tile_n=128)
     assert fa3_fp8.call_config(q, k, True, mine) is mine  # an explicit config wins
-    monkeypatch.setattr(fa3_fp8, "BALANCED", False)
-    assert fa3_fp8.call_config(q, k, True) is default
-    monkeypatch.setattr(fa3_fp8, "BALANCED", "all")  # FA_VARIANTS_FP8_BALANCED=all: any head dim and seqlen_k
-    monkeypatch.setattr(fa3_fp8, "BALANCED_MAX_SEQLEN_K", {})
-    assert fa3_fp8.call_config(q, _q8(4, 1 << 20, 16), True) == picked
-    assert fa3_fp8.call_config(q, k, False) is default
+    monkeypatch.setattr(fa3_fp8, "PERSISTENT", False)
+    assert fa3_fp8.call_config(q, k, True) is default and fa3_fp8.call_config(q, k, False) is default
+    monkeypatch.setattr(fa3_fp8, "PERSISTENT", "all")  # FA_VARIANTS_FP8_PERSISTENT=all: any head dim and seqlen_k
+    for table in ("BALANCED_MAX_SEQLEN_K", "PERSISTENT_MAX_SEQLEN_K"):
+        monkeypatch.setattr(fa3_fp8, table, {})
+    assert fa3_fp8.call_config(q, _q8(4, 1 << 20, 16), True) == balanced
+    assert fa3_fp8.call_config(q, _q8(4, 1 << 20, 16), False) == static
+
+
+def test_call_config_in_graph_capture_keeps_a_made_table(monkeypatch):
+    """Inside CUDA graph capture a causal call takes the balanced grid only when its table was made before (a host copy
+    cannot be captured): else the default grid."""
+    from fa_variants.common import workspace
+
+    monkeypatch.setattr(fa3, "_sm_count", lambda q: 132)
+    monkeypatch.setattr(fa3, "_TABLES", {})
+    monkeypatch.setattr(fa3_fp8, "PERSISTENT", True)
+    monkeypatch.setattr(fa3_fp8, "BALANCED_MAX_SEQLEN_K", {128: 4096})
+    monkeypatch.setattr(workspace, "capturing", lambda device: True)
+    q, k = _q8(4, 4096, 16), _q8(4, 4096, 16)
+    assert fa3_fp8.call_config(q, k, True) is fa3_fp8.DEFAULT_CONFIGS[128]
+    monkeypatch.setattr(workspace, "capturing", lambda device: False)
+    picked = fa3_fp8.call_config(q, k, True)
+    fa3_fp8._launch_tail(picked, q, k, True, fa3.l2_section_heads(4096, 128, elem_bytes=1))  # the table is made
+    monkeypatch.setattr(workspace, "capturing", lambda device: True)
+    assert fa3_fp8.call_config(q, k, True) == picked
+
+
+def test_defaults_name_the_measured_head_dims():
+    """Session 22's flip (bench/NOTES.md): the balanced grid for causal calls up to 4k keys at 64 and 2k at 128, the
+    static persistent grid for non-causal ones up to 2k; not at 256 (half speed there)."""
+    assert fa3_fp8.BALANCED_MAX_SEQLEN_K == {64: 4096, 128: 2048}
+    assert fa3_fp8.PERSISTENT_MAX_SEQLEN_K == {64: 2048, 128: 2048}
 
 
 def test_launch_tail_counts_ctas_and_makes_the_fp8_table(monkeypatch):

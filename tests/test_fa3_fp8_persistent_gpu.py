@@ -7,7 +7,7 @@ bit for bit on the same quantised inputs; they are also checked against the emul
 tests/test_fa3_fp8_gpu.py), with NaN-poisoned outputs. Shapes: more work tiles than SMs (so CTAs walk several tiles:
 the carried K/V/Q phases, O's own buffer at head_dim 64 / 128, Q's buffer reused for O at 256), GQA, Nq != Nk with
 rows that see no key under causal masking, odd lengths; and fewer tiles than SMs (the grid clamped to the tiles).
-Plus ``call_config``'s default: the balanced grid where ``BALANCED_MAX_SEQLEN_K`` names it, same results.
+Plus ``call_config``'s default: the persistent grid for short calls at 64 / 128 (balanced when causal), same results.
 
     source .gpu/env.sh && python3 -m pytest -m gpu tests/test_fa3_fp8_persistent_gpu.py -q
 """
@@ -58,19 +58,17 @@ def test_persistent_grid_equals_default(fp8_kernel, variant, head_dim, shape, ca
     assert_fp8_matches_emulation(out, lse, emu32, emu_lse, exact, variant=variant, seed=seed)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_default_takes_the_balanced_grid(fp8_kernel, head_dim, monkeypatch, request, nan_allocations):
-    """With BALANCED_MAX_SEQLEN_K naming the head dim, a causal call without config= runs the balanced grid (its
-    config from ``call_config``) and gives the default grid's bits; a non-causal call keeps the default."""
+def test_default_takes_the_persistent_grid(fp8_kernel, head_dim, causal, request, nan_allocations):
+    """A short call without config= (2 x 1000 tokens, 24 heads: more tiles than SMs, seqlen_k within both tables) runs
+    the persistent grid (``call_config``: balanced when causal) and gives the default grid's bits."""
     from fa_variants import fp8
 
-    monkeypatch.setitem(fp8_kernel.BALANCED_MAX_SEQLEN_K, head_dim, 4096)
-    shape = SHAPES[0]
-    _, _, _, inp = _inputs(fp8, shape, head_dim, zlib.crc32(request.node.nodeid.encode()))
-    picked = fp8_kernel.call_config(inp.q, inp.k, True)
-    assert picked.persistent and picked.balanced, picked
-    assert fp8_kernel.call_config(inp.q, inp.k, False) == fp8_kernel.DEFAULT_CONFIGS[head_dim]
+    _, _, _, inp = _inputs(fp8, SHAPES[0], head_dim, zlib.crc32(request.node.nodeid.encode()))
+    picked = fp8_kernel.call_config(inp.q, inp.k, causal)
+    assert picked.persistent and picked.balanced == causal, picked
     with nan_allocations():
-        out, lse = fp8_kernel.run_fp8(inp, causal=True)
-        ref_out, ref_lse = fp8_kernel.run_fp8(inp, causal=True, config=fp8_kernel.DEFAULT_CONFIGS[head_dim])
+        out, lse = fp8_kernel.run_fp8(inp, causal=causal)
+        ref_out, ref_lse = fp8_kernel.run_fp8(inp, causal=causal, config=fp8_kernel.DEFAULT_CONFIGS[head_dim])
     assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)

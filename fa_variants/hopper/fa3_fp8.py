@@ -315,35 +315,41 @@ def _default(head_dim: int) -> Fp8Config:
 
 DEFAULT_CONFIGS: dict[int, Fp8Config] = {d: _default(d) for d in HEAD_DIMS}
 
-#: head dim -> the largest seqlen_k of a causal call that runs, without ``config=``, on the persistent grid with the
-#: tiles dealt by load (``Sm90Config.balanced``; fa3's rule for its causal calls, ``hopper.fa3.short_config``): when
-#: there are more query tiles (x heads x batch) than SMs and two or more query tiles per head. A head dim not listed:
-#: one CTA per query tile. FA_VARIANTS_FP8_BALANCED=0 turns it off; =all takes it at every head dim and seqlen_k
-#: (tests, sanitizers).
-BALANCED_MAX_SEQLEN_K: dict[int, int] = {}
-BALANCED = env.flag_or("FA_VARIANTS_FP8_BALANCED", True, ("all",))
-_BALANCED_CONFIGS: dict[int, Fp8Config] = {d: dataclasses.replace(c, persistent=True, balanced=True)
-                                           for d, c in DEFAULT_CONFIGS.items()}
+#: head dim -> the largest seqlen_k of a call that runs, without ``config=``, on fa3's persistent grid (one CTA per SM
+#: walking query tiles; the next tile's loads under this tile's epilogue): a causal call with its tiles dealt by load
+#: (``Sm90Config.balanced``, BALANCED_MAX_SEQLEN_K; and two or more query tiles per head), a non-causal one in the static
+#: order (PERSISTENT_MAX_SEQLEN_K); both only when there are more query tiles (x heads x batch) than SMs (fa3's rule for
+#: its short calls, ``hopper.fa3.short_config``). Session 22, H200, scripts/fp8persist_gpu.sh (paired, 6 rounds, B*N =
+#: 16k, H*D = 2048; bench/NOTES.md): balanced / default at causal D 64 N 1k / 2k / 4k / 8k 1.125 / 1.092 / 1.047 /
+#: 1.014 (same), D 128 1.142 / 1.102 / 1.019 (same) / 0.998; persistent / default non-causal D 64 N 1k / 2k / 4k 1.058 /
+#: 1.022 / 0.992, D 128 1.090 / 1.048 / 0.975; at D 256 the persistent grid runs at about half speed (not listed).
+#: FA_VARIANTS_FP8_PERSISTENT=0 turns both off; =all takes them at every head dim and seqlen_k (tests, sanitizers).
+BALANCED_MAX_SEQLEN_K: dict[int, int] = {64: 4096, 128: 2048}
+PERSISTENT_MAX_SEQLEN_K: dict[int, int] = {64: 2048, 128: 2048}
+PERSISTENT = env.flag_or("FA_VARIANTS_FP8_PERSISTENT", True, ("all",))
+_PERSISTENT_CONFIGS: dict[tuple[int, bool], Fp8Config] = {
+    (d, causal): dataclasses.replace(c, persistent=True, balanced=causal)
+    for d, c in DEFAULT_CONFIGS.items() for causal in (False, True)}
 
 
 def call_config(q8: torch.Tensor, k8: torch.Tensor, causal: bool, config: Fp8Config | None = None) -> Fp8Config:
     """The config a call of q8 (batch, seqlen_q, num_heads, head_dim), k8 runs: ``config``, else the head dim's
-    default, on the balanced persistent grid where ``BALANCED_MAX_SEQLEN_K`` says so (and its tile table exists or
-    can be made: not first inside CUDA graph capture)."""
+    default, on the persistent grid where ``BALANCED_MAX_SEQLEN_K`` (causal: balanced, when its tile table exists or
+    can be made, i.e. not first inside CUDA graph capture) or ``PERSISTENT_MAX_SEQLEN_K`` (not causal) say so."""
     if config is not None:
         return config
     batch, seqlen_q, heads, head_dim = q8.shape
     seqlen_k = k8.shape[1]
     base = DEFAULT_CONFIGS[head_dim]
-    limit = seqlen_k if BALANCED == "all" else BALANCED_MAX_SEQLEN_K.get(head_dim, 0)
-    if not (causal and BALANCED and 0 < seqlen_k <= limit and seqlen_q > base.tile_m):
+    limit = seqlen_k if PERSISTENT == "all" else (BALANCED_MAX_SEQLEN_K if causal else PERSISTENT_MAX_SEQLEN_K).get(head_dim, 0)
+    if not (PERSISTENT and 0 < seqlen_k <= limit) or (causal and seqlen_q <= base.tile_m):
         return base
     tiles = -(-seqlen_q // base.tile_m) * heads * batch
-    balanced = _BALANCED_CONFIGS[head_dim]
-    l2_heads = l2_section_heads(seqlen_k, head_dim, elem_bytes=1)
-    if tiles <= fa3._sm_count(q8) or not fa3.table_allowed(balanced, q8, k8, causal, tiles, l2_heads):
+    persistent = _PERSISTENT_CONFIGS[head_dim, causal]
+    if tiles <= fa3._sm_count(q8) or (causal and not fa3.table_allowed(
+            persistent, q8, k8, causal, tiles, l2_section_heads(seqlen_k, head_dim, elem_bytes=1))):
         return base
-    return balanced
+    return persistent
 
 
 def _launch_tail(config: Fp8Config, q8: torch.Tensor, k8: torch.Tensor, causal: bool, l2_heads: int) -> tuple:
@@ -438,7 +444,7 @@ def run_quantized(q8: torch.Tensor, k8: torch.Tensor, v_t8: torch.Tensor, q_desc
             Dequantised x = x8 * descale of its block.
         softmax_scale: finite; causal: bottom-right; out_dtype: torch.float16 or torch.bfloat16.
         config: tile/switch override (tests, ablation: two_level); default ``call_config``'s (the head dim's default, or it
-            on the balanced persistent grid for the causal calls ``BALANCED_MAX_SEQLEN_K`` names).
+            on the persistent grid for the short calls ``BALANCED_MAX_SEQLEN_K`` / ``PERSISTENT_MAX_SEQLEN_K`` name).
     Returns:
         (out, lse): out (batch, seqlen_q, num_heads, head_dim) out_dtype; lse float32 (batch, num_heads,
         seqlen_q), natural log of sum_j exp(softmax_scale * q_i . k_j) (dequantised); a row that sees
