@@ -20,24 +20,23 @@
 # 2. then scripts/NAME_gpu.sh for each NAME, in order, each with the time left of CALL_BUDGET seconds (default 560),
 #    skipped when fewer than 100 s are left; logs under $OUT/pending/NAME/, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
-#    Plan for session 22: session 21 ran the whole GPU suite on its tree (f09ad63: 5283 passed, 3 skipped, 0 failed;
-#    after it only the off switch SHIFT_CHAINS, default SASS identical), the README's bench and decode tables, issue
-#    10's status table over all 12 problems, and two quantisation-pass experiments: the sampled K mean
-#    (scripts/quantsamp_gpu.sh: 66-71 % of copy at D 64 / 128, rule missed) and Q's wide pass at D 128
-#    (scripts/quantq128_gpu.sh: not faster). bench/NOTES.md,
-#    "Session 21 ...", has the figures and a bound: at N 4k causal (D 64 / 128) no separate pass can make pass +
-#    kernel beat bf16 fa3; the fp8 kernel itself must gain there (1.08-1.12x bf16 today).
-#    Open: issue 10 (1100 TFLOP/s at D 256: 1072; 1.4x at 128: 1.12-1.23x; 1.3x at 64: 1.08-1.12x; two-level <= 5 %
-#    at 256: 4-10 %; the pass at 70 % of copy: 49-58 %), 12 (fa3 / flash-attn-4 >= 1.00 everywhere; >= cuDNN at D 64
-#    causal 512 / 1k: 0.85 / 0.90), 13 (70 % of HBM at D 64 B 1 Nk 32k: 61-65 %), 16 (two GPUs).
-#    A. scripts/pending_gpu.sh quantchains: Q's LSE shift summed in 2 / 8 chains (quant_host.SHIFT_CHAINS, built and
-#    CPU-tested in session 21; ncu had the shift costing Q's pass 8 us at D 128, its sum a serial FMA chain).
-#    B. fa3-fp8 at N 4k causal (1.08-1.12x bf16 at D 64 / 128): the cells no pass can rescue. Lead: fa3-fp8 runs one
-#    CTA per tile (it refuses persistent=True) while bf16 fa3's causal calls run the balanced persistent grid since
-#    session 18; causal / non-causal TFLOP/s at N 4k is 0.84 for fa3-fp8 at D 128 against 0.91 for bf16 fa3.
+#    Plan for session 23: session 22 ran quantchains (2 / 8 chains not faster: SHIFT_CHAINS stays 1), fp8persist
+#    (fa3-fp8 on the persistent grid: flipped on for short calls at D 64 / 128, 1.05-1.14x there), fp8persistchk (132
+#    GPU tests, sanitizers clean), issue 10's status table and the whole GPU suite on cb03190 (5347 passed, 3 skipped,
+#    0 failed). bench/NOTES.md, "Session 22 ...", has the figures.
+#    Open: issue 10 (1100 TFLOP/s at D 256: 1071-1102; 1.4x at 128: 1.13-1.25x; 1.3x at 64: 1.09-1.11x; two-level
+#    <= 5 % at 256: 4.5-8 %; the pass at 70 % of copy: 49-58 %; pass + kernel at N 4k causal 0.85-0.92x), 12 (fa3 /
+#    flash-attn-4 >= 1.00 everywhere; >= cuDNN at D 64 causal 512 / 1k: 0.85 / 0.90), 13 (70 % of HBM at D 64 B 1
+#    Nk 32k: 61-65 %), 16 (two GPUs).
+#    A. fa3-fp8's persistent grid at D 256 runs at half speed (both orders, every shape; 384-512 B of spills in each
+#    tile's first step): an ncu of the two kernels at N 4k (scripts/ncu_attribution.py fa3-fp8:persist at
+#    --fp8-set fp8persist) before any fix; then the A/B again (scripts/fp8persist_gpu.sh).
+#    B. D 128 N 4k causal: the balanced grid gains 1.9 % only ("same"); fa3-fp8's 128 x 256 tiles (32 K/V tiles a
+#    row at most) against bf16's; a 128 x 128 causal config on the balanced grid (K/V descales then per 128 keys: the
+#    quantisation's block height follows the kernel's tile_n) is the next variant.
 #    C. As before: D 256 split / packed configs without convert_pairs at causal shapes; cuDNN's lead at D 64 N 512 /
 #    1k causal; the persistent consumer's K/V loop (bench/NOTES.md "Session 20 ...").
-#    D. The whole GPU suite on the session's final tree if a default kernel changed (~530 s, a call of its own).
+#    D. The whole GPU suite on the session's final tree if a default kernel changed (~540 s, a call of its own).
 #    New lines "X. scripts/pending_gpu.sh [--checks] NAME ..." as scripts land. Each call starts a
 #    cold machine (~60-85 s more); carry [".gpu"], or
 #    [".gpu", ".before.tar.xz"] after `scripts/ab_checkout.sh COMMIT .before` for a script that A/Bs against an older

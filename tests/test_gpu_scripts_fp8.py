@@ -345,3 +345,22 @@ def test_fp8status_script_precompiles_what_its_status_runs():
     expr = re.search(r'-k "([^"]+)"', text).group(1)
     ids = [i for i in collected_ids("tests/test_fa3_fp8_gpu.py", "-k", expr) if "::test_default_recipe[" in i]
     assert len(ids) == 12 and "^12 passed" in text, ids
+
+
+def test_fp8persist_scripts_count_their_tests_and_name_the_set():
+    """scripts/fp8persist_gpu.sh and fp8persistchk_gpu.sh (session 22): the A/B set they run exists with the default,
+    the static persistent grid and the balanced one at every head_dim; compile_jobs adds no bf16 shape job without
+    seqlens (the plan runs without a GPU); each script's "N passed" is the count of the GPU tests it selects."""
+    ab = load_script("fa3_fp8_speed_ab")
+    variants = ab.SETS["fp8persist"].variants
+    assert all(v == {"new": {}, "persist": dict(persistent=True), "balanced": dict(persistent=True, balanced=True)}
+               for v in variants.values()) and sorted(variants) == [64, 128, 256]
+    assert ab.bf16_shape_changes(128, True, ()) == []
+    jobs = ab.compile_jobs([128], [False, True], tests=True, variant_set="fp8persist")
+    assert {("fp8", 128, c, ab._freeze(ch)) for c in (False, True) for ch in variants[128].values()} <= set(jobs)
+    for name in ("fp8persist", "fp8persistchk"):
+        text = (ROOT / "scripts" / f"{name}_gpu.sh").read_text()
+        assert "--set fp8persist" in text
+        files = re.search(r"-rfE \\\n\s+(tests/\S+(?: tests/\S+)*)", text).group(1).split()
+        count = int(re.search(r'grep -qE "\(\^\|\[\^0-9\]\)(\d+) passed"', text).group(1))
+        assert len(collected_ids("-m", "gpu", *files)) == count, (name, files)

@@ -98,6 +98,12 @@ scales (one descale per 128 query rows and per ``tile_n`` keys, ``fa_variants.fp
   common turn 255 -> 247 instructions, its 128 promotion FFMAs unchanged; no spills. The promotions themselves cannot
   leave the turn without registers (bench/NOTES.md, session 12 "twolvl3"). Measured the same at head_dim 256 (session
   13, H200, paired: hd / new 1.004 / 0.995 / 0.999 at N 16k / 4k / 8k), so it is left off.
+* The persistent grid (session 22; ``Sm90Config.persistent`` / ``balanced``, fa3's ``_roles_persistent``): one CTA
+  per SM walks query tiles with its pipeline states carried (the head_dim 256 lookahead loop returns them), the
+  step context and its descales built per tile; O has a shared-memory buffer of its own beside Q's where two 16-bit O
+  tiles and the e4m3 K/V ring fit (``Fp8Config.separate_o``: 64, 128). Each tile computes what it computes on the
+  default grid (bit for bit). The default for short calls (``call_config``: ``BALANCED_MAX_SEQLEN_K``,
+  ``PERSISTENT_MAX_SEQLEN_K``); at 256 it runs at about half speed (bench/NOTES.md, session 22), so not there.
 * K/V tiles are walked from the last to the first (as fa3). Output in the caller's 16-bit dtype,
   LSE float32 natural log; rows that see no key give O = 0 and LSE = -inf.
 
