@@ -15,7 +15,9 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import contextlib
+import sys
 import time
+from pathlib import Path
 
 RECIPES = ("default", "no-smooth", "head", "head-smooth", "tensor-plain")
 # --set quant4 (session 6's v3 flip): v3 (the new default) and v1 (the old) in the bandwidth table and the
@@ -145,12 +147,18 @@ QUANT8_KNOBS = {"default8": _Q8, "fused8": {**_Q8, "V3_FUSED_MEAN": True},
 
 
 def config_of(recipe: str):
+    """The FP8Config of a recipe name: scripts/fp8_quant_bandwidth.py's --recipes, plus the per-head and per-tensor
+    ones the bitwise tests compile."""
+    here = str(Path(__file__).resolve().parent)  # scripts/, for its sibling (also when loaded by a test)
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    from fp8_quant_bandwidth import recipes
+
     from fa_variants.fp8 import FP8Config
 
-    return {"default": FP8Config(), "no-smooth": FP8Config(smooth_k=False),
-            "head": FP8Config(granularity="head", smooth_k=False), "head-smooth": FP8Config(granularity="head"),
-            "tensor-plain": FP8Config(granularity="tensor", rotate=False, smooth_k=False),
-            "sampled8": FP8Config(smooth_k_blocks=8), "sampled16": FP8Config(smooth_k_blocks=16)}[recipe]
+    return {**recipes(), "head": FP8Config(granularity="head", smooth_k=False),
+            "head-smooth": FP8Config(granularity="head"),
+            "tensor-plain": FP8Config(granularity="tensor", rotate=False, smooth_k=False)}[recipe]
 
 
 @contextlib.contextmanager
