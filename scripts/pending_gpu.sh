@@ -21,16 +21,18 @@
 #    skipped when fewer than 100 s are left; logs under $OUT/pending/NAME/, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
 #    Plan for session 23: session 22 ran quantchains (2 / 8 chains not faster: SHIFT_CHAINS stays 1), fp8persist
-#    (fa3-fp8 on the persistent grid: flipped on for short calls at D 64 / 128, 1.05-1.14x there), fp8persistchk (132
+#    (fa3-fp8 on the persistent grid: flipped on for short calls at D 64 / 128, 1.02-1.14x there), fp8persistchk (132
 #    GPU tests, sanitizers clean), issue 10's status table and the whole GPU suite on cb03190 (5347 passed, 3 skipped,
 #    0 failed). bench/NOTES.md, "Session 22 ...", has the figures.
 #    Open: issue 10 (1100 TFLOP/s at D 256: 1071-1102; 1.4x at 128: 1.13-1.25x; 1.3x at 64: 1.09-1.11x; two-level
 #    <= 5 % at 256: 4.5-8 %; the pass at 70 % of copy: 49-58 %; pass + kernel at N 4k causal 0.85-0.92x), 12 (fa3 /
 #    flash-attn-4 >= 1.00 everywhere; >= cuDNN at D 64 causal 512 / 1k: 0.85 / 0.90), 13 (70 % of HBM at D 64 B 1
 #    Nk 32k: 61-65 %), 16 (two GPUs).
-#    A. fa3-fp8's persistent grid at D 256 runs at half speed (both orders, every shape; 384-512 B of spills in each
-#    tile's first step): an ncu of the two kernels at N 4k (scripts/ncu_attribution.py fa3-fp8:persist at
-#    --fp8-set fp8persist) before any fix; then the A/B again (scripts/fp8persist_gpu.sh).
+#    A. First: scripts/pending_gpu.sh fp8persistchk fp8status (two GPU tests added after session 22's last call:
+#    fp16 O, negative scale; the D 128 non-causal limit raised to 4k keys after its review, the same kernel).
+#    Then fa3-fp8's persistent grid at D 256, at half speed (both orders, every shape; 384-512 B of spills: O reloaded
+#    inside the K/V loop): fewer live values across the tile loop, checked on the CPU (spill_bytes 0), then
+#    scripts/fp8persist_gpu.sh again.
 #    B. D 128 N 4k causal: the balanced grid gains 1.9 % only ("same"); fa3-fp8's 128 x 256 tiles (32 K/V tiles a
 #    row at most) against bf16's; a 128 x 128 causal config on the balanced grid (K/V descales then per 128 keys: the
 #    quantisation's block height follows the kernel's tile_n) is the next variant.

@@ -273,6 +273,7 @@ def test_warmup_plans_the_fp8_kernel_a_call_looks_up(monkeypatch, dtype):
     from fa_variants.common.interop import TORCH_DTYPES
     from fa_variants.hopper import fa3_fp8
 
+    monkeypatch.setattr(fa3_fp8, "PERSISTENT", True)  # the default (FA_VARIANTS_FP8_PERSISTENT): 4 persistent kernels
     looked_up = []
 
     class Recorder:
@@ -286,12 +287,13 @@ def test_warmup_plans_the_fp8_kernel_a_call_looks_up(monkeypatch, dtype):
         for d in (64, 128, 256):
             for causal in (False, True):
                 out_dtype = torch.bfloat16 if dtype == "e4m3" else TORCH_DTYPES[dtype]
-                fa3_fp8._compiled_kernel.__wrapped__(torch.device("cuda", 0), d, causal, out_dtype,
-                                                        fa3_fp8.DEFAULT_CONFIGS[d])
+                for config in (fa3_fp8.DEFAULT_CONFIGS[d], *fa3_fp8._warm_configs("sm_90a", d, causal)):
+                    fa3_fp8._compiled_kernel.__wrapped__(torch.device("cuda", 0), d, causal, out_dtype, config)
     finally:
         object.__delattr__(fa3_fp8.VARIANT, "compiled")
     planned, notes = warmup.plan(["fa3-fp8"], "sm_90a", [dtype], [64, 128, 256], (False, True))
     assert not notes and [c for c in planned if c.variant == "fa3-fp8"] == looked_up
+    assert sum(c.config.persistent for c in looked_up) == 4  # the short calls' grids at 64 and 128 (call_config)
 
 
 def test_warmup_plans_fa3s_split_config_too(monkeypatch):

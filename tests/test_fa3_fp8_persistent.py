@@ -92,9 +92,36 @@ def test_call_config_in_graph_capture_keeps_a_made_table(monkeypatch):
 
 def test_defaults_name_the_measured_head_dims():
     """Session 22's flip (bench/NOTES.md): the balanced grid for causal calls up to 4k keys at 64 and 2k at 128, the
-    static persistent grid for non-causal ones up to 2k; not at 256 (half speed there)."""
+    static persistent grid for non-causal ones up to 2k at 64 and 4k at 128; not at 256 (half speed there)."""
     assert fa3_fp8.BALANCED_MAX_SEQLEN_K == {64: 4096, 128: 2048}
-    assert fa3_fp8.PERSISTENT_MAX_SEQLEN_K == {64: 2048, 128: 2048}
+    assert fa3_fp8.PERSISTENT_MAX_SEQLEN_K == {64: 2048, 128: 4096}
+
+
+def test_warmup_compiles_the_persistent_configs_calls_may_take(monkeypatch):
+    """``fa-variants warmup`` plans, beside each default, the persistent config ``call_config`` may give a call of that
+    head dim and causal mode (none at 256, none with the switch off, every head dim with "all"), and that config is
+    the one call_config returns (the compile cache's key)."""
+    from fa_variants.commands import warmup
+
+    monkeypatch.setattr(fa3_fp8, "PERSISTENT", True)
+
+    def planned():
+        configs, notes = warmup.plan(["fa3-fp8"], "sm_90a", ["e4m3"], [64, 128, 256], (False, True))
+        assert not notes
+        return [(c.head_dim, c.causal, c.config.persistent, c.config.balanced) for c in configs]
+
+    assert planned() == [(64, False, False, False), (64, False, True, False), (64, True, False, False),
+                         (64, True, True, True), (128, False, False, False), (128, False, True, False),
+                         (128, True, False, False), (128, True, True, True), (256, False, False, False),
+                         (256, True, False, False)]
+    monkeypatch.setattr(fa3, "_sm_count", lambda q: 132)
+    monkeypatch.setattr(fa3, "_TABLES", {})
+    q = _q8(4, 2048, 16)
+    assert fa3_fp8.call_config(q, q, True) is fa3_fp8._warm_configs("sm_90a", 128, True)[0]
+    monkeypatch.setattr(fa3_fp8, "PERSISTENT", False)
+    assert all(not persistent for *_, persistent, _ in planned())
+    monkeypatch.setattr(fa3_fp8, "PERSISTENT", "all")
+    assert [d for d, _, persistent, _ in planned() if persistent] == [64, 64, 128, 128, 256, 256]
 
 
 def test_launch_tail_counts_ctas_and_makes_the_fp8_table(monkeypatch):

@@ -58,6 +58,26 @@ def test_persistent_grid_equals_default(fp8_kernel, variant, head_dim, shape, ca
     assert_fp8_matches_emulation(out, lse, emu32, emu_lse, exact, variant=variant, seed=seed)
 
 
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_fp16_output_and_negative_scale_on_the_persistent_grid(fp8_kernel, variant, request, nan_allocations):
+    """fp16 O (another compiled kernel: out_dtype) and a negative softmax_scale (K's e4m3 sign flipped on the host)
+    on the persistent grids at head_dim 128, causal, CTAs walking several tiles: the default grid's bits."""
+    from fa_variants import fp8
+
+    B, Nq, Nk, H, Hkv = SHAPES[1]
+    g = torch.Generator(device="cuda").manual_seed(zlib.crc32(request.node.nodeid.encode()))
+    q, k, v = (torch.randn(B, n, h, 128, device="cuda", generator=g).to(torch.float16)
+               for n, h in ((Nq, H), (Nk, Hkv), (Nk, Hkv)))
+    inp = fp8.quantize_fp8(q, k, v, softmax_scale=-0.05)
+    base = fp8_kernel.DEFAULT_CONFIGS[128]
+    cfg = dataclasses.replace(base, **VARIANTS[variant])
+    with nan_allocations():
+        ref_out, ref_lse = fp8_kernel.run_fp8(inp, causal=True, out_dtype=torch.float16, config=base)
+        out, lse = fp8_kernel.run_fp8(inp, causal=True, out_dtype=torch.float16, config=cfg)
+    assert out.dtype == torch.float16 and torch.isfinite(out).all()
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_default_takes_the_persistent_grid(fp8_kernel, head_dim, causal, request, nan_allocations):

@@ -44,8 +44,9 @@ _FLAGS = ("CP_COMPILE", "DECODE_FIRST_ROW", "DECODE_PDL", "DISK_CACHE", "FA2_NAR
           "FP8_QUANT_FUSED_MEAN_LATE", "FP8_QUANT_FUSED_SAMPLED_MEAN", "FP8_QUANT_STAGED_MEAN", "FP8_QUANT_WIDE",
           "FP8_QUANT_PLANS", "FP8_QUANT_CALL_PLANS", "FP8_QUANT_NONFINITE", "LSE_SCRATCH", "MERGE_KERNEL", "MERGE_PDL",
           "PACK_GQA", "SHORT_BALANCED", "SPLIT_KV")
-#: flags that also take a partial "on" -> its spellings (fp8.quant_host.V3_WIDE128: "k", K's pass only)
-_FLAGS_OR = {"FP8_QUANT_WIDE128": ("k",)}
+#: flags that also take a partial "on" -> its spellings (fp8.quant_host.V3_WIDE128: "k", K's pass only;
+#: hopper.fa3_fp8.PERSISTENT: "all", every head dim and seqlen_k)
+_FLAGS_OR = {"FP8_QUANT_WIDE128": ("k",), "FP8_PERSISTENT": ("all",)}
 _AUTO_FLAGS = ("FP8_QUANT_STAGED_STORE", "MERGE_WARP", "PACK_WIDE")
 #: int switches -> their lowest value
 _INTS = {"DECODE_PDL_MAX_SPLITS": 0, "DECODE_PDL_MIN_SPLITS": 1, "FA2_D256_MAX_SEQLEN_K": 0,

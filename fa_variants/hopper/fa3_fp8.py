@@ -327,15 +327,31 @@ DEFAULT_CONFIGS: dict[int, Fp8Config] = {d: _default(d) for d in HEAD_DIMS}
 #: order (PERSISTENT_MAX_SEQLEN_K); both only when there are more query tiles (x heads x batch) than SMs (fa3's rule for
 #: its short calls, ``hopper.fa3.short_config``). Session 22, H200, scripts/fp8persist_gpu.sh (paired, 6 rounds, B*N =
 #: 16k, H*D = 2048; bench/NOTES.md): balanced / default at causal D 64 N 1k / 2k / 4k / 8k 1.125 / 1.092 / 1.047 /
-#: 1.014 (same), D 128 1.142 / 1.102 / 1.019 (same) / 0.998; persistent / default non-causal D 64 N 1k / 2k / 4k 1.058 /
-#: 1.022 / 0.992, D 128 1.090 / 1.048 / 0.975; at D 256 the persistent grid runs at about half speed (not listed).
+#: 1.014 (same), D 128 1.142 / 1.102 / 1.019 (same) / 0.996 (same); persistent / default non-causal D 64 N 1k / 2k / 4k
+#: 1.058 / 1.022 / 0.992 (same), D 128 1.090 / 1.048 / 1.019 / 1.004 (same) at N 8k; the largest N "faster" with no
+#: smaller N "slower" is each limit. At D 256 the persistent grid runs at about half speed (not listed).
 #: FA_VARIANTS_FP8_PERSISTENT=0 turns both off; =all takes them at every head dim and seqlen_k (tests, sanitizers).
 BALANCED_MAX_SEQLEN_K: dict[int, int] = {64: 4096, 128: 2048}
-PERSISTENT_MAX_SEQLEN_K: dict[int, int] = {64: 2048, 128: 2048}
+PERSISTENT_MAX_SEQLEN_K: dict[int, int] = {64: 2048, 128: 4096}
 PERSISTENT = env.flag_or("FA_VARIANTS_FP8_PERSISTENT", True, ("all",))
-_PERSISTENT_CONFIGS: dict[tuple[int, bool], Fp8Config] = {
-    (d, causal): dataclasses.replace(c, persistent=True, balanced=causal)
-    for d, c in DEFAULT_CONFIGS.items() for causal in (False, True)}
+
+
+@functools.cache
+def persistent_config(config: Fp8Config, causal: bool) -> Fp8Config:
+    """config on the persistent grid: balanced when causal (tile costs differ), the static order otherwise (one object
+    per config: the compile cache's keys)."""
+    return dataclasses.replace(config, persistent=True, balanced=causal)
+
+
+def _named(head_dim: int, causal: bool) -> bool:
+    """Whether call_config may put a call at head_dim on the persistent grid (the switch and the tables)."""
+    table = BALANCED_MAX_SEQLEN_K if causal else PERSISTENT_MAX_SEQLEN_K
+    return bool(PERSISTENT) and (PERSISTENT == "all" or head_dim in table)
+
+
+def _warm_configs(arch: str, head_dim: int, causal: bool, groups: tuple[int, ...] = ()) -> tuple:
+    """The configs besides the default that ``call_config`` may give a call (``fa-variants warmup`` compiles them)."""
+    return (persistent_config(DEFAULT_CONFIGS[head_dim], causal),) if _named(head_dim, causal) else ()
 
 
 def call_config(q8: torch.Tensor, k8: torch.Tensor, causal: bool, config: Fp8Config | None = None) -> Fp8Config:
@@ -347,11 +363,13 @@ def call_config(q8: torch.Tensor, k8: torch.Tensor, causal: bool, config: Fp8Con
     batch, seqlen_q, heads, head_dim = q8.shape
     seqlen_k = k8.shape[1]
     base = DEFAULT_CONFIGS[head_dim]
-    limit = seqlen_k if PERSISTENT == "all" else (BALANCED_MAX_SEQLEN_K if causal else PERSISTENT_MAX_SEQLEN_K).get(head_dim, 0)
-    if not (PERSISTENT and 0 < seqlen_k <= limit) or (causal and seqlen_q <= base.tile_m):
+    if not _named(head_dim, causal) or (causal and seqlen_q <= base.tile_m):
+        return base
+    limit = seqlen_k if PERSISTENT == "all" else (BALANCED_MAX_SEQLEN_K if causal else PERSISTENT_MAX_SEQLEN_K)[head_dim]
+    if not 0 < seqlen_k <= limit:
         return base
     tiles = -(-seqlen_q // base.tile_m) * heads * batch
-    persistent = _PERSISTENT_CONFIGS[head_dim, causal]
+    persistent = persistent_config(base, causal)
     if tiles <= fa3._sm_count(q8) or (causal and not fa3.table_allowed(
             persistent, q8, k8, causal, tiles, l2_section_heads(seqlen_k, head_dim, elem_bytes=1))):
         return base
@@ -412,7 +430,8 @@ def _build(cfg: StaticConfig):
 VARIANT = Variant(
     "fa3-fp8", archs=("sm_90a",), dtypes=(E4M3,), head_dims=HEAD_DIMS,
     default_config=lambda arch, head_dim, causal: DEFAULT_CONFIGS[head_dim],
-    check_config=lambda config, arch, head_dim: config.check(head_dim) or config, build=_build)
+    check_config=lambda config, arch, head_dim: config.check(head_dim) or config, build=_build,
+    warm_configs=_warm_configs)
 
 
 def _kernel(device: torch.device, head_dim: int, causal: bool, out_dtype: torch.dtype, config: Fp8Config | None):
