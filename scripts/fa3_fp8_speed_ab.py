@@ -200,9 +200,13 @@ FP8TURN_VARIANTS: dict[int, dict[str, dict]] = {
 # persist: persistent=True (one CTA per SM walks tiles b, b + G, ...: the next tile's Q/K/V loads under this tile's
 # epilogue); balanced: persistent with the tiles dealt by load (Sm90Config.balanced; causal costs from the host's table,
 # the bf16 causal default up to BALANCED_MAX_SEQLEN_K since session 18).
+# At 256 also the serial steps (NO_LOOKAHEAD; session 22, CPU: the lookahead loop spills O on the persistent grid,
+# 384-512 B, the serial steps do not): serial on one CTA per tile, and on both persistent grids.
 PERSIST = dict(persistent=True)
 FP8PERSIST_VARIANTS: dict[int, dict[str, dict]] = {
     D: {"new": {}, "persist": PERSIST, "balanced": dict(PERSIST, balanced=True)} for D in (64, 128, 256)}
+FP8PERSIST_VARIANTS[256].update(serial=NO_LOOKAHEAD, persist_serial=dict(PERSIST, **NO_LOOKAHEAD),
+                                balanced_serial=dict(PERSIST, balanced=True, **NO_LOOKAHEAD))
 # kernels tests/test_fa3_fp8_speed_gpu.py needs besides the timed ones (kind, head_dim, change), both causal modes
 SPEED_TEST_KERNELS = [("bf16", 128, dict(intra_wg_overlap=False, early_pv_arrive=True))]
 # kernels tests/test_fa3_fp8_speed_gpu.py -k "fp8d128 and tail" needs at any --head-dims (both causal modes): the serial
@@ -315,7 +319,7 @@ SETS: dict[str, VariantSet] = {
         FP8PERSIST_VARIANTS,
         "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs; new = the default (one CTA per query "
         "tile); persist = the persistent grid (one CTA per SM, static order); balanced = the persistent grid with the "
-        "tiles dealt by load (causal costs); bf16_fa3 = ours (its default for the shape: the balanced grid at short "
+        "tiles dealt by load (causal costs); *serial (256) = the same with the serial steps (no lookahead); bf16_fa3 = ours (its default for the shape: the balanced grid at short "
         "causal calls); flash_attn_4 = flash-attn-4 bf16.",
         "fa3-fp8 on the persistent grid, static and balanced (FP8PERSIST_VARIANTS, session 22)",
         per_variant_errors=True),

@@ -10,11 +10,11 @@
 # persistent=True. Causal / non-causal TFLOP/s at N 4k D 128: 0.84 fa3-fp8, 0.91 bf16 fa3.
 # 0. precompile: scripts/fa3_fp8_speed_ab.py --set fp8persist --phase precompile (new / persist / balanced at D 64,
 #    128, 256, both causal modes; bf16 fa3's own config at each A/B shape; the tests' kernels).
-# 1. GPU tests: tests/test_fa3_fp8_persistent_gpu.py (54: persist and balanced bit for bit the default grid's O and
+# 1. GPU tests: tests/test_fa3_fp8_persistent_gpu.py (62: persist and balanced bit for bit the default grid's O and
 #    LSE, and vs the emulation and float64, NaN-poisoned outputs; the default taking the balanced grid).
 # 2. scripts/fa3_fp8_speed_ab.py --set fp8persist --protocol paired: N 1k / 2k / 4k / 8k / 16k, causal and not,
 #    B*N = 16k, H*D = 2048, beside bf16 fa3 and flash-attn-4; ratios against new with the A/A interval.
-# Pass: precompile "0 failed"; "54 passed"; no FAILED line in the A/B. Prediction and flip rule: bench/NOTES.md.
+# Pass: precompile "0 failed"; "62 passed"; no FAILED line in the A/B. Prediction and flip rule: bench/NOTES.md.
 set -uo pipefail
 source "$(dirname "$0")/steps.sh"
 out="${OUT:-results}/fp8persist"; gpu_session "$out/logs" "$@"
@@ -28,7 +28,7 @@ step speed_ab 230 python3 scripts/fa3_fp8_speed_ab.py --set fp8persist --phase m
 echo; stop_clocks; cat "$LOGS/commit.txt"
 grep -E "precompile:|FAILED" "$LOGS/precompile.log" | head -8
 echo "== pytest"; grep -E "^(FAILED|ERROR)|passed|failed" "$LOGS/pytest.log" | tail -n 12
-grep -qE "(^|[^0-9])54 passed" "$LOGS/pytest.log" || step_failed pytest "not 54 passed"
+grep -qE "(^|[^0-9])62 passed" "$LOGS/pytest.log" || step_failed pytest "not 62 passed"
 echo "== speed_ab"; grep -E "^d[0-9]+ N|FAILED|A/A|/new" "$LOGS/speed_ab.log" | head -n 120
 cat "$out/ab/summary.md" 2>/dev/null | head -n 60
 steps_exit

@@ -4,19 +4,19 @@
 #
 #   source .gpu/env.sh && scripts/fp8persistchk_gpu.sh       (repository root; writes under $OUT/fp8persistchk; --help)
 #
-# 0. precompile: scripts/fa3_fp8_speed_ab.py --set fp8persist --phase precompile at head_dim 64 / 128 (both grids, both
+# 0. precompile: scripts/fa3_fp8_speed_ab.py --set fp8persist --phase precompile at head_dim 64 / 128 / 256 (the grids, both
 #    causal modes, the tests' recipes).
-# 1. GPU tests: tests/test_fa3_fp8_persistent_gpu.py (54: the persistent grids bit for bit the default grid's O and
+# 1. GPU tests: tests/test_fa3_fp8_persistent_gpu.py (62: the persistent grids bit for bit the default grid's O and
 #    LSE, and the defaults taking them) and tests/test_fa3_fp8_gpu.py (80: the backend's matrix, now on the new
 #    defaults where its shapes are short calls with more tiles than SMs).
 # 2. compute-sanitizer memcheck and racecheck on fa3-fp8 at head_dim 64 and 128 with FA_VARIANTS_FP8_PERSISTENT=all
 #    (scripts/sanitize.py: its 2 x 300 x 48-head shapes have 288 query tiles, so CTAs walk several: balanced when
 #    causal, the static order otherwise).
-# Pass: precompile "0 failed"; "134 passed"; "clean" for both tools and head dims.
+# Pass: precompile "0 failed"; "142 passed"; "clean" for both tools and head dims.
 set -uo pipefail
 source "$(dirname "$0")/steps.sh"
 out="${OUT:-results}/fp8persistchk"; gpu_session "$out/logs" "$@"
-step precompile 90 python3 scripts/fa3_fp8_speed_ab.py --set fp8persist --phase precompile --head-dims 64 128 --jobs 14
+step precompile 90 python3 scripts/fa3_fp8_speed_ab.py --set fp8persist --phase precompile --jobs 14
 step pytest 200 python3 -m pytest -q $(xdist_flag 12) -m gpu -p no:cacheprovider --tb=short -rfE \
   tests/test_fa3_fp8_persistent_gpu.py tests/test_fa3_fp8_gpu.py
 step sanitize 170 env FA_VARIANTS_FP8_PERSISTENT=all python3 scripts/sanitize.py --tools memcheck racecheck \
@@ -24,6 +24,6 @@ step sanitize 170 env FA_VARIANTS_FP8_PERSISTENT=all python3 scripts/sanitize.py
 echo; stop_clocks; cat "$LOGS/commit.txt"
 grep -E "precompile:|FAILED" "$LOGS/precompile.log" | head -8
 echo "== pytest"; grep -E "^(FAILED|ERROR)|passed|failed" "$LOGS/pytest.log" | tail -n 12
-grep -qE "(^|[^0-9])134 passed" "$LOGS/pytest.log" || step_failed pytest "not 134 passed"
+grep -qE "(^|[^0-9])142 passed" "$LOGS/pytest.log" || step_failed pytest "not 142 passed"
 echo "== sanitize"; grep -E "clean|error|WRONG|FAILED|CALLS" "$LOGS/sanitize.log" | head -n 16
 steps_exit

@@ -58,6 +58,21 @@ def test_persistent_grid_equals_default(fp8_kernel, variant, head_dim, shape, ca
     assert_fp8_matches_emulation(out, lse, emu32, emu_lse, exact, variant=variant, seed=seed)
 
 
+# head_dim 256's serial steps (fa3_fp8.NO_LOOKAHEAD): its lookahead loop spills on the persistent grid, these do not
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", SHAPES[:2], ids=SHAPE_IDS[:2])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_serial_steps_on_the_persistent_grid_at_256(fp8_kernel, variant, shape, causal, request, nan_allocations):
+    from fa_variants import fp8
+
+    _, _, _, inp = _inputs(fp8, shape, 256, zlib.crc32(request.node.nodeid.encode()))
+    base = dataclasses.replace(fp8_kernel.DEFAULT_CONFIGS[256], **fp8_kernel.NO_LOOKAHEAD)
+    with nan_allocations():
+        ref_out, ref_lse = fp8_kernel.run_fp8(inp, causal=causal, config=base)
+        out, lse = fp8_kernel.run_fp8(inp, causal=causal, config=dataclasses.replace(base, **VARIANTS[variant]))
+    assert torch.isfinite(out).all() and torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+
+
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_fp16_output_and_negative_scale_on_the_persistent_grid(fp8_kernel, variant, request, nan_allocations):
     """fp16 O (another compiled kernel: out_dtype) and a negative softmax_scale (K's e4m3 sign flipped on the host)

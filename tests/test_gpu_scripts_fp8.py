@@ -353,8 +353,10 @@ def test_fp8persist_scripts_count_their_tests_and_name_the_set():
     seqlens (the plan runs without a GPU); each script's "N passed" is the count of the GPU tests it selects."""
     ab = load_script("fa3_fp8_speed_ab")
     variants = ab.SETS["fp8persist"].variants
-    assert all(v == {"new": {}, "persist": dict(persistent=True), "balanced": dict(persistent=True, balanced=True)}
-               for v in variants.values()) and sorted(variants) == [64, 128, 256]
+    grids = {"new": {}, "persist": dict(persistent=True), "balanced": dict(persistent=True, balanced=True)}
+    assert variants[64] == variants[128] == grids and sorted(variants) == [64, 128, 256]
+    assert variants[256] == {**grids, "serial": ab.NO_LOOKAHEAD, "persist_serial": dict(grids["persist"], **ab.NO_LOOKAHEAD),
+                             "balanced_serial": dict(grids["balanced"], **ab.NO_LOOKAHEAD)}
     assert ab.bf16_shape_changes(128, True, ()) == []
     jobs = ab.compile_jobs([128], [False, True], tests=True, variant_set="fp8persist")
     assert {("fp8", 128, c, ab._freeze(ch)) for c in (False, True) for ch in variants[128].values()} <= set(jobs)
