@@ -30,9 +30,9 @@
 #    Nk 32k: 61-65 %), 16 (two GPUs).
 #    A. First: scripts/pending_gpu.sh fp8persistchk fp8status (two GPU tests added after session 22's last call:
 #    fp16 O, negative scale; the D 128 non-causal limit raised to 4k keys after its review, the same kernel).
-#    Then fa3-fp8's persistent grid at D 256, at half speed (both orders, every shape; 384-512 B of spills: O reloaded
-#    inside the K/V loop): fewer live values across the tile loop, checked on the CPU (spill_bytes 0), then
-#    scripts/fp8persist_gpu.sh again.
+#    Then scripts/pending_gpu.sh fp8persist: fa3-fp8's persistent grid at D 256 ran at half speed (the lookahead
+#    loop spills O on it, 384-512 B); with the serial steps it compiles without spills (CPU), so the set now times
+#    serial / persist_serial / balanced_serial there (prediction and flip rule: bench/NOTES.md, session 22).
 #    B. D 128 N 4k causal: the balanced grid gains 1.9 % only ("same"); fa3-fp8's 128 x 256 tiles (32 K/V tiles a
 #    row at most) against bf16's; a 128 x 128 causal config on the balanced grid (K/V descales then per 128 keys: the
 #    quantisation's block height follows the kernel's tile_n) is the next variant.
