@@ -119,8 +119,8 @@ MISSES = [
     (128, 32, 8, 8, 4096), (128, 32, 8, 64, 1024), (128, 64, 8, 1, 1024), (128, 64, 8, 1, 4096),
     (128, 64, 8, 8, 1024), (128, 64, 8, 8, 131072), (128, 64, 8, 64, 1024), (128, 64, 8, 64, 4096),
 ]
-# shapes ours won on 2026-12-01 (bench/h200-2026-12-01/decode_packed.md), split (seqlen_q 4 / 16 at batch 1 and 8) or
-# not (batch 64): a default change must not lose them
+# shapes ours won on 2026-12-01 (bench/h200-2026-12-01/raw.tar.xz:decode_packed.md), split (seqlen_q 4 / 16 at
+# batch 1 and 8) or not (batch 64): a default change must not lose them
 WINS = [(128, 32, 8, 1, 4096, 16), (64, 32, 8, 1, 32768, 4), (128, 64, 8, 8, 32768, 16), (128, 32, 8, 64, 4096, 16),
         (64, 64, 8, 1, 1024, 16), (128, 32, 8, 8, 1024, 4)]
 # issue 13's short-Nk one-row shapes (batch 1 / 8, Nk 1k / 4k) and a few long-Nk / full-grid controls (--short-nk)

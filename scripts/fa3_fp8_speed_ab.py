@@ -207,6 +207,11 @@ FP8PERSIST_VARIANTS: dict[int, dict[str, dict]] = {
     D: {"new": {}, "persist": PERSIST, "balanced": dict(PERSIST, balanced=True)} for D in (64, 128, 256)}
 FP8PERSIST_VARIANTS[256].update(serial=NO_LOOKAHEAD, persist_serial=dict(PERSIST, **NO_LOOKAHEAD),
                                 balanced_serial=dict(PERSIST, balanced=True, **NO_LOOKAHEAD))
+# At 128 also 128-key K/V tiles on the balanced grid (twice the K/V tiles of a causal row: the last, masked ones
+# cheaper), serial (tn128) and with intra-warpgroup overlap (tn128ov, the 128 default before session 7); inputs
+# quantised with 128-key K/V blocks (fp8_inputs at the variant's tile_n). CPU: both compile without spills.
+FP8PERSIST_VARIANTS[128].update(balanced_tn128=dict(PERSIST, balanced=True, tile_n=128),
+                                balanced_tn128ov=dict(PERSIST, balanced=True, tile_n=128, intra_wg_overlap=True))
 # kernels tests/test_fa3_fp8_speed_gpu.py needs besides the timed ones (kind, head_dim, change), both causal modes
 SPEED_TEST_KERNELS = [("bf16", 128, dict(intra_wg_overlap=False, early_pv_arrive=True))]
 # kernels tests/test_fa3_fp8_speed_gpu.py -k "fp8d128 and tail" needs at any --head-dims (both causal modes): the serial
@@ -319,7 +324,8 @@ SETS: dict[str, VariantSet] = {
         FP8PERSIST_VARIANTS,
         "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs; new = the default (one CTA per query "
         "tile); persist = the persistent grid (one CTA per SM, static order); balanced = the persistent grid with the "
-        "tiles dealt by load (causal costs); *serial (256) = the same with the serial steps (no lookahead); bf16_fa3 = ours (its default for the shape: the balanced grid at short "
+        "tiles dealt by load (causal costs); *serial (256) = the same with the serial steps (no lookahead); "
+        "balanced_tn128* (128) = balanced with 128-key K/V tiles (ov: intra-warpgroup overlap); bf16_fa3 = ours (its default for the shape: the balanced grid at short "
         "causal calls); flash_attn_4 = flash-attn-4 bf16.",
         "fa3-fp8 on the persistent grid, static and balanced (FP8PERSIST_VARIANTS, session 22)",
         per_variant_errors=True),

@@ -7,7 +7,8 @@ Every GPU call copies the working tree to the device (64 MiB with the carried .g
 raw logs of sessions that NOTES.md has already summarised go into DIR/raw.tar.xz (xz -9e, members named
 relative to DIR, sorted, mtime 0: the same files give the same bytes). Packed: tracked files ending in
 .log, .json, .jsonl, .csv, .out or .txt of at least --min-bytes (default 0), sub-folders included, except those
-in KEEP (read by tests or scripts). Kept: Markdown summaries, images, KEEP. An existing raw.tar.xz is extended.
+in KEEP (read by tests or scripts); with --markdown also Markdown files other than README.md (an old run's long
+tables, when the tracked tree nears its budget). Kept: Markdown summaries (without --markdown), READMEs, images, KEEP. An existing raw.tar.xz is extended.
 The folder's README.md gets one closing line that says where the raw files went (once), and every path to a
 packed file in the tracked text files (bench/RUN/x.json, or RUN/x.json in bench/NOTES.md) becomes
 bench/RUN/raw.tar.xz:x.json (a Markdown link's target: the archive). tests/test_bench_archive.py checks that every
@@ -62,10 +63,16 @@ def tracked(folder: Path) -> list[Path]:
     return [ROOT / p for p in out.stdout.decode().split("\0") if p]
 
 
-def to_pack(folder: Path, min_bytes: int) -> list[Path]:
-    """Tracked raw files under folder (sorted) that are present, not in KEEP and at least min_bytes long."""
+def packable(path: Path, markdown: bool = False) -> bool:
+    """A raw log by its suffix, or with ``markdown`` also a Markdown file other than a README (a long table of an old
+    run: ``--markdown``)."""
+    return path.suffix in RAW_SUFFIXES or (markdown and path.suffix == ".md" and path.name != "README.md")
+
+
+def to_pack(folder: Path, min_bytes: int, markdown: bool = False) -> list[Path]:
+    """Tracked packable files under folder (sorted) that are present, not in KEEP and at least min_bytes long."""
     return sorted(p for p in tracked(folder)
-                  if p.suffix in RAW_SUFFIXES and p.is_file() and p.relative_to(ROOT).as_posix() not in KEEP
+                  if packable(p, markdown) and p.is_file() and p.relative_to(ROOT).as_posix() not in KEEP
                   and p.stat().st_size >= min_bytes)
 
 
@@ -96,9 +103,9 @@ def note_in_readme(folder: Path, count: int) -> None:
     write_text(readme, "\n".join(lines) + "\n\n" + README_NOTE.format(n=count, s="" if count == 1 else "s") + "\n")
 
 
-def pack(folder: Path, min_bytes: int, dry_run: bool) -> int:
+def pack(folder: Path, min_bytes: int, dry_run: bool, markdown: bool = False) -> int:
     """Packs folder's raw files; returns the bytes the tracked tree shrinks by (a dry run: the raw bytes)."""
-    files = to_pack(folder, min_bytes)
+    files = to_pack(folder, min_bytes, markdown)
     raw = sum(p.stat().st_size for p in files)
     print(f"{folder.relative_to(ROOT)}: {len(files)} files, {raw} bytes" + (" (dry run)" if dry_run else ""))
     if dry_run or not files:
@@ -190,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("folders", nargs="+", type=Path, help="bench/<run> folders (an old session's)")
     ap.add_argument("--min-bytes", type=int, default=0, help="pack only raw files at least this long (default 0)")
     ap.add_argument("--dry-run", action="store_true", help="list what would be packed; change nothing")
+    ap.add_argument("--markdown", action="store_true",
+                    help="also pack Markdown files other than README.md (an old run's long tables; with --min-bytes)")
     args = ap.parse_args(argv)
     if args.min_bytes < 0:
         ap.error(f"--min-bytes must be >= 0, got {args.min_bytes}")
@@ -198,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         if not f.is_dir() or ROOT / "bench" not in f.parents:
             print(f"pack_bench: {f} is not a folder under bench/", file=sys.stderr)
             return 2
-    saved = sum(pack(f, args.min_bytes, args.dry_run) for f in folders)
+    saved = sum(pack(f, args.min_bytes, args.dry_run, args.markdown) for f in folders)
     if not args.dry_run:
         cache: dict = {}
         for path in text_files():

@@ -35,7 +35,7 @@ def test_archives_hold_raw_files_that_are_not_also_tracked(pb):
         with tarfile.open(archive, "r:xz") as tar:
             members = tar.getmembers()
         names = [m.name for m in members]
-        assert all(m.isfile() and m.name.endswith(pb.RAW_SUFFIXES) for m in members), (archive, names)
+        assert all(m.isfile() and pb.packable(Path(m.name), markdown=True) for m in members), (archive, names)
         assert not any(n.startswith("/") or ".." in n.split("/") for n in names), (archive, names)
         assert not any((archive.parent / n).exists() for n in names), (archive, "packed and unpacked both")
         note = pb.README_NOTE.format(n=len(names), s="" if len(names) == 1 else "s")
@@ -106,3 +106,22 @@ def test_pack_bench_keeps_the_bytes_of_a_text_file_that_is_not_utf8(pb, tmp_path
         b"caf\xe9 \xff bench/" + RUN.encode() + b"/raw.tar.xz:b.log \xc3\xa9\n")
     assert (run / "README.md").read_bytes().startswith(b"# run caf\xe9\n\nRaw logs (1 file)")
     assert pb.stale_references() == []
+
+
+def test_pack_bench_markdown_packs_long_tables_but_not_the_readme(pb, tmp_path, monkeypatch):
+    """--markdown with --min-bytes: a long Markdown table of the run goes into the archive (its link rewritten), a
+    short one and the README stay."""
+    run = tmp_path / "bench" / RUN
+    run.mkdir(parents=True)
+    (run / "table.md").write_text("| a | b |\n" * 100)
+    (run / "short.md").write_text("# short\n")
+    (run / "README.md").write_text(f"[table](table.md), bench/{RUN}/table.md\n")
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "add", "-A")
+    monkeypatch.setattr(pb, "ROOT", tmp_path)
+    assert pb.main([str(run), "--min-bytes", "500"]) == 0 and (run / "table.md").exists()  # not without --markdown
+    assert pb.main([str(run), "--markdown", "--min-bytes", "500"]) == 0
+    assert sorted(p.name for p in run.iterdir()) == ["README.md", "raw.tar.xz", "short.md"]
+    assert (run / "README.md").read_text().startswith(f"[table](table.md), bench/{RUN}/raw.tar.xz:table.md\n")
+    with tarfile.open(run / "raw.tar.xz", "r:xz") as tar:
+        assert tar.getnames() == ["table.md"]

@@ -354,7 +354,9 @@ def test_fp8persist_scripts_count_their_tests_and_name_the_set():
     ab = load_script("fa3_fp8_speed_ab")
     variants = ab.SETS["fp8persist"].variants
     grids = {"new": {}, "persist": dict(persistent=True), "balanced": dict(persistent=True, balanced=True)}
-    assert variants[64] == variants[128] == grids and sorted(variants) == [64, 128, 256]
+    assert variants[64] == grids and sorted(variants) == [64, 128, 256]
+    assert variants[128] == {**grids, "balanced_tn128": dict(grids["balanced"], tile_n=128),
+                             "balanced_tn128ov": dict(grids["balanced"], tile_n=128, intra_wg_overlap=True)}
     assert variants[256] == {**grids, "serial": ab.NO_LOOKAHEAD, "persist_serial": dict(grids["persist"], **ab.NO_LOOKAHEAD),
                              "balanced_serial": dict(grids["balanced"], **ab.NO_LOOKAHEAD)}
     assert ab.bf16_shape_changes(128, True, ()) == []
