@@ -11,6 +11,7 @@ A configuration is frozen and hashable: it is part of the compile-cache key. Pur
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 from fa_variants.common.checks import is_int
 
@@ -218,21 +219,33 @@ class Sm90Config:
     alpha_first: bool = False
     hoisted_descriptors: bool = False
 
+    #: bytes of a Q, K, V element and of an O element (fa3-fp8's config: e4m3 operands, 1)
+    OPERAND_BYTES: ClassVar[int] = 2
+    OUT_BYTES: ClassVar[int] = 2
+
     @property
     def consumer_warpgroups(self) -> int:
         return self.tile_m // WGMMA_M
 
-    def smem_bytes(self, head_dim: int, elem_bytes: int = 2) -> int:
-        q = self.tile_m * head_dim * elem_bytes  # Q, reused for O (but with separate_o)
-        kv = 2 * self.stages * self.tile_n * head_dim * elem_bytes
-        return q * (2 if self.separate_o(head_dim, elem_bytes) else 1) + kv + 1024  # + mbarriers, 1 KiB alignment
+    def smem_bytes(self, head_dim: int, elem_bytes: int | None = None) -> int:
+        """Shared memory of the kernel, bytes: Q's buffer (reused for O), O's own (``separate_o``), the K/V ring and
+        1 KiB (mbarriers, alignment). elem_bytes: of Q, K, V (default ``OPERAND_BYTES``)."""
+        q, o, kv = self._buffers(head_dim, elem_bytes)
+        return q + (o if self.separate_o(head_dim, elem_bytes) else 0) + kv + 1024
 
-    def separate_o(self, head_dim: int, elem_bytes: int = 2, arch: str = "sm_90a") -> bool:
+    def separate_o(self, head_dim: int, elem_bytes: int | None = None, arch: str = "sm_90a") -> bool:
         """Whether O has a shared-memory buffer of its own (persistent kernels, where it fits): Q, O and the K/V
         ring + 1 KiB <= the CTA's shared memory."""
-        q = self.tile_m * head_dim * elem_bytes
-        kv = 2 * self.stages * self.tile_n * head_dim * elem_bytes
-        return self.persistent and 2 * q + kv + 1024 <= smem_capacity(arch)
+        q, o, kv = self._buffers(head_dim, elem_bytes)
+        return self.persistent and q + o + kv + 1024 <= smem_capacity(arch)
+
+    def _buffers(self, head_dim: int, elem_bytes: int | None) -> tuple[int, int, int]:
+        """Bytes of Q's buffer (it holds the 16-bit O after the last S GEMM: sized for the larger), of an O tile and of
+        the K/V ring (``stages`` K tiles and V tiles)."""
+        elem_bytes = elem_bytes or self.OPERAND_BYTES
+        rows = self.tile_m * head_dim
+        return (rows * max(elem_bytes, self.OUT_BYTES), rows * self.OUT_BYTES,
+                2 * self.stages * self.tile_n * head_dim * elem_bytes)
 
     def check(self, head_dim: int, arch: str = "sm_90a") -> "Sm90Config":
         """self, or ValueError when the warpgroups, tiles or shared memory do not work out."""

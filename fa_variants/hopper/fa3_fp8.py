@@ -119,6 +119,7 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -127,7 +128,7 @@ from cutlass import Float32, Int32
 
 from fa_variants.common import env, interop
 from fa_variants.common.cache import StaticConfig
-from fa_variants.common.config import WGMMA_M, smem_capacity
+from fa_variants.common.config import WGMMA_M
 from fa_variants.common.launch import Variant
 from fa_variants.fp8 import layout
 from fa_variants.hopper import fa3
@@ -208,18 +209,9 @@ class Fp8Config(Fa3Config):
     fused_promote: bool = False
     bounded_units: bool = False
 
-    def smem_bytes(self, head_dim: int, elem_bytes: int = 1) -> int:
-        qo = self.tile_m * head_dim * 2  # Q (e4m3) shares its buffer with the 16-bit O (but with separate_o)
-        return qo * (2 if self.separate_o(head_dim, elem_bytes) else 1) + self._kv_bytes(head_dim, elem_bytes) + 1024
-
-    def separate_o(self, head_dim: int, elem_bytes: int = 1, arch: str = "sm_90a") -> bool:
-        """Whether the persistent kernel's 16-bit O has a buffer of its own beside Q's (which is sized for O): two
-        O tiles and the e4m3 K/V ring + 1 KiB fit the CTA's shared memory (head_dim 64 and 128, not 256)."""
-        o = self.tile_m * head_dim * 2
-        return self.persistent and 2 * o + self._kv_bytes(head_dim, elem_bytes) + 1024 <= smem_capacity(arch)
-
-    def _kv_bytes(self, head_dim: int, elem_bytes: int) -> int:
-        return 2 * self.stages * self.tile_n * head_dim * elem_bytes
+    #: e4m3 Q, K, V: Q's buffer is sized for the 16-bit O it holds later (``Sm90Config._buffers``); on the persistent
+    #: grid O has a buffer of its own at head_dim 64 and 128, not 256 (``separate_o``)
+    OPERAND_BYTES: ClassVar[int] = 1
 
     def check(self, head_dim: int) -> None:
         super().check(head_dim)
