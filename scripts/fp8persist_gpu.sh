@@ -29,6 +29,6 @@ echo; stop_clocks; cat "$LOGS/commit.txt"
 grep -E "precompile:|FAILED" "$LOGS/precompile.log" | head -8
 echo "== pytest"; grep -E "^(FAILED|ERROR)|passed|failed" "$LOGS/pytest.log" | tail -n 12
 grep -qE "(^|[^0-9])62 passed" "$LOGS/pytest.log" || step_failed pytest "not 62 passed"
-echo "== speed_ab"; grep -E "^d[0-9]+ N|FAILED|A/A|/new" "$LOGS/speed_ab.log" | head -n 120
+echo "== speed_ab"; grep -E "^d[0-9]+ N|FAILED|A/A|/new" "$LOGS/speed_ab.log" | head -n 260
 cat "$out/ab/summary.md" 2>/dev/null | head -n 60
 steps_exit

@@ -20,25 +20,21 @@
 # 2. then scripts/NAME_gpu.sh for each NAME, in order, each with the time left of CALL_BUDGET seconds (default 560),
 #    skipped when fewer than 100 s are left; logs under $OUT/pending/NAME/, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
-#    Plan for session 23: session 22 ran quantchains (2 / 8 chains not faster: SHIFT_CHAINS stays 1), fp8persist
-#    (fa3-fp8 on the persistent grid: flipped on for short calls at D 64 / 128, 1.02-1.14x there), fp8persistchk (132
-#    GPU tests, sanitizers clean), issue 10's status table and the whole GPU suite on cb03190 (5347 passed, 3 skipped,
-#    0 failed). bench/NOTES.md, "Session 22 ...", has the figures.
-#    Open: issue 10 (1100 TFLOP/s at D 256: 1071-1102; 1.4x at 128: 1.13-1.25x; 1.3x at 64: 1.09-1.11x; two-level
-#    <= 5 % at 256: 4.5-8 %; the pass at 70 % of copy: 49-58 %; pass + kernel at N 4k causal 0.85-0.92x), 12 (fa3 /
-#    flash-attn-4 >= 1.00 everywhere; >= cuDNN at D 64 causal 512 / 1k: 0.85 / 0.90), 13 (70 % of HBM at D 64 B 1
-#    Nk 32k: 61-65 %), 16 (two GPUs).
-#    A. First: scripts/pending_gpu.sh fp8persistchk fp8status (two GPU tests added after session 22's last call:
-#    fp16 O, negative scale; the D 128 non-causal limit raised to 4k keys after its review, the same kernel).
-#    Then scripts/pending_gpu.sh fp8persist: fa3-fp8's persistent grid at D 256 ran at half speed (the lookahead
-#    loop spills O on it, 384-512 B); with the serial steps it compiles without spills (CPU), so the set now times
-#    serial / persist_serial / balanced_serial there (prediction and flip rule: bench/NOTES.md, session 22).
-#    B. D 128 N 4k causal: the balanced grid gains 1.9 % only ("same"); fa3-fp8's 128 x 256 tiles (32 K/V tiles a
-#    row at most) against bf16's; a 128 x 128 causal config on the balanced grid (K/V descales then per 128 keys: the
-#    quantisation's block height follows the kernel's tile_n) is the next variant.
-#    C. As before: D 256 split / packed configs without convert_pairs at causal shapes; cuDNN's lead at D 64 N 512 /
-#    1k causal; the persistent consumer's K/V loop (bench/NOTES.md "Session 20 ...").
-#    D. The whole GPU suite on the session's final tree if a default kernel changed (~540 s, a call of its own).
+#    Plan for session 24: session 23 ran the whole GPU suite on 7df3e3c (one failure: the fa3-fp8 warmup test's
+#    count, fixed in 2efadb0 and passed on the device), sanitizers (synccheck, memcheck, racecheck clean on the
+#    persistent fa3-fp8 grids) and fp8persist (62 GPU tests passed; D 256 serial persistent grids 0.84-0.99x the
+#    lookahead default at causal shapes, D 128 128-key tiles 1.05x the balanced grid at N 1k causal only: no flip).
+#    bench/NOTES.md, "Session 23 ...", has the figures.
+#    Open: issue 10 (1100 TFLOP/s at D 256: 1071-1127 across calls; 1.4x at 128: 1.13-1.25x; 1.3x at 64:
+#    1.09-1.11x; two-level <= 5 % at 256: 4.5-8 %; the pass at 70 % of copy: 49-58 %; pass + kernel at N 4k causal
+#    0.84-0.92x), 12 (fa3 / flash-attn-4 >= 1.00 everywhere; >= cuDNN at D 64 causal 512 / 1k: 0.85 / 0.90), 13 (70 %
+#    of HBM at D 64 B 1 Nk 32k: 61-65 %), 16 (two GPUs).
+#    A. No pending script: the tree's kernels are the ones session 23 tested. The next GPU work needs a variant
+#    first: Q's quantisation fused into fa3-fp8 (issue 10's pass + kernel at N 4k causal: the pass is what misses;
+#    bench/NOTES.md, session 21's bound and session 23); the D 64 short-causal gap to cuDNN (issue 12).
+#    B. As before: D 256 split / packed configs without convert_pairs at causal shapes; the persistent consumer's K/V
+#    loop (bench/NOTES.md "Session 20 ..."); D 256's two-level cost.
+#    C. The whole GPU suite on the session's final tree if a default kernel changed (~540 s, a call of its own).
 #    New lines "X. scripts/pending_gpu.sh [--checks] NAME ..." as scripts land. Each call starts a
 #    cold machine (~60-85 s more); carry [".gpu"], or
 #    [".gpu", ".before.tar.xz"] after `scripts/ab_checkout.sh COMMIT .before` for a script that A/Bs against an older
