@@ -11,7 +11,8 @@ See ``fa_variants.api`` for the arguments, ``fa_variants.dispatch`` for the back
 __version__ = "0.1.0"
 
 # Imported on first use (PEP 562), so that `import fa_variants` (and `fa-variants --help`) does not
-# import torch; the first access to any name below imports the API and registers the custom op.
+# import torch; the first access to any name below imports the API and registers the custom op. Where torch is
+# loaded already, the end of this file registers the op at once (see there).
 _LAZY = {"attention": "fa_variants.api", "scaled_dot_product_attention": "fa_variants.api",
          "select_backend": "fa_variants.api", "Selection": "fa_variants.dispatch",
          "BackendUnavailableError": "fa_variants.dispatch", "BackendFallbackWarning": "fa_variants.dispatch"}
@@ -39,3 +40,15 @@ __all__ = [
     "BackendFallbackWarning",
     "__version__",
 ]
+
+import sys as _sys
+
+if "torch" in _sys.modules:
+    # torch is loaded, so importing the API costs ~40 ms, and it registers torch.ops.fa_variants.attention: a program
+    # saved by torch.export resolves that op when loaded (torch.export.load) after a plain `import fa_variants`.
+    from fa_variants.common import env as _env
+
+    try:
+        from fa_variants import api as _api  # noqa: E402,F401
+    except _env.SwitchError:
+        pass  # a bad FA_VARIANTS_* variable: its one-line error comes, as without torch, at the first use of the API

@@ -135,6 +135,29 @@ def test_export_runs_the_op():
     _close(got[1], expected[1])
 
 
+def test_a_saved_program_loads_in_a_fresh_process_after_a_plain_import(tmp_path):
+    """torch.export.save, then torch.export.load in a new interpreter that only ran `import torch, fa_variants`:
+    the load failed ("custom op is not registered") because the package registered its op on the first use of
+    one of its names; with torch loaded, the import registers it. The loaded program matches the eager call."""
+    class Model(torch.nn.Module):
+        def forward(self, q, k, v):
+            return _fn(q, k, v)
+
+    q, k, v = _qkv()
+    torch.export.save(torch.export.export(Model(), (q, k, v)), tmp_path / "m.pt2")
+    torch.save((q, k, v, _fn(q, k, v)), tmp_path / "io.pt")
+    code = textwrap.dedent(f"""
+        import torch, fa_variants
+        q, k, v, (out, lse) = torch.load({str(tmp_path / "io.pt")!r})
+        got, got_lse = torch.export.load({str(tmp_path / "m.pt2")!r}).module()(q, k, v)
+        print((got - out).abs().max().item(), (got_lse - lse).abs().max().item())
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    errors = [float(x) for x in done.stdout.split()]
+    assert len(errors) == 2 and max(errors) <= 1e-5, done.stdout
+
+
 def test_eager_op_and_plain_call_agree():
     """Eagerly, attention skips the dispatcher (per-call cost) but the op runs the same implementation."""
     q, k, v = _qkv()
