@@ -340,6 +340,11 @@ def _check_merge_operands(out, lse, out_part, lse_part) -> None:
             raise ValueError(f"{name} is on {t.device} but out is on {out.device}")
     if lse.device != out.device:
         raise ValueError(f"lse is on {lse.device} but out is on {out.device}")
+    for name, t in (("out", out), ("lse", lse)):
+        # 1: some elements share memory (an expanded or as_strided view), so an in-place update cannot hold them
+        if torch._debug_has_internal_overlap(t) == 1:
+            raise ValueError(f"{name} has elements that share memory (an expanded view?); the accumulator must "
+                             f"not overlap itself (pass {name}.clone())")
 
 
 def merge_partial_(out: torch.Tensor, lse: torch.Tensor, out_part: torch.Tensor,

@@ -463,6 +463,21 @@ def test_merge_partial_refuses_mismatched_operands(change, exc, message):
     assert torch.equal(out, before)
 
 
+@pytest.mark.parametrize("which", ["out", "lse"])
+def test_merge_partial_refuses_an_accumulator_that_overlaps_itself(which):
+    """An expanded (stride 0) accumulator passed the checks and failed inside torch's copy_ with a traceback
+    about a single memory location: now one line naming it, nothing written."""
+    out, lse = torch.zeros(1, 7, 2, 8), torch.full((1, 2, 7), -math.inf)
+    if which == "out":
+        out = torch.zeros(1, 1, 1, 8).expand(1, 7, 2, 8)
+    else:
+        lse = torch.full((1, 1, 1), -math.inf).expand(1, 2, 7)
+    before = (out.clone(), lse.clone())
+    with pytest.raises(ValueError, match=rf"^{which} has elements that share memory"):
+        cp.merge_partial_(out, lse, torch.randn(1, 7, 2, 8), torch.randn(1, 2, 7))
+    assert torch.equal(out, before[0]) and torch.equal(lse, before[1])
+
+
 @pytest.mark.parametrize("shards, dim, exc, message", [
     ([torch.zeros(4, 2)], 5, ValueError, r"^dim 5 is out of range for a 2-D tensor"),
     ([1, 2], 0, TypeError, r"^shards\[0\] must be a torch.Tensor, got int"),
