@@ -406,3 +406,19 @@ def test_quantize_and_emulate_ignore_the_default_device():
         no_rotation = quantize_fp8(q, k, v, config=config.replace(rotate=False), impl="torch")
     assert got[0].device.type == "cpu" and no_rotation.q.device.type == "cpu"
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("name", ["q", "k", "v"])
+def test_float64_past_float32_range_is_refused(name):
+    """float64 inputs are rounded to float32 first: a finite 1e39 became inf, was stored as e4m3 NaN and turned O
+    NaN without a word. Now one line naming the tensor; float64 inf / NaN keep the documented non-finite rule, and
+    nothing of the caller's is modified."""
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())))
+    t = {n: torch.randn(1, 9, 2, 64, generator=g, dtype=torch.float64) for n in ("q", "k", "v")}
+    t[name][0, 3, 1, 5] = -1e39
+    before = {n: x.clone() for n, x in t.items()}
+    with pytest.raises(ValueError, match=rf"^{name} has finite values beyond float32's range"):
+        quantize_fp8(t["q"], t["k"], t["v"])
+    assert all(torch.equal(t[n], before[n]) for n in t)
+    t[name][0, 3, 1, 5] = math.inf  # not finite: accepted (the non-finite rule, README)
+    quantize_fp8(t["q"], t["k"], t["v"])

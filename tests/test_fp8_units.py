@@ -130,3 +130,18 @@ def test_bounded_units_unit_rise_past_2_149():
     assert float(rel_l2(ref.double(), exact)) <= 0.1  # the fp8 maths' own error on these inputs
     out, _ = emulate_fp8_attention(inp, accumulator="truncate", units="bounded")
     assert float(rel_l2(out, ref)) <= 1e-6
+
+
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
+def test_default_recipe_finite_up_to_the_documented_magnitude_of_v(head_dim):
+    """README ("FP8's range") and ``attention_fp8``'s Limits: with the default recipe O is finite while
+    max|V| * seqlen_k < 2^120 (the unnormalised O, 2^8 |V| l with l <= seqlen_k, stays below 2^128). The claim had
+    been "any finite V": bf16 V of 1e35 over 127 keys gives inf. At the bound O is finite and matches float64."""
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())))
+    for nk in (1, 127, 1024):
+        q, k, v = (torch.randn(1, n, h, head_dim, generator=g) for n, h in ((33, 2), (nk, 1), (nk, 1)))
+        v = v / v.abs().max() * (2.0**119.9 / nk)  # the largest |V| is just under the bound
+        out, _ = emulate_fp8_attention(quantize_fp8_torch(q, k, v))
+        want, _ = attention_reference(q, k, v)
+        assert out.isfinite().all(), (head_dim, nk)
+        assert rel_l2(out, want) < 0.1, (head_dim, nk, rel_l2(out, want))

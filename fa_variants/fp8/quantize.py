@@ -427,6 +427,12 @@ def _check(q, k, v, config, softmax_scale) -> float:
     for name, t in (("k", k), ("v", v)):  # as attention: the GPU pass compiles for one dtype (V's pass reads K too)
         if t.dtype != q.dtype:
             raise TypeError(f"q has dtype {q.dtype} but {name} has dtype {t.dtype}; they must match")
+    if q.dtype == torch.float64:  # rounded to float32 first: a finite value past its range became inf, then NaN
+        big = torch.finfo(torch.float32).max
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if not t.is_meta and t.numel() and bool(((t.abs() > big) & t.isfinite()).any()):
+                raise ValueError(f"{name} has finite values beyond float32's range (|x| > {big:.3g}); the FP8 "
+                                 f"quantisation rounds float64 to float32 first")
     if not isinstance(config, FP8Config):
         raise TypeError(f"config must be an FP8Config, got {type(config).__name__}")
     (B, _, H, D), (Bk, Nk, Hkv, Dk) = q.shape, k.shape
@@ -593,7 +599,7 @@ def quantize_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: F
             softmax_scale that is not a real number (a bool, a str, a tensor).
         ValueError: ranks, mismatched shapes or devices, num_heads not a multiple of num_heads_kv, a
             non-finite or out-of-range softmax_scale, impl unknown or "kernel" where the GPU pass cannot serve
-            the call.
+            the call, float64 inputs with finite values past float32's range (they are rounded to float32).
     """
     if impl not in ("auto", "torch", "kernel"):
         raise ValueError(f"impl must be 'auto', 'torch' or 'kernel', got {impl!r}")
