@@ -12,7 +12,7 @@ __version__ = "0.1.0"
 
 # Imported on first use (PEP 562), so that `import fa_variants` (and `fa-variants --help`) does not
 # import torch; the first access to any name below imports the API and registers the custom op. Where torch is
-# loaded already, the end of this file registers the op at once (see there).
+# loaded already, the end of this file registers the op at once, without the API (see there).
 _LAZY = {"attention": "fa_variants.api", "scaled_dot_product_attention": "fa_variants.api",
          "select_backend": "fa_variants.api", "Selection": "fa_variants.dispatch",
          "BackendUnavailableError": "fa_variants.dispatch", "BackendFallbackWarning": "fa_variants.dispatch"}
@@ -44,11 +44,7 @@ __all__ = [
 import sys as _sys
 
 if "torch" in _sys.modules:
-    # torch is loaded, so importing the API costs ~40 ms, and it registers torch.ops.fa_variants.attention: a program
-    # saved by torch.export resolves that op when loaded (torch.export.load) after a plain `import fa_variants`.
-    from fa_variants.common import env as _env
-
-    try:
-        from fa_variants import api as _api  # noqa: E402,F401
-    except _env.SwitchError:
-        pass  # a bad FA_VARIANTS_* variable: its one-line error comes, as without torch, at the first use of the API
+    # torch is loaded: register torch.ops.fa_variants.attention now, so that a program saved by torch.export loads
+    # (torch.export.load) after a plain `import fa_variants`. Only the op: the API (and the FA_VARIANTS_* switches
+    # its modules read) is still imported at its first use.
+    from fa_variants.integrations import custom_op as _custom_op  # noqa: E402,F401

@@ -341,7 +341,8 @@ def _check_merge_operands(out, lse, out_part, lse_part) -> None:
     if lse.device != out.device:
         raise ValueError(f"lse is on {lse.device} but out is on {out.device}")
     for name, t in (("out", out), ("lse", lse)):
-        # 1: some elements share memory (an expanded or as_strided view), so an in-place update cannot hold them
+        # 1: some elements surely share memory (a stride-0, i.e. expanded, view), so an in-place update cannot hold
+        # them; 2 ("cannot tell", e.g. a slice or an as_strided view) passes: the caller vouches for those
         if torch._debug_has_internal_overlap(t) == 1:
             raise ValueError(f"{name} has elements that share memory (an expanded view?); the accumulator must "
                              f"not overlap itself (pass {name}.clone())")
@@ -366,7 +367,8 @@ def merge_partial_(out: torch.Tensor, lse: torch.Tensor, out_part: torch.Tensor,
     Raises:
         TypeError: a non-tensor, an accumulator that is not float32 / float64 (lse's dtype must be out's), a
             partial that is not floating-point.
-        ValueError: shapes other than those above (no broadcasting), operands on different devices.
+        ValueError: shapes other than those above (no broadcasting), operands on different devices, an
+            accumulator whose elements share memory (an expanded view).
     """
     _check_merge_operands(out, lse, out_part, lse_part)
     new_out, new_lse = _merge(out, lse, out_part, lse_part, out.dtype)

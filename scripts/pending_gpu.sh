@@ -33,7 +33,8 @@
 #    first: Q's quantisation fused into fa3-fp8 (issue 10's pass + kernel at N 4k causal: the pass is what misses;
 #    bench/NOTES.md, session 21's bound and session 23); the D 64 short-causal gap to cuDNN (issue 12).
 #    B. As before: D 256 split / packed configs without convert_pairs at causal shapes; the persistent consumer's K/V
-#    loop (bench/NOTES.md "Session 20 ..."); D 256's two-level cost.
+#    loop (bench/NOTES.md "Session 20 ..."); D 256's two-level cost; fa3-fp8's magnitude limit, max|V| seqlen_k <=
+#    2^119 (README, "FP8's range": the unnormalised O overflows float32; lifting it is a kernel change).
 #    C. The whole GPU suite on the session's final tree if a default kernel changed (~540 s, a call of its own).
 #    New lines "X. scripts/pending_gpu.sh [--checks] NAME ..." as scripts land. Each call starts a
 #    cold machine (~60-85 s more); carry [".gpu"], or

@@ -138,7 +138,8 @@ def test_export_runs_the_op():
 def test_a_saved_program_loads_in_a_fresh_process_after_a_plain_import(tmp_path):
     """torch.export.save, then torch.export.load in a new interpreter that only ran `import torch, fa_variants`:
     the load failed ("custom op is not registered") because the package registered its op on the first use of
-    one of its names; with torch loaded, the import registers it. The loaded program matches the eager call."""
+    one of its names; with torch loaded, the import registers it (the op only: the API, whose modules read the
+    FA_VARIANTS_* switches, still loads at its first use). The loaded program matches the eager call."""
     class Model(torch.nn.Module):
         def forward(self, q, k, v):
             return _fn(q, k, v)
@@ -147,7 +148,8 @@ def test_a_saved_program_loads_in_a_fresh_process_after_a_plain_import(tmp_path)
     torch.export.save(torch.export.export(Model(), (q, k, v)), tmp_path / "m.pt2")
     torch.save((q, k, v, _fn(q, k, v)), tmp_path / "io.pt")
     code = textwrap.dedent(f"""
-        import torch, fa_variants
+        import sys, torch, fa_variants
+        assert "fa_variants.api" not in sys.modules and "fa_variants.common.split" not in sys.modules
         q, k, v, (out, lse) = torch.load({str(tmp_path / "io.pt")!r})
         got, got_lse = torch.export.load({str(tmp_path / "m.pt2")!r}).module()(q, k, v)
         print((got - out).abs().max().item(), (got_lse - lse).abs().max().item())

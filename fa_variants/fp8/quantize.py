@@ -427,12 +427,6 @@ def _check(q, k, v, config, softmax_scale) -> float:
     for name, t in (("k", k), ("v", v)):  # as attention: the GPU pass compiles for one dtype (V's pass reads K too)
         if t.dtype != q.dtype:
             raise TypeError(f"q has dtype {q.dtype} but {name} has dtype {t.dtype}; they must match")
-    if q.dtype == torch.float64:  # rounded to float32 first: a finite value past its range became inf, then NaN
-        big = torch.finfo(torch.float32).max
-        for name, t in (("q", q), ("k", k), ("v", v)):
-            if not t.is_meta and t.numel() and bool(((t.abs() > big) & t.isfinite()).any()):
-                raise ValueError(f"{name} has finite values beyond float32's range (|x| > {big:.3g}); the FP8 "
-                                 f"quantisation rounds float64 to float32 first")
     if not isinstance(config, FP8Config):
         raise TypeError(f"config must be an FP8Config, got {type(config).__name__}")
     (B, _, H, D), (Bk, Nk, Hkv, Dk) = q.shape, k.shape
@@ -444,6 +438,12 @@ def _check(q, k, v, config, softmax_scale) -> float:
         raise ValueError(f"need head_dim >= 1 and num_heads ({H}) a multiple of num_heads_kv ({Hkv})")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v must be on one device; got {q.device}, {k.device}, {v.device}")
+    if q.dtype == torch.float64:  # rounded to float32 first: a finite value past its range became inf, then NaN
+        big = torch.finfo(torch.float32).max
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if not t.is_meta and t.numel() and bool(((t.abs() > big) & t.isfinite()).any()):
+                raise ValueError(f"{name} has finite values beyond float32's range (|x| > {big:.3g}); the FP8 "
+                                 f"quantisation rounds float64 to float32 first")
     if softmax_scale is None:
         return 1.0 / math.sqrt(D)
     return check_softmax_scale(softmax_scale)  # attention's rule: the kernel folds it into log2(e) in float32

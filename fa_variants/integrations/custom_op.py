@@ -25,8 +25,10 @@ from __future__ import annotations
 import torch
 
 import fa_variants
-from fa_variants import api, dispatch, reference
-from fa_variants.common import workspace
+
+# api, dispatch, reference and workspace are imported inside the functions: `import fa_variants` registers the op
+# when torch is loaded (torch.export.load needs it) without importing the API, whose modules read the FA_VARIANTS_*
+# switches at import; those are read, as without torch, when the API is first used.
 
 
 @torch.library.custom_op("fa_variants::attention", mutates_args=())
@@ -35,6 +37,9 @@ def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
     """``api.dispatch_and_run`` (choose the backend, run it); outputs made contiguous to match the fake. Scratch
     is per call (``workspace.uncached``): a compiled graph's CUDA-graph warm-up allocates from its private pool,
     where no buffer may outlive the call."""
+    from fa_variants import api
+    from fa_variants.common import workspace
+
     with workspace.uncached():
         out, lse = api.dispatch_and_run(q, k, v, causal, softmax_scale, backend)
     return out.contiguous(), lse.contiguous()
@@ -46,6 +51,8 @@ def _attention_fake(q, k, v, causal, softmax_scale, backend):
 
     Validates first, with ``fa_variants.attention``'s rules and messages (a direct ``torch.ops`` call has
     not been validated), so that a bad call fails while tracing with that message."""
+    from fa_variants import api
+
     api._check_inputs(q, k, v)
     api._check_options(causal, softmax_scale, backend, False)
     batch, seqlen_q, heads, head_dim = q.shape
@@ -60,6 +67,8 @@ def reference_backward_op(grad_out: torch.Tensor, grad_lse: torch.Tensor, q: tor
                           backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of the op's (out, lse): ``reference.run_backward``, when the call ran on the reference
     backend; NotImplementedError for a kernel backend (forward only)."""
+    from fa_variants import dispatch, reference
+
     chosen = dispatch.select_backend(q, k, v, causal=causal, backend=backend).backend
     if chosen != "reference":
         raise NotImplementedError(
