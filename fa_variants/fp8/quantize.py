@@ -438,12 +438,6 @@ def _check(q, k, v, config, softmax_scale) -> float:
         raise ValueError(f"need head_dim >= 1 and num_heads ({H}) a multiple of num_heads_kv ({Hkv})")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v must be on one device; got {q.device}, {k.device}, {v.device}")
-    if q.dtype == torch.float64:  # rounded to float32 first: a finite value past its range became inf, then NaN
-        big = torch.finfo(torch.float32).max
-        for name, t in (("q", q), ("k", k), ("v", v)):
-            if not t.is_meta and t.numel() and bool(((t.abs() > big) & t.isfinite()).any()):
-                raise ValueError(f"{name} has finite values beyond float32's range (|x| > {big:.3g}); the FP8 "
-                                 f"quantisation rounds float64 to float32 first")
     if softmax_scale is None:
         return 1.0 / math.sqrt(D)
     return check_softmax_scale(softmax_scale)  # attention's rule: the kernel folds it into log2(e) in float32
@@ -532,6 +526,17 @@ def transpose_v(v8: torch.Tensor) -> torch.Tensor:
     return v_t[..., layout.v_token_order(n_pad).to(v8.device)].view(E4M3)
 
 
+def _as_float32(name: str, t: torch.Tensor) -> torch.Tensor:
+    """t in float32, the torch quantiser's arithmetic. ValueError (naming t) for float64 with finite values past
+    float32's range: rounded, they became inf, then e4m3 NaN, and a NaN O without a word."""
+    if t.dtype == torch.float64 and not t.is_meta and t.numel():
+        big = torch.finfo(torch.float32).max
+        if bool(((t.abs() > big) & t.isfinite()).any()):
+            raise ValueError(f"{name} has finite values beyond float32's range (|x| > {big:.3g}); the FP8 "
+                             f"quantisation rounds float64 to float32 first")
+    return t.float()
+
+
 def quantize_fp8_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Config = FP8Config(),
                        softmax_scale: float | None = None, block_n: int | None = None,
                        k_mean: torch.Tensor | None = None) -> FP8Inputs:
@@ -556,7 +561,7 @@ def quantize_fp8_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, con
     if given_mean is not None and (not isinstance(given_mean, torch.Tensor) or given_mean.dtype != torch.float32
                                    or given_mean.shape != (k.shape[0], k.shape[2], D)):
         raise ValueError(f"k_mean must be a float32 tensor of shape {(k.shape[0], k.shape[2], D)}")
-    qf, kf, vf = q.float(), k.float(), v.float()
+    qf, kf, vf = (_as_float32(name, t) for name, t in (("q", q), ("k", k), ("v", v)))
     rot = HadamardRotation(D, config.seed)
     signs = rot.signs if config.rotate else torch.ones(D, device="cpu")
     k_signs = -signs if scale < 0 else signs  # softmax(c Q K^T) = softmax(|c| Q (-K)^T)
