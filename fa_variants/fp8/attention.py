@@ -146,19 +146,18 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: 
     Returns:
         out in q's dtype (batch, seqlen_q, num_heads, head_dim) [, lse float32 (batch, num_heads, seqlen_q)].
 
-    Limits: with the default recipe O stays finite for finite V while max|V| seqlen_k <= 2^119 (~6.6e35), at
-    every head_dim: the unnormalised O, 2^8 |V| l (l the row's softmax sum relative to its max, 1 <= l <= the keys
-    seen; the kernel's P is shifted by 2^8; e4m3 may round V up by 1/16), stays below 2^128; from 2^120, rows whose
-    l is near seqlen_k come out inf. Within it, at head_dim 64 / 96 / 128
-    the kernel keeps O in absolute units; at 256 (``fused_promote``) in units max(v_descale,
-    M 2^-64), M the largest V descale visited (``hopper.fa3_fp8.Fp8Config.bounded_units``, the default there since
-    session 11; ``emulation.bounded_unit``). That unit's one limit: behind a V block whose descale is > 2^149 above
-    the current unit, rows whose P on that block rounds to 0 in e4m3 lose the earlier blocks' O. ``config.two_level``
-    False (one running accumulator) keeps O / v_descale (the current V block's) and overflows (inf / NaN out) in the
-    rows where 2^8 |O| l >= 2^128 v_descale (key tiles are walked from the last to the first), i.e. |O| l >= 2^10
-    before a V block of descale 2^-110 (nonzero, every |value| <= 448 x 2^-110 ~ 3.5e-31), or a block whose descale
-    is 2^128 below the previous one. All-zero blocks (e.g. zero padding) get descale 1 since session 9
-    (``quantize.ZERO_BLOCK_DESCALE``).
+    Limits: with the default recipe O stays finite for finite V while max|V| seqlen_k <= 2^119 (~6.6e35), at every
+    head_dim: the unnormalised O, 2^8 |V| l (l the row's softmax sum relative to its max, 1 <= l <= the keys seen; the
+    kernel's P is shifted by 2^8; e4m3 may round V up by 1/16), stays below 2^128; from 2^120, rows whose l is near
+    seqlen_k come out inf. Within it, at head_dim 64 / 96 / 128 the kernel keeps O in absolute units; at 256
+    (``fused_promote``) in units max(v_descale, M 2^-64), M the largest V descale visited
+    (``hopper.fa3_fp8.Fp8Config.bounded_units``, the default there since session 11; ``emulation.bounded_unit``). That
+    unit's one limit: behind a V block whose descale is > 2^149 above the current unit, rows whose P on that block
+    rounds to 0 in e4m3 lose the earlier blocks' O. ``config.two_level`` False (one running accumulator) keeps O /
+    v_descale (the current V block's) and overflows (inf / NaN out) in the rows where 2^8 |O| l >= 2^128 v_descale (key
+    tiles are walked from the last to the first), i.e. |O| l >= 2^10 before a V block of descale 2^-110 (nonzero, every
+    |value| <= 448 x 2^-110 ~ 3.5e-31), or a block whose descale is 2^128 below the previous one. All-zero blocks (e.g.
+    zero padding) get descale 1 since session 9 (``quantize.ZERO_BLOCK_DESCALE``).
 
     Raises:
         TypeError / ValueError: as ``fa_variants.attention`` and ``quantize_fp8`` (naming the argument).

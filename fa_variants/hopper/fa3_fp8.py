@@ -280,12 +280,12 @@ class Fp8Config(Fa3Config):
 #: fused_promote alone keeps O / v_descale, which overflows behind a V block of descale 2^-110 (nonzero, amax <= 448 x
 #: 2^-110 ~ 3.5e-31) once the unnormalised O (2^8 |O| l, l the row sum relative to its max) of the rows visited before
 #: it reaches 2^18, and behind any block 2^128 below the one before it (fused_promote's docstring). At 256 also
-#: bounded_units since session 11 (O in units max(v_descale, M 2^-64): finite up to max|V| seqlen_k 2^119; its one limit, a
-#: descale > 2^149 above the unit, in its docstring): session 10's form was 2-4.5 % slower; the one-branch-per-tile
-#: form (scripts/bounded_gpu.sh, H200, 8 rotated rounds, N 4k / 4k causal / 16k / 16k causal) per-round medians of
-#: default time / bounded time 0.998 / 1.003 / 1.016 / 1.010 (TFLOP/s 1024 / 922 / 1086 / 1038 against 1011 / 920
-#: / 1046 / 1029), 11 GPU tests passed (adversarial V finite, vs the emulation and float64). bounded_units=False
-#: brings the limit back.
+#: bounded_units since session 11 (O in units max(v_descale, M 2^-64): finite up to max|V| seqlen_k 2^119; its one
+#: limit, a descale > 2^149 above the unit, in its docstring): session 10's form was 2-4.5 % slower; the
+#: one-branch-per-tile form (scripts/bounded_gpu.sh, H200, 8 rotated rounds, N 4k / 4k causal / 16k / 16k causal)
+#: per-round medians of default time / bounded time 0.998 / 1.003 / 1.016 / 1.010 (TFLOP/s 1024 / 922 / 1086 / 1038
+#: against 1011 / 920 / 1046 / 1029), 11 GPU tests passed (adversarial V finite, vs the emulation and float64).
+#: bounded_units=False brings the limit back.
 DEFAULT_SWITCHES = {64: dict(reduce_chains=4), 96: {}, 128: {},
                     256: dict(skip_unit_rescale=True, s_lookahead=True, s_halves=True, fused_promote=True,
                               reduce_chains=2, bounded_units=True)}
