@@ -128,13 +128,6 @@ VARIANTS = {
     # timed before convert_pairs and causal D 256's per-value conversion), on the call's default (causal: per value)
     "ffma-256": ((256,), dict(exp2_ffma=True, reduce_chains=4)),
     "ffma-balanced-256": ((256,), dict(exp2_ffma=True, reduce_chains=4, persistent=True, balanced=True)),
-    # session 24, short prefill vs cuDNN (bench/NOTES.md, "Session 24 ..."): decode's two-CTAs-per-SM tiles (one
-    # consumer warpgroup of 64 query rows per CTA, 128 registers at launch) on the one-CTA-per-tile grid, so that one
-    # CTA's prologue (Q, first K/V tile) and epilogue run under the other's main loop (decode's _NARROW changes: no
-    # ping-pong partner in the CTA); D 128 with 64-key K/V tiles (two 128-key rings do not fit twice)
-    "dual": ((64,), dict(tile_m=64, ctas_per_sm=2, pingpong=False, alpha_first=False, convert_pairs=False)),
-    "dual-128": ((128,), dict(tile_m=64, tile_n=64, ctas_per_sm=2, pingpong=False, alpha_first=False,
-                              convert_pairs=False)),
 }
 #: variants run with the persistent grid's CTA count raised past the tile count (``one_tile_grid``); each must be the
 #: only variant of its config in a run
@@ -144,10 +137,6 @@ FA3GAP = ("old", "new", "fa4-256")  # basis, basis-kv1, basis-256 removed in ses
 PERSIST = ("old", "new", "persistent")
 SHORT = ("old", "new", "persistent", "persistent-m128")  # session 16's short prefill (scripts/short_gpu.sh)
 BALANCED = ("old", "new", "persistent", "balanced")  # session 17 (scripts/balanced_gpu.sh)
-#: session 24 (scripts/dualshort_gpu.sh): two CTAs per SM against what `auto` runs at short shapes
-DUAL = ("old", "new", "persistent", "balanced", "balanced-m128", "dual", "dual-128")
-#: the entries each two-CTA variant is also paired against (the short grids `auto` runs, and cuDNN)
-DUAL_AGAINST = {x: ("persistent", "balanced", "balanced-m128", "sdpa-cudnn") for x in ("dual", "dual-128")}
 ALPHA = ("old", "new", "alpha", "alpha-noskip")
 GAP9 = ("old", "new", "fa4-256", "alpha-256")
 TURN = ("old", "new", "turn")
@@ -518,8 +507,7 @@ def time_shape(shape, protocol: str, fns: dict, keys: dict, a, dtype, errors: di
         from fa_variants.bench.paired import aa_band
 
         pairs = [("new", "old"), ("new", "flash-attn-4"), ("new", "sdpa-cudnn")] + [
-            (x, "new") for x in names if x not in ("old", "new") and x in VARIANTS] + [
-            (x, y) for x in names if x in DUAL_AGAINST for y in DUAL_AGAINST[x]]  # paired beside `auto`'s grids
+            (x, "new") for x in names if x not in ("old", "new") and x in VARIANTS]
         extra = dict(aa=dict(median=aa.median, lo=aa.lo, hi=aa.hi, band=aa_band(aa), samples=aa.samples),
                      intervals={f"{x}/{y}": dataclasses.asdict(res.ratio(x, y)) for x, y in pairs
                                 if x in fns and y in fns},

@@ -204,23 +204,6 @@ def test_persistent_variants(name, head_dim, config, causal, dtype):
         _check(q, k, v, causal, config=config, what=f"{name} {dtype} D={head_dim} causal={causal} {shape}")
 
 
-DUAL = [(n, d, c) for n, d, c in _ab_variants("DUAL") if n.startswith("dual")]
-
-
-@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("name, head_dim, config", DUAL, ids=[f"{n}-d{d}" for n, d, _ in DUAL])
-def test_dual_prefill_variants(name, head_dim, config, causal, dtype):
-    """Session 24: prefill on decode's two-CTAs-per-SM tiles (one consumer warpgroup of 64 query rows, no ping-pong,
-    ``ctas_per_sm=2``): odd lengths (64-row tiles with a partial last one), Nq != Nk both ways (rows that see no key),
-    GQA/MQA, grids of several CTAs per SM; outputs NaN-poisoned."""
-    config = _causal_config(name, head_dim, config, causal)
-    for shape in [(2, 1023, 1023, 4, 2), (1, 257, 4224, 2, 2), (1, 77, 77, 2, 2), (1, 300, 129, 2, 1),
-                  (3, 513, 513, 48, 8)]:
-        q, k, v = _qkv(*shape, head_dim, dtype)
-        _check(q, k, v, causal, config=config, what=f"{name} {dtype} D={head_dim} causal={causal} {shape}")
-
-
 @pytest.mark.parametrize("balanced", [False, True], ids=["static", "balanced"])
 def test_persistent_l2_sections(monkeypatch, balanced):
     """The persistent grid keeps the causal longest-first order in L2 sections: sections of 2 (batch, head) pairs with

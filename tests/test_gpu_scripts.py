@@ -416,24 +416,6 @@ def test_balanced_script_selects_its_tests_and_shapes():
     assert "env FA_VARIANTS_SHORT_BALANCED=1 python3 scripts/sanitize.py --tools memcheck racecheck" in text
 
 
-def test_dualshort_script_selects_its_tests_and_shapes():
-    """scripts/dualshort_gpu.sh (session 24, prefill on two CTAs per SM): its pytest -k selects the 8 tests its pass
-    line names (the dual variants' matrix), it times fa3_speed_ab's DUAL set at short causal and non-causal shapes of
-    both head dims the two-CTA variants run at, and each two-CTA variant is paired against `auto`'s short grids."""
-    text = (ROOT / "scripts" / "dualshort_gpu.sh").read_text()
-    expr = re.search(r'-k "([^"]+)"', text).group(1)
-    ids = collected_ids("-m", "gpu", "tests/test_fa3_gpu.py", "-k", expr)
-    assert len(ids) == 8 and all("dual_prefill_variants[dual" in i for i in ids), ids
-    assert 'grep -qE "(^|[^0-9])8 passed"' in text
-    ab = load_script("fa3_speed_ab")
-    variants = re.search(r"VARIANTS=(\S+)", text).group(1).split(",")
-    assert tuple(variants) == ab.DUAL and set(ab.DUAL_AGAINST) <= set(ab.DUAL)
-    shapes = ",".join(re.findall(r"SHAPES=(?:\$SHAPES,)?(\S+)", text)).split(",")
-    for x in ab.DUAL_AGAINST:
-        for d in ab.VARIANTS[x][0]:
-            assert {f"{d}:512:full", f"{d}:512:causal"} <= set(shapes), (x, d, shapes)
-
-
 def test_fa4_precompile_scripts_turn_its_disk_cache_on():
     """A script that precompiles flash-attn-4 (fa3_speed_ab.py --precompile-fa4, which refuses to run without it)
     exports FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 before that step, so the timed process loads those kernels (session

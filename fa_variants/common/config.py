@@ -249,11 +249,10 @@ class Sm90Config:
 
     def check(self, head_dim: int, arch: str = "sm_90a") -> "Sm90Config":
         """self, or ValueError when the warpgroups, tiles or shared memory do not work out."""
-        # one consumer warpgroup: packed decode's tile, or two CTAs per SM (ctas_per_sm, no partner to ping-pong with)
-        narrow = self.tile_m == WGMMA_M and (self.pack_gqa is True or self.ctas_per_sm == 2) and not self.pingpong
+        narrow = self.tile_m == WGMMA_M and self.pack_gqa is True and not self.pingpong  # packed decode's tile
         if not narrow and (self.tile_m % WGMMA_M or self.consumer_warpgroups not in (2, 3)):
             raise ValueError(f"tile_m={self.tile_m} must be 128 or 192 (2 or 3 consumer warpgroups of 64 rows), or 64 "
-                             "with pack_gqa=True or ctas_per_sm=2, and pingpong=False (one consumer warpgroup)")
+                             "with pack_gqa=True and pingpong=False (one consumer warpgroup)")
         if self.tile_n % 16 or not 16 <= self.tile_n <= 256:
             raise ValueError(f"tile_n={self.tile_n} must be a multiple of 16 in [16, 256]")
         if head_dim % 16 or head_dim > 256:
