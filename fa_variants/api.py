@@ -182,7 +182,8 @@ def _run(selection: Selection, q, k, v, causal: bool, scale: float, config=None)
 
 
 def _plan(selection: Selection, q, k, v, causal: bool, scale: float, config=None):
-    """``run(q, k, v, want_lse=True) -> (out, lse)`` for validated inputs of this kind (`_call_key`; want_lse False:
+    """``run(q, k, v, want_lse=True, *extra) -> (out, lse)`` for validated inputs of this kind (`_call_key`; extra:
+    (seqlens_k,) for a kernel config that reads them, ``hopper.fa3.lengths_config``; want_lse False:
     the lse may be scratch, ``common.launch.launcher``): empty shortcuts,
     stride normalisation (a non-unit last stride is copied; K/V broadcast across heads run as MQA), the
     backend's launcher (`common.launch.launcher`: checks, compiled kernel and operand decisions made here,
@@ -217,7 +218,7 @@ def _plan(selection: Selection, q, k, v, causal: bool, scale: float, config=None
         kernel = launch.launcher(variant, *normalise(q, k, v), causal=causal, softmax_scale=kernel_scale, config=config)
         if not mqa and not any(copies):  # the common case: the launcher's run is the plan
             return kernel
-        return lambda q, k, v, want_lse=True: kernel(*normalise(q, k, v), want_lse)
+        return lambda q, k, v, want_lse=True, *extra: kernel(*normalise(q, k, v), want_lse, *extra)
     index = q.device.index if q.is_cuda else None
 
     def run(q, k, v, want_lse=True):
@@ -227,15 +228,37 @@ def _plan(selection: Selection, q, k, v, causal: bool, scale: float, config=None
 
 
 def _with_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, seqlens_k: torch.Tensor):
-    """attention with per-sequence KV lengths: the reference reads them itself; a kernel backend runs once
-    per distinct length on the sequences of that length and k, v cut to it."""
+    """attention with per-sequence KV lengths: fa3 reads them in its kernel (one launch for the batch, no host
+    read-back: CUDA-graph capturable; its plan kept per call kind as `dispatch_and_run` keeps one); the reference
+    reads them itself; the other kernel backends (fa2, fa1) run once per distinct length on the sequences of that
+    length and k, v cut to it (the lengths read back: not under CUDA-graph capture)."""
     capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()
     traced = _traced(q)  # before reading the lengths back: under tracing that is a data-dependent guard
     check_seqlens_k(seqlens_k, q.shape[0], k.shape[1], q.device, values=not (capturing or traced))
-    if traced or capturing:
-        raise NotImplementedError("seqlens_k is not supported under torch.compile or CUDA-graph capture yet")
+    if traced:
+        raise NotImplementedError("seqlens_k is not supported under torch.compile yet")
+    key = _call_key(q, k, v, causal, scale, backend)
+    key = None if key is None else ("seqlens_k", key)
+    plan = dispatch.PLANS.get(key)
+    if plan is not None:
+        return plan(q, k, v, True, seqlens_k.contiguous())
     selection = dispatch.select_backend(q, k, v, causal=causal, backend=backend)
     scale = default_softmax_scale(q.shape[-1]) if scale is None else scale
+    if selection.backend == "fa3":
+        from fa_variants.hopper import fa3
+
+        # the config once there is something to launch (_plan: empty shortcuts and the forward-only check first)
+        launches = q.numel() and k.shape[1] and not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)))
+        plan = _plan(selection, q, k, v, causal, scale, fa3.lengths_config(q, k, causal) if launches else None)
+        out, lse = plan(q, k, v, True, seqlens_k.contiguous())
+        if key is not None:
+            if len(dispatch.PLANS) >= dispatch.MAX_PLANS:
+                del dispatch.PLANS[next(iter(dispatch.PLANS))]
+            dispatch.PLANS[key] = plan
+        return out, lse
+    if capturing:
+        raise NotImplementedError(f"seqlens_k under CUDA-graph capture needs the fa3 backend (its kernel reads the "
+                                  f"lengths); this call runs on {selection.backend}, which reads them back")
     if selection.backend == "reference":
         return reference_run(q, k, v, causal=causal, softmax_scale=scale, seqlens_k=seqlens_k)
     batch, seqlen_q, heads, head_dim = q.shape

@@ -166,6 +166,31 @@ def test_speed_ab_variants_compile_without_spills(name, head_dim, causal):
             assert default["CS2R"] > 0 and counts["CS2R"] == 0, (counts, default)
 
 
+@pytest.mark.parametrize("kind", ["plain", "split", "fused"])
+def test_seqlens_k_kernels_compile_without_spills(kind):
+    """Sm90Config.seqlens_k (per-sequence KV lengths read by the kernel): the prefill kernel, the packed split kernel
+    and its fused-merge form build with no spills; the clear of V's rows past a length syncs its warpgroup (one
+    BAR.SYNC more than the same kernel without the lengths, whose SASS it otherwise leaves alone)."""
+    base = {"plain": fa3.default_config("sm_90a", 128, True), "split": fa3._PACKED_SPLIT_CONFIGS[128],
+            "fused": dataclasses.replace(fa3._PACKED_SPLIT_CONFIGS[128], fused_merge=True, first_row_only=False)}[kind]
+    ops = cubin.SASS_OPCODES + ("BAR.SYNC",)
+    counts = cubin.count_sass(cubin.sass_of(_compiled(128, True, dataclasses.replace(base, seqlens_k=True)).cubin), ops)
+    plain = cubin.count_sass(cubin.sass_of(_compiled(128, True, base).cubin), ops)
+    assert counts["LDL"] == counts["STL"] == 0 and counts["HGMMA"] == plain["HGMMA"] > 0, counts
+    assert counts["BAR.SYNC"] > plain["BAR.SYNC"], (counts, plain)
+
+
+def test_seqlens_k_config_limits():
+    """The lengths are read per CTA from its batch: not on the persistent grid (its balanced table is made for the
+    padded length), nor on fa3-fp8 (its descale tables are per padded K/V block)."""
+    with pytest.raises(ValueError, match="seqlens_k"):
+        fa3.Fa3Config(persistent=True, seqlens_k=True).check(128)
+    from fa_variants.hopper import fa3_fp8
+
+    with pytest.raises(ValueError, match="seqlens_k"):
+        dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], seqlens_k=True).check(128)
+
+
 def _compiled(head_dim, causal, config):
     return registry.compiled(registry.static_config("fa3", "sm_90a", "bf16", head_dim, causal, config))
 

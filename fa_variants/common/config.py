@@ -189,6 +189,12 @@ class Sm90Config:
         head_dim 64 (``hopper.fa3.DEFAULT_CONFIGS[64]``; session 12: turnbf16, on/off 1.000-1.012x, paired, one H200)
         and in head_dim 128's prefill config (session 15: on/off 1.008-1.015x, "faster" at 3 shapes, paired, one
         H200; its split and decode configs keep it off); off at the other head dims.
+    seqlens_k: per-sequence KV lengths read by the kernel (``fa_variants.attention(seqlens_k=...)``): the compiled
+        kernel takes an int32 (batch,) tensor after its other arguments, and each CTA attends to the first
+        clamp(seqlens_k[b], 0, seqlen_k) keys of its sequence b (causal bottom-right against that length): its K/V
+        tile range, masks and split ranges use that length, so no tile past it is loaded (the last tile's keys past
+        it are loaded and masked). One launch for a batch of any lengths, no host read-back (CUDA-graph capturable).
+        Not with persistent (its balanced table is made from the padded length).
     """
 
     tile_m: int = 128
@@ -218,6 +224,7 @@ class Sm90Config:
     q_tail_first: bool = False
     alpha_first: bool = False
     hoisted_descriptors: bool = False
+    seqlens_k: bool = False
 
     #: bytes of a Q, K, V element and of an O element (fa3-fp8's config: e4m3 operands, 1)
     OPERAND_BYTES: ClassVar[int] = 2
@@ -307,6 +314,8 @@ class Sm90Config:
             raise ValueError(f"alpha_first={self.alpha_first!r} must be a bool, True only with exp2_ffma=True")
         if not isinstance(self.hoisted_descriptors, bool):
             raise ValueError(f"hoisted_descriptors={self.hoisted_descriptors!r} must be a bool")
+        if not isinstance(self.seqlens_k, bool) or (self.seqlens_k and self.persistent):
+            raise ValueError(f"seqlens_k={self.seqlens_k!r} must be a bool, True only with persistent=False")
         if self.smem_bytes(head_dim) > smem_capacity(arch):
             raise ValueError(f"{self} needs {self.smem_bytes(head_dim)} B of shared memory at head_dim={head_dim} "
                              f"(max {smem_capacity(arch)})")

@@ -132,11 +132,13 @@ class Variant:
         return cache.get_compiled(cfg, self.build)
 
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, softmax_scale: float,
-            config=None) -> tuple[torch.Tensor, torch.Tensor]:
+            config=None, seqlens_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Attention forward: (out (B, Nq, H, D) like q, lse float32 (B, H, Nq), natural log); see `launch`."""
         if self.runner is not None:
+            if seqlens_k is not None:
+                raise ValueError(f"{self.name}: seqlens_k is not read by this backend's runner")
             return self.runner(q, k, v, causal=causal, softmax_scale=softmax_scale)
-        return launch(self, q, k, v, causal=causal, softmax_scale=softmax_scale, config=config)
+        return launch(self, q, k, v, causal=causal, softmax_scale=softmax_scale, config=config, seqlens_k=seqlens_k)
 
 
 def _name(dtype: torch.dtype) -> str:
@@ -159,7 +161,7 @@ def _kernel(variant: Variant, device: torch.device, dtype: torch.dtype, head_dim
 
 
 def launch(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
-           softmax_scale: float, config=None) -> tuple[torch.Tensor, torch.Tensor]:
+           softmax_scale: float, config=None, seqlens_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Run a kernel variant on CUDA tensors: ``launcher(...)(q, k, v)``.
 
     Args:
@@ -168,6 +170,8 @@ def launch(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         causal: bottom-right aligned causal mask.
         softmax_scale: any finite real within `common.scale.MAX_SOFTMAX_SCALE` (`common.scale.kernel_scale`).
         config: the variant's config type, overriding its default (checked against the arch).
+        seqlens_k: int32 (batch,) per-sequence KV lengths, passed to a kernel compiled to read them (a config with
+            ``seqlens_k=True``, e.g. ``hopper.fa3.lengths_config``), after its other arguments; None otherwise.
     Returns:
         (out, lse): out (batch, seqlen_q, num_heads, head_dim) like q, contiguous; lse float32
         (batch, num_heads, seqlen_q), natural log; a row that sees no key gets O = 0, LSE = -inf.
@@ -176,7 +180,8 @@ def launch(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
             a grid beyond the hardware limits, an operand that cannot be aligned.
         TypeError: a softmax_scale that is not a real number.
     """
-    return launcher(variant, q, k, v, causal=causal, softmax_scale=softmax_scale, config=config)(q, k, v)
+    extra = () if seqlens_k is None else (seqlens_k,)
+    return launcher(variant, q, k, v, causal=causal, softmax_scale=softmax_scale, config=config)(q, k, v, True, *extra)
 
 
 def launcher(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
@@ -228,16 +233,16 @@ def launcher(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     scratch_lse = workspace.lse_function(device, lse_shape) if (
         LSE_SCRATCH and batch * heads * seqlen_q <= workspace.LSE_SCRATCH_MAX) else None
 
-    def outputs_and_launch(step, q, k, v, want_lse):
+    def outputs_and_launch(step, q, k, v, want_lse, extra):
         # O like q (shape, dtype, device), contiguous: empty_like parses one tensor where empty parses a shape, a
         # dtype and a device (about 1 us less per call on the host)
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
         lse = torch.empty(lse_shape, dtype=torch.float32, device=device) if want_lse or scratch_lse is None \
             else scratch_lse()
-        step.launch(q, k, v, out, lse)
+        step.launch(q, k, v, out, lse, *extra)
         return out, lse
 
-    def run(q, k, v, want_lse=True):
+    def run(q, k, v, want_lse=True, *extra):  # extra: (seqlens_k,) for a config with seqlens_k
         step, now = chosen, state
         if switches is not None:
             now = switches()
@@ -258,8 +263,8 @@ def launcher(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
             q, k, v = operands(q, k, v)
         if index is not None and _current_device() != index:
             with torch.cuda.device(index):  # launch (and take scratch) on the tensors' device, not the current one
-                return outputs_and_launch(step, q, k, v, want_lse)
-        return outputs_and_launch(step, q, k, v, want_lse)
+                return outputs_and_launch(step, q, k, v, want_lse, extra)
+        return outputs_and_launch(step, q, k, v, want_lse, extra)
 
     run.launch_step = chosen.launch  # diagnostics (scripts/api_overhead.py): the launch alone, outputs given
     run.lse_scratch = scratch_lse  # ... the LSE scratch of want_lse=False (None: allocated)
@@ -305,13 +310,13 @@ class _Steps:
         if launch_with is not None:  # the variant's own launch around fn (Variant.plan_call)
             self.launch = launch_with(fn)
             return
-        if finish is None:
-            def launch(q, k, v, out, lse):
-                fn(*prepare(q, k, v, out, lse))
+        if finish is None:  # extra: the runtime arguments after the others (seqlens_k), as given to run
+            def launch(q, k, v, out, lse, *extra):
+                fn(*prepare(q, k, v, out, lse), *extra)
         else:
-            def launch(q, k, v, out, lse):
+            def launch(q, k, v, out, lse, *extra):
                 args = prepare(q, k, v, out, lse)
-                fn(*args)
+                fn(*args, *extra)
                 finish(args, out, lse)
         self.launch = launch
 
@@ -327,7 +332,8 @@ def _operand_fix(operand: Callable, t: torch.Tensor):
     return True
 
 
-def empty_outputs(out_shape: tuple, dtype: torch.dtype, device: torch.device, q=None, k=None, v=None, want_lse=True):
+def empty_outputs(out_shape: tuple, dtype: torch.dtype, device: torch.device, q=None, k=None, v=None, want_lse=True,
+                  *extra):
     """O = 0, LSE = -inf: a call with no query or no key."""
     return (torch.zeros(out_shape, dtype=dtype, device=device),
             torch.full((out_shape[0], out_shape[2], out_shape[1]), -math.inf, dtype=torch.float32, device=device))

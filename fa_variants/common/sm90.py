@@ -35,6 +35,7 @@ class NamedBarrier(enum.IntEnum):
 
     EPILOGUE = 1  # all consumer warpgroups, around the shared-memory output tile
     SCHEDULE_WG0 = 2  # ping-pong turn of consumer warpgroup 0; warpgroup w uses SCHEDULE_WG0 + w
+    CLEAR_V_WG0 = 5  # seqlens_k: warpgroup w's V rows past the length cleared (CLEAR_V_WG0 + w, up to 3 warpgroups)
 
 
 # --------------------------------------------------------------------------------------------

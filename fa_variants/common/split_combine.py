@@ -164,15 +164,15 @@ def split_steps(scratch, q_view: tuple | None, tail: tuple, merge):
         merge(views[2], views[3], out, lse)
 
     def launch_with(fn):  # the whole launch in one function: no argument tuple carrying the views to finish
-        if q_view is None:
-            def launch(q, k, v, out, lse):
+        if q_view is None:  # extra: the kernel's arguments after tail (seqlens_k), as common.launch passes them
+            def launch(q, k, v, out, lse, *extra):
                 views = scratch()
-                fn(q, k, v, views[0], views[1], *tail)
+                fn(q, k, v, views[0], views[1], *tail, *extra)
                 merge(views[2], views[3], out, lse)
         else:
-            def launch(q, k, v, out, lse):
+            def launch(q, k, v, out, lse, *extra):
                 views = scratch()
-                fn(q.as_strided(*q_view), k, v, views[0], views[1], *tail)
+                fn(q.as_strided(*q_view), k, v, views[0], views[1], *tail, *extra)
                 merge(views[2], views[3], out, lse)
         return launch
     prepare.launch_with = launch_with

@@ -448,32 +448,41 @@ def _build(cfg: StaticConfig):
     from cutlass import Int32  # the DSL: only to compile
 
     from fa_variants.hopper.fa3_kernel import (FlashAttention3Sm90, FlashAttention3Sm90Balanced,
-                                               FlashAttention3Sm90FusedMerge, FlashAttention3Sm90Persistent)
+                                               FlashAttention3Sm90FusedMerge, FlashAttention3Sm90FusedMergeLengths,
+                                               FlashAttention3Sm90Lengths, FlashAttention3Sm90Persistent)
 
     fused = cfg.config.fused_merge and cfg.config.num_splits != 1
     kind = FlashAttention3Sm90Persistent if cfg.config.persistent else FlashAttention3Sm90
     if cfg.config.balanced:
         kind = FlashAttention3Sm90Balanced
-    kernel = (FlashAttention3Sm90FusedMerge if fused else kind)(
-        interop.cute_dtype(cfg.dtype), cfg.head_dim, cfg.causal, cfg.config)
+    if cfg.config.seqlens_k:  # + the per-sequence KV lengths, after the other arguments (not persistent: checked)
+        kind = FlashAttention3Sm90Lengths
+    fused_kind = FlashAttention3Sm90FusedMergeLengths if cfg.config.seqlens_k else FlashAttention3Sm90FusedMerge
+    kernel = (fused_kind if fused else kind)(interop.cute_dtype(cfg.dtype), cfg.head_dim, cfg.causal, cfg.config)
     q, k, v, o, lse, scale, stream = interop.fake_attention_args(cfg.dtype, cfg.head_dim, cfg.align)
+    if cfg.config.seqlens_k:
+        import cutlass.cute as cute
+
+        stream = (interop.fake_tensor("int32", (cute.sym_int(),), 4), stream)  # seqlens_k, then the stream
+    else:
+        stream = (stream,)
     if cfg.config.balanced:  # + l2_heads, the grid's CTA count, the tile table (_plan_call)
         import cutlass.cute as cute
 
         order = interop.fake_tensor("int32", (cute.sym_int(),), 4)
-        return kernel, (q, k, v, o, lse, scale, Int32(1), Int32(1), order, stream)
+        return kernel, (q, k, v, o, lse, scale, Int32(1), Int32(1), order, *stream)
     if cfg.config.persistent:  # + l2_heads, the grid's CTA count (_plan_call)
-        return kernel, (q, k, v, o, lse, scale, Int32(1), Int32(1), stream)
+        return kernel, (q, k, v, o, lse, scale, Int32(1), Int32(1), *stream)
     if not kernel.split:
-        return kernel, (q, k, v, o, lse, scale, Int32(1), stream)  # + l2_heads (see l2_section_heads)
+        return kernel, (q, k, v, o, lse, scale, Int32(1), *stream)  # + l2_heads (see l2_section_heads)
     # fp32 partials of (num_splits * batch) batches (_plan_call)
     o_parts, lse_parts = split_combine.fake_partials(q, cfg.head_dim)
     if not fused:
-        return kernel, (q, k, v, o_parts, lse_parts, scale, Int32(1), stream)
+        return kernel, (q, k, v, o_parts, lse_parts, scale, Int32(1), *stream)
     import cutlass.cute as cute
 
     counters = interop.fake_tensor("int32", (cute.sym_int(),), 4)  # one per query tile (_plan_call)
-    return kernel, (q, k, v, o_parts, lse_parts, scale, Int32(1), o, lse, counters, stream)
+    return kernel, (q, k, v, o_parts, lse_parts, scale, Int32(1), o, lse, counters, *stream)
 
 
 # ----- split-KV (Flash-Decoding, common.split) ---------------------------------------------------
@@ -563,6 +572,15 @@ def _problem_config(config: Sm90Config | None, q: torch.Tensor, k: torch.Tensor,
     else:
         return short_config(q, k, causal)
     return _merge_mode(_packed(config, q, k, splits) if pack else config)
+
+
+def lengths_config(q: torch.Tensor, k: torch.Tensor, causal: bool, config: Sm90Config | None = None) -> Sm90Config:
+    """The config of a call with per-sequence KV lengths (``fa_variants.attention(seqlens_k=...)``): ``config``, or
+    the one `auto` runs for q, k at K's padded length (``_problem_config``: split and packed for decode), reading the
+    lengths in the kernel (``Sm90Config.seqlens_k``) on the one-CTA-per-tile grid (a short call's persistent grid
+    is made for the padded length: not taken)."""
+    base = _problem_config(config, q, k, causal) or default_config(ARCH, q.shape[-1], causal)
+    return dataclasses.replace(base, seqlens_k=True, persistent=False, balanced=False)
 
 
 def pack_helps(seqlen_q: int, num_heads: int, num_heads_kv: int, head_dim: int) -> bool:
@@ -815,7 +833,7 @@ VARIANT = Variant(
 
 
 def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, softmax_scale: float,
-        config: Sm90Config | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        config: Sm90Config | None = None, seqlens_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """FA3 forward on an sm90 GPU (``common.launch.launch``).
 
     Args:
@@ -825,6 +843,10 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, soft
         softmax_scale: any finite real (``common.scale.kernel_scale``: negative scales run as
             softmax(|scale| Q (-K)^T), zero as the plain mean of the visible V rows).
         config: tile/schedule override (tests and the ablation); default ``DEFAULT_CONFIGS[head_dim]``.
+        seqlens_k: optional int32 (batch,) per-sequence KV lengths on q's device (a KV cache padded to seqlen_k):
+            sequence b attends to its first seqlens_k[b] keys (causal bottom-right against that length), read by
+            the kernel (``lengths_config``; values clamped to [0, seqlen_k]: ``fa_variants.attention`` checks
+            them). One launch, no host read-back.
     Returns:
         (out, lse): out (batch, seqlen_q, num_heads, head_dim) like q, contiguous; lse float32
         (batch, num_heads, seqlen_q), natural log; a row that sees no key gets O = 0, LSE = -inf.
@@ -833,4 +855,6 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, soft
             more than 2^31 - 1 CTAs, a non-finite softmax_scale, or an operand TMA cannot address.
     Strides: any 16-byte-aligned strides are read in place (TMA); others are copied first.
     """
-    return VARIANT.run(q, k, v, causal=causal, softmax_scale=softmax_scale, config=config)
+    if seqlens_k is not None:
+        config = lengths_config(q, k, causal, config)
+    return VARIANT.run(q, k, v, causal=causal, softmax_scale=softmax_scale, config=config, seqlens_k=seqlens_k)

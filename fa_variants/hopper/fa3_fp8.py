@@ -219,6 +219,8 @@ class Fp8Config(Fa3Config):
         assert layout.TILE_M % WGMMA_M == 0
         if self.pack_gqa:  # the descales are indexed by query head and row: packed rows / KV heads would misread them
             raise ValueError("fa3-fp8: pack_gqa=True is not supported (q_descale is per query head and 128 rows)")
+        if self.seqlens_k:  # the descale tables are per padded K/V block; not wired into fp8's kernels
+            raise ValueError("fa3-fp8: seqlens_k=True is not supported (per-sequence KV lengths: fa3, fa2)")
         if self.alpha_first:  # not built or tested for fp8's own mainloop
             raise ValueError("fa3-fp8: alpha_first=True is not supported (only fa3's bf16/fp16 kernel)")
         if self.tile_n % 32:

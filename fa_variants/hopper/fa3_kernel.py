@@ -38,7 +38,8 @@ from fa_variants.hopper.fa3_producer import Fa3Producer
 from fa_variants.hopper.fa3_schedule import Fa3Schedule
 from fa_variants.hopper.fa3_split import LN_2, LOG2_E, MERGE_VEC, Fa3SplitKV
 
-__all__ = ["FlashAttention3Sm90", "FlashAttention3Sm90Persistent", "FlashAttention3Sm90FusedMerge", "REGISTERS",
+__all__ = ["FlashAttention3Sm90", "FlashAttention3Sm90Persistent", "FlashAttention3Sm90FusedMerge",
+           "FlashAttention3Sm90Lengths", "FlashAttention3Sm90FusedMergeLengths", "REGISTERS",
            "REGISTERS_TWO_CTAS", "MERGE_VEC", "LOG2_E", "LN_2", "_StepContext"]
 
 # Register split per consumer-warpgroup count: (producer warpgroup, each consumer warpgroup);
@@ -142,12 +143,22 @@ class FlashAttention3Sm90(Fa3Schedule, Fa3SplitKV, Fa3Producer):
         return self.overlap and self.cfg.rescale_o_before_pv
 
     @cute.jit
+    def _kv_length(self, lengths: tuple, batch: Int32, seqlen_k: Int32) -> Int32:
+        """Keys sequence ``batch`` attends to: seqlen_k (K's padded length), or with ``lengths`` = (seqlens_k,)
+        (``Sm90Config.seqlens_k``) seqlens_k[batch] clamped to [0, seqlen_k] (a value outside is refused on the
+        host; inside CUDA-graph capture it is not read there, so the kernel never walks past K's rows)."""
+        if const_expr(len(lengths) > 0):
+            return cutlass.min(cutlass.max(lengths[0][batch], Int32(0)), seqlen_k)
+        return seqlen_k
+
+    @cute.jit
     def launch(self, mQ, mK, mV, mO, mLSE, softmax_scale_log2: Float32, l2_heads: Int32, extras: tuple,
-               stream: cuda.CUstream, merge: tuple = (), ctas=None, order: tuple = ()):
+               stream: cuda.CUstream, merge: tuple = (), ctas=None, order: tuple = (), lengths: tuple = ()):
         """Host side shared by the kernel family; ``extras`` (tensors) go unchanged to the device side.
         ``merge``: (out, lse, counters) of the fused split merge (``FlashAttention3Sm90FusedMerge``), else ().
         ``ctas``: the persistent grid's CTA count (``FlashAttention3Sm90Persistent``), else None; ``order``: (its
-        tile table,) with ``Sm90Config.balanced``, else ()."""
+        tile table,) with ``Sm90Config.balanced``, else (); ``lengths``: (seqlens_k,) with ``Sm90Config.seqlens_k``
+        (int32 (batch,): ``_kv_length``), else ()."""
         # (batch, seqlen, heads, head_dim) -> (seqlen, head_dim, heads, batch): TMA boxes and
         # MMA tiles cover the first two modes; LSE (batch, heads, seqlen) -> (seqlen, heads, batch).
         mQ, mK, mO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0])) for t in (mQ, mK, mO)]
@@ -198,7 +209,7 @@ class FlashAttention3Sm90(Fa3Schedule, Fa3SplitKV, Fa3Producer):
         self.kernel(
             tQ, tK, tV, tO, mLSE, tma_q, tma_k, tma_v, tma_o,
             tiled_mma_qk, tiled_mma_pv, sQ_layout, sO_layout, sKV_layout, sV_layout,
-            softmax_scale_log2, num_m_blocks, qhead_per_kvhead, l2_heads, extras, merge, order,
+            softmax_scale_log2, num_m_blocks, qhead_per_kvhead, l2_heads, extras, merge, order, lengths,
         ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=self.cfg.ctas_per_sm,
                                           use_pdl=self.cfg.pdl, **self._carveout())
 
@@ -269,6 +280,7 @@ class FlashAttention3Sm90(Fa3Schedule, Fa3SplitKV, Fa3Producer):
         extras: tuple,
         merge: tuple,
         order: tuple,
+        lengths: tuple,
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
@@ -301,6 +313,7 @@ class FlashAttention3Sm90(Fa3Schedule, Fa3SplitKV, Fa3Producer):
                 cute.arch.griddepcontrol_launch_dependents()
             num_splits = mO.shape[3] // mQ.shape[3]
             m_block, head, batch, split_idx = self._split_coords(num_m_blocks, mQ.shape[2], num_splits)
+            seqlen_k = self._kv_length(lengths, batch, seqlen_k)
             n_start, n_blocks = self._split_range(m_block, split_idx, num_splits, seqlen_q, seqlen_k)
             out_batch = split_idx * mQ.shape[3] + batch  # partials are (num_splits * batch) batches
             # fused merge: what the consumer threads need to merge the query tile when this CTA arrives last
@@ -326,6 +339,7 @@ class FlashAttention3Sm90(Fa3Schedule, Fa3SplitKV, Fa3Producer):
                                    warp_idx, num_m_blocks, l2_heads, seqlen_q, seqlen_k, order)
         else:
             m_block, head, batch = self._tile_coords(num_m_blocks, mQ.shape[2], mQ.shape[3], l2_heads)
+            seqlen_k = self._kv_length(lengths, batch, seqlen_k)
             n_blocks = self._num_kv_blocks(m_block, seqlen_q, seqlen_k)
             self._roles(mQ, mK, mV, mO, mLSE, sQ, sK, sV, sO, tma_q, tma_k, tma_v, tma_o, tiled_mma_qk,
                         tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2, qhead_per_kvhead, extras, warp_idx,
@@ -397,7 +411,7 @@ class FlashAttention3Sm90(Fa3Schedule, Fa3SplitKV, Fa3Producer):
         ctx = self._step_context((
             self, wg, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrV, tOrP, acc_O, tScS, t0ScS,
             softmax, pipe_k, pipe_v, self._q_start(m_block, seqlen_q),
-            AttentionMask(seqlen_q, seqlen_k, qhead_per_kvhead=max(self.pack_group, 1)), alpha_prev,
+            AttentionMask(seqlen_q, seqlen_k, qhead_per_kvhead=max(self.pack_group, 1)), alpha_prev, sV,
         ), extras, m_block, head, batch)
         if const_expr(not ctx.overwrites_o()):
             acc_O.fill(0.0)
@@ -526,6 +540,16 @@ class FlashAttention3Sm90Balanced(FlashAttention3Sm90Persistent):
         self.launch(mQ, mK, mV, mO, mLSE, softmax_scale_log2, l2_heads, (), stream, ctas=ctas, order=(mOrder,))
 
 
+class FlashAttention3Sm90Lengths(FlashAttention3Sm90):
+    """``FlashAttention3Sm90`` with ``Sm90Config.seqlens_k``: ``__call__`` takes, after l2_heads, the per-sequence KV
+    lengths ``mSeqlensK`` (int32, (batch,)); split-KV configs too (their fp32 partials in place of out and LSE)."""
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+                 softmax_scale_log2: Float32, l2_heads: Int32, mSeqlensK: cute.Tensor, stream: cuda.CUstream):
+        self.launch(mQ, mK, mV, mO, mLSE, softmax_scale_log2, l2_heads, (), stream, lengths=(mSeqlensK,))
+
+
 class FlashAttention3Sm90FusedMerge(FlashAttention3Sm90):
     """``FlashAttention3Sm90`` with split-KV and the merge in the same kernel (``Sm90Config.fused_merge``):
     ``__call__`` takes the fp32 partials (mO (S*B, Nq, H, D), mLSE (S*B, H, Nq)) where the split kernel does, then
@@ -537,3 +561,15 @@ class FlashAttention3Sm90FusedMerge(FlashAttention3Sm90):
                  softmax_scale_log2: Float32, l2_heads: Int32, mOut: cute.Tensor, mLSEout: cute.Tensor,
                  mCount: cute.Tensor, stream: cuda.CUstream):
         self.launch(mQ, mK, mV, mO, mLSE, softmax_scale_log2, l2_heads, (), stream, merge=(mOut, mLSEout, mCount))
+
+
+class FlashAttention3Sm90FusedMergeLengths(FlashAttention3Sm90FusedMerge):
+    """``FlashAttention3Sm90FusedMerge`` with ``Sm90Config.seqlens_k``: ``__call__`` takes, after the counters, the
+    per-sequence KV lengths ``mSeqlensK`` (int32, (batch,))."""
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+                 softmax_scale_log2: Float32, l2_heads: Int32, mOut: cute.Tensor, mLSEout: cute.Tensor,
+                 mCount: cute.Tensor, mSeqlensK: cute.Tensor, stream: cuda.CUstream):
+        self.launch(mQ, mK, mV, mO, mLSE, softmax_scale_log2, l2_heads, (), stream, merge=(mOut, mLSEout, mCount),
+                    lengths=(mSeqlensK,))

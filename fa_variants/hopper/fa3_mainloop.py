@@ -44,6 +44,7 @@ class _StepContext:
     row0: Int32
     mask_s: AttentionMask
     alpha_prev: cute.Tensor  # (rows,) alpha of the tile whose P V GEMM is issued next (defer_mode > 0), else None
+    sV: cute.Tensor = None  # V's ring in shared memory, (tile_n, head_dim, stage): seqlens_k's clear_v_past_length
 
     # ping-pong: warpgroup w waits on its own barrier, then hands the turn to w + 1
     def schedule_sync(self):
@@ -84,11 +85,31 @@ class _StepContext:
     def pv(self, v_state, n_block, wait: int, accumulate=None):
         """Issue O += P V_n (one WGMMA group; ``wait`` as in ``common.sm90.wgmma``); O = P V_n where the
         run-time ``accumulate`` is False (only passed when ``overwrites_o``)."""
+        if const_expr(self.k.cfg.seqlens_k):
+            self.clear_v_past_length(v_state, n_block)
         early = const_expr(self.k.cfg.early_pv_arrive)
         wgmma(self.mma_pv, self.acc_O, self.tOrP, self.tOrV[None, None, None, v_state.index],
               wait=-1 if early else wait, accumulate=accumulate)
         if const_expr(early):
             self.pv_issued(wait)
+
+    @cute.jit
+    def clear_v_past_length(self, v_state, n_block):
+        """``Sm90Config.seqlens_k``: before the P V GEMM of the tile holding the sequence's last key, zero its V rows
+        at or past the length in shared memory. Their P is 0, but a KV cache past a sequence's length holds whatever
+        was there (0 x NaN or inf = NaN in P V); K's are harmless (masked S is -inf). Only the one tile crossing the
+        length (or tile 0 of an empty sequence) takes the branch. Each warpgroup clears every such row itself (the
+        same zeros: another warpgroup's GEMM of the tile reads V or 0, never what was there), fences its writes to
+        the tensor cores' proxy and syncs its own 128 threads before its GEMM is issued."""
+        tile_n, d = self.k.tile_n, self.k.head_dim
+        valid = cutlass.max(self.mask_s.seqlen_k - n_block * tile_n, 0)
+        if valid < tile_n:
+            sv = self.sV[None, None, v_state.index]
+            t = cute.arch.thread_idx()[0] % WARPGROUP_THREADS
+            for i in cutlass.range(t, (tile_n - valid) * d, WARPGROUP_THREADS, unroll=1):
+                sv[valid + i // d, i % d] = sv.element_type(0)
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier(barrier_id=int(NamedBarrier.CLEAR_V_WG0) + self.wg, number_of_threads=WARPGROUP_THREADS)
 
     def pv_issued(self, wait: int):
         """``early_pv_arrive``: called by ``pv`` once the last WGMMA group of the P V GEMM is committed: hand the

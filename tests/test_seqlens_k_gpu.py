@@ -1,0 +1,112 @@
+"""Per-sequence KV lengths read by the fa3 kernel (``Sm90Config.seqlens_k``, ``hopper.fa3.lengths_config``) on an
+sm90 GPU: one launch for a batch of any lengths, against float64 attention over each sequence's first keys. The
+KV cache past each length holds NaN (``helpers.padded_kv_cache``): the kernel loads the tile that crosses a length
+and must neither use its keys (masked) nor let its V rows reach O (cleared in shared memory). Prefill and decode
+shapes, causal or not, GQA, every head dim, fp16, split-KV (the merge kernel and the fused merge), packed GQA, CUDA
+graph capture with new lengths at each replay; the API's routing (fa3 in-kernel, fa2 per length, capture refused
+off fa3)."""
+import dataclasses
+
+import pytest
+import torch
+from helpers import assert_attention_ok, padded_kv_cache, sm90_only
+
+from fa_variants.bench.decode import capture_graph
+
+pytestmark = sm90_only("fa3 with seqlens_k")
+fa3 = pytest.importorskip("fa_variants.hopper.fa3")
+
+BF16, F16 = torch.bfloat16, torch.float16
+
+
+@pytest.fixture(autouse=True)
+def poisoned(poisoned_workspace):
+    """NaN-filled allocations and a fresh split scratch per test (conftest.poisoned_workspace)."""
+
+
+# (lengths, seqlen_q, seqlen_k, heads, heads_kv): lengths 0 and 1, tile boundaries (127 / 128 / 129, 255), odd
+# lengths, the full padded length, Nq > a length (causal rows that see no key), GQA and MQA
+PREFILL = [
+    ([0, 1, 127, 128, 129, 300], 77, 300, 4, 2),
+    ([1023, 5, 600, 0], 1023, 1023, 2, 2),
+    ([255, 17], 300, 4224, 6, 1),
+    ([113, 113, 4000], 113, 4224, 8, 2),
+]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
+@pytest.mark.parametrize("case", PREFILL, ids=[f"{len(c[0])}x{c[1]}x{c[2]}" for c in PREFILL])
+def test_prefill_lengths_in_the_kernel(case, head_dim, causal):
+    lengths, nq, nk, h, hkv = case
+    q, k, v, seqlens_k = padded_kv_cache(lengths, nq, nk, h, hkv, head_dim, device="cuda")
+    scale = head_dim ** -0.5
+    config = fa3.lengths_config(q, k, causal)
+    assert config.seqlens_k and not config.persistent
+    out, lse = fa3.run(q, k, v, causal=causal, softmax_scale=scale, seqlens_k=seqlens_k)
+    assert_attention_ok(out, lse, q, k, v, causal, scale, seqlens_k=seqlens_k,
+                        what=f"D={head_dim} causal={causal} lengths={lengths}")
+
+
+def test_fp16_and_the_callers_tensors_untouched():
+    q, k, v, seqlens_k = padded_kv_cache([3, 0, 200], 129, 257, 4, 1, 128, dtype=F16, device="cuda")
+    before = [t.clone() for t in (q, k, v, seqlens_k)]
+    out, lse = fa3.run(q, k, v, causal=True, softmax_scale=0.1, seqlens_k=seqlens_k)
+    assert_attention_ok(out, lse, q, k, v, True, 0.1, seqlens_k=seqlens_k)
+    for was, now in zip(before, (q, k, v, seqlens_k)):  # the padding's NaN included
+        torch.testing.assert_close(now, was, rtol=0, atol=0, equal_nan=True)
+
+
+DECODE = [([0, 1, 113, 1023, 500, 1], 1, 1023, 32, 8, 128), ([4096, 4000, 1, 2049], 4, 4096, 32, 8, 64),
+          ([8191, 3, 0], 16, 8192, 64, 8, 128), ([300, 299], 1, 300, 8, 2, 256)]
+
+
+@pytest.mark.parametrize("split", ["auto", "merge-kernel", "fused"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("case", DECODE, ids=[f"{len(c[0])}x{c[1]}x{c[2]}-d{c[5]}" for c in DECODE])
+def test_decode_lengths_split_and_packed(case, causal, split):
+    """Decode shapes on `auto`'s split / packed configs, and with a fixed split count through the merge kernel or
+    the fused merge: splits past a sequence's length get no tile (LSE -inf, ignored by the merge)."""
+    lengths, nq, nk, h, hkv, d = case
+    q, k, v, seqlens_k = padded_kv_cache(lengths, nq, nk, h, hkv, d, device="cuda")
+    config = None
+    if split != "auto":
+        base = fa3.decode_config(q, k, causal, num_splits=3)
+        config = dataclasses.replace(base, fused_merge=split == "fused",
+                                     first_row_only=base.first_row_only and split != "fused")
+    out, lse = fa3.run(q, k, v, causal=causal, softmax_scale=0.09, config=config, seqlens_k=seqlens_k)
+    assert_attention_ok(out, lse, q, k, v, causal, 0.09, seqlens_k=seqlens_k, what=f"{split} lengths={lengths}")
+
+
+@pytest.mark.parametrize("backend", ["fa3", "auto"])
+def test_api_runs_one_launch_and_replays_in_a_cuda_graph(backend):
+    """``fa_variants.attention(seqlens_k=...)`` on fa3: captured once in a CUDA graph (no host read-back of the
+    lengths), then replayed with new lengths and new queries written into the same tensors: each replay's result
+    is the new one."""
+    import fa_variants
+
+    q, k, v, seqlens_k = padded_kv_cache([700, 1, 0, 1023], 1, 1023, 32, 8, 128, device="cuda")
+    k, v = k.nan_to_num(), v.nan_to_num()  # the replays move the lengths over the whole cache: all of it finite
+    run = lambda: fa_variants.attention(q, k, v, causal=True, backend=backend, return_lse=True,  # noqa: E731
+                                        seqlens_k=seqlens_k)
+    out, lse = run()  # compile and plan outside the capture
+    assert_attention_ok(out, lse, q, k, v, True, seqlens_k=seqlens_k)
+    graph, [(out, lse)] = capture_graph(run)
+    for lengths in ([1, 1023, 512, 0], [129, 128, 127, 2]):
+        seqlens_k.copy_(torch.tensor(lengths, dtype=torch.int32))
+        q.copy_(torch.randn_like(q))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_attention_ok(out, lse, q, k, v, True, seqlens_k=seqlens_k, what=f"replay {lengths}")
+
+
+def test_api_fa2_reads_the_lengths_back_and_refuses_capture():
+    """fa2 keeps the per-length launches (lengths read back: correct eagerly), and under CUDA-graph capture says
+    that fa3 is the backend that reads the lengths."""
+    import fa_variants
+
+    q, k, v, seqlens_k = padded_kv_cache([5, 0, 300], 3, 300, 4, 2, 64, device="cuda")
+    out, lse = fa_variants.attention(q, k, v, causal=True, backend="fa2", return_lse=True, seqlens_k=seqlens_k)
+    assert_attention_ok(out, lse, q, k, v, True, seqlens_k=seqlens_k)
+    with pytest.raises(NotImplementedError, match="needs the fa3 backend"):
+        capture_graph(lambda: fa_variants.attention(q, k, v, backend="fa2", seqlens_k=seqlens_k))
