@@ -326,8 +326,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
             to seqlen_k: sequence b attends to its first seqlens_k[b] keys only (causal bottom-right against
             that length); keys past it are never used. 0 <= seqlens_k[b] <= seqlen_k (checked, reading the
             tensor back: one device sync per call; the check is skipped during CUDA-graph capture).
-            Semantics: ``reference.attention_reference``. The kernels do not read it yet: a kernel backend
-            runs one call per distinct length on k[:, :length] (correct; one launch per distinct length).
+            Semantics: ``reference.attention_reference``. fa3 reads it in its kernel (one launch, the cache past a
+            length may hold NaN; capturable in a CUDA graph, the kernel clamping each value to [0, seqlen_k]);
+            fa2 / fa1 run one call per distinct length on k[:, :length] (not inside capture).
         num_splits, pack_gqa: the split-KV count (an int >= 1; 1: no split) and packed GQA (fa3: any group at
             seqlen_q = 1; at seqlen_q > 1 a group G = num_heads / num_heads_kv dividing 64 or a multiple of it;
             fa2: seqlen_q = 1 only; else ValueError) for this call, instead of the choice `auto` makes (None).
@@ -358,7 +359,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
             of num_heads_kv; head_dim 0; num_heads_kv 0; inputs on different devices; non-finite
             or out-of-range softmax_scale; an unknown backend; a backend that cannot serve the call
             (``dispatch.BackendUnavailableError``, naming the backends that can).
-        NotImplementedError: a kernel backend with inputs that require grad (forward only).
+        NotImplementedError: a kernel backend with inputs that require grad (forward only); seqlens_k under
+            torch.compile, or inside CUDA-graph capture on a backend other than fa3.
 
     Sources: Dao et al., FlashAttention (2022), Algorithm 1; Dao, FlashAttention-2 (2023), Algorithm 1;
     Shah et al., FlashAttention-3 (2024).

@@ -330,6 +330,29 @@ def test_decode_table_subset_and_summary(capsys):
     assert "flash-attn-4: no case timed" in text and "lowest 60% (D128 B1 Nk32768 Nq1); target >= 70%" in text
 
 
+def test_decode_table_ragged_lengths_and_mask():
+    """`bench --decode --decode-lengths`: lengths in [1, Nk] (the first Nk), and SDPA's mask is the keys the
+    reference lets each row see (below the length, causal bottom-right against it)."""
+    import torch
+
+    from fa_variants.bench import decode
+    from fa_variants.reference import attention_reference
+
+    case = decode.DecodeCase(batch=5, seqlen_q=3, seqlen_k=11, heads=4, heads_kv=2, head_dim=8)
+    lengths, mask = decode.ragged_lengths(case, torch.Generator().manual_seed(3), device="cpu")
+    assert lengths.dtype == torch.int32 and lengths[0] == 11 and ((lengths >= 1) & (lengths <= 11)).all()
+    assert mask.shape == (5, 1, 3, 11)
+    q, k, v = (torch.randn(5, n, h, 8, dtype=torch.float64) for n, h in ((3, 4), (11, 2), (11, 2)))
+    want = attention_reference(q, k, v, causal=True, softmax_scale=0.3, seqlens_k=lengths)[0]
+    got = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                           attn_mask=mask, scale=0.3, enable_gqa=True).transpose(1, 2)
+    rows = mask.squeeze(1).any(-1)  # rows that see a key (the others: 0 in ours, NaN in SDPA)
+    torch.testing.assert_close(got[rows], want[rows])
+    from fa_variants.cli import main
+
+    assert main(["bench", "--decode", "--decode-lengths", "--quick", "--dry-run"]) == 0
+
+
 def test_decode_pdl_follows_the_split_count(h200, split_enabled, monkeypatch):
     """Session 6 defaults: one-tile splits (B 1 Nk 1k: 8 splits) and PDL at DECODE_PDL_MIN_SPLITS (1 since session
     10: unsplit too)..DECODE_PDL_MAX_SPLITS splits of a packed seqlen_q = 1 call (not at 16 splits, not at

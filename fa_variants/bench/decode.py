@@ -14,6 +14,12 @@ Per case and implementation:
 * HBM bandwidth: K and V bytes (batch x Nk x Hkv x D x 2 tensors x 2 bytes) / GPU time, and its share of
   the GPU's peak (``--peak-tbps``, 4.8 for an H200).
 
+``--decode-lengths`` (a ragged KV cache, issue 13's per-sequence KV lengths): each sequence b of a case uses only its
+first lengths[b] keys of the padded cache (lengths drawn once per case, uniform in [1, Nk], seeded, the first one
+Nk): ours with ``seqlens_k=`` (fa3 reads them in the kernel, one launch), flash-attn-4 with ``seqused_k=``, SDPA
+with a boolean mask of each sequence's visible keys (its own backend choice for a masked call); the HBM columns then
+count the K/V bytes of the used keys only.
+
 Masks: ours and flash-attn-4 run causal=True (bottom-right: the real decode mask); SDPA runs is_causal=False,
 since its is_causal is top-left aligned (row 0 would see key 0 only). At Nq = 1 both masks are the same; at
 Nq = 4, 16 the causal rows skip at most Nq - 1 of Nk keys.
@@ -60,24 +66,52 @@ def cases(quick: bool = False, **subset) -> list[DecodeCase]:
             itertools.product(p["head_dims"], p["gqa"], p["batch"], p["nk"], p["nq"])]
 
 
-def implementations() -> dict:
-    """name -> fn(q, k, v) for ours and the peers importable here."""
+def implementations(ragged: bool = False) -> dict:
+    """name -> fn(q, k, v, lengths) for ours and the peers importable here; ``lengths`` (``ragged``: int32 (batch,)
+    per-sequence KV lengths, and the SDPA mask they give, ``ragged_mask``) or None."""
     import torch.nn.functional as F
 
     import fa_variants
 
-    impls = {
-        "ours (auto)": lambda q, k, v: fa_variants.attention(q, k, v, causal=True),
-        "sdpa (auto)": lambda q, k, v: F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), enable_gqa=True),
-    }
+    if ragged:
+        impls = {
+            "ours (seqlens_k)": lambda q, k, v, lengths: fa_variants.attention(q, k, v, causal=True,
+                                                                               seqlens_k=lengths[0]),
+            "sdpa (mask)": lambda q, k, v, lengths: F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=lengths[1], enable_gqa=True),
+        }
+    else:
+        impls = {
+            "ours (auto)": lambda q, k, v, lengths: fa_variants.attention(q, k, v, causal=True),
+            "sdpa (auto)": lambda q, k, v, lengths: F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), enable_gqa=True),
+        }
     try:
-        from flash_attn.cute.interface import flash_attn_func
+        from flash_attn.cute.interface import flash_attn_func, flash_attn_varlen_func
     except Exception:  # noqa: BLE001 - not installed here
         pass
     else:
-        impls["flash-attn-4"] = lambda q, k, v: flash_attn_func(q, k, v, causal=True)
+        if ragged:
+            impls["flash-attn-4"] = lambda q, k, v, lengths: flash_attn_varlen_func(q, k, v, seqused_k=lengths[0],
+                                                                                    causal=True)
+        else:
+            impls["flash-attn-4"] = lambda q, k, v, lengths: flash_attn_func(q, k, v, causal=True)
     return impls
+
+
+def ragged_lengths(case: DecodeCase, generator, device="cuda") -> tuple:
+    """(lengths, mask): int32 (batch,) KV lengths uniform in [1, seqlen_k] (the first = seqlen_k), and the boolean
+    SDPA mask (batch, 1, seqlen_q, seqlen_k) of the keys each query row sees: key j < lengths[b], causal bottom-right
+    against that length (j <= i + lengths[b] - seqlen_q)."""
+    import torch
+
+    lengths = torch.randint(1, case.seqlen_k + 1, (case.batch,), device=device, generator=generator, dtype=torch.int32)
+    lengths[0] = case.seqlen_k
+    j = torch.arange(case.seqlen_k, device=device)
+    i = torch.arange(case.seqlen_q, device=device)
+    end = lengths.view(-1, 1, 1).long()
+    mask = (j.view(1, 1, -1) < end) & (j.view(1, 1, -1) <= i.view(1, -1, 1) + end - case.seqlen_q)
+    return lengths, mask.unsqueeze(1)
 
 
 def capture_graph(fn, calls: int = 1):
@@ -145,21 +179,27 @@ def _host_us(fn, calls: int = 200) -> float:
     return (time.perf_counter() - t0) / calls * 1e6
 
 
-def measure(case: DecodeCase, impls: dict, peak_tbps: float) -> list[dict]:
+def measure(case: DecodeCase, impls: dict, peak_tbps: float, ragged: bool = False) -> list[dict]:
     import torch
 
     g = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(case.batch, case.seqlen_q, case.heads, case.head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
     k = torch.randn(case.batch, case.seqlen_k, case.heads_kv, case.head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
     v = torch.randn_like(k)
+    lengths, kv_bytes = None, case.kv_bytes
+    if ragged:  # the bytes of the keys used
+        lengths = ragged_lengths(case, g)
+        kv_bytes = kv_bytes * int(lengths[0].sum()) // (case.batch * case.seqlen_k)
     rows = []
     for name, impl in impls.items():
         row = dict(asdict(case), impl=name)
+        if ragged:
+            row["lengths"] = lengths[0].tolist()
         try:
-            ms, how = _gpu_ms(lambda: impl(q, k, v))
+            ms, how = _gpu_ms(lambda: impl(q, k, v, lengths))
             calls = max(10, min(200, int(50 / ms)))  # about 50 ms of calls at most
-            row.update(gpu_us=ms * 1e3, timer=how, host_us=_host_us(lambda: impl(q, k, v), calls),
-                       tbps=case.kv_bytes / (ms * 1e-3) / 1e12)
+            row.update(gpu_us=ms * 1e3, timer=how, host_us=_host_us(lambda: impl(q, k, v, lengths), calls),
+                       tbps=kv_bytes / (ms * 1e-3) / 1e12)
             row["hbm_share"] = row["tbps"] / peak_tbps
         except Exception as exc:  # noqa: BLE001 - recorded, the table goes on
             row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
@@ -232,6 +272,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     for name, what in (("nq", "seqlen_q"), ("nk", "seqlen_k"), ("batch", "batch sizes"), ("head-dims", "head dims")):
         g.add_argument(f"--decode-{name}", type=_ints, metavar="LIST", help=f"only these {what} (comma list)")
     g.add_argument("--decode-no-fa4", action="store_true", help="ours and SDPA only (flash-attn-4 compiles per shape)")
+    g.add_argument("--decode-lengths", action="store_true",
+                   help="a ragged KV cache: per-sequence lengths in [1, Nk] (ours: seqlens_k=; SDPA: a mask)")
 
 
 def run_cli(args: argparse.Namespace) -> int:
@@ -247,18 +289,19 @@ def run_cli(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         print("fa-variants bench --decode: no CUDA GPU here (--dry-run lists the cases)")
         return 2
-    impls = implementations()
+    ragged = getattr(args, "decode_lengths", False)
+    impls = implementations(ragged)
     if getattr(args, "decode_no_fa4", False):
         impls.pop("flash-attn-4", None)
     rows = []
     try:
         for i, case in enumerate(todo):
-            rows.extend(measure(case, impls, args.peak_tbps))
+            rows.extend(measure(case, impls, args.peak_tbps, ragged))
             print(f"[{i + 1}/{len(todo)}] {case}", flush=True)
     except KeyboardInterrupt:  # a GPU script's time limit (timeout -s INT): the table of the cases measured
         print(f"interrupted: {len({tuple(r[k] for k in ('head_dim', 'heads', 'batch', 'seqlen_k', 'seqlen_q')) for r in rows})}"
               f"/{len(todo)} cases measured", flush=True)
-    text = table(rows) + "\n\n" + summary(rows)
+    text = table(rows) + "\n\n" + (summary(rows, "ours (seqlens_k)", "sdpa (mask)") if ragged else summary(rows))
     print(text)
     if args.out:
         out = Path(args.out)
