@@ -5,7 +5,7 @@
 #
 #   source .gpu/env.sh; scripts/balanced_gpu.sh       (repository root; writes under $OUT; --help: this text)
 #
-# Session 18 ran it (bench/h200-2026-12-03-s18/callA: 13 passed, sanitizers clean, balanced / new 1.04-1.18 at
+# Session 18 ran it (bench/h200-2026-12-03-s18/raw.tar.xz:callA/balanced.out: 13 passed, sanitizers clean, balanced / new 1.04-1.18 at
 # N 1k-4k causal) and flipped the balanced grid on (FA_VARIANTS_SHORT_BALANCED, on by default since); it now reproves
 # that grid after a change to fa3's persistent path.
 #
