@@ -228,15 +228,23 @@ def _plan(selection: Selection, q, k, v, causal: bool, scale: float, config=None
 
 
 def _with_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, seqlens_k: torch.Tensor):
-    """attention with per-sequence KV lengths: fa3 reads them in its kernel (one launch for the batch, no host
-    read-back: CUDA-graph capturable; its plan kept per call kind as `dispatch_and_run` keeps one); the reference
-    reads them itself; the other kernel backends (fa2, fa1) run once per distinct length on the sequences of that
-    length and k, v cut to it (the lengths read back: not under CUDA-graph capture)."""
+    """attention with per-sequence KV lengths: fa3 and fa2 read them in their kernels (one launch for the batch, no
+    host read-back: CUDA-graph capturable; the plan kept per call kind as `dispatch_and_run` keeps one); the
+    reference reads them itself; fa1 runs once per distinct length on the sequences of that length and k, v cut to
+    it (the lengths read back: not under CUDA-graph capture)."""
+    # traced (torch.compile, or export's fake / functional tensors; an eager Parameter keeps the reference's
+    # autograd): one opaque node (integrations.custom_op, forward only) whose body is `run_seqlens_k`, the values
+    # checked when it runs
+    if torch.compiler.is_compiling() or (type(q) is not torch.Tensor and not isinstance(q, torch.nn.Parameter)):
+        check_seqlens_k(seqlens_k, q.shape[0], k.shape[1], q.device, values=False)
+        return torch.ops.fa_variants.attention_seqlens_k(q, k, v, seqlens_k, causal, scale, backend)
+    return run_seqlens_k(q, k, v, causal, scale, backend, seqlens_k)
+
+
+def run_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, seqlens_k: torch.Tensor):
+    """`_with_seqlens_k` on plain tensors, eagerly (the body of ``torch.ops.fa_variants.attention_seqlens_k``)."""
     capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()
-    traced = _traced(q)  # before reading the lengths back: under tracing that is a data-dependent guard
-    check_seqlens_k(seqlens_k, q.shape[0], k.shape[1], q.device, values=not (capturing or traced))
-    if traced:
-        raise NotImplementedError("seqlens_k is not supported under torch.compile yet")
+    check_seqlens_k(seqlens_k, q.shape[0], k.shape[1], q.device, values=not capturing)
     key = _call_key(q, k, v, causal, scale, backend)
     key = None if key is None else ("seqlens_k", key)
     plan = dispatch.PLANS.get(key)
@@ -244,12 +252,14 @@ def _with_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, se
         return plan(q, k, v, True, seqlens_k.contiguous())
     selection = dispatch.select_backend(q, k, v, causal=causal, backend=backend)
     scale = default_softmax_scale(q.shape[-1]) if scale is None else scale
-    if selection.backend == "fa3":
-        from fa_variants.hopper import fa3
-
+    if selection.backend in ("fa3", "fa2"):  # the kernel reads the lengths
+        if selection.backend == "fa3":
+            from fa_variants.hopper import fa3 as module
+        else:
+            from fa_variants.ampere import fa2 as module
         # the config once there is something to launch (_plan: empty shortcuts and the forward-only check first)
         launches = q.numel() and k.shape[1] and not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)))
-        plan = _plan(selection, q, k, v, causal, scale, fa3.lengths_config(q, k, causal) if launches else None)
+        plan = _plan(selection, q, k, v, causal, scale, module.lengths_config(q, k, causal) if launches else None)
         out, lse = plan(q, k, v, True, seqlens_k.contiguous())
         if key is not None:
             if len(dispatch.PLANS) >= dispatch.MAX_PLANS:
@@ -257,8 +267,8 @@ def _with_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, se
             dispatch.PLANS[key] = plan
         return out, lse
     if capturing:
-        raise NotImplementedError(f"seqlens_k under CUDA-graph capture needs the fa3 backend (its kernel reads the "
-                                  f"lengths); this call runs on {selection.backend}, which reads them back")
+        raise NotImplementedError(f"seqlens_k under CUDA-graph capture needs the fa3 or fa2 backend (their kernels "
+                                  f"read the lengths); this call runs on {selection.backend}, which reads them back")
     if selection.backend == "reference":
         return reference_run(q, k, v, causal=causal, softmax_scale=scale, seqlens_k=seqlens_k)
     batch, seqlen_q, heads, head_dim = q.shape
@@ -278,10 +288,14 @@ def _with_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, se
 
 
 def _with_split_options(q, k, v, causal: bool, scale: float | None, backend: str, num_splits, pack_gqa, seqlens_k):
-    """attention with the split count / GQA packing (fa3, fa2) fixed by the caller (no plan kept)."""
+    """attention with the split count / GQA packing (fa3, fa2) fixed by the caller (no plan kept); with seqlens_k
+    the kernel reads the lengths (``lengths_config`` of that config)."""
     num_splits = split.check_options(num_splits, pack_gqa)
-    if seqlens_k is not None or _traced(q):
-        raise NotImplementedError("num_splits / pack_gqa are not supported with seqlens_k or under tracing yet")
+    if _traced(q):
+        raise NotImplementedError("num_splits / pack_gqa are not supported under tracing yet")
+    if seqlens_k is not None:
+        capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()
+        check_seqlens_k(seqlens_k, q.shape[0], k.shape[1], q.device, values=not capturing)
     selection = dispatch.select_backend(q, k, v, causal=causal, backend=backend)
     if selection.backend == "fa3":
         from fa_variants.hopper import fa3 as module
@@ -292,7 +306,11 @@ def _with_split_options(q, k, v, causal: bool, scale: float | None, backend: str
                          f"{selection.backend}")
     config = module.decode_config(q, k, causal, num_splits=num_splits, pack_gqa=pack_gqa)
     scale = default_softmax_scale(q.shape[-1]) if scale is None else scale
-    return _run(selection, q, k, v, causal, scale, config)
+    if seqlens_k is None:
+        return _run(selection, q, k, v, causal, scale, config)
+    launches = q.numel() and k.shape[1] and not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)))
+    config = module.lengths_config(q, k, causal, config) if launches else None
+    return _plan(selection, q, k, v, causal, scale, config)(q, k, v, True, seqlens_k.contiguous())
 
 
 def _traced(q) -> bool:
@@ -326,13 +344,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
             to seqlen_k: sequence b attends to its first seqlens_k[b] keys only (causal bottom-right against
             that length); keys past it are never used. 0 <= seqlens_k[b] <= seqlen_k (checked, reading the
             tensor back: one device sync per call; the check is skipped during CUDA-graph capture).
-            Semantics: ``reference.attention_reference``. fa3 reads it in its kernel (one launch, the cache past a
-            length may hold NaN; capturable in a CUDA graph, the kernel clamping each value to [0, seqlen_k]);
-            fa2 / fa1 run one call per distinct length on k[:, :length] (not inside capture).
+            Semantics: ``reference.attention_reference``. fa3 and fa2 read it in their kernels (one launch, the
+            cache past a length may hold NaN; capturable in a CUDA graph, the kernel clamping each value to [0,
+            seqlen_k]); fa1 runs one call per distinct length on k[:, :length] (not inside capture). Under
+            torch.compile: the op ``torch.ops.fa_variants.attention_seqlens_k`` (forward only).
         num_splits, pack_gqa: the split-KV count (an int >= 1; 1: no split) and packed GQA (fa3: any group at
             seqlen_q = 1; at seqlen_q > 1 a group G = num_heads / num_heads_kv dividing 64 or a multiple of it;
             fa2: seqlen_q = 1 only; else ValueError) for this call, instead of the choice `auto` makes (None).
-            Only on the fa3 and fa2 backends (ValueError on others), eagerly, without seqlens_k
+            Only on the fa3 and fa2 backends (ValueError on others), eagerly (seqlens_k too: read by the kernel)
             (``hopper.fa3.decode_config``, ``ampere.fa2.decode_config``; ``common.split``; ``common.pack_gqa``).
 
     Returns:
@@ -359,8 +378,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
             of num_heads_kv; head_dim 0; num_heads_kv 0; inputs on different devices; non-finite
             or out-of-range softmax_scale; an unknown backend; a backend that cannot serve the call
             (``dispatch.BackendUnavailableError``, naming the backends that can).
-        NotImplementedError: a kernel backend with inputs that require grad (forward only); seqlens_k under
-            torch.compile, or inside CUDA-graph capture on a backend other than fa3.
+        NotImplementedError: a kernel backend with inputs that require grad (forward only); seqlens_k inside
+            CUDA-graph capture on a backend other than fa3 and fa2.
 
     Sources: Dao et al., FlashAttention (2022), Algorithm 1; Dao, FlashAttention-2 (2023), Algorithm 1;
     Shah et al., FlashAttention-3 (2024).

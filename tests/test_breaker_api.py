@@ -220,19 +220,20 @@ def test_an_unhashable_argument_is_named(kwargs, message):
 
 # ------------------------------------------------------------------ session 9: seqlens_k under compile
 
-def test_seqlens_k_under_torch_compile_fullgraph_says_it_is_unsupported():
-    """README: seqlens_k 'is not supported under torch.compile'. Under fullgraph=True the value check read the
-    lengths first (aminmax, int()) and Dynamo stopped with 'Could not guard on data-dependent expression u0 < 0'
-    (40 lines) instead of that sentence."""
+def test_seqlens_k_under_torch_compile_fullgraph():
+    """Session 9: under fullgraph=True the value check read the lengths first (aminmax, int()) and Dynamo stopped with
+    'Could not guard on data-dependent expression u0 < 0' (40 lines). Since session 24 the call is one opaque op
+    (``fa_variants::attention_seqlens_k``): it compiles with fullgraph=True and gives the eager result; a bad value
+    is refused when the op runs, with the eager message."""
     torch._dynamo.reset()
     q, k, v = _qkv()
     seqlens_k = torch.tensor([3, 7], dtype=torch.int32)
-    compiled = torch.compile(lambda q, k, v, n: fa_variants.attention(q, k, v, seqlens_k=n), fullgraph=True,
-                             backend="aot_eager")
-    with pytest.raises(Exception) as error:
-        compiled(q, k, v, seqlens_k)
-    assert "seqlens_k is not supported under torch.compile" in str(error.value)
-    assert "data-dependent" not in str(error.value)
+    fn = lambda q, k, v, n: fa_variants.attention(q, k, v, causal=True, seqlens_k=n, return_lse=True)  # noqa: E731
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    for got, want in zip(compiled(q, k, v, seqlens_k), fn(q, k, v, seqlens_k)):
+        torch.testing.assert_close(got, want)
+    with pytest.raises(Exception, match=r"seqlens_k holds .*outside \[0, seqlen_k"):
+        compiled(q, k, v, torch.tensor([3, 99], dtype=torch.int32))
 
 
 # ----------------------------------------------------------------------------- session 9: FP8 arguments

@@ -217,14 +217,18 @@ def test_a_numpy_int_num_splits_is_taken_as_an_int(value):
             split.check_options(bad, None)
 
 
-def test_split_options_need_fa3_and_no_seqlens_k():
+def test_split_options_need_fa3_or_fa2():
+    """num_splits / pack_gqa on another backend: a ValueError naming it, with seqlens_k too (whose values are checked
+    first: a bad one is named before the backend)."""
     import fa_variants
 
     q, k, v = torch.randn(1, 1, 4, 64), torch.randn(1, 5, 2, 64), torch.randn(1, 5, 2, 64)
     with pytest.raises(ValueError, match="fa3 and fa2 backends only; this call runs on reference"):
         fa_variants.attention(q, k, v, num_splits=2)
-    with pytest.raises(NotImplementedError, match="seqlens_k"):
+    with pytest.raises(ValueError, match="fa3 and fa2 backends only; this call runs on reference"):
         fa_variants.attention(q, k, v, pack_gqa=False, seqlens_k=torch.tensor([3], dtype=torch.int32))
+    with pytest.raises(ValueError, match="seqlens_k holds"):
+        fa_variants.attention(q, k, v, pack_gqa=False, seqlens_k=torch.tensor([6], dtype=torch.int32))
 
 
 def test_split_options_reach_the_fa3_launch(h200, split_enabled, monkeypatch):

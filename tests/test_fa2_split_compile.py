@@ -52,3 +52,21 @@ def test_narrow_unsplit_kernel_compiles_without_spills():
     r = compile_only("fa2", "sm_80", 128, "bf16", True, True, cfg)
     assert r["tiles"]["tile_m"] == 64 and r["tiles"]["num_splits"] == 1
     assert r["spill_bytes"] == 0 and r["LDL"] == 0 and r["STL"] == 0 and r["HMMA"] > 0
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["unsplit", "split"])
+def test_seqlens_k_kernel_compiles_without_spills(split):
+    """Sm80Config.seqlens_k (per-sequence KV lengths read by the kernel, ``ampere.fa2.lengths_config``): the unsplit
+    and split kernels build for sm_80 with no spills and the same tensor-core work; fa1 refuses the switch."""
+    import dataclasses
+
+    from fa_variants import registry
+    from fa_variants.ampere import fa1, fa2
+    from fa_variants.common import cubin
+
+    base = fa2.split_config("sm_80", 128, 0, False) if split else fa2.default_config("sm_80", 128, True)
+    counts = [cubin.count_sass(cubin.sass_of(registry.compiled(registry.static_config(
+        "fa2", "sm_80", "bf16", 128, True, config)).cubin)) for config in (base, dataclasses.replace(base, seqlens_k=True))]
+    assert counts[1]["LDL"] == counts[1]["STL"] == 0 and counts[1]["HMMA"] == counts[0]["HMMA"] > 0, counts
+    with pytest.raises(ValueError, match="seqlens_k"):
+        fa1.VARIANT.check_config(dataclasses.replace(fa1.default_config("sm_80", 128, True), seqlens_k=True), "sm_80", 128)

@@ -1,10 +1,11 @@
-"""Per-sequence KV lengths read by the fa3 kernel (``Sm90Config.seqlens_k``, ``hopper.fa3.lengths_config``) on an
-sm90 GPU: one launch for a batch of any lengths, against float64 attention over each sequence's first keys. The
-KV cache past each length holds NaN (``helpers.padded_kv_cache``): the kernel loads the tile that crosses a length
-and must neither use its keys (masked) nor let its V rows reach O (cleared in shared memory). Prefill and decode
-shapes, causal or not, GQA, every head dim, fp16, split-KV (the merge kernel and the fused merge), packed GQA, CUDA
-graph capture with new lengths at each replay; the API's routing (fa3 in-kernel, fa2 per length, capture refused
-off fa3)."""
+"""Per-sequence KV lengths read by the fa3 and fa2 kernels (``Sm90Config.seqlens_k`` / ``Sm80Config.seqlens_k``,
+``lengths_config``) on an sm90 GPU (fa2's sm80 code runs there): one launch for a batch of any lengths, against
+float64 attention over each sequence's first keys. The KV cache past each length holds NaN
+(``helpers.padded_kv_cache``): fa3 loads the tile that crosses a length and must neither use its keys (masked) nor
+let its V rows reach O (cleared in shared memory); fa2 does not read those rows (zero-filled). Prefill and decode
+shapes, causal or not, GQA, every head dim, fp16, split-KV (the merge kernel and fa3's fused merge), packed GQA,
+CUDA graph capture with new lengths at each replay; the API's routing (in-kernel on fa3 and fa2, fa1 per length
+and refused inside capture)."""
 import dataclasses
 
 import pytest
@@ -15,6 +16,8 @@ from fa_variants.bench.decode import capture_graph
 
 pytestmark = sm90_only("fa3 with seqlens_k")
 fa3 = pytest.importorskip("fa_variants.hopper.fa3")
+fa2 = pytest.importorskip("fa_variants.ampere.fa2")
+MODULES = {"fa3": fa3, "fa2": fa2}
 
 BF16, F16 = torch.bfloat16, torch.float16
 
@@ -34,18 +37,20 @@ PREFILL = [
 ]
 
 
+@pytest.mark.parametrize("backend", ["fa3", "fa2"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
 @pytest.mark.parametrize("case", PREFILL, ids=[f"{len(c[0])}x{c[1]}x{c[2]}" for c in PREFILL])
-def test_prefill_lengths_in_the_kernel(case, head_dim, causal):
+def test_prefill_lengths_in_the_kernel(case, head_dim, causal, backend):
     lengths, nq, nk, h, hkv = case
     q, k, v, seqlens_k = padded_kv_cache(lengths, nq, nk, h, hkv, head_dim, device="cuda")
     scale = head_dim ** -0.5
-    config = fa3.lengths_config(q, k, causal)
-    assert config.seqlens_k and not config.persistent
-    out, lse = fa3.run(q, k, v, causal=causal, softmax_scale=scale, seqlens_k=seqlens_k)
+    module = MODULES[backend]
+    config = module.lengths_config(q, k, causal)
+    assert config.seqlens_k and not getattr(config, "persistent", False)
+    out, lse = module.run(q, k, v, causal=causal, softmax_scale=scale, seqlens_k=seqlens_k)
     assert_attention_ok(out, lse, q, k, v, causal, scale, seqlens_k=seqlens_k,
-                        what=f"D={head_dim} causal={causal} lengths={lengths}")
+                        what=f"{backend} D={head_dim} causal={causal} lengths={lengths}")
 
 
 def test_fp16_and_the_callers_tensors_untouched():
@@ -61,26 +66,28 @@ DECODE = [([0, 1, 113, 1023, 500, 1], 1, 1023, 32, 8, 128), ([4096, 4000, 1, 204
           ([8191, 3, 0], 16, 8192, 64, 8, 128), ([300, 299], 1, 300, 8, 2, 256)]
 
 
-@pytest.mark.parametrize("split", ["auto", "merge-kernel", "fused"])
+@pytest.mark.parametrize("split", ["fa3-auto", "fa3-merge-kernel", "fa3-fused", "fa2-auto", "fa2-split3"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("case", DECODE, ids=[f"{len(c[0])}x{c[1]}x{c[2]}-d{c[5]}" for c in DECODE])
 def test_decode_lengths_split_and_packed(case, causal, split):
     """Decode shapes on `auto`'s split / packed configs, and with a fixed split count through the merge kernel or
-    the fused merge: splits past a sequence's length get no tile (LSE -inf, ignored by the merge)."""
+    fa3's fused merge: splits past a sequence's length get no tile (LSE -inf, ignored by the merge)."""
     lengths, nq, nk, h, hkv, d = case
     q, k, v, seqlens_k = padded_kv_cache(lengths, nq, nk, h, hkv, d, device="cuda")
-    config = None
-    if split != "auto":
-        base = fa3.decode_config(q, k, causal, num_splits=3)
-        config = dataclasses.replace(base, fused_merge=split == "fused",
-                                     first_row_only=base.first_row_only and split != "fused")
-    out, lse = fa3.run(q, k, v, causal=causal, softmax_scale=0.09, config=config, seqlens_k=seqlens_k)
+    backend, how = split.split("-", 1)
+    module, config = MODULES[backend], None
+    if how != "auto":
+        config = module.decode_config(q, k, causal, num_splits=3)
+        if backend == "fa3":
+            config = dataclasses.replace(config, fused_merge=how == "fused",
+                                         first_row_only=config.first_row_only and how != "fused")
+    out, lse = module.run(q, k, v, causal=causal, softmax_scale=0.09, config=config, seqlens_k=seqlens_k)
     assert_attention_ok(out, lse, q, k, v, causal, 0.09, seqlens_k=seqlens_k, what=f"{split} lengths={lengths}")
 
 
-@pytest.mark.parametrize("backend", ["fa3", "auto"])
+@pytest.mark.parametrize("backend", ["fa3", "auto", "fa2"])
 def test_api_runs_one_launch_and_replays_in_a_cuda_graph(backend):
-    """``fa_variants.attention(seqlens_k=...)`` on fa3: captured once in a CUDA graph (no host read-back of the
+    """``fa_variants.attention(seqlens_k=...)`` on fa3 (auto's choice here) and fa2: captured once in a CUDA graph (no host read-back of the
     lengths), then replayed with new lengths and new queries written into the same tensors: each replay's result
     is the new one."""
     import fa_variants
@@ -100,13 +107,45 @@ def test_api_runs_one_launch_and_replays_in_a_cuda_graph(backend):
         assert_attention_ok(out, lse, q, k, v, True, seqlens_k=seqlens_k, what=f"replay {lengths}")
 
 
-def test_api_fa2_reads_the_lengths_back_and_refuses_capture():
-    """fa2 keeps the per-length launches (lengths read back: correct eagerly), and under CUDA-graph capture says
-    that fa3 is the backend that reads the lengths."""
+def test_api_fa1_reads_the_lengths_back_and_refuses_capture():
+    """fa1 keeps the per-length launches (lengths read back: correct eagerly), and under CUDA-graph capture names
+    the backends whose kernels read the lengths."""
     import fa_variants
 
     q, k, v, seqlens_k = padded_kv_cache([5, 0, 300], 3, 300, 4, 2, 64, device="cuda")
-    out, lse = fa_variants.attention(q, k, v, causal=True, backend="fa2", return_lse=True, seqlens_k=seqlens_k)
+    out, lse = fa_variants.attention(q, k, v, causal=True, backend="fa1", return_lse=True, seqlens_k=seqlens_k)
     assert_attention_ok(out, lse, q, k, v, True, seqlens_k=seqlens_k)
-    with pytest.raises(NotImplementedError, match="needs the fa3 backend"):
-        capture_graph(lambda: fa_variants.attention(q, k, v, backend="fa2", seqlens_k=seqlens_k))
+    with pytest.raises(NotImplementedError, match="needs the fa3 or fa2 backend"):
+        capture_graph(lambda: fa_variants.attention(q, k, v, backend="fa1", seqlens_k=seqlens_k))
+
+
+def test_torch_compile_reduce_overhead_replays_new_lengths():
+    """Under ``torch.compile(fullgraph=True, mode="reduce-overhead")`` the call is the opaque op
+    ``fa_variants::attention_seqlens_k`` inside torch's CUDA graph: new lengths and queries at each call, the new
+    result each time."""
+    import fa_variants
+
+    torch._dynamo.reset()
+    q, k, v, seqlens_k = padded_kv_cache([700, 1, 0, 1023], 1, 1023, 32, 8, 128, device="cuda")
+    k, v = k.nan_to_num(), v.nan_to_num()
+    fn = lambda q, k, v, n: fa_variants.attention(q, k, v, causal=True, seqlens_k=n, return_lse=True)  # noqa: E731
+    compiled = torch.compile(fn, fullgraph=True, mode="reduce-overhead")
+    for lengths in ([700, 1, 0, 1023], [1, 1023, 512, 0], [129, 128, 127, 2], [5, 6, 7, 8]):
+        seqlens_k.copy_(torch.tensor(lengths, dtype=torch.int32))
+        q.copy_(torch.randn_like(q))
+        out, lse = compiled(q, k, v, seqlens_k)
+        assert_attention_ok(out.clone(), lse.clone(), q, k, v, True, seqlens_k=seqlens_k, what=f"compiled {lengths}")
+
+
+@pytest.mark.parametrize("backend", ["fa3", "fa2"])
+def test_api_split_options_with_lengths(backend):
+    """``attention(num_splits=3, pack_gqa=..., seqlens_k=...)``: the caller's split count and packing, the lengths
+    read by the kernel."""
+    import fa_variants
+
+    q, k, v, seqlens_k = padded_kv_cache([0, 1, 113, 1023], 1, 1023, 32, 8, 128, device="cuda")
+    for pack in (False, True):
+        out, lse = fa_variants.attention(q, k, v, causal=True, backend=backend, return_lse=True, num_splits=3,
+                                         pack_gqa=pack, seqlens_k=seqlens_k)
+        assert_attention_ok(out, lse, q, k, v, True, seqlens_k=seqlens_k, what=f"{backend} pack_gqa={pack}")
+

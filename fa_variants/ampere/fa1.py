@@ -488,8 +488,8 @@ def default_config(arch: str, head_dim: int, causal: bool = False) -> Sm80Config
 def _check_config(config: Sm80Config, arch: str, head_dim: int) -> Sm80Config:
     if config.q_stages != 2:
         raise ValueError(f"fa1: {config}: the Q prefetch is written for q_stages=2")
-    if config.num_splits != 1 or config.pack_gqa:
-        raise ValueError(f"fa1: {config}: split-KV (num_splits != 1) and pack_gqa are fa2 / fa3 features")
+    if config.num_splits != 1 or config.pack_gqa or config.seqlens_k:
+        raise ValueError(f"fa1: {config}: split-KV (num_splits != 1), pack_gqa and seqlens_k are fa2 / fa3 features")
     return config.check(arch, head_dim)
 
 

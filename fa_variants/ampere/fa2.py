@@ -157,12 +157,17 @@ def _check_config(config: Sm80Config, arch: str, head_dim: int) -> Sm80Config:
 
 
 def _build(cfg: StaticConfig):
-    from fa_variants.ampere.fa2_kernel import FlashAttention2Sm80  # the DSL: only to compile
+    from fa_variants.ampere.fa2_kernel import FlashAttention2Sm80, FlashAttention2Sm80Lengths  # the DSL: to compile
 
-    kernel = FlashAttention2Sm80(interop.cute_dtype(cfg.dtype), cfg.head_dim, cfg.causal, cfg.config)
+    kind = FlashAttention2Sm80Lengths if cfg.config.seqlens_k else FlashAttention2Sm80
+    kernel = kind(interop.cute_dtype(cfg.dtype), cfg.head_dim, cfg.causal, cfg.config)
     args = interop.fake_attention_args(cfg.dtype, cfg.head_dim, cfg.align)
     if kernel.split:  # fp32 partials of (num_splits * batch) batches (see _plan_call)
         args = args[:3] + split_combine.fake_partials(args[0], cfg.head_dim) + args[5:]
+    if cfg.config.seqlens_k:  # the per-sequence KV lengths, before the stream
+        import cutlass.cute as cute
+
+        args = args[:-1] + (interop.fake_tensor("int32", (cute.sym_int(),), 4), args[-1])
     return kernel, args
 
 
@@ -301,6 +306,14 @@ def _problem_config(config: Sm80Config | None, q: torch.Tensor, k: torch.Tensor,
     return split_config(_gpu(q.device)[0], q.shape[-1], 0 if splits else 1, pack)
 
 
+def lengths_config(q: torch.Tensor, k: torch.Tensor, causal: bool, config: Sm80Config | None = None) -> Sm80Config:
+    """The config of a call with per-sequence KV lengths (``fa_variants.attention(seqlens_k=...)``): ``config``, or
+    the one `auto` runs for q, k at K's padded length (``_problem_config``), reading the lengths in the kernel
+    (``Sm80Config.seqlens_k``)."""
+    base = _problem_config(config, q, k, causal) or default_config(_gpu(q.device)[0], q.shape[-1], causal)
+    return dataclasses.replace(base, seqlens_k=True)
+
+
 def narrow_config(arch: str, head_dim: int) -> Sm80Config:
     """The split kernel's tiles (``SPLIT_CONFIGS``: 64 rows) unsplit: what `auto` runs a few-row query in when
     NARROW_DECODE is on and the heuristic does not split it."""
@@ -374,7 +387,7 @@ VARIANT = Variant(
 
 
 def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, softmax_scale: float,
-        config: Sm80Config | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        config: Sm80Config | None = None, seqlens_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """FA2 forward on CUDA tensors (`common.launch.launch`).
 
     Args: q (B, Nq, H, D), k and v (B, Nk, Hkv, D), fp16 or bf16, H % Hkv == 0, D in HEAD_DIMS,
@@ -382,6 +395,10 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, soft
     softmax_scale any finite real; `config` overrides the tile table (tile sweeps) and the split choice
     (``Sm80Config.num_splits``; None: the default tiles, split-KV when ``_problem_config`` chooses it).
     Returns (out (B, Nq, H, D) like q, lse float32 (B, H, Nq), natural log).
+    `seqlens_k`: optional int32 (batch,) per-sequence KV lengths on q's device, read by the kernel
+    (``lengths_config``; values clamped to [0, seqlen_k]: ``fa_variants.attention`` checks them).
     Raises ValueError for a shape it cannot serve (head_dim, dtype, H or B above 65535).
     """
-    return VARIANT.run(q, k, v, causal=causal, softmax_scale=softmax_scale, config=config)
+    if seqlens_k is not None:
+        config = lengths_config(q, k, causal, config)
+    return VARIANT.run(q, k, v, causal=causal, softmax_scale=softmax_scale, config=config, seqlens_k=seqlens_k)

@@ -54,6 +54,12 @@ class FlashAttention2Sm80:
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
                  mLSE: cute.Tensor, softmax_scale: Float32, stream: cuda.CUstream):
+        self.launch(mQ, mK, mV, mO, mLSE, softmax_scale, stream, ())
+
+    @cute.jit
+    def launch(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+               softmax_scale: Float32, stream: cuda.CUstream, lengths: tuple):
+        """The host side of ``__call__``; ``lengths``: (seqlens_k,) with ``Sm80Config.seqlens_k``, else ()."""
         D, Br, Bc = self.head_dim, self.Br, self.Bc
         sQ_layout = sm80.smem_layout(self.dtype, Br, D)
         sKV_layout = sm80.smem_layout(self.dtype, Bc, D, self.stages)
@@ -67,7 +73,7 @@ class FlashAttention2Sm80:
         if const_expr(self.split):  # the splits of a query tile side by side along grid.x
             grid = (cute.ceil_div(mQ.shape[1], Br) * (mO.shape[0] // mQ.shape[0]), mQ.shape[2], mQ.shape[0])
         self.kernel(mQ, mK, mV, mO, mLSE, softmax_scale * LOG2_E, sQ_layout, sKV_layout,
-                    copy_g2s, copy_s2g, mma, SharedStorage).launch(
+                    copy_g2s, copy_s2g, mma, SharedStorage, lengths).launch(
             grid=grid, block=[self.num_threads, 1, 1], smem=self.smem_bytes, stream=stream)
 
     # ------------------------------------------------------------------------------------------
@@ -77,11 +83,13 @@ class FlashAttention2Sm80:
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
                mLSE: cute.Tensor, scale_log2: Float32, sQ_layout: cute.ComposedLayout,
                sKV_layout: cute.ComposedLayout, copy_g2s: cute.TiledCopy, copy_s2g: cute.TiledCopy,
-               mma: cute.TiledMma, SharedStorage: cutlass.Constexpr):
+               mma: cute.TiledMma, SharedStorage: cutlass.Constexpr, lengths: tuple):
         D, Br, Bc = self.head_dim, self.Br, self.Bc
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch, split_idx, num_splits = self.tile_coords(mQ, mO)
         seqlen_q, seqlen_k = mQ.shape[1], mK.shape[1]
+        if const_expr(len(lengths) > 0):  # Sm80Config.seqlens_k: this sequence's keys (the host checked the value;
+            seqlen_k = cutlass.min(cutlass.max(lengths[0][batch], Int32(0)), seqlen_k)  # under capture, clamped)
         head_kv = head // (mQ.shape[2] // mK.shape[2])  # GQA / MQA
 
         # This CTA's Q tile (Br x D) and the K/V tiles (Bc x D x n) of its KV head.
@@ -332,3 +340,13 @@ class FlashAttention2Sm80:
         for m in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
             if tOc[0, m, 0][0] < seqlen_q - m_block * Br:
                 cute.copy(copy_s2g, tOrO[None, m, None], tOgO[None, m, None])
+
+
+class FlashAttention2Sm80Lengths(FlashAttention2Sm80):
+    """``FlashAttention2Sm80`` with ``Sm80Config.seqlens_k``: ``__call__`` takes, after softmax_scale, the
+    per-sequence KV lengths ``mSeqlensK`` (int32, (batch,)); split-KV configs too."""
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+                 softmax_scale: Float32, mSeqlensK: cute.Tensor, stream: cuda.CUstream):
+        self.launch(mQ, mK, mV, mO, mLSE, softmax_scale, stream, (mSeqlensK,))

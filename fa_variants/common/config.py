@@ -42,7 +42,11 @@ class Sm80Config:
 
     pack_gqa (FA2 only): packed GQA at seqlen_q = 1 (``common.pack_gqa.views``): the host passes Q, O and LSE
     as views whose seqlen is the group of query heads of each KV head; the kernel runs them unmasked (at
-    seqlen_q = 1 bottom-right causal hides no key), reading each K/V tile once per KV head."""
+    seqlen_q = 1 bottom-right causal hides no key), reading each K/V tile once per KV head.
+
+    seqlens_k (FA2 only): per-sequence KV lengths read by the kernel, as ``Sm90Config.seqlens_k`` (an int32 (batch,)
+    tensor after the other arguments; each CTA's K/V tiles, masks and split range from clamp(seqlens_k[b], 0,
+    seqlen_k)); the tail tile's rows past the length are not read (cp.async zero-fills them)."""
 
     tile_m: int
     tile_n: int
@@ -51,6 +55,7 @@ class Sm80Config:
     q_stages: int = 1
     num_splits: int = 1
     pack_gqa: bool = False
+    seqlens_k: bool = False
 
     def smem_bytes(self, head_dim: int, elem_bytes: int = 2) -> int:
         """q_stages Q tiles + stages x (K tile + V tile), bytes."""
@@ -71,6 +76,8 @@ class Sm80Config:
         object.__setattr__(self, "num_splits", int(self.num_splits))  # a numpy int kept as an int (compile key)
         if not isinstance(self.pack_gqa, bool):
             raise ValueError(f"pack_gqa={self.pack_gqa!r} must be a bool")
+        if not isinstance(self.seqlens_k, bool):
+            raise ValueError(f"seqlens_k={self.seqlens_k!r} must be a bool")
         return self
 
 

@@ -14,7 +14,9 @@ Source: PyTorch docs, "Python Custom Operators" (``torch.library.custom_op``, ``
 
 Schema: ``fa_variants::attention(Tensor q, Tensor k, Tensor v, bool causal, float? softmax_scale,
 str backend) -> (Tensor out, Tensor lse)``, out contiguous (batch, seqlen_q, num_heads, head_dim) in q's
-dtype, lse float32 contiguous (batch, num_heads, seqlen_q).
+dtype, lse float32 contiguous (batch, num_heads, seqlen_q); with per-sequence KV lengths
+``fa_variants::attention_seqlens_k(Tensor q, Tensor k, Tensor v, Tensor seqlens_k, bool causal, float?
+softmax_scale, str backend) -> (Tensor out, Tensor lse)`` (forward only).
 
 Autograd: the backward is the reference backend's (``reference.run_backward``, plain PyTorch) in a second
 opaque op, ``fa_variants::attention_reference_backward``; it is allowed only when the call runs on the
@@ -59,6 +61,31 @@ def _attention_fake(q, k, v, causal, softmax_scale, backend):
     out = q.new_empty((batch, seqlen_q, heads, head_dim))
     lse = q.new_empty((batch, heads, seqlen_q), dtype=torch.float32)
     return out, lse
+
+
+@torch.library.custom_op("fa_variants::attention_seqlens_k", mutates_args=())
+def attention_seqlens_k_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqlens_k: torch.Tensor, causal: bool,
+                           softmax_scale: float | None, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``fa_variants.attention(..., seqlens_k=...)`` while traced: ``api.run_seqlens_k`` (fa3 and fa2 read the
+    lengths in their kernels, so the op runs inside a CUDA graph of ``mode="reduce-overhead"`` too; outside capture
+    the lengths are checked, one read-back). Forward only: no autograd is registered for it."""
+    from fa_variants import api
+    from fa_variants.common import workspace
+    with workspace.uncached():
+        out, lse = api.run_seqlens_k(q, k, v, causal, softmax_scale, backend, seqlens_k)
+    return out.contiguous(), lse.contiguous()
+
+
+@attention_seqlens_k_op.register_fake
+def _attention_seqlens_k_fake(q, k, v, seqlens_k, causal, softmax_scale, backend):
+    """Shapes and dtypes, after ``fa_variants.attention``'s checks (seqlens_k's dtype, shape and device; its values
+    are checked when the op runs)."""
+    from fa_variants import api
+    from fa_variants.reference import check_seqlens_k
+    api._check_inputs(q, k, v)
+    api._check_options(causal, softmax_scale, backend, False)
+    check_seqlens_k(seqlens_k, q.shape[0], k.shape[1], q.device, values=False)
+    return _attention_fake(q, k, v, causal, softmax_scale, backend)
 
 
 @torch.library.custom_op("fa_variants::attention_reference_backward", mutates_args=())
