@@ -119,13 +119,22 @@ def test_api_fa1_reads_the_lengths_back_and_refuses_capture():
         capture_graph(lambda: fa_variants.attention(q, k, v, backend="fa1", seqlens_k=seqlens_k))
 
 
-def test_torch_compile_reduce_overhead_replays_new_lengths():
+@pytest.mark.parametrize("grad_mode", [False, True], ids=["no_grad", "grad_mode"])
+def test_torch_compile_reduce_overhead_replays_new_lengths(grad_mode):
     """Under ``torch.compile(fullgraph=True, mode="reduce-overhead")`` the call is the opaque op
     ``fa_variants::attention_seqlens_k`` inside torch's CUDA graph: new lengths and queries at each call, the new
-    result each time."""
+    result each time; under torch.no_grad() and in grad mode (inputs that do not require grad)."""
     import fa_variants
 
     torch._dynamo.reset()
+    torch.set_grad_enabled(grad_mode)
+    try:
+        _compiled_replays(fa_variants)
+    finally:
+        torch.set_grad_enabled(True)
+
+
+def _compiled_replays(fa_variants):
     q, k, v, seqlens_k = padded_kv_cache([700, 1, 0, 1023], 1, 1023, 32, 8, 128, device="cuda")
     k, v = k.nan_to_num(), v.nan_to_num()
     fn = lambda q, k, v, n: fa_variants.attention(q, k, v, causal=True, seqlens_k=n, return_lse=True)  # noqa: E731

@@ -88,6 +88,20 @@ def _attention_seqlens_k_fake(q, k, v, seqlens_k, causal, softmax_scale, backend
     return _attention_fake(q, k, v, causal, softmax_scale, backend)
 
 
+def _seqlens_k_setup_context(ctx, inputs, output):
+    pass
+
+
+def _seqlens_k_backward(ctx, grad_out, grad_lse):
+    raise NotImplementedError("fa_variants.attention with seqlens_k under torch.compile is forward-only: call it "
+                              "under torch.no_grad() / torch.inference_mode(), or eagerly with backend='reference'")
+
+
+# registered so that AOTAutograd can trace the op in grad mode (its inputs need not require grad); a backward
+# through it raises
+attention_seqlens_k_op.register_autograd(_seqlens_k_backward, setup_context=_seqlens_k_setup_context)
+
+
 @torch.library.custom_op("fa_variants::attention_reference_backward", mutates_args=())
 def reference_backward_op(grad_out: torch.Tensor, grad_lse: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                           v: torch.Tensor, causal: bool, softmax_scale: float | None,
