@@ -236,6 +236,22 @@ def test_seqlens_k_under_torch_compile_fullgraph():
         compiled(q, k, v, torch.tensor([3, 99], dtype=torch.int32))
 
 
+def test_seqlens_k_under_torch_compile_is_forward_only():
+    """The op behind a compiled call with seqlens_k has no gradient: with an input that requires grad the compile
+    stops with that message (AOTAutograd traces the backward then; torch wraps it in BackendCompilerFailed). Eagerly,
+    backend='reference' keeps autograd with seqlens_k."""
+    torch._dynamo.reset()
+    q, k, v = _qkv()
+    q.requires_grad_(True)
+    seqlens_k = torch.tensor([3, 7], dtype=torch.int32)
+    compiled = torch.compile(lambda q, k, v, n: fa_variants.attention(q, k, v, seqlens_k=n), fullgraph=True,
+                             backend="aot_eager")
+    with pytest.raises(Exception, match="seqlens_k under torch.compile is forward-only"):
+        compiled(q, k, v, seqlens_k).sum().backward()
+    fa_variants.attention(q, k, v, seqlens_k=seqlens_k, backend="reference").sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
 # ----------------------------------------------------------------------------- session 9: FP8 arguments
 
 def test_fp8_config_takes_numpy_ints_as_python_ints():
