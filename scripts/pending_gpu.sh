@@ -20,22 +20,23 @@
 # 2. then scripts/NAME_gpu.sh for each NAME, in order, each with the time left of CALL_BUDGET seconds (default 560),
 #    skipped when fewer than 100 s are left; logs under $OUT/pending/NAME/, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
-#    Plan for session 24: session 23 ran the whole GPU suite on 7df3e3c (one failure: the fa3-fp8 warmup test's
-#    count, fixed in 2efadb0 and passed on the device), sanitizers (synccheck, memcheck, racecheck clean on the
-#    persistent fa3-fp8 grids) and fp8persist (62 GPU tests passed; D 256 serial persistent grids 0.84-0.99x the
-#    lookahead default at causal shapes, D 128 128-key tiles 1.05x the balanced grid at N 1k causal only: no flip).
-#    bench/NOTES.md, "Session 23 ...", has the figures.
+#    Plan for session 25: session 24 moved per-sequence KV lengths (seqlens_k) into the fa3 and fa2 kernels (one
+#    launch, CUDA-graph capturable, a torch.compile op) and ran the whole GPU suite on ccc94bf (5417 passed), the
+#    seqlens tests on the final kernels (fa3 613 + fa2 / fa1 / compile 300 + 4 passed), a ragged decode table, and
+#    two CTAs per SM for short prefill (faster than auto's grids at no shape: removed). bench/NOTES.md, "Session
+#    24 ...", has the figures. Never run two GPU processes at once in a call: the second finds no GPU.
 #    Open: issue 10 (1100 TFLOP/s at D 256: 1071-1127 across calls; 1.4x at 128: 1.13-1.25x; 1.3x at 64:
 #    1.09-1.11x; two-level <= 5 % at 256: 4.5-8 %; the pass at 70 % of copy: 49-58 %; pass + kernel at N 4k causal
-#    0.84-0.92x), 12 (fa3 / flash-attn-4 >= 1.00 everywhere; >= cuDNN at D 64 causal 512 / 1k: 0.85 / 0.90), 13 (70 %
+#    0.84-0.92x), 12 (fa3 / flash-attn-4 >= 1.00 everywhere; >= cuDNN at D 64 N 512 / 1k: 0.84-0.92), 13 (70 %
 #    of HBM at D 64 B 1 Nk 32k: 61-65 %), 16 (two GPUs).
-#    A. No pending script: the tree's kernels are the ones session 23 tested. The next GPU work needs a variant
-#    first: Q's quantisation fused into fa3-fp8 (issue 10's pass + kernel at N 4k causal: the pass is what misses;
-#    bench/NOTES.md, session 21's bound and session 23); the D 64 short-causal gap to cuDNN (issue 12).
+#    A. No pending script. Next: compute-sanitizer memcheck / racecheck on the seqlens_k kernels (fa3's shared-memory
+#    clear of V's rows past a length: scripts/sanitize.py has no seqlens case yet, add one); the value check's
+#    read-back (86-220 us of host per eager call with seqlens_k); Q's quantisation fused into fa3-fp8 (issue 10);
+#    the D 64 short-shape gap to cuDNN (issue 12: not two CTAs per SM; session 24).
 #    B. As before: D 256 split / packed configs without convert_pairs at causal shapes; the persistent consumer's K/V
 #    loop (bench/NOTES.md "Session 20 ..."); D 256's two-level cost; fa3-fp8's magnitude limit, max|V| seqlen_k <=
 #    2^119 (README, "FP8's range": the unnormalised O overflows float32; lifting it is a kernel change).
-#    C. The whole GPU suite on the session's final tree if a default kernel changed (~540 s, a call of its own).
+#    C. The whole GPU suite on the session's final tree if a default kernel changed (~520 s, a call of its own).
 #    New lines "X. scripts/pending_gpu.sh [--checks] NAME ..." as scripts land. Each call starts a
 #    cold machine (~60-85 s more); carry [".gpu"], or
 #    [".gpu", ".before.tar.xz"] after `scripts/ab_checkout.sh COMMIT .before` for a script that A/Bs against an older

@@ -9,7 +9,8 @@ Each (tool, backend) pair is one process, ``compute-sanitizer --tool T --report-
 kernels is CPU work; the sanitized launches are small), each with its own time limit. The worker runs small
 shapes chosen to reach the code paths where memory and synchronisation bugs live: tile tails (seqlens that
 are no multiple of any tile), causal with seqlen_q != seqlen_k (both ways: rows that see no key), decode
-(seqlen_q = 1), GQA and MQA, split-KV and packed GQA forced by num_splits / pack_gqa on fa2 and fa3 (with
+(seqlen_q = 1), GQA and MQA, per-sequence KV lengths (seqlens_k, the cache past each length NaN) on fa2 and fa3,
+split-KV and packed GQA forced by num_splits / pack_gqa on fa2 and fa3 (with
 --fused-merge, fa3 once more with the split merge fused into the kernel), at every head_dim the backend serves (64, 96, 128, 256), and checks each output
 against the float64 reference. PyTorch's caching allocator is turned off in the worker
 (PYTORCH_NO_CUDA_MEMORY_CACHING=1) so that an out-of-bounds access leaves its own allocation and memcheck
@@ -44,6 +45,11 @@ SHAPES = ((2, 113, 203, 6, 2, True), (2, 113, 203, 6, 2, False), (1, 300, 129, 4
 SPLIT_BACKENDS = ("fa2", "fa3")
 SPLIT_SHAPES = ((2, 1, 1000, 8, 2, True), (1, 3, 517, 8, 1, True), (3, 5, 300, 4, 4, False))
 SPLIT_OPTIONS = ((3, False), (7, True), (1, True))
+# per-sequence KV lengths read by the fa2 / fa3 kernels (seqlens_k; fa3 clears V's rows past a length in shared
+# memory): (lengths, seqlen_q, padded seqlen_k, num_heads, num_heads_kv, causal), lengths 0 / 1 / tile edges, the
+# cache past each length NaN; decode rows (auto: split and packed) and prefill rows
+LENGTH_SHAPES = (([0, 1, 129, 300], 1, 300, 8, 2, True), ([127, 5, 0], 67, 257, 4, 1, True),
+                 ([113, 256], 113, 256, 2, 2, False))
 
 
 def plan(backend: str):
@@ -65,7 +71,7 @@ def worker(backend: str, head_dims: list[int] | None = None, causal_only: int | 
 
     import fa_variants
     from fa_variants import dispatch
-    from fa_variants.reference import attention_reference, check_against_reference, rel_l2
+    from fa_variants.reference import attention_reference, check_against_reference, references, rel_l2
 
     dtype, served = plan(backend)
     head_dims = [d for d in served if head_dims is None or d in head_dims]
@@ -103,6 +109,21 @@ def worker(backend: str, head_dims: list[int] | None = None, causal_only: int | 
                 failed += not ok
                 print(f"{backend} d{head_dim} B{batch} Nq{nq} Nk{nk} H{heads}/{heads_kv} causal={causal} "
                       f"num_splits={num_splits} pack_gqa={pack_gqa}: {'ok' if ok else 'WRONG OUTPUT'}", flush=True)
+        for lengths, nq, nk, heads, heads_kv, causal in filter(keep, LENGTH_SHAPES if backend in SPLIT_BACKENDS else ()):
+            make = lambda b, n, h: torch.randn(b, n, h, head_dim, device="cuda").to(dtype)  # noqa: E731
+            q, k, v = make(len(lengths), nq, heads), make(len(lengths), nk, heads_kv), make(len(lengths), nk, heads_kv)
+            seqlens_k = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+            for b, n in enumerate(lengths):  # the padding is never read (fa2) or never reaches O (fa3)
+                k[b, n:], v[b, n:] = float("nan"), float("nan")
+            with torch.no_grad():
+                out = fa_variants.attention(q, k, v, causal=causal, backend=backend, seqlens_k=seqlens_k)
+            torch.cuda.synchronize()
+            calls += 1
+            refs = references(q, k, v, causal=causal, seqlens_k=seqlens_k)
+            ok = bool((out[seqlens_k == 0] == 0).all()) and check_against_reference(out, q, k, v, causal, refs=refs).ok
+            failed += not ok
+            print(f"{backend} d{head_dim} lengths={lengths} Nq{nq} Nk{nk} H{heads}/{heads_kv} causal={causal}: "
+                  f"{'ok' if ok else 'WRONG OUTPUT'}", flush=True)
     print(f"CALLS {calls} FAILED {failed}", flush=True)
     return 1 if failed else 0
 
