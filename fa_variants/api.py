@@ -247,9 +247,9 @@ def run_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, seql
     check_seqlens_k(seqlens_k, q.shape[0], k.shape[1], q.device, values=not capturing)
     key = _call_key(q, k, v, causal, scale, backend)
     key = None if key is None else ("seqlens_k", key)
-    plan = dispatch.PLANS.get(key)
-    if plan is not None:
-        return plan(q, k, v, True, seqlens_k.contiguous())
+    entry = dispatch.PLANS.get(key)  # (plan, the kernel module's switch state it was made under)
+    if entry is not None and entry[1] == entry[2]():  # a switch flipped since: chosen again, as `launcher` does
+        return entry[0](q, k, v, True, seqlens_k.contiguous())
     selection = dispatch.select_backend(q, k, v, causal=causal, backend=backend)
     scale = default_softmax_scale(q.shape[-1]) if scale is None else scale
     if selection.backend in ("fa3", "fa2"):  # the kernel reads the lengths
@@ -259,12 +259,14 @@ def run_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, seql
             from fa_variants.ampere import fa2 as module
         # the config once there is something to launch (_plan: empty shortcuts and the forward-only check first)
         launches = q.numel() and k.shape[1] and not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)))
+        switches = module.VARIANT.switches
+        state = switches()
         plan = _plan(selection, q, k, v, causal, scale, module.lengths_config(q, k, causal) if launches else None)
         out, lse = plan(q, k, v, True, seqlens_k.contiguous())
         if key is not None:
             if len(dispatch.PLANS) >= dispatch.MAX_PLANS:
                 del dispatch.PLANS[next(iter(dispatch.PLANS))]
-            dispatch.PLANS[key] = plan
+            dispatch.PLANS[key] = (plan, state, switches)
         return out, lse
     if capturing:
         raise NotImplementedError(f"seqlens_k under CUDA-graph capture needs the fa3 or fa2 backend (their kernels "

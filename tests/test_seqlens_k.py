@@ -75,3 +75,24 @@ def test_validation(bad, error, match):
     with pytest.raises(error, match=match):
         attention_reference(q, k, v, seqlens_k=bad)
     assert torch.equal(k, k0)  # nothing of the caller's modified
+
+
+def test_kernel_launch_checks_the_lengths_and_the_config():
+    """``common.launch.launch`` (what ``fa3.run`` / ``fa2.run`` call) with seqlens_k: the tensor's dtype, shape and
+    device are checked before anything is compiled (the kernel reads seqlens_k[b] for every batch b: a shorter
+    tensor would be read past its end), and a config must read the lengths exactly when a tensor is given."""
+    import dataclasses
+
+    from fa_variants.ampere import fa2
+    from fa_variants.common import launch
+
+    q, k, v = torch.randn(2, 1, 2, 64, dtype=torch.bfloat16), *(torch.randn(2, 8, 2, 64, dtype=torch.bfloat16),) * 2
+    config = dataclasses.replace(fa2.default_config("sm_80", 64, False), seqlens_k=True)
+    with pytest.raises(ValueError, match="seqlens_k given for a config with seqlens_k=False"):
+        launch.launch(fa2.VARIANT, q, k, v, causal=False, softmax_scale=0.1,
+                      seqlens_k=torch.tensor([1, 2], dtype=torch.int32))
+    with pytest.raises(ValueError, match="seqlens_k missing for a config with seqlens_k=True"):
+        launch.launch(fa2.VARIANT, q, k, v, causal=False, softmax_scale=0.1, config=config)
+    for bad, error in ((torch.tensor([1], dtype=torch.int32), ValueError), (torch.tensor([1, 2]), TypeError)):
+        with pytest.raises(error, match="seqlens_k"):
+            launch.launch(fa2.VARIANT, q, k, v, causal=False, softmax_scale=0.1, config=config, seqlens_k=bad)

@@ -85,15 +85,22 @@ def test_decode_lengths_split_and_packed(case, causal, split):
     assert_attention_ok(out, lse, q, k, v, causal, 0.09, seqlens_k=seqlens_k, what=f"{split} lengths={lengths}")
 
 
+def _nan_past(k, v, lengths):
+    """Fresh keys and values in the cache, NaN past each sequence's length (what a reused cache may hold there)."""
+    for t in (k, v):
+        t.copy_(torch.randn_like(t))
+    for b, n in enumerate(lengths):
+        k[b, n:], v[b, n:] = float("nan"), float("nan")
+
+
 @pytest.mark.parametrize("backend", ["fa3", "auto", "fa2"])
-def test_api_runs_one_launch_and_replays_in_a_cuda_graph(backend):
-    """``fa_variants.attention(seqlens_k=...)`` on fa3 (auto's choice here) and fa2: captured once in a CUDA graph (no host read-back of the
-    lengths), then replayed with new lengths and new queries written into the same tensors: each replay's result
-    is the new one."""
+def test_api_replays_in_a_cuda_graph(backend):
+    """``fa_variants.attention(seqlens_k=...)`` on fa3 (auto's choice here) and fa2: captured once in a CUDA graph
+    (no host read-back of the lengths), then replayed with new lengths, queries and cache (NaN past each new length)
+    written into the same tensors: each replay's result is the new one."""
     import fa_variants
 
     q, k, v, seqlens_k = padded_kv_cache([700, 1, 0, 1023], 1, 1023, 32, 8, 128, device="cuda")
-    k, v = k.nan_to_num(), v.nan_to_num()  # the replays move the lengths over the whole cache: all of it finite
     run = lambda: fa_variants.attention(q, k, v, causal=True, backend=backend, return_lse=True,  # noqa: E731
                                         seqlens_k=seqlens_k)
     out, lse = run()  # compile and plan outside the capture
@@ -102,9 +109,34 @@ def test_api_runs_one_launch_and_replays_in_a_cuda_graph(backend):
     for lengths in ([1, 1023, 512, 0], [129, 128, 127, 2]):
         seqlens_k.copy_(torch.tensor(lengths, dtype=torch.int32))
         q.copy_(torch.randn_like(q))
+        _nan_past(k, v, lengths)
         graph.replay()
         torch.cuda.synchronize()
         assert_attention_ok(out, lse, q, k, v, True, seqlens_k=seqlens_k, what=f"replay {lengths}")
+
+
+@pytest.mark.parametrize("backend", ["fa3", "fa2"])
+def test_plain_and_length_calls_of_one_shape_keep_their_own_plans(backend, monkeypatch):
+    """A call without seqlens_k after one with it (same q, k, v) runs the default kernel, and the reverse; a module
+    switch flipped after the first call with lengths (SPLIT_KV_ENABLED) makes the next one plan again under it, as a
+    call without lengths does (``common.launch.launcher``)."""
+    import fa_variants
+    from fa_variants import dispatch
+
+    module = MODULES[backend]
+    q, k, v, seqlens_k = padded_kv_cache([1023, 1023], 1, 1023, 32, 8, 128, device="cuda")
+    k, v = k.nan_to_num(), v.nan_to_num()
+    plain = fa_variants.attention(q, k, v, causal=True, backend=backend)
+    ragged = fa_variants.attention(q, k, v, causal=True, backend=backend, seqlens_k=seqlens_k)
+    again = fa_variants.attention(q, k, v, causal=True, backend=backend)
+    assert torch.equal(plain, again)
+    torch.testing.assert_close(ragged, plain, atol=2e-2, rtol=0)  # full lengths: the same attention
+    entry = next(e for key, e in dispatch.PLANS.items() if key and key[0] == "seqlens_k")
+    monkeypatch.setattr(module, "SPLIT_KV_ENABLED", not module.SPLIT_KV_ENABLED)
+    out = fa_variants.attention(q, k, v, causal=True, backend=backend, seqlens_k=seqlens_k)
+    assert_attention_ok(out, None, q, k, v, True, seqlens_k=seqlens_k)
+    fresh = next(e for key, e in dispatch.PLANS.items() if key and key[0] == "seqlens_k")
+    assert fresh is not entry and fresh[1] == module.VARIANT.switches()
 
 
 def test_api_fa1_reads_the_lengths_back_and_refuses_capture():
@@ -136,12 +168,12 @@ def test_torch_compile_reduce_overhead_replays_new_lengths(grad_mode):
 
 def _compiled_replays(fa_variants):
     q, k, v, seqlens_k = padded_kv_cache([700, 1, 0, 1023], 1, 1023, 32, 8, 128, device="cuda")
-    k, v = k.nan_to_num(), v.nan_to_num()
     fn = lambda q, k, v, n: fa_variants.attention(q, k, v, causal=True, seqlens_k=n, return_lse=True)  # noqa: E731
     compiled = torch.compile(fn, fullgraph=True, mode="reduce-overhead")
     for lengths in ([700, 1, 0, 1023], [1, 1023, 512, 0], [129, 128, 127, 2], [5, 6, 7, 8]):
         seqlens_k.copy_(torch.tensor(lengths, dtype=torch.int32))
         q.copy_(torch.randn_like(q))
+        _nan_past(k, v, lengths)
         out, lse = compiled(q, k, v, seqlens_k)
         assert_attention_ok(out.clone(), lse.clone(), q, k, v, True, seqlens_k=seqlens_k, what=f"compiled {lengths}")
 

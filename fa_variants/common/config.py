@@ -200,7 +200,8 @@ class Sm90Config:
         kernel takes an int32 (batch,) tensor after its other arguments, and each CTA attends to the first
         clamp(seqlens_k[b], 0, seqlen_k) keys of its sequence b (causal bottom-right against that length): its K/V
         tile range, masks and split ranges use that length, so no tile past it is loaded (the last tile's keys past
-        it are loaded and masked). One launch for a batch of any lengths, no host read-back (CUDA-graph capturable).
+        it are loaded and masked). One launch for a batch of any lengths (a split call's merge kernel besides), no
+        host read-back (CUDA-graph capturable).
         Not with persistent (its balanced table is made from the padded length).
     """
 

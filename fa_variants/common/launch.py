@@ -170,8 +170,9 @@ def launch(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         causal: bottom-right aligned causal mask.
         softmax_scale: any finite real within `common.scale.MAX_SOFTMAX_SCALE` (`common.scale.kernel_scale`).
         config: the variant's config type, overriding its default (checked against the arch).
-        seqlens_k: int32 (batch,) per-sequence KV lengths, passed to a kernel compiled to read them (a config with
-            ``seqlens_k=True``, e.g. ``hopper.fa3.lengths_config``), after its other arguments; None otherwise.
+        seqlens_k: int32 (batch,) per-sequence KV lengths on q's device, passed to a kernel compiled to read them (a
+            config with ``seqlens_k=True``, e.g. ``hopper.fa3.lengths_config``), after its other arguments; None
+            otherwise (ValueError when the two disagree, or for a tensor of the wrong dtype, shape or device).
     Returns:
         (out, lse): out (batch, seqlen_q, num_heads, head_dim) like q, contiguous; lse float32
         (batch, num_heads, seqlen_q), natural log; a row that sees no key gets O = 0, LSE = -inf.
@@ -180,7 +181,16 @@ def launch(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
             a grid beyond the hardware limits, an operand that cannot be aligned.
         TypeError: a softmax_scale that is not a real number.
     """
-    extra = () if seqlens_k is None else (seqlens_k,)
+    reads = bool(getattr(config, "seqlens_k", False))
+    if (seqlens_k is not None) != reads:
+        raise ValueError(f"{variant.name}: seqlens_k {'given' if seqlens_k is not None else 'missing'} for a config "
+                         f"with seqlens_k={reads} (pass both, e.g. its lengths_config, or neither)")
+    extra = ()
+    if seqlens_k is not None:  # the kernel reads it as int32 (batch,) on q's device: checked, the values clamped there
+        from fa_variants.reference import check_seqlens_k
+
+        check_seqlens_k(seqlens_k, q.shape[0], k.shape[1], q.device, values=False)
+        extra = (seqlens_k.contiguous(),)
     return launcher(variant, q, k, v, causal=causal, softmax_scale=softmax_scale, config=config)(q, k, v, True, *extra)
 
 
