@@ -241,10 +241,37 @@ def _with_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, se
     return run_seqlens_k(q, k, v, causal, scale, backend, seqlens_k)
 
 
-def run_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, seqlens_k: torch.Tensor):
-    """`_with_seqlens_k` on plain tensors, eagerly (the body of ``torch.ops.fa_variants.attention_seqlens_k``)."""
+def _check_lengths(q, k, seqlens_k) -> bool:
+    """``check_seqlens_k`` of an eager call: the values too, except inside CUDA-graph capture (where the kernels that
+    read the lengths clamp them); returns whether the stream is capturing."""
     capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()
     check_seqlens_k(seqlens_k, q.shape[0], k.shape[1], q.device, values=not capturing)
+    return capturing
+
+
+def _kernel_module(backend: str):
+    """The module of a kernel backend that takes ``num_splits`` / ``pack_gqa`` and reads ``seqlens_k`` in its kernel
+    (``decode_config``, ``lengths_config``): fa3 or fa2; None for the others."""
+    if backend == "fa3":
+        from fa_variants.hopper import fa3 as module
+    elif backend == "fa2":
+        from fa_variants.ampere import fa2 as module
+    else:
+        return None
+    return module
+
+
+def _lengths_plan(selection: Selection, module, q, k, v, causal: bool, scale: float, config=None):
+    """`_plan` on ``module.lengths_config`` (of ``config``, else of `auto`'s choice): its run takes seqlens_k after
+    want_lse. The config is made only when there is something to launch (`_plan`'s empty shortcuts and forward-only
+    check come first)."""
+    launches = q.numel() and k.shape[1] and not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)))
+    return _plan(selection, q, k, v, causal, scale, module.lengths_config(q, k, causal, config) if launches else None)
+
+
+def run_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, seqlens_k: torch.Tensor):
+    """`_with_seqlens_k` on plain tensors, eagerly (the body of ``torch.ops.fa_variants.attention_seqlens_k``)."""
+    capturing = _check_lengths(q, k, seqlens_k)
     key = _call_key(q, k, v, causal, scale, backend)
     key = None if key is None else ("seqlens_k", key)
     entry = dispatch.PLANS.get(key)  # (plan, the kernel module's switch state it was made under)
@@ -252,16 +279,11 @@ def run_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, seql
         return entry[0](q, k, v, True, seqlens_k.contiguous())
     selection = dispatch.select_backend(q, k, v, causal=causal, backend=backend)
     scale = default_softmax_scale(q.shape[-1]) if scale is None else scale
-    if selection.backend in ("fa3", "fa2"):  # the kernel reads the lengths
-        if selection.backend == "fa3":
-            from fa_variants.hopper import fa3 as module
-        else:
-            from fa_variants.ampere import fa2 as module
-        # the config once there is something to launch (_plan: empty shortcuts and the forward-only check first)
-        launches = q.numel() and k.shape[1] and not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)))
+    module = _kernel_module(selection.backend)
+    if module is not None:  # the kernel reads the lengths
         switches = module.VARIANT.switches
         state = switches()
-        plan = _plan(selection, q, k, v, causal, scale, module.lengths_config(q, k, causal) if launches else None)
+        plan = _lengths_plan(selection, module, q, k, v, causal, scale)
         out, lse = plan(q, k, v, True, seqlens_k.contiguous())
         if key is not None:
             if len(dispatch.PLANS) >= dispatch.MAX_PLANS:
@@ -296,23 +318,17 @@ def _with_split_options(q, k, v, causal: bool, scale: float | None, backend: str
     if _traced(q):
         raise NotImplementedError("num_splits / pack_gqa are not supported under tracing yet")
     if seqlens_k is not None:
-        capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()
-        check_seqlens_k(seqlens_k, q.shape[0], k.shape[1], q.device, values=not capturing)
+        _check_lengths(q, k, seqlens_k)
     selection = dispatch.select_backend(q, k, v, causal=causal, backend=backend)
-    if selection.backend == "fa3":
-        from fa_variants.hopper import fa3 as module
-    elif selection.backend == "fa2":
-        from fa_variants.ampere import fa2 as module
-    else:
+    module = _kernel_module(selection.backend)
+    if module is None:
         raise ValueError(f"num_splits / pack_gqa apply to the fa3 and fa2 backends only; this call runs on "
                          f"{selection.backend}")
     config = module.decode_config(q, k, causal, num_splits=num_splits, pack_gqa=pack_gqa)
     scale = default_softmax_scale(q.shape[-1]) if scale is None else scale
     if seqlens_k is None:
         return _run(selection, q, k, v, causal, scale, config)
-    launches = q.numel() and k.shape[1] and not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)))
-    config = module.lengths_config(q, k, causal, config) if launches else None
-    return _plan(selection, q, k, v, causal, scale, config)(q, k, v, True, seqlens_k.contiguous())
+    return _lengths_plan(selection, module, q, k, v, causal, scale, config)(q, k, v, True, seqlens_k.contiguous())
 
 
 def _traced(q) -> bool:

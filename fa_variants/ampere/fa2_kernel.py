@@ -16,7 +16,7 @@ from cutlass import Float32, Int32, const_expr
 from fa_variants.common import sm80
 from fa_variants.common.config import Sm80Config
 from fa_variants.common.layout import acc_as_operand_a, rows_cols, transpose_view
-from fa_variants.common.mask import AttentionMask, BlockInfo
+from fa_variants.common.mask import AttentionMask, BlockInfo, kv_length
 from fa_variants.common.scale import LOG2_E
 from fa_variants.common.softmax import OnlineSoftmax
 
@@ -88,8 +88,7 @@ class FlashAttention2Sm80:
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch, split_idx, num_splits = self.tile_coords(mQ, mO)
         seqlen_q, seqlen_k = mQ.shape[1], mK.shape[1]
-        if const_expr(len(lengths) > 0):  # Sm80Config.seqlens_k: this sequence's keys (the host checked the value;
-            seqlen_k = cutlass.min(cutlass.max(lengths[0][batch], Int32(0)), seqlen_k)  # under capture, clamped)
+        seqlen_k = kv_length(lengths, batch, seqlen_k)  # Sm80Config.seqlens_k: this sequence's keys
         head_kv = head // (mQ.shape[2] // mK.shape[2])  # GQA / MQA
 
         # This CTA's Q tile (Br x D) and the K/V tiles (Bc x D x n) of its KV head.

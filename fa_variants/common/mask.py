@@ -44,6 +44,16 @@ def _max(a, b):
     return max(a, b) if isinstance(a, int) and isinstance(b, int) else cutlass.max(a, b)
 
 
+@cute.jit
+def kv_length(lengths: tuple, batch: Int32, seqlen_k: Int32) -> Int32:
+    """Keys sequence ``batch`` attends to: seqlen_k (K's padded length), or with ``lengths`` = (seqlens_k,) (the
+    kernels' ``seqlens_k`` switch) seqlens_k[batch] clamped to [0, seqlen_k] (a value outside is refused on the host;
+    inside CUDA-graph capture it is not read there, so a kernel never walks past K's rows)."""
+    if const_expr(len(lengths) > 0):
+        return cutlass.min(cutlass.max(lengths[0][batch], Int32(0)), seqlen_k)
+    return seqlen_k
+
+
 @dataclass(frozen=True)
 class BlockInfo:
     """Tile ranges of a (tile_m x tile_n)-tiled attention with bottom-right causal alignment."""

@@ -445,7 +445,8 @@ def default_config(arch: str, head_dim: int, causal: bool) -> Sm90Config:
 
 
 def _build(cfg: StaticConfig):
-    from cutlass import Int32  # the DSL: only to compile
+    import cutlass.cute as cute  # the DSL: only to compile
+    from cutlass import Int32
 
     from fa_variants.hopper.fa3_kernel import (FlashAttention3Sm90, FlashAttention3Sm90Balanced,
                                                FlashAttention3Sm90FusedMerge, FlashAttention3Sm90FusedMergeLengths,
@@ -460,29 +461,20 @@ def _build(cfg: StaticConfig):
     fused_kind = FlashAttention3Sm90FusedMergeLengths if cfg.config.seqlens_k else FlashAttention3Sm90FusedMerge
     kernel = (fused_kind if fused else kind)(interop.cute_dtype(cfg.dtype), cfg.head_dim, cfg.causal, cfg.config)
     q, k, v, o, lse, scale, stream = interop.fake_attention_args(cfg.dtype, cfg.head_dim, cfg.align)
-    if cfg.config.seqlens_k:
-        import cutlass.cute as cute
-
-        stream = (interop.fake_tensor("int32", (cute.sym_int(),), 4), stream)  # seqlens_k, then the stream
-    else:
-        stream = (stream,)
+    int32s = lambda: interop.fake_tensor("int32", (cute.sym_int(),), 4)  # noqa: E731 - a dynamic-length int32 vector
+    end = (int32s(), stream) if cfg.config.seqlens_k else (stream,)  # the lengths (seqlens_k), then the stream
     if cfg.config.balanced:  # + l2_heads, the grid's CTA count, the tile table (_plan_call)
-        import cutlass.cute as cute
-
-        order = interop.fake_tensor("int32", (cute.sym_int(),), 4)
-        return kernel, (q, k, v, o, lse, scale, Int32(1), Int32(1), order, *stream)
+        return kernel, (q, k, v, o, lse, scale, Int32(1), Int32(1), int32s(), *end)
     if cfg.config.persistent:  # + l2_heads, the grid's CTA count (_plan_call)
-        return kernel, (q, k, v, o, lse, scale, Int32(1), Int32(1), *stream)
+        return kernel, (q, k, v, o, lse, scale, Int32(1), Int32(1), *end)
     if not kernel.split:
-        return kernel, (q, k, v, o, lse, scale, Int32(1), *stream)  # + l2_heads (see l2_section_heads)
+        return kernel, (q, k, v, o, lse, scale, Int32(1), *end)  # + l2_heads (see l2_section_heads)
     # fp32 partials of (num_splits * batch) batches (_plan_call)
     o_parts, lse_parts = split_combine.fake_partials(q, cfg.head_dim)
     if not fused:
-        return kernel, (q, k, v, o_parts, lse_parts, scale, Int32(1), *stream)
-    import cutlass.cute as cute
-
-    counters = interop.fake_tensor("int32", (cute.sym_int(),), 4)  # one per query tile (_plan_call)
-    return kernel, (q, k, v, o_parts, lse_parts, scale, Int32(1), o, lse, counters, *stream)
+        return kernel, (q, k, v, o_parts, lse_parts, scale, Int32(1), *end)
+    # + the caller's out and LSE and one counter per query tile (_plan_call)
+    return kernel, (q, k, v, o_parts, lse_parts, scale, Int32(1), o, lse, int32s(), *end)
 
 
 # ----- split-KV (Flash-Decoding, common.split) ---------------------------------------------------

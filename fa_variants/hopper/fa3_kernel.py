@@ -29,7 +29,7 @@ from fa_variants.common import pack_gqa, tile_scheduler
 from fa_variants.common.config import Sm90Config
 from fa_variants.common.layout import convert_in_pairs, transpose_view
 from fa_variants.common.layout import rows_cols as acc_rows_cols
-from fa_variants.common.mask import AttentionMask, BlockInfo
+from fa_variants.common.mask import AttentionMask, BlockInfo, kv_length
 from fa_variants.common.sm90 import (WARPGROUP_THREADS, NamedBarrier, hoisted_descriptors, make_row_major_smem_layout,
                                     make_tiled_mma)
 from fa_variants.common.softmax import OnlineSoftmax
@@ -143,22 +143,13 @@ class FlashAttention3Sm90(Fa3Schedule, Fa3SplitKV, Fa3Producer):
         return self.overlap and self.cfg.rescale_o_before_pv
 
     @cute.jit
-    def _kv_length(self, lengths: tuple, batch: Int32, seqlen_k: Int32) -> Int32:
-        """Keys sequence ``batch`` attends to: seqlen_k (K's padded length), or with ``lengths`` = (seqlens_k,)
-        (``Sm90Config.seqlens_k``) seqlens_k[batch] clamped to [0, seqlen_k] (a value outside is refused on the
-        host; inside CUDA-graph capture it is not read there, so the kernel never walks past K's rows)."""
-        if const_expr(len(lengths) > 0):
-            return cutlass.min(cutlass.max(lengths[0][batch], Int32(0)), seqlen_k)
-        return seqlen_k
-
-    @cute.jit
     def launch(self, mQ, mK, mV, mO, mLSE, softmax_scale_log2: Float32, l2_heads: Int32, extras: tuple,
                stream: cuda.CUstream, merge: tuple = (), ctas=None, order: tuple = (), lengths: tuple = ()):
         """Host side shared by the kernel family; ``extras`` (tensors) go unchanged to the device side.
         ``merge``: (out, lse, counters) of the fused split merge (``FlashAttention3Sm90FusedMerge``), else ().
         ``ctas``: the persistent grid's CTA count (``FlashAttention3Sm90Persistent``), else None; ``order``: (its
         tile table,) with ``Sm90Config.balanced``, else (); ``lengths``: (seqlens_k,) with ``Sm90Config.seqlens_k``
-        (int32 (batch,): ``_kv_length``), else ()."""
+        (int32 (batch,): ``common.mask.kv_length``), else ()."""
         # (batch, seqlen, heads, head_dim) -> (seqlen, head_dim, heads, batch): TMA boxes and
         # MMA tiles cover the first two modes; LSE (batch, heads, seqlen) -> (seqlen, heads, batch).
         mQ, mK, mO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0])) for t in (mQ, mK, mO)]
@@ -313,7 +304,7 @@ class FlashAttention3Sm90(Fa3Schedule, Fa3SplitKV, Fa3Producer):
                 cute.arch.griddepcontrol_launch_dependents()
             num_splits = mO.shape[3] // mQ.shape[3]
             m_block, head, batch, split_idx = self._split_coords(num_m_blocks, mQ.shape[2], num_splits)
-            seqlen_k = self._kv_length(lengths, batch, seqlen_k)
+            seqlen_k = kv_length(lengths, batch, seqlen_k)
             n_start, n_blocks = self._split_range(m_block, split_idx, num_splits, seqlen_q, seqlen_k)
             out_batch = split_idx * mQ.shape[3] + batch  # partials are (num_splits * batch) batches
             # fused merge: what the consumer threads need to merge the query tile when this CTA arrives last
@@ -339,7 +330,7 @@ class FlashAttention3Sm90(Fa3Schedule, Fa3SplitKV, Fa3Producer):
                                    warp_idx, num_m_blocks, l2_heads, seqlen_q, seqlen_k, order)
         else:
             m_block, head, batch = self._tile_coords(num_m_blocks, mQ.shape[2], mQ.shape[3], l2_heads)
-            seqlen_k = self._kv_length(lengths, batch, seqlen_k)
+            seqlen_k = kv_length(lengths, batch, seqlen_k)
             n_blocks = self._num_kv_blocks(m_block, seqlen_q, seqlen_k)
             self._roles(mQ, mK, mV, mO, mLSE, sQ, sK, sV, sO, tma_q, tma_k, tma_v, tma_o, tiled_mma_qk,
                         tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2, qhead_per_kvhead, extras, warp_idx,

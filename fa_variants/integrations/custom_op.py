@@ -78,14 +78,12 @@ def attention_seqlens_k_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, se
 
 @attention_seqlens_k_op.register_fake
 def _attention_seqlens_k_fake(q, k, v, seqlens_k, causal, softmax_scale, backend):
-    """Shapes and dtypes, after ``fa_variants.attention``'s checks (seqlens_k's dtype, shape and device; its values
-    are checked when the op runs)."""
-    from fa_variants import api
+    """``_attention_fake`` (``fa_variants.attention``'s checks, then the shapes), then seqlens_k's dtype, shape and
+    device checked (its values are checked when the op runs)."""
     from fa_variants.reference import check_seqlens_k
-    api._check_inputs(q, k, v)
-    api._check_options(causal, softmax_scale, backend, False)
+    outputs = _attention_fake(q, k, v, causal, softmax_scale, backend)
     check_seqlens_k(seqlens_k, q.shape[0], k.shape[1], q.device, values=False)
-    return _attention_fake(q, k, v, causal, softmax_scale, backend)
+    return outputs
 
 
 def _seqlens_k_setup_context(ctx, inputs, output):
