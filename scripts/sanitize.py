@@ -64,8 +64,10 @@ def plan(backend: str):
     return dtype, [d for d in (64, 96, 128, 256) if variant.head_dims is None or d in variant.head_dims]
 
 
-def worker(backend: str, head_dims: list[int] | None = None, causal_only: int | None = None) -> int:
-    """Run the shapes on one backend (its head dims, or those of ``head_dims`` it serves; ``causal_only`` 0 / 1: only
+def worker(backend: str, head_dims: list[int] | None = None, causal_only: int | None = None,
+           shapes: str = "all") -> int:
+    """Run the shapes on one backend (its head dims, or those of ``head_dims`` it serves; ``shapes`` "lengths": the
+    seqlens_k shapes only; ``causal_only`` 0 / 1: only
     the non-causal / causal shapes); print one line per call and 'CALLS n FAILED m' last."""
     import torch
 
@@ -78,7 +80,7 @@ def worker(backend: str, head_dims: list[int] | None = None, causal_only: int | 
     keep = lambda shape: causal_only is None or shape[-1] == bool(causal_only)  # noqa: E731
     calls = failed = 0
     for head_dim in head_dims:
-        for batch, nq, nk, heads, heads_kv, causal in filter(keep, SHAPES):
+        for batch, nq, nk, heads, heads_kv, causal in filter(keep, SHAPES if shapes == "all" else ()):
             make = lambda n, h: torch.randn(batch, n, h, head_dim, device="cuda").to(dtype)  # noqa: E731
             q, k, v = make(nq, heads), make(nk, heads_kv), make(nk, heads_kv)
             with torch.no_grad():
@@ -95,7 +97,8 @@ def worker(backend: str, head_dims: list[int] | None = None, causal_only: int | 
                 ok = check_against_reference(out, q, k, v, causal).ok
             failed += not ok
             print(f"{what}: {'ok' if ok else 'WRONG OUTPUT'}", flush=True)
-        for batch, nq, nk, heads, heads_kv, causal in filter(keep, SPLIT_SHAPES if backend in SPLIT_BACKENDS else ()):
+        for batch, nq, nk, heads, heads_kv, causal in filter(keep, SPLIT_SHAPES if backend in SPLIT_BACKENDS and
+                                                             shapes == "all" else ()):
             for num_splits, pack_gqa in SPLIT_OPTIONS:
                 pack_gqa = pack_gqa and (backend == "fa3" or nq == 1)  # fa2 packs one query row only
                 make = lambda n, h: torch.randn(batch, n, h, head_dim, device="cuda").to(dtype)  # noqa: E731
@@ -165,7 +168,7 @@ def _summary(tool: str, backend: str, rc: int | None, log: str, seconds: float) 
     return f"{tool:9s} {backend:8s} {verdict} ({done}, {seconds:.0f} s)", ok
 
 
-def _precompile(out: Path, runs: list, timeout: float) -> bool:
+def _precompile(out: Path, runs: list, timeout: float, shapes: str = "all") -> bool:
     """The runs' calls without the sanitizer, one process per (run, head_dim, causal), all at once (their kernels
     into the disk compile cache); one summary line; False if one failed or timed out."""
     start, procs = time.monotonic(), []
@@ -175,7 +178,7 @@ def _precompile(out: Path, runs: list, timeout: float) -> bool:
                 label = name if name.endswith(f"-d{d}") else f"{name}-d{d}"  # --per-head-dim names carry it
                 log = open(out / f"precompile-{label}-c{causal}.log", "w")
                 cmd = [sys.executable, __file__, "--worker", "--backend", backend, "--head-dims", str(d),
-                       "--causal-only", str(causal)]
+                       "--causal-only", str(causal), "--shapes", shapes]
                 procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=run_env), log))
     failed = 0
     for proc, log in procs:
@@ -205,12 +208,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="one sanitized process per (tool, backend, head_dim), side by side")
     parser.add_argument("--precompile", action="store_true",
                         help="first the same calls without the sanitizer, one process per (backend, head_dim, causal)")
+    parser.add_argument("--shapes", choices=("all", "lengths"), default="all",
+                        help="lengths: only the per-sequence KV length shapes (fa2, fa3)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--backend", help=argparse.SUPPRESS)
     parser.add_argument("--causal-only", type=int, choices=(0, 1), default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        return worker(args.backend, args.head_dims, args.causal_only)
+        return worker(args.backend, args.head_dims, args.causal_only, args.shapes)
 
     sanitizer = args.sanitizer or shutil.which("compute-sanitizer") or next(
         (str(p) for p in (Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "compute-sanitizer",)
@@ -237,13 +242,13 @@ def main(argv: list[str] | None = None) -> int:
     all_ok = True
     if args.precompile:
         all_ok &= _precompile(out, [(name, backend, run_env, dims_ or dims(backend)) for name, backend, run_env, dims_
-                                    in runs], args.timeout)
+                                    in runs], args.timeout, args.shapes)
     jobs = {}
     for tool in args.tools:
         for name, backend, run_env, head_dims in runs:
             log = out / f"{tool}-{name}.log"
             cmd = [sanitizer, "--tool", tool, "--report-api-errors", "no", "--error-exitcode", "9",
-                   sys.executable, __file__, "--worker", "--backend", backend]
+                   sys.executable, __file__, "--worker", "--backend", backend, "--shapes", args.shapes]
             cmd += ["--head-dims", *map(str, head_dims)] if head_dims else []
             handle = open(log, "w")
             jobs[(tool, name)] = (subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, env=run_env),
