@@ -5,7 +5,7 @@ and where that time goes.
     python scripts/first_call.py --backend fa2 --load-only --arch sm_80  # no GPU: import + disk load only
 
 Times, in this new process: the imports (torch, fa_variants), CUDA set-up with the inputs (a decode step:
-batch 2, one query row, 1023 keys, GQA 32:8, bf16, causal), then the first ``fa_variants.attention`` call to
+batch 2, one query row, 1023 keys, GQA 32:8, bf16, causal; ``--seqlens-k``: the sequences' lengths 1023 and 500), then the first ``fa_variants.attention`` call to
 its completion (synchronised), and a second call like it. The first call is broken down into phases
 (``phases``, seconds; the functions are wrapped with timers, nothing else changes):
 
@@ -84,6 +84,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default="fa3")
     parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--seqlens-k", action="store_true",
+                        help="the decode step with per-sequence KV lengths (1023 and 500 of the 1023 keys)")
     parser.add_argument("--load-only", action="store_true",
                         help="no GPU: time the backend import and the disk cache load (or compile) of --arch only")
     parser.add_argument("--arch", default="sm_90a", help="with --load-only: the compile target")
@@ -108,21 +110,25 @@ def main() -> None:
         registry.compiled(cfg)
         report["load_s"] = round(time.perf_counter() - t0, 4)
     else:
-        from fa_variants.reference import check_against_reference
+        from fa_variants.reference import check_against_reference, references
 
         q = torch.randn(2, 1, 32, args.head_dim, device="cuda", dtype=torch.bfloat16)
         k, v = (torch.randn(2, 1023, 8, args.head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        lengths = torch.tensor([1023, 500], dtype=torch.int32, device="cuda") if args.seqlens_k else None
+        extra = {"seqlens_k": lengths} if args.seqlens_k else {}
         torch.cuda.synchronize()
         instrument(torch.cuda.synchronize)
         t0 = time.perf_counter()
-        out = fa_variants.attention(q, k, v, causal=True, backend=args.backend)
+        out = fa_variants.attention(q, k, v, causal=True, backend=args.backend, **extra)
         torch.cuda.synchronize()
         report["first_call_s"] = round(time.perf_counter() - t0, 4)
         t0 = time.perf_counter()
-        fa_variants.attention(q, k, v, causal=True, backend=args.backend)
+        fa_variants.attention(q, k, v, causal=True, backend=args.backend, **extra)
         torch.cuda.synchronize()
         report["second_call_s"] = round(time.perf_counter() - t0, 4)
-        report["ok"] = bool(check_against_reference(out, q, k, v, True).ok)
+        refs = references(q, k, v, causal=True, seqlens_k=lengths)
+        report["ok"] = bool(check_against_reference(out, q, k, v, True, refs=refs).ok)
+        report["seqlens_k"] = args.seqlens_k
     if cache.compile_count:  # a cold cache: the trace and compile (common.cache times cute.compile)
         phases["compile_s"] = sum(c.compile_s for c in cache._CACHE.values())
     total = report.get("first_call_s", report.get("load_s"))

@@ -18,14 +18,15 @@ pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parent.parent
 FIRST_CALL_BUDGET_S = 1.0  # issue 13
 
-def first_call(backend: str, head_dim: int, cache_dir: Path) -> dict:
+def first_call(backend: str, head_dim: int, cache_dir: Path, *options: str) -> dict:
     """scripts/first_call.py in a new process (its imports and CUDA set-up not timed, the first call is)."""
     # the checkout first, then the caller's PYTHONPATH (where the GPU host keeps the CuTe DSL)
     pythonpath = os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
     env = {**os.environ, "PYTHONPATH": pythonpath, "FA_VARIANTS_CACHE_DIR": str(cache_dir)}
     env.pop("FA_VARIANTS_DISK_CACHE", None)
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "first_call.py"), "--backend", backend,
-                        "--head-dim", str(head_dim)], capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+                        "--head-dim", str(head_dim), *options], capture_output=True, text=True, cwd=ROOT, env=env,
+                       timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -67,6 +68,29 @@ def test_warmup_leaves_a_fresh_processs_first_fp8_call_nothing_to_compile(gpu_va
     warm = first_call("fa3-fp8", 128, tmp_path)
     print(f"fa3-fp8 after warmup: first call {warm['first_call_s']:.3f} s (by phase: {warm['phases']})")
     assert warm["compiles"] == 0 and warm["disk_loads"] == 4, warm
+
+
+@pytest.mark.parametrize("backend", ["fa3", "fa2"])
+def test_warmup_seqlens_k_leaves_fresh_decode_calls_nothing_to_compile(backend, gpu_variant, tmp_path):
+    """`fa-variants warmup --seqlens-k --jobs 8` (this GPU's arch, bf16, head_dim 128, causal) into an empty disk
+    cache, then fresh processes' first decode calls (scripts/first_call.py: B 2, one query row, 1023 keys, GQA 32:8),
+    without and with seqlens_k: nothing compiled (the split kernel, the one reading the lengths and the merge kernel
+    after them all loaded from disk), correct vs float64, within the first-call budget."""
+    gpu_variant(backend)
+    pythonpath = os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
+    env = {**os.environ, "PYTHONPATH": pythonpath, "FA_VARIANTS_CACHE_DIR": str(tmp_path)}
+    env.pop("FA_VARIANTS_DISK_CACHE", None)
+    r = subprocess.run([sys.executable, "-m", "fa_variants.cli", "warmup", "--backends", backend, "--dtypes", "bf16",
+                        "--head-dims", "128", "--causal", "yes", "--seqlens-k", "--jobs", "8", "--no-progress"],
+                       capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    warmed = json.loads(r.stdout.strip().splitlines()[-1])
+    assert warmed["compiled"] >= 3 and "split-merge" in {k["variant"] for k in warmed["kernels"]}, warmed
+    for options in ((), ("--seqlens-k",)):
+        warm = first_call(backend, 128, tmp_path, *options)
+        print(f"{backend} {options}: first call {warm['first_call_s']:.3f} s after warmup ({warm['phases']})")
+        assert warm["compiles"] == 0 and warm["disk_loads"] >= 2 and warm["ok"], warm
+        assert warm["first_call_s"] <= FIRST_CALL_BUDGET_S
 
 
 @pytest.mark.parametrize("backend", ["fa3", "fa2"])

@@ -512,6 +512,39 @@ def test_warmup_plans_every_kernel_auto_runs_for_a_gqa_model(h200, split_enabled
         assert not missing, [c.config for c in missing]
 
 
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("fused", ["off", "decode"])
+def test_warmup_seqlens_k_plans_every_kernel_a_decode_call_launches(h200, split_enabled, monkeypatch, head_dim, fused):
+    """`fa-variants warmup --gqa 32:8 --seqlens-k` plans, for every decode shape of that model, the kernel `auto`
+    runs, the one a call with seqlens_k runs (``lengths_config``) and the split merge kernel each launches after
+    it (its pdl, the kernel its split count picks): a fresh process's first decode call compiles nothing."""
+    from fa_variants import registry
+    from fa_variants.commands import warmup
+    from fa_variants.common import split_combine
+
+    monkeypatch.setattr(fa3, "PACK_GQA_ENABLED", True)
+    monkeypatch.setattr(fa3, "FUSED_MERGE", fused)
+    todo, notes = warmup.plan(["fa3"], "sm_90a", ["bf16"], [head_dim], [True], groups=(4,), seqlens_k=True)
+    assert not notes
+    needed = set()
+    for batch in (1, 2, 8, 64):
+        for seqlen_q in (1, 4, 16):
+            for seqlen_k in (1023, 4096, 32768, 131072):
+                q, k = _qk(batch, seqlen_q, 32, 8, seqlen_k, head_dim)
+                for cfg in (fa3._problem_config(None, q, k, True), fa3.lengths_config(q, k, True)):
+                    cfg = cfg or fa3.DEFAULT_CONFIGS[head_dim]
+                    needed.add(registry.static_config("fa3", "sm_90a", "bf16", head_dim, True, cfg))
+                    if cfg.num_splits != 1 and not cfg.fused_merge:
+                        warp = split_combine.warp_merge_for(fa3.num_splits_for(cfg, q, k, True))
+                        needed.add(split_combine._merge_static_config(
+                            "sm_90a", "bf16", head_dim, True if cfg.pdl else split_combine.MERGE_PDL, warp))
+    assert any(c.variant == "split-merge" for c in needed) and any(
+        c.variant == "fa3" and c.config.seqlens_k for c in needed)  # the cases this is about
+    missing = needed - set(todo)
+    assert not missing, [(c.variant, c.config) for c in missing]
+    assert len(todo) == len(set(todo))  # each kernel once
+
+
 @pytest.mark.parametrize("fused", ["off", "decode", "all"])
 def test_auto_configs_pass_their_check_under_every_merge_mode(h200, split_enabled, monkeypatch, fused):
     """Every config `auto` picks for decode shapes (first_row_only on by default) is one its check accepts under

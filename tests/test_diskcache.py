@@ -252,6 +252,29 @@ def test_warmup_compiles_then_finds_on_disk(cache_dir, tmp_path, capsys):
     assert Path(second["kernels"][0]["path"]).is_file()
 
 
+@pytest.mark.compile
+def test_warmup_jobs_compile_in_processes_side_by_side(cache_dir, capsys):
+    """--jobs 2: two spawned processes compile the kernels into the disk cache (records in the plan's order); this
+    process then finds both on disk."""
+    argv = ["warmup", "--arch", "sm_80", "--backends", "testkernel", "--head-dims", "32,128", "--causal", "no",
+            "--no-progress", "--jobs", "2"]
+    assert cli.main(argv) == 0
+    first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [k["head_dim"] for k in first["kernels"]] == [32, 128] and first["compiled"] == 2, first
+    assert all(Path(k["path"]).is_file() for k in first["kernels"])
+    for d in (32, 128):
+        _forget(registry.static_config("testkernel", "sm_80", "bf16", d, False))
+    assert cli.main(argv[:-2]) == 0
+    second = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert second["on disk"] == 2 and second["compiled"] == 0, second
+
+
+def test_warmup_jobs_must_be_positive(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["warmup", "--arch", "sm_80", "--head-dims", "64", "--jobs", "0"])
+    assert "--jobs: '0' is not a positive integer" in capsys.readouterr().err
+
+
 def test_warmup_needs_an_arch_without_a_gpu(capsys, monkeypatch):
     import torch
 
@@ -301,24 +324,28 @@ def test_warmup_plans_fa3s_split_config_too(monkeypatch):
     from fa_variants.commands import warmup
     from fa_variants.hopper import fa3
 
+    def plan():  # fa3's kernels (the split merge kernels after them: test_warmup_plans_the_merge_kernels)
+        planned, notes = warmup.plan(["fa3"], "sm_90a", ["bf16"], [128], (True,))
+        return [c for c in planned if c.variant == "fa3"], notes
+
     monkeypatch.setattr(fa3, "SPLIT_KV_ENABLED", True)
     monkeypatch.setattr(fa3, "PACK_GQA_ENABLED", False)
     monkeypatch.setattr(fa3, "DECODE_FIRST_ROW", False)  # its kernels: the end of this test
     monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K", 0)  # short seqlen_k's persistent grid: the end of this test
-    configs, notes = warmup.plan(["fa3"], "sm_90a", ["bf16"], [128], (True,))
+    configs, notes = plan()
     assert not notes and [c.config.num_splits for c in configs] == [1, 0]
     monkeypatch.setattr(fa3, "PACK_GQA_ENABLED", True)  # packed GQA (decode), unsplit and split, too
-    configs, _ = warmup.plan(["fa3"], "sm_90a", ["bf16"], [128], (True,))
+    configs, _ = plan()
     assert [(c.config.num_splits, c.config.pack_gqa, c.config.pdl, c.config.ctas_per_sm) for c in configs] == [
         (1, False, False, 1), (0, False, False, 1), (1, True, False, 1), (0, True, False, 1), (1, True, True, 1),
         (1, True, True, 2), (0, True, True, 1), (0, True, True, 2), (0, True, False, 2)]
     # PDL unsplit (DECODE_PDL_MIN_SPLITS 1 since session 10) and at 2-8 splits; dual tiles (DECODE_TILES auto)
     monkeypatch.setattr(fa3, "DECODE_TILES_CHOICE", "base")  # base tiles only: no two-CTA configs
-    configs, _ = warmup.plan(["fa3"], "sm_90a", ["bf16"], [128], (True,))
+    configs, _ = plan()
     assert [(c.config.num_splits, c.config.pack_gqa, c.config.pdl) for c in configs] == [
         (1, False, False), (0, False, False), (1, True, False), (0, True, False), (1, True, True), (0, True, True)]
     monkeypatch.setattr(fa3, "DECODE_FIRST_ROW", True)  # the default: each packed decode config also with first_row_only
-    with_first = warmup.plan(["fa3"], "sm_90a", ["bf16"], [128], (True,))[0]
+    with_first = plan()[0]
     plain = [c.config for c in with_first if not c.config.first_row_only]
     first = [c.config for c in with_first if c.config.first_row_only]
     assert plain == [c.config for c in configs]
@@ -328,15 +355,15 @@ def test_warmup_plans_fa3s_split_config_too(monkeypatch):
         c for c in plain if c.pack_gqa and not (c.num_splits == 1 and not c.pdl)}
     monkeypatch.setattr(fa3, "SPLIT_KV_ENABLED", False)
     monkeypatch.setattr(fa3, "PACK_GQA_ENABLED", False)
-    assert len(warmup.plan(["fa3"], "sm_90a", ["bf16"], [128], (True,))[0]) == 1
+    assert len(plan()[0]) == 1
     # FA_VARIANTS_SHORT_PERSISTENT (3072 by default): short seqlen_k's persistent grid right after the default, and
     # (FA_VARIANTS_SHORT_BALANCED, on by default) the same with its causal tiles dealt by load
     monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K", 3072)
     monkeypatch.setattr(fa3, "SHORT_MAX_SEQLEN_K_CAUSAL", 1536)
     monkeypatch.setattr(fa3, "SHORT_BALANCED", True)
     short = fa3._SHORT_CONFIGS[128, True]
-    assert [c.config for c in warmup.plan(["fa3"], "sm_90a", ["bf16"], [128], (True,))[0]] == [
+    assert [c.config for c in plan()[0]] == [
         fa3.DEFAULT_CONFIGS[128], short, dataclasses.replace(short, balanced=True)]
     monkeypatch.setattr(fa3, "SHORT_BALANCED", False)
-    assert [c.config for c in warmup.plan(["fa3"], "sm_90a", ["bf16"], [128], (True,))[0]] == [
+    assert [c.config for c in plan()[0]] == [
         fa3.DEFAULT_CONFIGS[128], short]

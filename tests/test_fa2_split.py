@@ -133,6 +133,33 @@ def test_auto_packs_only_when_switched_on(on_h200, monkeypatch):
     assert len(fa2._warm_configs("sm_90a", 128, True)) == 3
 
 
+def test_warmup_seqlens_k_plans_every_kernel_a_decode_call_launches(on_h200, monkeypatch):
+    """`fa-variants warmup --seqlens-k` on fa2 plans the kernel `auto` runs at each decode shape, the one a call
+    with seqlens_k runs (``lengths_config``) and the split merge kernel a split call launches after it."""
+    from fa_variants import registry
+    from fa_variants.commands import warmup
+
+    monkeypatch.setattr(fa2, "PACK_GQA_ENABLED", True)
+    for head_dim in (64, 128, 256):
+        todo, notes = warmup.plan(["fa2"], "sm_90a", ["bf16"], [head_dim], [True], seqlens_k=True)
+        assert not notes
+        needed = set()
+        for batch in (1, 8, 64):
+            for seqlen_q in (1, 4, 16):
+                for seqlen_k in (1023, 4096, 32768):
+                    q, k = qk(batch, seqlen_q, 32, seqlen_k, head_dim=head_dim)
+                    for cfg in (fa2._problem_config(None, q, k, True), fa2.lengths_config(q, k, True)):
+                        cfg = cfg or fa2.default_config("sm_90a", head_dim, True)
+                        needed.add(registry.static_config("fa2", "sm_90a", "bf16", head_dim, True, cfg))
+                        if cfg.num_splits != 1:  # fa2's merge: no pdl, the kernel MERGE_WARP names
+                            needed.add(split_combine._merge_static_config("sm_90a", "bf16", head_dim, False,
+                                                                          bool(split_combine.MERGE_WARP)))
+        assert any(c.variant == "split-merge" for c in needed) and any(
+            c.variant == "fa2" and c.config.seqlens_k for c in needed)
+        missing = needed - set(todo)
+        assert not missing, [(c.variant, c.config) for c in missing]
+
+
 def test_narrow_decode_switch(on_h200, monkeypatch):
     """FA_VARIANTS_FA2_NARROW_DECODE: a few-row query the heuristic does not split (B 8 / 64, Nq 4 / 16: the grid is
     full, 256+ CTAs on 264 slots) runs unsplit in 64 x 64 tiles; split or packed calls, prefill and the switch off

@@ -311,7 +311,13 @@ def lengths_config(q: torch.Tensor, k: torch.Tensor, causal: bool, config: Sm80C
     the one `auto` runs for q, k at K's padded length (``_problem_config``), reading the lengths in the kernel
     (``Sm80Config.seqlens_k``)."""
     base = _problem_config(config, q, k, causal) or default_config(_gpu(q.device)[0], q.shape[-1], causal)
-    return dataclasses.replace(base, seqlens_k=True)
+    return with_lengths(base)
+
+
+def with_lengths(config: Sm80Config) -> Sm80Config:
+    """``config`` reading the per-sequence KV lengths in its kernel (``Sm80Config.seqlens_k``): what
+    ``lengths_config`` runs and `fa-variants warmup --seqlens-k` compiles."""
+    return dataclasses.replace(config, seqlens_k=True)
 
 
 def narrow_config(arch: str, head_dim: int) -> Sm80Config:
@@ -383,7 +389,9 @@ VARIANT = Variant(
     default_config=default_config, check_config=_check_config, build=_build, check_problem=_check_problem,
     plan_call=_plan_call, problem_config=_problem_config,
     switches=lambda: (SPLIT_KV_ENABLED, PACK_GQA_ENABLED, NARROW_DECODE, D256_VARIANT, D256_MAX_SEQLEN_K),
-    warm_configs=_warm_configs)
+    warm_configs=_warm_configs, with_lengths=with_lengths,
+    warm_companions=lambda config, arch, dtype, head_dim: (  # the merge `_plan_call` launches after a split call
+        () if config.num_splits == 1 else split_combine.merge_configs(arch, dtype, head_dim, False, by_splits=False)))
 
 
 def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, softmax_scale: float,

@@ -4,6 +4,7 @@ no process pays a compile at its first call.
     fa-variants warmup --head-dims 64,128 --dtypes bf16 --backends fa3,fa2       # this GPU's arch
     fa-variants warmup --arch sm_90a --model config.json                        # no GPU needed
     fa-variants warmup --arch sm_90a --head-dims 128 --gqa 32:8 --prune
+    fa-variants warmup --head-dims 128 --gqa 32:8 --seqlens-k --jobs 8             # 8 compiles at a time
 
 Per (backend, dtype, head_dim, causal): the static configurations a call would compile (`registry.static_config`
 with the variant's default config, and those its calls may switch to, ``Variant.warm_configs``: fa3's
@@ -15,7 +16,9 @@ Batch, sequence lengths, head counts and strides are runtime values, but for one
 heads of a KV head into its tile rows at seqlen_q > 1 (decode of a few query rows with GQA) in kernels that fix
 the group (num_heads / num_heads_kv; 64-row tiles, and 128-row ones where ``hopper.fa3.wide_rows`` takes them).
 ``--gqa`` and a model's head counts are checked (num_heads % num_heads_kv == 0) and add those kernels; without
-them, such a call compiles at first use. A backend that
+them, such a call compiles at first use. ``--seqlens-k`` adds the kernels that read per-sequence KV lengths
+(``Variant.with_lengths`` of each config above: fa3, fa2). The other kernels a call on one of these configs
+launches come too (``Variant.warm_companions``: the split-KV merge kernel). A backend that
 does not serve a dtype / head_dim / arch is skipped with a note. The last line printed to stdout is one JSON
 object. Exit status 2, with one line on stderr naming the cause: an --arch that is not a compile target, an
 unknown --backends name, a run with nothing to compile, or kernels whose disk-cache entries could not be written.
@@ -43,6 +46,16 @@ def _csv(kind):
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of {kind.__name__}") from None
     return parse
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return value
 
 
 def _gqa(text: str) -> tuple[int, int]:
@@ -75,23 +88,33 @@ def model_shape(path: str) -> dict:
             "dtype": dtype}
 
 
-def plan(backends, arch: str, dtypes, head_dims, causal, groups: tuple[int, ...] = ()) -> tuple[list, list[str]]:
-    """(static configs to build, notes on what was skipped); groups: query heads per KV head (``--gqa``)."""
+def plan(backends, arch: str, dtypes, head_dims, causal, groups: tuple[int, ...] = (),
+         seqlens_k: bool = False) -> tuple[list, list[str]]:
+    """(static configs to build, notes on what was skipped); groups: query heads per KV head (``--gqa``);
+    seqlens_k: also each config reading per-sequence KV lengths (``Variant.with_lengths``: fa3, fa2)."""
     todo, notes = [], []
     for name in backends:
+        lengths = registry.variant(name).with_lengths if seqlens_k and name in registry.ENTRIES else None
+        if seqlens_k and lengths is None and name in registry.ENTRIES:
+            notes.append(f"{name}: no kernel of it reads seqlens_k (its calls run the plain kernels per length)")
         for dtype in dtypes:
             for head_dim in head_dims:
                 try:
                     for c in causal:
-                        todo.append(kernel_config(name, arch, dtype, head_dim, c))
+                        configs = [kernel_config(name, arch, dtype, head_dim, c)]  # raises for a head_dim not served
                         extra = registry.variant(name).warm_configs  # e.g. fa3's split-KV config (decode)
-                        todo += [kernel_config(name, arch, dtype, head_dim, c, config)
-                                 for config in (extra(arch, head_dim, c, groups) if extra else ())]
+                        configs += [kernel_config(name, arch, dtype, head_dim, c, config)
+                                    for config in (extra(arch, head_dim, c, groups) if extra else ())]
+                        configs += [kernel_config(name, arch, dtype, head_dim, c, lengths(cfg.config))
+                                    for cfg in (configs if lengths else ())]
+                        companions = registry.variant(name).warm_companions  # e.g. the split merge kernel
+                        todo += configs + [other for cfg in (configs if companions else ())
+                                           for other in companions(cfg.config, arch, dtype, head_dim)]
                     if name == "fa3-fp8" and dtype in QUANTISED:  # quantised first: the default recipe's passes
                         todo += quant_passes(arch, dtype, head_dim, groups)
                 except (registry.UnknownVariantError, registry.UnsupportedConfigError) as exc:
                     notes.append(f"skipped {name} {dtype} head_dim {head_dim}: {exc}")
-    return todo, notes
+    return list(dict.fromkeys(todo)), notes
 
 
 QUANTISED = ("fp16", "bf16")  # fa3-fp8's inputs that ``attention`` quantises with the default FP8Config
@@ -118,34 +141,58 @@ def quant_passes(arch: str, dtype: str, head_dim: int, groups: tuple[int, ...] =
     return quant_host.planned_passes(arch, TORCH_DTYPES[dtype], head_dim, groups=tuple(dict.fromkeys((1, *groups))))
 
 
-def warmup(configs, progress: bool = True) -> list[dict]:
-    """Compile (or load from disk) each static config, with a progress bar; one record per config."""
+def warmup(configs, progress: bool = True, jobs: int = 1) -> list[dict]:
+    """Compile (or load from disk) each static config, with a progress bar; one record per config, in the order
+    of ``configs``. ``jobs`` > 1: that many processes compile side by side (spawned with this process's
+    environment; each stores its kernels in the disk cache, whose writes are atomic)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from fa_variants.common import cache
-
-    records = []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, disable=not progress, transient=False) as bar:
         task = bar.add_task("warmup", total=len(configs))
-        for cfg in configs:
-            label = f"{cfg.variant} {cfg.dtype} d{cfg.head_dim}{' causal' if cfg.causal else ''}"
-            if cfg.variant == "fp8-quant":  # a pass of fa3-fp8's quantisation: which tensor
-                label += f" {cfg.config.role} {cfg.config.mode}"
-            bar.update(task, description=label)
-            before = cache.cache_info()
-            t0 = time.perf_counter()
-            registry.compiled(cfg)
-            after = cache.cache_info()
-            how = ("compiled" if after["compiles"] > before["compiles"] else
-                   "on disk" if after["disk_loads"] > before["disk_loads"] else "in memory")
-            if not diskcache.entry_path(cfg).is_file():  # the store failed (warned): nothing kept for later
-                how = "not stored"
-            records.append({"variant": cfg.variant, "arch": cfg.arch, "dtype": cfg.dtype, "head_dim": cfg.head_dim,
-                            "causal": cfg.causal, "how": how, "seconds": round(time.perf_counter() - t0, 3),
-                            "path": str(diskcache.entry_path(cfg))})
-            bar.advance(task)
-    return records
+        if jobs <= 1 or len(configs) <= 1:
+            records = []
+            for cfg in configs:
+                bar.update(task, description=_label(cfg))
+                records.append(_warm_one(cfg))
+                bar.advance(task)
+            return records
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        done = {}
+        with ProcessPoolExecutor(min(jobs, len(configs)), mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = {pool.submit(_warm_one, cfg): i for i, cfg in enumerate(configs)}
+            for future in as_completed(futures):
+                done[futures[future]] = future.result()
+                bar.update(task, description=_label(configs[futures[future]]))
+                bar.advance(task)
+        return [done[i] for i in range(len(configs))]
+
+
+def _label(cfg) -> str:
+    label = f"{cfg.variant} {cfg.dtype} d{cfg.head_dim}{' causal' if cfg.causal else ''}"
+    if cfg.variant == "fp8-quant":  # a pass of fa3-fp8's quantisation: which tensor
+        label += f" {cfg.config.role} {cfg.config.mode}"
+    return label
+
+
+def _warm_one(cfg) -> dict:
+    """Compile or load one static config (in this process); its record: how (compiled, on disk, in memory, not
+    stored), seconds, the disk-cache path."""
+    from fa_variants.common import cache
+
+    before = cache.cache_info()
+    t0 = time.perf_counter()
+    registry.compiled(cfg)
+    after = cache.cache_info()
+    how = ("compiled" if after["compiles"] > before["compiles"] else
+           "on disk" if after["disk_loads"] > before["disk_loads"] else "in memory")
+    if not diskcache.entry_path(cfg).is_file():  # the store failed (warned): nothing kept for later
+        how = "not stored"
+    return {"variant": cfg.variant, "arch": cfg.arch, "dtype": cfg.dtype, "head_dim": cfg.head_dim,
+            "causal": cfg.causal, "how": how, "seconds": round(time.perf_counter() - t0, 3),
+            "path": str(diskcache.entry_path(cfg))}
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -161,8 +208,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                         "for decode of a few query rows, which fix the group")
     parser.add_argument("--model", help="a Hugging Face style config.json: head_dim, heads and dtype from it")
     parser.add_argument("--causal", choices=("both", "yes", "no"), default="both")
+    parser.add_argument("--seqlens-k", action="store_true", help="also the kernels that read per-sequence KV "
+                        "lengths (attention(..., seqlens_k=...) on fa3 and fa2)")
     parser.add_argument("--prune", action="store_true", help="also delete cache directories of other "
                         "kernel-source / DSL versions")
+    parser.add_argument("--jobs", type=_positive, default=1, help="compile this many kernels at a time, one "
+                        "process each (default 1: in this process)")
     parser.add_argument("--no-progress", action="store_true")
 
 
@@ -198,7 +249,7 @@ def run_cli(args: argparse.Namespace) -> int:
         raise ValueError(f"--dtypes {','.join(dtypes)}: choose from {', '.join(interop.TORCH_DTYPES)}")
     backends = args.backends or _auto_backends(arch, dtypes)
     causal = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
-    configs, notes = plan(backends, arch, dtypes, head_dims, causal, groups)
+    configs, notes = plan(backends, arch, dtypes, head_dims, causal, groups, args.seqlens_k)
     for note in notes:
         print(note, file=sys.stderr)
     if not configs:  # a warm-up that warms nothing is a mistake, not a success
@@ -206,7 +257,7 @@ def run_cli(args: argparse.Namespace) -> int:
                          f"head_dim {','.join(map(str, head_dims))}; {','.join(dtypes)})"
                          + (": every combination was skipped (above)" if notes else ""))
     pruned = [str(p) for p in diskcache.prune()] if args.prune else []
-    records = warmup(configs, progress=not args.no_progress)
+    records = warmup(configs, progress=not args.no_progress, jobs=args.jobs)
     counts = {how: sum(r["how"] == how for r in records)
               for how in ("compiled", "on disk", "in memory", "not stored")}
     directory = diskcache.root() / diskcache.fingerprint()

@@ -69,6 +69,11 @@ class Variant:
     warm_configs: (arch, head_dim, causal, groups=()) -> the configs besides the default that calls may compile
         (`problem_config`'s choices: fa3's split-KV config), for `fa-variants warmup`; groups: the query heads
         per KV head calls will have (fa3's packed seqlen_q > 1 kernels fix the group).
+    with_lengths: config -> the same config reading per-sequence KV lengths in its kernel (``seqlens_k``), for
+        `fa-variants warmup --seqlens-k`; None where no kernel of the variant reads them (fa1, fa3-fp8: one launch
+        per distinct length on the plain kernels).
+    warm_companions: (config, arch, dtype name, head_dim) -> the static configs of the other kernels a call on
+        that config launches (fa3, fa2: the split merge, ``split_combine.merge_configs``), for `fa-variants warmup`.
     switches: () -> a hashable value of the module switches `problem_config` and `plan_call` read besides
         the tensors' kind (fa3: split-KV, packed GQA, merge kernel). With it, a launcher decides the config
         once and replays it while the value is unchanged; without it, `problem_config` runs per call.
@@ -96,6 +101,8 @@ class Variant:
     problem_config: Callable[[Any, torch.Tensor, torch.Tensor, bool], Any] | None = None
     finish: Callable[[Any, tuple, torch.Tensor, torch.Tensor], None] | None = None
     warm_configs: Callable[..., tuple] | None = None
+    with_lengths: Callable[[Any], Any] | None = None
+    warm_companions: Callable[[Any, str, str, int], tuple] | None = None
     switches: Callable[[], Any] | None = None
     plan_call: Callable[..., tuple] | None = None
 

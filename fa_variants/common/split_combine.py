@@ -209,13 +209,26 @@ def merge_function(device: torch.device, dtype: torch.dtype, head_dim: int, pdl:
     key = (device, dtype, head_dim, pdl, warp)
     fn = _FNS.get(key)
     if fn is None:
-        from fa_variants import registry
-
-        arch = interop.device_arch(device)
-        cfg = registry.static_config("split-merge", arch, interop.dtype_name(dtype), head_dim, False,
-                                     MergeConfig(pdl=pdl and arch.startswith("sm_9"), warp=warp))
+        cfg = _merge_static_config(interop.device_arch(device), interop.dtype_name(dtype), head_dim, pdl, warp)
         fn = _FNS[key] = VARIANT.compiled(cfg).fn
     return fn
+
+
+def _merge_static_config(arch: str, dtype: str, head_dim: int, pdl: bool, warp: bool) -> StaticConfig:
+    from fa_variants import registry
+
+    return registry.static_config("split-merge", arch, dtype, head_dim, False,
+                                  MergeConfig(pdl=pdl and arch.startswith("sm_9"), warp=warp))
+
+
+def merge_configs(arch: str, dtype: str, head_dim: int, pdl: bool | None = None,
+                  by_splits: bool = True) -> tuple[StaticConfig, ...]:
+    """The merge kernels a split call may compile through ``merge_function`` (for `fa-variants warmup`): ``pdl``
+    as there (None: MERGE_PDL); ``by_splits``: the caller picks the kernel by its split count (``warp_merge_for``:
+    both kernels while MERGE_WARP is auto), else ``merge_function``'s own choice (bool(MERGE_WARP))."""
+    pdl = MERGE_PDL if pdl is None else pdl
+    warps = (False, True) if by_splits and MERGE_WARP is None else (bool(MERGE_WARP),)
+    return tuple(_merge_static_config(arch, dtype, head_dim, pdl, warp) for warp in warps)
 
 
 def merge(o_parts: torch.Tensor, lse_parts: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,

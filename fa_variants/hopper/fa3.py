@@ -571,8 +571,21 @@ def lengths_config(q: torch.Tensor, k: torch.Tensor, causal: bool, config: Sm90C
     the one `auto` runs for q, k at K's padded length (``_problem_config``: split and packed for decode), reading the
     lengths in the kernel (``Sm90Config.seqlens_k``) on the one-CTA-per-tile grid (a short call's persistent grid
     is made for the padded length: not taken)."""
-    base = _problem_config(config, q, k, causal) or default_config(ARCH, q.shape[-1], causal)
-    return dataclasses.replace(base, seqlens_k=True, persistent=False, balanced=False)
+    return with_lengths(_problem_config(config, q, k, causal) or default_config(ARCH, q.shape[-1], causal))
+
+
+def _merge_kernels(config: Sm90Config, arch: str, dtype: str, head_dim: int) -> tuple:
+    """The merge kernels `_plan_call` may launch after a call on ``config``: none unsplit, with the fused merge or
+    with MERGE_KERNEL off; else the one its pdl picks, by split count (``split_combine.merge_configs``)."""
+    if config.num_splits == 1 or config.fused_merge or not MERGE_KERNEL:
+        return ()
+    return split_combine.merge_configs(arch, dtype, head_dim, True if config.pdl else None)
+
+
+def with_lengths(config: Sm90Config) -> Sm90Config:
+    """``config`` reading the per-sequence KV lengths in its kernel (``Sm90Config.seqlens_k``), on the
+    one-CTA-per-tile grid: what ``lengths_config`` runs and `fa-variants warmup --seqlens-k` compiles."""
+    return dataclasses.replace(config, seqlens_k=True, persistent=False, balanced=False)
 
 
 def pack_helps(seqlen_q: int, num_heads: int, num_heads_kv: int, head_dim: int) -> bool:
@@ -821,7 +834,8 @@ VARIANT = Variant(
                       DECODE_PDL, DECODE_PDL_MAX_SPLITS, DECODE_PDL_MIN_SPLITS, DECODE_FULL_GRID,
                       SPLIT_MIN_TILES, PACK_WIDE, DECODE_FIRST_ROW, SHORT_MAX_SEQLEN_K, SHORT_MAX_SEQLEN_K_CAUSAL,
                       SHORT_NARROW_MAX_SEQLEN_K, SHORT_BALANCED, split_combine.MERGE_WARP, FUSED_MERGE),
-    warm_configs=lambda arch, head_dim, causal, groups=(): _auto_configs(head_dim, groups, causal))
+    warm_configs=lambda arch, head_dim, causal, groups=(): _auto_configs(head_dim, groups, causal),
+    with_lengths=with_lengths, warm_companions=_merge_kernels)
 
 
 def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, softmax_scale: float,
