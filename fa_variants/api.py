@@ -118,6 +118,17 @@ def _kernel_scale(scale: float) -> float:
     return 0.0 if abs(scale) * LOG2_E < _FLOAT32.tiny else scale
 
 
+def output_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype ``attention`` returns O in for inputs of ``dtype``: theirs, but bfloat16 for 8-bit floats
+    (fa3-fp8 takes e4m3 inputs as they are and writes bfloat16)."""
+    return torch.bfloat16 if dtype.itemsize == 1 else dtype
+
+
+def _mqa(k: torch.Tensor, v: torch.Tensor) -> bool:
+    """K and V broadcast across their heads (``expand``, stride 0): run as MQA on their first head, no copy."""
+    return k.shape[2] > 1 and k.stride(2) == 0 and v.stride(2) == 0
+
+
 def _unit_last_dim(t: torch.Tensor) -> torch.Tensor:
     """Kernels need a unit stride on head_dim: anything else is copied (documented in ``attention``)."""
     return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
@@ -198,10 +209,11 @@ def _plan(selection: Selection, q, k, v, causal: bool, scale: float, config=None
             f"backend {selection.backend} is forward-only and an input requires grad: call it under "
             "torch.no_grad() / torch.inference_mode(), or use backend='reference' for autograd")
     if q.numel() == 0 or k.shape[1] == 0:  # B, Nq or H is 0, or no key at all: launch nothing
-        return functools.partial(launch.empty_outputs, (batch, seqlen_q, heads, head_dim), q.dtype, q.device)
+        return functools.partial(launch.empty_outputs, (batch, seqlen_q, heads, head_dim), output_dtype(q.dtype),
+                                 q.device)
     copies = tuple(_unit_last_dim(t) is not t for t in (q, k, v))
-    mqa = k.shape[2] > 1 and k.stride(2) == 0 and v.stride(2) == 0  # K/V broadcast across heads (expand):
-    kernel_scale = _kernel_scale(scale)                              # MQA, no copy needed
+    mqa = _mqa(k, v)
+    kernel_scale = _kernel_scale(scale)
 
     def normalise(q, k, v):
         if copies[0]:
@@ -235,7 +247,7 @@ def _with_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, se
     # traced (torch.compile, or export's fake / functional tensors; an eager Parameter keeps the reference's
     # autograd): one opaque node (integrations.custom_op, forward only) whose body is `run_seqlens_k`, the values
     # checked when it runs
-    if torch.compiler.is_compiling() or (type(q) is not torch.Tensor and not isinstance(q, torch.nn.Parameter)):
+    if _tracing(q):
         check_seqlens_k(seqlens_k, q.shape[0], k.shape[1], q.device, values=False)
         return torch.ops.fa_variants.attention_seqlens_k(q, k, v, seqlens_k, causal, scale, backend)
     return run_seqlens_k(q, k, v, causal, scale, backend, seqlens_k)
@@ -266,7 +278,14 @@ def _lengths_plan(selection: Selection, module, q, k, v, causal: bool, scale: fl
     want_lse. The config is made only when there is something to launch (`_plan`'s empty shortcuts and forward-only
     check come first)."""
     launches = q.numel() and k.shape[1] and not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)))
-    return _plan(selection, q, k, v, causal, scale, module.lengths_config(q, k, causal, config) if launches else None)
+    return _plan(selection, q, k, v, causal, scale,
+                 module.lengths_config(q, _config_k(k, v), causal, config) if launches else None)
+
+
+def _config_k(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """k as the kernel will see it, for choosing its config: one KV head when K/V are broadcast (``_mqa``:
+    ``_plan`` launches on that head, so a packed config must be made for the whole group)."""
+    return k[:, :, :1] if _mqa(k, v) else k
 
 
 def run_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, seqlens_k: torch.Tensor):
@@ -296,7 +315,7 @@ def run_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, seql
     if selection.backend == "reference":
         return reference_run(q, k, v, causal=causal, softmax_scale=scale, seqlens_k=seqlens_k)
     batch, seqlen_q, heads, head_dim = q.shape
-    out = torch.empty(batch, seqlen_q, heads, head_dim, dtype=q.dtype, device=q.device)
+    out = torch.empty(batch, seqlen_q, heads, head_dim, dtype=output_dtype(q.dtype), device=q.device)
     lse = torch.empty(batch, heads, seqlen_q, dtype=torch.float32, device=q.device)
     lengths = seqlens_k.tolist()
     for n in sorted(set(lengths)):
@@ -315,7 +334,7 @@ def _with_split_options(q, k, v, causal: bool, scale: float | None, backend: str
     """attention with the split count / GQA packing (fa3, fa2) fixed by the caller (no plan kept); with seqlens_k
     the kernel reads the lengths (``lengths_config`` of that config)."""
     num_splits = split.check_options(num_splits, pack_gqa)
-    if _traced(q):
+    if _tracing(q):
         raise NotImplementedError("num_splits / pack_gqa are not supported under tracing yet")
     if seqlens_k is not None:
         _check_lengths(q, k, seqlens_k)
@@ -324,7 +343,7 @@ def _with_split_options(q, k, v, causal: bool, scale: float | None, backend: str
     if module is None:
         raise ValueError(f"num_splits / pack_gqa apply to the fa3 and fa2 backends only; this call runs on "
                          f"{selection.backend}")
-    config = module.decode_config(q, k, causal, num_splits=num_splits, pack_gqa=pack_gqa)
+    config = module.decode_config(q, _config_k(k, v), causal, num_splits=num_splits, pack_gqa=pack_gqa)
     scale = default_softmax_scale(q.shape[-1]) if scale is None else scale
     if seqlens_k is None:
         return _run(selection, q, k, v, causal, scale, config)
@@ -335,6 +354,12 @@ def _traced(q) -> bool:
     """True while torch.compile / torch.export trace the call, or for a tensor subclass (fake, functional,
     a Parameter): the call then goes through the custom op, which tracing sees as one opaque node."""
     return torch.compiler.is_compiling() or type(q) is not torch.Tensor
+
+
+def _tracing(q) -> bool:
+    """True while torch.compile / torch.export trace the call (or for their fake / functional tensors); an eager
+    Parameter is not traced (``_traced`` sends it through the custom op for its autograd)."""
+    return torch.compiler.is_compiling() or (type(q) is not torch.Tensor and not isinstance(q, torch.nn.Parameter))
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
@@ -373,7 +398,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
             (``hopper.fa3.decode_config``, ``ampere.fa2.decode_config``; ``common.split``; ``common.pack_gqa``).
 
     Returns:
-        out (batch, seqlen_q, num_heads, head_dim) in q's dtype, a new tensor; with ``return_lse`` the pair
+        out (batch, seqlen_q, num_heads, head_dim) in q's dtype (bfloat16 for e4m3 inputs: ``output_dtype``),
+        a new tensor; with ``return_lse`` the pair
         (out, lse), lse float32 (batch, num_heads, seqlen_q), natural log. batch, seqlen_q or num_heads of 0
         give empty outputs and seqlen_k = 0 gives zeros (LSE -inf), without launching a kernel (on the
         reference backend they stay connected to the inputs for autograd, with zero gradients).

@@ -77,7 +77,7 @@ def check_seqlens_k(seqlens_k, batch: int, seqlen_k: int, device: torch.device, 
         raise ValueError(f"seqlens_k must have shape (batch,) = ({batch},), got {tuple(seqlens_k.shape)}")
     if seqlens_k.device != device:
         raise ValueError(f"seqlens_k is on {seqlens_k.device} but q is on {device}")
-    if values and batch:
+    if values and batch and seqlens_k.device.type != "meta":  # a meta tensor has no values to check
         lo, hi = torch.aminmax(seqlens_k)
         lo, hi = int(lo), int(hi)
         if lo < 0 or hi > seqlen_k:
@@ -127,7 +127,7 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
     seqlen_k, num_heads_kv, head_dim_v = k.shape[1], k.shape[2], v.shape[3]
     if seqlens_k is not None:
         check_seqlens_k(seqlens_k, batch, seqlen_k, q.device)
-    if seqlens_k is not None and batch > 0:
+    if seqlens_k is not None and batch > 0 and seqlens_k.device.type != "meta":  # meta: shapes only, below
         return _per_sequence(q, k, v, seqlens_k.tolist(), causal=causal, softmax_scale=softmax_scale, dtype=dtype)
     scale = default_softmax_scale(head_dim) if softmax_scale is None else float(softmax_scale)
     low = dtype not in _FULL_PRECISION
@@ -393,7 +393,7 @@ def _rule(err_kernel: float, err_torch: float) -> Check:
 
 def check_against_reference(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             causal: bool = False, softmax_scale: float | None = None, *,
-                            refs: References | None = None) -> Check:
+                            refs: References | None = None, seqlens_k: torch.Tensor | None = None) -> Check:
     """The testing rule for a kernel's output: err(out) <= 2 * err(torch same dtype) + 1e-5.
 
     err(x) = max |x - exact float64 reference|. NaN in ``out`` always fails, and so does a non-finite
@@ -402,20 +402,23 @@ def check_against_reference(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     Args:
         out: (batch, seqlen_q, num_heads, head_dim), the kernel's output for (q, k, v).
         refs: precomputed ``references(q, k, v, ...)`` (saves recomputing for several backends).
+        seqlens_k: the per-sequence KV lengths ``out`` was computed with (``attention_reference``), when
+            ``refs`` is not given.
 
     Returns:
         Check(ok, err_kernel, err_torch, bound), a NamedTuple (unpacks as a 4-tuple).
     """
-    refs = refs or references(q, k, v, causal=causal, softmax_scale=softmax_scale)
+    refs = refs or references(q, k, v, causal=causal, softmax_scale=softmax_scale, seqlens_k=seqlens_k)
     return _rule(max_abs_error(out, refs.out), max_abs_error(refs.out_torch, refs.out))
 
 
 def check_lse(lse: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
               causal: bool = False, softmax_scale: float | None = None, *,
-              refs: References | None = None) -> Check:
+              refs: References | None = None, seqlens_k: torch.Tensor | None = None) -> Check:
     """The same rule for the LSE (batch, num_heads, seqlen_q): err(lse) <= 2 * err(torch lse) + 1e-5.
 
-    Rows that see no key must hold exactly -inf (a finite value there is an infinite error).
+    Rows that see no key must hold exactly -inf (a finite value there is an infinite error). ``refs`` and
+    ``seqlens_k`` as for ``check_against_reference``.
     """
-    refs = refs or references(q, k, v, causal=causal, softmax_scale=softmax_scale)
+    refs = refs or references(q, k, v, causal=causal, softmax_scale=softmax_scale, seqlens_k=seqlens_k)
     return _rule(max_abs_error(lse, refs.lse), max_abs_error(refs.lse_torch, refs.lse))

@@ -745,3 +745,20 @@ def test_fixed_split_options_keep_the_short_persistent_grid(h200, split_enabled,
     monkeypatch.setattr(fa3, "SHORT_BALANCED", False)
     assert fa3.decode_config(q, k, True, num_splits=1) == fa3.CAUSAL_CONFIGS[head_dim]
     assert fa3.decode_config(q, k, False, num_splits=1) == (want or fa3.DEFAULT_CONFIGS[head_dim])
+
+
+def test_split_options_on_broadcast_kv_plan_for_the_head_the_kernel_sees(h200, split_enabled, monkeypatch):
+    """K/V expanded across heads (stride 0) run as MQA on their first head (``api._plan``): ``pack_gqa=True`` at
+    seqlen_q > 1 packs the whole group of that head (``api._config_k``), a config fa3's problem check accepts for
+    the one-head K/V (it was made for the expanded heads: group 1, refused at the launch), and auto's lengths
+    config packs too."""
+    from fa_variants import api
+
+    q = torch.empty(1, 4, 32, 128, device="meta", dtype=torch.bfloat16)
+    k = torch.empty(1, 4096, 1, 128, device="meta", dtype=torch.bfloat16).expand(1, 4096, 32, 128)
+    one = api._config_k(k, k)
+    assert one.shape[2] == 1 and api._config_k(k.contiguous(), k.contiguous()).shape[2] == 32
+    config = fa3.decode_config(q, one, True, pack_gqa=True)
+    assert config.pack_gqa and config.pack_group == 32
+    fa3._check_problem(config, q, one)
+    assert fa3.lengths_config(q, one, True).pack_gqa

@@ -427,3 +427,22 @@ def test_model_file_is_found_without_importing_its_package(monkeypatch, tmp_path
         capture.model_folder()
     (tmp_path / capture.GGUF_FILE).write_bytes(b"GGUF")
     assert capture.model_folder() == str(tmp_path)
+
+
+def test_custom_op_fakes_give_e4m3_calls_a_bfloat16_output():
+    """fa3-fp8 writes bfloat16 for e4m3 inputs (``api.output_dtype``): both ops' fakes say so, so a compiled graph
+    gets the dtype the op returns (they said e4m3, like q)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fa_variants import api
+
+    assert api.output_dtype(torch.float8_e4m3fn) == torch.bfloat16
+    assert [api.output_dtype(d) for d in (torch.float16, torch.bfloat16, torch.float32)] == [
+        torch.float16, torch.bfloat16, torch.float32]
+    with FakeTensorMode():
+        q, k = torch.empty(2, 3, 4, 64, dtype=torch.float8_e4m3fn), torch.empty(2, 5, 2, 64, dtype=torch.float8_e4m3fn)
+        out, lse = torch.ops.fa_variants.attention(q, k, k, False, None, "fa3-fp8")
+        assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
+        lengths = torch.empty(2, dtype=torch.int32)
+        out, _ = torch.ops.fa_variants.attention_seqlens_k(q, k, k, lengths, False, None, "fa3-fp8")
+        assert out.dtype == torch.bfloat16

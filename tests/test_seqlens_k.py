@@ -96,3 +96,33 @@ def test_kernel_launch_checks_the_lengths_and_the_config():
     for bad, error in ((torch.tensor([1], dtype=torch.int32), ValueError), (torch.tensor([1, 2]), TypeError)):
         with pytest.raises(error, match="seqlens_k"):
             launch.launch(fa2.VARIANT, q, k, v, causal=False, softmax_scale=0.1, config=config, seqlens_k=bad)
+
+
+def test_meta_tensors_get_the_shapes():
+    """seqlens_k on the meta device (shape propagation): no values to check or split by; the outputs' shapes."""
+    q, k = torch.empty(2, 3, 4, 64, device="meta"), torch.empty(2, 5, 2, 64, device="meta")
+    lengths = torch.empty(2, dtype=torch.int32, device="meta")
+    out, lse = fa_variants.attention(q, k, k, seqlens_k=lengths, return_lse=True)
+    assert out.shape == q.shape and out.device.type == "meta" and lse.shape == (2, 4, 3)
+
+
+def test_eager_parameter_with_split_options_is_not_called_traced():
+    """An nn.Parameter q is an eager tensor: num_splits on a CPU call names the backends that take it (it was
+    refused as 'under tracing')."""
+    q = torch.nn.Parameter(torch.randn(2, 3, 4, 64))
+    k = torch.randn(2, 5, 2, 64)
+    with pytest.raises(ValueError, match="fa3 and fa2 backends only"):
+        fa_variants.attention(q, k, k, num_splits=2, seqlens_k=torch.tensor([1, 5], dtype=torch.int32))
+
+
+def test_check_against_reference_takes_seqlens_k():
+    """check_against_reference / check_lse with seqlens_k compare with the reference of those lengths (the padding
+    NaN): the lengths' own output passes, and without them the same output fails."""
+    from fa_variants.reference import check_against_reference, check_lse
+
+    q, k, v, lengths = padded_kv_cache([5, 0, 9], 3, 9, 4, 2, 64, dtype=torch.bfloat16)
+    out, lse = fa_variants.attention(q, k, v, causal=True, return_lse=True, seqlens_k=lengths)
+    assert check_against_reference(out, q, k, v, True, seqlens_k=lengths).ok
+    assert check_lse(lse, q, k, v, True, seqlens_k=lengths).ok
+    k, v = k.nan_to_num(), v.nan_to_num()
+    assert not check_against_reference(out, q, k, v, True).ok

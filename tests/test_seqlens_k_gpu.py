@@ -191,3 +191,45 @@ def test_api_split_options_with_lengths(backend):
                                          pack_gqa=pack, seqlens_k=seqlens_k)
         assert_attention_ok(out, lse, q, k, v, True, seqlens_k=seqlens_k, what=f"{backend} pack_gqa={pack}")
 
+
+
+def test_e4m3_inputs_give_bfloat16_whatever_the_lengths(fp8_kernel):
+    """e4m3 inputs (auto: fa3-fp8, one call per distinct length) with seqlens_k: O in bfloat16, as without lengths,
+    for mixed, equal and all-zero lengths and an empty cache (session 25: mixed lengths raised in index_copy_, all
+    zero returned e4m3 zeros); each sequence within FP8's noise of float64 attention over its dequantised keys,
+    rows that see no key 0 with LSE -inf."""
+    import fa_variants
+    from fa_variants.reference import attention_reference, rel_l2
+
+    make = lambda *shape: torch.randn(*shape, device="cuda").to(torch.float8_e4m3fn)  # noqa: E731
+    q, k, v = make(2, 16, 4, 64), make(2, 300, 2, 64), make(2, 300, 2, 64)
+    for lengths in ([3, 300], [129, 129], [0, 0], [0, 57]):
+        seqlens_k = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+        out, lse = fa_variants.attention(q, k, v, causal=True, return_lse=True, seqlens_k=seqlens_k)
+        assert out.dtype == torch.bfloat16, (lengths, out.dtype)
+        ref, ref_lse = attention_reference(q.float(), k.float(), v.float(), causal=True, seqlens_k=seqlens_k,
+                                           dtype=torch.float64)
+        for b, n in enumerate(lengths):
+            dark = torch.isneginf(ref_lse[b])  # (heads, rows): rows that see no key
+            assert (out[b].transpose(0, 1)[dark] == 0).all() and torch.isneginf(lse[b][dark]).all(), (lengths, b)
+            if n:
+                assert rel_l2(out[b].float(), ref[b]) < 0.08, (lengths, b)
+    empty = fa_variants.attention(q, k[:, :0], v[:, :0])
+    assert empty.dtype == torch.bfloat16 and (empty == 0).all()
+
+
+@pytest.mark.parametrize("seqlen_q", [1, 4])
+def test_broadcast_kv_with_packed_gqa(seqlen_q):
+    """K/V expanded across the 32 query heads (stride 0: MQA on their first head) with pack_gqa=True on fa3, and
+    auto with seqlens_k: the config is made for the one head the kernel reads (session 25: at seqlen_q 4 it was
+    made for the expanded heads and the launch refused it)."""
+    import fa_variants
+
+    q = torch.randn(2, seqlen_q, 32, 128, device="cuda", dtype=BF16)
+    k1, v1 = (torch.randn(2, 1000, 1, 128, device="cuda", dtype=BF16) for _ in range(2))
+    k, v = k1.expand(2, 1000, 32, 128), v1.expand(2, 1000, 32, 128)
+    out, lse = fa_variants.attention(q, k, v, causal=True, backend="fa3", pack_gqa=True, return_lse=True)
+    assert_attention_ok(out, lse, q, k1, v1, True)
+    seqlens_k = torch.tensor([1000, 333], dtype=torch.int32, device="cuda")
+    out, lse = fa_variants.attention(q, k, v, causal=True, return_lse=True, seqlens_k=seqlens_k)
+    assert_attention_ok(out, lse, q, k1, v1, True, seqlens_k=seqlens_k)

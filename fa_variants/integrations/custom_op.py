@@ -49,7 +49,8 @@ def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
 
 @attention_op.register_fake
 def _attention_fake(q, k, v, causal, softmax_scale, backend):
-    """Shapes and dtypes only: out like q (contiguous), lse float32 (batch, num_heads, seqlen_q).
+    """Shapes and dtypes only: out like q (contiguous; bfloat16 for e4m3 q: ``api.output_dtype``), lse float32
+    (batch, num_heads, seqlen_q).
 
     Validates first, with ``fa_variants.attention``'s rules and messages (a direct ``torch.ops`` call has
     not been validated), so that a bad call fails while tracing with that message."""
@@ -58,7 +59,7 @@ def _attention_fake(q, k, v, causal, softmax_scale, backend):
     api._check_inputs(q, k, v)
     api._check_options(causal, softmax_scale, backend, False)
     batch, seqlen_q, heads, head_dim = q.shape
-    out = q.new_empty((batch, seqlen_q, heads, head_dim))
+    out = q.new_empty((batch, seqlen_q, heads, head_dim), dtype=api.output_dtype(q.dtype))
     lse = q.new_empty((batch, heads, seqlen_q), dtype=torch.float32)
     return out, lse
 
