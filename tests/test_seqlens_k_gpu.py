@@ -195,8 +195,8 @@ def test_api_split_options_with_lengths(backend):
 
 def test_e4m3_inputs_give_bfloat16_whatever_the_lengths(fp8_kernel):
     """e4m3 inputs (auto: fa3-fp8, one call per distinct length) with seqlens_k: O in bfloat16, as without lengths,
-    for mixed, equal and all-zero lengths and an empty cache (session 25: mixed lengths raised in index_copy_, all
-    zero returned e4m3 zeros); each sequence within FP8's noise of float64 attention over its dequantised keys,
+    for mixed, equal and all-zero lengths and an empty cache (before session 25, read in the code: mixed lengths
+    failed in index_copy_, all-zero lengths returned e4m3 zeros); each sequence within FP8's noise of float64 attention over its dequantised keys,
     rows that see no key 0 with LSE -inf."""
     import fa_variants
     from fa_variants.reference import attention_reference, rel_l2
@@ -221,8 +221,8 @@ def test_e4m3_inputs_give_bfloat16_whatever_the_lengths(fp8_kernel):
 @pytest.mark.parametrize("seqlen_q", [1, 4])
 def test_broadcast_kv_with_packed_gqa(seqlen_q):
     """K/V expanded across the 32 query heads (stride 0: MQA on their first head) with pack_gqa=True on fa3, and
-    auto with seqlens_k: the config is made for the one head the kernel reads (session 25: at seqlen_q 4 it was
-    made for the expanded heads and the launch refused it)."""
+    auto with seqlens_k: the config is made for the one head the kernel reads (before session 25, read in the
+    code: at seqlen_q 4 it was made for the expanded heads, which the launch refuses)."""
     import fa_variants
 
     q = torch.randn(2, seqlen_q, 32, 128, device="cuda", dtype=BF16)
