@@ -388,7 +388,7 @@ class _Merger:
     A segment no partial merged into is copied there as it is; one that no partial covers is 0 with LSE -inf."""
 
     def __init__(self, q: torch.Tensor, cover: Sequence[tuple[int, int]]):
-        self.shape, self.dtype, self.device = q.shape, q.dtype, q.device
+        self.shape, self.dtype, self.device = q.shape, api.output_dtype(q.dtype), q.device  # e4m3 in: bfloat16 out
         self.acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
         self.cover = list(cover)
         bounds = sorted({0, q.shape[1], *(a for a, _ in self.cover), *(b for _, b in self.cover)})
@@ -425,7 +425,7 @@ class _Merger:
                 self.state[j] = _merge(*self.state[j], *part, self.dtype if self.last[j] == i else self.acc_dtype)
 
     def result(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(out in q's dtype, lse float32) of all rows."""
+        """(out in the output dtype, ``api.output_dtype`` of q's, lse float32) of all rows."""
         if len(self.segments) == 1 and self.state[0] is not None:
             out, lse = self.state[0]
             return out.to(self.dtype), lse.float()
@@ -723,7 +723,8 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         layout: "zigzag" (``zigzag_shard``, default) or "contiguous" (``contiguous_shard``); only causal uses it.
 
     Returns:
-        out (batch, seqlen_q_shard, num_heads, head_dim) in q's dtype, or (out, lse) with ``return_lse``.
+        out (batch, seqlen_q_shard, num_heads, head_dim) in q's dtype (bfloat16 for e4m3: ``api.output_dtype``),
+        or (out, lse) with ``return_lse``.
 
     Raises:
         RuntimeError: torch.distributed is not initialized.

@@ -90,6 +90,8 @@ def main() -> None:
                         help="no GPU: time the backend import and the disk cache load (or compile) of --arch only")
     parser.add_argument("--arch", default="sm_90a", help="with --load-only: the compile target")
     args = parser.parse_args()
+    if args.load_only and args.seqlens_k:
+        parser.error("--seqlens-k times a call on the GPU; --load-only makes none")
 
     import torch
 

@@ -156,6 +156,8 @@ def _summary(tool: str, backend: str, rc: int | None, log: str, seconds: float) 
     n_err = int(errors.group(1) or errors.group(2)) if errors else None
     if rc is None:
         verdict, ok = "TIMED OUT", False
+    elif calls and calls.group(1) == "0":  # a run that checked nothing is no evidence
+        verdict, ok = "NO CALLS", False
     elif n_err == 0 and calls and calls.group(2) == "0" and rc == 0:
         verdict, ok = "clean", True
     elif n_err:
@@ -226,6 +228,10 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or Path(os.environ.get("OUT") or f"results/sanitize-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
     backends, skipped = _runnable_backends(args.backends)
+    if args.shapes == "lengths":  # only the backends whose kernels read the lengths have such shapes
+        skipped += [f"{b}: skipped (--shapes lengths: its kernels do not read seqlens_k)" for b in backends
+                    if b not in SPLIT_BACKENDS]
+        backends = [b for b in backends if b in SPLIT_BACKENDS]
     for line in skipped:
         print(line, flush=True)
     env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1",

@@ -269,6 +269,35 @@ def test_warmup_jobs_compile_in_processes_side_by_side(cache_dir, capsys):
     assert second["on disk"] == 2 and second["compiled"] == 0, second
 
 
+@pytest.mark.compile
+def test_warmup_jobs_stop_at_the_first_compile_error(cache_dir):
+    """--jobs: a compile that raises is raised to the caller, and the compiles still queued are dropped (before,
+    every queued compile ran first)."""
+    import dataclasses
+
+    from fa_variants.commands import warmup
+    from fa_variants.testkernel import TestKernelConfig
+
+    good = [registry.static_config("testkernel", "sm_80", "bf16", d, False, TestKernelConfig(threads=t))
+            for d in (32, 64, 128, 256) for t in (32, 64, 96)]
+    bad = dataclasses.replace(good[0], head_dim=-5)
+    with pytest.raises(Exception):
+        warmup.warmup([bad, *good], progress=False, jobs=2)
+    stored = [p for p in cache_dir.rglob("*") if p.is_file()]
+    assert len(stored) < len(good), stored
+
+
+def test_warmup_seqlens_k_skips_a_backend_that_does_not_load(monkeypatch):
+    """--seqlens-k asks each backend for its lengths transform inside the per-backend guard: one that fails to
+    import is skipped with a note, as without it."""
+    from fa_variants.commands import warmup
+
+    monkeypatch.setitem(registry._LOADED, "fa1", "fa1 failed to import (RuntimeError: boom)")
+    for seqlens_k in (False, True):
+        todo, notes = warmup.plan(["fa1", "fa2"], "sm_80", ["bf16"], [128], (True,), seqlens_k=seqlens_k)
+        assert any("skipped fa1" in n for n in notes) and todo and all(c.variant != "fa1" for c in todo), notes
+
+
 def test_warmup_jobs_must_be_positive(capsys):
     with pytest.raises(SystemExit):
         cli.main(["warmup", "--arch", "sm_80", "--head-dims", "64", "--jobs", "0"])

@@ -487,3 +487,18 @@ def test_zigzag_unshard_names_a_bad_argument(shards, dim, exc, message):
     that is not a tensor."""
     with pytest.raises(exc, match=message):
         cp.zigzag_unshard(shards, dim)
+
+
+def test_merger_writes_the_output_dtype_of_e4m3_inputs():
+    """e4m3 shards: the kernel's partials are bfloat16 (``api.output_dtype``) and so is the merged output, whatever
+    the number of partials (it was rounded to e4m3 when two or more were merged)."""
+    from fa_variants import distributed
+
+    q = torch.zeros(1, 4, 2, 64).to(torch.float8_e4m3fn)
+    part = torch.randn(1, 4, 2, 64, dtype=torch.bfloat16), torch.randn(1, 2, 4)
+    for cover in ([(0, 4)], [(0, 4), (0, 4)], [(0, 2), (1, 4)]):
+        merger = distributed._Merger(q, cover)
+        for _ in cover:
+            merger.add(*part)
+        out, lse = merger.result()
+        assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32, cover

@@ -94,12 +94,13 @@ def plan(backends, arch: str, dtypes, head_dims, causal, groups: tuple[int, ...]
     seqlens_k: also each config reading per-sequence KV lengths (``Variant.with_lengths``: fa3, fa2)."""
     todo, notes = [], []
     for name in backends:
-        lengths = registry.variant(name).with_lengths if seqlens_k and name in registry.ENTRIES else None
-        if seqlens_k and lengths is None and name in registry.ENTRIES:
-            notes.append(f"{name}: no kernel of it reads seqlens_k (its calls run the plain kernels per length)")
         for dtype in dtypes:
             for head_dim in head_dims:
                 try:
+                    lengths = registry.variant(name).with_lengths if seqlens_k else None
+                    if seqlens_k and lengths is None and not any(n.startswith(f"{name}: ") for n in notes):
+                        notes.append(f"{name}: no kernel of it reads seqlens_k (its calls run the plain kernels per "
+                                     "length)")
                     for c in causal:
                         configs = [kernel_config(name, arch, dtype, head_dim, c)]  # raises for a head_dim not served
                         extra = registry.variant(name).warm_configs  # e.g. fa3's split-KV config (decode)
@@ -159,14 +160,23 @@ def warmup(configs, progress: bool = True, jobs: int = 1) -> list[dict]:
             return records
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor, as_completed
+        from concurrent.futures.process import BrokenProcessPool
 
         done = {}
-        with ProcessPoolExecutor(min(jobs, len(configs)), mp_context=multiprocessing.get_context("spawn")) as pool:
+        pool = ProcessPoolExecutor(min(jobs, len(configs)), mp_context=multiprocessing.get_context("spawn"))
+        try:
             futures = {pool.submit(_warm_one, cfg): i for i, cfg in enumerate(configs)}
             for future in as_completed(futures):
-                done[futures[future]] = future.result()
-                bar.update(task, description=_label(configs[futures[future]]))
+                i = futures[future]
+                try:
+                    done[i] = future.result()  # a compile's error is raised here, as in this process
+                except BrokenProcessPool:
+                    raise OSError(f"a compile process died (killed? out of memory?) while {_label(configs[i])} "
+                                  "was among those compiling; run with --jobs 1 to see its error") from None
+                bar.update(task, description=_label(configs[i]))
                 bar.advance(task)
+        finally:  # on an error: the queued compiles are dropped, the running ones finish
+            pool.shutdown(wait=True, cancel_futures=True)
         return [done[i] for i in range(len(configs))]
 
 

@@ -14,7 +14,7 @@ Source: PyTorch docs, "Python Custom Operators" (``torch.library.custom_op``, ``
 
 Schema: ``fa_variants::attention(Tensor q, Tensor k, Tensor v, bool causal, float? softmax_scale,
 str backend) -> (Tensor out, Tensor lse)``, out contiguous (batch, seqlen_q, num_heads, head_dim) in q's
-dtype, lse float32 contiguous (batch, num_heads, seqlen_q); with per-sequence KV lengths
+dtype (bfloat16 for e4m3: ``api.output_dtype``), lse float32 contiguous (batch, num_heads, seqlen_q); with per-sequence KV lengths
 ``fa_variants::attention_seqlens_k(Tensor q, Tensor k, Tensor v, Tensor seqlens_k, bool causal, float?
 softmax_scale, str backend) -> (Tensor out, Tensor lse)`` (forward only).
 
