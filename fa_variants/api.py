@@ -248,17 +248,26 @@ def _with_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, se
     # autograd): one opaque node (integrations.custom_op, forward only) whose body is `run_seqlens_k`, the values
     # checked when it runs
     if _tracing(q):
-        check_seqlens_k(seqlens_k, q.shape[0], k.shape[1], q.device, values=False)
+        check_seqlens_k(seqlens_k, q.shape[0], k.shape[1], q.device, values=False, host_ok=True)
         return torch.ops.fa_variants.attention_seqlens_k(q, k, v, seqlens_k, causal, scale, backend)
     return run_seqlens_k(q, k, v, causal, scale, backend, seqlens_k)
 
 
-def _check_lengths(q, k, seqlens_k) -> bool:
+def _check_lengths(q, k, seqlens_k) -> tuple[torch.Tensor, bool]:
     """``check_seqlens_k`` of an eager call: the values too, except inside CUDA-graph capture (where the kernels that
-    read the lengths clamp them); returns whether the stream is capturing."""
+    read the lengths clamp them). Lengths on the CPU for a CUDA q are checked on the host (no device sync) and copied
+    to q's device without waiting for the GPU (from a pageable copy made here: the caller may change its tensor
+    right after the call); refused inside capture. Returns (the lengths on q's device, whether capturing)."""
     capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()
+    if q.is_cuda and isinstance(seqlens_k, torch.Tensor) and seqlens_k.device.type == "cpu":
+        if capturing:
+            raise ValueError("seqlens_k is on the CPU inside CUDA-graph capture: pass it on q's device (each replay "
+                             "reads its current values there)")
+        check_seqlens_k(seqlens_k, q.shape[0], k.shape[1], seqlens_k.device)
+        staged = torch.empty(seqlens_k.shape, dtype=seqlens_k.dtype).copy_(seqlens_k)  # pageable, contiguous
+        return staged.to(q.device, non_blocking=True), False
     check_seqlens_k(seqlens_k, q.shape[0], k.shape[1], q.device, values=not capturing)
-    return capturing
+    return seqlens_k, capturing
 
 
 def _kernel_module(backend: str):
@@ -290,7 +299,7 @@ def _config_k(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 def run_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, seqlens_k: torch.Tensor):
     """`_with_seqlens_k` on plain tensors, eagerly (the body of ``torch.ops.fa_variants.attention_seqlens_k``)."""
-    capturing = _check_lengths(q, k, seqlens_k)
+    seqlens_k, capturing = _check_lengths(q, k, seqlens_k)
     key = _call_key(q, k, v, causal, scale, backend)
     key = None if key is None else ("seqlens_k", key)
     entry = dispatch.PLANS.get(key)  # (plan, the kernel module's switch state it was made under)
@@ -337,7 +346,7 @@ def _with_split_options(q, k, v, causal: bool, scale: float | None, backend: str
     if _tracing(q):
         raise NotImplementedError("num_splits / pack_gqa are not supported under tracing yet")
     if seqlens_k is not None:
-        _check_lengths(q, k, seqlens_k)
+        seqlens_k, _ = _check_lengths(q, k, seqlens_k)
     selection = dispatch.select_backend(q, k, v, causal=causal, backend=backend)
     module = _kernel_module(selection.backend)
     if module is None:
@@ -383,10 +392,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         backend: "auto" (see ``fa_variants.dispatch``; env FA_VARIANTS_BACKEND overrides auto), or one of
             "fa3", "fa3-fp8", "fa2", "fa1", "reference".
         return_lse: also return the log-sum-exp of each query row.
-        seqlens_k: optional int32 (batch,) tensor on q's device, per-sequence KV lengths for a KV cache padded
-            to seqlen_k: sequence b attends to its first seqlens_k[b] keys only (causal bottom-right against
-            that length); keys past it are never used. 0 <= seqlens_k[b] <= seqlen_k (checked, reading the
-            tensor back: one device sync per call; the check is skipped during CUDA-graph capture).
+        seqlens_k: optional int32 (batch,) tensor on q's device or on the CPU, per-sequence KV lengths for a KV
+            cache padded to seqlen_k: sequence b attends to its first seqlens_k[b] keys only (causal bottom-right
+            against that length); keys past it are never used. 0 <= seqlens_k[b] <= seqlen_k (checked: on q's
+            device by reading the tensor back, one device sync per call, skipped during CUDA-graph capture; on the
+            CPU on the host, then copied over without a sync: not inside capture).
             Semantics: ``reference.attention_reference``. fa3 and fa2 read it in their kernels (one launch, the
             cache past a length may hold NaN; capturable in a CUDA graph, the kernel clamping each value to [0,
             seqlen_k]); fa1 runs one call per distinct length on k[:, :length] (not inside capture). Under

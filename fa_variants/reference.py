@@ -65,17 +65,19 @@ def causal_visible(seqlen_q: int, seqlen_k: int, *, row_start: int = 0, rows: in
     return j <= i + (seqlen_k - seqlen_q)
 
 
-def check_seqlens_k(seqlens_k, batch: int, seqlen_k: int, device: torch.device, *, values: bool = True) -> None:
+def check_seqlens_k(seqlens_k, batch: int, seqlen_k: int, device: torch.device, *, values: bool = True,
+                    host_ok: bool = False) -> None:
     """Validate per-sequence KV lengths: an int32 tensor of shape (batch,) on q's device with every value in
     [0, seqlen_k]. Raises TypeError / ValueError (one line naming ``seqlens_k``). ``values=False`` skips the
-    value check, which reads the tensor back to the host (a device sync; impossible during CUDA-graph capture)."""
+    value check, which reads the tensor back to the host (a device sync; impossible during CUDA-graph capture).
+    ``host_ok``: a CPU tensor is accepted too (``fa_variants.attention`` copies it to q's device)."""
     if not isinstance(seqlens_k, torch.Tensor):
         raise TypeError(f"seqlens_k must be a torch.Tensor of int32, got {type(seqlens_k).__name__}")
     if seqlens_k.dtype != torch.int32:
         raise TypeError(f"seqlens_k must have dtype torch.int32, got {seqlens_k.dtype}")
     if tuple(seqlens_k.shape) != (batch,):
         raise ValueError(f"seqlens_k must have shape (batch,) = ({batch},), got {tuple(seqlens_k.shape)}")
-    if seqlens_k.device != device:
+    if seqlens_k.device != device and not (host_ok and seqlens_k.device.type == "cpu"):
         raise ValueError(f"seqlens_k is on {seqlens_k.device} but q is on {device}")
     if values and batch and seqlens_k.device.type != "meta":  # a meta tensor has no values to check
         lo, hi = torch.aminmax(seqlens_k)

@@ -126,3 +126,16 @@ def test_check_against_reference_takes_seqlens_k():
     assert check_lse(lse, q, k, v, True, seqlens_k=lengths).ok
     k, v = k.nan_to_num(), v.nan_to_num()
     assert not check_against_reference(out, q, k, v, True).ok
+
+
+def test_host_lengths_are_accepted_only_where_asked():
+    """``check_seqlens_k(host_ok=True)`` (the API's traced path and the op's fake: the eager call copies CPU lengths
+    to q's device) takes a CPU tensor for another device; without it the devices must match."""
+    from fa_variants.reference import check_seqlens_k
+
+    lengths = torch.tensor([1, 2], dtype=torch.int32)
+    check_seqlens_k(lengths, 2, 4, torch.device("meta"), values=False, host_ok=True)
+    with pytest.raises(ValueError, match="seqlens_k is on cpu but q is on meta"):
+        check_seqlens_k(lengths, 2, 4, torch.device("meta"), values=False)
+    with pytest.raises(ValueError, match="seqlens_k is on meta"):
+        check_seqlens_k(lengths.to("meta"), 2, 4, torch.device("cpu"), values=False, host_ok=True)

@@ -233,3 +233,27 @@ def test_broadcast_kv_with_packed_gqa(seqlen_q):
     seqlens_k = torch.tensor([1000, 333], dtype=torch.int32, device="cuda")
     out, lse = fa_variants.attention(q, k, v, causal=True, return_lse=True, seqlens_k=seqlens_k)
     assert_attention_ok(out, lse, q, k1, v1, True, seqlens_k=seqlens_k)
+
+
+@pytest.mark.parametrize("backend", ["fa3", "fa2"])
+def test_lengths_kept_on_the_cpu(backend):
+    """seqlens_k on the CPU for CUDA inputs: checked on the host, copied without a device sync; the same output as
+    the same lengths on the GPU (the same kernel), a pinned tensor changed right after the call does not change the
+    result, out-of-range values raise on the host, and CUDA-graph capture refuses host lengths in one line."""
+    import fa_variants
+
+    q, k, v, on_gpu = padded_kv_cache([700, 1, 0, 1023], 1, 1023, 32, 8, 128, device="cuda")
+    run = lambda n: fa_variants.attention(q, k, v, causal=True, backend=backend, seqlens_k=n)  # noqa: E731
+    expected = run(on_gpu)
+    assert_attention_ok(expected, None, q, k, v, True, seqlens_k=on_gpu)
+    assert torch.equal(run(on_gpu.cpu()), expected)
+    pinned = on_gpu.cpu().pin_memory()
+    out = run(pinned)
+    pinned.fill_(3)  # the call copied it already
+    torch.cuda.synchronize()
+    assert torch.equal(out, expected)
+    with pytest.raises(ValueError, match="seqlens_k holds 1024"):
+        run(torch.tensor([1024, 1, 0, 5], dtype=torch.int32))
+    on_host = on_gpu.cpu()  # made before the capture (a device-to-host copy is not capturable)
+    with pytest.raises(ValueError, match="on the CPU inside CUDA-graph capture"):
+        capture_graph(lambda: run(on_host))

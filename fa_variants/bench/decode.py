@@ -16,7 +16,8 @@ Per case and implementation:
 
 ``--decode-lengths`` (a ragged KV cache, issue 13's per-sequence KV lengths): each sequence b of a case uses only its
 first lengths[b] keys of the padded cache (lengths drawn once per case, uniform in [1, Nk], seeded, the first one
-Nk): ours with ``seqlens_k=`` (fa3 reads them in the kernel, one launch), flash-attn-4 with ``seqused_k=``, SDPA
+Nk): ours with ``seqlens_k=`` (fa3 reads them in the kernel, one launch; also with the lengths on the CPU: no
+device sync per call), flash-attn-4 with ``seqused_k=``, SDPA
 with a boolean mask of each sequence's visible keys (its own backend choice for a masked call); the HBM columns then
 count the K/V bytes of the used keys only.
 
@@ -68,7 +69,7 @@ def cases(quick: bool = False, **subset) -> list[DecodeCase]:
 
 def implementations(ragged: bool = False) -> dict:
     """name -> fn(q, k, v, lengths) for ours and the peers importable here; ``lengths`` (``ragged``: int32 (batch,)
-    per-sequence KV lengths, and the SDPA mask they give, ``ragged_mask``) or None."""
+    per-sequence KV lengths, the SDPA mask they give (``ragged_lengths``) and the lengths on the CPU) or None."""
     import torch.nn.functional as F
 
     import fa_variants
@@ -77,6 +78,10 @@ def implementations(ragged: bool = False) -> dict:
         impls = {
             "ours (seqlens_k)": lambda q, k, v, lengths: fa_variants.attention(q, k, v, causal=True,
                                                                                seqlens_k=lengths[0]),
+            # the same lengths kept on the CPU: checked on the host, copied without a sync (not capturable: its
+            # GPU time comes from a loop of calls)
+            "ours (seqlens_k on CPU)": lambda q, k, v, lengths: fa_variants.attention(q, k, v, causal=True,
+                                                                                      seqlens_k=lengths[2]),
             "sdpa (mask)": lambda q, k, v, lengths: F.scaled_dot_product_attention(
                 q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=lengths[1], enable_gqa=True),
         }
@@ -189,6 +194,7 @@ def measure(case: DecodeCase, impls: dict, peak_tbps: float, ragged: bool = Fals
     lengths, kv_bytes = None, case.kv_bytes
     if ragged:  # the bytes of the keys used
         lengths = ragged_lengths(case, g)
+        lengths = (*lengths, lengths[0].cpu())
         kv_bytes = kv_bytes * int(lengths[0].sum()) // (case.batch * case.seqlen_k)
     rows = []
     for name, impl in impls.items():
