@@ -19,7 +19,7 @@ GQA that is num_heads_kv heads, not num_heads.
 gives a partial output O_s normalised over its keys, with its log-sum-exp L_s. Partials combine exactly:
 L = log(e^L_a + e^L_b), O = e^(L_a - L) O_a + e^(L_b - L) O_b (the rescaling of FlashAttention's online
 softmax, Dao et al. 2022, Algorithm 1, applied to whole blocks). The merge runs in float32 (float64 for
-float64 inputs). A partial with L = -inf weighs 0 (the neutral element), and a row whose partials are all -inf
+float64 inputs, and for the reference backend's partials, whose LSE is float64: ``_partial``). A partial with L = -inf weighs 0 (the neutral element), and a row whose partials are all -inf
 comes out as O = 0, L = -inf, as ``fa_variants.attention`` defines a row that sees no key. The first partial of
 each row range is kept as the kernel returned it; each later one is folded in by one pass over the rows it
 covers, and the last pass writes the output dtype (into the output itself when the rows come in pieces). On
@@ -117,7 +117,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from fa_variants import api, dispatch
+from fa_variants import api, dispatch, reference
 from fa_variants.common import env
 from fa_variants.common.checks import is_int
 from fa_variants.reference import default_softmax_scale
@@ -261,12 +261,17 @@ def _merged(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b
     accumulation dtype (float64 if an operand is float64, else float32) and O rounded once to ``out_dtype``.
     Every operation is pointwise, so that ``torch.compile`` makes it one kernel (read O_a and O_b once, write
     O once) on the GPU. See ``merge_partial_`` for the formula and the -inf rules."""
-    acc = torch.float64 if torch.float64 in (lse_a.dtype, out_a.dtype, out_dtype) else torch.float32
+    acc = torch.float64 if torch.float64 in (lse_a.dtype, lse_b.dtype, out_a.dtype, out_dtype) else torch.float32
     la, lb = lse_a.to(acc), lse_b.to(acc)
     lse = torch.logaddexp(la, lb)
-    base = torch.where(lse == -math.inf, 0.0, lse)  # both -inf: both weights exp(-inf) = 0, the row is 0
-    w_a = torch.exp(la - base).transpose(1, 2).unsqueeze(-1)  # (B, N, H, 1)
-    w_b = torch.exp(lb - base).transpose(1, 2).unsqueeze(-1)
+    base = torch.where(lse.isinf(), 0.0, lse)  # both -inf: both weights exp(-inf) = 0, the row is 0
+    w_a, w_b = torch.exp(la - base), torch.exp(lb - base)
+    # one LSE of +inf (its true value beyond the dtype's range) outweighs any finite one: that partial is the row;
+    # two cannot be ordered, and their weights inf make the row non-finite
+    inf_a, inf_b = la == math.inf, lb == math.inf
+    one = inf_a ^ inf_b
+    w_a = torch.where(one, inf_a.to(acc), w_a).transpose(1, 2).unsqueeze(-1)  # (B, N, H, 1)
+    w_b = torch.where(one, inf_b.to(acc), w_b).transpose(1, 2).unsqueeze(-1)
     return (out_a.to(acc) * w_a + out_b.to(acc) * w_b).to(out_dtype), lse
 
 
@@ -359,7 +364,8 @@ def merge_partial_(out: torch.Tensor, lse: torch.Tensor, out_part: torch.Tensor,
         out_part, lse_part: the same shapes, any floating dtype.
 
     L = logaddexp(lse, lse_part); out = e^(lse - L) out + e^(lse_part - L) out_part; lse = L. A partial with
-    LSE -inf has weight 0; where both are -inf the row becomes 0 with LSE -inf. Returns (out, lse).
+    LSE -inf has weight 0; where both are -inf the row becomes 0 with LSE -inf. An LSE of +inf (beyond the
+    dtype's range) against a finite one: that partial is the result (LSE +inf); both +inf: the row is not finite. Returns (out, lse).
     Source: FlashAttention (Dao et al. 2022), Algorithm 1, lines 10-12, for whole blocks of keys. This is the
     incremental two-operand form of ``fa_variants.common.split.merge`` (split-KV, all splits stacked at once):
     ring partials arrive one step at a time and may cover only some rows, so they are folded in as they come.
@@ -627,11 +633,23 @@ def _own_pieces(seqlen_q: int, seqlen_k: int, causal: bool, layout: str) -> list
     return [tail, head] if causal else [head, tail]
 
 
+def _partial(q, k, v, causal: bool, scale: float, backend: str):
+    """(out, lse) of one step's attention, as ``fa_variants.attention(..., return_lse=True)``, except on the
+    reference backend, whose LSE comes in float64 (``reference.attention_reference``'s lse_dtype): the merge then
+    keeps float64 inputs' precision (a float32 LSE would limit them to ~1e-7), and an LSE beyond float32's range
+    (|softmax_scale x score| above ~3.4e38, +inf as float32) still weighs its partial correctly."""
+    if dispatch.select_backend(q, k, v, causal=causal, backend=backend).backend != "reference":
+        return api.attention(q, k, v, causal=causal, softmax_scale=scale, backend=backend, return_lse=True)
+    dtype = torch.float64 if q.dtype == torch.float64 else torch.float32  # the reference backend's precision
+    out, lse = reference.attention_reference(q, k, v, causal=causal, softmax_scale=scale, dtype=dtype,
+                                             lse_dtype=torch.float64)
+    return out.to(q.dtype), lse
+
+
 def _own_piece(q, k, v, piece: _Piece, causal: bool, scale: float, backend: str):
     """(out, lse) of one piece of the own step (``_own_pieces``)."""
     start, stop = piece.rows
-    return api.attention(q[:, start:stop], k[:, piece.keys], v[:, piece.keys], causal=causal,
-                         softmax_scale=scale, backend=backend, return_lse=True)
+    return _partial(q[:, start:stop], k[:, piece.keys], v[:, piece.keys], causal, scale, backend)
 
 
 def _scale_bits(scale: float) -> int:
@@ -828,8 +846,7 @@ def _ring_attention(q, k, v, rows, group, rank, world, causal, layout, scale, ba
             pending = ring.post(k_cur, v_cur, seqlens_k[(src - 1) % world]) if step + 1 < world else None
         for _, (start, stop), keys, step_causal in (c for c in calls if c[0] == step and c[2] is not None):
             with _region(f"step {step}"):
-                out, lse = api.attention(q[:, start:stop], k_cur[:, keys], v_cur[:, keys], causal=step_causal,
-                                         softmax_scale=scale, backend=backend, return_lse=True)
+                out, lse = _partial(q[:, start:stop], k_cur[:, keys], v_cur[:, keys], step_causal, scale, backend)
             with _region("merge"):
                 merger.add(out, lse)
         if pending is not None:

@@ -90,7 +90,8 @@ def check_seqlens_k(seqlens_k, batch: int, seqlen_k: int, device: torch.device, 
 def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                         softmax_scale: float | None = None,
                         dtype: torch.dtype = torch.float64,
-                        seqlens_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                        seqlens_k: torch.Tensor | None = None,
+                        lse_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention forward, softmax(scale * Q K^T) V, with its log-sum-exp, in plain PyTorch.
 
     Args:
@@ -108,6 +109,9 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
             ``torch.float64`` / ``torch.float32``: everything in that dtype (the exact reference).
             ``torch.float16`` / ``torch.bfloat16``: the same maths as PyTorch does it in that dtype:
             (scale * Q) K^T in ``dtype``, softmax in float32, P rounded to ``dtype``, P V in ``dtype``.
+        lse_dtype: the LSE's dtype (float32 or float64) with a float32 / float64 ``dtype``: the row max times
+            |scale| plus the log of the row sum taken in it, so float64 keeps an LSE that float32 cannot hold
+            (|scale x score| beyond ~3.4e38); None: ``dtype``. What context parallelism merges partials with.
 
     Returns:
         (out, lse): out (batch, seqlen_q, num_heads, head_dim_v) in ``dtype``; lse (batch, num_heads,
@@ -130,10 +134,13 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
     if seqlens_k is not None:
         check_seqlens_k(seqlens_k, batch, seqlen_k, q.device)
     if seqlens_k is not None and batch > 0 and seqlens_k.device.type != "meta":  # meta: shapes only, below
-        return _per_sequence(q, k, v, seqlens_k.tolist(), causal=causal, softmax_scale=softmax_scale, dtype=dtype)
+        return _per_sequence(q, k, v, seqlens_k.tolist(), causal=causal, softmax_scale=softmax_scale, dtype=dtype,
+                             lse_dtype=lse_dtype)
     scale = default_softmax_scale(head_dim) if softmax_scale is None else float(softmax_scale)
     low = dtype not in _FULL_PRECISION
-    lse_dtype = torch.float32 if low else dtype
+    if lse_dtype not in (None, torch.float32, torch.float64):
+        raise TypeError(f"lse_dtype must be torch.float32 or torch.float64, got {lse_dtype}")
+    lse_dtype = (torch.float32 if low else dtype) if lse_dtype is None or low else lse_dtype
     if num_heads_kv == 0 and num_heads == 0:
         group = 1
     elif num_heads_kv == 0 or num_heads % num_heads_kv != 0:
@@ -164,7 +171,7 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
         if low:
             m, p = _softmax_scaled(s.float(), visible)
         else:
-            m, p = _softmax_raw(s, scale, visible)
+            m, p = _softmax_raw(s, scale, visible, lse_dtype)
         p = p.to(dtype)
         o = torch.einsum("bhgqk,bkhd->bqhgd", p, vd_finite)
         if bad_keys is not None:
@@ -253,7 +260,8 @@ def _softmax_scaled(s: torch.Tensor, visible: torch.Tensor | None) -> tuple[torc
     return m, torch.where(m == -math.inf, torch.zeros_like(s), torch.exp(s - m))
 
 
-def _softmax_raw(s: torch.Tensor, scale: float, visible: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _softmax_raw(s: torch.Tensor, scale: float, visible: torch.Tensor | None,
+                 lse_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(lse, P) of softmax(scale * s) from raw scores, subtracting the row max before scaling, so that a
     scale whose products overflow (|scale s| beyond the dtype's range) still gives finite P, not inf - inf.
     softmax(c s) = softmax(|c| (sign(c) s)); the row max of sign(c) s is the max of the scaled scores."""
@@ -267,7 +275,9 @@ def _softmax_raw(s: torch.Tensor, scale: float, visible: torch.Tensor | None) ->
         z = z.masked_fill(~visible, -math.inf)
     p = torch.exp(z)
     total = p.sum(dim=-1, keepdim=True)
-    lse = torch.where(empty, torch.full_like(m, -math.inf), m * abs(scale) + torch.log(total))
+    wide = s.dtype if lse_dtype is None else lse_dtype  # the LSE's own dtype (float64: no overflow of m |scale|)
+    lse = torch.where(empty, torch.full((), -math.inf, dtype=wide, device=m.device),
+                      m.to(wide) * abs(scale) + torch.log(total).to(wide))
     return lse, torch.where(empty, torch.zeros_like(p), p / total)
 
 

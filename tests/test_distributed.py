@@ -165,9 +165,11 @@ def test_matches_single_process(ring, name):
     assert_attention_ok(out, lse, q, k, v, spec["causal"], scale, what=where)
     single, single_lse = fa_variants.attention(q, k, v, causal=spec["causal"], softmax_scale=scale,
                                                backend="reference", return_lse=True)
-    # not bitwise: the ring adds the keys in another order (tolerance: float32 rounding of the merge weights)
-    assert max_abs_error(out, single) <= 1e-5, where
-    assert max_abs_error(lse, single_lse) <= 1e-5, where
+    # not bitwise: the ring adds the keys in another order; float64 inputs merge in float64 (the reference
+    # backend's partials carry a float64 LSE), so their tolerance is float64's, not float32's
+    tol = 1e-12 if spec["dtype"] == F64 else 1e-5
+    assert max_abs_error(out, single) <= tol, where
+    assert max_abs_error(lse, single_lse) <= 1e-5, where  # the LSE returned is float32
 
 
 def test_group_of_one_is_plain_attention(ring):
@@ -397,13 +399,14 @@ class _SimulatedRing:
         return self.shards[src]
 
 
-def _ring_in_one_process(q, k, v, world: int, causal: bool, layout: str, overlap_start: bool):
+def _ring_in_one_process(q, k, v, world: int, causal: bool, layout: str, overlap_start: bool,
+                         scale: float | None = None):
     """Every rank's ``_ring_attention`` as ``context_parallel_attention`` runs it (the own step's first piece
     launched early when ``overlap_start``), over a simulated transport; the unsharded (out, lse)."""
     shard, unshard = _SHARD[layout], _UNSHARD[layout]
     qs = [shard(q, 1, r, world) for r in range(world)]
     kvs = [(shard(k, 1, r, world), shard(v, 1, r, world)) for r in range(world)]
-    scale = 1 / math.sqrt(q.shape[-1])
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
     rows = [cp._shape_row(qs[r], kvs[r][0], causal, layout, scale) for r in range(world)]
     cp._check_rows(rows, causal, layout)
     outs, lses = [], []
@@ -439,7 +442,33 @@ def test_ring_in_one_process_every_small_length(world):
                 out, lse = _ring_in_one_process(q, k, v, world, causal, layout, overlap_start)
                 where = (world, seqlen, causal, layout, overlap_start)
                 assert out.shape == q.shape and not out.isnan().any() and not lse.isnan().any(), where
-                assert max_abs_error(out, want) <= 1e-5 and max_abs_error(lse, want_lse) <= 1e-5, where
+                assert max_abs_error(out, want) <= 1e-12 and max_abs_error(lse, want_lse) <= 1e-5, where
+
+
+@pytest.mark.parametrize("dtype, scale, magnitude", [(F32, 2e38, 1.0), (F32, -2e38, 1.0), (F64, None, 1e20)])
+def test_ring_with_an_lse_beyond_float32(dtype, scale, magnitude):
+    """Scores whose LSE float32 cannot hold (|softmax_scale x score| > ~3.4e38: the LSE returned is +inf, README):
+    the ring's reference partials carry a float64 LSE, so O is still the single-process O, with no NaN."""
+    gen = torch.Generator().manual_seed(random.randrange(2**31))
+    q, k, v = _inputs(gen, 16, dtype, heads=2, head_dim=8, batch=1)
+    q, k = q * magnitude, k * magnitude
+    for causal, layout in ((True, "zigzag"), (False, "contiguous")):
+        want = fa_variants.attention(q, k, v, causal=causal, softmax_scale=scale, backend="reference")
+        out, lse = _ring_in_one_process(q, k, v, 2, causal, layout, True, scale=scale)
+        assert not out.isnan().any() and max_abs_error(out, want) <= (1e-5 if dtype == F32 else 1e-12), (causal,)
+        assert lse.isinf().any(), "the case must reach beyond float32's range"
+
+
+def test_merge_an_lse_beyond_the_dtype():
+    """An LSE of +inf (its true value beyond the dtype) outweighs a finite one: that partial is the row; two of
+    them cannot be ordered, and the row is not finite (not a silent average)."""
+    out, part = torch.randn(1, 3, 1, 4, dtype=F32), torch.randn(1, 3, 1, 4, dtype=F32)
+    lse = torch.tensor([[[math.inf, 1.0, math.inf]]])
+    part_lse = torch.tensor([[[2.0, math.inf, math.inf]]])
+    before, before_part = out.clone(), part.clone()
+    cp.merge_partial_(out, lse, part, part_lse)
+    assert torch.equal(out[:, 0], before[:, 0]) and torch.equal(out[:, 1], before_part[:, 1])
+    assert not out[:, 2].isfinite().any() and lse[0, 0].tolist() == [math.inf] * 3
 
 
 @pytest.mark.parametrize("change, exc, message", [
