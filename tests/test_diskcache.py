@@ -304,6 +304,28 @@ def test_warmup_jobs_must_be_positive(capsys):
     assert "--jobs: '0' is not a positive integer" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("config, message", [
+    ({"hidden_size": 64, "num_attention_heads": 0}, "num_attention_heads must be a positive integer, got 0"),
+    ({"hidden_size": 64, "num_attention_heads": -2}, "num_attention_heads must be a positive integer, got -2"),
+    ({"head_dim": 64, "num_attention_heads": 2, "num_key_value_heads": 0.5},
+     "num_key_value_heads must be a positive integer, got 0.5"),
+    ({"hidden_size": 64, "num_attention_heads": 2, "num_key_value_heads": [1]},
+     "num_key_value_heads must be a positive integer, got [1]"),
+    ({"hidden_size": 64, "num_attention_heads": True}, "num_attention_heads must be a positive integer, got True"),
+    ({"hidden_size": 64, "num_attention_heads": 3}, "hidden_size 64 is not a multiple of num_attention_heads 3"),
+    ({"head_dim": 64, "num_attention_heads": 6, "num_key_value_heads": 4},
+     "num_attention_heads 6 is not a multiple of num_key_value_heads 4"),
+    ({"num_attention_heads": 4}, "needs num_attention_heads and head_dim or hidden_size"),
+])
+def test_warmup_model_config_errors_are_one_line(tmp_path, capsys, config, message):
+    """A config.json with heads that cannot be a model's: exit 2 and one line naming the field, no traceback."""
+    model = tmp_path / "config.json"
+    model.write_text(json.dumps(config))
+    assert cli.main(["warmup", "--arch", "sm_90a", "--model", str(model)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_warmup_needs_an_arch_without_a_gpu(capsys, monkeypatch):
     import torch
 

@@ -78,14 +78,29 @@ def model_shape(path: str) -> dict:
     if not isinstance(cfg, dict):
         raise ValueError(f"{path}: a config.json holds a JSON object, got a {type(cfg).__name__}")
     cfg = cfg.get("text_config", cfg)
-    try:
-        heads = int(cfg["num_attention_heads"])
-        head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
-    except (KeyError, TypeError, ValueError):
-        raise ValueError(f"{path}: needs num_attention_heads and head_dim or hidden_size") from None
+    if "num_attention_heads" not in cfg or not (cfg.get("head_dim") or "hidden_size" in cfg):
+        raise ValueError(f"{path}: needs num_attention_heads and head_dim or hidden_size")
+    heads = _positive_int(cfg, "num_attention_heads", path)
+    heads_kv = _positive_int(cfg, "num_key_value_heads", path) if cfg.get("num_key_value_heads") is not None else heads
+    if heads % heads_kv:
+        raise ValueError(f"{path}: num_attention_heads {heads} is not a multiple of num_key_value_heads {heads_kv}")
+    if cfg.get("head_dim"):
+        head_dim = _positive_int(cfg, "head_dim", path)
+    else:
+        hidden = _positive_int(cfg, "hidden_size", path)
+        if hidden % heads:
+            raise ValueError(f"{path}: hidden_size {hidden} is not a multiple of num_attention_heads {heads}")
+        head_dim = hidden // heads
     dtype = {"bfloat16": "bf16", "float16": "fp16"}.get(str(cfg.get("torch_dtype") or cfg.get("dtype")), "bf16")
-    return {"head_dim": head_dim, "heads": heads, "heads_kv": int(cfg.get("num_key_value_heads") or heads),
-            "dtype": dtype}
+    return {"head_dim": head_dim, "heads": heads, "heads_kv": heads_kv, "dtype": dtype}
+
+
+def _positive_int(cfg: dict, key: str, path) -> int:
+    """cfg[key] as a positive int (a JSON integer; not a bool, a fraction or a list), else a one-line ValueError."""
+    value = cfg[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{path}: {key} must be a positive integer, got {value!r}")
+    return value
 
 
 def plan(backends, arch: str, dtypes, head_dims, causal, groups: tuple[int, ...] = (),
