@@ -368,3 +368,11 @@ def test_capture_without_the_real_extra_is_one_line(capsys, monkeypatch):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("python -m fa_variants.integrations.capture: error: No module") \
         and "pip install -e '.[real]'" in err[0], err
+
+
+def test_demo_sizes_that_cannot_be_allocated_are_one_line(capsys):
+    """Sizes whose tensors overflow torch's size arithmetic: exit 2 and one line naming the flags, no traceback."""
+    assert cli.main(["demo", "--batch", "100000000", "--seqlen", "100000000"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot allocate q, k, v of --batch 100000000, --seqlen 100000000" in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
