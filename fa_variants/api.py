@@ -489,8 +489,9 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     _check_inputs(q, k, v, names, _SDPA_HINT)
     if attn_mask is not None:
         raise ValueError("attn_mask is not supported (only is_causal masking); use torch's SDPA for masks")
-    if dropout_p != 0.0:
-        raise ValueError(f"dropout_p must be 0.0 (forward inference only), got {dropout_p!r}")
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or dropout_p != 0.0:
+        what = repr(dropout_p) if isinstance(dropout_p, (int, float, str)) else f"a {type(dropout_p).__name__}"
+        raise ValueError(f"dropout_p must be 0.0 (forward inference only), got {what}")
     if not isinstance(enable_gqa, bool):
         raise TypeError(f"enable_gqa must be a bool, got {enable_gqa!r}")
     if not isinstance(is_causal, bool):  # attention() would name them causal and softmax_scale

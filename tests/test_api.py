@@ -8,6 +8,7 @@ import math
 import sys
 import types
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -287,6 +288,8 @@ def test_sdpa_matches_torch(causal, heads_kv):
 @pytest.mark.parametrize("kwargs, message", [
     (dict(attn_mask=torch.ones(8, 8, dtype=torch.bool)), "attn_mask is not supported"),
     (dict(dropout_p=0.1), "dropout_p must be 0.0"),
+    (dict(dropout_p=torch.zeros(2)), "dropout_p must be 0.0 .*, got a Tensor"),  # not torch's "ambiguous" error
+    (dict(dropout_p=np.zeros(2)), "dropout_p must be 0.0 .*, got a ndarray"),
     (dict(is_causal=True, nk=9), "is_causal with seqlen_q 8 != seqlen_k 9: PyTorch aligns"),
     (dict(heads_kv=1), "query has 2 heads but key has 1: pass enable_gqa=True"),
     (dict(rank=3), r"query must be 4-D \(batch, num_heads, seqlen, head_dim\)"),
