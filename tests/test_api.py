@@ -252,6 +252,20 @@ def test_reference_backend_supports_autograd():
     assert q.grad is not None and torch.isfinite(k.grad).all()
 
 
+def test_second_derivatives_with_a_parameter_input():
+    """A Parameter's call goes through the custom op (its autograd): its backward is plain PyTorch eagerly, so a
+    second derivative exists (gradgradcheck, float64) and equals the plain-tensor path's."""
+    q, k, v = (t.double() for t in qkv(nq=3, nk=4, heads=2, heads_kv=1, d=8))
+    qp = torch.nn.Parameter(q.clone())
+    k, v = k.requires_grad_(True), v.requires_grad_(True)
+    assert torch.autograd.gradgradcheck(lambda a, b, c: fa_variants.attention(a, b, c, causal=True), (qp, k, v))
+    grads = []
+    for query in (qp, q.clone().requires_grad_(True)):
+        g = torch.autograd.grad(fa_variants.attention(query, k, v, causal=True).sum(), query, create_graph=True)[0]
+        grads.append(torch.autograd.grad((g ** 2).sum(), k)[0])
+    assert (grads[0] - grads[1]).abs().max() <= 1e-12
+
+
 def test_backend_returning_a_wrong_shape_is_caught(fake_gpu, monkeypatch):
     module = sys.modules["_fake_kernels.recording"]
     wrong = dataclasses.replace(module.VARIANT, runner=lambda q, k, v, **kw: (q[:, :1], torch.zeros(1)))

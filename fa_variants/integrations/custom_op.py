@@ -18,9 +18,10 @@ dtype (bfloat16 for e4m3: ``api.output_dtype``), lse float32 contiguous (batch, 
 ``fa_variants::attention_seqlens_k(Tensor q, Tensor k, Tensor v, Tensor seqlens_k, bool causal, float?
 softmax_scale, str backend) -> (Tensor out, Tensor lse)`` (forward only).
 
-Autograd: the backward is the reference backend's (``reference.run_backward``, plain PyTorch) in a second
-opaque op, ``fa_variants::attention_reference_backward``; it is allowed only when the call runs on the
-reference backend (the kernels are forward-only: a backward through them raises NotImplementedError).
+Autograd: the backward is the reference backend's (``reference.run_backward``, plain PyTorch): traced, in a
+second opaque op, ``fa_variants::attention_reference_backward``; eagerly (a Parameter input's call) as plain ops, so
+that a second derivative exists. It is allowed only when the call runs on the reference backend (the kernels are
+forward-only: a backward through them raises NotImplementedError).
 """
 from __future__ import annotations
 
@@ -107,15 +108,22 @@ def reference_backward_op(grad_out: torch.Tensor, grad_lse: torch.Tensor, q: tor
                           backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of the op's (out, lse): ``reference.run_backward``, when the call ran on the reference
     backend; NotImplementedError for a kernel backend (forward only)."""
-    from fa_variants import dispatch, reference
+    from fa_variants import reference
+
+    _check_reference(q, k, v, causal, backend)
+    scale = reference.default_softmax_scale(q.shape[-1]) if softmax_scale is None else softmax_scale
+    grads = reference.run_backward(grad_out, grad_lse, q, k, v, causal=causal, softmax_scale=scale)
+    return tuple(g.contiguous() for g in grads)
+
+
+def _check_reference(q, k, v, causal: bool, backend: str) -> None:
+    """NotImplementedError unless the call ran on the reference backend (the kernels are forward-only)."""
+    from fa_variants import dispatch
 
     chosen = dispatch.select_backend(q, k, v, causal=causal, backend=backend).backend
     if chosen != "reference":
         raise NotImplementedError(
             f"backend {chosen} is forward-only: no gradient through it; use backend='reference' for autograd")
-    scale = reference.default_softmax_scale(q.shape[-1]) if softmax_scale is None else softmax_scale
-    grads = reference.run_backward(grad_out, grad_lse, q, k, v, causal=causal, softmax_scale=scale)
-    return tuple(g.contiguous() for g in grads)
 
 
 @reference_backward_op.register_fake
@@ -135,7 +143,16 @@ def _backward(ctx, grad_out, grad_lse):
         grad_out = torch.zeros_like(q)
     if grad_lse is None:
         grad_lse = q.new_zeros((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
-    dq, dk, dv = reference_backward_op(grad_out, grad_lse, q, k, v, ctx.causal, ctx.softmax_scale, ctx.backend)
+    if (type(q) is torch.Tensor or type(q) is torch.nn.Parameter) and not torch.compiler.is_compiling():
+        # eager (a Parameter's call comes here): the reference backward as plain PyTorch ops, which autograd records
+        # under create_graph, so a second derivative exists (the opaque op below has no backward of its own)
+        _check_reference(q, k, v, ctx.causal, ctx.backend)
+        from fa_variants import reference
+
+        scale = reference.default_softmax_scale(q.shape[-1]) if ctx.softmax_scale is None else ctx.softmax_scale
+        dq, dk, dv = reference.run_backward(grad_out, grad_lse, q, k, v, causal=ctx.causal, softmax_scale=scale)
+    else:  # traced: one opaque node
+        dq, dk, dv = reference_backward_op(grad_out, grad_lse, q, k, v, ctx.causal, ctx.softmax_scale, ctx.backend)
     return dq, dk, dv, None, None, None
 
 
