@@ -264,7 +264,7 @@ def _merged(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b
     acc = torch.float64 if torch.float64 in (lse_a.dtype, lse_b.dtype, out_a.dtype, out_dtype) else torch.float32
     la, lb = lse_a.to(acc), lse_b.to(acc)
     lse = torch.logaddexp(la, lb)
-    base = torch.where(lse.isinf(), 0.0, lse)  # both -inf: both weights exp(-inf) = 0, the row is 0
+    base = torch.where(lse.isinf(), 0.0, lse)  # both -inf: both weights exp(-inf) = 0, the row is 0; +inf: below
     w_a, w_b = torch.exp(la - base), torch.exp(lb - base)
     # one LSE of +inf (its true value beyond the dtype's range) outweighs any finite one: that partial is the row;
     # two cannot be ordered, and their weights inf make the row non-finite
@@ -634,16 +634,14 @@ def _own_pieces(seqlen_q: int, seqlen_k: int, causal: bool, layout: str) -> list
 
 
 def _partial(q, k, v, causal: bool, scale: float, backend: str):
-    """(out, lse) of one step's attention, as ``fa_variants.attention(..., return_lse=True)``, except on the
-    reference backend, whose LSE comes in float64 (``reference.attention_reference``'s lse_dtype): the merge then
-    keeps float64 inputs' precision (a float32 LSE would limit them to ~1e-7), and an LSE beyond float32's range
-    (|softmax_scale x score| above ~3.4e38, +inf as float32) still weighs its partial correctly."""
-    if dispatch.select_backend(q, k, v, causal=causal, backend=backend).backend != "reference":
+    """(out, lse) of one step's attention, as ``fa_variants.attention(..., return_lse=True)`` on ``backend`` (the
+    one ``context_parallel_attention`` resolved), except on the reference backend, whose LSE comes in float64
+    (``reference.run``'s wide_lse): the merge then keeps float64 inputs' precision (a float32 LSE would limit them to
+    ~1e-7), and an LSE beyond float32's range (|softmax_scale x score| above ~3.4e38, +inf as float32) still
+    weighs its partial correctly."""
+    if backend != "reference":
         return api.attention(q, k, v, causal=causal, softmax_scale=scale, backend=backend, return_lse=True)
-    dtype = torch.float64 if q.dtype == torch.float64 else torch.float32  # the reference backend's precision
-    out, lse = reference.attention_reference(q, k, v, causal=causal, softmax_scale=scale, dtype=dtype,
-                                             lse_dtype=torch.float64)
-    return out.to(q.dtype), lse
+    return reference.run(q, k, v, causal=causal, softmax_scale=scale, wide_lse=True)
 
 
 def _own_piece(q, k, v, piece: _Piece, causal: bool, scale: float, backend: str):
@@ -657,7 +655,9 @@ def _scale_bits(scale: float) -> int:
 
 
 def _local_error(q, k, v, causal, softmax_scale, backend, return_lse, layout):
-    """(error or None, softmax scale): this rank's inputs checked as ``fa_variants.attention`` does."""
+    """(error or None, softmax scale, the backend every step runs): this rank's inputs checked as
+    ``fa_variants.attention`` does, and ``backend`` resolved ("auto" to the dispatcher's choice: the steps differ
+    only in seqlen, which the choice does not depend on)."""
     try:
         api._check_inputs(q, k, v)
         scale = api._check_options(causal, softmax_scale, backend, return_lse)
@@ -674,10 +674,9 @@ def _local_error(q, k, v, causal, softmax_scale, backend, return_lse, layout):
             raise ValueError(f"q is on {q.device}; context parallelism supports {_DEVICE_TYPES}")
         # the backend every step uses, chosen here: an unknown or unavailable one (on this rank only, say) is this
         # rank's error before the exchange, not an exception out of a step that leaves the other ranks waiting
-        dispatch.select_backend(q, k, v, causal=causal, backend=backend)
-        return None, scale
+        return None, scale, dispatch.select_backend(q, k, v, causal=causal, backend=backend).backend
     except (TypeError, ValueError, NotImplementedError) as error:
-        return error, 0.0
+        return error, 0.0, backend
 
 
 def _check_rows(rows: list[list[int]], causal: bool, layout: str) -> None:
@@ -765,7 +764,7 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     if rank < 0:
         raise ValueError("this process is not a member of group")
-    error, scale = _local_error(q, k, v, causal, softmax_scale, backend, return_lse, layout)
+    error, scale, step_backend = _local_error(q, k, v, causal, softmax_scale, backend, return_lse, layout)
     if world == 1:
         if error is not None:
             raise error
@@ -784,7 +783,7 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     if pieces is not None:  # needs nothing from the other ranks: the GPU computes it while the host checks and posts
         try:
             with _region("own step: first piece"):
-                early = (pieces, *_own_piece(q, k, v, pieces[0], causal, scale, backend))
+                early = (pieces, *_own_piece(q, k, v, pieces[0], causal, scale, step_backend))
         except Exception as exc:  # raised after the exchange: every rank raises, none waits for this one's row
             error, row, early = exc, [0] * len(_FIELDS), None
     with _region("shape check: start"):
@@ -794,7 +793,7 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     if error is not None:
         raise error
     _check_rows(rows, causal, layout)
-    out, lse = _ring_attention(q, k, v, rows, group, rank, world, causal, layout, scale, backend, early=early,
+    out, lse = _ring_attention(q, k, v, rows, group, rank, world, causal, layout, scale, step_backend, early=early,
                                ready=ready)
     return (out, lse) if return_lse else out
 
@@ -824,7 +823,8 @@ def _step_calls(plans, pieces: list[_Piece] | None,
 
 def _ring_attention(q, k, v, rows, group, rank, world, causal, layout, scale, backend, early=None, ready=None,
                     ring=None):
-    """This rank's (out, lse) over all steps, k and v contiguous. ``early``: (pieces, out, lse), the own step cut
+    """This rank's (out, lse) over all steps, k and v contiguous, each step on ``backend`` (a resolved name, as
+    ``_local_error`` gives it: "reference" is what makes ``_partial`` keep a float64 LSE). ``early``: (pieces, out, lse), the own step cut
     by ``_own_pieces`` and its first piece launched already (``OVERLAP_START``); ``ready``: see ``_Ring``; ``ring``: the transport (default a
     ``_Ring`` over ``group``; scripts/cp_bench.py passes one that moves nothing)."""
     seqlens_k = [row[_FIELDS.index("seqlen_k")] for row in rows]

@@ -282,16 +282,18 @@ def _softmax_raw(s: torch.Tensor, scale: float, visible: torch.Tensor | None,
 
 
 def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
-        softmax_scale: float, seqlens_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        softmax_scale: float, seqlens_k: torch.Tensor | None = None,
+        wide_lse: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``reference`` backend (kernel module contract): float32 maths (float64 for float64 inputs).
 
     Returns (out, lse): out (batch, seqlen_q, num_heads, head_dim) in q.dtype, lse float32 (batch, num_heads,
-    seqlen_q). Works on any device and supports autograd (it is plain PyTorch).
+    seqlen_q); with ``wide_lse`` the lse in float64, computed in it (``attention_reference``'s lse_dtype: what
+    context parallelism merges partials with). Works on any device and supports autograd (it is plain PyTorch).
     """
     dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     out, lse = attention_reference(q, k, v, causal=causal, softmax_scale=softmax_scale, dtype=dtype,
-                                   seqlens_k=seqlens_k)
-    return out.to(q.dtype), lse.float()
+                                   seqlens_k=seqlens_k, lse_dtype=torch.float64 if wide_lse else None)
+    return out.to(q.dtype), lse if wide_lse else lse.float()
 
 
 def run_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor, q: torch.Tensor, k: torch.Tensor,

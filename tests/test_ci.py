@@ -47,7 +47,6 @@ def test_tracked_tree_within_the_gpu_call_budget():
         f"python3 scripts/pack_bench.py bench/<run> && git add -A bench/<run> (bench/README.md); largest: {largest}")
 
 
-
 #: import name -> the distribution that provides it (those a test may import without a guard)
 DISTRIBUTIONS = {"torch": "torch", "numpy": "numpy", "cutlass": "nvidia-cutlass-dsl", "tvm_ffi": "apache-tvm-ffi",
                  "rich": "rich", "tqdm": "tqdm", "pytest": "pytest", "matplotlib": "matplotlib",
