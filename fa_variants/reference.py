@@ -140,7 +140,8 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
     low = dtype not in _FULL_PRECISION
     if lse_dtype not in (None, torch.float32, torch.float64):
         raise TypeError(f"lse_dtype must be torch.float32 or torch.float64, got {lse_dtype}")
-    lse_dtype = (torch.float32 if low else dtype) if lse_dtype is None or low else lse_dtype
+    if low or lse_dtype is None:  # 16-bit maths: the LSE float32, as PyTorch's softmax gives it
+        lse_dtype = torch.float32 if low else dtype
     if num_heads_kv == 0 and num_heads == 0:
         group = 1
     elif num_heads_kv == 0 or num_heads % num_heads_kv != 0:

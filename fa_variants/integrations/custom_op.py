@@ -106,24 +106,22 @@ attention_seqlens_k_op.register_autograd(_seqlens_k_backward, setup_context=_seq
 def reference_backward_op(grad_out: torch.Tensor, grad_lse: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                           v: torch.Tensor, causal: bool, softmax_scale: float | None,
                           backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) of the op's (out, lse): ``reference.run_backward``, when the call ran on the reference
-    backend; NotImplementedError for a kernel backend (forward only)."""
-    from fa_variants import reference
-
-    _check_reference(q, k, v, causal, backend)
-    scale = reference.default_softmax_scale(q.shape[-1]) if softmax_scale is None else softmax_scale
-    grads = reference.run_backward(grad_out, grad_lse, q, k, v, causal=causal, softmax_scale=scale)
-    return tuple(g.contiguous() for g in grads)
+    """``_reference_backward`` as one opaque node (for tracing), its outputs contiguous to match the fake."""
+    return tuple(g.contiguous() for g in _reference_backward(grad_out, grad_lse, q, k, v, causal, softmax_scale,
+                                                            backend))
 
 
-def _check_reference(q, k, v, causal: bool, backend: str) -> None:
-    """NotImplementedError unless the call ran on the reference backend (the kernels are forward-only)."""
-    from fa_variants import dispatch
+def _reference_backward(grad_out, grad_lse, q, k, v, causal: bool, softmax_scale: float | None, backend: str):
+    """(dq, dk, dv) of the op's (out, lse): ``reference.run_backward`` (plain PyTorch ops), when the call ran on the
+    reference backend; NotImplementedError for a kernel backend (forward only)."""
+    from fa_variants import dispatch, reference
 
     chosen = dispatch.select_backend(q, k, v, causal=causal, backend=backend).backend
     if chosen != "reference":
         raise NotImplementedError(
             f"backend {chosen} is forward-only: no gradient through it; use backend='reference' for autograd")
+    scale = reference.default_softmax_scale(q.shape[-1]) if softmax_scale is None else softmax_scale
+    return reference.run_backward(grad_out, grad_lse, q, k, v, causal=causal, softmax_scale=scale)
 
 
 @reference_backward_op.register_fake
@@ -143,16 +141,11 @@ def _backward(ctx, grad_out, grad_lse):
         grad_out = torch.zeros_like(q)
     if grad_lse is None:
         grad_lse = q.new_zeros((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
-    if (type(q) is torch.Tensor or type(q) is torch.nn.Parameter) and not torch.compiler.is_compiling():
-        # eager (a Parameter's call comes here): the reference backward as plain PyTorch ops, which autograd records
-        # under create_graph, so a second derivative exists (the opaque op below has no backward of its own)
-        _check_reference(q, k, v, ctx.causal, ctx.backend)
-        from fa_variants import reference
-
-        scale = reference.default_softmax_scale(q.shape[-1]) if ctx.softmax_scale is None else ctx.softmax_scale
-        dq, dk, dv = reference.run_backward(grad_out, grad_lse, q, k, v, causal=ctx.causal, softmax_scale=scale)
-    else:  # traced: one opaque node
-        dq, dk, dv = reference_backward_op(grad_out, grad_lse, q, k, v, ctx.causal, ctx.softmax_scale, ctx.backend)
+    # eager (a Parameter's call comes here): plain PyTorch ops, which autograd records under create_graph, so a
+    # second derivative exists; traced: one opaque node (which has no backward of its own)
+    eager = (type(q) is torch.Tensor or type(q) is torch.nn.Parameter) and not torch.compiler.is_compiling()
+    backward = _reference_backward if eager else reference_backward_op
+    dq, dk, dv = backward(grad_out, grad_lse, q, k, v, ctx.causal, ctx.softmax_scale, ctx.backend)
     return dq, dk, dv, None, None, None
 
 
