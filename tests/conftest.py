@@ -41,7 +41,10 @@ def _nan_filled(allocate):
     def wrapper(*args, **kwargs):
         t = allocate(*args, **kwargs)
         if t.is_floating_point():
-            t.fill_(math.nan)
+            # no_grad: a leaf made with requires_grad=True (torch's own, e.g. inductor's pattern set-up inside a
+            # compiled test) accepts the fill and stays a leaf that requires grad
+            with torch.no_grad():
+                t.fill_(math.nan)
         return t
     return wrapper
 

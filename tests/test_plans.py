@@ -600,3 +600,15 @@ def test_nan_allocations_reach_the_launchers_outputs(stub_launcher, nan_allocati
         out, lse = run(q, k, v)
     assert launched[-1][3] is out and launched[-1][4] is lse
     assert torch.isnan(out).all() and torch.isnan(lse).all()
+
+
+@pytest.mark.parametrize("grad_mode", [False, True])
+def test_nan_allocations_keep_leaves_that_require_grad(nan_allocations, grad_mode):
+    """An allocation with requires_grad=True inside nan_allocations is poisoned and stays a leaf that requires grad,
+    in grad mode too (session 27: torch.compile's inductor allocates such tensors while it sets up its patterns, and the
+    poisoning's in-place fill failed there in grad mode, on the GPU host only, where that set-up runs)."""
+    with torch.set_grad_enabled(grad_mode), nan_allocations():
+        made = [torch.empty((4, 4), requires_grad=True), torch.empty_like(torch.ones(3), requires_grad=True),
+                torch.ones(2).new_empty((5,), requires_grad=True)]
+    for t in made:
+        assert t.requires_grad and t.is_leaf and torch.isnan(t).all()
