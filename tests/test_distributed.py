@@ -28,6 +28,18 @@ WORKER = Path(__file__).with_name("cp_worker.py")
 TIMEOUT_S = 150  # per launch (the worker stops its ranks after 90 s); a hang fails instead of blocking CI
 
 F32, F64 = torch.float32, torch.float64
+#: the merge tests run on the CPU (eager) and on one GPU, where the merge is the compiled one (``_compiled``)
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+@pytest.fixture(autouse=True)
+def _cuda_merge_compiled(request):
+    """A test run on CUDA must have merged through the compiled path, not the eager fallback a compile failure
+    takes (it only warns)."""
+    yield
+    callspec = getattr(request.node, "callspec", None)
+    if callspec is not None and callspec.params.get("device") == "cuda":
+        assert not cp._COMPILED_MERGE["failed"], "torch.compile of the LSE merge failed: the eager fallback ran"
 #: name -> sizes and options; every case runs with world 2 and 4
 GOOD = {
     "noncausal_f64": dict(seqlen=24, dtype=F64, causal=False, layout="contiguous"),
@@ -244,22 +256,24 @@ def test_zigzag_layout_is_torchs_head_tail_load_balancer():
     assert index.tolist() == ours.tolist()
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("causal", [False, True])
-def test_merge_of_key_blocks_is_attention_over_all_keys(causal):
+def test_merge_of_key_blocks_is_attention_over_all_keys(causal, device):
     """Partials over disjoint key blocks (one empty, one fully masked under causal) merge to full attention."""
     gen = torch.Generator().manual_seed(random.randrange(2**31))
     q, k, v = _inputs(gen, 9, F64, seqlen_k=20, heads=4, heads_kv=2)
     want, want_lse = fa_variants.attention(q, k, v, causal=causal, backend="reference", return_lse=True)
     # bottom-right causal over 20 keys for 9 queries: query i sees keys <= i + 11
-    out = torch.zeros_like(q)
-    lse = torch.full((2, 4, 9), -math.inf, dtype=F64)
+    out = torch.zeros_like(q, device=device)
+    lse = torch.full((2, 4, 9), -math.inf, dtype=F64, device=device)
     for keys in (slice(0, 7), slice(7, 7), slice(7, 20)):
         kb, vb = k[:, keys], v[:, keys]
         if causal:  # the mask of the whole sequence, restricted to the block, through the reference directly
             part, part_lse = _masked_attention(q, kb, vb, causal_visible(9, 20)[:, keys])
         else:
             part, part_lse = fa_variants.attention(q, kb, vb, backend="reference", return_lse=True)
-        cp.merge_partial_(out, lse, part, part_lse)
+        cp.merge_partial_(out, lse, part.to(device), part_lse.to(device))
+    out, lse = out.cpu(), lse.cpu()
     assert max_abs_error(out, want) <= 1e-6 and max_abs_error(lse.float(), want_lse) <= 1e-5
 
 
@@ -274,13 +288,14 @@ def _masked_attention(q, k, v, visible):
     return torch.einsum("bhqk,bkhd->bqhd", p, v), lse
 
 
-def test_merge_neutral_element_and_all_masked_rows():
+@pytest.mark.parametrize("device", DEVICES)
+def test_merge_neutral_element_and_all_masked_rows(device):
     out = torch.randn(1, 3, 2, 4, dtype=F32)
     lse = torch.tensor([[[0.5, -math.inf, -math.inf], [1.0, 2.0, -math.inf]]])
     part = torch.randn(1, 3, 2, 4, dtype=torch.bfloat16)
     part_lse = torch.tensor([[[-math.inf, 0.3, -math.inf], [-math.inf, -math.inf, -math.inf]]])
     before, before_part = out.clone(), part.float()
-    cp.merge_partial_(out, lse, part, part_lse)
+    out, lse = _merged_on(device, out, lse, part, part_lse)
     assert torch.equal(out[:, 0, 0], before[:, 0, 0])          # -inf partial: the accumulator unchanged
     assert torch.allclose(out[:, 1, 0], before_part[:, 1, 0])   # -inf accumulator: the partial
     assert torch.equal(out[:, 2], torch.zeros_like(out[:, 2]))  # both -inf: 0 and LSE -inf, no NaN
@@ -358,7 +373,15 @@ def test_merge_traces_as_one_graph():
             assert dst[:, outside].isnan().all() and dst_lse[:, :, outside].isnan().all()
 
 
-def test_merger_of_row_pieces():
+def _merged_on(device, out, lse, part, part_lse):
+    """merge_partial_ on ``device`` (the operands copied there), the accumulator brought back to the CPU."""
+    out, lse = out.to(device), lse.to(device)
+    cp.merge_partial_(out, lse, part.to(device), part_lse.to(device))
+    return out.cpu(), lse.cpu()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_merger_of_row_pieces(device):
     """_Merger with partials over row ranges that cut the rows into segments (as the ring's own step cut into
     head and tail, then steps over all rows or the tail): each row's result is the merge of the partials that
     cover it, in any order of segments; rows no partial covers give 0 with LSE -inf."""
@@ -367,11 +390,11 @@ def test_merger_of_row_pieces():
     cover = [(0, 4), (4, 8), (0, 8), (4, 8), (2, 8)]
     parts = [(torch.randn(2, b - a, 3, 4, generator=gen, dtype=F64), torch.randn(2, 3, b - a, generator=gen, dtype=F64))
              for a, b in cover]
-    merger = cp._Merger(q, cover)
+    merger = cp._Merger(q.to(device), cover)
     assert merger.segments == [(0, 2), (2, 4), (4, 8), (8, 10)]
-    for part in parts:
-        merger.add(*part)
-    out, lse = merger.result()
+    for out_part, lse_part in parts:
+        merger.add(out_part.to(device), lse_part.to(device))
+    out, lse = (t.cpu() for t in merger.result())
     want = torch.zeros_like(q)
     want_lse = torch.full((2, 3, 10), -math.inf, dtype=F64)
     for (a, b), part in zip(cover, parts):
@@ -459,14 +482,15 @@ def test_ring_with_an_lse_beyond_float32(dtype, scale, magnitude):
         assert lse.isinf().any(), "the case must reach beyond float32's range"
 
 
-def test_merge_an_lse_beyond_the_dtype():
+@pytest.mark.parametrize("device", DEVICES)
+def test_merge_an_lse_beyond_the_dtype(device):
     """An LSE of +inf (its true value beyond the dtype) outweighs a finite one: that partial is the row; two of
     them cannot be ordered, and the row is not finite (not a silent average)."""
     out, part = torch.randn(1, 3, 1, 4, dtype=F32), torch.randn(1, 3, 1, 4, dtype=F32)
     lse = torch.tensor([[[math.inf, 1.0, math.inf]]])
     part_lse = torch.tensor([[[2.0, math.inf, math.inf]]])
     before, before_part = out.clone(), part.clone()
-    cp.merge_partial_(out, lse, part, part_lse)
+    out, lse = _merged_on(device, out, lse, part, part_lse)
     assert torch.equal(out[:, 0], before[:, 0]) and torch.equal(out[:, 1], before_part[:, 1])
     assert not out[:, 2].isfinite().any() and lse[0, 0].tolist() == [math.inf] * 3
 
