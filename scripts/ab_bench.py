@@ -30,6 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import before_pkg  # noqa: E402  (scripts/before_pkg.py)
 
 TOKENS, HIDDEN = 16384, 2048
+#: the --backends name that times the fa3-fp8 kernel alone (``timed_call``)
+KERNEL_ONLY = "fa3-fp8-kernel"
 
 
 def tflops(batch: int, heads: int, seqlen: int, head_dim: int, causal: bool, ms: float) -> float:
@@ -40,7 +42,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--before", required=True, help="folder holding the package fa_variants_before, unpacked from "
                     "FOLDER.tar.xz when missing (scripts/before_pkg.py)")
-    ap.add_argument("--backends", default="fa3")
+    ap.add_argument("--backends", default="fa3", help=f"comma-separated; {KERNEL_ONLY}: the fa3-fp8 kernel alone")
     ap.add_argument("--head-dims", default="64,128,256")
     ap.add_argument("--seqlens", default="4096,16384")
     ap.add_argument("--causal", default="both", choices=["both", "yes", "no"])
@@ -80,10 +82,11 @@ def one_shape(versions, backend, head_dim, seqlen, causal, dtype, a) -> dict:
     batch, heads = max(1, TOKENS // seqlen), HIDDEN // head_dim
     g = torch.Generator(device="cuda").manual_seed(seqlen * 1000 + head_dim)
     q, k, v = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=dtype, generator=g) for _ in range(3))
+    calls = {name: timed_call(mod, backend, q, k, v, causal) for name, mod in versions.items()}
     outs = {}
-    for name, mod in versions.items():  # compile + warm up outside the timed rounds
+    for name, call in calls.items():  # compile + warm up outside the timed rounds
         with torch.no_grad():
-            outs[name] = mod.attention(q, k, v, causal=causal, backend=backend)
+            outs[name] = call()
     torch.cuda.synchronize()
     err = (outs["after"].float() - outs["before"].float()).abs().max().item()
     names = list(versions)
@@ -91,9 +94,7 @@ def one_shape(versions, backend, head_dim, seqlen, causal, dtype, a) -> dict:
     for r in range(a.rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         for name in order:
-            mod = versions[name]
-            times[name].append(do_bench(lambda: mod.attention(q, k, v, causal=causal, backend=backend),
-                                        warmup=a.warmup_ms, rep=a.rep_ms, return_mode="median"))
+            times[name].append(do_bench(calls[name], warmup=a.warmup_ms, rep=a.rep_ms, return_mode="median"))
     ratios = [b / t for b, t in zip(times["before"], times["after"])]  # > 1: after is faster
     spread = {n: (max(ts) - min(ts)) / statistics.median(ts) for n, ts in times.items()}
     return dict(backend=backend, head_dim=head_dim, seqlen=seqlen, causal=causal, batch=batch, heads=heads,
@@ -101,6 +102,17 @@ def one_shape(versions, backend, head_dim, seqlen, causal, dtype, a) -> dict:
                 tflops={n: tflops(batch, heads, seqlen, head_dim, causal, statistics.median(ts))
                         for n, ts in times.items()},
                 speed_ratio_after_over_before=statistics.median(ratios), spread=spread, max_abs_diff=err)
+
+
+def timed_call(mod, backend: str, q, k, v, causal: bool):
+    """The call one version is timed with: ``attention(q, k, v, backend=backend)``; for backend "fa3-fp8-kernel" the
+    fa3-fp8 kernel alone, ``fp8.attention_from_fp8`` on inputs that version's ``fp8.quantize_fp8`` made once (the
+    default recipe; the quantisation pass is outside the time)."""
+    if backend == KERNEL_ONLY:
+        fp8 = importlib.import_module(f"{mod.__name__}.fp8")
+        inputs = fp8.quantize_fp8(q, k, v)
+        return lambda: fp8.attention_from_fp8(inputs, causal=causal)
+    return lambda: mod.attention(q, k, v, causal=causal, backend=backend)
 
 
 def _line(r: dict) -> str:

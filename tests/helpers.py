@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from fa_variants.reference import References, check_against_reference, check_lse, references
+from fa_variants.reference import (References, attention_reference, causal_visible, check_against_reference, check_lse,
+                                  references)
 
 #: the repository root (tests/..)
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,6 +105,39 @@ def assert_fp8_matches_emulation(out: torch.Tensor, lse: torch.Tensor, emu32: to
     assert facts["lse_diff"] <= FP8_LSE_BOUND, facts
     assert facts["vs_f64"] <= facts["vs_f64_bound"], facts
     return facts
+
+
+def assert_huge_logits_ok(out: torch.Tensor, lse: torch.Tensor, inputs, causal: bool, what: str = "") -> None:
+    """FP8 attention (out (B, N, H, D), lse float32 (B, H, N) of the logits the kernel saw, without
+    ``inputs.lse_shift``) on inputs whose scaled logits are huge (|m| in log2 units >= FFMA_LIMIT): against float64
+    attention over ``inputs.dequantize()`` (the values the kernel computes with). Every row that sees a key is finite,
+    not 0, with a finite LSE within 1e-3 relative; a row whose two best keys lie >= 64 apart in log2 units and 1 %
+    of its largest |score| apart (no near tie the accumulator could flip) is one-hot: V of its best key, within
+    max(1e-3, the output dtype's eps) of max|V| (the output's rounding)."""
+    from fa_variants.common.scale import LOG2_E
+
+    q, k, v = (t.double().cpu() for t in inputs.dequantize())
+    want, want_lse = attention_reference(q, k, v, causal=causal, softmax_scale=inputs.softmax_scale)
+    out_dtype = out.dtype
+    out, lse = out.double().cpu().transpose(1, 2), lse.double().cpu()  # (B, H, N, D)
+    want = want.transpose(1, 2)
+    seen = torch.isfinite(want_lse)
+    assert torch.equal(torch.isfinite(lse), seen), f"{what}: rows with a finite LSE differ from float64's"
+    assert torch.isfinite(out).all() and (out[~seen] == 0).all(), f"{what}: non-finite O or a row without keys not 0"
+    assert (out[seen].abs().amax(-1) > 0).all(), f"{what}: a row that sees keys came back 0"
+    lse_err = ((lse[seen] - want_lse[seen]).abs() / want_lse[seen].abs().clamp(min=1.0)).max().item()
+    assert lse_err <= 1e-3, f"{what}: LSE relative error {lse_err:.3g}"
+    group = q.shape[2] // k.shape[2]
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k.repeat_interleave(group, 2)) * inputs.softmax_scale * LOG2_E
+    if causal:
+        s = s.masked_fill(~causal_visible(q.shape[1], k.shape[1]), -math.inf)
+    top = s.topk(min(2, s.shape[-1]), dim=-1).values
+    gap = top[..., 0] - top[..., -1] if s.shape[-1] > 1 else torch.full_like(top[..., 0], math.inf)
+    clear = seen & (gap >= 64) & (gap >= 1e-2 * s.abs().masked_fill(s.isinf(), 0).amax(-1))
+    assert clear.float().mean() >= 0.5, f"{what}: too few clear rows ({clear.float().mean():.2f}) to judge"
+    tol = max(1e-3, torch.finfo(out_dtype).eps) * v.abs().max().item()
+    err = (out[clear] - want[clear]).abs().max().item()
+    assert err <= tol, f"{what}: one-hot rows off by {err:.3g} (bound {tol:.3g})"
 
 
 def sm90_only(what: str) -> list:

@@ -39,7 +39,7 @@ import torch
 from fa_variants import fp8
 from fa_variants.fp8 import FP8Config
 from fa_variants.reference import attention_reference, rel_l2
-from helpers import assert_fp8_matches_emulation
+from helpers import assert_fp8_matches_emulation, assert_huge_logits_ok
 
 pytestmark = pytest.mark.gpu
 
@@ -111,6 +111,24 @@ def test_every_recipe(fp8_kernel, config, head_dim, request, nan_allocations):
     seed = seed_of(request)
     check(*inputs((1, 1023, 1500, 4, 2), head_dim, seed, dtype=torch.float16), True, config, seed, nan_allocations,
           request.node.name)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("softmax_scale", [1e4, 1e9])
+def test_huge_logits(fp8_kernel, softmax_scale, head_dim, causal, request, nan_allocations):
+    """EC-04 with block scales on the kernel (``OnlineSoftmax._huge_tile_row``; the emulation's
+    test_huge_logits_keep_the_row_max): scaled logits of ~2^18 and ~2^35 in log2 units, several K/V tiles, GQA,
+    against float64 attention over the dequantised inputs (helpers.assert_huge_logits_ok): no row 0 or -inf, the
+    clear rows one-hot. Not against the emulation: a near tie that the QGMMA and the emulation's accumulator break
+    differently moves a whole row there."""
+    seed = seed_of(request)
+    q, k, v = inputs((1, 300, 700, 4, 2), head_dim, seed)
+    with nan_allocations():
+        inp = fp8.quantize_fp8(q, k, v, softmax_scale=softmax_scale)
+        out, lse = fp8.attention_from_fp8(inp, causal=causal, return_lse=True, out_dtype=q.dtype)
+    lse = lse if inp.lse_shift is None else lse - inp.lse_shift  # the logits the kernel saw
+    assert_huge_logits_ok(out, lse, inp, causal, what=f"seed {seed}")
 
 
 def test_empty_rows_and_no_keys(fp8_kernel, nan_allocations):

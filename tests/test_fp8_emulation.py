@@ -12,9 +12,11 @@ import torch
 import torch.nn.functional as F
 
 from fa_variants.fp8 import FP8Config, emulate_fp8_attention, fp8_attention_reference, fp8_error_bound
+from fa_variants.common.scale import FFMA_LIMIT
 from fa_variants.fp8.emulation import P_SHIFT
 from fa_variants.fp8.quantize import MIN_DESCALE, quantize_fp8_torch
 from fa_variants.reference import attention_reference, rel_l2
+from helpers import assert_huge_logits_ok
 
 PLAIN = FP8Config(granularity="tensor", rotate=False, smooth_k=False)
 
@@ -40,8 +42,14 @@ def test_one_tile_is_the_kernel_maths():
     c = torch.tensor(0.05 * math.log2(math.e), dtype=torch.float32)  # the kernel's scale_log2 (descales 1)
     s = torch.einsum("bqhd,bkhd->bhqk", q.double(), k.double())  # exact: small integers / 4 and 448
     s = s.masked_fill(torch.arange(70) > torch.arange(40)[:, None] + 30, -math.inf)
-    m = (s.amax(dim=-1, keepdim=True).float() * c).double()  # the row max in log2 units, fp32
+    raw = s.amax(dim=-1, keepdim=True)
+    m = (raw.float() * c).double()  # the row max in log2 units, fp32
     p = torch.exp2((s * c.double() + (P_SHIFT - m)).float()).double()  # the kernel's FFMA, rounded once
+    # rows with |m| >= FFMA_LIMIT (the 448 x 448 row, ~1.4e4 in log2 units): the exact form, S - raw first (exact
+    # here: multiples of 1/16 below 2^20), then one FFMA with d = P_SHIFT (one tile: it sets the max)
+    exact = torch.exp2(((s - raw) * c.double() + P_SHIFT).float()).double()
+    assert (m.abs() >= FFMA_LIMIT).any() and (m.abs() < FFMA_LIMIT).any()
+    p = torch.where(m.abs() >= FFMA_LIMIT, exact, p)
     assert abs(p.max().item() - 2.0**P_SHIFT) < 0.5  # 256 up to the rounding of m * c (logits ~1e4 here)
     p8 = p.float().to(torch.float8_e4m3fn).double()
     assert not torch.equal(p8, p)  # the rounding of P is really there
@@ -379,3 +387,36 @@ def test_fused_promote_units_form():
     assert torch.equal(units * vd[-1], fused)
     ulp = torch.finfo(torch.float32).eps * fused.abs()
     assert ((emu - fused).abs() <= 8 * ulp).all() and not torch.equal(emu, fused)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("softmax_scale", [1e4, 1e6, 1e8, 1e9])
+def test_huge_logits_keep_the_row_max(softmax_scale, causal):
+    """EC-04 with block scales: scaled logits of 2^17 .. 2^34 in log2 units, where float32's row max drops up to
+    half an ulp (1 .. 512) of the exact product. The exact form (``emulation._huge_rows``, the kernel's
+    ``OnlineSoftmax._huge_tile_row``) keeps P = 2^P_SHIFT at the row max, so the result is float64 attention over
+    the dequantised inputs (helpers.assert_huge_logits_ok). Before session 27, rows came back 0 with a finite LSE
+    from softmax_scale ~1e8 and 0 with LSE -inf at 1e9. Several K/V tiles (the max moves between them), GQA."""
+    g = torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item())
+    q, k, v = (torch.randn(1, n, h, 64, generator=g) for n, h in ((200, 4), (300, 2), (300, 2)))
+    inputs = quantize_fp8_torch(q, k, v, softmax_scale=softmax_scale)
+    out, lse = emulate_fp8_attention(inputs, causal=causal, accumulator="truncate")
+    assert_huge_logits_ok(out, lse, inputs, causal, what=f"scale {softmax_scale:g} causal={causal}")
+
+
+def test_rows_crossing_the_exact_form_limit(monkeypatch):
+    """Logits around FFMA_LIMIT (|m| 2^10 .. 2^12 in log2 units, rows on both sides, the max crossing it between
+    tiles): the exact form and the one-FFMA form agree there to e4m3's rounding of P (the FFMA form's basis is off by
+    at most 2^-12 below 2^12), so the emulation with the limit moved out of reach gives the same O to a few e4m3
+    ulps of P and the same LSE to float32 rounding."""
+    from fa_variants.fp8 import emulation
+
+    g = torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item())
+    q, k, v = (torch.randn(1, n, 2, 64, generator=g) for n in (128, 384, 384))
+    k[:, 256:] *= 2.0  # the later K/V tiles hold the larger scores: the max moves across the limit
+    scale = emulation.FFMA_LIMIT / 40.0  # row maxima of ~15-60 raw units: |m| ~ 2^10 .. 2^12
+    inputs = quantize_fp8_torch(q, k, v, softmax_scale=scale)
+    out, lse = emulate_fp8_attention(inputs, accumulator="truncate")
+    monkeypatch.setattr(emulation, "FFMA_LIMIT", math.inf)
+    ffma, ffma_lse = emulate_fp8_attention(inputs, accumulator="truncate")
+    assert rel_l2(out, ffma) <= 2e-2 and (lse - ffma_lse).abs().max() <= 1e-3

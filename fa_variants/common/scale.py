@@ -24,6 +24,9 @@ FLOAT32_MAX = 3.4028234663852886e38
 FLOAT32_TINY = 1.1754943508222875e-38  # smallest normal float32
 #: the largest |softmax_scale|: kernels fold it into log2(e) in float32, which must stay finite
 MAX_SOFTMAX_SCALE = FLOAT32_MAX / LOG2_E
+#: |m c| (a row max in log2 units) from which the one-FFMA exponents take their exact form: the basis m c is rounded
+#: by at most 2^-14 below it (``common.softmax``'s module docstring; the FP8 emulation follows the same rule)
+FFMA_LIMIT = 2.0**11
 
 
 def check_softmax_scale(softmax_scale, name: str = "softmax_scale", kernel_range: bool = True) -> float:

@@ -21,7 +21,9 @@ a row that saw no key has l = 0 and gets O = 0, LSE = -inf.
 Block-scaled scores (fa3-fp8, FA3 section 3.3): each K/V tile n has its own scale c_n (the q and k block
 descales times softmax_scale log2 e), so m is kept in log2 units, m = max_n c_n rowmax(S_n), and
 P = exp2(S c_n - m + p_shift), alpha = exp2(m_old - m_new), LSE = (m + log2 l - p_shift) ln 2
-(``OnlineSoftmax(..., tile_scales=True, p_shift=...)``, c_n passed to ``update``).
+(``OnlineSoftmax(..., tile_scales=True, p_shift=...)``, c_n passed to ``update``). A row with |m| >= FFMA_LIMIT
+subtracts the tile's raw max first and caps the exponent at p_shift (``_huge_tile_row``): there float32 m's
+rounding would land in P's exponent (docs/edge_cases.md, "Huge logits").
 
 One-FFMA exponent (``exp2_ffma``, the fa3 default): P = exp2(fma(S, c, -B)) with the basis B = round(m c),
 one FFMA per score instead of a subtract and a multiply. P(max) is then 2^(m c - B), not exactly 1, but every
@@ -67,12 +69,11 @@ from cutlass._mlir.dialects import arith as mlir_arith
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 from fa_variants.common.layout import quad_allreduce
-from fa_variants.common.scale import LN_2
+from fa_variants.common.scale import FFMA_LIMIT, LN_2
 
-#: |m c| below which the one-FFMA exponent is used (see `OnlineSoftmax`): the basis m c is then rounded by at
-#: most 2^-14 (half an ulp of 2^11), so the row max gets P = 2^(+-2^-14), which rounds to exactly 1 in fp16 and
-#: bf16 (module docstring: a one-key row returns V exactly).
-FFMA_LIMIT = 2.0**11
+#: FFMA_LIMIT (common.scale): |m c| below which the one-FFMA exponent is used (see `OnlineSoftmax`): the basis m c
+#: is then rounded by at most 2^-14 (half an ulp of 2^11), so the row max gets P = 2^(+-2^-14), which rounds to
+#: exactly 1 in fp16 and bf16 (module docstring: a one-key row returns V exactly).
 
 
 @dsl_user_op
@@ -228,11 +229,39 @@ class OnlineSoftmax:
                             alpha: cute.Tensor):
         """`update` for block-scaled scores (m in log2 units, see ``__init__``), row by row: the row max, P = exp2(S c_n
         - (m_safe - p_shift)) over every column (one FFMA, `_exp_row`), then alpha = exp2(m_old - m_safe), l and m
-        (``_fold``)."""
+        (``_fold``). A row with |m| >= FFMA_LIMIT takes the exact form first (``_huge_tile_row``, a rare branch)."""
+        c = tile_scale_log2
         for r in cutlass.range_constexpr(self.num_rows):
-            m_new, m_safe = self._row_max(s, r, is_first, tile_scale_log2)
-            row_sum = self._exp_row(s, r, 0.0, tile_scale_log2, m_safe - self.p_shift)
+            raw = quad_allreduce(row_reduce(s, r, cute.arch.fmax, self.chains), cute.arch.fmax)
+            m_new = raw * c
+            if const_expr(not is_first):
+                m_new = cute.arch.fmax(m_new, self.row_max[r])
+            m_safe = _m_safe(m_new)
+            basis = m_safe - self.p_shift
+            if not_below(cute.math.absf(m_safe), FFMA_LIMIT):  # |m| >= 2^11 or NaN
+                basis = self._huge_tile_row(s, r, c, raw, m_safe)
+            row_sum = self._exp_row(s, r, 0.0, c, basis)
             self._fold(r, alpha, row_sum, m_new, self.row_max[r] - m_safe, is_first)
+
+    @cute.jit
+    def _huge_tile_row(self, s: cute.Tensor, r: cutlass.Constexpr[int], c: Float32, raw: Float32,
+                       m_safe: Float32) -> Float32:
+        """The exact form of `_update_tile_scaled` for row r when |m| >= FFMA_LIMIT (EC-04 with block scales):
+        subtracts the tile's raw max from the row of S and returns the basis -d for P = exp2((S - raw) c_n + d).
+
+        float32 m = round(c_n rowmax(S_n)) drops up to half an ulp of the exact product, which the one FFMA leaves in
+        every exponent of the row: P at the row max is 2^(p_shift + e), |e| up to 128 at |m| ~ 2^31, so P and l
+        overflow or vanish (O = 0, LSE -inf). Here the tile that sets m (m_tile = m, the first tile too) takes d =
+        p_shift, so its max gets P = 2^p_shift exactly, and any other tile d = min(fma(raw, c_n, -m) + p_shift, p_shift),
+        so no P passes 2^p_shift. Between tiles alpha = exp2(m_old - m) moves between the rounded maxima: each tile's
+        weights are off by at most an ulp of m in log2 units, i.e. a float32 rounding of the logits (S itself is a
+        float32 sum). A row masked whole in this tile keeps S = -inf (P 0)."""
+        raw_safe = 0.0 if raw == -Float32.inf else raw
+        for j in cutlass.range_constexpr(cute.size(s, mode=[1])):
+            s[r, j] = s[r, j] - raw_safe
+        d = cute.arch.fmin(cute.math.fma(raw_safe, c, -m_safe) + self.p_shift, Float32(self.p_shift))
+        d = Float32(self.p_shift) if raw * c == m_safe else d
+        return -d
 
     @cute.jit
     def _row_max(self, s: cute.Tensor, r: cutlass.Constexpr[int], is_first: cutlass.Constexpr[bool],

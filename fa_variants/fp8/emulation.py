@@ -55,6 +55,7 @@ import math
 import torch
 
 from fa_variants.common.checks import is_real
+from fa_variants.common.scale import FFMA_LIMIT
 from fa_variants.fp8 import layout
 from fa_variants.fp8.contract import check_accumulator_bits, check_fp8_inputs, check_tile_m
 from fa_variants.fp8.quantize import E4M3, FP8Config, FP8Inputs, quantize_fp8_torch
@@ -258,11 +259,15 @@ def emulate_fp8_attention(inputs: FP8Inputs, *, causal: bool = False, accumulato
         if causal:
             cols = torch.arange(c0, c1, device=dev)
             S = S.masked_fill(cols > rows.unsqueeze(1) + (Nk - Nq), -math.inf)
-        m_new = torch.maximum(m, S.amax(dim=-1) * c.squeeze(-1))
+        raw = S.amax(dim=-1)
+        m_new = torch.maximum(m, raw * c.squeeze(-1))
         m_safe = torch.where(m_new == -math.inf, torch.zeros_like(m_new), m_new)
-        alpha = torch.where(m_new == -math.inf, torch.ones_like(m), torch.exp2(m - m_safe))
         # one FFMA, S * c + (P_SHIFT - m), rounded once (float64 holds the fp32 product exactly)
         x = (S.double() * c.double() + (P_SHIFT - m_safe).unsqueeze(-1).double()).float()
+        huge = ~(m_safe.abs() < FFMA_LIMIT)  # |m| >= 2^11 or NaN: the exact form
+        if huge.any():
+            x = torch.where(huge.unsqueeze(-1), _huge_rows(S, raw, c, m_safe), x)
+        alpha = torch.where(m_new == -math.inf, torch.ones_like(m), torch.exp2(m - m_safe))
         P = torch.exp2(x)
         l = torch.where(active, alpha * l + P.sum(dim=-1), l)
         P8 = P.clamp(max=448.0).to(E4M3).float()
@@ -296,6 +301,17 @@ def emulate_fp8_attention(inputs: FP8Inputs, *, causal: bool = False, accumulato
     lse = torch.where(empty, -math.inf, (m + torch.log2(torch.where(empty, 1.0, l)) - P_SHIFT) * math.log(2.0))
     out = out.transpose(1, 2)
     return (out.to(out_dtype) if out_dtype is not None else out), lse
+
+
+def _huge_rows(S, raw, c, m_safe):
+    """The kernel's exact form for rows with |m| >= FFMA_LIMIT (``common.softmax.OnlineSoftmax._huge_tile_row``): x =
+    (S - raw) c + d with d = P_SHIFT in the tile that sets m and min(raw c - m + P_SHIFT, P_SHIFT) in the others, at
+    the kernel's float32 rounding points. Returns x for every row (the caller keeps it for the huge rows only)."""
+    c1 = c.squeeze(-1)
+    raw_safe = torch.where(raw == -math.inf, torch.zeros_like(raw), raw)
+    below = (raw_safe.double() * c1.double() - m_safe.double()).float() + P_SHIFT  # fma(raw, c, -m), + P_SHIFT
+    d = torch.where(raw * c1 == m_safe, torch.full_like(below, P_SHIFT), below.clamp(max=P_SHIFT))
+    return ((S - raw_safe.unsqueeze(-1)).double() * c.double() + d.unsqueeze(-1).double()).float()
 
 
 def fp8_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
