@@ -196,6 +196,11 @@ class Fp8Config(Fa3Config):
         (emulation ``units="bounded"``). Not removed (nor by fused_promote): alpha' underflows where a tile's
         descale lies > 2^149 above the unit (``bounded_unit``, "Not covered"), dropping the earlier tiles' O in rows
         whose P on that tile rounds to 0.
+    huge_per_row: (session 27) the softmax's huge-logit branch (|m| >= 2^11 in log2 units: the exact form,
+        ``common.softmax.OnlineSoftmax._huge_tile_row``) taken row by row instead of once per tile after every row's
+        max. Same values. The per-tile form keeps more values live and spills at the head_dim 256 default (and with
+        descale_prefetch), so those configs take this one (``DEFAULT_SWITCHES``; 0.97x at head_dim 256 in session
+        27's A/B, 0.90-0.95x where it is not needed).
     """
 
     two_level: bool = True
@@ -208,6 +213,7 @@ class Fp8Config(Fa3Config):
     s_halves: bool = False
     fused_promote: bool = False
     bounded_units: bool = False
+    huge_per_row: bool = False
 
     #: e4m3 Q, K, V: Q's buffer is sized for the 16-bit O it holds later (``Sm90Config._buffers``); on the persistent
     #: grid O has a buffer of its own at head_dim 64 and 128, not 256 (``separate_o``)
@@ -290,7 +296,7 @@ class Fp8Config(Fa3Config):
 #: bounded_units=False brings the limit back.
 DEFAULT_SWITCHES = {64: dict(reduce_chains=4), 96: {}, 128: {},
                     256: dict(skip_unit_rescale=True, s_lookahead=True, s_halves=True, fused_promote=True,
-                              reduce_chains=2, bounded_units=True)}
+                              reduce_chains=2, bounded_units=True, huge_per_row=True)}
 #: the changes that take the head_dim 256 default back to its serial steps (no lookahead, S in one MMA; O in absolute
 #: units: bounded_units goes with fused_promote)
 NO_LOOKAHEAD = dict(s_lookahead=False, s_halves=False, fused_promote=False, bounded_units=False)

@@ -431,7 +431,8 @@ class FlashAttention3Fp8Sm90(FlashAttention3Sm90):
 
     def _make_softmax(self, num_rows: int, scale_log2: Float32):
         return OnlineSoftmax(num_rows, scale_log2, chains=self.cfg.reduce_chains, skip_unit_rescale=self.cfg.skip_unit_rescale,
-                             tile_scales=True, p_shift=P_SHIFT)
+                             tile_scales=True, p_shift=P_SHIFT,
+                             huge_per_row=self.cfg.huge_per_row or self.cfg.descale_prefetch)
 
     def _step_context(self, args: tuple, extras: tuple, m_block: Int32, head: Int32, batch: Int32):
         mQd, mKd, mVd = extras
