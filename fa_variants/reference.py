@@ -122,13 +122,13 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
         ``fa_variants.attention``).
 
     Raises:
-        TypeError: q, k or v not a floating-point tensor; dtype not a floating-point torch.dtype; softmax_scale not
-            a real number.
+        TypeError: causal not a bool; q, k or v not a floating-point tensor; dtype not a floating-point
+            torch.dtype; softmax_scale not a real number.
         ValueError: softmax_scale not finite, or None with head_dim 0; not 4-D; batch, seqlen_k, num_heads_kv
             (k against v) or head_dim (q against k) that differ; num_heads not a multiple of num_heads_kv; tensors
             on different devices (``_check_reference_inputs``).
     """
-    _check_reference_inputs(q, k, v, dtype, softmax_scale)
+    _check_reference_inputs(q, k, v, dtype, softmax_scale, causal)
     batch, seqlen_q, num_heads, head_dim = q.shape
     seqlen_k, num_heads_kv, head_dim_v = k.shape[1], k.shape[2], v.shape[3]
     if seqlens_k is not None:
@@ -182,12 +182,14 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
     return out, lse
 
 
-def _check_reference_inputs(q, k, v, dtype, softmax_scale) -> None:
+def _check_reference_inputs(q, k, v, dtype, softmax_scale, causal) -> None:
     """attention_reference's argument rules (its docstring), one line naming the argument: before, a k of batch 1
     was broadcast over q's batch by einsum without a word, other mismatches failed inside einsum / reshape, and a
     str or NaN softmax_scale was taken. Not ``api._check_inputs`` (api imports this module), whose rules differ
     on purpose: here q, k, v may have different dtypes, v its own head_dim, head_dim may be 0, and the scale any
     finite float (``check_softmax_scale(kernel_range=False)``)."""
+    if not isinstance(causal, bool):  # a truthy "no" or None must not pick a mask
+        raise TypeError(f"causal must be a bool, got {causal!r}")
     if softmax_scale is not None:
         check_softmax_scale(softmax_scale, kernel_range=False)
     for name, t in (("q", q), ("k", k), ("v", v)):

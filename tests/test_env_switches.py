@@ -53,6 +53,11 @@ def test_flag_integer_choice(monkeypatch):
         monkeypatch.setenv("FA_VARIANTS_TEST", bad)
         with pytest.raises(ValueError, match="^FA_VARIANTS_TEST must be an int >= 0"):
             env.integer("FA_VARIANTS_TEST", "8", 0)
+    monkeypatch.setenv("FA_VARIANTS_TEST", str(env.INT_SWITCH_MAX))
+    assert env.integer("FA_VARIANTS_TEST", "8", 0) == 2**31 - 1
+    monkeypatch.setenv("FA_VARIANTS_TEST", "2147483648")  # beyond int32: failed later, naming another thing
+    with pytest.raises(ValueError, match=r"^FA_VARIANTS_TEST must be an int <= 2147483647, got '2147483648'$"):
+        env.integer("FA_VARIANTS_TEST", "8", 0)
     monkeypatch.setenv("FA_VARIANTS_TEST", "b")
     assert env.choice("FA_VARIANTS_TEST", "a", ("a", "b")) == "b"
     monkeypatch.setenv("FA_VARIANTS_TEST", "c")
@@ -94,6 +99,17 @@ def test_a_bad_switch_fails_the_import_with_one_line_naming_it():
     assert run.returncode != 0
     assert run.stderr.strip().splitlines()[-1] == ("fa_variants.common.env.SwitchError: FA_VARIANTS_MERGE_WARP='yes2' "
                                                    "must be one of 0, 1, auto")
+
+
+def test_a_switch_beyond_int32_names_itself():
+    """FA_VARIANTS_FP8_SMOOTH_K_BLOCKS=2^31 broke `import fa_variants.fp8` with a message naming
+    FP8Config.smooth_k_blocks (the module's default FP8Config() checks it), not the variable (session 27)."""
+    environ = dict(os.environ, FA_VARIANTS_FP8_SMOOTH_K_BLOCKS="2147483648", PYTHONPATH=str(ROOT))
+    run = subprocess.run([sys.executable, "-c", "import fa_variants.fp8"], env=environ, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode != 0
+    assert run.stderr.strip().splitlines()[-1].startswith(
+        "fa_variants.common.env.SwitchError: FA_VARIANTS_FP8_SMOOTH_K_BLOCKS must be an int <= 2147483647")
 
 
 def test_a_bad_switch_stops_auto_instead_of_falling_back():

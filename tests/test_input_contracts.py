@@ -38,11 +38,10 @@ BAD_FP8_INPUTS = [
     ("v_descale", lambda i: i.v_descale.half(), TypeError, r"^FP8Inputs.v_descale has dtype torch.float16"),
     ("v_descale", lambda i: i.v_descale.to("meta"), ValueError, r"^FP8Inputs.v_descale is on meta but q is on cpu"),
     ("seqlen_k", lambda i: 20, ValueError, r"^FP8Inputs.seqlen_k is 20 but k holds 40 keys"),
-    ("seqlen_k", lambda i: 40.0, TypeError, r"^FP8Inputs.seqlen_k must be an int"),
     ("v_t", lambda i: i.v_t[..., :40], ValueError, r"^FP8Inputs.v_t must be \(batch, num_heads_kv, head_dim"),
     ("softmax_scale", lambda i: -0.1, ValueError, r"^FP8Inputs.softmax_scale must be >= 0"),
     ("softmax_scale", lambda i: math.nan, ValueError, r"^FP8Inputs.softmax_scale must be finite"),
-    ("softmax_scale", lambda i: None, TypeError, r"^FP8Inputs.softmax_scale must be a real number >= 0, got None$"),
+    ("softmax_scale", lambda i: None, TypeError, r"^FP8Inputs.softmax_scale must be a real number, got None$"),
     ("lse_shift", lambda i: torch.zeros(3), ValueError, r"^FP8Inputs.lse_shift must be float32 of shape \(1, 4, 40\)"),
     ("lse_shift", lambda i: None, ValueError, r"^FP8Inputs.lse_shift is None but config.smooth_k is True"),
     ("config", lambda i: fp8.FP8Config(smooth_k=False), ValueError, r"^FP8Inputs.k_mean is given but config.smooth_k"),
@@ -73,6 +72,30 @@ def test_fp8_inputs_that_keep_the_contract_still_run():
     q, k = torch.randn(1, 0, 2, 64), torch.randn(1, 0, 1, 64)
     fp8.emulate_fp8_attention(fp8.quantize_fp8(q, k, k, impl="torch"))
     fp8.emulate_fp8_attention(fp8.quantize_fp8(torch.randn(1, 3, 2, 64), k, k, impl="torch"))
+
+
+@pytest.mark.parametrize("field, bad, exc, message", [
+    ("seqlen_k", None, TypeError, r"^FP8Inputs.seqlen_k must be an int, got None$"),
+    ("seqlen_k", "40", TypeError, r"^FP8Inputs.seqlen_k must be an int, got '40'$"),
+    ("seqlen_k", True, TypeError, r"^FP8Inputs.seqlen_k must be an int, got True$"),
+    ("seqlen_k", 40.0, TypeError, r"^FP8Inputs.seqlen_k must be an int, got 40.0$"),
+    ("q", torch.zeros(3), ValueError, r"^FP8Inputs.q must be 4-D, got shape \(3,\)$"),
+    ("q_descale", torch.tensor(1.0), ValueError, r"^FP8Inputs.q_descale must be 3-D, got shape \(\)$"),
+    ("k_descale", torch.ones(2), ValueError, r"^FP8Inputs.k_descale must be 3-D, got shape \(2,\)$"),
+])
+def test_fp8_inputs_fields_read_on_construction_are_named(field, bad, exc, message):
+    """FP8Inputs' own check read seqlen_k, q's and the descales' shapes unchecked: a None / str seqlen_k or a
+    descale of too few dims gave "bad operand type for unary -" or "tuple index out of range" (session 27)."""
+    good = _quantised()
+    with pytest.raises(exc, match=message):
+        dataclasses.replace(good, **{field: bad})
+
+
+def test_from_e4m3_needs_a_scale():
+    """from_e4m3 has no default softmax_scale: None is refused without saying "or None" (session 27)."""
+    t = torch.randn(1, 5, 1, 64).to(torch.float8_e4m3fn)
+    with pytest.raises(TypeError, match=r"^softmax_scale must be a real number, got None$"):
+        fp8_attention.from_e4m3(t, t, t, softmax_scale=None)
 
 
 def test_fp8_inputs_field_not_a_tensor_is_named():

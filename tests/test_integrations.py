@@ -8,6 +8,7 @@ Tests that need transformers skip without it; the custom-op and mask-classificat
 import importlib.util
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -221,6 +222,19 @@ def test_mask_is_causal_classifies_masks():
         hf.mask_is_causal(torch.full((1, 1, 5, 7), 0.5), 5, 7)
     with pytest.raises(hf.UnsupportedAttentionError, match="shape"):
         hf.mask_is_causal(causal, 5, 8)
+
+
+def test_a_mask_of_another_batch_or_heads_is_refused():
+    """A (3, 7, 5, 5) mask for a batch-2, 4-head call was taken as full attention without a word, where torch's
+    SDPA refuses it; a mask on the meta device failed inside torch on .item() (session 27)."""
+    q = torch.randn(2, 4, 5, 16)
+    for shape, what in (((3, 7, 5, 5), "batch is 3"), ((2, 7, 5, 5), "num_heads is 7")):
+        with pytest.raises(ValueError, match=rf"^attention_mask has shape {re.escape(str(shape))}, .*its {what}$"):
+            hf.attention_forward(torch.nn.Module(), q, q, q, torch.ones(shape, dtype=torch.bool), backend="reference")
+    for shape in ((1, 1, 5, 5), (2, 1, 5, 5), (1, 4, 5, 5), (2, 4, 5, 5)):  # broadcastable: accepted
+        hf.attention_forward(torch.nn.Module(), q, q, q, torch.ones(shape, dtype=torch.bool), backend="reference")
+    with pytest.raises(hf.UnsupportedAttentionError, match="meta device"):
+        hf.mask_is_causal(torch.ones(1, 1, 5, 5, dtype=torch.bool, device="meta"), 5, 5)
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8])

@@ -284,3 +284,11 @@ def test_run_backward_matches_autograd():
                                softmax_scale=scale)
         for g, e in zip(got, expected):
             torch.testing.assert_close(g, e, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("causal", ["no", 1, None, torch.tensor(True)])
+def test_causal_must_be_a_bool(causal):
+    """A truthy non-bool (the string "no") picked the causal mask without a word (session 27's break-it pass)."""
+    q = torch.randn(1, 4, 1, 8)
+    with pytest.raises(TypeError, match=r"^causal must be a bool, got "):
+        attention_reference(q, q, q, causal=causal)

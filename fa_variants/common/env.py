@@ -46,15 +46,21 @@ def flag_or(name: str, default: bool | str, names: tuple[str, ...]) -> bool | st
     return flag(name, default)
 
 
+#: the largest value of an int switch: they count tiles, keys or splits, which the kernels hold in int32
+INT_SWITCH_MAX = 2**31 - 1
+
+
 def int_value(name: str, value: str, low: int, what: str = "") -> int:
-    """``value`` (of the variable ``name``) as an int >= low; ValueError naming the variable otherwise (``what``:
-    a few words on the unit, for the message)."""
+    """``value`` (of the variable ``name``) as an int in [low, INT_SWITCH_MAX]; ValueError naming the variable
+    otherwise (``what``: a few words on the unit, for the message)."""
     try:
         n = int(value)
     except (TypeError, ValueError):
         n = low - 1
     if n < low:
         raise SwitchError(f"{name} must be an int >= {low}{f' ({what})' if what else ''}, got {value!r}")
+    if n > INT_SWITCH_MAX:
+        raise SwitchError(f"{name} must be an int <= {INT_SWITCH_MAX}{f' ({what})' if what else ''}, got {value!r}")
     return n
 
 

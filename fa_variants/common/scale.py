@@ -29,9 +29,12 @@ MAX_SOFTMAX_SCALE = FLOAT32_MAX / LOG2_E
 FFMA_LIMIT = 2.0**11
 
 
-def check_softmax_scale(softmax_scale, name: str = "softmax_scale", kernel_range: bool = True) -> float:
+def check_softmax_scale(softmax_scale, name: str = "softmax_scale", kernel_range: bool = True,
+                        none_ok: bool = True) -> float:
     """``softmax_scale`` as a float, if legal; ``name``: the argument the messages name (SDPA's ``scale``);
-    ``kernel_range`` False: any finite float (the float64 reference, ``reference.attention_reference``).
+    ``kernel_range`` False: any finite float (the float64 reference, ``reference.attention_reference``);
+    ``none_ok``: whether the caller's argument may be None (its default), which the TypeError's message then says
+    (the caller resolves None itself before calling this).
 
     Plain comparisons only (no ``math.isfinite``), so that a symbolic float of torch.compile with dynamic
     shapes (``q.size(-1) ** -0.5``, a ``torch.SymFloat``) is checked by guards instead of breaking the graph.
@@ -42,7 +45,7 @@ def check_softmax_scale(softmax_scale, name: str = "softmax_scale", kernel_range
         ValueError: not finite, an int beyond float range, or |softmax_scale| > MAX_SOFTMAX_SCALE (kernel_range).
     """
     if not is_real(softmax_scale):
-        raise _not_real(softmax_scale, name)
+        raise _not_real(softmax_scale, name, none_ok)
     try:
         scale = float(softmax_scale)
     except OverflowError:  # an int beyond float range
@@ -56,18 +59,19 @@ def check_softmax_scale(softmax_scale, name: str = "softmax_scale", kernel_range
     return scale
 
 
-def _not_real(value, name: str) -> TypeError:
+def _not_real(value, name: str, none_ok: bool = True) -> TypeError:
     """The TypeError for a ``name`` that is not a real number. numpy real scalars are numbers.Real (numpy
     registers them), as SDPA's ``scale`` takes them; but under torch.compile Dynamo traces a numpy scalar as a
     0-d tensor whose value is an unbacked symbol that neither the range check nor the custom op's ``float?``
     can take (and whose repr it cannot trace): then the message names the fix, ``float(name)``."""
     np = sys.modules.get("numpy")  # never imported here: a numpy value implies numpy is loaded
+    what = "a real number or None" if none_ok else "a real number"
     if _tracing():
         if np is not None and isinstance(value, np.ndarray):
             return TypeError(f"{name} is a numpy value, which torch.compile traces as a tensor: pass float({name})")
-        return TypeError(f"{name} must be a real number or None, got {type(value).__name__}")
+        return TypeError(f"{name} must be {what}, got {type(value).__name__}")
     hint = f" (a tensor: pass {name}.item())" if type(value).__module__.startswith("torch") else ""
-    return TypeError(f"{name} must be a real number or None, got {value!r}{hint}")
+    return TypeError(f"{name} must be {what}, got {value!r}{hint}")
 
 
 def _tracing() -> bool:

@@ -192,7 +192,7 @@ def from_e4m3(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_scal
         if t.dtype != E4M3:
             raise TypeError(f"{name} has dtype {t.dtype}; from_e4m3 takes {E4M3} (quantize_fp8 quantises 16-bit inputs)")
     _check_inputs(q, k, v)
-    softmax_scale = check_softmax_scale(softmax_scale)
+    softmax_scale = check_softmax_scale(softmax_scale, none_ok=False)  # no default here
     tile_m, tile_n = tiles_for(q.shape[-1])
     B, Nq, H, _ = q.shape
     Nk, Hkv = k.shape[1], k.shape[2]

@@ -98,9 +98,7 @@ def _check_descale(inputs: FP8Inputs, name: str, batch: int, heads: int, rows: i
 
 def _check_scale(softmax_scale) -> None:
     """FP8Inputs.softmax_scale: a finite real >= 0 (quantize_fp8 folds a negative one into K)."""
-    if softmax_scale is None:  # check_softmax_scale's message would say None is fine (attention's default)
-        raise TypeError("FP8Inputs.softmax_scale must be a real number >= 0, got None")
-    scale = check_softmax_scale(softmax_scale, "FP8Inputs.softmax_scale")
+    scale = check_softmax_scale(softmax_scale, "FP8Inputs.softmax_scale", none_ok=False)
     if scale < 0:
         raise ValueError(f"FP8Inputs.softmax_scale must be >= 0 (quantize_fp8 folds a negative scale into k), "
                          f"got {scale}")

@@ -370,8 +370,13 @@ class FP8Inputs:
     block_n: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("q", "q_descale", "k_descale", "v_descale"):  # read below (the rest: contract.check_fp8_inputs)
-            _field_tensor(name, getattr(self, name))
+        # the fields read below, with the ranks they are read at (the rest: contract.check_fp8_inputs)
+        for name, dims in (("q", 4), ("q_descale", 3), ("k_descale", 3), ("v_descale", 3)):
+            t = _field_tensor(name, getattr(self, name))
+            if t.dim() != dims:
+                raise ValueError(f"FP8Inputs.{name} must be {dims}-D, got shape {tuple(t.shape)}")
+        if not is_int(self.seqlen_k):
+            raise TypeError(f"FP8Inputs.seqlen_k must be an int, got {self.seqlen_k!r}")
         if self.block_n is None:
             object.__setattr__(self, "block_n", tiles_for(self.head_dim)[1])
         for name in ("block_m", "block_n"):

@@ -64,15 +64,25 @@ def _visible(mask: torch.Tensor) -> torch.Tensor:
     return ~blocked
 
 
-def mask_is_causal(mask: torch.Tensor, seqlen_q: int, seqlen_k: int) -> bool:
+def mask_is_causal(mask: torch.Tensor, seqlen_q: int, seqlen_k: int, batch: int | None = None,
+                   num_heads: int | None = None) -> bool:
     """Whether a 4-D mask (batch or 1, heads or 1, seqlen_q, seqlen_k) is one our API expresses.
 
     Returns True for the bottom-right causal mask, False for the all-visible one (the two coincide for
-    seqlen_q == 1; True is returned then). Raises UnsupportedAttentionError for any other mask.
+    seqlen_q == 1; True is returned then). Raises UnsupportedAttentionError for any other mask, and for a mask on
+    the meta device (its values cannot be read); ValueError for a mask whose batch or heads (checked when
+    ``batch`` / ``num_heads`` are given) neither match the call's nor are 1, as torch's SDPA refuses it.
     Data-dependent (it reads the mask): fine eagerly, a graph break under torch.compile.
     """
     if mask.dim() != 4 or tuple(mask.shape[-2:]) != (seqlen_q, seqlen_k):
         raise _refuse(f"a mask of shape {tuple(mask.shape)} for seqlen_q {seqlen_q}, seqlen_k {seqlen_k}")
+    for dim, (what, size) in enumerate((("batch", batch), ("num_heads", num_heads))):
+        if size is not None and mask.shape[dim] not in (1, size):
+            raise ValueError(f"attention_mask has shape {tuple(mask.shape)}, which does not broadcast to (batch, "
+                             f"num_heads, seqlen_q, seqlen_k) = {(batch, num_heads, seqlen_q, seqlen_k)}: its {what} "
+                             f"is {mask.shape[dim]}")
+    if mask.device.type == "meta":
+        raise _refuse("a mask on the meta device (its values cannot be read)")
     visible = _visible(mask)
     if bool((visible == causal_visible(seqlen_q, seqlen_k, device=mask.device)).all()):
         return True
@@ -105,6 +115,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
 
     Raises:
         UnsupportedAttentionError: what we cannot express, with the fallback to use.
+        ValueError: an attention_mask whose batch or heads do not broadcast to the call's (``mask_is_causal``).
         ValueError / TypeError: from ``fa_variants.attention`` (e.g. a backend that cannot serve the call).
     """
     seqlen_q, seqlen_k = query.shape[2], key.shape[2]
@@ -118,7 +129,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         raise _refuse(f"a sliding window of {window} keys over {seqlen_k} keys")
     causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
     if attention_mask is not None:
-        causal = mask_is_causal(attention_mask, seqlen_q, seqlen_k)
+        causal = mask_is_causal(attention_mask, seqlen_q, seqlen_k, query.shape[0], query.shape[1])
     # fa_variants.attention is itself one opaque node under torch.compile (the custom op)
     out = fa_variants.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), causal=causal,
               softmax_scale=scaling, backend=backend)
