@@ -37,6 +37,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def seed_int(text: str) -> int:
+    """argparse type for a random seed: an int in [0, 2^64 - 1] (what torch.Generator.manual_seed takes)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an int") from None
+    if not 0 <= value < 2**64:
+        raise argparse.ArgumentTypeError(f"{text!r} must be in [0, 2^64 - 1]")
+    return value
+
+
 def positive_float(text: str) -> float:
     """argparse type for a positive finite real (a size in KiB, ...)."""
     try:

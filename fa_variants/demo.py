@@ -92,7 +92,7 @@ def _timed(fn, device: torch.device, repeats: int) -> list[float]:
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    from fa_variants.cli import positive_int
+    from fa_variants.cli import positive_int, seed_int
 
     parser.add_argument("--batch", type=positive_int, help="default 2 on a GPU, 1 on the CPU")
     parser.add_argument("--seqlen", type=positive_int, help="default 2048 on a GPU, 1024 on the CPU")
@@ -103,7 +103,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                         help="causal mask (default: on, as in an LLM prefill; a captured input keeps its own)")
     parser.add_argument("--backend", default="auto", help=f"auto (default), {', '.join(dispatch.BACKENDS)}")
     parser.add_argument("--repeats", type=positive_int, default=10, help="timed calls after the first (GPU)")
-    parser.add_argument("--seed", type=int, help="random seed (default: fresh)")
+    parser.add_argument("--seed", type=seed_int, help="random seed in [0, 2^64 - 1] (default: fresh)")
     parser.add_argument("--random", action="store_true",
                         help="use random input even if a captured one exists (implied by --batch, --seqlen, "
                              "--heads, --head-dim)")

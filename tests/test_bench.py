@@ -98,6 +98,10 @@ def test_filters_and_quick():
     ["--head-dims", "100"], ["--head-dims", "abc"], ["--head-dims", "0"], ["--head-dims", ""],
     ["--seqlens", "0"], ["--seqlens", "1k"], ["--causal", "maybe"], ["--dtypes", "fp32"],
     ["--backends", "fa9"], ["--peers", "xformers"], ["--ours-only", "--peers-only"], ["--memory-seqlens", "-4"],
+    # session 27: these were taken (`--dry-run` printed "repeats nan ms"; an empty input list or a bad int on a GPU)
+    ["--rep", "nan"], ["--rep", "0"], ["--warmup", "-1"], ["--warmup", "inf"], ["--input-sets", "-3"],
+    ["--input-sets", "x"], ["--fp8-budget", "-1"], ["--fp8-budget", "nan"], ["--decode-head-dims", "7"],
+    ["--decode-head-dims", "512"],
 ])
 def test_bad_arguments_are_argparse_errors(argv, capsys):
     with pytest.raises(SystemExit) as exc:

@@ -125,6 +125,18 @@ def test_warmup_that_would_compile_nothing_is_an_error(capsys, monkeypatch, tmp_
     assert __import__("re").search(message, err.strip().splitlines()[-1]), err
 
 
+@pytest.mark.parametrize("option", ["--dtypes", "--head-dims", "--backends"])
+def test_warmup_empty_list_is_an_error(capsys, option):
+    """`--dtypes ,` was read as "the defaults" and compiled 49 kernels (session 27's break-it pass): an empty list is
+    argparse's one-line error, before anything compiles."""
+    from fa_variants import cli
+
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["warmup", "--arch", "sm_90a", "--head-dims", "64", option, ","])
+    assert exc.value.code == 2
+    assert f"argument {option}: ',' is an empty list" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("text", ["[]", "3", '"config"'])
 def test_warmup_model_file_that_is_not_a_json_object_is_one_line(capsys, monkeypatch, tmp_path, text):
     """--model with valid JSON that is not an object raised AttributeError ("'list' object has no attribute

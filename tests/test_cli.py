@@ -109,6 +109,24 @@ def test_a_sub_command_value_error_is_one_line(capsys, tmp_path, argv, message):
     assert __import__("re").match(message, err)
 
 
+@pytest.mark.parametrize("command", ["demo", "fp8-study"])
+@pytest.mark.parametrize("seed", ["99999999999999999999999", "-1"])
+def test_a_seed_beyond_64_bits_names_the_option(capsys, command, seed):
+    """A seed torch's generator cannot take: argparse's one line naming --seed (it was "Overflow when unpacking long
+    long", naming nothing; session 27)."""
+    with pytest.raises(SystemExit) as exc:
+        cli.main([command, "--seed", seed])
+    assert exc.value.code == 2
+    assert f"argument --seed: '{seed}' must be in [0, 2^64 - 1]" in capsys.readouterr().err
+
+
+def test_io_with_a_huge_head_dim_uses_the_closed_form(capsys):
+    """`fa-variants io --d 100000000000`: the emulated check allocated N x d tensors and raised the allocator's
+    RuntimeError as a traceback (session 27); beyond emulate.EMULATE_MAX_ELEMENTS the closed form alone answers."""
+    assert cli.main(["io", "--N", "64", "--d", "100000000000"]) == 0
+    assert "closed form" in capsys.readouterr().out
+
+
 def test_fp8_study_sweeps_without_a_case_are_an_error(capsys, monkeypatch, tmp_path):
     """The layer sweep with no real model and no fixture gives no case: one error line, exit 2, nothing written
     (was an empty report, "0 plots", exit 0)."""

@@ -795,3 +795,13 @@ def test_split_options_and_lengths_plans_get_the_one_head_of_broadcast_kv(monkey
         else:
             fa_variants.attention(q, k, k, pack_gqa=True)
     assert seen == [1]
+
+
+def test_decode_table_without_a_gpu_says_so_on_stderr(capsys, monkeypatch):
+    """`bench --decode` on a machine without a GPU: exit 2 with its one line on stderr (it was on stdout)."""
+    from fa_variants.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["bench", "--decode", "--decode-nk", "1024", "--decode-nq", "1", "--decode-batch", "1"]) == 2
+    captured = capsys.readouterr()
+    assert "no CUDA GPU here" in captured.err and "no CUDA GPU here" not in captured.out

@@ -421,3 +421,17 @@ def test_float64_past_float32_range_is_refused(name):
     assert all(torch.equal(t[n], before[n]) for n in t)
     t[name][0, 3, 1, 5] = math.inf  # not finite: accepted (the non-finite rule, README)
     quantize_fp8(t["q"], t["k"], t["v"])
+
+
+def test_a_block_taller_than_the_sequence_allocates_nothing_extra():
+    """quantize_fp8_torch(block_n=2**40) padded K to 2^40 rows (the allocator's RuntimeError, session 27): a block
+    at least as tall as the sequence is one block, the same descales as any other such height; the emulation's tile_m
+    likewise."""
+    from fa_variants.fp8 import emulate_fp8_attention
+
+    q, k, v = torch.randn(1, 5, 2, 64), torch.randn(1, 7, 1, 64), torch.randn(1, 7, 1, 64)
+    huge, exact = (quantize_fp8_torch(q, k, v, block_n=n) for n in (2**40, 16))  # 16 >= 7 keys: one block too
+    assert huge.k_descale.shape == (1, 1, 1) and torch.equal(huge.k_descale, exact.k_descale)
+    assert torch.equal(huge.v_descale, exact.v_descale) and torch.equal(huge.k, exact.k)
+    out, _ = emulate_fp8_attention(huge, tile_m=2**40)
+    assert torch.equal(out, emulate_fp8_attention(exact, tile_m=2**40)[0])

@@ -31,6 +31,7 @@ import argparse
 import itertools
 import json
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -269,14 +270,24 @@ def _ints(text: str) -> tuple:
     return values
 
 
+def _head_dims(text: str) -> tuple:
+    """argparse type: a comma list of head dims, each a multiple of 8 in 8..256 (what the kernels are built for)."""
+    values = _ints(text)
+    if any(d % 8 or d > 256 for d in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: every head dim must be a multiple of 8 in 8..256")
+    return values
+
+
 def configure_parser(p: argparse.ArgumentParser) -> None:
     from fa_variants.cli import positive_float
 
     g = p.add_argument_group("decode table (--decode)")
     g.add_argument("--decode", action="store_true", help="the decode table (issue 13) instead of the TFLOP/s sweep")
     g.add_argument("--peak-tbps", type=positive_float, default=4.8, help="HBM peak in TB/s for the HBM %% column (H200: 4.8)")
-    for name, what in (("nq", "seqlen_q"), ("nk", "seqlen_k"), ("batch", "batch sizes"), ("head-dims", "head dims")):
+    for name, what in (("nq", "seqlen_q"), ("nk", "seqlen_k"), ("batch", "batch sizes")):
         g.add_argument(f"--decode-{name}", type=_ints, metavar="LIST", help=f"only these {what} (comma list)")
+    g.add_argument("--decode-head-dims", type=_head_dims, metavar="LIST",
+                   help="only these head dims (comma list; multiples of 8 up to 256)")
     g.add_argument("--decode-no-fa4", action="store_true", help="ours and SDPA only (flash-attn-4 compiles per shape)")
     g.add_argument("--decode-lengths", action="store_true",
                    help="a ragged KV cache: per-sequence lengths in [1, Nk] (ours: seqlens_k=; SDPA: a mask)")
@@ -293,7 +304,7 @@ def run_cli(args: argparse.Namespace) -> int:
     import torch
 
     if not torch.cuda.is_available():
-        print("fa-variants bench --decode: no CUDA GPU here (--dry-run lists the cases)")
+        print("fa-variants bench --decode: no CUDA GPU here (--dry-run lists the cases)", file=sys.stderr)
         return 2
     ragged = getattr(args, "decode_lengths", False)
     impls = implementations(ragged)

@@ -40,11 +40,16 @@ KERNEL_BACKENDS = ("fa3", "fa3-fp8", "fa2", "fa1")
 
 
 def _csv(kind):
+    """argparse type: a non-empty comma list of ``kind`` (an empty one, e.g. ",", meant "the defaults" for --dtypes
+    and compiled 49 kernels; session 27)."""
     def parse(text: str) -> list:
         try:
-            return [kind(x) for x in text.split(",") if x.strip()]
+            values = [kind(x) for x in text.split(",") if x.strip()]
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of {kind.__name__}") from None
+        if not values:
+            raise argparse.ArgumentTypeError(f"{text!r} is an empty list")
+        return values
     return parse
 
 

@@ -58,7 +58,7 @@ from fa_variants.common.checks import is_real
 from fa_variants.common.scale import FFMA_LIMIT
 from fa_variants.fp8 import layout
 from fa_variants.fp8.contract import check_accumulator_bits, check_fp8_inputs, check_tile_m
-from fa_variants.fp8.quantize import E4M3, FP8Config, FP8Inputs, quantize_fp8_torch
+from fa_variants.fp8.quantize import E4M3, FP8Config, FP8Inputs, block_rows, quantize_fp8_torch
 
 __all__ = ["UNIT_SPAN", "bounded_unit", "P_SHIFT", "ACCUMULATOR", "ACCUMULATOR_BITS", "BLOCKFP_FRAC_BITS", "KV_ORDER", "MMA_K", "kv_tile_end", "emulate_fp8_attention",
            "fp8_attention_reference", "fp8_error_bound"]
@@ -229,11 +229,11 @@ def emulate_fp8_attention(inputs: FP8Inputs, *, causal: bool = False, accumulato
     kd = inputs.k_descale.repeat_interleave(group, dim=1)  # (B, H, T)
     vd = inputs.v_descale.repeat_interleave(group, dim=1)
     scale_log2 = torch.tensor(inputs.softmax_scale * LOG2_E, dtype=torch.float32, device=dev)  # one rounding
-    c_row = (inputs.q_descale * scale_log2).repeat_interleave(block_m, dim=2)[:, :, :Nq]  # (B, H, Nq)
+    c_row = block_rows(inputs.q_descale * scale_log2, block_m, Nq)  # (B, H, Nq)
 
     rows = torch.arange(Nq, device=dev)
-    n_blocks = torch.tensor([kv_tile_end(i // tile_m, tile_m, tile_n, Nq, Nk, causal) for i in range(0, Nq, tile_m)],
-                            device=dev, dtype=torch.long).repeat_interleave(tile_m)[:Nq]  # per row
+    n_blocks = block_rows(torch.tensor([kv_tile_end(i // tile_m, tile_m, tile_n, Nq, Nk, causal)
+                                        for i in range(0, Nq, tile_m)], device=dev, dtype=torch.long), tile_m, Nq)
     m = torch.full((B, H, Nq), -math.inf, device=dev)
     l = torch.zeros(B, H, Nq, device=dev)
     O = torch.zeros(B, H, Nq, D, device=dev)

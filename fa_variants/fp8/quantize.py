@@ -415,7 +415,13 @@ class FP8Inputs:
 
 def _per_row(descale: torch.Tensor, block: int, n: int) -> torch.Tensor:
     """(B, heads, tiles) -> (B, n, heads, 1): each row's descale."""
-    return descale.repeat_interleave(block, dim=2)[:, :, :n].transpose(1, 2).unsqueeze(-1)
+    return block_rows(descale, block, n).transpose(1, 2).unsqueeze(-1)
+
+
+def block_rows(per_block: torch.Tensor, block: int, n: int) -> torch.Tensor:
+    """(..., blocks) -> (..., n): each of n rows gets its block's value (row i: block i // block). Indexed, not
+    repeated, so a block far taller than n costs nothing (repeat_interleave allocated block x blocks first)."""
+    return per_block[..., torch.arange(n, device=per_block.device) // block]
 
 
 # ------------------------------------------------------------------------------------- torch quantiser
@@ -493,6 +499,8 @@ def _amax_blocks(x: torch.Tensor, block: int) -> torch.Tensor:
     cdiv(N, block)). An inf / NaN does not set the block's descale (it would scale its finite values to 0: module
     docstring, "Non-finite inputs")."""
     B, N, H, D = x.shape
+    if N <= block:  # one block or none: no padding to the block's height (block_n=2**40 allocated 2^40 rows)
+        return x.abs().nan_to_num(nan=0.0, posinf=0.0).amax(dim=(1, 3)).unsqueeze(-1) if N else x.new_zeros(B, H, 0)
     T = -(-N // block)
     pad = x.new_zeros(B, T * block, H, D)
     pad[:, :N] = x.abs().nan_to_num_(nan=0.0, posinf=0.0)

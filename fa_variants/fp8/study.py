@@ -391,7 +391,7 @@ def plots(rows: list[dict], folder: Path, src: str) -> list[Path]:
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Arguments of `fa-variants fp8-study`."""
-    from fa_variants.cli import positive_int
+    from fa_variants.cli import positive_int, seed_int
 
     parser.add_argument("--quick", action="store_true",
                         help="small sizes (about a minute on 2 CPU cores); the default without a GPU")
@@ -400,7 +400,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                         help="seqlen_k of the drift sweep (default GPU 1k..128k, CPU 1k 4k 16k, quick 1k 4k)")
     parser.add_argument("--heads", type=positive_int, default=None, help="default GPU 4, CPU 2, quick 1")
     parser.add_argument("--head-dim", type=positive_int, default=128, help="of every sweep but head_dim")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=seed_int, default=0, help="random seed in [0, 2^64 - 1] (default 0)")
     parser.add_argument("--backend", choices=("auto", "emulation", "kernel"), default="auto",
                         help="FP8 numbers from the emulation (CPU), the fa3-fp8 kernel (GPU), or auto")
     parser.add_argument("--head-dims", type=int, nargs="+", default=None, choices=SWEEP_HEAD_DIMS,
