@@ -26,37 +26,39 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def positive_int(text: str) -> int:
-    """argparse type for a size (batch, seqlen, heads, head_dim, ...): an int >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an int") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
-    return value
+def int_in(low: int, high: int | None = None, bounds: str | None = None):
+    """argparse type factory: an int >= low (and <= high); ``bounds`` names the range in the message."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an int") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"{text!r} must be {bounds or f'>= {low}'}")
+        return value
+    return parse
 
 
-def seed_int(text: str) -> int:
-    """argparse type for a random seed: an int in [0, 2^64 - 1] (what torch.Generator.manual_seed takes)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an int") from None
-    if not 0 <= value < 2**64:
-        raise argparse.ArgumentTypeError(f"{text!r} must be in [0, 2^64 - 1]")
-    return value
+def finite_float(low: float, strict: bool, bounds: str):
+    """argparse type factory: a finite real > low (``strict``) or >= low; ``bounds`` names the range."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not (low < value if strict else low <= value) or value == float("inf") or value != value:
+            raise argparse.ArgumentTypeError(f"{text!r} must be {bounds}")
+        return value
+    return parse
 
 
-def positive_float(text: str) -> float:
-    """argparse type for a positive finite real (a size in KiB, ...)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive finite number")
-    return value
+#: argparse types: a size (batch, seqlen, heads, head_dim, rounds, ...), a count that may be 0, a random seed (what
+#: torch.Generator.manual_seed takes), a positive finite real (ms, KiB, TB/s), a finite real >= 0 (a budget; 0: none)
+positive_int = int_in(1)
+nonnegative_int = int_in(0)
+seed_int = int_in(0, 2**64 - 1, "in [0, 2^64 - 1]")
+positive_float = finite_float(0.0, True, "a positive finite number")
+nonnegative_float = finite_float(0.0, False, "a finite number >= 0")
 
 
 def _version() -> str:

@@ -13,6 +13,7 @@ from fa_variants.bench import compare as bench_compare
 from fa_variants.bench import report as bench_report
 from fa_variants.bench.core import HIDDEN, TOKENS, Case, Plan, memory_sweep, sweep
 from fa_variants.bench.runtime import GpuRuntime, build_impls, versions
+from fa_variants.cli import nonnegative_float, nonnegative_int, positive_float, positive_int
 
 OURS = ("fa1", "fa2", "fa3", "fa3-fp8")
 PEERS = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math", "flash-attn-4")
@@ -111,39 +112,6 @@ def _list_type(kind: type, allowed: tuple | None = None, check: Callable | None 
     return parse
 
 
-def _positive_int(text: str) -> int:
-    """argparse type: an int >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an int")
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be >= 1")
-    return value
-
-
-def _nonnegative_int(text: str) -> int:
-    """argparse type: an int >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an int") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be >= 0")
-    return value
-
-
-def _nonnegative_float(text: str) -> float:
-    """argparse type: a finite real >= 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number >= 0")
-    return value
-
-
 def _check_head_dim(d: int) -> str | None:
     if d <= 0 or d > 256 or d % 8 or HIDDEN % d:
         return f"head_dim must be a multiple of 8 in 8..256 that divides {HIDDEN} (num_heads * head_dim)"
@@ -155,8 +123,6 @@ def _check_seqlen(n: int) -> str | None:
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
-    from fa_variants.cli import positive_float  # fa_variants.cli imports this module
-
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.epilog = ("examples:\n  fa-variants bench --quick\n  fa-variants bench --backends fa2 --peers sdpa-flash "
                 "--head-dims 128 --causal false\n  fa-variants bench --report-from results/X/bench.json")
@@ -186,7 +152,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     t = p.add_argument_group("timing and output")
     t.add_argument("--warmup", type=positive_float, metavar="MS", help="do_bench warm-up in ms (default 25, quick 10)")
     t.add_argument("--rep", type=positive_float, metavar="MS", help="do_bench repeat time in ms (default 100, quick 40)")
-    t.add_argument("--input-sets", type=_nonnegative_int, default=0, metavar="N",
+    t.add_argument("--input-sets", type=nonnegative_int, default=0, metavar="N",
                    help="input sets rotated between calls (default: enough to exceed 2x the L2 cache)")
     t.add_argument("--out", metavar="DIR", help="results folder (default results/bench-<gpu>-<date>)")
     t.add_argument("--no-charts", action="store_true", help="markdown and JSON only")
@@ -207,9 +173,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                         "bf16 fa3, flash-attn-4; paired rounds; PASS/MISS per target): auto = after the sweep when "
                         "--dtypes has e4m3; only = that table alone (no sweep, no memory table). Seqlens default "
                         "4096,16384 there")
-    f.add_argument("--fp8-rounds", type=_positive_int, default=6, metavar="N",
+    f.add_argument("--fp8-rounds", type=positive_int, default=6, metavar="N",
                    help="rounds of the paired run (default 6)")
-    f.add_argument("--fp8-budget", type=_nonnegative_float, default=0.0, metavar="S",
+    f.add_argument("--fp8-budget", type=nonnegative_float, default=0.0, metavar="S",
                    help="seconds of measuring after which no new problem starts (core problems first; 0: none)")
     from fa_variants.bench import decode  # stdlib-only at import
 

@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 from fa_variants import registry
+from fa_variants.cli import positive_int
 from fa_variants.common import diskcache, interop
 
 KERNEL_BACKENDS = ("fa3", "fa3-fp8", "fa2", "fa1")
@@ -51,16 +52,6 @@ def _csv(kind):
             raise argparse.ArgumentTypeError(f"{text!r} is an empty list")
         return values
     return parse
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
-    return value
 
 
 def _gqa(text: str) -> tuple[int, int]:
@@ -242,7 +233,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                         "lengths (attention(..., seqlens_k=...) on fa3 and fa2)")
     parser.add_argument("--prune", action="store_true", help="also delete cache directories of other "
                         "kernel-source / DSL versions")
-    parser.add_argument("--jobs", type=_positive, default=1, help="compile this many kernels at a time, one "
+    parser.add_argument("--jobs", type=positive_int, default=1, help="compile this many kernels at a time, one "
                         "process each (default 1: in this process)")
     parser.add_argument("--no-progress", action="store_true")
 
