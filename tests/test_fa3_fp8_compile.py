@@ -67,10 +67,14 @@ def test_p_is_converted_in_thread():
     assert re.search(r"QGMMA\.64x128x32\.F32\.E4M3\.E4M3 R\d+, R\d+, gdesc", s)  # A from registers (RS)
     shuffles = len(re.findall(r"\bSHFL\.", s))
     assert shuffles <= 16, shuffles  # 2 row-max reductions x 2 lanes x (first + loop) + row sums + lane broadcast
+    # huge_guard: the softmax's plain code and its huge-logit checked code each reduce the row max: twice as many
+    guarded = _sass(dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], huge_guard=True))
+    assert len(re.findall(r"\bSHFL\.", guarded)) <= 32
 
 
 @pytest.mark.parametrize("change", [dict(two_level=False), dict(tile_n=128, intra_wg_overlap=True), dict(out_dtype="fp16"),
-                                    dict(pingpong=False)], ids=["single-acc", "old-default-overlap", "fp16-out", "no-pingpong"])
+                                    dict(pingpong=False), dict(huge_guard=True)],
+                         ids=["single-acc", "old-default-overlap", "fp16-out", "no-pingpong", "huge-guard"])
 def test_switches_compile(change):
     s = _sass(dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], **change), causal=True)
     counts = cubin.count_sass(s)
@@ -322,3 +326,13 @@ def test_192_row_tiles_refuse_wider_kv_tiles(tile_n):
         dataclasses.replace(base, tile_n=tile_n).check(64)
     dataclasses.replace(base, tile_n=192).check(64)
     dataclasses.replace(base, tile_m=128, tile_n=tile_n).check(64)
+
+
+def test_huge_guard_compiles_at_64_without_spills():
+    """Fp8Config.huge_guard at head_dim 64 (its other compile case: test_switches_compile at 128): both softmax paths
+    in the loop, no local memory; at head_dim 256 (huge_per_row) it is a no-op, the SASS the default's."""
+    for causal in (False, True):
+        counts = cubin.count_sass(_sass(dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[64], huge_guard=True), 64, causal))
+        assert counts["QGMMA"] > 0 and counts["LDL"] == counts["STL"] == 0, counts
+    d256 = fa3_fp8.DEFAULT_CONFIGS[256]
+    assert _sass(dataclasses.replace(d256, huge_guard=True), 256) == _sass(d256, 256)

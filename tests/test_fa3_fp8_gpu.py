@@ -28,6 +28,7 @@ scripts/fa3_fp8_speed_ab.py reports the worst of them, the data for the next tig
 
     source .gpu/env.sh && python3 -m pytest -m gpu tests/test_fa3_fp8_gpu.py -q
 """
+import dataclasses
 import json
 import math
 import os
@@ -113,21 +114,22 @@ def test_every_recipe(fp8_kernel, config, head_dim, request, nan_allocations):
           request.node.name)
 
 
+@pytest.mark.parametrize("guard", [False, True], ids=["checked", "guarded"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("softmax_scale", [1e4, 1e9])
-def test_huge_logits(fp8_kernel, softmax_scale, head_dim, causal, request, nan_allocations):
+def test_huge_logits(fp8_kernel, softmax_scale, head_dim, causal, guard, request, nan_allocations):
     """EC-04 with block scales on the kernel (``OnlineSoftmax._huge_tile_row``; the emulation's
     test_huge_logits_keep_the_row_max): scaled logits of ~2^18 and ~2^35 in log2 units, several K/V tiles, GQA,
     against float64 attention over the dequantised inputs (helpers.assert_huge_logits_ok): no row 0 or -inf, the
     clear rows one-hot. Not against the emulation: a near tie that the QGMMA and the emulation's accumulator break
-    differently moves a whole row there."""
+    differently moves a whole row there. "guarded": ``Fp8Config.huge_guard`` (the check where it can matter)."""
     seed = seed_of(request)
     q, k, v = inputs((1, 300, 700, 4, 2), head_dim, seed)
+    config = dataclasses.replace(fp8_kernel.DEFAULT_CONFIGS[head_dim], huge_guard=guard)
     with nan_allocations():
         inp = fp8.quantize_fp8(q, k, v, softmax_scale=softmax_scale)
-        out, lse = fp8.attention_from_fp8(inp, causal=causal, return_lse=True, out_dtype=q.dtype)
-    lse = lse if inp.lse_shift is None else lse - inp.lse_shift  # the logits the kernel saw
+        out, lse = fp8_kernel.run_fp8(inp, causal=causal, out_dtype=q.dtype, config=config)  # LSE: the kernel's logits
     assert_huge_logits_ok(out, lse, inp, causal, what=f"seed {seed}")
 
 

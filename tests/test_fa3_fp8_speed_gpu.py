@@ -116,8 +116,16 @@ TWOLVL3_VARIANTS = {
     "twolvl3-d256-hd": (256, dict(hoisted_descriptors=True)),
 }
 
+# session 27, head_dim 64 / 128 (scripts/fa3_fp8_speed_ab.py FP8GUARD_VARIANTS, "fp8guard-d<D>-guard", --set
+# fp8guard): the huge-logit check only where |m| can reach 2^11 (Fp8Config.huge_guard; its huge-logit case:
+# test_fa3_fp8_gpu.test_huge_logits)
+HUGE_GUARD_VARIANTS = {
+    "fp8guard-d64-guard": (64, dict(huge_guard=True)),
+    "fp8guard-d128-guard": (128, dict(huge_guard=True)),
+}
+
 _ALL_TABLES = (FP8_VARIANTS, FP8SMALL_VARIANTS, FP8MID_VARIANTS, FP8D128_VARIANTS, FP8TWO_VARIANTS, FP8TURN_VARIANTS,
-               TWOLVL3_VARIANTS)
+               TWOLVL3_VARIANTS, HUGE_GUARD_VARIANTS)
 
 
 def _inputs(shape, head_dim, seed):

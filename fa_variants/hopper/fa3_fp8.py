@@ -201,6 +201,10 @@ class Fp8Config(Fa3Config):
         max. Same values. The per-tile form keeps more values live and spills at the head_dim 256 default (and with
         descale_prefetch), so those configs take this one (``DEFAULT_SWITCHES``; 0.97x at head_dim 256 in session
         27's A/B, 0.90-0.95x where it is not needed).
+    huge_guard: (session 27, off: to be measured) the huge-logit check only on tiles where it can matter: |m| <=
+        max(c_n 2 head_dim 448^2, |m_old|), known before the row maxima, so on ordinary inputs the softmax runs the
+        code it ran before the check existed (``OnlineSoftmax.score_bound``). Not with huge_per_row (both paths
+        live at once spill at head_dim 256). Predicted to take back the check's 3-5 % (bench/NOTES.md, "Session 27").
     """
 
     two_level: bool = True
@@ -214,6 +218,7 @@ class Fp8Config(Fa3Config):
     fused_promote: bool = False
     bounded_units: bool = False
     huge_per_row: bool = False
+    huge_guard: bool = False
 
     #: e4m3 Q, K, V: Q's buffer is sized for the 16-bit O it holds later (``Sm90Config._buffers``); on the persistent
     #: grid O has a buffer of its own at head_dim 64 and 128, not 256 (``separate_o``)

@@ -15,6 +15,7 @@ The kernel class stays in this module (the DSL names a kernel after its object's
 kernel), NVIDIA/cutlass examples/python/CuTeDSL hopper FMHA (pre-transposed FP8 V).
 """
 
+import math
 from dataclasses import dataclass
 
 import cuda.bindings.driver as cuda
@@ -30,6 +31,7 @@ from fa_variants.common.sm90 import make_tiled_mma, wgmma
 from fa_variants.common.softmax import OnlineSoftmax
 from fa_variants.fp8 import layout
 from fa_variants.fp8.emulation import UNIT_SPAN
+from fa_variants.fp8.quantize import E4M3_MAX
 from fa_variants.hopper.fa3_fp8 import P_SHIFT, Fp8Config
 from fa_variants.hopper.fa3_kernel import FlashAttention3Sm90
 from fa_variants.hopper.fa3_mainloop import _StepContext
@@ -432,7 +434,18 @@ class FlashAttention3Fp8Sm90(FlashAttention3Sm90):
     def _make_softmax(self, num_rows: int, scale_log2: Float32):
         return OnlineSoftmax(num_rows, scale_log2, chains=self.cfg.reduce_chains, skip_unit_rescale=self.cfg.skip_unit_rescale,
                              tile_scales=True, p_shift=P_SHIFT,
-                             huge_per_row=self.cfg.huge_per_row or self.cfg.descale_prefetch)
+                             huge_per_row=self._huge_per_row(), score_bound=self._score_bound())
+
+    def _huge_per_row(self) -> bool:
+        """The softmax's huge-logit branch per row (``Fp8Config.huge_per_row``; descale_prefetch needs it too)."""
+        return self.cfg.huge_per_row or self.cfg.descale_prefetch
+
+    def _score_bound(self) -> float:
+        """The guard of the softmax's huge-logit check (``OnlineSoftmax.score_bound``; ``Fp8Config.huge_guard``): the
+        largest |S| of e4m3 operands with a margin, 2 head_dim 448^2; inf (every tile checked) without huge_guard
+        or with the check per row (both paths live at once spill at head_dim 256: CPU compile, session 27)."""
+        guarded = self.cfg.huge_guard and not self._huge_per_row()
+        return 2.0 * self.head_dim * E4M3_MAX**2 if guarded else math.inf
 
     def _step_context(self, args: tuple, extras: tuple, m_block: Int32, head: Int32, batch: Int32):
         mQd, mKd, mVd = extras
