@@ -28,11 +28,12 @@
 #    flash-attn-4 >= 1.00 everywhere; >= cuDNN at D 64 N 512 / 1k), 13 (70 % of HBM at D 64 B 1 Nk 32k: 61-65 %),
 #    16 (two GPUs).
 #    A. First: the whole GPU suite on the final tree (`python3 -m pytest -q -n 14 -m "gpu and not slow" -p
-#    no:cacheprovider`, ~550 s: one call of its own; a default kernel changed, fa3-fp8's softmax). Next: the huge-logit
-#    check per CTA instead of per tile (NOTES "Session 27 ... Next": a CTA-uniform flag from |softmax_scale| log2(e)
-#    448^2 head_dim q_descale max(k_descale) < 2^11 selects the mainloop without the check; predicted ~1.00x of
-#    68d22dc's kernel; A/B with `scripts/ab_checkout.sh 68d22dc` and `scripts/ab_bench.py --backends
-#    fa3-fp8-kernel`); Q's quantisation fused into fa3-fp8 (issue 10); the D 64 short-shape gap to cuDNN (issue 12).
+#    no:cacheprovider`, ~560 s: one call of its own; a default kernel changed, fa3-fp8's softmax; the suite gained
+#    the huge-logit and huge_guard tests). Next: `Fp8Config.huge_guard` (off; NOTES "Session 27 ... Built after the
+#    calls"): `scripts/fa3_fp8_speed_ab.py --set fp8guard --head-dims 64 128` (its GPU tests first: test_fa3_fp8_gpu.py
+#    -k "huge_logits and guarded", test_fa3_fp8_speed_gpu.py -k fp8guard); predicted guard / new 1.02-1.05; flip at 64
+#    and 128 if not slower anywhere. Then Q's quantisation fused into fa3-fp8 (issue 10); the D 64 short-shape gap
+#    to cuDNN (issue 12).
 #    B. As before: D 256 split / packed configs without convert_pairs at causal shapes; the persistent consumer's K/V
 #    loop (bench/NOTES.md "Session 20 ..."); D 256's two-level cost; fa3-fp8's magnitude limit, max|V| seqlen_k <=
 #    2^119 (README, "FP8's range": the unnormalised O overflows float32; lifting it is a kernel change).
