@@ -76,14 +76,14 @@ def model_shape(path: str) -> dict:
     cfg = cfg.get("text_config", cfg)
     if "num_attention_heads" not in cfg or not (cfg.get("head_dim") or "hidden_size" in cfg):
         raise ValueError(f"{path}: needs num_attention_heads and head_dim or hidden_size")
-    heads = _positive_int(cfg, "num_attention_heads", path)
-    heads_kv = _positive_int(cfg, "num_key_value_heads", path) if cfg.get("num_key_value_heads") is not None else heads
+    heads = _config_int(cfg, "num_attention_heads", path)
+    heads_kv = _config_int(cfg, "num_key_value_heads", path) if cfg.get("num_key_value_heads") is not None else heads
     if heads % heads_kv:
         raise ValueError(f"{path}: num_attention_heads {heads} is not a multiple of num_key_value_heads {heads_kv}")
     if cfg.get("head_dim"):
-        head_dim = _positive_int(cfg, "head_dim", path)
+        head_dim = _config_int(cfg, "head_dim", path)
     else:
-        hidden = _positive_int(cfg, "hidden_size", path)
+        hidden = _config_int(cfg, "hidden_size", path)
         if hidden % heads:
             raise ValueError(f"{path}: hidden_size {hidden} is not a multiple of num_attention_heads {heads}")
         head_dim = hidden // heads
@@ -91,7 +91,7 @@ def model_shape(path: str) -> dict:
     return {"head_dim": head_dim, "heads": heads, "heads_kv": heads_kv, "dtype": dtype}
 
 
-def _positive_int(cfg: dict, key: str, path) -> int:
+def _config_int(cfg: dict, key: str, path) -> int:
     """cfg[key] as a positive int (a JSON integer; not a bool, a fraction or a list), else a one-line ValueError."""
     value = cfg[key]
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -57,10 +57,11 @@ def int_value(name: str, value: str, low: int, what: str = "") -> int:
         n = int(value)
     except (TypeError, ValueError):
         n = low - 1
+    unit = f" ({what})" if what else ""
     if n < low:
-        raise SwitchError(f"{name} must be an int >= {low}{f' ({what})' if what else ''}, got {value!r}")
+        raise SwitchError(f"{name} must be an int >= {low}{unit}, got {value!r}")
     if n > INT_SWITCH_MAX:
-        raise SwitchError(f"{name} must be an int <= {INT_SWITCH_MAX}{f' ({what})' if what else ''}, got {value!r}")
+        raise SwitchError(f"{name} must be an int <= {INT_SWITCH_MAX}{unit}, got {value!r}")
     return n
 
 

@@ -136,9 +136,10 @@ def _m_safe(m: Float32) -> Float32:
 
 
 @cute.jit
-def _is_huge(m_safe: Float32) -> cutlass.Boolean:
-    """|m| >= FFMA_LIMIT or NaN (``OnlineSoftmax._huge_tile_row``'s rows: m in log2 units, block-scaled scores)."""
-    return not_below(cute.math.absf(m_safe), FFMA_LIMIT)
+def _is_huge(m: Float32) -> cutlass.Boolean:
+    """|m| >= FFMA_LIMIT or NaN, m a row max in log2 units: the rows that take the exact form (exp2_ffma's, and
+    ``OnlineSoftmax._huge_tile_row``'s with block-scaled scores)."""
+    return not_below(cute.math.absf(m), FFMA_LIMIT)
 
 
 @cute.jit
@@ -215,7 +216,7 @@ class OnlineSoftmax:
             for r in cutlass.range_constexpr(self.active_rows):
                 m_new[r], m_safe[r] = self._row_max(s, r, is_first)
                 b = m_safe[r] * c
-                huge[r] = not_below(cute.math.absf(b), FFMA_LIMIT)  # |b| >= 2^11 or NaN
+                huge[r] = _is_huge(b)
                 any_huge = any_huge or huge[r]
                 basis[r] = 0.0 if huge[r] else b
                 err[r] = 0.0 if huge[r] else cute.math.fma(m_safe[r], c, -b)  # m c - basis, exactly
@@ -272,10 +273,8 @@ class OnlineSoftmax:
         basis = cute.make_rmem_tensor(self.num_rows, Float32)
         any_huge = False
         for r in cutlass.range_constexpr(self.num_rows):
-            raw[r] = quad_allreduce(row_reduce(s, r, cute.arch.fmax, self.chains), cute.arch.fmax)
-            m_new[r] = raw[r] * c
-            if const_expr(not is_first):
-                m_new[r] = cute.arch.fmax(m_new[r], self.row_max[r])
+            raw[r] = self._raw_row_max(s, r)
+            m_new[r] = self._running_max(r, raw[r] * c, is_first)
             m_safe = _m_safe(m_new[r])
             basis[r] = m_safe - self.p_shift
             if const_expr(self.huge_per_row):
@@ -325,12 +324,19 @@ class OnlineSoftmax:
                  tile_scale_log2: Float32 = None):
         """(m_new, m_safe) of row r: max(m, rowmax(S_j)) over the quad (with ``tile_scale_log2`` c_n: max(m, c_n
         rowmax(S_n)), m in log2 units); m_safe = 0 for a row with no key yet (``_m_safe``)."""
-        m_new = quad_allreduce(row_reduce(s, r, cute.arch.fmax, self.chains), cute.arch.fmax)
+        m_new = self._raw_row_max(s, r)
         if const_expr(tile_scale_log2 is not None):
             m_new = m_new * tile_scale_log2
-        if const_expr(not is_first):
-            m_new = cute.arch.fmax(m_new, self.row_max[r])
+        m_new = self._running_max(r, m_new, is_first)
         return m_new, _m_safe(m_new)
+
+    def _raw_row_max(self, s: cute.Tensor, r: int) -> Float32:
+        """rowmax(S[r, :]) over the quad (``chains`` chains, then the quad's lanes). Trace-time helper."""
+        return quad_allreduce(row_reduce(s, r, cute.arch.fmax, self.chains), cute.arch.fmax)
+
+    def _running_max(self, r: int, m_tile: Float32, is_first: bool) -> Float32:
+        """max(m, m_tile) of row r (m_tile on the first tile). Trace-time helper."""
+        return m_tile if is_first else cute.arch.fmax(m_tile, self.row_max[r])
 
     @cute.jit
     def _exp_row(self, s: cute.Tensor, r: cutlass.Constexpr[int], shift: Float32, c: Float32, basis: Float32):
