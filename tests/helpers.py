@@ -113,7 +113,13 @@ def assert_huge_logits_ok(out: torch.Tensor, lse: torch.Tensor, inputs, causal: 
     attention over ``inputs.dequantize()`` (the values the kernel computes with). Every row that sees a key is finite,
     not 0, with a finite LSE within 1e-3 relative; a row whose two best keys lie >= 64 apart in log2 units and 1 %
     of its largest |score| apart (no near tie the accumulator could flip) is one-hot: V of its best key, within
-    max(1e-3, the output dtype's eps) of max|V| (the output's rounding)."""
+    max(1e-3, the output dtype's eps) of max|V| (the output's rounding).
+
+    The LSE bound is the FP8 MMA's own: LSE moves by at most softmax_scale times the largest error of a score it
+    sees, and each score's error is bounded by the accumulator model of fa_variants.fp8.emulation
+    (_qk_accumulator_bound), plus float32's rounding of the LSE itself. A fixed relative bound (1e-3, before
+    session 28) failed at head_dim 256 on the H200 by 1 %: the accumulator's error grows with the sum of |q_i k_i|,
+    not with the score."""
     from fa_variants.common.scale import LOG2_E
 
     q, k, v = (t.double().cpu() for t in inputs.dequantize())
@@ -125,8 +131,9 @@ def assert_huge_logits_ok(out: torch.Tensor, lse: torch.Tensor, inputs, causal: 
     assert torch.equal(torch.isfinite(lse), seen), f"{what}: rows with a finite LSE differ from float64's"
     assert torch.isfinite(out).all() and (out[~seen] == 0).all(), f"{what}: non-finite O or a row without keys not 0"
     assert (out[seen].abs().amax(-1) > 0).all(), f"{what}: a row that sees keys came back 0"
-    lse_err = ((lse[seen] - want_lse[seen]).abs() / want_lse[seen].abs().clamp(min=1.0)).max().item()
-    assert lse_err <= 1e-3, f"{what}: LSE relative error {lse_err:.3g}"
+    bound = inputs.softmax_scale * _qk_accumulator_bound(q, k, causal) + 1e-5 * want_lse.abs() + 1e-3
+    excess = ((lse - want_lse).abs() / bound)[seen].max().item()
+    assert excess <= 1.0, f"{what}: LSE error {excess:.3g}x the FP8 accumulator's bound"
     group = q.shape[2] // k.shape[2]
     s = torch.einsum("bqhd,bkhd->bhqk", q, k.repeat_interleave(group, 2)) * inputs.softmax_scale * LOG2_E
     if causal:
@@ -138,6 +145,31 @@ def assert_huge_logits_ok(out: torch.Tensor, lse: torch.Tensor, inputs, causal: 
     tol = max(1e-3, torch.finfo(out_dtype).eps) * v.abs().max().item()
     err = (out[clear] - want[clear]).abs().max().item()
     assert err <= tol, f"{what}: one-hot rows off by {err:.3g} (bound {tol:.3g})"
+
+
+def _qk_accumulator_bound(q: torch.Tensor, k: torch.Tensor, causal: bool) -> torch.Tensor:
+    """Per query row (B, H, Nq), float64: the largest error the FP8 MMA's accumulator can put into an unscaled score
+    q . k of a key the row sees, under fa_variants.fp8.emulation's block-floating-point model: each k = MMA_K chunk
+    cuts its MMA_K products and the incoming accumulator toward zero to BLOCKFP_FRAC_BITS fraction bits below the
+    largest of them, top = 2^e (e = floor(log2 top)), so chunk c errs by less than (MMA_K + 1) 2^(e - frac_bits);
+    top is at most the chunk's largest |q_i k_i| or the exact partial sum's magnitude plus the error so far.
+    q (B, Nq, H, D), k (B, Nk, H_kv, D): the dequantised values (float64, exact products)."""
+    from fa_variants.fp8.emulation import BLOCKFP_FRAC_BITS, MMA_K
+
+    group = q.shape[2] // k.shape[2]
+    k = k.repeat_interleave(group, 2)
+    partial = torch.zeros(q.shape[0], q.shape[2], q.shape[1], k.shape[1], dtype=torch.float64)
+    err = torch.zeros_like(partial)
+    for d0 in range(0, q.shape[-1], MMA_K):
+        top = partial.abs() + err
+        for d in range(d0, min(d0 + MMA_K, q.shape[-1])):
+            top = torch.maximum(top, torch.einsum("bqh,bkh->bhqk", q[..., d].abs(), k[..., d].abs()))
+        step = torch.ldexp(torch.ones_like(top), torch.frexp(top).exponent - 1 - BLOCKFP_FRAC_BITS)
+        err += torch.where(top > 0, (MMA_K + 1) * step, 0.0)
+        partial += torch.einsum("bqhd,bkhd->bhqk", q[..., d0:d0 + MMA_K], k[..., d0:d0 + MMA_K])
+    if causal:
+        err = err.masked_fill(~causal_visible(q.shape[1], k.shape[1]), 0.0)
+    return err.amax(-1)
 
 
 def sm90_only(what: str) -> list:
