@@ -368,3 +368,17 @@ def test_fp8persist_scripts_count_their_tests_and_name_the_set():
         files = re.search(r"-rfE \\\n\s+(tests/\S+(?: tests/\S+)*)", text).group(1).split()
         count = int(re.search(r'grep -qE "\(\^\|\[\^0-9\]\)(\d+) passed"', text).group(1))
         assert len(collected_ids("-m", "gpu", *files)) == count, (name, files)
+
+
+def test_fp8guard_script_counts_its_tests_and_names_the_set():
+    """scripts/fp8guard_gpu.sh (session 28): the A/B set it runs exists with the default and huge_guard at 64 and 128;
+    its "N passed" is the count of the GPU tests its -k expression selects."""
+    ab = load_script("fa3_fp8_speed_ab")
+    variants = ab.SETS["fp8guard"].variants
+    assert {64, 128} <= set(variants) and all(variants[d]["guard"] == dict(huge_guard=True) for d in (64, 128))
+    text = (ROOT / "scripts" / "fp8guard_gpu.sh").read_text()
+    assert "--set fp8guard" in text
+    expr = re.search(r'-k "([^"]+)"', text).group(1)
+    files = re.search(r"-rfE \\\n\s+(tests/\S+(?: tests/\S+)*)", text).group(1).split()
+    count = int(re.search(r'grep -qE "\(\^\|\[\^0-9\]\)(\d+) passed"', text).group(1))
+    assert len(collected_ids("-m", "gpu", "-k", expr, *files)) == count
