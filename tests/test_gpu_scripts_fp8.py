@@ -376,6 +376,7 @@ def test_fp8guard_script_counts_its_tests_and_names_the_set():
     ab = load_script("fa3_fp8_speed_ab")
     variants = ab.SETS["fp8guard"].variants
     assert {64, 128} <= set(variants) and all(variants[d]["guard"] == dict(huge_guard=True) for d in (64, 128))
+    assert all(variants[d]["checked"] == dict(huge_guard=False) for d in (64, 128))
     text = (ROOT / "scripts" / "fp8guard_gpu.sh").read_text()
     assert "--set fp8guard" in text
     expr = re.search(r'-k "([^"]+)"', text).group(1)

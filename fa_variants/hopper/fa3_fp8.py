@@ -201,10 +201,12 @@ class Fp8Config(Fa3Config):
         max. Same values. The per-tile form keeps more values live and spills at the head_dim 256 default (and with
         descale_prefetch), so those configs take this one (``DEFAULT_SWITCHES``; 0.97x at head_dim 256 in session
         27's A/B, 0.90-0.95x where it is not needed).
-    huge_guard: (session 27, off: to be measured) the huge-logit check only on tiles where it can matter: |m| <=
-        max(c_n 2 head_dim 448^2, |m_old|), known before the row maxima, so on ordinary inputs the softmax runs the
-        code it ran before the check existed (``OnlineSoftmax.score_bound``). Not with huge_per_row (both paths
-        live at once spill at head_dim 256). Predicted to take back the check's 3-5 % (bench/NOTES.md, "Session 27").
+    huge_guard: (session 27; the head_dim 64 default since session 28, ``DEFAULT_SWITCHES``) the huge-logit check
+        only on tiles where it can matter: |m| <= max(c_n 2 head_dim 448^2, |m_old|), known before the row maxima,
+        so on ordinary inputs the softmax runs the code it ran before the check existed
+        (``OnlineSoftmax.score_bound``). Not with huge_per_row (both paths live at once spill at head_dim 256).
+        Measured (session 28, paired A/B, one H200, N 4k / 16k, causal and not): 1.004-1.033x the checked default at
+        head_dim 64, 0.954-0.985x at 128 (two "slower"), so 128 keeps the check on every tile (bench/NOTES.md).
     """
 
     two_level: bool = True
@@ -299,7 +301,7 @@ class Fp8Config(Fa3Config):
 #: per-round medians of default time / bounded time 0.998 / 1.003 / 1.016 / 1.010 (TFLOP/s 1024 / 922 / 1086 / 1038
 #: against 1011 / 920 / 1046 / 1029), 11 GPU tests passed (adversarial V finite, vs the emulation and float64).
 #: bounded_units=False brings the limit back.
-DEFAULT_SWITCHES = {64: dict(reduce_chains=4), 96: {}, 128: {},
+DEFAULT_SWITCHES = {64: dict(reduce_chains=4, huge_guard=True), 96: {}, 128: {},
                     256: dict(skip_unit_rescale=True, s_lookahead=True, s_halves=True, fused_promote=True,
                               reduce_chains=2, bounded_units=True, huge_per_row=True)}
 #: the changes that take the head_dim 256 default back to its serial steps (no lookahead, S in one MMA; O in absolute
