@@ -20,24 +20,20 @@
 # 2. then scripts/NAME_gpu.sh for each NAME, in order, each with the time left of CALL_BUDGET seconds (default 560),
 #    skipped when fewer than 100 s are left; logs under $OUT/pending/NAME/, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
-#    Plan for session 28: session 27 ran the whole GPU suite on session 26's tree (1 failed, a harness fault, fixed)
-#    and gave fa3-fp8 an exact form for huge logits (a break-it finding: rows of 0 / LSE -inf from softmax_scale ~1e8;
-#    the five fa3-fp8 GPU files passed on the final kernel, 507 tests), which costs 3-5 % of the kernel's speed
-#    (bench/NOTES.md, "Session 27"). Open: issue 10 (1100 TFLOP/s at D 256: 1084 now; 1.4x at 128; 1.3x at 64;
-#    two-level <= 5 % at 256; the pass at 70 % of copy: 49-58 %; pass + kernel at N 4k causal), 12 (fa3 /
-#    flash-attn-4 >= 1.00 everywhere; >= cuDNN at D 64 N 512 / 1k), 13 (70 % of HBM at D 64 B 1 Nk 32k: 61-65 %),
-#    16 (two GPUs).
-#    A. First: the whole GPU suite on the final tree (`python3 -m pytest -q -n 14 -m "gpu and not slow" -p
-#    no:cacheprovider`, ~560 s: one call of its own; a default kernel changed, fa3-fp8's softmax; the suite gained
-#    the huge-logit and huge_guard tests). Next: `Fp8Config.huge_guard` (off; NOTES "Session 27 ... Built after the
-#    calls"): `scripts/fa3_fp8_speed_ab.py --set fp8guard --head-dims 64 128` (its GPU tests first: test_fa3_fp8_gpu.py
-#    -k "huge_logits and guarded", test_fa3_fp8_speed_gpu.py -k fp8guard); predicted guard / new 1.02-1.05; flip at 64
-#    and 128 if not slower anywhere. Then Q's quantisation fused into fa3-fp8 (issue 10); the D 64 short-shape gap
-#    to cuDNN (issue 12).
+#    Plan for session 29: session 28 ran the GPU suite on session 27's tree in three partial calls (no kernel failure;
+#    one test bound fixed: the huge-logit LSE now bounded by the FP8 accumulator's model) and measured huge_guard:
+#    1.004-1.033x at D 64 (flipped on in the default), 0.954-0.985x at 128 (kept off) (bench/NOTES.md "Session 28").
+#    Open: issue 10 (1100 TFLOP/s at D 256; 1.4x at 128, 1.3x at 64: 1.03-1.15x now; two-level <= 5 % at 256; the
+#    pass at 70 % of copy; pass + kernel at N 4k causal), 12 (fa3 / flash-attn-4 >= 1.00 everywhere: 0.94-1.00 in
+#    session 28's call; >= cuDNN at D 64 N 512 / 1k), 13 (70 % of HBM at D 64 B 1 Nk 32k: 61-65 %), 16 (two GPUs).
+#    A. First: the whole GPU suite on the final tree in two calls (the D 64 fa3-fp8 default changed):
+#    `scripts/suite_gpu.sh 1`, then `scripts/suite_gpu.sh 2` (~400 s each, cold). Then Q's quantisation fused into
+#    fa3-fp8 (issue 10; session 21's bound: no separate pass can meet pass + kernel at N 4k causal, D 64 / 128); the
+#    D 64 short-shape gap to cuDNN (issue 12).
 #    B. As before: D 256 split / packed configs without convert_pairs at causal shapes; the persistent consumer's K/V
 #    loop (bench/NOTES.md "Session 20 ..."); D 256's two-level cost; fa3-fp8's magnitude limit, max|V| seqlen_k <=
 #    2^119 (README, "FP8's range": the unnormalised O overflows float32; lifting it is a kernel change).
-#    C. The whole GPU suite on the session's final tree if a default kernel changed (~520 s, a call of its own).
+#    C. The whole GPU suite on the session's final tree if a default kernel changed (scripts/suite_gpu.sh 1 and 2).
 #    New lines "X. scripts/pending_gpu.sh [--checks] NAME ..." as scripts land. Each call starts a
 #    cold machine (~60-85 s more); carry [".gpu"], or
 #    [".gpu", ".before.tar.xz"] after `scripts/ab_checkout.sh COMMIT .before` for a script that A/Bs against an older
