@@ -491,6 +491,50 @@ def test_compare_flags_a_case_that_is_no_longer_measured():
     assert all(r["ratio"] is None for r in bad)
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -5.0])
+def test_compare_takes_a_non_finite_figure_for_no_measurement(bad):
+    """A TFLOP/s that is NaN, infinite or negative is no measurement (session 28's break-it pass: a NaN ratio passed
+    every threshold, so a report of NaN figures compared as "0 slower"): in the new report a regression of ours, with
+    the value named; in the saved one, a case with nothing to compare against."""
+    from fa_variants.bench import compare
+
+    old, _ = synthetic_report()
+    new = json.loads(json.dumps(old))
+    ours = [r for r in new["results"] if r["kind"] == "ours" and r["tflops"]]
+    for r in ours:
+        r["tflops"] = bad
+    bad_rows = [r for r in compare.compare(new, old) if r["regressed"]]
+    assert len(bad_rows) == len(ours) and all(r["new"] is None and repr(bad) in r["error"] for r in bad_rows)
+    assert not any(r["regressed"] for r in compare.compare(old, new))  # saved NaN / inf: nothing to compare
+    assert len(compare.compare(old, new)) == len([r for r in old["results"] if r["tflops"]]) - len(ours)
+
+
+@pytest.mark.parametrize("change", [
+    ("drop", "causal"), ("set", "tflops", "300"), ("set", "head_dim", [128]), ("set", "kind", "OURS"),
+    ("set", "causal", "yes"), ("set", "seqlen", True), ("set", "impl", 3)])
+def test_a_report_row_of_the_wrong_shape_is_one_line(tmp_path, capsys, change):
+    """--report-from and --compare files whose rows lack causal or hold values of another type (a string TFLOP/s, a
+    list head_dim, an unknown kind): the one-line "not a report" error, exit 2 (were KeyError / TypeError
+    tracebacks, or a case silently dropped for "OURS"; session 28's break-it pass)."""
+    good, _ = synthetic_report()
+    bad = json.loads(json.dumps(good))
+    row = next(r for r in bad["results"] if r["kind"] == "ours" and r["tflops"])
+    if change[0] == "drop":
+        del row[change[1]]
+    else:
+        row[change[1]] = change[2]
+    src, saved = tmp_path / "bad.json", tmp_path / "good.json"
+    src.write_text(json.dumps(bad))
+    saved.write_text(json.dumps(good))
+    assert top_cli.main(["bench", "--report-from", str(src), "--out", str(tmp_path / "o1"), "--no-charts"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "is not a report of `fa-variants bench`" in err and change[1] in err, err
+    with pytest.raises(SystemExit) as exit_:
+        top_cli.main(["bench", "--report-from", str(saved), "--out", str(tmp_path / "o2"), "--no-charts",
+                      "--compare", str(src)])
+    assert exit_.value.code == 2 and "\n" not in capsys.readouterr().err.strip()
+
+
 def test_cli_compare_with_report_from_needs_no_gpu(tmp_path, capsys):
     old, _ = synthetic_report()
     report.write_reports(old, tmp_path / "old", charts=False)

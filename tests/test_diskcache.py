@@ -418,3 +418,51 @@ def test_warmup_plans_fa3s_split_config_too(monkeypatch):
     monkeypatch.setattr(fa3, "SHORT_BALANCED", False)
     assert [c.config for c in plan()[0]] == [
         fa3.DEFAULT_CONFIGS[128], short]
+
+
+def test_prune_deletes_only_directories_the_cache_wrote(cache_dir, tmp_path):
+    """`fa-variants warmup --prune` (diskcache.prune): an old fingerprint directory of entries and store's temporary
+    files goes; the current one stays; so does everything the cache did not write, when FA_VARIANTS_CACHE_DIR names a
+    directory that holds other things (session 28's break-it pass: it deleted a project and a .git folder there):
+    other folders, a 16-hex-digit folder holding a foreign file, a symbolic link to an old-looking folder, files."""
+    current = cache_dir / diskcache.fingerprint()
+    old = cache_dir / ("0123456789abcdef" if diskcache.fingerprint() != "0123456789abcdef" else "fedcba9876543210")
+    foreign = cache_dir / "00000000deadbeef"
+    for d in (current, old, foreign, cache_dir / "projectA" / "src", cache_dir / ".git", old / ".export-x1"):
+        d.mkdir(parents=True, exist_ok=True)
+    (current / "fa3-sm_90a-bf16-d128-0011223344556677.kernel").write_bytes(b"entry")
+    (old / "fa3-sm_90a-bf16-d128-0011223344556677.kernel").write_bytes(b"entry")
+    (old / ".fa3-sm_90a-bf16-d128-0011223344556677.kernel.abc123.tmp").write_bytes(b"half")
+    (old / ".load-xyz.so").write_bytes(b"so")
+    (foreign / "notes.txt").write_text("mine")
+    (foreign / "a.kernel").write_bytes(b"entry")
+    (cache_dir / "projectA" / "src" / "main.py").write_text("print(1)")
+    (cache_dir / ".git" / "HEAD").write_text("ref: refs/heads/main")
+    (cache_dir / "README").write_text("mine")
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (target / "b.kernel").write_bytes(b"entry")
+    (cache_dir / "aaaaaaaaaaaaaaaa").symlink_to(target, target_is_directory=True)
+    before = sorted(p.relative_to(cache_dir) for p in cache_dir.rglob("*") if not p.is_relative_to(old))
+
+    assert diskcache.prune() == [old]
+    assert not old.exists()
+    assert sorted(p.relative_to(cache_dir) for p in cache_dir.rglob("*")) == before
+    assert (target / "b.kernel").read_bytes() == b"entry"
+    assert diskcache.prune() == []
+
+
+def test_a_bad_loader_switch_is_an_error_not_a_corrupt_entry(cache_dir, monkeypatch):
+    """FA_VARIANTS_DISK_CACHE_LOADER other than auto / dsl: ValueError naming it from diskcache.load (before any
+    entry is read), so `fa-variants warmup` exits 2 with one line; before session 28 it was taken for a corrupt entry
+    (a DiskCacheWarning) and the entry was recompiled and overwritten."""
+    import warnings
+
+    monkeypatch.setenv(diskcache.ENV_LOADER, "bogus")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", diskcache.DiskCacheWarning)
+        with pytest.raises(ValueError, match=diskcache.ENV_LOADER):
+            diskcache.load(_cfg(96))
+    for good in ("auto", "dsl"):
+        monkeypatch.setenv(diskcache.ENV_LOADER, good)
+        assert diskcache.loader() == good and diskcache.load(_cfg(96)) is None  # no entry: None, no warning

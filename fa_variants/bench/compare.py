@@ -8,9 +8,18 @@ it runs on saved JSON files anywhere (``fa-variants bench --report-from NEW.json
 """
 from __future__ import annotations
 
+import math
 import statistics
 
 DEFAULT_THRESHOLD = 0.03
+
+
+def _measured(tflops) -> float | None:
+    """A TFLOP/s figure, or None where there is none to compare: null, 0, negative, NaN or infinite (a broken
+    measurement is not a result: a NaN compared as a ratio passed every threshold before session 28)."""
+    if tflops is None or not math.isfinite(tflops) or tflops <= 0:
+        return None
+    return float(tflops)
 
 
 def _key(r: dict) -> tuple:
@@ -31,15 +40,18 @@ def compare(new: dict, old: dict, threshold: float = DEFAULT_THRESHOLD) -> list[
     now = _by_case(new)
     rows = []
     for key, was in _by_case(old).items():
-        if not was.get("tflops"):
+        t_old = _measured(was.get("tflops"))
+        if t_old is None:
             continue  # nothing to compare against
         rec = now.get(key)
-        t_new = rec.get("tflops") if rec else None
-        ratio = t_new / was["tflops"] if t_new else None
+        t_new = _measured(rec.get("tflops")) if rec else None
+        ratio = t_new / t_old if t_new else None
         ours = was["kind"] == "ours"
+        error = (rec or {}).get("error") or ("not in the new report" if rec is None else None)
+        if rec is not None and t_new is None and error is None and rec.get("tflops") is not None:
+            error = f"TFLOP/s {rec['tflops']!r} is not a measurement"
         rows.append(dict(impl=key[0], kind=was["kind"], dtype=key[1], head_dim=key[2], seqlen=key[3], causal=key[4],
-                         old=was["tflops"], new=t_new, ratio=ratio,
-                         error=(rec or {}).get("error") or ("not in the new report" if rec is None else None),
+                         old=t_old, new=t_new, ratio=ratio, error=error,
                          regressed=ours and (ratio is None or ratio < 1 - threshold)))
     return rows
 

@@ -250,12 +250,37 @@ def to_markdown(report: dict) -> str:
     return "\n".join(out)
 
 
-_RESULT_KEYS = ("impl", "kind", "dtype", "head_dim", "seqlen")
+#: what every result / memory row must hold, and the type of each (bool is not taken for an int)
+_ROW_TYPES = {"impl": str, "kind": str, "dtype": str, "head_dim": int, "seqlen": int}
+_RESULT_TYPES = {**_ROW_TYPES, "causal": bool}
+#: measured fields: a number or null (failed, skipped)
+_NUMBERS = ("ms", "tflops", "first_call_s", "max_diff", "inputs_mib", "peak_mib")
+
+
+def _row_problem(row, types: dict) -> str | None:
+    """What is wrong with one result or memory row (None if nothing): a missing key, a value of another type, a
+    kind other than "ours" / "peer", a measured field that is neither a number nor null."""
+    if not isinstance(row, dict):
+        return f"a row that is a JSON {type(row).__name__}, not an object"
+    missing = [k for k in types if k not in row]
+    if missing:
+        return f"a row without {', '.join(missing)}: {str(row)[:80]}"
+    for key, kind in types.items():
+        value = row[key]
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            return f"a row whose {key!r} is {value!r}, not a JSON {'true/false' if kind is bool else kind.__name__}"
+    if row["kind"] not in ("ours", "peer"):
+        return f"a row whose 'kind' is {row['kind']!r}, not 'ours' or 'peer'"
+    for key in _NUMBERS:
+        value = row.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            return f"a row whose {key!r} is {value!r}, not a number or null"
+    return None
 
 
 def not_a_report(report) -> str | None:
     """Why a loaded JSON document is not a report of ``fa-variants bench`` (None if it is one): the keys
-    and types the markdown and charts read."""
+    and types the markdown, charts and ``--compare`` read (`_RESULT_TYPES`, `_ROW_TYPES`, `_NUMBERS`)."""
     if not isinstance(report, dict):
         return f"a JSON {type(report).__name__}, not an object"
     missing = [k for k in ("meta", "results") if k not in report]
@@ -265,9 +290,11 @@ def not_a_report(report) -> str | None:
     if not isinstance(report["meta"], dict) or not isinstance(report["results"], list) or not isinstance(
             report.get("memory", []), list):
         return "'meta' must be an object, 'results' and 'memory' lists"
-    for row in report["results"] + report.get("memory", []):
-        if not isinstance(row, dict) or any(k not in row for k in _RESULT_KEYS):
-            return f"a result row without {', '.join(_RESULT_KEYS)}: {str(row)[:80]}"
+    for rows, types in ((report["results"], _RESULT_TYPES), (report.get("memory", []), _ROW_TYPES)):
+        for row in rows:
+            problem = _row_problem(row, types)
+            if problem:
+                return problem
     return None
 
 

@@ -232,7 +232,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seqlens-k", action="store_true", help="also the kernels that read per-sequence KV "
                         "lengths (attention(..., seqlens_k=...) on fa3 and fa2)")
     parser.add_argument("--prune", action="store_true", help="also delete cache directories of other "
-                        "kernel-source / DSL versions")
+                        "kernel-source / DSL versions (only directories the cache wrote)")
     parser.add_argument("--jobs", type=positive_int, default=1, help="compile this many kernels at a time, one "
                         "process each (default 1: in this process)")
     parser.add_argument("--no-progress", action="store_true")

@@ -190,10 +190,20 @@ def link_shared(obj_path: str, so_path: str) -> tuple[bytes, str]:
     return Path(so_path).read_bytes(), "ok"
 
 
+def loader() -> str:
+    """FA_VARIANTS_DISK_CACHE_LOADER: "auto" (default) or "dsl"; ValueError naming the variable for anything else
+    (read before an entry is opened: a bad switch is the caller's error, not a corrupt entry to recompile)."""
+    return env.choice(ENV_LOADER, "auto", ("auto", "dsl"))
+
+
 def load(cfg):
     """(fn, cubin, smem_dynamic_bytes, compile_s) of a stored kernel, or None: no entry, or an unusable one
-    (then a `DiskCacheWarning`; the caller recompiles and `store` overwrites it)."""
+    (then a `DiskCacheWarning`; the caller recompiles and `store` overwrites it).
+
+    Raises:
+        ValueError: FA_VARIANTS_DISK_CACHE_LOADER set to neither "auto" nor "dsl" (`loader`)."""
     global loads
+    way = loader()
     path = entry_path(cfg)
     try:
         data = path.read_bytes()
@@ -204,7 +214,7 @@ def load(cfg):
         return None
     try:
         header, parts = _parse(data, cfg)
-        fn, way = _load_function(parts, path.parent)
+        fn, way = _load_function(parts, path.parent, way)
     except Exception as exc:
         warnings.warn(f"fa_variants: unusable compile cache entry {path} ({type(exc).__name__}: {exc}); "
                       "recompiling", DiskCacheWarning, stacklevel=2)
@@ -241,10 +251,11 @@ def _parse(data: bytes, cfg) -> tuple[dict, dict[str, bytes]]:
     return header, parts
 
 
-def _load_function(parts: dict[str, bytes], directory: Path):
+def _load_function(parts: dict[str, bytes], directory: Path, way: str = "auto"):
     """(the TVM-FFI function of an entry, "shared" or "dsl"): its shared library through ``dlopen`` when it has
-    one (and FA_VARIANTS_DISK_CACHE_LOADER is not ``dsl``), falling back to the object through the DSL."""
-    if parts["shared"] and env.choice(ENV_LOADER, "auto", ("auto", "dsl")) != "dsl":
+    one (and ``way``, FA_VARIANTS_DISK_CACHE_LOADER's value, is not ``dsl``), falling back to the object through
+    the DSL."""
+    if parts["shared"] and way != "dsl":
         try:
             return _load_shared(parts["shared"], directory), "shared"
         except Exception as exc:  # e.g. a runtime library moved since it was linked: the object still loads
@@ -295,15 +306,40 @@ def _load_object(obj: bytes, directory: Path):
         return getattr(module, EXPORT_NAME)
 
 
+def _is_cache_directory(path: Path) -> bool:
+    """True for a directory this cache wrote: named like `fingerprint` (16 lowercase hex digits), not a symbolic
+    link, holding only entries (``*.kernel``) and the temporary files and folders `store` and `_load_shared` /
+    `_load_object` make (``.export-*``, ``.load-*``, ``.<entry>.*.tmp``), at its top level."""
+    if path.is_symlink() or not path.is_dir() or len(path.name) != 16 or path.name.strip("0123456789abcdef"):
+        return False
+    def ours(child: Path) -> bool:
+        name = child.name
+        if child.is_symlink():
+            return False
+        if name.startswith((".export-", ".load-")):  # scratch of store / the loaders
+            return True
+        if name.startswith(".") and name.endswith(".tmp") and SUFFIX + "." in name:  # store's unrenamed file
+            return True
+        return name.endswith(SUFFIX) and child.is_file()
+
+    return all(ours(child) for child in path.iterdir())
+
+
 def prune() -> list[Path]:
     """Delete the fingerprint directories other than the current one (entries no process will read again);
-    returns what was deleted."""
+    returns what was deleted. Only directories this cache wrote (`_is_cache_directory`) are touched: anything else
+    under the cache root (FA_VARIANTS_CACHE_DIR may name a directory that holds other files) is left as it is."""
     import shutil
 
     top, keep, gone = root(), fingerprint(), []
     if top.is_dir():
         for child in top.iterdir():
-            if child.is_dir() and child.name != keep:
-                shutil.rmtree(child, ignore_errors=True)
+            if child.name != keep and _is_cache_directory(child):
+                try:
+                    shutil.rmtree(child)
+                except OSError as exc:
+                    warnings.warn(f"fa_variants: could not delete the cache directory {child} ({exc})",
+                                  DiskCacheWarning, stacklevel=2)
+                    continue
                 gone.append(child)
     return gone
