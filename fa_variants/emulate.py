@@ -312,6 +312,48 @@ def fa1_tile_sizes(M: int, d: int) -> tuple[int, int]:
     return min(Bc, d), Bc
 
 
+def _floor_sum(n: int, m: int, a: int, b: int) -> int:
+    """sum over i = 0 .. n-1 of floor((a i + b) / m), for n >= 0, m >= 1, a >= 0, b >= 0, in O(log) steps (the
+    Euclid-like reduction of floor sums: take out the whole parts of a / m and b / m, then swap the roles of the
+    axes under the line y = (a x + b) / m)."""
+    total = 0
+    while n > 0:
+        if a >= m:
+            total += n * (n - 1) // 2 * (a // m)
+            a %= m
+        if b >= m:
+            total += n * (b // m)
+            b %= m
+        y_max = a * n + b
+        if y_max < m:
+            break
+        n, b = divmod(y_max, m)
+        m, a = a, m
+    return total
+
+
+def tile_sums(Nq: int, Nk: int, Br: int, Bc: int, causal: bool) -> tuple[int, int, int]:
+    """Over the Q tiles i (rows_i rows ending at row end_i; n_i K/V tiles visited: Tc, or
+    :func:`causal_kv_tiles` when causal): (sum rows_i n_i, sum min(n_i Bc, Nk), sum of rows_i with n_i > 0), in
+    closed form (O(log) in the sizes; a loop over the tiles took minutes at N = 1e11). Full tiles whose last row sees
+    a key have n_i = ceil(((i + 1) Br + Nk - Nq) / Bc), a floor sum; the last, partial tile is added alone."""
+    Tr, Tc = _tile_counts(Nq, Nk, Br, Bc)
+    if Tc == 0 or Tr == 0:
+        return 0, 0, 0
+    if not causal:
+        return Nq * Tc, Tr * Nk, Nq
+    shift, full = Nk - Nq, Nq // Br
+    hidden = min(max(-shift // Br, 0), full)  # full tiles whose last row sees no key: (i + 1) Br + shift <= 0
+    seen = full - hidden
+    tiles = _floor_sum(seen, Bc, Br, (hidden + 1) * Br + shift + Bc - 1)  # sum of n_i over the full tiles seen
+    at_tc = max(0, full - max(hidden, ((Tc - 1) * Bc - shift) // Br))  # of them, those with n_i = Tc
+    steps, kv_rows, q_rows = Br * tiles, Bc * tiles - (Tc * Bc - Nk) * at_tc, Br * seen
+    if Nq % Br:  # the last tile, rows full * Br .. Nq - 1
+        n = causal_kv_tiles(Nq, Nq, Nk, Bc)
+        steps, kv_rows, q_rows = steps + (Nq % Br) * n, kv_rows + min(n * Bc, Nk), q_rows + (Nq % Br if n else 0)
+    return steps, kv_rows, q_rows
+
+
 def hbm_counts(algorithm: str, B: int, H: int, Nq: int, Nk: int, D: int, Br: int = 64, Bc: int = 64,
                causal: bool = False) -> dict[str, tuple[int, int]]:
     """Exact HBM traffic of ``emulate(algorithm, ...)`` in elements, without running it.
@@ -339,17 +381,14 @@ def hbm_counts(algorithm: str, B: int, H: int, Nq: int, Nk: int, D: int, Br: int
         c = {"Q": (Nq * D, 0), "K": (Nk * D, 0), "V": (Nk * D, 0), "S": (Nq * Nk, Nq * Nk),
              "P": (Nq * Nk, Nq * Nk), "O": (0, Nq * D), "LSE": (0, Nq)}
         return {n: (r * bh, w * bh) for n, (r, w) in c.items() if r * bh or w * bh}
-    tiles = [(min(Br, Nq - i * Br), causal_kv_tiles(min((i + 1) * Br, Nq), Nq, Nk, Bc) if causal else Tc)
-             for i in range(Tr)]
+    steps, kv_rows, q_rows = tile_sums(Nq, Nk, Br, Bc, causal)
     if algorithm == "fa1":
-        steps = sum(rows * n for rows, n in tiles)  # query rows summed over the visited (i, j) pairs
         kv = Nk * D if Nq > 0 else 0
         c = {"Q": (steps * D, 0), "K": (kv, 0), "V": (kv, 0), "O": (steps * D, (steps + Nq) * D),
              "l": (steps + Nq, steps + Nq), "m": (steps + Nq, steps + Nq), "LSE": (0, Nq)}
     else:
-        kv = sum(min(n * Bc, Nk) for _, n in tiles) * D
-        c = {"Q": (sum(rows for rows, n in tiles if n) * D, 0), "K": (kv, 0), "V": (kv, 0),
-             "O": (0, Nq * D), "LSE": (0, Nq)}
+        kv = kv_rows * D
+        c = {"Q": (q_rows * D, 0), "K": (kv, 0), "V": (kv, 0), "O": (0, Nq * D), "LSE": (0, Nq)}
     return {n: (r * bh, w * bh) for n, (r, w) in c.items() if r * bh or w * bh}
 
 
@@ -437,7 +476,13 @@ def run_cli(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    M = int(args.sram_kb * 1024) // args.elem_bytes
+    sram_bytes = args.sram_kb * 1024
+    if not math.isfinite(sram_bytes):
+        raise ValueError(f"--sram-kb {args.sram_kb:g} is too large: {args.sram_kb:g} KiB overflows a float in bytes")
+    M = int(sram_bytes) // args.elem_bytes
+    if M < 1:
+        raise ValueError(f"--sram-kb {args.sram_kb:g} holds no element of --elem-bytes {args.elem_bytes} (M = 0): "
+                         "raise --sram-kb or lower --elem-bytes")
     title = (f"HBM accesses per (batch, head), elements read + written; M = {M} elements "
              f"({args.sram_kb:g} KiB of {args.elem_bytes}-byte elements); Br, Bc as FA1 Algorithm 1 line 1"
              f"{'; causal' if args.causal else ''}"

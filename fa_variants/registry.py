@@ -10,6 +10,7 @@ the split-KV merge, compiled but never dispatched to.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from dataclasses import dataclass
 
@@ -132,6 +133,22 @@ def static_config(name: str, arch: str, dtype: str, head_dim: int, causal: bool,
     if problems:
         raise UnsupportedConfigError(f"variant {name!r} does not serve " + "; ".join(problems))
     return v.static_config(arch, dtype, head_dim, causal, config)
+
+
+#: the 16-bit input dtypes ``attention(..., backend="fa3-fp8")`` quantises to e4m3 with the default FP8Config
+FP8_QUANTISED_INPUTS = ("fp16", "bf16")
+
+
+def call_static_config(name: str, arch: str, dtype: str, head_dim: int, causal: bool, config=None):
+    """The compile-cache key a call on ``dtype`` inputs looks up: `static_config`, but for fa3-fp8 on fp16 / bf16
+    inputs the kernel runs on their e4m3 quantisation and writes O in their dtype (``hopper.fa3_fp8._kernel``),
+    so its key is dtype "e4m3" with the config's ``out_dtype`` = dtype. `fa-variants compile` and `warmup` both
+    use it, so what they compile is what a call runs."""
+    if name == "fa3-fp8" and dtype in FP8_QUANTISED_INPUTS:
+        config = config or variant(name).default_config(arch, head_dim, causal)
+        config = dataclasses.replace(config, out_dtype=dtype)
+        return static_config(name, arch, "e4m3", head_dim, causal, config)
+    return static_config(name, arch, dtype, head_dim, causal, config)
 
 
 def compiled(cfg):

@@ -167,3 +167,25 @@ def test_testkernel_compiles_once_and_launches_on_the_gpu():
     n = cache.cache_info()["compiles"]
     check(3, 130, 77, 6, 2)  # other batch, seqlens and heads (GQA): served from the cache
     assert cache.cache_info()["compiles"] == n
+
+
+@pytest.mark.parametrize("dtype, kernel_dtype, out_dtype", [("fp16", "e4m3", "fp16"), ("bf16", "e4m3", "bf16"),
+                                                            ("e4m3", "e4m3", "bf16")])
+def test_compile_builds_the_kernel_a_call_runs(monkeypatch, dtype, kernel_dtype, out_dtype):
+    """`fa-variants compile --variant fa3-fp8 --dtype fp16` compiles the key an fp16 call looks up (the e4m3 kernel
+    writing fp16: registry.call_static_config, as warmup does); before session 28 it compiled the bf16-output
+    kernel under the label fp16. Checked on the key compile_only asks for (no compile here)."""
+    from fa_variants.commands import compile as compile_cmd, warmup
+
+    asked = []
+
+    def fake(cfg):
+        asked.append(cfg)
+        raise RuntimeError("stop")
+
+    monkeypatch.setattr(registry, "compiled", fake)
+    with pytest.raises(RuntimeError, match="stop"):
+        compile_cmd.compile_only("fa3-fp8", "sm_90a", 128, dtype)
+    (cfg,) = asked
+    assert cfg.dtype == kernel_dtype and cfg.config.out_dtype == out_dtype
+    assert cfg == warmup.kernel_config("fa3-fp8", "sm_90a", dtype, 128, False)

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from fa_variants.cli import main
-from fa_variants.emulate import HBM, emulate, fa1_tile_sizes, hbm_bytes, hbm_counts
+from fa_variants.emulate import (HBM, _tile_counts, causal_kv_tiles, emulate, fa1_tile_sizes, hbm_bytes, hbm_counts,
+                                  tile_sums)
 
 ALGOS = ("standard", "fa1", "fa2")
 cdiv = lambda a, b: -(-a // b)  # noqa: E731
@@ -214,3 +215,37 @@ def test_io_cli(capsys):
     assert "emulated" in out and "closed form" in out and "N^2d^2/M" in out
     assert main(["io", "--N", "64", "--d", "16", "--sram-kb", "4", "--causal", "--fa2-tiles", "32", "16"]) == 0
     assert "FA2 with Br, Bc = 32, 16" in capsys.readouterr().out
+
+
+def test_tile_sums_closed_form_is_the_loop_over_tiles():
+    """emulate.tile_sums (the floor-sum closed form, session 28) equals the plain loop over Q tiles on every small
+    case: Nq, Nk 0..23 (Nq != Nk both ways, empty sides), tile sizes 1..6, causal and not; and a call at N = 1e11,
+    where the loop ran for minutes (`fa-variants io --N 100000000000` never finished), returns at once with the
+    values of a square causal call (Br = Bc: tile i visits i + 1 K/V tiles)."""
+    import itertools
+    import time
+
+    def loop(Nq, Nk, Br, Bc, causal):
+        Tr, Tc = _tile_counts(Nq, Nk, Br, Bc)
+        tiles = [(min(Br, Nq - i * Br), causal_kv_tiles(min((i + 1) * Br, Nq), Nq, Nk, Bc) if causal else Tc)
+                 for i in range(Tr)]
+        return (sum(r * n for r, n in tiles), sum(min(n * Bc, Nk) for _, n in tiles), sum(r for r, n in tiles if n))
+
+    for Nq, Nk, Br, Bc, causal in itertools.product(range(24), range(24), range(1, 7), range(1, 7), (False, True)):
+        assert tile_sums(Nq, Nk, Br, Bc, causal) == loop(Nq, Nk, Br, Bc, causal), (Nq, Nk, Br, Bc, causal)
+    start, N, B = time.perf_counter(), 10**11, 64
+    T = N // B
+    assert tile_sums(N, N, B, B, True) == (B * T * (T + 1) // 2, B * T * (T + 1) // 2, N)
+    assert time.perf_counter() - start < 1.0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--sram-kb", "1e308"], "--sram-kb 1e+308 is too large"),
+    (["--sram-kb", "0.001"], "--sram-kb 0.001 holds no element of --elem-bytes 2"),
+    (["--sram-kb", "1", "--elem-bytes", "2048"], "--elem-bytes 2048 (M = 0)")])
+def test_io_cli_sram_out_of_range_is_one_line(capsys, args, message):
+    """`fa-variants io` with an SRAM size that overflows in bytes, or holds no element: one line naming the flags,
+    exit 2 (were an OverflowError traceback and "M and d must be >= 1", naming neither flag; session 28)."""
+    assert main(["io", "--N", "64", "--d", "64", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and message in err, err

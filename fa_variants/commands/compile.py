@@ -25,6 +25,9 @@ def compile_only(variant: str, arch: str, head_dim: int, dtype: str, causal: boo
                  sass: bool = False, config=None) -> dict:
     """Compile one configuration with fake tensors (no GPU needed) and report its resources.
 
+    The kernel is the one a call on ``dtype`` inputs runs (``registry.call_static_config``: fa3-fp8 on fp16 / bf16
+    compiles the e4m3 kernel writing O in that dtype).
+
     Returns a dict: variant, arch, dtype, head_dim, causal, tiles (the variant's config as a dict),
     compile_s (seconds of the cute.compile call that built it, also when served from the cache),
     registers (per thread), smem_static_bytes, smem_dynamic_bytes (as launched), smem_bytes (their sum),
@@ -33,7 +36,7 @@ def compile_only(variant: str, arch: str, head_dim: int, dtype: str, causal: boo
     """
     if arch not in ARCHS:
         raise registry.UnsupportedConfigError(f"arch {arch!r} unknown; choose from {', '.join(ARCHS)}")
-    cfg = registry.static_config(variant, arch, dtype, head_dim, causal, config)
+    cfg = registry.call_static_config(variant, arch, dtype, head_dim, causal, config)  # what such a call runs
     c = registry.compiled(cfg)
     res = cubin.cubin_resources(c.cubin) if c.cubin else {}
     report = {

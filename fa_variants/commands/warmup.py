@@ -129,18 +129,8 @@ def plan(backends, arch: str, dtypes, head_dims, causal, groups: tuple[int, ...]
     return list(dict.fromkeys(todo)), notes
 
 
-QUANTISED = ("fp16", "bf16")  # fa3-fp8's inputs that ``attention`` quantises with the default FP8Config
-
-
-def kernel_config(name: str, arch: str, dtype: str, head_dim: int, causal: bool, config=None):
-    """``registry.static_config``, but for fa3-fp8 on fp16 / bf16 inputs: the kernel runs on their e4m3 quantisation
-    and writes O in their dtype, so the key a call looks up (``hopper.fa3_fp8._kernel``) is dtype "e4m3" with the
-    config's ``out_dtype`` = dtype."""
-    if name == "fa3-fp8" and dtype in QUANTISED:
-        config = config or registry.variant(name).default_config(arch, head_dim, causal)
-        config = dataclasses.replace(config, out_dtype=dtype)
-        return registry.static_config(name, arch, "e4m3", head_dim, causal, config)
-    return registry.static_config(name, arch, dtype, head_dim, causal, config)
+QUANTISED = registry.FP8_QUANTISED_INPUTS
+kernel_config = registry.call_static_config  # the key a call looks up (fa3-fp8 on 16-bit inputs: e4m3, out_dtype)
 
 
 def quant_passes(arch: str, dtype: str, head_dim: int, groups: tuple[int, ...] = ()) -> list:
