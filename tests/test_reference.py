@@ -137,6 +137,22 @@ def test_empty_rows_are_zero_with_lse_minus_inf():
     assert not torch.isnan(out).any()
 
 
+def test_a_row_whose_scores_are_all_minus_inf_sees_no_key():
+    """README "Non-finite values": a row whose every visible score is exactly -inf (q = 1 against keys of -inf) is
+    answered as a fully masked row, O = 0 and LSE -inf, while a score of +inf makes the row NaN (session 28's
+    break-it pass found the first undocumented). The other row of the batch is unaffected."""
+    q = torch.tensor([1.0, 1.0], dtype=torch.float64).reshape(1, 2, 1, 1)
+    k = torch.tensor([-math.inf, -math.inf], dtype=torch.float64).reshape(1, 2, 1, 1)
+    v = torch.tensor([5.0, 7.0], dtype=torch.float64).reshape(1, 2, 1, 1)
+    out, lse = attention_reference(q, k, v, softmax_scale=1.0)
+    assert (out == 0).all() and torch.isneginf(lse).all()
+    out, lse = attention_reference(q, -k, v, softmax_scale=1.0)
+    assert out.isnan().all()
+    k2 = torch.tensor([-math.inf, 3.0], dtype=torch.float64).reshape(1, 2, 1, 1)
+    out, lse = attention_reference(q, k2, v, softmax_scale=1.0, causal=True)  # row 0 sees key 0 only
+    assert out[0, 0, 0, 0] == 0 and torch.isneginf(lse[0, 0, 0]) and out[0, 1, 0, 0] == 7.0
+
+
 @pytest.mark.parametrize("dims", [(0, 5, 3, 2), (2, 0, 3, 2), (2, 5, 0, 2), (2, 5, 3, 0)],
                          ids=["B0", "Nq0", "Nk0", "H0"])
 def test_empty_inputs(dims):
