@@ -92,7 +92,7 @@ FP8_KERNEL = study.kernels_available()  # the fa3-fp8 kernel runs here (an sm_90
     (["demo", "--backend", "bogus", "--seqlen", "16"], "fa-variants demo: error: unknown backend 'bogus'"),
     (["demo", "--backend", "fa2", "--seqlen", "16"] if not torch.cuda.is_available() else
      ["demo", "--backend", "fa9", "--seqlen", "16"], "fa-variants demo: error: "),
-    (["io", "--N", "64", "--sram-kb", "0.001"], "fa-variants io: error: M and d must be >= 1"),
+    (["io", "--N", "64", "--sram-kb", "0.001"], "fa-variants io: error: --sram-kb 0.001 holds no element"),
     (["fp8-study", "--quick", "--sweeps", "inputs", "--seqlens", "16", "--out", "/proc/no/such/dir"],
      "fa-variants fp8-study: error: .*No such file or directory"),
     # asked for by name where it cannot run: an error, not the emulation in its place (session 20's walkthrough)

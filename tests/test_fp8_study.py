@@ -93,3 +93,116 @@ def test_table3_prints_the_papers_values_beside_ours_marked_as_the_papers(capsys
     assert "2.4e-02 (paper)" in out and "9.1e-03 (paper)" in out
     assert json.loads((tmp_path / "fp8_study.json").read_text())["setup"]["paper"]["table3_rmse"] == {
         "tensor": 2.4e-2, "block+H": 9.1e-3}
+
+
+# ---------------------------------------------------------------------------------------------- break-it fixes
+
+
+def _meta(**kw):
+    return dict(command="test", seed=0, fp8_source="the EMULATION", torch=torch.__version__, device="cpu",
+                cases=[], **kw)
+
+
+def _run_file(folder, name, rows, e2e=None, **setup):
+    path = folder / f"{name}.json"
+    path.write_text(json.dumps({"setup": {**_meta(), **setup}, "rows": rows, "e2e": e2e}))
+    return str(path)
+
+
+def _merge(capsys, tmp_path, *files):
+    code = cli.main(["fp8-study", "--merge", *files, "--out", str(tmp_path / "merged")])
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--sweeps", "p", "p"], "--sweeps"), (["--seqlens", "64", "128", "64"], "--seqlens"),
+    (["--head-dims", "64", "64"], "--head-dims"), (["--merge", "a", "a"], "--merge")])
+def test_a_list_flag_refuses_a_repeated_value(capsys, argv, flag):
+    """--seqlens 1024 1024 ran two cases and showed one; --sweeps p p ran every case twice: argparse's error."""
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["fp8-study", *argv])
+    assert exc.value.code == 2
+    assert f"argument {flag}: " in capsys.readouterr().err
+
+
+def test_a_seed_near_2_64_wraps_and_the_report_states_the_rule():
+    """seed + SEED_OFFSET[sweep] + i is taken mod 2^64 (it overflowed torch's manual_seed), and the report says
+    so (it said "case i uses seed + i")."""
+    cases = study.sweep_cases(["p", "seqlen", "inputs"], quick=True, gpu=False, seed=2**64 - 1)
+    assert [c.seed for c in cases if c.sweep == "p"] == [2**64 - 1, 0]
+    assert [c.seed for c in cases if c.sweep == "seqlen"] == [99, 100]
+    for c in cases:
+        study.make_inputs(dataclasses.replace(c, seqlen_q=8, seqlen_k=8))
+    meta = _meta()
+    md = study.markdown(_fake_rows(1e-3), meta, None)
+    assert "(seed + offset + i) mod 2^64" in md and "seqlen 100" in md and "uses seed + i)" not in md
+
+
+def test_heads_reach_the_seqlen_sweep_on_the_cpu():
+    """--heads was ignored by the seqlen sweep without a GPU (1 head); its default there stays 1."""
+    assert {c.heads for c in study.sweep_cases(["seqlen"], quick=False, gpu=False, heads=3)} == {3}
+    assert {c.heads for c in study.sweep_cases(["seqlen"], quick=False, gpu=False)} == {1}
+
+
+@pytest.mark.parametrize("flag", ["--heads", "--head-dim"])
+def test_sizes_too_large_to_allocate_are_one_line(capsys, tmp_path, flag):
+    """A raw RuntimeError traceback from the CPU allocator before; now demo's kind of line, exit 2."""
+    argv = ["fp8-study", "--quick", "--no-e2e", "--sweeps", "p", "--backend", "emulation", flag, "100000000",
+            "--out", str(tmp_path)]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("fa-variants fp8-study: error: cannot allocate q, k, v") and flag in err[-1], err
+    assert not (tmp_path / "fp8_study.json").exists()
+
+
+@pytest.mark.parametrize("rows, e2e, what", [
+    ([{}], None, "rows[0]: sweep missing"),
+    ([], None, "rows is empty"),
+    ("bad method", None, "rows[0]: method is 'nope'"),
+    ("rmse x", None, "rows[0]: rmse, rel_l2, max_abs, cos are"),
+    ("heads str", None, "rows[0]: heads is '1'"),
+    ("good", {"what": 5}, "e2e: "),
+    ("good", {"what": "x", "rows": [{"label": "a", "backend": "b", "perplexity": "x"}]}, "e2e: rows[0]: perplexity"),
+    ("good", {"what": "x", "kl_per_token": {"fp8": ["x"]}}, "e2e: kl_per_token"),
+])
+def test_merge_names_a_bad_row_or_e2e(capsys, tmp_path, rows, e2e, what):
+    """A valid setup over bad rows / e2e: KeyError, TypeError or "Unknown format code 'e'" before."""
+    good = _fake_rows(1e-3)
+    if isinstance(rows, str):
+        bad = {"bad method": {"method": "nope"}, "rmse x": {"rmse": "x"}, "heads str": {"heads": "1"}}.get(rows, {})
+        rows = [dict(good[0], **bad), *good[1:]]
+    path = _run_file(tmp_path, "run", rows, e2e)
+    code, err = _merge(capsys, tmp_path, path)
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"fa-variants fp8-study: error: --merge {path}: not an fp8_study.json") and what in err[0]
+
+
+def _rows(p=1e-3, **case):
+    return [dict(r, **case) for r in _fake_rows(p)]
+
+
+def test_merge_refuses_runs_whose_headers_differ_or_cases_collide(capsys, tmp_path):
+    """Run A's "Table 3 setting" (H, D) was printed over run B's figures, and a case in both runs was
+    overwritten; now an error naming the setting and the files. Runs that agree still merge."""
+    a = _run_file(tmp_path, "a", _rows())
+    b = _run_file(tmp_path, "b", _rows(1e-2, heads=3))
+    code, err = _merge(capsys, tmp_path, a, b)
+    assert code == 2 and "the p sweep's heads differs" in err[-1] and a in err[-1] and b in err[-1], err
+    c = _run_file(tmp_path, "c", _rows(seed=7))  # the same case, another seed
+    code, err = _merge(capsys, tmp_path, a, c)
+    assert code == 2 and "case {'p': 0.001}" in err[-1] and f"in {a} and {c}" in err[-1], err
+    d = _run_file(tmp_path, "d", _rows(1e-2), seed=5)
+    code, err = _merge(capsys, tmp_path, a, d)
+    assert code == 2 and "the runs' seed differ" in err[-1] and d in err[-1], err
+    seqlen = [dict(r, sweep="seqlen", seqlen_q=128, seqlen_k=256) for r in _fake_rows(1e-3)]
+    e = _run_file(tmp_path, "e", _rows(1e-2) + seqlen)
+    assert _merge(capsys, tmp_path, a, e)[0] == 0
+    md = (tmp_path / "merged" / "fp8_study.md").read_text()
+    assert "Long-context drift" in md and "p=0.01" in md and "p=0.001" in md
+
+
+def test_the_inputs_header_names_each_distribution():
+    """The inputs sweep's header gave the first row's distribution (N(0, 1)) for all three rows."""
+    rows = [dict(r, sweep="inputs", dist=d) for d in ("normal", "channel") for r in _fake_rows(1e-3)]
+    md = study.markdown(rows, _meta(), None)
+    assert "normal: q, k, v ~ N(0, 1); channel: channel outliers" in md

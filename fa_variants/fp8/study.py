@@ -26,8 +26,8 @@ Where FP8 numbers come from: on an sm_90 GPU the fa3-fp8 kernel (``fa_variants.f
 the emulation of the kernel (``fa_variants.fp8.emulation``, with its cheap "truncate" accumulator model:
 its errors vs float64 match the block-FP model's) measured beside it; elsewhere the emulation alone, and every
 table header says which. Seeds: each case draws its inputs from
-``torch.Generator().manual_seed(seed + SEED_OFFSET[sweep] + index in its sweep)`` on the CPU (recorded in the JSON), so a rerun gives the
-same inputs, and the same numbers up to the reduction order of the device's BLAS.
+``torch.Generator().manual_seed((seed + SEED_OFFSET[sweep] + index in its sweep) mod 2^64)`` on the CPU (recorded
+in the JSON), so a rerun gives the same inputs, and the same numbers up to the reduction order of the device's BLAS.
 """
 from __future__ import annotations
 
@@ -147,9 +147,11 @@ def make_inputs(case: Case, fixture=None) -> tuple[torch.Tensor, torch.Tensor, t
 def sweep_cases(sweeps, *, quick: bool, gpu: bool, seed: int = 0, heads: int | None = None,
                 head_dim: int = 128, seqlens=None, fixture=None, head_dims=None) -> list[Case]:
     """The cases of each sweep in ``sweeps`` (names: p, seqlen, head_dim, inputs, layer), sized for the CPU
-    (quick: seconds to a minute; else minutes) or the GPU. Case i of a sweep gets seed + SEED_OFFSET[sweep]
-    + i, so a case's inputs do not depend on which other sweeps run (runs split over processes agree with
-    one run). ``head_dims`` keeps only those head dims of the head_dim sweep (its seeds unchanged)."""
+    (quick: seconds to a minute; else minutes) or the GPU. Case i of a sweep gets (seed + SEED_OFFSET[sweep]
+    + i) mod 2^64 (what torch's generator takes), so a case's inputs do not depend on which other sweeps run
+    (runs split over processes agree with one run). ``heads`` sets every sweep's heads but the layer sweep's
+    (the model's); without it the seqlen sweep has 1 head on the CPU. ``head_dims`` keeps only those head dims
+    of the head_dim sweep (its seeds unchanged)."""
     n = 512 if quick else (4096 if gpu else 1024)
     h = heads or (1 if quick else (4 if gpu else 2))
     lens = seqlens or ([1024, 4096] if quick else ([1024, 4096, 16384, 32768, 65536, 131072] if gpu
@@ -161,7 +163,7 @@ def sweep_cases(sweeps, *, quick: bool, gpu: bool, seed: int = 0, heads: int | N
             ps = [1e-3, 1e-2] if quick else [1e-4, 3e-4, 1e-3, 3e-3, 1e-2]
             out += [Case("p", "outlier", n, n, h, head_dim, p=p) for p in ps]
         elif sweep == "seqlen":  # 128 query rows (one Q tile) that see every key: the drift is along seqlen_k
-            out += [Case("seqlen", "outlier", 128, nk, 1 if not gpu else h, head_dim) for nk in lens]
+            out += [Case("seqlen", "outlier", 128, nk, h if gpu or heads else 1, head_dim) for nk in lens]
         elif sweep == "head_dim":
             out += [Case("head_dim", "outlier", n, n, h, d, causal=c) for d in SWEEP_HEAD_DIMS for c in (False, True)]
         elif sweep == "inputs":
@@ -172,7 +174,8 @@ def sweep_cases(sweeps, *, quick: bool, gpu: bool, seed: int = 0, heads: int | N
                 out += [Case("layer", "real", N, N, H, D, causal=fixture.causal, layer=i) for i in range(L)]
         else:
             raise ValueError(f"unknown sweep {sweep!r}; choose from {SWEEPS}")
-        out[first:] = [dataclasses.replace(c, seed=seed + SEED_OFFSET[sweep] + i) for i, c in enumerate(out[first:])]
+        out[first:] = [dataclasses.replace(c, seed=(seed + SEED_OFFSET[sweep] + i) % 2**64)
+                       for i, c in enumerate(out[first:])]
     return [c for c in out if c.sweep != "head_dim" or head_dims is None or c.head_dim in head_dims]
 
 
@@ -207,7 +210,8 @@ def run_study(cases: list[Case], *, methods=None, backend: str = "auto", fixture
     ("torch", "kernel", "emulation", or "not run: ..."), seconds, and rmse, rel_l2, max_abs, cos against
     float64 (None when not run); on the kernel path also ``emulation`` (the emulation's errors) and
     ``kernel_vs_emulation`` (max |O_kernel - O_emulation|). backend: "auto" | "emulation" | "kernel"
-    (ValueError if "kernel" is asked for where it cannot run)."""
+    (ValueError if "kernel" is asked for where it cannot run, or if a case's inputs or its float64 reference
+    cannot be allocated: sizes too large for the device, named as demo names them)."""
     kernel = backend in ("auto", "kernel") and kernels_available()
     if backend == "kernel" and not kernel:
         raise ValueError(_no_kernel())
@@ -218,9 +222,15 @@ def run_study(cases: list[Case], *, methods=None, backend: str = "auto", fixture
     names = list(methods or METHODS)
     rows = []
     for case in cases:
-        q, k, v = (t.to(device) for t in make_inputs(case, fixture))
         scale = fixture.softmax_scale if case.dist == "real" else None
-        ref, _ = attention_reference(q, k, v, causal=case.causal, softmax_scale=scale, dtype=torch.float64)
+        try:
+            q, k, v = (t.to(device) for t in make_inputs(case, fixture))
+            ref, _ = attention_reference(q, k, v, causal=case.causal, softmax_scale=scale, dtype=torch.float64)
+        except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError; so is a size overflow
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise ValueError(f"cannot allocate q, k, v and the float64 reference of case {case.name()} with "
+                             f"H = {case.heads} on {device} ({first}); choose smaller --heads / --head-dim / "
+                             "--seqlens") from None
         for name in names:
             m = METHODS[name]
             row = {**dataclasses.asdict(case), "method": name}
@@ -303,8 +313,9 @@ def markdown(rows: list[dict], meta: dict, e2e: dict | None) -> str:
     src = meta["fp8_source"]
     cols = [m for m in METHODS if any(r["method"] == m and r["rmse"] is not None for r in rows)]
     out = [f"# FP8 attention accuracy study (`fa-variants fp8-study`)", "",
-           f"Command: `{meta['command']}`; seed {meta['seed']} (case i uses seed + i); torch {meta['torch']}; "
-           f"device: {meta['device']}.", ""]
+           f"Command: `{meta['command']}`; seed {meta['seed']} (case i of a sweep uses (seed + offset + i) mod 2^64, "
+           f"offsets {', '.join(f'{k} {v}' for k, v in SEED_OFFSET.items())}; each case's seed is in the JSON); "
+           f"torch {meta['torch']}; device: {meta['device']}.", ""]
     by = lambda s: [r for r in rows if r["sweep"] == s]  # noqa: E731
     ps = [r["p"] for r in by("p")]
     t3 = [r for r in by("p") if r["p"] == (1e-3 if 1e-3 in ps else ps[0])] if ps else []
@@ -317,8 +328,9 @@ def markdown(rows: list[dict], meta: dict, e2e: dict | None) -> str:
         cells = {r["method"]: r for r in t3 if r["p"] == c["p"]}
         for m in (m for m in cols if m in cells):
             r = cells[m]
+            cos = "—" if r["cos"] is None else f"{r['cos']:.6f}"
             out.append(f"| {METHODS[m].label} | {_fmt(r['rmse'])} | {_fmt(r['rel_l2'])} | {_fmt(r['max_abs'])} | "
-                       f"{r['cos']:.6f} | {_paper_cell(m, c['p'])} |")
+                       f"{cos} | {_paper_cell(m, c['p'])} |")
         out += ["", *paper_note(cells, c["p"])]
         out.append("")
     sections = [("p", "RMSE vs outlier fraction p", "rmse", lambda r: f"p={r['p']:g}"),
@@ -333,9 +345,11 @@ def markdown(rows: list[dict], meta: dict, e2e: dict | None) -> str:
         if rs:
             c = rs[0]
             dims = "" if sweep == "head_dim" else f", D = {c['head_dim']}"
+            dists = dict.fromkeys(r["dist"] for r in rs)  # several only in the inputs sweep, one per table row
+            what = "; ".join(DISTRIBUTIONS[d] if len(dists) == 1 else f"{d}: {DISTRIBUTIONS[d]}" for d in dists)
             out += [f"## {title} — FP8 via {src}", "",
-                    f"H = {c['heads']}{dims}, Nq = {c['seqlen_q']}, batch {c['batch']}; "
-                    f"{DISTRIBUTIONS[c['dist']]}.", ""] + _table(rs, key, metric, cols) + [""]
+                    f"H = {c['heads']}{dims}, Nq = {c['seqlen_q']}, batch {c['batch']}; {what}.", ""]
+            out += _table(rs, key, metric, cols) + [""]
     emu = [r for r in rows if "emulation" in r]
     if emu:
         out += ["## Kernel vs emulation (same inputs): max |O_kernel - O_emulation| and the emulation's RMSE", "",
@@ -389,21 +403,41 @@ def plots(rows: list[dict], folder: Path, src: str) -> list[Path]:
 # ---------------------------------------------------------------------------------------------- CLI
 
 
+class _Distinct(argparse.Action):
+    """A list flag whose values are each given once: a repeat is argparse's error naming the flag (a repeated
+    seqlen ran twice and showed once in its table; a repeated sweep ran all its cases twice)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        again = [v for i, v in enumerate(values) if v in values[:i]]
+        if again:
+            raise argparse.ArgumentError(self, f"{str(again[0])!r} given twice; give each value once")
+        setattr(namespace, self.dest, values)
+
+
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    """Arguments of `fa-variants fp8-study`."""
+    """Arguments of `fa-variants fp8-study`. Its list flags (--sweeps, --seqlens, --head-dims, --merge) refuse a
+    value given twice."""
     from fa_variants.cli import positive_int, seed_int
 
+    offsets = ", ".join(f"{k} {v}" for k, v in SEED_OFFSET.items())
     parser.add_argument("--quick", action="store_true",
                         help="small sizes (about a minute on 2 CPU cores); the default without a GPU")
-    parser.add_argument("--sweeps", nargs="+", choices=SWEEPS, default=list(SWEEPS))
-    parser.add_argument("--seqlens", type=positive_int, nargs="+", default=None,
-                        help="seqlen_k of the drift sweep (default GPU 1k..128k, CPU 1k 4k 16k, quick 1k 4k)")
-    parser.add_argument("--heads", type=positive_int, default=None, help="default GPU 4, CPU 2, quick 1")
-    parser.add_argument("--head-dim", type=positive_int, default=128, help="of every sweep but head_dim")
-    parser.add_argument("--seed", type=seed_int, default=0, help="random seed in [0, 2^64 - 1] (default 0)")
+    parser.add_argument("--sweeps", nargs="+", choices=SWEEPS, default=list(SWEEPS), action=_Distinct,
+                        help="the sweeps to run, each once (default all)")
+    parser.add_argument("--seqlens", type=positive_int, nargs="+", default=None, action=_Distinct,
+                        help="seqlen_k of the drift sweep, each once (default GPU 1k..128k, CPU 1k 4k 16k, "
+                             "quick 1k 4k)")
+    parser.add_argument("--heads", type=positive_int, default=None,
+                        help="heads of every sweep but layer (the model's); default GPU 4, CPU 2, quick 1, and "
+                             "1 in the seqlen sweep on a CPU")
+    parser.add_argument("--head-dim", type=positive_int, default=128,
+                        help="of every sweep but head_dim and layer (the model's); default 128")
+    parser.add_argument("--seed", type=seed_int, default=0,
+                        help="random seed in [0, 2^64 - 1] (default 0); case i of a sweep draws its inputs with "
+                             f"seed (seed + offset + i) mod 2^64, offsets {offsets}")
     parser.add_argument("--backend", choices=("auto", "emulation", "kernel"), default="auto",
                         help="FP8 numbers from the emulation (CPU), the fa3-fp8 kernel (GPU), or auto")
-    parser.add_argument("--head-dims", type=int, nargs="+", default=None, choices=SWEEP_HEAD_DIMS,
+    parser.add_argument("--head-dims", type=int, nargs="+", default=None, choices=SWEEP_HEAD_DIMS, action=_Distinct,
                         help="only these head dims of the head_dim sweep (e.g. one per process; seeds unchanged)")
     parser.add_argument("--model-dir", type=Path, default=None,
                         help="the real model as a folder of pieces (scripts/pack_model_chunks.py): the per-layer "
@@ -415,8 +449,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                         help="real-input fixture for the per-layer sweep when no model is loaded (default: found "
                              "as demo finds it)")
     parser.add_argument("--no-e2e", action="store_true", help="skip the end-to-end real-model run")
-    parser.add_argument("--merge", type=Path, nargs="+", default=None, metavar="JSON",
-                        help="run nothing: merge fp8_study.json files of earlier runs into one report under --out")
+    parser.add_argument("--merge", type=Path, nargs="+", default=None, metavar="JSON", action=_Distinct,
+                        help="run nothing: merge fp8_study.json files of earlier runs into one report under --out; "
+                             "the runs must agree on what the report's headers state (seed, torch, device, FP8 "
+                             "source, each sweep's fixed sizes) and share no case, else an error")
     parser.add_argument("--out", type=Path, default=Path("results/fp8_study"),
                         help="folder for fp8_study.json, fp8_study.md and the plots (default results/fp8_study)")
 
@@ -465,30 +501,104 @@ def _write(args, rows: list[dict], meta: dict, e2e: dict | None, gpu: bool) -> N
     print(f"wrote {args.out / 'fp8_study.json'}, fp8_study.md and {len(written)} plots", file=sys.stderr)
 
 
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+METRICS = ("rmse", "rel_l2", "max_abs", "cos")
+#: per sweep, the Case fields that differ between its cases (a table row each); the others (but seed) are the
+#: sweep's fixed setting, stated once in its report header
+VARIES = {"p": ("p",), "seqlen": ("seqlen_k",), "head_dim": ("head_dim", "causal"), "inputs": ("dist",),
+          "layer": ("layer",)}
+
+
+def _row_problem(row: dict) -> str | None:
+    """What makes one row of fp8_study.json unusable by the report (a missing key, a value of the wrong type),
+    or None."""
+    for key, ok, want in (("sweep", lambda x: x in SWEEPS, f"one of {', '.join(SWEEPS)}"),
+                          ("method", lambda x: x in METHODS, "a method of fp8-study"),
+                          ("dist", lambda x: x in DISTRIBUTIONS, f"one of {', '.join(DISTRIBUTIONS)}"),
+                          ("causal", lambda x: isinstance(x, bool), "true or false"),
+                          ("p", _number, "a number"), ("backend", lambda x: isinstance(x, str), "a string"),
+                          ("layer", lambda x: x is None or _int(x), "an int or null"),
+                          *((k, _int, "an int") for k in ("seqlen_q", "seqlen_k", "heads", "head_dim", "batch",
+                                                          "seed"))):
+        if key not in row or not ok(row[key]):
+            return f"{key} {'missing' if key not in row else f'is {row[key]!r}'}, not {want}"
+    values = [row.get(k, "missing") for k in METRICS]
+    if not (all(x is None for x in values) or all(_number(x) for x in values)):
+        return f"{', '.join(METRICS)} are {values}, not all numbers or all null"
+    if "emulation" in row and not (isinstance(row["emulation"], dict) and _number(row["emulation"].get("rmse"))
+                                   and _number(row.get("kernel_vs_emulation"))):
+        return "emulation is not {\"rmse\": number, ...} beside a number kernel_vs_emulation"
+    return None
+
+
 def _read_run(path: Path) -> dict:
-    """One fp8_study.json for --merge: {"setup": {"command", "cases", "fp8_source", ...}, "rows": [{...}], "e2e"}.
-    ValueError naming the file otherwise (before: json's message without the file, or a KeyError / TypeError
-    traceback for another JSON, e.g. a bench report)."""
+    """One fp8_study.json for --merge: {"setup": {"command", "cases", "fp8_source", "seed", "torch", "device",
+    ...}, "rows": [{the Case's fields, method, backend, rmse, rel_l2, max_abs, cos}], "e2e": end_to_end's result
+    or null}. ValueError naming the file and what is wrong otherwise (before: json's message without the file,
+    or a KeyError / TypeError traceback for another JSON, e.g. a bench report, or for a bad row)."""
     try:
         run = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"--merge {path}: not JSON ({exc})") from None
     setup = run.get("setup") if isinstance(run, dict) else None
     if not (isinstance(setup, dict) and isinstance(setup.get("command"), str) and isinstance(setup.get("cases"), list)
-            and isinstance(setup.get("fp8_source"), str) and isinstance(run.get("rows"), list)
-            and all(isinstance(row, dict) for row in run["rows"])):
+            and isinstance(setup.get("fp8_source"), str) and isinstance(setup.get("torch"), str)
+            and isinstance(setup.get("device"), str) and _int(setup.get("seed"))
+            and isinstance(run.get("rows"), list) and all(isinstance(row, dict) for row in run["rows"])):
         raise ValueError(f"--merge {path}: not an fp8_study.json of `fa-variants fp8-study` (a setup with command, "
-                         "cases and fp8_source; rows)")
+                         "cases, fp8_source, seed, torch and device; rows)")
+    problems = [f"rows[{i}]: {_row_problem(row)}" for i, row in enumerate(run["rows"]) if _row_problem(row)]
+    if not run["rows"]:  # a run has a row per (case, method) and at least one case
+        problems.append("rows is empty")
+    if run.get("e2e") is not None and study_model.check(run["e2e"]):
+        problems.append(f"e2e: {study_model.check(run['e2e'])}")
+    if problems:
+        raise ValueError(f"--merge {path}: not an fp8_study.json of `fa-variants fp8-study` ({problems[0]})")
     return run
 
 
+def _check_merge(runs: list[dict], paths: list[Path]) -> None:
+    """ValueError naming the setting and the two files where the runs disagree on what the report states once
+    (the setup's seed, torch, device, FP8 source; each sweep's fixed sizes, VARIES), or where a case (its sweep's
+    varying fields and method) is in two runs or twice in one."""
+    for key in ("fp8_source", "seed", "torch", "device"):
+        for path, run in zip(paths[1:], runs[1:]):
+            if run["setup"][key] != runs[0]["setup"][key]:
+                raise ValueError(f"--merge: the runs' {key} differ ({paths[0]}: {runs[0]['setup'][key]!r}, {path}: "
+                                 f"{run['setup'][key]!r}); the report states one, so merge runs of one setting")
+    fixed: dict = {}  # sweep -> (path, row) of its first row
+    seen: dict = {}  # (sweep, varying values, method) -> path
+    for path, run in zip(paths, runs):
+        for row in run["rows"]:
+            sweep = row["sweep"]
+            first_path, first = fixed.setdefault(sweep, (path, row))
+            for f in dataclasses.fields(Case):
+                if f.name not in (*VARIES[sweep], "seed") and row[f.name] != first[f.name]:
+                    raise ValueError(f"--merge: the {sweep} sweep's {f.name} differs ({first_path}: {first[f.name]!r}, "
+                                     f"{path}: {row[f.name]!r}); its report header states one, so merge runs of "
+                                     "one setting")
+            case = (sweep, *(row[k] for k in VARIES[sweep]), row["method"])
+            if case in seen:
+                where = f"twice in {path}" if seen[case] == path else f"in {seen[case]} and {path}"
+                raise ValueError(f"--merge: the {sweep} sweep's case {dict(zip(VARIES[sweep], case[1:-1]))} "
+                                 f"({row['method']}) is {where}; a table shows one, so merge runs without overlap")
+            seen[case] = path
+
+
 def merge_cli(args: argparse.Namespace) -> int:
-    """--merge: one report from the JSON of several runs (rows concatenated, the first end-to-end result)."""
+    """--merge: one report from the JSON of several runs (rows concatenated, the first end-to-end result).
+    The runs must agree on what the report states once and share no case (``_check_merge``)."""
     runs = [_read_run(p) for p in args.merge]
+    _check_merge(runs, args.merge)
     meta = dict(runs[0]["setup"], command=" ; ".join(r["setup"]["command"] for r in runs),
                 cases=[c for r in runs for c in r["setup"]["cases"]])
-    if len({r["setup"]["fp8_source"] for r in runs}) > 1:
-        raise ValueError("--merge: the runs' FP8 sources differ (kernel and emulation); merge like with like")
     rows = [row for r in runs for row in r["rows"]]
     e2e = next((r["e2e"] for r in runs if r.get("e2e")), None)
     _write(args, rows, meta, e2e, gpu="kernel" in meta["fp8_source"])

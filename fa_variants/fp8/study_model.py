@@ -176,6 +176,34 @@ def end_to_end(model, input_ids: torch.Tensor, *, use_kernel: bool, methods=None
             "kl_per_token": per_token}
 
 
+ROW_NUMBERS = ("perplexity", "kl_vs_reference_mean", "kl_vs_reference_median", "kl_vs_reference_max",
+               "top1_vs_reference", "kl_vs_bf16_mean", "kl_vs_bf16_max", "top1_vs_bf16")
+
+
+def check(e2e) -> str | None:
+    """What makes ``e2e`` (end_to_end's result, or {"what": "failed: ..."}, as read back from fp8_study.json)
+    unusable by ``markdown`` and ``plot``, or None."""
+    def number(x):
+        return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+    if not isinstance(e2e, dict) or not isinstance(e2e.get("what"), str):
+        return 'not an object with a "what" string'
+    rows = e2e.get("rows", [])
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        return "rows is not a list of objects"
+    for i, r in enumerate(rows):
+        bad = [k for k in ("label", "backend") if not isinstance(r.get(k), str)]
+        bad += [k for k in ROW_NUMBERS if not number(r.get(k))]
+        if bad:
+            want = "a number" if bad[0] in ROW_NUMBERS else "a string"
+            return f"rows[{i}]: {bad[0]} is {r.get(bad[0], 'missing')!r}, not {want}"
+    kl = e2e.get("kl_per_token", {})
+    if not (isinstance(kl, dict) and all(m in E2E_METHODS and isinstance(v, list) and all(number(x) for x in v)
+                                         for m, v in kl.items())):
+        return "kl_per_token is not {method: [numbers]}"
+    return None
+
+
 def markdown(e2e: dict, src: str) -> list[str]:
     """The end-to-end section of the report."""
     out = [f"## End to end on the real model — FP8 via {src}", "", e2e["what"] + ".", ""]
