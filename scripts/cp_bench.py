@@ -46,6 +46,7 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -621,6 +622,8 @@ def main() -> int:
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     timeout = datetime.timedelta(seconds=300)
     if args.device == "cuda":
+        if not torch.cuda.is_available():
+            sys.exit(f"cp_bench.py: error: no CUDA GPU here; the CPU smoke run is --device cpu --backend reference")
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
         dist.init_process_group("nccl", device_id=device, timeout=timeout)

@@ -25,7 +25,10 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=Path(".smollm2"), help="folder (default .smollm2, git-ignored)")
     parser.add_argument("--chunk-mib", type=float, default=52, help="largest piece in MiB (default 52)")
     args = parser.parse_args(argv)
-    model, tokenizer = load_smollm2()
+    try:
+        model, tokenizer = load_smollm2()
+    except ImportError as exc:  # a missing [real] extra or model file: one line naming what to install
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
     written = save_model_dir(model, args.out, tokenizer=tokenizer, chunk_mib=args.chunk_mib)
     state = read_weights(args.out)
     ref = model.state_dict()

