@@ -371,6 +371,24 @@ def _tracing(q) -> bool:
     return torch.compiler.is_compiling() or (type(q) is not torch.Tensor and not isinstance(q, torch.nn.Parameter))
 
 
+def _autocast_device(q) -> str | None:
+    """The device type whose ``torch.autocast`` is on for q's device, or None (also for a non-tensor q: the
+    validation names it)."""
+    if isinstance(q, torch.Tensor):
+        device_type = q.device.type
+        if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
+            return device_type
+    return None
+
+
+def _autocast_cast(device_type: str, *tensors):
+    """The tensors as ``torch.autocast`` casts SDPA's inputs: each floating tensor other than float64 (and 8-bit
+    floats, already quantised) to the autocast dtype of ``device_type``; anything else unchanged."""
+    dtype = torch.get_autocast_dtype(device_type)
+    return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
+                 and t.dtype.itemsize > 1 else t for t in tensors)
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
               softmax_scale: float | None = None, backend: str = "auto", return_lse: bool = False,
               seqlens_k: torch.Tensor | None = None, num_splits: int | None = None, pack_gqa: bool | None = None):
@@ -420,6 +438,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     it NaN too: inside a tile a masked score gives P = 0 and 0 * inf = NaN in P V. Keep V finite (or mask
     by zeroing V) when using the kernels. A K = inf at a hidden key is harmless everywhere.
 
+    torch.autocast: as SDPA under autocast, floating q, k, v other than float64 (and 8-bit floats) are cast to the
+    autocast dtype of their device first, and the call runs with autocast off inside, so out comes in that dtype
+    (e.g. a Hugging Face model under bf16 autocast, whose rotary embedding leaves Q and K float32 and V bf16).
+
     torch.compile / torch.export: traceable with ``fullgraph=True`` and dynamic shapes (CUDA graphs with
     ``mode="reduce-overhead"`` too): validation is plain Python that Dynamo traces, and the backend choice
     and launch happen inside the custom op ``torch.ops.fa_variants.attention`` (``integrations.custom_op``),
@@ -438,6 +460,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     Sources: Dao et al., FlashAttention (2022), Algorithm 1; Dao, FlashAttention-2 (2023), Algorithm 1;
     Shah et al., FlashAttention-3 (2024).
     """
+    device_type = _autocast_device(q)
+    if device_type is not None:  # the inputs as autocast casts SDPA's, then the call without autocast
+        q, k, v = _autocast_cast(device_type, q, k, v)
+        with torch.autocast(device_type, enabled=False):
+            return attention(q, k, v, causal=causal, softmax_scale=softmax_scale, backend=backend,
+                             return_lse=return_lse, seqlens_k=seqlens_k, num_splits=num_splits, pack_gqa=pack_gqa)
     if seqlens_k is None and num_splits is None and pack_gqa is None and not torch.compiler.is_compiling() \
             and q.__class__ is torch.Tensor and return_lse.__class__ is bool:  # the fast path: a call of a kind seen before (dispatch_and_run)
         plan = dispatch.PLANS.get(_call_key(q, k, v, causal, softmax_scale, backend))  # key None: not planned
@@ -483,6 +511,12 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         ValueError / TypeError: as ``attention``; also attn_mask given, dropout_p != 0, is_causal with
             seqlen_q != seqlen_k, num_heads != num_heads_kv without enable_gqa.
     """
+    device_type = _autocast_device(query)
+    if device_type is not None:  # as ``attention``: the inputs cast as autocast casts SDPA's, then without it
+        query, key, value = _autocast_cast(device_type, query, key, value)
+        with torch.autocast(device_type, enabled=False):
+            return scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                                                enable_gqa, backend=backend, return_lse=return_lse)
     names = ("query", "key", "value")
     _check_rank((query, key, value), names, _SDPA_LAYOUT)
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))
@@ -524,6 +558,9 @@ def select_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     Raises:
         As ``attention`` for bad inputs, unknown or unavailable backends.
     """
+    device_type = _autocast_device(q)
+    if device_type is not None:  # what attention runs under autocast: the cast inputs
+        q, k, v = _autocast_cast(device_type, q, k, v)
     _check_inputs(q, k, v)
     _check_options(causal, None, backend, False)
     return dispatch.select_backend(q, k, v, causal=causal, backend=backend)

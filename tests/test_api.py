@@ -364,3 +364,29 @@ def test_wrong_layout_errors_name_the_other_entry_point():
             fa_variants.scaled_dot_product_attention(ql, kvl, kvl, enable_gqa=gqa)
     with pytest.raises(ValueError, match=r"^num_heads 16 not divisible by num_heads_kv 12$"):  # swapped: 5 % 3
         fa_variants.attention(torch.randn(1, 5, 16, 64), torch.randn(1, 3, 12, 64), torch.randn(1, 3, 12, 64))
+
+
+def test_autocast_casts_the_inputs_as_for_sdpa():
+    """Under torch.autocast (CPU, bf16): q, k, v of mixed float32 / bf16 dtypes are cast to bf16 as autocast casts
+    SDPA's (they were refused as a dtype mismatch before session 28), float64 stays, and the call runs with
+    autocast off inside: the same result, bit for bit, as the cast inputs outside autocast (autocast inside would
+    have run the reference's float32 matmuls in bf16). The SDPA-layout wrapper, select_backend and torch.compile
+    (fullgraph) follow; the caller's tensors keep their dtype."""
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())))
+    q = torch.randn(2, 33, 4, 64, generator=g)
+    k = torch.randn(2, 40, 2, 64, generator=g).bfloat16()
+    v = torch.randn(2, 40, 2, 64, generator=g)
+    want, want_lse = fa_variants.attention(q.bfloat16(), k, v.bfloat16(), causal=True, return_lse=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, lse = fa_variants.attention(q, k, v, causal=True, return_lse=True)
+        sdpa_layout = fa_variants.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                               enable_gqa=True)
+        chosen = fa_variants.select_backend(q, k, v)
+        compiled = torch.compile(lambda a, b, c: fa_variants.attention(a, b, c, causal=True), fullgraph=True)(q, k, v)
+        q64 = q.double()
+        out64 = fa_variants.attention(q64, q64, q64)
+    assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
+    assert torch.equal(out, want) and torch.equal(lse, want_lse) and torch.equal(compiled, want)
+    assert torch.equal(sdpa_layout.transpose(1, 2), fa_variants.attention(q.bfloat16(), k, v.bfloat16()))
+    assert chosen.backend == "reference" and out64.dtype == torch.float64
+    assert q.dtype == v.dtype == torch.float32 and k.dtype == torch.bfloat16

@@ -460,3 +460,26 @@ def test_custom_op_fakes_give_e4m3_calls_a_bfloat16_output():
         lengths = torch.empty(2, dtype=torch.int32)
         out, _ = torch.ops.fa_variants.attention_seqlens_k(q, k, k, lengths, False, None, "fa3-fp8")
         assert out.dtype == torch.bfloat16
+
+
+@needs_hf
+def test_hf_model_under_autocast_runs_as_with_sdpa(model, ids):
+    """A Hugging Face model under torch.autocast (bf16, CPU): its rotary embedding leaves Q and K float32 while V
+    comes out of its projection in bf16, which SDPA takes (autocast casts its inputs) and fa_variants refused with a
+    dtype mismatch before session 28. Now the same: logits in autocast's dtype, their error against the float32
+    eager model at most 2x SDPA's under the same autocast (plus bf16's rounding of the largest logit)."""
+    name = hf.register(backend="reference")
+    with torch.no_grad():
+        exact = model(ids).logits
+        try:
+            model.set_attn_implementation("sdpa")
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                sdpa = model(ids).logits
+            model.set_attn_implementation(name)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                ours = model(ids).logits
+        finally:
+            model.set_attn_implementation("eager")
+    assert ours.dtype == sdpa.dtype == torch.bfloat16
+    err, err_sdpa = ((x.float() - exact).abs().max().item() for x in (ours, sdpa))
+    assert err <= 2 * err_sdpa + torch.finfo(torch.bfloat16).eps * exact.abs().max().item(), (err, err_sdpa)
