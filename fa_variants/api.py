@@ -371,7 +371,7 @@ def _tracing(q) -> bool:
     return torch.compiler.is_compiling() or (type(q) is not torch.Tensor and not isinstance(q, torch.nn.Parameter))
 
 
-def _autocast_device(q) -> str | None:
+def autocast_device(q) -> str | None:
     """The device type whose ``torch.autocast`` is on for q's device, or None (also for a non-tensor q: the
     validation names it)."""
     if isinstance(q, torch.Tensor):
@@ -382,7 +382,7 @@ def _autocast_device(q) -> str | None:
     return None
 
 
-def _autocast_cast(device_type: str, *tensors):
+def autocast_cast(device_type: str, *tensors):
     """The tensors as ``torch.autocast`` casts SDPA's inputs: each floating tensor other than float64 (and 8-bit
     floats, already quantised) to the autocast dtype of ``device_type``; anything else unchanged."""
     dtype = torch.get_autocast_dtype(device_type)
@@ -461,9 +461,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     Sources: Dao et al., FlashAttention (2022), Algorithm 1; Dao, FlashAttention-2 (2023), Algorithm 1;
     Shah et al., FlashAttention-3 (2024).
     """
-    device_type = _autocast_device(q)
+    device_type = autocast_device(q)
     if device_type is not None:  # the inputs as autocast casts SDPA's, then the call without autocast
-        q, k, v = _autocast_cast(device_type, q, k, v)
+        q, k, v = autocast_cast(device_type, q, k, v)
         with torch.autocast(device_type, enabled=False):
             return attention(q, k, v, causal=causal, softmax_scale=softmax_scale, backend=backend,
                              return_lse=return_lse, seqlens_k=seqlens_k, num_splits=num_splits, pack_gqa=pack_gqa)
@@ -512,9 +512,9 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         ValueError / TypeError: as ``attention``; also attn_mask given, dropout_p != 0, is_causal with
             seqlen_q != seqlen_k, num_heads != num_heads_kv without enable_gqa.
     """
-    device_type = _autocast_device(query)
+    device_type = autocast_device(query)
     if device_type is not None:  # as ``attention``: the inputs cast as autocast casts SDPA's, then without it
-        query, key, value = _autocast_cast(device_type, query, key, value)
+        query, key, value = autocast_cast(device_type, query, key, value)
         with torch.autocast(device_type, enabled=False):
             return scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
                                                 enable_gqa, backend=backend, return_lse=return_lse)
@@ -559,9 +559,9 @@ def select_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     Raises:
         As ``attention`` for bad inputs, unknown or unavailable backends.
     """
-    device_type = _autocast_device(q)
+    device_type = autocast_device(q)
     if device_type is not None:  # what attention runs under autocast: the cast inputs
-        q, k, v = _autocast_cast(device_type, q, k, v)
+        q, k, v = autocast_cast(device_type, q, k, v)
     _check_inputs(q, k, v)
     _check_options(causal, None, backend, False)
     return dispatch.select_backend(q, k, v, causal=causal, backend=backend)

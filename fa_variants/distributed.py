@@ -760,6 +760,12 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("torch.distributed is not initialized: call torch.distributed.init_process_group "
                            "first (fa_variants.attention runs one process)")
+    device_type = api.autocast_device(q)
+    if device_type is not None:  # as fa_variants.attention: the inputs cast as autocast casts SDPA's, then without it
+        q, k, v = api.autocast_cast(device_type, q, k, v)
+        with torch.autocast(device_type, enabled=False):
+            return context_parallel_attention(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group,
+                                              return_lse=return_lse, backend=backend, layout=layout)
     group = dist.group.WORLD if group is None else group
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     if rank < 0:

@@ -309,6 +309,25 @@ def test_needs_an_initialized_process_group():
         cp.context_parallel_attention(q, q, q)
 
 
+def test_autocast_casts_the_inputs_as_attention_does(tmp_path):
+    """Under torch.autocast (CPU, bf16) context_parallel_attention takes mixed float32 / bf16 inputs as
+    fa_variants.attention does (cast to bf16, then without autocast; session 28), here on a gloo group of one in
+    this process: bit for bit attention on the cast inputs."""
+    import torch.distributed as dist
+
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())))
+    q, v = torch.randn(1, 12, 2, 16, generator=g), torch.randn(1, 12, 1, 16, generator=g)
+    k = torch.randn(1, 12, 1, 16, generator=g).bfloat16()
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out, lse = cp.context_parallel_attention(q, k, v, causal=True, return_lse=True)
+    finally:
+        dist.destroy_process_group()
+    want, want_lse = fa_variants.attention(q.bfloat16(), k, v.bfloat16(), causal=True, return_lse=True)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, want) and torch.equal(lse, want_lse)
+
+
 @pytest.mark.parametrize("layout", cp.LAYOUTS)
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 5])
 @pytest.mark.parametrize("seqlen", [40, 37])
