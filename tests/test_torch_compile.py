@@ -230,6 +230,30 @@ def test_kernels_compile_fullgraph_on_the_gpu(mode, dynamic, backend):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("autocast_dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_kernels_under_cuda_autocast(autocast_dtype):
+    """Under torch.autocast("cuda") (session 28; CPU tests in test_api.py): float32 Q with bf16 K/V, as a Hugging Face
+    model's rotary embedding leaves them, run on the kernel in the autocast dtype: bit for bit the kernel on the cast
+    inputs outside autocast, eagerly and under torch.compile(fullgraph=True); the caller's tensors keep their
+    dtypes."""
+    backend = _kernel_backend()
+    q, k, v = _qkv(B=2, Nq=300, Nk=300, H=8, Hkv=2, D=128, dtype=torch.bfloat16, device="cuda")
+    q = q.float()
+    with torch.no_grad():
+        want = fa_variants.attention(q.to(autocast_dtype), k.to(autocast_dtype), v.to(autocast_dtype), causal=True,
+                                     backend=backend)
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda a, b, c: fa_variants.attention(a, b, c, causal=True, backend=backend),
+                                 fullgraph=True)
+        with torch.autocast("cuda", dtype=autocast_dtype):
+            eager = fa_variants.attention(q, k, v, causal=True, backend=backend)
+            traced = compiled(q, k, v)
+    assert eager.dtype == traced.dtype == autocast_dtype
+    assert torch.equal(eager, want) and torch.equal(traced, want)
+    assert q.dtype == torch.float32 and k.dtype == v.dtype == torch.bfloat16
+
+
+@pytest.mark.gpu
 def test_fp8_compile_reduce_overhead_first_call():
     """backend="fa3-fp8" (bf16 inputs quantised by the GPU pass) under torch.compile(mode="reduce-overhead") as the
     process's first fp8 call: the pass's cached constants (Hadamard signs, placeholder zeros) and its K-mean scratch
