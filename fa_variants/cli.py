@@ -111,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     module = importlib.import_module(args._module)
     try:
+        from fa_variants.common import switches
+
+        switches.check_all()  # every command, info and bench --dry-run too: a bad FA_VARIANTS_* value is one line
         return int(module.run_cli(args) or 0)
     except (ValueError, OSError) as exc:  # bad input (an unservable shape, a backend, a path): one line
         print(f"fa-variants {args.command}: error: {exc}", file=sys.stderr)

@@ -217,8 +217,9 @@ def _select(capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: in
     problems = {name: why_not(name, capability, dtype, head_dim) for name in names}
     able = tuple(name for name in names if problems[name] is None)
     requested, source = backend, f"backend={backend!r}"
-    if backend == "auto" and os.environ.get(ENV_VAR, "auto") not in ("", "auto"):
-        requested, source = os.environ[ENV_VAR], f"{ENV_VAR}={os.environ[ENV_VAR]}"
+    env_value = os.environ.get(ENV_VAR, "").strip()  # spaces stripped, as every switch (common.switches)
+    if backend == "auto" and env_value not in ("", "auto"):
+        requested, source = env_value, f"{ENV_VAR}={env_value}"
     if requested != "auto":
         if requested not in BACKENDS:
             raise ValueError(f"unknown backend {requested!r} (from {source}); "

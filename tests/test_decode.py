@@ -805,3 +805,29 @@ def test_decode_table_without_a_gpu_says_so_on_stderr(capsys, monkeypatch):
     assert main(["bench", "--decode", "--decode-nk", "1024", "--decode-nq", "1", "--decode-batch", "1"]) == 2
     captured = capsys.readouterr()
     assert "no CUDA GPU here" in captured.err and "no CUDA GPU here" not in captured.out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--decode", "--dtypes", "e4m3", "--head-dims", "256"], "--head-dims, --dtypes do not apply to --decode"),
+    (["--decode", "--backends", "fa2", "--causal", "false"], "--backends, --causal do not apply to --decode"),
+    (["--decode-nq", "4"], "--decode-nq does not apply without --decode"),
+    (["--decode-head-dims", "64", "--decode-lengths"], "--decode-head-dims, --decode-lengths do not apply without")])
+def test_bench_flags_of_the_other_table_are_refused(capsys, argv, message):
+    """`bench --decode` read none of the sweep's flags and the sweep none of --decode-*'s: both were dropped without
+    a word (session 28's break-it pass); now one line naming them, exit 2."""
+    from fa_variants.cli import main
+
+    assert main(["bench", "--dry-run", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and message in err, err
+
+
+@pytest.mark.parametrize("flag, value", [("--decode-nk", "99999999999999999999"), ("--decode-nq", "1048577"),
+                                         ("--decode-batch", "65537")])
+def test_decode_sizes_are_bounded(flag, value):
+    """--decode-nk / --decode-nq at most 2^20 as --seqlens, --decode-batch at most 2^16: argparse's error (exit 2)."""
+    from fa_variants.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "--decode", "--dry-run", flag, value])
+    assert exit_.value.code == 2

@@ -234,3 +234,40 @@ def test_attention_on_the_cpu_refuses_a_bad_kernel_switch(setting):
     run = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True, timeout=120)
     assert run.returncode != 0 and run.stdout.strip() == "dsl False", (run.stdout, run.stderr[-500:])
     assert run.stderr.strip().splitlines()[-1].startswith(f"fa_variants.common.env.SwitchError: {name}='{value}' must")
+
+
+def test_commands_check_every_switch_first(monkeypatch, capsys):
+    """`fa-variants info` (and every other command) with a switch the API refuses: one line naming it, exit 2, before
+    the command runs (info exited 0 and said nothing; session 28's break-it pass)."""
+    from fa_variants import cli
+
+    monkeypatch.setenv("FA_VARIANTS_CP_COMPILE", "x")
+    assert cli.main(["info", "--json"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("fa-variants info: error: FA_VARIANTS_CP_COMPILE='x'"), err
+
+
+def test_backend_switch_ignores_spaces_as_the_check_does(monkeypatch):
+    """FA_VARIANTS_BACKEND=" reference ": common.switches strips it, so the dispatcher does too (it refused
+    "unknown backend ' reference'" naming reference among the choices)."""
+    import torch
+
+    import fa_variants
+
+    monkeypatch.setenv("FA_VARIANTS_BACKEND", " reference ")
+    switches.check_all()
+    q = torch.randn(1, 8, 2, 16)
+    chosen = fa_variants.select_backend(q, q, q)
+    assert chosen.backend == "reference" and "FA_VARIANTS_BACKEND=reference" in chosen.reason
+    fa_variants.attention(q, q, q)
+
+
+def test_an_empty_choice_switch_is_its_default():
+    """FA_VARIANTS_FUSED_MERGE= (empty) passed common.switches but failed hopper.fa3's import; empty is unset, as for
+    every other switch. Needs the CuTe DSL to import the kernel module (skipped without it)."""
+    pytest.importorskip("cutlass")
+    code = "import fa_variants.hopper.fa3 as m; print(m.FUSED_MERGE)"
+    env_ = {**os.environ, "FA_VARIANTS_FUSED_MERGE": "", "CUTE_DSL_ARCH": "sm_90a"}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env_, timeout=300,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert run.returncode == 0 and run.stdout.strip() == "off", run.stderr[-2000:]

@@ -62,6 +62,8 @@ def test_fp8_inputs_built_by_the_caller_are_checked_in_full(field, bad, exc, mes
         fp8.emulate_fp8_attention(inputs)
     with pytest.raises(exc, match=message):
         fp8.attention_from_fp8(inputs)
+    with pytest.raises(exc, match=message):  # session 28: dequantize read them unchecked too (raw torch errors)
+        inputs.dequantize()
 
 
 def test_fp8_inputs_that_keep_the_contract_still_run():
@@ -79,6 +81,7 @@ def test_fp8_inputs_that_keep_the_contract_still_run():
     ("seqlen_k", "40", TypeError, r"^FP8Inputs.seqlen_k must be an int, got '40'$"),
     ("seqlen_k", True, TypeError, r"^FP8Inputs.seqlen_k must be an int, got True$"),
     ("seqlen_k", 40.0, TypeError, r"^FP8Inputs.seqlen_k must be an int, got 40.0$"),
+    ("seqlen_k", -1, ValueError, r"^FP8Inputs.seqlen_k must be >= 0, got -1$"),
     ("q", torch.zeros(3), ValueError, r"^FP8Inputs.q must be 4-D, got shape \(3,\)$"),
     ("q_descale", torch.tensor(1.0), ValueError, r"^FP8Inputs.q_descale must be 3-D, got shape \(\)$"),
     ("k_descale", torch.ones(2), ValueError, r"^FP8Inputs.k_descale must be 3-D, got shape \(2,\)$"),

@@ -365,7 +365,30 @@ def _write_and_summarise(report: dict, outdir: Path, charts: bool, saved: tuple 
     return 1 if failed or regressed else 0
 
 
+#: flags of the TFLOP/s sweep that the decode table does not read, and flags only the decode table reads
+#: (argparse dest -> flag; "given" = not its default: None, False, or the value here)
+_SWEEP_ONLY = {"backends": "--backends", "peers": "--peers", "ours_only": "--ours-only", "peers_only": "--peers-only",
+               "head_dims": "--head-dims", "seqlens": "--seqlens", "dtypes": "--dtypes", "memory_seqlens":
+               "--memory-seqlens", "no_memory": "--no-memory", "memory_only": "--memory-only", "report_from":
+               "--report-from", "compare": "--compare", "causal": "--causal", "fp8_status": "--fp8-status"}
+_SWEEP_DEFAULTS = {"causal": "both", "fp8_status": "auto"}
+_DECODE_ONLY = {"decode_nq": "--decode-nq", "decode_nk": "--decode-nk", "decode_batch": "--decode-batch",
+                "decode_head_dims": "--decode-head-dims", "decode_no_fa4": "--decode-no-fa4",
+                "decode_lengths": "--decode-lengths"}
+
+
+def _given(args: argparse.Namespace, flags: dict) -> list[str]:
+    """The flags of ``flags`` set on the command line (their value is not the default)."""
+    return [flag for dest, flag in flags.items()
+            if getattr(args, dest, None) not in (None, False, _SWEEP_DEFAULTS.get(dest))]
+
+
 def run_cli(args: argparse.Namespace) -> int:
+    stray = _given(args, _SWEEP_ONLY) if args.decode else _given(args, _DECODE_ONLY)
+    if stray:  # a flag the chosen table does not read: say so instead of dropping it
+        raise ValueError(f"{', '.join(stray)} {'do' if len(stray) > 1 else 'does'} not apply "
+                         + ("to --decode (the decode table's own flags are --decode-*)" if args.decode
+                            else "without --decode"))
     if args.decode:
         from fa_variants.bench import decode
 

@@ -259,15 +259,24 @@ def summary(rows: list[dict], ours: str = "ours (auto)", ref: str = "sdpa (auto)
     return "\n".join(lines)
 
 
-def _ints(text: str) -> tuple:
-    """argparse type: a comma list of sizes, each an int >= 1."""
+#: the largest seqlen (as `fa-variants bench --seqlens`) and batch a decode case may ask for
+MAX_SEQLEN, MAX_BATCH = 1 << 20, 1 << 16
+
+
+def _ints(text: str, high: int = MAX_SEQLEN) -> tuple:
+    """argparse type: a comma list of sizes, each an int in [1, high]."""
     try:
         values = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of ints") from None
-    if any(x < 1 for x in values):
-        raise argparse.ArgumentTypeError(f"{text!r}: every size must be >= 1")
+    if any(x < 1 or x > high for x in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: every size must be in 1..{high}")
     return values
+
+
+def _batches(text: str) -> tuple:
+    """argparse type: a comma list of batch sizes, each in [1, MAX_BATCH]."""
+    return _ints(text, MAX_BATCH)
 
 
 def _head_dims(text: str) -> tuple:
@@ -284,8 +293,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("decode table (--decode)")
     g.add_argument("--decode", action="store_true", help="the decode table (issue 13) instead of the TFLOP/s sweep")
     g.add_argument("--peak-tbps", type=positive_float, default=4.8, help="HBM peak in TB/s for the HBM %% column (H200: 4.8)")
-    for name, what in (("nq", "seqlen_q"), ("nk", "seqlen_k"), ("batch", "batch sizes")):
-        g.add_argument(f"--decode-{name}", type=_ints, metavar="LIST", help=f"only these {what} (comma list)")
+    for name, what, kind in (("nq", "seqlen_q", _ints), ("nk", "seqlen_k", _ints), ("batch", "batch sizes", _batches)):
+        g.add_argument(f"--decode-{name}", type=kind, metavar="LIST", help=f"only these {what} (comma list)")
     g.add_argument("--decode-head-dims", type=_head_dims, metavar="LIST",
                    help="only these head dims (comma list; multiples of 8 up to 256)")
     g.add_argument("--decode-no-fa4", action="store_true", help="ours and SDPA only (flash-attn-4 compiles per shape)")

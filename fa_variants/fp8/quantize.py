@@ -377,6 +377,8 @@ class FP8Inputs:
                 raise ValueError(f"FP8Inputs.{name} must be {dims}-D, got shape {tuple(t.shape)}")
         if not is_int(self.seqlen_k):
             raise TypeError(f"FP8Inputs.seqlen_k must be an int, got {self.seqlen_k!r}")
+        if self.seqlen_k < 0:
+            raise ValueError(f"FP8Inputs.seqlen_k must be >= 0, got {self.seqlen_k}")
         if self.block_n is None:
             object.__setattr__(self, "block_n", tiles_for(self.head_dim)[1])
         for name in ("block_m", "block_n"):
@@ -402,7 +404,13 @@ class FP8Inputs:
 
     def dequantize(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(q, k, v) in float32, (batch, seqlen, heads, head_dim), tokens of v in their natural order: the
-        values the kernel computes with (rotated / smoothed as the recipe says)."""
+        values the kernel computes with (rotated / smoothed as the recipe says).
+
+        Raises ValueError / TypeError naming the field for inputs that break the contract
+        (``contract.check_fp8_inputs``: e.g. a seqlen_k other than k's length)."""
+        from fa_variants.fp8.contract import check_fp8_inputs  # contract imports this module
+
+        check_fp8_inputs(self)
         tile_m, tile_n = self.block_m, self.block_n
         q = self.q.float() * _per_row(self.q_descale, tile_m, self.q.shape[1])
         k = self.k.float() * _per_row(self.k_descale, tile_n, self.seqlen_k)

@@ -531,7 +531,7 @@ MERGE_KERNEL = env.flag("FA_VARIANTS_MERGE_KERNEL", True)
 #: default: slower at one query row on the H200 (bench/NOTES.md, Session 2 of 2026-12-01: geomean ours / SDPA 0.964
 #: against 0.904 with the merge kernel). Read at each call (``switches``).
 FUSED_MERGE_MODES = {"0": "off", "off": "off", "decode": "decode", "1": "all", "all": "all"}
-FUSED_MERGE = FUSED_MERGE_MODES.get(os.environ.get("FA_VARIANTS_FUSED_MERGE", "off").strip().lower())
+FUSED_MERGE = FUSED_MERGE_MODES.get(os.environ.get("FA_VARIANTS_FUSED_MERGE", "").strip().lower() or "off")
 if FUSED_MERGE is None:
     raise env.SwitchError(f"FA_VARIANTS_FUSED_MERGE={os.environ['FA_VARIANTS_FUSED_MERGE']!r} must be one of "
                      f"{sorted(FUSED_MERGE_MODES)}")
