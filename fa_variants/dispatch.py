@@ -211,14 +211,21 @@ def select(capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: int
     return _SELECTED[key]
 
 
+def env_override() -> str | None:
+    """The backend FA_VARIANTS_BACKEND asks ``auto`` to take, spaces stripped as every switch is
+    (``common.switches``); None when unset, empty or "auto"."""
+    value = os.environ.get(ENV_VAR, "").strip()
+    return None if value in ("", "auto") else value
+
+
 def _select(capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: int,
             backend: str) -> Selection:
     names = backends_for(capability)
     problems = {name: why_not(name, capability, dtype, head_dim) for name in names}
     able = tuple(name for name in names if problems[name] is None)
     requested, source = backend, f"backend={backend!r}"
-    env_value = os.environ.get(ENV_VAR, "").strip()  # spaces stripped, as every switch (common.switches)
-    if backend == "auto" and env_value not in ("", "auto"):
+    env_value = env_override()
+    if backend == "auto" and env_value is not None:
         requested, source = env_value, f"{ENV_VAR}={env_value}"
     if requested != "auto":
         if requested not in BACKENDS:

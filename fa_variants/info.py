@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
-import os
 import platform
 import warnings
 
@@ -95,7 +94,7 @@ def collect() -> dict:
         "versions": versions(),
         "gpus": devices,
         "backends": backends(),
-        "env_override": {dispatch.ENV_VAR: os.environ.get(dispatch.ENV_VAR)},
+        "env_override": {dispatch.ENV_VAR: dispatch.env_override()},
         "auto_picks": {label: auto_picks(cap) for label, cap in targets},
     }
 

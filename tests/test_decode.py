@@ -822,6 +822,14 @@ def test_bench_flags_of_the_other_table_are_refused(capsys, argv, message):
     assert "\n" not in err and message in err, err
 
 
+def test_decode_takes_the_flags_it_shares_or_that_turn_nothing_on(capsys):
+    """--decode with --quick, --out, --no-progress, --no-charts or --fp8-status off (nothing to run) is not refused."""
+    from fa_variants.cli import main
+
+    assert main(["bench", "--decode", "--dry-run", "--quick", "--no-progress", "--no-charts", "--fp8-status", "off",
+                 "--causal", "both"]) == 0
+
+
 @pytest.mark.parametrize("flag, value", [("--decode-nk", "99999999999999999999"), ("--decode-nq", "1048577"),
                                          ("--decode-batch", "65537")])
 def test_decode_sizes_are_bounded(flag, value):

@@ -466,3 +466,21 @@ def test_a_bad_loader_switch_is_an_error_not_a_corrupt_entry(cache_dir, monkeypa
     for good in ("auto", "dsl"):
         monkeypatch.setenv(diskcache.ENV_LOADER, good)
         assert diskcache.loader() == good and diskcache.load(_cfg(96)) is None  # no entry: None, no warning
+
+
+def test_prune_skips_a_folder_it_cannot_read(cache_dir, monkeypatch):
+    """A fingerprint-named folder prune cannot list (another user's, mode 700, in a shared root) is left alone and
+    the others are still pruned; it raised PermissionError and stopped `warmup --prune` (session 28's review)."""
+    unreadable, old = cache_dir / "aaaaaaaaaaaaaaaa", cache_dir / "bbbbbbbbbbbbbbbb"
+    for d in (unreadable, old):
+        d.mkdir(parents=True)
+        (d / "x.kernel").write_bytes(b"entry")
+    real_iterdir = Path.iterdir
+
+    def iterdir(self):
+        if self == unreadable:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_iterdir(self)
+
+    monkeypatch.setattr(Path, "iterdir", iterdir)
+    assert diskcache.prune() == [old] and unreadable.exists()

@@ -1,6 +1,7 @@
 """The FA_VARIANTS_* environment switches on the CPU: read through ``common.env`` (a bad value is a one-line
 ValueError naming the variable, at import for the import-time ones), and README.md's switch table lists each
 variable the package reads, once, with the default the code has."""
+import json
 import os
 import re
 import subprocess
@@ -271,3 +272,15 @@ def test_an_empty_choice_switch_is_its_default():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env_, timeout=300,
                          cwd=Path(__file__).resolve().parents[1])
     assert run.returncode == 0 and run.stdout.strip() == "off", run.stderr[-2000:]
+
+
+def test_info_reports_the_backend_override_as_dispatch_reads_it(monkeypatch, capsys):
+    """fa-variants info printed "FA_VARIANTS_BACKEND=  overrides backend='auto'" for a blank value that the
+    dispatcher (spaces stripped) ignores; now both read dispatch.env_override."""
+    from fa_variants import cli
+
+    for value, shown in (("  ", None), (" auto ", None), (" reference ", "reference")):
+        monkeypatch.setenv("FA_VARIANTS_BACKEND", value)
+        assert cli.main(["info", "--json"]) == 0
+        facts = json.loads(capsys.readouterr().out)
+        assert facts["env_override"]["FA_VARIANTS_BACKEND"] == shown, (value, facts["env_override"])

@@ -371,7 +371,7 @@ _SWEEP_ONLY = {"backends": "--backends", "peers": "--peers", "ours_only": "--our
                "head_dims": "--head-dims", "seqlens": "--seqlens", "dtypes": "--dtypes", "memory_seqlens":
                "--memory-seqlens", "no_memory": "--no-memory", "memory_only": "--memory-only", "report_from":
                "--report-from", "compare": "--compare", "causal": "--causal", "fp8_status": "--fp8-status"}
-_SWEEP_DEFAULTS = {"causal": "both", "fp8_status": "auto"}
+_SWEEP_DEFAULTS = {"causal": ("both",), "fp8_status": ("auto", "off")}  # "off": nothing to run, with --decode too
 _DECODE_ONLY = {"decode_nq": "--decode-nq", "decode_nk": "--decode-nk", "decode_batch": "--decode-batch",
                 "decode_head_dims": "--decode-head-dims", "decode_no_fa4": "--decode-no-fa4",
                 "decode_lengths": "--decode-lengths"}
@@ -380,7 +380,7 @@ _DECODE_ONLY = {"decode_nq": "--decode-nq", "decode_nk": "--decode-nk", "decode_
 def _given(args: argparse.Namespace, flags: dict) -> list[str]:
     """The flags of ``flags`` set on the command line (their value is not the default)."""
     return [flag for dest, flag in flags.items()
-            if getattr(args, dest, None) not in (None, False, _SWEEP_DEFAULTS.get(dest))]
+            if getattr(args, dest, None) not in (None, False, *_SWEEP_DEFAULTS.get(dest, ()))]
 
 
 def run_cli(args: argparse.Namespace) -> int:

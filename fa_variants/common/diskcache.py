@@ -310,7 +310,7 @@ def _is_cache_directory(path: Path) -> bool:
     """True for a directory this cache wrote: named like `fingerprint` (16 lowercase hex digits), not a symbolic
     link, holding only entries (``*.kernel``) and the temporary files and folders `store` and `_load_shared` /
     `_load_object` make (``.export-*``, ``.load-*``, ``.<entry>.*.tmp``), at its top level."""
-    if path.is_symlink() or not path.is_dir() or len(path.name) != 16 or path.name.strip("0123456789abcdef"):
+    if len(path.name) != 16 or path.name.strip("0123456789abcdef") or path.is_symlink() or not path.is_dir():
         return False
     def ours(child: Path) -> bool:
         name = child.name
@@ -322,7 +322,10 @@ def _is_cache_directory(path: Path) -> bool:
             return True
         return name.endswith(SUFFIX) and child.is_file()
 
-    return all(ours(child) for child in path.iterdir())
+    try:
+        return all(ours(child) for child in path.iterdir())
+    except OSError:  # unreadable (another user's folder in a shared root): not ours to judge, so not deleted
+        return False
 
 
 def prune() -> list[Path]:
