@@ -365,22 +365,18 @@ def _write_and_summarise(report: dict, outdir: Path, charts: bool, saved: tuple 
     return 1 if failed or regressed else 0
 
 
-#: flags of the TFLOP/s sweep that the decode table does not read, and flags only the decode table reads
-#: (argparse dest -> flag; "given" = not its default: None, False, or the value here)
-_SWEEP_ONLY = {"backends": "--backends", "peers": "--peers", "ours_only": "--ours-only", "peers_only": "--peers-only",
-               "head_dims": "--head-dims", "seqlens": "--seqlens", "dtypes": "--dtypes", "memory_seqlens":
-               "--memory-seqlens", "no_memory": "--no-memory", "memory_only": "--memory-only", "report_from":
-               "--report-from", "compare": "--compare", "causal": "--causal", "fp8_status": "--fp8-status"}
-_SWEEP_DEFAULTS = {"causal": ("both",), "fp8_status": ("auto", "off")}  # "off": nothing to run, with --decode too
-_DECODE_ONLY = {"decode_nq": "--decode-nq", "decode_nk": "--decode-nk", "decode_batch": "--decode-batch",
-                "decode_head_dims": "--decode-head-dims", "decode_no_fa4": "--decode-no-fa4",
-                "decode_lengths": "--decode-lengths"}
+#: the argparse dests of the TFLOP/s sweep's flags that the decode table does not read, and of the flags only the
+#: decode table reads (flag = "--" + dest with "-" for "_"); "given" = not None, False or a value of _UNSET
+_SWEEP_ONLY = ("backends", "peers", "ours_only", "peers_only", "head_dims", "seqlens", "dtypes", "memory_seqlens",
+               "no_memory", "memory_only", "report_from", "compare", "causal", "fp8_status")
+_DECODE_ONLY = ("decode_nq", "decode_nk", "decode_batch", "decode_head_dims", "decode_no_fa4", "decode_lengths")
+_UNSET = {"causal": ("both",), "fp8_status": ("auto", "off")}  # defaults, and "off": nothing to run with --decode
 
 
-def _given(args: argparse.Namespace, flags: dict) -> list[str]:
-    """The flags of ``flags`` set on the command line (their value is not the default)."""
-    return [flag for dest, flag in flags.items()
-            if getattr(args, dest, None) not in (None, False, *_SWEEP_DEFAULTS.get(dest, ()))]
+def _given(args: argparse.Namespace, dests: tuple[str, ...]) -> list[str]:
+    """The flags among ``dests`` set on the command line (their value is not the default)."""
+    return ["--" + dest.replace("_", "-") for dest in dests
+            if getattr(args, dest, None) not in (None, False, *_UNSET.get(dest, ()))]
 
 
 def run_cli(args: argparse.Namespace) -> int:
