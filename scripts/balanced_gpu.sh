@@ -48,8 +48,7 @@ step sanitize 160 env FA_VARIANTS_SHORT_BALANCED=1 python3 scripts/sanitize.py -
   --backends fa3 --head-dims 64 128 --per-head-dim --precompile --timeout 150 --out "$out/sanitize"
 step speed_ab 150 python3 scripts/fa3_speed_ab.py --variants $VARIANTS --shapes "$SHAPES" \
   --peers flash-attn-4,sdpa-cudnn --burst-ms 10 --out "$out/ab"
-echo "== pytest"; grep -E "^(FAILED|ERROR)|passed|failed" "$out/logs/pytest.log" | tail -n 12
-grep -qE "(^|[^0-9])13 passed" "$out/logs/pytest.log" || step_failed pytest "not 13 passed"
+expect_passed 13
 echo "== sanitize"; grep -E "clean|error|WRONG|FAILED" "$out/logs/sanitize.log" | head -n 12
 echo "== speed_ab"; grep -E "^SUMMARY D|(persistent|balanced)/new" "$out/logs/speed_ab.log" | head -n 36
 steps_exit

@@ -25,7 +25,6 @@ step bandwidth 60 python3 scripts/fp8_quant_bandwidth.py --shapes "D=128,D=128 G
   --json "$out/quantq128.json"
 echo; stop_clocks; cat "$LOGS/commit.txt"
 grep -E "precompile:|FAILED" "$LOGS/precompile.log" | head -6
-echo "== pytest"; grep -E "^(FAILED|ERROR)|passed|failed" "$LOGS/pytest.log" | tail -n 8
-grep -qE "(^|[^0-9])5 passed" "$LOGS/pytest.log" || step_failed pytest "not 5 passed"
+expect_passed 5
 echo "== bandwidth"; tail -n 40 "$LOGS/bandwidth.log"
 steps_exit

@@ -35,8 +35,7 @@ step sanitize 120 python3 scripts/sanitize.py --tools memcheck racecheck --backe
   --per-head-dim --precompile --timeout 110 --out "$out/sanitize"
 step speed_ab 60 python3 scripts/fa3_speed_ab.py --variants $VARIANTS --shapes "$SHAPES" \
   --peers flash-attn-4,sdpa-cudnn --burst-ms 10 --out "$out/ab"
-echo "== pytest"; grep -E "^(FAILED|ERROR)|passed|failed" "$out/logs/pytest.log" | tail -n 12
-grep -qE "(^|[^0-9])6 passed" "$out/logs/pytest.log" || step_failed pytest "not 6 passed"
+expect_passed 6
 echo "== sanitize"; grep -E "clean|error|WRONG|FAILED" "$out/logs/sanitize.log" | head -n 12
 echo "== speed_ab"; grep -E "^SUMMARY D|persistent/new" "$out/logs/speed_ab.log" | head -n 36
 steps_exit

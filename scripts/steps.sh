@@ -30,6 +30,9 @@
 #                             runs in a process group of its own (timeout's). An rc other than 0 is noted for
 #                             steps_exit (from a background step too).
 #   step_failed NAME WHAT     notes NAME (WHAT: its rc, "skipped", ...) as not passed, for steps_exit
+#   expect_passed COUNT       a script's summary of its step "pytest": "== pytest", the FAILED / ERROR / passed /
+#                             failed lines of $LOGS/pytest.log, and step_failed pytest unless it says "COUNT passed"
+#                             (tests/test_gpu_scripts*.py check COUNT against the tests the step selects)
 #   steps_exit                a GPU script's last command: exit 1 after "== not passed: NAME (WHAT) ..." when a
 #                             step was noted, else exit 0. So the script's exit code is its steps', never its
 #                             closing summary's (a grep that found nothing exits 1, a tail 0 whatever happened).
@@ -109,6 +112,11 @@ step() { local name=$1 limit=$2; shift 2; local t0=$SECONDS
 
 # a file, not a variable: a step run in the background (a subshell) is noted too
 step_failed() { [[ -z ${STEP_FAILED:-} ]] || echo "$1 ($2)" >> "$STEP_FAILED"; }
+
+expect_passed() {
+  echo "== pytest"; grep -E "^(FAILED|ERROR)|passed|failed" "$LOGS/pytest.log" | tail -n 12
+  grep -qE "(^|[^0-9])$1 passed" "$LOGS/pytest.log" || step_failed pytest "not $1 passed"
+}
 
 steps_exit() {
   local failed=""

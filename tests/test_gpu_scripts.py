@@ -91,6 +91,29 @@ steps_exit
         "== not passed: bad (rc=3) behind (rc=1) later (skipped)", fail.stdout + fail.stderr
 
 
+@pytest.mark.parametrize("log, passed", [("12 passed, 3 warnings in 9.1s", True), ("112 passed in 9.1s", False),
+                                         ("1 failed, 11 passed in 9.1s", False), ("", False)])
+def test_expect_passed_wants_the_exact_count(tmp_path, log, passed):
+    """steps.sh expect_passed 12 (the scripts' summary of their pytest step): prints "== pytest" and the log's
+    result lines, and notes the step pytest as not passed unless the log says exactly "12 passed" ("112 passed" is
+    not 12)."""
+    env = dict(os.environ, PATH=f"{_fake_bin(tmp_path / 'bin', _FAKE_SMI)}:{os.environ['PATH']}")
+    driver = tmp_path / "driver.sh"
+    driver.write_text(f"""set -uo pipefail
+source {ROOT}/scripts/steps.sh
+session_setup "$1/logs"
+printf '%s\n' "$2" > "$LOGS/pytest.log"
+expect_passed 12
+steps_exit
+""")
+    run = subprocess.run(["bash", str(driver), str(tmp_path / "s"), log], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=30)
+    assert "== pytest" in run.stdout and (log in run.stdout if log else True)
+    assert run.returncode == (0 if passed else 1), run.stdout + run.stderr
+    if not passed:
+        assert run.stdout.splitlines()[-1] == "== not passed: pytest (not 12 passed)"
+
+
 def _fake_bin(folder, nvidia_smi):
     """A folder holding an executable `nvidia-smi` that runs the bash text NVIDIA_SMI."""
     folder.mkdir(exist_ok=True)
@@ -391,7 +414,7 @@ def test_short_script_selects_its_tests_and_shapes():
     expr = re.search(r'-k "([^"]+)"', text).group(1)
     ids = collected_ids("-m", "gpu", "tests/test_fa3_gpu.py", "-k", expr)
     assert len(ids) == 6 and all("short_calls_run_persistent" in i for i in ids), ids
-    assert 'grep -qE "(^|[^0-9])6 passed"' in text and "VARIANTS=old,new,persistent\n" in text
+    assert "\nexpect_passed 6\n" in text and "VARIANTS=old,new,persistent\n" in text
     shapes = re.search(r"SHAPES=(\S+)", text).group(1).split(",")
     from fa_variants.hopper import fa3
 
@@ -408,7 +431,7 @@ def test_balanced_script_selects_its_tests_and_shapes():
     expr = re.search(r'-k "([^"]+)"', text).group(1)
     ids = collected_ids("-m", "gpu", "tests/test_fa3_gpu.py", "-k", expr)
     assert len(ids) == 13 and sum("persistent_variants[balanced" in i for i in ids) == 12, ids
-    assert 'grep -qE "(^|[^0-9])13 passed"' in text and "VARIANTS=old,new,persistent,balanced\n" in text
+    assert "\nexpect_passed 13\n" in text and "VARIANTS=old,new,persistent,balanced\n" in text
     shapes = ",".join(re.findall(r"SHAPES=(?:\$SHAPES,)?(\S+)", text)).split(",")
     ab = load_script("fa3_speed_ab")
     assert {int(s.split(":")[0]) for s in shapes if s.endswith(":causal")} == set(ab.VARIANTS["balanced"][0])
