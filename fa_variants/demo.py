@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from fa_variants import api, dispatch
+from fa_variants.common.checks import allocating
 from fa_variants.reference import check_against_reference, check_lse, references
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -126,12 +127,9 @@ def _input(args: argparse.Namespace, device: torch.device) -> tuple[DemoInput, s
         if getattr(args, key) is not None:
             shape[key] = getattr(args, key)
     causal = True if args.causal is None else args.causal
-    try:
+    sizes = ", ".join(f"--{key.replace('_', '-')} {value}" for key, value in shape.items())
+    with allocating(f"q, k, v of {sizes} on {device}", "choose smaller sizes"):
         inp = synthetic_input(device, dtype=DTYPES[args.dtype], causal=causal, seed=args.seed, **shape)
-    except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError; so is a size overflow
-        sizes = ", ".join(f"--{key.replace('_', '-')} {value}" for key, value in shape.items())
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ValueError(f"cannot allocate q, k, v of {sizes} on {device} ({first}); choose smaller sizes") from None
     note = (f"{', '.join(sized)} given: random input of that size, not a captured one"
             if sized and not args.random and load_real_input(device, DTYPES[args.dtype]) is not None else None)
     return inp, note

@@ -175,7 +175,7 @@ def test_compile_builds_the_kernel_a_call_runs(monkeypatch, dtype, kernel_dtype,
     """`fa-variants compile --variant fa3-fp8 --dtype fp16` compiles the key an fp16 call looks up (the e4m3 kernel
     writing fp16: registry.call_static_config, as warmup does); before session 28 it compiled the bf16-output
     kernel under the label fp16. Checked on the key compile_only asks for (no compile here)."""
-    from fa_variants.commands import compile as compile_cmd, warmup
+    from fa_variants.commands import compile as compile_cmd
 
     asked = []
 
@@ -188,4 +188,4 @@ def test_compile_builds_the_kernel_a_call_runs(monkeypatch, dtype, kernel_dtype,
         compile_cmd.compile_only("fa3-fp8", "sm_90a", 128, dtype)
     (cfg,) = asked
     assert cfg.dtype == kernel_dtype and cfg.config.out_dtype == out_dtype
-    assert cfg == warmup.kernel_config("fa3-fp8", "sm_90a", dtype, 128, False)
+    assert cfg == registry.call_static_config("fa3-fp8", "sm_90a", dtype, 128, False)

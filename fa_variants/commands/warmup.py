@@ -9,7 +9,7 @@ no process pays a compile at its first call.
 Per (backend, dtype, head_dim, causal): the static configurations a call would compile (`registry.static_config`
 with the variant's default config, and those its calls may switch to, ``Variant.warm_configs``: fa3's
 split-KV config for decode shapes), exactly the keys `common.launch` looks up. fa3-fp8 on fp16 / bf16 inputs: the
-e4m3 kernel writing O in that dtype (``kernel_config``), and the FP8 quantisation passes its calls launch first
+e4m3 kernel writing O in that dtype (``registry.call_static_config``), and the FP8 quantisation passes its calls launch first
 (``quant_passes``: the default recipe, worked out on the CPU by ``quant_host.planned_passes``; the
 FA_VARIANTS_FP8_QUANT_* switches of this process, so warm up with the environment of the runs).
 Batch, sequence lengths, head counts and strides are runtime values, but for one thing: fa3 packs the query
@@ -26,7 +26,7 @@ unknown --backends name, a run with nothing to compile, or kernels whose disk-ca
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import functools
 import json
 import os
 import sys
@@ -113,24 +113,19 @@ def plan(backends, arch: str, dtypes, head_dims, causal, groups: tuple[int, ...]
                         notes.append(f"{name}: no kernel of it reads seqlens_k (its calls run the plain kernels per "
                                      "length)")
                     for c in causal:
-                        configs = [kernel_config(name, arch, dtype, head_dim, c)]  # raises for a head_dim not served
+                        key = functools.partial(registry.call_static_config, name, arch, dtype, head_dim, c)
+                        configs = [key()]  # raises for a head_dim not served
                         extra = registry.variant(name).warm_configs  # e.g. fa3's split-KV config (decode)
-                        configs += [kernel_config(name, arch, dtype, head_dim, c, config)
-                                    for config in (extra(arch, head_dim, c, groups) if extra else ())]
-                        configs += [kernel_config(name, arch, dtype, head_dim, c, lengths(cfg.config))
-                                    for cfg in (configs if lengths else ())]
+                        configs += [key(config) for config in (extra(arch, head_dim, c, groups) if extra else ())]
+                        configs += [key(lengths(cfg.config)) for cfg in (configs if lengths else ())]
                         companions = registry.variant(name).warm_companions  # e.g. the split merge kernel
                         todo += configs + [other for cfg in (configs if companions else ())
                                            for other in companions(cfg.config, arch, dtype, head_dim)]
-                    if name == "fa3-fp8" and dtype in QUANTISED:  # quantised first: the default recipe's passes
+                    if name == "fa3-fp8" and dtype in registry.FP8_QUANTISED_INPUTS:  # the default recipe's passes
                         todo += quant_passes(arch, dtype, head_dim, groups)
                 except (registry.UnknownVariantError, registry.UnsupportedConfigError) as exc:
                     notes.append(f"skipped {name} {dtype} head_dim {head_dim}: {exc}")
     return list(dict.fromkeys(todo)), notes
-
-
-QUANTISED = registry.FP8_QUANTISED_INPUTS
-kernel_config = registry.call_static_config  # the key a call looks up (fa3-fp8 on 16-bit inputs: e4m3, out_dtype)
 
 
 def quant_passes(arch: str, dtype: str, head_dim: int, groups: tuple[int, ...] = ()) -> list:

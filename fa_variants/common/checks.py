@@ -9,12 +9,16 @@ compile key or a repr.
 
 ``is_real(value)``: "a real-number argument" (softmax_scale, atol): ``numbers.Real`` (Python and numpy ints and
 floats), never a bool.
+
+``allocating(what, hint)``: a block that allocates inputs from the caller's sizes; an allocation failure inside
+(out of memory, or a size torch's arithmetic overflows) becomes a one-line ValueError naming ``what``.
 """
 from __future__ import annotations
 
+import contextlib
 import numbers
 
-__all__ = ["is_int", "is_real"]
+__all__ = ["is_int", "is_real", "allocating"]
 
 
 def is_int(value) -> bool:
@@ -25,3 +29,14 @@ def is_int(value) -> bool:
 def is_real(value) -> bool:
     """True for a Python or numpy real number (ints included), False for a bool and anything else."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+@contextlib.contextmanager
+def allocating(what: str, hint: str):
+    """Run the block; a RuntimeError or MemoryError from it (torch.OutOfMemoryError is a RuntimeError; so is a size
+    overflow) is raised as ValueError "cannot allocate WHAT (its first line); HINT", without the traceback."""
+    try:
+        yield
+    except (RuntimeError, MemoryError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ValueError(f"cannot allocate {what} ({first}); {hint}") from None

@@ -203,7 +203,7 @@ def load(cfg):
     Raises:
         ValueError: FA_VARIANTS_DISK_CACHE_LOADER set to neither "auto" nor "dsl" (`loader`)."""
     global loads
-    way = loader()
+    mode = loader()
     path = entry_path(cfg)
     try:
         data = path.read_bytes()
@@ -214,7 +214,7 @@ def load(cfg):
         return None
     try:
         header, parts = _parse(data, cfg)
-        fn, way = _load_function(parts, path.parent, way)
+        fn, way = _load_function(parts, path.parent, mode)
     except Exception as exc:
         warnings.warn(f"fa_variants: unusable compile cache entry {path} ({type(exc).__name__}: {exc}); "
                       "recompiling", DiskCacheWarning, stacklevel=2)
@@ -251,11 +251,11 @@ def _parse(data: bytes, cfg) -> tuple[dict, dict[str, bytes]]:
     return header, parts
 
 
-def _load_function(parts: dict[str, bytes], directory: Path, way: str = "auto"):
+def _load_function(parts: dict[str, bytes], directory: Path, mode: str = "auto"):
     """(the TVM-FFI function of an entry, "shared" or "dsl"): its shared library through ``dlopen`` when it has
-    one (and ``way``, FA_VARIANTS_DISK_CACHE_LOADER's value, is not ``dsl``), falling back to the object through
+    one (and ``mode``, FA_VARIANTS_DISK_CACHE_LOADER's value, is not ``dsl``), falling back to the object through
     the DSL."""
-    if parts["shared"] and way != "dsl":
+    if parts["shared"] and mode != "dsl":
         try:
             return _load_shared(parts["shared"], directory), "shared"
         except Exception as exc:  # e.g. a runtime library moved since it was linked: the object still loads
@@ -312,6 +312,7 @@ def _is_cache_directory(path: Path) -> bool:
     `_load_object` make (``.export-*``, ``.load-*``, ``.<entry>.*.tmp``), at its top level."""
     if len(path.name) != 16 or path.name.strip("0123456789abcdef") or path.is_symlink() or not path.is_dir():
         return False
+
     def ours(child: Path) -> bool:
         name = child.name
         if child.is_symlink():

@@ -42,6 +42,7 @@ from pathlib import Path
 
 import torch
 
+from fa_variants.common.checks import allocating
 from fa_variants.fp8 import attention as fp8_attention
 from fa_variants.fp8 import study_model
 from fa_variants.fp8.emulation import fp8_attention_reference
@@ -223,14 +224,10 @@ def run_study(cases: list[Case], *, methods=None, backend: str = "auto", fixture
     rows = []
     for case in cases:
         scale = fixture.softmax_scale if case.dist == "real" else None
-        try:
+        with allocating(f"q, k, v and the float64 reference of case {case.name()} with H = {case.heads} on {device}",
+                        "choose smaller --heads / --head-dim / --seqlens"):
             q, k, v = (t.to(device) for t in make_inputs(case, fixture))
             ref, _ = attention_reference(q, k, v, causal=case.causal, softmax_scale=scale, dtype=torch.float64)
-        except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError; so is a size overflow
-            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise ValueError(f"cannot allocate q, k, v and the float64 reference of case {case.name()} with "
-                             f"H = {case.heads} on {device} ({first}); choose smaller --heads / --head-dim / "
-                             "--seqlens") from None
         for name in names:
             m = METHODS[name]
             row = {**dataclasses.asdict(case), "method": name}
