@@ -20,6 +20,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from fa_variants.common.checks import is_real
+
 STANDARD = "sdpa-math"  # "standard attention" of the memory table: S and P materialised in HBM
 _OURS_COLORS = ("#d62728", "#ff7f0e", "#8c564b", "#e377c2", "#bcbd22")
 _PEER_COLORS = ("#1f77b4", "#2ca02c", "#9467bd", "#7f7f7f", "#17becf", "#aec7e8")
@@ -273,7 +275,7 @@ def _row_problem(row, types: dict) -> str | None:
         return f"a row whose 'kind' is {row['kind']!r}, not 'ours' or 'peer'"
     for key in _NUMBERS:
         value = row.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        if value is not None and not is_real(value):
             return f"a row whose {key!r} is {value!r}, not a number or null"
     return None
 

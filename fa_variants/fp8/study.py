@@ -42,7 +42,7 @@ from pathlib import Path
 
 import torch
 
-from fa_variants.common.checks import allocating
+from fa_variants.common.checks import allocating, is_int, is_real
 from fa_variants.fp8 import attention as fp8_attention
 from fa_variants.fp8 import study_model
 from fa_variants.fp8.emulation import fp8_attention_reference
@@ -498,14 +498,6 @@ def _write(args, rows: list[dict], meta: dict, e2e: dict | None, gpu: bool) -> N
     print(f"wrote {args.out / 'fp8_study.json'}, fp8_study.md and {len(written)} plots", file=sys.stderr)
 
 
-def _number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-def _int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
 METRICS = ("rmse", "rel_l2", "max_abs", "cos")
 #: per sweep, the Case fields that differ between its cases (a table row each); the others (but seed) are the
 #: sweep's fixed setting, stated once in its report header
@@ -520,17 +512,17 @@ def _row_problem(row: dict) -> str | None:
                           ("method", lambda x: x in METHODS, "a method of fp8-study"),
                           ("dist", lambda x: x in DISTRIBUTIONS, f"one of {', '.join(DISTRIBUTIONS)}"),
                           ("causal", lambda x: isinstance(x, bool), "true or false"),
-                          ("p", _number, "a number"), ("backend", lambda x: isinstance(x, str), "a string"),
-                          ("layer", lambda x: x is None or _int(x), "an int or null"),
-                          *((k, _int, "an int") for k in ("seqlen_q", "seqlen_k", "heads", "head_dim", "batch",
+                          ("p", is_real, "a number"), ("backend", lambda x: isinstance(x, str), "a string"),
+                          ("layer", lambda x: x is None or is_int(x), "an int or null"),
+                          *((k, is_int, "an int") for k in ("seqlen_q", "seqlen_k", "heads", "head_dim", "batch",
                                                           "seed"))):
         if key not in row or not ok(row[key]):
             return f"{key} {'missing' if key not in row else f'is {row[key]!r}'}, not {want}"
     values = [row.get(k, "missing") for k in METRICS]
-    if not (all(x is None for x in values) or all(_number(x) for x in values)):
+    if not (all(x is None for x in values) or all(is_real(x) for x in values)):
         return f"{', '.join(METRICS)} are {values}, not all numbers or all null"
-    if "emulation" in row and not (isinstance(row["emulation"], dict) and _number(row["emulation"].get("rmse"))
-                                   and _number(row.get("kernel_vs_emulation"))):
+    if "emulation" in row and not (isinstance(row["emulation"], dict) and is_real(row["emulation"].get("rmse"))
+                                   and is_real(row.get("kernel_vs_emulation"))):
         return "emulation is not {\"rmse\": number, ...} beside a number kernel_vs_emulation"
     return None
 
@@ -547,15 +539,15 @@ def _read_run(path: Path) -> dict:
     setup = run.get("setup") if isinstance(run, dict) else None
     if not (isinstance(setup, dict) and isinstance(setup.get("command"), str) and isinstance(setup.get("cases"), list)
             and isinstance(setup.get("fp8_source"), str) and isinstance(setup.get("torch"), str)
-            and isinstance(setup.get("device"), str) and _int(setup.get("seed"))
+            and isinstance(setup.get("device"), str) and is_int(setup.get("seed"))
             and isinstance(run.get("rows"), list) and all(isinstance(row, dict) for row in run["rows"])):
         raise ValueError(f"--merge {path}: not an fp8_study.json of `fa-variants fp8-study` (a setup with command, "
                          "cases, fp8_source, seed, torch and device; rows)")
-    problems = [f"rows[{i}]: {_row_problem(row)}" for i, row in enumerate(run["rows"]) if _row_problem(row)]
+    problems = [f"rows[{i}]: {problem}" for i, row in enumerate(run["rows"]) if (problem := _row_problem(row))]
     if not run["rows"]:  # a run has a row per (case, method) and at least one case
         problems.append("rows is empty")
-    if run.get("e2e") is not None and study_model.check(run["e2e"]):
-        problems.append(f"e2e: {study_model.check(run['e2e'])}")
+    if run.get("e2e") is not None and (problem := study_model.check(run["e2e"])):
+        problems.append(f"e2e: {problem}")
     if problems:
         raise ValueError(f"--merge {path}: not an fp8_study.json of `fa-variants fp8-study` ({problems[0]})")
     return run

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from fa_variants.common.checks import is_real
 from fa_variants.fp8.quantize import FP8Config
 
 TEXT_SOURCE = ("Charles Dickens, A Tale of Two Cities (1859, public domain), Book the First, chapter I "
@@ -183,9 +184,6 @@ ROW_NUMBERS = ("perplexity", "kl_vs_reference_mean", "kl_vs_reference_median", "
 def check(e2e) -> str | None:
     """What makes ``e2e`` (end_to_end's result, or {"what": "failed: ..."}, as read back from fp8_study.json)
     unusable by ``markdown`` and ``plot``, or None."""
-    def number(x):
-        return isinstance(x, (int, float)) and not isinstance(x, bool)
-
     if not isinstance(e2e, dict) or not isinstance(e2e.get("what"), str):
         return 'not an object with a "what" string'
     rows = e2e.get("rows", [])
@@ -193,12 +191,12 @@ def check(e2e) -> str | None:
         return "rows is not a list of objects"
     for i, r in enumerate(rows):
         bad = [k for k in ("label", "backend") if not isinstance(r.get(k), str)]
-        bad += [k for k in ROW_NUMBERS if not number(r.get(k))]
+        bad += [k for k in ROW_NUMBERS if not is_real(r.get(k))]
         if bad:
             want = "a number" if bad[0] in ROW_NUMBERS else "a string"
             return f"rows[{i}]: {bad[0]} is {r.get(bad[0], 'missing')!r}, not {want}"
     kl = e2e.get("kl_per_token", {})
-    if not (isinstance(kl, dict) and all(m in E2E_METHODS and isinstance(v, list) and all(number(x) for x in v)
+    if not (isinstance(kl, dict) and all(m in E2E_METHODS and isinstance(v, list) and all(is_real(x) for x in v)
                                          for m, v in kl.items())):
         return "kl_per_token is not {method: [numbers]}"
     return None
