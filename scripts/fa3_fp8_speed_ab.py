@@ -217,6 +217,9 @@ FP8PERSIST_VARIANTS[128].update(balanced_tn128=dict(PERSIST, balanced=True, tile
 # huge_guard: on in the head_dim 64 default since session 28, so "checked" (the check on every tile) keeps the A/B there
 FP8GUARD_VARIANTS: dict[int, dict[str, dict]] = {D: {"new": {}, "guard": dict(huge_guard=True),
                                                      "checked": dict(huge_guard=False)} for D in (64, 128)}
+# session 29: the huge-logit check decided once per warpgroup before its free K/V tiles (Fp8Config.huge_hoisted; predicted
+# hoist / new 1.02-1.05 at 128 and 256 (the check's 3-5 % back on ordinary inputs), 1.00-1.02 at 64 (huge_guard there)
+FP8HOIST_VARIANTS: dict[int, dict[str, dict]] = {D: {"new": {}, "hoist": dict(huge_hoisted=True)} for D in (64, 128, 256)}
 # kernels tests/test_fa3_fp8_speed_gpu.py needs besides the timed ones (kind, head_dim, change), both causal modes
 SPEED_TEST_KERNELS = [("bf16", 128, dict(intra_wg_overlap=False, early_pv_arrive=True))]
 # kernels tests/test_fa3_fp8_speed_gpu.py -k "fp8d128 and tail" needs at any --head-dims (both causal modes): the serial
@@ -341,6 +344,13 @@ SETS: dict[str, VariantSet] = {
         "every tile; bf16_fa3 = ours; "
         "flash_attn_4 = flash-attn-4 bf16.",
         "the huge-logit check guarded by a bound known before the row maxima (FP8GUARD_VARIANTS, session 27)",
+        per_variant_errors=True),
+    "fp8hoist": VariantSet(
+        FP8HOIST_VARIANTS,
+        "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs; new = the default (huge_guard at 64, the check "
+        "on every tile at 128, per row at 256); hoist = Fp8Config.huge_hoisted (the check decided once per warpgroup, "
+        "before its free K/V tiles); bf16_fa3 = ours; flash_attn_4 = flash-attn-4 bf16.",
+        "the huge-logit check hoisted out of the free K/V tiles (FP8HOIST_VARIANTS, session 29)",
         per_variant_errors=True),
 }
 

@@ -336,3 +336,22 @@ def test_huge_guard_compiles_at_64_without_spills():
         assert counts["QGMMA"] > 0 and counts["LDL"] == counts["STL"] == 0, counts
     d256 = fa3_fp8.DEFAULT_CONFIGS[256]
     assert _sass(dataclasses.replace(d256, huge_guard=True), 256) == _sass(d256, 256)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_huge_hoisted_doubles_only_the_free_loop(head_dim):
+    """Fp8Config.huge_hoisted: the free K/V tiles' loop compiled twice (with and without the huge-logit check), picked
+    by one warp vote (VOTE.ANY) over the tiles' k_descale; the first, masked and last tiles once. So the QGMMA count
+    grows by one loop body's, not by the whole walk's (which spilled at the causal 64 / 256 defaults), and at 64 and
+    128 there is no local memory. At 256 ptxas still keeps 2-3 values (the epilogue's addresses) in local memory
+    across the loops, 5 (non-causal) to 15 (causal) spill instructions outside them (session 29): measured there
+    before any flip, which needs zero."""
+    base = fa3_fp8.DEFAULT_CONFIGS[head_dim]
+    for causal in (False, True):
+        plain = cubin.count_sass(_sass(base, head_dim, causal))
+        hoisted_sass = _sass(dataclasses.replace(base, huge_hoisted=True), head_dim, causal)
+        hoisted = cubin.count_sass(hoisted_sass)
+        assert re.search(r"\bVOTE\.ANY\b", hoisted_sass), (head_dim, causal)
+        assert plain["QGMMA"] < hoisted["QGMMA"] < 2 * plain["QGMMA"], (head_dim, causal, plain, hoisted)
+        if head_dim < 256:
+            assert hoisted["LDL"] == hoisted["STL"] == 0, (head_dim, causal, hoisted)

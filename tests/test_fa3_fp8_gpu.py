@@ -114,23 +114,54 @@ def test_every_recipe(fp8_kernel, config, head_dim, request, nan_allocations):
           request.node.name)
 
 
-@pytest.mark.parametrize("guard", [False, True], ids=["checked", "guarded"])
+HUGE_MODES = {"checked": dict(huge_guard=False), "guarded": dict(huge_guard=True), "hoisted": dict(huge_hoisted=True)}
+
+
+@pytest.mark.parametrize("mode", list(HUGE_MODES))
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("softmax_scale", [1e4, 1e9])
-def test_huge_logits(fp8_kernel, softmax_scale, head_dim, causal, guard, request, nan_allocations):
+def test_huge_logits(fp8_kernel, softmax_scale, head_dim, causal, mode, request, nan_allocations):
     """EC-04 with block scales on the kernel (``OnlineSoftmax._huge_tile_row``; the emulation's
     test_huge_logits_keep_the_row_max): scaled logits of ~2^18 and ~2^35 in log2 units, several K/V tiles, GQA,
     against float64 attention over the dequantised inputs (helpers.assert_huge_logits_ok): no row 0 or -inf, the
     clear rows one-hot. Not against the emulation: a near tie that the QGMMA and the emulation's accumulator break
-    differently moves a whole row there. "guarded": ``Fp8Config.huge_guard`` (the check where it can matter)."""
+    differently moves a whole row there. "guarded": ``Fp8Config.huge_guard`` (the check where it can matter);
+    "hoisted": ``Fp8Config.huge_hoisted`` (decided once per warpgroup before its free tiles)."""
     seed = seed_of(request)
     q, k, v = inputs((1, 300, 700, 4, 2), head_dim, seed)
-    config = dataclasses.replace(fp8_kernel.DEFAULT_CONFIGS[head_dim], huge_guard=guard)
+    config = dataclasses.replace(fp8_kernel.DEFAULT_CONFIGS[head_dim], **HUGE_MODES[mode])
     with nan_allocations():
         inp = fp8.quantize_fp8(q, k, v, softmax_scale=softmax_scale)
         out, lse = fp8_kernel.run_fp8(inp, causal=causal, out_dtype=q.dtype, config=config)  # LSE: the kernel's logits
     assert_huge_logits_ok(out, lse, inp, causal, what=f"seed {seed}")
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_hoisted_mixed_paths(fp8_kernel, head_dim, causal, request, nan_allocations):
+    """``Fp8Config.huge_hoisted`` with both K/V loops in one call: query row 130 scaled by 32 lifts the descale of
+    its Q scale block (rows 128-255), so c_n ``max_score`` passes 2^11 there and the warpgroups of those rows run
+    the checked loop, while the other warpgroups run the plain one (at head_dim 64 one CTA holds both: rows 0-191),
+    handing the ping-pong turn to each other. Every logit stays far below 2^11 in log2 units, so both loops must give
+    the emulation's values (helpers.assert_fp8_matches_emulation, and float64), row 130 aside (its logits are 32
+    times larger, and so are their accumulator errors): that row only finite."""
+    seed = seed_of(request)
+    q, k, v = inputs((1, 700, 900, 4, 2), head_dim, seed)
+    q[:, 130] *= 32
+    config = dataclasses.replace(fp8_kernel.DEFAULT_CONFIGS[head_dim], huge_hoisted=True)
+    inp = fp8.quantize_fp8(q, k, v, config=FP8Config(two_level=config.two_level, promote_every=config.promote_every))
+    c = inp.q_descale[0, 0].float() * inp.k_descale.max().float() * inp.softmax_scale * 1.4426950408889634
+    reach = c * fp8_kernel.max_score(head_dim)  # the largest |m| each Q scale block's descales allow, in log2 units
+    assert reach[1] >= 2**11 and (reach[0] < 2**11) and (reach[2:] < 2**11).all(), reach  # both loops run
+    with nan_allocations():
+        out, lse = fp8_kernel.run_fp8(inp, causal=causal, out_dtype=q.dtype, config=config)
+    emu32, emu_lse = fp8.emulate_fp8_attention(inp, causal=causal, tile_m=config.tile_m)
+    exact, _ = attention_reference(q, k, v, causal=causal, dtype=torch.float64)
+    keep = torch.arange(q.shape[1], device=q.device) != 130
+    assert torch.isfinite(out[:, 130]).all() and torch.isfinite(lse[:, :, 130]).all()
+    assert_fp8_matches_emulation(out[:, keep], lse[:, :, keep], emu32[:, keep], emu_lse[:, :, keep], exact[:, keep],
+                                 variant="hoisted-mixed", seed=seed)
 
 
 def test_empty_rows_and_no_keys(fp8_kernel, nan_allocations):

@@ -124,8 +124,13 @@ HUGE_GUARD_VARIANTS = {
     "fp8guard-d128-guard": (128, dict(huge_guard=True)),
 }
 
+# session 29, head_dim 64 / 128 / 256 (scripts/fa3_fp8_speed_ab.py FP8HOIST_VARIANTS, "fp8hoist-d<D>-hoist", --set
+# fp8hoist): the huge-logit check decided once per warpgroup before its free K/V tiles (Fp8Config.huge_hoisted; its
+# huge-logit case: test_fa3_fp8_gpu.test_huge_logits "hoisted", both loops in one call: test_hoisted_mixed_paths)
+HUGE_HOISTED_VARIANTS = {f"fp8hoist-d{d}-hoist": (d, dict(huge_hoisted=True)) for d in (64, 128, 256)}
+
 _ALL_TABLES = (FP8_VARIANTS, FP8SMALL_VARIANTS, FP8MID_VARIANTS, FP8D128_VARIANTS, FP8TWO_VARIANTS, FP8TURN_VARIANTS,
-               TWOLVL3_VARIANTS, HUGE_GUARD_VARIANTS)
+               TWOLVL3_VARIANTS, HUGE_GUARD_VARIANTS, HUGE_HOISTED_VARIANTS)
 
 
 def _inputs(shape, head_dim, seed):

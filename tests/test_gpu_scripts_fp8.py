@@ -383,3 +383,19 @@ def test_fp8guard_script_counts_its_tests_and_names_the_set():
     files = re.search(r"-rfE \\\n\s+(tests/\S+(?: tests/\S+)*)", text).group(1).split()
     count = int(re.search(r'\nexpect_passed (\d+)\n', text).group(1))
     assert len(collected_ids("-m", "gpu", "-k", expr, *files)) == count
+
+
+def test_fp8hoist_script_counts_its_tests_and_names_the_set():
+    """scripts/fp8hoist_gpu.sh (session 29): the A/B set it runs has the default and huge_hoisted at 64, 128 and 256,
+    the same changes the GPU tests compile (so the precompile covers them); its "N passed" is the count of the GPU tests
+    its -k expression selects."""
+    ab = load_script("fa3_fp8_speed_ab")
+    variants = ab.SETS["fp8hoist"].variants
+    assert sorted(variants) == [64, 128, 256]
+    assert all(variants[d] == {"new": {}, "hoist": dict(huge_hoisted=True)} for d in variants)
+    text = (ROOT / "scripts" / "fp8hoist_gpu.sh").read_text()
+    assert "--set fp8hoist" in text and text.count("--head-dims 64 128 256") == 2
+    expr = re.search(r'-k "([^"]+)"', text).group(1)
+    files = re.search(r"-rfE \\\n\s+(tests/\S+(?: tests/\S+)*)", text).group(1).split()
+    count = int(re.search(r'\nexpect_passed (\d+)\n', text).group(1))
+    assert len(collected_ids("-m", "gpu", "-k", expr, *files)) == count

@@ -60,6 +60,7 @@ Adapted from Dao-AILab/flash-attention:flash_attn/cute/softmax.py::Softmax (onli
 """
 from __future__ import annotations
 
+import copy
 import math
 import operator
 
@@ -174,9 +175,12 @@ class OnlineSoftmax:
         self.tile_scales = tile_scales
         self.p_shift = p_shift
         self.huge_per_row = huge_per_row  # tile_scales: the huge-logit branch per row, not per tile (`update`)
-        # tile_scales: the largest |S| a tile can hold (2 x head_dim x 448^2 for e4m3 operands, with a margin for the
+        # tile_scales: the largest |S| a tile can hold (head_dim x 448^2 for e4m3 operands, with a margin for the
         # MMA's rounding), the guard of the huge-logit check (`_update_tile_scaled`); inf: always checked
         self.score_bound = score_bound
+        # tile_scales: False in the twin ``without_huge_check`` returns (a K/V loop whose caller proved no |m| reaches
+        # FFMA_LIMIT): `_update_tile_scaled` runs the plain code with no check and no guard
+        self.check_huge = True
         self.chains = chains  # independent accumulators of the row max and row sum (`row_reduce`)
         self.skip_unit_rescale = skip_unit_rescale  # `rescale` skips O when every alpha of the thread is 1
         self.row_max = cute.make_rmem_tensor(num_rows, Float32)
@@ -186,6 +190,14 @@ class OnlineSoftmax:
         # (exp2_ffma without tile_scales) every row's alpha before any exponential of the tile, so that
         # O's rescale by it can run under the exponentials ("Alpha first" in the module docstring); same values
         self.alpha_first = alpha_first and exp2_ffma and not tile_scales
+
+    def without_huge_check(self) -> "OnlineSoftmax":
+        """A twin of this softmax (the same m and l registers) whose `update` skips the huge-logit check of block-scaled
+        scores: for a K/V loop over tiles none of which can give |m| >= FFMA_LIMIT (``Fp8Config.huge_hoisted``: the
+        caller checked every tile's c_n ``score_bound`` before the loop). Same values as the checked code there."""
+        twin = copy.copy(self)
+        twin.check_huge = False
+        return twin
 
     def reset(self):
         """m = -inf, l = 0 (Algorithm 1 line 4)."""
@@ -247,7 +259,11 @@ class OnlineSoftmax:
         largest |S| e4m3 operands give) and |m_old| from the last tile, so on ordinary inputs the branch is taken
         early, the same way every tile, and the plain code runs as it did before the check existed."""
         c = tile_scale_log2
-        if const_expr(self.score_bound == math.inf):  # no guard: every tile checked
+        if const_expr(not self.check_huge):  # the caller proved no |m| reaches FFMA_LIMIT in this loop
+            for r in cutlass.range_constexpr(self.num_rows):
+                m_new, m_safe = self._row_max(s, r, is_first, c)
+                self._exp_and_fold(s, r, c, m_safe - self.p_shift, m_new, alpha, is_first)
+        elif const_expr(self.score_bound == math.inf):  # no guard: every tile checked
             self._update_tile_checked(s, is_first, c, alpha)
         else:
             may_be_huge = not_below(c * self.score_bound, FFMA_LIMIT)

@@ -131,6 +131,7 @@ from fa_variants.common.cache import StaticConfig
 from fa_variants.common.config import WGMMA_M
 from fa_variants.common.launch import Variant
 from fa_variants.fp8 import layout
+from fa_variants.fp8.quantize import E4M3_MAX
 from fa_variants.hopper import fa3
 from fa_variants.hopper.fa3 import LOG2_E, Fa3Config, _tma_operand, l2_section_heads
 
@@ -139,6 +140,17 @@ OUT_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16)
 P_SHIFT = 8.0  # P = exp2(. + 8) in [0, 256]; e4m3 max 448
 #: the widest K/V tile of a 192-row (three consumer warpgroup) config: 192 x 224 and 192 x 256 fail in ptxas (Fp8Config.check)
 MAX_TILE_N_192 = 192
+#: the margin on the largest |S| e4m3 operands allow (``max_score``): the FP8 MMA's accumulator rounds each 32-term
+#: chunk to 13 fraction bits, so a computed |S| can pass head_dim 448^2 by at most ~head_dim / 32 2^-13 relative
+#: (2^-10 at head_dim 256); 2^-6 covers that with room
+MAX_SCORE_MARGIN = 1.0 + 2.0**-6
+
+
+def max_score(head_dim: int) -> float:
+    """The largest |S| = |sum_i q_i k_i| the FP8 S GEMM can return for e4m3 operands (|q_i|, |k_i| <= 448), with
+    ``MAX_SCORE_MARGIN`` for its accumulator: head_dim 448^2 (1 + 2^-6). A tile's scaled row max is at most c_n
+    times it, which is what ``Fp8Config.huge_guard`` and ``huge_hoisted`` compare with 2^11 (the huge-logit limit)."""
+    return head_dim * E4M3_MAX**2 * MAX_SCORE_MARGIN
 E4M3 = torch.float8_e4m3fn
 
 
@@ -202,11 +214,19 @@ class Fp8Config(Fa3Config):
         descale_prefetch), so those configs take this one (``DEFAULT_SWITCHES``; 0.97x at head_dim 256 in session
         27's A/B, 0.90-0.95x where it is not needed).
     huge_guard: (session 27; the head_dim 64 default since session 28, ``DEFAULT_SWITCHES``) the huge-logit check
-        only on tiles where it can matter: |m| <= max(c_n 2 head_dim 448^2, |m_old|), known before the row maxima,
+        only on tiles where it can matter: |m| <= max(c_n ``max_score``, |m_old|), known before the row maxima,
         so on ordinary inputs the softmax runs the code it ran before the check existed
         (``OnlineSoftmax.score_bound``). Not with huge_per_row (both paths live at once spill at head_dim 256).
         Measured (session 28, paired A/B, one H200, N 4k / 16k, causal and not): 1.004-1.033x the checked default at
         head_dim 64, 0.954-0.985x at 128 (two "slower"), so 128 keeps the check on every tile (bench/NOTES.md).
+    huge_hoisted: (session 29) the huge-logit check decided once per warpgroup, before its K/V loop: the loop is
+        compiled twice, with the check (as configured: per tile, or per row with huge_per_row; huge_guard is then
+        unused) and without it, and a warpgroup runs the one without when c_n ``max_score`` < 2^11 on every K/V
+        tile it will visit (``_Fp8StepContext.huge_possible``: each warp reads the tiles' k_descale, one per lane,
+        and votes), which bounds every |m| below 2^11. Ordinary inputs then run exactly the loop from before the
+        check existed (session 27: the check cost 3-5 %), without the per-tile branch of huge_guard (whose two paths
+        in one loop spilled at head_dim 256 and were slower at 128). Same values either way. Costs: code size (two
+        loops) and one read of k_descale per 32 tiles and lane before the loop.
     """
 
     two_level: bool = True
@@ -221,6 +241,7 @@ class Fp8Config(Fa3Config):
     bounded_units: bool = False
     huge_per_row: bool = False
     huge_guard: bool = False
+    huge_hoisted: bool = False
 
     #: e4m3 Q, K, V: Q's buffer is sized for the 16-bit O it holds later (``Sm90Config._buffers``); on the persistent
     #: grid O has a buffer of its own at head_dim 64 and 128, not 256 (``separate_o``)

@@ -16,6 +16,7 @@ kernel), NVIDIA/cutlass examples/python/CuTeDSL hopper FMHA (pre-transposed FP8 
 """
 
 import math
+import dataclasses
 from dataclasses import dataclass
 
 import cuda.bindings.driver as cuda
@@ -26,13 +27,12 @@ from cutlass.cute.nvgpu import warpgroup
 
 from fa_variants.common.config import WGMMA_M
 from fa_variants.common.layout import rows_cols as acc_rows_cols
-from fa_variants.common.scale import FLOAT32_TINY
+from fa_variants.common.scale import FFMA_LIMIT, FLOAT32_TINY
 from fa_variants.common.sm90 import make_tiled_mma, wgmma
-from fa_variants.common.softmax import OnlineSoftmax
+from fa_variants.common.softmax import OnlineSoftmax, not_below
 from fa_variants.fp8 import layout
 from fa_variants.fp8.emulation import UNIT_SPAN
-from fa_variants.fp8.quantize import E4M3_MAX
-from fa_variants.hopper.fa3_fp8 import P_SHIFT, Fp8Config
+from fa_variants.hopper.fa3_fp8 import P_SHIFT, Fp8Config, max_score
 from fa_variants.hopper.fa3_kernel import FlashAttention3Sm90
 from fa_variants.hopper.fa3_mainloop import _StepContext
 
@@ -71,6 +71,29 @@ class _Fp8StepContext(_StepContext):
         # descale_prefetch: after the first tile the previous P V issue loaded this tile's k_descale (``pv``)
         kd = self.descales[0] if const_expr(self.k.cfg.descale_prefetch and not is_first) else self.k_descale[n_block]
         return self.softmax.update(acc_rows_cols(acc_S), is_first, tile_scale_log2=self._tile_scale(kd))
+
+    def hoists_huge_check(self) -> bool:
+        return self.k.cfg.huge_hoisted
+
+    @cute.jit
+    def huge_possible(self, n_start: Int32, n_blocks: Int32) -> cutlass.Boolean:
+        """``Fp8Config.huge_hoisted``: whether a row max of this warpgroup may reach FFMA_LIMIT in log2 units on any of
+        its K/V tiles n_start .. n_start + n_blocks - 1, i.e. c_n ``score_bound`` >= FFMA_LIMIT for some tile (c_n
+        = ``_tile_scale``; NaN counts as possible). Each warp reads the tiles' k_descale, a lane every 32nd tile, and
+        votes; the descales are the same for every warp of the warpgroup, so all four reach the same answer and take
+        the same K/V loop (the WGMMAs are warpgroup-wide). |m| <= max_n c_n |S_n| <= max_n c_n ``score_bound``, so
+        where this is False no tile needs the check and the loop without it gives the same values."""
+        bound = self.k._max_score()
+        lane = cute.arch.lane_idx()
+        possible = False
+        for i in cutlass.range(lane, n_blocks, 32, unroll=1):
+            possible = possible or not_below(self._tile_scale(self.k_descale[self.k._tile(n_start, i)]) * bound,
+                                             FFMA_LIMIT)
+        return cute.arch.vote_any_sync(possible)
+
+    def without_huge_check(self) -> "_Fp8StepContext":
+        """This context with the softmax twin that skips the huge-logit check (``huge_possible`` was False)."""
+        return dataclasses.replace(self, softmax=self.softmax.without_huge_check())
 
     def _tile_scale(self, k_descale):
         """c_n = q_descale k_descale[n] softmax_scale log2 e of this tile, floored at the smallest normal float32: a
@@ -211,7 +234,7 @@ class _Fp8StepContext(_StepContext):
     # ----- s_lookahead (head_dim 256): the next S GEMM issued before the last P V slice is promoted ---------------
 
     @cute.jit
-    def lookahead_loop(self, k_state, v_state, n_blocks: Int32, n_masked: Int32, n_free: Int32):
+    def lookahead_loop(self, k_state, v_state, n_blocks: Int32, n_masked: Int32, n_free: Int32, safe=None):
         """The consumer's main loop with ``s_lookahead``: tiles n_blocks - 1 .. 0 as the serial steps walk them
         (the first masked at seqlen_k, the next n_masked on the causal diagonal, the rest free). The S GEMM of
         the first tile is issued in a turn of its own; every later S GEMM is issued by the step of the tile
@@ -220,7 +243,8 @@ class _Fp8StepContext(_StepContext):
         first tile takes the softmax's general update too, against the reset state (m = -inf, l = 0, O = 0): alpha =
         exp2(-inf) = 0, so P, l and O get the same bits as with the first-tile update, whose code (with s_halves)
         spills 29 registers' worth; a row that sees no key keeps m = -inf as before. Returns (k_state, v_state)
-        advanced past this tile's K/V tiles (the persistent grid carries them to its next tile)."""
+        advanced past this tile's K/V tiles (the persistent grid carries them to its next tile). ``safe``: fa3's
+        ``_free_tiles`` (huge_hoisted)."""
         last = n_blocks - 1
         acc_S = self._lookahead_scores()
         self.schedule_sync()
@@ -234,8 +258,9 @@ class _Fp8StepContext(_StepContext):
             k_state, v_state = self._lookahead_step(acc_S, k_state, v_state, last, causal, True, True)
             for i in cutlass.range(last - cutlass.max(n_free, 1), unroll=1):  # masked tiles but tile 0
                 k_state, v_state = self._lookahead_step(acc_S, k_state, v_state, last - 1 - i, True, False, True)
-            for i in cutlass.range(cutlass.max(n_free, 1) - 1, unroll=1):  # free tiles but tile 0
-                k_state, v_state = self._lookahead_step(acc_S, k_state, v_state, n_free - 1 - i, False, False, True)
+            k_state, v_state = self.k._free_tiles(  # free tiles but tile 0 (huge_hoisted: ``safe``)
+                self, safe, k_state, v_state, cutlass.max(n_free, 1) - 1,
+                lambda c, ks, vs, i: c._lookahead_step(acc_S, ks, vs, n_free - 1 - i, False, False, True))
             k_state, v_state = self._lookahead_step(acc_S, k_state, v_state, 0, causal, False, False)
         return k_state, v_state
 
@@ -442,10 +467,14 @@ class FlashAttention3Fp8Sm90(FlashAttention3Sm90):
 
     def _score_bound(self) -> float:
         """The guard of the softmax's huge-logit check (``OnlineSoftmax.score_bound``; ``Fp8Config.huge_guard``): the
-        largest |S| of e4m3 operands with a margin, 2 head_dim 448^2; inf (every tile checked) without huge_guard
+        largest |S| of e4m3 operands with a margin (``_max_score``); inf (every tile checked) without huge_guard
         or with the check per row (both paths live at once spill at head_dim 256: CPU compile, session 27)."""
-        guarded = self.cfg.huge_guard and not self._huge_per_row()
-        return 2.0 * self.head_dim * E4M3_MAX**2 if guarded else math.inf
+        guarded = self.cfg.huge_guard and not self._huge_per_row() and not self.cfg.huge_hoisted
+        return self._max_score() if guarded else math.inf
+
+    def _max_score(self) -> float:
+        """``hopper.fa3_fp8.max_score``: the largest |S| of e4m3 operands, with a margin for the MMA's rounding."""
+        return max_score(self.head_dim)
 
     def _step_context(self, args: tuple, extras: tuple, m_block: Int32, head: Int32, batch: Int32):
         mQd, mKd, mVd = extras

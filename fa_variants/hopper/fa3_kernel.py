@@ -427,33 +427,9 @@ class FlashAttention3Sm90(Fa3Schedule, Fa3SplitKV, Fa3Producer):
         n_free = n_blocks - 1 - n_masked
         last = self._tile(n_start, n_blocks - 1)
 
-        if const_expr(getattr(self.cfg, "s_lookahead", False)):  # fa3-fp8's own loop (hopper/fa3_fp8_kernel.py)
-            k_state, v_state = ctx.lookahead_loop(k_state, v_state, n_blocks, n_masked, n_free)
-        elif const_expr(self.overlap and ctx.defer_mode() > 0):
-            k_state = ctx.first_scores(k_state, last)
-            for i in cutlass.range(n_masked, unroll=1):
-                k_state, v_state = ctx.deferred_step(k_state, v_state, last - 1 - i, causal=True, accumulate=i > 0)
-            for i in cutlass.range(n_free, unroll=1):
-                k_state, v_state = ctx.deferred_step(k_state, v_state, self._tile(n_start, n_free - 1 - i), causal=False,
-                                                     accumulate=i + n_masked > 0)
-            ctx.deferred_last_pv(v_state, self._tile(n_start, 0), accumulate=n_blocks > 1)
-        elif const_expr(self.overlap):
-            k_state = ctx.first_scores(k_state, last)
-            for i in cutlass.range(n_masked, unroll=1):
-                k_state, v_state = ctx.overlapped_step(k_state, v_state, last - 1 - i, causal=True, accumulate=i > 0)
-            for i in cutlass.range(n_free, unroll=1):
-                k_state, v_state = ctx.overlapped_step(k_state, v_state, self._tile(n_start, n_free - 1 - i), causal=False,
-                                                       accumulate=i + n_masked > 0)
-            ctx.last_pv(k_state if const_expr(v_state is None) else v_state, self._tile(n_start, 0), accumulate=n_blocks > 1)
-        else:
-            ctx.schedule_sync()
-            k_state, v_state = ctx.serial_step(k_state, v_state, last, causal=self.causal, seqlen_end=True, is_first=True)
-            for i in cutlass.range(n_masked, unroll=1):
-                k_state, v_state = ctx.serial_step(k_state, v_state, last - 1 - i, causal=True)
-            for i in cutlass.range(n_free, unroll=1):
-                k_state, v_state = ctx.serial_step(k_state, v_state, self._tile(n_start, n_free - 1 - i), causal=False)
-            if const_expr(not self.cfg.early_pv_arrive):  # else the last P V GEMM's issue ended the turn
-                ctx.schedule_arrive()
+        # fa3-fp8's huge_hoisted: whether its free tiles may skip the huge-logit check (``_free_tiles``)
+        safe = (not ctx.huge_possible(n_start, n_blocks)) if const_expr(ctx.hoists_huge_check()) else None
+        k_state, v_state = self._kv_loop(ctx, k_state, v_state, n_start, n_blocks, n_masked, n_free, last, safe)
 
         if const_expr(carried and self.separate_o):  # every S GEMM has completed: the next Q may load
             pipe_q.consumer_release(q_state)
@@ -468,6 +444,61 @@ class FlashAttention3Sm90(Fa3Schedule, Fa3SplitKV, Fa3Producer):
                 pipe_q.consumer_release(q_state)
             q_state.advance()
             return q_state, k_state, v_state
+
+    @cute.jit
+    def _kv_loop(self, ctx, k_state, v_state, n_start, n_blocks: Int32, n_masked: Int32, n_free: Int32, last: Int32,
+                 safe=None):
+        """The consumer's walk over its K/V tiles, last (masked at seqlen_k and the diagonal) to first, in the
+        config's schedule: fa3-fp8's lookahead loop, intra-warpgroup overlap (deferred or not), or serial steps
+        with ping-pong; the free tiles by ``_free_tiles`` (``safe``). Returns (k_state, v_state) advanced past the
+        tiles."""
+        if const_expr(getattr(self.cfg, "s_lookahead", False)):  # fa3-fp8's own loop (hopper/fa3_fp8_kernel.py)
+            k_state, v_state = ctx.lookahead_loop(k_state, v_state, n_blocks, n_masked, n_free, safe)
+        elif const_expr(self.overlap and ctx.defer_mode() > 0):
+            k_state = ctx.first_scores(k_state, last)
+            for i in cutlass.range(n_masked, unroll=1):
+                k_state, v_state = ctx.deferred_step(k_state, v_state, last - 1 - i, causal=True, accumulate=i > 0)
+            k_state, v_state = self._free_tiles(ctx, safe, k_state, v_state, n_free, lambda c, ks, vs, i: c.deferred_step(
+                ks, vs, self._tile(n_start, n_free - 1 - i), causal=False, accumulate=i + n_masked > 0))
+            ctx.deferred_last_pv(v_state, self._tile(n_start, 0), accumulate=n_blocks > 1)
+        elif const_expr(self.overlap):
+            k_state = ctx.first_scores(k_state, last)
+            for i in cutlass.range(n_masked, unroll=1):
+                k_state, v_state = ctx.overlapped_step(k_state, v_state, last - 1 - i, causal=True, accumulate=i > 0)
+            k_state, v_state = self._free_tiles(ctx, safe, k_state, v_state, n_free, lambda c, ks, vs, i: c.overlapped_step(
+                ks, vs, self._tile(n_start, n_free - 1 - i), causal=False, accumulate=i + n_masked > 0))
+            ctx.last_pv(k_state if const_expr(v_state is None) else v_state, self._tile(n_start, 0), accumulate=n_blocks > 1)
+        else:
+            ctx.schedule_sync()
+            k_state, v_state = ctx.serial_step(k_state, v_state, last, causal=self.causal, seqlen_end=True, is_first=True)
+            for i in cutlass.range(n_masked, unroll=1):
+                k_state, v_state = ctx.serial_step(k_state, v_state, last - 1 - i, causal=True)
+            k_state, v_state = self._free_tiles(ctx, safe, k_state, v_state, n_free, lambda c, ks, vs, i: c.serial_step(
+                ks, vs, self._tile(n_start, n_free - 1 - i), causal=False))
+            if const_expr(not self.cfg.early_pv_arrive):  # else the last P V GEMM's issue ended the turn
+                ctx.schedule_arrive()
+        return k_state, v_state
+
+    @cute.jit
+    def _free_tiles(self, ctx, safe, k_state, v_state, count: Int32, step):
+        """``count`` steps over free K/V tiles (left of the causal diagonal, before seqlen_k), i = 0 .. count - 1:
+        (k_state, v_state) = step(ctx, k_state, v_state, i). ``safe`` None: one loop. Else (fa3-fp8's
+        ``huge_hoisted``) the loop is compiled twice and ``safe`` (a run-time Boolean: no tile of the range can give
+        a huge row max) picks the copy whose softmax skips the huge-logit check (``ctx.without_huge_check``). Only
+        this loop is doubled: the first, masked and last tiles keep the checked code (with the whole walk doubled,
+        ptxas spilled at the causal head_dim 64 / 256 defaults). Returns (k_state, v_state)."""
+        if const_expr(safe is None):
+            for i in cutlass.range(count, unroll=1):
+                k_state, v_state = step(ctx, k_state, v_state, i)
+        else:
+            if safe:
+                plain = ctx.without_huge_check()
+                for i in cutlass.range(count, unroll=1):
+                    k_state, v_state = step(plain, k_state, v_state, i)
+            else:
+                for i in cutlass.range(count, unroll=1):
+                    k_state, v_state = step(ctx, k_state, v_state, i)
+        return k_state, v_state
 
     @cute.jit
     def epilogue(self, acc_O, lse, mO, mLSE, sO, tma_o, tiled_mma_pv, tidx: Int32, m_block: Int32, seqlen_q: Int32):

@@ -118,6 +118,10 @@ class _StepContext:
         if const_expr(wait >= 0):
             warpgroup.wait_group(wait)
 
+    def hoists_huge_check(self) -> bool:
+        """Whether the consumer picks its K/V loop by ``huge_possible`` (fa3-fp8's ``huge_hoisted``); not here."""
+        return False
+
     def overwrites_o(self) -> bool:
         """Whether the first P V GEMM overwrites O (``first_pv_overwrites``), so O needs no zero fill: only
         with this class's ``pv`` (a subclass's own P V hook, fa3-fp8's, keeps the fill)."""
