@@ -66,7 +66,9 @@ def test_p_is_converted_in_thread():
     assert len(re.findall(r"F2FP\.SATFINITE\.E4M3\.F32", s)) > 0
     assert re.search(r"QGMMA\.64x128x32\.F32\.E4M3\.E4M3 R\d+, R\d+, gdesc", s)  # A from registers (RS)
     shuffles = len(re.findall(r"\bSHFL\.", s))
-    assert shuffles <= 16, shuffles  # 2 row-max reductions x 2 lanes x (first + loop) + row sums + lane broadcast
+    # 2 row-max reductions x 2 lanes x (first + loop) + row sums + lane broadcast: 13; huge_hoisted (the default at 128
+    # since session 29) compiles the free tiles' loop twice, 4 more
+    assert shuffles <= 17, shuffles
     # huge_guard: the softmax's plain code and its huge-logit checked code each reduce the row max: twice as many
     guarded = _sass(dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], huge_guard=True))
     assert len(re.findall(r"\bSHFL\.", guarded)) <= 32
@@ -346,7 +348,7 @@ def test_huge_hoisted_doubles_only_the_free_loop(head_dim):
     128 there is no local memory. At 256 ptxas still keeps 2-3 values (the epilogue's addresses) in local memory
     across the loops, 5 (non-causal) to 15 (causal) spill instructions outside them (session 29): measured there
     before any flip, which needs zero."""
-    base = fa3_fp8.DEFAULT_CONFIGS[head_dim]
+    base = dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[head_dim], huge_hoisted=False)
     for causal in (False, True):
         plain = cubin.count_sass(_sass(base, head_dim, causal))
         hoisted_sass = _sass(dataclasses.replace(base, huge_hoisted=True), head_dim, causal)

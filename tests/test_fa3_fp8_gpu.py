@@ -114,7 +114,8 @@ def test_every_recipe(fp8_kernel, config, head_dim, request, nan_allocations):
           request.node.name)
 
 
-HUGE_MODES = {"checked": dict(huge_guard=False), "guarded": dict(huge_guard=True), "hoisted": dict(huge_hoisted=True)}
+HUGE_MODES = {"checked": dict(huge_guard=False, huge_hoisted=False), "guarded": dict(huge_guard=True, huge_hoisted=False),
+              "hoisted": dict(huge_hoisted=True)}
 
 
 @pytest.mark.parametrize("mode", list(HUGE_MODES))

@@ -399,3 +399,14 @@ def test_fp8hoist_script_counts_its_tests_and_names_the_set():
     files = re.search(r"-rfE \\\n\s+(tests/\S+(?: tests/\S+)*)", text).group(1).split()
     count = int(re.search(r'\nexpect_passed (\d+)\n', text).group(1))
     assert len(collected_ids("-m", "gpu", "-k", expr, *files)) == count
+
+
+def test_fp8hoistchk_script_counts_its_tests():
+    """scripts/fp8hoistchk_gpu.sh (session 29): its "N passed" is the count of the GPU tests its files and -k select,
+    and it precompiles the fp8hoist set at every head_dim."""
+    text = (ROOT / "scripts" / "fp8hoistchk_gpu.sh").read_text()
+    assert "--set fp8hoist --head-dims 64 128 256" in text and "--set quantdef" in text
+    expr = re.search(r'-k "([^"]+)"', text).group(1)
+    files = re.search(r"-rfE \\\n\s+(tests/\S+(?: tests/\S+)*)", text).group(1).split()
+    count = int(re.search(r'\nexpect_passed (\d+)\n', text).group(1))
+    assert len(collected_ids("-m", "gpu and not slow", "-k", expr, *files)) == count

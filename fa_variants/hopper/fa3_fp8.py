@@ -219,14 +219,18 @@ class Fp8Config(Fa3Config):
         (``OnlineSoftmax.score_bound``). Not with huge_per_row (both paths live at once spill at head_dim 256).
         Measured (session 28, paired A/B, one H200, N 4k / 16k, causal and not): 1.004-1.033x the checked default at
         head_dim 64, 0.954-0.985x at 128 (two "slower"), so 128 keeps the check on every tile (bench/NOTES.md).
-    huge_hoisted: (session 29) the huge-logit check decided once per warpgroup, before its K/V loop: the loop is
-        compiled twice, with the check (as configured: per tile, or per row with huge_per_row; huge_guard is then
+    huge_hoisted: (session 29; the head_dim 128 default since then, ``DEFAULT_SWITCHES``) the huge-logit check
+        decided once per warpgroup, before its free K/V tiles: that loop is compiled twice (``FlashAttention3Sm90.
+        _free_tiles``), with the check (as configured: per tile, or per row with huge_per_row; huge_guard is then
         unused) and without it, and a warpgroup runs the one without when c_n ``max_score`` < 2^11 on every K/V
         tile it will visit (``_Fp8StepContext.huge_possible``: each warp reads the tiles' k_descale, one per lane,
         and votes), which bounds every |m| below 2^11. Ordinary inputs then run exactly the loop from before the
         check existed (session 27: the check cost 3-5 %), without the per-tile branch of huge_guard (whose two paths
         in one loop spilled at head_dim 256 and were slower at 128). Same values either way. Costs: code size (two
-        loops) and one read of k_descale per 32 tiles and lane before the loop.
+        loops) and one read of k_descale per 32 tiles and lane before the loop. The first, masked and last tiles
+        keep the checked code (doubling the whole walk spilled at the causal 64 / 256 defaults). N(0, 1) inputs give
+        c_n max_score ~ 810 at head_dim 128 and ~1150 at 256 (against 2^11 = 2048): Q and K whose per-block amax
+        after the rotation is a few times larger (real models' outliers) take the checked loop, and gain nothing.
     """
 
     two_level: bool = True
@@ -322,7 +326,12 @@ class Fp8Config(Fa3Config):
 #: per-round medians of default time / bounded time 0.998 / 1.003 / 1.016 / 1.010 (TFLOP/s 1024 / 922 / 1086 / 1038
 #: against 1011 / 920 / 1046 / 1029), 11 GPU tests passed (adversarial V finite, vs the emulation and float64).
 #: bounded_units=False brings the limit back.
-DEFAULT_SWITCHES = {64: dict(reduce_chains=4, huge_guard=True), 96: {}, 128: {},
+#: At 128 huge_hoisted since session 29 (the huge-logit check decided once per warpgroup before its free K/V tiles;
+#: scripts/fp8hoist_gpu.sh, paired, 6 rounds, one H200, N 4k / 4k causal / 16k / 16k causal): hoist / new 1.022 / 0.997 /
+#: 1.036 / 1.016 ("same" but 16k non-causal "faster"), TFLOP/s 772 / 633 / 834 / 774 against 754 / 630 / 812 / 760,
+#: 46 GPU tests passed before the step's limit (none failed); at 64 0.995-1.010 ("same": huge_guard stays), at 256
+#: 1.005-1.013 ("same", and 5-15 spill instructions outside the loops: not flipped).
+DEFAULT_SWITCHES = {64: dict(reduce_chains=4, huge_guard=True), 96: {}, 128: dict(huge_hoisted=True),
                     256: dict(skip_unit_rescale=True, s_lookahead=True, s_halves=True, fused_promote=True,
                               reduce_chains=2, bounded_units=True, huge_per_row=True)}
 #: the changes that take the head_dim 256 default back to its serial steps (no lookahead, S in one MMA; O in absolute
