@@ -20,16 +20,18 @@
 # 2. then scripts/NAME_gpu.sh for each NAME, in order, each with the time left of CALL_BUDGET seconds (default 560),
 #    skipped when fewer than 100 s are left; logs under $OUT/pending/NAME/, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
-#    Plan for session 29: session 28 ran the GPU suite on session 27's tree in three partial calls (no kernel failure;
-#    one test bound fixed: the huge-logit LSE now bounded by the FP8 accumulator's model) and measured huge_guard:
-#    1.004-1.033x at D 64 (flipped on in the default), 0.954-0.985x at 128 (kept off) (bench/NOTES.md "Session 28").
-#    Open: issue 10 (1100 TFLOP/s at D 256; 1.4x at 128, 1.3x at 64: 1.03-1.15x now; two-level <= 5 % at 256; the
-#    pass at 70 % of copy; pass + kernel at N 4k causal), 12 (fa3 / flash-attn-4 >= 1.00 everywhere: 0.94-1.00 in
-#    session 28's call; >= cuDNN at D 64 N 512 / 1k), 13 (70 % of HBM at D 64 B 1 Nk 32k: 61-65 %), 16 (two GPUs).
-#    A. First: the whole GPU suite on the final tree in two calls (the D 64 fa3-fp8 default changed):
-#    `scripts/suite_gpu.sh 1`, then `scripts/suite_gpu.sh 2` (~400 s each, cold). Then Q's quantisation fused into
-#    fa3-fp8 (issue 10; session 21's bound: no separate pass can meet pass + kernel at N 4k causal, D 64 / 128); the
-#    D 64 short-shape gap to cuDNN (issue 12).
+#    Plan for session 30: session 29 ran the whole GPU suite on session 28's tree (3911 + 1611 passed, 0 failed) and
+#    built Fp8Config.huge_hoisted (fa3-fp8's huge-logit check decided once per warpgroup before its free K/V tiles):
+#    hoist / new 1.00-1.04 at D 128 (flipped on there; every fa3-fp8 GPU file passed on it), "same" at 64 and 256
+#    (not flipped; at 256 it also spills 5-15 instructions outside the loops) (bench/NOTES.md "Session 29").
+#    Open: issue 10 (1100 TFLOP/s at D 256 N 16k: 1003-1015 in session 29's call, 1084-1120 in session 27's; 1.4x
+#    bf16 at 128: 1.16-1.19; 1.3x at 64: 1.07-1.08; two-level <= 5 % at 256; the pass at 70 % of copy; pass + kernel
+#    at N 4k causal), 12 (fa3 / flash-attn-4 >= 1.00 everywhere: 0.94-1.00 in session 28's call; >= cuDNN at D 64 N
+#    512 / 1k), 13 (70 % of HBM at D 64 B 1 Nk 32k: 61-65 %), 16 (two GPUs).
+#    A. No suite rerun is owed: the only kernel default changed (fa3-fp8 at 128) ran every fa3-fp8 GPU file in
+#    session 29's calls 4-6, and bf16 fa3's SASS is unchanged by the consumer's new _kv_loop / _free_tiles (hashes).
+#    Next: Q's quantisation fused into fa3-fp8 (issue 10; session 21's bound: no separate pass can meet pass + kernel
+#    at N 4k causal, D 64 / 128); the D 64 short-shape gap to cuDNN (issue 12).
 #    B. As before: D 256 split / packed configs without convert_pairs at causal shapes; the persistent consumer's K/V
 #    loop (bench/NOTES.md "Session 20 ..."); D 256's two-level cost; fa3-fp8's magnitude limit, max|V| seqlen_k <=
 #    2^119 (README, "FP8's range": the unnormalised O overflows float32; lifting it is a kernel change).
