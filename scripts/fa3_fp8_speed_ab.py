@@ -214,12 +214,19 @@ FP8PERSIST_VARIANTS[128].update(balanced_tn128=dict(PERSIST, balanced=True, tile
                                 balanced_tn128ov=dict(PERSIST, balanced=True, tile_n=128, intra_wg_overlap=True))
 # session 27: the softmax's huge-logit check only where |m| can reach 2^11 (Fp8Config.huge_guard; predicted guard / new
 # 1.03-1.05, the check's measured cost; a no-op at 256, whose check runs per row)
-# huge_guard: on in the head_dim 64 default since session 28, so "checked" (the check on every tile) keeps the A/B there
-FP8GUARD_VARIANTS: dict[int, dict[str, dict]] = {D: {"new": {}, "guard": dict(huge_guard=True),
-                                                     "checked": dict(huge_guard=False)} for D in (64, 128)}
+# huge_guard: on in the head_dim 64 default since session 28, so "checked" (the check on every tile) keeps the A/B there;
+# the 128 default has huge_hoisted since session 29, which refuses huge_guard: both variants turn it off ("new" is then
+# the hoisted default at 128)
+FP8GUARD_VARIANTS: dict[int, dict[str, dict]] = {D: {"new": {}, "guard": dict(huge_guard=True, huge_hoisted=False),
+                                                     "checked": dict(huge_guard=False, huge_hoisted=False)}
+                                                 for D in (64, 128)}
 # session 29: the huge-logit check decided once per warpgroup before its free K/V tiles (Fp8Config.huge_hoisted; predicted
-# hoist / new 1.02-1.05 at 128 and 256 (the check's 3-5 % back on ordinary inputs), 1.00-1.02 at 64 (huge_guard there)
-FP8HOIST_VARIANTS: dict[int, dict[str, dict]] = {D: {"new": {}, "hoist": dict(huge_hoisted=True)} for D in (64, 128, 256)}
+# hoist / new 1.02-1.05 at 128 and 256 (the check's 3-5 % back on ordinary inputs), 1.00-1.02 at 64 (huge_guard there).
+# Since the 128 flip "new" is the hoisted default there and "unhoisted" the one before; hoist turns huge_guard off (the
+# pair is refused: Fp8Config.check)
+FP8HOIST_VARIANTS: dict[int, dict[str, dict]] = {D: {"new": {}, "hoist": dict(huge_hoisted=True, huge_guard=False)}
+                                                 for D in (64, 128, 256)}
+FP8HOIST_VARIANTS[128]["unhoisted"] = dict(huge_hoisted=False)
 # kernels tests/test_fa3_fp8_speed_gpu.py needs besides the timed ones (kind, head_dim, change), both causal modes
 SPEED_TEST_KERNELS = [("bf16", 128, dict(intra_wg_overlap=False, early_pv_arrive=True))]
 # kernels tests/test_fa3_fp8_speed_gpu.py -k "fp8d128 and tail" needs at any --head-dims (both causal modes): the serial
@@ -340,15 +347,16 @@ SETS: dict[str, VariantSet] = {
     "fp8guard": VariantSet(
         FP8GUARD_VARIANTS,
         "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs; new = the default (huge_guard on at 64 since "
-        "session 28); guard = Fp8Config.huge_guard (the check only where |m| can reach 2^11); checked = the check on "
+        "session 28, huge_hoisted at 128 since session 29); guard = Fp8Config.huge_guard (the check only where |m| can reach 2^11); checked = the check on "
         "every tile; bf16_fa3 = ours; "
         "flash_attn_4 = flash-attn-4 bf16.",
         "the huge-logit check guarded by a bound known before the row maxima (FP8GUARD_VARIANTS, session 27)",
         per_variant_errors=True),
     "fp8hoist": VariantSet(
         FP8HOIST_VARIANTS,
-        "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs; new = the default (huge_guard at 64, the check "
-        "on every tile at 128, per row at 256); hoist = Fp8Config.huge_hoisted (the check decided once per warpgroup, "
+        "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs; new = the default (huge_guard at 64, "
+        "huge_hoisted at 128 since session 29, the check per row at 256); unhoisted (128) = the check on every tile; "
+        "hoist = Fp8Config.huge_hoisted (the check decided once per warpgroup, "
         "before its free K/V tiles); bf16_fa3 = ours; flash_attn_4 = flash-attn-4 bf16.",
         "the huge-logit check hoisted out of the free K/V tiles (FP8HOIST_VARIANTS, session 29)",
         per_variant_errors=True),

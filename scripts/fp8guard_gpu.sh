@@ -7,7 +7,7 @@
 #
 # Why (bench/NOTES.md, "Session 27"): the exact form for huge logits (a break-it finding: rows of 0 / LSE -inf from
 # softmax_scale ~1e8) cost 3-5 % of fa3-fp8's speed at head_dim 64 / 128; huge_guard runs the check only on tiles
-# where c_n 2 head_dim 448^2 >= 2^11 or the row max so far is huge, a condition known before S.
+# where c_n 2 head_dim 448^2 >= 2^11 (max_score since session 29) or the row max so far is huge, a condition known before S.
 # 0. precompile: scripts/fa3_fp8_speed_ab.py --set fp8guard --phase precompile (new / guard at D 64 and 128, both
 #    causal modes; bf16 fa3's own config at each A/B shape; the tests' kernels).
 # 1. GPU tests: tests/test_fa3_fp8_gpu.py test_huge_logits "guarded" (huge logits, against float64) and

@@ -70,12 +70,12 @@ def test_p_is_converted_in_thread():
     # since session 29) compiles the free tiles' loop twice, 4 more
     assert shuffles <= 17, shuffles
     # huge_guard: the softmax's plain code and its huge-logit checked code each reduce the row max: twice as many
-    guarded = _sass(dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], huge_guard=True))
+    guarded = _sass(dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], huge_guard=True, huge_hoisted=False))
     assert len(re.findall(r"\bSHFL\.", guarded)) <= 32
 
 
 @pytest.mark.parametrize("change", [dict(two_level=False), dict(tile_n=128, intra_wg_overlap=True), dict(out_dtype="fp16"),
-                                    dict(pingpong=False), dict(huge_guard=True)],
+                                    dict(pingpong=False), dict(huge_guard=True, huge_hoisted=False)],
                          ids=["single-acc", "old-default-overlap", "fp16-out", "no-pingpong", "huge-guard"])
 def test_switches_compile(change):
     s = _sass(dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], **change), causal=True)
@@ -334,7 +334,7 @@ def test_huge_guard_compiles_at_64_without_spills():
     """Fp8Config.huge_guard at head_dim 64 (its other compile case: test_switches_compile at 128): both softmax paths
     in the loop, no local memory; at head_dim 256 (huge_per_row) it is a no-op, the SASS the default's."""
     for causal in (False, True):
-        counts = cubin.count_sass(_sass(dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[64], huge_guard=True), 64, causal))
+        counts = cubin.count_sass(_sass(dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[64], huge_guard=True), 64, causal))  # (64: not hoisted)
         assert counts["QGMMA"] > 0 and counts["LDL"] == counts["STL"] == 0, counts
     d256 = fa3_fp8.DEFAULT_CONFIGS[256]
     assert _sass(dataclasses.replace(d256, huge_guard=True), 256) == _sass(d256, 256)
@@ -351,9 +351,18 @@ def test_huge_hoisted_doubles_only_the_free_loop(head_dim):
     base = dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[head_dim], huge_hoisted=False)
     for causal in (False, True):
         plain = cubin.count_sass(_sass(base, head_dim, causal))
-        hoisted_sass = _sass(dataclasses.replace(base, huge_hoisted=True), head_dim, causal)
+        hoisted_sass = _sass(dataclasses.replace(base, huge_hoisted=True, huge_guard=False), head_dim, causal)
         hoisted = cubin.count_sass(hoisted_sass)
         assert re.search(r"\bVOTE\.ANY\b", hoisted_sass), (head_dim, causal)
         assert plain["QGMMA"] < hoisted["QGMMA"] < 2 * plain["QGMMA"], (head_dim, causal, plain, hoisted)
         if head_dim < 256:
             assert hoisted["LDL"] == hoisted["STL"] == 0, (head_dim, causal, hoisted)
+
+
+def test_huge_guard_and_huge_hoisted_are_exclusive():
+    """The hoisted choice (the head_dim 128 default since session 29) leaves no tile for the per-tile guard: asking for
+    both is refused with a message naming both, not compiled with the guard silently unused."""
+    with pytest.raises(ValueError, match="huge_guard=True with huge_hoisted=True"):
+        dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], huge_guard=True).check(128)
+    dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], huge_guard=True, huge_hoisted=False).check(128)
+    dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[64], huge_hoisted=True, huge_guard=False).check(64)

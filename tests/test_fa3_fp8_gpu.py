@@ -115,7 +115,7 @@ def test_every_recipe(fp8_kernel, config, head_dim, request, nan_allocations):
 
 
 HUGE_MODES = {"checked": dict(huge_guard=False, huge_hoisted=False), "guarded": dict(huge_guard=True, huge_hoisted=False),
-              "hoisted": dict(huge_hoisted=True)}
+              "hoisted": dict(huge_hoisted=True, huge_guard=False)}
 
 
 @pytest.mark.parametrize("mode", list(HUGE_MODES))
@@ -143,14 +143,15 @@ def test_huge_logits(fp8_kernel, softmax_scale, head_dim, causal, mode, request,
 def test_hoisted_mixed_paths(fp8_kernel, head_dim, causal, request, nan_allocations):
     """``Fp8Config.huge_hoisted`` with both K/V loops in one call: query row 130 scaled by 32 lifts the descale of
     its Q scale block (rows 128-255), so c_n ``max_score`` passes 2^11 there and the warpgroups of those rows run
-    the checked loop, while the other warpgroups run the plain one (at head_dim 64 one CTA holds both: rows 0-191),
-    handing the ping-pong turn to each other. Every logit stays far below 2^11 in log2 units, so both loops must give
+    the checked loop, while the other warpgroups run the plain one. At head_dim 64 (192-row tiles) one CTA holds
+    both (rows 0-191: warpgroups 0-1 plain, 2 checked), handing the ping-pong turn to each other; at 128 and 256 the
+    query tile is the scale block, so the two loops run in different CTAs. Every logit stays far below 2^11 in log2 units, so both loops must give
     the emulation's values (helpers.assert_fp8_matches_emulation, and float64), row 130 aside (its logits are 32
     times larger, and so are their accumulator errors): that row only finite."""
     seed = seed_of(request)
     q, k, v = inputs((1, 700, 900, 4, 2), head_dim, seed)
     q[:, 130] *= 32
-    config = dataclasses.replace(fp8_kernel.DEFAULT_CONFIGS[head_dim], huge_hoisted=True)
+    config = dataclasses.replace(fp8_kernel.DEFAULT_CONFIGS[head_dim], huge_hoisted=True, huge_guard=False)
     inp = fp8.quantize_fp8(q, k, v, config=FP8Config(two_level=config.two_level, promote_every=config.promote_every))
     c = inp.q_descale[0, 0].float() * inp.k_descale.max().float() * inp.softmax_scale * 1.4426950408889634
     reach = c * fp8_kernel.max_score(head_dim)  # the largest |m| each Q scale block's descales allow, in log2 units
@@ -163,6 +164,28 @@ def test_hoisted_mixed_paths(fp8_kernel, head_dim, causal, request, nan_allocati
     assert torch.isfinite(out[:, 130]).all() and torch.isfinite(lse[:, :, 130]).all()
     assert_fp8_matches_emulation(out[:, keep], lse[:, :, keep], emu32[:, keep], emu_lse[:, :, keep], exact[:, keep],
                                  variant="hoisted-mixed", seed=seed)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_hoisted_vote_finds_one_huge_tile(fp8_kernel, head_dim, causal, request, nan_allocations):
+    """``Fp8Config.huge_hoisted``'s vote must see every tile: 40 K/V tiles (a lane reads tiles i, i + 32), one free
+    tile, number 33 (lane 1's second read), with keys scaled by 2^33 (logits ~2^34 in log2 units, where the plain
+    loop's one-FFMA exponent turns rows into 0 or -inf, session 27), the others ordinary. K not smoothed (the mean
+    of that tile would spread it into every tile). A vote that missed tile 33 runs the plain loop there:
+    helpers.assert_huge_logits_ok fails (rows 0 / -inf, LSE off)."""
+    seed = seed_of(request)
+    tile_n = fp8.layout.tile_n(head_dim)
+    q, k, v = inputs((1, 300, 40 * tile_n + 100, 2, 1), head_dim, seed)
+    k[:, 33 * tile_n:34 * tile_n] *= 2.0**33
+    config = dataclasses.replace(fp8_kernel.DEFAULT_CONFIGS[head_dim], huge_hoisted=True, huge_guard=False)
+    with nan_allocations():
+        inp = fp8.quantize_fp8(q, k, v, config=FP8Config(smooth_k=False))
+        out, lse = fp8_kernel.run_fp8(inp, causal=causal, out_dtype=q.dtype, config=config)
+    c = inp.q_descale.float().amax() * inp.k_descale[0, 0].float() * inp.softmax_scale * 1.4426950408889634
+    reach = c * fp8_kernel.max_score(head_dim)
+    assert reach[33] >= 2**31 and (reach[:33] < 2**11).all() and (reach[34:] < 2**11).all(), reach  # one huge tile
+    assert_huge_logits_ok(out, lse, inp, causal, what=f"seed {seed}")
 
 
 def test_empty_rows_and_no_keys(fp8_kernel, nan_allocations):

@@ -121,13 +121,13 @@ TWOLVL3_VARIANTS = {
 # test_fa3_fp8_gpu.test_huge_logits)
 HUGE_GUARD_VARIANTS = {
     "fp8guard-d64-guard": (64, dict(huge_guard=True)),
-    "fp8guard-d128-guard": (128, dict(huge_guard=True)),
+    "fp8guard-d128-guard": (128, dict(huge_guard=True, huge_hoisted=False)),  # (128's default hoists since session 29)
 }
 
 # session 29, head_dim 64 / 128 / 256 (scripts/fa3_fp8_speed_ab.py FP8HOIST_VARIANTS, "fp8hoist-d<D>-hoist", --set
 # fp8hoist): the huge-logit check decided once per warpgroup before its free K/V tiles (Fp8Config.huge_hoisted; its
 # huge-logit case: test_fa3_fp8_gpu.test_huge_logits "hoisted", both loops in one call: test_hoisted_mixed_paths)
-HUGE_HOISTED_VARIANTS = {f"fp8hoist-d{d}-hoist": (d, dict(huge_hoisted=True)) for d in (64, 128, 256)}
+HUGE_HOISTED_VARIANTS = {f"fp8hoist-d{d}-hoist": (d, dict(huge_hoisted=True, huge_guard=False)) for d in (64, 128, 256)}
 
 _ALL_TABLES = (FP8_VARIANTS, FP8SMALL_VARIANTS, FP8MID_VARIANTS, FP8D128_VARIANTS, FP8TWO_VARIANTS, FP8TURN_VARIANTS,
                TWOLVL3_VARIANTS, HUGE_GUARD_VARIANTS, HUGE_HOISTED_VARIANTS)

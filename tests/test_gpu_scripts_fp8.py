@@ -375,8 +375,9 @@ def test_fp8guard_script_counts_its_tests_and_names_the_set():
     its "N passed" is the count of the GPU tests its -k expression selects."""
     ab = load_script("fa3_fp8_speed_ab")
     variants = ab.SETS["fp8guard"].variants
-    assert {64, 128} <= set(variants) and all(variants[d]["guard"] == dict(huge_guard=True) for d in (64, 128))
-    assert all(variants[d]["checked"] == dict(huge_guard=False) for d in (64, 128))
+    assert {64, 128} <= set(variants)
+    assert all(variants[d]["guard"] == dict(huge_guard=True, huge_hoisted=False) for d in (64, 128))
+    assert all(variants[d]["checked"] == dict(huge_guard=False, huge_hoisted=False) for d in (64, 128))
     text = (ROOT / "scripts" / "fp8guard_gpu.sh").read_text()
     assert "--set fp8guard" in text
     expr = re.search(r'-k "([^"]+)"', text).group(1)
@@ -392,7 +393,8 @@ def test_fp8hoist_script_counts_its_tests_and_names_the_set():
     ab = load_script("fa3_fp8_speed_ab")
     variants = ab.SETS["fp8hoist"].variants
     assert sorted(variants) == [64, 128, 256]
-    assert all(variants[d] == {"new": {}, "hoist": dict(huge_hoisted=True)} for d in variants)
+    hoist = {"new": {}, "hoist": dict(huge_hoisted=True, huge_guard=False)}
+    assert variants[64] == variants[256] == hoist and variants[128] == {**hoist, "unhoisted": dict(huge_hoisted=False)}
     text = (ROOT / "scripts" / "fp8hoist_gpu.sh").read_text()
     assert "--set fp8hoist" in text and text.count("--head-dims 64 128 256") == 2
     expr = re.search(r'-k "([^"]+)"', text).group(1)

@@ -140,9 +140,10 @@ OUT_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16)
 P_SHIFT = 8.0  # P = exp2(. + 8) in [0, 256]; e4m3 max 448
 #: the widest K/V tile of a 192-row (three consumer warpgroup) config: 192 x 224 and 192 x 256 fail in ptxas (Fp8Config.check)
 MAX_TILE_N_192 = 192
-#: the margin on the largest |S| e4m3 operands allow (``max_score``): the FP8 MMA's accumulator rounds each 32-term
-#: chunk to 13 fraction bits, so a computed |S| can pass head_dim 448^2 by at most ~head_dim / 32 2^-13 relative
-#: (2^-10 at head_dim 256); 2^-6 covers that with room
+#: the margin on the largest |S| e4m3 operands allow (``max_score``): the FP8 MMA's accumulator keeps 13 fraction bits
+#: per 32-term chunk. The emulation's model truncates (a computed |S| never passes head_dim 448^2); an accumulator
+#: that rounded to nearest instead could pass it by ~head_dim / 32 2^-14 relative (2^-11 at head_dim 256), and
+#: 2^-6 covers that with room
 MAX_SCORE_MARGIN = 1.0 + 2.0**-6
 
 
@@ -218,11 +219,12 @@ class Fp8Config(Fa3Config):
         so on ordinary inputs the softmax runs the code it ran before the check existed
         (``OnlineSoftmax.score_bound``). Not with huge_per_row (both paths live at once spill at head_dim 256).
         Measured (session 28, paired A/B, one H200, N 4k / 16k, causal and not): 1.004-1.033x the checked default at
-        head_dim 64, 0.954-0.985x at 128 (two "slower"), so 128 keeps the check on every tile (bench/NOTES.md).
+        head_dim 64, 0.954-0.985x at 128 (two "slower"), so it stayed off at 128 (bench/NOTES.md), which takes
+        huge_hoisted since session 29. Not with huge_hoisted (``check`` refuses the pair).
     huge_hoisted: (session 29; the head_dim 128 default since then, ``DEFAULT_SWITCHES``) the huge-logit check
         decided once per warpgroup, before its free K/V tiles: that loop is compiled twice (``FlashAttention3Sm90.
-        _free_tiles``), with the check (as configured: per tile, or per row with huge_per_row; huge_guard is then
-        unused) and without it, and a warpgroup runs the one without when c_n ``max_score`` < 2^11 on every K/V
+        _free_tiles``), with the check (as configured: per tile, or per row with huge_per_row; not with huge_guard)
+        and without it, and a warpgroup runs the one without when c_n ``max_score`` < 2^11 on every K/V
         tile it will visit (``_Fp8StepContext.huge_possible``: each warp reads the tiles' k_descale, one per lane,
         and votes), which bounds every |m| below 2^11. Ordinary inputs then run exactly the loop from before the
         check existed (session 27: the check cost 3-5 %), without the per-tile branch of huge_guard (whose two paths
@@ -299,6 +301,9 @@ class Fp8Config(Fa3Config):
             raise ValueError("fa3-fp8: rescale_o_before_pv is not built for the FP8 P V hooks (use False)")
         if self.num_splits != 1:
             raise ValueError(f"fa3-fp8: num_splits={self.num_splits}: split-KV is not built for the FP8 kernel (use 1)")
+        if self.huge_guard and self.huge_hoisted:  # the hoisted choice replaces the per-tile guard (unused, misleading)
+            raise ValueError("fa3-fp8: huge_guard=True with huge_hoisted=True: the guard is unused under the hoisted "
+                             "check (set huge_hoisted=False to run the per-tile guard)")
         if self.out_dtype not in ("bf16", "fp16"):
             raise ValueError(f"fa3-fp8: out_dtype {self.out_dtype!r} must be 'bf16' or 'fp16'")
 

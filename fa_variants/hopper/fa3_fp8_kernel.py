@@ -78,10 +78,11 @@ class _Fp8StepContext(_StepContext):
     @cute.jit
     def huge_possible(self, n_start: Int32, n_blocks: Int32) -> cutlass.Boolean:
         """``Fp8Config.huge_hoisted``: whether a row max of this warpgroup may reach FFMA_LIMIT in log2 units on any of
-        its K/V tiles n_start .. n_start + n_blocks - 1, i.e. c_n ``score_bound`` >= FFMA_LIMIT for some tile (c_n
-        = ``_tile_scale``; NaN counts as possible). Each warp reads the tiles' k_descale, a lane every 32nd tile, and
+        its K/V tiles n_start .. n_start + n_blocks - 1, i.e. c_n ``max_score`` >= FFMA_LIMIT for some tile (c_n =
+        ``_tile_scale``, the value both loops use: never NaN, its fmax turns a NaN product into FLOAT32_TINY; inf
+        counts as possible). Each warp reads the tiles' k_descale, a lane every 32nd tile, and
         votes; the descales are the same for every warp of the warpgroup, so all four reach the same answer and take
-        the same K/V loop (the WGMMAs are warpgroup-wide). |m| <= max_n c_n |S_n| <= max_n c_n ``score_bound``, so
+        the same K/V loop (the WGMMAs are warpgroup-wide). |m| <= max_n c_n |S_n| <= max_n c_n ``max_score``, so
         where this is False no tile needs the check and the loop without it gives the same values."""
         bound = self.k._max_score()
         lane = cute.arch.lane_idx()
