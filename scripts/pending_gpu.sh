@@ -30,6 +30,9 @@
 #    512 / 1k), 13 (70 % of HBM at D 64 B 1 Nk 32k: 61-65 %), 16 (two GPUs).
 #    A. No suite rerun is owed: the only kernel default changed (fa3-fp8 at 128) ran every fa3-fp8 GPU file in
 #    session 29's calls 4-6, and bf16 fa3's SASS is unchanged by the consumer's new _kv_loop / _free_tiles (hashes).
+#    First: `scripts/pending_gpu.sh fp8hoist` (~300-400 s cold): 66 GPU tests, among them
+#    test_hoisted_vote_finds_one_huge_tile (written after the calls, never run on a GPU) and the guard's cases with
+#    hoisting off (Fp8Config.check now refuses huge_guard with huge_hoisted), and the A/B again with "unhoisted" at 128.
 #    Next: Q's quantisation fused into fa3-fp8 (issue 10; session 21's bound: no separate pass can meet pass + kernel
 #    at N 4k causal, D 64 / 128); the D 64 short-shape gap to cuDNN (issue 12).
 #    B. As before: D 256 split / packed configs without convert_pairs at causal shapes; the persistent consumer's K/V
