@@ -38,6 +38,7 @@ import pytest
 import torch
 
 from fa_variants import fp8
+from fa_variants.common.scale import LOG2_E
 from fa_variants.fp8 import FP8Config
 from fa_variants.reference import attention_reference, rel_l2
 from helpers import assert_fp8_matches_emulation, assert_huge_logits_ok
@@ -153,7 +154,7 @@ def test_hoisted_mixed_paths(fp8_kernel, head_dim, causal, request, nan_allocati
     q[:, 130] *= 32
     config = dataclasses.replace(fp8_kernel.DEFAULT_CONFIGS[head_dim], huge_hoisted=True, huge_guard=False)
     inp = fp8.quantize_fp8(q, k, v, config=FP8Config(two_level=config.two_level, promote_every=config.promote_every))
-    c = inp.q_descale[0, 0].float() * inp.k_descale.max().float() * inp.softmax_scale * 1.4426950408889634
+    c = inp.q_descale[0, 0].float() * inp.k_descale.max().float() * inp.softmax_scale * LOG2_E
     reach = c * fp8_kernel.max_score(head_dim)  # the largest |m| each Q scale block's descales allow, in log2 units
     assert reach[1] >= 2**11 and (reach[0] < 2**11) and (reach[2:] < 2**11).all(), reach  # both loops run
     with nan_allocations():
@@ -182,7 +183,7 @@ def test_hoisted_vote_finds_one_huge_tile(fp8_kernel, head_dim, causal, request,
     with nan_allocations():
         inp = fp8.quantize_fp8(q, k, v, config=FP8Config(smooth_k=False))
         out, lse = fp8_kernel.run_fp8(inp, causal=causal, out_dtype=q.dtype, config=config)
-    c = inp.q_descale.float().amax() * inp.k_descale[0, 0].float() * inp.softmax_scale * 1.4426950408889634
+    c = inp.q_descale.float().amax() * inp.k_descale[0, 0].float() * inp.softmax_scale * LOG2_E
     reach = c * fp8_kernel.max_score(head_dim)
     assert reach[33] >= 2**31 and (reach[:33] < 2**11).all() and (reach[34:] < 2**11).all(), reach  # one huge tile
     assert_huge_logits_ok(out, lse, inp, causal, what=f"seed {seed}")

@@ -194,7 +194,7 @@ class OnlineSoftmax:
     def without_huge_check(self) -> "OnlineSoftmax":
         """A twin of this softmax (the same m and l registers) whose `update` skips the huge-logit check of block-scaled
         scores: for a K/V loop over tiles none of which can give |m| >= FFMA_LIMIT (``Fp8Config.huge_hoisted``: the
-        caller checked every tile's c_n ``score_bound`` before the loop). Same values as the checked code there."""
+        caller checked every tile's c_n ``hopper.fa3_fp8.max_score`` before the loop). Same values as the checked code there."""
         twin = copy.copy(self)
         twin.check_huge = False
         return twin
@@ -260,9 +260,7 @@ class OnlineSoftmax:
         early, the same way every tile, and the plain code runs as it did before the check existed."""
         c = tile_scale_log2
         if const_expr(not self.check_huge):  # the caller proved no |m| reaches FFMA_LIMIT in this loop
-            for r in cutlass.range_constexpr(self.num_rows):
-                m_new, m_safe = self._row_max(s, r, is_first, c)
-                self._exp_and_fold(s, r, c, m_safe - self.p_shift, m_new, alpha, is_first)
+            self._update_tile_plain(s, is_first, c, alpha)
         elif const_expr(self.score_bound == math.inf):  # no guard: every tile checked
             self._update_tile_checked(s, is_first, c, alpha)
         else:
@@ -273,9 +271,15 @@ class OnlineSoftmax:
             if may_be_huge:
                 self._update_tile_checked(s, is_first, c, alpha)
             else:
-                for r in cutlass.range_constexpr(self.num_rows):
-                    m_new, m_safe = self._row_max(s, r, is_first, c)
-                    self._exp_and_fold(s, r, c, m_safe - self.p_shift, m_new, alpha, is_first)
+                self._update_tile_plain(s, is_first, c, alpha)
+
+    @cute.jit
+    def _update_tile_plain(self, s: cute.Tensor, is_first: cutlass.Constexpr[bool], c: Float32, alpha: cute.Tensor):
+        """`_update_tile_scaled` where no row's |m| can reach FFMA_LIMIT: row by row, the row max, then P = exp2(S c -
+        (m_safe - p_shift)) and the fold (``_exp_and_fold``); the code from before the huge-logit check existed."""
+        for r in cutlass.range_constexpr(self.num_rows):
+            m_new, m_safe = self._row_max(s, r, is_first, c)
+            self._exp_and_fold(s, r, c, m_safe - self.p_shift, m_new, alpha, is_first)
 
     @cute.jit
     def _update_tile_checked(self, s: cute.Tensor, is_first: cutlass.Constexpr[bool], c: Float32, alpha: cute.Tensor):

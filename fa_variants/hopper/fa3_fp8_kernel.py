@@ -470,7 +470,7 @@ class FlashAttention3Fp8Sm90(FlashAttention3Sm90):
         """The guard of the softmax's huge-logit check (``OnlineSoftmax.score_bound``; ``Fp8Config.huge_guard``): the
         largest |S| of e4m3 operands with a margin (``_max_score``); inf (every tile checked) without huge_guard
         or with the check per row (both paths live at once spill at head_dim 256: CPU compile, session 27)."""
-        guarded = self.cfg.huge_guard and not self._huge_per_row() and not self.cfg.huge_hoisted
+        guarded = self.cfg.huge_guard and not self._huge_per_row()  # (Fp8Config.check refuses it with huge_hoisted)
         return self._max_score() if guarded else math.inf
 
     def _max_score(self) -> float:
