@@ -40,6 +40,10 @@ KERNELS = ("fa1", "fa2", "fa3", "fa3-fp8")
 # two fill the GPU's SMs with short rows, so fa3 runs its persistent grid there at head_dim 64 / 128 (short_config)
 SHAPES = ((2, 113, 203, 6, 2, True), (2, 113, 203, 6, 2, False), (1, 300, 129, 4, 1, True),
           (3, 1, 65, 8, 2, False), (1, 67, 67, 2, 2, True), (2, 300, 257, 48, 16, True), (2, 300, 257, 48, 16, False))
+# fa3-fp8 only: more than 32 K/V tiles at every head_dim (tile_n <= 256), so each lane of the hoisted huge-logit vote
+# (Fp8Config.huge_hoisted: a lane reads every 32nd tile's k_descale) reads twice, the last lanes past the end once
+LONG_BACKENDS = ("fa3-fp8",)
+LONG_SHAPES = ((1, 130, 8500, 2, 1, True), (1, 130, 8500, 2, 1, False))
 # split-KV (Flash-Decoding) and packed GQA on the backends that have them, forced with num_splits / pack_gqa:
 # one to a few query rows against odd K/V lengths, splits that leave the last one short or empty
 SPLIT_BACKENDS = ("fa2", "fa3")
@@ -80,7 +84,8 @@ def worker(backend: str, head_dims: list[int] | None = None, causal_only: int | 
     keep = lambda shape: causal_only is None or shape[-1] == bool(causal_only)  # noqa: E731
     calls = failed = 0
     for head_dim in head_dims:
-        for batch, nq, nk, heads, heads_kv, causal in filter(keep, SHAPES if shapes == "all" else ()):
+        long_shapes = LONG_SHAPES if backend in LONG_BACKENDS else ()
+        for batch, nq, nk, heads, heads_kv, causal in filter(keep, SHAPES + long_shapes if shapes == "all" else ()):
             make = lambda n, h: torch.randn(batch, n, h, head_dim, device="cuda").to(dtype)  # noqa: E731
             q, k, v = make(nq, heads), make(nk, heads_kv), make(nk, heads_kv)
             with torch.no_grad():
