@@ -245,8 +245,8 @@ def _with_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, se
     reference reads them itself; fa1 runs once per distinct length on the sequences of that length and k, v cut to
     it (the lengths read back: not under CUDA-graph capture)."""
     # traced (torch.compile, or export's fake / functional tensors; an eager Parameter keeps the reference's
-    # autograd): one opaque node (integrations.custom_op, forward only) whose body is `run_seqlens_k`, the values
-    # checked when it runs
+    # autograd): one opaque node (integrations.custom_op; a backward on the reference backend) whose body is
+    # `run_seqlens_k`, the values checked when it runs
     if _tracing(q):
         check_seqlens_k(seqlens_k, q.shape[0], k.shape[1], q.device, values=False, host_ok=True)
         return torch.ops.fa_variants.attention_seqlens_k(q, k, v, seqlens_k, causal, scale, backend)
@@ -419,7 +419,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
             Semantics: ``reference.attention_reference``. fa3 and fa2 read it in their kernels (one launch, the
             cache past a length may hold NaN; capturable in a CUDA graph, the kernel clamping each value to [0,
             seqlen_k]); fa1 runs one call per distinct length on k[:, :length] (not inside capture). Under
-            torch.compile: the op ``torch.ops.fa_variants.attention_seqlens_k`` (forward only).
+            torch.compile: the op ``torch.ops.fa_variants.attention_seqlens_k`` (autograd on the reference backend).
         num_splits, pack_gqa: the split-KV count (an int >= 1; 1: no split) and packed GQA (fa3: any group at
             seqlen_q = 1; at seqlen_q > 1 a group G = num_heads / num_heads_kv dividing 64 or a multiple of it;
             fa2: seqlen_q = 1 only; else ValueError) for this call, instead of the choice `auto` makes (None).

@@ -249,10 +249,11 @@ def _masked_product(p: torch.Tensor, v: torch.Tensor, keys: torch.Tensor,
     G, D)."""
     pk = p.index_select(-1, keys)                                    # (B, Hkv, G, rows, K)
     vk = v.index_select(1, keys).permute(0, 2, 1, 3)[:, :, None, None]  # (B, Hkv, 1, 1, K, D)
-    term = pk.unsqueeze(-1) * vk                                     # (B, Hkv, G, rows, K, D)
-    if visible is not None:
-        term = torch.where(visible.index_select(1, keys)[..., None], term, torch.zeros_like(term))
-    return term.sum(-2).permute(0, 3, 1, 2, 4)
+    if visible is not None:  # V zeroed where the row cannot see the key, before the product: the product's
+        # gradients (dP = V dO, dV = P dO) then hold no 0 * inf / 0 * NaN either
+        vk = torch.where(visible.index_select(1, keys)[..., None], vk, torch.zeros((), dtype=vk.dtype,
+                                                                                   device=vk.device))
+    return (pk.unsqueeze(-1) * vk).sum(-2).permute(0, 3, 1, 2, 4)   # (B, Hkv, G, rows, K, D) summed over K
 
 
 def _softmax_scaled(s: torch.Tensor, visible: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -271,7 +272,10 @@ def _softmax_raw(s: torch.Tensor, scale: float, visible: torch.Tensor | None,
     s = -s if scale < 0 else s
     if visible is not None:
         s = s.masked_fill(~visible, -math.inf)
-    m = s.amax(dim=-1, keepdim=True)
+    # the row max is only a shift (softmax and the LSE do not depend on it), so no gradient flows through it: with
+    # one, autograd would add |scale| x (a sum that is 0 only in exact arithmetic) to the max's score, an error that
+    # grows with the scale (1e3: 4x torch's softmax gradient; 1e4: 0.2 where the exact gradient is 0)
+    m = s.amax(dim=-1, keepdim=True).detach()
     empty = m == -math.inf  # a row that sees no key: P = 0, lse = -inf
     z = (s - torch.where(empty, torch.zeros_like(m), m)) * abs(scale)
     if visible is not None:  # masked keys get weight 0 even when scale is 0 (-inf * 0 would be NaN)
@@ -300,17 +304,28 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
 
 
 def run_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
-                 v: torch.Tensor, *, causal: bool,
-                 softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 v: torch.Tensor, *, causal: bool, softmax_scale: float,
+                 seqlens_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients (dq, dk, dv) of ``run``'s (out, lse) for upstream gradients (grad_out, grad_lse), written out
     (no autograd: the custom op's backward calls it where autograd is off), in ``run``'s precision.
 
-    With S = scale Q K^T (masked), P = softmax(S), O = P V: dV = P^T dO; dP = dO V^T;
-    dS = P * (dP - rowsum(dO * O) + dLSE); dQ = scale dS K; dK = scale dS^T Q (GQA: dK, dV summed over
-    the query heads of a KV head). Source: Dao et al., FlashAttention (2022), Appendix B.2, eq. (backward),
-    plus the LSE term (d LSE / d S = P). Shapes as ``run``'s inputs; q.dtype out; one chunk (no row
-    chunking: for tests and small autograd uses).
+    With S = scale Q K^T (masked), P = softmax(S), O = P V: dV = P^T dO; dP = dO V^T (0 where masked);
+    dS = P * (dP - rowsum(P * dP) + dLSE); dQ = scale dS K; dK = scale dS^T Q (GQA: dK, dV summed over the query
+    heads of a KV head). Source: Dao et al., FlashAttention (2022), Appendix B.2, eq. (backward), plus the LSE
+    term (d LSE / d S = P). rowsum(P * dP) is the paper's rowsum(dO * O) summed the way PyTorch's softmax
+    backward sums it: where P is one-hot (a large scale) it cancels dP exactly, where dO . O would leave a
+    rounding error that scale multiplies. A key a row cannot see gets dP = 0, so an inf / NaN in V there gives
+    no NaN (it contributes exactly 0 to the output too). ``seqlens_k`` (``run``'s): each sequence's gradients
+    from its own first seqlens_k[b] keys; dK, dV are 0 past them. Shapes as ``run``'s inputs; q.dtype out;
+    one chunk (no row chunking: for tests and small autograd uses).
     """
+    if seqlens_k is not None and q.shape[0] > 0:
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        for b, n in enumerate(seqlens_k.tolist()):
+            g = run_backward(grad_out[b:b + 1], grad_lse[b:b + 1], q[b:b + 1], k[b:b + 1, :n], v[b:b + 1, :n],
+                             causal=causal, softmax_scale=softmax_scale)
+            dq[b], dk[b, :n], dv[b, :n] = g[0][0], g[1][0], g[2][0]
+        return dq, dk, dv
     dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     batch, seqlen_q, num_heads, head_dim = q.shape
     seqlen_k, num_heads_kv = k.shape[1], k.shape[2]
@@ -324,11 +339,11 @@ def run_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor, q: torch.Tensor
     s = torch.einsum("bqhgd,bkhd->bhgqk", qg, kd)
     visible = causal_visible(seqlen_q, seqlen_k, device=q.device) if causal else None
     _, p = _softmax_raw(s, softmax_scale, visible)
-    og = torch.einsum("bhgqk,bkhd->bqhgd", p, vd)
     dv = torch.einsum("bhgqk,bqhgd->bkhd", p, dog)
     dp = torch.einsum("bqhgd,bkhd->bhgqk", dog, vd)
-    row = (dog * og).sum(-1).permute(0, 2, 3, 1).unsqueeze(-1)  # rowsum(dO * O): (B, Hkv, G, Nq, 1)
-    ds = p * (dp - row + dlse)
+    if visible is not None:
+        dp = dp.masked_fill(~visible, 0)
+    ds = p * (dp - (p * dp).sum(-1, keepdim=True) + dlse)
     dq = softmax_scale * torch.einsum("bhgqk,bkhd->bqhgd", ds, kd)
     dk = softmax_scale * torch.einsum("bhgqk,bqhgd->bkhd", ds, qg)
     return dq.reshape(q.shape).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)

@@ -248,20 +248,26 @@ def test_seqlens_k_under_torch_compile_fullgraph():
         compiled(q, k, v, torch.tensor([3, 99], dtype=torch.int32))
 
 
-def test_seqlens_k_under_torch_compile_is_forward_only():
-    """The op behind a compiled call with seqlens_k has no gradient: with an input that requires grad the compile
-    stops with that message (AOTAutograd traces the backward then; torch wraps it in BackendCompilerFailed). Eagerly,
-    backend='reference' keeps autograd with seqlens_k."""
+@pytest.mark.parametrize("causal", [False, True])
+def test_seqlens_k_under_torch_compile_has_the_reference_backward(causal):
+    """Session 30's break-it pass: the op behind a compiled call with seqlens_k had no gradient, and AOTAutograd,
+    which traces the backward while compiling, raised from the forward call itself (a model in eval mode without
+    no_grad could not run). The op now has the reference backend's backward (``reference.run_backward`` per
+    sequence): the compiled gradients are eager autograd's through the reference, keys past a length get 0."""
     torch._dynamo.reset()
-    q, k, v = _qkv()
-    q.requires_grad_(True)
+    q, k, v = (t.double() for t in _qkv())
     seqlens_k = torch.tensor([3, 7], dtype=torch.int32)
-    compiled = torch.compile(lambda q, k, v, n: fa_variants.attention(q, k, v, seqlens_k=n), fullgraph=True,
-                             backend="aot_eager")
-    with pytest.raises(Exception, match="seqlens_k under torch.compile is forward-only"):
-        compiled(q, k, v, seqlens_k).sum().backward()
-    fa_variants.attention(q, k, v, seqlens_k=seqlens_k, backend="reference").sum().backward()
-    assert q.grad is not None and torch.isfinite(q.grad).all()
+    fn = lambda q, k, v, n: fa_variants.attention(q, k, v, causal=causal, seqlens_k=n, return_lse=True)  # noqa: E731
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    grads = []
+    for run in (compiled, fn):
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        out, lse = run(*leaves, seqlens_k)
+        (out.square().sum() + torch.where(torch.isfinite(lse), lse, 0).sum()).backward()
+        grads.append([t.grad for t in leaves])
+    for got, want in zip(*grads):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
+    assert (grads[0][1][0, 3:] == 0).all() and (grads[0][2][0, 3:] == 0).all()  # past sequence 0's length
 
 
 # ----------------------------------------------------------------------------- session 9: FP8 arguments

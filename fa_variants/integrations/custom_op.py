@@ -16,12 +16,12 @@ Schema: ``fa_variants::attention(Tensor q, Tensor k, Tensor v, bool causal, floa
 str backend) -> (Tensor out, Tensor lse)``, out contiguous (batch, seqlen_q, num_heads, head_dim) in q's
 dtype (bfloat16 for e4m3: ``api.output_dtype``), lse float32 contiguous (batch, num_heads, seqlen_q); with per-sequence KV lengths
 ``fa_variants::attention_seqlens_k(Tensor q, Tensor k, Tensor v, Tensor seqlens_k, bool causal, float?
-softmax_scale, str backend) -> (Tensor out, Tensor lse)`` (forward only).
+softmax_scale, str backend) -> (Tensor out, Tensor lse)``.
 
-Autograd: the backward is the reference backend's (``reference.run_backward``, plain PyTorch): traced, in a
-second opaque op, ``fa_variants::attention_reference_backward``; eagerly (a Parameter input's call) as plain ops, so
+Autograd (both ops): the backward is the reference backend's (``reference.run_backward``, plain PyTorch): traced,
+in a second opaque op, ``fa_variants::attention_reference_backward``; eagerly (a Parameter input's call) as plain ops, so
 that a second derivative exists. It is allowed only when the call runs on the reference backend (the kernels are
-forward-only: a backward through them raises NotImplementedError).
+forward-only: a backward through them raises NotImplementedError when it runs).
 """
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def attention_seqlens_k_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, se
                            softmax_scale: float | None, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
     """``fa_variants.attention(..., seqlens_k=...)`` while traced: ``api.run_seqlens_k`` (fa3 and fa2 read the
     lengths in their kernels, so the op runs inside a CUDA graph of ``mode="reduce-overhead"`` too; outside capture
-    the lengths are checked, one read-back). Forward only: no autograd is registered for it."""
+    the lengths are checked, one read-back). Its backward is the reference backend's (`_seqlens_k_backward`)."""
     from fa_variants import api
     from fa_variants.common import workspace
     with workspace.uncached():
@@ -89,31 +89,36 @@ def _attention_seqlens_k_fake(q, k, v, seqlens_k, causal, softmax_scale, backend
 
 
 def _seqlens_k_setup_context(ctx, inputs, output):
-    pass
+    q, k, v, seqlens_k, causal, softmax_scale, backend = inputs
+    ctx.save_for_backward(q, k, v, seqlens_k)
+    ctx.causal, ctx.softmax_scale, ctx.backend = causal, softmax_scale, backend
 
 
 def _seqlens_k_backward(ctx, grad_out, grad_lse):
-    raise NotImplementedError("fa_variants.attention with seqlens_k under torch.compile is forward-only: call it "
-                              "under torch.no_grad() / torch.inference_mode(), or eagerly with backend='reference'")
+    q, k, v, seqlens_k = ctx.saved_tensors
+    dq, dk, dv = _backward_of(ctx, grad_out, grad_lse, q, k, v, seqlens_k)
+    return dq, dk, dv, None, None, None, None
 
 
-# registered so that AOTAutograd can trace the op in grad mode (its inputs need not require grad); a backward
-# through it raises
+# a backward exists where the call ran on the reference backend; a kernel backend's raises when the backward runs
+# (not while AOTAutograd traces the graph, so a compiled forward with inputs that require grad still runs)
 attention_seqlens_k_op.register_autograd(_seqlens_k_backward, setup_context=_seqlens_k_setup_context)
 
 
 @torch.library.custom_op("fa_variants::attention_reference_backward", mutates_args=())
 def reference_backward_op(grad_out: torch.Tensor, grad_lse: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
-                          v: torch.Tensor, causal: bool, softmax_scale: float | None,
+                          v: torch.Tensor, seqlens_k: torch.Tensor | None, causal: bool, softmax_scale: float | None,
                           backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``_reference_backward`` as one opaque node (for tracing), its outputs contiguous to match the fake."""
-    return tuple(g.contiguous() for g in _reference_backward(grad_out, grad_lse, q, k, v, causal, softmax_scale,
-                                                            backend))
+    return tuple(g.contiguous() for g in _reference_backward(grad_out, grad_lse, q, k, v, seqlens_k, causal,
+                                                            softmax_scale, backend))
 
 
-def _reference_backward(grad_out, grad_lse, q, k, v, causal: bool, softmax_scale: float | None, backend: str):
-    """(dq, dk, dv) of the op's (out, lse): ``reference.run_backward`` (plain PyTorch ops), when the call ran on the
-    reference backend; NotImplementedError for a kernel backend (forward only)."""
+def _reference_backward(grad_out, grad_lse, q, k, v, seqlens_k, causal: bool, softmax_scale: float | None,
+                        backend: str):
+    """(dq, dk, dv) of the op's (out, lse): ``reference.run_backward`` (plain PyTorch ops; per-sequence KV lengths
+    ``seqlens_k`` or None), when the call ran on the reference backend; NotImplementedError for a kernel backend
+    (forward only)."""
     from fa_variants import dispatch, reference
 
     chosen = dispatch.select_backend(q, k, v, causal=causal, backend=backend).backend
@@ -121,11 +126,12 @@ def _reference_backward(grad_out, grad_lse, q, k, v, causal: bool, softmax_scale
         raise NotImplementedError(
             f"backend {chosen} is forward-only: no gradient through it; use backend='reference' for autograd")
     scale = reference.default_softmax_scale(q.shape[-1]) if softmax_scale is None else softmax_scale
-    return reference.run_backward(grad_out, grad_lse, q, k, v, causal=causal, softmax_scale=scale)
+    return reference.run_backward(grad_out, grad_lse, q, k, v, causal=causal, softmax_scale=scale,
+                                  seqlens_k=seqlens_k)
 
 
 @reference_backward_op.register_fake
-def _reference_backward_fake(grad_out, grad_lse, q, k, v, causal, softmax_scale, backend):
+def _reference_backward_fake(grad_out, grad_lse, q, k, v, seqlens_k, causal, softmax_scale, backend):
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
 
 
@@ -137,16 +143,21 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad_out, grad_lse):
     q, k, v = ctx.saved_tensors
+    dq, dk, dv = _backward_of(ctx, grad_out, grad_lse, q, k, v, None)
+    return dq, dk, dv, None, None, None
+
+
+def _backward_of(ctx, grad_out, grad_lse, q, k, v, seqlens_k):
+    """(dq, dk, dv) for either op's backward: zeros for an output that got no gradient; eagerly (a Parameter's call
+    comes here) plain PyTorch ops, which autograd records under create_graph, so a second derivative exists; traced,
+    one opaque node (which has no backward of its own)."""
     if grad_out is None:
         grad_out = torch.zeros_like(q)
     if grad_lse is None:
         grad_lse = q.new_zeros((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
-    # eager (a Parameter's call comes here): plain PyTorch ops, which autograd records under create_graph, so a
-    # second derivative exists; traced: one opaque node (which has no backward of its own)
     eager = (type(q) is torch.Tensor or type(q) is torch.nn.Parameter) and not torch.compiler.is_compiling()
     backward = _reference_backward if eager else reference_backward_op
-    dq, dk, dv = backward(grad_out, grad_lse, q, k, v, ctx.causal, ctx.softmax_scale, ctx.backend)
-    return dq, dk, dv, None, None, None
+    return backward(grad_out, grad_lse, q, k, v, seqlens_k, ctx.causal, ctx.softmax_scale, ctx.backend)
 
 
 attention_op.register_autograd(_backward, setup_context=_setup_context)
