@@ -20,21 +20,21 @@
 # 2. then scripts/NAME_gpu.sh for each NAME, in order, each with the time left of CALL_BUDGET seconds (default 560),
 #    skipped when fewer than 100 s are left; logs under $OUT/pending/NAME/, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
-#    Plan for session 30: session 29 ran the whole GPU suite on session 28's tree (3911 + 1611 passed, 0 failed) and
-#    built Fp8Config.huge_hoisted (fa3-fp8's huge-logit check decided once per warpgroup before its free K/V tiles):
-#    hoist / new 1.00-1.04 at D 128 (flipped on there; every fa3-fp8 GPU file passed on it), "same" at 64 and 256
-#    (not flipped; at 256 it also spills 5-15 instructions outside the loops) (bench/NOTES.md "Session 29").
-#    Open: issue 10 (1100 TFLOP/s at D 256 N 16k: 1003-1015 in session 29's call, 1084-1120 in session 27's; 1.4x
-#    bf16 at 128: 1.16-1.19; 1.3x at 64: 1.07-1.08; two-level <= 5 % at 256; the pass at 70 % of copy; pass + kernel
-#    at N 4k causal), 12 (fa3 / flash-attn-4 >= 1.00 everywhere: 0.94-1.00 in session 28's call; >= cuDNN at D 64 N
-#    512 / 1k), 13 (70 % of HBM at D 64 B 1 Nk 32k: 61-65 %), 16 (two GPUs).
-#    A. No suite rerun is owed: the only kernel default changed (fa3-fp8 at 128) ran every fa3-fp8 GPU file in
-#    session 29's calls 4-6, and bf16 fa3's SASS is unchanged by the consumer's new _kv_loop / _free_tiles (hashes).
-#    First: `scripts/pending_gpu.sh fp8hoist` (~300-400 s cold): 66 GPU tests, among them
-#    test_hoisted_vote_finds_one_huge_tile (written after the calls, never run on a GPU) and the guard's cases with
-#    hoisting off (Fp8Config.check now refuses huge_guard with huge_hoisted), and the A/B again with "unhoisted" at 128.
-#    Next: Q's quantisation fused into fa3-fp8 (issue 10; session 21's bound: no separate pass can meet pass + kernel
-#    at N 4k causal, D 64 / 128); the D 64 short-shape gap to cuDNN (issue 12).
+#    Plan for session 31: session 30 ran fp8hoist (66 passed; hoisting at 128 "same" this time, at 256 "same" or
+#    "faster" again but still spilling) and the sanitizers on fa3-fp8 at every head_dim with 8500-key shapes (clean);
+#    its device was then withdrawn. Built after that (CPU): the reference backward's fixes (large softmax_scale,
+#    NaN V behind the causal mask, compiled seqlens_k with grad): CPU code only, no kernel changed.
+#    A. First: the decode table on today's tree (issue 13: "GPU time <= SDPA at every shape, >= 70 % of HBM at Nk >=
+#    32k"; the last full table is session 7's): `timeout 560 fa-variants bench --decode --decode-no-fa4 --no-progress
+#    --out $OUT/decode` (~5-8 min cold; the kernels changed since: seqlens_k in fa3's kernel, sessions 24-25). Then the
+#    suite's part 1 if time is left (no default changed since session 29's green suite, so not owed).
+#    Open: issue 10 (1100 TFLOP/s at D 256 N 16k: 1012 in session 30's call, 1084-1120 in session 27's; 1.4x bf16 at
+#    128: 1.17-1.20; 1.3x at 64: 1.06-1.08; two-level <= 5 % at 256; the pass at 70 % of copy; pass + kernel at N 4k
+#    causal), 12 (fa3 / flash-attn-4 >= 1.00 everywhere: 0.93-0.99 in session 30's call; >= cuDNN at D 64 N 512 / 1k),
+#    13 (70 % of HBM at D 64 B 1 Nk 32k: 61-65 %), 16 (two GPUs).
+#    D 256 huge_hoisted: a flip candidate once its spills are gone (session 30, CPU: the vote taken right before the
+#    free tiles instead of before the walk leaves 1 / 1 (non-causal) and 4 / 5 (causal) STL / LDL, from 2 / 3 and
+#    7 / 8; not kept).
 #    B. As before: D 256 split / packed configs without convert_pairs at causal shapes; the persistent consumer's K/V
 #    loop (bench/NOTES.md "Session 20 ..."); D 256's two-level cost; fa3-fp8's magnitude limit, max|V| seqlen_k <=
 #    2^119 (README, "FP8's range": the unnormalised O overflows float32; lifting it is a kernel change).
