@@ -330,6 +330,28 @@ def test_fp8_emulation_refuses_a_non_float_out_dtype():
 
     q, k, v = _qkv(batch=1, seqlen_q=3, seqlen_k=5, heads=2, heads_kv=1, head_dim=64)
     inputs = fp8.quantize_fp8(q, k, v, impl="torch")
-    for dtype in (torch.int8, torch.bool, torch.complex64):
+    # and (session 30) an 8-bit float: O saturated at e4m3's 448 without a word
+    for dtype in (torch.int8, torch.bool, torch.complex64, torch.float8_e4m3fn, torch.float8_e5m2):
         with pytest.raises(TypeError, match=r"^out_dtype must be a floating-point torch.dtype"):
             fp8.emulate_fp8_attention(inputs, out_dtype=dtype)
+
+
+# ----------------------------------------------------------------------------- session 30: FP8 (break-it pass)
+
+def test_fp8_lse_is_never_nan_at_a_scale_near_its_limit():
+    """softmax_scale 2e38 (allowed: below MAX_SOFTMAX_SCALE) with K smoothing: where the kernel's LSE (of the
+    smoothed logits) overflowed to +inf and the shift q . mean to -inf, their sum came back NaN while O was finite.
+    ``FP8Inputs.unsmoothed_lse`` keeps the LSE's sign there (+-inf, as an unsmoothed LSE beyond float32 does on every
+    backend) and adds the shift everywhere else."""
+    from fa_variants import fp8
+
+    g = torch.Generator().manual_seed(int(torch.randint(1 << 30, ())))
+    q, k, v = (torch.randn(1, n, 4, 64, generator=g).to(torch.bfloat16) for n in (256, 96, 96))
+    inputs = fp8.quantize_fp8(q, k, v, softmax_scale=2e38, impl="torch")
+    out, smoothed = fp8.emulate_fp8_attention(inputs)
+    clash = smoothed.isinf() & inputs.lse_shift.isinf() & (smoothed != inputs.lse_shift)
+    assert clash.any()  # the case this test is about: 1-5 rows of 128 in six draws, so 1024 rows here
+    _, lse = fp8.fp8_attention_reference(q, k, v, softmax_scale=2e38)
+    assert torch.isfinite(out).all() and not lse.isnan().any()
+    torch.testing.assert_close(lse[clash], smoothed[clash])
+    torch.testing.assert_close(lse[~clash], (smoothed + inputs.lse_shift)[~clash])

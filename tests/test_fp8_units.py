@@ -25,8 +25,8 @@ def _inputs(exponents, tiny, seed, nq=40, hkv=1, h=2, tiny_exp=-120):
     return q, k, v
 
 
-def _run(q, k, v, units, causal=False, two_level=True):
-    inp = quantize_fp8_torch(q, k, v, config=FP8Config(two_level=two_level, promote_every=1), block_n=BN)
+def _run(q, k, v, units, causal=False, two_level=True, promote_every=1):
+    inp = quantize_fp8_torch(q, k, v, config=FP8Config(two_level=two_level, promote_every=promote_every), block_n=BN)
     return emulate_fp8_attention(inp, causal=causal, accumulator="truncate", units=units)
 
 
@@ -48,12 +48,19 @@ def test_bounded_units_finite_and_equal_to_absolute(exponents, tiny, causal):
 
 
 def test_tile_units_overflow_before_the_fix():
-    """The kernel's units (and the single accumulator) give inf on the first case: the fault the fix removes."""
+    """The kernel's units (and the single accumulator, and a promotion interval > 1) give inf on the first case:
+    the fault the fix removes; two-level accumulation promoting every tile stays finite."""
     q, k, v = _inputs([0, 0, 0, 20], {0}, seed=4)
     out, _ = _run(q, k, v, "tile")
     assert not torch.isfinite(out).all()
     single, _ = _run(q, k, v, "absolute", two_level=False)
     assert not torch.isfinite(single).all()
+    # a promotion interval too (session 30's break-it pass found it missing from the documented limit): its
+    # temporary carries up to promote_every tiles' O in the current V block's units, rescaled by the descale ratio
+    # (the tiny tile in the same interval as the large one: tiles 1, 0 of two)
+    q2, k2, v2 = _inputs([0, 20], {0}, seed=6)
+    assert not torch.isfinite(_run(q2, k2, v2, "absolute", promote_every=2)[0]).all()
+    assert torch.isfinite(_run(q2, k2, v2, "absolute")[0]).all()
     # where "tile" stays finite (a tiny tile visited first: O' = 0 then), the three agree
     q, k, v = _inputs([0, 8, 0, 0], {3}, seed=5)
     assert float(rel_l2(_run(q, k, v, "tile")[0], _run(q, k, v, "absolute")[0])) <= 1e-6

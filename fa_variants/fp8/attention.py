@@ -131,7 +131,7 @@ def _from_fp8(inputs: FP8Inputs, *, causal: bool, return_lse: bool, out_dtype: t
         out, lse = module.run_fp8(inputs, causal=causal, out_dtype=out_dtype, **_kernel_options(module, inputs))
     if not return_lse:
         return out
-    return out, (lse if inputs.lse_shift is None else lse + inputs.lse_shift)
+    return out, inputs.unsmoothed_lse(lse)
 
 
 def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
@@ -153,15 +153,17 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: 
     (``fused_promote``) in units max(v_descale, M 2^-64), M the largest V descale visited
     (``hopper.fa3_fp8.Fp8Config.bounded_units``, the default there since session 11; ``emulation.bounded_unit``). That
     unit's one limit: behind a V block whose descale is > 2^149 above the current unit, rows whose P on that block
-    rounds to 0 in e4m3 lose the earlier blocks' O. ``config.two_level`` False (one running accumulator) keeps O /
-    v_descale (the current V block's) and overflows (inf / NaN out) in the rows where 2^8 |O| l >= 2^128 v_descale (key
+    rounds to 0 in e4m3 lose the earlier blocks' O. ``config.two_level`` False (one running accumulator) and a
+    promotion interval ``config.promote_every`` > 1 (its temporary, up to that many tiles) keep O / v_descale (the
+    current V block's) and overflow (inf / NaN out) in the rows where 2^8 |O| l >= 2^128 v_descale (key
     tiles are walked from the last to the first), i.e. |O| l >= 2^10 before a V block of descale 2^-110 (nonzero, every
     |value| <= 448 x 2^-110 ~ 3.5e-31), or a block whose descale is 2^128 below the previous one. All-zero blocks (e.g.
     zero padding) get descale 1 since session 9 (``quantize.ZERO_BLOCK_DESCALE``).
 
     Raises:
         TypeError / ValueError: as ``fa_variants.attention`` and ``quantize_fp8`` (naming the argument).
-        BackendUnavailableError: the kernel is not built or the GPU has no FP8 WGMMA (checked first).
+        BackendUnavailableError: the kernel is not built or the GPU has no FP8 WGMMA (checked after the arguments
+            and the recipe, before anything is quantised).
     """
     from fa_variants.api import _check_inputs
 

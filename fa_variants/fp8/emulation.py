@@ -193,8 +193,8 @@ def emulate_fp8_attention(inputs: FP8Inputs, *, causal: bool = False, accumulato
         give 0 and -inf.
 
     Raises:
-        TypeError: inputs not FP8Inputs, causal not a bool, out_dtype not a floating-point torch.dtype,
-            accumulator_bits / tile_m not ints (or None); a field of inputs of the wrong type or dtype.
+        TypeError: inputs not FP8Inputs, causal not a bool, out_dtype not a floating-point torch.dtype of 16 bits
+            or more, accumulator_bits / tile_m not ints (or None); a field of inputs of the wrong type or dtype.
         ValueError: an unknown accumulator model or units, or units other than "absolute" with promote_every > 1;
             accumulator_bits < 0, tile_m < 1; inputs that break FP8Inputs' contract (shapes, seqlen_k, v_t's
             padding, devices, a softmax_scale < 0 or not finite, k_mean / lse_shift not matching
@@ -207,8 +207,9 @@ def emulate_fp8_attention(inputs: FP8Inputs, *, causal: bool = False, accumulato
     check_tile_m(tile_m)
     if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
         raise TypeError(f"out_dtype must be a torch.dtype or None, got {out_dtype!r}")
-    if out_dtype is not None and not out_dtype.is_floating_point:
-        raise TypeError(f"out_dtype must be a floating-point torch.dtype or None, got {out_dtype}")
+    if out_dtype is not None and (not out_dtype.is_floating_point or out_dtype.itemsize < 2):
+        raise TypeError(f"out_dtype must be a floating-point torch.dtype of 16 bits or more, or None, got {out_dtype} "
+                        "(an 8-bit O would saturate at its range: the kernel writes float16 / bfloat16)")
     if accumulator not in ("truncate", "blockfp"):
         raise ValueError(f"accumulator must be 'truncate' or 'blockfp', got {accumulator!r}")
     if units not in ("absolute", "tile", "bounded"):
@@ -330,7 +331,7 @@ def fp8_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *
     inputs = quantize_fp8_torch(q, k, v, config=config, softmax_scale=softmax_scale)
     out, lse = emulate_fp8_attention(inputs, causal=causal, accumulator_bits=accumulator_bits, out_dtype=out_dtype,
                                      accumulator=accumulator)
-    return out, (lse if inputs.lse_shift is None else lse + inputs.lse_shift)
+    return out, inputs.unsmoothed_lse(lse)
 
 
 def fp8_error_bound(out_emulated: torch.Tensor, out_exact: torch.Tensor, atol: float = 1e-4) -> float:

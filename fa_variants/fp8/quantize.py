@@ -22,8 +22,8 @@ The recipe (``FP8Config``), in this order, per tensor:
    mixed with every other); any other d (the emulation's extra head dims) block-diagonal over the powers of
    two of d's binary expansion. V is neither smoothed nor rotated.
 3. Scales (``granularity``): one float32 descale per (batch, head, TILE_M rows of Q) and per (batch, kv-head,
-   tile_n(d) rows of K and of V) ("block", the kernel's tiles, ``fa_variants.fp8.layout.KERNEL_TILES``: 128
-   keys at head_dim 64 and 256, 256 keys at 128; recorded as ``FP8Inputs.block_m`` / ``block_n``), or one per
+   tile_n(d) rows of K and of V) ("block", the kernel's tiles, ``fa_variants.fp8.layout.KERNEL_TILES``: 192
+   keys at head_dim 64, 128 at 96 and 256, 256 at 128; recorded as ``FP8Inputs.block_m`` / ``block_n``), or one per
    (batch, head) ("head", what FlashAttention-3's released code does) or per tensor ("tensor"); the last two
    are baselines and are stored expanded to the block shape, so the kernel has one path.
    A descale is the smallest power of two d with amax / d <= 448 (e4m3's largest finite value), and at least
@@ -39,7 +39,8 @@ The recipe (``FP8Config``), in this order, per tensor:
    ``fused_promote``'s O in the current V block's units): 2^-110 made that overflow (inf / NaN) once the
    unnormalised O reached 2^18 (in the kernel's P units, P <= 2^8: |O| l >= 2^10), e.g. on zero padding. The
    limit now needs a nonzero block amax below 448 x 2^-110 (~3.5e-31) or a block 2^128 below the one before it, and
-   holds only for the one accumulator (``two_level=False``) and fused_promote with bounded_units=False:
+   holds only for the one accumulator (``two_level=False``), a promotion interval (``promote_every`` > 1: its
+   temporary carries up to that many tiles in the current V block's units) and fused_promote with bounded_units=False:
    ``hopper.fa3_fp8.Fp8Config.bounded_units`` (session 10; with fused_promote in the head_dim 256 default since
    session 11) removes it (``emulation.bounded_unit``).
 4. e4m3 with saturation (round to nearest even, clamped to +-448 like PTX ``cvt.rn.satfinite``).
@@ -401,6 +402,16 @@ class FP8Inputs:
     def rotation(self) -> HadamardRotation | None:
         """The rotation applied to q and k (None without one)."""
         return HadamardRotation(self.head_dim, self.config.seed) if self.config.rotate else None
+
+    def unsmoothed_lse(self, lse: torch.Tensor) -> torch.Tensor:
+        """The LSE of the logits before K's smoothing from ``lse``, the LSE of those the kernel saw: lse +
+        ``lse_shift`` (lse itself without smoothing). Where both overflowed float32 with opposite signs (|softmax_scale|
+        near its limit: inf + -inf would be NaN) the result keeps lse's sign, as an unsmoothed LSE beyond float32's
+        range comes back +-inf (README, "softmax_scale"); a row that sees no key stays -inf."""
+        if self.lse_shift is None:
+            return lse
+        total = lse + self.lse_shift
+        return torch.where(lse.isinf() & self.lse_shift.isinf() & total.isnan(), lse, total)
 
     def dequantize(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(q, k, v) in float32, (batch, seqlen, heads, head_dim), tokens of v in their natural order: the
