@@ -209,6 +209,33 @@ def test_hf_refuses_padding_with_the_fallback(model, ids):
         model.set_attn_implementation("eager")
 
 
+@needs_hf
+def test_hf_fallback_runs_sdpa_for_what_we_cannot_express(model, ids, monkeypatch):
+    """hf.register(fallback="sdpa"): a padded batch runs transformers' sdpa attention (logits as
+    attn_implementation="sdpa" gives them, with a warning naming why); an unpadded call of the same model still
+    runs fa_variants.attention."""
+    name = hf.register("fa_variants_fallback", backend="reference", fallback="sdpa")
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0  # left padding in the second sequence
+    calls = []
+    attention = fa_variants.attention
+    monkeypatch.setattr(fa_variants, "attention", lambda *a, **kw: calls.append(1) or attention(*a, **kw))
+    try:
+        with torch.no_grad():
+            model.set_attn_implementation("sdpa")
+            expected = model(ids, attention_mask=mask).logits
+            model.set_attn_implementation(name)
+            with pytest.warns(UserWarning, match=r"cannot express this attention mask .*: this call runs "
+                                                 r"transformers' sdpa attention"):
+                got = model(ids, attention_mask=mask).logits
+            assert calls == []
+            model(ids).logits
+            assert len(calls) == 2  # one per layer
+    finally:
+        model.set_attn_implementation("eager")
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+
+
 def test_mask_is_causal_classifies_masks():
     causal = torch.ones(5, 7, dtype=torch.bool).tril(diagonal=2)[None, None]  # bottom-right, 5 x 7
     assert hf.mask_is_causal(causal, 5, 7) is True
@@ -271,6 +298,7 @@ def test_hf_refuses_what_it_cannot_express():
     (dict(backend=None), TypeError, r"^backend must be a str, got None$"),
     (dict(name=None), TypeError, r"^name must be a non-empty str, got None$"),
     (dict(name=""), TypeError, r"^name must be a non-empty str, got ''$"),
+    (dict(fallback="eager"), ValueError, r"^fallback must be None or 'sdpa', got 'eager'$"),
 ])
 def test_hf_register_checks_its_arguments(kwargs, exc, message):
     """hf.register(backend="FA2") (or name=None) registered without a word; the mistake surfaced only at the

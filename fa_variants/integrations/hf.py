@@ -24,10 +24,13 @@ packed sequences, static-cache slots, additive biases) raises :class:`Unsupporte
 message says to use ``attn_implementation="sdpa"`` or ``"eager"`` for that call.
 
 Forward only: dropout > 0, logit soft-capping, attention sinks and position biases are refused the same way.
+``register(fallback="sdpa")`` runs transformers' own sdpa attention for such calls instead (with a warning), so a
+padded batch or a training step with dropout still runs, and every other call keeps fa_variants.
 """
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 
@@ -94,7 +97,8 @@ def mask_is_causal(mask: torch.Tensor, seqlen_q: int, seqlen_k: int, batch: int 
 
 def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                      is_causal: bool | None = None, *, backend: str = "auto", **kwargs):
+                      is_causal: bool | None = None, *, backend: str = "auto", fallback: str | None = None,
+                      **kwargs):
     """The attention function transformers calls (the signature of its ``sdpa_attention_forward``).
 
     Args:
@@ -107,6 +111,9 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         dropout: must be 0 (forward only). scaling: softmax scale (None: 1/sqrt(head_dim)).
         is_causal: overrides ``module.is_causal`` (as in transformers' sdpa integration).
         backend: the fa_variants backend ("auto", "fa3", "fa2", "fa1", "reference").
+        fallback: None (refuse what we cannot express) or "sdpa": such a call runs transformers' own
+            ``sdpa_attention_forward`` instead (a padded batch, dropout in training, ...), with a warning naming
+            why; the other calls of the same model keep fa_variants.
         kwargs: other transformers keywords; ``softcap``, ``s_aux``, ``position_bias`` and a
             ``sliding_window`` shorter than seqlen_k are refused, the rest ignored.
 
@@ -114,10 +121,31 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         (out (batch, seqlen_q, num_heads, head_dim) in query's dtype, None): no attention weights.
 
     Raises:
-        UnsupportedAttentionError: what we cannot express, with the fallback to use.
+        UnsupportedAttentionError: what we cannot express, with the fallback to use (fallback None).
         ValueError: an attention_mask whose batch or heads do not broadcast to the call's (``mask_is_causal``).
         ValueError / TypeError: from ``fa_variants.attention`` (e.g. a backend that cannot serve the call).
     """
+    try:
+        causal = _causal_flag(module, query, key, attention_mask, dropout, is_causal, kwargs)
+    except UnsupportedAttentionError as refused:
+        if fallback is None:
+            raise
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        warnings.warn(f"{refused.args[0].split(';')[0]}: this call runs transformers' sdpa attention "
+                      "(hf.register(fallback='sdpa'))", stacklevel=2)
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    # fa_variants.attention is itself one opaque node under torch.compile (the custom op)
+    out = fa_variants.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), causal=causal,
+              softmax_scale=scaling, backend=backend)
+    return out, None
+
+
+def _causal_flag(module, query, key, attention_mask, dropout, is_causal, kwargs) -> bool:
+    """``attention_forward``'s causal flag for ``fa_variants.attention``; UnsupportedAttentionError for a call
+    that flag cannot express (dropout, soft-capping, sinks, position bias, a sliding window that bites, a mask
+    neither causal nor full)."""
     seqlen_q, seqlen_k = query.shape[2], key.shape[2]
     if dropout:
         raise _refuse(f"dropout {dropout} (forward-only kernels): call model.eval()")
@@ -130,10 +158,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
     if attention_mask is not None:
         causal = mask_is_causal(attention_mask, seqlen_q, seqlen_k, query.shape[0], query.shape[1])
-    # fa_variants.attention is itself one opaque node under torch.compile (the custom op)
-    out = fa_variants.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), causal=causal,
-              softmax_scale=scaling, backend=backend)
-    return out, None
+    return causal
 
 
 def build_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset=0,
@@ -159,19 +184,23 @@ def build_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_of
                         attention_mask=attention_mask, **kwargs)
 
 
-def register(name: str = DEFAULT_NAME, *, backend: str = "auto") -> str:
+def register(name: str = DEFAULT_NAME, *, backend: str = "auto", fallback: str | None = None) -> str:
     """Register fa_variants (with this backend) in transformers' attention and mask registries.
 
     Args:
         name: the ``attn_implementation`` string to register (default "fa_variants").
         backend: the fa_variants backend every call uses ("auto" lets the dispatcher choose).
+        fallback: None (default): a call fa_variants cannot express raises UnsupportedAttentionError naming it;
+            "sdpa": such a call (a padded batch, dropout in training, a sliding window that bites, ...) runs
+            transformers' sdpa attention instead, with a warning, and every other call fa_variants.
 
     Returns:
         name, for ``attn_implementation=`` / ``model.set_attn_implementation``.
 
     Raises:
         TypeError / ValueError: name not a non-empty str; backend not a str, or not "auto" or a backend name
-            (``fa_variants.dispatch.BACKENDS``); checked here, not at the model's first forward.
+            (``fa_variants.dispatch.BACKENDS``); fallback neither None nor "sdpa"; checked here, not at the model's
+            first forward.
         ImportError: transformers is not installed (``pip install fa-variants[real]``).
     """
     if not isinstance(name, str) or not name:
@@ -180,9 +209,11 @@ def register(name: str = DEFAULT_NAME, *, backend: str = "auto") -> str:
         raise TypeError(f"backend must be a str, got {backend!r}")
     if backend != "auto" and backend not in dispatch.BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose from auto, {', '.join(dispatch.BACKENDS)}")
+    if fallback is not None and fallback != "sdpa":
+        raise ValueError(f"fallback must be None or 'sdpa', got {fallback!r}")
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
-    AttentionInterface.register(name, functools.partial(attention_forward, backend=backend))
+    AttentionInterface.register(name, functools.partial(attention_forward, backend=backend, fallback=fallback))
     AttentionMaskInterface.register(name, build_mask)
     return name
