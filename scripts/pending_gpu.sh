@@ -26,8 +26,9 @@
 #    NaN V behind the causal mask, compiled seqlens_k with grad): CPU code only, no kernel changed.
 #    A. First: the decode table on today's tree (issue 13: "GPU time <= SDPA at every shape, >= 70 % of HBM at Nk >=
 #    32k"; the last full table is session 7's): `timeout 560 fa-variants bench --decode --decode-no-fa4 --no-progress
-#    --out $OUT/decode` (~5-8 min cold; the kernels changed since: seqlens_k in fa3's kernel, sessions 24-25). Then the
-#    suite's part 1 if time is left (no default changed since session 29's green suite, so not owed).
+#    --out $OUT/decode` (~5-8 min cold; the kernels changed since: seqlens_k in fa3's kernel, sessions 24-25). Then
+#    `scripts/suite_gpu.sh 2` (session 30's host-side changes: fa3-fp8's LSE through FP8Inputs.unsmoothed_lse, the
+#    custom ops' autograd and schema; no kernel changed), and part 1 if time is left.
 #    Open: issue 10 (1100 TFLOP/s at D 256 N 16k: 1012 in session 30's call, 1084-1120 in session 27's; 1.4x bf16 at
 #    128: 1.17-1.20; 1.3x at 64: 1.06-1.08; two-level <= 5 % at 256; the pass at 70 % of copy; pass + kernel at N 4k
 #    causal), 12 (fa3 / flash-attn-4 >= 1.00 everywhere: 0.93-0.99 in session 30's call; >= cuDNN at D 64 N 512 / 1k),
