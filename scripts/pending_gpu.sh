@@ -27,8 +27,8 @@
 #    A. First: the decode table on today's tree (issue 13: "GPU time <= SDPA at every shape, >= 70 % of HBM at Nk >=
 #    32k"; the last full table is session 7's): `timeout 560 fa-variants bench --decode --decode-no-fa4 --no-progress
 #    --out $OUT/decode` (~5-8 min cold; the kernels changed since: seqlens_k in fa3's kernel, sessions 24-25). Then
-#    `scripts/suite_gpu.sh 2` (session 30's host-side changes: fa3-fp8's LSE through FP8Inputs.unsmoothed_lse, the
-#    custom ops' autograd and schema; no kernel changed), and part 1 if time is left.
+#    `scripts/suite_gpu.sh 2` and `1` (session 30's host-side changes: the custom ops' autograd and schema in part 2,
+#    fa3-fp8's LSE through FP8Inputs.unsmoothed_lse in part 1's fa3-fp8 files; no kernel changed).
 #    Open: issue 10 (1100 TFLOP/s at D 256 N 16k: 1012 in session 30's call, 1084-1120 in session 27's; 1.4x bf16 at
 #    128: 1.17-1.20; 1.3x at 64: 1.06-1.08; two-level <= 5 % at 256; the pass at 70 % of copy; pass + kernel at N 4k
 #    causal), 12 (fa3 / flash-attn-4 >= 1.00 everywhere: 0.93-0.99 in session 30's call; >= cuDNN at D 64 N 512 / 1k),
