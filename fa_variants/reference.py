@@ -166,9 +166,9 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
     rows = max(1, _MAX_SCORE_ELEMENTS // max(1, batch * num_heads * seqlen_k))
     for r0 in range(0, seqlen_q, rows):
         r1 = min(seqlen_q, r0 + rows)
-        s = torch.einsum("bqhgd,bkhd->bhgqk", qg[:, r0:r1], kd)  # (B, Hkv, G, rows, Nk)
         visible = (causal_visible(seqlen_q, seqlen_k, row_start=r0, rows=r1 - r0, device=q.device)
                    if causal else None)
+        s = _scores(qg[:, r0:r1], kd, visible)  # (B, Hkv, G, rows, Nk)
         if low:
             m, p = _softmax_scaled(s.float(), visible)
         else:
@@ -240,6 +240,19 @@ def _nonfinite_keys(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]
         return v, None
     keys = bad.nonzero().squeeze(1)
     return v.index_fill(1, keys, 0), keys
+
+
+def _scores(qg: torch.Tensor, k: torch.Tensor, visible: torch.Tensor | None) -> torch.Tensor:
+    """Q K^T: qg (B, rows, Hkv, G, D), k (B, Nk, Hkv, D) -> (B, Hkv, G, rows, Nk). A key with an inf / NaN in K gives
+    its product only to the rows that see it (``visible``; None: every row): a hidden key's score is masked anyway,
+    but its 0 * inf in the gradient dQ = dS K would make every row's dQ NaN."""
+    k_finite, bad = _nonfinite_keys(k)
+    if bad is None or visible is None:
+        return torch.einsum("bqhgd,bkhd->bhgqk", qg, k)
+    seen = visible.index_select(1, bad)[None, :, :, None, None]  # (1, rows, K, 1, 1)
+    kb = torch.where(seen, k.index_select(1, bad)[:, None], torch.zeros((), dtype=k.dtype, device=k.device))
+    scores = torch.einsum("bqhgd,bkhd->bhgqk", qg, k_finite)
+    return scores.index_copy(-1, bad, torch.einsum("bqhgd,bqkhd->bhgqk", qg, kb))
 
 
 def _masked_product(p: torch.Tensor, v: torch.Tensor, keys: torch.Tensor,
@@ -314,8 +327,8 @@ def run_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor, q: torch.Tensor
     heads of a KV head). Source: Dao et al., FlashAttention (2022), Appendix B.2, eq. (backward), plus the LSE
     term (d LSE / d S = P). rowsum(P * dP) is the paper's rowsum(dO * O) summed the way PyTorch's softmax
     backward sums it: where P is one-hot (a large scale) it cancels dP exactly, where dO . O would leave a
-    rounding error that scale multiplies. A key a row cannot see gets dP = 0, so an inf / NaN in V there gives
-    no NaN (it contributes exactly 0 to the output too). ``seqlens_k`` (``run``'s): each sequence's gradients
+    rounding error that scale multiplies. A key a row cannot see gets dP = 0 and dS = 0, so an inf / NaN in V or K
+    there gives no NaN (it contributes exactly 0 to the output too). ``seqlens_k`` (``run``'s): each sequence's gradients
     from its own first seqlens_k[b] keys; dK, dV are 0 past them. Shapes as ``run``'s inputs; q.dtype out;
     one chunk (no row chunking: for tests and small autograd uses).
     """
@@ -343,6 +356,7 @@ def run_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor, q: torch.Tensor
     dp = torch.einsum("bqhgd,bkhd->bhgqk", dog, vd)
     if visible is not None:
         dp = dp.masked_fill(~visible, 0)
+        kd = torch.where(kd.isfinite(), kd, 0)  # dS = 0 at a hidden key; a row that sees a non-finite K has dS NaN
     ds = p * (dp - (p * dp).sum(-1, keepdim=True) + dlse)
     dq = softmax_scale * torch.einsum("bhgqk,bkhd->bqhgd", ds, kd)
     dk = softmax_scale * torch.einsum("bhgqk,bqhgd->bkhd", ds, qg)

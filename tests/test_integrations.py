@@ -236,6 +236,27 @@ def test_hf_fallback_runs_sdpa_for_what_we_cannot_express(model, ids, monkeypatc
     torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
 
 
+def test_hf_fallback_keeps_bottom_right_causal_and_compiles():
+    """The sdpa fallback of a causal call without a mask whose queries are the last of more keys (a chunk after a
+    KV cache: our mask function returns None there) ran sdpa's top-left is_causal (session 30's review: max |diff|
+    1.65); it now passes the bottom-right mask. The fallback also traces under torch.compile(fullgraph=True) (its
+    warning is skipped while tracing)."""
+    g = torch.Generator().manual_seed(int(torch.randint(1 << 30, ())))
+    q, k, v = torch.randn(1, 6, 4, 16, generator=g), torch.randn(1, 2, 9, 16, generator=g), torch.randn(1, 2, 9, 16, generator=g)
+    module = torch.nn.Module()
+    module.is_causal, module.num_key_value_groups = True, 3
+    bias = torch.zeros(1, 6, 4, 9)  # a position bias: refused by our flag, so the call falls back
+    run = lambda q, k, v: hf.attention_forward(module, q, k, v, None, position_bias=bias, backend="reference",  # noqa: E731
+                                               fallback="sdpa")[0]
+    expected = fa_variants.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True,
+                                     backend="reference")
+    with pytest.warns(UserWarning, match="position_bias .*: this call runs transformers' sdpa attention"):
+        got = run(q, k, v)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(run, fullgraph=True)(q, k, v), expected, rtol=1e-5, atol=1e-5)
+
+
 def test_mask_is_causal_classifies_masks():
     causal = torch.ones(5, 7, dtype=torch.bool).tril(diagonal=2)[None, None]  # bottom-right, 5 x 7
     assert hf.mask_is_causal(causal, 5, 7) is True
@@ -285,8 +306,11 @@ def test_hf_refuses_what_it_cannot_express():
     module = torch.nn.Module()
     with pytest.raises(hf.UnsupportedAttentionError, match="dropout"):
         hf.attention_forward(module, q, k, k, None, dropout=0.1)
-    with pytest.raises(hf.UnsupportedAttentionError, match="softcap"):
-        hf.attention_forward(module, q, k, k, None, softcap=30.0)
+    for fallback in (None, "sdpa"):  # sdpa has neither: refused with the eager fallback named, even with "sdpa"
+        with pytest.raises(hf.UnsupportedAttentionError, match="softcap.*attn_implementation='eager'"):
+            hf.attention_forward(module, q, k, k, None, softcap=30.0, fallback=fallback)
+        with pytest.raises(hf.UnsupportedAttentionError, match="s_aux.*attn_implementation='eager'"):
+            hf.attention_forward(module, q, k, k, None, s_aux=torch.zeros(6), fallback=fallback)
     with pytest.raises(hf.UnsupportedAttentionError, match="sliding window"):
         hf.attention_forward(module, q, k, k, None, sliding_window=2)
     out, weights = hf.attention_forward(module, q, k, k, None, sliding_window=8, backend="reference")

@@ -48,8 +48,8 @@ class UnsupportedAttentionError(NotImplementedError):
     causal nor full, dropout, soft-capping, ...). The message names it and the fallback to use."""
 
 
-def _refuse(what: str) -> UnsupportedAttentionError:
-    return UnsupportedAttentionError(f"fa_variants attention cannot express {what}; {_FALLBACK}")
+def _refuse(what: str, fallback: str = _FALLBACK) -> UnsupportedAttentionError:
+    return UnsupportedAttentionError(f"fa_variants attention cannot express {what}; {fallback}")
 
 
 def _visible(mask: torch.Tensor) -> torch.Tensor:
@@ -112,8 +112,9 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         is_causal: overrides ``module.is_causal`` (as in transformers' sdpa integration).
         backend: the fa_variants backend ("auto", "fa3", "fa2", "fa1", "reference").
         fallback: None (refuse what we cannot express) or "sdpa": such a call runs transformers' own
-            ``sdpa_attention_forward`` instead (a padded batch, dropout in training, ...), with a warning naming
-            why; the other calls of the same model keep fa_variants.
+            ``sdpa_attention_forward`` instead (a padded batch, dropout in training, a sliding window, a position
+            bias), with a warning naming why; the other calls of the same model keep fa_variants. Soft-capping and
+            attention sinks are refused either way (sdpa has neither).
         kwargs: other transformers keywords; ``softcap``, ``s_aux``, ``position_bias`` and a
             ``sliding_window`` shorter than seqlen_k are refused, the rest ignored.
 
@@ -125,21 +126,38 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         ValueError: an attention_mask whose batch or heads do not broadcast to the call's (``mask_is_causal``).
         ValueError / TypeError: from ``fa_variants.attention`` (e.g. a backend that cannot serve the call).
     """
+    for name in ("softcap", "s_aux"):  # sdpa cannot express them either: no fallback
+        if kwargs.get(name) is not None:
+            raise _refuse(f"{name} (logit soft-capping / attention sinks)", "use attn_implementation='eager' for this "
+                          "model (sdpa has no soft-capping or sinks either), e.g. model.set_attn_implementation('eager')")
     try:
         causal = _causal_flag(module, query, key, attention_mask, dropout, is_causal, kwargs)
     except UnsupportedAttentionError as refused:
         if fallback is None:
             raise
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-        warnings.warn(f"{refused.args[0].split(';')[0]}: this call runs transformers' sdpa attention "
-                      "(hf.register(fallback='sdpa'))", stacklevel=2)
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      is_causal=is_causal, **kwargs)
+        return _sdpa_fallback(refused, module, query, key, value, attention_mask, dropout, scaling, is_causal, kwargs)
     # fa_variants.attention is itself one opaque node under torch.compile (the custom op)
     out = fa_variants.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), causal=causal,
               softmax_scale=scaling, backend=backend)
     return out, None
+
+
+def _sdpa_fallback(refused, module, query, key, value, attention_mask, dropout, scaling, is_causal, kwargs):
+    """``fallback="sdpa"``: transformers' ``sdpa_attention_forward`` on the same call, with a warning (not while
+    torch.compile traces: a warning breaks a fullgraph trace). Our mask function returns None for a causal call
+    whose queries are the last of a longer key range (a chunk after a KV cache), which our bottom-right ``causal``
+    expresses; sdpa would read None as its top-left ``is_causal``, so that mask is passed explicitly."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if not torch.compiler.is_compiling():
+        warnings.warn(f"{refused.args[0].split(';')[0]}: this call runs transformers' sdpa attention "
+                      "(hf.register(fallback='sdpa'))", stacklevel=3)
+    seqlen_q, seqlen_k = query.shape[2], key.shape[2]
+    causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
+    if attention_mask is None and causal and 1 < seqlen_q != seqlen_k:
+        attention_mask = causal_visible(seqlen_q, seqlen_k, device=query.device)[None, None]
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                  is_causal=is_causal, **kwargs)
 
 
 def _causal_flag(module, query, key, attention_mask, dropout, is_causal, kwargs) -> bool:
@@ -149,9 +167,8 @@ def _causal_flag(module, query, key, attention_mask, dropout, is_causal, kwargs)
     seqlen_q, seqlen_k = query.shape[2], key.shape[2]
     if dropout:
         raise _refuse(f"dropout {dropout} (forward-only kernels): call model.eval()")
-    for name in ("softcap", "s_aux", "position_bias"):
-        if kwargs.get(name) is not None:
-            raise _refuse(f"{name} (logit soft-capping / attention sinks / position bias)")
+    if kwargs.get("position_bias") is not None:
+        raise _refuse("position_bias (an additive position bias)")
     window = kwargs.get("sliding_window")
     if window is not None and seqlen_k > window:
         raise _refuse(f"a sliding window of {window} keys over {seqlen_k} keys")
