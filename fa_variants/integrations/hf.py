@@ -25,7 +25,8 @@ message says to use ``attn_implementation="sdpa"`` or ``"eager"`` for that call.
 
 Forward only: dropout > 0, logit soft-capping, attention sinks and position biases are refused the same way.
 ``register(fallback="sdpa")`` runs transformers' own sdpa attention for such calls instead (with a warning), so a
-padded batch or a training step with dropout still runs, and every other call keeps fa_variants.
+padded batch or a training step with dropout still runs, and every other call keeps fa_variants; soft-capping and
+sinks stay refused (sdpa has neither).
 """
 from __future__ import annotations
 
@@ -162,8 +163,8 @@ def _sdpa_fallback(refused, module, query, key, value, attention_mask, dropout, 
 
 def _causal_flag(module, query, key, attention_mask, dropout, is_causal, kwargs) -> bool:
     """``attention_forward``'s causal flag for ``fa_variants.attention``; UnsupportedAttentionError for a call
-    that flag cannot express (dropout, soft-capping, sinks, position bias, a sliding window that bites, a mask
-    neither causal nor full)."""
+    that flag cannot express but sdpa can (dropout, a position bias, a sliding window that bites, a mask neither
+    causal nor full)."""
     seqlen_q, seqlen_k = query.shape[2], key.shape[2]
     if dropout:
         raise _refuse(f"dropout {dropout} (forward-only kernels): call model.eval()")
