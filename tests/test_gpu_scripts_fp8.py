@@ -347,6 +347,15 @@ def test_fp8status_script_precompiles_what_its_status_runs():
     assert len(ids) == 12 and "^12 passed" in text, ids
 
 
+def _assert_step_count(text: str, marker: str = "gpu", name: str = "") -> None:
+    """A GPU script's pytest step: its "expect_passed COUNT" is the number of GPU tests (``-m marker``) its test files
+    (after ``-rfE``) and its ``-k`` expression, if it has one, select."""
+    k = re.search(r'-k "([^"]+)"', text)
+    files = re.search(r"-rfE \\\n\s+(tests/\S+(?: tests/\S+)*)", text).group(1).split()
+    count = int(re.search(r'\nexpect_passed (\d+)\n', text).group(1))
+    assert len(collected_ids("-m", marker, *(("-k", k.group(1)) if k else ()), *files)) == count, (name, files)
+
+
 def test_fp8persist_scripts_count_their_tests_and_name_the_set():
     """scripts/fp8persist_gpu.sh and fp8persistchk_gpu.sh (session 22): the A/B set they run exists with the default,
     the static persistent grid and the balanced one at every head_dim; compile_jobs adds no bf16 shape job without
@@ -365,9 +374,7 @@ def test_fp8persist_scripts_count_their_tests_and_name_the_set():
     for name in ("fp8persist", "fp8persistchk"):
         text = (ROOT / "scripts" / f"{name}_gpu.sh").read_text()
         assert "--set fp8persist" in text
-        files = re.search(r"-rfE \\\n\s+(tests/\S+(?: tests/\S+)*)", text).group(1).split()
-        count = int(re.search(r'\nexpect_passed (\d+)\n', text).group(1))
-        assert len(collected_ids("-m", "gpu", *files)) == count, (name, files)
+        _assert_step_count(text, name=name)
 
 
 def test_fp8guard_script_counts_its_tests_and_names_the_set():
@@ -380,10 +387,7 @@ def test_fp8guard_script_counts_its_tests_and_names_the_set():
     assert all(variants[d]["checked"] == dict(huge_guard=False, huge_hoisted=False) for d in (64, 128))
     text = (ROOT / "scripts" / "fp8guard_gpu.sh").read_text()
     assert "--set fp8guard" in text
-    expr = re.search(r'-k "([^"]+)"', text).group(1)
-    files = re.search(r"-rfE \\\n\s+(tests/\S+(?: tests/\S+)*)", text).group(1).split()
-    count = int(re.search(r'\nexpect_passed (\d+)\n', text).group(1))
-    assert len(collected_ids("-m", "gpu", "-k", expr, *files)) == count
+    _assert_step_count(text)
 
 
 def test_fp8hoist_script_counts_its_tests_and_names_the_set():
@@ -397,10 +401,7 @@ def test_fp8hoist_script_counts_its_tests_and_names_the_set():
     assert variants[64] == variants[256] == hoist and variants[128] == {**hoist, "unhoisted": dict(huge_hoisted=False)}
     text = (ROOT / "scripts" / "fp8hoist_gpu.sh").read_text()
     assert "--set fp8hoist" in text and text.count("--head-dims 64 128 256") == 2
-    expr = re.search(r'-k "([^"]+)"', text).group(1)
-    files = re.search(r"-rfE \\\n\s+(tests/\S+(?: tests/\S+)*)", text).group(1).split()
-    count = int(re.search(r'\nexpect_passed (\d+)\n', text).group(1))
-    assert len(collected_ids("-m", "gpu", "-k", expr, *files)) == count
+    _assert_step_count(text)
 
 
 def test_fp8hoistchk_script_counts_its_tests():
@@ -408,7 +409,4 @@ def test_fp8hoistchk_script_counts_its_tests():
     and it precompiles the fp8hoist set at every head_dim."""
     text = (ROOT / "scripts" / "fp8hoistchk_gpu.sh").read_text()
     assert "--set fp8hoist --head-dims 64 128 256" in text and "--set quantdef" in text
-    expr = re.search(r'-k "([^"]+)"', text).group(1)
-    files = re.search(r"-rfE \\\n\s+(tests/\S+(?: tests/\S+)*)", text).group(1).split()
-    count = int(re.search(r'\nexpect_passed (\d+)\n', text).group(1))
-    assert len(collected_ids("-m", "gpu and not slow", "-k", expr, *files)) == count
+    _assert_step_count(text, marker="gpu and not slow")
