@@ -163,12 +163,13 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
     out = torch.empty(batch, seqlen_q, num_heads, head_dim_v, dtype=dtype, device=q.device)
     lse = torch.empty((batch, num_heads, seqlen_q), dtype=lse_dtype, device=q.device)
     vd_finite, bad_keys = _nonfinite_keys(vd)
+    kd_finite, bad_k = _nonfinite_keys(kd)
     rows = max(1, _MAX_SCORE_ELEMENTS // max(1, batch * num_heads * seqlen_k))
     for r0 in range(0, seqlen_q, rows):
         r1 = min(seqlen_q, r0 + rows)
         visible = (causal_visible(seqlen_q, seqlen_k, row_start=r0, rows=r1 - r0, device=q.device)
                    if causal else None)
-        s = _scores(qg[:, r0:r1], kd, visible)  # (B, Hkv, G, rows, Nk)
+        s = _scores(qg[:, r0:r1], kd, kd_finite, bad_k, visible)  # (B, Hkv, G, rows, Nk)
         if low:
             m, p = _softmax_scaled(s.float(), visible)
         else:
@@ -242,11 +243,12 @@ def _nonfinite_keys(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]
     return v.index_fill(1, keys, 0), keys
 
 
-def _scores(qg: torch.Tensor, k: torch.Tensor, visible: torch.Tensor | None) -> torch.Tensor:
-    """Q K^T: qg (B, rows, Hkv, G, D), k (B, Nk, Hkv, D) -> (B, Hkv, G, rows, Nk). A key with an inf / NaN in K gives
-    its product only to the rows that see it (``visible``; None: every row): a hidden key's score is masked anyway,
-    but its 0 * inf in the gradient dQ = dS K would make every row's dQ NaN."""
-    k_finite, bad = _nonfinite_keys(k)
+def _scores(qg: torch.Tensor, k: torch.Tensor, k_finite: torch.Tensor, bad: torch.Tensor | None,
+            visible: torch.Tensor | None) -> torch.Tensor:
+    """Q K^T: qg (B, rows, Hkv, G, D), k (B, Nk, Hkv, D) -> (B, Hkv, G, rows, Nk); (k_finite, bad) is
+    ``_nonfinite_keys(k)``, made once for every row chunk. A key with an inf / NaN in K gives its product only to the
+    rows that see it (``visible``; None: every row): a hidden key's score is masked anyway, but its 0 * inf in the
+    gradient dQ = dS K would make every row's dQ NaN."""
     if bad is None or visible is None:
         return torch.einsum("bqhgd,bkhd->bhgqk", qg, k)
     seen = visible.index_select(1, bad)[None, :, :, None, None]  # (1, rows, K, 1, 1)
