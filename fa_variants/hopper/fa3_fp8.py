@@ -152,6 +152,8 @@ def max_score(head_dim: int) -> float:
     ``MAX_SCORE_MARGIN`` for its accumulator: head_dim 448^2 (1 + 2^-6). A tile's scaled row max is at most c_n
     times it, which is what ``Fp8Config.huge_guard`` and ``huge_hoisted`` compare with 2^11 (the huge-logit limit)."""
     return head_dim * E4M3_MAX**2 * MAX_SCORE_MARGIN
+
+
 E4M3 = torch.float8_e4m3fn
 
 

@@ -154,8 +154,7 @@ def _sdpa_fallback(refused, module, query, key, value, attention_mask, dropout, 
         warnings.warn(f"{refused.args[0].split(';')[0]}: this call runs transformers' sdpa attention "
                       "(hf.register(fallback='sdpa'))", stacklevel=3)
     seqlen_q, seqlen_k = query.shape[2], key.shape[2]
-    causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
-    if attention_mask is None and causal and 1 < seqlen_q != seqlen_k:
+    if attention_mask is None and _module_causal(module, is_causal) and 1 < seqlen_q != seqlen_k:
         attention_mask = causal_visible(seqlen_q, seqlen_k, device=query.device)[None, None]
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                   is_causal=is_causal, **kwargs)
@@ -173,10 +172,15 @@ def _causal_flag(module, query, key, attention_mask, dropout, is_causal, kwargs)
     window = kwargs.get("sliding_window")
     if window is not None and seqlen_k > window:
         raise _refuse(f"a sliding window of {window} keys over {seqlen_k} keys")
-    causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
     if attention_mask is not None:
-        causal = mask_is_causal(attention_mask, seqlen_q, seqlen_k, query.shape[0], query.shape[1])
-    return causal
+        return mask_is_causal(attention_mask, seqlen_q, seqlen_k, query.shape[0], query.shape[1])
+    return _module_causal(module, is_causal)
+
+
+def _module_causal(module, is_causal: bool | None) -> bool:
+    """The call's causal flag without a mask: ``is_causal`` when given, else the layer's ``is_causal`` (default True),
+    as transformers' sdpa integration reads it."""
+    return bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
 
 
 def build_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset=0,
