@@ -488,16 +488,19 @@ class FlashAttention3Sm90(Fa3Schedule, Fa3SplitKV, Fa3Producer):
         this loop is doubled: the first, masked and last tiles keep the checked code (with the whole walk doubled,
         ptxas spilled at the causal head_dim 64 / 256 defaults). Returns (k_state, v_state)."""
         if const_expr(safe is None):
-            for i in cutlass.range(count, unroll=1):
-                k_state, v_state = step(ctx, k_state, v_state, i)
+            k_state, v_state = self._steps(ctx, k_state, v_state, count, step)
         else:
             if safe:
-                plain = ctx.without_huge_check()
-                for i in cutlass.range(count, unroll=1):
-                    k_state, v_state = step(plain, k_state, v_state, i)
+                k_state, v_state = self._steps(ctx.without_huge_check(), k_state, v_state, count, step)
             else:
-                for i in cutlass.range(count, unroll=1):
-                    k_state, v_state = step(ctx, k_state, v_state, i)
+                k_state, v_state = self._steps(ctx, k_state, v_state, count, step)
+        return k_state, v_state
+
+    @cute.jit
+    def _steps(self, ctx, k_state, v_state, count: Int32, step):
+        """One loop of ``_free_tiles``: (k_state, v_state) = step(ctx, k_state, v_state, i) for i < ``count``."""
+        for i in cutlass.range(count, unroll=1):
+            k_state, v_state = step(ctx, k_state, v_state, i)
         return k_state, v_state
 
     @cute.jit
