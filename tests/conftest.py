@@ -1,17 +1,19 @@
-"""Shared pytest set-up: markers that skip with a visible reason where the hardware or DSL is missing, and
-NaN-poisoned allocations for the kernel tests, and the compile command as a fixture."""
+"""Shared pytest set-up: markers that skip with a visible reason where the hardware or DSL is missing, a fresh
+seed for every test (printed when it fails), NaN-poisoned allocations for the kernel tests, and the compile
+command as a fixture."""
 import atexit
-import contextlib
-import functools
 import importlib.util
 import json
 import math
 import os
+import random
 import shutil
 import tempfile
 
 import pytest
 import torch
+
+import helpers
 
 
 # Each test session compiles into its own empty disk cache (fa_variants.common.diskcache), so that tests see
@@ -36,30 +38,36 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(no_dsl)
 
 
-def _nan_filled(allocate):
-    @functools.wraps(allocate)
-    def wrapper(*args, **kwargs):
-        t = allocate(*args, **kwargs)
-        if t.is_floating_point():
-            # no_grad: a leaf made with requires_grad=True (torch's own, e.g. inductor's pattern set-up inside a
-            # compiled test) accepts the fill and stays a leaf that requires grad
-            with torch.no_grad():
-                t.fill_(math.nan)
-        return t
-    return wrapper
+@pytest.fixture(autouse=True)
+def rng_seed(request) -> int:
+    """This test's seed: fresh in every run (``helpers.fresh_seed``), or ``FA_VARIANTS_TEST_SEED``'s value to replay
+    a failure. torch's global generators (CPU and every CUDA device) and ``random`` are seeded with it before the
+    test, so no test draws the same inputs in every run and none depends on what ran before it; a test that builds
+    its own ``torch.Generator`` seeds it with this value (or ``helpers.seeded_generator``). A failing test's report
+    prints it (``pytest_runtest_makereport``)."""
+    value = helpers.fresh_seed()
+    helpers._test_seed = value
+    request.node.user_properties.append(("seed", value))
+    torch.manual_seed(value)
+    random.seed(value)
+    yield value
+    helpers._test_seed = None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = (yield).get_result()
+    seeds = [value for key, value in item.user_properties if key == "seed"]
+    if report.failed and seeds:
+        report.sections.append(("seed", f"{helpers.SEED_ENV}={seeds[-1]} draws this test's inputs again"))
 
 
 @pytest.fixture
-def nan_allocations(monkeypatch):
-    """A context manager: inside it every torch.empty / empty_like / Tensor.new_empty of a floating dtype
-    comes back filled with NaN, so an output element a kernel never writes fails the test."""
-    @contextlib.contextmanager
-    def poisoned():
-        with monkeypatch.context() as patch:
-            for owner, name in ((torch, "empty"), (torch, "empty_like"), (torch.Tensor, "new_empty")):
-                patch.setattr(owner, name, _nan_filled(getattr(owner, name)))
-            yield
-    return poisoned
+def nan_allocations():
+    """A context manager (``helpers.nan_filled_allocations``): inside it every torch.empty / empty_like /
+    Tensor.new_empty of a floating dtype comes back filled with NaN, so an output element a kernel never writes
+    fails the test."""
+    return helpers.nan_filled_allocations
 
 
 @pytest.fixture

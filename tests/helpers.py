@@ -1,4 +1,4 @@
-"""Helpers shared by the test files: fresh inputs (a padded KV cache among them), the correctness check of one
+"""Helpers shared by the test files: seeds and fresh inputs (a padded KV cache among them), the correctness check of one
 attention result, the marks of the sm90-only GPU files, and for the tests of scripts/: the repository root, a script
 imported as a module, the test ids a pytest selection collects. Imported as ``from helpers import ...`` (pytest puts tests/ on sys.path:
 the folder has no ``__init__.py``).
@@ -9,11 +9,15 @@ checked free of NaN (outputs are poisoned with NaN before a kernel runs, so an e
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.util
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -23,6 +27,51 @@ from fa_variants.reference import (References, attention_reference, causal_visib
 
 #: the repository root (tests/..)
 ROOT = Path(__file__).resolve().parents[1]
+
+#: set to a failed test's printed seed to draw its inputs again (conftest's ``rng_seed``)
+SEED_ENV = "FA_VARIANTS_TEST_SEED"
+#: the running test's seed (set by conftest's ``rng_seed`` before each test)
+_test_seed: int | None = None
+
+
+def fresh_seed() -> int:
+    """``FA_VARIANTS_TEST_SEED``'s value when set (to replay a failure), else a fresh one (os.urandom) < 2^31."""
+    return int(os.environ.get(SEED_ENV) or int.from_bytes(os.urandom(4), "little") % 2**31)
+
+
+def seeded_generator(device="cpu", offset: int = 0) -> torch.Generator:
+    """A generator seeded with the running test's seed (+ ``offset``): every call within one test gives the same
+    draw (as a fixed seed did, for helpers called twice to compare two paths on the same inputs), a fresh one in
+    every run; outside a test (a module-scoped fixture) a fresh seed."""
+    seed = _test_seed if _test_seed is not None else fresh_seed()
+    return torch.Generator(device=device).manual_seed((seed + offset) % 2**63)
+
+
+def _nan_filled(allocate):
+    @functools.wraps(allocate)
+    def wrapper(*args, **kwargs):
+        t = allocate(*args, **kwargs)
+        if t.is_floating_point():
+            # no_grad: a leaf made with requires_grad=True (torch's own, e.g. inductor's pattern set-up inside a
+            # compiled test) accepts the fill and stays a leaf that requires grad. 8-bit floats by their bytes: 0x7F
+            # is NaN in e4m3fn and e5m2 (0x80 in the fnuz formats)
+            with torch.no_grad():
+                if t.element_size() == 1:
+                    t.view(torch.uint8).fill_(0x80 if "fnuz" in str(t.dtype) else 0x7F)
+                else:
+                    t.fill_(math.nan)
+        return t
+    return wrapper
+
+
+@contextlib.contextmanager
+def nan_filled_allocations():
+    """Inside: every torch.empty / empty_like / Tensor.new_empty of a floating dtype comes back NaN-filled, so an
+    output element a kernel never writes fails the test (conftest's ``nan_allocations`` fixture returns this)."""
+    with contextlib.ExitStack() as stack:
+        for owner, name in ((torch, "empty"), (torch, "empty_like"), (torch.Tensor, "new_empty")):
+            stack.enter_context(mock.patch.object(owner, name, _nan_filled(getattr(owner, name))))
+        yield
 
 
 def make_qkv(batch: int, seqlen_q: int, seqlen_k: int, num_heads: int, num_heads_kv: int, head_dim: int, *,
@@ -145,6 +194,46 @@ def assert_huge_logits_ok(out: torch.Tensor, lse: torch.Tensor, inputs, causal: 
     tol = max(1e-3, torch.finfo(out_dtype).eps) * v.abs().max().item()
     err = (out[clear] - want[clear]).abs().max().item()
     assert err <= tol, f"{what}: one-hot rows off by {err:.3g} (bound {tol:.3g})"
+
+
+def fp8_lse_bound(inputs, q: torch.Tensor, k: torch.Tensor, causal: bool, softmax_scale: float | None = None) -> torch.Tensor:
+    """Per query row (B, H, Nq), float64: how far an FP8 attention's LSE (shifted back, ``FP8Inputs.unsmoothed_lse``)
+    may lie from float64 attention's on the unquantised q, k (B, N, heads, D) at ``softmax_scale`` (default
+    head_dim^-0.5). The LSE is 1-Lipschitz in the largest change of a score, so it moves by at most the largest
+    change quantisation made to a score the row sees (softmax_scale q^ . k^ + lse_shift from ``inputs.dequantize()``
+    against softmax_scale q . k, both in float64), plus the FP8 accumulator's bound (``_qk_accumulator_bound``) and
+    float32's rounding of the LSE. The bound holds for any input; a fixed tolerance is a guess about the inputs (0.1
+    failed on ~40 % of fresh N(0, 1) draws at head_dim 64). Rows that see no key: 0."""
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+    qh, kh, _ = (t.double().cpu() for t in inputs.dequantize())
+    q, k = q.double().cpu(), k.double().cpu()
+    group = q.shape[2] // k.shape[2]
+    s_hat = torch.einsum("bqhd,bkhd->bhqk", qh, kh.repeat_interleave(group, 2)) * inputs.softmax_scale
+    if inputs.lse_shift is not None:
+        s_hat = s_hat + inputs.lse_shift.double().cpu()[..., None]
+    change = (s_hat - torch.einsum("bqhd,bkhd->bhqk", q, k.repeat_interleave(group, 2)) * scale).abs()
+    if causal:
+        change = change.masked_fill(~causal_visible(q.shape[1], k.shape[1]), 0.0)
+    largest = change.amax(-1) if change.shape[-1] else change.new_zeros(change.shape[:-1])
+    return largest + abs(inputs.softmax_scale) * _qk_accumulator_bound(qh, kh, causal) + 1e-5 * (1 + largest)
+
+
+def assert_fp8_lse_ok(lse: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                      softmax_scale: float | None = None, config=None) -> None:
+    """An FP8 attention's LSE (B, H, Nq) (``fp8_attention_reference``'s, or the dispatcher's: shifted back) on
+    q, k, v quantised with ``config`` (default FP8Config()) against float64 attention's: the same rows finite and
+    each within ``fp8_lse_bound`` (the recipe's quantisation is deterministic, so the bound is taken on the very
+    inputs the result came from)."""
+    from fa_variants.fp8 import FP8Config
+    from fa_variants.fp8.quantize import quantize_fp8_torch
+
+    inputs = quantize_fp8_torch(q, k, v, config=config or FP8Config(), softmax_scale=softmax_scale)
+    _, want = attention_reference(q, k, v, causal=causal, softmax_scale=softmax_scale, dtype=torch.float64)
+    lse, want = lse.double().cpu(), want.cpu()
+    seen = torch.isfinite(want)
+    assert torch.equal(torch.isfinite(lse), seen), "rows with a finite LSE differ from float64's"
+    ratio = ((lse - want).abs() / fp8_lse_bound(inputs, q, k, causal, softmax_scale))[seen]
+    assert ratio.numel() == 0 or ratio.max().item() <= 1.0, f"LSE error {ratio.max().item():.3g}x fp8_lse_bound"
 
 
 def _qk_accumulator_bound(q: torch.Tensor, k: torch.Tensor, causal: bool) -> torch.Tensor:

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import fa_variants
+from helpers import seeded_generator
 
 
 def _reference64(q, k, v, causal=False, softmax_scale=None):
@@ -32,7 +33,7 @@ def _reference64(q, k, v, causal=False, softmax_scale=None):
 
 
 def _qkv(batch=2, seqlen_q=5, seqlen_k=7, heads=4, heads_kv=2, head_dim=8, dtype=torch.float32, seed=0):
-    g = torch.Generator().manual_seed(seed)
+    g = seeded_generator(offset=seed)
     return (torch.randn(batch, seqlen_q, heads, head_dim, generator=g, dtype=dtype),
             torch.randn(batch, seqlen_k, heads_kv, head_dim, generator=g, dtype=dtype),
             torch.randn(batch, seqlen_k, heads_kv, head_dim, generator=g, dtype=dtype))

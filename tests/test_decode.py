@@ -334,7 +334,7 @@ def test_decode_table_subset_and_summary(capsys):
     assert "flash-attn-4: no case timed" in text and "lowest 60% (D128 B1 Nk32768 Nq1); target >= 70%" in text
 
 
-def test_decode_table_ragged_lengths_and_mask():
+def test_decode_table_ragged_lengths_and_mask(rng_seed):
     """`bench --decode --decode-lengths`: lengths in [1, Nk] (the first Nk), and SDPA's mask is the keys the
     reference lets each row see (below the length, causal bottom-right against it)."""
     import torch
@@ -343,7 +343,7 @@ def test_decode_table_ragged_lengths_and_mask():
     from fa_variants.reference import attention_reference
 
     case = decode.DecodeCase(batch=5, seqlen_q=3, seqlen_k=11, heads=4, heads_kv=2, head_dim=8)
-    lengths, mask = decode.ragged_lengths(case, torch.Generator().manual_seed(3), device="cpu")
+    lengths, mask = decode.ragged_lengths(case, torch.Generator().manual_seed(rng_seed), device="cpu")
     assert lengths.dtype == torch.int32 and lengths[0] == 11 and ((lengths >= 1) & (lengths <= 11)).all()
     assert mask.shape == (5, 1, 3, 11)
     q, k, v = (torch.randn(5, n, h, 8, dtype=torch.float64) for n, h in ((3, 4), (11, 2), (11, 2)))

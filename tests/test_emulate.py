@@ -12,6 +12,7 @@ import torch
 from fa_variants.cli import main
 from fa_variants.emulate import (HBM, _tile_counts, causal_kv_tiles, emulate, fa1_tile_sizes, hbm_bytes, hbm_counts,
                                   tile_sums)
+from helpers import seeded_generator
 
 ALGOS = ("standard", "fa1", "fa2")
 cdiv = lambda a, b: -(-a // b)  # noqa: E731
@@ -32,7 +33,7 @@ def naive_attention(q, k, v, causal, scale):
 
 
 def inputs(B, Nq, Nk, H, Hkv, D, seed=0):
-    g = torch.Generator().manual_seed(seed)
+    g = seeded_generator(offset=seed)
     r = lambda n, h: torch.randn(B, n, h, D, generator=g, dtype=torch.float64)  # noqa: E731
     return r(Nq, H), r(Nk, Hkv), r(Nk, Hkv)
 

@@ -209,7 +209,7 @@ def attention_of_range(q, k, v, scale, causal, lo, hi):
 @pytest.mark.parametrize("seqlen_q, seqlen_k, num_splits, causal, pack", [
     (1, 113, 3, True, False), (3, 1023, 7, True, False), (1, 64, 5, False, False), (5, 3, 4, True, False),
     (1, 1, 2, False, False), (1, 1023, 7, True, True), (1, 3, 4, True, True)])
-def test_plan_workspace_and_merge(monkeypatch, seqlen_q, seqlen_k, num_splits, causal, pack):
+def test_plan_workspace_and_merge(rng_seed, monkeypatch, seqlen_q, seqlen_k, num_splits, causal, pack):
     """_plan_call's workspace (O partials (S*B, Nq, H, D), LSE partials (S*B, H, Nq), fp32, split s of batch b
     at s * B + b), filled as the kernel fills it (tile ranges ``split.split_ranges``, empty and fully masked
     splits included), merges to float64 attention; the merge: ``split.merge`` standing in for the kernel.
@@ -224,7 +224,7 @@ def test_plan_workspace_and_merge(monkeypatch, seqlen_q, seqlen_k, num_splits, c
         return merge
 
     monkeypatch.setattr(split_combine, "merge_function", torch_merge)
-    g = torch.Generator().manual_seed(seqlen_k)
+    g = torch.Generator().manual_seed(rng_seed)
     q = torch.randn(batch, seqlen_q, heads, d, generator=g)
     k, v = (torch.randn(batch, seqlen_k, heads_kv, d, generator=g) for _ in range(2))
     scale = d ** -0.5

@@ -41,7 +41,7 @@ from fa_variants import fp8
 from fa_variants.common.scale import LOG2_E
 from fa_variants.fp8 import FP8Config
 from fa_variants.reference import attention_reference, rel_l2
-from helpers import assert_fp8_matches_emulation, assert_huge_logits_ok
+from helpers import assert_fp8_matches_emulation, assert_huge_logits_ok, seeded_generator
 
 pytestmark = pytest.mark.gpu
 
@@ -59,7 +59,7 @@ RECIPES = [FP8Config(granularity=g, rotate=r, smooth_k=r, two_level=t)
 
 def inputs(shape, head_dim, seed, dtype=torch.bfloat16, outliers=0.0):
     B, Nq, Nk, H, Hkv = shape
-    g = torch.Generator(device="cuda").manual_seed(seed)
+    g = seeded_generator("cuda", seed)
 
     def draw(n, heads):
         x = torch.randn(B, n, heads, head_dim, device="cuda", generator=g)

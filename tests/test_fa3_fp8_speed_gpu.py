@@ -18,7 +18,6 @@ unmasked steps) with a partial last tile; Nq > Nk (causal rows that see no key);
 """
 import dataclasses
 import math
-import zlib
 
 import pytest
 import torch
@@ -143,8 +142,8 @@ def _inputs(shape, head_dim, seed):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
 @pytest.mark.parametrize("variant", [name for table in _ALL_TABLES for name in table])
-def test_fp8_variant_vs_emulation(fp8_kernel, variant, shape, causal, request, nan_allocations):
-    _check_variant(fp8_kernel, variant, shape, causal, zlib.crc32(request.node.nodeid.encode()), nan_allocations)
+def test_fp8_variant_vs_emulation(fp8_kernel, variant, shape, causal, rng_seed, nan_allocations):
+    _check_variant(fp8_kernel, variant, shape, causal, rng_seed, nan_allocations)
 
 
 # q_tail_first (session 8): seqlen_q 300 / 449 at tile_m 192 give 2 / 3 query tiles and a 64-row shift, so tile 0
@@ -155,8 +154,8 @@ TAIL_SHAPES = [(1, 300, 500, 2, 2), (2, 449, 449, 4, 1)]
 
 @pytest.mark.parametrize("shape", TAIL_SHAPES, ids=["x".join(map(str, s)) for s in TAIL_SHAPES])
 @pytest.mark.parametrize("variant", [n for n, (_, c) in FP8D128_VARIANTS.items() if c.get("q_tail_first")])
-def test_fp8_tail_first_shared_rows(fp8_kernel, variant, shape, request, nan_allocations):
-    _check_variant(fp8_kernel, variant, shape, True, zlib.crc32(request.node.nodeid.encode()), nan_allocations)
+def test_fp8_tail_first_shared_rows(fp8_kernel, variant, shape, rng_seed, nan_allocations):
+    _check_variant(fp8_kernel, variant, shape, True, rng_seed, nan_allocations)
 
 
 def _check_variant(fp8_kernel, variant, shape, causal, seed, nan_allocations):

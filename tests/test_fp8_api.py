@@ -20,6 +20,7 @@ from fa_variants.fp8 import (FP8Config, attention_fp8, attention_from_fp8, emula
                              fp8_attention_reference, quantize_fp8)
 from fa_variants.fp8 import attention as fp8_attention
 from fa_variants.fp8 import layout
+from helpers import seeded_generator
 
 BF16 = torch.bfloat16
 
@@ -118,7 +119,7 @@ def test_fake_face_does_not_outlive_the_fixture(monkeypatch):
 
 
 def qkv(nq=70, nk=150, h=4, hkv=2, d=64, dtype=BF16, seed=0):
-    g = torch.Generator().manual_seed(seed)
+    g = seeded_generator(offset=seed)
     return (torch.randn(1, n, heads, d, generator=g).to(dtype) for n, heads in ((nq, h), (nk, hkv), (nk, hkv)))
 
 

@@ -16,7 +16,7 @@ from fa_variants.common.scale import FFMA_LIMIT
 from fa_variants.fp8.emulation import P_SHIFT
 from fa_variants.fp8.quantize import MIN_DESCALE, quantize_fp8_torch
 from fa_variants.reference import attention_reference, rel_l2
-from helpers import assert_huge_logits_ok
+from helpers import assert_fp8_lse_ok, assert_huge_logits_ok, seeded_generator
 
 PLAIN = FP8Config(granularity="tensor", rotate=False, smooth_k=False)
 
@@ -29,10 +29,10 @@ def rmse(x, ref):
     return (x.double() - ref.double()).pow(2).mean().sqrt().item()
 
 
-def test_one_tile_is_the_kernel_maths():
+def test_one_tile_is_the_kernel_maths(rng_seed):
     """Inputs exactly representable in e4m3 with descale 1 (448 in every tensor), one K/V tile, fp32
     accumulator: O and LSE must be the kernel's formulas written out in float64 (module docstring)."""
-    g = torch.Generator().manual_seed(2)
+    g = torch.Generator().manual_seed(rng_seed)
     q, k, v = (torch.randint(-8, 9, (1, n, 2, 64), generator=g).float() / 4 for n in (40, 70, 70))
     for t in (q, k, v):
         t[0, -1, 0, 0] = 448.0
@@ -64,7 +64,6 @@ def test_one_tile_is_the_kernel_maths():
 def test_constant_v():
     """V constant: O = v exactly where every visible logit of a row is equal (P = 256 on each key), and within
     e4m3's relative rounding of P (2^-4 for one value; measured 0.7% max, 0.17% mean) otherwise."""
-    torch.manual_seed(0)
     q, k = torch.randn(1, 200, 2, 64), torch.randn(1, 300, 2, 64)
     v = torch.full((1, 300, 2, 64), 1.5)
     for causal in (False, True):
@@ -77,14 +76,14 @@ def test_constant_v():
 
 def test_empty_rows_causal_gqa_and_no_keys():
     """Bottom-right causal with Nq > Nk: rows seeing no key give 0 and -inf; GQA 2:1; tails; seqlen_k = 0."""
-    torch.manual_seed(1)
     q, k, v = torch.randn(1, 150, 4, 64), torch.randn(1, 100, 2, 64), torch.randn(1, 100, 2, 64)
     out, lse = fp8_attention_reference(q, k, v, causal=True)
     ref, ref_lse = attention_reference(q, k, v, causal=True)
     assert out.dtype == lse.dtype == torch.float32 and out.shape == q.shape and lse.shape == (1, 4, 150)
     assert (out[:, :50] == 0).all() and torch.isneginf(lse[:, :, :50]).all()
     assert torch.isfinite(lse[:, :, 50:]).all()
-    assert rel_l2(out, ref) < 0.08 and (lse - ref_lse)[..., 50:].abs().max().item() < 0.1
+    assert rel_l2(out, ref) < 0.08  # 0.039-0.047 over 400 fresh draws
+    assert_fp8_lse_ok(lse, q, k, v, causal=True)
     out, lse = fp8_attention_reference(q, k[:, :0], v[:, :0])
     assert (out == 0).all() and torch.isneginf(lse).all()
     out, _ = fp8_attention_reference(q, k, v, causal=True, out_dtype=torch.bfloat16)
@@ -95,7 +94,6 @@ def test_smoothing_invariance():
     """softmax is invariant to a per-channel bias b of K: with smoothing the quantised K is (nearly) the same
     for K and K + b, so O is (measured max 3e-3, from a few flipped e4m3 roundings of K - mean), and the LSE
     moves by softmax_scale * q . b; without smoothing the bias wrecks O."""
-    torch.manual_seed(5)
     q, k, v = torch.randn(1, 128, 2, 64), torch.randn(1, 256, 2, 64), torch.randn(1, 256, 2, 64)
     b = torch.zeros(64)
     b[[3, 40]] = 30.0
@@ -114,7 +112,6 @@ def test_sampled_smoothing_keeps_o_and_lse():
     """K's mean over 2 of 8 K tiles (FP8Config.smooth_k_blocks) instead of all: any per-channel vector leaves
     softmax unchanged, so O and the LSE (shifted back) stay as accurate against float64 as with the exact mean,
     with K's channel bias b removed just as well."""
-    torch.manual_seed(6)
     q, k, v = torch.randn(1, 128, 2, 64), torch.randn(1, 1000, 2, 64), torch.randn(1, 1000, 2, 64)
     b = torch.zeros(64)
     b[[3, 40]] = 30.0
@@ -127,13 +124,21 @@ def test_sampled_smoothing_keeps_o_and_lse():
 
 
 def test_negative_and_zero_scale():
-    torch.manual_seed(6)
+    """A negative softmax_scale folds its sign into K: the same result, bit for bit, as the positive scale on -K,
+    within the FP8 bounds of float64 (rel-L2 0.047-0.065 over 300 fresh draws; the LSE within ``fp8_lse_bound``).
+    Scale 0: every visible key weighs the same (P = 1 is exact in e4m3), so the LSE is log(keys seen)."""
     q, k, v = torch.randn(1, 64, 2, 64), torch.randn(1, 80, 2, 64), torch.randn(1, 80, 2, 64)
-    for scale in (-0.2, 0.0):
-        out, lse = fp8_attention_reference(q, k, v, softmax_scale=scale, causal=True)
-        ref, ref_lse = attention_reference(q, k, v, softmax_scale=scale, causal=True)
-        assert torch.isfinite(out).all() and rel_l2(out, ref) < 0.08
-        assert (lse - ref_lse).abs().max().item() < 0.1
+    out, lse = fp8_attention_reference(q, k, v, softmax_scale=-0.2, causal=True)
+    flipped, lse_flipped = fp8_attention_reference(q, -k, v, softmax_scale=0.2, causal=True)
+    assert torch.equal(out, flipped) and torch.equal(lse, lse_flipped)
+    ref, _ = attention_reference(q, k, v, softmax_scale=-0.2, causal=True)
+    assert torch.isfinite(out).all() and rel_l2(out, ref) < 0.1
+    assert_fp8_lse_ok(lse, q, k, v, causal=True, softmax_scale=-0.2)
+    out, lse = fp8_attention_reference(q, k, v, softmax_scale=0.0, causal=True)
+    ref, _ = attention_reference(q, k, v, softmax_scale=0.0, causal=True)
+    seen = torch.arange(64) + 80 - 64 + 1  # keys row i sees (bottom-right)
+    assert torch.allclose(lse, seen.log().float().expand_as(lse), rtol=0, atol=1e-6)
+    assert torch.isfinite(out).all() and rel_l2(out, ref) < 0.08
 
 
 # ------------------------------------------------------------------------------------- accumulation
@@ -142,7 +147,6 @@ def test_negative_and_zero_scale():
 def test_two_level_equals_one_accumulator_in_fp32():
     """With an fp32 accumulator the three schemes are the same maths (the single accumulator carried in units
     of each tile's v descale: powers of two, exact ratios): equal to float32 rounding."""
-    torch.manual_seed(7)
     q, k, v = torch.randn(1, 130, 2, 64), torch.randn(1, 700, 2, 64), torch.randn(1, 700, 2, 64)
     v = v * torch.logspace(-1, 1, 700).view(1, 700, 1, 1)  # different v descales per tile
     outs = [emulate_fp8_attention(quantize_fp8_torch(q, k, v, config=FP8Config(two_level=tl, promote_every=pe)),
@@ -159,7 +163,6 @@ def test_default_promotion_interval_is_the_kernels(monkeypatch):
     from fa_variants.fp8 import layout
 
     monkeypatch.setitem(layout.KERNEL_PROMOTE_EVERY, 64, 4)
-    torch.manual_seed(9)
     for d, every in ((64, 4), (128, 1)):
         assert layout.promote_every(d) == every
         q, k, v = torch.randn(1, 200, 2, d), torch.randn(1, 1300, 2, d), torch.randn(1, 1300, 2, d) + 1
@@ -170,7 +173,7 @@ def test_default_promotion_interval_is_the_kernels(monkeypatch):
         assert not torch.equal(default, run(3 if every == 1 else 1))
 
 
-def test_zero_v_blocks_on_long_rows_stay_finite():
+def test_zero_v_blocks_on_long_rows_stay_finite(rng_seed):
     """All-zero V blocks of 128 keys at both ends of 2048 keys at head_dim 256 (zero padding: key tiles are walked
     last to first, so the first block comes last) after rows whose unnormalised O reached ~2^20 (V ~ (N(0,1) + 1)
     2^9, near-uniform softmax: |O| ~ 2^9, l ~ 2000; the GPU test, tests/test_fa3_fp8_gpu.py, has 4096 keys): the
@@ -179,7 +182,7 @@ def test_zero_v_blocks_on_long_rows_stay_finite():
     default two-level scheme and the one accumulator, causal and not (fp32 accumulator model: the units are the point,
     and CPU time). With the old floor 2^-110 on those blocks the one accumulator overflowed (checked here, so the
     input does reach the limit)."""
-    g = torch.Generator().manual_seed(5)
+    g = torch.Generator().manual_seed(rng_seed)
     D, nk = 256, 2048
     q = torch.randn(1, 4, 1, D, generator=g) * 0.25
     k = torch.randn(1, nk, 1, D, generator=g)
@@ -198,16 +201,17 @@ def test_zero_v_blocks_on_long_rows_stay_finite():
                                                     accumulator_bits=None)[0]).all()
 
 
-def test_one_accumulator_drifts_two_level_does_not():
+def test_one_accumulator_drifts_two_level_does_not(rng_seed):
     """The accumulator model with few bits (12, to see it at a small N): one running accumulator's error
     grows with seqlen_k, a fresh one per tile stays at the fp32 accumulator's level. Measured (D = 64, rel-L2
     vs float64): 512 keys: fp32 accumulator 4.73e-3, two-level 4.74e-3, one accumulator 4.82e-3; 4096 keys:
     2.13e-3, 2.25e-3, 7.18e-3 (3.4x the fp32 level). The promotion interval of head_dim 64's default (4 tiles):
-    1.02x and 1.23x the fp32 level; its error falls with length as the fp32 level does (no drift)."""
+    1.02x and 1.23x the fp32 level; its error falls with length as the fp32 level does (no drift). (One draw: the
+    spread over fresh draws is in the assertions' comment.)"""
     errs = {}
     modes = {"fresh": dict(promote_every=1), "every4": dict(promote_every=4), "single": dict(two_level=False)}
     for n in (512, 4096):
-        g = torch.Generator().manual_seed(0)
+        g = torch.Generator().manual_seed(rng_seed)
         q = torch.randn(1, 16, 1, 64, generator=g)
         k, v = torch.randn(1, n, 1, 64, generator=g), torch.randn(1, n, 1, 64, generator=g) + 1
         ref, _ = attention_reference(q, k, v, dtype=torch.float64)
@@ -217,7 +221,9 @@ def test_one_accumulator_drifts_two_level_does_not():
         errs["fp32", n] = rel_l2(emulate_fp8_attention(inp, accumulator="truncate", accumulator_bits=None)[0], ref)
     growth = {mode: [errs[mode, n] / errs["fp32", n] for n in (512, 4096)] for mode in modes}
     assert max(growth["fresh"]) < 1.2 and growth["single"][1] > 2 * growth["single"][0]
-    assert max(growth["every4"]) < 1.35 and errs["every4", 4096] < errs["every4", 512]
+    # over 150 fresh draws: fresh 1.06-1.12, every4 1.29-1.39 (and its error at 4096 keys 0.50-0.72 of 512's), one
+    # accumulator's growth 2.8-3.5x
+    assert max(growth["every4"]) < 1.5 and errs["every4", 4096] < errs["every4", 512]
 
 
 def test_accumulator_truncates():
@@ -244,7 +250,6 @@ def test_blockfp_accumulator():
     assert carry.item() == 2.0**16
     ints = torch.randint(-8, 8, (3, 64)).float(), torch.randint(-8, 8, (64, 5)).float()
     assert torch.equal(_mma(*ints, None, None, "blockfp"), ints[0] @ ints[1])
-    torch.manual_seed(3)
     inp = quantize_fp8_torch(*(torch.randn(1, n, 2, 64) for n in (70, 300, 300)))
     out = emulate_fp8_attention(inp, causal=True, accumulator="blockfp")[0]
     assert rel_l2(out, emulate_fp8_attention(inp, causal=True)[0]) < 1e-2
@@ -255,7 +260,6 @@ def test_blockfp_accumulator():
 def test_default_model_is_blockfp():
     """The default accumulator is the block-FP model (the H200 agrees with it best): equal, bit for bit, to
     asking for it, and not to the truncate model."""
-    torch.manual_seed(4)
     inp = quantize_fp8_torch(*(torch.randn(1, n, 2, 64) for n in (40, 200, 200)))
     default = emulate_fp8_attention(inp, causal=True)[0]
     assert torch.equal(default, emulate_fp8_attention(inp, causal=True, accumulator="blockfp")[0])
@@ -269,7 +273,6 @@ def test_kernel_tiles():
     moves the promotion points, so the default must be the kernel's (bitwise the same as passing it)."""
     from fa_variants.fp8 import layout
 
-    torch.manual_seed(8)
     q, k, v = torch.randn(1, 130, 1, 128), torch.randn(1, 600, 1, 128), torch.randn(1, 600, 1, 128)
     inp = quantize_fp8_torch(q, k, v)
     assert (inp.block_m, inp.block_n) == (layout.TILE_M, 256) and inp.k_descale.shape[-1] == 3
@@ -290,7 +293,7 @@ def test_kernel_tiles():
 
 def fa3_outlier_inputs(N, H=4, D=128, p=1e-3, seed=0):
     """FA3 paper section 4.3 (Table 3): q, k, v ~ N(0,1) + N(0, 100) on a fraction p of entries; bf16."""
-    g = torch.Generator().manual_seed(seed)
+    g = seeded_generator(offset=seed)
 
     def x():
         return torch.randn(1, N, H, D, generator=g) + 10 * torch.randn(1, N, H, D, generator=g) * (
@@ -301,19 +304,20 @@ def fa3_outlier_inputs(N, H=4, D=128, p=1e-3, seed=0):
 def test_outliers_block_hadamard_beats_per_tensor():
     """FA3 Table 3's inputs (0.1% outliers), N = 512: block + Hadamard RMSE below per-tensor's. Measured:
     per-tensor 1.42e-2 (per-head and block alone the same: every block holds outliers), block + Hadamard
-    8.6e-3, + smoothed K 8.4e-3; fp16 1.3e-4. The paper: 2.4e-2 vs 9.1e-3."""
+    8.6e-3, + smoothed K 8.4e-3; fp16 1.3e-4. The paper: 2.4e-2 vs 9.1e-3. Over 200 fresh draws the ratio to
+    per-tensor is 0.48-0.81 (median 0.63; 1 / 2.66 at N 4k on the H200, bench/NOTES.md) and the shipped
+    RMSE 6.7e-3-1.21e-2, hence the bounds 0.9 and 1.5e-2."""
     q, k, v = fa3_outlier_inputs(512)
     ref, _ = attention_reference(q, k, v, dtype=torch.float64)
     err = {name: rmse(fp8_attention_reference(q, k, v, config=cfg, accumulator="truncate")[0], ref) for name, cfg in (
         ("tensor", PLAIN), ("block+H", FP8Config(smooth_k=False)), ("shipped", FP8Config()))}
-    assert err["block+H"] < 0.75 * err["tensor"] and err["shipped"] < 0.75 * err["tensor"]
-    assert err["shipped"] < 1.2e-2
+    assert err["block+H"] < 0.9 * err["tensor"] and err["shipped"] < 0.9 * err["tensor"]
+    assert err["shipped"] < 1.5e-2
 
 
 @pytest.mark.parametrize("D", [40, 80, 96, 192])
 def test_non_power_of_two_head_dim(D):
     """EC-23b: the FP8 path with rotation on a non-power-of-two D (96: H12 x H8; others block-diagonal)."""
-    torch.manual_seed(D)
     q, k, v = (torch.randn(1, 256, 2, D) for _ in range(3))
     out, lse = fp8_attention_reference(q, k, v, config=FP8Config(rotate=True), accumulator="truncate")
     ref, ref_lse = attention_reference(q, k, v)
@@ -324,7 +328,7 @@ def test_non_power_of_two_head_dim(D):
 def ec23a_inputs(N, H=4, D=128, seed=0):
     """EC-23a at a smaller N: q, k, v ~ N(0,1); k[..., {5, 77}] += 40; q[..., 9] *= 20 on 1% of tokens;
     v[..., 3] *= 30; bf16."""
-    g = torch.Generator().manual_seed(seed)
+    g = seeded_generator(offset=seed)
     q, k, v = (torch.randn(1, N, H, D, generator=g) for _ in range(3))
     k[..., [5, 77]] += 40
     hot = torch.rand(1, N, generator=g) < 0.01
@@ -336,15 +340,16 @@ def ec23a_inputs(N, H=4, D=128, seed=0):
 def test_ec23a_outliers():
     """The shipped path on EC-23a data, N = 512. e4m3 keeps 3 mantissa bits and Q, K, V and P are all
     rounded, which puts even N(0,1) attention at rel-L2 ~5%: EC-23's example 0.999 / 3e-2 is out of reach
-    of any e4m3 path here; we assert cos >= 0.998 and rel-L2 <= 6e-2. Without smoothing the +40 channel
-    bias of K costs 3x (no rotation removes a bias)."""
+    of any e4m3 path here. Over 160 fresh draws: cos 0.9958-0.9992, rel-L2 0.040-0.094 (median 0.056), so we
+    assert cos >= 0.995 and rel-L2 <= 0.12; the LSE within ``fp8_lse_bound`` (at most 0.67 of it). Without smoothing
+    the +40 channel bias of K costs 2-4.5x (no rotation removes a bias): asserted > 1.5x, draw by draw."""
     q, k, v = ec23a_inputs(512)
-    ref, ref_lse = attention_reference(q, k, v)
+    ref, _ = attention_reference(q, k, v)
     out, lse = fp8_attention_reference(q, k, v, accumulator="truncate")
-    assert cos(out, ref) >= 0.998 and rel_l2(out, ref) <= 6e-2
-    assert (lse - ref_lse).abs().max().item() < 0.1
+    assert cos(out, ref) >= 0.995 and rel_l2(out, ref) <= 0.12
+    assert_fp8_lse_ok(lse, q, k, v, causal=False)
     unsmoothed, lse_u = fp8_attention_reference(q, k, v, config=FP8Config(smooth_k=False), accumulator="truncate")
-    assert rel_l2(unsmoothed, ref) > 2 * rel_l2(out, ref) and cos(unsmoothed, ref) < 0.995
+    assert rel_l2(unsmoothed, ref) > 1.5 * rel_l2(out, ref) and cos(unsmoothed, ref) < cos(out, ref)
 
 
 def test_fp8_error_bound():
@@ -359,14 +364,14 @@ def _fma32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     return (a.double() * b.double() + c.double()).float()
 
 
-def test_fused_promote_units_form():
+def test_fused_promote_units_form(rng_seed):
     """The kernel's ``fused_promote`` (head_dim 256, session 8) keeps O in units of the tile's v_descale: U = fma(alpha
     vd_prev / vd_n, U, acc) per tile, O = vd_last U at the end. With power-of-two descales that is the fused promotion
     O = round(alpha O + vd_n acc) in O's own units, bit for bit (scaling by 2^k commutes with rounding), and it stays
-    within a few fp32 ulps of the emulation's two roundings (round(alpha O), then + vd_n acc) over 64 tiles, descales
+    within fp32 rounding of the emulation's two roundings (round(alpha O), then + vd_n acc) over 64 tiles, descales
     2^-110 (the floor: a V block of fp32-subnormal values, e4m3 zeros; all-zero blocks get 1 since session 9) .. 2^2
     included."""
-    g = torch.Generator().manual_seed(3)
+    g = torch.Generator().manual_seed(rng_seed)
     rows, tiles = 256, 64
     exps = torch.randint(-12, 3, (tiles,), generator=g)
     exps[17] = -110
@@ -378,15 +383,19 @@ def test_fused_promote_units_form():
     emu = torch.zeros(rows)
     fused = torch.zeros(rows)
     units = torch.zeros(rows)
+    bound = torch.zeros(rows)  # |emu - fused| <= this: each step's roundings (<= eps/2 of each side's magnitude,
+    eps = torch.finfo(torch.float32).eps  # two on emu's side) plus the earlier steps' difference times alpha (<= 1)
     for n in range(tiles):
         emu = emu * alpha[n] + vd[n] * acc[n]  # the emulation: two fp32 roundings (vd acc exact)
         fused = _fma32(alpha[n], fused, vd[n] * acc[n])
+        bound = bound * alpha[n] + eps * (emu.abs() + fused.abs())
         ratio = vd[n - 1] / vd[n] if n else torch.tensor(1.0)  # exact: powers of two
         units = acc[n].clone() if n == 0 else _fma32(alpha[n] * ratio, units, acc[n])  # the first tile copies
     assert torch.isfinite(units).all()
     assert torch.equal(units * vd[-1], fused)
-    ulp = torch.finfo(torch.float32).eps * fused.abs()
-    assert ((emu - fused).abs() <= 8 * ulp).all() and not torch.equal(emu, fused)
+    # relative to the final |O| the difference can be large where the 64 signed tiles cancel (up to ~1100 ulps of
+    # the result over 300 seeds), never beyond the roundings' bound (at most 0.47 of it over the same seeds)
+    assert ((emu - fused).abs() <= bound).all() and not torch.equal(emu, fused)
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -52,7 +52,6 @@ def test_order_matches_wgmma_fragments():
     8v + 2t + c (c in {0, 1}) of its rows; the m64nNk32 e4m3 A fragment takes, at register byte
     i = 4h + j (h: 16-wide half, j in 0..3), the k position 16h + 4t + j. Converting the thread's
     accumulator values in order (v, c) into those bytes must give P V when V's tokens are permuted."""
-    torch.manual_seed(0)
     n_keys, d = 64, 8
     p = torch.rand(n_keys, dtype=torch.float64)  # one row of P
     v = torch.randn(n_keys, d, dtype=torch.float64)

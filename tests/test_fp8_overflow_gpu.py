@@ -11,7 +11,7 @@ import dataclasses
 import pytest
 import torch
 
-from helpers import assert_fp8_matches_emulation
+from helpers import assert_fp8_matches_emulation, seeded_generator
 
 pytestmark = pytest.mark.gpu
 
@@ -46,7 +46,7 @@ def _config(fp8_kernel, name):
 
 def _inputs(D, tile_n, case, seed):
     B, Nq, Nk, H, Hkv = SHAPE
-    g = torch.Generator(device="cuda").manual_seed(seed)
+    g = seeded_generator("cuda", seed)
     q, k, v = (torch.randn(B, n, h, D, device="cuda", generator=g) for n, h in ((Nq, H), (Nk, Hkv), (Nk, Hkv)))
     tiles = -(-Nk // tile_n)
     ex = v_exponents(case, tiles)

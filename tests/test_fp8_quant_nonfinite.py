@@ -24,6 +24,7 @@ from fa_variants.fp8 import quant_call
 from fa_variants.fp8 import quant_host as qh
 from fa_variants.fp8 import quant_kernel as qk
 from fa_variants.fp8.quantize import quantize_fp8_torch, tiles_for
+from helpers import seeded_generator
 
 RECIPES = {"default": FP8Config(), "no-smooth": FP8Config(smooth_k=False), "head-smooth": FP8Config(granularity="head")}
 # (recipe, head_dim): the default at every head_dim (V, smoothed K, Q with the shift; staged store at 64, wide at
@@ -97,7 +98,7 @@ def test_slow_path_compiles(arch, head_dim):
 
 # ------------------------------------------------------------------------------------------------ GPU
 def _inputs(head_dim: int, seed: int):
-    g = torch.Generator(device="cuda").manual_seed(seed)
+    g = seeded_generator("cuda", seed)
     q = (torch.randn(2, 300, 4, head_dim, device="cuda", generator=g) * 2).to(torch.bfloat16)
     k = (torch.randn(2, 517, 2, head_dim, device="cuda", generator=g) - 1).to(torch.bfloat16)
     v = torch.randn(2, 517, 2, head_dim, device="cuda", generator=g).to(torch.bfloat16)
@@ -210,7 +211,7 @@ def _exact(q, k, v, causal: bool) -> torch.Tensor:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["q", "k", "v"])
-def test_fa3_fp8_rows_that_read_it(monkeypatch, fp8_kernel, name):
+def test_fa3_fp8_rows_that_read_it(rng_seed, monkeypatch, fp8_kernel, name):
     """fa3-fp8 on bf16 inputs (default recipe, head_dim 128, causal) with an inf or NaN in Q (row 5 of head 1), K or V
     (key 7 of kv-head 0): the rows that read it are non-finite (Q: that row; V: the causal rows 7.. of the heads of
     kv-head 0; K: with smoothing K's mean spreads it, every row of those heads); every finite row is within
@@ -220,7 +221,7 @@ def test_fa3_fp8_rows_that_read_it(monkeypatch, fp8_kernel, name):
 
     monkeypatch.setattr(qh, "NONFINITE", True)
     for value in (math.inf, math.nan):
-        g = torch.Generator(device="cuda").manual_seed(11)
+        g = torch.Generator(device="cuda").manual_seed(rng_seed)
         q, k, v = (torch.randn(1, 300, n, 128, device="cuda", generator=g).to(torch.bfloat16) for n in (4, 2, 2))
         if name == "q":
             q[0, 5, 1, 3] = value

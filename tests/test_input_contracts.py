@@ -14,10 +14,11 @@ import torch
 
 from fa_variants import fp8
 from fa_variants.fp8 import attention as fp8_attention
+from helpers import seeded_generator
 
 
 def _quantised(smooth_k=True):
-    g = torch.Generator().manual_seed(0)
+    g = seeded_generator()
     q, k, v = torch.randn(1, 40, 4, 64, generator=g), torch.randn(1, 40, 2, 64, generator=g), \
         torch.randn(1, 40, 2, 64, generator=g)
     return fp8.quantize_fp8(q, k, v, config=fp8.FP8Config(smooth_k=smooth_k), impl="torch")
@@ -181,11 +182,11 @@ def test_unshard_takes_a_sequence_of_matching_shards(name):
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
 @pytest.mark.parametrize("config", [fp8.FP8Config(), fp8.FP8Config(rotate=False, smooth_k=False)],
                          ids=["default", "plain"])
-def test_fp8_a_non_finite_q_value_spoils_its_row_only(value, config):
+def test_fp8_a_non_finite_q_value_spoils_its_row_only(rng_seed, value, config):
     """An inf / NaN in Q set its Q block's descale (2^120 and more): the other rows of the block quantised to 0 and
     came out as the uniform average of V (error ~1 on N(0,1) inputs) with no NaN anywhere for an inf: a silently
     wrong O. Now that row is non-finite, as the maths says, and every other row keeps FP8's usual error."""
-    g = torch.Generator().manual_seed(1)
+    g = torch.Generator().manual_seed(rng_seed)
     q, k, v = torch.randn(1, 40, 2, 64, generator=g), torch.randn(1, 40, 2, 64, generator=g), \
         torch.randn(1, 40, 2, 64, generator=g)
     exact = torch.nn.functional.scaled_dot_product_attention(*(x.double().transpose(1, 2) for x in (q, k, v)))
@@ -199,22 +200,27 @@ def test_fp8_a_non_finite_q_value_spoils_its_row_only(value, config):
 
 @pytest.mark.parametrize("value", [math.nan, math.inf])
 @pytest.mark.parametrize("name", ["k", "v"])
-def test_fp8_a_non_finite_k_or_v_value_is_never_a_finite_wrong_answer(name, value):
+def test_fp8_a_non_finite_k_or_v_value_is_never_a_finite_wrong_answer(rng_seed, name, value):
     """An inf in K or V saturated to 448 (a finite wrong value) and set its block's descale, zeroing the block's
     finite values. Now a row is either within the FP8 bound of the float64 answer or non-finite; rows that read the
     value are non-finite."""
-    g = torch.Generator().manual_seed(2)
+    g = torch.Generator().manual_seed(rng_seed)
     q, k, v = torch.randn(1, 40, 2, 64, generator=g), torch.randn(1, 40, 2, 64, generator=g), \
         torch.randn(1, 40, 2, 64, generator=g)
     t = {"k": k, "v": v}[name]
+    clean = dict(q=q, k=k.clone(), v=v.clone())
     t[0, 7, 0, 3] = value
+    clean[name][0, 7, 0, 3] = 0.0  # the same inputs with a finite value there
     for config in (fp8.FP8Config(), fp8.FP8Config(rotate=False, smooth_k=False)):
         out, _ = fp8.fp8_attention_reference(q, k, v, causal=True, config=config)
+        out_clean, _ = fp8.fp8_attention_reference(**clean, causal=True, config=config)
         exact = torch.nn.functional.scaled_dot_product_attention(
             *(x.double().transpose(1, 2) for x in (q, k, v)), is_causal=True).transpose(1, 2)
         finite = torch.isfinite(out).all(-1)
         assert not finite[0, 7:, 0].any()  # causal rows 7.. read key 7 (head 0)
-        assert (out - exact)[finite].abs().max() < 0.2  # N(0,1) inputs: the FP8 error is ~0.05
+        # the rows that do not read the value: the project's FP8 rule against the clean inputs' emulation (a fixed
+        # 0.2 failed on ~0.5 % of fresh draws: the largest error of N(0, 1) rows at head_dim 64 reaches 0.22)
+        assert (out - exact)[finite].abs().max() <= fp8.fp8_error_bound(out_clean[finite], exact[finite])
 
 
 # ------------------------------------------------------------------- the reference and the tolerance helpers
@@ -257,12 +263,12 @@ def test_reference_names_a_bad_argument_and_never_broadcasts():
 # ------------------------------------------------------------- fa_variants.emulate (the FA1 / FA2 tile loops)
 
 @pytest.mark.parametrize("algorithm", ["standard", "fa1", "fa2"])
-def test_tile_emulators_check_arguments_as_attention_does(algorithm):
+def test_tile_emulators_check_arguments_as_attention_does(rng_seed, algorithm):
     """emulate(...) ran an int32 q in float32, parsed a str softmax_scale, took causal="no" as True (truthy), and
     failed inside torch for a k on another device; hbm_counts gave negative traffic for a negative seqlen."""
     from fa_variants import emulate
 
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator().manual_seed(rng_seed)
     q, k = torch.randn(1, 5, 2, 8, generator=g), torch.randn(1, 7, 1, 8, generator=g)
     cases = [
         ((q.int(), k.int(), k.int()), {}, TypeError, r"^q has dtype torch.int32; attention needs a floating-point"),

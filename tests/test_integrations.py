@@ -17,7 +17,7 @@ import torch
 import fa_variants
 from fa_variants.integrations import custom_op
 from fa_variants.reference import attention_reference, max_abs_error, rel_l2
-from helpers import load_script, make_qkv
+from helpers import fresh_seed, load_script, make_qkv, seeded_generator
 
 from fa_variants.integrations import capture, fixture as fx, hf  # transformers is imported lazily in them
 
@@ -30,12 +30,12 @@ HEADS, HEADS_KV, HEAD_DIM, HIDDEN = 6, 2, 16, 96
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def tiny_llama(seed: int = 0) -> "LlamaForCausalLM":
+def tiny_llama(seed: int | None = None) -> "LlamaForCausalLM":
     """2 layers, 6 query heads over 2 KV heads, head_dim 16; weights large enough for peaked attention."""
     cfg = LlamaConfig(vocab_size=97, hidden_size=HIDDEN, intermediate_size=96, num_hidden_layers=2,
                       num_attention_heads=HEADS, num_key_value_heads=HEADS_KV, head_dim=HEAD_DIM,
                       max_position_embeddings=256, pad_token_id=None, bos_token_id=None, eos_token_id=None)
-    torch.manual_seed(seed)
+    torch.manual_seed(fresh_seed() if seed is None else seed)
     model = LlamaForCausalLM(cfg)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -52,7 +52,7 @@ def model():
 
 @pytest.fixture(scope="module")
 def ids():
-    return torch.randint(0, 97, (2, 37), generator=torch.Generator().manual_seed(1))
+    return torch.randint(0, 97, (2, 37), generator=seeded_generator())
 
 
 @pytest.fixture(scope="module")
@@ -358,7 +358,7 @@ def test_hf_model_compiles_fullgraph(model, ids):
 # ------------------------------------------------------------------------------------------- custom op
 
 def _qkv(B=2, N=37, H=6, Hkv=2, D=32, dtype=torch.float32):
-    return make_qkv(B, N, N, H, Hkv, D, dtype=dtype, generator=torch.Generator().manual_seed(3))
+    return make_qkv(B, N, N, H, Hkv, D, dtype=dtype, generator=seeded_generator())
 
 
 def test_custom_op_matches_the_api_and_passes_opcheck():

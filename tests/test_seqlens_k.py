@@ -29,10 +29,10 @@ def _masked_float64(q, k, v, lengths, causal):
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("seqlen_q", [1, 4, 17])
-def test_reference_matches_explicit_mask(causal, seqlen_q):
+def test_reference_matches_explicit_mask(rng_seed, causal, seqlen_q):
     lengths = [0, 1, 113, 127, 5, 127]
     q, k, v, seqlens_k = padded_kv_cache(lengths, seqlen_q, 127, 8, 2, 64, dtype=torch.float32,
-                                         generator=torch.Generator().manual_seed(seqlen_q))  # padding: NaN
+                                         generator=torch.Generator().manual_seed(rng_seed))  # padding: NaN
     out, lse = attention_reference(q, k, v, causal=causal, seqlens_k=seqlens_k)
     want_out, want_lse = _masked_float64(q, k, v, lengths, causal)
     assert not out.isnan().any() and not lse.isnan().any()

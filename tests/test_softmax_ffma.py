@@ -56,8 +56,8 @@ def _reference(s, v, c):
 
 
 @pytest.mark.parametrize("shift", [0.0, -1e6, 3e6])
-def test_consistent_basis_matches_float64(shift):
-    g = torch.Generator().manual_seed(7)
+def test_consistent_basis_matches_float64(rng_seed, shift):
+    g = torch.Generator().manual_seed(rng_seed)
     rows, n, d = 64, 1024, 64
     c = 128 ** -0.5 * math.log2(math.e)
     s = _f32(torch.randn(rows, n, generator=g, dtype=torch.float64) * 3 + shift)
@@ -67,11 +67,12 @@ def test_consistent_basis_matches_float64(shift):
     assert (online_softmax_pv(s, v, c, tile_n=128) - ref).abs().max().item() < 2e-2  # bf16 P, as in the kernel
 
 
-def test_huge_logits_consistent_vs_previous_form():
+def test_huge_logits_consistent_vs_previous_form(rng_seed):
     """Logits near -5e5 at softmax_scale 1 with the FFMA form forced up to |m c| < 2^20 (basis rounded by up to
     2^-5; the kernel's limit is lower, this tests the consistent basis itself): it must not leak into O. The previous switch's alpha leaks it (measured on this model:
-    2.2e-3 vs 1.0e-2 max error, |O| ~ 0.9)."""
-    g = torch.Generator().manual_seed(3)
+    2.2e-3 vs 1.0e-2 max error, |O| ~ 0.9). Over 280 fresh draws: max error at most 7.4e-3 (median ~2e-3), the
+    previous form's at least 1.23x of it (median ~4x)."""
+    g = torch.Generator().manual_seed(rng_seed)
     rows, n, d = 32, 2048, 64
     c = math.log2(math.e)
     s = torch.randn(rows, n, generator=g, dtype=torch.float64) * 2
@@ -80,13 +81,13 @@ def test_huge_logits_consistent_vs_previous_form():
     ref = _reference(s, v, c)
     good = (online_softmax_pv(s, v, c, 128, limit=2.0**20) - ref).abs().max().item()
     bad = (online_softmax_pv(s, v, c, 128, consistent=False, limit=2.0**20) - ref).abs().max().item()
-    assert good < 5e-3 and good < bad / 3, (good, bad)
+    assert good < 1.2e-2 and good < bad / 1.1, (good, bad)
 
 
-def test_huge_rows_whose_max_moves():
+def test_huge_rows_whose_max_moves(rng_seed):
     """Logits near -1e6 (|m c| ~ 1.4e6, past FFMA_LIMIT: the exact form) with the max moving on many tiles, old
     tiles still weighing: O within 5e-3 of float64's."""
-    g = torch.Generator().manual_seed(4)
+    g = torch.Generator().manual_seed(rng_seed)
     rows, n, d = 32, 2048, 64
     c = math.log2(math.e)
     s = torch.randn(rows, n, generator=g, dtype=torch.float64) * 2
@@ -96,9 +97,9 @@ def test_huge_rows_whose_max_moves():
     assert err < 5e-3, err
 
 
-def test_basis_crossing_the_limit_mid_row():
+def test_basis_crossing_the_limit_mid_row(rng_seed):
     """A row whose |m c| crosses FFMA_LIMIT between tiles switches from the FFMA form to the exact form."""
-    g = torch.Generator().manual_seed(5)
+    g = torch.Generator().manual_seed(rng_seed)
     rows, n, d = 16, 512, 32
     c = 1.0
     s = _f32(torch.randn(rows, n, generator=g, dtype=torch.float64) + FFMA_LIMIT - 8)
@@ -108,11 +109,11 @@ def test_basis_crossing_the_limit_mid_row():
     assert err < 2e-2, err
 
 
-def test_basis_leaving_the_limit_mid_row():
+def test_basis_leaving_the_limit_mid_row(rng_seed):
     """The other way: m c from below -2^11 (exact form) up to small values (the FFMA form), with rows whose first
     tile (processed first: the last keys) is fully masked (-inf) before logits near -3000: alpha must give 0 there,
     not exp2(+3000) = inf (0 * inf = NaN)."""
-    g = torch.Generator().manual_seed(9)
+    g = torch.Generator().manual_seed(rng_seed)
     rows, n, d = 16, 512, 32
     c = 1.0
     s = _f32(torch.randn(rows, n, generator=g, dtype=torch.float64) - FFMA_LIMIT - 900)
@@ -126,10 +127,10 @@ def test_basis_leaving_the_limit_mid_row():
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("logit", [-1e4, -1300.0, -700.0, -3.0, 900.0])
-def test_one_key_row_returns_v_exactly(dtype, logit):
+def test_one_key_row_returns_v_exactly(rng_seed, dtype, logit):
     """EC-04: a row that sees one key has weight exactly 1, so O rounded to the input dtype is that key's V,
     on both sides of FFMA_LIMIT (|m c| here from 4 to 1.4e4 at softmax_scale 1)."""
-    g = torch.Generator().manual_seed(11)
+    g = torch.Generator().manual_seed(rng_seed)
     v = (torch.randn(1, 128, generator=g) * 3).to(dtype).float()
     c = math.log2(math.e)
     for jitter in torch.linspace(0, 1, 97).tolist():  # many roundings of the basis m c
@@ -138,10 +139,10 @@ def test_one_key_row_returns_v_exactly(dtype, logit):
         assert torch.equal(out.float(), v), (logit + jitter, (out.float() - v).abs().max().item())
 
 
-def test_one_key_row_check_can_fail():
+def test_one_key_row_check_can_fail(rng_seed):
     """The same check with the FFMA form forced at |m c| ~ 1.4e4 (limit 2^20, the H200's EC-04 failure in fp16)
     does catch the error."""
-    v = torch.randn(1, 128, generator=torch.Generator().manual_seed(11)).to(torch.float16).float()
+    v = torch.randn(1, 128, generator=torch.Generator().manual_seed(rng_seed)).to(torch.float16).float()
     c = math.log2(math.e)
     bad = 0
     for jitter in torch.linspace(0, 1, 97).tolist():
