@@ -72,9 +72,28 @@ def test_demo_uses_a_real_input_when_one_is_available(capsys, monkeypatch):
     assert "random" in capsys.readouterr().out
 
 
-def test_load_real_input_hook_exists():
-    assert demo.load_real_input(torch.device("cpu")) is None or isinstance(
-        demo.load_real_input(torch.device("cpu")), demo.DemoInput)
+def test_load_real_input_hook(monkeypatch):
+    """The demo's real input: None without a captured fixture; with one, its Q, K, V on the device and dtype asked
+    for, its mask flag, and its description without the mask (the demo prints the mask on its own row)."""
+    from fa_variants.integrations import fixture as fixture_module
+
+    monkeypatch.setattr(fixture_module, "load_real_input", lambda: None)
+    assert demo.load_real_input(torch.device("cpu")) is None
+    q, k, v = (torch.randn(2, 5, h, 8) for h in (4, 2, 2))
+
+    class Captured:
+        causal = True
+
+        def attention_inputs(self, device, dtype):
+            return tuple(t.to(device=device, dtype=dtype) for t in (q, k, v))
+
+        def describe(self):
+            return "a model, causal, 2 layers"
+
+    monkeypatch.setattr(fixture_module, "load_real_input", lambda: Captured())
+    got = demo.load_real_input(torch.device("cpu"), torch.float16)
+    assert isinstance(got, demo.DemoInput) and got.causal and got.q.dtype == torch.float16
+    assert torch.equal(got.k, k.half()) and got.description == "a model, 2 layers"
 
 
 def test_attention_flops():

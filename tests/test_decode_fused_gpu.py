@@ -168,13 +168,14 @@ def test_repeated_calls_reset_the_counters(fused):
 
 def test_fused_equals_two_kernels_within_rounding(splits):
     """The same partials merged in the split kernel and by the merge kernel: the same maths in the same split
-    order (exp2 / lg2 of the same arguments), so they agree to the last bits; not asserted bitwise."""
+    order (exp2 / lg2 of the same arguments), so they agree to the last bits; not asserted bitwise: within one bf16
+    unit of O (2^-7 relative) and float32 rounding of the LSE."""
     q, k, v = _qkv(3, 1, 4224, 64, 8, 128)
     splits(16)
     fused_out, fused_lse = fa3.run(q, k, v, causal=True, softmax_scale=0.1, config=_config(128, 0, True))
     two = dataclasses.replace(_config(128, 0, True), fused_merge=False)
     out, lse = fa3.run(q, k, v, causal=True, softmax_scale=0.1, config=two)
-    torch.testing.assert_close(fused_out.float(), out.float(), rtol=1e-2, atol=1e-3)
+    torch.testing.assert_close(fused_out.float(), out.float(), rtol=2**-7, atol=1e-5)
     torch.testing.assert_close(fused_lse, lse, rtol=1e-5, atol=1e-5)
 
 

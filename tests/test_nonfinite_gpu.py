@@ -44,3 +44,21 @@ def test_hidden_non_finite_v(gpu_variant, backend, head_dim, bad):
     err_torch = max_abs_error(refs.out_torch[0, rows], refs.out[0, rows]) if len(rows) else 0.0
     assert err <= 2 * err_torch + ATOL, (err, err_torch)
     print(f"{backend} d{head_dim} V={bad}: {key - len(rows)} of {key} hidden rows NaN")
+
+
+@pytest.mark.parametrize("bad", [math.inf, math.nan])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("backend", ["fa1", "fa2", "fa3"])
+def test_rows_far_from_a_non_finite_v_are_right(gpu_variant, backend, head_dim, bad):
+    """The other test passes when every hidden row is NaN (allowed inside a tile that holds the key). Here the bad
+    key is the last of 1024: with tiles of at most 256 query rows and 256 keys, no query tile that holds a row
+    below 512 loads the key's tile, so those rows must be finite and pass the rule."""
+    gpu_variant(backend)
+    q, k, v = (torch.randn(1, 1024, 2, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    v[0, -1] = bad
+    with torch.no_grad():
+        out = fa_variants.attention(q, k, v, causal=True, backend=backend)
+    refs = references(q[:, :512], k[:, :512], v[:, :512], causal=True)  # rows < 512 see keys < 512 only
+    assert torch.isfinite(out[:, :512]).all()
+    err = max_abs_error(out[:, :512], refs.out)
+    assert err <= 2 * max_abs_error(refs.out_torch, refs.out) + ATOL

@@ -17,14 +17,14 @@ import pytest
 import torch
 
 import fa_variants
-from fa_variants.reference import attention_reference
+from fa_variants.reference import attention_reference, check_against_reference
 from helpers import make_qkv
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _qkv(B=2, Nq=37, Nk=41, H=6, Hkv=2, D=32, dtype=torch.float32, device="cpu", seed=None):
-    g = torch.Generator(device=device).manual_seed(seed if seed is not None else torch.seed())
+    g = torch.Generator(device=device).manual_seed(seed if seed is not None else int(torch.randint(2**31, ())))
     return make_qkv(B, Nq, Nk, H, Hkv, D, dtype=dtype, device=device, generator=g)
 
 
@@ -220,13 +220,14 @@ def test_kernels_compile_fullgraph_on_the_gpu(mode, dynamic, backend):
                 t.copy_(torch.randn_like(t))
             got = compiled(q, k, v).clone()
             expected = fn(q, k, v)
-            # same kernels, same inputs: the same numbers up to the elementwise add being fused
-            torch.testing.assert_close(got, expected, rtol=1e-2, atol=1e-2)
+            # same kernels, same inputs: the same numbers (the float32 add of two bf16 outputs is exact); at most a
+            # bf16 unit of either output apart (2^-8 of the sum) if a path ever picked another tile order
+            torch.testing.assert_close(got, expected, rtol=2**-7, atol=1e-6)
         if dynamic:
             q2, k2, v2 = _qkv(B=1, Nq=77, Nk=77, H=8, Hkv=2, D=128, dtype=torch.bfloat16, device="cuda")
-            torch.testing.assert_close(compiled(q2, k2, v2), fn(q2, k2, v2), rtol=1e-2, atol=1e-2)
-    ref, _ = attention_reference(q, k, v, causal=True)
-    assert (expected / 2 - ref.float()).abs().max() < 0.05  # and the kernels are right, not just repeatable
+            torch.testing.assert_close(compiled(q2, k2, v2), fn(q2, k2, v2), rtol=2**-7, atol=1e-6)
+    # and the kernels are right, not just repeatable: the mean of the two outputs within the project's rule
+    assert (check := check_against_reference(expected / 2, q, k, v, True)).ok, check
 
 
 @pytest.mark.gpu
