@@ -20,15 +20,21 @@
 # 2. then scripts/NAME_gpu.sh for each NAME, in order, each with the time left of CALL_BUDGET seconds (default 560),
 #    skipped when fewer than 100 s are left; logs under $OUT/pending/NAME/, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
-#    Plan for session 31: session 30 ran fp8hoist (66 passed; hoisting at 128 "same" this time, at 256 "same" or
-#    "faster" again but still spilling) and the sanitizers on fa3-fp8 at every head_dim with 8500-key shapes (clean);
-#    its device was then withdrawn. Built after that (CPU): the reference backward's fixes (large softmax_scale,
-#    NaN V behind the causal mask, compiled seqlens_k with grad): CPU code only, no kernel changed.
-#    A. First: the decode table on today's tree (issue 13: "GPU time <= SDPA at every shape, >= 70 % of HBM at Nk >=
-#    32k"; the last full table is session 7's): `timeout 560 fa-variants bench --decode --decode-no-fa4 --no-progress
-#    --out $OUT/decode` (~5-8 min cold; the kernels changed since: seqlens_k in fa3's kernel, sessions 24-25). Then
-#    `scripts/suite_gpu.sh 2` and `1` (session 30's host-side changes: the custom ops' autograd and schema in part 2,
-#    fa3-fp8's LSE through FP8Inputs.unsmoothed_lse in part 1's fa3-fp8 files; no kernel changed).
+#    Plan for session 32: session 31 had no device (paused). Built on the CPU: the test suite's audit (a helper):
+#    a fresh seed per test and run (conftest's rng_seed; ~800 FP8 GPU tests had fixed seeds), NaN poisoning in
+#    tests/test_edge_cases.py (2390 GPU cases), tests/test_fa2_gpu.py and the quantisation tests, a refusal at EC-14 /
+#    EC-15 now fails unless by design, a new far-rows test in tests/test_nonfinite_gpu.py, tighter tolerances in
+#    tests/test_torch_compile.py and tests/test_decode_fused_gpu.py; fa3_kernel._free_tiles' loops merged (SASS
+#    unchanged by hash). No kernel changed since session 29's green suite.
+#    A. First: `scripts/suite_gpu.sh 2` and `1` (each its own call; session 30's host-side changes are also still
+#    unproved on the GPU: the custom ops' autograd and schema in part 2, fa3-fp8's LSE through
+#    FP8Inputs.unsmoothed_lse in part 1). A failure there is a test's or a kernel's: a failing test prints
+#    FA_VARIANTS_TEST_SEED=N, which replays it (`FA_VARIANTS_TEST_SEED=N python -m pytest NODEID`). The skip lines
+#    are listed now (-rfEs): on one H200 only ec18a's three ("needs 2 GPUs") are expected.
+#    B. The decode table on today's tree (issue 13: "GPU time <= SDPA at every shape, >= 70 % of HBM at Nk >= 32k";
+#    the last full table is session 7's): `timeout 560 fa-variants bench --decode --decode-no-fa4 --no-progress --out
+#    $OUT/decode` (~5-8 min cold; the kernels changed since: seqlens_k in fa3's kernel, sessions 24-25).
+#    C. `scripts/suite_gpu.sh slow` (ec15a / ec15b: more than 2^31 elements, ~20-40 GB; last run session 16), if time.
 #    Open: issue 10 (1100 TFLOP/s at D 256 N 16k: 1012 in session 30's call, 1084-1120 in session 27's; 1.4x bf16 at
 #    128: 1.17-1.20; 1.3x at 64: 1.06-1.08; two-level <= 5 % at 256; the pass at 70 % of copy; pass + kernel at N 4k
 #    causal), 12 (fa3 / flash-attn-4 >= 1.00 everywhere: 0.93-0.99 in session 30's call; >= cuDNN at D 64 N 512 / 1k),
@@ -36,10 +42,10 @@
 #    D 256 huge_hoisted: a flip candidate once its spills are gone (session 30, CPU: the vote taken right before the
 #    free tiles instead of before the walk leaves 1 / 1 (non-causal) and 4 / 5 (causal) STL / LDL, from 2 / 3 and
 #    7 / 8; not kept).
-#    B. As before: D 256 split / packed configs without convert_pairs at causal shapes; the persistent consumer's K/V
+#    D. As before: D 256 split / packed configs without convert_pairs at causal shapes; the persistent consumer's K/V
 #    loop (bench/NOTES.md "Session 20 ..."); D 256's two-level cost; fa3-fp8's magnitude limit, max|V| seqlen_k <=
 #    2^119 (README, "FP8's range": the unnormalised O overflows float32; lifting it is a kernel change).
-#    C. The whole GPU suite on the session's final tree if a default kernel changed (scripts/suite_gpu.sh 1 and 2).
+#    E. The whole GPU suite on the session's final tree if a default kernel changed (scripts/suite_gpu.sh 1 and 2).
 #    New lines "X. scripts/pending_gpu.sh [--checks] NAME ..." as scripts land. Each call starts a
 #    cold machine (~60-85 s more); carry [".gpu"], or
 #    [".gpu", ".before.tar.xz"] after `scripts/ab_checkout.sh COMMIT .before` for a script that A/Bs against an older
