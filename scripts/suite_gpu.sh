@@ -20,15 +20,15 @@ PART1="tests/test_bench.py tests/test_cache_gpu.py tests/test_compile.py tests/t
   tests/test_decode_gpu.py tests/test_distributed.py tests/test_edge_cases.py tests/test_fa1_gpu.py tests/test_fa2_gpu.py
   tests/test_fa2_split_gpu.py tests/test_fa3_fp8_gpu.py tests/test_fa3_fp8_kernel.py tests/test_fa3_fp8_lookahead_gpu.py
   tests/test_fa3_fp8_persistent_gpu.py tests/test_fa3_fp8_speed_gpu.py tests/test_fa3_gpu.py tests/test_fp8_overflow_gpu.py"
-MARK="gpu and not slow"
+MARK="gpu and not slow"; NPROC=$(xdist_flag 14)
 case "${1:-}" in
   1) FILES=$PART1 ;;
   2) FILES=$PART2 ;;
-  slow) FILES="$PART1 $PART2"; MARK="gpu and slow" ;;
+  slow) FILES="$PART1 $PART2"; MARK="gpu and slow"; NPROC="" ;;  # serial: six 17-35 GB tests at once exceed 141 GB
   *) echo "suite_gpu.sh: PART must be 1, 2 or slow, got '${1:-}'" >&2; exit 2 ;;
 esac
 out="${OUT:-results}/suite$1"; session_setup "$out/logs"
-step pytest 560 python3 -m pytest -q $(xdist_flag 14) -m "$MARK" -p no:cacheprovider --tb=short -rfEs $FILES
+step pytest 560 python3 -m pytest -q $NPROC -m "$MARK" -p no:cacheprovider --tb=short -rfEs $FILES
 echo; stop_clocks; cat "$LOGS/commit.txt"
 grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" "$LOGS/pytest.log" | tail -n 30
 echo "skipped: $(grep -cE '^SKIPPED' "$LOGS/pytest.log") reason lines"

@@ -4,7 +4,6 @@ command as a fixture."""
 import atexit
 import importlib.util
 import json
-import math
 import os
 import random
 import shutil
@@ -59,7 +58,13 @@ def pytest_runtest_makereport(item, call):
     report = (yield).get_result()
     seeds = [value for key, value in item.user_properties if key == "seed"]
     if report.failed and seeds:
-        report.sections.append(("seed", f"{helpers.SEED_ENV}={seeds[-1]} draws this test's inputs again"))
+        report.sections.append(("seed", f"{helpers.SEED_ENV}={seeds[-1]} draws this test's inputs again "
+                                        f"({helpers.SESSION_SEED_ENV}={helpers.SESSION_SEED}: its module fixtures')"))
+
+
+def pytest_report_header(config):
+    return (f"fa_variants tests: a fresh seed per test, printed when it fails; session seed "
+            f"{helpers.SESSION_SEED_ENV}={helpers.SESSION_SEED} (module fixtures; each xdist worker has its own)")
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ import math
 import os
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 from unittest import mock
 
@@ -30,21 +31,33 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: set to a failed test's printed seed to draw its inputs again (conftest's ``rng_seed``)
 SEED_ENV = "FA_VARIANTS_TEST_SEED"
+#: set to a failed run's printed session seed to draw the module-scoped fixtures' inputs again (``session_seed``)
+SESSION_SEED_ENV = "FA_VARIANTS_SESSION_SEED"
+#: this process's session seed: the draws made outside a test (module-scoped fixtures) derive from it
+SESSION_SEED = int(os.environ.get(SESSION_SEED_ENV) or int.from_bytes(os.urandom(4), "little") % 2**31)
 #: the running test's seed (set by conftest's ``rng_seed`` before each test)
 _test_seed: int | None = None
 
 
 def fresh_seed() -> int:
-    """``FA_VARIANTS_TEST_SEED``'s value when set (to replay a failure), else a fresh one (os.urandom) < 2^31."""
+    """A test's seed: ``FA_VARIANTS_TEST_SEED``'s value when set (to replay a failure), else fresh (os.urandom)."""
     return int(os.environ.get(SEED_ENV) or int.from_bytes(os.urandom(4), "little") % 2**31)
 
 
+def session_seed(key: str) -> int:
+    """The seed of a draw made outside any test (a module-scoped fixture), named by ``key``: the session seed
+    (printed with a failing test's seed; ``FA_VARIANTS_SESSION_SEED`` replays it) mixed with the key, so the
+    fixture draws the same whichever tests run before it."""
+    return (SESSION_SEED ^ zlib.crc32(key.encode())) % 2**31
+
+
 def seeded_generator(device="cpu", offset: int = 0) -> torch.Generator:
-    """A generator seeded with the running test's seed (+ ``offset``): every call within one test gives the same
+    """A generator seeded from the running test's seed (+ ``offset``): every call within one test gives the same
     draw (as a fixed seed did, for helpers called twice to compare two paths on the same inputs), a fresh one in
-    every run; outside a test (a module-scoped fixture) a fresh seed."""
-    seed = _test_seed if _test_seed is not None else fresh_seed()
-    return torch.Generator(device=device).manual_seed((seed + offset) % 2**63)
+    every run, and not the global generator's draw (the seed is mixed with a constant). Outside a test (a
+    module-scoped fixture): ``session_seed("seeded_generator")`` + offset."""
+    seed = _test_seed if _test_seed is not None else session_seed("seeded_generator")
+    return torch.Generator(device=device).manual_seed(((seed + offset) ^ 0x9E3779B9) % 2**63)
 
 
 def _nan_filled(allocate):
@@ -53,11 +66,13 @@ def _nan_filled(allocate):
         t = allocate(*args, **kwargs)
         if t.is_floating_point():
             # no_grad: a leaf made with requires_grad=True (torch's own, e.g. inductor's pattern set-up inside a
-            # compiled test) accepts the fill and stays a leaf that requires grad. 8-bit floats by their bytes: 0x7F
-            # is NaN in e4m3fn and e5m2 (0x80 in the fnuz formats)
+            # compiled test) accepts the fill and stays a leaf that requires grad. 8-bit floats by their bytes
+            # (fill_ of a float8 dtype is not certain on every device): NaN is 0x7F in e4m3fn and e5m2, 0x80 in the
+            # fnuz formats, 0xFF in e8m0fnu
             with torch.no_grad():
                 if t.element_size() == 1:
-                    t.view(torch.uint8).fill_(0x80 if "fnuz" in str(t.dtype) else 0x7F)
+                    name = str(t.dtype)
+                    t.view(torch.uint8).fill_(0xFF if "e8m0" in name else 0x80 if "fnuz" in name else 0x7F)
                 else:
                     t.fill_(math.nan)
         return t
@@ -202,32 +217,42 @@ def fp8_lse_bound(inputs, q: torch.Tensor, k: torch.Tensor, causal: bool, softma
     head_dim^-0.5). The LSE is 1-Lipschitz in the largest change of a score, so it moves by at most the largest
     change quantisation made to a score the row sees (softmax_scale q^ . k^ + lse_shift from ``inputs.dequantize()``
     against softmax_scale q . k, both in float64), plus the FP8 accumulator's bound (``_qk_accumulator_bound``) and
-    float32's rounding of the LSE. The bound holds for any input; a fixed tolerance is a guess about the inputs (0.1
-    failed on ~40 % of fresh N(0, 1) draws at head_dim 64). Rows that see no key: 0."""
+    float32's rounding of the LSE (relative to its magnitude: the largest |score|, the shift and log seqlen_k). The
+    bound holds for any input; a fixed tolerance is a guess about the inputs (0.1 failed on ~40 % of fresh N(0, 1)
+    draws at head_dim 64). Rows that see no key (seqlen_k 0 included): 0."""
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+    if k.shape[1] == 0:
+        return torch.zeros(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float64)
     qh, kh, _ = (t.double().cpu() for t in inputs.dequantize())
     q, k = q.double().cpu(), k.double().cpu()
     group = q.shape[2] // k.shape[2]
     s_hat = torch.einsum("bqhd,bkhd->bhqk", qh, kh.repeat_interleave(group, 2)) * inputs.softmax_scale
     if inputs.lse_shift is not None:
         s_hat = s_hat + inputs.lse_shift.double().cpu()[..., None]
-    change = (s_hat - torch.einsum("bqhd,bkhd->bhqk", q, k.repeat_interleave(group, 2)) * scale).abs()
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k.repeat_interleave(group, 2)) * scale
+    change = (s_hat - s).abs()
     if causal:
-        change = change.masked_fill(~causal_visible(q.shape[1], k.shape[1]), 0.0)
-    largest = change.amax(-1) if change.shape[-1] else change.new_zeros(change.shape[:-1])
-    return largest + abs(inputs.softmax_scale) * _qk_accumulator_bound(qh, kh, causal) + 1e-5 * (1 + largest)
+        visible = causal_visible(q.shape[1], k.shape[1])
+        change, s = change.masked_fill(~visible, 0.0), s.masked_fill(~visible, 0.0)
+    largest = change.amax(-1)
+    shift = inputs.lse_shift.double().cpu().abs() if inputs.lse_shift is not None else 0.0
+    magnitude = s.abs().amax(-1) + shift + math.log(k.shape[1])  # of the LSE and of what float32 adds up to it
+    return (largest + abs(inputs.softmax_scale) * _qk_accumulator_bound(qh, kh, causal) + 1e-5 * (1 + largest)
+            + 2**-21 * magnitude)
 
 
 def assert_fp8_lse_ok(lse: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                      softmax_scale: float | None = None, config=None) -> None:
-    """An FP8 attention's LSE (B, H, Nq) (``fp8_attention_reference``'s, or the dispatcher's: shifted back) on
-    q, k, v quantised with ``config`` (default FP8Config()) against float64 attention's: the same rows finite and
-    each within ``fp8_lse_bound`` (the recipe's quantisation is deterministic, so the bound is taken on the very
-    inputs the result came from)."""
+                      softmax_scale: float | None = None, config=None, inputs=None) -> None:
+    """An FP8 attention's LSE (B, H, Nq), shifted back (``FP8Inputs.unsmoothed_lse``), computed from ``inputs`` (the
+    FP8Inputs it ran on; default: q, k, v quantised again by the torch recipe with ``config``, which is what
+    ``fp8_attention_reference`` did, deterministically: pass the GPU pass's own inputs for a GPU result, whose K
+    mean is summed in another order) against float64 attention's on q, k, v: the same rows finite and each within
+    ``fp8_lse_bound``."""
     from fa_variants.fp8 import FP8Config
     from fa_variants.fp8.quantize import quantize_fp8_torch
 
-    inputs = quantize_fp8_torch(q, k, v, config=config or FP8Config(), softmax_scale=softmax_scale)
+    if inputs is None:
+        inputs = quantize_fp8_torch(q, k, v, config=config or FP8Config(), softmax_scale=softmax_scale)
     _, want = attention_reference(q, k, v, causal=causal, softmax_scale=softmax_scale, dtype=torch.float64)
     lse, want = lse.double().cpu(), want.cpu()
     seen = torch.isfinite(want)

@@ -12,6 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 from fa_variants import cli  # noqa: E402
 from fa_variants.fp8 import study, study_model  # noqa: E402
 from fa_variants.integrations import model_dir  # noqa: E402
+from helpers import session_seed
 
 
 FIRST_PARAGRAPH = study_model.TEXT.split("\n\n")[0]  # ~130 word-level tokens: keeps the emulation fast
@@ -22,6 +23,7 @@ def _words():
 
 
 def _tiny_model(vocab_size: int) -> LlamaForCausalLM:
+    torch.manual_seed(session_seed("test_fp8_study_model.tiny_model"))  # a module fixture's draw (helpers.session_seed)
     cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                       num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=1024,
                       tie_word_embeddings=True, attn_implementation="eager")

@@ -17,7 +17,7 @@ import torch
 import fa_variants
 from fa_variants.integrations import custom_op
 from fa_variants.reference import attention_reference, max_abs_error, rel_l2
-from helpers import fresh_seed, load_script, make_qkv, seeded_generator
+from helpers import load_script, make_qkv, seeded_generator, session_seed
 
 from fa_variants.integrations import capture, fixture as fx, hf  # transformers is imported lazily in them
 
@@ -35,7 +35,7 @@ def tiny_llama(seed: int | None = None) -> "LlamaForCausalLM":
     cfg = LlamaConfig(vocab_size=97, hidden_size=HIDDEN, intermediate_size=96, num_hidden_layers=2,
                       num_attention_heads=HEADS, num_key_value_heads=HEADS_KV, head_dim=HEAD_DIM,
                       max_position_embeddings=256, pad_token_id=None, bos_token_id=None, eos_token_id=None)
-    torch.manual_seed(fresh_seed() if seed is None else seed)
+    torch.manual_seed(session_seed("test_integrations.tiny_llama") if seed is None else seed)
     model = LlamaForCausalLM(cfg)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -52,7 +52,7 @@ def model():
 
 @pytest.fixture(scope="module")
 def ids():
-    return torch.randint(0, 97, (2, 37), generator=seeded_generator())
+    return torch.randint(0, 97, (2, 37), generator=torch.Generator().manual_seed(session_seed("test_integrations.ids")))
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +131,9 @@ def test_fixture_roundtrip_and_rebuilt_layers(model, ids, tiny_fixture, monkeypa
     q, k, v = f.attention_inputs(dtype=torch.float32)
     assert q.shape == (L * B, N, HEADS, HEAD_DIM) and k.shape == (L * B, N, HEADS_KV, HEAD_DIM)
     out64, _ = attention_reference(q, k, v, causal=True, softmax_scale=f.softmax_scale)
-    assert max_abs_error(f.out_eager.flatten(0, 1), out64) < 1e-2  # float16 storage of both
+    # float16 storage of both (the model's float32 Q, K, V rounded after eager attention ran on them): 5.3e-3 to
+    # 1.07e-2 over 13 fresh tiny models (median ~6.8e-3); 1e-2 held for the one model of seed 0 only
+    assert max_abs_error(f.out_eager.flatten(0, 1), out64) < 2e-2
 
     h64 = fx.run_layers(fx.build_layers(f, dtype=torch.float64, device="cpu"), f)
     assert rel_l2(h64, f.hidden_states[-1]) < 1e-2  # the weights are float16-rounded copies

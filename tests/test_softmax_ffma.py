@@ -4,6 +4,7 @@ float64), against float64 softmax. The consistent basis keeps huge logits (rows 
 max crosses FFMA_LIMIT mid-row) at rounding level, where the FFMA form with an exactly scaled alpha (the
 previous switch) is off by far more: the check can fail."""
 import math
+import statistics
 
 import pytest
 import torch
@@ -69,19 +70,26 @@ def test_consistent_basis_matches_float64(rng_seed, shift):
 
 def test_huge_logits_consistent_vs_previous_form(rng_seed):
     """Logits near -5e5 at softmax_scale 1 with the FFMA form forced up to |m c| < 2^20 (basis rounded by up to
-    2^-5; the kernel's limit is lower, this tests the consistent basis itself): it must not leak into O. The previous switch's alpha leaks it (measured on this model:
-    2.2e-3 vs 1.0e-2 max error, |O| ~ 0.9). Over 280 fresh draws: max error at most 7.4e-3 (median ~2e-3), the
-    previous form's at least 1.23x of it (median ~4x)."""
-    g = torch.Generator().manual_seed(rng_seed)
-    rows, n, d = 32, 2048, 64
-    c = math.log2(math.e)
-    s = torch.randn(rows, n, generator=g, dtype=torch.float64) * 2
-    s = _f32(s + torch.linspace(4, 0, n, dtype=torch.float64) - 5e5)  # the max moves on many tiles
-    v = torch.randn(n, d, generator=g).to(torch.bfloat16).float()
-    ref = _reference(s, v, c)
-    good = (online_softmax_pv(s, v, c, 128, limit=2.0**20) - ref).abs().max().item()
-    bad = (online_softmax_pv(s, v, c, 128, consistent=False, limit=2.0**20) - ref).abs().max().item()
-    assert good < 1.2e-2 and good < bad / 1.1, (good, bad)
+    2^-5; the kernel's limit is lower, this tests the consistent basis itself): it must not leak into O. The previous
+    switch's alpha leaks it (measured on this model: 2.2e-3 vs 1.0e-2 max error, |O| ~ 0.9). One draw is too noisy to
+    tell them apart (over 480 draws: max error up to 7.4e-3, the previous form's as little as 1.23x of it), so the
+    medians of five draws are compared: over 40 such tests the median error was at most 3.5e-3 and the median ratio at
+    least 2.69."""
+    goods, ratios = [], []
+    for draw in range(5):
+        g = torch.Generator().manual_seed(rng_seed + draw)
+        rows, n, d = 32, 2048, 64
+        c = math.log2(math.e)
+        s = torch.randn(rows, n, generator=g, dtype=torch.float64) * 2
+        s = _f32(s + torch.linspace(4, 0, n, dtype=torch.float64) - 5e5)  # the max moves on many tiles
+        v = torch.randn(n, d, generator=g).to(torch.bfloat16).float()
+        ref = _reference(s, v, c)
+        good = (online_softmax_pv(s, v, c, 128, limit=2.0**20) - ref).abs().max().item()
+        bad = (online_softmax_pv(s, v, c, 128, consistent=False, limit=2.0**20) - ref).abs().max().item()
+        goods.append(good)
+        ratios.append(bad / good)
+    assert max(goods) < 1.2e-2 and statistics.median(goods) < 5e-3, goods
+    assert statistics.median(ratios) > 2, ratios
 
 
 def test_huge_rows_whose_max_moves(rng_seed):
