@@ -5,7 +5,8 @@ default recipe: block scales + Hadamard + smoothed K + two-level accumulation); 
 ``FP8Inputs`` (from ``quantize_fp8``, or built by the caller, e.g. an FP8 KV cache). Both call the kernel
 module's ``run_fp8(inputs, *, causal, out_dtype) -> (out, lse)`` (``KERNEL_MODULE``; its inputs: ``FP8Inputs``'
 docstring in fa_variants/fp8/quantize.py) and never fall back to anything else: where it cannot run they raise
-``BackendUnavailableError`` saying why (not built yet; not a CUDA tensor; a GPU without FP8 WGMMA).
+``BackendUnavailableError`` saying why (the kernel module missing from the install; not a CUDA tensor; a GPU
+without FP8 WGMMA).
 """
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ def kernel_module() -> types.ModuleType:
 
 
 def why_not(device: torch.device) -> str | None:
-    """Why the fa3-fp8 kernel cannot run on ``device`` (None if it can): not built, not CUDA, no FP8 WGMMA."""
+    """Why the fa3-fp8 kernel cannot run on ``device`` (None if it can): its module missing, not CUDA, no FP8 WGMMA."""
     try:
         kernel_module()
     except BackendUnavailableError as exc:
@@ -107,7 +108,7 @@ def attention_from_fp8(inputs: FP8Inputs, *, causal: bool = False, return_lse: b
         ValueError: a recipe the kernel does not build (FP8Config.promote_every other than 1 or None with two_level
             at head_dim 128 or 256); inputs that break FP8Inputs' contract (shapes, seqlen_k, v_t's padding,
             devices, softmax_scale, k_mean / lse_shift against config.smooth_k: ``contract.check_fp8_inputs``).
-        BackendUnavailableError: the kernel is not built, the inputs are not on an sm_90 GPU.
+        BackendUnavailableError: the kernel module is missing, the inputs are not on an sm_90 GPU.
     """
     check_fp8_inputs(inputs)  # built or changed by the caller: the whole contract, before the kernel reads it
     return _from_fp8(inputs, causal=causal, return_lse=return_lse, out_dtype=out_dtype)
@@ -162,7 +163,7 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: 
 
     Raises:
         TypeError / ValueError: as ``fa_variants.attention`` and ``quantize_fp8`` (naming the argument).
-        BackendUnavailableError: the kernel is not built or the GPU has no FP8 WGMMA (checked after the arguments
+        BackendUnavailableError: the kernel module is missing or the GPU has no FP8 WGMMA (checked after the arguments
             and the recipe, before anything is quantised).
     """
     from fa_variants.api import _check_inputs
