@@ -30,7 +30,7 @@
 #    unproved on the GPU: the custom ops' autograd and schema in part 2, fa3-fp8's LSE through
 #    FP8Inputs.unsmoothed_lse in part 1). A failure there is a test's or a kernel's: a failing test prints
 #    FA_VARIANTS_TEST_SEED=N, which replays it (`FA_VARIANTS_TEST_SEED=N python -m pytest NODEID`). The skip lines
-#    are listed now (-rfEs): on one H200 only ec18a's three ("needs 2 GPUs") are expected.
+#    are listed now (-rfEs): on one H200 only ec18a's three ("needs two GPUs") are expected; any other fails the call.
 #    B. The decode table on today's tree (issue 13: "GPU time <= SDPA at every shape, >= 70 % of HBM at Nk >= 32k";
 #    the last full table is session 7's): `timeout 560 fa-variants bench --decode --decode-no-fa4 --no-progress --out
 #    $OUT/decode` (~5-8 min cold; the kernels changed since: seqlens_k in fa3's kernel, sessions 24-25).

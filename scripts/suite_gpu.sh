@@ -9,7 +9,8 @@
 # lists together name every test file that has GPU tests, once. "slow": the GPU tests marked slow, which parts 1 and
 # 2 leave out (offsets past 2^31 elements: tests/test_edge_cases.py ec15a / ec15b, tens of GB; last run session 16).
 # Every skipped test is listed with its reason (-rs) and the count printed last: on one H200 the expected skips are
-# the tests that need a second GPU (ec18a, "needs 2 GPUs"); any other skip is a hole to look at.
+# the tests that need a second GPU (ec18a, "needs two GPUs"); any other skip fails the call (step "skips"), a hole
+# to look at.
 # Pass: pytest's "0 failed", no errors (an rc 124 after the "[100%]" line is xdist's teardown, not a failure).
 set -uo pipefail
 source "$(dirname "$0")/steps.sh"
@@ -32,4 +33,8 @@ step pytest 560 python3 -m pytest -q $NPROC -m "$MARK" -p no:cacheprovider --tb=
 echo; stop_clocks; cat "$LOGS/commit.txt"
 grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" "$LOGS/pytest.log" | tail -n 30
 echo "skipped: $(grep -cE '^SKIPPED' "$LOGS/pytest.log") reason lines"
+if grep -E '^SKIPPED' "$LOGS/pytest.log" | grep -qv "needs two GPUs"; then
+  echo "unexpected skips (not the two-GPU tests):"; grep -E '^SKIPPED' "$LOGS/pytest.log" | grep -v "needs two GPUs"
+  step_failed skips "unexpected"
+fi
 steps_exit

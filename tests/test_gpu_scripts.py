@@ -463,4 +463,5 @@ def test_suite_parts_name_every_gpu_test_file_once():
     bad = subprocess.run(["bash", str(ROOT / "scripts" / "suite_gpu.sh"), "3"], capture_output=True, text=True, cwd=ROOT)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "PART must be 1, 2 or slow" in bad.stderr
     assert {i.split("::")[0] for i in collected_ids("-m", "gpu and slow")} <= parts[0] | parts[1]
-    assert "-rfEs" in text
+    assert "-rfEs" in text  # skips listed; any but the two-GPU tests' (their reason, matched here) fails the call
+    assert 'grep -v "needs two GPUs"' in text and 'pytest.skip("needs two GPUs' in (ROOT / "tests" / "test_edge_cases.py").read_text()
