@@ -145,13 +145,17 @@ def assert_attention_ok(out: torch.Tensor, lse: torch.Tensor | None, q: torch.Te
 #: rel-L2 of O, and the LSE on rows that see a key
 FP8_REL_L2_BOUND = 6e-3
 FP8_LSE_BOUND = 1.5e-3
+#: the same for a single running accumulator (Fp8Config.two_level False, an ablation variant): its FP8 accumulator's
+#: error is carried across tiles, which the block-FP model follows less closely; with fresh seeds (session 31, H200)
+#: head_dim 256's single64_overlap variant at 1 x 40 x 40 x 2 x 1 passed 6e-3 on 2 of 19 draws (6.4e-3 at most seen)
+FP8_REL_L2_BOUND_SINGLE = 1e-2
 
 
 def assert_fp8_matches_emulation(out: torch.Tensor, lse: torch.Tensor, emu32: torch.Tensor, emu_lse: torch.Tensor,
-                                 exact: torch.Tensor, record=None, **labels) -> dict:
+                                 exact: torch.Tensor, record=None, config=None, **labels) -> dict:
     """Asserts an fa3-fp8 output (out (B, N, H, D) 16-bit, lse float32 (B, H, N)) against its emulation (emu32
     float32, emu_lse) and float64 attention (exact): finite; rel-L2 vs the emulation rounded to out's dtype <=
-    FP8_REL_L2_BOUND; rows that see no key (emu_lse -inf) O = 0 with LSE -inf, the others LSE within
+    FP8_REL_L2_BOUND (FP8_REL_L2_BOUND_SINGLE for a ``config`` with two_level False); rows that see no key (emu_lse -inf) O = 0 with LSE -inf, the others LSE within
     FP8_LSE_BOUND; |out - exact| within ``fp8.fp8_error_bound``. Returns the facts (labels included), passed to
     ``record`` first when given."""
     from fa_variants import fp8
@@ -164,7 +168,8 @@ def assert_fp8_matches_emulation(out: torch.Tensor, lse: torch.Tensor, emu32: to
     if record is not None:
         record(facts)
     assert torch.isfinite(out).all(), facts
-    assert facts["rel_l2"] <= FP8_REL_L2_BOUND, facts
+    single = config is not None and not config.two_level
+    assert facts["rel_l2"] <= (FP8_REL_L2_BOUND_SINGLE if single else FP8_REL_L2_BOUND), facts
     assert torch.equal(torch.isfinite(lse), seen) and (out.transpose(1, 2)[~seen] == 0).all(), facts
     assert facts["lse_diff"] <= FP8_LSE_BOUND, facts
     assert facts["vs_f64"] <= facts["vs_f64_bound"], facts

@@ -77,4 +77,4 @@ def _check(fp8_kernel, variant, change, shape, causal, seed, nan_allocations):
         out, lse = fp8_kernel.run_fp8(inp, causal=causal, out_dtype=torch.bfloat16, config=cfg)
     emu32, emu_lse = fp8.emulate_fp8_attention(inp, causal=causal)
     exact, _ = attention_reference(q, k, v, causal=causal, dtype=torch.float64)
-    assert_fp8_matches_emulation(out, lse, emu32, emu_lse, exact, variant=variant, seed=seed)
+    assert_fp8_matches_emulation(out, lse, emu32, emu_lse, exact, config=cfg, variant=variant, seed=seed)

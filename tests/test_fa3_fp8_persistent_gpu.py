@@ -53,7 +53,7 @@ def test_persistent_grid_equals_default(fp8_kernel, variant, head_dim, shape, ca
         f"{variant} differs from the default grid: max |dO| {(out.float() - ref_out.float()).abs().max().item():.3g}")
     emu32, emu_lse = fp8.emulate_fp8_attention(inp, causal=causal, tile_m=cfg.tile_m)
     exact, _ = attention_reference(q, k, v, causal=causal, dtype=torch.float64)
-    assert_fp8_matches_emulation(out, lse, emu32, emu_lse, exact, variant=variant, seed=rng_seed)
+    assert_fp8_matches_emulation(out, lse, emu32, emu_lse, exact, config=cfg, variant=variant, seed=rng_seed)
 
 
 # head_dim 256's serial steps (fa3_fp8.NO_LOOKAHEAD): its lookahead loop spills on the persistent grid, these do not

@@ -178,7 +178,7 @@ def _check_variant(fp8_kernel, variant, shape, causal, seed, nan_allocations):
         out, lse = fp8_kernel.run_fp8(inp, causal=causal, out_dtype=torch.bfloat16, config=cfg)
     emu32, emu_lse = fp8.emulate_fp8_attention(inp, causal=causal, tile_m=cfg.tile_m)
     exact, _ = attention_reference(q, k, v, causal=causal, dtype=torch.float64)
-    assert_fp8_matches_emulation(out, lse, emu32, emu_lse, exact, variant=variant, seed=seed)
+    assert_fp8_matches_emulation(out, lse, emu32, emu_lse, exact, config=cfg, variant=variant, seed=seed)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -229,7 +229,7 @@ def _check_v_scales_spread(fp8_kernel, nan_allocations, variant, D, cfg, shape, 
         out, lse = fp8_kernel.run_fp8(inp, causal=causal, out_dtype=torch.bfloat16, config=cfg)
     emu32, emu_lse = fp8.emulate_fp8_attention(inp, causal=causal, tile_m=cfg.tile_m)
     exact, _ = attention_reference(q, k, v, causal=causal, dtype=torch.float64)
-    assert_fp8_matches_emulation(out, lse, emu32, emu_lse, exact, variant=variant, seed=seed)
+    assert_fp8_matches_emulation(out, lse, emu32, emu_lse, exact, config=cfg, variant=variant, seed=seed)
 
 
 @pytest.mark.parametrize("head_dim, change", [(128, dict(intra_wg_overlap=False, early_pv_arrive=True))],
