@@ -20,7 +20,10 @@
 # 2. then scripts/NAME_gpu.sh for each NAME, in order, each with the time left of CALL_BUDGET seconds (default 560),
 #    skipped when fewer than 100 s are left; logs under $OUT/pending/NAME/, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
-#    Plan for session 32: session 31 had no device (paused). Built on the CPU: the test suite's audit (a helper):
+#    Plan for session 32: session 31's device came only at its end: the whole GPU suite on the audited tests passed
+#    but for one single-accumulator ablation bound (now 1e-2; not re-run): run
+#    `python3 -m pytest -q -m gpu tests/test_fa3_fp8_lookahead_gpu.py tests/test_fa3_fp8_speed_gpu.py -k single` first.
+#    Built on the CPU in session 31: the test suite's audit (a helper):
 #    a fresh seed per test and run (conftest's rng_seed; ~800 FP8 GPU tests had fixed seeds), NaN poisoning in
 #    tests/test_edge_cases.py (2390 GPU cases), tests/test_fa2_gpu.py and the quantisation tests, a refusal at EC-14 /
 #    EC-15 now fails unless by design, a new far-rows test in tests/test_nonfinite_gpu.py, tighter tolerances in
