@@ -229,21 +229,32 @@ def fp8_lse_bound(inputs, q: torch.Tensor, k: torch.Tensor, causal: bool, softma
     if k.shape[1] == 0:
         return torch.zeros(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float64)
     qh, kh, _ = (t.double().cpu() for t in inputs.dequantize())
-    q, k = q.double().cpu(), k.double().cpu()
+    shift = inputs.lse_shift.double().cpu() if inputs.lse_shift is not None else None
+    largest, s = largest_score_change(qh, kh, inputs.softmax_scale, q, k, scale, causal, shift)
+    # the LSE's magnitude and that of what float32 adds up to it
+    magnitude = s.abs().amax(-1) + (shift.abs() if shift is not None else 0.0) + math.log(k.shape[1])
+    return (largest + abs(inputs.softmax_scale) * _qk_accumulator_bound(qh, kh, causal) + 1e-5 * (1 + largest)
+            + 2**-21 * magnitude)
+
+
+def largest_score_change(q_hat: torch.Tensor, k_hat: torch.Tensor, scale_hat: float, q: torch.Tensor, k: torch.Tensor,
+                         scale: float, causal: bool, lse_shift: torch.Tensor | None = None):
+    """The core of the FP8 LSE bounds: per query row (B, H, Nq), float64, the largest |change| quantisation made to a
+    score the row sees, scale_hat q_hat . k_hat (+ lse_shift (B, H, Nq), the smoothing's per-row shift) against
+    scale q . k; and the exact scores (B, H, Nq, Nk), 0 where the row does not see the key. q_hat, q (B, Nq, H, D),
+    k_hat, k (B, Nk, H_kv, D): the dequantised and the unquantised values (any float dtype and device; computed in
+    float64 on the CPU). The LSE is 1-Lipschitz in the largest change of a score, so it moves by at most this."""
+    q_hat, k_hat, q, k = (t.double().cpu() for t in (q_hat, k_hat, q, k))
     group = q.shape[2] // k.shape[2]
-    s_hat = torch.einsum("bqhd,bkhd->bhqk", qh, kh.repeat_interleave(group, 2)) * inputs.softmax_scale
-    if inputs.lse_shift is not None:
-        s_hat = s_hat + inputs.lse_shift.double().cpu()[..., None]
+    s_hat = torch.einsum("bqhd,bkhd->bhqk", q_hat, k_hat.repeat_interleave(group, 2)) * scale_hat
+    if lse_shift is not None:
+        s_hat = s_hat + lse_shift.double().cpu()[..., None]
     s = torch.einsum("bqhd,bkhd->bhqk", q, k.repeat_interleave(group, 2)) * scale
     change = (s_hat - s).abs()
     if causal:
         visible = causal_visible(q.shape[1], k.shape[1])
         change, s = change.masked_fill(~visible, 0.0), s.masked_fill(~visible, 0.0)
-    largest = change.amax(-1)
-    shift = inputs.lse_shift.double().cpu().abs() if inputs.lse_shift is not None else 0.0
-    magnitude = s.abs().amax(-1) + shift + math.log(k.shape[1])  # of the LSE and of what float32 adds up to it
-    return (largest + abs(inputs.softmax_scale) * _qk_accumulator_bound(qh, kh, causal) + 1e-5 * (1 + largest)
-            + 2**-21 * magnitude)
+    return change.amax(-1), s
 
 
 def assert_fp8_lse_ok(lse: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,

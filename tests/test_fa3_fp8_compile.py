@@ -161,7 +161,7 @@ def test_descale_prefetch():
     serial = dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[256], **fa3_fp8.NO_LOOKAHEAD)  # the lookahead refuses prefetch
     base = _sass(serial, head_dim=256)
     s = _sass(dataclasses.replace(serial, descale_prefetch=True), head_dim=256)
-    counts, base_counts = cubin.count_sass(s), cubin.count_sass(base)
+    counts = cubin.count_sass(s)
     assert counts["LDL"] == counts["STL"] == 0, counts
     loads = lambda text: [len(re.findall(r"\bLDG\.E\b", t)) for t in re.findall(s_tail, text, re.S)]  # noqa: E731
     # [first tile (loads its own, as before), main loop]

@@ -30,7 +30,6 @@ scripts/fa3_fp8_speed_ab.py reports the worst of them, the data for the next tig
 """
 import dataclasses
 import json
-import math
 import os
 import zlib
 

@@ -156,7 +156,6 @@ def test_steps_sh_session(tmp_path):
     the log's tail; pack_logs stops the clock logger and packs the folder; a bare `wait` does not wait for
     the logger; the logger stops when a script exits without pack_logs."""
     import tarfile
-    import time
 
     env = dict(os.environ, PATH=f"{_fake_bin(tmp_path / 'bin', _FAKE_SMI)}:{os.environ['PATH']}")
     driver = tmp_path / "driver.sh"
