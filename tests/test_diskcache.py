@@ -208,6 +208,48 @@ def test_a_shared_library_that_does_not_load_falls_back_to_the_object(cache_dir)
     assert diskcache.loaded_by["dsl"] == before["dsl"] + 2 and cache.cache_info()["compiles"] >= 1
 
 
+def _read_only(monkeypatch, directory: Path) -> None:
+    """Make ``directory`` behave as a read-only mount (a shared, pre-warmed cache) for the temporary files and folders
+    the cache makes there (the tests run as any user, root too: file modes would not stop root)."""
+    import errno
+
+    def refuse(make):
+        def wrapped(suffix=None, prefix=None, dir=None, *args, **kwargs):
+            if dir is not None and Path(dir).is_relative_to(directory):
+                raise OSError(errno.EROFS, "Read-only file system", str(dir))
+            return make(suffix, prefix, dir, *args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(tempfile, "mkstemp", refuse(tempfile.mkstemp))
+    monkeypatch.setattr(tempfile, "mkdtemp", refuse(tempfile.mkdtemp))  # TemporaryDirectory's
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("way", ["shared", "dsl"])
+def test_a_read_only_cache_is_still_read(cache_dir, monkeypatch, way):
+    """A whole entry in a cache directory this process cannot write (a pre-warmed cache mounted read-only) loads,
+    both ways, without a warning: the loaders' scratch files went to the cache directory only, so every entry was
+    taken for unusable ("Read-only file system") and recompiled, and the store then failed too (session 33's
+    break-it pass, on a read-only bind mount)."""
+    import warnings
+
+    if way == "shared" and diskcache._compiler() is None:
+        pytest.skip("no C compiler to link the shared library")
+    cfg = _cfg(288)
+    _forget(cfg)
+    registry.compiled(cfg)
+    _forget(cfg)
+    monkeypatch.setenv(diskcache.ENV_LOADER, "dsl" if way == "dsl" else "auto")
+    _read_only(monkeypatch, cache_dir)
+    n, before = cache.cache_info()["compiles"], dict(diskcache.loaded_by)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", diskcache.DiskCacheWarning)
+        loaded = registry.compiled(cfg)
+    assert callable(loaded.fn) and cache.cache_info()["compiles"] == n
+    assert diskcache.loaded_by[way] == before[way] + 1
+    assert not [p for p in Path(tempfile.gettempdir()).glob("fa_variants-load-*")]  # the fallback's scratch removed
+
+
 @pytest.mark.compile
 def test_switched_off_nothing_is_written(cache_dir, monkeypatch):
     monkeypatch.setenv(diskcache.ENV_SWITCH, "0")

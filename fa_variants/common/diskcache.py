@@ -30,7 +30,8 @@ Safety: an entry is written to a temporary file in the same directory and rename
 same kernel both write a whole file and the last rename wins. A file that does not parse, whose parts do
 not match their hashes (truncated, corrupt) or that can be loaded neither way is reported once
 (`DiskCacheWarning`), recompiled and overwritten: never a crash. The shared library is checked against its
-hash before it is written out (to a private temporary file, deleted once loaded) and ``dlopen``-ed.
+hash before it is written out (to a private temporary file, deleted once loaded; in the system's temporary
+directory where the cache's cannot be written: a read-only cache is still read) and ``dlopen``-ed.
 
 Environment:
     FA_VARIANTS_CACHE_DIR   where (default ``$XDG_CACHE_HOME/fa_variants`` or ``~/.cache/fa_variants``)
@@ -266,12 +267,23 @@ def _load_function(parts: dict[str, bytes], directory: Path, mode: str = "auto")
     return _load_object(parts["object"], directory), "dsl"
 
 
+def _scratch(make, directory: Path, prefix: str, **kwargs):
+    """``make(dir=directory, prefix=prefix, ...)`` (``tempfile.mkstemp`` / ``TemporaryDirectory``): a loader's
+    private temporary in the cache directory, else, where that directory cannot be written (a pre-warmed cache
+    mounted read-only, another user's), in the system's temporary directory: reading an entry needs no write
+    access to the cache."""
+    try:
+        return make(dir=directory, prefix=prefix, **kwargs)
+    except OSError:
+        return make(prefix="fa_variants" + prefix.replace(".", "-", 1), **kwargs)
+
+
 def _load_shared(shared: bytes, directory: Path):
     """The TVM-FFI function exported by a linked kernel library: written to a private temporary file in the
-    cache directory, ``dlopen``-ed by ``tvm_ffi.load_module``, the file removed (the mapping stays)."""
+    cache directory (`_scratch`), ``dlopen``-ed by ``tvm_ffi.load_module``, the file removed (the mapping stays)."""
     import tvm_ffi
 
-    fd, so_path = tempfile.mkstemp(dir=directory, prefix=".load-", suffix=".so")
+    fd, so_path = _scratch(tempfile.mkstemp, directory, ".load-", suffix=".so")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(shared)
@@ -295,11 +307,12 @@ def _runtime_libraries() -> None:
 
 
 def _load_object(obj: bytes, directory: Path):
-    """The TVM-FFI function of an exported object file (linked in memory by the DSL)."""
+    """The TVM-FFI function of an exported object file (linked in memory by the DSL; the file written to a
+    `_scratch` folder)."""
     import cutlass.cute as cute
 
     _runtime_libraries()
-    with tempfile.TemporaryDirectory(dir=directory, prefix=".load-") as scratch:
+    with _scratch(tempfile.TemporaryDirectory, directory, ".load-") as scratch:
         obj_path = os.path.join(scratch, "kernel.o")
         Path(obj_path).write_bytes(obj)
         module = cute.runtime.load_module(obj_path, enable_tvm_ffi=True)  # reads the file into memory
