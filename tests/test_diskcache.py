@@ -73,6 +73,46 @@ def test_location_and_switch(monkeypatch, tmp_path):
     assert diskcache.enabled()
 
 
+def test_a_relative_xdg_cache_home_is_ignored(monkeypatch, tmp_path):
+    """XDG_CACHE_HOME must be absolute (the XDG base directory spec: a relative one is ignored); '~/.cache' (a tilde
+    a shell did not expand) put the cache in a folder named '~' under whatever directory each process ran in."""
+    monkeypatch.delenv(diskcache.ENV_DIR, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for relative in ("~/.cache", "cache", "./cache"):
+        monkeypatch.setenv("XDG_CACHE_HOME", relative)
+        assert diskcache.root() == tmp_path / ".cache" / "fa_variants"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert diskcache.root() == tmp_path / "xdg" / "fa_variants"
+
+
+def test_no_home_directory_is_a_named_error_not_a_crash(monkeypatch, capsys):
+    """No FA_VARIANTS_CACHE_DIR, no XDG_CACHE_HOME and no home directory (HOME unset, a user id without a password
+    entry: a container's arbitrary user): Path.home()'s RuntimeError escaped diskcache.load, so every kernel call
+    raised "Could not determine home directory". Now root() raises an OSError naming FA_VARIANTS_CACHE_DIR, a call
+    goes on without the disk cache (one DiskCacheWarning), and warmup exits 2 with that one line before compiling."""
+    import pathlib
+    import warnings
+
+    def no_home(cls=None):
+        raise RuntimeError("Could not determine home directory.")
+
+    for name in (diskcache.ENV_DIR, "XDG_CACHE_HOME", "HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(pathlib.Path, "home", classmethod(no_home))
+    with pytest.raises(OSError, match=diskcache.ENV_DIR):
+        diskcache.root()
+    with pytest.warns(diskcache.DiskCacheWarning, match=diskcache.ENV_DIR):
+        assert diskcache.load(_cfg(96)) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", diskcache.DiskCacheWarning)
+        assert diskcache.store(_cfg(96), None, None, 0, 0.0) is None
+    n = cache.cache_info()["compiles"]
+    assert cli.main(["warmup", "--arch", "sm_80", "--backends", "testkernel", "--head-dims", "64", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and diskcache.ENV_DIR in err[0] and "Traceback" not in err[0], err
+    assert cache.cache_info()["compiles"] == n
+
+
 def test_entry_names_carry_the_key_and_the_fingerprint(cache_dir):
     a, b = _cfg(32), _cfg(64)
     assert diskcache.entry_path(a).parent == cache_dir / diskcache.fingerprint()

@@ -21,7 +21,8 @@ them, such a call compiles at first use. ``--seqlens-k`` adds the kernels that r
 launches come too (``Variant.warm_companions``: the split-KV merge kernel). A backend that
 does not serve a dtype / head_dim / arch is skipped with a note. The last line printed to stdout is one JSON
 object. Exit status 2, with one line on stderr naming the cause: an --arch that is not a compile target, an
-unknown --backends name, a run with nothing to compile, or kernels whose disk-cache entries could not be written.
+unknown --backends name, a run with nothing to compile, no place for the disk cache (no FA_VARIANTS_CACHE_DIR and
+no home directory), or kernels whose disk-cache entries could not be written.
 """
 from __future__ import annotations
 
@@ -228,6 +229,7 @@ def run_cli(args: argparse.Namespace) -> int:
         print(f"fa-variants warmup: the disk cache is off ({diskcache.ENV_SWITCH}="
               f"{os.environ[diskcache.ENV_SWITCH]}): nothing would be kept", file=sys.stderr)
         return 2
+    diskcache.root()  # OSError naming FA_VARIANTS_CACHE_DIR where there is no place for it, before any compile
     arch = args.arch
     if arch is None:
         import torch

@@ -34,7 +34,8 @@ hash before it is written out (to a private temporary file, deleted once loaded;
 directory where the cache's cannot be written: a read-only cache is still read) and ``dlopen``-ed.
 
 Environment:
-    FA_VARIANTS_CACHE_DIR   where (default ``$XDG_CACHE_HOME/fa_variants`` or ``~/.cache/fa_variants``)
+    FA_VARIANTS_CACHE_DIR   where (default ``$XDG_CACHE_HOME/fa_variants`` if that is absolute, or
+                            ``~/.cache/fa_variants``; with no home directory either, the disk cache is not used)
     FA_VARIANTS_DISK_CACHE  ``0`` / ``off`` / ``false``: neither read nor write the disk (in-process cache only)
     FA_VARIANTS_DISK_CACHE_LOADER  ``dsl``: load entries through the DSL (the object file) even when they hold a
                             shared library (for comparisons; default ``auto``)
@@ -83,11 +84,22 @@ def enabled() -> bool:
 
 
 def root() -> Path:
-    """The cache's top directory (FA_VARIANTS_CACHE_DIR, else the user's cache directory)."""
+    """The cache's top directory: FA_VARIANTS_CACHE_DIR, else ``$XDG_CACHE_HOME/fa_variants`` (an absolute path: a
+    relative one is ignored, as the XDG base directory spec says), else ``~/.cache/fa_variants``.
+
+    Raises:
+        OSError: none of them names a place (FA_VARIANTS_CACHE_DIR and XDG_CACHE_HOME unset and no home directory:
+            HOME unset and the user id without a password entry); the message names FA_VARIANTS_CACHE_DIR."""
     if os.environ.get(ENV_DIR):
         return Path(os.environ[ENV_DIR]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "fa_variants"
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    if os.path.isabs(xdg):
+        return Path(xdg) / "fa_variants"
+    try:
+        home = Path.home()
+    except RuntimeError as exc:  # "Could not determine home directory"
+        raise OSError(f"no directory for the compile cache ({exc}): set {ENV_DIR}") from None
+    return home / ".cache" / "fa_variants"
 
 
 @functools.lru_cache(maxsize=1)
@@ -115,7 +127,7 @@ def fingerprint() -> str:
 
 
 def entry_path(cfg) -> Path:
-    """Where the entry of a `common.cache.StaticConfig` lives."""
+    """Where the entry of a `common.cache.StaticConfig` lives. Raises OSError as `root` does."""
     digest = hashlib.sha256(repr(cfg).encode()).hexdigest()[:16]
     name = f"{cfg.variant}-{cfg.arch}-{cfg.dtype}-d{cfg.head_dim}{'-causal' if cfg.causal else ''}-{digest}"
     return root() / fingerprint() / (name + SUFFIX)
@@ -125,8 +137,9 @@ def store(cfg, fn, cubin: bytes | None, smem_dynamic_bytes: int, compile_s: floa
     """Export a freshly compiled kernel (and link it into a shared library when a C compiler is at hand) and
     write its entry atomically; None (and a warning) if it cannot (an unwritable directory, an export error):
     the kernel still runs, only the next process recompiles."""
-    path = entry_path(cfg)
+    path = None
     try:
+        path = entry_path(cfg)  # OSError where there is no cache directory (`root`)
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=path.parent, prefix=".export-") as scratch:
             obj_path = os.path.join(scratch, "kernel.o")
@@ -149,8 +162,8 @@ def store(cfg, fn, cubin: bytes | None, smem_dynamic_bytes: int, compile_s: floa
             if os.path.exists(tmp):
                 os.unlink(tmp)
     except Exception as exc:  # a cache must never break a call
-        warnings.warn(f"fa_variants: could not write the compile cache entry {path}: {exc}", DiskCacheWarning,
-                      stacklevel=2)
+        warnings.warn(f"fa_variants: could not write the compile cache entry {path or cfg}: {exc}",
+                      DiskCacheWarning, stacklevel=2)
         return None
     return path
 
@@ -205,13 +218,14 @@ def load(cfg):
         ValueError: FA_VARIANTS_DISK_CACHE_LOADER set to neither "auto" nor "dsl" (`loader`)."""
     global loads
     mode = loader()
-    path = entry_path(cfg)
     try:
+        path = entry_path(cfg)
         data = path.read_bytes()
     except FileNotFoundError:
         return None
-    except OSError as exc:
-        warnings.warn(f"fa_variants: cannot read {path} ({exc}); recompiling", DiskCacheWarning, stacklevel=2)
+    except OSError as exc:  # unreadable, or no cache directory at all (`root`)
+        warnings.warn(f"fa_variants: cannot read the compile cache ({exc}); recompiling", DiskCacheWarning,
+                      stacklevel=2)
         return None
     try:
         header, parts = _parse(data, cfg)
