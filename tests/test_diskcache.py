@@ -206,6 +206,33 @@ def _rewrite(path, cfg, **parts) -> None:
 
 
 @pytest.mark.compile
+@pytest.mark.parametrize("field, value", [("smem_dynamic_bytes", None), ("compile_s", None),
+                                          ("smem_dynamic_bytes", "12k"), ("smem_dynamic_bytes", -1),
+                                          ("compile_s", "fast"), ("compile_s", True)])
+def test_an_entry_whose_header_lacks_a_field_is_recompiled(cache_dir, field, value):
+    """A whole entry of its key whose header lacks smem_dynamic_bytes / compile_s (None here: removed) or holds a
+    value of another type: the fields were read after load's try, so a missing one raised KeyError from the kernel
+    call, and a string went into Compiled (`fa-variants compile` then failed in round()). Now it is an unusable
+    entry: one DiskCacheWarning, recompiled, rewritten whole."""
+    import struct
+
+    cfg = _cfg(320)
+    _forget(cfg)
+    registry.compiled(cfg)
+    path = diskcache.entry_path(cfg)
+    header, parts = diskcache._parse(path.read_bytes(), cfg)
+    header.pop(field) if value is None else header.update({field: value})
+    data = json.dumps(header).encode()
+    path.write_bytes(diskcache.MAGIC + struct.pack("<Q", len(data)) + data + b"".join(parts[n] for n in diskcache.PARTS))
+    _forget(cfg)
+    n = cache.cache_info()["compiles"]
+    with pytest.warns(diskcache.DiskCacheWarning, match=f"unusable compile cache entry .*{field}"):
+        again = registry.compiled(cfg)
+    assert cache.cache_info()["compiles"] == n + 1 and isinstance(again.smem_dynamic_bytes, int)
+    assert diskcache._parse(path.read_bytes(), cfg)[0].get(field) not in (None, value)
+
+
+@pytest.mark.compile
 def test_a_fresh_process_loads_the_shared_library_without_the_dsl(cache_dir):
     """The warm path of a first call: the entry's linked library is dlopen-ed through tvm_ffi, ``cutlass`` is
     never imported; with FA_VARIANTS_DISK_CACHE_LOADER=dsl the object goes through the DSL instead."""

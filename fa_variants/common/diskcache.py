@@ -244,8 +244,8 @@ def _sha(data: bytes) -> str:
 
 
 def _parse(data: bytes, cfg) -> tuple[dict, dict[str, bytes]]:
-    """header and {part name: bytes} (`PARTS`) of an entry's bytes; ValueError unless it is whole and is the
-    entry of cfg."""
+    """header and {part name: bytes} (`PARTS`) of an entry's bytes; ValueError unless it is whole, is the entry
+    of cfg and its header holds smem_dynamic_bytes (an int) and compile_s (a number), both >= 0."""
     if not data.startswith(MAGIC) or len(data) < len(MAGIC) + 8:
         raise ValueError("not an fa_variants kernel file of this version")
     start = len(MAGIC) + 8
@@ -253,6 +253,10 @@ def _parse(data: bytes, cfg) -> tuple[dict, dict[str, bytes]]:
     header = json.loads(data[start:start + size])
     if header.get("key") != repr(cfg):
         raise ValueError("entry is for another configuration")
+    for name, kinds in (("smem_dynamic_bytes", int), ("compile_s", (int, float))):  # what `load` returns of it
+        value = header.get(name)
+        if isinstance(value, bool) or not isinstance(value, kinds) or not value >= 0:
+            raise ValueError(f"header field {name} missing or not a number >= 0: {value!r}")
     parts, offset = {}, start + size
     for name in PARTS:
         length, digest = header[name]
