@@ -107,7 +107,8 @@ def test_no_home_directory_is_a_named_error_not_a_crash(monkeypatch, capsys):
         warnings.simplefilter("ignore", diskcache.DiskCacheWarning)
         assert diskcache.store(_cfg(96), None, None, 0, 0.0) is None
     n = cache.cache_info()["compiles"]
-    assert cli.main(["warmup", "--arch", "sm_80", "--backends", "testkernel", "--head-dims", "64", "--no-progress"]) == 2
+    argv = ["warmup", "--arch", "sm_80", "--backends", "testkernel", "--head-dims", "64", "--no-progress"]
+    assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and diskcache.ENV_DIR in err[0] and "Traceback" not in err[0], err
     assert cache.cache_info()["compiles"] == n
@@ -129,9 +130,9 @@ def test_parse_rejects_anything_but_a_whole_entry_of_its_key():
     obj, cubin, shared = b"object bytes", b"cubin bytes", b"shared library bytes"
     sha = lambda data: hashlib.sha256(data).hexdigest()  # noqa: E731
 
-    def entry(key, payload=obj + cubin + shared, magic=diskcache.MAGIC):
-        header = json.dumps({"key": repr(key), "smem_dynamic_bytes": 0, "compile_s": 1.0,
-                             "object": [len(obj), sha(obj)], "cubin": [len(cubin), sha(cubin)],
+    def entry(key, payload=obj + cubin + shared, magic=diskcache.MAGIC, fingerprint=diskcache.fingerprint()):
+        header = json.dumps({"key": repr(key), "fingerprint": fingerprint, "smem_dynamic_bytes": 0,
+                             "compile_s": 1.0, "object": [len(obj), sha(obj)], "cubin": [len(cubin), sha(cubin)],
                              "shared": [len(shared), sha(shared)]}).encode()
         return magic + struct.pack("<Q", len(header)) + header + payload
 
@@ -139,7 +140,9 @@ def test_parse_rejects_anything_but_a_whole_entry_of_its_key():
     assert parts == {"object": obj, "cubin": cubin, "shared": shared}
     bad = {"truncated": entry(cfg)[:-3], "corrupt": entry(cfg, obj + cubin + b"x" + shared[1:]),
            "foreign": entry(other), "trailing": entry(cfg) + b"!", "empty": b"", "not ours": b"\x7fELF" + bytes(64),
-           "version 1": entry(cfg, magic=b"fa_variants kernel v1\n")}
+           "version 1": entry(cfg, magic=b"fa_variants kernel v1\n"),
+           # an entry of other kernel sources / DSL copied into this fingerprint's directory (it loaded: session 33)
+           "stale": entry(cfg, fingerprint="0123456789abcdef"), "no fingerprint": entry(cfg, fingerprint=None)}
     for name, data in bad.items():
         with pytest.raises((ValueError, KeyError)):
             diskcache._parse(data, cfg)
@@ -223,7 +226,8 @@ def test_an_entry_whose_header_lacks_a_field_is_recompiled(cache_dir, field, val
     header, parts = diskcache._parse(path.read_bytes(), cfg)
     header.pop(field) if value is None else header.update({field: value})
     data = json.dumps(header).encode()
-    path.write_bytes(diskcache.MAGIC + struct.pack("<Q", len(data)) + data + b"".join(parts[n] for n in diskcache.PARTS))
+    payload = b"".join(parts[n] for n in diskcache.PARTS)
+    path.write_bytes(diskcache.MAGIC + struct.pack("<Q", len(data)) + data + payload)
     _forget(cfg)
     n = cache.cache_info()["compiles"]
     with pytest.warns(diskcache.DiskCacheWarning, match=f"unusable compile cache entry .*{field}"):

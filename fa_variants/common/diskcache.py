@@ -245,7 +245,8 @@ def _sha(data: bytes) -> str:
 
 def _parse(data: bytes, cfg) -> tuple[dict, dict[str, bytes]]:
     """header and {part name: bytes} (`PARTS`) of an entry's bytes; ValueError unless it is whole, is the entry
-    of cfg and its header holds smem_dynamic_bytes (an int) and compile_s (a number), both >= 0."""
+    of cfg written under this `fingerprint` and its header holds smem_dynamic_bytes (an int) and compile_s (a
+    number), both >= 0."""
     if not data.startswith(MAGIC) or len(data) < len(MAGIC) + 8:
         raise ValueError("not an fa_variants kernel file of this version")
     start = len(MAGIC) + 8
@@ -253,6 +254,8 @@ def _parse(data: bytes, cfg) -> tuple[dict, dict[str, bytes]]:
     header = json.loads(data[start:start + size])
     if header.get("key") != repr(cfg):
         raise ValueError("entry is for another configuration")
+    if header.get("fingerprint") != fingerprint():  # copied in from another directory: other sources or DSL
+        raise ValueError(f"entry of other kernel sources or DSL (fingerprint {header.get('fingerprint')!r})")
     for name, kinds in (("smem_dynamic_bytes", int), ("compile_s", (int, float))):  # what `load` returns of it
         value = header.get(name)
         if isinstance(value, bool) or not isinstance(value, kinds) or not value >= 0:
