@@ -565,6 +565,22 @@ def test_prune_deletes_only_directories_the_cache_wrote(cache_dir, tmp_path):
     assert diskcache.prune() == []
 
 
+def test_prune_looks_inside_scratch_folders(cache_dir):
+    """A fingerprint-named folder of entries whose '.export-*' / '.load-*' folder holds something the cache never
+    writes there (it writes kernel.o and kernel.so only) is not the cache's: prune judged the top level only and
+    deleted such a folder with whatever it held."""
+    old, other = cache_dir / "0123456789abcdef", cache_dir / "fedcba9876543210"
+    for d in (old / ".export-a1", other / ".load-b2" / "deeper"):
+        d.mkdir(parents=True)
+    (old / ".export-a1" / "kernel.o").write_bytes(b"object")
+    (old / ".export-a1" / "kernel.so").write_bytes(b"library")
+    (other / ".load-b2" / "deeper" / "notes.txt").write_text("mine")
+    for d in (old, other):
+        (d / "x.kernel").write_bytes(b"entry")
+    assert diskcache.prune() == [old]
+    assert (other / ".load-b2" / "deeper" / "notes.txt").read_text() == "mine"
+
+
 def test_a_bad_loader_switch_is_an_error_not_a_corrupt_entry(cache_dir, monkeypatch):
     """FA_VARIANTS_DISK_CACHE_LOADER other than auto / dsl: ValueError naming it from diskcache.load (before any
     entry is read), so `fa-variants warmup` exits 2 with one line; before session 28 it was taken for a corrupt entry

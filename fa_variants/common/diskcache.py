@@ -71,6 +71,7 @@ loads = 0  # entries loaded from disk in this process (tests and `warmup` read i
 #: entries loaded per way ("shared": dlopen of the linked library, no DSL; "dsl": the object through the DSL)
 loaded_by: dict[str, int] = {"shared": 0, "dsl": 0}
 PARTS = ("object", "cubin", "shared")
+SCRATCH_FILES = ("kernel.o", "kernel.so")  # what store's and _load_object's scratch folders hold
 
 
 class DiskCacheWarning(UserWarning):
@@ -343,7 +344,8 @@ def _load_object(obj: bytes, directory: Path):
 def _is_cache_directory(path: Path) -> bool:
     """True for a directory this cache wrote: named like `fingerprint` (16 lowercase hex digits), not a symbolic
     link, holding only entries (``*.kernel``) and the temporary files and folders `store` and `_load_shared` /
-    `_load_object` make (``.export-*``, ``.load-*``, ``.<entry>.*.tmp``), at its top level."""
+    `_load_object` make (``.export-*``, ``.load-*``, ``.<entry>.*.tmp``; such a folder holding nothing but
+    `SCRATCH_FILES`)."""
     if len(path.name) != 16 or path.name.strip("0123456789abcdef") or path.is_symlink() or not path.is_dir():
         return False
 
@@ -351,8 +353,10 @@ def _is_cache_directory(path: Path) -> bool:
         name = child.name
         if child.is_symlink():
             return False
-        if name.startswith((".export-", ".load-")):  # scratch of store / the loaders
-            return True
+        if name.startswith((".export-", ".load-")):  # scratch of store / the loaders: a file, or a folder of those two
+            if child.is_dir():
+                return all(f.name in SCRATCH_FILES and f.is_file() and not f.is_symlink() for f in child.iterdir())
+            return child.is_file()
         if name.startswith(".") and name.endswith(".tmp") and SUFFIX + "." in name:  # store's unrenamed file
             return True
         return name.endswith(SUFFIX) and child.is_file()
