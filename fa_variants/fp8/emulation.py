@@ -200,6 +200,57 @@ def emulate_fp8_attention(inputs: FP8Inputs, *, causal: bool = False, accumulato
             padding, devices, a softmax_scale < 0 or not finite, k_mean / lse_shift not matching
             config.smooth_k: ``contract.check_fp8_inputs``).
     """
+    _check_arguments(inputs, causal, accumulator_bits, tile_m, out_dtype, accumulator, units)
+    cfg: FP8Config = inputs.config
+    B, Nq, H, D = inputs.q.shape
+    Nk, tile_n = inputs.seqlen_k, inputs.block_n
+    if tile_m is None:
+        tile_m = layout.KERNEL_TILES.get(D, (layout.TILE_M, None))[0]
+    every = cfg.promote_interval(D)  # None in the recipe: the kernel's default interval at this head_dim
+    if units != "absolute" and cfg.two_level and every != 1:
+        raise ValueError(f"units={units!r} needs promote_every 1 (the fused promotion), got {every}")
+    q8, k8, v8, kd, vd, c_row = _operands(inputs)
+    dev = q8.device
+
+    rows = torch.arange(Nq, device=dev)
+    n_blocks = block_rows(torch.tensor([kv_tile_end(i // tile_m, tile_m, tile_n, Nq, Nk, causal)
+                                        for i in range(0, Nq, tile_m)], device=dev, dtype=torch.long), tile_m, Nq)
+    m = torch.full((B, H, Nq), -math.inf, device=dev)
+    l = torch.zeros(B, H, Nq, device=dev)
+    o = _TwoLevelO((B, H, Nq, D), dev, cfg.two_level and every == 1, units if cfg.two_level else "absolute",
+                   accumulator_bits, accumulator)
+    n_tiles = -(-Nk // tile_n)
+    order = range(n_tiles - 1, -1, -1) if KV_ORDER == "last_to_first" else range(n_tiles)
+    for n in order:
+        active = (n < n_blocks).view(1, 1, Nq)  # the row's query tile visits this K/V tile
+        if KV_ORDER == "last_to_first":
+            visited, is_last = n_blocks - 1 - n, torch.full_like(active, n == 0)
+        else:
+            visited, is_last = torch.full_like(n_blocks, n), (n == n_blocks - 1).view(1, 1, Nq)
+        c0, c1 = n * tile_n, min((n + 1) * tile_n, Nk)
+        S = _mma(q8, k8[:, :, c0:c1].transpose(-1, -2), None, accumulator_bits, accumulator)
+        c = (c_row * kd[:, :, n:n + 1]).clamp(min=C_MIN).unsqueeze(-1)  # (B, H, Nq, 1), > 0
+        if causal:
+            cols = torch.arange(c0, c1, device=dev)
+            S = S.masked_fill(cols > rows.unsqueeze(1) + (Nk - Nq), -math.inf)
+        m_new, alpha, P = _softmax_step(S, c, m)
+        l = torch.where(active, alpha * l + P.sum(dim=-1), l)
+        P8 = P.clamp(max=448.0).to(E4M3).float()
+        promote = active & is_last  # the row's last tile, or (two-level) every `every` tiles it visits
+        if cfg.two_level:
+            promote = promote | (active & ((visited + 1) % every == 0).view(1, 1, Nq))
+        o.add_tile(P8, v8[:, :, c0:c1], alpha, vd[:, :, n], active, promote)
+        m = torch.where(active, m_new, m)
+    O = o.result()
+    empty = l == 0
+    out = torch.where(empty.unsqueeze(-1), torch.zeros_like(O), O / torch.where(empty, 1.0, l).unsqueeze(-1))
+    lse = torch.where(empty, -math.inf, (m + torch.log2(torch.where(empty, 1.0, l)) - P_SHIFT) * math.log(2.0))
+    out = out.transpose(1, 2)
+    return (out.to(out_dtype) if out_dtype is not None else out), lse
+
+
+def _check_arguments(inputs, causal, accumulator_bits, tile_m, out_dtype, accumulator, units) -> None:
+    """``emulate_fp8_attention``'s argument checks (its Raises), before any work."""
     check_fp8_inputs(inputs)  # a caller-built FP8Inputs in full (contract.py): shapes, dtypes, devices, scale, recipe
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {causal!r}")
@@ -214,94 +265,90 @@ def emulate_fp8_attention(inputs: FP8Inputs, *, causal: bool = False, accumulato
         raise ValueError(f"accumulator must be 'truncate' or 'blockfp', got {accumulator!r}")
     if units not in ("absolute", "tile", "bounded"):
         raise ValueError(f"units must be 'absolute', 'tile' or 'bounded', got {units!r}")
-    cfg: FP8Config = inputs.config
+
+
+def _operands(inputs: FP8Inputs):
+    """The kernel's operands as float32 (e4m3 values are exact in it), K / V / descales repeated over each GQA group:
+    q8, k8, v8 (B, H, N, D), V back in token order from ``v_t``; k_descale, v_descale (B, H, K/V tiles); and c_row (B,
+    H, Nq), q_descale x softmax_scale x log2(e) per query row (the scale's product with log2(e) rounded once)."""
     B, Nq, H, D = inputs.q.shape
     Nk, Hkv = inputs.seqlen_k, inputs.k.shape[2]
-    block_m, tile_n = inputs.block_m, inputs.block_n
-    if tile_m is None:
-        tile_m = layout.KERNEL_TILES.get(D, (layout.TILE_M, None))[0]
-    dev = inputs.q.device
-    group = H // Hkv
-    q8 = inputs.q.float().transpose(1, 2)  # (B, H, Nq, D): e4m3 values, exact in float32
-    k8 = inputs.k.float().transpose(1, 2).repeat_interleave(group, dim=1)  # (B, H, Nk, D)
+    dev, group = inputs.q.device, H // Hkv
+    q8 = inputs.q.float().transpose(1, 2)
+    k8 = inputs.k.float().transpose(1, 2).repeat_interleave(group, dim=1)
     v_nat = torch.empty(B, Hkv, D, inputs.v_t.shape[-1], device=dev)
     v_nat[..., layout.v_token_order(inputs.v_t.shape[-1]).to(dev)] = inputs.v_t.float()
-    v8 = v_nat[..., :Nk].transpose(2, 3).repeat_interleave(group, dim=1)  # (B, H, Nk, D)
-    kd = inputs.k_descale.repeat_interleave(group, dim=1)  # (B, H, T)
+    v8 = v_nat[..., :Nk].transpose(2, 3).repeat_interleave(group, dim=1)
+    kd = inputs.k_descale.repeat_interleave(group, dim=1)
     vd = inputs.v_descale.repeat_interleave(group, dim=1)
     scale_log2 = torch.tensor(inputs.softmax_scale * LOG2_E, dtype=torch.float32, device=dev)  # one rounding
-    c_row = block_rows(inputs.q_descale * scale_log2, block_m, Nq)  # (B, H, Nq)
+    return q8, k8, v8, kd, vd, block_rows(inputs.q_descale * scale_log2, inputs.block_m, Nq)
 
-    rows = torch.arange(Nq, device=dev)
-    n_blocks = block_rows(torch.tensor([kv_tile_end(i // tile_m, tile_m, tile_n, Nq, Nk, causal)
-                                        for i in range(0, Nq, tile_m)], device=dev, dtype=torch.long), tile_m, Nq)
-    m = torch.full((B, H, Nq), -math.inf, device=dev)
-    l = torch.zeros(B, H, Nq, device=dev)
-    O = torch.zeros(B, H, Nq, D, device=dev)
-    acc = torch.zeros(B, H, Nq, D, device=dev)
-    o_alpha = torch.ones(B, H, Nq, device=dev)  # alphas O has not been multiplied by yet
-    n_tiles = -(-Nk // tile_n)
-    order = range(n_tiles - 1, -1, -1) if KV_ORDER == "last_to_first" else range(n_tiles)
-    prev_vd = None
-    every = cfg.promote_interval(D)  # None in the recipe: the kernel's default interval at this head_dim
-    if units != "absolute" and cfg.two_level and every != 1:
-        raise ValueError(f"units={units!r} needs promote_every 1 (the fused promotion), got {every}")
-    unit = torch.ones(B, H, Nq, 1, device=dev)  # units != "absolute": O's unit per row (its tile order)
-    vmax = torch.zeros(B, H, Nq, 1, device=dev)  # "bounded": the largest v_descale the row has visited
-    for n in order:
-        active = (n < n_blocks).view(1, 1, Nq)  # the row's query tile visits this K/V tile
-        if KV_ORDER == "last_to_first":
-            visited, is_last = n_blocks - 1 - n, torch.full_like(active, n == 0)
-        else:
-            visited, is_last = torch.full_like(n_blocks, n), (n == n_blocks - 1).view(1, 1, Nq)
-        c0, c1 = n * tile_n, min((n + 1) * tile_n, Nk)
-        S = _mma(q8, k8[:, :, c0:c1].transpose(-1, -2), None, accumulator_bits, accumulator)
-        c = (c_row * kd[:, :, n:n + 1]).clamp(min=C_MIN).unsqueeze(-1)  # (B, H, Nq, 1), > 0
-        if causal:
-            cols = torch.arange(c0, c1, device=dev)
-            S = S.masked_fill(cols > rows.unsqueeze(1) + (Nk - Nq), -math.inf)
-        raw = S.amax(dim=-1)
-        m_new = torch.maximum(m, raw * c.squeeze(-1))
-        m_safe = torch.where(m_new == -math.inf, torch.zeros_like(m_new), m_new)
-        # one FFMA, S * c + (P_SHIFT - m), rounded once (float64 holds the fp32 product exactly)
-        x = (S.double() * c.double() + (P_SHIFT - m_safe).unsqueeze(-1).double()).float()
-        huge = ~(m_safe.abs() < FFMA_LIMIT)  # |m| >= 2^11 or NaN: the exact form
-        if huge.any():
-            x = torch.where(huge.unsqueeze(-1), _huge_rows(S, raw, c, m_safe), x)
-        alpha = torch.where(m_new == -math.inf, torch.ones_like(m), torch.exp2(m - m_safe))
-        P = torch.exp2(x)
-        l = torch.where(active, alpha * l + P.sum(dim=-1), l)
-        P8 = P.clamp(max=448.0).to(E4M3).float()
-        factor = alpha if prev_vd is None else alpha * (prev_vd / vd[:, :, n]).unsqueeze(-1)  # exact ratio
+
+def _softmax_step(S: torch.Tensor, c: torch.Tensor, m: torch.Tensor):
+    """One K/V tile's online softmax (FA3 Algorithm 1, lines 8-10) on the raw FP8 scores S (B, H, Nq, tile_n) at
+    scale c (B, H, Nq, 1) in log2 units, row max m (B, H, Nq) so far: (m_new, alpha = exp2(m - m_new), P) with P =
+    exp2(S c + P_SHIFT - m_new) by one FFMA (one rounding), or the exact form for rows whose |m_new| >= FFMA_LIMIT."""
+    raw = S.amax(dim=-1)
+    m_new = torch.maximum(m, raw * c.squeeze(-1))
+    m_safe = torch.where(m_new == -math.inf, torch.zeros_like(m_new), m_new)
+    # one FFMA, S * c + (P_SHIFT - m), rounded once (float64 holds the fp32 product exactly)
+    x = (S.double() * c.double() + (P_SHIFT - m_safe).unsqueeze(-1).double()).float()
+    huge = ~(m_safe.abs() < FFMA_LIMIT)  # |m| >= 2^11 or NaN: the exact form
+    if huge.any():
+        x = torch.where(huge.unsqueeze(-1), _huge_rows(S, raw, c, m_safe), x)
+    alpha = torch.where(m_new == -math.inf, torch.ones_like(m), torch.exp2(m - m_safe))
+    return m_new, alpha, torch.exp2(x)
+
+
+class _TwoLevelO:
+    """O in float32 and the FP8 MMA's accumulator acc (FA3 section 3.3's two-level accumulation): each tile's P V
+    goes into acc, in the FP8 MMA's own precision; at a promotion acc is added into O (alpha-rescaled, times the
+    tile's v_descale) and starts again from 0. With ``zero_init`` (two-level, promote_every 1) acc is 0 before every
+    tile, as the kernel zero-initialises it; otherwise acc carries across tiles, rescaled by alpha and the ratio of
+    v_descales (the single accumulator's units: the current tile's v_descale). ``units``: how O is kept between
+    promotions ("absolute", "tile" or "bounded": ``emulate_fp8_attention``'s argument; "absolute" for the single
+    accumulator); bits, model: the FP8 MMA's accumulator model (``_mma``)."""
+
+    def __init__(self, shape, dev, zero_init: bool, units: str, bits: int | None, model: str):
+        B, H, Nq, D = shape
+        self.zero_init, self.units, self.bits, self.model = zero_init, units, bits, model
+        self.O = torch.zeros(B, H, Nq, D, device=dev)
+        self.acc = torch.zeros(B, H, Nq, D, device=dev)
+        self.o_alpha = torch.ones(B, H, Nq, device=dev)  # alphas O has not been multiplied by yet
+        self.unit = torch.ones(B, H, Nq, 1, device=dev)  # units != "absolute": O's unit per row (its tile order)
+        self.vmax = torch.zeros(B, H, Nq, 1, device=dev)  # "bounded": the largest v_descale the row has visited
+        self.prev_vd = None
+
+    def add_tile(self, p8, v8, alpha, vd, active, promote) -> None:
+        """acc (+)= P V for the rows ``active`` (1, 1, Nq), P = p8 (B, H, Nq, n) e4m3 values, V = v8 (B, H, n, D)
+        this tile's; then O (+)= the promoted rows' acc. alpha (B, H, Nq), vd (B, H) this tile's v_descale,
+        promote (B | 1, H | 1, Nq) Boolean."""
+        B, H, Nq = alpha.shape
+        factor = alpha if self.prev_vd is None else alpha * (self.prev_vd / vd).unsqueeze(-1)  # exact ratio
         # (promote_every 1: acc is 0 here and the kernel zero-initialises it; 0 * an overflowed ratio would be NaN)
-        acc_in = acc if cfg.two_level and every == 1 else acc * factor.unsqueeze(-1)
-        new_acc = _mma(P8, v8[:, :, c0:c1], acc_in, accumulator_bits, accumulator)
-        o_alpha = torch.where(active, o_alpha * alpha, o_alpha)
-        acc = torch.where(active.unsqueeze(-1), new_acc, acc)
-        promote = active & is_last
-        if cfg.two_level:
-            promote = promote | (active & ((visited + 1) % every == 0).view(1, 1, Nq))
-        o_alpha_now, promote = o_alpha, promote.unsqueeze(-1)
-        vd_n = vd[:, :, n].view(B, H, 1, 1).expand(B, H, Nq, 1)
-        if units == "absolute" or not cfg.two_level:
-            O = torch.where(promote, O * o_alpha_now.unsqueeze(-1) + vd_n * acc, O)
+        acc_in = self.acc if self.zero_init else self.acc * factor.unsqueeze(-1)
+        new_acc = _mma(p8, v8, acc_in, self.bits, self.model)
+        self.o_alpha = torch.where(active, self.o_alpha * alpha, self.o_alpha)
+        self.acc = torch.where(active.unsqueeze(-1), new_acc, self.acc)
+        promote = promote.unsqueeze(-1)
+        vd_n = vd.view(B, H, 1, 1).expand(B, H, Nq, 1)
+        if self.units == "absolute":
+            self.O = torch.where(promote, self.O * self.o_alpha.unsqueeze(-1) + vd_n * self.acc, self.O)
         else:  # O' = (A u_prev / u) O' + (v_descale / u) acc, power-of-two factors (exact while finite and normal)
             act = active.view(1, 1, Nq, 1)
-            vmax = torch.where(act, torch.maximum(vmax, vd_n), vmax)
-            u = vd_n if units == "tile" else bounded_unit(vd_n, vmax)
-            O = torch.where(promote, O * (o_alpha_now.unsqueeze(-1) * (unit / u)) + (vd_n / u) * acc, O)
-            unit = torch.where(act, u, unit)
-        o_alpha = torch.where(promote.squeeze(-1), torch.ones_like(o_alpha), o_alpha)
-        acc = torch.where(promote, torch.zeros_like(acc), acc)
-        m = torch.where(active, m_new, m)
-        prev_vd = vd[:, :, n]
-    if units != "absolute" and cfg.two_level:
-        O = O * unit  # the kernel's O *= unit at the end (finalize)
-    empty = l == 0
-    out = torch.where(empty.unsqueeze(-1), torch.zeros_like(O), O / torch.where(empty, 1.0, l).unsqueeze(-1))
-    lse = torch.where(empty, -math.inf, (m + torch.log2(torch.where(empty, 1.0, l)) - P_SHIFT) * math.log(2.0))
-    out = out.transpose(1, 2)
-    return (out.to(out_dtype) if out_dtype is not None else out), lse
+            self.vmax = torch.where(act, torch.maximum(self.vmax, vd_n), self.vmax)
+            u = vd_n if self.units == "tile" else bounded_unit(vd_n, self.vmax)
+            promoted = self.O * (self.o_alpha.unsqueeze(-1) * (self.unit / u)) + (vd_n / u) * self.acc
+            self.O = torch.where(promote, promoted, self.O)
+            self.unit = torch.where(act, u, self.unit)
+        self.o_alpha = torch.where(promote.squeeze(-1), torch.ones_like(self.o_alpha), self.o_alpha)
+        self.acc = torch.where(promote, torch.zeros_like(self.acc), self.acc)
+        self.prev_vd = vd
+
+    def result(self) -> torch.Tensor:
+        """O after the last promotion, in absolute units (the kernel's O *= unit at the end, ``finalize``)."""
+        return self.O if self.units == "absolute" else self.O * self.unit
 
 
 def _huge_rows(S, raw, c, m_safe):
