@@ -369,8 +369,9 @@ def _is_cache_directory(path: Path) -> bool:
 
 def prune() -> list[Path]:
     """Delete the fingerprint directories other than the current one (entries no process of this installation
-    will read again; other installations sharing the root lose theirs too); returns what was deleted. Only directories this cache wrote (`_is_cache_directory`) are touched: anything else
-    under the cache root (FA_VARIANTS_CACHE_DIR may name a directory that holds other files) is left as it is."""
+    will read again; other installations sharing the root lose theirs too); returns what was deleted. Only
+    directories this cache wrote (`_is_cache_directory`) are touched: anything else under the cache root
+    (FA_VARIANTS_CACHE_DIR may name a directory that holds other files) is left as it is."""
     import shutil
 
     top, keep, gone = root(), fingerprint(), []
