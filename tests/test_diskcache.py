@@ -122,6 +122,40 @@ def test_entry_names_carry_the_key_and_the_fingerprint(cache_dir):
     assert len(diskcache.fingerprint()) == 16
 
 
+def test_the_fingerprint_follows_the_dsl_libraries(monkeypatch):
+    """The DSL's compiler ships in separate distributions of the same version (libs-base, libs-core, and libs-cu12
+    or libs-cu13): swapping the CUDA 12 build for the CUDA 13 one, or any of their versions, gives a new fingerprint
+    (before session 32 only nvidia-cutlass-dsl's version counted)."""
+    import importlib.metadata as md
+
+    real = md.version
+
+    def installed(swap):
+        def version(dist):
+            if dist in swap:
+                if swap[dist] is None:
+                    raise md.PackageNotFoundError(dist)
+                return swap[dist]
+            return real(dist)
+        return version
+
+    def fingerprint(swap):
+        diskcache.fingerprint.cache_clear()
+        monkeypatch.setattr(md, "version", installed(swap))
+        try:
+            return diskcache.fingerprint()
+        finally:
+            monkeypatch.setattr(md, "version", real)
+            diskcache.fingerprint.cache_clear()
+
+    cu12 = {"nvidia-cutlass-dsl-libs-cu12": "4.8.1", "nvidia-cutlass-dsl-libs-cu13": None}
+    cu13 = {"nvidia-cutlass-dsl-libs-cu12": None, "nvidia-cutlass-dsl-libs-cu13": "4.8.1"}
+    core = dict(cu12, **{"nvidia-cutlass-dsl-libs-core": "0.0.1"})
+    prints = [fingerprint(cu12), fingerprint(cu13), fingerprint(core)]
+    assert len(set(prints)) == 3, prints
+    assert fingerprint(cu12) == prints[0]  # the same installation, the same fingerprint
+
+
 def test_parse_rejects_anything_but_a_whole_entry_of_its_key():
     import hashlib
     import struct
@@ -141,7 +175,7 @@ def test_parse_rejects_anything_but_a_whole_entry_of_its_key():
     bad = {"truncated": entry(cfg)[:-3], "corrupt": entry(cfg, obj + cubin + b"x" + shared[1:]),
            "foreign": entry(other), "trailing": entry(cfg) + b"!", "empty": b"", "not ours": b"\x7fELF" + bytes(64),
            "version 1": entry(cfg, magic=b"fa_variants kernel v1\n"),
-           # an entry of other kernel sources / DSL copied into this fingerprint's directory (it loaded: session 33)
+           # an entry of other kernel sources / DSL copied into this fingerprint's directory (it loaded before session 32)
            "stale": entry(cfg, fingerprint="0123456789abcdef"), "no fingerprint": entry(cfg, fingerprint=None)}
     for name, data in bad.items():
         with pytest.raises((ValueError, KeyError)):
@@ -300,7 +334,7 @@ def _read_only(monkeypatch, directory: Path) -> None:
 def test_a_read_only_cache_is_still_read(cache_dir, monkeypatch, way):
     """A whole entry in a cache directory this process cannot write (a pre-warmed cache mounted read-only) loads,
     both ways, without a warning: the loaders' scratch files went to the cache directory only, so every entry was
-    taken for unusable ("Read-only file system") and recompiled, and the store then failed too (session 33's
+    taken for unusable ("Read-only file system") and recompiled, and the store then failed too (session 32's
     break-it pass, on a read-only bind mount)."""
     import warnings
 

@@ -21,9 +21,9 @@ empty). Its key:
 * the `common.cache.StaticConfig` (variant, arch, dtype, head_dim, causal, the variant's frozen config,
   alignment), hashed from its repr;
 * the fingerprint directory: a hash of every kernel source of the package (``common/``, ``hopper/``,
-  ``ampere/``, ``fp8/``, ``testkernel*.py``), the nvidia-cutlass-dsl and apache-tvm-ffi versions, the Python
-  version and the host machine. Changing a kernel's code, or the DSL, starts a new directory: a stale entry
-  is never read (old directories can be deleted: ``fa-variants warmup --prune``).
+  ``ampere/``, ``fp8/``, ``testkernel*.py``), the versions of nvidia-cutlass-dsl, its libraries (base, core,
+  cu12 / cu13: `FINGERPRINT_DISTRIBUTIONS`) and apache-tvm-ffi, the Python version and the host machine.
+  Changing a kernel's code, or the DSL, starts a new directory: a stale entry is never read (old directories can be deleted: ``fa-variants warmup --prune``).
 
 Safety: an entry is written to a temporary file in the same directory and renamed over the final name
 (``os.replace``, atomic on POSIX), so a reader sees a whole entry or none; concurrent processes compiling the
@@ -71,6 +71,10 @@ loads = 0  # entries loaded from disk in this process (tests and `warmup` read i
 #: entries loaded per way ("shared": dlopen of the linked library, no DSL; "dsl": the object through the DSL)
 loaded_by: dict[str, int] = {"shared": 0, "dsl": 0}
 PARTS = ("object", "cubin", "shared")
+#: the installed distributions whose versions go into `fingerprint`: the DSL, its libraries (the compiler itself; the
+#: CUDA 12 and 13 builds are separate distributions of one version) and TVM-FFI; "none" for one not installed
+FINGERPRINT_DISTRIBUTIONS = ("nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-base", "nvidia-cutlass-dsl-libs-core",
+                             "nvidia-cutlass-dsl-libs-cu12", "nvidia-cutlass-dsl-libs-cu13", "apache-tvm-ffi")
 SCRATCH_FILES = ("kernel.o", "kernel.so")  # what store's and _load_object's scratch folders hold
 
 
@@ -110,7 +114,7 @@ def fingerprint() -> str:
 
     package = Path(__file__).resolve().parent.parent
     h = hashlib.sha256()
-    for dist in ("nvidia-cutlass-dsl", "apache-tvm-ffi"):
+    for dist in FINGERPRINT_DISTRIBUTIONS:
         try:
             h.update(f"{dist}={version(dist)};".encode())
         except PackageNotFoundError:
