@@ -65,6 +65,12 @@ below launch with PDL too:
 * ``pers``          a persistent grid instead of the dual tiles (``DECODE_FULL_GRID`` "persistent": B x Hkv >= 512,
                     Nk <= 4k), 2 K/V stages; ``pers3`` with 3.
 
+Session 32 (``--s9`` again): at D 128 B 64 Nk 1k seqlen_q 1 the shipped dual tiles ran 1.08x SDPA (70.2 vs 64.7 us)
+while the same shape at seqlen_q 4 (packed 64-row tiles, base set) took 68.3 us, so:
+
+* ``base``          the base tiles (2 stages, one CTA per SM) where `auto` runs the dual ones (``DECODE_TILES_CHOICE``
+                    "base").
+
 Session 10 (``--s10c`` picks the shapes ``S10C``: D 64 B 1 Nk 32k at seqlen_q 1 / 4 and guards; its variants, the
 split merge inside a thread block cluster, measured slower and were removed in session 11).
 
@@ -200,6 +206,8 @@ PUBLIC = {
     # session 8 (--s9)
     "pers": dict(DECODE_FULL_GRID="persistent"),
     "pers3": dict(DECODE_FULL_GRID="persistent3"),
+    # session 32 (--s9)
+    "base": dict(DECODE_TILES_CHOICE="base"),
     "shipped": dict(),  # the shipped switches (what `auto` runs when the environment sets none)
 }
 #: the switches PUBLIC sets, at their shipped values (a variant sets all of them, its own on top); MERGE_WARP is
