@@ -20,35 +20,32 @@
 # 2. then scripts/NAME_gpu.sh for each NAME, in order, each with the time left of CALL_BUDGET seconds (default 560),
 #    skipped when fewer than 100 s are left; logs under $OUT/pending/NAME/, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
-#    Plan for session 32: session 31's device came only at its end: the whole GPU suite on the audited tests passed
-#    but for one single-accumulator ablation bound (now 1e-2; not re-run): run
-#    `python3 -m pytest -q -m gpu tests/test_fa3_fp8_lookahead_gpu.py tests/test_fa3_fp8_speed_gpu.py -k single` first.
-#    Built on the CPU in session 31: the test suite's audit (a helper):
-#    a fresh seed per test and run (conftest's rng_seed; ~800 FP8 GPU tests had fixed seeds), NaN poisoning in
-#    tests/test_edge_cases.py (2390 GPU cases), tests/test_fa2_gpu.py and the quantisation tests, a refusal at EC-14 /
-#    EC-15 now fails unless by design, a new far-rows test in tests/test_nonfinite_gpu.py, tighter tolerances in
-#    tests/test_torch_compile.py and tests/test_decode_fused_gpu.py; fa3_kernel._free_tiles' loops merged (SASS
-#    unchanged by hash). No kernel changed since session 29's green suite.
-#    A. First: `scripts/suite_gpu.sh 2` and `1` (each its own call; session 30's host-side changes are also still
-#    unproved on the GPU: the custom ops' autograd and schema in part 2, fa3-fp8's LSE through
-#    FP8Inputs.unsmoothed_lse in part 1). A failure there is a test's or a kernel's: a failing test prints
-#    FA_VARIANTS_TEST_SEED=N, which replays it (`FA_VARIANTS_TEST_SEED=N python -m pytest NODEID`). The skip lines
-#    are listed now (-rfEs): on one H200 only ec18a's three ("needs two GPUs") are expected; any other fails the call.
-#    B. The decode table on today's tree (issue 13: "GPU time <= SDPA at every shape, >= 70 % of HBM at Nk >= 32k";
-#    the last full table is session 7's): `timeout 560 fa-variants bench --decode --decode-no-fa4 --no-progress --out
-#    $OUT/decode` (~5-8 min cold; the kernels changed since: seqlens_k in fa3's kernel, sessions 24-25).
-#    C. `scripts/suite_gpu.sh slow` (ec15a / ec15b: more than 2^31 elements, ~20-40 GB; last run session 16), if time.
+#    Plan for session 33: session 32 ran the whole GPU suite on tree 39ee84a (parts 1 / 2 / slow: 3953 / 1623 / 6
+#    passed, 0 failed) and issue 13's whole decode matrix (ours <= SDPA at 138 / 144; bench/h200-2026-12-05-s32).
+#    Part 1 took 529 s of its 560 s step, so the fa3-fp8 kernel files are now part 3 (scripts/suite_gpu.sh 1 / 2 / 3 /
+#    slow). Since 39ee84a only scripts, tests' partition and text changed: no kernel, no package code.
+#    A. The decode A/B queued with its prediction and rule (bench/NOTES.md "Session 32 ... the base decode tiles"):
+#    `python3 scripts/decode_ab.py --s9 --variants base --rounds 6 --out $OUT/ab` (cold ~2-3 min): the base tiles
+#    against auto's dual ones at batch 64, one query row, Nk 1k / 4k (D 128 B 64 Nk 1k is 1.08x SDPA). On the device
+#    the console script is not on PATH: `python3 -m fa_variants ...`, not `fa-variants ...`.
+#    B. If a default changes (A's rule): tests/test_decode_gpu.py and tests/test_decode.py, then the decode matrix
+#    again (`timeout 300 python3 -m fa_variants bench --decode --no-progress --out $OUT/decode`, ~2 min warm).
 #    Open: issue 10 (1100 TFLOP/s at D 256 N 16k: 1012 in session 30's call, 1084-1120 in session 27's; 1.4x bf16 at
 #    128: 1.17-1.20; 1.3x at 64: 1.06-1.08; two-level <= 5 % at 256; the pass at 70 % of copy; pass + kernel at N 4k
 #    causal), 12 (fa3 / flash-attn-4 >= 1.00 everywhere: 0.93-0.99 in session 30's call; >= cuDNN at D 64 N 512 / 1k),
-#    13 (70 % of HBM at D 64 B 1 Nk 32k: 61-65 %), 16 (two GPUs).
+#    13 (<= SDPA at 138 / 144; 70 % of HBM at 58 / 72 Nk >= 32k shapes: D 64 B 1 Nk 32k one row 65 %, sixteen rows
+#    down to 48 % where a K/V head serves 128 query rows, ~366 TFLOP/s on 128-row packed tiles at D 64), 16 (two GPUs).
 #    D 256 huge_hoisted: a flip candidate once its spills are gone (session 30, CPU: the vote taken right before the
 #    free tiles instead of before the walk leaves 1 / 1 (non-causal) and 4 / 5 (causal) STL / LDL, from 2 / 3 and
-#    7 / 8; not kept).
+#    7 / 8; session 32: the epilogue's thread index read again after the walk gave 65 / 77 STL / LDL non-causal;
+#    neither kept).
 #    D. As before: D 256 split / packed configs without convert_pairs at causal shapes; the persistent consumer's K/V
 #    loop (bench/NOTES.md "Session 20 ..."); D 256's two-level cost; fa3-fp8's magnitude limit, max|V| seqlen_k <=
 #    2^119 (README, "FP8's range": the unnormalised O overflows float32; lifting it is a kernel change).
-#    E. The whole GPU suite on the session's final tree if a default kernel changed (scripts/suite_gpu.sh 1 and 2).
+#    E. The whole GPU suite on the session's final tree if a kernel or package code changed (scripts/suite_gpu.sh 1,
+#    2 and 3, each its own call; warm calls skip the ~65 s start). A failing test prints FA_VARIANTS_TEST_SEED=N,
+#    which replays it (`FA_VARIANTS_TEST_SEED=N python -m pytest NODEID`); on one H200 only ec18a's three skips
+#    ("needs two GPUs") are expected, any other fails the call.
 #    New lines "X. scripts/pending_gpu.sh [--checks] NAME ..." as scripts land. Each call starts a
 #    cold machine (~60-85 s more); carry [".gpu"], or
 #    [".gpu", ".before.tar.xz"] after `scripts/ab_checkout.sh COMMIT .before` for a script that A/Bs against an older
