@@ -69,6 +69,16 @@ class Fa3Schedule:
             return upcoming, order[0][cutlass.min(slot + stride, total - 1)]
         return slot, upcoming
 
+    def _work_tile(self, slot: Int32, stride: Int32, total: Int32, order: tuple, upcoming: Int32,
+                   num_m_blocks: Int32, heads: Int32, batches: Int32, l2_heads: Int32, seqlen_q: Int32,
+                   seqlen_k: Int32):
+        """(m_block, head, batch, n_blocks, upcoming) of slot ``slot`` of the persistent schedule: the work tile
+        (``_scheduled_tile``), its coordinates (``common.tile_scheduler.tile_coords``) and its K/V tile count. The
+        producer and the consumers walk the same slots and so the same tiles."""
+        tile, upcoming = self._scheduled_tile(slot, stride, total, order, upcoming)
+        m_block, head, batch = tile_scheduler.tile_coords(tile, num_m_blocks, heads, batches, l2_heads, self.causal)
+        return m_block, head, batch, self._num_kv_blocks(m_block, seqlen_q, seqlen_k), upcoming
+
     def _first_scheduled(self, first: Int32, order: tuple) -> Int32:
         """The ``upcoming`` that ``_scheduled_tile`` starts from: table[first] (balanced), else first (unused)."""
         return order[0][first] if const_expr(len(order) > 0) else first
@@ -101,10 +111,9 @@ class Fa3Schedule:
                 v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
                 upcoming = self._first_scheduled(first, order)
                 for slot in cutlass.range(first, total, stride, unroll=1):
-                    tile, upcoming = self._scheduled_tile(slot, stride, total, order, upcoming)
-                    m_block, head, batch = tile_scheduler.tile_coords(tile, num_m_blocks, heads, batches, l2_heads,
-                                                                      self.causal)
-                    n_blocks = self._num_kv_blocks(m_block, seqlen_q, seqlen_k)
+                    m_block, head, batch, n_blocks, upcoming = self._work_tile(slot, stride, total, order, upcoming,
+                                                                               num_m_blocks, heads, batches, l2_heads,
+                                                                               seqlen_q, seqlen_k)
                     q_state, k_state, v_state = self.producer(
                         mQ[None, None, head, batch], mK[None, None, head // qhead_per_kvhead, batch],
                         mV[None, None, head // qhead_per_kvhead, batch], sQ, sK, sV, tma_q, tma_k, tma_v,
@@ -120,10 +129,8 @@ class Fa3Schedule:
                                              number_of_threads=2 * WARPGROUP_THREADS)
             upcoming = self._first_scheduled(first, order)
             for slot in cutlass.range(first, total, stride, unroll=1):
-                tile, upcoming = self._scheduled_tile(slot, stride, total, order, upcoming)
-                m_block, head, batch = tile_scheduler.tile_coords(tile, num_m_blocks, heads, batches, l2_heads,
-                                                                  self.causal)
-                n_blocks = self._num_kv_blocks(m_block, seqlen_q, seqlen_k)
+                m_block, head, batch, n_blocks, upcoming = self._work_tile(
+                    slot, stride, total, order, upcoming, num_m_blocks, heads, batches, l2_heads, seqlen_q, seqlen_k)
                 q_state, k_state, v_state = self.consumer(
                     mO[None, None, head, batch], mLSE[None, head, batch], sQ, sK, sV, sO, tma_o,
                     tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2,
