@@ -38,6 +38,8 @@ KEEP = frozenset({
     "bench/h200-2026-12-01-s4/decode_ab.json",
     "bench/h200-2026-11-30/session2/ncu_fa3_d128_n4k.txt",
     "bench/h200-2026-11-30/session2/ncu_flash-attn-4_d128_n4k.txt",
+    "bench/h200-2026-11-30/session2/ncu_attribution_before.md",  # scripts/ncu12_gpu.sh's --before table (--markdown)
+    "bench/h200-2026-11-30/session2/fa3_speed_ab.md",  # cited by path in hopper/fa3.py (a kernel source: its hash)
 })
 TEXT_SUFFIXES = (".md", ".py", ".sh", ".txt", ".toml")
 #: a path into a bench run folder, from the repository root (bench/RUN/...) or from bench/ (NOTES.md: RUN/...),
