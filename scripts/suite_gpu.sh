@@ -7,9 +7,11 @@
 # in session 28 (82 % at 560 s). Part 2 is the last eight files in collection order (session 28, call 3: 1609 tests
 # in 357 s, cold); part 3 the fa3-fp8 kernel files (split from part 1 in session 32, when part 1's ~3950 tests took
 # 529 s of the step's 560, cold); part 1 every other GPU test file. tests/test_gpu_scripts.py checks that the
-# lists together name every test file that has GPU tests, once. "slow": the GPU tests marked slow, which parts 1 and
-# 2 leave out (offsets past 2^31 elements: tests/test_edge_cases.py ec15a / ec15b, tens of GB; last run session 16).
-# Every skipped test is listed with its reason (-rs) and the count printed last: on one H200 the expected skips are
+# lists together name every test file that has GPU tests, once. "slow": the GPU tests marked slow, which parts 1-3
+# leave out (offsets past 2^31 elements: tests/test_edge_cases.py ec15a / ec15b, tens of GB; session 32: 6 passed,
+# 39 s).
+# The 25 slowest tests are listed (--durations=25: what to move when a part nears its limit). Every skipped test is
+# listed with its reason (-rs) and the count printed last: on one H200 the expected skips are
 # the tests that need a second GPU (ec18a, "needs two GPUs"); any other skip fails the call (step "skips"), a hole
 # to look at.
 # Pass: pytest's "0 failed", no errors (an rc 124 after the "[100%]" line is xdist's teardown, not a failure).
@@ -32,7 +34,7 @@ case "${1:-}" in
   *) echo "suite_gpu.sh: PART must be 1, 2, 3 or slow, got '${1:-}'" >&2; exit 2 ;;
 esac
 out="${OUT:-results}/suite$1"; session_setup "$out/logs"
-step pytest 560 python3 -m pytest -q $NPROC -m "$MARK" -p no:cacheprovider --tb=short -rfEs $FILES
+step pytest 560 python3 -m pytest -q $NPROC -m "$MARK" -p no:cacheprovider --tb=short -rfEs --durations=25 $FILES
 echo; stop_clocks; cat "$LOGS/commit.txt"
 grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" "$LOGS/pytest.log" | tail -n 30
 echo "skipped: $(grep -cE '^SKIPPED' "$LOGS/pytest.log") reason lines"
