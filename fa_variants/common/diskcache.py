@@ -23,7 +23,8 @@ empty). Its key:
 * the fingerprint directory: a hash of every kernel source of the package (``common/``, ``hopper/``,
   ``ampere/``, ``fp8/``, ``testkernel*.py``), the versions of nvidia-cutlass-dsl, its libraries (base, core,
   cu12 / cu13: `FINGERPRINT_DISTRIBUTIONS`) and apache-tvm-ffi, the Python version and the host machine.
-  Changing a kernel's code, or the DSL, starts a new directory: a stale entry is never read (old directories can be deleted: ``fa-variants warmup --prune``).
+  Changing a kernel's code, or the DSL, starts a new directory: a stale entry is never read (old directories can
+  be deleted: ``fa-variants warmup --prune``).
 
 Safety: an entry is written to a temporary file in the same directory and renamed over the final name
 (``os.replace``, atomic on POSIX), so a reader sees a whole entry or none; concurrent processes compiling the
@@ -94,7 +95,8 @@ def root() -> Path:
 
     Raises:
         OSError: none of them names a place (FA_VARIANTS_CACHE_DIR and XDG_CACHE_HOME unset and no home directory:
-            HOME unset and the user id without a password entry); the message names FA_VARIANTS_CACHE_DIR."""
+            HOME unset and the user id without a password entry, or HOME relative); the message names
+            FA_VARIANTS_CACHE_DIR."""
     if os.environ.get(ENV_DIR):
         return Path(os.environ[ENV_DIR]).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME", "")
@@ -104,6 +106,8 @@ def root() -> Path:
         home = Path.home()
     except RuntimeError as exc:  # "Could not determine home directory"
         raise OSError(f"no directory for the compile cache ({exc}): set {ENV_DIR}") from None
+    if not home.is_absolute():  # HOME=relative: a different cache in every working directory
+        raise OSError(f"no directory for the compile cache (HOME={str(home)!r} is not absolute): set {ENV_DIR}")
     return home / ".cache" / "fa_variants"
 
 
@@ -138,13 +142,32 @@ def entry_path(cfg) -> Path:
     return root() / fingerprint() / (name + SUFFIX)
 
 
+_no_directory_warned = False  # `_usable_entry_path` warned once in this process that there is no cache directory
+
+
+def _usable_entry_path(cfg) -> Path | None:
+    """`entry_path` of cfg, or None where there is no cache directory at all (`root`'s OSError): then the disk cache
+    is not used, and the first such call of the process says so (one `DiskCacheWarning`, not one per kernel)."""
+    global _no_directory_warned
+    try:
+        return entry_path(cfg)
+    except OSError as exc:
+        if not _no_directory_warned:
+            _no_directory_warned = True
+            warnings.warn(f"fa_variants: kernels are compiled without the disk cache ({exc})", DiskCacheWarning,
+                          stacklevel=3)
+        return None
+
+
 def store(cfg, fn, cubin: bytes | None, smem_dynamic_bytes: int, compile_s: float) -> Path | None:
     """Export a freshly compiled kernel (and link it into a shared library when a C compiler is at hand) and
-    write its entry atomically; None (and a warning) if it cannot (an unwritable directory, an export error):
-    the kernel still runs, only the next process recompiles."""
-    path = None
+    write its entry atomically; None (and a warning) if it cannot (an unwritable directory, an export error; no
+    cache directory at all: `_usable_entry_path`'s one warning per process): the kernel still runs, only the
+    next process recompiles."""
+    path = _usable_entry_path(cfg)
+    if path is None:
+        return None
     try:
-        path = entry_path(cfg)  # OSError where there is no cache directory (`root`)
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=path.parent, prefix=".export-") as scratch:
             obj_path = os.path.join(scratch, "kernel.o")
@@ -167,8 +190,8 @@ def store(cfg, fn, cubin: bytes | None, smem_dynamic_bytes: int, compile_s: floa
             if os.path.exists(tmp):
                 os.unlink(tmp)
     except Exception as exc:  # a cache must never break a call
-        warnings.warn(f"fa_variants: could not write the compile cache entry {path or cfg}: {exc}",
-                      DiskCacheWarning, stacklevel=2)
+        warnings.warn(f"fa_variants: could not write the compile cache entry {path}: {exc}", DiskCacheWarning,
+                      stacklevel=2)
         return None
     return path
 
@@ -223,12 +246,14 @@ def load(cfg):
         ValueError: FA_VARIANTS_DISK_CACHE_LOADER set to neither "auto" nor "dsl" (`loader`)."""
     global loads
     mode = loader()
+    path = _usable_entry_path(cfg)
+    if path is None:
+        return None
     try:
-        path = entry_path(cfg)
         data = path.read_bytes()
     except FileNotFoundError:
         return None
-    except OSError as exc:  # unreadable, or no cache directory at all (`root`)
+    except OSError as exc:  # unreadable
         warnings.warn(f"fa_variants: cannot read the compile cache ({exc}); recompiling", DiskCacheWarning,
                       stacklevel=2)
         return None
@@ -357,12 +382,12 @@ def _is_cache_directory(path: Path) -> bool:
         name = child.name
         if child.is_symlink():
             return False
-        if name.startswith((".export-", ".load-")):  # scratch of store / the loaders: a file, or a folder of those two
-            if child.is_dir():
-                return all(f.name in SCRATCH_FILES and f.is_file() and not f.is_symlink() for f in child.iterdir())
+        if name.startswith((".export-", ".load-")) and child.is_dir():  # store's / _load_object's scratch folder
+            return all(f.name in SCRATCH_FILES and f.is_file() and not f.is_symlink() for f in child.iterdir())
+        if name.startswith(".load-") and name.endswith(".so"):  # _load_shared's scratch file
             return child.is_file()
         if name.startswith(".") and name.endswith(".tmp") and SUFFIX + "." in name:  # store's unrenamed file
-            return True
+            return child.is_file()
         return name.endswith(SUFFIX) and child.is_file()
 
     try:
