@@ -23,8 +23,10 @@
 #    Plan for session 33: session 32 ran the whole GPU suite on tree 39ee84a (parts 1 / 2 / slow: 3953 / 1623 / 6
 #    passed, 0 failed) and issue 13's whole decode matrix (ours <= SDPA at 138 / 144; bench/h200-2026-12-05-s32).
 #    Part 1 took 529 s of its 560 s step, so the fa3-fp8 kernel files are now part 3 (scripts/suite_gpu.sh 1 / 2 / 3 /
-#    slow). Since 39ee84a: scripts, the suite's partition, text, and one kernel-side refactor (fa3_schedule._work_tile,
-#    SASS unchanged by hash for every persistent / balanced config, CPU sm_90a): no GPU re-run needed for it.
+#    slow). Since 39ee84a: scripts, the suite's partition, text, one kernel-side refactor (fa3_schedule._work_tile,
+#    SASS unchanged by hash for every persistent / balanced config, CPU sm_90a) and a review's disk-cache fixes (prune,
+#    one warning without a cache directory, relative HOME; host code, CPU-tested): part 1 loads every kernel through
+#    the disk cache, so run it (or the whole suite, step E) once on the final tree.
 #    A. The decode A/B queued with its prediction and rule (bench/NOTES.md "Session 32 ... the base decode tiles"):
 #    `python3 scripts/decode_ab.py --s9 --variants base --rounds 6 --out $OUT/ab` (cold ~2-3 min): the base tiles
 #    against auto's dual ones at batch 64, one query row, Nk 1k / 4k (D 128 B 64 Nk 1k is 1.08x SDPA). On the device
