@@ -66,10 +66,6 @@ def test_location_and_switch(monkeypatch, tmp_path):
     monkeypatch.delenv(diskcache.ENV_DIR)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert diskcache.root() == tmp_path / "xdg" / "fa_variants"
-    monkeypatch.delenv("XDG_CACHE_HOME")
-    monkeypatch.setenv("HOME", "relhome")  # the same for HOME (a review finding): a named error, not a moving cache
-    with pytest.raises(OSError, match=diskcache.ENV_DIR):
-        diskcache.root()
     for off in ("0", "off", "False", "no"):
         monkeypatch.setenv(diskcache.ENV_SWITCH, off)
         assert not diskcache.enabled()
