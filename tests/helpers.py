@@ -33,15 +33,22 @@ ROOT = Path(__file__).resolve().parents[1]
 SEED_ENV = "FA_VARIANTS_TEST_SEED"
 #: set to a failed run's printed session seed to draw the module-scoped fixtures' inputs again (``session_seed``)
 SESSION_SEED_ENV = "FA_VARIANTS_SESSION_SEED"
-#: this process's session seed: the draws made outside a test (module-scoped fixtures) derive from it
-SESSION_SEED = int(os.environ.get(SESSION_SEED_ENV) or int.from_bytes(os.urandom(4), "little") % 2**31)
 #: the running test's seed (set by conftest's ``rng_seed`` before each test)
 _test_seed: int | None = None
 
 
+def _seed_from(env: str) -> int:
+    """The value of the environment variable ``env`` when set (to replay a failure), else fresh (os.urandom)."""
+    return int(os.environ.get(env) or int.from_bytes(os.urandom(4), "little") % 2**31)
+
+
+#: this process's session seed: the draws made outside a test (module-scoped fixtures) derive from it
+SESSION_SEED = _seed_from(SESSION_SEED_ENV)
+
+
 def fresh_seed() -> int:
     """A test's seed: ``FA_VARIANTS_TEST_SEED``'s value when set (to replay a failure), else fresh (os.urandom)."""
-    return int(os.environ.get(SEED_ENV) or int.from_bytes(os.urandom(4), "little") % 2**31)
+    return _seed_from(SEED_ENV)
 
 
 def session_seed(key: str) -> int:
@@ -203,8 +210,7 @@ def assert_huge_logits_ok(out: torch.Tensor, lse: torch.Tensor, inputs, causal: 
     bound = inputs.softmax_scale * _qk_accumulator_bound(q, k, causal) + 1e-5 * want_lse.abs() + 1e-3
     excess = ((lse - want_lse).abs() / bound)[seen].max().item()
     assert excess <= 1.0, f"{what}: LSE error {excess:.3g}x the FP8 accumulator's bound"
-    group = q.shape[2] // k.shape[2]
-    s = torch.einsum("bqhd,bkhd->bhqk", q, k.repeat_interleave(group, 2)) * inputs.softmax_scale * LOG2_E
+    s = gqa_scores(q, k, inputs.softmax_scale * LOG2_E)
     if causal:
         s = s.masked_fill(~causal_visible(q.shape[1], k.shape[1]), -math.inf)
     top = s.topk(min(2, s.shape[-1]), dim=-1).values
@@ -237,6 +243,12 @@ def fp8_lse_bound(inputs, q: torch.Tensor, k: torch.Tensor, causal: bool, softma
             + 2**-21 * magnitude)
 
 
+def gqa_scores(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    """scale q . k (B, H, Nq, Nk) for q (B, Nq, H, D) and k (B, Nk, H_kv, D), each K/V head serving its group of
+    H / H_kv query heads; unmasked, in q's dtype."""
+    return torch.einsum("bqhd,bkhd->bhqk", q, k.repeat_interleave(q.shape[2] // k.shape[2], 2)) * scale
+
+
 def largest_score_change(q_hat: torch.Tensor, k_hat: torch.Tensor, scale_hat: float, q: torch.Tensor, k: torch.Tensor,
                          scale: float, causal: bool, lse_shift: torch.Tensor | None = None):
     """The core of the FP8 LSE bounds: per query row (B, H, Nq), float64, the largest |change| quantisation made to a
@@ -245,11 +257,10 @@ def largest_score_change(q_hat: torch.Tensor, k_hat: torch.Tensor, scale_hat: fl
     k_hat, k (B, Nk, H_kv, D): the dequantised and the unquantised values (any float dtype and device; computed in
     float64 on the CPU). The LSE is 1-Lipschitz in the largest change of a score, so it moves by at most this."""
     q_hat, k_hat, q, k = (t.double().cpu() for t in (q_hat, k_hat, q, k))
-    group = q.shape[2] // k.shape[2]
-    s_hat = torch.einsum("bqhd,bkhd->bhqk", q_hat, k_hat.repeat_interleave(group, 2)) * scale_hat
+    s_hat = gqa_scores(q_hat, k_hat, scale_hat)
     if lse_shift is not None:
         s_hat = s_hat + lse_shift.double().cpu()[..., None]
-    s = torch.einsum("bqhd,bkhd->bhqk", q, k.repeat_interleave(group, 2)) * scale
+    s = gqa_scores(q, k, scale)
     change = (s_hat - s).abs()
     if causal:
         visible = causal_visible(q.shape[1], k.shape[1])
