@@ -162,8 +162,8 @@ def assert_fp8_matches_emulation(out: torch.Tensor, lse: torch.Tensor, emu32: to
                                  exact: torch.Tensor, record=None, config=None, **labels) -> dict:
     """Asserts an fa3-fp8 output (out (B, N, H, D) 16-bit, lse float32 (B, H, N)) against its emulation (emu32
     float32, emu_lse) and float64 attention (exact): finite; rel-L2 vs the emulation rounded to out's dtype <=
-    FP8_REL_L2_BOUND (FP8_REL_L2_BOUND_SINGLE for a ``config`` with two_level False); rows that see no key (emu_lse -inf) O = 0 with LSE -inf, the others LSE within
-    FP8_LSE_BOUND; |out - exact| within ``fp8.fp8_error_bound``. Returns the facts (labels included), passed to
+    FP8_REL_L2_BOUND (FP8_REL_L2_BOUND_SINGLE for a ``config`` with two_level False); rows that see no key
+    (emu_lse -inf) O = 0 with LSE -inf, the others LSE within FP8_LSE_BOUND; |out - exact| within ``fp8.fp8_error_bound``. Returns the facts (labels included), passed to
     ``record`` first when given."""
     from fa_variants import fp8
     from fa_variants.reference import rel_l2
@@ -222,7 +222,8 @@ def assert_huge_logits_ok(out: torch.Tensor, lse: torch.Tensor, inputs, causal: 
     assert err <= tol, f"{what}: one-hot rows off by {err:.3g} (bound {tol:.3g})"
 
 
-def fp8_lse_bound(inputs, q: torch.Tensor, k: torch.Tensor, causal: bool, softmax_scale: float | None = None) -> torch.Tensor:
+def fp8_lse_bound(inputs, q: torch.Tensor, k: torch.Tensor, causal: bool,
+                  softmax_scale: float | None = None) -> torch.Tensor:
     """Per query row (B, H, Nq), float64: how far an FP8 attention's LSE (shifted back, ``FP8Inputs.unsmoothed_lse``)
     may lie from float64 attention's on the unquantised q, k (B, N, heads, D) at ``softmax_scale`` (default
     head_dim^-0.5). The LSE is 1-Lipschitz in the largest change of a score, so it moves by at most the largest
