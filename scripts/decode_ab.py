@@ -166,6 +166,10 @@ S9 = [(d, h, 8, 64, nk) for d in (64, 128) for h in (32, 64) for nk in (1024, 40
 S10C = ([(64, h, 8, 1, 32768) for h in (32, 64)] + [(64, h, 8, 1, 32768, 4) for h in (32, 64)]
         + [(64, 32, 8, 1, 32768, 16), (64, 32, 8, 1, 4096), (64, 32, 8, 1, 1024), (64, 32, 8, 8, 1024),
            (128, 32, 8, 1, 32768)])
+# session 33 (--s33): head_dim 128, 64:8, seqlen_q 16 (128 packed rows per KV head): `auto` takes the wide tile there
+# only where it adds no split (fa3.wide_helps), so batch 1 / 8 run two 64-row tiles per KV head, K/V read twice;
+# Nk 4k-128k at batch 1 / 8 (B 8 Nk 4k: the loss that made the rule) and batch 64 Nk 32k (wide already) as a guard
+S33 = [(128, 64, 8, b, nk, 16) for b in (1, 8) for nk in (4096, 16384, 32768, 131072)] + [(128, 64, 8, 64, 32768, 16)]
 ALL_NQ1 = [(d, h, 8, b, nk) for d in (64, 128) for h in (32, 64) for b in (1, 8, 64)
            for nk in (1024, 4096, 32768, 131072)]
 
@@ -668,6 +672,7 @@ def main() -> int:
     p.add_argument("--s8", action="store_true", help="the session-8 set S8 instead of the 32 misses (and --skip-same)")
     p.add_argument("--s9", action="store_true", help="the session-8 batch-64 set S9 instead of the 32 misses (and --skip-same)")
     p.add_argument("--s10c", action="store_true", help="the session-10 set S10C, D 64 B 1 Nk 32k and guards (and --skip-same)")
+    p.add_argument("--s33", action="store_true", help="the session-33 set S33, D 128 64:8 seqlen_q 16 (and --skip-same)")
     p.add_argument("--skip-same", action="store_true",
                    help="time no public variant where it runs the shipped config (same_as_shipped)")
     p.add_argument("--variants", nargs="+", default=[v for v in VARIANTS if not v.startswith("min1")],
@@ -681,7 +686,7 @@ def main() -> int:
                    else "results/decode2/decode_ab")
     a = p.parse_args()
     shapes = (ALL_NQ1 if a.all_nq1 else SHORT_NK + CONTROLS if a.short_nk else S6 if a.s6 else S7 if a.s7 else
-              S8 if a.s8 else S9 if a.s9 else S10C if a.s10c else MISSES) + (
+              S8 if a.s8 else S9 if a.s9 else S10C if a.s10c else S33 if a.s33 else MISSES) + (
         WINS if a.wins else [])
     gpu = not (a.plan or a.compile_only)
     if gpu:
@@ -694,7 +699,7 @@ def main() -> int:
     else:
         os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
         num_sms = NUM_SMS_DEFAULT
-    rows = plan(shapes, a.variants, num_sms, a.skip_same or a.s7 or a.s8 or a.s9 or a.s10c)
+    rows = plan(shapes, a.variants, num_sms, a.skip_same or a.s7 or a.s8 or a.s9 or a.s10c or a.s33)
     for r in rows:
         if not r.get("public"):
             r["forced"] = entry(r["variant"], r["shape"], num_sms)[1]
