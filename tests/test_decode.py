@@ -398,14 +398,18 @@ def test_wide_packed_tiles_only_where_the_rows_need_them(h200, split_enabled, mo
 
 def test_wide_packed_tiles_by_default(h200, split_enabled, monkeypatch):
     """PACK_WIDE None (the default, FA_VARIANTS_PACK_WIDE unset / auto; ``fa3.wide_helps``): 64:8 at Nq 16 takes
-    the 128-row tile at D 64 always (B 8 Nk 32k: 1 -> 2 splits); at D 128 only where the split count stays
-    (B 64 Nk 32k, unsplit either way), not at B 8 Nk 4k (64 wide CTAs: 2 splits against 1, the s6 A/B's loss);
+    the 128-row tile at D 64 always (B 8 Nk 32k: 1 -> 2 splits); at D 128 where the split count stays (B 64
+    Nk 32k, unsplit either way) or seqlen_k >= WIDE_LONG_SEQLEN_K (16k; B 8 Nk 32k 1 -> 2 splits, B 1 Nk 16k 8 -> 16,
+    the s33 A/B's gains), not at B 8 Nk 4k / 8k nor B 1 Nk 4k (the split count doubles; the s6 / s33 losses);
     D 96 (unmeasured) never."""
     monkeypatch.setattr(fa3, "PACK_WIDE", None)
+    assert fa3.WIDE_LONG_SEQLEN_K == 16384
     cases = [((1, 16, 64, 8, 32768, 64), 128, 16), ((8, 16, 64, 8, 32768, 64), 128, 2),
              ((64, 16, 64, 8, 1024, 64), 128, 1), ((64, 16, 64, 8, 32768, 128), 128, 1),
-             ((8, 16, 64, 8, 4096, 128), 64, 1), ((8, 16, 64, 8, 32768, 128), 64, 1),
-             ((1, 16, 64, 8, 32768, 128), 64, 8), ((64, 16, 64, 8, 32768, 96), 64, 1)]
+             ((8, 16, 64, 8, 4096, 128), 64, 1), ((8, 16, 64, 8, 8192, 128), 64, 1),
+             ((1, 16, 64, 8, 4096, 128), 64, 8), ((1, 16, 64, 8, 16383, 128), 64, 8),
+             ((1, 16, 64, 8, 16384, 128), 128, 16), ((8, 16, 64, 8, 32768, 128), 128, 2),
+             ((1, 16, 64, 8, 131072, 128), 128, 16), ((64, 16, 64, 8, 32768, 96), 64, 1)]
     for shape, tile_m, splits in cases:
         q, k = _qk(*shape)
         cfg = fa3._problem_config(None, q, k, True)

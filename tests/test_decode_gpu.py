@@ -621,6 +621,21 @@ def test_auto_runs_wide_packed_tiles(decode_defaults, split_kv, pack_gqa, monkey
         assert_attention_ok(out, lse, q, k, v, True)
 
 
+@pytest.mark.parametrize("b, nk", [(1, 16385), (3, 20011)], ids=["b1-nk16385", "b3-nk20011"])
+def test_auto_wide_at_head_dim_128_from_16k_keys(b, nk, decode_defaults, split_kv, pack_gqa):
+    """`auto`'s default (PACK_WIDE None, ``fa3.wide_helps``) at head_dim 128, 64:8, Nq 16: from WIDE_LONG_SEQLEN_K
+    keys one 128-row tile per KV head even where it doubles the split count (session 33's flip), odd lengths; O and
+    LSE within the rule, causal and not."""
+    import fa_variants
+
+    q, k, v = _qkv(b, 16, nk, 64, 8, 128)
+    cfg = fa3._problem_config(None, q, k, True)
+    assert nk >= fa3.WIDE_LONG_SEQLEN_K and cfg.tile_m == fa3.WIDE_TILE_M and cfg.pack_group == 8, cfg
+    for causal in (False, True):
+        out, lse = fa_variants.attention(q, k, v, causal=causal, backend="fa3", return_lse=True)
+        assert_attention_ok(out, lse, q, k, v, causal)
+
+
 def test_dual_auto_tiles_through_auto(decode_defaults, split_kv, pack_gqa, monkeypatch):
     """FA_VARIANTS_DECODE_TILES=auto (fa3.DECODE_TILES_CHOICE "auto"): B 8 / 64 at Nk ~1k run two CTAs per SM
     (split at B 8, unsplit at B 64; both with PDL), odd lengths; each call within the rule, O and LSE, three fresh Qs."""

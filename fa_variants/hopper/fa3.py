@@ -354,9 +354,14 @@ SPLIT_MIN_TILES = env.integer("FA_VARIANTS_SPLIT_MIN_TILES", "1", 1, "K/V tiles 
 #: (64 instead of 128) made the heuristic split 1 -> 2 (B 8 Nk 32k, also 1 -> 2, won 0.18 -> 0.16x; B 1 Nk 32k
 #: 8 -> 16 splits, 0.12x either way).
 PACK_WIDE: bool | None = env.auto_flag("FA_VARIANTS_PACK_WIDE")
-#: head dims where `auto` always takes the wide tile; WIDE_SAME_SPLITS_HEAD_DIMS: only where it adds no split
+#: head dims where `auto` always takes the wide tile; WIDE_SAME_SPLITS_HEAD_DIMS: only where it adds no split or
+#: seqlen_k >= WIDE_LONG_SEQLEN_K. The second from the session 33 H200 A/B (scripts/decode_ab.py --s33, "wide", D 128
+#: 64:8 Nq 16, 6 rounds; bench/NOTES.md "Session 33 ... the wide packed tile at head_dim 128"): wide / auto at B 1 /
+#: B 8 (16 / 2 splits against 8 / 1) Nk 4k 1.061 / 1.278, Nk 16k 0.982 / 0.985, Nk 32k 0.977 / 0.888, Nk 128k 0.732 /
+#: 0.753 (HBM share 61 -> 84 %, 66 -> 88 %): from 16k keys the extra split costs less than the second K/V read.
 WIDE_ALWAYS_HEAD_DIMS = (64,)
 WIDE_SAME_SPLITS_HEAD_DIMS = (128,)
+WIDE_LONG_SEQLEN_K = 16384
 WIDE_TILE_M = 128
 _WIDE = dict(tile_m=WIDE_TILE_M, pingpong=True)  # the 128-row packed tile's Sm90Config fields
 
@@ -612,14 +617,16 @@ def decode_pdl(splits: int) -> bool:
 
 def wide_helps(q: torch.Tensor, k: torch.Tensor) -> bool:
     """Whether PACK_WIDE None (`auto`) takes the wide tile for this call whose rows need it: at a head dim of
-    WIDE_ALWAYS_HEAD_DIMS always; of WIDE_SAME_SPLITS_HEAD_DIMS when the split heuristic gives the wide tiles' CTAs
-    (half as many) the same count as the 64-row ones' (the one loss, D 128 B 8 Nk 4k, went 1 -> 2 splits);
-    other head dims (unmeasured) never."""
+    WIDE_ALWAYS_HEAD_DIMS always; of WIDE_SAME_SPLITS_HEAD_DIMS when seqlen_k >= WIDE_LONG_SEQLEN_K or the split
+    heuristic gives the wide tiles' CTAs (half as many) the same count as the 64-row ones' (the losses, D 128 B 8
+    Nk 4k 1 -> 2 splits and B 1 Nk 4k 8 -> 16, are short); other head dims (unmeasured) never."""
     head_dim = q.shape[-1]
     if head_dim in WIDE_ALWAYS_HEAD_DIMS:
         return True
     if head_dim not in WIDE_SAME_SPLITS_HEAD_DIMS:
         return False
+    if k.shape[1] >= WIDE_LONG_SEQLEN_K:
+        return True
     narrow = _PACKED_SPLIT_CONFIGS[head_dim]  # num_splits 0: the heuristic's count
     wide = dataclasses.replace(narrow, **_WIDE)
     return num_splits_for(wide, q, k, False) == num_splits_for(narrow, q, k, False)
