@@ -211,6 +211,8 @@ def _plan(selection: Selection, q, k, v, causal: bool, scale: float, config=None
     if q.numel() == 0 or k.shape[1] == 0:  # B, Nq or H is 0, or no key at all: launch nothing
         return functools.partial(launch.empty_outputs, (batch, seqlen_q, heads, head_dim), output_dtype(q.dtype),
                                  q.device)
+    if config is None:
+        config = _unsplit_config(selection.backend, q, k, v, causal, scale)
     copies = tuple(_unit_last_dim(t) is not t for t in (q, k, v))
     mqa = _mqa(k, v)
     kernel_scale = _kernel_scale(scale)
@@ -282,13 +284,24 @@ def _kernel_module(backend: str):
     return module
 
 
+def _unsplit_config(backend: str, q, k, v, causal: bool, scale: float, config=None):
+    """``config``; when it is None, the backend splits K/V (fa3, fa2) and |scale| is above
+    ``split.MAX_SPLIT_SCALE`` (a split's partial LSE could overflow float32), its unsplit config."""
+    module = _kernel_module(backend)
+    if config is not None or module is None or split.splits_allowed(scale):
+        return config
+    return module.decode_config(q, _config_k(k, v), causal, num_splits=1)
+
+
 def _lengths_plan(selection: Selection, module, q, k, v, causal: bool, scale: float, config=None):
     """`_plan` on ``module.lengths_config`` (of ``config``, else of `auto`'s choice): its run takes seqlens_k after
     want_lse. The config is made only when there is something to launch (`_plan`'s empty shortcuts and forward-only
     check come first)."""
     launches = q.numel() and k.shape[1] and not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)))
-    return _plan(selection, q, k, v, causal, scale,
-                 module.lengths_config(q, _config_k(k, v), causal, config) if launches else None)
+    if not launches:
+        return _plan(selection, q, k, v, causal, scale)
+    config = _unsplit_config(selection.backend, q, k, v, causal, scale, config)
+    return _plan(selection, q, k, v, causal, scale, module.lengths_config(q, _config_k(k, v), causal, config))
 
 
 def _config_k(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -352,8 +365,11 @@ def _with_split_options(q, k, v, causal: bool, scale: float | None, backend: str
     if module is None:
         raise ValueError(f"num_splits / pack_gqa apply to the fa3 and fa2 backends only; this call runs on "
                          f"{selection.backend}")
-    config = module.decode_config(q, _config_k(k, v), causal, num_splits=num_splits, pack_gqa=pack_gqa)
     scale = default_softmax_scale(q.shape[-1]) if scale is None else scale
+    split.check_split_scale(num_splits, scale)
+    if num_splits is None and not split.splits_allowed(scale):
+        num_splits = 1
+    config = module.decode_config(q, _config_k(k, v), causal, num_splits=num_splits, pack_gqa=pack_gqa)
     if seqlens_k is None:
         return _run(selection, q, k, v, causal, scale, config)
     return _lengths_plan(selection, module, q, k, v, causal, scale, config)(q, k, v, True, seqlens_k.contiguous())

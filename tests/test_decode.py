@@ -843,3 +843,25 @@ def test_decode_sizes_are_bounded(flag, value):
     with pytest.raises(SystemExit) as exit_:
         main(["bench", "--decode", "--dry-run", flag, value])
     assert exit_.value.code == 2
+
+
+def test_huge_softmax_scale_leaves_auto_unsplit(h200, split_enabled):
+    """|softmax_scale| above split.MAX_SPLIT_SCALE (2^64): `auto`'s config for fa3 is its unsplit one
+    (``api._unsplit_config``; a split's partial LSE could overflow float32 and the merge gave NaN rows, session 33's
+    break-it probe), at 2^64 and below (negative too) auto's own choice; num_splits > 1 raises one line naming both."""
+    from fa_variants import api
+
+    q, k = _qk(1, 1, 32, 8, 32768)
+    assert fa3._problem_config(None, q, k, True).num_splits == 0  # auto splits this shape at a normal scale
+    for scale in (0.1, -0.1, 2.0 ** 64, -(2.0 ** 64), 0.0):
+        assert api._unsplit_config("fa3", q, k, k, True, scale) is None, scale
+    for scale in (2.0 ** 64 * 1.01, 1e38, -2e38):
+        cfg = api._unsplit_config("fa3", q, k, k, True, scale)
+        assert cfg.num_splits == 1 and cfg.pack_gqa and fa3.num_splits_for(cfg, q, k, True) == 1, scale
+    assert api._unsplit_config("fa1", q, k, k, True, 1e38) is None  # fa1 never splits
+    forced = dataclasses.replace(fa3.DEFAULT_CONFIGS[128], num_splits=4)
+    assert api._unsplit_config("fa3", q, k, k, True, 1e38, forced) is forced  # a caller's config is kept
+    with pytest.raises(ValueError, match=r"^num_splits=4 with softmax_scale=1e\+38: .*num_splits=1 or None$"):
+        split.check_split_scale(4, 1e38)
+    for n, scale in ((1, 1e38), (None, -2e38), (4, 2.0 ** 64), (64, -0.5)):
+        split.check_split_scale(n, scale)

@@ -780,3 +780,49 @@ def test_auto_runs_persistent_full_grid(case, decode_defaults, split_kv, pack_gq
     cfg = fa3._problem_config(None, q, k, True)
     assert (cfg.persistent, cfg.num_splits, cfg.pdl, cfg.stages) == (True, 1, pdl, 3 if grid == "persistent3" else 2)
     _fresh_q_calls_then_graph_replay(q, k, v)
+
+
+# ----- session 33: a huge softmax_scale on calls `auto` would split (a break-it probe's finding) -----
+
+
+def _assert_huge_scale_ok(out, lse, q, k, v, causal, scale, seqlens_k=None, what=""):
+    """O within 1e-2 max|V| of float64 attention (at |scale| ~1e38 softmax is a hard max: the unsplit kernel's O is
+    exact there), no NaN in O or LSE; the LSE may be +-inf (its true value beyond float32: README, softmax_scale)."""
+    from fa_variants import reference
+
+    ref = reference.run(q.double(), k.double(), v.double(), causal=causal, softmax_scale=scale,
+                        seqlens_k=seqlens_k)[0]
+    assert not out.isnan().any() and not lse.isnan().any(), f"{what}: NaN (split partial LSEs of +inf merged?)"
+    err = (out.double() - ref).abs().max().item()
+    assert err <= 1e-2 * v.abs().max().item(), f"{what}: max |O - O_64| {err:.3e}"
+
+
+@pytest.mark.parametrize("backend", ["fa3", "fa2"])
+@pytest.mark.parametrize("scale", [1e38, -2e38, 2.0 ** 64 * 2])
+def test_huge_softmax_scale_runs_unsplit(backend, scale, split_kv, pack_gqa, monkeypatch):
+    """|softmax_scale| above ``split.MAX_SPLIT_SCALE`` (2^64): `auto`, pack_gqa=True and seqlens_k calls run unsplit
+    (a split's partial LSE of +inf made NaN rows in the merge: exp(inf - inf)); num_splits > 1 is a one-line
+    ValueError naming both; the same shape at scale 0.1 does split (so the case is one `auto` splits)."""
+    import fa_variants
+    from fa_variants.ampere import fa2
+
+    monkeypatch.setattr(fa2, "SPLIT_KV_ENABLED", True)
+    q, k, v = _qkv(2, 1, 896, 8, 2, 128)
+    module = fa3 if backend == "fa3" else fa2
+    assert module.auto_num_splits(q, k, True) > 1
+    for neg in (False, True):  # mixed scores, and all negative (every partial LSE -inf in float32)
+        qq, kk = (q.abs(), -k.abs()) if neg else (q, k)
+        what = f"{backend} scale {scale:g}{' all-negative' if neg else ''}"
+        out, lse = fa_variants.attention(qq, kk, v, causal=True, softmax_scale=scale, backend=backend,
+                                         return_lse=True)
+        _assert_huge_scale_ok(out, lse, qq, kk, v, True, scale, what=what)
+        out, lse = fa_variants.attention(qq, kk, v, causal=True, softmax_scale=scale, backend=backend,
+                                         return_lse=True, pack_gqa=True)
+        _assert_huge_scale_ok(out, lse, qq, kk, v, True, scale, what=what + " pack_gqa")
+        lengths = torch.tensor([896, 301], dtype=torch.int32, device="cuda")
+        out, lse = fa_variants.attention(qq, kk, v, causal=True, softmax_scale=scale, backend=backend,
+                                         return_lse=True, seqlens_k=lengths)
+        _assert_huge_scale_ok(out, lse, qq, kk, v, True, scale, lengths, what + " seqlens_k")
+    with pytest.raises(ValueError, match=r"num_splits=4 .*softmax_scale") as info:
+        fa_variants.attention(q, k, v, softmax_scale=scale, backend=backend, num_splits=4)
+    assert "\n" not in str(info.value) and split.MAX_SPLIT_SCALE == 2.0 ** 64

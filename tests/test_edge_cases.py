@@ -290,12 +290,18 @@ def _strided_case(backend, case):
         return backend.randn(b, 77, h, d), backend.randn(b, 300, h, d), backend.randn(b, 300, h, d)
     if case == "non-unit-last-stride":  # copied by the API
         return backend.randn(b, 64, h, 2 * d)[..., ::2], backend.randn(b, 64, h, d), backend.randn(b, 64, h, d)
+    if case == "unit-dim-odd-stride":  # contiguous for torch: a length-1 dim's stride (here 1) is never used
+        q = backend.randn(b, h, d).unsqueeze(-1).transpose(-1, -2).transpose(1, 2)  # (b, 1, h, d): strides hd, 1, d, 1
+        return q, backend.randn(b, 62, h, d), backend.randn(b, 62, h, d)
+    if case == "batch-1-odd-stride":  # one sequence cut from rows of an odd pitch: batch stride 64 h d + 1
+        rows = [backend.randn(2, 64 * h * d + 1)[:1, :64 * h * d].view(1, 64, h, d) for _ in range(3)]
+        return tuple(rows)
     raise AssertionError(case)
 
 
 @CAUSAL
 @pytest.mark.parametrize("case", ["k-in-wider-buffer", "v-transposed", "packed-qkv", "cross-attention",
-                                  "non-unit-last-stride"])
+                                  "non-unit-last-stride", "unit-dim-odd-stride", "batch-1-odd-stride"])
 def test_ec10_strides(backend, case, causal):
     q, k, v = _strided_case(backend, case)
     out = backend.checked(q, k, v, causal=causal)

@@ -363,3 +363,26 @@ def test_quantize_fp8_takes_one_dtype():
             fp8.quantize_fp8(q, k.bfloat16(), k, impl=impl)
         with pytest.raises(TypeError, match=r"^q has dtype torch.float16 but v has dtype torch.float32"):
             fp8.quantize_fp8(q, k, k.float(), impl=impl)
+
+
+# ------------------------------------------------------------------------ the kernels' operand strides
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])
+def test_a_length_1_dimension_is_restrided_not_refused(dtype):
+    """interop.aligned (every kernel's operand rule): a length-1 dimension whose stride breaks the 16-byte rule (torch
+    calls the tensor contiguous: that stride is never used) becomes a view of the same memory with the contiguous
+    stride there, no copy; before session 33 it raised "cannot be 16-byte aligned", blaming the last dimension."""
+    from fa_variants.common import interop
+
+    x = torch.zeros(2, 8, 128, dtype=dtype)
+    q = x.unsqueeze(-1).transpose(-1, -2).transpose(1, 2)  # (2, 1, 8, 128), strides (1024, 1, 128, 1)
+    assert q.is_contiguous() and not interop.is_aligned(q)
+    rows = torch.zeros(2, 64 * 4 * 128 + 1, dtype=dtype)[:1, :64 * 4 * 128].view(1, 64, 4, 128)  # batch stride odd
+    for t, strides in ((q, (1024, 1024, 128, 1)), (rows, (32768, 512, 128, 1))):
+        a = interop.aligned(t)
+        assert a.stride() == strides and a.data_ptr() == t.data_ptr() and interop.is_aligned(a)
+        assert torch.equal(a.float(), t.float())
+    wide = torch.zeros(2, 1, 8, 130, dtype=torch.bfloat16)[..., :128]  # a real stride problem: still a copy
+    assert interop.aligned(wide).data_ptr() != wide.data_ptr()
+    plain = torch.zeros(2, 1, 8, 128, dtype=torch.bfloat16)
+    assert interop.aligned(plain) is plain and interop.unit_dims_restrided(plain) is plain

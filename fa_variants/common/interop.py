@@ -76,10 +76,29 @@ def is_aligned(t: torch.Tensor, align: int = DEFAULT_ALIGN) -> bool:
     return strides_aligned(t, align) and t.data_ptr() % align == 0
 
 
+def unit_dims_restrided(t: torch.Tensor) -> torch.Tensor:
+    """t, or a view of the same memory whose length-1 dimensions (other than the last) carry the stride a contiguous
+    tensor would give them. Such a stride is never multiplied by a non-zero index, so torch leaves it free (a
+    tensor of shape (2, 1, 8, 128) and strides (1024, 1, 128, 1) is contiguous), but the kernels' stride rule and
+    TMA descriptors read every stride."""
+    if all(n != 1 for n in t.shape[:-1]):
+        return t
+    strides, inner = list(t.stride()), 1
+    for i in reversed(range(t.dim())):
+        if t.shape[i] == 1 and i < t.dim() - 1:
+            strides[i] = inner
+        inner = max(inner, strides[i] * t.shape[i])
+    return t if tuple(strides) == t.stride() else t.as_strided(t.shape, strides, t.storage_offset())
+
+
 def aligned(t: torch.Tensor, align: int = DEFAULT_ALIGN) -> torch.Tensor:
-    """t itself when `is_aligned`, else a contiguous copy (which is aligned when the last dim is)."""
+    """t itself when `is_aligned`; else the same memory with its length-1 dimensions' strides made contiguous
+    (``unit_dims_restrided``) when that is aligned; else a contiguous copy (which is aligned when the last dim is)."""
     if is_aligned(t, align):
         return t
+    view = unit_dims_restrided(t)
+    if view is not t and is_aligned(view, align):
+        return view
     c = t.contiguous() if t.stride(-1) == 1 and t.data_ptr() % align == 0 else t.clone(
         memory_format=torch.contiguous_format)
     if not is_aligned(c, align):

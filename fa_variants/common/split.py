@@ -10,6 +10,8 @@ LSE_s = log sum_{j in s} exp(scale q k_j). The whole result follows exactly (Dao
 
 A split that saw no key has LSE_s = -inf and contributes nothing (its O_s is never read: it may be
 unwritten); when every split is empty the row gets O = 0 and LSE = -inf, like an unsplit row that sees no key.
+A partial LSE_s of +inf (its true value beyond float32, at a huge softmax_scale) cannot be weighed against
+another (exp(inf - inf)): `fa_variants.attention` runs such scales unsplit (``MAX_SPLIT_SCALE``).
 
 `num_splits_heuristic` picks the count from the shape and the SM count; `merge` is the combine step in
 torch (fp32; pairwise over the splits). fa3 merges with the one-launch kernel ``common.split_combine`` instead
@@ -33,6 +35,12 @@ from fa_variants.common import env
 from fa_variants.common.checks import is_int
 
 MAX_SPLITS = 64
+#: The largest |softmax_scale| a split-KV call runs with. A split's partial LSE_s = scale m_s + log l_s (m_s its
+#: largest score) must be finite in float32 for the merge: two splits whose LSE_s overflowed to +inf cannot be
+#: weighed (exp(inf - inf)), and their rows came out NaN where the unsplit kernel returns the right O (and LSE +inf).
+#: Below 2^64 every fp16 input is safe (|score| <= head_dim x 65504^2 < 2^41) and a bf16 one whose scores stay
+#: below 2^64; above it `fa_variants.attention` runs unsplit (and refuses num_splits > 1: ``check_split_scale``).
+MAX_SPLIT_SCALE = 2.0 ** 64
 
 
 def _min_tiles_from_env(value: str) -> int:
@@ -94,6 +102,19 @@ def check_options(num_splits, pack_gqa) -> int | None:
     if pack_gqa is not None and not isinstance(pack_gqa, bool):
         raise TypeError(f"pack_gqa must be a bool or None (chosen per call), got {_shown(pack_gqa)}")
     return num_splits
+
+
+def splits_allowed(softmax_scale: float) -> bool:
+    """Whether a call with this softmax_scale may split K/V (``MAX_SPLIT_SCALE``)."""
+    return abs(softmax_scale) <= MAX_SPLIT_SCALE
+
+
+def check_split_scale(num_splits: int | None, softmax_scale: float) -> None:
+    """ValueError (one line naming both) for num_splits > 1 with |softmax_scale| above MAX_SPLIT_SCALE."""
+    if num_splits is not None and num_splits > 1 and not splits_allowed(softmax_scale):
+        raise ValueError(f"num_splits={num_splits} with softmax_scale={softmax_scale:.4g}: with |softmax_scale| "
+                         f"above 2^64 a split's partial LSE can overflow float32 and the merge cannot weigh it; pass "
+                         f"num_splits=1 or None")
 
 
 def _shown(value) -> str:
