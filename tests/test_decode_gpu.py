@@ -826,3 +826,48 @@ def test_huge_softmax_scale_runs_unsplit(backend, scale, split_kv, pack_gqa, mon
     with pytest.raises(ValueError, match=r"num_splits=4 .*softmax_scale") as info:
         fa_variants.attention(q, k, v, softmax_scale=scale, backend=backend, num_splits=4)
     assert "\n" not in str(info.value) and split.MAX_SPLIT_SCALE == 2.0 ** 64
+
+
+@pytest.mark.parametrize("backend", ["fa3", "fa2"])
+def test_threads_on_one_stream_keep_their_split_partials(backend, split_kv, pack_gqa, monkeypatch):
+    """Two Python threads issuing split-KV decode calls on the same (default) stream, as a threaded server does,
+    with the interpreter switching threads as often as it can: every output equals the same call made alone,
+    bitwise (the same kernels and split count on one GPU). Split scratch is per thread (common.workspace): shared,
+    a thread's split kernel between another's split kernel and merge would hand that merge the wrong partials."""
+    import sys
+    import threading
+
+    import fa_variants
+    from fa_variants.ampere import fa2
+
+    monkeypatch.setattr(fa2, "SPLIT_KV_ENABLED", True)
+    inputs = [_qkv(2, 1, 880 + 17 * i, 8, 2, 128) for i in range(8)]
+    assert (fa3 if backend == "fa3" else fa2).auto_num_splits(*inputs[0][:2], True) > 1
+    call = lambda i: fa_variants.attention(*inputs[i], causal=True, backend=backend)  # noqa: E731
+    expected = [call(i) for i in range(8)]
+    torch.cuda.synchronize()
+    results, errors = {0: [], 1: []}, []
+
+    def worker(t):
+        try:
+            torch.cuda.set_device(0)
+            for r in range(60):
+                j = 4 * t + r % 4
+                results[t].append((j, call(j)))
+        except Exception as exc:  # noqa: BLE001 - re-raised below
+            errors.append(exc)
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=worker, args=(t,)) for t in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    torch.cuda.synchronize()
+    assert not errors, errors[0]
+    bad = [(t, j) for t in results for j, out in results[t] if not torch.equal(out, expected[j])]
+    assert not bad and sum(map(len, results.values())) == 120, bad[:5]

@@ -339,7 +339,7 @@ def test_an_unread_lse_goes_to_the_stream_scratch(stub_launcher, monkeypatch):
     assert out2.shape == q.shape and out2.dtype == q.dtype and out2.is_contiguous()
     assert lse2 is lse and lse.shape == (2, 4, 3) and lse.dtype == torch.float32 and lse.is_contiguous()
     assert launched[-1][3] is out2 and launched[-1][4] is lse and out2.data_ptr() != out.data_ptr()
-    assert workspace._STREAMS[(-1, 0)].buffers.keys() == {"lse"}
+    assert workspace._STREAMS[workspace.slot_key(torch.device("cpu"))].buffers.keys() == {"lse"}
     fresh = [run(q, k, v)[1] for _ in range(2)] + [run(q, k, v, True)[1]]
     assert len({t.data_ptr() for t in fresh + [lse]}) == 4 and launched[-1][4] is fresh[-1]
     monkeypatch.setattr(workspace, "capturing", lambda device: True)
@@ -359,7 +359,7 @@ def test_a_large_unread_lse_is_allocated(stub_launcher, monkeypatch):
     k = v = torch.randn(2, 5, 2, 16, dtype=F16)
     run = make(q, k, v)
     assert run(q, k, v, False)[1].data_ptr() != run(q, k, v, False)[1].data_ptr()
-    assert (-1, 0) not in workspace._STREAMS
+    assert workspace.slot_key(torch.device("cpu")) not in workspace._STREAMS
 
 
 def test_attention_without_return_lse_asks_the_plan_for_no_lse(fake_fa3):
@@ -391,7 +391,7 @@ def test_workspace_view_cache_is_bounded(monkeypatch):
     lse = first()
     for n in range(1, 5000):  # 5000 prompt lengths
         workspace.lse_function(cpu, (1, 2, n))()
-    slot = workspace._STREAMS[(-1, 0)]
+    slot = workspace._STREAMS[workspace.slot_key(torch.device("cpu"))]
     assert len(slot.views) <= 4096 and len(workspace._VIEW_KEYS) <= 4096
     again = first()
     assert again.shape == (1, 3, 2) and again.is_contiguous() and first() is again
@@ -425,7 +425,7 @@ def test_uncached_scope_leaves_no_buffer_behind(monkeypatch):
     with pytest.raises(RuntimeError), workspace.uncached():
         raise RuntimeError("inside")
     cached, _ = partials()
-    assert partials()[0] is cached and lse() is lse() and (-1, 0) in workspace._STREAMS
+    assert partials()[0] is cached and lse() is lse() and workspace.slot_key(cpu) in workspace._STREAMS
     workspace.clear()
 
 
@@ -612,3 +612,34 @@ def test_nan_allocations_keep_leaves_that_require_grad(nan_allocations, grad_mod
                 torch.ones(2).new_empty((5,), requires_grad=True)]
     for t in made:
         assert t.requires_grad and t.is_leaf and torch.isnan(t).all()
+
+
+def test_workspace_buffers_are_per_thread(monkeypatch):
+    """Two Python threads on one stream never share split scratch (common.workspace's rule): a split call is two
+    launches (split kernel, merge), and another thread's split kernel queued between them would overwrite the
+    partials the merge reads (session 33's break-it probe). Each thread gets its own buffer; an ended thread's
+    slot goes when a later thread makes its first one."""
+    import threading
+
+    from fa_variants.common import workspace
+
+    workspace.clear()
+    monkeypatch.setattr(workspace, "CACHE_CPU", True)
+    cpu = torch.device("cpu")
+    partials = workspace.function(cpu, 6, 0, ("test-threads", 6), lambda buf, _: buf[:6])
+    mine = partials()
+    seen = {}
+
+    def other(name):
+        seen[name] = (partials(), workspace.slot_key(cpu))
+
+    for name in ("a", "b"):
+        worker = threading.Thread(target=other, args=(name,))
+        worker.start()
+        worker.join()
+    (a, key_a), (_, key_b) = seen["a"], seen["b"]
+    assert partials() is mine and len({mine.data_ptr(), a.data_ptr()}) == 2
+    assert key_a != workspace.slot_key(cpu) and key_a[:2] == key_b[:2] == (-1, 0)
+    assert key_a not in workspace._STREAMS or key_a == key_b  # thread a ended: dropped when b made its slot
+    assert workspace.slot_key(cpu) in workspace._STREAMS
+    workspace.clear()

@@ -3,10 +3,13 @@ and, for the fused merge (``Sm90Config.fused_merge``), the per-query-tile arriva
 
 The rule (who may share a buffer):
 
-* Eager calls on a CUDA device share one buffer per (device, stream), grown on demand (a larger call replaces
-  it; the old one goes back to torch's caching allocator, which only reuses it in that stream's order). Work on
-  one stream runs in order, so consecutive calls reuse the memory safely; two streams never share a buffer (a
-  buffer shared by concurrent streams would race).
+* Eager calls on a CUDA device share one buffer per (device, stream, Python thread), grown on demand (a larger
+  call replaces it; the old one goes back to torch's caching allocator, which only reuses it in that stream's
+  order). Work on one stream runs in order, so consecutive calls reuse the memory safely; two streams never share
+  a buffer (a buffer shared by concurrent streams would race), nor do two threads on one stream: a split call
+  launches its split kernel and its merge as two launches, and another thread's split kernel queued between
+  them would overwrite the partials the merge reads. A thread's buffers are dropped when a later thread makes
+  its first one and that thread is no longer alive.
 * Calls captured into a CUDA graph (``torch.cuda.is_current_stream_capturing()``) never use those buffers: the
   partials come from ``torch.empty`` (the graph's private memory pool, alive as long as the graph, one piece
   per captured call), and the counters from a per-device arena zeroed once outside capture: one slice per
@@ -61,7 +64,7 @@ class _PerStream:
         self.views: dict = {}
 
 
-_STREAMS: dict[tuple[int, int], _PerStream] = {}
+_STREAMS: dict[tuple[int, int, int], _PerStream] = {}  # (device index (CPU: -1), stream (CPU: 0), thread) -> slot
 _ARENAS: dict[int, list] = {}  # device index -> [int32 zeros, next free offset]
 _LOCK = threading.Lock()
 
@@ -69,6 +72,26 @@ _LOCK = threading.Lock()
 # the current stream's handle as an int, without building a Stream object (this runs on every split call)
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _IS_CAPTURING = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+
+
+_thread = threading.get_ident
+
+
+def slot_key(device: torch.device) -> tuple[int, int, int]:
+    """The key of the calling thread's buffers for the device's current stream (the module docstring's rule)."""
+    if device.type != "cuda":
+        return (-1, 0, _thread())
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return (index, _raw_stream(index), _thread())
+
+
+def _new_slot(key: tuple) -> _PerStream:
+    """A slot for ``key`` (under _LOCK), after dropping the slots of threads that have ended."""
+    alive = {t.ident for t in threading.enumerate()}
+    for old in [k for k in _STREAMS if k[2] not in alive]:
+        del _STREAMS[old]
+    slot = _STREAMS[key] = _PerStream()
+    return slot
 
 
 def _raw_stream(index: int) -> int:
@@ -155,11 +178,7 @@ def views(device: torch.device, partials: int, counters: int, geometry, make: Ca
     if device.type != "cuda" and not CACHE_CPU or capturing(device):
         return make(torch.empty(partials, dtype=torch.float32, device=device),
                     _captured_counters(device, counters) if counters else None)
-    if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        key = (index, _raw_stream(index))
-    else:
-        key = (-1, 0)
+    key = slot_key(device)
     if view_key is None:
         view_key = _view_key(kind, geometry)
     slot = _STREAMS.get(key)
@@ -168,7 +187,7 @@ def views(device: torch.device, partials: int, counters: int, geometry, make: Ca
         if hit is not None:
             return hit
     with _LOCK:
-        slot = _STREAMS.setdefault(key, _PerStream())
+        slot = _STREAMS.get(key) or _new_slot(key)
         buffer = slot.buffers.get(kind)
         if buffer is None or buffer.numel() < partials:
             buffer = slot.buffers[kind] = torch.empty(max(partials, 2 * (buffer.numel() if buffer is not None else 0)),
@@ -216,7 +235,7 @@ def function(device: torch.device, partials: int, counters: int, geometry, make:
     if device.type != "cuda":
         def get_host():  # (capturing: False for the CPU, unless a test says otherwise)
             if CACHE_CPU and not capturing(device) and not _uncached_now():
-                slot = _STREAMS.get((-1, 0))
+                slot = _STREAMS.get((-1, 0, _thread()))
                 hit = slot.views.get(key) if slot is not None else None
                 if hit is not None:
                     return hit
@@ -226,7 +245,7 @@ def function(device: torch.device, partials: int, counters: int, geometry, make:
 
     def get():
         if not _capturing_now() and not _uncached_now():
-            slot = _STREAMS.get((index, _raw_stream(index)))
+            slot = _STREAMS.get((index, _raw_stream(index), _thread()))
             if slot is not None:
                 hit = slot.views.get(key)
                 if hit is not None:
