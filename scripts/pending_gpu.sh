@@ -20,24 +20,23 @@
 # 2. then scripts/NAME_gpu.sh for each NAME, in order, each with the time left of CALL_BUDGET seconds (default 560),
 #    skipped when fewer than 100 s are left; logs under $OUT/pending/NAME/, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
-#    Plan for session 33: session 32 ran the whole GPU suite on tree 39ee84a (parts 1 / 2 / slow: 3953 / 1623 / 6
-#    passed, 0 failed) and issue 13's whole decode matrix (ours <= SDPA at 138 / 144; bench/h200-2026-12-05-s32).
-#    Part 1 took 529 s of its 560 s step, so the fa3-fp8 kernel files are now part 3 (scripts/suite_gpu.sh 1 / 2 / 3 /
-#    slow). Since 39ee84a: scripts, the suite's partition, text, one kernel-side refactor (fa3_schedule._work_tile,
-#    SASS unchanged by hash for every persistent / balanced config, CPU sm_90a) and a review's disk-cache fixes (prune,
-#    one warning without a cache directory, relative HOME; host code, CPU-tested): part 1 loads every kernel through
-#    the disk cache, so run it (or the whole suite, step E) once on the final tree.
-#    A. The decode A/B queued with its prediction and rule (bench/NOTES.md "Session 32 ... the base decode tiles"):
-#    `python3 scripts/decode_ab.py --s9 --variants base --rounds 6 --out $OUT/ab` (cold ~2-3 min): the base tiles
-#    against auto's dual ones at batch 64, one query row, Nk 1k / 4k (D 128 B 64 Nk 1k is 1.08x SDPA). On the device
-#    the console script is not on PATH: `python3 -m fa_variants ...`, not `fa-variants ...`.
-#    B. If a default changes (A's rule): tests/test_decode_gpu.py and tests/test_decode.py, then the decode matrix
-#    again (`timeout 300 python3 -m fa_variants bench --decode --no-progress --out $OUT/decode`, ~2 min warm).
+#    Plan for session 34: session 33 ran suite parts 1 and 3 on tree 668f973 (3322 + 631 passed, 0 failed), refuted
+#    the base decode tiles (base / auto 1.03-1.10), flipped the wide packed tile at head_dim 128 from 16k keys
+#    (`fa3.WIDE_LONG_SEQLEN_K`; wide / auto 0.73-0.75 at Nk 128k) and ran the decode matrix with it (ours <= SDPA at
+#    140 / 144, >= 70 % of HBM at 61 / 72; bench/h200-2026-12-05-s33). After the device was withdrawn it fixed three
+#    defects a break-it probe found, CPU-tested only (bench/NOTES.md, "Session 33 ... a break-it probe"):
+#    A. Their GPU tests first (~2-3 min cold): `python3 -m pytest -q -n 14 -m gpu tests/test_decode_gpu.py
+#    tests/test_edge_cases.py -k "huge_softmax_scale or threads_on_one_stream or (ec10 and odd)"` (split-KV at a
+#    huge scale runs unsplit, fa3 and fa2; a length-1 dimension with an odd stride re-strided on fa1 / fa2 / fa3;
+#    two threads on one stream keep their split partials: per-thread scratch, common.workspace).
+#    B. Then the whole suite (scripts/suite_gpu.sh 1, 2 and 3, each its own call; warm calls skip the ~65 s start):
+#    part 2 last ran on 39ee84a, and every split call now takes its scratch through the per-thread slots.
 #    Open: issue 10 (1100 TFLOP/s at D 256 N 16k: 1012 in session 30's call, 1084-1120 in session 27's; 1.4x bf16 at
 #    128: 1.17-1.20; 1.3x at 64: 1.06-1.08; two-level <= 5 % at 256; the pass at 70 % of copy; pass + kernel at N 4k
 #    causal), 12 (fa3 / flash-attn-4 >= 1.00 everywhere: 0.93-0.99 in session 30's call; >= cuDNN at D 64 N 512 / 1k),
-#    13 (<= SDPA at 138 / 144; 70 % of HBM at 58 / 72 Nk >= 32k shapes: D 64 B 1 Nk 32k one row 65 %, sixteen rows
-#    down to 48 % where a K/V head serves 128 query rows, ~366 TFLOP/s on 128-row packed tiles at D 64), 16 (two GPUs).
+#    13 (<= SDPA at 140 / 144; 70 % of HBM at 61 / 72 Nk >= 32k shapes: D 64 B 1 Nk 32k one row 65 %, sixteen rows
+#    down to 47 % where a K/V head serves 128 query rows, ~366 TFLOP/s on 128-row packed tiles at D 64; D 128 64:8
+#    B 1 Nk 32k Nq 16 65 %: the fixed cost of 16 short splits), 16 (two GPUs).
 #    D 256 huge_hoisted: a flip candidate once its spills are gone (session 30, CPU: the vote taken right before the
 #    free tiles instead of before the walk leaves 1 / 1 (non-causal) and 4 / 5 (causal) STL / LDL, from 2 / 3 and
 #    7 / 8; session 32: the epilogue's thread index read again after the walk gave 65 / 77 STL / LDL non-causal;
