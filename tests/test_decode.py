@@ -331,7 +331,13 @@ def test_decode_table_subset_and_summary(capsys):
             dict(case, seqlen_k=32768, impl="flash-attn-4", error="E")]
     text = decode.summary(rows)
     assert "ours (auto): <= sdpa (auto) at 1/2 cases, geomean 1.000, worst 1.25 (D128 32:8 B1 Nk32768 Nq1)" in text
-    assert "flash-attn-4: no case timed" in text and "lowest 60% (D128 B1 Nk32768 Nq1); target >= 70%" in text
+    assert "flash-attn-4: no case timed" in text
+    assert "lowest 60% (D128 B1 Nk32768 Nq1), >= 70% at 0/1 cases; target >= 70%" in text
+    rows[1].update(ratio_to_ref=0.7, sm_mhz=1500.0, power_w=600.0)  # a paired ratio wins over the medians' ratio
+    rows[3].update(sm_mhz=1980.0, power_w=690.0)
+    text = decode.summary(rows)
+    assert "at 1/2 cases, geomean 0.935, worst 1.25" in text and "SM clock during the bursts 1500-1980 MHz, power up " \
+        "to 690 W" in text
 
 
 def test_decode_table_ragged_lengths_and_mask(rng_seed):
@@ -865,3 +871,34 @@ def test_huge_softmax_scale_leaves_auto_unsplit(h200, split_enabled):
         split.check_split_scale(4, 1e38)
     for n, scale in ((1, 1e38), (None, -2e38), (4, 2.0 ** 64), (64, -0.5)):
         split.check_split_scale(n, scale)
+
+
+class _FakeTimer:
+    """A BurstTimer for ``bench.decode.paired_times``: fn() returns the entry's true ms per call; every burst
+    takes it at a clock that alternates between two values (the paired ratio must not see it)."""
+
+    def __init__(self):
+        self.true, self.n = {}, 0
+
+    def prepare(self, name, fn, burst_ms):
+        self.true[name] = fn()
+        return f"fake x {max(1, round(burst_ms / self.true[name]))}"
+
+    def cycle(self, names):
+        self.n += 1
+        slow = 1.2 if self.n % 2 else 1.0
+        return [(self.true[n] * slow, 1, 1980.0 / slow, 650.0) for n in names]
+
+
+def test_decode_table_times_pairs_against_sdpa():
+    """`bench --decode` times a case's implementations by the paired protocol (``paired_times``): per round medians,
+    the ratio to SDPA from paired samples (both sides at the same clock), the timer's note and the clocks."""
+    from fa_variants.bench import decode
+
+    got = decode.paired_times({"sdpa (auto)": lambda: 2.0, "ours (auto)": lambda: 1.0}, "sdpa (auto)", _FakeTimer())
+    ours, sdpa = got["ours (auto)"], got["sdpa (auto)"]
+    assert len(ours["gpu_us_rounds"]) == decode.ROUNDS and ours["ratio_to_ref"] == pytest.approx(0.5)
+    assert 1000 <= ours["gpu_us"] <= 1200 and 2000 <= sdpa["gpu_us"] <= 2400 and sdpa["ratio_to_ref"] == 1.0
+    assert ours["timer"] == "fake x 5" and 1650 <= ours["sm_mhz"] <= 1980 and ours["power_w"] == 650.0
+    alone = decode.paired_times({"ours (auto)": lambda: 1.0}, "sdpa (auto)", _FakeTimer())  # SDPA failed: no ratio
+    assert "ratio_to_ref" not in alone["ours (auto)"] and alone["ours (auto)"]["gpu_us"] >= 1000

@@ -871,3 +871,24 @@ def test_threads_on_one_stream_keep_their_split_partials(backend, split_kv, pack
     assert not errors, errors[0]
     bad = [(t, j) for t in results for j, out in results[t] if not torch.equal(out, expected[j])]
     assert not bad and sum(map(len, results.values())) == 120, bad[:5]
+
+
+def test_decode_table_on_the_gpu(tmp_path, capsys):
+    """`fa-variants bench --decode` on a two-case subset (D 128, B 1, Nk 1k, Nq 1, 32:8 and 64:8; without
+    flash-attn-4): each row timed by the paired protocol in CUDA graphs (ROUNDS per-round times, the ratio to SDPA
+    from paired samples, the SM clock read), the table and the summary printed and saved."""
+    import json
+
+    from fa_variants.bench import decode
+    from fa_variants.cli import main
+
+    assert main(["bench", "--decode", "--decode-nk", "1024", "--decode-nq", "1", "--decode-batch", "1",
+                 "--decode-head-dims", "128", "--decode-no-fa4", "--no-progress", "--out", str(tmp_path)]) == 0
+    assert "<= sdpa (auto) at" in capsys.readouterr().out
+    rows = json.loads((tmp_path / "decode.json").read_text())["rows"]
+    assert {r["impl"] for r in rows} == {"ours (auto)", "sdpa (auto)"} and len(rows) == 4
+    for r in rows:
+        assert "error" not in r and r["timer"].startswith("graph x"), r
+        assert len(r["gpu_us_rounds"]) == decode.ROUNDS and 0 < r["gpu_us"] < 1000 and r["host_us"] > 0
+        assert 0.05 < r["ratio_to_ref"] < 20 and (r["impl"] != "sdpa (auto)" or r["ratio_to_ref"] == 1.0)
+    assert (tmp_path / "decode.md").read_text().startswith("| D | GQA |")

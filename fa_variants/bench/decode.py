@@ -6,9 +6,13 @@ Cases: Nq in (1, 4, 16) x Nk in (1k, 4k, 32k, 128k) x batch in (1, 8, 64) x GQA 
 backend choice, flash-attn-4 (``flash_attn.cute``) when importable.
 
 Per case and implementation:
-* GPU time per call: 20 calls captured in one CUDA graph, replayed, timed with CUDA events (median of 5
-  replays / 20): the kernel(s) alone, without Python. If capture fails, a loop of calls timed by events
-  instead, marked "loop" (then host time may dominate it).
+* GPU time per call: each implementation's calls captured in a CUDA graph (a burst of about BURST_MS), the
+  implementations of a case timed by the paired protocol of ``bench.paired`` (ROUNDS rounds of CYCLES cycles, each
+  cycle the bursts back to back in a rotated order, the next reversed; WARMUP_MS of bursts first): the median over
+  rounds of its ms per call, the kernel(s) alone, without Python. The ratio to the reference (SDPA) is the median
+  of the per-cycle-pair ratios, so both sides of it ran at the same clock (an H200 at its power cap moves between
+  ~1300 and ~1980 MHz); the SM clock and power during each entry's bursts go to the JSON. If capture fails, eager
+  calls between the events instead (the timer column says which; then host time may dominate it).
 * host time per call: wall clock of 200 back-to-back calls (fewer past 0.25 ms each), synchronised once at the end (the
   issue's measure: the Python path to the launch, for an already compiled configuration).
 * HBM bandwidth: K and V bytes (batch x Nk x Hkv x D x 2 tensors x 2 bytes) / GPU time, and its share of
@@ -155,23 +159,31 @@ def median_ms(run, calls: int, reps: int) -> float:
     return statistics.median(times)
 
 
-def _gpu_ms(fn) -> tuple[float, str]:
-    import torch
+#: the paired protocol's settings for the decode table (module docstring): 6 rounds of one forward and one reversed
+#: cycle, bursts of ~5 ms (a call longer than that is a burst of one), 25 ms of warm-up bursts per case
+ROUNDS, CYCLES, BURST_MS, WARMUP_MS = 6, 2, 5.0, 25.0
 
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    calls = 20
-    try:
-        run, how = cuda_graph_of(fn, calls).replay, "graph"
-    except Exception:  # noqa: BLE001 - not capturable: a loop of calls
-        torch.cuda.synchronize()
 
-        def run():
-            for _ in range(calls):
-                fn()
-        how = "loop"
-    return median_ms(run, calls, 5), how
+def paired_times(fns: dict, ref: str | None, timer, rounds: int = ROUNDS) -> dict[str, dict]:
+    """Time ``fns`` (name -> a call) by ``bench.paired.paired_ab`` with ``timer`` (a ``BurstTimer``): per name,
+    gpu_us (median over rounds of its us per call), gpu_us_rounds, timer (how it was timed), sm_mhz / power_w (means
+    over its bursts), and with a reference ``ref`` among the names, ratio_to_ref: its time over ref's, the median of
+    the paired samples (< 1: faster than ref)."""
+    from fa_variants.bench import paired
+
+    names = list(fns)
+    base = ref if ref in fns else names[0]
+    result = paired.paired_ab([paired.Entry(n, fns[n]) for n in names], base, timer, rounds=rounds, cycles=CYCLES,
+                              burst_ms=BURST_MS, warmup_ms=WARMUP_MS, control=False)
+    out = {}
+    for name in names:
+        per_round = [ms * 1e3 for ms in result.times(name)]
+        mhz, watts = result.clocks(name)
+        out[name] = dict(gpu_us=statistics.median(per_round), gpu_us_rounds=per_round, timer=result.how[name],
+                         sm_mhz=mhz, power_w=watts)
+        if ref in fns:
+            out[name]["ratio_to_ref"] = 1.0 / result.median_ratio(name, ref)
+    return out
 
 
 def _host_us(fn, calls: int = 200) -> float:
@@ -197,24 +209,53 @@ def measure(case: DecodeCase, impls: dict, peak_tbps: float, ragged: bool = Fals
         lengths = ragged_lengths(case, g)
         lengths = (*lengths, lengths[0].cpu())
         kv_bytes = kv_bytes * int(lengths[0].sum()) // (case.batch * case.seqlen_k)
-    rows = []
-    for name, impl in impls.items():
-        row = dict(asdict(case), impl=name)
+    rows, fns = {}, {}
+    for name, impl in impls.items():  # each implementation's first calls (compiles, plans): errors recorded here
+        rows[name] = row = dict(asdict(case), impl=name)
         if ragged:
             row["lengths"] = lengths[0].tolist()
+        fn = lambda impl=impl, q=q, k=k, v=v: impl(q, k, v, lengths)  # noqa: E731
         try:
-            ms, how = _gpu_ms(lambda: impl(q, k, v, lengths))
-            calls = max(10, min(200, int(50 / ms)))  # about 50 ms of calls at most
-            row.update(gpu_us=ms * 1e3, timer=how, host_us=_host_us(lambda: impl(q, k, v, lengths), calls),
-                       tbps=kv_bytes / (ms * 1e-3) / 1e12)
-            row["hbm_share"] = row["tbps"] / peak_tbps
+            for _ in range(3):
+                fn()
+            torch.cuda.synchronize()
+            fns[name] = fn
         except Exception as exc:  # noqa: BLE001 - recorded, the table goes on
-            row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
+            row["error"] = _error(exc)
             torch.cuda.empty_cache()
-        rows.append(row)
-    del q, k, v
+    if fns:
+        try:
+            timed = paired_times(fns, reference_name(ragged), _timer())
+        except Exception as exc:  # noqa: BLE001 - the case's timing failed as a whole: recorded
+            timed = {name: dict(error=_error(exc)) for name in fns}
+            torch.cuda.empty_cache()
+        for name, fn in fns.items():
+            row = rows[name]
+            row.update(timed[name])
+            if "error" in row:
+                continue
+            ms = row["gpu_us"] * 1e-3
+            row["host_us"] = _host_us(fn, max(10, min(200, int(50 / ms))))  # about 50 ms of calls at most
+            row["tbps"] = kv_bytes / (ms * 1e-3) / 1e12
+            row["hbm_share"] = row["tbps"] / peak_tbps
+    del q, k, v, fns
     torch.cuda.empty_cache()
-    return rows
+    return list(rows.values())
+
+
+def reference_name(ragged: bool = False) -> str:
+    """The implementation every other one is compared with: SDPA (with a mask for a ragged cache)."""
+    return "sdpa (mask)" if ragged else "sdpa (auto)"
+
+
+def _timer():
+    from fa_variants.bench.runtime import GraphBurstTimer
+
+    return GraphBurstTimer()
+
+
+def _error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
 
 
 def table(rows: list[dict]) -> str:
@@ -239,9 +280,9 @@ def summary(rows: list[dict], ours: str = "ours (auto)", ref: str = "sdpa (auto)
 
     key = lambda r: (r["head_dim"], r["heads"], r["heads_kv"], r["batch"], r["seqlen_k"], r["seqlen_q"])  # noqa: E731
     base = {key(r): r["gpu_us"] for r in rows if r["impl"] == ref and "gpu_us" in r}
-    lines = [f"summary (GPU time / {ref}'s):"]
+    lines = [f"summary (GPU time / {ref}'s; paired per round where timed so):"]
     for impl in dict.fromkeys(r["impl"] for r in rows if r["impl"] != ref):
-        ratios = [(r["gpu_us"] / base[key(r)], key(r)) for r in rows
+        ratios = [(r.get("ratio_to_ref", r["gpu_us"] / base[key(r)]), key(r)) for r in rows
                   if r["impl"] == impl and "gpu_us" in r and key(r) in base]
         if not ratios:
             lines.append(f"  {impl}: no case timed beside {ref}")
@@ -255,7 +296,13 @@ def summary(rows: list[dict], ours: str = "ours (auto)", ref: str = "sdpa (auto)
     if long:
         low = min(long, key=lambda r: r["hbm_share"])
         lines.append(f"  {ours} HBM share at Nk >= 32k: lowest {100 * low['hbm_share']:.0f}% (D{low['head_dim']} "
-                     f"B{low['batch']} Nk{low['seqlen_k']} Nq{low['seqlen_q']}); target >= 70%")
+                     f"B{low['batch']} Nk{low['seqlen_k']} Nq{low['seqlen_q']}), >= 70% at "
+                     f"{sum(r['hbm_share'] >= 0.7 for r in long)}/{len(long)} cases; target >= 70%")
+    mhz = [r["sm_mhz"] for r in rows if not math.isnan(r.get("sm_mhz", math.nan))]
+    watts = [r["power_w"] for r in rows if not math.isnan(r.get("power_w", math.nan))]
+    if mhz:
+        lines.append(f"  SM clock during the bursts {min(mhz):.0f}-{max(mhz):.0f} MHz"
+                     + (f", power up to {max(watts):.0f} W" if watts else ""))
     return "\n".join(lines)
 
 
@@ -327,7 +374,7 @@ def run_cli(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # a GPU script's time limit (timeout -s INT): the table of the cases measured
         print(f"interrupted: {len({tuple(r[k] for k in ('head_dim', 'heads', 'batch', 'seqlen_k', 'seqlen_q')) for r in rows})}"
               f"/{len(todo)} cases measured", flush=True)
-    text = table(rows) + "\n\n" + (summary(rows, "ours (seqlens_k)", "sdpa (mask)") if ragged else summary(rows))
+    text = table(rows) + "\n\n" + (summary(rows, "ours (seqlens_k)", reference_name(True)) if ragged else summary(rows))
     print(text)
     if args.out:
         out = Path(args.out)
