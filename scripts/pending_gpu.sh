@@ -26,9 +26,14 @@
 #    140 / 144, >= 70 % of HBM at 61 / 72; bench/h200-2026-12-05-s33). After the device was withdrawn it fixed three
 #    defects a break-it probe found, CPU-tested only (bench/NOTES.md, "Session 33 ... a break-it probe"):
 #    A. Their GPU tests first (~2-3 min cold): `python3 -m pytest -q -n 14 -m gpu tests/test_decode_gpu.py
-#    tests/test_edge_cases.py -k "huge_softmax_scale or threads_on_one_stream or (ec10 and odd)"` (split-KV at a
-#    huge scale runs unsplit, fa3 and fa2; a length-1 dimension with an odd stride re-strided on fa1 / fa2 / fa3;
-#    two threads on one stream keep their split partials: per-thread scratch, common.workspace).
+#    tests/test_edge_cases.py -k "huge_softmax_scale or threads_on_one_stream or (ec10 and odd) or
+#    decode_table_on_the_gpu"` (split-KV at a huge scale runs unsplit, fa3 and fa2; a length-1 dimension with an odd
+#    stride re-strided on fa1 / fa2 / fa3; two threads on one stream keep their split partials: per-thread scratch,
+#    common.workspace; `bench --decode` on two cases with its new paired timer).
+#    C. The decode matrix with the paired timer (7782daa): `timeout 540 python3 -m fa_variants bench --decode
+#    --no-progress --out $OUT/decode` (the old one-pass table took 117-140 s warm; the paired one is unmeasured:
+#    6 rounds x 2 cycles of ~5 ms bursts per entry, ~0.3-1 s a case, so ~2-4 min is expected). Issue 13's verdicts
+#    (<= SDPA, >= 70 % of HBM) then come from per-round paired ratios.
 #    B. Then the whole suite (scripts/suite_gpu.sh 1, 2 and 3, each its own call; warm calls skip the ~65 s start):
 #    part 2 last ran on 39ee84a, and every split call now takes its scratch through the per-thread slots.
 #    Open: issue 10 (1100 TFLOP/s at D 256 N 16k: 1012 in session 30's call, 1084-1120 in session 27's; 1.4x bf16 at
