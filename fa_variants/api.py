@@ -211,8 +211,6 @@ def _plan(selection: Selection, q, k, v, causal: bool, scale: float, config=None
     if q.numel() == 0 or k.shape[1] == 0:  # B, Nq or H is 0, or no key at all: launch nothing
         return functools.partial(launch.empty_outputs, (batch, seqlen_q, heads, head_dim), output_dtype(q.dtype),
                                  q.device)
-    if config is None:
-        config = _unsplit_config(selection.backend, q, k, v, causal, scale)
     copies = tuple(_unit_last_dim(t) is not t for t in (q, k, v))
     mqa = _mqa(k, v)
     kernel_scale = _kernel_scale(scale)
@@ -284,15 +282,6 @@ def _kernel_module(backend: str):
     return module
 
 
-def _unsplit_config(backend: str, q, k, v, causal: bool, scale: float, config=None):
-    """``config``; when it is None, the backend splits K/V (fa3, fa2) and |scale| is above
-    ``split.MAX_SPLIT_SCALE`` (a split's partial LSE could overflow float32), its unsplit config."""
-    module = _kernel_module(backend)
-    if config is not None or module is None or split.splits_allowed(scale):
-        return config
-    return module.decode_config(q, _config_k(k, v), causal, num_splits=1)
-
-
 def _lengths_plan(selection: Selection, module, q, k, v, causal: bool, scale: float, config=None):
     """`_plan` on ``module.lengths_config`` (of ``config``, else of `auto`'s choice): its run takes seqlens_k after
     want_lse. The config is made only when there is something to launch (`_plan`'s empty shortcuts and forward-only
@@ -300,8 +289,9 @@ def _lengths_plan(selection: Selection, module, q, k, v, causal: bool, scale: fl
     launches = q.numel() and k.shape[1] and not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)))
     if not launches:
         return _plan(selection, q, k, v, causal, scale)
-    config = _unsplit_config(selection.backend, q, k, v, causal, scale, config)
-    return _plan(selection, q, k, v, causal, scale, module.lengths_config(q, _config_k(k, v), causal, config))
+    kv = _config_k(k, v)  # a split whose partial LSE could overflow is no split (``scale_config``)
+    config = module.lengths_config(q, kv, causal, module.scale_config(config, q, kv, causal, scale))
+    return _plan(selection, q, k, v, causal, scale, config)
 
 
 def _config_k(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -441,6 +431,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
             fa2: seqlen_q = 1 only; else ValueError) for this call, instead of the choice `auto` makes (None).
             Only on the fa3 and fa2 backends (ValueError on others), eagerly (seqlens_k too: read by the kernel)
             (``hopper.fa3.decode_config``, ``ampere.fa2.decode_config``; ``common.split``; ``common.pack_gqa``).
+            Above |softmax_scale| = 2^64 (``common.split.MAX_SPLIT_SCALE``) no call splits: `auto` runs unsplit and
+            num_splits > 1 raises ValueError (a split's partial LSE could overflow float32).
 
     Returns:
         out (batch, seqlen_q, num_heads, head_dim) in q's dtype (bfloat16 for e4m3 inputs: ``output_dtype``),
@@ -469,7 +461,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         ValueError: wrong rank; batch, seqlen_k, num_heads_kv or head_dim mismatch; a seqlens_k value outside
             [0, seqlen_k], or of the wrong shape or device (TypeError: not an int32 tensor); num_heads not a multiple
             of num_heads_kv; head_dim 0; num_heads_kv 0; inputs on different devices; non-finite
-            or out-of-range softmax_scale; an unknown backend; a backend that cannot serve the call
+            or out-of-range softmax_scale; num_splits > 1 with |softmax_scale| above 2^64; an unknown backend; a
+            backend that cannot serve the call
             (``dispatch.BackendUnavailableError``, naming the backends that can).
         NotImplementedError: a kernel backend with inputs that require grad (forward only); seqlens_k inside
             CUDA-graph capture on a backend other than fa3 and fa2.

@@ -792,7 +792,9 @@ def test_split_options_and_lengths_plans_get_the_one_head_of_broadcast_kv(monkey
         seen.append(k.shape[2])
         raise Stop
 
-    module = types.SimpleNamespace(decode_config=record, lengths_config=record,
+    scaled = []
+    scale_config = lambda config, q, k, causal, scale: scaled.append(k.shape[2]) or config  # noqa: E731
+    module = types.SimpleNamespace(decode_config=record, lengths_config=record, scale_config=scale_config,
                                    VARIANT=types.SimpleNamespace(switches=lambda: ()))
     monkeypatch.setattr(api, "_kernel_module", lambda backend: module)
     monkeypatch.setattr(dispatch, "select_backend", lambda *a, **k: dispatch.Selection("fa3", "stub", ("fa3",)))
@@ -804,7 +806,7 @@ def test_split_options_and_lengths_plans_get_the_one_head_of_broadcast_kv(monkey
             fa_variants.attention(q, k, k, seqlens_k=lengths)
         else:
             fa_variants.attention(q, k, k, pack_gqa=True)
-    assert seen == [1]
+    assert seen == [1] and scaled == ([1] if with_lengths else [])
 
 
 def test_decode_table_without_a_gpu_says_so_on_stderr(capsys, monkeypatch):
@@ -852,21 +854,27 @@ def test_decode_sizes_are_bounded(flag, value):
 
 
 def test_huge_softmax_scale_leaves_auto_unsplit(h200, split_enabled):
-    """|softmax_scale| above split.MAX_SPLIT_SCALE (2^64): `auto`'s config for fa3 is its unsplit one
-    (``api._unsplit_config``; a split's partial LSE could overflow float32 and the merge gave NaN rows, session 33's
-    break-it probe), at 2^64 and below (negative too) auto's own choice; num_splits > 1 raises one line naming both."""
-    from fa_variants import api
+    """|softmax_scale| above split.MAX_SPLIT_SCALE (2^64): fa3's ``scale_config`` (``Variant.scale_config``, which
+    ``common.launch.launcher`` applies to every call without a config) gives `auto`'s config without a split (a
+    split's partial LSE could overflow float32 and the merge gave NaN rows, session 33's break-it probe): packed
+    decode unsplit; a shape auto does not split keeps auto's own config, fixed; at 2^64 and below the caller's None;
+    a caller's config is kept; num_splits > 1 raises one line naming both."""
+    from fa_variants.common import launch
 
+    assert fa3.VARIANT.scale_config is fa3.scale_config and launch.Variant.scale_config is None  # others: no hook
     q, k = _qk(1, 1, 32, 8, 32768)
     assert fa3._problem_config(None, q, k, True).num_splits == 0  # auto splits this shape at a normal scale
-    for scale in (0.1, -0.1, 2.0 ** 64, -(2.0 ** 64), 0.0):
-        assert api._unsplit_config("fa3", q, k, k, True, scale) is None, scale
-    for scale in (2.0 ** 64 * 1.01, 1e38, -2e38):
-        cfg = api._unsplit_config("fa3", q, k, k, True, scale)
+    for scale in (0.1, 2.0 ** 64, 0.0):
+        assert fa3.scale_config(None, q, k, True, scale) is None, scale
+    for scale in (2.0 ** 64 * 1.01, 1e38):
+        cfg = fa3.scale_config(None, q, k, True, scale)
         assert cfg.num_splits == 1 and cfg.pack_gqa and fa3.num_splits_for(cfg, q, k, True) == 1, scale
-    assert api._unsplit_config("fa1", q, k, k, True, 1e38) is None  # fa1 never splits
+        assert fa3._problem_config(cfg, q, k, True) is cfg  # fixed: the launcher's problem_config keeps it
+    q2, k2 = _qk(8, 512, 32, 8, 4096)  # prefill auto does not split: its own config, made explicit
+    assert fa3.scale_config(None, q2, k2, True, 1e38) == (fa3._problem_config(None, q2, k2, True)
+                                                           or fa3.default_config(fa3.ARCH, 128, True))
     forced = dataclasses.replace(fa3.DEFAULT_CONFIGS[128], num_splits=4)
-    assert api._unsplit_config("fa3", q, k, k, True, 1e38, forced) is forced  # a caller's config is kept
+    assert fa3.scale_config(forced, q, k, True, 1e38) is forced  # a caller's config is kept
     with pytest.raises(ValueError, match=r"^num_splits=4 with softmax_scale=1e\+38: .*num_splits=1 or None$"):
         split.check_split_scale(4, 1e38)
     for n, scale in ((1, 1e38), (None, -2e38), (4, 2.0 ** 64), (64, -0.5)):
@@ -902,3 +910,21 @@ def test_decode_table_times_pairs_against_sdpa():
     assert ours["timer"] == "fake x 5" and 1650 <= ours["sm_mhz"] <= 1980 and ours["power_w"] == 650.0
     alone = decode.paired_times({"ours (auto)": lambda: 1.0}, "sdpa (auto)", _FakeTimer())  # SDPA failed: no ratio
     assert "ratio_to_ref" not in alone["ours (auto)"] and alone["ours (auto)"]["gpu_us"] >= 1000
+
+
+def test_decode_table_keeps_the_other_rows_when_one_implementation_fails(monkeypatch):
+    """An implementation whose timing fails (here its burst preparation, as an out-of-memory graph would) gets the
+    error in its own row; the others are timed paired as before (``bench.decode._timed``)."""
+    from fa_variants.bench import decode
+
+    class Failing(_FakeTimer):
+        def prepare(self, name, fn, burst_ms):
+            if name == "flash-attn-4":
+                raise RuntimeError("CUDA out of memory")
+            return super().prepare(name, fn, burst_ms)
+
+    monkeypatch.setattr(decode, "_timer", Failing)
+    got = decode._timed({"sdpa (auto)": lambda: 2.0, "ours (auto)": lambda: 1.0, "flash-attn-4": lambda: 3.0},
+                        "sdpa (auto)")
+    assert got["flash-attn-4"] == {"error": "RuntimeError: CUDA out of memory"}
+    assert got["ours (auto)"]["ratio_to_ref"] == pytest.approx(0.5) and "error" not in got["sdpa (auto)"]

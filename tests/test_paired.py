@@ -251,3 +251,39 @@ def test_fa3_speed_ab_rounds_row(monkeypatch):
     assert row["ratio_to_old"]["new"] == 1.0 and row["ratio_new_to"]["flash-attn-4"] == 0.9
     assert row["same_config"] == {"new": "old"} and "aa" not in row and row["times_ms"]["old"] == [1.0] * 3
     assert ab.summary_lines([row])[1] == "SUMMARY D=256 N=16384 full: 1.000 0.900 nan |  | protocol rounds"
+
+
+def test_graph_burst_timer_eager_estimate_is_gpu_time(monkeypatch):
+    """GraphBurstTimer._eager_ms queues a GPU busy-wait (torch.cuda._sleep) before its first event, so that a call
+    whose host path (40 us) is longer than its GPU work (5 us) is timed by its GPU work: simulated stream."""
+    from types import SimpleNamespace
+
+    from fa_variants.bench import runtime
+
+    sim = SimpleNamespace(host=0.0, queue=0.0)  # ms
+
+    class Event:
+        def __init__(self, enable_timing=True):
+            self.t = None
+
+        def record(self):
+            self.t = max(sim.queue, sim.host)
+
+        def synchronize(self):
+            sim.host = max(sim.host, self.t)
+
+        def elapsed_time(self, other):
+            return other.t - self.t
+
+    def call():  # 40 us on the host, then 5 us of GPU work queued
+        sim.host += 0.040
+        sim.queue = max(sim.queue, sim.host) + 0.005
+
+    def sleep(cycles):  # ~1 ms of GPU busy-wait
+        sim.queue = max(sim.queue, sim.host) + cycles / 2e6
+
+    timer = runtime.GraphBurstTimer.__new__(runtime.GraphBurstTimer)
+    timer.torch = SimpleNamespace(cuda=SimpleNamespace(Event=Event, _sleep=sleep))
+    assert timer._eager_ms(call, 3) == pytest.approx(0.005)
+    timer.torch = SimpleNamespace(cuda=SimpleNamespace(Event=Event))  # no _sleep: the host-bound time as before
+    assert timer._eager_ms(call, 3) == pytest.approx(0.040, rel=0.2)

@@ -339,7 +339,7 @@ def test_an_unread_lse_goes_to_the_stream_scratch(stub_launcher, monkeypatch):
     assert out2.shape == q.shape and out2.dtype == q.dtype and out2.is_contiguous()
     assert lse2 is lse and lse.shape == (2, 4, 3) and lse.dtype == torch.float32 and lse.is_contiguous()
     assert launched[-1][3] is out2 and launched[-1][4] is lse and out2.data_ptr() != out.data_ptr()
-    assert workspace._STREAMS[workspace.slot_key(torch.device("cpu"))].buffers.keys() == {"lse"}
+    assert workspace._slots()[workspace.slot_key(torch.device("cpu"))].buffers.keys() == {"lse"}
     fresh = [run(q, k, v)[1] for _ in range(2)] + [run(q, k, v, True)[1]]
     assert len({t.data_ptr() for t in fresh + [lse]}) == 4 and launched[-1][4] is fresh[-1]
     monkeypatch.setattr(workspace, "capturing", lambda device: True)
@@ -359,7 +359,7 @@ def test_a_large_unread_lse_is_allocated(stub_launcher, monkeypatch):
     k = v = torch.randn(2, 5, 2, 16, dtype=F16)
     run = make(q, k, v)
     assert run(q, k, v, False)[1].data_ptr() != run(q, k, v, False)[1].data_ptr()
-    assert workspace.slot_key(torch.device("cpu")) not in workspace._STREAMS
+    assert workspace.slot_key(torch.device("cpu")) not in workspace._slots()
 
 
 def test_attention_without_return_lse_asks_the_plan_for_no_lse(fake_fa3):
@@ -391,7 +391,7 @@ def test_workspace_view_cache_is_bounded(monkeypatch):
     lse = first()
     for n in range(1, 5000):  # 5000 prompt lengths
         workspace.lse_function(cpu, (1, 2, n))()
-    slot = workspace._STREAMS[workspace.slot_key(torch.device("cpu"))]
+    slot = workspace._slots()[workspace.slot_key(torch.device("cpu"))]
     assert len(slot.views) <= 4096 and len(workspace._VIEW_KEYS) <= 4096
     again = first()
     assert again.shape == (1, 3, 2) and again.is_contiguous() and first() is again
@@ -421,11 +421,11 @@ def test_uncached_scope_leaves_no_buffer_behind(monkeypatch):
         assert a.data_ptr() != b.data_ptr() and fresh[0].data_ptr() not in (a.data_ptr(), b.data_ptr())
         assert counters.dtype == torch.int32 and counters.shape == (5,) and not counters.any()
         assert lse().data_ptr() != lse().data_ptr()
-        assert workspace._STREAMS == {} and workspace._ARENAS == {}
+        assert workspace._slots() == {} and workspace._ARENAS == {}
     with pytest.raises(RuntimeError), workspace.uncached():
         raise RuntimeError("inside")
     cached, _ = partials()
-    assert partials()[0] is cached and lse() is lse() and workspace.slot_key(cpu) in workspace._STREAMS
+    assert partials()[0] is cached and lse() is lse() and workspace.slot_key(cpu) in workspace._slots()
     workspace.clear()
 
 
@@ -617,8 +617,8 @@ def test_nan_allocations_keep_leaves_that_require_grad(nan_allocations, grad_mod
 def test_workspace_buffers_are_per_thread(monkeypatch):
     """Two Python threads on one stream never share split scratch (common.workspace's rule): a split call is two
     launches (split kernel, merge), and another thread's split kernel queued between them would overwrite the
-    partials the merge reads (session 33's break-it probe). Each thread gets its own buffer; an ended thread's
-    slot goes when a later thread makes its first one."""
+    partials the merge reads (session 33). Each thread has its own slots (thread-local: they go with the thread);
+    clear() empties every thread's at its next call."""
     import threading
 
     from fa_variants.common import workspace
@@ -630,16 +630,46 @@ def test_workspace_buffers_are_per_thread(monkeypatch):
     mine = partials()
     seen = {}
 
-    def other(name):
-        seen[name] = (partials(), workspace.slot_key(cpu))
+    def other():
+        seen["first"], seen["again"], seen["slots"] = partials(), partials(), dict(workspace._slots())
 
-    for name in ("a", "b"):
-        worker = threading.Thread(target=other, args=(name,))
-        worker.start()
-        worker.join()
-    (a, key_a), (_, key_b) = seen["a"], seen["b"]
-    assert partials() is mine and len({mine.data_ptr(), a.data_ptr()}) == 2
-    assert key_a != workspace.slot_key(cpu) and key_a[:2] == key_b[:2] == (-1, 0)
-    assert key_a not in workspace._STREAMS or key_a == key_b  # thread a ended: dropped when b made its slot
-    assert workspace.slot_key(cpu) in workspace._STREAMS
+    worker = threading.Thread(target=other)
+    worker.start()
+    worker.join()
+    assert partials() is mine and seen["first"] is seen["again"] and seen["first"].data_ptr() != mine.data_ptr()
+    assert list(seen["slots"]) == [workspace.slot_key(cpu)] and seen["slots"] != workspace._slots()
     workspace.clear()
+    assert workspace._slots() == {} and partials() is not mine
+
+
+@pytest.mark.parametrize("scale, planned", [(1e38, "unsplit"), (-2e38, "unsplit"), (0.5, None), (2.0 ** 64, None)])
+def test_launcher_plans_through_the_variants_scale_config(scale, planned):
+    """common.launch.launcher passes the caller's config through ``Variant.scale_config`` with |softmax_scale| (the
+    kernels' scale) before ``problem_config``: fa3 and fa2 fix a config without a split there when the scale is above
+    ``split.MAX_SPLIT_SCALE`` (session 33: partial LSEs of +inf merged to NaN), for every caller of the launcher
+    (fa_variants.attention, fa3.run, fa2.run, dispatch backends)."""
+    from fa_variants.common import split, workspace
+
+    seen = []
+
+    def scale_config(config, q, k, causal, kernel_scale):
+        seen.append(("scale", config, kernel_scale))
+        return "unsplit" if config is None and not split.splits_allowed(kernel_scale) else config
+
+    def problem_config(config, q, k, causal):
+        seen.append(("problem", config))
+        return config
+
+    variant = Variant("stub", archs=("sm_90a",), dtypes=(F16,), head_dims=(16,), build=lambda cfg: None,
+                      default_config=lambda arch, d, causal: None, scale_config=scale_config,
+                      problem_config=problem_config)
+    compiled = cache.Compiled(None, lambda *args: None, 0.0, None, 0)
+    q = torch.randn(2, 1, 4, 16, dtype=F16)
+    k = v = torch.randn(2, 5, 2, 16, dtype=F16)
+    with mock.patch.object(launch.cache, "get_compiled", lambda cfg, build: compiled), \
+            mock.patch.object(launch.interop, "device_arch", lambda d=None: "sm_90a"):
+        launch._KERNELS.clear()
+        launch.launcher(variant, q, k, v, causal=True, softmax_scale=scale)
+        launch._KERNELS.clear()
+    workspace.clear()
+    assert seen == [("scale", None, abs(scale)), ("problem", planned)]

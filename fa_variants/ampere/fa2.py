@@ -48,6 +48,7 @@ from fa_variants.common import env, interop, pack_gqa, split, split_combine
 from fa_variants.common.cache import StaticConfig
 from fa_variants.common.config import Sm80Config, smem_capacity
 from fa_variants.common.launch import Variant
+from fa_variants.common.scale import kernel_scale
 
 HEAD_DIMS: tuple[int, ...] = (64, 96, 128, 256)
 DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16)
@@ -306,6 +307,19 @@ def _problem_config(config: Sm80Config | None, q: torch.Tensor, k: torch.Tensor,
     return split_config(_gpu(q.device)[0], q.shape[-1], 0 if splits else 1, pack)
 
 
+def scale_config(config: Sm80Config | None, q: torch.Tensor, k: torch.Tensor, causal: bool,
+                 softmax_scale: float) -> Sm80Config | None:
+    """``config``; when it is None and |softmax_scale| is above ``split.MAX_SPLIT_SCALE`` (a split's partial LSE
+    could overflow float32 and the merge could not weigh it), `auto`'s config for q, k without a split: its own
+    where it does not split, else ``decode_config`` with num_splits 1 (``Variant.scale_config``)."""
+    if config is not None or split.splits_allowed(softmax_scale):
+        return config
+    auto = _problem_config(None, q, k, causal)
+    if auto is not None and auto.num_splits != 1:
+        return decode_config(q, k, causal, num_splits=1)
+    return auto or default_config(_gpu(q.device)[0], q.shape[-1], causal)
+
+
 def lengths_config(q: torch.Tensor, k: torch.Tensor, causal: bool, config: Sm80Config | None = None) -> Sm80Config:
     """The config of a call with per-sequence KV lengths (``fa_variants.attention(seqlens_k=...)``): ``config``, or
     the one `auto` runs for q, k at K's padded length (``_problem_config``), reading the lengths in the kernel
@@ -389,7 +403,7 @@ VARIANT = Variant(
     default_config=default_config, check_config=_check_config, build=_build, check_problem=_check_problem,
     plan_call=_plan_call, problem_config=_problem_config,
     switches=lambda: (SPLIT_KV_ENABLED, PACK_GQA_ENABLED, NARROW_DECODE, D256_VARIANT, D256_MAX_SEQLEN_K),
-    warm_configs=_warm_configs, with_lengths=with_lengths,
+    warm_configs=_warm_configs, with_lengths=with_lengths, scale_config=scale_config,
     warm_companions=lambda config, arch, dtype, head_dim: (  # the merge `_plan_call` launches after a split call
         () if config.num_splits == 1 else split_combine.merge_configs(arch, dtype, head_dim, False, by_splits=False)))
 
@@ -408,5 +422,5 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, soft
     Raises ValueError for a shape it cannot serve (head_dim, dtype, H or B above 65535).
     """
     if seqlens_k is not None:
-        config = lengths_config(q, k, causal, config)
+        config = lengths_config(q, k, causal, scale_config(config, q, k, causal, kernel_scale(softmax_scale)[1]))
     return VARIANT.run(q, k, v, causal=causal, softmax_scale=softmax_scale, config=config, seqlens_k=seqlens_k)

@@ -74,6 +74,9 @@ class Variant:
         per distinct length on the plain kernels).
     warm_companions: (config, arch, dtype name, head_dim) -> the static configs of the other kernels a call on
         that config launches (fa3, fa2: the split merge, ``split_combine.merge_configs``), for `fa-variants warmup`.
+    scale_config: (config or None, q, k, causal, |softmax_scale|) -> the config to plan with: ``config``, or for a
+        call whose scale forbids split-KV (``common.split.MAX_SPLIT_SCALE``) the variant's choice without a split
+        (fa3, fa2), fixed, so that `problem_config` cannot split it later.
     switches: () -> a hashable value of the module switches `problem_config` and `plan_call` read besides
         the tensors' kind (fa3: split-KV, packed GQA, merge kernel). With it, a launcher decides the config
         once and replays it while the value is unchanged; without it, `problem_config` runs per call.
@@ -103,6 +106,7 @@ class Variant:
     warm_configs: Callable[..., tuple] | None = None
     with_lengths: Callable[[Any], Any] | None = None
     warm_companions: Callable[[Any, str, str, int], tuple] | None = None
+    scale_config: Callable[..., Any] | None = None
     switches: Callable[[], Any] | None = None
     plan_call: Callable[..., tuple] | None = None
 
@@ -221,12 +225,12 @@ def launcher(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         raise ValueError(problem)
     if heads_kv == 0 or heads % heads_kv:
         raise ValueError(f"{variant.name}: num_heads {heads} is not divisible by num_heads_kv {heads_kv}")
-    given = config
+    negate_k, scale = kernel_scale(softmax_scale)
+    given = config if variant.scale_config is None else variant.scale_config(config, q, k, causal, scale)
     if variant.problem_config is not None:
         config = variant.problem_config(given, q, k, causal)
     if variant.check_problem is not None:
         variant.check_problem(config, q, k)
-    negate_k, scale = kernel_scale(softmax_scale)
     if q.numel() == 0 or seqlen_k == 0:  # nothing to launch: O = 0, LSE = -inf
         return functools.partial(empty_outputs, (batch, seqlen_q, heads, head_dim), q.dtype, q.device)
     # per operand: None (used as is), its strides (a re-strided view of the same memory), or True (the

@@ -8,8 +8,8 @@ The rule (who may share a buffer):
   order). Work on one stream runs in order, so consecutive calls reuse the memory safely; two streams never share
   a buffer (a buffer shared by concurrent streams would race), nor do two threads on one stream: a split call
   launches its split kernel and its merge as two launches, and another thread's split kernel queued between
-  them would overwrite the partials the merge reads. A thread's buffers are dropped when a later thread makes
-  its first one and that thread is no longer alive.
+  them would overwrite the partials the merge reads. A thread's buffers live in its thread-local storage and go
+  with the thread.
 * Calls captured into a CUDA graph (``torch.cuda.is_current_stream_capturing()``) never use those buffers: the
   partials come from ``torch.empty`` (the graph's private memory pool, alive as long as the graph, one piece
   per captured call), and the counters from a per-device arena zeroed once outside capture: one slice per
@@ -34,8 +34,8 @@ The rule (who may share a buffer):
   run, to time the host path as a CUDA device runs it) one cached buffer, as for one CUDA stream.
 
 ``views(...)`` also caches the tensors a plan derives from the buffers (strided views of the partials), per
-(device, stream, geometry), so a call does no tensor op for them (the ``VIEWS_MAX`` most recent per stream); a
-regrown buffer drops them.
+(device, stream, thread, geometry), so a call does no tensor op for them (the ``VIEWS_MAX`` most recent per
+slot); a regrown buffer drops them.
 """
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ ARENA_COUNTERS = 1 << 16
 CACHE_CPU = False
 
 
-class _PerStream:
+class _Slot:
     __slots__ = ("buffers", "counters", "views")
 
     def __init__(self):
@@ -64,7 +64,8 @@ class _PerStream:
         self.views: dict = {}
 
 
-_STREAMS: dict[tuple[int, int, int], _PerStream] = {}  # (device index (CPU: -1), stream (CPU: 0), thread) -> slot
+_LOCAL = threading.local()  # .slots: this thread's {(device index (CPU: -1), stream (CPU: 0)): _Slot}; .generation
+_GENERATION = 0  # clear() moves it on: every thread's slots are then dropped at its next call
 _ARENAS: dict[int, list] = {}  # device index -> [int32 zeros, next free offset]
 _LOCK = threading.Lock()
 
@@ -74,24 +75,22 @@ _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _IS_CAPTURING = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
 
 
-_thread = threading.get_ident
+def _slots() -> dict:
+    """The calling thread's slots, (device index (CPU: -1), stream (CPU: 0)) -> its buffers (the module docstring's
+    rule), emptied when ``clear()`` ran since this thread's last call."""
+    slots = getattr(_LOCAL, "slots", None)
+    if slots is None or _LOCAL.generation != _GENERATION:
+        slots = _LOCAL.slots = {}
+        _LOCAL.generation = _GENERATION
+    return slots
 
 
-def slot_key(device: torch.device) -> tuple[int, int, int]:
-    """The key of the calling thread's buffers for the device's current stream (the module docstring's rule)."""
+def slot_key(device: torch.device) -> tuple[int, int]:
+    """The key of the device's current stream in the calling thread's slots (``_slots``)."""
     if device.type != "cuda":
-        return (-1, 0, _thread())
+        return (-1, 0)
     index = device.index if device.index is not None else torch.cuda.current_device()
-    return (index, _raw_stream(index), _thread())
-
-
-def _new_slot(key: tuple) -> _PerStream:
-    """A slot for ``key`` (under _LOCK), after dropping the slots of threads that have ended."""
-    alive = {t.ident for t in threading.enumerate()}
-    for old in [k for k in _STREAMS if k[2] not in alive]:
-        del _STREAMS[old]
-    slot = _STREAMS[key] = _PerStream()
-    return slot
+    return (index, _raw_stream(index))
 
 
 def _raw_stream(index: int) -> int:
@@ -168,7 +167,7 @@ def views(device: torch.device, partials: int, counters: int, geometry, make: Ca
           kind: str = "partials", view_key: int | None = None):
     """``make(buffer, counters_buffer)`` for scratch of at least ``partials`` float32 and ``counters`` int32
     (zeros; 0: no counters, the buffer passed is None), under the module docstring's rule; eager CUDA calls get
-    the result cached per (device, stream, kind, geometry), the ``VIEWS_MAX`` most recent per stream.
+    the result cached per (device, stream, thread, kind, geometry), the ``VIEWS_MAX`` most recent per slot.
     ``geometry``: hashable, fixes what ``make`` returns given buffers at least that large. ``kind``: which of the
     stream's buffers: "partials" (split partials) or "lse" (an LSE the caller does not read, ``lse_function``);
     the two never overlap. ``view_key``: ``_view_key(kind, geometry)`` when the caller holds it (``function``)."""
@@ -178,16 +177,16 @@ def views(device: torch.device, partials: int, counters: int, geometry, make: Ca
     if device.type != "cuda" and not CACHE_CPU or capturing(device):
         return make(torch.empty(partials, dtype=torch.float32, device=device),
                     _captured_counters(device, counters) if counters else None)
-    key = slot_key(device)
+    key, slots = slot_key(device), _slots()
     if view_key is None:
         view_key = _view_key(kind, geometry)
-    slot = _STREAMS.get(key)
+    slot = slots.get(key)
     if slot is not None:
         hit = slot.views.get(view_key)
         if hit is not None:
             return hit
     with _LOCK:
-        slot = _STREAMS.get(key) or _new_slot(key)
+        slot = slots.get(key) or slots.setdefault(key, _Slot())
         buffer = slot.buffers.get(kind)
         if buffer is None or buffer.numel() < partials:
             buffer = slot.buffers[kind] = torch.empty(max(partials, 2 * (buffer.numel() if buffer is not None else 0)),
@@ -235,7 +234,7 @@ def function(device: torch.device, partials: int, counters: int, geometry, make:
     if device.type != "cuda":
         def get_host():  # (capturing: False for the CPU, unless a test says otherwise)
             if CACHE_CPU and not capturing(device) and not _uncached_now():
-                slot = _STREAMS.get((-1, 0, _thread()))
+                slot = _slots().get((-1, 0))
                 hit = slot.views.get(key) if slot is not None else None
                 if hit is not None:
                     return hit
@@ -245,7 +244,7 @@ def function(device: torch.device, partials: int, counters: int, geometry, make:
 
     def get():
         if not _capturing_now() and not _uncached_now():
-            slot = _STREAMS.get((index, _raw_stream(index), _thread()))
+            slot = _slots().get((index, _raw_stream(index)))
             if slot is not None:
                 hit = slot.views.get(key)
                 if hit is not None:
@@ -312,7 +311,9 @@ def _captured_counters(device: torch.device, n: int) -> torch.Tensor:
 
 def clear() -> None:
     """Drop every cached buffer (tests). Captured graphs keep what they reference alive."""
+    global _GENERATION
     with _LOCK:
-        _STREAMS.clear()
+        _GENERATION += 1
+        _LOCAL.slots = None
         _ARENAS.clear()
         _CAPTURED.clear()

@@ -60,7 +60,7 @@ from fa_variants.common import env, interop, pack_gqa, split, split_combine, til
 from fa_variants.common.cache import StaticConfig
 from fa_variants.common.config import Sm90Config
 from fa_variants.common.launch import Variant
-from fa_variants.common.scale import LOG2_E
+from fa_variants.common.scale import LOG2_E, kernel_scale
 
 ARCH = "sm_90a"  # the one compile target of fa3 (TMA, WGMMA, setmaxnreg)
 HEAD_DIMS: tuple[int, ...] = (64, 96, 128, 256)
@@ -571,6 +571,19 @@ def _problem_config(config: Sm90Config | None, q: torch.Tensor, k: torch.Tensor,
     return _merge_mode(_packed(config, q, k, splits) if pack else config)
 
 
+def scale_config(config: Sm90Config | None, q: torch.Tensor, k: torch.Tensor, causal: bool,
+                 softmax_scale: float) -> Sm90Config | None:
+    """``config``; when it is None and |softmax_scale| is above ``split.MAX_SPLIT_SCALE`` (a split's partial LSE
+    could overflow float32 and the merge could not weigh it), `auto`'s config for q, k without a split: its own
+    where it does not split, else ``decode_config`` with num_splits 1 (``Variant.scale_config``)."""
+    if config is not None or split.splits_allowed(softmax_scale):
+        return config
+    auto = _problem_config(None, q, k, causal)
+    if auto is not None and auto.num_splits != 1:
+        return decode_config(q, k, causal, num_splits=1)
+    return auto or default_config(ARCH, q.shape[-1], causal)
+
+
 def lengths_config(q: torch.Tensor, k: torch.Tensor, causal: bool, config: Sm90Config | None = None) -> Sm90Config:
     """The config of a call with per-sequence KV lengths (``fa_variants.attention(seqlens_k=...)``): ``config``, or
     the one `auto` runs for q, k at K's padded length (``_problem_config``: split and packed for decode), reading the
@@ -842,7 +855,7 @@ VARIANT = Variant(
                       SPLIT_MIN_TILES, PACK_WIDE, DECODE_FIRST_ROW, SHORT_MAX_SEQLEN_K, SHORT_MAX_SEQLEN_K_CAUSAL,
                       SHORT_NARROW_MAX_SEQLEN_K, SHORT_BALANCED, split_combine.MERGE_WARP, FUSED_MERGE),
     warm_configs=lambda arch, head_dim, causal, groups=(): _auto_configs(head_dim, groups, causal),
-    with_lengths=with_lengths, warm_companions=_merge_kernels)
+    with_lengths=with_lengths, warm_companions=_merge_kernels, scale_config=scale_config)
 
 
 def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, softmax_scale: float,
@@ -869,5 +882,5 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, soft
     Strides: any 16-byte-aligned strides are read in place (TMA); others are copied first.
     """
     if seqlens_k is not None:
-        config = lengths_config(q, k, causal, config)
+        config = lengths_config(q, k, causal, scale_config(config, q, k, causal, kernel_scale(softmax_scale)[1]))
     return VARIANT.run(q, k, v, causal=causal, softmax_scale=softmax_scale, config=config, seqlens_k=seqlens_k)
