@@ -6,7 +6,8 @@ Only the module of the command being run is imported (`fa-variants --help` impor
 fast), so `fa-variants info` works even where a heavy dependency (the CuTe DSL, matplotlib) is missing,
 and a missing piece gives a clear message. A ValueError or OSError from a sub-command (an input no backend
 serves, an unusable path; a FA_VARIANTS_* switch with a bad value, also when a command's options import the
-module that reads it) and an ImportError (a missing optional extra) are printed as one line, exit status 2.
+module that reads it) and an ImportError (a missing optional extra) are printed as one line, exit status 2;
+an interrupt (Ctrl-C) as one line, exit status 130 (128 + SIGINT, as a shell reports it).
 """
 from __future__ import annotations
 
@@ -121,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as exc:  # an optional extra that is not installed (e.g. [sass] for compile --sass)
         print(f"fa-variants {args.command}: unavailable here: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback of wherever the command was
+        print(f"fa-variants {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

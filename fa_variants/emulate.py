@@ -433,7 +433,7 @@ def hbm_bytes(algorithm: str, B: int, H: int, Nq: int, Nk: int, D: int, Br: int,
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Arguments of `fa-variants io`."""
-    from fa_variants.cli import positive_float, positive_int
+    from fa_variants.cli import nonnegative_int, positive_float, positive_int
 
     parser.add_argument("--N", type=positive_int, nargs="+", default=[1024, 2048, 4096, 8192, 16384],
                         help="sequence lengths (seqlen_q = seqlen_k = N)")
@@ -442,7 +442,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                         help="on-chip SRAM size M in KiB (FA paper: 100 KB of an A100 SM's 192 KB)")
     parser.add_argument("--elem-bytes", type=positive_int, default=2, help="bytes per element to turn KiB into M (fp16: 2)")
     parser.add_argument("--causal", action="store_true", help="bottom-right causal with tile skipping")
-    parser.add_argument("--emulate-max", type=int, default=2048,
+    parser.add_argument("--emulate-max", type=nonnegative_int, default=2048,
                         help="run the emulators for N up to this, else use the closed form hbm_counts (default "
                              "%(default)s; the emulators are Python tile loops: at large d, whose tiles are small, "
                              "they take minutes, and 0 keeps to the closed form)")
@@ -487,16 +487,19 @@ def run_cli(args: argparse.Namespace) -> int:
              f"({args.sram_kb:g} KiB of {args.elem_bytes}-byte elements); Br, Bc as FA1 Algorithm 1 line 1"
              f"{'; causal' if args.causal else ''}"
              f"{'; FA2 with Br, Bc = %d, %d' % tuple(args.fa2_tiles) if args.fa2_tiles else ''}")
-    # two tables of at most 8 columns, so that each fits an 80-column terminal
-    counts = Table(title=title)
+    # two tables of at most 8 columns, so that each fits an 80-column terminal: one space between cells
+    # (collapse_padding; with two, the second table took 83 columns at N >= 1000 and rich cut its bounds to
+    # "1.114e+…"), and a value wider than its column wraps (overflow "fold") instead of losing digits
+    counts = Table(title=title, collapse_padding=True)
     for col in ("N", "d", "Br", "Bc", "standard", "FA1", "FA2", "source"):
-        counts.add_column(col, justify="left" if col == "source" else "right")
+        counts.add_column(col, justify="left" if col == "source" else "right", overflow="fold")
     ratios = Table(title="The same against Theorem 2's bounds (FA1 paper, sec. 3.2): std/bound = standard / "
                          "(Nd + N^2), FA1/bound = FA1 / (N^2 d^2 / M)",
                    caption="source: 'emulated' = counted by running the tile loops (and equal to hbm_counts); "
-                           "'closed form' = hbm_counts, proven equal to the emulators by tests/test_emulate.py")
+                           "'closed form' = hbm_counts, proven equal to the emulators by tests/test_emulate.py",
+                   collapse_padding=True)
     for col in ("N", "d", "Nd+N^2", "N^2d^2/M", "std/bound", "FA1/bound", "std/FA1", "std/FA2"):
-        ratios.add_column(col, justify="right")
+        ratios.add_column(col, justify="right", overflow="fold")
     for d in args.d:
         for N in args.N:
             row = _io_rows(N, d, M, args.causal, args.emulate_max, args.fa2_tiles)

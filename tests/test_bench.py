@@ -1,6 +1,7 @@
 """`fa-variants bench` without a GPU: arguments, the FLOP formula, ratios, the sweep's error handling and the
 report writers, all on synthetic timings; plus one short real run marked `gpu` for the GPU host."""
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -242,6 +243,40 @@ def test_report_from_several_runs_merges_them(tmp_path, capsys):
     assert [r["command"] for r in merged["meta"]["runs"]] == ["fa-variants bench --synthetic", fp16["meta"]["command"]]
     md = (tmp_path / "all" / "bench.md").read_text()
     assert "### bf16, head_dim 128, causal" in md and "### fp16, head_dim 128, causal" in md
+
+
+def test_report_from_several_runs_never_overwrites_one_of_them(tmp_path, capsys):
+    """A merge written where one of its inputs lies would replace that run by the merge: --out defaults to the first
+    file's folder, so `--report-from a/bench.json b/bench.json` rewrote a/bench.json with a's and b's results (and
+    a second such call held them twice). An error naming --out now, nothing written; one file rebuilds in place."""
+    rep, _ = synthetic_report()
+    report.write_reports(rep, tmp_path / "a", charts=False)
+    report.write_reports(rep, tmp_path / "b", charts=False)
+    a, b = str(tmp_path / "a" / "bench.json"), str(tmp_path / "b" / "bench.json")
+    before = {p: Path(p).read_bytes() for p in (a, b)}
+    for out in ([], ["--out", str(tmp_path / "b")]):
+        assert top_cli.main(["bench", "--report-from", a, b, "--no-charts", *out]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and err.startswith("fa-variants bench: error: --out ") and "would replace" in err, err
+        assert {p: Path(p).read_bytes() for p in (a, b)} == before
+    assert top_cli.main(["bench", "--report-from", a, "--no-charts"]) == 0  # one run: rebuilt in its own folder
+    assert json.loads(Path(a).read_text())["results"] == rep["results"]
+
+
+@pytest.mark.parametrize("flags", [["--dry-run"], ["--head-dims", "64"], ["--quick"], ["--causal", "true"],
+                                   ["--backends", "fa2"], ["--memory-only"], ["--fp8-status", "only"]])
+def test_report_from_refuses_the_flags_of_a_run(tmp_path, capsys, flags):
+    """--report-from rebuilds the saved runs as they are: --dry-run wrote the report all the same, and --head-dims,
+    --quick, ... were dropped without a word (the report showed every head dim). One line naming them, nothing
+    written."""
+    rep, _ = synthetic_report()
+    report.write_reports(rep, tmp_path / "a", charts=False)
+    out = tmp_path / "out"
+    assert top_cli.main(["bench", "--report-from", str(tmp_path / "a" / "bench.json"), "--out", str(out),
+                         "--no-charts", *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith(f"fa-variants bench: error: {flags[0]} ") and "--report-from" in err, err
+    assert not out.exists()
 
 
 # ------------------------------------------------------------------------------------- run_cli, no GPU

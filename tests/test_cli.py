@@ -167,6 +167,33 @@ def test_warmup_model_that_is_not_json_is_named(capsys, tmp_path):
     assert "\n" not in err and err.startswith(f"fa-variants warmup: error: {bad}: not a JSON config.json"), err
 
 
+@pytest.mark.parametrize("text_config", [None, [], "llama"])
+def test_warmup_model_whose_text_config_is_not_an_object_reads_the_top_level(tmp_path, text_config):
+    """A config.json whose "text_config" is null (or not an object) is read at its top level, as one without it:
+    `warmup --model` with "text_config": null was a TypeError traceback ("argument of type 'NoneType' is not
+    iterable"), and with a list it said the file lacked the num_attention_heads it has."""
+    from fa_variants.commands import warmup
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"text_config": text_config, "num_attention_heads": 8, "num_key_value_heads": 2,
+                                "head_dim": 64, "torch_dtype": "float16"}))
+    assert warmup.model_shape(str(path)) == {"head_dim": 64, "heads": 8, "heads_kv": 2, "dtype": "fp16"}
+
+
+def test_an_interrupted_command_is_one_line(capsys, monkeypatch):
+    """Ctrl-C during a command (a long fp8-study, a warm-up): one line and exit status 130 (128 + SIGINT), as a
+    shell reports an interrupted program; it was a KeyboardInterrupt traceback of the frames it stopped in."""
+    from fa_variants import emulate
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(emulate, "run_cli", interrupted)
+    assert cli.main(["io", "--N", "64", "--d", "16"]) == 130
+    err = capsys.readouterr().err
+    assert err == "fa-variants io: interrupted\n", err
+
+
 def test_python_m_fa_variants_is_the_cli():
     done = subprocess.run([sys.executable, "-m", "fa_variants", "--version"], capture_output=True, text=True,
                           timeout=120, check=True)
@@ -177,6 +204,7 @@ def test_python_m_fa_variants_is_the_cli():
     (["demo", "--seqlen", "0"], "--seqlen"), (["demo", "--heads", "-1"], "--heads"),
     (["io", "--N", "0"], "--N"), (["io", "--d", "-64"], "--d"), (["io", "--elem-bytes", "0"], "--elem-bytes"),
     (["io", "--sram-kb", "0"], "--sram-kb"), (["io", "--fa2-tiles", "0", "64"], "--fa2-tiles"),
+    (["io", "--emulate-max", "-1"], "--emulate-max"),  # was taken (as 0: the closed form), a typo unnoticed
     (["fp8-study", "--quick", "--head-dim", "0"], "--head-dim"), (["fp8-study", "--heads", "0"], "--heads"),
     (["fp8-study", "--seqlens", "0"], "--seqlens"),
     (["fp8-study", "--head-dims", "100"], "--head-dims"),  # was an empty report and exit 0
@@ -321,12 +349,16 @@ def test_info_says_each_reason_once_per_device(capsys):
 
 
 @pytest.mark.parametrize("argv", [["info"], ["io", "--N", "1024", "--d", "64"],
+                                  ["io", "--N", "1024", "4096", "--d", "64", "128"],  # README's example
+                                  ["io", "--N", "16384", "1048576", "--d", "256", "--emulate-max", "0"],
                                   ["demo", "--seqlen", "32", "--heads", "2"]])
 def test_tables_fit_80_columns(capsys, argv):
-    """Output not on a terminal (as here) is laid out for 80 columns (tables were fixed at 160-200)."""
+    """Output not on a terminal (as here) is laid out for 80 columns (tables were fixed at 160-200), and no value
+    is cut to fit: io's second table was 83 columns wide and showed its bounds as "1.114e+…" (and "FA1/bou…")."""
     cli.main(argv)
     out = capsys.readouterr().out
     assert max(map(len, out.splitlines())) <= 80
+    assert "…" not in out, out
 
 
 def test_a_bad_switch_read_while_building_the_options_is_one_line(capsys, monkeypatch):

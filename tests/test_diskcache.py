@@ -442,6 +442,40 @@ def test_warmup_jobs_stop_at_the_first_compile_error(cache_dir):
     assert len(stored) < len(good), stored
 
 
+def test_warmup_jobs_leave_an_interrupt_to_this_process(monkeypatch):
+    """Ctrl-C reaches every process of the terminal's foreground group: each --jobs worker printed its own
+    KeyboardInterrupt traceback (pages of DSL frames) above the command's one line. The workers ignore SIGINT (the
+    kernel each compiles is finished and stored, as on a compile error); this process stops, as one line."""
+    import concurrent.futures
+    import signal
+
+    from fa_variants.commands import warmup
+
+    seen = {}
+
+    class FakePool:  # runs nothing; keeps what the pool was built with
+        def __init__(self, workers, mp_context=None, initializer=None):
+            seen["initializer"] = initializer
+
+        def submit(self, fn, cfg):
+            future = concurrent.futures.Future()
+            future.set_result({"head_dim": cfg.head_dim})
+            return future
+
+        def shutdown(self, wait=True, cancel_futures=False):
+            pass
+
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", FakePool)
+    configs = [registry.static_config("testkernel", "sm_80", "bf16", d, False) for d in (32, 64)]
+    assert warmup.warmup(configs, progress=False, jobs=2) == [{"head_dim": 32}, {"head_dim": 64}]
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        seen["initializer"]()
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 def test_warmup_seqlens_k_skips_a_backend_that_does_not_load(monkeypatch):
     """--seqlens-k asks each backend for its lengths transform inside the per-backend guard: one that fails to
     import is skipped with a note, as without it."""

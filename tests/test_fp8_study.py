@@ -206,3 +206,44 @@ def test_the_inputs_header_names_each_distribution():
     rows = [dict(r, sweep="inputs", dist=d) for d in ("normal", "channel") for r in _fake_rows(1e-3)]
     md = study.markdown(rows, _meta(), None)
     assert "normal: q, k, v ~ N(0, 1); channel: channel outliers" in md
+
+
+def test_merge_never_overwrites_one_of_its_runs(capsys, tmp_path):
+    """--merge writes fp8_study.json under --out: where that is one of the runs merged (--out the folder of a run,
+    as the default results/fp8_study is of a plain run's), the run was replaced by the merge. An error naming --out
+    now, the runs untouched; one file rebuilds its own folder's report (its JSON unchanged)."""
+    a, b = tmp_path / "a" / "fp8_study.json", tmp_path / "b" / "fp8_study.json"
+    for path, p in ((a, 1e-3), (b, 1e-2)):
+        path.parent.mkdir()
+        path.write_text(json.dumps({"setup": _meta(), "rows": _rows(p), "e2e": None}))
+    before = {path: path.read_bytes() for path in (a, b)}
+    assert cli.main(["fp8-study", "--merge", str(a), str(b), "--out", str(a.parent)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"fa-variants fp8-study: error: --out {a.parent}: ") and str(a) in err[0]
+    assert {path: path.read_bytes() for path in (a, b)} == before
+    assert cli.main(["fp8-study", "--merge", str(a), "--out", str(a.parent)]) == 0
+    assert json.loads(a.read_text()) == json.loads(before[a]) and (a.parent / "fp8_study.md").is_file()
+
+
+def test_without_matplotlib_the_report_is_written_and_the_plots_skipped(capsys, monkeypatch, tmp_path):
+    """matplotlib is an extra ([bench], [dev]), not in `pip install -e .`: the study ran, wrote its JSON and
+    markdown, then exited 2 "unavailable here: No module named 'matplotlib'" as if it had failed. Now exit 0 with a
+    line saying the plots were skipped and how to make them."""
+    import sys
+
+    src = tmp_path / "run" / "fp8_study.json"
+    src.parent.mkdir()
+    src.write_text(json.dumps({"setup": _meta(), "rows": _rows(), "e2e": None}))
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    out = tmp_path / "out"
+    assert cli.main(["fp8-study", "--merge", str(src), "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "plots skipped" in err and "pip install matplotlib" in err, err
+    assert (out / "fp8_study.json").is_file() and (out / "fp8_study.md").is_file()
+
+
+def test_the_recorded_command_can_be_run_again(monkeypatch):
+    """The report's command line quotes its arguments as a shell needs them: `--out "my runs/a"` was recorded as
+    `--out my runs/a`, which runs something else."""
+    monkeypatch.setattr("sys.argv", ["fa-variants", "fp8-study", "--sweeps", "p", "--out", "my runs/a"])
+    assert study._command_line() == "fa-variants fp8-study --sweeps p --out 'my runs/a'"

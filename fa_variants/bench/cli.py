@@ -160,7 +160,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     t.add_argument("--dry-run", action="store_true", help="print the plan and exit (no GPU needed)")
     t.add_argument("--report-from", metavar="JSON", nargs="+",
                    help="rebuild markdown and charts from saved bench.json files, merged into one report "
-                        "(no GPU needed; --out defaults to the first file's folder)")
+                        "(no GPU needed; --out defaults to the first file's folder, and a merge of several must not "
+                        "go to the folder of one of them)")
     c = p.add_argument_group("regression check")
     c.add_argument("--compare", metavar="JSON",
                    help="a saved bench.json: flag every case of ours more than --threshold slower than there "
@@ -336,6 +337,13 @@ def _rebuild(args, saved: tuple | None = None) -> int:
             return 2
         reports.append(report)
     outdir = Path(args.out) if args.out else Path(args.report_from[0]).parent
+    if len(reports) > 1:  # the merge's bench.json must not replace a run it merges (a second merge held it twice)
+        target = (outdir / "bench.json").resolve()
+        hit = next((src for src in args.report_from if Path(src).resolve() == target), None)
+        if hit is not None:
+            given = "" if args.out else " (by default the first file's folder)"
+            raise ValueError(f"--out {outdir}{given}: the merged bench.json would replace {hit}, one of the runs "
+                             "merged; give --out another folder")
     return _write_and_summarise(bench_report.merge(reports), outdir, charts=not args.no_charts, saved=saved)
 
 
@@ -370,7 +378,12 @@ def _write_and_summarise(report: dict, outdir: Path, charts: bool, saved: tuple 
 _SWEEP_ONLY = ("backends", "peers", "ours_only", "peers_only", "head_dims", "seqlens", "dtypes", "memory_seqlens",
                "no_memory", "memory_only", "report_from", "compare", "causal", "fp8_status")
 _DECODE_ONLY = ("decode_nq", "decode_nk", "decode_batch", "decode_head_dims", "decode_no_fa4", "decode_lengths")
-_UNSET = {"causal": ("both",), "fp8_status": ("auto", "off")}  # defaults, and "off": nothing to run with --decode
+#: the dests of the flags that shape or time a run, which --report-from (saved runs rebuilt as they are) does not read
+_RUN_ONLY = ("quick", "backends", "peers", "ours_only", "peers_only", "head_dims", "seqlens", "causal", "dtypes",
+             "memory_seqlens", "no_memory", "memory_only", "warmup", "rep", "input_sets", "dry_run", "fp8_status",
+             "fp8_rounds", "fp8_budget")
+_UNSET = {"causal": ("both",), "fp8_status": ("auto", "off"),  # defaults, and "off": nothing to run with --decode
+          "fp8_rounds": (6,)}
 
 
 def _given(args: argparse.Namespace, dests: tuple[str, ...]) -> list[str]:
@@ -389,6 +402,10 @@ def run_cli(args: argparse.Namespace) -> int:
         from fa_variants.bench import decode
 
         return decode.run_cli(args)
+    stray = _given(args, _RUN_ONLY) if args.report_from else []
+    if stray:  # --dry-run wrote the report all the same, --head-dims and the like were dropped
+        raise ValueError(f"{', '.join(stray)} {'do' if len(stray) > 1 else 'does'} not apply to --report-from (it "
+                         "rebuilds the saved runs as they are)")
     saved = _saved_for_compare(args)
     if args.report_from:
         return _rebuild(args, saved)

@@ -67,14 +67,16 @@ def _gqa(text: str) -> tuple[int, int]:
 
 def model_shape(path: str) -> dict:
     """head_dim, heads, heads_kv and dtype of a Hugging Face style config.json (head_dim, or hidden_size /
-    num_attention_heads; num_key_value_heads defaults to num_attention_heads; torch_dtype / dtype)."""
+    num_attention_heads; num_key_value_heads defaults to num_attention_heads; torch_dtype / dtype), read from its
+    "text_config" where that is an object."""
     try:
         cfg = json.loads(Path(path).read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path}: not a JSON config.json ({exc})") from None
     if not isinstance(cfg, dict):
         raise ValueError(f"{path}: a config.json holds a JSON object, got a {type(cfg).__name__}")
-    cfg = cfg.get("text_config", cfg)
+    if isinstance(cfg.get("text_config"), dict):  # a multimodal model's language part; null or another value: none
+        cfg = cfg["text_config"]
     if "num_attention_heads" not in cfg or not (cfg.get("head_dim") or "hidden_size" in cfg):
         raise ValueError(f"{path}: needs num_attention_heads and head_dim or hidden_size")
     heads = _config_int(cfg, "num_attention_heads", path)
@@ -142,7 +144,8 @@ def quant_passes(arch: str, dtype: str, head_dim: int, groups: tuple[int, ...] =
 def warmup(configs, progress: bool = True, jobs: int = 1) -> list[dict]:
     """Compile (or load from disk) each static config, with a progress bar; one record per config, in the order
     of ``configs``. ``jobs`` > 1: that many processes compile side by side (spawned with this process's
-    environment; each stores its kernels in the disk cache, whose writes are atomic)."""
+    environment; each stores its kernels in the disk cache, whose writes are atomic; an interrupt stops this process,
+    the running compiles finish)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -160,7 +163,8 @@ def warmup(configs, progress: bool = True, jobs: int = 1) -> list[dict]:
         from concurrent.futures.process import BrokenProcessPool
 
         done = {}
-        pool = ProcessPoolExecutor(min(jobs, len(configs)), mp_context=multiprocessing.get_context("spawn"))
+        pool = ProcessPoolExecutor(min(jobs, len(configs)), mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=_leave_interrupts)
         try:
             futures = {pool.submit(_warm_one, cfg): i for i, cfg in enumerate(configs)}
             for future in as_completed(futures):
@@ -175,6 +179,15 @@ def warmup(configs, progress: bool = True, jobs: int = 1) -> list[dict]:
         finally:  # on an error: the queued compiles are dropped, the running ones finish
             pool.shutdown(wait=True, cancel_futures=True)
         return [done[i] for i in range(len(configs))]
+
+
+def _leave_interrupts() -> None:
+    """A --jobs worker's start: Ctrl-C, sent to the terminal's whole process group, is left to the parent (one line,
+    ``cli.main``); the worker finishes and stores the kernel it compiles, as after a compile error elsewhere (each
+    printed a KeyboardInterrupt traceback of the DSL's frames)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _label(cfg) -> str:

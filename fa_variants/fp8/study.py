@@ -35,6 +35,7 @@ import argparse
 import dataclasses
 import json
 import math
+import shlex
 import sys
 import time
 from dataclasses import dataclass
@@ -362,7 +363,7 @@ def markdown(rows: list[dict], meta: dict, e2e: dict | None) -> str:
 
 
 def plots(rows: list[dict], folder: Path, src: str) -> list[Path]:
-    """error_vs_p.png, error_vs_seqlen.png, error_per_layer.png: one line per method, log scale."""
+    """error_vs_p.png, error_vs_seqlen.png, error_vs_layer.png: one line per method, log scale."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -488,13 +489,21 @@ def _real_model(args, gpu: bool):
 
 
 def _write(args, rows: list[dict], meta: dict, e2e: dict | None, gpu: bool) -> None:
+    """Print the report; write fp8_study.json, fp8_study.md and the plots under --out. Without matplotlib (an extra,
+    not in the plain install) the plots are skipped with a line saying how to make them: the study is not lost."""
     report = markdown(rows, meta, e2e)
     print(report)
     (args.out / "fp8_study.json").write_text(json.dumps({"setup": meta, "rows": rows, "e2e": e2e}, indent=1))
     (args.out / "fp8_study.md").write_text(report)
-    written = plots(rows, args.out, "kernel" if gpu else "emulation")
-    if e2e and study_model.plot(e2e, args.out, "kernel" if gpu else "emulation"):
-        written.append("e2e_kl_per_token.png")
+    try:
+        written = plots(rows, args.out, "kernel" if gpu else "emulation")
+        if e2e and study_model.plot(e2e, args.out, "kernel" if gpu else "emulation"):
+            written.append("e2e_kl_per_token.png")
+    except ImportError as exc:
+        written = []
+        rebuild = shlex.join(["fa-variants", "fp8-study", "--merge", str(args.out / "fp8_study.json"),
+                              "--out", str(args.out)])
+        print(f"fp8-study: plots skipped ({exc}): pip install matplotlib, then {rebuild}", file=sys.stderr)
     print(f"wrote {args.out / 'fp8_study.json'}, fp8_study.md and {len(written)} plots", file=sys.stderr)
 
 
@@ -583,15 +592,26 @@ def _check_merge(runs: list[dict], paths: list[Path]) -> None:
 
 def merge_cli(args: argparse.Namespace) -> int:
     """--merge: one report from the JSON of several runs (rows concatenated, the first end-to-end result).
-    The runs must agree on what the report states once and share no case (``_check_merge``)."""
+    The runs must agree on what the report states once and share no case (``_check_merge``), and --out must not
+    be the folder of one of them (the merge replaced that run's fp8_study.json)."""
     runs = [_read_run(p) for p in args.merge]
     _check_merge(runs, args.merge)
+    target = (args.out / "fp8_study.json").resolve()
+    hit = next((p for p in args.merge if p.resolve() == target), None)
+    if hit is not None and len(runs) > 1:  # one file: its report rebuilt beside it, the JSON the same
+        raise ValueError(f"--out {args.out}: the merged fp8_study.json would replace {hit}, one of the runs merged; "
+                         "give --out another folder")
     meta = dict(runs[0]["setup"], command=" ; ".join(r["setup"]["command"] for r in runs),
                 cases=[c for r in runs for c in r["setup"]["cases"]])
     rows = [row for r in runs for row in r["rows"]]
     e2e = next((r["e2e"] for r in runs if r.get("e2e")), None)
     _write(args, rows, meta, e2e, gpu="kernel" in meta["fp8_source"])
     return 0
+
+
+def _command_line() -> str:
+    """This process's command line as a shell takes it (an argument with a space quoted), for the report."""
+    return shlex.join(["fa-variants", *sys.argv[1:]])
 
 
 def run_cli(args: argparse.Namespace) -> int:
@@ -627,7 +647,7 @@ def run_cli(args: argparse.Namespace) -> int:
         except Exception as exc:  # reported, the sweeps' results still written
             e2e = {"what": f"failed: {type(exc).__name__}: {exc}"}
     src = "the fa3-fp8 kernel (sm_90), emulation beside it" if gpu else "the EMULATION of the fa3-fp8 kernel (no GPU)"
-    meta = {"command": "fa-variants " + " ".join(sys.argv[1:]),
+    meta = {"command": _command_line(),
             "seed": args.seed, "quick": quick, "fp8_source": src, "torch": torch.__version__,
             "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
             "methods": {m: METHODS[m].label for m in METHODS}, "distributions": DISTRIBUTIONS, "paper": PAPER,
