@@ -310,7 +310,7 @@ def markdown(rows: list[dict], meta: dict, e2e: dict | None) -> str:
     """The study's report: one section per sweep, the FP8 source in every header."""
     src = meta["fp8_source"]
     cols = [m for m in METHODS if any(r["method"] == m and r["rmse"] is not None for r in rows)]
-    out = [f"# FP8 attention accuracy study (`fa-variants fp8-study`)", "",
+    out = ["# FP8 attention accuracy study (`fa-variants fp8-study`)", "",
            f"Command: `{meta['command']}`; seed {meta['seed']} (case i of a sweep uses (seed + offset + i) mod 2^64, "
            f"offsets {', '.join(f'{k} {v}' for k, v in SEED_OFFSET.items())}; each case's seed is in the JSON); "
            f"torch {meta['torch']}; device: {meta['device']}.", ""]
