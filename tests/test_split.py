@@ -366,3 +366,27 @@ def test_block_info_packed_rows():
     assert big.kv_tile_end(3, 5, 20) == -(-(2 + 16) // 16) and big.kv_tile_causal_start(3, 5, 20) == (1 + 15 + 1) // 16
     assert packable(4, 64) and packable(128, 64) and packable(1, 64) and not packable(5, 64) and not packable(96, 64)
     assert packed_row_tiles(16, 4, 64) == 1 and packed_row_tiles(5, 8, 64) == 1 and packed_row_tiles(16, 8, 64) == 2
+
+
+def test_unsplit_choice_at_a_huge_scale():
+    """split.unsplit_choice (fa3's and fa2's Variant.scale_config): above MAX_SPLIT_SCALE a choice that splits becomes
+    the unsplit one, a choice that does not stays (None: the default, fixed); at or below it, and for a caller's
+    config, nothing is chosen (the functions are not called)."""
+    from types import SimpleNamespace
+
+    calls = []
+
+    def made(name, value):
+        return lambda: calls.append(name) or value
+
+    splits, packed = SimpleNamespace(num_splits=0), SimpleNamespace(num_splits=1)
+    huge = split.MAX_SPLIT_SCALE * 2
+    assert split.unsplit_choice(None, huge, made("auto", splits), made("unsplit", "U"), made("default", "D")) == "U"
+    assert split.unsplit_choice(None, -huge, made("auto", packed), made("unsplit", "U"), made("default", "D")) is packed
+    assert split.unsplit_choice(None, huge, made("auto", None), made("unsplit", "U"), made("default", "D")) == "D"
+    assert calls == ["auto", "unsplit", "auto", "auto", "default"]
+    calls.clear()
+    for config, scale in ((None, split.MAX_SPLIT_SCALE), (None, 0.125), ("mine", huge)):
+        assert split.unsplit_choice(config, scale, made("auto", splits), made("unsplit", "U"),
+                                    made("default", "D")) == config
+    assert calls == []

@@ -109,6 +109,19 @@ def splits_allowed(softmax_scale: float) -> bool:
     return abs(softmax_scale) <= MAX_SPLIT_SCALE
 
 
+def unsplit_choice(config, softmax_scale: float, auto, unsplit, default):
+    """A split-KV backend's ``Variant.scale_config`` (fa3, fa2): ``config``; when it is None and |softmax_scale| is
+    above MAX_SPLIT_SCALE, the backend's own choice ``auto()`` (a config, None: its default) where that does not
+    split, else ``unsplit()`` (its choice with the split count 1); ``default()`` for a None choice, so that the
+    config is fixed. ``auto``, ``unsplit``, ``default``: functions of no argument, called only when needed."""
+    if config is not None or splits_allowed(softmax_scale):
+        return config
+    chosen = auto()
+    if chosen is not None and chosen.num_splits != 1:
+        return unsplit()
+    return chosen or default()
+
+
 def check_split_scale(num_splits: int | None, softmax_scale: float) -> None:
     """ValueError (one line naming both) for num_splits > 1 with |softmax_scale| above MAX_SPLIT_SCALE."""
     if num_splits is not None and num_splits > 1 and not splits_allowed(softmax_scale):

@@ -575,13 +575,11 @@ def scale_config(config: Sm90Config | None, q: torch.Tensor, k: torch.Tensor, ca
                  softmax_scale: float) -> Sm90Config | None:
     """``config``; when it is None and |softmax_scale| is above ``split.MAX_SPLIT_SCALE`` (a split's partial LSE
     could overflow float32 and the merge could not weigh it), `auto`'s config for q, k without a split: its own
-    where it does not split, else ``decode_config`` with num_splits 1 (``Variant.scale_config``)."""
-    if config is not None or split.splits_allowed(softmax_scale):
-        return config
-    auto = _problem_config(None, q, k, causal)
-    if auto is not None and auto.num_splits != 1:
-        return decode_config(q, k, causal, num_splits=1)
-    return auto or default_config(ARCH, q.shape[-1], causal)
+    where it does not split, else ``decode_config`` with num_splits 1 (``Variant.scale_config``;
+    ``split.unsplit_choice``)."""
+    return split.unsplit_choice(config, softmax_scale, lambda: _problem_config(None, q, k, causal),
+                                lambda: decode_config(q, k, causal, num_splits=1),
+                                lambda: default_config(ARCH, q.shape[-1], causal))
 
 
 def lengths_config(q: torch.Tensor, k: torch.Tensor, causal: bool, config: Sm90Config | None = None) -> Sm90Config:
