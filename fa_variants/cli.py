@@ -7,12 +7,15 @@ fast), so `fa-variants info` works even where a heavy dependency (the CuTe DSL, 
 and a missing piece gives a clear message. A ValueError or OSError from a sub-command (an input no backend
 serves, an unusable path; a FA_VARIANTS_* switch with a bad value, also when a command's options import the
 module that reads it) and an ImportError (a missing optional extra) are printed as one line, exit status 2;
-an interrupt (Ctrl-C) as one line, exit status 130 (128 + SIGINT, as a shell reports it).
+an interrupt (Ctrl-C) as one line, exit status 130 (128 + SIGINT, as a shell reports it); output into a closed
+pipe (`fa-variants info | head -1`) ends quietly with exit status 141 (128 + SIGPIPE, as a tool killed by it), not
+1, which `demo` uses for a failed check.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # sub-command -> (module, one-line help)
@@ -116,6 +119,12 @@ def main(argv: list[str] | None = None) -> int:
 
         switches.check_all()  # every command, info and bench --dry-run too: a bad FA_VARIANTS_* value is one line
         return int(module.run_cli(args) or 0)
+    except BrokenPipeError:  # the reader went away (`| head`): nothing more to say, and no error message
+        return _closed_pipe()
+    except SystemExit as exc:  # rich's console on a closed pipe: SystemExit(1) while handling the BrokenPipeError
+        if isinstance(exc.__context__, BrokenPipeError):
+            return _closed_pipe()
+        raise
     except (ValueError, OSError) as exc:  # bad input (an unservable shape, a backend, a path): one line
         print(f"fa-variants {args.command}: error: {exc}", file=sys.stderr)
         return 2
@@ -125,6 +134,22 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback of wherever the command was
         print(f"fa-variants {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+
+#: exit status of a command whose stdout was closed by its reader (128 + SIGPIPE)
+CLOSED_PIPE = 141
+
+
+def _closed_pipe() -> int:
+    """CLOSED_PIPE, with stdout pointed at /dev/null first, so that the interpreter's final flush of the buffered rest
+    does not fail again at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no file descriptor behind sys.stdout (a test's capture): nothing to redirect
+        pass
+    return CLOSED_PIPE
 
 
 if __name__ == "__main__":

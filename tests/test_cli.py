@@ -494,3 +494,17 @@ def test_demo_sizes_that_cannot_be_allocated_are_one_line(capsys):
     err = capsys.readouterr().err
     assert "cannot allocate q, k, v of --batch 100000000, --seqlen 100000000" in err, err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_output_into_a_closed_pipe_ends_quietly():
+    """`fa-variants io ... | head -1`: the reader closes the pipe after one line; the command stops without a message
+    and exits 141 (128 + SIGPIPE, as a tool killed by it), not 1 (rich's exit on a broken pipe, which `demo` uses for
+    a failed check) nor 2 with "error: [Errno 32] Broken pipe". The output (~115 KB) is larger than a pipe's buffer,
+    so the writes after the close fail."""
+    sizes = [str(n) for n in range(64, 40001, 64)]
+    proc = subprocess.Popen([sys.executable, "-m", "fa_variants", "io", "--N", *sizes, "--d", "64", "--emulate-max",
+                             "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "COLUMNS": "80"})
+    assert proc.stdout.readline()
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141 and err == "", err
