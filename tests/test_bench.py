@@ -595,3 +595,8 @@ def test_cli_compare_with_report_from_needs_no_gpu(tmp_path, capsys):
         with pytest.raises(SystemExit) as exit_:
             top_cli.main(["bench", "--report-from", saved, *bad])
         assert exit_.value.code == 2, bad
+    # --threshold without --compare was dropped without a word (session 33's CLI break-it pass): one line, exit 2
+    capsys.readouterr()
+    assert top_cli.main(["bench", "--report-from", saved, "--no-charts", "--threshold", "3"]) == 2
+    assert "--threshold applies to --compare only" in capsys.readouterr().err
+    assert top_cli.main(["bench", "--decode", "--dry-run", "--threshold", "3"]) == 2

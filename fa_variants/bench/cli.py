@@ -166,8 +166,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     c.add_argument("--compare", metavar="JSON",
                    help="a saved bench.json: flag every case of ours more than --threshold slower than there "
                         "(writes compare.md; exit status 1 on a regression). With --report-from: no GPU needed")
-    c.add_argument("--threshold", type=float, default=100 * bench_compare.DEFAULT_THRESHOLD, metavar="PCT",
-                   help="slowdown in percent that --compare flags (default 3)")
+    c.add_argument("--threshold", type=float, default=None, metavar="PCT",
+                   help=f"slowdown in percent that --compare flags (default {100 * bench_compare.DEFAULT_THRESHOLD:g}; "
+                        "only with --compare)")
     f = p.add_argument_group("fp8 status (issue 10; fa_variants.bench.fp8status)")
     f.add_argument("--fp8-status", choices=("auto", "off", "only"), default="auto",
                    help="issue 10's table (fa3-fp8 kernel alone, quantisation pass, pass + kernel, single accumulator, "
@@ -319,14 +320,17 @@ def _saved_for_compare(args) -> tuple | None:
     """(path, report, threshold) for --compare (None without it); raises SystemExit(2) on a bad file or
     threshold, before anything runs or is written."""
     if not getattr(args, "compare", None):
+        if getattr(args, "threshold", None) is not None:  # given alone it was dropped without a word
+            raise ValueError("--threshold applies to --compare only (the slowdown a comparison flags)")
         return None
-    if not 0 <= args.threshold < 100:
-        print(f"fa-variants bench: --threshold {args.threshold} must be a percentage in [0, 100)", file=sys.stderr)
+    pct = 100 * bench_compare.DEFAULT_THRESHOLD if args.threshold is None else args.threshold
+    if not 0 <= pct < 100:
+        print(f"fa-variants bench: --threshold {pct} must be a percentage in [0, 100)", file=sys.stderr)
         raise SystemExit(2)
     saved = _load_report(Path(args.compare))
     if saved is None:
         raise SystemExit(2)
-    return Path(args.compare), saved, args.threshold / 100
+    return Path(args.compare), saved, pct / 100
 
 
 def _rebuild(args, saved: tuple | None = None) -> int:
@@ -376,7 +380,7 @@ def _write_and_summarise(report: dict, outdir: Path, charts: bool, saved: tuple 
 #: the argparse dests of the TFLOP/s sweep's flags that the decode table does not read, and of the flags only the
 #: decode table reads (flag = "--" + dest with "-" for "_"); "given" = not None, False or a value of _UNSET
 _SWEEP_ONLY = ("backends", "peers", "ours_only", "peers_only", "head_dims", "seqlens", "dtypes", "memory_seqlens",
-               "no_memory", "memory_only", "report_from", "compare", "causal", "fp8_status")
+               "no_memory", "memory_only", "report_from", "compare", "threshold", "causal", "fp8_status")
 _DECODE_ONLY = ("decode_nq", "decode_nk", "decode_batch", "decode_head_dims", "decode_no_fa4", "decode_lengths")
 #: the dests of the flags that shape or time a run, which --report-from (saved runs rebuilt as they are) does not read
 _RUN_ONLY = ("quick", "backends", "peers", "ours_only", "peers_only", "head_dims", "seqlens", "causal", "dtypes",
