@@ -225,6 +225,25 @@ def test_merge_never_overwrites_one_of_its_runs(capsys, tmp_path):
     assert json.loads(a.read_text()) == json.loads(before[a]) and (a.parent / "fp8_study.md").is_file()
 
 
+def test_merge_refuses_the_flags_of_a_run(capsys, tmp_path):
+    """--merge runs nothing, so --seed, --sweeps, --backend, --quick and the like were dropped without a word: a
+    one-line error naming them now, before --out is made; the defaults given explicitly and --out still pass."""
+    a = tmp_path / "a" / "fp8_study.json"
+    a.parent.mkdir()
+    a.write_text(json.dumps({"setup": _meta(), "rows": _rows(), "e2e": None}))
+    out = tmp_path / "merged"
+    for flags, named in ((["--seed", "7"], "--seed"), (["--quick", "--backend", "kernel"], "--quick, --backend"),
+                         (["--sweeps", "p"], "--sweeps")):
+        assert cli.main(["fp8-study", "--merge", str(a), "--out", str(out), *flags]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0] == (f"fa-variants fp8-study: error: {named} do"
+                                            f"{'es' if ',' not in named else ''} not apply to --merge (it rebuilds "
+                                            "the report from the saved runs as they are)"), err
+        assert not out.exists()
+    assert cli.main(["fp8-study", "--merge", str(a), "--out", str(out), "--seed", "0", "--backend", "auto"]) == 0
+    assert (out / "fp8_study.json").is_file()
+
+
 def test_without_matplotlib_the_report_is_written_and_the_plots_skipped(capsys, monkeypatch, tmp_path):
     """matplotlib is an extra ([bench], [dev]), not in `pip install -e .`: the study ran, wrote its JSON and
     markdown, then exited 2 "unavailable here: No module named 'matplotlib'" as if it had failed. Now exit 0 with a

@@ -590,6 +590,16 @@ def _check_merge(runs: list[dict], paths: list[Path]) -> None:
             seen[case] = path
 
 
+def _run_flags_given(args: argparse.Namespace) -> list[str]:
+    """The flags of a run (every option but --merge and --out) that ``args`` sets to other than their defaults: a
+    merge reads none of them."""
+    parser = argparse.ArgumentParser(add_help=False)
+    configure_parser(parser)
+    defaults = vars(parser.parse_args([]))
+    return ["--" + dest.replace("_", "-") for dest, default in defaults.items()
+            if dest not in ("merge", "out") and getattr(args, dest, default) != default]
+
+
 def merge_cli(args: argparse.Namespace) -> int:
     """--merge: one report from the JSON of several runs (rows concatenated, the first end-to-end result).
     The runs must agree on what the report states once and share no case (``_check_merge``), and --out must not
@@ -618,6 +628,10 @@ def run_cli(args: argparse.Namespace) -> int:
     """Run the study with a progress bar (stderr), print the report, write JSON, markdown and plots."""
     from tqdm import tqdm
 
+    if args.merge and _run_flags_given(args):  # they were dropped without a word: the merge runs nothing
+        stray = _run_flags_given(args)
+        raise ValueError(f"{', '.join(stray)} {'do' if len(stray) > 1 else 'does'} not apply to --merge (it "
+                         "rebuilds the report from the saved runs as they are)")
     args.out.mkdir(parents=True, exist_ok=True)  # an unusable folder fails now, not after the study
     if args.merge:
         return merge_cli(args)
