@@ -17,6 +17,7 @@ import argparse
 import importlib
 import os
 import sys
+from pathlib import Path
 
 # sub-command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -63,6 +64,18 @@ nonnegative_int = int_in(0)
 seed_int = int_in(0, 2**64 - 1, "in [0, 2^64 - 1]")
 positive_float = finite_float(0.0, True, "a positive finite number")
 nonnegative_float = finite_float(0.0, False, "a finite number >= 0")
+
+
+def not_applicable(flags: list[str], where: str) -> ValueError:
+    """The one-line error for flags a command was given but does not read (``where``: "to --merge (...)")."""
+    return ValueError(f"{', '.join(flags)} {'do' if len(flags) > 1 else 'does'} not apply {where}")
+
+
+def replaced_input(inputs, output):
+    """The one of ``inputs`` (paths) that writing ``output`` would replace, or None: a merge must not overwrite a
+    run it merges."""
+    target = Path(output).resolve()
+    return next((src for src in inputs if Path(src).resolve() == target), None)
 
 
 def _version() -> str:
@@ -134,7 +147,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback of wherever the command was
         print(f"fa-variants {args.command}: interrupted", file=sys.stderr)
         return 130
-
 
 
 #: exit status of a command whose stdout was closed by its reader (128 + SIGPIPE)

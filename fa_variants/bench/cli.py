@@ -13,7 +13,8 @@ from fa_variants.bench import compare as bench_compare
 from fa_variants.bench import report as bench_report
 from fa_variants.bench.core import HIDDEN, TOKENS, Case, Plan, memory_sweep, sweep
 from fa_variants.bench.runtime import GpuRuntime, build_impls, versions
-from fa_variants.cli import nonnegative_float, nonnegative_int, positive_float, positive_int
+from fa_variants.cli import (nonnegative_float, nonnegative_int, not_applicable, positive_float, positive_int,
+                             replaced_input)
 
 OURS = ("fa1", "fa2", "fa3", "fa3-fp8")
 PEERS = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math", "flash-attn-4")
@@ -342,8 +343,7 @@ def _rebuild(args, saved: tuple | None = None) -> int:
         reports.append(report)
     outdir = Path(args.out) if args.out else Path(args.report_from[0]).parent
     if len(reports) > 1:  # the merge's bench.json must not replace a run it merges (a second merge held it twice)
-        target = (outdir / "bench.json").resolve()
-        hit = next((src for src in args.report_from if Path(src).resolve() == target), None)
+        hit = replaced_input(args.report_from, outdir / "bench.json")
         if hit is not None:
             given = "" if args.out else " (by default the first file's folder)"
             raise ValueError(f"--out {outdir}{given}: the merged bench.json would replace {hit}, one of the runs "
@@ -399,17 +399,15 @@ def _given(args: argparse.Namespace, dests: tuple[str, ...]) -> list[str]:
 def run_cli(args: argparse.Namespace) -> int:
     stray = _given(args, _SWEEP_ONLY) if args.decode else _given(args, _DECODE_ONLY)
     if stray:  # a flag the chosen table does not read: say so instead of dropping it
-        raise ValueError(f"{', '.join(stray)} {'do' if len(stray) > 1 else 'does'} not apply "
-                         + ("to --decode (the decode table's own flags are --decode-*)" if args.decode
-                            else "without --decode"))
+        raise not_applicable(stray, "to --decode (the decode table's own flags are --decode-*)" if args.decode
+                             else "without --decode")
     if args.decode:
         from fa_variants.bench import decode
 
         return decode.run_cli(args)
     stray = _given(args, _RUN_ONLY) if args.report_from else []
     if stray:  # --dry-run wrote the report all the same, --head-dims and the like were dropped
-        raise ValueError(f"{', '.join(stray)} {'do' if len(stray) > 1 else 'does'} not apply to --report-from (it "
-                         "rebuilds the saved runs as they are)")
+        raise not_applicable(stray, "to --report-from (it rebuilds the saved runs as they are)")
     saved = _saved_for_compare(args)
     if args.report_from:
         return _rebuild(args, saved)

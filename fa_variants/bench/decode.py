@@ -277,7 +277,9 @@ def _timer():
 
 
 def _error(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
+    from fa_variants.bench.core import short_error
+
+    return f"{type(exc).__name__}: {short_error(exc)[:120]}"
 
 
 def table(rows: list[dict]) -> str:
@@ -396,7 +398,8 @@ def run_cli(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # a GPU script's time limit (timeout -s INT): the table of the cases measured
         print(f"interrupted: {len({tuple(r[k] for k in ('head_dim', 'heads', 'batch', 'seqlen_k', 'seqlen_q')) for r in rows})}"
               f"/{len(todo)} cases measured", flush=True)
-    text = table(rows) + "\n\n" + (summary(rows, "ours (seqlens_k)", reference_name(True)) if ragged else summary(rows))
+    sums = summary(rows, "ours (seqlens_k)", reference_name(True)) if ragged else summary(rows)
+    text = table(rows) + "\n\n" + sums
     print(text)
     if args.out:
         out = Path(args.out)

@@ -606,8 +606,9 @@ def merge_cli(args: argparse.Namespace) -> int:
     be the folder of one of them (the merge replaced that run's fp8_study.json)."""
     runs = [_read_run(p) for p in args.merge]
     _check_merge(runs, args.merge)
-    target = (args.out / "fp8_study.json").resolve()
-    hit = next((p for p in args.merge if p.resolve() == target), None)
+    from fa_variants.cli import replaced_input
+
+    hit = replaced_input(args.merge, args.out / "fp8_study.json")
     if hit is not None and len(runs) > 1:  # one file: its report rebuilt beside it, the JSON the same
         raise ValueError(f"--out {args.out}: the merged fp8_study.json would replace {hit}, one of the runs merged; "
                          "give --out another folder")
@@ -628,10 +629,11 @@ def run_cli(args: argparse.Namespace) -> int:
     """Run the study with a progress bar (stderr), print the report, write JSON, markdown and plots."""
     from tqdm import tqdm
 
-    if args.merge and _run_flags_given(args):  # they were dropped without a word: the merge runs nothing
-        stray = _run_flags_given(args)
-        raise ValueError(f"{', '.join(stray)} {'do' if len(stray) > 1 else 'does'} not apply to --merge (it "
-                         "rebuilds the report from the saved runs as they are)")
+    from fa_variants.cli import not_applicable
+
+    stray = _run_flags_given(args) if args.merge else []
+    if stray:  # they were dropped without a word: the merge runs nothing
+        raise not_applicable(stray, "to --merge (it rebuilds the report from the saved runs as they are)")
     args.out.mkdir(parents=True, exist_ok=True)  # an unusable folder fails now, not after the study
     if args.merge:
         return merge_cli(args)
