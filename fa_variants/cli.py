@@ -116,6 +116,10 @@ def _command(argv: list[str]) -> tuple[str, ...]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     command = _command(argv)
+    from fa_variants.common import switches
+
+    for message in switches.report_unknown():  # before any import warns about them in Python's two-line form
+        print(f"fa-variants: warning: {message}", file=sys.stderr)
     try:
         parser = build_parser(command)
     except ValueError as exc:  # a FA_VARIANTS_* switch with a bad value (common.env.SwitchError), read by a module
@@ -128,8 +132,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     module = importlib.import_module(args._module)
     try:
-        from fa_variants.common import switches
-
         switches.check_all()  # every command, info and bench --dry-run too: a bad FA_VARIANTS_* value is one line
         return int(module.run_cli(args) or 0)
     except BrokenPipeError:  # the reader went away (`| head`): nothing more to say, and no error message

@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ def _read_in_package() -> set[str]:
     names = set()
     for path in SOURCES:
         names |= set(re.findall(r"\"(FA_VARIANTS_[A-Z0-9_]+)\"", path.read_text()))
-    return names
+    return names - set(switches.OUTSIDE)  # named in common.switches, read by the tests
 
 
 def _table() -> list[str]:
@@ -284,3 +285,55 @@ def test_info_reports_the_backend_override_as_dispatch_reads_it(monkeypatch, cap
         assert cli.main(["info", "--json"]) == 0
         facts = json.loads(capsys.readouterr().out)
         assert facts["env_override"]["FA_VARIANTS_BACKEND"] == shown, (value, facts["env_override"])
+
+
+# ----------------------------------------------------------------- unknown FA_VARIANTS_* names
+
+
+def test_an_unknown_switch_name_warns_once_with_the_closest_name(monkeypatch):
+    """FA_VARIANTS_SPLITKV=0 (a typo of FA_VARIANTS_SPLIT_KV) changed nothing and said nothing: now one warning per
+    name and process, naming the closest switch; the known names outside the package (test seeds) are not reported."""
+    monkeypatch.setattr(switches, "_reported", set())
+    for name in [n for n in os.environ if n.startswith("FA_VARIANTS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("FA_VARIANTS_SPLITKV", "0")
+    monkeypatch.setenv("FA_VARIANTS_TEST_SEED", "7")
+    monkeypatch.setenv("FA_VARIANTS_ZZZ_QQQ", "1")
+    with pytest.warns(switches.UnknownSwitchWarning) as caught:
+        switches.check_all()
+    messages = sorted(str(w.message) for w in caught)
+    assert messages == ["FA_VARIANTS_SPLITKV is not a fa_variants switch and changes nothing (did you mean "
+                        "FA_VARIANTS_SPLIT_KV?)",
+                        "FA_VARIANTS_ZZZ_QQQ is not a fa_variants switch and changes nothing (README.md, "
+                        "'Environment switches', lists them)"], messages
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        switches.check_all()  # reported once per process
+
+
+def test_every_known_name_is_not_reported():
+    known = {n: "1" for n in [*switches.SWITCHES, *switches.FREE_FORM, *switches.OUTSIDE]}
+    assert switches.unknown_names(known) == []
+    assert switches.unknown_names({"FA_VARIANTS_": "", "OTHER_FA_VARIANTS_X": "1"}) == ["FA_VARIANTS_"]
+
+
+def test_the_names_read_outside_the_package_are_the_tests_own():
+    """switches.OUTSIDE lists exactly the FA_VARIANTS_* names the tests read (so none is reported as unknown)."""
+    read = set()
+    for path in sorted((ROOT / "tests").glob("*.py")):
+        if path.name == "test_env_switches.py":  # its own unknown names
+            continue
+        read |= set(re.findall(r"\"(FA_VARIANTS_[A-Z0-9_]+)\"", path.read_text()))
+    read -= set(switches.SWITCHES) | set(switches.FREE_FORM)
+    assert read <= set(switches.OUTSIDE), read - set(switches.OUTSIDE)
+    assert {"FA_VARIANTS_TEST_SEED", "FA_VARIANTS_SESSION_SEED", "FA_VARIANTS_FP8_STATS"} <= set(switches.OUTSIDE)
+
+
+def test_the_cli_reports_an_unknown_name_in_one_line():
+    environ = dict(os.environ, PYTHONPATH=str(ROOT), FA_VARIANTS_PACKGQA="0")
+    run = subprocess.run([sys.executable, "-m", "fa_variants", "info", "--json"], env=environ, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-500:]
+    lines = [line for line in run.stderr.splitlines() if "FA_VARIANTS_PACKGQA" in line]
+    assert lines == ["fa-variants: warning: FA_VARIANTS_PACKGQA is not a fa_variants switch and changes nothing "
+                     "(did you mean FA_VARIANTS_PACK_GQA?)"], run.stderr[-800:]

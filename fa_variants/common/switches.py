@@ -10,7 +10,9 @@ and that the choices here are the kernel modules' own.
 """
 from __future__ import annotations
 
+import difflib
 import os
+import warnings
 from typing import Callable
 
 from fa_variants.common import env
@@ -75,11 +77,47 @@ SWITCHES: dict[str, Callable[[], object]] = {
 }
 #: variables whose value is free-form (a path): nothing to check
 FREE_FORM = ("FA_VARIANTS_CACHE_DIR", "FA_VARIANTS_FIXTURE")
+#: FA_VARIANTS_* variables read outside the package (the test suite's seeds and statistics file: tests/helpers.py,
+#: tests/test_fa3_fp8_gpu.py; CONTRIBUTING.md): known, so not reported as unknown
+OUTSIDE = ("FA_VARIANTS_SESSION_SEED", "FA_VARIANTS_TEST_SEED", "FA_VARIANTS_FP8_STATS")
+PREFIX = "FA_VARIANTS_"
+
+
+class UnknownSwitchWarning(UserWarning):
+    """A set FA_VARIANTS_* variable that no switch reads (a typo, or a switch that was retired): it changes nothing."""
+
+
+def unknown_names(environ=None) -> list[str]:
+    """The set FA_VARIANTS_* variables that are neither a switch, free-form, nor read by the test suite, sorted."""
+    environ = os.environ if environ is None else environ
+    known = set(SWITCHES) | set(FREE_FORM) | set(OUTSIDE)
+    return sorted(n for n in environ if n.startswith(PREFIX) and n not in known)
+
+
+def unknown_message(name: str) -> str:
+    """One line: ``name`` is not a switch, with the closest switch name when one is close."""
+    close = difflib.get_close_matches(name, [*SWITCHES, *FREE_FORM], n=1, cutoff=0.75)
+    hint = f" (did you mean {close[0]}?)" if close else " (README.md, 'Environment switches', lists them)"
+    return f"{name} is not a fa_variants switch and changes nothing{hint}"
+
+
+_reported: set[str] = set()  # unknown names already reported in this process (once each)
+
+
+def report_unknown() -> list[str]:
+    """``unknown_message`` of each unknown set FA_VARIANTS_* variable not yet reported in this process (each once)."""
+    fresh = [n for n in unknown_names() if n not in _reported]
+    _reported.update(fresh)
+    return [unknown_message(n) for n in fresh]
 
 
 def check_all() -> None:
     """Raise env.SwitchError (one line naming the variable) for the first set FA_VARIANTS_* switch with a value
-    it does not take. Unknown FA_VARIANTS_* names are left alone (other tools may share the prefix)."""
+    it does not take; warn (``UnknownSwitchWarning``, once per name and process, with the closest switch name) for
+    each set FA_VARIANTS_* variable that no switch reads: ``FA_VARIANTS_SPLITKV=0`` would otherwise silently keep
+    splitting on. A warning, not an error: a retired switch left in a job's environment should not stop it."""
     for name, check in SWITCHES.items():
         if name in os.environ:
             check()
+    for message in report_unknown():
+        warnings.warn(message, UnknownSwitchWarning, stacklevel=2)
