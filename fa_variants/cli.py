@@ -78,6 +78,18 @@ def replaced_input(inputs, output):
     return next((src for src in inputs if Path(src).resolve() == target), None)
 
 
+def remove_stale(folder, patterns: tuple[str, ...], kept) -> list[Path]:
+    """Remove the files of ``folder`` matching ``patterns`` (globs of a command's own outputs, e.g. its charts) but
+    ``kept`` (what this run wrote): a rerun into the same --out must not leave an earlier run's chart beside a
+    report it no longer describes. Returns the removed paths."""
+    kept = {Path(k).resolve() for k in kept}
+    stale = sorted({f for pattern in patterns for f in Path(folder).glob(pattern)
+                    if f.is_file() and f.resolve() not in kept})
+    for f in stale:
+        f.unlink()
+    return stale
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 

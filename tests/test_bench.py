@@ -600,3 +600,15 @@ def test_cli_compare_with_report_from_needs_no_gpu(tmp_path, capsys):
     assert top_cli.main(["bench", "--report-from", saved, "--no-charts", "--threshold", "3"]) == 2
     assert "--threshold applies to --compare only" in capsys.readouterr().err
     assert top_cli.main(["bench", "--decode", "--dry-run", "--threshold", "3"]) == 2
+
+
+def test_a_rerun_removes_the_charts_it_did_not_rewrite(tmp_path):
+    """Charts of an earlier run into the same folder that this run did not write (another dtype, --no-charts) are
+    removed: bench.md links only this run's, and a chart left beside it described another run."""
+    rep, _ = synthetic_report()
+    out = tmp_path / "res"
+    out.mkdir()
+    for name in ("tflops-fp16-d64-causal.png", "memory.png", "mine.png"):
+        (out / name).write_bytes(b"old")
+    report.write_reports(rep, out, charts=False)
+    assert sorted(p.name for p in out.glob("*.png")) == ["mine.png"]

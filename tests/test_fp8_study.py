@@ -8,6 +8,7 @@ sizes the gain is smaller (N = 256: 1.35-1.75x), because it comes from the Q/K o
 so this test runs the Table 3 size. Two-level accumulation flat in seqlen is the second ordering.
 """
 import dataclasses
+import importlib.util
 import json
 
 import pytest
@@ -266,3 +267,29 @@ def test_the_recorded_command_can_be_run_again(monkeypatch):
     `--out my runs/a`, which runs something else."""
     monkeypatch.setattr("sys.argv", ["fa-variants", "fp8-study", "--sweeps", "p", "--out", "my runs/a"])
     assert study._command_line() == "fa-variants fp8-study --sweeps p --out 'my runs/a'"
+
+
+def test_a_rerun_removes_the_plots_it_did_not_rewrite(capsys, monkeypatch, tmp_path):
+    """A rerun into the same --out left an earlier run's plots beside a report they no longer describe (session
+    33's CLI break-it pass): the plots this run did not write are removed, other files are not."""
+    import sys
+
+    src = tmp_path / "run" / "fp8_study.json"
+    src.parent.mkdir()
+    src.write_text(json.dumps({"setup": _meta(), "rows": _rows(), "e2e": None}))
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in (*study.PLOT_FILES, "notes.png"):
+        (out / name).write_bytes(b"old")
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # no plots written: every earlier one is stale
+    assert cli.main(["fp8-study", "--merge", str(src), "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.glob("*.png")) == ["notes.png"]
+    if importlib.util.find_spec("matplotlib") is None:
+        return
+    monkeypatch.delitem(sys.modules, "matplotlib")
+    (out / "error_vs_layer.png").write_bytes(b"old")
+    assert cli.main(["fp8-study", "--merge", str(src), "--out", str(out)]) == 0
+    sweeps = {r["sweep"] for r in _rows()}
+    wanted = sorted([f"error_vs_{s}.png" for s in ("p", "seqlen", "layer") if s in sweeps] + ["notes.png"])
+    assert sorted(p.name for p in out.glob("*.png")) == wanted
+    assert all((out / n).read_bytes()[:4] == b"\x89PNG" for n in wanted if n != "notes.png")

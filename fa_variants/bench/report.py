@@ -334,6 +334,10 @@ def _colors(ours: list[str], peers: list[str]) -> dict[str, str]:
     return colors
 
 
+#: the names ``write_charts`` gives its PNGs (globs): what ``write_reports`` removes when a run did not rewrite them
+CHART_FILES = ("tflops-*-d*-causal.png", "tflops-*-d*-noncausal.png", "memory.png")
+
+
 def write_charts(report: dict, outdir: Path) -> list[Path]:
     """Bar charts in the FlashAttention papers' style: TFLOP/s against seqlen, one bar per implementation,
     one chart per (dtype, head_dim, causal); and the memory chart. Returns the PNG paths.
@@ -414,7 +418,10 @@ def _memory_chart(memory: list[dict], colors: dict, gpu: str, path: Path, plt) -
 
 def write_reports(report: dict, outdir: Path, charts: bool = True) -> dict[str, object]:
     """Write bench.json, the PNG charts (when matplotlib is importable and charts is true) and bench.md.
+    The charts of an earlier run in outdir that this one did not rewrite (``CHART_FILES``) are removed.
     Returns {"json": path, "markdown": path, "charts": [paths], "charts_error": str or None}."""
+    from fa_variants.cli import remove_stale
+
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     chart_paths, chart_error = [], None
@@ -424,6 +431,7 @@ def write_reports(report: dict, outdir: Path, charts: bool = True) -> dict[str, 
         except ImportError as exc:
             chart_error = (f"charts skipped ({exc}); rebuild them where matplotlib is installed: "
                            f"fa-variants bench --report-from {outdir / 'bench.json'}")
+    remove_stale(outdir, CHART_FILES, chart_paths)  # an earlier run's charts, not this report's
     report["charts"] = [p.name for p in chart_paths]
     json_path = write_json(report, outdir / "bench.json")
     md_path = outdir / "bench.md"

@@ -362,6 +362,10 @@ def markdown(rows: list[dict], meta: dict, e2e: dict | None) -> str:
     return "\n".join(out)
 
 
+#: the plots fp8-study writes (``plots``, ``study_model.plot``): what ``_write`` removes when a run did not rewrite them
+PLOT_FILES = ("error_vs_p.png", "error_vs_seqlen.png", "error_vs_layer.png", "e2e_kl_per_token.png")
+
+
 def plots(rows: list[dict], folder: Path, src: str) -> list[Path]:
     """error_vs_p.png, error_vs_seqlen.png, error_vs_layer.png: one line per method, log scale."""
     import matplotlib
@@ -489,8 +493,9 @@ def _real_model(args, gpu: bool):
 
 
 def _write(args, rows: list[dict], meta: dict, e2e: dict | None, gpu: bool) -> None:
-    """Print the report; write fp8_study.json, fp8_study.md and the plots under --out. Without matplotlib (an extra,
-    not in the plain install) the plots are skipped with a line saying how to make them: the study is not lost."""
+    """Print the report; write fp8_study.json, fp8_study.md and the plots under --out (an earlier run's plots that
+    this one did not rewrite, ``PLOT_FILES``, are removed). Without matplotlib (an extra, not in the plain install)
+    the plots are skipped with a line saying how to make them: the study is not lost."""
     report = markdown(rows, meta, e2e)
     print(report)
     (args.out / "fp8_study.json").write_text(json.dumps({"setup": meta, "rows": rows, "e2e": e2e}, indent=1))
@@ -504,6 +509,9 @@ def _write(args, rows: list[dict], meta: dict, e2e: dict | None, gpu: bool) -> N
         rebuild = shlex.join(["fa-variants", "fp8-study", "--merge", str(args.out / "fp8_study.json"),
                               "--out", str(args.out)])
         print(f"fp8-study: plots skipped ({exc}): pip install matplotlib, then {rebuild}", file=sys.stderr)
+    from fa_variants.cli import remove_stale
+
+    remove_stale(args.out, PLOT_FILES, [args.out / Path(w).name for w in written])  # an earlier run's plots
     print(f"wrote {args.out / 'fp8_study.json'}, fp8_study.md and {len(written)} plots", file=sys.stderr)
 
 
