@@ -413,7 +413,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         softmax_scale: any finite real (0, negative and ints are fine) with |softmax_scale| <=
             ``MAX_SOFTMAX_SCALE`` (about 2.36e38: float32 max / log2 e); None means 1 / sqrt(head_dim).
             On the kernels, a scale too small for float32 (|scale| log2 e < 1.2e-38) runs as 0. A numpy scalar
-            is taken eagerly (as by SDPA); under torch.compile it is refused (TypeError: pass a Python float).
+            is taken eagerly (as by SDPA); traced by torch.compile it is refused with a TypeError (pass a Python
+            float), which ``fullgraph=True`` reports as ``torch._dynamo.exc.Unsupported`` and a plain
+            ``torch.compile`` answers by running the call eagerly.
         backend: "auto" (see ``fa_variants.dispatch``; env FA_VARIANTS_BACKEND overrides auto), or one of
             "fa3", "fa3-fp8", "fa2", "fa1", "reference".
         return_lse: also return the log-sum-exp of each query row.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# suite_gpu.sh: the whole GPU suite (`-m "gpu and not slow"`) in two parts, one GPU call each, on one H200.
+# suite_gpu.sh: the whole GPU suite (`-m "gpu and not slow"`) in three parts, one GPU call each, on one H200.
 #
 #   source .gpu/env.sh && scripts/suite_gpu.sh 1|2|3|slow   (repository root; writes under $OUT/suite<PART>; --help)
 #

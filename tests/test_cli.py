@@ -167,6 +167,23 @@ def test_warmup_model_that_is_not_json_is_named(capsys, tmp_path):
     assert "\n" not in err and err.startswith(f"fa-variants warmup: error: {bad}: not a JSON config.json"), err
 
 
+def test_warmup_refusals_are_errors_like_the_others(capsys, monkeypatch, tmp_path):
+    """No CUDA device without --arch, and the disk cache off: `fa-variants warmup: error: ...` as warmup's other
+    refusals (the two lacked "error:"; a new user's pass over the README, session 34)."""
+    import torch
+
+    monkeypatch.setenv("FA_VARIANTS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli.main(["warmup"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "fa-variants warmup: error: no CUDA device here: give --arch (e.g. sm_90a) to compile for one", err
+    monkeypatch.setenv("FA_VARIANTS_DISK_CACHE", "0")
+    assert cli.main(["warmup", "--arch", "sm_90a"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("fa-variants warmup: error: the disk cache is off (FA_VARIANTS_DISK_CACHE=0): nothing would be "
+                   "kept"), err
+
+
 @pytest.mark.parametrize("text_config", [None, [], "llama"])
 def test_warmup_model_whose_text_config_is_not_an_object_reads_the_top_level(tmp_path, text_config):
     """A config.json whose "text_config" is null (or not an object) is read at its top level, as one without it:

@@ -293,3 +293,17 @@ def test_a_rerun_removes_the_plots_it_did_not_rewrite(capsys, monkeypatch, tmp_p
     wanted = sorted([f"error_vs_{s}.png" for s in ("p", "seqlen", "layer") if s in sweeps] + ["notes.png"])
     assert sorted(p.name for p in out.glob("*.png")) == wanted
     assert all((out / n).read_bytes()[:4] == b"\x89PNG" for n in wanted if n != "notes.png")
+
+
+def test_a_refused_merge_or_run_leaves_no_output_folder(capsys, tmp_path):
+    """A --merge refused (a missing file, runs that collide) or a run refused before it starts made --out, empty
+    (a new user's pass over the README, session 34); `bench --report-from` never did."""
+    a = _run_file(tmp_path, "a", _rows())
+    b = _run_file(tmp_path, "b", _rows())  # the same cases: refused
+    for n, argv in enumerate((["--merge", str(tmp_path / "missing.json")], ["--merge", a, b],
+                              ["--backend", "emulation", "--sweeps", "layer"])):
+        out = tmp_path / f"out{n}"
+        assert cli.main(["fp8-study", *argv, "--out", str(out)]) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].startswith("fa-variants fp8-study: error: "), err
+        assert not out.exists(), argv

@@ -257,8 +257,7 @@ def _fp8_status_only(args: argparse.Namespace) -> int:
     import torch
 
     if torch.cuda.get_device_capability()[0] != 9:
-        print("fa-variants bench: --fp8-status needs an sm90 GPU (fa3-fp8)", file=sys.stderr)
-        return 2
+        raise ValueError("--fp8-status needs an sm90 GPU (fa3-fp8)")
     return run_fp8_status(args, Path(args.out) if args.out else default_outdir(torch.cuda.get_device_name()))
 
 
@@ -301,46 +300,38 @@ def default_outdir(gpu_name: str) -> Path:
     return Path("results") / f"bench-{slug}-{_dt.date.today().isoformat()}"
 
 
-def _load_report(src: Path) -> dict | None:
-    """A saved report of `fa-variants bench`, or None after printing why it is not one."""
+def _load_report(src: Path) -> dict:
+    """A saved report of `fa-variants bench`; ValueError (one line: the command's "error:") saying why it is not."""
     import json
 
     try:
         report = json.loads(src.read_text())
     except (OSError, ValueError) as exc:
-        print(f"fa-variants bench: cannot read {src}: {exc}", file=sys.stderr)
-        return None
+        raise ValueError(f"cannot read {src}: {exc}") from None
     problem = bench_report.not_a_report(report)
     if problem:
-        print(f"fa-variants bench: {src} is not a report of `fa-variants bench` ({problem})", file=sys.stderr)
-        return None
+        raise ValueError(f"{src} is not a report of `fa-variants bench` ({problem})")
     return report
 
 
 def _saved_for_compare(args) -> tuple | None:
-    """(path, report, threshold) for --compare (None without it); raises SystemExit(2) on a bad file or
-    threshold, before anything runs or is written."""
+    """(path, report, threshold) for --compare (None without it); raises ValueError on a bad file or threshold,
+    before anything runs or is written."""
     if not getattr(args, "compare", None):
         if getattr(args, "threshold", None) is not None:  # given alone it was dropped without a word
             raise ValueError("--threshold applies to --compare only (the slowdown a comparison flags)")
         return None
     pct = 100 * bench_compare.DEFAULT_THRESHOLD if args.threshold is None else args.threshold
     if not 0 <= pct < 100:
-        print(f"fa-variants bench: --threshold {pct} must be a percentage in [0, 100)", file=sys.stderr)
-        raise SystemExit(2)
+        raise ValueError(f"--threshold {pct} must be a percentage in [0, 100)")
     saved = _load_report(Path(args.compare))
-    if saved is None:
-        raise SystemExit(2)
     return Path(args.compare), saved, pct / 100
 
 
 def _rebuild(args, saved: tuple | None = None) -> int:
     reports = []
     for src in map(Path, args.report_from):
-        report = _load_report(src)  # checked before anything is written (no empty output folder is left)
-        if report is None:
-            return 2
-        reports.append(report)
+        reports.append(_load_report(src))  # checked before anything is written (no empty output folder is left)
     outdir = Path(args.out) if args.out else Path(args.report_from[0]).parent
     if len(reports) > 1:  # the merge's bench.json must not replace a run it merges (a second merge held it twice)
         hit = replaced_input(args.report_from, outdir / "bench.json")
@@ -422,9 +413,8 @@ def run_cli(args: argparse.Namespace) -> int:
                   + ", ".join(p.label for p in status))
         return 0
     if not _cuda_available():
-        print("fa-variants bench: no CUDA GPU found here; the benchmark needs one. "
-              "(`--dry-run` shows the plan; `--report-from FILE` rebuilds a saved report.)", file=sys.stderr)
-        return 2
+        raise ValueError("no CUDA GPU found here; the benchmark needs one (`--dry-run` shows the plan; "
+                         "`--report-from FILE` rebuilds a saved report)")
     if args.fp8_status == "only":
         return _fp8_status_only(args)
     runtime = make_runtime(plan)
@@ -433,8 +423,8 @@ def run_cli(args: argparse.Namespace) -> int:
     for note in notes:
         print(note)
     if not impls:
-        print("fa-variants bench: nothing to run", file=sys.stderr)
-        return 2
+        raise ValueError("nothing to run: none of the implementations asked for runs on this GPU (the lines above "
+                         "say why)")
     outdir = Path(args.out) if args.out else default_outdir(gpu["name"])
     outdir.mkdir(parents=True, exist_ok=True)
     settings = dict(plan.settings, timer=runtime.timer_name, input_sets=plan.input_sets or "auto")

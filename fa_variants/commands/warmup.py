@@ -238,19 +238,16 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    if not diskcache.enabled():
-        print(f"fa-variants warmup: the disk cache is off ({diskcache.ENV_SWITCH}="
-              f"{os.environ[diskcache.ENV_SWITCH]}): nothing would be kept", file=sys.stderr)
-        return 2
+    if not diskcache.enabled():  # a ValueError: `fa-variants warmup: error: ...`, exit 2, as every refusal here
+        raise ValueError(f"the disk cache is off ({diskcache.ENV_SWITCH}={os.environ[diskcache.ENV_SWITCH]}): "
+                         "nothing would be kept")
     diskcache.root()  # OSError naming FA_VARIANTS_CACHE_DIR where there is no place for it, before any compile
     arch = args.arch
     if arch is None:
         import torch
 
         if not torch.cuda.is_available():
-            print("fa-variants warmup: no CUDA device here: give --arch (e.g. sm_90a) to compile for one",
-                  file=sys.stderr)
-            return 2
+            raise ValueError("no CUDA device here: give --arch (e.g. sm_90a) to compile for one")
         arch = interop.device_arch(torch.cuda.current_device())
     _check_names(arch, args.backends)
     os.environ["CUTE_DSL_ARCH"] = arch  # read when the DSL loads (on the first compile)

@@ -620,6 +620,7 @@ def merge_cli(args: argparse.Namespace) -> int:
     if hit is not None and len(runs) > 1:  # one file: its report rebuilt beside it, the JSON the same
         raise ValueError(f"--out {args.out}: the merged fp8_study.json would replace {hit}, one of the runs merged; "
                          "give --out another folder")
+    args.out.mkdir(parents=True, exist_ok=True)  # only once the merge is accepted: a refused one leaves no folder
     meta = dict(runs[0]["setup"], command=" ; ".join(r["setup"]["command"] for r in runs),
                 cases=[c for r in runs for c in r["setup"]["cases"]])
     rows = [row for r in runs for row in r["rows"]]
@@ -642,7 +643,6 @@ def run_cli(args: argparse.Namespace) -> int:
     stray = _run_flags_given(args) if args.merge else []
     if stray:  # they were dropped without a word: the merge runs nothing
         raise not_applicable(stray, "to --merge (it rebuilds the report from the saved runs as they are)")
-    args.out.mkdir(parents=True, exist_ok=True)  # an unusable folder fails now, not after the study
     if args.merge:
         return merge_cli(args)
     gpu = args.backend != "emulation" and kernels_available()
@@ -653,11 +653,15 @@ def run_cli(args: argparse.Namespace) -> int:
         quick = True  # the full CPU sizes take many minutes on 2 cores
         print("fp8-study: no sm_90 GPU, so the CPU-sized default (--quick, the FP8 emulation); pass --seqlens / "
               "--heads for larger sizes", file=sys.stderr, flush=True)
+    made = not args.out.exists()
+    args.out.mkdir(parents=True, exist_ok=True)  # an unusable folder fails now, not after the model and the study
     model, ids, fixture, model_name = (_real_model(args, gpu) if "layer" in args.sweeps or not args.no_e2e
                                        else (None, None, None, None))
     cases = sweep_cases(args.sweeps, quick=quick, gpu=gpu, seed=args.seed, heads=args.heads,
                         head_dim=args.head_dim, seqlens=args.seqlens, fixture=fixture, head_dims=args.head_dims)
     if not cases:
+        if made:  # a refused run leaves no empty folder behind
+            args.out.rmdir()
         raise ValueError(f"--sweeps {' '.join(args.sweeps)}: no case to run here (the layer sweep needs a real model "
                          "or a real-input fixture)")
     with tqdm(total=len(cases) * len(METHODS), desc="fp8-study", leave=False, disable=False, file=sys.stderr,
