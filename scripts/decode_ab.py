@@ -71,6 +71,13 @@ while the same shape at seqlen_q 4 (packed 64-row tiles, base set) took 68.3 us,
 * ``base``          the base tiles (2 stages, one CTA per SM) where `auto` runs the dual ones (``DECODE_TILES_CHOICE``
                     "base").
 
+Session 34 (``--s34`` picks the shapes ``S34``: seqlen_q 1 at Nk 128k, batch 1 / 8 / 64, and batch 64 Nk 32k at
+D 128; streaming K/V at 92-96 % of HBM, where ours / SDPA was 1.003-1.018 at D 128 batch 8 (64:8) and 64 in session
+33's table): more K/V bytes in flight per SM for the long unsplit and split calls:
+
+* ``tiles-deep``    the deep tiles (``DECODE_TILES_CHOICE`` "deep": 4 stages at head_dim 64, 3 at 128) everywhere;
+* ``tiles-dual``    the dual tiles (two CTAs per SM) everywhere, not only at batch x heads_kv >= 512 and Nk <= 4k.
+
 Session 10 (``--s10c`` picks the shapes ``S10C``: D 64 B 1 Nk 32k at seqlen_q 1 / 4 and guards; its variants, the
 split merge inside a thread block cluster, measured slower and were removed in session 11).
 
@@ -170,6 +177,9 @@ S10C = ([(64, h, 8, 1, 32768) for h in (32, 64)] + [(64, h, 8, 1, 32768, 4) for 
 # only where it adds no split (fa3.wide_helps), so batch 1 / 8 run two 64-row tiles per KV head, K/V read twice;
 # Nk 4k-128k at batch 1 / 8 (B 8 Nk 4k: the loss that made the rule) and batch 64 Nk 32k (wide already) as a guard
 S33 = [(128, 64, 8, b, nk, 16) for b in (1, 8) for nk in (4096, 16384, 32768, 131072)] + [(128, 64, 8, 64, 32768, 16)]
+# session 34 (--s34): the long one-row shapes at 92-96 % of HBM (session 33: D 128 B 8 / 64 Nk 128k 1.003-1.018x SDPA)
+S34 = [(d, h, 8, b, 131072) for d in (64, 128) for h in (32, 64) for b in (1, 8, 64)] + [
+    (128, 32, 8, 64, 32768), (128, 64, 8, 64, 32768)]
 ALL_NQ1 = [(d, h, 8, b, nk) for d in (64, 128) for h in (32, 64) for b in (1, 8, 64)
            for nk in (1024, 4096, 32768, 131072)]
 
@@ -212,6 +222,9 @@ PUBLIC = {
     "pers3": dict(DECODE_FULL_GRID="persistent3"),
     # session 32 (--s9)
     "base": dict(DECODE_TILES_CHOICE="base"),
+    # session 34 (--s34)
+    "tiles-deep": dict(DECODE_TILES_CHOICE="deep"),
+    "tiles-dual": dict(DECODE_TILES_CHOICE="dual"),
     "shipped": dict(),  # the shipped switches (what `auto` runs when the environment sets none)
 }
 #: the switches PUBLIC sets, at their shipped values (a variant sets all of them, its own on top); MERGE_WARP is
@@ -673,6 +686,7 @@ def main() -> int:
     p.add_argument("--s9", action="store_true", help="the session-8 batch-64 set S9 instead of the 32 misses (and --skip-same)")
     p.add_argument("--s10c", action="store_true", help="the session-10 set S10C, D 64 B 1 Nk 32k and guards (and --skip-same)")
     p.add_argument("--s33", action="store_true", help="the session-33 set S33, D 128 64:8 seqlen_q 16 (and --skip-same)")
+    p.add_argument("--s34", action="store_true", help="the session-34 set S34, seqlen_q 1 at Nk 128k (and --skip-same)")
     p.add_argument("--skip-same", action="store_true",
                    help="time no public variant where it runs the shipped config (same_as_shipped)")
     p.add_argument("--variants", nargs="+", default=[v for v in VARIANTS if not v.startswith("min1")],
@@ -686,7 +700,7 @@ def main() -> int:
                    else "results/decode2/decode_ab")
     a = p.parse_args()
     shapes = (ALL_NQ1 if a.all_nq1 else SHORT_NK + CONTROLS if a.short_nk else S6 if a.s6 else S7 if a.s7 else
-              S8 if a.s8 else S9 if a.s9 else S10C if a.s10c else S33 if a.s33 else MISSES) + (
+              S8 if a.s8 else S9 if a.s9 else S10C if a.s10c else S33 if a.s33 else S34 if a.s34 else MISSES) + (
         WINS if a.wins else [])
     gpu = not (a.plan or a.compile_only)
     if gpu:
@@ -699,7 +713,7 @@ def main() -> int:
     else:
         os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
         num_sms = NUM_SMS_DEFAULT
-    rows = plan(shapes, a.variants, num_sms, a.skip_same or a.s7 or a.s8 or a.s9 or a.s10c or a.s33)
+    rows = plan(shapes, a.variants, num_sms, a.skip_same or a.s7 or a.s8 or a.s9 or a.s10c or a.s33 or a.s34)
     for r in rows:
         if not r.get("public"):
             r["forced"] = entry(r["variant"], r["shape"], num_sms)[1]

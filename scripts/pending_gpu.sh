@@ -20,22 +20,24 @@
 # 2. then scripts/NAME_gpu.sh for each NAME, in order, each with the time left of CALL_BUDGET seconds (default 560),
 #    skipped when fewer than 100 s are left; logs under $OUT/pending/NAME/, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
-#    Plan for session 34: session 33 ran suite parts 1 and 3 on tree 668f973 (3322 + 631 passed, 0 failed), refuted
-#    the base decode tiles (base / auto 1.03-1.10), flipped the wide packed tile at head_dim 128 from 16k keys
-#    (`fa3.WIDE_LONG_SEQLEN_K`; wide / auto 0.73-0.75 at Nk 128k) and ran the decode matrix with it (ours <= SDPA at
-#    140 / 144, >= 70 % of HBM at 61 / 72; bench/h200-2026-12-05-s33). After the device was withdrawn it fixed three
-#    defects a break-it probe found, CPU-tested only (bench/NOTES.md, "Session 33 ... a break-it probe"):
-#    A. Their GPU tests first (~2-3 min cold): `python3 -m pytest -q -n 14 -m gpu tests/test_decode_gpu.py
-#    tests/test_edge_cases.py -k "huge_softmax_scale or threads_on_one_stream or (ec10 and odd) or
-#    decode_table_on_the_gpu"` (split-KV at a huge scale runs unsplit, fa3 and fa2; a length-1 dimension with an odd
-#    stride re-strided on fa1 / fa2 / fa3; two threads on one stream keep their split partials: per-thread scratch,
-#    common.workspace; `bench --decode` on two cases with its new paired timer).
+#    Plan for session 35: session 34 had no device (none was lent); its changes are CPU-side (unknown FA_VARIANTS_*
+#    names warned, command refusals as "error:" lines, stale charts removed, docs), no kernel or launch code. Session
+#    33's plan stands, A, C, B, then S:
+#    A. Session 33's CPU fixes on the GPU first (~2-3 min cold): `python3 -m pytest -q -n 14 -m gpu
+#    tests/test_decode_gpu.py tests/test_edge_cases.py -k "huge_softmax_scale or threads_on_one_stream or (ec10 and
+#    odd) or decode_table_on_the_gpu"` (split-KV at a huge scale runs unsplit, fa3 and fa2; a length-1 dimension with
+#    an odd stride re-strided on fa1 / fa2 / fa3; two threads on one stream keep their split partials: per-thread
+#    scratch, common.workspace; `bench --decode` on two cases with its new paired timer).
 #    C. The decode matrix with the paired timer (7782daa): `timeout 540 python3 -m fa_variants bench --decode
 #    --no-progress --out $OUT/decode` (the old one-pass table took 117-140 s warm; the paired one is unmeasured:
 #    6 rounds x 2 cycles of ~5 ms bursts per entry, ~0.3-1 s a case, so ~2-4 min is expected). Issue 13's verdicts
 #    (<= SDPA, >= 70 % of HBM) then come from per-round paired ratios.
 #    B. Then the whole suite (scripts/suite_gpu.sh 1, 2 and 3, each its own call; warm calls skip the ~65 s start):
 #    part 2 last ran on 39ee84a, and every split call now takes its scratch through the per-thread slots.
+#    S. `python3 scripts/decode_ab.py --s34 --variants tiles-deep tiles-dual --rounds 6` (14 long one-row shapes,
+#    Nk 128k at B 1 / 8 / 64 and D 128 B 64 Nk 32k; ~2-3 min cold with its precompile): more K/V bytes in flight
+#    where ours streams at 92-96 % of HBM and ours / SDPA was 1.003-1.018 at D 128 B 8 / 64 Nk 128k (session 33). Rule
+#    and prediction in bench/NOTES.md, "Session 34".
 #    Open: issue 10 (1100 TFLOP/s at D 256 N 16k: 1012 in session 30's call, 1084-1120 in session 27's; 1.4x bf16 at
 #    128: 1.17-1.20; 1.3x at 64: 1.06-1.08; two-level <= 5 % at 256; the pass at 70 % of copy; pass + kernel at N 4k
 #    causal), 12 (fa3 / flash-attn-4 >= 1.00 everywhere: 0.93-0.99 in session 30's call; >= cuDNN at D 64 N 512 / 1k),

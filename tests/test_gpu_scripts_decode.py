@@ -218,6 +218,25 @@ def test_decode_ab_s8_plan():
     assert not any(len(s) == 6 for s, v in by if v == "pdl16")  # seqlen_q > 1: not PDL calls
 
 
+def test_decode_ab_s34_plan():
+    """scripts/decode_ab.py --s34: the long one-row shapes; tiles-deep runs the deep tile set (more stages) and
+    tiles-dual two CTAs per SM at every shape, including the unsplit batch-64 ones `auto` runs on the base tiles."""
+    from fa_variants.hopper import fa3
+
+    ab = load_script("decode_ab")
+    assert len(ab.S34) == 14 == len(set(ab.S34)) and all(len(s) == 5 for s in ab.S34)
+    before = ab.get_flags(fa3)
+    rows = ab.plan(ab.S34, ["tiles-deep", "tiles-dual"], 132, skip_same=True)
+    assert ab.get_flags(fa3) == before
+    by = {(r["shape"], r["variant"]): r for r in rows}
+    for d in (64, 128):
+        shape = (d, 32, 8, 64, 131072)
+        auto, splits = ab.public_entry("shipped", shape, 132)
+        deep, dual = (by[(shape, v)]["config"] for v in ("tiles-deep", "tiles-dual"))
+        assert deep.stages > auto.stages and dual.ctas_per_sm == 2 > auto.ctas_per_sm, (d, auto, deep, dual)
+        assert splits == 1 == by[(shape, "tiles-deep")]["splits"]
+
+
 def test_decode_model_full_grid_fits_the_s7_batch_64_rows():
     """scripts/decode_model.py --full-grid: the dual-wave model is within 3% of each batch-64 seqlen_q 1 row at Nk <= 4k
     of the s7 decode table (8 rows, D 64 / 128), and predicts the persistent grid faster by at most the waves' cost."""
