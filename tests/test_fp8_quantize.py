@@ -70,6 +70,51 @@ def test_rotation_orthonormal_and_keeps_scores(D):
     assert not torch.equal(HadamardRotation(D, seed=4).signs, rot.signs)
 
 
+@pytest.mark.parametrize("D", (64, 80, 96, 128, 256))
+def test_rotation_of_huge_rows_is_finite_and_ordinary_rows_unchanged(D):
+    """A float32 row whose max is near float32's top: the unnormalised Hadamard sums (up to block x max|x|)
+    overflowed to inf, which became e4m3 NaN, although x @ R (at most sqrt(block) max|x|) is finite (a break-it
+    pass, session 34). Such rows are now scaled by a power of two around the transform; the other rows keep the
+    plain transform's bits (the GPU pass's)."""
+    rot = HadamardRotation(D, seed=5)
+    x = (torch.rand(4, 3, D, dtype=torch.float64) * 2 - 1) * 6e37
+    x[0] = torch.randn(3, D, dtype=torch.float64)  # ordinary rows beside them
+    y = rot(x.float())
+    exact = x @ rot.matrix(torch.float64)
+    assert y.dtype == torch.float32 and y.isfinite().all()
+    assert ((y.double() - exact).abs().amax(dim=-1) <= 1e-6 * exact.abs().amax(dim=-1)).all()
+    assert torch.equal(y[0], rot(x[0].float()))  # no huge row in the call: the plain transform
+    assert torch.equal(y[0], rot._rotate(x[0].float() * rot.signs))
+
+
+def test_huge_rows_quantise_and_attend_finite():
+    """The same rows through the recipe and the emulation: finite O near the float64 attention (it was all NaN)."""
+    import fa_variants
+    from fa_variants.fp8.emulation import fp8_attention_reference
+
+    q = (torch.rand(1, 2, 1, 64, dtype=torch.float64) * 2 - 1) * 6e37
+    k = torch.randn(1, 4, 1, 64, dtype=torch.float64) * 1e-36
+    v = torch.randn(1, 4, 1, 64, dtype=torch.float64)
+    inp = quantize_fp8_torch(q, k, v)
+    assert inp.q_descale.isfinite().all() and not inp.q.float().isnan().any()
+    out, lse = fp8_attention_reference(q, k, v, accumulator="truncate", accumulator_bits=None)
+    ref = fa_variants.attention(q, k, v, backend="reference")
+    assert out.isfinite().all() and lse.isfinite().all()
+    assert (out.double() - ref).abs().max() < 0.5  # e4m3's error on 4 keys; NaN before
+
+
+def test_lse_shift_in_range_where_a_float32_dot_product_overflowed():
+    """softmax_scale x q . mean(K) with q . mean ~6e41 (beyond float32) and scale 1e-5: the shift is ~6e36, it was
+    inf (and the LSE +inf for a finite LSE; a break-it pass, session 34)."""
+    q = torch.full((1, 2, 1, 64), 1e20, dtype=torch.float64)
+    k = 1e20 + torch.randn(1, 4, 1, 64, dtype=torch.float64) * 1e19
+    v = torch.randn(1, 4, 1, 64, dtype=torch.float64)
+    inp = quantize_fp8_torch(q, k, v, softmax_scale=1e-5)
+    expect = 1e-5 * torch.einsum("bqhd,bhd->bhq", q, k.mean(dim=1))
+    assert inp.lse_shift.isfinite().all()
+    torch.testing.assert_close(inp.lse_shift.double(), expect, rtol=1e-6, atol=0)
+
+
 # --------------------------------------------------------------------------------------------- scales
 
 

@@ -194,13 +194,37 @@ class HadamardRotation:
         self.signs = torch.randint(0, 2, (head_dim,), generator=g, device="cpu").float() * 2 - 1
 
     def __call__(self, x: torch.Tensor, signs: torch.Tensor | None = None) -> torch.Tensor:
-        """x @ R; ``signs`` (optional) replaces s (the quantiser passes -s to fold a negative scale into K)."""
+        """x @ R; ``signs`` (optional) replaces s (the quantiser passes -s to fold a negative scale into K).
+
+        The transform adds up to ``block`` values before its normalisation, so a float32 row whose finite max
+        exceeds 2^127 / block could overflow there although x @ R (at most sqrt(block) max|x|) is finite: such a
+        row is scaled by a power of two 2^-k first and its result by 2^k after (exact; every other row, and every
+        row of ordinary inputs, takes the plain transform, whose bits the GPU pass reproduces)."""
         if x.shape[-1] != self.head_dim:
             raise ValueError(f"last dim {x.shape[-1]} != head_dim {self.head_dim} of this rotation")
         if x.dtype not in (torch.float32, torch.float64):
             x = x.float()
         s = self.signs if signs is None else signs
         x = x * s.to(x.device, x.dtype)
+        shift = self._overflow_shift(x)
+        if shift is not None:
+            return torch.ldexp(self._rotate(torch.ldexp(x, -shift)), shift)
+        return self._rotate(x)
+
+    def _overflow_shift(self, x: torch.Tensor) -> torch.Tensor | None:
+        """Per row (last dim) the k >= 0 with finite max |x| 2^-k x block < 2^127 (float32; float64 never
+        overflows here), as a tensor broadcastable against x, or None when no row needs one."""
+        if x.dtype != torch.float32 or x.numel() == 0:
+            return None
+        block = max(self.blocks)  # 96: H12 x H8 adds 12 x 8 values
+        amax = x.abs().nan_to_num(nan=0.0, posinf=0.0).amax(dim=-1, keepdim=True)
+        limit = 2.0 ** 127 / block
+        if not bool((amax >= limit).any()):
+            return None
+        exponent = torch.frexp(amax.double() * block)[1]  # amax * block < 2^exponent
+        return (exponent - 126).clamp(min=0).to(torch.int32)
+
+    def _rotate(self, x: torch.Tensor) -> torch.Tensor:
         if self.head_dim == 96:
             return _h12_h8(x)
         pieces, start = [], 0
@@ -505,12 +529,14 @@ _mean_over_tokens = k_mean  # for quantize_fp8_torch, whose keyword k_mean hides
 
 
 def smoothing_lse_shift(q: torch.Tensor, mean: torch.Tensor, softmax_scale: float) -> torch.Tensor:
-    """softmax_scale * q . mean per query row: q (B, Nq, H, D) (any float dtype; float32 maths), mean
-    (B, Hkv, D) float32 -> float32 (B, H, Nq) (GQA: head h uses kv-head h // (H // Hkv))."""
+    """softmax_scale * q . mean per query row: q (B, Nq, H, D) (any float dtype), mean (B, Hkv, D) float32 ->
+    float32 (B, H, Nq) (GQA: head h uses kv-head h // (H // Hkv)). The dot product and the scale in float64,
+    rounded once: the shift is +-inf only where it is beyond float32's range itself (a float32 dot product of
+    huge q and mean overflowed before a small scale brought it back into range: LSE +inf for a finite LSE)."""
     B, Nq, H, D = q.shape
     Hkv = mean.shape[1]
-    shift = torch.einsum("bqkgd,bkd->bkgq", q.float().reshape(B, Nq, Hkv, H // Hkv, D), mean)
-    return (shift * softmax_scale).reshape(B, H, Nq)
+    shift = torch.einsum("bqkgd,bkd->bkgq", q.double().reshape(B, Nq, Hkv, H // Hkv, D), mean.double())
+    return (shift * softmax_scale).reshape(B, H, Nq).float()
 
 
 def _amax_blocks(x: torch.Tensor, block: int) -> torch.Tensor:
