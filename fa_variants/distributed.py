@@ -272,7 +272,11 @@ def _merged(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b
     one = inf_a ^ inf_b
     w_a = torch.where(one, inf_a.to(acc), w_a).transpose(1, 2).unsqueeze(-1)  # (B, N, H, 1)
     w_b = torch.where(one, inf_b.to(acc), w_b).transpose(1, 2).unsqueeze(-1)
-    return (out_a.to(acc) * w_a + out_b.to(acc) * w_b).to(out_dtype), lse
+    # a partial of weight 0 (LSE -inf: no key) adds nothing whatever its O holds (an accumulator started with
+    # torch.empty, a NaN): 0 x NaN would be NaN
+    part_a = torch.where(w_a == 0, 0.0, out_a.to(acc) * w_a)
+    part_b = torch.where(w_b == 0, 0.0, out_b.to(acc) * w_b)
+    return (part_a + part_b).to(out_dtype), lse
 
 
 def _merged_into(dst_out: torch.Tensor, dst_lse: torch.Tensor, out_a: torch.Tensor, lse_a: torch.Tensor,
@@ -364,7 +368,8 @@ def merge_partial_(out: torch.Tensor, lse: torch.Tensor, out_part: torch.Tensor,
         out_part, lse_part: the same shapes, any floating dtype.
 
     L = logaddexp(lse, lse_part); out = e^(lse - L) out + e^(lse_part - L) out_part; lse = L. A partial with
-    LSE -inf has weight 0; where both are -inf the row becomes 0 with LSE -inf. An LSE of +inf (beyond the
+    LSE -inf has weight 0 and adds nothing, whatever its O holds (so an accumulator may start as
+    ``torch.empty`` with lse -inf); where both are -inf the row becomes 0 with LSE -inf. An LSE of +inf (beyond the
     dtype's range) against a finite one: that partial is the result (LSE +inf); both +inf: the row is not finite. Returns (out, lse).
     Source: FlashAttention (Dao et al. 2022), Algorithm 1, lines 10-12, for whole blocks of keys. This is the
     incremental two-operand form of ``fa_variants.common.split.merge`` (split-KV, all splits stacked at once):

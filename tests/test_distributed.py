@@ -303,6 +303,25 @@ def test_merge_neutral_element_and_all_masked_rows(device):
     assert lse[0, 0, 2] == -math.inf and lse[0, 1, 2] == -math.inf and not torch.isnan(out).any()
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_partial_of_weight_zero_adds_nothing_whatever_its_o(device):
+    """A partial with LSE -inf weighs 0, also when its O holds NaN or inf (an accumulator started with torch.empty
+    and lse -inf, "no keys yet"): 0 x NaN made the row NaN (a break-it pass, session 34)."""
+    for fill in (math.nan, math.inf):
+        out = torch.full((1, 2, 1, 4), fill, dtype=F32)
+        lse = torch.full((1, 1, 2), -math.inf)
+        part, part_lse = torch.randn(1, 2, 1, 4), torch.randn(1, 1, 2)
+        merged, merged_lse = _merged_on(device, out, lse, part, part_lse)
+        torch.testing.assert_close(merged, part.float())
+        torch.testing.assert_close(merged_lse, part_lse)
+        out, lse = torch.randn(1, 2, 1, 4, dtype=F32), torch.randn(1, 1, 2)  # and the other way round
+        merged, _ = _merged_on(device, out.clone(), lse, torch.full((1, 2, 1, 4), fill), torch.full((1, 1, 2), -math.inf))
+        torch.testing.assert_close(merged, out)
+    acc, acc_lse = torch.empty(1, 2, 1, 4).fill_(math.nan), torch.full((1, 1, 2), -math.inf)
+    cp.merge_partial_(acc, acc_lse, part, part_lse)
+    torch.testing.assert_close(acc, part)
+
+
 def test_needs_an_initialized_process_group():
     q = torch.randn(1, 4, 1, 8)
     with pytest.raises(RuntimeError, match="torch.distributed is not initialized"):
