@@ -20,6 +20,7 @@ from fa_variants.fp8 import (FP8Config, attention_fp8, attention_from_fp8, emula
                              fp8_attention_reference, quantize_fp8)
 from fa_variants.fp8 import attention as fp8_attention
 from fa_variants.fp8 import layout
+from fa_variants.fp8.quantize import quantize_fp8_torch
 from helpers import assert_fp8_lse_ok, seeded_generator
 
 BF16 = torch.bfloat16
@@ -221,3 +222,32 @@ def test_validation(fake_kernel):
     with pytest.raises(TypeError, match="config must be an FP8Config"):
         attention_fp8(q, k, v, config=None)
     assert not fake_kernel
+
+
+@pytest.mark.parametrize("kwargs, exc, match", [
+    (dict(softmax_scale=float("nan")), ValueError, "softmax_scale must be finite"),
+    (dict(causal="yes"), TypeError, "causal must be a bool"),
+    (dict(return_lse=1), TypeError, "return_lse must be a bool"),
+])
+def test_arguments_are_checked_before_the_device(monkeypatch, kwargs, exc, match):
+    """attention_fp8 said "runs on CUDA tensors" (BackendUnavailableError) before looking at softmax_scale, causal
+    or return_lse, against its docstring's order (a break-it pass, session 34); attention_from_fp8 likewise for
+    block heights the kernel does not read."""
+    monkeypatch.setattr(fp8_attention, "device_capability", lambda device: None)  # no GPU here
+    q, k, v = qkv()
+    with pytest.raises(exc, match=match):
+        attention_fp8(q, k, v, **kwargs)
+    with pytest.raises(BackendUnavailableError, match="runs on CUDA tensors"):
+        attention_fp8(q, k, v)
+
+
+def test_block_heights_other_than_the_kernels_are_refused_before_the_device(monkeypatch):
+    monkeypatch.setattr(fp8_attention, "device_capability", lambda device: None)
+    q, k, v = qkv(nk=400)
+    with pytest.raises(ValueError, match=r"blocks of 128 query rows and 64 keys, but the kernel \(head_dim 64\) "
+                                         r"needs 128 and 192"):
+        attention_from_fp8(quantize_fp8_torch(q, k, v, block_n=64))
+    with pytest.raises(ValueError, match="head_dim 80 is not supported"):
+        attention_from_fp8(quantize_fp8(*qkv(d=80)))
+    with pytest.raises(BackendUnavailableError, match="runs on CUDA tensors"):
+        attention_from_fp8(quantize_fp8(q, k, v))

@@ -19,6 +19,7 @@ import torch
 
 from fa_variants.common.scale import check_softmax_scale
 from fa_variants.dispatch import BackendUnavailableError, arch_name, device_capability
+from fa_variants.fp8 import layout
 from fa_variants.fp8.contract import check_fp8_inputs
 from fa_variants.fp8.quantize import E4M3, FP8Config, FP8Inputs, quantize_fp8, tiles_for, transpose_v
 
@@ -107,11 +108,27 @@ def attention_from_fp8(inputs: FP8Inputs, *, causal: bool = False, return_lse: b
             the wrong type or dtype.
         ValueError: a recipe the kernel does not build (FP8Config.promote_every other than 1 or None with two_level
             at head_dim 128 or 256); inputs that break FP8Inputs' contract (shapes, seqlen_k, v_t's padding,
-            devices, softmax_scale, k_mean / lse_shift against config.smooth_k: ``contract.check_fp8_inputs``).
-        BackendUnavailableError: the kernel module is missing, the inputs are not on an sm_90 GPU.
+            devices, softmax_scale, k_mean / lse_shift against config.smooth_k: ``contract.check_fp8_inputs``);
+            a head_dim the kernel lacks or block heights other than its tiles (``layout.KERNEL_TILES``).
+        BackendUnavailableError: the kernel module is missing, the inputs are not on an sm_90 GPU (checked after
+            every argument).
     """
     check_fp8_inputs(inputs)  # built or changed by the caller: the whole contract, before the kernel reads it
+    _check_blocks(inputs)
     return _from_fp8(inputs, causal=causal, return_lse=return_lse, out_dtype=out_dtype)
+
+
+def _check_blocks(inputs: FP8Inputs) -> None:
+    """The kernel reads one Q descale per ``layout.TILE_M`` rows and one K / V descale per key tile of its default
+    config (``layout.KERNEL_TILES``): other block heights (``quantize_fp8(block_n=...)``, for studies) are a
+    ValueError here, before the device is looked at, as ``hopper.fa3_fp8.run_fp8`` would raise on the GPU."""
+    if inputs.head_dim not in layout.KERNEL_TILES:
+        raise ValueError(f"fa3-fp8: head_dim {inputs.head_dim} is not supported; supported: {tuple(layout.KERNEL_TILES)}")
+    tile_n = layout.tile_n(inputs.head_dim)
+    if inputs.block_m != layout.TILE_M or inputs.block_n != tile_n:
+        raise ValueError(f"fa3-fp8: inputs quantised with blocks of {inputs.block_m} query rows and {inputs.block_n} "
+                         f"keys, but the kernel (head_dim {inputs.head_dim}) needs {layout.TILE_M} and {tile_n}: "
+                         "quantise for this kernel (fa_variants.fp8.quantize_fp8 with its default block heights)")
 
 
 def _from_fp8(inputs: FP8Inputs, *, causal: bool, return_lse: bool, out_dtype: torch.dtype):
@@ -166,7 +183,7 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: 
         BackendUnavailableError: the kernel module is missing or the GPU has no FP8 WGMMA (checked after the arguments
             and the recipe, before anything is quantised).
     """
-    from fa_variants.api import _check_inputs
+    from fa_variants.api import _check_inputs, _check_options
 
     _check_inputs(q, k, v)
     if q.dtype not in OUT_DTYPES:
@@ -174,6 +191,7 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: 
     if not isinstance(config, FP8Config):
         raise TypeError(f"config must be an FP8Config, got {type(config).__name__}")
     _check_recipe(config, q.shape[-1])
+    _check_options(causal, softmax_scale, "fa3-fp8", return_lse)  # every argument before the device
     _require_kernel(q.device)
     inputs = quantize_fp8(q, k, v, config=config, softmax_scale=softmax_scale)
     return _from_fp8(inputs, causal=causal, return_lse=return_lse, out_dtype=q.dtype)
