@@ -42,10 +42,14 @@ ATOL = 1e-5
 _MAX_SCORE_ELEMENTS = 1 << 26
 
 _FULL_PRECISION = (torch.float32, torch.float64)
+_MATH_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)  # attention_reference's dtype
 
 
 def default_softmax_scale(head_dim: int) -> float:
-    """1 / sqrt(head_dim), the scale of Vaswani et al. (2017), eq. (1). ValueError for head_dim < 1."""
+    """1 / sqrt(head_dim), the scale of Vaswani et al. (2017), eq. (1). TypeError for a head_dim that is not an
+    int, ValueError for head_dim < 1."""
+    if isinstance(head_dim, bool) or not isinstance(head_dim, (int, torch.SymInt)):
+        raise TypeError(f"head_dim must be an int, got {head_dim!r}")
     if head_dim < 1:
         raise ValueError(f"head_dim is {head_dim}: the default softmax_scale 1 / sqrt(head_dim) needs head_dim >= 1; "
                          "pass softmax_scale")
@@ -57,9 +61,15 @@ def causal_visible(seqlen_q: int, seqlen_k: int, *, row_start: int = 0, rows: in
     """Boolean (rows, seqlen_k) mask, True where query i may see key j (bottom-right causal).
 
     Query row i (counted from 0 over all seqlen_q rows; this returns rows ``row_start .. row_start+rows``)
-    sees key j iff ``j <= i + seqlen_k - seqlen_q``, as in flash-attn >= 2.1.
+    sees key j iff ``j <= i + seqlen_k - seqlen_q``, as in flash-attn >= 2.1. ValueError (naming it) for a
+    negative count or a row range outside [0, seqlen_q].
     """
     rows = seqlen_q - row_start if rows is None else rows
+    for name, n in (("seqlen_q", seqlen_q), ("seqlen_k", seqlen_k), ("row_start", row_start), ("rows", rows)):
+        if isinstance(n, int) and n < 0:  # (a traced SymInt is not checked here: the caller's sizes)
+            raise ValueError(f"causal_visible: {name} must be >= 0, got {n}")
+    if isinstance(row_start, int) and isinstance(rows, int) and isinstance(seqlen_q, int) and row_start + rows > seqlen_q:
+        raise ValueError(f"causal_visible: rows {row_start}..{row_start + rows} run past seqlen_q {seqlen_q}")
     i = torch.arange(row_start, row_start + rows, device=device).unsqueeze(1)
     j = torch.arange(seqlen_k, device=device).unsqueeze(0)
     return j <= i + (seqlen_k - seqlen_q)
@@ -197,8 +207,8 @@ def _check_reference_inputs(q, k, v, dtype, softmax_scale, causal) -> None:
         if not isinstance(t, torch.Tensor) or not t.is_floating_point():
             what = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
             raise TypeError(f"{name} must be a floating-point tensor, got {what}")
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+    if dtype not in _MATH_DTYPES:  # (e4m3 and the like: no matmul on the CPU, and not what a reference is)
+        raise TypeError(f"dtype must be one of torch.float64, float32, float16, bfloat16, got {dtype!r}")
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(f"q, k, v must be 4-D (batch, seqlen, heads, head_dim); got shapes "
                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
@@ -396,7 +406,10 @@ def references(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: boo
 
 def max_abs_error(x: torch.Tensor, ref: torch.Tensor) -> float:
     """max |x - ref| in float64; 0 where both hold the same value (equal infinities included);
-    NaN if x has a NaN; 0.0 for empty tensors."""
+    NaN if x has a NaN; 0.0 for empty tensors. TypeError for a non-tensor, ValueError for shapes that differ."""
+    for name, t in (("x", x), ("ref", ref)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"max_abs_error: {name} must be a torch.Tensor, got {type(t).__name__}")
     if x.shape != ref.shape:
         raise ValueError(f"shape {tuple(x.shape)} differs from the reference's {tuple(ref.shape)}")
     if x.numel() == 0:
@@ -455,9 +468,22 @@ def check_against_reference(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
 
     Returns:
         Check(ok, err_kernel, err_torch, bound), a NamedTuple (unpacks as a 4-tuple).
+
+    Raises:
+        TypeError: out not a tensor, refs not a ``References``; what ``attention_reference`` raises for the
+            inputs. ValueError: out's shape not the reference's.
     """
-    refs = refs or references(q, k, v, causal=causal, softmax_scale=softmax_scale, seqlens_k=seqlens_k)
+    refs = _refs(out, "out", q, k, v, causal, softmax_scale, refs, seqlens_k)
     return _rule(max_abs_error(out, refs.out), max_abs_error(refs.out_torch, refs.out))
+
+
+def _refs(x, name: str, q, k, v, causal, softmax_scale, refs, seqlens_k) -> "References":
+    """``refs``, or the references of these inputs; x (the checked output, ``name``) a tensor, refs a References."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if refs is not None and not isinstance(refs, References):
+        raise TypeError(f"refs must be a References (fa_variants.reference.references(...)), got {type(refs).__name__}")
+    return refs or references(q, k, v, causal=causal, softmax_scale=softmax_scale, seqlens_k=seqlens_k)
 
 
 def check_lse(lse: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -466,7 +492,7 @@ def check_lse(lse: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     """The same rule for the LSE (batch, num_heads, seqlen_q): err(lse) <= 2 * err(torch lse) + 1e-5.
 
     Rows that see no key must hold exactly -inf (a finite value there is an infinite error). ``refs`` and
-    ``seqlens_k`` as for ``check_against_reference``.
+    ``seqlens_k`` as for ``check_against_reference``, and the same errors (naming lse).
     """
-    refs = refs or references(q, k, v, causal=causal, softmax_scale=softmax_scale, seqlens_k=seqlens_k)
+    refs = _refs(lse, "lse", q, k, v, causal, softmax_scale, refs, seqlens_k)
     return _rule(max_abs_error(lse, refs.lse), max_abs_error(refs.lse_torch, refs.lse))

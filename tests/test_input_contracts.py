@@ -243,7 +243,9 @@ def test_reference_names_a_bad_argument_and_never_broadcasts():
         ((q, k, k[:, :2]), {}, ValueError, r"^k has shape \(2, 4, 1, 8\) but v has \(2, 2, 1, 8\)"),
         ((q, k, k.to("meta")), {}, ValueError, r"^q, k, v must be on one device"),
         ((q.int(), k, k), {}, TypeError, r"^q must be a floating-point tensor, got torch.int32$"),
-        ((q, k, k), dict(dtype=torch.int32), TypeError, r"^dtype must be a floating-point torch.dtype"),
+        ((q, k, k), dict(dtype=torch.int32), TypeError, r"^dtype must be one of torch.float64, float32, float16, "),
+        # e4m3 passed as floating-point and failed inside torch's matmul (a break-it pass, session 34)
+        ((q, k, k), dict(dtype=torch.float8_e4m3fn), TypeError, r"^dtype must be one of torch.float64, float32"),
         ((q, k, k), dict(softmax_scale="0.1"), TypeError, r"^softmax_scale must be a real number"),  # was parsed
         ((q, k, k), dict(softmax_scale=math.nan), ValueError, r"^softmax_scale must be finite"),  # NaN out
         ((q, k, k), dict(softmax_scale=1e300), None, None),  # beyond the kernels' range: the reference takes it

@@ -308,3 +308,33 @@ def test_causal_must_be_a_bool(causal):
     q = torch.randn(1, 4, 1, 8)
     with pytest.raises(TypeError, match=r"^causal must be a bool, got "):
         attention_reference(q, q, q, causal=causal)
+
+
+def test_reference_helpers_name_a_bad_argument():
+    """The public helpers of fa_variants.reference gave AttributeError / raw torch errors for arguments of the
+    wrong kind (a break-it pass, session 34): now a one-line TypeError / ValueError naming the argument."""
+    import math
+
+    from fa_variants import reference
+
+    q = torch.randn(1, 4, 2, 8)
+    out = reference.attention_reference(q, q, q)[0]
+    cases = [
+        (lambda: reference.check_against_reference([0.0], q, q, q), TypeError, r"^out must be a torch.Tensor, got list$"),
+        (lambda: reference.check_lse((1,), q, q, q), TypeError, r"^lse must be a torch.Tensor, got tuple$"),
+        (lambda: reference.check_against_reference(out.float(), q, q, q, refs=(1, 2, 3, 4)), TypeError,
+         r"^refs must be a References"),
+        (lambda: reference.max_abs_error([1.0], torch.zeros(1)), TypeError, r"^max_abs_error: x must be a torch.Tensor"),
+        (lambda: reference.max_abs_error(torch.zeros(1), None), TypeError, r"^max_abs_error: ref must be a torch.Tensor"),
+        (lambda: reference.default_softmax_scale("4"), TypeError, r"^head_dim must be an int, got '4'$"),
+        (lambda: reference.default_softmax_scale(True), TypeError, r"^head_dim must be an int"),
+        (lambda: reference.causal_visible(-1, 3), ValueError, r"^causal_visible: seqlen_q must be >= 0, got -1$"),
+        (lambda: reference.causal_visible(4, 3, row_start=3, rows=2), ValueError, r"run past seqlen_q 4"),
+    ]
+    for call, exc, match in cases:
+        with pytest.raises(exc, match=match):
+            call()
+    assert reference.default_softmax_scale(64) == 0.125
+    assert reference.causal_visible(2, 3).tolist() == [[True, True, False], [True, True, True]]
+    assert reference.check_against_reference(out.float(), q, q, q).ok
+    assert math.isnan(reference.max_abs_error(torch.tensor([math.nan]), torch.zeros(1)))
