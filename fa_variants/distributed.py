@@ -152,6 +152,13 @@ def _chunk_sizes(seqlen: int, chunks: int) -> list[int]:
     return [base + (i < extra) for i in range(chunks)]
 
 
+def _chunk(x: torch.Tensor, dim: int, chunks: int, index: int) -> torch.Tensor:
+    """Chunk ``index`` of ``torch.tensor_split(x, chunks, dim)`` (a view), found by arithmetic: tensor_split
+    builds every chunk, a list as long as ``chunks`` (a world of 10^7 ran out of memory)."""
+    base, extra = divmod(x.shape[dim], chunks)
+    return x.narrow(dim, index * base + min(index, extra), base + (index < extra))
+
+
 def _check_shard_args(x: torch.Tensor, dim: int, rank: int, world: int) -> tuple[int, int, int]:
     """(dim in [0, x.dim()), rank, world) as Python ints; TypeError / ValueError naming the argument."""
     if not isinstance(x, torch.Tensor):
@@ -182,7 +189,7 @@ def contiguous_shard(x: torch.Tensor, dim: int, rank: int, world: int) -> torch.
     Raises TypeError / ValueError for a non-tensor, non-int arguments, rank outside [0, world), a bad dim.
     """
     dim, rank, world = _check_shard_args(x, dim, rank, world)
-    return x.tensor_split(world, dim)[rank]
+    return _chunk(x, dim, world, rank)
 
 
 def _check_shards(shards, dim) -> tuple[list[torch.Tensor], int]:
@@ -192,7 +199,10 @@ def _check_shards(shards, dim) -> tuple[list[torch.Tensor], int]:
     if isinstance(shards, torch.Tensor):
         raise TypeError(f"shards must be a sequence of tensors (ranks 0 .. world-1), got one tensor of shape "
                         f"{tuple(shards.shape)}; pass a list, e.g. [shard_0, shard_1]")
-    shards = list(shards)
+    try:
+        shards = list(shards)
+    except TypeError:
+        raise TypeError(f"shards must be a sequence of tensors (ranks 0 .. world-1), got {type(shards).__name__}") from None
     if not shards:
         raise ValueError("shards is empty; pass the shards of ranks 0 .. world-1")
     for rank, shard in enumerate(shards):
@@ -229,8 +239,7 @@ def zigzag_shard(x: torch.Tensor, dim: int, rank: int, world: int) -> torch.Tens
     Raises TypeError / ValueError as ``contiguous_shard``.
     """
     dim, rank, world = _check_shard_args(x, dim, rank, world)
-    chunks = x.tensor_split(2 * world, dim)
-    return torch.cat((chunks[rank], chunks[2 * world - 1 - rank]), dim)
+    return torch.cat((_chunk(x, dim, 2 * world, rank), _chunk(x, dim, 2 * world, 2 * world - 1 - rank)), dim)
 
 
 def zigzag_unshard(shards: Sequence[torch.Tensor], dim: int) -> torch.Tensor:

@@ -593,3 +593,20 @@ def test_merger_writes_the_output_dtype_of_e4m3_inputs():
             merger.add(*part)
         out, lse = merger.result()
         assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32, cover
+
+
+def test_shards_of_a_huge_world_are_found_by_arithmetic():
+    """zigzag_shard / contiguous_shard built all 2 x world chunks (tensor_split) to return one: a world of 10^7 ran
+    out of memory and one of 2^70 failed with "Overflow when unpacking long long" (a break-it pass, session 34). The
+    chunk is now worked out directly: the same views as tensor_split's; a non-sequence of shards names shards."""
+    x = torch.randn(2, 37, 3)
+    for world in (1, 2, 3, 5, 8, 40):
+        for rank in range(world):
+            chunks = x.tensor_split(2 * world, 1)
+            assert torch.equal(cp.zigzag_shard(x, 1, rank, world), torch.cat((chunks[rank], chunks[-1 - rank]), 1))
+            assert torch.equal(cp.contiguous_shard(x, -2, rank, world), x.tensor_split(world, 1)[rank])
+    assert cp.zigzag_shard(x, 1, 0, 10**7).shape == (2, 1, 3)
+    assert cp.contiguous_shard(x, 1, 2**69, 2**70).shape == (2, 0, 3)
+    for shards in (None, 3):
+        with pytest.raises(TypeError, match=r"^shards must be a sequence of tensors"):
+            cp.zigzag_unshard(shards, 1)
