@@ -335,6 +335,21 @@ def test_hf_register_checks_its_arguments(kwargs, exc, message):
 
 
 @needs_hf
+def test_hf_register_refuses_transformers_own_names():
+    """hf.register("sdpa") replaced transformers' sdpa for the whole process (and the refusals' advice, "use
+    attn_implementation='sdpa'", then led back to fa_variants; a break-it pass, session 34). Our own name may be
+    registered again."""
+    from transformers import AttentionInterface
+
+    before = dict(AttentionInterface._global_mapping)
+    for name in ("sdpa", "eager", "flash_attention_2"):
+        with pytest.raises(ValueError, match=f"^name '{name}' is transformers' own attention implementation"):
+            hf.register(name)
+    assert dict(AttentionInterface._global_mapping) == before
+    assert hf.register() == hf.register() == hf.DEFAULT_NAME
+
+
+@needs_hf
 def test_hf_model_compiles_fullgraph(model, ids):
     """The whole tiny model with our attention under torch.compile(fullgraph=True): the custom op is a node."""
     name = hf.register(backend="reference")

@@ -224,6 +224,9 @@ def register(name: str = DEFAULT_NAME, *, backend: str = "auto", fallback: str |
             (``fa_variants.dispatch.BACKENDS``); fallback neither None nor "sdpa"; checked here, not at the model's
             first forward.
         ImportError: transformers is not installed (``pip install fa-variants[real]``).
+        ValueError: name is one of transformers' own implementations ("eager", "sdpa", "flash_attention_2", ...):
+            registering over it would replace it for the whole process (and the refusals' advice to use "sdpa"
+            would lead back here).
     """
     if not isinstance(name, str) or not name:
         raise TypeError(f"name must be a non-empty str, got {name!r}")
@@ -236,6 +239,11 @@ def register(name: str = DEFAULT_NAME, *, backend: str = "auto", fallback: str |
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
+    taken = getattr(AttentionInterface, "_global_mapping", {}).get(name)
+    ours = isinstance(taken, functools.partial) and taken.func is attention_forward
+    if name == "eager" or (taken is not None and not ours):
+        raise ValueError(f"name {name!r} is transformers' own attention implementation; register fa_variants under "
+                         f"another name (the default {DEFAULT_NAME!r})")
     AttentionInterface.register(name, functools.partial(attention_forward, backend=backend, fallback=fallback))
     AttentionMaskInterface.register(name, build_mask)
     return name
