@@ -20,9 +20,12 @@
 # 2. then scripts/NAME_gpu.sh for each NAME, in order, each with the time left of CALL_BUDGET seconds (default 560),
 #    skipped when fewer than 100 s are left; logs under $OUT/pending/NAME/, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
-#    Plan for session 35: session 34 had no device (none was lent); its changes are CPU-side (unknown FA_VARIANTS_*
-#    names warned, command refusals as "error:" lines, stale charts removed, docs), no kernel or launch code. Session
-#    33's plan stands, A, C, B, then S:
+#    Plan for session 35: session 34 had no device (none was lent); its changes are host-side, no kernel or launch
+#    code: unknown FA_VARIANTS_* names warned, command refusals as "error:" lines, stale charts removed, docs; from a
+#    break-it pass the torch FP8 recipe (on CUDA too: the rotation's power-of-two shift, k = 0 for ordinary rows, and
+#    the LSE shift in float64; the GPU pass vs recipe bit checks of suite part 2 cover it), attention_fp8's argument
+#    order, merge_partial_'s weight 0, the shard helpers, the reference helpers' checks. Session 33's plan stands, A,
+#    C, B, then S:
 #    A. Session 33's CPU fixes on the GPU first (~2-3 min cold): `python3 -m pytest -q -n 14 -m gpu
 #    tests/test_decode_gpu.py tests/test_edge_cases.py -k "huge_softmax_scale or threads_on_one_stream or (ec10 and
 #    odd) or decode_table_on_the_gpu"` (split-KV at a huge scale runs unsplit, fa3 and fa2; a length-1 dimension with
