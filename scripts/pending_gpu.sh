@@ -53,7 +53,10 @@
 #    neither kept).
 #    D. As before: D 256 split / packed configs without convert_pairs at causal shapes; the persistent consumer's K/V
 #    loop (bench/NOTES.md "Session 20 ..."); D 256's two-level cost; fa3-fp8's magnitude limit, max|V| seqlen_k <=
-#    2^119 (README, "FP8's range": the unnormalised O overflows float32; lifting it is a kernel change).
+#    2^119 (README, "FP8's range": the unnormalised O overflows float32; lifting it is a kernel change); the GPU
+#    quantisation pass's float32 Hadamard sums (bf16 rows with |x| >= 2^128 / block give inf) and LSE-shift dot
+#    product (README, "FP8's range"; the torch recipe scales such rows by 2^-k and forms the shift in float64 since
+#    session 34): the same per-row shift in the pass, then its bit checks against the recipe on huge rows.
 #    E. The whole GPU suite on the session's final tree if a kernel or package code changed (scripts/suite_gpu.sh 1,
 #    2 and 3, each its own call; warm calls skip the ~65 s start). A failing test prints FA_VARIANTS_TEST_SEED=N,
 #    which replays it (`FA_VARIANTS_TEST_SEED=N python -m pytest NODEID`); on one H200 only ec18a's three skips
