@@ -210,7 +210,7 @@ PACK_GQA_ENABLED = env.flag("FA_VARIANTS_FA2_PACK_GQA", True)
 #: (bench/NOTES.md, "fa2 at seqlen_q 4 / 16"): B 8 Nq 4 Nk 1k 32:8 D 128 is 256 CTAs x 32 tiles x 2.1 MFLOP of
 #: 128-row MMAs, 53 us at ~330 TFLOP/s (measured 53.4); 64-row tiles 27-35 us (SDPA 31.8). Off
 #: (FA_VARIANTS_FA2_NARROW_DECODE=1: on); session 6's H200 run (scripts/fa2split_bench.py ``narrow``,
-#: bench/h200-2026-12-01-s6/fa2narrow.md): narrow / split 0.55-0.59, narrow / SDPA 0.96-1.12 (<= SDPA at 2 of 8 shapes).
+#: bench/h200-2026-12-01-s6/raw.tar.xz:fa2narrow.md): narrow / split 0.55-0.59, narrow / SDPA 0.96-1.12 (<= SDPA at 2 of 8 shapes).
 NARROW_DECODE = env.flag("FA_VARIANTS_FA2_NARROW_DECODE", False)
 NARROW_MAX_ROWS = 64
 
