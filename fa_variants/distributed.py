@@ -359,6 +359,9 @@ def _check_merge_operands(out, lse, out_part, lse_part) -> None:
     if lse.device != out.device:
         raise ValueError(f"lse is on {lse.device} but out is on {out.device}")
     for name, t in (("out", out), ("lse", lse)):
+        if t.requires_grad and t.is_leaf and torch.is_grad_enabled():  # torch's own error names no argument
+            raise ValueError(f"{name} is a leaf tensor that requires grad, which merge_partial_ cannot update in "
+                             f"place; pass one that does not ({name}.detach().clone()) or call under torch.no_grad()")
         # 1: some elements surely share memory (a stride-0, i.e. expanded, view), so an in-place update cannot hold
         # them; 2 ("cannot tell", e.g. a slice or an as_strided view) passes: the caller vouches for those
         if torch._debug_has_internal_overlap(t) == 1:
@@ -388,7 +391,8 @@ def merge_partial_(out: torch.Tensor, lse: torch.Tensor, out_part: torch.Tensor,
         TypeError: a non-tensor, an accumulator that is not float32 / float64 (lse's dtype must be out's), a
             partial that is not floating-point.
         ValueError: shapes other than those above (no broadcasting), operands on different devices, an
-            accumulator whose elements share memory (an expanded view).
+            accumulator whose elements share memory (an expanded view) or that is a leaf requiring grad (with grad
+            mode on).
     """
     _check_merge_operands(out, lse, out_part, lse_part)
     new_out, new_lse = _merge(out, lse, out_part, lse_part, out.dtype)

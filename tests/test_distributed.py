@@ -610,3 +610,14 @@ def test_shards_of_a_huge_world_are_found_by_arithmetic():
     for shards in (None, 3):
         with pytest.raises(TypeError, match=r"^shards must be a sequence of tensors"):
             cp.zigzag_unshard(shards, 1)
+
+
+def test_merge_partial_names_an_accumulator_that_requires_grad():
+    """A leaf accumulator requiring grad failed with torch's in-place message, which names no argument."""
+    out, lse = torch.zeros(1, 2, 1, 4, requires_grad=True), torch.zeros(1, 1, 2)
+    part, part_lse = torch.randn(1, 2, 1, 4), torch.randn(1, 1, 2)
+    with pytest.raises(ValueError, match=r"^out is a leaf tensor that requires grad"):
+        cp.merge_partial_(out, lse, part, part_lse)
+    with torch.no_grad():
+        cp.merge_partial_(out, lse, part, part_lse)
+    torch.testing.assert_close(out.detach(), torch.where(lse.transpose(1, 2)[..., None] > -1e30, out.detach(), 0))

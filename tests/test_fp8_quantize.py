@@ -95,12 +95,13 @@ def test_huge_rows_quantise_and_attend_finite():
     q = (torch.rand(1, 2, 1, 64, dtype=torch.float64) * 2 - 1) * 6e37
     k = torch.randn(1, 4, 1, 64, dtype=torch.float64) * 1e-36
     v = torch.randn(1, 4, 1, 64, dtype=torch.float64)
-    inp = quantize_fp8_torch(q, k, v)
+    scale = 1e-4  # scores well below 1 (|q . k| ~ 1e2-1e3): a smooth softmax, which e4m3's error cannot flip
+    inp = quantize_fp8_torch(q, k, v, softmax_scale=scale)
     assert inp.q_descale.isfinite().all() and not inp.q.float().isnan().any()
-    out, lse = fp8_attention_reference(q, k, v, accumulator="truncate", accumulator_bits=None)
-    ref = fa_variants.attention(q, k, v, backend="reference")
-    assert out.isfinite().all() and lse.isfinite().all()
-    assert (out.double() - ref).abs().max() < 0.5  # e4m3's error on 4 keys; NaN before
+    out, lse = fp8_attention_reference(q, k, v, softmax_scale=scale, accumulator="truncate", accumulator_bits=None)
+    ref = fa_variants.attention(q, k, v, softmax_scale=scale, backend="reference")
+    assert out.isfinite().all() and lse.isfinite().all()  # NaN before
+    assert (out.double() - ref).abs().max() < 0.2 * v.abs().max()  # worst of 1500 draws: 0.038
 
 
 def test_lse_shift_in_range_where_a_float32_dot_product_overflowed():
@@ -472,3 +473,11 @@ def test_a_block_taller_than_the_sequence_allocates_nothing_extra():
     assert torch.equal(huge.v_descale, exact.v_descale) and torch.equal(huge.k, exact.k)
     out, _ = emulate_fp8_attention(huge, tile_m=2**40)
     assert torch.equal(out, emulate_fp8_attention(exact, tile_m=2**40)[0])
+
+
+def test_promote_interval_checks_head_dim():
+    cfg = FP8Config()
+    for bad, exc in ((0, ValueError), (-5, ValueError), ("x", TypeError), (True, TypeError), (64.0, TypeError)):
+        with pytest.raises(exc, match="^head_dim must be"):
+            cfg.promote_interval(bad)
+    assert cfg.promote_interval(64) >= 1 and FP8Config(promote_every=3).promote_interval(128) == 3

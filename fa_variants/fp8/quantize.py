@@ -333,7 +333,12 @@ class FP8Config:
 
     def promote_interval(self, head_dim: int) -> int:
         """K/V tiles per promotion at ``head_dim``: ``promote_every``, or the kernel's default there when None
-        (``layout.promote_every``). Meaningful with two_level only."""
+        (``layout.promote_every``). Meaningful with two_level only. TypeError / ValueError for a head_dim that is not
+        an int >= 1."""
+        if isinstance(head_dim, bool) or not isinstance(head_dim, int):
+            raise TypeError(f"head_dim must be an int, got {head_dim!r}")
+        if head_dim < 1:
+            raise ValueError(f"head_dim must be >= 1, got {head_dim}")
         return layout.promote_every(head_dim) if self.promote_every is None else self.promote_every
 
     def replace(self, **changes) -> FP8Config:
