@@ -162,6 +162,8 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
     qg = q.to(dtype).reshape(batch, seqlen_q, num_heads_kv, group, head_dim)
     if low:
         qg = qg * scale  # rounded to `dtype`, as PyTorch would
+    else:
+        qg, raw_scale = _scaled_operand(qg, scale)
     kd, vd = k.to(dtype), v.to(dtype)
     if seqlen_k == 0 or qg.numel() == 0 or vd.shape[-1] == 0:
         # nothing to normalise: out = 0 and lse = -inf, computed through the empty products so that the
@@ -183,7 +185,7 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
         if low:
             m, p = _softmax_scaled(s.float(), visible)
         else:
-            m, p = _softmax_raw(s, scale, visible, lse_dtype)
+            m, p = _softmax_raw(s, raw_scale, visible, lse_dtype)
         p = p.to(dtype)
         o = torch.einsum("bhgqk,bkhd->bqhgd", p, vd_finite)
         if bad_keys is not None:
@@ -289,6 +291,16 @@ def _softmax_scaled(s: torch.Tensor, visible: torch.Tensor | None) -> tuple[torc
     return m, torch.where(m == -math.inf, torch.zeros_like(s), torch.exp(s - m))
 
 
+def _scaled_operand(qg: torch.Tensor, scale: float) -> tuple[torch.Tensor, float]:
+    """(the Q operand of the score product, the scale ``_softmax_raw`` applies after it): |scale| < 1 is folded into
+    Q first, so the products overflow only where the scaled scores do (huge finite Q and K with a small scale gave
+    inf - inf = NaN; PyTorch's math SDPA scales before the product too); a larger scale is applied after the row
+    max (``_softmax_raw``), so that products that fit are not pushed past the dtype's range by it."""
+    if abs(scale) < 1:
+        return qg * scale, 1.0
+    return qg, scale
+
+
 def _softmax_raw(s: torch.Tensor, scale: float, visible: torch.Tensor | None,
                  lse_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(lse, P) of softmax(scale * s) from raw scores, subtracting the row max before scaling, so that a
@@ -308,8 +320,10 @@ def _softmax_raw(s: torch.Tensor, scale: float, visible: torch.Tensor | None,
     p = torch.exp(z)
     total = p.sum(dim=-1, keepdim=True)
     wide = s.dtype if lse_dtype is None else lse_dtype  # the LSE's own dtype (float64: no overflow of m |scale|)
+    # a visible score of +inf: the LSE is +inf (s - m = inf - inf made it NaN; O is not finite either way)
     lse = torch.where(empty, torch.full((), -math.inf, dtype=wide, device=m.device),
-                      m.to(wide) * abs(scale) + torch.log(total).to(wide))
+                      torch.where(m == math.inf, torch.full((), math.inf, dtype=wide, device=m.device),
+                                  m.to(wide) * abs(scale) + torch.log(total).to(wide)))
     return lse, torch.where(empty, torch.zeros_like(p), p / total)
 
 
@@ -361,9 +375,10 @@ def run_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor, q: torch.Tensor
     kd, vd = k.to(dtype), v.to(dtype)
     dog = grad_out.to(dtype).reshape(batch, seqlen_q, num_heads_kv, group, -1)
     dlse = grad_lse.to(dtype).reshape(batch, num_heads_kv, group, seqlen_q, 1)
-    s = torch.einsum("bqhgd,bkhd->bhgqk", qg, kd)
+    q_operand, raw_scale = _scaled_operand(qg, softmax_scale)  # as the forward (attention_reference)
+    s = torch.einsum("bqhgd,bkhd->bhgqk", q_operand, kd)
     visible = causal_visible(seqlen_q, seqlen_k, device=q.device) if causal else None
-    _, p = _softmax_raw(s, softmax_scale, visible)
+    _, p = _softmax_raw(s, raw_scale, visible)
     dv = torch.einsum("bhgqk,bqhgd->bkhd", p, dog)
     dp = torch.einsum("bqhgd,bkhd->bhgqk", dog, vd)
     if visible is not None:

@@ -338,3 +338,49 @@ def test_reference_helpers_name_a_bad_argument():
     assert reference.causal_visible(2, 3).tolist() == [[True, True, False], [True, True, True]]
     assert reference.check_against_reference(out.float(), q, q, q).ok
     assert math.isnan(reference.max_abs_error(torch.tensor([math.nan]), torch.zeros(1)))
+
+
+def test_huge_finite_q_k_with_a_small_scale_are_not_nan():
+    """|q|, |k| ~ 1e20 (finite) with softmax_scale 0 or 1e-30: the raw products overflowed to inf before the scale
+    was applied and inf - inf made the rows NaN, where PyTorch's math SDPA (scale before the product) gives the
+    exact answer (a break-it pass, session 34). |scale| < 1 is now folded into Q first; the forward's and the written
+    backward's P agree."""
+    import math
+
+    import fa_variants
+    from fa_variants import reference
+
+    q = torch.full((1, 2, 1, 4), 1e20)
+    k = torch.full((1, 3, 1, 4), 1e20)
+    v = torch.arange(12.0).view(1, 3, 1, 4)
+    mean = v.mean(dim=1, keepdim=True).expand(1, 2, 1, 4)
+    for dtype in (torch.float32, torch.bfloat16, torch.float64):
+        dot = (q.to(dtype).double()[0, 0, 0] * k.to(dtype).double()[0, 0, 0]).sum().item()  # every score alike
+        for scale in (0.0, 1e-30):
+            out, got = fa_variants.attention(q.to(dtype), k.to(dtype), v.to(dtype), softmax_scale=scale,
+                                             return_lse=True)
+            torch.testing.assert_close(out.double(), mean.double(), rtol=0, atol=0)
+            lse = scale * dot + math.log(3)
+            torch.testing.assert_close(got.double(), torch.full_like(got.double(), lse), rtol=1e-6, atol=0)
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())))
+    q, k = (torch.randn(1, 5, 2, 8, generator=g) * 1e20 for _ in range(2))
+    v = torch.randn(1, 5, 2, 8, generator=g)
+    exact, _ = reference.attention_reference(q.double(), k.double(), v.double(), softmax_scale=1e-40, causal=True)
+    out = fa_variants.attention(q, k, v, softmax_scale=1e-40, causal=True)
+    assert out.isfinite().all() and (out.double() - exact).abs().max() < 1e-4  # float32 maths: worst of 400 seeds 1.1e-5
+    dq, dk, dv = reference.run_backward(torch.ones(1, 5, 2, 8), torch.zeros(1, 2, 5), q, k, v, causal=True,
+                                        softmax_scale=1e-40)
+    assert all(t.isfinite().all() for t in (dq, dk, dv))
+
+
+def test_a_visible_score_of_plus_inf_gives_lse_plus_inf():
+    """LSE = log sum exp: +inf when a visible score is +inf (it was NaN: inf - inf), as torch.logsumexp."""
+    import math
+
+    import fa_variants
+
+    q = torch.ones(1, 1, 1, 2)
+    k = torch.tensor([[math.inf, 0.0], [0.0, 0.0]]).view(1, 2, 1, 2)
+    v = torch.randn(1, 2, 1, 2)
+    _, lse = fa_variants.attention(q, k, v, return_lse=True, softmax_scale=1.0)
+    assert lse.item() == math.inf
