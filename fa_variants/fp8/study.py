@@ -502,8 +502,9 @@ def _write(args, rows: list[dict], meta: dict, e2e: dict | None, gpu: bool) -> N
     (args.out / "fp8_study.md").write_text(report)
     try:
         written = plots(rows, args.out, "kernel" if gpu else "emulation")
-        if e2e and study_model.plot(e2e, args.out, "kernel" if gpu else "emulation"):
-            written.append("e2e_kl_per_token.png")
+        e2e_plot = study_model.plot(e2e, args.out, "kernel" if gpu else "emulation") if e2e else None
+        if e2e_plot is not None:
+            written.append(e2e_plot)
     except ImportError as exc:
         written = []
         rebuild = shlex.join(["fa-variants", "fp8-study", "--merge", str(args.out / "fp8_study.json"),
@@ -511,7 +512,7 @@ def _write(args, rows: list[dict], meta: dict, e2e: dict | None, gpu: bool) -> N
         print(f"fp8-study: plots skipped ({exc}): pip install matplotlib, then {rebuild}", file=sys.stderr)
     from fa_variants.cli import remove_stale
 
-    remove_stale(args.out, PLOT_FILES, [args.out / Path(w).name for w in written])  # an earlier run's plots
+    remove_stale(args.out, PLOT_FILES, written)  # an earlier run's plots
     print(f"wrote {args.out / 'fp8_study.json'}, fp8_study.md and {len(written)} plots", file=sys.stderr)
 
 
