@@ -32,6 +32,9 @@ import before_pkg  # noqa: E402  (scripts/before_pkg.py)
 TOKENS, HIDDEN = 16384, 2048
 #: the --backends name that times the fa3-fp8 kernel alone (``timed_call``)
 KERNEL_ONLY = "fa3-fp8-kernel"
+#: the --backends name that times the FP8 quantisation pass alone (its TFLOP/s column: the attention's flops over
+#: the pass's time, a speed on the same scale for both versions; the ratio is what it is for)
+QUANT_ONLY = "fp8-quant"
 
 
 def tflops(batch: int, heads: int, seqlen: int, head_dim: int, causal: bool, ms: float) -> float:
@@ -42,7 +45,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--before", required=True, help="folder holding the package fa_variants_before, unpacked from "
                     "FOLDER.tar.xz when missing (scripts/before_pkg.py)")
-    ap.add_argument("--backends", default="fa3", help=f"comma-separated; {KERNEL_ONLY}: the fa3-fp8 kernel alone")
+    ap.add_argument("--backends", default="fa3", help=f"comma-separated; {KERNEL_ONLY}: the fa3-fp8 kernel alone; "
+                    f"{QUANT_ONLY}: the quantisation pass alone")
     ap.add_argument("--head-dims", default="64,128,256")
     ap.add_argument("--seqlens", default="4096,16384")
     ap.add_argument("--causal", default="both", choices=["both", "yes", "no"])
@@ -107,7 +111,11 @@ def one_shape(versions, backend, head_dim, seqlen, causal, dtype, a) -> dict:
 def timed_call(mod, backend: str, q, k, v, causal: bool):
     """The call one version is timed with: ``attention(q, k, v, backend=backend)``; for backend "fa3-fp8-kernel" the
     fa3-fp8 kernel alone, ``fp8.attention_from_fp8`` on inputs that version's ``fp8.quantize_fp8`` made once (the
-    default recipe; the quantisation pass is outside the time)."""
+    default recipe; the quantisation pass is outside the time); for backend "fp8-quant" that pass alone,
+    ``fp8.quantize_fp8(q, k, v, impl="kernel")`` (its Q bytes compared between versions)."""
+    if backend == QUANT_ONLY:
+        fp8 = importlib.import_module(f"{mod.__name__}.fp8")
+        return lambda: fp8.quantize_fp8(q, k, v, impl="kernel").q
     if backend == KERNEL_ONLY:
         fp8 = importlib.import_module(f"{mod.__name__}.fp8")
         inputs = fp8.quantize_fp8(q, k, v)

@@ -23,7 +23,7 @@ from fa_variants.fp8 import FP8Config
 from fa_variants.fp8 import quant_call
 from fa_variants.fp8 import quant_host as qh
 from fa_variants.fp8 import quant_kernel as qk
-from fa_variants.fp8.quantize import quantize_fp8_torch, tiles_for
+from fa_variants.fp8.quantize import HadamardRotation, quantize_fp8_torch, tiles_for
 from helpers import seeded_generator
 
 RECIPES = {"default": FP8Config(), "no-smooth": FP8Config(smooth_k=False), "head-smooth": FP8Config(granularity="head")}
@@ -105,17 +105,22 @@ def _inputs(head_dim: int, seed: int):
     return q, k, v
 
 
-def _poison(t: torch.Tensor, where: str, value: float, rows: int) -> None:
+def _poison(t: torch.Tensor, where: str, value: float, rows: int, signs: torch.Tensor) -> None:
     """One value, a whole token (every head), or a whole block of rows of head 1 (the second block, cut by the
-    length if short); "huge": a finite token of bf16's largest value, whose Hadamard sums overflow float32."""
+    length if short); "huge": a finite token of bf16's largest value, whose Hadamard sums overflow float32 (and some
+    of its rotated values too); "aligned": a finite token 1.5 x 2^128 / D times the rotation's signs, whose first
+    Hadamard sum (D x 1.5 x 2^128 / D) overflows float32 while every rotated value (at most 1.5 x 2^128 / sqrt(D))
+    is finite: only the recipe's power-of-two shift gets it right."""
     if where == "value":
         t[0, 5, 1, 3] = value
     elif where == "token":
         t[1, rows + 3] = value
     elif where == "block":
         t[0, rows:2 * rows, 1] = value
-    else:
+    elif where == "huge":
         t[1, 7, 0] = torch.finfo(torch.bfloat16).max
+    else:
+        t[1, 7, 0] = (signs * (1.5 * 2.0 ** 128 / t.shape[-1])).to(t.device, t.dtype)
 
 
 def _assert_bytes(ref: torch.Tensor, got: torch.Tensor, what: str) -> int:
@@ -163,14 +168,17 @@ def test_pass_matches_torch_on_non_finite(monkeypatch, recipe, head_dim):
     cfg = RECIPES[recipe]
     tile_m, tile_n = tiles_for(head_dim)
     clean = _inputs(head_dim, 3 * head_dim)
+    signs = HadamardRotation(head_dim, cfg.seed).signs
     for name, rows in (("q", tile_m), ("k", tile_n), ("v", tile_n)):
-        for where in ("value", "token", "block", "huge"):
-            for label, value in BAD.items() if where != "huge" else [("max", 0.0)]:
+        for where in ("value", "token", "block", "huge", "aligned"):
+            for label, value in BAD.items() if where not in ("huge", "aligned") else [("max", 0.0)]:
                 q, k, v = (t.clone() for t in clean)
-                _poison({"q": q, "k": k, "v": v}[name], where, value, rows)
+                _poison({"q": q, "k": k, "v": v}[name], where, value, rows, signs)
                 what = f"{name} {where} {label}"
                 nans = _assert_matches_torch(q, k, v, cfg, what)
-                assert nans > 0 or where == "huge", what  # huge: NaN where the Hadamard overflows (not in V)
+                # huge: NaN where a rotated value overflows float32 (not in V); aligned: none (the shift)
+                assert nans > 0 or where in ("huge", "aligned"), what
+                assert nans == 0 or where != "aligned", (what, nans)
                 if where == "value" and name == "q":  # the block's other rows keep their values (not zeroed)
                     got = qh.quantize(q, k, v, config=cfg, pipeline="v3")
                     block = got.q[0, :tile_m, 1].float()

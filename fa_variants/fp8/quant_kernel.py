@@ -372,9 +372,10 @@ class QuantPass(StagingMixin, RotationMixin, KMeanMixin, ScaleStoreMixin):
                     self.mean_if_last(mPart, mMean, mCount, storage, batch, head, heads, n_count, tidx)
             else:
                 self.finish_block(x, mX, mY, mDescale, red, parity, batch, head, tile, tidx,
-                                  sStage[None, stage])
+                                  sStage[None, stage], sSigns, sMean[None, mean_buf])
         else:
-            self.finish_block(x, mX, mY, mDescale, red, parity, batch, head, tile, tidx, sStage[None, stage])
+            self.finish_block(x, mX, mY, mDescale, red, parity, batch, head, tile, tidx, sStage[None, stage],
+                              sSigns, sMean[None, mean_buf])
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ kernels (``fp8.quant_kernel``'s module docstring, docs/design.md FP8 notes).
 """
 from __future__ import annotations
 
+import math
 import operator
 
 import cutlass
@@ -16,7 +17,7 @@ from cutlass import Float32, Int32, const_expr
 from cutlass._mlir.dialects import math as mlir_math
 from cutlass.cutlass_dsl import dsl_user_op
 
-from fa_variants.common.softmax import tree_reduce
+from fa_variants.common.softmax import bits_f32, f32_bits, tree_reduce
 from fa_variants.fp8.quant_maps import VEC
 
 
@@ -92,6 +93,47 @@ class RotationMixin:
                         a, c = x[i, j], x[i, j + h]
                         x[i, j] = a + c
                         x[i, j + h] = a - c
+
+    @cute.jit
+    def rotate_again(self, x: cute.Tensor, mX: cute.Tensor, sSigns: cute.Tensor, sMean: cute.Tensor, batch: Int32,
+                     head: Int32, tile: Int32, tidx: Int32):
+        """``nonfinite``'s slow path for Q / K (``finish_block``: a block whose max after the FWHT is inf, from an
+        inf in the input or from a finite token whose FWHT sums overflow float32): the thread's token again from
+        global memory, its signs and smoothing, then the torch recipe's overflow shift
+        (``quantize.HadamardRotation``): k = max(0, e - 126), e the binary exponent of m D (m the token's largest
+        finite |x|: 2^(e-1) <= m D < 2^e), and x = fl(fl(FWHT(x 2^-k) n) 2^k), n = float32(1 / sqrt(D)): the
+        recipe's normalised values bit for bit, inf where they overflow float32 (k = 0 for every ordinary token:
+        fl(x n), the values the fast path folds into its multiply). Tokens past seqlen: zeros (never stored)."""
+        D = self.head_dim
+        tok = tile * self.cfg.rows + self.token_of(tidx, 0)
+        raw = cute.make_rmem_tensor(VEC, mX.element_type)
+        for j in cutlass.range_constexpr(self.slots):
+            for i in cutlass.range_constexpr(VEC):
+                raw[i] = mX.element_type(0.0)
+            if tok < mX.shape[1]:
+                for i in cutlass.range_constexpr(VEC):
+                    raw[i] = mX[batch, tok, head, self.chunk_of(tidx, j) * VEC + i]
+            x[None, j].store(raw.load().to(Float32))
+        self.signs_and_smoothing(x, sSigns, sMean, tidx)
+        m = Float32(0.0)  # the token's largest finite |x| (the recipe's nan_to_num(nan=0, posinf=0))
+        for j in cutlass.range_constexpr(self.slots):
+            for i in cutlass.range_constexpr(VEC):
+                a = cute.arch.fmax(x[i, j], -x[i, j])  # NaN for a NaN: fails the test below
+                if a < Float32(math.inf):
+                    m = cute.arch.fmax(m, a)
+        for b in cutlass.range_constexpr(self.lanes.bit_length() - 1):
+            m = cute.arch.fmax(m, cute.arch.shuffle_sync_bfly(m, offset=1 << b))
+        # e = (biased exponent of m) - 127 + 1 + log2 D for a normal m; 0 <= k <= 10
+        k = cutlass.max(((f32_bits(m) >> 23) & 0xFF) - 252 + (D.bit_length() - 1), 0)
+        down, up = bits_f32((127 - k) << 23), bits_f32((127 + k) << 23)
+        for j in cutlass.range_constexpr(self.slots):
+            for i in cutlass.range_constexpr(VEC):
+                x[i, j] = x[i, j] * down
+        self.fwht(x, tidx % self.lanes)
+        norm = Float32(1.0 / math.sqrt(D))
+        for j in cutlass.range_constexpr(self.slots):
+            for i in cutlass.range_constexpr(VEC):
+                x[i, j] = (x[i, j] * norm) * up
 
     @cute.jit
     def chunk_stages(self, x: cute.Tensor):

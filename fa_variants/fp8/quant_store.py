@@ -46,19 +46,24 @@ class ScaleStoreMixin:
     @cute.jit
     def finish_block(self, x: cute.Tensor, mX: cute.Tensor, mY: cute.Tensor, mDescale: cute.Tensor,
                      red: cute.Tensor, parity: Int32, batch: Int32, head: Int32, tile: Int32, tidx: Int32,
-                     sStage: cute.Tensor):
+                     sStage: cute.Tensor, sSigns: cute.Tensor, sMean: cute.Tensor):
         """amax over the block's existing tokens -> descale (or amax / the given descale) -> e4m3, stored (through
-        sStage, the stage this block was read from, with ``staged_store``)."""
+        sStage, the stage this block was read from, with ``staged_store``). ``nonfinite``: a block whose max is
+        inf takes the slow path, Q / K's values first normalised again from the input with the recipe's overflow
+        shift (``rotate_again``; sSigns, sMean: the item's signs and K mean), then ``finite_block``."""
         seqlen = mX.shape[1]
         amax = self.block_max(self.thread_max(x, tile, seqlen, tidx), red, parity, tidx)
-        if const_expr(self.cfg.nonfinite):
-            # only an inf makes the block max inf (fmax skips a NaN); the same value in every thread: a uniform branch
-            if amax == Float32(math.inf):
-                amax = self.finite_block(x, red, parity, tile, seqlen, tidx, amax)
         # torch normalises first (x * n, n = float32(1 / sqrt(D))) and takes the amax of that; rounding is
         # monotonic, so max |fl(x n)| = fl(max |x| n); and fl(x n) * inv = fl(x (n inv)) as inv is a power of
         # two and n * inv stays normal (inv >= 2^-120 for any finite amax): one multiply per value, same bits
         norm = Float32(1.0 / math.sqrt(self.head_dim)) if const_expr(self.cfg.rotate) else None
+        if const_expr(self.cfg.nonfinite):
+            # only an inf makes the block max inf (fmax skips a NaN); the same value in every thread: a uniform branch
+            if amax == Float32(math.inf):
+                if const_expr(self.cfg.rotate):  # x = the recipe's normalised values: n is not applied again
+                    self.rotate_again(x, mX, sSigns, sMean, batch, head, tile, tidx)
+                    norm = Float32(1.0)
+                amax = self.finite_block(x, red, parity, tile, seqlen, tidx, amax)
         if const_expr(self.cfg.rotate):
             amax = amax * norm
         if const_expr(self.cfg.mode == "amax"):
