@@ -51,7 +51,7 @@ gpu_session() { local logs=$1; shift; help_from_header "$@"; session_setup "$log
 
 unpack_before() { python3 "$(dirname "${BASH_SOURCE[0]}")/before_pkg.py" "${1:-.before}" > /dev/null; }
 
-xdist_flag() { python3 -c "import xdist" 2>/dev/null && echo "-n $1" || echo ""; }
+xdist_flag() { python3 -c "import xdist" 2>/dev/null && echo "-n ${SUITE_WORKERS:-$1}" || echo ""; }
 
 session_setup() {
   LOGS=$1; mkdir -p "$LOGS"
