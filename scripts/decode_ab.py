@@ -577,7 +577,13 @@ def run(a, shapes, rows) -> int:
     split_combine.MERGE_PDL = False
     from fa_variants.common import cache
 
-    text = summary(results, ["auto"] + list(a.variants))
+    from fa_variants.bench.decode import peak_tbps
+
+    try:
+        peak = peak_tbps(torch.cuda.get_device_name(), torch.cuda.get_device_properties(0))[0]
+    except ValueError:
+        peak = math.nan  # the HBM column then reads nan: the times and ratios stand
+    text = summary(results, ["auto"] + list(a.variants), peak)
     print(f"kernels this process: {cache.cache_info()} (compiles should be 0 after the precompile)")
     from fa_variants.common import workspace
 
@@ -603,7 +609,7 @@ def label(shape) -> str:
     return f"D{d} {h}:{hkv} B{b} Nk{nk}" + (f" Nq{seqlen_q(shape)}" if seqlen_q(shape) > 1 else "")
 
 
-def summary(results, variants) -> str:
+def summary(results, variants, peak_tbps: float = 4.8) -> str:
     """Markdown: per shape GPU us of SDPA and the ratio ours / SDPA per variant (BAD: output off, -: n/a);
     then per variant the shapes <= SDPA and the geometric mean ratio over the shapes it ran."""
     head = "| shape | sdpa us | " + " | ".join(variants) + " |\n|" + "---|" * (len(variants) + 2)
@@ -633,7 +639,7 @@ def summary(results, variants) -> str:
     for v in variants:
         gm = math.exp(sum(logs[v]) / len(logs[v])) if logs[v] else math.nan
         lines.append(f"  {v:14s} {wins[v][0]:3d} / {wins[v][1]:3d}   geomean {gm:.3f}")
-    return "\n".join(lines + hbm_lines(results, variants) + auto_lines(results, variants))
+    return "\n".join(lines + hbm_lines(results, variants, peak_tbps) + auto_lines(results, variants))
 
 
 def auto_lines(results, variants) -> list[str]:
@@ -654,20 +660,18 @@ def auto_lines(results, variants) -> list[str]:
     return ["", "GPU time / auto's per variant (shapes it ran):"] + out if out else []
 
 
-HBM_PEAK = 4.8e6  # H200 bytes per us
-
-
-def hbm_lines(results, variants) -> list[str]:
-    """Per shape of seqlen_k >= 32k: K/V bytes read / GPU time as % of HBM_PEAK, SDPA and each variant
-    (issue 13's >= 70%); empty when there is none."""
+def hbm_lines(results, variants, peak_tbps: float = 4.8) -> list[str]:
+    """Per shape of seqlen_k >= 32k: K/V bytes read / GPU time as % of the GPU's HBM peak (TB/s; 4.8: an H200;
+    ``bench.decode.peak_tbps``), SDPA and each variant (issue 13's >= 70%); empty when there is none."""
     rows = [r for r in results if r["shape"][4] >= 32768 and r["us"]]
     if not rows:
         return []
-    out = ["", "HBM share at Nk >= 32k (K/V bytes / GPU time / 4.8 TB/s, %): " + " ".join(["sdpa"] + list(variants))]
+    out = ["", f"HBM share at Nk >= 32k (K/V bytes / GPU time / {peak_tbps:g} TB/s, %): "
+           + " ".join(["sdpa"] + list(variants))]
     for r in rows:
         d, h, hkv, b, nk = r["shape"][:5]
         nbytes = 4 * b * hkv * nk * d  # K and V, 2 bytes each
-        cells = [f"{100 * nbytes / r['us'][v] / HBM_PEAK:.0f}" if v in r["us"] else "-"
+        cells = [f"{100 * nbytes / r['us'][v] / (peak_tbps * 1e6):.0f}" if v in r["us"] else "-"
                  for v in ["sdpa"] + list(variants)]
         out.append(f"  {label(r['shape'])}: " + " ".join(cells))
     return out

@@ -28,7 +28,6 @@ SHAPES = [  # (head_dim, heads, heads_kv, batch, seqlen_k)
     (128, 32, 8, 1, 32768), (128, 32, 8, 1, 131072),
 ]
 LAYOUTS = ("bnhd", "bhnd")
-PEAK_TBPS = 4.8
 
 
 def make_kv(layout, b, nk, hkv, d, torch, g):
@@ -63,7 +62,9 @@ def main() -> int:
     import torch.nn.functional as F
 
     import fa_variants
+    from fa_variants.bench.decode import peak_tbps
 
+    peak = peak_tbps(torch.cuda.get_device_name(), torch.cuda.get_device_properties(0))[0]  # ValueError: unknown GPU
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -100,7 +101,7 @@ def main() -> int:
         us = {n: statistics.median(t) for n, t in per.items()}
         kv_bytes = 2 * b * nk * hkv * d * 2
         row = dict(head_dim=d, heads=h, heads_kv=hkv, batch=b, seqlen_k=nk, us=us, err=errs,
-                   hbm={n: kv_bytes / (t * 1e-6) / 1e12 / PEAK_TBPS for n, t in us.items()})
+                   hbm={n: kv_bytes / (t * 1e-6) / 1e12 / peak for n, t in us.items()})
         rows.append(row)
         print(f"D {d} {h}:{hkv} B {b} Nk {nk}: " + ", ".join(f"{n} {us[n]:.1f} us ({row['hbm'][n]:.0%})"
                                                           for n in names) + f"; max err {errs}", flush=True)

@@ -819,6 +819,45 @@ def test_decode_table_without_a_gpu_says_so_on_stderr(capsys, monkeypatch):
     assert "no CUDA GPU here" in captured.err and "no CUDA GPU here" not in captured.out
 
 
+@pytest.mark.parametrize("name, tbps", [
+    ("NVIDIA H200", 4.8), ("NVIDIA H100 80GB HBM3", 3.35), ("NVIDIA H100 PCIe", 2.0), ("NVIDIA H100 NVL", 3.9),
+    ("NVIDIA A100-SXM4-80GB", 2.039), ("NVIDIA A100-SXM4-40GB", 1.555), ("NVIDIA A100 80GB PCIe", 1.935)])
+def test_hbm_peak_follows_the_gpu(name, tbps):
+    """The decode table's HBM % divides by the GPU's own peak (an H100's 3.35 TB/s, not the H200's 4.8: session 35 ran
+    on an H100 with the H200's figure as the default)."""
+    from fa_variants.bench.decode import peak_tbps
+
+    assert peak_tbps(name) == (tbps, peak_tbps(name)[1]) and "datasheet" in peak_tbps(name)[1]
+
+
+def test_hbm_peak_of_an_unknown_gpu(capsys, monkeypatch):
+    """An unlisted name (or GH200, which comes with two memories): memory clock x bus width where torch reports
+    them; else `bench --decode` stops with one line asking for --peak-tbps, and --peak-tbps is taken as given."""
+    from types import SimpleNamespace
+
+    from fa_variants.bench import decode
+    from fa_variants.cli import main
+
+    props = SimpleNamespace(memory_clock_rate=2_619_000, memory_bus_width=5120)  # kHz, bits: an H100 SXM's
+    tbps, source = decode.peak_tbps("NVIDIA GH200 480GB", props)
+    assert abs(tbps - 3.352) < 1e-3 and "bus width" in source
+    with pytest.raises(ValueError, match="--peak-tbps"):
+        decode.peak_tbps("Some Future GPU", SimpleNamespace())
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Some Future GPU")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *a: SimpleNamespace())
+    argv = ["bench", "--decode", "--decode-nk", "1024", "--decode-nq", "1", "--decode-batch", "1",
+            "--decode-head-dims", "64"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "error:" in err and "--peak-tbps" in err and "Some Future GPU" in err
+    measured = []
+    monkeypatch.setattr(decode, "implementations", lambda ragged: {})
+    monkeypatch.setattr(decode, "measure", lambda case, impls, peak, ragged: measured.append(peak) or [])
+    assert main(argv + ["--peak-tbps", "2.5"]) == 0
+    assert measured and set(measured) == {2.5} and "HBM peak 2.5 TB/s (--peak-tbps)" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--decode", "--dtypes", "e4m3", "--head-dims", "256"], "--head-dims, --dtypes do not apply to --decode"),
     (["--decode", "--backends", "fa2", "--causal", "false"], "--backends, --causal do not apply to --decode"),

@@ -169,6 +169,8 @@ def test_decode_ab_s6_variants(monkeypatch):
     results = [dict(shape=nq16, us=dict(sdpa=8796.5, auto=1900.1, wide=1000.0), err={}, splits={})]
     lines = ab.hbm_lines(results, ["auto", "wide"])
     assert lines[-1] == "  D64 64:8 B64 Nk32768 Nq16: 10 47 89", lines
+    lines = ab.hbm_lines(results, ["auto", "wide"], 3.35)  # an H100's peak
+    assert lines[-1] == "  D64 64:8 B64 Nk32768 Nq16: 15 67 128" and "3.35 TB/s" in lines[1], lines
 
 
 def test_decode_ab_s7_plan_skips_entries_equal_to_auto(monkeypatch):

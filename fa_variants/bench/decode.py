@@ -16,7 +16,8 @@ Per case and implementation:
 * host time per call: wall clock of 200 back-to-back calls (fewer past 0.25 ms each), synchronised once at the end (the
   issue's measure: the Python path to the launch, for an already compiled configuration).
 * HBM bandwidth: K and V bytes (batch x Nk x Hkv x D x 2 tensors x 2 bytes) / GPU time, and its share of
-  the GPU's peak (``--peak-tbps``, 4.8 for an H200).
+  the GPU's peak (``--peak-tbps``; by default the datasheet figure of the GPU's name, ``PEAK_TBPS``, else from its
+  memory clock and bus width where torch reports them; otherwise the command asks for ``--peak-tbps``).
 
 ``--decode-lengths`` (a ragged KV cache, issue 13's per-sequence KV lengths): each sequence b of a case uses only its
 first lengths[b] keys of the padded cache (lengths drawn once per case, uniform in [1, Nk], seeded, the first one
@@ -45,6 +46,10 @@ NK = (1024, 4096, 32768, 131072)
 BATCH = (1, 8, 64)
 GQA = ((32, 8), (64, 8))
 HEAD_DIMS = (64, 128)
+#: HBM peak in TB/s by device name (NVIDIA's datasheets), the first listed substring of the name that matches;
+#: None: the name alone does not say (GH200 ships with HBM3 or HBM3e)
+PEAK_TBPS = (("GH200", None), ("H200", 4.8), ("H100 NVL", 3.9), ("H100 PCIe", 2.0), ("H100", 3.35), ("H20", 4.0),
+             ("B200", 8.0), ("A100-SXM4-80GB", 2.039), ("A100 80GB PCIe", 1.935), ("A100", 1.555))
 QUICK = dict(nq=(1, 16), nk=(4096, 131072), batch=(1, 64), gqa=((32, 8),), head_dims=(128,))
 
 
@@ -122,6 +127,22 @@ def ragged_lengths(case: DecodeCase, generator, device="cuda") -> tuple:
     end = lengths.view(-1, 1, 1).long()
     mask = (j.view(1, 1, -1) < end) & (j.view(1, 1, -1) <= i.view(1, -1, 1) + end - case.seqlen_q)
     return lengths, mask.unsqueeze(1)
+
+
+def peak_tbps(name: str, props=None) -> tuple[float, str]:
+    """(HBM peak in TB/s, where it came from) for a GPU named ``name`` (``torch.cuda.get_device_name``): the
+    ``PEAK_TBPS`` entry of its name, else memory clock (kHz) x bus width (bits) x 2 (double data rate) from
+    ``props`` (``torch.cuda.get_device_properties``) where torch reports them. ValueError naming ``--peak-tbps``
+    where neither says."""
+    for key, tbps in PEAK_TBPS:
+        if key.lower() in name.lower():
+            if tbps is not None:
+                return tbps, f"datasheet ({key})"
+            break
+    clock, width = getattr(props, "memory_clock_rate", 0) or 0, getattr(props, "memory_bus_width", 0) or 0
+    if clock > 0 and width > 0:
+        return clock * 1e3 * width / 8 * 2 / 1e12, "memory clock x bus width"
+    raise ValueError(f"the HBM peak of {name!r} is not known here: pass --peak-tbps (TB/s)")
 
 
 def capture_graph(fn, calls: int = 1):
@@ -363,7 +384,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
 
     g = p.add_argument_group("decode table (--decode)")
     g.add_argument("--decode", action="store_true", help="the decode table (issue 13) instead of the TFLOP/s sweep")
-    g.add_argument("--peak-tbps", type=positive_float, default=4.8, help="HBM peak in TB/s for the HBM %% column (H200: 4.8)")
+    g.add_argument("--peak-tbps", type=positive_float, default=None,
+                   help="HBM peak in TB/s for the HBM %% column (default: the GPU's, H200 4.8, H100 SXM 3.35)")
     for name, what, kind in (("nq", "seqlen_q", _ints), ("nk", "seqlen_k", _ints), ("batch", "batch sizes", _batches)):
         g.add_argument(f"--decode-{name}", type=kind, metavar="LIST", help=f"only these {what} (comma list)")
     g.add_argument("--decode-head-dims", type=_head_dims, metavar="LIST",
@@ -386,6 +408,14 @@ def run_cli(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         print("fa-variants bench --decode: no CUDA GPU here (--dry-run lists the cases)", file=sys.stderr)
         return 2
+    peak, source = args.peak_tbps, "--peak-tbps"
+    if peak is None:
+        try:
+            peak, source = peak_tbps(torch.cuda.get_device_name(), torch.cuda.get_device_properties(0))
+        except ValueError as exc:
+            print(f"fa-variants bench --decode: error: {exc}", file=sys.stderr)
+            return 2
+    print(f"HBM peak {peak:g} TB/s ({source})", flush=True)
     ragged = getattr(args, "decode_lengths", False)
     impls = implementations(ragged)
     if getattr(args, "decode_no_fa4", False):
@@ -393,7 +423,7 @@ def run_cli(args: argparse.Namespace) -> int:
     rows = []
     try:
         for i, case in enumerate(todo):
-            rows.extend(measure(case, impls, args.peak_tbps, ragged))
+            rows.extend(measure(case, impls, peak, ragged))
             print(f"[{i + 1}/{len(todo)}] {case}", flush=True)
     except KeyboardInterrupt:  # a GPU script's time limit (timeout -s INT): the table of the cases measured
         print(f"interrupted: {len({tuple(r[k] for k in ('head_dim', 'heads', 'batch', 'seqlen_k', 'seqlen_q')) for r in rows})}"
@@ -404,7 +434,7 @@ def run_cli(args: argparse.Namespace) -> int:
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, peak_tbps=args.peak_tbps)
+        meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, peak_tbps=peak, peak_source=source)
         (out / "decode.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
         (out / "decode.md").write_text(text + "\n")
     return 0
