@@ -9,7 +9,10 @@
 #                             made), then session_setup DIR. A script that reads its own arguments first calls
 #                             help_from_header "$@" right after the source line and session_setup DIR later.
 #   xdist_flag N              prints "-n N" where pytest-xdist is installed, else nothing (pytest runs serially):
-#                             NPROC=$(xdist_flag 8); python3 -m pytest $NPROC ...
+#                             NPROC=$(xdist_flag 8); python3 -m pytest $NPROC ... N is capped at one worker per
+#                             10 GB of the first GPU's memory (H200: 14, H100 80 GB: 8; session 35: 14 workers ran
+#                             11 tests of suite part 1 out of memory on an H100, all passed at 3); SUITE_WORKERS=M
+#                             gives M workers as they are.
 #   help_from_header ARGS...  with --help or -h as the first argument: prints the script's header comment (the
 #                             "#" lines after the first line, "# " taken off) and exits 0; else does nothing.
 #   session_setup DIR         LOGS=DIR (created); writes DIR/commit.txt (write_commit), DIR/gpu.txt
@@ -51,7 +54,16 @@ gpu_session() { local logs=$1; shift; help_from_header "$@"; session_setup "$log
 
 unpack_before() { python3 "$(dirname "${BASH_SOURCE[0]}")/before_pkg.py" "${1:-.before}" > /dev/null; }
 
-xdist_flag() { python3 -c "import xdist" 2>/dev/null && echo "-n ${SUITE_WORKERS:-$1}" || echo ""; }
+xdist_flag() {
+  python3 -c "import xdist" 2>/dev/null || { echo ""; return; }
+  local n=${SUITE_WORKERS:-$1} mib
+  mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -n 1)
+  if [ -z "${SUITE_WORKERS:-}" ] && [[ "$mib" =~ ^[0-9]+$ ]]; then
+    local cap=$(( mib / 10000 > 0 ? mib / 10000 : 1 ))
+    [ "$n" -gt "$cap" ] && n=$cap
+  fi
+  echo "-n $n"
+}
 
 session_setup() {
   LOGS=$1; mkdir -p "$LOGS"

@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -465,3 +466,25 @@ def test_suite_parts_name_every_gpu_test_file_once():
     assert {i.split("::")[0] for i in collected_ids("-m", "gpu and slow")} <= every
     assert "-rfEs" in text  # skips listed; any but the two-GPU tests' (their reason, matched here) fails the call
     assert 'grep -v "needs two GPUs"' in text and 'pytest.skip("needs two GPUs' in (ROOT / "tests" / "test_edge_cases.py").read_text()
+
+
+@pytest.mark.parametrize("mib, workers, want", [
+    ("81559", "", "-n 8"), ("143771", "", "-n 14"), ("4000", "", "-n 1"), (None, "", "-n 14"), ("81559", "3", "-n 3")])
+def test_xdist_workers_follow_the_gpu_memory(tmp_path, mib, workers, want):
+    """steps.sh's xdist_flag 14 caps its workers at one per 10 GB of GPU memory (session 35: 14 workers ran tests of
+    suite part 1 out of memory on a 78 GiB H100; they passed at 3), no cap where nvidia-smi fails, and
+    SUITE_WORKERS as given."""
+    (tmp_path / "xdist").mkdir()
+    (tmp_path / "xdist" / "__init__.py").write_text("")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    # mib None: an nvidia-smi that fails (no driver), ahead of any real one on PATH
+    (bin_dir / "nvidia-smi").write_text(f"#!/bin/sh\necho {mib}\n" if mib else "#!/bin/sh\nexit 9\n")
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    env = dict(os.environ, PYTHONPATH=str(tmp_path), PATH=f"{bin_dir}:{Path(sys.executable).parent}:/usr/bin:/bin")
+    env.pop("SUITE_WORKERS", None)
+    if workers:
+        env["SUITE_WORKERS"] = workers
+    out = subprocess.run(["bash", "-c", "source scripts/steps.sh && xdist_flag 14"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert out == want
