@@ -20,31 +20,25 @@
 # 2. then scripts/NAME_gpu.sh for each NAME, in order, each with the time left of CALL_BUDGET seconds (default 560),
 #    skipped when fewer than 100 s are left; logs under $OUT/pending/NAME/, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
-#    Plan for session 35: session 34 had no device (none was lent); its changes are host-side, no kernel or launch
-#    code: unknown FA_VARIANTS_* names warned, command refusals as "error:" lines, stale charts removed, docs; from a
-#    break-it pass the torch FP8 recipe (on CUDA too: the rotation's power-of-two shift, k = 0 for ordinary rows, and
-#    the LSE shift in float64; the GPU pass vs recipe bit checks of suite part 2 cover it), attention_fp8's argument
-#    order, merge_partial_'s weight 0, the shard helpers, the reference helpers' checks. Session 33's plan stands, A,
-#    C, B, then S:
-#    A. Session 33's CPU fixes on the GPU first (~2-3 min cold): `python3 -m pytest -q -n 14 -m gpu
-#    tests/test_decode_gpu.py tests/test_edge_cases.py -k "huge_softmax_scale or threads_on_one_stream or (ec10 and
-#    odd) or decode_table_on_the_gpu"` (split-KV at a huge scale runs unsplit, fa3 and fa2; a length-1 dimension with
-#    an odd stride re-strided on fa1 / fa2 / fa3; two threads on one stream keep their split partials: per-thread
-#    scratch, common.workspace; `bench --decode` on two cases with its new paired timer).
-#    C. The decode matrix with the paired timer (7782daa): `timeout 540 python3 -m fa_variants bench --decode
-#    --no-progress --out $OUT/decode` (the old one-pass table took 117-140 s warm; the paired one is unmeasured:
-#    6 rounds x 2 cycles of ~5 ms bursts per entry, ~0.3-1 s a case, so ~2-4 min is expected). Issue 13's verdicts
-#    (<= SDPA, >= 70 % of HBM) then come from per-round paired ratios.
-#    B. Then the whole suite (scripts/suite_gpu.sh 1, 2 and 3, each its own call; warm calls skip the ~65 s start):
-#    part 2 last ran on 39ee84a, and every split call now takes its scratch through the per-thread slots.
-#    S. `python3 scripts/decode_ab.py --s34 --variants tiles-deep tiles-dual --rounds 6` (14 long one-row shapes,
-#    Nk 128k at B 1 / 8 / 64 and D 128 B 64 Nk 32k; ~2-3 min cold with its precompile): more K/V bytes in flight
-#    where ours streams at 92-96 % of HBM and ours / SDPA was 1.003-1.018 at D 128 B 8 / 64 Nk 128k (session 33). Rule
-#    and prediction in bench/NOTES.md, "Session 34".
+#    Plan for session 36: session 35 ran on an H100 (80 GB; the machine lent, not an H200): A (21 passed), C (the
+#    decode matrix: ours <= SDPA at 134 / 144, HBM >= 70 % of 3.35 TB/s at 67 / 72) and the suite (part 1: 11 tests
+#    out of memory at 14 workers, all passed at 3; part 3: 631 passed; part 2: 5 failed, the quantisation pass vs the
+#    torch recipe on a huge finite Q token; bench/h100-2026-12-05-s35). Session 35's CPU work after its device time:
+#    the pass's fix (1c683b9, a kernel change, never run on a GPU), the decode table's HBM peak by GPU, xdist workers
+#    by GPU memory. In order:
+#    Q. `scripts/ab_checkout.sh d3b4972 .before` here, carry [".gpu", ".before.tar.xz"], then
+#    `scripts/pending_gpu.sh quantfix` (~150-250 s cold): the fix's tests (test_fp8_quant_nonfinite.py, the pass vs
+#    the recipe bit for bit) and the pass's speed before / after (rule and prediction in its header and
+#    bench/NOTES.md, "Session 35").
+#    B. The whole suite on the final tree (scripts/suite_gpu.sh 1, 2 and 3, each its own call; xdist_flag now sizes
+#    the workers by GPU memory: on an H100 part 2 took 465 s at 9 workers, near its 560 s step limit).
+#    S. `python3 scripts/decode_ab.py --s34 --variants tiles-deep tiles-dual --rounds 6` (14 long one-row shapes; the
+#    rule and prediction in bench/NOTES.md, "Session 34", were written for an H200: on an H100, say which card ran it).
 #    Open: issue 10 (1100 TFLOP/s at D 256 N 16k: 1012 in session 30's call, 1084-1120 in session 27's; 1.4x bf16 at
 #    128: 1.17-1.20; 1.3x at 64: 1.06-1.08; two-level <= 5 % at 256; the pass at 70 % of copy; pass + kernel at N 4k
 #    causal), 12 (fa3 / flash-attn-4 >= 1.00 everywhere: 0.93-0.99 in session 30's call; >= cuDNN at D 64 N 512 / 1k),
-#    13 (<= SDPA at 140 / 144; 70 % of HBM at 61 / 72 Nk >= 32k shapes: D 64 B 1 Nk 32k one row 65 %, sixteen rows
+#    13 (<= SDPA at 140 / 144 on the H200, 134 / 144 on session 35's H100, its misses 1.001-1.024, HBM 67 / 72 of
+#    3.35 TB/s there; on the H200 70 % of HBM at 61 / 72 Nk >= 32k shapes: D 64 B 1 Nk 32k one row 65 %, sixteen rows
 #    down to 47 % where a K/V head serves 128 query rows, ~366 TFLOP/s on 128-row packed tiles at D 64; D 128 64:8
 #    B 1 Nk 32k Nq 16 65 %: the fixed cost of 16 short splits), 16 (two GPUs).
 #    D 256 huge_hoisted: a flip candidate once its spills are gone (session 30, CPU: the vote taken right before the
@@ -54,9 +48,8 @@
 #    D. As before: D 256 split / packed configs without convert_pairs at causal shapes; the persistent consumer's K/V
 #    loop (bench/NOTES.md "Session 20 ..."); D 256's two-level cost; fa3-fp8's magnitude limit, max|V| seqlen_k <=
 #    2^119 (README, "FP8's range": the unnormalised O overflows float32; lifting it is a kernel change); the GPU
-#    quantisation pass's float32 Hadamard sums (bf16 rows with |x| >= 2^128 / block give inf) and LSE-shift dot
-#    product (README, "FP8's range"; the torch recipe scales such rows by 2^-k and forms the shift in float64 since
-#    session 34): the same per-row shift in the pass, then its bit checks against the recipe on huge rows.
+#    quantisation pass's LSE-shift dot product in float32 (README, "FP8's range"; the torch recipe forms it in
+#    float64 since session 34; the Hadamard's overflow shift is in the pass since session 35, Q above).
 #    E. The whole GPU suite on the session's final tree if a kernel or package code changed (scripts/suite_gpu.sh 1,
 #    2 and 3, each its own call; warm calls skip the ~65 s start). A failing test prints FA_VARIANTS_TEST_SEED=N,
 #    which replays it (`FA_VARIANTS_TEST_SEED=N python -m pytest NODEID`); on one H200 only ec18a's three skips

@@ -3,12 +3,14 @@
 The torch recipe (``quantize._amax_blocks`` / ``_to_e4m3``) takes each block's descale from its finite values and
 stores an inf / NaN as e4m3 NaN, after the K mean, the signs and the Hadamard (it masks the float32 values it
 quantises). The pass with ``nonfinite`` does the same: one uniform test per block (its max is inf: only an inf makes
-it so, fmax skips a NaN), then the slow path ``ScaleStoreMixin.finite_block``. CPU: the switch reaches every pass
+it so, fmax skips a NaN), then the slow path: Q / K rotated again from the input with the recipe's overflow shift
+(``RotationMixin.rotate_again``, session 35), then ``ScaleStoreMixin.finite_block``. CPU: the switch reaches every pass
 kind's ``PassConfig`` and the plans' keys; compile-only: the slow path compiles for every kind, the switch off
 leaves the default passes' configs as they were. GPU: the pass against the torch recipe given the pass's K mean (e4m3
 bytes equal, a NaN byte 0x7F or 0xFF either way; descales equal; the LSE shift to float32 rounding with its inf / NaN
 where torch has them) on inf / -inf / NaN in Q, K and V (one value, a whole token, a whole block of a head; and a
-finite bf16 token whose Hadamard overflows float32), head_dim 64 / 128 / 256; finite inputs bit for bit as without
+finite bf16 token whose Hadamard sums overflow float32, with rotated values past float32's range or all within it),
+head_dim 64 / 128 / 256; finite inputs bit for bit as without
 the switch; fa3-fp8 end to end: the rows that read the value non-finite, the others finite and within
 ``fp8_error_bound``.
 

@@ -46,7 +46,9 @@ Design:
   1 / sqrt(D) is folded into that multiply and into the amax: same bits, see finish_block). A NaN is skipped by
   fmax and converts to e4m3 NaN; an inf makes the block max inf and saturates to 448 unless ``PassConfig.nonfinite``
   (``quant_host.NONFINITE``, on since session 14): then one uniform test per block and, for a block
-  whose max is inf, ``finite_block`` (infs to NaN, the max again over the finite values: the torch recipe's rule).
+  whose max is inf, ``finite_block`` (infs to NaN, the max again over the finite values: the torch recipe's rule);
+  Q / K first take their values again from the input, rotated with the recipe's per-token power-of-two shift where
+  the FWHT's float32 sums would overflow, and normalised (``quant_rotation.rotate_again``, since session 35).
 * Q with K smoothing (``shift``): the LSE shift softmax_scale * q . mean (``quantize.smoothing_lse_shift``)
   is computed in the Q pass from the float32 q it holds (no second read of Q, no float32 copy of it); its
   summation order is the kernel's own, so it equals torch's to float32 rounding, not bit for bit. K's mean
