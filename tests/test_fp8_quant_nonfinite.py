@@ -80,9 +80,10 @@ def arch(request, monkeypatch):
 @pytest.mark.parametrize("arch", ["sm_90a"], indirect=True)
 @pytest.mark.parametrize("head_dim", [64, 256])
 def test_slow_path_compiles(arch, head_dim):
-    """Every pass kind with ``nonfinite`` compiles (the slow path: one inf test per value, a barrier and a second block
-    max) without local memory beyond the default Q pass's known <= 16 bytes: V with K's sums, K smoothed (staged store
-    at 64, wide at 256), Q with the shift, the "amax" and "given" launches."""
+    """Every pass kind with ``nonfinite`` compiles (the slow path: Q / K read again and rotated with the overflow
+    shift, one inf test per value, a barrier and a second block max) without local memory beyond the default Q pass's
+    known <= 16 bytes: V with K's sums, K smoothed (staged store at 64, wide at 256), Q with the shift, the "amax" and
+    "given" launches."""
     from fa_variants.common import cubin
 
     rows = 192 if head_dim == 64 else 128
