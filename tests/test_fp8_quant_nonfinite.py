@@ -94,6 +94,7 @@ def test_slow_path_compiles(arch, head_dim):
             qk.PassConfig(shift=True, pdl=True, staged_mean=True, wide=head_dim == 256, **base),
             qk.PassConfig(mode="amax", smooth=True, rows=rows, staged_mean=True, **base),
             qk.PassConfig(mode="given", smooth=True, rows=rows, staged_mean=True, **base)]
+    cfgs += [key.config for key in qh.planned_passes(arch, torch.bfloat16, head_dim, FP8Config())]  # the defaults
     for cfg in cfgs:
         c = qk.VARIANT.compiled(qk.static_config(arch, torch.bfloat16, head_dim, cfg))
         assert cubin.cubin_resources(c.cubin)["spill_bytes"] <= 16, cfg
@@ -110,20 +111,26 @@ def _inputs(head_dim: int, seed: int):
 
 def _poison(t: torch.Tensor, where: str, value: float, rows: int, signs: torch.Tensor) -> None:
     """One value, a whole token (every head), or a whole block of rows of head 1 (the second block, cut by the
-    length if short); "huge": a finite token of bf16's largest value, whose Hadamard sums overflow float32 (and some
-    of its rotated values too); "aligned": a finite token 1.5 x 2^128 / D times the rotation's signs, whose first
-    Hadamard sum (D x 1.5 x 2^128 / D) overflows float32 while every rotated value (at most 1.5 x 2^128 / sqrt(D))
-    is finite: only the recipe's power-of-two shift gets it right."""
+    length if short), or the last token of the last (partial) block; "huge": a finite token of bf16's largest value,
+    whose Hadamard sums overflow float32 (and some of its rotated values too); "aligned": a finite token
+    1.5 x 2^128 / D times the rotation's signs, whose first Hadamard sum (D x 1.5 x 2^128 / D) overflows float32
+    while every rotated value (at most 1.5 x 2^128 / sqrt(D)) is finite: only the recipe's power-of-two shift gets it
+    right; "near": the last token 2^126 / D times the signs, whose sums stay finite but which the recipe shifts
+    (k = 1; the pass's slow path from a block max of 2^125 / D)."""
     if where == "value":
         t[0, 5, 1, 3] = value
     elif where == "token":
         t[1, rows + 3] = value
     elif where == "block":
         t[0, rows:2 * rows, 1] = value
+    elif where == "last":  # the last token of the last block, cut by the length
+        t[0, -1, 1] = value
     elif where == "huge":
         t[1, 7, 0] = torch.finfo(torch.bfloat16).max
-    else:
+    elif where == "aligned":
         t[1, 7, 0] = (signs * (1.5 * 2.0 ** 128 / t.shape[-1])).to(t.device, t.dtype)
+    else:  # "near": sums up to 2^126, no overflow, but a token the recipe shifts (k = 1)
+        t[0, -1, 0] = (signs * (2.0 ** 126 / t.shape[-1])).to(t.device, t.dtype)
 
 
 def _assert_bytes(ref: torch.Tensor, got: torch.Tensor, what: str) -> int:
@@ -135,10 +142,11 @@ def _assert_bytes(ref: torch.Tensor, got: torch.Tensor, what: str) -> int:
     return int(rn.sum())
 
 
-def _assert_matches_torch(q, k, v, cfg: FP8Config, what: str) -> int:
+def _assert_matches_torch(q, k, v, cfg: FP8Config, what: str, softmax_scale: float | None = None) -> int:
     """The pass (switch on, v3) = the torch recipe given the pass's mean; returns the NaN bytes seen."""
-    got = qh.quantize(q, k, v, config=cfg, pipeline="v3")
-    ref = quantize_fp8_torch(q, k, v, config=cfg, k_mean=got.k_mean if cfg.smooth_k else None)
+    got = qh.quantize(q, k, v, config=cfg, pipeline="v3", softmax_scale=softmax_scale)
+    ref = quantize_fp8_torch(q, k, v, config=cfg, k_mean=got.k_mean if cfg.smooth_k else None,
+                             softmax_scale=softmax_scale)
     nans = sum(_assert_bytes(getattr(ref, n), getattr(got, n), f"{what} {n}") for n in ("q", "k", "v_t"))
     for name in ("q_descale", "k_descale", "v_descale"):
         assert torch.equal(getattr(ref, name), getattr(got, name)), f"{what} {name}"
@@ -172,20 +180,24 @@ def test_pass_matches_torch_on_non_finite(monkeypatch, recipe, head_dim):
     tile_m, tile_n = tiles_for(head_dim)
     clean = _inputs(head_dim, 3 * head_dim)
     signs = HadamardRotation(head_dim, cfg.seed).signs
+    finite = ("huge", "aligned", "near")
     for name, rows in (("q", tile_m), ("k", tile_n), ("v", tile_n)):
-        for where in ("value", "token", "block", "huge", "aligned"):
-            for label, value in BAD.items() if where not in ("huge", "aligned") else [("max", 0.0)]:
+        for where in ("value", "token", "block", "last") + finite:
+            for label, value in BAD.items() if where not in finite else [("max", 0.0)]:
                 q, k, v = (t.clone() for t in clean)
                 _poison({"q": q, "k": k, "v": v}[name], where, value, rows, signs)
                 what = f"{name} {where} {label}"
                 nans = _assert_matches_torch(q, k, v, cfg, what)
-                # huge: NaN where a rotated value overflows float32 (not in V); aligned: none (the shift)
-                assert nans > 0 or where in ("huge", "aligned"), what
-                assert nans == 0 or where != "aligned", (what, nans)
+                # huge: NaN where a rotated value overflows float32 (not in V); aligned, near: none (the shift)
+                assert nans > 0 or where in finite, what
+                assert nans == 0 or where not in ("aligned", "near"), (what, nans)
                 if where == "value" and name == "q":  # the block's other rows keep their values (not zeroed)
                     got = qh.quantize(q, k, v, config=cfg, pipeline="v3")
                     block = got.q[0, :tile_m, 1].float()
                     assert got.q_descale[0, 1, 0] < 2.0 ** 10 and block[block.isfinite()].abs().max() > 0, what
+    q, k, v = (t.clone() for t in clean)  # a negative scale: K's signs negated (-s), the same shift
+    _poison(k, "aligned", 0.0, tile_n, -signs)
+    assert _assert_matches_torch(q, k, v, cfg, "k aligned, softmax_scale -0.5", softmax_scale=-0.5) == 0
 
 
 @pytest.mark.gpu

@@ -87,6 +87,25 @@ def test_rotation_of_huge_rows_is_finite_and_ordinary_rows_unchanged(D):
     assert torch.equal(y[0], rot._rotate(x[0].float() * rot.signs))
 
 
+@pytest.mark.parametrize("D", (64, 96, 128, 256))
+def test_overflow_shift_is_one_rule_on_every_device(D):
+    """The shift k of a row is max(0, e - 126), e the binary exponent of max|x| x block (what the GPU pass computes
+    from the float32 exponent bits), whatever else is in the call: on the CPU the free skip of the shift applied only
+    below 2^127 / block, so a row in [2^126, 2^127) / block got k = 0 alone and k = 1 beside a larger row (session
+    35's kernel review)."""
+    rot = HadamardRotation(D, seed=2)
+    block = max(rot.blocks)
+    amax = torch.tensor([1.0, 2.0 ** 126 / block, 1.5 * 2.0 ** 126 / block, 2.0 ** 127 / block, 3e38]).double()
+    want = (torch.frexp(amax * block)[1] - 126).clamp(min=0)
+    assert want[:4].tolist() == [0, 1, 1, 2]  # from 2^126 / block on
+    for i, m in enumerate(amax.tolist()):
+        row = torch.full((1, D), m, dtype=torch.float32)
+        alone = rot._overflow_shift(row)
+        beside = rot._overflow_shift(torch.cat([row, torch.full((1, D), 3e38)]))
+        got = 0 if alone is None else int(alone[0, 0])
+        assert got == int(want[i]) == int(beside[0, 0]), (D, m, got, int(want[i]))
+
+
 def test_huge_rows_quantise_and_attend_finite():
     """The same rows through the recipe and the emulation: finite O near the float64 attention (it was all NaN)."""
     import fa_variants

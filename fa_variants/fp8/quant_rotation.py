@@ -14,8 +14,9 @@ import operator
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
+from cutlass._mlir.dialects import llvm
 from cutlass._mlir.dialects import math as mlir_math
-from cutlass.cutlass_dsl import dsl_user_op
+from cutlass.cutlass_dsl import T, dsl_user_op
 
 from fa_variants.common.softmax import bits_f32, f32_bits, tree_reduce
 from fa_variants.fp8.quant_maps import VEC
@@ -26,6 +27,15 @@ def _fma(a: Float32, b: Float32, c: Float32, *, loc=None, ip=None) -> Float32:
     """a * b + c with one rounding (fma.rn.f32)."""
     return Float32(mlir_math.fma(a.ir_value(loc=loc, ip=ip), b.ir_value(loc=loc, ip=ip), c.ir_value(loc=loc, ip=ip),
                                  loc=loc, ip=ip))
+
+
+@dsl_user_op
+def _mul_rn(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
+    """a * b rounded on its own (``mul.rn.f32``): ptxas may fuse a plain ``mul.f32`` into the add after it (one
+    rounding instead of two), which changes a product that is not exact (a subnormal) and so the recipe's bits. The
+    DSL has no multiply that forbids the fusion, hence the one PTX instruction."""
+    return Float32(llvm.inline_asm(T.f32(), [a.ir_value(loc=loc, ip=ip), b.ir_value(loc=loc, ip=ip)],
+                                   "mul.rn.f32 $0, $1, $2;", "=f,f,f", has_side_effects=False, loc=loc, ip=ip))
 
 
 class RotationMixin:
@@ -98,12 +108,14 @@ class RotationMixin:
     def rotate_again(self, x: cute.Tensor, mX: cute.Tensor, sSigns: cute.Tensor, sMean: cute.Tensor, batch: Int32,
                      head: Int32, tile: Int32, tidx: Int32):
         """``nonfinite``'s slow path for Q / K (``finish_block``: a block whose max after the FWHT is inf, from an
-        inf in the input or from a finite token whose FWHT sums overflow float32): the thread's token again from
-        global memory, its signs and smoothing, then the torch recipe's overflow shift
+        inf in the input or from a finite token whose FWHT sums overflow float32, or at least 2^125 / D, where a
+        token may be one the recipe shifts): the thread's token again from global memory, its signs and smoothing,
+        then the torch recipe's overflow shift
         (``quantize.HadamardRotation``): k = max(0, e - 126), e the binary exponent of m D (m the token's largest
         finite |x|: 2^(e-1) <= m D < 2^e), and x = fl(fl(FWHT(x 2^-k) n) 2^k), n = float32(1 / sqrt(D)): the
         recipe's normalised values bit for bit, inf where they overflow float32 (k = 0 for every ordinary token:
-        fl(x n), the values the fast path folds into its multiply). Tokens past seqlen: zeros (never stored)."""
+        fl(x n), the values the fast path folds into its multiply). Tokens past seqlen: read as zeros, then smoothed
+        (never counted or stored)."""
         D = self.head_dim
         tok = tile * self.cfg.rows + self.token_of(tidx, 0)
         raw = cute.make_rmem_tensor(VEC, mX.element_type)
@@ -128,7 +140,7 @@ class RotationMixin:
         down, up = bits_f32((127 - k) << 23), bits_f32((127 + k) << 23)
         for j in cutlass.range_constexpr(self.slots):
             for i in cutlass.range_constexpr(VEC):
-                x[i, j] = x[i, j] * down
+                x[i, j] = _mul_rn(x[i, j], down)  # rounded before the FWHT's first add, as torch's ldexp
         self.fwht(x, tidx % self.lanes)
         norm = Float32(1.0 / math.sqrt(D))
         for j in cutlass.range_constexpr(self.slots):

@@ -13,7 +13,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
-from fa_variants.common.softmax import bits_f32, f32_bits
+from fa_variants.common.softmax import bits_f32, f32_bits, not_below
 from fa_variants.fp8.quant_maps import SLOTS, VEC, store_map, store_pitch, store_unit
 from fa_variants.fp8.quantize import MIN_DESCALE_EXPONENT
 
@@ -58,8 +58,13 @@ class ScaleStoreMixin:
         # two and n * inv stays normal (inv >= 2^-120 for any finite amax): one multiply per value, same bits
         norm = Float32(1.0 / math.sqrt(self.head_dim)) if const_expr(self.cfg.rotate) else None
         if const_expr(self.cfg.nonfinite):
-            # only an inf makes the block max inf (fmax skips a NaN); the same value in every thread: a uniform branch
-            if amax == Float32(math.inf):
+            # only an inf makes the block max inf (fmax skips a NaN); the same value in every thread: a uniform branch.
+            # Q / K: also from 2^125 / D, as the recipe shifts a token whose finite max m has m D >= 2^126 and the
+            # FWHT's max is at least m (|H x|_inf >= |x|_inf): such blocks take the recipe's shift too
+            slow = amax == Float32(math.inf)
+            if const_expr(self.cfg.rotate):
+                slow = not_below(amax, 2.0 ** 125 / self.head_dim)
+            if slow:
                 if const_expr(self.cfg.rotate):  # x = the recipe's normalised values: n is not applied again
                     self.rotate_again(x, mX, sSigns, sMean, batch, head, tile, tidx)
                     norm = Float32(1.0)

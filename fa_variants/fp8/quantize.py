@@ -197,9 +197,10 @@ class HadamardRotation:
         """x @ R; ``signs`` (optional) replaces s (the quantiser passes -s to fold a negative scale into K).
 
         The transform adds up to ``block`` values before its normalisation, so a float32 row whose finite max
-        exceeds 2^127 / block could overflow there although x @ R (at most sqrt(block) max|x|) is finite: such a
-        row is scaled by a power of two 2^-k first and its result by 2^k after (exact; every other row, and every
-        row of ordinary inputs, takes the plain transform, whose bits the GPU pass reproduces)."""
+        nears 2^128 / block could overflow there although x @ R (at most sqrt(block) max|x|) is finite: a row
+        whose finite max reaches 2^126 / block is scaled by a power of two 2^-k first and its result by 2^k after
+        (exact but for subnormal products; every other row, and every row of ordinary inputs, takes the plain
+        transform; the GPU pass reproduces both)."""
         if x.shape[-1] != self.head_dim:
             raise ValueError(f"last dim {x.shape[-1]} != head_dim {self.head_dim} of this rotation")
         if x.dtype not in (torch.float32, torch.float64):
@@ -212,14 +213,14 @@ class HadamardRotation:
         return self._rotate(x)
 
     def _overflow_shift(self, x: torch.Tensor) -> torch.Tensor | None:
-        """Per row (last dim) the k >= 0 with finite max |x| 2^-k x block < 2^127 (float32; float64 never
+        """Per row (last dim) the least k >= 0 with finite max |x| 2^-k x block < 2^126 (float32; float64 never
         overflows here), as a tensor broadcastable against x; None for float64, and on the CPU when no row needs
         one (on a GPU the shifts are applied as they are, k = 0 for ordinary rows: no sync)."""
         if x.dtype != torch.float32 or x.numel() == 0:
             return None
         block = max(self.blocks)  # 96: H12 x H8 adds 12 x 8 values
         amax = x.abs().nan_to_num(nan=0.0, posinf=0.0).amax(dim=-1, keepdim=True)
-        if x.device.type == "cpu" and not bool((amax >= 2.0 ** 127 / block).any()):
+        if x.device.type == "cpu" and not bool((amax >= 2.0 ** 126 / block).any()):
             return None  # (a free check on the CPU; on a GPU it would sync and break graph capture: k = 0, exact)
         exponent = torch.frexp(amax.double() * block)[1]  # amax * block < 2^exponent
         return (exponent - 126).clamp(min=0).to(torch.int32)
