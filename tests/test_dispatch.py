@@ -288,3 +288,56 @@ def test_choosing_a_backend_on_hopper_imports_no_dsl():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+@pytest.mark.parametrize("cap", [(8, 7), (10, 3), (11, 0), (12, 1)], ids=["sm_87", "sm_103", "sm_110", "sm_121"])
+def test_every_kernel_a_newer_gpu_runs_compiles_for_it(cap):
+    """A GPU the dispatch table does not list runs fa2 (above): the kernels its calls launch (fa2, fa1 and the
+    split-KV merge its decode calls add) serve its arch too, and `warmup` takes it (session 35: the merge and warmup
+    refused sm_87 / sm_103a / sm_110a / sm_121a while prefill ran there); the sm90-only kernels and the FP8 pass
+    still refuse it, in one line."""
+    from fa_variants.commands.warmup import _check_names
+    from fa_variants.common import interop
+
+    arch = interop.arch_of_capability(*cap)
+    assert interop.arch_capability(arch) == cap
+    for name in ("fa2", "fa1", "split-merge"):
+        assert registry.variant(name).serves(arch), name
+        assert registry.static_config(name, arch, "bf16", 128, False).arch == arch
+    for name in ("fa3", "fa3-fp8", "fp8-quant"):
+        assert not registry.variant(name).serves(arch)
+    with pytest.raises(registry.UnsupportedConfigError, match=f"does not serve arch {arch} "):
+        registry.static_config("fa3", arch, "bf16", 128, False)
+    _check_names(arch, None)
+
+
+@pytest.mark.parametrize("arch, hint", [("sm_90", "did you mean sm_90a?"), ("sm_121", "did you mean sm_121a?"),
+                                        ("sm_75", "choose from"), ("sm_90b", "choose from"), ("gfx942", "choose from")])
+def test_warmup_refuses_an_arch_no_kernel_builds_for(arch, hint):
+    """`warmup --arch`: below sm_80, or not written as the DSL names it (sm_XYa from sm_90 on), one line naming the
+    flag; the serving rule's parse (``interop.arch_capability``) gives None for each."""
+    from fa_variants.commands.warmup import _check_names
+    from fa_variants.common import interop
+
+    assert interop.arch_capability(arch) is None or interop.arch_capability(arch) < (8, 0)
+    with pytest.raises(ValueError, match=f"--arch {arch}: not a compile target.*{hint}"):
+        _check_names(arch, None)
+    assert not registry.variant("fa2").serves(arch)
+
+
+@pytest.mark.parametrize("cap, served", [((8, 9), True), ((9, 0), True), ((10, 0), False), ((12, 0), False),
+                                         ((8, 6), False)])
+def test_fp8_pass_is_asked_only_where_it_is_built(monkeypatch, cap, served):
+    """The FP8 quantisation pass is built for sm_89 and sm_90a: elsewhere `quant_host.why_not` gives its reason, so
+    ``quantize_fp8(impl="auto")`` takes the torch recipe (session 35: on sm_100 / sm_120 it said yes, then the
+    compile refused the arch)."""
+    from types import SimpleNamespace
+
+    from fa_variants.fp8 import quant_host
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cap)
+    q = SimpleNamespace(is_cuda=True, dtype=torch.bfloat16, shape=(1, 128, 2, 128), device="cuda:0")
+    reason = quant_host.why_not(q, quant_host.FP8Config())
+    assert (reason is None) == served, reason
+    if not served:
+        assert reason.startswith("the GPU quantisation pass is built for sm_89, sm_90a, not sm_")

@@ -63,7 +63,7 @@ from cutlass import Float32, Int32, const_expr
 from fa_variants.common import interop, sm80
 from fa_variants.common.cache import StaticConfig
 from fa_variants.common.config import Sm80Config, smem_capacity
-from fa_variants.common.launch import Variant
+from fa_variants.common.launch import SM80_CODE_ARCHS, Variant
 from fa_variants.common.layout import acc_as_operand_a, rows_cols, transpose_view
 from fa_variants.common.mask import AttentionMask, BlockInfo
 from fa_variants.common.scale import LOG2_E
@@ -515,7 +515,7 @@ def _prepare(config: Sm80Config, q, k, v, out, lse, scale: float) -> tuple:
 
 
 VARIANT = Variant(
-    "fa1", archs=("sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_120a"), dtypes=DTYPES, head_dims=HEAD_DIMS,
+    "fa1", archs=SM80_CODE_ARCHS, newer_archs=True, dtypes=DTYPES, head_dims=HEAD_DIMS,
     default_config=default_config, check_config=_check_config, build=_build, prepare=_prepare,
     check_problem=_check_problem)
 

@@ -47,7 +47,7 @@ import torch
 from fa_variants.common import env, interop, pack_gqa, split, split_combine
 from fa_variants.common.cache import StaticConfig
 from fa_variants.common.config import Sm80Config, smem_capacity
-from fa_variants.common.launch import Variant
+from fa_variants.common.launch import SM80_CODE_ARCHS, Variant
 from fa_variants.common.scale import kernel_scale
 
 HEAD_DIMS: tuple[int, ...] = (64, 96, 128, 256)
@@ -397,7 +397,7 @@ def _warm_configs(arch: str, head_dim: int, causal: bool, groups: tuple[int, ...
 
 
 VARIANT = Variant(
-    "fa2", archs=("sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_120a"), dtypes=DTYPES, head_dims=HEAD_DIMS,
+    "fa2", archs=SM80_CODE_ARCHS, newer_archs=True, dtypes=DTYPES, head_dims=HEAD_DIMS,
     default_config=default_config, check_config=_check_config, build=_build, check_problem=_check_problem,
     plan_call=_plan_call, problem_config=_problem_config,
     switches=lambda: (SPLIT_KV_ENABLED, PACK_GQA_ENABLED, NARROW_DECODE, D256_VARIANT, D256_MAX_SEQLEN_K),

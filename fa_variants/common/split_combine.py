@@ -37,7 +37,7 @@ import torch
 
 from fa_variants.common import env, interop, pack_gqa, split, workspace
 from fa_variants.common.cache import StaticConfig
-from fa_variants.common.launch import Variant
+from fa_variants.common.launch import SM80_CODE_ARCHS, Variant
 
 HEAD_DIMS = (64, 96, 128, 256)
 DTYPES = (torch.float16, torch.bfloat16)
@@ -190,7 +190,7 @@ def _build(cfg: StaticConfig):
 # Compiled through the registry ("split-merge", `fa-variants compile --variant split-merge`); never dispatched
 # to (it is not attention): ``merge`` below launches it.
 VARIANT = Variant(
-    "split-merge", archs=("sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_120a"), dtypes=DTYPES, head_dims=HEAD_DIMS,
+    "split-merge", archs=SM80_CODE_ARCHS, newer_archs=True, dtypes=DTYPES, head_dims=HEAD_DIMS,
     default_config=lambda arch, head_dim, causal: MergeConfig(),
     check_config=lambda config, arch, head_dim: config.check(head_dim, arch), build=_build)
 
