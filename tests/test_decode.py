@@ -340,6 +340,22 @@ def test_decode_table_subset_and_summary(capsys):
         "to 690 W" in text
 
 
+def test_decode_case_whose_inputs_do_not_fit_gets_error_rows(monkeypatch):
+    """A case whose Q / K / V do not fit the GPU (B 64 Nk 128k: 32 GiB of K / V on a 24 GB card) gets an error row per
+    implementation and the table goes on; before, the out-of-memory error ended the command and lost every row."""
+    from fa_variants.bench import decode
+
+    def no_memory(case, ragged):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 16.00 GiB")
+
+    monkeypatch.setattr(decode, "_inputs", no_memory)
+    case = decode.DecodeCase(head_dim=128, heads=32, heads_kv=8, batch=64, seqlen_k=131072, seqlen_q=1)
+    rows = decode.measure(case, {"ours (auto)": None, "sdpa (auto)": None}, 3.35)
+    assert [r["impl"] for r in rows] == ["ours (auto)", "sdpa (auto)"]
+    assert all(r["error"].startswith("inputs: OutOfMemoryError") and r["seqlen_k"] == 131072 for r in rows)
+    assert "inputs: OutOfMemoryError" in decode.table(rows) and "no case timed" in decode.summary(rows)
+
+
 def test_decode_table_ragged_lengths_and_mask(rng_seed):
     """`bench --decode --decode-lengths`: lengths in [1, Nk] (the first Nk), and SDPA's mask is the keys the
     reference lets each row see (below the length, causal bottom-right against it)."""

@@ -218,7 +218,8 @@ def _host_us(fn, calls: int = 200) -> float:
     return (time.perf_counter() - t0) / calls * 1e6
 
 
-def measure(case: DecodeCase, impls: dict, peak_tbps: float, ragged: bool = False) -> list[dict]:
+def _inputs(case: DecodeCase, ragged: bool):
+    """(q, k, v, lengths or None, K/V bytes read) of a case on the GPU, seeded."""
     import torch
 
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -230,6 +231,20 @@ def measure(case: DecodeCase, impls: dict, peak_tbps: float, ragged: bool = Fals
         lengths = ragged_lengths(case, g)
         lengths = (*lengths, lengths[0].cpu())
         kv_bytes = kv_bytes * int(lengths[0].sum()) // (case.batch * case.seqlen_k)
+    return q, k, v, lengths, kv_bytes
+
+
+def measure(case: DecodeCase, impls: dict, peak_tbps: float, ragged: bool = False) -> list[dict]:
+    """One row per implementation of ``impls`` for ``case``; a case whose inputs do not fit the GPU's memory gets
+    error rows (the "error" cell), and the table goes on (a 24 GB card lacks the 32 GiB of K / V of B 64 Nk 128k;
+    an implementation's own failure, in its first calls or its timing (``_timed``), is its row's error)."""
+    import torch
+
+    try:
+        q, k, v, lengths, kv_bytes = _inputs(case, ragged)
+    except torch.OutOfMemoryError as exc:
+        torch.cuda.empty_cache()
+        return [dict(asdict(case), impl=name, error=f"inputs: {_error(exc)}") for name in impls]
     rows, fns, fn = {}, {}, None
     for name, impl in impls.items():  # each implementation's first calls (compiles, plans): errors recorded here
         rows[name] = row = dict(asdict(case), impl=name)
