@@ -575,6 +575,28 @@ def test_a_report_row_of_the_wrong_shape_is_one_line(tmp_path, capsys, change):
     assert not (tmp_path / "o2").exists()
 
 
+def test_compare_across_gpus_gives_ratios_not_regressions(tmp_path, capsys):
+    """A saved run from another GPU (an H200's report, today's run on an H100: every case ~0.65x): the ratios are
+    the cards', so no case is flagged, the exit status is 0 and both the terminal and compare.md say why (session 35's
+    break-it pass: every case of ours was a REGRESSION, exit 1)."""
+    from fa_variants.bench import compare
+
+    old, _ = synthetic_report()
+    new = _slowed(old, {name: 0.65 for name in {r["impl"] for r in old["results"]}})
+    new["meta"]["gpu"]["name"] = "Fake H100"
+    rows = compare.compare(new, old)
+    assert rows and not any(r["regressed"] for r in rows) and all(r["ratio"] == pytest.approx(0.65) for r in rows)
+    assert compare.other_gpu(new, old).startswith("the saved run is from another GPU (Fake H200; this one: Fake H100)")
+    assert compare.other_gpu(old, old) is None and any(r["regressed"] for r in compare.compare(_slowed(old, {"fa3": 0.5}), old))
+    report.write_reports(old, tmp_path / "old", charts=False)
+    report.write_reports(new, tmp_path / "new", charts=False)
+    assert top_cli.main(["bench", "--report-from", str(tmp_path / "new" / "bench.json"), "--no-charts",
+                         "--compare", str(tmp_path / "old" / "bench.json")]) == 0
+    out = capsys.readouterr().out
+    assert "REGRESSION" not in out and "compare: the saved run is from another GPU" in out
+    assert "Note: the saved run is from another GPU" in (tmp_path / "new" / "compare.md").read_text()
+
+
 def test_cli_compare_with_report_from_needs_no_gpu(tmp_path, capsys):
     old, _ = synthetic_report()
     report.write_reports(old, tmp_path / "old", charts=False)

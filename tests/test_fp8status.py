@@ -84,8 +84,8 @@ def test_targets_pass_and_miss():
              (64, 1024, False): 400}
     lines = fp8status.targets(rows_for(rates, 1.45, 0.06, 1.1))
     by = {t.text: line for t, line in zip(fp8status.TARGETS, lines)}
-    assert by["kernel alone >= 1100 TFLOP/s at D 256, N 16k (non-causal)"].startswith("PASS")  # 760 x 1.45 = 1102
-    assert "D256 N16k 1102" in by["kernel alone >= 1100 TFLOP/s at D 256, N 16k (non-causal)"]
+    assert by["kernel alone >= 1100 TFLOP/s at D 256, N 16k (non-causal; an H200 figure)"].startswith("PASS")  # 760 x 1.45 = 1102
+    assert "D256 N16k 1102" in by["kernel alone >= 1100 TFLOP/s at D 256, N 16k (non-causal; an H200 figure)"]
     assert by["kernel alone >= 1.4x bf16 fa3 at D 128"].startswith("PASS")
     assert by["kernel alone >= 1.3x bf16 fa3 at D 64"].startswith("PASS")
     assert by["two-level cost <= 5%"].startswith("MISS (5 of 5)") and "+6.0%" in by["two-level cost <= 5%"]
@@ -179,6 +179,8 @@ def test_cli_fp8_status_only(fake_status, tmp_path, capsys):
     saved = json.loads((tmp_path / "fp8_status.json").read_text())
     assert len(saved["rows"]) == 4 and (tmp_path / "fp8_status.md").read_text() in printed
     assert not (tmp_path / "bench.json").exists()  # no sweep, no memory table
+    # the card is named (its targets were set on an H200: session 35 ran on an H100)
+    assert saved["gpu"] == "Fake H200" and "\nGPU: Fake H200\n" in printed and "(non-causal; an H200 figure)" in printed
 
 
 def test_cli_fp8_status_bad_sanity_exits_1(fake_status, tmp_path, monkeypatch, capsys):

@@ -242,10 +242,13 @@ def run_fp8_status(args: argparse.Namespace, outdir: Path, measure_one: Callable
     print(f"fp8 status: {len(items)} problems, core first: " + ", ".join(p.label for p in items), flush=True)
     rows, skipped = fp8status.run(items, measure_one, budget_s=args.fp8_budget,
                                   log=lambda m: print(m, flush=True))
-    text = fp8status.report(rows, skipped, settings)
+    import torch
+
+    gpu = torch.cuda.get_device_name() if _cuda_available() else "no GPU"
+    text = fp8status.report(rows, skipped, settings, gpu)
     outdir.mkdir(parents=True, exist_ok=True)
     (outdir / "fp8_status.md").write_text(text)
-    (outdir / "fp8_status.json").write_text(json.dumps(dict(settings=settings, rows=rows,
+    (outdir / "fp8_status.json").write_text(json.dumps(dict(settings=settings, gpu=gpu, rows=rows,
                                                             skipped=[p.label for p in skipped]), indent=1))
     print(text, flush=True)
     return 0 if rows and all(fp8status.sanity_ok(r) for r in rows) else 1
@@ -346,8 +349,9 @@ def _compare(report: dict, outdir: Path, saved: tuple) -> int:
     """--compare: compare.md beside the report, the regressions printed; 1 when any case of ours regressed."""
     path, old, threshold = saved
     rows = bench_compare.compare(report, old, threshold)
-    (outdir / "compare.md").write_text(bench_compare.markdown(rows, threshold, str(path)))
-    for line in bench_compare.summary_lines(rows, threshold):
+    note = bench_compare.other_gpu(report, old)
+    (outdir / "compare.md").write_text(bench_compare.markdown(rows, threshold, str(path), note))
+    for line in bench_compare.summary_lines(rows, threshold, note):
         print(line)
     return 1 if any(r["regressed"] for r in rows) else 0
 

@@ -31,12 +31,24 @@ def _by_case(report: dict) -> dict[tuple, dict]:
     return {_key(r): r for r in report["results"]}
 
 
+def other_gpu(new: dict, old: dict) -> str | None:
+    """A sentence when the two reports name different GPUs (``meta.gpu.name``), else None: their ratios then
+    measure the cards, not a change of ours, and ``compare`` flags no regression."""
+    names = [str(((r.get("meta") or {}).get("gpu") or {}).get("name") or "") for r in (new, old)]
+    if all(names) and names[0] != names[1]:
+        return (f"the saved run is from another GPU ({names[1]}; this one: {names[0]}): ratios only, "
+                "no regression verdict")
+    return None
+
+
 def compare(new: dict, old: dict, threshold: float = DEFAULT_THRESHOLD) -> list[dict]:
     """One row per case in the saved report ``old``: impl, kind, dtype, head_dim, seqlen, causal, old and new
     TFLOP/s (None when not measured), ratio new / old (None unless both measured) and ``regressed``: True for
-    a case of ours slower than (1 - threshold) x old, or measured in old but not in new."""
+    a case of ours slower than (1 - threshold) x old, or measured in old but not in new; never when the reports
+    come from different GPUs (``other_gpu``)."""
     if not 0 <= threshold < 1:
         raise ValueError(f"threshold={threshold!r} must be in [0, 1) (a fraction: 0.03 is 3%)")
+    judged = other_gpu(new, old) is None
     now = _by_case(new)
     rows = []
     for key, was in _by_case(old).items():
@@ -52,7 +64,7 @@ def compare(new: dict, old: dict, threshold: float = DEFAULT_THRESHOLD) -> list[
             error = f"TFLOP/s {rec['tflops']!r} is not a measurement"
         rows.append(dict(impl=key[0], kind=was["kind"], dtype=key[1], head_dim=key[2], seqlen=key[3], causal=key[4],
                          old=t_old, new=t_new, ratio=ratio, error=error,
-                         regressed=ours and (ratio is None or ratio < 1 - threshold)))
+                         regressed=judged and ours and (ratio is None or ratio < 1 - threshold)))
     return rows
 
 
@@ -62,11 +74,11 @@ def peer_drift(rows: list[dict]) -> float | None:
     return statistics.median(ratios) if ratios else None
 
 
-def markdown(rows: list[dict], threshold: float, old_name: str = "saved") -> str:
-    """The comparison as markdown: regressions first, then every case."""
+def markdown(rows: list[dict], threshold: float, old_name: str = "saved", note: str | None = None) -> str:
+    """The comparison as markdown: regressions first, then every case (``note``: ``other_gpu``'s sentence)."""
     drift = peer_drift(rows)
     bad = [r for r in rows if r["regressed"]]
-    lines = [f"# Bench comparison against {old_name}", "",
+    lines = [f"# Bench comparison against {old_name}", ""] + ([f"Note: {note}.", ""] if note else []) + [
              f"{len(bad)} of {sum(r['kind'] == 'ours' for r in rows)} cases of ours more than {threshold:.0%} "
              f"slower (or not measured). Peers' median new/old: "
              + (f"{drift:.3f}" if drift is not None else "no peers") + ".", "",
@@ -82,8 +94,8 @@ def markdown(rows: list[dict], threshold: float, old_name: str = "saved") -> str
     return "\n".join(lines) + "\n"
 
 
-def summary_lines(rows: list[dict], threshold: float) -> list[str]:
-    """Short lines for the terminal: one per regression, then a count."""
+def summary_lines(rows: list[dict], threshold: float, note: str | None = None) -> list[str]:
+    """Short lines for the terminal: one per regression, then a count (``note``: ``other_gpu``'s sentence, first)."""
     out = []
     for r in rows:
         if r["regressed"]:
@@ -92,6 +104,8 @@ def summary_lines(rows: list[dict], threshold: float) -> list[str]:
             out.append(f"REGRESSION {case}: {r['old']:.0f} TFLOP/s before, now {now}")
     drift = peer_drift(rows)
     n_ours = sum(r["kind"] == "ours" for r in rows)
+    if note:
+        out.append(f"compare: {note}")
     out.append(f"compare: {len(out)} of {n_ours} cases of ours more than {threshold:.0%} slower than the saved run"
                + (f" (peers' median new/old {drift:.3f})" if drift is not None else ""))
     return out
