@@ -672,6 +672,16 @@ def _scale_bits(scale: float) -> int:
     return struct.unpack("<q", struct.pack("<d", scale))[0]
 
 
+def _check_current_device(device: torch.device) -> None:
+    """ValueError unless a CUDA ``device`` is the process's current one: NCCL's exchanges (the shape check's
+    buffers too) run on the current device, so tensors elsewhere gave an error from NCCL ("duplicate GPU") or a
+    hang instead of this line."""
+    if device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device():
+        raise ValueError(f"q is on {device} but this process's current CUDA device is "
+                         f"cuda:{torch.cuda.current_device()}: call torch.cuda.set_device({device.index}) first "
+                         "(one GPU per rank)")
+
+
 def _local_error(q, k, v, causal, softmax_scale, backend, return_lse, layout):
     """(error or None, softmax scale, the backend every step runs): this rank's inputs checked as
     ``fa_variants.attention`` does, and ``backend`` resolved ("auto" to the dispatcher's choice: the steps differ
@@ -690,6 +700,7 @@ def _local_error(q, k, v, causal, softmax_scale, backend, return_lse, layout):
                                       "call it under torch.no_grad() / torch.inference_mode()")
         if q.device.type not in _DEVICE_TYPES:
             raise ValueError(f"q is on {q.device}; context parallelism supports {_DEVICE_TYPES}")
+        _check_current_device(q.device)
         # the backend every step uses, chosen here: an unknown or unavailable one (on this rank only, say) is this
         # rank's error before the exchange, not an exception out of a step that leaves the other ranks waiting
         return None, scale, dispatch.select_backend(q, k, v, causal=causal, backend=backend).backend

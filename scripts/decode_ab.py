@@ -577,10 +577,10 @@ def run(a, shapes, rows) -> int:
     split_combine.MERGE_PDL = False
     from fa_variants.common import cache
 
-    from fa_variants.bench.decode import peak_tbps
+    from fa_variants.bench.decode import gpu_identity, peak_tbps
 
     try:
-        peak = peak_tbps(torch.cuda.get_device_name(), torch.cuda.get_device_properties(0))[0]
+        peak = peak_tbps(*gpu_identity())[0]
     except ValueError:
         peak = math.nan  # the HBM column then reads nan: the times and ratios stand
     text = summary(results, ["auto"] + list(a.variants), peak)

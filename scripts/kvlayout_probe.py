@@ -62,9 +62,9 @@ def main() -> int:
     import torch.nn.functional as F
 
     import fa_variants
-    from fa_variants.bench.decode import peak_tbps
+    from fa_variants.bench.decode import gpu_identity, peak_tbps
 
-    peak = peak_tbps(torch.cuda.get_device_name(), torch.cuda.get_device_properties(0))[0]  # ValueError: unknown GPU
+    peak = peak_tbps(*gpu_identity())[0]  # ValueError: unknown GPU
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []

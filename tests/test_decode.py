@@ -860,6 +860,7 @@ def test_hbm_peak_of_an_unknown_gpu(capsys, monkeypatch):
     with pytest.raises(ValueError, match="--peak-tbps"):
         decode.peak_tbps("Some Future GPU", SimpleNamespace())
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Some Future GPU")
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *a: SimpleNamespace())
     argv = ["bench", "--decode", "--decode-nk", "1024", "--decode-nq", "1", "--decode-batch", "1",

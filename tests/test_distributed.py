@@ -621,3 +621,17 @@ def test_merge_partial_names_an_accumulator_that_requires_grad():
     with torch.no_grad():
         cp.merge_partial_(out, lse, part, part_lse)
     torch.testing.assert_close(out.detach(), torch.where(lse.transpose(1, 2)[..., None] > -1e30, out.detach(), 0))
+
+
+def test_cuda_inputs_off_the_current_device_are_one_line(monkeypatch):
+    """A rank whose tensors are on cuda:1 while its current device is cuda:0 (no torch.cuda.set_device): one line
+    naming the fix, in the rank's local check (exchanged like every local error), not NCCL's "duplicate GPU" or a
+    hang (session 35's break-it pass)."""
+    from fa_variants import distributed
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    with pytest.raises(ValueError, match=r"q is on cuda:1 but this process's current CUDA device is cuda:0: "
+                                         r"call torch\.cuda\.set_device\(1\) first"):
+        distributed._check_current_device(torch.device("cuda", 1))
+    for fine in (torch.device("cuda", 0), torch.device("cuda"), torch.device("cpu")):
+        distributed._check_current_device(fine)

@@ -400,7 +400,8 @@ def test_ec14_grid_beyond_65535(backend, dims, causal):
 @pytest.mark.slow
 def test_ec15a_more_than_2_pow_31_elements(backend):
     kernels_only(backend, "32-bit offset overflow")
-    if torch.cuda.get_device_properties(0).total_memory < 40 * 2**30:
+    # about 20 GB: a 40 GB card runs it (its total_memory reads ~39.4 GiB; the threshold was 40 GiB before session 35)
+    if torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory < 30 * 2**30:
         pytest.skip("needs about 20 GB of GPU memory")
     q, k, v = backend.qkv(16400, 128, 128, 8, 8, 128)
     assert q.numel() > 2**31
@@ -416,7 +417,8 @@ def test_ec15a_more_than_2_pow_31_elements(backend):
 @pytest.mark.slow
 def test_ec15b_long_kv_beyond_2_pow_31(backend):
     kernels_only(backend, "32-bit offset overflow")
-    if torch.cuda.get_device_properties(0).total_memory < 80 * 2**30:
+    # about 40 GB: an 80 GB card runs it (an H100's total_memory reads 79.2 GiB: it skipped at 80 GiB before session 35)
+    if torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory < 60 * 2**30:
         pytest.skip("needs about 40 GB of GPU memory")
     q = backend.randn(32, 500, 12, 64)
     k, v = backend.randn(32, 350000, 12, 64), backend.randn(32, 350000, 12, 64)

@@ -307,3 +307,15 @@ def test_a_refused_merge_or_run_leaves_no_output_folder(capsys, tmp_path):
         err = capsys.readouterr().err.strip().splitlines()
         assert err[-1].startswith("fa-variants fp8-study: error: "), err
         assert not out.exists(), argv
+
+
+def test_an_emulation_run_on_a_gpu_machine_records_the_cpu(capsys, monkeypatch, tmp_path):
+    """`--backend emulation` runs on the CPU even where a GPU is: the setup's device says "cpu", not the GPU's name
+    (session 35's break-it pass: it named the GPU beside "EMULATION ... (no GPU)", and --merge then refused to join
+    it to an identical CPU run)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake A100")
+    monkeypatch.setattr(study, "run_study", lambda cases, **kw: _fake_rows(1e-3))
+    assert cli.main(["fp8-study", "--out", str(tmp_path), "--no-e2e", "--sweeps", "p", "--backend", "emulation"]) == 0
+    setup = json.loads((tmp_path / "fp8_study.json").read_text())["setup"]
+    assert setup["device"] == "cpu" and "EMULATION" in setup["fp8_source"]

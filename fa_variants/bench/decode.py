@@ -145,6 +145,14 @@ def peak_tbps(name: str, props=None) -> tuple[float, str]:
     raise ValueError(f"the HBM peak of {name!r} is not known here: pass --peak-tbps (TB/s)")
 
 
+def gpu_identity() -> tuple:
+    """(name, properties) of the current CUDA device, for ``peak_tbps``: the same device for both."""
+    import torch
+
+    device = torch.cuda.current_device()
+    return torch.cuda.get_device_name(device), torch.cuda.get_device_properties(device)
+
+
 def capture_graph(fn, calls: int = 1):
     """(graph, results): a CUDA graph of `calls` calls of fn, captured on a side stream (the current stream waits
     for it), and the list of fn's results in the capture (tensors that each replay writes again)."""
@@ -426,7 +434,7 @@ def run_cli(args: argparse.Namespace) -> int:
     peak, source = args.peak_tbps, "--peak-tbps"
     if peak is None:
         try:
-            peak, source = peak_tbps(torch.cuda.get_device_name(), torch.cuda.get_device_properties(0))
+            peak, source = peak_tbps(*gpu_identity())
         except ValueError as exc:
             print(f"fa-variants bench --decode: error: {exc}", file=sys.stderr)
             return 2

@@ -678,7 +678,7 @@ def run_cli(args: argparse.Namespace) -> int:
     src = "the fa3-fp8 kernel (sm_90), emulation beside it" if gpu else "the EMULATION of the fa3-fp8 kernel (no GPU)"
     meta = {"command": _command_line(),
             "seed": args.seed, "quick": quick, "fp8_source": src, "torch": torch.__version__,
-            "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+            "device": torch.cuda.get_device_name() if gpu else "cpu",  # where the study ran (emulation: the CPU)
             "methods": {m: METHODS[m].label for m in METHODS}, "distributions": DISTRIBUTIONS, "paper": PAPER,
             "real_model": model_name, "cases": [dataclasses.asdict(c) for c in cases]}
     _write(args, rows, meta, e2e, gpu)
