@@ -24,8 +24,8 @@
 #    decode matrix: ours <= SDPA at 134 / 144, HBM >= 70 % of 3.35 TB/s at 67 / 72) and the suite (part 1: 11 tests
 #    out of memory at 14 workers, all passed at 3; part 3: 631 passed; part 2: 5 failed, the quantisation pass vs the
 #    torch recipe on a huge finite Q token; bench/h100-2026-12-05-s35). Session 35's CPU work after its device time:
-#    the pass's fix (1c683b9, a kernel change, never run on a GPU), the decode table's HBM peak by GPU, xdist workers
-#    by GPU memory. In order:
+#    the pass's fix (1c683b9 + 333d54f, a kernel change, never run on a GPU), the decode table's HBM peak by GPU,
+#    xdist workers by GPU memory, the sm80 kernels on any arch >= sm_80 (host-side). In order:
 #    Q. `scripts/ab_checkout.sh d3b4972 .before` here, carry [".gpu", ".before.tar.xz"], then
 #    `scripts/pending_gpu.sh quantfix` (~150-250 s cold): the fix's tests (test_fp8_quant_nonfinite.py, the pass vs
 #    the recipe bit for bit) and the pass's speed before / after (rule and prediction in its header and

@@ -7,11 +7,12 @@
 #
 # Why (bench/NOTES.md, "Session 35"): suite part 2 failed five cases of tests/test_fp8_quant_nonfinite.py on d3b4972:
 # a finite bf16 Q token of bf16's largest value came out all NaN from the pass, only partly from the torch recipe
-# (session 34 gave the recipe a per-token power-of-two shift where the Hadamard's float32 sums overflow). Commit
-# 1c683b9 gives the pass the same shift in its non-finite slow path (``quant_rotation.rotate_again``: a block whose
-# max is inf is read again from global memory, rotated with the shift and normalised); the fast path has no new
-# instruction but its register allocation moved (sm_90a, default recipe: D 64 smoothed K 140 -> 128 registers, Q with
-# the shift 8 -> 16 bytes of spill; D 256 253 -> 219 and 255 -> 203 registers).
+# (session 34 gave the recipe a per-token power-of-two shift where the Hadamard's float32 sums overflow). Commits
+# 1c683b9 and 333d54f give the pass the same shift in its non-finite slow path (``quant_rotation.rotate_again``: a Q / K
+# block whose max is inf or >= 2^125 / D is read again from global memory, rotated with the shift and normalised);
+# the fast path gains no arithmetic, but its code and register allocation moved (sm_90a, default recipe: D 64
+# smoothed K 140 -> 128 registers, Q with the shift 8 -> 16 bytes of spill; D 256 253 -> 221 and 255 -> 203
+# registers; a kernel review counted 0 to +3.4 % instructions in the loop bodies, V's passes identical).
 # 1. GPU tests: tests/test_fp8_quant_nonfinite.py (the five failed cases and the new "aligned" token: sums that
 #    overflow, rotated values within range; finite inputs bit for bit with the switch on and off) and
 #    tests/test_fp8_quant_kernel.py's pass vs the torch recipe, bit for bit, default recipe, pipeline v3.
