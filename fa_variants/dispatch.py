@@ -27,7 +27,8 @@ from dataclasses import dataclass
 import torch
 
 from fa_variants import registry
-from fa_variants.common.launch import Variant
+from fa_variants.common import interop
+from fa_variants.common.launch import SM80_CODE_ARCHS, Variant
 
 ENV_VAR = "FA_VARIANTS_BACKEND"
 
@@ -170,6 +171,10 @@ def why_not(name: str, capability: tuple[int, int] | None, dtype: torch.dtype, h
         archs = supported_archs(name)
         where = "the inputs are on the CPU" if capability is None else f"this GPU is {arch_name(capability)}"
         return f"{name} runs on {', '.join(archs)} only; {where}"
+    if is_newer_gpu(capability) and name not in FALLBACK_BACKENDS:
+        arch = interop.arch_of_capability(*capability)
+        if arch not in SM80_CODE_ARCHS:  # the sm80 kernels are built for the newer archs the DSL compiles for
+            return f"{name} is not built for {arch} (its compile targets: {', '.join(SM80_CODE_ARCHS)})"
     entry = _declared(name)
     if entry is not None and _dtype_name(dtype) in entry.dtypes and \
             (entry.head_dims is None or head_dim in entry.head_dims):

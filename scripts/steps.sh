@@ -57,7 +57,7 @@ unpack_before() { python3 "$(dirname "${BASH_SOURCE[0]}")/before_pkg.py" "${1:-.
 xdist_flag() {
   python3 -c "import xdist" 2>/dev/null || { echo ""; return; }
   local n=${SUITE_WORKERS:-$1} mib
-  mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -n 1)
+  mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -n 1 | tr -d ' \r')
   if [ -z "${SUITE_WORKERS:-}" ] && [[ "$mib" =~ ^[0-9]+$ ]]; then
     local cap=$(( mib / 10000 > 0 ? mib / 10000 : 1 ))
     [ "$n" -gt "$cap" ] && n=$cap

@@ -594,7 +594,18 @@ def test_compare_across_gpus_gives_ratios_not_regressions(tmp_path, capsys):
                          "--compare", str(tmp_path / "old" / "bench.json")]) == 0
     out = capsys.readouterr().out
     assert "REGRESSION" not in out and "compare: the saved run is from another GPU" in out
-    assert "Note: the saved run is from another GPU" in (tmp_path / "new" / "compare.md").read_text()
+    assert "compare: 0 of " in out and "not measured in this run (speeds across GPUs not judged)" in out
+    md = (tmp_path / "new" / "compare.md").read_text()
+    assert "Note: the saved run is from another GPU" in md and "0 of " in md and "slower" not in md.split("|")[0]
+    # a case of ours that no longer runs is still flagged across GPUs; a report naming its GPU as a bare string
+    gone = json.loads(json.dumps(new))
+    victim = next(r for r in gone["results"] if r["kind"] == "ours" and r["tflops"])
+    victim["tflops"], victim["error"] = None, "RuntimeError: boom"
+    assert [r["error"] for r in compare.compare(gone, old) if r["regressed"]] == ["RuntimeError: boom"]
+    bare = json.loads(json.dumps(old))
+    bare["meta"]["gpu"] = "Fake H200"
+    assert compare.other_gpu(new, bare).startswith("the saved run is from another GPU (Fake H200;")
+    assert compare.other_gpu(bare, dict(results=[])) is None  # no GPU named: judged as before
 
 
 def test_cli_compare_with_report_from_needs_no_gpu(tmp_path, capsys):

@@ -837,7 +837,8 @@ def test_decode_table_without_a_gpu_says_so_on_stderr(capsys, monkeypatch):
 
 @pytest.mark.parametrize("name, tbps", [
     ("NVIDIA H200", 4.8), ("NVIDIA H100 80GB HBM3", 3.35), ("NVIDIA H100 PCIe", 2.0), ("NVIDIA H100 NVL", 3.9),
-    ("NVIDIA A100-SXM4-80GB", 2.039), ("NVIDIA A100-SXM4-40GB", 1.555), ("NVIDIA A100 80GB PCIe", 1.935)])
+    ("NVIDIA A100-SXM4-80GB", 2.039), ("NVIDIA A100-SXM4-40GB", 1.555), ("NVIDIA A100 80GB PCIe", 1.935),
+    ("NVIDIA A100-PCIE-40GB", 1.555), ("NVIDIA H20", 4.0), ("NVIDIA B200", 8.0), ("NVIDIA H200 NVL", 4.8)])
 def test_hbm_peak_follows_the_gpu(name, tbps):
     """The decode table's HBM % divides by the GPU's own peak (an H100's 3.35 TB/s, not the H200's 4.8: session 35 ran
     on an H100 with the H200's figure as the default)."""
@@ -855,8 +856,9 @@ def test_hbm_peak_of_an_unknown_gpu(capsys, monkeypatch):
     from fa_variants.cli import main
 
     props = SimpleNamespace(memory_clock_rate=2_619_000, memory_bus_width=5120)  # kHz, bits: an H100 SXM's
-    tbps, source = decode.peak_tbps("NVIDIA GH200 480GB", props)
-    assert abs(tbps - 3.352) < 1e-3 and "bus width" in source
+    for name in ("NVIDIA GH200 480GB", "NVIDIA H20-3e", "NVIDIA A100-SXM-80GB", "NVIDIA A100X"):  # not the H20's
+        tbps, source = decode.peak_tbps(name, props)  # 4.0 or an A100 40 GB's 1.555 (session 35's break-it pass)
+        assert abs(tbps - 3.352) < 1e-3 and "bus width" in source, name
     with pytest.raises(ValueError, match="--peak-tbps"):
         decode.peak_tbps("Some Future GPU", SimpleNamespace())
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

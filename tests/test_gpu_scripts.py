@@ -469,7 +469,8 @@ def test_suite_parts_name_every_gpu_test_file_once():
 
 
 @pytest.mark.parametrize("mib, workers, want", [
-    ("81559", "", "-n 8"), ("143771", "", "-n 14"), ("4000", "", "-n 1"), (None, "", "-n 14"), ("81559", "3", "-n 3")])
+    ("81559", "", "-n 8"), ("143771", "", "-n 14"), ("4000", "", "-n 1"), (None, "", "-n 14"), ("81559", "3", "-n 3"),
+    ("81559 \r", "", "-n 8"), ("[N/A]", "", "-n 14")])
 def test_xdist_workers_follow_the_gpu_memory(tmp_path, mib, workers, want):
     """steps.sh's xdist_flag 14 caps its workers at one per 10 GB of GPU memory (session 35: 14 workers ran tests of
     suite part 1 out of memory on a 78 GiB H100; they passed at 3), no cap where nvidia-smi fails, and

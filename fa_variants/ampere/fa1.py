@@ -515,7 +515,7 @@ def _prepare(config: Sm80Config, q, k, v, out, lse, scale: float) -> tuple:
 
 
 VARIANT = Variant(
-    "fa1", archs=SM80_CODE_ARCHS, newer_archs=True, dtypes=DTYPES, head_dims=HEAD_DIMS,
+    "fa1", archs=SM80_CODE_ARCHS, dtypes=DTYPES, head_dims=HEAD_DIMS,
     default_config=default_config, check_config=_check_config, build=_build, prepare=_prepare,
     check_problem=_check_problem)
 

@@ -397,7 +397,7 @@ def _warm_configs(arch: str, head_dim: int, causal: bool, groups: tuple[int, ...
 
 
 VARIANT = Variant(
-    "fa2", archs=SM80_CODE_ARCHS, newer_archs=True, dtypes=DTYPES, head_dims=HEAD_DIMS,
+    "fa2", archs=SM80_CODE_ARCHS, dtypes=DTYPES, head_dims=HEAD_DIMS,
     default_config=default_config, check_config=_check_config, build=_build, check_problem=_check_problem,
     plan_call=_plan_call, problem_config=_problem_config,
     switches=lambda: (SPLIT_KV_ENABLED, PACK_GQA_ENABLED, NARROW_DECODE, D256_VARIANT, D256_MAX_SEQLEN_K),

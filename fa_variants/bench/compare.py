@@ -34,7 +34,11 @@ def _by_case(report: dict) -> dict[tuple, dict]:
 def other_gpu(new: dict, old: dict) -> str | None:
     """A sentence when the two reports name different GPUs (``meta.gpu.name``), else None: their ratios then
     measure the cards, not a change of ours, and ``compare`` flags no regression."""
-    names = [str(((r.get("meta") or {}).get("gpu") or {}).get("name") or "") for r in (new, old)]
+    def name(report: dict) -> str:
+        gpu = (report.get("meta") or {}).get("gpu") if isinstance(report.get("meta"), dict) else None
+        return str(gpu.get("name") or "") if isinstance(gpu, dict) else str(gpu or "")
+
+    names = [name(new), name(old)]
     if all(names) and names[0] != names[1]:
         return (f"the saved run is from another GPU ({names[1]}; this one: {names[0]}): ratios only, "
                 "no regression verdict")
@@ -44,8 +48,8 @@ def other_gpu(new: dict, old: dict) -> str | None:
 def compare(new: dict, old: dict, threshold: float = DEFAULT_THRESHOLD) -> list[dict]:
     """One row per case in the saved report ``old``: impl, kind, dtype, head_dim, seqlen, causal, old and new
     TFLOP/s (None when not measured), ratio new / old (None unless both measured) and ``regressed``: True for
-    a case of ours slower than (1 - threshold) x old, or measured in old but not in new; never when the reports
-    come from different GPUs (``other_gpu``)."""
+    a case of ours slower than (1 - threshold) x old, or measured in old but not in new; across GPUs
+    (``other_gpu``) only the latter: the speeds are the cards', a case that no longer runs is still ours."""
     if not 0 <= threshold < 1:
         raise ValueError(f"threshold={threshold!r} must be in [0, 1) (a fraction: 0.03 is 3%)")
     judged = other_gpu(new, old) is None
@@ -64,7 +68,7 @@ def compare(new: dict, old: dict, threshold: float = DEFAULT_THRESHOLD) -> list[
             error = f"TFLOP/s {rec['tflops']!r} is not a measurement"
         rows.append(dict(impl=key[0], kind=was["kind"], dtype=key[1], head_dim=key[2], seqlen=key[3], causal=key[4],
                          old=t_old, new=t_new, ratio=ratio, error=error,
-                         regressed=judged and ours and (ratio is None or ratio < 1 - threshold)))
+                         regressed=ours and (ratio is None or (judged and ratio < 1 - threshold))))
     return rows
 
 
@@ -78,10 +82,11 @@ def markdown(rows: list[dict], threshold: float, old_name: str = "saved", note: 
     """The comparison as markdown: regressions first, then every case (``note``: ``other_gpu``'s sentence)."""
     drift = peer_drift(rows)
     bad = [r for r in rows if r["regressed"]]
+    verdict = ("not measured in this run (speeds across GPUs not judged)" if note else
+               f"more than {threshold:.0%} slower (or not measured)")
     lines = [f"# Bench comparison against {old_name}", ""] + ([f"Note: {note}.", ""] if note else []) + [
-             f"{len(bad)} of {sum(r['kind'] == 'ours' for r in rows)} cases of ours more than {threshold:.0%} "
-             f"slower (or not measured). Peers' median new/old: "
-             + (f"{drift:.3f}" if drift is not None else "no peers") + ".", "",
+             f"{len(bad)} of {sum(r['kind'] == 'ours' for r in rows)} cases of ours {verdict}. Peers' median "
+             "new/old: " + (f"{drift:.3f}" if drift is not None else "no peers") + ".", "",
              "| impl | dtype | D | N | causal | old TFLOP/s | new TFLOP/s | new/old | |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: (not r["regressed"], r["kind"] != "ours", r["impl"], r["dtype"],
@@ -104,8 +109,12 @@ def summary_lines(rows: list[dict], threshold: float, note: str | None = None) -
             out.append(f"REGRESSION {case}: {r['old']:.0f} TFLOP/s before, now {now}")
     drift = peer_drift(rows)
     n_ours = sum(r["kind"] == "ours" for r in rows)
+    n_bad = len(out)
     if note:
         out.append(f"compare: {note}")
+        out.append(f"compare: {n_bad} of {n_ours} cases of ours not measured in this run (speeds across GPUs "
+                   "not judged)" + (f"; peers' median new/old {drift:.3f}" if drift is not None else ""))
+        return out
     out.append(f"compare: {len(out)} of {n_ours} cases of ours more than {threshold:.0%} slower than the saved run"
                + (f" (peers' median new/old {drift:.3f})" if drift is not None else ""))
     return out

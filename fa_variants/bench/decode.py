@@ -47,9 +47,11 @@ BATCH = (1, 8, 64)
 GQA = ((32, 8), (64, 8))
 HEAD_DIMS = (64, 128)
 #: HBM peak in TB/s by device name (NVIDIA's datasheets), the first listed substring of the name that matches;
-#: None: the name alone does not say (GH200 ships with HBM3 or HBM3e)
-PEAK_TBPS = (("GH200", None), ("H200", 4.8), ("H100 NVL", 3.9), ("H100 PCIe", 2.0), ("H100", 3.35), ("H20", 4.0),
-             ("B200", 8.0), ("A100-SXM4-80GB", 2.039), ("A100 80GB PCIe", 1.935), ("A100", 1.555))
+#: None: the name alone does not say (GH200 ships with HBM3 or HBM3e, the H20-3e with HBM3e; an A100 not named
+#: here: 40 or 80 GB, PCIe or SXM)
+PEAK_TBPS = (("GH200", None), ("H200", 4.8), ("H100 NVL", 3.9), ("H100 PCIe", 2.0), ("H100", 3.35), ("H20-3e", None),
+             ("H20", 4.0), ("B200", 8.0), ("A100-SXM4-80GB", 2.039), ("A100 80GB PCIe", 1.935),
+             ("A100-SXM4-40GB", 1.555), ("A100-PCIE-40GB", 1.555), ("A100", None))
 QUICK = dict(nq=(1, 16), nk=(4096, 131072), batch=(1, 64), gqa=((32, 8),), head_dims=(128,))
 
 

@@ -18,7 +18,7 @@ from fa_variants import registry
 from fa_variants.common import cubin, interop
 from fa_variants.common.launch import SM80_CODE_ARCHS
 
-ARCHS = SM80_CODE_ARCHS  # every kernel's named targets (fa3, fa3-fp8: sm_90a; the FP8 pass: sm_89, sm_90a)
+ARCHS = SM80_CODE_ARCHS  # every kernel's targets (the sm80 kernels'; fa3, fa3-fp8: sm_90a; the FP8 pass: sm_89, sm_90a)
 DTYPES = ("fp16", "bf16", "e4m3")
 
 

@@ -290,16 +290,13 @@ def run_cli(args: argparse.Namespace) -> int:
 
 
 def _check_names(arch: str, backends: list[str] | None) -> None:
-    """ValueError naming the flag for an --arch the kernels are not built for (``compile.ARCHS``, or any other
-    well-formed arch >= sm_80, which the sm80 kernels serve as the dispatcher does: 'sm_121a'; 'sm_90' for
-    'sm_90a' is refused) or a --backends name the registry does not know."""
+    """ValueError naming the flag for an --arch the kernels are not built for (``compile.ARCHS``; 'sm_90' for
+    'sm_90a') or a --backends name the registry does not know."""
     from fa_variants.commands.compile import ARCHS
 
-    cap = interop.arch_capability(arch)
-    if arch not in ARCHS and not (cap is not None and cap >= (8, 0)):
-        hint = f" (did you mean {arch}a?)" if interop.arch_capability(arch + "a") else ""
-        raise ValueError(f"--arch {arch}: not a compile target{hint}; choose from {', '.join(ARCHS)} "
-                         "or another sm_XY >= sm_80 (sm_XYa from sm_90 on)")
+    if arch not in ARCHS:
+        hint = f" (did you mean {arch}a?)" if arch + "a" in ARCHS else ""
+        raise ValueError(f"--arch {arch}: not a compile target{hint}; choose from {', '.join(ARCHS)}")
     unknown = [b for b in backends or () if b not in registry.ENTRIES]
     if unknown:
         raise ValueError(f"--backends {','.join(unknown)}: unknown; choose from {', '.join(KERNEL_BACKENDS)}")

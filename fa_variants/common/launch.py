@@ -37,10 +37,12 @@ LSE_SCRATCH = env.flag("FA_VARIANTS_LSE_SCRATCH", True)
 _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
 
 
-#: The compile targets named for the kernels written with sm80 instructions (mma.sync, cp.async, ldmatrix: fa1, fa2,
-#: the split-KV merge): every arch they are known to build for. They serve any newer GPU as well
-#: (``Variant.newer_archs``): the dispatcher sends a GPU its table does not list (sm_87, sm_103, sm_121, ...) to them.
-SM80_CODE_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_120a")
+#: The compile targets of the kernels written with sm80 instructions (mma.sync, cp.async, ldmatrix: fa1, fa2, the
+#: split-KV merge): the archs they build for with nvidia-cutlass-dsl 4.8.1, each checked by compiling and storing
+#: them (sm_87, sm_103a, sm_121a: session 35). The dispatcher gives GPUs its table does not list to these kernels
+#: where their arch is here; sm_101a / sm_110a compile but the DSL returns no cubin to store, and sm_107a does not
+#: compile (CUDA 12.9): not listed, so such a GPU gets the reference path with a warning saying why.
+SM80_CODE_ARCHS = ("sm_80", "sm_86", "sm_87", "sm_89", "sm_90a", "sm_100a", "sm_103a", "sm_120a", "sm_121a")
 
 
 def standard_args(config, q, k, v, out, lse, scale: float) -> tuple:
@@ -53,9 +55,8 @@ class Variant:
     """One kernel variant.
 
     name: the backend / compile name ("fa2", ...).
-    archs: the compile targets it is known to build for ("sm_80", "sm_90a", ...); which GPUs prefer it is
-        the dispatcher's table. newer_archs: it also serves any arch of compute capability >= 8.0 (``serves``):
-        the sm80-instruction kernels, which the dispatcher gives the GPUs its table does not list.
+    archs: the compile targets it builds for ("sm_80", "sm_90a", ...; ``SM80_CODE_ARCHS`` for the sm80
+        kernels); which GPUs prefer it is the dispatcher's table.
     dtypes: torch dtypes of q, k, v it serves; head_dims: the head dims it serves (None: any).
     default_config: (arch, head_dim, causal) -> its frozen config (`common.config`).
     check_config: (config, arch, head_dim) -> config, or ValueError (a `config=` override is checked).
@@ -116,18 +117,14 @@ class Variant:
     scale_config: Callable[..., Any] | None = None
     switches: Callable[[], Any] | None = None
     plan_call: Callable[..., tuple] | None = None
-    newer_archs: bool = False
 
     def serves(self, arch: str) -> bool:
         """Whether this variant compiles for ``arch`` (a compile target string, 'sm_90a')."""
-        if arch in self.archs:
-            return True
-        cap = interop.arch_capability(arch)
-        return self.newer_archs and cap is not None and cap >= (8, 0)
+        return arch in self.archs
 
     def archs_text(self) -> str:
-        """The archs it serves, in words ('sm_80, ..., sm_120a and any newer sm_XY')."""
-        return ", ".join(self.archs) + (" and any other arch >= sm_80" if self.newer_archs else "")
+        """The archs it serves, comma-separated."""
+        return ", ".join(self.archs)
 
     def can_implement(self, dtype: torch.dtype, head_dim: int) -> str | None:
         """Why this variant cannot serve (dtype, head_dim); None if it can."""

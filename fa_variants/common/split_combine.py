@@ -190,7 +190,7 @@ def _build(cfg: StaticConfig):
 # Compiled through the registry ("split-merge", `fa-variants compile --variant split-merge`); never dispatched
 # to (it is not attention): ``merge`` below launches it.
 VARIANT = Variant(
-    "split-merge", archs=SM80_CODE_ARCHS, newer_archs=True, dtypes=DTYPES, head_dims=HEAD_DIMS,
+    "split-merge", archs=SM80_CODE_ARCHS, dtypes=DTYPES, head_dims=HEAD_DIMS,
     default_config=lambda arch, head_dim, causal: MergeConfig(),
     check_config=lambda config, arch, head_dim: config.check(head_dim, arch), build=_build)
 
