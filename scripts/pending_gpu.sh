@@ -34,6 +34,8 @@
 #    the workers by GPU memory: on an H100 part 2 took 465 s at 9 workers, near its 560 s step limit).
 #    S. `python3 scripts/decode_ab.py --s34 --variants tiles-deep tiles-dual --rounds 6` (14 long one-row shapes; the
 #    rule and prediction in bench/NOTES.md, "Session 34", were written for an H200: on an H100, say which card ran it).
+#    On an H100 also `python3 scripts/decode_ab.py --s35 --variants tiles-deep tiles-dual base --rounds 6` (its ten
+#    misses, 1.001-1.024x SDPA; rule and prediction in bench/NOTES.md, "Session 35 ... predictions").
 #    Open: issue 10 (1100 TFLOP/s at D 256 N 16k: 1012 in session 30's call, 1084-1120 in session 27's; 1.4x bf16 at
 #    128: 1.17-1.20; 1.3x at 64: 1.06-1.08; two-level <= 5 % at 256; the pass at 70 % of copy; pass + kernel at N 4k
 #    causal), 12 (fa3 / flash-attn-4 >= 1.00 everywhere: 0.93-0.99 in session 30's call; >= cuDNN at D 64 N 512 / 1k),

@@ -239,6 +239,19 @@ def test_decode_ab_s34_plan():
         assert splits == 1 == by[(shape, "tiles-deep")]["splits"]
 
 
+def test_decode_ab_s35_plan():
+    """scripts/decode_ab.py --s35: the ten one-row shapes above SDPA on session 35's H100; each variant runs a
+    config other than auto's where it differs (skip_same), and at least one differs at every shape."""
+    ab = load_script("decode_ab")
+    assert len(ab.S35) == 10 == len(set(ab.S35)) and all(len(s) == 5 for s in ab.S35)
+    assert (64, 64, 8, 64, 4096) in ab.S35 and (128, 32, 8, 1, 131072) in ab.S35
+    rows = ab.plan(ab.S35, ["tiles-deep", "tiles-dual", "base"], 132, skip_same=True)
+    assert {r["shape"] for r in rows} == set(ab.S35)
+    for r in rows:
+        auto = ab.public_entry("shipped", r["shape"], 132)
+        assert (r["config"], r["splits"]) != auto, r
+
+
 def test_decode_model_full_grid_fits_the_s7_batch_64_rows():
     """scripts/decode_model.py --full-grid: the dual-wave model is within 3% of each batch-64 seqlen_q 1 row at Nk <= 4k
     of the s7 decode table (8 rows, D 64 / 128), and predicts the persistent grid faster by at most the waves' cost."""
