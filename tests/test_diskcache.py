@@ -696,3 +696,88 @@ def test_prune_skips_a_folder_it_cannot_read(cache_dir, monkeypatch):
 
     monkeypatch.setattr(Path, "iterdir", iterdir)
     assert diskcache.prune() == [old] and unreadable.exists()
+
+
+def test_the_fingerprint_follows_the_dsls_compile_switches(monkeypatch):
+    """A CuTe DSL variable that changes what it compiles (CUTE_DSL_LINEINFO, _DEBUG, _ENABLE_ASSERTIONS, ...) starts
+    another fingerprint, so a line-info or debug build is never served to a process without it, nor the reverse
+    (session 35's break-it pass: same key, different object and cubin); CUTE_DSL_ARCH (overridden by every compile's
+    explicit --gpu-arch) and unrelated variables do not."""
+    def fingerprint():
+        diskcache.fingerprint.cache_clear()
+        try:
+            return diskcache.fingerprint()
+        finally:
+            diskcache.fingerprint.cache_clear()
+
+    for name in diskcache.DSL_COMPILE_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    plain = fingerprint()
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    monkeypatch.setenv("CUTE_DSL_LOG_LEVEL", "10")
+    assert fingerprint() == plain
+    seen = {plain}
+    for name, value in (("CUTE_DSL_LINEINFO", "1"), ("CUTE_DSL_DEBUG", "1"), ("CUTE_DSL_ENABLE_ASSERTIONS", "1")):
+        monkeypatch.setenv(name, value)
+        seen.add(fingerprint())
+        monkeypatch.delenv(name)
+    assert len(seen) == 4 and fingerprint() == plain
+
+
+def test_the_fingerprint_skips_an_editors_lock_link(monkeypatch, tmp_path):
+    """A dangling hidden link beside the kernel sources (Emacs' .#fa2_kernel.py) is no source: the fingerprint is
+    the same and nothing raises (it turned the disk cache off, and warmup failed with a raw errno)."""
+    package = tmp_path / "pkg" / "fa_variants"
+    shutil.copytree(ROOT / "fa_variants", package, ignore=shutil.ignore_patterns("__pycache__"))
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from fa_variants.common import diskcache; "
+            "print(diskcache.fingerprint())")
+    first = _python(code, {}, str(package.parent))
+    (package / "ampere" / ".#fa2_kernel.py").symlink_to("user@host.1:1")
+    second = _python(code, {}, str(package.parent))
+    assert first.returncode == second.returncode == 0, second.stderr[-2000:]
+    assert first.stdout == second.stdout and len(first.stdout.strip()) == 16
+
+
+def test_a_kernel_compiled_after_its_sources_changed_is_not_stored(cache_dir, monkeypatch):
+    """The fingerprint is taken at the process's first use; a kernel module imported after an edit would have been
+    stored under the old sources' fingerprint (and served to fresh processes once the edit was undone): `store`
+    checks the sources again and skips the entry, with a warning, counted in cache_info()["store_failures"]."""
+    cfg = _cfg(320)
+    _forget(cfg)
+    diskcache.fingerprint()
+    monkeypatch.setattr(diskcache, "_fingerprint_now", lambda: "0" * 16)
+    before = cache.cache_info()["store_failures"]
+    with pytest.warns(diskcache.DiskCacheWarning, match="the kernel sources changed since this process first used"):
+        registry.compiled(cfg)
+    assert not diskcache.entry_path(cfg).exists() and cache.cache_info()["store_failures"] == before + 1
+
+
+def test_warmup_reports_a_failed_store_over_a_bad_entry(cache_dir, monkeypatch, capsys):
+    """A kernel warmup compiled but could not store (a read-only or full cache) is "not stored", exit 2, even where
+    a file already sits at its path (a corrupt entry it meant to replace: is_file() took it for the stored one)."""
+    cfg = registry.static_config("testkernel", "sm_80", "bf16", 64, False)
+    _forget(cfg)
+    path = diskcache.entry_path(cfg)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"not an entry")
+
+    def failing_store(*args, **kwargs):
+        diskcache.store_failures += 1
+        return None
+
+    monkeypatch.setattr(diskcache, "store", failing_store)
+    with pytest.warns(diskcache.DiskCacheWarning):
+        code = cli.main(["warmup", "--arch", "sm_80", "--backends", "testkernel", "--head-dims", "64", "--causal",
+                         "no", "--no-progress"])
+    captured = capsys.readouterr()
+    assert code == 2 and "were not written to the disk cache" in captured.err
+    report = json.loads(captured.out.strip().splitlines()[-1])
+    assert report["not stored"] == 1 and report["kernels"][0]["how"] == "not stored"
+
+
+def test_a_relative_cache_directory_is_made_absolute(monkeypatch, tmp_path):
+    """FA_VARIANTS_CACHE_DIR=kernels: the directory under the working directory, as an absolute path (what warmup
+    prints and a later process can find)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(diskcache.ENV_DIR, "kernels")
+    assert diskcache.root() == tmp_path / "kernels" and diskcache.root().is_absolute()

@@ -208,8 +208,8 @@ def _warm_one(cfg) -> dict:
     after = cache.cache_info()
     how = ("compiled" if after["compiles"] > before["compiles"] else
            "on disk" if after["disk_loads"] > before["disk_loads"] else "in memory")
-    if not diskcache.entry_path(cfg).is_file():  # the store failed (warned): nothing kept for later
-        how = "not stored"
+    if after["store_failures"] > before["store_failures"] or not diskcache.entry_path(cfg).is_file():
+        how = "not stored"  # the store failed (warned; a file already there may be the bad entry it replaces)
     return {"variant": cfg.variant, "arch": cfg.arch, "dtype": cfg.dtype, "head_dim": cfg.head_dim,
             "causal": cfg.causal, "how": how, "seconds": round(time.perf_counter() - t0, 3),
             "path": str(diskcache.entry_path(cfg))}

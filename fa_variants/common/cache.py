@@ -65,8 +65,10 @@ def get_compiled(cfg: StaticConfig, build: Callable[[StaticConfig], tuple]) -> C
 
 
 def cache_info() -> dict:
-    """{'entries': n, 'compiles': n, 'disk_loads': n} for tests and diagnostics (this process)."""
-    return {"entries": len(_CACHE), "compiles": compile_count, "disk_loads": diskcache.loads}
+    """{'entries': n, 'compiles': n, 'disk_loads': n, 'store_failures': n} for tests and diagnostics (this
+    process)."""
+    return {"entries": len(_CACHE), "compiles": compile_count, "disk_loads": diskcache.loads,
+            "store_failures": diskcache.store_failures}
 
 
 def compile_options(arch: str, dump_dir: str, keep: str = "--keep-cubin") -> str:

@@ -22,7 +22,8 @@ empty). Its key:
   alignment), hashed from its repr;
 * the fingerprint directory: a hash of every kernel source of the package (``common/``, ``hopper/``,
   ``ampere/``, ``fp8/``, ``testkernel*.py``), the versions of nvidia-cutlass-dsl, its libraries (base, core,
-  cu12 / cu13: `FINGERPRINT_DISTRIBUTIONS`) and apache-tvm-ffi, the Python version and the host machine.
+  cu12 / cu13: `FINGERPRINT_DISTRIBUTIONS`) and apache-tvm-ffi, the Python version, the host machine and the
+  DSL's compile-affecting environment variables that are set (`DSL_COMPILE_VARIABLES`: CUTE_DSL_LINEINFO, ...).
   Changing a kernel's code, or the DSL, starts a new directory: a stale entry is never read (old directories can
   be deleted: ``fa-variants warmup --prune``).
 
@@ -69,6 +70,7 @@ EXPORT_NAME = "fa_variants_kernel"  # the exported function's symbol stem (one f
 KERNEL_SOURCES = ("common", "hopper", "ampere", "fp8", "testkernel.py", "testkernel_kernel.py")
 
 loads = 0  # entries loaded from disk in this process (tests and `warmup` read it)
+store_failures = 0  # compiled kernels `store` could not write in this process (`warmup` reads it)
 #: entries loaded per way ("shared": dlopen of the linked library, no DSL; "dsl": the object through the DSL)
 loaded_by: dict[str, int] = {"shared": 0, "dsl": 0}
 PARTS = ("object", "cubin", "shared")
@@ -77,6 +79,14 @@ PARTS = ("object", "cubin", "shared")
 FINGERPRINT_DISTRIBUTIONS = ("nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-base", "nvidia-cutlass-dsl-libs-core",
                              "nvidia-cutlass-dsl-libs-cu12", "nvidia-cutlass-dsl-libs-cu13", "apache-tvm-ffi")
 SCRATCH_FILES = ("kernel.o", "kernel.so")  # what store's and _load_object's scratch folders hold
+#: the CuTe DSL's environment variables that change what it compiles (its env_manager's ``affects_compile``
+#: settings but CUTE_DSL_ARCH, which the explicit ``--gpu-arch`` of every compile here overrides): their values go
+#: into `fingerprint`, so a debug / line-info / assertion build is never served to a process without them, nor the
+#: reverse
+DSL_COMPILE_VARIABLES = tuple(f"CUTE_DSL_{name}" for name in (
+    "DEBUG", "LINEINFO", "ENABLE_ASSERTIONS", "COMPILER_OPT", "COMPILER_BACKEND", "LOC_TRACEBACKS",
+    "USE_EXTENSION_COMPILER", "ENABLE_PYIR", "AUTO_M2S", "TOLERATE_M2M", "DRYRUN", "WARNINGS_AS_ERRORS", "LIBS",
+    "ENABLE_TVM_FFI"))
 
 
 class DiskCacheWarning(UserWarning):
@@ -97,8 +107,8 @@ def root() -> Path:
         OSError: none of them names a place (FA_VARIANTS_CACHE_DIR and XDG_CACHE_HOME unset and no home directory:
             HOME unset and the user id without a password entry, or HOME relative); the message names
             FA_VARIANTS_CACHE_DIR."""
-    if os.environ.get(ENV_DIR):
-        return Path(os.environ[ENV_DIR]).expanduser()
+    if os.environ.get(ENV_DIR):  # a relative one is taken from the working directory at first use, made absolute
+        return Path(os.environ[ENV_DIR]).expanduser().absolute()
     xdg = os.environ.get("XDG_CACHE_HOME", "")
     if os.path.isabs(xdg):
         return Path(xdg) / "fa_variants"
@@ -113,7 +123,12 @@ def root() -> Path:
 
 @functools.lru_cache(maxsize=1)
 def fingerprint() -> str:
-    """16 hex digits naming what compiled code depends on besides its key (see the module docstring)."""
+    """16 hex digits naming what compiled code depends on besides its key (see the module docstring), taken at the
+    process's first use (`store` checks it again before writing)."""
+    return _fingerprint_now()
+
+
+def _fingerprint_now() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     package = Path(__file__).resolve().parent.parent
@@ -124,10 +139,13 @@ def fingerprint() -> str:
         except PackageNotFoundError:
             h.update(f"{dist}=none;".encode())
     h.update(f"python={sys.version_info[0]}.{sys.version_info[1]};{platform.machine()};".encode())
+    h.update("".join(f"{k}={os.environ[k]};" for k in DSL_COMPILE_VARIABLES if k in os.environ).encode())
     files = []
     for name in KERNEL_SOURCES:
         path = package / name
-        files += sorted(path.rglob("*.py")) if path.is_dir() else [path]
+        # regular files only, no hidden ones: an editor's lock link (.#fa2_kernel.py, dangling) is no source
+        files += sorted(p for p in path.rglob("*.py") if p.is_file() and not p.name.startswith(".")) \
+            if path.is_dir() else [path]
     for path in files:
         data = path.read_bytes()
         h.update(f"{path.relative_to(package).as_posix()}:{len(data)};".encode())
@@ -164,10 +182,15 @@ def store(cfg, fn, cubin: bytes | None, smem_dynamic_bytes: int, compile_s: floa
     write its entry atomically; None (and a warning) if it cannot (an unwritable directory, an export error; no
     cache directory at all: `_usable_entry_path`'s one warning per process): the kernel still runs, only the
     next process recompiles."""
+    global store_failures
     path = _usable_entry_path(cfg)
     if path is None:
+        store_failures += 1
         return None
     try:
+        if _fingerprint_now() != fingerprint():  # a kernel source (or the DSL) changed since the first use
+            raise OSError("the kernel sources changed since this process first used the cache: its kernel may "
+                          "come from either version, so it is not stored under the old sources' fingerprint")
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=path.parent, prefix=".export-") as scratch:
             obj_path = os.path.join(scratch, "kernel.o")
@@ -192,6 +215,7 @@ def store(cfg, fn, cubin: bytes | None, smem_dynamic_bytes: int, compile_s: floa
     except Exception as exc:  # a cache must never break a call
         warnings.warn(f"fa_variants: could not write the compile cache entry {path}: {exc}", DiskCacheWarning,
                       stacklevel=2)
+        store_failures += 1
         return None
     return path
 
