@@ -49,8 +49,9 @@ class ScaleStoreMixin:
                      sStage: cute.Tensor, sSigns: cute.Tensor, sMean: cute.Tensor):
         """amax over the block's existing tokens -> descale (or amax / the given descale) -> e4m3, stored (through
         sStage, the stage this block was read from, with ``staged_store``). ``nonfinite``: a block whose max is
-        inf takes the slow path, Q / K's values first normalised again from the input with the recipe's overflow
-        shift (``rotate_again``; sSigns, sMean: the item's signs and K mean), then ``finite_block``."""
+        inf (Q / K: or at least 2^125 / D) takes the slow path, Q / K's values first normalised again from the
+        input with the recipe's overflow shift (``rotate_again``; sSigns, sMean: the item's signs and K mean), then
+        ``finite_block``."""
         seqlen = mX.shape[1]
         amax = self.block_max(self.thread_max(x, tile, seqlen, tidx), red, parity, tidx)
         # torch normalises first (x * n, n = float32(1 / sqrt(D))) and takes the amax of that; rounding is
