@@ -781,3 +781,22 @@ def test_a_relative_cache_directory_is_made_absolute(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv(diskcache.ENV_DIR, "kernels")
     assert diskcache.root() == tmp_path / "kernels" and diskcache.root().is_absolute()
+
+
+@pytest.mark.compile
+def test_warmup_says_when_its_entries_have_no_shared_library(cache_dir, monkeypatch, capsys):
+    """Stored without a shared library (no C compiler, a failed link), an entry loads through the DSL in every new
+    process (~2 s of a first call): warmup says so in one note line with the link's reason, and still exits 0
+    (session 35's break-it pass: nothing was said)."""
+    cfg = registry.static_config("testkernel", "sm_80", "bf16", 64, False)
+    _forget(cfg)
+    monkeypatch.setattr(diskcache, "link_shared", lambda obj, so: (b"", "no C compiler (test)"))
+    argv = ["warmup", "--arch", "sm_80", "--backends", "testkernel", "--head-dims", "64", "--causal", "no",
+            "--no-progress"]
+    path = diskcache.entry_path(cfg)
+    if path.exists():
+        path.unlink()
+    assert cli.main(argv) == 0
+    err = capsys.readouterr().err
+    assert "note: 1 of 1 kernels have no shared library (no C compiler (test))" in err and err.count("\n") == 1
+    assert diskcache.library_note(cfg) == "no C compiler (test)"

@@ -283,6 +283,12 @@ def run_cli(args: argparse.Namespace) -> int:
           + ", ".join(f"{n} {how}" for how, n in counts.items() if n))
     print(json.dumps({"arch": arch, "directory": str(directory), **counts,
                       "skipped": notes, "pruned": pruned, "kernels": records}))
+    unlinked = [note for note in map(diskcache.library_note, configs) if note]
+    if unlinked:  # stored, but a new process loads them through the CuTe DSL: the first call's import
+        print(f"fa-variants warmup: note: {len(unlinked)} of {len(records)} kernels have no shared library "
+              f"({'; '.join(sorted(set(unlinked)))}): a new process loads them through the CuTe DSL (about 2 s more "
+              "on its first call); to link them, delete their files (the JSON's paths) and warm up again with a C "
+              "compiler at hand ($CC, cc, gcc or clang)", file=sys.stderr)
     if counts["not stored"]:  # warmup's one job is the disk cache
         raise OSError(f"{counts['not stored']} of {len(records)} kernels were not written to the disk cache "
                       f"{directory} (warnings above): a later process compiles them again")

@@ -327,6 +327,17 @@ def _parse(data: bytes, cfg) -> tuple[dict, dict[str, bytes]]:
     return header, parts
 
 
+def library_note(cfg) -> str | None:
+    """Why cfg's entry holds no shared library (its header's link note: no C compiler, a failed link), or None
+    where it holds one or there is no readable entry: a process then loads it through the DSL (about 2 s more on a
+    first call), which `fa-variants warmup` reports."""
+    try:
+        header, parts = _parse(entry_path(cfg).read_bytes(), cfg)
+    except (OSError, ValueError):
+        return None
+    return None if parts["shared"] else str(header.get("link") or "no shared library")
+
+
 def _load_function(parts: dict[str, bytes], directory: Path, mode: str = "auto"):
     """(the TVM-FFI function of an entry, "shared" or "dsl"): its shared library through ``dlopen`` when it has
     one (and ``mode``, FA_VARIANTS_DISK_CACHE_LOADER's value, is not ``dsl``), falling back to the object through
