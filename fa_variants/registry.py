@@ -124,8 +124,8 @@ def static_config(name: str, arch: str, dtype: str, head_dim: int, causal: bool,
     if not v.archs:  # plain PyTorch (the reference): nothing to compile
         raise UnsupportedConfigError(f"variant {name!r} is plain PyTorch (any device): it has no kernel to compile")
     problems = []
-    if not v.serves(arch):
-        problems.append(f"arch {arch} (serves {v.archs_text()})")
+    if arch not in v.archs:
+        problems.append(f"arch {arch} (serves {', '.join(v.archs)})")
     if dtype not in interop.TORCH_DTYPES or interop.TORCH_DTYPES[dtype] not in v.dtypes:
         problems.append(f"dtype {dtype} (serves {', '.join(interop.DTYPE_NAMES[d] for d in v.dtypes)})")
     if v.head_dims is not None and head_dim not in v.head_dims:

@@ -315,7 +315,8 @@ def _auto_backends(arch: str, dtypes: list[str]) -> list[str]:
     from fa_variants import dispatch
     from fa_variants.common.interop import TORCH_DTYPES
 
-    capability = interop.arch_capability(arch)
+    digits = arch.removeprefix("sm_").rstrip("af")
+    capability = (int(digits[:-1]), int(digits[-1]))
     wanted = {str(TORCH_DTYPES[d]).removeprefix("torch.") for d in dtypes}
 
     def auto_may_pick(name: str) -> bool:

@@ -16,8 +16,6 @@ inconsistent shapes before launch.
 """
 from __future__ import annotations
 
-import re
-
 import torch
 
 # our dtype names (CLI / compile keys) <-> torch dtypes
@@ -56,16 +54,6 @@ def cute_dtype(name: str):
 def arch_of_capability(major: int, minor: int) -> str:
     """CUDA compute capability -> CuTe DSL arch string ('sm_80', 'sm_86', 'sm_90a', ...)."""
     return f"sm_{major}{minor}a" if major >= 9 else f"sm_{major}{minor}"
-
-
-def arch_capability(arch: str) -> tuple[int, int] | None:
-    """The compute capability an arch string names: 'sm_90a' -> (9, 0), 'sm_121a' -> (12, 1), 'sm_86' -> (8, 6);
-    None unless ``arch`` is what ``arch_of_capability`` writes for it (so 'sm_90', without the 'a', is None)."""
-    m = re.fullmatch(r"sm_(\d+)(\d)a?", arch) if isinstance(arch, str) else None
-    if m is None:
-        return None
-    cap = (int(m.group(1)), int(m.group(2)))
-    return cap if arch_of_capability(*cap) == arch else None
 
 
 def device_arch(device: torch.device | int | None = None) -> str:

@@ -118,14 +118,6 @@ class Variant:
     switches: Callable[[], Any] | None = None
     plan_call: Callable[..., tuple] | None = None
 
-    def serves(self, arch: str) -> bool:
-        """Whether this variant compiles for ``arch`` (a compile target string, 'sm_90a')."""
-        return arch in self.archs
-
-    def archs_text(self) -> str:
-        """The archs it serves, comma-separated."""
-        return ", ".join(self.archs)
-
     def can_implement(self, dtype: torch.dtype, head_dim: int) -> str | None:
         """Why this variant cannot serve (dtype, head_dim); None if it can."""
         if dtype not in self.dtypes:

@@ -183,8 +183,8 @@ def why_not(q: torch.Tensor, config: FP8Config) -> str | None:
         return (f"the GPU quantisation pass holds a scale block in one CTA's registers: {max(tiles_for(D))} rows "
                 f"x head_dim {D} > {MAX_BLOCK} values")
     arch = interop.arch_of_capability(*torch.cuda.get_device_capability(q.device))
-    if not VARIANT.serves(arch):  # sm_89 / sm_90a: the e4m3 conversion, and the archs it is tuned for
-        return f"the GPU quantisation pass is built for {VARIANT.archs_text()}, not {arch}"
+    if arch not in VARIANT.archs:  # sm_89 / sm_90a: the e4m3 conversion, and the archs it is tuned for
+        return f"the GPU quantisation pass is built for {', '.join(VARIANT.archs)}, not {arch}"
     return None
 
 
