@@ -143,10 +143,14 @@ def _assert_bytes(ref: torch.Tensor, got: torch.Tensor, what: str) -> int:
 
 
 def _assert_matches_torch(q, k, v, cfg: FP8Config, what: str, softmax_scale: float | None = None) -> int:
-    """The pass (switch on, v3) = the torch recipe given the pass's mean; returns the NaN bytes seen."""
+    """The pass (switch on, v3) = the torch recipe given the pass's mean; returns the NaN bytes seen.
+    ``FP8Inputs.k_mean`` is the mean of the K the kernel sees (negated for a negative scale); the recipe's ``k_mean``
+    argument is K's own."""
     got = qh.quantize(q, k, v, config=cfg, pipeline="v3", softmax_scale=softmax_scale)
-    ref = quantize_fp8_torch(q, k, v, config=cfg, k_mean=got.k_mean if cfg.smooth_k else None,
-                             softmax_scale=softmax_scale)
+    mean = None
+    if cfg.smooth_k:
+        mean = -got.k_mean if softmax_scale is not None and softmax_scale < 0 else got.k_mean
+    ref = quantize_fp8_torch(q, k, v, config=cfg, k_mean=mean, softmax_scale=softmax_scale)
     nans = sum(_assert_bytes(getattr(ref, n), getattr(got, n), f"{what} {n}") for n in ("q", "k", "v_t"))
     for name in ("q_descale", "k_descale", "v_descale"):
         assert torch.equal(getattr(ref, name), getattr(got, name)), f"{what} {name}"

@@ -30,17 +30,18 @@ class ScaleStoreMixin:
         return y8
 
     @cute.jit
-    def block_max(self, v: Float32, red: cute.Tensor, parity: Int32, tidx: Int32) -> Float32:
+    def block_max(self, v: Float32, red: cute.Tensor, parity: Int32, tidx: Int32, nan: bool = False) -> Float32:
         """max of v over the CTA: warp butterfly, then the warps' maxima through shared memory (buffer
-        ``parity``: consecutive blocks alternate, so one barrier per block suffices)."""
+        ``parity``: consecutive blocks alternate, so one barrier per block suffices). ``nan``: a NaN wins
+        (FMNMX.NaN, as cheap as the plain one), else it is skipped."""
         for b in cutlass.range_constexpr(5):
-            v = cute.arch.fmax(v, cute.arch.shuffle_sync_bfly(v, offset=16 >> b))
+            v = cute.arch.fmax(v, cute.arch.shuffle_sync_bfly(v, offset=16 >> b), nan=nan)
         if tidx % 32 == 0:
             red[tidx // 32, parity] = v
         cute.arch.barrier()
         out = red[0, parity]
         for w in cutlass.range_constexpr(1, self.num_threads // 32):
-            out = cute.arch.fmax(out, red[w, parity])
+            out = cute.arch.fmax(out, red[w, parity], nan=nan)
         return out
 
     @cute.jit
@@ -53,16 +54,19 @@ class ScaleStoreMixin:
         input with the recipe's overflow shift (``rotate_again``; sSigns, sMean: the item's signs and K mean), then
         ``finite_block``."""
         seqlen = mX.shape[1]
-        amax = self.block_max(self.thread_max(x, tile, seqlen, tidx), red, parity, tidx)
+        # nonfinite: a NaN wins the max, so that a block holding one (from the input, or from a finite token whose
+        # FWHT overflowed to inf - inf in every value, leaving no inf to find) takes the slow path below
+        nan = const_expr(self.cfg.nonfinite)
+        amax = self.block_max(self.thread_max(x, tile, seqlen, tidx, nan=nan), red, parity, tidx, nan=nan)
         # torch normalises first (x * n, n = float32(1 / sqrt(D))) and takes the amax of that; rounding is
         # monotonic, so max |fl(x n)| = fl(max |x| n); and fl(x n) * inv = fl(x (n inv)) as inv is a power of
         # two and n * inv stays normal (inv >= 2^-120 for any finite amax): one multiply per value, same bits
         norm = Float32(1.0 / math.sqrt(self.head_dim)) if const_expr(self.cfg.rotate) else None
         if const_expr(self.cfg.nonfinite):
-            # only an inf makes the block max inf (fmax skips a NaN); the same value in every thread: a uniform branch.
-            # Q / K: also from 2^125 / D, as the recipe shifts a token whose finite max m has m D >= 2^126 and the
-            # FWHT's max is at least m (|H x|_inf >= |x|_inf): such blocks take the recipe's shift too
-            slow = amax == Float32(math.inf)
+            # the block max is inf or NaN (the same value in every thread: a uniform branch). Q / K: also from
+            # 2^125 / D, as the recipe shifts a token whose finite max m has m D >= 2^126 and the FWHT's max is at
+            # least m (|H x|_inf >= |x|_inf): such blocks take the recipe's shift too
+            slow = not_below(amax, math.inf)
             if const_expr(self.cfg.rotate):
                 slow = not_below(amax, 2.0 ** 125 / self.head_dim)
             if slow:
@@ -104,7 +108,7 @@ class ScaleStoreMixin:
     @cute.jit
     def finite_block(self, x: cute.Tensor, red: cute.Tensor, parity: Int32, tile: Int32, seqlen: Int32, tidx: Int32,
                      amax: Float32) -> Float32:
-        """``nonfinite``'s slow path, for a block whose max is inf (the torch recipe's ``_amax_blocks`` / ``_to_e4m3``):
+        """``nonfinite``'s slow path, for a block whose max is inf or NaN (the torch recipe's ``_amax_blocks`` / ``_to_e4m3``):
         each inf becomes NaN (e4m3 NaN after the conversion, not a saturated 448; a NaN is skipped by fmax), and
         (modes "block" / "amax") the block max is taken again by the fast path's own code (``thread_max``, then
         ``block_max``): over the finite values of the block's existing tokens. A barrier first (every thread has read
@@ -123,13 +127,14 @@ class ScaleStoreMixin:
         return out
 
     @cute.jit
-    def thread_max(self, x: cute.Tensor, tile: Int32, seqlen: Int32, tidx: Int32) -> Float32:
-        """max |x| over the thread's values of the block's existing tokens (fmax: a NaN is skipped)."""
+    def thread_max(self, x: cute.Tensor, tile: Int32, seqlen: Int32, tidx: Int32, nan: bool = False) -> Float32:
+        """max |x| over the thread's values of the block's existing tokens (fmax: a NaN is skipped; ``nan``: a NaN
+        wins)."""
         amax = Float32(0.0)
         for j in cutlass.range_constexpr(self.slots):
             if tile * self.cfg.rows + self.token_of(tidx, j) < seqlen:
                 for i in cutlass.range_constexpr(VEC):
-                    amax = cute.arch.fmax(amax, cute.arch.fmax(x[i, j], -x[i, j]))
+                    amax = cute.arch.fmax(amax, cute.arch.fmax(x[i, j], -x[i, j]), nan=nan)
         return amax
 
     @cute.jit
