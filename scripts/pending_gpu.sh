@@ -26,6 +26,9 @@
 #    torch recipe on a huge finite Q token; bench/h100-2026-12-05-s35). Session 35's CPU work after its device time:
 #    the pass's fix (1c683b9 + 333d54f, a kernel change, never run on a GPU), the decode table's HBM peak by GPU,
 #    xdist workers by GPU memory, the sm80 kernels on any arch >= sm_80 (host-side). In order:
+#    Session 36, call 1 (H200, f35591b): quantfix still failed the same five cases (a finite token whose FWHT is NaN
+#    in every value: no inf for the slow path's test) and timed the pass at 0.90x of d3b4972 at D 64. Fixed on the CPU;
+#    N. `scripts/pending_gpu.sh quantnan` (same carry as Q): the tests again, the switch's cost per pass.
 #    Q. `scripts/ab_checkout.sh d3b4972 .before` here, carry [".gpu", ".before.tar.xz"], then
 #    `scripts/pending_gpu.sh quantfix` (~150-250 s cold): the fix's tests (test_fp8_quant_nonfinite.py, the pass vs
 #    the recipe bit for bit) and the pass's speed before / after (rule and prediction in its header and
