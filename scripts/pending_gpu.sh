@@ -18,7 +18,7 @@
 #    wide = narrow (tests/test_fp8_quant_kernel.py, 14 tests); fa3 and its split / decode kernels at head_dim 64
 #    (tests/test_fa3_gpu.py and tests/test_decode_gpu.py, "64" in the test id: ~235 tests).
 # 2. then scripts/NAME_gpu.sh for each NAME, in order, each with the time left of CALL_BUDGET seconds (default 560),
-#    skipped when fewer than 100 s are left; logs under $OUT/pending/NAME/, output in $OUT/pending/NAME.out. Each
+#    skipped when fewer than 100 s are left; logs in $OUT/pending/NAME.tar.xz, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
 #    Plan for session 36: session 35 ran on an H100 (80 GB; the machine lent, not an H200): A (21 passed), C (the
 #    decode matrix: ours <= SDPA at 134 / 144, HBM >= 70 % of 3.35 TB/s at 67 / 72) and the suite (part 1: 11 tests
@@ -98,6 +98,9 @@ for n in ${names[@]+"${names[@]}"}; do
   mkdir -p "$out/$n"
   OUT="$out/$n" timeout -k 5 -s INT $((left - 5)) bash "$(dirname "$0")/${n}_gpu.sh" > "$out/$n.out" 2>&1
   rc=$?; echo "== $n: rc=$rc at ${SECONDS}s"; (( rc == 0 )) || step_failed "$n" "rc=$rc"
+  # one archive per script: the device returns no folder nested this deep (session 36: pending/NAME/NAME/logs was
+  # left out, "depth")
+  tar -C "$out" -cJf "$out/$n.tar.xz" "$n" && rm -rf "${out:?}/$n"
 done
 if (( checks )); then
   echo "-- checks"; grep -E "precompile|FAILED|Traceback" "$LOGS/checks_precompile.log" | tail -n 8
