@@ -26,9 +26,15 @@
 #    torch recipe on a huge finite Q token; bench/h100-2026-12-05-s35). Session 35's CPU work after its device time:
 #    the pass's fix (1c683b9 + 333d54f, a kernel change, never run on a GPU), the decode table's HBM peak by GPU,
 #    xdist workers by GPU memory, the sm80 kernels on any arch >= sm_80 (host-side). In order:
-#    Session 36, call 1 (H200, f35591b): quantfix still failed the same five cases (a finite token whose FWHT is NaN
-#    in every value: no inf for the slow path's test) and timed the pass at 0.90x of d3b4972 at D 64. Fixed on the CPU;
-#    N. `scripts/pending_gpu.sh quantnan` (same carry as Q): the tests again, the switch's cost per pass.
+#    Plan for session 37. Session 36 (H200; bench/h200-2026-12-05-s36) ran Q (quantfix: the five cases still failed:
+#    a finite token whose FWHT is NaN in every value left no inf for the slow test), fixed it (0e8066e: the block max
+#    lets a NaN win), then N (`scripts/pending_gpu.sh quantnan`: 35 passed; the switch costs the pass 1.112 / 1.015 /
+#    1.057x at D 64 / 128 / 256) and suite part 2 on 0e8066e (1623 passed) and 142 tests of part 3 (all passed). Next:
+#    B1. `scripts/suite_gpu.sh 1` and `scripts/suite_gpu.sh 3` on the final tree (part 2 passed on 0e8066e; later
+#    commits touched scripts and docs only, unless a kernel changed since: then part 2 again).
+#    F. The switch's cost (issue 10; rule: > 2 % -> cheaper first): the slow path out of the pass's loop (bench/NOTES.md
+#    "Session 36", the two forms and the prediction), quantnan again (tests + def / defoff) on it.
+#    S as below. The session-35 plan follows for reference.
 #    Q. `scripts/ab_checkout.sh d3b4972 .before` here, carry [".gpu", ".before.tar.xz"], then
 #    `scripts/pending_gpu.sh quantfix` (~150-250 s cold): the fix's tests (test_fp8_quant_nonfinite.py, the pass vs
 #    the recipe bit for bit) and the pass's speed before / after (rule and prediction in its header and
