@@ -32,8 +32,9 @@
 #    1.057x at D 64 / 128 / 256) and suite part 2 on 0e8066e (1623 passed) and 142 tests of part 3 (all passed). Next:
 #    B1. `scripts/suite_gpu.sh 1` and `scripts/suite_gpu.sh 3` on the final tree (part 2 passed on 0e8066e; later
 #    commits touched scripts and docs only, unless a kernel changed since: then part 2 again).
-#    F. The switch's cost (issue 10; rule: > 2 % -> cheaper first): the slow path out of the pass's loop (bench/NOTES.md
-#    "Session 36", the two forms and the prediction), quantnan again (tests + def / defoff) on it.
+#    F. The switch's cost (issue 10; rule: > 2 % -> cheaper first): `scripts/pending_gpu.sh quantdefer` (~250-350 s
+#    cold): the slow path after each CTA's loop (NONFINITE_DEFERRED, built and compile-tested in session 36): its
+#    tests and def / defd / defoff; its header has the prediction and the flip rule.
 #    S as below. The session-35 plan follows for reference.
 #    Q. `scripts/ab_checkout.sh d3b4972 .before` here, carry [".gpu", ".before.tar.xz"], then
 #    `scripts/pending_gpu.sh quantfix` (~150-250 s cold): the fix's tests (test_fp8_quant_nonfinite.py, the pass vs

@@ -51,7 +51,7 @@ def test_switch_reaches_every_pass(monkeypatch):
         assert any(k.config.wide and k.config.staged_store for k in keys)
         assert all(key.config.nonfinite is on for key in keys)
         monkeypatch.setattr(qh, "V3_WIDE128", False)
-        assert quant_call._switches()[-1] is on
+        assert quant_call._switches()[-2:] == (on, qh.NONFINITE_DEFERRED)
     modes = {k.config.mode for k in qh.planned_passes("sm_90a", torch.bfloat16, 128, RECIPES["head-smooth"])}
     assert modes == {"amax", "given"}
     assert qk.PassConfig().nonfinite is False
@@ -68,6 +68,29 @@ def test_launch_plan_key_holds_the_switch(monkeypatch):
         monkeypatch.setattr(qh, "NONFINITE", on)
         qh.launch_plan(torch.device("cpu"), torch.bfloat16, 128, False, 4, 0, **kind)
     assert built == [False, True]
+
+
+def test_deferred_reaches_every_pass(monkeypatch):
+    """``NONFINITE_DEFERRED`` with ``NONFINITE``: every planned pass has ``deferred`` (and none without NONFINITE);
+    it is in the call plans' switches and the launch plans' key; a config with it but without nonfinite is refused."""
+    for nonfinite in (False, True):
+        for deferred in (False, True):
+            monkeypatch.setattr(qh, "NONFINITE", nonfinite)
+            monkeypatch.setattr(qh, "NONFINITE_DEFERRED", deferred)
+            for recipe, d in CASES:
+                keys = qh.planned_passes("sm_90a", torch.bfloat16, d, RECIPES[recipe])
+                assert all(key.config.deferred is (nonfinite and deferred) for key in keys), (recipe, d)
+            assert quant_call._switches()[-1] is deferred
+    built = []
+    monkeypatch.setattr(qh, "_PLANS", {})
+    monkeypatch.setattr(qh, "_launch_plan", lambda *args: built.append(qh.NONFINITE_DEFERRED) or (("fn", 1),))
+    monkeypatch.setattr(qh, "QUANT_PLANS", True)
+    for deferred in (False, True, False):
+        monkeypatch.setattr(qh, "NONFINITE_DEFERRED", deferred)
+        qh.launch_plan(torch.device("cpu"), torch.bfloat16, 128, False, 4, 0, role="v", block=128)
+    assert built == [False, True]
+    with pytest.raises(ValueError, match="deferred"):
+        qk.PassConfig(deferred=True).check(128)
 
 
 @pytest.fixture
@@ -98,6 +121,25 @@ def test_slow_path_compiles(arch, head_dim):
     for cfg in cfgs:
         c = qk.VARIANT.compiled(qk.static_config(arch, torch.bfloat16, head_dim, cfg))
         assert cubin.cubin_resources(c.cubin)["spill_bytes"] <= 16, cfg
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("arch", ["sm_90a"], indirect=True)
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_deferred_compiles_without_spill(arch, head_dim, monkeypatch):
+    """``NONFINITE_DEFERRED``: the default recipe's passes (and the per-head baseline's "amax" / "given" at 128) with
+    the slow path after the loop compile without local memory (session 36: the slow path inside the loop left the
+    head_dim 64 Q pass 16 bytes of spill; the switch off, none)."""
+    from fa_variants.common import cubin
+
+    monkeypatch.setattr(qh, "NONFINITE", True)
+    monkeypatch.setattr(qh, "NONFINITE_DEFERRED", True)
+    recipes = [FP8Config()] + ([RECIPES["head-smooth"]] if head_dim == 128 else [])
+    keys = [key for recipe in recipes for key in qh.planned_passes(arch, torch.bfloat16, head_dim, recipe)]
+    assert keys and all(key.config.deferred for key in keys)
+    for key in keys:
+        c = qk.VARIANT.compiled(key)
+        assert cubin.cubin_resources(c.cubin)["spill_bytes"] == 0, key.config
 
 
 # ------------------------------------------------------------------------------------------------ GPU
@@ -174,12 +216,15 @@ def _assert_shift(got, want, q, mean, scale, what):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("deferred", [False, True], ids=["inloop", "deferred"])
 @pytest.mark.parametrize("recipe,head_dim", CASES, ids=[f"{r}-d{d}" for r, d in CASES])
-def test_pass_matches_torch_on_non_finite(monkeypatch, recipe, head_dim):
+def test_pass_matches_torch_on_non_finite(monkeypatch, recipe, head_dim, deferred):
     """inf / -inf / NaN in Q, K or V (one value, a whole token, a whole block of a head) and a finite token whose
     Hadamard overflows: the pass with ``NONFINITE`` equals the torch recipe (module docstring); the rows that hold one
-    have NaN bytes, the other values of their blocks are not zeroed (descale from the finite values)."""
+    have NaN bytes, the other values of their blocks are not zeroed (descale from the finite values). Both places of
+    the slow path: in the loop, and after it (``NONFINITE_DEFERRED``: the CTA's blocks redone)."""
     monkeypatch.setattr(qh, "NONFINITE", True)
+    monkeypatch.setattr(qh, "NONFINITE_DEFERRED", deferred)
     cfg = RECIPES[recipe]
     tile_m, tile_n = tiles_for(head_dim)
     clean = _inputs(head_dim, 3 * head_dim)
@@ -205,11 +250,13 @@ def test_pass_matches_torch_on_non_finite(monkeypatch, recipe, head_dim):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("deferred", [False, True], ids=["inloop", "deferred"])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
-def test_finite_inputs_unchanged(monkeypatch, head_dim):
+def test_finite_inputs_unchanged(monkeypatch, head_dim, deferred):
     """Finite inputs (with an all-zero block and a subnormal one): the switch changes no output bit (the slow path
-    is never taken), the default recipe (and the per-head one at 128); and off, an inf in V saturates to 448 (the
-    behaviour this fixes)."""
+    is never taken), the default recipe (and the per-head one at 128), its slow path in the loop or after it
+    (``NONFINITE_DEFERRED``); and off, an inf in V saturates to 448 (the behaviour this fixes)."""
+    monkeypatch.setattr(qh, "NONFINITE_DEFERRED", deferred)
     q, k, v = _inputs(head_dim, 7 * head_dim)
     v[0, :64, 0] = 0
     k[1, 200:300, 1] = 1e-40

@@ -44,8 +44,8 @@ def _choice(name: str, names: tuple[str, ...], lower: bool = False) -> Callable[
 
 _FLAGS = ("CP_COMPILE", "DECODE_FIRST_ROW", "DECODE_PDL", "DISK_CACHE", "FA2_NARROW_DECODE", "FA2_PACK_GQA",
           "FP8_QUANT_FUSED_MEAN_LATE", "FP8_QUANT_FUSED_SAMPLED_MEAN", "FP8_QUANT_STAGED_MEAN", "FP8_QUANT_WIDE",
-          "FP8_QUANT_PLANS", "FP8_QUANT_CALL_PLANS", "FP8_QUANT_NONFINITE", "LSE_SCRATCH", "MERGE_KERNEL", "MERGE_PDL",
-          "PACK_GQA", "SHORT_BALANCED", "SPLIT_KV")
+          "FP8_QUANT_PLANS", "FP8_QUANT_CALL_PLANS", "FP8_QUANT_NONFINITE", "FP8_QUANT_DEFERRED", "LSE_SCRATCH",
+          "MERGE_KERNEL", "MERGE_PDL", "PACK_GQA", "SHORT_BALANCED", "SPLIT_KV")
 #: flags that also take a partial "on" -> its spellings (fp8.quant_host.V3_WIDE128: "k", K's pass only;
 #: hopper.fa3_fp8.PERSISTENT: "all", every head dim and seqlen_k)
 _FLAGS_OR = {"FP8_QUANT_WIDE128": ("k",), "FP8_PERSISTENT": ("all",)}

@@ -47,7 +47,10 @@ class PassConfig:
     e4m3 NaN (``finite_block``; the torch recipe's rule), one uniform test per block otherwise. shift_chains (with
     shift; session 21, ``quant_host.SHIFT_CHAINS``): the LSE shift's products summed in that many interleaved chains
     added pairwise at the end instead of one serial chain of dependent FMAs (``lse_shift``); another float32
-    summation order, the kernel's own either way (torch's sum within float32 rounding), bit for bit across wide."""
+    summation order, the kernel's own either way (torch's sum within float32 rounding), bit for bit across wide.
+    deferred (with nonfinite; session 36, ``quant_host.NONFINITE_DEFERRED``): a block for the slow path is left
+    unstored in the loop and the CTA's blocks are redone after it (``redo_left``): the same outputs, the slow code
+    out of the loop's registers."""
 
     role: str = "qk"
     rotate: bool = True
@@ -69,6 +72,7 @@ class PassConfig:
     wide: bool = False
     nonfinite: bool = False
     shift_chains: int = 1
+    deferred: bool = False
 
     def check(self, head_dim: int) -> None:
         """ValueError for a config or head_dim this pass is not built for."""
@@ -99,6 +103,8 @@ class PassConfig:
         if self.shift_chains not in SHIFT_CHAIN_COUNTS or (self.shift_chains > 1 and not self.shift):
             raise ValueError(f"fp8-quant: shift_chains is the LSE shift's chain count, one of "
                              f"{SHIFT_CHAIN_COUNTS} (with shift; got {self.shift_chains})")
+        if self.deferred and not self.nonfinite:
+            raise ValueError("fp8-quant: deferred moves nonfinite's slow path after the loop (needs nonfinite)")
         if self.shift and self.smooth:
             raise ValueError("fp8-quant: the LSE shift is Q's (unsmoothed) dot with K's mean")
         if head_dim not in HEAD_DIMS:

@@ -116,6 +116,13 @@ V3_WIDE128: bool | str = _env.flag_or("FA_VARIANTS_FP8_QUANT_WIDE128", "k", ("k"
 #: with the overflow shift): the pass 1.112 / 1.015 / 1.057x of the switch off (scripts/quantnan_gpu.sh).
 #: FA_VARIANTS_FP8_QUANT_NONFINITE=0 (read at import) turns it off
 NONFINITE = _env.flag("FA_VARIANTS_FP8_QUANT_NONFINITE", True)
+#: with NONFINITE, the slow path after each CTA's loop instead of inside it (``PassConfig.deferred``, ``redo_left``;
+#: session 36): a block for it is left unstored and the CTA's blocks are redone from global memory after the loop
+#: (the same outputs). Why: the slow path inside the loop cost the pass 1.112 / 1.015 / 1.057x of NONFINITE off at
+#: head_dim 64 / 128 / 256 (H200, session 36), its registers and spills moving with the slow code (sm_90a, D 64: Q
+#: 16 bytes of spill); after the loop the loop's SASS is the switch-off one's + 5 to 7 instructions, no spill. Off
+#: until GPU-tested (scripts/quantdefer_gpu.sh); FA_VARIANTS_FP8_QUANT_DEFERRED=1 (read at import) turns it on
+NONFINITE_DEFERRED = _env.flag("FA_VARIANTS_FP8_QUANT_DEFERRED", False)
 #: Q's pass: the LSE shift's products summed in this many interleaved chains (``PassConfig.shift_chains``, one of
 #: ``quant_config.SHIFT_CHAIN_COUNTS``) instead of one serial chain of 64 dependent FMAs per thread (session 21's
 #: ncu of Q's pass at head_dim 128: the shift costs it 8 us, its wide form stalls on fixed-latency dependencies;
@@ -349,11 +356,12 @@ def launch_plan(dev: torch.device, dtype: torch.dtype, head_dim: int, two_launch
     "amax" then "given"), for ``total`` work items (+ ``k_items`` K items with ``kind["kmean"]``) and ``kind``:
     ``quantize_tensor``'s switches as booleans (role, rotate, smooth, shift, block, stages, kmean, reverse, pdl,
     coalesced, head_major, fused, staged_mean, k_sample, staged_store, late_count, wide). With ``QUANT_PLANS`` cached
-    per (device, dtype, head_dim, two_launches, total, k_items, GRID_CAP, NONFINITE, SHIFT_CHAINS, kind); the same
-    result either way."""
+    per (device, dtype, head_dim, two_launches, total, k_items, GRID_CAP, NONFINITE, NONFINITE_DEFERRED,
+    SHIFT_CHAINS, kind); the same result either way."""
     if not QUANT_PLANS:
         return _launch_plan(dev, dtype, head_dim, two_launches, total, k_items, kind)
-    key = (dev, dtype, head_dim, two_launches, total, k_items, GRID_CAP, NONFINITE, SHIFT_CHAINS, *kind.items())
+    key = (dev, dtype, head_dim, two_launches, total, k_items, GRID_CAP, NONFINITE, NONFINITE_DEFERRED, SHIFT_CHAINS,
+           *kind.items())
     hit = _PLANS.get(key)
     if hit is None:
         hit = _PLANS[key] = _launch_plan(dev, dtype, head_dim, two_launches, total, k_items, kind)
@@ -380,7 +388,8 @@ def _launch_plan(dev: torch.device, dtype: torch.dtype, D: int, two_launches: bo
                          wide=kind["wide"] and role == "qk" and kind["rotate"] and coalesced
                          and (D == 128 or (D == 256 and not (kind["staged_store"] and mode != "amax"
                                                              and block % 32 == 0))),
-                         nonfinite=NONFINITE, shift_chains=SHIFT_CHAINS if with_shift else 1)
+                         nonfinite=NONFINITE, shift_chains=SHIFT_CHAINS if with_shift else 1,
+                         deferred=NONFINITE and NONFINITE_DEFERRED)
         fn, ctas = _pass(dev, dtype, D, cfg)
         out.append((fn, min(ctas, total + (k_items if kmean else 0), GRID_CAP or ctas)))
     return tuple(out)

@@ -49,6 +49,9 @@ Design:
   whose max is inf, ``finite_block`` (infs to NaN, the max again over the finite values: the torch recipe's rule);
   Q / K first take their values again from the input, rotated with the recipe's per-token power-of-two shift where
   the FWHT's float32 sums would overflow, and normalised (``quant_rotation.rotate_again``, since session 35).
+  With ``PassConfig.deferred`` (``quant_host.NONFINITE_DEFERRED``, session 36, off by default until GPU-tested) such
+  a block is left unstored and the CTA redoes its blocks after its loop (``ScaleStoreMixin.redo_left``): the slow
+  code out of the loop's registers.
 * Q with K smoothing (``shift``): the LSE shift softmax_scale * q . mean (``quantize.smoothing_lse_shift``)
   is computed in the Q pass from the float32 q it holds (no second read of Q, no float32 copy of it); its
   summation order is the kernel's own, so it equals torch's to float32 rounding, not bit for bit. K's mean
@@ -291,6 +294,7 @@ class QuantPass(StagingMixin, RotationMixin, KMeanMixin, ScaleStoreMixin):
         self.prologue(sStage, sRaw, sMean, mX, mK, mMean, cta, grid, ahead, heads, n_tiles, n_blocks, n_sample, total,
                       tidx, g2s)
         step = Int32(0)  # the CTA's items so far: stage step % S of the loads, parity step % 2 of the maxima
+        left = Int32(0)  # ``deferred``: 1 once a block was left for ``redo_left`` (the same in every thread)
         for blk in cutlass.range(cta, total, grid, unroll=1):
             stage = step % S
             parity = step % 2
@@ -300,10 +304,14 @@ class QuantPass(StagingMixin, RotationMixin, KMeanMixin, ScaleStoreMixin):
             mean_buf = stage if const_expr(self.cfg.staged_mean) else parity
             if const_expr((self.cfg.smooth or self.cfg.shift) and not self.cfg.staged_mean):
                 self.block_mean(sMean, mMean, batch, head, heads, parity, tidx)
-            self.transform_item(x, mX, mY, mDescale, mShift, mPart, mMean, mCount, storage, red, sSigns, sMean,
-                                sStage, scale, batch, head, tile, is_k, heads, n_tiles, n_sample, stage, parity,
-                                mean_buf, tidx)
+            left = left | self.transform_item(x, mX, mY, mDescale, mShift, mPart, mMean, mCount, storage, red, sSigns,
+                                              sMean, sStage, scale, batch, head, tile, is_k, heads, n_tiles, n_sample,
+                                              stage, parity, mean_buf, tidx)
             step = step + 1
+        if const_expr(self.cfg.deferred):
+            if left != 0:
+                self.redo_left(x, mX, mY, mDescale, mMean, red, sSigns, sMean, sStage, cta, grid, total, heads,
+                               n_tiles, n_blocks, n_sample, tidx)
         if const_expr(self.cfg.late_count):  # the CTA's K blocks counted once, after its loop
             n_count = n_sample if const_expr(self.cfg.k_sample) else n_tiles
             self.count_late(mPart, mMean, mCount, storage, heads, n_tiles, n_blocks, n_sample, total, n_count, tidx)
@@ -356,7 +364,9 @@ class QuantPass(StagingMixin, RotationMixin, KMeanMixin, ScaleStoreMixin):
                        n_tiles: Int32, n_sample: Int32, stage: Int32, parity: Int32, mean_buf: Int32, tidx: Int32):
         """A work item by role: Q's LSE shift (``shift``); Q / K: smoothing and signs, then the Hadamard; then the
         block quantised and stored (``finish_block``), or (``kmean``, K's items) K's partial sums, and with the
-        fused mean the head's mean by the CTA that counts its last block."""
+        fused mean the head's mean by the CTA that counts its last block. Returns 1 for a block left for
+        ``redo_left`` (``deferred``), else 0."""
+        left = Int32(0)
         if const_expr(self.cfg.shift):
             self.lse_shift(x, sMean[None, mean_buf], mShift, scale, batch, head, tile, tidx)
         if const_expr(self.cfg.role == "qk"):
@@ -373,11 +383,12 @@ class QuantPass(StagingMixin, RotationMixin, KMeanMixin, ScaleStoreMixin):
                     n_count = n_sample if const_expr(self.cfg.k_sample) else n_tiles
                     self.mean_if_last(mPart, mMean, mCount, storage, batch, head, heads, n_count, tidx)
             else:
-                self.finish_block(x, mX, mY, mDescale, red, parity, batch, head, tile, tidx,
-                                  sStage[None, stage], sSigns, sMean[None, mean_buf])
+                left = self.finish_block(x, mX, mY, mDescale, red, parity, batch, head, tile, tidx,
+                                         sStage[None, stage], sSigns, sMean[None, mean_buf])
         else:
-            self.finish_block(x, mX, mY, mDescale, red, parity, batch, head, tile, tidx, sStage[None, stage],
-                              sSigns, sMean[None, mean_buf])
+            left = self.finish_block(x, mX, mY, mDescale, red, parity, batch, head, tile, tidx, sStage[None, stage],
+                                     sSigns, sMean[None, mean_buf])
+        return left
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -107,26 +107,16 @@ class RotationMixin:
     @cute.jit
     def rotate_again(self, x: cute.Tensor, mX: cute.Tensor, sSigns: cute.Tensor, sMean: cute.Tensor, batch: Int32,
                      head: Int32, tile: Int32, tidx: Int32):
-        """``nonfinite``'s slow path for Q / K (``finish_block``: a block whose max after the FWHT is inf, from an
-        inf in the input or from a finite token whose FWHT sums overflow float32, or at least 2^125 / D, where a
-        token may be one the recipe shifts): the thread's token again from global memory, its signs and smoothing,
-        then the torch recipe's overflow shift
-        (``quantize.HadamardRotation``): k = max(0, e - 126), e the binary exponent of m D (m the token's largest
-        finite |x|: 2^(e-1) <= m D < 2^e), and x = fl(fl(FWHT(x 2^-k) n) 2^k), n = float32(1 / sqrt(D)): the
-        recipe's normalised values bit for bit, inf where they overflow float32 (k = 0 for every ordinary token:
-        fl(x n), the values the fast path folds into its multiply). Tokens past seqlen: read as zeros, then smoothed
-        (never counted or stored)."""
-        D = self.head_dim
-        tok = tile * self.cfg.rows + self.token_of(tidx, 0)
-        raw = cute.make_rmem_tensor(VEC, mX.element_type)
-        for j in cutlass.range_constexpr(self.slots):
-            for i in cutlass.range_constexpr(VEC):
-                raw[i] = mX.element_type(0.0)
-            if tok < mX.shape[1]:
-                for i in cutlass.range_constexpr(VEC):
-                    raw[i] = mX[batch, tok, head, self.chunk_of(tidx, j) * VEC + i]
-            x[None, j].store(raw.load().to(Float32))
+        """``nonfinite``'s slow path for Q / K (``finish_block``: a block whose max after the FWHT is inf or NaN, from
+        a non-finite input or from a finite token whose FWHT sums overflow float32, or at least 2^125 / D, where a
+        token may be one the recipe shifts): the thread's token again from global memory (``read_again``), its signs
+        and smoothing, then the torch recipe's overflow shift (``quantize.HadamardRotation``): k = max(0, e - 126), e
+        the binary exponent of m D (m the token's largest finite |x|: 2^(e-1) <= m D < 2^e), and x = fl(fl(FWHT(x
+        2^-k) n) 2^k), n = float32(1 / sqrt(D)): the recipe's normalised values bit for bit, inf where they overflow
+        float32 (k = 0 for every ordinary token: fl(x n), the values the fast path folds into its multiply)."""
+        self.read_again(x, mX, batch, head, tile, tidx)
         self.signs_and_smoothing(x, sSigns, sMean, tidx)
+        D = self.head_dim
         m = Float32(0.0)  # the token's largest finite |x| (the recipe's nan_to_num(nan=0, posinf=0))
         for j in cutlass.range_constexpr(self.slots):
             for i in cutlass.range_constexpr(VEC):
@@ -146,6 +136,21 @@ class RotationMixin:
         for j in cutlass.range_constexpr(self.slots):
             for i in cutlass.range_constexpr(VEC):
                 x[i, j] = (x[i, j] * norm) * up
+
+    @cute.jit
+    def read_again(self, x: cute.Tensor, mX: cute.Tensor, batch: Int32, head: Int32, tile: Int32, tidx: Int32):
+        """The thread's 16-bit values of a block straight from global memory into x (float32), in the fast path's
+        places (slot j: token ``token_of``, chunk ``chunk_of``); tokens past seqlen as zeros (V's padding; Q / K's
+        are never counted or stored)."""
+        raw = cute.make_rmem_tensor(VEC, mX.element_type)
+        for j in cutlass.range_constexpr(self.slots):
+            tok = tile * self.cfg.rows + self.token_of(tidx, j)
+            for i in cutlass.range_constexpr(VEC):
+                raw[i] = mX.element_type(0.0)
+            if tok < mX.shape[1]:
+                for i in cutlass.range_constexpr(VEC):
+                    raw[i] = mX[batch, tok, head, self.chunk_of(tidx, j) * VEC + i]
+            x[None, j].store(raw.load().to(Float32))
 
     @cute.jit
     def chunk_stages(self, x: cute.Tensor):

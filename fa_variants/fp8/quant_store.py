@@ -47,12 +47,13 @@ class ScaleStoreMixin:
     @cute.jit
     def finish_block(self, x: cute.Tensor, mX: cute.Tensor, mY: cute.Tensor, mDescale: cute.Tensor,
                      red: cute.Tensor, parity: Int32, batch: Int32, head: Int32, tile: Int32, tidx: Int32,
-                     sStage: cute.Tensor, sSigns: cute.Tensor, sMean: cute.Tensor):
-        """amax over the block's existing tokens -> descale (or amax / the given descale) -> e4m3, stored (through
-        sStage, the stage this block was read from, with ``staged_store``). ``nonfinite``: a block whose max is
-        inf (Q / K: or at least 2^125 / D) takes the slow path, Q / K's values first normalised again from the
-        input with the recipe's overflow shift (``rotate_again``; sSigns, sMean: the item's signs and K mean), then
-        ``finite_block``."""
+                     sStage: cute.Tensor, sSigns: cute.Tensor, sMean: cute.Tensor) -> Int32:
+        """amax over the block's existing tokens -> descale (or amax / the given descale) -> e4m3, stored
+        (``scale_store``). ``nonfinite``: a block whose max is inf or NaN (Q / K: or at least 2^125 / D) takes the
+        slow path, Q / K's values first normalised again from the input with the recipe's overflow shift
+        (``rotate_again``; sSigns, sMean: the item's signs and K mean), then ``finite_block``; with ``deferred``
+        it is left unstored instead, for ``redo_left`` after the CTA's loop. Returns 1 for a block left, else 0 (the
+        same in every thread)."""
         seqlen = mX.shape[1]
         # nonfinite: a NaN wins the max, so that a block holding one (from the input, or from a finite token whose
         # FWHT overflowed to inf - inf in every value, leaving no inf to find) takes the slow path below
@@ -62,6 +63,7 @@ class ScaleStoreMixin:
         # monotonic, so max |fl(x n)| = fl(max |x| n); and fl(x n) * inv = fl(x (n inv)) as inv is a power of
         # two and n * inv stays normal (inv >= 2^-120 for any finite amax): one multiply per value, same bits
         norm = Float32(1.0 / math.sqrt(self.head_dim)) if const_expr(self.cfg.rotate) else None
+        left = Int32(0)
         if const_expr(self.cfg.nonfinite):
             # the block max is inf or NaN (the same value in every thread: a uniform branch). Q / K: also from
             # 2^125 / D, as the recipe shifts a token whose finite max m has m D >= 2^126 and the FWHT's max is at
@@ -69,11 +71,27 @@ class ScaleStoreMixin:
             slow = not_below(amax, math.inf)
             if const_expr(self.cfg.rotate):
                 slow = not_below(amax, 2.0 ** 125 / self.head_dim)
-            if slow:
+            if const_expr(self.cfg.deferred):
+                if slow:
+                    left = Int32(1)
+            elif slow:
                 if const_expr(self.cfg.rotate):  # x = the recipe's normalised values: n is not applied again
                     self.rotate_again(x, mX, sSigns, sMean, batch, head, tile, tidx)
                     norm = Float32(1.0)
                 amax = self.finite_block(x, red, parity, tile, seqlen, tidx, amax)
+        if const_expr(self.cfg.deferred):
+            if left == 0:
+                self.scale_store(x, amax, norm, mY, mDescale, batch, head, tile, tidx, sStage)
+        else:
+            self.scale_store(x, amax, norm, mY, mDescale, batch, head, tile, tidx, sStage)
+        return left
+
+    @cute.jit
+    def scale_store(self, x: cute.Tensor, amax: Float32, norm, mY: cute.Tensor, mDescale: cute.Tensor, batch: Int32,
+                    head: Int32, tile: Int32, tidx: Int32, sStage: cute.Tensor):
+        """The block's descale from its amax (mode "block"; "amax": the amax written instead; "given": read), then x
+        times its inverse (and n for Q / K: ``norm``, 1 where x is normalised already) as e4m3, stored (through
+        sStage, the stage this block was read from, with ``staged_store``)."""
         if const_expr(self.cfg.rotate):
             amax = amax * norm
         if const_expr(self.cfg.mode == "amax"):
@@ -106,10 +124,45 @@ class ScaleStoreMixin:
                 self.store_v_t(x, mY, batch, head, tile, tidx)
 
     @cute.jit
+    def redo_left(self, x: cute.Tensor, mX: cute.Tensor, mY: cute.Tensor, mDescale: cute.Tensor, mMean: cute.Tensor,
+                  red: cute.Tensor, sSigns: cute.Tensor, sMean: cute.Tensor, sStage: cute.Tensor, cta: Int32,
+                  grid: Int32, total: Int32, heads: Int32, n_tiles: Int32, n_blocks: Int32, n_sample: Int32,
+                  tidx: Int32):
+        """``deferred``, after the CTA's loop, once it left a block (``finish_block``): every block of the CTA's
+        items again, from global memory through the slow path (Q / K: ``rotate_again``, K's mean from mMean; V:
+        ``read_again``; then ``finite_block`` and ``scale_store``), overwriting what the loop stored. Redoing them all
+        keeps no list: the slow path gives an ordinary block the fast path's outputs (k = 0: x = fl(x n), whose
+        product with the power-of-two inverse is the fast path's fl(x (n inv)) but for subnormal products, which
+        e4m3 rounds to 0 either way), and a CTA leaves a block only for a non-finite or huge input. The slow code
+        lives after the loop, so the loop keeps the registers it has without the slow path. One buffer of each kind
+        (the stages are drained): a barrier before each block orders its writes after the last one's reads."""
+        D = self.head_dim
+        seqlen = mX.shape[1]
+        cute.arch.cp_async_wait_group(0)
+        for blk in cutlass.range(cta, total, grid, unroll=1):
+            batch, head, tile, _ = self.decode(blk, heads, n_tiles, n_blocks, n_sample)
+            if blk < n_blocks:  # the tensor's blocks (with ``kmean``, K's partial-sum items follow them)
+                cute.arch.barrier()
+                if const_expr(self.cfg.smooth):
+                    for c in cutlass.range(tidx, D, self.num_threads, unroll=1):
+                        sMean[c, 0] = mMean[batch, self.mean_head(head, heads, mMean), c]
+                    cute.arch.barrier()
+                norm = None
+                if const_expr(self.cfg.role == "qk" and self.cfg.rotate):
+                    self.rotate_again(x, mX, sSigns, sMean[None, 0], batch, head, tile, tidx)
+                    norm = Float32(1.0)  # x is normalised
+                else:
+                    self.read_again(x, mX, batch, head, tile, tidx)
+                    if const_expr(self.cfg.role == "qk"):
+                        self.signs_and_smoothing(x, sSigns, sMean[None, 0], tidx)
+                amax = self.finite_block(x, red, 0, tile, seqlen, tidx, Float32(math.inf))
+                self.scale_store(x, amax, norm, mY, mDescale, batch, head, tile, tidx, sStage[None, 0])
+
+    @cute.jit
     def finite_block(self, x: cute.Tensor, red: cute.Tensor, parity: Int32, tile: Int32, seqlen: Int32, tidx: Int32,
                      amax: Float32) -> Float32:
-        """``nonfinite``'s slow path, for a block whose max is inf or NaN (the torch recipe's ``_amax_blocks`` / ``_to_e4m3``):
-        each inf becomes NaN (e4m3 NaN after the conversion, not a saturated 448; a NaN is skipped by fmax), and
+        """``nonfinite``'s slow path, for a block whose max is inf or NaN (the torch recipe's ``_amax_blocks`` /
+        ``_to_e4m3``): each inf becomes NaN (e4m3 NaN after the conversion, not a saturated 448; a NaN is skipped by fmax), and
         (modes "block" / "amax") the block max is taken again by the fast path's own code (``thread_max``, then
         ``block_max``): over the finite values of the block's existing tokens. A barrier first (every thread has read
         the maxima of ``parity``); ``block_max``'s barrier after; the next write of that buffer is two items on, after
