@@ -20,32 +20,21 @@
 # 2. then scripts/NAME_gpu.sh for each NAME, in order, each with the time left of CALL_BUDGET seconds (default 560),
 #    skipped when fewer than 100 s are left; logs in $OUT/pending/NAME.tar.xz, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
-#    Plan for session 36: session 35 ran on an H100 (80 GB; the machine lent, not an H200): A (21 passed), C (the
-#    decode matrix: ours <= SDPA at 134 / 144, HBM >= 70 % of 3.35 TB/s at 67 / 72) and the suite (part 1: 11 tests
-#    out of memory at 14 workers, all passed at 3; part 3: 631 passed; part 2: 5 failed, the quantisation pass vs the
-#    torch recipe on a huge finite Q token; bench/h100-2026-12-05-s35). Session 35's CPU work after its device time:
-#    the pass's fix (1c683b9 + 333d54f, a kernel change, never run on a GPU), the decode table's HBM peak by GPU,
-#    xdist workers by GPU memory, the sm80 kernels on any arch >= sm_80 (host-side). In order:
-#    Plan for session 37. Session 36 (H200; bench/h200-2026-12-05-s36) ran Q (quantfix: the five cases still failed:
-#    a finite token whose FWHT is NaN in every value left no inf for the slow test), fixed it (0e8066e: the block max
-#    lets a NaN win), then N (`scripts/pending_gpu.sh quantnan`: 35 passed; the switch costs the pass 1.112 / 1.015 /
-#    1.057x at D 64 / 128 / 256) and suite part 2 on 0e8066e (1623 passed) and 142 tests of part 3 (all passed). Next:
-#    B1. `scripts/suite_gpu.sh 1` and `scripts/suite_gpu.sh 3` on the final tree (part 2 passed on 0e8066e; later
-#    commits touched scripts and docs only, unless a kernel changed since: then part 2 again).
-#    F. The switch's cost (issue 10; rule: > 2 % -> cheaper first): `scripts/pending_gpu.sh quantdefer` (~250-350 s
-#    cold): the slow path after each CTA's loop (NONFINITE_DEFERRED, built and compile-tested in session 36): its
-#    tests and def / defd / defoff; its header has the prediction and the flip rule.
-#    S as below. The session-35 plan follows for reference.
-#    Q. `scripts/ab_checkout.sh d3b4972 .before` here, carry [".gpu", ".before.tar.xz"], then
-#    `scripts/pending_gpu.sh quantfix` (~150-250 s cold): the fix's tests (test_fp8_quant_nonfinite.py, the pass vs
-#    the recipe bit for bit) and the pass's speed before / after (rule and prediction in its header and
-#    bench/NOTES.md, "Session 35").
-#    B. The whole suite on the final tree (scripts/suite_gpu.sh 1, 2 and 3, each its own call; xdist_flag now sizes
-#    the workers by GPU memory: on an H100 part 2 took 465 s at 9 workers, near its 560 s step limit).
+#    Plan for session 37. Session 36 (H200; bench/h200-2026-12-05-s36) ran session 35's queued quantfix (the five
+#    cases still failed: a finite token whose FWHT is NaN in every value left no inf for the slow test), fixed it
+#    (0e8066e: the block max lets a NaN win), then quantnan (35 passed; the switch costs the pass 1.112 / 1.015 /
+#    1.057x of it off at D 64 / 128 / 256), suite part 2 on 0e8066e (1623 passed) and 142 tests of part 3 (all
+#    passed). Then on the CPU: NONFINITE_DEFERRED (611af4d: the slow path after each CTA's loop, off by default; the
+#    default passes' SASS unchanged). In order:
+#    F. `scripts/pending_gpu.sh quantdefer` (~250-350 s cold): the deferred slow path's tests (every non-finite case
+#       in the loop and deferred) and def / defd / defoff (issue 10's rule: a switch costing > 2 % is made cheaper
+#       first); its header has the prediction and the flip rule.
+#    B. The whole suite on the final tree (scripts/suite_gpu.sh 1, 2 and 3, each its own call; xdist_flag sizes the
+#       workers by GPU memory: on an H100 part 2 took 465 s at 9 workers, near its 560 s step limit).
 #    S. `python3 scripts/decode_ab.py --s34 --variants tiles-deep tiles-dual --rounds 6` (14 long one-row shapes; the
-#    rule and prediction in bench/NOTES.md, "Session 34", were written for an H200: on an H100, say which card ran it).
-#    On an H100 also `python3 scripts/decode_ab.py --s35 --variants tiles-deep tiles-dual base --rounds 6` (its ten
-#    misses, 1.001-1.024x SDPA; rule and prediction in bench/NOTES.md, "Session 35 ... predictions").
+#       rule and prediction in bench/NOTES.md, "Session 34", were written for an H200: on an H100, say which card ran
+#       it). On an H100 also `python3 scripts/decode_ab.py --s35 --variants tiles-deep tiles-dual base --rounds 6`
+#       (its ten misses, 1.001-1.024x SDPA; rule and prediction in bench/NOTES.md, "Session 35 ... predictions").
 #    Open: issue 10 (1100 TFLOP/s at D 256 N 16k: 1012 in session 30's call, 1084-1120 in session 27's; 1.4x bf16 at
 #    128: 1.17-1.20; 1.3x at 64: 1.06-1.08; two-level <= 5 % at 256; the pass at 70 % of copy; pass + kernel at N 4k
 #    causal), 12 (fa3 / flash-attn-4 >= 1.00 everywhere: 0.93-0.99 in session 30's call; >= cuDNN at D 64 N 512 / 1k),

@@ -113,7 +113,7 @@ V3_WIDE128: bool | str = _env.flag_or("FA_VARIANTS_FP8_QUANT_WIDE128", "k", ("k"
 #: the pass 1.028 / 1.015 / 1.016x by GPU time at head_dim 64 / 128 / 256 (graph 1.022 / 1.021 / 1.063), i.e. 2-8 us
 #: of a call whose kernel alone takes ~0.4-3.5 ms at N 4k-16k; off, an inf gives a finite wrong O. Proof with it on:
 #: tests/test_fp8_quant_kernel.py 289 passed, tests/test_fp8_quant_nonfinite.py 11 passed (GPU). Session 36 (H200,
-#: with the overflow shift): the pass 1.112 / 1.015 / 1.057x of the switch off (scripts/quantnan_gpu.sh).
+#: with the overflow shift): the pass 1.112 / 1.015 / 1.057x of the switch off (bench/NOTES.md, "Session 36").
 #: FA_VARIANTS_FP8_QUANT_NONFINITE=0 (read at import) turns it off
 NONFINITE = _env.flag("FA_VARIANTS_FP8_QUANT_NONFINITE", True)
 #: with NONFINITE, the slow path after each CTA's loop instead of inside it (``PassConfig.deferred``, ``redo_left``;
