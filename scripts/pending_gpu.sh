@@ -26,7 +26,7 @@
 #    1.057x of it off at D 64 / 128 / 256), suite part 2 on 0e8066e (1623 passed) and 142 tests of part 3 (all
 #    passed). Then on the CPU: NONFINITE_DEFERRED (611af4d: the slow path after each CTA's loop, off by default; the
 #    default passes' SASS unchanged). In order:
-#    F. `scripts/pending_gpu.sh quantdefer` (~250-350 s cold): the deferred slow path's tests (every non-finite case
+#    F. `scripts/pending_gpu.sh quantdefer` (~350-500 s cold): the deferred slow path's tests (every non-finite case
 #       in the loop and deferred) and def / defd / defoff (issue 10's rule: a switch costing > 2 % is made cheaper
 #       first); its header has the prediction and the flip rule.
 #    B. The whole suite on the final tree (scripts/suite_gpu.sh 1, 2 and 3, each its own call; xdist_flag sizes the

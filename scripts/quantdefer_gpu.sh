@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # quantdefer_gpu.sh: the FP8 quantisation pass with its non-finite slow path after each CTA's loop
 # (``quant_host.NONFINITE_DEFERRED``, ``PassConfig.deferred``, ``redo_left``; session 36, CPU only) on one H100 or H200:
-# its tests, then its speed beside the slow path in the loop (the default) and the switch off (~250-350 s cold;
-# limits 200 + 150 s).
+# its tests, then its speed beside the slow path in the loop (the default) and the switch off (~350-500 s cold;
+# limits 300 + 150 s).
 #
 #   source .gpu/env.sh && scripts/quantdefer_gpu.sh  (repository root; writes under $OUT/quantdefer; --help)
 #
 # Why (bench/NOTES.md, "Session 36"): with the slow path inside the loop the switch cost the pass 1.112 / 1.015 /
 # 1.057x of the switch off at D 64 / 128 / 256 (H200), the slow code moving the loop's registers (D 64 Q: 16 bytes
-# of spill). Deferred, a block for the slow path is left unstored and the CTA redoes all its blocks from global memory
-# after the loop (the same outputs); on the CPU (sm_90a) the loop is then the switch-off one's + 2 to 45 static
-# instructions, no spill at any head_dim (the switch off spills 16 bytes in D 128's Q pass).
+# of spill). Deferred, a block for the slow path is left unstored and the CTA redoes the blocks it left from global
+# memory after its loop (a bit per item; every item from the 31st on once one of those is left): the same outputs. On
+# the CPU (sm_90a, the default recipe) the loop is then within -12 / +47 static instructions of the switch-off one's
+# (~1000-2300), no spill (the slow path in the loop: 16 bytes at D 64's Q pass). A break-it review measured more
+# spill with it at other recipes (no rotation D 256 K 56 bytes, D 128 Q 16; head-smooth D 256 "given" 8).
 # 1. GPU tests: tests/test_fp8_quant_nonfinite.py (every case in the loop and deferred: the pass = the torch recipe on
 #    inf / -inf / NaN / huge / aligned / near inputs; finite inputs bit for bit), and with FA_VARIANTS_FP8_QUANT_DEFERRED=1
 #    tests/test_fp8_quant_kernel.py's pass vs the recipe bit for bit (default recipe, v3) and fa3-fp8 end to end on a
@@ -18,13 +20,14 @@
 # 2. scripts/fp8_quant_bandwidth.py: "def" (slow path in the loop), "defd" (deferred) and "defoff" (the switch off),
 #    default recipe, D 64 / 128 / 256, 6 rotated rounds, each kernel's time (--breakdown).
 # Pass: pytest no failure; every bandwidth row matched the torch recipe.
-# Prediction: defd / defoff <= 1.01 at every head_dim (the loop's code within a few instructions of the switch off);
+# Prediction: defd / defoff <= 1.01 at every head_dim (the loop's code within ~2 % of the switch off's);
 #   def / defoff as session 36's (1.11 / 1.02 / 1.06).
-# Flip rule: NONFINITE_DEFERRED on by default if the tests pass and defd / def <= 0.99 at D 64 and <= 1.00 elsewhere.
+# Flip rule: NONFINITE_DEFERRED on by default if the tests pass and defd / def <= 0.99 at D 64 and <= 1.00 elsewhere,
+#   after the other recipes' extra spill (above) is removed or timed.
 set -uo pipefail
 source "$(dirname "$0")/steps.sh"
 out="${OUT:-results}/quantdefer"; gpu_session "$out/logs" "$@"
-step pytest 200 bash -c "python3 -m pytest -q $(xdist_flag 12) -m gpu -p no:cacheprovider --tb=short -rfE \
+step pytest 300 bash -c "python3 -m pytest -q $(xdist_flag 12) -m gpu -p no:cacheprovider --tb=short -rfE \
   tests/test_fp8_quant_nonfinite.py && FA_VARIANTS_FP8_QUANT_DEFERRED=1 python3 -m pytest -q $(xdist_flag 12) -m gpu \
   -p no:cacheprovider --tb=short -rfE tests/test_fp8_quant_kernel.py tests/test_fp8_quant_nonfinite.py -k \
   '(test_pass_matches_torch_bitwise and v3 and default) or test_fa3_fp8_rows_that_read_it'"

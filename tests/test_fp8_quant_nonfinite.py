@@ -28,10 +28,16 @@ from fa_variants.fp8 import quant_kernel as qk
 from fa_variants.fp8.quantize import HadamardRotation, quantize_fp8_torch, tiles_for
 from helpers import seeded_generator
 
-RECIPES = {"default": FP8Config(), "no-smooth": FP8Config(smooth_k=False), "head-smooth": FP8Config(granularity="head")}
+RECIPES = {"default": FP8Config(), "no-smooth": FP8Config(smooth_k=False), "head-smooth": FP8Config(granularity="head"),
+           "no-rotate": FP8Config(rotate=False)}
 # (recipe, head_dim): the default at every head_dim (V, smoothed K, Q with the shift; staged store at 64, wide at
-# 256); K unsmoothed (its inf stays in its block) and the per-head baseline ("amax" + "given") at 128
-CASES = [("default", 64), ("default", 128), ("default", 256), ("no-smooth", 128), ("head-smooth", 128)]
+# 256); K unsmoothed (its inf stays in its block), the per-head baseline ("amax" + "given") and no rotation at 128
+CASES = [("default", 64), ("default", 128), ("default", 256), ("no-smooth", 128), ("head-smooth", 128),
+         ("no-rotate", 128)]
+# where the slow path runs: in the loop (the default), or after it (``NONFINITE_DEFERRED``) with the grid the host
+# picks (one item per CTA at these sizes), with one CTA for every item (``GRID_CAP`` 1: more than 31 items, the
+# "every item from 31 on" bit) and with 5 CTAs (several items each: only the items left are redone)
+PLACES = {"inloop": (False, None), "deferred": (True, None), "deferred-grid1": (True, 1), "deferred-grid5": (True, 5)}
 BAD = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
 
 
@@ -79,7 +85,7 @@ def test_deferred_reaches_every_pass(monkeypatch):
             monkeypatch.setattr(qh, "NONFINITE_DEFERRED", deferred)
             for recipe, d in CASES:
                 keys = qh.planned_passes("sm_90a", torch.bfloat16, d, RECIPES[recipe])
-                assert all(key.config.deferred is (nonfinite and deferred) for key in keys), (recipe, d)
+                assert keys and all(key.config.deferred is (nonfinite and deferred) for key in keys), (recipe, d)
             assert quant_call._switches()[-1] is deferred
     built = []
     monkeypatch.setattr(qh, "_PLANS", {})
@@ -126,20 +132,23 @@ def test_slow_path_compiles(arch, head_dim):
 @pytest.mark.compile
 @pytest.mark.parametrize("arch", ["sm_90a"], indirect=True)
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
-def test_deferred_compiles_without_spill(arch, head_dim, monkeypatch):
-    """``NONFINITE_DEFERRED``: the default recipe's passes (and the per-head baseline's "amax" / "given" at 128) with
-    the slow path after the loop compile without local memory (session 36: the slow path inside the loop left the
-    head_dim 64 Q pass 16 bytes of spill; the switch off, none)."""
+def test_deferred_compiles(arch, head_dim, monkeypatch):
+    """``NONFINITE_DEFERRED``: the default recipe's passes with the slow path after the loop compile without local
+    memory (session 36: the slow path inside the loop left the head_dim 64 Q pass 16 bytes of spill); at 128 the
+    other recipes' passes compile too (no rotation: ``redo_left``'s read + signs branch; the per-head baseline's
+    "amax" / "given"), within 64 bytes of spill (a break-it review measured up to 56 at other head_dims: a known
+    cost of the switch for those recipes, bench/NOTES.md "Session 36")."""
     from fa_variants.common import cubin
 
     monkeypatch.setattr(qh, "NONFINITE", True)
     monkeypatch.setattr(qh, "NONFINITE_DEFERRED", True)
-    recipes = [FP8Config()] + ([RECIPES["head-smooth"]] if head_dim == 128 else [])
-    keys = [key for recipe in recipes for key in qh.planned_passes(arch, torch.bfloat16, head_dim, recipe)]
-    assert keys and all(key.config.deferred for key in keys)
-    for key in keys:
-        c = qk.VARIANT.compiled(key)
-        assert cubin.cubin_resources(c.cubin)["spill_bytes"] == 0, key.config
+    recipes = ["default"] + (["no-smooth", "head-smooth", "no-rotate"] if head_dim == 128 else [])
+    for name in recipes:
+        keys = qh.planned_passes(arch, torch.bfloat16, head_dim, RECIPES[name])
+        assert keys and all(key.config.deferred for key in keys)
+        for key in keys:
+            spill = cubin.cubin_resources(qk.VARIANT.compiled(key).cubin)["spill_bytes"]
+            assert spill == 0 if name == "default" else spill <= 64, (name, key.config, spill)
 
 
 # ------------------------------------------------------------------------------------------------ GPU
@@ -216,15 +225,16 @@ def _assert_shift(got, want, q, mean, scale, what):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("deferred", [False, True], ids=["inloop", "deferred"])
+@pytest.mark.parametrize("place", list(PLACES))
 @pytest.mark.parametrize("recipe,head_dim", CASES, ids=[f"{r}-d{d}" for r, d in CASES])
-def test_pass_matches_torch_on_non_finite(monkeypatch, recipe, head_dim, deferred):
+def test_pass_matches_torch_on_non_finite(monkeypatch, recipe, head_dim, place):
     """inf / -inf / NaN in Q, K or V (one value, a whole token, a whole block of a head) and a finite token whose
     Hadamard overflows: the pass with ``NONFINITE`` equals the torch recipe (module docstring); the rows that hold one
     have NaN bytes, the other values of their blocks are not zeroed (descale from the finite values). Both places of
-    the slow path: in the loop, and after it (``NONFINITE_DEFERRED``: the CTA's blocks redone)."""
+    the slow path: in the loop, and after it (``NONFINITE_DEFERRED``: the blocks left redone; ``PLACES``)."""
     monkeypatch.setattr(qh, "NONFINITE", True)
-    monkeypatch.setattr(qh, "NONFINITE_DEFERRED", deferred)
+    monkeypatch.setattr(qh, "NONFINITE_DEFERRED", PLACES[place][0])
+    monkeypatch.setattr(qh, "GRID_CAP", PLACES[place][1])
     cfg = RECIPES[recipe]
     tile_m, tile_n = tiles_for(head_dim)
     clean = _inputs(head_dim, 3 * head_dim)
@@ -254,8 +264,8 @@ def test_pass_matches_torch_on_non_finite(monkeypatch, recipe, head_dim, deferre
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_finite_inputs_unchanged(monkeypatch, head_dim, deferred):
     """Finite inputs (with an all-zero block and a subnormal one): the switch changes no output bit (the slow path
-    is never taken), the default recipe (and the per-head one at 128), its slow path in the loop or after it
-    (``NONFINITE_DEFERRED``); and off, an inf in V saturates to 448 (the behaviour this fixes)."""
+    is never taken, nor with ``NONFINITE_DEFERRED`` any redo), the default recipe (and the per-head one at 128);
+    and off, an inf in V saturates to 448 (the behaviour this fixes)."""
     monkeypatch.setattr(qh, "NONFINITE_DEFERRED", deferred)
     q, k, v = _inputs(head_dim, 7 * head_dim)
     v[0, :64, 0] = 0

@@ -49,7 +49,7 @@ class PassConfig:
     added pairwise at the end instead of one serial chain of dependent FMAs (``lse_shift``); another float32
     summation order, the kernel's own either way (torch's sum within float32 rounding), bit for bit across wide.
     deferred (with nonfinite; session 36, ``quant_host.NONFINITE_DEFERRED``): a block for the slow path is left
-    unstored in the loop and the CTA's blocks are redone after it (``redo_left``): the same outputs, the slow code
+    unstored in the loop and redone after it (``redo_left``): the same outputs, the slow code
     out of the loop's registers."""
 
     role: str = "qk"

@@ -117,11 +117,12 @@ V3_WIDE128: bool | str = _env.flag_or("FA_VARIANTS_FP8_QUANT_WIDE128", "k", ("k"
 #: FA_VARIANTS_FP8_QUANT_NONFINITE=0 (read at import) turns it off
 NONFINITE = _env.flag("FA_VARIANTS_FP8_QUANT_NONFINITE", True)
 #: with NONFINITE, the slow path after each CTA's loop instead of inside it (``PassConfig.deferred``, ``redo_left``;
-#: session 36): a block for it is left unstored and the CTA's blocks are redone from global memory after the loop
-#: (the same outputs). Why: the slow path inside the loop cost the pass 1.112 / 1.015 / 1.057x of NONFINITE off at
+#: session 36): a block for it is left unstored and redone from global memory after the CTA's loop (the same
+#: outputs). Why: the slow path inside the loop cost the pass 1.112 / 1.015 / 1.057x of NONFINITE off at
 #: head_dim 64 / 128 / 256 (H200, session 36), its registers and spills moving with the slow code (sm_90a, D 64: Q
-#: 16 bytes of spill); after the loop the loop's SASS is the switch-off one's + 5 to 7 instructions, no spill. Off
-#: until GPU-tested (scripts/quantdefer_gpu.sh); FA_VARIANTS_FP8_QUANT_DEFERRED=1 (read at import) turns it on
+#: 16 bytes of spill); after the loop the loop's SASS is within -12 / +47 instructions of the switch-off one's, no
+#: spill at the default recipe's head_dims. Off until GPU-tested (scripts/quantdefer_gpu.sh);
+#: FA_VARIANTS_FP8_QUANT_DEFERRED=1 (read at import) turns it on
 NONFINITE_DEFERRED = _env.flag("FA_VARIANTS_FP8_QUANT_DEFERRED", False)
 #: Q's pass: the LSE shift's products summed in this many interleaved chains (``PassConfig.shift_chains``, one of
 #: ``quant_config.SHIFT_CHAIN_COUNTS``) instead of one serial chain of 64 dependent FMAs per thread (session 21's

@@ -50,7 +50,7 @@ Design:
   Q / K first take their values again from the input, rotated with the recipe's per-token power-of-two shift where
   the FWHT's float32 sums would overflow, and normalised (``quant_rotation.rotate_again``, since session 35).
   With ``PassConfig.deferred`` (``quant_host.NONFINITE_DEFERRED``, session 36, off by default until GPU-tested) such
-  a block is left unstored and the CTA redoes its blocks after its loop (``ScaleStoreMixin.redo_left``): the slow
+  a block is left unstored and the CTA redoes it after its loop (``ScaleStoreMixin.redo_left``): the slow
   code out of the loop's registers.
 * Q with K smoothing (``shift``): the LSE shift softmax_scale * q . mean (``quantize.smoothing_lse_shift``)
   is computed in the Q pass from the float32 q it holds (no second read of Q, no float32 copy of it); its
@@ -294,7 +294,8 @@ class QuantPass(StagingMixin, RotationMixin, KMeanMixin, ScaleStoreMixin):
         self.prologue(sStage, sRaw, sMean, mX, mK, mMean, cta, grid, ahead, heads, n_tiles, n_blocks, n_sample, total,
                       tidx, g2s)
         step = Int32(0)  # the CTA's items so far: stage step % S of the loads, parity step % 2 of the maxima
-        left = Int32(0)  # ``deferred``: 1 once a block was left for ``redo_left`` (the same in every thread)
+        # ``deferred``: bit min(step, 31) set for each block left for ``redo_left`` (the same in every thread)
+        left = Int32(0)
         for blk in cutlass.range(cta, total, grid, unroll=1):
             stage = step % S
             parity = step % 2
@@ -304,13 +305,14 @@ class QuantPass(StagingMixin, RotationMixin, KMeanMixin, ScaleStoreMixin):
             mean_buf = stage if const_expr(self.cfg.staged_mean) else parity
             if const_expr((self.cfg.smooth or self.cfg.shift) and not self.cfg.staged_mean):
                 self.block_mean(sMean, mMean, batch, head, heads, parity, tidx)
-            left = left | self.transform_item(x, mX, mY, mDescale, mShift, mPart, mMean, mCount, storage, red, sSigns,
-                                              sMean, sStage, scale, batch, head, tile, is_k, heads, n_tiles, n_sample,
-                                              stage, parity, mean_buf, tidx)
+            flag = self.transform_item(x, mX, mY, mDescale, mShift, mPart, mMean, mCount, storage, red, sSigns, sMean,
+                                       sStage, scale, batch, head, tile, is_k, heads, n_tiles, n_sample, stage, parity,
+                                       mean_buf, tidx)
+            left = left | (flag << cutlass.min(step, 31))
             step = step + 1
         if const_expr(self.cfg.deferred):
             if left != 0:
-                self.redo_left(x, mX, mY, mDescale, mMean, red, sSigns, sMean, sStage, cta, grid, total, heads,
+                self.redo_left(x, mX, mY, mDescale, mMean, red, sSigns, sMean, sStage, left, cta, grid, total, heads,
                                n_tiles, n_blocks, n_sample, tidx)
         if const_expr(self.cfg.late_count):  # the CTA's K blocks counted once, after its loop
             n_count = n_sample if const_expr(self.cfg.k_sample) else n_tiles

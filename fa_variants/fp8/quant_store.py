@@ -125,45 +125,49 @@ class ScaleStoreMixin:
 
     @cute.jit
     def redo_left(self, x: cute.Tensor, mX: cute.Tensor, mY: cute.Tensor, mDescale: cute.Tensor, mMean: cute.Tensor,
-                  red: cute.Tensor, sSigns: cute.Tensor, sMean: cute.Tensor, sStage: cute.Tensor, cta: Int32,
-                  grid: Int32, total: Int32, heads: Int32, n_tiles: Int32, n_blocks: Int32, n_sample: Int32,
-                  tidx: Int32):
-        """``deferred``, after the CTA's loop, once it left a block (``finish_block``): every block of the CTA's
-        items again, from global memory through the slow path (Q / K: ``rotate_again``, K's mean from mMean; V:
-        ``read_again``; then ``finite_block`` and ``scale_store``), overwriting what the loop stored. Redoing them all
-        keeps no list: the slow path gives an ordinary block the fast path's outputs (k = 0: x = fl(x n), whose
-        product with the power-of-two inverse is the fast path's fl(x (n inv)) but for subnormal products, which
-        e4m3 rounds to 0 either way), and a CTA leaves a block only for a non-finite or huge input. The slow code
-        lives after the loop, so the loop keeps the registers it has without the slow path. One buffer of each kind
-        (the stages are drained): a barrier before each block orders its writes after the last one's reads."""
+                  red: cute.Tensor, sSigns: cute.Tensor, sMean: cute.Tensor, sStage: cute.Tensor, left: Int32,
+                  cta: Int32, grid: Int32, total: Int32, heads: Int32, n_tiles: Int32, n_blocks: Int32,
+                  n_sample: Int32, tidx: Int32):
+        """``deferred``, after the CTA's loop, once it left a block (``finish_block``): the blocks it left again,
+        from global memory through the slow path (Q / K: ``rotate_again``, K's mean from mMean; V: ``read_again``;
+        then ``finite_block`` and ``scale_store``). ``left``: bit s for the CTA's item s < 31; bit 31 for any item
+        from 31 on, whereupon every item from 31 on is redone, overwriting what the loop stored: the slow path gives
+        an ordinary block the fast path's outputs (k = 0: x = fl(x n), whose product with the power-of-two inverse
+        is the fast path's fl(x (n inv)) but for subnormal products, which e4m3 rounds to 0 either way). The slow
+        code lives after the loop, so the loop keeps the registers it has without the slow path. One buffer of each
+        kind (the stages are drained): a barrier before each block orders its writes after the last one's reads."""
         D = self.head_dim
         seqlen = mX.shape[1]
         cute.arch.cp_async_wait_group(0)
+        step = Int32(0)
         for blk in cutlass.range(cta, total, grid, unroll=1):
             batch, head, tile, _ = self.decode(blk, heads, n_tiles, n_blocks, n_sample)
-            if blk < n_blocks:  # the tensor's blocks (with ``kmean``, K's partial-sum items follow them)
-                cute.arch.barrier()
-                if const_expr(self.cfg.smooth):
-                    for c in cutlass.range(tidx, D, self.num_threads, unroll=1):
-                        sMean[c, 0] = mMean[batch, self.mean_head(head, heads, mMean), c]
+            marked = (left >> cutlass.min(step, 31)) & 1
+            step = step + 1
+            if marked != 0:  # a block left (with ``kmean``, K's partial-sum items follow the tensor's blocks)
+                if blk < n_blocks:
                     cute.arch.barrier()
-                norm = None
-                if const_expr(self.cfg.role == "qk" and self.cfg.rotate):
-                    self.rotate_again(x, mX, sSigns, sMean[None, 0], batch, head, tile, tidx)
-                    norm = Float32(1.0)  # x is normalised
-                else:
-                    self.read_again(x, mX, batch, head, tile, tidx)
-                    if const_expr(self.cfg.role == "qk"):
-                        self.signs_and_smoothing(x, sSigns, sMean[None, 0], tidx)
-                amax = self.finite_block(x, red, 0, tile, seqlen, tidx, Float32(math.inf))
-                self.scale_store(x, amax, norm, mY, mDescale, batch, head, tile, tidx, sStage[None, 0])
+                    if const_expr(self.cfg.smooth):
+                        for c in cutlass.range(tidx, D, self.num_threads, unroll=1):
+                            sMean[c, 0] = mMean[batch, self.mean_head(head, heads, mMean), c]
+                        cute.arch.barrier()
+                    norm = None
+                    if const_expr(self.cfg.role == "qk" and self.cfg.rotate):
+                        self.rotate_again(x, mX, sSigns, sMean[None, 0], batch, head, tile, tidx)
+                        norm = Float32(1.0)  # x is normalised
+                    else:
+                        self.read_again(x, mX, batch, head, tile, tidx)
+                        if const_expr(self.cfg.role == "qk"):
+                            self.signs_and_smoothing(x, sSigns, sMean[None, 0], tidx)
+                    amax = self.finite_block(x, red, 0, tile, seqlen, tidx, Float32(math.inf))
+                    self.scale_store(x, amax, norm, mY, mDescale, batch, head, tile, tidx, sStage[None, 0])
 
     @cute.jit
     def finite_block(self, x: cute.Tensor, red: cute.Tensor, parity: Int32, tile: Int32, seqlen: Int32, tidx: Int32,
                      amax: Float32) -> Float32:
         """``nonfinite``'s slow path, for a block whose max is inf or NaN (the torch recipe's ``_amax_blocks`` /
-        ``_to_e4m3``): each inf becomes NaN (e4m3 NaN after the conversion, not a saturated 448; a NaN is skipped by fmax), and
-        (modes "block" / "amax") the block max is taken again by the fast path's own code (``thread_max``, then
+        ``_to_e4m3``): each inf becomes NaN (e4m3 NaN after the conversion, not a saturated 448; a NaN is skipped by
+        fmax), and (modes "block" / "amax") the block max is taken again by the fast path's own code (``thread_max``, then
         ``block_max``): over the finite values of the block's existing tokens. A barrier first (every thread has read
         the maxima of ``parity``); ``block_max``'s barrier after; the next write of that buffer is two items on, after
         the next item's barrier. Mode "given" keeps its descale: only the infs change. Tail tokens (not stored; V's
