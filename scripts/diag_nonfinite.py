@@ -51,7 +51,8 @@ for recipe, D in t.CASES:
                 if not torch.equal(a, b2):
                     bad = True
                     m = (a != b2).nonzero()[:3].tolist()
-                    parts.append(f"{n} differ at {m}: " + ",".join(f"{a[tuple(i)].item():.3g}/{b2[tuple(i)].item():.3g}" for i in m))
+                    pairs = ",".join(f"{a[tuple(i)].item():.3g}/{b2[tuple(i)].item():.3g}" for i in m)
+                    parts.append(f"{n} differ at {m}: {pairs}")
             if cfg.smooth_k:
                 try:
                     t._assert_shift(got.lse_shift, ref.lse_shift, q, ref.k_mean, ref.softmax_scale, "")

@@ -13,9 +13,9 @@
 # the CPU (sm_90a, the default recipe) the loop is then within -12 / +47 static instructions of the switch-off one's
 # (~1000-2300), no spill (the slow path in the loop: 16 bytes at D 64's Q pass). A break-it review measured more
 # spill with it at other recipes (no rotation D 256 K 56 bytes, D 128 Q 16; head-smooth D 256 "given" 8).
-# 1. GPU tests: tests/test_fp8_quant_nonfinite.py (every case in the loop and deferred: the pass = the torch recipe on
-#    inf / -inf / NaN / huge / aligned / near inputs; finite inputs bit for bit), and with FA_VARIANTS_FP8_QUANT_DEFERRED=1
-#    tests/test_fp8_quant_kernel.py's pass vs the recipe bit for bit (default recipe, v3) and fa3-fp8 end to end on a
+# 1. GPU tests: tests/test_fp8_quant_nonfinite.py (every case in the loop and deferred, also at GRID_CAP 1 and 5: the
+#    pass = the torch recipe on inf / -inf / NaN / huge / aligned / near inputs; finite inputs bit for bit), and with
+#    FA_VARIANTS_FP8_QUANT_DEFERRED=1 tests/test_fp8_quant_kernel.py's pass vs the recipe bit for bit (default recipe, v3) and fa3-fp8 end to end on a
 #    non-finite input (test_fa3_fp8_rows_that_read_it).
 # 2. scripts/fp8_quant_bandwidth.py: "def" (slow path in the loop), "defd" (deferred) and "defoff" (the switch off),
 #    default recipe, D 64 / 128 / 256, 6 rotated rounds, each kernel's time (--breakdown).
@@ -31,7 +31,8 @@ step pytest 300 bash -c "python3 -m pytest -q $(xdist_flag 12) -m gpu -p no:cach
   tests/test_fp8_quant_nonfinite.py && FA_VARIANTS_FP8_QUANT_DEFERRED=1 python3 -m pytest -q $(xdist_flag 12) -m gpu \
   -p no:cacheprovider --tb=short -rfE tests/test_fp8_quant_kernel.py tests/test_fp8_quant_nonfinite.py -k \
   '(test_pass_matches_torch_bitwise and v3 and default) or test_fa3_fp8_rows_that_read_it'"
-grep -qE "[0-9]+ failed" "$LOGS/pytest.log" && step diag 120 env FA_VARIANTS_FP8_QUANT_DEFERRED=1 python3 scripts/diag_nonfinite.py
+grep -qE "[0-9]+ failed" "$LOGS/pytest.log" \
+  && step diag 120 env FA_VARIANTS_FP8_QUANT_DEFERRED=1 python3 scripts/diag_nonfinite.py
 step bw 150 python3 scripts/fp8_quant_bandwidth.py --pipelines def,defd,defoff --ab defoff:def,defoff:defd,def:defd \
   --recipes default --shapes D=64,D=128,D=256 --rounds 6 --breakdown --json "$out/bw.json"
 echo; stop_clocks; cat "$LOGS/commit.txt"

@@ -167,8 +167,8 @@ class ScaleStoreMixin:
                      amax: Float32) -> Float32:
         """``nonfinite``'s slow path, for a block whose max is inf or NaN (the torch recipe's ``_amax_blocks`` /
         ``_to_e4m3``): each inf becomes NaN (e4m3 NaN after the conversion, not a saturated 448; a NaN is skipped by
-        fmax), and (modes "block" / "amax") the block max is taken again by the fast path's own code (``thread_max``, then
-        ``block_max``): over the finite values of the block's existing tokens. A barrier first (every thread has read
+        fmax), and (modes "block" / "amax") the block max is taken again by the fast path's own code (``thread_max``,
+        then ``block_max``): over the finite values of the block's existing tokens. A barrier first (every thread has read
         the maxima of ``parity``); ``block_max``'s barrier after; the next write of that buffer is two items on, after
         the next item's barrier. Mode "given" keeps its descale: only the infs change. Tail tokens (not stored; V's
         are zeros) may become NaN: nothing reads them. Reusing ``thread_max`` keeps the fast path's loop as it was
