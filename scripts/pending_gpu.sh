@@ -30,7 +30,9 @@
 #       in the loop and deferred) and def / defd / defoff (issue 10's rule: a switch costing > 2 % is made cheaper
 #       first); its header has the prediction and the flip rule.
 #    B. The whole suite on the final tree (scripts/suite_gpu.sh 1, 2 and 3, each its own call; xdist_flag sizes the
-#       workers by GPU memory: on an H100 part 2 took 465 s at 9 workers, near its 560 s step limit).
+#       workers by GPU memory: on an H100 part 2 took 465 s at 9 workers, near its 560 s step limit; session 36 added
+#       22 deferred / no-rotate cases to part 2's tests/test_fp8_quant_nonfinite.py). Budget: F ~450 s cold, then
+#       part 3 (~300 s), part 1 (~270 s), part 2 (~430-470 s): what does not fit goes to the next session.
 #    S. `python3 scripts/decode_ab.py --s34 --variants tiles-deep tiles-dual --rounds 6` (14 long one-row shapes; the
 #       rule and prediction in bench/NOTES.md, "Session 34", were written for an H200: on an H100, say which card ran
 #       it). On an H100 also `python3 scripts/decode_ab.py --s35 --variants tiles-deep tiles-dual base --rounds 6`
