@@ -63,22 +63,25 @@ def test_switch_reaches_every_pass(monkeypatch):
     assert qk.PassConfig().nonfinite is False
 
 
-def test_launch_plan_key_holds_the_switch(monkeypatch):
-    """A cached launch plan (``QUANT_PLANS``) is not reused across the switch: its key holds ``NONFINITE``."""
+@pytest.mark.parametrize("switch", ["NONFINITE", "NONFINITE_DEFERRED"])
+def test_launch_plan_key_holds_the_switch(monkeypatch, switch):
+    """A cached launch plan (``QUANT_PLANS``) is not reused across the switch: its key holds ``NONFINITE`` and
+    ``NONFINITE_DEFERRED``."""
     built = []
     monkeypatch.setattr(qh, "_PLANS", {})
-    monkeypatch.setattr(qh, "_launch_plan", lambda *args: built.append(qh.NONFINITE) or (("fn", 1),))
+    monkeypatch.setattr(qh, "_launch_plan", lambda *args: built.append(getattr(qh, switch)) or (("fn", 1),))
     monkeypatch.setattr(qh, "QUANT_PLANS", True)
     kind = dict(role="v", block=128)
     for on in (False, True, False, True):
-        monkeypatch.setattr(qh, "NONFINITE", on)
+        monkeypatch.setattr(qh, switch, on)
         qh.launch_plan(torch.device("cpu"), torch.bfloat16, 128, False, 4, 0, **kind)
     assert built == [False, True]
 
 
 def test_deferred_reaches_every_pass(monkeypatch):
     """``NONFINITE_DEFERRED`` with ``NONFINITE``: every planned pass has ``deferred`` (and none without NONFINITE);
-    it is in the call plans' switches and the launch plans' key; a config with it but without nonfinite is refused."""
+    it is in the call plans' switches (the launch plans' key: ``test_launch_plan_key_holds_the_switch``); a config
+    with it but without nonfinite is refused."""
     for nonfinite in (False, True):
         for deferred in (False, True):
             monkeypatch.setattr(qh, "NONFINITE", nonfinite)
@@ -87,14 +90,6 @@ def test_deferred_reaches_every_pass(monkeypatch):
                 keys = qh.planned_passes("sm_90a", torch.bfloat16, d, RECIPES[recipe])
                 assert keys and all(key.config.deferred is (nonfinite and deferred) for key in keys), (recipe, d)
             assert quant_call._switches()[-1] is deferred
-    built = []
-    monkeypatch.setattr(qh, "_PLANS", {})
-    monkeypatch.setattr(qh, "_launch_plan", lambda *args: built.append(qh.NONFINITE_DEFERRED) or (("fn", 1),))
-    monkeypatch.setattr(qh, "QUANT_PLANS", True)
-    for deferred in (False, True, False):
-        monkeypatch.setattr(qh, "NONFINITE_DEFERRED", deferred)
-        qh.launch_plan(torch.device("cpu"), torch.bfloat16, 128, False, 4, 0, role="v", block=128)
-    assert built == [False, True]
     with pytest.raises(ValueError, match="deferred"):
         qk.PassConfig(deferred=True).check(128)
 

@@ -136,7 +136,6 @@ class ScaleStoreMixin:
         is the fast path's fl(x (n inv)) but for subnormal products, which e4m3 rounds to 0 either way). The slow
         code lives after the loop, so the loop keeps the registers it has without the slow path. One buffer of each
         kind (the stages are drained): a barrier before each block orders its writes after the last one's reads."""
-        D = self.head_dim
         seqlen = mX.shape[1]
         cute.arch.cp_async_wait_group(0)
         step = Int32(0)
@@ -148,9 +147,7 @@ class ScaleStoreMixin:
                 if blk < n_blocks:
                     cute.arch.barrier()
                     if const_expr(self.cfg.smooth):
-                        for c in cutlass.range(tidx, D, self.num_threads, unroll=1):
-                            sMean[c, 0] = mMean[batch, self.mean_head(head, heads, mMean), c]
-                        cute.arch.barrier()
+                        self.block_mean(sMean, mMean, batch, head, heads, 0, tidx)  # buffer 0, then a barrier
                     norm = None
                     if const_expr(self.cfg.role == "qk" and self.cfg.rotate):
                         self.rotate_again(x, mX, sSigns, sMean[None, 0], batch, head, tile, tidx)
