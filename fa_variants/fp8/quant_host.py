@@ -121,9 +121,10 @@ NONFINITE = _env.flag("FA_VARIANTS_FP8_QUANT_NONFINITE", True)
 #: outputs). Why: the slow path inside the loop cost the pass 1.112 / 1.015 / 1.057x of NONFINITE off at
 #: head_dim 64 / 128 / 256 (H200, session 36), its registers and spills moving with the slow code (sm_90a, D 64: Q
 #: 16 bytes of spill); after the loop the loop's SASS is within -12 / +47 instructions of the switch-off one's, no
-#: spill at the default recipe's head_dims. Off until GPU-tested (scripts/quantdefer_gpu.sh);
-#: FA_VARIANTS_FP8_QUANT_DEFERRED=1 (read at import) turns it on
-NONFINITE_DEFERRED = _env.flag("FA_VARIANTS_FP8_QUANT_DEFERRED", False)
+#: spill at the default recipe's head_dims. On since session 37 (H100, scripts/quantdefer_gpu.sh: the tests passed;
+#: deferred / in the loop 0.984 / 0.991 / 0.986 at head_dim 64 / 128 / 256, deferred / switch off 1.070 / 0.998 /
+#: 1.005); FA_VARIANTS_FP8_QUANT_DEFERRED=0 (read at import) puts the slow path back in the loop
+NONFINITE_DEFERRED = _env.flag("FA_VARIANTS_FP8_QUANT_DEFERRED", True)
 #: Q's pass: the LSE shift's products summed in this many interleaved chains (``PassConfig.shift_chains``, one of
 #: ``quant_config.SHIFT_CHAIN_COUNTS``) instead of one serial chain of 64 dependent FMAs per thread (session 21's
 #: ncu of Q's pass at head_dim 128: the shift costs it 8 us, its wide form stalls on fixed-latency dependencies;

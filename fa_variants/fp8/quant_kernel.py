@@ -49,7 +49,7 @@ Design:
   whose max is inf, ``finite_block`` (infs to NaN, the max again over the finite values: the torch recipe's rule);
   Q / K first take their values again from the input, rotated with the recipe's per-token power-of-two shift where
   the FWHT's float32 sums would overflow, and normalised (``quant_rotation.rotate_again``, since session 35).
-  With ``PassConfig.deferred`` (``quant_host.NONFINITE_DEFERRED``, session 36, off by default until GPU-tested) such
+  With ``PassConfig.deferred`` (``quant_host.NONFINITE_DEFERRED``, session 36, on by default since session 37) such
   a block is left unstored and the CTA redoes it after its loop (``ScaleStoreMixin.redo_left``): the slow
   code out of the loop's registers.
 * Q with K smoothing (``shift``): the LSE shift softmax_scale * q . mean (``quantize.smoothing_lse_shift``)
