@@ -11,8 +11,9 @@
 #   xdist_flag N              prints "-n N" where pytest-xdist is installed, else nothing (pytest runs serially):
 #                             NPROC=$(xdist_flag 8); python3 -m pytest $NPROC ... N is capped at one worker per
 #                             10 GB of the first GPU's memory (H200: 14, H100 80 GB: 8; session 35: 14 workers ran
-#                             11 tests of suite part 1 out of memory on an H100, all passed at 3); SUITE_WORKERS=M
-#                             gives M workers as they are.
+#                             11 tests of suite part 1 out of memory on an H100, all passed at 3; session 37: 8
+#                             ran one out of memory there, another worker's cache holding 20 GiB, so conftest now
+#                             empties each worker's CUDA cache after each test); SUITE_WORKERS=M gives M workers.
 #   help_from_header ARGS...  with --help or -h as the first argument: prints the script's header comment (the
 #                             "#" lines after the first line, "# " taken off) and exits 0; else does nothing.
 #   session_setup DIR         LOGS=DIR (created); writes DIR/commit.txt (write_commit), DIR/gpu.txt

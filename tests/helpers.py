@@ -46,6 +46,17 @@ def _seed_from(env: str) -> int:
 SESSION_SEED = _seed_from(SESSION_SEED_ENV)
 
 
+def release_cached_gpu_memory() -> bool:
+    """In a pytest-xdist worker (``PYTEST_XDIST_WORKER`` set) whose process has initialised CUDA: the caching
+    allocator's unused blocks back to the driver (``torch.cuda.empty_cache``), so that the workers sharing one GPU
+    each hold only what their running test needs. Returns whether it released; elsewhere (serial runs, CPU-only
+    workers) it does nothing, leaving the cache as a serial run's speed wants it."""
+    if not os.environ.get("PYTEST_XDIST_WORKER") or not torch.cuda.is_initialized():
+        return False
+    torch.cuda.empty_cache()
+    return True
+
+
 def fresh_seed() -> int:
     """A test's seed: ``FA_VARIANTS_TEST_SEED``'s value when set (to replay a failure), else fresh (os.urandom)."""
     return _seed_from(SEED_ENV)

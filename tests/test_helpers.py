@@ -75,3 +75,20 @@ def test_padded_kv_cache_and_the_seqlens_k_check(causal):
         assert_attention_ok(out, bad_lse, q, k, v, causal, seqlens_k=seqlens_k)
     with pytest.raises(AssertionError, match="output: FAIL"):
         assert_attention_ok(out, lse, q, k, v, causal, seqlens_k=torch.tensor([0, 1, 7, 12], dtype=torch.int32))
+
+
+@pytest.mark.parametrize("worker,initialised,released", [("gw3", True, True), ("gw3", False, False),
+                                                         (None, True, False), ("", True, False)])
+def test_release_cached_gpu_memory_only_in_a_cuda_worker(monkeypatch, worker, initialised, released):
+    """conftest's ``release_gpu_cache``: torch's cached CUDA blocks are emptied after a test only in an xdist worker
+    that has initialised CUDA (the workers share one GPU); a serial run or a worker without CUDA keeps its cache."""
+    import helpers
+    calls = []
+    if worker is None:
+        monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    else:
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: initialised)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append(1))
+    assert helpers.release_cached_gpu_memory() is released
+    assert len(calls) == int(released)
