@@ -161,7 +161,7 @@ S7 = ([(64, h, 8, b, nk) for h in (32, 64) for b, nk in ((1, 4096), (8, 1024), (
          (128, 64, 8, 1, 32768)]
       + [(64, 64, 8, 1, 32768, 16), (64, 64, 8, 8, 32768, 16), (64, 64, 8, 64, 32768, 16), (64, 32, 8, 1, 32768, 16),
          (128, 32, 8, 1, 32768, 16), (128, 64, 8, 1, 32768, 16), (128, 64, 8, 64, 32768, 16), (64, 64, 8, 64, 1024, 16)])
-# session 7, second decode round (--s8): the Nk 32k shapes under 70% of HBM after the session 7 flips (bench/h200-2026-12-01-s7/raw.tar.xz:decode_bench.md;
+# session 7, second decode round (--s8): the Nk 32k shapes under 70% of HBM after the session 7 flips (bench/h200-2026-12-01-s7/decode_bench.md;
 # D 64 64:8 B 64 Nq 16 left out: unsplit, no variant changes it), then controls the variants change: D 128 32:8 B 1 Nq 16
 # (70%), short Nk (B 1 Nk 4k at seqlen_q 1 / 16, B 8 Nk 1k Nq 16), and one seqlen_q 1 shape at D 128
 S8 = ([(64, 64, 8, 1, 32768, 16), (128, 64, 8, 1, 32768, 16), (64, 32, 8, 1, 32768, 16), (64, 32, 8, 1, 32768, 4),

@@ -43,8 +43,10 @@ KEEP = frozenset({
 })
 TEXT_SUFFIXES = (".md", ".py", ".sh", ".txt", ".toml")
 #: a path into a bench run folder, from the repository root (bench/RUN/...) or from bench/ (NOTES.md: RUN/...),
-#: optionally into an archive (bench/RUN/raw.tar.xz:MEMBER); a * stands for any characters (a glob)
-REF = re.compile(r"(?<![\w/.-])((?:bench/)?(?:h200|cpu)-[\w.-]+(?:/[\w.*-]*[\w*])+)(?::([\w.*-]+(?:/[\w.*-]+)*))?")
+#: optionally into an archive (bench/RUN/raw.tar.xz:MEMBER); a * stands for any characters (a glob). RUN starts
+#: "cpu-" or a card's name ("h200-", "h100-", "a100-": before session 37 only h200 / cpu, so the paths into
+#: h100 runs went unchecked)
+REF = re.compile(r"(?<![\w/.-])((?:bench/)?(?:cpu|[a-z]\d{3})-[\w.-]+(?:/[\w.*-]*[\w*])+)(?::([\w.*-]+(?:/[\w.*-]+)*))?")
 LINK = re.compile(r"\[([^\]\n]*)\]\(([^)\s]+)\)")
 README_NOTE = ("Raw logs ({n} file{s}) packed in `raw.tar.xz`: `tar -xJf raw.tar.xz` here restores them "
                "(bench/README.md).")
@@ -71,11 +73,36 @@ def packable(path: Path, markdown: bool = False) -> bool:
     return path.suffix in RAW_SUFFIXES or (markdown and path.suffix == ".md" and path.name != "README.md")
 
 
+def read_by_code(folder: Path) -> dict[Path, str]:
+    """folder's tracked files that a tracked script, test or package module (.py / .sh outside bench/) names by a
+    quoted file name and names the run folder too (e.g. ``ROOT / "bench" / RUN / "table.md"``: a path built from
+    pieces, which ``fix_references`` cannot rewrite), each with the first such module: kept unpacked like KEEP's
+    (session 37 packed the s7 decode table that scripts/decode_model.py reads)."""
+    files = {p.name: p for p in tracked(folder)}
+    out: dict[Path, str] = {}
+    for code in text_files():
+        rel = code.relative_to(ROOT).as_posix()
+        if code.suffix not in (".py", ".sh") or rel.startswith("bench/"):
+            continue
+        text = read_text(code)
+        if folder.name not in text:
+            continue
+        for name, path in files.items():
+            if path not in out and re.search(r"""["']""" + re.escape(name) + r"""["']""", text):
+                out[path] = rel
+    return out
+
+
 def to_pack(folder: Path, min_bytes: int, markdown: bool = False) -> list[Path]:
-    """Tracked packable files under folder (sorted) that are present, not in KEEP and at least min_bytes long."""
+    """Tracked packable files under folder (sorted) that are present, not in KEEP nor ``read_by_code`` and at least
+    min_bytes long."""
+    read = read_by_code(folder)
+    for path, code in sorted(read.items()):
+        if packable(path, markdown):
+            print(f"  kept {path.relative_to(ROOT)}: {code} reads it")
     return sorted(p for p in tracked(folder)
                   if packable(p, markdown) and p.is_file() and p.relative_to(ROOT).as_posix() not in KEEP
-                  and p.stat().st_size >= min_bytes)
+                  and p not in read and p.stat().st_size >= min_bytes)
 
 
 def members(archive: Path) -> dict[str, bytes]:

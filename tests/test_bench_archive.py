@@ -125,3 +125,29 @@ def test_pack_bench_markdown_packs_long_tables_but_not_the_readme(pb, tmp_path, 
     assert (run / "README.md").read_text().startswith(f"[table](table.md), bench/{RUN}/raw.tar.xz:table.md\n")
     with tarfile.open(run / "raw.tar.xz", "r:xz") as tar:
         assert tar.getnames() == ["table.md"]
+
+
+def test_pack_bench_keeps_what_code_reads_and_checks_every_card(pb, tmp_path, monkeypatch, capsys):
+    """A file a script names by a quoted file name beside its run folder's name (a path built from pieces, which
+    no rewrite can follow) stays unpacked, with a line naming the script; a comment's path is rewritten as before.
+    Paths into a run of any card ("h100-...", not only h200 / cpu) are checked for staleness."""
+    card = "h100" + "-y"
+    run = tmp_path / "bench" / card
+    run.mkdir(parents=True)
+    (run / "table.md").write_text("| a |\n" * 50)
+    (run / "b.log").write_text("step ok\n")
+    (run / "c.log").write_text("other\n")
+    (tmp_path / "model.py").write_text(f'TABLE = ROOT / "bench" / "{card}" / "table.md"\nLOG = "b.log"\n')
+    (tmp_path / "tool.py").write_text(f"# bench/{card}/c.log\n")
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "add", "-A")
+    monkeypatch.setattr(pb, "ROOT", tmp_path)
+    assert pb.main([str(run), "--markdown"]) == 0
+    assert sorted(p.name for p in run.iterdir()) == ["README.md", "b.log", "raw.tar.xz", "table.md"]
+    assert f"kept bench/{card}/table.md: model.py reads it" in capsys.readouterr().out
+    assert (tmp_path / "tool.py").read_text() == f"# bench/{card}/raw.tar.xz:c.log\n"
+    git(tmp_path, "add", "-A")
+    assert pb.stale_references() == []
+    (tmp_path / "notes.txt").write_text(f"bench/{card}/gone.json\n")
+    git(tmp_path, "add", "-A")
+    assert pb.stale_references() == [f"notes.txt: bench/{card}/gone.json"]
