@@ -20,19 +20,16 @@
 # 2. then scripts/NAME_gpu.sh for each NAME, in order, each with the time left of CALL_BUDGET seconds (default 560),
 #    skipped when fewer than 100 s are left; logs in $OUT/pending/NAME.tar.xz, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
-#    Plan for session 37. Session 36 (H200; bench/h200-2026-12-05-s36) ran session 35's queued quantfix (the five
-#    cases still failed: a finite token whose FWHT is NaN in every value left no inf for the slow test), fixed it
-#    (0e8066e: the block max lets a NaN win), then quantnan (35 passed; the switch costs the pass 1.112 / 1.015 /
-#    1.057x of it off at D 64 / 128 / 256), suite part 2 on 0e8066e (1623 passed) and 142 tests of part 3 (all
-#    passed). Then on the CPU: NONFINITE_DEFERRED (611af4d: the slow path after each CTA's loop, off by default; the
-#    default passes' SASS unchanged). In order:
-#    F. `scripts/pending_gpu.sh quantdefer` (~350-500 s cold): the deferred slow path's tests (every non-finite case
-#       in the loop and deferred) and def / defd / defoff (issue 10's rule: a switch costing > 2 % is made cheaper
-#       first); its header has the prediction and the flip rule.
-#    B. The whole suite on the final tree (scripts/suite_gpu.sh 1, 2 and 3, each its own call; xdist_flag sizes the
-#       workers by GPU memory: on an H100 part 2 took 465 s at 9 workers, near its 560 s step limit; session 36 added
-#       22 deferred / no-rotate cases to part 2's tests/test_fp8_quant_nonfinite.py). Budget: F ~450 s cold, then
-#       part 3 (~300 s), part 1 (~270 s), part 2 (~430-470 s): what does not fit goes to the next session.
+#    Plan for session 38. Session 37 (an H100; bench/h100-2026-12-05-s37) ran quantdefer (tests passed; deferred / in
+#    the loop 0.984 / 0.991 / 0.986 at D 64 / 128 / 256: NONFINITE_DEFERRED flipped on, 293663d), suite part 3 (631
+#    passed) and part 1 (3345 passed, 1 out of memory in a float64 reference at 8 workers: conftest now empties each
+#    xdist worker's CUDA cache after each test, fa83f4e) on 5a30c95, and the quant / non-finite / overflow tests on
+#    the flip (none failed). Part 2 did not run. In order:
+#    B. The whole suite on the final tree (scripts/suite_gpu.sh 2, then 1 and 3, each its own call): part 2 has not
+#       run since session 36 (0e8066e) and carries the deferred default; part 1 shows whether fa83f4e's cache release
+#       keeps 8 H100 workers in memory. Budget: part 2 ~430-470 s (cold + ~70 s), part 1 ~380 s, part 3 ~325 s.
+#    G. `scripts/pending_gpu.sh quantgap` (~120-200 s): the switch's queued cost at D 64 (1.070x the switch off in
+#       session 37, kernel sums equal) by graph replay and back to back; its header has the prediction and the rule.
 #    S. `python3 scripts/decode_ab.py --s34 --variants tiles-deep tiles-dual --rounds 6` (14 long one-row shapes; the
 #       rule and prediction in bench/NOTES.md, "Session 34", were written for an H200: on an H100, say which card ran
 #       it). On an H100 also `python3 scripts/decode_ab.py --s35 --variants tiles-deep tiles-dual base --rounds 6`

@@ -25,6 +25,9 @@ def test_fp8_quant_bandwidth_plan_and_summary(capsys, monkeypatch):
     rows[-1]["match"] = "DIFF k"
     assert bw.summarise(rows, 4.28, ["v1", "v2"]) == 1
     assert "75.0% MISMATCH" in capsys.readouterr().out
+    rows[-1]["match"], rows[0]["match"] = "ok", "DIFF q"  # a mismatch in the first pipeline fails the run too
+    assert bw.summarise(rows, 4.28, ["v1", "v2"]) == 1
+    assert "35.0% MISMATCH" in capsys.readouterr().out
     tasks = load_script("quant_precompile").tasks()
     assert {(p, dt, d) for p, dt, d, _ in tasks} == {(p, dt, d) for p in ("v1", "v2", "v3")
                                                      for dt in ("bf16", "fp16") for d in (64, 128, 256)
@@ -338,3 +341,19 @@ def test_quantchains_set_and_pipes():
     assert set(pipes) <= set(bw.PIPES)
     count = int(re.search(r'\nexpect_passed (\d+)\n', text).group(1))
     assert len(collected_ids("-m", "gpu", "tests/test_fp8_quant_shift.py")) == count
+
+
+def test_quantgap_pipes():
+    """scripts/quantgap_gpu.sh (session 37): "def" is the module's default (the deferred slow path since session 37),
+    "definl" the slow path in the loop and "defoff" the switch off, whatever the environment says; the script names
+    only pipelines and recipes the bandwidth script has, and times by graph replay and back to back."""
+    bw = load_script("fp8_quant_bandwidth")
+    assert not {"NONFINITE", "NONFINITE_DEFERRED"} & set(bw.PIPES["def"][1])
+    assert bw.PIPES["definl"] == ("v3", {**bw.PIPES["def"][1], "NONFINITE": True, "NONFINITE_DEFERRED": False})
+    assert bw.PIPES["defd"] == ("v3", {**bw.PIPES["def"][1], "NONFINITE": True, "NONFINITE_DEFERRED": True})
+    assert bw.PIPES["defoff"] == ("v3", {**bw.PIPES["def"][1], "NONFINITE": False})
+    text = (ROOT / "scripts" / "quantgap_gpu.sh").read_text()
+    pipes = re.search(r"--pipelines (\S+)", text).group(1).split(",")
+    recipes = re.search(r"--recipes (\S+)", text).group(1).split(",")
+    assert set(pipes) == {"def", "definl", "defoff"} and set(recipes) <= set(bw.recipes())
+    assert "--graph" in text and "--b2b" in text

@@ -121,7 +121,7 @@ NONFINITE = _env.flag("FA_VARIANTS_FP8_QUANT_NONFINITE", True)
 #: outputs). Why: the slow path inside the loop cost the pass 1.112 / 1.015 / 1.057x of NONFINITE off at
 #: head_dim 64 / 128 / 256 (H200, session 36), its registers and spills moving with the slow code (sm_90a, D 64: Q
 #: 16 bytes of spill); after the loop the loop's SASS is within -12 / +47 instructions of the switch-off one's, no
-#: spill at the default recipe's head_dims. On since session 37 (H100, scripts/quantdefer_gpu.sh: the tests passed;
+#: spill at the default recipe's head_dims. On since session 37 (H100, bench/NOTES.md "Session 37": the tests passed;
 #: deferred / in the loop 0.984 / 0.991 / 0.986 at head_dim 64 / 128 / 256, deferred / switch off 1.070 / 0.998 /
 #: 1.005); FA_VARIANTS_FP8_QUANT_DEFERRED=0 (read at import) puts the slow path back in the loop
 NONFINITE_DEFERRED = _env.flag("FA_VARIANTS_FP8_QUANT_DEFERRED", True)
