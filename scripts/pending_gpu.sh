@@ -30,6 +30,9 @@
 #       keeps 8 H100 workers in memory. Budget: part 2 ~430-470 s (cold + ~70 s), part 1 ~380 s, part 3 ~325 s.
 #    G. `scripts/pending_gpu.sh quantgap` (~120-200 s): the switch's queued cost at D 64 (1.070x the switch off in
 #       session 37, kernel sums equal) by graph replay and back to back; its header has the prediction and the rule.
+#    P. `scripts/pending_gpu.sh fp8poly` (~350-480 s cold) then `scripts/pending_gpu.sh polybf16` (~250-350 s): every
+#       k-th exponential on the FMA pipe (Sm90Config.exp2_poly, session 37, CPU-built: issues 10 and 12); tests, paired
+#       A/Bs, predictions and flip rules in their headers and bench/NOTES.md "Session 37 ... exp2_poly".
 #    S. `python3 scripts/decode_ab.py --s34 --variants tiles-deep tiles-dual --rounds 6` (14 long one-row shapes; the
 #       rule and prediction in bench/NOTES.md, "Session 34", were written for an H200: on an H100, say which card ran
 #       it). On an H100 also `python3 scripts/decode_ab.py --s35 --variants tiles-deep tiles-dual base --rounds 6`

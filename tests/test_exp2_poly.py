@@ -1,0 +1,163 @@
+"""``common.softmax.exp2_poly``: 2^x on the FMA pipe (session 37; ``Sm90Config.exp2_poly``).
+
+* CPU: the algorithm, step for step in float32 numpy (``_model``: the clamp, the rounding FADD of 1.5 * 2^23, the
+  polynomial, n added to the exponent bits): relative error <= 1.1e-4 over [-126, 127], exact at integers, exactly
+  +0 at -inf and from -127 down, NaN kept, no negative or huge value from the exponent field's edge.
+* compile (no GPU, sm_90a): an elementwise kernel of it has no MUFU.EX2 and the instructions the docstring counts
+  (FMNMX, three FADD, three FFMA); fa3-fp8 / fa3 with ``exp2_poly`` issue fewer MUFU.EX2 than without, no spill.
+* GPU: the same elementwise kernel against float64 2^x on random and special inputs.
+"""
+import dataclasses
+import math
+import tempfile
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("cutlass")
+
+import cutlass.cute as cute  # noqa: E402  (module level: the DSL reads the kernels' annotations here)
+from cutlass import Float32  # noqa: E402
+
+from fa_variants.common import interop, softmax  # noqa: E402
+
+C1, C2, C3 = softmax.EXP2_POLY
+
+
+def _model(x: np.ndarray) -> np.ndarray:
+    """exp2_poly's steps in float32 (an FFMA as a float64 product and sum rounded once to float32)."""
+    x = np.asarray(x, dtype=np.float32)
+    x = np.where(np.isnan(x), x, np.maximum(x, np.float32(-127.0)))
+    rounder = np.float32(softmax._ROUNDER)
+    t = (x + rounder).astype(np.float32)
+    f = (x - (t - rounder).astype(np.float32)).astype(np.float32)
+
+    def fma(a, b, c):
+        return (np.float64(a) * np.float64(b) + np.float64(c)).astype(np.float32)
+
+    p = fma(fma(fma(np.float32(C3), f, np.float32(C2)), f, np.float32(C1)), f, np.float32(1.0))
+    bits = p.view(np.int32).astype(np.int64) + (t.view(np.int32).astype(np.int64) << 23)
+    return (bits & 0xFFFFFFFF).astype(np.uint32).view(np.float32)
+
+
+def test_coefficients_are_the_constrained_minimax():
+    """p(0) = 1 exactly and p(f) / 2^f - 1 within 1.02e-4 over [-1/2, 1/2] (float64), with the error's extremes of
+    both signs near the bound (equioscillation: no other cubic with p(0) = 1 does better by much)."""
+    f = np.linspace(-0.5, 0.5, 100001)
+    err = (1 + f * (C1 + f * (C2 + f * C3))) / 2.0 ** f - 1
+    assert np.abs(err).max() <= 1.02e-4
+    assert err.max() >= 0.95e-4 and err.min() <= -0.95e-4
+
+
+def test_model_accuracy_and_edges():
+    x = np.concatenate([np.linspace(-126.0, 127.0, 400001), np.random.default_rng().uniform(-126, 10, 100000)])
+    got = _model(x).astype(np.float64)
+    rel = np.abs(got / np.exp2(x.astype(np.float32).astype(np.float64)) - 1)
+    assert rel.max() <= 1.1e-4, x[rel.argmax()]
+    ints = np.arange(-126, 128, dtype=np.float32)
+    assert (_model(ints) == np.exp2(ints.astype(np.float64)).astype(np.float32)).all()  # exact at integers
+    low = np.array([-np.inf, -1e30, -200.0, -127.0], dtype=np.float32)
+    assert (_model(low).view(np.uint32) == 0).all()  # +0.0 exactly: a masked score adds nothing to l
+    edge = _model(np.linspace(-127.0, -126.0, 1001, dtype=np.float32))
+    assert (edge >= 0).all() and (edge < 2.0 ** -125).all()  # no wrap of the exponent field into the sign bit
+    assert np.isnan(_model(np.array([np.nan], dtype=np.float32))).all()
+
+
+@cute.kernel
+def _elementwise_kernel(x: cute.Tensor, y: cute.Tensor):
+    """y[i] = exp2_poly(x[i]) over a 1-D float32 tensor, 128 threads a block."""
+    tidx, _, _ = cute.arch.thread_idx()
+    bidx, _, _ = cute.arch.block_idx()
+    i = bidx * 128 + tidx
+    if i < x.shape[0]:
+        y[i] = softmax.exp2_poly(Float32(x[i]))
+
+
+@cute.jit
+def _elementwise(x: cute.Tensor, y: cute.Tensor):
+    _elementwise_kernel(x, y).launch(grid=[(x.shape[0] + 127) // 128, 1, 1], block=[128, 1, 1])
+
+
+def _compile(arch: str):
+    """The elementwise kernel compiled for arch against fake 1-D float32 tensors (called with torch tensors)."""
+    from fa_variants.common.cache import compile_options
+
+    n = cute.sym_int()
+    fakes = (interop.fake_tensor("fp32", (n,), 4), interop.fake_tensor("fp32", (n,), 4))
+    with tempfile.TemporaryDirectory() as dump:
+        return cute.compile(_elementwise, *fakes, options=compile_options(arch, dump))
+
+
+@pytest.mark.compile
+def test_elementwise_sass_has_no_mufu():
+    from fa_variants.common import cubin
+
+    compiled = _compile("sm_90a")
+    sass = cubin.sass_of(compiled.artifacts.CUBIN)
+    counts = cubin.count_sass(sass, ("MUFU.EX2", "FADD", "FFMA", "FMNMX"))
+    assert counts["MUFU.EX2"] == 0, counts
+    assert counts["FADD"] >= 3 and counts["FFMA"] >= 3 and counts["FMNMX"] >= 1, counts
+    assert "FMNMX.NAN" in sass  # the clamp keeps NaN
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("variant, dtype, head_dim, every", [("fa3-fp8", "e4m3", 64, 3), ("fa3", "bf16", 64, 3)])
+def test_kernels_issue_fewer_exponentials(variant, dtype, head_dim, every):
+    """``Sm90Config.exp2_poly``: the default config with every third exponential on the FMA pipe issues about a
+    third fewer MUFU.EX2 and spills nothing (sm_90a, non-causal)."""
+    from fa_variants import registry
+    from fa_variants.common import cubin
+
+    if variant == "fa3-fp8":
+        from fa_variants.hopper import fa3_fp8 as module
+    else:
+        from fa_variants.hopper import fa3 as module
+    base = module.DEFAULT_CONFIGS[head_dim]
+    counts = {}
+    for k in (0, every):
+        c = registry.compiled(registry.static_config(variant, "sm_90a", dtype, head_dim, False,
+                                                     dataclasses.replace(base, exp2_poly=k)))
+        counts[k] = cubin.count_sass(cubin.sass_of(c.cubin), ("MUFU.EX2",))["MUFU.EX2"]
+        assert cubin.cubin_resources(c.cubin)["spill_bytes"] == 0, (variant, k)
+    assert counts[every] <= counts[0] * 0.8, counts
+
+
+def test_config_checks_exp2_poly():
+    """0, 2, 3, 4, 8 accepted; other values and (bf16 fa3) exp2_poly without exp2_ffma refused in one line naming
+    it; fa3-fp8 (block-scaled softmax) takes it without exp2_ffma."""
+    from fa_variants.common.config import Sm90Config
+
+    for k in (0, 2, 3, 4, 8):
+        Sm90Config(exp2_ffma=True, exp2_poly=k).check(128)
+    for bad in (1, 5, -2, 2.5, "3"):
+        with pytest.raises(ValueError, match="exp2_poly"):
+            Sm90Config(exp2_ffma=True, exp2_poly=bad).check(128)
+    with pytest.raises(ValueError, match="exp2_poly=3 must be .* 0 without exp2_ffma"):
+        Sm90Config(exp2_ffma=False, exp2_poly=3).check(128)
+    fa3_fp8 = pytest.importorskip("fa_variants.hopper.fa3_fp8")
+    dataclasses.replace(fa3_fp8.DEFAULT_CONFIGS[128], exp2_ffma=False, exp2_poly=4).check(128)
+
+
+@pytest.mark.gpu
+def test_elementwise_matches_float64():
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("needs sm80 or newer")
+    major, minor = torch.cuda.get_device_capability()
+    compiled = _compile(interop.arch_of_capability(major, minor))
+    special = torch.tensor([-math.inf, -1e30, -200.0, -127.0, -126.75, -126.5, 0.0, 1.0, 8.0, -0.5, 0.5, 127.0,
+                            math.nan])
+    x = torch.cat([special, torch.empty(1 << 20).uniform_(-126.0, 127.0), torch.randn(4096) * 4]).cuda()
+    y = torch.full_like(x, math.nan)  # poisoned: an element the kernel skips fails
+    compiled(x, y)
+    torch.cuda.synchronize()
+    ref = torch.exp2(x.double())
+    finite = torch.isfinite(x) & (x > -126.0)
+    rel = ((y.double() / ref - 1).abs())[finite]
+    assert rel.max().item() <= 1.1e-4, x[finite][rel.argmax()].item()
+    assert (y[:4] == 0).all() and not torch.signbit(y[:4]).any()  # -inf .. -127: +0.0
+    assert (y[6:9] == torch.tensor([1.0, 2.0, 256.0], device="cuda")).all()  # exact at integers (P = 1, 2^p_shift)
+    assert torch.isnan(y[12]) and (y[4:6] >= 0).all() and (y[4:6] < 2.0**-125).all()
+    model = torch.from_numpy(_model(x.cpu().numpy())).cuda()  # the CPU model: within an ulp or two of the kernel
+    close = (y - model).abs() <= 4 * torch.finfo(torch.float32).eps * model.abs()
+    assert close[finite].all(), x[finite][~close[finite]][:4].tolist()
