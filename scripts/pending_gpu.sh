@@ -25,14 +25,16 @@
 #    passed) and part 1 (3345 passed, 1 out of memory in a float64 reference at 8 workers: conftest now empties each
 #    xdist worker's CUDA cache after each test, fa83f4e) on 5a30c95, and the quant / non-finite / overflow tests on
 #    the flip (none failed). Part 2 did not run. In order:
-#    B. The whole suite on the final tree (scripts/suite_gpu.sh 2, then 1 and 3, each its own call): part 2 has not
-#       run since session 36 (0e8066e) and carries the deferred default; part 1 shows whether fa83f4e's cache release
-#       keeps 8 H100 workers in memory. Budget: part 2 ~430-470 s (cold + ~70 s), part 1 ~380 s, part 3 ~325 s.
+#    B2. `scripts/suite_gpu.sh 2` (~430-470 s, cold + ~70 s): part 2 has not run since session 36 (0e8066e) and holds
+#       the quantisation tests of the deferred default.
+#    P. `scripts/pending_gpu.sh fp8poly` (~350-480 s) then `scripts/pending_gpu.sh polybf16` (~250-350 s): every
+#       k-th exponential on the FMA pipe (Sm90Config.exp2_poly, session 37, CPU-built, off by default: the defaults'
+#       math SASS unchanged; issues 10 and 12); tests, paired A/Bs, predictions and flip rules in their headers and
+#       bench/NOTES.md "Session 37 ... exp2_poly".
 #    G. `scripts/pending_gpu.sh quantgap` (~120-200 s): the switch's queued cost at D 64 (1.070x the switch off in
 #       session 37, kernel sums equal) by graph replay and back to back; its header has the prediction and the rule.
-#    P. `scripts/pending_gpu.sh fp8poly` (~350-480 s cold) then `scripts/pending_gpu.sh polybf16` (~250-350 s): every
-#       k-th exponential on the FMA pipe (Sm90Config.exp2_poly, session 37, CPU-built: issues 10 and 12); tests, paired
-#       A/Bs, predictions and flip rules in their headers and bench/NOTES.md "Session 37 ... exp2_poly".
+#    B1/B3. `scripts/suite_gpu.sh 1` (~380 s: whether fa83f4e's cache release keeps 8 H100 workers in memory) and 3
+#       (~325 s; it now holds tests/test_exp2_poly.py): what does not fit goes to the next session.
 #    S. `python3 scripts/decode_ab.py --s34 --variants tiles-deep tiles-dual --rounds 6` (14 long one-row shapes; the
 #       rule and prediction in bench/NOTES.md, "Session 34", were written for an H200: on an H100, say which card ran
 #       it). On an H100 also `python3 scripts/decode_ab.py --s35 --variants tiles-deep tiles-dual base --rounds 6`

@@ -8,9 +8,9 @@
 # Why (bench/NOTES.md, "Session 37 ... predictions"): at bf16 head_dim 64 the MUFU takes as long per score as the
 # tensor cores (16 exponentials vs 4096 / (4 x 64) scores per SM and clock), where fa3 / flash-attn-4 is 0.93-0.94;
 # at 128 half as long.
-# 0. precompile: scripts/fa3_speed_ab.py --precompile for new / poly2 / poly3 / poly4 at the A/B's shapes, with
+# 0. precompile: scripts/fa3_speed_ab.py --precompile for old / new / poly2 / poly3 / poly4 at the A/B's shapes, with
 #    flash-attn-4's kernels (its disk cache on).
-# 1. scripts/fa3_speed_ab.py, paired, 6 rounds: new / poly2 (64) / poly3 / poly4 beside flash-attn-4 and cuDNN at
+# 1. scripts/fa3_speed_ab.py, paired, 6 rounds: old / new / poly2 (64) / poly3 / poly4 beside flash-attn-4 and cuDNN at
 #    D 64 and 128, N 4k / 16k, causal and not.
 # Pass: precompile without error; no ERR in the A/B. Prediction: poly / new 1.02-1.06 at 64, 0.99-1.02 at 128.
 # Flip rule: exp2_poly into fa3's DEFAULT_CONFIGS at a head_dim if its best k is "faster" at >= 2 shapes and "same" or
@@ -20,7 +20,7 @@ source "$(dirname "$0")/steps.sh"
 out="${OUT:-results}/polybf16"; gpu_session "$out/logs" "$@"
 export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR="$out/fa4cache"
 SHAPES=64:4096:full,64:4096:causal,64:16384:full,64:16384:causal,128:4096:full,128:4096:causal,128:16384:full,128:16384:causal
-VARIANTS=new,poly2,poly3,poly4
+VARIANTS=old,new,poly2,poly3,poly4
 step precompile 90 python3 scripts/fa3_speed_ab.py --precompile 8 --precompile-fa4 --variants $VARIANTS \
   --shapes "$SHAPES"
 step speed_ab 240 python3 scripts/fa3_speed_ab.py --variants $VARIANTS --shapes "$SHAPES" \

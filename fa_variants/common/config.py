@@ -329,10 +329,11 @@ class Sm90Config:
             raise ValueError(f"alpha_first={self.alpha_first!r} must be a bool, True only with exp2_ffma=True")
         if not isinstance(self.hoisted_descriptors, bool):
             raise ValueError(f"hoisted_descriptors={self.hoisted_descriptors!r} must be a bool")
-        if not is_int(self.exp2_poly) or self.exp2_poly not in (0, 2, 3, 4, 8) or (
-                self.exp2_poly and not (self.exp2_ffma or self.TILE_SCALED_SOFTMAX)):
-            raise ValueError(f"exp2_poly={self.exp2_poly!r} must be 0, 2, 3, 4 or 8, and 0 without exp2_ffma=True "
-                             "(fa3-fp8 takes any)")
+        if not is_int(self.exp2_poly) or self.exp2_poly not in (0, 2, 3, 4, 8):
+            raise ValueError(f"exp2_poly={self.exp2_poly!r} must be 0, 2, 3, 4 or 8")
+        if self.exp2_poly and not (self.exp2_ffma or self.TILE_SCALED_SOFTMAX):
+            raise ValueError(f"exp2_poly={self.exp2_poly} needs exp2_ffma=True (the one-FFMA exponent; fa3-fp8's "
+                             "block-scaled softmax takes it without)")
         object.__setattr__(self, "exp2_poly", int(self.exp2_poly))
         if not isinstance(self.seqlens_k, bool) or (self.seqlens_k and self.persistent):
             raise ValueError(f"seqlens_k={self.seqlens_k!r} must be a bool, True only with persistent=False")

@@ -51,7 +51,7 @@ the tensor cores' time per score, at 128 as long (bf16 at 64 as long), so the ex
 clock); a fraction of about a third balances the two pipes. The idea is flash-attn-4's on Blackwell (its
 ``ex2_emu_freq``); its sm90 path keeps MUFU.EX2. Values: relative error <= 1.1e-4 against 2^x (MUFU.EX2: ~2^-22),
 below an e4m3 P's half ulp (2^-4) and a bf16 P's (2^-9); exact at integers (P = 1 at x = 0, 2^p_shift at the FP8
-row max) and 0 from -127 down, NaN kept (module docstring of ``exp2_poly``).
+row max), +0 from -126.5 down, NaN kept (``exp2_poly``'s docstring).
 
 Row max and row sum reduce over ``chains`` independent accumulators and a small tree (`row_reduce`): a serial
 chain of dependent FMNMX (FADD) over a thread's 32-64 columns is latency-bound while the MUFU waits for m.
@@ -118,19 +118,22 @@ _ROUNDER = 12582912.0
 def exp2_poly(x: Float32, *, loc=None, ip=None) -> Float32:
     """2^x on the FMA pipe, without MUFU.EX2 (``OnlineSoftmax(poly_every=...)``): x = n + f with n = round(x) (one
     FADD of 1.5 * 2^23, whose bits then hold n; two more FADD give f in [-1/2, 1/2]), 2^f by ``EXP2_POLY`` (three
-    FFMA), and n added to the exponent field of 2^f as an integer (n << 23 added to its bits).
+    FFMA), times 2^n, a float32 whose exponent field n + 127 is made from those bits by one integer shift-add (LEA):
+    FMNMX + 3 FADD + 3 FFMA + LEA + FMUL.
 
-    x is clamped to >= -127 first (FMNMX that keeps NaN): there n = -127 and 2^f = 1 exactly give +0.0, so -inf
-    (a masked score) gives exactly 0, and no x >= -127 takes the exponent field below 0 (x in (-127, -126.5]: a
-    denormal bit pattern, flushed by the next FTZ add). NaN stays NaN (2^f is NaN, and NaN's n << 23 adds 0). Exact
-    at every integer x in [-126, 127] (f = 0). For x >= 128 (never in the softmax: x <= p_shift there) it does not
-    saturate to inf as MUFU.EX2 does. Relative error <= 1.1e-4 elsewhere (``EXP2_POLY``)."""
+    x is clamped to >= -127 first (FMNMX that keeps NaN). Then n + 127 lies in [0, 255]: 2^n is +0 for n = -127, so
+    every x <= -126.5 gives +0 exactly (a masked score, -inf, adds nothing to l), and 2^128 = inf for x in
+    [127.5, 128.5) (MUFU.EX2 gives inf from 128). Exact at every integer x in [-126, 127] (f = 0, p = 1). NaN stays
+    NaN through the product (the GPU's NaN, 0x7FFFFFFF, would wrap an integer add of its bits into 3.4e38). Beyond
+    x = 128.5 (never in the softmax: x <= p_shift there) the exponent field overflows into the sign: not for such x.
+    Relative error <= 1.1e-4 for x >= -126 (``EXP2_POLY``); in (-126.5, -126) the result is subnormal."""
     x = cute.arch.fmax(x, Float32(-127.0), nan=True, loc=loc, ip=ip)
     t = x + Float32(_ROUNDER)
     f = x - (t - Float32(_ROUNDER))
     c1, c2, c3 = EXP2_POLY
     p = cute.math.fma(cute.math.fma(cute.math.fma(Float32(c3), f, Float32(c2)), f, Float32(c1)), f, Float32(1.0))
-    return bits_f32(f32_bits(p, loc=loc, ip=ip) + (f32_bits(t, loc=loc, ip=ip) << 23), loc=loc, ip=ip)
+    # bits(t) = 0x4B400000 + n and 0x4B400000 << 23 wraps to 0, so (bits(t) << 23) + (127 << 23) = (n + 127) << 23
+    return p * bits_f32((f32_bits(t, loc=loc, ip=ip) << 23) + Int32(127 << 23), loc=loc, ip=ip)
 
 
 def row_reduce(s: cute.Tensor, r: int, op, chains: int, init=None):
