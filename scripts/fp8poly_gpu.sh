@@ -19,8 +19,8 @@
 #    project's rule).
 # 2. scripts/fa3_fp8_speed_ab.py --set fp8poly --protocol paired: N 4k / 16k, causal and not, B*N = 16k, H*D = 2048,
 #    beside bf16 fa3 and flash-attn-4; ratios against new with the A/A interval.
-# Pass: precompile "0 failed"; "29 passed"; no FAILED line in the A/B. Prediction: poly / new 1.05-1.15 at 64 (poly3
-# best), 1.00-1.05 at 128. Flip rule: exp2_poly into DEFAULT_SWITCHES at a head_dim if its best k is "faster" at >= 2
+# Pass: precompile "0 failed"; "29 passed"; no FAILED line in the A/B. Prediction: poly3 / new 1.10-1.25 at 64 (poly4
+# below it), poly4 / new 1.00-1.05 at 128 (the pipe model in bench/NOTES.md: the MUFU bound at 64 falls by 1.48x). Flip rule: exp2_poly into DEFAULT_SWITCHES at a head_dim if its best k is "faster" at >= 2
 # shapes and "same" or "faster" at the rest, the tests pass and the default compiles without spills.
 set -uo pipefail
 source "$(dirname "$0")/steps.sh"
