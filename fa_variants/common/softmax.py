@@ -47,8 +47,9 @@ Exponentials on the FMA pipe (``poly_every`` k > 0, with exp2_ffma or tile_scale
 a row takes ``exp2_poly`` instead of MUFU.EX2. The MUFU issues 16 exponentials per SM and clock, while Hopper's
 e4m3 WGMMA needs 4 head_dim FLOP per score at 8192 FLOP per SM and clock: at head_dim 64 (FP8) the MUFU takes twice
 the tensor cores' time per score, at 128 as long (bf16 at 64 as long), so the exponentials bound the softmax there.
-``exp2_poly`` costs ~8 FMA-pipe instructions and a FMNMX per score instead (the FMA pipe issues 128 per SM and
-clock); a fraction of about a third balances the two pipes. The idea is flash-attn-4's on Blackwell (its
+``exp2_poly`` costs 7 FMA-pipe instructions (3 FADD, 3 FFMA, FMUL; 128 lanes per SM and clock) and 2 ALU ones
+(FMNMX, LEA; 64 lanes) per score instead; about a third of the exponentials balances the three pipes at e4m3 64
+(bench/NOTES.md, "Session 37 ... exp2_poly": the pipe model). The idea is flash-attn-4's on Blackwell (its
 ``ex2_emu_freq``); its sm90 path keeps MUFU.EX2. Values: relative error <= 1.1e-4 against 2^x (MUFU.EX2: ~2^-22),
 below an e4m3 P's half ulp (2^-4) and a bf16 P's (2^-9); exact at integers (P = 1 at x = 0, 2^p_shift at the FP8
 row max), +0 from -126.5 down, NaN kept (``exp2_poly``'s docstring).
