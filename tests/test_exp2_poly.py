@@ -174,3 +174,28 @@ def test_elementwise_matches_float64():
     model = torch.from_numpy(_model(x.cpu().numpy())).cuda()  # the CPU model: within an ulp or two of the kernel
     close = (y - model).abs() <= 4 * torch.finfo(torch.float32).eps * model.abs()
     assert close[finite].all(), x[finite][~close[finite]][:4].tolist()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("every", [2, 3, 4])
+def test_fa3_one_key_rows_return_v_exactly(every, rng_seed, nan_allocations):
+    """bf16 fa3 with exp2_poly: row i's logit on key i is 2000 x softmax_scale above every other (the others' P are
+    exactly 0), for keys 0..63, so each of a thread's columns, those on the polynomial among them, holds a row's only
+    key: O must be that key's V bit for bit and the LSE its logit (EC-04's rule: P at the row max rounds to 1)."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("needs an sm90 GPU")
+    from fa_variants.hopper import fa3
+
+    n, heads, head_dim = 64, 2, 64
+    g = torch.Generator(device="cuda").manual_seed(rng_seed)
+    q = (torch.eye(n, head_dim, device="cuda") * 2000).expand(1, heads, n, head_dim).transpose(1, 2)
+    q = q.to(torch.bfloat16).contiguous()
+    k = (torch.eye(n, head_dim, device="cuda")).expand(1, heads, n, head_dim).transpose(1, 2).to(torch.bfloat16)
+    k = k.contiguous()
+    v = torch.randn(1, n, heads, head_dim, device="cuda", generator=g).to(torch.bfloat16)
+    scale = 1.0 / math.sqrt(head_dim)
+    config = dataclasses.replace(fa3.DEFAULT_CONFIGS[head_dim], exp2_poly=every)
+    with nan_allocations():
+        out, lse = fa3.run(q, k, v, causal=False, softmax_scale=scale, config=config)
+    assert torch.equal(out, v), (out - v).abs().max().item()
+    assert torch.allclose(lse, torch.full_like(lse, 2000 * scale), rtol=1e-6)
