@@ -230,8 +230,9 @@ FP8HOIST_VARIANTS[128]["unhoisted"] = dict(huge_hoisted=False)
 # session 37: every k-th exponential of a row by a polynomial on the FMA pipe instead of MUFU.EX2 (Sm90Config.exp2_poly,
 # common.softmax.exp2_poly): the MUFU takes 2x the e4m3 tensor cores' time per score at head_dim 64 and 1x at 128, so
 # the exponentials bound the softmax there. The k that compile without spills (sm_90a, both causal modes): 3 / 4 at
-# 64 (2 spills 16 bytes causal), 4 at 128 (3 spills 24 bytes non-causal). Predicted poly3 / new: 1.10-1.25 at 64 (poly4
-# below), poly4 / new 1.00-1.05 at 128 (bench/NOTES.md, "Session 37 ... exp2_poly": the pipe model); 256 (MUFU at half the tensor cores' time) not timed
+# 64 (2 spills 16 bytes causal), 4 at 128 (3 spills 24 bytes non-causal). Predicted poly3 / new: 1.10-1.25 at 64
+# (poly4 below), poly4 / new 1.00-1.05 at 128 (bench/NOTES.md, "Session 37 ... exp2_poly": the pipe model); 256 (the
+# MUFU at half the tensor cores' time) not timed
 FP8POLY_VARIANTS: dict[int, dict[str, dict]] = {
     64: {"new": {}, "poly3": dict(exp2_poly=3), "poly4": dict(exp2_poly=4)},
     128: {"new": {}, "poly4": dict(exp2_poly=4)}}
