@@ -315,8 +315,7 @@ def _auto_backends(arch: str, dtypes: list[str]) -> list[str]:
     from fa_variants import dispatch
     from fa_variants.common.interop import TORCH_DTYPES
 
-    digits = arch.removeprefix("sm_").rstrip("af")
-    capability = (int(digits[:-1]), int(digits[-1]))
+    capability = interop.capability_of_arch(arch)
     wanted = {str(TORCH_DTYPES[d]).removeprefix("torch.") for d in dtypes}
 
     def auto_may_pick(name: str) -> bool:

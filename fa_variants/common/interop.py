@@ -56,6 +56,13 @@ def arch_of_capability(major: int, minor: int) -> str:
     return f"sm_{major}{minor}a" if major >= 9 else f"sm_{major}{minor}"
 
 
+def capability_of_arch(arch: str) -> tuple[int, int]:
+    """The compute capability of a compile target ``arch_of_capability`` wrote (the caller has checked it is one):
+    'sm_90a' -> (9, 0), 'sm_121a' -> (12, 1), 'sm_86' -> (8, 6)."""
+    digits = arch.removeprefix("sm_").rstrip("af")
+    return int(digits[:-1]), int(digits[-1])
+
+
 def device_arch(device: torch.device | int | None = None) -> str:
     """The arch string of a CUDA device (what a runtime compile targets)."""
     return arch_of_capability(*torch.cuda.get_device_capability(device))

@@ -531,8 +531,7 @@ def planned_passes(arch: str, dtype: torch.dtype, head_dim: int, config: FP8Conf
     module globals for the duration: not while another thread quantises. ValueError (registry's
     UnsupportedConfigError) for an arch, dtype or head_dim the pass is not built for."""
     static_config(arch, dtype, head_dim, PassConfig())  # the arch / dtype / head_dim checks
-    digits = arch.removeprefix("sm_").rstrip("af")
-    capability = (int(digits[:-1]), int(digits[-1]))
+    capability = interop.capability_of_arch(arch)
     keys: dict = {}
 
     def record(device, dt, d, cfg):
