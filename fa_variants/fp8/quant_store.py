@@ -68,9 +68,7 @@ class ScaleStoreMixin:
             # the block max is inf or NaN (the same value in every thread: a uniform branch). Q / K: also from
             # 2^125 / D, as the recipe shifts a token whose finite max m has m D >= 2^126 and the FWHT's max is at
             # least m (|H x|_inf >= |x|_inf): such blocks take the recipe's shift too
-            slow = not_below(amax, math.inf)
-            if const_expr(self.cfg.rotate):
-                slow = not_below(amax, 2.0 ** 125 / self.head_dim)
+            slow = not_below(amax, 2.0 ** 125 / self.head_dim if const_expr(self.cfg.rotate) else math.inf)
             if const_expr(self.cfg.deferred):
                 if slow:
                     left = Int32(1)
@@ -79,10 +77,7 @@ class ScaleStoreMixin:
                     self.rotate_again(x, mX, sSigns, sMean, batch, head, tile, tidx)
                     norm = Float32(1.0)
                 amax = self.finite_block(x, red, parity, tile, seqlen, tidx, amax)
-        if const_expr(self.cfg.deferred):
-            if left == 0:
-                self.scale_store(x, amax, norm, mY, mDescale, batch, head, tile, tidx, sStage)
-        else:
+        if left == 0:  # always, but for a block ``deferred`` left
             self.scale_store(x, amax, norm, mY, mDescale, batch, head, tile, tidx, sStage)
         return left
 
