@@ -37,6 +37,5 @@ step speed_ab 200 python3 scripts/fa3_fp8_speed_ab.py --set fp8hoist --head-dims
 echo; stop_clocks; cat "$LOGS/commit.txt"
 grep -E "precompile:|FAILED|failed" "$LOGS/precompile.log" "$LOGS/quant_precompile.log" | head -8
 expect_passed 66
-echo "== speed_ab"; grep -E "^d[0-9]+ N|FAILED|A/A|/new" "$LOGS/speed_ab.log" | head -n 120
-cat "$out/ab/summary.md" 2>/dev/null | head -n 60
+ab_report "$out/ab"
 steps_exit

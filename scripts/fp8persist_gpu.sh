@@ -28,6 +28,5 @@ step speed_ab 230 python3 scripts/fa3_fp8_speed_ab.py --set fp8persist --phase m
 echo; stop_clocks; cat "$LOGS/commit.txt"
 grep -E "precompile:|FAILED" "$LOGS/precompile.log" | head -8
 expect_passed 62
-echo "== speed_ab"; grep -E "^d[0-9]+ N|FAILED|A/A|/new" "$LOGS/speed_ab.log" | head -n 260
-cat "$out/ab/summary.md" 2>/dev/null | head -n 60
+ab_report "$out/ab" 260
 steps_exit

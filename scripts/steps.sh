@@ -37,6 +37,9 @@
 #   expect_passed COUNT       a script's summary of its step "pytest": "== pytest", the FAILED / ERROR / passed /
 #                             failed lines of $LOGS/pytest.log, and step_failed pytest unless it says "COUNT passed"
 #                             (tests/test_gpu_scripts*.py check COUNT against the tests the step selects)
+#   ab_report DIR [LINES]     a script's summary of its step "speed_ab" (scripts/fa3_fp8_speed_ab.py --out DIR):
+#                             "== speed_ab", the per-problem / A/A / ratio / FAILED lines of $LOGS/speed_ab.log (at
+#                             most LINES, default 120) and the first 60 lines of DIR/summary.md
 #   steps_exit                a GPU script's last command: exit 1 after "== not passed: NAME (WHAT) ..." when a
 #                             step was noted, else exit 0. So the script's exit code is its steps', never its
 #                             closing summary's (a grep that found nothing exits 1, a tail 0 whatever happened).
@@ -129,6 +132,11 @@ step_failed() { [[ -z ${STEP_FAILED:-} ]] || echo "$1 ($2)" >> "$STEP_FAILED"; }
 expect_passed() {
   echo "== pytest"; grep -E "^(FAILED|ERROR)|passed|failed" "$LOGS/pytest.log" | tail -n 12
   grep -qE "(^|[^0-9])$1 passed" "$LOGS/pytest.log" || step_failed pytest "not $1 passed"
+}
+
+ab_report() {
+  echo "== speed_ab"; grep -E "^d[0-9]+ N|FAILED|A/A|/new" "$LOGS/speed_ab.log" | head -n "${2:-120}"
+  cat "$1/summary.md" 2>/dev/null | head -n 60
 }
 
 steps_exit() {
