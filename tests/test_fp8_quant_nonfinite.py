@@ -34,8 +34,8 @@ RECIPES = {"default": FP8Config(), "no-smooth": FP8Config(smooth_k=False), "head
 # 256); K unsmoothed (its inf stays in its block), the per-head baseline ("amax" + "given") and no rotation at 128
 CASES = [("default", 64), ("default", 128), ("default", 256), ("no-smooth", 128), ("head-smooth", 128),
          ("no-rotate", 128)]
-# where the slow path runs: in the loop, or after it (``NONFINITE_DEFERRED``, the default since session 37) with the grid the host
-# picks (one item per CTA at these sizes), with one CTA for every item (``GRID_CAP`` 1: more than 31 items, the
+# where the slow path runs: in the loop, or after it (``NONFINITE_DEFERRED``, the default since session 37) with the
+# grid the host picks (one item per CTA at these sizes), with one CTA for every item (``GRID_CAP`` 1: more than 31 items, the
 # "every item from 31 on" bit) and with 5 CTAs (several items each: only the items left are redone)
 PLACES = {"inloop": (False, None), "deferred": (True, None), "deferred-grid1": (True, 1), "deferred-grid5": (True, 5)}
 BAD = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
