@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# suite_gpu.sh: the whole GPU suite (`-m "gpu and not slow"`) in three parts, one GPU call each, on one H200.
+# suite_gpu.sh: the whole GPU suite (`-m "gpu and not slow"`) in four parts, one GPU call each, on one H100 or H200.
 #
-#   source .gpu/env.sh && scripts/suite_gpu.sh 1|2|3|slow   (repository root; writes under $OUT/suite<PART>; --help)
+#   source .gpu/env.sh && scripts/suite_gpu.sh 1|2|3|4|slow   (repository root; writes under $OUT/suite<PART>; --help)
 #
 # Why: on a cold machine (nothing compiled) the whole suite took 546 s in session 27 and no longer fit one 600 s call
-# in session 28 (82 % at 560 s). Part 2 is the last eight files in collection order (session 28, call 3: 1609 tests
+# in session 28 (82 % at 560 s). Part 2 was the last eight files in collection order (session 28, call 3: 1609 tests
 # in 357 s, cold); part 3 the fa3-fp8 kernel files (split from part 1 in session 32, when part 1's ~3950 tests took
-# 529 s of the step's 560, cold); part 1 every other GPU test file. tests/test_gpu_scripts.py checks that the
-# lists together name every test file that has GPU tests, once. "slow": the GPU tests marked slow, which parts 1-3
-# leave out (offsets past 2^31 elements: tests/test_edge_cases.py ec15a / ec15b, tens of GB; session 32: 6 passed,
-# 39 s).
+# 529 s of the step's 560, cold); part 4 the quantisation pass's three files, split from part 2 in session 38 (an
+# H100 stopped part 2 at 96 % of the step's 560 s; an H200 took 419 s in session 36); part 1 every other GPU test
+# file. tests/test_gpu_scripts.py checks that the lists together name every test file that has GPU tests, once.
+# "slow": the GPU tests marked slow, which parts 1-4 leave out (offsets past 2^31 elements: tests/test_edge_cases.py
+# ec15a / ec15b, tens of GB; session 32: 6 passed, 39 s).
 # The 25 slowest tests are listed (--durations=25: what to move when a part nears its limit). Every skipped test is
 # listed with its reason (-rs) and the count printed last: on one H200 the expected skips are
 # the tests that need a second GPU (ec18a, "needs two GPUs"); any other skip fails the call (step "skips"), a hole
@@ -19,7 +20,8 @@ set -uo pipefail
 source "$(dirname "$0")/steps.sh"
 help_from_header "$@"
 PART2="tests/test_torch_compile.py tests/test_seqlens_k_gpu.py tests/test_nonfinite_gpu.py tests/test_kernels_gpu.py
-  tests/test_fp8_study_model.py tests/test_fp8_quant_shift.py tests/test_fp8_quant_nonfinite.py tests/test_fp8_quant_kernel.py"
+  tests/test_fp8_study_model.py"
+PART4="tests/test_fp8_quant_shift.py tests/test_fp8_quant_nonfinite.py tests/test_fp8_quant_kernel.py"
 PART1="tests/test_bench.py tests/test_cache_gpu.py tests/test_compile.py tests/test_decode_fused_gpu.py
   tests/test_decode_gpu.py tests/test_distributed.py tests/test_edge_cases.py tests/test_fa1_gpu.py tests/test_fa2_gpu.py
   tests/test_fa2_split_gpu.py tests/test_fa3_gpu.py"
@@ -30,8 +32,9 @@ case "${1:-}" in
   1) FILES=$PART1 ;;
   2) FILES=$PART2 ;;
   3) FILES=$PART3 ;;
-  slow) FILES="$PART1 $PART2 $PART3"; MARK="gpu and slow"; NPROC="" ;;  # serial: six 17-35 GB tests at once exceed 141 GB
-  *) echo "suite_gpu.sh: PART must be 1, 2, 3 or slow, got '${1:-}'" >&2; exit 2 ;;
+  4) FILES=$PART4 ;;
+  slow) FILES="$PART1 $PART2 $PART3 $PART4"; MARK="gpu and slow"; NPROC="" ;;  # serial: six 17-35 GB tests at once exceed 141 GB
+  *) echo "suite_gpu.sh: PART must be 1, 2, 3, 4 or slow, got '${1:-}'" >&2; exit 2 ;;
 esac
 out="${OUT:-results}/suite$1"; session_setup "$out/logs"
 step pytest 560 python3 -m pytest -q $NPROC -m "$MARK" -p no:cacheprovider --tb=short -rfEs --durations=25 $FILES

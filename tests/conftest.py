@@ -56,9 +56,9 @@ def rng_seed(request) -> int:
 @pytest.fixture(autouse=True)
 def release_gpu_cache():
     """After each test in a pytest-xdist worker, the CUDA memory its caching allocator holds unused goes back to the
-    driver (``helpers.release_cached_gpu_memory``): the workers share one GPU, and a worker keeping a big test's
-    blocks cached starved another's float64 reference (session 37, H100, 8 workers: one worker held 20 GiB, another
-    failed to get 512 MiB)."""
+    driver when the worker holds more than its share of the card (``helpers.release_cached_gpu_memory``): the workers
+    share one GPU, and a worker keeping a big test's blocks cached starved another's float64 reference (session 37,
+    H100, 8 workers: one worker held 20 GiB, another failed to get 512 MiB)."""
     yield
     helpers.release_cached_gpu_memory()
 

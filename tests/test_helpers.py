@@ -3,6 +3,7 @@ a wrong shape or dtype, a wrong answer for per-sequence KV lengths; make_qkv dra
 shapes, padded_kv_cache a KV cache whose padding is NaN."""
 import math
 import random
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -77,18 +78,25 @@ def test_padded_kv_cache_and_the_seqlens_k_check(causal):
         assert_attention_ok(out, lse, q, k, v, causal, seqlens_k=torch.tensor([0, 1, 7, 12], dtype=torch.int32))
 
 
-@pytest.mark.parametrize("worker,initialised,released", [("gw3", True, True), ("gw3", False, False),
-                                                         (None, True, False), ("", True, False)])
-def test_release_cached_gpu_memory_only_in_a_cuda_worker(monkeypatch, worker, initialised, released):
+@pytest.mark.parametrize("worker,initialised,workers,reserved_gib,released", [
+    ("gw3", True, "8", 6, True), ("gw3", True, "8", 4, False), ("gw3", True, None, 41, True),
+    ("gw3", True, "1", 39, False), ("gw3", False, "8", 6, False), (None, True, "8", 6, False), ("", True, "8", 6, False)])
+def test_release_cached_gpu_memory_only_past_a_workers_share(monkeypatch, worker, initialised, workers, reserved_gib,
+                                                              released):
     """conftest's ``release_gpu_cache``: torch's cached CUDA blocks are emptied after a test only in an xdist worker
-    that has initialised CUDA (the workers share one GPU); a serial run or a worker without CUDA keeps its cache."""
+    that has initialised CUDA and holds more than total / (2 x workers) (here an 80 GiB card: 5 GiB at 8 workers,
+    40 GiB for one or an unknown count); a serial run, a worker without CUDA or one under its share keeps its cache."""
     import helpers
     calls = []
-    if worker is None:
-        monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
-    else:
-        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+    for name, value in (("PYTEST_XDIST_WORKER", worker), ("PYTEST_XDIST_WORKER_COUNT", workers)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: initialised)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=80 * 2**30))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: reserved_gib * 2**30)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append(1))
     assert helpers.release_cached_gpu_memory() is released
     assert len(calls) == int(released)
