@@ -137,13 +137,13 @@ def test_kernels_issue_fewer_exponentials(variant, dtype, head_dim, every):
 
 
 def test_config_checks_exp2_poly():
-    """0, 2, 3, 4, 8 accepted; other values and (bf16 fa3) exp2_poly without exp2_ffma refused in one line naming
+    """0, 2, 3, 4, 8, 12, 16 accepted; other values and (bf16 fa3) exp2_poly without exp2_ffma refused in one line naming
     it; fa3-fp8 (block-scaled softmax) takes it without exp2_ffma."""
     from fa_variants.common.config import Sm90Config
 
-    for k in (0, 2, 3, 4, 8):
+    for k in (0, 2, 3, 4, 8, 12, 16):
         Sm90Config(exp2_ffma=True, exp2_poly=k).check(128)
-    for bad in (1, 5, -2, 2.5, "3"):
+    for bad in (1, 5, 6, 32, -2, 2.5, "3"):
         with pytest.raises(ValueError, match="exp2_poly"):
             Sm90Config(exp2_ffma=True, exp2_poly=bad).check(128)
     with pytest.raises(ValueError, match="exp2_poly=3 needs exp2_ffma=True"):

@@ -416,24 +416,24 @@ def test_fp8hoistchk_script_counts_its_tests():
 
 def test_fp8poly_scripts_count_their_tests_and_name_their_variants():
     """scripts/fp8poly_gpu.sh and polybf16_gpu.sh (session 37, ``Sm90Config.exp2_poly``): the fp8poly set times the
-    default and the k that compile without spills (2 / 3 / 4 at head_dim 64, 4 at 128), the same changes the GPU tests
+    default and session 38's k (8 / 12 / 16 at head_dim 64, 8 / 16 at 128), the same changes the GPU tests
     compile; the precompile adds the bf16 poly kernels of the tests; fp8poly's "N passed" is the count of the GPU
     tests its -k selects; polybf16's variants are fa3_speed_ab.py's, each at the head dims its shapes name, and its
     arguments parse (``--plan`` with them)."""
     ab = load_script("fa3_fp8_speed_ab")
     variants = ab.SETS["fp8poly"].variants
-    assert variants == {64: {"new": {}, **{f"poly{k}": dict(exp2_poly=k) for k in (3, 4)}},
-                        128: {"new": {}, "poly4": dict(exp2_poly=4)}}
+    assert variants == {64: {"new": {}, **{f"poly{k}": dict(exp2_poly=k) for k in (8, 12, 16)}},
+                        128: {"new": {}, **{f"poly{k}": dict(exp2_poly=k) for k in (8, 16)}}}
     jobs = ab.compile_jobs([64, 128], [False, True], variant_set="fp8poly")
     assert {(d, dict(ch)["exp2_poly"]) for kind, d, _, ch in jobs if kind == "bf16" and ch} == {
-        (64, 2), (64, 3), (64, 4), (128, 3), (128, 4)}
+        (64, 8), (64, 12), (128, 8)}
     text = (ROOT / "scripts" / "fp8poly_gpu.sh").read_text()
     assert text.count("--set fp8poly --head-dims 64 128") == 2
     _assert_step_count(text)
     bf16 = load_script("fa3_speed_ab")
     text = (ROOT / "scripts" / "polybf16_gpu.sh").read_text()
     names = re.search(r"\nVARIANTS=(\S+)", text).group(1).split(",")
-    assert set(names) <= set(bf16.VARIANTS) and {bf16.VARIANTS[n][1].get("exp2_poly", 0) for n in names} == {0, 2, 3, 4}
+    assert set(names) <= set(bf16.VARIANTS) and {bf16.VARIANTS[n][1].get("exp2_poly", 0) for n in names} == {0, 8, 12}
     dims = {int(s.split(":")[0]) for s in re.search(r"\nSHAPES=(\S+)", text).group(1).split(",")}
     assert dims == {64, 128} and all(set(bf16.VARIANTS[n][0]) & dims for n in names)
     shapes = re.search(r"\nSHAPES=(\S+)", text).group(1)
