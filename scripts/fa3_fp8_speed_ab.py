@@ -229,7 +229,7 @@ FP8HOIST_VARIANTS: dict[int, dict[str, dict]] = {D: {"new": {}, "hoist": dict(hu
 FP8HOIST_VARIANTS[128]["unhoisted"] = dict(huge_hoisted=False)
 # session 37: every k-th exponential of a row by a polynomial on the FMA pipe instead of MUFU.EX2 (Sm90Config.exp2_poly,
 # common.softmax.exp2_poly): the MUFU takes 2x the e4m3 tensor cores' time per score at head_dim 64 and 1x at 128, so
-# the exponentials bound the softmax there. Session 38 (H100): poly3 / poly4 / new 0.88 / 0.90-0.92 at 64, poly4 0.92-0.94
+# the exponentials bound the softmax there. Session 38 (H100): poly3 / poly4 / new 0.88 / 0.90-0.92 at 64, poly4 0.92-0.96
 # at 128: each exponential moved costs 8 more instructions, and a sub-partition issues one per clock. The issue-slot
 # model (bench/NOTES.md, "Session 38 ... exp2_poly": max(MUFU.EX2 x 8, all instructions, tensor) clocks per warp and
 # K/V tile from the loop's SASS) fitted poly3 (0.880 predicted) and puts the balance at k 8-16: ceilings 1.07 / 1.09 /

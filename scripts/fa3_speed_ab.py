@@ -131,7 +131,7 @@ VARIANTS = {
     # session 37: every k-th exponential of a row by a polynomial on the FMA pipe instead of MUFU.EX2
     # (Sm90Config.exp2_poly; bench/NOTES.md, "Session 37 ... predictions"): at bf16 D 64 the MUFU takes as long per
     # score as the tensor cores (fa3 / flash-attn-4 0.93-0.94 there), at 128 half as long
-    # session 38: fa3-fp8's k 3 / 4 were slower on an H100 (0.88-0.94x): each exponential moved costs 8 issue slots;
+    # session 38: fa3-fp8's k 3 / 4 were slower on an H100 (0.88-0.96x): each exponential moved costs 8 issue slots;
     # the issue-slot model (bench/NOTES.md, "Session 38 ... exp2_poly") gives bf16 D 64 a ceiling of 1.03x at k 8 / 12
     "poly8": ((64, 128), dict(exp2_poly=8)),
     "poly12": ((64,), dict(exp2_poly=12)),

@@ -6,7 +6,7 @@
 #   source .gpu/env.sh && scripts/fp8poly_gpu.sh          (repository root; writes under $OUT/fp8poly; --help)
 #
 # Why (bench/NOTES.md, "Session 38 ... exp2_poly"): session 38's H100 run of k 3 / 4 (32 tests passed) was slower,
-# poly3 / new 0.878-0.890 at 64, poly4 0.897-0.936 at 64 and 0.921-0.936 at 128: the pipe model of session 37 left out
+# poly3 / new 0.878-0.890 at 64, poly4 0.897-0.918 at 64 and 0.917-0.955 at 128: the pipe model of session 37 left out
 # the issue slot (a sub-partition issues one warp instruction per clock; each exponential moved costs 9 instructions
 # instead of 1). With it, clocks per sub-partition and K/V tile = max(MUFU.EX2 x 8, all loop instructions, tensor) x
 # warps per sub-partition, from the loop's SASS (scripts/sass_diff.py --skip-jumps 32): fa3-fp8 D 64 default max(98 x

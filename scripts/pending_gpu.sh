@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# pending_gpu.sh: the GPU work a session left for the next one's calls, on one H200 (one cold machine per call).
+# pending_gpu.sh: the GPU work a session left for the next one's calls, on one H100 or H200 (one cold machine per call).
 #
 #   source .gpu/env.sh && scripts/pending_gpu.sh [--checks] [NAME ...]    (repository root; writes under $OUT; --help)
 #
@@ -20,30 +20,29 @@
 # 2. then scripts/NAME_gpu.sh for each NAME, in order, each with the time left of CALL_BUDGET seconds (default 560),
 #    skipped when fewer than 100 s are left; logs in $OUT/pending/NAME.tar.xz, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
-#    Plan for session 38. Session 37 (an H100; bench/h100-2026-12-05-s37) ran quantdefer (tests passed; deferred / in
-#    the loop 0.984 / 0.991 / 0.986 at D 64 / 128 / 256: NONFINITE_DEFERRED flipped on, 293663d), suite part 3 (631
-#    passed) and part 1 (3345 passed, 1 out of memory in a float64 reference at 8 workers: conftest now empties each
-#    xdist worker's CUDA cache after each test, fa83f4e) on 5a30c95, and the quant / non-finite / overflow tests on
-#    the flip (none failed). Part 2 did not run. In order:
-#    B2. `scripts/suite_gpu.sh 2` (~430-470 s, cold + ~70 s): part 2 has not run since session 36 (0e8066e) and holds
-#       the quantisation tests of the deferred default.
-#    P. `scripts/pending_gpu.sh fp8poly` (~350-480 s) then `scripts/pending_gpu.sh polybf16` (~250-350 s): every
-#       k-th exponential on the FMA pipe (Sm90Config.exp2_poly, session 37, CPU-built, off by default: the defaults'
-#       math SASS unchanged; issues 10 and 12); tests, paired A/Bs, predictions and flip rules in their headers and
-#       bench/NOTES.md "Session 37 ... exp2_poly".
-#    G. `scripts/pending_gpu.sh quantgap` (~120-200 s): the switch's queued cost at D 64 (1.070x the switch off in
-#       session 37, kernel sums equal) by graph replay and back to back; its header has the prediction and the rule.
-#    B1/B3. `scripts/suite_gpu.sh 1` (~380 s: whether fa83f4e's cache release keeps 8 H100 workers in memory) and 3
-#       (~325 s; it now holds tests/test_exp2_poly.py): what does not fit goes to the next session.
-#    S. `python3 scripts/decode_ab.py --s34 --variants tiles-deep tiles-dual --rounds 6` (14 long one-row shapes; the
-#       rule and prediction in bench/NOTES.md, "Session 34", were written for an H200: on an H100, say which card ran
-#       it). On an H100 also `python3 scripts/decode_ab.py --s35 --variants tiles-deep tiles-dual base --rounds 6`
-#       (its ten misses, 1.001-1.024x SDPA; rule and prediction in bench/NOTES.md, "Session 35 ... predictions").
+#    Plan for session 39. Session 38 (an H100; bench/h100-2026-12-05-s38, tree 43fea9f) ran fp8poly (32 passed; k 3
+#    / 4 slower, 0.88-0.96x: the issue slot, bench/NOTES.md "Session 38 ... exp2_poly"), quantgap (graph def / defoff
+#    1.014 / 1.081 / 1.125 at D 64 / 128 / 256: a Q pass of 40-65 us at D 256), suite part 3 (663 passed), part 2
+#    (stopped at 96 % by its limit, no failure printed: now split into parts 2 and 4) and decode (137 / 144 <= SDPA).
+#    In order:
+#    B2/B4. `scripts/suite_gpu.sh 2` and `4` (each ~250-330 s; the split of session 38's part 2, whose last run to
+#       its end was session 36's): 0 failed.
+#    P. `scripts/pending_gpu.sh fp8poly` (~350-480 s; 40 tests, k 8 / 12 / 16 at 64, 8 / 16 at 128) then
+#       `scripts/pending_gpu.sh polybf16` (~250-350 s; poly8 / poly12): predictions and flip rules in their headers
+#       and bench/NOTES.md "Session 38 ... predictions for k 8 / 12 / 16".
+#    G. `scripts/pending_gpu.sh quantgap` again (~90-200 s): does the D 128 / 256 cost of session 38 (graph 1.081 /
+#       1.125) repeat, or session 37's (0.998 / 1.005)? If it repeats, time the Q pass alone many times per pipeline.
+#    B1/B3. `scripts/suite_gpu.sh 1` (~380 s: does the cache release past a worker's share keep the workers in
+#       memory) and 3 (~390 s).
+#    S. Decode on an H100: `auto`'s dual tiles at B 64 Nk 4k D 64 were 1.03x `base` (session 38, decode_ab --s35; on
+#       the H200 of session 4 dual won there, base 1.016x). A rule that picks by card needs both cards' A/B in one
+#       script (decode_ab --s35 --variants base tiles-dual, on each); not built.
 #    Open: issue 10 (1100 TFLOP/s at D 256 N 16k: 1012 in session 30's call, 1084-1120 in session 27's; 1.4x bf16 at
-#    128: 1.17-1.20; 1.3x at 64: 1.06-1.08; two-level <= 5 % at 256; the pass at 70 % of copy; pass + kernel at N 4k
-#    causal), 12 (fa3 / flash-attn-4 >= 1.00 everywhere: 0.93-0.99 in session 30's call; >= cuDNN at D 64 N 512 / 1k),
-#    13 (<= SDPA at 140 / 144 on the H200, 134 / 144 on session 35's H100, its misses 1.001-1.024, HBM 67 / 72 of
-#    3.35 TB/s there; on the H200 70 % of HBM at 61 / 72 Nk >= 32k shapes: D 64 B 1 Nk 32k one row 65 %, sixteen rows
+#    128: 1.15-1.20 non-causal (H100, session 38); 1.3x at 64: 1.06-1.08; two-level <= 5 % at 256; the pass at 70 %
+#    of copy; pass + kernel at N 4k causal), 12 (fa3 / flash-attn-4 >= 1.00 everywhere: 0.93-0.99 in session 30's
+#    call; >= cuDNN at D 64 N 512 / 1k),
+#    13 (<= SDPA at 140 / 144 on the H200, 137 / 144 on session 38's H100, worst 1.02, HBM 67 / 72 of 3.35 TB/s
+#    there; on the H200 70 % of HBM at 61 / 72 Nk >= 32k shapes: D 64 B 1 Nk 32k one row 65 %, sixteen rows
 #    down to 47 % where a K/V head serves 128 query rows, ~366 TFLOP/s on 128-row packed tiles at D 64; D 128 64:8
 #    B 1 Nk 32k Nq 16 65 %: the fixed cost of 16 short splits), 16 (two GPUs).
 #    D 256 huge_hoisted: a flip candidate once its spills are gone (session 30, CPU: the vote taken right before the
@@ -56,7 +55,7 @@
 #    quantisation pass's LSE-shift dot product in float32 (README, "FP8's range"; the torch recipe forms it in
 #    float64 since session 34; the Hadamard's overflow shift is in the pass since session 35, Q above).
 #    E. The whole GPU suite on the session's final tree if a kernel or package code changed (scripts/suite_gpu.sh 1,
-#    2 and 3, each its own call; warm calls skip the ~65 s start). A failing test prints FA_VARIANTS_TEST_SEED=N,
+#    2, 3 and 4, each its own call; warm calls skip the ~65 s start). A failing test prints FA_VARIANTS_TEST_SEED=N,
 #    which replays it (`FA_VARIANTS_TEST_SEED=N python -m pytest NODEID`); on one H200 only ec18a's three skips
 #    ("needs two GPUs") are expected, any other fails the call.
 #    New lines "X. scripts/pending_gpu.sh [--checks] NAME ..." as scripts land. Each call starts a

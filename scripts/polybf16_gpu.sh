@@ -7,7 +7,7 @@
 #
 # Why (bench/NOTES.md, "Session 38 ... exp2_poly"): at bf16 head_dim 64 the MUFU takes as long per score as the tensor
 # cores (16 exponentials vs 4096 / (4 x 64) scores per SM and clock), where fa3 / flash-attn-4 is 0.93-0.94; at 128
-# half as long. Session 38 (H100) timed fa3-fp8's k 3 / 4: slower (0.88-0.94x), as the issue-slot model says (each
+# half as long. Session 38 (H100) timed fa3-fp8's k 3 / 4: slower (0.88-0.96x), as the issue-slot model says (each
 # exponential moved costs 8 more instructions; a sub-partition issues one a clock). That model, from the loop's SASS
 # (bf16 D 64: 404 instructions and 66 MUFU.EX2 a warp and K/V tile, 3 warps a sub-partition, tensor 1536 clocks):
 # k 8 / 12 reach the tensor bound, 1536 against the default's 1584 clocks (1.03x); k 3 1695 (0.93x).

@@ -203,7 +203,7 @@ class Sm90Config:
     exp2_poly: k > 0: every k-th column of a row's exponentials by a polynomial on the FMA pipe instead of MUFU.EX2
         (``common.softmax.exp2_poly``, "Exponentials on the FMA pipe": relative error <= 1.1e-4, exact at P = 1);
         0 (default): every one on the MUFU; k in EXP2_POLY_EVERY. Needs exp2_ffma, or fa3-fp8 (its block-scaled
-        softmax). Session 37; session 38 (H100): k 3 / 4 slower (0.88-0.94x the default, fa3-fp8 head_dim 64 / 128):
+        softmax). Session 37; session 38 (H100): k 3 / 4 slower (0.88-0.96x the default, fa3-fp8 head_dim 64 / 128):
         each exponential moved costs 8 more issue slots, and the sub-partition issues one instruction per clock.
     seqlens_k: per-sequence KV lengths read by the kernel (``fa_variants.attention(seqlens_k=...)``): the compiled
         kernel takes an int32 (batch,) tensor after its other arguments, and each CTA attends to the first
