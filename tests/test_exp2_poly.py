@@ -137,8 +137,8 @@ def test_kernels_issue_fewer_exponentials(variant, dtype, head_dim, every):
 
 
 def test_config_checks_exp2_poly():
-    """0, 2, 3, 4, 8, 12, 16 accepted; other values and (bf16 fa3) exp2_poly without exp2_ffma refused in one line naming
-    it; fa3-fp8 (block-scaled softmax) takes it without exp2_ffma."""
+    """0, 2, 3, 4, 8, 12, 16 accepted; other values and (bf16 fa3) exp2_poly without exp2_ffma refused in one line
+    naming it; fa3-fp8 (block-scaled softmax) takes it without exp2_ffma."""
     from fa_variants.common.config import Sm90Config
 
     for k in (0, 2, 3, 4, 8, 12, 16):

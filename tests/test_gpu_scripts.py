@@ -457,7 +457,8 @@ def test_suite_parts_name_every_gpu_test_file_once():
     a new GPU test file fails here until it is given a part; the slow GPU tests (part "slow") live in those files too;
     a part other than 1, 2, 3, 4 or slow is refused with a one-line error; skips are listed with their reasons (-rs)."""
     text = (ROOT / "scripts" / "suite_gpu.sh").read_text()
-    parts = [set(re.search(rf'{name}="([^"]+)"', text).group(1).split()) for name in ("PART1", "PART2", "PART3", "PART4")]
+    parts = [set(re.search(rf'{name}="([^"]+)"', text).group(1).split())
+             for name in ("PART1", "PART2", "PART3", "PART4")]
     files = {i.split("::")[0] for i in collected_ids("-m", "gpu and not slow")}
     every = set().union(*parts)
     assert sum(map(len, parts)) == len(every) and every == files, (files - every, parts)

@@ -80,7 +80,8 @@ def test_padded_kv_cache_and_the_seqlens_k_check(causal):
 
 @pytest.mark.parametrize("worker,initialised,workers,reserved_gib,released", [
     ("gw3", True, "8", 6, True), ("gw3", True, "8", 4, False), ("gw3", True, None, 41, True),
-    ("gw3", True, "1", 39, False), ("gw3", False, "8", 6, False), (None, True, "8", 6, False), ("", True, "8", 6, False)])
+    ("gw3", True, "1", 39, False), ("gw3", False, "8", 6, False), (None, True, "8", 6, False),
+    ("", True, "8", 6, False)])
 def test_release_cached_gpu_memory_only_past_a_workers_share(monkeypatch, worker, initialised, workers, reserved_gib,
                                                               released):
     """conftest's ``release_gpu_cache``: torch's cached CUDA blocks are emptied after a test only in an xdist worker

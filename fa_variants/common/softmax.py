@@ -51,8 +51,8 @@ the tensor cores' time per score, at 128 as long (bf16 at 64 as long), so the ex
 (FMNMX, LEA; 64 lanes) per score instead: 9 issue slots where MUFU.EX2 takes one, and a sub-partition issues one warp
 instruction per clock. So the balance is a few exponentials in a row, not a third: on an H100 k 3 / 4 made fa3-fp8
 slower (0.88-0.96x, session 38), as the issue-slot model (bench/NOTES.md, "Session 38 ... exp2_poly") predicted for
-k 3; it puts the best k at 8-16 (ceiling ~1.09x at e4m3 64). Off by default. The idea is flash-attn-4's on Blackwell (its
-``ex2_emu_freq``); its sm90 path keeps MUFU.EX2. Values: relative error <= 1.1e-4 against 2^x (MUFU.EX2: ~2^-22),
+k 3; it puts the best k at 8-16 (ceiling ~1.09x at e4m3 64). Off by default. The idea is flash-attn-4's on Blackwell
+(its ``ex2_emu_freq``); its sm90 path keeps MUFU.EX2. Values: relative error <= 1.1e-4 against 2^x (MUFU.EX2: ~2^-22),
 below an e4m3 P's half ulp (2^-4) and a bf16 P's (2^-9); exact at integers (P = 1 at x = 0, 2^p_shift at the FP8
 row max), +0 from -126.5 down, NaN kept (``exp2_poly``'s docstring).
 
