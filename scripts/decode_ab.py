@@ -82,6 +82,10 @@ Session 35 (``--s35`` picks the shapes ``S35``: the ten one-row shapes above SDP
 matrix, 1.001-1.024x; D 64 batch 64 at 1k / 4k keys, D 64 batch 1 at 32k / 128k, D 128 batch 1 at 128k), with the
 tile sets above and ``base``: which of them, if any, moves these shapes on that card.
 
+Session 38 (``--s38`` picks the shapes ``S38``: batch 64, 8 KV heads, Nk 1k / 2k / 4k, D 64 / 128, 32:8 / 64:8),
+with ``base`` and ``tiles-dual`` (what `auto` runs there): the Nk where the base tiles overtake the dual ones, on
+each card (session 38's H100: base 0.97x dual at D 64 Nk 4k, 1.03x at 1k; session 4's H200: 1.016x at D 64 Nk 4k).
+
 Session 10 (``--s10c`` picks the shapes ``S10C``: D 64 B 1 Nk 32k at seqlen_q 1 / 4 and guards; its variants, the
 split merge inside a thread block cluster, measured slower and were removed in session 11).
 
@@ -188,6 +192,10 @@ S34 = [(d, h, 8, b, 131072) for d in (64, 128) for h in (32, 64) for b in (1, 8,
 # 1.001-1.024x): D 64 batch 64 at Nk 1k / 4k, D 64 batch 1 at Nk 32k / 128k, D 128 batch 1 at Nk 128k
 S35 = [(64, h, 8, b, nk) for h in (32, 64) for b, nk in ((64, 1024), (64, 4096), (1, 32768), (1, 131072))] + [
     (128, h, 8, 1, 131072) for h in (32, 64)]
+# session 38 (--s38): batch 64 x 8 KV heads (512 CTAs, where `auto` runs the dual tiles up to Nk 4k) at Nk 1k / 2k /
+# 4k, D 64 / 128, 32:8 / 64:8: on session 38's H100 the base tiles were 0.97x the dual ones at D 64 Nk 4k (1.03x at
+# 1k), on session 4's H200 1.016x at D 64 Nk 4k; base vs dual on each card says where DUAL_MAX_SEQLEN_K should sit
+S38 = [(d, h, 8, 64, nk) for d in (64, 128) for h in (32, 64) for nk in (1024, 2048, 4096)]
 ALL_NQ1 = [(d, h, 8, b, nk) for d in (64, 128) for h in (32, 64) for b in (1, 8, 64)
            for nk in (1024, 4096, 32768, 131072)]
 
@@ -700,6 +708,7 @@ def main() -> int:
     p.add_argument("--s33", action="store_true", help="the session-33 set S33, D 128 64:8 seqlen_q 16 (and --skip-same)")
     p.add_argument("--s34", action="store_true", help="the session-34 set S34, seqlen_q 1 at Nk 128k (and --skip-same)")
     p.add_argument("--s35", action="store_true", help="the session-35 set S35, an H100's ten misses (and --skip-same)")
+    p.add_argument("--s38", action="store_true", help="the session-38 set S38, batch 64 Nk 1k-4k: base vs dual tiles (and --skip-same)")
     p.add_argument("--skip-same", action="store_true",
                    help="time no public variant where it runs the shipped config (same_as_shipped)")
     p.add_argument("--variants", nargs="+", default=[v for v in VARIANTS if not v.startswith("min1")],
@@ -714,7 +723,7 @@ def main() -> int:
     a = p.parse_args()
     shapes = (ALL_NQ1 if a.all_nq1 else SHORT_NK + CONTROLS if a.short_nk else S6 if a.s6 else S7 if a.s7 else
               S8 if a.s8 else S9 if a.s9 else S10C if a.s10c else S33 if a.s33 else S34 if a.s34 else S35 if a.s35 else
-              MISSES) + (
+              S38 if a.s38 else MISSES) + (
         WINS if a.wins else [])
     gpu = not (a.plan or a.compile_only)
     if gpu:
@@ -727,7 +736,8 @@ def main() -> int:
     else:
         os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
         num_sms = NUM_SMS_DEFAULT
-    rows = plan(shapes, a.variants, num_sms, a.skip_same or a.s7 or a.s8 or a.s9 or a.s10c or a.s33 or a.s34 or a.s35)
+    rows = plan(shapes, a.variants, num_sms, a.skip_same or a.s7 or a.s8 or a.s9 or a.s10c or a.s33 or a.s34 or a.s35
+                or a.s38)
     for r in rows:
         if not r.get("public"):
             r["forced"] = entry(r["variant"], r["shape"], num_sms)[1]

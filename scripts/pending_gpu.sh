@@ -34,9 +34,11 @@
 #       1.125) repeat, or session 37's (0.998 / 1.005)? If it repeats, time the Q pass alone many times per pipeline.
 #    B1/B3. `scripts/suite_gpu.sh 1` (~380 s: does the cache release past a worker's share keep the workers in
 #       memory) and 3 (~390 s).
-#    S. Decode on an H100: `auto`'s dual tiles at B 64 Nk 4k D 64 were 1.03x `base` (session 38, decode_ab --s35; on
-#       the H200 of session 4 dual won there, base 1.016x). A rule that picks by card needs both cards' A/B in one
-#       script (decode_ab --s35 --variants base tiles-dual, on each); not built.
+#    S. `python3 scripts/decode_ab.py --s38 --variants base tiles-dual --rounds 6` (~40-70 s; 12 batch-64 shapes):
+#       `auto`'s dual tiles at B 64 Nk 4k D 64 were 1.03x `base` on session 38's H100 (base 0.98x SDPA there), while
+#       on session 4's H200 dual won (base 1.016x). Run it on whichever card comes, and on the other when it comes:
+#       if base / auto < 0.99 at both head dims from some Nk on one card and > 1.00 on the other, DUAL_MAX_SEQLEN_K
+#       becomes a per-card value (by HBM bandwidth: bench.decode.PEAK_TBPS moves to common); else nothing changes.
 #    Open: issue 10 (1100 TFLOP/s at D 256 N 16k: 1012 in session 30's call, 1084-1120 in session 27's; 1.4x bf16 at
 #    128: 1.15-1.20 non-causal (H100, session 38); 1.3x at 64: 1.06-1.08; two-level <= 5 % at 256; the pass at 70 %
 #    of copy; pass + kernel at N 4k causal), 12 (fa3 / flash-attn-4 >= 1.00 everywhere: 0.93-0.99 in session 30's

@@ -252,6 +252,19 @@ def test_decode_ab_s35_plan():
         assert (r["config"], r["splits"]) != auto, r
 
 
+def test_decode_ab_s38_plan():
+    """scripts/decode_ab.py --s38: batch 64 x 8 KV heads at Nk 1k / 2k / 4k, D 64 / 128, 32:8 / 64:8 (12 shapes), where
+    `auto` runs the dual tiles (two CTAs per SM); ``base`` runs one CTA per SM at every shape, and tiles-dual is
+    skipped as auto's own config (skip_same)."""
+    ab = load_script("decode_ab")
+    assert len(ab.S38) == 12 == len(set(ab.S38)) and {s[3] for s in ab.S38} == {64}
+    rows = ab.plan(ab.S38, ["base", "tiles-dual"], 132, skip_same=True)
+    assert {r["shape"] for r in rows} == set(ab.S38) and {r["variant"] for r in rows} == {"base"}
+    for r in rows:
+        auto, _ = ab.public_entry("shipped", r["shape"], 132)
+        assert auto.ctas_per_sm == 2 and r["config"].ctas_per_sm == 1, r
+
+
 def test_decode_model_full_grid_fits_the_s7_batch_64_rows():
     """scripts/decode_model.py --full-grid: the dual-wave model is within 3% of each batch-64 seqlen_q 1 row at Nk <= 4k
     of the s7 decode table (8 rows, D 64 / 128), and predicts the persistent grid faster by at most the waves' cost."""
