@@ -227,24 +227,11 @@ FP8GUARD_VARIANTS: dict[int, dict[str, dict]] = {D: {"new": {}, "guard": dict(hu
 FP8HOIST_VARIANTS: dict[int, dict[str, dict]] = {D: {"new": {}, "hoist": dict(huge_hoisted=True, huge_guard=False)}
                                                  for D in (64, 128, 256)}
 FP8HOIST_VARIANTS[128]["unhoisted"] = dict(huge_hoisted=False)
-# session 37: every k-th exponential of a row by a polynomial on the FMA pipe instead of MUFU.EX2 (Sm90Config.exp2_poly,
-# common.softmax.exp2_poly): the MUFU takes 2x the e4m3 tensor cores' time per score at head_dim 64 and 1x at 128, so
-# the exponentials bound the softmax there. Session 38 (H100): poly3 / poly4 / new 0.88 / 0.90-0.92 at 64, poly4 0.92-0.96
-# at 128: each exponential moved costs 8 more instructions, and a sub-partition issues one per clock. The issue-slot
-# model (bench/NOTES.md, "Session 38 ... exp2_poly": max(MUFU.EX2 x 8, all instructions, tensor) clocks per warp and
-# K/V tile from the loop's SASS) fitted poly3 (0.880 predicted) and puts the balance at k 8-16: ceilings 1.07 / 1.09 /
-# 1.07 (k 8 / 12 / 16) at 64, 1.02 at 128. None spills (sm_90a, non-causal); 256 (MUFU at half the tensor time) not
-# timed
-FP8POLY_VARIANTS: dict[int, dict[str, dict]] = {
-    64: {"new": {}, **{f"poly{k}": dict(exp2_poly=k) for k in (8, 12, 16)}},
-    128: {"new": {}, **{f"poly{k}": dict(exp2_poly=k) for k in (8, 16)}}}
 # kernels tests/test_fa3_fp8_speed_gpu.py needs besides the timed ones (kind, head_dim, change), both causal modes
 SPEED_TEST_KERNELS = [("bf16", 128, dict(intra_wg_overlap=False, early_pv_arrive=True))]
 # kernels tests/test_fa3_fp8_speed_gpu.py -k "fp8d128 and tail" needs at any --head-dims (both causal modes): the serial
 # 192 x 128 schedule with q_tail_first at 64, the fix's second code path
 FP8D128_TEST_KERNELS = [("fp8", 64, FP8D128_VARIANTS[64]["tn128_tail"])]
-# bf16 fa3 kernels tests/test_fa3_fp8_speed_gpu.py -k poly needs (test_bf16_fa3_switches; both causal modes)
-POLY_TEST_KERNELS = [("bf16", d, dict(exp2_poly=k)) for d, ks in ((64, (8, 12)), (128, (8,))) for k in ks]
 
 
 class VariantSet(NamedTuple):
@@ -373,13 +360,6 @@ SETS: dict[str, VariantSet] = {
         "before its free K/V tiles); bf16_fa3 = ours; flash_attn_4 = flash-attn-4 bf16.",
         "the huge-logit check hoisted out of the free K/V tiles (FP8HOIST_VARIANTS, session 29)",
         per_variant_errors=True),
-    "fp8poly": VariantSet(
-        FP8POLY_VARIANTS,
-        "TFLOP/s, median of rounds (spread). fa3-fp8 on quantised inputs; new = the default; polyK = every K-th "
-        "exponential of a row by a polynomial on the FMA pipe (Sm90Config.exp2_poly) instead of MUFU.EX2; bf16_fa3 = "
-        "ours; flash_attn_4 = flash-attn-4 bf16.",
-        "every k-th exponential on the FMA pipe (FP8POLY_VARIANTS, sessions 37-38)",
-        per_variant_errors=True),
 }
 
 
@@ -495,8 +475,6 @@ def compile_jobs(head_dims, causals, tests: bool = True, variant_set: str = "ab"
             work += [(kind, D, c, ch) for kind, D, ch in SPEED_TEST_KERNELS if D in head_dims for c in (False, True)]
         if variant_set == "fp8d128":
             work += [(kind, D, c, ch) for kind, D, ch in FP8D128_TEST_KERNELS for c in (False, True)]
-        if variant_set == "fp8poly":
-            work += [(kind, D, c, ch) for kind, D, ch in POLY_TEST_KERNELS if D in head_dims for c in (False, True)]
     if tests and variant_set == "ab":  # tests/test_fa3_fp8_gpu.py's recipes
         work += [("recipe", D, True, ("float16", spec)) for D in (64, 128, 256) for spec in TEST_RECIPES]
         work += [("recipe", 128, False, ("bfloat16", spec)) for spec in (("tensor", False, False, True),

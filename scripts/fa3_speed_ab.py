@@ -128,13 +128,6 @@ VARIANTS = {
     # timed before convert_pairs and causal D 256's per-value conversion), on the call's default (causal: per value)
     "ffma-256": ((256,), dict(exp2_ffma=True, reduce_chains=4)),
     "ffma-balanced-256": ((256,), dict(exp2_ffma=True, reduce_chains=4, persistent=True, balanced=True)),
-    # session 37: every k-th exponential of a row by a polynomial on the FMA pipe instead of MUFU.EX2
-    # (Sm90Config.exp2_poly; bench/NOTES.md, "Session 37 ... predictions"): at bf16 D 64 the MUFU takes as long per
-    # score as the tensor cores (fa3 / flash-attn-4 0.93-0.94 there), at 128 half as long
-    # session 38: fa3-fp8's k 3 / 4 were slower on an H100 (0.88-0.96x): each exponential moved costs 8 issue slots;
-    # the issue-slot model (bench/NOTES.md, "Session 38 ... exp2_poly") gives bf16 D 64 a ceiling of 1.03x at k 8 / 12
-    "poly8": ((64, 128), dict(exp2_poly=8)),
-    "poly12": ((64,), dict(exp2_poly=12)),
 }
 #: variants run with the persistent grid's CTA count raised past the tile count (``one_tile_grid``); each must be the
 #: only variant of its config in a run

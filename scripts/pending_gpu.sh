@@ -20,16 +20,14 @@
 # 2. then scripts/NAME_gpu.sh for each NAME, in order, each with the time left of CALL_BUDGET seconds (default 560),
 #    skipped when fewer than 100 s are left; logs in $OUT/pending/NAME.tar.xz, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
-#    Plan for session 39. Session 38 (an H100; bench/h100-2026-12-05-s38, tree 43fea9f) ran fp8poly (32 passed; k 3
-#    / 4 slower, 0.88-0.96x: the issue slot, bench/NOTES.md "Session 38 ... exp2_poly"), quantgap (graph def / defoff
-#    1.014 / 1.081 / 1.125 at D 64 / 128 / 256: a Q pass of 40-65 us at D 256), suite part 3 (663 passed), part 2
-#    (stopped at 96 % by its limit, no failure printed: now split into parts 2 and 4) and decode (137 / 144 <= SDPA).
+#    Plan for session 39. Session 38 (an H100; bench/h100-2026-12-05-s38, tree 43fea9f) ran fp8poly (32 passed;
+#    exp2_poly k 3 / 4 slower, 0.88-0.96x: each exponential moved costs 8 issue slots; the switch was session 9's
+#    exp2_emu again, removed then for the same result, and is removed again), quantgap (graph def / defoff 1.014 /
+#    1.081 / 1.125 at D 64 / 128 / 256: a Q pass of 40-65 us at D 256), suite part 3 (663 passed), part 2 (stopped
+#    at 96 % by its limit, no failure printed: now split into parts 2 and 4) and decode (137 / 144 <= SDPA).
 #    In order:
 #    B2/B4. `scripts/suite_gpu.sh 2` and `4` (each ~250-330 s; the split of session 38's part 2, whose last run to
 #       its end was session 36's): 0 failed.
-#    P. `scripts/pending_gpu.sh fp8poly` (~350-480 s; 40 tests, k 8 / 12 / 16 at 64, 8 / 16 at 128) then
-#       `scripts/pending_gpu.sh polybf16` (~250-350 s; poly8 / poly12): predictions and flip rules in their headers
-#       and bench/NOTES.md "Session 38 ... predictions for k 8 / 12 / 16".
 #    G. `scripts/pending_gpu.sh quantgap` again (~90-200 s): does the D 128 / 256 cost of session 38 (graph 1.081 /
 #       1.125) repeat, or session 37's (0.998 / 1.005)? If it repeats, time the Q pass alone many times per pipeline.
 #    B1/B3. `scripts/suite_gpu.sh 1` (~380 s: does the cache release past a worker's share keep the workers in

@@ -341,9 +341,8 @@ def test_speed_ab_plan(capsys):
     # then - basis (D 64, 128), basis-kv1, basis-turn (D 128), basis-256 (D 256) with alpha from the kept bases,
     # + noturn at D 128 (its default before session 15's flip); session 16: + persistent-m128 (D 64); session 17:
     # + balanced (D 64, 128, 256); session 18: + balanced-m128 (D 64); session 19: + persistent-1tile (D 64, 128, 256),
-    # + balanced-nopairs, ffma-256, ffma-balanced-256 (D 256); session 37: + poly2 (D 64), poly3, poly4 (D 64, 128);
-    # session 38: those three replaced by poly8 (D 64, 128), poly12 (D 64)
-    assert {s["head_dim"]: len(s["variants"]) for s in shapes} == {64: 15, 128: 17, 256: 13}
+    # + balanced-nopairs, ffma-256, ffma-balanced-256 (D 256)
+    assert {s["head_dim"]: len(s["variants"]) for s in shapes} == {64: 13, 128: 16, 256: 13}
     import sys
     argv, sys.argv = sys.argv, ["fa3_speed_ab.py", "--plan"]
     try:

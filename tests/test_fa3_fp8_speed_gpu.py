@@ -128,13 +128,8 @@ HUGE_GUARD_VARIANTS = {
 # huge-logit case: test_fa3_fp8_gpu.test_huge_logits "hoisted", both loops in one call: test_hoisted_mixed_paths)
 HUGE_HOISTED_VARIANTS = {f"fp8hoist-d{d}-hoist": (d, dict(huge_hoisted=True, huge_guard=False)) for d in (64, 128, 256)}
 
-# session 37 (scripts/fa3_fp8_speed_ab.py FP8POLY_VARIANTS, "fp8poly-d<D>-polyK", --set fp8poly): every K-th exponential
-# of a row by ``common.softmax.exp2_poly`` (the FMA pipe) instead of MUFU.EX2 (Sm90Config.exp2_poly)
-POLY_VARIANTS = {f"fp8poly-d{d}-poly{k}": (d, dict(exp2_poly=k)) for d, ks in ((64, (8, 12, 16)), (128, (8, 16)))
-                 for k in ks}  # session 38: k 3 / 4 (32 passed on an H100 in session 38) replaced by the set's new k
-
 _ALL_TABLES = (FP8_VARIANTS, FP8SMALL_VARIANTS, FP8MID_VARIANTS, FP8D128_VARIANTS, FP8TWO_VARIANTS, FP8TURN_VARIANTS,
-               TWOLVL3_VARIANTS, HUGE_GUARD_VARIANTS, HUGE_HOISTED_VARIANTS, POLY_VARIANTS)
+               TWOLVL3_VARIANTS, HUGE_GUARD_VARIANTS, HUGE_HOISTED_VARIANTS)
 
 
 def _inputs(shape, head_dim, seed):
@@ -237,14 +232,11 @@ def _check_v_scales_spread(fp8_kernel, nan_allocations, variant, D, cfg, shape, 
     assert_fp8_matches_emulation(out, lse, emu32, emu_lse, exact, config=cfg, variant=variant, seed=seed)
 
 
-@pytest.mark.parametrize("head_dim, change", [(128, dict(intra_wg_overlap=False, early_pv_arrive=True)),
-                                              (64, dict(exp2_poly=8)), (64, dict(exp2_poly=12)),
-                                              (128, dict(exp2_poly=8))],
-                         ids=["d128-serial-early", "d64-poly8", "d64-poly12", "d128-poly8"])
+@pytest.mark.parametrize("head_dim, change", [(128, dict(intra_wg_overlap=False, early_pv_arrive=True))],
+                         ids=["d128-serial-early"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_bf16_fa3_switches(head_dim, change, causal, nan_allocations):
-    """The shared pieces in the bf16 fa3 kernel: early_pv_arrive (fa3_kernel), exp2_poly (``common.softmax``; the
-    variants scripts/fa3_speed_ab.py times as poly8 / poly12)."""
+    """The shared piece in the bf16 fa3 kernel: early_pv_arrive (fa3_kernel)."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("needs an sm90 GPU")
     from fa_variants.hopper import fa3

@@ -2,8 +2,6 @@
 tests/test_fa3_fp8_speed_gpu.py's tables, summaries, --drop / --drop-failed), and the precompile and test selection of
 scripts/bounded_gpu.sh and scripts/fp8status_gpu.sh."""
 import re
-import subprocess
-import sys
 
 import pytest
 from helpers import ROOT, collected_ids, load_script
@@ -412,32 +410,3 @@ def test_fp8hoistchk_script_counts_its_tests():
     text = (ROOT / "scripts" / "fp8hoistchk_gpu.sh").read_text()
     assert "--set fp8hoist --head-dims 64 128 256" in text and "--set quantdef" in text
     _assert_step_count(text, marker="gpu and not slow")
-
-
-def test_fp8poly_scripts_count_their_tests_and_name_their_variants():
-    """scripts/fp8poly_gpu.sh and polybf16_gpu.sh (session 37, ``Sm90Config.exp2_poly``): the fp8poly set times the
-    default and session 38's k (8 / 12 / 16 at head_dim 64, 8 / 16 at 128), the same changes the GPU tests
-    compile; the precompile adds the bf16 poly kernels of the tests; fp8poly's "N passed" is the count of the GPU
-    tests its -k selects; polybf16's variants are fa3_speed_ab.py's, each at the head dims its shapes name, and its
-    arguments parse (``--plan`` with them)."""
-    ab = load_script("fa3_fp8_speed_ab")
-    variants = ab.SETS["fp8poly"].variants
-    assert variants == {64: {"new": {}, **{f"poly{k}": dict(exp2_poly=k) for k in (8, 12, 16)}},
-                        128: {"new": {}, **{f"poly{k}": dict(exp2_poly=k) for k in (8, 16)}}}
-    jobs = ab.compile_jobs([64, 128], [False, True], variant_set="fp8poly")
-    assert {(d, dict(ch)["exp2_poly"]) for kind, d, _, ch in jobs if kind == "bf16" and ch} == {
-        (64, 8), (64, 12), (128, 8)}
-    text = (ROOT / "scripts" / "fp8poly_gpu.sh").read_text()
-    assert text.count("--set fp8poly --head-dims 64 128") == 2
-    _assert_step_count(text)
-    bf16 = load_script("fa3_speed_ab")
-    text = (ROOT / "scripts" / "polybf16_gpu.sh").read_text()
-    names = re.search(r"\nVARIANTS=(\S+)", text).group(1).split(",")
-    assert set(names) <= set(bf16.VARIANTS) and {bf16.VARIANTS[n][1].get("exp2_poly", 0) for n in names} == {0, 8, 12}
-    dims = {int(s.split(":")[0]) for s in re.search(r"\nSHAPES=(\S+)", text).group(1).split(",")}
-    assert dims == {64, 128} and all(set(bf16.VARIANTS[n][0]) & dims for n in names)
-    shapes = re.search(r"\nSHAPES=(\S+)", text).group(1)
-    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "fa3_speed_ab.py"), "--variants", ",".join(names),
-                          "--shapes", shapes, "--peers", "flash-attn-4,sdpa-cudnn", "--plan"],
-                         capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0 and "8 shapes" in run.stdout, run.stderr[-500:]

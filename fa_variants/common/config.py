@@ -81,10 +81,6 @@ class Sm80Config:
         return self
 
 
-#: the values ``Sm90Config.exp2_poly`` takes (every k-th exponential of a row on the FMA pipe; 0: none). 12 and 16
-#: since session 38: the issue-slot model (bench/NOTES.md, "Session 38 ... exp2_poly") puts the balance of MUFU.EX2
-#: and the sub-partition's one instruction per clock near k 10-12 at fa3-fp8 head_dim 64.
-EXP2_POLY_EVERY = (0, 2, 3, 4, 8, 12, 16)
 WGMMA_M = 64  # rows of one warpgroup MMA instruction (one consumer warpgroup)
 
 
@@ -200,11 +196,6 @@ class Sm90Config:
         head_dim 64 (``hopper.fa3.DEFAULT_CONFIGS[64]``; session 12: turnbf16, on/off 1.000-1.012x, paired, one H200)
         and in head_dim 128's prefill config (session 15: on/off 1.008-1.015x, "faster" at 3 shapes, paired, one
         H200; its split and decode configs keep it off); off at the other head dims.
-    exp2_poly: k > 0: every k-th column of a row's exponentials by a polynomial on the FMA pipe instead of MUFU.EX2
-        (``common.softmax.exp2_poly``, "Exponentials on the FMA pipe": relative error <= 1.1e-4, exact at P = 1);
-        0 (default): every one on the MUFU; k in EXP2_POLY_EVERY. Needs exp2_ffma, or fa3-fp8 (its block-scaled
-        softmax). Session 37; session 38 (H100): k 3 / 4 slower (0.88-0.96x the default, fa3-fp8 head_dim 64 / 128):
-        each exponential moved costs 8 more issue slots, and the sub-partition issues one instruction per clock.
     seqlens_k: per-sequence KV lengths read by the kernel (``fa_variants.attention(seqlens_k=...)``): the compiled
         kernel takes an int32 (batch,) tensor after its other arguments, and each CTA attends to the first
         clamp(seqlens_k[b], 0, seqlen_k) keys of its sequence b (causal bottom-right against that length): its K/V
@@ -242,13 +233,10 @@ class Sm90Config:
     alpha_first: bool = False
     hoisted_descriptors: bool = False
     seqlens_k: bool = False
-    exp2_poly: int = 0
 
     #: bytes of a Q, K, V element and of an O element (fa3-fp8's config: e4m3 operands, 1)
     OPERAND_BYTES: ClassVar[int] = 2
     OUT_BYTES: ClassVar[int] = 2
-    #: the softmax scales each K/V tile by its own factor (fa3-fp8's block scales: ``OnlineSoftmax.tile_scales``)
-    TILE_SCALED_SOFTMAX: ClassVar[bool] = False
 
     @property
     def consumer_warpgroups(self) -> int:
@@ -334,12 +322,6 @@ class Sm90Config:
             raise ValueError(f"alpha_first={self.alpha_first!r} must be a bool, True only with exp2_ffma=True")
         if not isinstance(self.hoisted_descriptors, bool):
             raise ValueError(f"hoisted_descriptors={self.hoisted_descriptors!r} must be a bool")
-        if not is_int(self.exp2_poly) or self.exp2_poly not in EXP2_POLY_EVERY:
-            raise ValueError(f"exp2_poly={self.exp2_poly!r} must be one of {', '.join(map(str, EXP2_POLY_EVERY))}")
-        if self.exp2_poly and not (self.exp2_ffma or self.TILE_SCALED_SOFTMAX):
-            raise ValueError(f"exp2_poly={self.exp2_poly} needs exp2_ffma=True (the one-FFMA exponent; fa3-fp8's "
-                             "block-scaled softmax takes it without)")
-        object.__setattr__(self, "exp2_poly", int(self.exp2_poly))
         if not isinstance(self.seqlens_k, bool) or (self.seqlens_k and self.persistent):
             raise ValueError(f"seqlens_k={self.seqlens_k!r} must be a bool, True only with persistent=False")
         if self.smem_bytes(head_dim) > smem_capacity(arch):

@@ -43,19 +43,6 @@ move the last row's alpha above that row's exponentials, so half of O's rescale 
 flash-attn-4 computes each row's alpha from the row maxima alone, and ptxas issues both rows' first
 (Dao-AILab/flash-attention:flash_attn/cute/softmax.py::Softmax.online_softmax).
 
-Exponentials on the FMA pipe (``poly_every`` k > 0, with exp2_ffma or tile_scales; session 37): every k-th column of
-a row takes ``exp2_poly`` instead of MUFU.EX2. The MUFU issues 16 exponentials per SM and clock, while Hopper's
-e4m3 WGMMA needs 4 head_dim FLOP per score at 8192 FLOP per SM and clock: at head_dim 64 (FP8) the MUFU takes twice
-the tensor cores' time per score, at 128 as long (bf16 at 64 as long), so the exponentials bound the softmax there.
-``exp2_poly`` costs 7 FMA-pipe instructions (3 FADD, 3 FFMA, FMUL; 128 lanes per SM and clock) and 2 ALU ones
-(FMNMX, LEA; 64 lanes) per score instead: 9 issue slots where MUFU.EX2 takes one, and a sub-partition issues one warp
-instruction per clock. So the balance is a few exponentials in a row, not a third: on an H100 k 3 / 4 made fa3-fp8
-slower (0.88-0.96x, session 38), as the issue-slot model (bench/NOTES.md, "Session 38 ... exp2_poly") predicted for
-k 3; it puts the best k at 8-16 (ceiling ~1.09x at e4m3 64). Off by default. The idea is flash-attn-4's on Blackwell
-(its ``ex2_emu_freq``); its sm90 path keeps MUFU.EX2. Values: relative error <= 1.1e-4 against 2^x (MUFU.EX2: ~2^-22),
-below an e4m3 P's half ulp (2^-4) and a bf16 P's (2^-9); exact at integers (P = 1 at x = 0, 2^p_shift at the FP8
-row max), +0 from -126.5 down, NaN kept (``exp2_poly``'s docstring).
-
 Row max and row sum reduce over ``chains`` independent accumulators and a small tree (`row_reduce`): a serial
 chain of dependent FMNMX (FADD) over a thread's 32-64 columns is latency-bound while the MUFU waits for m.
 Each chain of the row sum starts at its first P, not at 0 + P (the same bits, as exp2 never returns -0: one FADD
@@ -108,35 +95,6 @@ def not_below(x: Float32, limit: float, *, loc=None, ip=None) -> cutlass.Boolean
 def bits_f32(x: Int32, *, loc=None, ip=None) -> Float32:
     """The float32 with these bits (a bitcast, no instruction)."""
     return Float32(mlir_arith.bitcast(T.f32(), x.ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
-
-
-#: p(f) = 1 + f (c1 + f (c2 + f c3)) ~ 2^f on [-1/2, 1/2], p(0) = 1 exactly: the constrained minimax of the relative
-#: error (Lawson's iteration on 20001 points; max relative error 1.01e-4, in float32 Horner form too)
-EXP2_POLY = (0.6932829004942708, 0.24221037434204792, 0.055008581443340435)
-#: 1.5 * 2^23: x + ROUNDER rounds x to an integer n held in the low mantissa bits (|n| < 2^22), bits = 0x4B400000 + n
-_ROUNDER = 12582912.0
-
-
-@dsl_user_op
-def exp2_poly(x: Float32, *, loc=None, ip=None) -> Float32:
-    """2^x on the FMA pipe, without MUFU.EX2 (``OnlineSoftmax(poly_every=...)``): x = n + f with n = round(x) (one
-    FADD of 1.5 * 2^23, whose bits then hold n; two more FADD give f in [-1/2, 1/2]), 2^f by ``EXP2_POLY`` (three
-    FFMA), times 2^n, a float32 whose exponent field n + 127 is made from those bits by one integer shift-add (LEA):
-    FMNMX + 3 FADD + 3 FFMA + LEA + FMUL.
-
-    x is clamped to >= -127 first (FMNMX that keeps NaN). Then n + 127 lies in [0, 255]: 2^n is +0 for n = -127, so
-    every x <= -126.5 gives +0 exactly (a masked score, -inf, adds nothing to l), and 2^128 = inf for x in
-    [127.5, 128.5) (MUFU.EX2 gives inf from 128). Exact at every integer x in [-126, 127] (f = 0, p = 1). NaN stays
-    NaN through the product (the GPU's NaN, 0x7FFFFFFF, would wrap an integer add of its bits into 3.4e38). Beyond
-    x = 128.5 (never in the softmax: x <= p_shift there) the exponent field overflows into the sign: not for such x.
-    Relative error <= 1.1e-4 for x >= -126 (``EXP2_POLY``); in (-126.5, -126) the result is subnormal."""
-    x = cute.arch.fmax(x, Float32(-127.0), nan=True, loc=loc, ip=ip)
-    t = x + Float32(_ROUNDER)
-    f = x - (t - Float32(_ROUNDER))
-    c1, c2, c3 = EXP2_POLY
-    p = cute.math.fma(cute.math.fma(cute.math.fma(Float32(c3), f, Float32(c2)), f, Float32(c1)), f, Float32(1.0))
-    # bits(t) = 0x4B400000 + n and 0x4B400000 << 23 wraps to 0, so (bits(t) << 23) + (127 << 23) = (n + 127) << 23
-    return p * bits_f32((f32_bits(t, loc=loc, ip=ip) << 23) + Int32(127 << 23), loc=loc, ip=ip)
 
 
 def row_reduce(s: cute.Tensor, r: int, op, chains: int, init=None):
@@ -198,13 +156,8 @@ class OnlineSoftmax:
     def __init__(self, num_rows: int, scale_log2: Float32, exp2_ffma: bool = False, chains: int = 1,
                  skip_unit_rescale: bool = False, tile_scales: bool = False, p_shift: float = 0.0,
                  active_rows: int | None = None, alpha_first: bool = False, huge_per_row: bool = False,
-                 score_bound: float = math.inf, poly_every: int = 0):
+                 score_bound: float = math.inf):
         self.num_rows = num_rows
-        # every poly_every-th column of a row (column j with j % poly_every == poly_every - 1) takes ``exp2_poly``
-        # (the FMA pipe) instead of MUFU.EX2; 0: none ("Exponentials on the FMA pipe" in the module docstring)
-        if poly_every < 0 or (poly_every and not (exp2_ffma or tile_scales)):
-            raise ValueError(f"poly_every={poly_every} must be >= 0, and 0 without exp2_ffma or tile_scales")
-        self.poly_every = poly_every
         # the leading rows `update`, `rescale` and `finalize` work on (None: all): a kernel whose other rows are
         # padding never read back (fa3's packed decode with <= 8 query rows: ``Sm90Config.first_row_only``) skips
         # their exponentials; the rows past it keep S (masked) as P, their O unscaled, inv_l 0 and LSE -inf
@@ -408,24 +361,17 @@ class OnlineSoftmax:
     @cute.jit
     def _exp_row(self, s: cute.Tensor, r: cutlass.Constexpr[int], shift: Float32, c: Float32, basis: Float32):
         """S[r, :] -> P[r, :] = exp2((S - shift) c) (exact form) or exp2(fma(S, c, -basis)) (exp2_ffma, and
-        tile_scales with c = c_n; every ``poly_every``-th column by ``exp2_poly``); returns this thread's part of the
-        row sum (`chains` accumulators, ``_chain_add``: each chain adds its columns in column order)."""
+        tile_scales with c = c_n); returns this thread's part of the row sum (`chains` accumulators, ``_chain_add``:
+        each chain adds its columns in column order)."""
         sums = [None] * self.chains
         for j in cutlass.range_constexpr(cute.size(s, mode=[1])):
-            if const_expr(self._poly_column(j)):
-                p = exp2_poly(cute.math.fma(s[r, j], c, -basis))
-            elif const_expr(self.exp2_ffma or self.tile_scales):
+            if const_expr(self.exp2_ffma or self.tile_scales):
                 p = cute.math.exp2(cute.math.fma(s[r, j], c, -basis), fastmath=True)
             else:
                 p = cute.math.exp2((s[r, j] - shift) * c, fastmath=True)
             s[r, j] = p
             _chain_add(sums, j, p)
         return _chain_sum(sums)
-
-    def _poly_column(self, j: int) -> bool:
-        """Whether column j's exponential is ``exp2_poly``'s (every ``poly_every``-th: j % k == k - 1). Trace-time
-        helper (plain Python: the DSL's rewrite of ``and`` would evaluate j % 0)."""
-        return self.poly_every > 0 and j % self.poly_every == self.poly_every - 1
 
     @cute.jit
     def _fold(self, r: cutlass.Constexpr[int], alpha: cute.Tensor, row_sum: Float32, m_new: Float32, log2_alpha: Float32,

@@ -254,7 +254,6 @@ class Fp8Config(Fa3Config):
     #: e4m3 Q, K, V: Q's buffer is sized for the 16-bit O it holds later (``Sm90Config._buffers``); on the persistent
     #: grid O has a buffer of its own at head_dim 64 and 128, not 256 (``separate_o``)
     OPERAND_BYTES: ClassVar[int] = 1
-    TILE_SCALED_SOFTMAX: ClassVar[bool] = True  # exp2_poly needs no exp2_ffma here (``Sm90Config.check``)
 
     def check(self, head_dim: int) -> None:
         super().check(head_dim)

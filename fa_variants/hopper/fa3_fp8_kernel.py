@@ -460,8 +460,7 @@ class FlashAttention3Fp8Sm90(FlashAttention3Sm90):
     def _make_softmax(self, num_rows: int, scale_log2: Float32):
         return OnlineSoftmax(num_rows, scale_log2, chains=self.cfg.reduce_chains, skip_unit_rescale=self.cfg.skip_unit_rescale,
                              tile_scales=True, p_shift=P_SHIFT,
-                             huge_per_row=self._huge_per_row(), score_bound=self._score_bound(),
-                             poly_every=self.cfg.exp2_poly)
+                             huge_per_row=self._huge_per_row(), score_bound=self._score_bound())
 
     def _huge_per_row(self) -> bool:
         """The softmax's huge-logit branch per row (``Fp8Config.huge_per_row``; descale_prefetch needs it too)."""

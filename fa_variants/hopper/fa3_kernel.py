@@ -133,7 +133,7 @@ class FlashAttention3Sm90(Fa3Schedule, Fa3SplitKV, Fa3Producer):
     def _make_softmax(self, num_rows: int, scale_log2: Float32):
         return OnlineSoftmax(num_rows, scale_log2, self.cfg.exp2_ffma, self.cfg.reduce_chains, self.cfg.skip_unit_rescale,
                              active_rows=1 if self.cfg.first_row_only else None,  # padding rows: Sm90Config
-                             alpha_first=self.cfg.alpha_first, poly_every=self.cfg.exp2_poly)
+                             alpha_first=self.cfg.alpha_first)
 
     def _step_context(self, args: tuple, extras: tuple, m_block: Int32, head: Int32, batch: Int32):
         return _StepContext(*args)
