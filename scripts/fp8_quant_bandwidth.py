@@ -207,7 +207,9 @@ def b2b_pattern(events: list[tuple[str, float, float]], calls: int) -> tuple[str
     """``b2b_breakdown``'s reading of (name, start us, end us) kernels of ``calls`` back-to-back calls in start order
     (the same kernels per call): per kernel position the median duration over calls 2 .. calls - 1, the median
     start-to-start period of consecutive calls, and the median time from each kernel's predecessor's end to its
-    start (negative: overlap); ("", why) without that pattern."""
+    start (negative: overlap), then each position's shortest and longest duration over those calls (a pass that
+    runs at two speeds in one run shows here, session 38's Q pass at head_dim 256: 40-65 us); ("", why) without that
+    pattern."""
     per_call = len(events) // calls
     if calls < 4 or per_call == 0 or len(events) != per_call * calls:
         return "", f"(no back-to-back pattern: {len(events)} kernels for {calls} calls)"
@@ -219,8 +221,10 @@ def b2b_pattern(events: list[tuple[str, float, float]], calls: int) -> tuple[str
               for j in range(per_call)]
     names = [("pass" if "quant" in n.lower() else n[:24]) for n, _, _ in events[:per_call]]
     kernels = f"{per_call} kernels, {sum(dur):.1f} us: " + ", ".join(f"{n} {t:.1f}" for n, t in zip(names, dur))
+    spans = [[events[i * per_call + j][2] - events[i * per_call + j][1] for i in middle] for j in range(per_call)]
     gaps = (f"period {period:.1f} us, gaps {period - sum(dur):+.1f} us (before each: "
-            + ", ".join(f"{b:+.1f}" for b in before) + ")")
+            + ", ".join(f"{b:+.1f}" for b in before) + "; range "
+            + ", ".join(f"{min(s):.1f}-{max(s):.1f}" for s in spans) + ")")
     return kernels, gaps
 
 

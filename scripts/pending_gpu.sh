@@ -29,7 +29,8 @@
 #    B2/B4. `scripts/suite_gpu.sh 2` and `4` (each ~250-330 s; the split of session 38's part 2, whose last run to
 #       its end was session 36's): 0 failed.
 #    G. `scripts/pending_gpu.sh quantgap` again (~90-200 s): does the D 128 / 256 cost of session 38 (graph 1.081 /
-#       1.125) repeat, or session 37's (0.998 / 1.005)? If it repeats, time the Q pass alone many times per pipeline.
+#       1.125) repeat, or session 37's (0.998 / 1.005)? The back-to-back lines now give each kernel's range over the
+#       calls: a Q pass range spanning ~45 and ~62 us at D 256 says two speeds in one run (the header's rule).
 #    B1/B3. `scripts/suite_gpu.sh 1` (~380 s: does the cache release past a worker's share keep the workers in
 #       memory) and 3 (~390 s).
 #    S. `python3 scripts/decode_ab.py --s38 --variants base tiles-dual --rounds 6` (~40-70 s; 12 batch-64 shapes):

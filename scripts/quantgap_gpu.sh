@@ -1,24 +1,25 @@
 #!/usr/bin/env bash
-# quantgap_gpu.sh: where the FP8 quantisation pass's non-finite switch still costs its queued time at head_dim 64 (session 37)
-# on one H100 or H200: the default (deferred slow path), the slow path in the loop and the switch off, timed queued,
+# quantgap_gpu.sh: whether the FP8 quantisation pass's non-finite switch costs GPU time (sessions 37-38), on one H100 or
+# H200: the default (deferred slow path), the slow path in the loop and the switch off, timed queued,
 # back to back and by CUDA graph replay (~120-200 s cold; limit 200 s).
 #
 #   source .gpu/env.sh && scripts/quantgap_gpu.sh  (repository root; writes under $OUT/quantgap; --help)
 #
-# Why (bench/NOTES.md, "Session 37"): on an H100 the deferred slow path (``quant_host.NONFINITE_DEFERRED``, on since
-# session 37) and the switch off gave the same serialised kernel sums at D 64 (152.7 / 152.3 us), yet queued GPU time
-# 0.1570 against 0.1467 ms (1.070x); at D 128 / 256 0.998 / 1.005. The kernels' registers are the same class either
-# way (sm_90a: K 156 / 159, Q 128 / 128, V 128 / 129), so not occupancy. Queued time includes the gaps and the PDL
-# overlap between the four launches (V + K sums, torch's sum of K's partials, K, Q) and, when the host is slower than
-# the GPU (host ms per call ~0.15 there), the host's pace.
+# Why (bench/NOTES.md, "Session 37" and "Session 38"): on an H100 the deferred slow path (``quant_host.
+# NONFINITE_DEFERRED``, on since session 37) and the switch off gave queued GPU time 1.070 / 0.998 / 1.005x at D 64 /
+# 128 / 256 in session 37, and by graph replay 1.014 / 1.081 / 1.125x in session 38, where the D 256 Q pass took
+# 61.6 us with the switch and 48.0 without, and 40-65 us across that run's rows (the in-loop variant's host-bound
+# kernels 64.9 us, its back-to-back ones 48.8 us in the same row): a pass that runs at two speeds, not a fixed cost.
 # 1. scripts/fp8_quant_bandwidth.py: "def" (the default: deferred), "definl" (the slow path in the loop) and "defoff"
 #    (the switch off), default recipe, D 64 / 128 / 256, 10 rotated rounds, with --graph (no host work), --b2b
-#    (the kernels back to back: each gap / overlap) and --breakdown.
+#    (the kernels back to back: each gap / overlap, and since session 38 each kernel's range over the calls) and
+#    --breakdown.
 # Pass: every row matched the torch recipe (rc 1 with every row matched is the script's 70 %-of-copy target).
-# Prediction: by graph replay def / defoff <= 1.02 at every head_dim (the D 64 gap is the host's pace or launch gaps,
-#   not the kernels); queued def / defoff at D 64 in 1.00-1.08 (session 37: 1.070).
-# Rule: if by graph replay def / defoff > 1.02 at D 64, the b2b gaps name the launch to look at (issue 10's
-#   "a switch costing > 2 %"); if <= 1.02, the queued figure is host-bound and issue 10's rule reads graph time.
+# Prediction: the D 256 Q pass's back-to-back range spans both speeds (~45 and ~62 us) in at least one row of each
+#   pipeline, and graph def / defoff lies within 0.98-1.13 at every head_dim, moving between runs.
+# Rule: if a range spans both speeds, the switch is not what costs: look for what picks the speed (the grid's
+#   placement after the K pass under PDL, the buffers' addresses) before touching the switch; if every row of defoff
+#   is fast and every row of def slow, the switch costs at D 128 / 256 and NONFINITE_DEFERRED's code is read again.
 set -uo pipefail
 source "$(dirname "$0")/steps.sh"
 out="${OUT:-results}/quantgap"; gpu_session "$out/logs" "$@"

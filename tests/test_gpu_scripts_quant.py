@@ -145,8 +145,8 @@ def test_quantdef_set_and_check_selection():
 
 def test_quantbw_set_and_measures():
     """fp8_quant_bandwidth.py's measures of session 12's quantbw run (bench/NOTES.md, Session 12 outcomes) on the
-    CPU: the back-to-back reading (per-position median durations, start-to-start period, the gap before each kernel; no pattern when the kernels do not divide into
-    calls), the per-pass shares read from it, the A/B line with the graph ratio and host ms, the graph / end-to-end
+    CPU: the back-to-back reading (per-position median durations, start-to-start period, the gap before each kernel,
+    each position's range over the calls; no pattern when the kernels do not divide into calls), the per-pass shares read from it, the A/B line with the graph ratio and host ms, the graph / end-to-end
     tables, the defn / defwn labels (V2_PDL off), defp (QUANT_PLANS), --skip PIPE:RECIPE:SHAPE and --shapes in --plan,
     and quant_precompile.py --set quantbw (quantlanes' passes + both at D 256 without PDL)."""
     bw = load_script("fp8_quant_bandwidth")
@@ -159,7 +159,8 @@ def test_quantbw_set_and_measures():
             t += dur
     kernels, gaps = bw.b2b_pattern(events, 6)
     assert kernels == "4 kernels, 131.5 us: pass 48.0, void at::native::reduce_ 6.0, pass 38.5, pass 39.0", kernels
-    assert gaps == "period 132.5 us, gaps +1.0 us (before each: +2.0, +1.0, -1.0, -1.0)", gaps
+    assert gaps == ("period 132.5 us, gaps +1.0 us (before each: +2.0, +1.0, -1.0, -1.0; range 48.0-48.0, 6.0-6.0, "
+                    "37.0-40.0, 39.0-39.0)"), gaps
     assert bw.b2b_pattern(events[:-1], 6)[0] == "" and "23 kernels for 6 calls" in bw.b2b_pattern(events[:-1], 6)[1]
     row = {"kernels_b2b": kernels, "pass_bytes": [168e6, 100e6, 101e6], "extra_bytes_read": 67e6, "kernels": ""}
     assert bw.pass_shares(row, 4.0, "kernels_b2b").startswith("V+Ksum 48.0 us 88%, K 38.5 us 65%, Q 39.0 us 65%")
