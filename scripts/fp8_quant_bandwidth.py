@@ -215,13 +215,13 @@ def b2b_pattern(events: list[tuple[str, float, float]], calls: int) -> tuple[str
         return "", f"(no back-to-back pattern: {len(events)} kernels for {calls} calls)"
     middle = range(1, calls - 1)
     med = statistics.median
-    dur = [med(events[i * per_call + j][2] - events[i * per_call + j][1] for i in middle) for j in range(per_call)]
+    spans = [[events[i * per_call + j][2] - events[i * per_call + j][1] for i in middle] for j in range(per_call)]
+    dur = [med(s) for s in spans]
     period = med(events[(i + 1) * per_call][1] - events[i * per_call][1] for i in middle)
     before = [med(events[i * per_call + j][1] - events[i * per_call + j - 1][2] for i in middle)
               for j in range(per_call)]
     names = [("pass" if "quant" in n.lower() else n[:24]) for n, _, _ in events[:per_call]]
     kernels = f"{per_call} kernels, {sum(dur):.1f} us: " + ", ".join(f"{n} {t:.1f}" for n, t in zip(names, dur))
-    spans = [[events[i * per_call + j][2] - events[i * per_call + j][1] for i in middle] for j in range(per_call)]
     gaps = (f"period {period:.1f} us, gaps {period - sum(dur):+.1f} us (before each: "
             + ", ".join(f"{b:+.1f}" for b in before) + "; range "
             + ", ".join(f"{min(s):.1f}-{max(s):.1f}" for s in spans) + ")")

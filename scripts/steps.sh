@@ -13,7 +13,8 @@
 #                             10 GB of the first GPU's memory (H200: 14, H100 80 GB: 8; session 35: 14 workers ran
 #                             11 tests of suite part 1 out of memory on an H100, all passed at 3; session 37: 8
 #                             ran one out of memory there, another worker's cache holding 20 GiB, so conftest now
-#                             empties each worker's CUDA cache after each test); SUITE_WORKERS=M gives M workers.
+#                             empties a worker's CUDA cache after a test when it holds more than its share of the
+#                             card); SUITE_WORKERS=M gives M workers.
 #   help_from_header ARGS...  with --help or -h as the first argument: prints the script's header comment (the
 #                             "#" lines after the first line, "# " taken off) and exits 0; else does nothing.
 #   session_setup DIR         LOGS=DIR (created); writes DIR/commit.txt (write_commit), DIR/gpu.txt
