@@ -306,13 +306,14 @@ def assert_fp8_lse_ok(lse: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     assert ratio.numel() == 0 or ratio.max().item() <= 1.0, f"LSE error {ratio.max().item():.3g}x fp8_lse_bound"
 
 
-def _qk_accumulator_bound(q: torch.Tensor, k: torch.Tensor, causal: bool) -> torch.Tensor:
-    """Per query row (B, H, Nq), float64: the largest error the FP8 MMA's accumulator can put into an unscaled score
-    q . k of a key the row sees, under fa_variants.fp8.emulation's block-floating-point model: each k = MMA_K chunk
+def qk_accumulator_errors(q: torch.Tensor, k: torch.Tensor, causal: bool) -> torch.Tensor:
+    """Per score (B, H, Nq, Nk), float64: the largest error the FP8 MMA's accumulator can put into the unscaled score
+    q . k (0 where the row does not see the key), under fa_variants.fp8.emulation's block-floating-point model: each k = MMA_K chunk
     cuts its MMA_K products and the incoming accumulator toward zero to BLOCKFP_FRAC_BITS fraction bits below the
     largest of them, top = 2^e (e = floor(log2 top)), so chunk c errs by less than (MMA_K + 1) 2^(e - frac_bits);
     top is at most the chunk's largest |q_i k_i| or the exact partial sum's magnitude plus the error so far.
-    q (B, Nq, H, D), k (B, Nk, H_kv, D): the dequantised values (float64, exact products)."""
+    q (B, Nq, H, D), k (B, Nk, H_kv, D): the values the MMA multiplies (float64, exact products): the e4m3 ones, or
+    the dequantised ones where the descales are powers of two (the alignment then scales with them exactly)."""
     from fa_variants.fp8.emulation import BLOCKFP_FRAC_BITS, MMA_K
 
     group = q.shape[2] // k.shape[2]
@@ -328,7 +329,12 @@ def _qk_accumulator_bound(q: torch.Tensor, k: torch.Tensor, causal: bool) -> tor
         partial += torch.einsum("bqhd,bkhd->bhqk", q[..., d0:d0 + MMA_K], k[..., d0:d0 + MMA_K])
     if causal:
         err = err.masked_fill(~causal_visible(q.shape[1], k.shape[1]), 0.0)
-    return err.amax(-1)
+    return err
+
+
+def _qk_accumulator_bound(q: torch.Tensor, k: torch.Tensor, causal: bool) -> torch.Tensor:
+    """Per query row (B, H, Nq): the largest of ``qk_accumulator_errors`` over the keys the row sees."""
+    return qk_accumulator_errors(q, k, causal).amax(-1)
 
 
 def sm90_only(what: str) -> list:
