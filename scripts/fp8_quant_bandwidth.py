@@ -22,7 +22,7 @@ counted late (``V3_FUSED_MEAN_LATE``: no torch sum of K's partials, one kernel f
 Q's / K's pass at head_dim 128 holding a token's 128 channels per thread and storing through the stage
 (``V3_WIDE128``; bit for bit), "defw128n" the same without the staged store (head_dim 128 rows only), "defw128k"
 defw128 for K's pass only (``V3_WIDE128 = "k"``, Q's pass def's); "definf": def with the non-finite rule
-(``NONFINITE``: finite inputs bit for bit); "defoff": def with it off; "defd": def with its slow path after each CTA's loop (``NONFINITE_DEFERRED``); "defs": def with a sampled mean finished in V's launch
+(``NONFINITE``: finite inputs bit for bit); "defoff": def with it off; "defoffn": defoff without PDL; "defd": def with its slow path after each CTA's loop (``NONFINITE_DEFERRED``); "defs": def with a sampled mean finished in V's launch
 (``V3_FUSED_SAMPLED_MEAN``; the exact mean's rows are def's); "defw128l": defw128 with the fused mean counted late;
 "defc2" / "defc8": def with Q's LSE shift summed in 2 / 8 chains (``SHIFT_CHAINS``), "defw128c8" defc8 with Q's pass
 wide at head_dim 128 (``V3_WIDE128`` True);
@@ -366,6 +366,9 @@ PIPES["definf"] = ("v3", {**_DEF, "NONFINITE": True})
 # session 36: def without it (the switch has been on by default since session 14; session 35's slow path, Q / K's
 # values rotated again with the recipe's shift, moved the fast path's registers: what the switch now costs)
 PIPES["defoff"] = ("v3", {**_DEF, "NONFINITE": False})
+# session 39: defoff without programmatic dependent launch: with "defn", whether the switch's cost (the D 256 Q pass
+# at ~45 or ~62 us with it, always ~45 us without, sessions 38-39) comes with the PDL overlap or with the code
+PIPES["defoffn"] = ("v3", {**_DEF, "NONFINITE": False, "V2_PDL": False})
 # session 36: def with the slow path after each CTA's loop (``quant_host.NONFINITE_DEFERRED``: the same outputs)
 PIPES["defd"] = ("v3", {**_DEF, "NONFINITE": True, "NONFINITE_DEFERRED": True})
 # session 37: def with the slow path inside the loop (the default from session 14 to 36; deferred since session 37)

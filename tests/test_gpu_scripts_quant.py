@@ -346,15 +346,20 @@ def test_quantchains_set_and_pipes():
 
 def test_quantgap_pipes():
     """scripts/quantgap_gpu.sh (session 37): "def" is the module's default (the deferred slow path since session 37),
-    "definl" the slow path in the loop and "defoff" the switch off, whatever the environment says; the script names
-    only pipelines and recipes the bandwidth script has, and times by graph replay and back to back."""
+    "definl" the slow path in the loop and "defoff" the switch off, whatever the environment says; "defn" / "defoffn"
+    (session 39) def / defoff without PDL; the script names only pipelines and recipes the bandwidth script has, and
+    times by graph replay and back to back."""
     bw = load_script("fp8_quant_bandwidth")
     assert not {"NONFINITE", "NONFINITE_DEFERRED"} & set(bw.PIPES["def"][1])
     assert bw.PIPES["definl"] == ("v3", {**bw.PIPES["def"][1], "NONFINITE": True, "NONFINITE_DEFERRED": False})
     assert bw.PIPES["defd"] == ("v3", {**bw.PIPES["def"][1], "NONFINITE": True, "NONFINITE_DEFERRED": True})
     assert bw.PIPES["defoff"] == ("v3", {**bw.PIPES["def"][1], "NONFINITE": False})
+    assert bw.PIPES["defn"] == ("v3", {**bw.PIPES["def"][1], "V2_PDL": False})
+    assert bw.PIPES["defoffn"] == ("v3", {**bw.PIPES["defoff"][1], "V2_PDL": False})
     text = (ROOT / "scripts" / "quantgap_gpu.sh").read_text()
     pipes = re.search(r"--pipelines (\S+)", text).group(1).split(",")
     recipes = re.search(r"--recipes (\S+)", text).group(1).split(",")
-    assert set(pipes) == {"def", "definl", "defoff"} and set(recipes) <= set(bw.recipes())
+    assert set(pipes) == {"def", "defoff", "defn", "defoffn"} and set(recipes) <= set(bw.recipes())
+    for pair in re.search(r"--ab (\S+)", text).group(1).split(","):
+        assert set(pair.split(":")) <= set(pipes), pair
     assert "--graph" in text and "--b2b" in text
