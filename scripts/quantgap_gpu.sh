@@ -24,6 +24,7 @@
 #   under PDL does (griddepcontrol.wait's place, the CTAs resident before K's pass ends) before anything else; if defn
 #   is as slow as def, the code costs: read the nonfinite kernel's prologue and its block test again (the loop is
 #   the same); either way the switch stays on (the torch recipe's rule for infinite inputs).
+set -uo pipefail
 source "$(dirname "$0")/steps.sh"
 out="${OUT:-results}/quantgap"; gpu_session "$out/logs" "$@"
 step bw 300 python3 scripts/fp8_quant_bandwidth.py --pipelines def,defoff,defn,defoffn --ab defoff:def,defn:def,defoffn:defn \
