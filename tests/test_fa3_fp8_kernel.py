@@ -48,6 +48,16 @@ def quantize(x, block):
     return x8.contiguous(), scale.permute(0, 2, 1).contiguous()
 
 
+def token_descales(descale, block, n):
+    """descale (B, H, cdiv(n, block)), one per block of `block` tokens -> (B, H, n) float64, one per token."""
+    return descale.double().repeat_interleave(block, dim=2)[:, :, :n]
+
+
+def dequantize(x8, descale, block):
+    """x8 (B, N, H, D) e4m3 with its per-block descale (``quantize``) -> (B, N, H, D) float64 (exact products)."""
+    return x8.double() * token_descales(descale, block, x8.shape[1]).permute(0, 2, 1)[..., None]
+
+
 def to_v_t(v8):
     """(B, N, Hkv, D) e4m3 -> v_t (B, Hkv, D, padded N), tokens permuted by layout.v_token_order."""
     B, N, H, D = v8.shape
@@ -176,9 +186,7 @@ def test_model_matches_float64_attention_before_rounding(rng_seed):
     g = torch.Generator().manual_seed(rng_seed)
     _, (q8, k8, vt, qd, kd, vd), v8 = quantized_inputs(1, 70, 150, 2, 1, 64, "cpu", g, tile_n=128)
     out, lse = model(q8, k8, v8, qd, kd, vd, 0.125, True, 128)
-    Q = q8.double() * qd[:, :, :1].permute(0, 2, 1)[..., None].double()
-    K = k8.double() * kd.repeat_interleave(128, dim=2)[:, :, :150].permute(0, 2, 1)[..., None].double()
-    V = v8.double() * vd.repeat_interleave(128, dim=2)[:, :, :150].permute(0, 2, 1)[..., None].double()
+    Q, K, V = dequantize(q8, qd, layout.TILE_M), dequantize(k8, kd, 128), dequantize(v8, vd, 128)
     ref, ref_lse = attention_reference(Q, K, V, causal=True, softmax_scale=0.125)
     assert rel_l2(out, ref) < 4e-2  # only P's e4m3 rounding differs
     torch.testing.assert_close(lse, ref_lse, rtol=0, atol=1e-9)
@@ -248,12 +256,11 @@ def lse_tolerance(q8, k8, qd, kd, scale, causal, tile_n):
     Nk, group = k8.shape[1], H // k8.shape[2]
     if Nk == 0:
         return torch.full((B, H, Nq), 1e-3, dtype=torch.float64)
-    rows = qd.double().cpu().repeat_interleave(layout.TILE_M, dim=2)[:, :, :Nq]  # (B, H, Nq)
-    keys = kd.double().cpu().repeat_interleave(tile_n, dim=2)[:, :, :Nk]  # (B, Hkv, Nk)
-    d = abs(scale) * qk_accumulator_errors(q8.double().cpu(), k8.double().cpu(), causal)  # (B, H, Nq, Nk)
+    q8, k8, qd, kd = (t.cpu() for t in (q8, k8, qd, kd))
+    rows, keys = token_descales(qd, layout.TILE_M, Nq), token_descales(kd, tile_n, Nk)  # (B, H, Nq), (B, Hkv, Nk)
+    d = abs(scale) * qk_accumulator_errors(q8.double(), k8.double(), causal)  # (B, H, Nq, Nk)
     d = d * rows[..., None] * keys.repeat_interleave(group, dim=1)[:, :, None, :]
-    s = gqa_scores(q8.double().cpu() * rows.transpose(1, 2)[..., None], k8.double().cpu() * keys.transpose(1, 2)[..., None],
-                   scale)
+    s = gqa_scores(dequantize(q8, qd, layout.TILE_M), dequantize(k8, kd, tile_n), scale)
     if causal:
         s = s.masked_fill(~causal_visible(Nq, Nk), -math.inf)
     p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # rows that see no key: 0
@@ -296,9 +303,8 @@ def test_kernel_vs_model(rng_seed, shape, head_dim, causal, nan_allocations):
     # The LSE is 1-Lipschitz in its row's scores: against the exact LSE it may move by at most the largest score change
     # quantisation made on the row (helpers.largest_score_change), plus the accumulator's and float32's (lse_tol); the
     # model check pins the kernel
-    deq = lambda x8, d, blk: x8.double() * d.double().repeat_interleave(blk, dim=2)[:, :, :x8.shape[1]].permute(0, 2, 1)[..., None]
-    largest, _ = largest_score_change(deq(q8, qd, layout.TILE_M), deq(k8, kd, layout.tile_n(head_dim)), scale, q, k,
-                                      scale, causal)
+    largest, _ = largest_score_change(dequantize(q8, qd, layout.TILE_M), dequantize(k8, kd, layout.tile_n(head_dim)),
+                                      scale, q, k, scale, causal)
     exact_lse = exact_lse.double().cpu()
     f = torch.isfinite(exact_lse)
     off = (lse.double().cpu() - exact_lse).abs()[f]
