@@ -13,7 +13,7 @@ import os
 
 import torch
 
-from fa_variants import dispatch
+from fa_variants import dispatch, registry
 from fa_variants.common import launch, split
 from fa_variants.dispatch import Selection
 from fa_variants.common.scale import LOG2_E, MAX_SOFTMAX_SCALE, check_softmax_scale  # noqa: F401 (re-exported)
@@ -205,9 +205,7 @@ def _plan(selection: Selection, q, k, v, causal: bool, scale: float, config=None
     if selection.backend == "reference":  # plain PyTorch: handles empty inputs itself, keeps autograd
         return lambda q, k, v, want_lse=True: variant.run(q, k, v, causal=causal, softmax_scale=scale)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):  # empty inputs too: no graph
-        raise NotImplementedError(
-            f"backend {selection.backend} is forward-only and an input requires grad: call it under "
-            "torch.no_grad() / torch.inference_mode(), or use backend='reference' for autograd")
+        raise NotImplementedError(_no_backward(selection.backend))
     if q.numel() == 0 or k.shape[1] == 0:  # B, Nq or H is 0, or no key at all: launch nothing
         return functools.partial(launch.empty_outputs, (batch, seqlen_q, heads, head_dim), output_dtype(q.dtype),
                                  q.device)
@@ -239,6 +237,23 @@ def _plan(selection: Selection, q, k, v, causal: bool, scale: float, config=None
     return run
 
 
+def _no_backward(backend: str) -> str:
+    """The one-line reason a call that needs a gradient cannot run on ``backend`` (``registry.FORWARD_ONLY``)."""
+    return (f"backend {backend} is forward-only and an input requires grad ({registry.FORWARD_ONLY.get(backend, '')}): "
+            "call it under torch.no_grad() / torch.inference_mode(), or use backend='reference' for autograd")
+
+
+def _kernel_autograd(q, k, v, causal: bool, backend: str) -> bool:
+    """True for a call that needs a gradient (grad mode on, an input requiring grad) on a kernel backend that has
+    one: the call then goes through the custom op, whose forward runs the kernel and whose backward is
+    ``reference.run_backward`` (``integrations.custom_op``). False for the reference backend (plain autograd) and
+    for ``registry.FORWARD_ONLY`` backends (``_plan`` refuses them in one line)."""
+    if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+        return False
+    chosen = dispatch.select_backend(q, k, v, causal=causal, backend=backend).backend
+    return chosen != "reference" and chosen not in registry.FORWARD_ONLY
+
+
 def _with_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, seqlens_k: torch.Tensor):
     """attention with per-sequence KV lengths: fa3 and fa2 read them in their kernels (one launch for the batch, no
     host read-back: CUDA-graph capturable; the plan kept per call kind as `dispatch_and_run` keeps one); the
@@ -247,7 +262,7 @@ def _with_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, se
     # traced (torch.compile, or export's fake / functional tensors; an eager Parameter keeps the reference's
     # autograd): one opaque node (integrations.custom_op; a backward on the reference backend) whose body is
     # `run_seqlens_k`, the values checked when it runs
-    if _tracing(q):
+    if _tracing(q) or _kernel_autograd(q, k, v, causal, backend):
         check_seqlens_k(seqlens_k, q.shape[0], k.shape[1], q.device, values=False, host_ok=True)
         return torch.ops.fa_variants.attention_seqlens_k(q, k, v, seqlens_k, causal, scale, backend)
     return run_seqlens_k(q, k, v, causal, scale, backend, seqlens_k)
@@ -348,6 +363,9 @@ def _with_split_options(q, k, v, causal: bool, scale: float | None, backend: str
     num_splits = split.check_options(num_splits, pack_gqa)
     if _tracing(q):
         raise NotImplementedError("num_splits / pack_gqa are not supported under tracing yet")
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        raise NotImplementedError("num_splits / pack_gqa are inference options and an input requires grad: call "
+                                  "under torch.no_grad() / torch.inference_mode(), or leave them None for autograd")
     if seqlens_k is not None:
         seqlens_k, _ = _check_lengths(q, k, seqlens_k)
     selection = dispatch.select_backend(q, k, v, causal=causal, backend=backend)
@@ -443,6 +461,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         give empty outputs and seqlen_k = 0 gives zeros (LSE -inf), without launching a kernel (on the
         reference backend they stay connected to the inputs for autograd, with zero gradients).
 
+    Gradients: with grad mode on and an input that requires grad, a kernel backend's call runs its forward kernel
+    through the custom op, whose backward is ``reference.run_backward`` (the gradient of exact attention in float32
+    PyTorch, query rows in memory-bounded chunks; no backward kernel: it warns once per backend, a
+    ``dispatch.BackendFallbackWarning``); the reference backend keeps plain autograd. fa3-fp8 and the num_splits /
+    pack_gqa options are forward only (NotImplementedError at the call). Source: Dao et al., FlashAttention (2022),
+    Appendix B.2; Dao, FlashAttention-2 (2023), Algorithm 2.
+
     Non-finite values: an inf or NaN in Q, K or V at a position a row sees makes that row non-finite, as the
     maths does. At a key a causal row cannot see, V = inf/NaN contributes exactly 0 on the ``reference``
     backend, but on the kernels (fa1, fa2, fa3) it makes the rows of the same query tile that do not see
@@ -456,7 +481,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     torch.compile / torch.export: traceable with ``fullgraph=True`` and dynamic shapes (CUDA graphs with
     ``mode="reduce-overhead"`` too): validation is plain Python that Dynamo traces, and the backend choice
     and launch happen inside the custom op ``torch.ops.fa_variants.attention`` (``integrations.custom_op``),
-    one opaque node of the graph. Autograd under torch.compile: reference backend only, as eagerly.
+    one opaque node of the graph. Autograd, eagerly and under torch.compile: see Gradients below.
 
     Raises:
         TypeError: a non-tensor input, a non-floating or mismatched dtype, a non-bool flag, a non-real scale.
@@ -466,7 +491,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
             or out-of-range softmax_scale; num_splits > 1 with |softmax_scale| above 2^64; an unknown backend; a
             backend that cannot serve the call
             (``dispatch.BackendUnavailableError``, naming the backends that can).
-        NotImplementedError: a kernel backend with inputs that require grad (forward only); seqlens_k inside
+        NotImplementedError: inputs that require grad on fa3-fp8 (``registry.FORWARD_ONLY``) or with num_splits /
+            pack_gqa; seqlens_k inside
             CUDA-graph capture on a backend other than fa3 and fa2.
 
     Sources: Dao et al., FlashAttention (2022), Algorithm 1; Dao, FlashAttention-2 (2023), Algorithm 1;
@@ -491,7 +517,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         out, lse = _with_split_options(q, k, v, causal, scale, backend, num_splits, pack_gqa, seqlens_k)
     elif seqlens_k is not None:
         out, lse = _with_seqlens_k(q, k, v, causal, scale, backend, seqlens_k)
-    elif _traced(q):
+    elif _traced(q) or _kernel_autograd(q, k, v, causal, backend):
         out, lse = torch.ops.fa_variants.attention(q, k, v, causal, scale, backend)
     else:  # eagerly: the op's implementation itself, without the dispatcher's per-call cost
         out, lse = dispatch_and_run(q, k, v, causal, scale, backend, return_lse)

@@ -342,9 +342,15 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
     return out.to(q.dtype), lse if wide_lse else lse.float()
 
 
+#: elements of one (batch, num_heads, rows, keys) score-sized tensor in ``run_backward``'s query-row chunks: 2^26, 256 MiB in
+#: float32; a chunk holds about five such tensors at once
+BACKWARD_CHUNK_ELEMENTS = 1 << 26
+
+
 def run_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                  v: torch.Tensor, *, causal: bool, softmax_scale: float,
-                 seqlens_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 seqlens_k: torch.Tensor | None = None,
+                 chunk_elements: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients (dq, dk, dv) of ``run``'s (out, lse) for upstream gradients (grad_out, grad_lse), written out
     (no autograd: the custom op's backward calls it where autograd is off), in ``run``'s precision.
 
@@ -355,14 +361,20 @@ def run_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor, q: torch.Tensor
     backward sums it: where P is one-hot (a large scale) it cancels dP exactly, where dO . O would leave a
     rounding error that scale multiplies. A key a row cannot see gets dP = 0 and dS = 0, so an inf / NaN in V or K
     there gives no NaN (it contributes exactly 0 to the output too). ``seqlens_k`` (``run``'s): each sequence's gradients
-    from its own first seqlens_k[b] keys; dK, dV are 0 past them. Shapes as ``run``'s inputs; q.dtype out;
-    one chunk (no row chunking: for tests and small autograd uses).
+    from its own first seqlens_k[b] keys; dK, dV are 0 past them. Shapes as ``run``'s inputs; q.dtype out.
+
+    Memory: the query rows go in chunks (FlashAttention-2's backward, Algorithm 2, with the roles of its loops
+    swapped: here the outer loop runs over query rows and each chunk sees all its keys, so its softmax is exact
+    without the forward's LSE), each chunk's score-sized tensors at most ``chunk_elements`` elements (default
+    ``BACKWARD_CHUNK_ELEMENTS``; one row at least), dK and dV summed over the chunks. Causal chunks stop at the last
+    key their last row sees. The rows do not interact, so the result is the unchunked one up to the order of
+    dK's and dV's sums.
     """
     if seqlens_k is not None and q.shape[0] > 0:
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         for b, n in enumerate(seqlens_k.tolist()):
             g = run_backward(grad_out[b:b + 1], grad_lse[b:b + 1], q[b:b + 1], k[b:b + 1, :n], v[b:b + 1, :n],
-                             causal=causal, softmax_scale=softmax_scale)
+                             causal=causal, softmax_scale=softmax_scale, chunk_elements=chunk_elements)
             dq[b], dk[b, :n], dv[b, :n] = g[0][0], g[1][0], g[2][0]
         return dq, dk, dv
     dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -370,15 +382,35 @@ def run_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor, q: torch.Tensor
     seqlen_k, num_heads_kv = k.shape[1], k.shape[2]
     if seqlen_k == 0 or q.numel() == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    group = num_heads // num_heads_kv
-    qg = q.to(dtype).reshape(batch, seqlen_q, num_heads_kv, group, head_dim)
+    budget = BACKWARD_CHUNK_ELEMENTS if chunk_elements is None else chunk_elements
+    rows = max(1, min(seqlen_q, budget // (batch * num_heads * seqlen_k)))
+    qg = q.to(dtype).reshape(batch, seqlen_q, num_heads_kv, num_heads // num_heads_kv, head_dim)
+    dog = grad_out.to(dtype).reshape(qg.shape[:-1] + (-1,))
+    dlse = grad_lse.to(dtype).reshape(batch, num_heads_kv, num_heads // num_heads_kv, seqlen_q, 1)
     kd, vd = k.to(dtype), v.to(dtype)
-    dog = grad_out.to(dtype).reshape(batch, seqlen_q, num_heads_kv, group, -1)
-    dlse = grad_lse.to(dtype).reshape(batch, num_heads_kv, group, seqlen_q, 1)
+    dq, dk, dv = [], torch.zeros_like(kd), torch.zeros_like(vd)
+    for start in range(0, seqlen_q, rows):
+        stop = min(seqlen_q, start + rows)
+        keys = min(seqlen_k, max(0, stop + seqlen_k - seqlen_q)) if causal else seqlen_k  # the last row's last key
+        if keys == 0:  # no row of the chunk sees a key
+            dq.append(torch.zeros_like(qg[:, start:stop]))
+            continue
+        visible = causal_visible(seqlen_q, seqlen_k, row_start=start, rows=stop - start,
+                                 device=q.device)[:, :keys] if causal else None
+        g = _backward_rows(dog[:, start:stop], dlse[..., start:stop, :], qg[:, start:stop], kd[:, :keys],
+                           vd[:, :keys], softmax_scale, visible)
+        dq.append(g[0])
+        pad = (0, 0, 0, 0, 0, seqlen_k - keys)  # dK, dV of the keys past the chunk's last: 0
+        dk, dv = dk + torch.nn.functional.pad(g[1], pad), dv + torch.nn.functional.pad(g[2], pad)
+    dq = dq[0] if len(dq) == 1 else torch.cat(dq, dim=1)
+    return dq.reshape(q.shape).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+def _backward_rows(dog, dlse, qg, kd, vd, softmax_scale: float, visible: torch.Tensor | None):
+    """``run_backward`` of one chunk of query rows (grouped as (batch, rows, num_heads_kv, group, ...)) against keys
+    kd, vd (the chunk's visible range): (dq of the rows, dk, dv of those keys), in the inputs' dtype."""
     q_operand, raw_scale = _scaled_operand(qg, softmax_scale)  # as the forward (attention_reference)
-    s = torch.einsum("bqhgd,bkhd->bhgqk", q_operand, kd)
-    visible = causal_visible(seqlen_q, seqlen_k, device=q.device) if causal else None
-    _, p = _softmax_raw(s, raw_scale, visible)
+    _, p = _softmax_raw(torch.einsum("bqhgd,bkhd->bhgqk", q_operand, kd), raw_scale, visible)  # S freed inside
     dv = torch.einsum("bhgqk,bqhgd->bkhd", p, dog)
     dp = torch.einsum("bqhgd,bkhd->bhgqk", dog, vd)
     if visible is not None:
@@ -387,7 +419,7 @@ def run_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor, q: torch.Tensor
     ds = p * (dp - (p * dp).sum(-1, keepdim=True) + dlse)
     dq = softmax_scale * torch.einsum("bhgqk,bkhd->bqhgd", ds, kd)
     dk = softmax_scale * torch.einsum("bhgqk,bqhgd->bkhd", ds, qg)
-    return dq.reshape(q.shape).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    return dq, dk, dv
 
 
 # ----------------------------------------------------------------------------------------- tolerance rule

@@ -55,6 +55,11 @@ ENTRIES: dict[str, Entry] = {
 }
 #: the names a caller may ask for (backend=...), fastest first
 BACKENDS: tuple[str, ...] = ("fa3", "fa3-fp8", "fa2", "fa1", "reference")
+#: backends without a backward, and why. The others' backward is ``reference.run_backward`` (plain PyTorch, the
+#: gradient of exact attention, which their forward computes; ``integrations.custom_op``)
+FORWARD_ONLY: dict[str, str] = {
+    "fa3-fp8": "its forward quantises Q, K and V to e4m3: the gradient of exact attention would not be its gradient",
+}
 #: plain PyTorch variants (any device): nothing to compile
 PLAIN_PYTORCH: tuple[str, ...] = ("reference",)
 #: the variants with a kernel to compile (`fa-variants compile --variant`, warmup's --backends)

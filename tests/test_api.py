@@ -7,6 +7,7 @@ import dataclasses
 import math
 import sys
 import types
+import warnings
 
 import numpy as np
 import pytest
@@ -218,31 +219,119 @@ def test_heads_broadcast_with_stride_zero_run_as_mqa(fake_gpu):
     torch.testing.assert_close(out, fa_variants.attention(q, k.contiguous(), v.contiguous(), causal=True))
 
 
-def test_kernels_are_forward_only(fake_gpu):
-    q, k, v = qkv()
-    q.requires_grad_(True)
-    with pytest.raises(NotImplementedError, match="forward-only .* torch.no_grad"):
-        fa_variants.attention(q, k, v)
-    with torch.no_grad():
-        fa_variants.attention(q, k, v)
-    assert len(fake_gpu) == 1
+def _exact_grads(q, k, v, grad_out, **kwargs):
+    """float64 gradients of attention (autograd through the reference in float64)."""
+    leaves = [t.double().requires_grad_(True) for t in (q, k, v)]
+    out = fa_variants.attention(*leaves, backend="reference", **kwargs)
+    return torch.autograd.grad(out, leaves, grad_out.double())
+
+
+@pytest.fixture
+def fresh_backward_warning(monkeypatch):
+    from fa_variants.integrations import custom_op
+    monkeypatch.setattr(custom_op, "_WARNED", set())
+
+
+@pytest.mark.parametrize("leaf", ["tensor", "parameter"])
+def test_kernel_backends_have_a_pytorch_backward(fake_gpu, fresh_backward_warning, leaf):
+    """A call whose inputs require grad runs the kernel forward (through the custom op: the kernel sees inputs with
+    grad mode off) and gets ``reference.run_backward``'s gradients, warning once that they run in PyTorch. Rule:
+    each gradient's error vs float64 at most 2x that of autograd through the reference backend (float32 maths on
+    the same 16-bit inputs), plus a floor; GQA, causal with seqlen_q > seqlen_k (rows that see no key)."""
+    q, k, v = qkv(batch=2, nq=13, nk=9, heads=6, heads_kv=2, d=16, dtype=BF16)
+    grad_out = torch.randn(q.shape, dtype=BF16)
+    make = torch.nn.Parameter if leaf == "parameter" else (lambda t: t.clone().requires_grad_(True))
+    leaves = [make(t) for t in (q, k, v)]
+    out = fa_variants.attention(*leaves, causal=True)
+    assert len(fake_gpu) == 1 and out.grad_fn is not None and out.dtype == BF16
+    with pytest.warns(dispatch.BackendFallbackWarning, match="backend fa3 has no backward kernel"):
+        got = torch.autograd.grad(out, leaves, grad_out)
+    ref_leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    ours = torch.autograd.grad(fa_variants.attention(*ref_leaves, causal=True, backend="reference"), ref_leaves,
+                               grad_out)
+    exact = _exact_grads(q, k, v, grad_out, causal=True)
+    for name, g, r, e in zip("qkv", got, ours, exact):
+        assert g.dtype == BF16 and g.shape == e.shape, name
+        err, ref_err = (g.double() - e).abs().max().item(), (r.double() - e).abs().max().item()
+        assert err <= 2 * ref_err + 1e-3 * e.abs().max().item(), (name, err, ref_err)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per process
+        torch.autograd.grad(fa_variants.attention(*leaves, causal=True).sum(), leaves)
+
+
+def test_kernel_backward_with_seqlens_k_and_lse(fake_gpu, fresh_backward_warning, monkeypatch):
+    """Per-sequence KV lengths (a length 0 among them) and a gradient through the LSE too: the kernel forward (the
+    fake runs them as fa1 does, once per distinct length), the backward the reference backend's (the same float32
+    maths: equal to rounding)."""
+    from fa_variants import api
+    monkeypatch.setattr(api, "_kernel_module", lambda backend: None)  # the fake kernel does not read lengths
+    q, k, v = qkv(batch=3, nq=5, nk=11, heads=4, heads_kv=2, d=16, dtype=F16)
+    lengths = torch.tensor([11, 0, 4], dtype=torch.int32)
+    grads = []
+    for backend in ("fa3", "reference"):
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        out, lse = fa_variants.attention(*leaves, causal=True, seqlens_k=lengths, return_lse=True, backend=backend)
+        loss = out.float().square().sum() + torch.where(lse.isfinite(), lse, 0).sum()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", dispatch.BackendFallbackWarning)
+            grads.append(torch.autograd.grad(loss, leaves))
+    assert len(fake_gpu) == 2  # lengths 11 and 4 (a length of 0 launches nothing)
+    for g, r in zip(*grads):
+        torch.testing.assert_close(g, r, rtol=2e-3, atol=2e-3)
+    assert grads[0][1][1].abs().max() == 0 and grads[0][1][2, 4:].abs().max() == 0  # keys past a length: 0
 
 
 @pytest.mark.parametrize("dims", EMPTY)
-def test_kernels_are_forward_only_for_empty_inputs_too(fake_gpu, dims):
-    """The empty shortcut (nothing to launch) came before the requires-grad check: a kernel backend returned
-    zeros with no graph behind them, so a loss built on them left q.grad None without a word (the reference,
-    which supports autograd, gives zero gradients there). Same with seqlens_k all 0."""
+def test_kernel_backward_of_empty_inputs_is_zero(fake_gpu, fresh_backward_warning, dims):
+    """Empty inputs on a kernel backend with an input that requires grad: nothing launches, and the output still
+    has a graph whose backward gives zero gradients (as the reference's; a detached result left q.grad None without
+    a word). Same with seqlens_k all 0."""
     q, k, v = qkv(**dims)
     q.requires_grad_(True)
-    with pytest.raises(NotImplementedError, match="forward-only .* torch.no_grad"):
+    cases = [{}] + ([dict(seqlens_k=torch.zeros(dims["batch"], dtype=torch.int32))] if dims["batch"] else [])
+    for kwargs in cases:
+        out = fa_variants.attention(q, k, v, **kwargs)
+        assert out.grad_fn is not None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", dispatch.BackendFallbackWarning)
+            (grad,) = torch.autograd.grad(out.float().sum(), q, allow_unused=False)
+        assert grad.shape == q.shape and (grad == 0).all()
+    assert fake_gpu == []
+
+
+def test_kernel_backward_under_torch_compile(fake_gpu, fresh_backward_warning):
+    """Traced (fullgraph, aot_eager), the kernel call is the op and its backward the opaque backward op: the same
+    gradients as the eager call (the same function; bfloat16's default tolerance, not bitwise)."""
+    q, k, v = qkv(batch=2, nq=9, nk=12, heads=4, heads_kv=2, d=16, dtype=BF16)
+    fn = lambda q, k, v: fa_variants.attention(q, k, v, causal=True).float().square().sum()  # noqa: E731
+    torch._dynamo.reset()
+    grads = []
+    for run in (torch.compile(fn, fullgraph=True, backend="aot_eager"), fn):
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", dispatch.BackendFallbackWarning)
+            grads.append(torch.autograd.grad(run(*leaves), leaves))
+    assert len(fake_gpu) == 2
+    for g, e in zip(*grads):
+        torch.testing.assert_close(g, e)
+
+
+def test_inference_options_and_forward_only_backends_refuse_grad(fake_gpu, monkeypatch):
+    """num_splits / pack_gqa (decode options) and a backend of ``registry.FORWARD_ONLY`` with an input that requires
+    grad: one line at the call, naming the cause; a Parameter (the op's path) gets it when the backward runs."""
+    q, k, v = qkv()
+    q.requires_grad_(True)
+    with pytest.raises(NotImplementedError, match="num_splits / pack_gqa are inference options .* torch.no_grad"):
+        fa_variants.attention(q, k, v, num_splits=1)
+    monkeypatch.setitem(registry.FORWARD_ONLY, "fa3", "a test's reason")
+    with pytest.raises(NotImplementedError, match=r"backend fa3 is forward-only .*\(a test's reason\).* torch.no_grad"):
         fa_variants.attention(q, k, v)
-    if dims["batch"] and k.shape[1]:
-        with pytest.raises(NotImplementedError, match="forward-only"):
-            fa_variants.attention(q, k, v, seqlens_k=torch.zeros(dims["batch"], dtype=torch.int32))
+    out = fa_variants.attention(torch.nn.Parameter(q.detach()), k, v)
+    with pytest.raises(NotImplementedError, match=r"backend fa3 is forward-only: no gradient .*a test's reason"):
+        out.sum().backward()
     with torch.no_grad():
         fa_variants.attention(q, k, v)
-    assert fake_gpu == []
+    assert len(fake_gpu) == 2
 
 
 def test_reference_backend_supports_autograd():

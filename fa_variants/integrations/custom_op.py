@@ -18,10 +18,12 @@ dtype (bfloat16 for e4m3: ``api.output_dtype``), lse float32 contiguous (batch, 
 ``fa_variants::attention_seqlens_k(Tensor q, Tensor k, Tensor v, Tensor seqlens_k, bool causal, float?
 softmax_scale, str backend) -> (Tensor out, Tensor lse)``.
 
-Autograd (both ops): the backward is the reference backend's (``reference.run_backward``, plain PyTorch): traced,
-in a second opaque op, ``fa_variants::attention_reference_backward``; eagerly (a Parameter input's call) as plain ops, so
-that a second derivative exists. It is allowed only when the call runs on the reference backend (the kernels are
-forward-only: a backward through them raises NotImplementedError when it runs).
+Autograd (both ops): the backward is the reference backend's (``reference.run_backward``, plain PyTorch, float32
+maths, query rows in memory-bounded chunks): traced, in a second opaque op, ``fa_variants::attention_reference_backward``;
+eagerly (a call whose inputs require grad comes through the op) as plain ops, so that a second derivative exists. It
+is the gradient of exact attention, which every backend's forward computes but the FP8 one
+(``registry.FORWARD_ONLY``: a backward through it raises NotImplementedError when it runs). The kernels have no
+backward kernel of their own: the first backward through each warns once (``dispatch.BackendFallbackWarning``).
 """
 from __future__ import annotations
 
@@ -100,8 +102,8 @@ def _seqlens_k_backward(ctx, grad_out, grad_lse):
     return dq, dk, dv, None, None, None, None
 
 
-# a backward exists where the call ran on the reference backend; a kernel backend's raises when the backward runs
-# (not while AOTAutograd traces the graph, so a compiled forward with inputs that require grad still runs)
+# a backward exists for every backend but the FP8 one, whose backward raises when it runs (not while AOTAutograd traces
+# the graph, so a compiled forward with inputs that require grad still runs)
 attention_seqlens_k_op.register_autograd(_seqlens_k_backward, setup_context=_seqlens_k_setup_context)
 
 
@@ -114,17 +116,27 @@ def reference_backward_op(grad_out: torch.Tensor, grad_lse: torch.Tensor, q: tor
                                                             softmax_scale, backend))
 
 
+_WARNED: set[str] = set()  # the kernel backends whose PyTorch backward has warned in this process
+
+
 def _reference_backward(grad_out, grad_lse, q, k, v, seqlens_k, causal: bool, softmax_scale: float | None,
                         backend: str):
     """(dq, dk, dv) of the op's (out, lse): ``reference.run_backward`` (plain PyTorch ops; per-sequence KV lengths
-    ``seqlens_k`` or None), when the call ran on the reference backend; NotImplementedError for a kernel backend
-    (forward only)."""
-    from fa_variants import dispatch, reference
+    ``seqlens_k`` or None), for every backend but ``registry.FORWARD_ONLY``'s (NotImplementedError); for a kernel
+    backend a ``dispatch.BackendFallbackWarning`` the first time (no backward kernel: PyTorch's speed)."""
+    import warnings
+
+    from fa_variants import dispatch, reference, registry
 
     chosen = dispatch.select_backend(q, k, v, causal=causal, backend=backend).backend
-    if chosen != "reference":
-        raise NotImplementedError(
-            f"backend {chosen} is forward-only: no gradient through it; use backend='reference' for autograd")
+    if chosen in registry.FORWARD_ONLY:
+        raise NotImplementedError(f"backend {chosen} is forward-only: no gradient through it "
+                                  f"({registry.FORWARD_ONLY[chosen]}); use backend='reference' or 'auto' on 16-bit inputs")
+    if chosen != "reference" and chosen not in _WARNED:
+        _WARNED.add(chosen)
+        warnings.warn(f"backend {chosen} has no backward kernel: its gradients run in PyTorch (float32 maths, query "
+                      "rows in chunks; reference.run_backward), slower than a fused backward kernel",
+                      dispatch.BackendFallbackWarning, stacklevel=2)
     scale = reference.default_softmax_scale(q.shape[-1]) if softmax_scale is None else softmax_scale
     return reference.run_backward(grad_out, grad_lse, q, k, v, causal=causal, softmax_scale=scale,
                                   seqlens_k=seqlens_k)

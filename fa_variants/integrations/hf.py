@@ -23,7 +23,9 @@ it is all-visible or exactly bottom-right causal; anything else (padding, slidin
 packed sequences, static-cache slots, additive biases) raises :class:`UnsupportedAttentionError`, whose
 message says to use ``attn_implementation="sdpa"`` or ``"eager"`` for that call.
 
-Forward only: dropout > 0, logit soft-capping, attention sinks and position biases are refused the same way.
+Training: the kernels' gradients come from ``reference.run_backward`` (``fa_variants.attention``: no backward kernel,
+slower than sdpa's), so a training step runs without dropout. Dropout > 0, logit soft-capping, attention sinks and
+position biases are refused the same way as the masks above.
 ``register(fallback="sdpa")`` runs transformers' own sdpa attention for such calls instead (with a warning), so a
 padded batch or a training step with dropout still runs, and every other call keeps fa_variants; soft-capping and
 sinks stay refused (sdpa has neither).
@@ -109,7 +111,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
             kernels on a GPU; float32 too on the reference backend).
         attention_mask: None (plain causal/full, as our mask function returns) or a 4-D boolean/additive
             mask, accepted only when it is causal or full (``mask_is_causal``).
-        dropout: must be 0 (forward only). scaling: softmax scale (None: 1/sqrt(head_dim)).
+        dropout: must be 0 (no dropout in the kernels). scaling: softmax scale (None: 1/sqrt(head_dim)).
         is_causal: overrides ``module.is_causal`` (as in transformers' sdpa integration).
         backend: the fa_variants backend ("auto", "fa3", "fa2", "fa1", "reference").
         fallback: None (refuse what we cannot express) or "sdpa": such a call runs transformers' own
@@ -166,7 +168,7 @@ def _causal_flag(module, query, key, attention_mask, dropout, is_causal, kwargs)
     causal nor full)."""
     seqlen_q, seqlen_k = query.shape[2], key.shape[2]
     if dropout:
-        raise _refuse(f"dropout {dropout} (forward-only kernels): call model.eval()")
+        raise _refuse(f"dropout {dropout} (the kernels have none): call model.eval() or set the attention dropout to 0")
     if kwargs.get("position_bias") is not None:
         raise _refuse("position_bias (an additive position bias)")
     window = kwargs.get("sliding_window")

@@ -1,0 +1,109 @@
+"""Gradients through the kernel backends on the GPU: the kernel's forward, ``reference.run_backward``'s backward.
+
+The forward kernels (fa3, fa2, fa1) have no backward kernel: a call whose inputs require grad goes through the
+custom op (``integrations.custom_op``), whose backward recomputes attention in float32 PyTorch, query rows in
+chunks (``reference.BACKWARD_CHUNK_ELEMENTS``). Checked here against float64 autograd with the tolerance rule (each
+gradient's error at most 2x that of autograd through the same maths in PyTorch in the input dtype, plus a floor),
+for odd sizes, GQA, causal with seqlen_q != seqlen_k, head dims 64 / 96 / 128 / 256; the chunks' memory bound at
+a sequence whose whole score matrix would not fit it; and the same gradients under torch.compile.
+Run on the GPU host: ``python -m pytest -q tests/test_backward_gpu.py``.
+"""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import fa_variants
+from fa_variants import dispatch, reference
+from helpers import make_qkv
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = [  # (batch, seqlen_q, seqlen_k, num_heads, num_heads_kv, head_dim)
+    (1, 1, 1, 1, 1, 64),
+    (2, 113, 127, 6, 2, 64),
+    (1, 127, 1023, 4, 1, 128),
+    (2, 300, 113, 4, 4, 96),   # seqlen_q > seqlen_k: causal rows that see no key
+    (1, 255, 257, 2, 2, 256),
+]
+
+
+def _grads(q, k, v, grad_out, dtype=None, **kwargs):
+    """Gradients of attention: ``dtype`` None the call's own path (q's dtype, the backend asked for), else autograd
+    through ``attention_reference`` in that dtype."""
+    leaves = [t.clone().requires_grad_(True) if dtype is None else t.to(dtype).requires_grad_(True) for t in (q, k, v)]
+    if dtype is None:
+        out = fa_variants.attention(*leaves, **kwargs)
+    else:
+        kwargs.pop("backend")
+        out = reference.attention_reference(*leaves, dtype=dtype, **kwargs)[0]
+    return torch.autograd.grad(out, leaves, grad_out.to(out.dtype))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("backend", ["fa3", "fa2", "fa1"])
+def test_kernel_gradients_within_the_rule(gpu_variant, backend, shape, dtype, causal):
+    variant = gpu_variant(backend)
+    if shape[-1] not in variant.head_dims:
+        pytest.skip(f"{backend} has no head_dim {shape[-1]}")
+    q, k, v = make_qkv(*shape, dtype=dtype, device="cuda")
+    grad_out = torch.randn(q.shape, dtype=dtype, device="cuda")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dispatch.BackendFallbackWarning)
+        got = _grads(q, k, v, grad_out, backend=backend, causal=causal)
+    same = _grads(q, k, v, grad_out, dtype, backend=backend, causal=causal)
+    exact = _grads(q, k, v, grad_out, torch.float64, backend=backend, causal=causal)
+    for name, g, s, e in zip("qkv", got, same, exact):
+        assert g.dtype == dtype and g.isfinite().all(), name
+        err, torch_err = (g.double() - e).abs().max().item(), (s.double() - e).abs().max().item()
+        floor = 1e-3 * max(e.abs().max().item(), 1e-6)
+        assert err <= 2 * torch_err + floor, f"d{name}: {err:.3g} vs PyTorch in {dtype}: {torch_err:.3g}"
+
+
+def test_backward_memory_is_bounded_by_the_chunks(gpu_variant):
+    """seqlen 8k, 16 heads: one float32 score matrix is 4 GiB; the backward's peak above the inputs stays within the
+    chunks' few score-sized tensors (2^26 elements, 256 MiB each), and a finer chunking gives the same gradients."""
+    backend = "fa3" if dispatch.device_capability(torch.device("cuda")) >= (9, 0) else "fa2"
+    gpu_variant(backend)
+    q, k, v = make_qkv(1, 8192, 8192, 16, 4, 128, dtype=torch.bfloat16, device="cuda")
+    grad_out = torch.randn(q.shape, dtype=q.dtype, device="cuda")
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    out = fa_variants.attention(*leaves, causal=True, backend=backend)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dispatch.BackendFallbackWarning)
+        got = torch.autograd.grad(out, leaves, grad_out)
+    peak = torch.cuda.max_memory_allocated() - base
+    assert peak < 3 * 2**30, f"backward peak {peak / 2**30:.2f} GiB above the inputs"
+    fine = reference.run_backward(grad_out, torch.zeros(1, 16, 8192, device="cuda"), q, k, v, causal=True,
+                                  softmax_scale=128 ** -0.5, chunk_elements=1 << 22)
+    for g, f in zip(got, fine):
+        torch.testing.assert_close(g, f)
+
+
+def test_kernel_gradients_under_torch_compile(gpu_variant):
+    """torch.compile(fullgraph=True) over a call whose inputs require grad: the kernel op and the backward op in the
+    graph, the same gradients as eagerly."""
+    backend = "fa3" if dispatch.device_capability(torch.device("cuda")) >= (9, 0) else "fa2"
+    gpu_variant(backend)
+    q, k, v = make_qkv(2, 257, 300, 8, 2, 128, dtype=torch.bfloat16, device="cuda")
+
+    def loss(q, k, v):
+        out, lse = fa_variants.attention(q, k, v, causal=True, backend=backend, return_lse=True)
+        return out.float().square().sum() + lse.sum()
+
+    torch._dynamo.reset()
+    grads = []
+    for run in (torch.compile(loss, fullgraph=True), loss):
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", dispatch.BackendFallbackWarning)
+            grads.append(torch.autograd.grad(run(*leaves), leaves))
+    for g, e in zip(*grads):
+        torch.testing.assert_close(g, e)
