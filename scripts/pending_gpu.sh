@@ -20,14 +20,14 @@
 # 2. then scripts/NAME_gpu.sh for each NAME, in order, each with the time left of CALL_BUDGET seconds (default 560),
 #    skipped when fewer than 100 s are left; logs in $OUT/pending/NAME.tar.xz, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
-#    Plan for session 40. Session 39 (an H100; bench/h100-2026-12-05-s39, tree 6426f2b, session 38's final tree) ran
-#    suite parts 2 (1311 passed), 4 (334 passed), 1 (3346 passed, 3 two-GPU skips) and 3 (1 failed, 630 passed:
-#    test_kernel_vs_model[1x1x1x2x2-256-causal], its LSE against the float64 model beyond a fixed 1e-3, a row seeing
-#    one key; the test's bound, now the FP8 accumulator's worst case, 34b40a7), quantgap (graph def / defoff 1.016 /
-#    1.080 / 1.126; defoff's D 256 Q pass never slow) and decode --s38 (base / auto 0.96-1.03: no per-card change).
-#    In order:
-#    B3. `scripts/suite_gpu.sh 3` (~390-420 s on an H100: name timeout_s 600): 0 failed, the fixed test included
-#       (it now has 512 rows that each see one key per head_dim and mask). If time is short first
+#    Plan for session 41. Session 40 got no machine (two refusals, then device loans paused): session 39's plan is
+#    still to run, on tree 5e7f1ca or later, which adds the kernel backends' gradients (a PyTorch backward through
+#    the custom op; package code changed, so E below applies). In order:
+#    K. `scripts/pending_gpu.sh backward` (~200-400 s cold): tests/test_backward_gpu.py (the gradients within the
+#       rule, the chunks' memory bound, torch.compile) and scripts/backward_time.py (a training step's attention,
+#       ours / SDPA); the header's prediction and rule.
+#    B3. `scripts/suite_gpu.sh 3` (~390-420 s on an H100: name timeout_s 600): 0 failed, session 39's fixed test
+#       included (it now has 512 rows that each see one key per head_dim and mask). If time is short first
 #       `FA_VARIANTS_TEST_SEED=1417556984 python3 -m pytest -m gpu tests/test_fa3_fp8_kernel.py` (~60 s): session
 #       39's failing case drawn again passes under the new bound.
 #    G. `scripts/pending_gpu.sh quantgap` (~120-250 s; now def / defoff with and without PDL): does the switch cost
@@ -35,6 +35,7 @@
 #    S. On an H200 only: `python3 scripts/decode_ab.py --s38 --variants base tiles-dual --rounds 6` (~35 s): the
 #       H100 gave base / auto 0.96-0.98 at D 64 Nk 2k / 4k and 1.00-1.01 at D 128 (session 39), so the rule (base
 #       faster at both head dims on one card, slower on the other) was not met there; the H200's figures complete it.
+#    E2. suite part 2 (it now holds tests/test_backward_gpu.py), then parts 1 and 4 (the API's grad routing).
 #    Open: issue 10 (1100 TFLOP/s at D 256 N 16k: 1012 in session 30's call, 1084-1120 in session 27's; 1.4x bf16 at
 #    128: 1.15-1.20 non-causal (H100, session 38); 1.3x at 64: 1.06-1.08; two-level <= 5 % at 256; the pass at 70 %
 #    of copy; pass + kernel at N 4k causal), 12 (fa3 / flash-attn-4 >= 1.00 everywhere: 0.93-0.99 in session 30's

@@ -1,0 +1,116 @@
+"""How much a training step's attention costs with the kernels' PyTorch backward: forward + backward, ours against SDPA.
+
+    python3 scripts/backward_time.py --out $OUT/backward      # ~1-2 min on an H100 / H200
+    python3 scripts/backward_time.py --plan                   # the shapes and entries (no GPU needed)
+
+The kernel backends have forward kernels only; a call whose inputs require grad gets ``reference.run_backward``'s
+gradients (float32 PyTorch, query rows in chunks). This times, per shape (bf16, B x N = 16k, H x D = 2048, GQA
+none), one training step's attention: the forward with inputs that require grad and ``autograd.grad`` of it,
+synchronised, for
+
+* ``ours``      ``fa_variants.attention`` (auto: fa3 on sm90, fa2 on sm80) + its PyTorch backward;
+* ``sdpa``      ``torch.nn.functional.scaled_dot_product_attention`` (PyTorch's choice: flash / cuDNN) + its
+                fused backward;
+* ``ours-fwd``  our forward alone under ``torch.no_grad()`` (what the backward adds is ours - ours-fwd).
+
+Protocol: one warm-up step of each entry (compiles, allocator), then ``--rounds`` rounds in an order rotated by
+the round; an entry's round time is the median of ``--steps`` steps (CUDA events around each); the ratio
+ours / sdpa is taken per round and its median reported with the range; SM clock and power (NVML) are read after
+each entry's steps. No pass or fail: a measurement (bench/NOTES.md carries the prediction and the outcome).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ENTRIES = ("ours", "sdpa", "ours-fwd")
+SHAPES = [(64, 1024, False), (64, 4096, False), (128, 1024, False), (128, 4096, False), (128, 4096, True),
+          (128, 16384, True)]  # (head_dim, seqlen, causal)
+
+
+def shape_dims(head_dim: int, seqlen: int) -> tuple[int, int]:
+    """(batch, heads) with B x N = 16k tokens and H x D = 2048."""
+    return max(1, 16384 // seqlen), 2048 // head_dim
+
+
+def step_fn(entry: str, q, k, v, causal: bool):
+    """One timed step of ``entry`` on (B, N, H, D) inputs."""
+    import torch
+    import torch.nn.functional as F
+
+    import fa_variants
+
+    grad = torch.randn_like(q)
+    if entry == "ours-fwd":
+        def step():
+            with torch.no_grad():
+                fa_variants.attention(q, k, v, causal=causal)
+        return step
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    if entry == "ours":
+        forward = lambda: fa_variants.attention(*leaves, causal=causal)  # noqa: E731
+    else:
+        forward = lambda: F.scaled_dot_product_attention(  # noqa: E731
+            *(t.transpose(1, 2) for t in leaves), is_causal=causal).transpose(1, 2)
+    return lambda: torch.autograd.grad(forward(), leaves, grad)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=None, help="folder for backward.json")
+    parser.add_argument("--plan", action="store_true", help="print the shapes and entries, run nothing")
+    args = parser.parse_args(argv)
+    if args.plan:
+        for head_dim, seqlen, causal in SHAPES:
+            batch, heads = shape_dims(head_dim, seqlen)
+            print(f"D {head_dim} N {seqlen} B {batch} H {heads} {'causal' if causal else 'full'}: {', '.join(ENTRIES)}")
+        return 0
+    import warnings
+
+    import torch
+
+    from fa_variants import dispatch
+    from fa_variants.bench.runtime import NvmlClock, event_ms
+
+    warnings.simplefilter("ignore", dispatch.BackendFallbackWarning)
+    clock = NvmlClock()
+    rows = []
+    for head_dim, seqlen, causal in SHAPES:
+        batch, heads = shape_dims(head_dim, seqlen)
+        q, k, v = (torch.randn(batch, seqlen, heads, head_dim, dtype=torch.bfloat16, device="cuda") for _ in range(3))
+        steps = {e: step_fn(e, q, k, v, causal) for e in ENTRIES}
+        for step in steps.values():
+            step()
+        times = {e: [] for e in ENTRIES}
+        clocks = []
+        for r in range(args.rounds):
+            order = ENTRIES[r % len(ENTRIES):] + ENTRIES[:r % len(ENTRIES)]
+            for e in order:
+                times[e].append(statistics.median(event_ms(steps[e]) for _ in range(args.steps)))
+                clocks.append(clock.read())
+        ratios = [o / s for o, s in zip(times["ours"], times["sdpa"])]
+        row = dict(head_dim=head_dim, seqlen=seqlen, batch=batch, heads=heads, causal=causal,
+                   ms={e: statistics.median(t) for e, t in times.items()}, ours_over_sdpa=statistics.median(ratios),
+                   ratio_range=[min(ratios), max(ratios)],
+                   sm_mhz=[min(c[0] for c in clocks), max(c[0] for c in clocks)],
+                   watts=[min(c[1] for c in clocks), max(c[1] for c in clocks)])
+        rows.append(row)
+        ms = row["ms"]
+        print(f"D {head_dim} N {seqlen} {'causal' if causal else 'full'}: ours {ms['ours']:.2f} ms "
+              f"(forward {ms['ours-fwd']:.2f}), sdpa {ms['sdpa']:.2f} ms; ours / sdpa {row['ours_over_sdpa']:.2f} "
+              f"({min(ratios):.2f}-{max(ratios):.2f}); SM {row['sm_mhz'][0]:.0f}-{row['sm_mhz'][1]:.0f} MHz", flush=True)
+        del q, k, v, steps
+        torch.cuda.empty_cache()
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "backward.json").write_text(json.dumps(dict(gpu=torch.cuda.get_device_name(), rows=rows), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
