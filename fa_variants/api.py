@@ -239,8 +239,9 @@ def _plan(selection: Selection, q, k, v, causal: bool, scale: float, config=None
 
 def _no_backward(backend: str) -> str:
     """The one-line reason a call that needs a gradient cannot run on ``backend`` (``registry.FORWARD_ONLY``)."""
-    return (f"backend {backend} is forward-only and an input requires grad ({registry.FORWARD_ONLY.get(backend, '')}): "
-            "call it under torch.no_grad() / torch.inference_mode(), or use backend='reference' for autograd")
+    why = f" ({registry.FORWARD_ONLY[backend]})" if backend in registry.FORWARD_ONLY else ""
+    return (f"backend {backend} is forward-only and an input requires grad{why}: call it under torch.no_grad() / "
+            "torch.inference_mode(), or use backend='reference' for autograd")
 
 
 def _kernel_autograd(q, k, v, causal: bool, backend: str) -> bool:
@@ -251,7 +252,12 @@ def _kernel_autograd(q, k, v, causal: bool, backend: str) -> bool:
     if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
         return False
     chosen = dispatch.select_backend(q, k, v, causal=causal, backend=backend).backend
-    return chosen != "reference" and chosen not in registry.FORWARD_ONLY
+    if chosen == "reference" or chosen in registry.FORWARD_ONLY:
+        return False
+    if torch._C._are_functorch_transforms_active():  # the op's autograd is not a torch.func one
+        raise NotImplementedError(f"backend {chosen}'s gradient is not available under torch.func transforms (grad, vmap, "
+                                  "jacrev, ...): use torch.autograd, or backend='reference' under torch.func")
+    return True
 
 
 def _with_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, seqlens_k: torch.Tensor):
@@ -259,9 +265,9 @@ def _with_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, se
     host read-back: CUDA-graph capturable; the plan kept per call kind as `dispatch_and_run` keeps one); the
     reference reads them itself; fa1 runs once per distinct length on the sequences of that length and k, v cut to
     it (the lengths read back: not under CUDA-graph capture)."""
-    # traced (torch.compile, or export's fake / functional tensors; an eager Parameter keeps the reference's
-    # autograd): one opaque node (integrations.custom_op; a backward on the reference backend) whose body is
-    # `run_seqlens_k`, the values checked when it runs
+    # traced (torch.compile, or export's fake / functional tensors), or a kernel backend's call that needs a gradient
+    # (`_kernel_autograd`): one opaque node (integrations.custom_op; its backward reference.run_backward) whose body
+    # is `run_seqlens_k`, the values checked when it runs; an eager reference call keeps plain autograd
     if _tracing(q) or _kernel_autograd(q, k, v, causal, backend):
         check_seqlens_k(seqlens_k, q.shape[0], k.shape[1], q.device, values=False, host_ok=True)
         return torch.ops.fa_variants.attention_seqlens_k(q, k, v, seqlens_k, causal, scale, backend)
@@ -445,7 +451,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
             Semantics: ``reference.attention_reference``. fa3 and fa2 read it in their kernels (one launch, the
             cache past a length may hold NaN; capturable in a CUDA graph, the kernel clamping each value to [0,
             seqlen_k]); fa1 runs one call per distinct length on k[:, :length] (not inside capture). Under
-            torch.compile: the op ``torch.ops.fa_variants.attention_seqlens_k`` (autograd on the reference backend).
+            torch.compile: the op ``torch.ops.fa_variants.attention_seqlens_k`` (its backward as below, Gradients).
         num_splits, pack_gqa: the split-KV count (an int >= 1; 1: no split) and packed GQA (fa3: any group at
             seqlen_q = 1; at seqlen_q > 1 a group G = num_heads / num_heads_kv dividing 64 or a multiple of it;
             fa2: seqlen_q = 1 only; else ValueError) for this call, instead of the choice `auto` makes (None).
@@ -465,7 +471,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     through the custom op, whose backward is ``reference.run_backward`` (the gradient of exact attention in float32
     PyTorch, query rows in memory-bounded chunks; no backward kernel: it warns once per backend, a
     ``dispatch.BackendFallbackWarning``); the reference backend keeps plain autograd. fa3-fp8 and the num_splits /
-    pack_gqa options are forward only (NotImplementedError at the call). Source: Dao et al., FlashAttention (2022),
+    pack_gqa options are forward only (NotImplementedError at the call; for fa3-fp8 through the op, i.e. under
+    torch.compile or with an nn.Parameter q, when the backward runs); under torch.func transforms only the reference
+    backend has a gradient. Source: Dao et al., FlashAttention (2022),
     Appendix B.2; Dao, FlashAttention-2 (2023), Algorithm 2.
 
     Non-finite values: an inf or NaN in Q, K or V at a position a row sees makes that row non-finite, as the
@@ -563,7 +571,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         raise ValueError("attn_mask is not supported (only is_causal masking); use torch's SDPA for masks")
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or dropout_p != 0.0:
         what = repr(dropout_p) if isinstance(dropout_p, (int, float, str)) else f"a {type(dropout_p).__name__}"
-        raise ValueError(f"dropout_p must be 0.0 (forward inference only), got {what}")
+        raise ValueError(f"dropout_p must be 0.0 (the kernels have no dropout), got {what}")
     if not isinstance(enable_gqa, bool):
         raise TypeError(f"enable_gqa must be a bool, got {enable_gqa!r}")
     if not isinstance(is_causal, bool):  # attention() would name them causal and softmax_scale

@@ -343,7 +343,8 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
 
 
 #: elements of one (batch, num_heads, rows, keys) score-sized tensor in ``run_backward``'s query-row chunks: 2^26, 256 MiB in
-#: float32; a chunk holds about five such tensors at once
+#: float32 (a chunk has one row at least, so batch x num_heads x seqlen_k above it makes a chunk that size); six or seven
+#: such tensors are alive at once at the peak
 BACKWARD_CHUNK_ELEMENTS = 1 << 26
 
 
@@ -366,7 +367,7 @@ def run_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor, q: torch.Tensor
     Memory: the query rows go in chunks (FlashAttention-2's backward, Algorithm 2, with the roles of its loops
     swapped: here the outer loop runs over query rows and each chunk sees all its keys, so its softmax is exact
     without the forward's LSE), each chunk's score-sized tensors at most ``chunk_elements`` elements (default
-    ``BACKWARD_CHUNK_ELEMENTS``; one row at least), dK and dV summed over the chunks. Causal chunks stop at the last
+    ``BACKWARD_CHUNK_ELEMENTS``; one row at least, whatever its size), dK and dV summed over the chunks in place. Causal chunks stop at the last
     key their last row sees. The rows do not interact, so the result is the unchunked one up to the order of
     dK's and dV's sums.
     """
@@ -388,21 +389,19 @@ def run_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor, q: torch.Tensor
     dog = grad_out.to(dtype).reshape(qg.shape[:-1] + (-1,))
     dlse = grad_lse.to(dtype).reshape(batch, num_heads_kv, num_heads // num_heads_kv, seqlen_q, 1)
     kd, vd = k.to(dtype), v.to(dtype)
-    dq, dk, dv = [], torch.zeros_like(kd), torch.zeros_like(vd)
+    dq, dk, dv = torch.zeros_like(qg), torch.zeros_like(kd), torch.zeros_like(vd)
     for start in range(0, seqlen_q, rows):
         stop = min(seqlen_q, start + rows)
         keys = min(seqlen_k, max(0, stop + seqlen_k - seqlen_q)) if causal else seqlen_k  # the last row's last key
-        if keys == 0:  # no row of the chunk sees a key
-            dq.append(torch.zeros_like(qg[:, start:stop]))
+        if keys == 0:  # no row of the chunk sees a key: its dQ stays 0
             continue
         visible = causal_visible(seqlen_q, seqlen_k, row_start=start, rows=stop - start,
                                  device=q.device)[:, :keys] if causal else None
         g = _backward_rows(dog[:, start:stop], dlse[..., start:stop, :], qg[:, start:stop], kd[:, :keys],
                            vd[:, :keys], softmax_scale, visible)
-        dq.append(g[0])
-        pad = (0, 0, 0, 0, 0, seqlen_k - keys)  # dK, dV of the keys past the chunk's last: 0
-        dk, dv = dk + torch.nn.functional.pad(g[1], pad), dv + torch.nn.functional.pad(g[2], pad)
-    dq = dq[0] if len(dq) == 1 else torch.cat(dq, dim=1)
+        dq[:, start:stop] = g[0]
+        dk[:, :keys] += g[1]  # the keys past the chunk's last get nothing from it
+        dv[:, :keys] += g[2]
     return dq.reshape(q.shape).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 

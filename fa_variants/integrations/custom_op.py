@@ -116,9 +116,6 @@ def reference_backward_op(grad_out: torch.Tensor, grad_lse: torch.Tensor, q: tor
                                                             softmax_scale, backend))
 
 
-_WARNED: set[str] = set()  # the kernel backends whose PyTorch backward has warned in this process
-
-
 def _reference_backward(grad_out, grad_lse, q, k, v, seqlens_k, causal: bool, softmax_scale: float | None,
                         backend: str):
     """(dq, dk, dv) of the op's (out, lse): ``reference.run_backward`` (plain PyTorch ops; per-sequence KV lengths
@@ -132,8 +129,8 @@ def _reference_backward(grad_out, grad_lse, q, k, v, seqlens_k, causal: bool, so
     if chosen in registry.FORWARD_ONLY:
         raise NotImplementedError(f"backend {chosen} is forward-only: no gradient through it "
                                   f"({registry.FORWARD_ONLY[chosen]}); use backend='reference' or 'auto' on 16-bit inputs")
-    if chosen != "reference" and chosen not in _WARNED:
-        _WARNED.add(chosen)
+    if chosen != "reference" and ("backward", chosen) not in dispatch._WARNED:  # once (dispatch.clear_cache resets)
+        dispatch._WARNED.add(("backward", chosen))
         warnings.warn(f"backend {chosen} has no backward kernel: its gradients run in PyTorch (float32 maths, query "
                       "rows in chunks; reference.run_backward), slower than a fused backward kernel",
                       dispatch.BackendFallbackWarning, stacklevel=2)
@@ -160,8 +157,8 @@ def _backward(ctx, grad_out, grad_lse):
 
 
 def _backward_of(ctx, grad_out, grad_lse, q, k, v, seqlens_k):
-    """(dq, dk, dv) for either op's backward: zeros for an output that got no gradient; eagerly (a Parameter's call
-    comes here) plain PyTorch ops, which autograd records under create_graph, so a second derivative exists; traced,
+    """(dq, dk, dv) for either op's backward: zeros for an output that got no gradient; eagerly (a Parameter's call,
+    and a kernel backend's call that needs a gradient, come here) plain PyTorch ops, which autograd records under create_graph, so a second derivative exists; traced,
     one opaque node (which has no backward of its own)."""
     if grad_out is None:
         grad_out = torch.zeros_like(q)
