@@ -170,7 +170,10 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
         # result stays connected to q, k and v for autograd (their gradients are then exactly 0)
         s = torch.einsum("bqhgd,bkhd->bhgqk", qg, kd)
         out = torch.einsum("bhgqk,bkhd->bqhgd", s, vd).reshape(batch, seqlen_q, num_heads, head_dim_v)
-        lse = torch.full((batch, num_heads, seqlen_q), -math.inf, dtype=lse_dtype, device=q.device)
+        if seqlen_k == 0:  # the log of an empty sum, -inf, through the same products (the LSE's gradient too)
+            lse = torch.logsumexp(s, dim=-1).reshape(batch, num_heads, seqlen_q).to(lse_dtype)
+        else:
+            lse = torch.full((batch, num_heads, seqlen_q), -math.inf, dtype=lse_dtype, device=q.device)
         return out, lse
     out = torch.empty(batch, seqlen_q, num_heads, head_dim_v, dtype=dtype, device=q.device)
     lse = torch.empty((batch, num_heads, seqlen_q), dtype=lse_dtype, device=q.device)

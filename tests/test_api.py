@@ -435,7 +435,9 @@ def test_public_names():
 @pytest.mark.parametrize("dims", [(2, 5, 0), (0, 5, 7), (2, 0, 7)], ids=["Nk0", "B0", "Nq0"])
 def test_reference_autograd_with_empty_inputs(dims):
     """EC: seqlen_k = 0 (and other empty sizes) with inputs that require grad: the output (zeros) still has
-    a grad_fn, and backward gives zero gradients (it returned a detached tensor)."""
+    a grad_fn, and backward gives zero gradients (it returned a detached tensor). The LSE too (-inf): a loss on
+    both outputs ran on the kernel backends' op and failed here ("element 1 of tensors does not require grad"), a
+    review of session 40; with per-sequence lengths all 0 as well."""
     batch, nq, nk = dims
     q = torch.randn(batch, nq, 4, 8, dtype=torch.float64, requires_grad=True)
     k, v = (torch.randn(batch, nk, 2, 8, dtype=torch.float64, requires_grad=True) for _ in range(2))
@@ -444,6 +446,11 @@ def test_reference_autograd_with_empty_inputs(dims):
     out.sum().backward()
     for t in (q, k, v):
         assert t.grad is not None and t.grad.shape == t.shape and not t.grad.any()
+    lengths = [dict(seqlens_k=torch.zeros(batch, dtype=torch.int32))] if batch else []
+    for kwargs in ([{}] if nk == 0 else []) + lengths:
+        out, lse = fa_variants.attention(q, k, v, causal=True, return_lse=True, **kwargs)
+        grads = torch.autograd.grad((out, lse), (q, k, v), (torch.ones_like(out), torch.ones_like(lse)))
+        assert torch.isneginf(lse).all() and not any(g.any() for g in grads)
 
 
 def test_wrong_layout_errors_name_the_other_entry_point():
