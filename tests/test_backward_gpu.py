@@ -17,7 +17,7 @@ import torch
 
 import fa_variants
 from fa_variants import dispatch, reference
-from helpers import make_qkv
+from helpers import make_qkv, padded_kv_cache
 
 pytestmark = pytest.mark.gpu
 
@@ -62,6 +62,29 @@ def test_kernel_gradients_within_the_rule(gpu_variant, backend, shape, dtype, ca
         err, torch_err = (g.double() - e).abs().max().item(), (s.double() - e).abs().max().item()
         floor = 1e-3 * max(e.abs().max().item(), 1e-6)
         assert err <= 2 * torch_err + floor, f"d{name}: {err:.3g} vs PyTorch in {dtype}: {torch_err:.3g}"
+
+
+@pytest.mark.parametrize("backend", ["fa3", "fa2", "fa1"])
+def test_kernel_gradients_with_seqlens_k(gpu_variant, backend):
+    """A padded KV cache (NaN past each length, lengths 0 and 1 among them), causal, GQA 8:2, a gradient through the
+    LSE too: the kernel forward, then each sequence's gradients from its own keys (finite; 0 past its length), the
+    same as the reference backend's autograd (the same float32 maths: bf16's default tolerance)."""
+    gpu_variant(backend)
+    q, k, v, lengths = padded_kv_cache([0, 1, 113, 300], 37, 300, 8, 2, 128, dtype=torch.bfloat16, device="cuda")
+    grads = []
+    for name in (backend, "reference"):
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        out, lse = fa_variants.attention(*leaves, causal=True, seqlens_k=lengths, return_lse=True, backend=name)
+        loss = out.float().square().sum() + torch.where(lse.isfinite(), lse, 0).sum()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", dispatch.BackendFallbackWarning)
+            grads.append(torch.autograd.grad(loss, leaves))
+    for g, r in zip(*grads):
+        assert g.isfinite().all()
+        torch.testing.assert_close(g, r)
+    dk, dv = grads[0][1], grads[0][2]
+    for b, n in enumerate(lengths.tolist()):
+        assert not dk[b, n:].any() and not dv[b, n:].any()
 
 
 def test_backward_memory_is_bounded_by_the_chunks(gpu_variant):
