@@ -137,6 +137,23 @@ def padded_kv_cache(lengths: list[int], seqlen_q: int, seqlen_k: int, num_heads:
     return q, k, v, torch.tensor(lengths, dtype=torch.int32, device=q.device)
 
 
+def lengths_loss_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqlens_k: torch.Tensor, backend: str):
+    """Gradients (dq, dk, dv) of sum(out^2) + sum(finite LSE) for ``fa_variants.attention(q, k, v, causal=True,
+    seqlens_k=..., return_lse=True, backend=...)`` on fresh leaves (q, k, v untouched); the kernel backends' warning
+    that their backward runs in PyTorch silenced."""
+    import warnings
+
+    import fa_variants
+    from fa_variants import dispatch
+
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    out, lse = fa_variants.attention(*leaves, causal=True, seqlens_k=seqlens_k, return_lse=True, backend=backend)
+    loss = out.float().square().sum() + torch.where(lse.isfinite(), lse, 0).sum()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dispatch.BackendFallbackWarning)
+        return torch.autograd.grad(loss, leaves)
+
+
 def assert_attention_ok(out: torch.Tensor, lse: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor,
                         v: torch.Tensor, causal: bool = False, softmax_scale: float | None = None, *,
                         seqlens_k: torch.Tensor | None = None, refs: References | None = None,

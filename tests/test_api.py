@@ -18,7 +18,7 @@ import fa_variants
 from fa_variants import dispatch, reference, registry
 from fa_variants.common.launch import Variant
 from fa_variants.dispatch import BackendUnavailableError
-from helpers import make_qkv
+from helpers import lengths_loss_grads, make_qkv
 
 F16, BF16 = torch.float16, torch.bfloat16
 
@@ -266,14 +266,7 @@ def test_kernel_backward_with_seqlens_k_and_lse(fake_gpu, fresh_backward_warning
     monkeypatch.setattr(api, "_kernel_module", lambda backend: None)  # the fake kernel does not read lengths
     q, k, v = qkv(batch=3, nq=5, nk=11, heads=4, heads_kv=2, d=16, dtype=F16)
     lengths = torch.tensor([11, 0, 4], dtype=torch.int32)
-    grads = []
-    for backend in ("fa3", "reference"):
-        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-        out, lse = fa_variants.attention(*leaves, causal=True, seqlens_k=lengths, return_lse=True, backend=backend)
-        loss = out.float().square().sum() + torch.where(lse.isfinite(), lse, 0).sum()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", dispatch.BackendFallbackWarning)
-            grads.append(torch.autograd.grad(loss, leaves))
+    grads = [lengths_loss_grads(q, k, v, lengths, backend) for backend in ("fa3", "reference")]
     assert len(fake_gpu) == 2  # lengths 11 and 4 (a length of 0 launches nothing)
     for g, r in zip(*grads):
         torch.testing.assert_close(g, r, rtol=2e-3, atol=2e-3)

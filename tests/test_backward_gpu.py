@@ -17,7 +17,7 @@ import torch
 
 import fa_variants
 from fa_variants import dispatch, reference
-from helpers import make_qkv, padded_kv_cache
+from helpers import lengths_loss_grads, make_qkv, padded_kv_cache
 
 pytestmark = pytest.mark.gpu
 
@@ -71,14 +71,7 @@ def test_kernel_gradients_with_seqlens_k(gpu_variant, backend):
     same as the reference backend's autograd (the same float32 maths: bf16's default tolerance)."""
     gpu_variant(backend)
     q, k, v, lengths = padded_kv_cache([0, 1, 113, 300], 37, 300, 8, 2, 128, dtype=torch.bfloat16, device="cuda")
-    grads = []
-    for name in (backend, "reference"):
-        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-        out, lse = fa_variants.attention(*leaves, causal=True, seqlens_k=lengths, return_lse=True, backend=name)
-        loss = out.float().square().sum() + torch.where(lse.isfinite(), lse, 0).sum()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", dispatch.BackendFallbackWarning)
-            grads.append(torch.autograd.grad(loss, leaves))
+    grads = [lengths_loss_grads(q, k, v, lengths, name) for name in (backend, "reference")]
     for g, r in zip(*grads):
         assert g.isfinite().all()
         torch.testing.assert_close(g, r)
