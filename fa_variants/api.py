@@ -369,9 +369,6 @@ def _with_split_options(q, k, v, causal: bool, scale: float | None, backend: str
     num_splits = split.check_options(num_splits, pack_gqa)
     if _tracing(q):
         raise NotImplementedError("num_splits / pack_gqa are not supported under tracing yet")
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        raise NotImplementedError("num_splits / pack_gqa are inference options and an input requires grad: call "
-                                  "under torch.no_grad() / torch.inference_mode(), or leave them None for autograd")
     if seqlens_k is not None:
         seqlens_k, _ = _check_lengths(q, k, seqlens_k)
     selection = dispatch.select_backend(q, k, v, causal=causal, backend=backend)
@@ -379,6 +376,9 @@ def _with_split_options(q, k, v, causal: bool, scale: float | None, backend: str
     if module is None:
         raise ValueError(f"num_splits / pack_gqa apply to the fa3 and fa2 backends only; this call runs on "
                          f"{selection.backend}")
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        raise NotImplementedError("num_splits / pack_gqa are inference options and an input requires grad: call "
+                                  "under torch.no_grad() / torch.inference_mode(), or leave them None for autograd")
     scale = default_softmax_scale(q.shape[-1]) if scale is None else scale
     split.check_split_scale(num_splits, scale)
     if num_splits is None and not split.splits_allowed(scale):
