@@ -255,8 +255,8 @@ def _kernel_autograd(q, k, v, causal: bool, backend: str) -> bool:
     if chosen == "reference" or chosen in registry.FORWARD_ONLY:
         return False
     if torch._C._are_functorch_transforms_active():  # the op's autograd is not a torch.func one
-        raise NotImplementedError(f"backend {chosen}'s gradient is not available under torch.func transforms (grad, vmap, "
-                                  "jacrev, ...): use torch.autograd, or backend='reference' under torch.func")
+        raise NotImplementedError(f"backend {chosen}'s gradient is not available under torch.func transforms (grad, "
+                                  "vmap, jacrev, ...): use torch.autograd, or backend='reference' under torch.func")
     return True
 
 

@@ -345,9 +345,9 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
     return out.to(q.dtype), lse if wide_lse else lse.float()
 
 
-#: elements of one (batch, num_heads, rows, keys) score-sized tensor in ``run_backward``'s query-row chunks: 2^26, 256 MiB in
-#: float32 (a chunk has one row at least, so batch x num_heads x seqlen_k above it makes a chunk that size); six or seven
-#: such tensors are alive at once at the peak
+#: elements of one (batch, num_heads, rows, keys) score-sized tensor in ``run_backward``'s query-row chunks: 2^26,
+#: 256 MiB in float32 (a chunk has one row at least, so batch x num_heads x seqlen_k above it makes a chunk that
+#: size); six or seven such tensors are alive at once at the peak
 BACKWARD_CHUNK_ELEMENTS = 1 << 26
 
 
@@ -370,9 +370,9 @@ def run_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor, q: torch.Tensor
     Memory: the query rows go in chunks (FlashAttention-2's backward, Algorithm 2, with the roles of its loops
     swapped: here the outer loop runs over query rows and each chunk sees all its keys, so its softmax is exact
     without the forward's LSE), each chunk's score-sized tensors at most ``chunk_elements`` elements (default
-    ``BACKWARD_CHUNK_ELEMENTS``; one row at least, whatever its size), dK and dV summed over the chunks in place. Causal chunks stop at the last
-    key their last row sees. The rows do not interact, so the result is the unchunked one up to the order of
-    dK's and dV's sums.
+    ``BACKWARD_CHUNK_ELEMENTS``; one row at least, whatever its size), dK and dV summed over the chunks in place.
+    Causal chunks stop at the last key their last row sees. The rows do not interact, so the result is the unchunked
+    one up to the order of dK's and dV's sums.
     """
     if seqlens_k is not None and q.shape[0] > 0:
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)

@@ -22,7 +22,8 @@
 set -uo pipefail
 source "$(dirname "$0")/steps.sh"
 out="${OUT:-results}/backward"; gpu_session "$out/logs" "$@"
-step tests 290 python3 -m pytest -q $(xdist_flag 8) -m gpu -p no:cacheprovider --tb=short -rfEs tests/test_backward_gpu.py
+step tests 290 python3 -m pytest -q $(xdist_flag 8) -m gpu -p no:cacheprovider --tb=short -rfEs \
+  tests/test_backward_gpu.py
 step time 150 python3 scripts/backward_time.py --out "$out"
 echo; stop_clocks; cat "$LOGS/commit.txt"
 echo "== tests"; grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" "$LOGS/tests.log" | tail -n 20

@@ -103,7 +103,8 @@ def main(argv=None) -> int:
         ms = row["ms"]
         print(f"D {head_dim} N {seqlen} {'causal' if causal else 'full'}: ours {ms['ours']:.2f} ms "
               f"(forward {ms['ours-fwd']:.2f}), sdpa {ms['sdpa']:.2f} ms; ours / sdpa {row['ours_over_sdpa']:.2f} "
-              f"({min(ratios):.2f}-{max(ratios):.2f}); SM {row['sm_mhz'][0]:.0f}-{row['sm_mhz'][1]:.0f} MHz", flush=True)
+              f"({min(ratios):.2f}-{max(ratios):.2f}); SM {row['sm_mhz'][0]:.0f}-{row['sm_mhz'][1]:.0f} MHz",
+              flush=True)
         del q, k, v, steps
         torch.cuda.empty_cache()
     if args.out:

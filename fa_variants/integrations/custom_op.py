@@ -19,10 +19,10 @@ dtype (bfloat16 for e4m3: ``api.output_dtype``), lse float32 contiguous (batch, 
 softmax_scale, str backend) -> (Tensor out, Tensor lse)``.
 
 Autograd (both ops): the backward is the reference backend's (``reference.run_backward``, plain PyTorch, float32
-maths, query rows in memory-bounded chunks): traced, in a second opaque op, ``fa_variants::attention_reference_backward``;
-eagerly (a call whose inputs require grad comes through the op) as plain ops, so that a second derivative exists. It
-is the gradient of exact attention, which every backend's forward computes but the FP8 one
-(``registry.FORWARD_ONLY``: a backward through it raises NotImplementedError when it runs). The kernels have no
+maths, query rows in memory-bounded chunks): traced, in a second opaque op,
+``fa_variants::attention_reference_backward``; eagerly (a call whose inputs require grad comes through the op) as
+plain ops, so that a second derivative exists. It is the gradient of exact attention, which every backend's forward
+computes but the FP8 one (``registry.FORWARD_ONLY``: a backward through it raises NotImplementedError when it runs). The kernels have no
 backward kernel of their own: the first backward through each warns once (``dispatch.BackendFallbackWarning``).
 """
 from __future__ import annotations
@@ -128,7 +128,8 @@ def _reference_backward(grad_out, grad_lse, q, k, v, seqlens_k, causal: bool, so
     chosen = dispatch.select_backend(q, k, v, causal=causal, backend=backend).backend
     if chosen in registry.FORWARD_ONLY:
         raise NotImplementedError(f"backend {chosen} is forward-only: no gradient through it "
-                                  f"({registry.FORWARD_ONLY[chosen]}); use backend='reference' or 'auto' on 16-bit inputs")
+                                  f"({registry.FORWARD_ONLY[chosen]}); use backend='reference' or 'auto' on 16-bit "
+                                  "inputs")
     if chosen != "reference" and ("backward", chosen) not in dispatch._WARNED:  # once (dispatch.clear_cache resets)
         dispatch._WARNED.add(("backward", chosen))
         warnings.warn(f"backend {chosen} has no backward kernel: its gradients run in PyTorch (float32 maths, query "
@@ -158,7 +159,8 @@ def _backward(ctx, grad_out, grad_lse):
 
 def _backward_of(ctx, grad_out, grad_lse, q, k, v, seqlens_k):
     """(dq, dk, dv) for either op's backward: zeros for an output that got no gradient; eagerly (a Parameter's call,
-    and a kernel backend's call that needs a gradient, come here) plain PyTorch ops, which autograd records under create_graph, so a second derivative exists; traced,
+    and a kernel backend's call that needs a gradient, come here) plain PyTorch ops, which autograd records under
+    create_graph, so a second derivative exists; traced,
     one opaque node (which has no backward of its own)."""
     if grad_out is None:
         grad_out = torch.zeros_like(q)
