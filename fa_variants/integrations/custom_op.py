@@ -22,8 +22,9 @@ Autograd (both ops): the backward is the reference backend's (``reference.run_ba
 maths, query rows in memory-bounded chunks): traced, in a second opaque op,
 ``fa_variants::attention_reference_backward``; eagerly (a call whose inputs require grad comes through the op) as
 plain ops, so that a second derivative exists. It is the gradient of exact attention, which every backend's forward
-computes but the FP8 one (``registry.FORWARD_ONLY``: a backward through it raises NotImplementedError when it runs). The kernels have no
-backward kernel of their own: the first backward through each warns once (``dispatch.BackendFallbackWarning``).
+computes but the FP8 one (``registry.FORWARD_ONLY``: a backward through it raises NotImplementedError when it runs).
+The kernels have no backward kernel of their own: the first backward through each warns once
+(``dispatch.BackendFallbackWarning``).
 """
 from __future__ import annotations
 
