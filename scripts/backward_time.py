@@ -9,24 +9,27 @@ none), one training step's attention: the forward with inputs that require grad 
 synchronised, for
 
 * ``ours``      ``fa_variants.attention`` (auto: fa3 on sm90, fa2 on sm80) + its PyTorch backward;
+* ``ours-sdpabwd``  the same with ``FA_VARIANTS_BACKWARD=sdpa``: the backward recomputes the forward with SDPA and
+                takes SDPA's fused backward (``integrations.custom_op.sdpa_backward``);
 * ``sdpa``      ``torch.nn.functional.scaled_dot_product_attention`` (PyTorch's choice: flash / cuDNN) + its
                 fused backward;
 * ``ours-fwd``  our forward alone under ``torch.no_grad()`` (what the backward adds is ours - ours-fwd).
 
 Protocol: one warm-up step of each entry (compiles, allocator), then ``--rounds`` rounds in an order rotated by
-the round; an entry's round time is the median of ``--steps`` steps (CUDA events around each); the ratio
-ours / sdpa is taken per round and its median reported with the range; SM clock and power (NVML) are read after
+the round; an entry's round time is the median of ``--steps`` steps (CUDA events around each); the ratios
+ours / sdpa and ours-sdpabwd / sdpa are taken per round and their medians reported with the ranges; SM clock and power (NVML) are read after
 each entry's steps. No pass or fail: a measurement (bench/NOTES.md carries the prediction and the outcome).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 from pathlib import Path
 
-ENTRIES = ("ours", "sdpa", "ours-fwd")
+ENTRIES = ("ours", "ours-sdpabwd", "sdpa", "ours-fwd")
 SHAPES = [(64, 1024, False), (64, 4096, False), (128, 1024, False), (128, 4096, False), (128, 4096, True),
           (128, 16384, True)]  # (head_dim, seqlen, causal)
 
@@ -50,12 +53,17 @@ def step_fn(entry: str, q, k, v, causal: bool):
                 fa_variants.attention(q, k, v, causal=causal)
         return step
     leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
-    if entry == "ours":
+    if entry.startswith("ours"):
         forward = lambda: fa_variants.attention(*leaves, causal=causal)  # noqa: E731
     else:
         forward = lambda: F.scaled_dot_product_attention(  # noqa: E731
             *(t.transpose(1, 2) for t in leaves), is_causal=causal).transpose(1, 2)
-    return lambda: torch.autograd.grad(forward(), leaves, grad)
+    mode = "sdpa" if entry == "ours-sdpabwd" else "pytorch"
+
+    def step():
+        os.environ["FA_VARIANTS_BACKWARD"] = mode  # read at each backward
+        return torch.autograd.grad(forward(), leaves, grad)
+    return step
 
 
 def main(argv=None) -> int:
@@ -94,17 +102,20 @@ def main(argv=None) -> int:
                 times[e].append(statistics.median(event_ms(steps[e]) for _ in range(args.steps)))
                 clocks.append(clock.read())
         ratios = [o / s for o, s in zip(times["ours"], times["sdpa"])]
+        fused = [o / s for o, s in zip(times["ours-sdpabwd"], times["sdpa"])]
         row = dict(head_dim=head_dim, seqlen=seqlen, batch=batch, heads=heads, causal=causal,
                    ms={e: statistics.median(t) for e, t in times.items()}, ours_over_sdpa=statistics.median(ratios),
-                   ratio_range=[min(ratios), max(ratios)],
+                   ratio_range=[min(ratios), max(ratios)], sdpabwd_over_sdpa=statistics.median(fused),
+                   sdpabwd_range=[min(fused), max(fused)],
                    sm_mhz=[min(c[0] for c in clocks), max(c[0] for c in clocks)],
                    watts=[min(c[1] for c in clocks), max(c[1] for c in clocks)])
         rows.append(row)
         ms = row["ms"]
         print(f"D {head_dim} N {seqlen} {'causal' if causal else 'full'}: ours {ms['ours']:.2f} ms "
               f"(forward {ms['ours-fwd']:.2f}), sdpa {ms['sdpa']:.2f} ms; ours / sdpa {row['ours_over_sdpa']:.2f} "
-              f"({min(ratios):.2f}-{max(ratios):.2f}); SM {row['sm_mhz'][0]:.0f}-{row['sm_mhz'][1]:.0f} MHz",
-              flush=True)
+              f"({min(ratios):.2f}-{max(ratios):.2f}); ours-sdpabwd {ms['ours-sdpabwd']:.2f} ms, / sdpa "
+              f"{row['sdpabwd_over_sdpa']:.2f} ({min(fused):.2f}-{max(fused):.2f}); "
+              f"SM {row['sm_mhz'][0]:.0f}-{row['sm_mhz'][1]:.0f} MHz", flush=True)
         del q, k, v, steps
         torch.cuda.empty_cache()
     if args.out:

@@ -5,6 +5,7 @@ which calls launch, with which strides and scale. The reference backend gives th
 """
 import dataclasses
 import math
+import os
 import sys
 import types
 import warnings
@@ -256,6 +257,70 @@ def test_kernel_backends_have_a_pytorch_backward(fake_gpu, fresh_backward_warnin
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once per process
         torch.autograd.grad(fa_variants.attention(*leaves, causal=True).sum(), leaves)
+
+
+@pytest.fixture
+def sdpa_backward_calls(monkeypatch):
+    """FA_VARIANTS_BACKWARD=sdpa, and a list of the calls of ``custom_op.sdpa_backward`` (which then runs)."""
+    from fa_variants.integrations import custom_op
+    calls, real = [], custom_op.sdpa_backward
+    monkeypatch.setenv("FA_VARIANTS_BACKWARD", "sdpa")
+    monkeypatch.setattr(custom_op, "sdpa_backward", lambda *a: calls.append(a) or real(*a))
+    return calls
+
+
+@pytest.mark.parametrize("nq, nk, heads_kv, causal", [(13, 29, 2, True), (17, 17, 6, True), (9, 40, 1, False)])
+def test_sdpa_backward_within_the_rule(fake_gpu, fresh_backward_warning, sdpa_backward_calls, nq, nk, heads_kv,
+                                       causal):
+    """FA_VARIANTS_BACKWARD=sdpa on a loss of out only: the gradients come from PyTorch's SDPA backward (GQA by
+    repeated KV heads, bottom-right causal by causal_lower_right when seqlen_q != seqlen_k), each within 2x the error
+    of autograd through the same maths in PyTorch in bf16 (``attention_reference(dtype=bf16)``) vs float64, plus a
+    floor (on the CPU SDPA computes in bf16 too: its error is ~3x the float32 path's)."""
+    q, k, v = qkv(batch=2, nq=nq, nk=nk, heads=6, heads_kv=heads_kv, d=64, dtype=BF16)
+    grad_out = torch.randn(q.shape, dtype=BF16)
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    got = torch.autograd.grad(fa_variants.attention(*leaves, causal=causal), leaves, grad_out)
+    assert len(sdpa_backward_calls) == 1
+    ref_leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    ours = torch.autograd.grad(reference.attention_reference(*ref_leaves, causal=causal, dtype=BF16)[0], ref_leaves,
+                               grad_out)
+    exact = _exact_grads(q, k, v, grad_out, causal=causal)
+    for name, g, r, e in zip("qkv", got, ours, exact):
+        assert g.dtype == BF16 and g.shape == e.shape, name
+        err, ref_err = (g.double() - e).abs().max().item(), (r.double() - e).abs().max().item()
+        assert err <= 2 * ref_err + 1e-3 * e.abs().max().item(), (name, err, ref_err)
+
+
+def test_sdpa_backward_only_where_it_applies(fake_gpu, fresh_backward_warning, sdpa_backward_calls):
+    """With FA_VARIANTS_BACKWARD=sdpa, reference.run_backward still serves: an LSE in the loss, causal rows that see no
+    key (seqlen_q > seqlen_k), a softmax_scale above 1 or below 0, per-sequence lengths; the gradients the same as
+    without the switch (the same function)."""
+    from fa_variants import api
+    q, k, v = qkv(batch=2, nq=9, nk=12, heads=4, heads_kv=2, d=16, dtype=F16)
+    cases = [(dict(causal=True, return_lse=True), (q, k, v)),
+             (dict(causal=True), (qkv(batch=2, nq=15, nk=12, heads=4, heads_kv=2, d=16, dtype=F16))),
+             (dict(softmax_scale=2.0), (q, k, v)), (dict(softmax_scale=-0.3), (q, k, v)),
+             (dict(causal=True, seqlens_k=torch.tensor([12, 5], dtype=torch.int32)), (q, k, v))]
+    for kwargs, inputs in cases:
+        if "seqlens_k" in kwargs:
+            api_module = api._kernel_module
+            api._kernel_module = lambda backend: None  # the fake kernel does not read lengths
+        try:
+            grads = []
+            for mode in ("sdpa", "pytorch"):
+                os.environ["FA_VARIANTS_BACKWARD"] = mode
+                leaves = [t.clone().requires_grad_(True) for t in inputs]
+                result = fa_variants.attention(*leaves, **kwargs)
+                loss = result[0].float().sum() + result[1].clamp(min=-1e4).sum() if isinstance(result, tuple) \
+                    else result.float().sum()
+                grads.append(torch.autograd.grad(loss, leaves))
+        finally:
+            os.environ["FA_VARIANTS_BACKWARD"] = "sdpa"
+            if "seqlens_k" in kwargs:
+                api._kernel_module = api_module
+        for g, r in zip(*grads):
+            torch.testing.assert_close(g, r, rtol=0, atol=0)
+    assert sdpa_backward_calls == []
 
 
 def test_kernel_backward_with_seqlens_k_and_lse(fake_gpu, fresh_backward_warning, monkeypatch):

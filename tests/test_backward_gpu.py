@@ -46,7 +46,11 @@ def _grads(q, k, v, grad_out, dtype=None, **kwargs):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("backend", ["fa3", "fa2", "fa1"])
-def test_kernel_gradients_within_the_rule(gpu_variant, backend, shape, dtype, causal):
+@pytest.mark.parametrize("mode", ["pytorch", "sdpa"])
+def test_kernel_gradients_within_the_rule(gpu_variant, monkeypatch, mode, backend, shape, dtype, causal):
+    """FA_VARIANTS_BACKWARD=pytorch (reference.run_backward) and sdpa (PyTorch's fused backward, where it applies:
+    not at seqlen_q > seqlen_k causal, which keeps the PyTorch backward)."""
+    monkeypatch.setenv("FA_VARIANTS_BACKWARD", mode)
     variant = gpu_variant(backend)
     if shape[-1] not in variant.head_dims:
         pytest.skip(f"{backend} has no head_dim {shape[-1]}")

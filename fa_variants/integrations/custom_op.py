@@ -95,6 +95,7 @@ def _seqlens_k_setup_context(ctx, inputs, output):
     q, k, v, seqlens_k, causal, softmax_scale, backend = inputs
     ctx.save_for_backward(q, k, v, seqlens_k)
     ctx.causal, ctx.softmax_scale, ctx.backend = causal, softmax_scale, backend
+    ctx.set_materialize_grads(False)
 
 
 def _seqlens_k_backward(ctx, grad_out, grad_lse):
@@ -150,6 +151,7 @@ def _setup_context(ctx, inputs, output):
     q, k, v, causal, softmax_scale, backend = inputs
     ctx.save_for_backward(q, k, v)
     ctx.causal, ctx.softmax_scale, ctx.backend = causal, softmax_scale, backend
+    ctx.set_materialize_grads(False)  # an output the loss does not use gets None (``sdpa_backward`` needs to know)
 
 
 def _backward(ctx, grad_out, grad_lse):
@@ -161,18 +163,70 @@ def _backward(ctx, grad_out, grad_lse):
 def _backward_of(ctx, grad_out, grad_lse, q, k, v, seqlens_k):
     """(dq, dk, dv) for either op's backward: zeros for an output that got no gradient; eagerly (a Parameter's call,
     and a kernel backend's call that needs a gradient, come here) plain PyTorch ops, which autograd records under
-    create_graph, so a second derivative exists; traced,
-    one opaque node (which has no backward of its own)."""
+    create_graph, so a second derivative exists, or with ``FA_VARIANTS_BACKWARD=sdpa`` `sdpa_backward` where it
+    applies; traced, one opaque node (which has no backward of its own)."""
+    eager = (type(q) is torch.Tensor or type(q) is torch.nn.Parameter) and not torch.compiler.is_compiling()
+    if eager and grad_out is not None and grad_lse is None and seqlens_k is None \
+            and sdpa_backward_applies(q, k, ctx.causal, ctx.softmax_scale, ctx.backend):
+        return sdpa_backward(grad_out, q, k, v, ctx.causal, ctx.softmax_scale)
     if grad_out is None:
         grad_out = torch.zeros_like(q)
     if grad_lse is None:
         grad_lse = q.new_zeros((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
-    eager = (type(q) is torch.Tensor or type(q) is torch.nn.Parameter) and not torch.compiler.is_compiling()
     backward = _reference_backward if eager else reference_backward_op
     return backward(grad_out, grad_lse, q, k, v, seqlens_k, ctx.causal, ctx.softmax_scale, ctx.backend)
 
 
 attention_op.register_autograd(_backward, setup_context=_setup_context)
+
+#: ``FA_VARIANTS_BACKWARD`` (read at each backward): "pytorch" (default), ``reference.run_backward`` for every
+#: gradient; "sdpa", `sdpa_backward` where `sdpa_backward_applies` (an A/B candidate, not yet timed on a GPU)
+BACKWARDS = ("pytorch", "sdpa")
+
+
+def sdpa_backward_applies(q: torch.Tensor, k: torch.Tensor, causal: bool, softmax_scale: float | None,
+                          backend: str) -> bool:
+    """Whether `sdpa_backward` serves an eager backward whose LSE got no gradient: ``FA_VARIANTS_BACKWARD=sdpa``, a
+    kernel backend with a backward (not the reference, not ``registry.FORWARD_ONLY``), 16-bit inputs, keys to
+    attend to, no causal row without a key (seqlen_q <= seqlen_k), and 0 < softmax_scale <= 1 (the fused kernels
+    scale after their row max: a negative or large scale is left to ``reference.run_backward``, which handles it)."""
+    from fa_variants import dispatch, registry
+    from fa_variants.common import env
+
+    if env.choice("FA_VARIANTS_BACKWARD", "pytorch", BACKWARDS) != "sdpa":
+        return False
+    if q.dtype not in (torch.float16, torch.bfloat16) or q.numel() == 0 or k.shape[1] == 0:
+        return False
+    if causal and q.shape[1] > k.shape[1]:
+        return False
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+    if not 0 < scale <= 1:
+        return False
+    chosen = dispatch.select_backend(q, k, k, causal=causal, backend=backend).backend
+    return chosen != "reference" and chosen not in registry.FORWARD_ONLY
+
+
+def sdpa_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                  softmax_scale: float | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of out = attention(q, k, v) for grad_out, by recomputing the forward with PyTorch's
+    ``scaled_dot_product_attention`` under autograd (its fused backward: flash, memory-efficient or cuDNN, as PyTorch
+    chooses). Layout (batch, seqlen, heads, head_dim) as ``fa_variants.attention``; GQA by repeating each KV head
+    over its query heads (autograd sums their gradients back); causal bottom-right through
+    ``torch.nn.attention.bias.causal_lower_right`` when seqlen_q != seqlen_k. Only where `sdpa_backward_applies`."""
+    import torch.nn.functional as F
+    from torch.nn.attention.bias import causal_lower_right
+
+    group = q.shape[2] // k.shape[2]
+    with torch.enable_grad():
+        leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+        qt, kt, vt = (t.transpose(1, 2) for t in leaves)
+        if group > 1:
+            kt, vt = kt.repeat_interleave(group, dim=1), vt.repeat_interleave(group, dim=1)
+        seqlen_q, seqlen_k = q.shape[1], k.shape[1]
+        mask = causal_lower_right(seqlen_q, seqlen_k) if causal and seqlen_q != seqlen_k else None
+        out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, is_causal=causal and mask is None,
+                                             scale=softmax_scale)
+        return torch.autograd.grad(out.transpose(1, 2), leaves, grad_out)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
