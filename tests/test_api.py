@@ -291,6 +291,29 @@ def test_sdpa_backward_within_the_rule(fake_gpu, fresh_backward_warning, sdpa_ba
         assert err <= 2 * ref_err + 1e-3 * e.abs().max().item(), (name, err, ref_err)
 
 
+def test_sdpa_backward_not_traced_nor_for_second_derivatives(fake_gpu, fresh_backward_warning, sdpa_backward_calls):
+    """FA_VARIANTS_BACKWARD=sdpa serves eager backwards only: traced (fullgraph, aot_eager) the backward is the opaque
+    PyTorch-backward op (inside an op autograd records nothing, so SDPA's backward cannot run there), with the eager
+    gradients to bf16's tolerance; a backward with create_graph keeps the PyTorch backward too (its plain ops carry
+    the second derivative; SDPA's recomputation starts from detached leaves)."""
+    q, k, v = qkv(batch=2, nq=9, nk=12, heads=4, heads_kv=2, d=64, dtype=BF16)
+    fn = lambda q, k, v: fa_variants.attention(q, k, v, causal=True).float().square().sum()  # noqa: E731
+    torch._dynamo.reset()
+    grads = []
+    for run, mode in ((torch.compile(fn, fullgraph=True, backend="aot_eager"), "sdpa"), (fn, "pytorch")):
+        os.environ["FA_VARIANTS_BACKWARD"] = mode  # the fixture's monkeypatch restores it
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        grads.append(torch.autograd.grad(run(*leaves), leaves))
+    for g, e in zip(*grads):
+        torch.testing.assert_close(g, e)
+    os.environ["FA_VARIANTS_BACKWARD"] = "sdpa"
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    (dq,) = torch.autograd.grad(fn(*leaves), leaves[:1], create_graph=True)
+    assert dq.grad_fn is not None and sdpa_backward_calls == []
+    torch.autograd.grad(fn(*leaves), leaves)
+    assert len(sdpa_backward_calls) == 1  # eagerly, without create_graph
+
+
 def test_sdpa_backward_only_where_it_applies(fake_gpu, fresh_backward_warning, sdpa_backward_calls):
     """With FA_VARIANTS_BACKWARD=sdpa, reference.run_backward still serves: an LSE in the loss, causal rows that see no
     key (seqlen_q > seqlen_k), a softmax_scale above 1 or below 0, per-sequence lengths; the gradients the same as
