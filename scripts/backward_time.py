@@ -16,9 +16,9 @@ synchronised, for
 * ``ours-fwd``  our forward alone under ``torch.no_grad()`` (what the backward adds is ours - ours-fwd).
 
 Protocol: one warm-up step of each entry (compiles, allocator), then ``--rounds`` rounds in an order rotated by
-the round; an entry's round time is the median of ``--steps`` steps (CUDA events around each); the ratios
-ours / sdpa and ours-sdpabwd / sdpa are taken per round and their medians reported with the ranges; SM clock and power (NVML) are read after
-each entry's steps. No pass or fail: a measurement (bench/NOTES.md carries the prediction and the outcome).
+the round; an entry's round time is the median of ``--steps`` steps (CUDA events around each); the ratios ours / sdpa
+and ours-sdpabwd / sdpa are taken per round and their medians reported with the ranges; SM clock and power (NVML) are
+read after each entry's steps. No pass or fail: a measurement (bench/NOTES.md carries the prediction and the outcome).
 """
 from __future__ import annotations
 

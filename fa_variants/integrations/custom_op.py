@@ -196,15 +196,16 @@ BACKWARDS = ("pytorch", "sdpa")
 def sdpa_backward_applies(q: torch.Tensor, k: torch.Tensor, causal: bool, softmax_scale: float | None,
                           backend: str) -> bool:
     """Whether `sdpa_backward` serves an eager backward whose LSE got no gradient: ``FA_VARIANTS_BACKWARD=sdpa``, no
-    create_graph (grad mode off in the backward), a kernel backend with a backward (not the reference, not ``registry.FORWARD_ONLY``), 16-bit inputs, keys to
-    attend to, no causal row without a key (seqlen_q <= seqlen_k), and 0 < softmax_scale <= 1 (the fused kernels
-    scale after their row max: a negative or large scale is left to ``reference.run_backward``, which handles it)."""
+    create_graph (grad mode off in the backward), a kernel backend with a backward (not the reference, not
+    ``registry.FORWARD_ONLY``), 16-bit inputs, keys to attend to, no causal row without a key (seqlen_q <=
+    seqlen_k), and 0 < softmax_scale <= 1 (the fused kernels scale after their row max: a negative or large scale
+    is left to ``reference.run_backward``, which handles it)."""
     from fa_variants import dispatch, registry
     from fa_variants.common import env
 
     if env.choice("FA_VARIANTS_BACKWARD", "pytorch", BACKWARDS) != "sdpa":
         return False
-    if torch.is_grad_enabled():  # a backward with create_graph: the PyTorch backward's plain ops give the 2nd derivative
+    if torch.is_grad_enabled():  # a backward with create_graph: the PyTorch backward's plain ops carry the 2nd one
         return False
     if q.dtype not in (torch.float16, torch.bfloat16) or q.numel() == 0 or k.shape[1] == 0:
         return False
