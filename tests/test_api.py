@@ -227,6 +227,15 @@ def _exact_grads(q, k, v, grad_out, **kwargs):
     return torch.autograd.grad(out, leaves, grad_out.double())
 
 
+def _assert_grads_within_rule(got, baseline, exact):
+    """The tolerance rule for gradients: each of got's (bf16, exact's shape) within 2x the error of ``baseline``'s (a
+    PyTorch computation of the same gradients) against ``exact`` (float64), plus 1e-3 of exact's largest value."""
+    for name, g, r, e in zip("qkv", got, baseline, exact):
+        assert g.dtype == BF16 and g.shape == e.shape, name
+        err, ref_err = (g.double() - e).abs().max().item(), (r.double() - e).abs().max().item()
+        assert err <= 2 * ref_err + 1e-3 * e.abs().max().item(), (name, err, ref_err)
+
+
 @pytest.fixture
 def fresh_backward_warning():
     dispatch.clear_cache()  # the warnings given, the backward's too
@@ -250,10 +259,7 @@ def test_kernel_backends_have_a_pytorch_backward(fake_gpu, fresh_backward_warnin
     ours = torch.autograd.grad(fa_variants.attention(*ref_leaves, causal=True, backend="reference"), ref_leaves,
                                grad_out)
     exact = _exact_grads(q, k, v, grad_out, causal=True)
-    for name, g, r, e in zip("qkv", got, ours, exact):
-        assert g.dtype == BF16 and g.shape == e.shape, name
-        err, ref_err = (g.double() - e).abs().max().item(), (r.double() - e).abs().max().item()
-        assert err <= 2 * ref_err + 1e-3 * e.abs().max().item(), (name, err, ref_err)
+    _assert_grads_within_rule(got, ours, exact)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once per process
         torch.autograd.grad(fa_variants.attention(*leaves, causal=True).sum(), leaves)
@@ -285,10 +291,7 @@ def test_sdpa_backward_within_the_rule(fake_gpu, fresh_backward_warning, sdpa_ba
     ours = torch.autograd.grad(reference.attention_reference(*ref_leaves, causal=causal, dtype=BF16)[0], ref_leaves,
                                grad_out)
     exact = _exact_grads(q, k, v, grad_out, causal=causal)
-    for name, g, r, e in zip("qkv", got, ours, exact):
-        assert g.dtype == BF16 and g.shape == e.shape, name
-        err, ref_err = (g.double() - e).abs().max().item(), (r.double() - e).abs().max().item()
-        assert err <= 2 * ref_err + 1e-3 * e.abs().max().item(), (name, err, ref_err)
+    _assert_grads_within_rule(got, ours, exact)
 
 
 def test_sdpa_backward_not_traced_nor_for_second_derivatives(fake_gpu, fresh_backward_warning, sdpa_backward_calls):
