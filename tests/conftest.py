@@ -143,3 +143,33 @@ def gpu_variant():
             pytest.skip(loaded)
         return loaded
     return get
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """Pretend the CPU is an sm_90 whose fa3 is a fake kernel recording its calls (it runs the reference), for
+    float16 / bfloat16 and head dims 16, 64, 128; the other kernel backends absent. Yields the list of calls."""
+    import sys
+    import types
+
+    from fa_variants import dispatch, reference, registry
+    from fa_variants.common.launch import Variant
+
+    F16, BF16 = torch.float16, torch.bfloat16
+    calls = []
+
+    def run(q, k, v, *, causal, softmax_scale):
+        calls.append(dict(q=q, k=k, v=v, causal=causal, softmax_scale=softmax_scale))
+        return reference.run(q, k, v, causal=causal, softmax_scale=softmax_scale)
+
+    module = types.ModuleType("_fake_kernels.recording")
+    module.VARIANT = Variant("fa3", archs=("sm_90a",), dtypes=(F16, BF16), head_dims=(16, 64, 128), runner=run)
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setitem(registry.ENTRIES, "fa3", registry.Entry(module.__name__, "fake"))
+    for name in ("fa3-fp8", "fa2", "fa1"):
+        monkeypatch.setitem(registry.ENTRIES, name, registry.Entry(f"fa_variants._absent.{name}", "x"))
+    monkeypatch.setattr(dispatch, "device_capability", lambda device: (9, 0))
+    monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
+    dispatch.clear_cache()
+    yield calls
+    dispatch.clear_cache()

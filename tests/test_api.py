@@ -7,7 +7,6 @@ import dataclasses
 import math
 import os
 import sys
-import types
 import warnings
 
 import numpy as np
@@ -17,7 +16,6 @@ import torch.nn.functional as F
 
 import fa_variants
 from fa_variants import dispatch, reference, registry
-from fa_variants.common.launch import Variant
 from fa_variants.dispatch import BackendUnavailableError
 from helpers import lengths_loss_grads, make_qkv
 
@@ -26,28 +24,6 @@ F16, BF16 = torch.float16, torch.bfloat16
 
 def qkv(batch=1, nq=8, nk=8, heads=2, heads_kv=2, d=16, dtype=F16, device="cpu"):
     return make_qkv(batch, nq, nk, heads, heads_kv, d, dtype=dtype, device=device)
-
-
-@pytest.fixture
-def fake_gpu(monkeypatch):
-    """Pretend the CPU is an sm_90 whose fa3 is a fake kernel recording its calls (it runs the reference)."""
-    calls = []
-
-    def run(q, k, v, *, causal, softmax_scale):
-        calls.append(dict(q=q, k=k, v=v, causal=causal, softmax_scale=softmax_scale))
-        return reference.run(q, k, v, causal=causal, softmax_scale=softmax_scale)
-
-    module = types.ModuleType("_fake_kernels.recording")
-    module.VARIANT = Variant("fa3", archs=("sm_90a",), dtypes=(F16, BF16), head_dims=(16, 64, 128), runner=run)
-    monkeypatch.setitem(sys.modules, module.__name__, module)
-    monkeypatch.setitem(registry.ENTRIES, "fa3", registry.Entry(module.__name__, "fake"))
-    for name in ("fa3-fp8", "fa2", "fa1"):
-        monkeypatch.setitem(registry.ENTRIES, name, registry.Entry(f"fa_variants._absent.{name}", "x"))
-    monkeypatch.setattr(dispatch, "device_capability", lambda device: (9, 0))
-    monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
-    dispatch.clear_cache()
-    yield calls
-    dispatch.clear_cache()
 
 
 # ------------------------------------------------------------------------------------------ validation

@@ -8,6 +8,7 @@ Tests that need transformers skip without it; the custom-op and mask-classificat
 import importlib.util
 import json
 import math
+import warnings
 import re
 from pathlib import Path
 
@@ -174,6 +175,32 @@ def test_hf_registry_matches_eager(model, ids):
         logits = model(greedy_ours[:, :-1]).logits[0, 8:]  # eager, on our sequence: one row per new token
     chosen = logits.gather(-1, greedy_ours[0, 9:, None]).squeeze(-1)
     assert (chosen >= logits.amax(-1) - 1e-4).all()
+
+
+@needs_hf
+def test_hf_training_step_on_a_kernel_backend(fake_gpu, ids, monkeypatch):
+    """A training step (train(), attention dropout 0, loss.backward()) with attn_implementation="fa_variants" on a
+    kernel backend (the recording fake fa3 on the CPU): every layer's attention launches the kernel forward, and the
+    parameters' gradients (the PyTorch backward of the custom op) equal those of the reference backend's autograd,
+    in bf16, to rounding (the same maths in another order)."""
+    from fa_variants import dispatch
+    monkeypatch.setattr(dispatch, "_WARNED", set())
+    model = tiny_llama().to(torch.bfloat16).train()
+    grads = {}
+    for backend in ("fa3", "reference"):
+        model.set_attn_implementation(hf.register(f"fa_variants_{backend}", backend=backend))
+        model.zero_grad()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", dispatch.BackendFallbackWarning)
+                model(ids, labels=ids).loss.backward()
+        finally:
+            model.set_attn_implementation("eager")
+        grads[backend] = {n: p.grad.float().clone() for n, p in model.named_parameters()}
+    assert len(fake_gpu) == 2  # one launch per layer
+    for name, g in grads["fa3"].items():
+        ref = grads["reference"][name]
+        assert g.isfinite().all() and (g - ref).norm() <= 2e-2 * ref.norm() + 1e-6, name
 
 
 @needs_hf
