@@ -204,7 +204,7 @@ def _plan(selection: Selection, q, k, v, causal: bool, scale: float, config=None
     variant = dispatch.get_backend(selection.backend)
     if selection.backend == "reference":  # plain PyTorch: handles empty inputs itself, keeps autograd
         return lambda q, k, v, want_lse=True: variant.run(q, k, v, causal=causal, softmax_scale=scale)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):  # empty inputs too: no graph
+    if _wants_grad(q, k, v):  # empty inputs too: no graph
         raise NotImplementedError(_no_backward(selection.backend))
     if q.numel() == 0 or k.shape[1] == 0:  # B, Nq or H is 0, or no key at all: launch nothing
         return functools.partial(launch.empty_outputs, (batch, seqlen_q, heads, head_dim), output_dtype(q.dtype),
@@ -237,6 +237,11 @@ def _plan(selection: Selection, q, k, v, causal: bool, scale: float, config=None
     return run
 
 
+def _wants_grad(q, k, v) -> bool:
+    """Whether the call must give a gradient: grad mode on and an input that requires grad."""
+    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+
+
 def _no_backward(backend: str) -> str:
     """The one-line reason a call that needs a gradient cannot run on ``backend`` (``registry.FORWARD_ONLY``)."""
     why = f" ({registry.FORWARD_ONLY[backend]})" if backend in registry.FORWARD_ONLY else ""
@@ -249,7 +254,7 @@ def _kernel_autograd(q, k, v, causal: bool, backend: str) -> bool:
     one: the call then goes through the custom op, whose forward runs the kernel and whose backward is
     ``reference.run_backward`` (``integrations.custom_op``). False for the reference backend (plain autograd) and
     for ``registry.FORWARD_ONLY`` backends (``_plan`` refuses them in one line)."""
-    if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+    if not _wants_grad(q, k, v):
         return False
     chosen = dispatch.select_backend(q, k, v, causal=causal, backend=backend).backend
     if chosen == "reference" or chosen in registry.FORWARD_ONLY:
@@ -307,7 +312,7 @@ def _lengths_plan(selection: Selection, module, q, k, v, causal: bool, scale: fl
     """`_plan` on ``module.lengths_config`` (of ``config``, else of `auto`'s choice): its run takes seqlens_k after
     want_lse. The config is made only when there is something to launch (`_plan`'s empty shortcuts and forward-only
     check come first)."""
-    launches = q.numel() and k.shape[1] and not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)))
+    launches = q.numel() and k.shape[1] and not _wants_grad(q, k, v)
     if not launches:
         return _plan(selection, q, k, v, causal, scale)
     kv = _config_k(k, v)  # a split whose partial LSE could overflow is no split (``scale_config``)
@@ -376,7 +381,7 @@ def _with_split_options(q, k, v, causal: bool, scale: float | None, backend: str
     if module is None:
         raise ValueError(f"num_splits / pack_gqa apply to the fa3 and fa2 backends only; this call runs on "
                          f"{selection.backend}")
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+    if _wants_grad(q, k, v):
         raise NotImplementedError("num_splits / pack_gqa are inference options and an input requires grad: call "
                                   "under torch.no_grad() / torch.inference_mode(), or leave them None for autograd")
     scale = default_softmax_scale(q.shape[-1]) if scale is None else scale

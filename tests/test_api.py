@@ -5,7 +5,6 @@ which calls launch, with which strides and scale. The reference backend gives th
 """
 import dataclasses
 import math
-import os
 import sys
 import warnings
 
@@ -270,7 +269,8 @@ def test_sdpa_backward_within_the_rule(fake_gpu, fresh_backward_warning, sdpa_ba
     _assert_grads_within_rule(got, ours, exact)
 
 
-def test_sdpa_backward_not_traced_nor_for_second_derivatives(fake_gpu, fresh_backward_warning, sdpa_backward_calls):
+def test_sdpa_backward_not_traced_nor_for_second_derivatives(fake_gpu, fresh_backward_warning, sdpa_backward_calls,
+                                                             monkeypatch):
     """FA_VARIANTS_BACKWARD=sdpa serves eager backwards only: traced (fullgraph, aot_eager) the backward is the opaque
     PyTorch-backward op (inside an op autograd records nothing, so SDPA's backward cannot run there), with the eager
     gradients to bf16's tolerance; a backward with create_graph keeps the PyTorch backward too (its plain ops carry
@@ -280,12 +280,12 @@ def test_sdpa_backward_not_traced_nor_for_second_derivatives(fake_gpu, fresh_bac
     torch._dynamo.reset()
     grads = []
     for run, mode in ((torch.compile(fn, fullgraph=True, backend="aot_eager"), "sdpa"), (fn, "pytorch")):
-        os.environ["FA_VARIANTS_BACKWARD"] = mode  # the fixture's monkeypatch restores it
+        monkeypatch.setenv("FA_VARIANTS_BACKWARD", mode)
         leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
         grads.append(torch.autograd.grad(run(*leaves), leaves))
     for g, e in zip(*grads):
         torch.testing.assert_close(g, e)
-    os.environ["FA_VARIANTS_BACKWARD"] = "sdpa"
+    monkeypatch.setenv("FA_VARIANTS_BACKWARD", "sdpa")
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
     (dq,) = torch.autograd.grad(fn(*leaves), leaves[:1], create_graph=True)
     assert dq.grad_fn is not None and sdpa_backward_calls == []
@@ -293,33 +293,26 @@ def test_sdpa_backward_not_traced_nor_for_second_derivatives(fake_gpu, fresh_bac
     assert len(sdpa_backward_calls) == 1  # eagerly, without create_graph
 
 
-def test_sdpa_backward_only_where_it_applies(fake_gpu, fresh_backward_warning, sdpa_backward_calls):
+def test_sdpa_backward_only_where_it_applies(fake_gpu, fresh_backward_warning, sdpa_backward_calls, monkeypatch):
     """With FA_VARIANTS_BACKWARD=sdpa, reference.run_backward still serves: an LSE in the loss, causal rows that see no
     key (seqlen_q > seqlen_k), a softmax_scale above 1 or below 0, per-sequence lengths; the gradients the same as
     without the switch (the same function)."""
     from fa_variants import api
+    monkeypatch.setattr(api, "_kernel_module", lambda backend: None)  # the fake kernel does not read lengths
     q, k, v = qkv(batch=2, nq=9, nk=12, heads=4, heads_kv=2, d=16, dtype=F16)
     cases = [(dict(causal=True, return_lse=True), (q, k, v)),
              (dict(causal=True), (qkv(batch=2, nq=15, nk=12, heads=4, heads_kv=2, d=16, dtype=F16))),
              (dict(softmax_scale=2.0), (q, k, v)), (dict(softmax_scale=-0.3), (q, k, v)),
              (dict(causal=True, seqlens_k=torch.tensor([12, 5], dtype=torch.int32)), (q, k, v))]
     for kwargs, inputs in cases:
-        if "seqlens_k" in kwargs:
-            api_module = api._kernel_module
-            api._kernel_module = lambda backend: None  # the fake kernel does not read lengths
-        try:
-            grads = []
-            for mode in ("sdpa", "pytorch"):
-                os.environ["FA_VARIANTS_BACKWARD"] = mode
-                leaves = [t.clone().requires_grad_(True) for t in inputs]
-                result = fa_variants.attention(*leaves, **kwargs)
-                loss = result[0].float().sum() + result[1].clamp(min=-1e4).sum() if isinstance(result, tuple) \
-                    else result.float().sum()
-                grads.append(torch.autograd.grad(loss, leaves))
-        finally:
-            os.environ["FA_VARIANTS_BACKWARD"] = "sdpa"
-            if "seqlens_k" in kwargs:
-                api._kernel_module = api_module
+        grads = []
+        for mode in ("sdpa", "pytorch"):
+            monkeypatch.setenv("FA_VARIANTS_BACKWARD", mode)
+            leaves = [t.clone().requires_grad_(True) for t in inputs]
+            result = fa_variants.attention(*leaves, **kwargs)
+            loss = result[0].float().sum() + result[1].clamp(min=-1e4).sum() if isinstance(result, tuple) \
+                else result.float().sum()
+            grads.append(torch.autograd.grad(loss, leaves))
         for g, r in zip(*grads):
             torch.testing.assert_close(g, r, rtol=0, atol=0)
     assert sdpa_backward_calls == []

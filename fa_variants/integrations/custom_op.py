@@ -164,26 +164,18 @@ def _backward_of(ctx, grad_out, grad_lse, q, k, v, seqlens_k):
     """(dq, dk, dv) for either op's backward: zeros for an output that got no gradient; eagerly (a Parameter's call,
     and a kernel backend's call that needs a gradient, come here) plain PyTorch ops, which autograd records under
     create_graph, so a second derivative exists; traced, one opaque node (which has no backward of its own). Eagerly
-    a loss of out alone (the LSE's gradient None) goes through `_out_backward` (``FA_VARIANTS_BACKWARD=sdpa``'s way
-    in: inside an opaque op autograd records nothing, so SDPA's backward cannot run there)."""
+    a loss of out alone (the LSE's gradient None) may take `sdpa_backward` (``FA_VARIANTS_BACKWARD=sdpa``; not
+    traced: inside an opaque op autograd records nothing, so SDPA's backward cannot run there)."""
     eager = (type(q) is torch.Tensor or type(q) is torch.nn.Parameter) and not torch.compiler.is_compiling()
-    if eager and grad_out is not None and grad_lse is None and seqlens_k is None:
-        return _out_backward(grad_out, q, k, v, ctx.causal, ctx.softmax_scale, ctx.backend)
+    if eager and grad_out is not None and grad_lse is None and seqlens_k is None \
+            and sdpa_backward_applies(q, k, ctx.causal, ctx.softmax_scale, ctx.backend):
+        return sdpa_backward(grad_out, q, k, v, ctx.causal, ctx.softmax_scale)
     if grad_out is None:
         grad_out = torch.zeros_like(q)
     if grad_lse is None:
         grad_lse = q.new_zeros((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
     backward = _reference_backward if eager else reference_backward_op
     return backward(grad_out, grad_lse, q, k, v, seqlens_k, ctx.causal, ctx.softmax_scale, ctx.backend)
-
-
-def _out_backward(grad_out, q, k, v, causal: bool, softmax_scale: float | None, backend: str):
-    """(dq, dk, dv) of an eager loss of out alone: `sdpa_backward` where `sdpa_backward_applies`, else
-    `_reference_backward` with a zero LSE gradient. The switch is read when the backward runs."""
-    if sdpa_backward_applies(q, k, causal, softmax_scale, backend):
-        return sdpa_backward(grad_out, q, k, v, causal, softmax_scale)
-    grad_lse = q.new_zeros((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
-    return _reference_backward(grad_out, grad_lse, q, k, v, None, causal, softmax_scale, backend)
 
 
 attention_op.register_autograd(_backward, setup_context=_setup_context)
