@@ -252,8 +252,9 @@ def _no_backward(backend: str) -> str:
 def _kernel_autograd(q, k, v, causal: bool, backend: str) -> bool:
     """True for a call that needs a gradient (grad mode on, an input requiring grad) on a kernel backend that has
     one: the call then goes through the custom op, whose forward runs the kernel and whose backward is
-    ``reference.run_backward`` (``integrations.custom_op``). False for the reference backend (plain autograd) and
-    for ``registry.FORWARD_ONLY`` backends (``_plan`` refuses them in one line)."""
+    ``reference.run_backward`` (``integrations.custom_op``; warned once, here at the caller's line). False for the
+    reference backend (plain autograd) and for ``registry.FORWARD_ONLY`` backends (``_plan`` refuses them in one
+    line)."""
     if not _wants_grad(q, k, v):
         return False
     chosen = dispatch.select_backend(q, k, v, causal=causal, backend=backend).backend
@@ -262,6 +263,7 @@ def _kernel_autograd(q, k, v, causal: bool, backend: str) -> bool:
     if torch._C._are_functorch_transforms_active():  # the op's autograd is not a torch.func one
         raise NotImplementedError(f"backend {chosen}'s gradient is not available under torch.func transforms (grad, "
                                   "vmap, jacrev, ...): use torch.autograd, or backend='reference' under torch.func")
+    _custom_op.warn_pytorch_backward(chosen)
     return True
 
 
@@ -530,7 +532,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         out, lse = _with_split_options(q, k, v, causal, scale, backend, num_splits, pack_gqa, seqlens_k)
     elif seqlens_k is not None:
         out, lse = _with_seqlens_k(q, k, v, causal, scale, backend, seqlens_k)
-    elif _traced(q) or _kernel_autograd(q, k, v, causal, backend):
+    elif _tracing(q) or _kernel_autograd(q, k, v, causal, backend) or _traced(q):
         out, lse = torch.ops.fa_variants.attention(q, k, v, causal, scale, backend)
     else:  # eagerly: the op's implementation itself, without the dispatcher's per-call cost
         out, lse = dispatch_and_run(q, k, v, causal, scale, backend, return_lse)

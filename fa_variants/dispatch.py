@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import warnings
 from dataclasses import dataclass
 
@@ -276,11 +277,23 @@ def _select(capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: in
     if chosen == "reference" and not skipped:
         skipped = [f"no kernel backend on {where} serves {call}"]
     reason = f"auto: {'; '.join(skipped)}; fell back to {chosen} (slower)"
-    key = (capability, dtype, head_dim, chosen)
-    if key not in _WARNED:
-        _WARNED.add(key)
-        warnings.warn(reason, BackendFallbackWarning, stacklevel=3)
+    warn_once((capability, dtype, head_dim, chosen), reason)
     return Selection(chosen, reason, able)
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def warn_once(key: tuple, message: str, category: type[Warning] = BackendFallbackWarning) -> None:
+    """Warn ``message`` the first time ``key`` is seen in this process (``clear_cache`` forgets them), at the first
+    frame outside this package: the caller's line, however deep in the package the warning is raised."""
+    if key in _WARNED:
+        return
+    _WARNED.add(key)
+    frame, level = sys._getframe(0), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)
 
 
 def select_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,

@@ -226,10 +226,11 @@ def test_kernel_backends_have_a_pytorch_backward(fake_gpu, fresh_backward_warnin
     grad_out = torch.randn(q.shape, dtype=BF16)
     make = torch.nn.Parameter if leaf == "parameter" else (lambda t: t.clone().requires_grad_(True))
     leaves = [make(t) for t in (q, k, v)]
-    out = fa_variants.attention(*leaves, causal=True)
+    with pytest.warns(dispatch.BackendFallbackWarning, match="backend fa3 has no backward kernel") as record:
+        out = fa_variants.attention(*leaves, causal=True)
+    assert [w.filename for w in record] == [__file__]  # the caller's line, not the package's
     assert len(fake_gpu) == 1 and out.grad_fn is not None and out.dtype == BF16
-    with pytest.warns(dispatch.BackendFallbackWarning, match="backend fa3 has no backward kernel"):
-        got = torch.autograd.grad(out, leaves, grad_out)
+    got = torch.autograd.grad(out, leaves, grad_out)
     ref_leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
     ours = torch.autograd.grad(fa_variants.attention(*ref_leaves, causal=True, backend="reference"), ref_leaves,
                                grad_out)

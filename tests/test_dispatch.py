@@ -143,6 +143,7 @@ def test_fp8_is_not_a_fallback_for_bf16(kernels):
     with pytest.warns(BackendFallbackWarning) as record:
         select(SM90, BF16, 128)
     assert "fa3-fp8" not in str(record[0].message)  # fa3-fp8 serves other dtypes: not skipped
+    assert record[0].filename == __file__  # the caller's line
 
 
 def test_explicit_backend(kernels):

@@ -359,7 +359,8 @@ def test_ec13_auto_serves_every_head_dim_on_this_gpu(head_dim):
         out = fa_variants.attention(q, k, v, causal=True)
     assert check_against_reference(out, q, k, v, True).ok, selection
     if "fell back" in selection.reason:
-        assert any(issubclass(w.category, dispatch.BackendFallbackWarning) for w in caught)
+        fallbacks = [w for w in caught if issubclass(w.category, dispatch.BackendFallbackWarning)]
+        assert fallbacks and all(w.filename == __file__ for w in fallbacks)  # at the caller's line
 
 
 # ---------------------------------------------------------------------------------------------- EC-14

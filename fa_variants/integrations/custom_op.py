@@ -23,8 +23,8 @@ maths, query rows in memory-bounded chunks): traced, in a second opaque op,
 ``fa_variants::attention_reference_backward``; eagerly (a call whose inputs require grad comes through the op) as
 plain ops, so that a second derivative exists. It is the gradient of exact attention, which every backend's forward
 computes but the FP8 one (``registry.FORWARD_ONLY``: a backward through it raises NotImplementedError when it runs).
-The kernels have no backward kernel of their own: the first backward through each warns once
-(``dispatch.BackendFallbackWarning``).
+The kernels have no backward kernel of their own: each warns once (``dispatch.BackendFallbackWarning``) at the
+first eager call that needs its gradient, at the caller's line, or else (traced) at its first backward.
 """
 from __future__ import annotations
 
@@ -118,13 +118,21 @@ def reference_backward_op(grad_out: torch.Tensor, grad_lse: torch.Tensor, q: tor
                                                             softmax_scale, backend))
 
 
+def warn_pytorch_backward(backend: str) -> None:
+    """Warn once per process (``dispatch.warn_once``) that kernel backend ``backend``'s gradients run in PyTorch:
+    at the forward call that needs them when eager (``api._kernel_autograd``), else at the first backward."""
+    from fa_variants import dispatch
+
+    dispatch.warn_once(("backward", backend), f"backend {backend} has no backward kernel: its gradients run in "
+                       "PyTorch (float32 maths, query rows in chunks; reference.run_backward), slower than a fused "
+                       "backward kernel")
+
+
 def _reference_backward(grad_out, grad_lse, q, k, v, seqlens_k, causal: bool, softmax_scale: float | None,
                         backend: str):
     """(dq, dk, dv) of the op's (out, lse): ``reference.run_backward`` (plain PyTorch ops; per-sequence KV lengths
     ``seqlens_k`` or None), for every backend but ``registry.FORWARD_ONLY``'s (NotImplementedError); for a kernel
-    backend a ``dispatch.BackendFallbackWarning`` the first time (no backward kernel: PyTorch's speed)."""
-    import warnings
-
+    backend ``warn_pytorch_backward``'s warning (no backward kernel: PyTorch's speed)."""
     from fa_variants import dispatch, reference, registry
 
     chosen = dispatch.select_backend(q, k, v, causal=causal, backend=backend).backend
@@ -132,11 +140,8 @@ def _reference_backward(grad_out, grad_lse, q, k, v, seqlens_k, causal: bool, so
         raise NotImplementedError(f"backend {chosen} is forward-only: no gradient through it "
                                   f"({registry.FORWARD_ONLY[chosen]}); use backend='reference' or 'auto' on 16-bit "
                                   "inputs")
-    if chosen != "reference" and ("backward", chosen) not in dispatch._WARNED:  # once (dispatch.clear_cache resets)
-        dispatch._WARNED.add(("backward", chosen))
-        warnings.warn(f"backend {chosen} has no backward kernel: its gradients run in PyTorch (float32 maths, query "
-                      "rows in chunks; reference.run_backward), slower than a fused backward kernel",
-                      dispatch.BackendFallbackWarning, stacklevel=2)
+    if chosen != "reference":
+        warn_pytorch_backward(chosen)  # the eager forward warned already, at the caller's line
     scale = reference.default_softmax_scale(q.shape[-1]) if softmax_scale is None else softmax_scale
     return reference.run_backward(grad_out, grad_lse, q, k, v, causal=causal, softmax_scale=scale,
                                   seqlens_k=seqlens_k)
