@@ -263,7 +263,7 @@ def _kernel_autograd(q, k, v, causal: bool, backend: str) -> bool:
     if torch._C._are_functorch_transforms_active():  # the op's autograd is not a torch.func one
         raise NotImplementedError(f"backend {chosen}'s gradient is not available under torch.func transforms (grad, "
                                   "vmap, jacrev, ...): use torch.autograd, or backend='reference' under torch.func")
-    _custom_op.warn_pytorch_backward(chosen)
+    _backward.warn_pytorch_backward(chosen)
     return True
 
 
@@ -621,4 +621,5 @@ def select_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
 
 # registers torch.ops.fa_variants.attention, whose implementation is dispatch_and_run (imported last: it
 # uses this module's functions)
+from fa_variants.integrations import backward as _backward  # noqa: E402
 from fa_variants.integrations import custom_op as _custom_op  # noqa: E402,F401

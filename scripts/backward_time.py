@@ -9,15 +9,17 @@ none), one training step's attention: the forward with inputs that require grad 
 synchronised, for
 
 * ``ours``      ``fa_variants.attention`` (auto: fa3 on sm90, fa2 on sm80) + its PyTorch backward;
+* ``ours-flashbwd``  the same with ``FA_VARIANTS_BACKWARD=flash``: PyTorch's FlashAttention-2 backward kernel on our
+                forward's O and LSE (``integrations.backward.flash_backward``);
 * ``ours-sdpabwd``  the same with ``FA_VARIANTS_BACKWARD=sdpa``: the backward recomputes the forward with SDPA and
-                takes SDPA's fused backward (``integrations.custom_op.sdpa_backward``);
+                takes SDPA's fused backward (``integrations.backward.sdpa_backward``);
 * ``sdpa``      ``torch.nn.functional.scaled_dot_product_attention`` (PyTorch's choice: flash / cuDNN) + its
                 fused backward;
 * ``ours-fwd``  our forward alone under ``torch.no_grad()`` (what the backward adds is ours - ours-fwd).
 
 Protocol: one warm-up step of each entry (compiles, allocator), then ``--rounds`` rounds in an order rotated by
-the round; an entry's round time is the median of ``--steps`` steps (CUDA events around each); the ratios ours / sdpa
-and ours-sdpabwd / sdpa are taken per round and their medians reported with the ranges; SM clock and power (NVML) are
+the round; an entry's round time is the median of ``--steps`` steps (CUDA events around each); the ratios of ours,
+ours-flashbwd and ours-sdpabwd to sdpa are taken per round and their medians reported with the ranges; SM clock and power (NVML) are
 read after each entry's steps. No pass or fail: a measurement (bench/NOTES.md carries the prediction and the outcome).
 """
 from __future__ import annotations
@@ -29,7 +31,8 @@ import statistics
 import sys
 from pathlib import Path
 
-ENTRIES = ("ours", "ours-sdpabwd", "sdpa", "ours-fwd")
+ENTRIES = ("ours", "ours-flashbwd", "ours-sdpabwd", "sdpa", "ours-fwd")
+MODES = {"ours": "pytorch", "ours-flashbwd": "flash", "ours-sdpabwd": "sdpa"}  # FA_VARIANTS_BACKWARD
 SHAPES = [(64, 1024, False), (64, 4096, False), (128, 1024, False), (128, 4096, False), (128, 4096, True),
           (128, 16384, True)]  # (head_dim, seqlen, causal)
 
@@ -58,7 +61,7 @@ def step_fn(entry: str, q, k, v, causal: bool):
     else:
         forward = lambda: F.scaled_dot_product_attention(  # noqa: E731
             *(t.transpose(1, 2) for t in leaves), is_causal=causal).transpose(1, 2)
-    mode = "sdpa" if entry == "ours-sdpabwd" else "pytorch"
+    mode = MODES.get(entry, "pytorch")
 
     def step():
         os.environ["FA_VARIANTS_BACKWARD"] = mode  # read at each backward
@@ -101,21 +104,19 @@ def main(argv=None) -> int:
             for e in order:
                 times[e].append(statistics.median(event_ms(steps[e]) for _ in range(args.steps)))
                 clocks.append(clock.read())
-        ratios = [o / s for o, s in zip(times["ours"], times["sdpa"])]
-        fused = [o / s for o, s in zip(times["ours-sdpabwd"], times["sdpa"])]
+        over = {e: [o / s for o, s in zip(times[e], times["sdpa"])] for e in MODES}
         row = dict(head_dim=head_dim, seqlen=seqlen, batch=batch, heads=heads, causal=causal,
-                   ms={e: statistics.median(t) for e, t in times.items()}, ours_over_sdpa=statistics.median(ratios),
-                   ratio_range=[min(ratios), max(ratios)], sdpabwd_over_sdpa=statistics.median(fused),
-                   sdpabwd_range=[min(fused), max(fused)],
+                   ms={e: statistics.median(t) for e, t in times.items()},
+                   over_sdpa={e: statistics.median(r) for e, r in over.items()},
+                   over_sdpa_range={e: [min(r), max(r)] for e, r in over.items()},
                    sm_mhz=[min(c[0] for c in clocks), max(c[0] for c in clocks)],
                    watts=[min(c[1] for c in clocks), max(c[1] for c in clocks)])
         rows.append(row)
         ms = row["ms"]
-        print(f"D {head_dim} N {seqlen} {'causal' if causal else 'full'}: ours {ms['ours']:.2f} ms "
-              f"(forward {ms['ours-fwd']:.2f}), sdpa {ms['sdpa']:.2f} ms; ours / sdpa {row['ours_over_sdpa']:.2f} "
-              f"({min(ratios):.2f}-{max(ratios):.2f}); ours-sdpabwd {ms['ours-sdpabwd']:.2f} ms, / sdpa "
-              f"{row['sdpabwd_over_sdpa']:.2f} ({min(fused):.2f}-{max(fused):.2f}); "
-              f"SM {row['sm_mhz'][0]:.0f}-{row['sm_mhz'][1]:.0f} MHz", flush=True)
+        ratios = "; ".join(f"{e} {ms[e]:.2f} ms, / sdpa {row['over_sdpa'][e]:.2f} ({min(over[e]):.2f}-"
+                           f"{max(over[e]):.2f})" for e in MODES)
+        print(f"D {head_dim} N {seqlen} {'causal' if causal else 'full'}: sdpa {ms['sdpa']:.2f} ms, ours-fwd "
+              f"{ms['ours-fwd']:.2f} ms; {ratios}; SM {row['sm_mhz'][0]:.0f}-{row['sm_mhz'][1]:.0f} MHz", flush=True)
         del q, k, v, steps
         torch.cuda.empty_cache()
     if args.out:

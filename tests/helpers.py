@@ -154,6 +154,25 @@ def lengths_loss_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqlen
         return torch.autograd.grad(loss, leaves)
 
 
+def exact_grads(q, k, v, grad_out, **kwargs):
+    """float64 gradients of attention (autograd through the reference backend in float64)."""
+    import fa_variants
+
+    leaves = [t.double().requires_grad_(True) for t in (q, k, v)]
+    out = fa_variants.attention(*leaves, backend="reference", **kwargs)
+    return torch.autograd.grad(out, leaves, grad_out.double())
+
+
+def assert_grads_within_rule(got, baseline, exact):
+    """The tolerance rule for gradients: each of got's (baseline's dtype, exact's shape) within 2x the error of
+    ``baseline``'s (a PyTorch computation of the same gradients on the same 16-bit inputs) against ``exact``
+    (float64), plus 1e-3 of exact's largest value."""
+    for name, g, r, e in zip("qkv", got, baseline, exact):
+        assert g.dtype == r.dtype and g.shape == e.shape, name
+        err, ref_err = (g.double() - e).abs().max().item(), (r.double() - e).abs().max().item()
+        assert err <= 2 * ref_err + 1e-3 * e.abs().max().item(), (name, err, ref_err)
+
+
 def assert_attention_ok(out: torch.Tensor, lse: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor,
                         v: torch.Tensor, causal: bool = False, softmax_scale: float | None = None, *,
                         seqlens_k: torch.Tensor | None = None, refs: References | None = None,

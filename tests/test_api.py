@@ -16,7 +16,7 @@ import torch.nn.functional as F
 import fa_variants
 from fa_variants import dispatch, reference, registry
 from fa_variants.dispatch import BackendUnavailableError
-from helpers import lengths_loss_grads, make_qkv
+from helpers import assert_grads_within_rule, exact_grads, lengths_loss_grads, make_qkv
 
 F16, BF16 = torch.float16, torch.bfloat16
 
@@ -195,22 +195,6 @@ def test_heads_broadcast_with_stride_zero_run_as_mqa(fake_gpu):
     torch.testing.assert_close(out, fa_variants.attention(q, k.contiguous(), v.contiguous(), causal=True))
 
 
-def _exact_grads(q, k, v, grad_out, **kwargs):
-    """float64 gradients of attention (autograd through the reference in float64)."""
-    leaves = [t.double().requires_grad_(True) for t in (q, k, v)]
-    out = fa_variants.attention(*leaves, backend="reference", **kwargs)
-    return torch.autograd.grad(out, leaves, grad_out.double())
-
-
-def _assert_grads_within_rule(got, baseline, exact):
-    """The tolerance rule for gradients: each of got's (bf16, exact's shape) within 2x the error of ``baseline``'s (a
-    PyTorch computation of the same gradients) against ``exact`` (float64), plus 1e-3 of exact's largest value."""
-    for name, g, r, e in zip("qkv", got, baseline, exact):
-        assert g.dtype == BF16 and g.shape == e.shape, name
-        err, ref_err = (g.double() - e).abs().max().item(), (r.double() - e).abs().max().item()
-        assert err <= 2 * ref_err + 1e-3 * e.abs().max().item(), (name, err, ref_err)
-
-
 @pytest.fixture
 def fresh_backward_warning():
     dispatch.clear_cache()  # the warnings given, the backward's too
@@ -234,8 +218,8 @@ def test_kernel_backends_have_a_pytorch_backward(fake_gpu, fresh_backward_warnin
     ref_leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
     ours = torch.autograd.grad(fa_variants.attention(*ref_leaves, causal=True, backend="reference"), ref_leaves,
                                grad_out)
-    exact = _exact_grads(q, k, v, grad_out, causal=True)
-    _assert_grads_within_rule(got, ours, exact)
+    exact = exact_grads(q, k, v, grad_out, causal=True)
+    assert_grads_within_rule(got, ours, exact)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once per process
         torch.autograd.grad(fa_variants.attention(*leaves, causal=True).sum(), leaves)
@@ -243,11 +227,11 @@ def test_kernel_backends_have_a_pytorch_backward(fake_gpu, fresh_backward_warnin
 
 @pytest.fixture
 def sdpa_backward_calls(monkeypatch):
-    """FA_VARIANTS_BACKWARD=sdpa, and a list of the calls of ``custom_op.sdpa_backward`` (which then runs)."""
-    from fa_variants.integrations import custom_op
-    calls, real = [], custom_op.sdpa_backward
+    """FA_VARIANTS_BACKWARD=sdpa, and a list of the calls of ``backward.sdpa_backward`` (which then runs)."""
+    from fa_variants.integrations import backward
+    calls, real = [], backward.sdpa_backward
     monkeypatch.setenv("FA_VARIANTS_BACKWARD", "sdpa")
-    monkeypatch.setattr(custom_op, "sdpa_backward", lambda *a: calls.append(a) or real(*a))
+    monkeypatch.setattr(backward, "sdpa_backward", lambda *a: calls.append(a) or real(*a))
     return calls
 
 
@@ -266,8 +250,8 @@ def test_sdpa_backward_within_the_rule(fake_gpu, fresh_backward_warning, sdpa_ba
     ref_leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
     ours = torch.autograd.grad(reference.attention_reference(*ref_leaves, causal=causal, dtype=BF16)[0], ref_leaves,
                                grad_out)
-    exact = _exact_grads(q, k, v, grad_out, causal=causal)
-    _assert_grads_within_rule(got, ours, exact)
+    exact = exact_grads(q, k, v, grad_out, causal=causal)
+    assert_grads_within_rule(got, ours, exact)
 
 
 def test_sdpa_backward_not_traced_nor_for_second_derivatives(fake_gpu, fresh_backward_warning, sdpa_backward_calls,

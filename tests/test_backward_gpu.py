@@ -1,8 +1,9 @@
 """Gradients through the kernel backends on the GPU: the kernel's forward, ``reference.run_backward``'s backward.
 
 The forward kernels (fa3, fa2, fa1) have no backward kernel: a call whose inputs require grad goes through the
-custom op (``integrations.custom_op``), whose backward recomputes attention in float32 PyTorch, query rows in
-chunks (``reference.BACKWARD_CHUNK_ELEMENTS``). Checked here against float64 autograd with the tolerance rule (each
+custom op (``integrations.custom_op``), whose backward (``integrations.backward``) recomputes attention in float32
+PyTorch, query rows in chunks (``reference.BACKWARD_CHUNK_ELEMENTS``), or with FA_VARIANTS_BACKWARD=flash / sdpa takes
+PyTorch's fused backward kernels where they apply. Checked here against float64 autograd with the tolerance rule (each
 gradient's error at most 2x that of autograd through the same maths in PyTorch in the input dtype, plus a floor),
 for odd sizes, GQA, causal with seqlen_q != seqlen_k, head dims 64 / 96 / 128 / 256; the chunks' memory bound at
 a sequence whose whole score matrix would not fit it; and the same gradients under torch.compile.
@@ -17,6 +18,7 @@ import torch
 
 import fa_variants
 from fa_variants import dispatch, reference
+from fa_variants.integrations import backward
 from helpers import lengths_loss_grads, make_qkv, padded_kv_cache
 
 pytestmark = pytest.mark.gpu
@@ -42,23 +44,38 @@ def _grads(q, k, v, grad_out, dtype=None, **kwargs):
     return torch.autograd.grad(out, leaves, grad_out.to(out.dtype))
 
 
+def _counted(monkeypatch, *names) -> dict:
+    """Count the calls of ``backward``'s functions ``names`` (which still run): {name: calls} of those called."""
+    calls = {}
+    for name in names:
+        def counted(*args, _real=getattr(backward, name), _name=name):
+            calls[_name] = calls.get(_name, 0) + 1
+            return _real(*args)
+        monkeypatch.setattr(backward, name, counted)
+    return calls
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("backend", ["fa3", "fa2", "fa1"])
-@pytest.mark.parametrize("mode", ["pytorch", "sdpa"])
+@pytest.mark.parametrize("mode", ["pytorch", "flash", "sdpa"])
 def test_kernel_gradients_within_the_rule(gpu_variant, monkeypatch, mode, backend, shape, dtype, causal):
-    """FA_VARIANTS_BACKWARD=pytorch (reference.run_backward) and sdpa (PyTorch's fused backward, where it applies:
-    not at seqlen_q > seqlen_k causal, which keeps the PyTorch backward)."""
+    """FA_VARIANTS_BACKWARD=pytorch (reference.run_backward), flash (PyTorch's FlashAttention-2 backward kernel on our
+    O and LSE) and sdpa (SDPA's forward again and its fused backward); the fused ones serve wherever they apply (not
+    at seqlen_q > seqlen_k causal, which keeps the PyTorch backward), and only there."""
     monkeypatch.setenv("FA_VARIANTS_BACKWARD", mode)
     variant = gpu_variant(backend)
     if shape[-1] not in variant.head_dims:
         pytest.skip(f"{backend} has no head_dim {shape[-1]}")
+    calls = _counted(monkeypatch, "flash_backward", "sdpa_backward")
     q, k, v = make_qkv(*shape, dtype=dtype, device="cuda")
     grad_out = torch.randn(q.shape, dtype=dtype, device="cuda")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", dispatch.BackendFallbackWarning)
         got = _grads(q, k, v, grad_out, backend=backend, causal=causal)
+    fused = mode != "pytorch" and not (causal and shape[1] > shape[2])
+    assert calls == ({f"{mode}_backward": 1} if fused else {}), calls
     same = _grads(q, k, v, grad_out, dtype, backend=backend, causal=causal)
     exact = _grads(q, k, v, grad_out, torch.float64, backend=backend, causal=causal)
     for name, g, s, e in zip("qkv", got, same, exact):
@@ -107,16 +124,20 @@ def test_backward_memory_is_bounded_by_the_chunks(gpu_variant):
         torch.testing.assert_close(g, f)
 
 
-def test_kernel_gradients_under_torch_compile(gpu_variant):
+@pytest.mark.parametrize("mode", ["pytorch", "flash"])
+def test_kernel_gradients_under_torch_compile(gpu_variant, monkeypatch, mode):
     """torch.compile(fullgraph=True) over a call whose inputs require grad: the kernel op and the backward op in the
-    graph, the same gradients as eagerly."""
+    graph, the same gradients as eagerly; with FA_VARIANTS_BACKWARD=flash a loss of out alone (the LSE's gradient
+    None) takes the flash kernel inside the traced backward op too."""
     backend = "fa3" if dispatch.device_capability(torch.device("cuda")) >= (9, 0) else "fa2"
     gpu_variant(backend)
+    monkeypatch.setenv("FA_VARIANTS_BACKWARD", mode)
+    calls = _counted(monkeypatch, "flash_backward")
     q, k, v = make_qkv(2, 257, 300, 8, 2, 128, dtype=torch.bfloat16, device="cuda")
 
     def loss(q, k, v):
         out, lse = fa_variants.attention(q, k, v, causal=True, backend=backend, return_lse=True)
-        return out.float().square().sum() + lse.sum()
+        return out.float().square().sum() + (lse.sum() if mode == "pytorch" else 0)
 
     torch._dynamo.reset()
     grads = []
@@ -125,5 +146,6 @@ def test_kernel_gradients_under_torch_compile(gpu_variant):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", dispatch.BackendFallbackWarning)
             grads.append(torch.autograd.grad(run(*leaves), leaves))
+    assert calls == ({"flash_backward": 2} if mode == "flash" else {})  # compiled and eager
     for g, e in zip(*grads):
         torch.testing.assert_close(g, e)

@@ -204,10 +204,10 @@ def test_the_choices_are_the_kernel_modules_own():
     from fa_variants.common import diskcache
     from fa_variants.fp8 import quant_host
     from fa_variants.hopper import fa3
-    from fa_variants.integrations import custom_op
+    from fa_variants.integrations import backward
 
     own = {"FA_VARIANTS_BACKEND": {"auto", *registry.BACKENDS},
-           "FA_VARIANTS_BACKWARD": set(custom_op.BACKWARDS),
+           "FA_VARIANTS_BACKWARD": set(backward.BACKWARDS),
            "FA_VARIANTS_DECODE_TILES": {*fa3.DECODE_TILES, "auto"},
            "FA_VARIANTS_FUSED_MERGE": set(fa3.FUSED_MERGE_MODES),
            "FA_VARIANTS_FA2_D256": set(fa2.D256_CONFIGS),

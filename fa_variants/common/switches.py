@@ -55,11 +55,11 @@ _INTS = {"DECODE_PDL_MAX_SPLITS": 0, "DECODE_PDL_MIN_SPLITS": 1, "FA2_D256_MAX_S
          "FP8_SMOOTH_K_BLOCKS": 0, "SHORT_NARROW_CAUSAL": 0, "SHORT_PERSISTENT": 0, "SHORT_PERSISTENT_CAUSAL": 0,
          "SPLIT_MIN_TILES": 1}
 #: choice switches -> their spellings (the kernel modules' tables: hopper.fa3.DECODE_TILES and FUSED_MERGE_MODES,
-#: ampere.fa2.D256_CONFIGS, fp8.quant_host.PIPELINES, registry.BACKENDS, integrations.custom_op.BACKWARDS;
+#: ampere.fa2.D256_CONFIGS, fp8.quant_host.PIPELINES, registry.BACKENDS, integrations.backward.BACKWARDS;
 #: tests/test_env_switches.py compares)
 CHOICES: dict[str, tuple[str, ...]] = {
     "FA_VARIANTS_BACKEND": ("auto", "fa3", "fa3-fp8", "fa2", "fa1", "reference"),
-    "FA_VARIANTS_BACKWARD": ("pytorch", "sdpa"),
+    "FA_VARIANTS_BACKWARD": ("pytorch", "flash", "sdpa"),
     "FA_VARIANTS_DECODE_FULL_GRID": ("dual", "persistent", "persistent3"),
     "FA_VARIANTS_DECODE_TILES": ("base", "deep", "wide", "dual", "persistent", "persistent3", "auto"),
     "FA_VARIANTS_DISK_CACHE_LOADER": ("auto", "dsl"),

@@ -1,0 +1,152 @@
+"""The kernel backends' backward: which function computes (dQ, dK, dV) of a call that went through the custom op.
+
+The forward kernels (fa3, fa2, fa1) have no backward kernel of their own. ``FA_VARIANTS_BACKWARD`` (read at each
+backward) picks what serves their gradients:
+
+* ``pytorch`` (default): ``reference.run_backward`` (plain PyTorch, float32 maths, query rows in memory-bounded
+  chunks) for every gradient; the only one with the LSE's gradient, per-sequence KV lengths and second derivatives;
+* ``flash``: PyTorch's FlashAttention-2 backward kernel (``aten._scaled_dot_product_flash_attention_backward``)
+  fed our forward's O and LSE (`flash_backward`; eager and traced; where `flash_applies`);
+* ``sdpa``: the forward recomputed by ``scaled_dot_product_attention`` under autograd and its fused backward taken
+  (`sdpa_backward`; eager only; where `sdpa_applies`).
+
+Where the chosen mode does not apply, ``pytorch`` serves. ``flash`` and ``sdpa`` are A/B candidates: the default
+moves only on a GPU measurement (scripts/backward_gpu.sh holds the rule).
+"""
+from __future__ import annotations
+
+import torch
+
+#: FA_VARIANTS_BACKWARD's choices (the first is the default)
+BACKWARDS = ("pytorch", "flash", "sdpa")
+
+#: the devices whose PyTorch build has the FlashAttention-2 backward kernel (CUDA builds, sm80 and newer)
+FLASH_DEVICES = ("cuda",)
+#: that kernel's op: (grad_out, q, k, v, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
+#: philox_seed, philox_offset, *, scale) -> (dq, dk, dv), tensors (batch, heads, seqlen, head_dim)
+FLASH_BACKWARD_OP = torch.ops.aten._scaled_dot_product_flash_attention_backward
+
+
+def mode() -> str:
+    """``FA_VARIANTS_BACKWARD`` (one of `BACKWARDS`; a clear error naming the variable otherwise)."""
+    from fa_variants.common import env
+
+    return env.choice("FA_VARIANTS_BACKWARD", BACKWARDS[0], BACKWARDS)
+
+
+def warn_pytorch_backward(backend: str) -> None:
+    """Warn once per process (``dispatch.warn_once``) that kernel backend ``backend`` has no backward kernel: at the
+    forward call that needs its gradient when eager (``api._kernel_autograd``), else at the first backward."""
+    from fa_variants import dispatch
+
+    dispatch.warn_once(("backward", backend), f"backend {backend} has no backward kernel: its gradients run in "
+                       f"PyTorch (FA_VARIANTS_BACKWARD={mode()}: see fa_variants.integrations.backward), slower than "
+                       "a fused backward kernel of its own")
+
+
+def kernel_backward(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, causal: bool, softmax_scale: float | None,
+                    backend: str, eager: bool):
+    """(dq, dk, dv) of a call's (out, lse) for the upstream gradients (either may be None: that output got none;
+    out / lse None: not kept), with no autograd recorded but ``reference.run_backward``'s plain ops (a backward with
+    create_graph differentiates those). On a kernel backend, a loss of out alone (grad_lse None, no ``seqlens_k``)
+    takes FA_VARIANTS_BACKWARD's fused mode where it applies (`flash_applies`; `sdpa_applies` and ``eager``: not
+    inside a traced opaque op, where autograd records nothing); everything else ``reference.run_backward``. A
+    ``registry.FORWARD_ONLY`` backend raises NotImplementedError; a kernel backend warns once
+    (`warn_pytorch_backward`)."""
+    from fa_variants import dispatch, reference, registry
+
+    chosen = dispatch.select_backend(q, k, v, causal=causal, backend=backend).backend
+    if chosen in registry.FORWARD_ONLY:
+        raise NotImplementedError(f"backend {chosen} is forward-only: no gradient through it "
+                                  f"({registry.FORWARD_ONLY[chosen]}); use backend='reference' or 'auto' on 16-bit "
+                                  "inputs")
+    if chosen != "reference":
+        warn_pytorch_backward(chosen)  # an eager forward warned already, at the caller's line
+        fused, wanted = grad_out is not None and grad_lse is None and seqlens_k is None, mode()
+        if fused and wanted == "flash" and out is not None and lse is not None \
+                and flash_applies(q, k, causal, softmax_scale):
+            return flash_backward(grad_out, q, k, v, out, lse, causal, softmax_scale)
+        if fused and wanted == "sdpa" and eager and sdpa_applies(q, k, causal, softmax_scale):
+            return sdpa_backward(grad_out, q, k, v, causal, softmax_scale)
+    if grad_out is None:
+        grad_out = torch.zeros_like(q)
+    if grad_lse is None:
+        grad_lse = q.new_zeros((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+    scale = reference.default_softmax_scale(q.shape[-1]) if softmax_scale is None else softmax_scale
+    return reference.run_backward(grad_out, grad_lse, q, k, v, causal=causal, softmax_scale=scale,
+                                  seqlens_k=seqlens_k)
+
+
+def _fused_applies(q: torch.Tensor, k: torch.Tensor, causal: bool) -> bool:
+    """What every fused backward here needs: no create_graph (grad mode off in the backward: their kernels have no
+    derivative of their own), 16-bit inputs, rows and keys, and no causal row without a key (seqlen_q <= seqlen_k:
+    such a row's LSE is -inf, which the fused kernels do not take)."""
+    if torch.is_grad_enabled():
+        return False
+    if q.dtype not in (torch.float16, torch.bfloat16) or q.numel() == 0 or k.shape[1] == 0:
+        return False
+    return not (causal and q.shape[1] > k.shape[1])
+
+
+def flash_applies(q: torch.Tensor, k: torch.Tensor, causal: bool, softmax_scale: float | None) -> bool:
+    """Whether `flash_backward` serves: `_fused_applies`, q on a device of `FLASH_DEVICES`, head_dim a multiple of 8
+    up to 256 (the kernel's), a finite softmax_scale (any sign or size: the backward uses the forward's LSE, which
+    holds it)."""
+    scale = 1.0 if softmax_scale is None else softmax_scale
+    return (_fused_applies(q, k, causal) and q.device.type in FLASH_DEVICES and q.shape[-1] % 8 == 0
+            and q.shape[-1] <= 256 and abs(scale) < float("inf"))
+
+
+def _last_dim_dense(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def flash_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                   lse: torch.Tensor, causal: bool, softmax_scale: float | None):
+    """(dq, dk, dv) from PyTorch's FlashAttention-2 backward kernel, given our forward's O and natural-log LSE: the
+    kernel recomputes P = exp(softmax_scale Q K^T - LSE) tile by tile and forms dV = P^T dO, dS = P (dO V^T -
+    rowsum(dO O)), dQ = scale dS K, dK = scale dS^T Q (Dao, FlashAttention-2 (2023), Algorithm 2), without the
+    forward's recomputation that `sdpa_backward` pays. Layout (batch, seqlen, heads, head_dim) as
+    ``fa_variants.attention`` (the kernel's (batch, heads, seqlen, head_dim) views are transposes of it); GQA
+    natively (dK, dV summed over each KV head's query heads by the kernel); causal bottom-right as the kernel masks
+    (seqlen_q <= seqlen_k here); lse (batch, num_heads, seqlen_q) float32. No dropout. Only where `flash_applies`."""
+    seqlen_q, seqlen_k = q.shape[1], k.shape[1]
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+    rng_state = torch.zeros(2, dtype=torch.uint64, device=q.device)  # dropout 0: unread
+    unused = torch.empty((), dtype=torch.uint64, device=q.device)
+    views = [_last_dim_dense(t).transpose(1, 2) for t in (grad_out, q, k, v, out)]
+    dq, dk, dv = FLASH_BACKWARD_OP(
+        *views, lse.contiguous(), None, None, seqlen_q, seqlen_k, 0.0, causal, rng_state, unused, scale=scale)
+    return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
+
+
+def sdpa_applies(q: torch.Tensor, k: torch.Tensor, causal: bool, softmax_scale: float | None) -> bool:
+    """Whether `sdpa_backward` serves an eager backward: `_fused_applies` and 0 < softmax_scale <= 1 (the fused
+    kernels it recomputes with scale after their row max: a negative or large scale is left to
+    ``reference.run_backward``, which handles it)."""
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+    return _fused_applies(q, k, causal) and 0 < scale <= 1
+
+
+def sdpa_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                  softmax_scale: float | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of out = attention(q, k, v) for grad_out, by recomputing the forward with PyTorch's
+    ``scaled_dot_product_attention`` under autograd (its fused backward: flash, memory-efficient or cuDNN, as PyTorch
+    chooses). Layout (batch, seqlen, heads, head_dim) as ``fa_variants.attention``; GQA by repeating each KV head
+    over its query heads (autograd sums their gradients back); causal bottom-right through
+    ``torch.nn.attention.bias.causal_lower_right`` when seqlen_q != seqlen_k. Only where `sdpa_applies`, eagerly
+    (inside a traced opaque op autograd records nothing)."""
+    import torch.nn.functional as F
+    from torch.nn.attention.bias import causal_lower_right
+
+    group = q.shape[2] // k.shape[2]
+    with torch.enable_grad():
+        leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+        qt, kt, vt = (t.transpose(1, 2) for t in leaves)
+        if group > 1:
+            kt, vt = kt.repeat_interleave(group, dim=1), vt.repeat_interleave(group, dim=1)
+        seqlen_q, seqlen_k = q.shape[1], k.shape[1]
+        mask = causal_lower_right(seqlen_q, seqlen_k) if causal and seqlen_q != seqlen_k else None
+        out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, is_causal=causal and mask is None,
+                                             scale=softmax_scale)
+        return torch.autograd.grad(out.transpose(1, 2), leaves, grad_out)

@@ -1,0 +1,152 @@
+"""FA_VARIANTS_BACKWARD=flash on the CPU: the plumbing around PyTorch's FlashAttention-2 backward kernel.
+
+The kernel (``aten._scaled_dot_product_flash_attention_backward``) runs on CUDA only. Here a stand-in written from
+its contract takes its place (`flash_stand_in`: (batch, heads, seqlen, head_dim) views, our forward's O and
+natural-log LSE, GQA with fewer KV heads, bottom-right causal, no dropout), so that what ``backward.flash_backward``
+hands the kernel, where the mode applies and where it does not, and the traced path, are tested without a GPU;
+tests/test_backward_gpu.py runs the kernel itself.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fa_variants
+from fa_variants import reference
+from fa_variants.integrations import backward
+from helpers import assert_grads_within_rule, exact_grads, make_qkv
+
+BF16 = torch.bfloat16
+pytestmark = pytest.mark.filterwarnings("ignore::fa_variants.dispatch.BackendFallbackWarning")
+
+
+def _stand_in(grad_out, q, k, v, out, lse, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, causal, rng_state,
+              unused, *, scale):
+    """FlashAttention-2's backward from its contract, in float32: P = exp(scale Q K^T - LSE) (masked bottom-right
+    when causal), dV = P^T dO, dS = P (dO V^T - rowsum(dO O)), dQ = scale dS K, dK = scale dS^T Q, dK and dV summed
+    over each KV head's query heads; outputs in q's dtype, shapes of q, k, v."""
+    assert cum_seq_q is None and cum_seq_k is None and dropout_p == 0.0
+    batch, heads, seqlen_q, head_dim = q.shape
+    heads_kv, seqlen_k = k.shape[1], k.shape[2]
+    assert (max_q, max_k) == (seqlen_q, seqlen_k) and out.shape == q.shape == grad_out.shape
+    assert lse.shape == (batch, heads, seqlen_q) and lse.dtype == torch.float32 and lse.is_contiguous()
+    assert all(t.stride(-1) == 1 for t in (grad_out, q, k, v, out))  # the kernel's one layout rule
+    group = heads // heads_kv
+    kf, vf = (t.float().repeat_interleave(group, dim=1) for t in (k, v))
+    s = scale * q.float() @ kf.transpose(-1, -2)
+    if causal:
+        rows, cols = torch.arange(seqlen_q)[:, None], torch.arange(seqlen_k)[None, :]
+        s = s.masked_fill(cols > rows + seqlen_k - seqlen_q, float("-inf"))
+    p = torch.exp(s - lse[..., None])
+    d_out = grad_out.float()
+    dv = p.transpose(-1, -2) @ d_out
+    ds = p * (d_out @ vf.transpose(-1, -2) - (d_out * out.float()).sum(-1, keepdim=True))
+    dq, dk = scale * ds @ kf, scale * ds.transpose(-1, -2) @ q.float()
+    dk, dv = (t.view(batch, heads_kv, group, seqlen_k, head_dim).sum(2) for t in (dk, dv))
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+@pytest.fixture
+def flash_stand_in(monkeypatch, fake_gpu):
+    """FA_VARIANTS_BACKWARD=flash on the fake sm_90 (conftest's fake fa3), the CPU let in, `_stand_in` in the kernel's
+    place. Yields the list of its calls (the arguments it got)."""
+    calls = []
+
+    def record(*args, **kwargs):
+        calls.append((args, kwargs))
+        return _stand_in(*args, **kwargs)
+
+    monkeypatch.setenv("FA_VARIANTS_BACKWARD", "flash")
+    monkeypatch.setattr(backward, "FLASH_DEVICES", ("cpu",))
+    monkeypatch.setattr(backward, "FLASH_BACKWARD_OP", record)
+    return calls
+
+
+@pytest.mark.parametrize("nq, nk, heads_kv, causal, scale", [
+    (13, 29, 2, True, None), (17, 17, 6, True, None), (9, 40, 1, False, None), (1, 7, 3, True, None),
+    (11, 23, 2, True, 2.0), (12, 12, 6, False, -0.3)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_flash_backward_within_the_rule(flash_stand_in, nq, nk, heads_kv, causal, scale, dtype):
+    """A loss of out only: one kernel call, handed the forward's own O and LSE (the kernel's layout: transposed views
+    of ours), its gradients within 2x the error of autograd through the same maths in PyTorch in the input dtype,
+    plus a floor; GQA, causal with seqlen_q <= seqlen_k, scales above 1 and below 0 (the LSE holds the scale)."""
+    q, k, v = make_qkv(2, nq, nk, 6, heads_kv, 64, dtype=dtype)
+    grad_out = torch.randn(q.shape, dtype=dtype)
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    out, lse = fa_variants.attention(*leaves, causal=causal, softmax_scale=scale, return_lse=True)
+    got = torch.autograd.grad(out, leaves, grad_out)
+    assert len(flash_stand_in) == 1
+    args, kwargs = flash_stand_in[0]
+    assert torch.equal(args[4], out.detach().transpose(1, 2)) and torch.equal(args[5], lse.detach())
+    assert args[11] is causal and kwargs["scale"] == (64 ** -0.5 if scale is None else scale)
+    ref_leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    same = torch.autograd.grad(reference.attention_reference(*ref_leaves, causal=causal, softmax_scale=scale,
+                                                             dtype=dtype)[0], ref_leaves, grad_out)
+    assert_grads_within_rule(got, same, exact_grads(q, k, v, grad_out, causal=causal, softmax_scale=scale))
+
+
+def test_flash_backward_takes_any_strides(flash_stand_in):
+    """Inputs whose head_dim is not the innermost stride (and grad_out likewise) reach the kernel with a dense last
+    dimension, the gradients in the inputs' shapes."""
+    q, k, v = (t.transpose(-1, -2).contiguous().transpose(-1, -2) for t in make_qkv(1, 9, 14, 4, 2, 64, dtype=BF16))
+    assert q.stride(-1) != 1
+    grad_out = torch.randn(q.shape[:-1] + (64,), dtype=BF16).transpose(-1, -2).contiguous().transpose(-1, -2)
+    grads = []
+    for inputs, g_out in (((q, k, v), grad_out), ([t.contiguous() for t in (q, k, v)], grad_out.contiguous())):
+        leaves = [t.detach().requires_grad_(True) for t in inputs]
+        grads.append(torch.autograd.grad(fa_variants.attention(*leaves, causal=True), leaves, g_out))
+    assert len(flash_stand_in) == 2
+    for g, e, t in zip(*grads, (q, k, v)):
+        assert g.shape == t.shape
+        torch.testing.assert_close(g, e, rtol=0, atol=0)
+
+
+def test_flash_backward_only_where_it_applies(flash_stand_in, monkeypatch):
+    """reference.run_backward still serves, with the same gradients as without the switch: an LSE in the loss, causal
+    rows that see no key (seqlen_q > seqlen_k: LSE -inf), per-sequence lengths, a backward with create_graph (the
+    kernel has no derivative); and flash_applies refuses head dims the kernel lacks and float32."""
+    from fa_variants import api
+    monkeypatch.setattr(api, "_kernel_module", lambda backend: None)  # the fake kernel does not read lengths
+    q, k, v = make_qkv(2, 9, 12, 4, 2, 16, dtype=torch.float16)
+    cases = [(dict(causal=True, return_lse=True), (q, k, v)),
+             (dict(causal=True), make_qkv(2, 15, 12, 4, 2, 16, dtype=torch.float16)),
+             (dict(causal=True, seqlens_k=torch.tensor([12, 5], dtype=torch.int32)), (q, k, v))]
+    for kwargs, inputs in cases:
+        grads = []
+        for mode in ("flash", "pytorch"):
+            monkeypatch.setenv("FA_VARIANTS_BACKWARD", mode)
+            leaves = [t.clone().requires_grad_(True) for t in inputs]
+            result = fa_variants.attention(*leaves, **kwargs)
+            loss = result[0].float().sum() + result[1].clamp(min=-1e4).sum() if isinstance(result, tuple) \
+                else result.float().sum()
+            grads.append(torch.autograd.grad(loss, leaves))
+        for g, r in zip(*grads):
+            torch.testing.assert_close(g, r, rtol=0, atol=0)
+    monkeypatch.setenv("FA_VARIANTS_BACKWARD", "flash")
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    (dq,) = torch.autograd.grad(fa_variants.attention(*leaves).float().square().sum(), leaves[:1], create_graph=True)
+    assert dq.grad_fn is not None and flash_stand_in == []
+    with torch.no_grad():  # a backward without create_graph
+        for head_dim in (12, 264):
+            q12 = torch.randn(1, 4, 2, head_dim, dtype=torch.float16)
+            assert not backward.flash_applies(q12, q12, False, None)
+        q64 = torch.randn(1, 4, 2, 64)
+        assert not backward.flash_applies(q64, q64, False, None)  # float32
+        assert backward.flash_applies(q64.half(), q64.half(), False, None)
+    assert not backward.flash_applies(q64.half(), q64.half(), False, None)  # grad mode on: create_graph
+
+
+def test_flash_backward_under_torch_compile(flash_stand_in):
+    """Traced (fullgraph, aot_eager) the backward is the opaque op, whose body takes the flash path too (it needs no
+    autograd: it starts from the saved O and LSE), with the eager gradients."""
+    q, k, v = make_qkv(2, 9, 12, 4, 2, 64, dtype=torch.bfloat16)
+    grad_out = torch.randn(q.shape, dtype=torch.bfloat16)
+    fn = lambda q, k, v: fa_variants.attention(q, k, v, causal=True)  # noqa: E731
+    torch._dynamo.reset()
+    grads = []
+    for run in (torch.compile(fn, fullgraph=True, backend="aot_eager"), fn):
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        grads.append(torch.autograd.grad(run(*leaves), leaves, grad_out))
+    assert len(flash_stand_in) == 2
+    for g, e in zip(*grads):
+        torch.testing.assert_close(g, e)
