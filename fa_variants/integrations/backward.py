@@ -112,8 +112,8 @@ def flash_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     (seqlen_q <= seqlen_k here); lse (batch, num_heads, seqlen_q) float32. No dropout. Only where `flash_applies`."""
     seqlen_q, seqlen_k = q.shape[1], k.shape[1]
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
-    rng_state = torch.zeros(2, dtype=torch.uint64, device=q.device)  # dropout 0: unread
-    unused = torch.empty((), dtype=torch.uint64, device=q.device)
+    rng_state = torch.empty(2, dtype=torch.uint64, device=q.device)  # the forward's dropout RNG state: no dropout,
+    unused = torch.empty((), dtype=torch.uint64, device=q.device)     # so never read (shapes and dtype as its own)
     views = [_last_dim_dense(t).transpose(1, 2) for t in (grad_out, q, k, v, out)]
     dq, dk, dv = FLASH_BACKWARD_OP(
         *views, lse.contiguous(), None, None, seqlen_q, seqlen_k, 0.0, causal, rng_state, unused, scale=scale)
