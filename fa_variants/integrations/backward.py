@@ -90,11 +90,12 @@ def _fused_applies(q: torch.Tensor, k: torch.Tensor, causal: bool) -> bool:
 
 def flash_applies(q: torch.Tensor, k: torch.Tensor, causal: bool, softmax_scale: float | None) -> bool:
     """Whether `flash_backward` serves: `_fused_applies`, q on a device of `FLASH_DEVICES`, head_dim a multiple of 8
-    up to 256 (the kernel's), a finite softmax_scale (any sign or size: the backward uses the forward's LSE, which
-    holds it)."""
-    scale = 1.0 if softmax_scale is None else softmax_scale
+    up to 256 (the kernel's checks), and 0 < softmax_scale < inf: the kernel masks a score to -inf before scaling it
+    (causal keys, the tails of uneven lengths), so a zero scale makes that NaN and a negative one +inf. Above 1 is
+    fine: the backward starts from the forward's LSE, which holds the scale."""
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     return (_fused_applies(q, k, causal) and q.device.type in FLASH_DEVICES and q.shape[-1] % 8 == 0
-            and q.shape[-1] <= 256 and abs(scale) < float("inf"))
+            and q.shape[-1] <= 256 and 0 < scale < float("inf"))
 
 
 def _last_dim_dense(t: torch.Tensor) -> torch.Tensor:
@@ -109,14 +110,16 @@ def flash_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     forward's recomputation that `sdpa_backward` pays. Layout (batch, seqlen, heads, head_dim) as
     ``fa_variants.attention`` (the kernel's (batch, heads, seqlen, head_dim) views are transposes of it); GQA
     natively (dK, dV summed over each KV head's query heads by the kernel); causal bottom-right as the kernel masks
-    (seqlen_q <= seqlen_k here); lse (batch, num_heads, seqlen_q) float32. No dropout. Only where `flash_applies`."""
+    (seqlen_q <= seqlen_k here); lse (batch, num_heads, seqlen_q) float32, natural log of the scaled scores' sums (the
+    kernel checks none of its shape: the op's own LSE is passed). No dropout. Only where `flash_applies`. Contract read
+    from PyTorch's attention_backward.cu (``_flash_attention_backward``) and flash_api.cpp (``mha_bwd``)."""
     seqlen_q, seqlen_k = q.shape[1], k.shape[1]
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     rng_state = torch.empty(2, dtype=torch.uint64, device=q.device)  # the forward's dropout RNG state: no dropout,
     unused = torch.empty((), dtype=torch.uint64, device=q.device)     # so never read (shapes and dtype as its own)
     views = [_last_dim_dense(t).transpose(1, 2) for t in (grad_out, q, k, v, out)]
     dq, dk, dv = FLASH_BACKWARD_OP(
-        *views, lse.contiguous(), None, None, seqlen_q, seqlen_k, 0.0, causal, rng_state, unused, scale=scale)
+        *views, lse.float().contiguous(), None, None, seqlen_q, seqlen_k, 0.0, causal, rng_state, unused, scale=scale)
     return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
 
 
