@@ -24,9 +24,10 @@
 #    still to run, on tree 5e7f1ca or later, which adds the kernel backends' gradients (a PyTorch backward through
 #    the custom op; package code changed, so E below applies). In order:
 #    K. `scripts/pending_gpu.sh backward` (~250-480 s cold): tests/test_backward_gpu.py (the gradients within the
-#       rule in both backward modes, FA_VARIANTS_BACKWARD=pytorch / sdpa; the chunks' memory bound; torch.compile)
+#       rule in the three backward modes, FA_VARIANTS_BACKWARD=pytorch / flash (session 41) / sdpa, each fused one
+#       counted where it applies; the chunks' memory bound; torch.compile, flash inside the traced backward too)
 #       and scripts/backward_time.py (a training step's attention, ours with each mode / SDPA); the header's
-#       prediction and flip rule (sdpa's default).
+#       prediction and flip rule (flash's or sdpa's default).
 #    B3. `scripts/suite_gpu.sh 3` (~390-420 s on an H100: name timeout_s 600): 0 failed, session 39's fixed test
 #       included (it now has 512 rows that each see one key per head_dim and mask). If time is short first
 #       `FA_VARIANTS_TEST_SEED=1417556984 python3 -m pytest -m gpu tests/test_fa3_fp8_kernel.py` (~60 s): session
