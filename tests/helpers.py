@@ -173,6 +173,25 @@ def assert_grads_within_rule(got, baseline, exact):
         assert err <= 2 * ref_err + 1e-3 * e.abs().max().item(), (name, err, ref_err)
 
 
+def assert_backward_mode_keeps_pytorch(monkeypatch, mode: str, cases) -> None:
+    """For each (kwargs, (q, k, v)) of ``cases``: the gradients of ``fa_variants.attention(q, k, v, **kwargs)`` (a
+    loss of out, plus the LSE's where returned) under FA_VARIANTS_BACKWARD=``mode`` equal the default pytorch
+    backward's bit for bit (the same function served them)."""
+    import fa_variants
+
+    for kwargs, inputs in cases:
+        grads = []
+        for name in (mode, "pytorch"):
+            monkeypatch.setenv("FA_VARIANTS_BACKWARD", name)
+            leaves = [t.clone().requires_grad_(True) for t in inputs]
+            result = fa_variants.attention(*leaves, **kwargs)
+            loss = result[0].float().sum() + result[1].clamp(min=-1e4).sum() if isinstance(result, tuple) \
+                else result.float().sum()
+            grads.append(torch.autograd.grad(loss, leaves))
+        for g, r in zip(*grads):
+            torch.testing.assert_close(g, r, rtol=0, atol=0)
+
+
 def assert_attention_ok(out: torch.Tensor, lse: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor,
                         v: torch.Tensor, causal: bool = False, softmax_scale: float | None = None, *,
                         seqlens_k: torch.Tensor | None = None, refs: References | None = None,

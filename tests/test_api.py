@@ -16,7 +16,8 @@ import torch.nn.functional as F
 import fa_variants
 from fa_variants import dispatch, reference, registry
 from fa_variants.dispatch import BackendUnavailableError
-from helpers import assert_grads_within_rule, exact_grads, lengths_loss_grads, make_qkv
+from helpers import (assert_backward_mode_keeps_pytorch, assert_grads_within_rule, exact_grads, lengths_loss_grads,
+                     make_qkv)
 
 F16, BF16 = torch.float16, torch.bfloat16
 
@@ -289,17 +290,7 @@ def test_sdpa_backward_only_where_it_applies(fake_gpu, fresh_backward_warning, s
              (dict(causal=True), (qkv(batch=2, nq=15, nk=12, heads=4, heads_kv=2, d=16, dtype=F16))),
              (dict(softmax_scale=2.0), (q, k, v)), (dict(softmax_scale=-0.3), (q, k, v)),
              (dict(causal=True, seqlens_k=torch.tensor([12, 5], dtype=torch.int32)), (q, k, v))]
-    for kwargs, inputs in cases:
-        grads = []
-        for mode in ("sdpa", "pytorch"):
-            monkeypatch.setenv("FA_VARIANTS_BACKWARD", mode)
-            leaves = [t.clone().requires_grad_(True) for t in inputs]
-            result = fa_variants.attention(*leaves, **kwargs)
-            loss = result[0].float().sum() + result[1].clamp(min=-1e4).sum() if isinstance(result, tuple) \
-                else result.float().sum()
-            grads.append(torch.autograd.grad(loss, leaves))
-        for g, r in zip(*grads):
-            torch.testing.assert_close(g, r, rtol=0, atol=0)
+    assert_backward_mode_keeps_pytorch(monkeypatch, "sdpa", cases)
     assert sdpa_backward_calls == []
 
 

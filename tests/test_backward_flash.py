@@ -14,7 +14,7 @@ import torch
 import fa_variants
 from fa_variants import reference
 from fa_variants.integrations import backward
-from helpers import assert_grads_within_rule, exact_grads, make_qkv
+from helpers import assert_backward_mode_keeps_pytorch, assert_grads_within_rule, exact_grads, make_qkv
 
 BF16 = torch.bfloat16
 pytestmark = pytest.mark.filterwarnings("ignore::fa_variants.dispatch.BackendFallbackWarning")
@@ -113,17 +113,7 @@ def test_flash_backward_only_where_it_applies(flash_stand_in, monkeypatch):
              (dict(causal=True), make_qkv(2, 15, 12, 4, 2, 16, dtype=torch.float16)),
              (dict(causal=True, seqlens_k=torch.tensor([12, 5], dtype=torch.int32)), (q, k, v)),
              (dict(causal=True, softmax_scale=-0.3), (q, k, v)), (dict(softmax_scale=0.0), (q, k, v))]
-    for kwargs, inputs in cases:
-        grads = []
-        for mode in ("flash", "pytorch"):
-            monkeypatch.setenv("FA_VARIANTS_BACKWARD", mode)
-            leaves = [t.clone().requires_grad_(True) for t in inputs]
-            result = fa_variants.attention(*leaves, **kwargs)
-            loss = result[0].float().sum() + result[1].clamp(min=-1e4).sum() if isinstance(result, tuple) \
-                else result.float().sum()
-            grads.append(torch.autograd.grad(loss, leaves))
-        for g, r in zip(*grads):
-            torch.testing.assert_close(g, r, rtol=0, atol=0)
+    assert_backward_mode_keeps_pytorch(monkeypatch, "flash", cases)
     monkeypatch.setenv("FA_VARIANTS_BACKWARD", "flash")
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
     (dq,) = torch.autograd.grad(fa_variants.attention(*leaves).float().square().sum(), leaves[:1], create_graph=True)
