@@ -175,8 +175,7 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
         else:
             lse = torch.full((batch, num_heads, seqlen_q), -math.inf, dtype=lse_dtype, device=q.device)
         return out, lse
-    out = torch.empty(batch, seqlen_q, num_heads, head_dim_v, dtype=dtype, device=q.device)
-    lse = torch.empty((batch, num_heads, seqlen_q), dtype=lse_dtype, device=q.device)
+    outs, lses = [], []  # per chunk of query rows, joined at the end (no in-place writes: torch.func.vmap runs this)
     vd_finite, bad_keys = _nonfinite_keys(vd)
     kd_finite, bad_k = _nonfinite_keys(kd)
     rows = max(1, _MAX_SCORE_ELEMENTS // max(1, batch * num_heads * seqlen_k))
@@ -193,9 +192,11 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
         o = torch.einsum("bhgqk,bkhd->bqhgd", p, vd_finite)
         if bad_keys is not None:
             o = o + _masked_product(p, vd, bad_keys, visible)
-        out[:, r0:r1] = o.reshape(batch, r1 - r0, num_heads, head_dim_v)
-        lse[:, :, r0:r1] = m.reshape(batch, num_heads, r1 - r0).to(lse_dtype)
-    return out, lse
+        outs.append(o.reshape(batch, r1 - r0, num_heads, head_dim_v))
+        lses.append(m.reshape(batch, num_heads, r1 - r0).to(lse_dtype))
+    if len(outs) == 1:
+        return outs[0], lses[0]
+    return torch.cat(outs, dim=1), torch.cat(lses, dim=2)
 
 
 def _check_reference_inputs(q, k, v, dtype, softmax_scale, causal) -> None:

@@ -338,6 +338,21 @@ def test_kernel_gradient_under_torch_func_says_so(fake_gpu):
     assert g.shape == q.shape and g.isfinite().all() and fake_gpu == []
 
 
+@pytest.mark.parametrize("chunked", [False, True], ids=["one-chunk", "row-chunks"])
+def test_reference_under_torch_func_vmap(monkeypatch, chunked):
+    """torch.func.vmap over the reference backend (and vmap of grad), one query tensor per sample against shared K / V:
+    the per-sample results of a loop. The reference used to write its query-row chunks into a preallocated output in
+    place, which vmap refuses (the output unbatched, the chunk batched)."""
+    if chunked:
+        monkeypatch.setattr(reference, "_MAX_SCORE_ELEMENTS", 2 * 4 * 13)  # 2 query rows per chunk
+    qs = torch.randn(3, 7, 4, 16, dtype=torch.float64)
+    k, v = (torch.randn(1, 13, 2, 16, dtype=torch.float64) for _ in range(2))
+    run = lambda q: fa_variants.attention(q[None], k, v, causal=True, backend="reference")[0]  # noqa: E731
+    torch.testing.assert_close(torch.func.vmap(run)(qs), torch.stack([run(q) for q in qs]))
+    grads = torch.func.vmap(torch.func.grad(lambda q: run(q).square().sum()))(qs)
+    torch.testing.assert_close(grads, torch.stack([torch.func.grad(lambda q: run(q).square().sum())(q) for q in qs]))
+
+
 def test_kernel_backward_under_torch_compile(fake_gpu, fresh_backward_warning):
     """Traced (fullgraph, aot_eager), the kernel call is the op and its backward the opaque backward op: the same
     gradients as the eager call (the same function; bfloat16's default tolerance, not bitwise)."""
