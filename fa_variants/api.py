@@ -398,8 +398,12 @@ def _with_split_options(q, k, v, causal: bool, scale: float | None, backend: str
 
 def _traced(q) -> bool:
     """True while torch.compile / torch.export trace the call, or for a tensor subclass (fake, functional,
-    a Parameter): the call then goes through the custom op, which tracing sees as one opaque node."""
-    return torch.compiler.is_compiling() or type(q) is not torch.Tensor
+    a Parameter): the call then goes through the custom op, which tracing sees as one opaque node. Not an eager
+    Parameter under torch.func transforms (grad, vmap, ...), whose autograd is not the op's: the plain path serves
+    it (the reference backend's autograd; a kernel backend that needs a gradient has refused in one line)."""
+    if torch.compiler.is_compiling() or _tracing(q):
+        return True
+    return type(q) is not torch.Tensor and not torch._C._are_functorch_transforms_active()
 
 
 def _tracing(q) -> bool:

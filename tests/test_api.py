@@ -336,6 +336,10 @@ def test_kernel_gradient_under_torch_func_says_so(fake_gpu):
     q64, k64, v64 = (t.double() for t in (q, k, v))
     g = torch.func.grad(lambda q: fa_variants.attention(q, k64, v64, causal=True, backend="reference").sum())(q64)
     assert g.shape == q.shape and g.isfinite().all() and fake_gpu == []
+    q_param = torch.nn.Parameter(q64)  # captured, not transformed: its call went through the op, torch's error
+    g = torch.func.grad(lambda k: fa_variants.attention(q_param, k, v64, causal=True, backend="reference").sum())(k64)
+    torch.testing.assert_close(g, torch.autograd.grad(
+        fa_variants.attention(q64, k64.requires_grad_(True), v64, causal=True, backend="reference").sum(), k64)[0])
 
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["one-chunk", "row-chunks"])
