@@ -76,7 +76,6 @@ def worker(backend: str, head_dims: list[int] | None = None, causal_only: int | 
     import torch
 
     import fa_variants
-    from fa_variants import dispatch
     from fa_variants.reference import attention_reference, check_against_reference, references, rel_l2
 
     dtype, served = plan(backend)
