@@ -20,10 +20,12 @@
 # 2. then scripts/NAME_gpu.sh for each NAME, in order, each with the time left of CALL_BUDGET seconds (default 560),
 #    skipped when fewer than 100 s are left; logs in $OUT/pending/NAME.tar.xz, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
-#    Plan for session 41. Session 40 got no machine (two refusals, then device loans paused): session 39's plan is
-#    still to run, on tree 5e7f1ca or later, which adds the kernel backends' gradients (a PyTorch backward through
-#    the custom op; package code changed, so E below applies). In order:
-#    K. `scripts/pending_gpu.sh backward` (~250-480 s cold): tests/test_backward_gpu.py (the gradients within the
+#    Plan for session 42. Sessions 40 and 41 got no machine (41: every H100 / H200 call refused over two hours, the
+#    budget spent on the refusals): session 39's plan is still to run, on tree 5e7f1ca or later, which adds the
+#    kernel backends' gradients (a PyTorch backward through the custom op; session 41: FA_VARIANTS_BACKWARD=flash,
+#    the warnings' location, the reference under torch.func.vmap; package code changed, so E below applies). Name
+#    nvidia-h100-x1 or nvidia-h200 on each call (a call without a kind tries both: two refusals' cost). In order:
+#    K. `scripts/pending_gpu.sh backward` (~280-530 s cold; timeout_s 600): tests/test_backward_gpu.py (the gradients within the
 #       rule in the three backward modes, FA_VARIANTS_BACKWARD=pytorch / flash (session 41) / sdpa, each fused one
 #       counted where it applies; the chunks' memory bound; torch.compile, flash inside the traced backward too)
 #       and scripts/backward_time.py (a training step's attention, ours with each mode / SDPA); the header's
