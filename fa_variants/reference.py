@@ -194,8 +194,8 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
             o = o + _masked_product(p, vd, bad_keys, visible)
         outs.append(o.reshape(batch, r1 - r0, num_heads, head_dim_v))
         lses.append(m.reshape(batch, num_heads, r1 - r0).to(lse_dtype))
-    if len(outs) == 1:
-        return outs[0], lses[0]
+    if len(outs) == 1:  # contiguous, as the kernels' (einsum may hand back a permuted layout)
+        return outs[0].contiguous(), lses[0].contiguous()
     return torch.cat(outs, dim=1), torch.cat(lses, dim=2)
 
 

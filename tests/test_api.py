@@ -353,6 +353,10 @@ def test_reference_under_torch_func_vmap(monkeypatch, chunked):
     k, v = (torch.randn(1, 13, 2, 16, dtype=torch.float64) for _ in range(2))
     run = lambda q: fa_variants.attention(q[None], k, v, causal=True, backend="reference")[0]  # noqa: E731
     torch.testing.assert_close(torch.func.vmap(run)(qs), torch.stack([run(q) for q in qs]))
+    for heads_kv in (4, 2):  # outside vmap the outputs are contiguous, as the kernels' (MHA's einsum was permuted)
+        kv = torch.randn(3, 13, heads_kv, 16, dtype=torch.float64)
+        out, lse = fa_variants.attention(qs, kv, kv, backend="reference", return_lse=True)
+        assert out.is_contiguous() and lse.is_contiguous(), heads_kv
     grads = torch.func.vmap(torch.func.grad(lambda q: run(q).square().sum()))(qs)
     torch.testing.assert_close(grads, torch.stack([torch.func.grad(lambda q: run(q).square().sum())(q) for q in qs]))
 
