@@ -72,9 +72,16 @@ def kernel_backward(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, causal: bo
         grad_out = torch.zeros_like(q)
     if grad_lse is None:
         grad_lse = q.new_zeros((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
-    scale = reference.default_softmax_scale(q.shape[-1]) if softmax_scale is None else softmax_scale
-    return reference.run_backward(grad_out, grad_lse, q, k, v, causal=causal, softmax_scale=scale,
-                                  seqlens_k=seqlens_k)
+    return reference.run_backward(grad_out, grad_lse, q, k, v, causal=causal,
+                                  softmax_scale=_scale(q, softmax_scale), seqlens_k=seqlens_k)
+
+
+def _scale(q: torch.Tensor, softmax_scale: float | None) -> float:
+    """The call's softmax_scale, None meaning the forward's default (``reference.default_softmax_scale``: the same
+    float, so a backward fed the forward's LSE scales its scores as the forward did)."""
+    from fa_variants import reference
+
+    return reference.default_softmax_scale(q.shape[-1]) if softmax_scale is None else softmax_scale
 
 
 def _fused_applies(q: torch.Tensor, k: torch.Tensor, causal: bool) -> bool:
@@ -93,7 +100,7 @@ def flash_applies(q: torch.Tensor, k: torch.Tensor, causal: bool, softmax_scale:
     up to 256 (the kernel's checks), and 0 < softmax_scale < inf: the kernel masks a score to -inf before scaling it
     (causal keys, the tails of uneven lengths), so a zero scale makes that NaN and a negative one +inf. Above 1 is
     fine: the backward starts from the forward's LSE, which holds the scale."""
-    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+    scale = _scale(q, softmax_scale)
     return (_fused_applies(q, k, causal) and q.device.type in FLASH_DEVICES and q.shape[-1] % 8 == 0
             and q.shape[-1] <= 256 and 0 < scale < float("inf"))
 
@@ -114,7 +121,7 @@ def flash_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     kernel checks none of its shape: the op's own LSE is passed). No dropout. Only where `flash_applies`. Contract read
     from PyTorch's attention_backward.cu (``_flash_attention_backward``) and flash_api.cpp (``mha_bwd``)."""
     seqlen_q, seqlen_k = q.shape[1], k.shape[1]
-    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+    scale = _scale(q, softmax_scale)
     rng_state = torch.empty(2, dtype=torch.uint64, device=q.device)  # the forward's dropout RNG state: no dropout,
     unused = torch.empty((), dtype=torch.uint64, device=q.device)     # so never read (shapes and dtype as its own)
     views = [_last_dim_dense(t).transpose(1, 2) for t in (grad_out, q, k, v, out)]
@@ -127,7 +134,7 @@ def sdpa_applies(q: torch.Tensor, k: torch.Tensor, causal: bool, softmax_scale: 
     """Whether `sdpa_backward` serves an eager backward: `_fused_applies` and 0 < softmax_scale <= 1 (the fused
     kernels it recomputes with scale after their row max: a negative or large scale is left to
     ``reference.run_backward``, which handles it)."""
-    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+    scale = _scale(q, softmax_scale)
     return _fused_applies(q, k, causal) and 0 < scale <= 1
 
 
