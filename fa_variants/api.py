@@ -252,7 +252,7 @@ def _no_backward(backend: str) -> str:
 def _kernel_autograd(q, k, v, causal: bool, backend: str) -> bool:
     """True for a call that needs a gradient (grad mode on, an input requiring grad) on a kernel backend that has
     one: the call then goes through the custom op, whose forward runs the kernel and whose backward is
-    ``reference.run_backward`` (``integrations.custom_op``; warned once, here at the caller's line). False for the
+    ``integrations.backward.kernel_backward`` (warned once, here at the caller's line). False for the
     reference backend (plain autograd) and for ``registry.FORWARD_ONLY`` backends (``_plan`` refuses them in one
     line)."""
     if not _wants_grad(q, k, v):
@@ -396,19 +396,17 @@ def _with_split_options(q, k, v, causal: bool, scale: float | None, backend: str
     return _lengths_plan(selection, module, q, k, v, causal, scale, config)(q, k, v, True, seqlens_k.contiguous())
 
 
-def _traced(q) -> bool:
-    """True while torch.compile / torch.export trace the call, or for a tensor subclass (fake, functional,
-    a Parameter): the call then goes through the custom op, which tracing sees as one opaque node. Not an eager
-    Parameter under torch.func transforms (grad, vmap, ...), whose autograd is not the op's: the plain path serves
-    it (the reference backend's autograd; a kernel backend that needs a gradient has refused in one line)."""
-    if torch.compiler.is_compiling() or _tracing(q):
-        return True
-    return type(q) is not torch.Tensor and not torch._C._are_functorch_transforms_active()
+def _parameter_call(q) -> bool:
+    """An eager nn.Parameter q (not under tracing, which `_tracing` covers): its call goes through the custom op, for
+    the op's autograd. Not under torch.func transforms (grad, vmap, ...), whose autograd is not the op's: the plain
+    path serves it (the reference backend's autograd; a kernel backend that needs a gradient has refused in one
+    line)."""
+    return isinstance(q, torch.nn.Parameter) and not torch._C._are_functorch_transforms_active()
 
 
 def _tracing(q) -> bool:
     """True while torch.compile / torch.export trace the call (or for their fake / functional tensors); an eager
-    Parameter is not traced (``_traced`` sends it through the custom op for its autograd)."""
+    Parameter is not traced (``_parameter_call`` sends it through the custom op for its autograd)."""
     return torch.compiler.is_compiling() or (type(q) is not torch.Tensor and not isinstance(q, torch.nn.Parameter))
 
 
@@ -536,7 +534,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         out, lse = _with_split_options(q, k, v, causal, scale, backend, num_splits, pack_gqa, seqlens_k)
     elif seqlens_k is not None:
         out, lse = _with_seqlens_k(q, k, v, causal, scale, backend, seqlens_k)
-    elif _tracing(q) or _kernel_autograd(q, k, v, causal, backend) or _traced(q):
+    elif _tracing(q) or _kernel_autograd(q, k, v, causal, backend) or _parameter_call(q):
         out, lse = torch.ops.fa_variants.attention(q, k, v, causal, scale, backend)
     else:  # eagerly: the op's implementation itself, without the dispatcher's per-call cost
         out, lse = dispatch_and_run(q, k, v, causal, scale, backend, return_lse)
