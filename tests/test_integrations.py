@@ -8,8 +8,8 @@ Tests that need transformers skip without it; the custom-op and mask-classificat
 import importlib.util
 import json
 import math
-import warnings
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -178,13 +178,12 @@ def test_hf_registry_matches_eager(model, ids):
 
 
 @needs_hf
-def test_hf_training_step_on_a_kernel_backend(fake_gpu, ids, monkeypatch):
+def test_hf_training_step_on_a_kernel_backend(fake_gpu, ids):
     """A training step (train(), attention dropout 0, loss.backward()) with attn_implementation="fa_variants" on a
     kernel backend (the recording fake fa3 on the CPU): every layer's attention launches the kernel forward, and the
     parameters' gradients (the PyTorch backward of the custom op) equal those of the reference backend's autograd,
     in bf16, to rounding (the same maths in another order)."""
-    from fa_variants import dispatch
-    monkeypatch.setattr(dispatch, "_WARNED", set())
+    from fa_variants import dispatch  # fake_gpu cleared its warnings already (dispatch.clear_cache)
     model = tiny_llama().to(torch.bfloat16).train()
     grads = {}
     for backend in ("fa3", "reference"):
