@@ -282,18 +282,34 @@ def _select(capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: in
 
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# torch's own files and the code torch.fx generates (a compiled graph's frames)
+_TORCH_FILES = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep, "<eval_with_key>")
 
 
 def warn_once(key: tuple, message: str, category: type[Warning] = BackendFallbackWarning) -> None:
-    """Warn ``message`` the first time ``key`` is seen in this process (``clear_cache`` forgets them), at the first
-    frame outside this package: the caller's line, however deep in the package the warning is raised."""
+    """Warn ``message`` the first time ``key`` is seen in this process (``clear_cache`` forgets them), at the caller's
+    line (`_caller_stacklevel`). The key is kept once the warning has passed: under a filter that turns it into an
+    error, every call raises."""
     if key in _WARNED:
         return
+    warnings.warn(message, category, stacklevel=_caller_stacklevel())
     _WARNED.add(key)
-    frame, level = sys._getframe(0), 1
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+
+
+def _caller_stacklevel() -> int:
+    """``warnings.warn``'s stacklevel, seen from `warn_once`, of the first frame outside this package and outside
+    torch and its generated code (a backward run by the autograd engine names the caller's ``.backward()`` line, not torch's custom-op
+    glue); the first frame outside this package where the stack has no such frame (a backward on the engine's
+    worker thread)."""
+    outside_package, level, frame = None, 2, sys._getframe(2)  # 2: warn_once's caller
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not filename.startswith(_PACKAGE_DIR):
+            if not filename.startswith(_TORCH_FILES):
+                return level
+            outside_package = level if outside_package is None else outside_package
         frame, level = frame.f_back, level + 1
-    warnings.warn(message, category, stacklevel=level)
+    return outside_package if outside_package is not None else 1
 
 
 def select_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,

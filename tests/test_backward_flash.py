@@ -64,12 +64,12 @@ def flash_stand_in(monkeypatch, fake_gpu):
 
 @pytest.mark.parametrize("nq, nk, heads_kv, causal, scale", [
     (13, 29, 2, True, None), (17, 17, 6, True, None), (9, 40, 1, False, None), (1, 7, 3, True, None),
-    (11, 23, 2, True, 2.0), (12, 12, 6, False, 3.0)])
+    (11, 23, 2, True, 1.0), (12, 12, 6, False, 0.5)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_flash_backward_within_the_rule(flash_stand_in, nq, nk, heads_kv, causal, scale, dtype):
     """A loss of out only: one kernel call, handed the forward's own O and LSE (the kernel's layout: transposed views
     of ours), its gradients within 2x the error of autograd through the same maths in PyTorch in the input dtype,
-    plus a floor; GQA, causal with seqlen_q <= seqlen_k, scales above 1 (the LSE holds the scale)."""
+    plus a floor; GQA, causal with seqlen_q <= seqlen_k, scales up to 1 (the LSE holds the scale)."""
     q, k, v = make_qkv(2, nq, nk, 6, heads_kv, 64, dtype=dtype)
     grad_out = torch.randn(q.shape, dtype=dtype)
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
@@ -103,17 +103,22 @@ def test_flash_backward_takes_any_strides(flash_stand_in):
 
 def test_flash_backward_only_where_it_applies(flash_stand_in, monkeypatch):
     """reference.run_backward still serves, with the same gradients as without the switch: an LSE in the loss, causal
-    rows that see no key (seqlen_q > seqlen_k: LSE -inf), per-sequence lengths, a negative or zero softmax_scale (the
-    kernel scales its -inf masked scores: +inf, NaN), a backward with create_graph (the kernel has no derivative); and
-    flash_applies refuses head dims the kernel lacks and float32."""
+    rows that see no key (seqlen_q > seqlen_k: LSE -inf), per-sequence lengths, a negative, zero or float32-flushed
+    softmax_scale (the kernel scales its -inf masked scores: +inf, NaN), one above 1 (near one-hot rows: the 16-bit
+    O's rounding in rowsum(dO O) times the scale; at 300 the stand-in's dQ error was 1e5x the PyTorch backward's), a
+    backward with create_graph (the kernel has no derivative); and flash_applies refuses head dims the kernel lacks
+    and float32."""
     from fa_variants import api
     monkeypatch.setattr(api, "_kernel_module", lambda backend: None)  # the fake kernel does not read lengths
     q, k, v = make_qkv(2, 9, 12, 4, 2, 16, dtype=torch.float16)
     cases = [(dict(causal=True, return_lse=True), (q, k, v)),
              (dict(causal=True), make_qkv(2, 15, 12, 4, 2, 16, dtype=torch.float16)),
              (dict(causal=True, seqlens_k=torch.tensor([12, 5], dtype=torch.int32)), (q, k, v)),
-             (dict(causal=True, softmax_scale=-0.3), (q, k, v)), (dict(softmax_scale=0.0), (q, k, v))]
+             (dict(causal=True, softmax_scale=-0.3), (q, k, v)), (dict(softmax_scale=0.0), (q, k, v)),
+             (dict(softmax_scale=1e-39), (q, k, v)), (dict(causal=True, softmax_scale=1.5), (q, k, v)),
+             (dict(softmax_scale=300.0), (q, k, v))]
     assert_backward_mode_keeps_pytorch(monkeypatch, "flash", cases)
+    assert flash_stand_in == []
     monkeypatch.setenv("FA_VARIANTS_BACKWARD", "flash")
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
     (dq,) = torch.autograd.grad(fa_variants.attention(*leaves).float().square().sum(), leaves[:1], create_graph=True)

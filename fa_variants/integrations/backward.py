@@ -1,7 +1,7 @@
 """The kernel backends' backward: which function computes (dQ, dK, dV) of a call that went through the custom op.
 
 The forward kernels (fa3, fa2, fa1) have no backward kernel of their own. ``FA_VARIANTS_BACKWARD`` (read at each
-backward) picks what serves their gradients:
+backward; ``flash`` also at the forward, which keeps O and LSE for it only) picks what serves their gradients:
 
 * ``pytorch`` (default): ``reference.run_backward`` (plain PyTorch, float32 maths, query rows in memory-bounded
   chunks) for every gradient; the only one with the LSE's gradient, per-sequence KV lengths and second derivatives;
@@ -95,14 +95,22 @@ def _fused_applies(q: torch.Tensor, k: torch.Tensor, causal: bool) -> bool:
     return not (causal and q.shape[1] > k.shape[1])
 
 
+def _fused_scale(scale: float) -> bool:
+    """The softmax scales the fused backwards take: float32's smallest normal <= scale <= 1. The kernels mask a score
+    to -inf before scaling it (causal keys, the tails of uneven lengths), so a zero scale makes that NaN, a negative
+    one +inf, and one that float32 flushes to zero (the forward runs it as 0, ``api._kernel_scale``) the same. Above
+    1, a row whose softmax is nearly one-hot has dS = P (dP - rowsum(dO O)) close to 0 while the fused kernels form
+    rowsum(dO O) from the 16-bit O, whose rounding dQ = scale dS K and dK = scale dS^T Q then carry, scaled:
+    measured with tests/test_backward_flash.py's stand-in, float16, head_dim 64, dQ's error against float64 was
+    0.0033 at scale 300 where the PyTorch backward's was 3e-8 (within the gradient rule up to scale 100)."""
+    return torch.finfo(torch.float32).tiny <= scale <= 1
+
+
 def flash_applies(q: torch.Tensor, k: torch.Tensor, causal: bool, softmax_scale: float | None) -> bool:
     """Whether `flash_backward` serves: `_fused_applies`, q on a device of `FLASH_DEVICES`, head_dim a multiple of 8
-    up to 256 (the kernel's checks), and 0 < softmax_scale < inf: the kernel masks a score to -inf before scaling it
-    (causal keys, the tails of uneven lengths), so a zero scale makes that NaN and a negative one +inf. Above 1 is
-    fine: the backward starts from the forward's LSE, which holds the scale."""
-    scale = _scale(q, softmax_scale)
+    up to 256 (the kernel's checks), and softmax_scale within `_fused_scale`."""
     return (_fused_applies(q, k, causal) and q.device.type in FLASH_DEVICES and q.shape[-1] % 8 == 0
-            and q.shape[-1] <= 256 and 0 < scale < float("inf"))
+            and q.shape[-1] <= 256 and _fused_scale(_scale(q, softmax_scale)))
 
 
 def _last_dim_dense(t: torch.Tensor) -> torch.Tensor:
@@ -131,11 +139,9 @@ def flash_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
 
 
 def sdpa_applies(q: torch.Tensor, k: torch.Tensor, causal: bool, softmax_scale: float | None) -> bool:
-    """Whether `sdpa_backward` serves an eager backward: `_fused_applies` and 0 < softmax_scale <= 1 (the fused
-    kernels it recomputes with scale after their row max: a negative or large scale is left to
-    ``reference.run_backward``, which handles it)."""
-    scale = _scale(q, softmax_scale)
-    return _fused_applies(q, k, causal) and 0 < scale <= 1
+    """Whether `sdpa_backward` serves an eager backward: `_fused_applies` and softmax_scale within `_fused_scale` (a
+    negative, large or flushed scale is left to ``reference.run_backward``, which handles it)."""
+    return _fused_applies(q, k, causal) and _fused_scale(_scale(q, softmax_scale))
 
 
 def sdpa_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,

@@ -129,7 +129,10 @@ def _reference_backward_fake(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, c
 
 def _setup_context(ctx, inputs, output):
     q, k, v, causal, softmax_scale, backend = inputs
-    ctx.save_for_backward(q, k, v, *output)  # out and lse: FA_VARIANTS_BACKWARD=flash's backward starts from them
+    # out and lse only for FA_VARIANTS_BACKWARD=flash, whose backward starts from them: kept otherwise, they held
+    # memory until the backward and made the caller's in-place edit of them fail it (as the reference backend allows)
+    kept = output if backward.mode() == "flash" else (None, None)
+    ctx.save_for_backward(q, k, v, *kept)
     ctx.causal, ctx.softmax_scale, ctx.backend = causal, softmax_scale, backend
     ctx.set_materialize_grads(False)  # an output the loss does not use gets None (the fused backwards need to know)
 
