@@ -26,6 +26,7 @@ from fa_variants.common import switches
 switches.check_all()
 
 _FLOAT32 = torch.finfo(torch.float32)
+_FORWARD_AD = torch.autograd.forward_ad
 
 _LAYOUT = "(batch, seqlen, num_heads, head_dim)"
 _SDPA_LAYOUT = "(batch, num_heads, seqlen, head_dim)"
@@ -260,11 +261,31 @@ def _kernel_autograd(q, k, v, causal: bool, backend: str) -> bool:
     chosen = dispatch.select_backend(q, k, v, causal=causal, backend=backend).backend
     if chosen == "reference" or chosen in registry.FORWARD_ONLY:
         return False
-    if torch._C._are_functorch_transforms_active():  # the op's autograd is not a torch.func one
-        raise NotImplementedError(f"backend {chosen}'s gradient is not available under torch.func transforms (grad, "
-                                  "vmap, jacrev, ...): use torch.autograd, or backend='reference' under torch.func")
     _backward.warn_pytorch_backward(chosen)
     return True
+
+
+def _transform(q, k, v) -> str | None:
+    """What a kernel launch would silently drop: an active torch.func transform (its wrapped tensors' batch
+    dimensions and tangents are not the kernel's memory, and the custom op's autograd is not a torch.func one), or
+    an input carrying a forward-mode tangent (``torch.autograd.forward_ad``); None for neither."""
+    if torch._C._are_functorch_transforms_active():
+        return "torch.func transforms (grad, vmap, jvp, jacrev, jacfwd, ...)"
+    if _FORWARD_AD._current_level >= 0 and any(_FORWARD_AD.unpack_dual(t).tangent is not None for t in (q, k, v)):
+        return "forward-mode AD (torch.autograd.forward_ad)"
+    return None
+
+
+def _check_transforms(q, k, v, causal: bool, backend: str) -> None:
+    """A kernel backend under `_transform` raises NotImplementedError in one line (it used to run, returning a zero
+    tangent or a wrong batch without a word); the reference backend is plain PyTorch and serves them all."""
+    transform = _transform(q, k, v)
+    if transform is None:
+        return
+    chosen = dispatch.select_backend(q, k, v, causal=causal, backend=backend).backend
+    if chosen != "reference":
+        raise NotImplementedError(f"backend {chosen} does not support {transform}: use torch.autograd's backward, "
+                                  "or backend='reference' under them")
 
 
 def _with_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, seqlens_k: torch.Tensor):
@@ -481,8 +502,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     PyTorch, query rows in memory-bounded chunks; no backward kernel: it warns once per backend, a
     ``dispatch.BackendFallbackWarning``); the reference backend keeps plain autograd. fa3-fp8 and the num_splits /
     pack_gqa options are forward only (NotImplementedError at the call; for fa3-fp8 through the op, i.e. under
-    torch.compile or with an nn.Parameter q, when the backward runs); under torch.func transforms only the reference
-    backend has a gradient. Source: Dao et al., FlashAttention (2022),
+    torch.compile or with an nn.Parameter q, when the backward runs). Under torch.func transforms (grad, vmap, jvp,
+    ...) and forward-mode AD (``torch.autograd.forward_ad``) only the reference backend runs; a kernel backend raises
+    NotImplementedError at the call. Source: Dao et al., FlashAttention (2022),
     Appendix B.2; Dao, FlashAttention-2 (2023), Algorithm 2.
 
     Non-finite values: an inf or NaN in Q, K or V at a position a row sees makes that row non-finite, as the
@@ -522,7 +544,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
             return attention(q, k, v, causal=causal, softmax_scale=softmax_scale, backend=backend,
                              return_lse=return_lse, seqlens_k=seqlens_k, num_splits=num_splits, pack_gqa=pack_gqa)
     if seqlens_k is None and num_splits is None and pack_gqa is None and not torch.compiler.is_compiling() \
-            and q.__class__ is torch.Tensor and return_lse.__class__ is bool:  # the fast path: a call of a kind seen before (dispatch_and_run)
+            and q.__class__ is torch.Tensor and return_lse.__class__ is bool \
+            and _FORWARD_AD._current_level < 0:  # the fast path: a call of a kind seen before (dispatch_and_run)
         plan = dispatch.PLANS.get(_call_key(q, k, v, causal, softmax_scale, backend))  # key None: not planned
         if plan is not None:
             if return_lse:
@@ -530,6 +553,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
             return plan(q, k, v, False)[0]  # its LSE in the stream's scratch, not allocated
     _check_inputs(q, k, v)
     scale = _check_options(causal, softmax_scale, backend, return_lse)
+    if not _tracing(q):
+        _check_transforms(q, k, v, causal, backend)
     if num_splits is not None or pack_gqa is not None:
         out, lse = _with_split_options(q, k, v, causal, scale, backend, num_splits, pack_gqa, seqlens_k)
     elif seqlens_k is not None:

@@ -249,11 +249,17 @@ def _nonfinite_keys(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]
     """(V with the rows of keys holding an inf/NaN zeroed, the indices of those keys); (v, None) if none.
 
     A key the mask hides from a row must contribute exactly 0 to it, even when V is inf or NaN there
-    (P = 0 times V = inf would be NaN in P V); such keys are added back by ``_masked_product``."""
+    (P = 0 times V = inf would be NaN in P V); such keys are added back by ``_masked_product``.
+    Under ``torch.func.vmap`` over K or V, whose values cannot steer Python, (v, None): there a hidden non-finite key
+    reaches the rows of its product as on the kernels (NaN; the guarantee holds outside vmap)."""
     if v.device.type == "meta":  # no values to look at (shapes only)
         return v, None
     bad = (~torch.isfinite(v)).flatten(2).any(dim=2).any(dim=0)  # (Nk,): a key with a non-finite V anywhere
-    if not bad.any():
+    try:
+        found = bool(bad.any())
+    except RuntimeError:  # a vmapped K / V: vmap refuses data-dependent control flow
+        return v, None
+    if not found:
         return v, None
     keys = bad.nonzero().squeeze(1)
     return v.index_fill(1, keys, 0), keys

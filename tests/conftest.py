@@ -158,9 +158,10 @@ def fake_gpu(monkeypatch):
     F16, BF16 = torch.float16, torch.bfloat16
     calls = []
 
-    def run(q, k, v, *, causal, softmax_scale):
+    def run(q, k, v, *, causal, softmax_scale):  # as a kernel: no graph or tangent through it, fresh outputs
         calls.append(dict(q=q, k=k, v=v, causal=causal, softmax_scale=softmax_scale))
-        return reference.run(q, k, v, causal=causal, softmax_scale=softmax_scale)
+        out, lse = reference.run(q.detach(), k.detach(), v.detach(), causal=causal, softmax_scale=softmax_scale)
+        return out.clone(), lse.clone()
 
     module = types.ModuleType("_fake_kernels.recording")
     module.VARIANT = Variant("fa3", archs=("sm_90a",), dtypes=(F16, BF16), head_dims=(16, 64, 128), runner=run)

@@ -3,6 +3,7 @@
 A recording fake kernel backend (monkeypatched capability sm_90) shows what ``attention`` hands a kernel:
 which calls launch, with which strides and scale. The reference backend gives the values.
 """
+import contextlib
 import dataclasses
 import math
 import sys
@@ -331,7 +332,7 @@ def test_kernel_gradient_under_torch_func_says_so(fake_gpu):
     """torch.func.grad over a kernel backend's call: one line naming torch.func and the way out (the op's autograd is
     not a torch.func one: torch's own error named neither); the reference backend works under it."""
     q, k, v = qkv(dtype=BF16)
-    with pytest.raises(NotImplementedError, match=r"^backend fa3's gradient is not available under torch.func"):
+    with pytest.raises(NotImplementedError, match=r"^backend fa3 does not support torch.func transforms .*'reference'"):
         torch.func.grad(lambda q: fa_variants.attention(q, k, v, causal=True).float().sum())(q)
     q64, k64, v64 = (t.double() for t in (q, k, v))
     g = torch.func.grad(lambda q: fa_variants.attention(q, k64, v64, causal=True, backend="reference").sum())(q64)
@@ -340,6 +341,106 @@ def test_kernel_gradient_under_torch_func_says_so(fake_gpu):
     g = torch.func.grad(lambda k: fa_variants.attention(q_param, k, v64, causal=True, backend="reference").sum())(k64)
     torch.testing.assert_close(g, torch.autograd.grad(
         fa_variants.attention(q64, k64.requires_grad_(True), v64, causal=True, backend="reference").sum(), k64)[0])
+
+
+@pytest.mark.parametrize("mode", ["pytorch", "flash"])
+def test_kernel_outputs_edited_in_place(fake_gpu, fresh_backward_warning, monkeypatch, mode):
+    """The caller edits out / lse in place before the backward (e.g. the -inf LSE of rows that see no key set to 0):
+    on a kernel backend under the default backward, as on the reference backend, the backward runs (the op keeps O
+    and LSE only for FA_VARIANTS_BACKWARD=flash, whose backward reads them: there torch refuses the edited tensor,
+    as for SDPA's saved output)."""
+    monkeypatch.setenv("FA_VARIANTS_BACKWARD", mode)
+    q, k, v = (t.requires_grad_(True) for t in qkv(nq=9, nk=5, heads=4, heads_kv=2, dtype=F16))
+    for edit in (lambda out, lse: lse.masked_fill_(lse == -math.inf, 0.0), lambda out, lse: out.mul_(0.5)):
+        out, lse = fa_variants.attention(q, k, v, causal=True, return_lse=True)
+        edit(out, lse)
+        loss = out.float().sum() + lse.sum()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", dispatch.BackendFallbackWarning)
+            if mode == "pytorch":
+                assert all(g.isfinite().all() for g in torch.autograd.grad(loss, (q, k, v)))
+            else:
+                with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+                    torch.autograd.grad(loss, (q, k, v))
+    assert len(fake_gpu) == 2
+
+
+def test_backward_warning_names_the_caller_and_obeys_error_filters(fake_gpu, fresh_backward_warning):
+    """The no-backward-kernel warning: under a filter that makes it an error, every call raises (it used to be marked
+    given before it was raised, so the second call ran without a word); traced, where it comes at the first backward,
+    at the caller's ``backward`` line (not torch's custom-op glue)."""
+    q, k, v = (t.requires_grad_(True) for t in qkv(dtype=BF16))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", dispatch.BackendFallbackWarning)
+        for _ in range(2):
+            with pytest.raises(dispatch.BackendFallbackWarning, match="backend fa3 has no backward kernel"):
+                fa_variants.attention(q, k, v)
+    dispatch.clear_cache()
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, k, v: fa_variants.attention(q, k, v).float().sum(), backend="aot_eager")
+    loss = compiled(q, k, v)
+    with pytest.warns(dispatch.BackendFallbackWarning, match="backend fa3 has no backward kernel") as record:
+        loss.backward()
+    assert [w.filename for w in record] == [__file__]
+    assert len(fake_gpu) == 1
+
+
+def test_kernel_backend_refuses_tangents_and_batches(fake_gpu):
+    """Forward-mode AD (a dual input, torch.func.jvp / jacfwd) and torch.func.vmap over a kernel backend: one line
+    at the call, nothing launched. A kernel writes fresh memory, so it used to return a zero tangent (or a result
+    without the batch) without a word; a dual input also took the planned fast path of a call kind seen before. The
+    reference backend serves them: its tangent is the float64 one."""
+    fwad = torch.autograd.forward_ad
+    q, k, v = qkv(nq=5, nk=7, heads=4, heads_kv=2, dtype=BF16)
+    fa_variants.attention(q, k, v)  # planned: the next call of this kind takes the fast path
+    assert len(fake_gpu) == 1
+    transforms = {
+        "forward_ad": lambda: fwad.unpack_dual(fa_variants.attention(fwad.make_dual(q, torch.ones_like(q)), k, v)),
+        "jvp": lambda: torch.func.jvp(lambda k: fa_variants.attention(q, k, v), (k,), (torch.ones_like(k),)),
+        "jacfwd": lambda: torch.func.jacfwd(lambda v: fa_variants.attention(q, k, v).float())(v),
+        "vmap": lambda: torch.func.vmap(lambda q: fa_variants.attention(q[None], k, v)[0])(q),
+    }
+    for name, call in transforms.items():
+        level = fwad.dual_level() if name == "forward_ad" else contextlib.nullcontext()  # jvp's are its own
+        with level, pytest.raises(NotImplementedError, match=r"^backend fa3 does not support (torch.func transforms|"
+                                                             r"forward-mode AD) .*'reference'"):
+            call()
+        assert len(fake_gpu) == 1, name
+    with fwad.dual_level():  # a dual level with no tangent on the inputs still runs the kernel
+        fa_variants.attention(q, k, v)
+    assert len(fake_gpu) == 2
+    q64, k64, v64 = (t.double() for t in (q, k, v))
+    tangent = torch.randn_like(q64)
+    with fwad.dual_level():
+        got = fwad.unpack_dual(fa_variants.attention(fwad.make_dual(q64, tangent), k64, v64, backend="reference"))
+    _, exact = torch.func.jvp(lambda q: _naive_attention(q, k64, v64), (q64,), (tangent,))
+    torch.testing.assert_close(got.tangent, exact)
+
+
+def _naive_attention(q, k, v):
+    """Plain attention of (batch, seqlen, heads, head_dim) tensors, GQA by repeating K / V (a test's yardstick)."""
+    group = q.shape[2] // k.shape[2]
+    k, v = (t.repeat_interleave(group, dim=2) for t in (k, v))
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(q.shape[-1])
+    return torch.einsum("bhqk,bkhd->bqhd", s.softmax(-1), v)
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["one-chunk", "row-chunks"])
+def test_reference_under_torch_func_vmap_over_kv(monkeypatch, chunked):
+    """torch.func.vmap over K and V (and over q, K and V; per-sample gradients of K) on the reference backend: the
+    loop's results. Its check for non-finite keys looked at the values in Python, which vmap refuses."""
+    if chunked:
+        monkeypatch.setattr(reference, "_MAX_SCORE_ELEMENTS", 2 * 4 * 13)
+    qs, ks, vs = (torch.randn(3, 7 if i == 0 else 13, 4 if i == 0 else 2, 16, dtype=torch.float64) for i in range(3))
+    run = lambda q, k, v: fa_variants.attention(q[None], k[None], v[None], causal=True,  # noqa: E731
+                                                backend="reference")[0]
+    loop = torch.stack([run(*t) for t in zip(qs, ks, vs)])
+    torch.testing.assert_close(torch.func.vmap(run)(qs, ks, vs), loop)
+    torch.testing.assert_close(torch.func.vmap(run, in_dims=(None, 0, 0))(qs[0], ks, vs),
+                               torch.stack([run(qs[0], k, v) for k, v in zip(ks, vs)]))
+    loss = lambda k, q, v: run(q, k, v).square().sum()  # noqa: E731
+    torch.testing.assert_close(torch.func.vmap(torch.func.grad(loss))(ks, qs, vs),
+                               torch.stack([torch.func.grad(loss)(*t) for t in zip(ks, qs, vs)]))
 
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["one-chunk", "row-chunks"])
