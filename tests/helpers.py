@@ -166,11 +166,14 @@ def exact_grads(q, k, v, grad_out, **kwargs):
 def assert_grads_within_rule(got, baseline, exact):
     """The tolerance rule for gradients: each of got's (baseline's dtype, exact's shape) within 2x the error of
     ``baseline``'s (a PyTorch computation of the same gradients on the same 16-bit inputs) against ``exact``
-    (float64), plus 1e-3 of exact's largest value."""
+    (float64), plus a floor of 1e-3 of the largest exact gradient of the three (not of its own: where dQ and dK are
+    exactly 0, as with one key, a fused backward's float32 rounding of dP - rowsum(dO O) is ~1e-7 while the
+    PyTorch maths cancel to 0)."""
+    floor = 1e-3 * max(e.abs().max().item() if e.numel() else 0.0 for e in exact)
     for name, g, r, e in zip("qkv", got, baseline, exact):
         assert g.dtype == r.dtype and g.shape == e.shape, name
         err, ref_err = (g.double() - e).abs().max().item(), (r.double() - e).abs().max().item()
-        assert err <= 2 * ref_err + 1e-3 * e.abs().max().item(), (name, err, ref_err)
+        assert err <= 2 * ref_err + floor, f"d{name}: {err:.3g} vs PyTorch in {r.dtype}: {ref_err:.3g}"
 
 
 def assert_backward_mode_keeps_pytorch(monkeypatch, mode: str, cases) -> None:

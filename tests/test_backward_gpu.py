@@ -19,7 +19,7 @@ import torch
 import fa_variants
 from fa_variants import dispatch, reference
 from fa_variants.integrations import backward
-from helpers import lengths_loss_grads, make_qkv, padded_kv_cache
+from helpers import assert_grads_within_rule, lengths_loss_grads, make_qkv, padded_kv_cache
 
 pytestmark = pytest.mark.gpu
 
@@ -78,24 +78,24 @@ def test_kernel_gradients_within_the_rule(gpu_variant, monkeypatch, mode, backen
     assert calls == ({f"{mode}_backward": 1} if fused else {}), calls
     same = _grads(q, k, v, grad_out, dtype, backend=backend, causal=causal)
     exact = _grads(q, k, v, grad_out, torch.float64, backend=backend, causal=causal)
-    for name, g, s, e in zip("qkv", got, same, exact):
+    for name, g in zip("qkv", got):
         assert g.dtype == dtype and g.isfinite().all(), name
-        err, torch_err = (g.double() - e).abs().max().item(), (s.double() - e).abs().max().item()
-        floor = 1e-3 * max(e.abs().max().item(), 1e-6)
-        assert err <= 2 * torch_err + floor, f"d{name}: {err:.3g} vs PyTorch in {dtype}: {torch_err:.3g}"
+    assert_grads_within_rule(got, same, exact)
 
 
 @pytest.mark.parametrize("backend", ["fa3", "fa2", "fa1"])
 def test_kernel_gradients_with_seqlens_k(gpu_variant, backend):
     """A padded KV cache (NaN past each length, lengths 0 and 1 among them), causal, GQA 8:2, a gradient through the
-    LSE too: the kernel forward, then each sequence's gradients from its own keys (finite; 0 past its length), the
-    same as the reference backend's autograd (the same float32 maths: bf16's default tolerance)."""
+    LSE too: the kernel forward, then each sequence's gradients from its own keys (finite; 0 past its length), within
+    the rule against float64 (the reference backend's autograd on the same bf16 inputs the baseline: the same float32
+    maths, but the loss's upstream gradient 2 out differs by out's rounding, kernel or PyTorch, so not bit for bit)."""
     gpu_variant(backend)
     q, k, v, lengths = padded_kv_cache([0, 1, 113, 300], 37, 300, 8, 2, 128, dtype=torch.bfloat16, device="cuda")
     grads = [lengths_loss_grads(q, k, v, lengths, name) for name in (backend, "reference")]
-    for g, r in zip(*grads):
+    exact = lengths_loss_grads(*(t.double() for t in (q, k, v)), lengths, "reference")
+    for g in grads[0]:
         assert g.isfinite().all()
-        torch.testing.assert_close(g, r)
+    assert_grads_within_rule(*grads, exact)
     dk, dv = grads[0][1], grads[0][2]
     for b, n in enumerate(lengths.tolist()):
         assert not dk[b, n:].any() and not dv[b, n:].any()
