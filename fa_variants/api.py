@@ -498,9 +498,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         reference backend they stay connected to the inputs for autograd, with zero gradients).
 
     Gradients: with grad mode on and an input that requires grad, a kernel backend's call runs its forward kernel
-    through the custom op, whose backward is ``reference.run_backward`` (the gradient of exact attention in float32
-    PyTorch, query rows in memory-bounded chunks; no backward kernel: it warns once per backend, a
-    ``dispatch.BackendFallbackWarning``); the reference backend keeps plain autograd. fa3-fp8 and the num_splits /
+    through the custom op, whose backward is PyTorch's (``integrations.backward.kernel_backward``: by default SDPA's
+    fused backward eagerly and PyTorch's FlashAttention-2 backward kernel traced, where the loss uses O alone; else
+    ``reference.run_backward``, the gradient of exact attention in float32 PyTorch, query rows in memory-bounded
+    chunks; no backward kernel of its own: it warns once per backend, a ``dispatch.BackendFallbackWarning``); the
+    reference backend keeps plain autograd. fa3-fp8 and the num_splits /
     pack_gqa options are forward only (NotImplementedError at the call; for fa3-fp8 through the op, i.e. under
     torch.compile or with an nn.Parameter q, when the backward runs). Under torch.func transforms (grad, vmap, jvp,
     ...) and forward-mode AD (``torch.autograd.forward_ad``) only the reference backend runs; a kernel backend raises

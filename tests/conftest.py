@@ -174,3 +174,22 @@ def fake_gpu(monkeypatch):
     dispatch.clear_cache()
     yield calls
     dispatch.clear_cache()
+
+
+@pytest.fixture
+def fused_on_cpu(monkeypatch, fake_gpu):
+    """The fused backwards (``integrations.backward``, FA_VARIANTS_BACKWARD=sdpa / flash) let onto the CPU for the fake
+    sm_90 (`fake_gpu`), ``helpers.flash_backward_stand_in`` in the FlashAttention-2 backward kernel's place (CUDA only).
+    Yields the list of the stand-in's calls (the arguments it got)."""
+    from fa_variants.integrations import backward
+    from helpers import flash_backward_stand_in
+
+    calls = []
+
+    def record(*args, **kwargs):
+        calls.append((args, kwargs))
+        return flash_backward_stand_in(*args, **kwargs)
+
+    monkeypatch.setattr(backward, "FUSED_DEVICES", ("cpu",))
+    monkeypatch.setattr(backward, "FLASH_BACKWARD_OP", record)
+    return calls

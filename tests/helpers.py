@@ -417,3 +417,29 @@ def collected_ids(*args: str) -> list[str]:
     run = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     return [line for line in run.stdout.splitlines() if "::" in line]
+
+
+def flash_backward_stand_in(grad_out, q, k, v, out, lse, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, causal, rng_state,
+              unused, *, scale):
+    """FlashAttention-2's backward from its contract, in float32: P = exp(scale Q K^T - LSE) (masked bottom-right
+    when causal), dV = P^T dO, dS = P (dO V^T - rowsum(dO O)), dQ = scale dS K, dK = scale dS^T Q, dK and dV summed
+    over each KV head's query heads; outputs in q's dtype, shapes of q, k, v."""
+    assert cum_seq_q is None and cum_seq_k is None and dropout_p == 0.0
+    batch, heads, seqlen_q, head_dim = q.shape
+    heads_kv, seqlen_k = k.shape[1], k.shape[2]
+    assert (max_q, max_k) == (seqlen_q, seqlen_k) and out.shape == q.shape == grad_out.shape
+    assert lse.shape == (batch, heads, seqlen_q) and lse.dtype == torch.float32 and lse.is_contiguous()
+    assert all(t.stride(-1) == 1 for t in (grad_out, q, k, v, out))  # the kernel's one layout rule
+    group = heads // heads_kv
+    kf, vf = (t.float().repeat_interleave(group, dim=1) for t in (k, v))
+    s = scale * q.float() @ kf.transpose(-1, -2)
+    if causal:
+        rows, cols = torch.arange(seqlen_q)[:, None], torch.arange(seqlen_k)[None, :]
+        s = s.masked_fill(cols > rows + seqlen_k - seqlen_q, float("-inf"))
+    p = torch.exp(s - lse[..., None])
+    d_out = grad_out.float()
+    dv = p.transpose(-1, -2) @ d_out
+    ds = p * (d_out @ vf.transpose(-1, -2) - (d_out * out.float()).sum(-1, keepdim=True))
+    dq, dk = scale * ds @ kf, scale * ds.transpose(-1, -2) @ q.float()
+    dk, dv = (t.view(batch, heads_kv, group, seqlen_k, head_dim).sum(2) for t in (dk, dv))
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)

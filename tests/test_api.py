@@ -228,8 +228,9 @@ def test_kernel_backends_have_a_pytorch_backward(fake_gpu, fresh_backward_warnin
 
 
 @pytest.fixture
-def sdpa_backward_calls(monkeypatch):
-    """FA_VARIANTS_BACKWARD=sdpa, and a list of the calls of ``backward.sdpa_backward`` (which then runs)."""
+def sdpa_backward_calls(monkeypatch, fused_on_cpu):
+    """FA_VARIANTS_BACKWARD=sdpa on the fake sm_90 with the fused backwards let onto the CPU (conftest's
+    `fused_on_cpu`), and a list of the calls of ``backward.sdpa_backward`` (which then runs)."""
     from fa_variants.integrations import backward
     calls, real = [], backward.sdpa_backward
     monkeypatch.setenv("FA_VARIANTS_BACKWARD", "sdpa")
@@ -256,28 +257,29 @@ def test_sdpa_backward_within_the_rule(fake_gpu, fresh_backward_warning, sdpa_ba
     assert_grads_within_rule(got, ours, exact)
 
 
-def test_sdpa_backward_not_traced_nor_for_second_derivatives(fake_gpu, fresh_backward_warning, sdpa_backward_calls,
-                                                             monkeypatch):
-    """FA_VARIANTS_BACKWARD=sdpa serves eager backwards only: traced (fullgraph, aot_eager) the backward is the opaque
-    PyTorch-backward op (inside an op autograd records nothing, so SDPA's backward cannot run there), with the eager
-    gradients to bf16's tolerance; a backward with create_graph keeps the PyTorch backward too (its plain ops carry
-    the second derivative; SDPA's recomputation starts from detached leaves)."""
+def test_sdpa_mode_traced_takes_flash_and_create_graph_keeps_pytorch(fake_gpu, fresh_backward_warning,
+                                                                     sdpa_backward_calls, fused_on_cpu):
+    """FA_VARIANTS_BACKWARD=sdpa (the default) serves eager backwards only: traced (fullgraph, aot_eager) the backward
+    is the opaque op, inside which autograd records nothing, so SDPA's backward cannot run there and the flash kernel
+    (here its stand-in) serves, fed the O and LSE the traced forward kept, the gradients within the rule; a backward
+    with create_graph keeps the PyTorch backward (its plain ops carry the second derivative; SDPA's recomputation
+    starts from detached leaves)."""
     q, k, v = qkv(batch=2, nq=9, nk=12, heads=4, heads_kv=2, d=64, dtype=BF16)
-    fn = lambda q, k, v: fa_variants.attention(q, k, v, causal=True).float().square().sum()  # noqa: E731
+    grad_out = torch.randn(q.shape, dtype=BF16)
+    fn = lambda q, k, v: fa_variants.attention(q, k, v, causal=True)  # noqa: E731
     torch._dynamo.reset()
-    grads = []
-    for run, mode in ((torch.compile(fn, fullgraph=True, backend="aot_eager"), "sdpa"), (fn, "pytorch")):
-        monkeypatch.setenv("FA_VARIANTS_BACKWARD", mode)
-        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-        grads.append(torch.autograd.grad(run(*leaves), leaves))
-    for g, e in zip(*grads):
-        torch.testing.assert_close(g, e)
-    monkeypatch.setenv("FA_VARIANTS_BACKWARD", "sdpa")
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-    (dq,) = torch.autograd.grad(fn(*leaves), leaves[:1], create_graph=True)
+    got = torch.autograd.grad(torch.compile(fn, fullgraph=True, backend="aot_eager")(*leaves), leaves, grad_out)
+    assert len(fused_on_cpu) == 1 and sdpa_backward_calls == []
+    ref_leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    same = torch.autograd.grad(reference.attention_reference(*ref_leaves, causal=True, dtype=BF16)[0], ref_leaves,
+                               grad_out)
+    assert_grads_within_rule(got, same, exact_grads(q, k, v, grad_out, causal=True))
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    (dq,) = torch.autograd.grad(fn(*leaves).float().square().sum(), leaves[:1], create_graph=True)
     assert dq.grad_fn is not None and sdpa_backward_calls == []
-    torch.autograd.grad(fn(*leaves), leaves)
-    assert len(sdpa_backward_calls) == 1  # eagerly, without create_graph
+    torch.autograd.grad(fn(*leaves).float().square().sum(), leaves)
+    assert len(sdpa_backward_calls) == 1 and len(fused_on_cpu) == 1  # eagerly, without create_graph: SDPA's
 
 
 def test_sdpa_backward_only_where_it_applies(fake_gpu, fresh_backward_warning, sdpa_backward_calls, monkeypatch):

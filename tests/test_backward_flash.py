@@ -1,7 +1,7 @@
 """FA_VARIANTS_BACKWARD=flash on the CPU: the plumbing around PyTorch's FlashAttention-2 backward kernel.
 
 The kernel (``aten._scaled_dot_product_flash_attention_backward``) runs on CUDA only. Here a stand-in written from
-its contract takes its place (`flash_stand_in`: (batch, heads, seqlen, head_dim) views, our forward's O and
+its contract takes its place (helpers.flash_backward_stand_in: (batch, heads, seqlen, head_dim) views, our forward's O and
 natural-log LSE, GQA with fewer KV heads, bottom-right causal, no dropout), so that what ``backward.flash_backward``
 hands the kernel, where the mode applies and where it does not, and the traced path, are tested without a GPU;
 tests/test_backward_gpu.py runs the kernel itself.
@@ -20,46 +20,11 @@ BF16 = torch.bfloat16
 pytestmark = pytest.mark.filterwarnings("ignore::fa_variants.dispatch.BackendFallbackWarning")
 
 
-def _stand_in(grad_out, q, k, v, out, lse, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, causal, rng_state,
-              unused, *, scale):
-    """FlashAttention-2's backward from its contract, in float32: P = exp(scale Q K^T - LSE) (masked bottom-right
-    when causal), dV = P^T dO, dS = P (dO V^T - rowsum(dO O)), dQ = scale dS K, dK = scale dS^T Q, dK and dV summed
-    over each KV head's query heads; outputs in q's dtype, shapes of q, k, v."""
-    assert cum_seq_q is None and cum_seq_k is None and dropout_p == 0.0
-    batch, heads, seqlen_q, head_dim = q.shape
-    heads_kv, seqlen_k = k.shape[1], k.shape[2]
-    assert (max_q, max_k) == (seqlen_q, seqlen_k) and out.shape == q.shape == grad_out.shape
-    assert lse.shape == (batch, heads, seqlen_q) and lse.dtype == torch.float32 and lse.is_contiguous()
-    assert all(t.stride(-1) == 1 for t in (grad_out, q, k, v, out))  # the kernel's one layout rule
-    group = heads // heads_kv
-    kf, vf = (t.float().repeat_interleave(group, dim=1) for t in (k, v))
-    s = scale * q.float() @ kf.transpose(-1, -2)
-    if causal:
-        rows, cols = torch.arange(seqlen_q)[:, None], torch.arange(seqlen_k)[None, :]
-        s = s.masked_fill(cols > rows + seqlen_k - seqlen_q, float("-inf"))
-    p = torch.exp(s - lse[..., None])
-    d_out = grad_out.float()
-    dv = p.transpose(-1, -2) @ d_out
-    ds = p * (d_out @ vf.transpose(-1, -2) - (d_out * out.float()).sum(-1, keepdim=True))
-    dq, dk = scale * ds @ kf, scale * ds.transpose(-1, -2) @ q.float()
-    dk, dv = (t.view(batch, heads_kv, group, seqlen_k, head_dim).sum(2) for t in (dk, dv))
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
-
-
 @pytest.fixture
-def flash_stand_in(monkeypatch, fake_gpu):
-    """FA_VARIANTS_BACKWARD=flash on the fake sm_90 (conftest's fake fa3), the CPU let in, `_stand_in` in the kernel's
-    place. Yields the list of its calls (the arguments it got)."""
-    calls = []
-
-    def record(*args, **kwargs):
-        calls.append((args, kwargs))
-        return _stand_in(*args, **kwargs)
-
+def flash_stand_in(monkeypatch, fused_on_cpu):
+    """FA_VARIANTS_BACKWARD=flash on the fake sm_90 (conftest's `fused_on_cpu`): the list of the stand-in's calls."""
     monkeypatch.setenv("FA_VARIANTS_BACKWARD", "flash")
-    monkeypatch.setattr(backward, "FLASH_DEVICES", ("cpu",))
-    monkeypatch.setattr(backward, "FLASH_BACKWARD_OP", record)
-    return calls
+    return fused_on_cpu
 
 
 @pytest.mark.parametrize("nq, nk, heads_kv, causal, scale", [
@@ -147,3 +112,16 @@ def test_flash_backward_under_torch_compile(flash_stand_in):
     assert len(flash_stand_in) == 2
     for g, e in zip(*grads):
         torch.testing.assert_close(g, e)
+
+
+def test_default_mode_is_sdpa_and_the_cpu_keeps_pytorch(fake_gpu, monkeypatch):
+    """FA_VARIANTS_BACKWARD unset: ``sdpa`` (session 42's H100 measurement: 1.20-1.31x SDPA's training step, flash
+    1.40-1.63x, the PyTorch backward 22-36x). The fused backwards serve the kernel backends' devices (CUDA) only: a
+    fake kernel on the CPU gets the PyTorch backward, bit for bit, and the forward keeps no O / LSE eagerly."""
+    monkeypatch.delenv("FA_VARIANTS_BACKWARD", raising=False)
+    assert backward.mode() == "sdpa" and backward.BACKWARDS[0] == "sdpa"
+    assert not backward.keeps_outputs(eager=True) and backward.keeps_outputs(eager=False)
+    q, k, v = make_qkv(2, 9, 12, 4, 2, 64, dtype=BF16)
+    monkeypatch.setattr(backward, "sdpa_backward", lambda *a: pytest.fail("SDPA's backward on the CPU"))
+    monkeypatch.setattr(backward, "FLASH_BACKWARD_OP", lambda *a, **kw: pytest.fail("the flash kernel on the CPU"))
+    assert_backward_mode_keeps_pytorch(monkeypatch, "sdpa", [(dict(causal=True), (q, k, v))])

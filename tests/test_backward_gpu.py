@@ -124,15 +124,16 @@ def test_backward_memory_is_bounded_by_the_chunks(gpu_variant):
         torch.testing.assert_close(g, f)
 
 
-@pytest.mark.parametrize("mode", ["pytorch", "flash"])
+@pytest.mark.parametrize("mode", ["pytorch", "flash", "sdpa"])
 def test_kernel_gradients_under_torch_compile(gpu_variant, monkeypatch, mode):
     """torch.compile(fullgraph=True) over a call whose inputs require grad: the kernel op and the backward op in the
-    graph, the same gradients as eagerly; with FA_VARIANTS_BACKWARD=flash a loss of out alone (the LSE's gradient
-    None) takes the flash kernel inside the traced backward op too."""
+    graph, the same gradients as eagerly (bf16's tolerance); with FA_VARIANTS_BACKWARD=flash a loss of out alone (the
+    LSE's gradient None) takes the flash kernel inside the traced backward op too, and with sdpa (the default) the
+    flash kernel traced, SDPA's backward eagerly."""
     backend = "fa3" if dispatch.device_capability(torch.device("cuda")) >= (9, 0) else "fa2"
     gpu_variant(backend)
     monkeypatch.setenv("FA_VARIANTS_BACKWARD", mode)
-    calls = _counted(monkeypatch, "flash_backward")
+    calls = _counted(monkeypatch, "flash_backward", "sdpa_backward")
     q, k, v = make_qkv(2, 257, 300, 8, 2, 128, dtype=torch.bfloat16, device="cuda")
 
     def loss(q, k, v):
@@ -146,6 +147,7 @@ def test_kernel_gradients_under_torch_compile(gpu_variant, monkeypatch, mode):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", dispatch.BackendFallbackWarning)
             grads.append(torch.autograd.grad(run(*leaves), leaves))
-    assert calls == ({"flash_backward": 2} if mode == "flash" else {})  # compiled and eager
+    expected = {"pytorch": {}, "flash": {"flash_backward": 2}, "sdpa": {"flash_backward": 1, "sdpa_backward": 1}}
+    assert calls == expected[mode]  # compiled, then eager
     for g, e in zip(*grads):
         torch.testing.assert_close(g, e)

@@ -1,30 +1,41 @@
 """The kernel backends' backward: which function computes (dQ, dK, dV) of a call that went through the custom op.
 
-The forward kernels (fa3, fa2, fa1) have no backward kernel of their own. ``FA_VARIANTS_BACKWARD`` (read at each
-backward; ``flash`` also at the forward, which keeps O and LSE for it only) picks what serves their gradients:
+The forward kernels (fa3, fa2, fa1) have no backward kernel of their own. ``FA_VARIANTS_BACKWARD`` (read at the
+forward, which keeps O and LSE for the modes that use them, and at each backward) picks what serves their gradients:
 
-* ``pytorch`` (default): ``reference.run_backward`` (plain PyTorch, float32 maths, query rows in memory-bounded
-  chunks) for every gradient; the only one with the LSE's gradient, per-sequence KV lengths and second derivatives;
+* ``sdpa`` (default since session 42): eagerly, the forward recomputed by ``scaled_dot_product_attention`` under
+  autograd and its fused backward taken (`sdpa_backward`, where `sdpa_applies`); inside a traced backward (torch.compile),
+  where autograd records nothing, the ``flash`` path below;
 * ``flash``: PyTorch's FlashAttention-2 backward kernel (``aten._scaled_dot_product_flash_attention_backward``)
   fed our forward's O and LSE (`flash_backward`; eager and traced; where `flash_applies`);
-* ``sdpa``: the forward recomputed by ``scaled_dot_product_attention`` under autograd and its fused backward taken
-  (`sdpa_backward`; eager only; where `sdpa_applies`).
+* ``pytorch``: ``reference.run_backward`` (plain PyTorch, float32 maths, query rows in memory-bounded chunks) for
+  every gradient; the only one with the LSE's gradient, per-sequence KV lengths and second derivatives, so it serves
+  whatever the fused modes do not take, in every mode.
 
-Where the chosen mode does not apply, ``pytorch`` serves. ``flash`` and ``sdpa`` are A/B candidates: the default
-moves only on a GPU measurement (scripts/backward_gpu.sh holds the rule).
+Measured on an H100 (session 42, bf16, B x N = 16k, H x D = 2048, a forward + backward step against SDPA's):
+``sdpa`` 1.20-1.31x SDPA's time, ``flash`` 1.40-1.63x, ``pytorch`` 22-36x (bench/NOTES.md "Session 42").
 """
 from __future__ import annotations
 
 import torch
 
 #: FA_VARIANTS_BACKWARD's choices (the first is the default)
-BACKWARDS = ("pytorch", "flash", "sdpa")
+BACKWARDS = ("sdpa", "flash", "pytorch")
 
-#: the devices whose PyTorch build has the FlashAttention-2 backward kernel (CUDA builds, sm80 and newer)
-FLASH_DEVICES = ("cuda",)
+#: the devices the fused backwards serve: those of the kernel backends (CUDA; PyTorch's FlashAttention-2 backward
+#: kernel exists on its CUDA builds, sm80 and newer). Elsewhere (a test's fake kernel on the CPU) ``pytorch`` serves.
+FUSED_DEVICES = ("cuda",)
 #: that kernel's op: (grad_out, q, k, v, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
 #: philox_seed, philox_offset, *, scale) -> (dq, dk, dv), tensors (batch, heads, seqlen, head_dim)
 FLASH_BACKWARD_OP = torch.ops.aten._scaled_dot_product_flash_attention_backward
+
+
+def keeps_outputs(eager: bool) -> bool:
+    """Whether the forward keeps O and LSE for the backward: where `kernel_backward` may take `flash_backward`
+    (``flash``; ``sdpa`` when traced). Not otherwise: they would hold memory until the backward, and the caller's
+    in-place edit of them would fail it (the reference backend allows that edit)."""
+    wanted = mode()
+    return wanted == "flash" or (wanted == "sdpa" and not eager)
 
 
 def mode() -> str:
@@ -39,9 +50,9 @@ def warn_pytorch_backward(backend: str) -> None:
     forward call that needs its gradient when eager (``api._kernel_autograd``), else at the first backward."""
     from fa_variants import dispatch
 
-    dispatch.warn_once(("backward", backend), f"backend {backend} has no backward kernel: its gradients run in "
-                       f"PyTorch (FA_VARIANTS_BACKWARD={mode()}: see fa_variants.integrations.backward), slower than "
-                       "a fused backward kernel of its own")
+    dispatch.warn_once(("backward", backend), f"backend {backend} has no backward kernel: its gradients run on "
+                       f"PyTorch's (FA_VARIANTS_BACKWARD={mode()}: see fa_variants.integrations.backward), slower "
+                       "than a fused backward kernel of its own")
 
 
 def kernel_backward(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, causal: bool, softmax_scale: float | None,
@@ -49,8 +60,9 @@ def kernel_backward(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, causal: bo
     """(dq, dk, dv) of a call's (out, lse) for the upstream gradients (either may be None: that output got none;
     out / lse None: not kept), with no autograd recorded but ``reference.run_backward``'s plain ops (a backward with
     create_graph differentiates those). On a kernel backend, a loss of out alone (grad_lse None, no ``seqlens_k``)
-    takes FA_VARIANTS_BACKWARD's fused mode where it applies (`flash_applies`; `sdpa_applies` and ``eager``: not
-    inside a traced opaque op, where autograd records nothing); everything else ``reference.run_backward``. A
+    takes FA_VARIANTS_BACKWARD's fused mode where it applies: ``sdpa`` eagerly where `sdpa_applies`; ``flash``, and
+    ``sdpa`` when not ``eager`` (inside a traced opaque op autograd records nothing), where `flash_applies` and the
+    forward kept out and lse; everything else ``reference.run_backward``. A
     ``registry.FORWARD_ONLY`` backend raises NotImplementedError; a kernel backend warns once
     (`warn_pytorch_backward`)."""
     from fa_variants import dispatch, reference, registry
@@ -63,11 +75,11 @@ def kernel_backward(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, causal: bo
     if chosen != "reference":
         warn_pytorch_backward(chosen)  # an eager forward warned already, at the caller's line
         fused, wanted = grad_out is not None and grad_lse is None and seqlens_k is None, mode()
-        if fused and wanted == "flash" and out is not None and lse is not None \
-                and flash_applies(q, k, causal, softmax_scale):
-            return flash_backward(grad_out, q, k, v, out, lse, causal, softmax_scale)
         if fused and wanted == "sdpa" and eager and sdpa_applies(q, k, causal, softmax_scale):
             return sdpa_backward(grad_out, q, k, v, causal, softmax_scale)
+        if fused and wanted != "pytorch" and out is not None and lse is not None \
+                and flash_applies(q, k, causal, softmax_scale):
+            return flash_backward(grad_out, q, k, v, out, lse, causal, softmax_scale)
     if grad_out is None:
         grad_out = torch.zeros_like(q)
     if grad_lse is None:
@@ -86,9 +98,9 @@ def _scale(q: torch.Tensor, softmax_scale: float | None) -> float:
 
 def _fused_applies(q: torch.Tensor, k: torch.Tensor, causal: bool) -> bool:
     """What every fused backward here needs: no create_graph (grad mode off in the backward: their kernels have no
-    derivative of their own), 16-bit inputs, rows and keys, and no causal row without a key (seqlen_q <= seqlen_k:
-    such a row's LSE is -inf, which the fused kernels do not take)."""
-    if torch.is_grad_enabled():
+    derivative of their own), q on a device of `FUSED_DEVICES`, 16-bit inputs, rows and keys, and no causal row
+    without a key (seqlen_q <= seqlen_k: such a row's LSE is -inf, which the fused kernels do not take)."""
+    if torch.is_grad_enabled() or q.device.type not in FUSED_DEVICES:
         return False
     if q.dtype not in (torch.float16, torch.bfloat16) or q.numel() == 0 or k.shape[1] == 0:
         return False
@@ -107,9 +119,9 @@ def _fused_scale(scale: float) -> bool:
 
 
 def flash_applies(q: torch.Tensor, k: torch.Tensor, causal: bool, softmax_scale: float | None) -> bool:
-    """Whether `flash_backward` serves: `_fused_applies`, q on a device of `FLASH_DEVICES`, head_dim a multiple of 8
+    """Whether `flash_backward` serves: `_fused_applies` (q on a device of `FUSED_DEVICES`), head_dim a multiple of 8
     up to 256 (the kernel's checks), and softmax_scale within `_fused_scale`."""
-    return (_fused_applies(q, k, causal) and q.device.type in FLASH_DEVICES and q.shape[-1] % 8 == 0
+    return (_fused_applies(q, k, causal) and q.shape[-1] % 8 == 0
             and q.shape[-1] <= 256 and _fused_scale(_scale(q, softmax_scale)))
 
 

@@ -18,9 +18,9 @@ dtype (bfloat16 for e4m3: ``api.output_dtype``), lse float32 contiguous (batch, 
 ``fa_variants::attention_seqlens_k(Tensor q, Tensor k, Tensor v, Tensor seqlens_k, bool causal, float?
 softmax_scale, str backend) -> (Tensor out, Tensor lse)``.
 
-Autograd (both ops): the backward is ``integrations.backward.kernel_backward`` (by default the reference
-backend's ``reference.run_backward``, plain PyTorch, float32 maths, query rows in memory-bounded chunks;
-``FA_VARIANTS_BACKWARD`` picks a fused one where it applies): traced, in a second opaque op,
+Autograd (both ops): the backward is ``integrations.backward.kernel_backward`` (``FA_VARIANTS_BACKWARD``: by default
+SDPA's fused backward eagerly and PyTorch's FlashAttention-2 backward kernel traced, where they apply; else the
+reference backend's ``reference.run_backward``, plain PyTorch, float32 maths, query rows in memory-bounded chunks): traced, in a second opaque op,
 ``fa_variants::attention_reference_backward``; eagerly (a call whose inputs require grad comes through the op)
 called directly, so that a second derivative exists. It is the gradient of exact attention, which every backend's
 forward computes but the FP8 one (``registry.FORWARD_ONLY``: a backward through it raises NotImplementedError when
@@ -127,11 +127,15 @@ def _reference_backward_fake(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, c
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
 
 
+def _eager(q) -> bool:
+    """Whether the op's autograd runs eagerly (plain tensors or Parameters, not traced), not inside torch.compile's
+    or torch.export's tracing."""
+    return (type(q) is torch.Tensor or type(q) is torch.nn.Parameter) and not torch.compiler.is_compiling()
+
+
 def _setup_context(ctx, inputs, output):
     q, k, v, causal, softmax_scale, backend = inputs
-    # out and lse only for FA_VARIANTS_BACKWARD=flash, whose backward starts from them: kept otherwise, they held
-    # memory until the backward and made the caller's in-place edit of them fail it (as the reference backend allows)
-    kept = output if backward.mode() == "flash" else (None, None)
+    kept = output if backward.keeps_outputs(_eager(q)) else (None, None)  # for the flash backward only
     ctx.save_for_backward(q, k, v, *kept)
     ctx.causal, ctx.softmax_scale, ctx.backend = causal, softmax_scale, backend
     ctx.set_materialize_grads(False)  # an output the loss does not use gets None (the fused backwards need to know)
@@ -147,8 +151,7 @@ def _backward_of(ctx, grad_out, grad_lse, q, k, v, out, lse, seqlens_k):
     """(dq, dk, dv) for either op's backward (``backward.kernel_backward``): eagerly (a Parameter's call, and a kernel
     backend's call that needs a gradient, come here) called directly, so that its plain ops are recorded under
     create_graph and a second derivative exists; traced, one opaque node (which has no backward of its own)."""
-    eager = (type(q) is torch.Tensor or type(q) is torch.nn.Parameter) and not torch.compiler.is_compiling()
-    if eager:
+    if _eager(q):
         return backward.kernel_backward(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, ctx.causal,
                                         ctx.softmax_scale, ctx.backend, eager=True)
     return reference_backward_op(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, ctx.causal, ctx.softmax_scale,
