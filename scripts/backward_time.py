@@ -3,8 +3,9 @@
     python3 scripts/backward_time.py --out $OUT/backward      # ~1-2 min on an H100 / H200
     python3 scripts/backward_time.py --plan                   # the shapes and entries (no GPU needed)
 
-The kernel backends have forward kernels only; a call whose inputs require grad gets ``reference.run_backward``'s
-gradients (float32 PyTorch, query rows in chunks). This times, per shape (bf16, B x N = 16k, H x D = 2048, GQA
+The kernel backends have forward kernels only; a call whose inputs require grad gets PyTorch's backward
+(``integrations.backward``: a fused one where it applies, else ``reference.run_backward``, float32 PyTorch, query
+rows in chunks). This times, per shape (bf16, B x N = 16k, H x D = 2048, GQA
 none), one training step's attention: the forward with inputs that require grad and ``autograd.grad`` of it,
 synchronised, for
 
@@ -13,13 +14,15 @@ synchronised, for
                 forward's O and LSE (``integrations.backward.flash_backward``);
 * ``ours-sdpabwd``  the same with ``FA_VARIANTS_BACKWARD=sdpa``: the backward recomputes the forward with SDPA and
                 takes SDPA's fused backward (``integrations.backward.sdpa_backward``);
+* ``ours-cudnnbwd``  the same with ``FA_VARIANTS_BACKWARD=cudnn``: cuDNN's fused backward on our forward's O and
+                LSE (``integrations.backward.cudnn_backward``; the flash kernel where cuDNN does not apply);
 * ``sdpa``      ``torch.nn.functional.scaled_dot_product_attention`` (PyTorch's choice: flash / cuDNN) + its
                 fused backward;
 * ``ours-fwd``  our forward alone under ``torch.no_grad()`` (what the backward adds is ours - ours-fwd).
 
 Protocol: one warm-up step of each entry (compiles, allocator), then ``--rounds`` rounds in an order rotated by
 the round; an entry's round time is the median of ``--steps`` steps (CUDA events around each); the ratios of ours,
-ours-flashbwd and ours-sdpabwd to sdpa are taken per round and their medians reported with the ranges; SM clock and
+ours-flashbwd, ours-sdpabwd and ours-cudnnbwd to sdpa are taken per round and their medians reported with the ranges; SM clock and
 power (NVML) are read after each entry's steps. No pass or fail: a measurement (bench/NOTES.md carries the
 prediction and the outcome).
 """
@@ -32,8 +35,9 @@ import statistics
 import sys
 from pathlib import Path
 
-ENTRIES = ("ours", "ours-flashbwd", "ours-sdpabwd", "sdpa", "ours-fwd")
-MODES = {"ours": "pytorch", "ours-flashbwd": "flash", "ours-sdpabwd": "sdpa"}  # FA_VARIANTS_BACKWARD
+ENTRIES = ("ours", "ours-flashbwd", "ours-sdpabwd", "ours-cudnnbwd", "sdpa", "ours-fwd")
+MODES = {"ours": "pytorch", "ours-flashbwd": "flash", "ours-sdpabwd": "sdpa",  # FA_VARIANTS_BACKWARD
+         "ours-cudnnbwd": "cudnn"}
 SHAPES = [(64, 1024, False), (64, 4096, False), (128, 1024, False), (128, 4096, False), (128, 4096, True),
           (128, 16384, True)]  # (head_dim, seqlen, causal)
 
@@ -65,7 +69,7 @@ def step_fn(entry: str, q, k, v, causal: bool):
     mode = MODES.get(entry, "pytorch")
 
     def step():
-        os.environ["FA_VARIANTS_BACKWARD"] = mode  # read at each backward
+        os.environ["FA_VARIANTS_BACKWARD"] = mode  # read at the forward (what it keeps) and the backward
         return torch.autograd.grad(forward(), leaves, grad)
     return step
 

@@ -6,6 +6,8 @@ forward, which keeps O and LSE for the modes that use them, and at each backward
 * ``sdpa`` (default since session 42): eagerly, the forward recomputed by ``scaled_dot_product_attention`` under
   autograd and its fused backward taken (`sdpa_backward`, where `sdpa_applies`); inside a traced backward (torch.compile),
   where autograd records nothing, the ``flash`` path below;
+* ``cudnn`` (A/B candidate): cuDNN's fused attention backward (``aten._scaled_dot_product_cudnn_attention_backward``)
+  fed our forward's O and LSE (`cudnn_backward`; eager and traced; where `cudnn_applies`, else the ``flash`` path);
 * ``flash``: PyTorch's FlashAttention-2 backward kernel (``aten._scaled_dot_product_flash_attention_backward``)
   fed our forward's O and LSE (`flash_backward`; eager and traced; where `flash_applies`);
 * ``pytorch``: ``reference.run_backward`` (plain PyTorch, float32 maths, query rows in memory-bounded chunks) for
@@ -17,10 +19,12 @@ Measured on an H100 (session 42, bf16, B x N = 16k, H x D = 2048, a forward + ba
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 #: FA_VARIANTS_BACKWARD's choices (the first is the default)
-BACKWARDS = ("sdpa", "flash", "pytorch")
+BACKWARDS = ("sdpa", "cudnn", "flash", "pytorch")
 
 #: the devices the fused backwards serve: those of the kernel backends (CUDA; PyTorch's FlashAttention-2 backward
 #: kernel exists on its CUDA builds, sm80 and newer). Elsewhere (a test's fake kernel on the CPU) ``pytorch`` serves.
@@ -28,6 +32,12 @@ FUSED_DEVICES = ("cuda",)
 #: that kernel's op: (grad_out, q, k, v, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
 #: philox_seed, philox_offset, *, scale) -> (dq, dk, dv), tensors (batch, heads, seqlen, head_dim)
 FLASH_BACKWARD_OP = torch.ops.aten._scaled_dot_product_flash_attention_backward
+#: cuDNN's fused attention backward: (grad_out, q, k, v, out, logsumexp, philox_seed, philox_offset, attn_bias,
+#: cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, *, scale) -> (dq, dk, dv), tensors (batch, heads,
+#: seqlen, head_dim)
+CUDNN_BACKWARD_OP = torch.ops.aten._scaled_dot_product_cudnn_attention_backward
+#: the largest head_dim cuDNN's attention backward takes on every supported cuDNN (PyTorch's sdp_utils gate)
+CUDNN_MAX_HEAD_DIM = 128
 
 
 def keeps_outputs(eager: bool) -> bool:
@@ -35,7 +45,7 @@ def keeps_outputs(eager: bool) -> bool:
     (``flash``; ``sdpa`` when traced). Not otherwise: they would hold memory until the backward, and the caller's
     in-place edit of them would fail it (the reference backend allows that edit)."""
     wanted = mode()
-    return wanted == "flash" or (wanted == "sdpa" and not eager)
+    return wanted in ("cudnn", "flash") or (wanted == "sdpa" and not eager)
 
 
 def mode() -> str:
@@ -60,9 +70,10 @@ def kernel_backward(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, causal: bo
     """(dq, dk, dv) of a call's (out, lse) for the upstream gradients (either may be None: that output got none;
     out / lse None: not kept), with no autograd recorded but ``reference.run_backward``'s plain ops (a backward with
     create_graph differentiates those). On a kernel backend, a loss of out alone (grad_lse None, no ``seqlens_k``)
-    takes FA_VARIANTS_BACKWARD's fused mode where it applies: ``sdpa`` eagerly where `sdpa_applies`; ``flash``, and
-    ``sdpa`` when not ``eager`` (inside a traced opaque op autograd records nothing), where `flash_applies` and the
-    forward kept out and lse; everything else ``reference.run_backward``. A
+    takes FA_VARIANTS_BACKWARD's fused mode where it applies: ``sdpa`` eagerly where `sdpa_applies`; ``cudnn`` where
+    `cudnn_applies` and the forward kept out and lse; ``flash``, and ``sdpa`` when not ``eager`` (inside a traced
+    opaque op autograd records nothing) and ``cudnn`` where it does not apply, where `flash_applies` and the forward
+    kept out and lse; everything else ``reference.run_backward``. A
     ``registry.FORWARD_ONLY`` backend raises NotImplementedError; a kernel backend warns once
     (`warn_pytorch_backward`)."""
     from fa_variants import dispatch, reference, registry
@@ -77,8 +88,10 @@ def kernel_backward(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, causal: bo
         fused, wanted = grad_out is not None and grad_lse is None and seqlens_k is None, mode()
         if fused and wanted == "sdpa" and eager and sdpa_applies(q, k, causal, softmax_scale):
             return sdpa_backward(grad_out, q, k, v, causal, softmax_scale)
-        if fused and wanted != "pytorch" and out is not None and lse is not None \
-                and flash_applies(q, k, causal, softmax_scale):
+        kept = fused and out is not None and lse is not None
+        if kept and wanted == "cudnn" and cudnn_applies(q, k, causal, softmax_scale):
+            return cudnn_backward(grad_out, q, k, v, out, lse, causal, softmax_scale)
+        if kept and wanted != "pytorch" and flash_applies(q, k, causal, softmax_scale):
             return flash_backward(grad_out, q, k, v, out, lse, causal, softmax_scale)
     if grad_out is None:
         grad_out = torch.zeros_like(q)
@@ -147,6 +160,45 @@ def flash_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     views = [_last_dim_dense(t).transpose(1, 2) for t in (grad_out, q, k, v, out)]
     dq, dk, dv = FLASH_BACKWARD_OP(
         *views, lse.float().contiguous(), None, None, seqlen_q, seqlen_k, 0.0, causal, rng_state, unused, scale=scale)
+    return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
+
+
+def cudnn_applies(q: torch.Tensor, k: torch.Tensor, causal: bool, softmax_scale: float | None) -> bool:
+    """Whether `cudnn_backward` serves: `_fused_applies`, head_dim a multiple of 8 up to `CUDNN_MAX_HEAD_DIM`, more
+    than one key (PyTorch's gate for cuDNN attention), softmax_scale within `_fused_scale`, and for causal seqlen_q
+    == seqlen_k: cuDNN's dense causal mask is top-left aligned, ours bottom-right, the same only for square
+    scores."""
+    return (_fused_applies(q, k, causal) and q.shape[-1] % 8 == 0 and q.shape[-1] <= CUDNN_MAX_HEAD_DIM
+            and k.shape[1] > 1 and (not causal or q.shape[1] == k.shape[1])
+            and _fused_scale(_scale(q, softmax_scale)))
+
+
+@functools.cache
+def _cudnn_lse_trailing_dim() -> bool:
+    """Whether cuDNN's attention keeps its LSE as (batch, heads, seqlen_q, 1) (PyTorch 2.9 and later) rather than
+    (batch, heads, seqlen_q): read from the shape its forward's meta kernel gives, so the backward gets the layout
+    its own forward would have handed it."""
+    q = torch.empty(1, 1, 2, 8, device="meta", dtype=torch.bfloat16)
+    return torch.ops.aten._scaled_dot_product_cudnn_attention(q, q, q, None, True)[1].dim() == 4
+
+
+def cudnn_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                   lse: torch.Tensor, causal: bool, softmax_scale: float | None):
+    """(dq, dk, dv) from cuDNN's fused attention backward (the one SDPA's cuDNN path runs, faster than
+    FlashAttention-2's on Hopper), given our forward's O and natural-log LSE (cuDNN's softmax statistics are the same
+    quantity: logsumexp of the scaled scores). Layout (batch, seqlen, heads, head_dim) as ``fa_variants.attention``
+    (the op's (batch, heads, seqlen, head_dim) views are transposes of it; it takes any strides with a dense last
+    dimension); GQA natively; causal only with seqlen_q == seqlen_k (`cudnn_applies`). No dropout: its seed and
+    offset tensors are never read but must be tensors. Contract read from PyTorch's attention_backward.cu
+    (``_scaled_dot_product_cudnn_attention_backward_cuda``), cudnn/MHA.cpp (``run_cudnn_SDP_bprop``) and
+    _meta_registrations.py."""
+    unused = torch.empty((), dtype=torch.int64, device=q.device)
+    views = [_last_dim_dense(t).transpose(1, 2) for t in (grad_out, q, k, v, out)]
+    stats = lse.float().contiguous()
+    if _cudnn_lse_trailing_dim():
+        stats = stats.unsqueeze(-1)
+    dq, dk, dv = CUDNN_BACKWARD_OP(*views, stats, unused, unused, None, None, None, q.shape[1], k.shape[1], 0.0,
+                                   causal, scale=_scale(q, softmax_scale))
     return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
 
 
