@@ -298,9 +298,9 @@ def warn_once(key: tuple, message: str, category: type[Warning] = BackendFallbac
 
 def _caller_stacklevel() -> int:
     """``warnings.warn``'s stacklevel, seen from `warn_once`, of the first frame outside this package and outside
-    torch and its generated code (a backward run by the autograd engine names the caller's ``.backward()`` line, not torch's custom-op
-    glue); the first frame outside this package where the stack has no such frame (a backward on the engine's
-    worker thread)."""
+    torch and its generated code (a backward run by the autograd engine names the caller's ``.backward()`` line, not
+    torch's custom-op glue); the first frame outside this package where the stack has no such frame (a backward on
+    the engine's worker thread)."""
     outside_package, level, frame = None, 2, sys._getframe(2)  # 2: warn_once's caller
     while frame is not None:
         filename = frame.f_code.co_filename

@@ -22,9 +22,9 @@ synchronised, for
 
 Protocol: one warm-up step of each entry (compiles, allocator), then ``--rounds`` rounds in an order rotated by
 the round; an entry's round time is the median of ``--steps`` steps (CUDA events around each); the ratios of ours,
-ours-flashbwd, ours-sdpabwd and ours-cudnnbwd to sdpa are taken per round and their medians reported with the ranges; SM clock and
-power (NVML) are read after each entry's steps. No pass or fail: a measurement (bench/NOTES.md carries the
-prediction and the outcome).
+ours-flashbwd, ours-sdpabwd and ours-cudnnbwd to sdpa are taken per round and their medians reported with the
+ranges; SM clock and power (NVML) are read after each entry's steps. No pass or fail: a measurement (bench/NOTES.md
+carries the prediction and the outcome).
 """
 from __future__ import annotations
 

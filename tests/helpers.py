@@ -419,8 +419,8 @@ def collected_ids(*args: str) -> list[str]:
     return [line for line in run.stdout.splitlines() if "::" in line]
 
 
-def flash_backward_stand_in(grad_out, q, k, v, out, lse, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, causal, rng_state,
-              unused, *, scale):
+def flash_backward_stand_in(grad_out, q, k, v, out, lse, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, causal,
+                            rng_state, unused, *, scale):
     """FlashAttention-2's backward from its contract, in float32: P = exp(scale Q K^T - LSE) (masked bottom-right
     when causal), dV = P^T dO, dS = P (dO V^T - rowsum(dO O)), dQ = scale dS K, dK = scale dS^T Q, dK and dV summed
     over each KV head's query heads; outputs in q's dtype, shapes of q, k, v."""

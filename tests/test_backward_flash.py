@@ -1,10 +1,10 @@
 """FA_VARIANTS_BACKWARD=flash on the CPU: the plumbing around PyTorch's FlashAttention-2 backward kernel.
 
 The kernel (``aten._scaled_dot_product_flash_attention_backward``) runs on CUDA only. Here a stand-in written from
-its contract takes its place (helpers.flash_backward_stand_in: (batch, heads, seqlen, head_dim) views, our forward's O and
-natural-log LSE, GQA with fewer KV heads, bottom-right causal, no dropout), so that what ``backward.flash_backward``
-hands the kernel, where the mode applies and where it does not, and the traced path, are tested without a GPU;
-tests/test_backward_gpu.py runs the kernel itself.
+its contract takes its place (helpers.flash_backward_stand_in: (batch, heads, seqlen, head_dim) views, our forward's
+O and natural-log LSE, GQA with fewer KV heads, bottom-right causal, no dropout), so that what
+``backward.flash_backward`` hands the kernel, where the mode applies and where it does not, and the traced path, are
+tested without a GPU; tests/test_backward_gpu.py runs the kernel itself.
 """
 from __future__ import annotations
 

@@ -4,8 +4,8 @@ The forward kernels (fa3, fa2, fa1) have no backward kernel of their own. ``FA_V
 forward, which keeps O and LSE for the modes that use them, and at each backward) picks what serves their gradients:
 
 * ``sdpa`` (default since session 42): eagerly, the forward recomputed by ``scaled_dot_product_attention`` under
-  autograd and its fused backward taken (`sdpa_backward`, where `sdpa_applies`); inside a traced backward (torch.compile),
-  where autograd records nothing, the ``flash`` path below;
+  autograd and its fused backward taken (`sdpa_backward`, where `sdpa_applies`); inside a traced backward
+  (torch.compile), where autograd records nothing, the ``flash`` path below;
 * ``cudnn`` (A/B candidate): cuDNN's fused attention backward (``aten._scaled_dot_product_cudnn_attention_backward``)
   fed our forward's O and LSE (`cudnn_backward`; eager and traced; where `cudnn_applies`, else the ``flash`` path);
 * ``flash``: PyTorch's FlashAttention-2 backward kernel (``aten._scaled_dot_product_flash_attention_backward``)
@@ -41,9 +41,9 @@ CUDNN_MAX_HEAD_DIM = 128
 
 
 def keeps_outputs(eager: bool) -> bool:
-    """Whether the forward keeps O and LSE for the backward: where `kernel_backward` may take `flash_backward`
-    (``flash``; ``sdpa`` when traced). Not otherwise: they would hold memory until the backward, and the caller's
-    in-place edit of them would fail it (the reference backend allows that edit)."""
+    """Whether the forward keeps O and LSE for the backward: where `kernel_backward` may take `cudnn_backward` or
+    `flash_backward` (``cudnn``, ``flash``; ``sdpa`` when traced). Not otherwise: they would hold memory until the
+    backward, and the caller's in-place edit of them would fail it (the reference backend allows that edit)."""
     wanted = mode()
     return wanted in ("cudnn", "flash") or (wanted == "sdpa" and not eager)
 

@@ -18,9 +18,10 @@ dtype (bfloat16 for e4m3: ``api.output_dtype``), lse float32 contiguous (batch, 
 ``fa_variants::attention_seqlens_k(Tensor q, Tensor k, Tensor v, Tensor seqlens_k, bool causal, float?
 softmax_scale, str backend) -> (Tensor out, Tensor lse)``.
 
-Autograd (both ops): the backward is ``integrations.backward.kernel_backward`` (``FA_VARIANTS_BACKWARD``: by default
-SDPA's fused backward eagerly and PyTorch's FlashAttention-2 backward kernel traced, where they apply; else the
-reference backend's ``reference.run_backward``, plain PyTorch, float32 maths, query rows in memory-bounded chunks): traced, in a second opaque op,
+Autograd (both ops): the backward is ``integrations.backward.kernel_backward`` (``FA_VARIANTS_BACKWARD``: by
+default SDPA's fused backward eagerly and PyTorch's FlashAttention-2 backward kernel traced, where they apply; else
+the reference backend's ``reference.run_backward``, plain PyTorch, float32 maths, query rows in memory-bounded
+chunks): traced, in a second opaque op,
 ``fa_variants::attention_reference_backward``; eagerly (a call whose inputs require grad comes through the op)
 called directly, so that a second derivative exists. It is the gradient of exact attention, which every backend's
 forward computes but the FP8 one (``registry.FORWARD_ONLY``: a backward through it raises NotImplementedError when
@@ -135,7 +136,7 @@ def _eager(q) -> bool:
 
 def _setup_context(ctx, inputs, output):
     q, k, v, causal, softmax_scale, backend = inputs
-    kept = output if backward.keeps_outputs(_eager(q)) else (None, None)  # for the flash backward only
+    kept = output if backward.keeps_outputs(_eager(q)) else (None, None)  # for the fused backwards that start from them
     ctx.save_for_backward(q, k, v, *kept)
     ctx.causal, ctx.softmax_scale, ctx.backend = causal, softmax_scale, backend
     ctx.set_materialize_grads(False)  # an output the loss does not use gets None (the fused backwards need to know)
