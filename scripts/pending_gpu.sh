@@ -20,26 +20,25 @@
 # 2. then scripts/NAME_gpu.sh for each NAME, in order, each with the time left of CALL_BUDGET seconds (default 560),
 #    skipped when fewer than 100 s are left; logs in $OUT/pending/NAME.tar.xz, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
-#    Plan for session 42. Sessions 40 and 41 got no machine (41: every H100 / H200 call refused over two hours, the
-#    budget spent on the refusals): session 39's plan is still to run, on tree 5e7f1ca or later, which adds the
-#    kernel backends' gradients (a PyTorch backward through the custom op; session 41: FA_VARIANTS_BACKWARD=flash,
-#    the warnings' location, the reference under torch.func.vmap; package code changed, so E below applies). Name
-#    nvidia-h100-x1 or nvidia-h200 on each call (a call without a kind tries both: two refusals' cost). In order:
-#    K. `scripts/pending_gpu.sh backward` (~280-530 s cold; timeout_s 600): tests/test_backward_gpu.py (the gradients within the
-#       rule in the three backward modes, FA_VARIANTS_BACKWARD=pytorch / flash (session 41) / sdpa, each fused one
-#       counted where it applies; the chunks' memory bound; torch.compile, flash inside the traced backward too)
-#       and scripts/backward_time.py (a training step's attention, ours with each mode / SDPA); the header's
-#       prediction and flip rule (flash's or sdpa's default).
-#    B3. `scripts/suite_gpu.sh 3` (~390-420 s on an H100: name timeout_s 600): 0 failed, session 39's fixed test
-#       included (it now has 512 rows that each see one key per head_dim and mask). If time is short first
-#       `FA_VARIANTS_TEST_SEED=1417556984 python3 -m pytest -m gpu tests/test_fa3_fp8_kernel.py` (~60 s): session
-#       39's failing case drawn again passes under the new bound.
-#    G. `scripts/pending_gpu.sh quantgap` (~120-250 s; now def / defoff with and without PDL): does the switch cost
-#       only beside PDL (the header's prediction and rule)?
+#    Plan for session 43. Session 42 got one H100 for three calls (bench/h100-2026-12-06-s42): K ran (sdpa 1.20-1.31x
+#    SDPA's training step, flash 1.40-1.63x, the PyTorch backward 22-36x; 17 test failures, all test defects, fixed in
+#    3e0c802; sdpa made the default in 44926b0, its traced backward the flash kernel's), B3 (637 passed) and G (the
+#    switch costs only beside PDL). Then FA_VARIANTS_BACKWARD=cudnn was built (CPU only) and every later call was
+#    refused. Name nvidia-h100-x1 or nvidia-h200 on each call, `status` first (its none_now gives the back-off). In
+#    order:
+#    K2. `scripts/pending_gpu.sh backward` (140 s cold in session 42; timeout_s 600): tests/test_backward_gpu.py in
+#       four modes (sdpa, the default since 44926b0, now counted with its traced flash call; cudnn, where it applies,
+#       the flash kernel beyond) after the test fixes, and scripts/backward_time.py with ours-cudnnbwd; the header's
+#       prediction (cudnn 0.95-1.15x SDPA's step) and rule (cudnn the default if it passes and beats sdpa at every
+#       shape). If sdpa or its traced flash path fails a test, put FA_VARIANTS_BACKWARD's default back to pytorch.
 #    S. On an H200 only: `python3 scripts/decode_ab.py --s38 --variants base tiles-dual --rounds 6` (~35 s): the
 #       H100 gave base / auto 0.96-0.98 at D 64 Nk 2k / 4k and 1.00-1.01 at D 128 (session 39), so the rule (base
 #       faster at both head dims on one card, slower on the other) was not met there; the H200's figures complete it.
-#    E2. suite part 2 (it now holds tests/test_backward_gpu.py), then parts 1 and 4 (the API's grad routing).
+#    E2. suite parts 2 (it holds tests/test_backward_gpu.py), 1 and 4 (the API's grad routing and torch.func /
+#       forward-AD refusals, session 42's package changes); part 3 passed on 0b9828b (637).
+#    G2. The quantisation passes without PDL at D 128 / 256 while the non-finite switch is on (session 42: def / defn
+#       1.020 / 1.057, graph 1.035 / 1.081): a switch and its A/B, after the cause is looked for (the two kernels'
+#       code resident at once under PDL).
 #    Open: issue 10 (1100 TFLOP/s at D 256 N 16k: 1012 in session 30's call, 1084-1120 in session 27's; 1.4x bf16 at
 #    128: 1.15-1.20 non-causal (H100, session 38); 1.3x at 64: 1.06-1.08; two-level <= 5 % at 256; the pass at 70 %
 #    of copy; pass + kernel at N 4k causal), 12 (fa3 / flash-attn-4 >= 1.00 everywhere: 0.93-0.99 in session 30's
