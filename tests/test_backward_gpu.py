@@ -104,11 +104,14 @@ def test_kernel_gradients_with_seqlens_k(gpu_variant, backend):
         assert not dk[b, n:].any() and not dv[b, n:].any()
 
 
-def test_backward_memory_is_bounded_by_the_chunks(gpu_variant):
-    """seqlen 8k, 16 heads: one float32 score matrix is 4 GiB; the backward's peak above the inputs stays within the
-    chunks' few score-sized tensors (2^26 elements, 256 MiB each), and a finer chunking gives the same gradients."""
+def test_backward_memory_is_bounded_by_the_chunks(gpu_variant, monkeypatch):
+    """seqlen 8k, 16 heads: one float32 score matrix is 4 GiB; the PyTorch backward's peak above the inputs stays
+    within the chunks' few score-sized tensors (2^26 elements, 256 MiB each), and a finer chunking gives the same
+    gradients. FA_VARIANTS_BACKWARD=pytorch: the default (sdpa) would not run the chunks (session 42 on an H200: its
+    cuDNN gradients against the chunks' failed bf16's default tolerance, as two algorithms may)."""
     backend = "fa3" if dispatch.device_capability(torch.device("cuda")) >= (9, 0) else "fa2"
     gpu_variant(backend)
+    monkeypatch.setenv("FA_VARIANTS_BACKWARD", "pytorch")
     q, k, v = make_qkv(1, 8192, 8192, 16, 4, 128, dtype=torch.bfloat16, device="cuda")
     grad_out = torch.randn(q.shape, dtype=q.dtype, device="cuda")
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
@@ -132,7 +135,9 @@ def test_kernel_gradients_under_torch_compile(gpu_variant, monkeypatch, mode):
     """torch.compile(fullgraph=True) over a call whose inputs require grad: the kernel op and the backward op in the
     graph, the same gradients as eagerly (bf16's tolerance); with FA_VARIANTS_BACKWARD=flash a loss of out alone (the
     LSE's gradient None) takes the flash kernel inside the traced backward op too, and with sdpa (the default) the
-    flash kernel traced, SDPA's backward eagerly."""
+    flash kernel traced, compared with the eager flash mode's (the same kernel: SDPA's eager backward is another
+    algorithm, off by more than bf16's tolerance in places, session 42 on an H200; its gradients are judged by the
+    rule in test_kernel_gradients_within_the_rule)."""
     backend = "fa3" if dispatch.device_capability(torch.device("cuda")) >= (9, 0) else "fa2"
     gpu_variant(backend)
     monkeypatch.setenv("FA_VARIANTS_BACKWARD", mode)
@@ -145,12 +150,12 @@ def test_kernel_gradients_under_torch_compile(gpu_variant, monkeypatch, mode):
 
     torch._dynamo.reset()
     grads = []
-    for run in (torch.compile(loss, fullgraph=True), loss):
+    for run, eager_mode in ((torch.compile(loss, fullgraph=True), mode), (loss, "flash" if mode == "sdpa" else mode)):
+        monkeypatch.setenv("FA_VARIANTS_BACKWARD", eager_mode)
         leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", dispatch.BackendFallbackWarning)
             grads.append(torch.autograd.grad(run(*leaves), leaves))
-    expected = {"pytorch": {}, "flash": {"flash_backward": 2}, "sdpa": {"flash_backward": 1, "sdpa_backward": 1}}
-    assert calls == expected[mode]  # compiled, then eager
+    assert calls == ({} if mode == "pytorch" else {"flash_backward": 2})  # compiled, then eager
     for g, e in zip(*grads):
         torch.testing.assert_close(g, e)
