@@ -16,20 +16,21 @@ counted per K block (``V3_FUSED_MEAN``); "defl": def with the fused mean counted
 (``V3_FUSED_MEAN_LATE``);
 "defw": def with Q's / K's pass at head_dim 256 holding 8 chunks of a token per thread (``V3_WIDE``: 2 lanes per
 token, one cross-lane Hadamard stage; bit for bit); "defn" / "defwn": def / defw without programmatic dependent launch
-(``V2_PDL`` off); "defp": def with cached launch plans (``QUANT_PLANS``: host work only); "defc": def with whole-call
-plans (``QUANT_CALL_PLANS``, ``fp8.quant_call``: host work only, the same launches); "defcl": defc with the fused mean
-counted late (``V3_FUSED_MEAN_LATE``: no torch sum of K's partials, one kernel fewer per call); "defw128": def with
-Q's / K's pass at head_dim 128 holding a token's 128 channels per thread and storing through the stage
-(``V3_WIDE128``; bit for bit), "defw128n" the same without the staged store (head_dim 128 rows only), "defw128k"
-defw128 for K's pass only (``V3_WIDE128 = "k"``, Q's pass def's); "definf": def with the non-finite rule
-(``NONFINITE``: finite inputs bit for bit); "defoff": def with it off; "defoffn": defoff without PDL; "defd": def with its slow path after each CTA's loop (``NONFINITE_DEFERRED``); "defs": def with a sampled mean finished in V's launch
+(``V2_PDL`` off); "defp64": def with PDL up to head_dim 64 only (``V2_PDL_MAX_HEAD_DIM``); "defp": def with cached
+launch plans (``QUANT_PLANS``: host work only); "defc": def with whole-call plans (``QUANT_CALL_PLANS``,
+``fp8.quant_call``: host work only, the same launches); "defcl": defc with the fused mean counted late
+(``V3_FUSED_MEAN_LATE``: no torch sum of K's partials, one kernel fewer per call); "defw128": def with Q's / K's
+pass at head_dim 128 holding a token's 128 channels per thread and storing through the stage (``V3_WIDE128``; bit
+for bit), "defw128n" the same without the staged store (head_dim 128 rows only), "defw128k" defw128 for K's pass
+only (``V3_WIDE128 = "k"``, Q's pass def's); "definf": def with the non-finite rule (``NONFINITE``: finite inputs
+bit for bit); "defoff": def with it off; "defoffn": defoff without PDL; "defd": def with its slow path after each
+CTA's loop (``NONFINITE_DEFERRED``); "defs": def with a sampled mean finished in V's launch
 (``V3_FUSED_SAMPLED_MEAN``; the exact mean's rows are def's); "defw128l": defw128 with the fused mean counted late;
 "defc2" / "defc8": def with Q's LSE shift summed in 2 / 8 chains (``SHIFT_CHAINS``), "defw128c8" defc8 with Q's pass
-wide at head_dim 128 (``V3_WIDE128`` True);
-``quant_host``) and recipe (default:
-block scales + Hadamard + K smoothing; "no-smooth": the same without smoothing; "sampled8": the default with
-K's mean over 8 evenly spaced K tiles, ``FP8Config(smooth_k_blocks=8)``; "sampled16": over 16), one
-call of ``quant_host.quantize(..., pipeline=...)`` (what ``quantize_fp8(..., impl="kernel")`` runs):
+wide at head_dim 128 (``V3_WIDE128`` True); ``quant_host``) and recipe (default: block scales + Hadamard + K
+smoothing; "no-smooth": the same without smoothing; "sampled8": the default with K's mean over 8 evenly spaced K
+tiles, ``FP8Config(smooth_k_blocks=8)``; "sampled16": over 16), one call of ``quant_host.quantize(...,
+pipeline=...)`` (what ``quantize_fp8(..., impl="kernel")`` runs):
 
 * ``gpu ms``: GPU time per call with the host out of the way: a ``torch.cuda._sleep`` kernel holds the stream
   while the host enqueues ``--calls`` calls, and CUDA events time them back to back (launch gaps included);
@@ -344,6 +345,8 @@ PIPES["defw"] = ("v3", {**_DEF, "V3_WIDE": True})
 # kernel's end): whether back-to-back calls lose wide's per-pass gain to the PDL overlap (session 12's quantbw run)
 PIPES["defn"] = ("v3", {**_DEF, "V2_PDL": False})
 PIPES["defwn"] = ("v3", {**_DEF, "V3_WIDE": True, "V2_PDL": False})
+# session 42: def with PDL only up to head_dim 64 (``V2_PDL_MAX_HEAD_DIM``): at 128 / 256 its passes as "defn"'s
+PIPES["defp64"] = ("v3", {**_DEF, "V2_PDL_MAX_HEAD_DIM": 64})
 # session 12: def with cached launch plans (``quant_host.QUANT_PLANS``: the same launches, less host work per call)
 PIPES["defp"] = ("v3", {**_DEF, "QUANT_PLANS": True})
 # session 13: def with whole-call plans (``quant_host.QUANT_CALL_PLANS``: the same launches, the per-call Python of

@@ -38,9 +38,9 @@
 #       faster at both head dims on one card, slower on the other) was not met there; the H200's figures complete it.
 #    E2. suite parts 2 (it holds tests/test_backward_gpu.py), 1 and 4 (the API's grad routing and torch.func /
 #       forward-AD refusals, session 42's package changes); part 3 passed on 0b9828b (637).
-#    G2. The quantisation passes without PDL at D 128 / 256 while the non-finite switch is on (session 42: def / defn
-#       1.020 / 1.057, graph 1.035 / 1.081): a switch and its A/B, after the cause is looked for (the two kernels'
-#       code resident at once under PDL).
+#    G2. `scripts/pending_gpu.sh quantpdl` (~90-200 s): the quantisation passes with PDL only up to head_dim 64
+#       (FA_VARIANTS_FP8_QUANT_PDL_MAX_HEAD_DIM, session 42; def / defn there 1.020 / 1.057 at D 128 / 256, graph
+#       1.035 / 1.081); the header's prediction (0.94-0.99 at 128 / 256) and rule (the default becomes 64).
 #    Open: issue 10 (1100 TFLOP/s at D 256 N 16k: 1012 in session 30's call, 1084-1120 in session 27's; 1.4x bf16 at
 #    128: 1.15-1.20 non-causal (H100, session 38); 1.3x at 64: 1.06-1.08; two-level <= 5 % at 256; the pass at 70 %
 #    of copy; pass + kernel at N 4k causal), 12 (fa3 / flash-attn-4 >= 1.00 everywhere: 0.93-0.99 in session 30's

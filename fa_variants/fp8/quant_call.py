@@ -33,7 +33,7 @@ _SCALAR_TYPES = (type(None), float, int)
 
 def _switches() -> tuple:
     """The module switches of ``quant_host`` a v3 call's launches depend on (part of a plan's key)."""
-    return (qh.V2_STAGES, qh.V2_PDL, qh.V2_REVERSE, qh.V3_COALESCED, qh.V3_HEAD_MAJOR, qh.V3_FUSED_MEAN,
+    return (qh.V2_STAGES, qh.V2_PDL, qh.V2_PDL_MAX_HEAD_DIM, qh.V2_REVERSE, qh.V3_COALESCED, qh.V3_HEAD_MAJOR, qh.V3_FUSED_MEAN,
             qh.V3_FUSED_MEAN_LATE, qh.V3_STAGED_MEAN, qh.V3_STAGED_STORE, qh.V3_WIDE, qh.V3_WIDE128,
             qh.SHIFT_CHAINS, qh.GRID_CAP, qh.NONFINITE, qh.NONFINITE_DEFERRED)
 
@@ -62,7 +62,7 @@ class CallPlan:
         self.shift_shape = (B, H, Nq)
         self.inv_n = 1.0 / Nk
         coalesced, head_major = qh.V3_COALESCED, qh.V3_HEAD_MAJOR
-        pdl = qh.V2_PDL and qh._capability(dev) >= (9, 0)
+        pdl = qh.V2_PDL and D <= qh.V2_PDL_MAX_HEAD_DIM and qh._capability(dev) >= (9, 0)
         common = dict(block=0, stages=qh.V2_STAGES, reverse=False, pdl=False, coalesced=coalesced,
                       head_major=head_major, fused=False, staged_mean=False, k_sample=False, staged_store=False,
                       late_count=False, wide=False)

@@ -36,6 +36,11 @@ V2_STAGES = 3
 #: dependent launch of K's and Q's passes (sm_90), K's blocks walked last to first after V's launch read them
 #: (off, K's smoothed pass spills 16 bytes at head_dim 128 with 3 stages: keep it on)
 V2_PDL = True
+#: PDL for K's and Q's passes only up to this head_dim (A/B candidate, session 42; the default, 256, keeps it at every
+#: head_dim). Why: on an H100 with the non-finite switch on, the passes without PDL took 1.020 / 1.057x less GPU time
+#: at head_dim 128 / 256 (graph 1.035 / 1.081), 0.960x more at 64 (bench/NOTES.md "Session 42", quantgap);
+#: FA_VARIANTS_FP8_QUANT_PDL_MAX_HEAD_DIM (read at import) sets it, e.g. 64
+V2_PDL_MAX_HEAD_DIM = _env.integer("FA_VARIANTS_FP8_QUANT_PDL_MAX_HEAD_DIM", "256", 0, "head_dim")
 V2_REVERSE = True
 #: pipeline "v3" (module docstring): v2 plus coalesced loads through a swizzled shared-memory stage
 #: (``PassConfig.coalesced``) and blocks walked head fastest (``PassConfig.head_major``); each switchable for the
@@ -459,7 +464,7 @@ def _quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: FP8Conf
     # v2 launches V's pass first (plain launch), then K's and Q's with programmatic dependent launch, whose
     # prologue loads run before griddepcontrol.wait: so every 16-bit input is made aligned (a copy if
     # needed) before the first launch
-    pdl = staged and V2_PDL and _capability(dev) >= (9, 0)
+    pdl = staged and V2_PDL and D <= V2_PDL_MAX_HEAD_DIM and _capability(dev) >= (9, 0)
     if staged:
         q, k, v = interop.aligned(q), interop.aligned(k), interop.aligned(v)
     mean = mean_eff = shift = None
