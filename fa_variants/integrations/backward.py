@@ -60,9 +60,9 @@ def warn_pytorch_backward(backend: str) -> None:
     forward call that needs its gradient when eager (``api._kernel_autograd``), else at the first backward."""
     from fa_variants import dispatch
 
-    dispatch.warn_once(("backward", backend), f"backend {backend} has no backward kernel: its gradients run on "
-                       f"PyTorch's (FA_VARIANTS_BACKWARD={mode()}: see fa_variants.integrations.backward), slower "
-                       "than a fused backward kernel of its own")
+    dispatch.warn_once(("backward", backend), f"backend {backend} has no backward kernel: its gradients come from "
+                       f"PyTorch's backward (FA_VARIANTS_BACKWARD={mode()}: see fa_variants.integrations.backward), "
+                       "slower than a fused backward kernel of its own")
 
 
 def kernel_backward(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, causal: bool, softmax_scale: float | None,
