@@ -550,16 +550,23 @@ def test_compare_takes_a_non_finite_figure_for_no_measurement(bad):
 
 @pytest.mark.parametrize("change", [
     ("drop", "causal"), ("set", "tflops", "300"), ("set", "head_dim", [128]), ("set", "kind", "OURS"),
-    ("set", "causal", "yes"), ("set", "seqlen", True), ("set", "impl", 3)])
+    ("set", "causal", "yes"), ("set", "seqlen", True), ("set", "impl", 3), ("drop", "batch"), ("set", "heads", "16"),
+    ("meta", "gpu", "H200"), ("meta", "versions", "torch 2.11"), ("meta", "settings", [1]), ("top", "notes", 3),
+    ("top", "charts", [7])])
 def test_a_report_row_of_the_wrong_shape_is_one_line(tmp_path, capsys, change):
     """--report-from and --compare files whose rows lack causal or hold values of another type (a string TFLOP/s, a
-    list head_dim, an unknown kind): the one-line "not a report" error, exit 2 (were KeyError / TypeError
-    tracebacks, or a case silently dropped for "OURS"; session 28's break-it pass)."""
+    list head_dim, an unknown kind), rows without batch / heads, meta's gpu / versions / settings or the notes /
+    charts of another type: the one-line "not a report" error, exit 2 (were KeyError / TypeError / AttributeError
+    tracebacks with exit 1, or a case silently dropped for "OURS"; session 28's and session 42's break-it passes)."""
     good, _ = synthetic_report()
     bad = json.loads(json.dumps(good))
     row = next(r for r in bad["results"] if r["kind"] == "ours" and r["tflops"])
     if change[0] == "drop":
         del row[change[1]]
+    elif change[0] == "meta":
+        bad["meta"][change[1]] = change[2]
+    elif change[0] == "top":
+        bad[change[1]] = change[2]
     else:
         row[change[1]] = change[2]
     src, saved = tmp_path / "bad.json", tmp_path / "good.json"

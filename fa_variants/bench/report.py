@@ -254,7 +254,10 @@ def to_markdown(report: dict) -> str:
 
 #: what every result / memory row must hold, and the type of each (bool is not taken for an int)
 _ROW_TYPES = {"impl": str, "kind": str, "dtype": str, "head_dim": int, "seqlen": int}
-_RESULT_TYPES = {**_ROW_TYPES, "causal": bool}
+_RESULT_TYPES = {**_ROW_TYPES, "causal": bool, "batch": int, "heads": int}
+#: meta's parts the markdown reads as objects, and the report's top-level lists
+_META_OBJECTS = ("gpu", "settings", "versions")
+_LISTS = ("memory", "notes", "charts")
 #: measured fields: a number or null (failed, skipped)
 _NUMBERS = ("ms", "tflops", "first_call_s", "max_diff", "inputs_mib", "peak_mib")
 
@@ -289,9 +292,14 @@ def not_a_report(report) -> str | None:
     if missing:
         keys = ", ".join(map(repr, list(report)[:4])) + (", ..." if len(report) > 4 else "")
         return f"no {' or '.join(repr(k) for k in missing)} key; it has {keys or 'none'}"
-    if not isinstance(report["meta"], dict) or not isinstance(report["results"], list) or not isinstance(
-            report.get("memory", []), list):
-        return "'meta' must be an object, 'results' and 'memory' lists"
+    if not isinstance(report["meta"], dict) or not isinstance(report["results"], list) or not all(
+            isinstance(report.get(key, []), list) for key in _LISTS):
+        return "'meta' must be an object, 'results', 'memory', 'notes' and 'charts' lists"
+    wrong = [key for key in _META_OBJECTS if not isinstance(report["meta"].get(key, {}), dict)]
+    if wrong:
+        return f"meta's {', '.join(map(repr, wrong))}: not a JSON object"
+    if not all(isinstance(chart, str) for chart in report.get("charts", [])):
+        return "'charts' must list file names"
     for rows, types in ((report["results"], _RESULT_TYPES), (report.get("memory", []), _ROW_TYPES)):
         for row in rows:
             problem = _row_problem(row, types)
