@@ -249,5 +249,8 @@ def test_block_heights_other_than_the_kernels_are_refused_before_the_device(monk
         attention_from_fp8(quantize_fp8_torch(q, k, v, block_n=64))
     with pytest.raises(ValueError, match="head_dim 80 is not supported"):
         attention_from_fp8(quantize_fp8(*qkv(d=80)))
+    for head_dim in (40, 80):  # attention_fp8 too, before the device (it said "runs on CUDA tensors" first)
+        with pytest.raises(ValueError, match=f"head_dim {head_dim} is not supported"):
+            attention_fp8(*qkv(d=head_dim))
     with pytest.raises(BackendUnavailableError, match="runs on CUDA tensors"):
         attention_from_fp8(quantize_fp8(q, k, v))

@@ -118,12 +118,18 @@ def attention_from_fp8(inputs: FP8Inputs, *, causal: bool = False, return_lse: b
     return _from_fp8(inputs, causal=causal, return_lse=return_lse, out_dtype=out_dtype)
 
 
+def _check_head_dim(head_dim: int) -> None:
+    """A head_dim the fa3-fp8 kernel has no tiles for (``layout.KERNEL_TILES``): ValueError, before the device is
+    looked at."""
+    if head_dim not in layout.KERNEL_TILES:
+        raise ValueError(f"fa3-fp8: head_dim {head_dim} is not supported; supported: {tuple(layout.KERNEL_TILES)}")
+
+
 def _check_blocks(inputs: FP8Inputs) -> None:
     """The kernel reads one Q descale per ``layout.TILE_M`` rows and one K / V descale per key tile of its default
     config (``layout.KERNEL_TILES``): other block heights (``quantize_fp8(block_n=...)``, for studies) are a
     ValueError here, before the device is looked at, as ``hopper.fa3_fp8.run_fp8`` would raise on the GPU."""
-    if inputs.head_dim not in layout.KERNEL_TILES:
-        raise ValueError(f"fa3-fp8: head_dim {inputs.head_dim} is not supported; supported: {tuple(layout.KERNEL_TILES)}")
+    _check_head_dim(inputs.head_dim)
     tile_n = layout.tile_n(inputs.head_dim)
     if inputs.block_m != layout.TILE_M or inputs.block_n != tile_n:
         raise ValueError(f"fa3-fp8: inputs quantised with blocks of {inputs.block_m} query rows and {inputs.block_n} "
@@ -190,6 +196,7 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: 
         raise TypeError(f"attention_fp8 takes float16 or bfloat16 q, k, v, got {q.dtype}")
     if not isinstance(config, FP8Config):
         raise TypeError(f"config must be an FP8Config, got {type(config).__name__}")
+    _check_head_dim(q.shape[-1])
     _check_recipe(config, q.shape[-1])
     _check_options(causal, softmax_scale, "fa3-fp8", return_lse)  # every argument before the device
     _require_kernel(q.device)
