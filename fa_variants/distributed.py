@@ -780,7 +780,7 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
             cannot serve this rank's inputs (``BackendUnavailableError``), found before the exchange: that rank
             raises it, the others "rank r rejected its inputs". An exception from the own step's first piece
             (``OVERLAP_START``) is raised the same way, after the exchange.
-        TypeError: as ``fa_variants.attention``.
+        TypeError: as ``fa_variants.attention``; a ``group`` that is not a ProcessGroup (or None).
         NotImplementedError: an input requires grad (forward only).
 
     Source: Liu et al., Ring Attention with Blockwise Transformers (2023), sec. 3; load-balanced causal
@@ -795,6 +795,8 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         with torch.autocast(device_type, enabled=False):
             return context_parallel_attention(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group,
                                               return_lse=return_lse, backend=backend, layout=layout)
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"group must be a torch.distributed ProcessGroup or None, got {type(group).__name__}")
     group = dist.group.WORLD if group is None else group
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     if rank < 0:

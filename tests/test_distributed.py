@@ -328,6 +328,23 @@ def test_needs_an_initialized_process_group():
         cp.context_parallel_attention(q, q, q)
 
 
+def test_group_that_is_not_a_process_group_is_one_line(tmp_path):
+    """group="x" or 0 (a name, a rank) on an initialised gloo group of one: a TypeError naming group (torch's own
+    "Group x is not registered" error named no argument of ours; a break-it pass, session 42)."""
+    import torch.distributed as dist
+
+    q = torch.randn(1, 4, 1, 8)
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        for group in ("x", 0):
+            with pytest.raises(TypeError, match="^group must be a torch.distributed ProcessGroup or None, got"):
+                cp.context_parallel_attention(q, q, q, group=group)
+        torch.testing.assert_close(cp.context_parallel_attention(q, q, q, group=dist.group.WORLD),
+                                   fa_variants.attention(q, q, q))
+    finally:
+        dist.destroy_process_group()
+
+
 def test_autocast_casts_the_inputs_as_attention_does(tmp_path):
     """Under torch.autocast (CPU, bf16) context_parallel_attention takes mixed float32 / bf16 inputs as
     fa_variants.attention does (cast to bf16, then without autocast; session 28), here on a gloo group of one in
