@@ -396,7 +396,8 @@ def _with_split_options(q, k, v, causal: bool, scale: float | None, backend: str
     the kernel reads the lengths (``lengths_config`` of that config)."""
     num_splits = split.check_options(num_splits, pack_gqa)
     if _tracing(q):
-        raise NotImplementedError("num_splits / pack_gqa are not supported under tracing yet")
+        raise NotImplementedError("num_splits / pack_gqa are not supported under tracing (torch.compile, torch.export) "
+                                  "or for tensor subclasses yet: pass plain tensors eagerly")
     if seqlens_k is not None:
         seqlens_k, _ = _check_lengths(q, k, seqlens_k)
     selection = dispatch.select_backend(q, k, v, causal=causal, backend=backend)
@@ -473,11 +474,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         backend: "auto" (see ``fa_variants.dispatch``; env FA_VARIANTS_BACKEND overrides auto), or one of
             "fa3", "fa3-fp8", "fa2", "fa1", "reference".
         return_lse: also return the log-sum-exp of each query row.
-        seqlens_k: optional int32 (batch,) tensor on q's device or on the CPU, per-sequence KV lengths for a KV
-            cache padded to seqlen_k: sequence b attends to its first seqlens_k[b] keys only (causal bottom-right
-            against that length); keys past it are never used. 0 <= seqlens_k[b] <= seqlen_k (checked: on q's
-            device by reading the tensor back, one device sync per call, skipped during CUDA-graph capture; on the
-            CPU on the host, then copied over without a sync: not inside capture).
+        seqlens_k: optional int32 (batch,) tensor on q's device (for CUDA inputs also on the CPU), per-sequence KV
+            lengths for a KV cache padded to seqlen_k: sequence b attends to its first seqlens_k[b] keys only (causal
+            bottom-right against that length); keys past it are never used. 0 <= seqlens_k[b] <= seqlen_k (checked:
+            on q's device by reading the tensor back, one device sync per call, skipped during CUDA-graph capture; on
+            the CPU on the host, then copied over without a sync: not inside capture).
             Semantics: ``reference.attention_reference``. fa3 and fa2 read it in their kernels (one launch, the
             cache past a length may hold NaN; capturable in a CUDA graph, the kernel clamping each value to [0,
             seqlen_k]); fa1 runs one call per distinct length on k[:, :length] (not inside capture). Under
