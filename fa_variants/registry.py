@@ -55,8 +55,10 @@ ENTRIES: dict[str, Entry] = {
 }
 #: the names a caller may ask for (backend=...), fastest first
 BACKENDS: tuple[str, ...] = ("fa3", "fa3-fp8", "fa2", "fa1", "reference")
-#: backends without a backward, and why. The others' backward is ``reference.run_backward`` (plain PyTorch, the
-#: gradient of exact attention, which their forward computes; ``integrations.custom_op``)
+#: the compile-only entries that are not attention (no causal form, no backend)
+NOT_ATTENTION: tuple[str, ...] = ("fp8-quant", "split-merge")
+#: backends without a backward, and why. The others' backward is PyTorch's (``integrations.backward``: a fused one
+#: where it applies, else ``reference.run_backward``; the gradient of exact attention, which their forward computes)
 FORWARD_ONLY: dict[str, str] = {
     "fa3-fp8": "its forward quantises Q, K and V to e4m3: the gradient of exact attention would not be its gradient",
 }

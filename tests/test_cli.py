@@ -411,6 +411,12 @@ def test_compile_errors_say_error(capsys):
     rc = cli.main(["compile", "--arch", "sm_80", "--variant", "fa3", "--head-dim", "64", "--dtype", "bf16"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and err[0].startswith("fa-variants compile: error: variant 'fa3'"), err
+    for variant in ("fp8-quant", "split-merge"):  # not attention: --causal was accepted and reported as true
+        rc = cli.main(["compile", "--arch", "sm_90a", "--variant", variant, "--head-dim", "128", "--dtype", "bf16",
+                       "--causal"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and err == [f"fa-variants compile: error: --causal: {variant} is not attention and has no "
+                                   "causal form"], err
 
 
 @pytest.mark.parametrize("arch,dtypes,expected", [

@@ -88,6 +88,8 @@ def split_config(variant: str, arch: str, head_dim: int, causal: bool, num_split
 def run_cli(args: argparse.Namespace) -> int:
     os.environ["CUTE_DSL_ARCH"] = args.arch  # read when the DSL loads (below, on first compile)
     try:
+        if args.causal and args.variant in registry.NOT_ATTENTION:
+            raise registry.UnsupportedConfigError(f"--causal: {args.variant} is not attention and has no causal form")
         config = None if args.num_splits is None else split_config(args.variant, args.arch, args.head_dim,
                                                                     args.causal, args.num_splits)
         report = compile_only(args.variant, args.arch, args.head_dim, args.dtype, args.causal, args.sass, config)
