@@ -25,10 +25,10 @@
 #    3e0c802; sdpa made the default in 44926b0, its traced backward the flash kernel's), B3 (637 passed) and G (the
 #    switch costs only beside PDL). Then FA_VARIANTS_BACKWARD=cudnn was built (CPU only); an H200 at the end ran the
 #    backward tests on the flipped tree: two test defects of the flip (the chunks' memory test and the sdpa compile
-#    test, each now pinned to its mode), the budget spent before a rerun. Name nvidia-h100-x1 or nvidia-h200 on each call, `status` first (its none_now gives the back-off). In
-#    order:
-#    K2. `scripts/pending_gpu.sh backward` (140 s cold on session 42's H100, ~250 tests now; the tests step alone
-#       passed 150 s cold on its H200; timeout_s 600): tests/test_backward_gpu.py in
+#    test, each now pinned to its mode), the budget spent before a rerun. Name nvidia-h100-x1 or nvidia-h200 on
+#    each call, `status` first (its none_now gives the back-off). In order:
+#    K2. `scripts/pending_gpu.sh backward` (140 s cold on session 42's H100; ~250 tests now, the tests step alone
+#       took over 150 s cold on its H200; timeout_s 600): tests/test_backward_gpu.py in
 #       four modes (sdpa, the default since 44926b0, now counted with its traced flash call; cudnn, where it applies,
 #       the flash kernel beyond) after the test fixes, and scripts/backward_time.py with ours-cudnnbwd; the header's
 #       prediction (cudnn 0.95-1.15x SDPA's step) and rule (cudnn the default if it passes and beats sdpa at every

@@ -5,9 +5,9 @@
 #
 #   source .gpu/env.sh && scripts/quantpdl_gpu.sh  (repository root; writes under $OUT/quantpdl; --help)
 #
-# Why (bench/NOTES.md "Session 42"): with the non-finite switch on (the default since session 14), the passes without
-# PDL ("defn") took 1.020 / 1.057x less GPU time than the default at head_dim 128 / 256 on an H100 (graph replay 1.035
-# / 1.081) and 0.960x more at 64; without PDL the switch cost nothing (defn / defoffn 0.998-1.010).
+# Why (bench/NOTES.md "Session 42"): with the non-finite switch on (the default since session 14), the default took
+# 1.020 / 1.057x the GPU time of the passes without PDL ("defn") at head_dim 128 / 256 on an H100 (graph replay 1.035
+# / 1.081) and 0.960x at 64; without PDL the switch cost nothing (defn / defoffn 0.998-1.010).
 # 1. scripts/fp8_quant_bandwidth.py: "def" and "defp64" (PDL up to head_dim 64: its 128 / 256 launches as defn's),
 #    default recipe, D 64 / 128 / 256, 10 rotated rounds, --graph and --b2b.
 # Pass: every row matched the torch recipe (rc 1 with every row matched is the script's 70 %-of-copy target).

@@ -33,8 +33,8 @@ _SCALAR_TYPES = (type(None), float, int)
 
 def _switches() -> tuple:
     """The module switches of ``quant_host`` a v3 call's launches depend on (part of a plan's key)."""
-    return (qh.V2_STAGES, qh.V2_PDL, qh.V2_PDL_MAX_HEAD_DIM, qh.V2_REVERSE, qh.V3_COALESCED, qh.V3_HEAD_MAJOR, qh.V3_FUSED_MEAN,
-            qh.V3_FUSED_MEAN_LATE, qh.V3_STAGED_MEAN, qh.V3_STAGED_STORE, qh.V3_WIDE, qh.V3_WIDE128,
+    return (qh.V2_STAGES, qh.V2_PDL, qh.V2_PDL_MAX_HEAD_DIM, qh.V2_REVERSE, qh.V3_COALESCED, qh.V3_HEAD_MAJOR,
+            qh.V3_FUSED_MEAN, qh.V3_FUSED_MEAN_LATE, qh.V3_STAGED_MEAN, qh.V3_STAGED_STORE, qh.V3_WIDE, qh.V3_WIDE128,
             qh.SHIFT_CHAINS, qh.GRID_CAP, qh.NONFINITE, qh.NONFINITE_DEFERRED)
 
 

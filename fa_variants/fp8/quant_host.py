@@ -37,8 +37,8 @@ V2_STAGES = 3
 #: (off, K's smoothed pass spills 16 bytes at head_dim 128 with 3 stages: keep it on)
 V2_PDL = True
 #: PDL for K's and Q's passes only up to this head_dim (A/B candidate, session 42; the default, 256, keeps it at every
-#: head_dim). Why: on an H100 with the non-finite switch on, the passes without PDL took 1.020 / 1.057x less GPU time
-#: at head_dim 128 / 256 (graph 1.035 / 1.081), 0.960x more at 64 (bench/NOTES.md "Session 42", quantgap);
+#: head_dim). Why: on an H100 with the non-finite switch on, the default took 1.020 / 1.057x the GPU time of the
+#: passes without PDL at head_dim 128 / 256 (graph 1.035 / 1.081) and 0.960x at 64 (bench/NOTES.md "Session 42");
 #: FA_VARIANTS_FP8_QUANT_PDL_MAX_HEAD_DIM (read at import) sets it, e.g. 64
 V2_PDL_MAX_HEAD_DIM = _env.integer("FA_VARIANTS_FP8_QUANT_PDL_MAX_HEAD_DIM", "256", 0, "head_dim")
 V2_REVERSE = True
