@@ -129,9 +129,11 @@ def _reference_backward_fake(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, c
 
 
 def _eager(q) -> bool:
-    """Whether the op's autograd runs eagerly (plain tensors or Parameters, not traced), not inside torch.compile's
-    or torch.export's tracing."""
-    return (type(q) is torch.Tensor or type(q) is torch.nn.Parameter) and not torch.compiler.is_compiling()
+    """Whether the op's autograd runs eagerly, not inside torch.compile's or torch.export's tracing: the API's own
+    test (``api._tracing``), so the op's backward agrees with the routing that sent the call here."""
+    from fa_variants import api
+
+    return not api._tracing(q)
 
 
 def _setup_context(ctx, inputs, output):
