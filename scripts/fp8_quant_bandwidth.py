@@ -16,7 +16,8 @@ counted per K block (``V3_FUSED_MEAN``); "defl": def with the fused mean counted
 (``V3_FUSED_MEAN_LATE``);
 "defw": def with Q's / K's pass at head_dim 256 holding 8 chunks of a token per thread (``V3_WIDE``: 2 lanes per
 token, one cross-lane Hadamard stage; bit for bit); "defn" / "defwn": def / defw without programmatic dependent launch
-(``V2_PDL`` off); "defp64": def with PDL up to head_dim 64 only (``V2_PDL_MAX_HEAD_DIM``); "defp": def with cached
+(``V2_PDL`` off); "defp64" / "defp256": def with PDL up to head_dim 64 (the default since session 43) / at every
+head_dim (before it) (``V2_PDL_MAX_HEAD_DIM``); "defp": def with cached
 launch plans (``QUANT_PLANS``: host work only); "defc": def with whole-call plans (``QUANT_CALL_PLANS``,
 ``fp8.quant_call``: host work only, the same launches); "defcl": defc with the fused mean counted late
 (``V3_FUSED_MEAN_LATE``: no torch sum of K's partials, one kernel fewer per call); "defw128": def with Q's / K's
@@ -345,8 +346,10 @@ PIPES["defw"] = ("v3", {**_DEF, "V3_WIDE": True})
 # kernel's end): whether back-to-back calls lose wide's per-pass gain to the PDL overlap (session 12's quantbw run)
 PIPES["defn"] = ("v3", {**_DEF, "V2_PDL": False})
 PIPES["defwn"] = ("v3", {**_DEF, "V3_WIDE": True, "V2_PDL": False})
-# session 42: def with PDL only up to head_dim 64 (``V2_PDL_MAX_HEAD_DIM``): at 128 / 256 its passes as "defn"'s
+# session 42: def with PDL only up to head_dim 64 (``V2_PDL_MAX_HEAD_DIM``): at 128 / 256 its passes as "defn"'s (the
+# default since session 43, so "def" itself), and at every head_dim (the default before)
 PIPES["defp64"] = ("v3", {**_DEF, "V2_PDL_MAX_HEAD_DIM": 64})
+PIPES["defp256"] = ("v3", {**_DEF, "V2_PDL_MAX_HEAD_DIM": 256})
 # session 12: def with cached launch plans (``quant_host.QUANT_PLANS``: the same launches, less host work per call)
 PIPES["defp"] = ("v3", {**_DEF, "QUANT_PLANS": True})
 # session 13: def with whole-call plans (``quant_host.QUANT_CALL_PLANS``: the same launches, the per-call Python of

@@ -259,10 +259,10 @@ def test_sdpa_backward_within_the_rule(fake_gpu, fresh_backward_warning, sdpa_ba
 
 def test_sdpa_mode_traced_takes_flash_and_create_graph_keeps_pytorch(fake_gpu, fresh_backward_warning,
                                                                      sdpa_backward_calls, fused_on_cpu):
-    """FA_VARIANTS_BACKWARD=sdpa (the default) serves eager backwards only: traced (fullgraph, aot_eager) the backward
-    is the opaque op, inside which autograd records nothing, so SDPA's backward cannot run there and the flash kernel
-    (here its stand-in) serves, fed the O and LSE the traced forward kept, the gradients within the rule; a backward
-    with create_graph keeps the PyTorch backward (its plain ops carry the second derivative; SDPA's recomputation
+    """FA_VARIANTS_BACKWARD=sdpa (session 42's default) serves eager backwards only: traced (fullgraph, aot_eager) the
+    backward is the opaque op, inside which autograd records nothing, so SDPA's backward cannot run there and the
+    flash kernel (here its stand-in) serves, fed the O and LSE the traced forward kept, the gradients within the rule;
+    a backward with create_graph keeps the PyTorch backward (its plain ops carry the second derivative; SDPA's recomputation
     starts from detached leaves)."""
     q, k, v = qkv(batch=2, nq=9, nk=12, heads=4, heads_kv=2, d=64, dtype=BF16)
     grad_out = torch.randn(q.shape, dtype=BF16)

@@ -107,8 +107,8 @@ def test_kernel_gradients_with_seqlens_k(gpu_variant, backend):
 def test_backward_memory_is_bounded_by_the_chunks(gpu_variant, monkeypatch):
     """seqlen 8k, 16 heads: one float32 score matrix is 4 GiB; the PyTorch backward's peak above the inputs stays
     within the chunks' few score-sized tensors (2^26 elements, 256 MiB each), and a finer chunking gives the same
-    gradients. FA_VARIANTS_BACKWARD=pytorch: the default (sdpa) would not run the chunks (session 42 on an H200: its
-    cuDNN gradients against the chunks' failed bf16's default tolerance, as two algorithms may)."""
+    gradients. FA_VARIANTS_BACKWARD=pytorch: the fused modes (cudnn the default) would not run the chunks (session 42
+    on an H200: SDPA's cuDNN gradients against the chunks' failed bf16's default tolerance, as two algorithms may)."""
     backend = "fa3" if dispatch.device_capability(torch.device("cuda")) >= (9, 0) else "fa2"
     gpu_variant(backend)
     monkeypatch.setenv("FA_VARIANTS_BACKWARD", "pytorch")
@@ -130,22 +130,24 @@ def test_backward_memory_is_bounded_by_the_chunks(gpu_variant, monkeypatch):
         torch.testing.assert_close(g, f)
 
 
-@pytest.mark.parametrize("mode", ["pytorch", "flash", "sdpa"])
+@pytest.mark.parametrize("mode", ["pytorch", "flash", "sdpa", "cudnn"])
 def test_kernel_gradients_under_torch_compile(gpu_variant, monkeypatch, mode):
     """torch.compile(fullgraph=True) over a call whose inputs require grad: the kernel op and the backward op in the
     graph, the same gradients as eagerly (bf16's tolerance); with FA_VARIANTS_BACKWARD=flash a loss of out alone (the
-    LSE's gradient None) takes the flash kernel inside the traced backward op too, and with sdpa (the default) the
-    flash kernel traced, compared with the eager flash mode's (the same kernel: SDPA's eager backward is another
+    LSE's gradient None) takes the flash kernel inside the traced backward op too; with cudnn (the default) cuDNN's
+    kernel, traced and eager (not causal here: seqlen_q != seqlen_k, where its top-left mask is not ours); with sdpa
+    the flash kernel traced, compared with the eager flash mode's (the same kernel: SDPA's eager backward is another
     algorithm, off by more than bf16's tolerance in places, session 42 on an H200; its gradients are judged by the
     rule in test_kernel_gradients_within_the_rule)."""
     backend = "fa3" if dispatch.device_capability(torch.device("cuda")) >= (9, 0) else "fa2"
     gpu_variant(backend)
     monkeypatch.setenv("FA_VARIANTS_BACKWARD", mode)
-    calls = _counted(monkeypatch, "flash_backward", "sdpa_backward")
+    calls = _counted(monkeypatch, "flash_backward", "sdpa_backward", "cudnn_backward")
     q, k, v = make_qkv(2, 257, 300, 8, 2, 128, dtype=torch.bfloat16, device="cuda")
+    causal = mode != "cudnn"
 
     def loss(q, k, v):
-        out, lse = fa_variants.attention(q, k, v, causal=True, backend=backend, return_lse=True)
+        out, lse = fa_variants.attention(q, k, v, causal=causal, backend=backend, return_lse=True)
         return out.float().square().sum() + (lse.sum() if mode == "pytorch" else 0)
 
     torch._dynamo.reset()
@@ -156,6 +158,37 @@ def test_kernel_gradients_under_torch_compile(gpu_variant, monkeypatch, mode):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", dispatch.BackendFallbackWarning)
             grads.append(torch.autograd.grad(run(*leaves), leaves))
-    assert calls == ({} if mode == "pytorch" else {"flash_backward": 2})  # compiled, then eager
+    fused = "cudnn_backward" if mode == "cudnn" else "flash_backward"
+    assert calls == ({} if mode == "pytorch" else {fused: 2})  # compiled, then eager
     for g, e in zip(*grads):
         torch.testing.assert_close(g, e)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("seqlen_q, seqlen_k, causal", [
+    (1, 64, False), (1, 128, False), (1, 192, False), (100, 1216, False), (192, 192, True), (1216, 1216, True)])
+@pytest.mark.parametrize("mode", ["pytorch", "flash", "sdpa", "cudnn"])
+def test_gradients_of_rows_with_a_very_negative_lse(gpu_variant, monkeypatch, mode, seqlen_q, seqlen_k, causal,
+                                                    head_dim):
+    """Queries anti-aligned with every key: each scaled score near -14 sqrt(head_dim), so every row's LSE is below
+    -ln(float32 max) = -88.7. A backward kernel that lets a padded key tile (seqlen_k not a multiple of its tile) into
+    exp(score - LSE) unmasked overflows there, 0 * inf giving NaN gradients; random inputs (LSE ~ log seqlen_k) never
+    show it (a failure class reported for cuDNN's sm_90 attention backward at seqlen_k = 64 mod 128). Each mode's
+    gradients finite and within the rule."""
+    monkeypatch.setenv("FA_VARIANTS_BACKWARD", mode)
+    backend = "fa3" if dispatch.device_capability(torch.device("cuda")) >= (9, 0) else "fa2"
+    gpu_variant(backend)
+    q, k, v = make_qkv(2, seqlen_q, seqlen_k, 4, 2, head_dim, dtype=torch.float32, device="cuda")
+    direction = torch.randn(head_dim, device="cuda").sign()
+    q, k, v = ((0.1 * q + 3.75 * direction).bfloat16(), (0.1 * k - 3.75 * direction).bfloat16(), v.bfloat16())
+    grad_out = torch.randn(q.shape, dtype=torch.bfloat16, device="cuda")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dispatch.BackendFallbackWarning)
+        _, lse = fa_variants.attention(q, k, v, causal=causal, backend=backend, return_lse=True)
+        assert lse.max() < -88.7, lse.max()
+        got = _grads(q, k, v, grad_out, backend=backend, causal=causal)
+    for name, g in zip("qkv", got):
+        assert g.isfinite().all(), f"d{name} not finite ({mode})"
+    same = _grads(q, k, v, grad_out, torch.bfloat16, backend=backend, causal=causal)
+    exact = _grads(q, k, v, grad_out, torch.float64, backend=backend, causal=causal)
+    assert_grads_within_rule(got, same, exact)

@@ -60,7 +60,7 @@ _INTS = {"DECODE_PDL_MAX_SPLITS": 0, "DECODE_PDL_MIN_SPLITS": 1, "FA2_D256_MAX_S
 #: tests/test_env_switches.py compares)
 CHOICES: dict[str, tuple[str, ...]] = {
     "FA_VARIANTS_BACKEND": ("auto", "fa3", "fa3-fp8", "fa2", "fa1", "reference"),
-    "FA_VARIANTS_BACKWARD": ("sdpa", "cudnn", "flash", "pytorch"),
+    "FA_VARIANTS_BACKWARD": ("cudnn", "sdpa", "flash", "pytorch"),
     "FA_VARIANTS_DECODE_FULL_GRID": ("dual", "persistent", "persistent3"),
     "FA_VARIANTS_DECODE_TILES": ("base", "deep", "wide", "dual", "persistent", "persistent3", "auto"),
     "FA_VARIANTS_DISK_CACHE_LOADER": ("auto", "dsl"),

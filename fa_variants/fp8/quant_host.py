@@ -36,11 +36,12 @@ V2_STAGES = 3
 #: dependent launch of K's and Q's passes (sm_90), K's blocks walked last to first after V's launch read them
 #: (off, K's smoothed pass spills 16 bytes at head_dim 128 with 3 stages: keep it on)
 V2_PDL = True
-#: PDL for K's and Q's passes only up to this head_dim (A/B candidate, session 42; the default, 256, keeps it at every
-#: head_dim). Why: on an H100 with the non-finite switch on, the default took 1.020 / 1.057x the GPU time of the
-#: passes without PDL at head_dim 128 / 256 (graph 1.035 / 1.081) and 0.960x at 64 (bench/NOTES.md "Session 42");
-#: FA_VARIANTS_FP8_QUANT_PDL_MAX_HEAD_DIM (read at import) sets it, e.g. 64
-V2_PDL_MAX_HEAD_DIM = _env.integer("FA_VARIANTS_FP8_QUANT_PDL_MAX_HEAD_DIM", "256", 0, "head_dim")
+#: PDL for K's and Q's passes only up to this head_dim (64 since session 43; FA_VARIANTS_FP8_QUANT_PDL_MAX_HEAD_DIM,
+#: read at import, sets it; 256 is PDL at every head_dim, the default before). Why: on an H100 with the non-finite
+#: switch on, PDL at every head_dim took 1.020 / 1.057x the GPU time of the passes without it at head_dim 128 / 256
+#: (session 42); this default against that one, 10 rotated rounds: 0.978 / 0.941 at 128 / 256 (graph replay 0.968 /
+#: 0.927), 1.006 at 64 (graph 0.999), every row the torch recipe's bit for bit (bench/NOTES.md "Session 43")
+V2_PDL_MAX_HEAD_DIM = _env.integer("FA_VARIANTS_FP8_QUANT_PDL_MAX_HEAD_DIM", "64", 0, "head_dim")
 V2_REVERSE = True
 #: pipeline "v3" (module docstring): v2 plus coalesced loads through a swizzled shared-memory stage
 #: (``PassConfig.coalesced``) and blocks walked head fastest (``PassConfig.head_major``); each switchable for the

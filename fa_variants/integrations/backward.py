@@ -3,19 +3,21 @@
 The forward kernels (fa3, fa2, fa1) have no backward kernel of their own. ``FA_VARIANTS_BACKWARD`` (read at the
 forward, which keeps O and LSE for the modes that use them, and at each backward) picks what serves their gradients:
 
-* ``sdpa`` (default since session 42): eagerly, the forward recomputed by ``scaled_dot_product_attention`` under
+* ``cudnn`` (default since session 43): cuDNN's fused attention backward
+  (``aten._scaled_dot_product_cudnn_attention_backward``) fed our forward's O and LSE (`cudnn_backward`; eager and
+  traced; where `cudnn_applies`, else the ``flash`` path);
+* ``sdpa`` (the default of session 42): eagerly, the forward recomputed by ``scaled_dot_product_attention`` under
   autograd and its fused backward taken (`sdpa_backward`, where `sdpa_applies`); inside a traced backward
   (torch.compile), where autograd records nothing, the ``flash`` path below;
-* ``cudnn`` (A/B candidate): cuDNN's fused attention backward (``aten._scaled_dot_product_cudnn_attention_backward``)
-  fed our forward's O and LSE (`cudnn_backward`; eager and traced; where `cudnn_applies`, else the ``flash`` path);
 * ``flash``: PyTorch's FlashAttention-2 backward kernel (``aten._scaled_dot_product_flash_attention_backward``)
   fed our forward's O and LSE (`flash_backward`; eager and traced; where `flash_applies`);
 * ``pytorch``: ``reference.run_backward`` (plain PyTorch, float32 maths, query rows in memory-bounded chunks) for
   every gradient; the only one with the LSE's gradient, per-sequence KV lengths and second derivatives, so it serves
   whatever the fused modes do not take, in every mode.
 
-Measured on an H100 (session 42, bf16, B x N = 16k, H x D = 2048, a forward + backward step against SDPA's):
-``sdpa`` 1.20-1.31x SDPA's time, ``flash`` 1.40-1.63x, ``pytorch`` 22-36x (bench/NOTES.md "Session 42").
+Measured on an H100 (session 43, bf16, B x N = 16k, H x D = 2048, a forward + backward step against SDPA's, the
+median of 6 rotated rounds): ``cudnn`` 0.99-1.22x SDPA's time, ``sdpa`` 1.17-1.46x, ``flash`` 1.41-1.79x,
+``pytorch`` 21-34x (bench/NOTES.md "Session 43"; session 42's run the same order).
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ import functools
 import torch
 
 #: FA_VARIANTS_BACKWARD's choices (the first is the default)
-BACKWARDS = ("sdpa", "cudnn", "flash", "pytorch")
+BACKWARDS = ("cudnn", "sdpa", "flash", "pytorch")
 
 #: the devices the fused backwards serve: those of the kernel backends (CUDA; PyTorch's FlashAttention-2 backward
 #: kernel exists on its CUDA builds, sm80 and newer). Elsewhere (a test's fake kernel on the CPU) ``pytorch`` serves.
