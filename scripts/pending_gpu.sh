@@ -20,27 +20,23 @@
 # 2. then scripts/NAME_gpu.sh for each NAME, in order, each with the time left of CALL_BUDGET seconds (default 560),
 #    skipped when fewer than 100 s are left; logs in $OUT/pending/NAME.tar.xz, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
-#    Plan for session 43. Session 42 got one H100 for three calls (bench/h100-2026-12-06-s42): K ran (sdpa 1.20-1.31x
-#    SDPA's training step, flash 1.40-1.63x, the PyTorch backward 22-36x; 17 test failures, all test defects, fixed in
-#    3e0c802; sdpa made the default in 44926b0, its traced backward the flash kernel's), B3 (637 passed) and G (the
-#    switch costs only beside PDL). Then FA_VARIANTS_BACKWARD=cudnn was built (CPU only); an H200 at the end ran the
-#    backward tests on the flipped tree: two test defects of the flip (the chunks' memory test and the sdpa compile
-#    test, each now pinned to its mode), the budget spent before a rerun. Name nvidia-h100-x1 or nvidia-h200 on
-#    each call, `status` first (its none_now gives the back-off). In order:
-#    K2. `scripts/pending_gpu.sh backward` (140 s cold on session 42's H100; ~250 tests now, the tests step alone
-#       took over 150 s cold on its H200; timeout_s 600): tests/test_backward_gpu.py in
-#       four modes (sdpa, the default since 44926b0, now counted with its traced flash call; cudnn, where it applies,
-#       the flash kernel beyond) after the test fixes, and scripts/backward_time.py with ours-cudnnbwd; the header's
-#       prediction (cudnn 0.95-1.15x SDPA's step) and rule (cudnn the default if it passes and beats sdpa at every
-#       shape). If sdpa or its traced flash path fails a test, put FA_VARIANTS_BACKWARD's default back to pytorch.
+#    Plan for session 44. Session 43 got one H100 for six warm calls (bench/h100-2026-12-06-s43, tree b8148be): K2
+#    (247 backward tests passed in four modes; a training step's attention / SDPA's: cudnn 0.99-1.22x, sdpa
+#    1.17-1.46x, flash 1.41-1.79x, pytorch 21-34x), suite parts 1 (3346 passed), 4 (334) and 2 (1558), G2 (PDL up
+#    to head_dim 64: 0.978 / 0.941 at D 128 / 256, 1.006 at 64) and --checks (292 passed). By their rules cudnn
+#    became FA_VARIANTS_BACKWARD's default and 64 FA_VARIANTS_FP8_QUANT_PDL_MAX_HEAD_DIM's (4faa758), with new
+#    backward tests (cudnn traced; every mode on rows whose LSE is below -88.7). Name nvidia-h100-x1 or nvidia-h200
+#    on each call, `status` first (its none_now gives the back-off). In order:
+#    K3. `scripts/pending_gpu.sh backward` (~210 s cold on session 43's H100; timeout_s 600): the new tests and the
+#       new default; the header's prediction (cudnn may give NaN dQ on the very-negative-LSE rows at seqlen_k = 64
+#       mod 128) and rule (those modes then decline seqlen_k = 64 mod 128; any other failure of the default puts it
+#       back to sdpa).
+#    E3. suite part 4 (tests/test_fp8_quant_kernel.py with the new PDL default: the quantpdl rule's last condition),
+#       then part 3 (the fa3-fp8 kernel files, whose calls run the quantisation pass) and part 2 (torch.compile and
+#       the backward under the cudnn default).
 #    S. On an H200 only: `python3 scripts/decode_ab.py --s38 --variants base tiles-dual --rounds 6` (~35 s): the
 #       H100 gave base / auto 0.96-0.98 at D 64 Nk 2k / 4k and 1.00-1.01 at D 128 (session 39), so the rule (base
 #       faster at both head dims on one card, slower on the other) was not met there; the H200's figures complete it.
-#    E2. suite parts 2 (it holds tests/test_backward_gpu.py), 1 and 4 (the API's grad routing and torch.func /
-#       forward-AD refusals, session 42's package changes); part 3 passed on 0b9828b (637).
-#    G2. `scripts/pending_gpu.sh quantpdl` (~90-200 s): the quantisation passes with PDL only up to head_dim 64
-#       (FA_VARIANTS_FP8_QUANT_PDL_MAX_HEAD_DIM, session 42; def / defn there 1.020 / 1.057 at D 128 / 256, graph
-#       1.035 / 1.081); the header's prediction (0.94-0.99 at 128 / 256) and rule (the default becomes 64).
 #    Open: issue 10 (1100 TFLOP/s at D 256 N 16k: 1012 in session 30's call, 1084-1120 in session 27's; 1.4x bf16 at
 #    128: 1.15-1.20 non-causal (H100, session 38); 1.3x at 64: 1.06-1.08; two-level <= 5 % at 256; the pass at 70 %
 #    of copy; pass + kernel at N 4k causal), 12 (fa3 / flash-attn-4 >= 1.00 everywhere: 0.93-0.99 in session 30's
