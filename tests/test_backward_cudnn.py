@@ -74,6 +74,51 @@ def test_cudnn_backward_within_the_rule(cudnn_stand_in, fused_on_cpu, nq, nk, he
     assert_grads_within_rule(got, same, exact_grads(q, k, v, grad_out, causal=causal, softmax_scale=scale))
 
 
+def _order(t: torch.Tensor) -> list[int]:
+    """t's dimensions, outermost first by stride (stable)."""
+    return sorted(range(t.dim()), key=lambda d: -t.stride(d))
+
+
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+def test_cudnn_gets_o_and_do_in_q_layout(cudnn_stand_in, layout):
+    """PyTorch caches cuDNN's backward graph under Q's, K's and V's shapes and strides only (before it keyed O's, dO's
+    and the statistics' too), so O and dO reach the kernel dense in Q's order of dimensions, as SDPA's own cuDNN path
+    makes them: the call's tensors themselves in the usual (batch, seqlen, heads, head_dim) layout (no copy), copies
+    for inputs in SDPA's (batch, heads, seqlen, head_dim) memory layout and for a dO of another layout; the values
+    and gradients unchanged."""
+    q, k, v = make_qkv(2, 12, 12, 4, 2, 64, dtype=BF16)
+    if layout == "bhsd":
+        q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+    grad_out = torch.randn(q.shape[0], q.shape[2], q.shape[1], q.shape[3], dtype=BF16).transpose(1, 2)
+    got = []
+    for g in (grad_out, grad_out.contiguous()):
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        out = fa_variants.attention(*leaves, causal=True)
+        got.append(torch.autograd.grad(out, leaves, g))
+        args = cudnn_stand_in[-1][0]
+        q_view = args[1]
+        assert _order(q_view) == ([0, 1, 2, 3] if layout == "bhsd" else [0, 2, 1, 3])
+        for t in (args[0], args[4]):  # dO, O
+            assert _order(t) == _order(q_view) and t.is_contiguous() == q_view.is_contiguous()
+        assert torch.equal(args[4], out.detach().transpose(1, 2)) and torch.equal(args[0], g.transpose(1, 2))
+        if layout == "bshd":
+            assert args[4].data_ptr() == out.data_ptr()  # the usual layout: O itself
+    for a, b in zip(*got):
+        torch.testing.assert_close(a, b)
+
+
+def test_cudnn_leaves_one_query_row_on_capability_10_to_flash(cudnn_stand_in, fused_on_cpu, monkeypatch):
+    """seqlen_q = 1 on compute capability 10 or above (PyTorch refuses cuDNN's attention there for cuDNN 9.19-9.25):
+    the flash path; two rows there, or one row on sm_90: cuDNN."""
+    q1, k, v = make_qkv(1, 1, 9, 4, 2, 64, dtype=BF16)
+    q2 = make_qkv(1, 2, 9, 4, 2, 64, dtype=BF16)[0]
+    for capability, q, expected in (((10, 0), q1, (0, 1)), ((10, 0), q2, (1, 1)), ((9, 0), q1, (2, 1))):
+        monkeypatch.setattr(backward, "_capability", lambda device, c=capability: c)
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        torch.autograd.grad(fa_variants.attention(*leaves).float().sum(), leaves)
+        assert (len(cudnn_stand_in), len(fused_on_cpu)) == expected, capability
+
+
 def test_cudnn_hands_over_to_flash_then_pytorch(cudnn_stand_in, fused_on_cpu, monkeypatch):
     """Where cuDNN does not apply but the flash kernel does (causal with seqlen_q < seqlen_k: cuDNN's mask is
     top-left; head_dim above `CUDNN_MAX_HEAD_DIM`, here lowered to 32 for the fake kernel's head dims; one key) the

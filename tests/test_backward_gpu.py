@@ -192,3 +192,49 @@ def test_gradients_of_rows_with_a_very_negative_lse(gpu_variant, monkeypatch, mo
     same = _grads(q, k, v, grad_out, torch.bfloat16, backend=backend, causal=causal)
     exact = _grads(q, k, v, grad_out, torch.float64, backend=backend, causal=causal)
     assert_grads_within_rule(got, same, exact)
+
+
+def test_cudnn_backward_beside_sdpas_own(gpu_variant, monkeypatch):
+    """PyTorch caches cuDNN's backward graph per Q / K / V shape and strides (releases before it keyed O's and dO's
+    strides too), so ours (FA_VARIANTS_BACKWARD=cudnn, O and dO in Q's layout) and SDPA's own cuDNN backward share
+    graphs: alternating at one shape, Q / K / V in the (batch, seqlen, heads, head_dim) and in SDPA's (batch, heads,
+    seqlen, head_dim) memory layout, dO in either, every gradient within the rule against float64."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = "fa3" if dispatch.device_capability(torch.device("cuda")) >= (9, 0) else "fa2"
+    gpu_variant(backend)
+    monkeypatch.setenv("FA_VARIANTS_BACKWARD", "cudnn")
+    calls = _counted(monkeypatch, "cudnn_backward")
+    q0, k0, v0 = make_qkv(2, 200, 200, 4, 4, 64, dtype=torch.bfloat16, device="cuda")
+    grad0 = torch.randn(q0.shape, dtype=torch.bfloat16, device="cuda")
+
+    def sdpa(q, k, v):
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), is_causal=True).transpose(
+                1, 2)
+
+    def ours(q, k, v):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", dispatch.BackendFallbackWarning)
+            return fa_variants.attention(q, k, v, causal=True, backend=backend)
+
+    same = _grads(q0, k0, v0, grad0, torch.bfloat16, backend=backend, causal=True)
+    exact = _grads(q0, k0, v0, grad0, torch.float64, backend=backend, causal=True)
+    runs = 0
+    for layout in ("bshd", "bhsd", "bshd"):
+        inputs = [t if layout == "bshd" else t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q0, k0, v0)]
+        for grad in (grad0, grad0.transpose(1, 2).contiguous().transpose(1, 2)):
+            for fn in (sdpa, ours, sdpa):
+                leaves = [t.clone().requires_grad_(True) for t in inputs]
+                try:
+                    got = torch.autograd.grad(fn(*leaves), leaves, grad)
+                except RuntimeError as error:
+                    if fn is sdpa and runs == 0:
+                        pytest.skip(f"no cuDNN attention in this PyTorch / GPU: {error}")
+                    raise
+                runs += 1
+                for g in got:
+                    assert g.isfinite().all(), (layout, fn.__name__)
+                assert_grads_within_rule(got, same, exact)
+    assert calls == {"cudnn_backward": 6}

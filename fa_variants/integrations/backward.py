@@ -167,12 +167,21 @@ def flash_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
 
 def cudnn_applies(q: torch.Tensor, k: torch.Tensor, causal: bool, softmax_scale: float | None) -> bool:
     """Whether `cudnn_backward` serves: `_fused_applies`, head_dim a multiple of 8 up to `CUDNN_MAX_HEAD_DIM`, more
-    than one key (PyTorch's gate for cuDNN attention), softmax_scale within `_fused_scale`, and for causal seqlen_q
-    == seqlen_k: cuDNN's dense causal mask is top-left aligned, ours bottom-right, the same only for square
-    scores."""
+    than one key (PyTorch's gate for cuDNN attention), softmax_scale within `_fused_scale`, for causal seqlen_q ==
+    seqlen_k (cuDNN's dense causal mask is top-left aligned, ours bottom-right, the same only for square scores),
+    and not one query row on compute capability 10 or above (PyTorch refuses cuDNN's attention there for cuDNN 9.19
+    to 9.25, a cuDNN fault with seqlen_q = 1 on those GPUs)."""
     return (_fused_applies(q, k, causal) and q.shape[-1] % 8 == 0 and q.shape[-1] <= CUDNN_MAX_HEAD_DIM
             and k.shape[1] > 1 and (not causal or q.shape[1] == k.shape[1])
+            and (q.shape[1] > 1 or _capability(q.device) < (10, 0))
             and _fused_scale(_scale(q, softmax_scale)))
+
+
+def _capability(device: torch.device) -> tuple[int, int]:
+    """The device's compute capability ((0, 0) off CUDA)."""
+    from fa_variants import dispatch
+
+    return dispatch.device_capability(device) or (0, 0)
 
 
 @functools.cache
@@ -184,23 +193,35 @@ def _cudnn_lse_trailing_dim() -> bool:
     return torch.ops.aten._scaled_dot_product_cudnn_attention(q, q, q, None, True)[1].dim() == 4
 
 
+def _in_layout_of(ref: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """``t`` (ref's shape) dense with ``ref``'s order of dimensions, outermost first by ref's strides (a stable sort:
+    ties keep their order): ``t`` itself when it is already so, else a copy. The layout cuDNN's own SDPA path gives
+    O (allocated to match Q) and hands its backward for dO (made to match O)."""
+    order = sorted(range(ref.dim()), key=lambda d: -ref.stride(d))
+    return t.permute(order).contiguous().permute([order.index(d) for d in range(ref.dim())])
+
+
 def cudnn_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                    lse: torch.Tensor, causal: bool, softmax_scale: float | None):
     """(dq, dk, dv) from cuDNN's fused attention backward (the one SDPA's cuDNN path runs, faster than
     FlashAttention-2's on Hopper), given our forward's O and natural-log LSE (cuDNN's softmax statistics are the same
     quantity: logsumexp of the scaled scores). Layout (batch, seqlen, heads, head_dim) as ``fa_variants.attention``
-    (the op's (batch, heads, seqlen, head_dim) views are transposes of it; it takes any strides with a dense last
-    dimension); GQA natively; causal only with seqlen_q == seqlen_k (`cudnn_applies`). No dropout: its seed and
-    offset tensors are never read but must be tensors. Contract read from PyTorch's attention_backward.cu
-    (``_scaled_dot_product_cudnn_attention_backward_cuda``), cudnn/MHA.cpp (``run_cudnn_SDP_bprop``) and
-    _meta_registrations.py."""
+    (the op's (batch, heads, seqlen, head_dim) views are transposes of it; Q, K, V with any strides and a dense last
+    dimension); GQA natively; causal only with seqlen_q == seqlen_k (`cudnn_applies`). O and dO go in Q's layout
+    (`_in_layout_of`; no copy for the (batch, seqlen, heads, head_dim) tensors of the usual call): PyTorch caches
+    cuDNN's backward graph under Q's, K's and V's shapes and strides only, so O and dO must have the layout that Q's
+    strides imply for every caller, ours and SDPA's own, or one caller's graph would read the other's tensors with
+    the wrong strides. No dropout: its seed and offset tensors are never read but must be tensors. Contract read from
+    PyTorch's attention_backward.cu (``_scaled_dot_product_cudnn_attention_backward_cuda``), cudnn/MHA.cpp
+    (``run_cudnn_SDP_bprop``, the graph cache ``MHACacheKeyWrapper``) and _meta_registrations.py."""
     unused = torch.empty((), dtype=torch.int64, device=q.device)
-    views = [_last_dim_dense(t).transpose(1, 2) for t in (grad_out, q, k, v, out)]
+    qv, kv, vv = (_last_dim_dense(t).transpose(1, 2) for t in (q, k, v))
+    out_v, grad_out_v = (_in_layout_of(qv, t.transpose(1, 2)) for t in (out, grad_out))
     stats = lse.float().contiguous()
     if _cudnn_lse_trailing_dim():
         stats = stats.unsqueeze(-1)
-    dq, dk, dv = CUDNN_BACKWARD_OP(*views, stats, unused, unused, None, None, None, q.shape[1], k.shape[1], 0.0,
-                                   causal, scale=_scale(q, softmax_scale))
+    dq, dk, dv = CUDNN_BACKWARD_OP(grad_out_v, qv, kv, vv, out_v, stats, unused, unused, None, None, None, q.shape[1],
+                                   k.shape[1], 0.0, causal, scale=_scale(q, softmax_scale))
     return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
 
 
