@@ -21,10 +21,12 @@ synchronised, for
 * ``ours-fwd``  our forward alone under ``torch.no_grad()`` (what the backward adds is ours - ours-fwd).
 
 Protocol: one warm-up step of each entry (compiles, allocator), then ``--rounds`` rounds in an order rotated by
-the round; an entry's round time is the median of ``--steps`` steps (CUDA events around each); the ratios of ours,
-ours-flashbwd, ours-sdpabwd and ours-cudnnbwd to sdpa are taken per round and their medians reported with the
-ranges; SM clock and power (NVML) are read after each entry's steps. No pass or fail: a measurement (bench/NOTES.md
-carries the prediction and the outcome).
+the round; an entry's round time is the median of ``--steps`` steps (CUDA events around each, the host waiting for
+each: a step's host work before its first kernel counts), and its queued time the mean of ``--steps`` steps run back
+to back between two events (the host's work overlapping the GPU's, as in a training loop that does not wait); the
+ratios of ours, ours-flashbwd, ours-sdpabwd and ours-cudnnbwd to sdpa are taken per round, each timing, and their
+medians reported with the ranges; SM clock and power (NVML) are read after each entry's steps. No pass or fail: a
+measurement (bench/NOTES.md carries the prediction and the outcome).
 """
 from __future__ import annotations
 
@@ -102,24 +104,31 @@ def main(argv=None) -> int:
         steps = {e: step_fn(e, q, k, v, causal) for e in ENTRIES}
         for step in steps.values():
             step()
-        times = {e: [] for e in ENTRIES}
+        times, queued = {e: [] for e in ENTRIES}, {e: [] for e in ENTRIES}
         clocks = []
         for r in range(args.rounds):
             order = ENTRIES[r % len(ENTRIES):] + ENTRIES[:r % len(ENTRIES)]
             for e in order:
-                times[e].append(statistics.median(event_ms(steps[e]) for _ in range(args.steps)))
+                step = steps[e]
+                times[e].append(statistics.median(event_ms(step) for _ in range(args.steps)))
+                queued[e].append(event_ms(lambda: [step() for _ in range(args.steps)]) / args.steps)
                 clocks.append(clock.read())
         over = {e: [o / s for o, s in zip(times[e], times["sdpa"])] for e in MODES}
+        over_q = {e: [o / s for o, s in zip(queued[e], queued["sdpa"])] for e in MODES}
         row = dict(head_dim=head_dim, seqlen=seqlen, batch=batch, heads=heads, causal=causal,
                    ms={e: statistics.median(t) for e, t in times.items()},
                    over_sdpa={e: statistics.median(r) for e, r in over.items()},
                    over_sdpa_range={e: [min(r), max(r)] for e, r in over.items()},
+                   queued_ms={e: statistics.median(t) for e, t in queued.items()},
+                   queued_over_sdpa={e: statistics.median(r) for e, r in over_q.items()},
+                   queued_over_sdpa_range={e: [min(r), max(r)] for e, r in over_q.items()},
                    sm_mhz=[min(c[0] for c in clocks), max(c[0] for c in clocks)],
                    watts=[min(c[1] for c in clocks), max(c[1] for c in clocks)])
         rows.append(row)
         ms = row["ms"]
         ratios = "; ".join(f"{e} {ms[e]:.2f} ms, / sdpa {row['over_sdpa'][e]:.2f} ({min(over[e]):.2f}-"
-                           f"{max(over[e]):.2f})" for e in MODES)
+                           f"{max(over[e]):.2f}), queued {row['queued_over_sdpa'][e]:.2f} ({min(over_q[e]):.2f}-"
+                           f"{max(over_q[e]):.2f})" for e in MODES)
         print(f"D {head_dim} N {seqlen} {'causal' if causal else 'full'}: sdpa {ms['sdpa']:.2f} ms, ours-fwd "
               f"{ms['ours-fwd']:.2f} ms; {ratios}; SM {row['sm_mhz'][0]:.0f}-{row['sm_mhz'][1]:.0f} MHz", flush=True)
         del q, k, v, steps
