@@ -499,8 +499,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         reference backend they stay connected to the inputs for autograd, with zero gradients).
 
     Gradients: with grad mode on and an input that requires grad, a kernel backend's call runs its forward kernel
-    through the custom op, whose backward is PyTorch's (``integrations.backward.kernel_backward``: by default SDPA's
-    fused backward eagerly and PyTorch's FlashAttention-2 backward kernel traced, where the loss uses O alone; else
+    through the custom op, whose backward is PyTorch's (``integrations.backward.kernel_backward``: by default cuDNN's
+    fused attention backward on the forward's O and LSE, eager and traced, else PyTorch's FlashAttention-2 backward
+    kernel on them, where the loss uses O alone (``FA_VARIANTS_BACKWARD``); else
     ``reference.run_backward``, the gradient of exact attention in float32 PyTorch, query rows in memory-bounded
     chunks; no backward kernel of its own: it warns once per backend, a ``dispatch.BackendFallbackWarning``); the
     reference backend keeps plain autograd. fa3-fp8 and the num_splits /

@@ -119,6 +119,101 @@ def test_cudnn_leaves_one_query_row_on_capability_10_to_flash(cudnn_stand_in, fu
         assert (len(cudnn_stand_in), len(fused_on_cpu)) == expected, capability
 
 
+def test_broadcast_inputs_go_to_flash(cudnn_stand_in, fused_on_cpu):
+    """Queries expanded over the batch (learned latents, stride 0): cuDNN's descriptors are not asked to take a
+    broadcast dimension; the flash path serves, the latents' gradient (summed over the batch by autograd) within the
+    rule. `_in_layout_of` puts such a dimension outermost, as PyTorch's own layout matching does, keeping head_dim's
+    unit stride."""
+    latents = torch.randn(1, 8, 4, 64, dtype=BF16)
+    _, k, v = make_qkv(3, 8, 8, 4, 2, 64, dtype=BF16)
+    grad_out = torch.randn(3, 8, 4, 64, dtype=BF16)
+    leaf = latents.clone().requires_grad_(True)
+    (got,) = torch.autograd.grad(fa_variants.attention(leaf.expand(3, -1, -1, -1), k, v), [leaf], grad_out)
+    assert cudnn_stand_in == [] and len(fused_on_cpu) == 1
+    ref = latents.clone().requires_grad_(True)
+    (same,) = torch.autograd.grad(reference.attention_reference(ref.expand(3, -1, -1, -1), k, v, dtype=BF16)[0], [ref],
+                                  grad_out)
+    exact = latents.double().requires_grad_(True)
+    (want,) = torch.autograd.grad(reference.attention_reference(exact.expand(3, -1, -1, -1), k.double(), v.double())[0],
+                                  [exact], grad_out.double())
+    assert got.isfinite().all() and (got.double() - want).abs().max() <= 2 * (same.double() - want).abs().max() + 1e-3
+    view = backward._in_layout_of(leaf.expand(3, -1, -1, -1).transpose(1, 2), torch.randn(3, 4, 8, 64))
+    assert view.stride(-1) == 1 and view.permute(0, 2, 1, 3).is_contiguous()  # batch outermost, then Q's order
+
+
+@pytest.mark.parametrize("switch", ["cudnn_sdp_off", "deterministic", "deterministic_warn_only", "avoid_recompile"])
+def test_pytorchs_switches_keep_cudnn_off(cudnn_stand_in, fused_on_cpu, monkeypatch, switch):
+    """PyTorch's process-wide switches that keep SDPA off cuDNN keep ours off it too, the flash path serving:
+    ``enable_cudnn_sdp(False)``; ``use_deterministic_algorithms(True)`` (cuDNN's backward is not deterministic; in
+    warn-only mode cuDNN still serves, as SDPA's warning allows); ``TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1`` (cuDNN's
+    forward then lays its statistics out otherwise, and its backward reads them so: ours would be misread)."""
+    q, k, v = make_qkv(1, 12, 12, 4, 2, 64, dtype=BF16)
+    sdp, det, warn_only = (torch.backends.cuda.cudnn_sdp_enabled(), torch.are_deterministic_algorithms_enabled(),
+                           torch.is_deterministic_algorithms_warn_only_enabled())
+    try:
+        if switch == "cudnn_sdp_off":
+            torch.backends.cuda.enable_cudnn_sdp(False)
+        elif switch.startswith("deterministic"):
+            torch.use_deterministic_algorithms(True, warn_only=switch.endswith("warn_only"))
+        else:
+            monkeypatch.setenv("TORCH_CUDNN_SDPA_AVOID_RECOMPILE", "1")
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        torch.autograd.grad(fa_variants.attention(*leaves, causal=True).float().sum(), leaves)
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(sdp)
+        torch.use_deterministic_algorithms(det, warn_only=warn_only)
+    cudnn_serves = switch == "deterministic_warn_only"
+    assert (len(cudnn_stand_in), len(fused_on_cpu)) == ((1, 0) if cudnn_serves else (0, 1))
+
+
+@pytest.mark.parametrize("dim", [0, 2], ids=["batch", "heads"])
+def test_fused_backwards_within_the_cuda_grid(cudnn_stand_in, fused_on_cpu, monkeypatch, dim):
+    """Batch and num_heads above `FUSED_MAX_GRID` (65535: a CUDA grid's y / z extent; lowered here to 3) keep the
+    PyTorch backward (windowed attention folds windows into the batch); at the limit cuDNN serves."""
+    monkeypatch.setattr(backward, "FUSED_MAX_GRID", 3)
+    for size, expected in ((4, (0, 0)), (3, (1, 0))):
+        shape = [2, 9, 2, 2, 64]
+        shape[dim if dim == 0 else 2] = size
+        shape[3] = shape[2] if dim == 2 else 2
+        q, k, v = make_qkv(shape[0], 9, 9, shape[2], shape[3], 64, dtype=BF16)
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        torch.autograd.grad(fa_variants.attention(*leaves).float().sum(), leaves)
+        assert (len(cudnn_stand_in), len(fused_on_cpu)) == expected, size
+        cudnn_stand_in.clear()
+
+
+def _aligned16(t: torch.Tensor) -> bool:
+    return t.data_ptr() % 16 == 0 and t.stride(-1) == 1 and all(s * t.element_size() % 16 == 0
+                                                               for s in t.stride()[:-1] if s)
+
+
+@pytest.mark.parametrize("causal, nk", [(False, 12), (True, 20)], ids=["cudnn", "flash"])
+def test_unaligned_inputs_reach_the_kernels_aligned(cudnn_stand_in, fused_on_cpu, monkeypatch, causal, nk):
+    """Q, K, V viewed at an odd offset (a [..., 1:65] slice: the base 2 bytes past 16, rows of 130 bytes): the forward
+    copies such a tensor for its kernel (``common.interop.aligned``), and the backward does the same for cuDNN's and
+    the flash kernel's 16-byte loads; the gradients as for aligned inputs."""
+    seen = []
+
+    def record(real):
+        def kernel(*args, **kwargs):
+            seen.append([_aligned16(t) for t in args[:5]])
+            return real(*args, **kwargs)
+        return kernel
+
+    monkeypatch.setattr(backward, "CUDNN_BACKWARD_OP", record(backward.CUDNN_BACKWARD_OP))
+    monkeypatch.setattr(backward, "FLASH_BACKWARD_OP", record(backward.FLASH_BACKWARD_OP))
+    wide = [torch.randn(1, n, 4 if i == 0 else 2, 65, dtype=BF16) for i, n in enumerate((12, nk, nk))]
+    grad_out = torch.randn(1, 12, 4, 64, dtype=BF16)
+    grads = []
+    for inputs in ([t[..., 1:] for t in wide], [t[..., 1:].contiguous() for t in wide]):
+        leaves = [t.detach().requires_grad_(True) for t in inputs]  # the slices keep their offset and strides
+        grads.append(torch.autograd.grad(fa_variants.attention(*leaves, causal=causal), leaves, grad_out))
+    assert len(seen) == 2 and all(all(flags) for flags in seen), seen
+    assert (len(cudnn_stand_in), len(fused_on_cpu)) == ((2, 0) if not causal else (0, 2))
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b)
+
+
 def test_cudnn_hands_over_to_flash_then_pytorch(cudnn_stand_in, fused_on_cpu, monkeypatch):
     """Where cuDNN does not apply but the flash kernel does (causal with seqlen_q < seqlen_k: cuDNN's mask is
     top-left; head_dim above `CUDNN_MAX_HEAD_DIM`, here lowered to 32 for the fake kernel's head dims; one key) the

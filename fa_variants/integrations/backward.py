@@ -22,6 +22,7 @@ median of 6 rotated rounds): ``cudnn`` 0.99-1.22x SDPA's time, ``sdpa`` 1.17-1.4
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
@@ -91,7 +92,7 @@ def kernel_backward(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, causal: bo
         if fused and wanted == "sdpa" and eager and sdpa_applies(q, k, causal, softmax_scale):
             return sdpa_backward(grad_out, q, k, v, causal, softmax_scale)
         kept = fused and out is not None and lse is not None
-        if kept and wanted == "cudnn" and cudnn_applies(q, k, causal, softmax_scale):
+        if kept and wanted == "cudnn" and cudnn_applies(q, k, causal, softmax_scale, v):
             return cudnn_backward(grad_out, q, k, v, out, lse, causal, softmax_scale)
         if kept and wanted != "pytorch" and flash_applies(q, k, causal, softmax_scale):
             return flash_backward(grad_out, q, k, v, out, lse, causal, softmax_scale)
@@ -111,13 +112,21 @@ def _scale(q: torch.Tensor, softmax_scale: float | None) -> float:
     return reference.default_softmax_scale(q.shape[-1]) if softmax_scale is None else softmax_scale
 
 
+#: the largest batch and num_heads the fused kernels launch (a CUDA grid's y and z extents, over which they spread
+#: batch and heads; PyTorch's own gate for cuDNN's attention)
+FUSED_MAX_GRID = 65535
+
+
 def _fused_applies(q: torch.Tensor, k: torch.Tensor, causal: bool) -> bool:
     """What every fused backward here needs: no create_graph (grad mode off in the backward: their kernels have no
-    derivative of their own), q on a device of `FUSED_DEVICES`, 16-bit inputs, rows and keys, and no causal row
-    without a key (seqlen_q <= seqlen_k: such a row's LSE is -inf, which the fused kernels do not take)."""
+    derivative of their own), q on a device of `FUSED_DEVICES`, 16-bit inputs, rows and keys, batch and num_heads
+    up to `FUSED_MAX_GRID`, and no causal row without a key (seqlen_q <= seqlen_k: such a row's LSE is -inf, which
+    the fused kernels do not take)."""
     if torch.is_grad_enabled() or q.device.type not in FUSED_DEVICES:
         return False
     if q.dtype not in (torch.float16, torch.bfloat16) or q.numel() == 0 or k.shape[1] == 0:
+        return False
+    if q.shape[0] > FUSED_MAX_GRID or q.shape[2] > FUSED_MAX_GRID:
         return False
     return not (causal and q.shape[1] > k.shape[1])
 
@@ -140,8 +149,12 @@ def flash_applies(q: torch.Tensor, k: torch.Tensor, causal: bool, softmax_scale:
             and q.shape[-1] <= 256 and _fused_scale(_scale(q, softmax_scale)))
 
 
-def _last_dim_dense(t: torch.Tensor) -> torch.Tensor:
-    return t if t.stride(-1) == 1 else t.contiguous()
+def _kernel_ready(t: torch.Tensor) -> torch.Tensor:
+    """t with a unit last stride and 16-byte aligned (``interop.aligned``: t itself when it is so, else a view or a
+    copy), as the forward hands its kernel: both fused kernels load 16 bytes at a time."""
+    from fa_variants.common import interop
+
+    return interop.aligned(t if t.stride(-1) == 1 else t.contiguous())
 
 
 def flash_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
@@ -159,22 +172,43 @@ def flash_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     scale = _scale(q, softmax_scale)
     rng_state = torch.empty(2, dtype=torch.uint64, device=q.device)  # the forward's dropout RNG state: no dropout,
     unused = torch.empty((), dtype=torch.uint64, device=q.device)     # so never read (shapes and dtype as its own)
-    views = [_last_dim_dense(t).transpose(1, 2) for t in (grad_out, q, k, v, out)]
+    views = [_kernel_ready(t).transpose(1, 2) for t in (grad_out, q, k, v, out)]
     dq, dk, dv = FLASH_BACKWARD_OP(
         *views, lse.float().contiguous(), None, None, seqlen_q, seqlen_k, 0.0, causal, rng_state, unused, scale=scale)
     return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
 
 
-def cudnn_applies(q: torch.Tensor, k: torch.Tensor, causal: bool, softmax_scale: float | None) -> bool:
+def cudnn_applies(q: torch.Tensor, k: torch.Tensor, causal: bool, softmax_scale: float | None, v=None) -> bool:
     """Whether `cudnn_backward` serves: `_fused_applies`, head_dim a multiple of 8 up to `CUDNN_MAX_HEAD_DIM`, more
     than one key (PyTorch's gate for cuDNN attention), softmax_scale within `_fused_scale`, for causal seqlen_q ==
     seqlen_k (cuDNN's dense causal mask is top-left aligned, ours bottom-right, the same only for square scores),
-    and not one query row on compute capability 10 or above (PyTorch refuses cuDNN's attention there for cuDNN 9.19
-    to 9.25, a cuDNN fault with seqlen_q = 1 on those GPUs)."""
+    not one query row on compute capability 10 or above (PyTorch refuses cuDNN's attention there for cuDNN 9.19
+    to 9.25, a cuDNN fault with seqlen_q = 1 on those GPUs), no broadcast (stride 0) dimension in Q, K or V, and
+    `_cudnn_allowed`."""
     return (_fused_applies(q, k, causal) and q.shape[-1] % 8 == 0 and q.shape[-1] <= CUDNN_MAX_HEAD_DIM
             and k.shape[1] > 1 and (not causal or q.shape[1] == k.shape[1])
             and (q.shape[1] > 1 or _capability(q.device) < (10, 0))
-            and _fused_scale(_scale(q, softmax_scale)))
+            and not any(_broadcast(t) for t in (q, k, v) if t is not None)
+            and _fused_scale(_scale(q, softmax_scale)) and _cudnn_allowed())
+
+
+def _broadcast(t: torch.Tensor) -> bool:
+    """Whether t has a stride-0 dimension of length above 1 (an ``expand``)."""
+    return any(stride == 0 and size > 1 for stride, size in zip(t.stride(), t.shape))
+
+
+def _cudnn_allowed() -> bool:
+    """PyTorch's process-wide switches that keep cuDNN's attention off, honoured here as SDPA honours them: cuDNN's
+    SDPA disabled (``torch.backends.cuda.enable_cudnn_sdp(False)``); deterministic algorithms required
+    (``torch.use_deterministic_algorithms(True)``, not warn-only: cuDNN's attention backward is not deterministic,
+    PyTorch's FlashAttention-2 backward honours the flag); ``TORCH_CUDNN_SDPA_AVOID_RECOMPILE`` on (cuDNN's forward
+    then keeps its statistics in another layout, which its backward addresses: ours are (batch, heads, seqlen_q))."""
+    if not torch.backends.cuda.cudnn_sdp_enabled():
+        return False
+    if torch.are_deterministic_algorithms_enabled() and not torch.is_deterministic_algorithms_warn_only_enabled():
+        return False
+    return os.environ.get("TORCH_CUDNN_SDPA_AVOID_RECOMPILE", "").strip().upper() not in ("1", "ON", "YES", "TRUE",
+                                                                                        "Y")
 
 
 def _capability(device: torch.device) -> tuple[int, int]:
@@ -195,10 +229,17 @@ def _cudnn_lse_trailing_dim() -> bool:
 
 def _in_layout_of(ref: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     """``t`` (ref's shape) dense with ``ref``'s order of dimensions, outermost first by ref's strides (a stable sort:
-    ties keep their order): ``t`` itself when it is already so, else a copy. The layout cuDNN's own SDPA path gives
-    O (allocated to match Q) and hands its backward for dO (made to match O)."""
-    order = sorted(range(ref.dim()), key=lambda d: -ref.stride(d))
-    return t.permute(order).contiguous().permute([order.index(d) for d in range(ref.dim())])
+    ties keep their order; broadcast dimensions outermost, as PyTorch's own ``alloc_with_matching_layout``), and
+    16-byte aligned: ``t`` itself when it is already so, else a copy. The layout cuDNN's own SDPA path gives O
+    (allocated to match Q); dO it takes as autograd hands it, which in the usual call is O's layout too."""
+    order = sorted(range(ref.dim()), key=lambda d: (ref.stride(d) != 0 or ref.shape[d] == 1, -ref.stride(d)))
+    inverse = [order.index(d) for d in range(ref.dim())]
+    dense = t.permute(order).contiguous().permute(inverse)
+    from fa_variants.common import interop
+
+    if not interop.is_aligned(dense):  # t was already dense in that order but not aligned: a fresh copy is
+        dense = t.permute(order).clone(memory_format=torch.contiguous_format).permute(inverse)
+    return dense
 
 
 def cudnn_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
@@ -206,16 +247,18 @@ def cudnn_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     """(dq, dk, dv) from cuDNN's fused attention backward (the one SDPA's cuDNN path runs, faster than
     FlashAttention-2's on Hopper), given our forward's O and natural-log LSE (cuDNN's softmax statistics are the same
     quantity: logsumexp of the scaled scores). Layout (batch, seqlen, heads, head_dim) as ``fa_variants.attention``
-    (the op's (batch, heads, seqlen, head_dim) views are transposes of it; Q, K, V with any strides and a dense last
-    dimension); GQA natively; causal only with seqlen_q == seqlen_k (`cudnn_applies`). O and dO go in Q's layout
-    (`_in_layout_of`; no copy for the (batch, seqlen, heads, head_dim) tensors of the usual call): PyTorch caches
-    cuDNN's backward graph under Q's, K's and V's shapes and strides only, so O and dO must have the layout that Q's
-    strides imply for every caller, ours and SDPA's own, or one caller's graph would read the other's tensors with
-    the wrong strides. No dropout: its seed and offset tensors are never read but must be tensors. Contract read from
-    PyTorch's attention_backward.cu (``_scaled_dot_product_cudnn_attention_backward_cuda``), cudnn/MHA.cpp
+    (the op's (batch, heads, seqlen, head_dim) views are transposes of it; Q, K, V with any strides, a unit last
+    stride and 16-byte alignment, `_kernel_ready`); GQA natively; causal only with seqlen_q == seqlen_k
+    (`cudnn_applies`). O and dO go dense in Q's order of dimensions (`_in_layout_of`; no copy for the (batch, seqlen,
+    heads, head_dim) tensors of the usual call): PyTorch releases before its newest cache cuDNN's backward graph under
+    Q's, K's and V's shapes and strides alone, so for given Q / K / V strides every call of ours hands the same O / dO
+    layout, the one SDPA's own cuDNN path gives O (and, in the usual call, dO), and a graph built by either caller
+    reads the other's tensors right. (An SDPA caller whose dO layout varies at fixed Q strides meets that PyTorch
+    limit with or without us.) No dropout: its seed and offset tensors are never read but must be tensors. Contract
+    read from PyTorch's attention_backward.cu (``_scaled_dot_product_cudnn_attention_backward_cuda``), cudnn/MHA.cpp
     (``run_cudnn_SDP_bprop``, the graph cache ``MHACacheKeyWrapper``) and _meta_registrations.py."""
     unused = torch.empty((), dtype=torch.int64, device=q.device)
-    qv, kv, vv = (_last_dim_dense(t).transpose(1, 2) for t in (q, k, v))
+    qv, kv, vv = (_kernel_ready(t).transpose(1, 2) for t in (q, k, v))
     out_v, grad_out_v = (_in_layout_of(qv, t.transpose(1, 2)) for t in (out, grad_out))
     stats = lse.float().contiguous()
     if _cudnn_lse_trailing_dim():

@@ -19,7 +19,8 @@ dtype (bfloat16 for e4m3: ``api.output_dtype``), lse float32 contiguous (batch, 
 softmax_scale, str backend) -> (Tensor out, Tensor lse)``.
 
 Autograd (both ops): the backward is ``integrations.backward.kernel_backward`` (``FA_VARIANTS_BACKWARD``: by
-default SDPA's fused backward eagerly and PyTorch's FlashAttention-2 backward kernel traced, where they apply; else
+default cuDNN's fused attention backward, else PyTorch's FlashAttention-2 backward kernel, each on the forward's O
+and LSE, eager and traced, where they apply; else
 the reference backend's ``reference.run_backward``, plain PyTorch, float32 maths, query rows in memory-bounded
 chunks): traced, in a second opaque op,
 ``fa_variants::attention_reference_backward``; eagerly (a call whose inputs require grad comes through the op)
