@@ -29,7 +29,8 @@
 #   key; seqlen_k 64 / 128 / 192 / 1216, seqlen_q 1, 100 and square causal; head_dim 64 / 128); then (1bfb12d)
 #   O and dO handed to cuDNN in Q's layout, because PyTorch releases before the newest cache cuDNN's backward graph
 #   under Q's / K's / V's strides alone, and a test that alternates SDPA's own cuDNN backward with ours at one shape,
-#   Q / K / V and dO in both memory layouts. scripts/backward_time.py now also times steps queued back to back (the
+#   Q / K / V and dO in both memory layouts; (99298e2) cuDNN off under strict deterministic algorithms (the flash
+#   kernel's op honours the flag: a test repeats a backward bit for bit). scripts/backward_time.py now also times steps queued back to back (the
 #   host's work overlapping the GPU's; session 43's figures waited for each step).
 # Prediction (session 43, before its run): everything passes but, possibly, cudnn on the very-negative-LSE rows at
 #   seqlen_k = 64 mod 128 (64, 192, 1216): a NaN dQ there is a failure class reported for cuDNN's sm_90 attention
@@ -37,6 +38,8 @@
 #   machine has 9.19. Timings as session 43's when each step is waited for; queued, cudnn / SDPA 0.97-1.08 at N 1k
 #   too (hypothesis: the 1.17 / 1.22 there were ~0.2-0.3 ms of our Python per step before its first kernel, which a
 #   queued step hides).
+#   If PyTorch's flash backward raises under deterministic algorithms instead, that test fails: such calls then take
+#   the PyTorch backward.
 # Rule: if cudnn (or sdpa, whose eager backward is SDPA's, cuDNN's on Hopper) fails the very-negative-LSE rows, those
 #   modes decline seqlen_k = 64 mod 128 (the flash kernel serves there; no host sync is added to read the LSE), and
 #   the README says so; any other failure of the default puts FA_VARIANTS_BACKWARD's default back to sdpa.

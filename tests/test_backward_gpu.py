@@ -238,3 +238,30 @@ def test_cudnn_backward_beside_sdpas_own(gpu_variant, monkeypatch):
                     assert g.isfinite().all(), (layout, fn.__name__)
                 assert_grads_within_rule(got, same, exact)
     assert calls == {"cudnn_backward": 6}
+
+
+def test_deterministic_algorithms_keep_cudnn_off_and_repeat(gpu_variant, monkeypatch):
+    """torch.use_deterministic_algorithms(True): the default mode leaves cuDNN's backward (not deterministic) to the
+    flash kernel, whose op honours the flag; two backwards of one call give the same gradients bit for bit (the same
+    kernel on the same GPU and inputs: what the flag promises), within the rule."""
+    backend = "fa3" if dispatch.device_capability(torch.device("cuda")) >= (9, 0) else "fa2"
+    gpu_variant(backend)
+    monkeypatch.delenv("FA_VARIANTS_BACKWARD", raising=False)
+    calls = _counted(monkeypatch, "flash_backward", "cudnn_backward")
+    q, k, v = make_qkv(2, 300, 300, 8, 2, 128, dtype=torch.bfloat16, device="cuda")
+    grad_out = torch.randn(q.shape, dtype=torch.bfloat16, device="cuda")
+    before = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", dispatch.BackendFallbackWarning)
+            runs = [_grads(q, k, v, grad_out, backend=backend, causal=True) for _ in range(2)]
+    finally:
+        torch.use_deterministic_algorithms(before, warn_only=warn_only)
+    assert calls == {"flash_backward": 2}
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+    same = _grads(q, k, v, grad_out, torch.bfloat16, backend=backend, causal=True)
+    exact = _grads(q, k, v, grad_out, torch.float64, backend=backend, causal=True)
+    assert_grads_within_rule(runs[0], same, exact)
