@@ -30,8 +30,8 @@
 #   O and dO handed to cuDNN in Q's layout, because PyTorch releases before the newest cache cuDNN's backward graph
 #   under Q's / K's / V's strides alone, and a test that alternates SDPA's own cuDNN backward with ours at one shape,
 #   Q / K / V and dO in both memory layouts; (99298e2) cuDNN off under strict deterministic algorithms (the flash
-#   kernel's op honours the flag: a test repeats a backward bit for bit). scripts/backward_time.py now also times steps queued back to back (the
-#   host's work overlapping the GPU's; session 43's figures waited for each step).
+#   kernel's op honours the flag: a test repeats a backward bit for bit). scripts/backward_time.py now also times
+#   steps queued back to back (the host's work overlapping the GPU's; session 43's figures waited for each step).
 # Prediction (session 43, before its run): everything passes but, possibly, cudnn on the very-negative-LSE rows at
 #   seqlen_k = 64 mod 128 (64, 192, 1216): a NaN dQ there is a failure class reported for cuDNN's sm_90 attention
 #   backward (the padded half of its last 128-key tile let into exp(score - LSE)) on cuDNN releases up to 9.30; this
