@@ -178,7 +178,8 @@ def flash_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
 
 
-def cudnn_applies(q: torch.Tensor, k: torch.Tensor, causal: bool, softmax_scale: float | None, v=None) -> bool:
+def cudnn_applies(q: torch.Tensor, k: torch.Tensor, causal: bool, softmax_scale: float | None,
+                  v: torch.Tensor | None = None) -> bool:
     """Whether `cudnn_backward` serves: `_fused_applies`, head_dim a multiple of 8 up to `CUDNN_MAX_HEAD_DIM`, more
     than one key (PyTorch's gate for cuDNN attention), softmax_scale within `_fused_scale`, for causal seqlen_q ==
     seqlen_k (cuDNN's dense causal mask is top-left aligned, ours bottom-right, the same only for square scores),
@@ -232,11 +233,11 @@ def _in_layout_of(ref: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     ties keep their order; broadcast dimensions outermost, as PyTorch's own ``alloc_with_matching_layout``), and
     16-byte aligned: ``t`` itself when it is already so, else a copy. The layout cuDNN's own SDPA path gives O
     (allocated to match Q); dO it takes as autograd hands it, which in the usual call is O's layout too."""
+    from fa_variants.common import interop
+
     order = sorted(range(ref.dim()), key=lambda d: (ref.stride(d) != 0 or ref.shape[d] == 1, -ref.stride(d)))
     inverse = [order.index(d) for d in range(ref.dim())]
     dense = t.permute(order).contiguous().permute(inverse)
-    from fa_variants.common import interop
-
     if not interop.is_aligned(dense):  # t was already dense in that order but not aligned: a fresh copy is
         dense = t.permute(order).clone(memory_format=torch.contiguous_format).permute(inverse)
     return dense
