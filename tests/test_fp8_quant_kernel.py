@@ -904,8 +904,9 @@ def test_compiles_wide(arch, name, extra, monkeypatch):
     of 2048), the block max's 5 and the shift's 1 + 1 (two accumulators); 2x the cp.async, 16-byte reads, STG.128 and
     F2FP; the same barriers. Refused at head_dim 64, for V, with the staged store at 256, without the coalesced stage
     (head_dim 128: ``test_compiles_wide128``)."""
-    cfg = qk.PassConfig(rows=128, stages=3, coalesced=True, head_major=True, staged_mean=True, pdl=True, wide=True,
-                        **extra)
+    # PDL as the default plans it (only up to head_dim 64 since session 43: quant_host.V2_PDL_MAX_HEAD_DIM)
+    cfg = qk.PassConfig(rows=128, stages=3, coalesced=True, head_major=True, staged_mean=True, wide=True,
+                        pdl=qh.V2_PDL and 256 <= qh.V2_PDL_MAX_HEAD_DIM, **extra)
     monkeypatch.setattr(qh, "V3_WIDE", True)  # (the default, whatever this process's environment says)
     monkeypatch.setattr(qh, "NONFINITE", False)  # the fast path's geometry (the slow path: test_fp8_quant_nonfinite)
     assert cfg in [key.config for key in qh.planned_passes(arch, torch.bfloat16, 256)]
@@ -974,8 +975,8 @@ def test_compiles_wide128(arch, name, rows, extra, monkeypatch):
     registers, K without spill (Q: 40 bytes, 10 STL + 10 LDL per block); the Hadamard without cross-lane stage: 5
     SHFL.BFLY (the block max's) instead of 69 / 70; per thread 8 e4m3 units through the stage (STG.E.128 8, F2FP 64),
     one barrier more (the staged store's)."""
-    cfg = qk.PassConfig(rows=rows, stages=3, coalesced=True, head_major=True, staged_mean=True, pdl=True, wide=True,
-                        staged_store=True, **extra)
+    cfg = qk.PassConfig(rows=rows, stages=3, coalesced=True, head_major=True, staged_mean=True, wide=True,
+                        pdl=qh.V2_PDL and 128 <= qh.V2_PDL_MAX_HEAD_DIM, staged_store=True, **extra)
     monkeypatch.setattr(qh, "V3_WIDE128", True)
     monkeypatch.setattr(qh, "V3_STAGED_STORE", None)
     monkeypatch.setattr(qh, "NONFINITE", False)  # the fast path's geometry (the slow path: test_fp8_quant_nonfinite)
