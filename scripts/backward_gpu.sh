@@ -37,7 +37,9 @@
 #   backward (the padded half of its last 128-key tile let into exp(score - LSE)) on cuDNN releases up to 9.30; this
 #   machine has 9.19. Timings as session 43's when each step is waited for; queued, cudnn / SDPA 0.97-1.08 at N 1k
 #   too (hypothesis: the 1.17 / 1.22 there were ~0.2-0.3 ms of our Python per step before its first kernel, which a
-#   queued step hides).
+#   queued step hides). New shapes D 256 N 4k, full and causal (cuDNN's backward does not apply: cudnn = flash there):
+#   cudnn / SDPA 0.85-0.97 if SDPA's step runs FlashAttention-2 both ways (our forward the faster), above 1.1 if it
+#   runs cuDNN's backward; sdpa mode 1.1-1.25 (two forwards).
 #   If PyTorch's flash backward raises under deterministic algorithms instead, that test fails: such calls then take
 #   the PyTorch backward.
 # Rule: if cudnn (or sdpa, whose eager backward is SDPA's, cuDNN's on Hopper) fails the very-negative-LSE rows, those

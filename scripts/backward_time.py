@@ -40,8 +40,9 @@ from pathlib import Path
 ENTRIES = ("ours", "ours-flashbwd", "ours-sdpabwd", "ours-cudnnbwd", "sdpa", "ours-fwd")
 MODES = {"ours": "pytorch", "ours-flashbwd": "flash", "ours-sdpabwd": "sdpa",  # FA_VARIANTS_BACKWARD
          "ours-cudnnbwd": "cudnn"}
+#: (head_dim, seqlen, causal); at head_dim 256 cuDNN's backward does not apply here (ours-cudnnbwd = ours-flashbwd)
 SHAPES = [(64, 1024, False), (64, 4096, False), (128, 1024, False), (128, 4096, False), (128, 4096, True),
-          (128, 16384, True)]  # (head_dim, seqlen, causal)
+          (128, 16384, True), (256, 4096, False), (256, 4096, True)]
 
 
 def shape_dims(head_dim: int, seqlen: int) -> tuple[int, int]:
