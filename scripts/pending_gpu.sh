@@ -27,7 +27,7 @@
 #    became FA_VARIANTS_BACKWARD's default and 64 FA_VARIANTS_FP8_QUANT_PDL_MAX_HEAD_DIM's (4faa758), with new
 #    backward tests (cudnn traced; every mode on rows whose LSE is below -88.7). Name nvidia-h100-x1 or nvidia-h200
 #    on each call, `status` first (its none_now gives the back-off). In order:
-#    K3. `scripts/pending_gpu.sh backward` (~210 s cold on session 43's H100, ~60 s more now; timeout_s 600): the
+#    K3. `scripts/pending_gpu.sh backward` (~210 s cold on session 43's H100, ~150 s more now; timeout_s 600): the
 #       new tests (cudnn traced, very negative LSE rows, O / dO in Q's layout beside SDPA's own cuDNN backward) and
 #       the new default, and the steps timed queued too; the header's prediction (cudnn may give NaN dQ on the
 #       very-negative-LSE rows at seqlen_k = 64 mod 128; queued, cudnn / SDPA 0.97-1.08 at N 1k) and rule (those
