@@ -195,10 +195,11 @@ def test_gradients_of_rows_with_a_very_negative_lse(gpu_variant, monkeypatch, mo
 
 
 def test_cudnn_backward_beside_sdpas_own(gpu_variant, monkeypatch):
-    """PyTorch caches cuDNN's backward graph per Q / K / V shape and strides (releases before it keyed O's and dO's
-    strides too), so ours (FA_VARIANTS_BACKWARD=cudnn, O and dO in Q's layout) and SDPA's own cuDNN backward share
-    graphs: alternating at one shape, Q / K / V in the (batch, seqlen, heads, head_dim) and in SDPA's (batch, heads,
-    seqlen, head_dim) memory layout, dO in either, every gradient within the rule against float64."""
+    """PyTorch caches cuDNN's backward graph per Q / K / V shape and strides (releases before its newest key O's and
+    dO's strides too), so ours (FA_VARIANTS_BACKWARD=cudnn, O and dO in Q's layout) and SDPA's own cuDNN backward
+    share graphs: alternating at one shape, Q / K / V in the (batch, seqlen, heads, head_dim) and in SDPA's (batch,
+    heads, seqlen, head_dim) memory layout, ours given dO in either layout, SDPA's in its O's (a varying dO layout at
+    fixed Q strides trips PyTorch's own cache with or without us), every gradient within the rule against float64."""
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -224,11 +225,12 @@ def test_cudnn_backward_beside_sdpas_own(gpu_variant, monkeypatch):
     runs = 0
     for layout in ("bshd", "bhsd", "bshd"):
         inputs = [t if layout == "bshd" else t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q0, k0, v0)]
+        sdpa_grad = grad0 if layout == "bshd" else grad0.transpose(1, 2).contiguous().transpose(1, 2)  # O's layout
         for grad in (grad0, grad0.transpose(1, 2).contiguous().transpose(1, 2)):
             for fn in (sdpa, ours, sdpa):
                 leaves = [t.clone().requires_grad_(True) for t in inputs]
                 try:
-                    got = torch.autograd.grad(fn(*leaves), leaves, grad)
+                    got = torch.autograd.grad(fn(*leaves), leaves, sdpa_grad if fn is sdpa else grad)
                 except RuntimeError as error:
                     if fn is sdpa and runs == 0:
                         pytest.skip(f"no cuDNN attention in this PyTorch / GPU: {error}")
