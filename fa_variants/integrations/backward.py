@@ -254,8 +254,9 @@ def cudnn_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     heads, head_dim) tensors of the usual call): PyTorch releases before its newest cache cuDNN's backward graph under
     Q's, K's and V's shapes and strides alone, so for given Q / K / V strides every call of ours hands the same O / dO
     layout, the one SDPA's own cuDNN path gives O (and, in the usual call, dO), and a graph built by either caller
-    reads the other's tensors right. (An SDPA caller whose dO layout varies at fixed Q strides meets that PyTorch
-    limit with or without us.) No dropout: its seed and offset tensors are never read but must be tensors. Contract
+    reads the other's tensors right while SDPA's dO keeps its O's layout. (An SDPA caller whose dO is laid out
+    otherwise at the same shapes and Q strides shares a graph with ours on those releases: FA_VARIANTS_BACKWARD=flash
+    avoids it.) No dropout: its seed and offset tensors are never read but must be tensors. Contract
     read from PyTorch's attention_backward.cu (``_scaled_dot_product_cudnn_attention_backward_cuda``), cudnn/MHA.cpp
     (``run_cudnn_SDP_bprop``, the graph cache ``MHACacheKeyWrapper``) and _meta_registrations.py."""
     unused = torch.empty((), dtype=torch.int64, device=q.device)
