@@ -76,8 +76,9 @@ def test_kernel_gradients_within_the_rule(gpu_variant, monkeypatch, mode, backen
         warnings.simplefilter("ignore", dispatch.BackendFallbackWarning)
         got = _grads(q, k, v, grad_out, backend=backend, causal=causal)
     fused = mode != "pytorch" and not (causal and shape[1] > shape[2])
-    if mode == "cudnn" and not (shape[-1] <= 128 and shape[2] > 1 and (not causal or shape[1] == shape[2])):
-        mode = "flash"  # cuDNN's limits (head_dim, one key, its top-left causal mask): the flash kernel serves
+    hopper = dispatch.device_capability(torch.device("cuda"))[0] == backward.CUDNN_CAPABILITY_MAJOR
+    if mode == "cudnn" and not (hopper and shape[-1] <= 128 and shape[2] > 1 and (not causal or shape[1] == shape[2])):
+        mode = "flash"  # cuDNN's limits (sm_90, head_dim, one key, its top-left causal mask): the flash kernel serves
     assert calls == ({f"{mode}_backward": 1} if fused else {}), calls
     same = _grads(q, k, v, grad_out, dtype, backend=backend, causal=causal)
     exact = _grads(q, k, v, grad_out, torch.float64, backend=backend, causal=causal)
@@ -158,7 +159,8 @@ def test_kernel_gradients_under_torch_compile(gpu_variant, monkeypatch, mode):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", dispatch.BackendFallbackWarning)
             grads.append(torch.autograd.grad(run(*leaves), leaves))
-    fused = "cudnn_backward" if mode == "cudnn" else "flash_backward"
+    hopper = dispatch.device_capability(torch.device("cuda"))[0] == backward.CUDNN_CAPABILITY_MAJOR
+    fused = "cudnn_backward" if mode == "cudnn" and hopper else "flash_backward"
     assert calls == ({} if mode == "pytorch" else {fused: 2})  # compiled, then eager
     for g, e in zip(*grads):
         torch.testing.assert_close(g, e)
@@ -203,7 +205,10 @@ def test_cudnn_backward_beside_sdpas_own(gpu_variant, monkeypatch):
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    backend = "fa3" if dispatch.device_capability(torch.device("cuda")) >= (9, 0) else "fa2"
+    capability = dispatch.device_capability(torch.device("cuda"))
+    if capability[0] != backward.CUDNN_CAPABILITY_MAJOR:
+        pytest.skip(f"the cudnn mode takes cuDNN's backward on sm_90 only (this GPU: {capability})")
+    backend = "fa3"
     gpu_variant(backend)
     monkeypatch.setenv("FA_VARIANTS_BACKWARD", "cudnn")
     calls = _counted(monkeypatch, "cudnn_backward")

@@ -41,6 +41,12 @@ FLASH_BACKWARD_OP = torch.ops.aten._scaled_dot_product_flash_attention_backward
 CUDNN_BACKWARD_OP = torch.ops.aten._scaled_dot_product_cudnn_attention_backward
 #: the largest head_dim cuDNN's attention backward takes on every supported cuDNN (PyTorch's sdp_utils gate)
 CUDNN_MAX_HEAD_DIM = 128
+#: the compute capability (major) where the cudnn mode takes cuDNN's backward: Hopper, where it was measured faster
+#: than FlashAttention-2's (session 43) and where PyTorch's SDPA prefers it. Elsewhere the flash path serves: on sm_8x
+#: FlashAttention-2's backward is PyTorch's own choice and cuDNN's engines are missing for some shapes on consumer
+#: parts (reported "no valid engine configs" on sm_89); on compute capability 10 and above PyTorch refuses cuDNN's
+#: attention at seqlen_q = 1 for cuDNN 9.19-9.25, and nothing here was measured
+CUDNN_CAPABILITY_MAJOR = 9
 
 
 def keeps_outputs(eager: bool) -> bool:
@@ -183,12 +189,11 @@ def cudnn_applies(q: torch.Tensor, k: torch.Tensor, causal: bool, softmax_scale:
     """Whether `cudnn_backward` serves: `_fused_applies`, head_dim a multiple of 8 up to `CUDNN_MAX_HEAD_DIM`, more
     than one key (PyTorch's gate for cuDNN attention), softmax_scale within `_fused_scale`, for causal seqlen_q ==
     seqlen_k (cuDNN's dense causal mask is top-left aligned, ours bottom-right, the same only for square scores),
-    not one query row on compute capability 10 or above (PyTorch refuses cuDNN's attention there for cuDNN 9.19
-    to 9.25, a cuDNN fault with seqlen_q = 1 on those GPUs), no broadcast (stride 0) dimension in Q, K or V, and
+    a GPU of compute capability 9.x (`CUDNN_CAPABILITY_MAJOR`), no broadcast (stride 0) dimension in Q, K or V, and
     `_cudnn_allowed`."""
     return (_fused_applies(q, k, causal) and q.shape[-1] % 8 == 0 and q.shape[-1] <= CUDNN_MAX_HEAD_DIM
             and k.shape[1] > 1 and (not causal or q.shape[1] == k.shape[1])
-            and (q.shape[1] > 1 or _capability(q.device) < (10, 0))
+            and _capability(q.device)[0] == CUDNN_CAPABILITY_MAJOR
             and not any(_broadcast(t) for t in (q, k, v) if t is not None)
             and _fused_scale(_scale(q, softmax_scale)) and _cudnn_allowed())
 
