@@ -33,8 +33,9 @@
 #       very-negative-LSE rows at seqlen_k = 64 mod 128; queued, cudnn / SDPA 0.97-1.08 at N 1k) and rule (those
 #       modes then decline seqlen_k = 64 mod 128; any other failure of the default puts it back to sdpa).
 #    E3. suite part 4 (tests/test_fp8_quant_kernel.py with the new PDL default: the quantpdl rule's last condition),
-#       then part 3 (the fa3-fp8 kernel files, whose calls run the quantisation pass) and part 2 (torch.compile and
-#       the backward under the cudnn default).
+#       then part 3 (the fa3-fp8 kernel files, whose calls run the quantisation pass), part 2 (torch.compile and the
+#       backward under the cudnn default) and part 1 (the rest; session 43's package changes touched the backward's
+#       routing, the API's docstrings and the switch table only).
 #    S. On an H200 only: `python3 scripts/decode_ab.py --s38 --variants base tiles-dual --rounds 6` (~35 s): the
 #       H100 gave base / auto 0.96-0.98 at D 64 Nk 2k / 4k and 1.00-1.01 at D 128 (session 39), so the rule (base
 #       faster at both head dims on one card, slower on the other) was not met there; the H200's figures complete it.
