@@ -178,9 +178,10 @@ def fake_gpu(monkeypatch):
 
 @pytest.fixture
 def fused_on_cpu(monkeypatch, fake_gpu):
-    """The fused backwards (``integrations.backward``, FA_VARIANTS_BACKWARD=sdpa / flash) let onto the CPU for the fake
-    sm_90 (`fake_gpu`), ``helpers.flash_backward_stand_in`` in the FlashAttention-2 backward kernel's place (CUDA only).
-    Yields the list of the stand-in's calls (the arguments it got)."""
+    """The fused backwards (``integrations.backward``, FA_VARIANTS_BACKWARD=cudnn / sdpa / flash) let onto the CPU
+    for the fake sm_90 (`fake_gpu`), ``helpers.flash_backward_stand_in`` in the FlashAttention-2 backward kernel's
+    place (CUDA only; tests/test_backward_cudnn.py stands cuDNN's in too). Yields the list of the stand-in's calls
+    (the arguments it got)."""
     from fa_variants.integrations import backward
     from helpers import flash_backward_stand_in
 

@@ -14,6 +14,7 @@ import torch
 
 import fa_variants
 from fa_variants import reference
+from fa_variants.common import interop
 from fa_variants.integrations import backward
 from helpers import (assert_backward_mode_keeps_pytorch, assert_grads_within_rule, exact_grads,
                      flash_backward_stand_in, make_qkv)
@@ -183,11 +184,6 @@ def test_fused_backwards_within_the_cuda_grid(cudnn_stand_in, fused_on_cpu, monk
         cudnn_stand_in.clear()
 
 
-def _aligned16(t: torch.Tensor) -> bool:
-    return t.data_ptr() % 16 == 0 and t.stride(-1) == 1 and all(s * t.element_size() % 16 == 0
-                                                               for s in t.stride()[:-1] if s)
-
-
 @pytest.mark.parametrize("causal, nk", [(False, 12), (True, 20)], ids=["cudnn", "flash"])
 def test_unaligned_inputs_reach_the_kernels_aligned(cudnn_stand_in, fused_on_cpu, monkeypatch, causal, nk):
     """Q, K, V viewed at an odd offset (a [..., 1:65] slice: the base 2 bytes past 16, rows of 130 bytes): the forward
@@ -197,7 +193,7 @@ def test_unaligned_inputs_reach_the_kernels_aligned(cudnn_stand_in, fused_on_cpu
 
     def record(real):
         def kernel(*args, **kwargs):
-            seen.append([_aligned16(t) for t in args[:5]])
+            seen.append([interop.is_aligned(t) for t in args[:5]])
             return real(*args, **kwargs)
         return kernel
 

@@ -98,7 +98,7 @@ def kernel_backward(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, causal: bo
         if fused and wanted == "sdpa" and eager and sdpa_applies(q, k, causal, softmax_scale):
             return sdpa_backward(grad_out, q, k, v, causal, softmax_scale)
         kept = fused and out is not None and lse is not None
-        if kept and wanted == "cudnn" and cudnn_applies(q, k, causal, softmax_scale, v):
+        if kept and wanted == "cudnn" and cudnn_applies(q, k, v, causal, softmax_scale):
             return cudnn_backward(grad_out, q, k, v, out, lse, causal, softmax_scale)
         if kept and wanted != "pytorch" and flash_applies(q, k, causal, softmax_scale):
             return flash_backward(grad_out, q, k, v, out, lse, causal, softmax_scale)
@@ -184,18 +184,16 @@ def flash_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
 
 
-def cudnn_applies(q: torch.Tensor, k: torch.Tensor, causal: bool, softmax_scale: float | None,
-                  v: torch.Tensor | None = None) -> bool:
-    """Whether `cudnn_backward` serves: `_fused_applies`, head_dim a multiple of 8 up to `CUDNN_MAX_HEAD_DIM`, more
-    than one key (PyTorch's gate for cuDNN attention), softmax_scale within `_fused_scale`, for causal seqlen_q ==
-    seqlen_k (cuDNN's dense causal mask is top-left aligned, ours bottom-right, the same only for square scores),
-    a GPU of compute capability 9.x (`CUDNN_CAPABILITY_MAJOR`), no broadcast (stride 0) dimension in Q, K or V, and
-    `_cudnn_allowed`."""
-    return (_fused_applies(q, k, causal) and q.shape[-1] % 8 == 0 and q.shape[-1] <= CUDNN_MAX_HEAD_DIM
-            and k.shape[1] > 1 and (not causal or q.shape[1] == k.shape[1])
-            and _capability(q.device)[0] == CUDNN_CAPABILITY_MAJOR
-            and not any(_broadcast(t) for t in (q, k, v) if t is not None)
-            and _fused_scale(_scale(q, softmax_scale)) and _cudnn_allowed())
+def cudnn_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                  softmax_scale: float | None) -> bool:
+    """Whether `cudnn_backward` serves: where the flash path would (`flash_applies`: its fallback), narrowed to
+    head_dim up to `CUDNN_MAX_HEAD_DIM`, more than one key (PyTorch's gate for cuDNN attention), for causal
+    seqlen_q == seqlen_k (cuDNN's dense causal mask is top-left aligned, ours bottom-right, the same only for square
+    scores), a GPU of compute capability 9.x (`CUDNN_CAPABILITY_MAJOR`), no broadcast (stride 0) dimension in Q, K
+    or V, and `_cudnn_allowed`."""
+    return (flash_applies(q, k, causal, softmax_scale) and q.shape[-1] <= CUDNN_MAX_HEAD_DIM and k.shape[1] > 1
+            and (not causal or q.shape[1] == k.shape[1]) and _capability(q.device)[0] == CUDNN_CAPABILITY_MAJOR
+            and not any(_broadcast(t) for t in (q, k, v)) and _cudnn_allowed())
 
 
 def _broadcast(t: torch.Tensor) -> bool:
