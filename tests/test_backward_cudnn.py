@@ -53,7 +53,8 @@ def cudnn_stand_in(monkeypatch, fused_on_cpu):
 
 
 @pytest.mark.parametrize("nq, nk, heads_kv, causal, scale, head_dim", [
-    (13, 29, 2, False, None, 64), (17, 17, 6, True, None, 128), (9, 40, 1, False, 0.5, 64), (1, 7, 3, False, None, 16)])
+    (13, 128, 2, False, None, 64), (17, 17, 6, True, None, 128), (9, 256, 1, False, 0.5, 64),
+    (1, 128, 3, False, None, 16)])
 @pytest.mark.parametrize("dtype", [F16, BF16], ids=["fp16", "bf16"])
 def test_cudnn_backward_within_the_rule(cudnn_stand_in, fused_on_cpu, nq, nk, heads_kv, causal, scale, head_dim,
                                         dtype):
@@ -115,7 +116,7 @@ def test_cudnn_on_hopper_only(cudnn_stand_in, fused_on_cpu, monkeypatch, capabil
     shapes); elsewhere the flash path, for one query row and for several."""
     monkeypatch.setattr(backward, "_capability", lambda device: capability)
     for seqlen_q in (1, 5):
-        q, k, v = make_qkv(1, seqlen_q, 9, 4, 2, 64, dtype=BF16)
+        q, k, v = make_qkv(1, seqlen_q, 128, 4, 2, 64, dtype=BF16)
         leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
         torch.autograd.grad(fa_variants.attention(*leaves).float().sum(), leaves)
     assert (len(cudnn_stand_in), len(fused_on_cpu)) == ((2, 0) if capability[0] == 9 else (0, 2))
@@ -127,7 +128,7 @@ def test_broadcast_inputs_go_to_flash(cudnn_stand_in, fused_on_cpu):
     rule. `_in_layout_of` puts such a dimension outermost, as PyTorch's own layout matching does, keeping head_dim's
     unit stride."""
     latents = torch.randn(1, 8, 4, 64, dtype=BF16)
-    _, k, v = make_qkv(3, 8, 8, 4, 2, 64, dtype=BF16)
+    _, k, v = make_qkv(3, 8, 128, 4, 2, 64, dtype=BF16)
     grad_out = torch.randn(3, 8, 4, 64, dtype=BF16)
     leaf = latents.clone().requires_grad_(True)
     (got,) = torch.autograd.grad(fa_variants.attention(leaf.expand(3, -1, -1, -1), k, v), [leaf], grad_out)
@@ -179,12 +180,12 @@ def test_fused_backwards_within_the_cuda_grid(cudnn_stand_in, fused_on_cpu, monk
         shape[3] = shape[2] if dim == 2 else 2
         q, k, v = make_qkv(shape[0], 9, 9, shape[2], shape[3], 64, dtype=BF16)
         leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-        torch.autograd.grad(fa_variants.attention(*leaves).float().sum(), leaves)
+        torch.autograd.grad(fa_variants.attention(*leaves, causal=True).float().sum(), leaves)
         assert (len(cudnn_stand_in), len(fused_on_cpu)) == expected, size
         cudnn_stand_in.clear()
 
 
-@pytest.mark.parametrize("causal, nk", [(False, 12), (True, 20)], ids=["cudnn", "flash"])
+@pytest.mark.parametrize("causal, nk", [(False, 128), (True, 20)], ids=["cudnn", "flash"])
 def test_unaligned_inputs_reach_the_kernels_aligned(cudnn_stand_in, fused_on_cpu, monkeypatch, causal, nk):
     """Q, K, V viewed at an odd offset (a [..., 1:65] slice: the base 2 bytes past 16, rows of 130 bytes): the forward
     copies such a tensor for its kernel (``common.interop.aligned``), and the backward does the same for cuDNN's and
@@ -211,13 +212,44 @@ def test_unaligned_inputs_reach_the_kernels_aligned(cudnn_stand_in, fused_on_cpu
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize("seqlen_q, seqlen_k, causal, cudnn_serves", [
+    (1, 64, False, False), (3, 100, False, False), (5, 129, False, False), (9, 1216, False, False),
+    (1, 128, False, True), (5, 256, False, True), (65, 65, True, True), (192, 192, True, True)])
+def test_cudnn_declines_padded_key_tiles(cudnn_stand_in, fused_on_cpu, seqlen_q, seqlen_k, causal, cudnn_serves):
+    """cuDNN's sm_90 backward gave NaN gradients on rows whose LSE is below -88.7 where its last 128-key tile was
+    padded and no causal mask covered the padding (session 44's H100 run: seqlen_k = 64 mod 128, non-causal), so it
+    serves only where seqlen_k is a multiple of `CUDNN_KEY_TILE` or the scores are square causal; the flash path
+    elsewhere. Judged from the shapes alone."""
+    q, k, v = make_qkv(1, seqlen_q, seqlen_k, 2, 1, 64, dtype=BF16)
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    torch.autograd.grad(fa_variants.attention(*leaves, causal=causal).float().sum(), leaves)
+    assert (len(cudnn_stand_in), len(fused_on_cpu)) == ((1, 0) if cudnn_serves else (0, 1))
+    assert backward.cudnn_masks_padding(seqlen_q, seqlen_k, causal) is cudnn_serves
+
+
+def test_sdpa_mode_leaves_cudnn_out_of_padded_key_tiles(monkeypatch):
+    """The sdpa mode's eager backward is SDPA's own, which picks cuDNN's on Hopper: where `cudnn_masks_padding` fails
+    it chooses among the other enabled SDPA backends (PyTorch's switches otherwise untouched), and declines when none
+    is enabled."""
+    from torch.nn.attention import SDPBackend
+
+    assert backward._sdpa_backends(128, 256, False) is None and backward._sdpa_backends(100, 100, True) is None
+    assert backward._sdpa_backends(1, 64, False) == [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                                                     SDPBackend.MATH]
+    monkeypatch.setattr(torch.backends.cuda, "flash_sdp_enabled", lambda: False)
+    assert backward._sdpa_backends(9, 1216, True) == [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    for name in ("mem_efficient_sdp_enabled", "math_sdp_enabled"):
+        monkeypatch.setattr(torch.backends.cuda, name, lambda: False)
+    assert backward._sdpa_backends(1, 64, False) == []
+
+
 def test_cudnn_hands_over_to_flash_then_pytorch(cudnn_stand_in, fused_on_cpu, monkeypatch):
     """Where cuDNN does not apply but the flash kernel does (causal with seqlen_q < seqlen_k: cuDNN's mask is
     top-left; head_dim above `CUDNN_MAX_HEAD_DIM`, here lowered to 32 for the fake kernel's head dims; one key) the
     flash path serves; where neither does (an LSE in the loss, causal rows without keys, a scale above 1) the PyTorch
     backward, bit for bit."""
     cases = [(dict(causal=True), make_qkv(1, 9, 12, 4, 2, 64, dtype=BF16)),
-             (dict(), make_qkv(1, 5, 7, 2, 2, 64, dtype=BF16)),
+             (dict(), make_qkv(1, 5, 128, 2, 2, 64, dtype=BF16)),
              (dict(), make_qkv(1, 5, 1, 2, 1, 16, dtype=BF16))]
     limits = (None, 32, None)
     for (kwargs, inputs), limit in zip(cases, limits):

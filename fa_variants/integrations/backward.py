@@ -47,6 +47,11 @@ CUDNN_MAX_HEAD_DIM = 128
 #: parts (reported "no valid engine configs" on sm_89); on compute capability 10 and above PyTorch refuses cuDNN's
 #: attention at seqlen_q = 1 for cuDNN 9.19-9.25, and nothing here was measured
 CUDNN_CAPABILITY_MAJOR = 9
+#: the key tile of cuDNN's sm_90 attention backward: where seqlen_k is not a multiple of it and no causal mask covers
+#: the padded keys of the last tile, rows whose LSE is below -ln(float32 max) = -88.7 got NaN dQ / dK / dV from it
+#: (session 44, H100, cuDNN 9.19: every failing case had seqlen_k = 64 mod 128, non-causal; seqlen_k 128 and square
+#: causal passed). `cudnn_masks_padding` keeps cuDNN off such geometries; the flash kernel serves them
+CUDNN_KEY_TILE = 128
 
 
 def keeps_outputs(eager: bool) -> bool:
@@ -192,8 +197,17 @@ def cudnn_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
     scores), a GPU of compute capability 9.x (`CUDNN_CAPABILITY_MAJOR`), no broadcast (stride 0) dimension in Q, K
     or V, and `_cudnn_allowed`."""
     return (flash_applies(q, k, causal, softmax_scale) and q.shape[-1] <= CUDNN_MAX_HEAD_DIM and k.shape[1] > 1
-            and (not causal or q.shape[1] == k.shape[1]) and _capability(q.device)[0] == CUDNN_CAPABILITY_MAJOR
-            and not any(_broadcast(t) for t in (q, k, v)) and _cudnn_allowed())
+            and (not causal or q.shape[1] == k.shape[1]) and cudnn_masks_padding(q.shape[1], k.shape[1], causal)
+            and _capability(q.device)[0] == CUDNN_CAPABILITY_MAJOR and not any(_broadcast(t) for t in (q, k, v))
+            and _cudnn_allowed())
+
+
+def cudnn_masks_padding(seqlen_q: int, seqlen_k: int, causal: bool) -> bool:
+    """Whether cuDNN's attention backward is trusted at this geometry: seqlen_k a multiple of `CUDNN_KEY_TILE` (no
+    padded keys) or causal with seqlen_q == seqlen_k (the causal mask covers the padded keys of the last tile).
+    Elsewhere a row whose LSE is below -88.7 (every score far below zero) got NaN gradients from it: the padded keys
+    enter exp(score - LSE) unmasked and overflow. Checked from the shapes alone, with no host sync to read the LSE."""
+    return seqlen_k % CUDNN_KEY_TILE == 0 or (causal and seqlen_q == seqlen_k)
 
 
 def _broadcast(t: torch.Tensor) -> bool:
@@ -275,8 +289,23 @@ def cudnn_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
 
 def sdpa_applies(q: torch.Tensor, k: torch.Tensor, causal: bool, softmax_scale: float | None) -> bool:
     """Whether `sdpa_backward` serves an eager backward: `_fused_applies` and softmax_scale within `_fused_scale` (a
-    negative, large or flushed scale is left to ``reference.run_backward``, which handles it)."""
-    return _fused_applies(q, k, causal) and _fused_scale(_scale(q, softmax_scale))
+    negative, large or flushed scale is left to ``reference.run_backward``, which handles it), and some SDPA backend
+    enabled for it (`_sdpa_backends`)."""
+    return (_fused_applies(q, k, causal) and _fused_scale(_scale(q, softmax_scale))
+            and _sdpa_backends(q.shape[1], k.shape[1], causal) != [])
+
+
+def _sdpa_backends(seqlen_q: int, seqlen_k: int, causal: bool) -> list | None:
+    """The SDPA backends `sdpa_backward` lets PyTorch choose from: None (PyTorch's own switches, unchanged) where
+    `cudnn_masks_padding`, else the enabled ones but cuDNN's (whose backward gave NaN gradients at such geometries)."""
+    from torch.nn.attention import SDPBackend
+
+    if cudnn_masks_padding(seqlen_q, seqlen_k, causal):
+        return None
+    enabled = ((SDPBackend.FLASH_ATTENTION, torch.backends.cuda.flash_sdp_enabled()),
+               (SDPBackend.EFFICIENT_ATTENTION, torch.backends.cuda.mem_efficient_sdp_enabled()),
+               (SDPBackend.MATH, torch.backends.cuda.math_sdp_enabled()))
+    return [backend for backend, on in enabled if on]
 
 
 def sdpa_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
@@ -285,13 +314,18 @@ def sdpa_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: t
     ``scaled_dot_product_attention`` under autograd (its fused backward: flash, memory-efficient or cuDNN, as PyTorch
     chooses). Layout (batch, seqlen, heads, head_dim) as ``fa_variants.attention``; GQA by repeating each KV head
     over its query heads (autograd sums their gradients back); causal bottom-right through
-    ``torch.nn.attention.bias.causal_lower_right`` when seqlen_q != seqlen_k. Only where `sdpa_applies`, eagerly
-    (inside a traced opaque op autograd records nothing)."""
+    ``torch.nn.attention.bias.causal_lower_right`` when seqlen_q != seqlen_k; cuDNN's backend left out where
+    `cudnn_masks_padding` fails (`_sdpa_backends`). Only where `sdpa_applies`, eagerly (inside a traced opaque op
+    autograd records nothing)."""
+    import contextlib
+
     import torch.nn.functional as F
+    from torch.nn.attention import sdpa_kernel
     from torch.nn.attention.bias import causal_lower_right
 
     group = q.shape[2] // k.shape[2]
-    with torch.enable_grad():
+    backends = _sdpa_backends(q.shape[1], k.shape[1], causal)
+    with torch.enable_grad(), contextlib.nullcontext() if backends is None else sdpa_kernel(backends):
         leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
         qt, kt, vt = (t.transpose(1, 2) for t in leaves)
         if group > 1:
