@@ -48,6 +48,23 @@
 #   modes decline the failing geometry (seqlen_k = 64 mod 128 for the tile-mask fault, seqlen_q = 1 for the other;
 #   the flash kernel serves there; no host sync is added to read the LSE), and the README says so; any other failure
 #   of the default puts FA_VARIANTS_BACKWARD's default back to sdpa.
+# Session 44 (H100, tree b19cbcf): 12 failed, 286 passed: every failure the very-negative-LSE test, NaN dQ, in the cudnn
+#   and sdpa modes, at seqlen_k 64 / 192 / 1216 non-causal (the prediction held; seqlen_q = 1 at seqlen_k 128 passed).
+#   scripts/cudnn_padding_probe.py then mapped cuDNN 9.19's fault: over 22 seqlen_k, only seqlen_k = 64 mod 128,
+#   non-causal, dQ only, on anti-aligned inputs only. By the rule, cudnn now takes cuDNN's backward only where seqlen_k
+#   is a multiple of 128 or the scores are square causal (wider than the measured fault: other cuDNN releases were
+#   not probed), and the sdpa mode leaves SDPA's cuDNN backend out elsewhere (a57a640): 386 passed. Timing, waited /
+#   queued: cudnn / SDPA 1.24 / 1.07 (D 64 N 1k), 1.32 / 1.09 (D 128 N 1k), 0.98-1.11 / 0.98-1.00 at N 4k-16k: the
+#   queued prediction (0.97-1.08 at N 1k) held at D 64 and missed at D 128 by 0.01. D 256 (cudnn = flash there):
+#   1.44 / 1.53 against the sdpa mode's 1.17 / 1.23 (SDPA's own step runs cuDNN's backward at head_dim 256: PyTorch
+#   lets it up to 256 on sm_90 with cuDNN 9.10+), so backward.CUDNN_WIDE (cuDNN's backward up to 256 there, off) is
+#   the candidate now timed as ours-cudnnwide and tested at head_dim 256.
+# Prediction (session 44, before its run): every test passes, the wide candidate's too (random and very negative LSE
+#   rows at head_dim 256; the probe finds the same 64 mod 128 fault at 256 or none); ours-cudnnwide / SDPA 0.95-1.08
+#   at head_dim 256 (our forward beside SDPA's cuDNN one, the same backward), 1.3-1.55 for ours-cudnnbwd there.
+#   cudnnwide = cudnnbwd within +-0.05 below head_dim 256 (the same path).
+# Rule: if the wide candidate's tests pass and ours-cudnnwide beats ours-sdpabwd and ours-cudnnbwd at both head_dim 256
+#   shapes, CUDNN_WIDE becomes True (README: the switch table and "Gradients"); any failure of it leaves it off.
 set -uo pipefail
 source "$(dirname "$0")/steps.sh"
 out="${OUT:-results}/backward"; gpu_session "$out/logs" "$@"

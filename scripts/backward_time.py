@@ -9,13 +9,16 @@ rows in chunks). This times, per shape (bf16, B x N = 16k, H x D = 2048, GQA
 none), one training step's attention: the forward with inputs that require grad and ``autograd.grad`` of it,
 synchronised, for
 
-* ``ours``      ``fa_variants.attention`` (auto: fa3 on sm90, fa2 on sm80) + its PyTorch backward;
+* ``ours``      ``fa_variants.attention`` (auto: fa3 on sm90, fa2 on sm80) + its PyTorch backward (with
+                ``--pytorch`` only: 12-35x SDPA's step in sessions 42-44, it took most of the run);
 * ``ours-flashbwd``  the same with ``FA_VARIANTS_BACKWARD=flash``: PyTorch's FlashAttention-2 backward kernel on our
                 forward's O and LSE (``integrations.backward.flash_backward``);
 * ``ours-sdpabwd``  the same with ``FA_VARIANTS_BACKWARD=sdpa``: the backward recomputes the forward with SDPA and
                 takes SDPA's fused backward (``integrations.backward.sdpa_backward``);
 * ``ours-cudnnbwd``  the same with ``FA_VARIANTS_BACKWARD=cudnn``: cuDNN's fused backward on our forward's O and
                 LSE (``integrations.backward.cudnn_backward``; the flash kernel where cuDNN does not apply);
+* ``ours-cudnnwide``  the same with ``integrations.backward.CUDNN_WIDE`` on (session 44's candidate): cuDNN's
+                backward up to head_dim 256 on compute capability 9.0 with cuDNN 9.10 or later;
 * ``sdpa``      ``torch.nn.functional.scaled_dot_product_attention`` (PyTorch's choice: flash / cuDNN) + its
                 fused backward;
 * ``ours-fwd``  our forward alone under ``torch.no_grad()`` (what the backward adds is ours - ours-fwd).
@@ -37,10 +40,11 @@ import statistics
 import sys
 from pathlib import Path
 
-ENTRIES = ("ours", "ours-flashbwd", "ours-sdpabwd", "ours-cudnnbwd", "sdpa", "ours-fwd")
+ENTRIES = ("ours", "ours-flashbwd", "ours-sdpabwd", "ours-cudnnbwd", "ours-cudnnwide", "sdpa", "ours-fwd")
 MODES = {"ours": "pytorch", "ours-flashbwd": "flash", "ours-sdpabwd": "sdpa",  # FA_VARIANTS_BACKWARD
-         "ours-cudnnbwd": "cudnn"}
-#: (head_dim, seqlen, causal); at head_dim 256 cuDNN's backward does not apply here (ours-cudnnbwd = ours-flashbwd)
+         "ours-cudnnbwd": "cudnn", "ours-cudnnwide": "cudnn"}
+#: (head_dim, seqlen, causal); at head_dim 256 cuDNN's backward applies only with CUDNN_WIDE (ours-cudnnwide;
+#: ours-cudnnbwd = ours-flashbwd there), below 256 ours-cudnnwide = ours-cudnnbwd
 SHAPES = [(64, 1024, False), (64, 4096, False), (128, 1024, False), (128, 4096, False), (128, 4096, True),
           (128, 16384, True), (256, 4096, False), (256, 4096, True)]
 
@@ -70,9 +74,11 @@ def step_fn(entry: str, q, k, v, causal: bool):
         forward = lambda: F.scaled_dot_product_attention(  # noqa: E731
             *(t.transpose(1, 2) for t in leaves), is_causal=causal).transpose(1, 2)
     mode = MODES.get(entry, "pytorch")
+    from fa_variants.integrations import backward
 
     def step():
         os.environ["FA_VARIANTS_BACKWARD"] = mode  # read at the forward (what it keeps) and the backward
+        backward.CUDNN_WIDE = entry == "ours-cudnnwide"
         return torch.autograd.grad(forward(), leaves, grad)
     return step
 
@@ -83,11 +89,14 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--out", type=Path, default=None, help="folder for backward.json")
     parser.add_argument("--plan", action="store_true", help="print the shapes and entries, run nothing")
+    parser.add_argument("--pytorch", action="store_true", help="time the PyTorch backward (entry ours) too")
     args = parser.parse_args(argv)
+    entries = ENTRIES if args.pytorch else tuple(e for e in ENTRIES if e != "ours")
+    modes = [e for e in MODES if e in entries]
     if args.plan:
         for head_dim, seqlen, causal in SHAPES:
             batch, heads = shape_dims(head_dim, seqlen)
-            print(f"D {head_dim} N {seqlen} B {batch} H {heads} {'causal' if causal else 'full'}: {', '.join(ENTRIES)}")
+            print(f"D {head_dim} N {seqlen} B {batch} H {heads} {'causal' if causal else 'full'}: {', '.join(entries)}")
         return 0
     import warnings
 
@@ -102,20 +111,20 @@ def main(argv=None) -> int:
     for head_dim, seqlen, causal in SHAPES:
         batch, heads = shape_dims(head_dim, seqlen)
         q, k, v = (torch.randn(batch, seqlen, heads, head_dim, dtype=torch.bfloat16, device="cuda") for _ in range(3))
-        steps = {e: step_fn(e, q, k, v, causal) for e in ENTRIES}
+        steps = {e: step_fn(e, q, k, v, causal) for e in entries}
         for step in steps.values():
             step()
-        times, queued = {e: [] for e in ENTRIES}, {e: [] for e in ENTRIES}
+        times, queued = {e: [] for e in entries}, {e: [] for e in entries}
         clocks = []
         for r in range(args.rounds):
-            order = ENTRIES[r % len(ENTRIES):] + ENTRIES[:r % len(ENTRIES)]
+            order = entries[r % len(entries):] + entries[:r % len(entries)]
             for e in order:
                 step = steps[e]
                 times[e].append(statistics.median(event_ms(step) for _ in range(args.steps)))
                 queued[e].append(event_ms(lambda: [step() for _ in range(args.steps)]) / args.steps)
                 clocks.append(clock.read())
-        over = {e: [o / s for o, s in zip(times[e], times["sdpa"])] for e in MODES}
-        over_q = {e: [o / s for o, s in zip(queued[e], queued["sdpa"])] for e in MODES}
+        over = {e: [o / s for o, s in zip(times[e], times["sdpa"])] for e in modes}
+        over_q = {e: [o / s for o, s in zip(queued[e], queued["sdpa"])] for e in modes}
         row = dict(head_dim=head_dim, seqlen=seqlen, batch=batch, heads=heads, causal=causal,
                    ms={e: statistics.median(t) for e, t in times.items()},
                    over_sdpa={e: statistics.median(r) for e, r in over.items()},
@@ -129,7 +138,7 @@ def main(argv=None) -> int:
         ms = row["ms"]
         ratios = "; ".join(f"{e} {ms[e]:.2f} ms, / sdpa {row['over_sdpa'][e]:.2f} ({min(over[e]):.2f}-"
                            f"{max(over[e]):.2f}), queued {row['queued_over_sdpa'][e]:.2f} ({min(over_q[e]):.2f}-"
-                           f"{max(over_q[e]):.2f})" for e in MODES)
+                           f"{max(over_q[e]):.2f})" for e in modes)
         print(f"D {head_dim} N {seqlen} {'causal' if causal else 'full'}: sdpa {ms['sdpa']:.2f} ms, ours-fwd "
               f"{ms['ours-fwd']:.2f} ms; {ratios}; SM {row['sm_mhz'][0]:.0f}-{row['sm_mhz'][1]:.0f} MHz", flush=True)
         del q, k, v, steps

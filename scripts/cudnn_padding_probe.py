@@ -1,8 +1,9 @@
 """Which geometries give NaN gradients from cuDNN's attention backward on rows whose LSE is below -88.7 (session 44).
 
 SDPA restricted to cuDNN's backend (forward and backward both cuDNN's, as PyTorch runs them), queries anti-aligned with
-every key (each scaled score near -14 sqrt(head_dim)), bf16, batch 2, 4 heads, over seqlen_k of every residue class
-that matters mod 128 (the sm_90 backward's key tile), seqlen_q 1 and 100, head_dim 64 and 128, full and square causal;
+every key (each scaled score near -14 sqrt(head_dim)), bf16, batch 2, 4 heads, over 22 seqlen_k from 2 to 1216 (residues
+mod 128, the sm_90 backward's key tile, around 0, 64 and 127), seqlen_q 1 and 100, head_dim 64, 128 and 256 (cuDNN 9.10+ on
+sm_90 only; an error line elsewhere), full and square causal;
 random inputs beside as the control. Prints one line per geometry with a non-finite gradient and a summary: the data
 behind ``integrations.backward.cudnn_masks_padding``.
 
@@ -40,7 +41,7 @@ def main() -> None:
     args = parser.parse_args()
     print(f"torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, {torch.cuda.get_device_name()}")
     rows = []
-    for head_dim in (64, 128):
+    for head_dim in (64, 128, 256):
         for seqlen_q in (1, 100):
             for seqlen_k in SEQLENS_K:
                 for causal in (False, True):
@@ -57,7 +58,10 @@ def main() -> None:
                             print(f"D {head_dim} Nq {seqlen_q} Nk {seqlen_k} (mod 128: {seqlen_k % 128}) "
                                   f"{'causal' if causal else 'full'} {'anti' if anti else 'random'}: {bad}")
         for seqlen in (100, 192, 1216):  # square causal
-            bad = nonfinite(seqlen, seqlen, head_dim, True, True)
+            try:
+                bad = nonfinite(seqlen, seqlen, head_dim, True, True)
+            except RuntimeError as error:
+                bad = f"error: {str(error).splitlines()[0][:80]}"
             rows.append(dict(head_dim=head_dim, seqlen_q=seqlen, seqlen_k=seqlen, causal=True, very_negative_lse=True,
                              nonfinite=bad))
             if bad:

@@ -31,7 +31,7 @@ def _stand_in(grad_out, q, k, v, out, stats, philox_seed, philox_offset, attn_bi
     assert philox_seed.dtype == philox_offset.dtype == torch.int64 and philox_seed.dim() == 0
     assert (max_q, max_k) == (q.shape[2], k.shape[2]) and not (causal and max_q != max_k)
     assert stats.shape == q.shape[:3] + (1,) and stats.dtype == torch.float32
-    assert q.shape[-1] <= backward.CUDNN_MAX_HEAD_DIM and k.shape[2] > 1
+    assert q.shape[-1] <= backward.cudnn_max_head_dim(q.device) and k.shape[2] > 1
     return flash_backward_stand_in(grad_out, q, k, v, out, stats.squeeze(-1).contiguous(), None, None, max_q, max_k,
                                    0.0, causal, None, None, scale=scale)
 
@@ -225,6 +225,26 @@ def test_cudnn_declines_padded_key_tiles(cudnn_stand_in, fused_on_cpu, seqlen_q,
     torch.autograd.grad(fa_variants.attention(*leaves, causal=causal).float().sum(), leaves)
     assert (len(cudnn_stand_in), len(fused_on_cpu)) == ((1, 0) if cudnn_serves else (0, 1))
     assert backward.cudnn_masks_padding(seqlen_q, seqlen_k, causal) is cudnn_serves
+
+
+@pytest.mark.parametrize("wide, capability, cudnn_version, cudnn_serves", [
+    (False, (9, 0), 91900, False), (True, (9, 0), 91900, True), (True, (9, 0), 91000, True),
+    (True, (9, 0), 90900, False), (True, (9, 0), None, False), (True, (9, 4), 91900, False)])
+def test_cudnn_wide_head_dims_follow_pytorchs_gate(cudnn_stand_in, fused_on_cpu, monkeypatch, wide, capability,
+                                                   cudnn_version, cudnn_serves):
+    """`CUDNN_WIDE` (session 44's candidate) lets cuDNN's backward take head dims above `CUDNN_MAX_HEAD_DIM` up to
+    `CUDNN_SM90_MAX_HEAD_DIM` where PyTorch lets SDPA do so: compute capability 9.0 exactly and cuDNN 9.10 or later
+    (here the limits lowered to 32 / 64 for the fake kernel's head dims); elsewhere the flash path serves them."""
+    monkeypatch.setattr(backward, "CUDNN_WIDE", wide)
+    monkeypatch.setattr(backward, "CUDNN_MAX_HEAD_DIM", 32)
+    monkeypatch.setattr(backward, "CUDNN_SM90_MAX_HEAD_DIM", 64)
+    monkeypatch.setattr(backward, "_capability", lambda device: capability)
+    monkeypatch.setattr(torch.backends.cudnn, "version", lambda: cudnn_version)
+    q, k, v = make_qkv(1, 5, 128, 2, 1, 64, dtype=BF16)
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    torch.autograd.grad(fa_variants.attention(*leaves).float().sum(), leaves)
+    assert (len(cudnn_stand_in), len(fused_on_cpu)) == ((1, 0) if cudnn_serves else (0, 1))
+    assert backward.cudnn_max_head_dim(q.device) == (64 if cudnn_serves else 32)
 
 
 def test_sdpa_mode_leaves_cudnn_out_of_padded_key_tiles(monkeypatch):

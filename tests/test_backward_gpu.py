@@ -185,22 +185,45 @@ def test_gradients_of_rows_with_a_very_negative_lse(gpu_variant, monkeypatch, mo
     cuDNN's backward serves the cudnn mode only where seqlen_k is a multiple of 128 or the scores are square causal
     (backward.cudnn_masks_padding), and is left out of the sdpa mode's choice elsewhere. Each mode's gradients finite
     and within the rule."""
+    _check_extreme_rows(gpu_variant, monkeypatch, mode, seqlen_q, seqlen_k, causal, head_dim, anti_aligned=True)
+
+
+@pytest.mark.parametrize("anti_aligned", [True, False], ids=["lse_below_-88.7", "random"])
+@pytest.mark.parametrize("seqlen_q, seqlen_k, causal", [
+    (1, 128, False), (1, 192, False), (3, 100, False), (100, 256, False), (100, 1216, False), (192, 192, True)])
+def test_cudnn_wide_candidate_at_head_dim_256(gpu_variant, monkeypatch, seqlen_q, seqlen_k, causal, anti_aligned):
+    """Session 44's candidate, backward.CUDNN_WIDE: cuDNN's backward up to head_dim 256 on compute capability 9.0 with
+    cuDNN 9.10 or later (PyTorch's gate for SDPA's cuDNN path), the padded-key-tile rule as at 64 / 128: gradients
+    finite and within the rule, on random inputs and on rows whose LSE is below -88.7."""
+    monkeypatch.setattr(backward, "CUDNN_WIDE", True)
+    _check_extreme_rows(gpu_variant, monkeypatch, "cudnn", seqlen_q, seqlen_k, causal, 256, anti_aligned)
+
+
+def _check_extreme_rows(gpu_variant, monkeypatch, mode, seqlen_q, seqlen_k, causal, head_dim, anti_aligned):
+    """One case of the two tests above: FA_VARIANTS_BACKWARD=mode, bf16, batch 2, heads 4:2; queries anti-aligned with
+    every key (scores near -14 sqrt(head_dim), every LSE below -88.7) or random; the fused path each mode should take
+    (cuDNN's where head_dim <= backward.cudnn_max_head_dim, seqlen_k a multiple of 128 or square causal, sm_9x),
+    gradients finite and within the rule."""
     monkeypatch.setenv("FA_VARIANTS_BACKWARD", mode)
     backend = "fa3" if dispatch.device_capability(torch.device("cuda")) >= (9, 0) else "fa2"
     gpu_variant(backend)
     calls = _counted(monkeypatch, "flash_backward", "sdpa_backward", "cudnn_backward")
     q, k, v = make_qkv(2, seqlen_q, seqlen_k, 4, 2, head_dim, dtype=torch.float32, device="cuda")
-    direction = torch.randn(head_dim, device="cuda").sign()
-    q, k, v = ((0.1 * q + 3.75 * direction).bfloat16(), (0.1 * k - 3.75 * direction).bfloat16(), v.bfloat16())
+    if anti_aligned:
+        direction = torch.randn(head_dim, device="cuda").sign()
+        q, k = 0.1 * q + 3.75 * direction, 0.1 * k - 3.75 * direction
+    q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
     grad_out = torch.randn(q.shape, dtype=torch.bfloat16, device="cuda")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", dispatch.BackendFallbackWarning)
         _, lse = fa_variants.attention(q, k, v, causal=causal, backend=backend, return_lse=True)
-        assert lse.max() < -88.7, lse.max()
+        assert not anti_aligned or lse.max() < -88.7, lse.max()
         got = _grads(q, k, v, grad_out, backend=backend, causal=causal)
-    hopper = dispatch.device_capability(torch.device("cuda"))[0] == backward.CUDNN_CAPABILITY_MAJOR
+    capability = dispatch.device_capability(torch.device("cuda"))
+    wide = backward.CUDNN_WIDE and capability == (9, 0) and (torch.backends.cudnn.version() or 0) >= 91000
     square_causal = causal and seqlen_q == seqlen_k
-    cudnn = hopper and (not causal or square_causal) and (seqlen_k % 128 == 0 or square_causal)
+    cudnn = (capability[0] == backward.CUDNN_CAPABILITY_MAJOR and head_dim <= (256 if wide else 128)
+             and (not causal or square_causal) and (seqlen_k % 128 == 0 or square_causal))
     expected = {"pytorch": {}, "flash": {"flash_backward": 1}, "sdpa": {"sdpa_backward": 1},
                 "cudnn": {"cudnn_backward" if cudnn else "flash_backward": 1}}[mode]
     assert calls == expected, calls

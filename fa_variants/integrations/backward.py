@@ -41,6 +41,14 @@ FLASH_BACKWARD_OP = torch.ops.aten._scaled_dot_product_flash_attention_backward
 CUDNN_BACKWARD_OP = torch.ops.aten._scaled_dot_product_cudnn_attention_backward
 #: the largest head_dim cuDNN's attention backward takes on every supported cuDNN (PyTorch's sdp_utils gate)
 CUDNN_MAX_HEAD_DIM = 128
+#: the largest on compute capability 9.0 with cuDNN 9.10 or later, where PyTorch's own gate (sdp_utils.cpp,
+#: ``check_cudnn_tensor_shapes``) lets SDPA take cuDNN up to it: session 44's H100 run timed the sdpa mode (SDPA's
+#: forward again, then cuDNN's backward) at 1.17-1.23x SDPA's step at head_dim 256 against 1.37-1.54x for the flash
+#: kernel's backward that the cudnn mode takes there
+CUDNN_SM90_MAX_HEAD_DIM = 256
+#: whether the cudnn mode uses `CUDNN_SM90_MAX_HEAD_DIM` (off: a candidate, its GPU tests and timing not yet run;
+#: scripts/backward_gpu.sh has the rule that flips it)
+CUDNN_WIDE = False
 #: the compute capability (major) where the cudnn mode takes cuDNN's backward: Hopper, where it was measured faster
 #: than FlashAttention-2's (session 43) and where PyTorch's SDPA prefers it. Elsewhere the flash path serves: on sm_8x
 #: FlashAttention-2's backward is PyTorch's own choice and cuDNN's engines are missing for some shapes on consumer
@@ -192,14 +200,24 @@ def flash_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
 def cudnn_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                   softmax_scale: float | None) -> bool:
     """Whether `cudnn_backward` serves: where the flash path would (`flash_applies`: its fallback), narrowed to
-    head_dim up to `CUDNN_MAX_HEAD_DIM`, more than one key (PyTorch's gate for cuDNN attention), for causal
+    head_dim up to `cudnn_max_head_dim`, more than one key (PyTorch's gate for cuDNN attention), for causal
     seqlen_q == seqlen_k (cuDNN's dense causal mask is top-left aligned, ours bottom-right, the same only for square
     scores), a GPU of compute capability 9.x (`CUDNN_CAPABILITY_MAJOR`), no broadcast (stride 0) dimension in Q, K
     or V, and `_cudnn_allowed`."""
-    return (flash_applies(q, k, causal, softmax_scale) and q.shape[-1] <= CUDNN_MAX_HEAD_DIM and k.shape[1] > 1
-            and (not causal or q.shape[1] == k.shape[1]) and cudnn_masks_padding(q.shape[1], k.shape[1], causal)
+    return (flash_applies(q, k, causal, softmax_scale) and q.shape[-1] <= cudnn_max_head_dim(q.device)
+            and k.shape[1] > 1 and (not causal or q.shape[1] == k.shape[1])
+            and cudnn_masks_padding(q.shape[1], k.shape[1], causal)
             and _capability(q.device)[0] == CUDNN_CAPABILITY_MAJOR and not any(_broadcast(t) for t in (q, k, v))
             and _cudnn_allowed())
+
+
+def cudnn_max_head_dim(device: torch.device) -> int:
+    """The largest head_dim `cudnn_backward` serves on ``device``: `CUDNN_SM90_MAX_HEAD_DIM` where `CUDNN_WIDE` is on,
+    the GPU is compute capability 9.0 and cuDNN 9.10 or later (PyTorch's own gate for SDPA's cuDNN path), else
+    `CUDNN_MAX_HEAD_DIM`."""
+    if CUDNN_WIDE and _capability(device) == (9, 0) and (torch.backends.cudnn.version() or 0) >= 91000:
+        return CUDNN_SM90_MAX_HEAD_DIM
+    return CUDNN_MAX_HEAD_DIM
 
 
 def cudnn_masks_padding(seqlen_q: int, seqlen_k: int, causal: bool) -> bool:
