@@ -20,22 +20,19 @@
 # 2. then scripts/NAME_gpu.sh for each NAME, in order, each with the time left of CALL_BUDGET seconds (default 560),
 #    skipped when fewer than 100 s are left; logs in $OUT/pending/NAME.tar.xz, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
-#    Plan for session 44. Session 43 got one H100 for six warm calls (bench/h100-2026-12-06-s43, tree b8148be): K2
-#    (247 backward tests passed in four modes; a training step's attention / SDPA's: cudnn 0.99-1.22x, sdpa
-#    1.17-1.46x, flash 1.41-1.79x, pytorch 21-34x), suite parts 1 (3346 passed), 4 (334) and 2 (1558), G2 (PDL up
-#    to head_dim 64: 0.978 / 0.941 at D 128 / 256, 1.006 at 64) and --checks (292 passed). By their rules cudnn
-#    became FA_VARIANTS_BACKWARD's default and 64 FA_VARIANTS_FP8_QUANT_PDL_MAX_HEAD_DIM's (4faa758), with new
-#    backward tests (cudnn traced; every mode on rows whose LSE is below -88.7). Name nvidia-h100-x1 or nvidia-h200
-#    on each call, `status` first (its none_now gives the back-off). In order:
-#    K3. `scripts/pending_gpu.sh backward` (~210 s cold on session 43's H100, ~150 s more now; timeout_s 600): the
-#       new tests (cudnn traced, very negative LSE rows, O / dO in Q's layout beside SDPA's own cuDNN backward) and
-#       the new default, and the steps timed queued too; the header's prediction (cudnn may give NaN dQ on the
-#       very-negative-LSE rows at seqlen_k = 64 mod 128; queued, cudnn / SDPA 0.97-1.08 at N 1k) and rule (those
-#       modes then decline seqlen_k = 64 mod 128; any other failure of the default puts it back to sdpa).
-#    E3. suite part 4 (tests/test_fp8_quant_kernel.py with the new PDL default: the quantpdl rule's last condition),
-#       then part 3 (the fa3-fp8 kernel files, whose calls run the quantisation pass), part 2 (torch.compile and the
-#       backward under the cudnn default) and part 1 (the rest; session 43's package changes touched the backward's
-#       routing, the API's docstrings and the switch table only).
+#    Plan for session 45. Session 44 got one H100 (bench/h100-2026-12-06-s44): K3 found cuDNN's backward giving NaN
+#    dQ on rows whose LSE is below -88.7 at seqlen_k = 64 mod 128, non-causal (cudnn and sdpa modes; a probe over 22
+#    seqlen_k: that residue only, on cuDNN 9.19); both modes now keep cuDNN off unless seqlen_k % 128 == 0 or square
+#    causal (a57a640): 386 passed; suite parts 4 (334 passed) and 3 (637). Timing: cudnn / SDPA queued 0.98-1.09;
+#    at head_dim 256 the sdpa mode (SDPA's cuDNN backward) beat the cudnn mode's flash path, 1.17-1.23x against
+#    1.44-1.53x, hence the candidate backward.CUDNN_WIDE (off). Name nvidia-h100-x1 or nvidia-h200 on each call,
+#    `status` first (its none_now gives the back-off; session 44 lost ~300 s to three refused starts). In order:
+#    K4. `CALL_BUDGET=570 scripts/pending_gpu.sh backward` (~330 s cold; timeout_s 600): the probe now at head_dim
+#       256 too, the tests (the wide candidate at head_dim 256: random and very negative LSE rows), the timing with
+#       ours-cudnnwide; prediction and rule (CUDNN_WIDE on if it passes and beats the sdpa and cudnn modes at both
+#       head_dim 256 shapes) in scripts/backward_gpu.sh.
+#    E4. suite parts 2 (the backward file, torch.compile) and 1 (the rest), each its own call; part 1 last ran on
+#       b8148be. If CUDNN_WIDE flips, the backward file again after the flip.
 #    S. On an H200 only: `python3 scripts/decode_ab.py --s38 --variants base tiles-dual --rounds 6` (~35 s): the
 #       H100 gave base / auto 0.96-0.98 at D 64 Nk 2k / 4k and 1.00-1.01 at D 128 (session 39), so the rule (base
 #       faster at both head dims on one card, slower on the other) was not met there; the H200's figures complete it.
