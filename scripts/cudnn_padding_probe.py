@@ -5,7 +5,7 @@ every key (each scaled score near -14 sqrt(head_dim)), bf16, batch 2, 4 heads, o
 mod 128, the sm_90 backward's key tile, around 0, 64 and 127), seqlen_q 1 and 100, head_dim 64, 128 and 256 (cuDNN 9.10+ on
 sm_90 only; an error line elsewhere), full and square causal;
 random inputs beside as the control. Prints one line per geometry with a non-finite gradient and a summary: the data
-behind ``integrations.backward.cudnn_masks_padding``.
+behind ``integrations.backward.cudnn_trusted``.
 
     python3 scripts/cudnn_padding_probe.py [--out DIR]
 """
@@ -40,7 +40,7 @@ def main() -> None:
     parser.add_argument("--out", type=pathlib.Path, default=None, help="write cudnn_padding.json there")
     args = parser.parse_args()
     print(f"torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, {torch.cuda.get_device_name()}")
-    rows = []
+    rows, refused_dims = [], set()  # an error (cuDNN refusing the head_dim) is printed once per head_dim
     for head_dim in (64, 128, 256):
         for seqlen_q in (1, 100):
             for seqlen_k in SEQLENS_K:
@@ -54,7 +54,8 @@ def main() -> None:
                             bad = f"error: {str(error).splitlines()[0][:80]}"
                         rows.append(dict(head_dim=head_dim, seqlen_q=seqlen_q, seqlen_k=seqlen_k, causal=causal,
                                          very_negative_lse=anti, nonfinite=bad))
-                        if bad:
+                        if bad and not (bad.startswith("error") and head_dim in refused_dims):
+                            refused_dims.update([head_dim] if bad.startswith("error") else [])
                             print(f"D {head_dim} Nq {seqlen_q} Nk {seqlen_k} (mod 128: {seqlen_k % 128}) "
                                   f"{'causal' if causal else 'full'} {'anti' if anti else 'random'}: {bad}")
         for seqlen in (100, 192, 1216):  # square causal
@@ -64,13 +65,15 @@ def main() -> None:
                 bad = f"error: {str(error).splitlines()[0][:80]}"
             rows.append(dict(head_dim=head_dim, seqlen_q=seqlen, seqlen_k=seqlen, causal=True, very_negative_lse=True,
                              nonfinite=bad))
-            if bad:
+            if bad and not bad.startswith("error"):
                 print(f"D {head_dim} Nq = Nk {seqlen} causal anti: {bad}")
-    bad_k = sorted({r["seqlen_k"] % 128 for r in rows if r["nonfinite"] and not r["causal"]})
-    print(f"summary: {sum(1 for r in rows if r['nonfinite'])} of {len(rows)} geometries non-finite; "
-          f"seqlen_k mod 128 of the full ones: {bad_k}; causal ones: "
-          f"{sum(1 for r in rows if r['nonfinite'] and r['causal'])}; random-input ones: "
-          f"{sum(1 for r in rows if r['nonfinite'] and not r['very_negative_lse'])}")
+    refused = [r for r in rows if r["nonfinite"].startswith("error")]
+    bad = [r for r in rows if r["nonfinite"] and r not in refused]
+    bad_k = sorted({r["seqlen_k"] % 128 for r in bad if not r["causal"]})
+    print(f"summary: {len(bad)} of {len(rows) - len(refused)} geometries run non-finite ({len(refused)} refused by "
+          f"cuDNN: head dims {sorted({r['head_dim'] for r in refused})}); seqlen_k mod 128 of the full ones: {bad_k}; "
+          f"seqlen_q of the full ones: {sorted({r['seqlen_q'] for r in bad if not r['causal']})}; causal ones: "
+          f"{sum(1 for r in bad if r['causal'])}; random-input ones: {sum(1 for r in bad if not r['very_negative_lse'])}")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "cudnn_padding.json").write_text(json.dumps(rows, indent=1))

@@ -180,10 +180,11 @@ def fake_gpu(monkeypatch):
 def fused_on_cpu(monkeypatch, fake_gpu):
     """The fused backwards (``integrations.backward``, FA_VARIANTS_BACKWARD=cudnn / sdpa / flash) let onto the CPU
     for the fake sm_90 (`fake_gpu`), ``helpers.flash_backward_stand_in`` in the FlashAttention-2 backward kernel's
-    place (CUDA only; tests/test_backward_cudnn.py stands cuDNN's in too). Yields the list of the stand-in's calls
+    place and ``helpers.flash_forward_stand_in`` in its differentiable forward op's (CUDA only;
+    tests/test_backward_cudnn.py stands cuDNN's in too). Yields the list of the stand-in's calls
     (the arguments it got)."""
     from fa_variants.integrations import backward
-    from helpers import flash_backward_stand_in
+    from helpers import flash_backward_stand_in, flash_forward_stand_in
 
     calls = []
 
@@ -193,4 +194,5 @@ def fused_on_cpu(monkeypatch, fake_gpu):
 
     monkeypatch.setattr(backward, "FUSED_DEVICES", ("cpu",))
     monkeypatch.setattr(backward, "FLASH_BACKWARD_OP", record)
+    monkeypatch.setattr(backward, "FLASH_FORWARD_OP", flash_forward_stand_in)  # the sdpa mode's, autograd through it
     return calls

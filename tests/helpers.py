@@ -419,6 +419,18 @@ def collected_ids(*args: str) -> list[str]:
     return [line for line in run.stdout.splitlines() if "::" in line]
 
 
+def flash_forward_stand_in(q, k, v, dropout_p, causal, return_debug_mask, *, scale):
+    """FlashAttention-2's differentiable forward op from its contract (``aten._scaled_dot_product_flash_attention``):
+    (batch, heads, seqlen, head_dim) tensors with a unit last stride, GQA natively, bottom-right causal, no dropout;
+    (out in q's dtype, natural-log LSE float32) through autograd in float32 (``reference.attention_reference``)."""
+    from fa_variants import reference
+
+    assert dropout_p == 0.0 and not return_debug_mask and all(t.stride(-1) == 1 for t in (q, k, v))
+    out, lse = reference.attention_reference(*(t.float().transpose(1, 2) for t in (q, k, v)), causal=causal,
+                                             softmax_scale=scale)
+    return out.to(q.dtype).transpose(1, 2), lse
+
+
 def flash_backward_stand_in(grad_out, q, k, v, out, lse, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, causal,
                             rng_state, unused, *, scale):
     """FlashAttention-2's backward from its contract, in float32: P = exp(scale Q K^T - LSE) (masked bottom-right

@@ -31,7 +31,8 @@ def _stand_in(grad_out, q, k, v, out, stats, philox_seed, philox_offset, attn_bi
     assert philox_seed.dtype == philox_offset.dtype == torch.int64 and philox_seed.dim() == 0
     assert (max_q, max_k) == (q.shape[2], k.shape[2]) and not (causal and max_q != max_k)
     assert stats.shape == q.shape[:3] + (1,) and stats.dtype == torch.float32
-    assert q.shape[-1] <= backward.cudnn_max_head_dim(q.device) and k.shape[2] > 1
+    wide = backward.CUDNN_WIDE and q.shape[-1] <= backward.CUDNN_SM90_MAX_HEAD_DIM
+    assert (q.shape[-1] <= backward.CUDNN_MAX_HEAD_DIM or wide) and k.shape[2] > 1 and q.shape[2] > 1
     return flash_backward_stand_in(grad_out, q, k, v, out, stats.squeeze(-1).contiguous(), None, None, max_q, max_k,
                                    0.0, causal, None, None, scale=scale)
 
@@ -54,7 +55,7 @@ def cudnn_stand_in(monkeypatch, fused_on_cpu):
 
 @pytest.mark.parametrize("nq, nk, heads_kv, causal, scale, head_dim", [
     (13, 128, 2, False, None, 64), (17, 17, 6, True, None, 128), (9, 256, 1, False, 0.5, 64),
-    (1, 128, 3, False, None, 16)])
+    (2, 128, 3, False, None, 16)])
 @pytest.mark.parametrize("dtype", [F16, BF16], ids=["fp16", "bf16"])
 def test_cudnn_backward_within_the_rule(cudnn_stand_in, fused_on_cpu, nq, nk, heads_kv, causal, scale, head_dim,
                                         dtype):
@@ -113,9 +114,9 @@ def test_cudnn_gets_o_and_do_in_q_layout(cudnn_stand_in, layout):
 def test_cudnn_on_hopper_only(cudnn_stand_in, fused_on_cpu, monkeypatch, capability):
     """cuDNN's backward serves on compute capability 9.x only (`CUDNN_CAPABILITY_MAJOR`: measured there; PyTorch
     refuses cuDNN's attention at seqlen_q = 1 on 10.x / 11.x for cuDNN 9.19-9.25, and sm_89 lacks engines for some
-    shapes); elsewhere the flash path, for one query row and for several."""
+    shapes); elsewhere the flash path (one query row goes there everywhere: `cudnn_trusted`)."""
     monkeypatch.setattr(backward, "_capability", lambda device: capability)
-    for seqlen_q in (1, 5):
+    for seqlen_q in (2, 5):
         q, k, v = make_qkv(1, seqlen_q, 128, 4, 2, 64, dtype=BF16)
         leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
         torch.autograd.grad(fa_variants.attention(*leaves).float().sum(), leaves)
@@ -213,54 +214,85 @@ def test_unaligned_inputs_reach_the_kernels_aligned(cudnn_stand_in, fused_on_cpu
 
 
 @pytest.mark.parametrize("seqlen_q, seqlen_k, causal, cudnn_serves", [
-    (1, 64, False, False), (3, 100, False, False), (5, 129, False, False), (9, 1216, False, False),
-    (1, 128, False, True), (5, 256, False, True), (65, 65, True, True), (192, 192, True, True)])
-def test_cudnn_declines_padded_key_tiles(cudnn_stand_in, fused_on_cpu, seqlen_q, seqlen_k, causal, cudnn_serves):
-    """cuDNN's sm_90 backward gave NaN gradients on rows whose LSE is below -88.7 where its last 128-key tile was
-    padded and no causal mask covered the padding (session 44's H100 run: seqlen_k = 64 mod 128, non-causal), so it
-    serves only where seqlen_k is a multiple of `CUDNN_KEY_TILE` or the scores are square causal; the flash path
+    (2, 64, False, False), (3, 100, False, False), (5, 129, False, False), (9, 1216, False, False),
+    (1, 128, False, False), (1, 256, False, False), (2, 128, False, True), (5, 256, False, True),
+    (65, 65, True, True), (192, 192, True, True)])
+def test_cudnn_trusted_geometries_only(cudnn_stand_in, fused_on_cpu, seqlen_q, seqlen_k, causal, cudnn_serves):
+    """cuDNN's sm_90 backward gave NaN dQ on rows whose LSE is below -88.7 where its last 128-key tile was padded and
+    no causal mask covered the padding (session 44's H100 run, cuDNN 9.19: seqlen_k = 64 mod 128, non-causal), and is
+    reported to give NaN dK / dV for one query row at seqlen_k 128 on cuDNN 9.25-9.26; so it serves only with more
+    than one query row and seqlen_k a multiple of `CUDNN_KEY_TILE` or square causal scores; the flash path
     elsewhere. Judged from the shapes alone."""
     q, k, v = make_qkv(1, seqlen_q, seqlen_k, 2, 1, 64, dtype=BF16)
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
     torch.autograd.grad(fa_variants.attention(*leaves, causal=causal).float().sum(), leaves)
     assert (len(cudnn_stand_in), len(fused_on_cpu)) == ((1, 0) if cudnn_serves else (0, 1))
-    assert backward.cudnn_masks_padding(seqlen_q, seqlen_k, causal) is cudnn_serves
+    assert backward.cudnn_trusted(seqlen_q, seqlen_k, causal) is cudnn_serves
 
 
-@pytest.mark.parametrize("wide, capability, cudnn_version, cudnn_serves", [
-    (False, (9, 0), 91900, False), (True, (9, 0), 91900, True), (True, (9, 0), 91000, True),
-    (True, (9, 0), 90900, False), (True, (9, 0), None, False), (True, (9, 4), 91900, False)])
+@pytest.mark.parametrize("wide, capability, pytorch_takes_it, cudnn_serves", [
+    (False, (9, 0), True, False), (True, (9, 0), True, True), (True, (9, 0), False, False),
+    (True, (9, 4), True, False), (True, (10, 0), True, False)])
 def test_cudnn_wide_head_dims_follow_pytorchs_gate(cudnn_stand_in, fused_on_cpu, monkeypatch, wide, capability,
-                                                   cudnn_version, cudnn_serves):
+                                                   pytorch_takes_it, cudnn_serves):
     """`CUDNN_WIDE` (session 44's candidate) lets cuDNN's backward take head dims above `CUDNN_MAX_HEAD_DIM` up to
-    `CUDNN_SM90_MAX_HEAD_DIM` where PyTorch lets SDPA do so: compute capability 9.0 exactly and cuDNN 9.10 or later
-    (here the limits lowered to 32 / 64 for the fake kernel's head dims); elsewhere the flash path serves them."""
+    `CUDNN_SM90_MAX_HEAD_DIM` where PyTorch itself would run SDPA's cuDNN path on the call
+    (``torch.backends.cuda.can_use_cudnn_attention``, a gate that moves between releases), on compute capability 9.0
+    (the limits lowered to 32 / 64 here for the fake kernel's head dims); elsewhere the flash path serves them."""
+    asked = []
     monkeypatch.setattr(backward, "CUDNN_WIDE", wide)
     monkeypatch.setattr(backward, "CUDNN_MAX_HEAD_DIM", 32)
     monkeypatch.setattr(backward, "CUDNN_SM90_MAX_HEAD_DIM", 64)
     monkeypatch.setattr(backward, "_capability", lambda device: capability)
-    monkeypatch.setattr(torch.backends.cudnn, "version", lambda: cudnn_version)
+    monkeypatch.setattr(backward, "_pytorch_takes_cudnn", lambda *args: asked.append(args) or pytorch_takes_it)
     q, k, v = make_qkv(1, 5, 128, 2, 1, 64, dtype=BF16)
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
     torch.autograd.grad(fa_variants.attention(*leaves).float().sum(), leaves)
     assert (len(cudnn_stand_in), len(fused_on_cpu)) == ((1, 0) if cudnn_serves else (0, 1))
-    assert backward.cudnn_max_head_dim(q.device) == (64 if cudnn_serves else 32)
+    assert len(asked) == (1 if wide and capability == (9, 0) else 0)
 
 
-def test_sdpa_mode_leaves_cudnn_out_of_padded_key_tiles(monkeypatch):
-    """The sdpa mode's eager backward is SDPA's own, which picks cuDNN's on Hopper: where `cudnn_masks_padding` fails
-    it chooses among the other enabled SDPA backends (PyTorch's switches otherwise untouched), and declines when none
-    is enabled."""
-    from torch.nn.attention import SDPBackend
+def test_pytorchs_cudnn_check_is_asked_on_sdpas_layout(monkeypatch):
+    """`_pytorch_takes_cudnn` hands ``can_use_cudnn_attention`` SDPA's (batch, heads, seqlen, head_dim) views of the
+    call, with enable_gqa where the heads differ."""
+    from torch.backends import cuda
 
-    assert backward._sdpa_backends(128, 256, False) is None and backward._sdpa_backends(100, 100, True) is None
-    assert backward._sdpa_backends(1, 64, False) == [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
-                                                     SDPBackend.MATH]
-    monkeypatch.setattr(torch.backends.cuda, "flash_sdp_enabled", lambda: False)
-    assert backward._sdpa_backends(9, 1216, True) == [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-    for name in ("mem_efficient_sdp_enabled", "math_sdp_enabled"):
-        monkeypatch.setattr(torch.backends.cuda, name, lambda: False)
-    assert backward._sdpa_backends(1, 64, False) == []
+    seen = []
+    monkeypatch.setattr(cuda, "can_use_cudnn_attention", lambda params, debug: seen.append(params) or True)
+    q, k, v = make_qkv(2, 5, 128, 4, 2, 64, dtype=BF16)
+    assert backward._pytorch_takes_cudnn(q, k, v, False) is True
+    (params,) = seen
+    assert params.query.shape == (2, 4, 5, 64) and params.key.shape == (2, 2, 128, 64)
+    assert params.is_causal is False and params.enable_gqa is True
+
+
+@pytest.mark.parametrize("seqlen_q, seqlen_k, causal, flash_op", [
+    (2, 64, False, True), (1, 128, False, True), (9, 40, True, True), (2, 128, False, False), (17, 17, True, False)])
+def test_sdpa_mode_takes_the_flash_op_outside_trusted_geometries(fake_gpu, fused_on_cpu, monkeypatch, seqlen_q,
+                                                                 seqlen_k, causal, flash_op):
+    """The sdpa mode's eager backward is SDPA's own, which picks cuDNN's on Hopper: outside `cudnn_trusted` it runs
+    PyTorch's FlashAttention-2 op under autograd instead (GQA natively, bottom-right causal; here its stand-in), chosen
+    per call with SDPA's process-wide switches untouched; the gradients within the rule either way. With flash SDPA
+    disabled there, the mode declines (the PyTorch backward serves)."""
+    from helpers import flash_forward_stand_in
+
+    ops, sdp_flags = [], [torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.flash_sdp_enabled()]
+    monkeypatch.setenv("FA_VARIANTS_BACKWARD", "sdpa")
+    monkeypatch.setattr(backward, "FLASH_FORWARD_OP", lambda *a, **kw: ops.append(a) or flash_forward_stand_in(*a, **kw))
+    q, k, v = make_qkv(2, seqlen_q, seqlen_k, 4, 2, 64, dtype=BF16)
+    grad_out = torch.randn(q.shape, dtype=BF16)
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    got = torch.autograd.grad(fa_variants.attention(*leaves, causal=causal), leaves, grad_out)
+    assert len(ops) == (1 if flash_op else 0) and fused_on_cpu == []
+    assert sdp_flags == [torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.flash_sdp_enabled()]
+    ref = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    same = torch.autograd.grad(reference.attention_reference(*ref, causal=causal, dtype=BF16)[0], ref, grad_out)
+    assert_grads_within_rule(got, same, exact_grads(q, k, v, grad_out, causal=causal))
+    assert backward.sdpa_applies(q, k, causal, None) is False  # grad mode is on here: no fused backward
+    with torch.no_grad():
+        assert backward.sdpa_applies(q, k, causal, None) is True
+        monkeypatch.setattr(torch.backends.cuda, "flash_sdp_enabled", lambda: False)
+        assert backward.sdpa_applies(q, k, causal, None) is (not flash_op)
 
 
 def test_cudnn_hands_over_to_flash_then_pytorch(cudnn_stand_in, fused_on_cpu, monkeypatch):

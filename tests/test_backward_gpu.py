@@ -80,9 +80,9 @@ def test_kernel_gradients_within_the_rule(gpu_variant, monkeypatch, mode, backen
     hopper = dispatch.device_capability(torch.device("cuda"))[0] == backward.CUDNN_CAPABILITY_MAJOR
     square_causal = causal and shape[1] == shape[2]
     if mode == "cudnn" and not (hopper and shape[-1] <= 128 and shape[2] > 1 and (not causal or square_causal)
-                                and (shape[2] % 128 == 0 or square_causal)):
-        mode = "flash"  # cuDNN's limits (sm_90, head_dim, one key, its top-left causal mask, a padded last key tile
-        # with no causal mask over it, cudnn_masks_padding): the flash kernel serves
+                                and shape[1] > 1 and (shape[2] % 128 == 0 or square_causal)):
+        mode = "flash"  # cuDNN's limits (sm_90, head_dim, one key, its top-left causal mask, one query row or a padded
+        # last key tile with no causal mask over it: cudnn_trusted): the flash kernel serves
     assert calls == ({f"{mode}_backward": 1} if fused else {}), calls
     same = _grads(q, k, v, grad_out, dtype, backend=backend, causal=causal)
     exact = _grads(q, k, v, grad_out, torch.float64, backend=backend, causal=causal)
@@ -173,7 +173,7 @@ def test_kernel_gradients_under_torch_compile(gpu_variant, monkeypatch, mode):
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("seqlen_q, seqlen_k, causal", [
     (1, 64, False), (1, 128, False), (1, 192, False), (100, 1216, False), (192, 192, True), (1216, 1216, True),
-    (3, 100, False), (1, 65, False), (100, 256, False), (1, 1000, False), (100, 1216, True)])
+    (3, 100, False), (1, 65, False), (100, 256, False), (1, 1000, False), (100, 1216, True), (2, 128, False)])
 @pytest.mark.parametrize("mode", ["pytorch", "flash", "sdpa", "cudnn"])
 def test_gradients_of_rows_with_a_very_negative_lse(gpu_variant, monkeypatch, mode, seqlen_q, seqlen_k, causal,
                                                     head_dim):
@@ -183,18 +183,18 @@ def test_gradients_of_rows_with_a_very_negative_lse(gpu_variant, monkeypatch, mo
     show it (a failure class reported for cuDNN's sm_90 attention backward at seqlen_k = 64 mod 128, and seen in
     session 44 on an H100 with cuDNN 9.19: NaN dQ at seqlen_k 64 / 192 / 1216 non-causal in the cudnn and sdpa modes).
     cuDNN's backward serves the cudnn mode only where seqlen_k is a multiple of 128 or the scores are square causal
-    (backward.cudnn_masks_padding), and is left out of the sdpa mode's choice elsewhere. Each mode's gradients finite
-    and within the rule."""
+    and there is more than one query row (backward.cudnn_trusted); the sdpa mode takes PyTorch's FlashAttention-2 op
+    elsewhere. Each mode's gradients finite and within the rule."""
     _check_extreme_rows(gpu_variant, monkeypatch, mode, seqlen_q, seqlen_k, causal, head_dim, anti_aligned=True)
 
 
 @pytest.mark.parametrize("anti_aligned", [True, False], ids=["lse_below_-88.7", "random"])
 @pytest.mark.parametrize("seqlen_q, seqlen_k, causal", [
-    (1, 128, False), (1, 192, False), (3, 100, False), (100, 256, False), (100, 1216, False), (192, 192, True)])
+    (1, 128, False), (2, 128, False), (3, 100, False), (100, 256, False), (100, 1216, False), (192, 192, True)])
 def test_cudnn_wide_candidate_at_head_dim_256(gpu_variant, monkeypatch, seqlen_q, seqlen_k, causal, anti_aligned):
-    """Session 44's candidate, backward.CUDNN_WIDE: cuDNN's backward up to head_dim 256 on compute capability 9.0 with
-    cuDNN 9.10 or later (PyTorch's gate for SDPA's cuDNN path), the padded-key-tile rule as at 64 / 128: gradients
-    finite and within the rule, on random inputs and on rows whose LSE is below -88.7."""
+    """Session 44's candidate, backward.CUDNN_WIDE: cuDNN's backward up to head_dim 256 on compute capability 9.0 where
+    PyTorch would run SDPA's cuDNN path on the call (cuDNN 9.10+ for torch 2.11), the trusted geometries as at 64 /
+    128: gradients finite and within the rule, on random inputs and on rows whose LSE is below -88.7."""
     monkeypatch.setattr(backward, "CUDNN_WIDE", True)
     _check_extreme_rows(gpu_variant, monkeypatch, "cudnn", seqlen_q, seqlen_k, causal, 256, anti_aligned)
 
@@ -202,8 +202,9 @@ def test_cudnn_wide_candidate_at_head_dim_256(gpu_variant, monkeypatch, seqlen_q
 def _check_extreme_rows(gpu_variant, monkeypatch, mode, seqlen_q, seqlen_k, causal, head_dim, anti_aligned):
     """One case of the two tests above: FA_VARIANTS_BACKWARD=mode, bf16, batch 2, heads 4:2; queries anti-aligned with
     every key (scores near -14 sqrt(head_dim), every LSE below -88.7) or random; the fused path each mode should take
-    (cuDNN's where head_dim <= backward.cudnn_max_head_dim, seqlen_k a multiple of 128 or square causal, sm_9x),
-    gradients finite and within the rule."""
+    (cuDNN's on sm_9x where head_dim <= 128, or up to 256 with CUDNN_WIDE where PyTorch would take cuDNN, and
+    backward.cudnn_trusted: more than one query row, seqlen_k a multiple of 128 or square causal), gradients finite
+    and within the rule."""
     monkeypatch.setenv("FA_VARIANTS_BACKWARD", mode)
     backend = "fa3" if dispatch.device_capability(torch.device("cuda")) >= (9, 0) else "fa2"
     gpu_variant(backend)
@@ -220,10 +221,10 @@ def _check_extreme_rows(gpu_variant, monkeypatch, mode, seqlen_q, seqlen_k, caus
         assert not anti_aligned or lse.max() < -88.7, lse.max()
         got = _grads(q, k, v, grad_out, backend=backend, causal=causal)
     capability = dispatch.device_capability(torch.device("cuda"))
-    wide = backward.CUDNN_WIDE and capability == (9, 0) and (torch.backends.cudnn.version() or 0) >= 91000
+    wide = backward.CUDNN_WIDE and capability == (9, 0) and backward._pytorch_takes_cudnn(q, k, v, causal)
     square_causal = causal and seqlen_q == seqlen_k
     cudnn = (capability[0] == backward.CUDNN_CAPABILITY_MAJOR and head_dim <= (256 if wide else 128)
-             and (not causal or square_causal) and (seqlen_k % 128 == 0 or square_causal))
+             and (not causal or square_causal) and seqlen_q > 1 and (seqlen_k % 128 == 0 or square_causal))
     expected = {"pytorch": {}, "flash": {"flash_backward": 1}, "sdpa": {"sdpa_backward": 1},
                 "cudnn": {"cudnn_backward" if cudnn else "flash_backward": 1}}[mode]
     assert calls == expected, calls

@@ -41,14 +41,19 @@ FLASH_BACKWARD_OP = torch.ops.aten._scaled_dot_product_flash_attention_backward
 CUDNN_BACKWARD_OP = torch.ops.aten._scaled_dot_product_cudnn_attention_backward
 #: the largest head_dim cuDNN's attention backward takes on every supported cuDNN (PyTorch's sdp_utils gate)
 CUDNN_MAX_HEAD_DIM = 128
-#: the largest on compute capability 9.0 with cuDNN 9.10 or later, where PyTorch's own gate (sdp_utils.cpp,
-#: ``check_cudnn_tensor_shapes``) lets SDPA take cuDNN up to it: session 44's H100 run timed the sdpa mode (SDPA's
-#: forward again, then cuDNN's backward) at 1.17-1.23x SDPA's step at head_dim 256 against 1.37-1.54x for the flash
-#: kernel's backward that the cudnn mode takes there
+#: the largest head_dim with `CUDNN_WIDE`, on compute capability 9.0 where PyTorch itself would run SDPA on cuDNN
+#: for the call (``torch.backends.cuda.can_use_cudnn_attention``: its gate, which moves between releases: head_dim up
+#: to 256 with cuDNN 9.10+ in torch 2.9-2.11, later releases asking newer cuDNN and frontend): session 44's H100 run
+#: timed the sdpa mode (SDPA's forward again, then cuDNN's backward) at 1.17-1.23x SDPA's step at head_dim 256
+#: against 1.37-1.54x for the flash kernel's backward that the cudnn mode takes there
 CUDNN_SM90_MAX_HEAD_DIM = 256
-#: whether the cudnn mode uses `CUDNN_SM90_MAX_HEAD_DIM` (off: a candidate, its GPU tests and timing not yet run;
-#: scripts/backward_gpu.sh has the rule that flips it)
+#: whether the cudnn mode takes head dims above `CUDNN_MAX_HEAD_DIM` (off: a candidate, its GPU tests and timing not
+#: yet run; scripts/backward_gpu.sh has the rule that flips it)
 CUDNN_WIDE = False
+#: PyTorch's FlashAttention-2 forward op, differentiable (its derivative is `FLASH_BACKWARD_OP`): (q, k, v,
+#: dropout_p, is_causal, return_debug_mask, *, scale) -> (out, logsumexp, ...), tensors (batch, heads, seqlen,
+#: head_dim), GQA natively, causal bottom-right
+FLASH_FORWARD_OP = torch.ops.aten._scaled_dot_product_flash_attention
 #: the compute capability (major) where the cudnn mode takes cuDNN's backward: Hopper, where it was measured faster
 #: than FlashAttention-2's (session 43) and where PyTorch's SDPA prefers it. Elsewhere the flash path serves: on sm_8x
 #: FlashAttention-2's backward is PyTorch's own choice and cuDNN's engines are missing for some shapes on consumer
@@ -56,9 +61,9 @@ CUDNN_WIDE = False
 #: attention at seqlen_q = 1 for cuDNN 9.19-9.25, and nothing here was measured
 CUDNN_CAPABILITY_MAJOR = 9
 #: the key tile of cuDNN's sm_90 attention backward: where seqlen_k is not a multiple of it and no causal mask covers
-#: the padded keys of the last tile, rows whose LSE is below -ln(float32 max) = -88.7 got NaN dQ / dK / dV from it
-#: (session 44, H100, cuDNN 9.19: every failing case had seqlen_k = 64 mod 128, non-causal; seqlen_k 128 and square
-#: causal passed). `cudnn_masks_padding` keeps cuDNN off such geometries; the flash kernel serves them
+#: the padded keys of the last tile, rows whose LSE is below -ln(float32 max) = -88.7 got NaN dQ from it (session 44,
+#: H100, cuDNN 9.19: seqlen_k = 64 mod 128 non-causal, the only residue of 22 probed; seqlen_k 128 and square causal
+#: passed). `cudnn_trusted` keeps cuDNN off every padded tile without a causal mask (other releases not probed)
 CUDNN_KEY_TILE = 128
 
 
@@ -200,32 +205,45 @@ def flash_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
 def cudnn_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                   softmax_scale: float | None) -> bool:
     """Whether `cudnn_backward` serves: where the flash path would (`flash_applies`: its fallback), narrowed to
-    head_dim up to `cudnn_max_head_dim`, more than one key (PyTorch's gate for cuDNN attention), for causal
-    seqlen_q == seqlen_k (cuDNN's dense causal mask is top-left aligned, ours bottom-right, the same only for square
-    scores), a GPU of compute capability 9.x (`CUDNN_CAPABILITY_MAJOR`), no broadcast (stride 0) dimension in Q, K
-    or V, and `_cudnn_allowed`."""
-    return (flash_applies(q, k, causal, softmax_scale) and q.shape[-1] <= cudnn_max_head_dim(q.device)
-            and k.shape[1] > 1 and (not causal or q.shape[1] == k.shape[1])
-            and cudnn_masks_padding(q.shape[1], k.shape[1], causal)
+    head_dim up to `CUDNN_MAX_HEAD_DIM` (or beyond, `_cudnn_wide`), more than one key (PyTorch's gate for cuDNN
+    attention), for causal seqlen_q == seqlen_k (cuDNN's dense causal mask is top-left aligned, ours bottom-right, the
+    same only for square scores), the geometries of `cudnn_trusted`, a GPU of compute capability 9.x
+    (`CUDNN_CAPABILITY_MAJOR`), no broadcast (stride 0) dimension in Q, K or V, and `_cudnn_allowed`."""
+    return (flash_applies(q, k, causal, softmax_scale) and k.shape[1] > 1 and (not causal or q.shape[1] == k.shape[1])
+            and cudnn_trusted(q.shape[1], k.shape[1], causal)
             and _capability(q.device)[0] == CUDNN_CAPABILITY_MAJOR and not any(_broadcast(t) for t in (q, k, v))
-            and _cudnn_allowed())
+            and _cudnn_allowed() and (q.shape[-1] <= CUDNN_MAX_HEAD_DIM or _cudnn_wide(q, k, v, causal)))
 
 
-def cudnn_max_head_dim(device: torch.device) -> int:
-    """The largest head_dim `cudnn_backward` serves on ``device``: `CUDNN_SM90_MAX_HEAD_DIM` where `CUDNN_WIDE` is on,
-    the GPU is compute capability 9.0 and cuDNN 9.10 or later (PyTorch's own gate for SDPA's cuDNN path), else
-    `CUDNN_MAX_HEAD_DIM`."""
-    if CUDNN_WIDE and _capability(device) == (9, 0) and (torch.backends.cudnn.version() or 0) >= 91000:
-        return CUDNN_SM90_MAX_HEAD_DIM
-    return CUDNN_MAX_HEAD_DIM
+def _cudnn_wide(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> bool:
+    """Whether cuDNN's backward takes this call's head_dim above `CUDNN_MAX_HEAD_DIM`: `CUDNN_WIDE` on, head_dim up to
+    `CUDNN_SM90_MAX_HEAD_DIM`, compute capability 9.0, and PyTorch's own check says SDPA would run cuDNN's attention
+    on these tensors (`_pytorch_takes_cudnn`)."""
+    return (CUDNN_WIDE and q.shape[-1] <= CUDNN_SM90_MAX_HEAD_DIM and _capability(q.device) == (9, 0)
+            and _pytorch_takes_cudnn(q, k, v, causal))
 
 
-def cudnn_masks_padding(seqlen_q: int, seqlen_k: int, causal: bool) -> bool:
-    """Whether cuDNN's attention backward is trusted at this geometry: seqlen_k a multiple of `CUDNN_KEY_TILE` (no
-    padded keys) or causal with seqlen_q == seqlen_k (the causal mask covers the padded keys of the last tile).
-    Elsewhere a row whose LSE is below -88.7 (every score far below zero) got NaN gradients from it: the padded keys
-    enter exp(score - LSE) unmasked and overflow. Checked from the shapes alone, with no host sync to read the LSE."""
-    return seqlen_k % CUDNN_KEY_TILE == 0 or (causal and seqlen_q == seqlen_k)
+def _pytorch_takes_cudnn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> bool:
+    """``torch.backends.cuda.can_use_cudnn_attention`` on SDPA's (batch, heads, seqlen, head_dim) views of the call
+    (its head_dim, cuDNN version, GQA and layout gates; False where this PyTorch lacks the check)."""
+    from torch.backends import cuda
+
+    views = [t.transpose(1, 2) for t in (q, k, v)]
+    try:
+        params = cuda.SDPAParams(*views, None, 0.0, causal, q.shape[2] != k.shape[2])
+    except TypeError:  # releases before enable_gqa
+        params = cuda.SDPAParams(*views, None, 0.0, causal)
+    return bool(cuda.can_use_cudnn_attention(params, False))
+
+
+def cudnn_trusted(seqlen_q: int, seqlen_k: int, causal: bool) -> bool:
+    """The geometries where cuDNN's attention backward is trusted with any input: more than one query row, and seqlen_k
+    a multiple of `CUDNN_KEY_TILE` (no padded keys) or causal with seqlen_q == seqlen_k (the causal mask covers the
+    padded keys of the last tile). Elsewhere a row whose LSE is below -88.7 (every score far below zero) got NaN dQ
+    from it: the padded keys enter exp(score - LSE) unmasked and overflow (session 44, cuDNN 9.19); one query row is
+    reported to give NaN dK / dV at seqlen_k 128 on cuDNN 9.25-9.26 (cudnn-frontend's issue tracker; not seen on 9.19).
+    Checked from the shapes alone, with no host sync to read the LSE."""
+    return seqlen_q > 1 and (seqlen_k % CUDNN_KEY_TILE == 0 or (causal and seqlen_q == seqlen_k))
 
 
 def _broadcast(t: torch.Tensor) -> bool:
@@ -307,23 +325,13 @@ def cudnn_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
 
 def sdpa_applies(q: torch.Tensor, k: torch.Tensor, causal: bool, softmax_scale: float | None) -> bool:
     """Whether `sdpa_backward` serves an eager backward: `_fused_applies` and softmax_scale within `_fused_scale` (a
-    negative, large or flushed scale is left to ``reference.run_backward``, which handles it), and some SDPA backend
-    enabled for it (`_sdpa_backends`)."""
-    return (_fused_applies(q, k, causal) and _fused_scale(_scale(q, softmax_scale))
-            and _sdpa_backends(q.shape[1], k.shape[1], causal) != [])
-
-
-def _sdpa_backends(seqlen_q: int, seqlen_k: int, causal: bool) -> list | None:
-    """The SDPA backends `sdpa_backward` lets PyTorch choose from: None (PyTorch's own switches, unchanged) where
-    `cudnn_masks_padding`, else the enabled ones but cuDNN's (whose backward gave NaN gradients at such geometries)."""
-    from torch.nn.attention import SDPBackend
-
-    if cudnn_masks_padding(seqlen_q, seqlen_k, causal):
-        return None
-    enabled = ((SDPBackend.FLASH_ATTENTION, torch.backends.cuda.flash_sdp_enabled()),
-               (SDPBackend.EFFICIENT_ATTENTION, torch.backends.cuda.mem_efficient_sdp_enabled()),
-               (SDPBackend.MATH, torch.backends.cuda.math_sdp_enabled()))
-    return [backend for backend, on in enabled if on]
+    negative, large or flushed scale is left to ``reference.run_backward``, which handles it); outside
+    `cudnn_trusted`, where it takes PyTorch's FlashAttention-2 op, head_dim a multiple of 8 up to 256 and PyTorch's
+    flash SDPA enabled (``torch.backends.cuda.flash_sdp_enabled``)."""
+    if not (_fused_applies(q, k, causal) and _fused_scale(_scale(q, softmax_scale))):
+        return False
+    return cudnn_trusted(q.shape[1], k.shape[1], causal) or (
+        q.shape[-1] % 8 == 0 and q.shape[-1] <= 256 and torch.backends.cuda.flash_sdp_enabled())
 
 
 def sdpa_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
@@ -332,23 +340,25 @@ def sdpa_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: t
     ``scaled_dot_product_attention`` under autograd (its fused backward: flash, memory-efficient or cuDNN, as PyTorch
     chooses). Layout (batch, seqlen, heads, head_dim) as ``fa_variants.attention``; GQA by repeating each KV head
     over its query heads (autograd sums their gradients back); causal bottom-right through
-    ``torch.nn.attention.bias.causal_lower_right`` when seqlen_q != seqlen_k; cuDNN's backend left out where
-    `cudnn_masks_padding` fails (`_sdpa_backends`). Only where `sdpa_applies`, eagerly (inside a traced opaque op
-    autograd records nothing)."""
-    import contextlib
-
+    ``torch.nn.attention.bias.causal_lower_right`` when seqlen_q != seqlen_k. Outside `cudnn_trusted`, where SDPA
+    could pick cuDNN's backward (Hopper), the forward is PyTorch's FlashAttention-2 op instead (`FLASH_FORWARD_OP`:
+    GQA natively, causal bottom-right), its backward the flash kernel's: chosen per call, not by SDPA's process-wide
+    backend switches, which other threads share (autograd runs each device's backward on its own thread). Only where
+    `sdpa_applies`, eagerly (inside a traced opaque op autograd records nothing)."""
     import torch.nn.functional as F
-    from torch.nn.attention import sdpa_kernel
     from torch.nn.attention.bias import causal_lower_right
 
     group = q.shape[2] // k.shape[2]
-    backends = _sdpa_backends(q.shape[1], k.shape[1], causal)
-    with torch.enable_grad(), contextlib.nullcontext() if backends is None else sdpa_kernel(backends):
+    seqlen_q, seqlen_k = q.shape[1], k.shape[1]
+    with torch.enable_grad():
         leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+        if not cudnn_trusted(seqlen_q, seqlen_k, causal):
+            views = [_kernel_ready(t).transpose(1, 2) for t in leaves]
+            out = FLASH_FORWARD_OP(*views, 0.0, causal, False, scale=softmax_scale)[0]
+            return torch.autograd.grad(out.transpose(1, 2), leaves, _kernel_ready(grad_out))
         qt, kt, vt = (t.transpose(1, 2) for t in leaves)
         if group > 1:
             kt, vt = kt.repeat_interleave(group, dim=1), vt.repeat_interleave(group, dim=1)
-        seqlen_q, seqlen_k = q.shape[1], k.shape[1]
         mask = causal_lower_right(seqlen_q, seqlen_k) if causal and seqlen_q != seqlen_k else None
         out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, is_causal=causal and mask is None,
                                              scale=softmax_scale)
