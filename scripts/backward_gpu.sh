@@ -53,13 +53,17 @@
 #   scripts/cudnn_padding_probe.py then mapped cuDNN 9.19's fault: over 22 seqlen_k, only seqlen_k = 64 mod 128,
 #   non-causal, dQ only, on anti-aligned inputs only. By the rule, cudnn now takes cuDNN's backward only where seqlen_k
 #   is a multiple of 128 or the scores are square causal (wider than the measured fault: other cuDNN releases were
-#   not probed), and the sdpa mode leaves SDPA's cuDNN backend out elsewhere (a57a640): 386 passed. Timing, waited /
+#   not probed), and the sdpa mode leaves SDPA's cuDNN backend out elsewhere (a57a640): 386 passed. After the run
+#   (091dfbd, not yet on a GPU): cuDNN also needs seqlen_q > 1 (NaN dK / dV reported on 9.25-9.26), and the sdpa mode
+#   takes PyTorch's FlashAttention-2 op (aten._scaled_dot_product_flash_attention under autograd) outside those
+#   geometries instead of flipping SDPA's process-wide switches (a thread race). Timing, waited /
 #   queued: cudnn / SDPA 1.24 / 1.07 (D 64 N 1k), 1.32 / 1.09 (D 128 N 1k), 0.98-1.11 / 0.98-1.00 at N 4k-16k: the
 #   queued prediction (0.97-1.08 at N 1k) held at D 64 and missed at D 128 by 0.01. D 256 (cudnn = flash there):
 #   1.44 / 1.53 against the sdpa mode's 1.17 / 1.23 (SDPA's own step runs cuDNN's backward at head_dim 256: PyTorch
 #   lets it up to 256 on sm_90 with cuDNN 9.10+), so backward.CUDNN_WIDE (cuDNN's backward up to 256 there, off) is
 #   the candidate now timed as ours-cudnnwide and tested at head_dim 256.
-# Prediction (session 44, before its run): every test passes, the wide candidate's too (random and very negative LSE
+# Prediction (session 44, before its run): every test passes (the sdpa mode's flash op at the untrusted geometries
+#   included: seqlen_q 1, seqlen_k 64 / 100 / 127 / 1216, causal with seqlen_q < seqlen_k), the wide candidate's too (random and very negative LSE
 #   rows at head_dim 256; the probe finds the same 64 mod 128 fault at 256 or none); ours-cudnnwide / SDPA 0.95-1.08
 #   at head_dim 256 (our forward beside SDPA's cuDNN one, the same backward), 1.3-1.55 for ours-cudnnbwd there.
 #   cudnnwide = cudnnbwd within +-0.05 below head_dim 256 (the same path).
