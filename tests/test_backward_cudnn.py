@@ -263,7 +263,8 @@ def test_pytorchs_cudnn_check_is_asked_on_sdpas_layout(monkeypatch):
     assert backward._pytorch_takes_cudnn(q, k, v, False) is True
     (params,) = seen
     assert params.query.shape == (2, 4, 5, 64) and params.key.shape == (2, 2, 128, 64)
-    assert params.is_causal is False and params.enable_gqa is True
+    assert params.is_causal is False and params.enable_gqa is True and params.query.requires_grad
+    assert not q.requires_grad
 
 
 @pytest.mark.parametrize("seqlen_q, seqlen_k, causal, flash_op", [

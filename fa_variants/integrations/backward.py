@@ -7,7 +7,8 @@ forward, which keeps O and LSE for the modes that use them, and at each backward
   (``aten._scaled_dot_product_cudnn_attention_backward``) fed our forward's O and LSE (`cudnn_backward`; eager and
   traced; where `cudnn_applies`, else the ``flash`` path);
 * ``sdpa`` (the default of session 42): eagerly, the forward recomputed by ``scaled_dot_product_attention`` under
-  autograd and its fused backward taken (`sdpa_backward`, where `sdpa_applies`); inside a traced backward
+  autograd and its fused backward taken (`sdpa_backward`, where `sdpa_applies`; outside `cudnn_trusted` PyTorch's
+  FlashAttention-2 op in SDPA's place); inside a traced backward
   (torch.compile), where autograd records nothing, the ``flash`` path below;
 * ``flash``: PyTorch's FlashAttention-2 backward kernel (``aten._scaled_dot_product_flash_attention_backward``)
   fed our forward's O and LSE (`flash_backward`; eager and traced; where `flash_applies`);
@@ -224,11 +225,12 @@ def _cudnn_wide(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool)
 
 
 def _pytorch_takes_cudnn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> bool:
-    """``torch.backends.cuda.can_use_cudnn_attention`` on SDPA's (batch, heads, seqlen, head_dim) views of the call
-    (its head_dim, cuDNN version, GQA and layout gates; False where this PyTorch lacks the check)."""
+    """``torch.backends.cuda.can_use_cudnn_attention`` on SDPA's (batch, heads, seqlen, head_dim) views of the call,
+    marked as requiring grad (some releases gate cuDNN's backward at head_dim above 128 apart from its forward): its
+    head_dim, cuDNN version, GQA and layout gates."""
     from torch.backends import cuda
 
-    views = [t.transpose(1, 2) for t in (q, k, v)]
+    views = [t.detach().requires_grad_(True).transpose(1, 2) for t in (q, k, v)]
     try:
         params = cuda.SDPAParams(*views, None, 0.0, causal, q.shape[2] != k.shape[2])
     except TypeError:  # releases before enable_gqa
