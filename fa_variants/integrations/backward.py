@@ -16,9 +16,11 @@ forward, which keeps O and LSE for the modes that use them, and at each backward
   every gradient; the only one with the LSE's gradient, per-sequence KV lengths and second derivatives, so it serves
   whatever the fused modes do not take, in every mode.
 
-Measured on an H100 (session 43, bf16, B x N = 16k, H x D = 2048, a forward + backward step against SDPA's, the
-median of 6 rotated rounds): ``cudnn`` 0.99-1.22x SDPA's time, ``sdpa`` 1.17-1.46x, ``flash`` 1.41-1.79x,
-``pytorch`` 21-34x (bench/NOTES.md "Session 43"; session 42's run the same order).
+Measured on an H100 (session 44, bf16, B x N = 16k, H x D = 2048, head_dim 64 / 128, a forward + backward step
+against SDPA's, each waited for, the median of 6 rotated rounds): ``cudnn`` 0.98-1.32x SDPA's time (0.98-1.09x with
+steps queued back to back), ``sdpa`` 1.16-1.54x, ``flash`` 1.41-1.86x; ``pytorch`` 21-34x (session 43)
+(bench/NOTES.md "Session 44"; sessions 42-43 the same order). At head_dim 256 (``cudnn`` = ``flash`` there)
+``sdpa`` was the fastest, 1.17-1.23x: `CUDNN_WIDE` is the candidate.
 """
 from __future__ import annotations
 
