@@ -72,7 +72,7 @@
 set -uo pipefail
 source "$(dirname "$0")/steps.sh"
 out="${OUT:-results}/backward"; gpu_session "$out/logs" "$@"
-step probe 120 python3 scripts/cudnn_padding_probe.py --out "$out"
+step probe 180 python3 scripts/cudnn_padding_probe.py --out "$out"
 step tests 380 python3 -m pytest -q $(xdist_flag 8) -m gpu -p no:cacheprovider --tb=short -rfEs \
   tests/test_backward_gpu.py
 step time 260 python3 scripts/backward_time.py --out "$out"
