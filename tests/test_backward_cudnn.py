@@ -254,13 +254,15 @@ def test_cudnn_wide_head_dims_follow_pytorchs_gate(cudnn_stand_in, fused_on_cpu,
 
 def test_pytorchs_cudnn_check_is_asked_on_sdpas_layout(monkeypatch):
     """`_pytorch_takes_cudnn` hands ``can_use_cudnn_attention`` SDPA's (batch, heads, seqlen, head_dim) views of the
-    call, with enable_gqa where the heads differ."""
+    call, with enable_gqa where the heads differ, requiring grad under grad mode (the backward runs without it)."""
     from torch.backends import cuda
 
     seen = []
-    monkeypatch.setattr(cuda, "can_use_cudnn_attention", lambda params, debug: seen.append(params) or True)
+    monkeypatch.setattr(cuda, "can_use_cudnn_attention",
+                        lambda params, debug: seen.append(params) or torch.is_grad_enabled())
     q, k, v = make_qkv(2, 5, 128, 4, 2, 64, dtype=BF16)
-    assert backward._pytorch_takes_cudnn(q, k, v, False) is True
+    with torch.no_grad():  # as in a backward: PyTorch's training gate reads requires_grad under grad mode
+        assert backward._pytorch_takes_cudnn(q, k, v, False) is True
     (params,) = seen
     assert params.query.shape == (2, 4, 5, 64) and params.key.shape == (2, 2, 128, 64)
     assert params.is_causal is False and params.enable_gqa is True and params.query.requires_grad

@@ -188,15 +188,19 @@ def test_gradients_of_rows_with_a_very_negative_lse(gpu_variant, monkeypatch, mo
     _check_extreme_rows(gpu_variant, monkeypatch, mode, seqlen_q, seqlen_k, causal, head_dim, anti_aligned=True)
 
 
+@pytest.mark.parametrize("mode", ["cudnn", "sdpa"])
 @pytest.mark.parametrize("anti_aligned", [True, False], ids=["lse_below_-88.7", "random"])
 @pytest.mark.parametrize("seqlen_q, seqlen_k, causal", [
     (1, 128, False), (2, 128, False), (3, 100, False), (100, 256, False), (100, 1216, False), (192, 192, True)])
-def test_cudnn_wide_candidate_at_head_dim_256(gpu_variant, monkeypatch, seqlen_q, seqlen_k, causal, anti_aligned):
+def test_cudnn_wide_candidate_at_head_dim_256(gpu_variant, monkeypatch, seqlen_q, seqlen_k, causal, anti_aligned,
+                                              mode):
     """Session 44's candidate, backward.CUDNN_WIDE: cuDNN's backward up to head_dim 256 on compute capability 9.0 where
     PyTorch would run SDPA's cuDNN path on the call (cuDNN 9.10+ for torch 2.11), the trusted geometries as at 64 /
-    128: gradients finite and within the rule, on random inputs and on rows whose LSE is below -88.7."""
+    128: gradients finite and within the rule, on random inputs and on rows whose LSE is below -88.7. Beside it the
+    sdpa mode at head_dim 256 (SDPA's own choice, cuDNN's backward on Hopper, at the trusted geometries; PyTorch's
+    FlashAttention-2 op elsewhere)."""
     monkeypatch.setattr(backward, "CUDNN_WIDE", True)
-    _check_extreme_rows(gpu_variant, monkeypatch, "cudnn", seqlen_q, seqlen_k, causal, 256, anti_aligned)
+    _check_extreme_rows(gpu_variant, monkeypatch, mode, seqlen_q, seqlen_k, causal, 256, anti_aligned)
 
 
 def _check_extreme_rows(gpu_variant, monkeypatch, mode, seqlen_q, seqlen_k, causal, head_dim, anti_aligned):

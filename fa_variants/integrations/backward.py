@@ -228,16 +228,17 @@ def _cudnn_wide(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool)
 
 def _pytorch_takes_cudnn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> bool:
     """``torch.backends.cuda.can_use_cudnn_attention`` on SDPA's (batch, heads, seqlen, head_dim) views of the call,
-    marked as requiring grad (some releases gate cuDNN's backward at head_dim above 128 apart from its forward): its
-    head_dim, cuDNN version, GQA and layout gates."""
+    marked as requiring grad under grad mode (some releases gate cuDNN's backward at head_dim above 128 apart from its
+    forward): its head_dim, cuDNN version, GQA and last-stride gates."""
     from torch.backends import cuda
 
     views = [t.detach().requires_grad_(True).transpose(1, 2) for t in (q, k, v)]
-    try:
-        params = cuda.SDPAParams(*views, None, 0.0, causal, q.shape[2] != k.shape[2])
-    except TypeError:  # releases before enable_gqa
-        params = cuda.SDPAParams(*views, None, 0.0, causal)
-    return bool(cuda.can_use_cudnn_attention(params, False))
+    with torch.enable_grad():  # PyTorch's "input requires grad" is requires_grad under grad mode (off in a backward)
+        try:
+            params = cuda.SDPAParams(*views, None, 0.0, causal, q.shape[2] != k.shape[2])
+        except TypeError:  # releases before enable_gqa
+            params = cuda.SDPAParams(*views, None, 0.0, causal)
+        return bool(cuda.can_use_cudnn_attention(params, False))
 
 
 def cudnn_trusted(seqlen_q: int, seqlen_k: int, causal: bool) -> bool:
