@@ -63,7 +63,8 @@
 #   lets it up to 256 on sm_90 with cuDNN 9.10+), so backward.CUDNN_WIDE (cuDNN's backward up to 256 there, off) is
 #   the candidate now timed as ours-cudnnwide and tested at head_dim 256.
 # Prediction (session 44, before its run): every test passes (the sdpa mode's flash op at the untrusted geometries
-#   included: seqlen_q 1, seqlen_k 64 / 100 / 127 / 1216, causal with seqlen_q < seqlen_k), the wide candidate's too (random and very negative LSE
+#   included: seqlen_q 1, seqlen_k 64 / 100 / 127 / 1216, causal with seqlen_q < seqlen_k), the wide candidate's too
+#   (its test runs the sdpa mode at head_dim 256 beside it) (random and very negative LSE
 #   rows at head_dim 256; the probe finds the same 64 mod 128 fault at 256 or none); ours-cudnnwide / SDPA 0.95-1.08
 #   at head_dim 256 (our forward beside SDPA's cuDNN one, the same backward), 1.3-1.55 for ours-cudnnbwd there.
 #   cudnnwide = cudnnbwd within +-0.05 below head_dim 256 (the same path).
