@@ -26,7 +26,7 @@
 #    causal (a57a640): 386 passed; suite parts 4 (334 passed) and 3 (637). Timing: cudnn / SDPA queued 0.98-1.09;
 #    at head_dim 256 the sdpa mode (SDPA's cuDNN backward) beat the cudnn mode's flash path, 1.17-1.23x against
 #    1.44-1.53x, hence the candidate backward.CUDNN_WIDE (off). Name nvidia-h100-x1 or nvidia-h200 on each call,
-#    `status` first (its none_now gives the back-off; session 44 lost ~300 s to three refused starts). In order:
+#    `status` first (its none_now gives the back-off; session 44 lost ~230 s to three refused starts). In order:
 #    K4. `CALL_BUDGET=570 scripts/pending_gpu.sh backward` (~330 s cold; timeout_s 600): the probe now at head_dim
 #       256 too, the tests (the wide candidate at head_dim 256: random and very negative LSE rows), the timing with
 #       ours-cudnnwide; prediction and rule (CUDNN_WIDE on if it passes and beats the sdpa and cudnn modes at both
