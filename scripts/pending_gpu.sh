@@ -31,8 +31,9 @@
 #       256 too, the tests (the wide candidate at head_dim 256: random and very negative LSE rows), the timing with
 #       ours-cudnnwide; prediction and rule (CUDNN_WIDE on if it passes and beats the sdpa and cudnn modes at both
 #       head_dim 256 shapes) in scripts/backward_gpu.sh.
-#    E4. suite parts 2 (the backward file, torch.compile) and 1 (the rest), each its own call; part 1 last ran on
-#       b8148be. If CUDNN_WIDE flips, the backward file again after the flip.
+#    E4. suite parts 2 and 1, each its own call: part 2 as `SUITE_SKIP=tests/test_backward_gpu.py scripts/suite_gpu.sh
+#       2` when K4 ran that file on the same tree (~3 min saved); part 1 last ran on b8148be. If CUDNN_WIDE flips,
+#       the backward file again after the flip.
 #    S. On an H200 only: `python3 scripts/decode_ab.py --s38 --variants base tiles-dual --rounds 6` (~35 s): the
 #       H100 gave base / auto 0.96-0.98 at D 64 Nk 2k / 4k and 1.00-1.01 at D 128 (session 39), so the rule (base
 #       faster at both head dims on one card, slower on the other) was not met there; the H200's figures complete it.
