@@ -18,8 +18,8 @@
 #   tests/test_fp8_quant_kernel.py); else it stays 256 and the figures go to docs/tried.md.
 # Session 43 (H100, tree b8148be; bench/h100-2026-12-06-s43/call4): defp64 / def 1.006 / 0.978 / 0.941 at D 64 / 128 /
 #   256 (graph 0.999 / 0.968 / 0.927), every row the torch recipe's bit for bit: the prediction held and 64 became
-#   the default (4faa758; "def" is now defp64, "defp256" the old default). Its GPU tests with the new default
-#   (suite part 4, tests/test_fp8_quant_kernel.py among them) are session 44's; until they pass this flip is open.
+#   the default (4faa758; "def" is now defp64, "defp256" the old default). Session 44 (H100, tree b19cbcf): suite part
+#   4 (tests/test_fp8_quant_kernel.py among them) 334 passed with the new default: the rule's last condition, met.
 set -uo pipefail
 source "$(dirname "$0")/steps.sh"
 out="${OUT:-results}/quantpdl"; gpu_session "$out/logs" "$@"

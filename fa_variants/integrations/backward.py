@@ -208,11 +208,11 @@ def flash_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
 def cudnn_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                   softmax_scale: float | None) -> bool:
     """Whether `cudnn_backward` serves: where the flash path would (`flash_applies`: its fallback), narrowed to
-    head_dim up to `CUDNN_MAX_HEAD_DIM` (or beyond, `_cudnn_wide`), more than one key (PyTorch's gate for cuDNN
-    attention), for causal seqlen_q == seqlen_k (cuDNN's dense causal mask is top-left aligned, ours bottom-right, the
-    same only for square scores), the geometries of `cudnn_trusted`, a GPU of compute capability 9.x
+    head_dim up to `CUDNN_MAX_HEAD_DIM` (or beyond, `_cudnn_wide`), for causal seqlen_q == seqlen_k (cuDNN's dense
+    causal mask is top-left aligned, ours bottom-right, the same only for square scores), the geometries of
+    `cudnn_trusted` (which leave out one key too, PyTorch's gate for cuDNN attention), a GPU of compute capability 9.x
     (`CUDNN_CAPABILITY_MAJOR`), no broadcast (stride 0) dimension in Q, K or V, and `_cudnn_allowed`."""
-    return (flash_applies(q, k, causal, softmax_scale) and k.shape[1] > 1 and (not causal or q.shape[1] == k.shape[1])
+    return (flash_applies(q, k, causal, softmax_scale) and (not causal or q.shape[1] == k.shape[1])
             and cudnn_trusted(q.shape[1], k.shape[1], causal)
             and _capability(q.device)[0] == CUDNN_CAPABILITY_MAJOR and not any(_broadcast(t) for t in (q, k, v))
             and _cudnn_allowed() and (q.shape[-1] <= CUDNN_MAX_HEAD_DIM or _cudnn_wide(q, k, v, causal)))
@@ -331,12 +331,11 @@ def cudnn_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
 def sdpa_applies(q: torch.Tensor, k: torch.Tensor, causal: bool, softmax_scale: float | None) -> bool:
     """Whether `sdpa_backward` serves an eager backward: `_fused_applies` and softmax_scale within `_fused_scale` (a
     negative, large or flushed scale is left to ``reference.run_backward``, which handles it); outside
-    `cudnn_trusted`, where it takes PyTorch's FlashAttention-2 op, head_dim a multiple of 8 up to 256 and PyTorch's
-    flash SDPA enabled (``torch.backends.cuda.flash_sdp_enabled``)."""
-    if not (_fused_applies(q, k, causal) and _fused_scale(_scale(q, softmax_scale))):
-        return False
-    return cudnn_trusted(q.shape[1], k.shape[1], causal) or (
-        q.shape[-1] % 8 == 0 and q.shape[-1] <= 256 and torch.backends.cuda.flash_sdp_enabled())
+    `cudnn_trusted`, where it takes PyTorch's FlashAttention-2 op, `flash_applies` (its head dims) and PyTorch's flash
+    SDPA enabled (``torch.backends.cuda.flash_sdp_enabled``)."""
+    if cudnn_trusted(q.shape[1], k.shape[1], causal):
+        return _fused_applies(q, k, causal) and _fused_scale(_scale(q, softmax_scale))
+    return flash_applies(q, k, causal, softmax_scale) and torch.backends.cuda.flash_sdp_enabled()
 
 
 def sdpa_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
