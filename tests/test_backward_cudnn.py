@@ -77,6 +77,13 @@ def test_cudnn_backward_within_the_rule(cudnn_stand_in, fused_on_cpu, nq, nk, he
     assert_grads_within_rule(got, same, exact_grads(q, k, v, grad_out, causal=causal, softmax_scale=scale))
 
 
+def _sum_backward(q, k, v, **kwargs) -> None:
+    """One backward of ``fa_variants.attention(q, k, v, **kwargs)``'s sum, from fresh leaves (what routes it is
+    recorded by the stand-ins)."""
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    torch.autograd.grad(fa_variants.attention(*leaves, **kwargs).float().sum(), leaves)
+
+
 def _order(t: torch.Tensor) -> list[int]:
     """t's dimensions, outermost first by stride (stable)."""
     return sorted(range(t.dim()), key=lambda d: -t.stride(d))
@@ -118,8 +125,7 @@ def test_cudnn_on_hopper_only(cudnn_stand_in, fused_on_cpu, monkeypatch, capabil
     monkeypatch.setattr(backward, "_capability", lambda device: capability)
     for seqlen_q in (2, 5):
         q, k, v = make_qkv(1, seqlen_q, 128, 4, 2, 64, dtype=BF16)
-        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-        torch.autograd.grad(fa_variants.attention(*leaves).float().sum(), leaves)
+        _sum_backward(q, k, v)
     assert (len(cudnn_stand_in), len(fused_on_cpu)) == ((2, 0) if capability[0] == 9 else (0, 2))
 
 
@@ -161,8 +167,7 @@ def test_pytorchs_switches_keep_cudnn_off(cudnn_stand_in, fused_on_cpu, monkeypa
             torch.use_deterministic_algorithms(True, warn_only=switch.endswith("warn_only"))
         else:
             monkeypatch.setenv("TORCH_CUDNN_SDPA_AVOID_RECOMPILE", "1")
-        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-        torch.autograd.grad(fa_variants.attention(*leaves, causal=True).float().sum(), leaves)
+        _sum_backward(q, k, v, causal=True)
     finally:
         torch.backends.cuda.enable_cudnn_sdp(sdp)
         torch.use_deterministic_algorithms(det, warn_only=warn_only)
@@ -180,8 +185,7 @@ def test_fused_backwards_within_the_cuda_grid(cudnn_stand_in, fused_on_cpu, monk
         shape[dim if dim == 0 else 2] = size
         shape[3] = shape[2] if dim == 2 else 2
         q, k, v = make_qkv(shape[0], 9, 9, shape[2], shape[3], 64, dtype=BF16)
-        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-        torch.autograd.grad(fa_variants.attention(*leaves, causal=True).float().sum(), leaves)
+        _sum_backward(q, k, v, causal=True)
         assert (len(cudnn_stand_in), len(fused_on_cpu)) == expected, size
         cudnn_stand_in.clear()
 
@@ -224,8 +228,7 @@ def test_cudnn_trusted_geometries_only(cudnn_stand_in, fused_on_cpu, seqlen_q, s
     than one query row and seqlen_k a multiple of `CUDNN_KEY_TILE` or square causal scores; the flash path
     elsewhere. Judged from the shapes alone."""
     q, k, v = make_qkv(1, seqlen_q, seqlen_k, 2, 1, 64, dtype=BF16)
-    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-    torch.autograd.grad(fa_variants.attention(*leaves, causal=causal).float().sum(), leaves)
+    _sum_backward(q, k, v, causal=causal)
     assert (len(cudnn_stand_in), len(fused_on_cpu)) == ((1, 0) if cudnn_serves else (0, 1))
     assert backward.cudnn_trusted(seqlen_q, seqlen_k, causal) is cudnn_serves
 
@@ -246,8 +249,7 @@ def test_cudnn_wide_head_dims_follow_pytorchs_gate(cudnn_stand_in, fused_on_cpu,
     monkeypatch.setattr(backward, "_capability", lambda device: capability)
     monkeypatch.setattr(backward, "_pytorch_takes_cudnn", lambda *args: asked.append(args) or pytorch_takes_it)
     q, k, v = make_qkv(1, 5, 128, 2, 1, 64, dtype=BF16)
-    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-    torch.autograd.grad(fa_variants.attention(*leaves).float().sum(), leaves)
+    _sum_backward(q, k, v)
     assert (len(cudnn_stand_in), len(fused_on_cpu)) == ((1, 0) if cudnn_serves else (0, 1))
     assert len(asked) == (1 if wide and capability == (9, 0) else 0)
 
@@ -311,8 +313,7 @@ def test_cudnn_hands_over_to_flash_then_pytorch(cudnn_stand_in, fused_on_cpu, mo
         with monkeypatch.context() as patch:
             if limit is not None:
                 patch.setattr(backward, "CUDNN_MAX_HEAD_DIM", limit)
-            leaves = [t.clone().requires_grad_(True) for t in inputs]
-            torch.autograd.grad(fa_variants.attention(*leaves, **kwargs).float().sum(), leaves)
+            _sum_backward(*inputs, **kwargs)
     assert cudnn_stand_in == [] and len(fused_on_cpu) == 3
     q, k, v = make_qkv(2, 9, 12, 4, 2, 64, dtype=F16)
     assert_backward_mode_keeps_pytorch(monkeypatch, "cudnn", [
