@@ -195,4 +195,7 @@ def fused_on_cpu(monkeypatch, fake_gpu):
     monkeypatch.setattr(backward, "FUSED_DEVICES", ("cpu",))
     monkeypatch.setattr(backward, "FLASH_BACKWARD_OP", record)
     monkeypatch.setattr(backward, "FLASH_FORWARD_OP", flash_forward_stand_in)  # the sdpa mode's, autograd through it
+    # PyTorch's own cuDNN gate (`CUDNN_WIDE`'s last check) asks CUDA about CUDA tensors: on the fake sm_90 it answers
+    # as the H100's PyTorch 2.11 / cuDNN 9.19 did for the head dims that reach it (yes, up to 256)
+    monkeypatch.setattr(backward, "_pytorch_takes_cudnn", lambda q, k, v, causal: True)
     return calls

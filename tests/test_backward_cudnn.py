@@ -238,7 +238,7 @@ def test_cudnn_trusted_geometries_only(cudnn_stand_in, fused_on_cpu, seqlen_q, s
     (True, (9, 4), True, False), (True, (10, 0), True, False)])
 def test_cudnn_wide_head_dims_follow_pytorchs_gate(cudnn_stand_in, fused_on_cpu, monkeypatch, wide, capability,
                                                    pytorch_takes_it, cudnn_serves):
-    """`CUDNN_WIDE` (session 44's candidate) lets cuDNN's backward take head dims above `CUDNN_MAX_HEAD_DIM` up to
+    """`CUDNN_WIDE` (on since session 45) lets cuDNN's backward take head dims above `CUDNN_MAX_HEAD_DIM` up to
     `CUDNN_SM90_MAX_HEAD_DIM` where PyTorch itself would run SDPA's cuDNN path on the call
     (``torch.backends.cuda.can_use_cudnn_attention``, a gate that moves between releases), on compute capability 9.0
     (the limits lowered to 32 / 64 here for the fake kernel's head dims); elsewhere the flash path serves them."""
@@ -302,7 +302,8 @@ def test_sdpa_mode_takes_the_flash_op_outside_trusted_geometries(fake_gpu, fused
 
 def test_cudnn_hands_over_to_flash_then_pytorch(cudnn_stand_in, fused_on_cpu, monkeypatch):
     """Where cuDNN does not apply but the flash kernel does (causal with seqlen_q < seqlen_k: cuDNN's mask is
-    top-left; head_dim above `CUDNN_MAX_HEAD_DIM`, here lowered to 32 for the fake kernel's head dims; one key) the
+    top-left; head_dim above `CUDNN_MAX_HEAD_DIM` and `CUDNN_SM90_MAX_HEAD_DIM`, here lowered to 32 for the fake
+    kernel's head dims; one key) the
     flash path serves; where neither does (an LSE in the loss, causal rows without keys, a scale above 1) the PyTorch
     backward, bit for bit."""
     cases = [(dict(causal=True), make_qkv(1, 9, 12, 4, 2, 64, dtype=BF16)),
@@ -313,6 +314,7 @@ def test_cudnn_hands_over_to_flash_then_pytorch(cudnn_stand_in, fused_on_cpu, mo
         with monkeypatch.context() as patch:
             if limit is not None:
                 patch.setattr(backward, "CUDNN_MAX_HEAD_DIM", limit)
+                patch.setattr(backward, "CUDNN_SM90_MAX_HEAD_DIM", limit)
             _sum_backward(*inputs, **kwargs)
     assert cudnn_stand_in == [] and len(fused_on_cpu) == 3
     q, k, v = make_qkv(2, 9, 12, 4, 2, 64, dtype=F16)

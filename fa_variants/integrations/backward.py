@@ -19,8 +19,9 @@ forward, which keeps O and LSE for the modes that use them, and at each backward
 Measured on an H100 (session 44, bf16, B x N = 16k, H x D = 2048, head_dim 64 / 128, a forward + backward step
 against SDPA's, each waited for, the median of 6 rotated rounds): ``cudnn`` 0.98-1.32x SDPA's time (0.98-1.09x with
 steps queued back to back), ``sdpa`` 1.16-1.54x, ``flash`` 1.41-1.86x; ``pytorch`` 21-34x (session 43)
-(bench/NOTES.md "Session 44"; sessions 42-43 the same order). At head_dim 256 (``cudnn`` = ``flash`` there)
-``sdpa`` was the fastest, 1.17-1.23x: `CUDNN_WIDE` is the candidate.
+(bench/NOTES.md "Session 44"; sessions 42-43 the same order). At head_dim 256 (session 45, `CUDNN_WIDE` on:
+cuDNN's backward there too) ``cudnn`` 1.02 / 1.17x (0.96 / 0.99x queued), non-causal / causal N 4k, against
+``sdpa`` 1.13 / 1.26x and the ``flash`` path 1.40-1.63x.
 """
 from __future__ import annotations
 
@@ -50,9 +51,10 @@ CUDNN_MAX_HEAD_DIM = 128
 #: timed the sdpa mode (SDPA's forward again, then cuDNN's backward) at 1.17-1.23x SDPA's step at head_dim 256
 #: against 1.37-1.54x for the flash kernel's backward that the cudnn mode takes there
 CUDNN_SM90_MAX_HEAD_DIM = 256
-#: whether the cudnn mode takes head dims above `CUDNN_MAX_HEAD_DIM` (off: a candidate, its GPU tests and timing not
-#: yet run; scripts/backward_gpu.sh has the rule that flips it)
-CUDNN_WIDE = False
+#: whether the cudnn mode takes head dims above `CUDNN_MAX_HEAD_DIM` (on since session 45: on an H100 its tests
+#: passed and it beat the sdpa and cudnn-at-128 modes at both head_dim 256 shapes timed, scripts/backward_gpu.sh's
+#: rule; bench/NOTES.md "Session 45")
+CUDNN_WIDE = True
 #: PyTorch's FlashAttention-2 forward op, differentiable (its derivative is `FLASH_BACKWARD_OP`): (q, k, v,
 #: dropout_p, is_causal, return_debug_mask, *, scale) -> (out, logsumexp, ...), tensors (batch, heads, seqlen,
 #: head_dim), GQA natively, causal bottom-right
