@@ -1,0 +1,110 @@
+"""Host time of a training step's attention (forward with inputs that require grad + ``autograd.grad``), ours against
+SDPA's, on the GPU: where the waited-for step of scripts/backward_time.py loses to SDPA's when the queued one does not.
+
+    python3 scripts/grad_host.py --out $OUT/gradhost     # ~30 s on an H100 / H200 (warm DSL cache: ~10 s more cold)
+
+Per shape (bf16, B x N = 16k, H x D = 2048) and entry (``ours``: fa_variants.attention with the default backward;
+``sdpa``: torch's scaled_dot_product_attention), the median over steps of
+
+* ``fwd host``: the forward call's host time (no sync inside), ``bwd host``: autograd.grad's;
+* ``step waited``: the whole step, synchronised before and after (CUDA events);
+* ``host syncs``: the host-device synchronisations one step of ours makes (torch.cuda.set_sync_debug_mode "warn":
+  each one warns), which would expose the backward's host work;
+
+then, for ``ours``, torch.profiler's CPU self time per op over 5 steps (top 15) in ``<out>/profile_*.txt``.
+No pass or fail: a measurement.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+SHAPES = [(128, 1024, False), (64, 1024, False), (256, 4096, True)]  # (head_dim, seqlen, causal)
+
+
+def make_step(entry: str, q, k, v, grad_out, causal: bool):
+    import fa_variants
+
+    def forward():
+        if entry == "sdpa":
+            return F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)),
+                                                  is_causal=causal).transpose(1, 2)
+        return fa_variants.attention(q, k, v, causal=causal)
+
+    def step(times=None):
+        t0 = time.perf_counter()
+        out = forward()
+        t1 = time.perf_counter()
+        grads = torch.autograd.grad(out, (q, k, v), grad_out)
+        t2 = time.perf_counter()
+        if times is not None:
+            times.append((t1 - t0, t2 - t1))
+        return grads
+    return step
+
+
+def measure(step, steps: int) -> dict[str, float]:
+    host, waited = [], []
+    for _ in range(steps):
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step(host)
+        end.record()
+        torch.cuda.synchronize()
+        waited.append(start.elapsed_time(end) * 1e3)
+    return {"fwd host": statistics.median(t[0] for t in host) * 1e6,
+            "bwd host": statistics.median(t[1] for t in host) * 1e6, "step waited": statistics.median(waited)}
+
+
+def count_syncs(step) -> int:
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--out", type=Path, default=Path("results/gradhost"))
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    warnings.filterwarnings("ignore", message=".*no backward kernel.*")
+    for head_dim, seqlen, causal in SHAPES:
+        heads, batch = 2048 // head_dim, 16384 // seqlen
+        q, k, v = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=torch.bfloat16,
+                               requires_grad=True) for _ in range(3))
+        grad_out = torch.randn_like(q)
+        name = f"D{head_dim}_N{seqlen}{'_causal' if causal else ''}"
+        for entry in ("ours", "sdpa"):
+            step = make_step(entry, q, k, v, grad_out, causal)
+            for _ in range(3):
+                step()
+            row = measure(step, args.steps)
+            syncs = count_syncs(step)
+            print(f"{name} {entry:5s} fwd host {row['fwd host']:7.1f} us  bwd host {row['bwd host']:7.1f} us  "
+                  f"step waited {row['step waited']:8.1f} us  host syncs {syncs}", flush=True)
+            if entry == "ours":
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                    for _ in range(5):
+                        step()
+                    torch.cuda.synchronize()
+                table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
+                (args.out / f"profile_{name}.txt").write_text(table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
