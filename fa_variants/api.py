@@ -252,7 +252,8 @@ def _no_backward(backend: str) -> str:
 
 def _kernel_autograd(q, k, v, causal: bool, backend: str) -> bool:
     """True for a call that needs a gradient (grad mode on, an input requiring grad) on a kernel backend that has
-    one: the call then goes through the custom op, whose forward runs the kernel and whose backward is
+    one: the call then goes through the custom op's autograd (eagerly `custom_op.EagerAttention`, the op's body and
+    backward without its dispatcher), whose forward runs the kernel and whose backward is
     ``integrations.backward.kernel_backward`` (warned once, here at the caller's line). False for the
     reference backend (plain autograd) and for ``registry.FORWARD_ONLY`` backends (``_plan`` refuses them in one
     line)."""
@@ -419,8 +420,8 @@ def _with_split_options(q, k, v, causal: bool, scale: float | None, backend: str
 
 
 def _parameter_call(q) -> bool:
-    """An eager nn.Parameter q (not under tracing, which `_tracing` covers): its call goes through the custom op, for
-    the op's autograd. Not under torch.func transforms (grad, vmap, ...), whose autograd is not the op's: the plain
+    """An eager nn.Parameter q (not under tracing, which `_tracing` covers): its call goes through the custom op's
+    autograd (`custom_op.EagerAttention`). Not under torch.func transforms (grad, vmap, ...), whose autograd is not the op's: the plain
     path serves it (the reference backend's autograd; a kernel backend that needs a gradient has refused in one
     line)."""
     return isinstance(q, torch.nn.Parameter) and not torch._C._are_functorch_transforms_active()
@@ -428,7 +429,7 @@ def _parameter_call(q) -> bool:
 
 def _tracing(q) -> bool:
     """True while torch.compile / torch.export trace the call (or for their fake / functional tensors); an eager
-    Parameter is not traced (``_parameter_call`` sends it through the custom op for its autograd)."""
+    Parameter is not traced (``_parameter_call`` sends it through the custom op's autograd)."""
     return torch.compiler.is_compiling() or (type(q) is not torch.Tensor and not isinstance(q, torch.nn.Parameter))
 
 
@@ -499,7 +500,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         reference backend they stay connected to the inputs for autograd, with zero gradients).
 
     Gradients: with grad mode on and an input that requires grad, a kernel backend's call runs its forward kernel
-    through the custom op, whose backward is PyTorch's (``integrations.backward.kernel_backward``: by default cuDNN's
+    through the custom op's autograd (eagerly without the op's dispatcher), whose backward is PyTorch's (``integrations.backward.kernel_backward``: by default cuDNN's
     fused attention backward on the forward's O and LSE, eager and traced, else PyTorch's FlashAttention-2 backward
     kernel on them, where the loss uses O alone (``FA_VARIANTS_BACKWARD``); else
     ``reference.run_backward``, the gradient of exact attention in float32 PyTorch, query rows in memory-bounded
@@ -563,8 +564,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         out, lse = _with_split_options(q, k, v, causal, scale, backend, num_splits, pack_gqa, seqlens_k)
     elif seqlens_k is not None:
         out, lse = _with_seqlens_k(q, k, v, causal, scale, backend, seqlens_k)
-    elif _tracing(q) or _kernel_autograd(q, k, v, causal, backend) or _parameter_call(q):
+    elif _tracing(q):
         out, lse = torch.ops.fa_variants.attention(q, k, v, causal, scale, backend)
+    elif _kernel_autograd(q, k, v, causal, backend) or _parameter_call(q):
+        out, lse = _custom_op.EagerAttention.apply(q, k, v, causal, scale, backend)
     else:  # eagerly: the op's implementation itself, without the dispatcher's per-call cost
         out, lse = dispatch_and_run(q, k, v, causal, scale, backend, return_lse)
     return (out, lse) if return_lse else out
@@ -653,4 +656,4 @@ def select_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
 # registers torch.ops.fa_variants.attention, whose implementation is dispatch_and_run (imported last: it
 # uses this module's functions)
 from fa_variants.integrations import backward as _backward  # noqa: E402
-from fa_variants.integrations import custom_op as _custom_op  # noqa: E402,F401
+from fa_variants.integrations import custom_op as _custom_op  # noqa: E402

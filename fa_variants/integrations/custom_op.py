@@ -23,8 +23,10 @@ default cuDNN's fused attention backward, else PyTorch's FlashAttention-2 backwa
 and LSE, eager and traced, where they apply; else
 the reference backend's ``reference.run_backward``, plain PyTorch, float32 maths, query rows in memory-bounded
 chunks): traced, in a second opaque op,
-``fa_variants::attention_reference_backward``; eagerly (a call whose inputs require grad comes through the op)
-called directly, so that a second derivative exists. It is the gradient of exact attention, which every backend's
+``fa_variants::attention_reference_backward``; eagerly called directly, so that a second derivative exists. An
+eager call that needs a gradient (or whose q is a Parameter) does not enter the op: `EagerAttention`, a plain
+``torch.autograd.Function``, runs the op's body with the op's context and backward (the op's dispatcher round trip
+was about a third of a training step's host time on the CPU; session 45). It is the gradient of exact attention, which every backend's
 forward computes but the FP8 one (``registry.FORWARD_ONLY``: a backward through it raises NotImplementedError when
 it runs). The kernels have no backward kernel of their own: each warns once (``dispatch.BackendFallbackWarning``) at
 the first eager call that needs its gradient, at the caller's line, or else (traced) at its first backward.
@@ -163,6 +165,25 @@ def _backward_of(ctx, grad_out, grad_lse, q, k, v, out, lse, seqlens_k):
 
 
 attention_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+class EagerAttention(torch.autograd.Function):
+    """The op's autograd without the op, for an eager call: forward ``api.dispatch_and_run`` (the op's body),
+    context and backward the op's own (`_setup_context`, `_backward`: ``backward.kernel_backward`` called directly).
+    Eagerly the op's dispatcher round trip (schema defaults, redispatch, the Dynamo-disabled body) is pure host
+    cost; traced, the op serves."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, softmax_scale, backend):
+        from fa_variants import api
+
+        output = api.dispatch_and_run(q, k, v, causal, softmax_scale, backend)
+        _setup_context(ctx, (q, k, v, causal, softmax_scale, backend), output)
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        return _backward(ctx, grad_out, grad_lse)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
