@@ -8,8 +8,10 @@ Per shape (bf16, B x N = 16k, H x D = 2048) and entry (``ours``: fa_variants.att
 
 * ``fwd host``: the forward call's host time (no sync inside), ``bwd host``: autograd.grad's;
 * ``step waited``: the whole step, synchronised before and after (CUDA events);
-* ``host syncs``: the host-device synchronisations one step of ours makes (torch.cuda.set_sync_debug_mode "warn":
-  each one warns), which would expose the backward's host work;
+* ``host syncs``: the host-device synchronisations one step makes (torch.cuda.set_sync_debug_mode "warn": each one
+  warns), which would expose the backward's host work; each one's Python stack in ``<out>/syncs_<shape>_<entry>.txt``
+  (session 45's H100 runs: one per step of ours at D 128 N 1k, none at D 64 N 1k or D 256 N 4k causal, none in
+  SDPA's);
 
 then, for ``ours``, torch.profiler's CPU self time per op over 5 steps (top 15) in ``<out>/profile_*.txt``.
 No pass or fail: a measurement.
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+import traceback
 import warnings
 from pathlib import Path
 
@@ -63,16 +66,28 @@ def measure(step, steps: int) -> dict[str, float]:
             "bwd host": statistics.median(t[1] for t in host) * 1e6, "step waited": statistics.median(waited)}
 
 
-def count_syncs(step) -> int:
+def find_syncs(step) -> list[str]:
+    """"<innermost frame>: <message>" and the Python stack (innermost last) at each host-device synchronisation of
+    one step: sync debug mode "warn"
+    warns at each, and ``warnings.showwarning`` runs inside that warning's call, so its stack is the sync's."""
+    stacks = []
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" in str(message):
+            frames = [f for f in traceback.extract_stack(limit=20)[:-1] if not f.filename.endswith("warnings.py")]
+            where = f"{frames[-1].filename}:{frames[-1].lineno} ({frames[-1].name})" if frames else "?"
+            stacks.append(f"{where}: {message}\n" + "".join(traceback.format_list(frames[-14:])))
+
     torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings():
         warnings.simplefilter("always")
+        warnings.showwarning = show  # restored by catch_warnings
         torch.cuda.set_sync_debug_mode("warn")
         try:
             step()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    return sum("synchroniz" in str(w.message) for w in caught)
+    return stacks
 
 
 def main(argv=None) -> int:
@@ -93,9 +108,12 @@ def main(argv=None) -> int:
             for _ in range(3):
                 step()
             row = measure(step, args.steps)
-            syncs = count_syncs(step)
+            syncs = find_syncs(step)
             print(f"{name} {entry:5s} fwd host {row['fwd host']:7.1f} us  bwd host {row['bwd host']:7.1f} us  "
-                  f"step waited {row['step waited']:8.1f} us  host syncs {syncs}", flush=True)
+                  f"step waited {row['step waited']:8.1f} us  host syncs {len(syncs)}", flush=True)
+            if syncs:
+                (args.out / f"syncs_{name}_{entry}.txt").write_text("\n".join(syncs))
+                print("  innermost Python frame of each:", [stack.split(": ", 1)[0] for stack in syncs])
             if entry == "ours":
                 with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
                     for _ in range(5):

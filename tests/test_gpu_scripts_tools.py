@@ -106,3 +106,27 @@ def test_ncu_attribution_names_fp8turn_variants():
         with pytest.raises(ValueError, match="^--impl: "):
             att.impl_list(bad, variants if bad != "fa3-fp8:new" else None)
     assert att.impl_list("fa3,flash-attn-4") == ["fa3", "flash-attn-4"]
+
+
+def test_grad_host_finds_each_sync_with_its_python_frame(monkeypatch):
+    """scripts/grad_host.py's `find_syncs`: each "synchronizing" warning of one step (what sync debug mode "warn" gives
+    at a host-device sync) is kept with the innermost Python frame that made it; other warnings are not counted;
+    the debug mode is set for the step and put back after it."""
+    import warnings
+
+    import torch
+    grad_host = load_script("grad_host")
+    modes = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
+
+    def read_back():
+        warnings.warn("called a synchronizing CUDA operation")
+
+    def step():
+        warnings.warn("something else")
+        read_back()
+        read_back()
+    stacks = grad_host.find_syncs(step)
+    assert [s.split(": ", 1)[0].rsplit(" ", 1)[-1] for s in stacks] == ["(read_back)", "(read_back)"]
+    assert all("in step" in s for s in stacks) and modes == ["warn", "default"]
