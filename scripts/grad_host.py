@@ -13,7 +13,8 @@ Per shape (bf16, B x N = 16k, H x D = 2048) and entry (``ours``: fa_variants.att
   (session 45's H100 runs: one per step of ours at D 128 N 1k, none at D 64 N 1k or D 256 N 4k causal, none in
   SDPA's);
 
-then, for ``ours``, torch.profiler's CPU self time per op over 5 steps (top 15) in ``<out>/profile_*.txt``.
+then torch.profiler's CPU self time per op over 5 steps (top 15) in ``<out>/profile_<shape>_<entry>.txt`` (SDPA's
+names the backend it chose: ``aten::_scaled_dot_product_cudnn_attention`` or ``..._flash_attention``).
 No pass or fail: a measurement.
 """
 from __future__ import annotations
@@ -114,13 +115,12 @@ def main(argv=None) -> int:
             if syncs:
                 (args.out / f"syncs_{name}_{entry}.txt").write_text("\n".join(syncs))
                 print("  innermost Python frame of each:", [stack.split(": ", 1)[0] for stack in syncs])
-            if entry == "ours":
-                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-                    for _ in range(5):
-                        step()
-                    torch.cuda.synchronize()
-                table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
-                (args.out / f"profile_{name}.txt").write_text(table)
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                for _ in range(5):
+                    step()
+                torch.cuda.synchronize()
+            table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
+            (args.out / f"profile_{name}_{entry}.txt").write_text(table)
     return 0
 
 

@@ -151,6 +151,29 @@ def test_broadcast_inputs_go_to_flash(cudnn_stand_in, fused_on_cpu):
     assert view.stride(-1) == 1 and view.permute(0, 2, 1, 3).is_contiguous()  # batch outermost, then Q's order
 
 
+def test_o_and_do_layout_for_every_order_of_dimensions():
+    """`_in_layout_of` hands t back (no copy) exactly when it is dense in ref's order of dimensions and 16-byte
+    aligned (its ~1 us check from `_dense_layout`'s cached strides, session 45), else a dense aligned copy in that
+    order: over every order of ref's and t's dimensions, sizes of 1 among them, a t with gaps and a misaligned t."""
+    import itertools
+
+    from fa_variants.common import interop
+
+    shape = (2, 1, 3, 8)
+    storage = torch.randn(2 * 3 * 8 * 2 + 8, dtype=BF16)
+    for ref_order, t_order in itertools.product(itertools.permutations(range(4)), repeat=2):
+        ref = torch.empty([shape[d] for d in ref_order], dtype=BF16).permute([ref_order.index(d) for d in range(4)])
+        dense_t = torch.randn([shape[d] for d in t_order], dtype=BF16).permute([t_order.index(d) for d in range(4)])
+        gapped = torch.randn(2, 1, 3, 16, dtype=BF16)[..., 8:]  # rows 32 bytes apart, 16 used
+        for t in (dense_t, gapped, storage[1:1 + dense_t.numel()].view(shape)):
+            got = backward._in_layout_of(ref, t)
+            in_order = got.permute(backward._dense_layout(tuple(ref.shape), tuple(ref.stride()))[0])
+            assert torch.equal(got, t) and in_order.is_contiguous() and got.data_ptr() % 16 == 0
+            already = t.permute(backward._dense_layout(tuple(ref.shape), tuple(ref.stride()))[0]).is_contiguous() \
+                and interop.is_aligned(t)  # every stride too: a size-1 dimension's free stride may not be
+            assert (got.data_ptr() == t.data_ptr()) == already
+
+
 @pytest.mark.parametrize("switch", ["cudnn_sdp_off", "deterministic", "deterministic_warn_only", "avoid_recompile"])
 def test_pytorchs_switches_keep_cudnn_off(cudnn_stand_in, fused_on_cpu, monkeypatch, switch):
     """PyTorch's process-wide switches that keep SDPA off cuDNN keep ours off it too, the flash path serving:

@@ -295,12 +295,28 @@ def _in_layout_of(ref: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     (allocated to match Q); dO it takes as autograd hands it, which in the usual call is O's layout too."""
     from fa_variants.common import interop
 
-    order = sorted(range(ref.dim()), key=lambda d: (ref.stride(d) != 0 or ref.shape[d] == 1, -ref.stride(d)))
-    inverse = [order.index(d) for d in range(ref.dim())]
+    order, inverse, strides = _dense_layout(tuple(ref.shape), tuple(ref.stride()))
+    if t.stride() == strides and interop.is_aligned(t):  # the usual call: already so (checked in ~1 us)
+        return t
     dense = t.permute(order).contiguous().permute(inverse)
     if not interop.is_aligned(dense):  # t was already dense in that order but not aligned: a fresh copy is
         dense = t.permute(order).clone(memory_format=torch.contiguous_format).permute(inverse)
     return dense
+
+
+@functools.lru_cache(maxsize=256)
+def _dense_layout(shape: tuple, strides: tuple) -> tuple[list, list, tuple]:
+    """(order, inverse, dense strides) of `_in_layout_of` for a reference of this shape and these strides: the
+    dimensions outermost first, the permutation back, and the strides of a tensor of that shape dense in that
+    order (sizes of 1 count as 1, as ``contiguous`` lays them out)."""
+    order = sorted(range(len(shape)), key=lambda d: (strides[d] != 0 or shape[d] == 1, -strides[d]))
+    inverse = [order.index(d) for d in range(len(shape))]
+    dense = [0] * len(shape)
+    step = 1
+    for d in reversed(order):
+        dense[d] = step
+        step *= max(shape[d], 1)
+    return order, inverse, tuple(dense)
 
 
 def cudnn_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
