@@ -70,6 +70,19 @@
 #   cudnnwide = cudnnbwd within +-0.05 below head_dim 256 (the same path).
 # Rule: if the wide candidate's tests pass and ours-cudnnwide beats ours-sdpabwd and ours-cudnnbwd at both head_dim 256
 #   shapes, CUDNN_WIDE becomes True (README: the switch table and "Gradients"); any failure of it leaves it off.
+# Session 45 (H100, tree 1f613cd): 418 passed; the probe at head_dim 256 too: 24 of 279 geometries non-finite, all dQ,
+#   anti-aligned, non-causal, seqlen_k = 64 mod 128 (the fence covers them); ours-cudnnwide / SDPA at head_dim 256 N 4k
+#   1.02 / 1.17 waited, 0.96 / 0.99 queued (non-causal / causal), against sdpa 1.13 / 1.26 and cudnn (= flash there)
+#   1.40 / 1.63: the rule was met, CUDNN_WIDE is on (764b843; 427 backward + compile tests passed after). Then
+#   scripts/grad_host.py (new) found our waited-for step's gap to be host work: fwd / bwd host 287 / 723 us against
+#   SDPA's 92 / 384 at D 128 N 1k, and one host sync per step of ours there (none at D 64 N 1k or D 256 N 4k causal,
+#   none in SDPA's). Eager grad calls now skip the custom op's dispatcher (custom_op.EagerAttention, 7fc65ee: CPU
+#   269 -> 179 us per step; one H100 run of grad_host: step 1.45 -> 1.19x SDPA's at D 128 N 1k, 1.41 -> 1.15x at D 64,
+#   one run each on two machines) and O / dO's layout check is cached (fd3c39e, not yet on a GPU).
+# Prediction (session 45, before session 46's run): every test passes; grad_host names the D 128 N 1k sync inside
+#   cudnn_backward's cuDNN op call (PyTorch's own, not ours) or finds none; waited-for ours-cudnnbwd / SDPA 1.10-1.25
+#   at N 1k (session 45: 1.35 / 1.47), queued unchanged within 0.03 (1.07-1.11 at N 1k, 0.96-1.01 from N 4k); the
+#   other modes' waited ratios down by about as much (the same forward path).
 set -uo pipefail
 source "$(dirname "$0")/steps.sh"
 out="${OUT:-results}/backward"; gpu_session "$out/logs" "$@"
@@ -77,6 +90,7 @@ step probe 180 python3 scripts/cudnn_padding_probe.py --out "$out"
 step tests 380 python3 -m pytest -q $(xdist_flag 8) -m gpu -p no:cacheprovider --tb=short -rfEs \
   tests/test_backward_gpu.py
 step time 260 python3 scripts/backward_time.py --out "$out"
+step host 90 python3 scripts/grad_host.py --out "$out/gradhost"
 echo; stop_clocks; cat "$LOGS/commit.txt"
 echo "== probe"; grep -E "^(D |summary|torch)" "$LOGS/probe.log" | tail -n 40
 echo "== tests"; grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" "$LOGS/tests.log" | tail -n 20
