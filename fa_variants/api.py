@@ -157,10 +157,7 @@ def dispatch_and_run(q, k, v, causal: bool, softmax_scale: float | None, backend
     if out.shape != q.shape or lse.shape != (q.shape[0], q.shape[2], q.shape[1]):
         raise RuntimeError(f"backend {selection.backend} returned out {tuple(out.shape)} and lse "
                            f"{tuple(lse.shape)}; expected {tuple(q.shape)} and {(q.shape[0], q.shape[2], q.shape[1])}")
-    if key is not None:
-        if len(dispatch.PLANS) >= dispatch.MAX_PLANS:  # bounded (a growing KV cache is a new kind per step):
-            del dispatch.PLANS[next(iter(dispatch.PLANS))]  # the oldest goes
-        dispatch.PLANS[key] = plan
+    dispatch.remember_plan(key, plan)
     return out, lse
 
 
@@ -266,6 +263,16 @@ def _kernel_autograd(q, k, v, causal: bool, backend: str) -> bool:
     return True
 
 
+def _autograd_plan(causal: bool, scale: float | None, backend: str):
+    """The plan of an eager kernel call that needs a gradient (`_kernel_autograd`): ``custom_op.EagerAttention`` (the
+    op's body and backward without its dispatcher), which always computes the LSE (the backward reads it), so
+    ``want_lse`` is ignored. Kept under the call's key (which holds grad mode and requires_grad), the next such call
+    skips validation and the backend choice as a no-grad call does (~20 us of host time on the CPU)."""
+    def run(q, k, v, want_lse=True):
+        return _custom_op.EagerAttention.apply(q, k, v, causal, scale, backend)
+    return run
+
+
 def _transform(q, k, v) -> str | None:
     """What a kernel launch would silently drop: an active torch.func transform (its wrapped tensors' batch
     dimensions and tangents are not the kernel's memory, and the custom op's autograd is not a torch.func one), or
@@ -366,10 +373,7 @@ def run_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, seql
         state = switches()
         plan = _lengths_plan(selection, module, q, k, v, causal, scale)
         out, lse = plan(q, k, v, True, seqlens_k.contiguous())
-        if key is not None:
-            if len(dispatch.PLANS) >= dispatch.MAX_PLANS:
-                del dispatch.PLANS[next(iter(dispatch.PLANS))]
-            dispatch.PLANS[key] = (plan, state, switches)
+        dispatch.remember_plan(key, (plan, state, switches))
         return out, lse
     if capturing:
         raise NotImplementedError(f"seqlens_k under CUDA-graph capture needs the fa3 or fa2 backend (their kernels "
@@ -566,7 +570,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         out, lse = _with_seqlens_k(q, k, v, causal, scale, backend, seqlens_k)
     elif _tracing(q):
         out, lse = torch.ops.fa_variants.attention(q, k, v, causal, scale, backend)
-    elif _kernel_autograd(q, k, v, causal, backend) or _parameter_call(q):
+    elif _kernel_autograd(q, k, v, causal, backend):  # planned: its next call takes the fast path above
+        plan = _autograd_plan(causal, scale, backend)
+        dispatch.remember_plan(_call_key(q, k, v, causal, softmax_scale, backend), plan)
+        out, lse = plan(q, k, v)
+    elif _parameter_call(q):
         out, lse = _custom_op.EagerAttention.apply(q, k, v, causal, scale, backend)
     else:  # eagerly: the op's implementation itself, without the dispatcher's per-call cost
         out, lse = dispatch_and_run(q, k, v, causal, scale, backend, return_lse)

@@ -195,6 +195,16 @@ PLANS: dict[tuple, object] = {}
 MAX_PLANS = 1024  # kinds of call remembered (first in, first out)
 
 
+def remember_plan(key: tuple | None, plan) -> None:
+    """Keep ``plan`` under ``key`` in `PLANS` (nothing for key None), the oldest going past `MAX_PLANS` (bounded: a
+    growing KV cache is a new kind per step)."""
+    if key is None:
+        return
+    if len(PLANS) >= MAX_PLANS:
+        del PLANS[next(iter(PLANS))]
+    PLANS[key] = plan
+
+
 def select(capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: int, *,
            backend: str = "auto") -> Selection:
     """Choose the backend for a call on a device of this capability (None = CPU) with this dtype/head_dim.

@@ -152,3 +152,33 @@ def test_eager_grad_call_skips_the_ops_dispatcher(flash_stand_in, leaf):
     torch.testing.assert_close(eager_out, op_out)
     for g, e in zip(eager_grads, op_grads):
         torch.testing.assert_close(g, e)
+
+
+def test_eager_grad_call_is_planned(flash_stand_in, monkeypatch):
+    """A kernel call that needs a gradient is planned under its key (grad mode and requires_grad in it): its second
+    call skips validation and the backend choice (the no-grad fast path's ~20 us), with the same outputs and
+    gradients; a no-grad call of the same tensors is not served by that plan (it returns no graph), and a call
+    whose inputs changed kind (another seqlen) is validated again."""
+    from fa_variants import api
+
+    checked = []
+    real_check = api._check_inputs
+    monkeypatch.setattr(api, "_check_inputs", lambda *a, **kw: checked.append(1) or real_check(*a, **kw))
+    q, k, v = make_qkv(2, 9, 12, 4, 2, 64, dtype=torch.bfloat16)
+    grad_out = torch.randn(q.shape, dtype=torch.bfloat16)
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    results, checks = [], []
+    for _ in range(2):
+        checked.clear()
+        out = fa_variants.attention(*leaves, causal=True)
+        checks.append(len(checked))
+        results.append((out.detach(), torch.autograd.grad(out, leaves, grad_out)))
+    assert checks[0] >= 1 and checks[1] == 0
+    for a, b in zip(results[0][1], results[1][1]):
+        torch.testing.assert_close(a, b)
+    torch.testing.assert_close(results[0][0], results[1][0])
+    with torch.no_grad():
+        assert fa_variants.attention(*leaves, causal=True).grad_fn is None
+    other = [t[:, :8].detach().requires_grad_(True) if i == 0 else t for i, t in enumerate(leaves)]
+    checked.clear()
+    assert fa_variants.attention(*other, causal=True).grad_fn is not None and len(checked) >= 1
