@@ -146,7 +146,7 @@ def dispatch_and_run(q, k, v, causal: bool, softmax_scale: float | None, backend
     shapes."""
     key = _call_key(q, k, v, causal, softmax_scale, backend)
     plan = dispatch.PLANS.get(key)  # None for key None
-    if plan is not None:
+    if plan is not None and not getattr(plan, "autograd", False):  # `_autograd_plan`s are `attention`'s alone
         return plan(q, k, v, want_lse)
     _check_inputs(q, k, v)
     _check_options(causal, softmax_scale, backend, False)
@@ -177,7 +177,7 @@ def _call_key(q, k, v, causal, softmax_scale, backend) -> tuple | None:
                 k.__class__, k.shape, k.stride(), k.dtype, k.device, k.data_ptr() % 16, k.requires_grad,
                 v.__class__, v.shape, v.stride(), v.dtype, v.device, v.data_ptr() % 16, v.requires_grad,
                 causal, softmax_scale.__class__, softmax_scale, backend,  # causal a bool, backend a str (above)
-                torch.is_grad_enabled(), os.environ.get(dispatch.ENV_VAR) if backend == "auto" else None)
+                _grad_mode(), os.environ.get(dispatch.ENV_VAR) if backend == "auto" else None)
     except (AttributeError, TypeError, RuntimeError, NotImplementedError):  # not a tensor, sparse, nested
         return None
 
@@ -236,8 +236,14 @@ def _plan(selection: Selection, q, k, v, causal: bool, scale: float, config=None
 
 
 def _wants_grad(q, k, v) -> bool:
-    """Whether the call must give a gradient: grad mode on and an input that requires grad."""
-    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    """Whether the call must give a gradient: grad mode on outside inference mode (``torch.enable_grad()`` inside
+    ``torch.inference_mode()`` records nothing: SDPA's output has no grad_fn there) and an input that requires grad."""
+    return _grad_mode() and (q.requires_grad or k.requires_grad or v.requires_grad)
+
+
+def _grad_mode() -> bool:
+    """Grad mode as autograd records it: on and not in inference mode."""
+    return torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
 
 
 def _no_backward(backend: str) -> str:
@@ -264,13 +270,23 @@ def _kernel_autograd(q, k, v, causal: bool, backend: str) -> bool:
 
 
 def _autograd_plan(causal: bool, scale: float | None, backend: str):
-    """The plan of an eager kernel call that needs a gradient (`_kernel_autograd`): ``custom_op.EagerAttention`` (the
-    op's body and backward without its dispatcher), which always computes the LSE (the backward reads it), so
-    ``want_lse`` is ignored. Kept under the call's key (which holds grad mode and requires_grad), the next such call
-    skips validation and the backend choice as a no-grad call does (~20 us of host time on the CPU)."""
+    """The plan of an eager kernel call that needs a gradient (`_kernel_autograd`): `_eager_autograd`, which always
+    computes the LSE (the backward reads it), so ``want_lse`` is ignored. Kept under the call's key (which holds grad
+    mode and requires_grad), the next such call skips validation and the backend choice as a no-grad call does (~10
+    us of host time on the CPU); marked ``autograd`` so that `dispatch_and_run` never runs it as a kernel plan."""
     def run(q, k, v, want_lse=True):
-        return _custom_op.EagerAttention.apply(q, k, v, causal, scale, backend)
+        return _eager_autograd(q, k, v, causal, scale, backend)
+    run.autograd = True
     return run
+
+
+def _eager_autograd(q, k, v, causal: bool, scale: float | None, backend: str):
+    """An eager call through the custom op's autograd: ``custom_op.EagerAttention`` (the op's body and backward
+    without its dispatcher round trip), or the op itself while a TorchDispatchMode is active (selective activation
+    checkpointing's policies and ``make_fx`` see the call as one ``fa_variants.attention`` node, as traced calls)."""
+    if torch._C._len_torch_dispatch_stack():
+        return torch.ops.fa_variants.attention(q, k, v, causal, scale, backend)
+    return _custom_op.EagerAttention.apply(q, k, v, causal, scale, backend)
 
 
 def _transform(q, k, v) -> str | None:
@@ -510,8 +526,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     ``reference.run_backward``, the gradient of exact attention in float32 PyTorch, query rows in memory-bounded
     chunks; no backward kernel of its own: it warns once per backend, a ``dispatch.BackendFallbackWarning``); the
     reference backend keeps plain autograd. fa3-fp8 and the num_splits /
-    pack_gqa options are forward only (NotImplementedError at the call; for fa3-fp8 through the op, i.e. under
-    torch.compile or with an nn.Parameter q, when the backward runs). Under torch.func transforms (grad, vmap, jvp,
+    pack_gqa options are forward only (NotImplementedError at the call; for fa3-fp8 under torch.compile or with an
+    nn.Parameter q, which take the op's autograd, when the backward runs). Under ``torch.inference_mode()`` nothing
+    is recorded, ``torch.enable_grad()`` inside it too (as SDPA). Under torch.func transforms (grad, vmap, jvp,
     ...) and forward-mode AD (``torch.autograd.forward_ad``) only the reference backend runs; a kernel backend raises
     NotImplementedError at the call. Source: Dao et al., FlashAttention (2022),
     Appendix B.2; Dao, FlashAttention-2 (2023), Algorithm 2.
@@ -554,7 +571,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
                              return_lse=return_lse, seqlens_k=seqlens_k, num_splits=num_splits, pack_gqa=pack_gqa)
     if seqlens_k is None and num_splits is None and pack_gqa is None and not torch.compiler.is_compiling() \
             and q.__class__ is torch.Tensor and return_lse.__class__ is bool \
-            and _FORWARD_AD._current_level < 0:  # the fast path: a call of a kind seen before (dispatch_and_run)
+            and _FORWARD_AD._current_level < 0 and not torch._C._are_functorch_transforms_active():
+        # the fast path: a call of a kind seen before (dispatch_and_run; `_autograd_plan`); under torch.func
+        # transforms `_check_transforms` decides
         plan = dispatch.PLANS.get(_call_key(q, k, v, causal, softmax_scale, backend))  # key None: not planned
         if plan is not None:
             if return_lse:
@@ -572,10 +591,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         out, lse = torch.ops.fa_variants.attention(q, k, v, causal, scale, backend)
     elif _kernel_autograd(q, k, v, causal, backend):  # planned: its next call takes the fast path above
         plan = _autograd_plan(causal, scale, backend)
-        dispatch.remember_plan(_call_key(q, k, v, causal, softmax_scale, backend), plan)
         out, lse = plan(q, k, v)
-    elif _parameter_call(q):
-        out, lse = _custom_op.EagerAttention.apply(q, k, v, causal, scale, backend)
+        if q.__class__ is torch.Tensor:  # what the fast path serves (not a Parameter)
+            dispatch.remember_plan(_call_key(q, k, v, causal, softmax_scale, backend), plan)
+    elif _parameter_call(q) and _grad_mode():  # else nothing to record: the plain path below
+        out, lse = _eager_autograd(q, k, v, causal, scale, backend)
     else:  # eagerly: the op's implementation itself, without the dispatcher's per-call cost
         out, lse = dispatch_and_run(q, k, v, causal, scale, backend, return_lse)
     return (out, lse) if return_lse else out

@@ -200,8 +200,8 @@ def remember_plan(key: tuple | None, plan) -> None:
     growing KV cache is a new kind per step)."""
     if key is None:
         return
-    if len(PLANS) >= MAX_PLANS:
-        del PLANS[next(iter(PLANS))]
+    if key not in PLANS and len(PLANS) >= MAX_PLANS:
+        PLANS.pop(next(iter(PLANS), None), None)  # tolerant of another thread's pop
     PLANS[key] = plan
 
 

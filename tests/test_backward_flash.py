@@ -182,3 +182,74 @@ def test_eager_grad_call_is_planned(flash_stand_in, monkeypatch):
     other = [t[:, :8].detach().requires_grad_(True) if i == 0 else t for i, t in enumerate(leaves)]
     checked.clear()
     assert fa_variants.attention(*other, causal=True).grad_fn is not None and len(checked) >= 1
+
+
+def test_planned_grad_call_keeps_the_transform_refusal(fake_gpu):
+    """A grad call planned outside torch.func is refused inside it as before it was planned: the fast path stands
+    aside while transforms are active, so `_check_transforms` gives its one-line NotImplementedError (not torch's
+    complaint about an autograd.Function under functorch)."""
+    leaves = [t.clone().requires_grad_(True) for t in make_qkv(1, 16, 16, 2, 2, 16, dtype=torch.bfloat16)]
+    loss = lambda w: (fa_variants.attention(*leaves) * w).float().sum()  # noqa: E731
+    for _ in range(2):
+        with pytest.raises(NotImplementedError, match="does not support torch.func"):
+            torch.func.grad(loss)(torch.ones(()))
+        fa_variants.attention(*leaves)  # plans the grad call
+
+
+def test_grad_call_is_one_op_under_dispatch_modes(fake_gpu):
+    """While a TorchDispatchMode is active, a grad call (planned or not) goes through the op, so modes see one
+    ``fa_variants.attention`` node: selective activation checkpointing saves it (MUST_SAVE: the kernel runs once per
+    step, not again in the recomputation) and real-mode make_fx records it; gradients as without the policy."""
+    import functools
+
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+    def policy(ctx, op, *args, **kwargs):
+        return (CheckpointPolicy.MUST_SAVE if op == torch.ops.fa_variants.attention.default
+                else CheckpointPolicy.PREFER_RECOMPUTE)
+
+    qkv = make_qkv(1, 8, 8, 2, 2, 16, dtype=torch.bfloat16)
+    fn = lambda a, b, c: fa_variants.attention(a * 1, b * 1, c * 1)  # noqa: E731
+    grads = []
+    for context_fn in (functools.partial(create_selective_checkpoint_contexts, policy), None, None):
+        leaves = [t.clone().requires_grad_(True) for t in qkv]
+        before = len(fake_gpu)
+        if context_fn is None:
+            out = fn(*leaves)
+        else:
+            out = checkpoint(fn, *leaves, use_reentrant=False, context_fn=context_fn)
+        out.float().square().sum().backward()
+        assert len(fake_gpu) - before == 1
+        grads.append([t.grad for t in leaves])
+    for with_policy, plain in zip(grads[0], grads[2]):
+        torch.testing.assert_close(with_policy, plain)
+    leaves = [t.clone().requires_grad_(True) for t in qkv]
+    assert "fa_variants.attention" in make_fx(lambda a, b, c: fa_variants.attention(a, b, c))(*leaves).code
+
+
+@pytest.mark.parametrize("mode", ["pytorch", "cudnn"])
+@pytest.mark.parametrize("leaf", ["tensor", "parameter"])
+def test_enable_grad_inside_inference_mode_records_nothing(fused_on_cpu, monkeypatch, mode, leaf):
+    """``torch.enable_grad()`` inside ``torch.inference_mode()`` records no graph (as SDPA's output there has no
+    grad_fn): the kernel runs as a no-grad call, before and after a grad call of that kind was planned, and a direct
+    call of the op or of ``api.dispatch_and_run`` never runs a grad call's plan."""
+    from fa_variants import api
+
+    monkeypatch.setenv("FA_VARIANTS_BACKWARD", mode)
+    leaves = [t.clone().requires_grad_(True) for t in make_qkv(2, 128, 128, 4, 2, 64, dtype=torch.bfloat16)]
+    if leaf == "parameter":
+        leaves[0] = torch.nn.Parameter(leaves[0].detach())
+    calls = (lambda: fa_variants.attention(*leaves, causal=True),
+             lambda: torch.ops.fa_variants.attention(*leaves, True, None, "auto")[0],
+             lambda: api.dispatch_and_run(*leaves, True, None, "auto")[0])
+    for planned in (False, True):
+        if planned:
+            fa_variants.attention(*leaves, causal=True)
+        for call in calls:
+            with torch.inference_mode(), torch.enable_grad():
+                out = call()
+            assert out.grad_fn is None and not out.requires_grad and out.is_inference()
+    with torch.enable_grad():
+        out, lse = api.dispatch_and_run(*[t.detach() for t in leaves], True, None, "auto")
+    assert out.grad_fn is None

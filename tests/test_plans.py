@@ -83,6 +83,10 @@ def test_plans_are_bounded(fake_fa3, monkeypatch):
         fa_variants.attention(q, k[:, :n], v[:, :n])
     assert len(dispatch.PLANS) == 3
     assert [key[8][1] for key in dispatch.PLANS] == [3, 4, 5]  # k's seqlen: the newest kept
+    for key in list(dispatch.PLANS):  # storing under a key already held evicts nothing
+        dispatch.remember_plan(key, dispatch.PLANS[key])
+    dispatch.remember_plan(None, object())  # no key: nothing kept
+    assert [key[8][1] for key in dispatch.PLANS] == [3, 4, 5]
 
 
 def test_plans_replay_the_normalisation(fake_fa3):
