@@ -440,10 +440,10 @@ def _with_split_options(q, k, v, causal: bool, scale: float | None, backend: str
 
 
 def _parameter_call(q) -> bool:
-    """An eager nn.Parameter q (not under tracing, which `_tracing` covers): its call goes through the custom op's
-    autograd (`custom_op.EagerAttention`). Not under torch.func transforms (grad, vmap, ...), whose autograd is not the op's: the plain
-    path serves it (the reference backend's autograd; a kernel backend that needs a gradient has refused in one
-    line)."""
+    """An eager nn.Parameter q (not under tracing, which `_tracing` covers): with grad mode on its call goes
+    through the custom op's autograd (`_eager_autograd`). Not under torch.func transforms (grad, vmap, ...), whose
+    autograd is not the op's: the plain path serves it (the reference backend's autograd; a kernel backend that
+    needs a gradient has refused in one line)."""
     return isinstance(q, torch.nn.Parameter) and not torch._C._are_functorch_transforms_active()
 
 
@@ -520,9 +520,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         reference backend they stay connected to the inputs for autograd, with zero gradients).
 
     Gradients: with grad mode on and an input that requires grad, a kernel backend's call runs its forward kernel
-    through the custom op's autograd (eagerly without the op's dispatcher), whose backward is PyTorch's (``integrations.backward.kernel_backward``: by default cuDNN's
-    fused attention backward on the forward's O and LSE, eager and traced, else PyTorch's FlashAttention-2 backward
-    kernel on them, where the loss uses O alone (``FA_VARIANTS_BACKWARD``); else
+    through the custom op's autograd (eagerly without the op's dispatcher), whose backward is PyTorch's
+    (``integrations.backward.kernel_backward``: by default cuDNN's fused attention backward on the forward's O and
+    LSE, eager and traced, else PyTorch's FlashAttention-2 backward kernel on them, where the loss uses O alone
+    (``FA_VARIANTS_BACKWARD``); else
     ``reference.run_backward``, the gradient of exact attention in float32 PyTorch, query rows in memory-bounded
     chunks; no backward kernel of its own: it warns once per backend, a ``dispatch.BackendFallbackWarning``); the
     reference backend keeps plain autograd. fa3-fp8 and the num_splits /

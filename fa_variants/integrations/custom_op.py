@@ -26,10 +26,11 @@ chunks): traced, in a second opaque op,
 ``fa_variants::attention_reference_backward``; eagerly called directly, so that a second derivative exists. An
 eager call that needs a gradient (or whose q is a Parameter) does not enter the op: `EagerAttention`, a plain
 ``torch.autograd.Function``, runs the op's body with the op's context and backward (the op's dispatcher round trip
-was about a third of a training step's host time on the CPU; session 45). It is the gradient of exact attention, which every backend's
-forward computes but the FP8 one (``registry.FORWARD_ONLY``: a backward through it raises NotImplementedError when
-it runs). The kernels have no backward kernel of their own: each warns once (``dispatch.BackendFallbackWarning``) at
-the first eager call that needs its gradient, at the caller's line, or else (traced) at its first backward.
+was about a third of a training step's host time on the CPU; session 45), except while a TorchDispatchMode is
+active (``api._eager_autograd``). It is the gradient of exact attention, which every backend's forward computes
+but the FP8 one (``registry.FORWARD_ONLY``: a backward through it raises NotImplementedError when it runs). The
+kernels have no backward kernel of their own: each warns once (``dispatch.BackendFallbackWarning``) at the first
+eager call that needs its gradient, at the caller's line, or else (traced) at its first backward.
 """
 from __future__ import annotations
 
