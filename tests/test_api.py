@@ -508,8 +508,8 @@ def test_reference_backend_supports_autograd():
 
 def test_second_derivatives_with_a_parameter_input():
     """A Parameter's call goes through the custom op's autograd (eagerly `custom_op.EagerAttention`): its backward is
-    plain PyTorch eagerly, so a
-    second derivative exists (gradgradcheck, float64) and equals the plain-tensor path's."""
+    plain PyTorch eagerly, so a second derivative exists (gradgradcheck, float64) and equals the plain-tensor
+    path's."""
     q, k, v = (t.double() for t in qkv(nq=3, nk=4, heads=2, heads_kv=1, d=8))
     qp = torch.nn.Parameter(q.clone())
     k, v = k.requires_grad_(True), v.requires_grad_(True)
