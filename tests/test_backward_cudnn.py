@@ -294,6 +294,19 @@ def test_pytorchs_cudnn_check_is_asked_on_sdpas_layout(monkeypatch):
     assert not q.requires_grad
 
 
+def test_pytorchs_cudnn_check_failing_means_no(monkeypatch):
+    """A PyTorch gate that raises (seen on the CPU, where it asks CUDA about CPU tensors) counts as "not cuDNN's":
+    the wide head dims then take the flash path rather than failing the backward."""
+    from torch.backends import cuda
+
+    def broken(params, debug):
+        raise RuntimeError("CUDA driver version is insufficient for CUDA runtime version")
+
+    monkeypatch.setattr(cuda, "can_use_cudnn_attention", broken)
+    q, k, v = make_qkv(1, 5, 128, 2, 1, 64, dtype=BF16)
+    assert backward._pytorch_takes_cudnn(q, k, v, False) is False
+
+
 @pytest.mark.parametrize("seqlen_q, seqlen_k, causal, flash_op", [
     (2, 64, False, True), (1, 128, False, True), (9, 40, True, True), (2, 128, False, False), (17, 17, True, False)])
 def test_sdpa_mode_takes_the_flash_op_outside_trusted_geometries(fake_gpu, fused_on_cpu, monkeypatch, seqlen_q,

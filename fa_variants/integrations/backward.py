@@ -240,7 +240,10 @@ def _pytorch_takes_cudnn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, caus
             params = cuda.SDPAParams(*views, None, 0.0, causal, q.shape[2] != k.shape[2])
         except TypeError:  # releases before enable_gqa
             params = cuda.SDPAParams(*views, None, 0.0, causal)
-        return bool(cuda.can_use_cudnn_attention(params, False))
+        try:
+            return bool(cuda.can_use_cudnn_attention(params, False))
+        except RuntimeError:  # the gate itself failed (a release or device it does not know): not cuDNN's then
+            return False
 
 
 def cudnn_trusted(seqlen_q: int, seqlen_k: int, causal: bool) -> bool:
