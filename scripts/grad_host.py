@@ -80,8 +80,9 @@ def measure(step, steps: int) -> dict[str, float]:
 
 def find_syncs(step) -> list[str]:
     """"<innermost frame>: <message>" and the Python stack (innermost last) at each host-device synchronisation of
-    one step: sync debug mode "warn"
-    warns at each, and ``warnings.showwarning`` runs inside that warning's call, so its stack is the sync's."""
+    one step: sync debug mode "warn" warns at each, and ``warnings.showwarning`` runs inside that warning's call, so
+    its stack is the sync's. A sync on the autograd engine's thread (the backward) may show at autograd.grad's line
+    instead: the engine hands its threads' warnings to the caller when the backward ends."""
     stacks = []
 
     def show(message, category, filename, lineno, file=None, line=None):
