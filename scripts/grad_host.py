@@ -9,8 +9,8 @@ is the one ours calls), the median over steps of
 
 * ``fwd host``: the forward call's host time (no sync inside), ``bwd host``: autograd.grad's;
 * ``step waited``: the whole step, synchronised before and after (CUDA events);
-* ``host syncs``: the host-device synchronisations one step makes (torch.cuda.set_sync_debug_mode "warn": each one
-  warns), which would expose the backward's host work; each one's Python stack in ``<out>/syncs_<shape>_<entry>.txt``
+* ``host syncs``: the host-device synchronisations of one forward and of one backward (torch.cuda.set_sync_debug_mode
+  "warn": each one warns), which would expose the backward's host work; each one's Python stack in ``<out>/syncs_<shape>_<entry>.txt``
   (session 45's H100 runs: one per step of ours at D 128 N 1k, none at D 64 N 1k or D 256 N 4k causal, none in
   SDPA's);
 
@@ -61,6 +61,15 @@ def make_step(entry: str, q, k, v, grad_out, causal: bool):
         if times is not None:
             times.append((t1 - t0, t2 - t1))
         return grads
+
+    def forward_alone():
+        with SDPA_BACKENDS[entry]():
+            return forward()
+
+    def backward_alone(out):
+        with SDPA_BACKENDS[entry]():
+            return torch.autograd.grad(out, (q, k, v), grad_out)
+    step.forward, step.backward = forward_alone, backward_alone
     return step
 
 
@@ -125,9 +134,12 @@ def main(argv=None) -> int:
                 print(f"{name} {entry:10s} not run: {str(exc).splitlines()[0][:150]}", flush=True)
                 continue
             row = measure(step, args.steps)
-            syncs = find_syncs(step)
+            forward_syncs = find_syncs(step.forward)
+            out = step.forward()
+            syncs = forward_syncs + find_syncs(lambda: step.backward(out))
             print(f"{name} {entry:10s} fwd host {row['fwd host']:7.1f} us  bwd host {row['bwd host']:7.1f} us  "
-                  f"step waited {row['step waited']:8.1f} us  host syncs {len(syncs)}", flush=True)
+                  f"step waited {row['step waited']:8.1f} us  host syncs {len(forward_syncs)} in the forward, "
+                  f"{len(syncs) - len(forward_syncs)} in the backward", flush=True)
             if syncs:
                 (args.out / f"syncs_{name}_{entry}.txt").write_text("\n".join(syncs))
                 print("  innermost Python frame of each:", [stack.split(": ", 1)[0] for stack in syncs])
