@@ -10,11 +10,13 @@ is the one ours calls), the median over steps of
 * ``fwd host``: the forward call's host time (no sync inside), ``bwd host``: autograd.grad's;
 * ``step waited``: the whole step, synchronised before and after (CUDA events);
 * ``host syncs``: the host-device synchronisations of one forward and of one backward (torch.cuda.set_sync_debug_mode
-  "warn": each one warns), which would expose the backward's host work; each one's Python stack in ``<out>/syncs_<shape>_<entry>.txt``
-  (session 45's H100 runs: one per step of ours at D 128 N 1k, none at D 64 N 1k or D 256 N 4k causal, none in
-  SDPA's);
+  "warn": each one warns), which would expose the backward's host work; each one's Python stack in
+  ``<out>/syncs_<shape>_<entry>.txt`` (session 45's H100 runs: one per step of ours at D 128 N 1k, none at D 64 N 1k
+  or D 256 N 4k causal, none in SDPA's; PyTorch 2.11's cuDNN backward itself has no reported sync, by a read of
+  its source);
 
-then torch.profiler's CPU self time per op over 5 steps (top 15) in ``<out>/profile_<shape>_<entry>.txt`` (SDPA's
+the caching allocator's retry / device-sync / cudaMalloc / cudaFree counts over the timed steps; then torch.profiler's
+CPU self time per op over 5 steps (top 15) in ``<out>/profile_<shape>_<entry>.txt`` (SDPA's
 names the backend it chose: ``aten::_scaled_dot_product_cudnn_attention`` or ``..._flash_attention``).
 No pass or fail: a measurement.
 """
@@ -37,6 +39,9 @@ SHAPES = [(128, 1024, False), (64, 1024, False), (256, 4096, True)]  # (head_dim
 
 #: each entry's SDPA backends (a fresh context per step): "sdpa-cudnn" is SDPA on cuDNN's attention alone, the
 #: backward ours calls: a host sync in both is PyTorch's / cuDNN's, one in ours alone is ours
+#: the caching allocator's counters whose growth over the timed steps means cudaMalloc / cudaFree in the loop: a
+#: failed allocation frees cached blocks after synchronising every stream (not a sync the debug mode reports)
+ALLOCATOR_COUNTERS = ("num_alloc_retries", "num_sync_all_streams", "num_device_alloc", "num_device_free")
 SDPA_BACKENDS = {"ours": contextlib.nullcontext, "sdpa": contextlib.nullcontext,
                  "sdpa-cudnn": lambda: sdpa_kernel(SDPBackend.CUDNN_ATTENTION)}
 ENTRIES = tuple(SDPA_BACKENDS)
@@ -133,13 +138,17 @@ def main(argv=None) -> int:
             except RuntimeError as exc:  # e.g. SDPA without a cuDNN engine for the shape: say so and go on
                 print(f"{name} {entry:10s} not run: {str(exc).splitlines()[0][:150]}", flush=True)
                 continue
+            before = torch.cuda.memory_stats()
             row = measure(step, args.steps)
+            after = torch.cuda.memory_stats()
+            allocator = {name: after.get(name, 0) - before.get(name, 0) for name in ALLOCATOR_COUNTERS}
             forward_syncs = find_syncs(step.forward)
             out = step.forward()
             syncs = forward_syncs + find_syncs(lambda: step.backward(out))
             print(f"{name} {entry:10s} fwd host {row['fwd host']:7.1f} us  bwd host {row['bwd host']:7.1f} us  "
                   f"step waited {row['step waited']:8.1f} us  host syncs {len(forward_syncs)} in the forward, "
-                  f"{len(syncs) - len(forward_syncs)} in the backward", flush=True)
+                  f"{len(syncs) - len(forward_syncs)} in the backward; allocator over the steps {allocator}",
+                  flush=True)
             if syncs:
                 (args.out / f"syncs_{name}_{entry}.txt").write_text("\n".join(syncs))
                 print("  innermost Python frame of each:", [stack.split(": ", 1)[0] for stack in syncs])
