@@ -79,11 +79,11 @@
 #   none in SDPA's). Eager grad calls now skip the custom op's dispatcher (custom_op.EagerAttention, 7fc65ee: CPU
 #   269 -> 179 us per step; one H100 run of grad_host: step 1.45 -> 1.19x SDPA's at D 128 N 1k, 1.41 -> 1.15x at D 64,
 #   one run each on two machines) and O / dO's layout check is cached (fd3c39e, not yet on a GPU).
-# Prediction (session 45, before session 46's run): every test passes; grad_host names the D 128 N 1k sync inside
-#   cudnn_backward's cuDNN op call (PyTorch's own, not ours: its sdpa-cudnn entry, SDPA on cuDNN alone, syncs there
-#   too) or finds none; waited-for ours-cudnnbwd / SDPA 1.10-1.25
-#   at N 1k (session 45: 1.35 / 1.47), queued unchanged within 0.03 (1.07-1.11 at N 1k, 0.96-1.01 from N 4k); the
-#   other modes' waited ratios down by about as much (the same forward path).
+# Prediction (session 45, before session 46's run): every test passes; grad_host finds the D 128 N 1k sync outside
+#   cuDNN's op (a helper's read of PyTorch 2.11's cuDNN backward and its binary found no sync the debug mode reports
+#   on that path) or none at all, sdpa-cudnn none, and the allocator counters flat over the timed steps; waited-for
+#   ours-cudnnbwd / SDPA 1.10-1.25 at N 1k (session 45: 1.35 / 1.47), queued unchanged within 0.03 (1.07-1.11 at N
+#   1k, 0.96-1.01 from N 4k); the other modes' waited ratios down by about as much (the same forward path).
 set -uo pipefail
 source "$(dirname "$0")/steps.sh"
 out="${OUT:-results}/backward"; gpu_session "$out/logs" "$@"
