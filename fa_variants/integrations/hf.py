@@ -23,9 +23,10 @@ it is all-visible or exactly bottom-right causal; anything else (padding, slidin
 packed sequences, static-cache slots, additive biases) raises :class:`UnsupportedAttentionError`, whose
 message says to use ``attn_implementation="sdpa"`` or ``"eager"`` for that call.
 
-Training: the kernels' gradients come from ``reference.run_backward`` (``fa_variants.attention``: no backward kernel,
-slower than sdpa's), so a training step runs without dropout. Dropout > 0, logit soft-capping, attention sinks and
-position biases are refused the same way as the masks above.
+Training: the kernels have no backward kernel of their own; their gradients come from PyTorch's backward
+(``fa_variants.integrations.backward``: by default cuDNN's fused backward on our forward's O and LSE, else PyTorch's
+FlashAttention-2 backward, else ``reference.run_backward``), and a training step runs without dropout. Dropout > 0,
+logit soft-capping, attention sinks and position biases are refused the same way as the masks above.
 ``register(fallback="sdpa")`` runs transformers' own sdpa attention for such calls instead (with a warning), so a
 padded batch or a training step with dropout still runs, and every other call keeps fa_variants; soft-capping and
 sinks stay refused (sdpa has neither).
