@@ -182,7 +182,8 @@ def _call_key(q, k, v, causal, softmax_scale, backend) -> tuple | None:
         return None
 
 
-_PLAIN_SCALE = frozenset((float, int, type(None)))  # the softmax_scale classes a plan key holds as they are
+_PLAIN_SCALE = frozenset((float, int, type(None)))
+_PLAIN_DROPOUT = frozenset((float, int))  # dropout_p classes `scaled_dot_product_attention`'s fast path takes  # the softmax_scale classes a plan key holds as they are
 
 
 def _run(selection: Selection, q, k, v, causal: bool, scale: float, config=None):
@@ -570,16 +571,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         with torch.autocast(device_type, enabled=False):
             return attention(q, k, v, causal=causal, softmax_scale=softmax_scale, backend=backend,
                              return_lse=return_lse, seqlens_k=seqlens_k, num_splits=num_splits, pack_gqa=pack_gqa)
-    if seqlens_k is None and num_splits is None and pack_gqa is None and not torch.compiler.is_compiling() \
-            and q.__class__ is torch.Tensor and return_lse.__class__ is bool \
-            and _FORWARD_AD._current_level < 0 and not torch._C._are_functorch_transforms_active():
-        # the fast path: a call of a kind seen before (dispatch_and_run; `_autograd_plan`); under torch.func
-        # transforms `_check_transforms` decides
-        plan = dispatch.PLANS.get(_call_key(q, k, v, causal, softmax_scale, backend))  # key None: not planned
-        if plan is not None:
-            if return_lse:
-                return plan(q, k, v)
-            return plan(q, k, v, False)[0]  # its LSE in the stream's scratch, not allocated
+    if seqlens_k is None and num_splits is None and pack_gqa is None:
+        result = _planned(q, k, v, causal, softmax_scale, backend, return_lse)
+        if result is not None:
+            return result
     _check_inputs(q, k, v)
     scale = _check_options(causal, softmax_scale, backend, return_lse)
     if not _tracing(q):
@@ -600,6 +595,22 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     else:  # eagerly: the op's implementation itself, without the dispatcher's per-call cost
         out, lse = dispatch_and_run(q, k, v, causal, scale, backend, return_lse)
     return (out, lse) if return_lse else out
+
+
+def _planned(q, k, v, causal, softmax_scale, backend: str, return_lse):
+    """The fast path of `attention` and `scaled_dot_product_attention`: a call of a kind seen before (`_call_key`)
+    run by its plan (`dispatch_and_run`'s, or `_autograd_plan`), without validation; None where there is none, and
+    while traced, under forward-mode AD or torch.func transforms (`_check_transforms` decides there), for a q of
+    another class than torch.Tensor and a return_lse of any class but bool."""
+    if torch.compiler.is_compiling() or q.__class__ is not torch.Tensor or return_lse.__class__ is not bool \
+            or _FORWARD_AD._current_level >= 0 or torch._C._are_functorch_transforms_active():
+        return None
+    plan = dispatch.PLANS.get(_call_key(q, k, v, causal, softmax_scale, backend))  # key None: not planned
+    if plan is None:
+        return None
+    if return_lse:
+        return plan(q, k, v)
+    return plan(q, k, v, False)[0]  # its LSE in the stream's scratch, not allocated
 
 
 def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -633,6 +644,15 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         with torch.autocast(device_type, enabled=False):
             return scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
                                                 enable_gqa, backend=backend, return_lse=return_lse)
+    if attn_mask is None and dropout_p.__class__ in _PLAIN_DROPOUT and dropout_p == 0 \
+            and is_causal.__class__ is bool and enable_gqa.__class__ is bool \
+            and query.__class__ is key.__class__ is value.__class__ is torch.Tensor \
+            and query.dim() == key.dim() == value.dim() == 4:  # this wrapper's own rules hold: the fast path
+        q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+        if (enable_gqa or q.shape[2] == k.shape[2]) and (not is_causal or q.shape[1] == k.shape[1]):
+            result = _planned(q, k, v, is_causal, scale, backend, return_lse)
+            if result is not None:
+                return (result[0].transpose(1, 2), result[1]) if return_lse else result.transpose(1, 2)
     names = ("query", "key", "value")
     _check_rank((query, key, value), names, _SDPA_LAYOUT)
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))

@@ -677,3 +677,40 @@ def test_launcher_plans_through_the_variants_scale_config(scale, planned):
         launch._KERNELS.clear()
     workspace.clear()
     assert seen == [("scale", None, abs(scale)), ("problem", planned)]
+
+
+def test_sdpa_layout_calls_take_the_plans(fake_fa3, monkeypatch):
+    """``scaled_dot_product_attention`` (the SDPA layout) runs a kind seen before by its plan too, after only its own
+    cheap rules (no mask, no dropout, enable_gqa where the heads differ, is_causal only with seqlen_q == seqlen_k):
+    no validation on the second call, the same output (and LSE) as ``attention`` on the transposed views; each of
+    its refusals still raises on a kind that ``attention`` planned."""
+    from fa_variants import api
+
+    checked = []
+    real_check = api._check_inputs
+    monkeypatch.setattr(api, "_check_inputs", lambda *a, **kw: checked.append(1) or real_check(*a, **kw))
+    q, k, v = qkv(nq=7, nk=7)
+    query, key, value = (t.transpose(1, 2) for t in (q, k, v))
+    want, want_lse = fa_variants.attention(q, k, v, causal=True, return_lse=True)
+    for return_lse in (False, True, False):
+        checked.clear()
+        got = fa_variants.scaled_dot_product_attention(query, key, value, is_causal=True, enable_gqa=True,
+                                                       return_lse=return_lse)
+        assert checked == []
+        out, lse = got if return_lse else (got, want_lse)
+        assert out.shape == query.shape and torch.equal(out.transpose(1, 2), want) and torch.equal(lse, want_lse)
+    q2, k2, v2 = qkv(nq=5, nk=7)
+    fa_variants.attention(q2, k2, v2, causal=True)  # planned by attention: bottom-right causal, GQA
+    views = [t.transpose(1, 2) for t in (q2, k2, v2)]
+    with pytest.raises(ValueError, match="is_causal with seqlen_q 5 != seqlen_k 7"):
+        fa_variants.scaled_dot_product_attention(*views, is_causal=True, enable_gqa=True)
+    fa_variants.attention(q2, k2, v2)
+    with pytest.raises(ValueError, match="enable_gqa=True"):
+        fa_variants.scaled_dot_product_attention(*views)
+    with pytest.raises(ValueError, match="attn_mask is not supported"):
+        fa_variants.scaled_dot_product_attention(*views, attn_mask=torch.ones(5, 7, dtype=torch.bool),
+                                                 enable_gqa=True)
+    with pytest.raises(ValueError, match="dropout_p must be 0.0"):
+        fa_variants.scaled_dot_product_attention(*views, dropout_p=0.1, enable_gqa=True)
+    with pytest.raises(TypeError, match="is_causal must be a bool"):
+        fa_variants.scaled_dot_product_attention(*views, is_causal=1, enable_gqa=True)
