@@ -644,7 +644,8 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         with torch.autocast(device_type, enabled=False):
             return scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
                                                 enable_gqa, backend=backend, return_lse=return_lse)
-    if attn_mask is None and dropout_p.__class__ in _PLAIN_DROPOUT and dropout_p == 0 \
+    if not torch.compiler.is_compiling() and attn_mask is None \
+            and dropout_p.__class__ in _PLAIN_DROPOUT and dropout_p == 0 \
             and is_causal.__class__ is bool and enable_gqa.__class__ is bool \
             and query.__class__ is key.__class__ is value.__class__ is torch.Tensor \
             and query.dim() == key.dim() == value.dim() == 4:  # this wrapper's own rules hold: the fast path
