@@ -182,8 +182,8 @@ def _call_key(q, k, v, causal, softmax_scale, backend) -> tuple | None:
         return None
 
 
-_PLAIN_SCALE = frozenset((float, int, type(None)))
-_PLAIN_DROPOUT = frozenset((float, int))  # dropout_p classes `scaled_dot_product_attention`'s fast path takes  # the softmax_scale classes a plan key holds as they are
+_PLAIN_SCALE = frozenset((float, int, type(None)))  # the softmax_scale classes a plan key holds as they are
+_PLAIN_DROPOUT = frozenset((float, int))  # dropout_p classes `scaled_dot_product_attention`'s fast path takes
 
 
 def _run(selection: Selection, q, k, v, causal: bool, scale: float, config=None):
