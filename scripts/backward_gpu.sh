@@ -83,7 +83,9 @@
 #   cuDNN's op (a helper's read of PyTorch 2.11's cuDNN backward and its binary found no sync the debug mode reports
 #   on that path) or none at all, sdpa-cudnn none, and the allocator counters flat over the timed steps; waited-for
 #   ours-cudnnbwd / SDPA 1.10-1.25 at N 1k (session 45: 1.35 / 1.47), queued unchanged within 0.03 (1.07-1.11 at N
-#   1k, 0.96-1.01 from N 4k); the other modes' waited ratios down by about as much (the same forward path).
+#   1k, 0.96-1.01 from N 4k); the other modes' waited ratios down by about as much (the same forward path). The
+#   timing's cudnn entry is the default now (CUDNN_WIDE on) and ours-cudnn128 the old one: at head_dim 256 cudnnbwd
+#   near session 45's cudnnwide (0.96 / 0.99 queued), cudnn128 near its cudnnbwd (1.31 / 1.48).
 set -uo pipefail
 source "$(dirname "$0")/steps.sh"
 out="${OUT:-results}/backward"; gpu_session "$out/logs" "$@"

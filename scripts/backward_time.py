@@ -17,8 +17,9 @@ synchronised, for
                 takes SDPA's fused backward (``integrations.backward.sdpa_backward``);
 * ``ours-cudnnbwd``  the same with ``FA_VARIANTS_BACKWARD=cudnn``: cuDNN's fused backward on our forward's O and
                 LSE (``integrations.backward.cudnn_backward``; the flash kernel where cuDNN does not apply);
-* ``ours-cudnnwide``  the same with ``integrations.backward.CUDNN_WIDE`` on (session 44's candidate): cuDNN's
-                backward up to head_dim 256 on compute capability 9.0 with cuDNN 9.10 or later;
+* ``ours-cudnn128``  the same with ``integrations.backward.CUDNN_WIDE`` off (the default until session 45, timed
+                as ``ours-cudnnwide`` against it there): cuDNN's backward up to head_dim 128 only, the flash kernel's
+                above; every other entry runs the module's own CUDNN_WIDE (on since session 45);
 * ``sdpa``      ``torch.nn.functional.scaled_dot_product_attention`` (PyTorch's choice: flash / cuDNN) + its
                 fused backward;
 * ``ours-fwd``  our forward alone under ``torch.no_grad()`` (what the backward adds is ours - ours-fwd).
@@ -40,11 +41,11 @@ import statistics
 import sys
 from pathlib import Path
 
-ENTRIES = ("ours", "ours-flashbwd", "ours-sdpabwd", "ours-cudnnbwd", "ours-cudnnwide", "sdpa", "ours-fwd")
+ENTRIES = ("ours", "ours-flashbwd", "ours-sdpabwd", "ours-cudnnbwd", "ours-cudnn128", "sdpa", "ours-fwd")
 MODES = {"ours": "pytorch", "ours-flashbwd": "flash", "ours-sdpabwd": "sdpa",  # FA_VARIANTS_BACKWARD
-         "ours-cudnnbwd": "cudnn", "ours-cudnnwide": "cudnn"}
-#: (head_dim, seqlen, causal); at head_dim 256 cuDNN's backward applies only with CUDNN_WIDE (ours-cudnnwide;
-#: ours-cudnnbwd = ours-flashbwd there), below 256 ours-cudnnwide = ours-cudnnbwd
+         "ours-cudnnbwd": "cudnn", "ours-cudnn128": "cudnn"}
+#: (head_dim, seqlen, causal); at head_dim 256 cuDNN's backward applies only with CUDNN_WIDE (ours-cudnnbwd;
+#: ours-cudnn128 = ours-flashbwd there), below 256 ours-cudnn128 = ours-cudnnbwd
 SHAPES = [(64, 1024, False), (64, 4096, False), (128, 1024, False), (128, 4096, False), (128, 4096, True),
           (128, 16384, True), (256, 4096, False), (256, 4096, True)]
 
@@ -54,7 +55,7 @@ def shape_dims(head_dim: int, seqlen: int) -> tuple[int, int]:
     return max(1, 16384 // seqlen), 2048 // head_dim
 
 
-def step_fn(entry: str, q, k, v, causal: bool):
+def step_fn(entry: str, q, k, v, causal: bool, wide: bool):
     """One timed step of ``entry`` on (B, N, H, D) inputs."""
     import torch
     import torch.nn.functional as F
@@ -78,7 +79,7 @@ def step_fn(entry: str, q, k, v, causal: bool):
 
     def step():
         os.environ["FA_VARIANTS_BACKWARD"] = mode  # read at the forward (what it keeps) and the backward
-        backward.CUDNN_WIDE = entry == "ours-cudnnwide"
+        backward.CUDNN_WIDE = wide and entry != "ours-cudnn128"  # the module's default but in that entry
         return torch.autograd.grad(forward(), leaves, grad)
     return step
 
@@ -105,13 +106,16 @@ def main(argv=None) -> int:
     from fa_variants import dispatch
     from fa_variants.bench.runtime import NvmlClock, event_ms
 
+    from fa_variants.integrations import backward
+
     warnings.simplefilter("ignore", dispatch.BackendFallbackWarning)
+    wide = backward.CUDNN_WIDE  # the default, read before any step sets it
     clock = NvmlClock()
     rows = []
     for head_dim, seqlen, causal in SHAPES:
         batch, heads = shape_dims(head_dim, seqlen)
         q, k, v = (torch.randn(batch, seqlen, heads, head_dim, dtype=torch.bfloat16, device="cuda") for _ in range(3))
-        steps = {e: step_fn(e, q, k, v, causal) for e in entries}
+        steps = {e: step_fn(e, q, k, v, causal, wide) for e in entries}
         for step in steps.values():
             step()
         times, queued = {e: [] for e in entries}, {e: [] for e in entries}
