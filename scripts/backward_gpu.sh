@@ -86,6 +86,10 @@
 #   1k, 0.96-1.01 from N 4k); the other modes' waited ratios down by about as much (the same forward path). The
 #   timing's cudnn entry is the default now (CUDNN_WIDE on) and ours-cudnn128 the old one: at head_dim 256 cudnnbwd
 #   near session 45's cudnnwide (0.96 / 0.99 queued), cudnn128 near its cudnnbwd (1.31 / 1.48).
+# Session 46 (H100, tree dc6432b): 418 passed; cudnn / SDPA waited 1.13 / 1.17 at D 64 / 128 N 1k (held), queued 1.04 /
+#   1.03 (beat "unchanged"), 0.95-1.07 waited from N 4k; D 256 cudnn 1.07 / 0.99 waited, cudnn128 1.42 / 1.55. The "one
+#   sync at D 128 N 1k" was set_sync_debug_mode's own notice at the first shape measured (no sync; grad_host now skips
+#   it). Prediction for a next run on the same code: as session 46 within the rounds' spread (waited +-0.1 at N 1k).
 set -uo pipefail
 source "$(dirname "$0")/steps.sh"
 out="${OUT:-results}/backward"; gpu_session "$out/logs" "$@"
