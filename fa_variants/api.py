@@ -301,6 +301,26 @@ def _transform(q, k, v) -> str | None:
     return None
 
 
+def _traced_under_transforms(q, k, v, causal: bool, scale: float | None, backend: str, seqlens_k, num_splits,
+                             pack_gqa):
+    """A call that torch.compile traces inside torch.func transforms (``torch.compile(torch.func.grad(f))``: grad,
+    vjp, jacrev, vmap, ...). The custom ops cannot serve there (PyTorch runs a custom op's autograd as an
+    autograd.Function without torch.func support, and refuses it under a transform), so the reference backend's
+    plain PyTorch is traced in their place, as an eager call under transforms runs it. The backend is resolved without
+    the dispatcher (which tracing cannot enter): the name given, else FA_VARIANTS_BACKEND, else the reference for CPU
+    inputs. Raises NotImplementedError, as eagerly (`_check_transforms`), for a kernel backend, for backend "auto" on
+    a GPU (name backend="reference"), and for seqlens_k / num_splits / pack_gqa."""
+    name = backend if backend != "auto" else dispatch.env_override() or ("reference" if q.device.type != "cuda" else None)
+    if name != "reference":
+        raise NotImplementedError(f"backend {name or 'auto'} on {q.device.type} inside torch.func transforms under "
+                                  "torch.compile: only backend='reference' runs there (plain PyTorch); name it")
+    if seqlens_k is not None or num_splits is not None or pack_gqa is not None:
+        raise NotImplementedError("seqlens_k, num_splits and pack_gqa are not supported inside torch.func transforms "
+                                  "under torch.compile; run the call eagerly")
+    return reference_run(q, k, v, causal=causal,
+                         softmax_scale=default_softmax_scale(q.shape[-1]) if scale is None else scale)
+
+
 def _check_transforms(q, k, v, causal: bool, backend: str) -> None:
     """A kernel backend under `_transform` raises NotImplementedError in one line (it used to run, returning a zero
     tangent or a wrong batch without a word); the reference backend is plain PyTorch and serves them all."""
@@ -579,7 +599,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     scale = _check_options(causal, softmax_scale, backend, return_lse)
     if not _tracing(q):
         _check_transforms(q, k, v, causal, backend)
-    if num_splits is not None or pack_gqa is not None:
+    if _tracing(q) and torch._C._are_functorch_transforms_active():
+        out, lse = _traced_under_transforms(q, k, v, causal, scale, backend, seqlens_k, num_splits, pack_gqa)
+    elif num_splits is not None or pack_gqa is not None:
         out, lse = _with_split_options(q, k, v, causal, scale, backend, num_splits, pack_gqa, seqlens_k)
     elif seqlens_k is not None:
         out, lse = _with_seqlens_k(q, k, v, causal, scale, backend, seqlens_k)

@@ -250,10 +250,11 @@ def _nonfinite_keys(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]
 
     A key the mask hides from a row must contribute exactly 0 to it, even when V is inf or NaN there
     (P = 0 times V = inf would be NaN in P V); such keys are added back by ``_masked_product``.
-    Under ``torch.func.vmap`` over K or V, whose values cannot steer Python, (v, None): there a hidden non-finite key
-    reaches the rows of its product as on the kernels (NaN; the guarantee holds outside vmap)."""
-    if v.device.type == "meta":  # no values to look at (shapes only)
-        return v, None
+    Under ``torch.func.vmap`` over K or V, whose values cannot steer Python, and while torch.compile traces (the
+    reference traced inside torch.func transforms), (v, None): there a hidden non-finite key reaches the rows of its
+    product as on the kernels (NaN; the guarantee holds outside vmap and tracing)."""
+    if v.device.type == "meta" or torch.compiler.is_compiling():  # no values to look at (shapes only; traced
+        return v, None  # inside torch.func transforms, `api._traced_under_transforms`: as under vmap, below)
     bad = (~torch.isfinite(v)).flatten(2).any(dim=2).any(dim=0)  # (Nk,): a key with a non-finite V anywhere
     try:
         found = bool(bad.any())

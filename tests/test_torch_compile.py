@@ -116,6 +116,71 @@ def test_autograd_through_the_compiled_reference_matches_eager():
         _close(got, expected, tol=1e-9)
 
 
+def _transformed(name: str, causal: bool):
+    """A torch.func transform over attention (float64 reference maths under it): grad of a loss through O and the LSE
+    (rows that see no key have LSE -inf: left out of the sum), the VJP of O, jacrev of a row sum, vmap over a stack
+    of q."""
+    def attn(q, k, v):
+        return fa_variants.attention(q, k, v, causal=causal, return_lse=True)
+
+    def loss(q, k, v):
+        out, lse = attn(q, k, v)
+        return out.square().sum() + torch.where(lse.isinf(), 0.0, lse).sum()
+
+    return {
+        "grad": lambda q, k, v: torch.func.grad(loss, argnums=(0, 1, 2))(q, k, v),
+        "vjp": lambda q, k, v: torch.func.vjp(lambda q, k, v: attn(q, k, v)[0], q, k, v)[1](torch.cos(q)),
+        "jacrev": lambda q, k, v: torch.func.jacrev(lambda v: attn(q[:1, :3], k[:1], v)[0].sum((2, 3)))(v[:1]),
+        "vmap": lambda q, k, v: torch.func.vmap(attn, in_dims=(0, None, None))(torch.stack([q, 2 * q]), k, v),
+    }[name]
+
+
+@pytest.mark.parametrize("name", ["grad", "vjp", "jacrev", "vmap"])
+@pytest.mark.parametrize("Nq, Nk, causal", [(37, 41, True), (41, 37, True), (37, 41, False), (5, 0, False)])
+def test_torch_func_transforms_compile_fullgraph(name, Nq, Nk, causal):
+    """torch.compile(fullgraph=True) over torch.func transforms of attention: the custom op cannot serve under a
+    transform (PyTorch refuses its autograd there: "must override the setup_context staticmethod"), so the traced call
+    runs the reference's plain PyTorch in its place (api._traced_under_transforms), as eager does: the compiled
+    results equal eager ones (GQA 6:2, causal bottom-right with seqlen_q != seqlen_k, rows with no key, seqlen_k 0)."""
+    q, k, v = _qkv(Nq=Nq, Nk=Nk, dtype=torch.float64)
+    fn = _transformed(name, causal)
+    torch._dynamo.reset()
+    got = torch.compile(fn, fullgraph=True, backend="aot_eager")(q, k, v)
+    expected = fn(q, k, v)
+    for g, e in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(expected), strict=True):
+        assert not e.isnan().any()  # (the LSE of a row with no key is -inf)
+        _close(g, e, tol=1e-9)
+
+
+def test_torch_func_grad_of_sdpa_compiles_fullgraph():
+    """The same through ``fa_variants.scaled_dot_product_attention`` (PyTorch's layout), against float64 autograd of
+    the reference (so that the traced path is checked against another computation, not only against itself)."""
+    q, k, v = (_bshd(t) for t in _qkv(dtype=torch.float64, Nq=29, Nk=29))
+    torch._dynamo.reset()
+    grad = torch.compile(torch.func.grad(lambda q, k, v: _sdpa_fn(q, k, v).sum(), argnums=(0, 1, 2)), fullgraph=True,
+                         backend="aot_eager")
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    out, _ = attention_reference(*(_bshd(t) for t in leaves), causal=True, softmax_scale=0.3)
+    out.sum().backward()
+    for got, leaf in zip(grad(q, k, v), leaves, strict=True):
+        _close(got, leaf.grad, tol=1e-9)
+
+
+@pytest.mark.parametrize("call, message", [
+    (dict(backend="fa2"), r"backend fa2 on cpu inside torch.func transforms under torch.compile: only "
+                          r"backend='reference' runs there"),
+    (dict(seqlens_k=torch.tensor([40, 3], dtype=torch.int32)), r"seqlens_k, num_splits and pack_gqa are not supported "
+                                                               r"inside torch.func transforms under torch.compile"),
+])
+def test_torch_func_transforms_under_compile_refuse_what_cannot_run(call, message):
+    """What the traced reference cannot serve refuses in our words (torch's wraps them in its Unsupported error)."""
+    q, k, v = _qkv()
+    torch._dynamo.reset()
+    fn = torch.func.grad(lambda q: fa_variants.attention(q, k, v, **call).sum())
+    with pytest.raises(Exception, match=message):
+        torch.compile(fn, fullgraph=True, backend="aot_eager")(q)
+
+
 def test_export_runs_the_op():
     """torch.export gives a graph holding the op, which runs and matches the eager call."""
     class Model(torch.nn.Module):
