@@ -57,10 +57,22 @@ def finite_float(low: float, strict: bool, bounds: str):
     return parse
 
 
+def existing_file(text: str) -> Path:
+    """argparse type: the path of a file that exists (a file named on the command line and missing must stop the
+    command in one line, not be skipped where the file is not needed, nor fail later with a traceback)."""
+    path = Path(text)
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a file" if path.exists() else f"{text!r} does not exist")
+    return path
+
+
 #: argparse types: a size (batch, seqlen, heads, head_dim, rounds, ...), a count that may be 0, a random seed (what
 #: torch.Generator.manual_seed takes), a positive finite real (ms, KiB, TB/s), a finite real >= 0 (a budget; 0: none)
-positive_int = int_in(1)
-nonnegative_int = int_in(0)
+#: (sizes and counts stop at int64's largest value: beyond it torch cannot take the number at all, and the command
+#: would fail deep inside with a traceback instead of this one line)
+INT64_MAX = 2**63 - 1
+positive_int = int_in(1, INT64_MAX, "in [1, 2^63 - 1]")
+nonnegative_int = int_in(0, INT64_MAX, "in [0, 2^63 - 1]")
 seed_int = int_in(0, 2**64 - 1, "in [0, 2^64 - 1]")
 positive_float = finite_float(0.0, True, "a positive finite number")
 nonnegative_float = finite_float(0.0, False, "a finite number >= 0")

@@ -141,6 +141,36 @@ def test_a_seed_beyond_64_bits_names_the_option(capsys, command, seed):
     assert f"argument --seed: '{seed}' must be in [0, 2^64 - 1]" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv", [
+    ["demo", "--seqlen"], ["demo", "--batch"], ["demo", "--heads"], ["demo", "--head-dim"], ["demo", "--repeats"],
+    ["fp8-study", "--heads"], ["fp8-study", "--head-dim"], ["fp8-study", "--seqlens"],
+    ["warmup", "--arch", "sm_80", "--head-dims", "64", "--jobs"], ["io", "--N"], ["io", "--d"],
+], ids=lambda argv: " ".join(argv[::len(argv) - 1]))
+def test_a_size_beyond_int64_names_the_option(capsys, argv):
+    """A size or count no tensor can take (beyond 2^63 - 1): argparse's one line naming the flag, exit status 2 (a
+    huge --seqlen of the demo or --heads of fp8-study was a traceback ending in "Overflow when unpacking long long")."""
+    value = str(2**63 + 7)
+    with pytest.raises(SystemExit) as exc:
+        cli.main([*argv, value])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {argv[-1]}: '{value}' must be in [1, 2^63 - 1]" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("flag", ["--text-file", "--fixture"])
+@pytest.mark.parametrize("kind", ["missing", "folder"])
+def test_fp8_study_refuses_a_file_that_is_not_there(capsys, tmp_path, flag, kind):
+    """A file named on the command line that does not exist (or is a folder) stops the study in one line before any
+    work (a missing --text-file was skipped without a word where no model loaded, and named in the report as used)."""
+    path = tmp_path / "absent.txt" if kind == "missing" else tmp_path
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["fp8-study", flag, str(path), "--sweeps", "p", "--no-e2e", "--out", str(tmp_path / "out")])
+    assert exc.value.code == 2
+    why = "does not exist" if kind == "missing" else "is not a file"
+    assert f"argument {flag}: '{path}' {why}" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_io_with_a_huge_head_dim_uses_the_closed_form(capsys):
     """`fa-variants io --d 100000000000`: the emulated check allocated N x d tensors and raised the allocator's
     RuntimeError as a traceback (session 27); beyond emulate.EMULATE_MAX_ELEMENTS the closed form alone answers."""

