@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import numbers
 import os
 
 import torch
@@ -682,7 +683,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     _check_inputs(q, k, v, names, _SDPA_HINT)
     if attn_mask is not None:
         raise ValueError("attn_mask is not supported (only is_causal masking); use torch's SDPA for masks")
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or dropout_p != 0.0:
+    if not isinstance(dropout_p, numbers.Real) or dropout_p != 0:  # numpy's zeros and False pass, as in torch's
         what = repr(dropout_p) if isinstance(dropout_p, (int, float, str)) else f"a {type(dropout_p).__name__}"
         raise ValueError(f"dropout_p must be 0.0 (the kernels have no dropout), got {what}")
     if not isinstance(enable_gqa, bool):

@@ -584,6 +584,17 @@ def test_sdpa_rejects_a_non_bool_enable_gqa_and_non_dense_inputs():
         fa_variants.scaled_dot_product_attention(q, k, v.to_sparse())
 
 
+@pytest.mark.parametrize("zero", [0, 0.0, -0.0, np.float32(0.0), np.float16(0.0), np.int64(0), False],
+                         ids=["int", "float", "negative-zero", "np.float32", "np.float16", "np.int64", "False"])
+def test_sdpa_takes_every_zero_dropout_torch_takes(zero):
+    """dropout_p of 0 in any real kind torch's SDPA takes (a numpy float32 0 was refused as "got a float32")."""
+    q, k, v = (t.transpose(1, 2) for t in qkv(dtype=torch.float64))
+    torch.testing.assert_close(fa_variants.scaled_dot_product_attention(q, k, v, dropout_p=zero),
+                               fa_variants.scaled_dot_product_attention(q, k, v), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="dropout_p must be 0.0"):
+        fa_variants.scaled_dot_product_attention(q, k, v, dropout_p=type(zero)(1))
+
+
 def test_public_names():
     assert set(fa_variants.__all__) >= {"attention", "scaled_dot_product_attention", "select_backend", "Selection"}
 
