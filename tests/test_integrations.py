@@ -349,7 +349,7 @@ def test_hf_refuses_what_it_cannot_express():
     (dict(backend="FA2"), ValueError, r"^unknown backend 'FA2'; choose from auto, fa3"),
     (dict(backend=None), TypeError, r"^backend must be a str, got None$"),
     (dict(name=None), TypeError, r"^name must be a non-empty str, got None$"),
-    (dict(name=""), TypeError, r"^name must be a non-empty str, got ''$"),
+    (dict(name=""), ValueError, r"^name must be a non-empty str, got ''$"),
     (dict(fallback="eager"), ValueError, r"^fallback must be None or 'sdpa', got 'eager'$"),
 ])
 def test_hf_register_checks_its_arguments(kwargs, exc, message):

@@ -231,8 +231,10 @@ def register(name: str = DEFAULT_NAME, *, backend: str = "auto", fallback: str |
             registering over it would replace it for the whole process (and the refusals' advice to use "sdpa"
             would lead back here).
     """
-    if not isinstance(name, str) or not name:
+    if not isinstance(name, str):
         raise TypeError(f"name must be a non-empty str, got {name!r}")
+    if not name:
+        raise ValueError("name must be a non-empty str, got ''")
     if not isinstance(backend, str):
         raise TypeError(f"backend must be a str, got {backend!r}")
     if backend != "auto" and backend not in dispatch.BACKENDS:
