@@ -308,10 +308,10 @@ def _traced_under_transforms(q, k, v, causal: bool, scale: float | None, backend
     vjp, jacrev, vmap, ...). The custom ops cannot serve there (PyTorch runs a custom op's autograd as an
     autograd.Function without torch.func support, and refuses it under a transform), so the reference backend's
     plain PyTorch is traced in their place, as an eager call under transforms runs it. The backend is resolved without
-    the dispatcher (which tracing cannot enter): the name given, else FA_VARIANTS_BACKEND, else the reference for CPU
-    inputs. Raises NotImplementedError, as eagerly (`_check_transforms`), for a kernel backend, for backend "auto" on
-    a GPU (name backend="reference"), and for seqlens_k / num_splits / pack_gqa."""
-    name = backend if backend != "auto" else dispatch.env_override() or ("reference" if q.device.type != "cuda" else None)
+    the dispatcher (which tracing cannot enter): the name given, else FA_VARIANTS_BACKEND, else the reference for
+    inputs not on a CUDA device. Raises NotImplementedError, as eagerly (`_check_transforms`), for a kernel backend,
+    for backend "auto" on a CUDA device (name backend="reference"), and for seqlens_k / num_splits / pack_gqa."""
+    name = backend if backend != "auto" else dispatch.env_override() or (None if q.is_cuda else "reference")
     if name != "reference":
         raise NotImplementedError(f"backend {name or 'auto'} on {q.device.type} inside torch.func transforms under "
                                   "torch.compile: only backend='reference' runs there (plain PyTorch); name it")

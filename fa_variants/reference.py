@@ -253,8 +253,8 @@ def _nonfinite_keys(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]
     Under ``torch.func.vmap`` over K or V, whose values cannot steer Python, and while torch.compile traces (the
     reference traced inside torch.func transforms), (v, None): there a hidden non-finite key reaches the rows of its
     product as on the kernels (NaN; the guarantee holds outside vmap and tracing)."""
-    if v.device.type == "meta" or torch.compiler.is_compiling():  # no values to look at (shapes only; traced
-        return v, None  # inside torch.func transforms, `api._traced_under_transforms`: as under vmap, below)
+    if v.device.type == "meta" or torch.compiler.is_compiling():  # meta: no values; traced: see above
+        return v, None
     bad = (~torch.isfinite(v)).flatten(2).any(dim=2).any(dim=0)  # (Nk,): a key with a non-finite V anywhere
     try:
         found = bool(bad.any())
