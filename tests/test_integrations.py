@@ -313,6 +313,12 @@ def test_a_mask_of_another_batch_or_heads_is_refused():
         hf.mask_is_causal(torch.ones(1, 1, 5, 5, dtype=torch.bool, device="meta"), 5, 5)
 
 
+def test_a_complex_mask_is_named_as_such():
+    """A complex mask is refused for its kind (an all-ones one was told it had "values other than 0 and 1")."""
+    with pytest.raises(hf.UnsupportedAttentionError, match=r"a complex64 mask \(a mask is bool, integer 0 / 1"):
+        hf.mask_is_causal(torch.ones(1, 1, 5, 5, dtype=torch.complex64), 5, 5)
+
+
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8])
 def test_integer_masks_are_read_as_0_1(dtype):
     """An integer 4-D mask (1 = attend) is classified like a boolean one; a padding mask gets the clear

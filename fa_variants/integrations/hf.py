@@ -62,8 +62,11 @@ def _visible(mask: torch.Tensor) -> torch.Tensor:
     if mask.dtype == torch.bool:
         return mask
     if not mask.is_floating_point():
-        if mask.is_complex() or not bool(((mask == 0) | (mask == 1)).all()):
-            raise _refuse(f"a {str(mask.dtype).removeprefix('torch.')} mask with values other than 0 and 1")
+        dtype = str(mask.dtype).removeprefix('torch.')
+        if mask.is_complex():
+            raise _refuse(f"a {dtype} mask (a mask is bool, integer 0 / 1 or additive float)")
+        if not bool(((mask == 0) | (mask == 1)).all()):
+            raise _refuse(f"a {dtype} mask with values other than 0 and 1")
         return mask != 0
     blocked = mask <= torch.finfo(mask.dtype).min / 2  # -inf or dtype-min: transformers' masked value
     if not bool(((mask == 0) | blocked).all()):
