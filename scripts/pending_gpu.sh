@@ -20,25 +20,21 @@
 # 2. then scripts/NAME_gpu.sh for each NAME, in order, each with the time left of CALL_BUDGET seconds (default 560),
 #    skipped when fewer than 100 s are left; logs in $OUT/pending/NAME.tar.xz, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
-#    Plan for session 46. Session 45 got two H100s (bench/h100-2026-12-06-s45): K4 passed (418; the probe at
-#    head_dim 256: the same 64 mod 128 residue only) and met CUDNN_WIDE's rule (cudnnwide / SDPA at D 256 N 4k 0.96 /
-#    0.99 queued against 1.14 / 1.16 sdpa and 1.31 / 1.48 cudnn): on since 764b843 (427 backward + compile passed);
-#    suite parts 2 (1311 passed) and 1 (3346, 3 two-GPU skips) on 1f613cd, so every part has passed across a57a640 /
-#    1f613cd. scripts/grad_host.py found our waited-for training step's gap to be host work (fwd / bwd host 287 / 723
-#    us against SDPA's 92 / 384 at D 128 N 1k) plus one host sync per step at D 128 N 1k; eager grad calls now skip
-#    the op's dispatcher (custom_op.EagerAttention, 7fc65ee: one run, 1.45 -> 1.19x SDPA's step there) and the O / dO
-#    layout check is cached (fd3c39e, not on a GPU yet). Decode S ran on the H100 (the call named nvidia-h200 kept
-#    the held H100): base / auto 1.015 geomean, no H200 figures yet. Name nvidia-h100-x1 or nvidia-h200 on each
-#    call, `status` first. In order:
-#    K5. `CALL_BUDGET=570 scripts/pending_gpu.sh backward` (~400 s cold; timeout_s 600): the backward tests on the
-#       final tree (EagerAttention, the cached layout), the timing and grad_host.py (the D 128 N 1k sync's Python
-#       stack in gradhost/syncs_*.txt, SDPA's backend in its profile); prediction in scripts/backward_gpu.sh. If the
-#       sync is ours, remove it (then K5's tests and grad_host again).
-#    E5. suite part 2 (`SUITE_SKIP=tests/test_backward_gpu.py scripts/suite_gpu.sh 2` when K5 ran that file on the
-#       same tree), then part 1: the eager grad path changed (package code), each its own call.
+#    Plan for session 47. Session 46 got one H100 for three calls (bench/h100-2026-12-06-s46; four tries for a machine
+#    got none, and each cost 90-180 s of the budget): K5 passed (418; cudnn / SDPA waited 1.13 / 1.17 at D 64 / 128
+#    N 1k, queued 1.04 / 1.03; 0.95-1.07 waited from N 4k), the "one host sync at D 128 N 1k" was the debug mode's
+#    own notice (no sync; grad_host skips it now), suite parts 2 (1311) and 1 (3346, 3 two-GPU skips) passed on
+#    dc6432b. After the device (CPU): torch.compile over torch.func transforms traces the reference in place of the
+#    custom op (api._traced_under_transforms), dropout_p zeros of numpy kinds, CLI size bounds, hf messages: package
+#    code, not yet on a GPU. Name nvidia-h100-x1 or nvidia-h200 on each call, `status` first. In order:
+#    C. `python3 -m pytest -q -n 4 -p no:cacheprovider tests/test_torch_compile.py tests/test_api.py
+#       tests/test_breaker_api.py tests/test_fp8_api.py tests/test_integrations.py` (~2 min cold): the api changes on
+#       a GPU (the traced transform branch is reached only under torch.func inside torch.compile; prediction: all
+#       pass, the new CPU tests unchanged on the GPU host).
 #    S. On an H200 only: `python3 scripts/decode_ab.py --s38 --variants base tiles-dual --rounds 6` (~35 s): the
 #       H100 gave base / auto 0.96-0.98 at D 64 Nk 2k / 4k (session 39) and 0.99-1.01 (session 45, geomean 1.015):
 #       on the H100 base is not faster; the H200's figures decide whether the base tiles rule is met anywhere.
+#    E6. suite parts 3 and 4 (`scripts/suite_gpu.sh 3`, then 4; each its own call): their last run was a57a640.
 #    Open: issue 10 (1100 TFLOP/s at D 256 N 16k: 1012 in session 30's call, 1084-1120 in session 27's; 1.4x bf16 at
 #    128: 1.15-1.20 non-causal (H100, session 38); 1.3x at 64: 1.06-1.08; two-level <= 5 % at 256; the pass at 70 %
 #    of copy; pass + kernel at N 4k causal), 12 (fa3 / flash-attn-4 >= 1.00 everywhere: 0.93-0.99 in session 30's
