@@ -598,15 +598,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
             return result
     _check_inputs(q, k, v)
     scale = _check_options(causal, softmax_scale, backend, return_lse)
-    if not _tracing(q):
+    tracing = _tracing(q)
+    if not tracing:
         _check_transforms(q, k, v, causal, backend)
-    if _tracing(q) and torch._C._are_functorch_transforms_active():
+    if tracing and torch._C._are_functorch_transforms_active():
         out, lse = _traced_under_transforms(q, k, v, causal, scale, backend, seqlens_k, num_splits, pack_gqa)
     elif num_splits is not None or pack_gqa is not None:
         out, lse = _with_split_options(q, k, v, causal, scale, backend, num_splits, pack_gqa, seqlens_k)
     elif seqlens_k is not None:
         out, lse = _with_seqlens_k(q, k, v, causal, scale, backend, seqlens_k)
-    elif _tracing(q):
+    elif tracing:
         out, lse = torch.ops.fa_variants.attention(q, k, v, causal, scale, backend)
     elif _kernel_autograd(q, k, v, causal, backend):  # planned: its next call takes the fast path above
         plan = _autograd_plan(causal, scale, backend)
