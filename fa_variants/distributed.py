@@ -4,7 +4,7 @@
     from fa_variants.distributed import context_parallel_attention, zigzag_shard, zigzag_unshard
     rank, world = dist.get_rank(), dist.get_world_size()
     q, k, v = (zigzag_shard(t, 1, rank, world) for t in (q_full, k_full, v_full))  # (B, ~N/world, H, D)
-    out = context_parallel_attention(q, k, v, causal=True)                         # this rank's rows of O
+    out = context_parallel_attention(q, k, v, causal=True, layout="zigzag")        # this rank's rows of O
 
 **Ring** (Liu, Zaharia and Abbeel, "Ring Attention with Blockwise Transformers", 2023). Every rank keeps its
 query shard and passes its K/V shard around the ring: at step s (0 <= s < world) rank r holds the K/V shard of
@@ -56,8 +56,9 @@ full sequence (tested with 2 and 4 gloo processes).
 
 **Supported.** Non-causal: any shards (the result does not depend on how keys are spread), seqlen_q and
 seqlen_k may differ and may differ between ranks (cross-attention). Causal: self-attention only (each rank's
-q and k shards hold the same tokens, seqlen_q == seqlen_k per rank), in zig-zag (default) or contiguous
-layout. Uneven lengths follow ``torch.tensor_split``: a sequence of N tokens cut into c chunks gives the first
+q and k shards hold the same tokens, seqlen_q == seqlen_k per rank), in zig-zag or contiguous layout, named
+by ``layout`` on every causal call: the shards carry no positions, so a layout other than the one they were cut
+in could not be detected and would give a wrong answer; without it a causal call raises ValueError. Uneven lengths follow ``torch.tensor_split``: a sequence of N tokens cut into c chunks gives the first
 N mod c chunks one token more; ``zigzag_shard``/``contiguous_shard`` cut that way, ``zigzag_unshard`` undoes it,
 and causal zig-zag shards of any other lengths raise ValueError. GQA/MQA as in ``fa_variants.attention``.
 A group of one (world of 1) is plain ``fa_variants.attention``. Forward only.
@@ -653,13 +654,16 @@ def _own_pieces(seqlen_q: int, seqlen_k: int, causal: bool, layout: str) -> list
 
 def _partial(q, k, v, causal: bool, scale: float, backend: str):
     """(out, lse) of one step's attention, as ``fa_variants.attention(..., return_lse=True)`` on ``backend`` (the
-    one ``context_parallel_attention`` resolved), except on the reference backend, whose LSE comes in float64
-    (``reference.run``'s wide_lse): the merge then keeps float64 inputs' precision (a float32 LSE would limit them to
-    ~1e-7), and an LSE beyond float32's range (|softmax_scale x score| above ~3.4e38, +inf as float32) still
-    weighs its partial correctly."""
+    one ``context_parallel_attention`` resolved), except on the reference backend, which returns its partial
+    unrounded (``reference.run``'s partial): O in float32 (float64 for float64 inputs) and the LSE in float64.
+    Then a merged row is rounded to the output dtype once, not once per step and again after the merge (in
+    bfloat16 that double rounding put some rows past twice the error of single-process attention), float64
+    inputs keep their precision through the merge (a float32 LSE would limit them to ~1e-7), and an LSE beyond
+    float32's range (|softmax_scale x score| above ~3.4e38, +inf as float32) still weighs its partial correctly.
+    The kernel backends return O in the input dtype, as FlashAttention's kernels do; their steps are rounded."""
     if backend != "reference":
         return api.attention(q, k, v, causal=causal, softmax_scale=scale, backend=backend, return_lse=True)
-    return reference.run(q, k, v, causal=causal, softmax_scale=scale, wide_lse=True)
+    return reference.run(q, k, v, causal=causal, softmax_scale=scale, partial=True)
 
 
 def _own_piece(q, k, v, piece: _Piece, causal: bool, scale: float, backend: str):
@@ -690,8 +694,12 @@ def _local_error(q, k, v, causal, softmax_scale, backend, return_lse, layout):
         api._check_inputs(q, k, v)
         scale = api._check_options(causal, softmax_scale, backend, return_lse)
         scale = default_softmax_scale(q.shape[-1]) if scale is None else scale
-        if not isinstance(layout, str) or layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        if layout is not None and (not isinstance(layout, str) or layout not in LAYOUTS):
+            raise ValueError(f"layout must be one of {LAYOUTS} or None, got {layout!r}")
+        if causal and layout is None:
+            raise ValueError("layout is required when causal: 'zigzag' for shards cut by zigzag_shard or "
+                             "'contiguous' for shards in sequence order (contiguous_shard); the shards carry no "
+                             "positions, so a wrong layout could not be detected")
         if causal and q.shape[1] != k.shape[1]:
             raise ValueError(f"causal context parallelism needs self-attention shards (the same tokens in q "
                              f"and k), but q has seqlen {q.shape[1]} and k has {k.shape[1]} on this rank")
@@ -738,7 +746,7 @@ def _show(field: str, value: int):
     if field == "device type":
         return _DEVICE_TYPES[value] if 0 <= value < len(_DEVICE_TYPES) else "another device"
     if field == "layout":
-        return LAYOUTS[value]
+        return LAYOUTS[value] if 0 <= value < len(LAYOUTS) else "none (not causal)"
     if field == "causal":
         return bool(value)
     if field == "softmax_scale":
@@ -748,7 +756,7 @@ def _show(field: str, value: int):
 
 def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                                softmax_scale: float | None = None, group=None, return_lse: bool = False,
-                               backend: str = "auto", layout: str = "zigzag"):
+                               backend: str = "auto", layout: str | None = None):
     """Attention over a sequence sharded along seqlen across the ranks of ``group`` (ring attention).
 
     Every rank of the group calls it with its own shards; the result is this rank's rows of the attention of
@@ -766,7 +774,9 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         group: the process group (default: the world group). A group of one runs plain attention.
         return_lse: also return the LSE, float32 (batch, num_heads, seqlen_q_shard), natural log.
         backend: the dispatcher's backend for every step ("auto", "fa3", "fa2", "reference", ...).
-        layout: "zigzag" (``zigzag_shard``, default) or "contiguous" (``contiguous_shard``); only causal uses it.
+        layout: how the shards were cut, required when causal (the shards carry no positions, so a wrong
+            layout would be a silent wrong answer): "zigzag" (``zigzag_shard``, load-balanced) or "contiguous"
+            (``contiguous_shard``, in order). Not causal: ignored (None, or either name).
 
     Returns:
         out (batch, seqlen_q_shard, num_heads, head_dim) in q's dtype (bfloat16 for e4m3: ``api.output_dtype``),
@@ -775,12 +785,14 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     Raises:
         RuntimeError: torch.distributed is not initialized.
         ValueError: this process is not in ``group``; any error of ``fa_variants.attention`` on this rank's
-            inputs; causal with seqlen_q != seqlen_k; an unknown layout; shards that do not fit together
+            inputs; causal with seqlen_q != seqlen_k; an unknown layout, or none when causal; shards that do not fit together
             across ranks (raised on every rank, naming the rank and the field); an unknown backend or one that
             cannot serve this rank's inputs (``BackendUnavailableError``), found before the exchange: that rank
             raises it, the others "rank r rejected its inputs". An exception from the own step's first piece
             (``OVERLAP_START``) is raised the same way, after the exchange.
-        TypeError: as ``fa_variants.attention``; a ``group`` that is not a ProcessGroup (or None).
+        TypeError: as ``fa_variants.attention``; a ``group`` that is not a ProcessGroup (or None). This one is
+            raised before the shape check, so only on the rank that passed it: the other ranks wait in the
+            check's all-gather until the group's timeout (the rank cannot tell a group it cannot name).
         NotImplementedError: an input requires grad (forward only).
 
     Source: Liu et al., Ring Attention with Blockwise Transformers (2023), sec. 3; load-balanced causal
@@ -795,6 +807,9 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         with torch.autocast(device_type, enabled=False):
             return context_parallel_attention(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group,
                                               return_lse=return_lse, backend=backend, layout=layout)
+    if group is dist.GroupMember.NON_GROUP_MEMBER:  # what dist.new_group hands a process outside the group
+        raise ValueError("this process is not a member of group (dist.new_group returned it the non-member "
+                         "sentinel): call context_parallel_attention only on the group's ranks")
     if group is not None and not isinstance(group, dist.ProcessGroup):
         raise TypeError(f"group must be a torch.distributed ProcessGroup or None, got {type(group).__name__}")
     group = dist.group.WORLD if group is None else group
@@ -838,7 +853,8 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 def _shape_row(q, k, causal: bool, layout: str, scale: float) -> list[int]:
     """This rank's row of the shape check (the fields of ``_FIELDS``) for valid inputs."""
     return [1, *q.shape, k.shape[1], k.shape[2], _DTYPES.index(q.dtype) if q.dtype in _DTYPES else len(_DTYPES),
-            _DEVICE_TYPES.index(q.device.type), int(causal), LAYOUTS.index(layout), _scale_bits(scale)]
+            _DEVICE_TYPES.index(q.device.type), int(causal), LAYOUTS.index(layout) if causal else -1,
+            _scale_bits(scale + 0.0)]  # layout: only causal uses it; + 0.0: -0.0 and 0.0 scale alike
 
 
 def _step_calls(plans, pieces: list[_Piece] | None,

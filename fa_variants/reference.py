@@ -340,17 +340,21 @@ def _softmax_raw(s: torch.Tensor, scale: float, visible: torch.Tensor | None,
 
 def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
         softmax_scale: float, seqlens_k: torch.Tensor | None = None,
-        wide_lse: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        partial: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``reference`` backend (kernel module contract): float32 maths (float64 for float64 inputs).
 
     Returns (out, lse): out (batch, seqlen_q, num_heads, head_dim) in q.dtype, lse float32 (batch, num_heads,
-    seqlen_q); with ``wide_lse`` the lse in float64, computed in it (``attention_reference``'s lse_dtype: what
-    context parallelism merges partials with). Works on any device and supports autograd (it is plain PyTorch).
+    seqlen_q). With ``partial`` (a partial result that context parallelism merges with others) nothing is
+    rounded: out stays in the maths' dtype (float32, float64 for float64 inputs) and the lse comes in float64,
+    computed in it (``attention_reference``'s lse_dtype), so a merged row is rounded to q.dtype once, at the end.
+    Works on any device and supports autograd (it is plain PyTorch).
     """
     dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     out, lse = attention_reference(q, k, v, causal=causal, softmax_scale=softmax_scale, dtype=dtype,
-                                   seqlens_k=seqlens_k, lse_dtype=torch.float64 if wide_lse else None)
-    return out.to(q.dtype), lse if wide_lse else lse.float()
+                                   seqlens_k=seqlens_k, lse_dtype=torch.float64 if partial else None)
+    if partial:
+        return out, lse
+    return out.to(q.dtype), lse.float()
 
 
 #: elements of one (batch, num_heads, rows, keys) score-sized tensor in ``run_backward``'s query-row chunks: 2^26,

@@ -411,7 +411,7 @@ def one_case(args, seqlen, causal, rank, world, dtype, gen_seed, device, hp_grou
 
     def ring(group=None):
         return cp.context_parallel_attention(qs, ks, vs, causal=causal, backend=args.backend, return_lse=True,
-                                             group=group)
+                                             group=group, layout="zigzag")
 
     def one():
         return fa_variants.attention(q, k, v, causal=causal, backend=args.backend)

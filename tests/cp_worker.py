@@ -32,7 +32,8 @@ def run_rank(rank: int, world: int, cases: list, out_dir: str) -> None:
     results = {}
     for case in cases:
         q, k, v = case["args"][rank]
-        group = singles[rank] if case["group"] == "self" else None
+        # "other": a group of one that this rank is not in (new_group gave it torch's non-member sentinel)
+        group = {"self": singles[rank], "other": singles[(rank + 1) % world]}.get(case["group"])
         distributed.OVERLAP_START = case.get("overlap_start", True)
         try:
             results[case["name"]] = context_parallel_attention(q, k, v, group=group, return_lse=True,

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).with_name("cp_worker.py")
 TIMEOUT_S = 150  # per launch (the worker stops its ranks after 90 s); a hang fails instead of blocking CI
 
-F32, F64 = torch.float32, torch.float64
+F16, BF16, F32, F64 = torch.float16, torch.bfloat16, torch.float32, torch.float64
 #: the merge tests run on the CPU (eager) and on one GPU, where the merge is the compiled one (``_compiled``)
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
@@ -56,6 +56,9 @@ GOOD = {
     "small_causal_zigzag_f64": dict(seqlen=12, dtype=F64, causal=True, layout="zigzag"),
     "tiny_causal_contiguous_f64": dict(seqlen=6, dtype=F64, causal=True, layout="contiguous"),  # 2, 2, 1, 1
     "tiny_noncausal_uneven_f64": dict(seqlen=5, dtype=F64, causal=False, layout="contiguous"),  # 2, 1, 1, 1
+    # 16-bit inputs: rounded once, after the merge (test_matches_single_process)
+    "causal_zigzag_bf16": dict(seqlen=40, dtype=BF16, causal=True, layout="zigzag", head_dim=32),
+    "noncausal_gqa_f16": dict(seqlen=33, dtype=F16, causal=False, layout="contiguous", heads=4, heads_kv=2),
     "after_errors_f64": dict(seqlen=17, dtype=F64, causal=True, layout="zigzag"),  # runs after the bad cases
     # distributed.OVERLAP_START off (check, post, then the whole own step; on elsewhere: head, check, tail)
     "check_first_causal_zigzag_uneven_f64": dict(seqlen=37, dtype=F64, causal=True, layout="zigzag",
@@ -95,7 +98,13 @@ def _cases(world: int, gen) -> tuple[dict, list]:
     # a group of one per rank: plain attention of the rank's own shard
     inputs["self_group"] = _inputs(gen, 12, F64)
     cases.append(dict(name="self_group", args=_sharded(inputs["self_group"], "contiguous", world),
-                      kwargs=[dict(causal=True, backend="reference")] * world, group="self"))
+                      kwargs=[dict(causal=True, layout="contiguous", backend="reference")] * world, group="self"))
+    # options that differ across ranks only where they mean the same: not causal, one rank names a layout (only
+    # causal reads it) and the scale 0.0 there is -0.0 elsewhere
+    inputs["same_meaning"] = _inputs(gen, 10, F64)
+    cases.append(dict(name="same_meaning", args=_sharded(inputs["same_meaning"], "contiguous", world),
+                      kwargs=[dict(causal=False, softmax_scale=0.0 if r == 0 else -0.0, backend="reference",
+                                   layout="zigzag" if r == 0 else None) for r in range(world)], group="world"))
     return inputs, cases
 
 
@@ -127,6 +136,11 @@ def _bad_cases(world: int, gen) -> list:
         # rank 1's next call (a result from mismatched calls, then a hang or a closed peer)
         dict(name="bad_backend", **with_rank1(good[1], dict(base, backend="fa2"))),
         dict(name="bad_backend_name", **with_rank1(good[1], dict(base, backend="fa9"))),
+        # causal without a layout: the shards carry no positions, so zig-zag shards read as contiguous (or the
+        # reverse) would be a silent wrong answer
+        dict(name="bad_no_layout", **with_rank1(good[1], dict(causal=True, backend="reference"))),
+        # every rank passes a group it is not in
+        dict(name="bad_not_member", args=good, kwargs=[base] * world, group="other"),
     ]
 
 
@@ -177,11 +191,21 @@ def test_matches_single_process(ring, name):
     assert_attention_ok(out, lse, q, k, v, spec["causal"], scale, what=where)
     single, single_lse = fa_variants.attention(q, k, v, causal=spec["causal"], softmax_scale=scale,
                                                backend="reference", return_lse=True)
+    assert max_abs_error(lse, single_lse) <= 1e-5, where  # the LSE returned is float32
+    if spec["dtype"] in (F16, BF16):
+        # the reference backend's partials come unrounded, so each output is the float32 result rounded once:
+        # within half a unit in the last place of it (plus the float32 maths' own difference), where rounding
+        # every step's partial and again after the merge gave up to a whole unit
+        exact = fa_variants.attention(q.float(), k.float(), v.float(), causal=spec["causal"], softmax_scale=scale,
+                                      backend="reference")
+        half_ulp = torch.finfo(spec["dtype"]).eps / 2 * torch.exp2(torch.floor(torch.log2(exact.abs())))
+        excess = (out.float() - exact).abs() - half_ulp - 1e-5 * exact.abs() - 1e-6
+        assert excess.max() <= 0, f"{where}: rounded more than once (excess {excess.max().item():.3g})"
+        return
     # not bitwise: the ring adds the keys in another order; float64 inputs merge in float64 (the reference
     # backend's partials carry a float64 LSE), so their tolerance is float64's, not float32's
     tol = 1e-12 if spec["dtype"] == F64 else 1e-5
     assert max_abs_error(out, single) <= tol, where
-    assert max_abs_error(lse, single_lse) <= 1e-5, where  # the LSE returned is float32
 
 
 def test_group_of_one_is_plain_attention(ring):
@@ -190,6 +214,16 @@ def test_group_of_one_is_plain_attention(ring):
         out, lse = results[rank]["self_group"]
         want, want_lse = fa_variants.attention(q, k, v, causal=True, backend="reference", return_lse=True)
         assert max_abs_error(out, want) <= 1e-12 and max_abs_error(lse, want_lse) <= 1e-6, (rank, seed)
+
+
+def test_options_of_the_same_meaning_fit_together(ring):
+    """Not causal, a layout on one rank and none on the others, and softmax_scale 0.0 against -0.0: accepted
+    (the shape check compares what the options mean), and the result is uniform attention over all keys."""
+    world, seed, inputs, results = ring
+    out, _ = _gathered(results, "same_meaning", "contiguous")
+    q, k, v = inputs["same_meaning"]
+    want = fa_variants.attention(q, k, v, softmax_scale=0.0, backend="reference")
+    assert max_abs_error(out, want) <= 1e-12, seed
 
 
 @pytest.mark.parametrize("name, every_rank, rank1", [
@@ -201,6 +235,8 @@ def test_group_of_one_is_plain_attention(ring):
     ("bad_causal_cross", None, None),
     ("bad_backend", "rank 1 rejected its inputs", "fa2 runs on sm_80"),
     ("bad_backend_name", "rank 1 rejected its inputs", "unknown backend 'fa9'"),
+    ("bad_no_layout", "rank 1 rejected its inputs", "layout is required when causal"),
+    ("bad_not_member", "this process is not a member of group", None),
 ])
 def test_bad_input_raises_on_every_rank(ring, name, every_rank, rank1):
     """Every rank raises a one-line ValueError (none hangs), and the group stays usable afterwards."""
@@ -357,7 +393,7 @@ def test_autocast_casts_the_inputs_as_attention_does(tmp_path):
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
     try:
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            out, lse = cp.context_parallel_attention(q, k, v, causal=True, return_lse=True)
+            out, lse = cp.context_parallel_attention(q, k, v, causal=True, layout="contiguous", return_lse=True)
     finally:
         dist.destroy_process_group()
     want, want_lse = fa_variants.attention(q.bfloat16(), k, v.bfloat16(), causal=True, return_lse=True)
