@@ -45,9 +45,12 @@ def _check_rank(tensors, names, layout) -> None:
             raise ValueError(f"{name} must be 4-D {layout}, got {t.dim()}-D shape {tuple(t.shape)}")
 
 
-_ATTENTION_HINT = (f"; attention takes {_LAYOUT}: for {_SDPA_LAYOUT} use "
+#: where the shapes would fit with seqlen and heads swapped (``_layout_hint``): conditional, since shapes that are
+#: wrong in the right layout (heads 4 : 3 with seqlen_q == seqlen_k) can fit swapped too
+_ATTENTION_HINT = (f"; attention takes {_LAYOUT}: if these are {_SDPA_LAYOUT}, use "
                    "fa_variants.scaled_dot_product_attention")
-_SDPA_HINT = f"; scaled_dot_product_attention takes {_SDPA_LAYOUT}: for {_LAYOUT} use fa_variants.attention"
+_SDPA_HINT = (f"; scaled_dot_product_attention takes {_SDPA_LAYOUT}: if these are {_LAYOUT}, use "
+              "fa_variants.attention")
 
 
 def _shapes_fit(shapes) -> bool:
@@ -649,7 +652,8 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
             head_dim). They are passed to ``attention`` as transposed views (no copy).
         attn_mask, dropout_p: accepted for signature compatibility; only None and 0.0 are supported.
         is_causal: causal mask. PyTorch aligns it top-left and we align bottom-right; the two agree when
-            seqlen_q == seqlen_k, so is_causal with seqlen_q != seqlen_k raises (use ``attention``).
+            seqlen_q == seqlen_k (and where either is 0), so is_causal with other seqlen_q != seqlen_k raises
+            (use ``attention``).
         scale: softmax scale; None means 1 / sqrt(head_dim).
         enable_gqa: as in PyTorch, num_heads != num_heads_kv needs enable_gqa=True.
         backend, return_lse: as in ``attention``.
@@ -693,7 +697,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         raise TypeError(f"is_causal must be a bool, got {is_causal!r}")
     if scale is not None:
         check_softmax_scale(scale, "scale")
-    if is_causal and q.shape[1] != k.shape[1]:
+    if is_causal and q.shape[1] != k.shape[1] and q.shape[1] and k.shape[1]:  # no rows or no keys: alike
         raise ValueError(f"is_causal with seqlen_q {q.shape[1]} != seqlen_k {k.shape[1]}: PyTorch aligns "
                          "the causal mask top-left, fa_variants bottom-right; call fa_variants.attention "
                          "(bottom-right) to choose explicitly")

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import fa_variants
 from fa_variants import dispatch, reference, registry
 from fa_variants.dispatch import BackendUnavailableError
-from helpers import (assert_backward_mode_keeps_pytorch, assert_grads_within_rule, exact_grads, lengths_loss_grads,
+from helpers import (assert_backward_mode_keeps_pytorch, seeded_generator, assert_grads_within_rule, exact_grads, lengths_loss_grads,
                      make_qkv)
 
 F16, BF16 = torch.float16, torch.bfloat16
@@ -626,17 +626,29 @@ def test_wrong_layout_errors_name_the_other_entry_point():
     seqlen and heads would not fit either."""
     q, kv = torch.randn(1, 32, 16, 64), torch.randn(1, 8, 12, 64)  # (B, H, N, D): 32:8 heads, seqlens 16 and 12
     with pytest.raises(ValueError, match=r"^num_heads 16 not divisible by num_heads_kv 12; attention takes \(batch, "
-                       r"seqlen, num_heads, head_dim\): for \(batch, num_heads, seqlen, head_dim\) use "
+                       r"seqlen, num_heads, head_dim\): if these are \(batch, num_heads, seqlen, head_dim\), use "
                        r"fa_variants\.scaled_dot_product_attention$"):
         fa_variants.attention(q, kv, kv)
     assert fa_variants.scaled_dot_product_attention(q, kv, kv, enable_gqa=True).shape == q.shape
     ql, kvl = q.transpose(1, 2).contiguous(), kv.transpose(1, 2).contiguous()  # (B, N, H, D) given to SDPA
     for gqa in (True, False):
         with pytest.raises(ValueError, match=r"; scaled_dot_product_attention takes \(batch, num_heads, seqlen, "
-                           r"head_dim\): for \(batch, seqlen, num_heads, head_dim\) use fa_variants\.attention$"):
+                           r"head_dim\): if these are \(batch, seqlen, num_heads, head_dim\), use "
+                           r"fa_variants\.attention$"):
             fa_variants.scaled_dot_product_attention(ql, kvl, kvl, enable_gqa=gqa)
     with pytest.raises(ValueError, match=r"^num_heads 16 not divisible by num_heads_kv 12$"):  # swapped: 5 % 3
         fa_variants.attention(torch.randn(1, 5, 16, 64), torch.randn(1, 3, 12, 64), torch.randn(1, 3, 12, 64))
+
+
+@pytest.mark.parametrize("nq, nk", [(0, 5), (5, 0), (0, 0)])
+def test_sdpa_is_causal_with_no_rows_or_no_keys_runs_as_torchs(nq, nk):
+    """Top-left and bottom-right alignment agree where seqlen_q or seqlen_k is 0 (nothing to mask, or rows that see
+    no key: output 0), so is_causal is accepted there as torch accepts it, and the result is torch's."""
+    g = seeded_generator()
+    q, k, v = (torch.randn(2, 3, n, 8, generator=g) for n in (nq, nk, nk))
+    out = fa_variants.scaled_dot_product_attention(q, k, v, is_causal=True)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert out.shape == want.shape and torch.equal(out, torch.zeros_like(want)) and torch.equal(want, out)
 
 
 def test_autocast_casts_the_inputs_as_for_sdpa():

@@ -351,6 +351,38 @@ def test_hf_refuses_what_it_cannot_express():
     assert weights is None and out.shape == (1, 4, 6, 16)
 
 
+@needs_hf
+@pytest.mark.parametrize("shapes, what", [
+    # multi-head latent attention (DeepSeek-V2 / V3): V's head_dim is not Q's / K's
+    (((2, 4, 5, 24), (2, 4, 5, 24), (2, 4, 5, 16)), "a value head_dim of 16 beside a query head_dim of 24"),
+    # key / value of batch 1 broadcast against the query's batch (sdpa's broadcasting)
+    (((3, 4, 5, 16), (1, 4, 5, 16), (1, 4, 5, 16)), "key / value batch 1 / 1 broadcast against query batch 3"),
+])
+def test_hf_shapes_sdpa_takes_fall_back(shapes, what):
+    """Shapes transformers' sdpa serves but fa_variants.attention does not are UnsupportedAttentionError (not a
+    plain ValueError), so that fallback="sdpa" runs them instead of the model failing."""
+    g = seeded_generator()
+    q, k, v = (torch.randn(s, generator=g) for s in shapes)
+    module = torch.nn.Module()
+    module.is_causal = True
+    with pytest.raises(hf.UnsupportedAttentionError, match=re.escape(what) + ".*attn_implementation='sdpa'"):
+        hf.attention_forward(module, q, k, v, None, backend="reference")
+    with pytest.warns(UserWarning, match=re.escape(what) + ".*: this call runs transformers' sdpa attention"):
+        out, _ = hf.attention_forward(module, q, k, v, None, backend="reference", fallback="sdpa")
+    kb, vb = k.expand(q.shape[0], -1, -1, -1), v.expand(q.shape[0], -1, -1, -1)
+    want = torch.nn.functional.scaled_dot_product_attention(q.double(), kb.double(), vb.double(), is_causal=True)
+    assert out.shape == (q.shape[0], q.shape[2], q.shape[1], v.shape[-1])
+    assert max_abs_error(out, want.transpose(1, 2)) <= 1e-5
+
+
+def test_hf_output_attentions_warns_that_no_weights_come():
+    q = torch.randn(1, 2, 3, 8)
+    with pytest.warns(UserWarning, match="returns no attention weights: output_attentions=True gives none"):
+        out, weights = hf.attention_forward(torch.nn.Module(), q, q, q, None, backend="reference",
+                                            output_attentions=True)
+    assert weights is None and out.shape == (1, 3, 2, 8)
+
+
 @pytest.mark.parametrize("kwargs, exc, message", [
     (dict(backend="FA2"), ValueError, r"^unknown backend 'FA2'; choose from auto, fa3"),
     (dict(backend=None), TypeError, r"^backend must be a str, got None$"),

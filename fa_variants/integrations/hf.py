@@ -123,7 +123,9 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
             bias), with a warning naming why; the other calls of the same model keep fa_variants. Soft-capping and
             attention sinks are refused either way (sdpa has neither).
         kwargs: other transformers keywords; ``softcap``, ``s_aux``, ``position_bias`` and a
-            ``sliding_window`` shorter than seqlen_k are refused, the rest ignored.
+            ``sliding_window`` shorter than seqlen_k are refused, ``output_attentions`` warns (no weights), the
+            rest ignored. A value head_dim other than the query's (multi-head latent attention) and key / value
+            batches broadcast against the query's are refused too (sdpa serves them: ``fallback``).
 
     Returns:
         (out (batch, seqlen_q, num_heads, head_dim) in query's dtype, None): no attention weights.
@@ -137,7 +139,11 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         if kwargs.get(name) is not None:
             raise _refuse(f"{name} (logit soft-capping / attention sinks)", "use attn_implementation='eager' for this "
                           "model (sdpa has no soft-capping or sinks either), e.g. model.set_attn_implementation('eager')")
+    if kwargs.get("output_attentions") and not torch.compiler.is_compiling():
+        warnings.warn("fa_variants attention returns no attention weights: output_attentions=True gives none "
+                      "(as with sdpa); use attn_implementation='eager' for them", stacklevel=2)
     try:
+        _check_expressible(query, key, value)
         causal = _causal_flag(module, query, key, attention_mask, dropout, is_causal, kwargs)
     except UnsupportedAttentionError as refused:
         if fallback is None:
@@ -164,6 +170,20 @@ def _sdpa_fallback(refused, module, query, key, value, attention_mask, dropout, 
         attention_mask = causal_visible(seqlen_q, seqlen_k, device=query.device)[None, None]
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                   is_causal=is_causal, **kwargs)
+
+
+def _check_expressible(query, key, value) -> None:
+    """UnsupportedAttentionError for shapes transformers' sdpa takes but ``fa_variants.attention`` does not: a
+    value head_dim other than the query's (multi-head latent attention, e.g. DeepSeek-V2 / V3) and key / value
+    batches that broadcast against the query's. Other bad shapes are left to ``fa_variants.attention``'s errors."""
+    if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (query, key, value)):
+        return
+    if value.shape[-1] != query.shape[-1]:
+        raise _refuse(f"a value head_dim of {value.shape[-1]} beside a query head_dim of {query.shape[-1]} "
+                      "(multi-head latent attention)")
+    if not key.shape[0] == value.shape[0] == query.shape[0]:
+        raise _refuse(f"key / value batch {key.shape[0]} / {value.shape[0]} broadcast against query batch "
+                      f"{query.shape[0]}")
 
 
 def _causal_flag(module, query, key, attention_mask, dropout, is_causal, kwargs) -> bool:
