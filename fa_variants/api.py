@@ -478,12 +478,20 @@ def _tracing(q) -> bool:
     return torch.compiler.is_compiling() or (type(q) is not torch.Tensor and not isinstance(q, torch.nn.Parameter))
 
 
+@torch.compiler.assume_constant_result
+def _autocast_available(device_type: str) -> bool:
+    """``torch.amp.is_autocast_available``, read by torch.compile as a constant of the trace: dynamo before torch
+    2.13 cannot trace the C function under it, so every compiled call on a CPU tensor failed there (fullgraph) or
+    broke its graph (session 47, torch 2.11)."""
+    return torch.amp.is_autocast_available(device_type)
+
+
 def autocast_device(q) -> str | None:
     """The device type whose ``torch.autocast`` is on for q's device, or None (also for a non-tensor q: the
     validation names it)."""
     if isinstance(q, torch.Tensor):
         device_type = "cuda" if q.is_cuda else q.device.type  # is_cuda: the per-call path's cheap test (~0.2 us)
-        if (device_type == "cuda" or torch.amp.is_autocast_available(device_type)) \
+        if (device_type == "cuda" or _autocast_available(device_type)) \
                 and torch.is_autocast_enabled(device_type):
             return device_type
     return None
