@@ -218,18 +218,20 @@ def build_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_of
     materialised boolean mask (batch, 1, q_length, kv_length) from transformers' ``sdpa_mask``, which
     ``attention_forward`` then accepts or refuses.
     """
-    from transformers import masking_utils as mu
+    # names from the submodule itself: "from transformers import masking_utils" goes through transformers' lazy
+    # top-level module, which dynamo before torch 2.13 cannot import under torch.compile ("Bad import result")
+    from transformers.masking_utils import bidirectional_mask_function, causal_mask_function, sdpa_mask
 
-    plain = mask_function in (None, mu.causal_mask_function, mu.bidirectional_mask_function)
-    causal_aligned = mask_function is mu.bidirectional_mask_function or (
+    plain = mask_function in (None, causal_mask_function, bidirectional_mask_function)
+    causal_aligned = mask_function is bidirectional_mask_function or (
         not isinstance(q_offset, torch.Tensor) and q_offset + q_length == kv_length)
     no_padding = attention_mask is None or bool(attention_mask.all())
     if plain and causal_aligned and no_padding and not isinstance(kv_offset, torch.Tensor) and kv_offset == 0:
         return None
     kwargs.update(allow_is_causal_skip=False, allow_is_bidirectional_skip=False)
-    return mu.sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
-                        kv_offset=kv_offset, mask_function=mask_function or mu.causal_mask_function,
-                        attention_mask=attention_mask, **kwargs)
+    return sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
+                     kv_offset=kv_offset, mask_function=mask_function or causal_mask_function,
+                     attention_mask=attention_mask, **kwargs)
 
 
 def register(name: str = DEFAULT_NAME, *, backend: str = "auto", fallback: str | None = None) -> str:
