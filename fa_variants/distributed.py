@@ -58,8 +58,9 @@ full sequence (tested with 2 and 4 gloo processes).
 seqlen_k may differ and may differ between ranks (cross-attention). Causal: self-attention only (each rank's
 q and k shards hold the same tokens, seqlen_q == seqlen_k per rank), in zig-zag or contiguous layout, named
 by ``layout`` on every causal call: the shards carry no positions, so a layout other than the one they were cut
-in could not be detected and would give a wrong answer; without it a causal call raises ValueError. Uneven lengths follow ``torch.tensor_split``: a sequence of N tokens cut into c chunks gives the first
-N mod c chunks one token more; ``zigzag_shard``/``contiguous_shard`` cut that way, ``zigzag_unshard`` undoes it,
+in could not be detected and would give a wrong answer; without it a causal call raises ValueError. Uneven
+lengths follow ``torch.tensor_split``: a sequence of N tokens cut into c chunks gives the first N mod c chunks
+one token more; ``zigzag_shard``/``contiguous_shard`` cut that way, ``zigzag_unshard`` undoes it,
 and causal zig-zag shards of any other lengths raise ValueError. GQA/MQA as in ``fa_variants.attention``.
 A group of one (world of 1) is plain ``fa_variants.attention``. Forward only.
 
@@ -785,11 +786,11 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     Raises:
         RuntimeError: torch.distributed is not initialized.
         ValueError: this process is not in ``group``; any error of ``fa_variants.attention`` on this rank's
-            inputs; causal with seqlen_q != seqlen_k; an unknown layout, or none when causal; shards that do not fit together
-            across ranks (raised on every rank, naming the rank and the field); an unknown backend or one that
-            cannot serve this rank's inputs (``BackendUnavailableError``), found before the exchange: that rank
-            raises it, the others "rank r rejected its inputs". An exception from the own step's first piece
-            (``OVERLAP_START``) is raised the same way, after the exchange.
+            inputs; causal with seqlen_q != seqlen_k; an unknown layout, or none when causal; shards that do
+            not fit together across ranks (raised on every rank, naming the rank and the field); an unknown
+            backend or one that cannot serve this rank's inputs (``BackendUnavailableError``), found before the
+            exchange: that rank raises it, the others "rank r rejected its inputs". An exception from the own
+            step's first piece (``OVERLAP_START``) is raised the same way, after the exchange.
         TypeError: as ``fa_variants.attention``; a ``group`` that is not a ProcessGroup (or None). This one is
             raised before the shape check, so only on the rank that passed it: the other ranks wait in the
             check's all-gather until the group's timeout (the rank cannot tell a group it cannot name).

@@ -20,21 +20,20 @@
 # 2. then scripts/NAME_gpu.sh for each NAME, in order, each with the time left of CALL_BUDGET seconds (default 560),
 #    skipped when fewer than 100 s are left; logs in $OUT/pending/NAME.tar.xz, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
-#    Plan for session 47. Session 46 got one H100 for three calls (bench/h100-2026-12-06-s46; four tries for a machine
-#    got none, and each cost 90-180 s of the budget): K5 passed (418; cudnn / SDPA waited 1.13 / 1.17 at D 64 / 128
-#    N 1k, queued 1.04 / 1.03; 0.95-1.07 waited from N 4k), the "one host sync at D 128 N 1k" was the debug mode's
-#    own notice (no sync; grad_host skips it now), suite parts 2 (1311) and 1 (3346, 3 two-GPU skips) passed on
-#    dc6432b. After the device (CPU): torch.compile over torch.func transforms traces the reference in place of the
-#    custom op (api._traced_under_transforms), dropout_p zeros of numpy kinds, CLI size bounds, hf messages: package
-#    code, not yet on a GPU. Name nvidia-h100-x1 or nvidia-h200 on each call, `status` first. In order:
-#    C. `python3 -m pytest -q -n 4 -p no:cacheprovider tests/test_torch_compile.py tests/test_api.py
-#       tests/test_breaker_api.py tests/test_fp8_api.py tests/test_integrations.py` (~2 min cold): the api changes on
-#       a GPU (the traced transform branch is reached only under torch.func inside torch.compile; prediction: all
-#       pass, the new CPU tests unchanged on the GPU host).
+#    Plan for session 48. Session 47 got H100s for three calls (bench/h100-2026-12-06-s47; five tries got none, ~90 s
+#    of budget each): the API test files on the GPU host's torch 2.11 failed 49 (torch.compile over CPU tensors:
+#    dynamo before torch 2.13 could not trace torch.amp.is_autocast_available; real_input_gpu ran fa3-fp8 at head_dim
+#    16), fixed; re-run 440 passed, 1 failed (hf.build_mask's import through transformers' lazy module, fixed in
+#    ac7fcf5, CPU-checked on torch 2.11); suite parts 3 (637) and 4 (334) passed. After the device (CPU):
+#    distributed (causal calls name their layout; unrounded reference partials; the non-member group error), hf (MLA
+#    V head_dim and broadcast K/V batches fall back to sdpa; output_attentions warns). Name nvidia-h100-x1 or
+#    nvidia-h200 on each call, `status` first. In order:
+#    C. `scripts/suite_gpu.sh cpu` (new part: every test not marked gpu, on the GPU host's torch; ~4-6 min cold with
+#       14 workers, est.): prediction: all pass (torch 2.11 CPU, without a GPU, passed them here in session 47).
 #    S. On an H200 only: `python3 scripts/decode_ab.py --s38 --variants base tiles-dual --rounds 6` (~35 s): the
 #       H100 gave base / auto 0.96-0.98 at D 64 Nk 2k / 4k (session 39) and 0.99-1.01 (session 45, geomean 1.015):
 #       on the H100 base is not faster; the H200's figures decide whether the base tiles rule is met anywhere.
-#    E6. suite parts 3 and 4 (`scripts/suite_gpu.sh 3`, then 4; each its own call): their last run was a57a640.
+#    E7. suite parts 1 and 2 on the current tree (last: dc6432b, session 46), each its own call.
 #    Open: issue 10 (1100 TFLOP/s at D 256 N 16k: 1012 in session 30's call, 1084-1120 in session 27's; 1.4x bf16 at
 #    128: 1.15-1.20 non-causal (H100, session 38); 1.3x at 64: 1.06-1.08; two-level <= 5 % at 256; the pass at 70 %
 #    of copy; pass + kernel at N 4k causal), 12 (fa3 / flash-attn-4 >= 1.00 everywhere: 0.93-0.99 in session 30's
