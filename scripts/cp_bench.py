@@ -623,7 +623,7 @@ def main() -> int:
     timeout = datetime.timedelta(seconds=300)
     if args.device == "cuda":
         if not torch.cuda.is_available():
-            sys.exit(f"cp_bench.py: error: no CUDA GPU here; the CPU smoke run is --device cpu --backend reference")
+            sys.exit("cp_bench.py: error: no CUDA GPU here; the CPU smoke run is --device cpu --backend reference")
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
         dist.init_process_group("nccl", device_id=device, timeout=timeout)
