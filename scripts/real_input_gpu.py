@@ -57,14 +57,6 @@ def rmse(x: torch.Tensor, ref: torch.Tensor) -> float:
     return (x.double() - ref.double()).pow(2).mean().sqrt().item()
 
 
-#: the head dims the fa3-fp8 kernel serves (fa_variants.fp8.layout.KERNEL_TILES; empty without the package)
-try:
-    from fa_variants.fp8.layout import KERNEL_TILES as _FP8_TILES
-    FP8_HEAD_DIMS = tuple(_FP8_TILES)
-except ImportError:
-    FP8_HEAD_DIMS = ()
-
-
 def _fp8_pieces():
     """(FP8Config, fp8_attention_reference, fp8_error_bound, kernel attention_fp8 or None), or None."""
     try:
@@ -124,9 +116,8 @@ def per_layer(fixture: fx.Fixture, device: torch.device, dtype: torch.dtype, not
         outputs["fp8 emulation"] = (emu, time.perf_counter() - start, [math.inf] * L)
         if kernel is None:
             notes.append("fa3-fp8: the kernel does not run here (fa_variants.fp8.attention.why_not): emulation only")
-        elif q.shape[-1] not in FP8_HEAD_DIMS:
-            notes.append(f"{dtype_name(dtype)}: fa3-fp8 skipped: head_dim {q.shape[-1]} (it serves {FP8_HEAD_DIMS}): "
-                         "emulation only")
+        elif reason := dispatch.why_not("fa3-fp8", capability, dtype, q.shape[-1]):  # e.g. its head dims
+            notes.append(f"{dtype_name(dtype)}: fa3-fp8 skipped: {reason}: emulation only")
         else:
             try:
                 start = time.perf_counter()

@@ -17,8 +17,8 @@ import torch.nn.functional as F
 import fa_variants
 from fa_variants import dispatch, reference, registry
 from fa_variants.dispatch import BackendUnavailableError
-from helpers import (assert_backward_mode_keeps_pytorch, seeded_generator, assert_grads_within_rule, exact_grads, lengths_loss_grads,
-                     make_qkv)
+from helpers import (assert_backward_mode_keeps_pytorch, assert_grads_within_rule, exact_grads, lengths_loss_grads,
+                     make_qkv, seeded_generator)
 
 F16, BF16 = torch.float16, torch.bfloat16
 

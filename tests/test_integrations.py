@@ -561,7 +561,8 @@ def test_real_input_script_reports_a_backend_that_raises(tiny_fixture, tmp_path,
 def test_real_input_script_skips_fa3_fp8_at_a_head_dim_it_does_not_serve(tiny_fixture, tmp_path, monkeypatch):
     """Where the fa3-fp8 kernel runs (an H100 / H200) but not at the fixture's head_dim (16), the script notes the
     skip, as for the other kernels; it called the kernel and listed its ValueError as a failure of the run (session
-    47's GPU run). The kernel is stood in for here by one that fails the test if called."""
+    47's GPU run). The H100 is stood in for by its compute capability, the kernel by one that fails the test if
+    called."""
     script = _script()
     FP8Config, reference, bound, _ = script._fp8_pieces()
 
@@ -569,10 +570,12 @@ def test_real_input_script_skips_fa3_fp8_at_a_head_dim_it_does_not_serve(tiny_fi
         raise AssertionError("fa3-fp8 was called at a head_dim it does not serve")
 
     monkeypatch.setattr(script, "_fp8_pieces", lambda: (FP8Config, reference, bound, kernel))
+    monkeypatch.setattr(script.dispatch, "device_capability", lambda device: (9, 0))
     assert script.main(["--fixture", str(tiny_fixture), "--out", str(tmp_path), "--dtypes", "fp16", "--no-e2e"]) == 0
     report = json.loads((tmp_path / "real_input.json").read_text())
     assert report["errors"] == []
-    assert any("fa3-fp8 skipped: head_dim 16" in note for note in report["notes"]), report["notes"]
+    assert any("fa3-fp8 skipped: fa3-fp8 does not support head_dim 16" in note for note in report["notes"]), \
+        report["notes"]
 
 
 def test_model_file_is_found_without_importing_its_package(monkeypatch, tmp_path):
