@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # suite_gpu.sh: the whole GPU suite (`-m "gpu and not slow"`) in four parts, one GPU call each, on one H100 or H200.
 #
-#   source .gpu/env.sh && scripts/suite_gpu.sh 1|2|3|4|slow|cpu   (repository root; writes under $OUT/suite<PART>; --help)
+#   source .gpu/env.sh && scripts/suite_gpu.sh 1|2|3|4|slow|cpu1|cpu2   (repository root; writes under $OUT/suite<PART>; --help)
 #
 # Why: on a cold machine (nothing compiled) the whole suite took 546 s in session 27 and no longer fit one 600 s call
 # in session 28 (82 % at 560 s). Part 2 was the last eight files in collection order (session 28, call 3: 1609 tests
@@ -11,9 +11,12 @@
 # file. tests/test_gpu_scripts.py checks that the lists together name every test file that has GPU tests, once.
 # "slow": the GPU tests marked slow, which parts 1-4 leave out (offsets past 2^31 elements: tests/test_edge_cases.py
 # ec15a / ec15b, tens of GB; session 32: 6 passed, 39 s).
-# "cpu": every test NOT marked gpu, on the GPU host's torch (2.11 there; CI and the fresh clones run the newest): the
-# CPU paths under another torch release. Session 47's first run of them there found torch.compile over CPU tensors
-# failing on torch 2.11 (dynamo could not trace two calls that newer releases trace). Its skips are not checked.
+# "cpu1", "cpu2": every test NOT marked gpu, on the GPU host's torch (2.11 there; CI and the fresh clones run the
+# newest): the CPU paths under another torch release, the test files taken alternately (sorted by name) into two
+# halves. Session 47's first run of them there found torch.compile over CPU tensors failing on torch 2.11 (dynamo
+# could not trace two calls that newer releases trace). Session 48's one-part run reached 79 % in 560 s with 8 workers
+# of 16 torch threads each on an H100 host, hence the halves, 14 workers (no GPU memory to share) and 1 torch
+# thread per worker (OMP_NUM_THREADS). Their skips are not checked.
 # The 25 slowest tests are listed (--durations=25: what to move when a part nears its limit). Every skipped test is
 # listed with its reason (-rs) and the count printed last: on one H200 the expected skips are
 # the tests that need a second GPU (ec18a, "needs two GPUs"); any other skip fails the call (step "skips"), a hole
@@ -39,8 +42,9 @@ case "${1:-}" in
   3) FILES=$PART3 ;;
   4) FILES=$PART4 ;;
   slow) FILES="$PART1 $PART2 $PART3 $PART4"; MARK="gpu and slow"; NPROC="" ;;  # serial: six 17-35 GB tests at once exceed 141 GB
-  cpu) FILES="tests"; MARK="not gpu" ;;
-  *) echo "suite_gpu.sh: PART must be 1, 2, 3, 4, slow or cpu, got '${1:-}'" >&2; exit 2 ;;
+  cpu1|cpu2) FILES=$(ls tests/test_*.py | sort | awk -v half="${1#cpu}" 'NR % 2 == half % 2'); MARK="not gpu"
+    NPROC=$(SUITE_WORKERS=${SUITE_WORKERS:-14} xdist_flag 14); export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} ;;
+  *) echo "suite_gpu.sh: PART must be 1, 2, 3, 4, slow, cpu1 or cpu2, got '${1:-}'" >&2; exit 2 ;;
 esac
 for skip in ${SUITE_SKIP:-}; do
   case " $FILES " in *" $skip "*) ;; *) echo "suite_gpu.sh: SUITE_SKIP names $skip, not in part $1" >&2; exit 2 ;; esac
@@ -52,7 +56,7 @@ step pytest 560 python3 -m pytest -q $NPROC -m "$MARK" -p no:cacheprovider --tb=
 echo; stop_clocks; cat "$LOGS/commit.txt"
 grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" "$LOGS/pytest.log" | tail -n 30
 echo "skipped: $(grep -cE '^SKIPPED' "$LOGS/pytest.log") reason lines"
-if [ "$1" != cpu ] && grep -E '^SKIPPED' "$LOGS/pytest.log" | grep -qv "needs two GPUs"; then
+if [ "${1#cpu}" = "$1" ] && grep -E '^SKIPPED' "$LOGS/pytest.log" | grep -qv "needs two GPUs"; then
   echo "unexpected skips (not the two-GPU tests):"; grep -E '^SKIPPED' "$LOGS/pytest.log" | grep -v "needs two GPUs"
   step_failed skips "unexpected"
 fi

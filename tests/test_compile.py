@@ -27,6 +27,22 @@ def test_cli_testkernel(compile_cli, arch):
     assert r["HMMA"] == 0 and r["LDL"] == 0 and r["STL"] == 0
 
 
+def test_missing_or_old_nvdisasm_is_one_line(monkeypatch):
+    """A machine whose only nvdisasm is an old CUDA toolkit's (session 48's GPU host: 13.0, the DSL needs >= 13.4)
+    gets one line naming the extra and the DSL's reason, not the DSL's multi-line coloured report."""
+    from cutlass.base_dsl import env_manager
+    from cutlass.base_dsl.common import DSLUserCodeError
+
+    def old(*_):
+        raise DSLUserCodeError("nvdisasm at '/usr/local/cuda/bin/nvdisasm' reports version 13.0, which is not\n"
+                               "supported for SASS dumping.", suggestion="pip install nvidia-cutlass-dsl[sass]")
+    monkeypatch.setattr(env_manager, "_find_nvdisasm_binary", old)
+    with pytest.raises(ImportError) as err:
+        cubin._nvdisasm()
+    msg = str(err.value)
+    assert "\n" not in msg and "\x1b" not in msg and "fa-variants[sass]" in msg and "version 13.0" in msg, msg
+
+
 def test_sass_counter_sees_instructions():
     c = registry.compiled(registry.static_config("testkernel", "sm_80", "bf16", 64, False))
     counts = cubin.count_sass(cubin.sass_of(c.cubin), ("LDG", "STG", "EXIT"))

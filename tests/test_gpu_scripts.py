@@ -455,8 +455,9 @@ def test_suite_parts_name_every_gpu_test_file_once():
     """scripts/suite_gpu.sh (session 28: the whole GPU suite no longer fits one call on a cold machine): its file
     lists (parts 1-4) together are exactly the test files with GPU tests (``-m "gpu and not slow"``), none in two, so
     a new GPU test file fails here until it is given a part; the slow GPU tests (part "slow") live in those files too;
-    a part other than 1, 2, 3, 4, slow or cpu is refused with a one-line error; skips are listed with their reasons
-    (-rs). Part "cpu" runs every test not marked gpu (the CPU paths on the GPU host's torch), its skips unchecked."""
+    a part other than 1, 2, 3, 4, slow, cpu1 or cpu2 is refused with a one-line error; skips are listed with their
+    reasons (-rs). Parts "cpu1" and "cpu2" run every test not marked gpu (the CPU paths on the GPU host's torch),
+    alternate test files each, their skips unchecked."""
     text = (ROOT / "scripts" / "suite_gpu.sh").read_text()
     parts = [set(re.search(rf'{name}="([^"]+)"', text).group(1).split())
              for name in ("PART1", "PART2", "PART3", "PART4")]
@@ -464,8 +465,8 @@ def test_suite_parts_name_every_gpu_test_file_once():
     every = set().union(*parts)
     assert sum(map(len, parts)) == len(every) and every == files, (files - every, parts)
     bad = subprocess.run(["bash", str(ROOT / "scripts" / "suite_gpu.sh"), "5"], capture_output=True, text=True, cwd=ROOT)
-    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "PART must be 1, 2, 3, 4, slow or cpu" in bad.stderr
-    assert 'cpu) FILES="tests"; MARK="not gpu"' in text and '[ "$1" != cpu ] && grep' in text
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "PART must be 1, 2, 3, 4, slow, cpu1 or cpu2" in bad.stderr
+    assert 'MARK="not gpu"' in text and '[ "${1#cpu}" = "$1" ] && grep' in text
     assert {i.split("::")[0] for i in collected_ids("-m", "gpu and slow")} <= every
     assert "-rfEs" in text  # skips listed; any but the two-GPU tests' (their reason, matched here) fails the call
     assert 'grep -v "needs two GPUs"' in text and 'pytest.skip("needs two GPUs' in (ROOT / "tests" / "test_edge_cases.py").read_text()

@@ -75,9 +75,10 @@ def _nvdisasm() -> str:
         from cutlass.base_dsl.env_manager import _find_nvdisasm_binary
 
         return _find_nvdisasm_binary()
-    except Exception as exc:  # noqa: BLE001 - report what is missing
-        raise ImportError("--sass needs nvdisasm, from the [sass] extra: pip install 'fa-variants[sass]'"
-                          f" ({type(exc).__name__}: {exc})") from exc
+    except Exception as exc:  # noqa: BLE001 - report what is missing, on one line
+        why = " ".join(str(getattr(exc, "message", None) or exc).split())  # the DSL's own error is several lines
+        raise ImportError("--sass needs nvdisasm >= 13.4, from the [sass] extra: pip install 'fa-variants[sass]'"
+                          f" ({why})") from exc
 
 
 def sass_of(cubin: bytes, encodings: bool = False) -> str:
