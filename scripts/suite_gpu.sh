@@ -23,6 +23,7 @@
 # to look at.
 # SUITE_SKIP=" FILE ..." leaves those files out of the part (a file another call ran on the same tree: say so where
 # the result is reported), e.g. SUITE_SKIP=tests/test_backward_gpu.py after scripts/pending_gpu.sh backward.
+# SUITE_LIMIT=S: the pytest step's limit in seconds (default 560, for a call that runs something else first).
 # Pass: pytest's "0 failed", no errors (an rc 124 after the "[100%]" line is xdist's teardown, not a failure).
 set -uo pipefail
 source "$(dirname "$0")/steps.sh"
@@ -52,7 +53,7 @@ for skip in ${SUITE_SKIP:-}; do
 done
 out="${OUT:-results}/suite$1"; session_setup "$out/logs"
 [ -n "${SUITE_SKIP:-}" ] && echo "== left out (SUITE_SKIP): $SUITE_SKIP" | tee -a "$LOGS/commit.txt"
-step pytest 560 python3 -m pytest -q $NPROC -m "$MARK" -p no:cacheprovider --tb=short -rfEs --durations=25 $FILES
+step pytest "${SUITE_LIMIT:-560}" python3 -m pytest -q $NPROC -m "$MARK" -p no:cacheprovider --tb=short -rfEs --durations=25 $FILES
 echo; stop_clocks; cat "$LOGS/commit.txt"
 grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" "$LOGS/pytest.log" | tail -n 30
 echo "skipped: $(grep -cE '^SKIPPED' "$LOGS/pytest.log") reason lines"
