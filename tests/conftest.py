@@ -63,9 +63,26 @@ def release_gpu_cache():
     helpers.release_cached_gpu_memory()
 
 
+#: set (to anything) where the [sass] extra cannot be installed (the GPU host's carried packages stop at 64 MiB,
+#: session 48): a test that needs nvdisasm and finds none new enough is SKIPPED with this reason instead of failing.
+#: Unset (CI, a dev install), a missing nvdisasm fails those tests.
+NO_SASS_ENV = "FA_VARIANTS_TESTS_WITHOUT_SASS"
+_NO_SASS = "--sass needs nvdisasm"
+
+
+def _skip_without_sass(text: str) -> None:
+    if os.environ.get(NO_SASS_ENV) and _NO_SASS in text:
+        pytest.skip(f"no nvdisasm >= 13.4 here ({NO_SASS_ENV} set): the SASS checks run in CI")
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     report = (yield).get_result()
+    if (report.failed and call.excinfo is not None and os.environ.get(NO_SASS_ENV)
+            and call.excinfo.errisinstance(ImportError) and _NO_SASS in str(call.excinfo.value)):
+        report.outcome = "skipped"
+        report.longrepr = (str(item.path), item.location[1] or 0,
+                           f"Skipped: no nvdisasm >= 13.4 here ({NO_SASS_ENV} set): the SASS checks run in CI")
     seeds = [value for key, value in item.user_properties if key == "seed"]
     if report.failed and seeds:
         report.sections.append(("seed", f"{helpers.SEED_ENV}={seeds[-1]} draws this test's inputs again "
@@ -106,7 +123,10 @@ def compile_cli(capsys):
 
     def run(*argv) -> dict:
         rc = cli.main(["compile", *argv])
-        out = capsys.readouterr().out.strip().splitlines()
+        captured = capsys.readouterr()
+        out = captured.out.strip().splitlines()
+        if rc != 0:
+            _skip_without_sass(captured.err + captured.out)
         assert rc == 0, out
         return json.loads(out[-1])
     return run

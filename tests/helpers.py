@@ -29,6 +29,14 @@ from fa_variants.reference import (References, attention_reference, causal_visib
 #: the repository root (tests/..)
 ROOT = Path(__file__).resolve().parents[1]
 
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """This process's environment for a child Python, the checkout first on PYTHONPATH and the caller's PYTHONPATH
+    kept after it (where the DSL may live: session 48's GPU host puts it there, and a child that lost it could not
+    import cutlass), plus ``extra``."""
+    path = os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
+    return {**os.environ, "PYTHONPATH": path, **extra}
+
 #: set to a failed test's printed seed to draw its inputs again (conftest's ``rng_seed``)
 SEED_ENV = "FA_VARIANTS_TEST_SEED"
 #: set to a failed run's printed session seed to draw the module-scoped fixtures' inputs again (``session_seed``)

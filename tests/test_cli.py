@@ -11,6 +11,7 @@ import torch
 
 from fa_variants import cli, demo, info
 from fa_variants.fp8 import study
+from helpers import subprocess_env
 
 
 def test_info_tables(capsys):
@@ -536,7 +537,7 @@ def test_cp_bench_on_cuda_without_a_gpu_is_one_line():
     root = Path(__file__).resolve().parents[1]
     proc = subprocess.run([sys.executable, str(root / "scripts" / "cp_bench.py"), "--device", "cuda"],
                           capture_output=True, text=True, timeout=120, cwd=root,
-                          env={**os.environ, "PYTHONPATH": str(root)})
+                          env=subprocess_env())
     err = proc.stderr.strip().splitlines()
     assert proc.returncode != 0 and len(err) == 1 and "no CUDA GPU here" in err[0], proc.stderr[-2000:]
 

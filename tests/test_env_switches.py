@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from fa_variants.common import env, switches
+from helpers import subprocess_env
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = sorted((ROOT / "fa_variants").rglob("*.py"))
@@ -95,7 +96,7 @@ def test_every_switch_is_read_through_common_env():
 def test_a_bad_switch_fails_the_import_with_one_line_naming_it():
     """An import-time switch with a value it does not take: the import fails with a ValueError whose one line
     names the variable (before: FA_VARIANTS_MERGE_WARP=yes2 imported fine, the switch silently off)."""
-    environ = dict(os.environ, FA_VARIANTS_MERGE_WARP="yes2", FA_VARIANTS_SPLIT_KV="false", PYTHONPATH=str(ROOT))
+    environ = subprocess_env(FA_VARIANTS_MERGE_WARP="yes2", FA_VARIANTS_SPLIT_KV="false")
     run = subprocess.run([sys.executable, "-c", "import fa_variants.common.split_combine"], env=environ,
                          capture_output=True, text=True, timeout=120)
     assert run.returncode != 0
@@ -106,7 +107,7 @@ def test_a_bad_switch_fails_the_import_with_one_line_naming_it():
 def test_a_switch_beyond_int32_names_itself():
     """FA_VARIANTS_FP8_SMOOTH_K_BLOCKS=2^31 broke `import fa_variants.fp8` with a message naming
     FP8Config.smooth_k_blocks (the module's default FP8Config() checks it), not the variable (session 27)."""
-    environ = dict(os.environ, FA_VARIANTS_FP8_SMOOTH_K_BLOCKS="2147483648", PYTHONPATH=str(ROOT))
+    environ = subprocess_env(FA_VARIANTS_FP8_SMOOTH_K_BLOCKS="2147483648")
     run = subprocess.run([sys.executable, "-c", "import fa_variants.fp8"], env=environ, capture_output=True,
                          text=True, timeout=120)
     assert run.returncode != 0
@@ -117,7 +118,7 @@ def test_a_switch_beyond_int32_names_itself():
 def test_a_bad_switch_stops_auto_instead_of_falling_back():
     """`auto` on an sm_90 with a mistyped fa3 switch: the one-line error naming the variable, not a fallback to a
     slower backend with a warning (registry reports other import failures as a reason to fall back)."""
-    environ = dict(os.environ, FA_VARIANTS_PACK_WIDE="yes", PYTHONPATH=str(ROOT))
+    environ = subprocess_env(FA_VARIANTS_PACK_WIDE="yes")
     code = "import torch; from fa_variants import dispatch; dispatch.select((9, 0), torch.bfloat16, 128)"
     run = subprocess.run([sys.executable, "-W", "error", "-c", code], env=environ, capture_output=True, text=True,
                          timeout=120)
@@ -228,7 +229,7 @@ def test_attention_on_the_cpu_refuses_a_bad_kernel_switch(setting):
     """Switches read at a kernel module's import were accepted by attention() on the CPU (no kernel module
     loads there): now the API's import refuses them, with one line naming the variable, without the DSL."""
     name, value = setting.split("=")
-    environ = dict(os.environ, PYTHONPATH=str(ROOT), **{name: value})
+    environ = subprocess_env(**{name: value})
     code = ("import sys, torch, fa_variants\n"
             "q = torch.randn(1, 4, 2, 64)\n"
             "try:\n"
@@ -332,7 +333,7 @@ def test_the_names_read_outside_the_package_are_the_tests_own():
 
 
 def test_the_cli_reports_an_unknown_name_in_one_line():
-    environ = dict(os.environ, PYTHONPATH=str(ROOT), FA_VARIANTS_PACKGQA="0")
+    environ = subprocess_env(FA_VARIANTS_PACKGQA="0")
     run = subprocess.run([sys.executable, "-m", "fa_variants", "info", "--json"], env=environ, capture_output=True,
                          text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-500:]

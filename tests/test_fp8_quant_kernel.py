@@ -19,7 +19,7 @@ from fa_variants.fp8 import FP8Config, layout
 from fa_variants.fp8 import quant_host as qh
 from fa_variants.fp8 import quant_kernel as qk
 from fa_variants.fp8.quantize import MIN_DESCALE, quantize_fp8, quantize_fp8_torch
-from helpers import nan_filled_allocations, seeded_generator
+from helpers import nan_filled_allocations, seeded_generator, subprocess_env
 
 PASSES = [qk.PassConfig(shift=True), qk.PassConfig(smooth=True), qk.PassConfig(rotate=False),
           qk.PassConfig(mode="amax", shift=True), qk.PassConfig(mode="given"), qk.PassConfig(role="v", rotate=False),
@@ -1063,14 +1063,11 @@ def test_wide_and_plans_on_by_default():
     import os
     import subprocess
     import sys
-    from pathlib import Path
-
     names = ("FA_VARIANTS_FP8_QUANT_WIDE", "FA_VARIANTS_FP8_QUANT_PLANS")
     if not any(os.environ.get(n, "").strip() for n in names):
         assert qh.V3_WIDE is True and qh.QUANT_PLANS is True
-    root = str(Path(__file__).resolve().parents[1])
     code = "from fa_variants.fp8 import quant_host as q; print(q.V3_WIDE, q.QUANT_PLANS)"
-    environ = dict(os.environ, PYTHONPATH=root, FA_VARIANTS_FP8_QUANT_WIDE="0", FA_VARIANTS_FP8_QUANT_PLANS="off")
+    environ = subprocess_env(FA_VARIANTS_FP8_QUANT_WIDE="0", FA_VARIANTS_FP8_QUANT_PLANS="off")
     run = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and run.stdout.split() == ["False", "False"], run.stderr[-500:]
 

@@ -4,7 +4,7 @@ import re
 import subprocess
 import sys
 
-from helpers import ROOT, collected_ids, load_script
+from helpers import ROOT, collected_ids, load_script, subprocess_env
 
 
 def test_fp8_quant_bandwidth_plan_and_summary(capsys, monkeypatch):
@@ -283,9 +283,7 @@ def test_quant_ncu_help_and_names(tmp_path):
     """scripts/quant_ncu.py (the ncu driver of the quantisation passes) on the CPU: --help answers; its default
     pipelines are labels of fp8_quant_bandwidth.py's PIPES; an unknown pipeline or recipe is refused in one line
     naming the option before any CUDA work (exit 2)."""
-    import os
-
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = subprocess_env()
     script = str(ROOT / "scripts" / "quant_ncu.py")
     ok = subprocess.run([sys.executable, script, "--help"], cwd=tmp_path, env=env, capture_output=True, text=True,
                         timeout=60)
