@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 
 import pytest
@@ -21,7 +20,6 @@ import torch
 
 pytest.importorskip("cutlass")
 
-from fa_variants import cli  # noqa: E402
 from fa_variants.ampere import fa1  # noqa: E402
 from fa_variants import registry  # noqa: E402
 from fa_variants.commands.compile import compile_only  # noqa: E402
@@ -47,13 +45,9 @@ def test_compiles_without_spills(head_dim, causal):
 
 
 @pytest.mark.compile
-def test_cli_reports_fa1(capsys):
+def test_cli_reports_fa1(compile_cli):
     """The issue's command: fa-variants compile --arch sm_80 --variant fa1 --head-dim 128 --dtype bf16 --sass."""
-    rc = cli.main(["compile", "--arch", "sm_80", "--variant", "fa1", "--head-dim", "128", "--dtype", "bf16",
-                   "--sass"])
-    out = capsys.readouterr().out.strip().splitlines()
-    assert rc == 0, out
-    r = json.loads(out[-1])
+    r = compile_cli("--arch", "sm_80", "--variant", "fa1", "--head-dim", "128", "--dtype", "bf16", "--sass")
     assert r["variant"] == "fa1" and r["head_dim"] == 128
     assert r["HMMA"] > 0 and r["LDL"] == 0 and r["STL"] == 0 and r["spill_bytes"] == 0
 
