@@ -399,11 +399,16 @@ def _config_k(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 
 def run_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, seqlens_k: torch.Tensor):
-    """`_with_seqlens_k` on plain tensors, eagerly (the body of ``torch.ops.fa_variants.attention_seqlens_k``)."""
-    seqlens_k, capturing = _check_lengths(q, k, seqlens_k)
+    """`_with_seqlens_k` on plain tensors, eagerly (the body of ``torch.ops.fa_variants.attention_seqlens_k``). A
+    call of a kind not planned yet is validated first with ``attention``'s rules, as `dispatch_and_run` validates:
+    a direct call of the op has not been (it ran mixed dtypes, a V of another head_dim, and out-of-range scales)."""
     key = _call_key(q, k, v, causal, scale, backend)
     key = None if key is None else ("seqlens_k", key)
     entry = dispatch.PLANS.get(key)  # (plan, the kernel module's switch state it was made under)
+    if entry is None:
+        _check_inputs(q, k, v)
+        _check_options(causal, scale, backend, False)
+    seqlens_k, capturing = _check_lengths(q, k, seqlens_k)
     if entry is not None and entry[1] == entry[2]():  # a switch flipped since: chosen again, as `launcher` does
         return entry[0](q, k, v, True, seqlens_k.contiguous())
     selection = dispatch.select_backend(q, k, v, causal=causal, backend=backend)
@@ -464,12 +469,13 @@ def _with_split_options(q, k, v, causal: bool, scale: float | None, backend: str
     return _lengths_plan(selection, module, q, k, v, causal, scale, config)(q, k, v, True, seqlens_k.contiguous())
 
 
-def _parameter_call(q) -> bool:
+def _parameter_call(q, k, v) -> bool:
     """An eager nn.Parameter q (not under tracing, which `_tracing` covers): with grad mode on its call goes
-    through the custom op's autograd (`_eager_autograd`). Not under torch.func transforms (grad, vmap, ...), whose
-    autograd is not the op's: the plain path serves it (the reference backend's autograd; a kernel backend that
-    needs a gradient has refused in one line)."""
-    return isinstance(q, torch.nn.Parameter) and not torch._C._are_functorch_transforms_active()
+    through the custom op's autograd (`_eager_autograd`). Not under torch.func transforms (grad, vmap, ...) nor for
+    inputs carrying a forward-mode tangent (`_transform`), whose autograd is not the op's (it has no jvp: "You must
+    implement the jvp function" from torch, for a tangent on k or v): the plain path serves them (the reference
+    backend's autograd; a kernel backend there has refused in one line, `_check_transforms`)."""
+    return isinstance(q, torch.nn.Parameter) and _transform(q, k, v) is None
 
 
 def _tracing(q) -> bool:
@@ -625,7 +631,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         out, lse = plan(q, k, v)
         if q.__class__ is torch.Tensor:  # what the fast path serves (not a Parameter)
             dispatch.remember_plan(_call_key(q, k, v, causal, softmax_scale, backend), plan)
-    elif _parameter_call(q) and _grad_mode():  # else nothing to record: the plain path below
+    elif _grad_mode() and _parameter_call(q, k, v):  # else nothing to record: the plain path below
         out, lse = _eager_autograd(q, k, v, causal, scale, backend)
     else:  # eagerly: the op's implementation itself, without the dispatcher's per-call cost
         out, lse = dispatch_and_run(q, k, v, causal, scale, backend, return_lse)

@@ -167,7 +167,10 @@ def _declared(name: str):
 
 
 def why_not(name: str, capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: int) -> str | None:
-    """Why backend ``name`` cannot serve (capability, dtype, head_dim); None if it can."""
+    """Why backend ``name`` cannot serve (capability, dtype, head_dim); None if it can. ValueError for a name
+    that is no backend (``auto`` included: it is a choice among them, `select`)."""
+    if name not in BACKENDS:  # (else "xyz runs on  only": no arch lists it)
+        raise ValueError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
     if name not in backends_for(capability):
         archs = supported_archs(name)
         where = "the inputs are on the CPU" if capability is None else f"this GPU is {arch_name(capability)}"

@@ -78,11 +78,15 @@ def causal_visible(seqlen_q: int, seqlen_k: int, *, row_start: int = 0, rows: in
 def check_seqlens_k(seqlens_k, batch: int, seqlen_k: int, device: torch.device, *, values: bool = True,
                     host_ok: bool = False) -> None:
     """Validate per-sequence KV lengths: an int32 tensor of shape (batch,) on q's device with every value in
-    [0, seqlen_k]. Raises TypeError / ValueError (one line naming ``seqlens_k``). ``values=False`` skips the
-    value check, which reads the tensor back to the host (a device sync; impossible during CUDA-graph capture).
+    [0, seqlen_k]. Raises TypeError / ValueError (one line naming ``seqlens_k``; TypeError also for a sparse or
+    nested tensor). ``values=False`` skips the value check, which reads the tensor back to the host (a device sync;
+    impossible during CUDA-graph capture).
     ``host_ok``: a CPU tensor is accepted too (``fa_variants.attention`` copies it to q's device)."""
     if not isinstance(seqlens_k, torch.Tensor):
         raise TypeError(f"seqlens_k must be a torch.Tensor of int32, got {type(seqlens_k).__name__}")
+    if seqlens_k.layout != torch.strided or seqlens_k.is_nested:  # (else a deep error from aminmax or .shape)
+        raise TypeError(f"seqlens_k must be a dense (strided) tensor, got layout {seqlens_k.layout}"
+                        + (" (nested)" if seqlens_k.is_nested else ""))
     if seqlens_k.dtype != torch.int32:
         raise TypeError(f"seqlens_k must have dtype torch.int32, got {seqlens_k.dtype}")
     if tuple(seqlens_k.shape) != (batch,):

@@ -356,3 +356,64 @@ def test_fp8_lse_is_never_nan_at_a_scale_near_its_limit():
     assert torch.isfinite(out).all() and not lse.isnan().any()
     torch.testing.assert_close(lse[clash], smoothed[clash])
     torch.testing.assert_close(lse[~clash], (smoothed + inputs.lse_shift)[~clash])
+
+
+# ------------------------------------------------------------------- session 48: API break-it pass (decode, op)
+
+@pytest.mark.parametrize("make", [lambda n: n.to_sparse(), lambda n: torch.nested.nested_tensor(list(n[:, None]))],
+                         ids=["sparse", "nested"])
+def test_a_sparse_or_nested_seqlens_k_is_named(make):
+    """A sparse seqlens_k failed inside ``torch.aminmax`` with a 93-line NotImplementedError, a nested one with
+    'Internal error: NestedTensorImpl doesn't support sizes'; both are one-line TypeErrors naming seqlens_k now."""
+    q, k, v = _qkv()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the nested-tensor prototype warning
+        seqlens_k = make(torch.tensor([3, 7], dtype=torch.int32))
+    with pytest.raises(TypeError, match=r"^seqlens_k must be a dense \(strided\) tensor, got layout"):
+        fa_variants.attention(q, k, v, seqlens_k=seqlens_k)
+
+
+@pytest.mark.parametrize("change, exc, message", [
+    (lambda q, k, v: (q, k.double(), v.double(), None), TypeError, r"^q has dtype torch.float32 but k has dtype"),
+    (lambda q, k, v: (q, k, v[..., :5], None), ValueError, r"^v has head_dim 5 but q has head_dim 8"),
+    (lambda q, k, v: (q[0], k[0], v[0], None), ValueError, r"^q must be 4-D"),
+    (lambda q, k, v: (q, k, v, 1e39), ValueError, r"^softmax_scale 1e\+39 is out of range"),
+], ids=["dtypes", "v_head_dim", "rank", "scale"])
+def test_the_seqlens_k_op_validates_a_direct_call(change, exc, message):
+    """``torch.ops.fa_variants.attention_seqlens_k`` called directly (eagerly) skipped ``attention``'s checks that
+    ``torch.ops.fa_variants.attention`` makes: mixed dtypes and a scale above MAX_SOFTMAX_SCALE ran on the reference,
+    a V of another head_dim returned an output of V's head_dim (not the shape its fake gives), a 3-D q was reported as
+    a seqlens_k of the wrong shape. It validates a call of a new kind as the other op does."""
+    q, k, v = _qkv(head_dim=8)
+    seqlens_k = torch.tensor([3, 7], dtype=torch.int32)
+    q, k, v, scale = change(q, k, v)
+    with pytest.raises(exc, match=message):
+        torch.ops.fa_variants.attention_seqlens_k(q, k, v, seqlens_k, False, scale, "auto")
+
+
+@pytest.mark.parametrize("name", ["xyz", "auto", "FA3"])
+def test_why_not_refuses_a_name_that_is_no_backend(name):
+    """``dispatch.why_not`` with a name that is no backend answered "xyz runs on  only; ..." (no arch lists it); it
+    raises as ``select`` does for an unknown name."""
+    from fa_variants import dispatch
+
+    with pytest.raises(ValueError, match=rf"^unknown backend '{name}'; choose from fa3, "):
+        dispatch.why_not(name, (9, 0), torch.bfloat16, 64)
+
+
+def test_forward_mode_ad_with_a_parameter_q():
+    """Forward-mode AD (``torch.autograd.forward_ad``), which the reference backend serves, with an nn.Parameter q and
+    a tangent on k: the Parameter's call went through the custom op's autograd (``custom_op.EagerAttention``), which
+    has no jvp: "You must implement the jvp function for custom autograd.Function" from torch. It takes the plain
+    path there, as a plain q does: the tangent is the float64 reference's."""
+    import torch.autograd.forward_ad as fwAD
+
+    q, k, v = (t.double() for t in _qkv(seqlen_q=5, seqlen_k=3))
+    tangent = torch.randn_like(k)
+    with fwAD.dual_level():
+        out = fa_variants.attention(torch.nn.Parameter(q), fwAD.make_dual(k, tangent), v, causal=True)
+        want = _reference64(q, fwAD.make_dual(k, tangent), v, causal=True)[0]
+        got, expected = fwAD.unpack_dual(out).tangent, fwAD.unpack_dual(want).tangent
+    assert got is not None
+    torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-9)
+    assert (got[:, :2] == 0).all()  # causal rows 0 and 1 see no key (bottom-right, 5 queries on 3 keys)

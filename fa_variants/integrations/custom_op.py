@@ -80,7 +80,9 @@ def attention_seqlens_k_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, se
                            softmax_scale: float | None, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
     """``fa_variants.attention(..., seqlens_k=...)`` while traced: ``api.run_seqlens_k`` (fa3 and fa2 read the
     lengths in their kernels, so the op runs inside a CUDA graph of ``mode="reduce-overhead"`` too; outside capture
-    the lengths are checked, one read-back). Its backward is the reference backend's (`_seqlens_k_backward`)."""
+    the lengths are checked, one read-back; a call of a kind not planned yet is validated with
+    ``fa_variants.attention``'s rules first, as the other op's body validates: a direct ``torch.ops`` call has not
+    been). Its backward is the reference backend's (`_seqlens_k_backward`)."""
     from fa_variants import api
     from fa_variants.common import workspace
     with workspace.uncached():
