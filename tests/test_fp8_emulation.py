@@ -434,3 +434,13 @@ def test_rows_crossing_the_exact_form_limit(monkeypatch):
     monkeypatch.setattr(emulation, "FFMA_LIMIT", math.inf)
     ffma, ffma_lse = emulate_fp8_attention(inputs, accumulator="truncate")
     assert rel_l2(out, ffma) <= 2e-2 and (lse - ffma_lse).abs().max() <= 1e-3
+
+
+def test_the_emulation_runs_on_meta_tensors():
+    """Meta tensors (shapes only, e.g. shape inference): quantisation ran, but the emulation raised "Tensor.item()
+    cannot be called on meta tensors" from its test for huge rows (a break-it pass, session 49). Now the shapes and
+    dtypes of a real call, as fa_variants.attention's reference gives on meta."""
+    q, k, v = (torch.randn(2, n, h, 64, device="meta") for n, h in ((5, 4), (300, 2), (300, 2)))
+    out, lse = fp8_attention_reference(q, k, v, causal=True, out_dtype=torch.bfloat16)
+    assert out.is_meta and out.shape == (2, 5, 4, 64) and out.dtype == torch.bfloat16
+    assert lse.is_meta and lse.shape == (2, 4, 5) and lse.dtype == torch.float32

@@ -500,3 +500,37 @@ def test_promote_interval_checks_head_dim():
         with pytest.raises(exc, match="^head_dim must be"):
             cfg.promote_interval(bad)
     assert cfg.promote_interval(64) >= 1 and FP8Config(promote_every=3).promote_interval(128) == 3
+
+
+def test_heights_past_int64_are_one_line_value_errors():
+    """A block or tile taller than int64 holds (FP8Inputs.block_m / block_n, quantize_fp8_torch's block_n, the
+    emulation's tile_m) was an OverflowError ("int too big to convert") from inside torch's arange in dequantize or
+    the emulation (a break-it pass, session 49): now a ValueError naming the argument. 2^63 - 1 itself still works,
+    the same as any height of one block."""
+    from fa_variants.fp8 import emulate_fp8_attention
+
+    q, k, v = torch.randn(1, 5, 2, 64), torch.randn(1, 7, 1, 64), torch.randn(1, 7, 1, 64)
+    inp = quantize_fp8_torch(q, k, v, block_n=16)  # one block of 7 keys, one of 5 query rows
+    for name in ("block_m", "block_n"):
+        with pytest.raises(ValueError, match=rf"^FP8Inputs\.{name} must be <= 2\^63 - 1"):
+            dataclasses.replace(inp, **{name: 2**70})
+    with pytest.raises(ValueError, match=r"^block_n must be a positive multiple of 16 up to 2\^63 - 1"):
+        quantize_fp8_torch(q, k, v, block_n=2**70)
+    with pytest.raises(ValueError, match=r"^tile_m must be <= 9223372036854775807"):
+        emulate_fp8_attention(inp, tile_m=2**63)
+    tallest = dataclasses.replace(inp, block_m=2**63 - 1, block_n=2**63 - 1)
+    out, lse = emulate_fp8_attention(tallest, tile_m=2**63 - 1)
+    ref_out, ref_lse = emulate_fp8_attention(inp)
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)  # the same computation: one block either way
+    assert all(torch.equal(a, b) for a, b in zip(tallest.dequantize(), inp.dequantize()))
+    assert quantize_fp8_torch(q, k, v, block_n=2**63 - 16).k_descale.shape == (1, 1, 1)
+
+
+def test_a_given_k_mean_on_another_device_is_named():
+    """quantize_fp8_torch(k_mean=...) on another device than k (meta here, a GPU's elsewhere) was torch's
+    RuntimeError from inside the subtraction ("Tensor on device meta is not on the expected device cpu!"): now the
+    one-line ValueError naming k_mean, as for a wrong shape or dtype."""
+    q, k, v = torch.randn(1, 5, 2, 64), torch.randn(1, 7, 1, 64), torch.randn(1, 7, 1, 64)
+    with pytest.raises(ValueError, match=r"^k_mean must be a float32 tensor of shape \(1, 1, 64\) on k's device "
+                                         r"\(cpu\), got torch.float32 \(1, 1, 64\) on meta$"):
+        quantize_fp8_torch(q, k, v, k_mean=torch.zeros(1, 1, 64, device="meta"))

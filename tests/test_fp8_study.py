@@ -303,7 +303,11 @@ def test_a_refused_merge_or_run_leaves_no_output_folder(capsys, tmp_path):
     for n, argv in enumerate((["--merge", str(tmp_path / "missing.json")], ["--merge", a, b],
                               ["--backend", "emulation", "--sweeps", "layer"])):
         out = tmp_path / f"out{n}"
-        assert cli.main(["fp8-study", *argv, "--out", str(out)]) == 2, argv
+        try:
+            code = cli.main(["fp8-study", *argv, "--out", str(out)])
+        except SystemExit as exc:  # argparse's own error: a --merge file that is not there (since session 49)
+            code = exc.code
+        assert code == 2, argv
         err = capsys.readouterr().err.strip().splitlines()
         assert err[-1].startswith("fa-variants fp8-study: error: "), err
         assert not out.exists(), argv
@@ -319,3 +323,47 @@ def test_an_emulation_run_on_a_gpu_machine_records_the_cpu(capsys, monkeypatch, 
     assert cli.main(["fp8-study", "--out", str(tmp_path), "--no-e2e", "--sweeps", "p", "--backend", "emulation"]) == 0
     setup = json.loads((tmp_path / "fp8_study.json").read_text())["setup"]
     assert setup["device"] == "cpu" and "EMULATION" in setup["fp8_source"]
+
+
+@pytest.mark.parametrize("kind", ["missing", "folder"])
+def test_merge_names_a_file_that_is_not_there(capsys, tmp_path, kind):
+    """--merge of a missing path was OSError's "[Errno 2] No such file or directory" (a folder: "[Errno 21] Is a
+    directory"), naming no flag (a break-it pass, session 49): now argparse's line naming --merge, as for
+    --text-file and --fixture, and no output folder."""
+    path = tmp_path / "absent.json" if kind == "missing" else tmp_path
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["fp8-study", "--merge", str(path), "--out", str(tmp_path / "out")])
+    assert exc.value.code == 2
+    why = "does not exist" if kind == "missing" else "is not a file"
+    assert f"argument --merge: '{path}' {why}" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--sweeps", "p", "--head-dims", "64"], "--head-dims does"),
+    (["--sweeps", "p", "--fixture", "{file}"], "--fixture does"),
+    (["--sweeps", "p", "--no-e2e", "--model-dir", "{tmp}/no-such-model"], "--model-dir does"),
+    (["--sweeps", "inputs", "--no-e2e", "--text-file", "{file}", "--model-dir", "{tmp}"], "--model-dir, --text-file do"),
+])
+def test_a_run_refuses_flags_no_part_of_it_reads(capsys, tmp_path, flags, named):
+    """A flag of a run that nothing the run does reads (--head-dims without the head_dim sweep, --fixture without
+    the layer sweep, --model-dir / --text-file with neither the layer sweep nor the end-to-end part) was dropped
+    without a word, a --model-dir not even looked at (a break-it pass, session 49): now one line naming it, exit
+    status 2, before any work and without an output folder, as --merge refuses the flags of a run."""
+    file = tmp_path / "given.txt"
+    file.write_text("text")
+    argv = [a.replace("{file}", str(file)).replace("{tmp}", str(tmp_path)) for a in flags]
+    assert cli.main(["fp8-study", *argv, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith(f"fa-variants fp8-study: error: {named} not apply to --sweeps")
+    assert not (tmp_path / "out").exists()
+
+
+def test_run_study_names_an_unknown_backend_or_method():
+    """run_study took any other backend as the emulation without a word and an unknown method was a KeyError
+    traceback (a break-it pass, session 49): now ValueErrors naming them, before any case runs."""
+    case = study.Case("p", "normal", 4, 4, 1, 8)
+    with pytest.raises(ValueError, match="^backend must be 'auto', 'emulation' or 'kernel', got 'gpu'$"):
+        study.run_study([case], backend="gpu")
+    with pytest.raises(ValueError, match="^unknown method 'nope'; choose from torch-fp16, "):
+        study.run_study([case], methods=["tensor", "nope"], backend="emulation")

@@ -137,3 +137,23 @@ def test_seeds_do_not_depend_on_the_split():
     whole = study.sweep_cases(["p", "head_dim"], quick=True, gpu=False)
     part = study.sweep_cases(["head_dim"], quick=True, gpu=False, head_dims=[256])
     assert part and part == [c for c in whole if c.sweep == "head_dim" and c.head_dim == 256]
+
+
+def test_a_fixture_beside_a_model_keeps_the_end_to_end_part(folder, tmp_path, capsys):
+    """--model-dir with --fixture: the fixture fed the per-layer sweep and the loaded model's end-to-end part was
+    dropped without a word (e2e null, real_model null; a break-it pass, session 49). Now the layer sweep reads the
+    fixture and the model runs the end-to-end part."""
+    path, _ = folder
+    model, tok = model_dir.load_model_dir(path)
+    ids = tok(FIRST_PARAGRAPH, return_tensors="pt").input_ids
+    fixture = study_model.capture_layers(model, ids, text=FIRST_PARAGRAPH, model_name="tiny")
+    fixture_file = fixture.save(tmp_path / "fixture.pt.xz")
+    text = tmp_path / "text.txt"
+    text.write_text(FIRST_PARAGRAPH)
+    out = tmp_path / "out"
+    assert cli.main(["fp8-study", "--backend", "emulation", "--sweeps", "layer", "--model-dir", str(path),
+                     "--fixture", str(fixture_file), "--text-file", str(text), "--out", str(out)]) == 0
+    run = json.loads((out / "fp8_study.json").read_text())
+    assert {r["layer"] for r in run["rows"]} == {0, 1}
+    assert run["e2e"] is not None and run["e2e"]["layers"] == 2 and str(path) in run["setup"]["real_model"]
+    assert "End to end on the real model" in capsys.readouterr().out

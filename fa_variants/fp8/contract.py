@@ -16,18 +16,20 @@ import torch
 from fa_variants.common.checks import is_int
 from fa_variants.common.scale import check_softmax_scale
 from fa_variants.fp8 import layout
-from fa_variants.fp8.quantize import E4M3, FP8Config, FP8Inputs
+from fa_variants.fp8.quantize import E4M3, MAX_BLOCK_ROWS, FP8Config, FP8Inputs
 from fa_variants.fp8.quantize import _field_tensor as _tensor
 
 __all__ = ["check_fp8_inputs", "check_accumulator_bits", "check_tile_m"]
 
 
-def _optional_int(name: str, value, low: int, what: str) -> None:
-    """None, or an int >= low; ``what``: the unit and what None means, for the ValueError."""
+def _optional_int(name: str, value, low: int, what: str, high: int | None = None) -> None:
+    """None, or an int >= low (and <= high); ``what``: the unit and what None means, for the ValueError."""
     if value is not None and not is_int(value):
         raise TypeError(f"{name} must be an int or None, got {value!r}")
     if value is not None and value < low:
         raise ValueError(f"{name} must be >= {low} {what}, got {value}")
+    if value is not None and high is not None and value > high:
+        raise ValueError(f"{name} must be <= {high} {what}, got {value}")
 
 
 def check_fp8_inputs(inputs: FP8Inputs) -> None:
@@ -128,5 +130,6 @@ def check_accumulator_bits(bits) -> None:
 
 
 def check_tile_m(tile_m) -> None:
-    """``emulate_fp8_attention``'s tile_m: None (the kernel's) or an int >= 1 (query rows per CTA tile)."""
-    _optional_int("tile_m", tile_m, 1, "(query rows per CTA tile) or None (the kernel's)")
+    """``emulate_fp8_attention``'s tile_m: None (the kernel's) or an int in [1, 2^63 - 1] (query rows per CTA tile;
+    ``quantize.MAX_BLOCK_ROWS``: a taller one was an OverflowError from inside torch)."""
+    _optional_int("tile_m", tile_m, 1, "(query rows per CTA tile) or None (the kernel's)", MAX_BLOCK_ROWS)

@@ -196,8 +196,8 @@ def emulate_fp8_attention(inputs: FP8Inputs, *, causal: bool = False, accumulato
         TypeError: inputs not FP8Inputs, causal not a bool, out_dtype not a floating-point torch.dtype of 16 bits
             or more, accumulator_bits / tile_m not ints (or None); a field of inputs of the wrong type or dtype.
         ValueError: an unknown accumulator model or units, or units other than "absolute" with promote_every > 1;
-            accumulator_bits < 0, tile_m < 1; inputs that break FP8Inputs' contract (shapes, seqlen_k, v_t's
-            padding, devices, a softmax_scale < 0 or not finite, k_mean / lse_shift not matching
+            accumulator_bits < 0, tile_m < 1 or > 2^63 - 1; inputs that break FP8Inputs' contract (shapes, seqlen_k,
+            v_t's padding, devices, a softmax_scale < 0 or not finite, k_mean / lse_shift not matching
             config.smooth_k: ``contract.check_fp8_inputs``).
     """
     _check_arguments(inputs, causal, accumulator_bits, tile_m, out_dtype, accumulator, units)
@@ -295,7 +295,7 @@ def _softmax_step(S: torch.Tensor, c: torch.Tensor, m: torch.Tensor):
     # one FFMA, S * c + (P_SHIFT - m), rounded once (float64 holds the fp32 product exactly)
     x = (S.double() * c.double() + (P_SHIFT - m_safe).unsqueeze(-1).double()).float()
     huge = ~(m_safe.abs() < FFMA_LIMIT)  # |m| >= 2^11 or NaN: the exact form
-    if huge.any():
+    if huge.is_meta or huge.any():  # meta tensors have no values to test: the torch.where, shapes only
         x = torch.where(huge.unsqueeze(-1), _huge_rows(S, raw, c, m_safe), x)
     alpha = torch.where(m_new == -math.inf, torch.ones_like(m), torch.exp2(m - m_safe))
     return m_new, alpha, torch.exp2(x)

@@ -88,6 +88,7 @@ __all__ = [
     "E4M3_MAX",
     "MIN_DESCALE",
     "ZERO_BLOCK_DESCALE",
+    "MAX_BLOCK_ROWS",
     "GRANULARITIES",
     "fwht",
     "paley_hadamard_12",
@@ -108,6 +109,9 @@ MIN_DESCALE_EXPONENT = -110
 MIN_DESCALE = 2.0 ** MIN_DESCALE_EXPONENT
 #: an all-zero block's descale (and inverse): 1, not the floor (see the module docstring, item 3)
 ZERO_BLOCK_DESCALE = 1.0
+#: the tallest block (FP8Inputs.block_m / block_n, quantize_fp8_torch's block_n, the emulation's tile_m): int64's
+#: largest value, the most torch can index rows with (a taller one was an OverflowError from inside torch's arange)
+MAX_BLOCK_ROWS = 2**63 - 1
 GRANULARITIES = ("block", "head", "tensor")
 #: ``FP8Config.smooth_k_blocks``' default (read at import): None, K's mean over every token; an int m, over m
 #: evenly spaced K tiles (``k_sample_tiles``: the GPU pass then reads K once). FA_VARIANTS_FP8_SMOOTH_K_BLOCKS=m
@@ -380,10 +384,10 @@ class FP8Inputs:
     block_m: query rows per Q descale (``layout.TILE_M``). block_n: keys per K / V descale; None (the default)
         means ``tiles_for(head_dim)[1]``, the kernel's tile_n at this head_dim (``layout.KERNEL_TILES``). The
         fa3-fp8 kernel needs block_n equal to its tile_n and refuses other heights (ValueError).
-    Raises ValueError (naming the field) when a descale's shape does not match its block height (TypeError: q or a
-    descale not a tensor). The rest of the contract is checked where caller-built inputs enter
-    (``emulate_fp8_attention``, ``attention_from_fp8``: ``fa_variants.fp8.contract.check_fp8_inputs``), not here:
-    construction is on every quantise call's host path.
+    Raises ValueError (naming the field) when a descale's shape does not match its block height, or a block height
+    is not an int in [1, 2^63 - 1] (``MAX_BLOCK_ROWS``) (TypeError: q or a descale not a tensor). The rest of the
+    contract is checked where caller-built inputs enter (``emulate_fp8_attention``, ``attention_from_fp8``:
+    ``fa_variants.fp8.contract.check_fp8_inputs``), not here: construction is on every quantise call's host path.
     """
 
     q: torch.Tensor
@@ -416,6 +420,8 @@ class FP8Inputs:
             value = getattr(self, name)
             if not is_int(value) or value < 1:
                 raise ValueError(f"FP8Inputs.{name} must be a positive int, got {value!r}")
+            if value > MAX_BLOCK_ROWS:
+                raise ValueError(f"FP8Inputs.{name} must be <= 2^63 - 1 (rows torch can index), got {value}")
             object.__setattr__(self, name, int(value))
         for name, blocks in (("q_descale", -(-self.q.shape[1] // self.block_m)),
                              ("k_descale", -(-self.seqlen_k // self.block_n)),
@@ -608,23 +614,28 @@ def quantize_fp8_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, con
 
     Arguments, result and errors as :func:`quantize_fp8`. Float32 throughout (float64 inputs are rounded
     to float32 first). The GPU pass computes the same operations in the same order.
-    block_n: keys per K/V descale; None: the kernel's tile_n (``tiles_for``). Another height is for studies
+    block_n: keys per K/V descale, a multiple of ``layout.V_TOKEN_GROUP`` up to 2^63 - 1 (``MAX_BLOCK_ROWS``;
+    ValueError otherwise); None: the kernel's tile_n (``tiles_for``). Another height is for studies
     and A/B runs (the kernel then needs a config whose tile_n is block_n; ``FP8Inputs.block_n`` records it).
     k_mean: float32 (batch, num_heads_kv, head_dim) on k's device, K's mean over tokens to subtract (with
     ``config.smooth_k``) instead of this module's ``k_mean(k)``: another summation order of the same mean
-    (the GPU pass's own, to compare the rest bit for bit). ValueError for a wrong shape or dtype.
+    (the GPU pass's own, to compare the rest bit for bit). ValueError for a wrong shape, dtype or device.
     """
     scale = _check(q, k, v, config, softmax_scale)
     D = q.shape[-1]
     tile_m, tile_n = tiles_for(D)
     if block_n is not None:
-        if not is_int(block_n) or block_n < 1 or block_n % layout.V_TOKEN_GROUP:
-            raise ValueError(f"block_n must be a positive multiple of {layout.V_TOKEN_GROUP}, got {block_n!r}")
+        if not is_int(block_n) or not 1 <= block_n <= MAX_BLOCK_ROWS or block_n % layout.V_TOKEN_GROUP:
+            raise ValueError(f"block_n must be a positive multiple of {layout.V_TOKEN_GROUP} up to 2^63 - 1, got "
+                             f"{block_n!r}")
         tile_n = int(block_n)
     given_mean = k_mean
     if given_mean is not None and (not isinstance(given_mean, torch.Tensor) or given_mean.dtype != torch.float32
-                                   or given_mean.shape != (k.shape[0], k.shape[2], D)):
-        raise ValueError(f"k_mean must be a float32 tensor of shape {(k.shape[0], k.shape[2], D)}")
+                                   or given_mean.shape != (k.shape[0], k.shape[2], D) or given_mean.device != k.device):
+        got = (f"{given_mean.dtype} {tuple(given_mean.shape)} on {given_mean.device}"
+               if isinstance(given_mean, torch.Tensor) else type(given_mean).__name__)
+        raise ValueError(f"k_mean must be a float32 tensor of shape {(k.shape[0], k.shape[2], D)} on k's device "
+                         f"({k.device}), got {got}")
     qf, kf, vf = (_as_float32(name, t) for name, t in (("q", q), ("k", k), ("v", v)))
     rot = HadamardRotation(D, config.seed)
     signs = rot.signs if config.rotate else torch.ones(D, device="cpu")

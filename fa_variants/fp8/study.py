@@ -213,7 +213,13 @@ def run_study(cases: list[Case], *, methods=None, backend: str = "auto", fixture
     float64 (None when not run); on the kernel path also ``emulation`` (the emulation's errors) and
     ``kernel_vs_emulation`` (max |O_kernel - O_emulation|). backend: "auto" | "emulation" | "kernel"
     (ValueError if "kernel" is asked for where it cannot run, or if a case's inputs or its float64 reference
-    cannot be allocated: sizes too large for the device, named as demo names them)."""
+    cannot be allocated: sizes too large for the device, named as demo names them; ValueError for another backend or
+    a method not in ``METHODS``, before any work)."""
+    if backend not in ("auto", "emulation", "kernel"):
+        raise ValueError(f"backend must be 'auto', 'emulation' or 'kernel', got {backend!r}")
+    unknown = [m for m in (methods or ()) if m not in METHODS]
+    if unknown:
+        raise ValueError(f"unknown method {unknown[0]!r}; choose from {', '.join(METHODS)}")
     kernel = backend in ("auto", "kernel") and kernels_available()
     if backend == "kernel" and not kernel:
         raise ValueError(_no_kernel())
@@ -448,10 +454,11 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--text-file", type=existing_file, default=None,
                         help="text of the real-model parts (default: the opening of A Tale of Two Cities)")
     parser.add_argument("--fixture", type=existing_file, default=None,
-                        help="real-input fixture for the per-layer sweep when no model is loaded (default: found "
-                             "as demo finds it)")
+                        help="real-input fixture for the per-layer sweep, in place of the model's own capture (a "
+                             "model still runs the end-to-end part); default where no model is loaded: found as demo "
+                             "finds it")
     parser.add_argument("--no-e2e", action="store_true", help="skip the end-to-end real-model run")
-    parser.add_argument("--merge", type=Path, nargs="+", default=None, metavar="JSON", action=_Distinct,
+    parser.add_argument("--merge", type=existing_file, nargs="+", default=None, metavar="JSON", action=_Distinct,
                         help="run nothing: merge fp8_study.json files of earlier runs into one report under --out; "
                              "the runs must agree on what the report's headers state (seed, torch, device, FP8 "
                              "source, each sweep's fixed sizes) and share no case, else an error")
@@ -461,7 +468,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 def _real_model(args, gpu: bool):
     """(model, input_ids, fixture, name) for the real-model parts; model None where none is available (said
-    on stderr), fixture None where the per-layer sweep has no input."""
+    on stderr), fixture None where the per-layer sweep has no input. A --fixture feeds the per-layer sweep even where
+    a model is loaded (--model-dir), which then runs the end-to-end part (before, that part was dropped without a
+    word)."""
     from fa_variants.integrations.fixture import load_real_input
 
     want_layers, want_e2e = "layer" in args.sweeps, not args.no_e2e
@@ -481,13 +490,15 @@ def _real_model(args, gpu: bool):
             model, name = model.to("cuda" if gpu else "cpu"), MODEL_NAME
         except ImportError as exc:
             print(f"fp8-study: no real model ({exc}; or pass --model-dir)", file=sys.stderr)  # with the install hint
-    if model is None or args.fixture is not None:
+    if model is None:
         fixture = load_real_input(args.fixture) if want_layers else None
         if want_layers and fixture is None:
             print("fp8-study: no real model and no real-input fixture: the per-layer sweep is skipped", file=sys.stderr)
         return model, None, fixture, None
     text = args.text_file.read_text() if args.text_file else study_model.TEXT
     ids = tokenizer(text, return_tensors="pt").input_ids
+    if want_layers and args.fixture is not None:  # the fixture named: the per-layer sweep reads it
+        return model, ids, load_real_input(args.fixture), name
     fixture = study_model.capture_layers(model, ids, text=text, model_name=name) if want_layers else None
     return model, ids, fixture, name
 
@@ -630,6 +641,18 @@ def merge_cli(args: argparse.Namespace) -> int:
     return 0
 
 
+def _unread_flags(args: argparse.Namespace) -> list[str]:
+    """The flags of a run that no part it runs reads: --head-dims without the head_dim sweep, --fixture without the
+    layer sweep, --model-dir / --text-file with neither the layer sweep nor the end-to-end run (before, each was
+    dropped without a word, and a --model-dir was not even looked at)."""
+    real = "layer" in args.sweeps or not args.no_e2e
+    unread = {"--head-dims": args.head_dims is not None and "head_dim" not in args.sweeps,
+              "--fixture": args.fixture is not None and "layer" not in args.sweeps,
+              "--model-dir": args.model_dir is not None and not real,
+              "--text-file": args.text_file is not None and not real}
+    return [flag for flag, given in unread.items() if given]
+
+
 def _command_line() -> str:
     """This process's command line as a shell takes it (an argument with a space quoted), for the report."""
     return shlex.join(["fa-variants", *sys.argv[1:]])
@@ -646,6 +669,10 @@ def run_cli(args: argparse.Namespace) -> int:
         raise not_applicable(stray, "to --merge (it rebuilds the report from the saved runs as they are)")
     if args.merge:
         return merge_cli(args)
+    unread = _unread_flags(args)
+    if unread:
+        raise not_applicable(unread, f"to --sweeps {' '.join(args.sweeps)}{' --no-e2e' if args.no_e2e else ''} "
+                                     f"(no part of this run reads {'them' if len(unread) > 1 else 'it'})")
     gpu = args.backend != "emulation" and kernels_available()
     if args.backend == "kernel" and not gpu:  # asked for by name: not the emulation in its place
         raise ValueError("--" + _no_kernel())
