@@ -174,7 +174,7 @@ def why_not(name: str, capability: tuple[int, int] | None, dtype: torch.dtype, h
     if name not in backends_for(capability):
         archs = supported_archs(name)
         where = "the inputs are on the CPU" if capability is None else f"this GPU is {arch_name(capability)}"
-        return f"{name} runs on {', '.join(archs)} only; {where}"
+        return f"{name} runs on {', '.join(archs)} only; {where}{_refused_anywhere(name, dtype, head_dim)}"
     if is_newer_gpu(capability) and name not in FALLBACK_BACKENDS:
         arch = interop.arch_of_capability(*capability)
         if arch not in SM80_CODE_ARCHS:  # the sm80 kernels are built for the newer archs the DSL compiles for
@@ -187,6 +187,21 @@ def why_not(name: str, capability: tuple[int, int] | None, dtype: torch.dtype, h
     if isinstance(loaded, str):
         return loaded
     return loaded.can_implement(dtype, head_dim)
+
+
+def _refused_anywhere(name: str, dtype: torch.dtype, head_dim: int) -> str:
+    """What of the call backend ``name`` refuses on any GPU (its declared dtypes and head dims, `registry.Entry`),
+    as a clause for the wrong-device reason (else a float32 call asked of fa3-fp8 on the CPU heard only of the
+    device); "" when nothing."""
+    entry = registry.ENTRIES.get(name)
+    if entry is None or not entry.dtypes:
+        return ""
+    problems = []
+    if _dtype_name(dtype) not in entry.dtypes:
+        problems.append(f"{', '.join(entry.dtypes)} inputs (not {_dtype_name(dtype)})")
+    if entry.head_dims is not None and head_dim not in entry.head_dims:
+        problems.append(f"head_dim {', '.join(map(str, entry.head_dims))} (not {head_dim})")
+    return f"; and it takes {' and '.join(problems)}" if problems else ""
 
 
 # ------------------------------------------------------------------------------------------- choosing

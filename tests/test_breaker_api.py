@@ -6,6 +6,7 @@ The float64 reference here is written out (a dense mask, ``repeat_interleave`` f
 ``fa_variants.reference``.
 """
 import math
+import re
 import warnings
 
 import pytest
@@ -417,3 +418,16 @@ def test_forward_mode_ad_with_a_parameter_q():
     assert got is not None
     torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-9)
     assert (got[:, :2] == 0).all()  # causal rows 0 and 1 see no key (bottom-right, 5 queries on 3 keys)
+
+
+@pytest.mark.parametrize("dtype, head_dim, clause", [
+    (torch.float32, 64, r"; and it takes float16, bfloat16, float8_e4m3fn inputs \(not float32\)$"),
+    (torch.bfloat16, 40, r"; and it takes head_dim 64, 96, 128, 256 \(not 40\)$"),
+    (torch.bfloat16, 64, r"the inputs are on the CPU$"),
+])
+def test_a_backend_on_the_wrong_device_also_names_what_it_refuses_anywhere(dtype, head_dim, clause):
+    """fa3-fp8 asked for float32 inputs on the CPU heard only "runs on sm_90 only; the inputs are on the CPU", as if
+    a GPU would serve the call: the reason also names the dtypes / head dims it refuses on any GPU."""
+    from fa_variants import dispatch
+
+    assert re.search(clause, dispatch.why_not("fa3-fp8", None, dtype, head_dim))
