@@ -173,7 +173,7 @@ def why_not(name: str, capability: tuple[int, int] | None, dtype: torch.dtype, h
         raise ValueError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
     if name not in backends_for(capability):
         archs = supported_archs(name)
-        where = "the inputs are on the CPU" if capability is None else f"this GPU is {arch_name(capability)}"
+        where = "the inputs are not on a CUDA GPU" if capability is None else f"this GPU is {arch_name(capability)}"
         return f"{name} runs on {', '.join(archs)} only; {where}{_refused_anywhere(name, dtype, head_dim)}"
     if is_newer_gpu(capability) and name not in FALLBACK_BACKENDS:
         arch = interop.arch_of_capability(*capability)
@@ -293,7 +293,7 @@ def _select(capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: in
                                       + ", ".join(f"backend={n!r}" for n in able))
     chosen = auto_able[0]
     if capability is None:
-        return Selection(chosen, "auto: no CUDA device (inputs on the CPU); the reference path "
+        return Selection(chosen, "auto: the inputs are not on a CUDA GPU (CPU, meta, ...); the reference path "
                                  "(plain PyTorch) is the only backend", able)
     # faster backends skipped for a reason other than serving another dtype family
     skipped = [problems[n] for n in names[:names.index(chosen)] if not _serves_other_dtypes(n, dtype)]

@@ -75,7 +75,7 @@ def _bad_inputs():
         ("backend-int", (q, k, v), {"backend": 2}, TypeError, "backend must be a str"),
         ("backend-unknown", (q, k, v), {"backend": "fa9"}, ValueError, "unknown backend 'fa9'"),
         ("backend-kernel-on-cpu", (q, k, v), {"backend": "fa2"}, BackendUnavailableError,
-         r"fa2 runs on .* only; the inputs are on the CPU; and it takes head_dim 64, 96, 128, 256 \(not 16\); "
+         r"fa2 runs on .* only; the inputs are not on a CUDA GPU; and it takes head_dim 64, 96, 128, 256 \(not 16\); "
          "backends that can: reference"),
     ]
     return [pytest.param(*case[1:], id=case[0]) for case in cases]

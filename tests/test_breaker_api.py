@@ -423,7 +423,7 @@ def test_forward_mode_ad_with_a_parameter_q():
 @pytest.mark.parametrize("dtype, head_dim, clause", [
     (torch.float32, 64, r"; and it takes float16, bfloat16, float8_e4m3fn inputs \(not float32\)$"),
     (torch.bfloat16, 40, r"; and it takes head_dim 64, 96, 128, 256 \(not 40\)$"),
-    (torch.bfloat16, 64, r"the inputs are on the CPU$"),
+    (torch.bfloat16, 64, r"the inputs are not on a CUDA GPU$"),
 ])
 def test_a_backend_on_the_wrong_device_also_names_what_it_refuses_anywhere(dtype, head_dim, clause):
     """fa3-fp8 asked for float32 inputs on the CPU heard only "runs on sm_90 only; the inputs are on the CPU", as if
@@ -431,3 +431,11 @@ def test_a_backend_on_the_wrong_device_also_names_what_it_refuses_anywhere(dtype
     from fa_variants import dispatch
 
     assert re.search(clause, dispatch.why_not("fa3-fp8", None, dtype, head_dim))
+
+
+def test_the_reason_for_meta_inputs_does_not_say_cpu():
+    """Inputs on the meta device were said to be "on the CPU" (capability None covers every non-CUDA device)."""
+    q = torch.empty(1, 4, 2, 64, device="meta", dtype=torch.bfloat16)
+    assert fa_variants.select_backend(q, q, q).reason.startswith("auto: the inputs are not on a CUDA GPU")
+    with pytest.raises(fa_variants.BackendUnavailableError, match=r"the inputs are not on a CUDA GPU; backends"):
+        fa_variants.select_backend(q, q, q, backend="fa3")

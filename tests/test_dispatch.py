@@ -157,7 +157,7 @@ def test_explicit_backend(kernels):
      "fa3 does not support head_dim 96 (supports 64, 128, 256); backends that can: fa2, reference"),
     (SM80, "fa3", BF16, 128, "fa3 runs on sm_90 only; this GPU is sm_80; backends that can: fa2, fa1, reference"),
     (None, "fa2", BF16, 128,
-     "fa2 runs on sm_80, sm_86, sm_89, sm_90, newer GPUs only; the inputs are on the CPU; backends that can: "
+     "fa2 runs on sm_80, sm_86, sm_89, sm_90, newer GPUs only; the inputs are not on a CUDA GPU; backends that can: "
      "reference"),
     (SM90, "fa2", FP32, 64,
      "fa2 does not support dtype float32 (supports float16, bfloat16); backends that can: reference"),
