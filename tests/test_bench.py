@@ -654,3 +654,65 @@ def test_a_rerun_removes_the_charts_it_did_not_rewrite(tmp_path):
         (out / name).write_bytes(b"old")
     report.write_reports(rep, out, charts=False)
     assert sorted(p.name for p in out.glob("*.png")) == ["mine.png"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--decode", "--warmup", "5", "--rep", "7"], "--warmup, --rep do not apply to --decode"),
+    (["--decode", "--input-sets", "3", "--fp8-rounds", "3", "--fp8-budget", "2"],
+     "--input-sets, --fp8-rounds, --fp8-budget do not apply to --decode"),
+    (["--peak-tbps", "3"], "--peak-tbps does not apply without --decode"),
+    (["--peers-only", "--backends", "fa2"], "--backends does not apply to --peers-only"),
+    (["--ours-only", "--peers", "sdpa-flash"], "--peers does not apply to --ours-only"),
+    (["--no-memory", "--memory-seqlens", "1024"], "--memory-seqlens does not apply to --no-memory"),
+    (["--memory-only", "--seqlens", "1024", "--causal", "true"], "--seqlens, --causal do not apply to --memory-only"),
+    (["--fp8-status", "only", "--memory-only", "--warmup", "3"],
+     "--memory-only, --warmup do not apply to --fp8-status only"),
+    (["--fp8-rounds", "3"], "--fp8-rounds does not apply without the fp8 status table"),
+    (["--dtypes", "e4m3", "--backends", "fa2", "--fp8-budget", "4"], "--fp8-budget does not apply without the fp8"),
+])
+def test_flags_the_chosen_run_does_not_read_are_refused(capsys, monkeypatch, argv, message):
+    """A flag that the run asked for does not read was dropped without a word (a CLI break-it pass): --decode's own
+    timing ignored --warmup / --rep / --input-sets and the fp8 status table's --fp8-rounds / --fp8-budget, the sweep
+    --peak-tbps, --peers-only the --backends given, --no-memory --memory-seqlens, --memory-only the sweep's --seqlens
+    and --causal, --fp8-status only the sweep's and the memory table's flags, and the fp8 status rounds and budget were
+    taken where that table does not run. Now one line naming them, exit 2, as session 28 did for the two tables."""
+    monkeypatch.setattr(bench_cli, "_cuda_available", lambda: False)
+    assert top_cli.main(["bench", "--dry-run", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("fa-variants bench: error: ") and message in err, err
+
+
+@pytest.mark.parametrize("argv", [
+    ["--dtypes", "e4m3", "--fp8-rounds", "3", "--fp8-budget", "5"], ["--fp8-status", "only", "--fp8-rounds", "3"],
+    ["--memory-only", "--dtypes", "fp16", "--head-dims", "128", "--backends", "fa2", "--peers", "sdpa-math",
+     "--memory-seqlens", "1024", "--no-charts"],
+    ["--dtypes", "e4m3", "--fp8-status", "only", "--head-dims", "64", "--seqlens", "4096", "--causal", "both",
+     "--no-memory", "--no-charts"],
+    ["--decode", "--peak-tbps", "3.35", "--quick", "--no-progress"],
+    ["--ours-only", "--backends", "fa2", "--no-memory", "--warmup", "5", "--rep", "7", "--input-sets", "2"],
+])
+def test_flags_the_chosen_run_reads_are_taken(capsys, monkeypatch, argv):
+    """The combinations of the GPU-host scripts and the README (and their like) are not refused."""
+    monkeypatch.setattr(bench_cli, "_cuda_available", lambda: False)
+    assert top_cli.main(["bench", "--dry-run", *argv]) == 0, capsys.readouterr().err
+
+
+def test_decode_out_that_cannot_be_made_stops_before_measuring(tmp_path, capsys, monkeypatch):
+    """`bench --decode --out PATH` where PATH cannot be a folder (a file there): one line before any case is measured;
+    the folder was made after the whole table (minutes on a GPU), whose JSON was then lost."""
+    from fa_variants.bench import decode
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    measured = []
+    monkeypatch.setattr(decode, "implementations", lambda ragged: {})
+    monkeypatch.setattr(decode, "measure", lambda case, impls, peak, ragged: measured.append(case) or [])
+    blocker = tmp_path / "a file"
+    blocker.write_text("")
+    argv = ["bench", "--decode", "--decode-nk", "1024", "--decode-nq", "1", "--decode-batch", "1",
+            "--decode-head-dims", "64", "--peak-tbps", "3"]
+    assert top_cli.main([*argv, "--out", str(blocker / "decode")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("fa-variants bench: error: ") and measured == [], err
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake GPU")
+    assert top_cli.main([*argv, "--out", str(tmp_path / "d")]) == 0 and len(measured) == 2  # two GQA cases
+    assert (tmp_path / "d" / "decode.json").is_file() and (tmp_path / "d" / "decode.md").is_file()

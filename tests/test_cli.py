@@ -215,6 +215,42 @@ def test_warmup_refusals_are_errors_like_the_others(capsys, monkeypatch, tmp_pat
                    "kept"), err
 
 
+def test_warmup_with_a_cache_place_it_cannot_write_stops_before_compiling(capsys, monkeypatch, tmp_path):
+    """FA_VARIANTS_CACHE_DIR naming a file: one line naming it, exit 2, before any compile (warmup compiled every
+    kernel, minutes for a model, and only then said none was written; a CLI break-it pass)."""
+    from fa_variants.commands import warmup
+
+    blocker = tmp_path / "a file"
+    blocker.write_text("")
+    monkeypatch.setenv("FA_VARIANTS_CACHE_DIR", str(blocker))
+    monkeypatch.delenv("FA_VARIANTS_DISK_CACHE", raising=False)
+    monkeypatch.setattr(warmup, "warmup", lambda *a, **k: pytest.fail("compiled into a cache it cannot write"))
+    assert cli.main(["warmup", "--arch", "sm_80", "--backends", "testkernel", "--head-dims", "64", "--causal", "no",
+                     "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith(f"fa-variants warmup: error: {blocker}") and "not written" in err, err
+
+
+@pytest.mark.parametrize("heads", [2**62, 10**23])
+def test_warmup_head_counts_beyond_any_model_are_one_line(capsys, monkeypatch, tmp_path, heads):
+    """--gqa / a model's head counts of 2^62 or 1e23 query heads per KV head: one line, exit 2, nothing compiled.
+    fa3-fp8's pass plan (worked out on CPU tensors of that many heads) raised the allocator's RuntimeError (2^62, or
+    1e8 on a small host) or torch's TypeError (beyond int64) as a traceback (a CLI break-it pass)."""
+    monkeypatch.setenv("FA_VARIANTS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("FA_VARIANTS_DISK_CACHE", raising=False)
+    base = ["warmup", "--arch", "sm_90a", "--backends", "fa3-fp8", "--head-dims", "128", "--no-progress"]
+    model = tmp_path / "config.json"
+    model.write_text(json.dumps({"num_attention_heads": heads, "num_key_value_heads": 1, "head_dim": 128}))
+    for extra in (["--gqa", f"{heads}:1"], ["--model", str(model)]):
+        try:
+            code = cli.main([*base, *extra])
+        except SystemExit as exc:  # argparse's error for a --gqa beyond int64
+            code = exc.code
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and err[-1].startswith("fa-variants warmup: error: ") and str(heads) in err[-1], err
+    assert not list((tmp_path / "cache").rglob("*.kernel"))
+
+
 @pytest.mark.parametrize("text_config", [None, [], "llama"])
 def test_warmup_model_whose_text_config_is_not_an_object_reads_the_top_level(tmp_path, text_config):
     """A config.json whose "text_config" is null (or not an object) is read at its top level, as one without it:

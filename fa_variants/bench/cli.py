@@ -375,8 +375,16 @@ def _write_and_summarise(report: dict, outdir: Path, charts: bool, saved: tuple 
 #: the argparse dests of the TFLOP/s sweep's flags that the decode table does not read, and of the flags only the
 #: decode table reads (flag = "--" + dest with "-" for "_"); "given" = not None, False or a value of _UNSET
 _SWEEP_ONLY = ("backends", "peers", "ours_only", "peers_only", "head_dims", "seqlens", "dtypes", "memory_seqlens",
-               "no_memory", "memory_only", "report_from", "compare", "threshold", "causal", "fp8_status")
-_DECODE_ONLY = ("decode_nq", "decode_nk", "decode_batch", "decode_head_dims", "decode_no_fa4", "decode_lengths")
+               "no_memory", "memory_only", "report_from", "compare", "threshold", "causal", "fp8_status", "warmup",
+               "rep", "input_sets", "fp8_rounds", "fp8_budget")
+_DECODE_ONLY = ("decode_nq", "decode_nk", "decode_batch", "decode_head_dims", "decode_no_fa4", "decode_lengths",
+                "peak_tbps")
+#: a flag that leaves a part of the sweep out -> the dests of the flags only that part reads, dropped without a word
+#: when given with it ("fp8_status": --fp8-status only, the fp8 status table alone, with its own timing settings)
+_LEFT_OUT = {"peers_only": ("backends",), "ours_only": ("peers",), "no_memory": ("memory_seqlens",),
+             "memory_only": ("seqlens", "causal"),
+             "fp8_status": ("backends", "peers", "ours_only", "peers_only", "memory_seqlens", "memory_only", "warmup",
+                            "rep", "input_sets")}
 #: the dests of the flags that shape or time a run, which --report-from (saved runs rebuilt as they are) does not read
 _RUN_ONLY = ("quick", "backends", "peers", "ours_only", "peers_only", "head_dims", "seqlens", "causal", "dtypes",
              "memory_seqlens", "no_memory", "memory_only", "warmup", "rep", "input_sets", "dry_run", "fp8_status",
@@ -406,8 +414,16 @@ def run_cli(args: argparse.Namespace) -> int:
     saved = _saved_for_compare(args)
     if args.report_from:
         return _rebuild(args, saved)
+    for mode, dests in _LEFT_OUT.items():
+        stray = _given(args, dests) if _given(args, (mode,)) else []
+        if stray:
+            raise not_applicable(stray, f"to {_given(args, (mode,))[0]}{' only' if mode == 'fp8_status' else ''}")
     plan = make_plan(args)
     status = fp8_status_problems(args)
+    stray = [] if status else _given(args, ("fp8_rounds", "fp8_budget"))
+    if stray:  # the paired rounds and budget of a table that does not run
+        raise not_applicable(stray, "without the fp8 status table (--fp8-status only, or e4m3 in --dtypes with "
+                                    "fa3-fp8 among --backends)")
     if args.fp8_status == "only":
         plan.cases, plan.memory_seqlens = [], []
     if args.dry_run:

@@ -431,7 +431,7 @@ def run_cli(args: argparse.Namespace) -> int:
     import torch
 
     if not torch.cuda.is_available():
-        print("fa-variants bench --decode: no CUDA GPU here (--dry-run lists the cases)", file=sys.stderr)
+        print("fa-variants bench --decode: error: no CUDA GPU here (--dry-run lists the cases)", file=sys.stderr)
         return 2
     peak, source = args.peak_tbps, "--peak-tbps"
     if peak is None:
@@ -440,6 +440,9 @@ def run_cli(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"fa-variants bench --decode: error: {exc}", file=sys.stderr)
             return 2
+    out = Path(args.out) if args.out else None
+    if out is not None:  # before the cases: an unusable --out stops the command now, not after the whole table
+        out.mkdir(parents=True, exist_ok=True)
     print(f"HBM peak {peak:g} TB/s ({source})", flush=True)
     ragged = getattr(args, "decode_lengths", False)
     impls = implementations(ragged)
@@ -456,9 +459,7 @@ def run_cli(args: argparse.Namespace) -> int:
     sums = summary(rows, "ours (seqlens_k)", reference_name(True)) if ragged else summary(rows)
     text = table(rows) + "\n\n" + sums
     print(text)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
+    if out is not None:
         meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, peak_tbps=peak, peak_source=source)
         (out / "decode.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
         (out / "decode.md").write_text(text + "\n")

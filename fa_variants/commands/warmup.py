@@ -22,11 +22,13 @@ launches come too (``Variant.warm_companions``: the split-KV merge kernel). A ba
 does not serve a dtype / head_dim / arch is skipped with a note. The last line printed to stdout is one JSON
 object. Exit status 2, with one line on stderr naming the cause: an --arch that is not a compile target, an
 unknown --backends name, a run with nothing to compile, no place for the disk cache (no FA_VARIANTS_CACHE_DIR and
-no home directory), or kernels whose disk-cache entries could not be written.
+no home directory) or one that cannot be written (a file, read-only: before any compile), or kernels whose disk-cache
+entries could not be written.
 """
 from __future__ import annotations
 
 import argparse
+import errno
 import functools
 import json
 import os
@@ -35,7 +37,7 @@ import time
 from pathlib import Path
 
 from fa_variants import registry
-from fa_variants.cli import positive_int
+from fa_variants.cli import INT64_MAX, positive_int
 from fa_variants.common import diskcache, interop
 
 KERNEL_BACKENDS = ("fa3", "fa3-fp8", "fa2", "fa1")
@@ -60,8 +62,9 @@ def _gqa(text: str) -> tuple[int, int]:
         heads, heads_kv = (int(x) for x in text.split(":"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not num_heads:num_heads_kv (e.g. 32:8)") from None
-    if heads < 1 or heads_kv < 1 or heads % heads_kv:
-        raise argparse.ArgumentTypeError(f"--gqa {text}: num_heads must be a positive multiple of num_heads_kv")
+    if heads < 1 or heads_kv < 1 or heads % heads_kv or heads > INT64_MAX:
+        raise argparse.ArgumentTypeError(f"--gqa {text}: num_heads must be a positive multiple of num_heads_kv, "
+                                         "at most 2^63 - 1")
     return heads, heads_kv
 
 
@@ -95,10 +98,13 @@ def model_shape(path: str) -> dict:
 
 
 def _config_int(cfg: dict, key: str, path) -> int:
-    """cfg[key] as a positive int (a JSON integer; not a bool, a fraction or a list), else a one-line ValueError."""
+    """cfg[key] as a positive int (a JSON integer; not a bool, a fraction or a list; at most 2^63 - 1, as torch takes
+    sizes), else a one-line ValueError."""
     value = cfg[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{path}: {key} must be a positive integer, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= INT64_MAX:
+        large = not isinstance(value, bool) and isinstance(value, int) and value > INT64_MAX
+        raise ValueError(f"{path}: {key} must be a positive integer, got {value!r}"
+                         + (" (> 2^63 - 1)" if large else ""))
     return value
 
 
@@ -134,11 +140,16 @@ def plan(backends, arch: str, dtypes, head_dims, causal, groups: tuple[int, ...]
 def quant_passes(arch: str, dtype: str, head_dim: int, groups: tuple[int, ...] = ()) -> list:
     """The FP8 quantisation passes (``fp8-quant`` static configs) that ``attention(q, k, v, backend="fa3-fp8")`` on
     ``dtype`` inputs launches before the kernel (the default ``FP8Config``, this process's pipeline and switches), for
-    query heads per KV head 1 and ``groups``: ``quant_host.planned_passes``, worked out on the CPU."""
+    query heads per KV head 1 and ``groups``: ``quant_host.planned_passes``, worked out on the CPU (on CPU tensors
+    of that many heads: a ValueError naming the group where they cannot be allocated, e.g. --gqa 100000000:1)."""
+    from fa_variants.common.checks import allocating
     from fa_variants.common.interop import TORCH_DTYPES
     from fa_variants.fp8 import quant_host
 
-    return quant_host.planned_passes(arch, TORCH_DTYPES[dtype], head_dim, groups=tuple(dict.fromkeys((1, *groups))))
+    with allocating(f"fa3-fp8's planning tensors for {max(groups, default=1)} query heads per KV head (--gqa or the "
+                    "model's head counts)", "a real model has far fewer"):
+        return quant_host.planned_passes(arch, TORCH_DTYPES[dtype], head_dim,
+                                         groups=tuple(dict.fromkeys((1, *groups))))
 
 
 def warmup(configs, progress: bool = True, jobs: int = 1) -> list[dict]:
@@ -274,11 +285,18 @@ def run_cli(args: argparse.Namespace) -> int:
         raise ValueError(f"nothing to compile for {arch} ({', '.join(backends) or 'no kernel backend'}; "
                          f"head_dim {','.join(map(str, head_dims))}; {','.join(dtypes)})"
                          + (": every combination was skipped (above)" if notes else ""))
+    directory = diskcache.root() / diskcache.fingerprint()
+    try:  # before the compiles (minutes): a cache place that is a file or read-only stops the warm-up now
+        directory.mkdir(parents=True, exist_ok=True)
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(directory))
+    except OSError as exc:
+        raise OSError(f"{directory}: {exc.strerror or exc}: the kernels would be compiled but not written to the "
+                      f"disk cache; set {diskcache.ENV_DIR} to a writable folder") from None
     pruned = [str(p) for p in diskcache.prune()] if args.prune else []
     records = warmup(configs, progress=not args.no_progress, jobs=args.jobs)
     counts = {how: sum(r["how"] == how for r in records)
               for how in ("compiled", "on disk", "in memory", "not stored")}
-    directory = diskcache.root() / diskcache.fingerprint()
     print(f"{len(records)} kernels for {arch} in {directory}: "
           + ", ".join(f"{n} {how}" for how, n in counts.items() if n))
     print(json.dumps({"arch": arch, "directory": str(directory), **counts,
