@@ -17,6 +17,7 @@ import argparse
 import importlib
 import os
 import sys
+import warnings
 from pathlib import Path
 
 # sub-command -> (module, one-line help)
@@ -157,7 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(args._module)
     try:
         switches.check_all()  # every command, info and bench --dry-run too: a bad FA_VARIANTS_* value is one line
-        return int(module.run_cli(args) or 0)
+        with warnings.catch_warnings():  # restores showwarning after the command
+            warnings.showwarning = _one_line_warning(args.command, warnings.showwarning)
+            return int(module.run_cli(args) or 0)
     except BrokenPipeError:  # the reader went away (`| head`): nothing more to say, and no error message
         return _closed_pipe()
     except SystemExit as exc:  # rich's console on a closed pipe: SystemExit(1) while handling the BrokenPipeError
@@ -173,6 +176,18 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback of wherever the command was
         print(f"fa-variants {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+def _one_line_warning(command: str, show):
+    """A ``warnings.showwarning`` that prints the package's own warnings (DiskCacheWarning, BackendFallbackWarning,
+    ...) as one line, "fa-variants COMMAND: warning: ...", as the commands' errors are (Python's form is two lines
+    naming a source line of the package); other warnings go to ``show``."""
+    def one_line(message, category, filename, lineno, file=None, line=None):
+        if category.__module__.split(".")[0] != "fa_variants":
+            return show(message, category, filename, lineno, file, line)
+        text = " ".join(str(message).split()).removeprefix("fa_variants: ")  # the command's prefix says it
+        print(f"fa-variants {command}: warning: {text}", file=file or sys.stderr)
+    return one_line
 
 
 #: exit status of a command whose stdout was closed by its reader (128 + SIGPIPE)

@@ -598,3 +598,23 @@ def test_output_into_a_closed_pipe_ends_quietly():
     proc.stdout.close()
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141 and err == "", err
+
+
+def test_the_package_warnings_of_a_command_are_one_line(monkeypatch, capsys):
+    """A command's own warnings (a DiskCacheWarning from compile / warmup when the cache cannot be written) printed in
+    Python's two-line form naming a source line; they are one line as the errors are. Other warnings keep theirs."""
+    import warnings
+
+    from fa_variants import info
+    from fa_variants.common.diskcache import DiskCacheWarning
+
+    def run_cli(args):
+        warnings.warn(DiskCacheWarning("/x/y: Not a directory:\n  the kernel is not stored"))
+        warnings.warn("someone else's", DeprecationWarning)
+        return 0
+    monkeypatch.setattr(info, "run_cli", run_cli)
+    with pytest.warns(DeprecationWarning, match="someone else's"):  # handed on to the usual showwarning
+        assert cli.main(["info"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["fa-variants info: warning: /x/y: Not a directory: the kernel is not stored"], err
+    assert warnings.showwarning.__name__ != "one_line"  # restored after the command
