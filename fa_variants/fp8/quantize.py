@@ -495,7 +495,7 @@ def _check(q, k, v, config, softmax_scale) -> float:
             raise TypeError(f"q has dtype {q.dtype} but {name} has dtype {t.dtype}; they must match")
     if not isinstance(config, FP8Config):
         raise TypeError(f"config must be an FP8Config, got {type(config).__name__}")
-    (B, _, H, D), (Bk, Nk, Hkv, Dk) = q.shape, k.shape
+    (B, _, H, D), (Bk, _, Hkv, Dk) = q.shape, k.shape
     if v.shape != k.shape:
         raise ValueError(f"k has shape {tuple(k.shape)} but v has shape {tuple(v.shape)}; they must match")
     if Bk != B or Dk != D:
