@@ -179,11 +179,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _one_line_warning(command: str, show):
-    """A ``warnings.showwarning`` that prints the package's own warnings (DiskCacheWarning, BackendFallbackWarning,
-    ...) as one line, "fa-variants COMMAND: warning: ...", as the commands' errors are (Python's form is two lines
+    """A ``warnings.showwarning`` that prints the package's own warnings (its classes, DiskCacheWarning,
+    BackendFallbackWarning, ..., and any warning raised from its files) as one line, "fa-variants COMMAND: warning: ...", as the commands' errors are (Python's form is two lines
     naming a source line of the package); other warnings go to ``show``."""
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
     def one_line(message, category, filename, lineno, file=None, line=None):
-        if category.__module__.split(".")[0] != "fa_variants":
+        ours = category.__module__.split(".")[0] == "fa_variants" or os.path.abspath(filename).startswith(package)
+        if not ours:  # (a plain UserWarning raised in the package counts as ours: the Hugging Face sdpa fallback)
             return show(message, category, filename, lineno, file, line)
         text = " ".join(str(message).split()).removeprefix("fa_variants: ")  # the command's prefix says it
         print(f"fa-variants {command}: warning: {text}", file=file or sys.stderr)

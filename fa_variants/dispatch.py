@@ -277,8 +277,9 @@ def _select(capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: in
 
     where = arch_name(capability)
     call = f"{_dtype_name(dtype)} head_dim {head_dim}"
+    on = " (inputs not on a CUDA GPU)" if capability is None else f" on {where}"  # (meta inputs are not "on cpu")
     if not able:
-        raise BackendUnavailableError(f"no backend can serve {call} on {where}: "
+        raise BackendUnavailableError(f"no backend can serve {call}{on}: "
                                       + "; ".join(p for p in problems.values() if p))
     auto_able = [name for name in able if not _serves_other_dtypes(name, dtype)]
     while auto_able and isinstance(load(auto_able[0]), str):  # declared able but does not import
@@ -286,10 +287,10 @@ def _select(capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: in
         able = tuple(n for n in able if n != auto_able[0])
         auto_able.pop(0)
     if not able:
-        raise BackendUnavailableError(f"no backend can serve {call} on {where}: "
+        raise BackendUnavailableError(f"no backend can serve {call}{on}: "
                                       + "; ".join(p for p in problems.values() if p))
     if not auto_able:
-        raise BackendUnavailableError(f"no backend can serve {call} on {where} unless asked for: "
+        raise BackendUnavailableError(f"no backend can serve {call}{on} unless asked for: "
                                       + ", ".join(f"backend={n!r}" for n in able))
     chosen = auto_able[0]
     if capability is None:

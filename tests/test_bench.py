@@ -712,7 +712,8 @@ def test_decode_out_that_cannot_be_made_stops_before_measuring(tmp_path, capsys,
             "--decode-head-dims", "64", "--peak-tbps", "3"]
     assert top_cli.main([*argv, "--out", str(blocker / "decode")]) == 2
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and err.startswith("fa-variants bench: error: ") and measured == [], err
+    assert "\n" not in err and err.startswith(f"fa-variants bench: error: --out {blocker / 'decode'}: ") and \
+        measured == [], err
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake GPU")
     assert top_cli.main([*argv, "--out", str(tmp_path / "d")]) == 0 and len(measured) == 2  # two GQA cases
     assert (tmp_path / "d" / "decode.json").is_file() and (tmp_path / "d" / "decode.md").is_file()

@@ -439,3 +439,7 @@ def test_the_reason_for_meta_inputs_does_not_say_cpu():
     assert fa_variants.select_backend(q, q, q).reason.startswith("auto: the inputs are not on a CUDA GPU")
     with pytest.raises(fa_variants.BackendUnavailableError, match=r"the inputs are not on a CUDA GPU; backends"):
         fa_variants.select_backend(q, q, q, backend="fa3")
+    q8 = q.to(torch.float8_e4m3fn)  # auto with nothing to serve it: "on cpu" before (a review finding)
+    with pytest.raises(fa_variants.BackendUnavailableError, match=r"^no backend can serve float8_e4m3fn head_dim 64 "
+                                                                  r"\(inputs not on a CUDA GPU\): "):
+        fa_variants.select_backend(q8, q8, q8)

@@ -610,11 +610,13 @@ def test_the_package_warnings_of_a_command_are_one_line(monkeypatch, capsys):
 
     def run_cli(args):
         warnings.warn(DiskCacheWarning("/x/y: Not a directory:\n  the kernel is not stored"))
+        warnings.warn_explicit("a plain UserWarning from the package's files", UserWarning, info.__file__, 1)
         warnings.warn("someone else's", DeprecationWarning)
         return 0
     monkeypatch.setattr(info, "run_cli", run_cli)
     with pytest.warns(DeprecationWarning, match="someone else's"):  # handed on to the usual showwarning
         assert cli.main(["info"]) == 0
     err = capsys.readouterr().err.splitlines()
-    assert err == ["fa-variants info: warning: /x/y: Not a directory: the kernel is not stored"], err
+    assert err == ["fa-variants info: warning: /x/y: Not a directory: the kernel is not stored",
+                   "fa-variants info: warning: a plain UserWarning from the package's files"], err
     assert warnings.showwarning.__name__ != "one_line"  # restored after the command

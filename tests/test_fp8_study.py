@@ -344,6 +344,9 @@ def test_merge_names_a_file_that_is_not_there(capsys, tmp_path, kind):
     (["--sweeps", "p", "--fixture", "{file}"], "--fixture does"),
     (["--sweeps", "p", "--no-e2e", "--model-dir", "{tmp}/no-such-model"], "--model-dir does"),
     (["--sweeps", "inputs", "--no-e2e", "--text-file", "{file}", "--model-dir", "{tmp}"], "--model-dir, --text-file do"),
+    # the layer sweep reads the --fixture, not a capture of the model: nothing runs the model (a review finding)
+    (["--sweeps", "layer", "--no-e2e", "--fixture", "{file}", "--text-file", "{file}"], "--text-file does"),
+    (["--sweeps", "layer", "--no-e2e", "--fixture", "{file}", "--model-dir", "{tmp}"], "--model-dir does"),
 ])
 def test_a_run_refuses_flags_no_part_of_it_reads(capsys, tmp_path, flags, named):
     """A flag of a run that nothing the run does reads (--head-dims without the head_dim sweep, --fixture without

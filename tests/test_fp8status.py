@@ -183,6 +183,18 @@ def test_cli_fp8_status_only(fake_status, tmp_path, capsys):
     assert saved["gpu"] == "Fake H200" and "\nGPU: Fake H200\n" in printed and "(non-causal; an H200 figure)" in printed
 
 
+def test_cli_fp8_status_out_that_cannot_be_made_stops_before_measuring(fake_status, tmp_path, capsys):
+    """--out where no folder can be made (a file there): one line naming --out before any problem is measured; the
+    folder was made after the whole table (minutes on a GPU), whose results were then lost (a review finding)."""
+    blocker = tmp_path / "a file"
+    blocker.write_text("")
+    code = top_cli.main(["bench", "--fp8-status", "only", "--head-dims", "64", "--seqlens", "4096", "--causal",
+                         "true", "--out", str(blocker / "status")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and fake_status == [] and "\n" not in err, err
+    assert err.startswith(f"fa-variants bench: error: --out {blocker / 'status'}: "), err
+
+
 def test_cli_fp8_status_bad_sanity_exits_1(fake_status, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(fp8status, "measure", lambda p, **_: dict(
         rows_for({(p.head_dim, p.seqlen, p.causal): 600}, 1.35, 0.04, 1.1)[0], sanity={FP8: math.nan}))

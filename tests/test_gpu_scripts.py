@@ -472,6 +472,27 @@ def test_suite_parts_name_every_gpu_test_file_once():
     assert 'grep -v "needs two GPUs"' in text and 'pytest.skip("needs two GPUs' in (ROOT / "tests" / "test_edge_cases.py").read_text()
 
 
+@pytest.mark.parametrize("part, skip", [("cpu1", None), ("2", "tests/test_backward_gpu.py"),
+                                        ("1", "tests/test_fa3_gpu.py"), ("1", "tests/test_fa2_gpu.py")])
+def test_suite_gpu_sh_skip_takes_any_file_of_the_part(tmp_path, part, skip):
+    """SUITE_SKIP names a file of the part, whichever: a name at a line's end in the lists, or any file of the cpu
+    halves (one per line from ls), was refused as "not in part" (session 48's review). Run with a fake python3 that
+    prints the pytest command line; the skipped file is not on it, the part's other files are."""
+    bin_dir = _fake_bin(tmp_path / "bin", _FAKE_SMI)
+    (bin_dir / "python3").write_text('#!/usr/bin/env bash\n[[ "$*" == *"import xdist"* ]] && exit 1\necho "ARGS: $*"\n')
+    (bin_dir / "python3").chmod(0o755)
+    half = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "tests").glob("test_*.py"))[0::2]
+    skip = skip or half[len(half) // 2]
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(tmp_path / "out"), SUITE_SKIP=skip)
+    run = subprocess.run(["bash", str(ROOT / "scripts" / "suite_gpu.sh"), part], capture_output=True, text=True,
+                         cwd=ROOT, env=env, timeout=120)
+    args = (tmp_path / "out" / f"suite{part}" / "logs" / "pytest.log").read_text()
+    assert "not in part" not in run.stderr and "ARGS: -m pytest" in args, (run.stderr, args)
+    named = {word for word in args.split() if word.startswith("tests/")}
+    assert skip not in named and len(named) > 1, args
+    assert part != "cpu1" or named == set(half) - {skip}, args
+
+
 @pytest.mark.parametrize("mib, workers, want", [
     ("81559", "", "-n 8"), ("143771", "", "-n 14"), ("4000", "", "-n 1"), (None, "", "-n 14"), ("81559", "3", "-n 3"),
     ("81559 \r", "", "-n 8"), ("[N/A]", "", "-n 14")])

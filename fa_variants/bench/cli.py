@@ -238,6 +238,7 @@ def run_fp8_status(args: argparse.Namespace, outdir: Path, measure_one: Callable
     from fa_variants.bench import fp8status
 
     items, settings = fp8_status_problems(args), fp8_status_settings(args)
+    bench_report.make_outdir(outdir)  # before the measurements (minutes), not after them
     measure_one = measure_one or (lambda p: fp8status.measure(p, **settings))
     print(f"fp8 status: {len(items)} problems, core first: " + ", ".join(p.label for p in items), flush=True)
     rows, skipped = fp8status.run(items, measure_one, budget_s=args.fp8_budget,
@@ -246,7 +247,6 @@ def run_fp8_status(args: argparse.Namespace, outdir: Path, measure_one: Callable
 
     gpu = torch.cuda.get_device_name() if _cuda_available() else "no GPU"
     text = fp8status.report(rows, skipped, settings, gpu)
-    outdir.mkdir(parents=True, exist_ok=True)
     (outdir / "fp8_status.md").write_text(text)
     (outdir / "fp8_status.json").write_text(json.dumps(dict(settings=settings, gpu=gpu, rows=rows,
                                                             skipped=[p.label for p in skipped]), indent=1))
@@ -381,10 +381,10 @@ _DECODE_ONLY = ("decode_nq", "decode_nk", "decode_batch", "decode_head_dims", "d
                 "peak_tbps")
 #: a flag that leaves a part of the sweep out -> the dests of the flags only that part reads, dropped without a word
 #: when given with it ("fp8_status": --fp8-status only, the fp8 status table alone, with its own timing settings)
-_LEFT_OUT = {"peers_only": ("backends",), "ours_only": ("peers",), "no_memory": ("memory_seqlens",),
-             "memory_only": ("seqlens", "causal"),
-             "fp8_status": ("backends", "peers", "ours_only", "peers_only", "memory_seqlens", "memory_only", "warmup",
-                            "rep", "input_sets")}
+_LEFT_OUT = {"fp8_status": ("backends", "peers", "ours_only", "peers_only", "memory_seqlens", "memory_only", "warmup",
+                            "rep", "input_sets", "compare", "threshold"),  # first: it leaves out the most
+             "peers_only": ("backends",), "ours_only": ("peers",), "no_memory": ("memory_seqlens",),
+             "memory_only": ("seqlens", "causal", "warmup", "rep", "input_sets", "compare", "threshold")}
 #: the dests of the flags that shape or time a run, which --report-from (saved runs rebuilt as they are) does not read
 _RUN_ONLY = ("quick", "backends", "peers", "ours_only", "peers_only", "head_dims", "seqlens", "causal", "dtypes",
              "memory_seqlens", "no_memory", "memory_only", "warmup", "rep", "input_sets", "dry_run", "fp8_status",
@@ -422,8 +422,9 @@ def run_cli(args: argparse.Namespace) -> int:
     status = fp8_status_problems(args)
     stray = [] if status else _given(args, ("fp8_rounds", "fp8_budget"))
     if stray:  # the paired rounds and budget of a table that does not run
-        raise not_applicable(stray, "without the fp8 status table (--fp8-status only, or e4m3 in --dtypes with "
-                                    "fa3-fp8 among --backends)")
+        raise not_applicable(stray, "without the fp8 status table (it runs with --fp8-status only, or with e4m3 in "
+                                    "--dtypes and fa3-fp8 among --backends, without --memory-only / --peers-only / "
+                                    "--fp8-status off)")
     if args.fp8_status == "only":
         plan.cases, plan.memory_seqlens = [], []
     if args.dry_run:
@@ -445,8 +446,7 @@ def run_cli(args: argparse.Namespace) -> int:
     if not impls:
         raise ValueError("nothing to run: none of the implementations asked for runs on this GPU (the lines above "
                          "say why)")
-    outdir = Path(args.out) if args.out else default_outdir(gpu["name"])
-    outdir.mkdir(parents=True, exist_ok=True)
+    outdir = bench_report.make_outdir(Path(args.out) if args.out else default_outdir(gpu["name"]))
     settings = dict(plan.settings, timer=runtime.timer_name, input_sets=plan.input_sets or "auto")
     report = dict(meta=dict(command=_command_line(), date=_dt.datetime.now().isoformat(timespec="seconds"),
                             gpu=gpu, versions=versions(), settings=settings),

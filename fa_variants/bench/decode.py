@@ -440,9 +440,9 @@ def run_cli(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"fa-variants bench --decode: error: {exc}", file=sys.stderr)
             return 2
-    out = Path(args.out) if args.out else None
-    if out is not None:  # before the cases: an unusable --out stops the command now, not after the whole table
-        out.mkdir(parents=True, exist_ok=True)
+    from fa_variants.bench.report import make_outdir
+
+    out = make_outdir(Path(args.out)) if args.out else None  # before the cases, not after the whole table
     print(f"HBM peak {peak:g} TB/s ({source})", flush=True)
     ragged = getattr(args, "decode_lengths", False)
     impls = implementations(ragged)

@@ -323,6 +323,16 @@ def merge(reports: list[dict]) -> dict:
 
 
 # ---------------------------------------------------------------------------------------- files, charts
+def make_outdir(path: Path) -> Path:
+    """Create the output folder ``path`` (a command's --out) before anything is measured, so that an unusable one
+    stops the command at once rather than after minutes of timing; OSError naming --out and why, one line."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OSError(f"--out {path}: {exc.strerror or exc}") from None
+    return path
+
+
 def write_json(report: dict, path: Path) -> Path:
     """Write the report as JSON (atomically: a partial run never leaves a truncated file)."""
     path = Path(path)

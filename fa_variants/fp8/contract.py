@@ -29,7 +29,8 @@ def _optional_int(name: str, value, low: int, what: str, high: int | None = None
     if value is not None and value < low:
         raise ValueError(f"{name} must be >= {low} {what}, got {value}")
     if value is not None and high is not None and value > high:
-        raise ValueError(f"{name} must be <= {high} {what}, got {value}")
+        limit = "2^63 - 1" if high == 2**63 - 1 else high
+        raise ValueError(f"{name} must be <= {limit} {what}, got {value}")
 
 
 def check_fp8_inputs(inputs: FP8Inputs) -> None:

@@ -643,9 +643,10 @@ def merge_cli(args: argparse.Namespace) -> int:
 
 def _unread_flags(args: argparse.Namespace) -> list[str]:
     """The flags of a run that no part it runs reads: --head-dims without the head_dim sweep, --fixture without the
-    layer sweep, --model-dir / --text-file with neither the layer sweep nor the end-to-end run (before, each was
-    dropped without a word, and a --model-dir was not even looked at)."""
-    real = "layer" in args.sweeps or not args.no_e2e
+    layer sweep, --model-dir / --text-file where no part runs the model (neither the end-to-end run nor a layer sweep
+    that captures from it rather than from a --fixture). Before, each was dropped without a word, and a --model-dir
+    was not even looked at, or loaded and never run."""
+    real = not args.no_e2e or ("layer" in args.sweeps and args.fixture is None)
     unread = {"--head-dims": args.head_dims is not None and "head_dim" not in args.sweeps,
               "--fixture": args.fixture is not None and "layer" not in args.sweeps,
               "--model-dir": args.model_dir is not None and not real,
