@@ -348,7 +348,7 @@ def _with_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, se
     if _tracing(q) or _kernel_autograd(q, k, v, causal, backend):
         check_seqlens_k(seqlens_k, q.shape[0], k.shape[1], q.device, values=False, host_ok=True)
         return torch.ops.fa_variants.attention_seqlens_k(q, k, v, seqlens_k, causal, scale, backend)
-    return run_seqlens_k(q, k, v, causal, scale, backend, seqlens_k)
+    return run_seqlens_k(q, k, v, causal, scale, backend, seqlens_k, checked=True)
 
 
 def _check_lengths(q, k, seqlens_k) -> tuple[torch.Tensor, bool]:
@@ -398,14 +398,16 @@ def _config_k(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return k[:, :, :1] if _mqa(k, v) else k
 
 
-def run_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, seqlens_k: torch.Tensor):
+def run_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, seqlens_k: torch.Tensor, *,
+                  checked: bool = False):
     """`_with_seqlens_k` on plain tensors, eagerly (the body of ``torch.ops.fa_variants.attention_seqlens_k``). A
     call of a kind not planned yet is validated first with ``attention``'s rules, as `dispatch_and_run` validates:
-    a direct call of the op has not been (it ran mixed dtypes, a V of another head_dim, and out-of-range scales)."""
+    a direct call of the op has not been (it ran mixed dtypes, a V of another head_dim, and out-of-range scales);
+    ``checked``: ``attention`` validated them already."""
     key = _call_key(q, k, v, causal, scale, backend)
     key = None if key is None else ("seqlens_k", key)
     entry = dispatch.PLANS.get(key)  # (plan, the kernel module's switch state it was made under)
-    if entry is None:
+    if entry is None and not checked:
         _check_inputs(q, k, v)
         _check_options(causal, scale, backend, False)
     seqlens_k, capturing = _check_lengths(q, k, seqlens_k)
