@@ -20,6 +20,8 @@ import sys
 import warnings
 from pathlib import Path
 
+from fa_variants.common.checks import INT64_MAX
+
 # sub-command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "info": ("fa_variants.info", "versions, GPUs, and the backend `auto` picks, with reasons"),
@@ -69,9 +71,8 @@ def existing_file(text: str) -> Path:
 
 #: argparse types: a size (batch, seqlen, heads, head_dim, rounds, ...), a count that may be 0, a random seed (what
 #: torch.Generator.manual_seed takes), a positive finite real (ms, KiB, TB/s), a finite real >= 0 (a budget; 0: none)
-#: (sizes and counts stop at int64's largest value: beyond it torch cannot take the number at all, and the command
-#: would fail deep inside with a traceback instead of this one line)
-INT64_MAX = 2**63 - 1
+#: (sizes and counts stop at INT64_MAX: beyond it torch cannot take the number at all, and the command would fail
+#: deep inside with a traceback instead of this one line)
 positive_int = int_in(1, INT64_MAX, "in [1, 2^63 - 1]")
 nonnegative_int = int_in(0, INT64_MAX, "in [0, 2^63 - 1]")
 seed_int = int_in(0, 2**64 - 1, "in [0, 2^64 - 1]")
@@ -180,8 +181,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _one_line_warning(command: str, show):
     """A ``warnings.showwarning`` that prints the package's own warnings (its classes, DiskCacheWarning,
-    BackendFallbackWarning, ..., and any warning raised from its files) as one line, "fa-variants COMMAND: warning: ...", as the commands' errors are (Python's form is two lines
-    naming a source line of the package); other warnings go to ``show``."""
+    BackendFallbackWarning, ..., and any warning raised from its files) as one line, "fa-variants COMMAND: warning:
+    ...", as the commands' errors are (Python's form is two lines naming a source line of the package); other
+    warnings go to ``show``."""
     package = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
     def one_line(message, category, filename, lineno, file=None, line=None):

@@ -37,8 +37,9 @@ import time
 from pathlib import Path
 
 from fa_variants import registry
-from fa_variants.cli import INT64_MAX, positive_int
+from fa_variants.cli import positive_int
 from fa_variants.common import diskcache, interop
+from fa_variants.common.checks import INT64_MAX
 
 KERNEL_BACKENDS = ("fa3", "fa3-fp8", "fa2", "fa1")
 
@@ -101,10 +102,10 @@ def _config_int(cfg: dict, key: str, path) -> int:
     """cfg[key] as a positive int (a JSON integer; not a bool, a fraction or a list; at most 2^63 - 1, as torch takes
     sizes), else a one-line ValueError."""
     value = cfg[key]
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= INT64_MAX:
-        large = not isinstance(value, bool) and isinstance(value, int) and value > INT64_MAX
-        raise ValueError(f"{path}: {key} must be a positive integer, got {value!r}"
-                         + (" (> 2^63 - 1)" if large else ""))
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{path}: {key} must be a positive integer, got {value!r}")
+    if value > INT64_MAX:
+        raise ValueError(f"{path}: {key} must be a positive integer, got {value!r} (> 2^63 - 1)")
     return value
 
 

@@ -10,6 +10,9 @@ compile key or a repr.
 ``is_real(value)``: "a real-number argument" (softmax_scale, atol): ``numbers.Real`` (Python and numpy ints and
 floats), never a bool.
 
+``INT64_MAX``: the largest size or count torch takes (int64's largest value); past it torch fails deep inside
+(OverflowError, "Overflow when unpacking long"), so entry points bound their integers by it.
+
 ``allocating(what, hint)``: a block that allocates inputs from the caller's sizes; an allocation failure inside
 (out of memory, or a size torch's arithmetic overflows) becomes a one-line ValueError naming ``what``.
 """
@@ -18,7 +21,9 @@ from __future__ import annotations
 import contextlib
 import numbers
 
-__all__ = ["is_int", "is_real", "allocating"]
+__all__ = ["INT64_MAX", "is_int", "is_real", "allocating"]
+
+INT64_MAX = 2**63 - 1
 
 
 def is_int(value) -> bool:

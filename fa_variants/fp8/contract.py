@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from fa_variants.common.checks import is_int
+from fa_variants.common.checks import INT64_MAX, is_int
 from fa_variants.common.scale import check_softmax_scale
 from fa_variants.fp8 import layout
 from fa_variants.fp8.quantize import E4M3, MAX_BLOCK_ROWS, FP8Config, FP8Inputs
@@ -29,7 +29,7 @@ def _optional_int(name: str, value, low: int, what: str, high: int | None = None
     if value is not None and value < low:
         raise ValueError(f"{name} must be >= {low} {what}, got {value}")
     if value is not None and high is not None and value > high:
-        limit = "2^63 - 1" if high == 2**63 - 1 else high
+        limit = "2^63 - 1" if high == INT64_MAX else high
         raise ValueError(f"{name} must be <= {limit} {what}, got {value}")
 
 

@@ -79,7 +79,7 @@ from dataclasses import dataclass
 import torch
 
 from fa_variants.common import env as _env
-from fa_variants.common.checks import is_int
+from fa_variants.common.checks import INT64_MAX, is_int
 from fa_variants.common.scale import check_softmax_scale
 from fa_variants.fp8 import layout
 
@@ -111,7 +111,7 @@ MIN_DESCALE = 2.0 ** MIN_DESCALE_EXPONENT
 ZERO_BLOCK_DESCALE = 1.0
 #: the tallest block (FP8Inputs.block_m / block_n, quantize_fp8_torch's block_n, the emulation's tile_m): int64's
 #: largest value, the most torch can index rows with (a taller one was an OverflowError from inside torch's arange)
-MAX_BLOCK_ROWS = 2**63 - 1
+MAX_BLOCK_ROWS = INT64_MAX
 GRANULARITIES = ("block", "head", "tensor")
 #: ``FP8Config.smooth_k_blocks``' default (read at import): None, K's mean over every token; an int m, over m
 #: evenly spaced K tiles (``k_sample_tiles``: the GPU pass then reads K once). FA_VARIANTS_FP8_SMOOTH_K_BLOCKS=m
@@ -324,7 +324,7 @@ class FP8Config:
         for name in ("rotate", "smooth_k", "two_level"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"FP8Config.{name} must be a bool, got {getattr(self, name)!r}")
-        for name, low, high in (("promote_every", 1, 2**31 - 1), ("seed", 0, 2**63 - 1),
+        for name, low, high in (("promote_every", 1, 2**31 - 1), ("seed", 0, INT64_MAX),
                                 ("smooth_k_blocks", 1, 2**31 - 1)):
             value = getattr(self, name)
             optional = name in ("promote_every", "smooth_k_blocks")
