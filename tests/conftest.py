@@ -71,16 +71,21 @@ _NO_SASS = "--sass needs nvdisasm"  # fa_variants.common.cubin's error when the 
 _NO_SASS_REASON = f"no usable nvdisasm here ({NO_SASS_ENV} set): the SASS checks run in CI"
 
 
+def _sass_missing_here(text: str) -> bool:
+    """``text`` (an error, a command's output) is cubin's missing-nvdisasm error, and this run opted out of SASS."""
+    return bool(os.environ.get(NO_SASS_ENV)) and _NO_SASS in text
+
+
 def _skip_without_sass(text: str) -> None:
-    if os.environ.get(NO_SASS_ENV) and _NO_SASS in text:
+    if _sass_missing_here(text):
         pytest.skip(_NO_SASS_REASON)
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     report = (yield).get_result()
-    if (report.failed and call.excinfo is not None and os.environ.get(NO_SASS_ENV)
-            and call.excinfo.errisinstance(ImportError) and _NO_SASS in str(call.excinfo.value)):
+    if (report.failed and call.excinfo is not None and call.excinfo.errisinstance(ImportError)
+            and _sass_missing_here(str(call.excinfo.value))):
         report.outcome = "skipped"
         report.longrepr = (str(item.path), item.location[1] or 0,
                            f"Skipped: {_NO_SASS_REASON}")
