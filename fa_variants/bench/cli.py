@@ -415,9 +415,10 @@ def run_cli(args: argparse.Namespace) -> int:
     if args.report_from:
         return _rebuild(args, saved)
     for mode, dests in _LEFT_OUT.items():
-        stray = _given(args, dests) if _given(args, (mode,)) else []
+        given = _given(args, (mode,))
+        stray = _given(args, dests) if given else []
         if stray:
-            raise not_applicable(stray, f"to {_given(args, (mode,))[0]}{' only' if mode == 'fp8_status' else ''}")
+            raise not_applicable(stray, f"to {given[0]}{' only' if mode == 'fp8_status' else ''}")
     plan = make_plan(args)
     status = fp8_status_problems(args)
     stray = [] if status else _given(args, ("fp8_rounds", "fp8_budget"))

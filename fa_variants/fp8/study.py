@@ -182,6 +182,8 @@ def sweep_cases(sweeps, *, quick: bool, gpu: bool, seed: int = 0, heads: int | N
 
 
 SWEEPS = ("p", "seqlen", "head_dim", "inputs", "layer")
+#: where the FP8 numbers come from: the kernel where it runs, else the emulation ("auto"), or either by name
+BACKENDS = ("auto", "emulation", "kernel")
 SWEEP_HEAD_DIMS = (64, 128, 256)  # the head_dim sweep's
 SEED_OFFSET = {"p": 0, "seqlen": 100, "head_dim": 200, "inputs": 300, "layer": 400}
 
@@ -215,7 +217,7 @@ def run_study(cases: list[Case], *, methods=None, backend: str = "auto", fixture
     (ValueError if "kernel" is asked for where it cannot run, or if a case's inputs or its float64 reference
     cannot be allocated: sizes too large for the device, named as demo names them; ValueError for another backend or
     a method not in ``METHODS``, before any work)."""
-    if backend not in ("auto", "emulation", "kernel"):
+    if backend not in BACKENDS:
         raise ValueError(f"backend must be 'auto', 'emulation' or 'kernel', got {backend!r}")
     unknown = [m for m in (methods or ()) if m not in METHODS]
     if unknown:
@@ -443,7 +445,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=seed_int, default=0,
                         help="random seed in [0, 2^64 - 1] (default 0); case i of a sweep draws its inputs with "
                              f"seed (seed + offset + i) mod 2^64, offsets {offsets}")
-    parser.add_argument("--backend", choices=("auto", "emulation", "kernel"), default="auto",
+    parser.add_argument("--backend", choices=BACKENDS, default="auto",
                         help="FP8 numbers from the emulation (CPU), the fa3-fp8 kernel (GPU), or auto")
     parser.add_argument("--head-dims", type=int, nargs="+", default=None, choices=SWEEP_HEAD_DIMS, action=_Distinct,
                         help="only these head dims of the head_dim sweep (e.g. one per process; seeds unchanged)")
