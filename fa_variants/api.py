@@ -486,12 +486,17 @@ def _tracing(q) -> bool:
     return torch.compiler.is_compiling() or (type(q) is not torch.Tensor and not isinstance(q, torch.nn.Parameter))
 
 
-@torch.compiler.assume_constant_result
 def _autocast_available(device_type: str) -> bool:
     """``torch.amp.is_autocast_available``, read by torch.compile as a constant of the trace: dynamo before torch
     2.13 cannot trace the C function under it, so every compiled call on a CPU tensor failed there (fullgraph) or
     broke its graph (session 47, torch 2.11)."""
     return torch.amp.is_autocast_available(device_type)
+
+
+# torch.compiler.assume_constant_result's mark, set by hand: the decorator imports torch._dynamo (1.5-3 s, with
+# sympy), which made every process's first attention call that much slower (session 49: 3.3 s against issue 13's
+# 1 s budget). tests/test_api.py checks that the mark is the decorator's.
+_autocast_available._dynamo_marked_constant = True
 
 
 def autocast_device(q) -> str | None:

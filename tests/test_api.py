@@ -741,3 +741,39 @@ def test_a_nonfinite_value_behind_the_causal_mask_gives_finite_gradients(tensor)
             for got, want in zip(*results):
                 assert torch.isfinite(got).all(), (path, tensor, bad)
                 torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, msg=f"{path} {tensor}={bad}")
+
+
+def test_autocast_check_carries_the_mark_assume_constant_result_sets():
+    """api._autocast_available is marked for torch.compile by hand (the decorator imports torch._dynamo); the mark
+    must be what torch.compiler.assume_constant_result sets on this torch, or dynamo would trace the C function
+    again (session 47's failures on torch 2.11)."""
+    def probe(device_type: str) -> bool:
+        return True
+
+    before = dict(vars(probe))
+    marked = torch.compiler.assume_constant_result(probe)
+    added = {name: value for name, value in vars(marked).items() if before.get(name) is not value}
+    assert added, "assume_constant_result set no attribute: update api._autocast_available's mark"
+    from fa_variants import api
+
+    assert {name: getattr(api._autocast_available, name, None) for name in added} == added
+
+
+def test_first_call_imports_nothing_heavy():
+    """A fresh process's import of fa_variants and its first attention call (CPU, reference path) import neither
+    torch.compile's machinery (torch._dynamo, sympy: 1.5-3 s, which session 49 found in every first call, 3.3 s on
+    an H100 against issue 13's 1 s budget) nor the CuTe DSL, plotting or model libraries."""
+    import subprocess
+
+    from helpers import subprocess_env
+
+    code = ("import sys, torch, fa_variants\n"
+            "q = torch.randn(1, 3, 4, 64); k, v = torch.randn(1, 5, 2, 64), torch.randn(1, 5, 2, 64)\n"
+            "fa_variants.attention(q, k, v, causal=True, backend='reference')\n"
+            "fa_variants.attention(q.to(torch.bfloat16), k.to(torch.bfloat16), v.to(torch.bfloat16))\n"
+            "heavy = ('torch._dynamo', 'torch._inductor', 'sympy', 'cutlass', 'matplotlib', 'transformers')\n"
+            "print(sorted(name for name in heavy if name in sys.modules))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env(),
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == "[]", r.stdout
