@@ -13,7 +13,7 @@
 # ec15a / ec15b, tens of GB; session 32: 6 passed, 39 s).
 # "cpu1", "cpu2": every test NOT marked gpu, on the GPU host's torch (2.11 there; CI and the fresh clones run the
 # newest): the CPU paths under another torch release, the test files taken alternately (sorted by name) into two
-# halves. Session 47's first run of them there found torch.compile over CPU tensors failing on torch 2.11 (dynamo
+# halves (byte order: LC_ALL=C, as the tests that check the halves sort). Session 47's first run of them there found torch.compile over CPU tensors failing on torch 2.11 (dynamo
 # could not trace two calls that newer releases trace). Session 48's one-part run reached 79 % in 560 s with 8 workers
 # of 16 torch threads each on an H100 host, hence the halves, 14 workers (no GPU memory to share) and 1 torch
 # thread per worker (OMP_NUM_THREADS). Their skips are not checked. The carried packages have no nvdisasm >= 13.4 (the
@@ -45,7 +45,7 @@ case "${1:-}" in
   3) FILES=$PART3 ;;
   4) FILES=$PART4 ;;
   slow) FILES="$PART1 $PART2 $PART3 $PART4"; MARK="gpu and slow"; NPROC="" ;;  # serial: six 17-35 GB tests at once exceed 141 GB
-  cpu1|cpu2) FILES=$(ls tests/test_*.py | sort | awk -v half="${1#cpu}" 'NR % 2 == half % 2'); MARK="not gpu"
+  cpu1|cpu2) FILES=$(ls tests/test_*.py | LC_ALL=C sort | awk -v half="${1#cpu}" 'NR % 2 == half % 2'); MARK="not gpu"
     NPROC=$(SUITE_WORKERS=${SUITE_WORKERS:-14} xdist_flag 14); export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
     export FA_VARIANTS_TESTS_WITHOUT_SASS=1 ;;
   *) echo "suite_gpu.sh: PART must be 1, 2, 3, 4, slow, cpu1 or cpu2, got '${1:-}'" >&2; exit 2 ;;
