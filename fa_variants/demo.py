@@ -128,7 +128,8 @@ def _input(args: argparse.Namespace, device: torch.device) -> tuple[DemoInput, s
             shape[key] = getattr(args, key)
     causal = True if args.causal is None else args.causal
     sizes = ", ".join(f"--{key.replace('_', '-')} {value}" for key, value in shape.items())
-    with allocating(f"q, k, v of {sizes} on {device}", "choose smaller sizes"):
+    need = 3 * shape["batch"] * shape["seqlen"] * shape["heads"] * shape["head_dim"] * DTYPES[args.dtype].itemsize
+    with allocating(f"q, k, v of {sizes} on {device}", "choose smaller sizes", need, device):
         inp = synthetic_input(device, dtype=DTYPES[args.dtype], causal=causal, seed=args.seed, **shape)
     note = (f"{', '.join(sized)} given: random input of that size, not a captured one"
             if sized and not args.random and load_real_input(device, DTYPES[args.dtype]) is not None else None)

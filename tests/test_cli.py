@@ -586,6 +586,21 @@ def test_demo_sizes_that_cannot_be_allocated_are_one_line(capsys):
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
 
 
+def test_demo_refuses_sizes_beyond_free_memory_before_allocating(capsys, monkeypatch):
+    """A host that overcommits memory grants an allocation of any size below the address space's and kills the
+    process when it writes the pages (session 49, a GPU host), so the allocator's error cannot be relied on: the demo
+    compares its need with the device's free memory first. Here the device has 1 MiB free; the inputs are not
+    made."""
+    from fa_variants.common import checks
+
+    monkeypatch.setattr(checks, "free_bytes", lambda device="cpu": 2**20)
+    monkeypatch.setattr(demo, "synthetic_input", lambda *a, **k: pytest.fail("allocated past the free memory"))
+    assert cli.main(["demo", "--random", "--seqlen", "1000", "--heads", "4", "--head-dim", "64"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot allocate q, k, v of" in err[0] and "--heads 4" in err[0], err
+    assert "needs 0.00143 GiB, cpu has 0.000977 GiB free" in err[0], err
+
+
 def test_output_into_a_closed_pipe_ends_quietly():
     """`fa-variants io ... | head -1`: the reader closes the pipe after one line; the command stops without a message
     and exits 141 (128 + SIGPIPE, as a tool killed by it), not 1 (rich's exit on a broken pipe, which `demo` uses for

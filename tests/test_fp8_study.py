@@ -156,6 +156,25 @@ def test_sizes_too_large_to_allocate_are_one_line(capsys, tmp_path, flag):
     assert not (tmp_path / "fp8_study.json").exists()
 
 
+def test_cases_beyond_free_memory_are_refused_before_allocating(capsys, monkeypatch, tmp_path):
+    """On a host that overcommits memory, a case too large for it was allocated and the process killed when the
+    pages were written (session 49: --heads 100000000 took a test worker down on a GPU host). The study now checks
+    each case's need (study.case_bytes: float32 q, k, v and the float64 scores) against the free memory first: here
+    1 MiB, against the quick p sweep's 512 x 512 case with 4 heads (8 MiB of scores)."""
+    from fa_variants.common import checks
+
+    monkeypatch.setattr(checks, "free_bytes", lambda device="cpu": 2**20)
+    monkeypatch.setattr(study, "make_inputs", lambda *a, **k: pytest.fail("allocated past the free memory"))
+    argv = ["fp8-study", "--quick", "--no-e2e", "--sweeps", "p", "--backend", "emulation", "--heads", "4",
+            "--out", str(tmp_path)]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("fa-variants fp8-study: error: cannot allocate q, k, v") and "H = 4" in err[-1], err
+    assert "GiB free); choose smaller --heads" in err[-1], err
+    case = study.Case("p", "outlier", 512, 512, 4, 128)
+    assert study.case_bytes(case) == 4 * 1536 * 4 * 128 + 8 * 4 * 512 * 512
+
+
 @pytest.mark.parametrize("rows, e2e, what", [
     ([{}], None, "rows[0]: sweep missing"),
     ([], None, "rows is empty"),

@@ -102,3 +102,40 @@ def test_fp8_numpy_int_and_bool():
     assert type(inp.block_m) is int
     with pytest.raises(ValueError, match="FP8Inputs.block_m must be a positive int, got True"):
         dataclasses.replace(inp, block_m=True)
+
+
+def test_free_bytes_reads_the_device_it_can():
+    """checks.free_bytes: the CPU's from /proc/meminfo, else os.sysconf; None for a device it cannot read (nothing is
+    then refused early); allocating(nbytes=...) refuses a need past it before running its block."""
+    from fa_variants.common import checks
+
+    cpu = checks.free_bytes("cpu")
+    assert isinstance(cpu, int) and cpu > 0 and checks.free_bytes("meta") is None
+    ran = []
+    with pytest.raises(ValueError, match=r"^cannot allocate x \(needs .* GiB, cpu has .* GiB free\); smaller$"):
+        with checks.allocating("x", "smaller", nbytes=cpu * 4 + 2**40):
+            ran.append(True)
+    assert not ran
+    with checks.allocating("x", "smaller", nbytes=1):
+        ran.append(True)
+    assert ran
+
+
+def test_free_bytes_without_proc_meminfo(monkeypatch):
+    """Where /proc/meminfo cannot be read (not Linux), the free physical pages; where neither can, None."""
+    import os
+
+    from fa_variants.common import checks
+
+    def no_file(*args, **kwargs):
+        raise OSError("no /proc here")
+
+    monkeypatch.setattr(checks, "open", no_file, raising=False)
+    if hasattr(os, "sysconf") and "SC_AVPHYS_PAGES" in os.sysconf_names:
+        assert checks.free_bytes("cpu") == os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+    def no_sysconf(name):
+        raise ValueError(name)
+
+    monkeypatch.setattr(checks.os, "sysconf", no_sysconf)
+    assert checks.free_bytes("cpu") is None

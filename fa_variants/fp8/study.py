@@ -120,6 +120,16 @@ class Case:
         return f"{extra} Nq={self.seqlen_q} Nk={self.seqlen_k} D={self.head_dim}{' causal' if self.causal else ''}"
 
 
+def case_bytes(case: Case) -> int:
+    """A lower bound of what one case holds while its inputs are made and its float64 reference runs: q, k, v in
+    float32 (``make_inputs`` draws them so) and the reference's float64 scores S (batch x heads x seqlen_q x seqlen_k).
+    Real-model cases (their sizes come from the fixture) count 0."""
+    if case.dist == "real":
+        return 0
+    qkv = case.batch * (case.seqlen_q + 2 * case.seqlen_k) * case.heads * case.head_dim
+    return 4 * qkv + 8 * case.batch * case.heads * case.seqlen_q * case.seqlen_k
+
+
 def make_inputs(case: Case, fixture=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q, k, v float16 on the CPU for ``case`` (seeded with case.seed). Raises ValueError for an unknown dist."""
     if case.dist == "real":
@@ -234,7 +244,7 @@ def run_study(cases: list[Case], *, methods=None, backend: str = "auto", fixture
     for case in cases:
         scale = fixture.softmax_scale if case.dist == "real" else None
         with allocating(f"q, k, v and the float64 reference of case {case.name()} with H = {case.heads} on {device}",
-                        "choose smaller --heads / --head-dim / --seqlens"):
+                        "choose smaller --heads / --head-dim / --seqlens", case_bytes(case), device):
             q, k, v = (t.to(device) for t in make_inputs(case, fixture))
             ref, _ = attention_reference(q, k, v, causal=case.causal, softmax_scale=scale, dtype=torch.float64)
         for name in names:
