@@ -251,6 +251,24 @@ def test_warmup_head_counts_beyond_any_model_are_one_line(capsys, monkeypatch, t
     assert not list((tmp_path / "cache").rglob("*.kernel"))
 
 
+def test_warmup_planning_beyond_free_memory_is_refused_before_allocating(capsys, monkeypatch, tmp_path):
+    """fa3-fp8's pass plan is worked out on CPU tensors with the group's query heads; a host that overcommits memory
+    granted them at --gqa 100000000:1 and the process was killed writing them (session 49's kind of fault). The
+    need is checked against the free memory first: 1 MiB here, against a 1.2 GiB planning q."""
+    from fa_variants.common import checks
+    from fa_variants.fp8 import quant_host
+
+    monkeypatch.setenv("FA_VARIANTS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("FA_VARIANTS_DISK_CACHE", raising=False)
+    monkeypatch.setattr(checks, "free_bytes", lambda device="cpu": 2**20)
+    monkeypatch.setattr(quant_host, "planned_passes", lambda *a, **k: pytest.fail("allocated past the free memory"))
+    code = cli.main(["warmup", "--arch", "sm_90a", "--backends", "fa3-fp8", "--head-dims", "128", "--no-progress",
+                     "--gqa", "1000000:1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "1000000 query heads per KV head" in err[0], err
+    assert "GiB, cpu has 0.000977 GiB free); a real model has far fewer" in err[0], err
+
+
 @pytest.mark.parametrize("text_config", [None, [], "llama"])
 def test_warmup_model_whose_text_config_is_not_an_object_reads_the_top_level(tmp_path, text_config):
     """A config.json whose "text_config" is null (or not an object) is read at its top level, as one without it:

@@ -147,8 +147,10 @@ def quant_passes(arch: str, dtype: str, head_dim: int, groups: tuple[int, ...] =
     from fa_variants.common.interop import TORCH_DTYPES
     from fa_variants.fp8 import quant_host
 
-    with allocating(f"fa3-fp8's planning tensors for {max(groups, default=1)} query heads per KV head (--gqa or the "
-                    "model's head counts)", "a real model has far fewer"):
+    most = max(groups, default=1)
+    need = 5 * most * head_dim * TORCH_DTYPES[dtype].itemsize  # a lower bound: the planning q of the largest group
+    with allocating(f"fa3-fp8's planning tensors for {most} query heads per KV head (--gqa or the model's head "
+                    "counts)", "a real model has far fewer", need):
         return quant_host.planned_passes(arch, TORCH_DTYPES[dtype], head_dim,
                                          groups=tuple(dict.fromkeys((1, *groups))))
 
