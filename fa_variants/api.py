@@ -78,7 +78,7 @@ def _check_inputs(q, k, v, names=("q", "k", "v"), hint: str = _ATTENTION_HINT) -
             raise TypeError(f"{nq} has dtype {q.dtype} but {name} has dtype {t.dtype}; they must match")
         if t.device != q.device:
             raise ValueError(f"{nq} is on {q.device} but {name} is on {t.device}; they must be on one device")
-    (batch, seqlen_q, heads, head_dim), (bk, seqlen_k, heads_kv, dk), (bv, seqlen_v, heads_v, dv) = (
+    (batch, _, heads, head_dim), (bk, seqlen_k, heads_kv, dk), (bv, seqlen_v, heads_v, dv) = (
         q.shape, k.shape, v.shape)
     for name, b in ((nk, bk), (nv, bv)):
         if b != batch:
@@ -605,7 +605,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
             (``dispatch.BackendUnavailableError``, naming the backends that can).
         NotImplementedError: inputs that require grad on fa3-fp8 (``registry.FORWARD_ONLY``) or with num_splits /
             pack_gqa; seqlens_k inside
-            CUDA-graph capture on a backend other than fa3 and fa2.
+            CUDA-graph capture on a backend other than fa3 and fa2; seqlens_k batched by torch.func.vmap.
 
     Sources: Dao et al., FlashAttention (2022), Algorithm 1; Dao, FlashAttention-2 (2023), Algorithm 1;
     Shah et al., FlashAttention-3 (2024).

@@ -75,11 +75,21 @@ def causal_visible(seqlen_q: int, seqlen_k: int, *, row_start: int = 0, rows: in
     return j <= i + (seqlen_k - seqlen_q)
 
 
+def _vmapped(t: torch.Tensor) -> bool:
+    """True for a tensor that torch.func.vmap batches, at any level of torch.func's wrappers."""
+    functorch = torch._C._functorch
+    while functorch.is_functorch_wrapped_tensor(t):
+        if functorch.is_batchedtensor(t):
+            return True
+        t = functorch.get_unwrapped(t)
+    return False
+
+
 def check_seqlens_k(seqlens_k, batch: int, seqlen_k: int, device: torch.device, *, values: bool = True,
                     host_ok: bool = False) -> None:
     """Validate per-sequence KV lengths: an int32 tensor of shape (batch,) on q's device with every value in
     [0, seqlen_k]. Raises TypeError / ValueError (one line naming ``seqlens_k``; TypeError also for a sparse or
-    nested tensor). ``values=False`` skips the value check, which reads the tensor back to the host (a device sync;
+    nested tensor; NotImplementedError for one batched by torch.func.vmap, whose values cannot be read). ``values=False`` skips the value check, which reads the tensor back to the host (a device sync;
     impossible during CUDA-graph capture).
     ``host_ok``: a CPU tensor is accepted too (``fa_variants.attention`` copies it to q's device)."""
     if not isinstance(seqlens_k, torch.Tensor):
@@ -93,6 +103,10 @@ def check_seqlens_k(seqlens_k, batch: int, seqlen_k: int, device: torch.device, 
         raise ValueError(f"seqlens_k must have shape (batch,) = ({batch},), got {tuple(seqlens_k.shape)}")
     if seqlens_k.device != device and not (host_ok and seqlens_k.device.type == "cpu"):
         raise ValueError(f"seqlens_k is on {seqlens_k.device} but q is on {device}")
+    if values and _vmapped(seqlens_k):
+        raise NotImplementedError("seqlens_k batched by torch.func.vmap: its values are read on the host to check "
+                                  "them, which vmap cannot do; fold the vmapped dimension into the batch, or give "
+                                  "seqlens_k unbatched (in_dims None)")
     if values and batch and seqlens_k.device.type != "meta":  # a meta tensor has no values to check
         lo, hi = torch.aminmax(seqlens_k)
         lo, hi = int(lo), int(hi)

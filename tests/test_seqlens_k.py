@@ -139,3 +139,22 @@ def test_host_lengths_are_accepted_only_where_asked():
         check_seqlens_k(lengths, 2, 4, torch.device("meta"), values=False)
     with pytest.raises(ValueError, match="seqlens_k is on meta"):
         check_seqlens_k(lengths.to("meta"), 2, 4, torch.device("cpu"), values=False, host_ok=True)
+
+
+def test_seqlens_k_batched_by_vmap_is_one_line():
+    """torch.func.vmap over seqlens_k failed with torch's generic ".item()" message, which did not say which input
+    or why; now a NotImplementedError naming seqlens_k (also under grad of vmap). Unbatched seqlens_k (in_dims None)
+    still runs under vmap, and matches the per-slice calls."""
+    q, k, v = torch.randn(3, 2, 5, 4, 16), torch.randn(3, 2, 7, 2, 16), torch.randn(3, 2, 7, 2, 16)
+    lens = torch.tensor([[7, 3], [2, 5], [1, 1]], dtype=torch.int32)
+
+    def per_slice(q, k, v, lengths):
+        return fa_variants.attention(q, k, v, causal=True, seqlens_k=lengths)
+
+    for run in (lambda: torch.func.vmap(per_slice)(q, k, v, lens),
+                lambda: torch.func.grad(lambda q: torch.func.vmap(per_slice)(q, k, v, lens).sum())(q)):
+        with pytest.raises(NotImplementedError, match=r"^seqlens_k batched by torch.func.vmap: .*in_dims None\)$"):
+            run()
+    out = torch.func.vmap(per_slice, in_dims=(0, 0, 0, None))(q, k, v, lens[1])
+    for i in range(3):
+        torch.testing.assert_close(out[i], per_slice(q[i], k[i], v[i], lens[1]))
