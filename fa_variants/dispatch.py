@@ -180,8 +180,7 @@ def why_not(name: str, capability: tuple[int, int] | None, dtype: torch.dtype, h
         if arch not in SM80_CODE_ARCHS:  # the sm80 kernels are built for the newer archs the DSL compiles for
             return f"{name} is not built for {arch} (its compile targets: {', '.join(SM80_CODE_ARCHS)})"
     entry = _declared(name)
-    if entry is not None and _dtype_name(dtype) in entry.dtypes and \
-            (entry.head_dims is None or head_dim in entry.head_dims):
+    if entry is not None and not entry.refuses(_dtype_name(dtype), head_dim):
         return None  # serves it by its declaration; imported (and its import checked) when chosen
     loaded = load(name)
     if isinstance(loaded, str):
@@ -194,13 +193,7 @@ def _refused_anywhere(name: str, dtype: torch.dtype, head_dim: int) -> str:
     as a clause for the wrong-device reason (else a float32 call asked of fa3-fp8 on the CPU heard only of the
     device); "" when nothing."""
     entry = registry.ENTRIES.get(name)
-    if entry is None or not entry.dtypes:
-        return ""
-    problems = []
-    if _dtype_name(dtype) not in entry.dtypes:
-        problems.append(f"{', '.join(entry.dtypes)} inputs (not {_dtype_name(dtype)})")
-    if entry.head_dims is not None and head_dim not in entry.head_dims:
-        problems.append(f"head_dim {', '.join(map(str, entry.head_dims))} (not {head_dim})")
+    problems = entry.refuses(_dtype_name(dtype), head_dim) if entry is not None else []
     return f"; and it takes {' and '.join(problems)}" if problems else ""
 
 

@@ -32,6 +32,16 @@ class Entry:
     head_dims: tuple[int, ...] | None = None
     auto_dtypes: tuple[str, ...] | None = None
 
+    def refuses(self, dtype: str, head_dim: int) -> list[str]:
+        """What of a call (dtype name, head_dim) the declaration refuses, as clauses ("float16, bfloat16 inputs (not
+        float32)", "head_dim 64, 96, 128, 256 (not 80)"); [] when it declares both, or declares no dtypes."""
+        if not self.dtypes:
+            return []
+        problems = [] if dtype in self.dtypes else [f"{', '.join(self.dtypes)} inputs (not {dtype})"]
+        if self.head_dims is not None and head_dim not in self.head_dims:
+            problems.append(f"head_dim {', '.join(map(str, self.head_dims))} (not {head_dim})")
+        return problems
+
 
 _HALF = ("float16", "bfloat16")
 _HEAD_DIMS = (64, 96, 128, 256)

@@ -376,3 +376,17 @@ def test_fp8_pass_is_asked_only_where_it_is_built(monkeypatch, cap, served):
     assert (reason is None) == served, reason
     if not served:
         assert reason.startswith("the GPU quantisation pass is built for sm_89, sm_90a, not sm_")
+
+
+def test_entry_refuses_names_what_its_declaration_does_not_take():
+    """registry.Entry.refuses: the one reading of a backend's declared dtypes and head dims, for why_not (a backend
+    that declares the call serves it without being imported) and for the wrong-device reason's clause."""
+    entry = registry.ENTRIES["fa3"]
+    assert entry.refuses("bfloat16", 128) == []
+    assert entry.refuses("float32", 80) == ["float16, bfloat16 inputs (not float32)",
+                                           "head_dim 64, 96, 128, 256 (not 80)"]
+    assert entry.refuses("float16", 80) == ["head_dim 64, 96, 128, 256 (not 80)"]
+    assert registry.ENTRIES["reference"].refuses("float32", 80) == []  # declares nothing: the Variant answers
+    reason = dispatch.why_not("fa3", None, torch.float32, 80)
+    assert reason.endswith("; and it takes float16, bfloat16 inputs (not float32) and head_dim 64, 96, 128, 256 "
+                           "(not 80)"), reason
