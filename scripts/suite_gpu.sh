@@ -26,6 +26,8 @@
 # SUITE_SKIP=" FILE ..." leaves those files out of the part (a file another call ran on the same tree: say so where
 # the result is reported), e.g. SUITE_SKIP=tests/test_backward_gpu.py after scripts/pending_gpu.sh backward.
 # SUITE_LIMIT=S: the pytest step's limit in seconds (default 560, for a call that runs something else first).
+# SUITE_TEST_TIMEOUT=S: the cpu halves' limit per test (default 150), where pytest-timeout is installed (the GPU
+# host has it): a stuck test fails with its stack and the half still prints its summary.
 # Pass: pytest's "0 failed", no errors (an rc 124 after the "[100%]" line is xdist's teardown, not a failure).
 set -uo pipefail
 source "$(dirname "$0")/steps.sh"
@@ -47,7 +49,10 @@ case "${1:-}" in
   slow) FILES="$PART1 $PART2 $PART3 $PART4"; MARK="gpu and slow"; NPROC="" ;;  # serial: six 17-35 GB tests at once exceed 141 GB
   cpu1|cpu2) FILES=$(ls tests/test_*.py | LC_ALL=C sort | awk -v half="${1#cpu}" 'NR % 2 == half % 2'); MARK="not gpu"
     NPROC=$(SUITE_WORKERS=${SUITE_WORKERS:-14} xdist_flag 14); export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-    export FA_VARIANTS_TESTS_WITHOUT_SASS=1 ;;
+    export FA_VARIANTS_TESTS_WITHOUT_SASS=1
+    # a test past SUITE_TEST_TIMEOUT s fails with its stack (pytest-timeout, where installed) instead of stalling the
+    # half until the step's limit kills it with no summary (sessions 48 and 49: a worker killed by the host)
+    python3 -c "import pytest_timeout" >/dev/null 2>&1 && NPROC="$NPROC --timeout=${SUITE_TEST_TIMEOUT:-150}" ;;
   *) echo "suite_gpu.sh: PART must be 1, 2, 3, 4, slow, cpu1 or cpu2, got '${1:-}'" >&2; exit 2 ;;
 esac
 FILES=$(echo $FILES)  # one space between names (the lists above break lines): SUITE_SKIP matches " NAME "

@@ -514,3 +514,23 @@ def test_xdist_workers_follow_the_gpu_memory(tmp_path, mib, workers, want):
     out = subprocess.run(["bash", "-c", "source scripts/steps.sh && xdist_flag 14"], cwd=ROOT, env=env,
                          capture_output=True, text=True, check=True).stdout.strip()
     assert out == want
+
+
+@pytest.mark.parametrize("timeout_plugin", [True, False])
+def test_suite_gpu_sh_cpu_halves_limit_each_test_where_pytest_timeout_is(tmp_path, timeout_plugin):
+    """Sessions 48 and 49: a cpu half stalled after a worker was killed and its step's limit ended it with no
+    summary. Where pytest-timeout imports, the halves pass --timeout (SUITE_TEST_TIMEOUT, default 150); the GPU parts
+    never do (a cold compile may be long); without the plugin nothing is added (pytest would refuse the flag)."""
+    bin_dir = _fake_bin(tmp_path / "bin", _FAKE_SMI)
+    missing = ' || "$*" == *"import pytest_timeout"*' if not timeout_plugin else ""
+    (bin_dir / "python3").write_text(f'#!/usr/bin/env bash\n[[ "$*" == *"import xdist"*{missing} ]] && exit 1\n'
+                                     'echo "ARGS: $*"\n')
+    (bin_dir / "python3").chmod(0o755)
+    for part, timeout in (("cpu2", "77"), ("1", "77")):
+        env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(tmp_path / "out"),
+                   SUITE_TEST_TIMEOUT=timeout)
+        subprocess.run(["bash", str(ROOT / "scripts" / "suite_gpu.sh"), part], capture_output=True, text=True,
+                       cwd=ROOT, env=env, timeout=120)
+        args = (tmp_path / "out" / f"suite{part}" / "logs" / "pytest.log").read_text()
+        assert "ARGS: -m pytest" in args, args
+        assert ("--timeout=77" in args) == (timeout_plugin and part == "cpu2"), args
