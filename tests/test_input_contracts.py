@@ -388,3 +388,45 @@ def test_a_length_1_dimension_is_restrided_not_refused(dtype):
     assert interop.aligned(wide).data_ptr() != wide.data_ptr()
     plain = torch.zeros(2, 1, 8, 128, dtype=torch.bfloat16)
     assert interop.aligned(plain) is plain and interop.unit_dims_restrided(plain) is plain
+
+
+def test_paths_from_the_environment_are_read_alike(monkeypatch, tmp_path):
+    """FA_VARIANTS_CACHE_DIR / FA_VARIANTS_FIXTURE: blank values are unset (a " " made a folder named " " in the
+    working directory), surrounding spaces are stripped; a leading ~ without a home directory, and no home directory
+    at all, are OSErrors naming what to set (pathlib's RuntimeError traceback before: session 49's environment
+    probe); a FA_VARIANTS_FIXTURE that names no file is said (it was taken as "no fixture" silently)."""
+    import pathlib
+
+    from fa_variants.common import diskcache, paths
+    from fa_variants.integrations import fixture
+
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for blank in ("", " ", "\t "):
+        monkeypatch.setenv(diskcache.ENV_DIR, blank)
+        assert diskcache.root() == tmp_path / ".cache" / "fa_variants"
+        monkeypatch.setenv(fixture.ENV_VAR, blank)
+        assert fixture.candidate_paths()[-1] == tmp_path / ".cache" / "fa_variants" / fixture.FILENAME
+    monkeypatch.setenv(diskcache.ENV_DIR, f" {tmp_path / 'c'} ")
+    assert diskcache.root() == tmp_path / "c"
+
+    def no_home(cls=None):
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.delenv("HOME")
+    monkeypatch.setattr(pathlib.Path, "home", classmethod(no_home))
+    monkeypatch.setattr(pathlib.Path, "expanduser", lambda self: no_home() if str(self).startswith("~") else self)
+    assert paths.home() is None
+    monkeypatch.setenv(diskcache.ENV_DIR, "~/cache")
+    with pytest.raises(OSError, match=r"^FA_VARIANTS_CACHE_DIR: ~/cache starts with ~ but there is no home"):
+        diskcache.root()
+    monkeypatch.setenv(fixture.ENV_VAR, "~/f.pt.xz")
+    with pytest.raises(OSError, match=r"^FA_VARIANTS_FIXTURE: ~/f.pt.xz starts with ~"):
+        fixture.load_real_input()
+    monkeypatch.delenv(fixture.ENV_VAR)
+    assert all(str(p).startswith(("/", ".")) for p in fixture.candidate_paths())  # no home candidate
+    with pytest.raises(OSError, match="set FA_VARIANTS_FIXTURE or give --out"):
+        fixture.default_path()
+    monkeypatch.setenv(fixture.ENV_VAR, str(tmp_path / "absent.pt.xz"))
+    with pytest.raises(FileNotFoundError, match=r"^FA_VARIANTS_FIXTURE=.*absent.pt.xz: no such file"):
+        fixture.find_fixture()

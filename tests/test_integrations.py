@@ -145,8 +145,9 @@ def test_fixture_roundtrip_and_rebuilt_layers(model, ids, tiny_fixture, monkeypa
 
     monkeypatch.setenv(fx.ENV_VAR, str(tiny_fixture))
     assert fx.load_real_input().describe() == f.describe()
-    monkeypatch.setenv(fx.ENV_VAR, str(tiny_fixture.parent / "absent.pt.xz"))
-    assert fx.load_real_input() is None
+    monkeypatch.setenv(fx.ENV_VAR, str(tiny_fixture.parent / "absent.pt.xz"))  # named, not there: said, not None
+    with pytest.raises(FileNotFoundError, match=rf"^{fx.ENV_VAR}=.*absent.pt.xz: no such file"):
+        fx.load_real_input()
 
 
 # ------------------------------------------------------------------------------------ transformers registry

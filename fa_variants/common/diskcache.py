@@ -58,7 +58,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
-from fa_variants.common import env
+from fa_variants.common import env, paths
 
 ENV_DIR = "FA_VARIANTS_CACHE_DIR"
 ENV_SWITCH = "FA_VARIANTS_DISK_CACHE"
@@ -107,17 +107,16 @@ def root() -> Path:
         OSError: none of them names a place (FA_VARIANTS_CACHE_DIR and XDG_CACHE_HOME unset and no home directory:
             HOME unset and the user id without a password entry, or HOME relative); the message names
             FA_VARIANTS_CACHE_DIR."""
-    if os.environ.get(ENV_DIR):  # a relative one is taken from the working directory at first use, made absolute
-        return Path(os.environ[ENV_DIR]).expanduser().absolute()
+    named = paths.env_path(ENV_DIR)  # spaces around it stripped; blank = unset
+    if named:  # a relative one is taken from the working directory at first use, made absolute
+        return paths.expand_user(named, ENV_DIR).absolute()
     xdg = os.environ.get("XDG_CACHE_HOME", "")
     if os.path.isabs(xdg):
         return Path(xdg) / "fa_variants"
-    try:
-        home = Path.home()
-    except RuntimeError as exc:  # "Could not determine home directory"
-        raise OSError(f"no directory for the compile cache ({exc}): set {ENV_DIR}") from None
-    if not home.is_absolute():  # HOME=relative: a different cache in every working directory
-        raise OSError(f"no directory for the compile cache (HOME={str(home)!r} is not absolute): set {ENV_DIR}")
+    home = paths.home()
+    if home is None:  # no home directory (HOME unset without a password entry, or HOME relative)
+        raise OSError(f"no directory for the compile cache (no home directory: HOME is {os.environ.get('HOME')!r}, "
+                      f"unset or relative): set {ENV_DIR}")
     return home / ".cache" / "fa_variants"
 
 

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import torch
 
+from fa_variants.common import paths
+
 FILENAME = "smollm2_135m_instruct.pt.xz"
 ENV_VAR = "FA_VARIANTS_FIXTURE"
 FORMAT = 1
@@ -65,7 +67,7 @@ class Fixture:
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write the fixture (lzma-compressed torch.save of a dict); creates the folder. Returns the path."""
-        path = Path(path).expanduser()
+        path = paths.expand_user(path, "fixture path")
         path.parent.mkdir(parents=True, exist_ok=True)
         buf = io.BytesIO()
         torch.save(asdict(self), buf)
@@ -78,7 +80,7 @@ class Fixture:
         and for a file that is not a fixture (not lzma, not a torch.save of a dict, fields missing): before, such a
         file gave lzma's / pickle's / a dict lookup's error and ``fa-variants demo`` a traceback. OSError (a
         missing file, a folder) as ``Path.read_bytes``."""
-        raw = Path(path).expanduser().read_bytes()
+        raw = paths.expand_user(path, "fixture path").read_bytes()
         regenerate = "regenerate it with python -m fa_variants.integrations.capture"
         try:
             data = torch.load(io.BytesIO(lzma.decompress(raw)), weights_only=True)
@@ -114,24 +116,37 @@ class Fixture:
 
 
 def candidate_paths() -> list[Path]:
-    """Where a fixture is looked for, in order ($FA_VARIANTS_FIXTURE alone when it is set)."""
-    if os.environ.get(ENV_VAR):
-        return [Path(os.environ[ENV_VAR]).expanduser()]
+    """Where a fixture is looked for, in order ($FA_VARIANTS_FIXTURE alone when it is set; the home directory's
+    cache left out where there is no home directory)."""
+    named = paths.env_path(ENV_VAR)
+    if named:
+        return [paths.expand_user(named, ENV_VAR)]
     repo = Path(__file__).resolve().parents[2]
+    home = paths.home()
     return [repo / ".fixtures" / FILENAME, Path.cwd() / ".fixtures" / FILENAME,
-            Path.home() / ".cache" / "fa_variants" / FILENAME]
+            *([home / ".cache" / "fa_variants" / FILENAME] if home is not None else [])]
 
 
 def default_path() -> Path:
-    """Where ``capture`` writes by default: $FA_VARIANTS_FIXTURE, else ~/.cache/fa_variants/FILENAME."""
-    if os.environ.get(ENV_VAR):
-        return Path(os.environ[ENV_VAR]).expanduser()
-    return Path.home() / ".cache" / "fa_variants" / FILENAME
+    """Where ``capture`` writes by default: $FA_VARIANTS_FIXTURE, else ~/.cache/fa_variants/FILENAME. OSError where
+    neither names a place (no home directory)."""
+    named = paths.env_path(ENV_VAR)
+    if named:
+        return paths.expand_user(named, ENV_VAR)
+    home = paths.home()
+    if home is None:
+        raise OSError(f"no home directory for the fixture's default place: set {ENV_VAR} or give --out")
+    return home / ".cache" / "fa_variants" / FILENAME
 
 
 def find_fixture() -> Path | None:
-    """The first existing path of :func:`candidate_paths`, or None."""
-    return next((p for p in candidate_paths() if p.is_file()), None)
+    """The first existing path of :func:`candidate_paths`, or None. FileNotFoundError naming FA_VARIANTS_FIXTURE when
+    it is set to something that is not a file (a typo was taken as "no fixture" before, without a word)."""
+    found = next((p for p in candidate_paths() if p.is_file()), None)
+    if found is None and paths.env_path(ENV_VAR):
+        raise FileNotFoundError(f"{ENV_VAR}={paths.env_path(ENV_VAR)}: no such file (unset it to use the default "
+                                "places)")
+    return found
 
 
 def load_real_input(path: str | os.PathLike | None = None) -> Fixture | None:
