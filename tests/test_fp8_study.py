@@ -389,3 +389,21 @@ def test_run_study_names_an_unknown_backend_or_method():
         study.run_study([case], backend="gpu")
     with pytest.raises(ValueError, match="^unknown method 'nope'; choose from torch-fp16, "):
         study.run_study([case], methods=["tensor", "nope"], backend="emulation")
+
+
+@pytest.mark.parametrize("fixture_file", ["absent", "garbage"])
+def test_a_bad_fixture_variable_is_one_line_and_leaves_no_folder(capsys, monkeypatch, tmp_path, fixture_file):
+    """FA_VARIANTS_FIXTURE naming no file was taken as "no fixture" without a word (the layer sweep skipped), and a
+    file that is no fixture failed after --out was made, leaving it empty: both are one line, exit 2, and the folder
+    the run made is gone."""
+    path = tmp_path / "x.pt.xz"
+    if fixture_file == "garbage":
+        path.write_bytes(b"not a fixture")
+    monkeypatch.setenv("FA_VARIANTS_FIXTURE", str(path))
+    out = tmp_path / "out"
+    argv = ["fp8-study", "--quick", "--no-e2e", "--sweeps", "layer", "--backend", "emulation", "--out", str(out)]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    said = "no such file" if fixture_file == "absent" else "not a fixture file"
+    assert err[-1].startswith("fa-variants fp8-study: error: ") and said in err[-1], err
+    assert not out.exists()

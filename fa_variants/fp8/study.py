@@ -507,7 +507,7 @@ def _real_model(args, gpu: bool):
         if want_layers and fixture is None:
             print("fp8-study: no real model and no real-input fixture: the per-layer sweep is skipped", file=sys.stderr)
         return model, None, fixture, None
-    text = args.text_file.read_text() if args.text_file else study_model.TEXT
+    text = args.text_file.read_text(encoding="utf-8") if args.text_file else study_model.TEXT
     ids = tokenizer(text, return_tensors="pt").input_ids
     if want_layers and args.fixture is not None:  # the fixture named: the per-layer sweep reads it
         return model, ids, load_real_input(args.fixture), name
@@ -516,13 +516,14 @@ def _real_model(args, gpu: bool):
 
 
 def _write(args, rows: list[dict], meta: dict, e2e: dict | None, gpu: bool) -> None:
-    """Print the report; write fp8_study.json, fp8_study.md and the plots under --out (an earlier run's plots that
+    """Write fp8_study.json and fp8_study.md, print the report, then write the plots under --out (an earlier run's plots that
     this one did not rewrite, ``PLOT_FILES``, are removed). Without matplotlib (an extra, not in the plain install)
     the plots are skipped with a line saying how to make them: the study is not lost."""
     report = markdown(rows, meta, e2e)
+    (args.out / "fp8_study.json").write_text(json.dumps({"setup": meta, "rows": rows, "e2e": e2e}, indent=1),
+                                             encoding="utf-8")
+    (args.out / "fp8_study.md").write_text(report, encoding="utf-8")  # written first: a print cannot lose them
     print(report)
-    (args.out / "fp8_study.json").write_text(json.dumps({"setup": meta, "rows": rows, "e2e": e2e}, indent=1))
-    (args.out / "fp8_study.md").write_text(report)
     try:
         written = plots(rows, args.out, "kernel" if gpu else "emulation")
         e2e_plot = study_model.plot(e2e, args.out, "kernel" if gpu else "emulation") if e2e else None
@@ -574,7 +575,7 @@ def _read_run(path: Path) -> dict:
     or null}. ValueError naming the file and what is wrong otherwise (before: json's message without the file,
     or a KeyError / TypeError traceback for another JSON, e.g. a bench report, or for a bad row)."""
     try:
-        run = json.loads(path.read_text())
+        run = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"--merge {path}: not JSON ({exc})") from None
     setup = run.get("setup") if isinstance(run, dict) else None
@@ -673,8 +674,6 @@ def _command_line() -> str:
 
 def run_cli(args: argparse.Namespace) -> int:
     """Run the study with a progress bar (stderr), print the report, write JSON, markdown and plots."""
-    from tqdm import tqdm
-
     from fa_variants.cli import not_applicable
 
     stray = _run_flags_given(args) if args.merge else []
@@ -696,13 +695,24 @@ def run_cli(args: argparse.Namespace) -> int:
               "--heads for larger sizes", file=sys.stderr, flush=True)
     made = not args.out.exists()
     args.out.mkdir(parents=True, exist_ok=True)  # an unusable folder fails now, not after the model and the study
+    try:
+        return _study(args, gpu, quick)
+    except BaseException:
+        if made and args.out.is_dir() and not any(args.out.iterdir()):  # a failed run leaves no empty folder behind
+            args.out.rmdir()
+        raise
+
+
+def _study(args: argparse.Namespace, gpu: bool, quick: bool) -> int:
+    """run_cli's run into the made --out: the real model (when a part reads it), the sweeps' cases, the study, the
+    end-to-end part, the files. Exit status 1 when a row's error is not finite or the end-to-end part failed."""
+    from tqdm import tqdm
+
     model, ids, fixture, model_name = (_real_model(args, gpu) if "layer" in args.sweeps or not args.no_e2e
                                        else (None, None, None, None))
     cases = sweep_cases(args.sweeps, quick=quick, gpu=gpu, seed=args.seed, heads=args.heads,
                         head_dim=args.head_dim, seqlens=args.seqlens, fixture=fixture, head_dims=args.head_dims)
     if not cases:
-        if made:  # a refused run leaves no empty folder behind
-            args.out.rmdir()
         raise ValueError(f"--sweeps {' '.join(args.sweeps)}: no case to run here (the layer sweep needs a real model "
                          "or a real-input fixture)")
     with tqdm(total=len(cases) * len(METHODS), desc="fp8-study", leave=False, disable=False, file=sys.stderr,
