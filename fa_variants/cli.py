@@ -14,6 +14,7 @@ pipe (`fa-variants info | head -1`) ends quietly with exit status 141 (128 + SIG
 from __future__ import annotations
 
 import argparse
+import codecs
 import importlib
 import os
 import sys
@@ -114,10 +115,14 @@ def _version() -> str:
         return __version__
 
 
+#: the parser's description (not read from __doc__: ``python -OO`` removes docstrings)
+DESCRIPTION = "The `fa-variants` command line: one sub-command per job."
+
+
 def build_parser(commands: tuple[str, ...] | None = None) -> argparse.ArgumentParser:
     """The parser, with the sub-parsers of ``commands`` configured (their modules imported; None: all).
     ``main`` configures only the command being run: the others need nothing but their name and help."""
-    parser = argparse.ArgumentParser(prog="fa-variants", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="fa-variants", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module_name, help_text) in COMMANDS.items():
@@ -141,6 +146,7 @@ def _command(argv: list[str]) -> tuple[str, ...]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    _usable_streams()
     command = _command(argv)
     from fa_variants.common import switches
 
@@ -193,6 +199,47 @@ def _one_line_warning(command: str, show):
         text = " ".join(str(message).split()).removeprefix("fa_variants: ")  # the command's prefix says it
         print(f"fa-variants {command}: warning: {text}", file=file or sys.stderr)
     return one_line
+
+
+def _usable_streams() -> None:
+    """Standard streams every command can write to: a descriptor 0-2 the caller closed (``2>&-``) is opened on
+    /dev/null and a missing ``sys.stdout`` / ``sys.stderr`` (Python sets None for one closed at start) becomes
+    /dev/null (the CuTe DSL flushes sys.stderr while compiling: AttributeError on None, and a warning printed to a
+    stderr descriptor then held by a file would land in it); a stream whose encoding is not UTF-8 (PYTHONIOENCODING
+    =ascii, a C locale without UTF-8 mode) writes what it cannot encode as backslash escapes instead of raising
+    UnicodeEncodeError (the reports hold "—", "x", "<=" signs)."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:  # closed: the lowest free descriptor is fd itself, or dup2 puts /dev/null there
+            devnull = os.open(os.devnull, os.O_RDWR)
+            if devnull != fd:
+                os.dup2(devnull, fd)
+                os.close(devnull)
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is None:
+            setattr(sys, name, open(os.devnull, "w", encoding="utf-8"))
+        elif codecs.lookup(getattr(stream, "encoding", None) or "utf-8").name != "utf-8" \
+                and hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+
+
+#: the narrowest COLUMNS a command's tables are drawn in (``console``)
+MIN_COLUMNS = 40
+
+
+def console(stderr: bool = False):
+    """A rich Console for a command's tables and lines. rich takes the COLUMNS environment variable as the width:
+    COLUMNS=0 printed nothing at all (exit 0) and COLUMNS=10 cut every cell to "3…"; below MIN_COLUMNS the width is
+    80 instead (what rich uses for a pipe)."""
+    from rich.console import Console
+
+    try:
+        columns = int(os.environ.get("COLUMNS", ""))
+    except ValueError:  # unset or not a number: rich's own rule (the terminal's width, 80 for a pipe)
+        columns = None
+    return Console(stderr=stderr, width=80 if columns is not None and columns < MIN_COLUMNS else None)
 
 
 #: exit status of a command whose stdout was closed by its reader (128 + SIGPIPE)

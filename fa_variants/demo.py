@@ -142,10 +142,11 @@ def _say(console, text: str) -> None:
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.table import Table
 
-    console, progress = Console(), Console(stderr=True)
+    from fa_variants.cli import console as make_console
+
+    console, progress = make_console(), make_console(stderr=True)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     inp, note = _input(args, device)
     q, k, v, causal = inp.q, inp.k, inp.v, inp.causal

@@ -473,8 +473,9 @@ def _io_rows(N: int, d: int, M: int, causal: bool, emulate_max: int, fa2_tiles=N
 
 def run_cli(args: argparse.Namespace) -> int:
     """Print the FlashAttention paper's IO-complexity comparison (section 3.2, Theorem 2), computed."""
-    from rich.console import Console
     from rich.table import Table
+
+    from fa_variants.cli import console
 
     sram_bytes = args.sram_kb * 1024
     if not math.isfinite(sram_bytes):
@@ -509,6 +510,7 @@ def run_cli(args: argparse.Namespace) -> int:
             ratios.add_row(str(N), str(d), f"{theta_std:.3e}", f"{theta_fa:.3e}",
                            f"{row['standard'] / theta_std:.2f}", f"{row['fa1'] / theta_fa:.2f}",
                            f"{row['standard'] / row['fa1']:.2f}", f"{row['standard'] / row['fa2']:.2f}")
-    Console().print(counts)  # the terminal's width (80 when piped)
-    Console().print(ratios)
+    out = console()  # the terminal's width (80 when piped)
+    out.print(counts)
+    out.print(ratios)
     return 0

@@ -104,10 +104,11 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def _print_tables(facts: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    from fa_variants.cli import console as make_console
+
+    console = make_console()
     table = Table(title="versions", show_header=False)
     for key, value in facts["versions"].items():
         table.add_row(key, value)

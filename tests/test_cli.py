@@ -653,3 +653,72 @@ def test_the_package_warnings_of_a_command_are_one_line(monkeypatch, capsys):
     assert err == ["fa-variants info: warning: /x/y: Not a directory: the kernel is not stored",
                    "fa-variants info: warning: a plain UserWarning from the package's files"], err
     assert warnings.showwarning.__name__ != "one_line"  # restored after the command
+
+
+def test_the_command_line_runs_under_python_OO():
+    """`python -OO` strips docstrings: the parsers' descriptions were read from __doc__ (None there), so every
+    command, --help and --version included, was an AttributeError traceback (session 49's environment probe)."""
+    assert cli.DESCRIPTION == cli.__doc__.splitlines()[0]
+    for module in ("fa_variants", "fa_variants.integrations.capture"):
+        r = subprocess.run([sys.executable, "-OO", "-m", module, "--help"], capture_output=True, text=True,
+                           timeout=120, env=subprocess_env())
+        assert r.returncode == 0 and r.stdout.startswith("usage:") and not r.stderr, (module, r.stderr[-2000:])
+
+
+def test_reports_are_kept_when_stdout_cannot_encode_them(tmp_path):
+    """PYTHONIOENCODING=ascii (or a C locale without UTF-8 mode): the study's report holds "—", so its print raised
+    UnicodeEncodeError (exit 2) before the files were written, after the whole run. Now the files are written first,
+    in UTF-8, and what stdout cannot encode is printed as backslash escapes."""
+    out = tmp_path / "study"
+    r = subprocess.run([sys.executable, "-m", "fa_variants", "fp8-study", "--quick", "--no-e2e", "--sweeps", "p",
+                        "--backend", "emulation", "--out", str(out)], capture_output=True, timeout=600,
+                       env=subprocess_env(PYTHONIOENCODING="ascii", MPLBACKEND="Agg"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "—" in (out / "fp8_study.md").read_text(encoding="utf-8")
+    assert b"\\u2014" in r.stdout and json.loads((out / "fp8_study.json").read_text(encoding="utf-8"))["rows"]
+
+
+def test_closed_standard_streams_become_dev_null(tmp_path):
+    """`fa-variants warmup ... 2>&- <&-`: the CuTe DSL flushes sys.stderr while compiling, which Python sets to None
+    for a descriptor closed at start: exit 1 with nothing said (the traceback went to the closed stderr). Now the
+    closed descriptors are /dev/null and the command completes, its JSON line last on stdout."""
+    script = (f'exec "{sys.executable}" -m fa_variants warmup --arch sm_80 --backends testkernel --head-dims 64 '
+              '--no-progress 2>&- <&-')
+    r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=600,
+                       env=subprocess_env(FA_VARIANTS_CACHE_DIR=str(tmp_path / "cache")))
+    assert r.returncode == 0, r.stdout[-2000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1])["compiled"] >= 1
+
+
+@pytest.mark.parametrize("columns, width", [("0", 80), ("10", 80), ("39", 80), ("40", 40), ("200", 200)])
+def test_console_width_has_a_floor(monkeypatch, columns, width):
+    """rich takes COLUMNS as the width: 0 made `info`, `demo` and `io` print nothing (exit 0), 10 cut every cell to
+    "3…". Below cli.MIN_COLUMNS the commands draw in 80 columns."""
+    monkeypatch.setenv("COLUMNS", columns)
+    assert cli.console().width == width
+    assert cli.console(stderr=True).stderr
+
+
+def test_info_prints_its_tables_with_columns_0():
+    r = subprocess.run([sys.executable, "-m", "fa_variants", "info"], capture_output=True, text=True, timeout=300,
+                       env=subprocess_env(COLUMNS="0"))
+    assert r.returncode == 0 and "versions" in r.stdout and "torch" in r.stdout, (r.stdout[-500:], r.stderr[-500:])
+
+
+def test_files_are_read_as_utf8_whatever_the_locale(tmp_path):
+    """Under a C locale without UTF-8 mode, `warmup --model` called a valid UTF-8 config.json "not a JSON
+    config.json" (read with the locale's ascii codec); every file the package reads or writes is UTF-8 now. The
+    --dtypes xx stops the run right after the config is read."""
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64,
+                               "name": "café —"}, ensure_ascii=False), encoding="utf-8")
+    r = subprocess.run([sys.executable, "-m", "fa_variants", "warmup", "--arch", "sm_90a", "--model", str(cfg),
+                        "--dtypes", "xx"], capture_output=True, text=True, timeout=120,
+                       env=subprocess_env(PYTHONUTF8="0", LC_ALL="C", PYTHONCOERCECLOCALE="0"))
+    assert r.returncode == 2 and r.stderr.strip().endswith("--dtypes xx: choose from fp16, bf16, e4m3"), r.stderr
+    package = Path(cli.__file__).parent
+    unsaid = [f"{p.relative_to(package)}:{i}" for p in package.rglob("*.py")
+              for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+              if ("read_text(" in line or "write_text(" in line) and "encoding=" not in line
+              and not line.rstrip().endswith(",")]
+    assert not unsaid, unsaid  # a call spread over lines carries its encoding on its last line

@@ -247,9 +247,10 @@ def run_fp8_status(args: argparse.Namespace, outdir: Path, measure_one: Callable
 
     gpu = torch.cuda.get_device_name() if _cuda_available() else "no GPU"
     text = fp8status.report(rows, skipped, settings, gpu)
-    (outdir / "fp8_status.md").write_text(text)
+    (outdir / "fp8_status.md").write_text(text, encoding="utf-8")
     (outdir / "fp8_status.json").write_text(json.dumps(dict(settings=settings, gpu=gpu, rows=rows,
-                                                            skipped=[p.label for p in skipped]), indent=1))
+                                                            skipped=[p.label for p in skipped]), indent=1),
+                                            encoding="utf-8")
     print(text, flush=True)
     return 0 if rows and all(fp8status.sanity_ok(r) for r in rows) else 1
 
@@ -308,7 +309,7 @@ def _load_report(src: Path) -> dict:
     import json
 
     try:
-        report = json.loads(src.read_text())
+        report = json.loads(src.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise ValueError(f"cannot read {src}: {exc}") from None
     problem = bench_report.not_a_report(report)
@@ -350,7 +351,7 @@ def _compare(report: dict, outdir: Path, saved: tuple) -> int:
     path, old, threshold = saved
     rows = bench_compare.compare(report, old, threshold)
     note = bench_compare.other_gpu(report, old)
-    (outdir / "compare.md").write_text(bench_compare.markdown(rows, threshold, str(path), note))
+    (outdir / "compare.md").write_text(bench_compare.markdown(rows, threshold, str(path), note), encoding="utf-8")
     for line in bench_compare.summary_lines(rows, threshold, note):
         print(line)
     return 1 if any(r["regressed"] for r in rows) else 0

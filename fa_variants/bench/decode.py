@@ -458,9 +458,9 @@ def run_cli(args: argparse.Namespace) -> int:
               f"/{len(todo)} cases measured", flush=True)
     sums = summary(rows, "ours (seqlens_k)", reference_name(True)) if ragged else summary(rows)
     text = table(rows) + "\n\n" + sums
-    print(text)
-    if out is not None:
+    if out is not None:  # written before the print: a failing print cannot lose them
         meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, peak_tbps=peak, peak_source=source)
-        (out / "decode.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
-        (out / "decode.md").write_text(text + "\n")
+        (out / "decode.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1), encoding="utf-8")
+        (out / "decode.md").write_text(text + "\n", encoding="utf-8")
+    print(text)
     return 0

@@ -337,7 +337,7 @@ def write_json(report: dict, path: Path) -> Path:
     """Write the report as JSON (atomically: a partial run never leaves a truncated file)."""
     path = Path(path)
     tmp = path.with_suffix(".json.part")
-    tmp.write_text(json.dumps(report, indent=1) + "\n")
+    tmp.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     tmp.replace(path)
     return path
 
@@ -453,5 +453,5 @@ def write_reports(report: dict, outdir: Path, charts: bool = True) -> dict[str, 
     report["charts"] = [p.name for p in chart_paths]
     json_path = write_json(report, outdir / "bench.json")
     md_path = outdir / "bench.md"
-    md_path.write_text(to_markdown(report))
+    md_path.write_text(to_markdown(report), encoding="utf-8")
     return {"json": json_path, "markdown": md_path, "charts": chart_paths, "charts_error": chart_error}

@@ -181,7 +181,7 @@ def main(argv=None) -> int:
     rows = bench([int(x) for x in a.head_dims.split(",")], [int(x) for x in a.seqlens.split(",")],
                  a.dtypes.split(","), causals, ablation_dims, a.sweep, a.rep, a.rounds)
     if a.json:
-        with open(a.json, "w") as f:
+        with open(a.json, "w", encoding="utf-8") as f:
             json.dump(rows, f, indent=1)
     return rc
 

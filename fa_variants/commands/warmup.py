@@ -74,7 +74,7 @@ def model_shape(path: str) -> dict:
     num_attention_heads; num_key_value_heads defaults to num_attention_heads; torch_dtype / dtype), read from its
     "text_config" where that is an object."""
     try:
-        cfg = json.loads(Path(path).read_text())
+        cfg = json.loads(Path(path).read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path}: not a JSON config.json ({exc})") from None
     if not isinstance(cfg, dict):

@@ -53,7 +53,7 @@ def free_bytes(device="cpu") -> int | None:
     if kind != "cpu":
         return None
     try:
-        with open("/proc/meminfo") as f:
+        with open("/proc/meminfo", encoding="utf-8") as f:
             fields = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f if line.split()[1:]}
         return fields["MemAvailable"] + fields.get("SwapFree", 0)
     except (OSError, KeyError, ValueError, IndexError):

@@ -197,7 +197,8 @@ def load_smollm2():
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fa_variants.integrations.capture",
-                                     description=__doc__.splitlines()[0])
+                                     description="Capture a pretrained model's attention on real text into "
+                                                 "the real-input fixture (CPU, offline).")
     parser.add_argument("--out", type=str, default=None,
                         help=f"fixture path (default: $FA_VARIANTS_FIXTURE, else {default_path()})")
     parser.add_argument("--e2e-layers", type=int, default=2,

@@ -54,10 +54,10 @@ def save_model_dir(model, folder: str | os.PathLike, *, tokenizer=None, chunk_mi
     for key in ("quantization_config", "_name_or_path"):  # the weights are plain tensors now; no local paths
         config.pop(key, None)
     config["dtype"] = manifest_dtype = str(dtype).removeprefix("torch.")
-    (folder / "config.json").write_text(json.dumps(config, indent=1))
+    (folder / "config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
     manifest = {"weights": WEIGHTS, "dtype": manifest_dtype, "bytes": len(blob),
                 "sha256": hashlib.sha256(blob).hexdigest(), "parts": parts}
-    (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
     written = [folder / "config.json", folder / MANIFEST] + [folder / p["name"] for p in parts]
     if tokenizer is not None:
         written += [Path(p) for p in tokenizer.save_pretrained(str(folder))]
@@ -70,7 +70,7 @@ def _manifest(folder: Path) -> dict:
     a TypeError from deep in read_weights)."""
     where = f"model_dir {folder}: {MANIFEST}"
     try:
-        manifest = json.loads((folder / MANIFEST).read_text())
+        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{where} is not JSON ({exc}); write the folder with scripts/pack_model_chunks.py") from None
     ok = (isinstance(manifest, dict) and isinstance(manifest.get("bytes"), int)
