@@ -254,3 +254,28 @@ def test_block_heights_other_than_the_kernels_are_refused_before_the_device(monk
             attention_fp8(*qkv(d=head_dim))
     with pytest.raises(BackendUnavailableError, match="runs on CUDA tensors"):
         attention_from_fp8(quantize_fp8(q, k, v))
+
+
+def test_quantize_fp8_on_cpu_tensors_leaves_the_dsl_unimported():
+    """quantize_fp8 (impl "auto") on CPU tensors imported the GPU pass to learn that it needs CUDA tensors, and with
+    it the CuTe DSL (~0.4 s), which installs its own sys.excepthook and warning filters in the caller's process
+    (session 49's environment probe). The device is now asked first; impl "kernel" still names it."""
+    import subprocess
+
+    from helpers import subprocess_env
+
+    code = ("import sys, warnings, torch\n"
+            "from fa_variants.fp8.quantize import quantize_fp8\n"
+            "hook, filters = sys.excepthook, list(warnings.filters)\n"
+            "q, k, v = torch.randn(1, 3, 2, 64), torch.randn(1, 5, 2, 64), torch.randn(1, 5, 2, 64)\n"
+            "quantize_fp8(q, k, v)\n"
+            "try:\n"
+            "    quantize_fp8(q, k, v, impl='kernel')\n"
+            "except ValueError as exc:\n"
+            "    print(exc)\n"
+            "print('cutlass' in sys.modules, sys.excepthook is hook, warnings.filters == filters)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env(), timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    said, state = r.stdout.strip().splitlines()[-2:]
+    assert said == "impl='kernel': the GPU quantisation pass needs CUDA tensors; the inputs are on cpu", said
+    assert state == "False True True", state

@@ -685,14 +685,16 @@ def quantize_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: F
         raise ValueError(f"impl must be 'auto', 'torch' or 'kernel', got {impl!r}")
     if impl != "torch":
         _check(q, k, v, config, softmax_scale)
-        try:
-            quant_host = importlib.import_module("fa_variants.fp8.quant_host")
-        except ModuleNotFoundError as exc:
-            if exc.name != "fa_variants.fp8.quant_host":
-                raise
-            quant_host, problem = None, "the GPU quantisation pass is not built yet"
+        if not q.is_cuda:  # said before importing the GPU pass: its import loads the CuTe DSL (~0.4 s), which also
+            # installs its own sys.excepthook and warning filters in the caller's process
+            problem = f"the GPU quantisation pass needs CUDA tensors; the inputs are on {q.device.type}"
         else:
-            problem = quant_host.why_not(q, config)
+            try:
+                quant_host = importlib.import_module("fa_variants.fp8.quant_host")
+            except ImportError as exc:  # the CuTe DSL (or what it needs) is not installed: the torch recipe serves
+                problem = f"the GPU quantisation pass cannot be imported here ({exc})"
+            else:
+                problem = quant_host.why_not(q, config)
         if problem is None:
             return quant_host.quantize(q, k, v, config=config, softmax_scale=softmax_scale)
         if impl == "kernel":
