@@ -340,3 +340,25 @@ def test_the_cli_reports_an_unknown_name_in_one_line():
     lines = [line for line in run.stderr.splitlines() if "FA_VARIANTS_PACKGQA" in line]
     assert lines == ["fa-variants: warning: FA_VARIANTS_PACKGQA is not a fa_variants switch and changes nothing "
                      "(did you mean FA_VARIANTS_PACK_GQA?)"], run.stderr[-800:]
+
+
+def test_int_switches_read_as_the_others(monkeypatch):
+    """env.integer: unset or blank -> the default, as flags and choices (a blank FA_VARIANTS_SPLIT_MIN_TILES made
+    every call raise); spaces stripped; ASCII digits only (int() took "1_0" as 10 and other scripts' digits); a long
+    bad value is cut in the message, which stays one short line (any kind of switch)."""
+    from fa_variants.common import env
+
+    name = "FA_VARIANTS_TEST_INT_SWITCH"
+    for value, expected in (("", 7), ("  ", 7), (" 3 ", 3), ("+4", 4)):
+        monkeypatch.setenv(name, value)
+        assert env.integer(name, "7", 1) == expected, value
+    for value in ("1_0", "\u0663", "\uff11", "0x10", "3.0", "x" * 5000):
+        monkeypatch.setenv(name, value)
+        with pytest.raises(env.SwitchError, match=f"^{name} must be an int >= 1, got ") as info:
+            env.integer(name, "7", 1)
+        assert len(str(info.value)) < 140, str(info.value)
+    monkeypatch.setenv(name, "y" * 5000)
+    for read in (lambda: env.flag(name, False), lambda: env.choice(name, "a", ("a", "b"))):
+        with pytest.raises(env.SwitchError, match=r"\.\.\.' \(5000 characters\)") as info:
+            read()
+        assert len(str(info.value)) < 160, str(info.value)

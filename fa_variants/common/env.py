@@ -4,7 +4,7 @@ default (``FA_VARIANTS_SPLIT_KV=false`` used to leave splitting on) or failing d
 
     flag(name, default)          0 / off / false / no, 1 / on / true / yes (unset or empty: default)
     flag_or(name, default, names) a flag, or one of names (a partial "on": e.g. one pass of several)
-    integer(name, default, low)  an int >= low
+    integer(name, default, low)  an int >= low, in ASCII digits (unset or blank: default)
     choice(name, default, names) one of names (case as given)
 
 The error is ``SwitchError`` (a ValueError): ``registry`` lets it through where it reports any other failure to
@@ -14,6 +14,7 @@ every call to a slower backend.
 from __future__ import annotations
 
 import os
+import re
 
 OFF = ("0", "off", "false", "no")
 ON = ("1", "on", "true", "yes")
@@ -24,6 +25,13 @@ class SwitchError(ValueError):
     """A FA_VARIANTS_* variable with a value its switch does not take (the message names the variable)."""
 
 
+def shown(value: str, limit: int = 60) -> str:
+    """repr(value), cut to about ``limit`` characters ("...'" and the length after it): a message stays one short
+    line for a value of any length."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}...' ({len(value)} characters)"
+
+
 def flag(name: str, default: bool) -> bool:
     """The boolean switch ``name``: unset or empty -> default; 0 / off / false / no -> False; 1 / on / true /
     yes -> True (any case, spaces stripped); ValueError naming the variable otherwise."""
@@ -31,7 +39,7 @@ def flag(name: str, default: bool) -> bool:
     if not value:
         return default
     if value not in OFF + ON:
-        raise SwitchError(f"{name}={os.environ[name]!r} must be {_FLAG_SPELLINGS}")
+        raise SwitchError(f"{name}={shown(os.environ[name])} must be {_FLAG_SPELLINGS}")
     return value in ON
 
 
@@ -42,7 +50,7 @@ def flag_or(name: str, default: bool | str, names: tuple[str, ...]) -> bool | st
     if value in names:
         return value
     if value and value not in OFF + ON:
-        raise SwitchError(f"{name}={os.environ[name]!r} must be {_FLAG_SPELLINGS} or {' / '.join(names)}")
+        raise SwitchError(f"{name}={shown(os.environ[name])} must be {_FLAG_SPELLINGS} or {' / '.join(names)}")
     return flag(name, default)
 
 
@@ -50,24 +58,27 @@ def flag_or(name: str, default: bool | str, names: tuple[str, ...]) -> bool | st
 INT_SWITCH_MAX = 2**31 - 1
 
 
+_INT = re.compile(r"[+-]?[0-9]+")  # ASCII digits only: int() would also read "1_0" as 10 and other scripts' digits
+
+
 def int_value(name: str, value: str, low: int, what: str = "") -> int:
-    """``value`` (of the variable ``name``) as an int in [low, INT_SWITCH_MAX]; ValueError naming the variable
-    otherwise (``what``: a few words on the unit, for the message)."""
-    try:
-        n = int(value)
-    except (TypeError, ValueError):
-        n = low - 1
+    """``value`` (of the variable ``name``; spaces around it stripped) as an int in [low, INT_SWITCH_MAX], written
+    in ASCII digits; ValueError naming the variable otherwise (``what``: a few words on the unit, for the
+    message)."""
+    text = value.strip() if isinstance(value, str) else ""
+    n = int(text) if _INT.fullmatch(text) else low - 1
     unit = f" ({what})" if what else ""
     if n < low:
-        raise SwitchError(f"{name} must be an int >= {low}{unit}, got {value!r}")
+        raise SwitchError(f"{name} must be an int >= {low}{unit}, got {shown(value)}")
     if n > INT_SWITCH_MAX:
-        raise SwitchError(f"{name} must be an int <= {INT_SWITCH_MAX}{unit}, got {value!r}")
+        raise SwitchError(f"{name} must be an int <= {INT_SWITCH_MAX}{unit}, got {shown(value)}")
     return n
 
 
 def integer(name: str, default: str, low: int, what: str = "") -> int:
-    """The int switch ``name`` (>= low; unset: default); ValueError naming the variable otherwise."""
-    return int_value(name, os.environ.get(name, default), low, what)
+    """The int switch ``name`` (>= low; unset or blank: default, as the other kinds); ValueError naming the
+    variable otherwise."""
+    return int_value(name, os.environ.get(name, "").strip() or default, low, what)
 
 
 def choice(name: str, default: str, names) -> str:
@@ -75,7 +86,7 @@ def choice(name: str, default: str, names) -> str:
     choices otherwise."""
     value = os.environ.get(name, "").strip() or default
     if value not in names:
-        raise SwitchError(f"{name}={value!r} must be one of {', '.join(names)}")
+        raise SwitchError(f"{name}={shown(value)} must be one of {', '.join(names)}")
     return value
 
 
