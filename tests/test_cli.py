@@ -231,6 +231,37 @@ def test_warmup_with_a_cache_place_it_cannot_write_stops_before_compiling(capsys
     assert "\n" not in err and err.startswith(f"fa-variants warmup: error: {blocker}") and "not written" in err, err
 
 
+def test_warmup_over_a_read_only_cache_that_holds_every_kernel(capsys, monkeypatch, tmp_path):
+    """A read-only cache (a bind mount, an image layer) that already holds every kernel of the plan: warmup refused
+    it ("Permission denied", os.access's guess) though nothing needed writing and the API loads from it. Now the
+    check is a file made in the folder, run only when something would be written (a kernel missing, or --prune), and
+    its message is the file system's own (here EROFS)."""
+    import errno
+    import tempfile
+
+    from fa_variants.commands import warmup
+
+    monkeypatch.setenv("FA_VARIANTS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("FA_VARIANTS_DISK_CACHE", raising=False)
+    argv = ["warmup", "--arch", "sm_80", "--backends", "testkernel", "--head-dims", "64", "--causal", "no",
+            "--no-progress"]
+    assert cli.main(argv) == 0
+    capsys.readouterr()
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", read_only)
+    assert cli.main(argv) == 0  # every kernel on disk: nothing to write
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert record["compiled"] == 0 and record["on disk"] + record["in memory"] >= 1, record
+    for extra in (["--prune"], ["--head-dims", "128"]):  # something to write: refused before compiling
+        monkeypatch.setattr(warmup, "warmup", lambda *a, **k: pytest.fail("compiled into a cache it cannot write"))
+        assert cli.main([*argv, *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert os.strerror(errno.EROFS) in err and "not written" in err, err
+
+
 @pytest.mark.parametrize("heads", [2**62, 10**23])
 def test_warmup_head_counts_beyond_any_model_are_one_line(capsys, monkeypatch, tmp_path, heads):
     """--gqa / a model's head counts of 2^62 or 1e23 query heads per KV head: one line, exit 2, nothing compiled.

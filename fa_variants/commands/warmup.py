@@ -28,11 +28,11 @@ entries could not be written.
 from __future__ import annotations
 
 import argparse
-import errno
 import functools
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -289,10 +289,11 @@ def run_cli(args: argparse.Namespace) -> int:
                          f"head_dim {','.join(map(str, head_dims))}; {','.join(dtypes)})"
                          + (": every combination was skipped (above)" if notes else ""))
     directory = diskcache.root() / diskcache.fingerprint()
+    stored = all(diskcache.entry_path(cfg).is_file() for cfg in configs)  # a read-only cache that holds them all
     try:  # before the compiles (minutes): a cache place that is a file or read-only stops the warm-up now
         directory.mkdir(parents=True, exist_ok=True)
-        if not os.access(directory, os.W_OK | os.X_OK):
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(directory))
+        if args.prune or not stored:  # a file made and removed: the file system's own error (read-only, denied)
+            tempfile.TemporaryFile(dir=directory).close()
     except OSError as exc:
         raise OSError(f"{directory}: {exc.strerror or exc}: the kernels would be compiled but not written to the "
                       f"disk cache; set {diskcache.ENV_DIR} to a writable folder") from None
