@@ -122,8 +122,9 @@ def test_free_bytes_reads_the_device_it_can():
 
 
 def test_free_bytes_without_proc_meminfo(monkeypatch):
-    """Where /proc/meminfo cannot be read (not Linux), the free physical pages; where neither can, None."""
-    import os
+    """Where /proc/meminfo cannot be read or has no MemAvailable (not Linux, an old kernel): None, nothing refused
+    early (MemFree alone, without the page cache the kernel can drop, would refuse what fits)."""
+    import io
 
     from fa_variants.common import checks
 
@@ -131,11 +132,52 @@ def test_free_bytes_without_proc_meminfo(monkeypatch):
         raise OSError("no /proc here")
 
     monkeypatch.setattr(checks, "open", no_file, raising=False)
-    if hasattr(os, "sysconf") and "SC_AVPHYS_PAGES" in os.sysconf_names:
-        assert checks.free_bytes("cpu") == os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-    def no_sysconf(name):
-        raise ValueError(name)
-
-    monkeypatch.setattr(checks.os, "sysconf", no_sysconf)
     assert checks.free_bytes("cpu") is None
+    monkeypatch.setattr(checks, "open", lambda *a, **k: io.StringIO("MemTotal: 100 kB\nMemFree: 50 kB\n"),
+                        raising=False)
+    assert checks.free_bytes("cpu") is None
+
+
+@pytest.mark.parametrize("version", ["v2", "v1", "v2-max", "v1-unlimited"])
+def test_free_bytes_is_capped_by_the_cgroup_limit(monkeypatch, version):
+    """In a container /proc/meminfo shows the host's memory; the cgroup's limit ends the process first (the fault
+    the pre-check exists for): the room under it caps free_bytes, inactive page cache counted as room."""
+    import io
+
+    from fa_variants.common import checks
+
+    gib = 2**30
+    files = {"/proc/meminfo": f"MemTotal: {256 * gib // 1024} kB\nMemAvailable: {200 * gib // 1024} kB\n"
+                              "SwapFree: 0 kB\n"}
+    if version.startswith("v2"):
+        files["/proc/self/cgroup"] = "0::/job\n"
+        files["/sys/fs/cgroup/job/memory.max"] = "max\n" if version == "v2-max" else f"{8 * gib}\n"
+        files["/sys/fs/cgroup/job/memory.current"] = f"{5 * gib}\n"
+        files["/sys/fs/cgroup/job/memory.stat"] = f"anon 1\ninactive_file {gib}\n"
+    else:
+        files["/proc/self/cgroup"] = "9:cpu,cpuacct:/job\n4:memory:/job\n"
+        limit = 2**63 - 4096 if version == "v1-unlimited" else 8 * gib
+        files["/sys/fs/cgroup/memory/job/memory.limit_in_bytes"] = f"{limit}\n"
+        files["/sys/fs/cgroup/memory/job/memory.usage_in_bytes"] = f"{5 * gib}\n"
+        files["/sys/fs/cgroup/memory/job/memory.stat"] = f"total_inactive_file {gib}\n"
+
+    def fake_open(path, *args, **kwargs):
+        if path not in files:
+            raise FileNotFoundError(path)
+        return io.StringIO(files[path])
+
+    monkeypatch.setattr(checks, "open", fake_open, raising=False)
+    expected = 200 * gib if version in ("v2-max", "v1-unlimited") else 4 * gib
+    assert checks.free_bytes("cpu") == expected
+
+
+def test_free_bytes_of_a_cuda_device_that_cannot_answer(monkeypatch):
+    """mem_get_info's RuntimeError (a busy or exclusive-mode device) is None, not a traceback: the allocation itself
+    then says what is wrong, in one line (checks.allocating)."""
+    from fa_variants.common import checks
+
+    def busy(device=None):
+        raise RuntimeError("CUDA error: all CUDA-capable devices are busy or unavailable")
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", busy)
+    assert checks.free_bytes("cuda") is None and checks.free_bytes("meta") is None

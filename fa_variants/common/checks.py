@@ -43,25 +43,64 @@ def is_real(value) -> bool:
 
 def free_bytes(device="cpu") -> int | None:
     """Bytes ``device`` can still hand out, or None where unknown (then nothing is refused early). "cpu": the
-    kernel's MemAvailable plus free swap (/proc/meminfo), else the free physical pages (os.sysconf); "cuda[:i]":
-    ``torch.cuda.mem_get_info``'s free bytes (torch imported only then); any other device: None."""
+    kernel's MemAvailable plus free swap (/proc/meminfo), capped by the room left under this process's cgroup memory
+    limit (a container's /proc/meminfo shows the host's memory; past the limit the cgroup's OOM killer ends the
+    process); None without MemAvailable (not Linux, or a kernel before 3.14). "cuda[:i]":
+    ``torch.cuda.mem_get_info``'s free bytes (torch imported only then; None where it fails). Any other device:
+    None."""
     kind = str(device).split(":")[0]
     if kind == "cuda":
         import torch
 
-        return int(torch.cuda.mem_get_info(torch.device(device))[0])
+        try:
+            return int(torch.cuda.mem_get_info(torch.device(device))[0])
+        except RuntimeError:  # a busy or exclusive-mode device, a bad index: the allocation itself will say
+            return None
     if kind != "cpu":
         return None
     try:
         with open("/proc/meminfo", encoding="utf-8") as f:
             fields = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f if line.split()[1:]}
-        return fields["MemAvailable"] + fields.get("SwapFree", 0)
+        available = fields["MemAvailable"] + fields.get("SwapFree", 0)
     except (OSError, KeyError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
         return None
+    room = _cgroup_room()
+    return available if room is None else min(available, room)
+
+
+def _cgroup_room() -> int | None:
+    """Bytes left under this process's cgroup memory limit (v2: memory.max - memory.current; v1:
+    memory.limit_in_bytes - memory.usage_in_bytes), page cache the kernel can drop (inactive_file) counted as room;
+    None where there is no limit or it cannot be read."""
+    def read(path: str) -> str | None:
+        try:
+            with open(path, encoding="utf-8") as f:
+                return f.read()
+        except OSError:
+            return None
+
+    groups = read("/proc/self/cgroup") or ""
+    for line in groups.splitlines():
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if controllers == "":  # v2 (unified)
+            base = f"/sys/fs/cgroup{path}"
+            limit, used, stat = read(f"{base}/memory.max"), read(f"{base}/memory.current"), read(f"{base}/memory.stat")
+        elif "memory" in controllers.split(","):  # v1
+            base = f"/sys/fs/cgroup/memory{path}"
+            limit, used = read(f"{base}/memory.limit_in_bytes"), read(f"{base}/memory.usage_in_bytes")
+            stat = read(f"{base}/memory.stat")
+        else:
+            continue
+        try:
+            limit_n, used_n = int(limit), int(used)  # "max" (v2: no limit) is not an int
+        except (TypeError, ValueError):
+            continue
+        if limit_n >= 2**60:  # v1 writes "no limit" as a huge number
+            continue
+        inactive = dict(line.split() for line in (stat or "").splitlines() if len(line.split()) == 2)
+        reclaimable = int(inactive.get("inactive_file", inactive.get("total_inactive_file", 0)))
+        return max(0, limit_n - used_n + reclaimable)
+    return None
 
 
 def _gib(nbytes: int) -> str:
