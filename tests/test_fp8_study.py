@@ -159,8 +159,8 @@ def test_sizes_too_large_to_allocate_are_one_line(capsys, tmp_path, flag):
 def test_cases_beyond_free_memory_are_refused_before_allocating(capsys, monkeypatch, tmp_path):
     """On a host that overcommits memory, a case too large for it was allocated and the process killed when the
     pages were written (session 49: --heads 100000000 took a test worker down on a GPU host). The study now checks
-    each case's need (study.case_bytes: float32 q, k, v and the float64 scores) against the free memory first: here
-    1 MiB, against the quick p sweep's 512 x 512 case with 4 heads (8 MiB of scores)."""
+    each case's need (study.case_bytes: float32 q, k, v, float64 copies and score chunks) against the free memory,
+    for every case before the first runs: here 1 MiB, against the quick p sweep's 512 x 512 case with 4 heads."""
     from fa_variants.common import checks
 
     monkeypatch.setattr(checks, "free_bytes", lambda device="cpu": 2**20)
@@ -172,7 +172,9 @@ def test_cases_beyond_free_memory_are_refused_before_allocating(capsys, monkeypa
     assert err[-1].startswith("fa-variants fp8-study: error: cannot allocate q, k, v") and "H = 4" in err[-1], err
     assert "GiB free); choose smaller --heads" in err[-1], err
     case = study.Case("p", "outlier", 512, 512, 4, 128)
-    assert study.case_bytes(case) == 4 * 1536 * 4 * 128 + 8 * 4 * 512 * 512
+    assert study.case_bytes(case) == (4 * 1536 * 4 * 128, 8 * (1536 + 512) * 4 * 128 + 3 * 8 * 4 * 512 * 512)
+    big = study.Case("p", "outlier", 16384, 16384, 8, 8)  # the scores in 2^26-element chunks: ~3.6 GiB, not 16
+    assert sum(study.case_bytes(big)) < 4 * 2**30
 
 
 @pytest.mark.parametrize("rows, e2e, what", [
@@ -314,9 +316,21 @@ def test_a_rerun_removes_the_plots_it_did_not_rewrite(capsys, monkeypatch, tmp_p
     assert all((out / n).read_bytes()[:4] == b"\x89PNG" for n in wanted if n != "notes.png")
 
 
-def test_a_refused_merge_or_run_leaves_no_output_folder(capsys, tmp_path):
+def _no_real_model(monkeypatch, tmp_path) -> None:
+    """As on a machine without the [real] extra and without a captured fixture, wherever the tests run."""
+    from fa_variants.integrations import capture
+
+    def missing():
+        raise ImportError("No module named 'gguf' (a test's stand-in)")
+
+    monkeypatch.setattr(capture, "load_smollm2", missing)
+    monkeypatch.setenv("FA_VARIANTS_FIXTURE", str(tmp_path / "no-fixture.pt.xz"))
+
+
+def test_a_refused_merge_or_run_leaves_no_output_folder(capsys, monkeypatch, tmp_path):
     """A --merge refused (a missing file, runs that collide) or a run refused before it starts made --out, empty
     (a new user's pass over the README, session 34); `bench --report-from` never did."""
+    _no_real_model(monkeypatch, tmp_path)
     a = _run_file(tmp_path, "a", _rows())
     b = _run_file(tmp_path, "b", _rows())  # the same cases: refused
     for n, argv in enumerate((["--merge", str(tmp_path / "missing.json")], ["--merge", a, b],
@@ -393,9 +407,10 @@ def test_run_study_names_an_unknown_backend_or_method():
 
 @pytest.mark.parametrize("fixture_file", ["absent", "garbage"])
 def test_a_bad_fixture_variable_is_one_line_and_leaves_no_folder(capsys, monkeypatch, tmp_path, fixture_file):
-    """FA_VARIANTS_FIXTURE naming no file was taken as "no fixture" without a word (the layer sweep skipped), and a
-    file that is no fixture failed after --out was made, leaving it empty: both are one line, exit 2, and the folder
-    the run made is gone."""
+    """FA_VARIANTS_FIXTURE naming no file was taken as "no fixture" without a word (the layer sweep skipped): the
+    error now names it; a file that is no fixture failed after --out was made, leaving it empty: both are one line,
+    exit 2, and the folder the run made is gone."""
+    _no_real_model(monkeypatch, tmp_path)
     path = tmp_path / "x.pt.xz"
     if fixture_file == "garbage":
         path.write_bytes(b"not a fixture")
@@ -404,6 +419,6 @@ def test_a_bad_fixture_variable_is_one_line_and_leaves_no_folder(capsys, monkeyp
     argv = ["fp8-study", "--quick", "--no-e2e", "--sweeps", "layer", "--backend", "emulation", "--out", str(out)]
     assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    said = "no such file" if fixture_file == "absent" else "not a fixture file"
+    said = "names no file" if fixture_file == "absent" else "not a fixture file"
     assert err[-1].startswith("fa-variants fp8-study: error: ") and said in err[-1], err
     assert not out.exists()

@@ -48,6 +48,7 @@ from fa_variants.fp8 import attention as fp8_attention
 from fa_variants.fp8 import study_model
 from fa_variants.fp8.emulation import fp8_attention_reference
 from fa_variants.fp8.quantize import FP8Config
+from fa_variants.reference import _MAX_SCORE_ELEMENTS
 
 PAPER = {  # the FA3 paper's own figures, printed beside ours and marked as the paper's (README, FP8 section)
     "source": "Shah et al. 2024, FlashAttention-3, arXiv 2407.08608, section 4.3, Table 3",
@@ -120,14 +121,33 @@ class Case:
         return f"{extra} Nq={self.seqlen_q} Nk={self.seqlen_k} D={self.head_dim}{' causal' if self.causal else ''}"
 
 
-def case_bytes(case: Case) -> int:
-    """A lower bound of what one case holds while its inputs are made and its float64 reference runs: q, k, v in
-    float32 (``make_inputs`` draws them so) and the reference's float64 scores S (batch x heads x seqlen_q x seqlen_k).
-    Real-model cases (their sizes come from the fixture) count 0."""
+def case_bytes(case: Case) -> tuple[int, int]:
+    """A lower bound of what one case holds at its peak, (on the CPU, on the study's device): ``make_inputs`` draws
+    q, k, v in float32 on the CPU; the float64 reference holds float64 copies of them and of O, and its scores in
+    query-row chunks of at most 2^26 (``reference._MAX_SCORE_ELEMENTS``; S, P and one temporary live). Real-model
+    cases (their sizes come from the fixture) count (0, 0). On a CPU-only run the two parts add up."""
     if case.dist == "real":
-        return 0
+        return 0, 0
     qkv = case.batch * (case.seqlen_q + 2 * case.seqlen_k) * case.heads * case.head_dim
-    return 4 * qkv + 8 * case.batch * case.heads * case.seqlen_q * case.seqlen_k
+    out = case.batch * case.seqlen_q * case.heads * case.head_dim
+    scores = case.batch * case.heads * case.seqlen_k
+    chunk = min(scores * case.seqlen_q, max(_MAX_SCORE_ELEMENTS, scores))
+    return 4 * qkv, 8 * (qkv + out) + 3 * 8 * chunk
+
+
+def _check_memory(cases: list[Case], device: str) -> None:
+    """Every case's need (`case_bytes`) against the free memory (``checks.allocating``), before the first case
+    runs: a case too large for the machine is refused in one line before the study spends anything on the others.
+    """
+    for case in cases:
+        host, on_device = case_bytes(case)
+        what = f"q, k, v and the float64 reference of case {case.name()} with H = {case.heads}"
+        hint = "choose smaller --heads / --head-dim / --seqlens"
+        if device == "cpu":
+            host, on_device = host + on_device, 0
+        with allocating(f"{what} on cpu", hint, host, "cpu"), \
+                allocating(f"{what} on {device}", hint, on_device, device):
+            pass
 
 
 def make_inputs(case: Case, fixture=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -240,11 +260,12 @@ def run_study(cases: list[Case], *, methods=None, backend: str = "auto", fixture
     from fa_variants.reference import attention_reference
 
     names = list(methods or METHODS)
+    _check_memory(cases, device)
     rows = []
     for case in cases:
         scale = fixture.softmax_scale if case.dist == "real" else None
         with allocating(f"q, k, v and the float64 reference of case {case.name()} with H = {case.heads} on {device}",
-                        "choose smaller --heads / --head-dim / --seqlens", case_bytes(case), device):
+                        "choose smaller --heads / --head-dim / --seqlens"):
             q, k, v = (t.to(device) for t in make_inputs(case, fixture))
             ref, _ = attention_reference(q, k, v, causal=case.causal, softmax_scale=scale, dtype=torch.float64)
         for name in names:
@@ -483,7 +504,7 @@ def _real_model(args, gpu: bool):
     on stderr), fixture None where the per-layer sweep has no input. A --fixture feeds the per-layer sweep even where
     a model is loaded (--model-dir), which then runs the end-to-end part (before, that part was dropped without a
     word)."""
-    from fa_variants.integrations.fixture import load_real_input
+    from fa_variants.integrations.fixture import load_real_input, named_but_missing
 
     want_layers, want_e2e = "layer" in args.sweeps, not args.no_e2e
     model = tokenizer = None
@@ -505,7 +526,9 @@ def _real_model(args, gpu: bool):
     if model is None:
         fixture = load_real_input(args.fixture) if want_layers else None
         if want_layers and fixture is None:
-            print("fp8-study: no real model and no real-input fixture: the per-layer sweep is skipped", file=sys.stderr)
+            missing = named_but_missing() if args.fixture is None else None
+            print("fp8-study: no real model and no real-input fixture"
+                  f"{f' ({missing})' if missing else ''}: the per-layer sweep is skipped", file=sys.stderr)
         return model, None, fixture, None
     text = args.text_file.read_text(encoding="utf-8") if args.text_file else study_model.TEXT
     ids = tokenizer(text, return_tensors="pt").input_ids
@@ -516,9 +539,9 @@ def _real_model(args, gpu: bool):
 
 
 def _write(args, rows: list[dict], meta: dict, e2e: dict | None, gpu: bool) -> None:
-    """Write fp8_study.json and fp8_study.md, print the report, then write the plots under --out (an earlier run's plots that
-    this one did not rewrite, ``PLOT_FILES``, are removed). Without matplotlib (an extra, not in the plain install)
-    the plots are skipped with a line saying how to make them: the study is not lost."""
+    """Write fp8_study.json and fp8_study.md, print the report, then write the plots under --out (an earlier run's
+    plots that this one did not rewrite, ``PLOT_FILES``, are removed). Without matplotlib (an extra, not in the
+    plain install) the plots are skipped with a line saying how to make them: the study is not lost."""
     report = markdown(rows, meta, e2e)
     (args.out / "fp8_study.json").write_text(json.dumps({"setup": meta, "rows": rows, "e2e": e2e}, indent=1),
                                              encoding="utf-8")
@@ -713,8 +736,11 @@ def _study(args: argparse.Namespace, gpu: bool, quick: bool) -> int:
     cases = sweep_cases(args.sweeps, quick=quick, gpu=gpu, seed=args.seed, heads=args.heads,
                         head_dim=args.head_dim, seqlens=args.seqlens, fixture=fixture, head_dims=args.head_dims)
     if not cases:
-        raise ValueError(f"--sweeps {' '.join(args.sweeps)}: no case to run here (the layer sweep needs a real model "
-                         "or a real-input fixture)")
+        from fa_variants.integrations.fixture import named_but_missing
+
+        missing = named_but_missing() if args.fixture is None else None
+        raise ValueError(f"--sweeps {' '.join(args.sweeps)}: no case to run here{f' ({missing})' if missing else ''} "
+                         "(the layer sweep needs a real model or a real-input fixture)")
     with tqdm(total=len(cases) * len(METHODS), desc="fp8-study", leave=False, disable=False, file=sys.stderr,
               mininterval=1.0) as bar:
         rows = run_study(cases, backend="kernel" if gpu else "emulation", fixture=fixture, progress=bar.update)
