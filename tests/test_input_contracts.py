@@ -394,7 +394,8 @@ def test_paths_from_the_environment_are_read_alike(monkeypatch, tmp_path):
     """FA_VARIANTS_CACHE_DIR / FA_VARIANTS_FIXTURE: blank values are unset (a " " made a folder named " " in the
     working directory), surrounding spaces are stripped; a leading ~ without a home directory, and no home directory
     at all, are OSErrors naming what to set (pathlib's RuntimeError traceback before: session 49's environment
-    probe); a FA_VARIANTS_FIXTURE that names no file is said (it was taken as "no fixture" silently)."""
+    probe); a FA_VARIANTS_FIXTURE that names no file (yet: capture writes there too) means no fixture, and
+    fixture.named_but_missing says so for the messages of what needed one."""
     import pathlib
 
     from fa_variants.common import diskcache, paths
@@ -424,9 +425,18 @@ def test_paths_from_the_environment_are_read_alike(monkeypatch, tmp_path):
     with pytest.raises(OSError, match=r"^FA_VARIANTS_FIXTURE: ~/f.pt.xz starts with ~"):
         fixture.load_real_input()
     monkeypatch.delenv(fixture.ENV_VAR)
-    assert all(str(p).startswith(("/", ".")) for p in fixture.candidate_paths())  # no home candidate
+    assert len(fixture.candidate_paths()) == 2  # the checkout's and the working directory's: no home candidate
     with pytest.raises(OSError, match="set FA_VARIANTS_FIXTURE or give --out"):
         fixture.default_path()
-    monkeypatch.setenv(fixture.ENV_VAR, str(tmp_path / "absent.pt.xz"))
-    with pytest.raises(FileNotFoundError, match=r"^FA_VARIANTS_FIXTURE=.*absent.pt.xz: no such file"):
-        fixture.find_fixture()
+    monkeypatch.undo()  # the real pathlib again: ~user of no user, and a relative HOME
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv(diskcache.ENV_DIR, "~no_such_user_fa/x")
+    with pytest.raises(OSError, match=r"^FA_VARIANTS_CACHE_DIR: ~no_such_user_fa/x: there is no user 'no_such_user"):
+        diskcache.root()
+    monkeypatch.setenv("HOME", "relative/home")
+    monkeypatch.setenv(diskcache.ENV_DIR, "~/c")  # was relative/home/c under the working directory
+    with pytest.raises(OSError, match=r"^FA_VARIANTS_CACHE_DIR: ~/c starts with ~ but there is no home directory"):
+        diskcache.root()
+    monkeypatch.setenv(fixture.ENV_VAR, str(tmp_path / "absent.pt.xz"))  # capture's place too: no fixture, said
+    assert fixture.find_fixture() is None
+    assert fixture.named_but_missing() == f"FA_VARIANTS_FIXTURE={tmp_path}/absent.pt.xz names no file"

@@ -6,8 +6,8 @@ or only spaces (as the FA_VARIANTS_* switches read theirs), never the working di
 ``home()``: the user's home directory, or None where there is none: HOME unset and the user id without a password
 entry (a container run under an arbitrary ``--user``), where ``Path.home()`` raises RuntimeError, or HOME relative.
 
-``expand_user(path, what)``: ``Path(path).expanduser()``, with OSError naming ``what`` where a leading ``~`` cannot be
-expanded (no home directory), in place of pathlib's RuntimeError traceback.
+``expand_user(path, what)``: ``Path(path).expanduser()``, ``~`` read as ``home()``; OSError naming ``what`` where a
+leading ``~`` (no home directory) or ``~user`` (no such user) cannot be expanded, in place of pathlib's RuntimeError.
 """
 from __future__ import annotations
 
@@ -33,10 +33,18 @@ def home() -> Path | None:
 
 
 def expand_user(path: str | os.PathLike, what: str) -> Path:
-    """``Path(path).expanduser()``; OSError "WHAT: PATH starts with ~ but there is no home directory ..." where
-    the user's home cannot be found."""
+    """``Path(path).expanduser()``, with ``~`` read as `home` (absolute, or an error: a relative HOME made the place
+    depend on the working directory); OSError naming ``what`` where ``~`` or ``~user`` cannot be expanded, in place
+    of pathlib's RuntimeError traceback."""
+    text = os.fspath(path)
+    if text == "~" or text.startswith("~/"):
+        base = home()
+        if base is None:
+            raise OSError(f"{what}: {text} starts with ~ but there is no home directory (HOME unset or relative, and "
+                          "no password entry for this user); give an absolute path")
+        return base / text[2:]
     try:
-        return Path(path).expanduser()
-    except RuntimeError:
-        raise OSError(f"{what}: {os.fspath(path)} starts with ~ but there is no home directory (HOME unset and no "
-                      "password entry for this user); give an absolute path") from None
+        return Path(text).expanduser()
+    except RuntimeError:  # ~user of an unknown user
+        raise OSError(f"{what}: {text}: there is no user {text[1:].split('/')[0]!r} whose home ~ could mean; give an "
+                      "absolute path") from None

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fa_variants.integrations.fixture import Fixture, default_path
+from fa_variants.integrations.fixture import FILENAME, Fixture, default_path
 from fa_variants.reference import attention_reference, max_abs_error
 
 TEXT = (
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
                                      description="Capture a pretrained model's attention on real text into "
                                                  "the real-input fixture (CPU, offline).")
     parser.add_argument("--out", type=str, default=None,
-                        help=f"fixture path (default: $FA_VARIANTS_FIXTURE, else {default_path()})")
+                        help=f"fixture path (default: $FA_VARIANTS_FIXTURE, else ~/.cache/fa_variants/{FILENAME})")
     parser.add_argument("--e2e-layers", type=int, default=2,
                         help="decoder layers whose weights are stored for the end-to-end run (default 2; "
                              "0: none, for a fixture of about 5 MiB with --no-eager-out)")
@@ -208,6 +208,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="leave out the eager attention outputs (saves about 3 MiB)")
     args = parser.parse_args(argv)
     start = time.perf_counter()
+    try:  # the place first: no home directory for the default is said before the capture, not after it
+        out = args.out or default_path()
+    except OSError as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2
     try:
         model, tokenizer = load_smollm2()
     except ImportError as exc:  # a missing [real] extra or model file: one line naming what to install
@@ -216,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     input_ids = tokenizer(TEXT, return_tensors="pt").input_ids
     fixture = capture_fixture(model, input_ids, text=TEXT, model_name=MODEL_NAME, e2e_layers=args.e2e_layers,
                               eager_out=not args.no_eager_out)
-    path = fixture.save(args.out or default_path())
+    path = fixture.save(out)
     print(fixture.describe())
     print(f"perplexity of the model on the text: {fixture.info['perplexity']:.2f}")
     print(f"capture check, max |eager out - float64 recompute| over layers: {max(fixture.capture_error):.2e}")

@@ -140,13 +140,18 @@ def default_path() -> Path:
 
 
 def find_fixture() -> Path | None:
-    """The first existing path of :func:`candidate_paths`, or None. FileNotFoundError naming FA_VARIANTS_FIXTURE when
-    it is set to something that is not a file (a typo was taken as "no fixture" before, without a word)."""
-    found = next((p for p in candidate_paths() if p.is_file()), None)
-    if found is None and paths.env_path(ENV_VAR):
-        raise FileNotFoundError(f"{ENV_VAR}={paths.env_path(ENV_VAR)}: no such file (unset it to use the default "
-                                "places)")
-    return found
+    """The first existing path of :func:`candidate_paths`, or None (also where FA_VARIANTS_FIXTURE names a file not
+    captured yet: it is where ``capture`` writes too; :func:`named_but_missing` says so for the messages)."""
+    return next((p for p in candidate_paths() if p.is_file()), None)
+
+
+def named_but_missing() -> str | None:
+    """"FA_VARIANTS_FIXTURE=PATH names no file" where the variable is set to something that is not a file, else None:
+    a clause for the messages of what needed the fixture (a typo read as "no fixture" without a word before)."""
+    named = paths.env_path(ENV_VAR)
+    if named is None or paths.expand_user(named, ENV_VAR).is_file():
+        return None
+    return f"{ENV_VAR}={named} names no file"
 
 
 def load_real_input(path: str | os.PathLike | None = None) -> Fixture | None:
