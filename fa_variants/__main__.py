@@ -1,6 +1,6 @@
 """``python -m fa_variants``: the ``fa-variants`` command (``fa_variants.cli``)."""
 import sys
 
-from fa_variants.cli import main
+from fa_variants.cli import entry
 
-sys.exit(main())
+sys.exit(entry())

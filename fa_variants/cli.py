@@ -144,9 +144,16 @@ def _command(argv: list[str]) -> tuple[str, ...]:
     return tuple(a for a in argv if a in COMMANDS)[:1]
 
 
+def entry() -> int:
+    """The ``fa-variants`` program (the console script and ``python -m fa_variants``): `main` on this process's
+    arguments, its standard streams made usable first (`_usable_streams`; a process of its own, so the changes stay
+    in it, unlike an in-process ``main(argv)`` call)."""
+    _usable_streams()
+    return main()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    _usable_streams()
     command = _command(argv)
     from fa_variants.common import switches
 
@@ -220,9 +227,16 @@ def _usable_streams() -> None:
         stream = getattr(sys, name)
         if stream is None:
             setattr(sys, name, open(os.devnull, "w", encoding="utf-8"))
-        elif codecs.lookup(getattr(stream, "encoding", None) or "utf-8").name != "utf-8" \
-                and hasattr(stream, "reconfigure"):
+        elif _encoding_name(stream) != "utf-8" and hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
+
+
+def _encoding_name(stream) -> str | None:
+    """The codec name of ``stream``'s encoding (utf-8 when it has none), None for one Python does not know."""
+    try:
+        return codecs.lookup(getattr(stream, "encoding", None) or "utf-8").name
+    except LookupError:
+        return None
 
 
 #: the narrowest COLUMNS a command's tables are drawn in (``console``)
@@ -258,4 +272,4 @@ def _closed_pipe() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

@@ -460,7 +460,9 @@ def _io_rows(N: int, d: int, M: int, causal: bool, emulate_max: int, fa2_tiles=N
     tiles = {"standard": (Br, Bc), "fa1": (Br, Bc), "fa2": tuple(fa2_tiles or (Br, Bc))}
     totals = {a: sum(r + w for r, w in hbm_counts(a, 1, 1, N, N, d, *tiles[a], causal).values()) for a in ALGORITHMS}
     source = "closed form"
-    if N <= emulate_max and N * d <= EMULATE_MAX_ELEMENTS:  # measure, and check the closed form on the way
+    # measure, and check the closed form on the way; S and P are N x N (a huge N only in the closed form: an
+    # overcommitting host would grant the allocation and kill the process writing it)
+    if N <= emulate_max and max(N * d, N * N) <= EMULATE_MAX_ELEMENTS:
         g = torch.Generator().manual_seed(0)
         q, k, v = (torch.randn(1, N, 1, d, generator=g) for _ in range(3))
         measured = {a: emulate(a, q, k, v, causal=causal, Br=tiles[a][0], Bc=tiles[a][1]).hbm.total

@@ -179,6 +179,17 @@ def test_io_with_a_huge_head_dim_uses_the_closed_form(capsys):
     assert "closed form" in capsys.readouterr().out
 
 
+def test_io_with_a_huge_n_uses_the_closed_form(capsys, monkeypatch):
+    """`io --N 1048576 --d 16 --emulate-max 1048576`: N x d within the bound, but the emulators' S and P are N x N
+    (4 TB): a traceback here, and on a host that overcommits memory the allocation granted and the process killed
+    writing it. N x N is bounded too now."""
+    from fa_variants import emulate
+
+    monkeypatch.setattr(emulate, "emulate", lambda *a, **k: pytest.fail("emulated an N x N problem"))
+    assert cli.main(["io", "--N", "1048576", "--d", "16", "--emulate-max", "1048576"]) == 0
+    assert "closed form" in capsys.readouterr().out
+
+
 def test_fp8_study_sweeps_without_a_case_are_an_error(capsys, monkeypatch, tmp_path):
     """The layer sweep with no real model and no fixture gives no case: one error line, exit 2, nothing written
     (was an empty report, "0 plots", exit 0)."""
@@ -643,6 +654,7 @@ def test_demo_refuses_sizes_beyond_free_memory_before_allocating(capsys, monkeyp
     from fa_variants.common import checks
 
     monkeypatch.setattr(checks, "free_bytes", lambda device="cpu": 2**20)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the CPU shape and message on a GPU host too
     monkeypatch.setattr(demo, "synthetic_input", lambda *a, **k: pytest.fail("allocated past the free memory"))
     assert cli.main(["demo", "--random", "--seqlen", "1000", "--heads", "4", "--head-dim", "64"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -693,7 +705,8 @@ def test_the_command_line_runs_under_python_OO():
     for module in ("fa_variants", "fa_variants.integrations.capture"):
         r = subprocess.run([sys.executable, "-OO", "-m", module, "--help"], capture_output=True, text=True,
                            timeout=120, env=subprocess_env())
-        assert r.returncode == 0 and r.stdout.startswith("usage:") and not r.stderr, (module, r.stderr[-2000:])
+        stray = [line for line in r.stderr.splitlines() if "FA_VARIANTS_" not in line]  # unknown-switch warnings
+        assert r.returncode == 0 and r.stdout.startswith("usage:") and not stray, (module, r.stderr[-2000:])
 
 
 def test_reports_are_kept_when_stdout_cannot_encode_them(tmp_path):
@@ -747,9 +760,55 @@ def test_files_are_read_as_utf8_whatever_the_locale(tmp_path):
                         "--dtypes", "xx"], capture_output=True, text=True, timeout=120,
                        env=subprocess_env(PYTHONUTF8="0", LC_ALL="C", PYTHONCOERCECLOCALE="0"))
     assert r.returncode == 2 and r.stderr.strip().endswith("--dtypes xx: choose from fp16, bf16, e4m3"), r.stderr
+    import ast
+
     package = Path(cli.__file__).parent
-    unsaid = [f"{p.relative_to(package)}:{i}" for p in package.rglob("*.py")
-              for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
-              if ("read_text(" in line or "write_text(" in line) and "encoding=" not in line
-              and not line.rstrip().endswith(",")]
-    assert not unsaid, unsaid  # a call spread over lines carries its encoding on its last line
+    unsaid = []
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Call):
+                continue
+            name = getattr(node.func, "attr", getattr(node.func, "id", None))
+            binary = name == "open" and any(isinstance(a, ast.Constant) and "b" in str(a.value) for a in node.args[1:])
+            os_open = getattr(getattr(node.func, "value", None), "id", None) == "os"  # a descriptor, not a file
+            if name in ("read_text", "write_text", "open") and not binary and not os_open and \
+                    not any(k.arg == "encoding" for k in node.keywords):
+                unsaid.append(f"{path.relative_to(package)}:{node.lineno}")
+    assert not unsaid, unsaid  # text files are UTF-8 whatever the locale
+
+
+def test_stream_set_up_is_the_programs_not_main_s(monkeypatch):
+    """The streams are made usable by the program's entry (console script, python -m), not by ``cli.main`` called
+    in-process, whose caller keeps its own streams as they were; a stream naming an encoding Python does not know
+    is not taken for UTF-8 and raises nothing (codecs.lookup raised LookupError, a traceback before any command
+    ran)."""
+    import io
+    import tomllib
+
+    scripts = tomllib.loads((Path(cli.__file__).parents[1] / "pyproject.toml").read_text(encoding="utf-8"))
+    assert scripts["project"]["scripts"]["fa-variants"] == "fa_variants.cli:entry"
+    usable_streams, called = cli._usable_streams, []
+    monkeypatch.setattr(cli, "_usable_streams", lambda: called.append(True))
+    assert cli.main(["info", "--json"]) == 0 and not called
+
+    class Odd(io.TextIOWrapper):
+        @property
+        def encoding(self):
+            return "bogus-enc"
+
+    odd = Odd(io.BytesIO(), encoding="ascii")
+    assert cli._encoding_name(odd) is None
+    monkeypatch.setattr(sys, "stdout", odd)
+    usable_streams()  # no LookupError
+    assert sys.stdout is odd  # (escapes on: an encoding it cannot name is not taken for UTF-8)
+
+
+def test_warmup_progress_is_on_stderr_in_a_usable_width(tmp_path):
+    """warmup's progress bar used rich's global console: on stdout, where the JSON record is meant to be the last
+    line, and in COLUMNS' width (0: nothing drawn). It is cli.console(stderr=True) now."""
+    r = subprocess.run([sys.executable, "-m", "fa_variants", "warmup", "--arch", "sm_80", "--backends", "testkernel",
+                        "--head-dims", "64", "--causal", "no"], capture_output=True, text=True, timeout=600,
+                       env=subprocess_env(COLUMNS="0", FA_VARIANTS_CACHE_DIR=str(tmp_path / "cache")))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "testkernel bf16 d64" in r.stderr and "1/1" in r.stderr, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1])["compiled"] == 1 and "━" not in r.stdout

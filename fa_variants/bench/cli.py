@@ -53,8 +53,10 @@ class Progress:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, \
                 TimeElapsedColumn
 
+            from fa_variants.cli import console
+
             self._bar = RichProgress(TextColumn("{task.description:40s}"), BarColumn(), MofNCompleteColumn(),
-                                     TimeElapsedColumn())
+                                     TimeElapsedColumn(), console=console())  # stdout, in cli.console's width
             self._bar.__enter__()
             self._task, self._kind = self._bar.add_task("bench", total=self.total), "rich"
         except ImportError:

@@ -163,7 +163,10 @@ def warmup(configs, progress: bool = True, jobs: int = 1) -> list[dict]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, disable=not progress, transient=False) as bar:
+    from fa_variants.cli import console
+
+    # on stderr (stdout's last line is the JSON record), in cli.console's width (COLUMNS=0 drew nothing)
+    with Progress(*columns, disable=not progress, transient=False, console=console(stderr=True)) as bar:
         task = bar.add_task("warmup", total=len(configs))
         if jobs <= 1 or len(configs) <= 1:
             records = []
@@ -289,8 +292,8 @@ def run_cli(args: argparse.Namespace) -> int:
                          f"head_dim {','.join(map(str, head_dims))}; {','.join(dtypes)})"
                          + (": every combination was skipped (above)" if notes else ""))
     directory = diskcache.root() / diskcache.fingerprint()
-    stored = all(diskcache.entry_path(cfg).is_file() for cfg in configs)  # a read-only cache that holds them all
     try:  # before the compiles (minutes): a cache place that is a file or read-only stops the warm-up now
+        stored = all(diskcache.entry_path(cfg).is_file() for cfg in configs)  # a read-only cache holding them all
         directory.mkdir(parents=True, exist_ok=True)
         if args.prune or not stored:  # a file made and removed: the file system's own error (read-only, denied)
             tempfile.TemporaryFile(dir=directory).close()

@@ -90,7 +90,7 @@ def sass_of(cubin: bytes, encodings: bool = False) -> str:
         with open(path, "wb") as f:
             f.write(cubin)
         res = subprocess.run([_nvdisasm(), "-c", *(["-hex"] if encodings else []), path], capture_output=True,
-                             text=True, check=True)
+                             encoding="utf-8", errors="replace", check=True)
     return res.stdout
 
 

@@ -247,7 +247,7 @@ def link_shared(obj_path: str, so_path: str) -> tuple[bytes, str]:
         directory, name = os.path.split(lib)
         command += ["-L", directory, "-l:" + name, "-Wl,-rpath," + directory]
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        done = subprocess.run(command, capture_output=True, encoding="utf-8", errors="replace", timeout=120)
     except (OSError, subprocess.SubprocessError) as exc:
         return b"", f"link failed: {exc}"
     if done.returncode != 0 or not os.path.exists(so_path):
