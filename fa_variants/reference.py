@@ -88,9 +88,10 @@ def _vmapped(t: torch.Tensor) -> bool:
 def check_seqlens_k(seqlens_k, batch: int, seqlen_k: int, device: torch.device, *, values: bool = True,
                     host_ok: bool = False) -> None:
     """Validate per-sequence KV lengths: an int32 tensor of shape (batch,) on q's device with every value in
-    [0, seqlen_k]. Raises TypeError / ValueError (one line naming ``seqlens_k``; TypeError also for a sparse or
-    nested tensor; NotImplementedError for one batched by torch.func.vmap, whose values cannot be read). ``values=False`` skips the value check, which reads the tensor back to the host (a device sync;
-    impossible during CUDA-graph capture).
+    [0, seqlen_k]. Raises TypeError / ValueError (one line naming ``seqlens_k``; TypeError also for a sparse or nested
+    tensor; NotImplementedError for one batched by torch.func.vmap, whose values cannot be read). ``values=False``
+    skips the value check, which reads the tensor back to the host (a device sync; impossible during CUDA-graph
+    capture).
     ``host_ok``: a CPU tensor is accepted too (``fa_variants.attention`` copies it to q's device)."""
     if not isinstance(seqlens_k, torch.Tensor):
         raise TypeError(f"seqlens_k must be a torch.Tensor of int32, got {type(seqlens_k).__name__}")

@@ -33,8 +33,9 @@
 #       H100 gave base / auto 0.96-0.98 at D 64 Nk 2k / 4k (session 39), 0.99-1.01 (session 45, geomean 1.015) and
 #       geomean 0.998 (session 48): on the H100 base is not faster; the H200's figures decide whether the base tiles
 #       rule is met anywhere.
-#    E7. suite part 1 on the final tree (session 49 changed api, reference, dispatch and the CPU commands; part 2
-#       passed on c3f46bd, its files' code paths unchanged since but for api's import).
+#    E7. suite parts 1 and 2 on the final tree, each its own call (session 49 changed api's torch.compile mark, which
+#       tests/test_torch_compile.py exercises on the host's torch 2.11, reference's seqlens_k check, dispatch, the
+#       CLI and the packed-vs-unpacked tolerance of tests/test_decode_gpu.py; part 2 passed on c3f46bd only).
 #    Open: issue 10 (1100 TFLOP/s at D 256 N 16k: 1012 in session 30's call, 1084-1120 in session 27's; 1.4x bf16 at
 #    128: 1.15-1.20 non-causal (H100, session 38); 1.3x at 64: 1.06-1.08; two-level <= 5 % at 256; the pass at 70 %
 #    of copy; pass + kernel at N 4k causal), 12 (fa3 / flash-attn-4 >= 1.00 everywhere: 0.93-0.99 in session 30's

@@ -13,8 +13,9 @@
 # ec15a / ec15b, tens of GB; session 32: 6 passed, 39 s).
 # "cpu1", "cpu2": every test NOT marked gpu, on the GPU host's torch (2.11 there; CI and the fresh clones run the
 # newest): the CPU paths under another torch release, the test files taken alternately (sorted by name) into two
-# halves (byte order: LC_ALL=C, as the tests that check the halves sort). Session 47's first run of them there found torch.compile over CPU tensors failing on torch 2.11 (dynamo
-# could not trace two calls that newer releases trace). Session 48's one-part run reached 79 % in 560 s with 8 workers
+# halves (byte order: LC_ALL=C, as the tests that check the halves sort). Session 47's first run of them there found
+# torch.compile over CPU tensors failing on torch 2.11 (dynamo could not trace two calls that newer releases trace).
+# Session 48's one-part run reached 79 % in 560 s with 8 workers
 # of 16 torch threads each on an H100 host, hence the halves, 14 workers (no GPU memory to share) and 1 torch
 # thread per worker (OMP_NUM_THREADS). Their skips are not checked. The carried packages have no nvdisasm >= 13.4 (the
 # [sass] extra's 5 MB wheel would pass the 64 MiB carry limit; the host's CUDA 13.0 one is too old): the tests that read

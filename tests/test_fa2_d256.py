@@ -4,6 +4,7 @@ sm_80 without register spills (the GPU checks: tests/test_fa2_gpu.py -k d256; ti
 import pytest
 
 from fa_variants.ampere import fa2
+from fa_variants.common import env
 from fa_variants.common.config import Sm80Config
 
 
@@ -64,8 +65,8 @@ def test_unknown_variant_and_stage_count_raise():
     with pytest.raises(ValueError, match="FA_VARIANTS_FA2_D256='x': unknown"):
         fa2.d256_config("sm_90a", "x")
     with pytest.raises(ValueError, match="FA_VARIANTS_FA2_D256_MAX_SEQLEN_K must be an int >= 0"):
-        fa2._max_seqlen_k_from_env("2k")
-    assert fa2._max_seqlen_k_from_env("2048") == 2048
+        env.int_value("FA_VARIANTS_FA2_D256_MAX_SEQLEN_K", "2k", 0)
+    assert env.int_value("FA_VARIANTS_FA2_D256_MAX_SEQLEN_K", "2048", 0) == 2048
     assert fa2._check_config(Sm80Config(64, 64, stages=1), "sm_90a", 256).stages == 1
     with pytest.raises(ValueError, match="q_stages=1"):
         fa2._check_config(Sm80Config(64, 64, q_stages=2), "sm_90a", 256)

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from fa_variants.common import split
+from fa_variants.common import env, split
 from fa_variants.reference import (attention_reference, causal_visible, check_against_reference, check_lse,
                                    references, rel_l2)
 from helpers import assert_attention_ok, assert_same_maths, seeded_generator
@@ -151,13 +151,13 @@ def test_heuristic_min_tiles_one_splits_short_nk_into_one_tile_ctas():
 
 @pytest.mark.parametrize("value, expected", [("1", 1), ("2", 2), ("3", 3)])
 def test_min_tiles_env_parsing(value, expected):
-    assert split._min_tiles_from_env(value) == expected
+    assert env.int_value("FA_VARIANTS_SPLIT_MIN_TILES", value, 1) == expected
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "x", ""])
 def test_min_tiles_env_rejects_bad_values(value):
     with pytest.raises(ValueError, match="FA_VARIANTS_SPLIT_MIN_TILES"):
-        split._min_tiles_from_env(value)
+        env.int_value("FA_VARIANTS_SPLIT_MIN_TILES", value, 1)
 
 
 # ----- fa3's split path modelled op by op (common.split_model) against float64 -------------------------------
@@ -341,7 +341,8 @@ def test_model_packed_rows_per_position_match_float64(shape, num_splits, causal)
 
 def test_model_packed_rows_equal_unpacked_rows():
     """At Nq = 4, 32:8, the packed tile's causal range is its last position's, as the unpacked tile's: every row
-    walks the same K/V tiles and splits, so packed and unpacked agree within one bf16 step (helpers.assert_same_maths)."""
+    walks the same K/V tiles and splits, so packed and unpacked agree within one bf16 step
+    (helpers.assert_same_maths)."""
     args = (2, 4, 777, 32, 8, 64, True, 0.09, (64, 128), 3)
     _, packed, lse_p = _model_case(*args, pack_gqa=True)
     _, plain, lse_u = _model_case(*args)

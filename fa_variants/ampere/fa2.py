@@ -102,11 +102,6 @@ D256_CONFIGS = {"default": CONFIGS[256], "s1": Sm80Config(64, 64, stages=1), "s2
 D256_VARIANT = env.choice("FA_VARIANTS_FA2_D256", "default", tuple(D256_CONFIGS))
 
 
-def _max_seqlen_k_from_env(value: str) -> int:
-    """FA_VARIANTS_FA2_D256_MAX_SEQLEN_K as an int >= 0 (ValueError naming the variable otherwise)."""
-    return env.int_value("FA_VARIANTS_FA2_D256_MAX_SEQLEN_K", value, 0, "0: no limit")
-
-
 #: With D256_VARIANT set: the longest seqlen_k it runs (FA_VARIANTS_FA2_D256_MAX_SEQLEN_K; 0: no limit); longer calls
 #: keep the default tiles. For a variant that wins only at short N (the A/B's SUMMARY lines tell where).
 D256_MAX_SEQLEN_K = env.integer("FA_VARIANTS_FA2_D256_MAX_SEQLEN_K", "0", 0, "0: no limit")
@@ -124,7 +119,7 @@ def d256_config(arch: str, name: str) -> Sm80Config:
     """D256_CONFIGS[name] checked for `arch` (its small-shared-memory twin where the arch cannot hold it);
     ValueError naming FA_VARIANTS_FA2_D256 for an unknown name."""
     if name not in D256_CONFIGS:
-        raise ValueError(f"FA_VARIANTS_FA2_D256={name!r}: unknown; choose from {', '.join(D256_CONFIGS)}")
+        raise ValueError(f"FA_VARIANTS_FA2_D256={env.shown(name)}: unknown; choose from {', '.join(D256_CONFIGS)}")
     if name == "default" and smem_capacity(arch) < D256_CONFIGS["s2"].smem_bytes(256):
         # 99 KiB parts keep the tiles they had before s1 became the default (s1 is measured on the H200 only)
         return SMALL_SMEM_CONFIGS[256].check(arch, 256)

@@ -43,11 +43,6 @@ MAX_SPLITS = 64
 MAX_SPLIT_SCALE = 2.0 ** 64
 
 
-def _min_tiles_from_env(value: str) -> int:
-    """FA_VARIANTS_SPLIT_MIN_TILES as an int >= 1 (ValueError naming the variable otherwise)."""
-    return env.int_value("FA_VARIANTS_SPLIT_MIN_TILES", value, 1, "K/V tiles per split")
-
-
 #: The fewest K/V tiles the heuristic gives a split (counts giving fewer are not considered) when the caller passes
 #: no min_tiles: fa2's count. 2 by default; fa3 passes its own (``hopper.fa3.SPLIT_MIN_TILES``, the same variable
 #: with default 1 since the session-6 H200 A/B). 1 (FA_VARIANTS_SPLIT_MIN_TILES=1) lets short-Nk decode split into

@@ -38,7 +38,7 @@ def _choice(name: str, names: tuple[str, ...], lower: bool = False) -> Callable[
     def check():
         value = os.environ.get(name, "").strip()
         if value and (value.lower() if lower else value) not in names:
-            raise env.SwitchError(f"{name}={os.environ[name]!r} must be one of {', '.join(names)}")
+            raise env.SwitchError(f"{name}={env.shown(os.environ[name])} must be one of {', '.join(names)}")
     return check
 
 

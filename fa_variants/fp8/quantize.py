@@ -658,6 +658,12 @@ def quantize_fp8_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, con
                      config, block_m=tile_m, block_n=tile_n)
 
 
+#: the modules whose absence makes the GPU quantisation pass unavailable (then impl "auto" takes the torch recipe):
+#: the pass itself (a checkout without it), and the top-level packages of the CuTe DSL, its CUDA bindings and its
+#: TVM FFI runtime
+_GPU_PASS_NEEDS = ("fa_variants.fp8.quant_host", "cutlass", "cuda", "tvm_ffi")
+
+
 def quantize_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: FP8Config = FP8Config(),
                  softmax_scale: float | None = None, impl: str = "auto") -> FP8Inputs:
     """Quantise q, k, v for the fa3-fp8 kernel with the recipe ``config`` (module docstring).
@@ -691,7 +697,9 @@ def quantize_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: F
         else:
             try:
                 quant_host = importlib.import_module("fa_variants.fp8.quant_host")
-            except ImportError as exc:  # the CuTe DSL (or what it needs) is not installed: the torch recipe serves
+            except ModuleNotFoundError as exc:  # the CuTe DSL (or what it needs) is not installed: the torch recipe
+                if exc.name not in _GPU_PASS_NEEDS and (exc.name or "").split(".")[0] not in _GPU_PASS_NEEDS:
+                    raise  # another module missing, e.g. one of ours: a fault, not hidden by the fallback
                 problem = f"the GPU quantisation pass cannot be imported here ({exc})"
             else:
                 problem = quant_host.why_not(q, config)

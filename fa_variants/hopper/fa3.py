@@ -538,8 +538,8 @@ MERGE_KERNEL = env.flag("FA_VARIANTS_MERGE_KERNEL", True)
 FUSED_MERGE_MODES = {"0": "off", "off": "off", "decode": "decode", "1": "all", "all": "all"}
 FUSED_MERGE = FUSED_MERGE_MODES.get(os.environ.get("FA_VARIANTS_FUSED_MERGE", "").strip().lower() or "off")
 if FUSED_MERGE is None:
-    raise env.SwitchError(f"FA_VARIANTS_FUSED_MERGE={os.environ['FA_VARIANTS_FUSED_MERGE']!r} must be one of "
-                     f"{sorted(FUSED_MERGE_MODES)}")
+    raise env.SwitchError(f"FA_VARIANTS_FUSED_MERGE={env.shown(os.environ['FA_VARIANTS_FUSED_MERGE'])} must be one "
+                          f"of {sorted(FUSED_MERGE_MODES)}")
 
 
 def _merge_mode(config: Sm90Config) -> Sm90Config:
