@@ -444,3 +444,36 @@ def test_the_emulation_runs_on_meta_tensors():
     out, lse = fp8_attention_reference(q, k, v, causal=True, out_dtype=torch.bfloat16)
     assert out.is_meta and out.shape == (2, 5, 4, 64) and out.dtype == torch.bfloat16
     assert lse.is_meta and lse.shape == (2, 4, 5) and lse.dtype == torch.float32
+
+
+@pytest.mark.parametrize("default", [torch.float64, torch.float16, torch.bfloat16])
+def test_the_fp8_path_ignores_the_default_dtype(default):
+    """torch.set_default_dtype(float64 / float16 / bfloat16): the emulation's buffers, the empty K mean of
+    seqlen_k = 0 and from_e4m3's descales took the default dtype: an index_put dtype error, NaN (float16), 8e-3 off
+    (bfloat16), float64 outputs, and FP8Inputs the package then refused (session 49's global-state probe). Every
+    FP8 tensor is float32 now: the result is the float32-default one."""
+    from fa_variants.fp8 import quantize_fp8
+    from fa_variants.fp8.attention import from_e4m3
+
+    q, k, v = (torch.randn(1, 40, h, 64, dtype=torch.bfloat16) for h in (4, 2, 2))
+    expected = emulate_fp8_attention(quantize_fp8(q, k, v), causal=True)
+    e4m3 = tuple(t.float().clamp(-448, 448).to(torch.float8_e4m3fn) for t in (q, k, v))
+    expected_e4m3 = emulate_fp8_attention(from_e4m3(*e4m3, softmax_scale=0.125))
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(default)
+    try:
+        got = emulate_fp8_attention(quantize_fp8(q, k, v), causal=True)
+        empty = emulate_fp8_attention(quantize_fp8(q, k[:, :0], v[:, :0]), causal=True)
+        got_e4m3 = emulate_fp8_attention(from_e4m3(*e4m3, softmax_scale=0.125))
+    finally:
+        torch.set_default_dtype(before)
+    for a, b in ((got, expected), (got_e4m3, expected_e4m3)):
+        out, lse = a if isinstance(a, tuple) else (a, None)
+        ref, ref_lse = b if isinstance(b, tuple) else (b, None)
+        assert out.dtype == ref.dtype
+        torch.testing.assert_close(out, ref, rtol=0, atol=0)  # the same float32 operations in the same order
+        if lse is not None:
+            assert lse.dtype == torch.float32
+            torch.testing.assert_close(lse, ref_lse, rtol=0, atol=0)
+    out, lse = empty if isinstance(empty, tuple) else (empty, None)
+    assert (out == 0).all() and (lse is None or (lse == -math.inf).all())

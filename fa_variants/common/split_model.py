@@ -48,8 +48,8 @@ def split_kv_model(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     """
     batch, seqlen_q, heads, head_dim = q.shape
     # the buffers fa3._plan_call allocates: (num_splits * batch) "batches"; the CTAs write through views of them
-    o_parts = torch.full((num_splits * batch, seqlen_q, heads, head_dim), math.nan)
-    lse_parts = torch.full((num_splits * batch, heads, seqlen_q), math.nan)
+    o_parts = torch.full((num_splits * batch, seqlen_q, heads, head_dim), math.nan, dtype=torch.float32)
+    lse_parts = torch.full((num_splits * batch, heads, seqlen_q), math.nan, dtype=torch.float32)
     q_cta, o_cta, lse_cta = q, o_parts, lse_parts
     group = 1
     if pack_gqa and seqlen_q <= 1:
@@ -63,8 +63,8 @@ def split_kv_model(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
         group = heads // k.shape[2]
         assert packable(group, tile_m), (group, tile_m)
         q_cta = _pack(q, group)
-        o_cta = torch.full((num_splits * batch, seqlen_q * group, k.shape[2], head_dim), math.nan)
-        lse_cta = torch.full((num_splits * batch, k.shape[2], seqlen_q * group), math.nan)
+        o_cta = torch.full((num_splits * batch, seqlen_q * group, k.shape[2], head_dim), math.nan, dtype=torch.float32)
+        lse_cta = torch.full((num_splits * batch, k.shape[2], seqlen_q * group), math.nan, dtype=torch.float32)
     _ctas(q_cta, k, v, o_cta.unflatten(0, (num_splits, batch)), lse_cta.unflatten(0, (num_splits, batch)),
           causal=causal, softmax_scale=softmax_scale, tile_m=tile_m, tile_n=tile_n, num_splits=num_splits,
           group=group)
@@ -76,7 +76,8 @@ def split_kv_model(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
         return o_parts[0].to(q.dtype), lse_parts[0]
     if merge == "kernel":
         return combine_model(o_parts, lse_parts, q.dtype)
-    return split.merge(o_parts, lse_parts, torch.empty_like(q), torch.empty(batch, heads, seqlen_q))
+    lse = torch.empty(batch, heads, seqlen_q, dtype=torch.float32)
+    return split.merge(o_parts, lse_parts, torch.empty_like(q), lse)
 
 
 def _pack(q: torch.Tensor, group: int) -> torch.Tensor:
@@ -116,9 +117,9 @@ def _ctas(q, k, v, o_parts, lse_parts, *, causal: bool, softmax_scale: float, ti
                 lse_parts[s, :, :, r0:r1] = -math.inf
                 continue
             first_masked = max(blocks.kv_tile_causal_start(m_block, seqlen_q, seqlen_k), n_start) if causal else n_end
-            m = torch.full((batch, heads, r1 - r0), -math.inf)
-            l = torch.zeros(batch, heads, r1 - r0)
-            o = torch.zeros(batch, heads, r1 - r0, head_dim)
+            m = torch.full((batch, heads, r1 - r0), -math.inf, dtype=torch.float32)
+            l = torch.zeros(batch, heads, r1 - r0, dtype=torch.float32)
+            o = torch.zeros(batch, heads, r1 - r0, head_dim, dtype=torch.float32)
             for n in range(n_end - 1, n_start - 1, -1):
                 cols = torch.arange(n * tile_n, (n + 1) * tile_n).view(1, -1)
                 hide = torch.zeros(r1 - r0, tile_n, dtype=torch.bool)
@@ -145,7 +146,7 @@ def combine_model(o_parts: torch.Tensor, lse_parts: torch.Tensor, out_dtype: tor
     and log exact here, ex2 / lg2 approximations on the GPU): o_parts (S, B, Nq, H, D), lse_parts (S, B, H, Nq)
     -> (out (B, Nq, H, D) in out_dtype, lse (B, H, Nq))."""
     lse_parts = lse_parts.float().permute(0, 1, 3, 2)  # (S, B, Nq, H): the kernel's (row, head) per CTA
-    m = torch.full(lse_parts.shape[1:], -math.inf)
+    m = torch.full(lse_parts.shape[1:], -math.inf, dtype=torch.float32)
     for x in lse_parts:
         m = torch.maximum(m, x)  # NaN-propagating, like the kernel's max
     m_safe = torch.where(m == -math.inf, 0.0, m)
@@ -154,7 +155,7 @@ def combine_model(o_parts: torch.Tensor, lse_parts: torch.Tensor, out_dtype: tor
     for x in lse_parts:
         l = l + torch.exp2((x - m_safe) * log2_e)
     lse = torch.where(l == 0, -math.inf, m_safe + torch.log2(l) * torch.tensor(math.log(2), dtype=torch.float32))
-    acc = torch.zeros(o_parts.shape[1:])
+    acc = torch.zeros(o_parts.shape[1:], dtype=torch.float32)
     for x, o in zip(lse_parts, o_parts.float()):
         w = torch.exp2((x - lse) * log2_e).unsqueeze(-1)
         acc = torch.where(((x != -math.inf) & (l != 0)).unsqueeze(-1), acc + w * o, acc)

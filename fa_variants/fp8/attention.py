@@ -150,7 +150,7 @@ def _from_fp8(inputs: FP8Inputs, *, causal: bool, return_lse: bool, out_dtype: t
     B, Nq, H, D = inputs.q.shape
     if inputs.q.numel() == 0 or inputs.seqlen_k == 0:
         out = torch.zeros(B, Nq, H, D, dtype=out_dtype, device=inputs.q.device)
-        lse = torch.full((B, H, Nq), -math.inf, device=inputs.q.device)
+        lse = torch.full((B, H, Nq), -math.inf, device=inputs.q.device, dtype=torch.float32)
     else:
         out, lse = module.run_fp8(inputs, causal=causal, out_dtype=out_dtype, **_kernel_options(module, inputs))
     if not return_lse:
@@ -226,7 +226,10 @@ def from_e4m3(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_scal
     Nk, Hkv = k.shape[1], k.shape[2]
     if softmax_scale < 0:
         k, softmax_scale = (-k.float()).to(E4M3), -softmax_scale  # exact: e4m3 is sign-magnitude
-    ones = lambda heads, n, block: torch.ones(B, heads, -(-n // block), device=q.device)  # noqa: E731
+
+    def ones(heads, n, block):  # descales of 1 (float32, whatever the default dtype)
+        return torch.ones(B, heads, -(-n // block), device=q.device, dtype=torch.float32)
+
     return FP8Inputs(q, k, transpose_v(v), ones(H, Nq, tile_m), ones(Hkv, Nk, tile_n), ones(Hkv, Nk, tile_n),
                      float(softmax_scale), Nk, None, None, FP8Config(granularity="tensor", rotate=False, smooth_k=False),
                      block_m=tile_m, block_n=tile_n)

@@ -215,8 +215,8 @@ def emulate_fp8_attention(inputs: FP8Inputs, *, causal: bool = False, accumulato
     rows = torch.arange(Nq, device=dev)
     n_blocks = block_rows(torch.tensor([kv_tile_end(i // tile_m, tile_m, tile_n, Nq, Nk, causal)
                                         for i in range(0, Nq, tile_m)], device=dev, dtype=torch.long), tile_m, Nq)
-    m = torch.full((B, H, Nq), -math.inf, device=dev)
-    l = torch.zeros(B, H, Nq, device=dev)
+    m = torch.full((B, H, Nq), -math.inf, device=dev, dtype=torch.float32)
+    l = torch.zeros(B, H, Nq, device=dev, dtype=torch.float32)
     o = _TwoLevelO((B, H, Nq, D), dev, cfg.two_level and every == 1, units if cfg.two_level else "absolute",
                    accumulator_bits, accumulator)
     n_tiles = -(-Nk // tile_n)
@@ -276,7 +276,7 @@ def _operands(inputs: FP8Inputs):
     dev, group = inputs.q.device, H // Hkv
     q8 = inputs.q.float().transpose(1, 2)
     k8 = inputs.k.float().transpose(1, 2).repeat_interleave(group, dim=1)
-    v_nat = torch.empty(B, Hkv, D, inputs.v_t.shape[-1], device=dev)
+    v_nat = torch.empty(B, Hkv, D, inputs.v_t.shape[-1], device=dev, dtype=torch.float32)
     v_nat[..., layout.v_token_order(inputs.v_t.shape[-1]).to(dev)] = inputs.v_t.float()
     v8 = v_nat[..., :Nk].transpose(2, 3).repeat_interleave(group, dim=1)
     kd = inputs.k_descale.repeat_interleave(group, dim=1)
@@ -313,11 +313,13 @@ class _TwoLevelO:
     def __init__(self, shape, dev, zero_init: bool, units: str, bits: int | None, model: str):
         B, H, Nq, D = shape
         self.zero_init, self.units, self.bits, self.model = zero_init, units, bits, model
-        self.O = torch.zeros(B, H, Nq, D, device=dev)
-        self.acc = torch.zeros(B, H, Nq, D, device=dev)
-        self.o_alpha = torch.ones(B, H, Nq, device=dev)  # alphas O has not been multiplied by yet
-        self.unit = torch.ones(B, H, Nq, 1, device=dev)  # units != "absolute": O's unit per row (its tile order)
-        self.vmax = torch.zeros(B, H, Nq, 1, device=dev)  # "bounded": the largest v_descale the row has visited
+        self.O = torch.zeros(B, H, Nq, D, device=dev, dtype=torch.float32)
+        self.acc = torch.zeros(B, H, Nq, D, device=dev, dtype=torch.float32)
+        self.o_alpha = torch.ones(B, H, Nq, device=dev, dtype=torch.float32)  # alphas O has not been multiplied by yet
+        # units != "absolute": O's unit per row (its tile order)
+        self.unit = torch.ones(B, H, Nq, 1, device=dev, dtype=torch.float32)
+        # "bounded": the largest v_descale the row has visited
+        self.vmax = torch.zeros(B, H, Nq, 1, device=dev, dtype=torch.float32)
         self.prev_vd = None
 
     def add_tile(self, p8, v8, alpha, vd, active, promote) -> None:

@@ -160,7 +160,8 @@ def paley_hadamard_12() -> torch.Tensor:
     q = 11
     residues = {(i * i) % q for i in range(1, q)}
     chi = [0] + [1 if r in residues else -1 for r in range(1, q)]
-    s = torch.zeros(12, 12, device="cpu")  # never the default device (a model built under torch.device)
+    # never the default device (a model built under torch.device) nor the default dtype
+    s = torch.zeros(12, 12, device="cpu", dtype=torch.float32)
     s[0, 1:] = 1
     s[1:, 0] = -1
     for i in range(q):
@@ -529,7 +530,7 @@ def k_mean(k: torch.Tensor, blocks: int | None = None, block_n: int = 128) -> to
     (blocks None: one torch reduction, shared by the torch and the GPU quantiser's pipeline "v1" so both subtract
     the same numbers), or over the tokens of ``k_sample_tiles(seqlen_k, block_n, blocks)``."""
     if k.shape[1] == 0:
-        return torch.zeros(k.shape[0], k.shape[2], k.shape[3], device=k.device)
+        return torch.zeros(k.shape[0], k.shape[2], k.shape[3], device=k.device, dtype=torch.float32)
     tiles = k_sample_tiles(k.shape[1], block_n, blocks)
     if len(tiles) == -(-k.shape[1] // block_n):
         return k.mean(dim=1, dtype=torch.float32)
@@ -638,7 +639,7 @@ def quantize_fp8_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, con
                          f"({k.device}), got {got}")
     qf, kf, vf = (_as_float32(name, t) for name, t in (("q", q), ("k", k), ("v", v)))
     rot = HadamardRotation(D, config.seed)
-    signs = rot.signs if config.rotate else torch.ones(D, device="cpu")
+    signs = rot.signs if config.rotate else torch.ones(D, device="cpu", dtype=torch.float32)
     k_signs = -signs if scale < 0 else signs  # softmax(c Q K^T) = softmax(|c| Q (-K)^T)
     mean = shift = None
     if config.smooth_k:

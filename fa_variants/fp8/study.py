@@ -161,7 +161,7 @@ def make_inputs(case: Case, fixture=None) -> tuple[torch.Tensor, torch.Tensor, t
     B, H, D = case.batch, case.heads, case.head_dim
 
     def randn(n):
-        return torch.randn(B, n, H, D, generator=g)
+        return torch.randn(B, n, H, D, generator=g, dtype=torch.float32)  # whatever the default dtype
 
     q, k, v = randn(case.seqlen_q), randn(case.seqlen_k), randn(case.seqlen_k)
     if case.dist == "outlier":
