@@ -317,8 +317,12 @@ def _softmax_scaled(s: torch.Tensor, visible: torch.Tensor | None) -> tuple[torc
     """(lse, P) of already-scaled scores, as PyTorch does it; a row that sees no key gets lse -inf, P 0."""
     if visible is not None:
         s = s.masked_fill(~visible, -math.inf)
-    m = torch.logsumexp(s, dim=-1, keepdim=True)
-    return m, torch.where(m == -math.inf, torch.zeros_like(s), torch.exp(s - m))
+    # a row without keys: logsumexp's and exp(s - m)'s backward there are NaN (-inf + inf) in branches torch.where
+    # drops, which anomaly detection (torch.autograd.set_detect_anomaly) reports: such rows are worked on as zeros
+    empty = s.amax(dim=-1, keepdim=True).detach() == -math.inf
+    m = torch.logsumexp(s.masked_fill(empty, 0), dim=-1, keepdim=True)
+    p = torch.exp(s.masked_fill(empty, 0) - m)
+    return m.masked_fill(empty, -math.inf), torch.where(empty, torch.zeros_like(s), p)
 
 
 def _scaled_operand(qg: torch.Tensor, scale: float) -> tuple[torch.Tensor, float]:
@@ -349,6 +353,9 @@ def _softmax_raw(s: torch.Tensor, scale: float, visible: torch.Tensor | None,
         z = z.masked_fill(~visible, -math.inf)
     p = torch.exp(z)
     total = p.sum(dim=-1, keepdim=True)
+    # a row without keys has total 0: p / total and log(total) in the branches torch.where drops would be 0 / 0 and
+    # -inf, with NaN gradients that anomaly detection reports (the kept branches never read them); 1 there instead
+    total = torch.where(empty, torch.ones_like(total), total)
     wide = s.dtype if lse_dtype is None else lse_dtype  # the LSE's own dtype (float64: no overflow of m |scale|)
     # a visible score of +inf: the LSE is +inf (s - m = inf - inf made it NaN; O is not finite either way)
     lse = torch.where(empty, torch.full((), -math.inf, dtype=wide, device=m.device),

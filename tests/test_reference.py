@@ -4,6 +4,7 @@ import math
 import pytest
 import torch
 
+import fa_variants
 from fa_variants import reference as ref
 from fa_variants.reference import (attention_reference, check_against_reference, check_lse, max_abs_error,
                                    references)
@@ -406,3 +407,28 @@ def test_a_visible_score_of_plus_inf_gives_lse_plus_inf():
     v = torch.randn(1, 2, 1, 2)
     _, lse = fa_variants.attention(q, k, v, return_lse=True, softmax_scale=1.0)
     assert lse.item() == math.inf
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_rows_without_keys_backward_under_anomaly_detection(dtype):
+    """Causal with seqlen_q > seqlen_k: the first rows see no key. Their 0 / 0 and -inf + inf sat in branches
+    torch.where drops, whose NaN gradients torch.autograd.set_detect_anomaly(True) reported as errors of a valid
+    call (session 49's global-state probe); gradients finite and the same as without anomaly mode."""
+    q, k, v = (torch.randn(2, 16, h, 32, dtype=dtype) for h in (4, 2, 2))
+
+    def grads():
+        leaves = [t.clone().requires_grad_() for t in (q, k[:, :4], v[:, :4])]
+        if dtype in (torch.float32, torch.float64):
+            out, lse = fa_variants.attention(*leaves, causal=True, return_lse=True)
+            loss = out.sum() + lse.masked_fill(lse.isinf(), 0).sum()
+        else:  # the 16-bit maths path of the reference
+            out, lse = attention_reference(*leaves, causal=True, dtype=dtype)
+            loss = out.float().sum()
+        return torch.autograd.grad(loss, leaves)
+
+    plain = grads()
+    with torch.autograd.set_detect_anomaly(True):
+        watched = grads()
+    for a, b in zip(watched, plain):
+        assert a.isfinite().all()
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
