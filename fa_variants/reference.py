@@ -148,7 +148,8 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
         key (causal with seqlen_q > seqlen_k, or seqlen_k = 0) give out = 0 and lse = -inf; with
         seqlen_k = 0 the output is still connected to q, k, v for autograd (zero gradients). A key a row
         cannot see contributes exactly 0 to it, even when V is inf or NaN there (the kernels differ: see
-        ``fa_variants.attention``).
+        ``fa_variants.attention``). Under ``torch.autocast`` the maths is still ``dtype``'s (autocast is turned off
+        inside: it made a float32 reference bfloat16).
 
     Raises:
         TypeError: causal not a bool; q, k or v not a floating-point tensor; dtype not a floating-point
@@ -158,6 +159,11 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
             on different devices (``_check_reference_inputs``).
     """
     _check_reference_inputs(q, k, v, dtype, softmax_scale, causal)
+    device_type = q.device.type
+    if device_type in ("cpu", "cuda") and torch.is_autocast_enabled(device_type):  # its dtype, not autocast's
+        with torch.autocast(device_type, enabled=False):
+            return attention_reference(q, k, v, causal=causal, softmax_scale=softmax_scale, dtype=dtype,
+                                       seqlens_k=seqlens_k, lse_dtype=lse_dtype)
     batch, seqlen_q, num_heads, head_dim = q.shape
     seqlen_k, num_heads_kv, head_dim_v = k.shape[1], k.shape[2], v.shape[3]
     if seqlens_k is not None:

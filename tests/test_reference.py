@@ -432,3 +432,16 @@ def test_rows_without_keys_backward_under_anomaly_detection(dtype):
     for a, b in zip(watched, plain):
         assert a.isfinite().all()
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_reference_keeps_its_dtype_under_autocast():
+    """attention_reference(dtype=float32) under torch.autocast("cpu", bfloat16) ran its products in bfloat16 and
+    returned a bfloat16 result about 1e-2 off (session 49's global-state probe); autocast is off inside now."""
+    q, k, v = (torch.randn(1, 33, 2, 64) for _ in range(3))
+    plain = attention_reference(q, k, v, causal=True, dtype=torch.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        under = attention_reference(q, k, v, causal=True, dtype=torch.float32)
+        assert torch.is_autocast_enabled("cpu")  # the caller's autocast is left on
+    for a, b in zip(under, plain):
+        assert a.dtype == b.dtype == torch.float32
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
