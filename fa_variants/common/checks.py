@@ -24,9 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import numbers
-import os
 
-__all__ = ["INT64_MAX", "is_int", "is_real", "allocating", "free_bytes"]
+__all__ = ["INT64_MAX", "is_int", "is_real", "allocating", "check_fits", "free_bytes"]
 
 INT64_MAX = 2**63 - 1
 
@@ -107,6 +106,14 @@ def _gib(nbytes: int) -> str:
     return f"{nbytes / 2**30:.3g} GiB"
 
 
+def check_fits(what: str, hint: str, nbytes: int, device="cpu") -> None:
+    """ValueError "cannot allocate WHAT (needs N GiB, DEVICE has F GiB free); HINT" where ``nbytes`` is more than
+    ``free_bytes(device)``; nothing where it fits or the free memory is unknown."""
+    free = free_bytes(device)
+    if free is not None and nbytes > free:
+        raise ValueError(f"cannot allocate {what} (needs {_gib(nbytes)}, {device} has {_gib(free)} free); {hint}")
+
+
 @contextlib.contextmanager
 def allocating(what: str, hint: str, nbytes: int | None = None, device="cpu"):
     """Run the block; a RuntimeError or MemoryError from it (torch.OutOfMemoryError is a RuntimeError; so is a size
@@ -114,9 +121,7 @@ def allocating(what: str, hint: str, nbytes: int | None = None, device="cpu"):
     ``nbytes``, a need beyond ``free_bytes(device)`` raises "cannot allocate WHAT (needs N GiB, DEVICE has F GiB
     free); HINT" before the block runs."""
     if nbytes is not None:
-        free = free_bytes(device)
-        if free is not None and nbytes > free:
-            raise ValueError(f"cannot allocate {what} (needs {_gib(nbytes)}, {device} has {_gib(free)} free); {hint}")
+        check_fits(what, hint, nbytes, device)
     try:
         yield
     except (RuntimeError, MemoryError) as exc:

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-from fa_variants.common.checks import allocating, is_int, is_real
+from fa_variants.common.checks import allocating, check_fits, is_int, is_real
 from fa_variants.fp8 import attention as fp8_attention
 from fa_variants.fp8 import study_model
 from fa_variants.fp8.emulation import fp8_attention_reference
@@ -136,7 +136,7 @@ def case_bytes(case: Case) -> tuple[int, int]:
 
 
 def _check_memory(cases: list[Case], device: str) -> None:
-    """Every case's need (`case_bytes`) against the free memory (``checks.allocating``), before the first case
+    """Every case's need (`case_bytes`) against the free memory (``checks.check_fits``), before the first case
     runs: a case too large for the machine is refused in one line before the study spends anything on the others.
     """
     for case in cases:
@@ -145,9 +145,8 @@ def _check_memory(cases: list[Case], device: str) -> None:
         hint = "choose smaller --heads / --head-dim / --seqlens"
         if device == "cpu":
             host, on_device = host + on_device, 0
-        with allocating(f"{what} on cpu", hint, host, "cpu"), \
-                allocating(f"{what} on {device}", hint, on_device, device):
-            pass
+        check_fits(f"{what} on cpu", hint, host, "cpu")
+        check_fits(f"{what} on {device}", hint, on_device, device)
 
 
 def make_inputs(case: Case, fixture=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -115,28 +115,36 @@ class Fixture:
                 f"{'causal' if self.causal else 'full'}, softmax_scale {self.softmax_scale:g}")
 
 
+def _named() -> Path | None:
+    """$FA_VARIANTS_FIXTURE as a path (``~`` expanded), or None where it is unset or blank."""
+    named = paths.env_path(ENV_VAR)
+    return paths.expand_user(named, ENV_VAR) if named else None
+
+
+def _home_place() -> Path | None:
+    """~/.cache/fa_variants/FILENAME, or None where there is no home directory."""
+    home = paths.home()
+    return home / ".cache" / "fa_variants" / FILENAME if home is not None else None
+
+
 def candidate_paths() -> list[Path]:
     """Where a fixture is looked for, in order ($FA_VARIANTS_FIXTURE alone when it is set; the home directory's
     cache left out where there is no home directory)."""
-    named = paths.env_path(ENV_VAR)
-    if named:
-        return [paths.expand_user(named, ENV_VAR)]
+    named = _named()
+    if named is not None:
+        return [named]
     repo = Path(__file__).resolve().parents[2]
-    home = paths.home()
     return [repo / ".fixtures" / FILENAME, Path.cwd() / ".fixtures" / FILENAME,
-            *([home / ".cache" / "fa_variants" / FILENAME] if home is not None else [])]
+            *filter(None, [_home_place()])]
 
 
 def default_path() -> Path:
     """Where ``capture`` writes by default: $FA_VARIANTS_FIXTURE, else ~/.cache/fa_variants/FILENAME. OSError where
     neither names a place (no home directory)."""
-    named = paths.env_path(ENV_VAR)
-    if named:
-        return paths.expand_user(named, ENV_VAR)
-    home = paths.home()
-    if home is None:
+    place = _named() or _home_place()
+    if place is None:
         raise OSError(f"no home directory for the fixture's default place: set {ENV_VAR} or give --out")
-    return home / ".cache" / "fa_variants" / FILENAME
+    return place
 
 
 def find_fixture() -> Path | None:
@@ -148,10 +156,10 @@ def find_fixture() -> Path | None:
 def named_but_missing() -> str | None:
     """"FA_VARIANTS_FIXTURE=PATH names no file" where the variable is set to something that is not a file, else None:
     a clause for the messages of what needed the fixture (a typo read as "no fixture" without a word before)."""
-    named = paths.env_path(ENV_VAR)
-    if named is None or paths.expand_user(named, ENV_VAR).is_file():
+    named = _named()
+    if named is None or named.is_file():
         return None
-    return f"{ENV_VAR}={named} names no file"
+    return f"{ENV_VAR}={paths.env_path(ENV_VAR)} names no file"
 
 
 def load_real_input(path: str | os.PathLike | None = None) -> Fixture | None:
