@@ -16,6 +16,7 @@ import torch
 
 from fa_variants import dispatch, registry
 from fa_variants.common import launch, split
+from fa_variants.common.checks import one_line
 from fa_variants.dispatch import Selection
 from fa_variants.common.scale import LOG2_E, MAX_SOFTMAX_SCALE, check_softmax_scale  # noqa: F401 (re-exported)
 from fa_variants.reference import check_seqlens_k, default_softmax_scale
@@ -105,11 +106,11 @@ def _check_inputs(q, k, v, names=("q", "k", "v"), hint: str = _ATTENTION_HINT) -
 def _check_options(causal, softmax_scale, backend, return_lse) -> float | None:
     """Checks the keyword arguments; returns the softmax scale as a float (None: the default, 1/sqrt(D))."""
     if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {causal!r}")
+        raise TypeError(f"causal must be a bool, got {one_line(causal)}")
     if not isinstance(return_lse, bool):
-        raise TypeError(f"return_lse must be a bool, got {return_lse!r}")
+        raise TypeError(f"return_lse must be a bool, got {one_line(return_lse)}")
     if not isinstance(backend, str):
-        raise TypeError(f"backend must be a str, got {backend!r}")
+        raise TypeError(f"backend must be a str, got {one_line(backend)}")
     if softmax_scale is None:
         return None
     return check_softmax_scale(softmax_scale)
@@ -135,7 +136,11 @@ def _mqa(k: torch.Tensor, v: torch.Tensor) -> bool:
 
 
 def _unit_last_dim(t: torch.Tensor) -> torch.Tensor:
-    """Kernels need a unit stride on head_dim: anything else is copied (documented in ``attention``)."""
+    """Kernels need a unit stride on head_dim: anything else is copied (documented in ``attention``). A tensor with
+    torch's negative bit (``torch._neg_view``: its memory holds -t, which a kernel would read as t) is resolved
+    first, a copy."""
+    if t.is_neg():
+        t = t.resolve_neg()
     return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
 
 
@@ -167,8 +172,8 @@ def dispatch_and_run(q, k, v, causal: bool, softmax_scale: float | None, backend
 
 def _call_key(q, k, v, causal, softmax_scale, backend) -> tuple | None:
     """What a call's plan depends on: for each of q, k, v its class, shape, strides, dtype, device, base
-    pointer modulo 16 bytes (the kernels' alignment) and requires_grad; causal, softmax_scale (value and
-    type: 1, 1.0 and True must not share a plan), backend, grad mode and ``FA_VARIANTS_BACKEND`` (read for
+    pointer modulo 16 bytes (the kernels' alignment), requires_grad and negative bit (``_unit_last_dim``); causal,
+    softmax_scale (value and type: 1, 1.0 and True must not share a plan), backend, grad mode and ``FA_VARIANTS_BACKEND`` (read for
     backend "auto" only: a named backend ignores it).
     None (never planned: the call is validated, then planned under its checked values) for arguments that are
     not tensors of a strided layout, and for causal, softmax_scale or backend of any class but bool, float / int /
@@ -181,7 +186,8 @@ def _call_key(q, k, v, causal, softmax_scale, backend) -> tuple | None:
                 k.__class__, k.shape, k.stride(), k.dtype, k.device, k.data_ptr() % 16, k.requires_grad,
                 v.__class__, v.shape, v.stride(), v.dtype, v.device, v.data_ptr() % 16, v.requires_grad,
                 causal, softmax_scale.__class__, softmax_scale, backend,  # causal a bool, backend a str (above)
-                _grad_mode(), os.environ.get(dispatch.ENV_VAR) if backend == "auto" else None)
+                _grad_mode(), os.environ.get(dispatch.ENV_VAR) if backend == "auto" else None,
+                q.is_neg(), k.is_neg(), v.is_neg())
     except (AttributeError, TypeError, RuntimeError, NotImplementedError):  # not a tensor, sparse, nested
         return None
 
@@ -199,7 +205,7 @@ def _plan(selection: Selection, q, k, v, causal: bool, scale: float, config=None
     """``run(q, k, v, want_lse=True, *extra) -> (out, lse)`` for validated inputs of this kind (`_call_key`; extra:
     (seqlens_k,) for a kernel config that reads them, ``hopper.fa3.lengths_config``; want_lse False:
     the lse may be scratch, ``common.launch.launcher``): empty shortcuts,
-    stride normalisation (a non-unit last stride is copied; K/V broadcast across heads run as MQA), the
+    stride normalisation (a non-unit last stride or a negative bit is copied; K/V broadcast across heads run as MQA), the
     backend's launcher (`common.launch.launcher`: checks, compiled kernel and operand decisions made here,
     once). Raises what the backend raises for such inputs, and NotImplementedError for a kernel backend
     with inputs that require grad."""
@@ -218,11 +224,11 @@ def _plan(selection: Selection, q, k, v, causal: bool, scale: float, config=None
 
     def normalise(q, k, v):
         if copies[0]:
-            q = q.contiguous()
+            q = _unit_last_dim(q)
         if copies[1]:
-            k = k.contiguous()
+            k = _unit_last_dim(k)
         if copies[2]:
-            v = v.contiguous()
+            v = _unit_last_dim(v)
         if mqa:
             k, v = k[:, :, :1], v[:, :, :1]
         return q, k, v
@@ -337,7 +343,8 @@ def _check_transforms(q, k, v, causal: bool, backend: str) -> None:
                                   "or backend='reference' under them")
 
 
-def _with_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, seqlens_k: torch.Tensor):
+def _with_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, seqlens_k: torch.Tensor,
+                    tracing: bool):
     """attention with per-sequence KV lengths: fa3 and fa2 read them in their kernels (one launch for the batch, no
     host read-back: CUDA-graph capturable; the plan kept per call kind as `dispatch_and_run` keeps one); the
     reference reads them itself; fa1 runs once per distinct length on the sequences of that length and k, v cut to
@@ -345,7 +352,7 @@ def _with_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, se
     # traced (torch.compile, or export's fake / functional tensors), or a kernel backend's call that needs a gradient
     # (`_kernel_autograd`): one opaque node (integrations.custom_op; its backward reference.run_backward) whose body
     # is `run_seqlens_k`, the values checked when it runs; an eager reference call keeps plain autograd
-    if _tracing(q) or _kernel_autograd(q, k, v, causal, backend):
+    if tracing or _kernel_autograd(q, k, v, causal, backend):
         check_seqlens_k(seqlens_k, q.shape[0], k.shape[1], q.device, values=False, host_ok=True)
         return torch.ops.fa_variants.attention_seqlens_k(q, k, v, seqlens_k, causal, scale, backend)
     return run_seqlens_k(q, k, v, causal, scale, backend, seqlens_k, checked=True)
@@ -444,11 +451,12 @@ def run_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, seql
     return out, lse
 
 
-def _with_split_options(q, k, v, causal: bool, scale: float | None, backend: str, num_splits, pack_gqa, seqlens_k):
+def _with_split_options(q, k, v, causal: bool, scale: float | None, backend: str, num_splits, pack_gqa, seqlens_k,
+                        tracing: bool):
     """attention with the split count / GQA packing (fa3, fa2) fixed by the caller (no plan kept); with seqlens_k
     the kernel reads the lengths (``lengths_config`` of that config)."""
     num_splits = split.check_options(num_splits, pack_gqa)
-    if _tracing(q):
+    if tracing:
         raise NotImplementedError("num_splits / pack_gqa are not supported under tracing (torch.compile, torch.export) "
                                   "or for tensor subclasses yet: pass plain tensors eagerly")
     if seqlens_k is not None:
@@ -480,10 +488,12 @@ def _parameter_call(q, k, v) -> bool:
     return isinstance(q, torch.nn.Parameter) and _transform(q, k, v) is None
 
 
-def _tracing(q) -> bool:
-    """True while torch.compile / torch.export trace the call (or for their fake / functional tensors); an eager
-    Parameter is not traced (``_parameter_call`` sends it through the custom op's autograd)."""
-    return torch.compiler.is_compiling() or (type(q) is not torch.Tensor and not isinstance(q, torch.nn.Parameter))
+def _tracing(q, compiling: bool) -> bool:
+    """True while torch.compile / torch.export trace the call (``compiling``: torch.compiler.is_compiling() read in
+    the caller's frame, the one that acts on the answer) or for their fake / functional tensors (any q of a class
+    other than torch.Tensor); an eager Parameter is not traced (``_parameter_call`` sends it through the custom op's
+    autograd)."""
+    return compiling or (type(q) is not torch.Tensor and not isinstance(q, torch.nn.Parameter))
 
 
 def _autocast_available(device_type: str) -> bool:
@@ -622,15 +632,21 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
             return result
     _check_inputs(q, k, v)
     scale = _check_options(causal, softmax_scale, backend, return_lse)
-    tracing = _tracing(q)
-    if not tracing:
+    # read in this frame, which acts on it: a helper's own frame can be compiled alone while this one runs eagerly
+    # (torch.compile over a call it will not trace, a forward-mode dual input), where is_compiling() is baked True
+    compiling = torch.compiler.is_compiling()
+    tracing = _tracing(q, compiling)
+    if not compiling:
         _check_transforms(q, k, v, causal, backend)
+        # a tensor subclass carrying a tangent, or under torch.func transforms: the op has no forward-mode rule and
+        # no torch.func support, so the plain path serves it (the reference backend's own autograd)
+        tracing = tracing and _transform(q, k, v) is None
     if tracing and torch._C._are_functorch_transforms_active():
         out, lse = _traced_under_transforms(q, k, v, causal, scale, backend, seqlens_k, num_splits, pack_gqa)
     elif num_splits is not None or pack_gqa is not None:
-        out, lse = _with_split_options(q, k, v, causal, scale, backend, num_splits, pack_gqa, seqlens_k)
+        out, lse = _with_split_options(q, k, v, causal, scale, backend, num_splits, pack_gqa, seqlens_k, tracing)
     elif seqlens_k is not None:
-        out, lse = _with_seqlens_k(q, k, v, causal, scale, backend, seqlens_k)
+        out, lse = _with_seqlens_k(q, k, v, causal, scale, backend, seqlens_k, tracing)
     elif tracing:
         out, lse = torch.ops.fa_variants.attention(q, k, v, causal, scale, backend)
     elif _kernel_autograd(q, k, v, causal, backend):  # planned: its next call takes the fast path above
@@ -713,9 +729,9 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         what = repr(dropout_p) if isinstance(dropout_p, (int, float, str)) else f"a {type(dropout_p).__name__}"
         raise ValueError(f"dropout_p must be 0.0 (the kernels have no dropout), got {what}")
     if not isinstance(enable_gqa, bool):
-        raise TypeError(f"enable_gqa must be a bool, got {enable_gqa!r}")
+        raise TypeError(f"enable_gqa must be a bool, got {one_line(enable_gqa)}")
     if not isinstance(is_causal, bool):  # attention() would name them causal and softmax_scale
-        raise TypeError(f"is_causal must be a bool, got {is_causal!r}")
+        raise TypeError(f"is_causal must be a bool, got {one_line(is_causal)}")
     if scale is not None:
         check_softmax_scale(scale, "scale")
     if is_causal and q.shape[1] != k.shape[1] and q.shape[1] and k.shape[1]:  # no rows or no keys: alike

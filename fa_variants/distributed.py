@@ -121,7 +121,7 @@ import torch.distributed as dist
 
 from fa_variants import api, dispatch, reference
 from fa_variants.common import env
-from fa_variants.common.checks import is_int
+from fa_variants.common.checks import is_int, one_line
 from fa_variants.reference import default_softmax_scale
 
 #: how the sequence was cut over the ranks; it matters only when causal
@@ -167,7 +167,7 @@ def _check_shard_args(x: torch.Tensor, dim: int, rank: int, world: int) -> tuple
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     for name, value in (("dim", dim), ("rank", rank), ("world", world)):
         if not is_int(value):
-            raise TypeError(f"{name} must be an int, got {value!r}")
+            raise TypeError(f"{name} must be an int, got {one_line(value)}")
     if world < 1:
         raise ValueError(f"world must be >= 1, got {world}")
     if not 0 <= rank < world:
@@ -178,7 +178,7 @@ def _check_shard_args(x: torch.Tensor, dim: int, rank: int, world: int) -> tuple
 def _check_dim(x: torch.Tensor, dim) -> int:
     """``dim`` of ``x`` in [0, x.dim()) (a negative one counted from the end); TypeError / ValueError naming it."""
     if not is_int(dim):
-        raise TypeError(f"dim must be an int, got {dim!r}")
+        raise TypeError(f"dim must be an int, got {one_line(dim)}")
     if not -x.dim() <= dim < x.dim():
         raise ValueError(f"dim {dim} is out of range for a {x.dim()}-D tensor")
     return int(dim) % x.dim()
@@ -696,7 +696,7 @@ def _local_error(q, k, v, causal, softmax_scale, backend, return_lse, layout):
         scale = api._check_options(causal, softmax_scale, backend, return_lse)
         scale = default_softmax_scale(q.shape[-1]) if scale is None else scale
         if layout is not None and (not isinstance(layout, str) or layout not in LAYOUTS):
-            raise ValueError(f"layout must be one of {LAYOUTS} or None, got {layout!r}")
+            raise ValueError(f"layout must be one of {LAYOUTS} or None, got {one_line(layout)}")
         if causal and layout is None:
             raise ValueError("layout is required when causal: 'zigzag' for shards cut by zigzag_shard or "
                              "'contiguous' for shards in sequence order (contiguous_shard); the shards carry no "

@@ -38,7 +38,7 @@ from typing import NamedTuple
 
 import torch
 
-from fa_variants.common.checks import is_int
+from fa_variants.common.checks import is_int, one_line
 
 __all__ = [
     "HBM",
@@ -155,7 +155,7 @@ def _tile_counts(Nq: int, Nk: int, Br: int, Bc: int) -> tuple[int, int]:
     not an int, ValueError for a tile size < 1 or a seqlen < 0."""
     for name, value in (("Nq", Nq), ("Nk", Nk), ("Br", Br), ("Bc", Bc)):
         if not is_int(value):
-            raise TypeError(f"{name} must be an int, got {value!r}")
+            raise TypeError(f"{name} must be an int, got {one_line(value)}")
     if Nq < 0 or Nk < 0:
         raise ValueError(f"seqlens must be >= 0, got Nq={Nq}, Nk={Nk}")
     if Br < 1 or Bc < 1:
@@ -293,7 +293,7 @@ def emulate(algorithm: str, q, k, v, *, causal: bool = False, softmax_scale: flo
             Br: int = 64, Bc: int = 64) -> Emulation:
     """Run one of ALGORITHMS ("standard", "fa1", "fa2") by name; Br, Bc are ignored by "standard"."""
     if algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm must be one of {sorted(ALGORITHMS)}, got {algorithm!r}")
+        raise ValueError(f"algorithm must be one of {sorted(ALGORITHMS)}, got {one_line(algorithm)}")
     kw = {} if algorithm == "standard" else {"Br": Br, "Bc": Bc}
     return ALGORITHMS[algorithm](q, k, v, causal=causal, softmax_scale=softmax_scale, **kw)
 
@@ -374,7 +374,7 @@ def hbm_counts(algorithm: str, B: int, H: int, Nq: int, Nk: int, D: int, Br: int
     Raises ValueError for an unknown algorithm or a tile size < 1.
     """
     if algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm must be one of {sorted(ALGORITHMS)}, got {algorithm!r}")
+        raise ValueError(f"algorithm must be one of {sorted(ALGORITHMS)}, got {one_line(algorithm)}")
     Tr, Tc = _tile_counts(Nq, Nk, Br, Bc)
     bh = B * H
     if algorithm == "standard":

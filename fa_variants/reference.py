@@ -29,6 +29,8 @@ from typing import NamedTuple
 
 import torch
 
+from fa_variants.common.checks import one_line
+from fa_variants.common.host_values import vmapped
 from fa_variants.common.scale import check_softmax_scale
 
 #: the reference backend serves any head_dim (``None`` = no restriction; kernels list a tuple)
@@ -49,7 +51,7 @@ def default_softmax_scale(head_dim: int) -> float:
     """1 / sqrt(head_dim), the scale of Vaswani et al. (2017), eq. (1). TypeError for a head_dim that is not an
     int, ValueError for head_dim < 1."""
     if isinstance(head_dim, bool) or not isinstance(head_dim, (int, torch.SymInt)):
-        raise TypeError(f"head_dim must be an int, got {head_dim!r}")
+        raise TypeError(f"head_dim must be an int, got {one_line(head_dim)}")
     if head_dim < 1:
         raise ValueError(f"head_dim is {head_dim}: the default softmax_scale 1 / sqrt(head_dim) needs head_dim >= 1; "
                          "pass softmax_scale")
@@ -75,16 +77,6 @@ def causal_visible(seqlen_q: int, seqlen_k: int, *, row_start: int = 0, rows: in
     return j <= i + (seqlen_k - seqlen_q)
 
 
-def _vmapped(t: torch.Tensor) -> bool:
-    """True for a tensor that torch.func.vmap batches, at any level of torch.func's wrappers."""
-    functorch = torch._C._functorch
-    while functorch.is_functorch_wrapped_tensor(t):
-        if functorch.is_batchedtensor(t):
-            return True
-        t = functorch.get_unwrapped(t)
-    return False
-
-
 def check_seqlens_k(seqlens_k, batch: int, seqlen_k: int, device: torch.device, *, values: bool = True,
                     host_ok: bool = False) -> None:
     """Validate per-sequence KV lengths: an int32 tensor of shape (batch,) on q's device with every value in
@@ -104,7 +96,7 @@ def check_seqlens_k(seqlens_k, batch: int, seqlen_k: int, device: torch.device, 
         raise ValueError(f"seqlens_k must have shape (batch,) = ({batch},), got {tuple(seqlens_k.shape)}")
     if seqlens_k.device != device and not (host_ok and seqlens_k.device.type == "cpu"):
         raise ValueError(f"seqlens_k is on {seqlens_k.device} but q is on {device}")
-    if values and _vmapped(seqlens_k):
+    if values and vmapped(seqlens_k):
         raise NotImplementedError("seqlens_k batched by torch.func.vmap: its values are read on the host to check "
                                   "them, which vmap cannot do; fold the vmapped dimension into the batch, or give "
                                   "seqlens_k unbatched (in_dims None)")
@@ -148,7 +140,8 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
         key (causal with seqlen_q > seqlen_k, or seqlen_k = 0) give out = 0 and lse = -inf; with
         seqlen_k = 0 the output is still connected to q, k, v for autograd (zero gradients). A key a row
         cannot see contributes exactly 0 to it, even when V is inf or NaN there (the kernels differ: see
-        ``fa_variants.attention``). Under ``torch.autocast`` the maths is still ``dtype``'s (autocast is turned off
+        ``fa_variants.attention``), except under ``torch.func.vmap`` over K or V and where torch.compile traces this
+        function (such rows come out NaN, as on the kernels: README, "Non-finite values"). Under ``torch.autocast`` the maths is still ``dtype``'s (autocast is turned off
         inside: it made a float32 reference bfloat16).
 
     Raises:
@@ -231,7 +224,7 @@ def _check_reference_inputs(q, k, v, dtype, softmax_scale, causal) -> None:
     on purpose: here q, k, v may have different dtypes, v its own head_dim, head_dim may be 0, and the scale any
     finite float (``check_softmax_scale(kernel_range=False)``)."""
     if not isinstance(causal, bool):  # a truthy "no" or None must not pick a mask
-        raise TypeError(f"causal must be a bool, got {causal!r}")
+        raise TypeError(f"causal must be a bool, got {one_line(causal)}")
     if softmax_scale is not None:
         check_softmax_scale(softmax_scale, kernel_range=False)
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -239,7 +232,7 @@ def _check_reference_inputs(q, k, v, dtype, softmax_scale, causal) -> None:
             what = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
             raise TypeError(f"{name} must be a floating-point tensor, got {what}")
     if dtype not in _MATH_DTYPES:  # (e4m3 and the like: no matmul on the CPU, and not what a reference is)
-        raise TypeError(f"dtype must be one of torch.float64, float32, float16, bfloat16, got {dtype!r}")
+        raise TypeError(f"dtype must be one of torch.float64, float32, float16, bfloat16, got {one_line(dtype)}")
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(f"q, k, v must be 4-D (batch, seqlen, heads, head_dim); got shapes "
                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")

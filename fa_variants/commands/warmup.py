@@ -39,7 +39,7 @@ from pathlib import Path
 from fa_variants import registry
 from fa_variants.cli import positive_int
 from fa_variants.common import diskcache, interop
-from fa_variants.common.checks import INT64_MAX
+from fa_variants.common.checks import INT64_MAX, one_line
 
 KERNEL_BACKENDS = ("fa3", "fa3-fp8", "fa2", "fa1")
 
@@ -103,9 +103,9 @@ def _config_int(cfg: dict, key: str, path) -> int:
     sizes), else a one-line ValueError."""
     value = cfg[key]
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{path}: {key} must be a positive integer, got {value!r}")
+        raise ValueError(f"{path}: {key} must be a positive integer, got {one_line(value)}")
     if value > INT64_MAX:
-        raise ValueError(f"{path}: {key} must be a positive integer, got {value!r} (> 2^63 - 1)")
+        raise ValueError(f"{path}: {key} must be a positive integer, got {one_line(value)} (> 2^63 - 1)")
     return value
 
 

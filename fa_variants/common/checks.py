@@ -10,6 +10,10 @@ compile key or a repr.
 ``is_real(value)``: "a real-number argument" (softmax_scale, atol): ``numbers.Real`` (Python and numpy ints and
 floats), never a bool.
 
+``one_line(value)``: a rejected argument as an error message shows it (``got {one_line(value)}``): its repr on one
+line, cut past 80 characters; a torch or numpy array by its class, shape and dtype (a tensor's repr spans lines, and
+one batched by torch.func.vmap printed its per-sample values as ``BatchedTensor(lvl=1, ...`` over three lines).
+
 ``INT64_MAX``: the largest size or count torch takes (int64's largest value); past it torch fails deep inside
 (OverflowError, "Overflow when unpacking long"), so entry points bound their integers by it.
 
@@ -25,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import numbers
 
-__all__ = ["INT64_MAX", "is_int", "is_real", "allocating", "check_fits", "free_bytes"]
+__all__ = ["INT64_MAX", "is_int", "is_real", "one_line", "allocating", "check_fits", "free_bytes"]
 
 INT64_MAX = 2**63 - 1
 
@@ -38,6 +42,26 @@ def is_int(value) -> bool:
 def is_real(value) -> bool:
     """True for a Python or numpy real number (ints included), False for a bool and anything else."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def one_line(value, limit: int = 80) -> str:
+    """How an error message shows a rejected argument: one line of at most about ``limit`` characters."""
+    cls = type(value)
+    if cls.__module__.split(".")[0] in ("torch", "numpy") and hasattr(value, "shape") and hasattr(value, "dtype") \
+            and getattr(value, "ndim", 1) > 0 or "BatchedTensor" in _repr(value):
+        from fa_variants.common.host_values import vmapped  # value is a tensor: torch is loaded
+
+        batched = " batched by torch.func.vmap" if cls.__module__.startswith("torch") and vmapped(value) else ""
+        return f"a {cls.__name__}{batched} of shape {tuple(value.shape)} and dtype {value.dtype}"
+    text = " ".join(_repr(value).split())
+    return text if len(text) <= limit else f"{text[:limit]}... ({type(value).__name__})"
+
+
+def _repr(value) -> str:
+    try:
+        return repr(value)
+    except Exception as exc:  # a broken __repr__ must not replace the message being built
+        return f"<{type(value).__name__}: repr failed ({type(exc).__name__})>"
 
 
 def free_bytes(device="cpu") -> int | None:

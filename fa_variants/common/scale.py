@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import sys
 
-from fa_variants.common.checks import is_real
+from fa_variants.common.checks import is_real, one_line
 
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
@@ -70,8 +70,12 @@ def _not_real(value, name: str, none_ok: bool = True) -> TypeError:
         if np is not None and isinstance(value, np.ndarray):
             return TypeError(f"{name} is a numpy value, which torch.compile traces as a tensor: pass float({name})")
         return TypeError(f"{name} must be {what}, got {type(value).__name__}")
-    hint = f" (a tensor: pass {name}.item())" if type(value).__module__.startswith("torch") else ""
-    return TypeError(f"{name} must be {what}, got {value!r}{hint}")
+    shown, hint = one_line(value), ""
+    if "torch.func.vmap" in shown:  # its values are not the caller's to read
+        hint = f" ({name} is one number per call: call once per value)"
+    elif type(value).__module__.startswith("torch") and getattr(value, "numel", lambda: 0)() == 1:
+        hint = f" (a tensor: pass {name}.item())"
+    return TypeError(f"{name} must be {what}, got {shown}{hint}")
 
 
 def _tracing() -> bool:

@@ -17,6 +17,7 @@ import types
 
 import torch
 
+from fa_variants.common.checks import one_line
 from fa_variants.common.scale import check_softmax_scale
 from fa_variants.dispatch import BackendUnavailableError, arch_name, device_capability
 from fa_variants.fp8 import layout
@@ -142,7 +143,7 @@ def _from_fp8(inputs: FP8Inputs, *, causal: bool, return_lse: bool, out_dtype: t
     the host time of ``attention_fp8`` and of the fa3-fp8 backend is unchanged)."""
     for name, flag in (("causal", causal), ("return_lse", return_lse)):
         if not isinstance(flag, bool):
-            raise TypeError(f"{name} must be a bool, got {flag!r}")
+            raise TypeError(f"{name} must be a bool, got {one_line(flag)}")
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"out_dtype must be torch.float16 or torch.bfloat16, got {out_dtype}")
     _check_recipe(inputs.config, inputs.head_dim)

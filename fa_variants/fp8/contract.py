@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from fa_variants.common.checks import INT64_MAX, is_int
+from fa_variants.common.checks import INT64_MAX, is_int, one_line
 from fa_variants.common.scale import check_softmax_scale
 from fa_variants.fp8 import layout
 from fa_variants.fp8.quantize import E4M3, MAX_BLOCK_ROWS, FP8Config, FP8Inputs
@@ -25,7 +25,7 @@ __all__ = ["check_fp8_inputs", "check_accumulator_bits", "check_tile_m"]
 def _optional_int(name: str, value, low: int, what: str, high: int | None = None) -> None:
     """None, or an int >= low (and <= high); ``what``: the unit and what None means, for the ValueError."""
     if value is not None and not is_int(value):
-        raise TypeError(f"{name} must be an int or None, got {value!r}")
+        raise TypeError(f"{name} must be an int or None, got {one_line(value)}")
     if value is not None and value < low:
         raise ValueError(f"{name} must be >= {low} {what}, got {value}")
     if value is not None and high is not None and value > high:
@@ -77,7 +77,7 @@ def _check_operands(inputs: FP8Inputs) -> tuple[int, ...]:
                          "which must be >= 1")
     seqlen_k = inputs.seqlen_k
     if not is_int(seqlen_k):
-        raise TypeError(f"FP8Inputs.seqlen_k must be an int, got {seqlen_k!r}")
+        raise TypeError(f"FP8Inputs.seqlen_k must be an int, got {one_line(seqlen_k)}")
     if seqlen_k != Nk:
         raise ValueError(f"FP8Inputs.seqlen_k is {seqlen_k} but k holds {Nk} keys; they must be equal")
     n_pad = inputs.v_t.shape[3]

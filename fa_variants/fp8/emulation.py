@@ -54,7 +54,8 @@ import math
 
 import torch
 
-from fa_variants.common.checks import is_real
+from fa_variants.common import host_values
+from fa_variants.common.checks import is_real, one_line
 from fa_variants.common.scale import FFMA_LIMIT
 from fa_variants.fp8 import layout
 from fa_variants.fp8.contract import check_accumulator_bits, check_fp8_inputs, check_tile_m
@@ -253,18 +254,18 @@ def _check_arguments(inputs, causal, accumulator_bits, tile_m, out_dtype, accumu
     """``emulate_fp8_attention``'s argument checks (its Raises), before any work."""
     check_fp8_inputs(inputs)  # a caller-built FP8Inputs in full (contract.py): shapes, dtypes, devices, scale, recipe
     if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {causal!r}")
+        raise TypeError(f"causal must be a bool, got {one_line(causal)}")
     check_accumulator_bits(accumulator_bits)
     check_tile_m(tile_m)
     if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
-        raise TypeError(f"out_dtype must be a torch.dtype or None, got {out_dtype!r}")
+        raise TypeError(f"out_dtype must be a torch.dtype or None, got {one_line(out_dtype)}")
     if out_dtype is not None and (not out_dtype.is_floating_point or out_dtype.itemsize < 2):
         raise TypeError(f"out_dtype must be a floating-point torch.dtype of 16 bits or more, or None, got {out_dtype} "
                         "(an 8-bit O would saturate at its range: the kernel writes float16 / bfloat16)")
     if accumulator not in ("truncate", "blockfp"):
-        raise ValueError(f"accumulator must be 'truncate' or 'blockfp', got {accumulator!r}")
+        raise ValueError(f"accumulator must be 'truncate' or 'blockfp', got {one_line(accumulator)}")
     if units not in ("absolute", "tile", "bounded"):
-        raise ValueError(f"units must be 'absolute', 'tile' or 'bounded', got {units!r}")
+        raise ValueError(f"units must be 'absolute', 'tile' or 'bounded', got {one_line(units)}")
 
 
 def _operands(inputs: FP8Inputs):
@@ -295,7 +296,7 @@ def _softmax_step(S: torch.Tensor, c: torch.Tensor, m: torch.Tensor):
     # one FFMA, S * c + (P_SHIFT - m), rounded once (float64 holds the fp32 product exactly)
     x = (S.double() * c.double() + (P_SHIFT - m_safe).unsqueeze(-1).double()).float()
     huge = ~(m_safe.abs() < FFMA_LIMIT)  # |m| >= 2^11 or NaN: the exact form
-    if huge.is_meta or huge.any():  # meta tensors have no values to test: the torch.where, shapes only
+    if host_values.unreadable(huge) is not None or huge.any():  # no values to test (meta, fake): the torch.where
         x = torch.where(huge.unsqueeze(-1), _huge_rows(S, raw, c, m_safe), x)
     alpha = torch.where(m_new == -math.inf, torch.ones_like(m), torch.exp2(m - m_safe))
     return m_new, alpha, torch.exp2(x)
@@ -398,7 +399,7 @@ def fp8_error_bound(out_emulated: torch.Tensor, out_exact: torch.Tensor, atol: f
         raise ValueError(f"out_emulated has shape {tuple(out_emulated.shape)} but out_exact has "
                          f"{tuple(out_exact.shape)}; they must match (no broadcasting)")
     if not is_real(atol):
-        raise TypeError(f"atol must be a real number, got {atol!r}")
+        raise TypeError(f"atol must be a real number, got {one_line(atol)}")
     if not 0 <= atol < math.inf:
         raise ValueError(f"atol must be finite and >= 0, got {atol}")
     diff = (out_emulated.double() - out_exact.double()).abs()

@@ -12,6 +12,7 @@ import torch
 
 from fa_variants.common import env as _env
 from fa_variants.common import interop, workspace
+from fa_variants.common.checks import one_line
 from fa_variants.fp8 import layout
 from fa_variants.fp8.quant_kernel import (DTYPES, HEAD_DIMS, MAX_BLOCK, SMEM_PER_CTA, VARIANT, PassConfig,
                                           static_config)
@@ -160,7 +161,7 @@ GRID_CAP: int | None = None
 def _wide128(tensor: str) -> bool:
     """Whether ``V3_WIDE128`` takes this tensor's pass ("q" or "k"): True both, "k" K's only."""
     if tensor not in ("q", "k"):
-        raise ValueError(f"fp8-quant: tensor must be 'q' or 'k', got {tensor!r}")
+        raise ValueError(f"fp8-quant: tensor must be 'q' or 'k', got {one_line(tensor)}")
     return V3_WIDE128 is True or (V3_WIDE128 == "k" and tensor == "k")
 
 
@@ -252,7 +253,7 @@ def pipeline_of(pipeline: str | None) -> str:
     if pipeline is None:
         return _env.choice("FA_VARIANTS_FP8_QUANT_PIPELINE", DEFAULT_PIPELINE, PIPELINES)
     if pipeline not in PIPELINES:
-        raise ValueError(f"pipeline must be one of {PIPELINES}, got {pipeline!r}")
+        raise ValueError(f"pipeline must be one of {PIPELINES}, got {one_line(pipeline)}")
     return pipeline
 
 

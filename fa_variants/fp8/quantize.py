@@ -79,7 +79,8 @@ from dataclasses import dataclass
 import torch
 
 from fa_variants.common import env as _env
-from fa_variants.common.checks import INT64_MAX, is_int
+from fa_variants.common import host_values
+from fa_variants.common.checks import INT64_MAX, is_int, one_line
 from fa_variants.common.scale import check_softmax_scale
 from fa_variants.fp8 import layout
 
@@ -225,7 +226,8 @@ class HadamardRotation:
             return None
         block = max(self.blocks)  # 96: H12 x H8 adds 12 x 8 values
         amax = x.abs().nan_to_num(nan=0.0, posinf=0.0).amax(dim=-1, keepdim=True)
-        if x.device.type == "cpu" and not bool((amax >= 2.0 ** 126 / block).any()):
+        if x.device.type == "cpu" and host_values.unreadable(x) is None \
+                and not bool((amax >= 2.0 ** 126 / block).any()):
             return None  # (a free check on the CPU; on a GPU it would sync and break graph capture: k = 0, exact)
         exponent = torch.frexp(amax.double() * block)[1]  # amax * block < 2^exponent
         return (exponent - 126).clamp(min=0).to(torch.int32)
@@ -321,7 +323,7 @@ class FP8Config:
     def __post_init__(self) -> None:
         if not isinstance(self.granularity, str) or self.granularity not in GRANULARITIES:
             raise ValueError(f"FP8Config.granularity must be one of {', '.join(GRANULARITIES)}; "
-                             f"got {self.granularity!r}")
+                             f"got {one_line(self.granularity)}")
         for name in ("rotate", "smooth_k", "two_level"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"FP8Config.{name} must be a bool, got {getattr(self, name)!r}")
@@ -332,7 +334,7 @@ class FP8Config:
             if optional and value is None:
                 continue
             if not is_int(value):
-                raise TypeError(f"FP8Config.{name} must be an int{' or None' if optional else ''}, got {value!r}")
+                raise TypeError(f"FP8Config.{name} must be an int{' or None' if optional else ''}, got {one_line(value)}")
             if not low <= value <= high:
                 raise ValueError(f"FP8Config.{name} must be in [{low}, {high}], got {value}")
             object.__setattr__(self, name, int(value))  # a numpy int is stored as an int (torch.Generator seeds)
@@ -342,7 +344,7 @@ class FP8Config:
         (``layout.promote_every``). Meaningful with two_level only. TypeError / ValueError for a head_dim that is not
         an int >= 1."""
         if isinstance(head_dim, bool) or not isinstance(head_dim, int):
-            raise TypeError(f"head_dim must be an int, got {head_dim!r}")
+            raise TypeError(f"head_dim must be an int, got {one_line(head_dim)}")
         if head_dim < 1:
             raise ValueError(f"head_dim must be >= 1, got {head_dim}")
         return layout.promote_every(head_dim) if self.promote_every is None else self.promote_every
@@ -412,7 +414,7 @@ class FP8Inputs:
             if t.dim() != dims:
                 raise ValueError(f"FP8Inputs.{name} must be {dims}-D, got shape {tuple(t.shape)}")
         if not is_int(self.seqlen_k):
-            raise TypeError(f"FP8Inputs.seqlen_k must be an int, got {self.seqlen_k!r}")
+            raise TypeError(f"FP8Inputs.seqlen_k must be an int, got {one_line(self.seqlen_k)}")
         if self.seqlen_k < 0:
             raise ValueError(f"FP8Inputs.seqlen_k must be >= 0, got {self.seqlen_k}")
         if self.block_n is None:
@@ -420,7 +422,7 @@ class FP8Inputs:
         for name in ("block_m", "block_n"):
             value = getattr(self, name)
             if not is_int(value) or value < 1:
-                raise ValueError(f"FP8Inputs.{name} must be a positive int, got {value!r}")
+                raise ValueError(f"FP8Inputs.{name} must be a positive int, got {one_line(value)}")
             if value > MAX_BLOCK_ROWS:
                 raise ValueError(f"FP8Inputs.{name} must be <= 2^63 - 1 (rows torch can index), got {value}")
             object.__setattr__(self, name, int(value))
@@ -491,6 +493,9 @@ def _check(q, k, v, config, softmax_scale) -> float:
             raise ValueError(f"{name} must be 4-D (batch, seqlen, heads, head_dim), got shape {tuple(t.shape)}")
         if t.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
             raise TypeError(f"{name} has dtype {t.dtype}; quantize_fp8 takes float16, bfloat16, float32 or float64")
+        if host_values.vmapped(t):  # its rotation's signs are drawn from a seeded generator, which vmap refuses
+            raise NotImplementedError(f"quantize_fp8: {name} is batched by torch.func.vmap, which the recipe does "
+                                      "not support; fold the vmapped dimension into the batch")
     for name, t in (("k", k), ("v", v)):  # as attention: the GPU pass compiles for one dtype (V's pass reads K too)
         if t.dtype != q.dtype:
             raise TypeError(f"q has dtype {q.dtype} but {name} has dtype {t.dtype}; they must match")
@@ -600,7 +605,7 @@ def transpose_v(v8: torch.Tensor) -> torch.Tensor:
 def _as_float32(name: str, t: torch.Tensor) -> torch.Tensor:
     """t in float32, the torch quantiser's arithmetic. ValueError (naming t) for float64 with finite values past
     float32's range: rounded, they became inf, then e4m3 NaN, and a NaN O without a word."""
-    if t.dtype == torch.float64 and not t.is_meta and t.numel():
+    if t.dtype == torch.float64 and host_values.unreadable(t) is None and t.numel():
         big = torch.finfo(torch.float32).max
         if bool(((t.abs() > big) & t.isfinite()).any()):
             raise ValueError(f"{name} has finite values beyond float32's range (|x| > {big:.3g}); the FP8 "
@@ -689,7 +694,7 @@ def quantize_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: F
             the call, float64 inputs with finite values past float32's range (they are rounded to float32).
     """
     if impl not in ("auto", "torch", "kernel"):
-        raise ValueError(f"impl must be 'auto', 'torch' or 'kernel', got {impl!r}")
+        raise ValueError(f"impl must be 'auto', 'torch' or 'kernel', got {one_line(impl)}")
     if impl != "torch":
         _check(q, k, v, config, softmax_scale)
         if not q.is_cuda:  # said before importing the GPU pass: its import loads the CuTe DSL (~0.4 s), which also

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-from fa_variants.common.checks import allocating, check_fits, is_int, is_real
+from fa_variants.common.checks import allocating, check_fits, is_int, is_real, one_line
 from fa_variants.fp8 import attention as fp8_attention
 from fa_variants.fp8 import study_model
 from fa_variants.fp8.emulation import fp8_attention_reference
@@ -155,7 +155,7 @@ def make_inputs(case: Case, fixture=None) -> tuple[torch.Tensor, torch.Tensor, t
         q, k, v = fixture.attention_inputs(layers=[case.layer])
         return q, k, v
     if case.dist not in DISTRIBUTIONS:
-        raise ValueError(f"distribution must be one of {sorted(DISTRIBUTIONS)}, got {case.dist!r}")
+        raise ValueError(f"distribution must be one of {sorted(DISTRIBUTIONS)}, got {one_line(case.dist)}")
     g = torch.Generator().manual_seed(case.seed)
     B, H, D = case.batch, case.heads, case.head_dim
 
@@ -247,7 +247,7 @@ def run_study(cases: list[Case], *, methods=None, backend: str = "auto", fixture
     cannot be allocated: sizes too large for the device, named as demo names them; ValueError for another backend or
     a method not in ``METHODS``, before any work)."""
     if backend not in BACKENDS:
-        raise ValueError(f"backend must be 'auto', 'emulation' or 'kernel', got {backend!r}")
+        raise ValueError(f"backend must be 'auto', 'emulation' or 'kernel', got {one_line(backend)}")
     unknown = [m for m in (methods or ()) if m not in METHODS]
     if unknown:
         raise ValueError(f"unknown method {unknown[0]!r}; choose from {', '.join(METHODS)}")

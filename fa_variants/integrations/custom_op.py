@@ -53,9 +53,20 @@ def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
     from fa_variants import api
     from fa_variants.common import workspace
 
+    _refuse_tangents(api, q, k, v)
     with workspace.uncached():
         out, lse = api.dispatch_and_run(q, k, v, causal, softmax_scale, backend)
     return out.contiguous(), lse.contiguous()
+
+
+def _refuse_tangents(api, q, k, v) -> None:
+    """NotImplementedError for inputs carrying a forward-mode tangent (``torch.autograd.forward_ad``): the ops have
+    no forward-mode rule, and PyTorch runs a custom op whose inputs do not require grad below autograd, dropping the
+    tangent (the output had none, without a word). ``fa_variants.attention`` sends such calls to the plain path
+    instead. (A tangent from ``torch.func.jvp`` is not visible here: see the README's "torch.func".)"""
+    if api._transform(q, k, v) is not None:
+        raise NotImplementedError("torch.ops.fa_variants.attention has no forward-mode AD rule and an input carries a "
+                                  "tangent: call fa_variants.attention(..., backend='reference') for forward-mode AD")
 
 
 @attention_op.register_fake
@@ -85,6 +96,7 @@ def attention_seqlens_k_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, se
     been). Its backward is the reference backend's (`_seqlens_k_backward`)."""
     from fa_variants import api
     from fa_variants.common import workspace
+    _refuse_tangents(api, q, k, v)
     with workspace.uncached():
         out, lse = api.run_seqlens_k(q, k, v, causal, softmax_scale, backend, seqlens_k)
     return out.contiguous(), lse.contiguous()
@@ -134,17 +146,19 @@ def _reference_backward_fake(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, c
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
 
 
-def _eager(q) -> bool:
+def _eager(q, compiling: bool) -> bool:
     """Whether the op's autograd runs eagerly, not inside torch.compile's or torch.export's tracing: the API's own
-    test (``api._tracing``), so the op's backward agrees with the routing that sent the call here."""
+    test (``api._tracing``; ``compiling``: torch.compiler.is_compiling() read in the caller's frame, as there), so
+    the op's backward agrees with the routing that sent the call here."""
     from fa_variants import api
 
-    return not api._tracing(q)
+    return not api._tracing(q, compiling)
 
 
 def _setup_context(ctx, inputs, output):
     q, k, v, causal, softmax_scale, backend = inputs
-    kept = output if backward.keeps_outputs(_eager(q)) else (None, None)  # for the fused backwards that start from them
+    eager = _eager(q, torch.compiler.is_compiling())
+    kept = output if backward.keeps_outputs(eager) else (None, None)  # for the fused backwards that start from them
     ctx.save_for_backward(q, k, v, *kept)
     ctx.causal, ctx.softmax_scale, ctx.backend = causal, softmax_scale, backend
     ctx.set_materialize_grads(False)  # an output the loss does not use gets None (the fused backwards need to know)
@@ -160,7 +174,7 @@ def _backward_of(ctx, grad_out, grad_lse, q, k, v, out, lse, seqlens_k):
     """(dq, dk, dv) for either op's backward (``backward.kernel_backward``): eagerly (a Parameter's call, and a kernel
     backend's call that needs a gradient, come here) called directly, so that its plain ops are recorded under
     create_graph and a second derivative exists; traced, one opaque node (which has no backward of its own)."""
-    if _eager(q):
+    if _eager(q, torch.compiler.is_compiling()):
         return backward.kernel_backward(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, ctx.causal,
                                         ctx.softmax_scale, ctx.backend, eager=True)
     return reference_backward_op(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, ctx.causal, ctx.softmax_scale,

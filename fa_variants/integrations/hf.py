@@ -40,6 +40,7 @@ import torch
 
 import fa_variants
 from fa_variants import dispatch
+from fa_variants.common.checks import one_line
 from fa_variants.reference import causal_visible
 
 DEFAULT_NAME = "fa_variants"
@@ -257,15 +258,15 @@ def register(name: str = DEFAULT_NAME, *, backend: str = "auto", fallback: str |
             would lead back here).
     """
     if not isinstance(name, str):
-        raise TypeError(f"name must be a non-empty str, got {name!r}")
+        raise TypeError(f"name must be a non-empty str, got {one_line(name)}")
     if not name:
         raise ValueError("name must be a non-empty str, got ''")
     if not isinstance(backend, str):
-        raise TypeError(f"backend must be a str, got {backend!r}")
+        raise TypeError(f"backend must be a str, got {one_line(backend)}")
     if backend != "auto" and backend not in dispatch.BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose from auto, {', '.join(dispatch.BACKENDS)}")
     if fallback is not None and fallback != "sdpa":
-        raise ValueError(f"fallback must be None or 'sdpa', got {fallback!r}")
+        raise ValueError(f"fallback must be None or 'sdpa', got {one_line(fallback)}")
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 

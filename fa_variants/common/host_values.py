@@ -1,0 +1,36 @@
+"""Whether a tensor's values can be read on the host, for the entry points whose work depends on them (the FP8
+recipe's block scales and overflow shift, ``seqlens_k``'s range check): a tensor batched by ``torch.func.vmap``
+(its values cannot steer Python: vmap raises about "data-dependent control flow" or, for a seeded generator,
+"random operation"), a fake tensor (``FakeTensorMode``, torch.export's tracing) and a meta tensor have none to read.
+Such calls are refused in one line naming the reason, instead of those errors from deep inside.
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+
+__all__ = ["vmapped", "unreadable"]
+
+
+def vmapped(t: torch.Tensor) -> bool:
+    """True for a tensor that torch.func.vmap batches, at any level of torch.func's wrappers."""
+    functorch = torch._C._functorch
+    while functorch.is_functorch_wrapped_tensor(t):
+        if functorch.is_batchedtensor(t):
+            return True
+        t = functorch.get_unwrapped(t)
+    return False
+
+
+def unreadable(t: torch.Tensor) -> str | None:
+    """Why t's values cannot be read on the host ("batched by torch.func.vmap", "a fake tensor (FakeTensorMode or
+    torch.export)", "a meta tensor"); None when they can."""
+    if vmapped(t):
+        return "batched by torch.func.vmap"
+    fake = sys.modules.get("torch._subclasses.fake_tensor")  # no fake tensor exists before torch loads it
+    if fake is not None and fake.is_fake(t):
+        return "a fake tensor (FakeTensorMode or torch.export)"
+    if t.device.type == "meta":
+        return "a meta tensor"
+    return None

@@ -1,0 +1,150 @@
+"""The contexts a caller's code runs the package under (session 50's break-it pass): forward-mode AD through a
+tensor subclass, under torch.compile and on the custom op; torch.func.vmap and FakeTensorMode over the FP8 recipe;
+vmapped or multi-element values in one-line messages; tensors with torch's negative bit at the kernel boundary."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.autograd.forward_ad as fwAD
+from helpers import seeded_generator
+
+import fa_variants
+from fa_variants.fp8 import emulate_fp8_attention, quantize_fp8
+
+
+class Sub(torch.Tensor):
+    """A user's tensor subclass (not one of tracing's fake / functional tensors)."""
+
+
+def _qkv(dtype=torch.float64, head_dim=8, seqlen_k=5):
+    g = seeded_generator()
+    q = torch.randn(1, 5, 2, head_dim, generator=g, dtype=dtype)
+    k, v = (torch.randn(1, seqlen_k, 2, head_dim, generator=g, dtype=dtype) for _ in range(2))
+    return q, k, v, torch.randn(q.shape, generator=g, dtype=dtype)
+
+
+def _jvp(f, q, t):
+    """f's output and its tangent along t, by torch.func.jvp on the reference's plain PyTorch (the expected value)."""
+    return torch.func.jvp(f, (q,), (t,))
+
+
+def test_a_subclass_q_keeps_its_forward_mode_tangent():
+    """A subclass q counted as "traced", which skipped the transform check and sent the call to the custom op, which
+    has no forward-mode rule: the output came back with no tangent, without a word."""
+    q, k, v, t = _qkv()
+    want = _jvp(lambda q: fa_variants.attention(q, k, v, causal=True), q, t)[1]
+    with fwAD.dual_level():
+        out = fa_variants.attention(fwAD.make_dual(q.as_subclass(Sub), t), k, v, causal=True)
+        tangent = fwAD.unpack_dual(out).tangent
+    assert tangent is not None
+    torch.testing.assert_close(tangent.as_subclass(torch.Tensor), want, rtol=1e-12, atol=1e-12)
+
+
+def test_forward_mode_ad_under_torch_compile_keeps_its_tangent():
+    """torch.compile does not trace a dual input and runs attention eagerly, but compiled `api._tracing`'s small frame
+    on its own, where torch.compiler.is_compiling() is baked in as True: the eager call took the op's path and lost
+    its tangent. The answer is now read in attention's own frame."""
+    q, k, v, t = _qkv()
+    want = _jvp(lambda q: fa_variants.attention(q, k, v), q, t)[1]
+    compiled = torch.compile(lambda q: fa_variants.attention(q, k, v), backend="eager")
+    torch._dynamo.reset()
+    try:
+        with fwAD.dual_level():
+            tangent = fwAD.unpack_dual(compiled(fwAD.make_dual(q, t))).tangent
+    finally:
+        torch._dynamo.reset()
+    assert tangent is not None
+    torch.testing.assert_close(tangent, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("op", ["attention", "attention_seqlens_k"])
+def test_the_custom_op_refuses_a_forward_mode_tangent(op):
+    """Called directly with a dual input, the op ran below autograd (no input requires grad) and dropped the tangent
+    (None). Now one line naming the way that works."""
+    q, k, v, t = _qkv()
+    lengths = (torch.tensor([k.shape[1]], dtype=torch.int32),) if op == "attention_seqlens_k" else ()
+    with fwAD.dual_level(), pytest.raises(NotImplementedError, match=r"^torch.ops.fa_variants.attention has no "
+                                                                     r"forward-mode AD rule .*backend='reference'"):
+        getattr(torch.ops.fa_variants, op)(fwAD.make_dual(q, t), k, v, *lengths, False, None, "reference")
+
+
+def test_a_kernel_backend_refuses_a_subclass_q_with_a_tangent(fake_gpu):
+    """On a kernel backend (the fake sm_90's fa3), a plain q with a tangent was refused in one line but a subclass q
+    ran the kernel and returned no tangent."""
+    q, k, v, t = _qkv(torch.bfloat16, head_dim=16)
+    with fwAD.dual_level(), pytest.raises(NotImplementedError, match=r"^backend fa3 does not support forward-mode"):
+        fa_variants.attention(fwAD.make_dual(q.as_subclass(Sub), t), k, v)
+    assert not fake_gpu
+
+
+def test_quantize_fp8_under_vmap_is_one_line():
+    """vmap over the FP8 recipe failed with PyTorch's "called random operation" (the rotation's seeded signs) or,
+    with randomness="same", "data-dependent control flow" from deep inside."""
+    q, k, v, _ = _qkv(torch.float32, head_dim=64)
+    for randomness in ("error", "same"):
+        with pytest.raises(NotImplementedError, match=r"^quantize_fp8: q is batched by torch.func.vmap, which the "
+                                                      r"recipe does not support; fold"):
+            torch.func.vmap(lambda q: quantize_fp8(q, k, v).q, randomness=randomness)(q[None].expand(3, -1, -1, -1, -1))
+
+
+def test_the_fp8_recipe_and_emulation_run_on_fake_tensors():
+    """Under FakeTensorMode (shape inference, torch.export's tracing) the recipe raised DataDependentOutputException
+    from its CPU overflow-shift shortcut; the emulation from its huge-row test. Now the shapes of a real call, as on
+    meta tensors."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        q, k, v = torch.randn(1, 5, 4, 64), torch.randn(1, 300, 2, 64), torch.randn(1, 300, 2, 64)
+        inputs = quantize_fp8(q, k, v)
+        out, lse = emulate_fp8_attention(inputs, causal=True)
+    assert inputs.q.dtype == torch.float8_e4m3fn and inputs.q.shape == q.shape
+    assert out.shape == (1, 5, 4, 64) and lse.shape == (1, 4, 5)
+
+
+def test_a_vmapped_softmax_scale_is_one_line():
+    """vmap over softmax_scale embedded the BatchedTensor's three-line repr in the TypeError, and advised .item(),
+    which cannot work under vmap."""
+    q = _qkv()[0]
+    with pytest.raises(TypeError) as raised:
+        torch.func.vmap(lambda s: fa_variants.attention(q, q, q, softmax_scale=s))(torch.tensor([0.1, 0.2]))
+    message = str(raised.value)
+    assert "\n" not in message and ".item()" not in message
+    assert message.startswith("softmax_scale must be a real number or None, got a Tensor batched by torch.func.vmap")
+
+
+@pytest.mark.parametrize("value, shown", [
+    (torch.ones(3, 2), "a Tensor of shape (3, 2) and dtype torch.float32"),
+    (torch.tensor(0.5), "tensor(0.5000)"),
+    ("two\nlines", "'two\\nlines'"),
+    (list(range(100)), str(list(range(100)))[:80] + "... (list)"),
+])
+def test_one_line_shows_a_rejected_value_on_one_short_line(value, shown):
+    from fa_variants.common.checks import one_line
+
+    assert one_line(value) == shown
+
+
+@pytest.mark.parametrize("name", ["causal", "return_lse", "backend"])
+def test_a_tensor_flag_is_named_on_one_line(name):
+    """A multi-element tensor where a flag goes printed its repr over several lines."""
+    q = _qkv()[0]
+    with pytest.raises(TypeError, match=rf"^{name} must be a (bool|str), got a Tensor of shape \(4, 4\) and dtype "
+                                        r"torch.float32$"):
+        fa_variants.attention(q, q, q, **{name: torch.ones(4, 4)})
+
+
+@pytest.mark.parametrize("which", [0, 1, 2])
+def test_a_negative_bit_view_reaches_the_kernel_resolved(fake_gpu, which):
+    """``torch._neg_view(x)`` holds -x in memory with a flag that says so: the kernel boundary passed it on as it
+    was (the kernels read memory: -x taken for x), under the same plan key as a plain tensor's."""
+    q, k, v, _ = _qkv(torch.bfloat16, head_dim=16)
+    plain = [q, k, v]
+    fa_variants.attention(*plain)  # plans the plain kind first
+    negated = list(plain)
+    negated[which] = torch._neg_view(plain[which])
+    out = fa_variants.attention(*negated)
+    args = fake_gpu[-1]
+    assert not any(args[n].is_neg() for n in "qkv")
+    resolved = list(plain)
+    resolved[which] = -plain[which]
+    torch.testing.assert_close(out, fa_variants.attention(*resolved, backend="reference"), rtol=0, atol=0)
