@@ -173,8 +173,8 @@ def dispatch_and_run(q, k, v, causal: bool, softmax_scale: float | None, backend
 def _call_key(q, k, v, causal, softmax_scale, backend) -> tuple | None:
     """What a call's plan depends on: for each of q, k, v its class, shape, strides, dtype, device, base
     pointer modulo 16 bytes (the kernels' alignment), requires_grad and negative bit (``_unit_last_dim``); causal,
-    softmax_scale (value and type: 1, 1.0 and True must not share a plan), backend, grad mode and ``FA_VARIANTS_BACKEND`` (read for
-    backend "auto" only: a named backend ignores it).
+    softmax_scale (value and type: 1, 1.0 and True must not share a plan), backend, grad mode and
+    ``FA_VARIANTS_BACKEND`` (read for backend "auto" only: a named backend ignores it).
     None (never planned: the call is validated, then planned under its checked values) for arguments that are
     not tensors of a strided layout, and for causal, softmax_scale or backend of any class but bool, float / int /
     None and str (a list or a numpy array is unhashable; a numpy scalar is planned as the float it checks to),
@@ -205,7 +205,8 @@ def _plan(selection: Selection, q, k, v, causal: bool, scale: float, config=None
     """``run(q, k, v, want_lse=True, *extra) -> (out, lse)`` for validated inputs of this kind (`_call_key`; extra:
     (seqlens_k,) for a kernel config that reads them, ``hopper.fa3.lengths_config``; want_lse False:
     the lse may be scratch, ``common.launch.launcher``): empty shortcuts,
-    stride normalisation (a non-unit last stride or a negative bit is copied; K/V broadcast across heads run as MQA), the
+    stride normalisation (a non-unit last stride or a negative bit is copied; K/V broadcast across heads run as
+    MQA), the
     backend's launcher (`common.launch.launcher`: checks, compiled kernel and operand decisions made here,
     once). Raises what the backend raises for such inputs, and NotImplementedError for a kernel backend
     with inputs that require grad."""
@@ -362,7 +363,10 @@ def _check_lengths(q, k, seqlens_k) -> tuple[torch.Tensor, bool]:
     """``check_seqlens_k`` of an eager call: the values too, except inside CUDA-graph capture (where the kernels that
     read the lengths clamp them). Lengths on the CPU for a CUDA q are checked on the host (no device sync) and copied
     to q's device without waiting for the GPU (from a pageable copy made here: the caller may change its tensor
-    right after the call); refused inside capture. Returns (the lengths on q's device, whether capturing)."""
+    right after the call); refused inside capture. Returns (the lengths on q's device, whether capturing). Lengths
+    with torch's negative bit are resolved first (a kernel reads memory, which holds their negation)."""
+    if isinstance(seqlens_k, torch.Tensor) and seqlens_k.is_neg():
+        seqlens_k = seqlens_k.resolve_neg()
     capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()
     if q.is_cuda and isinstance(seqlens_k, torch.Tensor) and seqlens_k.device.type == "cpu":
         if capturing:

@@ -30,6 +30,7 @@ from typing import NamedTuple
 import torch
 
 from fa_variants.common.checks import one_line
+from fa_variants.common import host_values
 from fa_variants.common.host_values import vmapped
 from fa_variants.common.scale import check_softmax_scale
 
@@ -140,8 +141,7 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
         key (causal with seqlen_q > seqlen_k, or seqlen_k = 0) give out = 0 and lse = -inf; with
         seqlen_k = 0 the output is still connected to q, k, v for autograd (zero gradients). A key a row
         cannot see contributes exactly 0 to it, even when V is inf or NaN there (the kernels differ: see
-        ``fa_variants.attention``), except under ``torch.func.vmap`` over K or V and where torch.compile traces this
-        function (such rows come out NaN, as on the kernels: README, "Non-finite values"). Under ``torch.autocast`` the maths is still ``dtype``'s (autocast is turned off
+        ``fa_variants.attention``), under torch.compile and torch.func.vmap too (`_nonfinite_keys`). Under ``torch.autocast`` the maths is still ``dtype``'s (autocast is turned off
         inside: it made a float32 reference bfloat16).
 
     Raises:
@@ -194,8 +194,8 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
             lse = torch.full((batch, num_heads, seqlen_q), -math.inf, dtype=lse_dtype, device=q.device)
         return out, lse
     outs, lses = [], []  # per chunk of query rows, joined at the end (no in-place writes: torch.func.vmap runs this)
-    vd_finite, bad_keys = _nonfinite_keys(vd)
-    kd_finite, bad_k = _nonfinite_keys(kd)
+    vd_finite, bad_keys, v_unread = _nonfinite_keys(vd, causal)
+    kd_finite, bad_k, _ = _nonfinite_keys(kd, causal)  # K's values unread: its scores as they are (only dQ differs)
     rows = max(1, _MAX_SCORE_ELEMENTS // max(1, batch * num_heads * seqlen_k))
     for r0 in range(0, seqlen_q, rows):
         r1 = min(seqlen_q, r0 + rows)
@@ -210,6 +210,8 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
         o = torch.einsum("bhgqk,bkhd->bqhgd", p, vd_finite)
         if bad_keys is not None:
             o = o + _masked_product(p, vd, bad_keys, visible)
+        elif v_unread:
+            o = o + _nonfinite_terms(p, vd, visible)
         outs.append(o.reshape(batch, r1 - r0, num_heads, head_dim_v))
         lses.append(m.reshape(batch, num_heads, r1 - r0).to(lse_dtype))
     if len(outs) == 1:  # contiguous, as the kernels' (einsum may hand back a permuted layout)
@@ -263,25 +265,44 @@ def _per_sequence(q, k, v, lengths: list[int], **kwargs) -> tuple[torch.Tensor, 
     return torch.stack(outs), torch.stack(lses)
 
 
-def _nonfinite_keys(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(V with the rows of keys holding an inf/NaN zeroed, the indices of those keys); (v, None) if none.
+def _nonfinite_keys(v: torch.Tensor, causal: bool) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
+    """(V with the rows of keys holding an inf/NaN zeroed, the indices of those keys, False); (v, None, False) if none,
+    and without a causal mask (every row sees every key: nothing to keep apart).
 
     A key the mask hides from a row must contribute exactly 0 to it, even when V is inf or NaN there
     (P = 0 times V = inf would be NaN in P V); such keys are added back by ``_masked_product``.
-    Under ``torch.func.vmap`` over K or V, whose values cannot steer Python, and while torch.compile traces (the
-    reference traced inside torch.func transforms), (v, None): there a hidden non-finite key reaches the rows of its
-    product as on the kernels (NaN; the guarantee holds outside vmap and tracing)."""
-    if v.device.type == "meta" or torch.compiler.is_compiling():  # meta: no values; traced: see above
-        return v, None
+    Where V's values cannot steer Python (torch.compile tracing this code, ``torch.func.vmap`` over K or V, fake and
+    meta tensors: ``host_values.unreadable``), (V with its non-finite entries zeroed, None, True): the caller adds
+    what they give the rows that see them with `_nonfinite_terms`, which reads no value on the host. That path is
+    right wherever it runs, so the compile check here may be taken in a frame that torch.compile compiles on its
+    own while the caller runs eagerly (it then costs four more products, nothing else)."""
+    if not causal:
+        return v, None, False
+    if torch.compiler.is_compiling() or host_values.unreadable(v) is not None:
+        return torch.where(torch.isfinite(v), v, torch.zeros((), dtype=v.dtype, device=v.device)), None, True
     bad = (~torch.isfinite(v)).flatten(2).any(dim=2).any(dim=0)  # (Nk,): a key with a non-finite V anywhere
-    try:
-        found = bool(bad.any())
-    except RuntimeError:  # a vmapped K / V: vmap refuses data-dependent control flow
-        return v, None
-    if not found:
-        return v, None
+    if not bool(bad.any()):
+        return v, None, False
     keys = bad.nonzero().squeeze(1)
-    return v.index_fill(1, keys, 0), keys
+    return v.index_fill(1, keys, 0), keys, False
+
+
+def _nonfinite_terms(p: torch.Tensor, v: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """What V's inf / NaN entries add to the rows that see their keys, without a value read on the host (for
+    `_nonfinite_keys`' third answer): the sum of P V over a row's visible keys is NaN where one of its terms is
+    NaN (V NaN, or P = 0 times V = +-inf) or where +inf and -inf meet, else +-inf where one is; a hidden key adds
+    nothing. p (B, Hkv, G, rows, Nk), exactly 0 at hidden keys; v (B, Nk, Hkv, D); visible (rows, Nk). Returns
+    (B, rows, Hkv, G, D): 0, +-inf or NaN, to add to P V over V's finite entries."""
+    seen = visible[None, None, None].expand_as(p)
+    live, dead = (seen & (p > 0)).to(v.dtype), (seen & (p == 0)).to(v.dtype)  # p NaN: the row is NaN already
+
+    def count(weights: torch.Tensor, hit: torch.Tensor) -> torch.Tensor:  # visible keys with a hit, per row and dim
+        return torch.einsum("bhgqk,bkhd->bqhgd", weights, hit.to(v.dtype))
+
+    nan = count(seen.to(v.dtype), v.isnan()) + count(dead, v.isinf())
+    zero = torch.zeros((), dtype=v.dtype, device=v.device)
+    return (torch.where(nan > 0, math.nan, zero) + torch.where(count(live, v == math.inf) > 0, math.inf, zero)
+            + torch.where(count(live, v == -math.inf) > 0, -math.inf, zero))
 
 
 def _scores(qg: torch.Tensor, k: torch.Tensor, k_finite: torch.Tensor, bad: torch.Tensor | None,

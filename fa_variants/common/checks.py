@@ -47,12 +47,15 @@ def is_real(value) -> bool:
 def one_line(value, limit: int = 80) -> str:
     """How an error message shows a rejected argument: one line of at most about ``limit`` characters."""
     cls = type(value)
-    if cls.__module__.split(".")[0] in ("torch", "numpy") and hasattr(value, "shape") and hasattr(value, "dtype") \
-            and getattr(value, "ndim", 1) > 0 or "BatchedTensor" in _repr(value):
+    array = cls.__module__.split(".")[0] in ("torch", "numpy") and hasattr(value, "shape") and hasattr(value, "dtype")
+    if array:
         from fa_variants.common.host_values import vmapped  # value is a tensor: torch is loaded
 
-        batched = " batched by torch.func.vmap" if cls.__module__.startswith("torch") and vmapped(value) else ""
-        return f"a {cls.__name__}{batched} of shape {tuple(value.shape)} and dtype {value.dtype}"
+        batched = cls.__module__.startswith("torch") and vmapped(value)
+        if batched or len(value.shape):  # a 0-d one's repr is one short line, e.g. tensor(0.5000)
+            batched = " batched by torch.func.vmap" if batched else ""
+            kind = "tensor" if cls.__module__.startswith("torch") else "numpy array"
+            return f"a {kind}{batched} of shape {tuple(value.shape)} and dtype {value.dtype}"
     text = " ".join(_repr(value).split())
     return text if len(text) <= limit else f"{text[:limit]}... ({type(value).__name__})"
 

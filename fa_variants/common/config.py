@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-from fa_variants.common.checks import is_int
+from fa_variants.common.checks import is_int, one_line
 
 # Shared memory one CTA may use (the opt-in maximum), bytes (CUDA programming guide, "Features and
 # Technical Specifications" per compute capability). An arch not listed gets the smallest.
@@ -72,12 +72,12 @@ class Sm80Config:
         if self.stages not in (1, 2) or self.q_stages not in (1, 2):
             raise ValueError(f"{self}: stages and q_stages must be 1 or 2")
         if not is_int(self.num_splits) or self.num_splits < 0:
-            raise ValueError(f"num_splits={self.num_splits!r} must be an int >= 0 (1: off, 0: chosen per call)")
+            raise ValueError(f"num_splits={one_line(self.num_splits)} must be an int >= 0 (1: off, 0: chosen per call)")
         object.__setattr__(self, "num_splits", int(self.num_splits))  # a numpy int kept as an int (compile key)
         if not isinstance(self.pack_gqa, bool):
-            raise ValueError(f"pack_gqa={self.pack_gqa!r} must be a bool")
+            raise ValueError(f"pack_gqa={one_line(self.pack_gqa)} must be a bool")
         if not isinstance(self.seqlens_k, bool):
-            raise ValueError(f"seqlens_k={self.seqlens_k!r} must be a bool")
+            raise ValueError(f"seqlens_k={one_line(self.seqlens_k)} must be a bool")
         return self
 
 
@@ -273,15 +273,15 @@ class Sm90Config:
         if head_dim % 16 or head_dim > 256:
             raise ValueError(f"head_dim={head_dim} must be a multiple of 16 and at most 256")
         if self.reduce_chains not in (1, 2, 4, 8):
-            raise ValueError(f"reduce_chains={self.reduce_chains!r} must be 1, 2, 4 or 8")
+            raise ValueError(f"reduce_chains={one_line(self.reduce_chains)} must be 1, 2, 4 or 8")
         if not is_int(self.num_splits) or self.num_splits < 0:
-            raise ValueError(f"num_splits={self.num_splits!r} must be an int >= 0 (1: off, 0: chosen per call)")
+            raise ValueError(f"num_splits={one_line(self.num_splits)} must be an int >= 0 (1: off, 0: chosen per call)")
         object.__setattr__(self, "num_splits", int(self.num_splits))  # a numpy int kept as an int (compile key)
         if not isinstance(self.pack_gqa, bool):
-            raise ValueError(f"pack_gqa={self.pack_gqa!r} must be a bool")
+            raise ValueError(f"pack_gqa={one_line(self.pack_gqa)} must be a bool")
         g = self.pack_group
         if not is_int(g) or g < 0 or (g and not self.pack_gqa):
-            raise ValueError(f"pack_group={g!r} must be 0, or an int >= 1 with pack_gqa=True")
+            raise ValueError(f"pack_group={one_line(g)} must be 0, or an int >= 1 with pack_gqa=True")
         object.__setattr__(self, "pack_group", g := int(g))
         if g and self.tile_m % g and g % self.tile_m:
             raise ValueError(f"pack_group={g} must divide tile_m={self.tile_m} or be a multiple of it")
@@ -292,38 +292,38 @@ class Sm90Config:
         if self.k_before_q and self.shared_kv_state:
             raise ValueError("k_before_q orders the separate K/V producer states: it needs shared_kv_state=False")
         if not isinstance(self.fused_merge, bool) or (self.fused_merge and self.num_splits == 1):
-            raise ValueError(f"fused_merge={self.fused_merge!r} must be a bool, True only with split-KV (num_splits != 1)")
+            raise ValueError(f"fused_merge={one_line(self.fused_merge)} must be a bool, True only with split-KV (num_splits != 1)")
         if self.early_pv_arrive and self.intra_wg_overlap:
             raise ValueError(f"early_pv_arrive needs intra_wg_overlap=False (serial steps) ({self})")
         if not isinstance(self.pdl, bool) or (self.pdl and not arch.startswith("sm_9")):
-            raise ValueError(f"pdl={self.pdl!r} must be a bool, True only on sm_90a (griddepcontrol)")
+            raise ValueError(f"pdl={one_line(self.pdl)} must be a bool, True only on sm_90a (griddepcontrol)")
         if self.ctas_per_sm not in (1, 2) or (self.ctas_per_sm == 2 and self.consumer_warpgroups != 1):
-            raise ValueError(f"ctas_per_sm={self.ctas_per_sm!r} must be 1, or 2 with tile_m=64 (one consumer warpgroup)")
+            raise ValueError(f"ctas_per_sm={one_line(self.ctas_per_sm)} must be 1, or 2 with tile_m=64 (one consumer warpgroup)")
         if self.ctas_per_sm == 2 and 2 * (self.smem_bytes(head_dim) + 1024) > SM_SMEM.get(arch, 0):
             raise ValueError(f"{self} does not fit twice in the {SM_SMEM.get(arch, 0)} B of shared memory of an "
                              f"{arch} SM at head_dim={head_dim} (ctas_per_sm=2)")
         if not isinstance(self.persistent, bool) or (self.persistent and (
                 self.num_splits != 1 or self.pack_group or self.shared_kv_state or self.epilogue_arrive
                 or self.ctas_per_sm != 1)):
-            raise ValueError(f"persistent={self.persistent!r} must be a bool, True only without split-KV "
+            raise ValueError(f"persistent={one_line(self.persistent)} must be a bool, True only without split-KV "
                              "(num_splits=1), pack_group, shared_kv_state, epilogue_arrive and with ctas_per_sm=1")
         if not isinstance(self.balanced, bool) or (self.balanced and (not self.persistent or self.pack_gqa)):
-            raise ValueError(f"balanced={self.balanced!r} must be a bool, True only with persistent=True and "
+            raise ValueError(f"balanced={one_line(self.balanced)} must be a bool, True only with persistent=True and "
                              "pack_gqa=False")
         if not isinstance(self.first_row_only, bool) or (self.first_row_only and not (
                 self.pack_gqa and not self.pack_group and self.tile_m == WGMMA_M and not self.fused_merge)):
-            raise ValueError(f"first_row_only={self.first_row_only!r} must be a bool, True only for packed seqlen_q = 1 "
+            raise ValueError(f"first_row_only={one_line(self.first_row_only)} must be a bool, True only for packed seqlen_q = 1 "
                              "decode (pack_gqa, pack_group 0, tile_m 64) without fused_merge")
         if not isinstance(self.q_tail_first, bool) or (self.q_tail_first and (
                 self.num_splits != 1 or self.pack_gqa or self.persistent)):
-            raise ValueError(f"q_tail_first={self.q_tail_first!r} must be a bool, True only without split-KV "
+            raise ValueError(f"q_tail_first={one_line(self.q_tail_first)} must be a bool, True only without split-KV "
                              "(num_splits=1), pack_gqa and persistent")
         if not isinstance(self.alpha_first, bool) or (self.alpha_first and not self.exp2_ffma):
-            raise ValueError(f"alpha_first={self.alpha_first!r} must be a bool, True only with exp2_ffma=True")
+            raise ValueError(f"alpha_first={one_line(self.alpha_first)} must be a bool, True only with exp2_ffma=True")
         if not isinstance(self.hoisted_descriptors, bool):
-            raise ValueError(f"hoisted_descriptors={self.hoisted_descriptors!r} must be a bool")
+            raise ValueError(f"hoisted_descriptors={one_line(self.hoisted_descriptors)} must be a bool")
         if not isinstance(self.seqlens_k, bool) or (self.seqlens_k and self.persistent):
-            raise ValueError(f"seqlens_k={self.seqlens_k!r} must be a bool, True only with persistent=False")
+            raise ValueError(f"seqlens_k={one_line(self.seqlens_k)} must be a bool, True only with persistent=False")
         if self.smem_bytes(head_dim) > smem_capacity(arch):
             raise ValueError(f"{self} needs {self.smem_bytes(head_dim)} B of shared memory at head_dim={head_dim} "
                              f"(max {smem_capacity(arch)})")

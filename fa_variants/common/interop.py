@@ -100,7 +100,11 @@ def unit_dims_restrided(t: torch.Tensor) -> torch.Tensor:
 
 def aligned(t: torch.Tensor, align: int = DEFAULT_ALIGN) -> torch.Tensor:
     """t itself when `is_aligned`; else the same memory with its length-1 dimensions' strides made contiguous
-    (``unit_dims_restrided``) when that is aligned; else a contiguous copy (which is aligned when the last dim is)."""
+    (``unit_dims_restrided``) when that is aligned; else a contiguous copy (which is aligned when the last dim is).
+    A tensor with torch's negative bit (``torch._neg_view``, ``x.conj().imag``: memory holding -t) is resolved first
+    (a copy): a kernel reads the memory."""
+    if t.is_neg():
+        t = t.resolve_neg()
     if is_aligned(t, align):
         return t
     view = unit_dims_restrided(t)

@@ -32,7 +32,7 @@ import math
 import torch
 
 from fa_variants.common import env
-from fa_variants.common.checks import is_int
+from fa_variants.common.checks import is_int, one_line
 
 MAX_SPLITS = 64
 #: The largest |softmax_scale| a split-KV call runs with. A split's partial LSE_s = scale m_s + log l_s (m_s its
@@ -128,7 +128,7 @@ def check_split_scale(num_splits: int | None, softmax_scale: float) -> None:
 def _shown(value) -> str:
     """A rejected argument in an error message: its repr, or its type's name while torch.compile traces (a traced
     value's repr cannot be traced)."""
-    return type(value).__name__ if torch.compiler.is_compiling() else repr(value)
+    return type(value).__name__ if torch.compiler.is_compiling() else one_line(value)
 
 
 @functools.lru_cache(maxsize=None)

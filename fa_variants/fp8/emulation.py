@@ -209,7 +209,7 @@ def emulate_fp8_attention(inputs: FP8Inputs, *, causal: bool = False, accumulato
         tile_m = layout.KERNEL_TILES.get(D, (layout.TILE_M, None))[0]
     every = cfg.promote_interval(D)  # None in the recipe: the kernel's default interval at this head_dim
     if units != "absolute" and cfg.two_level and every != 1:
-        raise ValueError(f"units={units!r} needs promote_every 1 (the fused promotion), got {every}")
+        raise ValueError(f"units={one_line(units)} needs promote_every 1 (the fused promotion), got {every}")
     q8, k8, v8, kd, vd, c_row = _operands(inputs)
     dev = q8.device
 

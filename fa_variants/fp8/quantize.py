@@ -246,11 +246,16 @@ class HadamardRotation:
         return self(torch.eye(self.head_dim, dtype=dtype, device="cpu"))
 
 
+#: paley_hadamard_12()'s entries as Python numbers, made once at import (a tensor made inside the caller's
+#: FakeTensorMode would be fake, with no values to read: the recipe failed there at head_dim 96)
+_PALEY_12 = paley_hadamard_12().tolist()
+
+
 def _h12_h8(x: torch.Tensor) -> torch.Tensor:
     """(..., 96) -> H12 X H8 / sqrt(96), X the (12, 8) view of the last dim (HadamardRotation's order)."""
     lead = x.shape[:-1]
     z = fwht(x.reshape(*lead, 12, 8), normalise=False)
-    h12 = paley_hadamard_12().tolist()
+    h12 = _PALEY_12
     rows = []
     for a in range(12):
         acc = z[..., 0, :] * h12[a][0]  # +-1: exact
@@ -326,7 +331,7 @@ class FP8Config:
                              f"got {one_line(self.granularity)}")
         for name in ("rotate", "smooth_k", "two_level"):
             if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"FP8Config.{name} must be a bool, got {getattr(self, name)!r}")
+                raise TypeError(f"FP8Config.{name} must be a bool, got {one_line(getattr(self, name))}")
         for name, low, high in (("promote_every", 1, 2**31 - 1), ("seed", 0, INT64_MAX),
                                 ("smooth_k_blocks", 1, 2**31 - 1)):
             value = getattr(self, name)
@@ -633,7 +638,7 @@ def quantize_fp8_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, con
     if block_n is not None:
         if not is_int(block_n) or not 1 <= block_n <= MAX_BLOCK_ROWS or block_n % layout.V_TOKEN_GROUP:
             raise ValueError(f"block_n must be a positive multiple of {layout.V_TOKEN_GROUP} up to 2^63 - 1, got "
-                             f"{block_n!r}")
+                             f"{one_line(block_n)}")
         tile_n = int(block_n)
     given_mean = k_mean
     if given_mean is not None and (not isinstance(given_mean, torch.Tensor) or given_mean.dtype != torch.float32
@@ -695,6 +700,8 @@ def quantize_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, config: F
     """
     if impl not in ("auto", "torch", "kernel"):
         raise ValueError(f"impl must be 'auto', 'torch' or 'kernel', got {one_line(impl)}")
+    if isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor):
+        q, k, v = q.resolve_neg(), k.resolve_neg(), v.resolve_neg()  # the GPU pass reads memory (negative bits: -x)
     if impl != "torch":
         _check(q, k, v, config, softmax_scale)
         if not q.is_cuda:  # said before importing the GPU pass: its import loads the CuTe DSL (~0.4 s), which also

@@ -116,6 +116,7 @@ def _seqlens_k_setup_context(ctx, inputs, output):
     q, k, v, seqlens_k, causal, softmax_scale, backend = inputs
     ctx.save_for_backward(q, k, v, seqlens_k)  # no out / lse: only reference.run_backward takes the lengths
     ctx.causal, ctx.softmax_scale, ctx.backend = causal, softmax_scale, backend
+    ctx.eager = _eager(q, torch.compiler.is_compiling())  # read once, here: the backward takes the same route
     ctx.set_materialize_grads(False)
 
 
@@ -161,6 +162,7 @@ def _setup_context(ctx, inputs, output):
     kept = output if backward.keeps_outputs(eager) else (None, None)  # for the fused backwards that start from them
     ctx.save_for_backward(q, k, v, *kept)
     ctx.causal, ctx.softmax_scale, ctx.backend = causal, softmax_scale, backend
+    ctx.eager = eager  # the backward takes the same route (its own frame may be compiled apart from this one)
     ctx.set_materialize_grads(False)  # an output the loss does not use gets None (the fused backwards need to know)
 
 
@@ -174,7 +176,7 @@ def _backward_of(ctx, grad_out, grad_lse, q, k, v, out, lse, seqlens_k):
     """(dq, dk, dv) for either op's backward (``backward.kernel_backward``): eagerly (a Parameter's call, and a kernel
     backend's call that needs a gradient, come here) called directly, so that its plain ops are recorded under
     create_graph and a second derivative exists; traced, one opaque node (which has no backward of its own)."""
-    if _eager(q, torch.compiler.is_compiling()):
+    if ctx.eager:
         return backward.kernel_backward(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, ctx.causal,
                                         ctx.softmax_scale, ctx.backend, eager=True)
     return reference_backward_op(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, ctx.causal, ctx.softmax_scale,
