@@ -135,10 +135,14 @@ def _mqa(k: torch.Tensor, v: torch.Tensor) -> bool:
     return k.shape[2] > 1 and k.stride(2) == 0 and v.stride(2) == 0
 
 
+def _needs_copy(t: torch.Tensor) -> bool:
+    """Whether a kernel can read t only from a copy (`_unit_last_dim`): a non-unit stride on head_dim, or torch's
+    negative bit (``torch._neg_view``: its memory holds -t, which a kernel would read as t)."""
+    return t.is_neg() or not (t.stride(-1) == 1 or t.shape[-1] == 1)
+
+
 def _unit_last_dim(t: torch.Tensor) -> torch.Tensor:
-    """Kernels need a unit stride on head_dim: anything else is copied (documented in ``attention``). A tensor with
-    torch's negative bit (``torch._neg_view``: its memory holds -t, which a kernel would read as t) is resolved
-    first, a copy."""
+    """t as a kernel can read it (documented in ``attention``): t itself, else a copy (`_needs_copy`)."""
     if t.is_neg():
         t = t.resolve_neg()
     return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
@@ -219,7 +223,7 @@ def _plan(selection: Selection, q, k, v, causal: bool, scale: float, config=None
     if q.numel() == 0 or k.shape[1] == 0:  # B, Nq or H is 0, or no key at all: launch nothing
         return functools.partial(launch.empty_outputs, (batch, seqlen_q, heads, head_dim), output_dtype(q.dtype),
                                  q.device)
-    copies = tuple(_unit_last_dim(t) is not t for t in (q, k, v))
+    copies = tuple(_needs_copy(t) for t in (q, k, v))
     mqa = _mqa(k, v)
     kernel_scale = _kernel_scale(scale)
 
