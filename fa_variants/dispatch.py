@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import threading
 import warnings
 from dataclasses import dataclass
 
@@ -114,7 +115,8 @@ def clear_cache() -> None:
     registry.clear_cache()
     _SELECTED.clear()
     _WARNED.clear()
-    PLANS.clear()
+    with _PLANS_LOCK:
+        PLANS.clear()
 
 
 def load(name: str) -> Variant | str:
@@ -204,6 +206,7 @@ _SELECTED: dict[tuple, Selection] = {}
 #: a call's kind (``api._call_key``) -> its plan, ``run(q, k, v) -> (out, lse)`` (``api._plan``)
 PLANS: dict[tuple, object] = {}
 MAX_PLANS = 1024  # kinds of call remembered (first in, first out)
+_PLANS_LOCK = threading.Lock()  # for changes of PLANS' size (a plan is read without it: one dict lookup)
 
 
 def remember_plan(key: tuple | None, plan) -> None:
@@ -211,9 +214,10 @@ def remember_plan(key: tuple | None, plan) -> None:
     growing KV cache is a new kind per step)."""
     if key is None:
         return
-    if key not in PLANS and len(PLANS) >= MAX_PLANS:
-        PLANS.pop(next(iter(PLANS), None), None)  # tolerant of another thread's pop
-    PLANS[key] = plan
+    with _PLANS_LOCK:  # another thread's insert while this one looks for the oldest key: "dictionary changed size"
+        while key not in PLANS and len(PLANS) >= MAX_PLANS:
+            del PLANS[next(iter(PLANS))]
+        PLANS[key] = plan
 
 
 def select(capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: int, *,
@@ -233,9 +237,10 @@ def select(capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: int
             auto, none can; the message names why and the backends that can.
     """
     key = (capability, dtype, head_dim, backend, os.environ.get(ENV_VAR))
-    if key not in _SELECTED:  # a choice is a pure function of its key: cache it (per-call overhead)
-        _SELECTED[key] = _select(capability, dtype, head_dim, backend)
-    return _SELECTED[key]
+    hit = _SELECTED.get(key)  # a choice is a pure function of its key: cached (per-call overhead)
+    if hit is None:  # (one read: another thread's clear_cache between a test and a read raised KeyError)
+        hit = _SELECTED[key] = _select(capability, dtype, head_dim, backend)
+    return hit
 
 
 def env_override() -> str | None:

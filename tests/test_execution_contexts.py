@@ -240,3 +240,72 @@ def test_negative_bit_lengths_are_resolved():
     q, k, _, _ = _qkv()
     lengths, _ = api._check_lengths(q, k, torch._neg_view(torch.tensor([-3], dtype=torch.int32)))
     assert not lengths.is_neg() and lengths.tolist() == [3]
+
+
+def test_scratch_kept_past_a_call_is_never_an_inference_tensor(monkeypatch):
+    """The stream's cached scratch (and the process's constants) first made under torch.inference_mode() were
+    inference tensors: every later call outside it that writes the scratch in place (fa3's split merge into the LSE
+    scratch, FA_VARIANTS_MERGE_KERNEL=0) failed with "Inplace update to inference tensor outside InferenceMode"."""
+    from fa_variants.common import workspace
+
+    monkeypatch.setattr(workspace, "CACHE_CPU", True)  # the CPU's scratch cached as a CUDA stream's
+    workspace.clear()
+    try:
+        with torch.inference_mode():
+            first = workspace.lse_function(torch.device("cpu"), (1, 4, 8))()
+            constant = workspace.persistent(torch.device("cpu"), lambda: torch.zeros(3))
+        assert not first.is_inference() and not constant.is_inference()
+        with torch.no_grad():
+            workspace.lse_function(torch.device("cpu"), (1, 4, 8))().copy_(torch.ones(1, 4, 8))
+    finally:
+        workspace.clear()
+
+
+def test_plans_stay_bounded_and_whole_under_threads(monkeypatch):
+    """remember_plan looked for the oldest key while another thread inserted one ("dictionary changed size during
+    iteration", after the call's result was computed), and concurrent evictions let the cache pass its bound."""
+    import sys
+    import threading
+
+    from fa_variants import dispatch
+
+    monkeypatch.setattr(dispatch, "MAX_PLANS", 2)
+    monkeypatch.setattr(dispatch, "PLANS", {})
+    errors = []
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+
+    def remember(thread):
+        try:
+            for i in range(20000):
+                dispatch.remember_plan((thread, i), None)
+                assert len(dispatch.PLANS) <= 2
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(repr(exc))
+
+    try:
+        threads = [threading.Thread(target=remember, args=(t,)) for t in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not errors and len(dispatch.PLANS) <= 2
+
+
+def test_the_backward_runs_on_the_forward_s_backend(fake_gpu, monkeypatch):
+    """The backward chose its backend again from "auto": a FA_VARIANTS_BACKEND set between forward and backward made
+    it refuse (or switch paths). The forward's choice is kept for it."""
+    import warnings
+
+    from fa_variants import dispatch
+
+    q, k, v, _ = _qkv(torch.float16, head_dim=16)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dispatch.BackendFallbackWarning)
+        out = fa_variants.attention(q, k, v, causal=True)
+        monkeypatch.setenv(dispatch.ENV_VAR, "fa2")  # absent on the fake sm_90
+        out.float().sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()

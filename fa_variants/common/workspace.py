@@ -138,7 +138,8 @@ def persistent(device: torch.device, make: Callable[[], torch.Tensor]) -> torch.
     A device without an index is the caller's current device (the helper thread's own starts at device 0). Errors
     raised by ``make`` are raised here."""
     if device.type != "cuda" or not _uncached_now() or capturing(device):
-        return make()
+        with torch.inference_mode(False):  # kept for the process: never an inference tensor (`views`)
+            return make()
     if device.index is None:  # the caller's current device: a new thread's own current device is device 0
         device = torch.device("cuda", torch.cuda.current_device())
     caller = torch.cuda.current_stream(device)
@@ -185,7 +186,9 @@ def views(device: torch.device, partials: int, counters: int, geometry, make: Ca
         hit = slot.views.get(view_key)
         if hit is not None:
             return hit
-    with _LOCK:
+    # kept past this call: made outside inference mode, else an inference tensor (made under
+    # torch.inference_mode()) that a later call outside it writes in place ("Inplace update to inference tensor")
+    with _LOCK, torch.inference_mode(False):
         slot = slots.get(key) or slots.setdefault(key, _Slot())
         buffer = slot.buffers.get(kind)
         if buffer is None or buffer.numel() < partials:
@@ -271,7 +274,8 @@ def reserve_arena(device: torch.device) -> None:
     """Allocate (zeroed) the device's counter arena for captured calls, unless it exists or a capture runs."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _ARENAS and not capturing(device):
-        _ARENAS[index] = [torch.zeros(ARENA_COUNTERS, dtype=torch.int32, device=device), 0]
+        with torch.inference_mode(False):  # kept for the process (`views`)
+            _ARENAS[index] = [torch.zeros(ARENA_COUNTERS, dtype=torch.int32, device=device), 0]
 
 
 _CAPTURED: dict[tuple, torch.Tensor] = {}  # (device, capture sequence id, stream) -> its counters

@@ -112,11 +112,23 @@ def _attention_seqlens_k_fake(q, k, v, seqlens_k, causal, softmax_scale, backend
     return outputs
 
 
+def _forward_backend(eager: bool, inputs: tuple) -> str:
+    """The backend the forward ran on, for its backward: eagerly "auto" resolved now (the backward would otherwise
+    choose again, from a FA_VARIANTS_BACKEND the caller may have changed since, and refuse or switch paths); traced,
+    the name given (the choice is made when the compiled graph runs)."""
+    q, k, v, causal, backend = inputs[0], inputs[1], inputs[2], inputs[-3], inputs[-1]
+    if not eager or backend != "auto":
+        return backend
+    from fa_variants import dispatch
+
+    return dispatch.select_backend(q, k, v, causal=causal, backend=backend).backend
+
+
 def _seqlens_k_setup_context(ctx, inputs, output):
     q, k, v, seqlens_k, causal, softmax_scale, backend = inputs
     ctx.save_for_backward(q, k, v, seqlens_k)  # no out / lse: only reference.run_backward takes the lengths
-    ctx.causal, ctx.softmax_scale, ctx.backend = causal, softmax_scale, backend
     ctx.eager = _eager(q, torch.compiler.is_compiling())  # read once, here: the backward takes the same route
+    ctx.causal, ctx.softmax_scale, ctx.backend = causal, softmax_scale, _forward_backend(ctx.eager, inputs)
     ctx.set_materialize_grads(False)
 
 
@@ -161,7 +173,7 @@ def _setup_context(ctx, inputs, output):
     eager = _eager(q, torch.compiler.is_compiling())
     kept = output if backward.keeps_outputs(eager) else (None, None)  # for the fused backwards that start from them
     ctx.save_for_backward(q, k, v, *kept)
-    ctx.causal, ctx.softmax_scale, ctx.backend = causal, softmax_scale, backend
+    ctx.causal, ctx.softmax_scale, ctx.backend = causal, softmax_scale, _forward_backend(eager, inputs)
     ctx.eager = eager  # the backward takes the same route (its own frame may be compiled apart from this one)
     ctx.set_materialize_grads(False)  # an output the loss does not use gets None (the fused backwards need to know)
 
