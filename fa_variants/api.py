@@ -43,7 +43,9 @@ def _check_rank(tensors, names, layout) -> None:
                             + (" (nested)" if t.is_nested else ""))
     for name, t in zip(names, tensors):
         if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-D {layout}, got {t.dim()}-D shape {tuple(t.shape)}")
+            raise ValueError(f"{name} must be 4-D {layout}, got {t.dim()}-D shape {tuple(t.shape)}: give the "
+                             "missing batch or heads dimension as size 1 (unsqueeze), or fold extra leading ones into "
+                             "batch (reshape)")
 
 
 #: where the shapes would fit with seqlen and heads swapped (``_layout_hint``): conditional, since shapes that are
@@ -83,7 +85,8 @@ def _check_inputs(q, k, v, names=("q", "k", "v"), hint: str = _ATTENTION_HINT) -
         q.shape, k.shape, v.shape)
     for name, b in ((nk, bk), (nv, bv)):
         if b != batch:
-            raise ValueError(f"{nq} has batch {batch} but {name} has batch {b}")
+            raise ValueError(f"{nq} has batch {batch} but {name} has batch {b}; they must match (a batch of 1 "
+                             f"shared by all: {name}.expand, no copy)")
     if seqlen_v != seqlen_k:
         raise ValueError(f"{nk} has seqlen {seqlen_k} but {nv} has seqlen {seqlen_v}" + _layout_hint(q, k, v, hint))
     if heads_v != heads_kv:
@@ -93,7 +96,8 @@ def _check_inputs(q, k, v, names=("q", "k", "v"), hint: str = _ATTENTION_HINT) -
         raise ValueError(f"{nq} has head_dim {head_dim} but {nk} has head_dim {dk}")
     if dv != head_dim:
         raise ValueError(f"{nv} has head_dim {dv} but {nq} has head_dim {head_dim} "
-                         "(a different V head_dim is not supported)")
+                         "(a different V head_dim is not supported: torch.nn.functional.scaled_dot_product_attention "
+                         "takes one)")
     if head_dim == 0:
         raise ValueError(f"head_dim is 0 ({nq} has shape {tuple(q.shape)}); it must be at least 1")
     if heads_kv == 0 and heads > 0:
@@ -721,7 +725,8 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
             and dropout_p.__class__ in _PLAIN_DROPOUT and dropout_p == 0 \
             and is_causal.__class__ is bool and enable_gqa.__class__ is bool \
             and query.__class__ is key.__class__ is value.__class__ is torch.Tensor \
-            and query.dim() == key.dim() == value.dim() == 4:  # this wrapper's own rules hold: the fast path
+            and query.dim() == key.dim() == value.dim() == 4 \
+            and not (query.is_nested or key.is_nested or value.is_nested):  # this wrapper's own rules hold: the fast path
         q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
         if (enable_gqa or q.shape[2] == k.shape[2]) and (not is_causal or q.shape[1] == k.shape[1]):
             result = _planned(q, k, v, is_causal, scale, backend, return_lse)
@@ -734,8 +739,8 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     if attn_mask is not None:
         raise ValueError("attn_mask is not supported (only is_causal masking); use torch's SDPA for masks")
     if not isinstance(dropout_p, numbers.Real) or dropout_p != 0:  # numpy's zeros and False pass, as in torch's
-        what = repr(dropout_p) if isinstance(dropout_p, (int, float, str)) else f"a {type(dropout_p).__name__}"
-        raise ValueError(f"dropout_p must be 0.0 (the kernels have no dropout), got {what}")
+        raise ValueError(f"dropout_p must be 0.0 (the kernels have no dropout), got {one_line(dropout_p)}: pass 0.0 "
+                         "(e.g. dropout_p if self.training else 0.0), or use torch's SDPA for dropout")
     if not isinstance(enable_gqa, bool):
         raise TypeError(f"enable_gqa must be a bool, got {one_line(enable_gqa)}")
     if not isinstance(is_causal, bool):  # attention() would name them causal and softmax_scale

@@ -436,6 +436,37 @@ def test_hf_model_compiles_fullgraph(model, ids):
     assert len(graphs) == 1 and len(nodes) == 2  # one graph, one attention node per layer
 
 
+@pytest.mark.parametrize("fallback", [None, "sdpa"])
+def test_hf_model_with_an_attention_mask_under_fullgraph_compile(model, ids, fallback):
+    """An attention_mask (tokenizers and generate() always pass one, even all ones) under torch.compile(fullgraph=True)
+    failed with dynamo's 76-line "Could not guard on data-dependent expression": the mask interface read
+    ``attention_mask.all()`` while traced. Now the mask is materialised while traced and refused in one line, or, with
+    fallback="sdpa", served by transformers' sdpa (which takes it as a tensor): the eager result."""
+    import warnings
+
+    name = hf.register(backend="reference", fallback=fallback)
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0  # a left-padded first sequence
+    torch._dynamo.reset()
+    model.set_attn_implementation(name)
+    try:
+        with torch.no_grad():
+            compiled = torch.compile(model.model, fullgraph=True, backend="eager")
+            if fallback is None:
+                with pytest.raises(Exception, match=r"an attention mask under torch.compile \(whether it pads "
+                                                    r"cannot be read while tracing\)"):
+                    compiled(ids, attention_mask=mask)
+                return
+            got = compiled(ids, attention_mask=mask).last_hidden_state
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                expected = model.model(ids, attention_mask=mask).last_hidden_state
+    finally:
+        model.set_attn_implementation("eager")
+        torch._dynamo.reset()
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
 # ------------------------------------------------------------------------------------------- custom op
 
 def _qkv(B=2, N=37, H=6, Hkv=2, D=32, dtype=torch.float32):
