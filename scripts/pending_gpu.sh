@@ -20,22 +20,23 @@
 # 2. then scripts/NAME_gpu.sh for each NAME, in order, each with the time left of CALL_BUDGET seconds (default 560),
 #    skipped when fewer than 100 s are left; logs in $OUT/pending/NAME.tar.xz, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
-#    Plan for session 50. Session 49 got H100s for seven calls (bench/h100-2026-12-06-s49; every call named
-#    nvidia-h200): suite part 1 found a 3.3 s first call with a warm disk cache (torch._dynamo imported by api; fixed
-#    in 78fd152, then 0.10 s, tests/test_cache_gpu.py passed); part 2 passed (1729). cpu1: 1 failed (the halves'
-#    locale sort, fixed in eea5678), 1298 passed. cpu2 never finished: fp8-study --heads 100000000 was granted 26 TB
-#    by the overcommitting host and its worker killed (fixed: demo / fp8-study / warmup check the free memory first);
-#    the halves now limit each test (pytest-timeout there). Name nvidia-h100-x1 or nvidia-h200, `status` first.
-#    In order:
+#    Plan for session 51. Session 50 got no machine (every start refused for two hours; 946 s of the 1800 went to the
+#    failed starts): nothing of session 49's plan ran. Session 50 changed package code the GPU suite exercises: api's
+#    routing (torch.compiler.is_compiling() read in attention's frame; subclass / dual inputs), the custom op's
+#    setup and backward (resolved backend, one eager/traced answer), interop.aligned (negative bits resolved for every
+#    kernel operand), workspace (scratch made outside inference mode), dispatch (plans under a lock), the reference's
+#    non-finite rule under tracing (four products), the HF mask under torch.compile. Name nvidia-h100-x1 or
+#    nvidia-h200, `status` first. In order:
+#    E8. `scripts/suite_gpu.sh 2`, then `scripts/suite_gpu.sh 1`, each its own call (part 2: torch.compile, kernels,
+#       backward; part 1: api, cache, decode, edge cases): prediction: all pass.
 #    C. `SUITE_LIMIT=330 scripts/suite_gpu.sh cpu2`, then `SUITE_LIMIT=200 scripts/suite_gpu.sh cpu1` in one call
-#       (~90 + 330 + 100 s): prediction: all pass (cpu2's crash fixed; no test past its 150 s).
+#       (~90 + 330 + 100 s): prediction: all pass (cpu2's crash fixed in session 49; tests/test_execution_contexts.py
+#       is new: its compiled forward-mode test takes either the tangent or the op's one-line refusal, as torch
+#       releases differ).
 #    S. On an H200 only: `python3 scripts/decode_ab.py --s38 --variants base tiles-dual --rounds 6` (~35 s): the
 #       H100 gave base / auto 0.96-0.98 at D 64 Nk 2k / 4k (session 39), 0.99-1.01 (session 45, geomean 1.015) and
 #       geomean 0.998 (session 48): on the H100 base is not faster; the H200's figures decide whether the base tiles
 #       rule is met anywhere.
-#    E7. suite parts 1 and 2 on the final tree, each its own call (session 49 changed api's torch.compile mark, which
-#       tests/test_torch_compile.py exercises on the host's torch 2.11, reference's seqlens_k check, dispatch, the
-#       CLI and the packed-vs-unpacked tolerance of tests/test_decode_gpu.py; part 2 passed on c3f46bd only).
 #    Open: issue 10 (1100 TFLOP/s at D 256 N 16k: 1012 in session 30's call, 1084-1120 in session 27's; 1.4x bf16 at
 #    128: 1.15-1.20 non-causal (H100, session 38); 1.3x at 64: 1.06-1.08; two-level <= 5 % at 256; the pass at 70 %
 #    of copy; pass + kernel at N 4k causal), 12 (fa3 / flash-attn-4 >= 1.00 everywhere: 0.93-0.99 in session 30's
