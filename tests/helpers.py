@@ -92,6 +92,24 @@ def seeded_generator(device="cpu", offset: int = 0) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(((seed + offset) ^ 0x9E3779B9) % 2**63)
 
 
+def racing_threads(worker, threads: int) -> None:
+    """``worker(t)`` on ``threads`` threads at once, t = 0, 1, ..., with the interpreter switching threads every
+    microsecond (races show up in a short run); returns when all have finished. The worker records its own errors
+    (an exception on a thread does not reach the caller)."""
+    import threading
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        running = [threading.Thread(target=worker, args=(t,)) for t in range(threads)]
+        for thread in running:
+            thread.start()
+        for thread in running:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+
+
 def _nan_filled(allocate):
     @functools.wraps(allocate)
     def wrapper(*args, **kwargs):

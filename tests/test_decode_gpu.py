@@ -14,7 +14,7 @@ import torch
 from fa_variants.bench.decode import capture_graph
 from fa_variants.common import split
 from fa_variants.reference import check_against_reference, check_lse, references, rel_l2
-from helpers import assert_attention_ok, assert_same_maths, make_qkv, padded_kv_cache, sm90_only
+from helpers import assert_attention_ok, assert_same_maths, make_qkv, padded_kv_cache, racing_threads, sm90_only
 
 pytestmark = sm90_only("fa3 split-KV")
 fa3 = pytest.importorskip("fa_variants.hopper.fa3")
@@ -834,9 +834,6 @@ def test_threads_on_one_stream_keep_their_split_partials(backend, split_kv, pack
     with the interpreter switching threads as often as it can: every output equals the same call made alone,
     bitwise (the same kernels and split count on one GPU). Split scratch is per thread (common.workspace): shared,
     a thread's split kernel between another's split kernel and merge would hand that merge the wrong partials."""
-    import sys
-    import threading
-
     import fa_variants
     from fa_variants.ampere import fa2
 
@@ -857,16 +854,7 @@ def test_threads_on_one_stream_keep_their_split_partials(backend, split_kv, pack
         except Exception as exc:  # noqa: BLE001 - re-raised below
             errors.append(exc)
 
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    try:
-        threads = [threading.Thread(target=worker, args=(t,)) for t in (0, 1)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        sys.setswitchinterval(old)
+    racing_threads(worker, 2)
     torch.cuda.synchronize()
     assert not errors, errors[0]
     bad = [(t, j) for t in results for j, out in results[t] if not torch.equal(out, expected[j])]

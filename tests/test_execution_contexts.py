@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 import torch.autograd.forward_ad as fwAD
-from helpers import seeded_generator
+from helpers import racing_threads, seeded_generator
 
 import fa_variants
 from fa_variants.fp8 import emulate_fp8_attention, quantize_fp8
@@ -264,16 +264,11 @@ def test_scratch_kept_past_a_call_is_never_an_inference_tensor(monkeypatch):
 def test_plans_stay_bounded_and_whole_under_threads(monkeypatch):
     """remember_plan looked for the oldest key while another thread inserted one ("dictionary changed size during
     iteration", after the call's result was computed), and concurrent evictions let the cache pass its bound."""
-    import sys
-    import threading
-
     from fa_variants import dispatch
 
     monkeypatch.setattr(dispatch, "MAX_PLANS", 2)
     monkeypatch.setattr(dispatch, "PLANS", {})
     errors = []
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
 
     def remember(thread):
         try:
@@ -283,14 +278,7 @@ def test_plans_stay_bounded_and_whole_under_threads(monkeypatch):
         except Exception as exc:  # noqa: BLE001 - reported below
             errors.append(repr(exc))
 
-    try:
-        threads = [threading.Thread(target=remember, args=(t,)) for t in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        sys.setswitchinterval(interval)
+    racing_threads(remember, 4)
     assert not errors and len(dispatch.PLANS) <= 2
 
 
