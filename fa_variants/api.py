@@ -214,9 +214,8 @@ def _plan(selection: Selection, q, k, v, causal: bool, scale: float, config=None
     (seqlens_k,) for a kernel config that reads them, ``hopper.fa3.lengths_config``; want_lse False:
     the lse may be scratch, ``common.launch.launcher``): empty shortcuts,
     stride normalisation (a non-unit last stride or a negative bit is copied; K/V broadcast across heads run as
-    MQA), the
-    backend's launcher (`common.launch.launcher`: checks, compiled kernel and operand decisions made here,
-    once). Raises what the backend raises for such inputs, and NotImplementedError for a kernel backend
+    MQA), the backend's launcher (`common.launch.launcher`: checks, compiled kernel and operand decisions made
+    here, once). Raises what the backend raises for such inputs, and NotImplementedError for a kernel backend
     with inputs that require grad."""
     batch, seqlen_q, heads, head_dim = q.shape
     variant = dispatch.get_backend(selection.backend)
