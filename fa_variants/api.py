@@ -231,14 +231,14 @@ def _plan(selection: Selection, q, k, v, causal: bool, scale: float, config=None
     kernel_scale = _kernel_scale(scale)
 
     def normalise(q, k, v):
+        if mqa:  # first: a copy below is then of the one head, not of the broadcast
+            k, v = k[:, :, :1], v[:, :, :1]
         if copies[0]:
             q = _unit_last_dim(q)
         if copies[1]:
             k = _unit_last_dim(k)
         if copies[2]:
             v = _unit_last_dim(v)
-        if mqa:
-            k, v = k[:, :, :1], v[:, :, :1]
         return q, k, v
 
     if variant.runner is None:  # a kernel through common.launch
