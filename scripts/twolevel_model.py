@@ -31,7 +31,7 @@ WARP_ROWS = 16  # rows of one warp in the m64 WGMMA accumulator; the rescale bra
 # TFLOP/s medians of 6 rotated rounds at head_dim 256 (B*N = 16k, H = 8), (seqlen, causal) -> (the default of
 # today: two-level, fused_promote, reduce_chains 2; single_overlap, reduce_chains 1), bench/NOTES.md outcome lines:
 # s11 = session 11 callB (fp8two2 "new"), s10 = session 10 callB (fp8two2 "new",
-# bench/h200-2026-12-01-s10/callB_fp8two2.out), s9 = session 9 call 2 (fp8two "fused_c2", the default since)
+# bench/h200-2026-12-01-s10/raw.tar.xz:callB_fp8two2.out), s9 = session 9 call 2 (fp8two "fused_c2", the default since)
 RUNS = {"s11": {(4096, False): (1074, 1133), (4096, True): (957, 1022),
                 (16384, False): (1088, 1249), (16384, True): (1085, 1189)},
         "s10": {(4096, False): (1027, 1090), (4096, True): (998, 1025),
