@@ -86,7 +86,7 @@ def _check_inputs(q, k, v, names=("q", "k", "v"), hint: str = _ATTENTION_HINT) -
     for name, b in ((nk, bk), (nv, bv)):
         if b != batch:
             raise ValueError(f"{nq} has batch {batch} but {name} has batch {b}; they must match (a batch of 1 "
-                             f"shared by all: {name}.expand, no copy)")
+                             f"shared by all: {name}.expand)")
     if seqlen_v != seqlen_k:
         raise ValueError(f"{nk} has seqlen {seqlen_k} but {nv} has seqlen {seqlen_v}" + _layout_hint(q, k, v, hint))
     if heads_v != heads_kv:

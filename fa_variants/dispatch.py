@@ -215,7 +215,7 @@ def remember_plan(key: tuple | None, plan) -> None:
     if key is None:
         return
     with _PLANS_LOCK:  # another thread's insert while this one looks for the oldest key: "dictionary changed size"
-        while key not in PLANS and len(PLANS) >= MAX_PLANS:
+        while PLANS and key not in PLANS and len(PLANS) >= MAX_PLANS:
             del PLANS[next(iter(PLANS))]
         PLANS[key] = plan
 

@@ -297,3 +297,20 @@ def test_the_backward_runs_on_the_forward_s_backend(fake_gpu, monkeypatch):
         monkeypatch.setenv(dispatch.ENV_VAR, "fa2")  # absent on the fake sm_90
         out.float().sum().backward()
     assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
+def test_the_fp8_package_imported_inside_fake_tensor_mode_still_quantises(tmp_path):
+    """head_dim 96's Paley entries were read from a tensor at import: a first import inside FakeTensorMode (or a
+    non-strict torch.export trace) raised, or kept symbolic entries that broke every later head_dim 96 call."""
+    import subprocess
+    import sys
+
+    from helpers import subprocess_env
+
+    script = ("import torch\nfrom torch._subclasses.fake_tensor import FakeTensorMode\n"
+              "with FakeTensorMode():\n    from fa_variants.fp8 import quantize_fp8\n"
+              "q = torch.randn(1, 5, 2, 96)\nprint(quantize_fp8(q, q, q).q.shape)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=subprocess_env(),
+                          cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "torch.Size([1, 5, 2, 96])" in done.stdout

@@ -436,35 +436,31 @@ def test_hf_model_compiles_fullgraph(model, ids):
     assert len(graphs) == 1 and len(nodes) == 2  # one graph, one attention node per layer
 
 
-@pytest.mark.parametrize("fallback", [None, "sdpa"])
-def test_hf_model_with_an_attention_mask_under_fullgraph_compile(model, ids, fallback):
-    """An attention_mask (tokenizers and generate() always pass one, even all ones) under torch.compile(fullgraph=True)
-    failed with dynamo's 76-line "Could not guard on data-dependent expression": the mask interface read
-    ``attention_mask.all()`` while traced. Now the mask is materialised while traced and refused in one line, or, with
-    fallback="sdpa", served by transformers' sdpa (which takes it as a tensor): the eager result."""
-    import warnings
+def test_hf_model_with_an_all_ones_mask_under_compile_keeps_our_op(model, ids):
+    """Tokenizers and generate() always pass an attention_mask, all ones when nothing is padded. Under plain
+    torch.compile the mask is read at a graph break and our op stays in the graphs (session 50 briefly refused masks
+    while traced: 9 graphs instead of 4, half the attention nodes lost, +40 % per call). fullgraph=True cannot
+    break there: README, "Hugging Face"."""
+    name = hf.register(backend="reference")
+    graphs = []
 
-    name = hf.register(backend="reference", fallback=fallback)
+    def recording_backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
     mask = torch.ones_like(ids)
-    mask[0, :3] = 0  # a left-padded first sequence
     torch._dynamo.reset()
     model.set_attn_implementation(name)
     try:
         with torch.no_grad():
-            compiled = torch.compile(model.model, fullgraph=True, backend="eager")
-            if fallback is None:
-                with pytest.raises(Exception, match=r"an attention mask under torch.compile \(whether it pads "
-                                                    r"cannot be read while tracing\)"):
-                    compiled(ids, attention_mask=mask)
-                return
-            got = compiled(ids, attention_mask=mask).last_hidden_state
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                expected = model.model(ids, attention_mask=mask).last_hidden_state
+            got = torch.compile(model.model, backend=recording_backend)(ids, attention_mask=mask).last_hidden_state
+            expected = model.model(ids, attention_mask=mask).last_hidden_state
     finally:
         model.set_attn_implementation("eager")
         torch._dynamo.reset()
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    nodes = [n for gm in graphs for n in gm.graph.nodes if "fa_variants.attention" in str(n.target)]
+    assert len(nodes) == 2  # one attention node per layer, in the graphs
 
 
 # ------------------------------------------------------------------------------------------- custom op

@@ -134,7 +134,8 @@ def persistent(device: torch.device, make: Callable[[], torch.Tensor]) -> torch.
     that stream before returning. torch.compile's CUDA-graph warm-up routes the allocations of the warming thread
     (every stream of it, torch ``_cuda_beginAllocateCurrentThreadToPool``) to the graph's private pool, so a
     constant made on the caller's thread would belong to the pool ("tensor(s) in the cudagraph pool not tracked as
-    outputs"; a side stream alone is not enough: measured on the H200, session 9). Elsewhere ``make()`` as it is.
+    outputs"; a side stream alone is not enough: measured on the H200, session 9). Elsewhere ``make()`` here. Either
+    way outside inference mode (a tensor kept for the process is never an inference tensor: `views`).
     A device without an index is the caller's current device (the helper thread's own starts at device 0). Errors
     raised by ``make`` are raised here."""
     if device.type != "cuda" or not _uncached_now() or capturing(device):

@@ -158,17 +158,26 @@ def paley_hadamard_12() -> torch.Tensor:
     Q[i, j] = chi(j - i) with chi the quadratic character mod 11 (chi(0) = 0); S = [[0, 1^T], [-1, Q]]
     (skew, S S^T = 11 I); H = I + S, so H H^T = 12 I. Paley, "On orthogonal matrices", J. Math. Phys. 12 (1933).
     """
+    # never the default device (a model built under torch.device) nor the default dtype
+    return torch.tensor(_PALEY_12, device="cpu", dtype=torch.float32)
+
+
+def _paley_12_entries() -> list[list[int]]:
+    """`paley_hadamard_12`'s entries as Python ints: no tensor, so neither an import nor a call inside the caller's
+    FakeTensorMode or torch.export trace (whose tensors hold no values to read) can change them."""
     q = 11
     residues = {(i * i) % q for i in range(1, q)}
     chi = [0] + [1 if r in residues else -1 for r in range(1, q)]
-    # never the default device (a model built under torch.device) nor the default dtype
-    s = torch.zeros(12, 12, device="cpu", dtype=torch.float32)
-    s[0, 1:] = 1
-    s[1:, 0] = -1
+    s = [[0] * 12 for _ in range(12)]
+    for j in range(1, 12):
+        s[0][j], s[j][0] = 1, -1
     for i in range(q):
         for j in range(q):
-            s[1 + i, 1 + j] = chi[(j - i) % q]
-    return torch.eye(12, device="cpu") + s
+            s[1 + i][1 + j] = chi[(j - i) % q]
+    return [[s[i][j] + (i == j) for j in range(12)] for i in range(12)]
+
+
+_PALEY_12 = _paley_12_entries()
 
 
 def hadamard_blocks(head_dim: int) -> tuple[int, ...]:
@@ -244,11 +253,6 @@ class HadamardRotation:
     def matrix(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """R as a dense (head_dim, head_dim) matrix: rows of the identity, rotated."""
         return self(torch.eye(self.head_dim, dtype=dtype, device="cpu"))
-
-
-#: paley_hadamard_12()'s entries as Python numbers, made once at import (a tensor made inside the caller's
-#: FakeTensorMode would be fake, with no values to read: the recipe failed there at head_dim 96)
-_PALEY_12 = paley_hadamard_12().tolist()
 
 
 def _h12_h8(x: torch.Tensor) -> torch.Tensor:

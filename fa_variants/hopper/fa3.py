@@ -428,10 +428,11 @@ def l2_section_heads(seqlen_k: int, head_dim: int, elem_bytes: int = 2) -> int:
 
 def _tma_operand(t: torch.Tensor) -> torch.Tensor:
     """t as TMA can read it: unit last stride, 16-byte aligned base and strides, no zero stride on a
-    dimension longer than 1 (a broadcast is materialised). A stride on a length-1 dimension is never
-    used to address memory, so it is set to a valid value instead of copying."""
+    dimension longer than 1 (a broadcast is materialised), no negative bit (``interop.aligned`` resolves it). A
+    stride on a length-1 dimension is never used to address memory, so it is set to a valid value instead of
+    copying."""
     elems = 16 // t.element_size()
-    if t.data_ptr() % 16 == 0 and t.stride(-1) == 1 and all(
+    if t.data_ptr() % 16 == 0 and t.stride(-1) == 1 and not t.is_neg() and all(
             n > 1 and s > 0 and s % elems == 0 for n, s in zip(t.shape[:-1], t.stride()[:-1])):
         return t  # the common case, checked first: this runs on every call
     if any(n > 1 and s == 0 for n, s in zip(t.shape, t.stride())):

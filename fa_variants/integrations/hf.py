@@ -76,16 +76,14 @@ def _visible(mask: torch.Tensor) -> torch.Tensor:
 
 
 def mask_is_causal(mask: torch.Tensor, seqlen_q: int, seqlen_k: int, batch: int | None = None,
-                   num_heads: int | None = None, *, traced: bool = False) -> bool:
+                   num_heads: int | None = None) -> bool:
     """Whether a 4-D mask (batch or 1, heads or 1, seqlen_q, seqlen_k) is one our API expresses.
 
     Returns True for the bottom-right causal mask, False for the all-visible one (the two coincide for
     seqlen_q == 1; True is returned then). Raises UnsupportedAttentionError for any other mask, and for a mask on
     the meta device (its values cannot be read); ValueError for a mask whose batch or heads (checked when
     ``batch`` / ``num_heads`` are given) neither match the call's nor are 1, as torch's SDPA refuses it.
-    Data-dependent (it reads the mask): ``traced`` (torch.compile tracing the caller) refuses any mask, whose
-    values cannot be read there (a fullgraph trace failed on "data-dependent expression" in 76 lines); with
-    ``register(fallback="sdpa")`` such calls run transformers' sdpa, which takes the mask as a tensor.
+    Data-dependent (it reads the mask): fine eagerly, a graph break under torch.compile.
     """
     if mask.dim() != 4 or tuple(mask.shape[-2:]) != (seqlen_q, seqlen_k):
         raise _refuse(f"a mask of shape {tuple(mask.shape)} for seqlen_q {seqlen_q}, seqlen_k {seqlen_k}")
@@ -96,9 +94,6 @@ def mask_is_causal(mask: torch.Tensor, seqlen_q: int, seqlen_k: int, batch: int 
                              f"is {mask.shape[dim]}")
     if mask.device.type == "meta":
         raise _refuse("a mask on the meta device (its values cannot be read)")
-    if traced:
-        raise _refuse("an attention mask under torch.compile (whether it pads cannot be read while tracing): call "
-                      "without attention_mask when no sequence is padded, or register(fallback='sdpa')")
     visible = _visible(mask)
     if bool((visible == causal_visible(seqlen_q, seqlen_k, device=mask.device)).all()):
         return True
@@ -150,9 +145,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                       "(as with sdpa); use attn_implementation='eager' for them", stacklevel=2)
     try:
         _check_expressible(query, key, value)
-        # read here, in the frame that acts on it (api.attention's rule)
-        causal = _causal_flag(module, query, key, attention_mask, dropout, is_causal, kwargs,
-                              torch.compiler.is_compiling())
+        causal = _causal_flag(module, query, key, attention_mask, dropout, is_causal, kwargs)
     except UnsupportedAttentionError as refused:
         if fallback is None:
             raise
@@ -194,7 +187,7 @@ def _check_expressible(query, key, value) -> None:
                       f"{query.shape[0]}")
 
 
-def _causal_flag(module, query, key, attention_mask, dropout, is_causal, kwargs, traced: bool) -> bool:
+def _causal_flag(module, query, key, attention_mask, dropout, is_causal, kwargs) -> bool:
     """``attention_forward``'s causal flag for ``fa_variants.attention``; UnsupportedAttentionError for a call
     that flag cannot express but sdpa can (dropout, a position bias, a sliding window that bites, a mask neither
     causal nor full)."""
@@ -207,7 +200,7 @@ def _causal_flag(module, query, key, attention_mask, dropout, is_causal, kwargs,
     if window is not None and seqlen_k > window:
         raise _refuse(f"a sliding window of {window} keys over {seqlen_k} keys")
     if attention_mask is not None:
-        return mask_is_causal(attention_mask, seqlen_q, seqlen_k, query.shape[0], query.shape[1], traced=traced)
+        return mask_is_causal(attention_mask, seqlen_q, seqlen_k, query.shape[0], query.shape[1])
     return _module_causal(module, is_causal)
 
 
@@ -233,8 +226,7 @@ def build_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_of
     plain = mask_function in (None, causal_mask_function, bidirectional_mask_function)
     causal_aligned = mask_function is bidirectional_mask_function or (
         not isinstance(q_offset, torch.Tensor) and q_offset + q_length == kv_length)
-    # traced, the padding cannot be read: the mask is materialised, and attention_forward refuses it (or falls back)
-    no_padding = attention_mask is None or (not torch.compiler.is_compiling() and bool(attention_mask.all()))
+    no_padding = attention_mask is None or bool(attention_mask.all())
     if plain and causal_aligned and no_padding and not isinstance(kv_offset, torch.Tensor) and kv_offset == 0:
         return None
     kwargs.update(allow_is_causal_skip=False, allow_is_bidirectional_skip=False)
