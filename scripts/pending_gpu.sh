@@ -20,8 +20,8 @@
 # 2. then scripts/NAME_gpu.sh for each NAME, in order, each with the time left of CALL_BUDGET seconds (default 560),
 #    skipped when fewer than 100 s are left; logs in $OUT/pending/NAME.tar.xz, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
-#    Plan for session 51. Session 50 got no machine (every start refused for two hours; 946 s of the 1800 went to the
-#    failed starts): nothing of session 49's plan ran. Session 50 changed package code the GPU suite exercises: api's
+#    Plan for session 51. Session 50 got no machine (every start refused from 22:12 to 00:20; 1516 s of the 1800 went
+#    to the failed starts): nothing of session 49's plan ran. Session 50 changed package code the GPU suite exercises: api's
 #    routing (torch.compiler.is_compiling() read in attention's frame; subclass / dual inputs), the custom op's
 #    setup and backward (resolved backend, one eager/traced answer), interop.aligned (negative bits resolved for every
 #    kernel operand), workspace (scratch made outside inference mode), dispatch (plans under a lock), the reference's
