@@ -31,7 +31,6 @@ import torch
 
 from fa_variants.common.checks import one_line
 from fa_variants.common import host_values
-from fa_variants.common.host_values import vmapped
 from fa_variants.common.scale import check_softmax_scale
 
 #: the reference backend serves any head_dim (``None`` = no restriction; kernels list a tuple)
@@ -97,7 +96,7 @@ def check_seqlens_k(seqlens_k, batch: int, seqlen_k: int, device: torch.device, 
         raise ValueError(f"seqlens_k must have shape (batch,) = ({batch},), got {tuple(seqlens_k.shape)}")
     if seqlens_k.device != device and not (host_ok and seqlens_k.device.type == "cpu"):
         raise ValueError(f"seqlens_k is on {seqlens_k.device} but q is on {device}")
-    if values and vmapped(seqlens_k):
+    if values and host_values.vmapped(seqlens_k):
         raise NotImplementedError("seqlens_k batched by torch.func.vmap: its values are read on the host to check "
                                   "them, which vmap cannot do; fold the vmapped dimension into the batch, or give "
                                   "seqlens_k unbatched (in_dims None)")
@@ -141,8 +140,9 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
         key (causal with seqlen_q > seqlen_k, or seqlen_k = 0) give out = 0 and lse = -inf; with
         seqlen_k = 0 the output is still connected to q, k, v for autograd (zero gradients). A key a row
         cannot see contributes exactly 0 to it, even when V is inf or NaN there (the kernels differ: see
-        ``fa_variants.attention``), under torch.compile and torch.func.vmap too (`_nonfinite_keys`). Under ``torch.autocast`` the maths is still ``dtype``'s (autocast is turned off
-        inside: it made a float32 reference bfloat16).
+        ``fa_variants.attention``), under torch.compile and torch.func.vmap too (`_nonfinite_keys`). Under
+        ``torch.autocast`` the maths is still ``dtype``'s (autocast is turned off inside: it made a float32
+        reference bfloat16).
 
     Raises:
         TypeError: causal not a bool; q, k or v not a floating-point tensor; dtype not a floating-point
@@ -195,6 +195,8 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
         return out, lse
     outs, lses = [], []  # per chunk of query rows, joined at the end (no in-place writes: torch.func.vmap runs this)
     vd_finite, bad_keys, v_unread = _nonfinite_keys(vd, causal)
+    if v_unread:  # V's non-finite entries zeroed; `_nonfinite_terms` adds their share to the rows that see them
+        vd_finite = torch.where(torch.isfinite(vd), vd, torch.zeros((), dtype=vd.dtype, device=vd.device))
     kd_finite, bad_k, _ = _nonfinite_keys(kd, causal)  # K's values unread: its scores as they are (only dQ differs)
     rows = max(1, _MAX_SCORE_ELEMENTS // max(1, batch * num_heads * seqlen_k))
     for r0 in range(0, seqlen_q, rows):
@@ -272,14 +274,15 @@ def _nonfinite_keys(v: torch.Tensor, causal: bool) -> tuple[torch.Tensor, torch.
     A key the mask hides from a row must contribute exactly 0 to it, even when V is inf or NaN there
     (P = 0 times V = inf would be NaN in P V); such keys are added back by ``_masked_product``.
     Where V's values cannot steer Python (torch.compile tracing this code, ``torch.func.vmap`` over K or V, fake and
-    meta tensors: ``host_values.unreadable``), (V with its non-finite entries zeroed, None, True): the caller adds
-    what they give the rows that see them with `_nonfinite_terms`, which reads no value on the host. That path is
+    meta tensors: ``host_values.unreadable``), (v, None, True): for V the caller zeroes its non-finite entries and
+    adds what they give the rows that see them with `_nonfinite_terms`, which reads no value on the host (for K,
+    whose scores are masked anyway, nothing is done). That path is
     right wherever it runs, so the compile check here may be taken in a frame that torch.compile compiles on its
     own while the caller runs eagerly (it then costs four more products, nothing else)."""
     if not causal:
         return v, None, False
     if torch.compiler.is_compiling() or host_values.unreadable(v) is not None:
-        return torch.where(torch.isfinite(v), v, torch.zeros((), dtype=v.dtype, device=v.device)), None, True
+        return v, None, True
     bad = (~torch.isfinite(v)).flatten(2).any(dim=2).any(dim=0)  # (Nk,): a key with a non-finite V anywhere
     if not bool(bad.any()):
         return v, None, False
