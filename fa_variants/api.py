@@ -292,7 +292,9 @@ def _autograd_plan(causal: bool, scale: float | None, backend: str):
     """The plan of an eager kernel call that needs a gradient (`_kernel_autograd`): `_eager_autograd`, which always
     computes the LSE (the backward reads it), so ``want_lse`` is ignored. Kept under the call's key (which holds grad
     mode and requires_grad), the next such call skips validation and the backend choice as a no-grad call does (~10
-    us of host time on the CPU); marked ``autograd`` so that `dispatch_and_run` never runs it as a kernel plan."""
+    us of host time on the CPU); marked ``autograd`` so that `dispatch_and_run` never runs it as a kernel plan.
+    ``backend``: the one chosen for the call (not "auto"), so that each step's backward keeps it without choosing
+    again (``custom_op._forward_backend``)."""
     def run(q, k, v, want_lse=True):
         return _eager_autograd(q, k, v, causal, scale, backend)
     run.autograd = True
@@ -661,7 +663,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     elif tracing:
         out, lse = torch.ops.fa_variants.attention(q, k, v, causal, scale, backend)
     elif _kernel_autograd(q, k, v, causal, backend):  # planned: its next call takes the fast path above
-        plan = _autograd_plan(causal, scale, backend)
+        chosen = dispatch.select_backend(q, k, v, causal=causal, backend=backend).backend
+        plan = _autograd_plan(causal, scale, chosen)
         out, lse = plan(q, k, v)
         if q.__class__ is torch.Tensor:  # what the fast path serves (not a Parameter)
             dispatch.remember_plan(_call_key(q, k, v, causal, softmax_scale, backend), plan)
