@@ -18,10 +18,12 @@ name missing from that registry gets *no mask at all* (even with padding), so we
 too. It returns None when the mask is the plain causal (or full) one that our ``causal`` flag expresses:
 no padding, no extra mask function, keys starting at position 0 and queries being the last ``seqlen_q``
 positions, which is exactly our bottom-right causal alignment (prefill, chunked prefill and decoding with a
-dynamic cache). Otherwise it materialises the boolean mask, and the attention function accepts it only if
-it is all-visible or exactly bottom-right causal; anything else (padding, sliding windows that bite,
-packed sequences, static-cache slots, additive biases) raises :class:`UnsupportedAttentionError`, whose
-message says to use ``attn_implementation="sdpa"`` or ``"eager"`` for that call.
+dynamic cache). Otherwise it materialises the boolean mask, and the attention function accepts it when our
+``causal`` flag and per-sequence key lengths (``seqlens_k``) express it (``mask_as_lengths``): all-visible,
+bottom-right causal, and either of them over each sequence's first L_b keys (a static KV cache with L_b of its
+slots filled; keys padded on the right). Anything else (left padding, sliding windows that bite, packed
+sequences, additive biases) raises :class:`UnsupportedAttentionError`, whose message says to use
+``attn_implementation="sdpa"`` or ``"eager"`` for that call.
 
 Training: the kernels have no backward kernel of their own; their gradients come from PyTorch's backward
 (``fa_variants.integrations.backward``: by default cuDNN's fused backward on our forward's O and LSE, else PyTorch's
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+import weakref
 
 import torch
 
@@ -77,14 +80,53 @@ def _visible(mask: torch.Tensor) -> torch.Tensor:
 
 def mask_is_causal(mask: torch.Tensor, seqlen_q: int, seqlen_k: int, batch: int | None = None,
                    num_heads: int | None = None) -> bool:
-    """Whether a 4-D mask (batch or 1, heads or 1, seqlen_q, seqlen_k) is one our API expresses.
+    """Whether a 4-D mask (batch or 1, heads or 1, seqlen_q, seqlen_k) is one our ``causal`` flag expresses alone.
 
     Returns True for the bottom-right causal mask, False for the all-visible one (the two coincide for
-    seqlen_q == 1; True is returned then). Raises UnsupportedAttentionError for any other mask, and for a mask on
-    the meta device (its values cannot be read); ValueError for a mask whose batch or heads (checked when
-    ``batch`` / ``num_heads`` are given) neither match the call's nor are 1, as torch's SDPA refuses it.
+    seqlen_q == 1; True is returned then). Raises UnsupportedAttentionError for any other mask (a mask that needs
+    per-sequence key lengths too: ``mask_as_lengths``), and for a mask on the meta device (its values cannot be
+    read); ValueError for a mask whose batch or heads (checked when ``batch`` / ``num_heads`` are given) neither
+    match the call's nor are 1, as torch's SDPA refuses it.
     Data-dependent (it reads the mask): fine eagerly, a graph break under torch.compile.
     """
+    causal, seqlens_k = mask_as_lengths(mask, seqlen_q, seqlen_k, batch, num_heads)
+    if seqlens_k is not None:
+        raise _refuse("this attention mask (keys hidden past a per-sequence length): only bottom-right causal or "
+                      "full attention; mask_as_lengths gives it as seqlens_k")
+    return causal
+
+
+#: the last mask read eagerly -> its answer: transformers hands every layer the same mask tensor, so a decoding step
+#: reads it once, not once per layer ((weakref, version, call sizes, answer); inference tensors are not kept: they have
+#: no version counter to tell an in-place change)
+_LAST_MASK: tuple | None = None
+
+
+def mask_as_lengths(mask: torch.Tensor, seqlen_q: int, seqlen_k: int, batch: int | None = None,
+                    num_heads: int | None = None) -> tuple[bool, torch.Tensor | None]:
+    """``(causal, seqlens_k)`` for ``fa_variants.attention`` that express a 4-D mask (batch or 1, heads or 1,
+    seqlen_q, seqlen_k): bool, integer 0 / 1 or additive float (0 / very negative), as transformers builds them.
+
+    The masks it expresses, with L_b the number of keys sequence b sees in its last query row (``seqlens_k``):
+
+    - every key visible: (False, None); bottom-right causal (query i sees key j iff j <= i + seqlen_k - seqlen_q):
+      (True, None); the two coincide for seqlen_q == 1 (True then);
+    - bottom-right causal against L_b (query i sees key j iff j <= i + L_b - seqlen_q; keys from L_b on hidden
+      from every query): (True, seqlens_k), e.g. transformers' static KV cache of seqlen_k slots, L_b of them filled;
+    - the first L_b keys visible to every query: (False, seqlens_k), e.g. keys padded on the right.
+
+    ``seqlens_k`` is int32 (batch,): on the CPU when the mask is read eagerly (``fa_variants.attention`` checks it
+    there and copies it over without a device sync), on the mask's device while torch.compile traces (its values
+    stay tensors, so a decoding step's growing length does not recompile). Heads of the mask must agree.
+
+    Raises:
+        UnsupportedAttentionError: any other mask (left padding, a sliding window that bites, packed sequences,
+            an additive bias, a complex mask), a mask of the wrong rank or last two sizes, or one on the meta device.
+        ValueError: a mask whose batch or heads (checked when ``batch`` / ``num_heads`` are given) neither match
+            the call's nor are 1, as torch's SDPA refuses it.
+    Data-dependent: one read of a few flags (eagerly with the lengths; a graph break under torch.compile).
+    """
+    global _LAST_MASK
     if mask.dim() != 4 or tuple(mask.shape[-2:]) != (seqlen_q, seqlen_k):
         raise _refuse(f"a mask of shape {tuple(mask.shape)} for seqlen_q {seqlen_q}, seqlen_k {seqlen_k}")
     for dim, (what, size) in enumerate((("batch", batch), ("num_heads", num_heads))):
@@ -94,13 +136,51 @@ def mask_is_causal(mask: torch.Tensor, seqlen_q: int, seqlen_k: int, batch: int 
                              f"is {mask.shape[dim]}")
     if mask.device.type == "meta":
         raise _refuse("a mask on the meta device (its values cannot be read)")
-    visible = _visible(mask)
-    if bool((visible == causal_visible(seqlen_q, seqlen_k, device=mask.device)).all()):
-        return True
-    if bool(visible.all()):
-        return False
-    raise _refuse("this attention mask (padding, a sliding window, packed sequences or static-cache "
-                  "slots): only bottom-right causal or full attention")
+    if seqlen_q == 0 or seqlen_k == 0 or mask.shape[0] == 0 or mask.shape[1] == 0:
+        return True, None  # nothing to hide: no row, or no key (every row then gives 0, LSE -inf)
+    traced = torch.compiler.is_compiling()
+    key = (batch, num_heads, seqlen_q, seqlen_k)
+    memo = _LAST_MASK
+    if not traced and memo is not None and memo[0]() is mask and not mask.is_inference() and \
+            memo[1:3] == (mask._version, key):
+        return memo[3]
+    answer = _read_mask(_visible(mask), seqlen_q, seqlen_k, batch, traced)
+    if not traced and not mask.is_inference():
+        _LAST_MASK = (weakref.ref(mask), mask._version, key, answer)
+    return answer
+
+
+def _read_mask(visible: torch.Tensor, seqlen_q: int, seqlen_k: int, batch: int | None, traced: bool):
+    """`mask_as_lengths` on the boolean mask: both patterns built from the counts of visible keys in the last row
+    (causal) and in the first row (full), compared with the mask, and read back in one transfer."""
+    rows = torch.arange(seqlen_q, device=visible.device)[:, None]
+    keys = torch.arange(seqlen_k, device=visible.device)
+    lengths = {}
+    flags = []
+    for causal, row in ((True, -1), (False, 0)):
+        counts = visible[:, :, row, :].sum(-1)  # (batch or 1, heads or 1)
+        limit = counts[:, :, None, None] + (rows - seqlen_q) if causal else counts[:, :, None, None] - 1
+        fits = (visible == (keys <= limit)).flatten(1).all(1) & (counts == counts[:, :1]).all(1)
+        lengths[causal] = counts[:, 0]
+        flags += [fits.all(), (counts == seqlen_k).all()]
+    if traced:
+        causal_fits, causal_plain, full_fits, full_plain = torch.stack(flags).tolist()
+    else:
+        read = torch.cat([torch.stack(flags).long(), lengths[True], lengths[False]]).tolist()
+        (causal_fits, causal_plain, full_fits, full_plain), rest = read[:4], read[4:]
+        half = len(rest) // 2
+        lengths = {True: rest[:half], False: rest[half:]}
+    for causal, fits, plain in ((True, causal_fits, causal_plain), (False, full_fits, full_plain)):
+        if fits:
+            if plain:
+                return causal, None
+            counts = lengths[causal]
+            seqlens_k = counts.to(torch.int32) if traced else torch.tensor(counts, dtype=torch.int32)
+            if batch is not None and seqlens_k.shape[0] != batch:  # a mask broadcast over the batch
+                seqlens_k = seqlens_k.expand(batch).contiguous()
+            return causal, seqlens_k
+    raise _refuse("this attention mask (left padding, a sliding window, packed sequences or an attention bias): "
+                  "only bottom-right causal or full attention, over each sequence's first keys")
 
 
 def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -115,7 +195,8 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
             head_dim), any dtype ``fa_variants.attention`` serves on that device (float16/bfloat16 for the
             kernels on a GPU; float32 too on the reference backend).
         attention_mask: None (plain causal/full, as our mask function returns) or a 4-D boolean/additive
-            mask, accepted only when it is causal or full (``mask_is_causal``).
+            mask, accepted when it is causal or full, over all keys or each sequence's first L_b
+            (``mask_as_lengths``: the call then passes seqlens_k).
         dropout: must be 0 (no dropout in the kernels). scaling: softmax scale (None: 1/sqrt(head_dim)).
         is_causal: overrides ``module.is_causal`` (as in transformers' sdpa integration).
         backend: the fa_variants backend ("auto", "fa3", "fa2", "fa1", "reference").
@@ -123,10 +204,11 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
             ``sdpa_attention_forward`` instead (a padded batch, dropout in training, a sliding window, a position
             bias), with a warning naming why; the other calls of the same model keep fa_variants. Soft-capping and
             attention sinks are refused either way (sdpa has neither).
-        kwargs: other transformers keywords; ``softcap``, ``s_aux``, ``position_bias`` and a
-            ``sliding_window`` shorter than seqlen_k are refused, ``output_attentions`` warns (no weights), the
-            rest ignored. A value head_dim other than the query's (multi-head latent attention) and key / value
-            batches broadcast against the query's are refused too (sdpa serves them: ``fallback``).
+        kwargs: other transformers keywords; ``softcap``, ``s_aux``, ``position_bias`` and, without a mask, a
+            ``sliding_window`` shorter than seqlen_k are refused (with a mask, the mask says where the window bites:
+            sdpa reads only the mask), ``output_attentions`` warns (no weights), the rest ignored. A value head_dim
+            other than the query's (multi-head latent attention) and key / value batches broadcast against the
+            query's are refused too (sdpa serves them: ``fallback``).
 
     Returns:
         (out (batch, seqlen_q, num_heads, head_dim) in query's dtype, None): no attention weights.
@@ -145,14 +227,14 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                       "(as with sdpa); use attn_implementation='eager' for them", stacklevel=2)
     try:
         _check_expressible(query, key, value)
-        causal = _causal_flag(module, query, key, attention_mask, dropout, is_causal, kwargs)
+        causal, seqlens_k = _causal_flag(module, query, key, attention_mask, dropout, is_causal, kwargs)
     except UnsupportedAttentionError as refused:
         if fallback is None:
             raise
         return _sdpa_fallback(refused, module, query, key, value, attention_mask, dropout, scaling, is_causal, kwargs)
     # fa_variants.attention is itself one opaque node under torch.compile (the custom op)
     out = fa_variants.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), causal=causal,
-              softmax_scale=scaling, backend=backend)
+              softmax_scale=scaling, backend=backend, seqlens_k=seqlens_k)
     return out, None
 
 
@@ -187,21 +269,21 @@ def _check_expressible(query, key, value) -> None:
                       f"{query.shape[0]}")
 
 
-def _causal_flag(module, query, key, attention_mask, dropout, is_causal, kwargs) -> bool:
-    """``attention_forward``'s causal flag for ``fa_variants.attention``; UnsupportedAttentionError for a call
-    that flag cannot express but sdpa can (dropout, a position bias, a sliding window that bites, a mask neither
-    causal nor full)."""
+def _causal_flag(module, query, key, attention_mask, dropout, is_causal, kwargs) -> tuple[bool, torch.Tensor | None]:
+    """``attention_forward``'s causal flag and seqlens_k for ``fa_variants.attention`` (``mask_as_lengths``);
+    UnsupportedAttentionError for a call they cannot express but sdpa can (dropout, a position bias, a sliding
+    window that bites, a mask other than causal or full over each sequence's first keys)."""
     seqlen_q, seqlen_k = query.shape[2], key.shape[2]
     if dropout:
         raise _refuse(f"dropout {dropout} (the kernels have none): call model.eval() or set the attention dropout to 0")
     if kwargs.get("position_bias") is not None:
         raise _refuse("position_bias (an additive position bias)")
-    window = kwargs.get("sliding_window")
-    if window is not None and seqlen_k > window:
+    window = kwargs.get("sliding_window")  # a mask carries the window (sdpa reads only the mask): checked there
+    if window is not None and attention_mask is None and seqlen_k > window:
         raise _refuse(f"a sliding window of {window} keys over {seqlen_k} keys")
     if attention_mask is not None:
-        return mask_is_causal(attention_mask, seqlen_q, seqlen_k, query.shape[0], query.shape[1])
-    return _module_causal(module, is_causal)
+        return mask_as_lengths(attention_mask, seqlen_q, seqlen_k, query.shape[0], query.shape[1])
+    return _module_causal(module, is_causal), None
 
 
 def _module_causal(module, is_causal: bool | None) -> bool:

@@ -1,0 +1,174 @@
+"""Hugging Face masks that need per-sequence key lengths (CPU, reference backend): a static KV cache (keys past each
+sequence's filled slots hidden) and keys padded on the right, expressed as ``causal`` + ``seqlens_k``
+(``hf.mask_as_lengths``); what stays refused (left padding, a window that bites, heads that disagree); the mask read
+once per step, not once per layer. Sizes and lengths are drawn fresh each run."""
+import importlib.util
+
+import pytest
+import torch
+
+import fa_variants
+from fa_variants.integrations import hf
+from fa_variants.reference import attention_reference
+from helpers import seeded_generator
+
+HAS_HF = importlib.util.find_spec("transformers") is not None
+needs_hf = pytest.mark.skipif(not HAS_HF, reason="needs transformers (pip install -e '.[real]')")
+
+
+def _lengths_mask(lengths, seqlen_q: int, seqlen_k: int, causal: bool) -> torch.Tensor:
+    """(batch, 1, seqlen_q, seqlen_k) boolean mask: sequence b sees its first lengths[b] keys, bottom-right causal
+    against that length when causal (as transformers' static cache builds it)."""
+    rows = torch.arange(seqlen_q)[:, None]
+    keys = torch.arange(seqlen_k)
+    limit = torch.tensor(lengths)[:, None, None]
+    visible = keys <= (limit + rows - seqlen_q if causal else limit - 1 + 0 * rows)
+    return visible[:, None]
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_mask_as_lengths_reads_per_sequence_lengths(causal):
+    """Static-cache (causal) and right-padded (full) masks give (causal, seqlens_k) whose attention equals the
+    float64 attention under the mask itself, for lengths 0, 1, short ones and the full seqlen_k in one batch."""
+    g = seeded_generator()
+    seqlen_q = int(torch.randint(1, 6, (), generator=g)) if causal else int(torch.randint(2, 9, (), generator=g))
+    seqlen_k = seqlen_q + int(torch.randint(3, 40, (), generator=g))
+    lengths = [0, 1, seqlen_k, *torch.randint(seqlen_q, seqlen_k, (2,), generator=g).tolist()]
+    mask = _lengths_mask(lengths, seqlen_q, seqlen_k, causal)
+    got_causal, seqlens_k = hf.mask_as_lengths(mask, seqlen_q, seqlen_k, len(lengths), 4)
+    assert got_causal is (causal or seqlen_q == 1)
+    assert seqlens_k.dtype == torch.int32 and seqlens_k.device.type == "cpu" and seqlens_k.tolist() == lengths
+
+    q = torch.randn(len(lengths), seqlen_q, 4, 16, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(len(lengths), seqlen_k, 2, 16, generator=g, dtype=torch.float64) for _ in range(2))
+    out = fa_variants.attention(q, k, v, causal=got_causal, seqlens_k=seqlens_k, backend="reference")
+    # the mask applied directly: scores of hidden keys -inf, rows that see nothing 0
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k.repeat_interleave(2, 2)) / 4.0
+    probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), -1).nan_to_num(0.0)
+    expected = torch.einsum("bhqk,bkhd->bqhd", probs, v.repeat_interleave(2, 2))
+    torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_mask_as_lengths_keeps_the_plain_answers_and_broadcasts():
+    causal = torch.ones(5, 7, dtype=torch.bool).tril(diagonal=2)[None, None]
+    assert hf.mask_as_lengths(causal, 5, 7, 3, 4) == (True, None)
+    assert hf.mask_as_lengths(torch.ones(3, 1, 5, 7, dtype=torch.bool), 5, 7, 3, 4) == (False, None)
+    one = _lengths_mask([4], 5, 7, True)  # one mask broadcast over a batch of 3
+    causal_flag, seqlens_k = hf.mask_as_lengths(one, 5, 7, 3, 4)
+    assert causal_flag is True and seqlens_k.tolist() == [4, 4, 4]
+    with pytest.raises(hf.UnsupportedAttentionError, match="mask_as_lengths"):  # mask_is_causal keeps its contract
+        hf.mask_is_causal(one, 5, 7)
+
+
+@pytest.mark.parametrize("what", ["left padding", "causal right padding", "heads disagree", "window", "hole"])
+def test_mask_as_lengths_refuses_what_lengths_cannot_express(what):
+    mask = _lengths_mask([9, 6], 5, 9, True).expand(2, 2, 5, 9).clone()
+    if what == "left padding":  # generate()'s padded batch: a hole at the start
+        mask[1, :, :, :2] = False
+    elif what == "causal right padding":  # a right-padded training batch: top-left causal within each length
+        mask = (torch.ones(5, 9, dtype=torch.bool).tril(4) & (torch.arange(9) < 7))[None, None].expand(2, 1, 5, 9)
+    elif what == "heads disagree":
+        mask[0, 1, :, 8] = False
+    elif what == "window":  # a sliding window of 3 keys
+        mask &= torch.ones(5, 9, dtype=torch.bool).triu(2)
+    else:
+        mask[0, 0, 4, 3] = False
+    with pytest.raises(hf.UnsupportedAttentionError, match="^fa_variants attention cannot express this attention mask"):
+        hf.mask_as_lengths(mask, 5, 9, 2, 2)
+
+
+def test_a_sliding_window_is_judged_by_the_mask_it_comes_with():
+    """transformers hands a sliding-window layer its window inside the mask (sdpa reads only the mask): a static
+    cache longer than the window, whose filled keys fit in it, runs; a window that bites in the mask is refused."""
+    q, k = torch.randn(1, 4, 1, 16), torch.randn(1, 2, 12, 16)
+    mask = _lengths_mask([3], 1, 12, True)
+    out, _ = hf.attention_forward(torch.nn.Module(), q, k, k, mask, sliding_window=4, backend="reference")
+    expected, _ = attention_reference(q.transpose(1, 2), k.transpose(1, 2)[:, :3], k.transpose(1, 2)[:, :3])
+    torch.testing.assert_close(out, expected.float(), rtol=1e-5, atol=1e-6)
+    with pytest.raises(hf.UnsupportedAttentionError, match="sliding window"):
+        hf.attention_forward(torch.nn.Module(), q, k, k, None, sliding_window=4, backend="reference")
+
+
+def test_the_same_mask_is_read_once_until_it_changes(monkeypatch):
+    """Every layer gets the same mask tensor: it is read once; an in-place change, another tensor or other sizes
+    read it again."""
+    reads = []
+    real = hf._read_mask
+    monkeypatch.setattr(hf, "_read_mask", lambda *a: reads.append(1) or real(*a))
+    mask = _lengths_mask([5, 3], 2, 8, True)
+    first = hf.mask_as_lengths(mask, 2, 8, 2, 4)
+    for _ in range(3):
+        assert hf.mask_as_lengths(mask, 2, 8, 2, 4) is first
+    assert len(reads) == 1
+    hf.mask_as_lengths(mask, 2, 8, 2, 2)  # other heads: read again
+    mask.copy_(_lengths_mask([5, 4], 2, 8, True))  # the second sequence's next slot filled, in place
+    assert hf.mask_as_lengths(mask, 2, 8, 2, 2)[1].tolist() == [5, 4]
+    assert hf.mask_as_lengths(mask.clone(), 2, 8, 2, 2)[1].tolist() == [5, 4]
+    assert len(reads) == 4
+    with torch.inference_mode():  # no version counter: never kept
+        frozen = _lengths_mask([5, 3], 2, 8, True)
+        hf.mask_as_lengths(frozen, 2, 8, 2, 2), hf.mask_as_lengths(frozen, 2, 8, 2, 2)
+    assert len(reads) == 6
+
+
+@needs_hf
+def test_static_cache_generation_runs_on_our_attention():
+    """generate(cache_implementation="static") (a KV cache of fixed length, its empty slots masked) used to be refused;
+    it now runs on fa_variants.attention with seqlens_k, and every token it picks is one eager attention ranks first."""
+    from test_integrations import tiny_llama
+
+    model = tiny_llama()
+    g = seeded_generator()
+    ids = torch.randint(0, 97, (2, int(torch.randint(3, 12, (), generator=g))), generator=g)
+    calls = []
+    attention = fa_variants.attention
+    name = hf.register(backend="reference")
+    model.set_attn_implementation(name)
+    try:
+        with torch.no_grad(), pytest.MonkeyPatch.context() as mp:
+            mp.setattr(fa_variants, "attention",
+                       lambda q, k, v, **kw: calls.append((kw["seqlens_k"], k.shape[1])) or attention(q, k, v, **kw))
+            ours = model.generate(ids, max_new_tokens=5, do_sample=False, cache_implementation="static")
+    finally:
+        model.set_attn_implementation("eager")
+    # every layer of every step ran here: with the filled lengths, or none once every slot of the cache is filled
+    lengths = [None if s is None else s.tolist() for s, _ in calls]
+    expected = [None if n == slots else [n, n] for n in range(ids.shape[1], ours.shape[1]) for slots in [calls[0][1]]]
+    assert lengths == [n for n in expected for _ in range(2)], lengths  # two layers
+    with torch.no_grad():
+        logits = model(ours[:, :-1]).logits[:, ids.shape[1] - 1:]  # eager on our sequence: one row per new token
+    chosen = logits.gather(-1, ours[:, ids.shape[1]:, None]).squeeze(-1)
+    assert (chosen >= logits.amax(-1) - 1e-4).all()
+
+
+@needs_hf
+@pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated")
+def test_static_cache_decoding_under_torch_compile():
+    """A decoding step over a static cache under torch.compile gives eager's logits (the mask's flags are read at a
+    graph break; the lengths stay tensors)."""
+    from test_integrations import tiny_llama
+    from transformers import StaticCache
+
+    model = tiny_llama()
+    g = seeded_generator()
+    prompt = int(torch.randint(3, 10, (), generator=g))
+    ids = torch.randint(0, 97, (2, prompt + 3), generator=g)
+    name = hf.register(backend="reference")
+
+    def decode(forward):
+        cache = StaticCache(config=model.config, max_cache_len=32)
+        model(ids[:, :prompt], past_key_values=cache, use_cache=True)
+        return [forward(ids[:, i:i + 1], past_key_values=cache, cache_position=torch.tensor([i]), use_cache=True).logits
+                for i in range(prompt, prompt + 3)]
+
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            expected = decode(model.forward)
+            model.set_attn_implementation(name)
+            got = decode(torch.compile(model.forward, backend="eager"))
+    finally:
+        model.set_attn_implementation("eager")
+        torch._dynamo.reset()
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
