@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import fa_variants
+from fa_variants.common import mask_lengths
 from fa_variants.integrations import hf
 from fa_variants.reference import attention_reference
 from helpers import seeded_generator
@@ -93,8 +94,8 @@ def test_the_same_mask_is_read_once_until_it_changes(monkeypatch):
     """Every layer gets the same mask tensor: it is read once; an in-place change, another tensor or other sizes
     read it again."""
     reads = []
-    real = hf._read_mask
-    monkeypatch.setattr(hf, "_read_mask", lambda *a: reads.append(1) or real(*a))
+    real = mask_lengths._read
+    monkeypatch.setattr(mask_lengths, "_read", lambda *a: reads.append(1) or real(*a))
     mask = _lengths_mask([5, 3], 2, 8, True)
     first = hf.mask_as_lengths(mask, 2, 8, 2, 4)
     for _ in range(3):

@@ -37,12 +37,12 @@ from __future__ import annotations
 
 import functools
 import warnings
-import weakref
 
 import torch
 
 import fa_variants
 from fa_variants import dispatch
+from fa_variants.common import mask_lengths
 from fa_variants.common.checks import one_line
 from fa_variants.reference import causal_visible
 
@@ -58,24 +58,6 @@ class UnsupportedAttentionError(NotImplementedError):
 
 def _refuse(what: str, fallback: str = _FALLBACK) -> UnsupportedAttentionError:
     return UnsupportedAttentionError(f"fa_variants attention cannot express {what}; {fallback}")
-
-
-def _visible(mask: torch.Tensor) -> torch.Tensor:
-    """The boolean 'may attend' tensor of a boolean mask, an integer 0/1 mask (1 = attend, as transformers'
-    2-D attention_mask) or an additive float mask (0 / very negative)."""
-    if mask.dtype == torch.bool:
-        return mask
-    if not mask.is_floating_point():
-        dtype = str(mask.dtype).removeprefix('torch.')
-        if mask.is_complex():
-            raise _refuse(f"a {dtype} mask (a mask is bool, integer 0 / 1 or additive float)")
-        if not bool(((mask == 0) | (mask == 1)).all()):
-            raise _refuse(f"a {dtype} mask with values other than 0 and 1")
-        return mask != 0
-    blocked = mask <= torch.finfo(mask.dtype).min / 2  # -inf or dtype-min: transformers' masked value
-    if not bool(((mask == 0) | blocked).all()):
-        raise _refuse("an additive attention bias (a float mask with values other than 0 and -inf)")
-    return ~blocked
 
 
 def mask_is_causal(mask: torch.Tensor, seqlen_q: int, seqlen_k: int, batch: int | None = None,
@@ -96,28 +78,13 @@ def mask_is_causal(mask: torch.Tensor, seqlen_q: int, seqlen_k: int, batch: int 
     return causal
 
 
-#: the last mask read eagerly -> its answer: transformers hands every layer the same mask tensor, so a decoding step
-#: reads it once, not once per layer ((weakref, version, call sizes, answer); inference tensors are not kept: they have
-#: no version counter to tell an in-place change)
-_LAST_MASK: tuple | None = None
-
-
 def mask_as_lengths(mask: torch.Tensor, seqlen_q: int, seqlen_k: int, batch: int | None = None,
                     num_heads: int | None = None) -> tuple[bool, torch.Tensor | None]:
     """``(causal, seqlens_k)`` for ``fa_variants.attention`` that express a 4-D mask (batch or 1, heads or 1,
-    seqlen_q, seqlen_k): bool, integer 0 / 1 or additive float (0 / very negative), as transformers builds them.
-
-    The masks it expresses, with L_b the number of keys sequence b sees in its last query row (``seqlens_k``):
-
-    - every key visible: (False, None); bottom-right causal (query i sees key j iff j <= i + seqlen_k - seqlen_q):
-      (True, None); the two coincide for seqlen_q == 1 (True then);
-    - bottom-right causal against L_b (query i sees key j iff j <= i + L_b - seqlen_q; keys from L_b on hidden
-      from every query): (True, seqlens_k), e.g. transformers' static KV cache of seqlen_k slots, L_b of them filled;
-    - the first L_b keys visible to every query: (False, seqlens_k), e.g. keys padded on the right.
-
-    ``seqlens_k`` is int32 (batch,): on the CPU when the mask is read eagerly (``fa_variants.attention`` checks it
-    there and copies it over without a device sync), on the mask's device while torch.compile traces (its values
-    stay tensors, so a decoding step's growing length does not recompile). Heads of the mask must agree.
+    seqlen_q, seqlen_k) as transformers builds them: bool, integer 0 / 1 or additive float (0 / the dtype's lowest
+    or -inf). ``fa_variants.common.mask_lengths.as_lengths`` lists the masks expressed: plain causal or full,
+    and either over each sequence's first L_b keys (transformers' static KV cache with L_b slots filled; keys
+    padded on the right). The mask is read once per step, not once per layer (the same tensor reaches each layer).
 
     Raises:
         UnsupportedAttentionError: any other mask (left padding, a sliding window that bites, packed sequences,
@@ -126,61 +93,12 @@ def mask_as_lengths(mask: torch.Tensor, seqlen_q: int, seqlen_k: int, batch: int
             the call's nor are 1, as torch's SDPA refuses it.
     Data-dependent: one read of a few flags (eagerly with the lengths; a graph break under torch.compile).
     """
-    global _LAST_MASK
     if mask.dim() != 4 or tuple(mask.shape[-2:]) != (seqlen_q, seqlen_k):
         raise _refuse(f"a mask of shape {tuple(mask.shape)} for seqlen_q {seqlen_q}, seqlen_k {seqlen_k}")
-    for dim, (what, size) in enumerate((("batch", batch), ("num_heads", num_heads))):
-        if size is not None and mask.shape[dim] not in (1, size):
-            raise ValueError(f"attention_mask has shape {tuple(mask.shape)}, which does not broadcast to (batch, "
-                             f"num_heads, seqlen_q, seqlen_k) = {(batch, num_heads, seqlen_q, seqlen_k)}: its {what} "
-                             f"is {mask.shape[dim]}")
-    if mask.device.type == "meta":
-        raise _refuse("a mask on the meta device (its values cannot be read)")
-    if seqlen_q == 0 or seqlen_k == 0 or mask.shape[0] == 0 or mask.shape[1] == 0:
-        return True, None  # nothing to hide: no row, or no key (every row then gives 0, LSE -inf)
-    traced = torch.compiler.is_compiling()
-    key = (batch, num_heads, seqlen_q, seqlen_k)
-    memo = _LAST_MASK
-    if not traced and memo is not None and memo[0]() is mask and not mask.is_inference() and \
-            memo[1:3] == (mask._version, key):
-        return memo[3]
-    answer = _read_mask(_visible(mask), seqlen_q, seqlen_k, batch, traced)
-    if not traced and not mask.is_inference():
-        _LAST_MASK = (weakref.ref(mask), mask._version, key, answer)
-    return answer
-
-
-def _read_mask(visible: torch.Tensor, seqlen_q: int, seqlen_k: int, batch: int | None, traced: bool):
-    """`mask_as_lengths` on the boolean mask: both patterns built from the counts of visible keys in the last row
-    (causal) and in the first row (full), compared with the mask, and read back in one transfer."""
-    rows = torch.arange(seqlen_q, device=visible.device)[:, None]
-    keys = torch.arange(seqlen_k, device=visible.device)
-    lengths = {}
-    flags = []
-    for causal, row in ((True, -1), (False, 0)):
-        counts = visible[:, :, row, :].sum(-1)  # (batch or 1, heads or 1)
-        limit = counts[:, :, None, None] + (rows - seqlen_q) if causal else counts[:, :, None, None] - 1
-        fits = (visible == (keys <= limit)).flatten(1).all(1) & (counts == counts[:, :1]).all(1)
-        lengths[causal] = counts[:, 0]
-        flags += [fits.all(), (counts == seqlen_k).all()]
-    if traced:
-        causal_fits, causal_plain, full_fits, full_plain = torch.stack(flags).tolist()
-    else:
-        read = torch.cat([torch.stack(flags).long(), lengths[True], lengths[False]]).tolist()
-        (causal_fits, causal_plain, full_fits, full_plain), rest = read[:4], read[4:]
-        half = len(rest) // 2
-        lengths = {True: rest[:half], False: rest[half:]}
-    for causal, fits, plain in ((True, causal_fits, causal_plain), (False, full_fits, full_plain)):
-        if fits:
-            if plain:
-                return causal, None
-            counts = lengths[causal]
-            seqlens_k = counts.to(torch.int32) if traced else torch.tensor(counts, dtype=torch.int32)
-            if batch is not None and seqlens_k.shape[0] != batch:  # a mask broadcast over the batch
-                seqlens_k = seqlens_k.expand(batch).contiguous()
-            return causal, seqlens_k
-    raise _refuse("this attention mask (left padding, a sliding window, packed sequences or an attention bias): "
-                  "only bottom-right causal or full attention, over each sequence's first keys")
+    try:
+        return mask_lengths.as_lengths(mask, seqlen_q, seqlen_k, batch, num_heads)
+    except mask_lengths.InexpressibleMask as refused:
+        raise _refuse(refused.what) from None
 
 
 def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
