@@ -15,7 +15,7 @@ import os
 import torch
 
 from fa_variants import dispatch, registry
-from fa_variants.common import launch, split
+from fa_variants.common import launch, mask_lengths, split
 from fa_variants.common.checks import one_line
 from fa_variants.dispatch import Selection
 from fa_variants.common.scale import LOG2_E, MAX_SOFTMAX_SCALE, check_softmax_scale  # noqa: F401 (re-exported)
@@ -701,7 +701,14 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     Args:
         query: (batch, num_heads, seqlen_q, head_dim); key, value: (batch, num_heads_kv, seqlen_k,
             head_dim). They are passed to ``attention`` as transposed views (no copy).
-        attn_mask, dropout_p: accepted for signature compatibility; only None and 0.0 are supported.
+        attn_mask: None, or a mask that broadcasts to (batch, num_heads, seqlen_q, seqlen_k), bool (True =
+            attend) or additive float (0 / -inf), that ``attention``'s causal flag and per-sequence key lengths
+            express (``common.mask_lengths``): every key visible, bottom-right causal, or either over each
+            sequence's first L_b keys (keys padded on the right; a static KV cache with L_b slots filled), run as
+            ``attention(..., causal, seqlens_k=L)``. Read on the host (one device sync; a graph break under
+            torch.compile). Other masks (left padding, windows, biases) raise ValueError. A row that sees no key
+            gives 0 (and LSE -inf).
+        dropout_p: accepted for signature compatibility; only 0.0 is supported.
         is_causal: causal mask. PyTorch aligns it top-left and we align bottom-right; the two agree when
             seqlen_q == seqlen_k (and where either is 0), so is_causal with other seqlen_q != seqlen_k raises
             (use ``attention``).
@@ -714,8 +721,9 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         ``return_lse`` also lse float32 (batch, num_heads, seqlen_q).
 
     Raises:
-        ValueError / TypeError: as ``attention``; also attn_mask given, dropout_p != 0, is_causal with
-            seqlen_q != seqlen_k, num_heads != num_heads_kv without enable_gqa.
+        ValueError / TypeError: as ``attention``; also an attn_mask those flags cannot express, attn_mask with
+            is_causal, dropout_p != 0, is_causal with seqlen_q != seqlen_k, num_heads != num_heads_kv without
+            enable_gqa.
     """
     device_type = autocast_device(query)
     if device_type is not None:  # as ``attention``: the inputs cast as autocast casts SDPA's, then without it
@@ -738,8 +746,8 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     _check_rank((query, key, value), names, _SDPA_LAYOUT)
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))
     _check_inputs(q, k, v, names, _SDPA_HINT)
-    if attn_mask is not None:
-        raise ValueError("attn_mask is not supported (only is_causal masking); use torch's SDPA for masks")
+    if attn_mask is not None and is_causal is True:
+        raise ValueError("attn_mask and is_causal=True given together: pass one (torch's SDPA refuses both too)")
     if not isinstance(dropout_p, numbers.Real) or dropout_p != 0:  # numpy's zeros and False pass, as in torch's
         raise ValueError(f"dropout_p must be 0.0 (the kernels have no dropout), got {one_line(dropout_p)}: pass 0.0 "
                          "(e.g. dropout_p if self.training else 0.0), or use torch's SDPA for dropout")
@@ -756,10 +764,34 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     if not enable_gqa and q.shape[2] != k.shape[2]:
         raise ValueError(f"query has {q.shape[2]} heads but key has {k.shape[2]}: pass enable_gqa=True "
                          "for grouped-query attention" + _layout_hint(q, k, v, _SDPA_HINT))
-    result = attention(q, k, v, causal=is_causal, softmax_scale=scale, backend=backend, return_lse=return_lse)
+    seqlens_k = None
+    if attn_mask is not None:
+        is_causal, seqlens_k = _sdpa_mask(attn_mask, q, k)
+    result = attention(q, k, v, causal=is_causal, softmax_scale=scale, backend=backend, return_lse=return_lse,
+                       seqlens_k=seqlens_k)
     if return_lse:
         return result[0].transpose(1, 2), result[1]
     return result.transpose(1, 2)
+
+
+def _sdpa_mask(attn_mask, q: torch.Tensor, k: torch.Tensor) -> tuple[bool, torch.Tensor | None]:
+    """SDPA's ``attn_mask`` (bool, True = attend, or additive float; any shape that broadcasts to (batch, num_heads,
+    seqlen_q, seqlen_k)) as ``attention``'s causal flag and seqlens_k (``common.mask_lengths``: full or bottom-right
+    causal, over all keys or each sequence's first L_b); ValueError (one line, naming attn_mask) for other masks."""
+    if not isinstance(attn_mask, torch.Tensor):
+        raise TypeError(f"attn_mask must be a torch.Tensor or None, got {one_line(attn_mask)}")
+    if attn_mask.device != q.device:
+        raise ValueError(f"attn_mask is on {attn_mask.device} but query is on {q.device}")
+    if not 2 <= attn_mask.dim() <= 4:  # (torch's SDPA fails on a 1-D mask)
+        raise ValueError(f"attn_mask must have 2 to 4 dimensions that broadcast to (batch, num_heads, seqlen_q, "
+                         f"seqlen_k), got shape {tuple(attn_mask.shape)}")
+    mask = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
+    try:
+        return mask_lengths.as_lengths(mask, q.shape[1], k.shape[1], q.shape[0], q.shape[2], name="attn_mask",
+                                       float_min_blocks=False)
+    except mask_lengths.InexpressibleMask as refused:
+        raise ValueError(f"attn_mask: fa_variants cannot express {refused.what}; use torch's SDPA for this mask, or "
+                         "fa_variants.attention's causal and seqlens_k") from None
 
 
 def select_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,

@@ -707,8 +707,8 @@ def test_sdpa_layout_calls_take_the_plans(fake_fa3, monkeypatch):
     fa_variants.attention(q2, k2, v2)
     with pytest.raises(ValueError, match="enable_gqa=True"):
         fa_variants.scaled_dot_product_attention(*views)
-    with pytest.raises(ValueError, match="attn_mask is not supported"):
-        fa_variants.scaled_dot_product_attention(*views, attn_mask=torch.ones(5, 7, dtype=torch.bool),
+    with pytest.raises(ValueError, match="attn_mask: fa_variants cannot express"):  # an upper triangle
+        fa_variants.scaled_dot_product_attention(*views, attn_mask=torch.ones(5, 7, dtype=torch.bool).triu(),
                                                  enable_gqa=True)
     with pytest.raises(ValueError, match="dropout_p must be 0.0"):
         fa_variants.scaled_dot_product_attention(*views, dropout_p=0.1, enable_gqa=True)

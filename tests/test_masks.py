@@ -1,11 +1,13 @@
-"""Hugging Face masks that need per-sequence key lengths (CPU, reference backend): a static KV cache (keys past each
-sequence's filled slots hidden) and keys padded on the right, expressed as ``causal`` + ``seqlens_k``
-(``hf.mask_as_lengths``); what stays refused (left padding, a window that bites, heads that disagree); the mask read
-once per step, not once per layer. Sizes and lengths are drawn fresh each run."""
+"""Masks that need per-sequence key lengths (CPU, reference backend), from Hugging Face (``hf.mask_as_lengths``) and
+SDPA's ``attn_mask`` (``fa_variants.scaled_dot_product_attention``): a static KV cache (keys past each sequence's
+filled slots hidden) and keys padded on the right, expressed as ``causal`` + ``seqlens_k``
+(``common.mask_lengths``); what stays refused (left padding, a window that bites, heads that disagree, biases); the
+mask read once per step, not once per layer. Sizes and lengths are drawn fresh each run."""
 import importlib.util
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import fa_variants
 from fa_variants.common import mask_lengths
@@ -173,3 +175,57 @@ def test_static_cache_decoding_under_torch_compile():
         torch._dynamo.reset()
     for a, b in zip(got, expected):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("form", ["key padding (batch, 1, 1, seqlen_k)", "key padding (1, seqlen_k) float",
+                                  "static cache (batch, 1, seqlen_q, seqlen_k)", "static cache float -inf",
+                                  "full (seqlen_q, seqlen_k)", "causal square", "top-left causal"])
+def test_sdpa_attn_mask_runs_what_lengths_express(form):
+    """fa_variants.scaled_dot_product_attention takes the masks causal + seqlens_k express, in SDPA's shapes and
+    dtypes, and gives torch's SDPA result (GQA; rows that see no key: 0, as torch's)."""
+    g = seeded_generator()
+    batch, heads, heads_kv, head_dim = 3, 4, 2, 16
+    seqlen_q = 1 + int(torch.randint(0, 6, (), generator=g))
+    seqlen_k = seqlen_q + int(torch.randint(0, 30, (), generator=g))
+    if form == "causal square":
+        seqlen_k = seqlen_q
+    query = torch.randn(batch, heads, seqlen_q, head_dim, generator=g)
+    key, value = (torch.randn(batch, heads_kv, seqlen_k, head_dim, generator=g) for _ in range(2))
+    lengths = [seqlen_k, 0, int(torch.randint(0, seqlen_k + 1, (), generator=g))]
+    causal = form.startswith(("static", "causal", "top-left"))
+    mask = _lengths_mask(lengths if form != "causal square" else [seqlen_k] * 3, seqlen_q, seqlen_k, causal)
+    if form.startswith("key padding"):
+        mask = mask[:, :, :1]  # (batch, 1, 1, seqlen_k), broadcast over the queries
+        if form.endswith("float"):
+            lengths = [lengths[2]] * batch
+            mask = torch.zeros(1, seqlen_k).masked_fill(torch.arange(seqlen_k) >= lengths[0], float("-inf"))
+    elif form.endswith("-inf"):
+        mask = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))
+    elif form.startswith("full"):
+        mask = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool)
+    elif form == "top-left causal":  # torch's is_causal for seqlen_q != seqlen_k: bottom-right against seqlen_q
+        mask = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool).tril()
+    got = fa_variants.scaled_dot_product_attention(query, key, value, attn_mask=mask, enable_gqa=True,
+                                                   backend="reference")
+    want = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, enable_gqa=True)
+    torch.testing.assert_close(got, want.nan_to_num(0.0), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mask, error, message", [
+    (torch.ones(5, 7, dtype=torch.bool).triu(), ValueError,
+     r"^attn_mask: fa_variants cannot express this attention mask .*; use torch's SDPA for this mask"),
+    (torch.zeros(5, 7).masked_fill(torch.ones(5, 7, dtype=torch.bool).tril(2) == 0, -1e9), ValueError,
+     "an additive attention bias"),  # SDPA adds -1e9: not a -inf mask (a row seeing nothing would differ)
+    (torch.zeros(1, 5, 5, 7, dtype=torch.bool), ValueError, r"^attn_mask has shape \(1, 5, 5, 7\), .*num_heads is 5"),
+    (torch.ones(2, 2, 2, 5, 7, dtype=torch.bool), ValueError, "attn_mask must have 2 to 4 dimensions"),
+    (torch.ones(7, dtype=torch.bool), ValueError, "attn_mask must have 2 to 4 dimensions"),
+    (torch.ones(5, 3, dtype=torch.bool), ValueError, r"a mask of shape \(1, 1, 5, 3\) for seqlen_q 5, seqlen_k 7"),
+    ([[True]], TypeError, "attn_mask must be a torch.Tensor or None"),
+])
+def test_sdpa_attn_mask_refusals_are_one_line(mask, error, message):
+    q, k = torch.randn(2, 4, 5, 16), torch.randn(2, 2, 7, 16)
+    with pytest.raises(error, match=message) as caught:
+        fa_variants.scaled_dot_product_attention(q, k, k, attn_mask=mask, enable_gqa=True, backend="reference")
+    assert "\n" not in str(caught.value)
+    with pytest.raises(ValueError, match="attn_mask and is_causal=True given together"):
+        fa_variants.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(5, 5, dtype=torch.bool), is_causal=True)
