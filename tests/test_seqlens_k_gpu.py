@@ -257,3 +257,26 @@ def test_lengths_kept_on_the_cpu(backend):
     on_host = on_gpu.cpu()  # made before the capture (a device-to-host copy is not capturable)
     with pytest.raises(ValueError, match="on the CPU inside CUDA-graph capture"):
         capture_graph(lambda: run(on_host))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["key-padding", "static-cache"])
+def test_sdpa_attn_mask_as_lengths_on_the_kernels(causal):
+    """SDPA's attn_mask read as causal + seqlens_k (``common.mask_lengths``) reaches the kernel's lengths path: a
+    static-cache mask (bottom-right causal against each filled length) and a key-padding one, NaN in the cache past
+    each length, against float64 over each sequence's first keys; the mask read inside CUDA-graph capture is refused
+    in one line."""
+    import fa_variants
+
+    lengths, nq, nk = [300, 0, 1, 129], (4 if causal else 77), 300
+    q, k, v, seqlens_k = padded_kv_cache(lengths, nq, nk, 8, 2, 128, device="cuda")
+    keys, rows = torch.arange(nk, device="cuda"), torch.arange(nq, device="cuda")[:, None]
+    limit = seqlens_k[:, None, None].long() + ((rows - nq) if causal else -1)
+    mask = (keys <= limit)[:, None]  # (batch, 1, seqlen_q or 1, seqlen_k)
+    out = fa_variants.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                   attn_mask=mask, enable_gqa=True).transpose(1, 2)
+    assert_attention_ok(out, None, q, k, v, causal, seqlens_k=seqlens_k, what=f"attn_mask causal={causal}")
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream), pytest.raises(ValueError, match="^attn_mask: .*inside CUDA-graph capture"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph(), stream=stream):
+            fa_variants.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                     attn_mask=mask, enable_gqa=True)

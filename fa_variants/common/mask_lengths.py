@@ -67,8 +67,8 @@ def as_lengths(mask: torch.Tensor, seqlen_q: int, seqlen_k: int, batch: int | No
     The heads of the mask must agree.
 
     Raises:
-        InexpressibleMask: a mask of another rank or of other last two sizes, one on the meta device (its values
-            cannot be read), and every mask the module docstring does not list.
+        InexpressibleMask: a mask of another rank or of other last two sizes, one on the meta device or read
+            inside CUDA-graph capture (its values cannot be read), and every mask the module docstring does not list.
         ValueError: a mask whose batch or heads (checked when ``batch`` / ``num_heads`` are given) neither match the
             call's nor are 1, as torch's SDPA refuses it (the message names the argument: ``name``).
     Data-dependent: one read of a few flags (eagerly with the lengths; a graph break under torch.compile).
@@ -83,6 +83,9 @@ def as_lengths(mask: torch.Tensor, seqlen_q: int, seqlen_k: int, batch: int | No
                              f"{mask.shape[dim]}")
     if mask.device.type == "meta":
         raise InexpressibleMask("a mask on the meta device (its values cannot be read)")
+    if mask.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise InexpressibleMask("a mask inside CUDA-graph capture (its values cannot be read there: pass causal and "
+                                "seqlens_k on the GPU to fa_variants.attention)")
     if seqlen_q == 0 or seqlen_k == 0 or mask.shape[0] == 0 or mask.shape[1] == 0:
         return True, None  # nothing to hide: no row, or no key (every row then gives 0, LSE -inf)
     traced = torch.compiler.is_compiling()
