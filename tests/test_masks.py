@@ -29,10 +29,14 @@ def _lengths_mask(lengths, seqlen_q: int, seqlen_k: int, causal: bool) -> torch.
     return visible[:, None]
 
 
+@pytest.mark.parametrize("chunk", [None, 5], ids=["one-step", "rows-in-chunks"])
 @pytest.mark.parametrize("causal", [True, False])
-def test_mask_as_lengths_reads_per_sequence_lengths(causal):
+def test_mask_as_lengths_reads_per_sequence_lengths(causal, chunk, monkeypatch):
     """Static-cache (causal) and right-padded (full) masks give (causal, seqlens_k) whose attention equals the
-    float64 attention under the mask itself, for lengths 0, 1, short ones and the full seqlen_k in one batch."""
+    float64 attention under the mask itself, for lengths 0, 1, short ones and the full seqlen_k in one batch; the
+    mask compared whole or a few rows at a time (``CHUNK_ELEMENTS``)."""
+    if chunk:
+        monkeypatch.setattr(mask_lengths, "CHUNK_ELEMENTS", chunk)
     g = seeded_generator()
     seqlen_q = int(torch.randint(1, 6, (), generator=g)) if causal else int(torch.randint(2, 9, (), generator=g))
     seqlen_k = seqlen_q + int(torch.randint(3, 40, (), generator=g))
@@ -64,7 +68,8 @@ def test_mask_as_lengths_keeps_the_plain_answers_and_broadcasts():
 
 
 @pytest.mark.parametrize("what", ["left padding", "causal right padding", "heads disagree", "window", "hole"])
-def test_mask_as_lengths_refuses_what_lengths_cannot_express(what):
+def test_mask_as_lengths_refuses_what_lengths_cannot_express(what, monkeypatch):
+    monkeypatch.setattr(mask_lengths, "CHUNK_ELEMENTS", 20)  # a row or so per step: a fault in any chunk is seen
     mask = _lengths_mask([9, 6], 5, 9, True).expand(2, 2, 5, 9).clone()
     if what == "left padding":  # generate()'s padded batch: a hole at the start
         mask[1, :, :, :2] = False

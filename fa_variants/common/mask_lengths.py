@@ -101,19 +101,27 @@ def as_lengths(mask: torch.Tensor, seqlen_q: int, seqlen_k: int, batch: int | No
     return answer
 
 
+#: elements of the mask compared per step of `_read` (query rows in chunks): the temporaries stay ~2 x 16 MiB of
+#: bool where a long prefill's mask is GiBs (transformers builds (batch, 1, seqlen_q, seqlen_k) for a static cache)
+CHUNK_ELEMENTS = 1 << 24
+
+
 def _read(seen: torch.Tensor, seqlen_q: int, seqlen_k: int, batch: int | None, traced: bool):
     """`as_lengths` on the boolean mask: both patterns built from the counts of visible keys in the last row
-    (causal) and in the first row (full), compared with the mask, and read back in one transfer."""
+    (causal) and in the first row (full), compared with the mask in chunks of query rows, and read back in one
+    transfer."""
     rows = torch.arange(seqlen_q, device=seen.device)[:, None]
     keys = torch.arange(seqlen_k, device=seen.device)
-    lengths = {}
-    flags = []
-    for causal, row in ((True, -1), (False, 0)):
-        counts = seen[:, :, row, :].sum(-1)  # (batch or 1, heads or 1)
-        limit = counts[:, :, None, None] + (rows - seqlen_q) if causal else counts[:, :, None, None] - 1
-        fits = (seen == (keys <= limit)).flatten(1).all(1) & (counts == counts[:, :1]).all(1)
-        lengths[causal] = counts[:, 0]
-        flags += [fits.all(), (counts == seqlen_k).all()]
+    counts = {True: seen[:, :, -1, :].sum(-1), False: seen[:, :, 0, :].sum(-1)}  # (batch or 1, heads or 1)
+    limits = {True: counts[True][:, :, None, None] - seqlen_q, False: counts[False][:, :, None, None] - 1}
+    fits = {causal: (c == c[:, :1]).all(1) for causal, c in counts.items()}  # the heads agree
+    step = max(1, CHUNK_ELEMENTS // max(1, seen.shape[0] * seen.shape[1] * seqlen_k))
+    for start in range(0, seqlen_q, step):
+        part, shift = seen[:, :, start:start + step], rows[start:start + step]
+        fits[True] = fits[True] & (part == (keys <= limits[True] + shift)).flatten(1).all(1)
+        fits[False] = fits[False] & (part == (keys <= limits[False])).flatten(1).all(1)
+    lengths = {causal: c[:, 0] for causal, c in counts.items()}
+    flags = [fits[True].all(), (counts[True] == seqlen_k).all(), fits[False].all(), (counts[False] == seqlen_k).all()]
     if traced:
         causal_fits, causal_plain, full_fits, full_plain = torch.stack(flags).tolist()
     else:
@@ -121,12 +129,12 @@ def _read(seen: torch.Tensor, seqlen_q: int, seqlen_k: int, batch: int | None, t
         (causal_fits, causal_plain, full_fits, full_plain), rest = read[:4], read[4:]
         half = len(rest) // 2
         lengths = {True: rest[:half], False: rest[half:]}
-    for causal, fits, plain in ((True, causal_fits, causal_plain), (False, full_fits, full_plain)):
-        if fits:
+    for causal, fitting, plain in ((True, causal_fits, causal_plain), (False, full_fits, full_plain)):
+        if fitting:
             if plain:
                 return causal, None
-            counts = lengths[causal]
-            seqlens_k = counts.to(torch.int32) if traced else torch.tensor(counts, dtype=torch.int32)
+            found = lengths[causal]
+            seqlens_k = found.to(torch.int32) if traced else torch.tensor(found, dtype=torch.int32)
             if batch is not None and seqlens_k.shape[0] != batch:  # a mask broadcast over the batch
                 seqlens_k = seqlens_k.expand(batch).contiguous()
             return causal, seqlens_k
