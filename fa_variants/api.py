@@ -702,12 +702,13 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         query: (batch, num_heads, seqlen_q, head_dim); key, value: (batch, num_heads_kv, seqlen_k,
             head_dim). They are passed to ``attention`` as transposed views (no copy).
         attn_mask: None, or a mask that broadcasts to (batch, num_heads, seqlen_q, seqlen_k), bool (True =
-            attend) or additive float (0 / -inf), that ``attention``'s causal flag and per-sequence key lengths
-            express (``common.mask_lengths``): every key visible, bottom-right causal, or either over each
-            sequence's first L_b keys (keys padded on the right; a static KV cache with L_b slots filled), run as
-            ``attention(..., causal, seqlens_k=L)``. Read on the host (one device sync; a graph break under
-            torch.compile). Other masks (left padding, windows, biases) raise ValueError. A row that sees no key
-            gives 0 (and LSE -inf).
+            attend) or additive float (0 / -inf, any float dtype), not requiring grad, that ``attention``'s causal
+            flag and per-sequence key lengths express (``common.mask_lengths``): every key visible, bottom-right
+            causal, or either over each sequence's first L_b keys (keys padded on the right; a static KV cache with
+            L_b slots filled; torch's top-left causal as a mask), run as ``attention(..., causal, seqlens_k=L)``.
+            Read on the host (one device sync; a graph break under torch.compile; refused inside CUDA-graph
+            capture). Other masks (left padding, windows, biases) raise ValueError, integer masks TypeError. A row
+            that sees no key gives 0 (and LSE -inf).
         dropout_p: accepted for signature compatibility; only 0.0 is supported.
         is_causal: causal mask. PyTorch aligns it top-left and we align bottom-right; the two agree when
             seqlen_q == seqlen_k (and where either is 0), so is_causal with other seqlen_q != seqlen_k raises
@@ -775,20 +776,27 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
 
 
 def _sdpa_mask(attn_mask, q: torch.Tensor, k: torch.Tensor) -> tuple[bool, torch.Tensor | None]:
-    """SDPA's ``attn_mask`` (bool, True = attend, or additive float; any shape that broadcasts to (batch, num_heads,
-    seqlen_q, seqlen_k)) as ``attention``'s causal flag and seqlens_k (``common.mask_lengths``: full or bottom-right
-    causal, over all keys or each sequence's first L_b); ValueError (one line, naming attn_mask) for other masks."""
-    if not isinstance(attn_mask, torch.Tensor):
-        raise TypeError(f"attn_mask must be a torch.Tensor or None, got {one_line(attn_mask)}")
+    """SDPA's ``attn_mask`` (bool, True = attend, or additive float with 0 / -inf; 2 to 4 dimensions that broadcast
+    to (batch, num_heads, seqlen_q, seqlen_k)) as ``attention``'s causal flag and seqlens_k (``common.mask_lengths``:
+    full or bottom-right causal, over all keys or each sequence's first L_b); one-line errors naming attn_mask for
+    other masks."""
+    mask_lengths.check_dense(attn_mask, "attn_mask")
+    if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():  # torch's SDPA refuses them too
+        raise TypeError(f"attn_mask must be bool (True = attend) or floating (added to the scores), got "
+                        f"{attn_mask.dtype}")
+    if attn_mask.requires_grad and torch.is_grad_enabled():
+        raise ValueError("attn_mask requires grad: a mask gets no gradient here (it is read as causal + seqlens_k); "
+                         "detach it, or use torch's SDPA for a learned bias")
     if attn_mask.device != q.device:
         raise ValueError(f"attn_mask is on {attn_mask.device} but query is on {q.device}")
-    if not 2 <= attn_mask.dim() <= 4:  # (torch's SDPA fails on a 1-D mask)
-        raise ValueError(f"attn_mask must have 2 to 4 dimensions that broadcast to (batch, num_heads, seqlen_q, "
-                         f"seqlen_k), got shape {tuple(attn_mask.shape)}")
-    mask = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
+    target = (q.shape[0], q.shape[2], q.shape[1], k.shape[1])
+    shape = tuple(attn_mask.shape)
+    if not 2 <= len(shape) <= 4 or any(n not in (1, t) for n, t in zip(shape[::-1], target[::-1])):
+        raise ValueError(f"attn_mask has shape {shape}, which does not broadcast to (batch, num_heads, seqlen_q, "
+                         f"seqlen_k) = {target}" + ("" if 2 <= len(shape) <= 4 else " (it must have 2 to 4 dimensions)"))
     try:
-        return mask_lengths.as_lengths(mask, q.shape[1], k.shape[1], q.shape[0], q.shape[2], name="attn_mask",
-                                       float_min_blocks=False)
+        return mask_lengths.as_lengths(attn_mask.reshape((1,) * (4 - len(shape)) + shape), *target[2:], *target[:2],
+                                       name="attn_mask", float_min_blocks=False)
     except mask_lengths.InexpressibleMask as refused:
         raise ValueError(f"attn_mask: fa_variants cannot express {refused.what}; use torch's SDPA for this mask, or "
                          "fa_variants.attention's causal and seqlens_k") from None

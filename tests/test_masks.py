@@ -99,24 +99,29 @@ def test_a_sliding_window_is_judged_by_the_mask_it_comes_with():
 
 def test_the_same_mask_is_read_once_until_it_changes(monkeypatch):
     """Every layer gets the same mask tensor: it is read once; an in-place change, another tensor or other sizes
-    read it again."""
+    read it again; each answer is a new tensor (a caller's edit of one does not reach the next); inference tensors
+    (no version counter) are read every time; a few masks are kept (hybrid models alternate two)."""
     reads = []
     real = mask_lengths._read
     monkeypatch.setattr(mask_lengths, "_read", lambda *a: reads.append(1) or real(*a))
     mask = _lengths_mask([5, 3], 2, 8, True)
-    first = hf.mask_as_lengths(mask, 2, 8, 2, 4)
+    first = hf.mask_as_lengths(mask, 2, 8, 2, 4)[1]
+    first += 1  # the caller's edit
+    window = _lengths_mask([5, 3], 2, 8, True) & (torch.arange(8) > 0)  # a second mask, read in turn with the first
     for _ in range(3):
-        assert hf.mask_as_lengths(mask, 2, 8, 2, 4) is first
-    assert len(reads) == 1
+        assert hf.mask_as_lengths(mask, 2, 8, 2, 4)[1].tolist() == [5, 3]
+        with pytest.raises(hf.UnsupportedAttentionError):
+            hf.mask_as_lengths(window, 2, 8, 2, 4)
+    assert len(reads) == 1 + 3  # a refusal is not kept
     hf.mask_as_lengths(mask, 2, 8, 2, 2)  # other heads: read again
     mask.copy_(_lengths_mask([5, 4], 2, 8, True))  # the second sequence's next slot filled, in place
     assert hf.mask_as_lengths(mask, 2, 8, 2, 2)[1].tolist() == [5, 4]
     assert hf.mask_as_lengths(mask.clone(), 2, 8, 2, 2)[1].tolist() == [5, 4]
-    assert len(reads) == 4
+    assert len(reads) == 7
     with torch.inference_mode():  # no version counter: never kept
         frozen = _lengths_mask([5, 3], 2, 8, True)
         hf.mask_as_lengths(frozen, 2, 8, 2, 2), hf.mask_as_lengths(frozen, 2, 8, 2, 2)
-    assert len(reads) == 6
+    assert len(reads) == 9
 
 
 @needs_hf
@@ -151,36 +156,82 @@ def test_static_cache_generation_runs_on_our_attention():
 
 @needs_hf
 @pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated")
-def test_static_cache_decoding_under_torch_compile():
-    """A decoding step over a static cache under torch.compile gives eager's logits (the mask's flags are read at a
-    graph break; the lengths stay tensors)."""
+def test_static_cache_decoding_under_torch_compile_fullgraph():
+    """Decoding steps over a static cache under torch.compile(fullgraph=True) give eager's logits: the mask's lengths
+    come from torch.ops.fa_variants.mask_lengths, read when the graph runs (no graph break), so one graph serves
+    every step (no recompile as the filled length grows)."""
     from test_integrations import tiny_llama
     from transformers import StaticCache
 
     model = tiny_llama()
     g = seeded_generator()
     prompt = int(torch.randint(3, 10, (), generator=g))
-    ids = torch.randint(0, 97, (2, prompt + 3), generator=g)
+    ids = torch.randint(0, 97, (2, prompt + 4), generator=g)
     name = hf.register(backend="reference")
+    graphs = []
+
+    def recording_backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
 
     def decode(forward):
         cache = StaticCache(config=model.config, max_cache_len=32)
         model(ids[:, :prompt], past_key_values=cache, use_cache=True)
         return [forward(ids[:, i:i + 1], past_key_values=cache, cache_position=torch.tensor([i]), use_cache=True).logits
-                for i in range(prompt, prompt + 3)]
+                for i in range(prompt, prompt + 4)]
 
     torch._dynamo.reset()
     try:
         with torch.no_grad():
             expected = decode(model.forward)
             model.set_attn_implementation(name)
-            got = decode(torch.compile(model.forward, backend="eager"))
+            got = decode(torch.compile(model.forward, fullgraph=True, backend=recording_backend))
     finally:
         model.set_attn_implementation("eager")
         torch._dynamo.reset()
     for a, b in zip(got, expected):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    assert len(graphs) == 1, f"{len(graphs)} graphs for 4 steps"
+    targets = [str(n.target) for n in graphs[0].graph.nodes]
+    assert sum("fa_variants.attention_seqlens_k" in t for t in targets) == 2  # one per layer
+    assert sum("fa_variants.mask_lengths" in t for t in targets) == 2
 
+
+@needs_hf
+def test_a_padded_batch_under_torch_compile_is_refused_when_it_runs():
+    """Traced, the mask is not read (no graph break): a left-padded batch is refused in one line by the mask op when
+    the compiled graph runs; a mask of the other kind than the layer's is_causal too."""
+    from test_integrations import tiny_llama
+
+    model = tiny_llama()
+    ids = torch.randint(0, 97, (2, 9), generator=seeded_generator())
+    padded = torch.ones_like(ids)
+    padded[1, :3] = 0
+    name = hf.register(backend="reference")
+    torch._dynamo.reset()
+    model.set_attn_implementation(name)
+    try:
+        with torch.no_grad():
+            compiled = torch.compile(model.model, fullgraph=True, backend="eager")
+            with pytest.raises(hf.UnsupportedAttentionError, match=r"^fa_variants attention cannot express this "
+                                                                   r"attention mask \(padding on the left"):
+                compiled(ids, attention_mask=padded)
+            ones = compiled(ids, attention_mask=torch.ones_like(ids)).last_hidden_state
+        model.set_attn_implementation("eager")
+        with torch.no_grad():
+            torch.testing.assert_close(ones, model.model(ids).last_hidden_state, rtol=1e-5, atol=1e-5)
+    finally:
+        model.set_attn_implementation("eager")
+        torch._dynamo.reset()
+    module = torch.nn.Module()
+    module.is_causal = True
+    full = torch.ones(2, 1, 4, 6, dtype=torch.bool)
+    q, k = torch.randn(2, 4, 4, 16), torch.randn(2, 2, 6, 16)
+    step = torch.compile(lambda q, k, m: hf.attention_forward(module, q, k, k, m, backend="reference")[0],
+                         fullgraph=True, backend="eager")
+    with pytest.raises(hf.UnsupportedAttentionError, match="a full mask for a causal layer"):
+        step(q, k, full)
+    torch._dynamo.reset()
 
 @pytest.mark.parametrize("form", ["key padding (batch, 1, 1, seqlen_k)", "key padding (1, seqlen_k) float",
                                   "static cache (batch, 1, seqlen_q, seqlen_k)", "static cache float -inf",
@@ -220,12 +271,17 @@ def test_sdpa_attn_mask_runs_what_lengths_express(form):
     (torch.ones(5, 7, dtype=torch.bool).triu(), ValueError,
      r"^attn_mask: fa_variants cannot express this attention mask .*; use torch's SDPA for this mask"),
     (torch.zeros(5, 7).masked_fill(torch.ones(5, 7, dtype=torch.bool).tril(2) == 0, -1e9), ValueError,
-     "an additive attention bias"),  # SDPA adds -1e9: not a -inf mask (a row seeing nothing would differ)
-    (torch.zeros(1, 5, 5, 7, dtype=torch.bool), ValueError, r"^attn_mask has shape \(1, 5, 5, 7\), .*num_heads is 5"),
-    (torch.ones(2, 2, 2, 5, 7, dtype=torch.bool), ValueError, "attn_mask must have 2 to 4 dimensions"),
-    (torch.ones(7, dtype=torch.bool), ValueError, "attn_mask must have 2 to 4 dimensions"),
-    (torch.ones(5, 3, dtype=torch.bool), ValueError, r"a mask of shape \(1, 1, 5, 3\) for seqlen_q 5, seqlen_k 7"),
+     "an additive attention bias .*hide keys with -inf"),  # SDPA adds -1e9: not a -inf mask (an empty row differs)
+    (torch.zeros(1, 5, 5, 7, dtype=torch.bool), ValueError,
+     r"^attn_mask has shape \(1, 5, 5, 7\), which does not broadcast to .* = \(2, 4, 5, 7\)$"),
+    (torch.ones(2, 2, 2, 5, 7, dtype=torch.bool), ValueError, r"does not broadcast .*\(it must have 2 to 4 dimensions\)"),
+    (torch.ones(7, dtype=torch.bool), ValueError, r"does not broadcast .*\(it must have 2 to 4 dimensions\)"),
+    (torch.ones(5, 3, dtype=torch.bool), ValueError, r"^attn_mask has shape \(5, 3\), which does not broadcast"),
     ([[True]], TypeError, "attn_mask must be a torch.Tensor or None"),
+    (torch.zeros(5, 7, dtype=torch.uint8), TypeError, "attn_mask must be bool .* or floating .*, got torch.uint8"),
+    (torch.ones(5, 7, dtype=torch.bool).to_sparse(), TypeError, "attn_mask must be a dense"),
+    (torch.zeros(5, 7, requires_grad=True), ValueError, "attn_mask requires grad"),
+    (torch.ones(5, 7, dtype=torch.bool, device="meta"), ValueError, "attn_mask is on meta but query is on cpu"),
 ])
 def test_sdpa_attn_mask_refusals_are_one_line(mask, error, message):
     q, k = torch.randn(2, 4, 5, 16), torch.randn(2, 2, 7, 16)

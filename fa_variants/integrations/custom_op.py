@@ -112,6 +112,48 @@ def _attention_seqlens_k_fake(q, k, v, seqlens_k, causal, softmax_scale, backend
     return outputs
 
 
+#: where torch has it, the tag that keeps an op out of the CUDA graphs of mode="reduce-overhead" (inductor runs the
+#: graph around it): the mask op reads its mask back on the host, which graph capture forbids
+_HOST_READ_TAGS = (torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_unsafe") else ()
+
+
+@torch.library.custom_op("fa_variants::mask_lengths", mutates_args=(), tags=_HOST_READ_TAGS)
+def mask_lengths_op(mask: torch.Tensor, causal: bool, seqlen_q: int, seqlen_k: int, batch: int,
+                    num_heads: int) -> torch.Tensor:
+    """seqlens_k (int32 (batch,) on the mask's device) of a 4-D mask that ``causal`` with per-sequence key lengths
+    expresses (``common.mask_lengths.as_lengths``, read when the op runs: one device sync; plain masks give seqlen_k
+    for every sequence). What ``integrations.hf`` calls while torch.compile traces a layer with a mask, so that the
+    mask costs no graph break and ``fullgraph=True`` works. A mask of the other kind (full for a causal layer, with
+    seqlen_q > 1, or causal for a non-causal one) or one the lengths cannot express raises
+    ``hf.UnsupportedAttentionError`` when the compiled graph runs."""
+    from fa_variants.common import mask_lengths
+    from fa_variants.integrations import hf
+
+    try:
+        got, seqlens_k = mask_lengths.as_lengths(mask, seqlen_q, seqlen_k, batch, num_heads)
+    except mask_lengths.InexpressibleMask as refused:
+        raise hf._refuse(refused.what) from None
+    if got != causal and seqlen_q > 1 and seqlen_k > 0:
+        raise hf._refuse(f"a {'causal' if got else 'full'} mask for a {'causal' if causal else 'non-causal'} layer "
+                         "(while torch.compile traced it, the layer's is_causal chose the kind)")
+    if seqlens_k is None:
+        return torch.full((batch,), seqlen_k, dtype=torch.int32, device=mask.device)
+    return seqlens_k.to(mask.device)
+
+
+@mask_lengths_op.register_fake
+def _mask_lengths_fake(mask, causal, seqlen_q, seqlen_k, batch, num_heads):
+    """The mask's shape checked as ``as_lengths`` checks it (its values are read when the op runs)."""
+    from fa_variants.common import mask_lengths
+    from fa_variants.integrations import hf
+
+    try:
+        mask_lengths.check_shape(mask, seqlen_q, seqlen_k, batch, num_heads)
+    except mask_lengths.InexpressibleMask as refused:
+        raise hf._refuse(refused.what) from None
+    return mask.new_empty((batch,), dtype=torch.int32)
+
+
 def _forward_backend(eager: bool, inputs: tuple) -> str:
     """The backend the forward ran on, for its backward: eagerly "auto" resolved now (the backward would otherwise
     choose again, from a FA_VARIANTS_BACKEND the caller may have changed since, and refuse or switch paths); traced,

@@ -93,6 +93,7 @@ def mask_as_lengths(mask: torch.Tensor, seqlen_q: int, seqlen_k: int, batch: int
             the call's nor are 1, as torch's SDPA refuses it.
     Data-dependent: one read of a few flags (eagerly with the lengths; a graph break under torch.compile).
     """
+    mask_lengths.check_dense(mask)
     if mask.dim() != 4 or tuple(mask.shape[-2:]) != (seqlen_q, seqlen_k):
         raise _refuse(f"a mask of shape {tuple(mask.shape)} for seqlen_q {seqlen_q}, seqlen_k {seqlen_k}")
     try:
@@ -145,7 +146,8 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                       "(as with sdpa); use attn_implementation='eager' for them", stacklevel=2)
     try:
         _check_expressible(query, key, value)
-        causal, seqlens_k = _causal_flag(module, query, key, attention_mask, dropout, is_causal, kwargs)
+        causal, seqlens_k = _causal_flag(module, query, key, attention_mask, dropout, is_causal, kwargs,
+                                         traced_mask=fallback is None and torch.compiler.is_compiling())
     except UnsupportedAttentionError as refused:
         if fallback is None:
             raise
@@ -187,10 +189,13 @@ def _check_expressible(query, key, value) -> None:
                       f"{query.shape[0]}")
 
 
-def _causal_flag(module, query, key, attention_mask, dropout, is_causal, kwargs) -> tuple[bool, torch.Tensor | None]:
+def _causal_flag(module, query, key, attention_mask, dropout, is_causal, kwargs,
+                 traced_mask: bool = False) -> tuple[bool, torch.Tensor | None]:
     """``attention_forward``'s causal flag and seqlens_k for ``fa_variants.attention`` (``mask_as_lengths``);
     UnsupportedAttentionError for a call they cannot express but sdpa can (dropout, a position bias, a sliding
-    window that bites, a mask other than causal or full over each sequence's first keys)."""
+    window that bites, a mask other than causal or full over each sequence's first keys). ``traced_mask``
+    (torch.compile tracing, no fallback): the mask's lengths come from ``torch.ops.fa_variants.mask_lengths``, read
+    when the graph runs, so the mask costs no graph break; the layer's ``is_causal`` says which kind it must be."""
     seqlen_q, seqlen_k = query.shape[2], key.shape[2]
     if dropout:
         raise _refuse(f"dropout {dropout} (the kernels have none): call model.eval() or set the attention dropout to 0")
@@ -199,9 +204,16 @@ def _causal_flag(module, query, key, attention_mask, dropout, is_causal, kwargs)
     window = kwargs.get("sliding_window")  # a mask carries the window (sdpa reads only the mask): checked there
     if window is not None and attention_mask is None and seqlen_k > window:
         raise _refuse(f"a sliding window of {window} keys over {seqlen_k} keys")
-    if attention_mask is not None:
+    if attention_mask is None:
+        return _module_causal(module, is_causal), None
+    if not traced_mask:
         return mask_as_lengths(attention_mask, seqlen_q, seqlen_k, query.shape[0], query.shape[1])
-    return _module_causal(module, is_causal), None
+    mask_lengths.check_dense(attention_mask)
+    if attention_mask.dim() != 4 or tuple(attention_mask.shape[-2:]) != (seqlen_q, seqlen_k):
+        raise _refuse(f"a mask of shape {tuple(attention_mask.shape)} for seqlen_q {seqlen_q}, seqlen_k {seqlen_k}")
+    causal = _module_causal(module, is_causal)
+    return causal, torch.ops.fa_variants.mask_lengths(attention_mask, causal, seqlen_q, seqlen_k, query.shape[0],
+                                                      query.shape[1])
 
 
 def _module_causal(module, is_causal: bool | None) -> bool:
@@ -226,7 +238,8 @@ def build_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_of
     plain = mask_function in (None, causal_mask_function, bidirectional_mask_function)
     causal_aligned = mask_function is bidirectional_mask_function or (
         not isinstance(q_offset, torch.Tensor) and q_offset + q_length == kv_length)
-    no_padding = attention_mask is None or bool(attention_mask.all())
+    # traced, the padding is not read (no graph break): the mask is built, and read when the graph runs
+    no_padding = attention_mask is None or (not torch.compiler.is_compiling() and bool(attention_mask.all()))
     if plain and causal_aligned and no_padding and not isinstance(kv_offset, torch.Tensor) and kv_offset == 0:
         return None
     kwargs.update(allow_is_causal_skip=False, allow_is_bidirectional_skip=False)
