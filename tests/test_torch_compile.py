@@ -18,7 +18,7 @@ import torch
 
 import fa_variants
 from fa_variants.reference import attention_reference, check_against_reference
-from helpers import make_qkv
+from helpers import assert_attention_ok, make_qkv
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -293,6 +293,40 @@ def test_kernels_compile_fullgraph_on_the_gpu(mode, dynamic, backend):
             torch.testing.assert_close(compiled(q2, k2, v2), fn(q2, k2, v2), rtol=2**-7, atol=1e-6)
     # and the kernels are right, not just repeatable: the mean of the two outputs within the project's rule
     assert (check := check_against_reference(expected / 2, q, k, v, True)).ok, check
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_hf_static_cache_mask_under_compile_on_the_gpu(mode):
+    """A transformers-style decoding step over a static cache (its mask built in the graph from the filled lengths)
+    through ``hf.attention_forward`` under torch.compile(fullgraph=True): the mask op reads the mask when the graph
+    runs (kept out of the CUDA graphs of reduce-overhead), and every step, with new lengths and queries copied into
+    the same tensors, gives attention over each sequence's first keys (lengths 0 and 1, the full cache, tile
+    edges), within the project's rule."""
+    from fa_variants.integrations import hf
+
+    module = torch.nn.Module()
+    module.is_causal = True
+
+    def step(q, k, v, lengths):  # q (batch, heads, 1, head_dim), k / v (batch, heads_kv, slots, head_dim)
+        slots = torch.arange(k.shape[2], device=k.device)
+        mask = (slots < lengths[:, None])[:, None, None]  # (batch, 1, 1, slots), as transformers builds it
+        return hf.attention_forward(module, q, k, v, mask)[0]
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, mode=mode)
+    q, k, v = _qkv(B=4, Nq=1, Nk=384, H=8, Hkv=2, D=128, dtype=torch.bfloat16, device="cuda")
+    q, k, v = _bshd(q), _bshd(k), _bshd(v)
+    lengths = torch.zeros(4, dtype=torch.int64, device="cuda")
+    with torch.no_grad():
+        for filled in ([384, 1, 200, 0], [5, 383, 129, 128], [64, 65, 2, 384], [1, 1, 1, 1]):
+            lengths.copy_(torch.tensor(filled))
+            q.copy_(torch.randn_like(q))
+            got = compiled(q, k, v, lengths).clone()
+            seqlens_k = torch.tensor(filled, dtype=torch.int32, device="cuda")
+            assert_attention_ok(got, None, _bshd(q), _bshd(k), _bshd(v), True, seqlens_k=seqlens_k,
+                                what=f"{mode} lengths {filled}")
+    torch._dynamo.reset()
 
 
 @pytest.mark.gpu
