@@ -105,23 +105,38 @@ def test_the_same_mask_is_read_once_until_it_changes(monkeypatch):
     real = mask_lengths._read
     monkeypatch.setattr(mask_lengths, "_read", lambda *a: reads.append(1) or real(*a))
     mask = _lengths_mask([5, 3], 2, 8, True)
-    first = hf.mask_as_lengths(mask, 2, 8, 2, 4)[1]
+    first = hf.mask_as_lengths(mask, 2, 8, 2, 4, memo=True)[1]
     first += 1  # the caller's edit
     window = _lengths_mask([5, 3], 2, 8, True) & (torch.arange(8) > 0)  # a second mask, read in turn with the first
     for _ in range(3):
-        assert hf.mask_as_lengths(mask, 2, 8, 2, 4)[1].tolist() == [5, 3]
+        assert hf.mask_as_lengths(mask, 2, 8, 2, 4, memo=True)[1].tolist() == [5, 3]
         with pytest.raises(hf.UnsupportedAttentionError):
-            hf.mask_as_lengths(window, 2, 8, 2, 4)
+            hf.mask_as_lengths(window, 2, 8, 2, 4, memo=True)
     assert len(reads) == 1 + 3  # a refusal is not kept
-    hf.mask_as_lengths(mask, 2, 8, 2, 2)  # other heads: read again
+    hf.mask_as_lengths(mask, 2, 8, 2, 2, memo=True)  # other heads: read again
     mask.copy_(_lengths_mask([5, 4], 2, 8, True))  # the second sequence's next slot filled, in place
-    assert hf.mask_as_lengths(mask, 2, 8, 2, 2)[1].tolist() == [5, 4]
-    assert hf.mask_as_lengths(mask.clone(), 2, 8, 2, 2)[1].tolist() == [5, 4]
+    assert hf.mask_as_lengths(mask, 2, 8, 2, 2, memo=True)[1].tolist() == [5, 4]
+    assert hf.mask_as_lengths(mask.clone(), 2, 8, 2, 2, memo=True)[1].tolist() == [5, 4]
     assert len(reads) == 7
     with torch.inference_mode():  # no version counter: never kept
         frozen = _lengths_mask([5, 3], 2, 8, True)
-        hf.mask_as_lengths(frozen, 2, 8, 2, 2), hf.mask_as_lengths(frozen, 2, 8, 2, 2)
+        hf.mask_as_lengths(frozen, 2, 8, 2, 2, memo=True), hf.mask_as_lengths(frozen, 2, 8, 2, 2, memo=True)
     assert len(reads) == 9
+    hf.mask_as_lengths(mask, 2, 8, 2, 2), hf.mask_as_lengths(mask, 2, 8, 2, 2)  # without memo: every call reads
+    assert len(reads) == 11
+
+
+def test_a_mask_rewritten_behind_its_version_counter_is_read_again():
+    """The SDPA drop-in (and the compiled graphs' mask op) keep nothing: a mask rewritten without its version counter
+    moving (here through .data; on the GPU a reduce-overhead graph's replay) gives its new lengths."""
+    q, k = torch.randn(2, 4, 1, 16), torch.randn(2, 2, 9, 16)
+    mask = _lengths_mask([9, 4], 1, 9, True)
+    first = fa_variants.scaled_dot_product_attention(q, k, k, attn_mask=mask, enable_gqa=True, backend="reference")
+    mask.data.copy_(_lengths_mask([2, 7], 1, 9, True))
+    second = fa_variants.scaled_dot_product_attention(q, k, k, attn_mask=mask, enable_gqa=True, backend="reference")
+    want = F.scaled_dot_product_attention(q, k, k, attn_mask=mask, enable_gqa=True)
+    torch.testing.assert_close(second, want, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(first, second)
 
 
 @needs_hf

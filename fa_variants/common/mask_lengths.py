@@ -14,10 +14,11 @@ Anything else (left padding, right padding of a causal batch, a sliding window t
 additive bias other than 0 / -inf) raises ``InexpressibleMask``, whose ``what`` names the mask for the caller's own
 message.
 
-Read once: the answers for the last few masks read eagerly are kept (`_MEMO`, by identity and version counter), so
-the layers of a model that share one mask read it once per step. Inference tensors have no version counter and are
-never kept; a change that bypasses the counter (``mask.data.copy_``, writes through ``mask.numpy()``) is not seen:
-pass a new mask instead.
+Read once (``memo=True``, transformers' eager path): the answers for the last few masks read are kept (`_MEMO`, by
+identity and version counter), so the layers of a model that share one mask read it once per step. Inference tensors
+have no version counter and are never kept; a change that bypasses the counter (a CUDA-graph replay,
+``mask.data.copy_``, writes through ``mask.numpy()`` or DLPack) is not seen, which is why the other callers (the
+SDPA drop-in, the mask op of compiled graphs) read every call.
 """
 from __future__ import annotations
 
@@ -49,12 +50,17 @@ CHUNK_ELEMENTS = 1 << 24
 
 
 def as_lengths(mask: torch.Tensor, seqlen_q: int, seqlen_k: int, batch: int | None = None,
-               num_heads: int | None = None, *, name: str = "attention_mask",
-               float_min_blocks: bool = True) -> tuple[bool, torch.Tensor | None]:
+               num_heads: int | None = None, *, name: str = "attention_mask", float_min_blocks: bool = True,
+               memo: bool = False) -> tuple[bool, torch.Tensor | None]:
     """``(causal, seqlens_k)`` for ``fa_variants.attention`` that express a 4-D mask (batch or 1, heads or 1,
     seqlen_q or 1, seqlen_k or 1): bool (True = attend), integer 0 / 1 (1 = attend, as transformers' 2-D
     attention_mask) or additive float: 0 attends, -inf hides, and with ``float_min_blocks`` any value at or below half
     the dtype's lowest hides too (transformers' masked value is the dtype's lowest).
+
+    ``memo``: keep the answer for this mask tensor (`_MEMO`) and give it again while its version counter stands;
+    only for masks the caller knows are written through torch ops alone (transformers builds a new one each forward).
+    A CUDA-graph replay, ``.data`` or a DLPack / numpy writer changes a tensor without the counter (on the GPU, a
+    reduce-overhead graph's mask held another step's answer: session 51), so the default reads every call.
 
     ``seqlens_k`` is a new int32 (batch,) tensor (batch: the call's, else the mask's): on the CPU when the mask is
     read eagerly (``fa_variants.attention`` checks it there and copies it over without a device sync), on the mask's
@@ -79,7 +85,7 @@ def as_lengths(mask: torch.Tensor, seqlen_q: int, seqlen_k: int, batch: int | No
     if traced:
         return _read(mask, seqlen_q, seqlen_k, batch, True, float_min_blocks)
     key = (batch, num_heads, seqlen_q, seqlen_k, float_min_blocks)
-    version = None if mask.is_inference() else mask._version  # read before the mask is: a change meanwhile misses
+    version = None if not memo or mask.is_inference() else mask._version  # read first: a change meanwhile misses
     kept = _MEMO.get(id(mask))
     if version is not None and kept is not None and kept[0]() is mask and kept[1:3] == (version, key):
         causal, lengths = kept[3:]

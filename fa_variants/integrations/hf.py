@@ -79,12 +79,14 @@ def mask_is_causal(mask: torch.Tensor, seqlen_q: int, seqlen_k: int, batch: int 
 
 
 def mask_as_lengths(mask: torch.Tensor, seqlen_q: int, seqlen_k: int, batch: int | None = None,
-                    num_heads: int | None = None) -> tuple[bool, torch.Tensor | None]:
+                    num_heads: int | None = None, *, memo: bool = False) -> tuple[bool, torch.Tensor | None]:
     """``(causal, seqlens_k)`` for ``fa_variants.attention`` that express a 4-D mask (batch or 1, heads or 1,
     seqlen_q, seqlen_k) as transformers builds them: bool, integer 0 / 1 or additive float (0 / the dtype's lowest
     or -inf). ``fa_variants.common.mask_lengths.as_lengths`` lists the masks expressed: plain causal or full,
     and either over each sequence's first L_b keys (transformers' static KV cache with L_b slots filled; keys
-    padded on the right). The mask is read once per step, not once per layer (the same tensor reaches each layer).
+    padded on the right). ``memo`` (``attention_forward``'s eager calls: transformers builds a new mask each forward and
+    hands the same tensor to every layer): the answer is kept while the tensor's version counter stands, so a step reads
+    the mask once, not once per layer (``common.mask_lengths``).
 
     Raises:
         UnsupportedAttentionError: any other mask (left padding, a sliding window that bites, packed sequences,
@@ -97,7 +99,7 @@ def mask_as_lengths(mask: torch.Tensor, seqlen_q: int, seqlen_k: int, batch: int
     if mask.dim() != 4 or tuple(mask.shape[-2:]) != (seqlen_q, seqlen_k):
         raise _refuse(f"a mask of shape {tuple(mask.shape)} for seqlen_q {seqlen_q}, seqlen_k {seqlen_k}")
     try:
-        return mask_lengths.as_lengths(mask, seqlen_q, seqlen_k, batch, num_heads)
+        return mask_lengths.as_lengths(mask, seqlen_q, seqlen_k, batch, num_heads, memo=memo)
     except mask_lengths.InexpressibleMask as refused:
         raise _refuse(refused.what) from None
 
@@ -207,7 +209,7 @@ def _causal_flag(module, query, key, attention_mask, dropout, is_causal, kwargs,
     if attention_mask is None:
         return _module_causal(module, is_causal), None
     if not traced_mask:
-        return mask_as_lengths(attention_mask, seqlen_q, seqlen_k, query.shape[0], query.shape[1])
+        return mask_as_lengths(attention_mask, seqlen_q, seqlen_k, query.shape[0], query.shape[1], memo=True)
     mask_lengths.check_dense(attention_mask)
     if attention_mask.dim() != 4 or tuple(attention_mask.shape[-2:]) != (seqlen_q, seqlen_k):
         raise _refuse(f"a mask of shape {tuple(attention_mask.shape)} for seqlen_q {seqlen_q}, seqlen_k {seqlen_k}")
