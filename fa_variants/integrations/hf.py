@@ -136,7 +136,9 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
 
     Raises:
         UnsupportedAttentionError: what we cannot express, with the fallback to use (fallback None).
-        ValueError: an attention_mask whose batch or heads do not broadcast to the call's (``mask_is_causal``).
+        ValueError: an attention_mask whose batch or heads do not broadcast to the call's (``mask_as_lengths``).
+            While torch.compile traced the call, the mask's values are read when the graph runs, and a mask we
+            cannot express raises UnsupportedAttentionError then.
         ValueError / TypeError: from ``fa_variants.attention`` (e.g. a backend that cannot serve the call).
     """
     for name in ("softcap", "s_aux"):  # sdpa cannot express them either: no fallback
