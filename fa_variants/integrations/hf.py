@@ -23,7 +23,9 @@ dynamic cache). Otherwise it materialises the boolean mask, and the attention fu
 bottom-right causal, and either of them over each sequence's first L_b keys (a static KV cache with L_b of its
 slots filled; keys padded on the right). Anything else (left padding, sliding windows that bite, packed
 sequences, additive biases) raises :class:`UnsupportedAttentionError`, whose message says to use
-``attn_implementation="sdpa"`` or ``"eager"`` for that call.
+``attn_implementation="sdpa"`` or ``"eager"`` for that call. While torch.compile traces, nothing reads a mask (no
+graph break, ``fullgraph=True`` works): our mask function builds it, the layer's ``is_causal`` gives the kind, and
+``torch.ops.fa_variants.mask_lengths`` reads it into seqlens_k when the compiled graph runs (refusing it then).
 
 Training: the kernels have no backward kernel of their own; their gradients come from PyTorch's backward
 (``fa_variants.integrations.backward``: by default cuDNN's fused backward on our forward's O and LSE, else PyTorch's
