@@ -20,15 +20,16 @@
 # 2. then scripts/NAME_gpu.sh for each NAME, in order, each with the time left of CALL_BUDGET seconds (default 560),
 #    skipped when fewer than 100 s are left; logs in $OUT/pending/NAME.tar.xz, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
-#    Plan for session 51. Session 50 got no machine (every start refused from 22:12 to 00:20; 1516 s of the 1800 went
-#    to the failed starts): nothing of session 49's plan ran. Session 50 changed package code the GPU suite exercises: api's
-#    routing (torch.compiler.is_compiling() read in attention's frame; subclass / dual inputs), the custom op's
-#    setup and backward (resolved backend, one eager/traced answer), interop.aligned (negative bits resolved for every
-#    kernel operand), workspace (scratch made outside inference mode), dispatch (plans under a lock), the reference's
-#    non-finite rule under tracing (four products), the HF mask under torch.compile. Name nvidia-h100-x1 or
-#    nvidia-h200, `status` first. In order:
-#    E8. `scripts/suite_gpu.sh 2`, then `scripts/suite_gpu.sh 1`, each its own call (part 2: torch.compile, kernels,
-#       backward; part 1: api, cache, decode, edge cases): prediction: all pass.
+#    Plan for session 52. Session 51 got one machine (an H100) in ten calls: suite part 2 passed on session 50's code
+#    (1732 passed) but for the session's new reduce-overhead mask test, whose fault (a memo fooled by CUDA-graph
+#    replays) was fixed after; nothing else ran. Session 51 added masks (common/mask_lengths, hf's static cache and
+#    the mask op under torch.compile, the SDPA drop-in's attn_mask). Name nvidia-h100-x1 or nvidia-h200, `status`
+#    first. In order:
+#    M. `python -m pytest -q -p no:cacheprovider tests/test_torch_compile.py tests/test_masks.py
+#       tests/test_seqlens_k_gpu.py -k "mask or static_cache"` (~60-100 s): prediction: all pass (the reduce-overhead
+#       test's fourth step gives the new lengths now that the mask op keeps nothing).
+#    E8. `scripts/suite_gpu.sh 1`, then `scripts/suite_gpu.sh 2`, each its own call (part 1: api, cache, decode, edge
+#       cases, on session 50's and 51's code; part 2 again for the mask changes): prediction: all pass.
 #    C. `SUITE_LIMIT=330 scripts/suite_gpu.sh cpu2`, then `SUITE_LIMIT=200 scripts/suite_gpu.sh cpu1` in one call
 #       (~90 + 330 + 100 s): prediction: all pass (cpu2's crash fixed in session 49; tests/test_execution_contexts.py
 #       is new: its compiled forward-mode test takes either the tangent or the op's one-line refusal, as torch
