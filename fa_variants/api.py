@@ -707,7 +707,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
             causal, or either over each sequence's first L_b keys (keys padded on the right; a static KV cache with
             L_b slots filled; torch's top-left causal as a mask), run as ``attention(..., causal, seqlens_k=L)``.
             Read on the host (one device sync; a graph break under torch.compile; refused inside CUDA-graph
-            capture). Other masks (left padding, windows, biases) raise ValueError, integer masks TypeError. A row
+            capture and under torch.export). Other masks (left padding, windows, biases) raise ValueError, integer masks TypeError. A row
             that sees no key gives 0 (and LSE -inf).
         dropout_p: accepted for signature compatibility; only 0.0 is supported.
         is_causal: causal mask. PyTorch aligns it top-left and we align bottom-right; the two agree when
@@ -789,6 +789,9 @@ def _sdpa_mask(attn_mask, q: torch.Tensor, k: torch.Tensor) -> tuple[bool, torch
                          "detach it, or use torch's SDPA for a learned bias")
     if attn_mask.device != q.device:
         raise ValueError(f"attn_mask is on {attn_mask.device} but query is on {q.device}")
+    if getattr(torch.compiler, "is_exporting", lambda: False)():  # (torch.compile reads it at a graph break)
+        raise ValueError("attn_mask under torch.export: its values decide the call and cannot be read while exporting; "
+                         "export fa_variants.attention with causal and seqlens_k instead")
     target = (q.shape[0], q.shape[2], q.shape[1], k.shape[1])
     shape = tuple(attn_mask.shape)
     if not 2 <= len(shape) <= 4 or any(n not in (1, t) for n, t in zip(shape[::-1], target[::-1])):

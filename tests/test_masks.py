@@ -305,3 +305,17 @@ def test_sdpa_attn_mask_refusals_are_one_line(mask, error, message):
     assert "\n" not in str(caught.value)
     with pytest.raises(ValueError, match="attn_mask and is_causal=True given together"):
         fa_variants.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(5, 5, dtype=torch.bool), is_causal=True)
+
+
+def test_sdpa_attn_mask_under_torch_export_is_refused_in_one_line():
+    """torch.export cannot break the graph to read a mask (torch.compile does): the SDPA drop-in says so in one line
+    instead of the exporter's data-dependent guard error."""
+    class Model(torch.nn.Module):
+        def forward(self, q, k, mask):
+            return fa_variants.scaled_dot_product_attention(q, k, k, attn_mask=mask, enable_gqa=True,
+                                                            backend="reference")
+
+    q, k = torch.randn(2, 4, 3, 16), torch.randn(2, 2, 9, 16)
+    mask = _lengths_mask([9, 4], 3, 9, True)
+    with pytest.raises(ValueError, match=r"^attn_mask under torch.export: .*seqlens_k instead$"):
+        torch.export.export(Model(), (q, k, mask), strict=False)

@@ -135,8 +135,8 @@ def _check_readable(mask: torch.Tensor) -> None:
     if why is None and type(mask) is not torch.Tensor:
         why = "a traced or subclassed tensor (torch.export, make_fx)"
     if why is not None:
-        raise InexpressibleMask(f"a mask that is {why.removeprefix('a ')} (its values cannot be read)"
-                                if why.startswith("a ") else f"a mask {why} (its values cannot be read)")
+        raise InexpressibleMask(f"a mask that is {why} (its values cannot be read)" if why.startswith("a ")
+                                else f"a mask {why} (its values cannot be read)")
     if mask.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         raise InexpressibleMask("a mask inside CUDA-graph capture (its values cannot be read there: pass causal and "
                                 "seqlens_k on the GPU to fa_variants.attention)")
