@@ -706,7 +706,8 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
             flag and per-sequence key lengths express (``common.mask_lengths``): every key visible, bottom-right
             causal, or either over each sequence's first L_b keys (keys padded on the right; a static KV cache with
             L_b slots filled; torch's top-left causal as a mask), run as ``attention(..., causal, seqlens_k=L)``.
-            Read on the host (one device sync; a graph break under torch.compile; refused inside CUDA-graph
+            Read on the host (one device sync; a graph break under torch.compile, except with one query row,
+            where ``torch.ops.fa_variants.mask_lengths`` reads it when the graph runs; refused inside CUDA-graph
             capture and under torch.export). Other masks (left padding, windows, biases) raise ValueError, integer masks TypeError. A row
             that sees no key gives 0 (and LSE -inf).
         dropout_p: accepted for signature compatibility; only 0.0 is supported.
@@ -789,7 +790,7 @@ def _sdpa_mask(attn_mask, q: torch.Tensor, k: torch.Tensor) -> tuple[bool, torch
                          "detach it, or use torch's SDPA for a learned bias")
     if attn_mask.device != q.device:
         raise ValueError(f"attn_mask is on {attn_mask.device} but query is on {q.device}")
-    if getattr(torch.compiler, "is_exporting", lambda: False)():  # (torch.compile reads it at a graph break)
+    if q.shape[1] != 1 and getattr(torch.compiler, "is_exporting", lambda: False)():  # (compile: a graph break)
         raise ValueError("attn_mask under torch.export: its values decide the call and cannot be read while exporting; "
                          "export fa_variants.attention with causal and seqlens_k instead")
     target = (q.shape[0], q.shape[2], q.shape[1], k.shape[1])
@@ -797,12 +798,20 @@ def _sdpa_mask(attn_mask, q: torch.Tensor, k: torch.Tensor) -> tuple[bool, torch
     if not 2 <= len(shape) <= 4 or any(n not in (1, t) for n, t in zip(shape[::-1], target[::-1])):
         raise ValueError(f"attn_mask has shape {shape}, which does not broadcast to (batch, num_heads, seqlen_q, "
                          f"seqlen_k) = {target}" + ("" if 2 <= len(shape) <= 4 else " (it must have 2 to 4 dimensions)"))
+    mask = attn_mask.reshape((1,) * (4 - len(shape)) + shape)
+    if torch.compiler.is_compiling() and target[2] == 1:  # one query row: causal and full coincide, no graph break
+        return True, torch.ops.fa_variants.mask_lengths(mask, True, *target[2:], *target[:2], "attn_mask")
     try:
-        return mask_lengths.as_lengths(attn_mask.reshape((1,) * (4 - len(shape)) + shape), *target[2:], *target[:2],
-                                       name="attn_mask", float_min_blocks=False)
+        return mask_lengths.as_lengths(mask, *target[2:], *target[:2], name="attn_mask", float_min_blocks=False)
     except mask_lengths.InexpressibleMask as refused:
-        raise ValueError(f"attn_mask: fa_variants cannot express {refused.what}; use torch's SDPA for this mask, or "
-                         "fa_variants.attention's causal and seqlens_k") from None
+        raise sdpa_mask_refusal(refused.what) from None
+
+
+def sdpa_mask_refusal(what: str) -> ValueError:
+    """The SDPA drop-in's one-line error for an attn_mask that causal + seqlens_k cannot express (``what`` names
+    it); also raised by ``torch.ops.fa_variants.mask_lengths`` when a compiled graph runs."""
+    return ValueError(f"attn_mask: fa_variants cannot express {what}; use torch's SDPA for this mask, or "
+                      "fa_variants.attention's causal and seqlens_k")
 
 
 def select_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,

@@ -319,3 +319,36 @@ def test_sdpa_attn_mask_under_torch_export_is_refused_in_one_line():
     mask = _lengths_mask([9, 4], 3, 9, True)
     with pytest.raises(ValueError, match=r"^attn_mask under torch.export: .*seqlens_k instead$"):
         torch.export.export(Model(), (q, k, mask), strict=False)
+
+
+def test_sdpa_decode_with_a_mask_under_torch_compile_fullgraph():
+    """One query row (a decoding step): the SDPA drop-in's attn_mask goes through torch.ops.fa_variants.mask_lengths,
+    read when the graph runs, so fullgraph=True works, a growing cache recompiles at most once (dynamic shapes after
+    the second size), each step equals torch's SDPA, and a mask it cannot express (a hole before the last keys) is
+    refused with the drop-in's one-line ValueError when the graph runs."""
+    def step(q, k, mask):
+        return fa_variants.scaled_dot_product_attention(q, k, k, attn_mask=mask, enable_gqa=True, backend="reference")
+
+    graphs = []
+
+    def recording_backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, backend=recording_backend)
+    g = seeded_generator()
+    try:
+        for seqlen_k in range(9, 15):
+            q, k = torch.randn(2, 4, 1, 16, generator=g), torch.randn(2, 2, seqlen_k, 16, generator=g)
+            lengths = [seqlen_k, int(torch.randint(2, seqlen_k + 1, (), generator=g))]  # >= 2: room for a hole
+            mask = _lengths_mask(lengths, 1, seqlen_k, False)
+            want = F.scaled_dot_product_attention(q, k, k, attn_mask=mask, enable_gqa=True)
+            torch.testing.assert_close(compiled(q, k, mask), want, rtol=1e-5, atol=1e-5)
+        assert len(graphs) <= 2, f"{len(graphs)} graphs for 6 cache sizes"
+        assert all(any("fa_variants.mask_lengths" in str(n.target) for n in gm.graph.nodes) for gm in graphs)
+        mask[1, ..., 0] = False  # a hole before sequence 1's last keys
+        with pytest.raises(ValueError, match=r"^attn_mask: fa_variants cannot express this attention mask"):
+            compiled(q, k, mask)
+    finally:
+        torch._dynamo.reset()

@@ -118,39 +118,52 @@ _HOST_READ_TAGS = (torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph
 
 
 @torch.library.custom_op("fa_variants::mask_lengths", mutates_args=(), tags=_HOST_READ_TAGS)
-def mask_lengths_op(mask: torch.Tensor, causal: bool, seqlen_q: int, seqlen_k: int, batch: int,
-                    num_heads: int) -> torch.Tensor:
+def mask_lengths_op(mask: torch.Tensor, causal: bool, seqlen_q: int, seqlen_k: int, batch: int, num_heads: int,
+                    name: str) -> torch.Tensor:
     """seqlens_k (int32 (batch,) on the mask's device) of a 4-D mask that ``causal`` with per-sequence key lengths
     expresses (``common.mask_lengths.as_lengths``, read when the op runs: one device sync; plain masks give seqlen_k
-    for every sequence). What ``integrations.hf`` calls while torch.compile traces a layer with a mask, so that the
-    mask costs no graph break and ``fullgraph=True`` works. A mask of the other kind (full for a causal layer, with
-    seqlen_q > 1, or causal for a non-causal one) or one the lengths cannot express raises
-    ``hf.UnsupportedAttentionError`` when the compiled graph runs."""
+    for every sequence), so that a traced call with a mask costs no graph break and ``fullgraph=True`` works. Its
+    callers while torch.compile traces: ``integrations.hf`` (``name`` "attention_mask": transformers' masks, the
+    layer's is_causal giving the kind) and the SDPA drop-in at seqlen_q 1 (``name`` "attn_mask", 0 / -inf floats
+    only; there the two kinds coincide). A mask of the other kind (full for a causal layer, with seqlen_q > 1, or
+    causal for a non-causal one) or one the lengths cannot express raises when the compiled graph runs, as the
+    caller's eager path does (``_mask_refusal``)."""
     from fa_variants.common import mask_lengths
-    from fa_variants.integrations import hf
 
     try:
-        got, seqlens_k = mask_lengths.as_lengths(mask, seqlen_q, seqlen_k, batch, num_heads)
+        got, seqlens_k = mask_lengths.as_lengths(mask, seqlen_q, seqlen_k, batch, num_heads, name=name,
+                                                 float_min_blocks=name != "attn_mask")
     except mask_lengths.InexpressibleMask as refused:
-        raise hf._refuse(refused.what) from None
+        raise _mask_refusal(name, refused.what) from None
     if got != causal and seqlen_q > 1 and seqlen_k > 0:
-        raise hf._refuse(f"a {'causal' if got else 'full'} mask for a {'causal' if causal else 'non-causal'} layer "
-                         "(while torch.compile traced it, the layer's is_causal chose the kind)")
+        raise _mask_refusal(name, f"a {'causal' if got else 'full'} mask for a {'causal' if causal else 'non-causal'} "
+                                  "layer (while torch.compile traced it, the layer's is_causal chose the kind)")
     if seqlens_k is None:
         return torch.full((batch,), seqlen_k, dtype=torch.int32, device=mask.device)
     return seqlens_k.to(mask.device)
 
 
-@mask_lengths_op.register_fake
-def _mask_lengths_fake(mask, causal, seqlen_q, seqlen_k, batch, num_heads):
-    """The mask's shape checked as ``as_lengths`` checks it (its values are read when the op runs)."""
-    from fa_variants.common import mask_lengths
+def _mask_refusal(name: str, what: str) -> Exception:
+    """The error the mask op's caller gives eagerly for a mask it cannot express: ``hf.UnsupportedAttentionError``
+    (with transformers' fallback) for "attention_mask", the SDPA drop-in's ValueError for "attn_mask"."""
+    if name == "attn_mask":
+        from fa_variants import api
+
+        return api.sdpa_mask_refusal(what)
     from fa_variants.integrations import hf
 
+    return hf._refuse(what)
+
+
+@mask_lengths_op.register_fake
+def _mask_lengths_fake(mask, causal, seqlen_q, seqlen_k, batch, num_heads, name):
+    """The mask's shape checked as ``as_lengths`` checks it (its values are read when the op runs)."""
+    from fa_variants.common import mask_lengths
+
     try:
-        mask_lengths.check_shape(mask, seqlen_q, seqlen_k, batch, num_heads)
+        mask_lengths.check_shape(mask, seqlen_q, seqlen_k, batch, num_heads, name=name)
     except mask_lengths.InexpressibleMask as refused:
-        raise hf._refuse(refused.what) from None
+        raise _mask_refusal(name, refused.what) from None
     return mask.new_empty((batch,), dtype=torch.int32)
 
 

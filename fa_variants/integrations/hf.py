@@ -219,7 +219,7 @@ def _causal_flag(module, query, key, attention_mask, dropout, is_causal, kwargs,
         raise _refuse(f"a mask of shape {tuple(attention_mask.shape)} for seqlen_q {seqlen_q}, seqlen_k {seqlen_k}")
     causal = _module_causal(module, is_causal)
     return causal, torch.ops.fa_variants.mask_lengths(attention_mask, causal, seqlen_q, seqlen_k, query.shape[0],
-                                                      query.shape[1])
+                                                      query.shape[1], "attention_mask")
 
 
 def _module_causal(module, is_causal: bool | None) -> bool:
