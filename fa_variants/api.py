@@ -790,7 +790,11 @@ def _sdpa_mask(attn_mask, q: torch.Tensor, k: torch.Tensor) -> tuple[bool, torch
                          "detach it, or use torch's SDPA for a learned bias")
     if attn_mask.device != q.device:
         raise ValueError(f"attn_mask is on {attn_mask.device} but query is on {q.device}")
-    if q.shape[1] != 1 and getattr(torch.compiler, "is_exporting", lambda: False)():  # (compile: a graph break)
+    # traced with one query row (causal and full coincide) and no gradient wanted: the mask op, read when the graph
+    # runs (no graph break); else read here (under torch.compile at a graph break, so that a plain mask keeps a plain
+    # call and its fused backward), which torch.export cannot do
+    in_graph = torch.compiler.is_compiling() and q.shape[1] == 1 and not (torch.is_grad_enabled() and q.requires_grad)
+    if not in_graph and getattr(torch.compiler, "is_exporting", lambda: False)():
         raise ValueError("attn_mask under torch.export: its values decide the call and cannot be read while exporting; "
                          "export fa_variants.attention with causal and seqlens_k instead")
     target = (q.shape[0], q.shape[2], q.shape[1], k.shape[1])
@@ -799,7 +803,7 @@ def _sdpa_mask(attn_mask, q: torch.Tensor, k: torch.Tensor) -> tuple[bool, torch
         raise ValueError(f"attn_mask has shape {shape}, which does not broadcast to (batch, num_heads, seqlen_q, "
                          f"seqlen_k) = {target}" + ("" if 2 <= len(shape) <= 4 else " (it must have 2 to 4 dimensions)"))
     mask = attn_mask.reshape((1,) * (4 - len(shape)) + shape)
-    if torch.compiler.is_compiling() and target[2] == 1:  # one query row: causal and full coincide, no graph break
+    if in_graph:
         return True, torch.ops.fa_variants.mask_lengths(mask, True, *target[2:], *target[:2], "attn_mask")
     try:
         return mask_lengths.as_lengths(mask, *target[2:], *target[:2], name="attn_mask", float_min_blocks=False)

@@ -352,3 +352,41 @@ def test_sdpa_decode_with_a_mask_under_torch_compile_fullgraph():
             compiled(q, k, mask)
     finally:
         torch._dynamo.reset()
+
+
+@needs_hf
+def test_training_under_torch_compile_keeps_the_plain_call_for_an_unpadded_mask():
+    """With grad (training), a traced layer reads its mask at a graph break, as eagerly: an all-ones attention_mask
+    (what tokenizers pass) keeps the plain causal op, whose backward is the fused one, not the lengths op, whose
+    backward is the reference's; the gradients equal eager attention's."""
+    from test_integrations import tiny_llama
+
+    model = tiny_llama()
+    ids = torch.randint(0, 97, (2, 11), generator=seeded_generator())
+    name = hf.register(backend="reference")
+    graphs = []
+
+    def recording_backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def loss_grads(forward):
+        model.zero_grad()
+        forward(ids, attention_mask=torch.ones_like(ids)).last_hidden_state.square().mean().backward()
+        return [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    torch._dynamo.reset()
+    try:
+        expected = loss_grads(model.model)
+        model.set_attn_implementation(name)
+        got = loss_grads(torch.compile(model.model, backend=recording_backend))
+    finally:
+        model.set_attn_implementation("eager")
+        model.zero_grad()
+        torch._dynamo.reset()
+    targets = [str(n.target) for gm in graphs for n in gm.graph.nodes]
+    assert "fa_variants.attention" in targets  # the plain op (layers dynamo gives up on run it eagerly)
+    assert not any("fa_variants.attention_seqlens_k" in t or "fa_variants.mask_lengths" in t for t in targets)
+    assert len(got) == len(expected)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
