@@ -706,9 +706,9 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
             flag and per-sequence key lengths express (``common.mask_lengths``): every key visible, bottom-right
             causal, or either over each sequence's first L_b keys (keys padded on the right; a static KV cache with
             L_b slots filled; torch's top-left causal as a mask), run as ``attention(..., causal, seqlens_k=L)``.
-            Read on the host (one device sync; a graph break under torch.compile, except with one query row,
-            where ``torch.ops.fa_variants.mask_lengths`` reads it when the graph runs; refused inside CUDA-graph
-            capture and under torch.export). Other masks (left padding, windows, biases) raise ValueError, integer masks TypeError. A row
+            Read on the host (one device sync; a graph break under torch.compile, except with one query row and
+            no gradient wanted, where ``torch.ops.fa_variants.mask_lengths`` reads it when the graph runs, which
+            torch.export takes too; otherwise refused under torch.export, and inside CUDA-graph capture). Other masks (left padding, windows, biases) raise ValueError, integer masks TypeError. A row
             that sees no key gives 0 (and LSE -inf).
         dropout_p: accepted for signature compatibility; only 0.0 is supported.
         is_causal: causal mask. PyTorch aligns it top-left and we align bottom-right; the two agree when
@@ -795,8 +795,8 @@ def _sdpa_mask(attn_mask, q: torch.Tensor, k: torch.Tensor) -> tuple[bool, torch
     # call and its fused backward), which torch.export cannot do
     in_graph = torch.compiler.is_compiling() and q.shape[1] == 1 and not (torch.is_grad_enabled() and q.requires_grad)
     if not in_graph and getattr(torch.compiler, "is_exporting", lambda: False)():
-        raise ValueError("attn_mask under torch.export: its values decide the call and cannot be read while exporting; "
-                         "export fa_variants.attention with causal and seqlens_k instead")
+        raise ValueError("attn_mask under torch.export: its values decide the call and cannot be read while exporting "
+                         "(one query row without grad can); export fa_variants.attention with causal and seqlens_k")
     target = (q.shape[0], q.shape[2], q.shape[1], k.shape[1])
     shape = tuple(attn_mask.shape)
     if not 2 <= len(shape) <= 4 or any(n not in (1, t) for n, t in zip(shape[::-1], target[::-1])):

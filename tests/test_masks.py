@@ -107,28 +107,35 @@ def test_the_same_mask_is_read_once_until_it_changes(monkeypatch):
     mask = _lengths_mask([5, 3], 2, 8, True)
     first = hf.mask_as_lengths(mask, 2, 8, 2, 4, memo=True)[1]
     first += 1  # the caller's edit
-    window = _lengths_mask([5, 3], 2, 8, True) & (torch.arange(8) > 0)  # a second mask, read in turn with the first
+    other = _lengths_mask([2, 8], 2, 8, True)  # a second mask (a hybrid model's other kind of layer), in turn
+    window = _lengths_mask([5, 3], 2, 8, True) & (torch.arange(8) > 0)  # refused: a hole at the start
     for _ in range(3):
         assert hf.mask_as_lengths(mask, 2, 8, 2, 4, memo=True)[1].tolist() == [5, 3]
+        assert hf.mask_as_lengths(other, 2, 8, 2, 4, memo=True)[1].tolist() == [2, 8]
         with pytest.raises(hf.UnsupportedAttentionError):
             hf.mask_as_lengths(window, 2, 8, 2, 4, memo=True)
-    assert len(reads) == 1 + 3  # a refusal is not kept
+    assert len(reads) == 2 + 3  # both masks kept; a refusal is not
+    monkeypatch.setattr(mask_lengths, "MEMO_SIZE", 1)  # one kept: the two evict each other
+    for _ in range(2):
+        hf.mask_as_lengths(mask, 2, 8, 2, 4, memo=True), hf.mask_as_lengths(other, 2, 8, 2, 4, memo=True)
+    assert len(reads) == 5 + 3  # (the first call a hit: its entry the one kept)
+    monkeypatch.setattr(mask_lengths, "MEMO_SIZE", 8)
     hf.mask_as_lengths(mask, 2, 8, 2, 2, memo=True)  # other heads: read again
     mask.copy_(_lengths_mask([5, 4], 2, 8, True))  # the second sequence's next slot filled, in place
     assert hf.mask_as_lengths(mask, 2, 8, 2, 2, memo=True)[1].tolist() == [5, 4]
     assert hf.mask_as_lengths(mask.clone(), 2, 8, 2, 2, memo=True)[1].tolist() == [5, 4]
-    assert len(reads) == 7
+    assert len(reads) == 11
     with torch.inference_mode():  # no version counter: never kept
         frozen = _lengths_mask([5, 3], 2, 8, True)
         hf.mask_as_lengths(frozen, 2, 8, 2, 2, memo=True), hf.mask_as_lengths(frozen, 2, 8, 2, 2, memo=True)
-    assert len(reads) == 9
+    assert len(reads) == 13
     hf.mask_as_lengths(mask, 2, 8, 2, 2), hf.mask_as_lengths(mask, 2, 8, 2, 2)  # without memo: every call reads
-    assert len(reads) == 11
+    assert len(reads) == 15
 
 
 def test_a_mask_rewritten_behind_its_version_counter_is_read_again():
-    """The SDPA drop-in (and the compiled graphs' mask op) keep nothing: a mask rewritten without its version counter
-    moving (here through .data; on the GPU a reduce-overhead graph's replay) gives its new lengths."""
+    """The SDPA drop-in keeps nothing (nor does the compiled graphs' mask op: the GPU test of reduce-overhead): a mask
+    rewritten without its version counter moving (here through .data) gives its new lengths."""
     q, k = torch.randn(2, 4, 1, 16), torch.randn(2, 2, 9, 16)
     mask = _lengths_mask([9, 4], 1, 9, True)
     first = fa_variants.scaled_dot_product_attention(q, k, k, attn_mask=mask, enable_gqa=True, backend="reference")
@@ -214,8 +221,9 @@ def test_static_cache_decoding_under_torch_compile_fullgraph():
 
 @needs_hf
 def test_a_padded_batch_under_torch_compile_is_refused_when_it_runs():
-    """Traced, the mask is not read (no graph break): a left-padded batch is refused in one line by the mask op when
-    the compiled graph runs; a mask of the other kind than the layer's is_causal too."""
+    """Traced, a built mask is not read (the padding is, at a graph break, where it decides that a mask is needed):
+    a left-padded batch is refused in one line by the mask op when the compiled graph runs; a mask of the other kind
+    than the layer's is_causal too, under fullgraph=True."""
     from test_integrations import tiny_llama
 
     model = tiny_llama()
@@ -227,7 +235,7 @@ def test_a_padded_batch_under_torch_compile_is_refused_when_it_runs():
     model.set_attn_implementation(name)
     try:
         with torch.no_grad():
-            compiled = torch.compile(model.model, fullgraph=True, backend="eager")
+            compiled = torch.compile(model.model, backend="eager")  # (the padding is read at a graph break)
             with pytest.raises(hf.UnsupportedAttentionError, match=r"^fa_variants attention cannot express this "
                                                                    r"attention mask \(padding on the left"):
                 compiled(ids, attention_mask=padded)
@@ -317,7 +325,7 @@ def test_sdpa_attn_mask_under_torch_export_is_refused_in_one_line():
 
     q, k = torch.randn(2, 4, 3, 16), torch.randn(2, 2, 9, 16)
     mask = _lengths_mask([9, 4], 3, 9, True)
-    with pytest.raises(ValueError, match=r"^attn_mask under torch.export: .*seqlens_k instead$"):
+    with pytest.raises(ValueError, match=r"^attn_mask under torch.export: .*with causal and seqlens_k$"):
         torch.export.export(Model(), (q, k, mask), strict=False)
 
 
@@ -390,3 +398,17 @@ def test_training_under_torch_compile_keeps_the_plain_call_for_an_unpadded_mask(
     assert len(got) == len(expected)
     for a, b in zip(got, expected):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_edge_masks_batch_zero_and_nothing_visible():
+    """A mask broadcast over an empty batch gives an empty output (seqlens_k of shape (0,)); a mask that hides every
+    key is both kinds at once: the mask op takes it for a non-causal layer as eagerly (rows 0)."""
+    q, k = torch.randn(0, 4, 3, 16), torch.randn(0, 2, 9, 16)
+    mask = _lengths_mask([4], 3, 9, False)  # (1, 1, 3, 9)
+    out = fa_variants.scaled_dot_product_attention(q, k, k, attn_mask=mask, enable_gqa=True, backend="reference")
+    assert out.shape == (0, 4, 3, 16)
+    hidden = torch.zeros(2, 1, 3, 9, dtype=torch.bool)
+    assert hf.mask_as_lengths(hidden, 3, 9, 2, 4)[1].tolist() == [0, 0]
+    for causal in (False, True):
+        lengths = torch.ops.fa_variants.mask_lengths(hidden, causal, 3, 9, 2, 4, "attention_mask")
+        assert lengths.tolist() == [0, 0]

@@ -39,7 +39,7 @@ class InexpressibleMask(ValueError):
         self.what = what
 
 
-#: id(mask) -> (weakref, version, call key, causal, lengths tuple or None) for the last MEMO_SIZE masks read eagerly
+#: id(mask) -> (weakref, version, call key, causal, lengths list or None) for the MEMO_SIZE masks read or hit last
 #: (several: hybrid models alternate a full and a sliding-window mask), under _MEMO_LOCK
 _MEMO: dict[int, tuple] = {}
 _MEMO_LOCK = threading.Lock()
@@ -87,16 +87,14 @@ def as_lengths(mask: torch.Tensor, seqlen_q: int, seqlen_k: int, batch: int | No
     key = (batch, num_heads, seqlen_q, seqlen_k, float_min_blocks)
     version = None if not memo or mask.is_inference() else mask._version  # read first: a change meanwhile misses
     kept = _MEMO.get(id(mask))
-    if version is not None and kept is not None and kept[0]() is mask and kept[1:3] == (version, key):
-        causal, lengths = kept[3:]
-    else:
-        causal, lengths = _read(mask, seqlen_q, seqlen_k, batch, False, float_min_blocks)
-        if version is not None:
-            with _MEMO_LOCK:
-                _MEMO.pop(id(mask), None)
-                _MEMO[id(mask)] = (weakref.ref(mask), version, key, causal, lengths)
-                while len(_MEMO) > MEMO_SIZE:
-                    del _MEMO[next(iter(_MEMO))]
+    hit = version is not None and kept is not None and kept[0]() is mask and kept[1:3] == (version, key)
+    causal, lengths = kept[3:] if hit else _read(mask, seqlen_q, seqlen_k, batch, False, float_min_blocks)
+    if version is not None:
+        with _MEMO_LOCK:  # (re)entered last: the least recently used goes first
+            _MEMO.pop(id(mask), None)
+            _MEMO[id(mask)] = (weakref.ref(mask), version, key, causal, lengths)
+            while len(_MEMO) > MEMO_SIZE:
+                del _MEMO[next(iter(_MEMO))]
     return causal, None if lengths is None else torch.tensor(lengths, dtype=torch.int32)
 
 
@@ -195,7 +193,7 @@ def _read(mask: torch.Tensor, seqlen_q: int, seqlen_k: int, batch: int | None, t
             if traced:
                 found = found.to(torch.int32)
                 return causal, found if batch is None or found.shape[0] == batch else found.expand(batch).contiguous()
-            return causal, found * (batch or 1) if batch is not None and len(found) != batch else found
+            return causal, found * batch if batch is not None and len(found) != batch else found
     raise InexpressibleMask("this attention mask (padding on the left, or on the right of a causal batch; a sliding "
                             "window that bites; packed sequences): only bottom-right causal or full attention, over "
                             "each sequence's first keys")

@@ -121,8 +121,8 @@ _HOST_READ_TAGS = (torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph
 def mask_lengths_op(mask: torch.Tensor, causal: bool, seqlen_q: int, seqlen_k: int, batch: int, num_heads: int,
                     name: str) -> torch.Tensor:
     """seqlens_k (int32 (batch,) on the mask's device) of a 4-D mask that ``causal`` with per-sequence key lengths
-    expresses (``common.mask_lengths.as_lengths``, read when the op runs: one device sync; plain masks give seqlen_k
-    for every sequence), so that a traced call with a mask costs no graph break and ``fullgraph=True`` works. Its
+    expresses (``common.mask_lengths.as_lengths``, read when the op runs: one device sync, and the attention op checks
+    the lengths it gets, another; plain masks give seqlen_k for every sequence), so that a traced call with a mask costs no graph break and ``fullgraph=True`` works. Its
     callers while torch.compile traces: ``integrations.hf`` (``name`` "attention_mask": transformers' masks, the
     layer's is_causal giving the kind) and the SDPA drop-in at seqlen_q 1 (``name`` "attn_mask", 0 / -inf floats
     only; there the two kinds coincide). A mask of the other kind (full for a causal layer, with seqlen_q > 1, or
@@ -135,7 +135,8 @@ def mask_lengths_op(mask: torch.Tensor, causal: bool, seqlen_q: int, seqlen_k: i
                                                  float_min_blocks=name != "attn_mask")
     except mask_lengths.InexpressibleMask as refused:
         raise _mask_refusal(name, refused.what) from None
-    if got != causal and seqlen_q > 1 and seqlen_k > 0:
+    if got != causal and seqlen_q > 1 and seqlen_k > 0 and (seqlens_k is None or bool(seqlens_k.any())):
+        # (every length 0: nothing visible, which both kinds express)
         raise _mask_refusal(name, f"a {'causal' if got else 'full'} mask for a {'causal' if causal else 'non-causal'} "
                                   "layer (while torch.compile traced it, the layer's is_causal chose the kind)")
     if seqlens_k is None:

@@ -23,11 +23,11 @@ dynamic cache). Otherwise it materialises the boolean mask, and the attention fu
 bottom-right causal, and either of them over each sequence's first L_b keys (a static KV cache with L_b of its
 slots filled; keys padded on the right). Anything else (left padding, sliding windows that bite, packed
 sequences, additive biases) raises :class:`UnsupportedAttentionError`, whose message says to use
-``attn_implementation="sdpa"`` or ``"eager"`` for that call. While torch.compile traces without grad (inference),
-nothing reads a mask (no graph break, ``fullgraph=True`` works): our mask function builds it, the layer's
-``is_causal`` gives the kind, and ``torch.ops.fa_variants.mask_lengths`` reads it into seqlens_k when the compiled
-graph runs (refusing it then). With grad (training) the mask is read at a graph break, as eagerly, so that an
-unpadded batch keeps the plain causal call and its fused backward.
+``attn_implementation="sdpa"`` or ``"eager"`` for that call. Under torch.compile, the padding of transformers'
+2-D attention_mask is read (a graph break) only where it decides whether a mask is needed at all (a dynamic cache:
+keys from position 0, queries at the end); a mask that is built anyway (a static cache's slots, a padded batch)
+costs no graph break: the layer's ``is_causal`` gives the kind and ``torch.ops.fa_variants.mask_lengths`` reads it
+into seqlens_k when the compiled graph runs (refusing it then).
 
 Training: the kernels have no backward kernel of their own; their gradients come from PyTorch's backward
 (``fa_variants.integrations.backward``: by default cuDNN's fused backward on our forward's O and LSE, else PyTorch's
@@ -155,8 +155,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     try:
         _check_expressible(query, key, value)
         causal, seqlens_k = _causal_flag(module, query, key, attention_mask, dropout, is_causal, kwargs,
-                                         traced_mask=fallback is None and torch.compiler.is_compiling()
-                                         and not (torch.is_grad_enabled() and query.requires_grad))
+                                         traced_mask=fallback is None and torch.compiler.is_compiling())
     except UnsupportedAttentionError as refused:
         if fallback is None:
             raise
@@ -203,10 +202,9 @@ def _causal_flag(module, query, key, attention_mask, dropout, is_causal, kwargs,
     """``attention_forward``'s causal flag and seqlens_k for ``fa_variants.attention`` (``mask_as_lengths``);
     UnsupportedAttentionError for a call they cannot express but sdpa can (dropout, a position bias, a sliding
     window that bites, a mask other than causal or full over each sequence's first keys). ``traced_mask``
-    (torch.compile tracing, no fallback, no gradient wanted): the mask's lengths come from
-    ``torch.ops.fa_variants.mask_lengths``, read when the graph runs, so the mask costs no graph break; the layer's
-    ``is_causal`` says which kind it must be. A traced call that needs a gradient reads the mask at a graph break
-    instead, so that a plain mask keeps the plain call and its fused backward."""
+    (torch.compile tracing, no fallback): the mask's lengths come from ``torch.ops.fa_variants.mask_lengths``, read
+    when the graph runs, so the mask costs no graph break; the layer's ``is_causal`` says which kind it must be. (A
+    plain mask does not come here: ``build_mask`` returns None for it.)"""
     seqlen_q, seqlen_k = query.shape[2], key.shape[2]
     if dropout:
         raise _refuse(f"dropout {dropout} (the kernels have none): call model.eval() or set the attention dropout to 0")
@@ -249,12 +247,10 @@ def build_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_of
     plain = mask_function in (None, causal_mask_function, bidirectional_mask_function)
     causal_aligned = mask_function is bidirectional_mask_function or (
         not isinstance(q_offset, torch.Tensor) and q_offset + q_length == kv_length)
-    # traced without grad (inference), the padding is not read (no graph break): the mask is built, and read when the
-    # graph runs; with grad (training) it is read here, at a graph break, so that an unpadded batch keeps the plain
-    # causal call, whose backward is the fused one (a call with seqlens_k takes the reference's: integrations.backward)
-    unread = torch.compiler.is_compiling() and not torch.is_grad_enabled()
-    no_padding = attention_mask is None or (not unread and bool(attention_mask.all()))
-    if plain and causal_aligned and no_padding and not isinstance(kv_offset, torch.Tensor) and kv_offset == 0:
+    # the padding is read (a graph break under torch.compile) only where it decides: a mask that must be built anyway
+    # (a static cache's slots) is built without it and read when the graph runs (torch.ops.fa_variants.mask_lengths)
+    if plain and causal_aligned and not isinstance(kv_offset, torch.Tensor) and kv_offset == 0 and (
+            attention_mask is None or bool(attention_mask.all())):
         return None
     kwargs.update(allow_is_causal_skip=False, allow_is_bidirectional_skip=False)
     return sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
