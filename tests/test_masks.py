@@ -29,6 +29,17 @@ def _lengths_mask(lengths, seqlen_q: int, seqlen_k: int, causal: bool) -> torch.
     return visible[:, None]
 
 
+def _recorder():
+    """(graphs, backend): a torch.compile backend that keeps each graph it is given and runs it as traced."""
+    graphs = []
+
+    def recording_backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    return graphs, recording_backend
+
+
 @pytest.mark.parametrize("chunk", [None, 5], ids=["one-step", "rows-in-chunks"])
 @pytest.mark.parametrize("causal", [True, False])
 def test_mask_as_lengths_reads_per_sequence_lengths(causal, chunk, monkeypatch):
@@ -190,11 +201,7 @@ def test_static_cache_decoding_under_torch_compile_fullgraph():
     prompt = int(torch.randint(3, 10, (), generator=g))
     ids = torch.randint(0, 97, (2, prompt + 4), generator=g)
     name = hf.register(backend="reference")
-    graphs = []
-
-    def recording_backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
+    graphs, recording_backend = _recorder()
 
     def decode(forward):
         cache = StaticCache(config=model.config, max_cache_len=32)
@@ -337,11 +344,7 @@ def test_sdpa_decode_with_a_mask_under_torch_compile_fullgraph():
     def step(q, k, mask):
         return fa_variants.scaled_dot_product_attention(q, k, k, attn_mask=mask, enable_gqa=True, backend="reference")
 
-    graphs = []
-
-    def recording_backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
+    graphs, recording_backend = _recorder()
 
     torch._dynamo.reset()
     compiled = torch.compile(step, fullgraph=True, backend=recording_backend)
@@ -372,11 +375,7 @@ def test_training_under_torch_compile_keeps_the_plain_call_for_an_unpadded_mask(
     model = tiny_llama()
     ids = torch.randint(0, 97, (2, 11), generator=seeded_generator())
     name = hf.register(backend="reference")
-    graphs = []
-
-    def recording_backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
+    graphs, recording_backend = _recorder()
 
     def loss_grads(forward):
         model.zero_grad()
