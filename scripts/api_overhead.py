@@ -158,7 +158,7 @@ def phases(q, k, v, backend: str, calls: int, rounds: int, sync) -> dict[str, fl
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--backend", default="fa3", help="one backend or a comma-separated list")
     parser.add_argument("--stub", action="store_true", help="no kernel (always so on the CPU)")

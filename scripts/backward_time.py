@@ -85,7 +85,7 @@ def step_fn(entry: str, q, k, v, causal: bool, wide: bool):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--out", type=Path, default=None, help="folder for backward.json")

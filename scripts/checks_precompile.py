@@ -35,7 +35,7 @@ JOBS: list[tuple] = (
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     p.add_argument("--jobs", type=int, default=min(14, os.cpu_count() or 1))
     p.add_argument("--list", action="store_true", help="print the jobs and exit (no GPU needed)")
     a = p.parse_args()

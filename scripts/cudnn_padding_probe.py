@@ -36,7 +36,7 @@ def nonfinite(seqlen_q: int, seqlen_k: int, head_dim: int, causal: bool, anti: b
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("--out", type=pathlib.Path, default=None, help="write cudnn_padding.json there")
     args = parser.parse_args()
     print(f"torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, {torch.cuda.get_device_name()}")

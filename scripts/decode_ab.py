@@ -694,7 +694,7 @@ def hbm_lines(results, variants, peak_tbps: float = 4.8) -> list[str]:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     p.add_argument("--plan", action="store_true", help="print the plan and exit (no GPU needed)")
     p.add_argument("--compile-only", action="store_true", help="compile the plan's kernels into the disk cache, exit")
     p.add_argument("--all-nq1", action="store_true", help="all 48 seqlen_q = 1 shapes, not only the 32 misses")

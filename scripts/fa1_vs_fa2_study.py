@@ -45,7 +45,7 @@ METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     default_out = os.path.join(os.environ["OUT"], "fa1_vs_fa2") if os.environ.get("OUT") else "fa1_vs_fa2_study"
     p.add_argument("--out", default=default_out, help="output folder (study.json, study.md, ncu log)")

@@ -49,7 +49,7 @@ def bench_cell(n, d, causal, dtype=torch.bfloat16, tokens=16384, hd=2048, rep=20
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     p.add_argument("--seqlens", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
     p.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
     p.add_argument("--compile-report", action="store_true", help="print compile JSON for every head dim")

@@ -231,7 +231,7 @@ def narrow_summary(results) -> str:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     p.add_argument("--plan", action="store_true", help="print the shapes and split counts and exit (no GPU needed)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--batch", type=int, nargs="+", default=list(BATCH))

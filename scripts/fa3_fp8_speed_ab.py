@@ -966,7 +966,7 @@ def plan(args) -> str:
 
 def parser() -> argparse.ArgumentParser:
     """The command line; ``--set`` accepts exactly the names of ``SETS``."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     ap.add_argument("--set", choices=list(SETS), default="ab",
                     help="; ".join(f"{name}: {vs.help}" for name, vs in SETS.items()))
     ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128, 256], choices=[64, 128, 256])

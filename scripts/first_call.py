@@ -81,7 +81,7 @@ def instrument(sync=None) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("--backend", default="fa3")
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--seqlens-k", action="store_true",

@@ -71,7 +71,7 @@ def run(A: torch.Tensor, B: torch.Tensor, fast: bool) -> torch.Tensor:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     ap.add_argument("--json", help="write every row here")
     args = ap.parse_args()
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):

@@ -478,7 +478,7 @@ def report_cell(name: str, q, k, v, pipe: str, recipe: str, cell_times: list, ce
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line (see the module docstring)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("--json", default=None, help="write the rows to this file")
     parser.add_argument("--calls", type=int, default=20, help="calls per timing (default 20)")
     parser.add_argument("--pipelines", default="v1,v3",

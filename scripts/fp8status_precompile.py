@@ -63,7 +63,7 @@ def compile_one(job: tuple) -> str:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     p.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1))
     p.add_argument("--head-dims", type=int, nargs="+", default=[64, 128, 256], choices=[64, 96, 128, 256])
     p.add_argument("--list", action="store_true", help="print the jobs and exit (no GPU needed)")

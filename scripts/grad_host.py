@@ -119,7 +119,7 @@ def find_syncs(step) -> list[str]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--out", type=Path, default=Path("results/gradhost"))
     args = parser.parse_args(argv)

@@ -52,7 +52,7 @@ def gpu_us(calls_fn, calls, reps, torch):
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     p.add_argument("--out", required=True)
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--reps", type=int, default=10)

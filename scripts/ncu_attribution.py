@@ -54,7 +54,7 @@ def fp8_variants(variant_set: str, head_dim: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     ap.add_argument("--impl", default="fa3", help=f"comma list of {', '.join(IMPLS)}")
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--seqlen", type=int, default=4096)

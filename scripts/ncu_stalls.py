@@ -35,7 +35,7 @@ def summarise(kernels: list, top: int) -> list[str]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("csv")
     parser.add_argument("--top", type=int, default=8)
     args = parser.parse_args()

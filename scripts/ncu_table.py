@@ -395,7 +395,7 @@ def source_top(text: str, n: int = 12) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     ap.add_argument("--details", required=True, help="ncu --page details text")
     ap.add_argument("--raw", help="ncu --page raw --csv text of the same report")
     ap.add_argument("--before", help="the before run's markdown table")

@@ -98,7 +98,7 @@ def _ratios(times: dict[str, list[float]], name: str) -> list[float]:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     p.add_argument("phase", choices=["precompile", "speed", "list"])
     p.add_argument("--jobs", type=int, default=min(14, os.cpu_count() or 1))
     p.add_argument("--rounds", type=int, default=6)

@@ -21,7 +21,7 @@ from fa_variants.integrations.model_dir import read_weights, save_model_dir
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("--out", type=Path, default=Path(".smollm2"), help="folder (default .smollm2, git-ignored)")
     parser.add_argument("--chunk-mib", type=float, default=52, help="largest piece in MiB (default 52)")
     args = parser.parse_args(argv)

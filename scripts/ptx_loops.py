@@ -154,7 +154,7 @@ def _liveness(blocks: dict, order: list[str]) -> dict[str, set[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("ptx", type=Path)
     ap.add_argument("--min-size", type=int, default=0, help="smallest loop body listed, instructions")
     ap.add_argument("--live", action="store_true", help="registers live at each loop's head (32-bit units)")

@@ -71,7 +71,7 @@ def cases(nks, seeds, head_dims) -> list[Case]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--nk", type=int, nargs="+", default=[4096, 16384])
     ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128, 256])

@@ -15,7 +15,7 @@ import argparse
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("--pipelines", default="v1,v3")
     parser.add_argument("--recipes", default=None, help="one recipe per pipeline (default: default for each)")
     parser.add_argument("--head-dim", type=int, default=128)

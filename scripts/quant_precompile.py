@@ -231,7 +231,7 @@ def compile_key(key) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("--jobs", type=int, default=14)
     parser.add_argument("--plan", action="store_true", help="list the tasks and exit (no GPU needed)")
     parser.add_argument("--set", default="quant3",

@@ -21,7 +21,7 @@ from __future__ import annotations
 def main() -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("--set", default="quant3", choices=("quant3", "quant4", "quant5", "quant8",
                                                            "quantlanes"))
     args = parser.parse_args()

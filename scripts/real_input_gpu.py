@@ -218,7 +218,7 @@ def e2e_markdown(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("--fixture", help="fixture path (default: fa_variants.integrations.fixture.find_fixture())")
     parser.add_argument("--dtypes", default="fp16,bf16", help="comma-separated, from fp16,bf16")
     parser.add_argument("--out", help="output folder (default: $OUT, else results/real_input)")

@@ -200,7 +200,7 @@ def _precompile(out: Path, runs: list, timeout: float, shapes: str = "all") -> b
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("--tools", nargs="+", choices=TOOLS, default=list(TOOLS))
     parser.add_argument("--backends", nargs="+", choices=KERNELS, default=list(KERNELS))
     parser.add_argument("--timeout", type=float, default=280, help="seconds per (tool, backend) (default 280)")

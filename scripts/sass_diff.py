@@ -163,7 +163,7 @@ def table(a: collections.Counter, b: collections.Counter, names: tuple[str, str]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("a", help="SASS listing A (e.g. ours)")
     p.add_argument("b", help="SASS listing B (e.g. flash-attn-4)")
     p.add_argument("--min-size", type=int, default=200, help="smallest loop body listed, instructions (200)")

@@ -119,7 +119,7 @@ def fa4_cubin(head_dim: int, causal: bool, dtype: str) -> bytes:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("impl", choices=["ours", "fp8", "fa4"])
     ap.add_argument("--head-dim", type=int, required=True, choices=[64, 96, 128, 256])
     ap.add_argument("--causal", action="store_true")

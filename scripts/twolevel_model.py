@@ -126,7 +126,7 @@ def fit(frac: dict, measured: dict = MEASURED) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--warps", type=int, default=48, help="warps sampled per head")
     ap.add_argument("--heads", type=int, default=2)
     args = ap.parse_args()
