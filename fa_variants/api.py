@@ -708,8 +708,9 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
             L_b slots filled; torch's top-left causal as a mask), run as ``attention(..., causal, seqlens_k=L)``.
             Read on the host (one device sync; a graph break under torch.compile, except with one query row and
             no gradient wanted, where ``torch.ops.fa_variants.mask_lengths`` reads it when the graph runs, which
-            torch.export takes too; otherwise refused under torch.export, and inside CUDA-graph capture). Other masks (left padding, windows, biases) raise ValueError, integer masks TypeError. A row
-            that sees no key gives 0 (and LSE -inf).
+            torch.export takes too; otherwise refused under torch.export, and inside CUDA-graph capture). Other
+            masks (left padding, windows, biases) raise ValueError, integer masks TypeError. A row that sees no
+            key gives 0 (and LSE -inf).
         dropout_p: accepted for signature compatibility; only 0.0 is supported.
         is_causal: causal mask. PyTorch aligns it top-left and we align bottom-right; the two agree when
             seqlen_q == seqlen_k (and where either is 0), so is_causal with other seqlen_q != seqlen_k raises

@@ -122,10 +122,10 @@ def mask_lengths_op(mask: torch.Tensor, causal: bool, seqlen_q: int, seqlen_k: i
                     name: str) -> torch.Tensor:
     """seqlens_k (int32 (batch,) on the mask's device) of a 4-D mask that ``causal`` with per-sequence key lengths
     expresses (``common.mask_lengths.as_lengths``, read when the op runs: one device sync, and the attention op checks
-    the lengths it gets, another; plain masks give seqlen_k for every sequence), so that a traced call with a mask costs no graph break and ``fullgraph=True`` works. Its
-    callers while torch.compile traces: ``integrations.hf`` (``name`` "attention_mask": transformers' masks, the
-    layer's is_causal giving the kind) and the SDPA drop-in at seqlen_q 1 (``name`` "attn_mask", 0 / -inf floats
-    only; there the two kinds coincide). A mask of the other kind (full for a causal layer, with seqlen_q > 1, or
+    the lengths it gets, another; plain masks give seqlen_k for every sequence), so that a traced call with a mask
+    costs no graph break and ``fullgraph=True`` works. Its callers while torch.compile traces: ``integrations.hf``
+    (``name`` "attention_mask": transformers' masks, the layer's is_causal giving the kind) and the SDPA drop-in at
+    seqlen_q 1 (``name`` "attn_mask", 0 / -inf floats only; there the two kinds coincide). A mask of the other kind (full for a causal layer, with seqlen_q > 1, or
     causal for a non-causal one) or one the lengths cannot express raises when the compiled graph runs, as the
     caller's eager path does (``_mask_refusal``)."""
     from fa_variants.common import mask_lengths

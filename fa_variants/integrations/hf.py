@@ -99,13 +99,19 @@ def mask_as_lengths(mask: torch.Tensor, seqlen_q: int, seqlen_k: int, batch: int
             the call's nor are 1, as torch's SDPA refuses it.
     Data-dependent: one read of a few flags (eagerly with the lengths; a graph break under torch.compile).
     """
-    mask_lengths.check_dense(mask)
-    if mask.dim() != 4 or tuple(mask.shape[-2:]) != (seqlen_q, seqlen_k):
-        raise _refuse(f"a mask of shape {tuple(mask.shape)} for seqlen_q {seqlen_q}, seqlen_k {seqlen_k}")
+    _check_mask_shape(mask, seqlen_q, seqlen_k)
     try:
         return mask_lengths.as_lengths(mask, seqlen_q, seqlen_k, batch, num_heads, memo=memo)
     except mask_lengths.InexpressibleMask as refused:
         raise _refuse(refused.what) from None
+
+
+def _check_mask_shape(mask, seqlen_q: int, seqlen_k: int) -> None:
+    """A dense 4-D mask whose last two sizes are the call's exactly, as transformers builds them (TypeError from
+    ``mask_lengths.check_dense``, else UnsupportedAttentionError); its batch and heads are checked by the reader."""
+    mask_lengths.check_dense(mask)
+    if mask.dim() != 4 or tuple(mask.shape[-2:]) != (seqlen_q, seqlen_k):
+        raise _refuse(f"a mask of shape {tuple(mask.shape)} for seqlen_q {seqlen_q}, seqlen_k {seqlen_k}")
 
 
 def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -217,9 +223,7 @@ def _causal_flag(module, query, key, attention_mask, dropout, is_causal, kwargs,
         return _module_causal(module, is_causal), None
     if not traced_mask:
         return mask_as_lengths(attention_mask, seqlen_q, seqlen_k, query.shape[0], query.shape[1], memo=True)
-    mask_lengths.check_dense(attention_mask)
-    if attention_mask.dim() != 4 or tuple(attention_mask.shape[-2:]) != (seqlen_q, seqlen_k):
-        raise _refuse(f"a mask of shape {tuple(attention_mask.shape)} for seqlen_q {seqlen_q}, seqlen_k {seqlen_k}")
+    _check_mask_shape(attention_mask, seqlen_q, seqlen_k)
     causal = _module_causal(module, is_causal)
     return causal, torch.ops.fa_variants.mask_lengths(attention_mask, causal, seqlen_q, seqlen_k, query.shape[0],
                                                       query.shape[1], "attention_mask")
