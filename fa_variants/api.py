@@ -706,9 +706,11 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
             flag and per-sequence key lengths express (``common.mask_lengths``): every key visible, bottom-right
             causal, or either over each sequence's first L_b keys (keys padded on the right; a static KV cache with
             L_b slots filled; torch's top-left causal as a mask), run as ``attention(..., causal, seqlens_k=L)``.
-            Read on the host (one device sync; a graph break under torch.compile, except with one query row and
-            no gradient wanted, where ``torch.ops.fa_variants.mask_lengths`` reads it when the graph runs, which
-            torch.export takes too; otherwise refused under torch.export, and inside CUDA-graph capture). Other
+            Read on the host (one device sync). Under torch.compile and torch.export with no gradient wanted, the
+            mask and the attention are one op, ``torch.ops.fa_variants.sdpa_masked``, which reads it when the
+            graph runs (no graph break); with an input that requires grad, a graph break under torch.compile (the
+            plain call keeps its fused backward) and a ValueError under torch.export; refused inside CUDA-graph
+            capture. Other
             masks (left padding, windows, biases) raise ValueError, integer masks TypeError. A row that sees no
             key gives 0 (and LSE -inf).
         dropout_p: accepted for signature compatibility; only 0.0 is supported.
@@ -769,7 +771,12 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
                          "for grouped-query attention" + _layout_hint(q, k, v, _SDPA_HINT))
     seqlens_k = None
     if attn_mask is not None:
-        is_causal, seqlens_k = _sdpa_mask(attn_mask, q, k)
+        is_causal, seqlens_k = _sdpa_mask(attn_mask, q, k, v)
+        if is_causal is None:  # traced, no gradient wanted: the mask and the attention as one op (seqlens_k: the mask)
+            _check_inputs(q, k, v)
+            softmax_scale = _check_options(False, scale, backend, return_lse)
+            out, lse = torch.ops.fa_variants.sdpa_masked(q, k, v, seqlens_k, softmax_scale, backend)
+            return (out.transpose(1, 2), lse) if return_lse else out.transpose(1, 2)
     result = attention(q, k, v, causal=is_causal, softmax_scale=scale, backend=backend, return_lse=return_lse,
                        seqlens_k=seqlens_k)
     if return_lse:
@@ -777,11 +784,13 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     return result.transpose(1, 2)
 
 
-def _sdpa_mask(attn_mask, q: torch.Tensor, k: torch.Tensor) -> tuple[bool, torch.Tensor | None]:
+def _sdpa_mask(attn_mask, q: torch.Tensor, k: torch.Tensor,
+               v: torch.Tensor) -> tuple[bool | None, torch.Tensor | None]:
     """SDPA's ``attn_mask`` (bool, True = attend, or additive float with 0 / -inf; 2 to 4 dimensions that broadcast
     to (batch, num_heads, seqlen_q, seqlen_k)) as ``attention``'s causal flag and seqlens_k (``common.mask_lengths``:
     full or bottom-right causal, over all keys or each sequence's first L_b); one-line errors naming attn_mask for
-    other masks."""
+    other masks. While traced with no gradient wanted: (None, the mask as 4-D), for ``torch.ops.fa_variants.sdpa_masked``
+    to read when the graph runs."""
     mask_lengths.check_dense(attn_mask, "attn_mask")
     if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():  # torch's SDPA refuses them too
         raise TypeError(f"attn_mask must be bool (True = attend) or floating (added to the scores), got "
@@ -791,13 +800,15 @@ def _sdpa_mask(attn_mask, q: torch.Tensor, k: torch.Tensor) -> tuple[bool, torch
                          "detach it, or use torch's SDPA for a learned bias")
     if attn_mask.device != q.device:
         raise ValueError(f"attn_mask is on {attn_mask.device} but query is on {q.device}")
-    # traced with one query row (causal and full coincide) and no gradient wanted: the mask op, read when the graph
-    # runs (no graph break); else read here (under torch.compile at a graph break, so that a plain mask keeps a plain
-    # call and its fused backward), which torch.export cannot do
-    in_graph = torch.compiler.is_compiling() and q.shape[1] == 1 and not (torch.is_grad_enabled() and q.requires_grad)
+    # traced with no gradient wanted: read when the graph runs, by the op that then runs attention (no graph break);
+    # else read here (under torch.compile at a graph break, so that a plain mask keeps a plain call and its fused
+    # backward), which torch.export cannot do
+    wants_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    in_graph = torch.compiler.is_compiling() and not wants_grad and not torch._C._are_functorch_transforms_active()
     if not in_graph and getattr(torch.compiler, "is_exporting", lambda: False)():
-        raise ValueError("attn_mask under torch.export: its values decide the call and cannot be read while exporting "
-                         "(one query row without grad can); export fa_variants.attention with causal and seqlens_k")
+        raise ValueError("attn_mask under torch.export with inputs that require grad: its values decide the call and "
+                         "cannot be read while exporting (without grad they can, when the program runs); export "
+                         "fa_variants.attention with causal and seqlens_k")
     target = (q.shape[0], q.shape[2], q.shape[1], k.shape[1])
     shape = tuple(attn_mask.shape)
     if not 2 <= len(shape) <= 4 or any(n not in (1, t) for n, t in zip(shape[::-1], target[::-1])):
@@ -805,7 +816,7 @@ def _sdpa_mask(attn_mask, q: torch.Tensor, k: torch.Tensor) -> tuple[bool, torch
                          f"seqlen_k) = {target}" + ("" if 2 <= len(shape) <= 4 else " (it must have 2 to 4 dimensions)"))
     mask = attn_mask.reshape((1,) * (4 - len(shape)) + shape)
     if in_graph:
-        return True, torch.ops.fa_variants.mask_lengths(mask, True, *target[2:], *target[:2], "attn_mask")
+        return None, mask
     try:
         return mask_lengths.as_lengths(mask, *target[2:], *target[:2], name="attn_mask", float_min_blocks=False)
     except mask_lengths.InexpressibleMask as refused:

@@ -325,25 +325,36 @@ def test_sdpa_attn_mask_refusals_are_one_line(mask, error, message):
         fa_variants.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(5, 5, dtype=torch.bool), is_causal=True)
 
 
-def test_sdpa_attn_mask_under_torch_export_is_refused_in_one_line():
-    """torch.export cannot break the graph to read a mask (torch.compile does): the SDPA drop-in says so in one line
-    instead of the exporter's data-dependent guard error."""
+def test_sdpa_attn_mask_under_torch_export():
+    """torch.export without grad: the mask is read when the exported program runs (torch.ops.fa_variants.sdpa_masked),
+    so another mask gives its own answer; with inputs that require grad it cannot break the graph to read the mask
+    (torch.compile does): the SDPA drop-in says so in one line instead of the exporter's data-dependent guard error."""
     class Model(torch.nn.Module):
         def forward(self, q, k, mask):
             return fa_variants.scaled_dot_product_attention(q, k, k, attn_mask=mask, enable_gqa=True,
                                                             backend="reference")
 
-    q, k = torch.randn(2, 4, 3, 16), torch.randn(2, 2, 9, 16)
-    mask = _lengths_mask([9, 4], 3, 9, True)
-    with pytest.raises(ValueError, match=r"^attn_mask under torch.export: .*with causal and seqlens_k$"):
-        torch.export.export(Model(), (q, k, mask), strict=False)
+    g = seeded_generator()
+    q, k = torch.randn(2, 4, 3, 16, generator=g), torch.randn(2, 2, 9, 16, generator=g)
+    program = torch.export.export(Model(), (q, k, _lengths_mask([9, 4], 3, 9, True)), strict=False)
+    assert any("fa_variants.sdpa_masked" in str(n.target) for n in program.graph.nodes)
+    for lengths, causal in (([9, 4], True), ([2, 7], True), ([5, 9], False)):
+        mask = _lengths_mask(lengths, 3, 9, causal)
+        want = F.scaled_dot_product_attention(q, k, k, attn_mask=mask, enable_gqa=True)
+        torch.testing.assert_close(program.module()(q, k, mask), want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match=r"^attn_mask under torch.export with inputs that require grad: .*with causal "
+                                         r"and seqlens_k$"):
+        torch.export.export(Model(), (q.clone().requires_grad_(True), k, _lengths_mask([9, 4], 3, 9, True)),
+                            strict=False)
 
 
-def test_sdpa_decode_with_a_mask_under_torch_compile_fullgraph():
-    """One query row (a decoding step): the SDPA drop-in's attn_mask goes through torch.ops.fa_variants.mask_lengths,
-    read when the graph runs, so fullgraph=True works, a growing cache recompiles at most once (dynamic shapes after
-    the second size), each step equals torch's SDPA, and a mask it cannot express (a hole before the last keys) is
-    refused with the drop-in's one-line ValueError when the graph runs."""
+@pytest.mark.parametrize("seqlen_q", [1, 3])
+def test_sdpa_attn_mask_under_torch_compile_fullgraph(seqlen_q):
+    """Without grad (decoding steps, one query row; a prefill, three), the SDPA drop-in's attn_mask and the attention
+    are one op, torch.ops.fa_variants.sdpa_masked, which reads the mask when the graph runs (whether it is causal or
+    full is the mask's to say), so fullgraph=True works, a growing cache recompiles at most once (dynamic shapes
+    after the second size), each step equals torch's SDPA whichever kind the mask is, and a mask it cannot express
+    (a hole before the last keys) is refused with the drop-in's one-line ValueError when the graph runs."""
     def step(q, k, mask):
         return fa_variants.scaled_dot_product_attention(q, k, k, attn_mask=mask, enable_gqa=True, backend="reference")
 
@@ -354,18 +365,43 @@ def test_sdpa_decode_with_a_mask_under_torch_compile_fullgraph():
     g = seeded_generator()
     try:
         for seqlen_k in range(9, 15):
-            q, k = torch.randn(2, 4, 1, 16, generator=g), torch.randn(2, 2, seqlen_k, 16, generator=g)
-            lengths = [seqlen_k, int(torch.randint(2, seqlen_k + 1, (), generator=g))]  # >= 2: room for a hole
-            mask = _lengths_mask(lengths, 1, seqlen_k, False)
+            q, k = torch.randn(2, 4, seqlen_q, 16, generator=g), torch.randn(2, 2, seqlen_k, 16, generator=g)
+            lengths = [seqlen_k, int(torch.randint(seqlen_q + 1, seqlen_k + 1, (), generator=g))]  # room for a hole
+            mask = _lengths_mask(lengths, seqlen_q, seqlen_k, causal=seqlen_k % 2 == 0)
             want = F.scaled_dot_product_attention(q, k, k, attn_mask=mask, enable_gqa=True)
             torch.testing.assert_close(compiled(q, k, mask), want, rtol=1e-5, atol=1e-5)
         assert len(graphs) <= 2, f"{len(graphs)} graphs for 6 cache sizes"
-        assert all(any("fa_variants.mask_lengths" in str(n.target) for n in gm.graph.nodes) for gm in graphs)
+        assert all(any("fa_variants.sdpa_masked" in str(n.target) for n in gm.graph.nodes) for gm in graphs)
         mask[1, ..., 0] = False  # a hole before sequence 1's last keys
         with pytest.raises(ValueError, match=r"^attn_mask: fa_variants cannot express this attention mask"):
             compiled(q, k, mask)
     finally:
         torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("needs_grad", ["q", "k"])
+def test_sdpa_attn_mask_under_torch_compile_with_grad(needs_grad):
+    """With an input that requires grad (any of the three: the mask op has no backward), a traced call reads the mask
+    at a graph break, as eagerly, and runs the differentiable ops: outputs and gradients equal torch's SDPA's."""
+    def run(q, k, mask):
+        return fa_variants.scaled_dot_product_attention(q, k, k, attn_mask=mask, enable_gqa=True, backend="reference")
+
+    g = seeded_generator()
+    q, k = torch.randn(2, 4, 3, 16, generator=g), torch.randn(2, 2, 9, 16, generator=g)
+    mask = _lengths_mask([9, 5], 3, 9, True)
+    grads = []
+    torch._dynamo.reset()
+    try:
+        for fn in (lambda *a: F.scaled_dot_product_attention(*a[:2], a[1], attn_mask=a[2], enable_gqa=True),
+                   torch.compile(run)):
+            leaf = {"q": q, "k": k}[needs_grad].clone().requires_grad_(True)
+            args = (leaf, k, mask) if needs_grad == "q" else (q, leaf, mask)
+            out = fn(*args)
+            out.square().sum().backward()
+            grads.append((out.detach(), leaf.grad))
+    finally:
+        torch._dynamo.reset()
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-5)
 
 
 @needs_hf

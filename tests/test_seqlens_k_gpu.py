@@ -263,8 +263,8 @@ def test_lengths_kept_on_the_cpu(backend):
 def test_sdpa_attn_mask_as_lengths_on_the_kernels(causal):
     """SDPA's attn_mask read as causal + seqlens_k (``common.mask_lengths``) reaches the kernel's lengths path: a
     static-cache mask (bottom-right causal against each filled length) and a key-padding one, NaN in the cache past
-    each length, against float64 over each sequence's first keys; the mask read inside CUDA-graph capture is refused
-    in one line."""
+    each length, against float64 over each sequence's first keys, eagerly and under torch.compile(fullgraph=True);
+    the mask read inside CUDA-graph capture is refused in one line."""
     import fa_variants
 
     lengths, nq, nk = [300, 0, 1, 129], (4 if causal else 77), 300
@@ -275,6 +275,13 @@ def test_sdpa_attn_mask_as_lengths_on_the_kernels(causal):
     out = fa_variants.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                    attn_mask=mask, enable_gqa=True).transpose(1, 2)
     assert_attention_ok(out, None, q, k, v, causal, seqlens_k=seqlens_k, what=f"attn_mask causal={causal}")
+    torch._dynamo.reset()  # under torch.compile(fullgraph=True), no grad: torch.ops.fa_variants.sdpa_masked
+    compiled = torch.compile(fa_variants.scaled_dot_product_attention, fullgraph=True)
+    with torch.no_grad():
+        out = compiled(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
+                       enable_gqa=True).transpose(1, 2)
+    torch._dynamo.reset()
+    assert_attention_ok(out, None, q, k, v, causal, seqlens_k=seqlens_k, what=f"compiled, attn_mask causal={causal}")
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream), pytest.raises(ValueError, match="^attn_mask: .*inside CUDA-graph capture"):
         with torch.cuda.graph(torch.cuda.CUDAGraph(), stream=stream):

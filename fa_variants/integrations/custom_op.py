@@ -16,7 +16,9 @@ Schema: ``fa_variants::attention(Tensor q, Tensor k, Tensor v, bool causal, floa
 str backend) -> (Tensor out, Tensor lse)``, out contiguous (batch, seqlen_q, num_heads, head_dim) in q's
 dtype (bfloat16 for e4m3: ``api.output_dtype``), lse float32 contiguous (batch, num_heads, seqlen_q); with per-sequence KV lengths
 ``fa_variants::attention_seqlens_k(Tensor q, Tensor k, Tensor v, Tensor seqlens_k, bool causal, float?
-softmax_scale, str backend) -> (Tensor out, Tensor lse)``.
+softmax_scale, str backend) -> (Tensor out, Tensor lse)``. Masks read when a compiled graph runs:
+``fa_variants::mask_lengths`` (a mask's per-sequence key lengths, for transformers' masks) and
+``fa_variants::sdpa_masked`` (the SDPA drop-in's attn_mask and the attention as one node, without autograd).
 
 Autograd (both ops): the backward is ``integrations.backward.kernel_backward`` (``FA_VARIANTS_BACKWARD``: by
 default cuDNN's fused attention backward, else PyTorch's FlashAttention-2 backward kernel, each on the forward's O
@@ -123,11 +125,12 @@ def mask_lengths_op(mask: torch.Tensor, causal: bool, seqlen_q: int, seqlen_k: i
     """seqlens_k (int32 (batch,) on the mask's device) of a 4-D mask that ``causal`` with per-sequence key lengths
     expresses (``common.mask_lengths.as_lengths``, read when the op runs: one device sync, and the attention op checks
     the lengths it gets, another; plain masks give seqlen_k for every sequence), so that a traced call with a mask
-    costs no graph break and ``fullgraph=True`` works. Its callers while torch.compile traces: ``integrations.hf``
-    (``name`` "attention_mask": transformers' masks, the layer's is_causal giving the kind) and the SDPA drop-in at
-    seqlen_q 1 (``name`` "attn_mask", 0 / -inf floats only; there the two kinds coincide). A mask of the other kind (full for a causal layer, with seqlen_q > 1, or
-    causal for a non-causal one) or one the lengths cannot express raises when the compiled graph runs, as the
-    caller's eager path does (``_mask_refusal``)."""
+    costs no graph break and ``fullgraph=True`` works. Its caller while torch.compile traces: ``integrations.hf``
+    (``name`` "attention_mask": transformers' masks, any value at or below half the dtype's lowest hiding a key, the
+    layer's is_causal giving the kind; ``name`` "attn_mask" reads floats as the SDPA drop-in does, 0 / -inf only). A
+    mask of the other kind (full for a causal layer, with seqlen_q > 1, or causal for a non-causal one) or one the
+    lengths cannot express raises when the compiled graph runs, as the caller's eager path does
+    (``_mask_refusal``)."""
     from fa_variants.common import mask_lengths
 
     try:
@@ -166,6 +169,48 @@ def _mask_lengths_fake(mask, causal, seqlen_q, seqlen_k, batch, num_heads, name)
     except mask_lengths.InexpressibleMask as refused:
         raise _mask_refusal(name, refused.what) from None
     return mask.new_empty((batch,), dtype=torch.int32)
+
+
+@torch.library.custom_op("fa_variants::sdpa_masked", mutates_args=(), tags=_HOST_READ_TAGS)
+def sdpa_masked_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, softmax_scale: float | None,
+                   backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The SDPA drop-in's ``attn_mask`` while torch.compile or torch.export traces a call that wants no gradient: the
+    4-D mask read when the op runs (``common.mask_lengths.as_lengths``, one device sync) as the causal flag and
+    per-sequence key lengths, then attention run with them; the flag is decided by the mask's values, which a trace
+    cannot read, so the mask and the attention are one node (no graph break; ``fullgraph=True`` works). A mask the
+    two cannot express raises the drop-in's one-line ValueError when the compiled graph runs. No autograd (its
+    caller sends calls that want a gradient to a graph break instead, where the plain op's backward serves)."""
+    from fa_variants import api
+    from fa_variants.common import mask_lengths, workspace
+
+    _refuse_tangents(api, q, k, v)
+    batch, seqlen_q, heads, _ = q.shape
+    try:
+        causal, seqlens_k = mask_lengths.as_lengths(mask, seqlen_q, k.shape[1], batch, heads, name="attn_mask",
+                                                    float_min_blocks=False)
+    except mask_lengths.InexpressibleMask as refused:
+        raise api.sdpa_mask_refusal(refused.what) from None
+    with workspace.uncached():
+        if seqlens_k is None:
+            out, lse = api.dispatch_and_run(q, k, v, causal, softmax_scale, backend)
+        else:
+            out, lse = api.run_seqlens_k(q, k, v, causal, softmax_scale, backend, seqlens_k)  # on the CPU: no 2nd sync
+    return out.contiguous(), lse.contiguous()
+
+
+@sdpa_masked_op.register_fake
+def _sdpa_masked_fake(q, k, v, mask, softmax_scale, backend):
+    """``_attention_fake`` (``fa_variants.attention``'s checks, then the shapes), then the mask's shape checked as
+    ``as_lengths`` checks it (its values are read when the op runs)."""
+    from fa_variants import api
+    from fa_variants.common import mask_lengths
+
+    outputs = _attention_fake(q, k, v, False, softmax_scale, backend)
+    try:
+        mask_lengths.check_shape(mask, q.shape[1], k.shape[1], q.shape[0], q.shape[2], name="attn_mask")
+    except mask_lengths.InexpressibleMask as refused:
+        raise api.sdpa_mask_refusal(refused.what) from None
+    return outputs
 
 
 def _forward_backend(eager: bool, inputs: tuple) -> str:
