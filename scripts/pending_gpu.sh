@@ -20,14 +20,16 @@
 # 2. then scripts/NAME_gpu.sh for each NAME, in order, each with the time left of CALL_BUDGET seconds (default 560),
 #    skipped when fewer than 100 s are left; logs in $OUT/pending/NAME.tar.xz, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
-#    Plan for session 52. Session 51 got one machine (an H100) in ten calls: suite part 2 passed on session 50's code
-#    (1732 passed) but for the session's new reduce-overhead mask test, whose fault (a memo fooled by CUDA-graph
-#    replays) was fixed after; nothing else ran. Session 51 added masks (common/mask_lengths, hf's static cache and
-#    the mask op under torch.compile, the SDPA drop-in's attn_mask). Name nvidia-h100-x1 or nvidia-h200, `status`
-#    first. In order:
+#    Plan for session 53. Session 52 had no device time (its budget was spent before it began); session 51 got one
+#    machine (an H100) in ten calls: suite part 2 passed on session 50's code (1732 passed) but for the session's new
+#    reduce-overhead mask test, whose fault (a memo fooled by CUDA-graph replays) was fixed after. Sessions 51-52
+#    added masks (common/mask_lengths, hf's static cache and the mask op under torch.compile, the SDPA drop-in's
+#    attn_mask, and in session 52 torch.ops.fa_variants.sdpa_masked: the drop-in's mask + attention as one op while
+#    traced without grad, any seqlen_q). Name nvidia-h100-x1 or nvidia-h200, `status` first. In order:
 #    M. `python -m pytest -q -p no:cacheprovider tests/test_torch_compile.py tests/test_masks.py
 #       tests/test_seqlens_k_gpu.py -k "mask or static_cache"` (~60-100 s): prediction: all pass (the reduce-overhead
-#       test's fourth step gives the new lengths now that the mask op keeps nothing).
+#       test's fourth step gives the new lengths now that the mask op keeps nothing; test_sdpa_attn_mask_as_lengths_on_
+#       the_kernels now also runs the mask through sdpa_masked under torch.compile(fullgraph=True) on fa3).
 #    E8. `scripts/suite_gpu.sh 1`, then `scripts/suite_gpu.sh 2`, each its own call (part 1: api, cache, decode, edge
 #       cases, on session 50's and 51's code; part 2 again for the mask changes): prediction: all pass.
 #    C. `SUITE_LIMIT=330 scripts/suite_gpu.sh cpu2`, then `SUITE_LIMIT=200 scripts/suite_gpu.sh cpu1` in one call
