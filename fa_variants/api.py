@@ -706,11 +706,11 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
             flag and per-sequence key lengths express (``common.mask_lengths``): every key visible, bottom-right
             causal, or either over each sequence's first L_b keys (keys padded on the right; a static KV cache with
             L_b slots filled; torch's top-left causal as a mask), run as ``attention(..., causal, seqlens_k=L)``.
-            Read on the host (one device sync). Under torch.compile and torch.export with no gradient wanted, the
-            mask and the attention are one op, ``torch.ops.fa_variants.sdpa_masked``, which reads it when the
-            graph runs (no graph break); with an input that requires grad, a graph break under torch.compile (the
-            plain call keeps its fused backward) and a ValueError under torch.export; refused inside CUDA-graph
-            capture. Other
+            Read on the host (one device sync). Under torch.compile and torch.export the mask and the attention
+            are one op, ``torch.ops.fa_variants.sdpa_masked``, which reads it when the graph runs (no graph break;
+            its backward is the plain call's for a plain mask, the reference's with lengths); under torch.func
+            transforms it is read at the call (a graph break under torch.compile, a ValueError under
+            torch.export); refused inside CUDA-graph capture. Other
             masks (left padding, windows, biases) raise ValueError, integer masks TypeError. A row that sees no
             key gives 0 (and LSE -inf).
         dropout_p: accepted for signature compatibility; only 0.0 is supported.
@@ -772,10 +772,10 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     seqlens_k = None
     if attn_mask is not None:
         is_causal, seqlens_k = _sdpa_mask(attn_mask, q, k, v)
-        if is_causal is None:  # traced, no gradient wanted: the mask and the attention as one op (seqlens_k: the mask)
+        if is_causal is None:  # traced: the mask and the attention as one op (seqlens_k: the mask)
             _check_inputs(q, k, v)
             softmax_scale = _check_options(False, scale, backend, return_lse)
-            out, lse = torch.ops.fa_variants.sdpa_masked(q, k, v, seqlens_k, softmax_scale, backend)
+            out, lse = torch.ops.fa_variants.sdpa_masked(q, k, v, seqlens_k, softmax_scale, backend)[:2]
             return (out.transpose(1, 2), lse) if return_lse else out.transpose(1, 2)
     result = attention(q, k, v, causal=is_causal, softmax_scale=scale, backend=backend, return_lse=return_lse,
                        seqlens_k=seqlens_k)
@@ -789,8 +789,8 @@ def _sdpa_mask(attn_mask, q: torch.Tensor, k: torch.Tensor,
     """SDPA's ``attn_mask`` (bool, True = attend, or additive float with 0 / -inf; 2 to 4 dimensions that broadcast
     to (batch, num_heads, seqlen_q, seqlen_k)) as ``attention``'s causal flag and seqlens_k (``common.mask_lengths``:
     full or bottom-right causal, over all keys or each sequence's first L_b); one-line errors naming attn_mask for
-    other masks. While traced with no gradient wanted: (None, the mask as 4-D), for ``torch.ops.fa_variants.sdpa_masked``
-    to read when the graph runs."""
+    other masks. While traced (outside torch.func transforms): (None, the mask as 4-D), for
+    ``torch.ops.fa_variants.sdpa_masked`` to read when the graph runs."""
     mask_lengths.check_dense(attn_mask, "attn_mask")
     if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():  # torch's SDPA refuses them too
         raise TypeError(f"attn_mask must be bool (True = attend) or floating (added to the scores), got "
@@ -800,15 +800,15 @@ def _sdpa_mask(attn_mask, q: torch.Tensor, k: torch.Tensor,
                          "detach it, or use torch's SDPA for a learned bias")
     if attn_mask.device != q.device:
         raise ValueError(f"attn_mask is on {attn_mask.device} but query is on {q.device}")
-    # traced with no gradient wanted: read when the graph runs, by the op that then runs attention (no graph break);
-    # else read here (under torch.compile at a graph break, so that a plain mask keeps a plain call and its fused
-    # backward), which torch.export cannot do
-    wants_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    in_graph = torch.compiler.is_compiling() and not wants_grad and not torch._C._are_functorch_transforms_active()
-    if not in_graph and getattr(torch.compiler, "is_exporting", lambda: False)():
-        raise ValueError("attn_mask under torch.export with inputs that require grad: its values decide the call and "
-                         "cannot be read while exporting (without grad they can, when the program runs); export "
-                         "fa_variants.attention with causal and seqlens_k")
+    # traced: read when the graph runs, by the op that then runs attention (no graph break; its backward takes the
+    # plain call's for a plain mask); under torch.func transforms read here (a graph break under torch.compile),
+    # which torch.export cannot do
+    transformed = torch._C._are_functorch_transforms_active()
+    in_graph = torch.compiler.is_compiling() and not transformed
+    if transformed and getattr(torch.compiler, "is_exporting", lambda: False)():
+        raise ValueError("attn_mask under torch.export inside a torch.func transform (vmap, grad, jvp): its values "
+                         "decide the call and cannot be read while exporting; export fa_variants.attention with "
+                         "causal and seqlens_k")
     target = (q.shape[0], q.shape[2], q.shape[1], k.shape[1])
     shape = tuple(attn_mask.shape)
     if not 2 <= len(shape) <= 4 or any(n not in (1, t) for n, t in zip(shape[::-1], target[::-1])):

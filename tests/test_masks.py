@@ -326,26 +326,66 @@ def test_sdpa_attn_mask_refusals_are_one_line(mask, error, message):
 
 
 def test_sdpa_attn_mask_under_torch_export():
-    """torch.export without grad: the mask is read when the exported program runs (torch.ops.fa_variants.sdpa_masked),
-    so another mask gives its own answer; with inputs that require grad it cannot break the graph to read the mask
-    (torch.compile does): the SDPA drop-in says so in one line instead of the exporter's data-dependent guard error."""
+    """torch.export: the mask is read when the exported program runs (torch.ops.fa_variants.sdpa_masked), so another
+    mask gives its own answer, and the program differentiates (a module's parameter, an input that requires grad);
+    inside a torch.func transform it cannot be read while exporting, which the drop-in says in one line instead of
+    the exporter's data-dependent guard error."""
     class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gain = torch.nn.Parameter(torch.ones(16))
+
         def forward(self, q, k, mask):
-            return fa_variants.scaled_dot_product_attention(q, k, k, attn_mask=mask, enable_gqa=True,
+            return fa_variants.scaled_dot_product_attention(q * self.gain, k, k, attn_mask=mask, enable_gqa=True,
                                                             backend="reference")
 
     g = seeded_generator()
     q, k = torch.randn(2, 4, 3, 16, generator=g), torch.randn(2, 2, 9, 16, generator=g)
-    program = torch.export.export(Model(), (q, k, _lengths_mask([9, 4], 3, 9, True)), strict=False)
+    model = Model()
+    program = torch.export.export(model, (q, k, _lengths_mask([9, 4], 3, 9, True)), strict=False)
     assert any("fa_variants.sdpa_masked" in str(n.target) for n in program.graph.nodes)
     for lengths, causal in (([9, 4], True), ([2, 7], True), ([5, 9], False)):
         mask = _lengths_mask(lengths, 3, 9, causal)
-        want = F.scaled_dot_product_attention(q, k, k, attn_mask=mask, enable_gqa=True)
-        torch.testing.assert_close(program.module()(q, k, mask), want, rtol=1e-5, atol=1e-5)
-    with pytest.raises(ValueError, match=r"^attn_mask under torch.export with inputs that require grad: .*with causal "
-                                         r"and seqlens_k$"):
-        torch.export.export(Model(), (q.clone().requires_grad_(True), k, _lengths_mask([9, 4], 3, 9, True)),
-                            strict=False)
+        grads = []
+        for run in (lambda q, k: F.scaled_dot_product_attention(q, k, k, attn_mask=mask, enable_gqa=True),
+                    lambda q, k: program.module()(q, k, mask)):
+            leaf = k.clone().requires_grad_(True)
+            out = run(q, leaf)
+            out.square().sum().backward()
+            grads.append((out.detach(), leaf.grad))
+        torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-5)
+
+    class Vmapped(torch.nn.Module):
+        def forward(self, qs, k, mask):
+            return torch.vmap(lambda q: fa_variants.scaled_dot_product_attention(
+                q, k, k, attn_mask=mask, enable_gqa=True, backend="reference"))(qs)
+
+    with pytest.raises(ValueError, match=r"^attn_mask under torch.export inside a torch.func transform \(vmap, grad, "
+                                         r"jvp\): .*with causal and seqlens_k$"):
+        torch.export.export(Vmapped(), (q[None], k, _lengths_mask([9, 4], 3, 9, True)), strict=False)
+
+
+def test_sdpa_attn_mask_under_transforms_is_refused_in_one_line():
+    """A mask batched by vmap (eagerly and under torch.compile, whose fallback for vmap runs the call with
+    is_compiling() true) or functionalized has no values to read: a one-line ValueError naming attn_mask, not
+    torch's errors about storage."""
+    q, k = torch.randn(2, 4, 3, 16), torch.randn(2, 2, 9, 16)
+
+    def run(mask):
+        return fa_variants.scaled_dot_product_attention(q, k, k, attn_mask=mask, enable_gqa=True, backend="reference")
+
+    masks = torch.stack([_lengths_mask([9, 9], 3, 9, True)[0, 0], torch.ones(3, 9, dtype=torch.bool)])
+    torch._dynamo.reset()
+    try:
+        for fn, what in ((torch.vmap(run), "batched by torch.func.vmap"),
+                         (torch.compile(torch.vmap(run), backend="eager"), "batched by torch.func.vmap")):
+            with pytest.raises(ValueError, match=f"^attn_mask: fa_variants cannot express a mask {what}") as caught:
+                fn(masks)
+            assert "\n" not in str(caught.value)
+    finally:
+        torch._dynamo.reset()
+    with pytest.raises(ValueError, match="^attn_mask: fa_variants cannot express a mask functionalized by torch.func"):
+        torch.func.functionalize(run)(masks[0])
 
 
 @pytest.mark.parametrize("seqlen_q", [1, 3])
@@ -380,28 +420,42 @@ def test_sdpa_attn_mask_under_torch_compile_fullgraph(seqlen_q):
 
 
 @pytest.mark.parametrize("needs_grad", ["q", "k"])
-def test_sdpa_attn_mask_under_torch_compile_with_grad(needs_grad):
-    """With an input that requires grad (any of the three: the mask op has no backward), a traced call reads the mask
-    at a graph break, as eagerly, and runs the differentiable ops: outputs and gradients equal torch's SDPA's."""
+def test_sdpa_attn_mask_under_torch_compile_with_grad(needs_grad, monkeypatch):
+    """With an input that requires grad (any of the three), under torch.compile(fullgraph=True): sdpa_masked's
+    backward gives torch's SDPA's gradients; it hands the backward the mask as read, so a plain mask takes the plain
+    call's backward (no lengths: FA_VARIANTS_BACKWARD's fused one on a kernel backend) and a padded one the lengths
+    (the reference's)."""
+    from fa_variants.integrations import backward
+
     def run(q, k, mask):
         return fa_variants.scaled_dot_product_attention(q, k, k, attn_mask=mask, enable_gqa=True, backend="reference")
 
+    seen = []
+    kernel_backward = backward.kernel_backward
+    monkeypatch.setattr(backward, "kernel_backward",
+                        lambda *a, **kw: seen.append((a[8], a[7])) or kernel_backward(*a, **kw))
     g = seeded_generator()
     q, k = torch.randn(2, 4, 3, 16, generator=g), torch.randn(2, 2, 9, 16, generator=g)
-    mask = _lengths_mask([9, 5], 3, 9, True)
-    grads = []
     torch._dynamo.reset()
+    compiled = torch.compile(run, fullgraph=True)
     try:
-        for fn in (lambda *a: F.scaled_dot_product_attention(*a[:2], a[1], attn_mask=a[2], enable_gqa=True),
-                   torch.compile(run)):
-            leaf = {"q": q, "k": k}[needs_grad].clone().requires_grad_(True)
-            args = (leaf, k, mask) if needs_grad == "q" else (q, leaf, mask)
-            out = fn(*args)
-            out.square().sum().backward()
-            grads.append((out.detach(), leaf.grad))
+        for lengths, causal in (([9, 9], True), ([9, 5], True), ([9, 9], False), ([4, 9], False)):
+            mask = _lengths_mask(lengths, 3, 9, causal)
+            grads = []
+            for fn in (lambda q, k, m: F.scaled_dot_product_attention(q, k, k, attn_mask=m, enable_gqa=True),
+                       compiled):
+                leaf = {"q": q, "k": k}[needs_grad].clone().requires_grad_(True)
+                args = (leaf, k, mask) if needs_grad == "q" else (q, leaf, mask)
+                out = fn(*args)
+                out.square().sum().backward()
+                grads.append((out.detach(), leaf.grad))
+            torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-5)
+            plain = lengths == [9, 9]
+            assert seen[-1][0] is causal and (seen[-1][1] is None) is plain, seen[-1]
+            if not plain:
+                assert seen[-1][1].tolist() == lengths
     finally:
         torch._dynamo.reset()
-    torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-5)
 
 
 @needs_hf

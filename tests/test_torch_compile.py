@@ -296,6 +296,49 @@ def test_kernels_compile_fullgraph_on_the_gpu(mode, dynamic, backend):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("padded", [False, True], ids=["plain-mask", "padded-keys"])
+def test_sdpa_attn_mask_training_under_compile_fullgraph_on_the_gpu(padded):
+    """The SDPA drop-in's attn_mask in a compiled training step (fullgraph=True, inductor), on the kernel backend:
+    torch.ops.fa_variants.sdpa_masked reads the mask when the graph runs; its backward is the plain call's fused one
+    for a mask without padding and the reference's with key lengths. Output and gradients within the rule against
+    float64, with torch's SDPA in bf16 as the baseline."""
+    from helpers import assert_grads_within_rule, exact_grads
+
+    backend = _kernel_backend()
+    B, N, H, Hkv, D = 3, 200, 8, 2, 128
+    q, k, v = _qkv(B=B, Nq=N, Nk=N, H=H, Hkv=Hkv, D=D, dtype=torch.bfloat16, device="cuda")
+    lengths = torch.tensor([N, 131, 1] if padded else [N] * B, device="cuda")
+    keys = torch.arange(N, device="cuda")
+    mask = (keys[None, None, :] < lengths[:, None, None]) & (keys[None, :, None] >= keys[None, None, :]) \
+        if not padded else (keys[None, None, :] < lengths[:, None, None]).expand(B, N, N)
+    mask = mask[:, None]  # (B, 1, N, N): causal without padding; full over each sequence's first keys with it
+    grad_out = torch.randn_like(q)
+
+    def step(q, k, v):
+        return fa_variants.scaled_dot_product_attention(_bshd(q), _bshd(k), _bshd(v), attn_mask=mask,
+                                                        enable_gqa=True, backend=backend)
+
+    def sdpa(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(_bshd(q), _bshd(k), _bshd(v), attn_mask=mask,
+                                                                enable_gqa=True)
+
+    torch._dynamo.reset()
+    grads = []
+    try:
+        for fn in (torch.compile(step, fullgraph=True), sdpa):
+            leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+            out = _bshd(fn(*leaves))
+            out.backward(grad_out)
+            grads.append((out.detach(), [t.grad for t in leaves]))
+    finally:
+        torch._dynamo.reset()
+    kwargs = dict(causal=False, seqlens_k=lengths.to(torch.int32)) if padded else dict(causal=True)
+    assert_attention_ok(grads[0][0], None, q, k, v, kwargs["causal"], seqlens_k=kwargs.get("seqlens_k"),
+                        what=f"compiled sdpa_masked padded={padded}")
+    assert_grads_within_rule(grads[0][1], grads[1][1], exact_grads(q, k, v, grad_out, **kwargs))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
 def test_hf_static_cache_mask_under_compile_on_the_gpu(mode):
     """A transformers-style decoding step over a static cache (its mask built in the graph from the filled lengths)

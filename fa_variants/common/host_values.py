@@ -1,8 +1,9 @@
 """Whether a tensor's values can be read on the host, for the entry points whose work depends on them (the FP8
 recipe's block scales and overflow shift, ``seqlens_k``'s range check): a tensor batched by ``torch.func.vmap``
 (its values cannot steer Python: vmap raises about "data-dependent control flow" or, for a seeded generator,
-"random operation"), a fake tensor (``FakeTensorMode``, torch.export's tracing) and a meta tensor have none to read.
-Such calls are refused in one line naming the reason, instead of those errors from deep inside.
+"random operation"), a functionalized one (``torch.func.functionalize``: no storage), a fake tensor
+(``FakeTensorMode``, torch.export's tracing) and a meta tensor have none to read. Such calls are refused in one line
+naming the reason, instead of those errors from deep inside.
 """
 from __future__ import annotations
 
@@ -24,10 +25,13 @@ def vmapped(t: torch.Tensor) -> bool:
 
 
 def unreadable(t: torch.Tensor) -> str | None:
-    """Why t's values cannot be read on the host ("batched by torch.func.vmap", "a fake tensor (FakeTensorMode or
-    torch.export)", "a meta tensor"); None when they can."""
+    """Why t's values cannot be read on the host ("batched by torch.func.vmap", "functionalized by
+    torch.func.functionalize", "a fake tensor (FakeTensorMode or torch.export)", "a meta tensor"); None when they
+    can."""
     if vmapped(t):
         return "batched by torch.func.vmap"
+    if torch._is_functional_tensor(t):  # its storage is not allocated: .tolist() raises from deep inside
+        return "functionalized by torch.func.functionalize"
     fake = sys.modules.get("torch._subclasses.fake_tensor")  # no fake tensor exists before torch loads it
     if fake is not None and fake.is_fake(t):
         return "a fake tensor (FakeTensorMode or torch.export)"

@@ -80,6 +80,9 @@ def as_lengths(mask: torch.Tensor, seqlen_q: int, seqlen_k: int, batch: int | No
     traced = torch.compiler.is_compiling()
     if not traced:
         _check_readable(mask)
+    elif torch._C._are_functorch_transforms_active() and torch.compiler.disable(host_values.vmapped)(mask):
+        # (compiled vmap's fallback; run outside Dynamo, which cannot trace its C calls: a silent graph break)
+        raise InexpressibleMask("a mask batched by torch.func.vmap (its values cannot be read)")
     if seqlen_q == 0 or seqlen_k == 0 or mask.shape[0] == 0 or mask.shape[1] == 0:
         return True, None  # nothing to hide: no row, or no key (every row then gives 0, LSE -inf)
     if traced:

@@ -18,7 +18,8 @@ dtype (bfloat16 for e4m3: ``api.output_dtype``), lse float32 contiguous (batch, 
 ``fa_variants::attention_seqlens_k(Tensor q, Tensor k, Tensor v, Tensor seqlens_k, bool causal, float?
 softmax_scale, str backend) -> (Tensor out, Tensor lse)``. Masks read when a compiled graph runs:
 ``fa_variants::mask_lengths`` (a mask's per-sequence key lengths, for transformers' masks) and
-``fa_variants::sdpa_masked`` (the SDPA drop-in's attn_mask and the attention as one node, without autograd).
+``fa_variants::sdpa_masked`` (the SDPA drop-in's attn_mask and the attention as one node; its backward
+``fa_variants::sdpa_masked_backward``).
 
 Autograd (both ops): the backward is ``integrations.backward.kernel_backward`` (``FA_VARIANTS_BACKWARD``: by
 default cuDNN's fused attention backward, else PyTorch's FlashAttention-2 backward kernel, each on the forward's O
@@ -173,13 +174,17 @@ def _mask_lengths_fake(mask, causal, seqlen_q, seqlen_k, batch, num_heads, name)
 
 @torch.library.custom_op("fa_variants::sdpa_masked", mutates_args=(), tags=_HOST_READ_TAGS)
 def sdpa_masked_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, softmax_scale: float | None,
-                   backend: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The SDPA drop-in's ``attn_mask`` while torch.compile or torch.export traces a call that wants no gradient: the
-    4-D mask read when the op runs (``common.mask_lengths.as_lengths``, one device sync) as the causal flag and
-    per-sequence key lengths, then attention run with them; the flag is decided by the mask's values, which a trace
-    cannot read, so the mask and the attention are one node (no graph break; ``fullgraph=True`` works). A mask the
-    two cannot express raises the drop-in's one-line ValueError when the compiled graph runs. No autograd (its
-    caller sends calls that want a gradient to a graph break instead, where the plain op's backward serves)."""
+                   backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The SDPA drop-in's ``attn_mask`` while torch.compile or torch.export traces the call: the 4-D mask read when the
+    op runs (``common.mask_lengths.as_lengths``, one device sync) as the causal flag and per-sequence key lengths,
+    then attention run with them. The flag is decided by the mask's values, which a trace cannot read, so the mask
+    and the attention are one node (no graph break; ``fullgraph=True`` works). A mask the two cannot express raises
+    the drop-in's one-line ValueError when the compiled graph runs.
+
+    Returns (out, lse, seqlens_k, kind): out and lse as ``attention_op``'s; seqlens_k int32 (batch,) and kind int32
+    [causal, lengths used] on the CPU, what the mask was read as, for the backward (`_sdpa_masked_backward`): a
+    plain mask's is the plain call's (FA_VARIANTS_BACKWARD's fused backward where it applies), one with lengths the
+    lengths op's (the reference's)."""
     from fa_variants import api
     from fa_variants.common import mask_lengths, workspace
 
@@ -193,9 +198,11 @@ def sdpa_masked_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
     with workspace.uncached():
         if seqlens_k is None:
             out, lse = api.dispatch_and_run(q, k, v, causal, softmax_scale, backend)
-        else:
-            out, lse = api.run_seqlens_k(q, k, v, causal, softmax_scale, backend, seqlens_k)  # on the CPU: no 2nd sync
-    return out.contiguous(), lse.contiguous()
+        else:  # lengths on the CPU: checked on the host, copied over without a second sync
+            out, lse = api.run_seqlens_k(q, k, v, causal, softmax_scale, backend, seqlens_k)
+    lengths = torch.full((batch,), k.shape[1], dtype=torch.int32) if seqlens_k is None else seqlens_k
+    kind = torch.tensor([causal, seqlens_k is not None], dtype=torch.int32)
+    return out.contiguous(), lse.contiguous(), lengths, kind
 
 
 @sdpa_masked_op.register_fake
@@ -205,12 +212,51 @@ def _sdpa_masked_fake(q, k, v, mask, softmax_scale, backend):
     from fa_variants import api
     from fa_variants.common import mask_lengths
 
-    outputs = _attention_fake(q, k, v, False, softmax_scale, backend)
+    out, lse = _attention_fake(q, k, v, False, softmax_scale, backend)
     try:
         mask_lengths.check_shape(mask, q.shape[1], k.shape[1], q.shape[0], q.shape[2], name="attn_mask")
     except mask_lengths.InexpressibleMask as refused:
         raise api.sdpa_mask_refusal(refused.what) from None
-    return outputs
+    return out, lse, torch.empty((q.shape[0],), dtype=torch.int32), torch.empty((2,), dtype=torch.int32)
+
+
+def _sdpa_masked_setup_context(ctx, inputs, output):
+    q, k, v, mask, softmax_scale, backend = inputs
+    out, lse, lengths, kind = output
+    kept = (out, lse) if backward.keeps_outputs(False) else (None, None)  # the traced route (_backward_of)
+    ctx.save_for_backward(q, k, v, *kept, lengths, kind)
+    ctx.softmax_scale, ctx.backend = softmax_scale, backend
+    ctx.mark_non_differentiable(lengths, kind)
+    ctx.set_materialize_grads(False)
+
+
+def _sdpa_masked_backward(ctx, grad_out, grad_lse, _lengths, _kind):
+    q, k, v, out, lse, lengths, kind = ctx.saved_tensors
+    dq, dk, dv = sdpa_masked_backward_op(grad_out, grad_lse, q, k, v, out, lse, lengths, kind, ctx.softmax_scale,
+                                         ctx.backend)
+    return dq, dk, dv, None, None, None
+
+
+@torch.library.custom_op("fa_variants::sdpa_masked_backward", mutates_args=(), tags=_HOST_READ_TAGS)
+def sdpa_masked_backward_op(grad_out: torch.Tensor | None, grad_lse: torch.Tensor | None, q: torch.Tensor,
+                            k: torch.Tensor, v: torch.Tensor, out: torch.Tensor | None, lse: torch.Tensor | None,
+                            lengths: torch.Tensor, kind: torch.Tensor, softmax_scale: float | None,
+                            backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``backward.kernel_backward`` for the mask ``sdpa_masked`` read (``kind``, read on the host: it is on the CPU),
+    as one opaque node."""
+    causal, lengths_used = (bool(x) for x in kind.tolist())
+    seqlens_k = lengths.to(q.device) if lengths_used else None
+    grads = backward.kernel_backward(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, causal, softmax_scale, backend,
+                                     eager=False)
+    return tuple(g.contiguous() for g in grads)
+
+
+@sdpa_masked_backward_op.register_fake
+def _sdpa_masked_backward_fake(grad_out, grad_lse, q, k, v, out, lse, lengths, kind, softmax_scale, backend):
+    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+
+
+sdpa_masked_op.register_autograd(_sdpa_masked_backward, setup_context=_sdpa_masked_setup_context)
 
 
 def _forward_backend(eager: bool, inputs: tuple) -> str:
