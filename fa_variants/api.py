@@ -771,7 +771,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
                          "for grouped-query attention" + _layout_hint(q, k, v, _SDPA_HINT))
     seqlens_k = None
     if attn_mask is not None:
-        is_causal, seqlens_k = _sdpa_mask(attn_mask, q, k, v)
+        is_causal, seqlens_k = _sdpa_mask(attn_mask, q, k)
         if is_causal is None:  # traced: the mask and the attention as one op (seqlens_k: the mask)
             _check_inputs(q, k, v)
             softmax_scale = _check_options(False, scale, backend, return_lse)
@@ -784,8 +784,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     return result.transpose(1, 2)
 
 
-def _sdpa_mask(attn_mask, q: torch.Tensor, k: torch.Tensor,
-               v: torch.Tensor) -> tuple[bool | None, torch.Tensor | None]:
+def _sdpa_mask(attn_mask, q: torch.Tensor, k: torch.Tensor) -> tuple[bool | None, torch.Tensor | None]:
     """SDPA's ``attn_mask`` (bool, True = attend, or additive float with 0 / -inf; 2 to 4 dimensions that broadcast
     to (batch, num_heads, seqlen_q, seqlen_k)) as ``attention``'s causal flag and seqlens_k (``common.mask_lengths``:
     full or bottom-right causal, over all keys or each sequence's first L_b); one-line errors naming attn_mask for
