@@ -71,11 +71,12 @@ def test_consistent_basis_matches_float64(rng_seed, shift):
 def test_huge_logits_consistent_vs_previous_form(rng_seed):
     """Logits near -5e5 at softmax_scale 1 with the FFMA form forced up to |m c| < 2^20 (basis rounded by up to
     2^-5; the kernel's limit is lower, this tests the consistent basis itself): it must not leak into O. The previous
-    switch's alpha leaks it (measured on this model: 2.2e-3 vs 1.0e-2 max error, |O| ~ 0.9). One draw is too noisy to
-    tell them apart (over 480 draws: max error up to 7.4e-3, the previous form's as little as 1.23x of it), so the
-    medians of five draws are compared: over 40 such tests the median error was at most 3.5e-3 and the median ratio at
-    least 2.69."""
-    goods, ratios = [], []
+    switch's alpha leaks it. The error of a draw is its RMS over O (the largest element's is too noisy to tell the
+    forms apart: over 800 draws the previous form's was as little as 0.8x the consistent one's), averaged over five
+    draws. Session 52, 800 draws (|O| ~ 0.9): RMS error 1.9e-4 to 6.0e-4 (consistent) and 8.5e-4 to 2.1e-3
+    (previous), their ratio per draw at least 1.8; over 20,000 sets of five draws the mean was at most 4.4e-4 and the
+    ratio of means at least 2.99 (the old bounds on the largest element's error failed 3 seeds in 5,300)."""
+    good_rms, bad_rms, good_max = [], [], []
     for draw in range(5):
         g = torch.Generator().manual_seed(rng_seed + draw)
         rows, n, d = 32, 2048, 64
@@ -84,12 +85,13 @@ def test_huge_logits_consistent_vs_previous_form(rng_seed):
         s = _f32(s + torch.linspace(4, 0, n, dtype=torch.float64) - 5e5)  # the max moves on many tiles
         v = torch.randn(n, d, generator=g).to(torch.bfloat16).float()
         ref = _reference(s, v, c)
-        good = (online_softmax_pv(s, v, c, 128, limit=2.0**20) - ref).abs().max().item()
-        bad = (online_softmax_pv(s, v, c, 128, consistent=False, limit=2.0**20) - ref).abs().max().item()
-        goods.append(good)
-        ratios.append(bad / good)
-    assert max(goods) < 1.2e-2 and statistics.median(goods) < 5e-3, goods
-    assert statistics.median(ratios) > 2, ratios
+        good = online_softmax_pv(s, v, c, 128, limit=2.0**20) - ref
+        bad = online_softmax_pv(s, v, c, 128, consistent=False, limit=2.0**20) - ref
+        good_rms.append(good.pow(2).mean().sqrt().item())
+        bad_rms.append(bad.pow(2).mean().sqrt().item())
+        good_max.append(good.abs().max().item())
+    assert statistics.mean(good_rms) < 8e-4 and max(good_max) < 2e-2, (good_rms, good_max)  # bf16 P, as in the kernel
+    assert statistics.mean(bad_rms) > 2 * statistics.mean(good_rms), (bad_rms, good_rms)
 
 
 def test_huge_rows_whose_max_moves(rng_seed):
