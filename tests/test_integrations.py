@@ -73,6 +73,16 @@ def _rotary(x: torch.Tensor, theta: float) -> torch.Tensor:
     return x.double() * cos + torch.cat((-x2, x1), -1) * sin
 
 
+def _eager_attention(q, k, v, scale: float) -> torch.Tensor:
+    """transformers' eager attention in q's dtype (scores, causal mask, softmax, P V; GQA by repeating K / V heads):
+    the same maths as the captured layer's, the baseline of the rule. q (B, N, H, D), k / v (B, N, Hkv, D)."""
+    group = q.shape[2] // k.shape[2]
+    qh, kh, vh = q.transpose(1, 2), *(t.repeat_interleave(group, 2).transpose(1, 2) for t in (k, v))
+    scores = qh @ kh.transpose(-1, -2) * scale
+    hidden = torch.ones(q.shape[1], k.shape[1], dtype=torch.bool).triu(1 + k.shape[1] - q.shape[1])
+    return (scores.masked_fill(hidden, -math.inf).softmax(-1) @ vh).transpose(1, 2)
+
+
 # ----------------------------------------------------------------------------------------------- capture
 
 @needs_hf
@@ -115,7 +125,9 @@ def test_captured_tensors_reproduce_the_eager_attention(model, ids):
     for r in records:
         assert r.scaling == pytest.approx(HEAD_DIM ** -0.5)
         ref, _ = attention_reference(r.q, r.k, r.v, causal=True, softmax_scale=r.scaling)
-        assert max_abs_error(r.out, ref) < 1e-5
+        # the rule against float64, with the same maths in float32 as the baseline (a fixed 1e-5 reached 0.79 of
+        # itself over 1,003 fresh models: the scores of these weights are large)
+        assert max_abs_error(r.out, ref) <= 2 * max_abs_error(_eager_attention(r.q, r.k, r.v, r.scaling), ref) + 1e-6
         wrong, _ = attention_reference(r.q, r.k, r.v, causal=False, softmax_scale=r.scaling)
         assert max_abs_error(r.out, wrong) > 1e-2
 
@@ -129,13 +141,14 @@ def test_fixture_roundtrip_and_rebuilt_layers(model, ids, tiny_fixture, monkeypa
     assert f.q.shape == (L, B, N, HEADS, HEAD_DIM) and f.k.shape == (L, B, N, HEADS_KV, HEAD_DIM)
     assert f.q.dtype == f.out_eager.dtype == torch.float16 and f.causal
     assert f.hidden_states.shape == (2, B, N, HIDDEN) and f.e2e_layers == 2
-    assert max(f.capture_error) < 1e-5 and torch.equal(f.input_ids, ids[:1])
+    # |eager out - float64| at capture (float32): at most 7.0e-6 over 1,003 fresh models (session 52)
+    assert max(f.capture_error) < 2e-5 and torch.equal(f.input_ids, ids[:1])
     q, k, v = f.attention_inputs(dtype=torch.float32)
     assert q.shape == (L * B, N, HEADS, HEAD_DIM) and k.shape == (L * B, N, HEADS_KV, HEAD_DIM)
     out64, _ = attention_reference(q, k, v, causal=True, softmax_scale=f.softmax_scale)
-    # float16 storage of both (the model's float32 Q, K, V rounded after eager attention ran on them): 5.3e-3 to
-    # 1.07e-2 over 13 fresh tiny models (median ~6.8e-3); 1e-2 held for the one model of seed 0 only
-    assert max_abs_error(f.out_eager.flatten(0, 1), out64) < 2e-2
+    # float16 storage of both (the model's float32 Q, K, V rounded after eager attention ran on them): p99 1.29e-2,
+    # at most 1.58e-2 over 1,003 fresh tiny models (session 52; 1e-2 held for the one model of seed 0 only)
+    assert max_abs_error(f.out_eager.flatten(0, 1), out64) < 3e-2
 
     h64 = fx.run_layers(fx.build_layers(f, dtype=torch.float64, device="cpu"), f)
     assert rel_l2(h64, f.hidden_states[-1]) < 1e-2  # the weights are float16-rounded copies
