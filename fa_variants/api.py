@@ -702,7 +702,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         query: (batch, num_heads, seqlen_q, head_dim); key, value: (batch, num_heads_kv, seqlen_k,
             head_dim). They are passed to ``attention`` as transposed views (no copy).
         attn_mask: None, or a mask that broadcasts to (batch, num_heads, seqlen_q, seqlen_k), bool (True =
-            attend) or additive float (0 / -inf, any float dtype), not requiring grad, that ``attention``'s causal
+            attend) or additive float (0 / -inf, any float dtype of 16 bits or more), not requiring grad, that ``attention``'s causal
             flag and per-sequence key lengths express (``common.mask_lengths``): every key visible, bottom-right
             causal, or either over each sequence's first L_b keys (keys padded on the right; a static KV cache with
             L_b slots filled; torch's top-left causal as a mask), run as ``attention(..., causal, seqlens_k=L)``.
@@ -794,6 +794,9 @@ def _sdpa_mask(attn_mask, q: torch.Tensor, k: torch.Tensor) -> tuple[bool | None
     if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():  # torch's SDPA refuses them too
         raise TypeError(f"attn_mask must be bool (True = attend) or floating (added to the scores), got "
                         f"{attn_mask.dtype}")
+    if attn_mask.is_floating_point() and attn_mask.element_size() == 1:  # -inf saturates to a finite value there
+        raise TypeError(f"attn_mask is {attn_mask.dtype}, an 8-bit float without -inf to hide a key: pass a bool mask "
+                        "(True = attend) or a 0 / -inf mask in a wider float")
     if attn_mask.requires_grad and torch.is_grad_enabled():
         raise ValueError("attn_mask requires grad: a mask gets no gradient here (it is read as causal + seqlens_k); "
                          "detach it, or use torch's SDPA for a learned bias")

@@ -312,6 +312,7 @@ def test_sdpa_attn_mask_runs_what_lengths_express(form):
     (torch.ones(5, 3, dtype=torch.bool), ValueError, r"^attn_mask has shape \(5, 3\), which does not broadcast"),
     ([[True]], TypeError, "attn_mask must be a torch.Tensor or None"),
     (torch.zeros(5, 7, dtype=torch.uint8), TypeError, "attn_mask must be bool .* or floating .*, got torch.uint8"),
+    (torch.zeros(5, 7).to(torch.float8_e4m3fn), TypeError, "^attn_mask is torch.float8_e4m3fn, an 8-bit float without"),
     (torch.ones(5, 7, dtype=torch.bool).to_sparse(), TypeError, "attn_mask must be a dense"),
     (torch.zeros(5, 7, requires_grad=True), ValueError, "attn_mask requires grad"),
     (torch.ones(5, 7, dtype=torch.bool, device="meta"), ValueError, "attn_mask is on meta but query is on cpu"),
