@@ -702,8 +702,8 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         query: (batch, num_heads, seqlen_q, head_dim); key, value: (batch, num_heads_kv, seqlen_k,
             head_dim). They are passed to ``attention`` as transposed views (no copy).
         attn_mask: None, or a mask that broadcasts to (batch, num_heads, seqlen_q, seqlen_k), bool (True =
-            attend) or additive float (0 / -inf, any float dtype of 16 bits or more), not requiring grad, that ``attention``'s causal
-            flag and per-sequence key lengths express (``common.mask_lengths``): every key visible, bottom-right
+            attend) or additive float (0 / -inf, any float dtype of 16 bits or more), not requiring grad, that
+            ``attention``'s causal flag and per-sequence key lengths express (``common.mask_lengths``): every key visible, bottom-right
             causal, or either over each sequence's first L_b keys (keys padded on the right; a static KV cache with
             L_b slots filled; torch's top-left causal as a mask), run as ``attention(..., causal, seqlens_k=L)``.
             Read on the host (one device sync). Under torch.compile and torch.export the mask and the attention
