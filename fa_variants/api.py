@@ -701,18 +701,17 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     Args:
         query: (batch, num_heads, seqlen_q, head_dim); key, value: (batch, num_heads_kv, seqlen_k,
             head_dim). They are passed to ``attention`` as transposed views (no copy).
-        attn_mask: None, or a mask that broadcasts to (batch, num_heads, seqlen_q, seqlen_k), bool (True =
-            attend) or additive float (0 / -inf, any float dtype of 16 bits or more), not requiring grad, that
-            ``attention``'s causal flag and per-sequence key lengths express (``common.mask_lengths``): every key visible, bottom-right
-            causal, or either over each sequence's first L_b keys (keys padded on the right; a static KV cache with
-            L_b slots filled; torch's top-left causal as a mask), run as ``attention(..., causal, seqlens_k=L)``.
-            Read on the host (one device sync). Under torch.compile and torch.export the mask and the attention
-            are one op, ``torch.ops.fa_variants.sdpa_masked``, which reads it when the graph runs (no graph break;
-            its backward is the plain call's for a plain mask, the reference's with lengths); under torch.func
-            transforms it is read at the call (a graph break under torch.compile, a ValueError under
-            torch.export); refused inside CUDA-graph capture. Other
-            masks (left padding, windows, biases) raise ValueError, integer masks TypeError. A row that sees no
-            key gives 0 (and LSE -inf).
+        attn_mask: None, or a mask that broadcasts to (batch, num_heads, seqlen_q, seqlen_k), bool (True = attend) or
+            additive float (0 / -inf, any float dtype of 16 bits or more), not requiring grad, that ``attention``'s
+            causal flag and per-sequence key lengths express (``common.mask_lengths``): every key visible,
+            bottom-right causal, or either over each sequence's first L_b keys (keys padded on the right; a static KV
+            cache with L_b slots filled; torch's top-left causal as a mask), run as ``attention(..., causal,
+            seqlens_k=L)``. Read on the host (one device sync). Under torch.compile and torch.export the mask and the
+            attention are one op, ``torch.ops.fa_variants.sdpa_masked``, which reads it when the graph runs (no graph
+            break; its backward is the plain call's for a plain mask, the reference's with lengths); under torch.func
+            transforms it is read at the call (a graph break under torch.compile, a ValueError under torch.export);
+            refused inside CUDA-graph capture. Other masks (left padding, windows, biases) raise ValueError, integer
+            masks TypeError. A row that sees no key gives 0 (and LSE -inf).
         dropout_p: accepted for signature compatibility; only 0.0 is supported.
         is_causal: causal mask. PyTorch aligns it top-left and we align bottom-right; the two agree when
             seqlen_q == seqlen_k (and where either is 0), so is_causal with other seqlen_q != seqlen_k raises
