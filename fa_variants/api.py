@@ -711,7 +711,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
             break; its backward is the plain call's for a plain mask, the reference's with lengths); under torch.func
             transforms it is read at the call (a graph break under torch.compile, a ValueError under torch.export);
             refused inside CUDA-graph capture. Other masks (left padding, windows, biases) raise ValueError, integer
-            masks TypeError. A row that sees no key gives 0 (and LSE -inf).
+            and 8-bit float masks TypeError. A row that sees no key gives 0 (and LSE -inf).
         dropout_p: accepted for signature compatibility; only 0.0 is supported.
         is_causal: causal mask. PyTorch aligns it top-left and we align bottom-right; the two agree when
             seqlen_q == seqlen_k (and where either is 0), so is_causal with other seqlen_q != seqlen_k raises
