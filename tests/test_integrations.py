@@ -269,8 +269,9 @@ def test_hf_fallback_runs_sdpa_for_what_we_cannot_express(model, ids, monkeypatc
             model.set_attn_implementation("sdpa")
             expected = model(ids, attention_mask=mask).logits
             model.set_attn_implementation(name)
-            with pytest.warns(UserWarning, match=r"cannot express this attention mask .*: this call runs "
-                                                 r"transformers' sdpa attention"):
+            # the whole reason, its parentheses closed (session 52: the text was cut at its first ';')
+            with pytest.warns(UserWarning, match=r"cannot express this attention mask \(padding on the left, [^()]*\)"
+                                                 r": only .*: this call runs transformers' sdpa attention"):
                 got = model(ids, attention_mask=mask).logits
             assert calls == []
             model(ids).logits
@@ -278,6 +279,38 @@ def test_hf_fallback_runs_sdpa_for_what_we_cannot_express(model, ids, monkeypatc
     finally:
         model.set_attn_implementation("eager")
     torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+
+
+@needs_hf
+def test_hf_mask_built_when_the_model_asks_for_it():
+    """A model that uses the mask itself (Falcon with ALiBi adds its bias to it; Doge its learned mask) asks
+    transformers for it built (allow_is_causal_skip=False): our mask function builds it then, where it would return
+    None for a plain causal call (session 52: Falcon failed with AttributeError on None, and Doge under
+    fallback="sdpa" ran without its causal mask, logits off by 10). The biased mask is refused in one line, and
+    fallback="sdpa" gives eager's logits within the rule."""
+    from transformers import FalconConfig, FalconForCausalLM
+    from transformers.masking_utils import causal_mask_function
+
+    assert hf.build_mask(2, 5, 5, mask_function=causal_mask_function) is None
+    built = hf.build_mask(2, 5, 5, mask_function=causal_mask_function, allow_is_causal_skip=False)
+    assert built.shape == (2, 1, 5, 5) and torch.equal(built[0, 0], torch.ones(5, 5, dtype=torch.bool).tril())
+
+    config = FalconConfig(vocab_size=97, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, alibi=True,
+                          new_decoder_architecture=False, multi_query=False, bos_token_id=None, eos_token_id=None)
+    torch.manual_seed(session_seed("test_integrations.falcon"))
+    falcon = FalconForCausalLM(config).eval()
+    falcon.set_attn_implementation("eager")
+    ids = torch.randint(0, 97, (2, 13), generator=seeded_generator())
+    with torch.no_grad():
+        expected, exact = falcon(ids).logits, float64_twin(falcon)(ids).logits
+        falcon.set_attn_implementation(hf.register(backend="reference"))
+        with pytest.raises(hf.UnsupportedAttentionError, match="^fa_variants attention cannot express an additive "
+                                                               "attention bias"):
+            falcon(ids)
+        falcon.set_attn_implementation(hf.register("fa_variants_fallback", backend="reference", fallback="sdpa"))
+        with pytest.warns(UserWarning, match="an additive attention bias .*: this call runs transformers' sdpa"):
+            got = falcon(ids).logits
+    assert_model_within_rule(got, expected, exact, "Falcon (ALiBi) logits")
 
 
 def test_hf_fallback_keeps_bottom_right_causal_and_compiles():
@@ -359,8 +392,12 @@ def test_hf_refuses_what_it_cannot_express():
     for fallback in (None, "sdpa"):  # sdpa has neither: refused with the eager fallback named, even with "sdpa"
         with pytest.raises(hf.UnsupportedAttentionError, match="softcap.*attn_implementation='eager'"):
             hf.attention_forward(module, q, k, k, None, softcap=30.0, fallback=fallback)
-        with pytest.raises(hf.UnsupportedAttentionError, match="s_aux.*attn_implementation='eager'"):
-            hf.attention_forward(module, q, k, k, None, s_aux=torch.zeros(6), fallback=fallback)
+        for name, value in (("s_aux", torch.zeros(6)), ("sinks", torch.zeros(6)),  # attention sinks
+                            ("indices", torch.zeros(1, 4, 2, dtype=torch.long)),  # DeepSeek-V3.2's top-k keys
+                            ("block_indices", torch.zeros(1, 1, dtype=torch.long))):
+            with pytest.raises(hf.UnsupportedAttentionError, match=f"^fa_variants attention cannot express {name} "
+                                                                   ".*attn_implementation='eager'"):
+                hf.attention_forward(module, q, k, k, None, fallback=fallback, **{name: value})
     with pytest.raises(hf.UnsupportedAttentionError, match="sliding window"):
         hf.attention_forward(module, q, k, k, None, sliding_window=2)
     out, weights = hf.attention_forward(module, q, k, k, None, sliding_window=8, backend="reference")

@@ -57,11 +57,16 @@ _FALLBACK = ("use attn_implementation='sdpa' (or 'eager') for this model or batc
 
 class UnsupportedAttentionError(NotImplementedError):
     """transformers asked for an attention that fa_variants cannot express (a mask that is neither
-    causal nor full, dropout, soft-capping, ...). The message names it and the fallback to use."""
+    causal nor full, dropout, soft-capping, ...). The message names it and the fallback to use; ``what`` names it
+    alone."""
+
+    what: str = ""
 
 
 def _refuse(what: str, fallback: str = _FALLBACK) -> UnsupportedAttentionError:
-    return UnsupportedAttentionError(f"fa_variants attention cannot express {what}; {fallback}")
+    refused = UnsupportedAttentionError(f"fa_variants attention cannot express {what}; {fallback}")
+    refused.what = what
+    return refused
 
 
 def mask_is_causal(mask: torch.Tensor, seqlen_q: int, seqlen_k: int, batch: int | None = None,
@@ -114,6 +119,13 @@ def _check_mask_shape(mask, seqlen_q: int, seqlen_k: int) -> None:
         raise _refuse(f"a mask of shape {tuple(mask.shape)} for seqlen_q {seqlen_q}, seqlen_k {seqlen_k}")
 
 
+#: keywords of transformers' attention call that change the attention and that neither fa_variants nor transformers'
+#: sdpa function (the fallback) apply: refused whatever the fallback. (Under attn_implementation "sdpa" or "eager",
+#: models with sparse attention fold their indices into the mask; under other names they pass them here.)
+_REFUSED_KWARGS = {"softcap": "logit soft-capping", "s_aux": "attention sinks", "sinks": "attention sinks",
+                   "indices": "sparse attention over selected keys", "block_indices": "block-sparse attention"}
+
+
 def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                       is_causal: bool | None = None, *, backend: str = "auto", fallback: str | None = None,
@@ -133,9 +145,10 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         backend: the fa_variants backend ("auto", "fa3", "fa2", "fa1", "reference").
         fallback: None (refuse what we cannot express) or "sdpa": such a call runs transformers' own
             ``sdpa_attention_forward`` instead (a padded batch, dropout in training, a sliding window, a position
-            bias), with a warning naming why; the other calls of the same model keep fa_variants. Soft-capping and
-            attention sinks are refused either way (sdpa has neither).
-        kwargs: other transformers keywords; ``softcap``, ``s_aux``, ``position_bias`` and, without a mask, a
+            bias), with a warning naming why; the other calls of the same model keep fa_variants. Soft-capping,
+            attention sinks and sparse attention's indices are refused either way (sdpa's function drops them).
+        kwargs: other transformers keywords; those of `_REFUSED_KWARGS` (``softcap``, ``s_aux``, ``sinks``,
+            ``indices``, ``block_indices``), ``position_bias`` and, without a mask, a
             ``sliding_window`` shorter than seqlen_k are refused (with a mask, the mask says where the window bites:
             sdpa reads only the mask), ``output_attentions`` warns (no weights), the rest ignored. A value head_dim
             other than the query's (multi-head latent attention) and key / value batches broadcast against the
@@ -151,10 +164,10 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
             cannot express raises UnsupportedAttentionError then.
         ValueError / TypeError: from ``fa_variants.attention`` (e.g. a backend that cannot serve the call).
     """
-    for name in ("softcap", "s_aux"):  # sdpa cannot express them either: no fallback
+    for name, what in _REFUSED_KWARGS.items():  # no fallback: sdpa_attention_forward drops them too
         if kwargs.get(name) is not None:
-            raise _refuse(f"{name} (logit soft-capping / attention sinks)", "use attn_implementation='eager' for this "
-                          "model (sdpa has no soft-capping or sinks either), e.g. model.set_attn_implementation('eager')")
+            raise _refuse(f"{name} ({what})", "use attn_implementation='eager' for this model (transformers' sdpa "
+                          "attention function ignores it too), e.g. model.set_attn_implementation('eager')")
     if kwargs.get("output_attentions") and not torch.compiler.is_compiling():
         warnings.warn("fa_variants attention returns no attention weights: output_attentions=True gives none "
                       "(as with sdpa); use attn_implementation='eager' for them", stacklevel=2)
@@ -180,8 +193,8 @@ def _sdpa_fallback(refused, module, query, key, value, attention_mask, dropout, 
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if not torch.compiler.is_compiling():
-        warnings.warn(f"{refused.args[0].split(';')[0]}: this call runs transformers' sdpa attention "
-                      "(hf.register(fallback='sdpa'))", stacklevel=3)
+        warnings.warn(f"fa_variants attention cannot express {refused.what}: this call runs transformers' sdpa "
+                      "attention (hf.register(fallback='sdpa'))", stacklevel=3)
     seqlen_q, seqlen_k = query.shape[2], key.shape[2]
     if attention_mask is None and _module_causal(module, is_causal) and 1 < seqlen_q != seqlen_k:
         attention_mask = causal_visible(seqlen_q, seqlen_k, device=query.device)[None, None]
@@ -240,20 +253,23 @@ def build_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_of
     """transformers' mask-interface function for our name (the signature of its ``sdpa_mask``).
 
     Returns None when ``attention_forward``'s causal/full flag expresses the mask exactly (plain causal or
-    bidirectional mask function, no padding, kv_offset 0, queries at the end of the keys); otherwise the
-    materialised boolean mask (batch, 1, q_length, kv_length) from transformers' ``sdpa_mask``, which
-    ``attention_forward`` then accepts or refuses.
+    bidirectional mask function, no padding, kv_offset 0, queries at the end of the keys) and the caller allows the
+    skip (``allow_is_causal_skip`` / ``allow_is_bidirectional_skip`` not False: models that add a bias to the mask or
+    index it ask for it built); otherwise the materialised boolean mask (batch, 1, q_length, kv_length) from
+    transformers' ``sdpa_mask``, which ``attention_forward`` then accepts or refuses.
     """
     # names from the submodule itself: "from transformers import masking_utils" goes through transformers' lazy
     # top-level module, which dynamo before torch 2.13 cannot import under torch.compile ("Bad import result")
     from transformers.masking_utils import bidirectional_mask_function, causal_mask_function, sdpa_mask
 
+    bidirectional = mask_function is bidirectional_mask_function
     plain = mask_function in (None, causal_mask_function, bidirectional_mask_function)
-    causal_aligned = mask_function is bidirectional_mask_function or (
-        not isinstance(q_offset, torch.Tensor) and q_offset + q_length == kv_length)
+    causal_aligned = bidirectional or (not isinstance(q_offset, torch.Tensor) and q_offset + q_length == kv_length)
+    # a model that uses the mask itself (adds a bias or a learned mask to it, indexes it) asks for it built
+    skip_allowed = kwargs.get("allow_is_bidirectional_skip" if bidirectional else "allow_is_causal_skip", True)
     # the padding is read (a graph break under torch.compile) only where it decides: a mask that must be built anyway
     # (a static cache's slots) is built without it and read when the graph runs (torch.ops.fa_variants.mask_lengths)
-    if plain and causal_aligned and not isinstance(kv_offset, torch.Tensor) and kv_offset == 0 and (
+    if skip_allowed and plain and causal_aligned and not isinstance(kv_offset, torch.Tensor) and kv_offset == 0 and (
             attention_mask is None or bool(attention_mask.all())):
         return None
     kwargs.update(allow_is_causal_skip=False, allow_is_bidirectional_skip=False)
