@@ -770,7 +770,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
                          "for grouped-query attention" + _layout_hint(q, k, v, _SDPA_HINT))
     seqlens_k = None
     if attn_mask is not None:
-        is_causal, seqlens_k = _sdpa_mask(attn_mask, q, k)
+        is_causal, seqlens_k = _sdpa_mask(attn_mask, q, k, v)
         if is_causal is None:  # traced: the mask and the attention as one op (seqlens_k: the mask)
             _check_inputs(q, k, v)
             softmax_scale = _check_options(False, scale, backend, return_lse)
@@ -783,7 +783,8 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     return result.transpose(1, 2)
 
 
-def _sdpa_mask(attn_mask, q: torch.Tensor, k: torch.Tensor) -> tuple[bool | None, torch.Tensor | None]:
+def _sdpa_mask(attn_mask, q: torch.Tensor, k: torch.Tensor,
+               v: torch.Tensor) -> tuple[bool | None, torch.Tensor | None]:
     """SDPA's ``attn_mask`` (bool, True = attend, or additive float with 0 / -inf; 2 to 4 dimensions that broadcast
     to (batch, num_heads, seqlen_q, seqlen_k)) as ``attention``'s causal flag and seqlens_k (``common.mask_lengths``:
     full or bottom-right causal, over all keys or each sequence's first L_b); one-line errors naming attn_mask for
@@ -793,9 +794,9 @@ def _sdpa_mask(attn_mask, q: torch.Tensor, k: torch.Tensor) -> tuple[bool | None
     if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():  # torch's SDPA refuses them too
         raise TypeError(f"attn_mask must be bool (True = attend) or floating (added to the scores), got "
                         f"{attn_mask.dtype}")
-    if attn_mask.is_floating_point() and attn_mask.element_size() == 1:  # -inf saturates to a finite value there
-        raise TypeError(f"attn_mask is {attn_mask.dtype}, an 8-bit float without -inf to hide a key: pass a bool mask "
-                        "(True = attend) or a 0 / -inf mask in a wider float")
+    if attn_mask.is_floating_point() and attn_mask.element_size() == 1:  # e4m3 saturates -inf to -448
+        raise TypeError(f"attn_mask is {attn_mask.dtype}: 8-bit float masks are refused (torch's SDPA refuses them "
+                        "too; e4m3 has no -inf): pass a bool mask (True = attend) or a 0 / -inf mask in a wider float")
     if attn_mask.requires_grad and torch.is_grad_enabled():
         raise ValueError("attn_mask requires grad: a mask gets no gradient here (it is read as causal + seqlens_k); "
                          "detach it, or use torch's SDPA for a learned bias")
@@ -803,9 +804,13 @@ def _sdpa_mask(attn_mask, q: torch.Tensor, k: torch.Tensor) -> tuple[bool | None
         raise ValueError(f"attn_mask is on {attn_mask.device} but query is on {q.device}")
     # traced: read when the graph runs, by the op that then runs attention (no graph break; its backward takes the
     # plain call's for a plain mask); under torch.func transforms read here (a graph break under torch.compile),
-    # which torch.export cannot do
+    # which torch.export cannot do. One query row without grad (decoding), where causal and full coincide: the
+    # lengths alone come from an op (mask_lengths), so that the attention op stays inside reduce-overhead's CUDA
+    # graphs (sdpa_masked, which reads the host, is kept out of them)
     transformed = torch._C._are_functorch_transforms_active()
     in_graph = torch.compiler.is_compiling() and not transformed
+    wants_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))  # (inference mode: untraceable)
+    decoding = in_graph and q.shape[1] == 1 and not wants_grad
     if transformed and getattr(torch.compiler, "is_exporting", lambda: False)():
         raise ValueError("attn_mask under torch.export inside a torch.func transform (vmap, grad, jvp): its values "
                          "decide the call and cannot be read while exporting; export fa_variants.attention with "
@@ -816,6 +821,8 @@ def _sdpa_mask(attn_mask, q: torch.Tensor, k: torch.Tensor) -> tuple[bool | None
         raise ValueError(f"attn_mask has shape {shape}, which does not broadcast to (batch, num_heads, seqlen_q, "
                          f"seqlen_k) = {target}" + ("" if 2 <= len(shape) <= 4 else " (it must have 2 to 4 dimensions)"))
     mask = attn_mask.reshape((1,) * (4 - len(shape)) + shape)
+    if decoding:
+        return True, torch.ops.fa_variants.mask_lengths(mask, True, *target[2:], *target[:2], "attn_mask")
     if in_graph:
         return None, mask
     try:
@@ -826,7 +833,7 @@ def _sdpa_mask(attn_mask, q: torch.Tensor, k: torch.Tensor) -> tuple[bool | None
 
 def sdpa_mask_refusal(what: str) -> ValueError:
     """The SDPA drop-in's one-line error for an attn_mask that causal + seqlens_k cannot express (``what`` names
-    it); also raised by ``torch.ops.fa_variants.mask_lengths`` when a compiled graph runs."""
+    it); also raised by ``torch.ops.fa_variants.sdpa_masked`` and ``mask_lengths`` when a compiled graph runs."""
     return ValueError(f"attn_mask: fa_variants cannot express {what}; use torch's SDPA for this mask, or "
                       "fa_variants.attention's causal and seqlens_k")
 

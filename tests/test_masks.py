@@ -312,7 +312,7 @@ def test_sdpa_attn_mask_runs_what_lengths_express(form):
     (torch.ones(5, 3, dtype=torch.bool), ValueError, r"^attn_mask has shape \(5, 3\), which does not broadcast"),
     ([[True]], TypeError, "attn_mask must be a torch.Tensor or None"),
     (torch.zeros(5, 7, dtype=torch.uint8), TypeError, "attn_mask must be bool .* or floating .*, got torch.uint8"),
-    (torch.zeros(5, 7).to(torch.float8_e4m3fn), TypeError, "^attn_mask is torch.float8_e4m3fn, an 8-bit float without"),
+    (torch.zeros(5, 7).to(torch.float8_e4m3fn), TypeError, "^attn_mask is torch.float8_e4m3fn: 8-bit float masks are refused"),
     (torch.ones(5, 7, dtype=torch.bool).to_sparse(), TypeError, "attn_mask must be a dense"),
     (torch.zeros(5, 7, requires_grad=True), ValueError, "attn_mask requires grad"),
     (torch.ones(5, 7, dtype=torch.bool, device="meta"), ValueError, "attn_mask is on meta but query is on cpu"),
@@ -391,9 +391,10 @@ def test_sdpa_attn_mask_under_transforms_is_refused_in_one_line():
 
 @pytest.mark.parametrize("seqlen_q", [1, 3])
 def test_sdpa_attn_mask_under_torch_compile_fullgraph(seqlen_q):
-    """Without grad (decoding steps, one query row; a prefill, three), the SDPA drop-in's attn_mask and the attention
-    are one op, torch.ops.fa_variants.sdpa_masked, which reads the mask when the graph runs (whether it is causal or
-    full is the mask's to say), so fullgraph=True works, a growing cache recompiles at most once (dynamic shapes
+    """Without grad, a prefill's (three query rows) attn_mask and the attention are one op,
+    torch.ops.fa_variants.sdpa_masked, which reads the mask when the graph runs (whether it is causal or full is the
+    mask's to say); a decoding step's (one row: the kinds coincide) lengths come from torch.ops.fa_variants.mask_lengths
+    and the attention op stays a node of its own (inside reduce-overhead's CUDA graphs). So fullgraph=True works, a growing cache recompiles at most once (dynamic shapes
     after the second size), each step equals torch's SDPA whichever kind the mask is, and a mask it cannot express
     (a hole before the last keys) is refused with the drop-in's one-line ValueError when the graph runs."""
     def step(q, k, mask):
@@ -412,7 +413,8 @@ def test_sdpa_attn_mask_under_torch_compile_fullgraph(seqlen_q):
             want = F.scaled_dot_product_attention(q, k, k, attn_mask=mask, enable_gqa=True)
             torch.testing.assert_close(compiled(q, k, mask), want, rtol=1e-5, atol=1e-5)
         assert len(graphs) <= 2, f"{len(graphs)} graphs for 6 cache sizes"
-        assert all(any("fa_variants.sdpa_masked" in str(n.target) for n in gm.graph.nodes) for gm in graphs)
+        op = "fa_variants.mask_lengths" if seqlen_q == 1 else "fa_variants.sdpa_masked"  # (see the docstring)
+        assert all(any(op in str(n.target) for n in gm.graph.nodes) for gm in graphs)
         mask[1, ..., 0] = False  # a hole before sequence 1's last keys
         with pytest.raises(ValueError, match=r"^attn_mask: fa_variants cannot express this attention mask"):
             compiled(q, k, mask)
@@ -431,10 +433,10 @@ def test_sdpa_attn_mask_under_torch_compile_with_grad(needs_grad, monkeypatch):
     def run(q, k, mask):
         return fa_variants.scaled_dot_product_attention(q, k, k, attn_mask=mask, enable_gqa=True, backend="reference")
 
-    seen = []
+    seen = []  # (causal, seqlens_k, out kept) of each backward
     kernel_backward = backward.kernel_backward
     monkeypatch.setattr(backward, "kernel_backward",
-                        lambda *a, **kw: seen.append((a[8], a[7])) or kernel_backward(*a, **kw))
+                        lambda *a, **kw: seen.append((a[8], a[7], a[5] is not None)) or kernel_backward(*a, **kw))
     g = seeded_generator()
     q, k = torch.randn(2, 4, 3, 16, generator=g), torch.randn(2, 2, 9, 16, generator=g)
     torch._dynamo.reset()
@@ -453,6 +455,7 @@ def test_sdpa_attn_mask_under_torch_compile_with_grad(needs_grad, monkeypatch):
             torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-5)
             plain = lengths == [9, 9]
             assert seen[-1][0] is causal and (seen[-1][1] is None) is plain, seen[-1]
+            assert seen[-1][2] is backward.keeps_outputs(False)  # O and LSE reach the fused backwards
             if not plain:
                 assert seen[-1][1].tolist() == lengths
     finally:

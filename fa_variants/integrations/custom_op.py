@@ -19,9 +19,9 @@ dtype (bfloat16 for e4m3: ``api.output_dtype``), lse float32 contiguous (batch, 
 softmax_scale, str backend) -> (Tensor out, Tensor lse)``. Masks read when a compiled graph runs:
 ``fa_variants::mask_lengths`` (a mask's per-sequence key lengths, for transformers' masks) and
 ``fa_variants::sdpa_masked`` (the SDPA drop-in's attn_mask and the attention as one node; its backward
-``fa_variants::sdpa_masked_backward``).
+``fa_variants::sdpa_masked_backward``, the same ``kernel_backward`` as one opaque node: no second derivative).
 
-Autograd (both ops): the backward is ``integrations.backward.kernel_backward`` (``FA_VARIANTS_BACKWARD``: by
+Autograd (the attention and seqlens_k ops): the backward is ``integrations.backward.kernel_backward`` (``FA_VARIANTS_BACKWARD``: by
 default cuDNN's fused attention backward, else PyTorch's FlashAttention-2 backward kernel, each on the forward's O
 and LSE, eager and traced, where they apply; else
 the reference backend's ``reference.run_backward``, plain PyTorch, float32 maths, query rows in memory-bounded
@@ -126,10 +126,11 @@ def mask_lengths_op(mask: torch.Tensor, causal: bool, seqlen_q: int, seqlen_k: i
     """seqlens_k (int32 (batch,) on the mask's device) of a 4-D mask that ``causal`` with per-sequence key lengths
     expresses (``common.mask_lengths.as_lengths``, read when the op runs: one device sync, and the attention op checks
     the lengths it gets, another; plain masks give seqlen_k for every sequence), so that a traced call with a mask
-    costs no graph break and ``fullgraph=True`` works. Its caller while torch.compile traces: ``integrations.hf``
+    costs no graph break and ``fullgraph=True`` works. Its callers while torch.compile traces: ``integrations.hf``
     (``name`` "attention_mask": transformers' masks, any value at or below half the dtype's lowest hiding a key, the
-    layer's is_causal giving the kind; ``name`` "attn_mask" reads floats as the SDPA drop-in does, 0 / -inf only). A
-    mask of the other kind (full for a causal layer, with seqlen_q > 1, or causal for a non-causal one) or one the
+    layer's is_causal giving the kind) and the SDPA drop-in at seqlen_q 1 without grad (``name`` "attn_mask", 0 /
+    -inf floats only; the two kinds coincide there; the attention op after it stays in reduce-overhead's CUDA
+    graphs, which ``sdpa_masked`` would leave). A mask of the other kind (full for a causal layer, with seqlen_q > 1, or causal for a non-causal one) or one the
     lengths cannot express raises when the compiled graph runs, as the caller's eager path does
     (``_mask_refusal``)."""
     from fa_variants.common import mask_lengths
@@ -184,7 +185,9 @@ def sdpa_masked_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
     Returns (out, lse, seqlens_k, kind): out and lse as ``attention_op``'s; seqlens_k int32 (batch,) and kind int32
     [causal, lengths used] on the CPU, what the mask was read as, for the backward (`_sdpa_masked_backward`): a
     plain mask's is the plain call's (FA_VARIANTS_BACKWARD's fused backward where it applies), one with lengths the
-    lengths op's (the reference's)."""
+    lengths op's (the reference's). O and LSE are kept for the backward where a fused one may use them
+    (``backward.keeps_outputs``), with lengths too (which mask comes is known only when the op runs). Tagged
+    cudagraph_unsafe: it reads the mask on the host."""
     from fa_variants import api
     from fa_variants.common import mask_lengths, workspace
 
