@@ -9,6 +9,7 @@ import importlib.util
 import json
 import math
 import re
+import sys
 import warnings
 from pathlib import Path
 
@@ -311,6 +312,16 @@ def test_hf_mask_built_when_the_model_asks_for_it():
         with pytest.warns(UserWarning, match="an additive attention bias .*: this call runs transformers' sdpa"):
             got = falcon(ids).logits
     assert_model_within_rule(got, expected, exact, "Falcon (ALiBi) logits")
+
+
+def test_hf_register_without_transformers_names_the_install(monkeypatch):
+    """Without transformers, hf.register raises one ImportError line naming the extra to install (was a bare
+    ModuleNotFoundError from inside register)."""
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    monkeypatch.delitem(sys.modules, "transformers.masking_utils", raising=False)
+    with pytest.raises(ImportError, match=r"hf.register needs transformers: pip install -e '\.\[real\]'") as caught:
+        hf.register()
+    assert "\n" not in str(caught.value)
 
 
 def test_hf_fallback_keeps_bottom_right_causal_and_compiles():

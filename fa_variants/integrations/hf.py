@@ -295,7 +295,7 @@ def register(name: str = DEFAULT_NAME, *, backend: str = "auto", fallback: str |
         TypeError / ValueError: name not a non-empty str; backend not a str, or not "auto" or a backend name
             (``fa_variants.dispatch.BACKENDS``); fallback neither None nor "sdpa"; checked here, not at the model's
             first forward.
-        ImportError: transformers is not installed (``pip install fa-variants[real]``).
+        ImportError: transformers is not installed (``pip install -e '.[real]'``), in one line.
         ValueError: name is one of transformers' own implementations ("eager", "sdpa", "flash_attention_2", ...):
             registering over it would replace it for the whole process (and the refusals' advice to use "sdpa"
             would lead back here).
@@ -310,8 +310,12 @@ def register(name: str = DEFAULT_NAME, *, backend: str = "auto", fallback: str |
         raise ValueError(f"unknown backend {backend!r}; choose from auto, {', '.join(dispatch.BACKENDS)}")
     if fallback is not None and fallback != "sdpa":
         raise ValueError(f"fallback must be None or 'sdpa', got {one_line(fallback)}")
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface
+    except ImportError as exc:
+        raise ImportError(f"{exc}: hf.register needs transformers: pip install -e '.[real]' (transformers, gguf, "
+                          "accelerate)") from None
 
     taken = getattr(AttentionInterface, "_global_mapping", {}).get(name)
     ours = isinstance(taken, functools.partial) and taken.func is attention_forward
