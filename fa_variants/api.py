@@ -770,12 +770,13 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
                          "for grouped-query attention" + _layout_hint(q, k, v, _SDPA_HINT))
     seqlens_k = None
     if attn_mask is not None:
-        is_causal, seqlens_k = _sdpa_mask(attn_mask, q, k, v)
-        if is_causal is None:  # traced: the mask and the attention as one op (seqlens_k: the mask)
+        is_causal, read = _sdpa_mask(attn_mask, q, k, v)
+        if is_causal is None:  # traced: the mask (read: 4-D) and the attention as one op
             _check_inputs(q, k, v)
             softmax_scale = _check_options(False, scale, backend, return_lse)
-            out, lse = torch.ops.fa_variants.sdpa_masked(q, k, v, seqlens_k, softmax_scale, backend)[:2]
+            out, lse = torch.ops.fa_variants.sdpa_masked(q, k, v, read, softmax_scale, backend)[:2]
             return (out.transpose(1, 2), lse) if return_lse else out.transpose(1, 2)
+        seqlens_k = read
     result = attention(q, k, v, causal=is_causal, softmax_scale=scale, backend=backend, return_lse=return_lse,
                        seqlens_k=seqlens_k)
     if return_lse:
