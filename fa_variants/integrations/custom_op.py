@@ -21,9 +21,9 @@ softmax_scale, str backend) -> (Tensor out, Tensor lse)``. Masks read when a com
 ``fa_variants::sdpa_masked`` (the SDPA drop-in's attn_mask and the attention as one node; its backward
 ``fa_variants::sdpa_masked_backward``, the same ``kernel_backward`` as one opaque node: no second derivative).
 
-Autograd (the attention and seqlens_k ops): the backward is ``integrations.backward.kernel_backward`` (``FA_VARIANTS_BACKWARD``: by
-default cuDNN's fused attention backward, else PyTorch's FlashAttention-2 backward kernel, each on the forward's O
-and LSE, eager and traced, where they apply; else
+Autograd (the attention and seqlens_k ops): the backward is ``integrations.backward.kernel_backward``
+(``FA_VARIANTS_BACKWARD``: by default cuDNN's fused attention backward, else PyTorch's FlashAttention-2 backward
+kernel, each on the forward's O and LSE, eager and traced, where they apply; else
 the reference backend's ``reference.run_backward``, plain PyTorch, float32 maths, query rows in memory-bounded
 chunks): traced, in a second opaque op,
 ``fa_variants::attention_reference_backward``; eagerly called directly, so that a second derivative exists. An
@@ -130,9 +130,9 @@ def mask_lengths_op(mask: torch.Tensor, causal: bool, seqlen_q: int, seqlen_k: i
     (``name`` "attention_mask": transformers' masks, any value at or below half the dtype's lowest hiding a key, the
     layer's is_causal giving the kind) and the SDPA drop-in at seqlen_q 1 without grad (``name`` "attn_mask", 0 /
     -inf floats only; the two kinds coincide there; the attention op after it stays in reduce-overhead's CUDA
-    graphs, which ``sdpa_masked`` would leave). A mask of the other kind (full for a causal layer, with seqlen_q > 1, or causal for a non-causal one) or one the
-    lengths cannot express raises when the compiled graph runs, as the caller's eager path does
-    (``_mask_refusal``)."""
+    graphs, which ``sdpa_masked`` would leave). A mask of the other kind (full for a causal layer, with seqlen_q >
+    1, or causal for a non-causal one) or one the lengths cannot express raises when the compiled graph runs, as the
+    caller's eager path does (``_mask_refusal``)."""
     from fa_variants.common import mask_lengths
 
     try:
@@ -256,7 +256,7 @@ def sdpa_masked_backward_op(grad_out: torch.Tensor | None, grad_lse: torch.Tenso
 
 @sdpa_masked_backward_op.register_fake
 def _sdpa_masked_backward_fake(grad_out, grad_lse, q, k, v, out, lse, lengths, kind, softmax_scale, backend):
-    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+    return _empty_grads(q, k, v)
 
 
 sdpa_masked_op.register_autograd(_sdpa_masked_backward, setup_context=_sdpa_masked_setup_context)
@@ -306,6 +306,11 @@ def reference_backward_op(grad_out: torch.Tensor | None, grad_lse: torch.Tensor 
 
 @reference_backward_op.register_fake
 def _reference_backward_fake(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, causal, softmax_scale, backend):
+    return _empty_grads(q, k, v)
+
+
+def _empty_grads(q, k, v) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward ops' fake outputs: (dq, dk, dv) shaped as q, k, v, contiguous as their real ones are made."""
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
 
 
