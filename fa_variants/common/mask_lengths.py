@@ -80,9 +80,8 @@ def as_lengths(mask: torch.Tensor, seqlen_q: int, seqlen_k: int, batch: int | No
     traced = torch.compiler.is_compiling()
     if not traced:
         _check_readable(mask)
-    elif torch._C._are_functorch_transforms_active() and torch.compiler.disable(host_values.vmapped)(mask):
-        # (compiled vmap's fallback; run outside Dynamo, which cannot trace its C calls: a silent graph break)
-        raise InexpressibleMask("a mask batched by torch.func.vmap (its values cannot be read)")
+    elif torch._C._are_functorch_transforms_active():
+        _refuse_vmapped(mask)
     if seqlen_q == 0 or seqlen_k == 0 or mask.shape[0] == 0 or mask.shape[1] == 0:
         return True, None  # nothing to hide: no row, or no key (every row then gives 0, LSE -inf)
     if traced:
@@ -99,6 +98,15 @@ def as_lengths(mask: torch.Tensor, seqlen_q: int, seqlen_k: int, batch: int | No
             while len(_MEMO) > MEMO_SIZE:
                 del _MEMO[next(iter(_MEMO))]
     return causal, None if lengths is None else torch.tensor(lengths, dtype=torch.int32)
+
+
+@torch.compiler.disable
+def _refuse_vmapped(mask: torch.Tensor) -> None:
+    """InexpressibleMask for a mask batched by torch.func.vmap, seen while traced (compiled vmap's fallback runs the
+    call with is_compiling() true). Outside Dynamo, raise included: Dynamo cannot trace functorch's C calls (a silent
+    graph break), and torch 2.11's cannot raise this exception from the frame it resumes after that break."""
+    if host_values.vmapped(mask):
+        raise InexpressibleMask("a mask batched by torch.func.vmap (its values cannot be read)")
 
 
 def check_shape(mask: torch.Tensor, seqlen_q: int, seqlen_k: int, batch: int | None = None,
