@@ -305,6 +305,9 @@ def test_hf_mask_built_when_the_model_asks_for_it():
     with torch.no_grad():
         expected, exact = falcon(ids).logits, float64_twin(falcon)(ids).logits
         falcon.set_attn_implementation(hf.register(backend="reference"))
+        if falcon.config._attn_implementation != hf.register(backend="reference"):
+            import transformers
+            pytest.skip(f"transformers {transformers.__version__} cannot set Falcon's attention implementation")
         with pytest.raises(hf.UnsupportedAttentionError, match="^fa_variants attention cannot express an additive "
                                                                "attention bias"):
             falcon(ids)

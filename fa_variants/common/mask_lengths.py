@@ -81,7 +81,7 @@ def as_lengths(mask: torch.Tensor, seqlen_q: int, seqlen_k: int, batch: int | No
     if not traced:
         _check_readable(mask)
     elif torch._C._are_functorch_transforms_active():
-        _refuse_vmapped(mask)
+        torch.compiler.disable(_refuse_vmapped)(mask)  # (wrapped here: disable imports Dynamo)
     if seqlen_q == 0 or seqlen_k == 0 or mask.shape[0] == 0 or mask.shape[1] == 0:
         return True, None  # nothing to hide: no row, or no key (every row then gives 0, LSE -inf)
     if traced:
@@ -100,11 +100,10 @@ def as_lengths(mask: torch.Tensor, seqlen_q: int, seqlen_k: int, batch: int | No
     return causal, None if lengths is None else torch.tensor(lengths, dtype=torch.int32)
 
 
-@torch.compiler.disable
 def _refuse_vmapped(mask: torch.Tensor) -> None:
     """InexpressibleMask for a mask batched by torch.func.vmap, seen while traced (compiled vmap's fallback runs the
-    call with is_compiling() true). Outside Dynamo, raise included: Dynamo cannot trace functorch's C calls (a silent
-    graph break), and torch 2.11's cannot raise this exception from the frame it resumes after that break."""
+    call with is_compiling() true). Called outside Dynamo, raise included: Dynamo cannot trace functorch's C calls (a
+    silent graph break), and torch 2.11's cannot raise this exception from the frame it resumes after that break."""
     if host_values.vmapped(mask):
         raise InexpressibleMask("a mask batched by torch.func.vmap (its values cannot be read)")
 
