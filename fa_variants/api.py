@@ -708,7 +708,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
             cache with L_b slots filled; torch's top-left causal as a mask), run as ``attention(..., causal,
             seqlens_k=L)``. Read on the host (one device sync). Under torch.compile and torch.export the mask and the
             attention are one op, ``torch.ops.fa_variants.sdpa_masked``, which reads it when the graph runs (no graph
-            break; its backward is the plain call's for a plain mask, the reference's with lengths); under torch.func
+            break; its backward is the plain call's, length by length with lengths); under torch.func
             transforms it is read at the call (a graph break under torch.compile, a ValueError under torch.export);
             refused inside CUDA-graph capture. Other masks (left padding, windows, biases) raise ValueError, integer
             and 8-bit float masks TypeError. A row that sees no key gives 0 (and LSE -inf).

@@ -285,15 +285,15 @@ def test_sdpa_mode_traced_takes_flash_and_create_graph_keeps_pytorch(fake_gpu, f
 
 def test_sdpa_backward_only_where_it_applies(fake_gpu, fresh_backward_warning, sdpa_backward_calls, monkeypatch):
     """With FA_VARIANTS_BACKWARD=sdpa, reference.run_backward still serves: an LSE in the loss, causal rows that see no
-    key (seqlen_q > seqlen_k), a softmax_scale above 1 or below 0, per-sequence lengths; the gradients the same as
-    without the switch (the same function)."""
+    key (seqlen_q > seqlen_k), a softmax_scale above 1 or below 0, per-sequence lengths with an LSE in the loss; the
+    gradients the same as without the switch (the same function)."""
     from fa_variants import api
     monkeypatch.setattr(api, "_kernel_module", lambda backend: None)  # the fake kernel does not read lengths
     q, k, v = qkv(batch=2, nq=9, nk=12, heads=4, heads_kv=2, d=16, dtype=F16)
     cases = [(dict(causal=True, return_lse=True), (q, k, v)),
              (dict(causal=True), (qkv(batch=2, nq=15, nk=12, heads=4, heads_kv=2, d=16, dtype=F16))),
              (dict(softmax_scale=2.0), (q, k, v)), (dict(softmax_scale=-0.3), (q, k, v)),
-             (dict(causal=True, seqlens_k=torch.tensor([12, 5], dtype=torch.int32)), (q, k, v))]
+             (dict(causal=True, seqlens_k=torch.tensor([12, 5], dtype=torch.int32), return_lse=True), (q, k, v))]
     assert_backward_mode_keeps_pytorch(monkeypatch, "sdpa", cases)
     assert sdpa_backward_calls == []
 

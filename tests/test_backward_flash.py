@@ -67,8 +67,8 @@ def test_flash_backward_takes_any_strides(flash_stand_in):
 
 
 def test_flash_backward_only_where_it_applies(flash_stand_in, monkeypatch):
-    """reference.run_backward still serves, with the same gradients as without the switch: an LSE in the loss, causal
-    rows that see no key (seqlen_q > seqlen_k: LSE -inf), per-sequence lengths, a negative, zero or float32-flushed
+    """reference.run_backward still serves, with the same gradients as without the switch: an LSE in the loss (with
+    per-sequence lengths too), causal rows that see no key (seqlen_q > seqlen_k: LSE -inf), a negative, zero or float32-flushed
     softmax_scale (the kernel scales its -inf masked scores: +inf, NaN), one above 1 (near one-hot rows: the 16-bit
     O's rounding in rowsum(dO O) times the scale; at 300 the stand-in's dQ error was 1e5x the PyTorch backward's), a
     backward with create_graph (the kernel has no derivative); and flash_applies refuses head dims the kernel lacks
@@ -78,7 +78,7 @@ def test_flash_backward_only_where_it_applies(flash_stand_in, monkeypatch):
     q, k, v = make_qkv(2, 9, 12, 4, 2, 16, dtype=torch.float16)
     cases = [(dict(causal=True, return_lse=True), (q, k, v)),
              (dict(causal=True), make_qkv(2, 15, 12, 4, 2, 16, dtype=torch.float16)),
-             (dict(causal=True, seqlens_k=torch.tensor([12, 5], dtype=torch.int32)), (q, k, v)),
+             (dict(causal=True, seqlens_k=torch.tensor([12, 5], dtype=torch.int32), return_lse=True), (q, k, v)),
              (dict(causal=True, softmax_scale=-0.3), (q, k, v)), (dict(softmax_scale=0.0), (q, k, v)),
              (dict(softmax_scale=1e-39), (q, k, v)), (dict(causal=True, softmax_scale=1.5), (q, k, v)),
              (dict(softmax_scale=300.0), (q, k, v))]
@@ -98,18 +98,56 @@ def test_flash_backward_only_where_it_applies(flash_stand_in, monkeypatch):
     assert not backward.flash_applies(q64.half(), q64.half(), False, None)  # grad mode on: create_graph
 
 
-def test_flash_backward_under_torch_compile(flash_stand_in):
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_flash_backward_length_by_length(flash_stand_in, monkeypatch, causal):
+    """Per-sequence KV lengths (a padded KV cache, NaN past each length; lengths 0 and 1 among them, two sequences
+    sharing one): a loss of out alone takes the kernel once per length, on the sequences of that length with K and V
+    cut to it (causal: not where rows see no key, length 1 < 4 rows, which the reference serves), within the rule
+    against float64; dK, dV 0 past each length and dQ 0 for length 0. With create_graph the PyTorch backward serves."""
+    from fa_variants import api
+    from helpers import padded_kv_cache
+    monkeypatch.setattr(api, "_kernel_module", lambda backend: None)  # the fake kernel does not read lengths
+    lengths = [12, 5, 0, 12, 1]
+    q, k, v, seqlens_k = padded_kv_cache(lengths, 4, 12, 4, 2, 16, dtype=torch.float16)
+    grad_out = torch.randn(q.shape, dtype=torch.float16)
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    got = torch.autograd.grad(fa_variants.attention(*leaves, causal=causal, seqlens_k=seqlens_k), leaves, grad_out)
+    fused = [n for n in (1, 5, 12) if not (causal and n < 4)]
+    assert [(args[2].shape[0], args[2].shape[2]) for args, _ in flash_stand_in] == \
+        [(lengths.count(n), n) for n in fused]
+    same_leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    same = torch.autograd.grad(reference.attention_reference(*same_leaves, causal=causal, seqlens_k=seqlens_k,
+                                                             dtype=torch.float16)[0], same_leaves, grad_out)
+    exact = exact_grads(q, k, v, grad_out, causal=causal, seqlens_k=seqlens_k)
+    assert all(g.isfinite().all() for g in got)
+    assert_grads_within_rule(got, same, exact)
+    for b, n in enumerate(lengths):
+        assert not got[1][b, n:].any() and not got[2][b, n:].any()
+    assert not got[0][2].any()
+    flash_stand_in.clear()
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    (dq,) = torch.autograd.grad(fa_variants.attention(*leaves, causal=causal, seqlens_k=seqlens_k).float().sum(),
+                                leaves[:1], create_graph=True)
+    assert dq.grad_fn is not None and flash_stand_in == []
+
+
+@pytest.mark.parametrize("lengths", [None, [12, 10]], ids=["plain", "seqlens_k"])
+def test_flash_backward_under_torch_compile(flash_stand_in, monkeypatch, lengths):
     """Traced (fullgraph, aot_eager) the backward is the opaque op, whose body takes the flash path too (it needs no
-    autograd: it starts from the saved O and LSE), with the eager gradients."""
+    autograd: it starts from the saved O and LSE; with per-sequence lengths once per length), with the eager
+    gradients."""
+    from fa_variants import api
+    monkeypatch.setattr(api, "_kernel_module", lambda backend: None)  # the fake kernel does not read lengths
     q, k, v = make_qkv(2, 9, 12, 4, 2, 64, dtype=torch.bfloat16)
+    seqlens_k = None if lengths is None else torch.tensor(lengths, dtype=torch.int32)
     grad_out = torch.randn(q.shape, dtype=torch.bfloat16)
-    fn = lambda q, k, v: fa_variants.attention(q, k, v, causal=True)  # noqa: E731
+    fn = lambda q, k, v: fa_variants.attention(q, k, v, causal=True, seqlens_k=seqlens_k)  # noqa: E731
     torch._dynamo.reset()
     grads = []
     for run in (torch.compile(fn, fullgraph=True, backend="aot_eager"), fn):
         leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
         grads.append(torch.autograd.grad(run(*leaves), leaves, grad_out))
-    assert len(flash_stand_in) == 2
+    assert len(flash_stand_in) == 2 * (1 if lengths is None else len(lengths))
     for g, e in zip(*grads):
         torch.testing.assert_close(g, e)
 

@@ -109,6 +109,33 @@ def test_kernel_gradients_with_seqlens_k(gpu_variant, backend):
         assert not dk[b, n:].any() and not dv[b, n:].any()
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("backend", ["fa3", "fa2"])
+@pytest.mark.parametrize("mode", ["cudnn", "flash", "sdpa"])
+def test_fused_gradients_with_seqlens_k(gpu_variant, monkeypatch, mode, backend, causal):
+    """A padded KV cache (NaN past each length; lengths 0, 1, 113, 256, 300, two sequences at 300), a loss of out
+    alone: the fused backward once per length with keys (``backward._backward_by_length``; causal: not for lengths
+    below seqlen_q, whose rows see no key, the reference's there), gradients finite, within the rule against float64,
+    0 past each length."""
+    monkeypatch.setenv("FA_VARIANTS_BACKWARD", mode)
+    gpu_variant(backend)
+    calls = _counted(monkeypatch, "flash_backward", "sdpa_backward", "cudnn_backward")
+    lengths = [300, 0, 113, 1, 256, 300]
+    q, k, v, seqlens_k = padded_kv_cache(lengths, 37, 300, 8, 2, 128, dtype=torch.bfloat16, device="cuda")
+    grad_out = torch.randn(q.shape, dtype=torch.bfloat16, device="cuda")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dispatch.BackendFallbackWarning)
+        got = _grads(q, k, v, grad_out, backend=backend, causal=causal, seqlens_k=seqlens_k)
+    assert sum(calls.values()) == len({n for n in lengths if n >= (37 if causal else 1)}), calls
+    same = _grads(q, k, v, grad_out, torch.bfloat16, backend=backend, causal=causal, seqlens_k=seqlens_k)
+    exact = _grads(q, k, v, grad_out, torch.float64, backend=backend, causal=causal, seqlens_k=seqlens_k)
+    for name, g in zip("qkv", got):
+        assert g.dtype == torch.bfloat16 and g.isfinite().all(), name
+    assert_grads_within_rule(got, same, exact)
+    for b, n in enumerate(lengths):
+        assert not got[1][b, n:].any() and not got[2][b, n:].any()
+
+
 def test_backward_memory_is_bounded_by_the_chunks(gpu_variant, monkeypatch):
     """seqlen 8k, 16 heads: one float32 score matrix is 4 GiB; the PyTorch backward's peak above the inputs stays
     within the chunks' few score-sized tensors (2^26 elements, 256 MiB each), and a finer chunking gives the same

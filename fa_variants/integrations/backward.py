@@ -13,8 +13,11 @@ forward, which keeps O and LSE for the modes that use them, and at each backward
 * ``flash``: PyTorch's FlashAttention-2 backward kernel (``aten._scaled_dot_product_flash_attention_backward``)
   fed our forward's O and LSE (`flash_backward`; eager and traced; where `flash_applies`);
 * ``pytorch``: ``reference.run_backward`` (plain PyTorch, float32 maths, query rows in memory-bounded chunks) for
-  every gradient; the only one with the LSE's gradient, per-sequence KV lengths and second derivatives, so it serves
-  whatever the fused modes do not take, in every mode.
+  every gradient; the only one with the LSE's gradient and second derivatives, so it serves whatever the fused modes
+  do not take, in every mode.
+
+With per-sequence KV lengths (``seqlens_k``) the fused modes serve length by length (`_backward_by_length`: the
+sequences of one length together, K and V cut to it; one device sync to read the lengths).
 
 Measured on an H100 (session 44, bf16, B x N = 16k, H x D = 2048, head_dim 64 / 128, a forward + backward step
 against SDPA's, each waited for, the median of 6 rotated rounds): ``cudnn`` 0.98-1.32x SDPA's time (0.98-1.09x with
@@ -101,8 +104,8 @@ def kernel_backward(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, causal: bo
                     backend: str, eager: bool):
     """(dq, dk, dv) of a call's (out, lse) for the upstream gradients (either may be None: that output got none;
     out / lse None: not kept), with no autograd recorded but ``reference.run_backward``'s plain ops (a backward with
-    create_graph differentiates those). On a kernel backend, a loss of out alone (grad_lse None, no ``seqlens_k``)
-    takes FA_VARIANTS_BACKWARD's fused mode where it applies: ``sdpa`` eagerly where `sdpa_applies`; ``cudnn`` where
+    create_graph differentiates those). On a kernel backend, a loss of out alone (grad_lse None; with ``seqlens_k``,
+    `_backward_by_length`'s groups one by one) takes FA_VARIANTS_BACKWARD's fused mode where it applies: ``sdpa`` eagerly where `sdpa_applies`; ``cudnn`` where
     `cudnn_applies` and the forward kept out and lse; ``flash``, and ``sdpa`` when not ``eager`` (inside a traced
     opaque op autograd records nothing) and ``cudnn`` where it does not apply, where `flash_applies` and the forward
     kept out and lse; everything else ``reference.run_backward``. A
@@ -117,7 +120,12 @@ def kernel_backward(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, causal: bo
                                   "inputs")
     if chosen != "reference":
         warn_pytorch_backward(chosen)  # an eager forward warned already, at the caller's line
-        fused, wanted = grad_out is not None and grad_lse is None and seqlens_k is None, mode()
+        fused, wanted = grad_out is not None and grad_lse is None, mode()
+        if fused and seqlens_k is not None:
+            if _by_length_applies(q, wanted):
+                return _backward_by_length(grad_out, q, k, v, out, lse, seqlens_k, causal, softmax_scale, chosen,
+                                           eager)
+            fused = False
         if fused and wanted == "sdpa" and eager and sdpa_applies(q, k, causal, softmax_scale):
             return sdpa_backward(grad_out, q, k, v, causal, softmax_scale)
         kept = fused and out is not None and lse is not None
@@ -131,6 +139,46 @@ def kernel_backward(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, causal: bo
         grad_lse = q.new_zeros((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
     return reference.run_backward(grad_out, grad_lse, q, k, v, causal=causal,
                                   softmax_scale=_scale(q, softmax_scale), seqlens_k=seqlens_k)
+
+
+def _by_length_applies(q: torch.Tensor, wanted: str) -> bool:
+    """Whether a call with per-sequence KV lengths may take the fused backwards (`_backward_by_length`): a fused mode,
+    no create_graph, q 16-bit on a device of `FUSED_DEVICES`, and not inside CUDA-graph capture (the lengths are read
+    on the host there). Elsewhere ``reference.run_backward`` takes the lengths itself, as before session 53."""
+    if wanted == "pytorch" or torch.is_grad_enabled() or q.device.type not in FUSED_DEVICES or q.numel() == 0:
+        return False
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    return not (q.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
+def _backward_by_length(grad_out, q, k, v, out, lse, seqlens_k, causal: bool, softmax_scale: float | None,
+                        backend: str, eager: bool):
+    """(dq, dk, dv) of a call with per-sequence KV lengths (``seqlens_k``: sequence b attends to its first
+    seqlens_k[b] keys), from the plain calls' backwards: the sequences of each length n together (views when every
+    sequence has it, else gathered), K and V cut to their first n keys, so each group is a call without lengths whose
+    backward `kernel_backward` chooses (a fused one where it applies; the reference for causal rows that see no key);
+    the forward's O and LSE of those sequences are theirs (the keys past n added nothing to them). dK and dV are 0 past
+    each length, dQ is 0 for a sequence of length 0 (its output is 0 whatever Q). The lengths are read on the host:
+    one device sync. Written in session 53: before, every call with lengths took ``reference.run_backward`` (float32
+    PyTorch; 21-34x SDPA's step on an H100, session 43)."""
+    lengths = seqlens_k.tolist()
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for n in sorted(set(lengths) - {0}):
+        rows = [b for b, m in enumerate(lengths) if m == n]
+        index = None if len(rows) == len(lengths) else torch.tensor(rows, device=q.device)
+
+        def pick(t):
+            return t if t is None or index is None else t.index_select(0, index)
+
+        group = kernel_backward(pick(grad_out), None, pick(q), pick(k[:, :n]), pick(v[:, :n]), pick(out), pick(lse),
+                                None, causal, softmax_scale, backend, eager)
+        for grad, into in zip(group, (dq, dk[:, :n], dv[:, :n])):
+            if index is None:
+                into.copy_(grad)
+            else:
+                into.index_copy_(0, index, grad)
+    return dq, dk, dv
 
 
 def _scale(q: torch.Tensor, softmax_scale: float | None) -> float:

@@ -185,7 +185,7 @@ def sdpa_masked_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
     Returns (out, lse, seqlens_k, kind): out and lse as ``attention_op``'s; seqlens_k int32 (batch,) and kind int32
     [causal, lengths used] on the CPU, what the mask was read as, for the backward (`_sdpa_masked_backward`): a
     plain mask's is the plain call's (FA_VARIANTS_BACKWARD's fused backward where it applies), one with lengths the
-    lengths op's (the reference's). O and LSE are kept for the backward where a fused one may use them
+    lengths op's (the same, length by length: ``backward.kernel_backward``). O and LSE are kept for the backward where a fused one may use them
     (``backward.keeps_outputs``), with lengths too (which mask comes is known only when the op runs). Tagged
     cudagraph_unsafe: it reads the mask on the host."""
     from fa_variants import api
@@ -276,15 +276,16 @@ def _forward_backend(eager: bool, inputs: tuple) -> str:
 
 def _seqlens_k_setup_context(ctx, inputs, output):
     q, k, v, seqlens_k, causal, softmax_scale, backend = inputs
-    ctx.save_for_backward(q, k, v, seqlens_k)  # no out / lse: only reference.run_backward takes the lengths
     ctx.eager = _eager(q, torch.compiler.is_compiling())  # read once, here: the backward takes the same route
+    kept = output if backward.keeps_outputs(ctx.eager) else (None, None)  # for the fused backwards, length by length
+    ctx.save_for_backward(q, k, v, *kept, seqlens_k)
     ctx.causal, ctx.softmax_scale, ctx.backend = causal, softmax_scale, _forward_backend(ctx.eager, inputs)
     ctx.set_materialize_grads(False)
 
 
 def _seqlens_k_backward(ctx, grad_out, grad_lse):
-    q, k, v, seqlens_k = ctx.saved_tensors
-    dq, dk, dv = _backward_of(ctx, grad_out, grad_lse, q, k, v, None, None, seqlens_k)
+    q, k, v, out, lse, seqlens_k = ctx.saved_tensors
+    dq, dk, dv = _backward_of(ctx, grad_out, grad_lse, q, k, v, out, lse, seqlens_k)
     return dq, dk, dv, None, None, None, None
 
 
