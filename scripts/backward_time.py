@@ -2,6 +2,7 @@
 
     python3 scripts/backward_time.py --out $OUT/backward      # ~1-2 min on an H100 / H200
     python3 scripts/backward_time.py --plan                   # the shapes and entries (no GPU needed)
+    python3 scripts/backward_time.py --padded --pytorch --out $OUT/padded   # keys padded on the right (below)
 
 The kernel backends have forward kernels only; a call whose inputs require grad gets PyTorch's backward
 (``integrations.backward``: a fused one where it applies, else ``reference.run_backward``, float32 PyTorch, query
@@ -23,6 +24,11 @@ synchronised, for
 * ``sdpa``      ``torch.nn.functional.scaled_dot_product_attention`` (PyTorch's choice: flash / cuDNN) + its
                 fused backward;
 * ``ours-fwd``  our forward alone under ``torch.no_grad()`` (what the backward adds is ours - ours-fwd).
+
+``--padded``: an encoder's batch with keys padded on the right (non-causal, `PADDED_SHAPES`; sequence b of B keeps
+its first N/2 + (N/2) b / (B-1) keys, so every length differs): ours with ``seqlens_k`` (each fused mode runs
+length by length, ``integrations.backward._backward_by_length``, since session 53; ``ours``, the PyTorch backward,
+was the only one before), sdpa with the boolean key-padding mask as attn_mask (PyTorch's choice for a masked call).
 
 Protocol: one warm-up step of each entry (compiles, allocator), then ``--rounds`` rounds in an order rotated by
 the round; an entry's round time is the median of ``--steps`` steps (CUDA events around each, the host waiting for
@@ -48,6 +54,13 @@ MODES = {"ours": "pytorch", "ours-flashbwd": "flash", "ours-sdpabwd": "sdpa",  #
 #: ours-cudnn128 = ours-flashbwd there), below 256 ours-cudnn128 = ours-cudnnbwd
 SHAPES = [(64, 1024, False), (64, 4096, False), (128, 1024, False), (128, 4096, False), (128, 4096, True),
           (128, 16384, True), (256, 4096, False), (256, 4096, True)]
+#: ``--padded``'s shapes (head_dim, seqlen, causal): keys padded on the right, non-causal (an encoder's batch)
+PADDED_SHAPES = [(64, 1024, False), (128, 1024, False), (128, 4096, False)]
+
+
+def padded_lengths(batch: int, seqlen: int) -> list[int]:
+    """``--padded``'s key lengths: seqlen / 2 up to seqlen, spread evenly over the batch (all seqlen for one)."""
+    return [seqlen - (seqlen // 2) * (batch - 1 - b) // max(1, batch - 1) for b in range(batch)]
 
 
 def shape_dims(head_dim: int, seqlen: int) -> tuple[int, int]:
@@ -55,8 +68,9 @@ def shape_dims(head_dim: int, seqlen: int) -> tuple[int, int]:
     return max(1, 16384 // seqlen), 2048 // head_dim
 
 
-def step_fn(entry: str, q, k, v, causal: bool, wide: bool):
-    """One timed step of ``entry`` on (B, N, H, D) inputs."""
+def step_fn(entry: str, q, k, v, causal: bool, wide: bool, lengths=None):
+    """One timed step of ``entry`` on (B, N, H, D) inputs; ``lengths`` (int32 on q's device, or None): each
+    sequence's keys (ours: seqlens_k; sdpa: the boolean key-padding mask)."""
     import torch
     import torch.nn.functional as F
 
@@ -66,14 +80,16 @@ def step_fn(entry: str, q, k, v, causal: bool, wide: bool):
     if entry == "ours-fwd":
         def step():
             with torch.no_grad():
-                fa_variants.attention(q, k, v, causal=causal)
+                fa_variants.attention(q, k, v, causal=causal, seqlens_k=lengths)
         return step
     leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    mask = None if lengths is None else \
+        (torch.arange(k.shape[1], device=k.device) < lengths[:, None])[:, None, None, :]  # (B, 1, 1, N)
     if entry.startswith("ours"):
-        forward = lambda: fa_variants.attention(*leaves, causal=causal)  # noqa: E731
+        forward = lambda: fa_variants.attention(*leaves, causal=causal, seqlens_k=lengths)  # noqa: E731
     else:
         forward = lambda: F.scaled_dot_product_attention(  # noqa: E731
-            *(t.transpose(1, 2) for t in leaves), is_causal=causal).transpose(1, 2)
+            *(t.transpose(1, 2) for t in leaves), attn_mask=mask, is_causal=causal).transpose(1, 2)
     mode = MODES.get(entry, "pytorch")
     from fa_variants.integrations import backward
 
@@ -91,11 +107,13 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="folder for backward.json")
     parser.add_argument("--plan", action="store_true", help="print the shapes and entries, run nothing")
     parser.add_argument("--pytorch", action="store_true", help="time the PyTorch backward (entry ours) too")
+    parser.add_argument("--padded", action="store_true", help="keys padded on the right: seqlens_k / a key mask")
     args = parser.parse_args(argv)
-    entries = ENTRIES if args.pytorch else tuple(e for e in ENTRIES if e != "ours")
+    entries = tuple(e for e in ENTRIES if (args.pytorch or e != "ours") and not (args.padded and e == "ours-cudnn128"))
     modes = [e for e in MODES if e in entries]
+    shapes = PADDED_SHAPES if args.padded else SHAPES
     if args.plan:
-        for head_dim, seqlen, causal in SHAPES:
+        for head_dim, seqlen, causal in shapes:
             batch, heads = shape_dims(head_dim, seqlen)
             print(f"D {head_dim} N {seqlen} B {batch} H {heads} {'causal' if causal else 'full'}: {', '.join(entries)}")
         return 0
@@ -112,10 +130,11 @@ def main(argv=None) -> int:
     wide = backward.CUDNN_WIDE  # the default, read before any step sets it
     clock = NvmlClock()
     rows = []
-    for head_dim, seqlen, causal in SHAPES:
+    for head_dim, seqlen, causal in shapes:
         batch, heads = shape_dims(head_dim, seqlen)
         q, k, v = (torch.randn(batch, seqlen, heads, head_dim, dtype=torch.bfloat16, device="cuda") for _ in range(3))
-        steps = {e: step_fn(e, q, k, v, causal, wide) for e in entries}
+        lengths = torch.tensor(padded_lengths(batch, seqlen), dtype=torch.int32, device="cuda") if args.padded else None
+        steps = {e: step_fn(e, q, k, v, causal, wide, lengths) for e in entries}
         for step in steps.values():
             step()
         times, queued = {e: [] for e in entries}, {e: [] for e in entries}
@@ -130,6 +149,7 @@ def main(argv=None) -> int:
         over = {e: [o / s for o, s in zip(times[e], times["sdpa"])] for e in modes}
         over_q = {e: [o / s for o, s in zip(queued[e], queued["sdpa"])] for e in modes}
         row = dict(head_dim=head_dim, seqlen=seqlen, batch=batch, heads=heads, causal=causal,
+                   seqlens_k=None if lengths is None else lengths.tolist(),
                    ms={e: statistics.median(t) for e, t in times.items()},
                    over_sdpa={e: statistics.median(r) for e, r in over.items()},
                    over_sdpa_range={e: [min(r), max(r)] for e, r in over.items()},

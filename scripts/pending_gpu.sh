@@ -20,26 +20,23 @@
 # 2. then scripts/NAME_gpu.sh for each NAME, in order, each with the time left of CALL_BUDGET seconds (default 560),
 #    skipped when fewer than 100 s are left; logs in $OUT/pending/NAME.tar.xz, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
-#    Plan for session 53. Session 52 had no device time (its budget was spent before it began); session 51 got one
-#    machine (an H100) in ten calls: suite part 2 passed on session 50's code (1732 passed) but for the session's new
-#    reduce-overhead mask test, whose fault (a memo fooled by CUDA-graph replays) was fixed after. Sessions 51-52
-#    added masks (common/mask_lengths, hf's static cache and the mask op under torch.compile, the SDPA drop-in's
-#    attn_mask, and in session 52 torch.ops.fa_variants.sdpa_masked: the drop-in's mask + attention as one op while
-#    traced without grad, any seqlen_q). Name nvidia-h100-x1 or nvidia-h200, `status` first. In order:
-#    M. `python -m pytest -q -p no:cacheprovider tests/test_torch_compile.py tests/test_masks.py
-#       tests/test_seqlens_k_gpu.py -k "mask or static_cache"` (~60-100 s): prediction: all pass (the reduce-overhead
-#       test's fourth step gives the new lengths now that the mask op keeps nothing; test_sdpa_attn_mask_as_lengths_on_
-#       the_kernels now also runs the mask through sdpa_masked under torch.compile(fullgraph=True) on fa3).
-#    E8. `scripts/suite_gpu.sh 1`, then `scripts/suite_gpu.sh 2`, each its own call (part 1: api, cache, decode, edge
-#       cases, on session 50's and 51's code; part 2 again for the mask changes): prediction: all pass.
-#    C. `SUITE_LIMIT=330 scripts/suite_gpu.sh cpu2`, then `SUITE_LIMIT=200 scripts/suite_gpu.sh cpu1` in one call
-#       (~90 + 330 + 100 s): prediction: all pass (cpu2's crash fixed in session 49; tests/test_execution_contexts.py
-#       is new: its compiled forward-mode test takes either the tangent or the op's one-line refusal, as torch
-#       releases differ).
-#    S. On an H200 only: `python3 scripts/decode_ab.py --s38 --variants base tiles-dual --rounds 6` (~35 s): the
-#       H100 gave base / auto 0.96-0.98 at D 64 Nk 2k / 4k (session 39), 0.99-1.01 (session 45, geomean 1.015) and
-#       geomean 0.998 (session 48): on the H100 base is not faster; the H200's figures decide whether the base tiles
-#       rule is met anywhere.
+#    Plan for session 54. Session 53 (H100, then H200) ran session 51-52's plan: step M passed on the GPU but for a
+#    CPU test under the host's torch 2.11 (fixed: f44003b), suite parts 1 (3346 passed) and 2 (1735 passed), cpu2
+#    (1400 passed), cpu1 (2 failed: a Dynamo import on the first call and Falcon on the host's transformers, both
+#    fixed after; not run again, the budget was spent), and S (H200: base / auto 1.032: the dual tiles stay).
+#    Session 53 also made per-sequence KV lengths take the fused backwards length by length
+#    (integrations.backward._backward_by_length; before, the float32 PyTorch backward). Name nvidia-h100-x1 or
+#    nvidia-h200, `status` first. In order:
+#    L. `python -m pytest -q -p no:cacheprovider tests/test_backward_gpu.py tests/test_torch_compile.py -k "seqlens_k
+#       or training_under_compile"` then `python3 scripts/backward_time.py --padded --pytorch --out
+#       $OUT/padded` (~60 + ~90 s): prediction: all pass (the fused calls counted per length: test_fused_gradients_
+#       with_seqlens_k, and 3 for the padded compiled mask); timing, bf16, keys padded on the right, non-causal,
+#       against SDPA with the key mask: ours-cudnnbwd (the default) 0.8-1.5x at D 128 N 4k B 4 (4 lengths), 1.2-3x at
+#       N 1k B 16 (16 lengths, 16 small launches of each kernel), ours (the old PyTorch backward) 15-40x.
+#    C1. `SUITE_LIMIT=240 scripts/suite_gpu.sh cpu1` (~60 + 130 s): prediction: all pass (the Falcon test skips on the
+#       host's transformers, which cannot set Falcon's attention implementation).
+#    E. suite part 2 (test_torch_compile, test_backward_gpu: the backward change), then parts 3 and 4 (last run on
+#       session 47's tree), each its own call: prediction: all pass.
 #    Open: issue 10 (1100 TFLOP/s at D 256 N 16k: 1012 in session 30's call, 1084-1120 in session 27's; 1.4x bf16 at
 #    128: 1.15-1.20 non-causal (H100, session 38); 1.3x at 64: 1.06-1.08; two-level <= 5 % at 256; the pass at 70 %
 #    of copy; pass + kernel at N 4k causal), 12 (fa3 / flash-attn-4 >= 1.00 everywhere: 0.93-0.99 in session 30's
