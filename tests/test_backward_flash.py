@@ -131,6 +131,28 @@ def test_flash_backward_length_by_length(flash_stand_in, monkeypatch, causal):
     assert dq.grad_fn is not None and flash_stand_in == []
 
 
+def test_lengths_without_padding_take_the_plain_backward(flash_stand_in, monkeypatch):
+    """seqlens_k with every sequence at seqlen_k: one kernel call, whose dQ is the gradient itself (not copied into a
+    zero-filled one, as with padding), the gradients those of the call without lengths bit for bit."""
+    from fa_variants import api
+    from fa_variants.integrations import backward
+    monkeypatch.setattr(api, "_kernel_module", lambda backend: None)  # the fake kernel does not read lengths
+    made = []
+    monkeypatch.setattr(backward, "FLASH_BACKWARD_OP",
+                        lambda *a, _op=backward.FLASH_BACKWARD_OP, **kw: made.append(_op(*a, **kw)) or made[-1])
+    q, k, v = make_qkv(3, 5, 12, 4, 2, 16, dtype=torch.float16)
+    grad_out = torch.randn(q.shape, dtype=torch.float16)
+    grads = []
+    for seqlens_k in (torch.full((3,), 12, dtype=torch.int32), None):
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        out = fa_variants.attention(*leaves, causal=True, seqlens_k=seqlens_k)
+        grads.append(torch.autograd.grad(out, leaves, grad_out))
+    assert len(flash_stand_in) == 2 and flash_stand_in[0][0][2].shape == flash_stand_in[1][0][2].shape
+    assert grads[0][0].untyped_storage().data_ptr() == made[0][0].untyped_storage().data_ptr()
+    for g, e in zip(*grads):
+        torch.testing.assert_close(g, e, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("lengths", [None, [12, 10]], ids=["plain", "seqlens_k"])
 def test_flash_backward_under_torch_compile(flash_stand_in, monkeypatch, lengths):
     """Traced (fullgraph, aot_eager) the backward is the opaque op, whose body takes the flash path too (it needs no
