@@ -360,8 +360,9 @@ def _with_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, se
     reference reads them itself; fa1 runs once per distinct length on the sequences of that length and k, v cut to
     it (the lengths read back: not under CUDA-graph capture)."""
     # traced (torch.compile, or export's fake / functional tensors), or a kernel backend's call that needs a gradient
-    # (`_kernel_autograd`): one opaque node (integrations.custom_op; its backward reference.run_backward) whose body
-    # is `run_seqlens_k`, the values checked when it runs; an eager reference call keeps plain autograd
+    # (`_kernel_autograd`): one opaque node (integrations.custom_op; its backward integrations.backward's, length by
+    # length) whose body is `run_seqlens_k`, the values checked when it runs; an eager reference call keeps plain
+    # autograd
     if tracing or _kernel_autograd(q, k, v, causal, backend):
         check_seqlens_k(seqlens_k, q.shape[0], k.shape[1], q.device, values=False, host_ok=True)
         return torch.ops.fa_variants.attention_seqlens_k(q, k, v, seqlens_k, causal, scale, backend)

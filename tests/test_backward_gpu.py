@@ -109,18 +109,19 @@ def test_kernel_gradients_with_seqlens_k(gpu_variant, backend):
         assert not dk[b, n:].any() and not dv[b, n:].any()
 
 
+@pytest.mark.parametrize("lengths", [[300, 0, 113, 1, 256, 300], [128, 128]], ids=["mixed", "uniform"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("backend", ["fa3", "fa2"])
 @pytest.mark.parametrize("mode", ["cudnn", "flash", "sdpa"])
-def test_fused_gradients_with_seqlens_k(gpu_variant, monkeypatch, mode, backend, causal):
-    """A padded KV cache (NaN past each length; lengths 0, 1, 113, 256, 300, two sequences at 300), a loss of out
-    alone: the fused backward once per length with keys (``backward._backward_by_length``; causal: not for lengths
-    below seqlen_q, whose rows see no key, the reference's there), gradients finite, within the rule against float64,
-    0 past each length."""
+def test_fused_gradients_with_seqlens_k(gpu_variant, monkeypatch, mode, backend, causal, lengths):
+    """A padded KV cache of 300 keys (NaN past each length; lengths 0, 1, 113, 256, 300, two sequences at 300; or
+    every sequence at 128: K and V reach the kernel as views cut to 128 keys, their batch stride not packed), a loss
+    of out alone: the fused backward once per length with keys (``backward._backward_by_length``; causal: not for
+    lengths below seqlen_q, whose rows see no key, the reference's there), gradients finite, within the rule against
+    float64, 0 past each length."""
     monkeypatch.setenv("FA_VARIANTS_BACKWARD", mode)
     gpu_variant(backend)
     calls = _counted(monkeypatch, "flash_backward", "sdpa_backward", "cudnn_backward")
-    lengths = [300, 0, 113, 1, 256, 300]
     q, k, v, seqlens_k = padded_kv_cache(lengths, 37, 300, 8, 2, 128, dtype=torch.bfloat16, device="cuda")
     grad_out = torch.randn(q.shape, dtype=torch.bfloat16, device="cuda")
     with warnings.catch_warnings():

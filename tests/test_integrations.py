@@ -546,6 +546,20 @@ def test_custom_op_matches_the_api_and_passes_opcheck():
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
 
 
+@pytest.mark.parametrize("op", ["attention_reference_backward", "attention_lengths_backward"])
+def test_backward_ops_pass_opcheck(op):
+    """The traced backward's two ops (the lengths one tagged to stay out of CUDA graphs: it reads the lengths on the
+    host): schema, fake against real, dispatch under fake tensors."""
+    q, k, v = _qkv()
+    grad_out = torch.randn_like(q)
+    seqlens_k = torch.tensor([37, 20], dtype=torch.int32) if op == "attention_lengths_backward" else None
+    target = getattr(torch.ops.fa_variants, op).default
+    assert (torch.Tag.cudagraph_unsafe in target.tags) == (seqlens_k is not None) or \
+        not hasattr(torch.Tag, "cudagraph_unsafe")
+    torch.library.opcheck(target, (grad_out, None, q, k, v, None, None, seqlens_k, True, None, "reference"),
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
+
+
 @pytest.mark.parametrize("bad, message", [
     (dict(q_rank=3), r"q must be 4-D \(batch, seqlen, num_heads, head_dim\), got 3-D"),
     (dict(Hkv=4), "num_heads 6 not divisible by num_heads_kv 4"),

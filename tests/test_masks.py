@@ -427,7 +427,7 @@ def test_sdpa_attn_mask_under_torch_compile_with_grad(needs_grad, monkeypatch):
     """With an input that requires grad (any of the three), under torch.compile(fullgraph=True): sdpa_masked's
     backward gives torch's SDPA's gradients; it hands the backward the mask as read, so a plain mask takes the plain
     call's backward (no lengths: FA_VARIANTS_BACKWARD's fused one on a kernel backend) and a padded one the lengths
-    (the reference's)."""
+    (the same, length by length)."""
     from fa_variants.integrations import backward
 
     def run(q, k, mask):
@@ -465,8 +465,8 @@ def test_sdpa_attn_mask_under_torch_compile_with_grad(needs_grad, monkeypatch):
 @needs_hf
 def test_training_under_torch_compile_keeps_the_plain_call_for_an_unpadded_mask():
     """With grad (training), a traced layer reads its mask at a graph break, as eagerly: an all-ones attention_mask
-    (what tokenizers pass) keeps the plain causal op, whose backward is the fused one, not the lengths op, whose
-    backward is the reference's; the gradients equal eager attention's."""
+    (what tokenizers pass) keeps the plain causal op, whose backward is the fused one without a host read, not the
+    lengths op; the gradients equal eager attention's."""
     from test_integrations import tiny_llama
 
     model = tiny_llama()

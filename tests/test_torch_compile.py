@@ -296,6 +296,53 @@ def test_kernels_compile_fullgraph_on_the_gpu(mode, dynamic, backend):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_seqlens_k_training_under_compile_on_the_gpu(mode, monkeypatch):
+    """A compiled training step with per-sequence KV lengths (fullgraph, inductor) on the kernel backend: the
+    backward reads the lengths on the host (the fused backward length by length), so under reduce-overhead its op
+    (fa_variants::attention_lengths_backward, tagged cudagraph_unsafe) runs outside the CUDA graphs; every step, with
+    new inputs and lengths copied into the same tensors, gives gradients within the rule against float64 (the
+    reference backend in bf16 the baseline) and one fused call per length."""
+    from fa_variants.integrations import backward
+    from helpers import assert_grads_within_rule, exact_grads
+
+    fused = []
+    for name in ("cudnn_backward", "flash_backward"):
+        monkeypatch.setattr(backward, name, lambda *a, _f=getattr(backward, name), **kw: fused.append(1) or _f(*a, **kw))
+    backend = _kernel_backend()
+    q, k, v = _qkv(B=3, Nq=64, Nk=200, H=8, Hkv=2, D=128, dtype=torch.bfloat16, device="cuda")
+    lengths = torch.zeros(3, dtype=torch.int32, device="cuda")
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    grad_out = torch.empty_like(q)
+
+    def step(q, k, v, lengths):
+        return fa_variants.attention(q, k, v, causal=True, seqlens_k=lengths, backend=backend)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, mode=mode)
+    try:
+        for n in ([200, 131, 64], [90, 200, 77], [200, 200, 200]):  # warm-up, recording, replay
+            with torch.no_grad():
+                for t, leaf in zip((q, k, v), leaves):
+                    leaf.copy_(torch.randn_like(t))
+                    leaf.grad = None
+                grad_out.copy_(torch.randn_like(grad_out))
+                lengths.copy_(torch.tensor(n, dtype=torch.int32))
+            fused.clear()
+            compiled(*leaves, lengths).backward(grad_out)
+            got = [leaf.grad.clone() for leaf in leaves]
+            assert len(fused) == len(set(n)), (n, fused)
+            inputs = [leaf.detach() for leaf in leaves]
+            same_leaves = [t.clone().requires_grad_(True) for t in inputs]
+            same = torch.autograd.grad(fa_variants.attention(*same_leaves, causal=True, seqlens_k=lengths,
+                                                             backend="reference"), same_leaves, grad_out)
+            exact = exact_grads(*inputs, grad_out, causal=True, seqlens_k=lengths)
+            assert_grads_within_rule(got, same, exact)
+    finally:
+        torch._dynamo.reset()
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("padded", [False, True], ids=["plain-mask", "padded-keys"])
 def test_sdpa_attn_mask_training_under_compile_fullgraph_on_the_gpu(padded, monkeypatch):
     """The SDPA drop-in's attn_mask in a compiled training step (fullgraph=True, inductor), on the kernel backend:

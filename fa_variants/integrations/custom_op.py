@@ -96,7 +96,8 @@ def attention_seqlens_k_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, se
     lengths in their kernels, so the op runs inside a CUDA graph of ``mode="reduce-overhead"`` too; outside capture
     the lengths are checked, one read-back; a call of a kind not planned yet is validated with
     ``fa_variants.attention``'s rules first, as the other op's body validates: a direct ``torch.ops`` call has not
-    been). Its backward is the reference backend's (`_seqlens_k_backward`)."""
+    been). Its backward (`_seqlens_k_backward`) is ``backward.kernel_backward``'s: the fused one length by length
+    where it applies, from the O and LSE kept here (``backward.keeps_outputs``)."""
     from fa_variants import api
     from fa_variants.common import workspace
     _refuse_tangents(api, q, k, v)
@@ -294,18 +295,28 @@ def _seqlens_k_backward(ctx, grad_out, grad_lse):
 attention_seqlens_k_op.register_autograd(_seqlens_k_backward, setup_context=_seqlens_k_setup_context)
 
 
-@torch.library.custom_op("fa_variants::attention_reference_backward", mutates_args=())
-def reference_backward_op(grad_out: torch.Tensor | None, grad_lse: torch.Tensor | None, q: torch.Tensor,
-                          k: torch.Tensor, v: torch.Tensor, out: torch.Tensor | None, lse: torch.Tensor | None,
-                          seqlens_k: torch.Tensor | None, causal: bool, softmax_scale: float | None,
-                          backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _traced_backward(grad_out: torch.Tensor | None, grad_lse: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor,
+                     v: torch.Tensor, out: torch.Tensor | None, lse: torch.Tensor | None,
+                     seqlens_k: torch.Tensor | None, causal: bool, softmax_scale: float | None,
+                     backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``backward.kernel_backward`` (not eager: no SDPA recomputation) as one opaque node (for tracing), its outputs
     contiguous to match the fake."""
     return tuple(g.contiguous() for g in backward.kernel_backward(grad_out, grad_lse, q, k, v, out, lse, seqlens_k,
                                                                   causal, softmax_scale, backend, eager=False))
 
 
+#: `_traced_backward` of the attention op (no lengths: the fused kernels read nothing on the host, so the op may be
+#: captured in reduce-overhead's CUDA graphs)
+reference_backward_op = torch.library.custom_op("fa_variants::attention_reference_backward",
+                                                mutates_args=())(_traced_backward)
+#: `_traced_backward` of the seqlens_k op: it reads the lengths on the host (``backward._backward_by_length``,
+#: ``reference.run_backward``), which graph capture forbids, so tagged to run outside reduce-overhead's graphs
+lengths_backward_op = torch.library.custom_op("fa_variants::attention_lengths_backward", mutates_args=(),
+                                              tags=_HOST_READ_TAGS)(_traced_backward)
+
+
 @reference_backward_op.register_fake
+@lengths_backward_op.register_fake
 def _reference_backward_fake(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, causal, softmax_scale, backend):
     return _empty_grads(q, k, v)
 
@@ -347,8 +358,8 @@ def _backward_of(ctx, grad_out, grad_lse, q, k, v, out, lse, seqlens_k):
     if ctx.eager:
         return backward.kernel_backward(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, ctx.causal,
                                         ctx.softmax_scale, ctx.backend, eager=True)
-    return reference_backward_op(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, ctx.causal, ctx.softmax_scale,
-                                 ctx.backend)
+    op = reference_backward_op if seqlens_k is None else lengths_backward_op
+    return op(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, ctx.causal, ctx.softmax_scale, ctx.backend)
 
 
 attention_op.register_autograd(_backward, setup_context=_setup_context)
