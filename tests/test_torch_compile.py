@@ -308,7 +308,8 @@ def test_seqlens_k_training_under_compile_on_the_gpu(mode, monkeypatch):
 
     fused = []
     for name in ("cudnn_backward", "flash_backward"):
-        monkeypatch.setattr(backward, name, lambda *a, _f=getattr(backward, name), **kw: fused.append(1) or _f(*a, **kw))
+        monkeypatch.setattr(backward, name,
+                            lambda *a, _f=getattr(backward, name), **kw: fused.append(1) or _f(*a, **kw))
     backend = _kernel_backend()
     q, k, v = _qkv(B=3, Nq=64, Nk=200, H=8, Hkv=2, D=128, dtype=torch.bfloat16, device="cuda")
     lengths = torch.zeros(3, dtype=torch.int32, device="cuda")

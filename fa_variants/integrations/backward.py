@@ -105,10 +105,10 @@ def kernel_backward(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, causal: bo
     """(dq, dk, dv) of a call's (out, lse) for the upstream gradients (either may be None: that output got none;
     out / lse None: not kept), with no autograd recorded but ``reference.run_backward``'s plain ops (a backward with
     create_graph differentiates those). On a kernel backend, a loss of out alone (grad_lse None; with ``seqlens_k``,
-    `_backward_by_length`'s groups one by one) takes FA_VARIANTS_BACKWARD's fused mode where it applies: ``sdpa`` eagerly where `sdpa_applies`; ``cudnn`` where
-    `cudnn_applies` and the forward kept out and lse; ``flash``, and ``sdpa`` when not ``eager`` (inside a traced
-    opaque op autograd records nothing) and ``cudnn`` where it does not apply, where `flash_applies` and the forward
-    kept out and lse; everything else ``reference.run_backward``. A
+    `_backward_by_length`'s groups one by one) takes FA_VARIANTS_BACKWARD's fused mode where it applies: ``sdpa``
+    eagerly where `sdpa_applies`; ``cudnn`` where `cudnn_applies` and the forward kept out and lse; ``flash``, and
+    ``sdpa`` when not ``eager`` (inside a traced opaque op autograd records nothing) and ``cudnn`` where it does not
+    apply, where `flash_applies` and the forward kept out and lse; everything else ``reference.run_backward``. A
     ``registry.FORWARD_ONLY`` backend raises NotImplementedError; a kernel backend warns once
     (`warn_pytorch_backward`)."""
     from fa_variants import dispatch, reference, registry
@@ -160,8 +160,9 @@ def _backward_by_length(grad_out, q, k, v, out, lse, seqlens_k, causal: bool, so
     backward `kernel_backward` chooses (a fused one where it applies; the reference for causal rows that see no key);
     the forward's O and LSE of those sequences are theirs (the keys past n added nothing to them). dK and dV are 0 past
     each length, dQ is 0 for a sequence of length 0 (its output is 0 whatever Q). The lengths are read on the host
-    (one device sync; the groups' rows are gathered by an index sorted on the device). Written in session 53: before, every call with lengths took ``reference.run_backward`` (float32
-    PyTorch; 21-34x SDPA's step on an H100, session 43)."""
+    (one device sync; the groups' rows are gathered by an index sorted on the device). Written in session 53: before,
+    every call with lengths took ``reference.run_backward`` (float32 PyTorch; 21-34x SDPA's step on an H100, session
+    43)."""
     lengths = seqlens_k.tolist()
     if all(n == k.shape[1] for n in lengths):  # no key padded: the plain call's backward, no copies
         return kernel_backward(grad_out, None, q, k, v, out, lse, None, causal, softmax_scale, backend, eager)

@@ -186,9 +186,9 @@ def sdpa_masked_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
     Returns (out, lse, seqlens_k, kind): out and lse as ``attention_op``'s; seqlens_k int32 (batch,) and kind int32
     [causal, lengths used] on the CPU, what the mask was read as, for the backward (`_sdpa_masked_backward`): a
     plain mask's is the plain call's (FA_VARIANTS_BACKWARD's fused backward where it applies), one with lengths the
-    lengths op's (the same, length by length: ``backward.kernel_backward``). O and LSE are kept for the backward where a fused one may use them
-    (``backward.keeps_outputs``), with lengths too (which mask comes is known only when the op runs). Tagged
-    cudagraph_unsafe: it reads the mask on the host."""
+    lengths op's (the same, length by length: ``backward.kernel_backward``). O and LSE are kept for the backward
+    where a fused one may use them (``backward.keeps_outputs``), with lengths too (which mask comes is known only
+    when the op runs). Tagged cudagraph_unsafe: it reads the mask on the host."""
     from fa_variants import api
     from fa_variants.common import mask_lengths, workspace
 
