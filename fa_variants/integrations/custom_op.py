@@ -249,7 +249,7 @@ def sdpa_masked_backward_op(grad_out: torch.Tensor | None, grad_lse: torch.Tenso
     """``backward.kernel_backward`` for the mask ``sdpa_masked`` read (``kind``, read on the host: it is on the CPU),
     as one opaque node."""
     causal, lengths_used = (bool(x) for x in kind.tolist())
-    seqlens_k = lengths.to(q.device) if lengths_used else None
+    seqlens_k = lengths if lengths_used else None  # on the CPU: read there, no device round trip
     grads = backward.kernel_backward(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, causal, softmax_scale, backend,
                                      eager=False)
     return tuple(g.contiguous() for g in grads)
