@@ -15,7 +15,7 @@ import os
 import torch
 
 from fa_variants import dispatch, registry
-from fa_variants.common import launch, mask_lengths, split
+from fa_variants.common import launch, mask_lengths, mask_windows, split
 from fa_variants.common.checks import one_line
 from fa_variants.dispatch import Selection
 from fa_variants.common.scale import LOG2_E, MAX_SOFTMAX_SCALE, check_softmax_scale  # noqa: F401 (re-exported)
@@ -711,7 +711,10 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
             attention are one op, ``torch.ops.fa_variants.sdpa_masked``, which reads it when the graph runs (no graph
             break; its backward is the plain call's, length by length with lengths); under torch.func
             transforms it is read at the call (a graph break under torch.compile, a ValueError under torch.export);
-            refused inside CUDA-graph capture. Other masks (left padding, windows, biases) raise ValueError, integer
+            refused inside CUDA-graph capture. Eagerly, a mask of one key window per sequence (padding on the left,
+            a causal batch padded on the right, ``common.mask_windows``) runs as plain calls on each window's
+            slices (``windowed.attention``; refused while traced). Other masks (sliding windows that bite, packed
+            sequences, biases) raise ValueError, integer
             and 8-bit float masks TypeError. A row that sees no key gives 0 (and LSE -inf).
         dropout_p: accepted for signature compatibility; only 0.0 is supported.
         is_causal: causal mask. PyTorch aligns it top-left and we align bottom-right; the two agree when
@@ -778,8 +781,12 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
             out, lse = torch.ops.fa_variants.sdpa_masked(q, k, v, read, softmax_scale, backend)[:2]
             return (out.transpose(1, 2), lse) if return_lse else out.transpose(1, 2)
         seqlens_k = read
-    result = attention(q, k, v, causal=is_causal, softmax_scale=scale, backend=backend, return_lse=return_lse,
-                       seqlens_k=seqlens_k)
+    if isinstance(seqlens_k, list):  # one key window per sequence
+        from fa_variants import windowed
+        result = windowed.attention(q, k, v, seqlens_k, softmax_scale=scale, backend=backend, return_lse=return_lse)
+    else:
+        result = attention(q, k, v, causal=is_causal, softmax_scale=scale, backend=backend, return_lse=return_lse,
+                           seqlens_k=seqlens_k)
     if return_lse:
         return result[0].transpose(1, 2), result[1]
     return result.transpose(1, 2)
@@ -829,6 +836,11 @@ def _sdpa_mask(attn_mask, q: torch.Tensor, k: torch.Tensor,
         return None, mask
     try:
         return mask_lengths.as_lengths(mask, *target[2:], *target[:2], name="attn_mask", float_min_blocks=False)
+    except mask_lengths.InexpressibleMask:
+        pass
+    try:  # a padded batch: one key window per sequence (``windowed``: plain calls on slices)
+        return False, mask_windows.as_windows(mask, *target[2:], *target[:2], name="attn_mask",
+                                              float_min_blocks=False)
     except mask_lengths.InexpressibleMask as refused:
         raise sdpa_mask_refusal(refused.what) from None
 

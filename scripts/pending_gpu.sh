@@ -27,11 +27,12 @@
 #    Session 53 also made per-sequence KV lengths take the fused backwards length by length
 #    (integrations.backward._backward_by_length; before, the float32 PyTorch backward). Name nvidia-h100-x1 or
 #    nvidia-h200, `status` first. In order:
-#    L. `python -m pytest -q -p no:cacheprovider tests/test_backward_gpu.py tests/test_torch_compile.py -k "seqlens_k
-#       or training_under_compile"` then `python3 scripts/backward_time.py --padded --pytorch --out
+#    L. `python -m pytest -q -p no:cacheprovider tests/test_backward_gpu.py tests/test_torch_compile.py
+#       tests/test_seqlens_k_gpu.py -k "seqlens_k or training_under_compile or windows"` then `python3 scripts/backward_time.py --padded --pytorch --out
 #       $OUT/padded` (~90 + ~90 s): prediction: all pass (the fused calls counted per length: test_fused_gradients_
 #       with_seqlens_k, mixed and uniform lengths; 3 for the padded compiled mask; test_seqlens_k_training_under_
-#       compile_on_the_gpu, reduce-overhead with the lengths backward outside the graphs); timing, bf16, keys padded on the right, non-causal,
+#       compile_on_the_gpu, reduce-overhead with the lengths backward outside the graphs; test_padded_batch_windows_
+#       on_the_kernels, session 53's key windows of padded batches on fa3 / fa2); timing, bf16, keys padded on the right, non-causal,
 #       against SDPA with the key mask: ours-cudnnbwd (the default) 0.8-1.5x at D 128 N 4k B 4 (4 lengths), 1.2-3x at
 #       N 1k B 16 (16 lengths, 16 small launches of each kernel), ours (the old PyTorch backward) 15-40x.
 #    C1. `SUITE_LIMIT=240 scripts/suite_gpu.sh cpu1` (~60 + 130 s): prediction: all pass (the Falcon test skips on the

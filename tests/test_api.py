@@ -556,8 +556,8 @@ def test_sdpa_matches_torch(causal, heads_kv):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(attn_mask=torch.ones(8, 8, dtype=torch.bool).index_fill(1, torch.tensor([0]), False)),
-     "attn_mask: fa_variants cannot express this attention mask .*padding on the left"),
+    (dict(attn_mask=torch.ones(8, 8, dtype=torch.bool).tril().triu(-2)),  # a sliding window of 3 keys
+     "attn_mask: fa_variants cannot express this attention mask .*sliding window that bites"),
     (dict(dropout_p=0.1), "dropout_p must be 0.0"),
     (dict(dropout_p=torch.zeros(2)), "dropout_p must be 0.0 .*, got a tensor of shape"),  # not torch's "ambiguous" error
     (dict(dropout_p=np.zeros(2)), "dropout_p must be 0.0 .*, got a numpy array of shape"),

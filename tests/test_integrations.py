@@ -242,26 +242,58 @@ def test_hf_passes_gqa_natively(model, ids, monkeypatch):
 
 
 @needs_hf
-def test_hf_refuses_padding_with_the_fallback(model, ids):
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_hf_padded_batches_run_on_windows(model, ids, side):
+    """A padded batch (left: a prompt batch for generation; right: a training batch) runs on fa_variants, one key
+    window per sequence (``fa_variants.windowed``): the logits of the real tokens within the rule against eager
+    attention and the float64 model (the padding rows differ: eager averages a row that sees no key, ours gives 0)."""
     name = hf.register(backend="reference")
     mask = torch.ones_like(ids)
-    mask[1, :5] = 0  # left padding in the second sequence
-    model.set_attn_implementation(name)
-    try:
-        with pytest.raises(hf.UnsupportedAttentionError, match="attn_implementation='sdpa'"), torch.no_grad():
-            model(ids, attention_mask=mask)
-    finally:
-        model.set_attn_implementation("eager")
+    if side == "left":
+        mask[1, :5] = 0
+    else:
+        mask[0, 30:] = 0
+        mask[1, 11:] = 0
+    real = mask.bool()
+    twin = float64_twin(model)
+    twin.set_attn_implementation("sdpa")  # float64 eager adds finfo.min to scores: -inf, so rows seeing no key NaN
+    with torch.no_grad():
+        expected, exact = model(ids, attention_mask=mask).logits, twin(ids, attention_mask=mask).logits
+        model.set_attn_implementation(name)
+        try:
+            got = model(ids, attention_mask=mask).logits
+        finally:
+            model.set_attn_implementation("eager")
+    assert_model_within_rule(got[real], expected[real], exact[real], f"{side}-padded logits")
+
+
+@needs_hf
+def test_hf_left_padded_generation_matches_eager(model, ids):
+    """Greedy generation from a left-padded prompt batch (a dynamic cache: each step's one query row sees its
+    sequence's keys after the padding), with fa_variants' windows: the same tokens as eager attention's."""
+    mask = torch.ones_like(ids[:, :12])
+    mask[1, :4] = 0
+    outputs = []
+    for implementation in ("eager", hf.register(backend="reference")):
+        model.set_attn_implementation(implementation)
+        try:
+            with torch.no_grad():
+                outputs.append(model.generate(ids[:, :12], attention_mask=mask, max_new_tokens=6, do_sample=False,
+                                              pad_token_id=0))
+        finally:
+            model.set_attn_implementation("eager")
+    assert torch.equal(*outputs)
 
 
 @needs_hf
 def test_hf_fallback_runs_sdpa_for_what_we_cannot_express(model, ids, monkeypatch):
-    """hf.register(fallback="sdpa"): a padded batch runs transformers' sdpa attention (logits as
-    attn_implementation="sdpa" gives them, with a warning naming why); an unpadded call of the same model still
-    runs fa_variants.attention."""
+    """hf.register(fallback="sdpa"): a mask of no one key window per sequence (here two sequences packed in one row)
+    runs transformers' sdpa attention (logits as attn_implementation="sdpa" gives them, with a warning naming why);
+    an unpadded call of the same model still runs fa_variants.attention."""
     name = hf.register("fa_variants_fallback", backend="reference", fallback="sdpa")
-    mask = torch.ones_like(ids)
-    mask[1, :5] = 0  # left padding in the second sequence
+    rows, keys = torch.arange(ids.shape[1])[:, None], torch.arange(ids.shape[1])
+    packed = (keys <= rows) & ((keys < 20) == (rows < 20))  # tokens 0-19 and 20-36: two documents, causal each
+    mask = packed[None, None].expand(ids.shape[0], 1, -1, -1)
     calls = []
     attention = fa_variants.attention
     monkeypatch.setattr(fa_variants, "attention", lambda *a, **kw: calls.append(1) or attention(*a, **kw))
@@ -271,8 +303,8 @@ def test_hf_fallback_runs_sdpa_for_what_we_cannot_express(model, ids, monkeypatc
             expected = model(ids, attention_mask=mask).logits
             model.set_attn_implementation(name)
             # the whole reason, its parentheses closed (session 52: the text was cut at its first ';')
-            with pytest.warns(UserWarning, match=r"cannot express this attention mask \(padding on the left, [^()]*\)"
-                                                 r": only .*: this call runs transformers' sdpa attention"):
+            with pytest.warns(UserWarning, match=r"cannot express this attention mask \(a sliding window that bites, "
+                                                 r"[^()]*\): only .*: this call runs transformers' sdpa attention"):
                 got = model(ids, attention_mask=mask).logits
             assert calls == []
             model(ids).logits
@@ -384,16 +416,18 @@ def test_a_complex_mask_is_named_as_such():
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8])
 def test_integer_masks_are_read_as_0_1(dtype):
-    """An integer 4-D mask (1 = attend) is classified like a boolean one; a padding mask gets the clear
-    refusal (it was a torch.finfo TypeError), and so does an integer mask with values other than 0 and 1."""
+    """An integer 4-D mask (1 = attend) is classified like a boolean one (it was a torch.finfo TypeError): a padding
+    mask runs on key windows, as its bool twin does; an integer mask with values other than 0 and 1 is refused."""
     causal = torch.ones(5, 7, dtype=torch.bool).tril(diagonal=2)[None, None]
     assert hf.mask_is_causal(causal.to(dtype), 5, 7) is True
     assert hf.mask_is_causal(torch.ones(1, 1, 5, 7, dtype=dtype), 5, 7) is False
     padded = torch.ones(2, 1, 5, 7, dtype=dtype)
     padded[1, ..., :2] = 0  # the second sequence is left-padded by two keys
     q, k = torch.randn(2, 6, 5, 16), torch.randn(2, 2, 7, 16)
-    with pytest.raises(hf.UnsupportedAttentionError, match="padding"):
-        hf.attention_forward(torch.nn.Module(), q, k, k, padded)
+    got = hf.attention_forward(torch.nn.Module(), q, k, k, padded)[0]
+    torch.testing.assert_close(got, hf.attention_forward(torch.nn.Module(), q, k, k, padded.bool())[0], rtol=0, atol=0)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, k, attn_mask=padded.bool(), enable_gqa=True)
+    torch.testing.assert_close(got, expected.transpose(1, 2), rtol=1e-5, atol=1e-5)
     with pytest.raises(hf.UnsupportedAttentionError, match="values other than 0 and 1"):
         hf.mask_is_causal(torch.full((1, 1, 5, 7), 2, dtype=dtype), 5, 7)
 

@@ -287,3 +287,41 @@ def test_sdpa_attn_mask_as_lengths_on_the_kernels(causal):
         with torch.cuda.graph(torch.cuda.CUDAGraph(), stream=stream):
             fa_variants.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                      attn_mask=mask, enable_gqa=True)
+
+
+@pytest.mark.parametrize("backend", ["fa3", "fa2"])
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_padded_batch_windows_on_the_kernels(backend, side):
+    """The SDPA drop-in's attn_mask of a padded causal batch (left: a prompt batch; right: a training batch; lengths
+    0 .. 300 of 300 tokens, head_dim 128, GQA 8:2, bf16) runs as one key window per sequence on the kernel
+    (``fa_variants.windowed``: calls on slices), output and gradients within the rule against float64 masked attention,
+    with the same maths in bf16 (PyTorch, the mask applied) as the baseline; rows that see no key give 0."""
+    import fa_variants
+    from helpers import assert_grads_within_rule
+
+    lengths, n = [300, 1, 131, 0, 64], 300
+    rows, keys = torch.arange(n, device="cuda")[:, None], torch.arange(n, device="cuda")
+    pad = [n - m for m in lengths]
+    mask = torch.stack([(keys >= p) & (keys <= rows) if side == "left" else (keys < m) & (keys <= rows)
+                        for p, m in zip(pad, lengths)])[:, None]
+    q = torch.randn(len(lengths), 8, n, 128, dtype=BF16, device="cuda")
+    k, v = (torch.randn(len(lengths), 2, n, 128, dtype=BF16, device="cuda") for _ in range(2))
+    grad = torch.randn_like(q)
+
+    def masked(q, k, v):  # attention with the mask in q's dtype's maths (float32 softmax for bf16), 0 where none
+        kf, vf = (t.repeat_interleave(4, 1).to(q.dtype) for t in (k, v))
+        s = (q @ kf.transpose(-1, -2)).float() * 128 ** -0.5
+        p = torch.softmax(s.masked_fill(~mask, float("-inf")), -1).nan_to_num(0.0).to(q.dtype)
+        return p @ vf
+
+    results = []
+    for run, dtype in ((lambda q, k, v: fa_variants.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, enable_gqa=True, backend=backend), BF16), (masked, BF16), (masked, torch.float64)):
+        leaves = [t.to(dtype).requires_grad_(True) for t in (q, k, v)]
+        out = run(*leaves)
+        results.append((out, torch.autograd.grad(out, leaves, grad.to(dtype))))
+    (out, grads), (same, same_grads), (exact, exact_grads) = results
+    err, same_err = ((o.double() - exact).abs().max().item() for o in (out, same))
+    assert out.isfinite().all() and err <= 2 * same_err + 1e-3, (err, same_err)
+    assert not out[3].any()  # the sequence of length 0
+    assert_grads_within_rule(grads, same_grads, exact_grads)

@@ -150,6 +150,15 @@ def _check_readable(mask: torch.Tensor) -> None:
                                 "seqlens_k on the GPU to fa_variants.attention)")
 
 
+def invalid_values(mask: torch.Tensor, float_min_blocks: bool) -> str:
+    """What a mask whose values are not a mask's (`_visible`'s flag) is called in the refusal."""
+    dtype = str(mask.dtype).removeprefix("torch.")
+    if not mask.is_floating_point():
+        return f"a {dtype} mask with values other than 0 and 1"
+    return ("an additive attention bias (a float mask with values other than 0 and -inf"
+            + ("" if float_min_blocks else ": hide keys with -inf or a bool mask") + ")")
+
+
 def _visible(part: torch.Tensor, float_min_blocks: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(the boolean 'may attend' tensor of a slice of the mask, a 0-d flag: its values are all valid, or None)."""
     if part.dtype == torch.bool:
@@ -191,10 +200,7 @@ def _read(mask: torch.Tensor, seqlen_q: int, seqlen_k: int, batch: int | None, t
         (valid, causal_fits, causal_plain, full_fits, full_plain), rest = read[:5], read[5:]
         lengths = {True: rest[:len(rest) // 2], False: rest[len(rest) // 2:]}
     if not valid:
-        dtype = str(mask.dtype).removeprefix("torch.")
-        raise InexpressibleMask(f"a {dtype} mask with values other than 0 and 1" if not mask.is_floating_point() else
-                                "an additive attention bias (a float mask with values other than 0 and -inf"
-                                + ("" if float_min_blocks else ": hide keys with -inf or a bool mask") + ")")
+        raise InexpressibleMask(invalid_values(mask, float_min_blocks))
     for causal, fitting, plain in ((True, causal_fits, causal_plain), (False, full_fits, full_plain)):
         if fitting:
             if plain:

@@ -45,8 +45,8 @@ import warnings
 import torch
 
 import fa_variants
-from fa_variants import dispatch
-from fa_variants.common import mask_lengths
+from fa_variants import dispatch, windowed
+from fa_variants.common import mask_lengths, mask_windows
 from fa_variants.common.checks import one_line
 from fa_variants.reference import causal_visible
 
@@ -139,14 +139,16 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
             kernels on a GPU; float32 too on the reference backend).
         attention_mask: None (plain causal/full, as our mask function returns) or a 4-D boolean/additive
             mask, accepted when it is causal or full, over all keys or each sequence's first L_b
-            (``mask_as_lengths``: the call then passes seqlens_k).
+            (``mask_as_lengths``: the call then passes seqlens_k), or eagerly one key window per sequence (a
+            padded batch: ``common.mask_windows``, run by ``fa_variants.windowed``).
         dropout: must be 0 (no dropout in the kernels). scaling: softmax scale (None: 1/sqrt(head_dim)).
         is_causal: overrides ``module.is_causal`` (as in transformers' sdpa integration).
         backend: the fa_variants backend ("auto", "fa3", "fa2", "fa1", "reference").
         fallback: None (refuse what we cannot express) or "sdpa": such a call runs transformers' own
-            ``sdpa_attention_forward`` instead (a padded batch, dropout in training, a sliding window, a position
-            bias), with a warning naming why; the other calls of the same model keep fa_variants. Soft-capping,
-            attention sinks and sparse attention's indices are refused either way (sdpa's function drops them).
+            ``sdpa_attention_forward`` instead (a padded batch under torch.compile, dropout in training, a sliding
+            window, a position bias), with a warning naming why; the other calls of the same model keep
+            fa_variants. Soft-capping, attention sinks and sparse attention's indices are refused either way (sdpa's
+            function drops them).
         kwargs: other transformers keywords; those of `_REFUSED_KWARGS` (``softcap``, ``s_aux``, ``sinks``,
             ``indices``, ``block_indices``), ``position_bias`` and, without a mask, a
             ``sliding_window`` shorter than seqlen_k are refused (with a mask, the mask says where the window bites:
@@ -179,9 +181,11 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         if fallback is None:
             raise
         return _sdpa_fallback(refused, module, query, key, value, attention_mask, dropout, scaling, is_causal, kwargs)
+    q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+    if causal is None:  # a padded batch's windows (eager)
+        return windowed.attention(q, k, v, seqlens_k, softmax_scale=scaling, backend=backend), None
     # fa_variants.attention is itself one opaque node under torch.compile (the custom op)
-    out = fa_variants.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), causal=causal,
-              softmax_scale=scaling, backend=backend, seqlens_k=seqlens_k)
+    out = fa_variants.attention(q, k, v, causal=causal, softmax_scale=scaling, backend=backend, seqlens_k=seqlens_k)
     return out, None
 
 
@@ -235,7 +239,15 @@ def _causal_flag(module, query, key, attention_mask, dropout, is_causal, kwargs,
     if attention_mask is None:
         return _module_causal(module, is_causal), None
     if not traced_mask:
-        return mask_as_lengths(attention_mask, seqlen_q, seqlen_k, query.shape[0], query.shape[1], memo=True)
+        try:
+            return mask_as_lengths(attention_mask, seqlen_q, seqlen_k, query.shape[0], query.shape[1], memo=True)
+        except UnsupportedAttentionError:
+            if torch.compiler.is_compiling():  # (a fallback's graph break reads it: padded batches go to sdpa there)
+                raise
+        try:  # a padded batch: one key window per sequence (fa_variants.windowed: plain calls on slices)
+            return None, mask_windows.as_windows(attention_mask, seqlen_q, seqlen_k, query.shape[0], query.shape[1])
+        except mask_lengths.InexpressibleMask as refused:
+            raise _refuse(refused.what) from None
     _check_mask_shape(attention_mask, seqlen_q, seqlen_k)
     causal = _module_causal(module, is_causal)
     return causal, torch.ops.fa_variants.mask_lengths(attention_mask, causal, seqlen_q, seqlen_k, query.shape[0],
@@ -285,8 +297,8 @@ def register(name: str = DEFAULT_NAME, *, backend: str = "auto", fallback: str |
         name: the ``attn_implementation`` string to register (default "fa_variants").
         backend: the fa_variants backend every call uses ("auto" lets the dispatcher choose).
         fallback: None (default): a call fa_variants cannot express raises UnsupportedAttentionError naming it;
-            "sdpa": such a call (a padded batch, dropout in training, a sliding window that bites, ...) runs
-            transformers' sdpa attention instead, with a warning, and every other call fa_variants.
+            "sdpa": such a call (a padded batch under torch.compile, dropout in training, a sliding window that
+            bites, ...) runs transformers' sdpa attention instead, with a warning, and every other call fa_variants.
 
     Returns:
         name, for ``attn_implementation=`` / ``model.set_attn_implementation``.

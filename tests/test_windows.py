@@ -1,0 +1,105 @@
+"""Padded batches as one key window per sequence (common.mask_windows, fa_variants.windowed): the SDPA drop-in's
+attn_mask for masks that causal + seqlens_k cannot express but plain calls on slices can (left padding, a causal
+batch padded on the right, both, a KV cache after left padding), against float64 attention with the mask itself;
+the masks that are not one window per sequence refused in one line."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fa_variants
+from fa_variants.common import mask_windows
+from helpers import make_qkv, seeded_generator
+
+
+def _masked_attention(q, k, v, mask):
+    """float64 attention with a boolean mask (batch or 1, 1, seqlen_q, seqlen_k) in SDPA's layout, GQA by repeated
+    KV heads; a row that sees no key gives 0 (the project's rule) and LSE -inf."""
+    group = q.shape[1] // k.shape[1]
+    k, v = (t.double().repeat_interleave(group, 1) for t in (k, v))
+    s = (q.double() @ k.transpose(-1, -2) * q.shape[-1] ** -0.5).masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    p = torch.where(mask, torch.exp(s - lse[..., None].clamp(min=-1e300)), 0.0)
+    return p @ v, lse
+
+
+def _window_mask(windows, seqlen_q, seqlen_k):
+    rows, keys = torch.arange(seqlen_q)[:, None], torch.arange(seqlen_k)
+    return torch.stack([(keys >= s) & (keys < e) & (rows >= 0 if d is None else keys <= rows + d)
+                        for s, e, d in windows])[:, None]
+
+
+CASES = {  # (windows per sequence, seqlen_q, seqlen_k)
+    "left-padded prompt": ([(0, 9, 0), (3, 9, 0), (8, 9, 0)], 9, 9),
+    "right-padded training batch": ([(0, 9, 0), (0, 5, 0), (0, 1, 0)], 9, 9),
+    "left-padded decode step": ([(0, 12, None), (4, 12, None), (11, 12, None)], 1, 12),
+    "left-padded encoder": ([(0, 7, None), (2, 7, None), (6, 7, None)], 7, 7),
+    "static cache after left padding": ([(0, 10, 8), (2, 6, 4), (4, 5, 3)], 2, 10),
+    "mixed, a sequence without keys": ([(1, 6, 2), (0, 0, None), (2, 11, None), (1, 6, 2)], 5, 11),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
+@pytest.mark.parametrize("kind", ["bool", "additive"])
+def test_windows_match_masked_attention(case, dtype, kind):
+    windows, seqlen_q, seqlen_k = CASES[case]
+    mask = _window_mask(windows, seqlen_q, seqlen_k)
+    q, k, v = (t.transpose(1, 2) for t in make_qkv(len(windows), seqlen_q, seqlen_k, 4, 2, 16, dtype=dtype,
+                                                   generator=seeded_generator()))
+    given = mask if kind == "bool" else torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, float("-inf"))
+    found = mask_windows.as_windows(given, seqlen_q, seqlen_k, len(windows), 4)
+    # the same mask (a window whose causal limit never bites is read as full; an empty one as (0, 0))
+    assert torch.equal(_window_mask(found, seqlen_q, seqlen_k), mask)
+    out, lse = fa_variants.scaled_dot_product_attention(q, k, v, attn_mask=given, enable_gqa=True,
+                                                        backend="reference", return_lse=True)
+    expected, expected_lse = _masked_attention(q, k, v, mask)
+    tol = 1e-12 if dtype == torch.float64 else 2e-6
+    torch.testing.assert_close(out.double(), expected, rtol=tol, atol=tol)
+    torch.testing.assert_close(lse.double(), expected_lse, rtol=2e-6, atol=2e-6)  # the LSE is float32
+
+
+def test_window_gradients_match_masked_attention():
+    """Autograd through the slices' calls: float64 gradients of a loss of out equal those of masked attention."""
+    windows, seqlen_q, seqlen_k = CASES["mixed, a sequence without keys"]
+    mask = _window_mask(windows, seqlen_q, seqlen_k)
+    inputs = [t.transpose(1, 2) for t in make_qkv(len(windows), seqlen_q, seqlen_k, 4, 2, 16, dtype=torch.float64,
+                                                  generator=seeded_generator())]
+    grad = torch.randn(inputs[0].shape, dtype=torch.float64, generator=seeded_generator())
+    grads = []
+    for run in (lambda q, k, v: fa_variants.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True,
+                                                                         backend="reference"),
+                lambda q, k, v: _masked_attention(q, k, v, mask)[0]):
+        leaves = [t.clone().requires_grad_(True) for t in inputs]
+        grads.append(torch.autograd.grad(run(*leaves), leaves, grad))
+    for g, e in zip(*grads):
+        torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-12)
+
+
+def test_windows_on_a_kernel_backend_call_the_kernel_per_group(fake_gpu):
+    """On a kernel backend: two calls per distinct window with a causal limit that bites for some rows (its rows
+    before and after the split), one for a full window, none for an empty one; sequences sharing a window share
+    the calls."""
+    windows, seqlen_q, seqlen_k = CASES["mixed, a sequence without keys"]
+    mask = _window_mask(windows, seqlen_q, seqlen_k)
+    q, k, v = (t.transpose(1, 2) for t in make_qkv(len(windows), seqlen_q, seqlen_k, 4, 2, 16, dtype=torch.float16))
+    out = fa_variants.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    assert [(c["q"].shape[:2], c["k"].shape[1], c["causal"]) for c in fake_gpu] == [
+        ((2, 4), 5, True), ((2, 1), 5, False), ((1, 5), 9, False)]
+    expected = _masked_attention(q, k, v, mask)[0]
+    torch.testing.assert_close(out.double(), expected, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("what, mask", [
+    ("sliding window", torch.ones(6, 6, dtype=torch.bool).tril().triu(-2)[None, None].expand(2, 1, 6, 6)),
+    ("packed documents", torch.block_diag(torch.ones(3, 3), torch.ones(3, 3)).bool().tril()[None, None]),
+    ("a row with two runs", torch.ones(2, 1, 6, 6, dtype=torch.bool).index_fill(3, torch.tensor([2]), False)),
+    ("heads that differ", torch.stack([torch.ones(6, 6, dtype=torch.bool),
+                                       torch.ones(6, 6, dtype=torch.bool).tril()])[None].expand(2, 2, 6, 6)),
+])
+def test_what_is_not_one_window_per_sequence_is_refused(what, mask):
+    q = torch.randn(2, 2, 6, 16)
+    with pytest.raises(ValueError, match=r"^attn_mask: fa_variants cannot express this attention mask \(a sliding "
+                                         r"window that bites, packed sequences, heads that differ\)") as caught:
+        fa_variants.scaled_dot_product_attention(q, q, q, attn_mask=mask, backend="reference")
+    assert "\n" not in str(caught.value)
