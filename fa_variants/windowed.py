@@ -33,8 +33,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, windows: list[W
     for b, window in enumerate(windows):
         groups.setdefault(window, []).append(b)
     order = torch.tensor([b for rows in groups.values() for b in rows], device=q.device)  # one copy for all groups
-    out = torch.zeros(batch, seqlen_q, heads, v.shape[-1], dtype=api.output_dtype(q.dtype), device=q.device)
-    lse = torch.full((batch, heads, seqlen_q), float("-inf"), dtype=torch.float32, device=q.device)
+    out = lse = None  # made at the first group's results: their dtype (under autocast, autocast's)
     taken = 0
     for (start, end, offset), rows in groups.items():
         index = None if len(rows) == batch else order[taken:taken + len(rows)]
@@ -54,6 +53,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, windows: list[W
         o, l = torch.cat([p[0] for p in parts], 1), torch.cat([p[1] for p in parts], 2)
         if index is None:
             out, lse = o, l
-        else:
-            out, lse = out.index_copy(0, index, o.to(out.dtype)), lse.index_copy(0, index, l)
+            continue
+        if out is None:
+            out = o.new_zeros(batch, seqlen_q, heads, o.shape[-1])
+            lse = l.new_full((batch, heads, seqlen_q), float("-inf"))
+        out, lse = out.index_copy(0, index, o), lse.index_copy(0, index, l)
+    if out is None:  # every window empty
+        out = torch.zeros(batch, seqlen_q, heads, v.shape[-1], dtype=api.output_dtype(q.dtype), device=q.device)
+        lse = torch.full((batch, heads, seqlen_q), float("-inf"), dtype=torch.float32, device=q.device)
     return (out, lse) if return_lse else out

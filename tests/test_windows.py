@@ -103,3 +103,19 @@ def test_what_is_not_one_window_per_sequence_is_refused(what, mask):
                                          r"window that bites, packed sequences, heads that differ\)") as caught:
         fa_variants.scaled_dot_product_attention(q, q, q, attn_mask=mask, backend="reference")
     assert "\n" not in str(caught.value)
+
+
+def test_windows_of_empty_sizes_and_under_autocast():
+    """No row, no key or no head: every window empty (nothing to see). Under autocast (bfloat16 on the CPU) a batch
+    of different windows gives autocast's dtype, as one window and the plain call do, through the SDPA drop-in and
+    the Hugging Face attention function (which gave float32 for different windows)."""
+    from fa_variants.integrations import hf
+    for shape, sizes in (((1, 1, 0, 3), (0, 3, 1, 1)), ((1, 1, 3, 0), (3, 0, 1, 1)), ((1, 0, 3, 3), (3, 3, 1, 0))):
+        assert mask_windows.as_windows(torch.zeros(shape, dtype=torch.bool), *sizes) == [(0, 0, None)]
+    windows, seqlen_q, seqlen_k = CASES["left-padded prompt"]
+    q = torch.randn(3, 4, seqlen_q, 16)
+    for mask in (_window_mask(windows, seqlen_q, seqlen_k), _window_mask(windows[:1] * 3, seqlen_q, seqlen_k)):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = fa_variants.scaled_dot_product_attention(q, q, q, attn_mask=mask, backend="reference")
+            hf_out = hf.attention_forward(torch.nn.Module(), q, q, q, mask, backend="reference")[0]
+        assert out.dtype == hf_out.dtype == torch.bfloat16

@@ -210,6 +210,6 @@ def _read(mask: torch.Tensor, seqlen_q: int, seqlen_k: int, batch: int | None, t
                 found = found.to(torch.int32)
                 return causal, found if batch is None or found.shape[0] == batch else found.expand(batch).contiguous()
             return causal, found * batch if batch is not None and len(found) != batch else found
-    raise InexpressibleMask("this attention mask (padding on the left, or on the right of a causal batch; a sliding "
-                            "window that bites; packed sequences): only bottom-right causal or full attention, over "
-                            "each sequence's first keys")
+    raise InexpressibleMask("this attention mask (padding on the left, or on the right of a causal batch: eagerly "
+                            "only, as key windows; a sliding window that bites; packed sequences): only bottom-right "
+                            "causal or full attention, over each sequence's first keys")

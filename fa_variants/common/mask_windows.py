@@ -42,6 +42,8 @@ def as_windows(mask: torch.Tensor, seqlen_q: int, seqlen_k: int, batch: int, num
     """
     mask_lengths.check_shape(mask, seqlen_q, seqlen_k, batch, num_heads, name=name)
     mask_lengths._check_readable(mask)
+    if seqlen_q == 0 or seqlen_k == 0 or 0 in mask.shape[:2]:
+        return [Window(0, 0, None)] * batch  # no row or no key: nothing to see
     mask = mask.expand(*mask.shape[:2], seqlen_q, seqlen_k)
     stats, valid = _row_stats(mask, seqlen_k, float_min_blocks)
     seen, first, last = stats.unbind(-1)  # (batch or 1, heads or 1, seqlen_q) each
