@@ -110,8 +110,9 @@ def test_a_sliding_window_is_judged_by_the_mask_it_comes_with():
 
 def test_the_same_mask_is_read_once_until_it_changes(monkeypatch):
     """Every layer gets the same mask tensor: it is read once; an in-place change, another tensor or other sizes
-    read it again; each answer is a new tensor (a caller's edit of one does not reach the next); inference tensors
-    (no version counter) are read every time; a few masks are kept (hybrid models alternate two)."""
+    read it again; each answer is a new tensor (a caller's edit of one does not reach the next); a refusal is kept
+    too (a padded batch's layers then read the mask's key windows, kept the same way); inference tensors (no version
+    counter) are read every time; a few masks are kept (hybrid models alternate two)."""
     reads = []
     real = mask_lengths._read
     monkeypatch.setattr(mask_lengths, "_read", lambda *a: reads.append(1) or real(*a))
@@ -125,23 +126,23 @@ def test_the_same_mask_is_read_once_until_it_changes(monkeypatch):
         assert hf.mask_as_lengths(other, 2, 8, 2, 4, memo=True)[1].tolist() == [2, 8]
         with pytest.raises(hf.UnsupportedAttentionError):
             hf.mask_as_lengths(window, 2, 8, 2, 4, memo=True)
-    assert len(reads) == 2 + 3  # both masks kept; a refusal is not
+    assert len(reads) == 2 + 1  # both masks kept, and the refusal
     monkeypatch.setattr(mask_lengths, "MEMO_SIZE", 1)  # one kept: the two evict each other
     for _ in range(2):
         hf.mask_as_lengths(mask, 2, 8, 2, 4, memo=True), hf.mask_as_lengths(other, 2, 8, 2, 4, memo=True)
-    assert len(reads) == 5 + 3  # (the first call a hit: its entry the one kept)
+    assert len(reads) == 3 + 3  # (the first call a hit: its entry the one kept)
     monkeypatch.setattr(mask_lengths, "MEMO_SIZE", 8)
     hf.mask_as_lengths(mask, 2, 8, 2, 2, memo=True)  # other heads: read again
     mask.copy_(_lengths_mask([5, 4], 2, 8, True))  # the second sequence's next slot filled, in place
     assert hf.mask_as_lengths(mask, 2, 8, 2, 2, memo=True)[1].tolist() == [5, 4]
     assert hf.mask_as_lengths(mask.clone(), 2, 8, 2, 2, memo=True)[1].tolist() == [5, 4]
-    assert len(reads) == 11
+    assert len(reads) == 9
     with torch.inference_mode():  # no version counter: never kept
         frozen = _lengths_mask([5, 3], 2, 8, True)
         hf.mask_as_lengths(frozen, 2, 8, 2, 2, memo=True), hf.mask_as_lengths(frozen, 2, 8, 2, 2, memo=True)
-    assert len(reads) == 13
+    assert len(reads) == 11
     hf.mask_as_lengths(mask, 2, 8, 2, 2), hf.mask_as_lengths(mask, 2, 8, 2, 2)  # without memo: every call reads
-    assert len(reads) == 15
+    assert len(reads) == 13
 
 
 def test_a_mask_rewritten_behind_its_version_counter_is_read_again():

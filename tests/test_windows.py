@@ -119,3 +119,22 @@ def test_windows_of_empty_sizes_and_under_autocast():
             out = fa_variants.scaled_dot_product_attention(q, q, q, attn_mask=mask, backend="reference")
             hf_out = hf.attention_forward(torch.nn.Module(), q, q, q, mask, backend="reference")[0]
         assert out.dtype == hf_out.dtype == torch.bfloat16
+
+
+def test_a_padded_batch_mask_is_read_once_per_step(monkeypatch):
+    """The Hugging Face path reads the mask every layer shares once per step: its refusal as lengths and its key
+    windows are kept while the tensor's version counter stands (an in-place change reads it again)."""
+    from fa_variants.common import mask_lengths
+    from fa_variants.integrations import hf
+    reads = []
+    for module, name in ((mask_lengths, "_read"), (mask_windows, "_read")):
+        monkeypatch.setattr(module, name, lambda *a, _f=getattr(module, name): reads.append(1) or _f(*a))
+    windows, seqlen_q, seqlen_k = CASES["left-padded prompt"]
+    mask = _window_mask(windows, seqlen_q, seqlen_k)
+    q = torch.randn(3, 4, seqlen_q, 16)
+    outs = [hf.attention_forward(torch.nn.Module(), q, q, q, mask, backend="reference")[0] for _ in range(3)]
+    assert len(reads) == 2 and all(torch.equal(o, outs[0]) for o in outs)
+    mask[1, 0, :, 3] = False  # the second sequence's first key hidden too: another window
+    mask[1, 0, :3, :] = False
+    hf.attention_forward(torch.nn.Module(), q, q, q, mask, backend="reference")
+    assert len(reads) == 4

@@ -14,8 +14,9 @@ Anything else (left padding, right padding of a causal batch, a sliding window t
 additive bias other than 0 / -inf) raises ``InexpressibleMask``, whose ``what`` names the mask for the caller's own
 message.
 
-Read once (``memo=True``, transformers' eager path): the answers for the last few masks read are kept (`_MEMO`, by
-identity and version counter), so the layers of a model that share one mask read it once per step. Inference tensors
+Read once (``memo=True``, transformers' eager path): the answers (refusals too) for the last few masks read are
+kept (`_MEMO`, by identity and version counter; ``common.mask_windows`` keeps its key windows there too), so the
+layers of a model that share one mask read it once per step. Inference tensors
 have no version counter and are never kept; a change that bypasses the counter (a CUDA-graph replay,
 ``mask.data.copy_``, writes through ``mask.numpy()`` or DLPack) is not seen, which is why the other callers (the
 SDPA drop-in, the mask op of compiled graphs) read every call.
@@ -39,9 +40,10 @@ class InexpressibleMask(ValueError):
         self.what = what
 
 
-#: id(mask) -> (weakref, version, call key, causal, lengths list or None) for the MEMO_SIZE masks read or hit last
-#: (several: hybrid models alternate a full and a sliding-window mask), under _MEMO_LOCK
-_MEMO: dict[int, tuple] = {}
+#: (id(mask), reader) -> (weakref, version, call key, answer) for the MEMO_SIZE answers given or hit last (several:
+#: hybrid models alternate a full and a sliding-window mask; a refused mask's refusal and its key windows,
+#: ``common.mask_windows``), under _MEMO_LOCK: `remembered` / `remember`
+_MEMO: dict[tuple[int, str], tuple] = {}
 _MEMO_LOCK = threading.Lock()
 MEMO_SIZE = 8
 #: elements of the mask compared per step of `_read` (query rows in chunks): its temporaries stay ~16 MiB each where a
@@ -87,17 +89,38 @@ def as_lengths(mask: torch.Tensor, seqlen_q: int, seqlen_k: int, batch: int | No
     if traced:
         return _read(mask, seqlen_q, seqlen_k, batch, True, float_min_blocks)
     key = (batch, num_heads, seqlen_q, seqlen_k, float_min_blocks)
-    version = None if not memo or mask.is_inference() else mask._version  # read first: a change meanwhile misses
-    kept = _MEMO.get(id(mask))
-    hit = version is not None and kept is not None and kept[0]() is mask and kept[1:3] == (version, key)
-    causal, lengths = kept[3:] if hit else _read(mask, seqlen_q, seqlen_k, batch, False, float_min_blocks)
-    if version is not None:
-        with _MEMO_LOCK:  # (re)entered last: the least recently used goes first
-            _MEMO.pop(id(mask), None)
-            _MEMO[id(mask)] = (weakref.ref(mask), version, key, causal, lengths)
-            while len(_MEMO) > MEMO_SIZE:
-                del _MEMO[next(iter(_MEMO))]
+    version, answer = remembered(mask, "lengths", key, memo)
+    if answer is None:
+        try:
+            answer = _read(mask, seqlen_q, seqlen_k, batch, False, float_min_blocks)
+        except InexpressibleMask as refused:
+            answer = refused  # kept too: a padded batch's layers are refused here, then read as key windows
+    remember(mask, "lengths", version, key, answer)
+    if isinstance(answer, InexpressibleMask):
+        raise InexpressibleMask(answer.what)
+    causal, lengths = answer
     return causal, None if lengths is None else torch.tensor(lengths, dtype=torch.int32)
+
+
+def remembered(mask: torch.Tensor, reader: str, key: tuple, memo: bool) -> tuple[int | None, object]:
+    """(the mask's version counter, or None where nothing is kept: ``memo`` False or an inference tensor; the answer
+    ``reader`` gave for this tensor, version and call ``key``, or None) from `_MEMO`. The version is read first: a
+    change meanwhile misses."""
+    version = None if not memo or mask.is_inference() else mask._version
+    kept = _MEMO.get((id(mask), reader))
+    hit = version is not None and kept is not None and kept[0]() is mask and kept[1:3] == (version, key)
+    return version, kept[3] if hit else None
+
+
+def remember(mask: torch.Tensor, reader: str, version: int | None, key: tuple, answer) -> None:
+    """Keep ``answer`` (`remembered`'s version not None), entered last: the least recently used goes first."""
+    if version is None:
+        return
+    with _MEMO_LOCK:
+        _MEMO.pop((id(mask), reader), None)
+        _MEMO[(id(mask), reader)] = (weakref.ref(mask), version, key, answer)
+        while len(_MEMO) > MEMO_SIZE:
+            del _MEMO[next(iter(_MEMO))]
 
 
 def _refuse_vmapped(mask: torch.Tensor) -> None:
