@@ -836,8 +836,9 @@ def _sdpa_mask(attn_mask, q: torch.Tensor, k: torch.Tensor,
         return None, mask
     try:
         return mask_lengths.as_lengths(mask, *target[2:], *target[:2], name="attn_mask", float_min_blocks=False)
-    except mask_lengths.InexpressibleMask:
-        pass
+    except mask_lengths.InexpressibleMask as refused:
+        if torch.compiler.is_compiling():  # (compiled torch.func transforms: key windows run eagerly only)
+            raise sdpa_mask_refusal(refused.what) from None
     try:  # a padded batch: one key window per sequence (``windowed``: plain calls on slices)
         return False, mask_windows.as_windows(mask, *target[2:], *target[:2], name="attn_mask",
                                               float_min_blocks=False)

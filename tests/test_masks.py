@@ -508,3 +508,25 @@ def test_edge_masks_batch_zero_and_nothing_visible():
     for causal in (False, True):
         lengths = torch.ops.fa_variants.mask_lengths(hidden, causal, 3, 9, 2, 4, "attention_mask")
         assert lengths.tolist() == [0, 0]
+
+
+def test_the_refusal_is_raisable_under_dynamo():
+    """InexpressibleMask raised in a frame Dynamo resumes after a graph break, and caught by its caller: torch 2.11's
+    Dynamo could not raise an exception class with an __init__ of its own ("Attempted to raise a non-Exception
+    type/value", session 53, on the GPU host's torch), so the class has none."""
+    def inner(mask):
+        torch.compiler.disable(lambda t: None)(mask)  # a graph break
+        raise mask_lengths.InexpressibleMask("a test mask")
+
+    def run(mask):
+        try:
+            inner(mask)
+        except mask_lengths.InexpressibleMask as refused:
+            return refused.what
+
+    assert "__init__" not in vars(mask_lengths.InexpressibleMask)
+    torch._dynamo.reset()
+    try:
+        assert torch.compile(run, backend="eager")(torch.ones(2)) == "a test mask"
+    finally:
+        torch._dynamo.reset()

@@ -35,9 +35,9 @@ class InexpressibleMask(ValueError):
     """A mask that ``causal`` + ``seqlens_k`` cannot express; ``what`` is a phrase naming it ("a mask of shape ...",
     "this attention mask (left padding, ...)")."""
 
-    def __init__(self, what: str):
-        super().__init__(what)
-        self.what = what
+    @property
+    def what(self) -> str:  # (no __init__ of its own: torch 2.11's Dynamo cannot raise a class that has one)
+        return self.args[0]
 
 
 #: (id(mask), reader) -> (weakref, version, call key, answer) for the MEMO_SIZE answers given or hit last (several:
@@ -125,8 +125,8 @@ def remember(mask: torch.Tensor, reader: str, version: int | None, key: tuple, a
 
 def _refuse_vmapped(mask: torch.Tensor) -> None:
     """InexpressibleMask for a mask batched by torch.func.vmap, seen while traced (compiled vmap's fallback runs the
-    call with is_compiling() true). Called outside Dynamo, raise included: Dynamo cannot trace functorch's C calls (a
-    silent graph break), and torch 2.11's cannot raise this exception from the frame it resumes after that break."""
+    call with is_compiling() true). Called outside Dynamo: Dynamo cannot trace functorch's C calls (a silent graph
+    break)."""
     if host_values.vmapped(mask):
         raise InexpressibleMask("a mask batched by torch.func.vmap (its values cannot be read)")
 
