@@ -15,7 +15,7 @@ import os
 import torch
 
 from fa_variants import dispatch, registry
-from fa_variants.common import launch, mask_lengths, mask_windows, split
+from fa_variants.common import batch_groups, launch, mask_lengths, mask_windows, split
 from fa_variants.common.checks import one_line
 from fa_variants.dispatch import Selection
 from fa_variants.common.scale import LOG2_E, MAX_SOFTMAX_SCALE, check_softmax_scale  # noqa: F401 (re-exported)
@@ -452,14 +452,10 @@ def run_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, seql
     batch, seqlen_q, heads, head_dim = q.shape
     out = torch.empty(batch, seqlen_q, heads, head_dim, dtype=output_dtype(q.dtype), device=q.device)
     lse = torch.empty(batch, heads, seqlen_q, dtype=torch.float32, device=q.device)
-    lengths = seqlens_k.tolist()
-    for n in sorted(set(lengths)):
-        rows = [b for b, m in enumerate(lengths) if m == n]
-        if len(rows) == batch:  # one length for all: views, no copy
+    for n, index in batch_groups.by_value(seqlens_k.tolist(), q.device, ascending=True):
+        if index is None:  # one length for all: views, no copy
             return _run(selection, q, k[:, :n], v[:, :n], causal, scale)
-        index = torch.tensor(rows, device=q.device)
-        o, l = _run(selection, q.index_select(0, index), k[:, :n].index_select(0, index),
-                    v[:, :n].index_select(0, index), causal, scale)
+        o, l = _run(selection, *(batch_groups.take(t, index) for t in (q, k[:, :n], v[:, :n])), causal, scale)
         out.index_copy_(0, index, o)
         lse.index_copy_(0, index, l)
     return out, lse

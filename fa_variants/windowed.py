@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from fa_variants.common import batch_groups
 from fa_variants.common.mask_windows import Window
 
 __all__ = ["attention"]
@@ -29,22 +30,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, windows: list[W
     from fa_variants import api
 
     batch, seqlen_q, heads, _ = q.shape
-    groups: dict[Window, list[int]] = {}
-    for b, window in enumerate(windows):
-        groups.setdefault(window, []).append(b)
-    order = torch.tensor([b for rows in groups.values() for b in rows], device=q.device)  # one copy for all groups
     out = lse = None  # made at the first group's results: their dtype (under autocast, autocast's)
-    taken = 0
-    for (start, end, offset), rows in groups.items():
-        index = None if len(rows) == batch else order[taken:taken + len(rows)]
-        taken += len(rows)
+    for (start, end, offset), index in batch_groups.by_value(windows, q.device):
         if end <= start:
             continue  # no key: 0, LSE -inf
-
-        def pick(t):
-            return t if index is None else t.index_select(0, index)
-
-        qg, kg, vg = pick(q), pick(k[:, start:end]), pick(v[:, start:end])
+        qg, kg, vg = (batch_groups.take(t, index) for t in (q, k[:, start:end], v[:, start:end]))
         split = 0 if offset is None else min(seqlen_q, max(0, end - offset))
         parts = [api.attention(qg[:, rows_], kg, vg, causal=causal, softmax_scale=softmax_scale, backend=backend,
                                return_lse=True)

@@ -33,6 +33,8 @@ import os
 
 import torch
 
+from fa_variants.common.batch_groups import by_value, take
+
 #: FA_VARIANTS_BACKWARD's choices (the first is the default)
 BACKWARDS = ("cudnn", "sdpa", "flash", "pytorch")
 
@@ -160,29 +162,18 @@ def _backward_by_length(grad_out, q, k, v, out, lse, seqlens_k, causal: bool, so
     backward `kernel_backward` chooses (a fused one where it applies; the reference for causal rows that see no key);
     the forward's O and LSE of those sequences are theirs (the keys past n added nothing to them). dK and dV are 0 past
     each length, dQ is 0 for a sequence of length 0 (its output is 0 whatever Q). The lengths are read on the host
-    (one device sync; the groups' rows are gathered by an index sorted on the device). Written in session 53: before,
+    (one device sync; the groups' rows gathered by ``common.batch_groups``). Written in session 53: before,
     every call with lengths took ``reference.run_backward`` (float32 PyTorch; 21-34x SDPA's step on an H100, session
     43)."""
     lengths = seqlens_k.tolist()
     if all(n == k.shape[1] for n in lengths):  # no key padded: the plain call's backward, no copies
         return kernel_backward(grad_out, None, q, k, v, out, lse, None, causal, softmax_scale, backend, eager)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    # the sequences in order of length, on q's device without a host copy (one per group would wait for the GPU):
-    # a stable sort, as sorted() orders the host's list, so each length's rows are one slice of it
-    order = torch.sort(seqlens_k.to(q.device, non_blocking=True), stable=True).indices
-    start = 0
-    for n in sorted(set(lengths)):
-        count = lengths.count(n)
-        index = None if count == len(lengths) else order[start:start + count]
-        start += count
+    for n, index in by_value(lengths, q.device, ascending=True):
         if n == 0:
             continue
-
-        def pick(t):
-            return t if t is None or index is None else t.index_select(0, index)
-
-        group = kernel_backward(pick(grad_out), None, pick(q), pick(k[:, :n]), pick(v[:, :n]), pick(out), pick(lse),
-                                None, causal, softmax_scale, backend, eager)
+        group = kernel_backward(*(take(t, index) for t in (grad_out, None, q, k[:, :n], v[:, :n], out, lse)), None,
+                                causal, softmax_scale, backend, eager)
         for grad, into in zip(group, (dq, dk[:, :n], dv[:, :n])):
             if index is None:
                 into.copy_(grad)
