@@ -42,7 +42,7 @@ class InexpressibleMask(ValueError):
 
 #: (id(mask), reader) -> (weakref, version, call key, answer) for the MEMO_SIZE answers given or hit last (several:
 #: hybrid models alternate a full and a sliding-window mask; a refused mask's refusal and its key windows,
-#: ``common.mask_windows``), under _MEMO_LOCK: `remembered` / `remember`
+#: ``common.mask_windows``), under _MEMO_LOCK: `read_once`
 _MEMO: dict[tuple[int, str], tuple] = {}
 _MEMO_LOCK = threading.Lock()
 MEMO_SIZE = 8
@@ -89,38 +89,35 @@ def as_lengths(mask: torch.Tensor, seqlen_q: int, seqlen_k: int, batch: int | No
     if traced:
         return _read(mask, seqlen_q, seqlen_k, batch, True, float_min_blocks)
     key = (batch, num_heads, seqlen_q, seqlen_k, float_min_blocks)
-    version, answer = remembered(mask, "lengths", key, memo)
-    if answer is None:
-        try:
-            answer = _read(mask, seqlen_q, seqlen_k, batch, False, float_min_blocks)
-        except InexpressibleMask as refused:
-            answer = refused  # kept too: a padded batch's layers are refused here, then read as key windows
-    remember(mask, "lengths", version, key, answer)
-    if isinstance(answer, InexpressibleMask):
-        raise InexpressibleMask(answer.what)
-    causal, lengths = answer
+    causal, lengths = read_once(mask, "lengths", key, memo,
+                                lambda: _read(mask, seqlen_q, seqlen_k, batch, False, float_min_blocks))
     return causal, None if lengths is None else torch.tensor(lengths, dtype=torch.int32)
 
 
-def remembered(mask: torch.Tensor, reader: str, key: tuple, memo: bool) -> tuple[int | None, object]:
-    """(the mask's version counter, or None where nothing is kept: ``memo`` False or an inference tensor; the answer
-    ``reader`` gave for this tensor, version and call ``key``, or None) from `_MEMO`. The version is read first: a
-    change meanwhile misses."""
+def read_once(mask: torch.Tensor, reader: str, key: tuple, memo: bool, read):
+    """``read()``'s answer for ``mask`` (``reader``: which answer, ``key``: the call's sizes), or its InexpressibleMask
+    raised; with ``memo`` (not for inference tensors: no version counter) the answer or refusal kept in `_MEMO` and
+    given again while the tensor's version counter stands (a refused mask's layers then go to its key windows, read
+    once too), entered last: the least recently used goes first. The version is read first: a change meanwhile
+    misses."""
     version = None if not memo or mask.is_inference() else mask._version
     kept = _MEMO.get((id(mask), reader))
-    hit = version is not None and kept is not None and kept[0]() is mask and kept[1:3] == (version, key)
-    return version, kept[3] if hit else None
-
-
-def remember(mask: torch.Tensor, reader: str, version: int | None, key: tuple, answer) -> None:
-    """Keep ``answer`` (`remembered`'s version not None), entered last: the least recently used goes first."""
-    if version is None:
-        return
-    with _MEMO_LOCK:
-        _MEMO.pop((id(mask), reader), None)
-        _MEMO[(id(mask), reader)] = (weakref.ref(mask), version, key, answer)
-        while len(_MEMO) > MEMO_SIZE:
-            del _MEMO[next(iter(_MEMO))]
+    if version is not None and kept is not None and kept[0]() is mask and kept[1:3] == (version, key):
+        answer = kept[3]
+    else:
+        try:
+            answer = read()
+        except InexpressibleMask as refused:
+            answer = refused
+    if version is not None:
+        with _MEMO_LOCK:
+            _MEMO.pop((id(mask), reader), None)
+            _MEMO[(id(mask), reader)] = (weakref.ref(mask), version, key, answer)
+            while len(_MEMO) > MEMO_SIZE:
+                del _MEMO[next(iter(_MEMO))]
+    if isinstance(answer, InexpressibleMask):
+        raise InexpressibleMask(answer.what)
+    return answer
 
 
 def _refuse_vmapped(mask: torch.Tensor) -> None:

@@ -40,23 +40,15 @@ def as_windows(mask: torch.Tensor, seqlen_q: int, seqlen_k: int, batch: int, num
     other than a mask's, a mask whose values cannot be read here) and ``as_lengths``' TypeError / ValueError for its
     shape. One device sync (the rows' counts read back together); eager only: not while torch.compile traces.
     ``memo``: the answer (or refusal) kept for this tensor while its version counter stands, as ``as_lengths``'
-    (``mask_lengths.remembered``: the layers of a model read the mask they share once per step).
+    (``mask_lengths.read_once``: the layers of a model read the mask they share once per step).
     """
     mask_lengths.check_shape(mask, seqlen_q, seqlen_k, batch, num_heads, name=name)
     mask_lengths._check_readable(mask)
     if seqlen_q == 0 or seqlen_k == 0 or 0 in mask.shape[:2]:
         return [Window(0, 0, None)] * batch  # no row or no key: nothing to see
     key = (batch, num_heads, seqlen_q, seqlen_k, float_min_blocks)
-    version, answer = mask_lengths.remembered(mask, "windows", key, memo)
-    if answer is None:
-        try:
-            answer = _read(mask, seqlen_q, seqlen_k, batch, float_min_blocks)
-        except mask_lengths.InexpressibleMask as refused:
-            answer = refused
-    mask_lengths.remember(mask, "windows", version, key, answer)
-    if isinstance(answer, mask_lengths.InexpressibleMask):
-        raise mask_lengths.InexpressibleMask(answer.what)
-    return list(answer)
+    return list(mask_lengths.read_once(mask, "windows", key, memo,
+                                       lambda: _read(mask, seqlen_q, seqlen_k, batch, float_min_blocks)))
 
 
 def _read(mask: torch.Tensor, seqlen_q: int, seqlen_k: int, batch: int, float_min_blocks: bool) -> list[Window]:
