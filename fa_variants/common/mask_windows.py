@@ -101,5 +101,6 @@ def _row_stats(mask: torch.Tensor, seqlen_k: int, float_min_blocks: bool) -> tup
         last = torch.where(visible, keys, -1).amax(-1)
         parts.append(torch.stack([visible.sum(-1), first, last], -1))
         valid += [] if ok is None else [ok]
-    return torch.cat(parts, 2), torch.stack(valid).all() if valid else torch.ones((), dtype=torch.bool, device=mask.device)
+    all_valid = torch.stack(valid).all() if valid else torch.ones((), dtype=torch.bool, device=mask.device)
+    return torch.cat(parts, 2), all_valid
 
