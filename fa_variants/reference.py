@@ -78,41 +78,66 @@ def causal_visible(seqlen_q: int, seqlen_k: int, *, row_start: int = 0, rows: in
 
 
 def check_seqlens_k(seqlens_k, batch: int, seqlen_k: int, device: torch.device, *, values: bool = True,
-                    host_ok: bool = False) -> None:
+                    host_ok: bool = False, name: str = "seqlens_k") -> None:
     """Validate per-sequence KV lengths: an int32 tensor of shape (batch,) on q's device with every value in
     [0, seqlen_k]. Raises TypeError / ValueError (one line naming ``seqlens_k``; TypeError also for a sparse or nested
     tensor; NotImplementedError for one batched by torch.func.vmap, whose values cannot be read). ``values=False``
     skips the value check, which reads the tensor back to the host (a device sync; impossible during CUDA-graph
     capture).
-    ``host_ok``: a CPU tensor is accepted too (``fa_variants.attention`` copies it to q's device)."""
+    ``host_ok``: a CPU tensor is accepted too (``fa_variants.attention`` copies it to q's device). ``name``: the
+    argument the errors name (``leftpad_k``, the first keys, is checked the same way)."""
     if not isinstance(seqlens_k, torch.Tensor):
-        raise TypeError(f"seqlens_k must be a torch.Tensor of int32, got {type(seqlens_k).__name__}")
+        raise TypeError(f"{name} must be a torch.Tensor of int32, got {type(seqlens_k).__name__}")
     if seqlens_k.layout != torch.strided or seqlens_k.is_nested:  # (else a deep error from aminmax or .shape)
-        raise TypeError(f"seqlens_k must be a dense (strided) tensor, got layout {seqlens_k.layout}"
+        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {seqlens_k.layout}"
                         + (" (nested)" if seqlens_k.is_nested else ""))
     if seqlens_k.dtype != torch.int32:
-        raise TypeError(f"seqlens_k must have dtype torch.int32, got {seqlens_k.dtype}")
+        raise TypeError(f"{name} must have dtype torch.int32, got {seqlens_k.dtype}")
     if tuple(seqlens_k.shape) != (batch,):
-        raise ValueError(f"seqlens_k must have shape (batch,) = ({batch},), got {tuple(seqlens_k.shape)}")
+        raise ValueError(f"{name} must have shape (batch,) = ({batch},), got {tuple(seqlens_k.shape)}")
     if seqlens_k.device != device and not (host_ok and seqlens_k.device.type == "cpu"):
-        raise ValueError(f"seqlens_k is on {seqlens_k.device} but q is on {device}")
+        raise ValueError(f"{name} is on {seqlens_k.device} but q is on {device}")
     if values and host_values.vmapped(seqlens_k):
-        raise NotImplementedError("seqlens_k batched by torch.func.vmap: its values are read on the host to check "
+        raise NotImplementedError(f"{name} batched by torch.func.vmap: its values are read on the host to check "
                                   "them, which vmap cannot do; fold the vmapped dimension into the batch, or give "
-                                  "seqlens_k unbatched (in_dims None)")
+                                  f"{name} unbatched (in_dims None)")
     if values and batch and seqlens_k.device.type != "meta":  # a meta tensor has no values to check
         lo, hi = torch.aminmax(seqlens_k)
         lo, hi = int(lo), int(hi)
         if lo < 0 or hi > seqlen_k:
             bad = lo if lo < 0 else hi
-            raise ValueError(f"seqlens_k holds {bad}, outside [0, seqlen_k = {seqlen_k}]")
+            raise ValueError(f"{name} holds {bad}, outside [0, seqlen_k = {seqlen_k}]")
+
+
+def check_leftpad_k(leftpad_k, seqlens_k, batch: int, seqlen_k: int, device: torch.device, *,
+                    values: bool = True, host_ok: bool = False) -> None:
+    """Validate each sequence's first key (``leftpad_k``, a KV cache padded on the left; flash-attn's name): as
+    ``check_seqlens_k`` (int32 (batch,), values in [0, seqlen_k]), and with ``values`` each at most its sequence's
+    end, seqlens_k[b] (seqlen_k when ``seqlens_k`` is None): one line naming leftpad_k."""
+    check_seqlens_k(leftpad_k, batch, seqlen_k, device, values=values, host_ok=host_ok, name="leftpad_k")
+    if values and batch and seqlens_k is not None and leftpad_k.device.type != "meta":
+        past = (leftpad_k.to(seqlens_k.device) > seqlens_k).nonzero()
+        if past.numel():
+            b = int(past[0, 0])
+            raise ValueError(f"leftpad_k[{b}] = {int(leftpad_k[b])} is past seqlens_k[{b}] = {int(seqlens_k[b])} "
+                             "(each sequence attends to keys [leftpad_k[b], seqlens_k[b]))")
+
+
+def key_windows(seqlens_k: torch.Tensor | None, leftpad_k: torch.Tensor | None, batch: int,
+                seqlen_k: int) -> list[tuple[int, int]]:
+    """Each sequence's keys [start, end) on the host (one read of each tensor given): end seqlens_k[b] (seqlen_k
+    without), start leftpad_k[b] (0 without)."""
+    ends = seqlens_k.tolist() if seqlens_k is not None else [seqlen_k] * batch
+    starts = leftpad_k.tolist() if leftpad_k is not None else [0] * batch
+    return list(zip(starts, ends))
 
 
 def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                         softmax_scale: float | None = None,
                         dtype: torch.dtype = torch.float64,
                         seqlens_k: torch.Tensor | None = None,
-                        lse_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                        lse_dtype: torch.dtype | None = None,
+                        leftpad_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention forward, softmax(scale * Q K^T) V, with its log-sum-exp, in plain PyTorch.
 
     Args:
@@ -126,6 +151,10 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
             bottom-right against that length: query i sees key j iff j <= i + seqlens_k[b] - seqlen_q);
             keys past it are never read (their values may be anything, NaN included). Checked by
             ``check_seqlens_k`` (0 <= seqlens_k[b] <= seqlen_k).
+        leftpad_k: optional int32 (batch,) first keys (a KV cache padded on the left; flash-attn's ``leftpad_k``):
+            sequence b attends to keys [leftpad_k[b], seqlens_k[b]) (seqlen_k for the end without seqlens_k), as if
+            k, v were k[b, leftpad_k[b]:seqlens_k[b]], causal bottom-right against their count; the keys before
+            are never read. Checked by ``check_leftpad_k`` (0 <= leftpad_k[b] <= the end).
         dtype: the precision of the maths.
             ``torch.float64`` / ``torch.float32``: everything in that dtype (the exact reference).
             ``torch.float16`` / ``torch.bfloat16``: the same maths as PyTorch does it in that dtype:
@@ -156,14 +185,17 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
     if device_type in ("cpu", "cuda") and torch.is_autocast_enabled(device_type):  # its dtype, not autocast's
         with torch.autocast(device_type, enabled=False):
             return attention_reference(q, k, v, causal=causal, softmax_scale=softmax_scale, dtype=dtype,
-                                       seqlens_k=seqlens_k, lse_dtype=lse_dtype)
+                                       seqlens_k=seqlens_k, lse_dtype=lse_dtype, leftpad_k=leftpad_k)
     batch, seqlen_q, num_heads, head_dim = q.shape
     seqlen_k, num_heads_kv, head_dim_v = k.shape[1], k.shape[2], v.shape[3]
     if seqlens_k is not None:
         check_seqlens_k(seqlens_k, batch, seqlen_k, q.device)
-    if seqlens_k is not None and batch > 0 and seqlens_k.device.type != "meta":  # meta: shapes only, below
-        return _per_sequence(q, k, v, seqlens_k.tolist(), causal=causal, softmax_scale=softmax_scale, dtype=dtype,
-                             lse_dtype=lse_dtype)
+    if leftpad_k is not None:
+        check_leftpad_k(leftpad_k, seqlens_k, batch, seqlen_k, q.device)
+    windows = [t for t in (seqlens_k, leftpad_k) if t is not None]
+    if windows and batch > 0 and all(t.device.type != "meta" for t in windows):  # meta: shapes only, below
+        return _per_sequence(q, k, v, key_windows(seqlens_k, leftpad_k, batch, seqlen_k), causal=causal,
+                             softmax_scale=softmax_scale, dtype=dtype, lse_dtype=lse_dtype)
     scale = default_softmax_scale(head_dim) if softmax_scale is None else float(softmax_scale)
     low = dtype not in _FULL_PRECISION
     if lse_dtype not in (None, torch.float32, torch.float64):
@@ -252,16 +284,16 @@ def _check_reference_inputs(q, k, v, dtype, softmax_scale, causal) -> None:
         raise ValueError(f"q has head_dim {q.shape[3]} but k has {k.shape[3]}; they must match (v's may differ)")
 
 
-def _per_sequence(q, k, v, lengths: list[int], **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-    """attention_reference per group of sequences sharing one KV length, on k[:, :length], v[:, :length]."""
-    groups: dict[int, list[int]] = {}
-    for b, n in enumerate(lengths):
-        groups.setdefault(n, []).append(b)
-    outs, lses = [None] * len(lengths), [None] * len(lengths)
-    for n, rows in groups.items():
+def _per_sequence(q, k, v, windows: list[tuple[int, int]], **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """attention_reference per group of sequences sharing one key window [start, end), on k[:, start:end]."""
+    groups: dict[tuple[int, int], list[int]] = {}
+    for b, window in enumerate(windows):
+        groups.setdefault(window, []).append(b)
+    outs, lses = [None] * len(windows), [None] * len(windows)
+    for (start, end), rows in groups.items():
         index = torch.tensor(rows, device=q.device)
-        o, l = attention_reference(q.index_select(0, index), k.index_select(0, index)[:, :n],
-                                   v.index_select(0, index)[:, :n], **kwargs)
+        o, l = attention_reference(q.index_select(0, index), k.index_select(0, index)[:, start:end],
+                                   v.index_select(0, index)[:, start:end], **kwargs)
         for i, b in enumerate(rows):
             outs[b], lses[b] = o[i], l[i]
     return torch.stack(outs), torch.stack(lses)
@@ -389,7 +421,7 @@ def _softmax_raw(s: torch.Tensor, scale: float, visible: torch.Tensor | None,
 
 def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
         softmax_scale: float, seqlens_k: torch.Tensor | None = None,
-        partial: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        partial: bool = False, leftpad_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``reference`` backend (kernel module contract): float32 maths (float64 for float64 inputs).
 
     Returns (out, lse): out (batch, seqlen_q, num_heads, head_dim) in q.dtype, lse float32 (batch, num_heads,
@@ -400,7 +432,8 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
     """
     dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     out, lse = attention_reference(q, k, v, causal=causal, softmax_scale=softmax_scale, dtype=dtype,
-                                   seqlens_k=seqlens_k, lse_dtype=torch.float64 if partial else None)
+                                   seqlens_k=seqlens_k, lse_dtype=torch.float64 if partial else None,
+                                   leftpad_k=leftpad_k)
     if partial:
         return out, lse
     return out.to(q.dtype), lse.float()
@@ -415,7 +448,8 @@ BACKWARD_CHUNK_ELEMENTS = 1 << 26
 def run_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                  v: torch.Tensor, *, causal: bool, softmax_scale: float,
                  seqlens_k: torch.Tensor | None = None,
-                 chunk_elements: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 chunk_elements: int | None = None,
+                 leftpad_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients (dq, dk, dv) of ``run``'s (out, lse) for upstream gradients (grad_out, grad_lse), written out
     (no autograd: the custom op's backward calls it where autograd is off), in ``run``'s precision.
 
@@ -426,7 +460,8 @@ def run_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor, q: torch.Tensor
     backward sums it: where P is one-hot (a large scale) it cancels dP exactly, where dO . O would leave a
     rounding error that scale multiplies. A key a row cannot see gets dP = 0 and dS = 0, so an inf / NaN in V or K
     there gives no NaN (it contributes exactly 0 to the output too). ``seqlens_k`` (``run``'s): each sequence's gradients
-    from its own first seqlens_k[b] keys; dK, dV are 0 past them. Shapes as ``run``'s inputs; q.dtype out.
+    from its own first seqlens_k[b] keys; dK, dV are 0 past them (``leftpad_k``: from keys [leftpad_k[b], seqlens_k[b]),
+    dK, dV 0 outside). Shapes as ``run``'s inputs; q.dtype out.
 
     Memory: the query rows go in chunks (FlashAttention-2's backward, Algorithm 2, with the roles of its loops
     swapped: here the outer loop runs over query rows and each chunk sees all its keys, so its softmax is exact
@@ -435,12 +470,13 @@ def run_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor, q: torch.Tensor
     Causal chunks stop at the last key their last row sees. The rows do not interact, so the result is the unchunked
     one up to the order of dK's and dV's sums.
     """
-    if seqlens_k is not None and q.shape[0] > 0:
+    if (seqlens_k is not None or leftpad_k is not None) and q.shape[0] > 0:
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        for b, n in enumerate(seqlens_k.tolist()):
-            g = run_backward(grad_out[b:b + 1], grad_lse[b:b + 1], q[b:b + 1], k[b:b + 1, :n], v[b:b + 1, :n],
+        for b, (start, end) in enumerate(key_windows(seqlens_k, leftpad_k, q.shape[0], k.shape[1])):
+            keys = slice(start, max(start, end))
+            g = run_backward(grad_out[b:b + 1], grad_lse[b:b + 1], q[b:b + 1], k[b:b + 1, keys], v[b:b + 1, keys],
                              causal=causal, softmax_scale=softmax_scale, chunk_elements=chunk_elements)
-            dq[b], dk[b, :n], dv[b, :n] = g[0][0], g[1][0], g[2][0]
+            dq[b], dk[b, keys], dv[b, keys] = g[0][0], g[1][0], g[2][0]
         return dq, dk, dv
     dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     batch, seqlen_q, num_heads, head_dim = q.shape
@@ -498,7 +534,8 @@ class References:
 
 
 def references(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-               softmax_scale: float | None = None, seqlens_k: torch.Tensor | None = None) -> References:
+               softmax_scale: float | None = None, seqlens_k: torch.Tensor | None = None,
+               leftpad_k: torch.Tensor | None = None) -> References:
     """Both references for one input, computed on q's device (compute once, check many backends).
 
     Raises:
@@ -508,9 +545,9 @@ def references(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: boo
         raise ValueError(f"no same-dtype PyTorch reference for {q.dtype}; FP8 uses its own emulation "
                          "reference with a stated bound")
     out, lse = attention_reference(q, k, v, causal=causal, softmax_scale=softmax_scale, dtype=torch.float64,
-                                   seqlens_k=seqlens_k)
+                                   seqlens_k=seqlens_k, leftpad_k=leftpad_k)
     out_t, lse_t = attention_reference(q, k, v, causal=causal, softmax_scale=softmax_scale, dtype=q.dtype,
-                                       seqlens_k=seqlens_k)
+                                       seqlens_k=seqlens_k, leftpad_k=leftpad_k)
     return References(out, lse, out_t, lse_t)
 
 
@@ -564,7 +601,8 @@ def _rule(err_kernel: float, err_torch: float) -> Check:
 
 def check_against_reference(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             causal: bool = False, softmax_scale: float | None = None, *,
-                            refs: References | None = None, seqlens_k: torch.Tensor | None = None) -> Check:
+                            refs: References | None = None, seqlens_k: torch.Tensor | None = None,
+                            leftpad_k: torch.Tensor | None = None) -> Check:
     """The testing rule for a kernel's output: err(out) <= 2 * err(torch same dtype) + 1e-5.
 
     err(x) = max |x - exact float64 reference|. NaN in ``out`` always fails, and so does a non-finite
@@ -573,7 +611,7 @@ def check_against_reference(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     Args:
         out: (batch, seqlen_q, num_heads, head_dim), the kernel's output for (q, k, v).
         refs: precomputed ``references(q, k, v, ...)`` (saves recomputing for several backends).
-        seqlens_k: the per-sequence KV lengths ``out`` was computed with (``attention_reference``), when
+        seqlens_k, leftpad_k: the per-sequence key windows ``out`` was computed with (``attention_reference``), when
             ``refs`` is not given.
 
     Returns:
@@ -583,26 +621,28 @@ def check_against_reference(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
         TypeError: out not a tensor, refs not a ``References``; what ``attention_reference`` raises for the
             inputs. ValueError: out's shape not the reference's.
     """
-    refs = _refs(out, "out", q, k, v, causal, softmax_scale, refs, seqlens_k)
+    refs = _refs(out, "out", q, k, v, causal, softmax_scale, refs, seqlens_k, leftpad_k)
     return _rule(max_abs_error(out, refs.out), max_abs_error(refs.out_torch, refs.out))
 
 
-def _refs(x, name: str, q, k, v, causal, softmax_scale, refs, seqlens_k) -> "References":
+def _refs(x, name: str, q, k, v, causal, softmax_scale, refs, seqlens_k, leftpad_k=None) -> "References":
     """``refs``, or the references of these inputs; x (the checked output, ``name``) a tensor, refs a References."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if refs is not None and not isinstance(refs, References):
         raise TypeError(f"refs must be a References (fa_variants.reference.references(...)), got {type(refs).__name__}")
-    return refs or references(q, k, v, causal=causal, softmax_scale=softmax_scale, seqlens_k=seqlens_k)
+    return refs or references(q, k, v, causal=causal, softmax_scale=softmax_scale, seqlens_k=seqlens_k,
+                              leftpad_k=leftpad_k)
 
 
 def check_lse(lse: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
               causal: bool = False, softmax_scale: float | None = None, *,
-              refs: References | None = None, seqlens_k: torch.Tensor | None = None) -> Check:
+              refs: References | None = None, seqlens_k: torch.Tensor | None = None,
+              leftpad_k: torch.Tensor | None = None) -> Check:
     """The same rule for the LSE (batch, num_heads, seqlen_q): err(lse) <= 2 * err(torch lse) + 1e-5.
 
     Rows that see no key must hold exactly -inf (a finite value there is an infinite error). ``refs`` and
-    ``seqlens_k`` as for ``check_against_reference``, and the same errors (naming lse).
+    ``seqlens_k`` and ``leftpad_k`` as for ``check_against_reference``, and the same errors (naming lse).
     """
-    refs = _refs(lse, "lse", q, k, v, causal, softmax_scale, refs, seqlens_k)
+    refs = _refs(lse, "lse", q, k, v, causal, softmax_scale, refs, seqlens_k, leftpad_k)
     return _rule(max_abs_error(lse, refs.lse), max_abs_error(refs.lse_torch, refs.lse))

@@ -56,8 +56,9 @@ def test_narrow_unsplit_kernel_compiles_without_spills():
 
 @pytest.mark.parametrize("split", [False, True], ids=["unsplit", "split"])
 def test_seqlens_k_kernel_compiles_without_spills(split):
-    """Sm80Config.seqlens_k (per-sequence KV lengths read by the kernel, ``ampere.fa2.lengths_config``): the unsplit
-    and split kernels build for sm_80 with no spills and the same tensor-core work; fa1 refuses the switch."""
+    """Sm80Config.seqlens_k (per-sequence KV lengths read by the kernel, ``ampere.fa2.lengths_config``) and leftpad_k
+    with it (each sequence's first key too): the unsplit and split kernels build for sm_80 with no spills and the
+    same tensor-core work; leftpad_k needs seqlens_k; fa1 refuses the switch."""
     import dataclasses
 
     from fa_variants import registry
@@ -65,8 +66,16 @@ def test_seqlens_k_kernel_compiles_without_spills(split):
     from fa_variants.common import cubin
 
     base = fa2.split_config("sm_80", 128, 0, False) if split else fa2.default_config("sm_80", 128, True)
+    configs = (base, dataclasses.replace(base, seqlens_k=True), dataclasses.replace(base, seqlens_k=True, leftpad_k=True))
     counts = [cubin.count_sass(cubin.sass_of(registry.compiled(registry.static_config(
-        "fa2", "sm_80", "bf16", 128, True, config)).cubin)) for config in (base, dataclasses.replace(base, seqlens_k=True))]
-    assert counts[1]["LDL"] == counts[1]["STL"] == 0 and counts[1]["HMMA"] == counts[0]["HMMA"] > 0, counts
+        "fa2", "sm_80", "bf16", 128, True, config)).cubin)) for config in configs]
+    for got in counts[1:]:  # the lengths, then the lengths with each sequence's first key (Sm80Config.leftpad_k)
+        assert got["HMMA"] == counts[0]["HMMA"] > 0, counts
+    assert counts[1]["LDL"] == counts[1]["STL"] == 0, counts
+    # leftpad_k unsplit: one register kept across the K/V loop goes to local memory (one store before the loop, one
+    # load after it, session 54's build: a few bytes per CTA, none in the loop); more would be a regression
+    assert counts[2]["LDL"] == counts[2]["STL"] <= (0 if split else 1), counts
+    with pytest.raises(ValueError, match="leftpad_k"):
+        dataclasses.replace(base, leftpad_k=True).check("sm_80", 128)
     with pytest.raises(ValueError, match="seqlens_k"):
         fa1.VARIANT.check_config(dataclasses.replace(fa1.default_config("sm_80", 128, True), seqlens_k=True), "sm_80", 128)

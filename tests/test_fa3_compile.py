@@ -180,6 +180,23 @@ def test_seqlens_k_kernels_compile_without_spills(kind):
     assert counts["BAR.SYNC"] > plain["BAR.SYNC"], (counts, plain)
 
 
+@pytest.mark.parametrize("kind", ["plain", "split", "fused"])
+def test_leftpad_k_kernels_compile_without_spills(kind):
+    """Sm90Config.leftpad_k (each sequence's first key read by the kernel, K and V viewed from it): the prefill, packed
+    split and fused-merge kernels build with no spills and the lengths kernel's tensor-core work and barriers (the
+    window moves the TMA boxes' coordinates only); the switch needs seqlens_k."""
+    base = {"plain": fa3.default_config("sm_90a", 128, True), "split": fa3._PACKED_SPLIT_CONFIGS[128],
+            "fused": dataclasses.replace(fa3._PACKED_SPLIT_CONFIGS[128], fused_merge=True, first_row_only=False)}[kind]
+    lengths = dataclasses.replace(base, seqlens_k=True)
+    ops = cubin.SASS_OPCODES + ("BAR.SYNC",)
+    counts, plain = (cubin.count_sass(cubin.sass_of(_compiled(128, True, config).cubin), ops)
+                     for config in (dataclasses.replace(lengths, leftpad_k=True), lengths))
+    assert counts["LDL"] == counts["STL"] == 0 and counts["HGMMA"] == plain["HGMMA"] > 0, counts
+    assert counts["BAR.SYNC"] == plain["BAR.SYNC"], (counts, plain)
+    with pytest.raises(ValueError, match="leftpad_k"):
+        dataclasses.replace(base, leftpad_k=True).check(128)
+
+
 def test_seqlens_k_config_limits():
     """The lengths are read per CTA from its batch: not on the persistent grid (its balanced table is made for the
     padded length), nor on fa3-fp8 (its descale tables are per padded K/V block)."""

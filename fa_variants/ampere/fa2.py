@@ -153,17 +153,21 @@ def _check_config(config: Sm80Config, arch: str, head_dim: int) -> Sm80Config:
 
 
 def _build(cfg: StaticConfig):
-    from fa_variants.ampere.fa2_kernel import FlashAttention2Sm80, FlashAttention2Sm80Lengths  # the DSL: to compile
+    from fa_variants.ampere import fa2_kernel as kernels  # the DSL: to compile
 
-    kind = FlashAttention2Sm80Lengths if cfg.config.seqlens_k else FlashAttention2Sm80
+    kind = kernels.FlashAttention2Sm80
+    if cfg.config.seqlens_k:
+        kind = kernels.FlashAttention2Sm80LeftpadK if cfg.config.leftpad_k else kernels.FlashAttention2Sm80Lengths
     kernel = kind(interop.cute_dtype(cfg.dtype), cfg.head_dim, cfg.causal, cfg.config)
     args = interop.fake_attention_args(cfg.dtype, cfg.head_dim, cfg.align)
     if kernel.split:  # fp32 partials of (num_splits * batch) batches (see _plan_call)
         args = args[:3] + split_combine.fake_partials(args[0], cfg.head_dim) + args[5:]
-    if cfg.config.seqlens_k:  # the per-sequence KV lengths, before the stream
+    if cfg.config.seqlens_k:  # the per-sequence KV lengths (and first keys: leftpad_k), before the stream
         import cutlass.cute as cute
 
-        args = args[:-1] + (interop.fake_tensor("int32", (cute.sym_int(),), 4), args[-1])
+        windows = tuple(interop.fake_tensor("int32", (cute.sym_int(),), 4)
+                        for _ in range(1 + cfg.config.leftpad_k))
+        args = args[:-1] + windows + (args[-1],)
     return kernel, args
 
 
@@ -321,6 +325,11 @@ def lengths_config(q: torch.Tensor, k: torch.Tensor, causal: bool, config: Sm80C
     return with_lengths(base)
 
 
+def leftpad_config(q: torch.Tensor, k: torch.Tensor, causal: bool, config: Sm80Config | None = None) -> Sm80Config:
+    """`lengths_config` reading each sequence's first key too (``Sm80Config.leftpad_k``)."""
+    return dataclasses.replace(lengths_config(q, k, causal, config), leftpad_k=True)
+
+
 def with_lengths(config: Sm80Config) -> Sm80Config:
     """``config`` reading the per-sequence KV lengths in its kernel (``Sm80Config.seqlens_k``): what
     ``lengths_config`` runs and `fa-variants warmup --seqlens-k` compiles."""
@@ -402,7 +411,8 @@ VARIANT = Variant(
 
 
 def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, softmax_scale: float,
-        config: Sm80Config | None = None, seqlens_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        config: Sm80Config | None = None, seqlens_k: torch.Tensor | None = None,
+        leftpad_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """FA2 forward on CUDA tensors (`common.launch.launch`).
 
     Args: q (B, Nq, H, D), k and v (B, Nk, Hkv, D), fp16 or bf16, H % Hkv == 0, D in HEAD_DIMS,
@@ -411,9 +421,12 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, soft
     (``Sm80Config.num_splits``; None: the default tiles, split-KV when ``_problem_config`` chooses it).
     Returns (out (B, Nq, H, D) like q, lse float32 (B, H, Nq), natural log).
     `seqlens_k`: optional int32 (batch,) per-sequence KV lengths on q's device, read by the kernel
-    (``lengths_config``; values clamped to [0, seqlen_k]: ``fa_variants.attention`` checks them).
+    (``lengths_config``; values clamped to [0, seqlen_k]: ``fa_variants.attention`` checks them). `leftpad_k`:
+    optional int32 (batch,) first keys with seqlens_k: keys [leftpad_k[b], seqlens_k[b]) (``leftpad_config``).
     Raises ValueError for a shape it cannot serve (head_dim, dtype, H or B above 65535).
     """
     if seqlens_k is not None:
-        config = lengths_config(q, k, causal, scale_config(config, q, k, causal, kernel_scale(softmax_scale)[1]))
-    return VARIANT.run(q, k, v, causal=causal, softmax_scale=softmax_scale, config=config, seqlens_k=seqlens_k)
+        window = leftpad_config if leftpad_k is not None else lengths_config
+        config = window(q, k, causal, scale_config(config, q, k, causal, kernel_scale(softmax_scale)[1]))
+    return VARIANT.run(q, k, v, causal=causal, softmax_scale=softmax_scale, config=config, seqlens_k=seqlens_k,
+                       leftpad_k=leftpad_k)

@@ -16,7 +16,7 @@ from cutlass import Float32, Int32, const_expr
 from fa_variants.common import sm80
 from fa_variants.common.config import Sm80Config
 from fa_variants.common.layout import acc_as_operand_a, rows_cols, transpose_view
-from fa_variants.common.mask import AttentionMask, BlockInfo, kv_length
+from fa_variants.common.mask import AttentionMask, BlockInfo, kv_length, kv_start
 from fa_variants.common.scale import LOG2_E
 from fa_variants.common.softmax import OnlineSoftmax
 
@@ -46,6 +46,7 @@ class FlashAttention2Sm80:
         self.num_threads = 32 * tiles.warps
         assert self.stages in (1, 2), "the K/V pipeline below is written for one or two stages"
         self.split = tiles.num_splits != 1
+        self.leftpad_k = tiles.leftpad_k  # K/V read from each sequence's leftpad_k on
         self.smem_bytes = 0  # set when traced
 
     # ------------------------------------------------------------------------------------------
@@ -89,10 +90,14 @@ class FlashAttention2Sm80:
         m_block, head, batch, split_idx, num_splits = self.tile_coords(mQ, mO)
         seqlen_q, seqlen_k = mQ.shape[1], mK.shape[1]
         seqlen_k = kv_length(lengths, batch, seqlen_k)  # Sm80Config.seqlens_k: this sequence's keys
+        first_key = kv_start(lengths, batch, seqlen_k)  # Sm80Config.leftpad_k: the window's first key (else 0)
+        seqlen_k = seqlen_k - first_key
         head_kv = head // (mQ.shape[2] // mK.shape[2])  # GQA / MQA
 
-        # This CTA's Q tile (Br x D) and the K/V tiles (Bc x D x n) of its KV head.
+        # This CTA's Q tile (Br x D) and the K/V tiles (Bc x D x n) of its KV head (leftpad_k: from first_key on).
         mK_bh, mV_bh = mK[batch, None, head_kv, None], mV[batch, None, head_kv, None]
+        if const_expr(self.leftpad_k):
+            mK_bh, mV_bh = [cute.domain_offset((first_key, 0), t) for t in (mK_bh, mV_bh)]
         kv_lo = kv_hi = 0  # split-KV: this CTA's K/V tiles [kv_lo, kv_hi); unused unsplit
         if const_expr(self.split):  # split s: tiles [s n // S, (s + 1) n // S) of the n its Q tile needs
             n_total = self.blocks.kv_tile_end(m_block, seqlen_q, seqlen_k)
@@ -349,3 +354,13 @@ class FlashAttention2Sm80Lengths(FlashAttention2Sm80):
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
                  softmax_scale: Float32, mSeqlensK: cute.Tensor, stream: cuda.CUstream):
         self.launch(mQ, mK, mV, mO, mLSE, softmax_scale, stream, (mSeqlensK,))
+
+
+class FlashAttention2Sm80LeftpadK(FlashAttention2Sm80):
+    """``FlashAttention2Sm80`` with ``Sm80Config.leftpad_k``: ``__call__`` takes, after softmax_scale, ``mSeqlensK``
+    and ``mLeftpadK`` (int32, (batch,) each): sequence b attends to keys [leftpad_k[b], seqlens_k[b])."""
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+                 softmax_scale: Float32, mSeqlensK: cute.Tensor, mLeftpadK: cute.Tensor, stream: cuda.CUstream):
+        self.launch(mQ, mK, mV, mO, mLSE, softmax_scale, stream, (mSeqlensK, mLeftpadK))

@@ -46,7 +46,10 @@ class Sm80Config:
 
     seqlens_k (FA2 only): per-sequence KV lengths read by the kernel, as ``Sm90Config.seqlens_k`` (an int32 (batch,)
     tensor after the other arguments; each CTA's K/V tiles, masks and split range from clamp(seqlens_k[b], 0,
-    seqlen_k)); the tail tile's rows past the length are not read (cp.async zero-fills them)."""
+    seqlen_k)); the tail tile's rows past the length are not read (cp.async zero-fills them).
+
+    leftpad_k (FA2 only): with seqlens_k, keys [leftpad_k[b], seqlens_k[b]) of each sequence, as
+    ``Sm90Config.leftpad_k`` (a second int32 (batch,) tensor after seqlens_k; K and V read from key leftpad_k[b] on)."""
 
     tile_m: int
     tile_n: int
@@ -56,6 +59,7 @@ class Sm80Config:
     num_splits: int = 1
     pack_gqa: bool = False
     seqlens_k: bool = False
+    leftpad_k: bool = False
 
     def smem_bytes(self, head_dim: int, elem_bytes: int = 2) -> int:
         """q_stages Q tiles + stages x (K tile + V tile), bytes."""
@@ -78,6 +82,8 @@ class Sm80Config:
             raise ValueError(f"pack_gqa={one_line(self.pack_gqa)} must be a bool")
         if not isinstance(self.seqlens_k, bool):
             raise ValueError(f"seqlens_k={one_line(self.seqlens_k)} must be a bool")
+        if not isinstance(self.leftpad_k, bool) or (self.leftpad_k and not self.seqlens_k):
+            raise ValueError(f"leftpad_k={one_line(self.leftpad_k)} must be a bool, True only with seqlens_k=True")
         return self
 
 
@@ -203,6 +209,11 @@ class Sm90Config:
         it are loaded and masked). One launch for a batch of any lengths (a split call's merge kernel besides), no
         host read-back (CUDA-graph capturable).
         Not with persistent (its balanced table is made from the padded length).
+    leftpad_k: with seqlens_k, a KV cache padded on the left too (flash-attn's ``leftpad_k``): the kernel takes a
+        second int32 (batch,) tensor after seqlens_k, and sequence b attends to keys [leftpad_k[b], seqlens_k[b])
+        (each clamped to [0, seqlen_k], the first to the second), causal bottom-right against their count: K and V
+        are read from key leftpad_k[b] on (``common.mask.kv_start``), in the same tiles, masks and split ranges as a
+        sequence of that many keys. One launch for a left-padded batch (prompt batches, generation with a KV cache).
     """
 
     tile_m: int = 128
@@ -233,6 +244,7 @@ class Sm90Config:
     alpha_first: bool = False
     hoisted_descriptors: bool = False
     seqlens_k: bool = False
+    leftpad_k: bool = False
 
     #: bytes of a Q, K, V element and of an O element (fa3-fp8's config: e4m3 operands, 1)
     OPERAND_BYTES: ClassVar[int] = 2
@@ -324,6 +336,8 @@ class Sm90Config:
             raise ValueError(f"hoisted_descriptors={one_line(self.hoisted_descriptors)} must be a bool")
         if not isinstance(self.seqlens_k, bool) or (self.seqlens_k and self.persistent):
             raise ValueError(f"seqlens_k={one_line(self.seqlens_k)} must be a bool, True only with persistent=False")
+        if not isinstance(self.leftpad_k, bool) or (self.leftpad_k and not self.seqlens_k):
+            raise ValueError(f"leftpad_k={one_line(self.leftpad_k)} must be a bool, True only with seqlens_k=True")
         if self.smem_bytes(head_dim) > smem_capacity(arch):
             raise ValueError(f"{self} needs {self.smem_bytes(head_dim)} B of shared memory at head_dim={head_dim} "
                              f"(max {smem_capacity(arch)})")

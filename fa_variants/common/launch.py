@@ -151,13 +151,15 @@ class Variant:
         return cache.get_compiled(cfg, self.build)
 
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, softmax_scale: float,
-            config=None, seqlens_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+            config=None, seqlens_k: torch.Tensor | None = None,
+            leftpad_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Attention forward: (out (B, Nq, H, D) like q, lse float32 (B, H, Nq), natural log); see `launch`."""
         if self.runner is not None:
-            if seqlens_k is not None:
-                raise ValueError(f"{self.name}: seqlens_k is not read by this backend's runner")
+            if seqlens_k is not None or leftpad_k is not None:
+                raise ValueError(f"{self.name}: seqlens_k / leftpad_k are not read by this backend's runner")
             return self.runner(q, k, v, causal=causal, softmax_scale=softmax_scale)
-        return launch(self, q, k, v, causal=causal, softmax_scale=softmax_scale, config=config, seqlens_k=seqlens_k)
+        return launch(self, q, k, v, causal=causal, softmax_scale=softmax_scale, config=config, seqlens_k=seqlens_k,
+                      leftpad_k=leftpad_k)
 
 
 def _name(dtype: torch.dtype) -> str:
@@ -180,7 +182,8 @@ def _kernel(variant: Variant, device: torch.device, dtype: torch.dtype, head_dim
 
 
 def launch(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
-           softmax_scale: float, config=None, seqlens_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+           softmax_scale: float, config=None, seqlens_k: torch.Tensor | None = None,
+           leftpad_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Run a kernel variant on CUDA tensors: ``launcher(...)(q, k, v)``.
 
     Args:
@@ -192,6 +195,9 @@ def launch(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         seqlens_k: int32 (batch,) per-sequence KV lengths on q's device, passed to a kernel compiled to read them (a
             config with ``seqlens_k=True``, e.g. ``hopper.fa3.lengths_config``), after its other arguments; None
             otherwise (ValueError when the two disagree, or for a tensor of the wrong dtype, shape or device).
+        leftpad_k: int32 (batch,) on q's device, each sequence's first key (keys [leftpad_k[b], seqlens_k[b])), for
+            a config with ``leftpad_k=True`` (``hopper.fa3.leftpad_config``), passed after seqlens_k; None otherwise
+            (ValueError as for seqlens_k).
     Returns:
         (out, lse): out (batch, seqlen_q, num_heads, head_dim) like q, contiguous; lse float32
         (batch, num_heads, seqlen_q), natural log; a row that sees no key gets O = 0, LSE = -inf.
@@ -210,6 +216,15 @@ def launch(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
 
         check_seqlens_k(seqlens_k, q.shape[0], k.shape[1], q.device, values=False)
         extra = (seqlens_k.contiguous(),)
+    pads = bool(getattr(config, "leftpad_k", False))
+    if (leftpad_k is not None) != pads:
+        raise ValueError(f"{variant.name}: leftpad_k {'given' if leftpad_k is not None else 'missing'} for a config "
+                         f"with leftpad_k={pads} (pass both, e.g. its leftpad_config, or neither)")
+    if leftpad_k is not None:
+        from fa_variants.reference import check_seqlens_k
+
+        check_seqlens_k(leftpad_k, q.shape[0], k.shape[1], q.device, values=False, name="leftpad_k")
+        extra += (leftpad_k.contiguous(),)
     return launcher(variant, q, k, v, causal=causal, softmax_scale=softmax_scale, config=config)(q, k, v, True, *extra)
 
 

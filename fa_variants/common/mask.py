@@ -54,6 +54,17 @@ def kv_length(lengths: tuple, batch: Int32, seqlen_k: Int32) -> Int32:
     return seqlen_k
 
 
+@cute.jit
+def kv_start(lengths: tuple, batch: Int32, end: Int32) -> Int32:
+    """The first key of sequence ``batch``'s window: 0, or with ``lengths`` = (seqlens_k, leftpad_k) (the kernels'
+    ``leftpad_k`` switch: a KV cache padded on the left, flash-attn's ``leftpad_k``) leftpad_k[batch] clamped to
+    [0, end], ``end`` its `kv_length`. The kernel then reads K and V from that key on, as views whose key 0 it is,
+    of end - start keys: every tile range and mask stays the plain one's, bottom-right causal against that count."""
+    if const_expr(len(lengths) > 1):
+        return cutlass.min(cutlass.max(lengths[1][batch], Int32(0)), end)
+    return Int32(0)
+
+
 @dataclass(frozen=True)
 class BlockInfo:
     """Tile ranges of a (tile_m x tile_n)-tiled attention with bottom-right causal alignment."""

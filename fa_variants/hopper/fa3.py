@@ -454,21 +454,22 @@ def _build(cfg: StaticConfig):
     import cutlass.cute as cute  # the DSL: only to compile
     from cutlass import Int32
 
-    from fa_variants.hopper.fa3_kernel import (FlashAttention3Sm90, FlashAttention3Sm90Balanced,
-                                               FlashAttention3Sm90FusedMerge, FlashAttention3Sm90FusedMergeLengths,
-                                               FlashAttention3Sm90Lengths, FlashAttention3Sm90Persistent)
+    from fa_variants.hopper import fa3_kernel as kernels
 
     fused = cfg.config.fused_merge and cfg.config.num_splits != 1
-    kind = FlashAttention3Sm90Persistent if cfg.config.persistent else FlashAttention3Sm90
+    kind = kernels.FlashAttention3Sm90Persistent if cfg.config.persistent else kernels.FlashAttention3Sm90
     if cfg.config.balanced:
-        kind = FlashAttention3Sm90Balanced
+        kind = kernels.FlashAttention3Sm90Balanced
+    fused_kind = kernels.FlashAttention3Sm90FusedMerge
     if cfg.config.seqlens_k:  # + the per-sequence KV lengths, after the other arguments (not persistent: checked)
-        kind = FlashAttention3Sm90Lengths
-    fused_kind = FlashAttention3Sm90FusedMergeLengths if cfg.config.seqlens_k else FlashAttention3Sm90FusedMerge
+        kind, fused_kind = kernels.FlashAttention3Sm90Lengths, kernels.FlashAttention3Sm90FusedMergeLengths
+    if cfg.config.leftpad_k:  # + each sequence's first key, after the lengths
+        kind, fused_kind = kernels.FlashAttention3Sm90LeftpadK, kernels.FlashAttention3Sm90FusedMergeLeftpadK
     kernel = (fused_kind if fused else kind)(interop.cute_dtype(cfg.dtype), cfg.head_dim, cfg.causal, cfg.config)
     q, k, v, o, lse, scale, stream = interop.fake_attention_args(cfg.dtype, cfg.head_dim, cfg.align)
     int32s = lambda: interop.fake_tensor("int32", (cute.sym_int(),), 4)  # noqa: E731 - a dynamic-length int32 vector
-    end = (int32s(), stream) if cfg.config.seqlens_k else (stream,)  # the lengths (seqlens_k), then the stream
+    # the lengths (seqlens_k) and first keys (leftpad_k) where the config reads them, then the stream
+    end = (*(int32s() for _ in range(cfg.config.seqlens_k + cfg.config.leftpad_k)), stream)
     if cfg.config.balanced:  # + l2_heads, the grid's CTA count, the tile table (_plan_call)
         return kernel, (q, k, v, o, lse, scale, Int32(1), Int32(1), int32s(), *end)
     if cfg.config.persistent:  # + l2_heads, the grid's CTA count (_plan_call)
@@ -597,6 +598,12 @@ def _merge_kernels(config: Sm90Config, arch: str, dtype: str, head_dim: int) -> 
     if config.num_splits == 1 or config.fused_merge or not MERGE_KERNEL:
         return ()
     return split_combine.merge_configs(arch, dtype, head_dim, True if config.pdl else None)
+
+
+def leftpad_config(q: torch.Tensor, k: torch.Tensor, causal: bool, config: Sm90Config | None = None) -> Sm90Config:
+    """`lengths_config` reading each sequence's first key too (``Sm90Config.leftpad_k``: a KV cache padded on the
+    left, ``fa_variants.attention(leftpad_k=...)``)."""
+    return dataclasses.replace(lengths_config(q, k, causal, config), leftpad_k=True)
 
 
 def with_lengths(config: Sm90Config) -> Sm90Config:
@@ -858,7 +865,8 @@ VARIANT = Variant(
 
 
 def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, softmax_scale: float,
-        config: Sm90Config | None = None, seqlens_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        config: Sm90Config | None = None, seqlens_k: torch.Tensor | None = None,
+        leftpad_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """FA3 forward on an sm90 GPU (``common.launch.launch``).
 
     Args:
@@ -872,6 +880,9 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, soft
             sequence b attends to its first seqlens_k[b] keys (causal bottom-right against that length), read by
             the kernel (``lengths_config``; values clamped to [0, seqlen_k]: ``fa_variants.attention`` checks
             them). One launch, no host read-back.
+        leftpad_k: optional int32 (batch,) first keys, with seqlens_k (a KV cache padded on the left too): sequence
+            b attends to keys [leftpad_k[b], seqlens_k[b]), causal bottom-right against their count
+            (``leftpad_config``; clamped in the kernel to [0, seqlens_k[b]]). One launch.
     Returns:
         (out, lse): out (batch, seqlen_q, num_heads, head_dim) like q, contiguous; lse float32
         (batch, num_heads, seqlen_q), natural log; a row that sees no key gets O = 0, LSE = -inf.
@@ -881,5 +892,7 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, soft
     Strides: any 16-byte-aligned strides are read in place (TMA); others are copied first.
     """
     if seqlens_k is not None:
-        config = lengths_config(q, k, causal, scale_config(config, q, k, causal, kernel_scale(softmax_scale)[1]))
-    return VARIANT.run(q, k, v, causal=causal, softmax_scale=softmax_scale, config=config, seqlens_k=seqlens_k)
+        window = leftpad_config if leftpad_k is not None else lengths_config
+        config = window(q, k, causal, scale_config(config, q, k, causal, kernel_scale(softmax_scale)[1]))
+    return VARIANT.run(q, k, v, causal=causal, softmax_scale=softmax_scale, config=config, seqlens_k=seqlens_k,
+                       leftpad_k=leftpad_k)

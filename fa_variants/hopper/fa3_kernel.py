@@ -29,7 +29,7 @@ from fa_variants.common import pack_gqa, tile_scheduler
 from fa_variants.common.config import Sm90Config
 from fa_variants.common.layout import convert_in_pairs, transpose_view
 from fa_variants.common.layout import rows_cols as acc_rows_cols
-from fa_variants.common.mask import AttentionMask, BlockInfo, kv_length
+from fa_variants.common.mask import AttentionMask, BlockInfo, kv_length, kv_start
 from fa_variants.common.sm90 import (WARPGROUP_THREADS, NamedBarrier, hoisted_descriptors, make_row_major_smem_layout,
                                     make_tiled_mma)
 from fa_variants.common.softmax import OnlineSoftmax
@@ -149,7 +149,8 @@ class FlashAttention3Sm90(Fa3Schedule, Fa3SplitKV, Fa3Producer):
         ``merge``: (out, lse, counters) of the fused split merge (``FlashAttention3Sm90FusedMerge``), else ().
         ``ctas``: the persistent grid's CTA count (``FlashAttention3Sm90Persistent``), else None; ``order``: (its
         tile table,) with ``Sm90Config.balanced``, else (); ``lengths``: (seqlens_k,) with ``Sm90Config.seqlens_k``
-        (int32 (batch,): ``common.mask.kv_length``), else ()."""
+        (int32 (batch,): ``common.mask.kv_length``), (seqlens_k, leftpad_k) with ``Sm90Config.leftpad_k`` too
+        (``common.mask.kv_start``), else ()."""
         # (batch, seqlen, heads, head_dim) -> (seqlen, head_dim, heads, batch): TMA boxes and
         # MMA tiles cover the first two modes; LSE (batch, heads, seqlen) -> (seqlen, heads, batch).
         mQ, mK, mO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0])) for t in (mQ, mK, mO)]
@@ -305,6 +306,8 @@ class FlashAttention3Sm90(Fa3Schedule, Fa3SplitKV, Fa3Producer):
             num_splits = mO.shape[3] // mQ.shape[3]
             m_block, head, batch, split_idx = self._split_coords(num_m_blocks, mQ.shape[2], num_splits)
             seqlen_k = kv_length(lengths, batch, seqlen_k)
+            first_key = kv_start(lengths, batch, seqlen_k)  # leftpad_k: K/V viewed from it (_roles)
+            seqlen_k = seqlen_k - first_key
             n_start, n_blocks = self._split_range(m_block, split_idx, num_splits, seqlen_q, seqlen_k)
             out_batch = split_idx * mQ.shape[3] + batch  # partials are (num_splits * batch) batches
             # fused merge: what the consumer threads need to merge the query tile when this CTA arrives last
@@ -316,7 +319,7 @@ class FlashAttention3Sm90(Fa3Schedule, Fa3SplitKV, Fa3Producer):
             if n_blocks > 0:
                 self._roles(mQ, mK, mV, mO, mLSE, sQ, sK, sV, sO, tma_q, tma_k, tma_v, tma_o, tiled_mma_qk,
                             tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2, qhead_per_kvhead, extras, warp_idx,
-                            m_block, head, batch, out_batch, n_start, n_blocks, seqlen_q, seqlen_k, last)
+                            m_block, head, batch, out_batch, n_start, n_blocks, seqlen_q, seqlen_k, first_key, last)
             else:  # no K/V tile for this split: LSE -inf tells the merge to ignore its (unwritten) O
                 row = cute.arch.thread_idx()[0] - WARPGROUP_THREADS  # consumer thread i: query row i of the tile
                 if row >= 0:
@@ -331,26 +334,34 @@ class FlashAttention3Sm90(Fa3Schedule, Fa3SplitKV, Fa3Producer):
         else:
             m_block, head, batch = self._tile_coords(num_m_blocks, mQ.shape[2], mQ.shape[3], l2_heads)
             seqlen_k = kv_length(lengths, batch, seqlen_k)
+            first_key = kv_start(lengths, batch, seqlen_k)
+            seqlen_k = seqlen_k - first_key
             n_blocks = self._num_kv_blocks(m_block, seqlen_q, seqlen_k)
             self._roles(mQ, mK, mV, mO, mLSE, sQ, sK, sV, sO, tma_q, tma_k, tma_v, tma_o, tiled_mma_qk,
                         tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2, qhead_per_kvhead, extras, warp_idx,
-                        m_block, head, batch, batch, 0, n_blocks, seqlen_q, seqlen_k)
+                        m_block, head, batch, batch, 0, n_blocks, seqlen_q, seqlen_k, first_key)
 
     @cute.jit
     def _roles(self, mQ, mK, mV, mO, mLSE, sQ, sK, sV, sO, tma_q, tma_k, tma_v, tma_o, tiled_mma_qk, tiled_mma_pv,
                pipe_q, pipe_k, pipe_v, scale_log2: Float32, qhead_per_kvhead: Int32, extras: tuple, warp_idx: Int32,
                m_block: Int32, head: Int32, batch: Int32, out_batch: Int32, n_start, n_blocks: Int32,
-               seqlen_q: Int32, seqlen_k: Int32, last: tuple = ()):
-        """Producer warp and consumer warpgroups of one CTA over K/V tiles [n_start, n_start + n_blocks);
-        ``last`` (fused split merge): the consumers then run ``_merge_if_last`` with it (inside their branch:
-        code after the producer's register decrease joins it would be held to the producer's registers)."""
+               seqlen_q: Int32, seqlen_k: Int32, first_key: Int32, last: tuple = ()):
+        """Producer warp and consumer warpgroups of one CTA over K/V tiles [n_start, n_start + n_blocks) of K and V
+        from key ``first_key`` on (``Sm90Config.leftpad_k``; 0 otherwise, unused); ``last`` (fused split merge): the
+        consumers then run ``_merge_if_last`` with it (inside their branch: code after the producer's register
+        decrease joins it would be held to the producer's registers)."""
         if warp_idx < WARPGROUP_THREADS // 32:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
+                mK_seq = mK[None, None, head // qhead_per_kvhead, batch]  # (seqlen_k, head_dim): key mode first
+                mV_seq = mV[None, None, head // qhead_per_kvhead, batch]
+                if const_expr(self.cfg.leftpad_k):  # TMA boxes from key first_key + n tile_n
+                    mK_seq = cute.domain_offset((first_key, 0), mK_seq)
+                    mV_seq = cute.domain_offset((first_key, 0), mV_seq)
                 self.producer(
                     mQ[None, None, head, batch],
-                    mK[None, None, head // qhead_per_kvhead, batch],
-                    mV[None, None, head // qhead_per_kvhead, batch],
+                    mK_seq,
+                    mV_seq,
                     sQ, sK, sV, tma_q, tma_k, tma_v, pipe_q, pipe_k, pipe_v, m_block, n_blocks, n_start,
                 )
         else:
@@ -575,6 +586,18 @@ class FlashAttention3Sm90Lengths(FlashAttention3Sm90):
         self.launch(mQ, mK, mV, mO, mLSE, softmax_scale_log2, l2_heads, (), stream, lengths=(mSeqlensK,))
 
 
+class FlashAttention3Sm90LeftpadK(FlashAttention3Sm90):
+    """``FlashAttention3Sm90`` with ``Sm90Config.leftpad_k``: ``__call__`` takes, after l2_heads, the per-sequence
+    window of a KV cache padded on both sides: ``mSeqlensK`` (its end) and ``mLeftpadK`` (its first key), int32
+    (batch,) each; sequence b attends to keys [leftpad_k[b], seqlens_k[b]), causal bottom-right against their count."""
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+                 softmax_scale_log2: Float32, l2_heads: Int32, mSeqlensK: cute.Tensor, mLeftpadK: cute.Tensor,
+                 stream: cuda.CUstream):
+        self.launch(mQ, mK, mV, mO, mLSE, softmax_scale_log2, l2_heads, (), stream, lengths=(mSeqlensK, mLeftpadK))
+
+
 class FlashAttention3Sm90FusedMerge(FlashAttention3Sm90):
     """``FlashAttention3Sm90`` with split-KV and the merge in the same kernel (``Sm90Config.fused_merge``):
     ``__call__`` takes the fp32 partials (mO (S*B, Nq, H, D), mLSE (S*B, H, Nq)) where the split kernel does, then
@@ -598,3 +621,15 @@ class FlashAttention3Sm90FusedMergeLengths(FlashAttention3Sm90FusedMerge):
                  mCount: cute.Tensor, mSeqlensK: cute.Tensor, stream: cuda.CUstream):
         self.launch(mQ, mK, mV, mO, mLSE, softmax_scale_log2, l2_heads, (), stream, merge=(mOut, mLSEout, mCount),
                     lengths=(mSeqlensK,))
+
+
+class FlashAttention3Sm90FusedMergeLeftpadK(FlashAttention3Sm90FusedMerge):
+    """``FlashAttention3Sm90FusedMerge`` with ``Sm90Config.leftpad_k``: ``__call__`` takes, after the counters,
+    ``mSeqlensK`` and ``mLeftpadK`` (int32, (batch,) each), as ``FlashAttention3Sm90LeftpadK``."""
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+                 softmax_scale_log2: Float32, l2_heads: Int32, mOut: cute.Tensor, mLSEout: cute.Tensor,
+                 mCount: cute.Tensor, mSeqlensK: cute.Tensor, mLeftpadK: cute.Tensor, stream: cuda.CUstream):
+        self.launch(mQ, mK, mV, mO, mLSE, softmax_scale_log2, l2_heads, (), stream, merge=(mOut, mLSEout, mCount),
+                    lengths=(mSeqlensK, mLeftpadK))
