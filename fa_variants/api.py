@@ -19,7 +19,7 @@ from fa_variants.common import batch_groups, launch, mask_lengths, mask_windows,
 from fa_variants.common.checks import one_line
 from fa_variants.dispatch import Selection
 from fa_variants.common.scale import LOG2_E, MAX_SOFTMAX_SCALE, check_softmax_scale  # noqa: F401 (re-exported)
-from fa_variants.reference import check_seqlens_k, default_softmax_scale
+from fa_variants.reference import check_leftpad_k, check_seqlens_k, default_softmax_scale, key_windows
 from fa_variants.reference import run as reference_run
 from fa_variants.common import switches
 
@@ -322,7 +322,7 @@ def _transform(q, k, v) -> str | None:
 
 
 def _traced_under_transforms(q, k, v, causal: bool, scale: float | None, backend: str, seqlens_k, num_splits,
-                             pack_gqa):
+                             pack_gqa, leftpad_k=None):
     """A call that torch.compile traces inside torch.func transforms (``torch.compile(torch.func.grad(f))``: grad,
     vjp, jacrev, vmap, ...). The custom ops cannot serve there (PyTorch runs a custom op's autograd as an
     autograd.Function without torch.func support, and refuses it under a transform), so the reference backend's
@@ -334,9 +334,9 @@ def _traced_under_transforms(q, k, v, causal: bool, scale: float | None, backend
     if name != "reference":
         raise NotImplementedError(f"backend {name or 'auto'} on {q.device.type} inside torch.func transforms under "
                                   "torch.compile: only backend='reference' runs there (plain PyTorch); name it")
-    if seqlens_k is not None or num_splits is not None or pack_gqa is not None:
-        raise NotImplementedError("seqlens_k, num_splits and pack_gqa are not supported inside torch.func transforms "
-                                  "under torch.compile; run the call eagerly")
+    if any(x is not None for x in (seqlens_k, leftpad_k, num_splits, pack_gqa)):
+        raise NotImplementedError("seqlens_k, leftpad_k, num_splits and pack_gqa are not supported inside torch.func "
+                                  "transforms under torch.compile; run the call eagerly")
     return reference_run(q, k, v, causal=causal,
                          softmax_scale=default_softmax_scale(q.shape[-1]) if scale is None else scale)
 
@@ -353,40 +353,65 @@ def _check_transforms(q, k, v, causal: bool, backend: str) -> None:
                                   "or backend='reference' under them")
 
 
-def _with_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, seqlens_k: torch.Tensor,
-                    tracing: bool):
-    """attention with per-sequence KV lengths: fa3 and fa2 read them in their kernels (one launch for the batch, no
-    host read-back: CUDA-graph capturable; the plan kept per call kind as `dispatch_and_run` keeps one); the
-    reference reads them itself; fa1 runs once per distinct length on the sequences of that length and k, v cut to
-    it (the lengths read back: not under CUDA-graph capture)."""
+def _with_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, seqlens_k: torch.Tensor | None,
+                    tracing: bool, leftpad_k: torch.Tensor | None = None):
+    """attention with per-sequence KV lengths (and first keys, ``leftpad_k``: seqlens_k None is every sequence's
+    seqlen_k then): fa3 and fa2 read them in their kernels (one launch for the batch, no host read-back: CUDA-graph
+    capturable; the plan kept per call kind as `dispatch_and_run` keeps one); the reference reads them itself; fa1
+    and fa3-fp8 run once per distinct key window on the sequences of that window and k, v cut to it (the lengths read
+    back: not under CUDA-graph capture)."""
+    if seqlens_k is None:
+        seqlens_k = _full_ends(q, k, leftpad_k)
     # traced (torch.compile, or export's fake / functional tensors), or a kernel backend's call that needs a gradient
     # (`_kernel_autograd`): one opaque node (integrations.custom_op; its backward integrations.backward's, length by
     # length) whose body is `run_seqlens_k`, the values checked when it runs; an eager reference call keeps plain
     # autograd
     if tracing or _kernel_autograd(q, k, v, causal, backend):
         check_seqlens_k(seqlens_k, q.shape[0], k.shape[1], q.device, values=False, host_ok=True)
-        return torch.ops.fa_variants.attention_seqlens_k(q, k, v, seqlens_k, causal, scale, backend)
-    return run_seqlens_k(q, k, v, causal, scale, backend, seqlens_k, checked=True)
+        if leftpad_k is not None:
+            check_leftpad_k(leftpad_k, seqlens_k, q.shape[0], k.shape[1], q.device, values=False, host_ok=True)
+        return torch.ops.fa_variants.attention_seqlens_k(q, k, v, seqlens_k, causal, scale, backend, leftpad_k)
+    return run_seqlens_k(q, k, v, causal, scale, backend, seqlens_k, checked=True, leftpad_k=leftpad_k)
 
 
-def _check_lengths(q, k, seqlens_k) -> tuple[torch.Tensor, bool]:
+def _full_ends(q, k, leftpad_k) -> torch.Tensor:
+    """seqlens_k for a call with leftpad_k alone: each sequence's keys run to seqlen_k (int32 (batch,), on
+    leftpad_k's device, which is checked first: its errors name it)."""
+    check_seqlens_k(leftpad_k, q.shape[0], k.shape[1], q.device, values=False, host_ok=True, name="leftpad_k")
+    return torch.full((q.shape[0],), k.shape[1], dtype=torch.int32, device=leftpad_k.device)
+
+
+def _check_lengths(q, k, seqlens_k, name: str = "seqlens_k") -> tuple[torch.Tensor, bool]:
     """``check_seqlens_k`` of an eager call: the values too, except inside CUDA-graph capture (where the kernels that
     read the lengths clamp them). Lengths on the CPU for a CUDA q are checked on the host (no device sync) and copied
     to q's device without waiting for the GPU (from a pageable copy made here: the caller may change its tensor
     right after the call); refused inside capture. Returns (the lengths on q's device, whether capturing). Lengths
-    with torch's negative bit are resolved first (a kernel reads memory, which holds their negation)."""
+    with torch's negative bit are resolved first (a kernel reads memory, which holds their negation). ``name``: the
+    argument checked (``leftpad_k``'s first keys are checked the same way, `_check_windows`)."""
     if isinstance(seqlens_k, torch.Tensor) and seqlens_k.is_neg():
         seqlens_k = seqlens_k.resolve_neg()
     capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()
     if q.is_cuda and isinstance(seqlens_k, torch.Tensor) and seqlens_k.device.type == "cpu":
         if capturing:
-            raise ValueError("seqlens_k is on the CPU inside CUDA-graph capture: pass it on q's device (each replay "
+            raise ValueError(f"{name} is on the CPU inside CUDA-graph capture: pass it on q's device (each replay "
                              "reads its current values there)")
-        check_seqlens_k(seqlens_k, q.shape[0], k.shape[1], seqlens_k.device)
+        check_seqlens_k(seqlens_k, q.shape[0], k.shape[1], seqlens_k.device, name=name)
         staged = torch.empty(seqlens_k.shape, dtype=seqlens_k.dtype).copy_(seqlens_k)  # pageable, contiguous
         return staged.to(q.device, non_blocking=True), False
-    check_seqlens_k(seqlens_k, q.shape[0], k.shape[1], q.device, values=not capturing)
+    check_seqlens_k(seqlens_k, q.shape[0], k.shape[1], q.device, values=not capturing, name=name)
     return seqlens_k, capturing
+
+
+def _check_windows(q, k, seqlens_k, leftpad_k) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
+    """`_check_lengths` of seqlens_k and of leftpad_k (when given), and that no first key is past its sequence's
+    end (read back, as the lengths are: not inside CUDA-graph capture, where the kernels clamp each first key to
+    its end). Returns (seqlens_k, leftpad_k, capturing), both on q's device."""
+    seqlens_k, capturing = _check_lengths(q, k, seqlens_k)
+    if leftpad_k is None:
+        return seqlens_k, None, capturing
+    leftpad_k, _ = _check_lengths(q, k, leftpad_k, "leftpad_k")
+    check_leftpad_k(leftpad_k, seqlens_k, q.shape[0], k.shape[1], q.device, values=not capturing)
+    return seqlens_k, leftpad_k, capturing
 
 
 def _kernel_module(backend: str):
@@ -401,15 +426,17 @@ def _kernel_module(backend: str):
     return module
 
 
-def _lengths_plan(selection: Selection, module, q, k, v, causal: bool, scale: float, config=None):
-    """`_plan` on ``module.lengths_config`` (of ``config``, else of `auto`'s choice): its run takes seqlens_k after
-    want_lse. The config is made only when there is something to launch (`_plan`'s empty shortcuts and forward-only
-    check come first)."""
+def _lengths_plan(selection: Selection, module, q, k, v, causal: bool, scale: float, config=None,
+                  leftpad: bool = False):
+    """`_plan` on ``module.lengths_config`` (of ``config``, else of `auto`'s choice; ``leftpad``: its
+    ``leftpad_config``): its run takes seqlens_k (then leftpad_k) after want_lse. The config is made only when there
+    is something to launch (`_plan`'s empty shortcuts and forward-only check come first)."""
     launches = q.numel() and k.shape[1] and not _wants_grad(q, k, v)
     if not launches:
         return _plan(selection, q, k, v, causal, scale)
     kv = _config_k(k, v)  # a split whose partial LSE could overflow is no split (``scale_config``)
-    config = module.lengths_config(q, kv, causal, module.scale_config(config, q, kv, causal, scale))
+    window = module.leftpad_config if leftpad else module.lengths_config
+    config = window(q, kv, causal, module.scale_config(config, q, kv, causal, scale))
     return _plan(selection, q, k, v, causal, scale, config)
 
 
@@ -420,57 +447,62 @@ def _config_k(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 
 def run_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, seqlens_k: torch.Tensor, *,
-                  checked: bool = False):
+                  checked: bool = False, leftpad_k: torch.Tensor | None = None):
     """`_with_seqlens_k` on plain tensors, eagerly (the body of ``torch.ops.fa_variants.attention_seqlens_k``). A
     call of a kind not planned yet is validated first with ``attention``'s rules, as `dispatch_and_run` validates:
     a direct call of the op has not been (it ran mixed dtypes, a V of another head_dim, and out-of-range scales);
-    ``checked``: ``attention`` validated them already."""
+    ``checked``: ``attention`` validated them already. ``leftpad_k``: each sequence's first key too."""
     key = _call_key(q, k, v, causal, scale, backend)
-    key = None if key is None else ("seqlens_k", key)
+    key = None if key is None else ("seqlens_k" if leftpad_k is None else "leftpad_k", key)
     entry = dispatch.PLANS.get(key)  # (plan, the kernel module's switch state it was made under)
     if entry is None and not checked:
         _check_inputs(q, k, v)
         _check_options(causal, scale, backend, False)
-    seqlens_k, capturing = _check_lengths(q, k, seqlens_k)
+    seqlens_k, leftpad_k, capturing = _check_windows(q, k, seqlens_k, leftpad_k)
+    windows = (seqlens_k.contiguous(),) + (() if leftpad_k is None else (leftpad_k.contiguous(),))
     if entry is not None and entry[1] == entry[2]():  # a switch flipped since: chosen again, as `launcher` does
-        return entry[0](q, k, v, True, seqlens_k.contiguous())
+        return entry[0](q, k, v, True, *windows)
     selection = dispatch.select_backend(q, k, v, causal=causal, backend=backend)
     scale = default_softmax_scale(q.shape[-1]) if scale is None else scale
     module = _kernel_module(selection.backend)
     if module is not None:  # the kernel reads the lengths
         switches = module.VARIANT.switches
         state = switches()
-        plan = _lengths_plan(selection, module, q, k, v, causal, scale)
-        out, lse = plan(q, k, v, True, seqlens_k.contiguous())
+        plan = _lengths_plan(selection, module, q, k, v, causal, scale, leftpad=leftpad_k is not None)
+        out, lse = plan(q, k, v, True, *windows)
         dispatch.remember_plan(key, (plan, state, switches))
         return out, lse
     if capturing:
         raise NotImplementedError(f"seqlens_k under CUDA-graph capture needs the fa3 or fa2 backend (their kernels "
                                   f"read the lengths); this call runs on {selection.backend}, which reads them back")
     if selection.backend == "reference":
-        return reference_run(q, k, v, causal=causal, softmax_scale=scale, seqlens_k=seqlens_k)
+        return reference_run(q, k, v, causal=causal, softmax_scale=scale, seqlens_k=seqlens_k, leftpad_k=leftpad_k)
     batch, seqlen_q, heads, head_dim = q.shape
     out = torch.empty(batch, seqlen_q, heads, head_dim, dtype=output_dtype(q.dtype), device=q.device)
     lse = torch.empty(batch, heads, seqlen_q, dtype=torch.float32, device=q.device)
-    for n, index in batch_groups.by_value(seqlens_k.tolist(), q.device, ascending=True):
-        if index is None:  # one length for all: views, no copy
-            return _run(selection, q, k[:, :n], v[:, :n], causal, scale)
-        o, l = _run(selection, *(batch_groups.take(t, index) for t in (q, k[:, :n], v[:, :n])), causal, scale)
+    windows = key_windows(seqlens_k, leftpad_k, batch, k.shape[1])
+    for (start, end), index in batch_groups.by_value(windows, q.device, ascending=True):
+        keys = slice(start, end)
+        if index is None:  # one window for all: views, no copy
+            return _run(selection, q, k[:, keys], v[:, keys], causal, scale)
+        o, l = _run(selection, *(batch_groups.take(t, index) for t in (q, k[:, keys], v[:, keys])), causal, scale)
         out.index_copy_(0, index, o)
         lse.index_copy_(0, index, l)
     return out, lse
 
 
 def _with_split_options(q, k, v, causal: bool, scale: float | None, backend: str, num_splits, pack_gqa, seqlens_k,
-                        tracing: bool):
+                        tracing: bool, leftpad_k=None):
     """attention with the split count / GQA packing (fa3, fa2) fixed by the caller (no plan kept); with seqlens_k
-    the kernel reads the lengths (``lengths_config`` of that config)."""
+    the kernel reads the lengths (``lengths_config`` of that config; with leftpad_k too, ``leftpad_config``)."""
     num_splits = split.check_options(num_splits, pack_gqa)
     if tracing:
         raise NotImplementedError("num_splits / pack_gqa are not supported under tracing (torch.compile, torch.export) "
                                   "or for tensor subclasses yet: pass plain tensors eagerly")
+    if leftpad_k is not None and seqlens_k is None:
+        seqlens_k = _full_ends(q, k, leftpad_k)
     if seqlens_k is not None:
-        seqlens_k, _ = _check_lengths(q, k, seqlens_k)
+        seqlens_k, leftpad_k, _ = _check_windows(q, k, seqlens_k, leftpad_k)
     selection = dispatch.select_backend(q, k, v, causal=causal, backend=backend)
     module = _kernel_module(selection.backend)
     if module is None:
@@ -486,7 +518,9 @@ def _with_split_options(q, k, v, causal: bool, scale: float | None, backend: str
     config = module.decode_config(q, _config_k(k, v), causal, num_splits=num_splits, pack_gqa=pack_gqa)
     if seqlens_k is None:
         return _run(selection, q, k, v, causal, scale, config)
-    return _lengths_plan(selection, module, q, k, v, causal, scale, config)(q, k, v, True, seqlens_k.contiguous())
+    windows = (seqlens_k.contiguous(),) + (() if leftpad_k is None else (leftpad_k.contiguous(),))
+    plan = _lengths_plan(selection, module, q, k, v, causal, scale, config, leftpad=leftpad_k is not None)
+    return plan(q, k, v, True, *windows)
 
 
 def _parameter_call(q, k, v) -> bool:
@@ -540,7 +574,8 @@ def autocast_cast(device_type: str, *tensors):
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
               softmax_scale: float | None = None, backend: str = "auto", return_lse: bool = False,
-              seqlens_k: torch.Tensor | None = None, num_splits: int | None = None, pack_gqa: bool | None = None):
+              seqlens_k: torch.Tensor | None = None, num_splits: int | None = None, pack_gqa: bool | None = None,
+              leftpad_k: torch.Tensor | None = None):
     """Attention forward, O = softmax(softmax_scale * Q K^T) V, on the backend that suits the GPU.
 
     Args:
@@ -570,6 +605,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
             cache past a length may hold NaN; capturable in a CUDA graph, the kernel clamping each value to [0,
             seqlen_k]); fa1 runs one call per distinct length on k[:, :length] (not inside capture). Under
             torch.compile: the op ``torch.ops.fa_variants.attention_seqlens_k`` (its backward as below, Gradients).
+        leftpad_k: optional int32 tensor like seqlens_k, each sequence's first key, for a KV cache padded on the left
+            (a left-padded prompt batch and its generation; flash-attn's ``leftpad_k``): sequence b attends to keys
+            [leftpad_k[b], seqlens_k[b]) (seqlens_k None: [leftpad_k[b], seqlen_k)), causal bottom-right against
+            their count, as if k, v were k[b, leftpad_k[b]:seqlens_k[b]]; keys outside are never used. 0 <=
+            leftpad_k[b] <= its end (checked as seqlens_k is). fa3 and fa2 read it in their kernels (one launch;
+            capturable, each value clamped to [0, its end]); fa1 and fa3-fp8 run one call per distinct window.
         num_splits, pack_gqa: the split-KV count (an int >= 1; 1: no split) and packed GQA (fa3: any group at
             seqlen_q = 1; at seqlen_q > 1 a group G = num_heads / num_heads_kv dividing 64 or a multiple of it;
             fa2: seqlen_q = 1 only; else ValueError) for this call, instead of the choice `auto` makes (None).
@@ -635,8 +676,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         q, k, v = autocast_cast(device_type, q, k, v)
         with torch.autocast(device_type, enabled=False):
             return attention(q, k, v, causal=causal, softmax_scale=softmax_scale, backend=backend,
-                             return_lse=return_lse, seqlens_k=seqlens_k, num_splits=num_splits, pack_gqa=pack_gqa)
-    if seqlens_k is None and num_splits is None and pack_gqa is None:
+                             return_lse=return_lse, seqlens_k=seqlens_k, num_splits=num_splits, pack_gqa=pack_gqa,
+                             leftpad_k=leftpad_k)
+    if seqlens_k is None and num_splits is None and pack_gqa is None and leftpad_k is None:
         result = _planned(q, k, v, causal, softmax_scale, backend, return_lse)
         if result is not None:
             return result
@@ -652,11 +694,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         # no torch.func support, so the plain path serves it (the reference backend's own autograd)
         tracing = tracing and _transform(q, k, v) is None
     if tracing and torch._C._are_functorch_transforms_active():
-        out, lse = _traced_under_transforms(q, k, v, causal, scale, backend, seqlens_k, num_splits, pack_gqa)
+        out, lse = _traced_under_transforms(q, k, v, causal, scale, backend, seqlens_k, num_splits, pack_gqa,
+                                            leftpad_k)
     elif num_splits is not None or pack_gqa is not None:
-        out, lse = _with_split_options(q, k, v, causal, scale, backend, num_splits, pack_gqa, seqlens_k, tracing)
-    elif seqlens_k is not None:
-        out, lse = _with_seqlens_k(q, k, v, causal, scale, backend, seqlens_k, tracing)
+        out, lse = _with_split_options(q, k, v, causal, scale, backend, num_splits, pack_gqa, seqlens_k, tracing,
+                                       leftpad_k)
+    elif seqlens_k is not None or leftpad_k is not None:
+        out, lse = _with_seqlens_k(q, k, v, causal, scale, backend, seqlens_k, tracing, leftpad_k)
     elif tracing:
         out, lse = torch.ops.fa_variants.attention(q, k, v, causal, scale, backend)
     elif _kernel_autograd(q, k, v, causal, backend):  # planned: its next call takes the fast path above

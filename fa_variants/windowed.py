@@ -7,8 +7,12 @@ that (row i sees j - start <= i + (end - start) - split, i.e. j <= i + offset); 
 whole window (full attention). So each group of sequences with one window takes at most two calls: rows [0, split)
 causal and rows [split, seqlen_q) full, against K and V cut to the window. Rows that see no key give 0, LSE -inf.
 
-Cost: two calls per distinct window (a left-padded batch of distinct paddings: one per sequence), each sequence's
-keys gathered when the group is not the whole batch; eager only (the windows are read on the host).
+Most padded batches take one call: where every window's causal diagonal ends at its last key (offset = end -
+seqlen_q: left padding, a prompt batch or generation with a KV cache; or full windows), the windows are the call's
+``seqlens_k`` (ends) and ``leftpad_k`` (starts), which fa3 and fa2 read in their kernels (one launch) and the other
+backends run per distinct window. The rest (a causal batch padded on the right: its padding rows see the whole
+window) take at most two calls per distinct window, each sequence's keys gathered when the group is not the whole
+batch. Eager only (the windows are read on the host).
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ import torch
 from fa_variants.common import batch_groups
 from fa_variants.common.mask_windows import Window
 
-__all__ = ["attention"]
+__all__ = ["attention", "one_call"]
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, windows: list[Window], *,
@@ -30,6 +34,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, windows: list[W
     from fa_variants import api
 
     batch, seqlen_q, heads, _ = q.shape
+    causal = one_call(windows, seqlen_q)
+    if causal is not None:  # seqlens_k and leftpad_k express every window
+        ends, starts = (torch.tensor([w[i] for w in windows], dtype=torch.int32, device=q.device) for i in (1, 0))
+        return api.attention(q, k, v, causal=causal, softmax_scale=softmax_scale, backend=backend,
+                             return_lse=return_lse, seqlens_k=ends, leftpad_k=starts)
     out = lse = None  # made at the first group's results: their dtype (under autocast, autocast's)
     for (start, end, offset), index in batch_groups.by_value(windows, q.device):
         if end <= start:
@@ -52,3 +61,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, windows: list[W
         out = torch.zeros(batch, seqlen_q, heads, v.shape[-1], dtype=api.output_dtype(q.dtype), device=q.device)
         lse = torch.full((batch, heads, seqlen_q), float("-inf"), dtype=torch.float32, device=q.device)
     return (out, lse) if return_lse else out
+
+
+def one_call(windows: list[Window], seqlen_q: int) -> bool | None:
+    """The causal flag of one ``attention(seqlens_k=ends, leftpad_k=starts)`` call that expresses every window, or
+    None. False where no row's causal limit bites inside its window (offset None, or at least end - 1); True where
+    every non-empty window's diagonal ends at its last key (offset = end - seqlen_q: bottom-right against its
+    count; with one query row the two coincide)."""
+    live = [w for w in windows if w.end > w.start]
+    if all(w.offset is None or w.offset >= w.end - 1 for w in live):
+        return False
+    if all(w.offset is not None and w.offset == w.end - seqlen_q for w in live):
+        return True
+    return None

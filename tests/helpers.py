@@ -163,6 +163,20 @@ def padded_kv_cache(lengths: list[int], seqlen_q: int, seqlen_k: int, num_heads:
     return q, k, v, torch.tensor(lengths, dtype=torch.int32, device=q.device)
 
 
+def windowed_kv_cache(windows: list[tuple[int, int]], seqlen_q: int, seqlen_k: int, num_heads: int,
+                      num_heads_kv: int, head_dim: int, **make):
+    """A KV cache padded on both sides: ``make_qkv``'s q, k, v for len(windows) sequences, keys outside each window
+    [start, end) set to NaN (a kernel that reads the padding fails), and (seqlens_k, leftpad_k), the ends and starts
+    as int32 (batch,) tensors on q's device."""
+    q, k, v = make_qkv(len(windows), seqlen_q, seqlen_k, num_heads, num_heads_kv, head_dim, **make)
+    for b, (start, end) in enumerate(windows):
+        for t in (k, v):
+            t[b, :start] = math.nan
+            t[b, end:] = math.nan
+    starts, ends = ([w[i] for w in windows] for i in (0, 1))
+    return q, k, v, *(torch.tensor(x, dtype=torch.int32, device=q.device) for x in (ends, starts))
+
+
 def lengths_loss_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqlens_k: torch.Tensor, backend: str):
     """Gradients (dq, dk, dv) of sum(out^2) + sum(finite LSE) for ``fa_variants.attention(q, k, v, causal=True,
     seqlens_k=..., return_lse=True, backend=...)`` on fresh leaves (q, k, v untouched); the kernel backends' warning
@@ -224,20 +238,21 @@ def assert_backward_mode_keeps_pytorch(monkeypatch, mode: str, cases) -> None:
 def assert_attention_ok(out: torch.Tensor, lse: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor,
                         v: torch.Tensor, causal: bool = False, softmax_scale: float | None = None, *,
                         seqlens_k: torch.Tensor | None = None, refs: References | None = None,
-                        what: str = "") -> References:
+                        what: str = "", leftpad_k: torch.Tensor | None = None) -> References:
     """Asserts that ``out`` (and ``lse``, unless None) is attention(q, k, v) under the project's rule: shapes
     and dtypes as ``fa_variants.attention`` returns them, no NaN, the output and LSE within their bounds. With
     ``seqlens_k`` (per-sequence KV lengths) the reference attends to each sequence's first keys only, and the
-    rows of a length-0 sequence must be 0 with LSE -inf. Returns the references (pass them to the next check
-    of the same inputs)."""
+    rows of a length-0 sequence must be 0 with LSE -inf (``leftpad_k`` too: keys [leftpad_k[b], seqlens_k[b]), an
+    empty window's rows 0). Returns the references (pass them to the next check of the same inputs)."""
     where = f"{what}: " if what else ""
     assert out.shape == q.shape and out.dtype == q.dtype, f"{where}out {tuple(out.shape)} {out.dtype}"
     assert not torch.isnan(out).any(), f"{where}NaN in the output (an element the kernel did not write?)"
     if seqlens_k is not None:
-        empty = seqlens_k == 0
+        empty = seqlens_k == (0 if leftpad_k is None else leftpad_k)
         assert (out[empty] == 0).all(), f"{where}a length-0 sequence's output is not 0"
         assert lse is None or (lse[empty] == -math.inf).all(), f"{where}a length-0 sequence's LSE is not -inf"
-    refs = refs or references(q, k, v, causal=causal, softmax_scale=softmax_scale, seqlens_k=seqlens_k)
+    refs = refs or references(q, k, v, causal=causal, softmax_scale=softmax_scale, seqlens_k=seqlens_k,
+                              leftpad_k=leftpad_k)
     check = check_against_reference(out, q, k, v, causal, softmax_scale, refs=refs)
     assert check.ok, f"{where}output: {check}"
     if lse is not None:

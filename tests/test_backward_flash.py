@@ -131,6 +131,35 @@ def test_flash_backward_length_by_length(flash_stand_in, monkeypatch, causal):
     assert dq.grad_fn is not None and flash_stand_in == []
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_flash_backward_window_by_window(flash_stand_in, monkeypatch, causal):
+    """Each sequence's first key too (``leftpad_k``; NaN outside each window): a loss of out alone takes the kernel
+    once per distinct window [start, end), on its sequences with K and V cut to it (causal: not where rows see no
+    key, a window of 2 keys < 4 rows), within the rule against float64; dK, dV 0 outside each window."""
+    from fa_variants import api
+    from helpers import windowed_kv_cache
+    monkeypatch.setattr(api, "_kernel_module", lambda backend: None)  # the fake kernel does not read windows
+    windows = [(3, 12), (0, 12), (3, 12), (7, 9), (5, 5), (2, 9)]
+    q, k, v, seqlens_k, leftpad_k = windowed_kv_cache(windows, 4, 12, 4, 2, 16, dtype=torch.float16)
+    grad_out = torch.randn(q.shape, dtype=torch.float16)
+    kwargs = dict(causal=causal, seqlens_k=seqlens_k, leftpad_k=leftpad_k)
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    got = torch.autograd.grad(fa_variants.attention(*leaves, **kwargs), leaves, grad_out)
+    fused = [(n, e - s) for (s, e), n in {w: windows.count(w) for w in sorted(set(windows))}.items()
+             if e > s and not (causal and e - s < 4)]
+    assert sorted((args[2].shape[0], args[2].shape[2]) for args, _ in flash_stand_in) == sorted(fused)
+    same_leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    same = torch.autograd.grad(reference.attention_reference(*same_leaves, dtype=torch.float16, **kwargs)[0],
+                               same_leaves, grad_out)
+    exact = exact_grads(q, k, v, grad_out, **kwargs)
+    assert all(g.isfinite().all() for g in got)
+    assert_grads_within_rule(got, same, exact)
+    for b, (start, end) in enumerate(windows):
+        for g in got[1:]:
+            assert not g[b, :start].any() and not g[b, end:].any()
+    assert not got[0][4].any()  # the empty window: O = 0 whatever Q
+
+
 def test_lengths_without_padding_take_the_plain_backward(flash_stand_in, monkeypatch):
     """seqlens_k with every sequence at seqlen_k: one kernel call, whose dQ is the gradient itself (not copied into a
     zero-filled one, as with padding), the gradients those of the call without lengths bit for bit."""

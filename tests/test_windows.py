@@ -76,6 +76,43 @@ def test_window_gradients_match_masked_attention():
         torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-12)
 
 
+#: windowed.one_call's answer for each case: the causal flag of one call with seqlens_k / leftpad_k, or None (the
+#: calls on slices)
+ONE_CALL = {"left-padded prompt": True, "right-padded training batch": None, "left-padded decode step": False,
+            "left-padded encoder": False, "static cache after left padding": True,
+            "mixed, a sequence without keys": None}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_left_padded_batches_take_one_call(case, monkeypatch):
+    """Windows whose causal diagonal ends at their last key (left padding; full windows) run as one call with the
+    windows' ends as seqlens_k and starts as leftpad_k (fa3 and fa2: one launch); the others take the calls on
+    slices. Gradients within 1e-12 of masked attention's either way (float64)."""
+    from fa_variants import api, windowed
+
+    windows, seqlen_q, seqlen_k = CASES[case]
+    found = mask_windows.as_windows(_window_mask(windows, seqlen_q, seqlen_k), seqlen_q, seqlen_k, len(windows), 4)
+    assert windowed.one_call(found, seqlen_q) is ONE_CALL[case]
+    calls = []
+    monkeypatch.setattr(api, "run_seqlens_k", lambda *a, _f=api.run_seqlens_k, **kw: calls.append(kw) or _f(*a, **kw))
+    mask = _window_mask(windows, seqlen_q, seqlen_k)
+    inputs = [t.transpose(1, 2) for t in make_qkv(len(windows), seqlen_q, seqlen_k, 4, 2, 16, dtype=torch.float64,
+                                                  generator=seeded_generator())]
+    grad = torch.randn(inputs[0].shape, dtype=torch.float64, generator=seeded_generator())
+    grads = []
+    for run in (lambda q, k, v: fa_variants.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True),
+                lambda q, k, v: _masked_attention(q, k, v, mask)[0]):
+        leaves = [t.clone().requires_grad_(True) for t in inputs]
+        out = run(*leaves)
+        grads.append((out, *torch.autograd.grad(out, leaves, grad)))
+    if ONE_CALL[case] is None:
+        assert calls == []
+    else:
+        assert len(calls) == 1 and calls[0]["leftpad_k"].tolist() == [w.start for w in found]
+    for g, e in zip(*grads):
+        torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-12)
+
+
 def test_windows_on_a_kernel_backend_call_the_kernel_per_group(fake_gpu):
     """On a kernel backend: two calls per distinct window with a causal limit that bites for some rows (its rows
     before and after the split), one for a full window, none for an empty one; sequences sharing a window share

@@ -91,28 +91,32 @@ def _attention_fake(q, k, v, causal, softmax_scale, backend):
 
 @torch.library.custom_op("fa_variants::attention_seqlens_k", mutates_args=())
 def attention_seqlens_k_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqlens_k: torch.Tensor, causal: bool,
-                           softmax_scale: float | None, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+                           softmax_scale: float | None, backend: str,
+                           leftpad_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``fa_variants.attention(..., seqlens_k=...)`` while traced: ``api.run_seqlens_k`` (fa3 and fa2 read the
     lengths in their kernels, so the op runs inside a CUDA graph of ``mode="reduce-overhead"`` too; outside capture
     the lengths are checked, one read-back; a call of a kind not planned yet is validated with
     ``fa_variants.attention``'s rules first, as the other op's body validates: a direct ``torch.ops`` call has not
-    been). Its backward (`_seqlens_k_backward`) is ``backward.kernel_backward``'s: the fused one length by length
-    where it applies, from the O and LSE kept here (``backward.keeps_outputs``)."""
+    been). ``leftpad_k`` (last, optional: graphs exported before it still load): each sequence's first key. Its
+    backward (`_seqlens_k_backward`) is ``backward.kernel_backward``'s: the fused one window by window where it
+    applies, from the O and LSE kept here (``backward.keeps_outputs``)."""
     from fa_variants import api
     from fa_variants.common import workspace
     _refuse_tangents(api, q, k, v)
     with workspace.uncached():
-        out, lse = api.run_seqlens_k(q, k, v, causal, softmax_scale, backend, seqlens_k)
+        out, lse = api.run_seqlens_k(q, k, v, causal, softmax_scale, backend, seqlens_k, leftpad_k=leftpad_k)
     return out.contiguous(), lse.contiguous()
 
 
 @attention_seqlens_k_op.register_fake
-def _attention_seqlens_k_fake(q, k, v, seqlens_k, causal, softmax_scale, backend):
-    """``_attention_fake`` (``fa_variants.attention``'s checks, then the shapes), then seqlens_k's dtype, shape and
-    device checked (its values are checked when the op runs)."""
-    from fa_variants.reference import check_seqlens_k
+def _attention_seqlens_k_fake(q, k, v, seqlens_k, causal, softmax_scale, backend, leftpad_k=None):
+    """``_attention_fake`` (``fa_variants.attention``'s checks, then the shapes), then seqlens_k's (and leftpad_k's)
+    dtype, shape and device checked (their values are checked when the op runs)."""
+    from fa_variants.reference import check_leftpad_k, check_seqlens_k
     outputs = _attention_fake(q, k, v, causal, softmax_scale, backend)
     check_seqlens_k(seqlens_k, q.shape[0], k.shape[1], q.device, values=False, host_ok=True)
+    if leftpad_k is not None:
+        check_leftpad_k(leftpad_k, seqlens_k, q.shape[0], k.shape[1], q.device, values=False, host_ok=True)
     return outputs
 
 
@@ -263,11 +267,10 @@ def _sdpa_masked_backward_fake(grad_out, grad_lse, q, k, v, out, lse, lengths, k
 sdpa_masked_op.register_autograd(_sdpa_masked_backward, setup_context=_sdpa_masked_setup_context)
 
 
-def _forward_backend(eager: bool, inputs: tuple) -> str:
+def _forward_backend(eager: bool, q, k, v, causal: bool, backend: str) -> str:
     """The backend the forward ran on, for its backward: eagerly "auto" resolved now (the backward would otherwise
     choose again, from a FA_VARIANTS_BACKEND the caller may have changed since, and refuse or switch paths); traced,
     the name given (the choice is made when the compiled graph runs)."""
-    q, k, v, causal, backend = inputs[0], inputs[1], inputs[2], inputs[-3], inputs[-1]
     if not eager or backend != "auto":
         return backend
     from fa_variants import dispatch
@@ -276,18 +279,19 @@ def _forward_backend(eager: bool, inputs: tuple) -> str:
 
 
 def _seqlens_k_setup_context(ctx, inputs, output):
-    q, k, v, seqlens_k, causal, softmax_scale, backend = inputs
+    q, k, v, seqlens_k, causal, softmax_scale, backend, *leftpad = inputs  # leftpad_k: given or defaulted
     ctx.eager = _eager(q, torch.compiler.is_compiling())  # read once, here: the backward takes the same route
-    kept = output if backward.keeps_outputs(ctx.eager) else (None, None)  # for the fused backwards, length by length
-    ctx.save_for_backward(q, k, v, *kept, seqlens_k)
-    ctx.causal, ctx.softmax_scale, ctx.backend = causal, softmax_scale, _forward_backend(ctx.eager, inputs)
+    kept = output if backward.keeps_outputs(ctx.eager) else (None, None)  # for the fused backwards, window by window
+    ctx.save_for_backward(q, k, v, *kept, seqlens_k, *leftpad)
+    ctx.causal, ctx.softmax_scale = causal, softmax_scale
+    ctx.backend = _forward_backend(ctx.eager, q, k, v, causal, backend)
     ctx.set_materialize_grads(False)
 
 
 def _seqlens_k_backward(ctx, grad_out, grad_lse):
-    q, k, v, out, lse, seqlens_k = ctx.saved_tensors
-    dq, dk, dv = _backward_of(ctx, grad_out, grad_lse, q, k, v, out, lse, seqlens_k)
-    return dq, dk, dv, None, None, None, None
+    q, k, v, out, lse, seqlens_k, *leftpad = ctx.saved_tensors
+    dq, dk, dv = _backward_of(ctx, grad_out, grad_lse, q, k, v, out, lse, seqlens_k, *leftpad)
+    return dq, dk, dv, None, None, None, None, None
 
 
 # a backward exists for every backend but the FP8 one, whose backward raises when it runs (not while AOTAutograd traces
@@ -298,11 +302,13 @@ attention_seqlens_k_op.register_autograd(_seqlens_k_backward, setup_context=_seq
 def _traced_backward(grad_out: torch.Tensor | None, grad_lse: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor,
                      v: torch.Tensor, out: torch.Tensor | None, lse: torch.Tensor | None,
                      seqlens_k: torch.Tensor | None, causal: bool, softmax_scale: float | None,
-                     backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                     backend: str, leftpad_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                   torch.Tensor]:
     """``backward.kernel_backward`` (not eager: no SDPA recomputation) as one opaque node (for tracing), its outputs
     contiguous to match the fake."""
-    return tuple(g.contiguous() for g in backward.kernel_backward(grad_out, grad_lse, q, k, v, out, lse, seqlens_k,
-                                                                  causal, softmax_scale, backend, eager=False))
+    grads = backward.kernel_backward(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, causal, softmax_scale, backend,
+                                     eager=False, leftpad_k=leftpad_k)
+    return tuple(g.contiguous() for g in grads)
 
 
 #: `_traced_backward` of the attention op (no lengths: the fused kernels read nothing on the host, so the op may be
@@ -317,7 +323,8 @@ lengths_backward_op = torch.library.custom_op("fa_variants::attention_lengths_ba
 
 @reference_backward_op.register_fake
 @lengths_backward_op.register_fake
-def _reference_backward_fake(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, causal, softmax_scale, backend):
+def _reference_backward_fake(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, causal, softmax_scale, backend,
+                             leftpad_k=None):
     return _empty_grads(q, k, v)
 
 
@@ -340,7 +347,8 @@ def _setup_context(ctx, inputs, output):
     eager = _eager(q, torch.compiler.is_compiling())
     kept = output if backward.keeps_outputs(eager) else (None, None)  # for the fused backwards that start from them
     ctx.save_for_backward(q, k, v, *kept)
-    ctx.causal, ctx.softmax_scale, ctx.backend = causal, softmax_scale, _forward_backend(eager, inputs)
+    ctx.causal, ctx.softmax_scale, ctx.backend = causal, softmax_scale, _forward_backend(eager, q, k, v, causal,
+                                                                                         backend)
     ctx.eager = eager  # the backward takes the same route (its own frame may be compiled apart from this one)
     ctx.set_materialize_grads(False)  # an output the loss does not use gets None (the fused backwards need to know)
 
@@ -351,15 +359,18 @@ def _backward(ctx, grad_out, grad_lse):
     return dq, dk, dv, None, None, None
 
 
-def _backward_of(ctx, grad_out, grad_lse, q, k, v, out, lse, seqlens_k):
+def _backward_of(ctx, grad_out, grad_lse, q, k, v, out, lse, seqlens_k, leftpad_k=None):
     """(dq, dk, dv) for either op's backward (``backward.kernel_backward``): eagerly (a Parameter's call, and a kernel
     backend's call that needs a gradient, come here) called directly, so that its plain ops are recorded under
     create_graph and a second derivative exists; traced, one opaque node (which has no backward of its own)."""
     if ctx.eager:
         return backward.kernel_backward(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, ctx.causal,
-                                        ctx.softmax_scale, ctx.backend, eager=True)
-    op = reference_backward_op if seqlens_k is None else lengths_backward_op
-    return op(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, ctx.causal, ctx.softmax_scale, ctx.backend)
+                                        ctx.softmax_scale, ctx.backend, eager=True, leftpad_k=leftpad_k)
+    if seqlens_k is None:
+        return reference_backward_op(grad_out, grad_lse, q, k, v, out, lse, None, ctx.causal, ctx.softmax_scale,
+                                     ctx.backend)
+    return lengths_backward_op(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, ctx.causal, ctx.softmax_scale,
+                               ctx.backend, leftpad_k)
 
 
 attention_op.register_autograd(_backward, setup_context=_setup_context)

@@ -1,0 +1,174 @@
+"""Each sequence's first key read by the fa3 and fa2 kernels (``Sm90Config.leftpad_k`` / ``Sm80Config.leftpad_k``,
+``leftpad_config``: K and V viewed from key leftpad_k[b] on) on an sm90 GPU (fa2's sm80 code runs there): one launch
+for a KV cache padded on both sides, against float64 attention over each window. Keys outside each window hold NaN
+(``helpers.windowed_kv_cache``): the kernels must read none before the window (fa3's TMA boxes and fa2's tiles start
+at it) and neither use nor let reach O the ones past it. Prefill and decode shapes, causal or not, GQA, every head
+dim, split-KV (the merge kernel, fa3's fused merge), packed GQA, CUDA-graph replays with new windows, the API's
+routing (fa1 per window), and the fused backward window by window."""
+import dataclasses
+import warnings
+
+import pytest
+import torch
+from helpers import assert_attention_ok, assert_grads_within_rule, exact_grads, sm90_only, windowed_kv_cache
+
+from fa_variants.bench.decode import capture_graph
+
+pytestmark = sm90_only("fa3 with leftpad_k")
+fa3 = pytest.importorskip("fa_variants.hopper.fa3")
+fa2 = pytest.importorskip("fa_variants.ampere.fa2")
+MODULES = {"fa3": fa3, "fa2": fa2}
+BF16, F16 = torch.bfloat16, torch.float16
+
+
+@pytest.fixture(autouse=True)
+def poisoned(poisoned_workspace):
+    """NaN-filled allocations and a fresh split scratch per test (conftest.poisoned_workspace)."""
+
+
+# (windows, seqlen_q, seqlen_k, heads, heads_kv): starts off the tile grid (1, 127, 129) and on it (128), an empty
+# window, one key, the whole cache, padding on the left only and on both sides, Nq above a window's count (causal rows
+# that see no key), GQA and MQA
+PREFILL = [
+    ([(1, 300), (127, 128), (128, 300), (129, 257), (300, 300), (0, 300)], 77, 300, 4, 2),
+    ([(0, 1023), (1018, 1023), (423, 1023), (5, 5)], 1023, 1023, 2, 2),
+    ([(4000, 4224), (17, 4100)], 300, 4224, 6, 1),
+    ([(3, 116), (0, 113), (224, 4224)], 113, 4224, 8, 2),
+]
+
+
+@pytest.mark.parametrize("backend", ["fa3", "fa2"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
+@pytest.mark.parametrize("case", PREFILL, ids=[f"{len(c[0])}x{c[1]}x{c[2]}" for c in PREFILL])
+def test_prefill_windows_in_the_kernel(case, head_dim, causal, backend):
+    windows, nq, nk, h, hkv = case
+    q, k, v, seqlens_k, leftpad_k = windowed_kv_cache(windows, nq, nk, h, hkv, head_dim, device="cuda")
+    module, scale = MODULES[backend], head_dim ** -0.5
+    assert module.leftpad_config(q, k, causal).leftpad_k
+    out, lse = module.run(q, k, v, causal=causal, softmax_scale=scale, seqlens_k=seqlens_k, leftpad_k=leftpad_k)
+    assert_attention_ok(out, lse, q, k, v, causal, scale, seqlens_k=seqlens_k, leftpad_k=leftpad_k,
+                        what=f"{backend} D={head_dim} causal={causal} windows={windows}")
+
+
+DECODE = [([(0, 1023), (1022, 1023), (500, 1023), (1023, 1023), (3, 700)], 1, 1023, 32, 8, 128),
+          ([(96, 4096), (1, 4000), (4095, 4096), (2049, 2049)], 4, 4096, 32, 8, 64),
+          ([(8000, 8191), (3, 8192)], 16, 8192, 64, 8, 128), ([(1, 300), (299, 300)], 1, 300, 8, 2, 256)]
+
+
+@pytest.mark.parametrize("split", ["fa3-auto", "fa3-merge-kernel", "fa3-fused", "fa2-auto", "fa2-split3"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("case", DECODE, ids=[f"{len(c[0])}x{c[1]}x{c[2]}-d{c[5]}" for c in DECODE])
+def test_decode_windows_split_and_packed(case, causal, split):
+    """Decode shapes (a left-padded batch generating) on `auto`'s split / packed configs, and with 3 splits through
+    the merge kernel or fa3's fused merge: each split's range is of its window's keys."""
+    windows, nq, nk, h, hkv, d = case
+    q, k, v, seqlens_k, leftpad_k = windowed_kv_cache(windows, nq, nk, h, hkv, d, device="cuda")
+    backend, how = split.split("-", 1)
+    module, config = MODULES[backend], None
+    if how != "auto":
+        config = module.decode_config(q, k, causal, num_splits=3)
+        if backend == "fa3":
+            config = dataclasses.replace(config, fused_merge=how == "fused",
+                                         first_row_only=config.first_row_only and how != "fused")
+    out, lse = module.run(q, k, v, causal=causal, softmax_scale=0.09, config=config, seqlens_k=seqlens_k,
+                          leftpad_k=leftpad_k)
+    assert_attention_ok(out, lse, q, k, v, causal, 0.09, seqlens_k=seqlens_k, leftpad_k=leftpad_k,
+                        what=f"{split} windows={windows}")
+
+
+def test_fp16_and_the_callers_tensors_untouched():
+    q, k, v, seqlens_k, leftpad_k = windowed_kv_cache([(3, 200), (0, 0), (100, 257)], 129, 257, 4, 1, 128, dtype=F16,
+                                                      device="cuda")
+    before = [t.clone() for t in (q, k, v, seqlens_k, leftpad_k)]
+    out, lse = fa3.run(q, k, v, causal=True, softmax_scale=0.1, seqlens_k=seqlens_k, leftpad_k=leftpad_k)
+    assert_attention_ok(out, lse, q, k, v, True, 0.1, seqlens_k=seqlens_k, leftpad_k=leftpad_k)
+    for was, now in zip(before, (q, k, v, seqlens_k, leftpad_k)):  # the padding's NaN included
+        torch.testing.assert_close(now, was, rtol=0, atol=0, equal_nan=True)
+
+
+def _fresh(q, k, v, windows):
+    """New queries and cache, NaN outside each new window (what a reused cache may hold there)."""
+    for t in (q, k, v):
+        t.copy_(torch.randn_like(t))
+    for b, (start, end) in enumerate(windows):
+        for t in (k, v):
+            t[b, :start], t[b, end:] = float("nan"), float("nan")
+
+
+@pytest.mark.parametrize("backend", ["fa3", "fa2"])
+def test_api_replays_in_a_cuda_graph(backend):
+    """``fa_variants.attention(seqlens_k=..., leftpad_k=...)`` captured once in a CUDA graph (no host read-back),
+    then replayed with new windows, queries and cache written into the same tensors: each replay's result is the new
+    one (the kernels read the windows at each launch)."""
+    import fa_variants
+
+    windows = [(300, 1023), (0, 1), (5, 5), (1000, 1023)]
+    q, k, v, seqlens_k, leftpad_k = windowed_kv_cache(windows, 1, 1023, 32, 8, 128, device="cuda")
+    run = lambda: fa_variants.attention(q, k, v, causal=True, backend=backend, return_lse=True,  # noqa: E731
+                                        seqlens_k=seqlens_k, leftpad_k=leftpad_k)
+    out, lse = run()  # compile and plan outside the capture
+    assert_attention_ok(out, lse, q, k, v, True, seqlens_k=seqlens_k, leftpad_k=leftpad_k)
+    graph, [(out, lse)] = capture_graph(run)
+    for windows in ([(1, 1023), (0, 1023), (512, 1000), (0, 0)], [(129, 130), (128, 256), (127, 1023), (2, 3)]):
+        seqlens_k.copy_(torch.tensor([e for _, e in windows], dtype=torch.int32))
+        leftpad_k.copy_(torch.tensor([s for s, _ in windows], dtype=torch.int32))
+        _fresh(q, k, v, windows)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_attention_ok(out, lse, q, k, v, True, seqlens_k=seqlens_k, leftpad_k=leftpad_k,
+                            what=f"replay {windows}")
+
+
+def test_api_fa1_runs_one_call_per_window():
+    """fa1 reads no window in its kernel: one call per distinct window, eagerly."""
+    import fa_variants
+
+    q, k, v, seqlens_k, leftpad_k = windowed_kv_cache([(5, 300), (0, 0), (5, 300), (299, 300)], 3, 300, 4, 2, 64,
+                                                      device="cuda")
+    out, lse = fa_variants.attention(q, k, v, causal=True, backend="fa1", return_lse=True, seqlens_k=seqlens_k,
+                                     leftpad_k=leftpad_k)
+    assert_attention_ok(out, lse, q, k, v, True, seqlens_k=seqlens_k, leftpad_k=leftpad_k)
+
+
+@pytest.mark.parametrize("mode", ["cudnn", "flash"])
+@pytest.mark.parametrize("backend", ["fa3", "fa2"])
+def test_fused_gradients_window_by_window(gpu_variant, monkeypatch, backend, mode):
+    """A loss of out alone: the fused backward once per distinct window (``backward._backward_by_length``), K and V
+    cut to it, eagerly and under torch.compile (fullgraph: the seqlens_k op with leftpad_k, its backward the lengths
+    op); gradients finite, within the rule against float64 (the same maths in bf16 the baseline), 0 outside each
+    window."""
+    import fa_variants
+    from fa_variants import dispatch
+    from fa_variants.integrations import backward
+
+    monkeypatch.setenv("FA_VARIANTS_BACKWARD", mode)
+    gpu_variant(backend)
+    fused = []
+    for name in ("cudnn_backward", "flash_backward"):
+        monkeypatch.setattr(backward, name, lambda *a, _f=getattr(backward, name), **kw: fused.append(1) or _f(*a, **kw))
+    windows = [(30, 300), (0, 300), (30, 300), (250, 251), (7, 7), (100, 299)]
+    q, k, v, seqlens_k, leftpad_k = windowed_kv_cache(windows, 37, 300, 8, 2, 128, dtype=BF16, device="cuda")
+    k, v = k.nan_to_num(), v.nan_to_num()  # (the reference baselines' autograd would carry NaN through 0 * NaN)
+    grad_out = torch.randn(q.shape, dtype=BF16, device="cuda")
+    kwargs = dict(causal=True, seqlens_k=seqlens_k, leftpad_k=leftpad_k)
+    exact = exact_grads(q, k, v, grad_out, **kwargs)
+    same_leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    from fa_variants.reference import attention_reference
+    same = torch.autograd.grad(attention_reference(*same_leaves, dtype=BF16, **kwargs)[0], same_leaves, grad_out)
+    torch._dynamo.reset()
+    try:
+        for fn in (fa_variants.attention, torch.compile(fa_variants.attention, fullgraph=True)):
+            fused.clear()
+            leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", dispatch.BackendFallbackWarning)
+                got = torch.autograd.grad(fn(*leaves, backend=backend, **kwargs), leaves, grad_out)
+            assert len(fused) == 3, fused  # windows of 270, 300 and 199 keys (1 and 0 keys: below 37 rows)
+            assert all(g.isfinite().all() for g in got)
+            assert_grads_within_rule(got, same, exact)
+            for b, (start, end) in enumerate(windows):
+                for g in got[1:]:
+                    assert not g[b, :start].any() and not g[b, end:].any()
+    finally:
+        torch._dynamo.reset()
