@@ -381,13 +381,14 @@ def _full_ends(q, k, leftpad_k) -> torch.Tensor:
     return torch.full((q.shape[0],), k.shape[1], dtype=torch.int32, device=leftpad_k.device)
 
 
-def _check_lengths(q, k, seqlens_k, name: str = "seqlens_k") -> tuple[torch.Tensor, bool]:
+def _check_lengths(q, k, seqlens_k, name: str = "seqlens_k", values: bool = True) -> tuple[torch.Tensor, bool]:
     """``check_seqlens_k`` of an eager call: the values too, except inside CUDA-graph capture (where the kernels that
     read the lengths clamp them). Lengths on the CPU for a CUDA q are checked on the host (no device sync) and copied
     to q's device without waiting for the GPU (from a pageable copy made here: the caller may change its tensor
     right after the call); refused inside capture. Returns (the lengths on q's device, whether capturing). Lengths
     with torch's negative bit are resolved first (a kernel reads memory, which holds their negation). ``name``: the
-    argument checked (``leftpad_k``'s first keys are checked the same way, `_check_windows`)."""
+    argument checked (``leftpad_k``'s first keys are checked the same way, `_check_windows`); ``values`` False: the
+    values of a tensor on q's device are left to the caller (`_check_windows` reads two tensors' at once)."""
     if isinstance(seqlens_k, torch.Tensor) and seqlens_k.is_neg():
         seqlens_k = seqlens_k.resolve_neg()
     capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()
@@ -398,18 +399,19 @@ def _check_lengths(q, k, seqlens_k, name: str = "seqlens_k") -> tuple[torch.Tens
         check_seqlens_k(seqlens_k, q.shape[0], k.shape[1], seqlens_k.device, name=name)
         staged = torch.empty(seqlens_k.shape, dtype=seqlens_k.dtype).copy_(seqlens_k)  # pageable, contiguous
         return staged.to(q.device, non_blocking=True), False
-    check_seqlens_k(seqlens_k, q.shape[0], k.shape[1], q.device, values=not capturing, name=name)
+    check_seqlens_k(seqlens_k, q.shape[0], k.shape[1], q.device, values=values and not capturing, name=name)
     return seqlens_k, capturing
 
 
 def _check_windows(q, k, seqlens_k, leftpad_k) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
     """`_check_lengths` of seqlens_k and of leftpad_k (when given), and that no first key is past its sequence's
-    end (read back, as the lengths are: not inside CUDA-graph capture, where the kernels clamp each first key to
-    its end). Returns (seqlens_k, leftpad_k, capturing), both on q's device."""
-    seqlens_k, capturing = _check_lengths(q, k, seqlens_k)
+    end (the values of both read back at once, one device sync, as the lengths alone are: not inside CUDA-graph
+    capture, where the kernels clamp each first key to its end). Returns (seqlens_k, leftpad_k, capturing), both on
+    q's device."""
+    seqlens_k, capturing = _check_lengths(q, k, seqlens_k, values=leftpad_k is None)
     if leftpad_k is None:
         return seqlens_k, None, capturing
-    leftpad_k, _ = _check_lengths(q, k, leftpad_k, "leftpad_k")
+    leftpad_k, _ = _check_lengths(q, k, leftpad_k, "leftpad_k", values=False)
     check_leftpad_k(leftpad_k, seqlens_k, q.shape[0], k.shape[1], q.device, values=not capturing)
     return seqlens_k, leftpad_k, capturing
 

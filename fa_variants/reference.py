@@ -113,14 +113,26 @@ def check_leftpad_k(leftpad_k, seqlens_k, batch: int, seqlen_k: int, device: tor
                     values: bool = True, host_ok: bool = False) -> None:
     """Validate each sequence's first key (``leftpad_k``, a KV cache padded on the left; flash-attn's name): as
     ``check_seqlens_k`` (int32 (batch,), values in [0, seqlen_k]), and with ``values`` each at most its sequence's
-    end, seqlens_k[b] (seqlen_k when ``seqlens_k`` is None): one line naming leftpad_k."""
-    check_seqlens_k(leftpad_k, batch, seqlen_k, device, values=values, host_ok=host_ok, name="leftpad_k")
-    if values and batch and seqlens_k is not None and leftpad_k.device.type != "meta":
-        past = (leftpad_k.to(seqlens_k.device) > seqlens_k).nonzero()
-        if past.numel():
-            b = int(past[0, 0])
-            raise ValueError(f"leftpad_k[{b}] = {int(leftpad_k[b])} is past seqlens_k[{b}] = {int(seqlens_k[b])} "
-                             "(each sequence attends to keys [leftpad_k[b], seqlens_k[b]))")
+    end, seqlens_k[b] (seqlen_k when ``seqlens_k`` is None): one line naming leftpad_k, or seqlens_k for its own
+    values (checked here too, with leftpad_k's in one read back: one device sync for both)."""
+    check_seqlens_k(leftpad_k, batch, seqlen_k, device, values=False, host_ok=host_ok, name="leftpad_k")
+    if not values or not batch or leftpad_k.device.type == "meta":
+        return
+    ends = leftpad_k.new_full((batch,), seqlen_k) if seqlens_k is None else seqlens_k.to(leftpad_k.device)
+    for t, name in ((leftpad_k, "leftpad_k"), (ends, "seqlens_k")):
+        if host_values.vmapped(t):
+            raise NotImplementedError(f"{name} batched by torch.func.vmap: its values are read on the host to check "
+                                      "them, which vmap cannot do; fold the vmapped dimension into the batch, or give "
+                                      f"{name} unbatched (in_dims None)")
+    first_past = torch.where(leftpad_k > ends, torch.arange(batch, device=ends.device), batch).amin()
+    lo_end, hi_end, lo, hi, past = (int(x) for x in torch.stack([ends.amin(), ends.amax(), leftpad_k.amin(),
+                                                                  leftpad_k.amax(), first_past]).tolist())
+    for name, low, high in (("seqlens_k", lo_end, hi_end), ("leftpad_k", lo, hi)):
+        if low < 0 or high > seqlen_k:
+            raise ValueError(f"{name} holds {low if low < 0 else high}, outside [0, seqlen_k = {seqlen_k}]")
+    if past < batch:
+        raise ValueError(f"leftpad_k[{past}] = {int(leftpad_k[past])} is past seqlens_k[{past}] = {int(ends[past])} "
+                         "(each sequence attends to keys [leftpad_k[b], seqlens_k[b]))")
 
 
 def key_windows(seqlens_k: torch.Tensor | None, leftpad_k: torch.Tensor | None, batch: int,
@@ -189,8 +201,8 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
     batch, seqlen_q, num_heads, head_dim = q.shape
     seqlen_k, num_heads_kv, head_dim_v = k.shape[1], k.shape[2], v.shape[3]
     if seqlens_k is not None:
-        check_seqlens_k(seqlens_k, batch, seqlen_k, q.device)
-    if leftpad_k is not None:
+        check_seqlens_k(seqlens_k, batch, seqlen_k, q.device, values=leftpad_k is None)
+    if leftpad_k is not None:  # (seqlens_k's values too, in the same read)
         check_leftpad_k(leftpad_k, seqlens_k, batch, seqlen_k, q.device)
     windows = [t for t in (seqlens_k, leftpad_k) if t is not None]
     if windows and batch > 0 and all(t.device.type != "meta" for t in windows):  # meta: shapes only, below

@@ -176,3 +176,13 @@ def test_kernel_launch_checks_leftpad_k_and_the_config():
     with pytest.raises(TypeError, match="leftpad_k must have dtype"):
         launch.launch(fa2.VARIANT, q, k, v, causal=False, softmax_scale=0.1, config=config, seqlens_k=ends,
                       leftpad_k=torch.tensor([1, 2]))
+
+
+def test_seqlens_k_values_are_checked_beside_leftpad_k():
+    """With leftpad_k the two tensors' values are read back together (one device sync): seqlens_k's own range errors
+    still name seqlens_k."""
+    q, k = torch.randn(2, 1, 2, 16), torch.randn(2, 8, 2, 16)
+    starts = torch.tensor([0, 1], dtype=torch.int32)
+    for bad, match in (([9, 8], "seqlens_k holds 9"), ([-1, 8], "seqlens_k holds -1")):
+        with pytest.raises(ValueError, match=match):
+            fa_variants.attention(q, k, k, seqlens_k=torch.tensor(bad, dtype=torch.int32), leftpad_k=starts)
