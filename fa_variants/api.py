@@ -823,12 +823,15 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
             out, lse = torch.ops.fa_variants.sdpa_masked(q, k, v, read, softmax_scale, backend)[:2]
             return (out.transpose(1, 2), lse) if return_lse else out.transpose(1, 2)
         seqlens_k = read
+    leftpad_k = None
+    if isinstance(seqlens_k, torch.Tensor) and seqlens_k.dim() == 2:  # traced decoding: ends and first keys
+        seqlens_k, leftpad_k = seqlens_k.unbind(0)
     if isinstance(seqlens_k, list):  # one key window per sequence
         from fa_variants import windowed
         result = windowed.attention(q, k, v, seqlens_k, softmax_scale=scale, backend=backend, return_lse=return_lse)
     else:
         result = attention(q, k, v, causal=is_causal, softmax_scale=scale, backend=backend, return_lse=return_lse,
-                           seqlens_k=seqlens_k)
+                           seqlens_k=seqlens_k, leftpad_k=leftpad_k)
     if return_lse:
         return result[0].transpose(1, 2), result[1]
     return result.transpose(1, 2)
@@ -872,8 +875,8 @@ def _sdpa_mask(attn_mask, q: torch.Tensor, k: torch.Tensor,
         raise ValueError(f"attn_mask has shape {shape}, which does not broadcast to (batch, num_heads, seqlen_q, "
                          f"seqlen_k) = {target}" + ("" if 2 <= len(shape) <= 4 else " (it must have 2 to 4 dimensions)"))
     mask = attn_mask.reshape((1,) * (4 - len(shape)) + shape)
-    if decoding:
-        return True, torch.ops.fa_variants.mask_lengths(mask, True, *target[2:], *target[:2], "attn_mask")
+    if decoding:  # (2, batch): the windows' ends and first keys (a left-padded batch's generation too)
+        return True, torch.ops.fa_variants.mask_window(mask, True, *target[2:], *target[:2], "attn_mask")
     if in_graph:
         return None, mask
     try:
@@ -890,7 +893,7 @@ def _sdpa_mask(attn_mask, q: torch.Tensor, k: torch.Tensor,
 
 def sdpa_mask_refusal(what: str) -> ValueError:
     """The SDPA drop-in's one-line error for an attn_mask that causal + seqlens_k cannot express (``what`` names
-    it); also raised by ``torch.ops.fa_variants.sdpa_masked`` and ``mask_lengths`` when a compiled graph runs."""
+    it); also raised by ``torch.ops.fa_variants.sdpa_masked`` and ``mask_window`` when a compiled graph runs."""
     return ValueError(f"attn_mask: fa_variants cannot express {what}; use torch's SDPA for this mask, or "
                       "fa_variants.attention's causal and seqlens_k")
 

@@ -539,7 +539,7 @@ def test_hf_model_compiles_fullgraph(model, ids):
 
 def test_hf_model_with_an_all_ones_mask_under_compile_keeps_our_op(model, ids):
     """Tokenizers and generate() always pass an attention_mask, all ones when nothing is padded. Under plain
-    torch.compile the mask is read when the graph runs (torch.ops.fa_variants.mask_lengths, no graph break) and our op
+    torch.compile the mask is read when the graph runs (torch.ops.fa_variants.mask_window, no graph break) and our op
     stays in the graphs (session 50 briefly refused masks while traced: 9 graphs instead of 4, half the attention
     nodes lost, +40 % per call)."""
     name = hf.register(backend="reference")

@@ -192,8 +192,8 @@ def test_static_cache_generation_runs_on_our_attention():
 @pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated")
 def test_static_cache_decoding_under_torch_compile_fullgraph():
     """Decoding steps over a static cache under torch.compile(fullgraph=True) give eager's logits: the mask's lengths
-    come from torch.ops.fa_variants.mask_lengths, read when the graph runs (no graph break), so one graph serves
-    every step (no recompile as the filled length grows)."""
+    come from torch.ops.fa_variants.mask_window (ends and first keys), read when the graph runs (no graph break), so
+    one graph serves every step (no recompile as the filled length grows)."""
     from test_integrations import tiny_llama
     from transformers import StaticCache
 
@@ -226,34 +226,93 @@ def test_static_cache_decoding_under_torch_compile_fullgraph():
     assert len(graphs) == 1, f"{len(graphs)} graphs for 4 steps"
     targets = [str(n.target) for n in graphs[0].graph.nodes]
     assert sum("fa_variants.attention_seqlens_k" in t for t in targets) == 2  # one per layer
-    assert sum("fa_variants.mask_lengths" in t for t in targets) == 2
+    assert sum("fa_variants.mask_window" in t for t in targets) == 2
 
 
 @needs_hf
-def test_a_padded_batch_under_torch_compile_is_refused_when_it_runs():
+def test_left_padded_static_cache_decoding_under_torch_compile_fullgraph():
+    """A left-padded prompt batch's decoding steps over a static cache under torch.compile(fullgraph=True): each
+    step's mask (keys [padding, filled) of the cache) comes from torch.ops.fa_variants.mask_window as seqlens_k and
+    leftpad_k, read when the graph runs; the logits are eager's within the rule. The 2-D attention_mask grows a
+    column a step, so torch.compile traces again as its length changes (3 graphs for 4 steps: static, then dynamic
+    shapes), as it does without fa_variants."""
+    from test_integrations import tiny_llama
+    from transformers import StaticCache
+
+    model = tiny_llama()
+    g = seeded_generator()
+    prompt = int(torch.randint(5, 10, (), generator=g))
+    ids = torch.randint(0, 97, (2, prompt + 4), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0  # the second prompt is three tokens shorter, padded on the left
+    name = hf.register(backend="reference")
+    graphs, recording_backend = _recorder()
+
+    def decode(forward, model=model):
+        cache = StaticCache(config=model.config, max_cache_len=32)
+        model(ids[:, :prompt], attention_mask=mask[:, :prompt], past_key_values=cache, use_cache=True)
+        return [forward(ids[:, i:i + 1], attention_mask=mask[:, :i + 1], past_key_values=cache,
+                        cache_position=torch.tensor([i]), use_cache=True).logits for i in range(prompt, prompt + 4)]
+
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            expected = decode(model.forward)
+            model.set_attn_implementation(name)
+            got = decode(torch.compile(model.forward, fullgraph=True, backend=recording_backend))
+    finally:
+        model.set_attn_implementation("eager")
+        torch._dynamo.reset()
+    twin = float64_twin(model)
+    twin.set_attn_implementation("sdpa")  # float64 eager adds finfo.min to scores: -inf, rows seeing no key NaN
+    with torch.no_grad():
+        exact = decode(twin.forward, twin)
+    assert_model_within_rule(got, expected, exact, "logits of step")
+    assert len(graphs) <= 3, f"{len(graphs)} graphs for 4 steps"
+    for gm in graphs:
+        assert sum("fa_variants.mask_window" in str(n.target) for n in gm.graph.nodes) == 2  # one per layer
+
+
+def test_the_mask_window_op_passes_opcheck():
+    """torch.library.opcheck of fa_variants::mask_window on a left-padded mask: (2, batch) int32, ends then starts."""
+    keys = torch.arange(8)
+    mask = torch.stack([keys >= 3, keys >= 0])[:, None, None]  # (2, 1, 1, 8): one decoding row each
+    op = torch.ops.fa_variants.mask_window
+    torch.library.opcheck(op, (mask, True, 1, 8, 2, 4, "attn_mask"))
+    assert op(mask, True, 1, 8, 2, 4, "attn_mask").tolist() == [[8, 8], [3, 0]]
+
+
+@needs_hf
+def test_a_padded_batch_under_torch_compile_runs_or_is_refused_when_it_runs():
     """Traced, a built mask is not read (the padding is, at a graph break, where it decides that a mask is needed):
-    a left-padded batch is refused in one line by the mask op when the compiled graph runs; a mask of the other kind
-    than the layer's is_causal too, under fullgraph=True."""
+    the mask op reads it when the compiled graph runs. A left-padded batch runs (each sequence's window as seqlens_k
+    and leftpad_k: session 54), its hidden states at the real tokens within the rule; a causal batch padded on the
+    right, whose padding rows see the whole sequence, is refused in one line; a mask of the other kind than the
+    layer's is_causal too, under fullgraph=True."""
     from test_integrations import tiny_llama
 
     model = tiny_llama()
     ids = torch.randint(0, 97, (2, 9), generator=seeded_generator())
-    padded = torch.ones_like(ids)
-    padded[1, :3] = 0
+    left, right = torch.ones_like(ids), torch.ones_like(ids)
+    left[1, :3] = 0
+    right[1, 6:] = 0
     name = hf.register(backend="reference")
     torch._dynamo.reset()
     model.set_attn_implementation(name)
     try:
         with torch.no_grad():
             compiled = torch.compile(model.model, backend="eager")  # (the padding is read at a graph break)
-            with pytest.raises(hf.UnsupportedAttentionError, match=r"^fa_variants attention cannot express this "
-                                                                   r"attention mask \(padding on the left"):
-                compiled(ids, attention_mask=padded)
-            ones = compiled(ids, attention_mask=torch.ones_like(ids)).last_hidden_state
+            got = compiled(ids, attention_mask=left).last_hidden_state
+            with pytest.raises(hf.UnsupportedAttentionError, match=r"^fa_variants attention cannot express a padded "
+                                                                   r"batch whose rows past a sequence's end"):
+                compiled(ids, attention_mask=right)
         model.set_attn_implementation("eager")
+        twin = float64_twin(model)
+        twin.set_attn_implementation("sdpa")  # float64 eager adds finfo.min to scores: -inf, rows seeing no key NaN
         with torch.no_grad():
-            assert_model_within_rule(ones, model.model(ids).last_hidden_state,
-                                     float64_twin(model).model(ids).last_hidden_state, "hidden state")
+            real = left.bool()  # the padding rows: eager attention averages where ours gives 0
+            assert_model_within_rule(got[real], model.model(ids, attention_mask=left).last_hidden_state[real],
+                                     twin.model(ids, attention_mask=left).last_hidden_state[real], "hidden state")
     finally:
         model.set_attn_implementation("eager")
         torch._dynamo.reset()
@@ -394,10 +453,10 @@ def test_sdpa_attn_mask_under_transforms_is_refused_in_one_line():
 def test_sdpa_attn_mask_under_torch_compile_fullgraph(seqlen_q):
     """Without grad, a prefill's (three query rows) attn_mask and the attention are one op,
     torch.ops.fa_variants.sdpa_masked, which reads the mask when the graph runs (whether it is causal or full is the
-    mask's to say); a decoding step's (one row: the kinds coincide) lengths come from torch.ops.fa_variants.mask_lengths
+    mask's to say); a decoding step's (one row: the kinds coincide) windows come from torch.ops.fa_variants.mask_window
     and the attention op stays a node of its own (inside reduce-overhead's CUDA graphs). So fullgraph=True works, a growing cache recompiles at most once (dynamic shapes
     after the second size), each step equals torch's SDPA whichever kind the mask is, and a mask it cannot express
-    (a hole before the last keys) is refused with the drop-in's one-line ValueError when the graph runs."""
+    (a hole between visible keys) is refused with the drop-in's one-line ValueError when the graph runs."""
     def step(q, k, mask):
         return fa_variants.scaled_dot_product_attention(q, k, k, attn_mask=mask, enable_gqa=True, backend="reference")
 
@@ -414,9 +473,9 @@ def test_sdpa_attn_mask_under_torch_compile_fullgraph(seqlen_q):
             want = F.scaled_dot_product_attention(q, k, k, attn_mask=mask, enable_gqa=True)
             torch.testing.assert_close(compiled(q, k, mask), want, rtol=1e-5, atol=1e-5)
         assert len(graphs) <= 2, f"{len(graphs)} graphs for 6 cache sizes"
-        op = "fa_variants.mask_lengths" if seqlen_q == 1 else "fa_variants.sdpa_masked"  # (see the docstring)
+        op = "fa_variants.mask_window" if seqlen_q == 1 else "fa_variants.sdpa_masked"  # (see the docstring)
         assert all(any(op in str(n.target) for n in gm.graph.nodes) for gm in graphs)
-        mask[1, ..., 0] = False  # a hole before sequence 1's last keys
+        mask[1, ..., 1] = False  # a hole between sequence 1's visible keys 0 and 2
         with pytest.raises(ValueError, match=r"^attn_mask: fa_variants cannot express this attention mask"):
             compiled(q, k, mask)
     finally:
@@ -491,7 +550,7 @@ def test_training_under_torch_compile_keeps_the_plain_call_for_an_unpadded_mask(
         torch._dynamo.reset()
     targets = [str(n.target) for gm in graphs for n in gm.graph.nodes]
     assert "fa_variants.attention" in targets  # the plain op (layers dynamo gives up on run it eagerly)
-    assert not any("fa_variants.attention_seqlens_k" in t or "fa_variants.mask_lengths" in t for t in targets)
+    assert not any("fa_variants.attention_seqlens_k" in t or "fa_variants.mask_window" in t for t in targets)
     twin = float64_twin(model)
     assert_model_within_rule(got, expected, loss_grads(twin.model, twin), "gradient")
 
@@ -508,6 +567,8 @@ def test_edge_masks_batch_zero_and_nothing_visible():
     for causal in (False, True):
         lengths = torch.ops.fa_variants.mask_lengths(hidden, causal, 3, 9, 2, 4, "attention_mask")
         assert lengths.tolist() == [0, 0]
+        windows = torch.ops.fa_variants.mask_window(hidden, causal, 3, 9, 2, 4, "attention_mask")
+        assert windows.tolist() == [[0, 0], [0, 0]]
 
 
 def test_the_refusal_is_raisable_under_dynamo():

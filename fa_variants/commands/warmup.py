@@ -17,7 +17,8 @@ heads of a KV head into its tile rows at seqlen_q > 1 (decode of a few query row
 the group (num_heads / num_heads_kv; 64-row tiles, and 128-row ones where ``hopper.fa3.wide_rows`` takes them).
 ``--gqa`` and a model's head counts are checked (num_heads % num_heads_kv == 0) and add those kernels; without
 them, such a call compiles at first use. ``--seqlens-k`` adds the kernels that read per-sequence KV lengths
-(``Variant.with_lengths`` of each config above: fa3, fa2). The other kernels a call on one of these configs
+(``Variant.with_lengths`` of each config above: fa3, fa2) and those that read each sequence's first key too
+(``leftpad_k``: what a compiled Hugging Face model with a mask runs, ``torch.ops.fa_variants.mask_window``). The other kernels a call on one of these configs
 launches come too (``Variant.warm_companions``: the split-KV merge kernel). A backend that
 does not serve a dtype / head_dim / arch is skipped with a note. The last line printed to stdout is one JSON
 object. Exit status 2, with one line on stderr naming the cause: an --arch that is not a compile target, an
@@ -28,6 +29,7 @@ entries could not be written.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
@@ -112,7 +114,8 @@ def _config_int(cfg: dict, key: str, path) -> int:
 def plan(backends, arch: str, dtypes, head_dims, causal, groups: tuple[int, ...] = (),
          seqlens_k: bool = False) -> tuple[list, list[str]]:
     """(static configs to build, notes on what was skipped); groups: query heads per KV head (``--gqa``);
-    seqlens_k: also each config reading per-sequence KV lengths (``Variant.with_lengths``: fa3, fa2)."""
+    seqlens_k: also each config reading per-sequence KV lengths (``Variant.with_lengths``: fa3, fa2), alone and with
+    each sequence's first key (the config's ``leftpad_k``)."""
     todo, notes = [], []
     for name in backends:
         for dtype in dtypes:
@@ -127,7 +130,9 @@ def plan(backends, arch: str, dtypes, head_dims, causal, groups: tuple[int, ...]
                         configs = [key()]  # raises for a head_dim not served
                         extra = registry.variant(name).warm_configs  # e.g. fa3's split-KV config (decode)
                         configs += [key(config) for config in (extra(arch, head_dim, c, groups) if extra else ())]
-                        configs += [key(lengths(cfg.config)) for cfg in (configs if lengths else ())]
+                        windows = [lengths(cfg.config) for cfg in (configs if lengths else ())]
+                        windows += [dataclasses.replace(w, leftpad_k=True) for w in windows if hasattr(w, "leftpad_k")]
+                        configs += [key(w) for w in windows]
                         companions = registry.variant(name).warm_companions  # e.g. the split merge kernel
                         todo += configs + [other for cfg in (configs if companions else ())
                                            for other in companions(cfg.config, arch, dtype, head_dim)]
@@ -246,7 +251,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="a Hugging Face style config.json: head_dim, heads and dtype from it")
     parser.add_argument("--causal", choices=("both", "yes", "no"), default="both")
     parser.add_argument("--seqlens-k", action="store_true", help="also the kernels that read per-sequence KV "
-                        "lengths (attention(..., seqlens_k=...) on fa3 and fa2)")
+                        "lengths, alone and with first keys (attention(..., seqlens_k=..., leftpad_k=...) on fa3 "
+                        "and fa2; a compiled Hugging Face model with a mask)")
     parser.add_argument("--prune", action="store_true", help="also delete cache directories of other "
                         "kernel-source / DSL versions (only directories the cache wrote)")
     parser.add_argument("--jobs", type=positive_int, default=1, help="compile this many kernels at a time, one "

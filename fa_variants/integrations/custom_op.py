@@ -16,8 +16,10 @@ Schema: ``fa_variants::attention(Tensor q, Tensor k, Tensor v, bool causal, floa
 str backend) -> (Tensor out, Tensor lse)``, out contiguous (batch, seqlen_q, num_heads, head_dim) in q's
 dtype (bfloat16 for e4m3: ``api.output_dtype``), lse float32 contiguous (batch, num_heads, seqlen_q); with per-sequence KV lengths
 ``fa_variants::attention_seqlens_k(Tensor q, Tensor k, Tensor v, Tensor seqlens_k, bool causal, float?
-softmax_scale, str backend) -> (Tensor out, Tensor lse)``. Masks read when a compiled graph runs:
-``fa_variants::mask_lengths`` (a mask's per-sequence key lengths, for transformers' masks) and
+softmax_scale, str backend, Tensor? leftpad_k=None) -> (Tensor out, Tensor lse)``. Masks read when a compiled
+graph runs: ``fa_variants::mask_window`` (a mask's per-sequence key windows as seqlens_k and leftpad_k, for
+transformers' masks; ``fa_variants::mask_lengths``, its lengths alone, before session 54, is kept for graphs exported
+with it) and
 ``fa_variants::sdpa_masked`` (the SDPA drop-in's attn_mask and the attention as one node; its backward
 ``fa_variants::sdpa_masked_backward``, the same ``kernel_backward`` as one opaque node: no second derivative).
 
@@ -152,6 +154,48 @@ def mask_lengths_op(mask: torch.Tensor, causal: bool, seqlen_q: int, seqlen_k: i
     if seqlens_k is None:
         return torch.full((batch,), seqlen_k, dtype=torch.int32, device=mask.device)
     return seqlens_k.to(mask.device)
+
+
+@torch.library.custom_op("fa_variants::mask_window", mutates_args=(), tags=_HOST_READ_TAGS)
+def mask_window_op(mask: torch.Tensor, causal: bool, seqlen_q: int, seqlen_k: int, batch: int, num_heads: int,
+                   name: str) -> torch.Tensor:
+    """Each sequence's key window of a 4-D mask, as ``fa_variants.attention``'s seqlens_k (row 0: the window's end)
+    and leftpad_k (row 1: its first key), int32 (2, batch) on the mask's device, read when the op runs
+    (``common.mask_windows.as_windows``: one device sync): `mask_lengths_op`'s masks (start 0) and those padded on
+    the left (a prompt batch and its generation under torch.compile), each window one call expresses with the
+    layer's ``causal`` (``windowed.one_call``: bottom-right against the window, or full). Its callers while traced:
+    ``integrations.hf`` and the SDPA drop-in at seqlen_q 1 without grad, as `mask_lengths_op`'s were (that op stays
+    registered for graphs exported before session 54). Other masks (a causal batch padded on the right, whose padding
+    rows see the whole sequence; a sliding window that bites) raise the caller's refusal when the graph runs."""
+    from fa_variants import windowed
+    from fa_variants.common import mask_lengths, mask_windows
+
+    try:
+        windows = mask_windows.as_windows(mask, seqlen_q, seqlen_k, batch, num_heads, name=name,
+                                          float_min_blocks=name != "attn_mask")
+    except mask_lengths.InexpressibleMask as refused:
+        raise _mask_refusal(name, refused.what) from None
+    got = windowed.one_call(windows, seqlen_q)
+    if got is None:
+        raise _mask_refusal(name, "a padded batch whose rows past a sequence's end see its whole window (a causal batch "
+                                  "padded on the right) while torch.compile traced it (eagerly it runs)")
+    if got != causal and seqlen_q > 1 and any(w.end > w.start for w in windows):
+        raise _mask_refusal(name, f"a {'causal' if got else 'full'} mask for a {'causal' if causal else 'non-causal'} "
+                                  "layer (while torch.compile traced it, the layer's is_causal chose the kind)")
+    return torch.tensor([[w.end for w in windows], [w.start for w in windows]], dtype=torch.int32,
+                        device=mask.device)
+
+
+@mask_window_op.register_fake
+def _mask_window_fake(mask, causal, seqlen_q, seqlen_k, batch, num_heads, name):
+    """The mask's shape checked as ``as_windows`` checks it (its values are read when the op runs)."""
+    from fa_variants.common import mask_lengths
+
+    try:
+        mask_lengths.check_shape(mask, seqlen_q, seqlen_k, batch, num_heads, name=name)
+    except mask_lengths.InexpressibleMask as refused:
+        raise _mask_refusal(name, refused.what) from None
+    return mask.new_empty((2, batch), dtype=torch.int32)
 
 
 def _mask_refusal(name: str, what: str) -> Exception:

@@ -26,8 +26,8 @@ sequences, additive biases) raises :class:`UnsupportedAttentionError`, whose mes
 ``attn_implementation="sdpa"`` or ``"eager"`` for that call. Under torch.compile, the padding of transformers'
 2-D attention_mask is read (a graph break) only where it decides whether a mask is needed at all (a dynamic cache:
 keys from position 0, queries at the end); a mask that is built anyway (a static cache's slots, a padded batch)
-costs no graph break: the layer's ``is_causal`` gives the kind and ``torch.ops.fa_variants.mask_lengths`` reads it
-into seqlens_k when the compiled graph runs (refusing it then).
+costs no graph break: the layer's ``is_causal`` gives the kind and ``torch.ops.fa_variants.mask_window`` reads it
+into seqlens_k and leftpad_k when the compiled graph runs (refusing then what one call cannot express).
 
 Training: the kernels have no backward kernel of their own; their gradients come from PyTorch's backward
 (``fa_variants.integrations.backward``: by default cuDNN's fused backward on our forward's O and LSE, else PyTorch's
@@ -184,8 +184,12 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
     if causal is None:  # a padded batch's windows (eager)
         return windowed.attention(q, k, v, seqlens_k, softmax_scale=scaling, backend=backend), None
+    leftpad_k = None
+    if isinstance(seqlens_k, torch.Tensor) and seqlens_k.dim() == 2:  # traced: the windows' ends and first keys
+        seqlens_k, leftpad_k = seqlens_k.unbind(0)
     # fa_variants.attention is itself one opaque node under torch.compile (the custom op)
-    out = fa_variants.attention(q, k, v, causal=causal, softmax_scale=scaling, backend=backend, seqlens_k=seqlens_k)
+    out = fa_variants.attention(q, k, v, causal=causal, softmax_scale=scaling, backend=backend, seqlens_k=seqlens_k,
+                                leftpad_k=leftpad_k)
     return out, None
 
 
@@ -225,9 +229,9 @@ def _causal_flag(module, query, key, attention_mask, dropout, is_causal, kwargs,
     """``attention_forward``'s causal flag and seqlens_k for ``fa_variants.attention`` (``mask_as_lengths``);
     UnsupportedAttentionError for a call they cannot express but sdpa can (dropout, a position bias, a sliding
     window that bites, a mask other than causal or full over each sequence's first keys). ``traced_mask``
-    (torch.compile tracing, no fallback): the mask's lengths come from ``torch.ops.fa_variants.mask_lengths``, read
-    when the graph runs, so the mask costs no graph break; the layer's ``is_causal`` says which kind it must be. (A
-    plain mask does not come here: ``build_mask`` returns None for it.)"""
+    (torch.compile tracing, no fallback): the mask's windows come from ``torch.ops.fa_variants.mask_window`` (int32
+    (2, batch): seqlens_k, then leftpad_k), read when the graph runs, so the mask costs no graph break; the layer's
+    ``is_causal`` says which kind it must be. (A plain mask does not come here: ``build_mask`` returns None for it.)"""
     seqlen_q, seqlen_k = query.shape[2], key.shape[2]
     if dropout:
         raise _refuse(f"dropout {dropout} (the kernels have none): call model.eval() or set the attention dropout to 0")
@@ -251,8 +255,8 @@ def _causal_flag(module, query, key, attention_mask, dropout, is_causal, kwargs,
             raise _refuse(refused.what) from None
     _check_mask_shape(attention_mask, seqlen_q, seqlen_k)
     causal = _module_causal(module, is_causal)
-    return causal, torch.ops.fa_variants.mask_lengths(attention_mask, causal, seqlen_q, seqlen_k, query.shape[0],
-                                                      query.shape[1], "attention_mask")
+    return causal, torch.ops.fa_variants.mask_window(attention_mask, causal, seqlen_q, seqlen_k, query.shape[0],
+                                                     query.shape[1], "attention_mask")
 
 
 def _module_causal(module, is_causal: bool | None) -> bool:
