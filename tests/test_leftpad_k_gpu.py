@@ -172,3 +172,34 @@ def test_fused_gradients_window_by_window(gpu_variant, monkeypatch, backend, mod
                     assert not g[b, :start].any() and not g[b, end:].any()
     finally:
         torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_sdpa_decoding_steps_of_a_left_padded_batch_under_compile(mode):
+    """The SDPA drop-in's decoding step (one query row, no grad) with a left-padded batch's mask under
+    torch.compile(fullgraph=True): ``torch.ops.fa_variants.mask_window`` reads each step's windows when the graph
+    runs and the attention op runs the leftpad_k kernel (inside reduce-overhead's CUDA graphs); every step, with new
+    paddings, queries and cache, within the rule against float64 over each window."""
+    import fa_variants
+
+    batch, seqlen_k = 4, 1023
+    q = torch.empty(batch, 32, 1, 128, dtype=BF16, device="cuda")
+    k, v = (torch.empty(batch, 8, seqlen_k, 128, dtype=BF16, device="cuda") for _ in range(2))
+    keys = torch.arange(seqlen_k, device="cuda")
+    step = torch.compile(lambda q, k, v, mask: fa_variants.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                                                                         enable_gqa=True),
+                         fullgraph=True, mode=mode)
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            for pads in ([0, 5, 1022, 300], [128, 0, 0, 1023], [7, 900, 129, 1]):
+                for t in (q, k, v):
+                    t.copy_(torch.randn_like(t))
+                mask = torch.stack([keys >= p for p in pads])[:, None, None]
+                out = step(q, k, v, mask).clone()
+                ends = torch.full((batch,), seqlen_k, dtype=torch.int32, device="cuda")
+                starts = torch.tensor(pads, dtype=torch.int32, device="cuda")
+                assert_attention_ok(out.transpose(1, 2), None, q.transpose(1, 2), k.transpose(1, 2),
+                                    v.transpose(1, 2), True, seqlens_k=ends, leftpad_k=starts, what=f"pads {pads}")
+    finally:
+        torch._dynamo.reset()
