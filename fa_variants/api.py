@@ -408,11 +408,15 @@ def _check_windows(q, k, seqlens_k, leftpad_k) -> tuple[torch.Tensor, torch.Tens
     end (the values of both read back at once, one device sync, as the lengths alone are: not inside CUDA-graph
     capture, where the kernels clamp each first key to its end). Returns (seqlens_k, leftpad_k, capturing), both on
     q's device."""
+    on_host = q.is_cuda and all(isinstance(t, torch.Tensor) and t.device.type == "cpu" for t in (seqlens_k, leftpad_k))
+    if on_host:  # both on the CPU (``windowed``'s): their values checked there, before the copies (no device sync)
+        check_seqlens_k(seqlens_k, q.shape[0], k.shape[1], q.device, values=False, host_ok=True)
+        check_leftpad_k(leftpad_k, seqlens_k, q.shape[0], k.shape[1], q.device, host_ok=True)
     seqlens_k, capturing = _check_lengths(q, k, seqlens_k, values=leftpad_k is None)
     if leftpad_k is None:
         return seqlens_k, None, capturing
     leftpad_k, _ = _check_lengths(q, k, leftpad_k, "leftpad_k", values=False)
-    check_leftpad_k(leftpad_k, seqlens_k, q.shape[0], k.shape[1], q.device, values=not capturing)
+    check_leftpad_k(leftpad_k, seqlens_k, q.shape[0], k.shape[1], q.device, values=not capturing and not on_host)
     return seqlens_k, leftpad_k, capturing
 
 

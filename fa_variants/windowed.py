@@ -35,8 +35,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, windows: list[W
 
     batch, seqlen_q, heads, _ = q.shape
     causal = one_call(windows, seqlen_q)
-    if causal is not None:  # seqlens_k and leftpad_k express every window
-        ends, starts = (torch.tensor([w[i] for w in windows], dtype=torch.int32, device=q.device) for i in (1, 0))
+    if causal is not None:  # seqlens_k and leftpad_k express every window (on the CPU: checked there, no sync)
+        ends, starts = (torch.tensor([w[i] for w in windows], dtype=torch.int32) for i in (1, 0))
         return api.attention(q, k, v, causal=causal, softmax_scale=softmax_scale, backend=backend,
                              return_lse=return_lse, seqlens_k=ends, leftpad_k=starts)
     out = lse = None  # made at the first group's results: their dtype (under autocast, autocast's)
