@@ -20,25 +20,27 @@
 # 2. then scripts/NAME_gpu.sh for each NAME, in order, each with the time left of CALL_BUDGET seconds (default 560),
 #    skipped when fewer than 100 s are left; logs in $OUT/pending/NAME.tar.xz, output in $OUT/pending/NAME.out. Each
 #    script's header has its pass and flip rules and its prediction (bench/NOTES.md has them too).
-#    Plan for session 54. Session 53 (H100, then H200) ran session 51-52's plan: step M passed on the GPU but for a
-#    CPU test under the host's torch 2.11 (fixed: f44003b), suite parts 1 (3346 passed) and 2 (1735 passed), cpu2
-#    (1400 passed), cpu1 (2 failed: a Dynamo import on the first call and Falcon on the host's transformers, both
-#    fixed after; not run again, the budget was spent), and S (H200: base / auto 1.032: the dual tiles stay).
-#    Session 53 also made per-sequence KV lengths take the fused backwards length by length
-#    (integrations.backward._backward_by_length; before, the float32 PyTorch backward). Name nvidia-h100-x1 or
+#    Plan for session 55. Session 54 (H100) ran session 53's plan: L (158 passed; the padded backward 0.94x SDPA's
+#    at D 128 N 4k, 2.1-2.5x at N 1k with 16 lengths), cpu1 (1516 passed), parts 2 (1 failed: a compile test's
+#    bf16 baseline was the float32 reference's, fixed in 0094976, its seed then passed), 3 (637) and 4 (334). Then
+#    it added leftpad_k (each sequence's first key, read by the fa3 / fa2 kernels: K and V viewed from it) and ran
+#    tests/test_leftpad_k_gpu.py's first 112 tests (all passed) and a one-off timing (one launch 4-9x faster than
+#    a call per window). After those calls (no device time left): the checks of both tensors in one read, the
+#    windows' CPU tensors, torch.ops.fa_variants.mask_window (HF and the SDPA drop-in's decoding under compile:
+#    left padding runs there now), warmup --seqlens-k with the leftpad kernels, and two GPU tests (the SDPA
+#    drop-in's left-padded decoding steps compiled, default and reduce-overhead). Name nvidia-h100-x1 or
 #    nvidia-h200, `status` first. In order:
-#    L. `python -m pytest -q -p no:cacheprovider tests/test_backward_gpu.py tests/test_torch_compile.py
-#       tests/test_seqlens_k_gpu.py -k "seqlens_k or training_under_compile or windows"` then `python3 scripts/backward_time.py --padded --pytorch --out
-#       $OUT/padded` (~90 + ~90 s): prediction: all pass (the fused calls counted per length: test_fused_gradients_
-#       with_seqlens_k, mixed and uniform lengths; 3 for the padded compiled mask; test_seqlens_k_training_under_
-#       compile_on_the_gpu, reduce-overhead with the lengths backward outside the graphs; test_padded_batch_windows_
-#       on_the_kernels, session 53's key windows of padded batches on fa3 / fa2); timing, bf16, keys padded on the right, non-causal,
-#       against SDPA with the key mask: ours-cudnnbwd (the default) 0.8-1.5x at D 128 N 4k B 4 (4 lengths), 1.2-3x at
-#       N 1k B 16 (16 lengths, 16 small launches of each kernel), ours (the old PyTorch backward) 15-40x.
-#    C1. `SUITE_LIMIT=240 scripts/suite_gpu.sh cpu1` (~60 + 130 s): prediction: all pass (the Falcon test skips on the
-#       host's transformers, which cannot set Falcon's attention implementation).
-#    E. suite part 2 (test_torch_compile, test_backward_gpu: the backward change), then parts 3 and 4 (last run on
-#       session 47's tree), each its own call: prediction: all pass.
+#    W. `python -m pytest -q -n 8 -p no:cacheprovider tests/test_leftpad_k_gpu.py tests/test_seqlens_k_gpu.py
+#       tests/test_torch_compile.py -k "leftpad or left_padded or windows or padded or sdpa_attn_mask or
+#       static_cache"` (~120 s): prediction: all pass (the compiled left-padded decoding steps through mask_window
+#       on fa3, inside reduce-overhead's graphs; the compiled HF / SDPA masks now through mask_window and the
+#       leftpad_k kernels; test_padded_batch_windows_on_the_kernels's left side as one call, its CPU windows).
+#    E. The whole suite on the final tree, each its own call: parts 2, 1, 3 (the fa3 kernel's K/V views changed under
+#       a switch; its other kernels' SASS is the same: session 54 compared six fa3 / fa2 kernels, plain and seqlens_k,
+#       split, before and after on the CPU), 4, cpu1, cpu2: prediction: all pass.
+#    T. The left-padded timing with rounds: `scripts/decode_ab.py` has no left-padded case yet; session 54's one-off
+#       (`bench/h100-2026-12-07-s54/call9/leftpad_time_s54.py`) gave one launch 218 us against SDPA's 101 us at B 16
+#       Nk 4k decode (our call reads the windows back, one sync; under CUDA graphs it does not).
 #    Open: issue 10 (1100 TFLOP/s at D 256 N 16k: 1012 in session 30's call, 1084-1120 in session 27's; 1.4x bf16 at
 #    128: 1.15-1.20 non-causal (H100, session 38); 1.3x at 64: 1.06-1.08; two-level <= 5 % at 256; the pass at 70 %
 #    of copy; pass + kernel at N 4k causal), 12 (fa3 / flash-attn-4 >= 1.00 everywhere: 0.93-0.99 in session 30's
