@@ -38,9 +38,12 @@
 #    E. The whole suite on the final tree, each its own call: parts 2, 1, 3 (the fa3 kernel's K/V views changed under
 #       a switch; its other kernels' SASS is the same: session 54 compared six fa3 / fa2 kernels, plain and seqlens_k,
 #       split, before and after on the CPU), 4, cpu1, cpu2: prediction: all pass.
-#    T. The left-padded timing with rounds: `scripts/decode_ab.py` has no left-padded case yet; session 54's one-off
-#       (`bench/h100-2026-12-07-s54/call9/leftpad_time_s54.py`) gave one launch 218 us against SDPA's 101 us at B 16
-#       Nk 4k decode (our call reads the windows back, one sync; under CUDA graphs it does not).
+#    T. `python3 scripts/leftpad_ab.py --out $OUT/leftpad` (~2 min): a left-padded batch, one launch (leftpad) beside
+#       SDPA with the mask and beside the same keys padded on the right (lengths), CUDA-graph bursts (no host time):
+#       prediction: leftpad / lengths 0.97-1.03 (one int32 read and a pointer offset per CTA), leftpad / sdpa-mask
+#       >= 1 at the decoding shapes where our plain decode is (issue 13: 0.96-1.00 of SDPA's time) and 1.5-4x at
+#       the prompt batches (SDPA's masked kernel is not FlashAttention's). Session 54's one-off, with host time
+#       (`bench/h100-2026-12-07-s54/call9`): 218 us against SDPA's 101 us at B 16 Nk 4k decode.
 #    Open: issue 10 (1100 TFLOP/s at D 256 N 16k: 1012 in session 30's call, 1084-1120 in session 27's; 1.4x bf16 at
 #    128: 1.15-1.20 non-causal (H100, session 38); 1.3x at 64: 1.06-1.08; two-level <= 5 % at 256; the pass at 70 %
 #    of copy; pass + kernel at N 4k causal), 12 (fa3 / flash-attn-4 >= 1.00 everywhere: 0.93-0.99 in session 30's

@@ -1,6 +1,8 @@
 """The bf16 / fp16 prefill A/B scripts' CPU-side logic: scripts/fa3_speed_ab.py (peers, variant sets and their compile
-plans, --shapes, summaries), bench.runtime's peers, scripts/fa2d256_ab.py with a fake timer."""
+plans, --shapes, summaries), bench.runtime's peers, scripts/fa2d256_ab.py with a fake timer, scripts/leftpad_ab.py's
+plan."""
 import dataclasses
+import json
 
 import pytest
 from helpers import load_script
@@ -182,3 +184,12 @@ def test_fa2d256_ab_plan_protocol_and_summary():
     # equal speed to default: verdict "same" everywhere, no FLIP
     assert ("WINS m128w8s1: vs default faster on 0/4 shapes, slower on 0/4 (verdicts), median > 1 on 0/4; "
             ">= sdpa-flash on 0/4") in lines
+
+
+def test_leftpad_ab_plan(capsys):
+    """scripts/leftpad_ab.py --plan prints its shapes without a GPU: decoding steps and prompt batches, 32:8 heads."""
+    ab = load_script("leftpad_ab")
+    assert ab.main(["--plan"]) == 0
+    shapes = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(s["batch"], s["seqlen_q"], s["seqlen_k"]) for s in shapes] == ab.SHAPES
+    assert {(s["heads"], s["heads_kv"], s["head_dim"]) for s in shapes} == {(32, 8, 128)}
