@@ -177,6 +177,23 @@ def windowed_kv_cache(windows: list[tuple[int, int]], seqlen_q: int, seqlen_k: i
     return q, k, v, *(torch.tensor(x, dtype=torch.int32, device=q.device) for x in (ends, starts))
 
 
+def split_decode_config(split: str, q: torch.Tensor, k: torch.Tensor, causal: bool):
+    """(module, config) of a decode test's ``split`` id "BACKEND-HOW" (fa3 / fa2; HOW: "auto", `auto`'s config, None;
+    else 3 splits, merged by the merge kernel or, "fused", by fa3's kernel itself)."""
+    import dataclasses
+    import importlib
+
+    backend, how = split.split("-", 1)
+    module = importlib.import_module({"fa3": "fa_variants.hopper.fa3", "fa2": "fa_variants.ampere.fa2"}[backend])
+    if how == "auto":
+        return module, None
+    config = module.decode_config(q, k, causal, num_splits=3)
+    if backend == "fa3":
+        config = dataclasses.replace(config, fused_merge=how == "fused",
+                                     first_row_only=config.first_row_only and how != "fused")
+    return module, config
+
+
 def lengths_loss_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqlens_k: torch.Tensor, backend: str):
     """Gradients (dq, dk, dv) of sum(out^2) + sum(finite LSE) for ``fa_variants.attention(q, k, v, causal=True,
     seqlens_k=..., return_lse=True, backend=...)`` on fresh leaves (q, k, v untouched); the kernel backends' warning

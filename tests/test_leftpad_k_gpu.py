@@ -5,25 +5,20 @@ for a KV cache padded on both sides, against float64 attention over each window.
 at it) and neither use nor let reach O the ones past it. Prefill and decode shapes, causal or not, GQA, every head
 dim, split-KV (the merge kernel, fa3's fused merge), packed GQA, CUDA-graph replays with new windows, the API's
 routing (fa1 per window), and the fused backward window by window."""
-import dataclasses
 import warnings
 
 import pytest
 import torch
-from helpers import assert_attention_ok, assert_grads_within_rule, exact_grads, sm90_only, windowed_kv_cache
+from helpers import (assert_attention_ok, assert_grads_within_rule, exact_grads, sm90_only, split_decode_config,
+                     windowed_kv_cache)
 
 from fa_variants.bench.decode import capture_graph
 
-pytestmark = sm90_only("fa3 with leftpad_k")
-fa3 = pytest.importorskip("fa_variants.hopper.fa3")
-fa2 = pytest.importorskip("fa_variants.ampere.fa2")
+# NaN-filled allocations and a fresh split scratch per test (conftest.poisoned_workspace)
+pytestmark = [*sm90_only("fa3 with leftpad_k"), pytest.mark.usefixtures("poisoned_workspace")]
+fa3, fa2 = (pytest.importorskip(f"fa_variants.{m}") for m in ("hopper.fa3", "ampere.fa2"))
 MODULES = {"fa3": fa3, "fa2": fa2}
 BF16, F16 = torch.bfloat16, torch.float16
-
-
-@pytest.fixture(autouse=True)
-def poisoned(poisoned_workspace):
-    """NaN-filled allocations and a fresh split scratch per test (conftest.poisoned_workspace)."""
 
 
 # (windows, seqlen_q, seqlen_k, heads, heads_kv): starts off the tile grid (1, 127, 129) and on it (128), an empty
@@ -64,13 +59,7 @@ def test_decode_windows_split_and_packed(case, causal, split):
     the merge kernel or fa3's fused merge: each split's range is of its window's keys."""
     windows, nq, nk, h, hkv, d = case
     q, k, v, seqlens_k, leftpad_k = windowed_kv_cache(windows, nq, nk, h, hkv, d, device="cuda")
-    backend, how = split.split("-", 1)
-    module, config = MODULES[backend], None
-    if how != "auto":
-        config = module.decode_config(q, k, causal, num_splits=3)
-        if backend == "fa3":
-            config = dataclasses.replace(config, fused_merge=how == "fused",
-                                         first_row_only=config.first_row_only and how != "fused")
+    module, config = split_decode_config(split, q, k, causal)
     out, lse = module.run(q, k, v, causal=causal, softmax_scale=0.09, config=config, seqlens_k=seqlens_k,
                           leftpad_k=leftpad_k)
     assert_attention_ok(out, lse, q, k, v, causal, 0.09, seqlens_k=seqlens_k, leftpad_k=leftpad_k,
@@ -146,7 +135,8 @@ def test_fused_gradients_window_by_window(gpu_variant, monkeypatch, backend, mod
     gpu_variant(backend)
     fused = []
     for name in ("cudnn_backward", "flash_backward"):
-        monkeypatch.setattr(backward, name, lambda *a, _f=getattr(backward, name), **kw: fused.append(1) or _f(*a, **kw))
+        monkeypatch.setattr(backward, name,
+                            lambda *a, _f=getattr(backward, name), **kw: fused.append(1) or _f(*a, **kw))
     windows = [(30, 300), (0, 300), (30, 300), (250, 251), (7, 7), (100, 299)]
     q, k, v, seqlens_k, leftpad_k = windowed_kv_cache(windows, 37, 300, 8, 2, 128, dtype=BF16, device="cuda")
     k, v = k.nan_to_num(), v.nan_to_num()  # (the reference baselines' autograd would carry NaN through 0 * NaN)

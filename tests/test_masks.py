@@ -189,53 +189,14 @@ def test_static_cache_generation_runs_on_our_attention():
 
 
 @needs_hf
-@pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated")
-def test_static_cache_decoding_under_torch_compile_fullgraph():
-    """Decoding steps over a static cache under torch.compile(fullgraph=True) give eager's logits: the mask's lengths
-    come from torch.ops.fa_variants.mask_window (ends and first keys), read when the graph runs (no graph break), so
-    one graph serves every step (no recompile as the filled length grows)."""
-    from test_integrations import tiny_llama
-    from transformers import StaticCache
-
-    model = tiny_llama()
-    g = seeded_generator()
-    prompt = int(torch.randint(3, 10, (), generator=g))
-    ids = torch.randint(0, 97, (2, prompt + 4), generator=g)
-    name = hf.register(backend="reference")
-    graphs, recording_backend = _recorder()
-
-    def decode(forward, model=model):
-        cache = StaticCache(config=model.config, max_cache_len=32)
-        model(ids[:, :prompt], past_key_values=cache, use_cache=True)
-        return [forward(ids[:, i:i + 1], past_key_values=cache, cache_position=torch.tensor([i]), use_cache=True).logits
-                for i in range(prompt, prompt + 4)]
-
-    torch._dynamo.reset()
-    try:
-        with torch.no_grad():
-            expected = decode(model.forward)
-            model.set_attn_implementation(name)
-            got = decode(torch.compile(model.forward, fullgraph=True, backend=recording_backend))
-    finally:
-        model.set_attn_implementation("eager")
-        torch._dynamo.reset()
-    twin = float64_twin(model)
-    with torch.no_grad():
-        exact = decode(twin.forward, twin)
-    assert_model_within_rule(got, expected, exact, "logits of step")
-    assert len(graphs) == 1, f"{len(graphs)} graphs for 4 steps"
-    targets = [str(n.target) for n in graphs[0].graph.nodes]
-    assert sum("fa_variants.attention_seqlens_k" in t for t in targets) == 2  # one per layer
-    assert sum("fa_variants.mask_window" in t for t in targets) == 2
-
-
-@needs_hf
-def test_left_padded_static_cache_decoding_under_torch_compile_fullgraph():
-    """A left-padded prompt batch's decoding steps over a static cache under torch.compile(fullgraph=True): each
-    step's mask (keys [padding, filled) of the cache) comes from torch.ops.fa_variants.mask_window as seqlens_k and
-    leftpad_k, read when the graph runs; the logits are eager's within the rule. The 2-D attention_mask grows a
-    column a step, so torch.compile traces again as its length changes (3 graphs for 4 steps: static, then dynamic
-    shapes), as it does without fa_variants."""
+@pytest.mark.parametrize("padding", ["none", "left"])
+def test_static_cache_decoding_under_torch_compile_fullgraph(padding):
+    """Decoding steps over a static cache under torch.compile(fullgraph=True) give eager's logits: the mask's windows
+    come from torch.ops.fa_variants.mask_window (seqlens_k, then leftpad_k), read when the graph runs (no graph
+    break). Without padding one graph serves every step (no recompile as the filled length grows); a left-padded
+    prompt batch (the second prompt three tokens shorter) passes its 2-D attention_mask, which grows a column a step,
+    so torch.compile traces again as its length changes (3 graphs for 4 steps, static then dynamic shapes), as it
+    does with transformers' own sdpa attention."""
     from test_integrations import tiny_llama
     from transformers import StaticCache
 
@@ -244,15 +205,16 @@ def test_left_padded_static_cache_decoding_under_torch_compile_fullgraph():
     prompt = int(torch.randint(5, 10, (), generator=g))
     ids = torch.randint(0, 97, (2, prompt + 4), generator=g)
     mask = torch.ones_like(ids)
-    mask[1, :3] = 0  # the second prompt is three tokens shorter, padded on the left
+    mask[1, :3] = 0
     name = hf.register(backend="reference")
     graphs, recording_backend = _recorder()
 
     def decode(forward, model=model):
         cache = StaticCache(config=model.config, max_cache_len=32)
-        model(ids[:, :prompt], attention_mask=mask[:, :prompt], past_key_values=cache, use_cache=True)
-        return [forward(ids[:, i:i + 1], attention_mask=mask[:, :i + 1], past_key_values=cache,
-                        cache_position=torch.tensor([i]), use_cache=True).logits for i in range(prompt, prompt + 4)]
+        masks = {i: {} if padding == "none" else dict(attention_mask=mask[:, :i]) for i in range(prompt, prompt + 5)}
+        model(ids[:, :prompt], past_key_values=cache, use_cache=True, **masks[prompt])
+        return [forward(ids[:, i:i + 1], past_key_values=cache, cache_position=torch.tensor([i]), use_cache=True,
+                        **masks[i + 1]).logits for i in range(prompt, prompt + 4)]
 
     torch._dynamo.reset()
     try:
@@ -268,9 +230,11 @@ def test_left_padded_static_cache_decoding_under_torch_compile_fullgraph():
     with torch.no_grad():
         exact = decode(twin.forward, twin)
     assert_model_within_rule(got, expected, exact, "logits of step")
-    assert len(graphs) <= 3, f"{len(graphs)} graphs for 4 steps"
+    assert len(graphs) == (1 if padding == "none" else 3), f"{len(graphs)} graphs for 4 steps"
     for gm in graphs:
-        assert sum("fa_variants.mask_window" in str(n.target) for n in gm.graph.nodes) == 2  # one per layer
+        targets = [str(n.target) for n in gm.graph.nodes]
+        assert sum("fa_variants.attention_seqlens_k" in t for t in targets) == 2  # one per layer
+        assert sum("fa_variants.mask_window" in t for t in targets) == 2
 
 
 def test_the_mask_window_op_passes_opcheck():

@@ -6,11 +6,10 @@ let its V rows reach O (cleared in shared memory); fa2 does not read those rows 
 shapes, causal or not, GQA, every head dim, fp16, split-KV (the merge kernel and fa3's fused merge), packed GQA,
 CUDA graph capture with new lengths at each replay; the API's routing (in-kernel on fa3 and fa2, fa1 per length
 and refused inside capture)."""
-import dataclasses
 
 import pytest
 import torch
-from helpers import assert_attention_ok, padded_kv_cache, sm90_only
+from helpers import assert_attention_ok, padded_kv_cache, sm90_only, split_decode_config
 
 from fa_variants.bench.decode import capture_graph
 
@@ -74,13 +73,7 @@ def test_decode_lengths_split_and_packed(case, causal, split):
     fa3's fused merge: splits past a sequence's length get no tile (LSE -inf, ignored by the merge)."""
     lengths, nq, nk, h, hkv, d = case
     q, k, v, seqlens_k = padded_kv_cache(lengths, nq, nk, h, hkv, d, device="cuda")
-    backend, how = split.split("-", 1)
-    module, config = MODULES[backend], None
-    if how != "auto":
-        config = module.decode_config(q, k, causal, num_splits=3)
-        if backend == "fa3":
-            config = dataclasses.replace(config, fused_merge=how == "fused",
-                                         first_row_only=config.first_row_only and how != "fused")
+    module, config = split_decode_config(split, q, k, causal)
     out, lse = module.run(q, k, v, causal=causal, softmax_scale=0.09, config=config, seqlens_k=seqlens_k)
     assert_attention_ok(out, lse, q, k, v, causal, 0.09, seqlens_k=seqlens_k, what=f"{split} lengths={lengths}")
 

@@ -177,8 +177,8 @@ def mask_window_op(mask: torch.Tensor, causal: bool, seqlen_q: int, seqlen_k: in
         raise _mask_refusal(name, refused.what) from None
     got = windowed.one_call(windows, seqlen_q)
     if got is None:
-        raise _mask_refusal(name, "a padded batch whose rows past a sequence's end see its whole window (a causal batch "
-                                  "padded on the right) while torch.compile traced it (eagerly it runs)")
+        raise _mask_refusal(name, "a padded batch whose rows past a sequence's end see its whole window (a causal "
+                                  "batch padded on the right) while torch.compile traced it (eagerly it runs)")
     if got != causal and seqlen_q > 1 and any(w.end > w.start for w in windows):
         raise _mask_refusal(name, f"a {'causal' if got else 'full'} mask for a {'causal' if causal else 'non-causal'} "
                                   "layer (while torch.compile traced it, the layer's is_causal chose the kind)")
@@ -188,14 +188,20 @@ def mask_window_op(mask: torch.Tensor, causal: bool, seqlen_q: int, seqlen_k: in
 
 @mask_window_op.register_fake
 def _mask_window_fake(mask, causal, seqlen_q, seqlen_k, batch, num_heads, name):
-    """The mask's shape checked as ``as_windows`` checks it (its values are read when the op runs)."""
+    """The mask's shape checked (`_check_mask_shape`: its values are read when the op runs)."""
+    _check_mask_shape(mask, seqlen_q, seqlen_k, batch, num_heads, name)
+    return mask.new_empty((2, batch), dtype=torch.int32)
+
+
+def _check_mask_shape(mask, seqlen_q: int, seqlen_k: int, batch: int, num_heads: int, name: str) -> None:
+    """The mask ops' fakes: the mask's shape checked as ``as_lengths`` / ``as_windows`` check it, refused as the
+    caller refuses it eagerly (`_mask_refusal`)."""
     from fa_variants.common import mask_lengths
 
     try:
         mask_lengths.check_shape(mask, seqlen_q, seqlen_k, batch, num_heads, name=name)
     except mask_lengths.InexpressibleMask as refused:
         raise _mask_refusal(name, refused.what) from None
-    return mask.new_empty((2, batch), dtype=torch.int32)
 
 
 def _mask_refusal(name: str, what: str) -> Exception:
@@ -212,13 +218,8 @@ def _mask_refusal(name: str, what: str) -> Exception:
 
 @mask_lengths_op.register_fake
 def _mask_lengths_fake(mask, causal, seqlen_q, seqlen_k, batch, num_heads, name):
-    """The mask's shape checked as ``as_lengths`` checks it (its values are read when the op runs)."""
-    from fa_variants.common import mask_lengths
-
-    try:
-        mask_lengths.check_shape(mask, seqlen_q, seqlen_k, batch, num_heads, name=name)
-    except mask_lengths.InexpressibleMask as refused:
-        raise _mask_refusal(name, refused.what) from None
+    """The mask's shape checked (`_check_mask_shape`: its values are read when the op runs)."""
+    _check_mask_shape(mask, seqlen_q, seqlen_k, batch, num_heads, name)
     return mask.new_empty((batch,), dtype=torch.int32)
 
 
@@ -261,14 +262,8 @@ def sdpa_masked_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
 def _sdpa_masked_fake(q, k, v, mask, softmax_scale, backend):
     """``_attention_fake`` (``fa_variants.attention``'s checks, then the shapes), then the mask's shape checked as
     ``as_lengths`` checks it (its values are read when the op runs)."""
-    from fa_variants import api
-    from fa_variants.common import mask_lengths
-
     out, lse = _attention_fake(q, k, v, False, softmax_scale, backend)
-    try:
-        mask_lengths.check_shape(mask, q.shape[1], k.shape[1], q.shape[0], q.shape[2], name="attn_mask")
-    except mask_lengths.InexpressibleMask as refused:
-        raise api.sdpa_mask_refusal(refused.what) from None
+    _check_mask_shape(mask, q.shape[1], k.shape[1], q.shape[0], q.shape[2], "attn_mask")
     return out, lse, torch.empty((q.shape[0],), dtype=torch.int32), torch.empty((2,), dtype=torch.int32)
 
 
