@@ -412,10 +412,11 @@ def _check_windows(q, k, seqlens_k, leftpad_k) -> tuple[torch.Tensor, torch.Tens
     if on_host:  # both on the CPU (``windowed``'s): their values checked there, before the copies (no device sync)
         check_seqlens_k(seqlens_k, q.shape[0], k.shape[1], q.device, values=False, host_ok=True)
         check_leftpad_k(leftpad_k, seqlens_k, q.shape[0], k.shape[1], q.device, host_ok=True)
+    if leftpad_k is not None:  # first: a call given leftpad_k alone has its errors name it (its ends are made here)
+        leftpad_k, _ = _check_lengths(q, k, leftpad_k, "leftpad_k", values=False)
     seqlens_k, capturing = _check_lengths(q, k, seqlens_k, values=leftpad_k is None)
     if leftpad_k is None:
         return seqlens_k, None, capturing
-    leftpad_k, _ = _check_lengths(q, k, leftpad_k, "leftpad_k", values=False)
     check_leftpad_k(leftpad_k, seqlens_k, q.shape[0], k.shape[1], q.device, values=not capturing and not on_host)
     return seqlens_k, leftpad_k, capturing
 
@@ -479,8 +480,8 @@ def run_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, seql
         dispatch.remember_plan(key, (plan, state, switches))
         return out, lse
     if capturing:
-        raise NotImplementedError(f"seqlens_k under CUDA-graph capture needs the fa3 or fa2 backend (their kernels "
-                                  f"read the lengths); this call runs on {selection.backend}, which reads them back")
+        raise NotImplementedError(f"seqlens_k / leftpad_k under CUDA-graph capture needs the fa3 or fa2 backend (their "
+                                  f"kernels read them); this call runs on {selection.backend}, which reads them back")
     if selection.backend == "reference":
         return reference_run(q, k, v, causal=causal, softmax_scale=scale, seqlens_k=seqlens_k, leftpad_k=leftpad_k)
     batch, seqlen_q, heads, head_dim = q.shape
@@ -758,10 +759,12 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
             break; its backward is the plain call's, length by length with lengths); under torch.func
             transforms it is read at the call (a graph break under torch.compile, a ValueError under torch.export);
             refused inside CUDA-graph capture. Eagerly, a mask of one key window per sequence (padding on the left,
-            a causal batch padded on the right, ``common.mask_windows``) runs as plain calls on each window's
-            slices (``windowed.attention``; refused while traced). Other masks (sliding windows that bite, packed
-            sequences, biases) raise ValueError, integer
-            and 8-bit float masks TypeError. A row that sees no key gives 0 (and LSE -inf).
+            a causal batch padded on the right, ``common.mask_windows``) runs as one call with seqlens_k and
+            leftpad_k where they express it (left padding), else as plain calls on each window's slices
+            (``windowed.attention``); while traced only a decoding step's (one query row, no grad: the op
+            ``torch.ops.fa_variants.mask_window``), the others refused when the graph runs. Other masks (sliding
+            windows that bite, packed sequences, biases) raise ValueError, integer and 8-bit float masks TypeError.
+            A row that sees no key gives 0 (and LSE -inf).
         dropout_p: accepted for signature compatibility; only 0.0 is supported.
         is_causal: causal mask. PyTorch aligns it top-left and we align bottom-right; the two agree when
             seqlen_q == seqlen_k (and where either is 0), so is_causal with other seqlen_q != seqlen_k raises
@@ -863,8 +866,8 @@ def _sdpa_mask(attn_mask, q: torch.Tensor, k: torch.Tensor,
     # traced: read when the graph runs, by the op that then runs attention (no graph break; its backward takes the
     # plain call's for a plain mask); under torch.func transforms read here (a graph break under torch.compile),
     # which torch.export cannot do. One query row without grad (decoding), where causal and full coincide: the
-    # lengths alone come from an op (mask_lengths), so that the attention op stays inside reduce-overhead's CUDA
-    # graphs (sdpa_masked, which reads the host, is kept out of them)
+    # windows alone come from an op (mask_window: seqlens_k and leftpad_k), so that the attention op stays inside
+    # reduce-overhead's CUDA graphs (sdpa_masked, which reads the host, is kept out of them)
     transformed = torch._C._are_functorch_transforms_active()
     in_graph = torch.compiler.is_compiling() and not transformed
     wants_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))  # (inference mode: untraceable)
@@ -899,7 +902,7 @@ def sdpa_mask_refusal(what: str) -> ValueError:
     """The SDPA drop-in's one-line error for an attn_mask that causal + seqlens_k cannot express (``what`` names
     it); also raised by ``torch.ops.fa_variants.sdpa_masked`` and ``mask_window`` when a compiled graph runs."""
     return ValueError(f"attn_mask: fa_variants cannot express {what}; use torch's SDPA for this mask, or "
-                      "fa_variants.attention's causal and seqlens_k")
+                      "fa_variants.attention's causal, seqlens_k and leftpad_k")
 
 
 def select_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,

@@ -139,6 +139,9 @@ def key_windows(seqlens_k: torch.Tensor | None, leftpad_k: torch.Tensor | None, 
                 seqlen_k: int) -> list[tuple[int, int]]:
     """Each sequence's keys [start, end) on the host (one read of each tensor given): end seqlens_k[b] (seqlen_k
     without), start leftpad_k[b] (0 without)."""
+    if seqlens_k is not None and leftpad_k is not None:  # one read of both
+        starts, ends = torch.stack([leftpad_k, seqlens_k.to(leftpad_k.device)]).tolist()
+        return list(zip(starts, ends))
     ends = seqlens_k.tolist() if seqlens_k is not None else [seqlen_k] * batch
     starts = leftpad_k.tolist() if leftpad_k is not None else [0] * batch
     return list(zip(starts, ends))

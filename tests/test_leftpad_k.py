@@ -2,6 +2,7 @@
 against an explicit float64 mask, the public API (reference backend; the kernels' grouped path on a fake sm_90), its
 validation (one-line errors naming leftpad_k), autograd and torch.compile."""
 import math
+import types
 
 import pytest
 import torch
@@ -186,3 +187,40 @@ def test_seqlens_k_values_are_checked_beside_leftpad_k():
     for bad, match in (([9, 8], "seqlens_k holds 9"), ([-1, 8], "seqlens_k holds -1")):
         with pytest.raises(ValueError, match=match):
             fa_variants.attention(q, k, k, seqlens_k=torch.tensor(bad, dtype=torch.int32), leftpad_k=starts)
+
+
+def test_module_runs_take_leftpad_k_alone(monkeypatch):
+    """fa3.run / fa2.run with leftpad_k and no seqlens_k run each window to seqlen_k, as the API does (they raised a
+    config error): the config they hand the launcher reads both, the ends seqlen_k. (The launch itself is stubbed:
+    no GPU here.)"""
+    from fa_variants.ampere import fa2
+    from fa_variants.hopper import fa3
+
+    q, k = torch.randn(2, 3, 4, 64, dtype=torch.bfloat16), torch.randn(2, 9, 2, 64, dtype=torch.bfloat16)
+    starts = torch.tensor([1, 0], dtype=torch.int32)
+    for module in (fa3, fa2):
+        seen = {}
+        monkeypatch.setattr(module, "VARIANT", types.SimpleNamespace(run=lambda *a, **kw: seen.update(kw)))
+        monkeypatch.setattr(module, "scale_config", lambda config, *a: config)
+        monkeypatch.setattr(module, "_problem_config", lambda config, *a: config)
+        module.run(q, k, k, causal=True, softmax_scale=0.1, leftpad_k=starts,
+                   config=module.default_config("sm_90a" if module is fa3 else "sm_80", 64, True))
+        assert seen["config"].leftpad_k and seen["config"].seqlens_k, module.__name__
+        assert seen["seqlens_k"].tolist() == [9, 9] and seen["leftpad_k"] is starts
+
+
+def test_a_host_leftpad_k_alone_inside_capture_is_named(monkeypatch):
+    """Inside CUDA-graph capture a CPU leftpad_k given alone is refused naming leftpad_k (the ends the call makes
+    for it were named first, as seqlens_k, which the caller never passed). Capture and a CUDA q are simulated."""
+    from fa_variants import api
+
+    class CudaLooking(torch.Tensor):
+        @property
+        def is_cuda(self):
+            return True
+
+    q, k = torch.randn(2, 1, 2, 16).as_subclass(CudaLooking), torch.randn(2, 8, 2, 16)
+    starts = torch.tensor([1, 2], dtype=torch.int32)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(ValueError, match="^leftpad_k is on the CPU inside CUDA-graph capture"):
+        api._check_windows(q, k, api._full_ends(q, k, starts), starts)

@@ -422,9 +422,12 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, soft
     Returns (out (B, Nq, H, D) like q, lse float32 (B, H, Nq), natural log).
     `seqlens_k`: optional int32 (batch,) per-sequence KV lengths on q's device, read by the kernel
     (``lengths_config``; values clamped to [0, seqlen_k]: ``fa_variants.attention`` checks them). `leftpad_k`:
-    optional int32 (batch,) first keys with seqlens_k: keys [leftpad_k[b], seqlens_k[b]) (``leftpad_config``).
+    optional int32 (batch,) first keys: keys [leftpad_k[b], seqlens_k[b]) (seqlen_k without seqlens_k;
+    ``leftpad_config``).
     Raises ValueError for a shape it cannot serve (head_dim, dtype, H or B above 65535).
     """
+    if leftpad_k is not None and seqlens_k is None:  # each window runs to seqlen_k
+        seqlens_k = torch.full((q.shape[0],), k.shape[1], dtype=torch.int32, device=q.device)
     if seqlens_k is not None:
         window = leftpad_config if leftpad_k is not None else lengths_config
         config = window(q, k, causal, scale_config(config, q, k, causal, kernel_scale(softmax_scale)[1]))

@@ -60,7 +60,8 @@ class FlashAttention2Sm80:
     @cute.jit
     def launch(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
                softmax_scale: Float32, stream: cuda.CUstream, lengths: tuple):
-        """The host side of ``__call__``; ``lengths``: (seqlens_k,) with ``Sm80Config.seqlens_k``, else ()."""
+        """The host side of ``__call__``; ``lengths``: (seqlens_k,) with ``Sm80Config.seqlens_k``, (seqlens_k,
+        leftpad_k) with ``Sm80Config.leftpad_k`` too, else ()."""
         D, Br, Bc = self.head_dim, self.Br, self.Bc
         sQ_layout = sm80.smem_layout(self.dtype, Br, D)
         sKV_layout = sm80.smem_layout(self.dtype, Bc, D, self.stages)

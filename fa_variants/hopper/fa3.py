@@ -880,9 +880,9 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, soft
             sequence b attends to its first seqlens_k[b] keys (causal bottom-right against that length), read by
             the kernel (``lengths_config``; values clamped to [0, seqlen_k]: ``fa_variants.attention`` checks
             them). One launch, no host read-back.
-        leftpad_k: optional int32 (batch,) first keys, with seqlens_k (a KV cache padded on the left too): sequence
-            b attends to keys [leftpad_k[b], seqlens_k[b]), causal bottom-right against their count
-            (``leftpad_config``; clamped in the kernel to [0, seqlens_k[b]]). One launch.
+        leftpad_k: optional int32 (batch,) first keys (a KV cache padded on the left): sequence b attends to keys
+            [leftpad_k[b], seqlens_k[b]) (seqlen_k for the end without seqlens_k), causal bottom-right against their
+            count (``leftpad_config``; clamped in the kernel to [0, seqlens_k[b]]). One launch.
     Returns:
         (out, lse): out (batch, seqlen_q, num_heads, head_dim) like q, contiguous; lse float32
         (batch, num_heads, seqlen_q), natural log; a row that sees no key gets O = 0, LSE = -inf.
@@ -891,6 +891,8 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, soft
             more than 2^31 - 1 CTAs, a non-finite softmax_scale, or an operand TMA cannot address.
     Strides: any 16-byte-aligned strides are read in place (TMA); others are copied first.
     """
+    if leftpad_k is not None and seqlens_k is None:  # each window runs to seqlen_k
+        seqlens_k = torch.full((q.shape[0],), k.shape[1], dtype=torch.int32, device=q.device)
     if seqlens_k is not None:
         window = leftpad_config if leftpad_k is not None else lengths_config
         config = window(q, k, causal, scale_config(config, q, k, causal, kernel_scale(softmax_scale)[1]))

@@ -285,7 +285,7 @@ def build_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_of
     # a model that uses the mask itself (adds a bias or a learned mask to it, indexes it) asks for it built
     skip_allowed = kwargs.get("allow_is_bidirectional_skip" if bidirectional else "allow_is_causal_skip", True)
     # the padding is read (a graph break under torch.compile) only where it decides: a mask that must be built anyway
-    # (a static cache's slots) is built without it and read when the graph runs (torch.ops.fa_variants.mask_lengths)
+    # (a static cache's slots) is built without it and read when the graph runs (torch.ops.fa_variants.mask_window)
     if skip_allowed and plain and causal_aligned and not isinstance(kv_offset, torch.Tensor) and kv_offset == 0 and (
             attention_mask is None or bool(attention_mask.all())):
         return None
