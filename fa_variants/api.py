@@ -487,8 +487,8 @@ def run_seqlens_k(q, k, v, causal: bool, scale: float | None, backend: str, seql
     batch, seqlen_q, heads, head_dim = q.shape
     out = torch.empty(batch, seqlen_q, heads, head_dim, dtype=output_dtype(q.dtype), device=q.device)
     lse = torch.empty(batch, heads, seqlen_q, dtype=torch.float32, device=q.device)
-    windows = key_windows(seqlens_k, leftpad_k, batch, k.shape[1])
-    for (start, end), index in batch_groups.by_value(windows, q.device, ascending=True):
+    spans = key_windows(seqlens_k, leftpad_k, batch, k.shape[1])  # (start, end) per sequence, read on the host
+    for (start, end), index in batch_groups.by_value(spans, q.device, ascending=True):
         keys = slice(start, end)
         if index is None:  # one window for all: views, no copy
             return _run(selection, q, k[:, keys], v[:, keys], causal, scale)
@@ -665,15 +665,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
 
     Raises:
         TypeError: a non-tensor input, a non-floating or mismatched dtype, a non-bool flag, a non-real scale.
-        ValueError: wrong rank; batch, seqlen_k, num_heads_kv or head_dim mismatch; a seqlens_k value outside
-            [0, seqlen_k], or of the wrong shape or device (TypeError: not an int32 tensor); num_heads not a multiple
+        ValueError: wrong rank; batch, seqlen_k, num_heads_kv or head_dim mismatch; a seqlens_k or leftpad_k value
+            outside [0, seqlen_k] or a leftpad_k past its sequence's end, or either of the wrong shape or device
+            (TypeError: not an int32 tensor); num_heads not a multiple
             of num_heads_kv; head_dim 0; num_heads_kv 0; inputs on different devices; non-finite
             or out-of-range softmax_scale; num_splits > 1 with |softmax_scale| above 2^64; an unknown backend; a
             backend that cannot serve the call
             (``dispatch.BackendUnavailableError``, naming the backends that can).
         NotImplementedError: inputs that require grad on fa3-fp8 (``registry.FORWARD_ONLY``) or with num_splits /
-            pack_gqa; seqlens_k inside
-            CUDA-graph capture on a backend other than fa3 and fa2; seqlens_k batched by torch.func.vmap.
+            pack_gqa; seqlens_k / leftpad_k inside CUDA-graph capture on a backend other than fa3 and fa2; either
+            batched by torch.func.vmap.
 
     Sources: Dao et al., FlashAttention (2022), Algorithm 1; Dao, FlashAttention-2 (2023), Algorithm 1;
     Shah et al., FlashAttention-3 (2024).
