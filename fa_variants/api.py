@@ -762,10 +762,10 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
             refused inside CUDA-graph capture. Eagerly, a mask of one key window per sequence (padding on the left,
             a causal batch padded on the right, ``common.mask_windows``) runs as one call with seqlens_k and
             leftpad_k where they express it (left padding), else as plain calls on each window's slices
-            (``windowed.attention``); while traced only a decoding step's (one query row, no grad: the op
-            ``torch.ops.fa_variants.mask_window``), the others refused when the graph runs. Other masks (sliding
-            windows that bite, packed sequences, biases) raise ValueError, integer and 8-bit float masks TypeError.
-            A row that sees no key gives 0 (and LSE -inf).
+            (``windowed.attention``); while traced the one-call windows run (``sdpa_masked``, and for a decoding step,
+            one query row without grad, ``torch.ops.fa_variants.mask_window``), the others are refused when the graph
+            runs. Other masks (sliding windows that bite, packed sequences, biases) raise ValueError, integer and 8-bit
+            float masks TypeError. A row that sees no key gives 0 (and LSE -inf).
         dropout_p: accepted for signature compatibility; only 0.0 is supported.
         is_causal: causal mask. PyTorch aligns it top-left and we align bottom-right; the two agree when
             seqlen_q == seqlen_k (and where either is 0), so is_causal with other seqlen_q != seqlen_k raises

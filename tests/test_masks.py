@@ -486,6 +486,54 @@ def test_sdpa_attn_mask_under_torch_compile_with_grad(needs_grad, monkeypatch):
         torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_sdpa_left_padded_mask_under_torch_compile_with_grad(causal):
+    """A left-padded batch's attn_mask (prefill rows, an input that requires grad) under torch.compile(fullgraph=True):
+    sdpa_masked reads it as each sequence's window and runs one call with seqlens_k and leftpad_k; its backward reads
+    the windows from the mask again. Output and gradients equal torch's SDPA with the mask, but for rows that see no
+    key (ours 0, torch's NaN); a mask padded on the right under a causal diagonal is refused when the graph runs."""
+    def run(q, k, mask):
+        return fa_variants.scaled_dot_product_attention(q, k, k, attn_mask=mask, enable_gqa=True, backend="reference")
+
+    g = seeded_generator()
+    q, k = torch.randn(3, 4, 6, 16, generator=g, dtype=torch.float64), torch.randn(3, 2, 6, 16, generator=g,
+                                                                                   dtype=torch.float64)
+    rows, keys = torch.arange(6)[:, None], torch.arange(6)
+    mask = torch.stack([(keys >= p) & ((keys <= rows) if causal else (rows >= 0)) for p in (0, 2, 5)])[:, None]
+    seen = mask.any(-1, keepdim=True)  # rows that see a key
+    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(run, fullgraph=True)
+        grads = []
+        for fn in (lambda q, k, m: F.scaled_dot_product_attention(q, k, k, attn_mask=m, enable_gqa=True), compiled):
+            leaves = [t.clone().requires_grad_(True) for t in (q, k)]
+            out = fn(*leaves, mask)
+            (out * seen).nan_to_num().square().sum().backward()
+            grads.append(((out * seen).nan_to_num().detach(), *(t.grad for t in leaves)))
+        for got, want in zip(grads[1], grads[0]):
+            torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+        if causal:
+            right = torch.stack([(keys < n) & (keys <= rows) for n in (6, 3, 1)])[:, None]
+            with pytest.raises(ValueError, match=r"^attn_mask: fa_variants cannot express a padded batch whose rows"):
+                compiled(q, k, right)
+    finally:
+        torch._dynamo.reset()
+
+
+def test_sdpa_masked_with_windows_passes_opcheck():
+    """torch.library.opcheck of sdpa_masked on a left-padded mask (its windows case) and of its backward op, which
+    reads the windows from the mask (its last, optional argument)."""
+    q, k = torch.randn(2, 5, 4, 16, dtype=torch.float64), torch.randn(2, 5, 2, 16, dtype=torch.float64)
+    rows, keys = torch.arange(5)[:, None], torch.arange(5)
+    mask = torch.stack([(keys >= p) & (keys <= rows) for p in (0, 2)])[:, None]
+    out, lse, lengths, kind = torch.ops.fa_variants.sdpa_masked(q, k, k, mask, None, "reference")
+    assert kind.tolist() == [1, 2] and lengths.tolist() == [5, 5]
+    torch.library.opcheck(torch.ops.fa_variants.sdpa_masked, (q, k, k, mask, None, "reference"))
+    grad = torch.randn_like(out)
+    torch.library.opcheck(torch.ops.fa_variants.sdpa_masked_backward,
+                          (grad, None, q, k, k, out, lse, lengths, kind, None, "reference", mask))
+
+
 @needs_hf
 def test_training_under_torch_compile_keeps_the_plain_call_for_an_unpadded_mask():
     """With grad (training), a traced layer reads its mask at a graph break, as eagerly: an all-ones attention_mask

@@ -167,6 +167,18 @@ def mask_window_op(mask: torch.Tensor, causal: bool, seqlen_q: int, seqlen_k: in
     ``integrations.hf`` and the SDPA drop-in at seqlen_q 1 without grad, as `mask_lengths_op`'s were (that op stays
     registered for graphs exported before session 54). Other masks (a causal batch padded on the right, whose padding
     rows see the whole sequence; a sliding window that bites) raise the caller's refusal when the graph runs."""
+    got, windows = _one_call_windows(mask, seqlen_q, seqlen_k, batch, num_heads, name)
+    if got != causal and seqlen_q > 1 and bool((windows[0] > windows[1]).any()):
+        raise _mask_refusal(name, f"a {'causal' if got else 'full'} mask for a {'causal' if causal else 'non-causal'} "
+                                  "layer (while torch.compile traced it, the layer's is_causal chose the kind)")
+    return windows.to(mask.device)
+
+
+def _one_call_windows(mask, seqlen_q: int, seqlen_k: int, batch: int, num_heads: int,
+                      name: str) -> tuple[bool, torch.Tensor]:
+    """(causal, windows) of a mask whose key windows one call expresses (``common.mask_windows.as_windows``, one
+    device sync; ``windowed.one_call``): windows int32 (2, batch) on the CPU, each sequence's end (seqlens_k) then
+    first key (leftpad_k). Other masks raise the caller's refusal (`_mask_refusal`)."""
     from fa_variants import windowed
     from fa_variants.common import mask_lengths, mask_windows
 
@@ -179,11 +191,7 @@ def mask_window_op(mask: torch.Tensor, causal: bool, seqlen_q: int, seqlen_k: in
     if got is None:
         raise _mask_refusal(name, "a padded batch whose rows past a sequence's end see its whole window (a causal "
                                   "batch padded on the right) while torch.compile traced it (eagerly it runs)")
-    if got != causal and seqlen_q > 1 and any(w.end > w.start for w in windows):
-        raise _mask_refusal(name, f"a {'causal' if got else 'full'} mask for a {'causal' if causal else 'non-causal'} "
-                                  "layer (while torch.compile traced it, the layer's is_causal chose the kind)")
-    return torch.tensor([[w.end for w in windows], [w.start for w in windows]], dtype=torch.int32,
-                        device=mask.device)
+    return got, torch.tensor([[w.end for w in windows], [w.start for w in windows]], dtype=torch.int32)
 
 
 @mask_window_op.register_fake
@@ -232,29 +240,34 @@ def sdpa_masked_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
     and the attention are one node (no graph break; ``fullgraph=True`` works). A mask the two cannot express raises
     the drop-in's one-line ValueError when the compiled graph runs.
 
+    Masks of one key window per sequence that one call expresses (left padding: ``_one_call_windows``) run with
+    seqlens_k and leftpad_k (since session 54); others (a causal batch padded on the right) raise.
+
     Returns (out, lse, seqlens_k, kind): out and lse as ``attention_op``'s; seqlens_k int32 (batch,) and kind int32
-    [causal, lengths used] on the CPU, what the mask was read as, for the backward (`_sdpa_masked_backward`): a
-    plain mask's is the plain call's (FA_VARIANTS_BACKWARD's fused backward where it applies), one with lengths the
-    lengths op's (the same, length by length: ``backward.kernel_backward``). O and LSE are kept for the backward
-    where a fused one may use them (``backward.keeps_outputs``), with lengths too (which mask comes is known only
-    when the op runs). Tagged cudagraph_unsafe: it reads the mask on the host."""
+    [causal, how] on the CPU, what the mask was read as, for the backward (`_sdpa_masked_backward`): how 0, a plain
+    mask, whose backward is the plain call's (FA_VARIANTS_BACKWARD's fused backward where it applies); 1, lengths,
+    the lengths op's (the same, length by length: ``backward.kernel_backward``); 2, windows, read from the mask again
+    by the backward (its first keys are no output: the op's outputs are those of graphs exported before). O and LSE
+    are kept for the backward where a fused one may use them (``backward.keeps_outputs``), with lengths too (which
+    mask comes is known only when the op runs). Tagged cudagraph_unsafe: it reads the mask on the host."""
     from fa_variants import api
     from fa_variants.common import mask_lengths, workspace
 
     _refuse_tangents(api, q, k, v)
     batch, seqlen_q, heads, _ = q.shape
+    starts = None
     try:
         causal, seqlens_k = mask_lengths.as_lengths(mask, seqlen_q, k.shape[1], batch, heads, name="attn_mask",
                                                     float_min_blocks=False)
-    except mask_lengths.InexpressibleMask as refused:
-        raise api.sdpa_mask_refusal(refused.what) from None
+    except mask_lengths.InexpressibleMask:
+        causal, (seqlens_k, starts) = _one_call_windows(mask, seqlen_q, k.shape[1], batch, heads, "attn_mask")
     with workspace.uncached():
         if seqlens_k is None:
             out, lse = api.dispatch_and_run(q, k, v, causal, softmax_scale, backend)
-        else:  # lengths on the CPU: checked on the host, copied over without a second sync
-            out, lse = api.run_seqlens_k(q, k, v, causal, softmax_scale, backend, seqlens_k)
+        else:  # lengths (and first keys) on the CPU: checked on the host, copied over without a second sync
+            out, lse = api.run_seqlens_k(q, k, v, causal, softmax_scale, backend, seqlens_k, leftpad_k=starts)
     lengths = torch.full((batch,), k.shape[1], dtype=torch.int32) if seqlens_k is None else seqlens_k
-    kind = torch.tensor([causal, seqlens_k is not None], dtype=torch.int32)
+    kind = torch.tensor([causal, 0 if seqlens_k is None else 1 if starts is None else 2], dtype=torch.int32)
     return out.contiguous(), lse.contiguous(), lengths, kind
 
 
@@ -271,16 +284,16 @@ def _sdpa_masked_setup_context(ctx, inputs, output):
     q, k, v, mask, softmax_scale, backend = inputs
     out, lse, lengths, kind = output
     kept = (out, lse) if backward.keeps_outputs(False) else (None, None)  # the traced route (_backward_of)
-    ctx.save_for_backward(q, k, v, *kept, lengths, kind)
+    ctx.save_for_backward(q, k, v, *kept, lengths, kind, mask)  # the mask: windows are read from it again
     ctx.softmax_scale, ctx.backend = softmax_scale, backend
     ctx.mark_non_differentiable(lengths, kind)
     ctx.set_materialize_grads(False)
 
 
 def _sdpa_masked_backward(ctx, grad_out, grad_lse, _lengths, _kind):
-    q, k, v, out, lse, lengths, kind = ctx.saved_tensors
+    q, k, v, out, lse, lengths, kind, mask = ctx.saved_tensors
     dq, dk, dv = sdpa_masked_backward_op(grad_out, grad_lse, q, k, v, out, lse, lengths, kind, ctx.softmax_scale,
-                                         ctx.backend)
+                                         ctx.backend, mask)
     return dq, dk, dv, None, None, None
 
 
@@ -288,18 +301,23 @@ def _sdpa_masked_backward(ctx, grad_out, grad_lse, _lengths, _kind):
 def sdpa_masked_backward_op(grad_out: torch.Tensor | None, grad_lse: torch.Tensor | None, q: torch.Tensor,
                             k: torch.Tensor, v: torch.Tensor, out: torch.Tensor | None, lse: torch.Tensor | None,
                             lengths: torch.Tensor, kind: torch.Tensor, softmax_scale: float | None,
-                            backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                            backend: str, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                    torch.Tensor]:
     """``backward.kernel_backward`` for the mask ``sdpa_masked`` read (``kind``, read on the host: it is on the CPU),
-    as one opaque node."""
-    causal, lengths_used = (bool(x) for x in kind.tolist())
-    seqlens_k = lengths if lengths_used else None  # on the CPU: read there, no device round trip
-    grads = backward.kernel_backward(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, causal, softmax_scale, backend,
-                                     eager=False)
+    as one opaque node; windows (how 2) read from ``mask`` again (last, optional: graphs exported before it load)."""
+    causal, how = kind.tolist()
+    seqlens_k = lengths if how else None  # on the CPU: read there, no device round trip
+    starts = None
+    if how == 2:
+        _, (seqlens_k, starts) = _one_call_windows(mask, q.shape[1], k.shape[1], q.shape[0], q.shape[2], "attn_mask")
+    grads = backward.kernel_backward(grad_out, grad_lse, q, k, v, out, lse, seqlens_k, bool(causal), softmax_scale,
+                                     backend, eager=False, leftpad_k=starts)
     return tuple(g.contiguous() for g in grads)
 
 
 @sdpa_masked_backward_op.register_fake
-def _sdpa_masked_backward_fake(grad_out, grad_lse, q, k, v, out, lse, lengths, kind, softmax_scale, backend):
+def _sdpa_masked_backward_fake(grad_out, grad_lse, q, k, v, out, lse, lengths, kind, softmax_scale, backend,
+                               mask=None):
     return _empty_grads(q, k, v)
 
 
